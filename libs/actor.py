@@ -1,0 +1,205 @@
+"""The actor loop: pull-consume an inbox, decode, handle, then ack / nak / term.
+
+`run_actor` is the only place that maps errors to what happens to a message:
+
+- undecodable (`msgspec.DecodeError`) or `PermanentError`: dead-letter with the reason, `term()`;
+- `Fenced`: nothing at all (the lease belongs to another worker; a stale ack would settle its
+  delivery, because JetStream matches acks by stream sequence only);
+- `RetryableError`, Postgres serialization/deadlock/connection errors, anything else: `nak`
+  with backoff, until the consumer's `max_deliver` is reached, then dead-letter.
+
+While a handler runs, `in_progress()` is sent every third of `ack_wait` so a long handler keeps
+its delivery; the heartbeat stops the moment the handler ends or is fenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import anyio
+import msgspec
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Tracer
+
+from libs.bus import ConsumerSpec, ensure_consumer
+from libs.errors import Fenced, PermanentError, RetryableError
+from libs.telemetry import ActorMetrics, extract_context, inject_context
+from schemas.subjects import dead_letter
+
+__all__ = ["Delivery", "run_actor"]
+
+T = TypeVar("T")
+log = logging.getLogger("writ.actor")
+
+
+class Delivery(Generic[T]):
+    """One delivered message and what a handler may know about it."""
+
+    __slots__ = ("headers", "message", "msg", "num_delivered", "subject")
+
+    def __init__(self, msg: Msg, message: T) -> None:
+        self.msg = msg
+        self.message = message
+        self.subject = msg.subject
+        self.headers: dict[str, str] = dict(msg.headers or {})
+        self.num_delivered = int(msg.metadata.num_delivered)
+
+
+Handler = Callable[[Delivery[Any]], Awaitable[None]]
+
+
+def _backoff(num_delivered: int) -> float:
+    return float(min(0.25 * 2 ** max(num_delivered - 1, 0), 30.0))
+
+
+async def run_actor(
+    *,
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    decoder: msgspec.json.Decoder[Any] | None,
+    handler: Handler,
+    metrics: ActorMetrics,
+    tracer: Tracer | None = None,
+    stopping: anyio.Event | None = None,
+    concurrency: int = 16,
+    ack_sync: bool = False,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
+
+    When `stopping` is set the loop fetches nothing more and returns once the handlers in
+    flight have finished: that is the graceful drain a SIGTERM asks for.
+    """
+    await ensure_consumer(js, spec)
+    sub = await js.pull_subscribe_bind(spec.durable, spec.stream)
+    tracer = tracer or trace.get_tracer("writ.actor")
+    slots = anyio.Semaphore(concurrency)
+    stopping = stopping or anyio.Event()
+    task_status.started()
+
+    async def process(msg: Msg) -> None:
+        try:
+            await _process(msg, js=js, spec=spec, decoder=decoder, handler=handler,
+                           metrics=metrics, tracer=tracer, ack_sync=ack_sync)
+        finally:
+            slots.release()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            while not stopping.is_set():
+                await slots.acquire()
+                free = slots.value + 1
+                try:
+                    msgs = await sub.fetch(free, timeout=1.0)
+                except NatsTimeoutError:
+                    slots.release()
+                    continue
+                except Exception as exc:  # connection trouble: wait for the client to reconnect
+                    slots.release()
+                    log.warning("fetch on %s failed: %r", spec.durable, exc)
+                    await anyio.sleep(0.5)
+                    continue
+                # One slot is held already; take one more for every extra message.
+                for index, msg in enumerate(msgs):
+                    if index:
+                        await slots.acquire()
+                    tg.start_soon(process, msg)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await sub.unsubscribe()
+
+
+async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
+                   decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
+                   metrics: ActorMetrics,
+                   tracer: Tracer, ack_sync: bool) -> None:
+    consumer = spec.durable
+    started = time.perf_counter()
+    try:
+        # No decoder: the handler takes the raw bytes and answers bad input itself (ingress).
+        message = msg.data if decoder is None else decoder.decode(msg.data)
+    except msgspec.DecodeError as exc:
+        metrics.failed.labels(consumer, "undecodable").inc()
+        await _dead_letter(js, msg, consumer, f"undecodable: {exc}")
+        return
+    delivery = Delivery(msg, message)
+    parent = extract_context(delivery.headers)
+    with tracer.start_as_current_span(f"{consumer} handle", context=parent,
+                                      kind=SpanKind.CONSUMER) as span:
+        span.set_attribute("messaging.destination.name", msg.subject)
+        span.set_attribute("messaging.message.delivery_count", delivery.num_delivered)
+        try:
+            async with anyio.create_task_group() as beat:
+                beat.start_soon(_heartbeat, msg, spec.ack_wait_s / 3)
+                try:
+                    await handler(delivery)
+                finally:
+                    beat.cancel_scope.cancel()
+        except Fenced as exc:
+            metrics.failed.labels(consumer, "fenced").inc()
+            log.info("%s: fenced on %s, leaving the delivery alone", consumer, exc.operation_id)
+            return
+        except (msgspec.DecodeError, PermanentError) as exc:
+            metrics.failed.labels(consumer, "permanent").inc()
+            await _dead_letter(js, msg, consumer, f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:
+            if delivery.num_delivered >= spec.max_deliver:
+                metrics.failed.labels(consumer, "exhausted").inc()
+                await _dead_letter(js, msg, consumer,
+                                   f"exhausted {spec.max_deliver} deliveries: {exc!r}")
+                return
+            retryable = isinstance(exc, RetryableError)
+            metrics.failed.labels(consumer, "retry").inc()
+            if not retryable:
+                log.warning("%s: handler failed, will retry: %r", consumer, exc)
+            delay = exc.delay if retryable and exc.delay is not None else _backoff(
+                delivery.num_delivered)
+            await _settle(msg.nak(delay=delay))
+            return
+    if ack_sync:
+        await _settle(msg.ack_sync())
+    else:
+        await _settle(msg.ack())
+    metrics.handled.labels(consumer).inc()
+    metrics.latency.labels(consumer).observe(time.perf_counter() - started)
+
+
+async def _heartbeat(msg: Msg, every: float) -> None:
+    while True:
+        await anyio.sleep(every)
+        await _settle(msg.in_progress())
+
+
+async def _settle(op: Awaitable[Any]) -> None:
+    # Losing an ack/nak is harmless: the message is redelivered and handlers are idempotent.
+    try:
+        await op
+    except Exception as exc:
+        log.debug("ack/nak/progress lost: %r", exc)
+
+
+async def _dead_letter(js: JetStreamContext, msg: Msg, consumer: str, reason: str) -> None:
+    headers = inject_context({
+        "Writ-Dlq-Reason": reason[:1000],
+        "Writ-Dlq-Subject": msg.subject,
+        "Writ-Dlq-Stream-Seq": str(msg.metadata.sequence.stream),
+        "Nats-Msg-Id": f"dlq:{consumer}:{msg.metadata.sequence.stream}",
+    })
+    # The dead letter is published before term(): if publishing fails, the message is retried
+    # rather than lost.
+    try:
+        await js.publish(dead_letter(consumer), msg.data, headers=headers)
+    except Exception as exc:
+        log.error("%s: dead-lettering failed, will retry: %r", consumer, exc)
+        await _settle(msg.nak(delay=1.0))
+        return
+    log.warning("%s: dead-lettered stream seq %s: %s", consumer,
+                msg.metadata.sequence.stream, reason)
+    await _settle(msg.term())

@@ -1,0 +1,89 @@
+"""The bus: connection, streams and consumers declared as code, and typed publishing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError
+
+from libs.telemetry import inject_context
+from schemas.subjects import STREAMS, StreamSpec
+
+__all__ = ["ConsumerSpec", "connect", "ensure_consumer", "ensure_streams", "publish"]
+
+_ENCODER = msgspec.json.Encoder()
+
+
+class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A durable pull consumer: a service's inbox. Its `ack_wait` is the lease's clock."""
+
+    stream: str
+    durable: str
+    filter_subjects: tuple[str, ...]
+    ack_wait_s: float = 30.0
+    max_deliver: int = 10
+    max_ack_pending: int = 1000
+
+
+async def connect(url: str, *, name: str) -> Client:
+    """Connect to NATS, reconnecting forever: a service outlives a NATS restart."""
+    return await nats.connect(
+        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        connect_timeout=5, allow_reconnect=True,
+    )
+
+
+async def ensure_streams(js: JetStreamContext, specs: Sequence[StreamSpec] = STREAMS, *,
+                         replicas: int = 1) -> None:
+    """Create or update Writ's streams (idempotent; every service may call it at start)."""
+    for spec in specs:
+        config = StreamConfig(
+            name=spec.name, subjects=list(spec.subjects), retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE, max_age=spec.max_age_s, discard=DiscardPolicy.OLD,
+            duplicate_window=spec.duplicate_window_s, num_replicas=replicas,
+        )
+        try:
+            await js.add_stream(config)
+        except BadRequestError as exc:
+            if exc.err_code != 10058:  # stream name already in use with a different config
+                raise
+            await js.update_stream(config)
+
+
+async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Create or update a durable pull consumer (idempotent)."""
+    config = ConsumerConfig(
+        durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL, ack_wait=spec.ack_wait_s,
+        max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending,
+        filter_subjects=list(spec.filter_subjects),
+    )
+    await js.add_consumer(spec.stream, config)
+
+
+async def publish(js: JetStreamContext, subject: str, message: msgspec.Struct, *,
+                  msg_id: str | None = None, headers: dict[str, str] | None = None,
+                  timeout: float = 5.0) -> int:
+    """Publish a schema message with the current trace context; returns its stream sequence.
+
+    `msg_id` becomes `Nats-Msg-Id`, so a re-publish inside the stream's duplicate window is
+    dropped by the server instead of delivered twice.
+    """
+    hdrs = inject_context(dict(headers or {}))
+    if msg_id is not None:
+        hdrs["Nats-Msg-Id"] = msg_id
+    ack = await js.publish(subject, _ENCODER.encode(message), headers=hdrs, timeout=timeout)
+    return int(ack.seq)

@@ -1,0 +1,144 @@
+"""A service process's lifecycle: connect, declare, serve, drain on SIGTERM.
+
+Every service's `__main__` calls `serve()` with its name, its settings and its `main`, which
+starts its actors and returns once they have drained. The process registers as a NATS micro
+service (`$SRV.PING` / `$SRV.STATS` / `$SRV.INFO` see it) only after `main` reports it started,
+so a ping answer means the service's consumers exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.micro import add_service
+from nats.micro.request import Request
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
+from prometheus_client import CollectorRegistry
+
+from libs.bus import connect, ensure_streams
+from libs.settings import BaseSettings
+from libs.telemetry import ActorMetrics, MetricsServer, make_tracer_provider
+
+__all__ = ["Endpoint", "Runtime", "run_service", "serve"]
+
+VERSION = "0.1.0"
+log = logging.getLogger("writ.runtime")
+
+
+class Endpoint:
+    """A request/reply endpoint of the service's NATS micro service."""
+
+    __slots__ = ("handler", "name", "subject")
+
+    def __init__(self, name: str, subject: str, handler: Callable[[Request], Awaitable[None]]):
+        self.name, self.subject, self.handler = name, subject, handler
+
+
+class Runtime:
+    """What a service's `main` is given: the bus, telemetry, and the signal to stop."""
+
+    def __init__(self, *, name: str, nc: Client, js: JetStreamContext,
+                 registry: CollectorRegistry, tracer_provider: TracerProvider) -> None:
+        self.name = name
+        self.nc, self.js = nc, js
+        self.registry = registry
+        self.tracer_provider = tracer_provider
+        self.tracer: Tracer = tracer_provider.get_tracer(f"writ.{name}")
+        self.metrics = ActorMetrics(service=name, registry=registry)
+        self.stopping = anyio.Event()
+        self.endpoints: list[Endpoint] = []
+
+
+Main = Callable[..., Awaitable[None]]
+
+
+async def serve(name: str, settings: BaseSettings, main: Main, *, description: str,
+                metrics_port_file: str | None = None) -> None:
+    """Run one service process until SIGTERM/SIGINT, then drain within `drain_timeout_s`."""
+    registry = CollectorRegistry()
+    provider = make_tracer_provider(name)
+    metrics = MetricsServer(registry=registry, host=settings.metrics_host,
+                            port=settings.metrics_port)
+    nc = await connect(settings.nats_url, name=f"writ-{name}")
+    micro: Any = None
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js)
+        metrics.start()
+        if metrics_port_file:
+            _write_atomically(metrics_port_file, str(metrics.port))
+        rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider)
+        async with anyio.create_task_group() as tg:
+            done = anyio.Event()
+            tg.start_soon(_watch_signals, rt)
+            await tg.start(_run_main, main, rt, done)
+            micro = await add_service(
+                nc, name=f"writ-{name}", version=VERSION, description=description,
+                metadata={"metrics_port": str(metrics.port)},
+            )
+            for endpoint in rt.endpoints:
+                await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
+                                         handler=endpoint.handler, queue_group=f"writ-{name}")
+            log.info("writ-%s ready (metrics on :%s)", name, metrics.port)
+            await rt.stopping.wait()
+            # Actors stop fetching when `stopping` is set and finish what they hold; after the
+            # grace period the rest is cancelled and will be redelivered to another instance.
+            with anyio.move_on_after(settings.drain_timeout_s):
+                await done.wait()
+            tg.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            if micro is not None:
+                await micro.stop()
+            try:
+                with anyio.fail_after(settings.drain_timeout_s):
+                    await nc.drain()
+            except Exception as exc:
+                log.warning("drain of writ-%s incomplete: %r", name, exc)
+            metrics.stop()
+            provider.shutdown()
+
+
+async def _run_main(main: Main, rt: Runtime, done: anyio.Event, *,
+                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    try:
+        await main(rt, task_status=task_status)
+    finally:
+        done.set()
+
+
+async def _watch_signals(rt: Runtime) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            log.info("writ-%s stopping: draining", rt.name)
+            rt.stopping.set()
+            return
+
+
+def _write_atomically(path: str, text: str) -> None:
+    import os
+
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+
+
+def run_service(name: str, settings: BaseSettings, main: Main, *, description: str) -> None:
+    """Blocking entry point of a service's `__main__`: logging, then `serve` on asyncio."""
+    import functools
+    import os
+
+    logging.basicConfig(level=os.environ.get("WRIT_LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s {name:<10} %(levelname)s %(message)s")
+    anyio.run(functools.partial(serve, name, settings, main, description=description,
+                                metrics_port_file=settings.metrics_port_file or None),
+              backend="asyncio")

@@ -1,0 +1,59 @@
+"""Typed settings from `WRIT_*` environment variables, and secrets from files.
+
+Only a service's `__main__` reads the environment; everything below it gets typed settings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from libs.errors import ConfigError
+
+__all__ = ["BaseSettings", "load_settings", "read_secret"]
+
+PREFIX = "WRIT_"
+S = TypeVar("S", bound="BaseSettings")
+
+
+class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """What every service process needs: the bus, its metrics port, and how long to drain."""
+
+    nats_url: str
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    metrics_port_file: str = ""
+    drain_timeout_s: float = 10.0
+    instance: str = ""
+
+
+def load_settings(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
+    """Decode `WRIT_<FIELD>` variables into `cls`; unrelated variables are ignored.
+
+    A service's settings type names every setting it can see, so a credential meant for
+    another service has no field to land in.
+    """
+    env = os.environ if environ is None else environ
+    fields = {f.encode_name for f in msgspec.structs.fields(cls)}
+    raw = {}
+    for key, value in env.items():
+        if key.startswith(PREFIX):
+            name = key[len(PREFIX):].lower()
+            if name in fields:
+                raw[name] = value
+    try:
+        return msgspec.convert(raw, cls, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid {PREFIX}* settings for {cls.__name__}: {exc}") from exc
+
+
+def read_secret(path: str | Path) -> str:
+    """Read a secret mounted as a file (a Kubernetes secret), without its trailing newline."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read secret file {path}: {exc.strerror}") from exc

@@ -1,0 +1,88 @@
+"""Tracing with W3C context carried in NATS headers, and a Prometheus endpoint per process.
+
+One `TracerProvider` and one `CollectorRegistry` per process, created by its `__main__` and
+passed down; nothing here is global.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+__all__ = [
+    "ActorMetrics",
+    "MetricsServer",
+    "extract_context",
+    "inject_context",
+    "make_tracer_provider",
+]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def make_tracer_provider(service: str, *, exporter: SpanExporter | None = None) -> TracerProvider:
+    """A tracer provider for one process; spans are exported only if an exporter is given."""
+    provider = TracerProvider(resource=Resource.create({"service.name": f"writ-{service}"}))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+def inject_context(headers: dict[str, str]) -> dict[str, str]:
+    """Add the current span's `traceparent` (and `tracestate`) to outgoing NATS headers."""
+    _PROPAGATOR.inject(headers)
+    return headers
+
+
+def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
+    """The remote parent context carried by an incoming message's headers."""
+    return _PROPAGATOR.extract(dict(headers or {}))
+
+
+class ActorMetrics:
+    """Messages handled / failed and handler latency, per consumer, on one registry."""
+
+    def __init__(self, *, service: str, registry: CollectorRegistry) -> None:
+        self.handled = Counter(f"writ_{service}_messages_handled", "Messages handled and acked",
+                               ["consumer"], registry=registry)
+        self.failed = Counter(f"writ_{service}_messages_failed",
+                              "Messages whose handling failed, by outcome",
+                              ["consumer", "outcome"], registry=registry)
+        self.latency = Histogram(f"writ_{service}_handler_seconds", "Handler latency",
+                                 ["consumer"], registry=registry,
+                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                          0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+
+
+class MetricsServer:
+    """`/metrics` over HTTP for one registry, on a daemon thread (prometheus-client's server)."""
+
+    def __init__(self, *, registry: CollectorRegistry, host: str, port: int) -> None:
+        self._registry, self._host, self._port = registry, host, port
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when 0 asked for any free one)."""
+        return int(self._server.server_port) if self._server is not None else self._port
+
+    def start(self) -> None:
+        """Start serving."""
+        self._server, self._thread = start_http_server(self._port, self._host,
+                                                       registry=self._registry)
+
+    def stop(self) -> None:
+        """Stop serving and release the port."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,45 @@
+"""Action contracts: the closed, versioned schema of each action a model may propose.
+
+The model writes an action name and arguments; admission converts the arguments into the
+contract's `arguments` type (unknown fields and over-long values are errors) before anything else
+looks at them. The dispatcher maps each action to a connector by `connector`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+import msgspec
+
+__all__ = ["ACTIONS", "ActionContract", "CrmNoteCreate", "Family"]
+
+Family = Literal["read", "read_personal", "write_delete", "send_external", "execute_code"]
+
+
+class CrmNoteCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Add a note to a customer record in the CRM."""
+
+    customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}$")]
+    body: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+
+
+class ActionContract(msgspec.Struct, frozen=True, kw_only=True):
+    """What Writ knows about an action: its family, version, arguments and connector."""
+
+    name: str
+    version: int
+    family: Family
+    connector: str
+    arguments: type
+    description: str
+
+
+ACTIONS: Final[dict[str, ActionContract]] = {
+    contract.name: contract
+    for contract in (
+        ActionContract(
+            name="crm.note.create", version=1, family="write_delete", connector="crm",
+            arguments=CrmNoteCreate, description="Add a note to a customer record.",
+        ),
+    )
+}

@@ -1,0 +1,46 @@
+"""Messages admission publishes: what it did with a proposal, and admitted commands."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import Command, Digest, Event, Id, ShortText, Tenant
+
+__all__ = ["CommandAdmitted", "DispatchCommand", "ProposalRefused"]
+
+
+class CommandAdmitted(Event):
+    """A proposal became a command with a durable operation id (or was a replay of one)."""
+
+    tenant: Tenant
+    run_id: Id
+    step: int
+    action: ShortText
+    operation_id: Id
+    request_hash: Digest
+    decision_id: Id
+    decision_line: int
+    policy_version: ShortText
+    replay: bool = False
+
+
+class ProposalRefused(Event):
+    """A proposal that did not become a command, and why."""
+
+    tenant: Tenant
+    run_id: Id
+    step: int
+    action: ShortText
+    verdict: Literal["deny", "ask", "invalid", "conflict"]
+    reason: ShortText
+    decision_id: Id | None = None
+
+
+class DispatchCommand(Command):
+    """A pointer to an admitted command; the dispatcher loads the command from Postgres.
+
+    The dispatcher never trusts a command's content from the bus (seed 001 §1).
+    """
+
+    tenant: Tenant
+    operation_id: Id

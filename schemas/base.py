@@ -1,0 +1,46 @@
+"""Base classes and bounded field types shared by every message on the bus."""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+
+__all__ = [
+    "AgentName",
+    "Command",
+    "Digest",
+    "Event",
+    "Id",
+    "Message",
+    "Principal",
+    "ShortText",
+    "Tenant",
+    "Text",
+    "Token",
+]
+
+# Tenants and agents become NATS subject tokens and Postgres role-free identifiers: keep them
+# to a small alphabet so no value can add a subject level or a wildcard.
+Tenant = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
+AgentName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
+Principal = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")]
+Id = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
+Digest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+Token = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+ShortText = Annotated[str, msgspec.Meta(max_length=512)]
+Text = Annotated[str, msgspec.Meta(max_length=16384)]
+
+MAX_MESSAGE_BYTES: Final = 64 * 1024
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """Config set here is inherited by every message."""
+
+
+class Command(Message, forbid_unknown_fields=True, tag_field="type"):
+    """Sent by a host or a model, or to exactly one inbox: unknown fields are an error."""
+
+
+class Event(Message, tag_field="type"):
+    """Fan-out between Writ's services: old consumers skip fields they don't know."""

@@ -1,0 +1,58 @@
+"""The host-facing contract (version `subjects.HOST_API_VERSION`): what a host sends and reads.
+
+A host publishes `RunRequest` on `writ.in.requests.<tenant>` with `Nats-Msg-Id` set to its
+`request_id`, and reads `RunResult` on `writ.out.results.<tenant>`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from schemas.base import AgentName, Command, Event, Id, ShortText, Text, Token
+
+__all__ = ["ActionResult", "ErrorInfo", "RunRequest", "RunResult", "RunStatus"]
+
+RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human"]
+
+
+class RunRequest(Command):
+    """Ask Writ to run an agent on behalf of the principal named by `token`.
+
+    Tenant and principal come from the signed token only, never from the body.
+    """
+
+    request_id: Id
+    token: Token
+    agent: AgentName
+    input: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Why a request was rejected or a run failed; `code` is stable, `message` is for people."""
+
+    code: Annotated[str, msgspec.Meta(pattern=r"^[A-Z][A-Z_]{0,63}$")]
+    message: ShortText
+
+
+class ActionResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What is known about one action the run asked for."""
+
+    action: ShortText
+    operation_id: Id
+    state: ShortText
+    receipt: ShortText | None = None
+    reason: ShortText | None = None
+
+
+class RunResult(Event):
+    """The end of a run, or the rejection of a request, as the host sees it."""
+
+    request_id: ShortText
+    status: RunStatus
+    run_id: Id | None = None
+    error: ErrorInfo | None = None
+    answer: Text | None = None
+    actions: Annotated[list[ActionResult], msgspec.Meta(max_length=64)] = []
+    api_version: str = "1"

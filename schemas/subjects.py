@@ -1,0 +1,105 @@
+"""Subjects and streams: the bus's address book.
+
+Host-facing subjects (`writ.in.*`, `writ.out.*`) are a public contract, versioned by
+`HOST_API_VERSION` and documented in the README. Internal subjects live under `writ.int.`, with
+the tenant as the last token so permissions and limits can follow tenants.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+__all__ = [
+    "ADMISSION_IN",
+    "DECIDE",
+    "DISPATCH_IN",
+    "HOST_API_VERSION",
+    "INGRESS_IN",
+    "PLANNER_IN",
+    "RETRIEVAL_IN",
+    "STREAMS",
+    "StreamSpec",
+    "admitted",
+    "command",
+    "dead_letter",
+    "evidence",
+    "outcome",
+    "proposal",
+    "request",
+    "result",
+    "run_started",
+]
+
+HOST_API_VERSION: Final = "1"
+
+# Host-facing.
+def request(tenant: str) -> str:
+    """Where a host publishes a `RunRequest`."""
+    return f"writ.in.requests.{tenant}"
+
+
+def result(tenant: str) -> str:
+    """Where a host reads `RunResult`s (a stream: an offline host catches up)."""
+    return f"writ.out.results.{tenant}"
+
+
+# Internal, one event type per subject family.
+def run_started(tenant: str) -> str:
+    return f"writ.int.runs.started.{tenant}"
+
+
+def evidence(tenant: str) -> str:
+    return f"writ.int.evidence.{tenant}"
+
+
+def proposal(tenant: str) -> str:
+    return f"writ.int.proposals.{tenant}"
+
+
+def admitted(tenant: str) -> str:
+    return f"writ.int.admitted.{tenant}"
+
+
+def outcome(tenant: str) -> str:
+    return f"writ.int.outcomes.{tenant}"
+
+
+def command(tenant: str) -> str:
+    """Admitted commands, relayed from the outbox; `Nats-Msg-Id` = `<tenant>:<operation_id>`."""
+    return f"writ.cmd.{tenant}"
+
+
+def dead_letter(consumer: str) -> str:
+    return f"writ.dlq.{consumer}"
+
+
+DECIDE: Final = "writ.int.governance.decide"
+
+# Inbox filters of each durable consumer.
+INGRESS_IN: Final = ("writ.in.requests.*",)
+RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
+PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.*", "writ.int.admitted.*")
+ADMISSION_IN: Final = ("writ.int.proposals.*",)
+DISPATCH_IN: Final = ("writ.cmd.*",)
+
+
+class StreamSpec(msgspec.Struct, frozen=True):
+    """A JetStream stream Writ declares at start-up."""
+
+    name: str
+    subjects: tuple[str, ...]
+    max_age_s: float
+    duplicate_window_s: float = 120.0
+
+
+_DAY: Final = 86400.0
+STREAMS: Final = (
+    StreamSpec("WRIT_IN", ("writ.in.>",), 7 * _DAY, duplicate_window_s=3600.0),
+    StreamSpec("WRIT_OUT", ("writ.out.>",), 7 * _DAY),
+    StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
+                            "writ.int.admitted.>", "writ.int.outcomes.>"), 7 * _DAY),
+    StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
+    StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
+)

@@ -1,0 +1,45 @@
+"""`writ service admission`: the composition root of the admission process."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import anyio.abc
+
+from libs.db import connect_pool
+from libs.runtime import Runtime, run_service
+from libs.settings import BaseSettings, load_settings, read_secret
+from services.admission.relay import OutboxRelay
+from services.admission.service import AdmissionService
+from services.admission.store import AdmissionStore
+
+
+class AdmissionSettings(BaseSettings, frozen=True, kw_only=True):
+    """The bus, admission's own database role, and how long an admitted command stays valid."""
+
+    database_url: str
+    database_password_file: str
+    command_ttl_s: float = 3600.0
+    relay_poll_s: float = 1.0
+
+
+def main() -> None:
+    """Start the admission process."""
+    settings = load_settings(AdmissionSettings)
+    password = read_secret(settings.database_password_file)
+
+    async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with await connect_pool(settings.database_url, password=password, max_size=20,
+                                      application_name="writ-admission") as pool:
+            store = AdmissionStore(pool)
+            relay = OutboxRelay(store=store, js=rt.js, listen_dsn=settings.database_url,
+                                listen_password=password, poll_s=settings.relay_poll_s)
+            svc = AdmissionService(rt=rt, store=store, relay=relay,
+                                   command_ttl=timedelta(seconds=settings.command_ttl_s))
+            await svc.run(task_status=task_status)
+
+    run_service("admission", settings, start, description="Admits commands, relays the outbox")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Turning a proposal into a contract: validation, canonical hash, operation id. No I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+import uuid
+from typing import Any, Final
+
+import msgspec
+import rfc8785
+
+from schemas.actions import ACTIONS, ActionContract
+from schemas.planner import ProposeCommand
+
+__all__ = ["Validated", "canonical_hash", "operation_id_for", "proposal_id_for", "validate"]
+
+_OPERATION_NAMESPACE: Final = uuid.UUID("0b7e3c2a-6d51-4f0e-8c1a-93a5d2f4b6e8")
+_PROPOSAL_NAMESPACE: Final = uuid.UUID("5c9a1e47-2b3d-4a6f-9e08-71d4c3b2a195")
+
+
+class Validated(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal whose arguments fit the action's contract, frozen with its hash."""
+
+    contract: ActionContract
+    arguments: dict[str, Any]
+    request_hash: bytes
+
+
+class Invalid(Exception):
+    """The proposal does not fit any contract; the message says how."""
+
+
+def _normalise(value: Any) -> Any:
+    # NFC so that "é" typed two ways hashes the same; numbers are left to RFC 8785's form.
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, dict):
+        return {_normalise(k): _normalise(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normalise(v) for v in value]
+    return value
+
+
+def canonical_hash(*, tenant: str, principal: str, action: str, version: int,
+                   arguments: dict[str, Any], target: str | None = None,
+                   expected_revision: str | None = None) -> bytes:
+    """SHA-256 over the RFC 8785 canonical JSON of the validated fields (seed 001 §2).
+
+    Key order, unicode normal form and number spelling cannot change it.
+    """
+    document = _normalise({
+        "tenant": tenant, "principal": principal, "action": action, "version": version,
+        "arguments": arguments, "target": target, "expected_revision": expected_revision,
+    })
+    return hashlib.sha256(rfc8785.dumps(document)).digest()
+
+
+def validate(proposal: ProposeCommand) -> Validated:
+    """Convert the model's arguments into the action's typed, closed arguments."""
+    contract = ACTIONS.get(proposal.action)
+    if contract is None:
+        raise Invalid(f"unknown action {proposal.action!r}")
+    try:
+        typed = msgspec.convert(proposal.arguments, contract.arguments, strict=True)
+    except msgspec.ValidationError as exc:
+        raise Invalid(f"arguments of {contract.name} v{contract.version}: {exc}") from exc
+    arguments = _normalise(msgspec.to_builtins(typed))
+    return Validated(
+        contract=contract, arguments=arguments,
+        request_hash=canonical_hash(tenant=proposal.tenant, principal=proposal.principal,
+                                    action=contract.name, version=contract.version,
+                                    arguments=arguments),
+    )
+
+
+def operation_id_for(tenant: str, run_id: str, step: int) -> str:
+    """The durable id of one business intent: chosen once, the same on every retry."""
+    return str(uuid.uuid5(_OPERATION_NAMESPACE, f"{tenant}\x00{run_id}\x00{step}"))
+
+
+def proposal_id_for(tenant: str, run_id: str, step: int) -> str:
+    """The proposal's opaque id, stable across redeliveries of the same model step."""
+    return str(uuid.uuid5(_PROPOSAL_NAMESPACE, f"{tenant}\x00{run_id}\x00{step}"))

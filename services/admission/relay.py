@@ -1,0 +1,93 @@
+"""The outbox relay: publishes admitted commands to `writ.cmd.<tenant>`.
+
+It wakes on LISTEN/NOTIFY and also polls, because a notification sent while its listening
+connection is down is simply lost. Rows are claimed with `FOR UPDATE SKIP LOCKED`, so several
+replicas can relay side by side. A crash between publishing and deleting a row publishes it
+again, and `Nats-Msg-Id` = `<tenant>:<operation_id>` makes the server drop the duplicate inside
+the stream's duplicate window; beyond it, the dispatcher's registry check stops a second effect.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import anyio.abc
+import asyncpg
+from nats.js import JetStreamContext
+
+from libs.bus import publish
+from schemas import subjects
+from schemas.admission import DispatchCommand
+from services.admission.store import OUTBOX_CHANNEL, AdmissionStore
+
+__all__ = ["OutboxRelay"]
+
+log = logging.getLogger("writ.admission.relay")
+
+
+class OutboxRelay:
+    """Moves outbox rows onto the bus until stopped."""
+
+    def __init__(self, *, store: AdmissionStore, js: JetStreamContext, listen_dsn: str,
+                 listen_password: str | None, batch: int = 256, poll_s: float = 1.0) -> None:
+        self._store, self._js = store, js
+        self._listen_dsn, self._listen_password = listen_dsn, listen_password
+        self._batch, self._poll_s = batch, poll_s
+        self._wake = anyio.Event()
+        self.published = 0
+
+    async def run(self, stopping: anyio.Event, *,
+                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Relay until `stopping` is set."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._listen)
+            task_status.started()
+            while not stopping.is_set():
+                try:
+                    moved = await self.relay_once()
+                except Exception as exc:  # Postgres or NATS away: the rows wait in the outbox
+                    log.warning("relay pass failed: %r", exc)
+                    moved = 0
+                if moved >= self._batch:
+                    continue
+                with anyio.move_on_after(self._poll_s):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+            tg.cancel_scope.cancel()
+
+    async def relay_once(self) -> int:
+        """Publish one batch of due rows; returns how many were published."""
+        async with self._store.acquire() as conn, conn.transaction():
+            rows = await self._store.claim_outbox(conn, self._batch)
+            if not rows:
+                return 0
+            async with anyio.create_task_group() as tg:
+                for row in rows:
+                    tg.start_soon(self._publish, row.tenant, row.operation_id)
+            await self._store.delete_outbox(conn, [row.id for row in rows])
+        self.published += len(rows)
+        return len(rows)
+
+    async def _publish(self, tenant: str, operation_id: str) -> None:
+        await publish(self._js, subjects.command(tenant),
+                      DispatchCommand(tenant=tenant, operation_id=operation_id),
+                      msg_id=f"{tenant}:{operation_id}")
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                conn = await asyncpg.connect(self._listen_dsn, password=self._listen_password)
+            except Exception as exc:
+                log.warning("relay listener cannot connect: %r", exc)
+                await anyio.sleep(1.0)
+                continue
+            lost = anyio.Event()
+            try:
+                await conn.add_listener(OUTBOX_CHANNEL, lambda *_: self._wake.set())
+                conn.add_termination_listener(lambda *_, lost=lost: lost.set())
+                self._wake.set()  # catch up on whatever was missed while not listening
+                await lost.wait()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await conn.close(timeout=2)

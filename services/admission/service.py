@@ -1,0 +1,147 @@
+"""Admission: turns a model's proposal into an admitted command, or a recorded refusal.
+
+It validates against the action's contract, asks governance's `decide`, and admits the command
+with its outbox row in one transaction. It holds nothing that acts on the world.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import anyio
+import anyio.abc
+import msgspec
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from libs.actor import Delivery, run_actor
+from libs.bus import ConsumerSpec, publish
+from libs.errors import RetryableError
+from libs.runtime import Runtime
+from schemas import subjects
+from schemas.admission import CommandAdmitted, ProposalRefused
+from schemas.governance import DecideRequest, Decision
+from schemas.planner import ProposeCommand
+from services.admission.logic import (
+    Invalid,
+    operation_id_for,
+    proposal_id_for,
+    validate,
+)
+from services.admission.relay import OutboxRelay
+from services.admission.store import AdmissionStore
+
+__all__ = ["AdmissionService"]
+
+INBOX = ConsumerSpec(stream="WRIT_INT", durable="admission", filter_subjects=subjects.ADMISSION_IN)
+log = logging.getLogger("writ.admission")
+
+
+class AdmissionService:
+    """Judges proposals and relays admitted commands."""
+
+    def __init__(self, *, rt: Runtime, store: AdmissionStore, relay: OutboxRelay,
+                 command_ttl: timedelta, decide_timeout_s: float = 2.0) -> None:
+        self._rt, self._store, self._relay = rt, store, relay
+        self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
+        self._decoder = msgspec.json.Decoder(ProposeCommand)
+        self._decision_decoder = msgspec.json.Decoder(Decision)
+        self._encoder = msgspec.json.Encoder()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Consume proposals and relay the outbox until stopped."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._relay.run, self._rt.stopping)
+            await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
+                            handler=self.handle, metrics=self._rt.metrics,
+                            tracer=self._rt.tracer, stopping=self._rt.stopping,
+                            task_status=task_status)
+
+    async def handle(self, delivery: Delivery[ProposeCommand]) -> None:
+        """Validate, decide, admit (or refuse) one proposal; safe to run twice."""
+        p = delivery.message
+        with self._rt.tracer.start_as_current_span("admission admit") as span:
+            try:
+                valid = validate(p)
+            except Invalid as exc:
+                await self._refuse(p, "invalid", str(exc)[:500])
+                return
+            operation_id = operation_id_for(p.tenant, p.run_id, p.step)
+            proposal_id = proposal_id_for(p.tenant, p.run_id, p.step)
+            span.set_attribute("writ.operation_id", operation_id)
+            existing = await self._store.command(p.tenant, operation_id)
+            if existing is not None:
+                # Already admitted: a replay returns the recorded state, a new payload conflicts.
+                if existing.request_hash != valid.request_hash:
+                    await self._refuse(p, "conflict",
+                                       f"operation {operation_id} exists with another payload")
+                    return
+                await self._admitted(p, operation_id, valid.request_hash, existing.decision_id,
+                                     existing.decision_line, existing.policy_version,
+                                     replay=True)
+                return
+            decision = await self._decide(p, valid.arguments)
+            span.set_attribute("writ.decision.verdict", decision.verdict)
+            if decision.verdict != "allow":
+                await self._store.record_proposal(
+                    tenant=p.tenant, proposal_id=proposal_id, run_id=p.run_id, step=p.step,
+                    principal=p.principal, agent=p.agent, action=valid.contract.name,
+                    version=valid.contract.version, arguments=valid.arguments,
+                    request_hash=valid.request_hash,
+                    state="pending" if decision.verdict == "ask" else "rejected",
+                    decision_id=decision.decision_id, reason=decision.reason)
+                await self._refuse(p, decision.verdict, decision.reason, decision.decision_id)
+                return
+            admitted = await self._store.admit(
+                tenant=p.tenant, operation_id=operation_id, proposal_id=proposal_id,
+                run_id=p.run_id, step=p.step, principal=p.principal, agent=p.agent,
+                action=valid.contract.name, version=valid.contract.version,
+                arguments=valid.arguments, request_hash=valid.request_hash, decision=decision,
+                ttl=self._ttl)
+            stored = admitted.command
+            if stored.request_hash != valid.request_hash:
+                await self._refuse(p, "conflict",
+                                   f"operation {operation_id} exists with another payload")
+                return
+            await self._admitted(p, operation_id, valid.request_hash, stored.decision_id,
+                                 stored.decision_line, stored.policy_version,
+                                 replay=not admitted.created)
+
+    async def _decide(self, p: ProposeCommand, arguments: dict[str, object]) -> Decision:
+        first = next(iter(arguments.values()), "")
+        ask = DecideRequest(tenant=p.tenant, principal=p.principal, agent=p.agent,
+                            run_id=p.run_id, tool=p.action,
+                            first_argument=first[:512] if isinstance(first, str) else "")
+        try:
+            reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
+                                              timeout=self._decide_timeout)
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            # No answer is not an allow: try again later, the proposal stays unadmitted.
+            raise RetryableError(f"governance did not answer: {exc!r}", delay=1.0) from exc
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            raise RetryableError(f"governance error: {reply.headers.get('Nats-Service-Error')}")
+        return self._decision_decoder.decode(reply.data)
+
+    async def _admitted(self, p: ProposeCommand, operation_id: str, request_hash: bytes,
+                        decision_id: str, line: int, policy_version: str, *,
+                        replay: bool) -> None:
+        await publish(
+            self._rt.js, subjects.admitted(p.tenant),
+            CommandAdmitted(tenant=p.tenant, run_id=p.run_id, step=p.step, action=p.action,
+                            operation_id=operation_id, request_hash=request_hash.hex(),
+                            decision_id=decision_id, decision_line=line,
+                            policy_version=policy_version, replay=replay),
+            msg_id=f"admitted:{p.tenant}:{operation_id}:{int(replay)}",
+        )
+
+    async def _refuse(self, p: ProposeCommand, verdict: str, reason: str,
+                      decision_id: str | None = None) -> None:
+        await publish(
+            self._rt.js, subjects.admitted(p.tenant),
+            ProposalRefused(tenant=p.tenant, run_id=p.run_id, step=p.step,
+                            action=p.action[:512], verdict=verdict, reason=reason,
+                            decision_id=decision_id),
+            msg_id=f"refused:{p.tenant}:{p.run_id}:{p.step}",
+        )

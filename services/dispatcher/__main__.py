@@ -1,0 +1,51 @@
+"""`writ service dispatcher`: the composition root of the dispatcher process.
+
+The only service whose settings have fields for connector credentials.
+"""
+
+from __future__ import annotations
+
+import anyio.abc
+
+from libs.db import connect_pool
+from libs.runtime import Runtime, run_service
+from libs.settings import BaseSettings, load_settings, read_secret
+from services.dispatcher.connectors import Connector, CrmConnector
+from services.dispatcher.service import DispatcherService
+from services.dispatcher.store import DispatcherStore
+
+
+class DispatcherSettings(BaseSettings, frozen=True, kw_only=True):
+    """The bus, the dispatcher's database role, and the connectors' endpoints and credentials."""
+
+    database_url: str
+    database_password_file: str
+    crm_url: str
+    crm_token_file: str
+    lease_s: float = 30.0
+
+
+def main() -> None:
+    """Start the dispatcher process."""
+    settings = load_settings(DispatcherSettings)
+    password = read_secret(settings.database_password_file)
+    crm_token = read_secret(settings.crm_token_file)
+
+    async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        crm = CrmConnector(base_url=settings.crm_url, token=crm_token)
+        connectors: dict[str, Connector] = {crm.name: crm}
+        try:
+            async with await connect_pool(settings.database_url, password=password, max_size=20,
+                                          application_name="writ-dispatcher") as pool:
+                svc = DispatcherService(rt=rt, store=DispatcherStore(pool),
+                                        connectors=connectors, lease_s=settings.lease_s)
+                await svc.run(task_status=task_status)
+        finally:
+            for connector in connectors.values():
+                await connector.aclose()
+
+    run_service("dispatcher", settings, start, description="Executes admitted commands")
+
+
+if __name__ == "__main__":
+    main()

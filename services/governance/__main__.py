@@ -1,0 +1,38 @@
+"""`writ service governance`: the composition root of the governance process."""
+
+from __future__ import annotations
+
+import anyio.abc
+
+from libs.db import connect_pool
+from libs.runtime import Runtime, run_service
+from libs.settings import BaseSettings, load_settings, read_secret
+from services.governance.service import GovernanceService
+from services.governance.store import GovernanceStore
+
+
+class GovernanceSettings(BaseSettings, frozen=True, kw_only=True):
+    """The bus and governance's own database role."""
+
+    database_url: str
+    database_password_file: str
+
+
+def main() -> None:
+    """Start the governance process."""
+    settings = load_settings(GovernanceSettings)
+    password = read_secret(settings.database_password_file)
+
+    async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        # A short statement timeout: a slow store must turn into a denial, not a stuck caller.
+        async with await connect_pool(settings.database_url, password=password,
+                                      statement_timeout_ms=1000,
+                                      application_name="writ-governance") as pool:
+            svc = GovernanceService(rt=rt, store=GovernanceStore(pool))
+            await svc.run(task_status=task_status)
+
+    run_service("governance", settings, start, description="Decides every capability call")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""`writ service ingress`: the composition root of the ingress process."""
+
+from __future__ import annotations
+
+import anyio.abc
+import msgspec
+
+from libs.runtime import Runtime, run_service
+from libs.settings import BaseSettings, load_settings, read_secret
+from services.ingress.logic import TenantKey
+from services.ingress.service import IngressService
+
+
+class IngressSettings(BaseSettings, frozen=True, kw_only=True):
+    """Ingress needs the bus and the tenants' issuer keys; it has no database and no secrets."""
+
+    tenant_keys_file: str
+    audience: str = "writ"
+    max_request_bytes: int = 64 * 1024
+
+
+def main() -> None:
+    """Start the ingress process."""
+    settings = load_settings(IngressSettings)
+    keys = msgspec.json.decode(read_secret(settings.tenant_keys_file), type=dict[str, TenantKey])
+
+    async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
+                             max_request_bytes=settings.max_request_bytes)
+        await svc.run(task_status=task_status)
+
+    run_service("ingress", settings, start, description="Verifies hosts' requests, starts runs")
+
+
+if __name__ == "__main__":
+    main()

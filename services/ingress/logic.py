@@ -1,0 +1,92 @@
+"""Verifying a host's request: pure functions, no I/O."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Final
+
+import jwt
+import msgspec
+
+from schemas.host import RunRequest
+
+__all__ = ["Rejection", "TenantKey", "Verified", "run_id_for", "verify_request"]
+
+_RUN_NAMESPACE: Final = uuid.UUID("6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10")
+_PRINCIPAL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
+_DECODER: Final = msgspec.json.Decoder(RunRequest)
+
+
+class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The issuer and EdDSA public key (PEM) a tenant's hosts sign their tokens with."""
+
+    issuer: str
+    public_key: str
+
+
+class Verified(msgspec.Struct, frozen=True, kw_only=True):
+    """A request whose token checked out; tenant and principal come from the token."""
+
+    request: RunRequest
+    tenant: str
+    principal: str
+    run_id: str
+
+
+class Rejection(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a request is refused; `code` is part of the host contract."""
+
+    code: str
+    message: str
+    request_id: str
+
+
+def run_id_for(tenant: str, request_id: str) -> str:
+    """The run's id, derived from (tenant, request id): a re-sent request names the same run."""
+    return str(uuid.uuid5(_RUN_NAMESPACE, f"{tenant}\x00{request_id}"))
+
+
+def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str | None,
+                   keys: dict[str, TenantKey], audience: str, max_bytes: int,
+                   leeway_s: float = 5.0) -> Verified | Rejection:
+    """Bound, decode and authenticate one `RunRequest` published on a tenant's subject."""
+    fallback_id = (header_request_id or "")[:128]
+    if len(body) > max_bytes:
+        return Rejection(code="TOO_LARGE", request_id=fallback_id,
+                         message=f"request is {len(body)} bytes; the limit is {max_bytes}")
+    try:
+        request = _DECODER.decode(body)
+    except msgspec.DecodeError as exc:
+        return Rejection(code="INVALID_REQUEST", message=str(exc)[:500], request_id=fallback_id)
+    if header_request_id is not None and header_request_id != request.request_id:
+        return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
+                         message="Nats-Msg-Id must equal request_id")
+    key = keys.get(subject_tenant)
+    if key is None:
+        return Rejection(code="UNKNOWN_TENANT", request_id=request.request_id,
+                         message=f"no issuer is configured for tenant {subject_tenant!r}")
+    try:
+        claims = jwt.decode(
+            request.token, key.public_key, algorithms=["EdDSA"], audience=audience,
+            issuer=key.issuer, leeway=leeway_s,
+            options={"require": ["exp", "iss", "aud", "sub", "tenant", "jti"]},
+        )
+    except jwt.ExpiredSignatureError:
+        return Rejection(code="TOKEN_EXPIRED", message="the token has expired",
+                         request_id=request.request_id)
+    except jwt.InvalidSignatureError:
+        return Rejection(code="BAD_SIGNATURE", request_id=request.request_id,
+                         message="the token's signature does not verify with the tenant's key")
+    except jwt.InvalidTokenError as exc:
+        return Rejection(code="INVALID_TOKEN", message=f"invalid token: {exc}"[:500],
+                         request_id=request.request_id)
+    if claims["tenant"] != subject_tenant:
+        return Rejection(code="WRONG_TENANT", request_id=request.request_id,
+                         message="the token was issued for another tenant")
+    principal = claims["sub"]
+    if not isinstance(principal, str) or _PRINCIPAL.fullmatch(principal) is None:
+        return Rejection(code="INVALID_TOKEN", message="the token's subject is not a principal id",
+                         request_id=request.request_id)
+    return Verified(request=request, tenant=subject_tenant, principal=principal,
+                    run_id=run_id_for(subject_tenant, request.request_id))

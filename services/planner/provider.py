@@ -1,0 +1,81 @@
+"""Decision providers: where the model's next decision comes from.
+
+The decision protocol (seed 004): `answer_directly`, `request_capabilities`, `select_capability`,
+`request_human_review`. The scripted provider reads decisions from a file, so demos and tests
+need no network; a real model provider plugs in behind the same `DecisionProvider` port.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Protocol
+
+import msgspec
+
+__all__ = [
+    "AnswerDirectly",
+    "ModelDecision",
+    "ModelInput",
+    "ScriptedProvider",
+    "SelectCapability",
+]
+
+
+class _Decision(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                tag_field="decision"):
+    """What a model may answer; anything else is an error, never a guess."""
+
+
+class SelectCapability(_Decision, tag="select_capability"):
+    """Call a capability with these arguments."""
+
+    capability: Annotated[str, msgspec.Meta(max_length=128)]
+    arguments: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
+
+
+class AnswerDirectly(_Decision, tag="answer_directly"):
+    """Finish the run with this answer."""
+
+    answer: Annotated[str, msgspec.Meta(max_length=16384)]
+
+
+ModelDecision = SelectCapability | AnswerDirectly
+
+
+class ModelInput(msgspec.Struct, frozen=True, kw_only=True):
+    """The model's input, with its content boundaries kept apart (seed 004)."""
+
+    developer: str
+    user: str
+    untrusted: list[dict[str, Any]]
+    observations: list[dict[str, Any]]
+    turn: int
+
+
+class DecisionProvider(Protocol):
+    """A model, or something standing in for one."""
+
+    async def decide(self, model_input: ModelInput) -> ModelDecision: ...
+
+
+class _Script(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    decisions: Annotated[list[ModelDecision], msgspec.Meta(min_length=1, max_length=100)]
+
+
+class ScriptedProvider:
+    """Answers turn n with the n-th decision of a script file; past the end, it answers done."""
+
+    def __init__(self, decisions: list[ModelDecision]) -> None:
+        self._decisions = decisions
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedProvider:
+        """Load and validate a script: `{"decisions": [{"decision": ...}, ...]}`."""
+        script = msgspec.json.decode(Path(path).read_bytes(), type=_Script)
+        return cls(list(script.decisions))
+
+    async def decide(self, model_input: ModelInput) -> ModelDecision:
+        """The scripted decision for this turn."""
+        if model_input.turn < len(self._decisions):
+            return self._decisions[model_input.turn]
+        return AnswerDirectly(answer="The script has no further steps.")

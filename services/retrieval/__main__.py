@@ -1,0 +1,36 @@
+"""`writ service retrieval`: the composition root of the retrieval process."""
+
+from __future__ import annotations
+
+import anyio.abc
+
+from libs.db import connect_pool
+from libs.runtime import Runtime, run_service
+from libs.settings import BaseSettings, load_settings, read_secret
+from services.retrieval.service import RetrievalService
+from services.retrieval.store import RetrievalStore
+
+
+class RetrievalSettings(BaseSettings, frozen=True, kw_only=True):
+    """The bus and retrieval's own read-only database role."""
+
+    database_url: str
+    database_password_file: str
+
+
+def main() -> None:
+    """Start the retrieval process."""
+    settings = load_settings(RetrievalSettings)
+    password = read_secret(settings.database_password_file)
+
+    async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with await connect_pool(settings.database_url, password=password,
+                                      application_name="writ-retrieval") as pool:
+            svc = RetrievalService(rt=rt, store=RetrievalStore(pool))
+            await svc.run(task_status=task_status)
+
+    run_service("retrieval", settings, start, description="Gathers tenant-scoped evidence")
+
+
+if __name__ == "__main__":
+    main()

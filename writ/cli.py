@@ -1,0 +1,84 @@
+"""`writ`: the command-line tool of operators and developers.
+
+    writ run                  start everything locally and run the demo (what `make run` does)
+    writ service <name>       run one service process (what a Kubernetes Deployment runs)
+    writ schemas --write      regenerate the committed JSON Schemas of the bus messages
+    writ token ...            mint a host token with a tenant's demo key
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from writ.stack import SERVICES
+
+__all__ = ["main"]
+
+
+def _service(args: argparse.Namespace) -> int:
+    module = importlib.import_module(f"services.{args.name}.__main__")
+    module.main()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from writ.demo import run_demo
+
+    return run_demo(Path(args.home), serve=not args.once)
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from writ.schemas_io import check_schemas, write_schemas
+
+    if args.write:
+        for path in write_schemas():
+            print(f"wrote {path}")
+        return 0
+    drift = check_schemas()
+    for line in drift:
+        print(line, file=sys.stderr)
+    return 1 if drift else 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from writ.stack import Stack
+
+    stack = Stack(Path(args.home))
+    print(stack.token(args.tenant, args.principal, ttl_s=args.ttl))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the `writ` command."""
+    parser = argparse.ArgumentParser(prog="writ", description="A governed runtime for AI agents")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("service", help="run one service process")
+    p.add_argument("name", choices=SERVICES)
+    p.set_defaults(func=_service)
+
+    p = sub.add_parser("run", help="start Writ locally and run the demo request")
+    p.add_argument("--home", default=".writ", help="data folder (default: .writ)")
+    p.add_argument("--once", action="store_true", help="stop after the demo run")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")
+    p.add_argument("--write", action="store_true")
+    p.set_defaults(func=_schemas)
+
+    p = sub.add_parser("token", help="mint a host token with a tenant's demo key")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--principal", default="alice@acme.example")
+    p.add_argument("--ttl", type=float, default=300.0)
+    p.set_defaults(func=_token)
+
+    args = parser.parse_args(argv)
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

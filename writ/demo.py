@@ -1,0 +1,135 @@
+"""`writ run`: start Writ locally, submit the demo request, and print its timeline.
+
+The scenario is seed 001's: an agent adds a note to a customer record. The demo plays the host
+(it signs a token with the tenant's key and publishes a `RunRequest`) and watches the bus.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import nats
+
+from schemas import subjects
+from schemas.host import RunRequest, RunResult
+from writ.stack import Stack
+
+__all__ = ["run_demo"]
+
+DEMO_INPUT = ("Add a note to customer ACME-42 summarising today's call about the delayed "
+              "shipment.")
+
+
+def _line(started: float, what: str, detail: str) -> None:
+    print(f"  {time.monotonic() - started:7.3f}s  {what:<18} {detail}", flush=True)
+
+
+def _describe(subject: str, data: bytes) -> tuple[str, str] | None:
+    try:
+        body: dict[str, Any] = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    kind = body.get("type")
+    if subject.startswith("writ.in.requests."):
+        return "request", f"{body.get('request_id')} from the host on {subject}"
+    if kind == "RunStarted":
+        return "verified", (f"tenant={body['tenant']} principal={body['principal']} "
+                            f"run={body['run_id']}")
+    if kind == "EvidenceGathered":
+        titles = ", ".join(e["title"] for e in body["evidence"]) or "none"
+        return "evidence", f"{len(body['evidence'])} documents, all untrusted: {titles}"
+    if kind == "ProposeCommand":
+        return "decision", (f"model selects {body['action']} "
+                            f"{msgspec.json.encode(body['arguments']).decode()[:90]}")
+    if kind == "CommandAdmitted":
+        return "admitted", (f"operation {body['operation_id']} allowed by decide line "
+                            f"{body['decision_line']} (policy {body['policy_version']}), "
+                            f"hash {body['request_hash'][:12]}…")
+    if kind == "ProposalRefused":
+        return "refused", f"{body['verdict']}: {body['reason']}"
+    if kind == "DispatchCommand":
+        return "relayed", f"outbox -> {subject} (Nats-Msg-Id {body['tenant']}:…)"
+    if kind == "CommandOutcome":
+        return "dispatched", (f"{body['state']} receipt={body.get('receipt')} "
+                              f"(Idempotency-Key {body['tenant']}:{body['operation_id']})")
+    if kind == "RunResult":
+        error = body.get("error") or {}
+        return "result", (f"{body['status']} {body.get('answer') or ''}"
+                          f"{error.get('code', '')} {error.get('message', '')}").strip()
+    return None
+
+
+async def _demo(stack: Stack) -> int:
+    print(f"Writ is up: NATS {stack.nats_url}, simulated CRM {stack.crm_url}")
+    nc = await nats.connect(stack.nats_url)
+    started = time.monotonic()
+    done = anyio.Event()
+    status: list[str] = []
+
+    async def watch(msg: Any) -> None:
+        described = _describe(msg.subject, msg.data)
+        if described is None:
+            return
+        _line(started, *described)
+        if described[0] == "result":
+            status.append(msgspec.json.decode(msg.data, type=RunResult).status)
+            done.set()
+
+    sub = await nc.subscribe("writ.>", cb=watch)
+    try:
+        request_id = f"demo-{uuid.uuid4().hex[:8]}"
+        request = RunRequest(request_id=request_id, agent="crm-assistant", input=DEMO_INPUT,
+                             token=stack.token("acme", "alice@acme.example"))
+        print(f"\nTimeline of request {request_id}:")
+        await nc.jetstream().publish(subjects.request("acme"), msgspec.json.encode(request),
+                                     headers={"Nats-Msg-Id": request_id})
+        with anyio.fail_after(60):
+            await done.wait()
+        await anyio.sleep(0.2)
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
+    return 0 if status == ["succeeded"] else 1
+
+
+def run_demo(home: Path, *, serve: bool) -> int:
+    """Start everything, run the demo, then keep serving until Ctrl-C if `serve`."""
+    stack = Stack(home, nats_url=os.environ.get("WRIT_NATS_URL") or None,
+                  admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None)
+    try:
+        print("Starting NATS and PostgreSQL…", flush=True)
+        stack.start_infrastructure()
+        anyio.run(stack.provision)
+        stack.start_crm()
+        print("Starting ingress, retrieval, planner, governance, admission, dispatcher…",
+              flush=True)
+        stack.start_services()
+        anyio.run(stack.wait_ready)
+        code = anyio.run(_demo, stack)
+        if serve:
+            print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at {stack.nats_url}; "
+                  f"logs in {stack.logs}. Ctrl-C stops everything.", flush=True)
+            stop = {signal.SIGINT, signal.SIGTERM}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+            signal.sigwait(stop)
+            print("\nStopping…", flush=True)
+        return code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"writ run failed: {exc!r}", file=sys.stderr)
+        for name in stack.procs:
+            tail = stack.log_tail(name, 1500)
+            if tail:
+                print(f"--- {name} ---\n{tail}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop()

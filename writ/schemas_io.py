@@ -1,0 +1,57 @@
+"""The committed JSON Schemas of every message on the bus (`make schemas` writes them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
+from schemas.dispatcher import CommandOutcome
+from schemas.governance import DecideRequest, Decision
+from schemas.host import RunRequest, RunResult
+from schemas.ingress import RunStarted
+from schemas.planner import ProposeCommand
+from schemas.retrieval import EvidenceGathered
+
+__all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
+
+MESSAGES: Final = (
+    RunRequest, RunResult, RunStarted, EvidenceGathered, ProposeCommand, DecideRequest,
+    Decision, CommandAdmitted, ProposalRefused, DispatchCommand, CommandOutcome,
+)
+FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
+
+
+def render(message: type) -> str:
+    """The JSON Schema of one message type, as committed."""
+    return json.dumps(msgspec.json.schema(message), indent=2, sort_keys=True) + "\n"
+
+
+def write_schemas(folder: Path = FOLDER) -> list[Path]:
+    """Write every message's schema; returns the files written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for message in MESSAGES:
+        path = folder / f"{message.__name__}.json"
+        path.write_text(render(message))
+        written.append(path)
+    return written
+
+
+def check_schemas(folder: Path = FOLDER) -> list[str]:
+    """How the committed schemas differ from the code (empty when they agree)."""
+    drift = []
+    expected = {f"{m.__name__}.json": render(m) for m in MESSAGES}
+    for name, text in expected.items():
+        path = folder / name
+        if not path.exists():
+            drift.append(f"{path} is missing: run `make schemas`")
+        elif path.read_text() != text:
+            drift.append(f"{path} differs from the code: run `make schemas`")
+    for path in folder.glob("*.json") if folder.exists() else ():
+        if path.name not in expected:
+            drift.append(f"{path} has no message type any more: delete it")
+    return drift

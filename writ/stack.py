@@ -1,0 +1,287 @@
+"""A whole Writ deployment on one machine: infrastructure, database, secrets, six processes.
+
+`writ run` uses it for the demo and the end-to-end tests use it to drive real processes. Each
+service process gets an environment built from nothing, holding only its own settings: the CRM
+credential's path is given to the dispatcher and to no one else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Final
+
+import asyncpg
+import jwt
+import nats
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from libs.db import load_migrations, provision, role_name, with_database
+from libs.embedded import EmbeddedNats, EmbeddedPostgres
+
+__all__ = ["SERVICES", "Stack", "mint_token"]
+
+# Migration order: a service may grant on tables of a service migrated before it.
+SERVICES: Final = ("retrieval", "planner", "governance", "admission", "dispatcher", "ingress")
+_WITH_DATABASE: Final = ("retrieval", "planner", "governance", "admission", "dispatcher")
+_DEMO: Final = Path(__file__).parent / "demo"
+AUDIENCE: Final = "writ"
+
+
+def mint_token(private_key_pem: bytes, *, issuer: str, tenant: str, principal: str,
+               ttl_s: float = 300.0, audience: str = AUDIENCE, now: datetime | None = None,
+               **extra: object) -> str:
+    """An EdDSA-signed JWT as a host would send it."""
+    issued = now or datetime.now(timezone.utc)
+    claims = {"iss": issuer, "aud": audience, "sub": principal, "tenant": tenant,
+              "iat": issued, "exp": issued + timedelta(seconds=ttl_s),
+              "jti": secrets.token_hex(8), **extra}
+    return jwt.encode(claims, private_key_pem, algorithm="EdDSA")
+
+
+def _migrations() -> dict[str, list]:
+    root = Path(__file__).resolve().parent.parent / "services"
+    return {name: load_migrations(name, root / name / "migrations") for name in _WITH_DATABASE}
+
+
+class Stack:
+    """Everything `make run` starts, under one home folder."""
+
+    def __init__(self, home: Path, *, nats_url: str | None = None, admin_dsn: str | None = None,
+                 database: str = "writ", decisions_file: Path | None = None,
+                 tenants: tuple[str, ...] = ("acme", "globex"), durable_pg: bool = True) -> None:
+        self.home = Path(home).resolve()
+        self.database = database
+        self.tenants = tenants
+        self.decisions_file = decisions_file or _DEMO / "decisions.json"
+        self._nats_url, self._admin_dsn = nats_url, admin_dsn
+        self.embedded_nats: EmbeddedNats | None = None
+        self.embedded_pg: EmbeddedPostgres | None = None
+        self._durable_pg = durable_pg
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.crm_url = ""
+        self.secrets = self.home / "secrets"
+        self.config = self.home / "config"
+        self.logs = self.home / "logs"
+
+    # -- infrastructure ---------------------------------------------------------------------
+
+    @property
+    def nats_url(self) -> str:
+        """The NATS server in use."""
+        assert self._nats_url is not None
+        return self._nats_url
+
+    @property
+    def admin_dsn(self) -> str:
+        """The administrator's DSN (migrations, seeding, tests' inspection)."""
+        assert self._admin_dsn is not None
+        return self._admin_dsn
+
+    @property
+    def database_dsn(self) -> str:
+        """The administrator's DSN for Writ's database."""
+        return with_database(self.admin_dsn, self.database)
+
+    def start_infrastructure(self) -> None:
+        """Start embedded NATS and Postgres unless real ones were named."""
+        for folder in (self.secrets, self.config, self.logs):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.secrets.chmod(0o700)
+        if self._nats_url is None:
+            self.embedded_nats = EmbeddedNats(self.home / "nats")
+            self.embedded_nats.start()
+            self._nats_url = self.embedded_nats.url
+        if self._admin_dsn is None:
+            self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
+            self.embedded_pg.start()
+            self._admin_dsn = self.embedded_pg.admin_url
+
+    async def provision(self) -> None:
+        """Database, roles, migrations, secrets and the demo's tenants, documents and grants."""
+        passwords = {}
+        for name in _WITH_DATABASE:
+            path = self.secrets / f"pg-{name}.password"
+            if path.exists():
+                passwords[name] = path.read_text().strip()
+        passwords = await provision(self.admin_dsn, self.database, _migrations(), passwords)
+        for name, password in passwords.items():
+            _write_secret(self.secrets / f"pg-{name}.password", password)
+        crm_token = self.secrets / "crm.token"
+        if not crm_token.exists():
+            _write_secret(crm_token, secrets.token_urlsafe(32))
+        keys = {}
+        for tenant in self.tenants:
+            private = self.secrets / f"host-{tenant}.pem"
+            if not private.exists():
+                key = Ed25519PrivateKey.generate()
+                _write_secret(private, key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption()).decode())
+            key = serialization.load_pem_private_key(private.read_bytes(), password=None)
+            public = key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+            keys[tenant] = {"issuer": self.issuer(tenant), "public_key": public.decode()}
+        (self.config / "tenant-keys.json").write_text(json.dumps(keys, indent=2))
+        await self._seed_demo()
+
+    def issuer(self, tenant: str) -> str:
+        """The issuer name of a tenant's host."""
+        return f"https://{tenant}.example/host"
+
+    def host_key(self, tenant: str) -> bytes:
+        """The private key a tenant's host signs with (the demo plays the host)."""
+        return (self.secrets / f"host-{tenant}.pem").read_bytes()
+
+    def token(self, tenant: str, principal: str, **kwargs: object) -> str:
+        """A token as the tenant's host would mint it."""
+        return mint_token(self.host_key(tenant), issuer=self.issuer(tenant), tenant=tenant,
+                          principal=principal, **kwargs)
+
+    async def _seed_demo(self) -> None:
+        documents = json.loads((_DEMO / "documents.json").read_text())
+        conn = await asyncpg.connect(self.database_dsn)
+        try:
+            await conn.executemany(
+                "INSERT INTO retrieval.documents (tenant, document_id, kind, title, body) "
+                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                [(d["tenant"], d["document_id"], d["kind"], d["title"], d["body"])
+                 for d in documents])
+            # The demo agent may write to the CRM without asking: a standing grant for its
+            # family, given by the tenant's administrator.
+            await conn.execute(
+                "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+                "VALUES ('acme', 'crm-assistant', 'write_delete', 'admin@acme.example') "
+                "ON CONFLICT DO NOTHING")
+        finally:
+            await conn.close()
+
+    # -- processes --------------------------------------------------------------------------
+
+    def start_crm(self) -> None:
+        """The simulated CRM, a real HTTP server on loopback."""
+        ready = self.home / "crm.url"
+        ready.unlink(missing_ok=True)
+        self._spawn("crm", [sys.executable, "-m", "fakes.crm", "--port", "0",
+                            "--token-file", str(self.secrets / "crm.token"),
+                            "--ready-file", str(ready)], {})
+        self.crm_url = _wait_file(ready, self.procs["crm"], 20).strip()
+
+    def service_env(self, name: str) -> dict[str, str]:
+        """Exactly what one service process is given; nothing is inherited from this process."""
+        env = {"WRIT_NATS_URL": self.nats_url, "WRIT_INSTANCE": f"{name}-0",
+               "WRIT_METRICS_PORT": "0",
+               "WRIT_METRICS_PORT_FILE": str(self.home / f"{name}.metrics-port")}
+        if name in _WITH_DATABASE:
+            env["WRIT_DATABASE_URL"] = with_database(
+                self.admin_dsn, self.database, user=role_name(self.database, name), password="")
+            env["WRIT_DATABASE_PASSWORD_FILE"] = str(self.secrets / f"pg-{name}.password")
+        if name == "ingress":
+            env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
+        if name == "planner":
+            env["WRIT_DECISIONS_FILE"] = str(self.decisions_file)
+        if name == "dispatcher":
+            env["WRIT_CRM_URL"] = self.crm_url
+            env["WRIT_CRM_TOKEN_FILE"] = str(self.secrets / "crm.token")
+        return env
+
+    def start_services(self, names: tuple[str, ...] = SERVICES) -> None:
+        """Each service as its own OS process, `writ service <name>`."""
+        for name in names:
+            (self.home / f"{name}.metrics-port").unlink(missing_ok=True)
+            self._spawn(name, [sys.executable, "-m", "writ.cli", "service", name],
+                        self.service_env(name))
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        base = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TZ", "HOME",
+                                                 "WRIT_LOG_LEVEL") if key in os.environ}
+        log = (self.logs / f"{name}.log").open("ab")
+        self.procs[name] = subprocess.Popen(argv, env={**base, **env}, stdout=log, stderr=log,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    async def wait_ready(self, names: tuple[str, ...] = SERVICES, timeout: float = 60) -> None:
+        """Until every named service answers `$SRV.PING` (its consumers exist by then)."""
+        want = {f"writ-{n}" for n in names}
+        nc = await nats.connect(self.nats_url)
+        try:
+            deadline = time.monotonic() + timeout
+            seen: set[str] = set()
+            while time.monotonic() < deadline:
+                for name, proc in self.procs.items():
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{name} exited with {proc.returncode}:\n"
+                                           + self.log_tail(name))
+                seen = set()
+                inbox = nc.new_inbox()
+                sub = await nc.subscribe(inbox)
+                await nc.publish("$SRV.PING", b"", reply=inbox)
+                await nc.flush()
+                end = time.monotonic() + 0.5
+                while time.monotonic() < end:
+                    try:
+                        msg = await sub.next_msg(timeout=max(end - time.monotonic(), 0.01))
+                    except nats.errors.TimeoutError:
+                        break
+                    if msg.data:  # an empty reply is the server's "no responders" status
+                        seen.add(json.loads(msg.data)["name"])
+                await sub.unsubscribe()
+                if want <= seen:
+                    return
+            raise RuntimeError(f"services not ready: missing {sorted(want - seen)}")
+        finally:
+            await nc.close()
+
+    def metrics_port(self, name: str) -> int:
+        """The port of a service's `/metrics` endpoint."""
+        return int(_wait_file(self.home / f"{name}.metrics-port", self.procs[name], 20))
+
+    def log_tail(self, name: str, size: int = 4000) -> str:
+        """The end of a process's log, for failure messages."""
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace")[-size:] if path.exists() else ""
+
+    def stop_process(self, name: str, *, kill: bool = False, timeout: float = 20) -> int | None:
+        """SIGTERM (drain) or SIGKILL (crash) one process and wait for it."""
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def stop(self) -> None:
+        """Stop every process, then the embedded servers."""
+        for name in [n for n in self.procs if n != "crm"] + ["crm"]:
+            self.stop_process(name)
+        if self.embedded_nats is not None:
+            self.embedded_nats.stop()
+        if self.embedded_pg is not None:
+            self.embedded_pg.stop()
+
+
+def _write_secret(path: Path, value: str) -> None:
+    path.write_text(value)
+    path.chmod(0o600)
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before writing {path}")
+        time.sleep(0.02)
+    raise RuntimeError(f"{path} did not appear within {timeout}s")
