@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 import anyio
@@ -38,13 +39,17 @@ class GovernanceService:
         await self._rt.stopping.wait()
 
     async def _on_request(self, request: Request) -> None:
+        metrics, started = self._rt.metrics, time.perf_counter()
         try:
             ask = self._decoder.decode(request.data)
         except msgspec.DecodeError as exc:
+            metrics.failed.labels("decide", "undecodable").inc()
             await request.respond_error("400", f"invalid DecideRequest: {exc}")
             return
         decision = await self.decide(ask)
         await request.respond(self._encoder.encode(decision))
+        metrics.handled.labels("decide").inc()
+        metrics.latency.labels("decide").observe(time.perf_counter() - started)
 
     async def decide(self, ask: DecideRequest) -> Decision:
         """Decide one call and record the decision."""

@@ -1,0 +1,117 @@
+"""One Writ deployment for the end-to-end tests: the six services as real processes."""
+
+from __future__ import annotations
+
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from schemas import subjects
+from schemas.host import RunRequest, RunResult
+from writ.stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="session")
+def stack(nats_url: str, admin_dsn: str) -> Iterator[Stack]:
+    with tempfile.TemporaryDirectory(prefix="writ-e2e-") as home:
+        deployment = Stack(Path(home), nats_url=nats_url, admin_dsn=admin_dsn,
+                           database=f"e2e_{uuid.uuid4().hex[:8]}")
+        deployment.start_infrastructure()
+        try:
+            anyio.run(deployment.provision)
+            deployment.start_crm()
+            deployment.start_services()
+            anyio.run(deployment.wait_ready)
+            yield deployment
+        finally:
+            deployment.stop()
+
+
+@pytest.fixture
+async def db(stack: Stack) -> AsyncIterator[asyncpg.Connection]:
+    """An administrator's connection to the deployment's database, to inspect state."""
+    conn = await asyncpg.connect(stack.database_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def crm(stack: Stack) -> Iterator[httpx.Client]:
+    """The simulated CRM's control API."""
+    with httpx.Client(base_url=stack.crm_url, timeout=5) as client:
+        yield client
+
+
+class Host:
+    """Plays a host system: signs, publishes requests, reads results from the stream."""
+
+    def __init__(self, stack: Stack, nc: Client) -> None:
+        self.stack, self.nc, self.js = stack, nc, nc.jetstream()
+
+    def request(self, *, tenant: str = "acme", principal: str = "alice@acme.example",
+                agent: str = "crm-assistant", text: str = "Note the delayed shipment call",
+                request_id: str | None = None, token: str | None = None) -> RunRequest:
+        return RunRequest(request_id=request_id or f"req-{uuid.uuid4().hex[:12]}",
+                          token=token or self.stack.token(tenant, principal), agent=agent,
+                          input=text)
+
+    async def publish(self, body: bytes | RunRequest, *, tenant: str = "acme",
+                      msg_id: str | None = None) -> None:
+        data = body if isinstance(body, bytes) else msgspec.json.encode(body)
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        await self.js.publish(subjects.request(tenant), data, headers=headers)
+
+    async def results(self, request_id: str, *, tenant: str = "acme") -> list[RunResult]:
+        """Every result on the host's stream for this request, read from the start."""
+        found = []
+        sub = await self.js.subscribe(
+            subjects.result(tenant), ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=0.5)
+                except nats.errors.TimeoutError:
+                    break  # nothing (more) for this tenant
+                result = msgspec.json.decode(msg.data, type=RunResult)
+                if result.request_id == request_id:
+                    found.append(result)
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return found
+
+    async def wait_result(self, request_id: str, *, tenant: str = "acme",
+                          timeout: float = 30) -> RunResult:
+        with anyio.fail_after(timeout):
+            while True:
+                found = await self.results(request_id, tenant=tenant)
+                if found:
+                    return found[0]
+                await anyio.sleep(0.1)
+
+
+@pytest.fixture
+async def host(stack: Stack) -> AsyncIterator[Host]:
+    nc = await nats.connect(stack.nats_url)
+    yield Host(stack, nc)
+    await nc.drain()
+
+
+def notes_for(crm: httpx.Client, key_prefix: str = "") -> list[dict[str, Any]]:
+    notes = crm.get("/_control/notes").json()
+    return [n for n in notes if n["idempotency_key"].startswith(key_prefix)]
