@@ -9,7 +9,9 @@
   with backoff, until the consumer's `max_deliver` is reached, then dead-letter.
 
 While a handler runs, `in_progress()` is sent every third of `ack_wait` so a long handler keeps
-its delivery; the heartbeat stops the moment the handler ends or is fenced.
+its delivery; the heartbeat stops the moment the handler ends or is fenced. A handler whose
+progress must be conditioned on something else (the dispatcher's fenced lease) turns the
+heartbeat off and calls `Delivery.progress()` itself.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
 from libs.bus import ConsumerSpec, ensure_consumer
-from libs.errors import Fenced, PermanentError, RetryableError
+from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.telemetry import ActorMetrics, extract_context, inject_context
 from schemas.subjects import dead_letter
 
@@ -50,6 +52,10 @@ class Delivery(Generic[T]):
         self.headers: dict[str, str] = dict(msg.headers or {})
         self.num_delivered = int(msg.metadata.num_delivered)
 
+    async def progress(self) -> None:
+        """Tell JetStream the handler is still working (resets the delivery's ack timer)."""
+        await _settle(self.msg.in_progress())
+
 
 Handler = Callable[[Delivery[Any]], Awaitable[None]]
 
@@ -69,6 +75,7 @@ async def run_actor(
     stopping: anyio.Event | None = None,
     concurrency: int = 16,
     ack_sync: bool = False,
+    heartbeat: bool = True,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
@@ -86,7 +93,8 @@ async def run_actor(
     async def process(msg: Msg) -> None:
         try:
             await _process(msg, js=js, spec=spec, decoder=decoder, handler=handler,
-                           metrics=metrics, tracer=tracer, ack_sync=ack_sync)
+                           metrics=metrics, tracer=tracer, ack_sync=ack_sync,
+                           heartbeat=heartbeat)
         finally:
             slots.release()
 
@@ -118,7 +126,7 @@ async def run_actor(
 async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
                    decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
                    metrics: ActorMetrics,
-                   tracer: Tracer, ack_sync: bool) -> None:
+                   tracer: Tracer, ack_sync: bool, heartbeat: bool) -> None:
     consumer = spec.durable
     started = time.perf_counter()
     try:
@@ -135,12 +143,7 @@ async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
         span.set_attribute("messaging.destination.name", msg.subject)
         span.set_attribute("messaging.message.delivery_count", delivery.num_delivered)
         try:
-            async with anyio.create_task_group() as beat:
-                beat.start_soon(_heartbeat, msg, spec.ack_wait_s / 3)
-                try:
-                    await handler(delivery)
-                finally:
-                    beat.cancel_scope.cancel()
+            await _run_handler(handler, delivery, spec.ack_wait_s / 3 if heartbeat else None)
         except Fenced as exc:
             metrics.failed.labels(consumer, "fenced").inc()
             log.info("%s: fenced on %s, leaving the delivery alone", consumer, exc.operation_id)
@@ -169,6 +172,21 @@ async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
         await _settle(msg.ack())
     metrics.handled.labels(consumer).inc()
     metrics.latency.labels(consumer).observe(time.perf_counter() - started)
+
+
+async def _run_handler(handler: Handler, delivery: Delivery[Any], every: float | None) -> None:
+    if every is None:
+        await handler(delivery)
+        return
+    try:
+        async with anyio.create_task_group() as beat:
+            beat.start_soon(_heartbeat, delivery.msg, every)
+            try:
+                await handler(delivery)
+            finally:
+                beat.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise single_error(group) from None
 
 
 async def _heartbeat(msg: Msg, every: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "single_error",
     "Fenced",
     "PermanentError",
     "RetryableError",
@@ -37,3 +38,15 @@ class Fenced(WritError):
 
 class ConfigError(WritError, ValueError):
     """The configuration is missing or invalid; the process refuses to start."""
+
+
+def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error inside a task group's exception group, or the group if there are several.
+
+    anyio wraps every error leaving a task group in an exception group; the retry decision is
+    made on the error's class, so callers re-raise the error itself.
+    """
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error

@@ -24,6 +24,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from libs.bus import connect, ensure_streams
+from libs.faults import Faults
 from libs.settings import BaseSettings
 from libs.telemetry import ActorMetrics, MetricsServer, make_tracer_provider
 
@@ -46,8 +47,10 @@ class Runtime:
     """What a service's `main` is given: the bus, telemetry, and the signal to stop."""
 
     def __init__(self, *, name: str, nc: Client, js: JetStreamContext,
-                 registry: CollectorRegistry, tracer_provider: TracerProvider) -> None:
+                 registry: CollectorRegistry, tracer_provider: TracerProvider,
+                 faults: Faults | None = None) -> None:
         self.name = name
+        self.faults = faults or Faults()
         self.nc, self.js = nc, js
         self.registry = registry
         self.tracer_provider = tracer_provider
@@ -75,7 +78,8 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
         metrics.start()
         if metrics_port_file:
             _write_atomically(metrics_port_file, str(metrics.port))
-        rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider)
+        rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider,
+                     faults=Faults(settings.faults_file or None))
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
             tg.start_soon(_watch_signals, rt)

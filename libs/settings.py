@@ -27,6 +27,7 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     metrics_port_file: str = ""
+    faults_file: str = ""  # tests only: see libs/faults.py
     drain_timeout_s: float = 10.0
     instance: str = ""
 

@@ -11,7 +11,7 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-__all__ = ["ACTIONS", "ActionContract", "CrmNoteCreate", "Family"]
+__all__ = ["ACTIONS", "ActionContract", "CrmNoteCreate", "Family", "PaymentChargeCreate"]
 
 Family = Literal["read", "read_personal", "write_delete", "send_external", "execute_code"]
 
@@ -21,6 +21,15 @@ class CrmNoteCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}$")]
     body: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+
+
+class PaymentChargeCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Charge a customer through the payment provider."""
+
+    customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}$")]
+    amount_cents: Annotated[int, msgspec.Meta(ge=1, le=100_000_000)]
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")]
+    description: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
 
 
 class ActionContract(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,6 +49,11 @@ ACTIONS: Final[dict[str, ActionContract]] = {
         ActionContract(
             name="crm.note.create", version=1, family="write_delete", connector="crm",
             arguments=CrmNoteCreate, description="Add a note to a customer record.",
+        ),
+        ActionContract(
+            name="payment.charge.create", version=1, family="write_delete",
+            connector="payments", arguments=PaymentChargeCreate,
+            description="Charge a customer.",
         ),
     )
 }

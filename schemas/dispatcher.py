@@ -1,12 +1,22 @@
-"""Messages the dispatcher publishes: what is known about an executed command."""
+"""Messages of the dispatcher: what is known about executed commands, and reconciliation."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from schemas.base import Event, Id, ShortText, Tenant
+import msgspec
 
-__all__ = ["CommandOutcome", "CommandState"]
+from schemas.base import Command, Event, Id, ShortText, Tenant
+
+__all__ = [
+    "CommandOutcome",
+    "CommandState",
+    "ListUnknown",
+    "Reconcile",
+    "Reconciled",
+    "UnknownCommand",
+    "UnknownCommands",
+]
 
 CommandState = Literal[
     "succeeded", "denied", "expired", "revision_required", "unknown", "failed",
@@ -24,3 +34,48 @@ class CommandOutcome(Event):
     state: CommandState
     receipt: ShortText | None = None
     reason: ShortText | None = None
+
+
+class ListUnknown(Command):
+    """Ask the dispatcher for a tenant's commands in `unknown` (`writ reconcile list`)."""
+
+    tenant: Tenant
+
+
+class UnknownCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """One command whose outcome nobody knows."""
+
+    operation_id: Id
+    action: ShortText
+    principal: ShortText
+    arguments: dict[str, Any]
+    reason: ShortText | None
+    since: ShortText
+
+
+class UnknownCommands(Event):
+    """The answer to `ListUnknown`."""
+
+    commands: list[UnknownCommand]
+
+
+class Reconcile(Command):
+    """Record what an operator established about an `unknown` command, with the evidence.
+
+    Nothing here generates a new key: the command keeps its operation id whatever is decided.
+    """
+
+    tenant: Tenant
+    operation_id: Id
+    state: Literal["succeeded", "failed"]
+    evidence: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+    resolved_by: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    receipt: ShortText | None = None
+
+
+class Reconciled(Event):
+    """The answer to `Reconcile`: done, or why not."""
+
+    operation_id: Id
+    ok: bool
+    message: ShortText

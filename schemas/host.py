@@ -6,15 +6,31 @@ A host publishes `RunRequest` on `writ.in.requests.<tenant>` with `Nats-Msg-Id` 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from schemas.base import AgentName, Command, Event, Id, ShortText, Text, Token
 
-__all__ = ["ActionResult", "ErrorInfo", "RunRequest", "RunResult", "RunStatus"]
+__all__ = [
+    "ActionResult",
+    "CommandResult",
+    "CommandStatus",
+    "ErrorInfo",
+    "RunRequest",
+    "RunResult",
+    "RunStatus",
+    "SubmitCommand",
+]
 
 RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human"]
+CommandStatus = Literal[
+    # Recorded states of an admitted command, as a replay returns them.
+    "pending", "dispatching", "succeeded", "denied", "expired", "revision_required", "unknown",
+    "failed",
+    # Answers about the submission itself.
+    "rejected", "conflict", "awaiting_human",
+]
 
 
 class RunRequest(Command):
@@ -27,6 +43,23 @@ class RunRequest(Command):
     token: Token
     agent: AgentName
     input: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+
+
+class SubmitCommand(Command):
+    """A host that knows what it wants done asks for one action, under its own operation key.
+
+    Published on `writ.in.commands.<tenant>` with `Nats-Msg-Id` = `request_id`. The same
+    `operation_key` with the same payload is a replay (the recorded state and outcome come back);
+    with another payload it is a `conflict`, and the stored command is untouched.
+    """
+
+    request_id: Id
+    token: Token
+    agent: AgentName
+    operation_key: Id
+    action: Annotated[str, msgspec.Meta(max_length=128)]
+    arguments: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
+    expected_revision: Annotated[str, msgspec.Meta(max_length=128)] | None = None
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,4 +88,16 @@ class RunResult(Event):
     error: ErrorInfo | None = None
     answer: Text | None = None
     actions: Annotated[list[ActionResult], msgspec.Meta(max_length=64)] = []
+    api_version: str = "1"
+
+
+class CommandResult(Event):
+    """What is known about a host's command, on `writ.out.results.<tenant>`."""
+
+    request_id: ShortText
+    operation_key: ShortText
+    status: CommandStatus
+    operation_id: Id | None = None
+    receipt: ShortText | None = None
+    error: ErrorInfo | None = None
     api_version: str = "1"

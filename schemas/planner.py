@@ -1,4 +1,5 @@
-"""Messages the planner publishes: proposals of side effects, for admission to judge."""
+"""Proposals of side effects, for admission to judge: from the planner, or from ingress when a
+host submits a command directly."""
 
 from __future__ import annotations
 
@@ -25,3 +26,8 @@ class ProposeCommand(Command):
     agent: AgentName
     action: ShortText
     arguments: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
+    expected_revision: ShortText | None = None
+    # Set when a host submitted the command itself (no planner involved): the host's own key,
+    # and the request to answer on `writ.out.results.<tenant>`.
+    operation_key: Id | None = None
+    request_id: Id | None = None

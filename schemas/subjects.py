@@ -18,11 +18,14 @@ __all__ = [
     "HOST_API_VERSION",
     "INGRESS_IN",
     "PLANNER_IN",
+    "RECONCILE",
     "RETRIEVAL_IN",
     "STREAMS",
+    "UNKNOWN_LIST",
     "StreamSpec",
     "admitted",
     "command",
+    "command_request",
     "dead_letter",
     "evidence",
     "outcome",
@@ -43,6 +46,11 @@ def request(tenant: str) -> str:
 def result(tenant: str) -> str:
     """Where a host reads `RunResult`s (a stream: an offline host catches up)."""
     return f"writ.out.results.{tenant}"
+
+
+def command_request(tenant: str) -> str:
+    """Where a host publishes a `SubmitCommand`."""
+    return f"writ.in.commands.{tenant}"
 
 
 # Internal, one event type per subject family.
@@ -76,12 +84,14 @@ def dead_letter(consumer: str) -> str:
 
 
 DECIDE: Final = "writ.int.governance.decide"
+UNKNOWN_LIST: Final = "writ.int.dispatcher.unknown"
+RECONCILE: Final = "writ.int.dispatcher.reconcile"
 
 # Inbox filters of each durable consumer.
-INGRESS_IN: Final = ("writ.in.requests.*",)
+INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*")
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.*", "writ.int.admitted.*")
-ADMISSION_IN: Final = ("writ.int.proposals.*",)
+ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)
 
 

@@ -9,9 +9,15 @@ from typing import Final
 import msgspec
 
 from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
-from schemas.dispatcher import CommandOutcome
+from schemas.dispatcher import (
+    CommandOutcome,
+    ListUnknown,
+    Reconcile,
+    Reconciled,
+    UnknownCommands,
+)
 from schemas.governance import DecideRequest, Decision
-from schemas.host import RunRequest, RunResult
+from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
 from schemas.ingress import RunStarted
 from schemas.planner import ProposeCommand
 from schemas.retrieval import EvidenceGathered
@@ -19,8 +25,9 @@ from schemas.retrieval import EvidenceGathered
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
 
 MESSAGES: Final = (
-    RunRequest, RunResult, RunStarted, EvidenceGathered, ProposeCommand, DecideRequest,
-    Decision, CommandAdmitted, ProposalRefused, DispatchCommand, CommandOutcome,
+    RunRequest, RunResult, SubmitCommand, CommandResult, RunStarted, EvidenceGathered,
+    ProposeCommand, DecideRequest, Decision, CommandAdmitted, ProposalRefused, DispatchCommand,
+    CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

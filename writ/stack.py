@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
@@ -40,7 +40,7 @@ def mint_token(private_key_pem: bytes, *, issuer: str, tenant: str, principal: s
                ttl_s: float = 300.0, audience: str = AUDIENCE, now: datetime | None = None,
                **extra: object) -> str:
     """An EdDSA-signed JWT as a host would send it."""
-    issued = now or datetime.now(timezone.utc)
+    issued = now or datetime.now(UTC)
     claims = {"iss": issuer, "aud": audience, "sub": principal, "tenant": tenant,
               "iat": issued, "exp": issued + timedelta(seconds=ttl_s),
               "jti": secrets.token_hex(8), **extra}

@@ -33,7 +33,8 @@ def main() -> None:
                                       application_name="writ-admission") as pool:
             store = AdmissionStore(pool)
             relay = OutboxRelay(store=store, js=rt.js, listen_dsn=settings.database_url,
-                                listen_password=password, poll_s=settings.relay_poll_s)
+                                listen_password=password, poll_s=settings.relay_poll_s,
+                                faults=rt.faults)
             svc = AdmissionService(rt=rt, store=store, relay=relay,
                                    command_ttl=timedelta(seconds=settings.command_ttl_s))
             await svc.run(task_status=task_status)

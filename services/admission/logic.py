@@ -70,12 +70,20 @@ def validate(proposal: ProposeCommand) -> Validated:
         contract=contract, arguments=arguments,
         request_hash=canonical_hash(tenant=proposal.tenant, principal=proposal.principal,
                                     action=contract.name, version=contract.version,
-                                    arguments=arguments),
+                                    arguments=arguments,
+                                    expected_revision=proposal.expected_revision),
     )
 
 
-def operation_id_for(tenant: str, run_id: str, step: int) -> str:
-    """The durable id of one business intent: chosen once, the same on every retry."""
+def operation_id_for(tenant: str, run_id: str, step: int,
+                     operation_key: str | None = None) -> str:
+    """The durable id of one business intent: chosen once, the same on every retry.
+
+    A host's own operation key names its intent; otherwise the run's step does. Either way the
+    id is scoped to the tenant.
+    """
+    if operation_key is not None:
+        return str(uuid.uuid5(_OPERATION_NAMESPACE, f"{tenant}\x00key\x00{operation_key}"))
     return str(uuid.uuid5(_OPERATION_NAMESPACE, f"{tenant}\x00{run_id}\x00{step}"))
 
 

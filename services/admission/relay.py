@@ -17,6 +17,7 @@ import asyncpg
 from nats.js import JetStreamContext
 
 from libs.bus import publish
+from libs.faults import Faults
 from schemas import subjects
 from schemas.admission import DispatchCommand
 from services.admission.store import OUTBOX_CHANNEL, AdmissionStore
@@ -30,8 +31,10 @@ class OutboxRelay:
     """Moves outbox rows onto the bus until stopped."""
 
     def __init__(self, *, store: AdmissionStore, js: JetStreamContext, listen_dsn: str,
-                 listen_password: str | None, batch: int = 256, poll_s: float = 1.0) -> None:
+                 listen_password: str | None, batch: int = 256, poll_s: float = 1.0,
+                 faults: Faults | None = None) -> None:
         self._store, self._js = store, js
+        self._faults = faults or Faults()
         self._listen_dsn, self._listen_password = listen_dsn, listen_password
         self._batch, self._poll_s = batch, poll_s
         self._wake = anyio.Event()
@@ -62,9 +65,11 @@ class OutboxRelay:
             rows = await self._store.claim_outbox(conn, self._batch)
             if not rows:
                 return 0
+            self._faults.crash_if("relay.before_publish")
             async with anyio.create_task_group() as tg:
                 for row in rows:
                     tg.start_soon(self._publish, row.tenant, row.operation_id)
+            self._faults.crash_if("relay.after_publish")
             await self._store.delete_outbox(conn, [row.id for row in rows])
         self.published += len(rows)
         return len(rows)

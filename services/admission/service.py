@@ -21,7 +21,9 @@ from libs.errors import RetryableError
 from libs.runtime import Runtime
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
+from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecideRequest, Decision
+from schemas.host import CommandResult, ErrorInfo
 from schemas.planner import ProposeCommand
 from services.admission.logic import (
     Invalid,
@@ -30,7 +32,7 @@ from services.admission.logic import (
     validate,
 )
 from services.admission.relay import OutboxRelay
-from services.admission.store import AdmissionStore
+from services.admission.store import AdmissionStore, StoredCommand
 
 __all__ = ["AdmissionService"]
 
@@ -45,7 +47,7 @@ class AdmissionService:
                  command_ttl: timedelta, decide_timeout_s: float = 2.0) -> None:
         self._rt, self._store, self._relay = rt, store, relay
         self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
-        self._decoder = msgspec.json.Decoder(ProposeCommand)
+        self._decoder = msgspec.json.Decoder(ProposeCommand | CommandOutcome)
         self._decision_decoder = msgspec.json.Decoder(Decision)
         self._encoder = msgspec.json.Encoder()
 
@@ -59,28 +61,27 @@ class AdmissionService:
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
                             task_status=task_status)
 
-    async def handle(self, delivery: Delivery[ProposeCommand]) -> None:
+    async def handle(self, delivery: Delivery[ProposeCommand | CommandOutcome]) -> None:
+        """Judge a proposal, or tell a host what became of its command."""
+        if isinstance(delivery.message, CommandOutcome):
+            await self._answer_outcome(delivery.message)
+            return
+        await self._judge(delivery.message)
+
+    async def _judge(self, p: ProposeCommand) -> None:
         """Validate, decide, admit (or refuse) one proposal; safe to run twice."""
-        p = delivery.message
         with self._rt.tracer.start_as_current_span("admission admit") as span:
             try:
                 valid = validate(p)
             except Invalid as exc:
                 await self._refuse(p, "invalid", str(exc)[:500])
                 return
-            operation_id = operation_id_for(p.tenant, p.run_id, p.step)
+            operation_id = operation_id_for(p.tenant, p.run_id, p.step, p.operation_key)
             proposal_id = proposal_id_for(p.tenant, p.run_id, p.step)
             span.set_attribute("writ.operation_id", operation_id)
             existing = await self._store.command(p.tenant, operation_id)
             if existing is not None:
-                # Already admitted: a replay returns the recorded state, a new payload conflicts.
-                if existing.request_hash != valid.request_hash:
-                    await self._refuse(p, "conflict",
-                                       f"operation {operation_id} exists with another payload")
-                    return
-                await self._admitted(p, operation_id, valid.request_hash, existing.decision_id,
-                                     existing.decision_line, existing.policy_version,
-                                     replay=True)
+                await self._known(p, operation_id, valid.request_hash, existing, replay=True)
                 return
             decision = await self._decide(p, valid.arguments)
             span.set_attribute("writ.decision.verdict", decision.verdict)
@@ -99,15 +100,53 @@ class AdmissionService:
                 run_id=p.run_id, step=p.step, principal=p.principal, agent=p.agent,
                 action=valid.contract.name, version=valid.contract.version,
                 arguments=valid.arguments, request_hash=valid.request_hash, decision=decision,
-                ttl=self._ttl)
-            stored = admitted.command
-            if stored.request_hash != valid.request_hash:
-                await self._refuse(p, "conflict",
-                                   f"operation {operation_id} exists with another payload")
-                return
-            await self._admitted(p, operation_id, valid.request_hash, stored.decision_id,
-                                 stored.decision_line, stored.policy_version,
-                                 replay=not admitted.created)
+                ttl=self._ttl, expected_revision=p.expected_revision,
+                operation_key=p.operation_key, request_id=p.request_id,
+                before_commit=lambda: self._rt.faults.crash_if("admission.before_commit"))
+            await self._known(p, operation_id, valid.request_hash, admitted.command,
+                              replay=not admitted.created)
+
+    async def _known(self, p: ProposeCommand, operation_id: str, request_hash: bytes,
+                     stored: StoredCommand, *, replay: bool) -> None:
+        """The key is registered: a replay returns the recorded state, a new payload conflicts."""
+        if stored.request_hash != request_hash:
+            await self._refuse(p, "conflict",
+                               f"operation key {p.operation_key or operation_id} was already "
+                               "used with another payload; the stored command is unchanged")
+            return
+        await publish(
+            self._rt.js, subjects.admitted(p.tenant),
+            CommandAdmitted(tenant=p.tenant, run_id=p.run_id, step=p.step, action=p.action,
+                            operation_id=operation_id, request_hash=request_hash.hex(),
+                            decision_id=stored.decision_id, decision_line=stored.decision_line,
+                            policy_version=stored.policy_version, replay=replay),
+            msg_id=f"admitted:{p.tenant}:{operation_id}:{int(replay)}",
+        )
+        if p.operation_key is not None and replay:
+            # A host replaying its key learns the recorded state (and outcome, if terminal).
+            await self._answer_host(p.tenant, p.request_id or "", p.operation_key, operation_id,
+                                    stored.state, stored.receipt, stored.reason)
+
+    async def _answer_outcome(self, outcome: CommandOutcome) -> None:
+        stored = await self._store.command(outcome.tenant, outcome.operation_id)
+        if stored is None or stored.origin != "host" or stored.operation_key is None:
+            return  # a run's command: the planner answers its host
+        await self._answer_host(outcome.tenant, stored.request_id or "", stored.operation_key,
+                                outcome.operation_id, outcome.state, outcome.receipt,
+                                outcome.reason)
+
+    async def _answer_host(self, tenant: str, request_id: str, operation_key: str,
+                           operation_id: str | None, status: str, receipt: str | None,
+                           reason: str | None, code: str | None = None) -> None:
+        error = None
+        if status not in ("succeeded", "pending", "dispatching"):
+            error = ErrorInfo(code=code or status.upper(), message=(reason or status)[:512])
+        await publish(
+            self._rt.js, subjects.result(tenant),
+            CommandResult(request_id=request_id, operation_key=operation_key, status=status,
+                          operation_id=operation_id, receipt=receipt, error=error),
+            msg_id=f"command-result:{tenant}:{request_id}:{operation_id}:{status}",
+        )
 
     async def _decide(self, p: ProposeCommand, arguments: dict[str, object]) -> Decision:
         first = next(iter(arguments.values()), "")
@@ -124,20 +163,16 @@ class AdmissionService:
             raise RetryableError(f"governance error: {reply.headers.get('Nats-Service-Error')}")
         return self._decision_decoder.decode(reply.data)
 
-    async def _admitted(self, p: ProposeCommand, operation_id: str, request_hash: bytes,
-                        decision_id: str, line: int, policy_version: str, *,
-                        replay: bool) -> None:
-        await publish(
-            self._rt.js, subjects.admitted(p.tenant),
-            CommandAdmitted(tenant=p.tenant, run_id=p.run_id, step=p.step, action=p.action,
-                            operation_id=operation_id, request_hash=request_hash.hex(),
-                            decision_id=decision_id, decision_line=line,
-                            policy_version=policy_version, replay=replay),
-            msg_id=f"admitted:{p.tenant}:{operation_id}:{int(replay)}",
-        )
-
     async def _refuse(self, p: ProposeCommand, verdict: str, reason: str,
                       decision_id: str | None = None) -> None:
+        if p.operation_key is not None:
+            status = {"deny": "denied", "ask": "awaiting_human", "invalid": "rejected",
+                      "conflict": "conflict"}[verdict]
+            code = {"deny": "DENIED", "ask": "AWAITING_HUMAN", "invalid": "INVALID_COMMAND",
+                    "conflict": "CONFLICT"}[verdict]
+            await self._answer_host(p.tenant, p.request_id or "", p.operation_key, None, status,
+                                    None, reason, code)
+            return
         await publish(
             self._rt.js, subjects.admitted(p.tenant),
             ProposalRefused(tenant=p.tenant, run_id=p.run_id, step=p.step,

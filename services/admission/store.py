@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,9 +23,13 @@ class StoredCommand(msgspec.Struct, frozen=True, kw_only=True):
     request_hash: bytes
     state: str
     receipt: str | None
+    reason: str | None
     decision_id: str
     decision_line: int
     policy_version: str
+    origin: str
+    operation_key: str | None
+    request_id: str | None
 
 
 class Admitted(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,8 +47,8 @@ class OutboxRow(msgspec.Struct, frozen=True, kw_only=True):
     operation_id: str
 
 
-_COMMAND_COLUMNS = ("request_hash, state, receipt, decision_id::text AS decision_id, "
-                    "decision_line, policy_version")
+_COMMAND_COLUMNS = ("request_hash, state, receipt, reason, decision_id::text AS decision_id, "
+                    "decision_line, policy_version, origin, operation_key, request_id")
 
 _INSERT_PROPOSAL = """
 INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, action,
@@ -57,8 +62,9 @@ _ADMIT = """
 WITH admitted AS (
     INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, principal,
         agent, action, action_version, arguments, request_hash, decision_id, decision_line,
-        policy_version, expires_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15)
+        policy_version, expires_at, expected_revision, origin, operation_key, request_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17,
+            $18, $19)
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id
 )
@@ -93,7 +99,10 @@ class AdmissionStore:
     async def admit(self, *, tenant: str, operation_id: str, proposal_id: str, run_id: str,
                     step: int, principal: str, agent: str, action: str, version: int,
                     arguments: dict[str, Any], request_hash: bytes, decision: Decision,
-                    ttl: timedelta) -> Admitted:
+                    ttl: timedelta, expected_revision: str | None = None,
+                    operation_key: str | None = None,
+                    request_id: str | None = None,
+                    before_commit: Callable[[], None] | None = None) -> Admitted:
         """Proposal -> executing, command and outbox row, in one transaction (seed 001 §4)."""
         args_json = json.dumps(arguments)
         expires_at = datetime.now(UTC) + ttl
@@ -104,7 +113,8 @@ class AdmissionStore:
             outbox_id = await conn.fetchval(
                 _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
                 action, version, args_json, request_hash, decision.decision_id, decision.line,
-                decision.policy_version, expires_at)
+                decision.policy_version, expires_at, expected_revision,
+                "host" if operation_key is not None else "run", operation_key, request_id)
             # Read Committed: this statement sees a concurrent admission of the same key once
             # the unique check has waited for it, so the hash comparison below is sound.
             row = await conn.fetchrow(
@@ -112,6 +122,8 @@ class AdmissionStore:
                 "WHERE tenant = $1 AND operation_id = $2", tenant, operation_id)
             if outbox_id is not None:
                 await conn.execute("SELECT pg_notify($1, '')", OUTBOX_CHANNEL)
+            if before_commit is not None:
+                before_commit()
         return Admitted(created=outbox_id is not None, command=StoredCommand(**dict(row)))
 
     async def claim_outbox(self, conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:

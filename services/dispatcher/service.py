@@ -1,31 +1,49 @@
 """Dispatcher: the only process with connector credentials. It executes admitted commands.
 
-It claims a command under a fenced lease, re-checks it, calls the connector with the operation
-id as the idempotency key, records the attempt and the outcome, and only then acks (DESIGN.md §5).
+It claims a command under a lease fenced in Postgres, re-checks it (approval not expired, policy
+still allows, principal not revoked), calls the connector with the operation id as the
+idempotency key, records the attempt and the outcome, and only then acks (DESIGN.md §5).
+
+Progress is reported only after a fenced renewal of the lease succeeded: a worker whose lease
+was taken over never acks, naks or reports progress again, because JetStream matches those by
+stream sequence alone and a stale one would settle the new holder's delivery.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable
 from datetime import UTC, datetime
+from typing import Any
 
 import anyio
 import anyio.abc
 import msgspec
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.micro.request import Request
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
-from libs.errors import PermanentError, RetryableError
-from libs.runtime import Runtime
+from libs.errors import Fenced, PermanentError, RetryableError, single_error
+from libs.runtime import Endpoint, Runtime
 from schemas import subjects
 from schemas.actions import ACTIONS
 from schemas.admission import DispatchCommand
-from schemas.dispatcher import CommandOutcome
-from services.dispatcher.connectors import Connector
+from schemas.dispatcher import (
+    CommandOutcome,
+    ListUnknown,
+    Reconcile,
+    Reconciled,
+    UnknownCommand,
+    UnknownCommands,
+)
+from schemas.governance import DecideRequest, Decision
+from services.dispatcher.connectors import Connector, Result
 from services.dispatcher.store import TERMINAL, Claim, DispatcherStore
 
-__all__ = ["DispatcherService"]
+__all__ = ["DispatcherService", "inbox"]
 
 log = logging.getLogger("writ.dispatcher")
 
@@ -34,38 +52,55 @@ def inbox(ack_wait_s: float) -> ConsumerSpec:
     """The dispatch consumer; its `ack_wait` is the lease's clock."""
     return ConsumerSpec(stream="WRIT_CMD", durable="dispatcher",
                         filter_subjects=subjects.DISPATCH_IN, ack_wait_s=ack_wait_s,
-                        max_deliver=20)
+                        max_deliver=50)
 
 
 class DispatcherService:
-    """Executes each admitted command at most once per lease, exactly once where it can."""
+    """Executes each admitted command: exactly once where the provider allows, else `unknown`."""
 
     def __init__(self, *, rt: Runtime, store: DispatcherStore,
                  connectors: dict[str, Connector], lease_s: float = 30.0,
+                 call_timeout_s: float = 10.0, sweep_every_s: float = 5.0,
+                 pending_grace_s: float = 60.0, decide_timeout_s: float = 2.0,
                  worker: str | None = None) -> None:
         self._rt, self._store, self._connectors = rt, store, connectors
-        self._lease_s = lease_s
+        self._lease_s, self._call_timeout_s = lease_s, call_timeout_s
+        self._sweep_every_s, self._pending_grace_s = sweep_every_s, pending_grace_s
+        self._decide_timeout_s = decide_timeout_s
         self._worker = worker or f"dispatcher-{uuid.uuid4().hex[:8]}"
         self._decoder = msgspec.json.Decoder(DispatchCommand)
+        self._encoder = msgspec.json.Encoder()
+        self._decision_decoder = msgspec.json.Decoder(Decision)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Consume admitted commands until stopped."""
-        await run_actor(js=self._rt.js, spec=inbox(self._lease_s), decoder=self._decoder,
-                        handler=self.handle, metrics=self._rt.metrics, tracer=self._rt.tracer,
-                        stopping=self._rt.stopping, ack_sync=True, task_status=task_status)
+        """Consume admitted commands and sweep stranded ones until stopped."""
+        self._rt.endpoints += [
+            Endpoint("unknown", subjects.UNKNOWN_LIST, self._on_list_unknown),
+            Endpoint("reconcile", subjects.RECONCILE, self._on_reconcile),
+        ]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._sweep_forever)
+            await run_actor(js=self._rt.js, spec=inbox(self._lease_s), decoder=self._decoder,
+                            handler=self.handle, metrics=self._rt.metrics,
+                            tracer=self._rt.tracer, stopping=self._rt.stopping, ack_sync=True,
+                            heartbeat=False, task_status=task_status)
+            tg.cancel_scope.cancel()
 
     async def handle(self, delivery: Delivery[DispatchCommand]) -> None:
         """Claim, check, execute, record; raising `Fenced` leaves the delivery untouched."""
         cmd = delivery.message
         with self._rt.tracer.start_as_current_span("dispatch") as span:
             span.set_attribute("writ.operation_id", cmd.operation_id)
+            self._rt.faults.crash_if("dispatcher.before_claim")
             claim = await self._store.claim(cmd.tenant, cmd.operation_id, worker=self._worker,
                                             lease_s=self._lease_s)
             if claim is None:
                 await self._not_claimed(cmd)
-                return
-            await self._execute(claim)
+            else:
+                span.set_attribute("writ.lease_epoch", claim.lease_epoch)
+                await self._execute(claim, delivery)
+        self._rt.faults.crash_if("dispatcher.before_ack")
 
     async def _not_claimed(self, cmd: DispatchCommand) -> None:
         current = await self._store.current(cmd.tenant, cmd.operation_id)
@@ -82,7 +117,7 @@ class DispatcherService:
             remaining = (current.lease_until - datetime.now(UTC)).total_seconds()
         raise RetryableError("another worker holds the lease", delay=max(remaining, 0.5))
 
-    async def _execute(self, claim: Claim) -> None:
+    async def _execute(self, claim: Claim, delivery: Delivery[Any] | None) -> None:
         contract = ACTIONS.get(claim.action)
         if contract is None or contract.connector not in self._connectors:
             await self._finish(claim, None, state="failed", result="failed", receipt=None,
@@ -92,12 +127,41 @@ class DispatcherService:
             await self._finish(claim, None, state="expired", result="failed", receipt=None,
                                reason="the approval expired before dispatch")
             return
+        decision = await self._recheck(claim)
+        if decision.verdict != "allow":
+            await self._finish(claim, None, state="denied", result="failed", receipt=None,
+                               reason=f"at dispatch, decide line {decision.line}: "
+                                      f"{decision.reason}")
+            return
         connector = self._connectors[contract.connector]
+        key = f"{claim.tenant}:{claim.operation_id}"
+        if await self._store.prior_attempts(claim):
+            # An earlier holder may have reached the provider: its contract says what is safe.
+            if connector.contract == "none":
+                await self._finish(claim, None, state="unknown", result="lost", receipt=None,
+                                   reason="an earlier attempt may have acted and "
+                                          f"{connector.name} cannot say")
+                return
+            if connector.contract == "queryable":
+                found = await self._guarded(claim, delivery,
+                                            connector.lookup(claim.action, key=key))
+                if found.kind == "succeeded":
+                    await self._finish(claim, None, state="succeeded", result="succeeded",
+                                       receipt=found.receipt, reason="found by key lookup")
+                    return
+                if found.kind != "not_found":
+                    await self._store.release(claim, None, result="transient",
+                                              detail=found.detail)
+                    raise RetryableError(f"{connector.name} lookup: {found.detail}")
         attempt = await self._store.start_attempt(claim, worker=self._worker,
                                                   connector=connector.name)
-        result = await connector.execute(claim.action, claim.arguments,
-                                         key=f"{claim.tenant}:{claim.operation_id}",
-                                         expected_revision=claim.expected_revision)
+        result = await self._guarded(claim, delivery, connector.execute(
+            claim.action, claim.arguments, key=key, expected_revision=claim.expected_revision))
+        self._rt.faults.crash_if("dispatcher.after_remote_write")
+        await self._conclude(claim, attempt, connector, result)
+
+    async def _conclude(self, claim: Claim, attempt: int, connector: Connector,
+                        result: Result) -> None:
         if result.kind == "succeeded":
             await self._finish(claim, attempt, state="succeeded", result="succeeded",
                                receipt=result.receipt, reason=None)
@@ -105,17 +169,67 @@ class DispatcherService:
             await self._finish(claim, attempt, state="failed", result="failed", receipt=None,
                                reason=result.detail)
         elif result.kind == "revision_mismatch":
+            # A failed precondition goes back to review; never retried without it.
             await self._finish(claim, attempt, state="revision_required",
                                result="revision_required", receipt=None, reason=result.detail)
-        elif result.kind == "transient" or (result.kind == "lost"
-                                             and connector.contract == "idempotent"):
-            # Nothing happened, or the provider dedupes the key: replay the same request later.
-            await self._store.release(claim, attempt, result=result.kind, detail=result.detail)
+        elif result.kind == "transient" or connector.contract != "none":
+            # Nothing happened, or the provider can dedupe (idempotent) or be asked
+            # (queryable): give the lease back; the next holder replays or looks the key up.
+            await self._store.release(claim, attempt,
+                                      result="lost" if result.kind == "lost" else "transient",
+                                      detail=result.detail)
             raise RetryableError(f"{connector.name}: {result.detail}")
         else:
             # A lost response from a provider that cannot prove what happened: say so.
             await self._finish(claim, attempt, state="unknown", result="lost", receipt=None,
                                reason=result.detail)
+
+    async def _guarded(self, claim: Claim, delivery: Delivery[Any] | None,
+                       call: Awaitable[Result]) -> Result:
+        """Run a connector call while renewing the lease (fenced) and reporting progress."""
+        remaining = (claim.lease_until - datetime.now(UTC)).total_seconds()
+        if remaining < self._call_timeout_s * 1.5:
+            # Only start a call the lease comfortably outlives.
+            await self._store.renew(claim, self._lease_s)
+            if delivery is not None:
+                await delivery.progress()
+        outcome: list[Result] = []
+
+        async def keep_lease() -> None:
+            while True:
+                await anyio.sleep(self._lease_s / 3)
+                await self._store.renew(claim, self._lease_s)  # raises Fenced
+                if delivery is not None:
+                    await delivery.progress()
+
+        async def perform(scope: anyio.CancelScope) -> None:
+            outcome.append(await call)
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(keep_lease)
+                tg.start_soon(perform, tg.cancel_scope)
+        except BaseExceptionGroup as group:
+            raise single_error(group) from None
+        return outcome[0]
+
+    async def _recheck(self, claim: Claim) -> Decision:
+        first = next(iter(claim.arguments.values()), "")
+        ask = DecideRequest(tenant=claim.tenant, principal=claim.principal, agent=claim.agent,
+                            run_id=claim.run_id, tool=claim.action,
+                            first_argument=first[:512] if isinstance(first, str) else "")
+        try:
+            reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
+                                              timeout=self._decide_timeout_s)
+            if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+                raise RetryableError("governance answered with an error")
+            return self._decision_decoder.decode(reply.data)
+        except (NatsTimeoutError, NoRespondersError, RetryableError) as exc:
+            # Not knowing whether the action is still allowed is not an allow.
+            await self._store.release(claim, None, result="transient",
+                                      detail="governance unavailable")
+            raise RetryableError(f"cannot re-check the policy: {exc!r}", delay=1.0) from exc
 
     async def _finish(self, claim: Claim, attempt: int | None, *, state: str, result: str,
                       receipt: str | None, reason: str | None) -> None:
@@ -129,11 +243,73 @@ class DispatcherService:
 
     async def _publish_outcome(self, tenant: str, operation_id: str, run_id: str, step: int,
                                action: str, state: str, receipt: str | None,
-                               reason: str | None) -> None:
+                               reason: str | None, *, suffix: str = "") -> None:
         await publish(
             self._rt.js, subjects.outcome(tenant),
             CommandOutcome(tenant=tenant, operation_id=operation_id, run_id=run_id, step=step,
                            action=action, state=state, receipt=receipt,
                            reason=(reason or "")[:500] or None),
-            msg_id=f"outcome:{tenant}:{operation_id}",
+            msg_id=f"outcome:{tenant}:{operation_id}{suffix}",
         )
+
+    # -- the sweeper: Postgres re-drives what the bus may have lost --------------------------
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await anyio.sleep(self._sweep_every_s)
+            try:
+                await self.sweep()
+            except Exception as exc:
+                log.warning("sweep failed: %r", exc)
+
+    async def sweep(self) -> int:
+        """Claim and execute commands whose message or lease was lost; returns how many."""
+        done = 0
+        for stale in await self._store.stale(pending_grace_s=self._pending_grace_s):
+            claim = await self._store.claim(stale.tenant, stale.operation_id,
+                                            worker=self._worker, lease_s=self._lease_s)
+            if claim is None:
+                continue  # someone else got there first
+            log.info("sweeper re-drives %s:%s (was %s)", stale.tenant, stale.operation_id,
+                     stale.state)
+            try:
+                await self._execute(claim, None)
+                done += 1
+            except (RetryableError, Fenced) as exc:
+                log.info("sweeper left %s for later: %s", stale.operation_id, exc)
+        return done
+
+    # -- reconciliation of `unknown` commands ------------------------------------------------
+
+    async def _on_list_unknown(self, request: Request) -> None:
+        try:
+            ask = msgspec.json.decode(request.data, type=ListUnknown)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid ListUnknown: {exc}")
+            return
+        rows = await self._store.unknown(ask.tenant)
+        answer = UnknownCommands(commands=[
+            UnknownCommand(operation_id=r.operation_id, action=r.action, principal=r.principal,
+                           arguments=r.arguments, reason=(r.reason or "")[:500] or None,
+                           since=r.updated_at.isoformat()) for r in rows])
+        await request.respond(self._encoder.encode(answer))
+
+    async def _on_reconcile(self, request: Request) -> None:
+        try:
+            ask = msgspec.json.decode(request.data, type=Reconcile)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid Reconcile: {exc}")
+            return
+        moved = await self._store.reconcile(ask.tenant, ask.operation_id, state=ask.state,
+                                            receipt=ask.receipt, evidence=ask.evidence,
+                                            resolved_by=ask.resolved_by)
+        if moved is None:
+            answer = Reconciled(operation_id=ask.operation_id, ok=False,
+                                message="no such command in state unknown")
+        else:
+            await self._publish_outcome(ask.tenant, ask.operation_id, moved.run_id, moved.step,
+                                        moved.action, moved.state, moved.receipt, moved.reason,
+                                        suffix=":reconciled")
+            answer = Reconciled(operation_id=ask.operation_id, ok=True,
+                                message=f"recorded {ask.state} with evidence")
+        await request.respond(self._encoder.encode(answer))

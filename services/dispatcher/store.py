@@ -15,7 +15,7 @@ import msgspec
 
 from libs.errors import Fenced
 
-__all__ = ["Claim", "DispatcherStore", "TERMINAL"]
+__all__ = ["Claim", "DispatcherStore", "PriorAttempt", "Stale", "TERMINAL", "Unknown"]
 
 TERMINAL = frozenset({"succeeded", "denied", "expired", "revision_required", "unknown", "failed"})
 
@@ -29,10 +29,40 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     lease_until: datetime
     run_id: str
     step: int
+    principal: str
+    agent: str
     action: str
     arguments: dict[str, Any]
     expires_at: datetime
     expected_revision: str | None
+
+
+class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
+    """An attempt by an earlier lease holder that may have reached the provider."""
+
+    lease_epoch: int
+    worker: str
+    result: str | None
+
+
+class Stale(msgspec.Struct, frozen=True, kw_only=True):
+    """A command the bus may have lost: pending too long, or its holder's lease expired."""
+
+    tenant: str
+    operation_id: str
+    state: str
+
+
+class Unknown(msgspec.Struct, frozen=True, kw_only=True):
+    """A command whose outcome nobody knows, waiting for reconciliation."""
+
+    tenant: str
+    operation_id: str
+    action: str
+    principal: str
+    arguments: dict[str, Any]
+    reason: str | None
+    updated_at: datetime
 
 
 class Current(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,7 +84,7 @@ SET state = 'dispatching', lease_epoch = lease_epoch + 1, lease_owner = $3,
 WHERE tenant = $1 AND operation_id = $2
   AND (state = 'pending' OR (state = 'dispatching' AND lease_until < now()))
 RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, run_id, step,
-          action, arguments, expires_at, expected_revision
+          principal, agent, action, arguments, expires_at, expected_revision
 """
 
 
@@ -122,6 +152,61 @@ class DispatcherStore:
                 await conn.execute(
                     "UPDATE dispatcher.attempts SET finished_at = now(), result = $2, "
                     "detail = $3 WHERE attempt_id = $1", attempt_id, result, detail)
+
+    async def renew(self, claim: Claim, lease_s: float) -> datetime:
+        """Extend the lease, fenced: raises `Fenced` if another worker took it over."""
+        until = await self._pool.fetchval(
+            "UPDATE admission.commands SET lease_until = now() + make_interval(secs => $4) "
+            "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3 "
+            "AND state = 'dispatching' RETURNING lease_until",
+            claim.tenant, claim.operation_id, claim.lease_epoch, lease_s)
+        if until is None:
+            raise Fenced("lease taken over while renewing", operation_id=claim.operation_id)
+        return until
+
+    async def prior_attempts(self, claim: Claim) -> list[PriorAttempt]:
+        """Earlier holders' attempts that may have acted: unfinished, or finished `lost`."""
+        rows = await self._pool.fetch(
+            "SELECT lease_epoch, worker, result FROM dispatcher.attempts "
+            "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch < $3 "
+            "AND (result IS NULL OR result = 'lost') ORDER BY lease_epoch",
+            claim.tenant, claim.operation_id, claim.lease_epoch)
+        return [PriorAttempt(**dict(r)) for r in rows]
+
+    async def stale(self, *, pending_grace_s: float, limit: int = 100) -> list[Stale]:
+        """Commands to re-drive without the bus (DESIGN.md §5: JetStream can lose messages)."""
+        rows = await self._pool.fetch(
+            "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands "
+            "WHERE (state = 'dispatching' AND lease_until < now()) "
+            "   OR (state = 'pending' AND updated_at < now() - make_interval(secs => $1)) "
+            "ORDER BY updated_at LIMIT $2", pending_grace_s, limit)
+        return [Stale(**dict(r)) for r in rows]
+
+    async def unknown(self, tenant: str, limit: int = 500) -> list[Unknown]:
+        """The tenant's commands in `unknown`, oldest first."""
+        rows = await self._pool.fetch(
+            "SELECT tenant, operation_id::text AS operation_id, action, principal, arguments, "
+            "reason, updated_at FROM admission.commands WHERE tenant = $1 AND state = 'unknown' "
+            "ORDER BY updated_at LIMIT $2", tenant, limit)
+        return [Unknown(**{**dict(r), "arguments": json.loads(r["arguments"])}) for r in rows]
+
+    async def reconcile(self, tenant: str, operation_id: str, *, state: str,
+                        receipt: str | None, evidence: str, resolved_by: str) -> Current | None:
+        """Leave `unknown` with recorded evidence; None if the command is not `unknown`."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            moved = await conn.fetchrow(
+                "UPDATE admission.commands SET state = $3, receipt = $4, "
+                "reason = 'reconciled: ' || $5, updated_at = now() "
+                "WHERE tenant = $1 AND operation_id = $2 AND state = 'unknown' "
+                "RETURNING state, run_id, step, action, receipt, reason, lease_until",
+                tenant, operation_id, state, receipt, evidence[:400])
+            if moved is None:
+                return None
+            await conn.execute(
+                "INSERT INTO admission.reconciliations (tenant, operation_id, resolved_state, "
+                "receipt, evidence, resolved_by) VALUES ($1, $2, $3, $4, $5, $6)",
+                tenant, operation_id, state, receipt, evidence, resolved_by)
+        return Current(**dict(moved))
 
     async def _check_fence(self, conn: asyncpg.Connection, claim: Claim) -> None:
         epoch = await conn.fetchval(

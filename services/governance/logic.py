@@ -50,6 +50,7 @@ class Facts(msgspec.Struct, frozen=True, kw_only=True):
     refused_families: frozenset[str] = frozenset()
     rules: tuple[Rule, ...] = ()
     standing_families: frozenset[str] = frozenset()
+    principal_revoked: bool = False
 
 
 class Ruling(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,7 +67,9 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
         if call.family == "read":
             return Ruling(verdict="allow", line=3, reason="plain read; store unreadable")
         return Ruling(verdict="deny", line=1, reason=SENSITIVE_UNREADABLE)
-    # 1. org policy
+    # 1. org policy, and the principal's access itself
+    if facts.principal_revoked:
+        return Ruling(verdict="deny", line=1, reason="the principal's access was revoked")
     if (call.tool in facts.refused_tools
             or (call.connector is not None and call.connector in facts.refused_connectors)
             or (call.family is not None and call.family in facts.refused_families)):

@@ -59,7 +59,7 @@ class GovernanceService:
                     first_argument=ask.first_argument)
         with self._rt.tracer.start_as_current_span("governance decide") as span:
             try:
-                facts = await self._store.facts(ask.tenant, call)
+                facts = await self._store.facts(ask.tenant, call, ask.principal)
             except Exception as exc:  # any failure to read is a failure to know: fail closed
                 log.warning("governance store unreadable: %r", exc)
                 facts = None

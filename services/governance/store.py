@@ -19,7 +19,7 @@ class GovernanceStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def facts(self, tenant: str, call: Call) -> Facts:
+    async def facts(self, tenant: str, call: Call, principal: str) -> Facts:
         """Everything `decide` needs for this call, read in one snapshot."""
         async with self._pool.acquire() as conn, conn.transaction(
                 isolation="repeatable_read", readonly=True):
@@ -30,6 +30,9 @@ class GovernanceStore:
                 "SELECT tool, effect, arg_prefix, agent FROM governance.rules "
                 "WHERE tenant = $1 AND tool = $2 AND (agent IS NULL OR agent = $3)",
                 tenant, call.tool, call.agent)
+            revoked = await conn.fetchval(
+                "SELECT true FROM governance.revocations WHERE tenant = $1 AND principal = $2",
+                tenant, principal)
             grants = await conn.fetch(
                 "SELECT family FROM governance.standing_grants WHERE tenant = $1 AND agent = $2",
                 tenant, call.agent)
@@ -41,6 +44,7 @@ class GovernanceStore:
             rules=tuple(Rule(tool=r["tool"], effect=r["effect"], arg_prefix=r["arg_prefix"],
                              agent=r["agent"]) for r in rules),
             standing_families=frozenset(r["family"] for r in grants),
+            principal_revoked=bool(revoked),
         )
 
     async def record(self, *, tenant: str, run_id: str, principal: str, call: Call,

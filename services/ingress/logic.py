@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Final
+from typing import Any, Final
 
 import jwt
 import msgspec
 
-from schemas.host import RunRequest
+from schemas.host import RunRequest, SubmitCommand
 
-__all__ = ["Rejection", "TenantKey", "Verified", "run_id_for", "verify_request"]
+__all__ = [
+    "COMMAND_DECODER",
+    "REQUEST_DECODER",
+    "Rejection",
+    "TenantKey",
+    "Verified",
+    "command_run_id",
+    "run_id_for",
+    "verify_request",
+]
 
 _RUN_NAMESPACE: Final = uuid.UUID("6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10")
+_TENANT: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _PRINCIPAL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
-_DECODER: Final = msgspec.json.Decoder(RunRequest)
+REQUEST_DECODER: Final = msgspec.json.Decoder(RunRequest)
+COMMAND_DECODER: Final = msgspec.json.Decoder(SubmitCommand)
 
 
 class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -28,7 +39,7 @@ class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Verified(msgspec.Struct, frozen=True, kw_only=True):
     """A request whose token checked out; tenant and principal come from the token."""
 
-    request: RunRequest
+    request: RunRequest | SubmitCommand
     tenant: str
     principal: str
     run_id: str
@@ -47,21 +58,34 @@ def run_id_for(tenant: str, request_id: str) -> str:
     return str(uuid.uuid5(_RUN_NAMESPACE, f"{tenant}\x00{request_id}"))
 
 
+def command_run_id(tenant: str, operation_key: str) -> str:
+    """The pseudo-run a host's command belongs to: one per operation key, so retries share it."""
+    return "cmd-" + str(uuid.uuid5(_RUN_NAMESPACE, f"{tenant}\x00key\x00{operation_key}"))
+
+
 def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str | None,
                    keys: dict[str, TenantKey], audience: str, max_bytes: int,
-                   leeway_s: float = 5.0) -> Verified | Rejection:
-    """Bound, decode and authenticate one `RunRequest` published on a tenant's subject."""
+                   leeway_s: float = 5.0,
+                   decoder: msgspec.json.Decoder[Any] = REQUEST_DECODER) -> Verified | Rejection:
+    """Bound, decode and authenticate one host message published on a tenant's subject.
+
+    `decoder` decodes the message type of the subject (`RunRequest` by default, or
+    `SubmitCommand`); both carry `request_id` and `token`.
+    """
     fallback_id = (header_request_id or "")[:128]
     if len(body) > max_bytes:
         return Rejection(code="TOO_LARGE", request_id=fallback_id,
                          message=f"request is {len(body)} bytes; the limit is {max_bytes}")
     try:
-        request = _DECODER.decode(body)
+        request = decoder.decode(body)
     except msgspec.DecodeError as exc:
         return Rejection(code="INVALID_REQUEST", message=str(exc)[:500], request_id=fallback_id)
     if header_request_id is not None and header_request_id != request.request_id:
         return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
                          message="Nats-Msg-Id must equal request_id")
+    if _TENANT.fullmatch(subject_tenant) is None:
+        return Rejection(code="UNKNOWN_TENANT", request_id=request.request_id,
+                         message="the subject does not name a tenant")
     key = keys.get(subject_tenant)
     if key is None:
         return Rejection(code="UNKNOWN_TENANT", request_id=request.request_id,

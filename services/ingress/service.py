@@ -9,9 +9,18 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.runtime import Runtime
 from schemas import subjects
-from schemas.host import ErrorInfo, RunResult
+from schemas.host import CommandResult, ErrorInfo, RunResult, SubmitCommand
 from schemas.ingress import RunStarted
-from services.ingress.logic import Rejection, TenantKey, verify_request
+from schemas.planner import ProposeCommand
+from services.ingress.logic import (
+    COMMAND_DECODER,
+    REQUEST_DECODER,
+    Rejection,
+    TenantKey,
+    Verified,
+    command_run_id,
+    verify_request,
+)
 
 __all__ = ["IngressService"]
 
@@ -34,28 +43,48 @@ class IngressService:
                         stopping=self._rt.stopping, task_status=task_status)
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
-        """Verify one request; either start its run or tell the host why not."""
+        """Verify one request or command; pass it on, or tell the host why not."""
         tenant = delivery.subject.rsplit(".", 1)[-1]
+        is_command = delivery.subject.startswith("writ.in.commands.")
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
             outcome = verify_request(
                 delivery.message, subject_tenant=tenant,
                 header_request_id=delivery.headers.get("Nats-Msg-Id"), keys=self._keys,
                 audience=self._audience, max_bytes=self._max_bytes,
+                decoder=COMMAND_DECODER if is_command else REQUEST_DECODER,
             )
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
         if isinstance(outcome, Rejection):
             seq = delivery.msg.metadata.sequence.stream
-            await publish(
-                self._rt.js, subjects.result(tenant),
-                RunResult(request_id=outcome.request_id, status="rejected",
-                          error=ErrorInfo(code=outcome.code, message=outcome.message)),
-                msg_id=f"rejected:{tenant}:{seq}",
-            )
+            error = ErrorInfo(code=outcome.code, message=outcome.message[:512])
+            rejection: RunResult | CommandResult = (
+                CommandResult(request_id=outcome.request_id, operation_key="",
+                              status="rejected", error=error) if is_command else
+                RunResult(request_id=outcome.request_id, status="rejected", error=error))
+            await publish(self._rt.js, subjects.result(tenant), rejection,
+                          msg_id=f"rejected:{tenant}:{seq}")
             return
         request = outcome.request
+        if isinstance(request, SubmitCommand):
+            await self._submit(outcome, request)
+            return
         await publish(
             self._rt.js, subjects.run_started(tenant),
             RunStarted(run_id=outcome.run_id, request_id=request.request_id, tenant=tenant,
                        principal=outcome.principal, agent=request.agent, input=request.input),
             msg_id=f"run-started:{outcome.run_id}",
+        )
+
+    async def _submit(self, outcome: Verified, command: SubmitCommand) -> None:
+        # A host's own command skips the planner: straight to admission's contract checks.
+        await publish(
+            self._rt.js, subjects.proposal(outcome.tenant),
+            ProposeCommand(run_id=command_run_id(outcome.tenant, command.operation_key), step=0,
+                           tenant=outcome.tenant, principal=outcome.principal,
+                           agent=command.agent, action=command.action,
+                           arguments=command.arguments,
+                           expected_revision=command.expected_revision,
+                           operation_key=command.operation_key,
+                           request_id=command.request_id),
+            msg_id=f"submitted:{outcome.tenant}:{command.request_id}",
         )

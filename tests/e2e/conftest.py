@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas import subjects
-from schemas.host import RunRequest, RunResult
+from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
 from writ.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -74,7 +74,36 @@ class Host:
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
         await self.js.publish(subjects.request(tenant), data, headers=headers)
 
-    async def results(self, request_id: str, *, tenant: str = "acme") -> list[RunResult]:
+    def command(self, *, operation_key: str | None = None, action: str = "crm.note.create",
+                arguments: dict[str, Any] | None = None, tenant: str = "acme",
+                principal: str = "alice@acme.example", agent: str = "crm-assistant",
+                expected_revision: str | None = None,
+                request_id: str | None = None) -> SubmitCommand:
+        return SubmitCommand(
+            request_id=request_id or f"cmd-{uuid.uuid4().hex[:12]}",
+            token=self.stack.token(tenant, principal), agent=agent,
+            operation_key=operation_key or f"op-{uuid.uuid4().hex[:12]}", action=action,
+            arguments=arguments if arguments is not None else {
+                "customer_id": "ACME-42", "body": "Called back about order 7781."},
+            expected_revision=expected_revision)
+
+    async def submit(self, command: SubmitCommand, *, tenant: str = "acme") -> None:
+        await self.js.publish(subjects.command_request(tenant), msgspec.json.encode(command),
+                              headers={"Nats-Msg-Id": command.request_id})
+
+    async def wait_command(self, request_id: str, *, tenant: str = "acme",
+                           final: bool = True, timeout: float = 30) -> CommandResult:
+        """The first result for this submission (the first terminal one if `final`)."""
+        with anyio.fail_after(timeout):
+            while True:
+                for result in await self.results(request_id, tenant=tenant):
+                    if isinstance(result, CommandResult) and (
+                            not final or result.status not in ("pending", "dispatching")):
+                        return result
+                await anyio.sleep(0.1)
+
+    async def results(self, request_id: str, *,
+                      tenant: str = "acme") -> list[Any]:
         """Every result on the host's stream for this request, read from the start."""
         found = []
         sub = await self.js.subscribe(
@@ -86,7 +115,7 @@ class Host:
                     msg = await sub.next_msg(timeout=0.5)
                 except nats.errors.TimeoutError:
                     break  # nothing (more) for this tenant
-                result = msgspec.json.decode(msg.data, type=RunResult)
+                result = msgspec.json.decode(msg.data, type=RunResult | CommandResult)
                 if result.request_id == request_id:
                     found.append(result)
                 if msg.metadata.num_pending == 0:
@@ -99,7 +128,8 @@ class Host:
                           timeout: float = 30) -> RunResult:
         with anyio.fail_after(timeout):
             while True:
-                found = await self.results(request_id, tenant=tenant)
+                found = [r for r in await self.results(request_id, tenant=tenant)
+                         if isinstance(r, RunResult)]
                 if found:
                     return found[0]
                 await anyio.sleep(0.1)

@@ -1,43 +1,14 @@
-"""Connectors: the only code in Writ that acts on business systems, with their credentials.
-
-Each connector declares what its provider can prove after a lost response (DESIGN.md §5):
-`idempotent` (the same key replays safely), `queryable` (the key can be looked up) or `none`.
-"""
+"""The CRM connector: notes on customer records, over the CRM's HTTP API."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import httpx
-import msgspec
 
-__all__ = ["Connector", "CrmConnector", "Result"]
+from services.dispatcher.connectors.base import Contract, Result
 
-Contract = Literal["idempotent", "queryable", "none"]
-
-
-class Result(msgspec.Struct, frozen=True, kw_only=True):
-    """What a call established.
-
-    `succeeded` / `rejected` / `revision_mismatch` are known; `transient` means the request
-    certainly had no effect (refused before or without acting); `lost` means it may have had one.
-    """
-
-    kind: Literal["succeeded", "rejected", "revision_mismatch", "transient", "lost"]
-    receipt: str | None = None
-    detail: str = ""
-
-
-class Connector(Protocol):
-    """One business system."""
-
-    name: str
-    contract: Contract
-
-    async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
-                      expected_revision: str | None) -> Result: ...
-
-    async def aclose(self) -> None: ...
+__all__ = ["CrmConnector"]
 
 
 class CrmConnector:
@@ -76,6 +47,19 @@ class CrmConnector:
         if response.status_code in (429, 502, 503, 504):
             return Result(kind="transient", detail=f"HTTP {response.status_code}")
         return Result(kind="rejected", detail=f"HTTP {response.status_code}: {response.text}"[:500])
+
+    async def lookup(self, action: str, *, key: str) -> Result:
+        """Find the note made under `key`, if any (the CRM keeps every key it has seen)."""
+        try:
+            response = await self._client.get("/v1/notes", params={"idempotency_key": key})
+        except httpx.TransportError as exc:
+            return Result(kind="transient", detail=f"lookup failed: {exc!r}"[:500])
+        if response.status_code != 200:
+            return Result(kind="transient", detail=f"lookup HTTP {response.status_code}")
+        notes = response.json()["notes"]
+        if not notes:
+            return Result(kind="not_found")
+        return Result(kind="succeeded", receipt=str(notes[0]["note_id"]))
 
     async def aclose(self) -> None:
         """Close the HTTP client."""

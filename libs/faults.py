@@ -1,0 +1,45 @@
+"""Crash points for the fault suite: a process exits, for real, at a named boundary.
+
+A test writes point names, one per line, into the file named by `WRIT_FAULTS_FILE`; the first
+process to reach an armed point removes it from the file (so its restarted successor runs on)
+and exits at once with status 137, as if killed: no cleanup, no ack, no commit.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import Final
+
+__all__ = ["CRASH_STATUS", "Faults"]
+
+CRASH_STATUS: Final = 137
+log = logging.getLogger("writ.faults")
+
+
+class Faults:
+    """The armed crash points of one process; inert when no file is configured."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self._path = Path(path) if path else None
+
+    def crash_if(self, point: str) -> None:
+        """Exit the process now if `point` is armed."""
+        if self._path is None or not self._path.exists():
+            return
+        with self._path.open("r+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # two replicas must not both take one crash
+            armed = handle.read().split()
+            if point not in armed:
+                return
+            armed.remove(point)
+            handle.seek(0)
+            handle.truncate()
+            handle.write("\n".join(armed))
+            handle.flush()
+            os.fsync(handle.fileno())
+        log.warning("fault injected: crashing at %s", point)
+        logging.shutdown()
+        os._exit(CRASH_STATUS)

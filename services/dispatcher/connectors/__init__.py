@@ -1,0 +1,6 @@
+"""Connectors: the only code in Writ that acts on business systems, with their credentials."""
+
+from services.dispatcher.connectors.base import Connector, Contract, Result
+from services.dispatcher.connectors.crm import CrmConnector
+
+__all__ = ["Connector", "Contract", "CrmConnector", "Result"]
