@@ -47,13 +47,14 @@ async def connect(url: str, *, name: str) -> Client:
 
 
 async def ensure_streams(js: JetStreamContext, specs: Sequence[StreamSpec] = STREAMS, *,
-                         replicas: int = 1) -> None:
+                         replicas: int = 1, duplicate_window_s: float = 0.0) -> None:
     """Create or update Writ's streams (idempotent; every service may call it at start)."""
     for spec in specs:
         config = StreamConfig(
             name=spec.name, subjects=list(spec.subjects), retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE, max_age=spec.max_age_s, discard=DiscardPolicy.OLD,
-            duplicate_window=spec.duplicate_window_s, num_replicas=replicas,
+            duplicate_window=duplicate_window_s or spec.duplicate_window_s,
+            num_replicas=replicas,
         )
         try:
             await js.add_stream(config)

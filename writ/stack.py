@@ -57,7 +57,8 @@ class Stack:
 
     def __init__(self, home: Path, *, nats_url: str | None = None, admin_dsn: str | None = None,
                  database: str = "writ", decisions_file: Path | None = None,
-                 tenants: tuple[str, ...] = ("acme", "globex"), durable_pg: bool = True) -> None:
+                 tenants: tuple[str, ...] = ("acme", "globex"), durable_pg: bool = True,
+                 extra_env: dict[str, dict[str, str]] | None = None) -> None:
         self.home = Path(home).resolve()
         self.database = database
         self.tenants = tenants
@@ -67,7 +68,10 @@ class Stack:
         self.embedded_pg: EmbeddedPostgres | None = None
         self._durable_pg = durable_pg
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Per-service (or "*" for all) extra WRIT_* settings, e.g. short leases in fault tests.
+        self.extra_env = extra_env or {}
         self.crm_url = ""
+        self.payments_url = ""
         self.secrets = self.home / "secrets"
         self.config = self.home / "config"
         self.logs = self.home / "logs"
@@ -115,9 +119,10 @@ class Stack:
         passwords = await provision(self.admin_dsn, self.database, _migrations(), passwords)
         for name, password in passwords.items():
             _write_secret(self.secrets / f"pg-{name}.password", password)
-        crm_token = self.secrets / "crm.token"
-        if not crm_token.exists():
-            _write_secret(crm_token, secrets.token_urlsafe(32))
+        for connector in ("crm", "payments"):
+            token = self.secrets / f"{connector}.token"
+            if not token.exists():
+                _write_secret(token, secrets.token_urlsafe(32))
         keys = {}
         for tenant in self.tenants:
             private = self.secrets / f"host-{tenant}.pem"
@@ -167,13 +172,17 @@ class Stack:
     # -- processes --------------------------------------------------------------------------
 
     def start_crm(self) -> None:
-        """The simulated CRM, a real HTTP server on loopback."""
-        ready = self.home / "crm.url"
+        """The simulated CRM and payment provider: real HTTP servers on loopback."""
+        self.crm_url = self._start_fake("crm")
+        self.payments_url = self._start_fake("payments")
+
+    def _start_fake(self, name: str) -> str:
+        ready = self.home / f"{name}.url"
         ready.unlink(missing_ok=True)
-        self._spawn("crm", [sys.executable, "-m", "fakes.crm", "--port", "0",
-                            "--token-file", str(self.secrets / "crm.token"),
-                            "--ready-file", str(ready)], {})
-        self.crm_url = _wait_file(ready, self.procs["crm"], 20).strip()
+        self._spawn(name, [sys.executable, "-m", f"fakes.{name}", "--port", "0",
+                           "--token-file", str(self.secrets / f"{name}.token"),
+                           "--ready-file", str(ready)], {})
+        return _wait_file(ready, self.procs[name], 20).strip()
 
     def service_env(self, name: str) -> dict[str, str]:
         """Exactly what one service process is given; nothing is inherited from this process."""
@@ -191,14 +200,22 @@ class Stack:
         if name == "dispatcher":
             env["WRIT_CRM_URL"] = self.crm_url
             env["WRIT_CRM_TOKEN_FILE"] = str(self.secrets / "crm.token")
-        return env
+            env["WRIT_PAYMENTS_URL"] = self.payments_url
+            env["WRIT_PAYMENTS_TOKEN_FILE"] = str(self.secrets / "payments.token")
+        return {**env, **self.extra_env.get("*", {}), **self.extra_env.get(name, {})}
 
     def start_services(self, names: tuple[str, ...] = SERVICES) -> None:
         """Each service as its own OS process, `writ service <name>`."""
         for name in names:
-            (self.home / f"{name}.metrics-port").unlink(missing_ok=True)
-            self._spawn(name, [sys.executable, "-m", "writ.cli", "service", name],
-                        self.service_env(name))
+            self.start_instance(name, name)
+
+    def start_instance(self, service: str, key: str) -> None:
+        """One more process of `service`, known here as `key` (e.g. a second dispatcher)."""
+        port_file = self.home / f"{key}.metrics-port"
+        port_file.unlink(missing_ok=True)
+        env = {**self.service_env(service), "WRIT_METRICS_PORT_FILE": str(port_file),
+               "WRIT_INSTANCE": key}
+        self._spawn(key, [sys.executable, "-m", "writ.cli", "service", service], env)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         base = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TZ", "HOME",
@@ -263,7 +280,8 @@ class Stack:
 
     def stop(self) -> None:
         """Stop every process, then the embedded servers."""
-        for name in [n for n in self.procs if n != "crm"] + ["crm"]:
+        fakes = ("crm", "payments")
+        for name in [n for n in self.procs if n not in fakes] + list(fakes):
             self.stop_process(name)
         if self.embedded_nats is not None:
             self.embedded_nats.stop()

@@ -10,7 +10,7 @@ import anyio.abc
 from libs.db import connect_pool
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
-from services.dispatcher.connectors import Connector, CrmConnector
+from services.dispatcher.connectors import Connector, CrmConnector, PaymentConnector
 from services.dispatcher.service import DispatcherService
 from services.dispatcher.store import DispatcherStore
 
@@ -22,7 +22,13 @@ class DispatcherSettings(BaseSettings, frozen=True, kw_only=True):
     database_password_file: str
     crm_url: str
     crm_token_file: str
+    payments_url: str = ""
+    payments_token_file: str = ""
+    payments_queryable: bool = False
     lease_s: float = 30.0
+    call_timeout_s: float = 10.0
+    sweep_every_s: float = 5.0
+    pending_grace_s: float = 60.0
 
 
 def main() -> None:
@@ -30,15 +36,25 @@ def main() -> None:
     settings = load_settings(DispatcherSettings)
     password = read_secret(settings.database_password_file)
     crm_token = read_secret(settings.crm_token_file)
+    payments_token = (read_secret(settings.payments_token_file)
+                      if settings.payments_url else "")
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        crm = CrmConnector(base_url=settings.crm_url, token=crm_token)
-        connectors: dict[str, Connector] = {crm.name: crm}
+        connectors: dict[str, Connector] = {
+            "crm": CrmConnector(base_url=settings.crm_url, token=crm_token,
+                                timeout_s=settings.call_timeout_s)}
+        if settings.payments_url:
+            connectors["payments"] = PaymentConnector(
+                base_url=settings.payments_url, token=payments_token,
+                queryable=settings.payments_queryable, timeout_s=settings.call_timeout_s)
         try:
             async with await connect_pool(settings.database_url, password=password, max_size=20,
                                           application_name="writ-dispatcher") as pool:
-                svc = DispatcherService(rt=rt, store=DispatcherStore(pool),
-                                        connectors=connectors, lease_s=settings.lease_s)
+                svc = DispatcherService(
+                    rt=rt, store=DispatcherStore(pool), connectors=connectors,
+                    lease_s=settings.lease_s, call_timeout_s=settings.call_timeout_s,
+                    sweep_every_s=settings.sweep_every_s,
+                    pending_grace_s=settings.pending_grace_s, worker=settings.instance or None)
                 await svc.run(task_status=task_status)
         finally:
             for connector in connectors.values():

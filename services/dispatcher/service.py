@@ -149,6 +149,12 @@ class DispatcherService:
                     await self._finish(claim, None, state="succeeded", result="succeeded",
                                        receipt=found.receipt, reason="found by key lookup")
                     return
+                if found.kind == "rejected":
+                    # The provider's answer is itself ambiguous (e.g. duplicates): a person
+                    # must look, with this as evidence.
+                    await self._finish(claim, None, state="unknown", result="lost",
+                                       receipt=None, reason=found.detail)
+                    return
                 if found.kind != "not_found":
                     await self._store.release(claim, None, result="transient",
                                               detail=found.detail)

@@ -2,5 +2,6 @@
 
 from services.dispatcher.connectors.base import Connector, Contract, Result
 from services.dispatcher.connectors.crm import CrmConnector
+from services.dispatcher.connectors.payments import PaymentConnector
 
-__all__ = ["Connector", "Contract", "CrmConnector", "Result"]
+__all__ = ["Connector", "Contract", "CrmConnector", "PaymentConnector", "Result"]

@@ -1,0 +1,194 @@
+"""The payment connector against a real fake payment provider on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from fakes.payments import FakePayments
+from services.dispatcher.connectors.base import Connector, Result
+from services.dispatcher.connectors.payments import PaymentConnector
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "pay-token"
+ACTION = "payment.charge.create"
+ARGS: dict[str, Any] = {
+    "customer_id": "ACME-42",
+    "amount_cents": 4200,
+    "currency": "USD",
+    "description": "Consulting, March",
+}
+
+
+@pytest.fixture
+def provider() -> Iterator[FakePayments]:
+    with FakePayments(token=TOKEN, queryable=True) as server:
+        yield server
+
+
+@pytest.fixture
+async def control(provider: FakePayments) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=provider.url, timeout=5) as c:
+        yield c
+
+
+@pytest.fixture
+async def connector(provider: FakePayments) -> AsyncIterator[PaymentConnector]:
+    conn = PaymentConnector(base_url=provider.url, token=TOKEN, queryable=True, timeout_s=5)
+    yield conn
+    await conn.aclose()
+
+
+async def charges(control: httpx.AsyncClient) -> list[dict[str, Any]]:
+    return (await control.get("/_control/charges")).json()
+
+
+async def set_mode(control: httpx.AsyncClient, mode: str, count: int | None = 1,
+                   delay_s: float = 0.0) -> None:
+    r = await control.post("/_control/mode",
+                           json={"mode": mode, "count": count, "delay_s": delay_s})
+    assert r.status_code == 200, r.text
+
+
+async def charge(connector: PaymentConnector, key: str, **overrides: Any) -> Result:
+    return await connector.execute(ACTION, {**ARGS, **overrides}, key=key,
+                                   expected_revision=None)
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
+    """Poll `check` until it returns something truthy, and return that."""
+    with anyio.fail_after(timeout):
+        while True:
+            if value := await check():
+                return value
+            await anyio.sleep(0.01)
+
+
+async def test_declares_its_contract_per_instance(provider: FakePayments) -> None:
+    queryable = PaymentConnector(base_url=provider.url, token=TOKEN, queryable=True)
+    blind = PaymentConnector(base_url=provider.url, token=TOKEN, queryable=False)
+    try:
+        conns: list[Connector] = [queryable, blind]
+        assert [(c.name, c.contract) for c in conns] == [
+            ("payments", "queryable"), ("payments", "none")]
+    finally:
+        await queryable.aclose()
+        await blind.aclose()
+
+
+async def test_charge_succeeds_with_the_charge_id(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    result = await charge(connector, "t1:op1")
+    assert result == Result(kind="succeeded", receipt="ch_1")
+    [charged] = await charges(control)
+    assert charged["reference"] == "t1:op1"
+    assert {k: charged[k] for k in ARGS} == ARGS
+
+
+async def test_lost_response_is_lost_and_charged_once(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await set_mode(control, "lose_response")
+    result = await charge(connector, "t1:op1")
+    assert result.kind == "lost" and result.receipt is None
+    assert len(await charges(control)) == 1
+
+
+async def test_lookup_after_a_lost_response_finds_the_charge(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await set_mode(control, "lose_response")
+    assert (await charge(connector, "t1:op1")).kind == "lost"
+    [charged] = await charges(control)
+    found = await connector.lookup(ACTION, key="t1:op1")
+    assert found == Result(kind="succeeded", receipt=charged["charge_id"])
+
+
+async def test_lookup_of_an_unknown_key_is_not_found(connector: PaymentConnector) -> None:
+    assert (await charge(connector, "t1:op1")).kind == "succeeded"
+    assert await connector.lookup(ACTION, key="t1:other") == Result(kind="not_found")
+
+
+async def test_lookup_finding_duplicates_is_rejected(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await charge(connector, "t1:op1")
+    await charge(connector, "t1:op1")  # the provider does not dedupe
+    found = await connector.lookup(ACTION, key="t1:op1")
+    assert found.kind == "rejected"
+    assert "duplicate" in found.detail and "ch_1" in found.detail and "ch_2" in found.detail
+
+
+async def test_lookup_is_transient_when_the_provider_is_down(
+    provider: FakePayments, connector: PaymentConnector
+) -> None:
+    provider.stop()
+    assert (await connector.lookup(ACTION, key="t1:op1")).kind == "transient"
+
+
+async def test_lookup_is_transient_when_the_provider_cannot_be_queried(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await control.post("/_control/queryable", json={"queryable": False})
+    result = await connector.lookup(ACTION, key="t1:op1")
+    assert result.kind == "transient" and "404" in result.detail
+
+
+async def test_fail_mode_is_transient_without_a_charge(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await set_mode(control, "fail")
+    assert (await charge(connector, "t1:op1")).kind == "transient"
+    assert await charges(control) == []
+
+
+async def test_execute_is_transient_when_the_provider_is_down(
+    provider: FakePayments, connector: PaymentConnector
+) -> None:
+    provider.stop()
+    assert (await charge(connector, "t1:op1")).kind == "transient"
+
+
+async def test_timeout_is_lost_and_the_charge_lands_later(
+    provider: FakePayments, control: httpx.AsyncClient
+) -> None:
+    await set_mode(control, "slow", delay_s=0.5)
+    conn = PaymentConnector(base_url=provider.url, token=TOKEN, queryable=True, timeout_s=0.1)
+    try:
+        assert (await charge(conn, "t1:op1")).kind == "lost"
+    finally:
+        await conn.aclose()
+    [late] = await eventually(lambda: charges(control))
+    assert late["reference"] == "t1:op1"
+
+
+async def test_provider_refusal_is_rejected_without_a_charge(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    result = await charge(connector, "t1:op1", currency="usd")
+    assert result.kind == "rejected" and "400" in result.detail
+    assert await charges(control) == []
+
+
+async def test_bad_token_is_rejected(provider: FakePayments) -> None:
+    conn = PaymentConnector(base_url=provider.url, token="wrong", queryable=True)
+    try:
+        result = await charge(conn, "t1:op1")
+    finally:
+        await conn.aclose()
+    assert result.kind == "rejected" and "401" in result.detail
+
+
+async def test_unknown_action_or_revision_is_rejected_without_a_call(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    other = await connector.execute("crm.note.create", ARGS, key="k", expected_revision=None)
+    revised = await connector.execute(ACTION, ARGS, key="k", expected_revision="r1")
+    assert (other.kind, revised.kind) == ("rejected", "rejected")
+    assert (await control.get("/_control/calls")).json() == {"calls": 0}

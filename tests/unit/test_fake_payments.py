@@ -1,0 +1,340 @@
+"""The fake payment provider, driven over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from fakes.payments import FakePayments
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "s3cret-token"
+ROOT = Path(__file__).resolve().parents[2]
+CHARGE: dict[str, Any] = {
+    "customer_id": "ACME-42",
+    "amount_cents": 1250,
+    "currency": "EUR",
+    "description": "March invoice",
+}
+
+
+@pytest.fixture
+def payments() -> Iterator[FakePayments]:
+    with FakePayments(token=TOKEN) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(payments: FakePayments) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=payments.url, headers=headers, timeout=5) as c:
+        yield c
+
+
+async def charge(
+    client: httpx.AsyncClient, reference: str | None, body: Any = None, **headers: str
+) -> httpx.Response:
+    if reference is not None:
+        headers["Reference"] = reference
+    return await client.post("/v1/charges", json=CHARGE if body is None else body,
+                             headers=headers)
+
+
+async def stored_charges(client: httpx.AsyncClient) -> list[dict[str, Any]]:
+    return (await client.get("/_control/charges")).json()
+
+
+async def calls(client: httpx.AsyncClient) -> int:
+    return (await client.get("/_control/calls")).json()["calls"]
+
+
+async def set_mode(
+    client: httpx.AsyncClient, mode: str, count: int | None = None, delay_s: float = 0.0
+) -> None:
+    r = await client.post("/_control/mode", json={"mode": mode, "count": count, "delay_s": delay_s})
+    assert r.status_code == 200, r.text
+
+
+async def set_queryable(client: httpx.AsyncClient, queryable: Any) -> httpx.Response:
+    return await client.post("/_control/queryable", json={"queryable": queryable})
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
+    """Poll `check` until it returns something truthy, and return that."""
+    with anyio.fail_after(timeout):
+        while True:
+            if value := await check():
+                return value
+            await anyio.sleep(0.01)
+
+
+async def test_healthz_needs_no_token(payments: FakePayments) -> None:
+    async with httpx.AsyncClient(base_url=payments.url) as anon:
+        r = await anon.get("/healthz")
+    assert (r.status_code, r.json()) == (200, {"status": "ok"})
+
+
+async def test_charge_is_captured_and_stored(client: httpx.AsyncClient) -> None:
+    r = await charge(client, "t1:op1")
+    assert r.status_code == 201
+    created = r.json()
+    assert created.pop("created_at")
+    assert created == {
+        "charge_id": "ch_1",
+        "reference": "t1:op1",
+        "status": "captured",
+        **CHARGE,
+    }
+    assert await stored_charges(client) == [r.json()]
+    assert await calls(client) == 1
+
+
+async def test_reference_is_optional(client: httpx.AsyncClient) -> None:
+    r = await charge(client, None)
+    assert (r.status_code, r.json()["reference"]) == (201, None)
+
+
+async def test_same_reference_twice_charges_twice(client: httpx.AsyncClient) -> None:
+    first, second = await charge(client, "k1"), await charge(client, "k1")
+    assert (first.status_code, second.status_code) == (201, 201)
+    assert (first.json()["charge_id"], second.json()["charge_id"]) == ("ch_1", "ch_2")
+    assert [c["reference"] for c in await stored_charges(client)] == ["k1", "k1"]
+    assert await calls(client) == 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [1, 2],
+        {**CHARGE, "amount_cents": 0},
+        {**CHARGE, "amount_cents": True},
+        {**CHARGE, "amount_cents": 12.5},
+        {**CHARGE, "amount_cents": 100_000_001},
+        {**CHARGE, "currency": "eur"},
+        {**CHARGE, "customer_id": ""},
+        {**CHARGE, "customer_id": "a/b"},
+        {**CHARGE, "description": None},
+        {**CHARGE, "description": "x" * 501},
+        {**CHARGE, "capture": False},
+        {k: v for k, v in CHARGE.items() if k != "currency"},
+    ],
+)
+async def test_invalid_charge_is_400_without_effect(client: httpx.AsyncClient, body: Any) -> None:
+    r = await charge(client, "k1", body)
+    assert r.status_code == 400, r.text
+    assert await stored_charges(client) == []
+
+
+@pytest.mark.parametrize("reference", ["", "x" * 256])
+async def test_bad_reference_is_400_without_effect(
+    client: httpx.AsyncClient, reference: str
+) -> None:
+    r = await charge(client, reference)
+    assert r.status_code == 400
+    assert await stored_charges(client) == []
+
+
+@pytest.mark.parametrize("content", [b"{not json", b""])
+async def test_malformed_json_is_400_without_effect(
+    client: httpx.AsyncClient, content: bytes
+) -> None:
+    r = await client.post("/v1/charges", content=content,
+                          headers={"Content-Type": "application/json"})
+    assert (r.status_code, r.json()) == (400, {"error": "malformed JSON"})
+    assert await stored_charges(client) == []
+
+
+async def test_oversized_body_is_413_without_effect(client: httpx.AsyncClient) -> None:
+    r = await charge(client, "k1", {**CHARGE, "description": "x" * (64 * 1024)})
+    assert r.status_code == 413
+    assert await stored_charges(client) == []
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer wrong", f"Basic {TOKEN}", TOKEN])
+async def test_bad_token_is_401_without_effect(
+    payments: FakePayments, client: httpx.AsyncClient, auth: str | None
+) -> None:
+    await set_queryable(client, True)
+    headers = {"Authorization": auth} if auth else {}
+    async with httpx.AsyncClient(base_url=payments.url, headers=headers) as anon:
+        r = await anon.post("/v1/charges", json=CHARGE, headers={"Reference": "k1"})
+        lookup = await anon.get("/v1/charges", params={"reference": "k1"})
+    assert (r.status_code, r.json()) == (401, {"error": "unauthorized"})
+    assert lookup.status_code == 401
+    assert await stored_charges(client) == []
+    assert await calls(client) == 1
+
+
+async def test_fail_mode_is_503_without_effect_then_recovers(client: httpx.AsyncClient) -> None:
+    await set_mode(client, "fail", count=1)
+    r = await charge(client, "k1")
+    assert (r.status_code, r.json()) == (503, {"error": "unavailable"})
+    assert await stored_charges(client) == []
+    assert (await charge(client, "k1")).status_code == 201
+    assert len(await stored_charges(client)) == 1
+
+
+async def test_fail_mode_without_count_lasts_until_changed(client: httpx.AsyncClient) -> None:
+    await set_mode(client, "fail")
+    assert [(await charge(client, "k1")).status_code for _ in range(3)] == [503] * 3
+    await set_mode(client, "normal")
+    assert (await charge(client, "k1")).status_code == 201
+    assert await calls(client) == 4
+
+
+async def test_lose_response_charges_and_drops_the_connection(client: httpx.AsyncClient) -> None:
+    await set_mode(client, "lose_response", count=1)
+    with pytest.raises(httpx.RemoteProtocolError):
+        await charge(client, "k1")
+    [charged] = await stored_charges(client)
+    assert (charged["charge_id"], charged["reference"]) == ("ch_1", "k1")
+    # The retry a naive client would make is a second charge.
+    assert (await charge(client, "k1")).json()["charge_id"] == "ch_2"
+    assert len(await stored_charges(client)) == 2
+
+
+async def test_slow_mode_charges_after_the_delay(client: httpx.AsyncClient) -> None:
+    await set_mode(client, "slow", count=1, delay_s=0.5)
+    with pytest.raises(httpx.ReadTimeout):
+        await client.post("/v1/charges", json=CHARGE, headers={"Reference": "k1"}, timeout=0.1)
+    assert await stored_charges(client) == []
+    await eventually(lambda: stored_charges(client))
+    started = time.monotonic()
+    assert (await charge(client, "k2")).status_code == 201  # count=1: back to normal
+    assert time.monotonic() - started < 0.4
+
+
+@pytest.mark.parametrize(
+    "mode", [{"mode": "chaos"}, {"mode": "fail", "count": 0}, {"mode": "slow", "delay_s": -1}]
+)
+async def test_bad_mode_is_rejected(client: httpx.AsyncClient, mode: dict[str, Any]) -> None:
+    assert (await client.post("/_control/mode", json=mode)).status_code == 400
+    assert (await charge(client, "k1")).status_code == 201
+
+
+async def test_lookup_is_404_when_not_queryable(client: httpx.AsyncClient) -> None:
+    await charge(client, "k1")
+    r = await client.get("/v1/charges", params={"reference": "k1"})
+    assert (r.status_code, r.json()) == (404, {"error": "lookup not supported"})
+    assert (await client.get("/v1/charges")).status_code == 404
+
+
+async def test_lookup_by_reference_when_queryable(client: httpx.AsyncClient) -> None:
+    assert (await set_queryable(client, True)).json() == {"queryable": True}
+    first, _, third = [(await charge(client, ref)).json() for ref in ("k1", "k2", "k1")]
+    r = await client.get("/v1/charges", params={"reference": "k1"})
+    assert (r.status_code, r.json()) == (200, {"charges": [first, third]})
+    none = await client.get("/v1/charges", params={"reference": "other"})
+    assert none.json() == {"charges": []}
+    assert (await client.get("/v1/charges")).status_code == 400
+
+
+async def test_queryable_switches_at_runtime(client: httpx.AsyncClient) -> None:
+    await set_queryable(client, True)
+    assert (await client.get("/v1/charges", params={"reference": "k1"})).status_code == 200
+    await set_queryable(client, False)
+    assert (await client.get("/v1/charges", params={"reference": "k1"})).status_code == 404
+    assert (await set_queryable(client, "yes")).status_code == 400
+
+
+async def test_constructor_queryable_is_what_reset_restores() -> None:
+    with FakePayments(token=TOKEN, queryable=True) as payments:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=payments.url, headers=headers) as client:
+            assert (await client.get("/v1/charges", params={"reference": "k"})).status_code == 200
+            await set_queryable(client, False)
+            await client.post("/_control/reset")
+            assert (await client.get("/v1/charges", params={"reference": "k"})).status_code == 200
+
+
+async def test_reset_forgets_charges_calls_and_mode(client: httpx.AsyncClient) -> None:
+    await charge(client, "k1")
+    await set_mode(client, "fail")
+    await set_queryable(client, True)
+    assert (await client.post("/_control/reset")).status_code == 200
+    assert await stored_charges(client) == [] and await calls(client) == 0
+    r = await charge(client, "k1")
+    assert (r.status_code, r.json()["charge_id"]) == (201, "ch_1")
+    assert (await client.get("/v1/charges", params={"reference": "k1"})).status_code == 404
+
+
+async def test_concurrent_charges_with_one_reference_all_charge(
+    client: httpx.AsyncClient,
+) -> None:
+    statuses: list[int] = []
+
+    async def one() -> None:
+        statuses.append((await charge(client, "k1")).status_code)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(16):
+            tg.start_soon(one)
+    assert statuses == [201] * 16
+    ids = [c["charge_id"] for c in await stored_charges(client)]
+    assert sorted(ids) == sorted(f"ch_{n}" for n in range(1, 17))
+
+
+async def test_stop_hangs_up_idle_and_cuts_slow_requests_short() -> None:
+    payments = FakePayments(token=TOKEN)
+    payments.start()
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=payments.url, headers=headers) as client:
+        await set_mode(client, "slow", delay_s=60)
+
+        async def slow_charge() -> None:
+            # Whether the slow request gets its answer or a hang-up is a race; either is fine.
+            try:
+                await charge(client, "k1")
+            except httpx.TransportError:
+                pass
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow_charge)
+                await eventually(lambda: calls(client))
+                # stop() blocks on joins, so run it off the loop the request is waiting on.
+                await anyio.to_thread.run_sync(payments.stop)
+    payments.stop()  # idempotent
+
+
+async def test_stop_without_start_releases_the_port() -> None:
+    FakePayments(token=TOKEN).stop()
+
+
+async def test_empty_token_is_refused() -> None:
+    with pytest.raises(ValueError):
+        FakePayments(token="")
+
+
+async def test_main_serves_until_sigterm(tmp_path: Path) -> None:
+    token_file, ready = anyio.Path(tmp_path / "token"), anyio.Path(tmp_path / "ready")
+    await token_file.write_text(TOKEN + "\n")
+    cmd = [sys.executable, "-m", "fakes.payments", "--port", "0", "--token-file",
+           str(token_file), "--ready-file", str(ready), "--queryable"]
+    async with await anyio.open_process(cmd, cwd=ROOT) as proc:
+        try:
+            await eventually(ready.exists, timeout=20)
+            url = await ready.read_text()
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+                assert (await charge(client, "k1")).status_code == 201
+                found = await client.get("/v1/charges", params={"reference": "k1"})
+                assert len(found.json()["charges"]) == 1
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(10):
+                assert await proc.wait() == 0
+            assert proc.stdout is not None
+            assert (await proc.stdout.receive()).decode().strip() == url
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
