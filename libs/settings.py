@@ -58,6 +58,6 @@ def load_settings(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
 def read_secret(path: str | Path) -> str:
     """Read a secret mounted as a file (a Kubernetes secret), without its trailing newline."""
     try:
-        return Path(path).read_text().strip()
+        return Path(path).read_text().rstrip("\r\n")
     except OSError as exc:
         raise ConfigError(f"cannot read secret file {path}: {exc.strerror}") from exc

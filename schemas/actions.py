@@ -19,16 +19,16 @@ Family = Literal["read", "read_personal", "write_delete", "send_external", "exec
 class CrmNoteCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Add a note to a customer record in the CRM."""
 
-    customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}$")]
+    customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}(?!\n)$")]
     body: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
 
 
 class PaymentChargeCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Charge a customer through the payment provider."""
 
-    customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}$")]
+    customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}(?!\n)$")]
     amount_cents: Annotated[int, msgspec.Meta(ge=1, le=100_000_000)]
-    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}$")]
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}(?!\n)$")]
     description: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
 
 

@@ -20,13 +20,15 @@ __all__ = [
     "Token",
 ]
 
+# Every pattern ends in "(?!\n)$": msgspec matches with re.search, where a bare "$" also
+# matches before a final newline ("acme\n" would pass); the lookahead keeps JSON Schema valid.
 # Tenants and agents become NATS subject tokens and Postgres role-free identifiers: keep them
 # to a small alphabet so no value can add a subject level or a wildcard.
-Tenant = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]
-AgentName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}$")]
-Principal = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}$")]
-Id = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")]
-Digest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+Tenant = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}(?!\n)$")]
+AgentName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}(?!\n)$")]
+Principal = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}(?!\n)$")]
+Id = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}(?!\n)$")]
+Digest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?!\n)$")]
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
 ShortText = Annotated[str, msgspec.Meta(max_length=512)]
 Text = Annotated[str, msgspec.Meta(max_length=16384)]

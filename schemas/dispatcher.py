@@ -48,7 +48,7 @@ class UnknownCommand(msgspec.Struct, frozen=True, kw_only=True):
     operation_id: Id
     action: ShortText
     principal: ShortText
-    arguments: dict[str, Any]
+    arguments: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
     reason: ShortText | None
     since: ShortText
 
@@ -56,7 +56,7 @@ class UnknownCommand(msgspec.Struct, frozen=True, kw_only=True):
 class UnknownCommands(Event):
     """The answer to `ListUnknown`."""
 
-    commands: list[UnknownCommand]
+    commands: Annotated[list[UnknownCommand], msgspec.Meta(max_length=500)]
 
 
 class Reconcile(Command):

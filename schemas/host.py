@@ -62,10 +62,10 @@ class SubmitCommand(Command):
     expected_revision: Annotated[str, msgspec.Meta(max_length=128)] | None = None
 
 
-class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Why a request was rejected or a run failed; `code` is stable, `message` is for people."""
 
-    code: Annotated[str, msgspec.Meta(pattern=r"^[A-Z][A-Z_]{0,63}$")]
+    code: Annotated[str, msgspec.Meta(pattern=r"^[A-Z][A-Z_]{0,63}(?!\n)$")]
     message: ShortText
 
 

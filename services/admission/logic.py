@@ -13,9 +13,18 @@ import rfc8785
 from schemas.actions import ACTIONS, ActionContract
 from schemas.planner import ProposeCommand
 
-__all__ = ["Validated", "canonical_hash", "operation_id_for", "proposal_id_for", "validate"]
+__all__ = [
+    "Invalid",
+    "Validated",
+    "canonical_hash",
+    "operation_id_for",
+    "proposal_id_for",
+    "validate",
+]
 
 _OPERATION_NAMESPACE: Final = uuid.UUID("0b7e3c2a-6d51-4f0e-8c1a-93a5d2f4b6e8")
+# Host keys get their own namespace, so no run/step pair can ever name a host's operation.
+_HOST_KEY_NAMESPACE: Final = uuid.UUID("d2a4f6c8-1e3b-4d5f-a7c9-0b2d4f6a8c1e")
 _PROPOSAL_NAMESPACE: Final = uuid.UUID("5c9a1e47-2b3d-4a6f-9e08-71d4c3b2a195")
 
 
@@ -36,7 +45,11 @@ def _normalise(value: Any) -> Any:
     if isinstance(value, str):
         return unicodedata.normalize("NFC", value)
     if isinstance(value, dict):
-        return {_normalise(k): _normalise(v) for k, v in value.items()}
+        normal = {_normalise(k): _normalise(v) for k, v in value.items()}
+        if len(normal) != len(value):
+            # Two keys that are one key after NFC: which value wins would depend on order.
+            raise Invalid("two argument names differ only in their unicode form")
+        return normal
     if isinstance(value, list | tuple):
         return [_normalise(v) for v in value]
     return value
@@ -62,7 +75,8 @@ def validate(proposal: ProposeCommand) -> Validated:
     if contract is None:
         raise Invalid(f"unknown action {proposal.action!r}")
     try:
-        typed = msgspec.convert(proposal.arguments, contract.arguments, strict=True)
+        # Normalise first, so the contract's bounds are checked on what will be frozen.
+        typed = msgspec.convert(_normalise(proposal.arguments), contract.arguments, strict=True)
     except msgspec.ValidationError as exc:
         raise Invalid(f"arguments of {contract.name} v{contract.version}: {exc}") from exc
     arguments = _normalise(msgspec.to_builtins(typed))
@@ -83,7 +97,7 @@ def operation_id_for(tenant: str, run_id: str, step: int,
     id is scoped to the tenant.
     """
     if operation_key is not None:
-        return str(uuid.uuid5(_OPERATION_NAMESPACE, f"{tenant}\x00key\x00{operation_key}"))
+        return str(uuid.uuid5(_HOST_KEY_NAMESPACE, f"{tenant}\x00{operation_key}"))
     return str(uuid.uuid5(_OPERATION_NAMESPACE, f"{tenant}\x00{run_id}\x00{step}"))
 
 

@@ -1,0 +1,520 @@
+"""The fault suite (seed 001 §7, issue 3): break Writ at its seams, for real, and check that
+every accepted request still ends in one recorded outcome with at most the effects it may have.
+
+This module runs its own deployment — its own nats-server and PostgreSQL, which it kills and
+restarts — with short leases so takeovers happen within seconds. Processes crash at named
+points (libs/faults.py) with exit status 137, as if killed.
+"""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import msgspec
+import nats
+import pytest
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from libs.faults import CRASH_STATUS
+from schemas import subjects
+from schemas.admission import DispatchCommand
+from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
+from schemas.host import CommandResult
+from tests.e2e.conftest import Host
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+LEASE_S = 3.0
+DUPLICATE_WINDOW_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def fstack() -> Iterator[Stack]:
+    with tempfile.TemporaryDirectory(prefix="writ-faults-") as home:
+        faults = Path(home) / "faults"
+        faults.write_text("")
+        deployment = Stack(Path(home), database="faults", durable_pg=False, extra_env={
+            "*": {"WRIT_FAULTS_FILE": str(faults),
+                  "WRIT_DUPLICATE_WINDOW_S": str(DUPLICATE_WINDOW_S),
+                  "WRIT_DRAIN_TIMEOUT_S": "2"},
+            "dispatcher": {"WRIT_LEASE_S": str(LEASE_S), "WRIT_SWEEP_EVERY_S": "1",
+                           "WRIT_PENDING_GRACE_S": "5", "WRIT_CALL_TIMEOUT_S": "1.5"},
+        })
+        deployment.start_infrastructure()
+        try:
+            anyio.run(deployment.provision)
+            deployment.start_crm()
+            deployment.start_services()
+            anyio.run(deployment.wait_ready)
+            yield deployment
+        finally:
+            deployment.stop()
+
+
+class Faults:
+    """Arms crash points and brings crashed processes back."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.file = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+
+    def arm(self, point: str) -> None:
+        self.file.write_text(point)
+
+    async def crashed(self, name: str, timeout: float = 20) -> None:
+        proc = self.stack.procs[name]
+        with anyio.fail_after(timeout):
+            while proc.poll() is None:
+                await anyio.sleep(0.05)
+        assert proc.returncode == CRASH_STATUS, self.stack.log_tail(name)
+        assert self.file.read_text().strip() == "", "the crash point was not taken"
+        del self.stack.procs[name]
+
+    async def restart(self, name: str, service: str | None = None) -> None:
+        self.stack.stop_process(name)
+        self.stack.start_instance(service or name, name)
+        await self.stack.wait_ready((service or name,))
+
+
+@pytest.fixture
+async def host(fstack: Stack) -> AsyncIterator[Host]:
+    nc = await nats.connect(fstack.nats_url, max_reconnect_attempts=-1)
+    yield Host(fstack, nc)
+    await nc.close()
+
+
+@pytest.fixture
+async def db(fstack: Stack) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(fstack.database_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def crm(fstack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fstack.crm_url, timeout=5) as client:
+        yield client
+        client.post("/_control/mode", json={"mode": "normal"})
+
+
+@pytest.fixture
+def payments(fstack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fstack.payments_url, timeout=5) as client:
+        yield client
+        client.post("/_control/mode", json={"mode": "normal"})
+
+
+@pytest.fixture
+def faults(fstack: Stack) -> Iterator[Faults]:
+    f = Faults(fstack)
+    yield f
+    f.file.write_text("")
+
+
+def notes(crm: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
+    return [n for n in crm.get("/_control/notes").json()
+            if n["idempotency_key"] == f"acme:{operation_id}"]
+
+
+def charges(payments: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
+    return [c for c in payments.get("/_control/charges").json()
+            if c["reference"] == f"acme:{operation_id}"]
+
+
+async def command_row(db: asyncpg.Connection, operation_key: str,
+                      timeout: float = 20) -> asyncpg.Record:
+    with anyio.fail_after(timeout):
+        while True:
+            row = await db.fetchrow("SELECT * FROM admission.commands WHERE operation_key = $1",
+                                    operation_key)
+            if row is not None:
+                return row
+            await anyio.sleep(0.05)
+
+
+async def until_state(db: asyncpg.Connection, operation_key: str, state: str,
+                      timeout: float = 30) -> None:
+    with anyio.fail_after(timeout):
+        while (await command_row(db, operation_key))["state"] != state:
+            await anyio.sleep(0.05)
+
+
+async def attempts(db: asyncpg.Connection, operation_id: Any) -> list[tuple[int, str | None]]:
+    rows = await db.fetch("SELECT lease_epoch, result FROM dispatcher.attempts "
+                          "WHERE operation_id = $1 ORDER BY attempt_id", operation_id)
+    return [(r["lease_epoch"], r["result"]) for r in rows]
+
+
+def charge(host: Host) -> Any:
+    return host.command(action="payment.charge.create", arguments={
+        "customer_id": "ACME-42", "amount_cents": 12_500, "currency": "EUR",
+        "description": "Expedited shipping for order 7781"})
+
+
+# -- crashes at the admission and relay boundaries -------------------------------------------
+
+async def test_crash_before_the_admission_commit_admits_nothing_until_the_retry(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("admission.before_commit")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("admission")
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE operation_key = $1",
+                             command.operation_key) == 0
+
+    await faults.restart("admission")
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+
+
+async def test_crash_after_commit_before_publish_keeps_the_obligation(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("relay.before_publish")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("admission")
+    row = await command_row(db, command.operation_key)
+    assert row["state"] == "pending"
+    assert await db.fetchval("SELECT count(*) FROM admission.outbox WHERE operation_id = $1",
+                             row["operation_id"]) == 1
+
+    await faults.restart("admission")
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+    assert await db.fetchval("SELECT count(*) FROM admission.outbox WHERE operation_id = $1",
+                             row["operation_id"]) == 0
+
+
+async def test_crash_after_publish_before_the_outbox_row_is_cleared_dispatches_once(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("relay.after_publish")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("admission")
+    await until_state(db, command.operation_key, "succeeded")  # the published message lived
+    await faults.restart("admission")  # ... and the relay publishes the row again
+    result = await host.wait_command(command.request_id)
+    await anyio.sleep(1.0)
+
+    row = await command_row(db, command.operation_key)
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+    assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
+
+
+async def test_relay_down_longer_than_the_duplicate_window_still_makes_one_effect(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("relay.after_publish")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("admission")
+    await until_state(db, command.operation_key, "succeeded")
+    await anyio.sleep(DUPLICATE_WINDOW_S + 1.5)  # JetStream has forgotten the Nats-Msg-Id
+    await faults.restart("admission")
+    result = await host.wait_command(command.request_id)
+
+    deliveries = await _dispatch_messages(host, result.operation_id, expect=2)
+    row = await command_row(db, command.operation_key)
+    assert deliveries == 2  # the duplicate did get through the bus ...
+    await anyio.sleep(1.0)
+    assert len(notes(crm, result.operation_id)) == 1  # ... and the registry stopped it
+    assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
+
+
+async def _dispatch_messages(host: Host, operation_id: str, *, expect: int) -> int:
+    with anyio.fail_after(20):
+        while True:
+            count = 0
+            sub = await host.js.subscribe(subjects.command("acme"), ordered_consumer=True,
+                                          config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+            try:
+                while True:
+                    try:
+                        msg = await sub.next_msg(timeout=0.5)
+                    except nats.errors.TimeoutError:
+                        break
+                    body = msgspec.json.decode(msg.data, type=DispatchCommand)
+                    count += body.operation_id == operation_id
+                    if msg.metadata.num_pending == 0:
+                        break
+            finally:
+                await sub.unsubscribe()
+            if count >= expect:
+                return count
+            await anyio.sleep(0.2)
+
+
+# -- crashes at the dispatcher's boundaries --------------------------------------------------
+
+async def test_crash_after_publish_before_dispatch(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("dispatcher.before_claim")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("dispatcher")
+    row = await command_row(db, command.operation_key)
+    assert row["state"] == "pending" and notes(crm, str(row["operation_id"])) == []
+
+    await faults.restart("dispatcher")
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+    assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
+
+
+async def test_crash_after_the_remote_write_replays_the_key_at_an_idempotent_provider(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("dispatcher.after_remote_write")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("dispatcher")
+    row = await command_row(db, command.operation_key)
+    operation_id = str(row["operation_id"])
+    assert row["state"] == "dispatching"
+    assert len(notes(crm, operation_id)) == 1  # the CRM acted; Writ did not record it
+
+    await faults.restart("dispatcher")
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "succeeded"
+    written = notes(crm, operation_id)
+    assert len(written) == 1 and result.receipt == written[0]["note_id"]
+    assert await attempts(db, row["operation_id"]) == [(1, None), (2, "succeeded")]
+
+
+async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_unknown(
+        host: Host, db: asyncpg.Connection, payments: httpx.Client, faults: Faults) -> None:
+    faults.arm("dispatcher.after_remote_write")
+    command = charge(host)
+    await host.submit(command)
+    await faults.crashed("dispatcher")
+    await faults.restart("dispatcher")
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "unknown"  # never an invented success
+    assert len(charges(payments, result.operation_id)) == 1
+    row = await command_row(db, command.operation_key)
+    assert row["state"] == "unknown" and row["receipt"] is None
+
+    # An operator reconciles it with the provider's evidence; no new key is ever made.
+    listed = await _request(host, subjects.UNKNOWN_LIST, ListUnknown(tenant="acme"),
+                            UnknownCommands)
+    assert result.operation_id in {c.operation_id for c in listed.commands}
+    charge_id = charges(payments, result.operation_id)[0]["charge_id"]
+    answer = await _request(host, subjects.RECONCILE, Reconcile(
+        tenant="acme", operation_id=result.operation_id, state="succeeded", receipt=charge_id,
+        evidence=f"provider dashboard shows {charge_id} captured", resolved_by="ops@acme"),
+        Reconciled)
+    assert answer.ok
+    row = await command_row(db, command.operation_key)
+    assert (row["state"], row["receipt"]) == ("succeeded", charge_id)
+    evidence = await db.fetchrow("SELECT * FROM admission.reconciliations "
+                                 "WHERE operation_id = $1", row["operation_id"])
+    assert evidence["resolved_by"] == "ops@acme" and charge_id in evidence["evidence"]
+    again = await _request(host, subjects.RECONCILE, Reconcile(
+        tenant="acme", operation_id=result.operation_id, state="failed",
+        evidence="second thoughts", resolved_by="ops@acme"), Reconciled)
+    assert not again.ok  # unknown is left once; a reconciled command stays reconciled
+    assert len(charges(payments, result.operation_id)) == 1
+
+
+async def _request(host: Host, subject: str, message: msgspec.Struct, answer: type) -> Any:
+    reply = await host.nc.request(subject, msgspec.json.encode(message), timeout=5)
+    return msgspec.json.decode(reply.data, type=answer)
+
+
+async def test_a_queryable_provider_is_asked_instead_of_charged_twice(
+        fstack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client,
+        faults: Faults) -> None:
+    fstack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"] = "true"
+    payments.post("/_control/queryable", json={"queryable": True})
+    try:
+        await faults.restart("dispatcher")
+        faults.arm("dispatcher.after_remote_write")
+        command = charge(host)
+        await host.submit(command)
+        await faults.crashed("dispatcher")
+        await faults.restart("dispatcher")
+        result = await host.wait_command(command.request_id)
+    finally:
+        del fstack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"]
+        payments.post("/_control/queryable", json={"queryable": False})
+        await faults.restart("dispatcher")
+
+    found = charges(payments, result.operation_id)
+    assert result.status == "succeeded"
+    assert len(found) == 1 and result.receipt == found[0]["charge_id"]
+    row = await command_row(db, command.operation_key)
+    assert await attempts(db, row["operation_id"]) == [(1, None), (2, "succeeded")]
+
+
+async def test_crash_after_persistence_before_the_ack_does_nothing_more(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("dispatcher.before_ack")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("dispatcher")
+    row = await command_row(db, command.operation_key)
+    assert row["state"] == "succeeded"
+
+    await faults.restart("dispatcher")
+    await anyio.sleep(LEASE_S + 1.5)  # the unacked delivery comes back, finds it terminal
+
+    result = await host.wait_command(command.request_id)
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+    assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
+    info = await host.js.consumer_info("WRIT_CMD", "dispatcher")
+    assert info.num_ack_pending == 0
+
+
+# -- lost responses ---------------------------------------------------------------------------
+
+async def test_a_lost_response_at_the_idempotent_crm_is_replayed_to_one_note(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    crm.post("/_control/mode", json={"mode": "lose_response", "count": 1})
+    command = host.command()
+    await host.submit(command)
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+    row = await command_row(db, command.operation_key)
+    assert await attempts(db, row["operation_id"]) == [(1, "lost"), (2, "succeeded")]
+
+
+async def test_a_lost_response_at_the_non_idempotent_provider_ends_unknown(
+        host: Host, db: asyncpg.Connection, payments: httpx.Client) -> None:
+    payments.post("/_control/mode", json={"mode": "lose_response", "count": 1})
+    command = charge(host)
+    await host.submit(command)
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "unknown"
+    assert len(charges(payments, result.operation_id)) == 1
+    row = await command_row(db, command.operation_key)
+    assert await attempts(db, row["operation_id"]) == [(1, "lost")]
+
+
+# -- racing and paused workers ----------------------------------------------------------------
+
+async def test_two_dispatchers_racing_make_one_effect_per_command(
+        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
+        faults: Faults) -> None:
+    fstack.start_instance("dispatcher", "dispatcher-2")
+    try:
+        await fstack.wait_ready(("dispatcher",))
+        commands = [host.command() for _ in range(20)]
+        for command in commands:
+            await host.submit(command)
+        rows = [await command_row(db, c.operation_key) for c in commands]
+        for row in rows:  # every command delivered twice more, past the dedupe window
+            for _ in range(2):
+                await host.js.publish(subjects.command("acme"), msgspec.json.encode(
+                    DispatchCommand(tenant="acme", operation_id=str(row["operation_id"]))),
+                    headers={"Nats-Msg-Id": uuid.uuid4().hex})
+        results = [await host.wait_command(c.request_id) for c in commands]
+        await anyio.sleep(1.0)
+    finally:
+        fstack.stop_process("dispatcher-2")
+
+    assert {r.status for r in results} == {"succeeded"}
+    for row in rows:
+        assert len(notes(crm, str(row["operation_id"]))) == 1
+        assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
+
+
+async def test_a_worker_paused_past_its_lease_is_fenced_and_never_acks(
+        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    crm.post("/_control/mode", json={"mode": "slow", "delay_s": 4.0, "count": 1})
+    first = fstack.procs["dispatcher"]
+    command = host.command()
+    await host.submit(command)
+    row = await command_row(db, command.operation_key)
+    with anyio.fail_after(10):
+        while crm.get("/_control/calls").json()["calls"] == 0 or (
+                await db.fetchval("SELECT state FROM admission.commands WHERE operation_id = $1",
+                                  row["operation_id"])) != "dispatching":
+            await anyio.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)  # the holder freezes mid-call, lease and all
+    try:
+        fstack.start_instance("dispatcher", "dispatcher-2")
+        result = await host.wait_command(command.request_id, timeout=30)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    await anyio.sleep(5.0)  # the old holder wakes, its call returns, and it finds itself fenced
+    try:
+        fenced = _metric(fstack, "dispatcher", 'writ_dispatcher_messages_failed_total'
+                                               '{consumer="dispatcher",outcome="fenced"}')
+    finally:
+        fstack.stop_process("dispatcher-2")
+
+    final = await command_row(db, command.operation_key)
+    assert result.status == "succeeded"
+    assert (final["state"], final["lease_epoch"], final["lease_owner"]) == (
+        "succeeded", 2, "dispatcher-2")
+    assert len(notes(crm, result.operation_id)) == 1
+    assert await attempts(db, row["operation_id"]) == [(1, None), (2, "succeeded")]
+    assert fenced == 1.0
+
+
+def _metric(stack: Stack, name: str, sample: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{stack.metrics_port(name)}/metrics").text
+    for line in text.splitlines():
+        if line.startswith(sample):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+# -- the infrastructure itself restarting -----------------------------------------------------
+
+async def test_nats_restarted_mid_flow_loses_nothing(
+        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    commands = [host.command() for _ in range(10)]
+    for command in commands:
+        await host.submit(command)
+    assert fstack.embedded_nats is not None
+    fstack.embedded_nats.stop(kill=True)
+    await anyio.sleep(1.0)
+    fstack.embedded_nats.start()
+
+    results = [await host.wait_command(c.request_id, timeout=60) for c in commands]
+
+    assert {r.status for r in results} == {"succeeded"}
+    for result in results:
+        assert len(notes(crm, result.operation_id)) == 1
+
+
+async def test_postgres_restarted_mid_flow_loses_nothing(
+        fstack: Stack, host: Host, crm: httpx.Client) -> None:
+    commands = [host.command() for _ in range(10)]
+    for command in commands:
+        await host.submit(command)
+    assert fstack.embedded_pg is not None
+    fstack.embedded_pg.stop(kill=True)
+    await anyio.sleep(1.0)
+    fstack.embedded_pg.start()
+
+    results = [await host.wait_command(c.request_id, timeout=60) for c in commands]
+
+    assert {r.status for r in results} == {"succeeded"}
+    for result in results:
+        assert len(notes(crm, result.operation_id)) == 1
+
+
+def _unused(_: CommandResult) -> None:  # keeps the import honest for type readers
+    pass

@@ -1,0 +1,216 @@
+"""`libs/`: public surfaces, settings and secrets, and the direction of imports."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from libs.errors import ConfigError, WritError
+from libs.settings import BaseSettings, load_settings, read_secret
+
+ROOT = Path(__file__).resolve().parents[2]
+# Every public module on disk, so a new one is checked the day it lands.
+LIBS = sorted(p.stem for p in (ROOT / "libs").glob("*.py") if not p.stem.startswith("_"))
+
+
+# -- public surface (anyio's test_all_attributes) ------------------------------------------
+
+
+def test_the_known_libs_are_all_there() -> None:
+    assert {"actor", "bus", "db", "embedded", "errors", "runtime", "settings",
+            "telemetry"} <= set(LIBS)
+
+
+@pytest.mark.parametrize("name", LIBS)
+def test_all_attributes(name: str) -> None:
+    module = importlib.import_module(f"libs.{name}")
+    assert hasattr(module, "__all__"), f"libs.{name} has no __all__"
+    exported = module.__all__
+    assert len(exported) == len(set(exported)), f"libs.{name}.__all__ has duplicates"
+    missing = [attr for attr in exported if not hasattr(module, attr)]
+    assert not missing, f"libs.{name}.__all__ names what it lacks: {missing}"
+    for attr in exported:
+        assert getattr(module, attr).__doc__, f"libs.{name}.{attr} has no docstring"
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+class ExampleSettings(BaseSettings, frozen=True, kw_only=True):
+    foo_bar: int = 1
+    flag: bool = False
+    ratio: float = 0.5
+    secret_file: str = ""
+
+
+def test_settings_map_prefixed_variables_to_fields() -> None:
+    settings = load_settings(ExampleSettings, {
+        "WRIT_NATS_URL": "nats://bus:4222", "WRIT_FOO_BAR": "7", "WRIT_FLAG": "true",
+        "WRIT_RATIO": "1.5", "WRIT_METRICS_PORT": "9100",
+    })
+    assert settings == ExampleSettings(nats_url="nats://bus:4222", foo_bar=7, flag=True,
+                                       ratio=1.5, metrics_port=9100)
+
+
+def test_settings_ignore_unrelated_variables() -> None:
+    settings = load_settings(ExampleSettings, {
+        "WRIT_NATS_URL": "nats://bus:4222",
+        "WRIT_CRM_TOKEN_FILE": "/run/secrets/crm",  # another service's setting: no field here
+        "FOO_BAR": "8", "NATS_URL": "nats://elsewhere", "PATH": "/usr/bin",
+        "XWRIT_FOO_BAR": "9", "writ_foo_bar": "10",
+    })
+    assert settings == ExampleSettings(nats_url="nats://bus:4222")
+    assert not hasattr(settings, "crm_token_file")
+
+
+def test_settings_defaults() -> None:
+    settings = load_settings(BaseSettings, {"WRIT_NATS_URL": "nats://bus:4222"})
+    assert settings.metrics_port == 0
+    assert settings.metrics_host == "127.0.0.1"
+    assert settings.drain_timeout_s == 10.0
+
+
+@pytest.mark.parametrize("environ", [
+    {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_FOO_BAR": "seven"},
+    {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_FLAG": "perhaps"},
+    {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_METRICS_PORT": "9100.5x"},
+    {"WRIT_FOO_BAR": "7"},  # required nats_url missing
+], ids=["bad-int", "bad-bool", "bad-port", "missing-required"])
+def test_settings_bad_value_is_a_config_error(environ: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="ExampleSettings") as info:
+        load_settings(ExampleSettings, environ)
+    assert isinstance(info.value, ValueError)
+    assert isinstance(info.value, WritError)
+
+
+def test_settings_read_the_process_environment_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WRIT_NATS_URL", "nats://from-env:4222")
+    monkeypatch.setenv("WRIT_FOO_BAR", "42")
+    settings = load_settings(ExampleSettings)
+    assert (settings.nats_url, settings.foo_bar) == ("nats://from-env:4222", 42)
+
+
+def test_read_secret_strips_the_trailing_newline(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("s3cret-token\n")
+    assert read_secret(path) == "s3cret-token"
+    assert read_secret(str(path)) == "s3cret-token"
+
+
+def test_read_secret_keeps_inner_content(tmp_path: Path) -> None:
+    path = tmp_path / "pem"
+    pem = "-----BEGIN KEY-----\nAAAA\nBBBB\n-----END KEY-----"
+    path.write_text(pem + "\n")
+    assert read_secret(path) == pem
+
+
+def test_missing_secret_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="missing-secret"):
+        read_secret(tmp_path / "missing-secret")
+
+
+def test_secret_that_is_a_directory_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        read_secret(tmp_path)
+
+
+# -- import direction: services -> libs -> schemas, and services never import each other ---
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, source: str | None = None) -> set[str]:
+    """Every module `path` imports, relative imports resolved, `from x import y` as x.y too."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    package = _module_name(path)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _sources(folder: str) -> list[Path]:
+    paths = sorted((ROOT / folder).rglob("*.py"))
+    assert paths, f"no sources under {folder}/"
+    return paths
+
+
+def _is_under(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_import_scanner_sees_every_form() -> None:
+    # The layering tests below rely on this scanner: check it on known inputs.
+    source = ("import services.beta.x\nfrom services import gamma\n"
+              "from ..delta import y\nfrom . import z\nimport os\n"
+              "def f():\n    import services.epsilon\n")
+    found = _imports(ROOT / "services" / "alpha" / "mod.py", source)
+    assert {"services.beta.x", "services.gamma", "services.delta", "services.delta.y",
+            "services.alpha.z", "services.epsilon", "os"} <= found
+
+
+@pytest.mark.parametrize("folder", ["libs", "schemas"])
+def test_libs_and_schemas_never_import_services(folder: str) -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(m for m in _imports(path)
+                                           if _is_under(m, "services") or _is_under(m, "writ"))
+        for path in _sources(folder)
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_libs_and_schemas_source_text_never_mentions_importing_services() -> None:
+    for path in _sources("libs") + _sources("schemas"):
+        text = path.read_text()
+        assert "import services" not in text, path
+        assert "from services" not in text, path
+
+
+def test_schemas_import_only_msgspec_the_stdlib_and_schemas() -> None:
+    allowed = set(sys.stdlib_module_names) | {"msgspec", "schemas"}
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(m for m in _imports(path)
+                                           if m.split(".")[0] not in allowed)
+        for path in _sources("schemas")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_services_never_import_each_other() -> None:
+    names = sorted(p.name for p in (ROOT / "services").iterdir()
+                   if p.is_dir() and (p / "__init__.py").exists())
+    assert {"admission", "dispatcher", "governance", "ingress", "planner",
+            "retrieval"} <= set(names)
+    offenders: dict[str, list[str]] = {}
+    for name in names:
+        for path in _sources(f"services/{name}"):
+            foreign = sorted(
+                m for m in _imports(path)
+                if _is_under(m, "services") and m != "services"
+                and not _is_under(m, f"services.{name}")
+            )
+            if foreign:
+                offenders[str(path.relative_to(ROOT))] = foreign
+    assert offenders == {}
