@@ -11,7 +11,14 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-__all__ = ["ACTIONS", "ActionContract", "CrmNoteCreate", "Family", "PaymentChargeCreate"]
+__all__ = [
+    "ACTIONS",
+    "ActionContract",
+    "CrmNoteCreate",
+    "Family",
+    "PaymentChargeCreate",
+    "WritNoop",
+]
 
 Family = Literal["read", "read_personal", "write_delete", "send_external", "execute_code"]
 
@@ -30,6 +37,12 @@ class PaymentChargeCreate(msgspec.Struct, frozen=True, kw_only=True, forbid_unkn
     amount_cents: Annotated[int, msgspec.Meta(ge=1, le=100_000_000)]
     currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}(?!\n)$")]
     description: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+
+
+class WritNoop(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Do nothing, through the whole governed path: a canary, and the benchmark's action."""
+
+    marker: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class ActionContract(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +67,10 @@ ACTIONS: Final[dict[str, ActionContract]] = {
             name="payment.charge.create", version=1, family="write_delete",
             connector="payments", arguments=PaymentChargeCreate,
             description="Charge a customer.",
+        ),
+        ActionContract(
+            name="writ.noop", version=1, family="write_delete", connector="noop",
+            arguments=WritNoop, description="Do nothing, governed like any other write.",
         ),
     )
 }

@@ -10,7 +10,12 @@ import anyio.abc
 from libs.db import connect_pool
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
-from services.dispatcher.connectors import Connector, CrmConnector, PaymentConnector
+from services.dispatcher.connectors import (
+    Connector,
+    CrmConnector,
+    NoopConnector,
+    PaymentConnector,
+)
 from services.dispatcher.service import DispatcherService
 from services.dispatcher.store import DispatcherStore
 
@@ -25,6 +30,7 @@ class DispatcherSettings(BaseSettings, frozen=True, kw_only=True):
     payments_url: str = ""
     payments_token_file: str = ""
     payments_queryable: bool = False
+    noop_connector: bool = True  # `writ.noop`: a canary through the whole governed path
     lease_s: float = 30.0
     call_timeout_s: float = 10.0
     sweep_every_s: float = 5.0
@@ -43,6 +49,8 @@ def main() -> None:
         connectors: dict[str, Connector] = {
             "crm": CrmConnector(base_url=settings.crm_url, token=crm_token,
                                 timeout_s=settings.call_timeout_s)}
+        if settings.noop_connector:
+            connectors["noop"] = NoopConnector()
         if settings.payments_url:
             connectors["payments"] = PaymentConnector(
                 base_url=settings.payments_url, token=payments_token,

@@ -2,6 +2,14 @@
 
 from services.dispatcher.connectors.base import Connector, Contract, Result
 from services.dispatcher.connectors.crm import CrmConnector
+from services.dispatcher.connectors.noop import NoopConnector
 from services.dispatcher.connectors.payments import PaymentConnector
 
-__all__ = ["Connector", "Contract", "CrmConnector", "PaymentConnector", "Result"]
+__all__ = [
+    "Connector",
+    "Contract",
+    "CrmConnector",
+    "NoopConnector",
+    "PaymentConnector",
+    "Result",
+]
