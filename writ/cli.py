@@ -4,6 +4,8 @@
     writ service <name>       run one service process (what a Kubernetes Deployment runs)
     writ schemas --write      regenerate the committed JSON Schemas of the bus messages
     writ token ...            mint a host token with a tenant's demo key
+    writ reconcile list       commands whose outcome nobody knows (`unknown`)
+    writ reconcile resolve    record what an operator established, with its evidence
 """
 
 from __future__ import annotations
@@ -51,6 +53,30 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nats_url(args: argparse.Namespace) -> str:
+    import os
+
+    url = os.environ.get("WRIT_NATS_URL") or args.nats_url
+    if url:
+        return str(url)
+    local = Path(args.home) / "nats.url"
+    if local.exists():  # written by `writ run`
+        return local.read_text().strip()
+    raise SystemExit("no NATS server: set WRIT_NATS_URL or start `writ run`")
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import list_unknown, resolve
+
+    url = _nats_url(args)
+    if args.action == "list":
+        return anyio.run(list_unknown, url, args.tenant)
+    return anyio.run(resolve, url, args.tenant, args.operation_id, args.state, args.receipt,
+                     args.evidence, args.by)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `writ` command."""
     parser = argparse.ArgumentParser(prog="writ", description="A governed runtime for AI agents")
@@ -75,6 +101,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--principal", default="alice@acme.example")
     p.add_argument("--ttl", type=float, default=300.0)
     p.set_defaults(func=_token)
+
+    p = sub.add_parser("reconcile", help="list and resolve commands in state unknown")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--nats-url", default="")
+    p.add_argument("--tenant", default="acme")
+    rec = p.add_subparsers(dest="action", required=True)
+    rec.add_parser("list", help="commands whose outcome nobody knows")
+    r = rec.add_parser("resolve", help="record the established outcome of an unknown command")
+    r.add_argument("operation_id")
+    r.add_argument("--state", choices=["succeeded", "failed"], required=True)
+    r.add_argument("--receipt", default=None, help="the provider's proof, if it succeeded")
+    r.add_argument("--evidence", required=True, help="what was checked, and where")
+    r.add_argument("--by", required=True, help="who established it")
+    p.set_defaults(func=_reconcile)
 
     args = parser.parse_args(argv)
     sys.exit(args.func(args))

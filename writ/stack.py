@@ -104,6 +104,7 @@ class Stack:
             self.embedded_nats = EmbeddedNats(self.home / "nats")
             self.embedded_nats.start()
             self._nats_url = self.embedded_nats.url
+        (self.home / "nats.url").write_text(self.nats_url)  # for operators' `writ` commands
         if self._admin_dsn is None:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
             self.embedded_pg.start()

@@ -9,6 +9,8 @@ points (libs/faults.py) with exit status 137, as if killed.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -26,7 +28,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from libs.faults import CRASH_STATUS
 from schemas import subjects
 from schemas.admission import DispatchCommand
-from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
+from schemas.dispatcher import Reconcile, Reconciled
 from schemas.host import CommandResult
 from tests.e2e.conftest import Host
 from writ.stack import Stack
@@ -311,15 +313,14 @@ async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_
     assert row["state"] == "unknown" and row["receipt"] is None
 
     # An operator reconciles it with the provider's evidence; no new key is ever made.
-    listed = await _request(host, subjects.UNKNOWN_LIST, ListUnknown(tenant="acme"),
-                            UnknownCommands)
-    assert result.operation_id in {c.operation_id for c in listed.commands}
+    listed = _writ(host.stack, "reconcile", "list")
+    assert listed.returncode == 0 and result.operation_id in listed.stdout
     charge_id = charges(payments, result.operation_id)[0]["charge_id"]
-    answer = await _request(host, subjects.RECONCILE, Reconcile(
-        tenant="acme", operation_id=result.operation_id, state="succeeded", receipt=charge_id,
-        evidence=f"provider dashboard shows {charge_id} captured", resolved_by="ops@acme"),
-        Reconciled)
-    assert answer.ok
+    resolved = _writ(host.stack, "reconcile", "resolve", result.operation_id,
+                     "--state", "succeeded", "--receipt", charge_id,
+                     "--evidence", f"provider dashboard shows {charge_id} captured",
+                     "--by", "ops@acme")
+    assert resolved.returncode == 0, resolved.stdout + resolved.stderr
     row = await command_row(db, command.operation_key)
     assert (row["state"], row["receipt"]) == ("succeeded", charge_id)
     evidence = await db.fetchrow("SELECT * FROM admission.reconciliations "
@@ -329,7 +330,19 @@ async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_
         tenant="acme", operation_id=result.operation_id, state="failed",
         evidence="second thoughts", resolved_by="ops@acme"), Reconciled)
     assert not again.ok  # unknown is left once; a reconciled command stays reconciled
+    assert result.operation_id not in _writ(host.stack, "reconcile", "list").stdout
     assert len(charges(payments, result.operation_id)) == 1
+    # The host hears the reconciled outcome too.
+    with anyio.fail_after(20):
+        while not any(r.status == "succeeded" for r in await host.results(command.request_id)
+                      if isinstance(r, CommandResult)):
+            await anyio.sleep(0.1)
+
+
+def _writ(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "writ.cli", args[0], "--nats-url",
+                           stack.nats_url, *args[1:]], capture_output=True, text=True,
+                          timeout=30, check=False)
 
 
 async def _request(host: Host, subject: str, message: msgspec.Struct, answer: type) -> Any:
@@ -516,5 +529,43 @@ async def test_postgres_restarted_mid_flow_loses_nothing(
         assert len(notes(crm, result.operation_id)) == 1
 
 
-def _unused(_: CommandResult) -> None:  # keeps the import honest for type readers
-    pass
+
+# -- the bus losing a message, and several relays ---------------------------------------------
+
+async def test_a_command_whose_message_was_lost_is_re_driven_from_postgres(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("dispatcher.before_claim")
+    command = host.command()
+    await host.submit(command)
+    await faults.crashed("dispatcher")
+    # JetStream loses the admitted command (Jepsen found it can): purge it from the stream.
+    await host.js.purge_stream("WRIT_CMD", subject=subjects.command("acme"))
+    row = await command_row(db, command.operation_key)
+    assert row["state"] == "pending"
+
+    await faults.restart("dispatcher")
+    result = await host.wait_command(command.request_id, timeout=30)  # the sweeper's doing
+
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+    assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
+
+
+async def test_several_relays_publish_each_outbox_row_once(
+        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    fstack.start_instance("admission", "admission-2")
+    try:
+        await fstack.wait_ready(("admission",))
+        commands = [host.command() for _ in range(30)]
+        async with anyio.create_task_group() as tg:
+            for command in commands:
+                tg.start_soon(host.submit, command)
+        results = [await host.wait_command(c.request_id) for c in commands]
+    finally:
+        fstack.stop_process("admission-2")
+
+    assert {r.status for r in results} == {"succeeded"}
+    for result in results:
+        assert len(notes(crm, result.operation_id)) == 1
+        assert await _dispatch_messages(host, result.operation_id, expect=1) == 1
+    assert await db.fetchval("SELECT count(*) FROM admission.outbox") == 0
