@@ -569,3 +569,26 @@ async def test_several_relays_publish_each_outbox_row_once(
         assert len(notes(crm, result.operation_id)) == 1
         assert await _dispatch_messages(host, result.operation_id, expect=1) == 1
     assert await db.fetchval("SELECT count(*) FROM admission.outbox") == 0
+
+
+async def test_sigterm_drains_in_flight_work_and_exits_cleanly(
+        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
+        faults: Faults) -> None:
+    crm.post("/_control/mode", json={"mode": "slow", "delay_s": 1.0, "count": 1})
+    command = host.command()
+    await host.submit(command)
+    with anyio.fail_after(10):
+        while crm.get("/_control/calls").json()["calls"] == 0:
+            await anyio.sleep(0.02)
+    # SIGTERM mid-call: the dispatcher stops fetching, finishes the call it holds, acks it.
+    code = fstack.stop_process("dispatcher")
+    assert code == 0, fstack.log_tail("dispatcher")
+    row = await command_row(db, command.operation_key)  # finished before the process left
+    assert row["state"] == "succeeded"
+    assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
+    await faults.restart("dispatcher")
+    result = await host.wait_command(command.request_id)
+    assert result.status == "succeeded"
+    assert len(notes(crm, result.operation_id)) == 1
+    info = await host.js.consumer_info("WRIT_CMD", "dispatcher")
+    assert info.num_ack_pending == 0

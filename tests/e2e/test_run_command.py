@@ -1,0 +1,54 @@
+"""`writ run` (what `make run` runs), as a new user would: embedded servers by default, the
+servers named by WRIT_NATS_URL / WRIT_DATABASE_URL when they are set."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from libs.embedded import EmbeddedNats
+
+pytestmark = pytest.mark.e2e
+
+STEPS = ("verified", "evidence", "decision", "admitted", "relayed", "dispatched", "result")
+
+
+def _run(home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WRIT_")}
+    return subprocess.run([sys.executable, "-m", "writ.cli", "run", "--once", "--home",
+                           str(home)], env={**base, **env}, capture_output=True, text=True,
+                          timeout=180, check=False)
+
+
+def _timeline(output: str) -> list[str]:
+    return [line.split()[1] for line in output.splitlines() if line.startswith("  ")
+            and len(line.split()) > 1 and line.split()[1] in STEPS]
+
+
+def test_writ_run_starts_its_own_servers_and_completes_the_demo(tmp_path: Path) -> None:
+    done = _run(tmp_path, {})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _timeline(done.stdout) == list(STEPS)
+    assert "succeeded" in done.stdout.splitlines()[-1]
+    assert (tmp_path / "nats" / "jetstream").is_dir()
+    assert (tmp_path / "postgres" / "pgdata" / "PG_VERSION").exists()
+
+    again = _run(tmp_path, {})  # a second `make run` reuses the same data
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _timeline(again.stdout) == list(STEPS)
+
+
+def test_writ_run_uses_the_servers_the_environment_names(tmp_path: Path,
+                                                         admin_dsn: str) -> None:
+    with EmbeddedNats(tmp_path / "their-nats") as theirs:
+        done = _run(tmp_path / "home", {"WRIT_NATS_URL": theirs.url,
+                                         "WRIT_DATABASE_URL": admin_dsn})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _timeline(done.stdout) == list(STEPS)
+    assert not (tmp_path / "home" / "nats").exists()
+    assert not (tmp_path / "home" / "postgres").exists()
+    assert (tmp_path / "their-nats" / "jetstream").is_dir()
