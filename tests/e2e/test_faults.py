@@ -592,3 +592,26 @@ async def test_sigterm_drains_in_flight_work_and_exits_cleanly(
     assert len(notes(crm, result.operation_id)) == 1
     info = await host.js.consumer_info("WRIT_CMD", "dispatcher")
     assert info.num_ack_pending == 0
+
+
+async def test_a_retried_run_command_replays_the_persisted_command_never_the_planner(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    faults.arm("dispatcher.after_remote_write")
+    request = host.request()
+    await host.publish(request, msg_id=request.request_id)
+    await faults.crashed("dispatcher")
+    await faults.restart("dispatcher")
+
+    result = await host.wait_result(request.request_id)
+
+    assert result.status == "succeeded"
+    steps = await db.fetch("SELECT seq, kind FROM planner.steps WHERE run_id = $1 ORDER BY seq",
+                           result.run_id)
+    # One model decision proposed the note, one answered: the retry asked the model nothing.
+    assert [(s["seq"], s["kind"]) for s in steps] == [
+        (0, "decision"), (1, "observation"), (2, "decision")]
+    commands = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                              result.run_id)
+    assert len(commands) == 1
+    assert len(notes(crm, str(commands[0]["operation_id"]))) == 1
+    assert await attempts(db, commands[0]["operation_id"]) == [(1, None), (2, "succeeded")]
