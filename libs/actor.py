@@ -102,6 +102,9 @@ async def run_actor(
         async with anyio.create_task_group() as tg:
             while not stopping.is_set():
                 await slots.acquire()
+                if stopping.is_set():  # set while every slot was busy: fetch nothing more
+                    slots.release()
+                    break
                 free = slots.value + 1
                 try:
                     msgs = await sub.fetch(free, timeout=1.0)
