@@ -54,6 +54,10 @@ class ActionContract(msgspec.Struct, frozen=True, kw_only=True):
     connector: str
     arguments: type
     description: str
+    # What decide needs beyond the family: whether the action only touches the conversation or
+    # the agent's own memory (line 3), and whether it proposes a profile fact (line 5: ask).
+    scope: Literal["external", "conversation", "own_memory"] = "external"
+    profile_fact: bool = False
 
 
 ACTIONS: Final[dict[str, ActionContract]] = {

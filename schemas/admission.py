@@ -31,9 +31,11 @@ class ProposalRefused(Event):
     run_id: Id
     step: int
     action: ShortText
-    verdict: Literal["deny", "ask", "invalid", "conflict"]
+    # deny: by policy; rejected: by a person (or nobody answering); ask: waiting for a person.
+    verdict: Literal["deny", "ask", "invalid", "conflict", "rejected"]
     reason: ShortText
     decision_id: Id | None = None
+    pending_id: Id | None = None
 
 
 class DispatchCommand(Command):

@@ -10,13 +10,16 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from schemas.actions import Family
 from schemas.base import AgentName, Command, Event, Id, ShortText, Text, Token
 
 __all__ = [
     "ActionResult",
     "CommandResult",
     "CommandStatus",
+    "DecisionResult",
     "ErrorInfo",
+    "HumanDecision",
     "RunRequest",
     "RunResult",
     "RunStatus",
@@ -43,6 +46,11 @@ class RunRequest(Command):
     token: Token
     agent: AgentName
     input: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+    # Someone is watching: an ask waits for them (5 minutes, then deny). Unattended runs stop
+    # at the first ask and list a pending decision instead.
+    attended: bool = False
+    # Families the principal grants this agent for this run only (decide's line 5).
+    grants: Annotated[list[Family], msgspec.Meta(max_length=5)] = []
 
 
 class SubmitCommand(Command):
@@ -60,6 +68,20 @@ class SubmitCommand(Command):
     action: Annotated[str, msgspec.Meta(max_length=128)]
     arguments: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
     expected_revision: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+
+
+class HumanDecision(Command):
+    """An approver answers a pending decision, on `writ.in.decisions.<tenant>`.
+
+    The token must carry the `approver` role for the same tenant. `always` is offered only where
+    the pending decision lists it among its options.
+    """
+
+    request_id: Id
+    token: Token
+    pending_id: Id
+    answer: Literal["once", "always", "deny"]
+    reason: ShortText = ""
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,6 +110,7 @@ class RunResult(Event):
     error: ErrorInfo | None = None
     answer: Text | None = None
     actions: Annotated[list[ActionResult], msgspec.Meta(max_length=64)] = []
+    pending_id: Id | None = None  # set when the run waits for a person's decision
     api_version: str = "1"
 
 
@@ -100,4 +123,15 @@ class CommandResult(Event):
     operation_id: Id | None = None
     receipt: ShortText | None = None
     error: ErrorInfo | None = None
+    pending_id: Id | None = None  # set with `awaiting_human`: the decision a person must take
+    api_version: str = "1"
+
+
+class DecisionResult(Event):
+    """Whether an approver's `HumanDecision` was taken, on `writ.out.results.<tenant>`."""
+
+    request_id: ShortText
+    pending_id: ShortText
+    accepted: bool
+    message: ShortText
     api_version: str = "1"

@@ -16,3 +16,4 @@ class RunStarted(Event):
     principal: Principal
     agent: AgentName
     input: Text
+    attended: bool = False

@@ -32,3 +32,4 @@ class EvidenceGathered(Event):
     agent: AgentName
     input: Text
     evidence: Annotated[list[Evidence], msgspec.Meta(max_length=16)]
+    attended: bool = False

@@ -15,6 +15,9 @@ __all__ = [
     "ADMISSION_IN",
     "DECIDE",
     "DISPATCH_IN",
+    "GOVERNANCE_IN",
+    "PENDING_LIST",
+    "REGISTER_RUN",
     "HOST_API_VERSION",
     "INGRESS_IN",
     "PLANNER_IN",
@@ -24,10 +27,13 @@ __all__ = [
     "UNKNOWN_LIST",
     "StreamSpec",
     "admitted",
+    "answer",
+    "answered",
     "command",
     "command_request",
     "dead_letter",
     "evidence",
+    "human_decision",
     "outcome",
     "proposal",
     "request",
@@ -46,6 +52,21 @@ def request(tenant: str) -> str:
 def result(tenant: str) -> str:
     """Where a host reads `RunResult`s (a stream: an offline host catches up)."""
     return f"writ.out.results.{tenant}"
+
+
+def human_decision(tenant: str) -> str:
+    """Where an approver publishes a `HumanDecision`."""
+    return f"writ.in.decisions.{tenant}"
+
+
+def answer(tenant: str) -> str:
+    """Verified answers, from ingress to governance."""
+    return f"writ.int.answers.{tenant}"
+
+
+def answered(tenant: str) -> str:
+    """Decided pending decisions, from governance to admission."""
+    return f"writ.int.answered.{tenant}"
 
 
 def command_request(tenant: str) -> str:
@@ -84,14 +105,17 @@ def dead_letter(consumer: str) -> str:
 
 
 DECIDE: Final = "writ.int.governance.decide"
+REGISTER_RUN: Final = "writ.int.governance.register_run"
+PENDING_LIST: Final = "writ.int.governance.pending"
 UNKNOWN_LIST: Final = "writ.int.dispatcher.unknown"
 RECONCILE: Final = "writ.int.dispatcher.reconcile"
 
 # Inbox filters of each durable consumer.
-INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*")
+INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*")
+GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.*", "writ.int.admitted.*")
-ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.*")
+ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.*", "writ.int.answered.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)
 
 
@@ -109,7 +133,8 @@ STREAMS: Final = (
     StreamSpec("WRIT_IN", ("writ.in.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_OUT", ("writ.out.>",), 7 * _DAY),
     StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
-                            "writ.int.admitted.>", "writ.int.outcomes.>"), 7 * _DAY),
+                            "writ.int.admitted.>", "writ.int.outcomes.>", "writ.int.answers.>",
+                            "writ.int.answered.>"), 7 * _DAY),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
 )

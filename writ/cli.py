@@ -6,6 +6,9 @@
     writ token ...            mint a host token with a tenant's demo key
     writ reconcile list       commands whose outcome nobody knows (`unknown`)
     writ reconcile resolve    record what an operator established, with its evidence
+    writ pending              decisions waiting for a person
+    writ decide <id> <answer> answer one: once | always | deny
+    writ policy sign          sign an organisation policy file
 """
 
 from __future__ import annotations
@@ -77,6 +80,50 @@ def _reconcile(args: argparse.Namespace) -> int:
                      args.evidence, args.by)
 
 
+def _pending(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import list_pending
+
+    return anyio.run(list_pending, _nats_url(args), args.tenant)
+
+
+def _decide(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import answer_pending
+
+    token = args.token
+    if not token:  # local use: sign as the tenant's host would, with the approver role
+        from writ.stack import Stack
+
+        token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
+    return anyio.run(answer_pending, _nats_url(args), args.tenant, args.pending_id,
+                     args.answer, args.reason, token)
+
+
+def _policy_sign(args: argparse.Namespace) -> int:
+    import msgspec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from services.governance.policy import PolicyDocument, sign_policy
+
+    document = msgspec.json.decode(Path(args.input).read_bytes(), type=PolicyDocument)
+    key = load_pem_private_key(Path(args.key).read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SystemExit("the signing key must be an Ed25519 private key (PEM)")
+    Path(args.output).write_bytes(sign_policy(document, key, args.key_id))
+    print(f"signed {document.tenant} policy {document.version} -> {args.output}")
+    return 0
+
+
+def _operator_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--nats-url", default="")
+    p.add_argument("--tenant", default="acme")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the `writ` command."""
     parser = argparse.ArgumentParser(prog="writ", description="A governed runtime for AI agents")
@@ -115,6 +162,28 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--evidence", required=True, help="what was checked, and where")
     r.add_argument("--by", required=True, help="who established it")
     p.set_defaults(func=_reconcile)
+
+    p = sub.add_parser("pending", help="decisions waiting for a person")
+    _operator_args(p)
+    p.set_defaults(func=_pending)
+
+    p = sub.add_parser("decide", help="answer a pending decision as an approver")
+    _operator_args(p)
+    p.add_argument("pending_id")
+    p.add_argument("answer", choices=["once", "always", "deny"])
+    p.add_argument("--reason", default="")
+    p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
+    p.add_argument("--principal", default="ops@acme.example")
+    p.set_defaults(func=_decide)
+
+    p = sub.add_parser("policy", help="organisation policy files")
+    pol = p.add_subparsers(dest="action", required=True)
+    s = pol.add_parser("sign", help="sign a policy document with the organisation's key")
+    s.add_argument("input", help="the policy document (JSON)")
+    s.add_argument("--key", required=True, help="Ed25519 private key (PEM)")
+    s.add_argument("--key-id", required=True)
+    s.add_argument("--output", required=True)
+    s.set_defaults(func=_policy_sign)
 
     args = parser.parse_args(argv)
     sys.exit(args.func(args))

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
+
+import anyio
 import msgspec
 import nats
 
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
+from schemas.governance import ListPending, PendingDecisions
+from schemas.host import HumanDecision
 
-__all__ = ["list_unknown", "resolve"]
+__all__ = ["answer_pending", "list_pending", "list_unknown", "resolve"]
 
 
 async def list_unknown(nats_url: str, tenant: str) -> int:
@@ -42,3 +47,46 @@ async def resolve(nats_url: str, tenant: str, operation_id: str, state: str,
     answer = msgspec.json.decode(reply.data, type=Reconciled)
     print(answer.message)
     return 0 if answer.ok else 1
+
+
+async def list_pending(nats_url: str, tenant: str) -> int:
+    """Print the tenant's decisions waiting for a person; exit status 0."""
+    nc = await nats.connect(nats_url)
+    try:
+        reply = await nc.request(subjects.PENDING_LIST,
+                                 msgspec.json.encode(ListPending(tenant=tenant)), timeout=5)
+    finally:
+        await nc.close()
+    answer = msgspec.json.decode(reply.data, type=PendingDecisions)
+    if not answer.decisions:
+        print(f"no pending decisions for {tenant}")
+    for d in answer.decisions:
+        waits = f"deny at {d.deadline}" if d.deadline else "waits until answered"
+        print(f"{d.pending_id}  {d.tool} ({d.family}) for agent {d.agent}, run {d.run_id}\n"
+              f"    asked by  {d.principal}; {d.reason}\n"
+              f"    argument  {d.first_argument or '-'}\n"
+              f"    answers   {' | '.join(d.options)}; {waits}")
+    return 0
+
+
+async def answer_pending(nats_url: str, tenant: str, pending_id: str, answer: str,
+                         reason: str, token: str, timeout: float = 10.0) -> int:
+    """Publish a `HumanDecision` as an approver and wait for governance's verdict on it."""
+    request_id = f"decide-{uuid.uuid4().hex[:12]}"
+    decision = HumanDecision(request_id=request_id, token=token, pending_id=pending_id,
+                             answer=answer, reason=reason)
+    nc = await nats.connect(nats_url)
+    try:
+        results = await nc.subscribe(subjects.result(tenant))
+        await nc.jetstream().publish(subjects.human_decision(tenant),
+                                     msgspec.json.encode(decision),
+                                     headers={"Nats-Msg-Id": request_id})
+        with anyio.fail_after(timeout):
+            async for msg in results.messages:
+                result = msgspec.json.decode(msg.data)
+                if result.get("type") == "DecisionResult" and result["request_id"] == request_id:
+                    print(result["message"])
+                    return 0 if result["accepted"] else 1
+    finally:
+        await nc.close()
+    return 1

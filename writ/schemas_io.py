@@ -16,8 +16,24 @@ from schemas.dispatcher import (
     Reconciled,
     UnknownCommands,
 )
-from schemas.governance import DecideRequest, Decision
-from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
+from schemas.governance import (
+    AnswerDecision,
+    DecideRequest,
+    Decision,
+    DecisionAnswered,
+    ListPending,
+    PendingDecisions,
+    RegisterRun,
+    RunRegistered,
+)
+from schemas.host import (
+    CommandResult,
+    DecisionResult,
+    HumanDecision,
+    RunRequest,
+    RunResult,
+    SubmitCommand,
+)
 from schemas.ingress import RunStarted
 from schemas.planner import ProposeCommand
 from schemas.retrieval import EvidenceGathered
@@ -27,7 +43,9 @@ __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
 MESSAGES: Final = (
     RunRequest, RunResult, SubmitCommand, CommandResult, RunStarted, EvidenceGathered,
     ProposeCommand, DecideRequest, Decision, CommandAdmitted, ProposalRefused, DispatchCommand,
-    CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled,
+    CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled, HumanDecision,
+    DecisionResult, RegisterRun, RunRegistered, AnswerDecision, DecisionAnswered, ListPending,
+    PendingDecisions,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

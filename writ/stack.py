@@ -34,6 +34,7 @@ SERVICES: Final = ("retrieval", "planner", "governance", "admission", "dispatche
 _WITH_DATABASE: Final = ("retrieval", "planner", "governance", "admission", "dispatcher")
 _DEMO: Final = Path(__file__).parent / "demo"
 AUDIENCE: Final = "writ"
+POLICY_KEY_ID: Final = "org-1"
 
 
 def mint_token(private_key_pem: bytes, *, issuer: str, tenant: str, principal: str,
@@ -75,6 +76,7 @@ class Stack:
         self.secrets = self.home / "secrets"
         self.config = self.home / "config"
         self.logs = self.home / "logs"
+        self.policies = self.home / "policies"
 
     # -- infrastructure ---------------------------------------------------------------------
 
@@ -137,6 +139,18 @@ class Stack:
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
             keys[tenant] = {"issuer": self.issuer(tenant), "public_key": public.decode()}
         (self.config / "tenant-keys.json").write_text(json.dumps(keys, indent=2))
+        # The organisation's policy signing key: governance holds the public half only.
+        signing = self.secrets / "policy-signing.pem"
+        if not signing.exists():
+            _write_secret(signing, Ed25519PrivateKey.generate().private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption()).decode())
+        public = serialization.load_pem_private_key(
+            signing.read_bytes(), password=None).public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        (self.config / "policy-keys.json").write_text(
+            json.dumps({POLICY_KEY_ID: public.decode()}, indent=2))
+        self.policies.mkdir(exist_ok=True)
         await self._seed_demo()
 
     def issuer(self, tenant: str) -> str:
@@ -151,6 +165,19 @@ class Stack:
         """A token as the tenant's host would mint it."""
         return mint_token(self.host_key(tenant), issuer=self.issuer(tenant), tenant=tenant,
                           principal=principal, **kwargs)
+
+    def write_policy(self, tenant: str, document: object, *, sign: bool = True) -> None:
+        """Install an org policy file for `tenant`, signed with the organisation's key."""
+        from services.governance.policy import PolicyDocument, sign_policy
+
+        assert isinstance(document, PolicyDocument)
+        key = serialization.load_pem_private_key(
+            (self.secrets / "policy-signing.pem").read_bytes(), password=None)
+        assert isinstance(key, Ed25519PrivateKey)
+        data = sign_policy(document, key, POLICY_KEY_ID) if sign else b"{}"
+        tmp = self.policies / f".{tenant}.json.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(self.policies / f"{tenant}.json")
 
     async def _seed_demo(self) -> None:
         documents = json.loads((_DEMO / "documents.json").read_text())
@@ -196,6 +223,9 @@ class Stack:
             env["WRIT_DATABASE_PASSWORD_FILE"] = str(self.secrets / f"pg-{name}.password")
         if name == "ingress":
             env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
+        if name == "governance":
+            env["WRIT_POLICY_DIR"] = str(self.policies)
+            env["WRIT_POLICY_KEYS_FILE"] = str(self.config / "policy-keys.json")
         if name == "planner":
             env["WRIT_DECISIONS_FILE"] = str(self.decisions_file)
         if name == "dispatcher":

@@ -22,7 +22,7 @@ from libs.runtime import Runtime
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
-from schemas.governance import DecideRequest, Decision
+from schemas.governance import DecideRequest, Decision, DecisionAnswered
 from schemas.host import CommandResult, ErrorInfo
 from schemas.planner import ProposeCommand
 from services.admission.logic import (
@@ -36,6 +36,7 @@ from services.admission.store import AdmissionStore, StoredCommand
 
 __all__ = ["AdmissionService"]
 
+Inbound = ProposeCommand | CommandOutcome | DecisionAnswered
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="admission", filter_subjects=subjects.ADMISSION_IN)
 log = logging.getLogger("writ.admission")
 
@@ -47,7 +48,7 @@ class AdmissionService:
                  command_ttl: timedelta, decide_timeout_s: float = 2.0) -> None:
         self._rt, self._store, self._relay = rt, store, relay
         self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
-        self._decoder = msgspec.json.Decoder(ProposeCommand | CommandOutcome)
+        self._decoder = msgspec.json.Decoder(Inbound)
         self._decision_decoder = msgspec.json.Decoder(Decision)
         self._encoder = msgspec.json.Encoder()
 
@@ -61,12 +62,16 @@ class AdmissionService:
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
                             task_status=task_status)
 
-    async def handle(self, delivery: Delivery[ProposeCommand | CommandOutcome]) -> None:
-        """Judge a proposal, or tell a host what became of its command."""
-        if isinstance(delivery.message, CommandOutcome):
-            await self._answer_outcome(delivery.message)
-            return
-        await self._judge(delivery.message)
+    async def handle(self, delivery: Delivery[Inbound]) -> None:
+        """Judge a proposal, act on a person's answer, or tell a host what became of its
+        command."""
+        message = delivery.message
+        if isinstance(message, CommandOutcome):
+            await self._answer_outcome(message)
+        elif isinstance(message, DecisionAnswered):
+            await self._on_answered(message)
+        else:
+            await self._judge(message)
 
     async def _judge(self, p: ProposeCommand) -> None:
         """Validate, decide, admit (or refuse) one proposal; safe to run twice."""
@@ -83,17 +88,31 @@ class AdmissionService:
             if existing is not None:
                 await self._known(p, operation_id, valid.request_hash, existing, replay=True)
                 return
-            decision = await self._decide(p, valid.arguments)
+            recorded = await self._store.proposal(p.tenant, proposal_id)
+            if recorded is not None and recorded[0] in ("pending", "rejected"):
+                # Proposed again (a redelivery): the same answer, never a second ask.
+                state, decision_id, reason = recorded
+                verdict = ("ask" if state == "pending" else
+                           "rejected" if reason.startswith("rejected by") else "deny")
+                await self._refuse(p, verdict, reason, decision_id,
+                                   pending_id=decision_id if state == "pending" else None)
+                return
+            decision = await self._decide(p, valid.arguments, proposal_id)
             span.set_attribute("writ.decision.verdict", decision.verdict)
             if decision.verdict != "allow":
+                # An ask leaves a durable pending proposal, frozen as it will be shown; the
+                # run's handler returns and nothing is held while a person thinks.
                 await self._store.record_proposal(
                     tenant=p.tenant, proposal_id=proposal_id, run_id=p.run_id, step=p.step,
                     principal=p.principal, agent=p.agent, action=valid.contract.name,
                     version=valid.contract.version, arguments=valid.arguments,
                     request_hash=valid.request_hash,
                     state="pending" if decision.verdict == "ask" else "rejected",
-                    decision_id=decision.decision_id, reason=decision.reason)
-                await self._refuse(p, decision.verdict, decision.reason, decision.decision_id)
+                    decision_id=decision.decision_id, reason=decision.reason,
+                    expected_revision=p.expected_revision, operation_key=p.operation_key,
+                    request_id=p.request_id)
+                await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
+                                   pending_id=decision.pending_id)
                 return
             admitted = await self._store.admit(
                 tenant=p.tenant, operation_id=operation_id, proposal_id=proposal_id,
@@ -137,22 +156,71 @@ class AdmissionService:
 
     async def _answer_host(self, tenant: str, request_id: str, operation_key: str,
                            operation_id: str | None, status: str, receipt: str | None,
-                           reason: str | None, code: str | None = None) -> None:
+                           reason: str | None, code: str | None = None,
+                           pending_id: str | None = None) -> None:
         error = None
         if status not in ("succeeded", "pending", "dispatching"):
             error = ErrorInfo(code=code or status.upper(), message=(reason or status)[:512])
         await publish(
             self._rt.js, subjects.result(tenant),
             CommandResult(request_id=request_id, operation_key=operation_key, status=status,
-                          operation_id=operation_id, receipt=receipt, error=error),
+                          operation_id=operation_id, receipt=receipt, error=error,
+                          pending_id=pending_id),
             msg_id=f"command-result:{tenant}:{request_id}:{operation_id}:{status}",
         )
 
-    async def _decide(self, p: ProposeCommand, arguments: dict[str, object]) -> Decision:
+    async def _on_answered(self, answered: DecisionAnswered) -> None:
+        """A person answered the ask about a pending proposal: admit it, or reject it."""
+        if answered.proposal_id is None:
+            return
+        pending = await self._store.pending_proposal(answered.tenant, answered.proposal_id,
+                                                     answered.pending_id)
+        if pending is None:
+            return  # already acted on (a redelivery), or not a proposal of ours
+        p = ProposeCommand(run_id=pending.run_id, step=pending.step, tenant=pending.tenant,
+                           principal=pending.principal, agent=pending.agent,
+                           action=pending.action, arguments=pending.arguments,
+                           expected_revision=pending.expected_revision,
+                           operation_key=pending.operation_key, request_id=pending.request_id)
+        if answered.answer == "deny":
+            reason = f"rejected by {answered.answered_by}" + (
+                f": {answered.reason}" if answered.reason else "")
+            if await self._store.reject_proposal(p.tenant, pending.proposal_id, reason):
+                await self._refuse(p, "rejected", reason[:500], answered.decision_id)
+            return
+        try:
+            valid = validate(p)  # the frozen arguments must still decode under the contract
+        except Invalid as exc:
+            await self._store.reject_proposal(p.tenant, pending.proposal_id, str(exc)[:500])
+            await self._refuse(p, "invalid", str(exc)[:500])
+            return
+        if valid.request_hash != pending.request_hash:
+            reason = "the contract changed since the proposal was shown: propose again"
+            await self._store.reject_proposal(p.tenant, pending.proposal_id, reason)
+            await self._refuse(p, "invalid", reason)
+            return
+        decision = Decision(decision_id=answered.decision_id, verdict="allow",
+                            line=answered.line, family=valid.contract.family,
+                            reason=f"approved {answered.answer} by {answered.answered_by}"[:512],
+                            policy_version=answered.policy_version)
+        operation_id = operation_id_for(p.tenant, p.run_id, p.step, p.operation_key)
+        admitted = await self._store.admit(
+            tenant=p.tenant, operation_id=operation_id, proposal_id=pending.proposal_id,
+            run_id=p.run_id, step=p.step, principal=p.principal, agent=p.agent,
+            action=valid.contract.name, version=valid.contract.version,
+            arguments=valid.arguments, request_hash=valid.request_hash, decision=decision,
+            ttl=self._ttl, expected_revision=p.expected_revision,
+            operation_key=p.operation_key, request_id=p.request_id)
+        await self._known(p, operation_id, valid.request_hash, admitted.command,
+                          replay=not admitted.created)
+
+    async def _decide(self, p: ProposeCommand, arguments: dict[str, object],
+                      proposal_id: str) -> Decision:
         first = next(iter(arguments.values()), "")
         ask = DecideRequest(tenant=p.tenant, principal=p.principal, agent=p.agent,
                             run_id=p.run_id, tool=p.action,
-                            first_argument=first[:512] if isinstance(first, str) else "")
+                            first_argument=first[:512] if isinstance(first, str) else "",
+                            proposal_id=proposal_id)
         try:
             reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
                                               timeout=self._decide_timeout)
@@ -164,19 +232,19 @@ class AdmissionService:
         return self._decision_decoder.decode(reply.data)
 
     async def _refuse(self, p: ProposeCommand, verdict: str, reason: str,
-                      decision_id: str | None = None) -> None:
+                      decision_id: str | None = None, *, pending_id: str | None = None) -> None:
         if p.operation_key is not None:
             status = {"deny": "denied", "ask": "awaiting_human", "invalid": "rejected",
-                      "conflict": "conflict"}[verdict]
+                      "conflict": "conflict", "rejected": "rejected"}[verdict]
             code = {"deny": "DENIED", "ask": "AWAITING_HUMAN", "invalid": "INVALID_COMMAND",
-                    "conflict": "CONFLICT"}[verdict]
+                    "conflict": "CONFLICT", "rejected": "REJECTED"}[verdict]
             await self._answer_host(p.tenant, p.request_id or "", p.operation_key, None, status,
-                                    None, reason, code)
+                                    None, reason, code, pending_id)
             return
         await publish(
             self._rt.js, subjects.admitted(p.tenant),
             ProposalRefused(tenant=p.tenant, run_id=p.run_id, step=p.step,
                             action=p.action[:512], verdict=verdict, reason=reason,
-                            decision_id=decision_id),
-            msg_id=f"refused:{p.tenant}:{p.run_id}:{p.step}",
+                            decision_id=decision_id, pending_id=pending_id),
+            msg_id=f"refused:{p.tenant}:{p.run_id}:{p.step}:{verdict}",
         )

@@ -12,7 +12,7 @@ import msgspec
 
 from schemas.governance import Decision
 
-__all__ = ["AdmissionStore", "Admitted", "OutboxRow", "StoredCommand"]
+__all__ = ["AdmissionStore", "Admitted", "OutboxRow", "PendingProposal", "StoredCommand"]
 
 OUTBOX_CHANNEL = "writ_outbox"
 
@@ -39,6 +39,24 @@ class Admitted(msgspec.Struct, frozen=True, kw_only=True):
     command: StoredCommand
 
 
+class PendingProposal(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal waiting for a person, frozen as it was shown."""
+
+    tenant: str
+    proposal_id: str
+    run_id: str
+    step: int
+    principal: str
+    agent: str
+    action: str
+    action_version: int
+    arguments: dict[str, Any]
+    request_hash: bytes
+    expected_revision: str | None
+    operation_key: str | None
+    request_id: str | None
+
+
 class OutboxRow(msgspec.Struct, frozen=True, kw_only=True):
     """One dispatch obligation waiting to be published."""
 
@@ -52,9 +70,22 @@ _COMMAND_COLUMNS = ("request_hash, state, receipt, reason, decision_id::text AS 
 
 _INSERT_PROPOSAL = """
 INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, action,
-    action_version, arguments, request_hash, state, decision_id, reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13)
+    action_version, arguments, request_hash, state, decision_id, reason, expected_revision,
+    operation_key, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16)
 ON CONFLICT (tenant, proposal_id) DO NOTHING
+"""
+
+# The single pending -> executing claim (seed 003): a new proposal is inserted executing, a
+# pending one moves to executing; anything else (rejected, already executing) is left alone.
+_CLAIM_PROPOSAL = """
+INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, action,
+    action_version, arguments, request_hash, state, decision_id, reason, expected_revision,
+    operation_key, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, 'executing', $11, NULL, $12, $13, $14)
+ON CONFLICT (tenant, proposal_id) DO UPDATE
+    SET state = 'executing', decision_id = EXCLUDED.decision_id, updated_at = now()
+    WHERE admission.proposals.state = 'pending'
 """
 
 # Seed 001 §4: only the first admission returns a row, so only it creates the dispatch obligation.
@@ -90,11 +121,44 @@ class AdmissionStore:
     async def record_proposal(self, *, tenant: str, proposal_id: str, run_id: str, step: int,
                               principal: str, agent: str, action: str, version: int,
                               arguments: dict[str, Any], request_hash: bytes, state: str,
-                              decision_id: str | None, reason: str | None) -> None:
+                              decision_id: str | None, reason: str | None,
+                              expected_revision: str | None = None,
+                              operation_key: str | None = None,
+                              request_id: str | None = None) -> None:
         """Record a proposal that did not become a command (refused, or waiting for a person)."""
         await self._pool.execute(
             _INSERT_PROPOSAL, tenant, proposal_id, run_id, step, principal, agent, action,
-            version, json.dumps(arguments), request_hash, state, decision_id, reason)
+            version, json.dumps(arguments), request_hash, state, decision_id, reason,
+            expected_revision, operation_key, request_id)
+
+    async def proposal(self, tenant: str, proposal_id: str) -> tuple[str, str | None, str] | None:
+        """(state, decision id, reason) of a proposal already recorded, if any."""
+        row = await self._pool.fetchrow(
+            "SELECT state, decision_id::text AS decision_id, coalesce(reason, '') AS reason "
+            "FROM admission.proposals WHERE tenant = $1 AND proposal_id = $2",
+            tenant, proposal_id)
+        return None if row is None else (row["state"], row["decision_id"], row["reason"])
+
+    async def pending_proposal(self, tenant: str, proposal_id: str,
+                               decision_id: str) -> PendingProposal | None:
+        """The proposal an answered decision was about, if it still waits for that answer."""
+        row = await self._pool.fetchrow(
+            "SELECT proposal_id::text AS proposal_id, run_id, step, principal, agent, action, "
+            "action_version, arguments, request_hash, expected_revision, operation_key, "
+            "request_id FROM admission.proposals WHERE tenant = $1 AND proposal_id = $2 "
+            "AND decision_id = $3 AND state = 'pending'", tenant, proposal_id, decision_id)
+        if row is None:
+            return None
+        return PendingProposal(tenant=tenant, **{**dict(row),
+                                                 "arguments": json.loads(row["arguments"])})
+
+    async def reject_proposal(self, tenant: str, proposal_id: str, reason: str) -> bool:
+        """pending -> rejected; False if it was not pending any more."""
+        moved = await self._pool.fetchval(
+            "UPDATE admission.proposals SET state = 'rejected', reason = $3, updated_at = now() "
+            "WHERE tenant = $1 AND proposal_id = $2 AND state = 'pending' RETURNING true",
+            tenant, proposal_id, reason)
+        return bool(moved)
 
     async def admit(self, *, tenant: str, operation_id: str, proposal_id: str, run_id: str,
                     step: int, principal: str, agent: str, action: str, version: int,
@@ -108,8 +172,9 @@ class AdmissionStore:
         expires_at = datetime.now(UTC) + ttl
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                _INSERT_PROPOSAL, tenant, proposal_id, run_id, step, principal, agent, action,
-                version, args_json, request_hash, "executing", decision.decision_id, None)
+                _CLAIM_PROPOSAL, tenant, proposal_id, run_id, step, principal, agent, action,
+                version, args_json, request_hash, decision.decision_id, expected_revision,
+                operation_key, request_id)
             outbox_id = await conn.fetchval(
                 _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
                 action, version, args_json, request_hash, decision.decision_id, decision.line,

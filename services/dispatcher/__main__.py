@@ -62,7 +62,8 @@ def main() -> None:
                     rt=rt, store=DispatcherStore(pool), connectors=connectors,
                     lease_s=settings.lease_s, call_timeout_s=settings.call_timeout_s,
                     sweep_every_s=settings.sweep_every_s,
-                    pending_grace_s=settings.pending_grace_s, worker=settings.instance or None)
+                    pending_grace_s=settings.pending_grace_s,
+                    worker=settings.instance or None)
                 await svc.run(task_status=task_status)
         finally:
             for connector in connectors.values():

@@ -23,6 +23,7 @@ import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.micro.request import Request
+from prometheus_client import Counter, Gauge
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
@@ -40,6 +41,7 @@ from schemas.dispatcher import (
     UnknownCommands,
 )
 from schemas.governance import DecideRequest, Decision
+from services.dispatcher.breaker import STATE_VALUES, Breakers, BreakerState, outcome_of
 from services.dispatcher.connectors import Connector, Result
 from services.dispatcher.store import TERMINAL, Claim, DispatcherStore
 
@@ -62,6 +64,7 @@ class DispatcherService:
                  connectors: dict[str, Connector], lease_s: float = 30.0,
                  call_timeout_s: float = 10.0, sweep_every_s: float = 5.0,
                  pending_grace_s: float = 60.0, decide_timeout_s: float = 2.0,
+                 breaker_threshold: int = 3, breaker_cooldown_s: float = 30.0,
                  worker: str | None = None) -> None:
         self._rt, self._store, self._connectors = rt, store, connectors
         self._lease_s, self._call_timeout_s = lease_s, call_timeout_s
@@ -71,6 +74,21 @@ class DispatcherService:
         self._decoder = msgspec.json.Decoder(DispatchCommand)
         self._encoder = msgspec.json.Encoder()
         self._decision_decoder = msgspec.json.Decoder(Decision)
+        # Tool names come from the action catalog (unknown actions fail before any breaker is
+        # made), so the `tool` label is a bounded set.
+        self._breaker_state = Gauge("writ_dispatcher_breaker_state",
+                                    "Circuit breaker per tool: 0 closed, 1 half_open, 2 open",
+                                    ["tool"], registry=rt.registry)
+        self._breaker_refused = Counter("writ_dispatcher_breaker_refused",
+                                        "Calls delayed because the tool's breaker was open",
+                                        ["tool"], registry=rt.registry)
+        self._breakers = Breakers(threshold=breaker_threshold, cooldown_s=breaker_cooldown_s,
+                                  on_change=self._breaker_moved)
+        for action, contract in ACTIONS.items():
+            if contract.connector in connectors:
+                # Every tool is on the dashboard from the start (rate() needs the zero too).
+                self._breaker_state.labels(action).set(STATE_VALUES["closed"])
+                self._breaker_refused.labels(action)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -159,10 +177,23 @@ class DispatcherService:
                     await self._store.release(claim, None, result="transient",
                                               detail=found.detail)
                     raise RetryableError(f"{connector.name} lookup: {found.detail}")
+        breaker = self._breakers.for_tool(claim.action)
+        admission = breaker.admit()
+        if not admission.allowed:
+            # Refused before anything was attempted: the command is delayed, not failed, and
+            # no attempt is recorded. The lease goes back and the delivery returns when the
+            # cooldown is over (or the sweeper brings the command back).
+            self._breaker_refused.labels(claim.action).inc()
+            await self._store.release(claim, None, result="transient",
+                                      detail=f"circuit open for {claim.action}",
+                                      not_before_s=admission.retry_after_s)
+            raise RetryableError(f"circuit open for {claim.action}",
+                                 delay=max(admission.retry_after_s, 0.1))
         attempt = await self._store.start_attempt(claim, worker=self._worker,
                                                   connector=connector.name)
         result = await self._guarded(claim, delivery, connector.execute(
             claim.action, claim.arguments, key=key, expected_revision=claim.expected_revision))
+        breaker.record(admission, outcome_of(result.kind))
         self._rt.faults.crash_if("dispatcher.after_remote_write")
         await self._conclude(claim, attempt, connector, result)
 
@@ -220,11 +251,17 @@ class DispatcherService:
             raise single_error(group) from None
         return outcome[0]
 
+    def _breaker_moved(self, tool: str, state: BreakerState) -> None:
+        self._breaker_state.labels(tool).set(STATE_VALUES[state])
+        log.log(logging.INFO if state == "closed" else logging.WARNING,
+                "circuit breaker for %s is now %s", tool, state)
+
     async def _recheck(self, claim: Claim) -> Decision:
         first = next(iter(claim.arguments.values()), "")
         ask = DecideRequest(tenant=claim.tenant, principal=claim.principal, agent=claim.agent,
                             run_id=claim.run_id, tool=claim.action,
-                            first_argument=first[:512] if isinstance(first, str) else "")
+                            first_argument=first[:512] if isinstance(first, str) else "",
+                            approval_id=claim.decision_id)
         try:
             reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
                                               timeout=self._decide_timeout_s)

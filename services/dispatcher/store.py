@@ -35,6 +35,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     arguments: dict[str, Any]
     expires_at: datetime
     expected_revision: str | None
+    decision_id: str
 
 
 class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,7 +85,8 @@ SET state = 'dispatching', lease_epoch = lease_epoch + 1, lease_owner = $3,
 WHERE tenant = $1 AND operation_id = $2
   AND (state = 'pending' OR (state = 'dispatching' AND lease_until < now()))
 RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, run_id, step,
-          principal, agent, action, arguments, expires_at, expected_revision
+          principal, agent, action, arguments, expires_at, expected_revision,
+          decision_id::text AS decision_id
 """
 
 
@@ -138,14 +140,20 @@ class DispatcherStore:
                 "WHERE attempt_id = $1", attempt_id, result, reason or receipt)
 
     async def release(self, claim: Claim, attempt_id: int | None, *, result: str,
-                      detail: str) -> None:
-        """Give the lease back after a transient failure so the next delivery can claim it."""
+                      detail: str, not_before_s: float = 0.0) -> None:
+        """Give the lease back after a transient failure so a later delivery can claim it.
+
+        `not_before_s` keeps it unclaimable for that long (an open circuit's cooldown), so the
+        sweeper does not pick it up again on every pass meanwhile.
+        """
         async with self._pool.acquire() as conn, conn.transaction():
             changed = await conn.fetchval(
-                "WITH moved AS (UPDATE admission.commands SET lease_until = now(), "
-                "updated_at = now() WHERE tenant = $1 AND operation_id = $2 "
+                "WITH moved AS (UPDATE admission.commands "
+                "SET lease_until = now() + make_interval(secs => $4), updated_at = now() "
+                "WHERE tenant = $1 AND operation_id = $2 "
                 "AND lease_epoch = $3 AND state = 'dispatching' RETURNING 1) "
-                "SELECT count(*) FROM moved", claim.tenant, claim.operation_id, claim.lease_epoch)
+                "SELECT count(*) FROM moved", claim.tenant, claim.operation_id, claim.lease_epoch,
+                not_before_s)
             if changed != 1:
                 raise Fenced("lease taken over before release", operation_id=claim.operation_id)
             if attempt_id is not None:

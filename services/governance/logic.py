@@ -1,7 +1,7 @@
-"""`decide`: the ordered lines that answer every capability call. Pure, no I/O.
+"""`decide`: the six ordered lines that answer every capability call. Pure, no I/O.
 
-DESIGN.md §4. The first line that applies decides; denials are read before anything that allows,
-so no grant or allow rule can outrank an org refusal or a deny rule.
+DESIGN.md §4 and seed 000 scenario E. The first line that applies decides; denials are read
+before anything that allows, so no grant or allow rule can outrank an org refusal or a deny rule.
 """
 
 from __future__ import annotations
@@ -10,10 +10,15 @@ from typing import Final, Literal
 
 import msgspec
 
-__all__ = ["Call", "Facts", "Rule", "Ruling", "decide"]
+from services.governance.shell import prefix_allows, simple_command
+
+__all__ = ["Call", "Facts", "Rule", "Ruling", "SENSITIVE_UNREADABLE", "decide"]
 
 Verdict = Literal["allow", "deny", "ask"]
+Answer = Literal["once", "always", "deny"]
 SENSITIVE_UNREADABLE: Final = "governance store unreadable: sensitive calls are denied"
+_ALL: Final[tuple[Answer, ...]] = ("once", "always", "deny")
+_NO_ALWAYS: Final[tuple[Answer, ...]] = ("once", "deny")
 
 
 class Rule(msgspec.Struct, frozen=True, kw_only=True):
@@ -24,11 +29,14 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     arg_prefix: str | None = None
     agent: str | None = None
 
+    def names(self, call: Call) -> bool:
+        """Does this rule apply to this tool and agent (prefix aside)?"""
+        return self.tool == call.tool and (self.agent is None or self.agent == call.agent)
+
     def matches(self, call: Call) -> bool:
-        """Does this rule name this call?"""
-        return (self.tool == call.tool
-                and (self.agent is None or self.agent == call.agent)
-                and (self.arg_prefix is None or call.first_argument.startswith(self.arg_prefix)))
+        """Does this rule name this call, first argument included (as a plain prefix)?"""
+        return self.names(call) and (
+            self.arg_prefix is None or call.first_argument.startswith(self.arg_prefix))
 
 
 class Call(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,34 +47,48 @@ class Call(msgspec.Struct, frozen=True, kw_only=True):
     connector: str | None
     agent: str
     first_argument: str = ""
+    scope: Literal["external", "conversation", "own_memory"] = "external"
+    profile_fact: bool = False
 
 
 class Facts(msgspec.Struct, frozen=True, kw_only=True):
     """What governance read from its store for this call."""
 
     policy_version: str
+    policy_refused: bool = False  # the org policy file failed its signature or schema check
     refused_tools: frozenset[str] = frozenset()
     refused_connectors: frozenset[str] = frozenset()
     refused_families: frozenset[str] = frozenset()
+    developer_mode: bool = False
     rules: tuple[Rule, ...] = ()
     standing_families: frozenset[str] = frozenset()
+    run_families: frozenset[str] = frozenset()
     principal_revoked: bool = False
+    approved: bool = False  # a person answered once/always for exactly this call
 
 
 class Ruling(msgspec.Struct, frozen=True, kw_only=True):
-    """The verdict and the line that gave it."""
+    """The verdict, the line that gave it, and for an ask the answers a person may give."""
 
     verdict: Verdict
     line: int
     reason: str
+    options: tuple[Answer, ...] = ()
+
+
+def _plain_read(call: Call) -> bool:
+    return call.family == "read" or call.scope in ("conversation", "own_memory")
 
 
 def decide(call: Call, facts: Facts | None) -> Ruling:
     """Decide one call; `facts` is None when the store could not be read (fail closed)."""
-    if facts is None:
-        if call.family == "read":
-            return Ruling(verdict="allow", line=3, reason="plain read; store unreadable")
-        return Ruling(verdict="deny", line=1, reason=SENSITIVE_UNREADABLE)
+    if facts is None or facts.policy_refused:
+        # Governance that cannot read what it decides on refuses everything sensitive.
+        if _plain_read(call):
+            return Ruling(verdict="allow", line=3, reason="plain read; policy unavailable")
+        reason = (SENSITIVE_UNREADABLE if facts is None
+                  else "the organisation policy was refused: sensitive calls are denied")
+        return Ruling(verdict="deny", line=1, reason=reason)
     # 1. org policy, and the principal's access itself
     if facts.principal_revoked:
         return Ruling(verdict="deny", line=1, reason="the principal's access was revoked")
@@ -77,16 +99,34 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
     # 2. fine deny rules
     if any(r.effect == "deny" and r.matches(call) for r in facts.rules):
         return Ruling(verdict="deny", line=2, reason="a deny rule matches the call")
-    # 3. plain reads
-    if call.family == "read":
-        return Ruling(verdict="allow", line=3, reason="plain read")
-    # 4. code execution asks (the narrow developer-mode allow comes with the full decide)
+    # 3. plain reads, the conversation, the agent's own memory
+    if _plain_read(call):
+        return Ruling(verdict="allow", line=3, reason="reads, or acts only on its own context")
+    # A person's answer to the ask for exactly this call is the grant the line below it lacked.
+    if facts.approved:
+        return Ruling(verdict="allow", line=4 if call.family == "execute_code" else 5,
+                      reason="approved by a person for this call")
+    # 4. code execution: a narrow allow, otherwise ask with once / deny only
     if call.family == "execute_code":
-        return Ruling(verdict="ask", line=4, reason="code execution needs a person")
-    # 5. standing grants of this agent for the family
+        if facts.developer_mode and any(
+                r.effect == "allow" and r.names(call) and r.arg_prefix is not None
+                and prefix_allows(r.arg_prefix, call.first_argument) for r in facts.rules):
+            return Ruling(verdict="allow", line=4,
+                          reason="developer mode: an allow rule covers this simple command")
+        # "always" is offered only where it would write exactly one narrow rule.
+        narrow = facts.developer_mode and simple_command(call.first_argument) is not None
+        return Ruling(verdict="ask", line=4, reason="code execution needs a person",
+                      options=_ALL if narrow else _NO_ALWAYS)
+    # 5. profile facts ask every time; everything else may rest on a grant
+    if call.profile_fact:
+        return Ruling(verdict="ask", line=5, reason="a profile fact is asked every time",
+                      options=_NO_ALWAYS)
     if call.family is not None and call.family in facts.standing_families:
         return Ruling(verdict="allow", line=5, reason=f"standing grant for {call.family}")
-    # 6. everything else
+    if call.family is not None and call.family in facts.run_families:
+        return Ruling(verdict="allow", line=5, reason=f"granted for this run: {call.family}")
+    # 6. everything else asks
     if call.family is None:
-        return Ruling(verdict="ask", line=6, reason="unclassified tool: asked every time")
-    return Ruling(verdict="ask", line=6, reason="no grant covers the call")
+        return Ruling(verdict="ask", line=6, reason="unclassified tool: asked every time",
+                      options=_NO_ALWAYS)
+    return Ruling(verdict="ask", line=6, reason="no grant covers the call", options=_ALL)

@@ -1,68 +1,127 @@
-"""Governance: answers `decide` over request/reply. It holds the rule store, nothing that acts."""
+"""Governance: decides every capability call, keeps the pending decisions people answer, and
+loads the organisation's signed policy. It holds the rule store, nothing that acts."""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import anyio
 import anyio.abc
 import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.micro.request import Request
 
+from libs.actor import Delivery, run_actor
+from libs.bus import ConsumerSpec, publish
 from libs.runtime import Endpoint, Runtime
 from schemas import subjects
 from schemas.actions import ACTIONS
-from schemas.governance import DecideRequest, Decision
+from schemas.governance import (
+    AnswerDecision,
+    DecideRequest,
+    Decision,
+    DecisionAnswered,
+    ListPending,
+    PendingDecisions,
+    RegisterRun,
+    RunRegistered,
+)
+from schemas.host import DecisionResult
 from services.governance.logic import SENSITIVE_UNREADABLE, Call, decide
-from services.governance.store import GovernanceStore
+from services.governance.policy import load_policy
+from services.governance.store import Answered, GovernanceStore
 
 __all__ = ["GovernanceService"]
 
+INBOX = ConsumerSpec(stream="WRIT_INT", durable="governance",
+                     filter_subjects=subjects.GOVERNANCE_IN)
 log = logging.getLogger("writ.governance")
 
 
 class GovernanceService:
-    """Decides capability calls; an unreadable store denies every sensitive call."""
+    """Decides capability calls; an unreadable store or a refused policy denies what is
+    sensitive, and an unanswered ask is a deny."""
 
-    def __init__(self, *, rt: Runtime, store: GovernanceStore) -> None:
+    def __init__(self, *, rt: Runtime, store: GovernanceStore,
+                 policy_dir: Path | None = None,
+                 policy_keys: dict[str, Ed25519PublicKey] | None = None,
+                 policy_poll_s: float = 2.0, overdue_poll_s: float = 1.0) -> None:
         self._rt, self._store = rt, store
-        self._decoder = msgspec.json.Decoder(DecideRequest)
+        self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
+        self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
+        self._policy_seen: dict[str, tuple[float, int]] = {}
         self._encoder = msgspec.json.Encoder()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Serve `decide` until stopped."""
-        self._rt.endpoints.append(Endpoint("decide", subjects.DECIDE, self._on_request))
-        task_status.started()
-        await self._rt.stopping.wait()
+        """Serve `decide`, run registration and pending decisions; take answers; until stopped."""
+        await self.load_policies()  # before the first decision, not after
+        self._rt.endpoints += [
+            Endpoint("decide", subjects.DECIDE,
+                     self._endpoint("decide", DecideRequest, self.decide)),
+            Endpoint("register_run", subjects.REGISTER_RUN,
+                     self._endpoint("register_run", RegisterRun, self.register_run)),
+            Endpoint("pending", subjects.PENDING_LIST,
+                     self._endpoint("pending", ListPending, self.list_pending)),
+        ]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._every, self._policy_poll_s, self.load_policies)
+            tg.start_soon(self._every, self._overdue_poll_s, self.deny_overdue)
+            await run_actor(js=self._rt.js, spec=INBOX,
+                            decoder=msgspec.json.Decoder(AnswerDecision),
+                            handler=self._on_answer, metrics=self._rt.metrics,
+                            tracer=self._rt.tracer, stopping=self._rt.stopping,
+                            task_status=task_status)
+            tg.cancel_scope.cancel()
 
-    async def _on_request(self, request: Request) -> None:
-        metrics, started = self._rt.metrics, time.perf_counter()
-        try:
-            ask = self._decoder.decode(request.data)
-        except msgspec.DecodeError as exc:
-            metrics.failed.labels("decide", "undecodable").inc()
-            await request.respond_error("400", f"invalid DecideRequest: {exc}")
-            return
-        decision = await self.decide(ask)
-        await request.respond(self._encoder.encode(decision))
-        metrics.handled.labels("decide").inc()
-        metrics.latency.labels("decide").observe(time.perf_counter() - started)
+    # -- request/reply ----------------------------------------------------------------------
+
+    def _endpoint(self, name: str, kind: type, handle: Callable[..., Awaitable[msgspec.Struct]]
+                  ) -> Callable[[Request], Awaitable[None]]:
+        decoder = msgspec.json.Decoder(kind)
+        metrics = self._rt.metrics
+
+        async def serve(request: Request) -> None:
+            started = time.perf_counter()
+            try:
+                message = decoder.decode(request.data)
+            except msgspec.DecodeError as exc:
+                metrics.failed.labels(name, "undecodable").inc()
+                await request.respond_error("400", f"invalid {kind.__name__}: {exc}")
+                return
+            try:
+                answer = await handle(message)
+            except Exception as exc:
+                metrics.failed.labels(name, "error").inc()
+                log.warning("%s failed: %r", name, exc)
+                await request.respond_error("500", f"{name} failed")
+                return
+            await request.respond(self._encoder.encode(answer))
+            metrics.handled.labels(name).inc()
+            metrics.latency.labels(name).observe(time.perf_counter() - started)
+
+        return serve
 
     async def decide(self, ask: DecideRequest) -> Decision:
-        """Decide one call and record the decision."""
+        """Decide one call and record the decision (and its pending decision, for an ask)."""
         contract = ACTIONS.get(ask.tool)
         call = Call(tool=ask.tool, family=contract.family if contract else None,
                     connector=contract.connector if contract else None, agent=ask.agent,
-                    first_argument=ask.first_argument)
+                    first_argument=ask.first_argument,
+                    scope=contract.scope if contract else "external",
+                    profile_fact=contract.profile_fact if contract else False)
         with self._rt.tracer.start_as_current_span("governance decide") as span:
             try:
-                facts = await self._store.facts(ask.tenant, call, ask.principal)
+                facts = await self._store.facts(ask.tenant, call, ask.principal, ask.run_id,
+                                                ask.approval_id)
+                attended = await self._store.attended(ask.tenant, ask.run_id)
             except Exception as exc:  # any failure to read is a failure to know: fail closed
                 log.warning("governance store unreadable: %r", exc)
-                facts = None
+                facts, attended = None, False
             ruling = decide(call, facts)
             policy_version = facts.policy_version if facts else "unreadable"
             span.set_attribute("writ.decision.verdict", ruling.verdict)
@@ -70,14 +129,102 @@ class GovernanceService:
             try:
                 decision_id = await self._store.record(
                     tenant=ask.tenant, run_id=ask.run_id, principal=ask.principal, call=call,
-                    ruling=ruling, policy_version=policy_version)
+                    ruling=ruling, policy_version=policy_version, proposal_id=ask.proposal_id,
+                    attended=attended)
             except Exception as exc:
-                # An allow nobody can find later is not an allow: deny what we cannot record.
+                # An allow nobody can find later is not an allow, and an ask nobody can
+                # answer is a deny: deny what cannot be recorded (reads excepted).
                 log.warning("cannot record decision: %r", exc)
                 decision_id = str(uuid.uuid4())
-                if ruling.verdict != "deny" and call.family != "read":
-                    ruling = decide(call, None)
-                    ruling = msgspec.structs.replace(ruling, reason=SENSITIVE_UNREADABLE)
+                ruling = decide(call, None)
+                ruling = msgspec.structs.replace(
+                    ruling, reason=SENSITIVE_UNREADABLE if ruling.verdict == "deny"
+                    else ruling.reason)
         return Decision(decision_id=decision_id, verdict=ruling.verdict, line=ruling.line,
                         family=call.family or "unclassified", reason=ruling.reason,
-                        policy_version=policy_version)
+                        policy_version=policy_version, options=list(ruling.options),
+                        pending_id=decision_id if ruling.verdict == "ask" else None)
+
+    async def register_run(self, run: RegisterRun) -> RunRegistered:
+        """Record what ingress verified about a run before it starts."""
+        await self._store.register_run(run)
+        return RunRegistered(run_id=run.run_id)
+
+    async def list_pending(self, ask: ListPending) -> PendingDecisions:
+        """The tenant's decisions waiting for a person."""
+        return PendingDecisions(decisions=await self._store.pending(ask.tenant))
+
+    # -- answers ----------------------------------------------------------------------------
+
+    async def _on_answer(self, delivery: Delivery[AnswerDecision]) -> None:
+        answer = delivery.message
+        outcome = await self._store.answer(
+            tenant=answer.tenant, pending_id=answer.pending_id, answer=answer.answer,
+            answered_by=answer.principal, reason=answer.reason)
+        if isinstance(outcome, Answered):
+            await self._announce(outcome)
+            accepted, message = True, f"answered {answer.answer}"
+        else:
+            accepted, message = False, outcome.reason
+        await publish(self._rt.js, subjects.result(answer.tenant),
+                      DecisionResult(request_id=answer.request_id, pending_id=answer.pending_id,
+                                     accepted=accepted, message=message[:512]),
+                      msg_id=f"decision-result:{answer.tenant}:{answer.request_id}")
+
+    async def _announce(self, answered: Answered) -> None:
+        await publish(
+            self._rt.js, subjects.answered(answered.tenant),
+            DecisionAnswered(tenant=answered.tenant, pending_id=answered.pending_id,
+                             run_id=answered.run_id, proposal_id=answered.proposal_id,
+                             answer=answered.answer, reason=answered.reason[:512],
+                             answered_by=answered.answered_by[:512],
+                             decision_id=answered.decision_id, line=answered.line,
+                             policy_version=answered.policy_version),
+            msg_id=f"answered:{answered.pending_id}",
+        )
+
+    async def deny_overdue(self) -> None:
+        """An attended ask nobody answered within five minutes is a deny."""
+        for tenant, pending_id in await self._store.overdue():
+            outcome = await self._store.answer(
+                tenant=tenant, pending_id=pending_id, answer="deny", answered_by="nobody",
+                reason="no answer within 5 minutes")
+            if isinstance(outcome, Answered):
+                await self._announce(outcome)
+
+    # -- policy -----------------------------------------------------------------------------
+
+    async def load_policies(self) -> None:
+        """(Re)load every changed `<tenant>.json` in the policy folder."""
+        if self._policy_dir is None or not self._policy_dir.is_dir():
+            return
+        present = {path.stem for path in self._policy_dir.glob("*.json")}
+        known = set(self._policy_seen) if self._policy_seen else set(
+            await self._store.policy_tenants())  # on start: what an earlier process loaded
+        for tenant in sorted(known - present):
+            # The organisation withdrew the file: back to no org policy (the defaults).
+            await self._store.drop_policy(tenant)
+            self._policy_seen.pop(tenant, None)
+            log.info("policy for %s withdrawn", tenant)
+        for path in sorted(self._policy_dir.glob("*.json")):
+            stat = path.stat()
+            stamp = (stat.st_mtime, stat.st_size)
+            tenant = path.stem
+            if self._policy_seen.get(tenant) == stamp:
+                continue
+            policy = load_policy(path, tenant, self._policy_keys)
+            await self._store.save_policy(policy)
+            self._policy_seen[tenant] = stamp
+            if policy.status == "valid":
+                log.info("policy %s loaded for %s", policy.version, tenant)
+            else:
+                log.warning("policy for %s REFUSED (%s): sensitive calls denied", tenant,
+                            policy.refusal)
+
+    async def _every(self, period: float, job: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await anyio.sleep(period)
+            try:
+                await job()
+            except Exception as exc:
+                log.warning("%s failed: %r", getattr(job, "__name__", "job"), exc)

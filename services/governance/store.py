@@ -1,31 +1,78 @@
-"""Governance's SQL: read the facts a decision needs, record the decision."""
+"""Governance's SQL: the facts a decision needs, decisions, runs, pending decisions, policy."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Final
 
 import asyncpg
+import msgspec
 
+from schemas.governance import PendingDecision, RegisterRun
 from services.governance.logic import Call, Facts, Rule, Ruling
 
-__all__ = ["GovernanceStore"]
+__all__ = ["ATTENDED_ASK_TIMEOUT", "Answered", "GovernanceStore", "NotAnswerable", "Policy"]
 
-_DEFAULT_POLICY_VERSION = "default"
+DEFAULT_POLICY_VERSION: Final = "default"
+# Seed 000: an unanswered ask in an attended conversation is a deny after five minutes, fixed.
+ATTENDED_ASK_TIMEOUT: Final = timedelta(minutes=5)
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    """An organisation policy as loaded from its signed file (or refused)."""
+
+    tenant: str
+    version: str
+    status: str = "valid"
+    refusal: str | None = None
+    refused_tools: tuple[str, ...] = ()
+    refused_connectors: tuple[str, ...] = ()
+    refused_families: tuple[str, ...] = ()
+    developer_mode: bool = False
+    key_id: str | None = None
+    digest: str | None = None
+
+
+class Answered(msgspec.Struct, frozen=True, kw_only=True):
+    """A pending decision that just got its answer."""
+
+    pending_id: str
+    tenant: str
+    run_id: str
+    proposal_id: str | None
+    answer: str
+    reason: str
+    answered_by: str
+    decision_id: str
+    line: int
+    policy_version: str
+
+
+class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
+    """Why an answer was not taken."""
+
+    reason: str
+
+
+_FACTS_POLICY = """
+SELECT version, status, refused_tools, refused_connectors, refused_families, developer_mode
+FROM governance.policy WHERE tenant = $1
+"""
 
 
 class GovernanceStore:
-    """Reads policy, rules and grants; writes decisions."""
+    """Reads policy, rules and grants; writes decisions, runs and answers."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def facts(self, tenant: str, call: Call, principal: str) -> Facts:
+    async def facts(self, tenant: str, call: Call, principal: str, run_id: str,
+                    approval_id: str | None = None) -> Facts:
         """Everything `decide` needs for this call, read in one snapshot."""
         async with self._pool.acquire() as conn, conn.transaction(
                 isolation="repeatable_read", readonly=True):
-            policy = await conn.fetchrow(
-                "SELECT version, refused_tools, refused_connectors, refused_families "
-                "FROM governance.policy WHERE tenant = $1", tenant)
+            policy = await conn.fetchrow(_FACTS_POLICY, tenant)
             rules = await conn.fetch(
                 "SELECT tool, effect, arg_prefix, agent FROM governance.rules "
                 "WHERE tenant = $1 AND tool = $2 AND (agent IS NULL OR agent = $3)",
@@ -36,26 +83,178 @@ class GovernanceStore:
             grants = await conn.fetch(
                 "SELECT family FROM governance.standing_grants WHERE tenant = $1 AND agent = $2",
                 tenant, call.agent)
+            run_grants = await conn.fetch(
+                "SELECT family FROM governance.run_grants WHERE tenant = $1 AND run_id = $2",
+                tenant, run_id)
+            approved = approval_id is not None and _is_uuid(approval_id) and bool(
+                await conn.fetchval(
+                    "SELECT true FROM governance.pending WHERE tenant = $1 AND run_id = $2 "
+                    "AND tool = $3 AND answer_decision_id = $4 AND answer IN ('once', 'always')",
+                    tenant, run_id, call.tool, approval_id))
+        if policy is None:
+            return Facts(policy_version=DEFAULT_POLICY_VERSION,
+                         rules=_rules(rules), standing_families=_families(grants),
+                         run_families=_families(run_grants), principal_revoked=bool(revoked),
+                         approved=approved)
         return Facts(
-            policy_version=policy["version"] if policy else _DEFAULT_POLICY_VERSION,
-            refused_tools=frozenset(policy["refused_tools"]) if policy else frozenset(),
-            refused_connectors=frozenset(policy["refused_connectors"]) if policy else frozenset(),
-            refused_families=frozenset(policy["refused_families"]) if policy else frozenset(),
-            rules=tuple(Rule(tool=r["tool"], effect=r["effect"], arg_prefix=r["arg_prefix"],
-                             agent=r["agent"]) for r in rules),
-            standing_families=frozenset(r["family"] for r in grants),
-            principal_revoked=bool(revoked),
+            policy_version=policy["version"], policy_refused=policy["status"] != "valid",
+            refused_tools=frozenset(policy["refused_tools"]),
+            refused_connectors=frozenset(policy["refused_connectors"]),
+            refused_families=frozenset(policy["refused_families"]),
+            developer_mode=policy["developer_mode"], rules=_rules(rules),
+            standing_families=_families(grants), run_families=_families(run_grants),
+            principal_revoked=bool(revoked), approved=approved,
         )
 
+    async def attended(self, tenant: str, run_id: str) -> bool:
+        """Whether a person watches this run (unregistered runs, e.g. host commands: no)."""
+        return bool(await self._pool.fetchval(
+            "SELECT attended FROM governance.runs WHERE tenant = $1 AND run_id = $2",
+            tenant, run_id))
+
     async def record(self, *, tenant: str, run_id: str, principal: str, call: Call,
-                     ruling: Ruling, policy_version: str) -> str:
-        """Persist the decision; its id is what admission stores with the command."""
+                     ruling: Ruling, policy_version: str, proposal_id: str | None = None,
+                     attended: bool = False) -> str:
+        """Persist the decision (and, for an ask, its pending decision) in one transaction."""
         decision_id = str(uuid.uuid4())
-        await self._pool.execute(
-            "INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, principal, "
-            "tool, family, verdict, line, reason, policy_version) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            decision_id, tenant, run_id, call.agent, principal, call.tool,
-            call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
-            policy_version)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, "
+                "principal, tool, family, verdict, line, reason, policy_version) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                decision_id, tenant, run_id, call.agent, principal, call.tool,
+                call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
+                policy_version)
+            if ruling.verdict == "ask":
+                deadline = (datetime.now(UTC) + ATTENDED_ASK_TIMEOUT
+                            if attended else None)
+                await conn.execute(
+                    "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, "
+                    "agent, principal, tool, family, first_argument, reason, options, "
+                    "attended, deadline) "
+                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                    decision_id, tenant, run_id, proposal_id, call.agent, principal, call.tool,
+                    call.family or "unclassified", call.first_argument, ruling.reason,
+                    list(ruling.options), attended, deadline)
         return decision_id
+
+    async def register_run(self, run: RegisterRun) -> None:
+        """Record a run and its run grants (idempotent: a redelivery changes nothing)."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
+                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                run.tenant, run.run_id, run.principal, run.agent, run.attended)
+            await conn.executemany(
+                "INSERT INTO governance.run_grants (tenant, run_id, family, granted_by) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                [(run.tenant, run.run_id, family, run.principal) for family in run.grants])
+
+    async def pending(self, tenant: str, limit: int = 500) -> list[PendingDecision]:
+        """The tenant's unanswered decisions, oldest first."""
+        rows = await self._pool.fetch(
+            "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
+            "first_argument, reason, options, attended, deadline, created_at "
+            "FROM governance.pending WHERE tenant = $1 AND answer IS NULL "
+            "ORDER BY created_at LIMIT $2", tenant, limit)
+        return [PendingDecision(
+            pending_id=r["pending_id"], run_id=r["run_id"], agent=r["agent"],
+            principal=r["principal"], tool=r["tool"], family=r["family"],
+            first_argument=r["first_argument"][:512], reason=r["reason"][:512],
+            options=list(r["options"]), attended=r["attended"],
+            deadline=r["deadline"].isoformat() if r["deadline"] else None,
+            created_at=r["created_at"].isoformat()) for r in rows]
+
+    async def answer(self, *, tenant: str, pending_id: str, answer: str, answered_by: str,
+                     reason: str) -> Answered | NotAnswerable:
+        """Take a person's (or the clock's) answer, once; `always` writes its grant or rule."""
+        if not _is_uuid(pending_id):
+            return NotAnswerable(reason="no such pending decision")
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(
+                "SELECT p.*, d.line, d.policy_version FROM governance.pending p "
+                "JOIN governance.decisions d ON d.decision_id = p.pending_id "
+                "WHERE p.pending_id = $1 AND p.tenant = $2 FOR UPDATE OF p", pending_id, tenant)
+            if row is None:
+                return NotAnswerable(reason="no such pending decision")
+            if row["answer"] is not None:
+                return NotAnswerable(reason=f"already answered {row['answer']}")
+            if answer not in row["options"]:
+                return NotAnswerable(reason=f"{answer!r} is not offered here: "
+                                            f"{', '.join(row['options'])}")
+            decision_id = str(uuid.uuid4())
+            verdict = "deny" if answer == "deny" else "allow"
+            text = f"answered {answer} by {answered_by}" + (f": {reason}" if reason else "")
+            await conn.execute(
+                "INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, "
+                "principal, tool, family, verdict, line, reason, policy_version) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                decision_id, tenant, row["run_id"], row["agent"], row["principal"], row["tool"],
+                row["family"], verdict, row["line"], text[:1000], row["policy_version"])
+            await conn.execute(
+                "UPDATE governance.pending SET answer = $2, answered_by = $3, "
+                "answered_at = now(), answer_reason = $4, answer_decision_id = $5 "
+                "WHERE pending_id = $1", pending_id, answer, answered_by, reason,
+                decision_id)
+            if answer == "always":
+                if row["family"] == "execute_code":
+                    # Exactly the rule for this simple command, for this agent.
+                    await conn.execute(
+                        "INSERT INTO governance.rules (tenant, tool, arg_prefix, agent, effect) "
+                        "VALUES ($1, $2, $3, $4, 'allow')",
+                        tenant, row["tool"], row["first_argument"], row["agent"])
+                else:
+                    # For the agent and the tool's family, never for a tool name.
+                    await conn.execute(
+                        "INSERT INTO governance.standing_grants (tenant, agent, family, "
+                        "granted_by) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                        tenant, row["agent"], row["family"], answered_by)
+        return Answered(pending_id=pending_id, tenant=tenant, run_id=row["run_id"],
+                        proposal_id=row["proposal_id"], answer=answer, reason=reason,
+                        answered_by=answered_by, decision_id=decision_id, line=row["line"],
+                        policy_version=row["policy_version"])
+
+    async def overdue(self, limit: int = 100) -> list[tuple[str, str]]:
+        """(tenant, pending id) of attended asks nobody answered in time."""
+        rows = await self._pool.fetch(
+            "SELECT tenant, pending_id::text AS pending_id FROM governance.pending "
+            "WHERE answer IS NULL AND deadline < now() ORDER BY deadline LIMIT $1", limit)
+        return [(r["tenant"], r["pending_id"]) for r in rows]
+
+    async def policy_tenants(self) -> list[str]:
+        """Tenants with a recorded org policy."""
+        return [r["tenant"] for r in await self._pool.fetch("SELECT tenant FROM governance.policy")]
+
+    async def drop_policy(self, tenant: str) -> None:
+        """Forget a tenant's org policy (its file was withdrawn)."""
+        await self._pool.execute("DELETE FROM governance.policy WHERE tenant = $1", tenant)
+
+    async def save_policy(self, policy: Policy) -> None:
+        """Record a loaded (or refused) organisation policy for its tenant."""
+        await self._pool.execute(
+            "INSERT INTO governance.policy (tenant, version, status, refusal, refused_tools, "
+            "refused_connectors, refused_families, developer_mode, key_id, digest, updated_at) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) "
+            "ON CONFLICT (tenant) DO UPDATE SET version = $2, status = $3, refusal = $4, "
+            "refused_tools = $5, refused_connectors = $6, refused_families = $7, "
+            "developer_mode = $8, key_id = $9, digest = $10, updated_at = now()",
+            policy.tenant, policy.version, policy.status, policy.refusal,
+            list(policy.refused_tools), list(policy.refused_connectors),
+            list(policy.refused_families), policy.developer_mode, policy.key_id, policy.digest)
+
+
+def _rules(rows: list[asyncpg.Record]) -> tuple[Rule, ...]:
+    return tuple(Rule(tool=r["tool"], effect=r["effect"], arg_prefix=r["arg_prefix"],
+                      agent=r["agent"]) for r in rows)
+
+
+def _families(rows: list[asyncpg.Record]) -> frozenset[str]:
+    return frozenset(r["family"] for r in rows)
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True

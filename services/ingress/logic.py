@@ -9,10 +9,11 @@ from typing import Any, Final
 import jwt
 import msgspec
 
-from schemas.host import RunRequest, SubmitCommand
+from schemas.host import HumanDecision, RunRequest, SubmitCommand
 
 __all__ = [
     "COMMAND_DECODER",
+    "DECISION_DECODER",
     "REQUEST_DECODER",
     "Rejection",
     "TenantKey",
@@ -27,6 +28,7 @@ _TENANT: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _PRINCIPAL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
 REQUEST_DECODER: Final = msgspec.json.Decoder(RunRequest)
 COMMAND_DECODER: Final = msgspec.json.Decoder(SubmitCommand)
+DECISION_DECODER: Final = msgspec.json.Decoder(HumanDecision)
 
 
 class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -39,10 +41,11 @@ class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Verified(msgspec.Struct, frozen=True, kw_only=True):
     """A request whose token checked out; tenant and principal come from the token."""
 
-    request: RunRequest | SubmitCommand
+    request: RunRequest | SubmitCommand | HumanDecision
     tenant: str
     principal: str
     run_id: str
+    roles: frozenset[str] = frozenset()
 
 
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,5 +115,10 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
     if not isinstance(principal, str) or _PRINCIPAL.fullmatch(principal) is None:
         return Rejection(code="INVALID_TOKEN", message="the token's subject is not a principal id",
                          request_id=request.request_id)
+    roles = claims.get("roles", [])
+    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        return Rejection(code="INVALID_TOKEN", message="the token's roles are not a list of names",
+                         request_id=request.request_id)
     return Verified(request=request, tenant=subject_tenant, principal=principal,
-                    run_id=run_id_for(subject_tenant, request.request_id))
+                    run_id=run_id_for(subject_tenant, request.request_id),
+                    roles=frozenset(roles))

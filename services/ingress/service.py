@@ -4,16 +4,30 @@ from __future__ import annotations
 
 import anyio
 import anyio.abc
+import msgspec
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
+from libs.errors import RetryableError
 from libs.runtime import Runtime
 from schemas import subjects
-from schemas.host import CommandResult, ErrorInfo, RunResult, SubmitCommand
+from schemas.governance import AnswerDecision, RegisterRun
+from schemas.host import (
+    CommandResult,
+    DecisionResult,
+    ErrorInfo,
+    HumanDecision,
+    RunRequest,
+    RunResult,
+    SubmitCommand,
+)
 from schemas.ingress import RunStarted
 from schemas.planner import ProposeCommand
 from services.ingress.logic import (
     COMMAND_DECODER,
+    DECISION_DECODER,
     REQUEST_DECODER,
     Rejection,
     TenantKey,
@@ -24,6 +38,9 @@ from services.ingress.logic import (
 
 __all__ = ["IngressService"]
 
+APPROVER_ROLE = "approver"
+_DECODERS = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
+             "decisions": DECISION_DECODER}
 INBOX = ConsumerSpec(stream="WRIT_IN", durable="ingress", filter_subjects=subjects.INGRESS_IN)
 
 
@@ -43,35 +60,68 @@ class IngressService:
                         stopping=self._rt.stopping, task_status=task_status)
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
-        """Verify one request or command; pass it on, or tell the host why not."""
+        """Verify one request, command or decision; pass it on, or tell the host why not."""
         tenant = delivery.subject.rsplit(".", 1)[-1]
-        is_command = delivery.subject.startswith("writ.in.commands.")
+        kind = delivery.subject.split(".")[2]  # requests | commands | decisions
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
             outcome = verify_request(
                 delivery.message, subject_tenant=tenant,
                 header_request_id=delivery.headers.get("Nats-Msg-Id"), keys=self._keys,
-                audience=self._audience, max_bytes=self._max_bytes,
-                decoder=COMMAND_DECODER if is_command else REQUEST_DECODER,
-            )
+                audience=self._audience, max_bytes=self._max_bytes, decoder=_DECODERS[kind])
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
+        if isinstance(outcome, Verified) and kind == "decisions" and (
+                APPROVER_ROLE not in outcome.roles):
+            outcome = Rejection(code="FORBIDDEN", request_id=outcome.request.request_id,
+                                message=f"answering decisions needs the {APPROVER_ROLE} role")
         if isinstance(outcome, Rejection):
-            seq = delivery.msg.metadata.sequence.stream
-            error = ErrorInfo(code=outcome.code, message=outcome.message[:512])
-            rejection: RunResult | CommandResult = (
-                CommandResult(request_id=outcome.request_id, operation_key="",
-                              status="rejected", error=error) if is_command else
-                RunResult(request_id=outcome.request_id, status="rejected", error=error))
-            await publish(self._rt.js, subjects.result(tenant), rejection,
-                          msg_id=f"rejected:{tenant}:{seq}")
+            await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
             return
         request = outcome.request
         if isinstance(request, SubmitCommand):
             await self._submit(outcome, request)
-            return
+        elif isinstance(request, HumanDecision):
+            await publish(
+                self._rt.js, subjects.answer(tenant),
+                AnswerDecision(tenant=tenant, principal=outcome.principal,
+                               request_id=request.request_id, pending_id=request.pending_id,
+                               answer=request.answer, reason=request.reason),
+                msg_id=f"answer:{tenant}:{request.request_id}")
+        else:
+            await self._start(outcome, request)
+
+    async def _reject(self, tenant: str, kind: str, rejection: Rejection, seq: int) -> None:
+        error = ErrorInfo(code=rejection.code, message=rejection.message[:512])
+        answer: RunResult | CommandResult | DecisionResult
+        if kind == "commands":
+            answer = CommandResult(request_id=rejection.request_id, operation_key="",
+                                   status="rejected", error=error)
+        elif kind == "decisions":
+            answer = DecisionResult(request_id=rejection.request_id, pending_id="",
+                                    accepted=False,
+                                    message=f"{rejection.code}: {rejection.message}"[:512])
+        else:
+            answer = RunResult(request_id=rejection.request_id, status="rejected", error=error)
+        await publish(self._rt.js, subjects.result(tenant), answer,
+                      msg_id=f"rejected:{tenant}:{seq}")
+
+    async def _start(self, outcome: Verified, request: RunRequest) -> None:
+        # Governance learns from ingress, not from the planner, whether a person watches the
+        # run and which families the host granted for it.
+        register = RegisterRun(tenant=outcome.tenant, run_id=outcome.run_id,
+                               principal=outcome.principal, agent=request.agent,
+                               attended=request.attended, grants=request.grants)
+        try:
+            reply = await self._rt.nc.request(subjects.REGISTER_RUN,
+                                              msgspec.json.encode(register), timeout=2.0)
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            raise RetryableError(f"governance did not register the run: {exc!r}") from exc
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            raise RetryableError("governance refused to register the run")
         await publish(
-            self._rt.js, subjects.run_started(tenant),
-            RunStarted(run_id=outcome.run_id, request_id=request.request_id, tenant=tenant,
-                       principal=outcome.principal, agent=request.agent, input=request.input),
+            self._rt.js, subjects.run_started(outcome.tenant),
+            RunStarted(run_id=outcome.run_id, request_id=request.request_id,
+                       tenant=outcome.tenant, principal=outcome.principal, agent=request.agent,
+                       input=request.input, attended=request.attended),
             msg_id=f"run-started:{outcome.run_id}",
         )
 

@@ -50,6 +50,7 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True):
     untrusted: list[dict[str, Any]]
     observations: list[dict[str, Any]]
     turn: int
+    agent: str = ""
 
 
 class DecisionProvider(Protocol):
@@ -58,24 +59,34 @@ class DecisionProvider(Protocol):
     async def decide(self, model_input: ModelInput) -> ModelDecision: ...
 
 
+_Decisions = Annotated[list[ModelDecision], msgspec.Meta(min_length=1, max_length=100)]
+
+
 class _Script(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    decisions: Annotated[list[ModelDecision], msgspec.Meta(min_length=1, max_length=100)]
+    decisions: _Decisions
+    agents: Annotated[dict[str, _Decisions], msgspec.Meta(max_length=100)] = {}
 
 
 class ScriptedProvider:
-    """Answers turn n with the n-th decision of a script file; past the end, it answers done."""
+    """Answers turn n with the n-th decision of a script; past the end, it answers done.
 
-    def __init__(self, decisions: list[ModelDecision]) -> None:
+    A script may give some agents their own decisions; the others follow `decisions`.
+    """
+
+    def __init__(self, decisions: list[ModelDecision],
+                 by_agent: dict[str, list[ModelDecision]] | None = None) -> None:
         self._decisions = decisions
+        self._by_agent = by_agent or {}
 
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedProvider:
-        """Load and validate a script: `{"decisions": [{"decision": ...}, ...]}`."""
+        """Load and validate a script: `{"decisions": [...], "agents": {"<agent>": [...]}}`."""
         script = msgspec.json.decode(Path(path).read_bytes(), type=_Script)
-        return cls(list(script.decisions))
+        return cls(list(script.decisions), {k: list(v) for k, v in script.agents.items()})
 
     async def decide(self, model_input: ModelInput) -> ModelDecision:
-        """The scripted decision for this turn."""
-        if model_input.turn < len(self._decisions):
-            return self._decisions[model_input.turn]
+        """The scripted decision for this agent and turn."""
+        decisions = self._by_agent.get(model_input.agent, self._decisions)
+        if model_input.turn < len(decisions):
+            return decisions[model_input.turn]
         return AnswerDirectly(answer="The script has no further steps.")

@@ -78,16 +78,25 @@ class PlannerService:
             if run is None:
                 return []  # an outcome for a run this planner never started: nothing to drive
             steps = await self._store.steps(conn, run.run_id)
-            if isinstance(event, CommandOutcome | ProposalRefused):
+            # An ask is not an observation: the step's observation is what the answer leads to.
+            if isinstance(event, CommandOutcome) or (
+                    isinstance(event, ProposalRefused) and event.verdict != "ask"):
                 observation = _observation(event)
                 if await self._store.add_step(conn, run.run_id, event.step + 1, "observation",
                                               observation):
                     steps.append(Step(seq=event.step + 1, kind="observation",
                                       payload=observation))
-            if run.status in TERMINAL_RUN or run.status == "awaiting_human":
+            if run.status in TERMINAL_RUN:
                 return [self._result(run, steps)]
             if isinstance(event, ProposalRefused):
                 return await self._refused(conn, run, steps, event)
+            if run.status == "awaiting_human":
+                if not isinstance(event, CommandOutcome):
+                    return []  # still waiting for the person
+                # The person said yes and the command ran: the run goes on from here.
+                await self._store.set_status(conn, run.run_id, "running")
+                run = msgspec.structs.replace(run, status="running", error_code=None,
+                                              error_message=None)
             last = steps[-1] if steps else None
             if last is not None and last.kind == "decision":
                 decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
@@ -113,7 +122,8 @@ class PlannerService:
                       turn: int) -> ModelDecision:
         model_input = ModelInput(
             developer=DEVELOPER_INSTRUCTION, user=run.input, untrusted=run.evidence,
-            observations=[s.payload for s in steps if s.kind == "observation"], turn=turn)
+            observations=[s.payload for s in steps if s.kind == "observation"], turn=turn,
+            agent=run.agent)
         digest = hashlib.sha256(msgspec.json.encode(model_input)).hexdigest()
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
@@ -127,14 +137,18 @@ class PlannerService:
     async def _refused(self, conn: Any, run: RunRow, steps: list[Step],
                        event: ProposalRefused) -> list[tuple[str, msgspec.Struct, str]]:
         if event.verdict == "ask":
-            await self._store.set_status(
-                conn, run.run_id, "awaiting_human", error_code="AWAITING_HUMAN",
-                error_message=f"{event.action} needs a person's decision: {event.reason}")
+            message = f"{event.action} needs a person's decision: {event.reason}"
+            await self._store.set_status(conn, run.run_id, "awaiting_human",
+                                         error_code="AWAITING_HUMAN", error_message=message)
+            if run.attended:
+                return []  # someone is watching: the run waits for their answer
+            # Unattended runs never wait: the run stops here and lists the pending decision.
             run = msgspec.structs.replace(run, status="awaiting_human",
-                                          error_code="AWAITING_HUMAN",
-                                          error_message=f"{event.action}: {event.reason}")
-            return [self._result(run, steps)]
-        code = {"deny": "DENIED", "invalid": "INVALID_PROPOSAL", "conflict": "CONFLICT"}
+                                          error_code="AWAITING_HUMAN", error_message=message)
+            return [self._result(run, steps, pending_id=event.pending_id)]
+        code = {"deny": "DENIED", "invalid": "INVALID_PROPOSAL", "conflict": "CONFLICT",
+                "rejected": "REJECTED"}
+        # A refusal fails the run; the agent is not called again for it.
         return [await self._finish(conn, run, steps, "failed",
                                    error=(code[event.verdict], event.reason))]
 
@@ -148,7 +162,8 @@ class PlannerService:
                                       error_message=message)
         return self._result(run, steps)
 
-    def _result(self, run: RunRow, steps: list[Step]) -> tuple[str, msgspec.Struct, str]:
+    def _result(self, run: RunRow, steps: list[Step], *,
+                pending_id: str | None = None) -> tuple[str, msgspec.Struct, str]:
         actions = [ActionResult(action=s.payload["action"],
                                 operation_id=s.payload["operation_id"],
                                 state=s.payload["state"], receipt=s.payload.get("receipt"),
@@ -158,8 +173,10 @@ class PlannerService:
                  if run.error_code else None)
         status = run.status if run.status in ("succeeded", "failed", "awaiting_human") else "failed"
         result = RunResult(request_id=run.request_id, run_id=run.run_id, status=status,
-                           error=error, answer=run.answer, actions=actions)
-        return (subjects.result(run.tenant), result, f"result:{run.run_id}:{run.status}")
+                           error=error, answer=run.answer, actions=actions,
+                           pending_id=pending_id)
+        return (subjects.result(run.tenant), result,
+                f"result:{run.run_id}:{run.status}:{len(steps)}")
 
 
 def _observation(event: CommandOutcome | ProposalRefused) -> dict[str, Any]:

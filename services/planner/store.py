@@ -29,6 +29,7 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     answer: str | None
     error_code: str | None
     error_message: str | None
+    attended: bool = False
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True):
@@ -40,7 +41,7 @@ class Step(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
-                "error_code, error_message")
+                "error_code, error_message, attended")
 
 
 def _run(row: asyncpg.Record) -> RunRow:
@@ -60,10 +61,10 @@ class PlannerStore:
         evidence = json.dumps(msgspec.to_builtins(started.evidence))
         created = await self._pool.fetchval(
             "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
-            "evidence, status) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, 'running') "
-            "ON CONFLICT DO NOTHING RETURNING true",
+            "evidence, status, attended) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, 'running', "
+            "$8) ON CONFLICT DO NOTHING RETURNING true",
             started.run_id, started.tenant, started.request_id, started.principal,
-            started.agent, started.input, evidence)
+            started.agent, started.input, evidence, started.attended)
         return bool(created)
 
     def acquire(self) -> Any:

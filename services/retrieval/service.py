@@ -45,6 +45,6 @@ class RetrievalService:
             self._rt.js, subjects.evidence(run.tenant),
             EvidenceGathered(run_id=run.run_id, request_id=run.request_id, tenant=run.tenant,
                              principal=run.principal, agent=run.agent, input=run.input,
-                             evidence=evidence),
+                             evidence=evidence, attended=run.attended),
             msg_id=f"evidence:{run.run_id}",
         )

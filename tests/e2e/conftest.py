@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas import subjects
-from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
+from schemas.host import CommandResult, DecisionResult, RunRequest, RunResult, SubmitCommand
 from writ.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -63,10 +63,11 @@ class Host:
 
     def request(self, *, tenant: str = "acme", principal: str = "alice@acme.example",
                 agent: str = "crm-assistant", text: str = "Note the delayed shipment call",
-                request_id: str | None = None, token: str | None = None) -> RunRequest:
+                request_id: str | None = None, token: str | None = None,
+                attended: bool = False) -> RunRequest:
         return RunRequest(request_id=request_id or f"req-{uuid.uuid4().hex[:12]}",
                           token=token or self.stack.token(tenant, principal), agent=agent,
-                          input=text)
+                          input=text, attended=attended)
 
     async def publish(self, body: bytes | RunRequest, *, tenant: str = "acme",
                       msg_id: str | None = None) -> None:
@@ -115,7 +116,8 @@ class Host:
                     msg = await sub.next_msg(timeout=0.5)
                 except nats.errors.TimeoutError:
                     break  # nothing (more) for this tenant
-                result = msgspec.json.decode(msg.data, type=RunResult | CommandResult)
+                result = msgspec.json.decode(msg.data,
+                                             type=RunResult | CommandResult | DecisionResult)
                 if result.request_id == request_id:
                     found.append(result)
                 if msg.metadata.num_pending == 0:

@@ -18,11 +18,23 @@ from schemas.dispatcher import (
     UnknownCommand,
     UnknownCommands,
 )
-from schemas.governance import DecideRequest, Decision
+from schemas.governance import (
+    AnswerDecision,
+    DecideRequest,
+    Decision,
+    DecisionAnswered,
+    ListPending,
+    PendingDecision,
+    PendingDecisions,
+    RegisterRun,
+    RunRegistered,
+)
 from schemas.host import (
     ActionResult,
     CommandResult,
+    DecisionResult,
     ErrorInfo,
+    HumanDecision,
     RunRequest,
     RunResult,
     SubmitCommand,
@@ -86,10 +98,28 @@ SAMPLES: dict[type, Any] = {
                          evidence="Provider dashboard shows charge ch_123.",
                          resolved_by="ops@acme", receipt="ch_123"),
     Reconciled: Reconciled(operation_id="op-1", ok=True, message="recorded"),
+    HumanDecision: HumanDecision(request_id="dec-1", token="eyJ.x.y", pending_id="p-1",
+                                 answer="once", reason="looks right"),
+    DecisionResult: DecisionResult(request_id="dec-1", pending_id="p-1", accepted=True,
+                                   message="answered once"),
+    RegisterRun: RegisterRun(tenant="acme", run_id="run-1", principal="alice@acme",
+                             agent="assistant", attended=True, grants=["send_external"]),
+    RunRegistered: RunRegistered(run_id="run-1"),
+    AnswerDecision: AnswerDecision(tenant="acme", principal="ops@acme", request_id="dec-1",
+                                   pending_id="p-1", answer="deny", reason="no"),
+    DecisionAnswered: DecisionAnswered(
+        tenant="acme", pending_id="p-1", run_id="run-1", proposal_id="prop-1", answer="once",
+        reason="", answered_by="ops@acme", decision_id="d-2", line=6, policy_version="v1"),
+    ListPending: ListPending(tenant="acme"),
+    PendingDecisions: PendingDecisions(decisions=[PendingDecision(
+        pending_id="p-1", run_id="run-1", agent="assistant", principal="alice@acme",
+        tool="payment.charge.create", family="write_delete", first_argument="ACME-42",
+        reason="no grant covers the call", options=["once", "always", "deny"], attended=False,
+        deadline=None, created_at="2026-01-01T00:00:00Z")]),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(
-    [RunRequest, SubmitCommand, ProposeCommand, DecideRequest, DispatchCommand]
+    [RunRequest, SubmitCommand, ProposeCommand, DecideRequest, DispatchCommand, HumanDecision]
     + [m for m in MESSAGES if issubclass(m, Command)]))
 EVENTS = tuple(dict.fromkeys([RunResult, CommandResult, CommandOutcome]
                              + [m for m in MESSAGES if issubclass(m, Event)]))
