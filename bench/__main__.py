@@ -1,0 +1,90 @@
+"""`python -m bench`: start a deployment, measure, print, write `$BENCH_OUT`, stop.
+
+Environment: `BENCH_OUT` (default `bench-results.json`), `BENCH_SCALE` (multiplies every
+warm-up and window; 1.0 takes three to four minutes), `BENCH_KEEP=1` keeps the deployment's
+folder (logs under `<home>/logs`), which is otherwise kept only when something failed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+
+from bench.phases import SCALE, Bench, BenchError
+from bench.report import Report
+from writ.stack import SERVICES, Stack
+
+
+def _phase(report: Report, name: str, phase: Callable[[], Awaitable[None]]) -> None:
+    """Run one phase; a failure is recorded and the next phase still runs."""
+    try:
+        anyio.run(phase)
+    except Exception as exc:
+        if not isinstance(exc, BenchError):
+            traceback.print_exc()
+        print(f"\n  {name} FAILED: {exc}", file=sys.stderr, flush=True)
+        report.data.setdefault("errors", {})[name] = str(exc)[:2000]
+
+
+def _run(stack: Stack, report: Report) -> None:
+    bench = Bench(stack, report)
+    print("Starting nats-server and PostgreSQL…", flush=True)
+    stack.start_infrastructure()
+    anyio.run(stack.provision)
+    _phase(report, "versions", bench.versions)
+    _phase(report, "ceilings", bench.ceilings)
+    print("\nStarting the simulated CRM and the six services…", flush=True)
+    stack.start_crm()
+    stack.start_services()
+    anyio.run(stack.wait_ready)
+    bench.ports = {name: stack.metrics_port(name) for name in SERVICES}
+    _phase(report, "command_path", bench.command_path)
+    _phase(report, "run_path", bench.run_path)
+    _phase(report, "decide", bench.decide)
+    bench.warnings()
+    bench.conclude()
+
+
+def main() -> int:
+    """Run every measurement once; the deployment is stopped whatever happens."""
+    out = Path(os.environ.get("BENCH_OUT", "bench-results.json"))
+    home = Path(tempfile.mkdtemp(prefix="writ-bench-"))
+    stack = Stack(home=home, database="bench", durable_pg=True)
+    report = Report()
+    report.data.update(cpu_count=os.cpu_count(), scale=SCALE)
+    print(f"Writ bench: {os.cpu_count()} CPUs, deployment in {home}", flush=True)
+    started = False
+    try:
+        _run(stack, report)
+        started = True
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+    except Exception:  # the deployment itself did not come up
+        traceback.print_exc()
+        for name in stack.procs:
+            tail = stack.log_tail(name, 1500)
+            if tail.strip():
+                print(f"--- {name} ---\n{tail}", file=sys.stderr)
+    finally:
+        print("\nStopping…", flush=True)
+        stack.stop()
+    ok = started and not report.data.get("errors")
+    report.data["complete"] = ok
+    if ok and os.environ.get("BENCH_KEEP") != "1":
+        shutil.rmtree(home, ignore_errors=True)
+    else:
+        print(f"Deployment folder kept: {home} (logs in {home / 'logs'})", flush=True)
+    report.write(out)
+    print(f"Figures written to {out}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

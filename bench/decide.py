@@ -1,0 +1,90 @@
+"""Governance's `decide` request/reply, against a rule store holding many fine rules."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import asyncpg
+import msgspec
+from nats.aio.client import Client
+
+from bench.measure import Sample, Watcher, closed_loop
+from schemas import subjects
+from schemas.governance import DecideRequest, Decision
+
+__all__ = ["DecideLoad", "seed_rules"]
+
+# Tools other than the benchmark's: what a tenant with many integrations would have rules for.
+_SYSTEMS = ("crm", "mail", "calendar", "billing", "tickets", "files", "chat", "hr", "erp", "wiki")
+_OBJECTS = ("note", "contact", "deal", "invoice", "event", "message", "document", "task",
+            "account", "order")
+_VERBS = ("create", "update", "delete", "send", "read")
+
+
+async def seed_rules(dsn: str, *, count: int, noop_share: float, seed: int = 7) -> dict[str, int]:
+    """Insert `count` fine rules for tenant acme, none of which decides the bench's calls.
+
+    A `noop_share` of them are `writ.noop` allow rules naming other agents: `decide`'s query
+    finds them through the (tenant, tool) index and must filter each one out by agent. The rest
+    name other tools (allow and deny, some for all agents, some with an argument prefix).
+    Returns how many rules of each kind were inserted.
+    """
+    rng = random.Random(seed)
+    tools = [f"{s}.{o}.{v}" for s in _SYSTEMS for o in _OBJECTS for v in _VERBS]
+    noop = int(count * noop_share)
+    records = []
+    for i in range(noop):
+        records.append(("acme", "writ.noop", None, f"agent-{i % 97}", "allow"))
+    for i in range(count - noop):
+        records.append(("acme", rng.choice(tools),
+                        f"ACME-{rng.randrange(1000)}" if rng.random() < 0.3 else None,
+                        f"agent-{i % 97}" if rng.random() < 0.7 else None,
+                        "deny" if rng.random() < 0.2 else "allow"))
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.copy_records_to_table(
+            "rules", schema_name="governance", records=records,
+            columns=["tenant", "tool", "arg_prefix", "agent", "effect"])
+        # What autovacuum would do within a minute of such an insert, done now: without
+        # statistics the rules query's plan would be an accident of timing, and an autovacuum
+        # of the new rows would land inside the measurement.
+        await conn.execute("VACUUM ANALYZE governance.rules")
+        total = await conn.fetchval("SELECT count(*) FROM governance.rules WHERE tenant = 'acme'")
+    finally:
+        await conn.close()
+    return {"rules_total": int(total), "rules_writ_noop_other_agents": noop,
+            "rules_other_tools": count - noop}
+
+
+class DecideLoad:
+    """Asks `decide` for the bench's call: `writ.noop` by crm-assistant (allowed on line 5)."""
+
+    def __init__(self, nc: Client) -> None:
+        self._nc = nc
+        self._encoder = msgspec.json.Encoder()
+        self._decoder = msgspec.json.Decoder(Decision)
+        self.verdicts: dict[str, int] = {}
+
+    async def one(self) -> bool:
+        """One request/reply; anything but the expected allow counts as a failure."""
+        ask = DecideRequest(tenant="acme", principal="bench@acme.example", agent="crm-assistant",
+                            run_id=str(uuid.uuid4()), tool="writ.noop",
+                            first_argument=uuid.uuid4().hex)
+        try:
+            reply = await self._nc.request(subjects.DECIDE, self._encoder.encode(ask),
+                                           timeout=30)
+            decision = self._decoder.decode(reply.data)
+        except Exception as exc:  # timeouts, no responders, a service error reply
+            key = type(exc).__name__
+            self.verdicts[key] = self.verdicts.get(key, 0) + 1
+            return False
+        key = f"{decision.verdict}/line{decision.line}"
+        self.verdicts[key] = self.verdicts.get(key, 0) + 1
+        return key == "allow/line5"
+
+    async def measure(self, *, concurrency: int, warmup_s: float, duration_s: float,
+                      watcher: Watcher | None = None) -> Sample:
+        """Closed loop of `concurrency` outstanding requests."""
+        return await closed_loop(self.one, concurrency=concurrency, warmup_s=warmup_s,
+                                 duration_s=duration_s, watcher=watcher)

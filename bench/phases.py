@@ -1,0 +1,323 @@
+"""The measurements of one bench run, in order, against one deployment."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import asyncpg
+import nats
+from nats.aio.client import Client
+
+from bench.ceilings import admission_ceiling, jetstream_ceiling
+from bench.commands import CommandPath
+from bench.decide import DecideLoad, seed_rules
+from bench.measure import closed_loop, open_loop
+from bench.observe import Counters, Processes, Window
+from bench.report import Report, cpu_ms_per_op, sample_dict
+from bench.runs import RunPath
+from bench.settle import settle
+from writ.stack import Stack
+
+__all__ = ["Bench", "BenchError"]
+
+SCALE = float(os.environ.get("BENCH_SCALE", "1.0"))
+COMMAND_LEVELS = (32, 128, 512)
+RUN_CONCURRENCY = 32
+DECIDE_CONCURRENCY = 64
+ADMIT_CONCURRENCY = 16
+JS_PUBLISHERS = 256
+JS_BATCH = 256
+RULES = 10_000
+RULES_NOOP_SHARE = 0.1
+
+
+class BenchError(Exception):
+    """A measurement could not be made (nothing succeeded, a service died)."""
+
+
+def _s(seconds: float) -> float:
+    return seconds * SCALE
+
+
+class Bench:
+    """The measurements of one run, in order, against one deployment."""
+
+    def __init__(self, stack: Stack, report: Report) -> None:
+        self.stack, self.report = stack, report
+        self.ports: dict[str, int] = {}
+
+    def alive(self) -> None:
+        """Raise if a process of the deployment has exited: its figures would mean nothing."""
+        for name, proc in self.stack.procs.items():
+            if proc.poll() is not None:
+                raise BenchError(f"{name} exited with {proc.returncode}:\n"
+                                 + self.stack.log_tail(name, 1500))
+
+    async def settle(self, nc: Client, before: str) -> None:
+        """Let the services finish the previous measurement's backlog before the next one."""
+        settled = await settle(nc)
+        self.report.data.setdefault("settle", {})[before] = settled
+        if settled["still_pending"]:
+            self.report.line("  (not idle after 60 s)", str(settled["still_pending"]))
+        elif float(settled["seconds"]) > 2:
+            self.report.line(f"  (services took {settled['seconds']} s to go idle)", "")
+
+    def window(self) -> Window:
+        """A watcher of every process this bench started (services known once started)."""
+        services = {proc.pid: name for name, proc in self.stack.procs.items()}
+        return Window(Processes(services=services, database=self.stack.database), self.ports,
+                      Counters(database_dsn=self.stack.database_dsn,
+                               nats_url=self.stack.nats_url))
+
+    async def versions(self) -> None:
+        """What the figures were measured on."""
+        nc = await nats.connect(self.stack.nats_url)
+        version = nc.connected_server_version
+        await nc.close()
+        conn = await asyncpg.connect(self.stack.database_dsn)
+        try:
+            pg = await conn.fetchval("SHOW server_version")
+            fsync = await conn.fetchval("SHOW fsync")
+            commit = await conn.fetchval("SHOW synchronous_commit")
+        finally:
+            await conn.close()
+        data = self.report.data
+        data.update(nats_server_version=f"{version.major}.{version.minor}.{version.patch}",
+                    postgres_version=pg, postgres_fsync=fsync,
+                    postgres_synchronous_commit=commit)
+        self.report.line("infrastructure", f"nats-server {data['nats_server_version']} "
+                         f"(JetStream sync_interval: always), PostgreSQL {pg} "
+                         f"(fsync={fsync}, synchronous_commit={commit})")
+
+    async def ceilings(self) -> None:
+        """Both ceilings, before the services start: nothing else is using the servers, and
+        no relay is running to pick up the admission ceiling's outbox rows."""
+        r, data = self.report, self.report.data
+        r.section("Ceilings (services not yet started)")
+        watch = self.window()
+        tx = await admission_ceiling(self.stack, concurrency=ADMIT_CONCURRENCY,
+                                     warmup_s=_s(2), duration_s=_s(10), watcher=watch)
+        data["ceiling_admission_tx_per_s"] = round(tx.rate, 1)
+        data["ceiling_admission"] = {**sample_dict(tx), "concurrency": ADMIT_CONCURRENCY,
+                                     "usage": watch.report()}
+        r.sample(f"admission transaction ({ADMIT_CONCURRENCY} connections)", tx, "tx/s ")
+        r.usage(watch.report(), per=(tx.completed, "admit"))
+
+        watch = self.window()
+        published, consumed = await jetstream_ceiling(
+            self.stack.nats_url, publishers=JS_PUBLISHERS, batch=JS_BATCH, warmup_s=_s(2),
+            duration_s=_s(10), watcher=watch)
+        data["ceiling_jetstream_msgs_per_s"] = round(consumed.rate, 1)
+        data["ceiling_jetstream"] = {
+            "consumed_per_s": round(consumed.rate, 1), "consumed": consumed.completed,
+            "published_per_s": round(published.rate, 1), "published": published.completed,
+            "publish_ack_p50_ms": round(published.latency_ms(50), 2),
+            "publish_ack_p99_ms": round(published.latency_ms(99), 2),
+            "publishers": JS_PUBLISHERS, "fetch_batch": JS_BATCH, "usage": watch.report()}
+        r.line(f"JetStream publish ({JS_PUBLISHERS} acks outstanding)",
+               f"{published.rate:9,.1f} msg/s  PubAck p50 {published.latency_ms(50):.1f} ms, "
+               f"p99 {published.latency_ms(99):.1f} ms")
+        r.line(f"JetStream end to end (pull {JS_BATCH}, ack each)",
+               f"{consumed.rate:9,.1f} msg/s")
+        r.usage(watch.report())
+
+    async def command_path(self) -> None:
+        """Closed-loop throughput at each level, then latency at half the best rate."""
+        r, data = self.report, self.report.data
+        r.section("Command path: writ.noop proposal -> admitted -> relayed -> dispatched -> "
+                  "outcome")
+        self.alive()
+        nc = await nats.connect(self.stack.nats_url, name="bench-commands")
+        path = CommandPath(nc)
+        await path.start()
+        try:
+            # Unloaded: one command at a time, traced stage by stage (also warms the services).
+            await path.trace_stages()
+            await self.settle(nc, "e2e_unloaded")
+            watch = self.window()
+            single = await closed_loop(path.one, concurrency=1, warmup_s=_s(1),
+                                       duration_s=_s(4), watcher=watch)
+            data["e2e_unloaded"] = {**sample_dict(single), "stages": path.stage_report(single),
+                                    "usage": watch.report()}
+            r.sample("one at a time (C=1)", single, "cmd/s")
+            if single.completed == 0:
+                raise BenchError(f"no writ.noop command succeeded: {path.states}; "
+                                 f"first problem: {path.problem}")
+            self._stages(path.stage_report(single))
+            await path.untrace()  # throughput levels run untraced: tracing costs bench CPU
+
+            levels = []
+            for concurrency in COMMAND_LEVELS:
+                path.states, path.problem = {}, ""
+                await self.settle(nc, f"e2e_c{concurrency}")
+                watch = self.window()
+                sample = await closed_loop(path.one, concurrency=concurrency, warmup_s=_s(3),
+                                           duration_s=_s(12), watcher=watch)
+                levels.append({"concurrency": concurrency, **sample_dict(sample),
+                               "states": path.states, "problem": path.problem,
+                               "usage": watch.report(),
+                               "cpu_ms_per_command": cpu_ms_per_op(watch.report(),
+                                                                   sample.rate)})
+                r.sample(f"closed loop C={concurrency}", sample, "cmd/s")
+                r.usage(watch.report(), per=(sample.completed, "command"))
+            best = max(levels, key=lambda level: level["per_s"] or 0.0)
+            if not best["per_s"]:
+                raise BenchError(f"no command succeeded under load: {path.states}; "
+                                 f"first problem: {path.problem}")
+            data["e2e_levels"] = levels
+            data["e2e_concurrency"] = best["concurrency"]
+            data["e2e_commands_per_s"] = best["per_s"]
+
+            rate = best["per_s"] / 2
+            await path.trace_stages()
+            path.states, path.problem = {}, ""
+            await self.settle(nc, "e2e_open_loop")
+            watch = self.window()
+            paced = await open_loop(path.one, rate=rate, warmup_s=_s(2), duration_s=_s(10),
+                                    watcher=watch)
+            stages = path.stage_report(paced)
+            data["e2e_p50_ms"] = round(paced.latency_ms(50), 1)
+            data["e2e_p99_ms"] = round(paced.latency_ms(99), 1)
+            data["e2e_open_loop"] = {**sample_dict(paced), "offered_per_s": round(rate, 1),
+                                     "pacer_late_max_ms": round(paced.late_s * 1000, 1),
+                                     "states": path.states, "stages": stages,
+                                     "usage": watch.report()}
+            r.line("best", f"C={best['concurrency']}: {best['per_s']:,.1f} cmd/s")
+            r.sample(f"open loop at {rate:.1f}/s (half the best)", paced, "cmd/s")
+            self._stages(stages)
+            r.usage(watch.report(), per=(paced.completed, "command"))
+        finally:
+            await path.stop()
+            await nc.close()
+
+    def _stages(self, stages: dict[str, dict[str, float]]) -> None:
+        text = ", ".join(f"{name} {s['p50_ms']:.1f}/{s['p99_ms']:.1f}"
+                         for name, s in stages.items())
+        print(f"      stages, p50/p99 ms: {text}", flush=True)
+
+    async def run_path(self) -> None:
+        """Whole runs: one at a time, then `RUN_CONCURRENCY` in flight."""
+        r, data = self.report, self.report.data
+        r.section("Run path: RunRequest -> six services, one crm.note.create -> RunResult")
+        self.alive()
+        nc = await nats.connect(self.stack.nats_url, name="bench-runs")
+        path = RunPath(self.stack, nc)
+        await path.start()
+        try:
+            await self.settle(nc, "run_path_unloaded")
+            watch = self.window()
+            single = await closed_loop(path.one, concurrency=1, warmup_s=_s(1),
+                                       duration_s=_s(4), watcher=watch)
+            data["run_path_unloaded"] = {**sample_dict(single), "usage": watch.report()}
+            r.sample("one at a time (C=1)", single, "run/s")
+            if single.completed == 0:
+                raise BenchError(f"no run succeeded: {path.statuses}; "
+                                 f"first problem: {path.problem}")
+            path.statuses, path.problem = {}, ""
+            await self.settle(nc, "run_path")
+            watch = self.window()
+            sample = await closed_loop(path.one, concurrency=RUN_CONCURRENCY, warmup_s=_s(3),
+                                       duration_s=_s(15), watcher=watch)
+            data["run_path_runs_per_s"] = round(sample.rate, 1)
+            data["run_path_p50_ms"] = round(sample.latency_ms(50), 1)
+            data["run_path_p99_ms"] = round(sample.latency_ms(99), 1)
+            data["run_path_concurrency"] = RUN_CONCURRENCY
+            data["run_path"] = {**sample_dict(sample), "statuses": path.statuses,
+                                "problem": path.problem,
+                                "usage": watch.report(),
+                                "cpu_ms_per_run": cpu_ms_per_op(watch.report(), sample.rate)}
+            r.sample(f"closed loop C={RUN_CONCURRENCY}", sample, "run/s")
+            r.usage(watch.report(), per=(sample.completed, "run"))
+        finally:
+            await path.stop()
+            await nc.close()
+
+    async def decide(self) -> None:
+        """`decide` with the rule store as provisioned, then with 10,000 fine rules."""
+        r, data = self.report, self.report.data
+        r.section(f"Governance decide (request/reply, {DECIDE_CONCURRENCY} outstanding)")
+        self.alive()
+        nc = await nats.connect(self.stack.nats_url, name="bench-decide")
+        try:
+            load = DecideLoad(nc)
+            await self.settle(nc, "decide")
+            watch = self.window()
+            bare = await load.measure(concurrency=DECIDE_CONCURRENCY, warmup_s=_s(1),
+                                      duration_s=_s(5), watcher=watch)
+            data["decide_no_rules"] = {**sample_dict(bare), "usage": watch.report()}
+            data["decide_per_s_no_rules"] = round(bare.rate, 1)
+            r.sample("no fine rules", bare, "req/s")
+            r.usage(watch.report(), per=(bare.completed, "decide"))
+
+            seeded = await seed_rules(self.stack.database_dsn, count=RULES,
+                                      noop_share=RULES_NOOP_SHARE)
+            load.verdicts = {}
+            watch = self.window()
+            sample = await load.measure(concurrency=DECIDE_CONCURRENCY, warmup_s=_s(2),
+                                        duration_s=_s(10), watcher=watch)
+            data["decide_per_s"] = round(sample.rate, 1)
+            data["decide"] = {**sample_dict(sample), **seeded, "verdicts": load.verdicts,
+                              "concurrency": DECIDE_CONCURRENCY, "usage": watch.report()}
+            r.sample(f"{seeded['rules_total']:,} fine rules "
+                     f"({seeded['rules_writ_noop_other_agents']:,} writ.noop, other agents)",
+                     sample, "req/s")
+            r.usage(watch.report(), per=(sample.completed, "decide"))
+        finally:
+            await nc.close()
+
+    def warnings(self) -> None:
+        """Count what each service logged at WARNING or above, by message, for the report.
+
+        One is expected on a quiet inbox: nats-py's `fetch` can raise asyncio's TimeoutError
+        rather than its own, which the actor loop takes for trouble and waits 0.5 s after.
+        """
+        found: dict[str, dict[str, int]] = {}
+        for name in self.stack.procs:
+            for line in self.stack.log_tail(name, 1 << 30).splitlines():
+                level = next((lv for lv in (" WARNING ", " ERROR ", " CRITICAL ")
+                              if lv in line), None)
+                if level is None:
+                    continue
+                message = line.split(level, 1)[1]
+                # Group messages that differ only by ids and numbers.
+                key = re.sub(r"[0-9a-f-]{8,}|\d+", "#", message)[:120]
+                counts = found.setdefault(name, {})
+                counts[key] = counts.get(key, 0) + 1
+        self.report.data["service_warnings"] = found
+        if found:
+            self.report.section("Warnings the services logged during the bench")
+            for name, counts in found.items():
+                for message, count in sorted(counts.items(), key=lambda kv: -kv[1])[:3]:
+                    self.report.line(f"{name} x{count}", message)
+
+    def conclude(self) -> None:
+        """The command path against the slower of its two ceilings, and a summary."""
+        r, data = self.report, self.report.data
+        r.section("Summary")
+        ceilings = {name: data[key] for name, key in (
+            ("admission_tx", "ceiling_admission_tx_per_s"),
+            ("jetstream", "ceiling_jetstream_msgs_per_s")) if data.get(key)}
+        if "e2e_commands_per_s" in data:
+            r.line("command path", f"{data['e2e_commands_per_s']:,.1f} cmd/s at "
+                   f"C={data['e2e_concurrency']}; p50 {data.get('e2e_p50_ms')} ms, "
+                   f"p99 {data.get('e2e_p99_ms')} ms at half that rate")
+        if "run_path_runs_per_s" in data:
+            r.line("run path", f"{data['run_path_runs_per_s']:,.1f} run/s at "
+                   f"C={RUN_CONCURRENCY}; p50 {data['run_path_p50_ms']} ms, "
+                   f"p99 {data['run_path_p99_ms']} ms")
+        if ceilings:
+            r.line("ceilings", ", ".join(f"{k} {v:,.1f}/s" for k, v in ceilings.items()))
+        if len(ceilings) == 2 and "e2e_commands_per_s" in data:
+            slower = min(ceilings, key=lambda k: ceilings[k])
+            data["slower_ceiling"] = slower
+            data["e2e_over_ceiling"] = round(data["e2e_commands_per_s"] / ceilings[slower], 3)
+            r.line(f"command path / slower ceiling ({slower})", f"{data['e2e_over_ceiling']:.3f}")
+        best = [level for level in data.get("e2e_levels", ())
+                if level["concurrency"] == data.get("e2e_concurrency")]
+        if best:
+            r.cost("per command (at the best level)", best[0]["cpu_ms_per_command"])
+        if "run_path" in data:
+            r.cost("per run", data["run_path"]["cpu_ms_per_run"])
+        if "decide_per_s" in data:
+            r.line(f"decide ({RULES:,} rules)", f"{data['decide_per_s']:,.1f} req/s")
