@@ -35,7 +35,8 @@ _SPANS = (("published", "stored"), ("stored", "admitted"), ("stored", "relayed")
 
 
 class _AdmissionAnswer(msgspec.Struct):
-    """`CommandAdmitted` or `ProposalRefused`, both published on `writ.int.admitted.<tenant>`."""
+    """`CommandAdmitted` (on `writ.int.admitted.<tenant>`) or `ProposalRefused` (on
+    `writ.int.refused.<tenant>`)."""
 
     type: str
     run_id: str
@@ -70,7 +71,8 @@ class CommandPath:
         publishes too)."""
         self._subs = [
             await self._nc.subscribe(subjects.outcome(TENANT), cb=self._on_outcome),
-            await self._nc.subscribe(subjects.admitted(TENANT), cb=self._on_admission)]
+            await self._nc.subscribe(subjects.admitted(TENANT), cb=self._on_admission),
+            await self._nc.subscribe(subjects.refused(TENANT), cb=self._on_admission)]
 
     async def trace_stages(self) -> None:
         """Also timestamp each command's admission and relay, to see where latency goes."""

@@ -108,7 +108,8 @@ async def run_actor(
                 free = slots.value + 1
                 try:
                     msgs = await sub.fetch(free, timeout=1.0)
-                except NatsTimeoutError:
+                except (NatsTimeoutError, TimeoutError):
+                    # An idle inbox; nats-py raises either its own or the builtin timeout.
                     slots.release()
                     continue
                 except Exception as exc:  # connection trouble: wait for the client to reconnect

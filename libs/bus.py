@@ -22,7 +22,14 @@ from nats.js.errors import BadRequestError
 from libs.telemetry import inject_context
 from schemas.subjects import STREAMS, StreamSpec
 
-__all__ = ["ConsumerSpec", "connect", "ensure_consumer", "ensure_streams", "publish"]
+__all__ = [
+    "ConsumerSpec",
+    "connect",
+    "ensure_consumer",
+    "ensure_streams",
+    "publish",
+    "publish_now",
+]
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -88,3 +95,16 @@ async def publish(js: JetStreamContext, subject: str, message: msgspec.Struct, *
         hdrs["Nats-Msg-Id"] = msg_id
     ack = await js.publish(subject, _ENCODER.encode(message), headers=hdrs, timeout=timeout)
     return int(ack.seq)
+
+
+async def publish_now(nc: Client, subject: str, message: msgspec.Struct, *,
+                      msg_id: str | None = None) -> None:
+    """Publish without waiting for the stream's acknowledgement: for events nothing depends on.
+
+    The message is still stored if a stream covers the subject, and `msg_id` still dedupes,
+    but a lost one is not retried.
+    """
+    hdrs = inject_context({})
+    if msg_id is not None:
+        hdrs["Nats-Msg-Id"] = msg_id
+    await nc.publish(subject, _ENCODER.encode(message), headers=hdrs)

@@ -76,7 +76,7 @@ async def connect_pool(dsn: str, *, password: str | None = None, min_size: int =
                        application_name: str = "writ") -> asyncpg.Pool:
     """A pool whose every statement is bounded by `statement_timeout`."""
     pool = await asyncpg.create_pool(
-        dsn, password=password, min_size=min_size, max_size=max_size,
+        dsn, password=password, min_size=min_size, max_size=max_size, reset=_keep_session,
         server_settings={"statement_timeout": str(statement_timeout_ms),
                          "application_name": application_name,
                          "idle_in_transaction_session_timeout": "60000"},
@@ -141,6 +141,15 @@ async def provision(admin_dsn: str, database: str,
     finally:
         await conn.close()
     return result
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Skip asyncpg's reset on release: Writ sets no session state on pooled connections.
+
+    The default reset (RESET ALL, UNLISTEN, advisory unlocks...) costs a round trip per
+    release; LISTEN happens only on the relay's own connection, outside any pool, and every
+    transaction is closed by its context manager before release.
+    """
 
 
 def _literal(value: str) -> str:

@@ -35,12 +35,19 @@ log = logging.getLogger("writ.runtime")
 
 
 class Endpoint:
-    """A request/reply endpoint of the service's NATS micro service."""
+    """A request/reply endpoint of the service's NATS micro service.
 
-    __slots__ = ("handler", "name", "subject")
+    Requests are handled concurrently, up to `concurrency` at a time: nats-py awaits a
+    subscription's handler before it delivers the next message, which would make a service
+    answer one request at a time however many callers wait.
+    """
 
-    def __init__(self, name: str, subject: str, handler: Callable[[Request], Awaitable[None]]):
+    __slots__ = ("concurrency", "handler", "name", "subject")
+
+    def __init__(self, name: str, subject: str, handler: Callable[[Request], Awaitable[None]],
+                 *, concurrency: int = 64):
         self.name, self.subject, self.handler = name, subject, handler
+        self.concurrency = concurrency
 
 
 class Runtime:
@@ -90,7 +97,8 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
             )
             for endpoint in rt.endpoints:
                 await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                         handler=endpoint.handler, queue_group=f"writ-{name}")
+                                         handler=_in_tasks(endpoint, tg),
+                                         queue_group=f"writ-{name}")
             log.info("writ-%s ready (metrics on :%s)", name, metrics.port)
             await rt.stopping.wait()
             # Actors stop fetching when `stopping` is set and finish what they hold; after the
@@ -109,6 +117,20 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
                 log.warning("drain of writ-%s incomplete: %r", name, exc)
             metrics.stop()
             provider.shutdown()
+
+
+def _in_tasks(endpoint: Endpoint, tg: anyio.abc.TaskGroup
+              ) -> Callable[[Request], Awaitable[None]]:
+    limiter = anyio.CapacityLimiter(endpoint.concurrency)
+
+    async def handle(request: Request) -> None:
+        async with limiter:
+            await endpoint.handler(request)
+
+    async def dispatch(request: Request) -> None:
+        tg.start_soon(handle, request)
+
+    return dispatch
 
 
 async def _run_main(main: Main, rt: Runtime, done: anyio.Event, *,
@@ -143,6 +165,8 @@ def run_service(name: str, settings: BaseSettings, main: Main, *, description: s
 
     logging.basicConfig(level=os.environ.get("WRIT_LOG_LEVEL", "INFO"),
                         format=f"%(asctime)s {name:<10} %(levelname)s %(message)s")
+    # One line per connector request would drown what matters (and carry URLs with ids).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     anyio.run(functools.partial(serve, name, settings, main, description=description,
                                 metrics_port_file=settings.metrics_port_file or None),
               backend="asyncio")

@@ -36,6 +36,7 @@ __all__ = [
     "human_decision",
     "outcome",
     "proposal",
+    "refused",
     "request",
     "result",
     "run_started",
@@ -91,8 +92,14 @@ def admitted(tenant: str) -> str:
     return f"writ.int.admitted.{tenant}"
 
 
-def outcome(tenant: str) -> str:
-    return f"writ.int.outcomes.{tenant}"
+def outcome(tenant: str, origin: str = "run") -> str:
+    """A command's outcome; `origin` (run | host) says who waits for it."""
+    return f"writ.int.outcomes.{origin}.{tenant}"
+
+
+def refused(tenant: str) -> str:
+    """Proposals of runs that did not become commands (the planner's concern)."""
+    return f"writ.int.refused.{tenant}"
 
 
 def command(tenant: str) -> str:
@@ -114,8 +121,9 @@ RECONCILE: Final = "writ.int.dispatcher.reconcile"
 INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*")
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
-PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.*", "writ.int.admitted.*")
-ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.*", "writ.int.answered.*")
+PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*")
+ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",
+                       "writ.int.answered.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)
 
 
@@ -134,7 +142,7 @@ STREAMS: Final = (
     StreamSpec("WRIT_OUT", ("writ.out.>",), 7 * _DAY),
     StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
                             "writ.int.admitted.>", "writ.int.outcomes.>", "writ.int.answers.>",
-                            "writ.int.answered.>"), 7 * _DAY),
+                            "writ.int.answered.>", "writ.int.refused.>"), 7 * _DAY),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
 )

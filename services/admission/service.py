@@ -16,7 +16,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, publish
+from libs.bus import ConsumerSpec, publish, publish_now
 from libs.errors import RetryableError
 from libs.runtime import Runtime
 from schemas import subjects
@@ -84,11 +84,10 @@ class AdmissionService:
             operation_id = operation_id_for(p.tenant, p.run_id, p.step, p.operation_key)
             proposal_id = proposal_id_for(p.tenant, p.run_id, p.step)
             span.set_attribute("writ.operation_id", operation_id)
-            existing = await self._store.command(p.tenant, operation_id)
+            existing, recorded = await self._store.known(p.tenant, operation_id, proposal_id)
             if existing is not None:
                 await self._known(p, operation_id, valid.request_hash, existing, replay=True)
                 return
-            recorded = await self._store.proposal(p.tenant, proposal_id)
             if recorded is not None and recorded[0] in ("pending", "rejected"):
                 # Proposed again (a redelivery): the same answer, never a second ask.
                 state, decision_id, reason = recorded
@@ -133,8 +132,10 @@ class AdmissionService:
                                f"operation key {p.operation_key or operation_id} was already "
                                "used with another payload; the stored command is unchanged")
             return
-        await publish(
-            self._rt.js, subjects.admitted(p.tenant),
+        # A progress event for watchers (the timeline), not an obligation: a core publish into
+        # the stream, without waiting for its acknowledgement.
+        await publish_now(
+            self._rt.nc, subjects.admitted(p.tenant),
             CommandAdmitted(tenant=p.tenant, run_id=p.run_id, step=p.step, action=p.action,
                             operation_id=operation_id, request_hash=request_hash.hex(),
                             decision_id=stored.decision_id, decision_line=stored.decision_line,
@@ -242,7 +243,7 @@ class AdmissionService:
                                     None, reason, code, pending_id)
             return
         await publish(
-            self._rt.js, subjects.admitted(p.tenant),
+            self._rt.js, subjects.refused(p.tenant),
             ProposalRefused(tenant=p.tenant, run_id=p.run_id, step=p.step,
                             action=p.action[:512], verdict=verdict, reason=reason,
                             decision_id=decision_id, pending_id=pending_id),

@@ -88,9 +88,21 @@ ON CONFLICT (tenant, proposal_id) DO UPDATE
     WHERE admission.proposals.state = 'pending'
 """
 
-# Seed 001 §4: only the first admission returns a row, so only it creates the dispatch obligation.
+# Seed 001 §4 in one statement: the proposal's pending -> executing claim, the command
+# (ON CONFLICT DO NOTHING: RETURNING yields a row only for the first admission), its outbox row
+# only if the command was created, and the relay's wake-up. $20 is the notification channel.
 _ADMIT = """
-WITH admitted AS (
+WITH proposal AS (
+    INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
+        action, action_version, arguments, request_hash, state, decision_id, reason,
+        expected_revision, operation_key, request_id)
+    VALUES ($1, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, 'executing', $12, NULL, $16,
+            $18, $19)
+    ON CONFLICT (tenant, proposal_id) DO UPDATE
+        SET state = 'executing', decision_id = EXCLUDED.decision_id, updated_at = now()
+        WHERE admission.proposals.state = 'pending'
+    RETURNING 1
+), admitted AS (
     INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, principal,
         agent, action, action_version, arguments, request_hash, decision_id, decision_line,
         policy_version, expires_at, expected_revision, origin, operation_key, request_id)
@@ -98,10 +110,24 @@ WITH admitted AS (
             $18, $19)
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id
+), queued AS (
+    INSERT INTO admission.outbox (tenant, operation_id)
+    SELECT tenant, operation_id FROM admitted
+    RETURNING id
 )
-INSERT INTO admission.outbox (tenant, operation_id)
-SELECT tenant, operation_id FROM admitted
-RETURNING id
+SELECT (SELECT id FROM queued) AS outbox_id,
+       (SELECT count(*) FROM (SELECT pg_notify($20, '') FROM queued) AS woken) AS woken,
+       (SELECT count(*) FROM proposal) AS claimed
+"""
+
+
+_KNOWN = f"""
+SELECT c.*, p.state AS proposal_state, p.decision_id::text AS proposal_decision_id,
+       coalesce(p.reason, '') AS proposal_reason
+FROM (SELECT 1) AS one
+LEFT JOIN (SELECT {_COMMAND_COLUMNS} FROM admission.commands
+           WHERE tenant = $1 AND operation_id = $2) AS c ON true
+LEFT JOIN admission.proposals p ON p.tenant = $1 AND p.proposal_id = $3
 """
 
 
@@ -130,6 +156,21 @@ class AdmissionStore:
             _INSERT_PROPOSAL, tenant, proposal_id, run_id, step, principal, agent, action,
             version, json.dumps(arguments), request_hash, state, decision_id, reason,
             expected_revision, operation_key, request_id)
+
+    async def known(self, tenant: str, operation_id: str, proposal_id: str
+                    ) -> tuple[StoredCommand | None, tuple[str, str | None, str] | None]:
+        """The command registered under this key and the proposal's recorded state, if any:
+        one round trip for what every proposal must check first."""
+        row = await self._pool.fetchrow(_KNOWN, tenant, operation_id, proposal_id)
+        assert row is not None
+        command = None
+        if row["state"] is not None:
+            command = StoredCommand(**{k: row[k] for k in StoredCommand.__struct_fields__})
+        proposal = None
+        if row["proposal_state"] is not None:
+            proposal = (row["proposal_state"], row["proposal_decision_id"],
+                        row["proposal_reason"])
+        return command, proposal
 
     async def proposal(self, tenant: str, proposal_id: str) -> tuple[str, str | None, str] | None:
         """(state, decision id, reason) of a proposal already recorded, if any."""
@@ -170,26 +211,28 @@ class AdmissionStore:
         """Proposal -> executing, command and outbox row, in one transaction (seed 001 §4)."""
         args_json = json.dumps(arguments)
         expires_at = datetime.now(UTC) + ttl
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                _CLAIM_PROPOSAL, tenant, proposal_id, run_id, step, principal, agent, action,
-                version, args_json, request_hash, decision.decision_id, expected_revision,
-                operation_key, request_id)
-            outbox_id = await conn.fetchval(
-                _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
-                action, version, args_json, request_hash, decision.decision_id, decision.line,
-                decision.policy_version, expires_at, expected_revision,
-                "host" if operation_key is not None else "run", operation_key, request_id)
-            # Read Committed: this statement sees a concurrent admission of the same key once
-            # the unique check has waited for it, so the hash comparison below is sound.
+        origin = "host" if operation_key is not None else "run"
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                outbox_id = await conn.fetchval(
+                    _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
+                    action, version, args_json, request_hash, decision.decision_id,
+                    decision.line, decision.policy_version, expires_at, expected_revision,
+                    origin, operation_key, request_id, OUTBOX_CHANNEL)
+                if before_commit is not None:
+                    before_commit()
+            if outbox_id is not None:
+                return Admitted(created=True, command=StoredCommand(
+                    request_hash=request_hash, state="pending", receipt=None, reason=None,
+                    decision_id=decision.decision_id, decision_line=decision.line,
+                    policy_version=decision.policy_version, origin=origin,
+                    operation_key=operation_key, request_id=request_id))
+            # Someone admitted this key first. Read Committed: this new statement sees their
+            # committed row (the unique check waited for it), so comparing hashes is sound.
             row = await conn.fetchrow(
                 f"SELECT {_COMMAND_COLUMNS} FROM admission.commands "
                 "WHERE tenant = $1 AND operation_id = $2", tenant, operation_id)
-            if outbox_id is not None:
-                await conn.execute("SELECT pg_notify($1, '')", OUTBOX_CHANNEL)
-            if before_commit is not None:
-                before_commit()
-        return Admitted(created=outbox_id is not None, command=StoredCommand(**dict(row)))
+        return Admitted(created=False, command=StoredCommand(**dict(row)))
 
     async def claim_outbox(self, conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:
         """Lock up to `limit` due rows; other relay replicas skip them (SKIP LOCKED)."""

@@ -128,7 +128,7 @@ class DispatcherService:
             # Delivered again after the end: answer with the recorded outcome, do nothing else.
             await self._publish_outcome(cmd.tenant, cmd.operation_id, current.run_id,
                                         current.step, current.action, current.state,
-                                        current.receipt, current.reason)
+                                        current.receipt, current.reason, origin=current.origin)
             return
         remaining = 1.0
         if current.lease_until is not None:
@@ -153,7 +153,8 @@ class DispatcherService:
             return
         connector = self._connectors[contract.connector]
         key = f"{claim.tenant}:{claim.operation_id}"
-        if await self._store.prior_attempts(claim):
+        # The first holder (epoch 1) cannot have predecessors: skip the lookup on the hot path.
+        if claim.lease_epoch > 1 and await self._store.prior_attempts(claim):
             # An earlier holder may have reached the provider: its contract says what is safe.
             if connector.contract == "none":
                 await self._finish(claim, None, state="unknown", result="lost", receipt=None,
@@ -282,13 +283,13 @@ class DispatcherService:
         await self._store.finish(claim, attempt, state=state, result=result, receipt=receipt,
                                  reason=reason)
         await self._publish_outcome(claim.tenant, claim.operation_id, claim.run_id, claim.step,
-                                    claim.action, state, receipt, reason)
+                                    claim.action, state, receipt, reason, origin=claim.origin)
 
     async def _publish_outcome(self, tenant: str, operation_id: str, run_id: str, step: int,
                                action: str, state: str, receipt: str | None,
-                               reason: str | None, *, suffix: str = "") -> None:
+                               reason: str | None, *, origin: str, suffix: str = "") -> None:
         await publish(
-            self._rt.js, subjects.outcome(tenant),
+            self._rt.js, subjects.outcome(tenant, origin),
             CommandOutcome(tenant=tenant, operation_id=operation_id, run_id=run_id, step=step,
                            action=action, state=state, receipt=receipt,
                            reason=(reason or "")[:500] or None),
@@ -352,7 +353,7 @@ class DispatcherService:
         else:
             await self._publish_outcome(ask.tenant, ask.operation_id, moved.run_id, moved.step,
                                         moved.action, moved.state, moved.receipt, moved.reason,
-                                        suffix=":reconciled")
+                                        origin=moved.origin, suffix=":reconciled")
             answer = Reconciled(operation_id=ask.operation_id, ok=True,
                                 message=f"recorded {ask.state} with evidence")
         await request.respond(self._encoder.encode(answer))

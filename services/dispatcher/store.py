@@ -36,6 +36,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: datetime
     expected_revision: str | None
     decision_id: str
+    origin: str
 
 
 class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +77,7 @@ class Current(msgspec.Struct, frozen=True, kw_only=True):
     receipt: str | None
     reason: str | None
     lease_until: datetime | None
+    origin: str
 
 
 _CLAIM = """
@@ -86,7 +88,7 @@ WHERE tenant = $1 AND operation_id = $2
   AND (state = 'pending' OR (state = 'dispatching' AND lease_until < now()))
 RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, run_id, step,
           principal, agent, action, arguments, expires_at, expected_revision,
-          decision_id::text AS decision_id
+          decision_id::text AS decision_id, origin
 """
 
 
@@ -109,35 +111,38 @@ class DispatcherStore:
     async def current(self, tenant: str, operation_id: str) -> Current | None:
         """The command's state, for a delivery that could not claim it."""
         row = await self._pool.fetchrow(
-            "SELECT state, run_id, step, action, receipt, reason, lease_until "
+            "SELECT state, run_id, step, action, receipt, reason, lease_until, origin "
             "FROM admission.commands WHERE tenant = $1 AND operation_id = $2",
             tenant, operation_id)
         return None if row is None else Current(**dict(row))
 
     async def start_attempt(self, claim: Claim, *, worker: str, connector: str) -> int:
         """Record that this worker is about to call the connector under this epoch."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            await self._check_fence(conn, claim)
-            return int(await conn.fetchval(
-                "INSERT INTO dispatcher.attempts (tenant, operation_id, lease_epoch, worker, "
-                "connector) VALUES ($1, $2, $3, $4, $5) RETURNING attempt_id",
-                claim.tenant, claim.operation_id, claim.lease_epoch, worker, connector))
+        attempt = await self._pool.fetchval(
+            "INSERT INTO dispatcher.attempts (tenant, operation_id, lease_epoch, worker, "
+            "connector) SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM "
+            "admission.commands WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3) "
+            "RETURNING attempt_id",
+            claim.tenant, claim.operation_id, claim.lease_epoch, worker, connector)
+        if attempt is None:
+            raise Fenced("lease taken over", operation_id=claim.operation_id)
+        return int(attempt)
 
     async def finish(self, claim: Claim, attempt_id: int, *, state: str, result: str,
                      receipt: str | None, reason: str | None) -> None:
-        """Record the attempt's result and the command's terminal state, fenced, atomically."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            changed = await conn.fetchval(
-                "WITH moved AS (UPDATE admission.commands SET state = $4, receipt = $5, "
-                "reason = $6, lease_until = NULL, updated_at = now() "
-                "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3 "
-                "AND state = 'dispatching' RETURNING 1) SELECT count(*) FROM moved",
-                claim.tenant, claim.operation_id, claim.lease_epoch, state, receipt, reason)
-            if changed != 1:
-                raise Fenced("lease taken over before finalising", operation_id=claim.operation_id)
-            await conn.execute(
-                "UPDATE dispatcher.attempts SET finished_at = now(), result = $2, detail = $3 "
-                "WHERE attempt_id = $1", attempt_id, result, reason or receipt)
+        """Record the command's terminal state and the attempt's result: one fenced statement."""
+        changed = await self._pool.fetchval(
+            "WITH moved AS (UPDATE admission.commands SET state = $4, receipt = $5, "
+            "reason = $6, lease_until = NULL, updated_at = now() "
+            "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3 "
+            "AND state = 'dispatching' RETURNING 1), "
+            "attempt AS (UPDATE dispatcher.attempts SET finished_at = now(), result = $7, "
+            "detail = $8 WHERE attempt_id = $9 AND EXISTS (SELECT 1 FROM moved) RETURNING 1) "
+            "SELECT count(*) FROM moved",
+            claim.tenant, claim.operation_id, claim.lease_epoch, state, receipt, reason, result,
+            reason or receipt, attempt_id)
+        if changed != 1:
+            raise Fenced("lease taken over before finalising", operation_id=claim.operation_id)
 
     async def release(self, claim: Claim, attempt_id: int | None, *, result: str,
                       detail: str, not_before_s: float = 0.0) -> None:
@@ -206,7 +211,7 @@ class DispatcherStore:
                 "UPDATE admission.commands SET state = $3, receipt = $4, "
                 "reason = 'reconciled: ' || $5, updated_at = now() "
                 "WHERE tenant = $1 AND operation_id = $2 AND state = 'unknown' "
-                "RETURNING state, run_id, step, action, receipt, reason, lease_until",
+                "RETURNING state, run_id, step, action, receipt, reason, lease_until, origin",
                 tenant, operation_id, state, receipt, evidence[:400])
             if moved is None:
                 return None
@@ -215,10 +220,3 @@ class DispatcherStore:
                 "receipt, evidence, resolved_by) VALUES ($1, $2, $3, $4, $5, $6)",
                 tenant, operation_id, state, receipt, evidence, resolved_by)
         return Current(**dict(moved))
-
-    async def _check_fence(self, conn: asyncpg.Connection, claim: Claim) -> None:
-        epoch = await conn.fetchval(
-            "SELECT lease_epoch FROM admission.commands WHERE tenant = $1 AND operation_id = $2 "
-            "FOR SHARE", claim.tenant, claim.operation_id)
-        if epoch != claim.lease_epoch:
-            raise Fenced("lease taken over", operation_id=claim.operation_id)

@@ -65,6 +65,7 @@ class Facts(msgspec.Struct, frozen=True, kw_only=True):
     run_families: frozenset[str] = frozenset()
     principal_revoked: bool = False
     approved: bool = False  # a person answered once/always for exactly this call
+    attended: bool = False  # a person watches the run: an ask waits 5 minutes, then denies
 
 
 class Ruling(msgspec.Struct, frozen=True, kw_only=True):

@@ -118,7 +118,7 @@ class GovernanceService:
             try:
                 facts = await self._store.facts(ask.tenant, call, ask.principal, ask.run_id,
                                                 ask.approval_id)
-                attended = await self._store.attended(ask.tenant, ask.run_id)
+                attended = facts.attended
             except Exception as exc:  # any failure to read is a failure to know: fail closed
                 log.warning("governance store unreadable: %r", exc)
                 facts, attended = None, False

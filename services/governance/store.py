@@ -55,9 +55,35 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-_FACTS_POLICY = """
-SELECT version, status, refused_tools, refused_connectors, refused_families, developer_mode
-FROM governance.policy WHERE tenant = $1
+# $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL).
+_FACTS = """
+SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_families,
+       p.developer_mode,
+       (SELECT coalesce(json_agg(json_build_object('tool', r.tool, 'effect', r.effect,
+                                                   'arg_prefix', r.arg_prefix,
+                                                   'agent', r.agent)), '[]')
+        FROM governance.rules r
+        WHERE r.tenant = $1 AND r.tool = $2 AND (r.agent IS NULL OR r.agent = $3)) AS rules,
+       EXISTS (SELECT 1 FROM governance.revocations v
+               WHERE v.tenant = $1 AND v.principal = $4) AS revoked,
+       ARRAY(SELECT g.family FROM governance.standing_grants g
+             WHERE g.tenant = $1 AND g.agent = $3) AS standing,
+       ARRAY(SELECT g.family FROM governance.run_grants g
+             WHERE g.tenant = $1 AND g.run_id = $5) AS run_families,
+       coalesce((SELECT r.attended FROM governance.runs r
+                 WHERE r.tenant = $1 AND r.run_id = $5), false) AS attended,
+       EXISTS (SELECT 1 FROM governance.pending a
+               WHERE a.tenant = $1 AND a.run_id = $5 AND a.tool = $2
+                 AND a.answer_decision_id = $6::uuid
+                 AND a.answer IN ('once', 'always')) AS approved
+FROM (SELECT 1) AS one LEFT JOIN governance.policy p ON p.tenant = $1
+"""
+
+
+_INSERT_DECISION = """
+INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, principal, tool, family,
+    verdict, line, reason, policy_version)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 """
 
 
@@ -69,62 +95,38 @@ class GovernanceStore:
 
     async def facts(self, tenant: str, call: Call, principal: str, run_id: str,
                     approval_id: str | None = None) -> Facts:
-        """Everything `decide` needs for this call, read in one snapshot."""
-        async with self._pool.acquire() as conn, conn.transaction(
-                isolation="repeatable_read", readonly=True):
-            policy = await conn.fetchrow(_FACTS_POLICY, tenant)
-            rules = await conn.fetch(
-                "SELECT tool, effect, arg_prefix, agent FROM governance.rules "
-                "WHERE tenant = $1 AND tool = $2 AND (agent IS NULL OR agent = $3)",
-                tenant, call.tool, call.agent)
-            revoked = await conn.fetchval(
-                "SELECT true FROM governance.revocations WHERE tenant = $1 AND principal = $2",
-                tenant, principal)
-            grants = await conn.fetch(
-                "SELECT family FROM governance.standing_grants WHERE tenant = $1 AND agent = $2",
-                tenant, call.agent)
-            run_grants = await conn.fetch(
-                "SELECT family FROM governance.run_grants WHERE tenant = $1 AND run_id = $2",
-                tenant, run_id)
-            approved = approval_id is not None and _is_uuid(approval_id) and bool(
-                await conn.fetchval(
-                    "SELECT true FROM governance.pending WHERE tenant = $1 AND run_id = $2 "
-                    "AND tool = $3 AND answer_decision_id = $4 AND answer IN ('once', 'always')",
-                    tenant, run_id, call.tool, approval_id))
-        if policy is None:
-            return Facts(policy_version=DEFAULT_POLICY_VERSION,
-                         rules=_rules(rules), standing_families=_families(grants),
-                         run_families=_families(run_grants), principal_revoked=bool(revoked),
-                         approved=approved)
+        """Everything `decide` needs for this call, read in one statement (one snapshot)."""
+        row = await self._pool.fetchrow(
+            _FACTS, tenant, call.tool, call.agent, principal, run_id,
+            approval_id if approval_id is not None and _is_uuid(approval_id) else None)
+        assert row is not None
+        rules = tuple(msgspec.json.decode(row["rules"], type=list[Rule]))
+        common = {"rules": rules, "standing_families": frozenset(row["standing"]),
+                  "run_families": frozenset(row["run_families"]),
+                  "principal_revoked": row["revoked"], "approved": row["approved"],
+                  "attended": row["attended"]}
+        if row["version"] is None:
+            return Facts(policy_version=DEFAULT_POLICY_VERSION, **common)
         return Facts(
-            policy_version=policy["version"], policy_refused=policy["status"] != "valid",
-            refused_tools=frozenset(policy["refused_tools"]),
-            refused_connectors=frozenset(policy["refused_connectors"]),
-            refused_families=frozenset(policy["refused_families"]),
-            developer_mode=policy["developer_mode"], rules=_rules(rules),
-            standing_families=_families(grants), run_families=_families(run_grants),
-            principal_revoked=bool(revoked), approved=approved,
-        )
-
-    async def attended(self, tenant: str, run_id: str) -> bool:
-        """Whether a person watches this run (unregistered runs, e.g. host commands: no)."""
-        return bool(await self._pool.fetchval(
-            "SELECT attended FROM governance.runs WHERE tenant = $1 AND run_id = $2",
-            tenant, run_id))
+            policy_version=row["version"], policy_refused=row["status"] != "valid",
+            refused_tools=frozenset(row["refused_tools"]),
+            refused_connectors=frozenset(row["refused_connectors"]),
+            refused_families=frozenset(row["refused_families"]),
+            developer_mode=row["developer_mode"], **common)
 
     async def record(self, *, tenant: str, run_id: str, principal: str, call: Call,
                      ruling: Ruling, policy_version: str, proposal_id: str | None = None,
                      attended: bool = False) -> str:
         """Persist the decision (and, for an ask, its pending decision) in one transaction."""
         decision_id = str(uuid.uuid4())
+        decision = (decision_id, tenant, run_id, call.agent, principal, call.tool,
+                    call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
+                    policy_version)
+        if ruling.verdict != "ask":
+            await self._pool.execute(_INSERT_DECISION, *decision)  # one statement, no BEGIN
+            return decision_id
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                "INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, "
-                "principal, tool, family, verdict, line, reason, policy_version) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                decision_id, tenant, run_id, call.agent, principal, call.tool,
-                call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
-                policy_version)
+            await conn.execute(_INSERT_DECISION, *decision)
             if ruling.verdict == "ask":
                 deadline = (datetime.now(UTC) + ATTENDED_ASK_TIMEOUT
                             if attended else None)
@@ -241,15 +243,6 @@ class GovernanceStore:
             policy.tenant, policy.version, policy.status, policy.refusal,
             list(policy.refused_tools), list(policy.refused_connectors),
             list(policy.refused_families), policy.developer_mode, policy.key_id, policy.digest)
-
-
-def _rules(rows: list[asyncpg.Record]) -> tuple[Rule, ...]:
-    return tuple(Rule(tool=r["tool"], effect=r["effect"], arg_prefix=r["arg_prefix"],
-                      agent=r["agent"]) for r in rows)
-
-
-def _families(rows: list[asyncpg.Record]) -> frozenset[str]:
-    return frozenset(r["family"] for r in rows)
 
 
 def _is_uuid(value: str) -> bool:

@@ -68,6 +68,8 @@ class PlannerService:
             span.set_attribute("writ.run_id", event.run_id)
             if isinstance(event, EvidenceGathered):
                 await self._store.create_run(event)
+            elif not await self._store.exists(event.run_id):
+                return  # an outcome for a run this planner never started: nothing to drive
             effects = await self._advance(event)
         for subject, message, msg_id in effects:
             await publish(self._rt.js, subject, message, msg_id=msg_id)

@@ -71,6 +71,11 @@ class PlannerStore:
         """A pooled connection."""
         return self._pool.acquire()
 
+    async def exists(self, run_id: str) -> bool:
+        """Whether this planner knows the run (one statement, no transaction)."""
+        return bool(await self._pool.fetchval(
+            "SELECT true FROM planner.runs WHERE run_id = $1", run_id))
+
     async def lock_run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
         """The run, locked until the caller's transaction ends."""
         row = await conn.fetchrow(
