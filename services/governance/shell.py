@@ -32,6 +32,8 @@ Our reading of "simple" goes further than the design's list; each rule below is 
   bash's metacharacters are ASCII only, so `ls ；rm` runs `ls` with the argument `；rm`, and the
   token-wise prefix check below keeps that from matching anything but an `ls` rule.
 - Input is bounded by `MAX_COMMAND_CHARS`; an empty command name is refused.
+- `${` is refused anywhere, even single-quoted, before bashlex sees it: bashlex hangs on some
+  such words (see `simple_command`).
 - `eval`, `exec`, `sh -c '...'` and the like are plain words here: whether they may run is the
   allow rule's business, and `prefix_allows` compares whole words, so a rule for `git status`
   never covers `eval ...`.
@@ -74,6 +76,10 @@ class SimpleCommand(msgspec.Struct, frozen=True, kw_only=True):
 def simple_command(text: str) -> SimpleCommand | None:
     """Parse `text` as exactly one simple command, or return None if it is anything else."""
     if len(text) > MAX_COMMAND_CHARS or not text.isprintable() or not text.strip(" "):
+        return None
+    # bashlex 0.18 loops forever on a `${` it cannot close inside a word that starts with a
+    # double quote (`""'${'`); our rules refuse every real `${...}` anyway, so never hand it one.
+    if "${" in text:
         return None
     try:
         trees = bashlex.parse(text)
