@@ -208,19 +208,20 @@ class AdmissionStore:
                     operation_key: str | None = None,
                     request_id: str | None = None,
                     before_commit: Callable[[], None] | None = None) -> Admitted:
-        """Proposal -> executing, command and outbox row, in one transaction (seed 001 §4)."""
+        """Proposal -> executing, command and outbox row, in one statement (seed 001 §4)."""
         args_json = json.dumps(arguments)
         expires_at = datetime.now(UTC) + ttl
         origin = "host" if operation_key is not None else "run"
         async with self._pool.acquire() as conn:
-            async with conn.transaction():
-                outbox_id = await conn.fetchval(
-                    _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
-                    action, version, args_json, request_hash, decision.decision_id,
-                    decision.line, decision.policy_version, expires_at, expected_revision,
-                    origin, operation_key, request_id, OUTBOX_CHANNEL)
-                if before_commit is not None:
-                    before_commit()
+            if before_commit is not None:
+                before_commit()  # the fault suite's "before the admission commit"
+            # One statement is one transaction: no BEGIN / COMMIT round trips, and a failure
+            # (or the statement timeout) rolls all of it back.
+            outbox_id = await conn.fetchval(
+                _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
+                action, version, args_json, request_hash, decision.decision_id,
+                decision.line, decision.policy_version, expires_at, expected_revision,
+                origin, operation_key, request_id, OUTBOX_CHANNEL)
             if outbox_id is not None:
                 return Admitted(created=True, command=StoredCommand(
                     request_hash=request_hash, state="pending", receipt=None, reason=None,
