@@ -105,14 +105,9 @@ def run_demo(home: Path, *, serve: bool) -> int:
     stack = Stack(home, nats_url=os.environ.get("WRIT_NATS_URL") or None,
                   admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None)
     try:
-        print("Starting NATS and PostgreSQL…", flush=True)
-        stack.start_infrastructure()
-        anyio.run(stack.provision)
-        stack.start_crm()
-        print("Starting ingress, retrieval, planner, governance, admission, dispatcher…",
-              flush=True)
-        stack.start_services()
-        anyio.run(stack.wait_ready)
+        print("Starting NATS, PostgreSQL, the simulated CRM and payment provider, and "
+              "ingress, retrieval, planner, governance, admission, dispatcher…", flush=True)
+        stack.start_all()
         code = anyio.run(_demo, stack)
         if serve:
             print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at {stack.nats_url}; "

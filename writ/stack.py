@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
+import anyio
 import asyncpg
 import jwt
 import nats
@@ -111,6 +112,14 @@ class Stack:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
             self.embedded_pg.start()
             self._admin_dsn = self.embedded_pg.admin_url
+
+    def start_all(self) -> None:
+        """Infrastructure, database, the fakes and the six services, ready to serve."""
+        self.start_infrastructure()
+        anyio.run(self.provision)
+        self.start_crm()
+        self.start_services()
+        anyio.run(self.wait_ready)
 
     async def provision(self) -> None:
         """Database, roles, migrations, secrets and the demo's tenants, documents and grants."""

@@ -26,15 +26,12 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="session")
 def stack(nats_url: str, admin_dsn: str) -> Iterator[Stack]:
+    """The session's deployment; a module that needs its own (to break it) overrides this."""
     with tempfile.TemporaryDirectory(prefix="writ-e2e-") as home:
         deployment = Stack(Path(home), nats_url=nats_url, admin_dsn=admin_dsn,
                            database=f"e2e_{uuid.uuid4().hex[:8]}")
-        deployment.start_infrastructure()
         try:
-            anyio.run(deployment.provision)
-            deployment.start_crm()
-            deployment.start_services()
-            anyio.run(deployment.wait_ready)
+            deployment.start_all()
             yield deployment
         finally:
             deployment.stop()
@@ -50,9 +47,10 @@ async def db(stack: Stack) -> AsyncIterator[asyncpg.Connection]:
 
 @pytest.fixture
 def crm(stack: Stack) -> Iterator[httpx.Client]:
-    """The simulated CRM's control API."""
+    """The simulated CRM's control API, back to normal mode after each test."""
     with httpx.Client(base_url=stack.crm_url, timeout=5) as client:
         yield client
+        client.post("/_control/mode", json={"mode": "normal"})
 
 
 class Host:
@@ -139,9 +137,9 @@ class Host:
 
 @pytest.fixture
 async def host(stack: Stack) -> AsyncIterator[Host]:
-    nc = await nats.connect(stack.nats_url)
+    nc = await nats.connect(stack.nats_url, max_reconnect_attempts=-1)
     yield Host(stack, nc)
-    await nc.drain()
+    await nc.close()
 
 
 def notes_for(crm: httpx.Client, key_prefix: str = "") -> list[dict[str, Any]]:

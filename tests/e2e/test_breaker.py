@@ -7,14 +7,13 @@ with a short cooldown, so that an open breaker can be watched, and waited out, i
 from __future__ import annotations
 
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import asyncpg
 import httpx
-import nats
 import pytest
 
 from schemas.host import SubmitCommand
@@ -33,41 +32,16 @@ CLOSED, OPEN = 0.0, 2.0
 
 
 @pytest.fixture(scope="module")
-def bstack() -> Iterator[Stack]:
+def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-breaker-") as home:
         deployment = Stack(Path(home), database="breaker", durable_pg=False, extra_env={
             "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
         })
-        deployment.start_infrastructure()
         try:
-            anyio.run(deployment.provision)
-            deployment.start_crm()
-            deployment.start_services()
-            anyio.run(deployment.wait_ready)
+            deployment.start_all()
             yield deployment
         finally:
             deployment.stop()
-
-
-@pytest.fixture
-async def host(bstack: Stack) -> AsyncIterator[Host]:
-    nc = await nats.connect(bstack.nats_url)
-    yield Host(bstack, nc)
-    await nc.close()
-
-
-@pytest.fixture
-async def db(bstack: Stack) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(bstack.database_dsn)
-    yield conn
-    await conn.close()
-
-
-@pytest.fixture
-def crm(bstack: Stack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=bstack.crm_url, timeout=5) as client:
-        yield client
-        client.post("/_control/mode", json={"mode": "normal"})
 
 
 def metric(stack: Stack, sample: str) -> float:
@@ -106,8 +80,8 @@ async def attempts(db: asyncpg.Connection, operation_id: Any) -> list[str | None
 
 
 async def test_rejected_calls_do_not_open_the_breaker(
-        bstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
-    refused_before, calls_before = metric(bstack, REFUSED), calls(crm)
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    refused_before, calls_before = metric(stack, REFUSED), calls(crm)
     # An unknown customer: the CRM answers 404, which the connector reports as `rejected`.
     unknown = [host.command(arguments={"customer_id": "NOPE-404", "body": "Nobody home."})
                for _ in range(THRESHOLD + 2)]
@@ -115,22 +89,22 @@ async def test_rejected_calls_do_not_open_the_breaker(
         await host.submit(command)
         assert (await host.wait_command(command.request_id)).status == "failed"
 
-    assert metric(bstack, STATE) == CLOSED
+    assert metric(stack, STATE) == CLOSED
     assert calls(crm) == calls_before + len(unknown)  # every one reached the CRM
     good = host.command()
     await host.submit(good)
     result = await host.wait_command(good.request_id)
     assert result.status == "succeeded" and result.operation_id is not None
     assert len(notes(crm, result.operation_id)) == 1
-    assert metric(bstack, REFUSED) == refused_before
+    assert metric(stack, REFUSED) == refused_before
     for row in await command_rows(db, unknown):
         assert await attempts(db, row["operation_id"]) == ["failed"]
 
 
 async def test_transient_failures_open_the_breaker_and_it_delays_without_calling(
-        bstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
-    assert metric(bstack, STATE) == CLOSED
-    refused_before = metric(bstack, REFUSED)
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    assert metric(stack, STATE) == CLOSED
+    refused_before = metric(stack, REFUSED)
     crm.post("/_control/mode", json={"mode": "fail"})  # 503 on every note: transient
 
     # Each failing command retries by itself, so a few are enough to reach the threshold.
@@ -138,18 +112,18 @@ async def test_transient_failures_open_the_breaker_and_it_delays_without_calling
     for command in failing:
         await host.submit(command)
     with anyio.fail_after(30):
-        while metric(bstack, STATE) != OPEN:
+        while metric(stack, STATE) != OPEN:
             await anyio.sleep(0.05)
 
     # While it is open, new commands are refused before the connector: no call, no attempt.
     calls_while_open = calls(crm)
-    refused_at_open = metric(bstack, REFUSED)
+    refused_at_open = metric(stack, REFUSED)
     delayed = [host.command() for _ in range(3)]
     for command in delayed:
         await host.submit(command)
     delayed_rows = await command_rows(db, delayed)
     with anyio.fail_after(COOLDOWN_S):
-        while metric(bstack, REFUSED) < refused_at_open + len(delayed):
+        while metric(stack, REFUSED) < refused_at_open + len(delayed):
             await anyio.sleep(0.05)
     held = [await _held_back(db, row["operation_id"]) for row in delayed_rows]
     attempt_rows = [await attempts(db, row["operation_id"]) for row in delayed_rows]
@@ -157,7 +131,7 @@ async def test_transient_failures_open_the_breaker_and_it_delays_without_calling
     early_results = [await host.results(c.request_id) for c in delayed]
     # Still open when those were read (a half-open call would have changed the state), so
     # everything above happened inside one cooldown.
-    assert metric(bstack, STATE) == OPEN
+    assert metric(stack, STATE) == OPEN
     crm.post("/_control/mode", json={"mode": "normal"})
 
     assert held == [True] * len(delayed)  # their leases wait out the cooldown
@@ -178,8 +152,8 @@ async def test_transient_failures_open_the_breaker_and_it_delays_without_calling
     for row in await command_rows(db, failing):
         found = await attempts(db, row["operation_id"])
         assert found[-1] == "succeeded" and set(found[:-1]) <= {"transient"}
-    assert metric(bstack, STATE) == CLOSED
-    assert metric(bstack, REFUSED) >= refused_before + len(delayed)
+    assert metric(stack, STATE) == CLOSED
+    assert metric(stack, REFUSED) >= refused_before + len(delayed)
 
 
 async def _held_back(db: asyncpg.Connection, operation_id: Any) -> bool:

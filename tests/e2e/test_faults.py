@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ DUPLICATE_WINDOW_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def fstack() -> Iterator[Stack]:
+def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-faults-") as home:
         faults = Path(home) / "faults"
         faults.write_text("")
@@ -51,12 +51,8 @@ def fstack() -> Iterator[Stack]:
             "dispatcher": {"WRIT_LEASE_S": str(LEASE_S), "WRIT_SWEEP_EVERY_S": "1",
                            "WRIT_PENDING_GRACE_S": "5", "WRIT_CALL_TIMEOUT_S": "1.5"},
         })
-        deployment.start_infrastructure()
         try:
-            anyio.run(deployment.provision)
-            deployment.start_crm()
-            deployment.start_services()
-            anyio.run(deployment.wait_ready)
+            deployment.start_all()
             yield deployment
         finally:
             deployment.stop()
@@ -88,36 +84,15 @@ class Faults:
 
 
 @pytest.fixture
-async def host(fstack: Stack) -> AsyncIterator[Host]:
-    nc = await nats.connect(fstack.nats_url, max_reconnect_attempts=-1)
-    yield Host(fstack, nc)
-    await nc.close()
-
-
-@pytest.fixture
-async def db(fstack: Stack) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(fstack.database_dsn)
-    yield conn
-    await conn.close()
-
-
-@pytest.fixture
-def crm(fstack: Stack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=fstack.crm_url, timeout=5) as client:
+def payments(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.payments_url, timeout=5) as client:
         yield client
         client.post("/_control/mode", json={"mode": "normal"})
 
 
 @pytest.fixture
-def payments(fstack: Stack) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=fstack.payments_url, timeout=5) as client:
-        yield client
-        client.post("/_control/mode", json={"mode": "normal"})
-
-
-@pytest.fixture
-def faults(fstack: Stack) -> Iterator[Faults]:
-    f = Faults(fstack)
+def faults(stack: Stack) -> Iterator[Faults]:
+    f = Faults(stack)
     yield f
     f.file.write_text("")
 
@@ -351,9 +326,9 @@ async def _request(host: Host, subject: str, message: msgspec.Struct, answer: ty
 
 
 async def test_a_queryable_provider_is_asked_instead_of_charged_twice(
-        fstack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client,
+        stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client,
         faults: Faults) -> None:
-    fstack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"] = "true"
+    stack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"] = "true"
     payments.post("/_control/queryable", json={"queryable": True})
     try:
         await faults.restart("dispatcher")
@@ -364,7 +339,7 @@ async def test_a_queryable_provider_is_asked_instead_of_charged_twice(
         await faults.restart("dispatcher")
         result = await host.wait_command(command.request_id)
     finally:
-        del fstack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"]
+        del stack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"]
         payments.post("/_control/queryable", json={"queryable": False})
         await faults.restart("dispatcher")
 
@@ -426,11 +401,11 @@ async def test_a_lost_response_at_the_non_idempotent_provider_ends_unknown(
 # -- racing and paused workers ----------------------------------------------------------------
 
 async def test_two_dispatchers_racing_make_one_effect_per_command(
-        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
         faults: Faults) -> None:
-    fstack.start_instance("dispatcher", "dispatcher-2")
+    stack.start_instance("dispatcher", "dispatcher-2")
     try:
-        await fstack.wait_ready(("dispatcher",))
+        await stack.wait_ready(("dispatcher",))
         commands = [host.command() for _ in range(20)]
         for command in commands:
             await host.submit(command)
@@ -443,7 +418,7 @@ async def test_two_dispatchers_racing_make_one_effect_per_command(
         results = [await host.wait_command(c.request_id) for c in commands]
         await anyio.sleep(1.0)
     finally:
-        fstack.stop_process("dispatcher-2")
+        stack.stop_process("dispatcher-2")
 
     assert {r.status for r in results} == {"succeeded"}
     for row in rows:
@@ -452,9 +427,9 @@ async def test_two_dispatchers_racing_make_one_effect_per_command(
 
 
 async def test_a_worker_paused_past_its_lease_is_fenced_and_never_acks(
-        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
     crm.post("/_control/mode", json={"mode": "slow", "delay_s": 4.0, "count": 1})
-    first = fstack.procs["dispatcher"]
+    first = stack.procs["dispatcher"]
     calls = crm.get("/_control/calls").json()["calls"]  # the count runs over the module
     command = host.command()
     await host.submit(command)
@@ -466,16 +441,16 @@ async def test_a_worker_paused_past_its_lease_is_fenced_and_never_acks(
             await anyio.sleep(0.05)
     first.send_signal(signal.SIGSTOP)  # the holder freezes mid-call, lease and all
     try:
-        fstack.start_instance("dispatcher", "dispatcher-2")
+        stack.start_instance("dispatcher", "dispatcher-2")
         result = await host.wait_command(command.request_id, timeout=30)
     finally:
         first.send_signal(signal.SIGCONT)
     await anyio.sleep(5.0)  # the old holder wakes, its call returns, and it finds itself fenced
     try:
-        fenced = _metric(fstack, "dispatcher", 'writ_dispatcher_messages_failed_total'
+        fenced = _metric(stack, "dispatcher", 'writ_dispatcher_messages_failed_total'
                                                '{consumer="dispatcher",outcome="fenced"}')
     finally:
-        fstack.stop_process("dispatcher-2")
+        stack.stop_process("dispatcher-2")
 
     final = await command_row(db, command.operation_key)
     assert result.status == "succeeded"
@@ -497,14 +472,14 @@ def _metric(stack: Stack, name: str, sample: str) -> float:
 # -- the infrastructure itself restarting -----------------------------------------------------
 
 async def test_nats_restarted_mid_flow_loses_nothing(
-        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
     commands = [host.command() for _ in range(10)]
     for command in commands:
         await host.submit(command)
-    assert fstack.embedded_nats is not None
-    fstack.embedded_nats.stop(kill=True)
+    assert stack.embedded_nats is not None
+    stack.embedded_nats.stop(kill=True)
     await anyio.sleep(1.0)
-    fstack.embedded_nats.start()
+    stack.embedded_nats.start()
 
     results = [await host.wait_command(c.request_id, timeout=60) for c in commands]
 
@@ -514,21 +489,20 @@ async def test_nats_restarted_mid_flow_loses_nothing(
 
 
 async def test_postgres_restarted_mid_flow_loses_nothing(
-        fstack: Stack, host: Host, crm: httpx.Client) -> None:
+        stack: Stack, host: Host, crm: httpx.Client) -> None:
     commands = [host.command() for _ in range(10)]
     for command in commands:
         await host.submit(command)
-    assert fstack.embedded_pg is not None
-    fstack.embedded_pg.stop(kill=True)
+    assert stack.embedded_pg is not None
+    stack.embedded_pg.stop(kill=True)
     await anyio.sleep(1.0)
-    fstack.embedded_pg.start()
+    stack.embedded_pg.start()
 
     results = [await host.wait_command(c.request_id, timeout=60) for c in commands]
 
     assert {r.status for r in results} == {"succeeded"}
     for result in results:
         assert len(notes(crm, result.operation_id)) == 1
-
 
 
 # -- the bus losing a message, and several relays ---------------------------------------------
@@ -553,17 +527,17 @@ async def test_a_command_whose_message_was_lost_is_re_driven_from_postgres(
 
 
 async def test_several_relays_publish_each_outbox_row_once(
-        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
-    fstack.start_instance("admission", "admission-2")
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack.start_instance("admission", "admission-2")
     try:
-        await fstack.wait_ready(("admission",))
+        await stack.wait_ready(("admission",))
         commands = [host.command() for _ in range(30)]
         async with anyio.create_task_group() as tg:
             for command in commands:
                 tg.start_soon(host.submit, command)
         results = [await host.wait_command(c.request_id) for c in commands]
     finally:
-        fstack.stop_process("admission-2")
+        stack.stop_process("admission-2")
 
     assert {r.status for r in results} == {"succeeded"}
     for result in results:
@@ -573,7 +547,7 @@ async def test_several_relays_publish_each_outbox_row_once(
 
 
 async def test_sigterm_drains_in_flight_work_and_exits_cleanly(
-        fstack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
         faults: Faults) -> None:
     crm.post("/_control/mode", json={"mode": "slow", "delay_s": 1.0, "count": 1})
     calls = crm.get("/_control/calls").json()["calls"]  # the count runs over the module
@@ -583,8 +557,8 @@ async def test_sigterm_drains_in_flight_work_and_exits_cleanly(
         while crm.get("/_control/calls").json()["calls"] == calls:
             await anyio.sleep(0.02)
     # SIGTERM mid-call: the dispatcher stops fetching, finishes the call it holds, acks it.
-    code = fstack.stop_process("dispatcher")
-    assert code == 0, fstack.log_tail("dispatcher")
+    code = stack.stop_process("dispatcher")
+    assert code == 0, stack.log_tail("dispatcher")
     row = await command_row(db, command.operation_key)  # finished before the process left
     assert row["state"] == "succeeded"
     assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
