@@ -20,7 +20,7 @@ import nats
 
 from schemas import subjects
 from schemas.host import RunRequest, RunResult
-from writ.stack import Stack
+from writ.stack import SERVICES, Stack
 
 __all__ = ["run_demo"]
 
@@ -110,8 +110,12 @@ def run_demo(home: Path, *, serve: bool) -> int:
         stack.start_all()
         code = anyio.run(_demo, stack)
         if serve:
+            print("\nPrometheus can scrape:")
+            for name in SERVICES:
+                print(f"  {name:<11} http://127.0.0.1:{stack.metrics_port(name)}/metrics")
             print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at {stack.nats_url}; "
-                  f"logs in {stack.logs}. Ctrl-C stops everything.", flush=True)
+                  f"operators run `writ pending`; logs in {stack.logs}. Ctrl-C stops everything.",
+                  flush=True)
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)
             signal.sigwait(stop)
