@@ -8,6 +8,9 @@
 - `RetryableError`, Postgres serialization/deadlock/connection errors, anything else: `nak`
   with backoff, until the consumer's `max_deliver` is reached, then dead-letter.
 
+Alongside the loop a small task reads the consumer's info every `lag_every_s` and sets its lag
+gauges (not yet delivered, delivered but unacked); failing to read it changes nothing else.
+
 While a handler runs, `in_progress()` is sent every third of `ack_wait` so a long handler keeps
 its delivery; the heartbeat stops the moment the handler ends or is fenced. A handler whose
 progress must be conditioned on something else (the dispatcher's fenced lease) turns the
@@ -76,6 +79,7 @@ async def run_actor(
     concurrency: int = 16,
     ack_sync: bool = False,
     heartbeat: bool = True,
+    lag_every_s: float = 5.0,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
@@ -88,6 +92,9 @@ async def run_actor(
     tracer = tracer or trace.get_tracer("writ.actor")
     slots = anyio.Semaphore(concurrency)
     stopping = stopping or anyio.Event()
+    # Every consumer is on the dashboard from the start (rate() needs the zero too).
+    metrics.redelivered.labels(spec.durable)
+    metrics.dead_lettered.labels(spec.durable)
     task_status.started()
 
     async def process(msg: Msg) -> None:
@@ -100,6 +107,9 @@ async def run_actor(
 
     try:
         async with anyio.create_task_group() as tg:
+            # Watching the lag stops with the fetching; the handlers in flight still finish.
+            watching = anyio.CancelScope()
+            tg.start_soon(_watch_lag, js, spec, metrics, lag_every_s, watching)
             while not stopping.is_set():
                 await slots.acquire()
                 if stopping.is_set():  # set while every slot was busy: fetch nothing more
@@ -122,9 +132,27 @@ async def run_actor(
                     if index:
                         await slots.acquire()
                     tg.start_soon(process, msg)
+            watching.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await sub.unsubscribe()
+
+
+async def _watch_lag(js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMetrics,
+                     every: float, scope: anyio.CancelScope) -> None:
+    """Refresh the consumer's lag gauges now and every `every` seconds, until `scope` ends."""
+    consumer = spec.durable
+    with scope:
+        while True:
+            try:
+                with anyio.fail_after(max(every, 1.0)):
+                    info = await js.consumer_info(spec.stream, consumer)
+            except Exception as exc:  # the bus away for a moment: keep the last values
+                log.debug("%s: reading consumer info failed: %r", consumer, exc)
+            else:
+                metrics.pending.labels(consumer).set(info.num_pending or 0)
+                metrics.ack_pending.labels(consumer).set(info.num_ack_pending or 0)
+            await anyio.sleep(every)
 
 
 async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
@@ -133,12 +161,14 @@ async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
                    tracer: Tracer, ack_sync: bool, heartbeat: bool) -> None:
     consumer = spec.durable
     started = time.perf_counter()
+    if msg.metadata.num_delivered > 1:
+        metrics.redelivered.labels(consumer).inc()
     try:
         # No decoder: the handler takes the raw bytes and answers bad input itself (ingress).
         message = msg.data if decoder is None else decoder.decode(msg.data)
     except msgspec.DecodeError as exc:
         metrics.failed.labels(consumer, "undecodable").inc()
-        await _dead_letter(js, msg, consumer, f"undecodable: {exc}")
+        await _dead_letter(js, msg, metrics, consumer, f"undecodable: {exc}")
         return
     delivery = Delivery(msg, message)
     parent = extract_context(delivery.headers)
@@ -154,12 +184,12 @@ async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
             return
         except (msgspec.DecodeError, PermanentError) as exc:
             metrics.failed.labels(consumer, "permanent").inc()
-            await _dead_letter(js, msg, consumer, f"{type(exc).__name__}: {exc}")
+            await _dead_letter(js, msg, metrics, consumer, f"{type(exc).__name__}: {exc}")
             return
         except Exception as exc:
             if delivery.num_delivered >= spec.max_deliver:
                 metrics.failed.labels(consumer, "exhausted").inc()
-                await _dead_letter(js, msg, consumer,
+                await _dead_letter(js, msg, metrics, consumer,
                                    f"exhausted {spec.max_deliver} deliveries: {exc!r}")
                 return
             retryable = isinstance(exc, RetryableError)
@@ -207,7 +237,8 @@ async def _settle(op: Awaitable[Any]) -> None:
         log.debug("ack/nak/progress lost: %r", exc)
 
 
-async def _dead_letter(js: JetStreamContext, msg: Msg, consumer: str, reason: str) -> None:
+async def _dead_letter(js: JetStreamContext, msg: Msg, metrics: ActorMetrics, consumer: str,
+                       reason: str) -> None:
     headers = inject_context({
         "Writ-Dlq-Reason": reason[:1000],
         "Writ-Dlq-Subject": msg.subject,
@@ -217,11 +248,13 @@ async def _dead_letter(js: JetStreamContext, msg: Msg, consumer: str, reason: st
     # The dead letter is published before term(): if publishing fails, the message is retried
     # rather than lost.
     try:
-        await js.publish(dead_letter(consumer), msg.data, headers=headers)
+        ack = await js.publish(dead_letter(consumer), msg.data, headers=headers)
     except Exception as exc:
         log.error("%s: dead-lettering failed, will retry: %r", consumer, exc)
         await _settle(msg.nak(delay=1.0))
         return
+    if not ack.duplicate:  # an earlier try published it and only its term() was lost
+        metrics.dead_lettered.labels(consumer).inc()
     log.warning("%s: dead-lettered stream seq %s: %s", consumer,
                 msg.metadata.sequence.stream, reason)
     await _settle(msg.term())

@@ -6,16 +6,18 @@ passed down; nothing here is global.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import anyio
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 __all__ = [
     "ActorMetrics",
@@ -23,9 +25,11 @@ __all__ = [
     "extract_context",
     "inject_context",
     "make_tracer_provider",
+    "refresh_every",
 ]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+log = logging.getLogger("writ.telemetry")
 
 
 def make_tracer_provider(service: str, *, exporter: SpanExporter | None = None) -> TracerProvider:
@@ -48,7 +52,11 @@ def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
 
 
 class ActorMetrics:
-    """Messages handled / failed and handler latency, per consumer, on one registry."""
+    """Messages handled / failed / redelivered / dead-lettered, handler latency and the
+    consumer's lag, per consumer, on one registry.
+
+    The only label values are consumer names and fixed outcomes: never a message's ids.
+    """
 
     def __init__(self, *, service: str, registry: CollectorRegistry) -> None:
         self.handled = Counter(f"writ_{service}_messages_handled", "Messages handled and acked",
@@ -60,6 +68,18 @@ class ActorMetrics:
                                  ["consumer"], registry=registry,
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                           0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+        self.redelivered = Counter(f"writ_{service}_messages_redelivered",
+                                   "Deliveries of a message delivered before (num_delivered > 1)",
+                                   ["consumer"], registry=registry)
+        self.dead_lettered = Counter(f"writ_{service}_messages_dead_lettered",
+                                     "Dead letters published to writ.dlq.<consumer>",
+                                     ["consumer"], registry=registry)
+        self.pending = Gauge(f"writ_{service}_consumer_pending",
+                             "Messages on the consumer's stream not yet delivered (num_pending)",
+                             ["consumer"], registry=registry)
+        self.ack_pending = Gauge(f"writ_{service}_consumer_ack_pending",
+                                 "Messages delivered and not yet acknowledged (num_ack_pending)",
+                                 ["consumer"], registry=registry)
 
 
 class MetricsServer:
@@ -86,3 +106,25 @@ class MetricsServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+async def refresh_every(every: float, refresh: Callable[[], Awaitable[None]], *,
+                        stopping: anyio.Event, what: str) -> None:
+    """Call `refresh` now and every `every` seconds until `stopping` is set (or cancelled).
+
+    A failed refresh leaves the gauges at their last values: it is logged (a warning the first
+    time, then at debug until a refresh succeeds again) and never ends the loop.
+    """
+    failing = False
+    while not stopping.is_set():
+        try:
+            with anyio.fail_after(max(every, 1.0)):
+                await refresh()
+        except Exception as exc:
+            log.log(logging.DEBUG if failing else logging.WARNING,
+                    "refreshing %s failed, keeping the last values: %r", what, exc)
+            failing = True
+        else:
+            failing = False
+        with anyio.move_on_after(every):
+            await stopping.wait()

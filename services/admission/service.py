@@ -6,6 +6,7 @@ with its outbox row in one transaction. It holds nothing that acts on the world.
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import timedelta
 
@@ -14,11 +15,13 @@ import anyio.abc
 import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from prometheus_client import Gauge
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
 from libs.errors import RetryableError
 from libs.runtime import Runtime
+from libs.telemetry import refresh_every
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
@@ -32,7 +35,7 @@ from services.admission.logic import (
     validate,
 )
 from services.admission.relay import OutboxRelay
-from services.admission.store import AdmissionStore, StoredCommand
+from services.admission.store import COMMAND_STATES, AdmissionStore, StoredCommand
 
 __all__ = ["AdmissionService"]
 
@@ -45,22 +48,45 @@ class AdmissionService:
     """Judges proposals and relays admitted commands."""
 
     def __init__(self, *, rt: Runtime, store: AdmissionStore, relay: OutboxRelay,
-                 command_ttl: timedelta, decide_timeout_s: float = 2.0) -> None:
+                 command_ttl: timedelta, decide_timeout_s: float = 2.0,
+                 gauges_every_s: float = 5.0) -> None:
         self._rt, self._store, self._relay = rt, store, relay
         self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
+        self._gauges_every_s = gauges_every_s
         self._decoder = msgspec.json.Decoder(Inbound)
         self._decision_decoder = msgspec.json.Decoder(Decision)
         self._encoder = msgspec.json.Encoder()
+        self._commands = Gauge("writ_admission_commands", "Admitted commands per state",
+                               ["state"], registry=rt.registry)
+        for state in COMMAND_STATES:
+            self._commands.labels(state).set(0)
+        self._outbox_oldest = Gauge("writ_admission_outbox_oldest_seconds",
+                                    "Age of the oldest outbox row not yet relayed (0 when empty)",
+                                    registry=rt.registry)
+        self._proposals_pending = Gauge("writ_admission_proposals_pending",
+                                        "Proposals waiting for a person's answer",
+                                        registry=rt.registry)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Consume proposals and relay the outbox until stopped."""
         async with anyio.create_task_group() as tg:
             await tg.start(self._relay.run, self._rt.stopping)
+            tg.start_soon(functools.partial(refresh_every, self._gauges_every_s,
+                                            self.refresh_gauges, stopping=self._rt.stopping,
+                                            what="admission gauges"))
             await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
                             handler=self.handle, metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
                             task_status=task_status)
+
+    async def refresh_gauges(self) -> None:
+        """Read the commands per state, the outbox's age and waiting proposals into the gauges."""
+        backlog = await self._store.backlog()
+        for state, count in backlog.commands.items():
+            self._commands.labels(state).set(count)
+        self._outbox_oldest.set(backlog.outbox_oldest_s)
+        self._proposals_pending.set(backlog.proposals_pending)
 
     async def handle(self, delivery: Delivery[Inbound]) -> None:
         """Judge a proposal, act on a person's answer, or tell a host what became of its

@@ -12,9 +12,13 @@ import msgspec
 
 from schemas.governance import Decision
 
-__all__ = ["AdmissionStore", "Admitted", "OutboxRow", "PendingProposal", "StoredCommand"]
+__all__ = ["COMMAND_STATES", "AdmissionStore", "Admitted", "Backlog", "OutboxRow",
+           "PendingProposal", "StoredCommand"]
 
 OUTBOX_CHANNEL = "writ_outbox"
+# Every state a command can be in (the CHECK on admission.commands.state).
+COMMAND_STATES = ("pending", "dispatching", "succeeded", "denied", "expired",
+                  "revision_required", "unknown", "failed")
 
 
 class StoredCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +59,14 @@ class PendingProposal(msgspec.Struct, frozen=True, kw_only=True):
     expected_revision: str | None
     operation_key: str | None
     request_id: str | None
+
+
+class Backlog(msgspec.Struct, frozen=True, kw_only=True):
+    """What the operators' gauges show: commands per state, the outbox's age, waiting asks."""
+
+    commands: dict[str, int]
+    outbox_oldest_s: float
+    proposals_pending: int
 
 
 class OutboxRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,6 +257,23 @@ class AdmissionStore:
     async def delete_outbox(self, conn: asyncpg.Connection, ids: list[int]) -> None:
         """The rows were published; their obligation is discharged."""
         await conn.execute("DELETE FROM admission.outbox WHERE id = ANY($1::bigint[])", ids)
+
+    async def backlog(self) -> Backlog:
+        """Commands per state (every state, 0 when none), the age of the oldest outbox row
+        (0 when empty) and the proposals waiting for a person, read in one snapshot."""
+        async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read",
+                                                                  readonly=True):
+            rows = await conn.fetch(
+                "SELECT state, count(*) AS n FROM admission.commands GROUP BY state")
+            oldest = await conn.fetchval(
+                "SELECT coalesce(extract(epoch FROM now() - min(available_at)), 0)::float8 "
+                "FROM admission.outbox")
+            pending = await conn.fetchval(
+                "SELECT count(*) FROM admission.proposals WHERE state = 'pending'")
+        commands = dict.fromkeys(COMMAND_STATES, 0)
+        commands.update({r["state"]: int(r["n"]) for r in rows if r["state"] in commands})
+        return Backlog(commands=commands, outbox_oldest_s=max(float(oldest), 0.0),
+                       proposals_pending=int(pending))
 
     def acquire(self) -> Any:
         """A pooled connection, for the relay's claim-publish-delete transaction."""

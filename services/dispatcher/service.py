@@ -11,6 +11,7 @@ stream sequence alone and a stale one would settle the new holder's delivery.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable
@@ -29,6 +30,7 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.runtime import Endpoint, Runtime
+from libs.telemetry import refresh_every
 from schemas import subjects
 from schemas.actions import ACTIONS
 from schemas.admission import DispatchCommand
@@ -48,6 +50,8 @@ from services.dispatcher.store import TERMINAL, Claim, DispatcherStore
 __all__ = ["DispatcherService", "inbox"]
 
 log = logging.getLogger("writ.dispatcher")
+# An attempt's results (the CHECK on dispatcher.attempts.result).
+_ATTEMPT_RESULTS = ("succeeded", "failed", "transient", "lost", "revision_required")
 
 
 def inbox(ack_wait_s: float) -> ConsumerSpec:
@@ -65,11 +69,11 @@ class DispatcherService:
                  call_timeout_s: float = 10.0, sweep_every_s: float = 5.0,
                  pending_grace_s: float = 60.0, decide_timeout_s: float = 2.0,
                  breaker_threshold: int = 3, breaker_cooldown_s: float = 30.0,
-                 worker: str | None = None) -> None:
+                 worker: str | None = None, gauges_every_s: float = 5.0) -> None:
         self._rt, self._store, self._connectors = rt, store, connectors
         self._lease_s, self._call_timeout_s = lease_s, call_timeout_s
         self._sweep_every_s, self._pending_grace_s = sweep_every_s, pending_grace_s
-        self._decide_timeout_s = decide_timeout_s
+        self._decide_timeout_s, self._gauges_every_s = decide_timeout_s, gauges_every_s
         self._worker = worker or f"dispatcher-{uuid.uuid4().hex[:8]}"
         self._decoder = msgspec.json.Decoder(DispatchCommand)
         self._encoder = msgspec.json.Encoder()
@@ -82,6 +86,14 @@ class DispatcherService:
         self._breaker_refused = Counter("writ_dispatcher_breaker_refused",
                                         "Calls delayed because the tool's breaker was open",
                                         ["tool"], registry=rt.registry)
+        # `connector` is a connector's name (or "none": no call was made), `result` one of
+        # the attempt results the attempts table allows: both bounded sets.
+        self._attempts = Counter("writ_dispatcher_attempts",
+                                 "Dispatch attempts finished, by connector and result",
+                                 ["connector", "result"], registry=rt.registry)
+        self._unknown = Gauge("writ_dispatcher_unknown_commands",
+                              "Commands in state unknown, awaiting reconciliation",
+                              registry=rt.registry)
         self._breakers = Breakers(threshold=breaker_threshold, cooldown_s=breaker_cooldown_s,
                                   on_change=self._breaker_moved)
         for action, contract in ACTIONS.items():
@@ -89,6 +101,9 @@ class DispatcherService:
                 # Every tool is on the dashboard from the start (rate() needs the zero too).
                 self._breaker_state.labels(action).set(STATE_VALUES["closed"])
                 self._breaker_refused.labels(action)
+        for name in connectors:
+            for result in _ATTEMPT_RESULTS:
+                self._attempts.labels(name, result)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -99,11 +114,18 @@ class DispatcherService:
         ]
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._sweep_forever)
+            tg.start_soon(functools.partial(refresh_every, self._gauges_every_s,
+                                            self.refresh_gauges, stopping=self._rt.stopping,
+                                            what="dispatcher gauges"))
             await run_actor(js=self._rt.js, spec=inbox(self._lease_s), decoder=self._decoder,
                             handler=self.handle, metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping, ack_sync=True,
                             heartbeat=False, task_status=task_status)
             tg.cancel_scope.cancel()
+
+    async def refresh_gauges(self) -> None:
+        """Read how many commands wait in `unknown` into its gauge."""
+        self._unknown.set(await self._store.count_unknown())
 
     async def handle(self, delivery: Delivery[DispatchCommand]) -> None:
         """Claim, check, execute, record; raising `Fenced` leaves the delivery untouched."""
@@ -202,25 +224,26 @@ class DispatcherService:
                         result: Result) -> None:
         if result.kind == "succeeded":
             await self._finish(claim, attempt, state="succeeded", result="succeeded",
-                               receipt=result.receipt, reason=None)
+                               receipt=result.receipt, reason=None, connector=connector.name)
         elif result.kind == "rejected":
             await self._finish(claim, attempt, state="failed", result="failed", receipt=None,
-                               reason=result.detail)
+                               reason=result.detail, connector=connector.name)
         elif result.kind == "revision_mismatch":
             # A failed precondition goes back to review; never retried without it.
             await self._finish(claim, attempt, state="revision_required",
-                               result="revision_required", receipt=None, reason=result.detail)
+                               result="revision_required", receipt=None, reason=result.detail,
+                               connector=connector.name)
         elif result.kind == "transient" or connector.contract != "none":
             # Nothing happened, or the provider can dedupe (idempotent) or be asked
             # (queryable): give the lease back; the next holder replays or looks the key up.
-            await self._store.release(claim, attempt,
-                                      result="lost" if result.kind == "lost" else "transient",
-                                      detail=result.detail)
+            released = "lost" if result.kind == "lost" else "transient"
+            await self._store.release(claim, attempt, result=released, detail=result.detail)
+            self._attempts.labels(connector.name, released).inc()
             raise RetryableError(f"{connector.name}: {result.detail}")
         else:
             # A lost response from a provider that cannot prove what happened: say so.
             await self._finish(claim, attempt, state="unknown", result="lost", receipt=None,
-                               reason=result.detail)
+                               reason=result.detail, connector=connector.name)
 
     async def _guarded(self, claim: Claim, delivery: Delivery[Any] | None,
                        call: Awaitable[Result]) -> Result:
@@ -276,12 +299,15 @@ class DispatcherService:
             raise RetryableError(f"cannot re-check the policy: {exc!r}", delay=1.0) from exc
 
     async def _finish(self, claim: Claim, attempt: int | None, *, state: str, result: str,
-                      receipt: str | None, reason: str | None) -> None:
+                      receipt: str | None, reason: str | None,
+                      connector: str = "none") -> None:
         if attempt is None:
+            connector = "none"  # the attempt recorded here made no call
             attempt = await self._store.start_attempt(claim, worker=self._worker,
-                                                      connector="none")
+                                                      connector=connector)
         await self._store.finish(claim, attempt, state=state, result=result, receipt=receipt,
                                  reason=reason)
+        self._attempts.labels(connector, result).inc()
         await self._publish_outcome(claim.tenant, claim.operation_id, claim.run_id, claim.step,
                                     claim.action, state, receipt, reason, origin=claim.origin)
 

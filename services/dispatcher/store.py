@@ -195,6 +195,11 @@ class DispatcherStore:
             "ORDER BY updated_at LIMIT $2", pending_grace_s, limit)
         return [Stale(**dict(r)) for r in rows]
 
+    async def count_unknown(self) -> int:
+        """How many commands, across tenants, wait in `unknown` for reconciliation."""
+        return int(await self._pool.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE state = 'unknown'"))
+
     async def unknown(self, tenant: str, limit: int = 500) -> list[Unknown]:
         """The tenant's commands in `unknown`, oldest first."""
         rows = await self._pool.fetch(

@@ -14,6 +14,7 @@ import anyio.abc
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.micro.request import Request
+from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
@@ -55,6 +56,9 @@ class GovernanceService:
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
         self._encoder = msgspec.json.Encoder()
+        # `line` is one of decide's six lines and `verdict` one of three: 18 series at most.
+        self._decisions = Counter("writ_governance_decisions", "Decisions returned by decide",
+                                  ["line", "verdict"], registry=rt.registry)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -140,6 +144,7 @@ class GovernanceService:
                 ruling = msgspec.structs.replace(
                     ruling, reason=SENSITIVE_UNREADABLE if ruling.verdict == "deny"
                     else ruling.reason)
+        self._decisions.labels(str(ruling.line), ruling.verdict).inc()
         return Decision(decision_id=decision_id, verdict=ruling.verdict, line=ruling.line,
                         family=call.family or "unclassified", reason=ruling.reason,
                         policy_version=policy_version, options=list(ruling.options),
