@@ -26,7 +26,12 @@ from prometheus_client import CollectorRegistry
 from libs.bus import connect, ensure_streams
 from libs.faults import Faults
 from libs.settings import BaseSettings
-from libs.telemetry import ActorMetrics, MetricsServer, make_tracer_provider
+from libs.telemetry import (
+    ActorMetrics,
+    JsonLinesSpanExporter,
+    MetricsServer,
+    make_tracer_provider,
+)
 
 __all__ = ["Endpoint", "Runtime", "run_service", "serve"]
 
@@ -74,7 +79,9 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
                 metrics_port_file: str | None = None) -> None:
     """Run one service process until SIGTERM/SIGINT, then drain within `drain_timeout_s`."""
     registry = CollectorRegistry()
-    provider = make_tracer_provider(name)
+    exporter = (JsonLinesSpanExporter(f"{settings.otel_spans_file}.{settings.instance or name}")
+                if settings.otel_spans_file else None)
+    provider = make_tracer_provider(name, exporter=exporter)
     metrics = MetricsServer(registry=registry, host=settings.metrics_host,
                             port=settings.metrics_port)
     nc = await connect(settings.nats_url, name=f"writ-{name}")

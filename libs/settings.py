@@ -28,6 +28,7 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     metrics_host: str = "127.0.0.1"
     metrics_port_file: str = ""
     faults_file: str = ""  # tests only: see libs/faults.py
+    otel_spans_file: str = ""  # append finished spans as JSON lines to `<this>.<instance>`
     # JetStream's Nats-Msg-Id dedupe horizon for streams this process declares (0: the defaults
     # of schemas/subjects.py). The fault suite shortens it to outlive it.
     duplicate_window_s: float = 0.0

@@ -6,21 +6,23 @@ passed down; nothing here is global.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 __all__ = [
     "ActorMetrics",
+    "JsonLinesSpanExporter",
     "MetricsServer",
     "extract_context",
     "inject_context",
@@ -38,6 +40,40 @@ def make_tracer_provider(service: str, *, exporter: SpanExporter | None = None) 
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Append finished spans to a file, one JSON object per line (tests and local debugging).
+
+    It records ids, names, timing and attributes only: span attributes carry ids and digests,
+    never payloads.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        """Write the spans; a line per span, appended."""
+        lines = []
+        for span in spans:
+            context = span.get_span_context()
+            parent = span.parent
+            lines.append(json.dumps({
+                "trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}",
+                "parent_span_id": f"{parent.span_id:016x}" if parent else None,
+                "name": span.name,
+                "service": span.resource.attributes.get("service.name"),
+                "start": span.start_time, "end": span.end_time,
+                "attributes": {k: v for k, v in (span.attributes or {}).items()
+                               if isinstance(v, str | int | float | bool)},
+            }))
+        with self._lock, open(self._path, "a") as out:
+            out.write("".join(f"{line}\n" for line in lines))
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
 
 
 def inject_context(headers: dict[str, str]) -> dict[str, str]:

@@ -20,7 +20,7 @@ from libs.bus import publish
 from libs.faults import Faults
 from schemas import subjects
 from schemas.admission import DispatchCommand
-from services.admission.store import OUTBOX_CHANNEL, AdmissionStore
+from services.admission.store import OUTBOX_CHANNEL, AdmissionStore, OutboxRow
 
 __all__ = ["OutboxRelay"]
 
@@ -68,16 +68,17 @@ class OutboxRelay:
             self._faults.crash_if("relay.before_publish")
             async with anyio.create_task_group() as tg:
                 for row in rows:
-                    tg.start_soon(self._publish, row.tenant, row.operation_id)
+                    tg.start_soon(self._publish, row)
             self._faults.crash_if("relay.after_publish")
             await self._store.delete_outbox(conn, [row.id for row in rows])
         self.published += len(rows)
         return len(rows)
 
-    async def _publish(self, tenant: str, operation_id: str) -> None:
-        await publish(self._js, subjects.command(tenant),
-                      DispatchCommand(tenant=tenant, operation_id=operation_id),
-                      msg_id=f"{tenant}:{operation_id}")
+    async def _publish(self, row: OutboxRow) -> None:
+        headers = {"traceparent": row.traceparent} if row.traceparent else None
+        await publish(self._js, subjects.command(row.tenant),
+                      DispatchCommand(tenant=row.tenant, operation_id=row.operation_id),
+                      msg_id=f"{row.tenant}:{row.operation_id}", headers=headers)
 
     async def _listen(self) -> None:
         while True:

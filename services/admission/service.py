@@ -21,7 +21,7 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
 from libs.errors import RetryableError
 from libs.runtime import Runtime
-from libs.telemetry import refresh_every
+from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
@@ -250,7 +250,8 @@ class AdmissionService:
                             proposal_id=proposal_id)
         try:
             reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
-                                              timeout=self._decide_timeout)
+                                              timeout=self._decide_timeout,
+                                              headers=inject_context({}))
         except (NatsTimeoutError, NoRespondersError) as exc:
             # No answer is not an allow: try again later, the proposal stays unadmitted.
             raise RetryableError(f"governance did not answer: {exc!r}", delay=1.0) from exc

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from libs.telemetry import inject_context
 from schemas.governance import Decision
 
 __all__ = ["COMMAND_STATES", "AdmissionStore", "Admitted", "Backlog", "OutboxRow",
@@ -75,6 +76,7 @@ class OutboxRow(msgspec.Struct, frozen=True, kw_only=True):
     id: int
     tenant: str
     operation_id: str
+    traceparent: str | None = None  # the admitting span, so dispatch joins the run's trace
 
 
 _COMMAND_COLUMNS = ("request_hash, state, receipt, reason, decision_id::text AS decision_id, "
@@ -123,8 +125,8 @@ WITH proposal AS (
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id
 ), queued AS (
-    INSERT INTO admission.outbox (tenant, operation_id)
-    SELECT tenant, operation_id FROM admitted
+    INSERT INTO admission.outbox (tenant, operation_id, traceparent)
+    SELECT tenant, operation_id, $21 FROM admitted
     RETURNING id
 )
 SELECT (SELECT id FROM queued) AS outbox_id,
@@ -233,7 +235,8 @@ class AdmissionStore:
                 _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
                 action, version, args_json, request_hash, decision.decision_id,
                 decision.line, decision.policy_version, expires_at, expected_revision,
-                origin, operation_key, request_id, OUTBOX_CHANNEL)
+                origin, operation_key, request_id, OUTBOX_CHANNEL,
+                inject_context({}).get("traceparent"))
             if outbox_id is not None:
                 return Admitted(created=True, command=StoredCommand(
                     request_hash=request_hash, state="pending", receipt=None, reason=None,
@@ -250,7 +253,8 @@ class AdmissionStore:
     async def claim_outbox(self, conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:
         """Lock up to `limit` due rows; other relay replicas skip them (SKIP LOCKED)."""
         rows = await conn.fetch(
-            "SELECT id, tenant, operation_id::text AS operation_id FROM admission.outbox "
+            "SELECT id, tenant, operation_id::text AS operation_id, traceparent "
+            "FROM admission.outbox "
             "WHERE available_at <= now() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED", limit)
         return [OutboxRow(**dict(r)) for r in rows]
 

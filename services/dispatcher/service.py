@@ -30,7 +30,7 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.runtime import Endpoint, Runtime
-from libs.telemetry import refresh_every
+from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
 from schemas.actions import ACTIONS
 from schemas.admission import DispatchCommand
@@ -288,7 +288,8 @@ class DispatcherService:
                             approval_id=claim.decision_id)
         try:
             reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
-                                              timeout=self._decide_timeout_s)
+                                              timeout=self._decide_timeout_s,
+                                              headers=inject_context({}))
             if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
                 raise RetryableError("governance answered with an error")
             return self._decision_decoder.decode(reply.data)

@@ -14,11 +14,13 @@ import anyio.abc
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.micro.request import Request
+from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.runtime import Endpoint, Runtime
+from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.actions import ACTIONS
 from schemas.governance import (
@@ -98,7 +100,11 @@ class GovernanceService:
                 await request.respond_error("400", f"invalid {kind.__name__}: {exc}")
                 return
             try:
-                answer = await handle(message)
+                # Continue the caller's trace: one run is one trace, request/reply included.
+                with self._rt.tracer.start_as_current_span(
+                        f"governance {name}", context=extract_context(request.headers),
+                        kind=SpanKind.SERVER):
+                    answer = await handle(message)
             except Exception as exc:
                 metrics.failed.labels(name, "error").inc()
                 log.warning("%s failed: %r", name, exc)

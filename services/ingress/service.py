@@ -12,6 +12,7 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.errors import RetryableError
 from libs.runtime import Runtime
+from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.governance import AnswerDecision, RegisterRun
 from schemas.host import (
@@ -112,7 +113,8 @@ class IngressService:
                                attended=request.attended, grants=request.grants)
         try:
             reply = await self._rt.nc.request(subjects.REGISTER_RUN,
-                                              msgspec.json.encode(register), timeout=2.0)
+                                              msgspec.json.encode(register), timeout=2.0,
+                                              headers=inject_context({}))
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise RetryableError(f"governance did not register the run: {exc!r}") from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
