@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import TypeVar
 
 import anyio
 import msgspec
@@ -15,16 +16,23 @@ from schemas.host import HumanDecision
 
 __all__ = ["answer_pending", "list_pending", "list_unknown", "resolve"]
 
+T = TypeVar("T")
+
+
+async def _ask(nats_url: str, subject: str, message: msgspec.Struct, answer: type[T]) -> T:
+    """One request/reply with a service, decoded into its answer type."""
+    nc = await nats.connect(nats_url)
+    try:
+        reply = await nc.request(subject, msgspec.json.encode(message), timeout=5)
+    finally:
+        await nc.close()
+    return msgspec.json.decode(reply.data, type=answer)
+
 
 async def list_unknown(nats_url: str, tenant: str) -> int:
     """Print the tenant's `unknown` commands; exit status 0."""
-    nc = await nats.connect(nats_url)
-    try:
-        reply = await nc.request(subjects.UNKNOWN_LIST,
-                                 msgspec.json.encode(ListUnknown(tenant=tenant)), timeout=5)
-    finally:
-        await nc.close()
-    answer = msgspec.json.decode(reply.data, type=UnknownCommands)
+    answer = await _ask(nats_url, subjects.UNKNOWN_LIST, ListUnknown(tenant=tenant),
+                        UnknownCommands)
     if not answer.commands:
         print(f"no unknown commands for {tenant}")
     for c in answer.commands:
@@ -39,25 +47,15 @@ async def resolve(nats_url: str, tenant: str, operation_id: str, state: str,
     """Record a reconciliation; exit status 0 if it was recorded, 1 if refused."""
     ask = Reconcile(tenant=tenant, operation_id=operation_id, state=state, receipt=receipt,
                     evidence=evidence, resolved_by=by)
-    nc = await nats.connect(nats_url)
-    try:
-        reply = await nc.request(subjects.RECONCILE, msgspec.json.encode(ask), timeout=5)
-    finally:
-        await nc.close()
-    answer = msgspec.json.decode(reply.data, type=Reconciled)
+    answer = await _ask(nats_url, subjects.RECONCILE, ask, Reconciled)
     print(answer.message)
     return 0 if answer.ok else 1
 
 
 async def list_pending(nats_url: str, tenant: str) -> int:
     """Print the tenant's decisions waiting for a person; exit status 0."""
-    nc = await nats.connect(nats_url)
-    try:
-        reply = await nc.request(subjects.PENDING_LIST,
-                                 msgspec.json.encode(ListPending(tenant=tenant)), timeout=5)
-    finally:
-        await nc.close()
-    answer = msgspec.json.decode(reply.data, type=PendingDecisions)
+    answer = await _ask(nats_url, subjects.PENDING_LIST, ListPending(tenant=tenant),
+                        PendingDecisions)
     if not answer.decisions:
         print(f"no pending decisions for {tenant}")
     for d in answer.decisions:
