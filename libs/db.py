@@ -77,6 +77,9 @@ async def connect_pool(dsn: str, *, password: str | None = None, min_size: int =
     """A pool whose every statement is bounded by `statement_timeout`."""
     pool = await asyncpg.create_pool(
         dsn, password=password, min_size=min_size, max_size=max_size, reset=_keep_session,
+        # Client-side bounds too: a connection broken mid-protocol (Postgres killed under it)
+        # must fail the handler, not hang it and the actor slot it holds.
+        timeout=5.0, command_timeout=statement_timeout_ms / 1000 + 5.0,
         server_settings={"statement_timeout": str(statement_timeout_ms),
                          "application_name": application_name,
                          "idle_in_transaction_session_timeout": "60000"},

@@ -8,6 +8,8 @@ points (libs/faults.py) with exit status 137, as if killed.
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +58,12 @@ def stack() -> Iterator[Stack]:
             yield deployment
         finally:
             deployment.stop()
+            if os.environ.get("WRIT_TEST_KEEP_LOGS"):  # to read a failure's service logs
+                keep = Path(os.environ["WRIT_TEST_KEEP_LOGS"])
+                shutil.copytree(deployment.logs, keep, dirs_exist_ok=True)
+                for server in ("nats/nats.log", "postgres/postgres.log"):
+                    if (deployment.home / server).exists():
+                        shutil.copy(deployment.home / server, keep)
 
 
 class Faults:
