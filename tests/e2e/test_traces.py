@@ -57,10 +57,13 @@ async def test_a_run_is_one_trace_through_every_service(stack: Stack, host: Host
                 "retrieval handle", "retrieval search", "planner handle", "planner step",
                 "planner model", "admission handle", "admission admit", "governance decide",
                 "dispatcher handle", "dispatch"}
-    with anyio.fail_after(10):
+    # A parent span ends (and is exported) after its children: wait for the whole tree.
+    with anyio.fail_after(15):
         while True:
             spans = _spans(stack, trace_id)
-            if expected <= {s["name"] for s in spans}:
+            ids = {s["span_id"] for s in spans} | {host_span}
+            if expected <= {s["name"] for s in spans} and all(
+                    s["parent_span_id"] in ids for s in spans):
                 break
             await anyio.sleep(0.1)
 
