@@ -477,28 +477,6 @@ def _metric(stack: Stack, name: str, sample: str) -> float:
     return 0.0
 
 
-# -- the infrastructure itself restarting -----------------------------------------------------
-
-@pytest.mark.parametrize("server", ["nats", "postgres"])
-async def test_a_server_restarted_mid_flow_loses_nothing(
-        stack: Stack, host: Host, crm: httpx.Client, server: str) -> None:
-    commands = [host.command() for _ in range(10)]
-    for command in commands:
-        await host.submit(command)
-    embedded = stack.embedded_nats if server == "nats" else stack.embedded_pg
-    assert embedded is not None
-    embedded.stop(kill=True)  # SIGKILL: a crash, not a shutdown
-    await anyio.sleep(1.0)
-    embedded.start()
-
-    # Generous: every pooled connection fails once and its message backs off before retrying.
-    results = [await host.wait_command(c.request_id, timeout=120) for c in commands]
-
-    assert {r.status for r in results} == {"succeeded"}
-    for result in results:
-        assert len(notes(crm, result.operation_id)) == 1
-
-
 # -- the bus losing a message, and several relays ---------------------------------------------
 
 async def test_a_command_whose_message_was_lost_is_re_driven_from_postgres(
