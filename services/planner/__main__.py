@@ -1,16 +1,22 @@
 """`writ service planner`: the composition root of the planner process.
 
-The planner's settings have no field for any connector credential: it cannot be given one.
+The planner's settings have no field for any connector credential: it cannot be given one. The
+model key it may hold is read from `model_key_file` only when `provider` is `openai`.
 """
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+from typing import Literal
+
 import anyio.abc
 
 from libs.db import connect_pool
+from libs.errors import ConfigError
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
-from services.planner.provider import ScriptedProvider
+from services.planner.openai_provider import OpenAIProvider, load_capabilities
+from services.planner.provider import DecisionProvider, ScriptedProvider
 from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
 
@@ -20,7 +26,19 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
 
     database_url: str
     database_password_file: str
-    decisions_file: str
+    provider: Literal["scripted", "openai"] = "scripted"
+    decisions_file: str = ""  # scripted: the script
+    # openai: any OpenAI-compatible chat-completions API (`<model_url>/chat/completions`).
+    model_url: str = ""
+    model_name: str = ""
+    model_key_file: str = ""
+    model_mode: Literal["structured", "tools"] = "structured"
+    model_capabilities_file: str = ""  # JSON list of {name, description, parameters}
+    model_timeout_s: float = 30.0
+    model_max_attempts: int = 3  # per decision; a run makes at most max_decisions of them
+    # The planner holds its run's row lock while the model thinks, and its pool's Postgres
+    # sessions end after 60 s idle in a transaction: every decision ends well before that.
+    model_deadline_s: float = 45.0
     max_decisions: int = 8
 
 
@@ -28,11 +46,28 @@ def main() -> None:
     """Start the planner process."""
     settings = load_settings(PlannerSettings)
     password = read_secret(settings.database_password_file)
-    provider = ScriptedProvider.from_file(settings.decisions_file)
+    scripted: ScriptedProvider | None = None
+    if settings.provider == "scripted":
+        if not settings.decisions_file:
+            raise ConfigError("WRIT_DECISIONS_FILE is required with the scripted provider")
+        scripted = ScriptedProvider.from_file(settings.decisions_file)
+    elif not (settings.model_url and settings.model_name and settings.model_key_file):
+        raise ConfigError("the openai provider needs WRIT_MODEL_URL, WRIT_MODEL_NAME and "
+                          "WRIT_MODEL_KEY_FILE")
+    capabilities = (load_capabilities(settings.model_capabilities_file)
+                    if settings.model_capabilities_file else [])
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with await connect_pool(settings.database_url, password=password,
-                                      application_name="writ-planner") as pool:
+        async with AsyncExitStack() as stack:
+            provider: DecisionProvider = scripted if scripted is not None else (
+                await stack.enter_async_context(OpenAIProvider(
+                    base_url=settings.model_url, model=settings.model_name,
+                    key_file=settings.model_key_file, mode=settings.model_mode,
+                    capabilities=capabilities, timeout_s=settings.model_timeout_s,
+                    max_attempts=settings.model_max_attempts,
+                    deadline_s=settings.model_deadline_s)))
+            pool = await stack.enter_async_context(await connect_pool(
+                settings.database_url, password=password, application_name="writ-planner"))
             svc = PlannerService(rt=rt, store=PlannerStore(pool), provider=provider,
                                  max_decisions=settings.max_decisions)
             await svc.run(task_status=task_status)

@@ -1,0 +1,202 @@
+"""A simulated OpenAI-compatible model: a real loopback HTTP server speaking
+`POST /v1/chat/completions`, answering from a script of replies, that can also answer with
+malformed content, refuse, rate-limit, fail, slow down or lose responses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Final
+from urllib.parse import SplitResult
+
+from fakes import _http
+from fakes._http import MAX_BODY_BYTES, HttpError, Mode, Reply
+
+__all__ = ["MAX_BODY_BYTES", "MAX_REPLIES", "MODES", "FakeLlm", "main"]
+
+# The shared modes, plus the ways a model API answers that a CRM does not.
+MODES: Final = _http.MODES | {"malformed", "refuse", "rate_limit", "error"}
+MAX_REPLIES: Final = 1000
+MALFORMED_CONTENT: Final = '{"next": {"decision": "answer_directly", "answer": '  # cut short
+REFUSAL: Final = "I can't help with that."
+_COMPLETIONS: Final = "/v1/chat/completions"
+_REPLY_FIELDS: Final = frozenset({"content", "tool_calls", "refusal", "finish_reason"})
+# Headers worth showing a test; the others are httpx's defaults.
+_RECORDED_HEADERS: Final = ("authorization", "content-type", "user-agent")
+
+
+class _State(_http.State):
+    """Scripted replies, recorded requests and the fault mode, all under the lock."""
+
+    def _clear(self) -> None:
+        self.replies: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.served = 0
+
+    def record(self, headers: dict[str, str], body: Any) -> None:
+        with self.lock:
+            self.calls += 1
+            self.requests.append({"headers": headers, "body": body})
+
+    def add_replies(self, replies: list[dict[str, Any]]) -> int:
+        with self.lock:
+            if len(self.replies) + len(replies) > MAX_REPLIES:
+                raise HttpError(400, f"at most {MAX_REPLIES} queued replies")
+            self.replies.extend(replies)
+            return len(self.replies)
+
+    def next_reply(self, instead: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """A serial number and the next scripted reply (or `instead`, leaving the script alone).
+
+        Raises:
+            HttpError: 500 when the script is used up.
+        """
+        with self.lock:
+            if instead is None and not self.replies:
+                raise HttpError(500, "no scripted reply left")
+            self.served += 1
+            return self.served, instead if instead is not None else self.replies.pop(0)
+
+
+class FakeLlm(_http.LoopbackFake):
+    """An OpenAI-compatible chat-completions API served over HTTP on loopback."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str) -> None:
+        if not token:
+            raise ValueError("token must not be empty")
+        # Bind now so `url` is known before start(), e.g. to hand to a subprocess.
+        super().__init__(_http.Server((host, port), _Handler, token=token.encode(), state=_State()))
+
+
+class _Handler(_http.Handler):
+    server: _http.Server[_State]
+
+    def _route_api(self, method: str, url: SplitResult) -> Reply | None:
+        if (method, url.path) != ("POST", _COMPLETIONS):
+            self._authorize()
+            raise HttpError(404, "not found")
+        try:
+            body = json.loads(self._raw)
+        except (ValueError, RecursionError):
+            body = None
+        # Every completion POST is recorded, refused ones too: tests look at what was sent.
+        headers = {k: v for k in _RECORDED_HEADERS if (v := self.headers.get(k)) is not None}
+        self.server.state.record(headers, body)
+        self._authorize()
+        if not isinstance(body, dict) or not isinstance(model := body.get("model"), str):
+            raise HttpError(400, "model must be a string")
+        if not isinstance(body.get("messages"), list) or not body["messages"]:
+            raise HttpError(400, "messages must be a non-empty list")
+        return self._complete(model, len(self._raw))
+
+    def _complete(self, model: str, prompt_bytes: int) -> Reply | None:
+        # Only well-formed, authorized requests use up the mode, so its `count` is predictable.
+        mode = self.server.state.take_mode()
+        if mode.name == "fail":
+            raise HttpError(503, "unavailable")
+        if mode.name == "error":
+            raise HttpError(500, "internal error")
+        if mode.name == "rate_limit":
+            exc = HttpError(429, "rate limited")
+            exc.reply.headers["Retry-After"] = _seconds(mode.delay_s)
+            raise exc
+        if mode.name == "slow":
+            self.server.stopping.wait(mode.delay_s)  # stop() cuts the sleep short
+        instead = {"malformed": {"content": MALFORMED_CONTENT},
+                   "refuse": {"refusal": REFUSAL}}.get(mode.name)
+        serial, reply = self.server.state.next_reply(instead)
+        if mode.name == "lose_response":
+            return None  # the reply is used up, the answer never leaves
+        return _completion(serial, model, reply, prompt_bytes)
+
+    def _route_control(self, method: str, path: str) -> Reply:
+        state = self.server.state
+        if (method, path) == ("GET", "/_control/requests"):
+            with state.lock:
+                return Reply(200, list(state.requests))
+        if (method, path) == ("POST", "/_control/replies"):
+            req = self._json()
+            replies = req.get("replies") if isinstance(req, dict) else None
+            if not isinstance(replies, list) or not all(_valid_reply(r) for r in replies):
+                raise HttpError(400, "replies must be a list of reply objects")
+            return Reply(200, {"queued": state.add_replies(replies)})
+        raise HttpError(404, "not found")
+
+    def _control(self, method: str, path: str) -> Reply:
+        if (method, path) == ("POST", "/_control/mode"):
+            mode = _parse_mode(self._json())
+            with self.server.state.lock:
+                self.server.state.mode = mode
+            return Reply(200, {"mode": mode.name, "count": mode.count, "delay_s": mode.delay_s})
+        return super()._control(method, path)
+
+
+def _parse_mode(req: Any) -> Mode:
+    """Like the shared parser, over this fake's wider set of modes."""
+    if not isinstance(req, dict) or req.get("mode") not in MODES:
+        raise HttpError(400, f"mode must be one of {sorted(MODES)}")
+    # The shared parser checks count and delay_s the same way whatever the mode's name.
+    checked = _http._parse_mode({**req, "mode": "normal"})
+    return Mode(req["mode"], checked.count, checked.delay_s)
+
+
+def _valid_reply(reply: Any) -> bool:
+    """A reply is `{content?, tool_calls?: [{name, arguments}], refusal?, finish_reason?}`."""
+    if not isinstance(reply, dict) or set(reply) - _REPLY_FIELDS:
+        return False
+    if not all(isinstance(reply.get(k), str | None) for k in ("content", "refusal",
+                                                               "finish_reason")):
+        return False
+    calls = reply.get("tool_calls")
+    return calls is None or (isinstance(calls, list) and all(
+        isinstance(c, dict) and set(c) == {"name", "arguments"}
+        and isinstance(c["name"], str) and isinstance(c["arguments"], str) for c in calls))
+
+
+def _completion(serial: int, model: str, reply: dict[str, Any], prompt_bytes: int) -> Reply:
+    calls = reply.get("tool_calls")
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": reply.get("content"),
+        "refusal": reply.get("refusal"),
+    }
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"call_{serial}_{i}", "type": "function",
+             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for i, c in enumerate(calls)
+        ]
+    finish = reply.get("finish_reason") or ("tool_calls" if calls else "stop")
+    # Roughly four bytes a token, which is all a test of usage accounting needs.
+    completion_tokens = len(json.dumps(message)) // 4
+    prompt_tokens = prompt_bytes // 4
+    body = {
+        "id": f"chatcmpl-fake-{serial}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+    return Reply(200, body, {"x-request-id": f"req_fake_{serial}"})
+
+
+def _seconds(delay: float) -> str:
+    return str(int(delay)) if delay == int(delay) else f"{delay:g}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the fake model until SIGTERM or SIGINT."""
+    parser = _http.arg_parser("python -m fakes.llm", main.__doc__)
+    _http.serve(
+        parser, argv, lambda args, token: FakeLlm(host=args.host, port=args.port, token=token)
+    )
+
+
+if __name__ == "__main__":
+    main()
