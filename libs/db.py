@@ -80,7 +80,11 @@ async def connect_pool(dsn: str, *, password: str | None = None, min_size: int =
         # Client-side bounds too: a connection broken mid-protocol (Postgres killed under it)
         # must fail the handler, not hang it and the actor slot it holds.
         timeout=5.0, command_timeout=statement_timeout_ms / 1000 + 5.0,
-        server_settings={"statement_timeout": str(statement_timeout_ms),
+        # `synchronous_commit` on whatever the server's default: a commit Writ acts on (an
+        # outbox row relayed, a command acked) must survive a Postgres crash. With it off, a
+        # killed Postgres forgot commands whose dispatch messages were already on the bus.
+        server_settings={"synchronous_commit": "on",
+                         "statement_timeout": str(statement_timeout_ms),
                          "application_name": application_name,
                          "idle_in_transaction_session_timeout": "60000"},
     )
