@@ -9,6 +9,7 @@
     writ pending              decisions waiting for a person
     writ decide <id> <answer> answer one: once | always | deny
     writ policy sign          sign an organisation policy file
+    writ audit verify         check every service's audit journal: chain, checkpoints, signatures
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 from writ.stack import SERVICES
 
@@ -118,6 +120,71 @@ def _policy_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    import functools
+    import os
+
+    import anyio
+
+    from libs.journal import DataKeys, load_verify_keys
+
+    home = Path(args.home)
+    dsn_file = home / "secrets" / "audit.dsn"  # written by `writ run`
+    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
+        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    if not dsn:
+        raise SystemExit("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`")
+    keys_file = Path(args.keys or os.environ.get("WRIT_JOURNAL_VERIFY_KEYS_FILE")
+                     or home / "config" / "journal-keys.json")
+    keys = load_verify_keys(keys_file.read_text())
+    data_keys = None
+    if args.data_keys:
+        if len(args.service or []) != 1:
+            raise SystemExit("--data-keys authenticates one service's payloads: name it with "
+                             "--service")
+        data_keys = DataKeys.from_json(Path(args.data_keys).read_text())
+    return anyio.run(functools.partial(_audit_verify, args, dsn, keys, data_keys))
+
+
+async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys: Any) -> int:
+    """Verify each service's journal; 0 if all check out, 1 naming the first bad entry."""
+    from datetime import timedelta
+
+    import asyncpg
+
+    from libs.journal import Journal, verify
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        services = args.service or [r["table_schema"] for r in await conn.fetch(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'journal' "
+            "ORDER BY table_schema")]
+        if not services:
+            print("no audit journal in this database", file=sys.stderr)
+            return 1
+        failed = False
+        for service in services:
+            journal = (Journal(service=service, keys=data_keys) if data_keys else None)
+            report = await verify(conn, service=service, keys=keys, tenant=args.tenant,
+                                  grace=timedelta(seconds=args.grace_s), journal=journal)
+            counts = (f"{report.entries} entries, {report.checkpoints} signed checkpoints, "
+                      f"{report.unsealed} not sealed yet")
+            if args.tenant is not None:
+                counts += f"; {report.tenant_entries} of tenant {args.tenant}"
+            if report.ok:
+                print(f"{service}: intact ({counts})")
+                continue
+            failed = True
+            print(f"{service}: FAILED at {report.problems[0]} ({counts})")
+            for problem in report.problems[1:6]:
+                print(f"    then {problem}")
+            if len(report.problems) > 6:
+                print(f"    and {len(report.problems) - 6} more")
+        return 1 if failed else 0
+    finally:
+        await conn.close()
+
+
 def _operator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=".writ")
     p.add_argument("--nats-url", default="")
@@ -184,6 +251,25 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--key-id", required=True)
     s.add_argument("--output", required=True)
     s.set_defaults(func=_policy_sign)
+
+    p = sub.add_parser("audit", help="the audit journal")
+    aud = p.add_subparsers(dest="action", required=True)
+    v = aud.add_parser("verify", help="check the whole chain, every checkpoint and signature; "
+                                      "exit 1 naming the first bad entry")
+    v.add_argument("--home", default=".writ")
+    v.add_argument("--dsn", default="", help="an auditor's (read-only) DSN of Writ's database "
+                                             "(default: WRIT_AUDIT_DATABASE_URL, or writ run's)")
+    v.add_argument("--service", action="append", choices=SERVICES,
+                   help="verify this service's journal (repeatable; default: every journal)")
+    v.add_argument("--tenant", default=None, help="also count this tenant's entries (the "
+                                                  "chain is always verified whole)")
+    v.add_argument("--keys", default="", help="public keys, {service: {key id: PEM}} (default: "
+                                              "WRIT_JOURNAL_VERIFY_KEYS_FILE, or writ run's)")
+    v.add_argument("--data-keys", default="", help="the service's data key file: also "
+                                                   "authenticate every payload")
+    v.add_argument("--grace-s", type=float, default=300.0,
+                   help="how long a row may wait to be sealed (default 300)")
+    v.set_defaults(func=_audit)
 
     args = parser.parse_args(argv)
     sys.exit(args.func(args))

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from libs.db import load_migrations, provision, role_name, with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.journal import DataKeys, SigningKey
 
 __all__ = ["SERVICES", "Stack", "mint_token"]
 
@@ -160,7 +161,26 @@ class Stack:
         (self.config / "policy-keys.json").write_text(
             json.dumps({POLICY_KEY_ID: public.decode()}, indent=2))
         self.policies.mkdir(exist_ok=True)
+        self._journal_keys()
         await self._seed_demo()
+
+    def _journal_keys(self) -> None:
+        """Each service's journal keys (its own secrets), the public halves for `writ audit`,
+        and the auditor's DSN."""
+        public_file = self.config / "journal-keys.json"
+        public = json.loads(public_file.read_text()) if public_file.exists() else {}
+        for name in _WITH_DATABASE:
+            signing = self.secrets / f"journal-{name}-signing.json"
+            if not signing.exists():
+                _write_secret(signing, SigningKey.generate(f"{name}-1").to_json())
+            key = SigningKey.from_json(signing.read_text())
+            # Keep retired public keys: checkpoints they signed must still verify.
+            public.setdefault(name, {})[key.key_id] = key.public_pem()
+            data = self.secrets / f"journal-{name}-data.json"
+            if not data.exists():
+                _write_secret(data, DataKeys.generate(f"{name}-data-1"))
+        public_file.write_text(json.dumps(public, indent=2))
+        _write_secret(self.secrets / "audit.dsn", self.database_dsn)
 
     def issuer(self, tenant: str) -> str:
         """The issuer name of a tenant's host."""
@@ -230,6 +250,9 @@ class Stack:
             env["WRIT_DATABASE_URL"] = with_database(
                 self.admin_dsn, self.database, user=role_name(self.database, name), password="")
             env["WRIT_DATABASE_PASSWORD_FILE"] = str(self.secrets / f"pg-{name}.password")
+            env["WRIT_JOURNAL_SIGNING_KEY_FILE"] = str(
+                self.secrets / f"journal-{name}-signing.json")
+            env["WRIT_JOURNAL_DATA_KEYS_FILE"] = str(self.secrets / f"journal-{name}-data.json")
         if name == "ingress":
             env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
         if name == "governance":

@@ -8,6 +8,8 @@ import anyio.abc
 import msgspec
 
 from libs.db import connect_pool
+from libs.errors import ConfigError
+from libs.journal import DataKeys, Journal, Sealer, SigningKey
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.governance.policy import load_keys
@@ -22,6 +24,10 @@ class GovernanceSettings(BaseSettings, frozen=True, kw_only=True):
     database_password_file: str
     policy_dir: str = ""
     policy_keys_file: str = ""  # {"<key id>": "<Ed25519 public key PEM>"}
+    # The audit journal's keys (libs/journal.py has the formats); required to start.
+    journal_signing_key_file: str = ""
+    journal_data_keys_file: str = ""
+    journal_seal_interval_s: float = 0.5
 
 
 def main() -> None:
@@ -31,6 +37,12 @@ def main() -> None:
     keys = load_keys(msgspec.json.decode(read_secret(settings.policy_keys_file),
                                          type=dict[str, str])
                      if settings.policy_keys_file else {})
+    if not (settings.journal_signing_key_file and settings.journal_data_keys_file):
+        raise ConfigError("governance records every decision in its audit journal: set "
+                          "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE")
+    journal = Journal(service="governance",
+                      keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file)))
+    signing = SigningKey.from_json(read_secret(settings.journal_signing_key_file))
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         # A short statement timeout: a slow store must turn into a denial, not a stuck caller.
@@ -38,9 +50,11 @@ def main() -> None:
                                       statement_timeout_ms=1000, max_size=20,
                                       application_name="writ-governance") as pool:
             svc = GovernanceService(
-                rt=rt, store=GovernanceStore(pool),
+                rt=rt, store=GovernanceStore(pool, journal=journal),
                 policy_dir=Path(settings.policy_dir) if settings.policy_dir else None,
-                policy_keys=keys)
+                policy_keys=keys,
+                sealer=Sealer(pool=pool, journal=journal, signing=signing,
+                              interval=settings.journal_seal_interval_s))
             await svc.run(task_status=task_status)
 
     run_service("governance", settings, start, description="Decides every capability call")

@@ -19,6 +19,7 @@ from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
+from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
 from libs.telemetry import extract_context
 from schemas import subjects
@@ -52,8 +53,9 @@ class GovernanceService:
     def __init__(self, *, rt: Runtime, store: GovernanceStore,
                  policy_dir: Path | None = None,
                  policy_keys: dict[str, Ed25519PublicKey] | None = None,
-                 policy_poll_s: float = 2.0, overdue_poll_s: float = 1.0) -> None:
-        self._rt, self._store = rt, store
+                 policy_poll_s: float = 2.0, overdue_poll_s: float = 1.0,
+                 sealer: Sealer | None = None) -> None:
+        self._rt, self._store, self._sealer = rt, store, sealer
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
@@ -75,6 +77,8 @@ class GovernanceService:
                      self._endpoint("pending", ListPending, self.list_pending)),
         ]
         async with anyio.create_task_group() as tg:
+            if self._sealer is not None:
+                await tg.start(self._sealer.run)  # chains and signs the audit journal
             tg.start_soon(self._every, self._policy_poll_s, self.load_policies)
             tg.start_soon(self._every, self._overdue_poll_s, self.deny_overdue)
             await run_actor(js=self._rt.js, spec=INBOX,

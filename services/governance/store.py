@@ -1,4 +1,8 @@
-"""Governance's SQL: the facts a decision needs, decisions, runs, pending decisions, policy."""
+"""Governance's SQL: the facts a decision needs, decisions, runs, pending decisions, policy.
+
+Every change it records (a decision, an answer, a grant or rule it writes, a run registered, an
+org policy loaded or withdrawn) writes its audit journal row in the same transaction.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import Final
 import asyncpg
 import msgspec
 
+from libs.journal import Journal
 from schemas.governance import PendingDecision, RegisterRun
 from services.governance.logic import Call, Facts, Rule, Ruling
 
@@ -88,10 +93,21 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 
 
 class GovernanceStore:
-    """Reads policy, rules and grants; writes decisions, runs and answers."""
+    """Reads policy, rules and grants; writes decisions, runs and answers, each journaled.
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
+    `journal` is None only in tests of something else: the service always passes one.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, journal: Journal | None = None) -> None:
+        self._pool, self._journal = pool, journal
+        self._insert_decision_journaled = (
+            f"WITH {journal.cte(12)} {_INSERT_DECISION}" if journal is not None else "")
+
+    async def _write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
+                     payload: dict[str, object], run_id: str = "") -> None:
+        if self._journal is not None:
+            await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
+                                      payload=payload, run_id=run_id)
 
     async def facts(self, tenant: str, call: Call, principal: str, run_id: str,
                     approval_id: str | None = None) -> Facts:
@@ -122,14 +138,30 @@ class GovernanceStore:
         decision = (decision_id, tenant, run_id, call.agent, principal, call.tool,
                     call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
                     policy_version)
+        event: dict[str, object] = {
+            "decision_id": decision_id, "tenant": tenant, "run_id": run_id, "agent": call.agent,
+            "principal": principal, "tool": call.tool, "family": call.family or "unclassified",
+            "first_argument": call.first_argument, "verdict": ruling.verdict,
+            "line": ruling.line, "reason": ruling.reason, "policy_version": policy_version,
+            "proposal_id": proposal_id, "attended": attended}
         if ruling.verdict != "ask":
-            await self._pool.execute(_INSERT_DECISION, *decision)  # one statement, no BEGIN
+            if self._journal is None:
+                await self._pool.execute(_INSERT_DECISION, *decision)
+                return decision_id
+            entry = self._journal.entry(tenant=tenant, kind="decision", subject=decision_id,
+                                        run_id=run_id, payload=event)
+            # One statement (no BEGIN/COMMIT round trips): the decision and its journal row.
+            await self._pool.execute(self._insert_decision_journaled, *decision,
+                                     *msgspec.structs.astuple(entry))
             return decision_id
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_INSERT_DECISION, *decision)
             if ruling.verdict == "ask":
                 deadline = (datetime.now(UTC) + ATTENDED_ASK_TIMEOUT
                             if attended else None)
+                event.update(options=list(ruling.options), deadline=deadline)
+                await self._write(conn, tenant=tenant, kind="decision", subject=decision_id,
+                                  run_id=run_id, payload=event)
                 await conn.execute(
                     "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, "
                     "agent, principal, tool, family, first_argument, reason, options, "
@@ -143,10 +175,14 @@ class GovernanceStore:
     async def register_run(self, run: RegisterRun) -> None:
         """Record a run and its run grants (idempotent: a redelivery changes nothing)."""
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(
+            status = await conn.execute(
                 "INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
                 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
                 run.tenant, run.run_id, run.principal, run.agent, run.attended)
+            if status == "INSERT 0 0":
+                return  # a redelivery: recorded (and journaled) the first time
+            await self._write(conn, tenant=run.tenant, kind="run.registered", subject=run.run_id,
+                              run_id=run.run_id, payload=msgspec.to_builtins(run))
             await conn.executemany(
                 "INSERT INTO governance.run_grants (tenant, run_id, family, granted_by) "
                 "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
@@ -198,19 +234,40 @@ class GovernanceStore:
                 "answered_at = now(), answer_reason = $4, answer_decision_id = $5 "
                 "WHERE pending_id = $1", pending_id, answer, answered_by, reason,
                 decision_id)
+            await self._write(conn, tenant=tenant, kind="pending.answered", subject=pending_id,
+                              run_id=row["run_id"], payload={
+                                  "pending_id": pending_id, "decision_id": decision_id,
+                                  "run_id": row["run_id"], "proposal_id": row["proposal_id"],
+                                  "agent": row["agent"], "principal": row["principal"],
+                                  "tool": row["tool"], "family": row["family"],
+                                  "answer": answer, "verdict": verdict,
+                                  "answered_by": answered_by, "reason": reason,
+                                  "line": row["line"], "policy_version": row["policy_version"]})
             if answer == "always":
                 if row["family"] == "execute_code":
                     # Exactly the rule for this simple command, for this agent.
-                    await conn.execute(
+                    rule_id = await conn.fetchval(
                         "INSERT INTO governance.rules (tenant, tool, arg_prefix, agent, effect) "
-                        "VALUES ($1, $2, $3, $4, 'allow')",
+                        "VALUES ($1, $2, $3, $4, 'allow') RETURNING rule_id",
                         tenant, row["tool"], row["first_argument"], row["agent"])
+                    await self._write(conn, tenant=tenant, kind="rule.added",
+                                      subject=str(rule_id), run_id=row["run_id"], payload={
+                                          "rule_id": rule_id, "tool": row["tool"],
+                                          "arg_prefix": row["first_argument"],
+                                          "agent": row["agent"], "effect": "allow",
+                                          "by": answered_by, "pending_id": pending_id})
                 else:
                     # For the agent and the tool's family, never for a tool name.
-                    await conn.execute(
+                    status = await conn.execute(
                         "INSERT INTO governance.standing_grants (tenant, agent, family, "
                         "granted_by) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                         tenant, row["agent"], row["family"], answered_by)
+                    if status != "INSERT 0 0":
+                        await self._write(
+                            conn, tenant=tenant, kind="grant.standing",
+                            subject=f"{row['agent']}/{row['family']}", run_id=row["run_id"],
+                            payload={"agent": row["agent"], "family": row["family"],
+                                     "granted_by": answered_by, "pending_id": pending_id})
         return Answered(pending_id=pending_id, tenant=tenant, run_id=row["run_id"],
                         proposal_id=row["proposal_id"], answer=answer, reason=reason,
                         answered_by=answered_by, decision_id=decision_id, line=row["line"],
@@ -229,20 +286,36 @@ class GovernanceStore:
 
     async def drop_policy(self, tenant: str) -> None:
         """Forget a tenant's org policy (its file was withdrawn)."""
-        await self._pool.execute("DELETE FROM governance.policy WHERE tenant = $1", tenant)
+        async with self._pool.acquire() as conn, conn.transaction():
+            version = await conn.fetchval(
+                "DELETE FROM governance.policy WHERE tenant = $1 RETURNING version", tenant)
+            if version is not None:
+                await self._write(conn, tenant=tenant, kind="policy.withdrawn", subject=version,
+                                  payload={"tenant": tenant, "version": version})
 
     async def save_policy(self, policy: Policy) -> None:
-        """Record a loaded (or refused) organisation policy for its tenant."""
-        await self._pool.execute(
-            "INSERT INTO governance.policy (tenant, version, status, refusal, refused_tools, "
-            "refused_connectors, refused_families, developer_mode, key_id, digest, updated_at) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) "
-            "ON CONFLICT (tenant) DO UPDATE SET version = $2, status = $3, refusal = $4, "
-            "refused_tools = $5, refused_connectors = $6, refused_families = $7, "
-            "developer_mode = $8, key_id = $9, digest = $10, updated_at = now()",
-            policy.tenant, policy.version, policy.status, policy.refusal,
-            list(policy.refused_tools), list(policy.refused_connectors),
-            list(policy.refused_families), policy.developer_mode, policy.key_id, policy.digest)
+        """Record a loaded (or refused) organisation policy for its tenant, if it changed."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            changed = await conn.fetchval(
+                "INSERT INTO governance.policy (tenant, version, status, refusal, "
+                "refused_tools, refused_connectors, refused_families, developer_mode, key_id, "
+                "digest, updated_at) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) "
+                "ON CONFLICT (tenant) DO UPDATE SET version = $2, status = $3, refusal = $4, "
+                "refused_tools = $5, refused_connectors = $6, refused_families = $7, "
+                "developer_mode = $8, key_id = $9, digest = $10, updated_at = now() "
+                # The same file read again by a restarted process is not a new event.
+                "WHERE (policy.version, policy.status, policy.refusal, policy.refused_tools, "
+                "policy.refused_connectors, policy.refused_families, policy.developer_mode, "
+                "policy.key_id, policy.digest) IS DISTINCT FROM ($2, $3, $4, $5::text[], "
+                "$6::text[], $7::text[], $8, $9, $10) RETURNING true",
+                policy.tenant, policy.version, policy.status, policy.refusal,
+                list(policy.refused_tools), list(policy.refused_connectors),
+                list(policy.refused_families), policy.developer_mode, policy.key_id,
+                policy.digest)
+            if changed:
+                await self._write(conn, tenant=policy.tenant, kind="policy.loaded",
+                                  subject=policy.version, payload=msgspec.to_builtins(policy))
 
 
 def _is_uuid(value: str) -> bool:

@@ -1,0 +1,61 @@
+"""The audit journal as deployed: governance journals its decisions in the same transaction and
+seals them, `writ audit verify` succeeds after a run and fails after a one-byte edit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import anyio
+import asyncpg
+import pytest
+
+from tests.e2e.conftest import Host
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+def audit_verify(stack: Stack) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "writ.cli", "audit", "verify", "--home",
+                           str(stack.home), "--service", "governance", "--tenant", "acme"],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+async def test_writ_audit_verify_passes_after_a_run_and_names_a_one_byte_edit(
+        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    request = host.request()
+    await host.publish(request, msg_id=request.request_id)
+    assert (await host.wait_result(request.request_id)).status == "succeeded"
+    decisions = await db.fetchval("SELECT count(*) FROM governance.decisions")
+    # One journal row per decision (an answer's decision is journaled as the answer).
+    journaled = await db.fetchval("SELECT count(*) FROM governance.journal "
+                                  "WHERE kind IN ('decision', 'pending.answered')")
+    assert journaled == decisions
+    try:
+        with anyio.fail_after(20):  # sealed within a poll or two
+            while await db.fetchval("SELECT count(*) FROM governance.journal WHERE NOT EXISTS "
+                                    "(SELECT 1 FROM governance.journal_seals s "
+                                    "WHERE s.entry_id = journal.id)"):
+                await anyio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(stack.log_tail("governance")) from None
+    ok = audit_verify(stack)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("governance: intact")
+    # Nothing readable at rest.
+    assert not await db.fetchval("SELECT count(*) FROM governance.journal "
+                                 "WHERE position('crm-assistant'::bytea IN ciphertext) > 0")
+
+    seq, entry_id = await db.fetchrow("SELECT seq, entry_id FROM governance.journal_seals "
+                                      "ORDER BY seq DESC LIMIT 1")
+    flip = ("UPDATE governance.journal SET ciphertext = set_byte(ciphertext, 3, "
+            "get_byte(ciphertext, 3) # 1) WHERE id = $1")
+    await db.execute(flip, entry_id)
+    try:
+        bad = audit_verify(stack)
+        assert bad.returncode == 1
+        assert f"FAILED at seq {seq} row {entry_id}:" in bad.stdout
+    finally:
+        await db.execute(flip, entry_id)  # the session's deployment goes on intact
+    assert audit_verify(stack).returncode == 0
