@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from fakes.payments import FakePayments
+from libs.errors import PermanentError, RetryableError
 from services.dispatcher.connectors.base import Connector, Result
-from services.dispatcher.connectors.payments import PaymentConnector
+from services.dispatcher.connectors.payments import PaymentConnector, ReadFailed, ReadRefused
 
 pytestmark = pytest.mark.anyio
 
@@ -191,4 +192,193 @@ async def test_unknown_action_or_revision_is_rejected_without_a_call(
     other = await connector.execute("crm.note.create", ARGS, key="k", expected_revision=None)
     revised = await connector.execute(ACTION, ARGS, key="k", expected_revision="r1")
     assert (other.kind, revised.kind) == ("rejected", "rejected")
+    assert (await control.get("/_control/calls")).json() == {"calls": 0}
+
+
+# Refunds and reading payments.
+
+REFUND = "payment.refund"
+PAYMENT: dict[str, Any] = {
+    "payment_id": "pay_7",
+    "customer_id": "ACME-42",
+    "currency": "EUR",
+    "status": "captured",
+    "method": {"kind": "card", "last4": "4242", "usable": True},
+    "lines": [{
+        "line_id": "L1",
+        "product": "Winter league",
+        "participant": "Ada Lovelace",
+        "amount_cents": 12000,
+        "discount": {"discount_id": "D1", "name": "Junior", "amount_cents": 1500},
+    }],
+}
+REFUND_ARGS: dict[str, Any] = {
+    "payment_id": "pay_7",
+    "line_id": "L1",
+    "amount_cents": 1500,
+    "destination": {"kind": "original_method", "last4": "4242"},
+}
+
+
+@pytest.fixture
+async def paid(control: httpx.AsyncClient) -> None:
+    r = await control.post("/_control/payments", json=PAYMENT)
+    assert r.status_code == 200, r.text
+
+
+async def refunds(control: httpx.AsyncClient) -> list[dict[str, Any]]:
+    return (await control.get("/_control/refunds")).json()
+
+
+async def refund(connector: PaymentConnector, key: str, **overrides: Any) -> Result:
+    return await connector.execute(REFUND, {**REFUND_ARGS, **overrides}, key=key,
+                                   expected_revision=None)
+
+
+@pytest.mark.usefixtures("paid")
+async def test_read_payment_shows_its_facts_and_refunds(connector: PaymentConnector) -> None:
+    payment = await connector.read_payment("pay_7")
+    assert payment is not None
+    assert (payment["amount_cents"], payment["refunded_cents"], payment["refunds"]) == (
+        12000, 0, [])
+    assert payment["method"] == PAYMENT["method"]
+    assert (await refund(connector, "t1:op1")).kind == "succeeded"
+    after = await connector.read_payment("pay_7")
+    assert after is not None and after["refunded_cents"] == 1500
+    assert [r["refund_id"] for r in after["refunds"]] == ["re_1"]
+
+
+async def test_read_payment_of_an_unknown_id_is_none(connector: PaymentConnector) -> None:
+    assert await connector.read_payment("pay_404") is None
+    assert await connector.read_payment("pay_7/../../charges") is None  # escaped, not a path
+
+
+async def test_read_payment_raises_retryable_when_the_provider_is_down(
+    provider: FakePayments, connector: PaymentConnector
+) -> None:
+    provider.stop()
+    with pytest.raises(ReadFailed) as caught:
+        await connector.read_payment("pay_7")
+    assert isinstance(caught.value, RetryableError)
+    assert (caught.value.payment_id, caught.value.status) == ("pay_7", None)
+
+
+@pytest.mark.usefixtures("paid")
+async def test_read_payment_with_a_bad_token_is_permanent(provider: FakePayments) -> None:
+    conn = PaymentConnector(base_url=provider.url, token="wrong", queryable=True)
+    try:
+        with pytest.raises(ReadRefused) as caught:
+            await conn.read_payment("pay_7")
+    finally:
+        await conn.aclose()
+    assert isinstance(caught.value, PermanentError) and caught.value.status == 401
+
+
+@pytest.mark.usefixtures("paid")
+async def test_refund_succeeds_with_the_refund_id(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    assert await refund(connector, "t1:op1") == Result(kind="succeeded", receipt="re_1")
+    [made] = await refunds(control)
+    assert made["reference"] == "t1:op1"
+    assert {k: made[k] for k in REFUND_ARGS} == REFUND_ARGS
+
+
+@pytest.mark.usefixtures("paid")
+async def test_over_refund_is_rejected_with_the_providers_reason(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    result = await refund(connector, "t1:op1", amount_cents=12001)
+    assert result.kind == "rejected" and result.receipt is None
+    assert "409" in result.detail and "exceeds what is left to refund" in result.detail
+    assert await refunds(control) == []
+
+
+@pytest.mark.usefixtures("paid")
+async def test_wrong_destination_is_rejected(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    result = await refund(connector, "t1:op1",
+                          destination={"kind": "original_method", "last4": "1881"})
+    assert result.kind == "rejected" and "does not match" in result.detail
+    assert await refunds(control) == []
+
+
+@pytest.mark.usefixtures("paid")
+async def test_lost_refund_is_lost_made_once_and_found_by_lookup(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await set_mode(control, "lose_response")
+    result = await refund(connector, "t1:op1")
+    assert result.kind == "lost" and result.receipt is None
+    [made] = await refunds(control)
+    found = await connector.lookup(REFUND, key="t1:op1")
+    assert found == Result(kind="succeeded", receipt=made["refund_id"])
+    payment = await connector.read_payment("pay_7")
+    assert payment is not None and payment["refunded_cents"] == 1500
+
+
+@pytest.mark.usefixtures("paid")
+async def test_slow_refund_is_lost_and_lands_later(
+    provider: FakePayments, control: httpx.AsyncClient
+) -> None:
+    await set_mode(control, "slow", delay_s=0.5)
+    conn = PaymentConnector(base_url=provider.url, token=TOKEN, queryable=True, timeout_s=0.1)
+    try:
+        assert (await refund(conn, "t1:op1")).kind == "lost"
+    finally:
+        await conn.aclose()
+    [late] = await eventually(lambda: refunds(control))
+    assert late["reference"] == "t1:op1"
+
+
+@pytest.mark.usefixtures("paid")
+async def test_fail_mode_is_transient_without_a_refund(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await set_mode(control, "fail")
+    assert await refund(connector, "t1:op1") == Result(kind="transient", detail="HTTP 503")
+    assert await refunds(control) == []
+
+
+async def test_refund_is_transient_when_the_provider_is_down(
+    provider: FakePayments, connector: PaymentConnector
+) -> None:
+    provider.stop()
+    assert (await refund(connector, "t1:op1")).kind == "transient"
+
+
+@pytest.mark.usefixtures("paid")
+async def test_refund_lookup_of_an_unknown_key_is_not_found(connector: PaymentConnector) -> None:
+    assert (await refund(connector, "t1:op1")).kind == "succeeded"
+    assert await connector.lookup(REFUND, key="t1:other") == Result(kind="not_found")
+    # A charge under the same key is not a refund.
+    assert await connector.lookup(ACTION, key="t1:op1") == Result(kind="not_found")
+
+
+@pytest.mark.usefixtures("paid")
+async def test_refund_lookup_finding_duplicates_is_rejected(connector: PaymentConnector) -> None:
+    await refund(connector, "t1:op1")
+    await refund(connector, "t1:op1")  # the provider does not dedupe
+    found = await connector.lookup(REFUND, key="t1:op1")
+    assert found.kind == "rejected"
+    assert "duplicate" in found.detail and "re_1" in found.detail and "re_2" in found.detail
+
+
+async def test_refund_lookup_is_transient_when_the_provider_cannot_be_queried(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    await control.post("/_control/queryable", json={"queryable": False})
+    result = await connector.lookup(REFUND, key="t1:op1")
+    assert result.kind == "transient" and "404" in result.detail
+
+
+async def test_refund_with_missing_arguments_is_rejected_without_a_call(
+    connector: PaymentConnector, control: httpx.AsyncClient
+) -> None:
+    args = {k: v for k, v in REFUND_ARGS.items() if k != "destination"}
+    result = await connector.execute(REFUND, args, key="k", expected_revision=None)
+    assert result == Result(kind="rejected", detail="payment.refund needs destination")
+    revised = await connector.execute(REFUND, REFUND_ARGS, key="k", expected_revision="r1")
+    assert revised.kind == "rejected"
     assert (await control.get("/_control/calls")).json() == {"calls": 0}

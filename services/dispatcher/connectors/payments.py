@@ -1,26 +1,64 @@
-"""The payment connector: charges through the payment provider's HTTP API.
+"""The payment connector: charges and refunds through the payment provider's HTTP API.
 
-The provider does not dedupe: it stores the caller's `Reference` on the charge, but a second POST
-with the same reference is a second charge. So a response that may have been applied is `lost`,
-never `transient`, and only a provider that can be queried by reference can say what happened.
+The provider does not dedupe: it stores the caller's `Reference` on the charge or refund, but a
+second POST with the same reference is a second charge (or refund). So a response that may have
+been applied is `lost`, never `transient`, and only a provider that can be queried by reference
+can say what happened.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote
 
 import httpx
 
+from libs.errors import PermanentError, RetryableError
 from services.dispatcher.connectors.base import Contract, Result
 
-__all__ = ["PaymentConnector"]
+__all__ = ["PaymentConnector", "ReadFailed", "ReadRefused"]
 
-_ACTION = "payment.charge.create"
-_FIELDS = ("customer_id", "amount_cents", "currency", "description")
+_CHARGE: Final = "payment.charge.create"
+_REFUND: Final = "payment.refund"
+
+
+@dataclass(frozen=True)
+class _Operation:
+    """Where an action is POSTed and looked up, and what names its receipt."""
+
+    path: str
+    fields: tuple[str, ...]
+    listed_as: str  # the key of the lookup's list
+    receipt: str
+
+
+_OPERATIONS: Final = {
+    _CHARGE: _Operation("/v1/charges", ("customer_id", "amount_cents", "currency", "description"),
+                       "charges", "charge_id"),
+    _REFUND: _Operation("/v1/refunds", ("payment_id", "line_id", "amount_cents", "destination"),
+                       "refunds", "refund_id"),
+}
+
+
+class ReadFailed(RetryableError):
+    """The payment could not be read now (no connection, a timeout, 429 or 5xx): try later."""
+
+    def __init__(self, msg: str, *, payment_id: str, status: int | None = None) -> None:
+        super().__init__(msg)
+        self.payment_id, self.status = payment_id, status
+
+
+class ReadRefused(PermanentError):
+    """The provider refused to read the payment (e.g. 401): retrying cannot help."""
+
+    def __init__(self, msg: str, *, payment_id: str, status: int) -> None:
+        super().__init__(msg)
+        self.payment_id, self.status = payment_id, status
 
 
 class PaymentConnector:
-    """The payment provider's HTTP API; replaying a key charges again, so it is never replayed."""
+    """The payment provider's HTTP API; replaying a key pays out again, so it is never replayed."""
 
     name = "payments"
 
@@ -32,59 +70,96 @@ class PaymentConnector:
             headers={"Authorization": f"Bearer {token}"},
         )
 
+    async def read_payment(self, payment_id: str) -> dict[str, Any] | None:
+        """The payment as the provider shows it now, or None if it has no such payment.
+
+        The provider adds `amount_cents`, `refunded_cents` and `refunds` to the payment, and
+        `refunded_cents` to each line.
+
+        Raises:
+            ReadFailed: the provider could not answer now (retryable).
+            ReadRefused: the provider refused the read, e.g. a bad token (permanent).
+        """
+        try:
+            response = await self._client.get(f"/v1/payments/{quote(payment_id, safe='')}")
+        except httpx.TransportError as exc:
+            raise ReadFailed(f"reading payment {payment_id} failed: {exc!r}"[:500],
+                             payment_id=payment_id) from exc
+        status = response.status_code
+        if status == 404:
+            return None
+        if status == 200:
+            try:
+                payment = response.json()
+            except ValueError:
+                payment = None
+            if isinstance(payment, dict):
+                return payment
+            raise ReadFailed(f"payment {payment_id} unreadable: {response.text}"[:500],
+                             payment_id=payment_id, status=status)
+        if status == 429 or status >= 500:
+            raise ReadFailed(f"reading payment {payment_id}: HTTP {status}", payment_id=payment_id,
+                             status=status)
+        raise ReadRefused(f"reading payment {payment_id}: HTTP {status}: {response.text}"[:500],
+                          payment_id=payment_id, status=status)
+
     async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
                       expected_revision: str | None) -> Result:
-        """Charge once, sending `key` as the provider's `Reference` (which it does not dedupe)."""
-        if action != _ACTION:
+        """Charge or refund once, sending `key` as the (never deduped) `Reference`."""
+        if (op := _OPERATIONS.get(action)) is None:
             return Result(kind="rejected", detail=f"payments cannot perform {action}")
         if expected_revision is not None:
             return Result(kind="rejected", detail="payments have no revisions to match")
+        if missing := [f for f in op.fields if f not in arguments]:
+            return Result(kind="rejected", detail=f"{action} needs {', '.join(missing)}")
         try:
             response = await self._client.post(
-                "/v1/charges", json={f: arguments[f] for f in _FIELDS},
-                headers={"Reference": key})
+                op.path, json={f: arguments[f] for f in op.fields}, headers={"Reference": key})
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            # No connection was ever given the request, so nothing can have been charged.
+            # No connection was ever given the request, so nothing can have been applied.
             return Result(kind="transient", detail=f"connect failed: {exc!r}"[:500])
         except httpx.TransportError as exc:
-            # The request may have been received and charged: only a lookup can tell.
+            # The request may have been received and applied: only a lookup can tell.
             return Result(kind="lost", detail=f"no response: {exc!r}"[:500])
         status = response.status_code
         if status == 201:
             try:
-                return Result(kind="succeeded", receipt=str(response.json()["charge_id"]))
+                return Result(kind="succeeded", receipt=str(response.json()[op.receipt]))
             except (ValueError, KeyError, TypeError):
-                # Charged for certain; a missing receipt must not turn into a second charge.
-                return Result(kind="succeeded", detail=f"201 without a charge_id: "
+                # Applied for certain; a missing receipt must not turn into a second one.
+                return Result(kind="succeeded", detail=f"201 without a {op.receipt}: "
                                                        f"{response.text}"[:500])
         if status in (429, 503):
             return Result(kind="transient", detail=f"HTTP {status}")
         if 400 <= status < 500:
+            # For a refund a 409 says why the provider refused it (nothing left to refund, the
+            # payment is not captured, the destination no longer matches): the detail carries it.
             return Result(kind="rejected", detail=f"HTTP {status}: {response.text}"[:500])
-        # A 500, or a gateway's 502/504, may come after the provider charged: a retry could
-        # charge twice, so these are as uncertain as a dropped connection.
+        # A 500, or a gateway's 502/504, may come after the provider applied the request: a retry
+        # could charge or refund twice, so these are as uncertain as a dropped connection.
         return Result(kind="lost", detail=f"HTTP {status}: {response.text}"[:500])
 
     async def lookup(self, action: str, *, key: str) -> Result:
-        """Find the charge made under `key`; more than one means the customer was overcharged."""
-        if action != _ACTION:
+        """Find what was made under `key`; more than one means a duplicate charge or refund."""
+        if (op := _OPERATIONS.get(action)) is None:
             return Result(kind="rejected", detail=f"payments cannot look up {action}")
         try:
-            response = await self._client.get("/v1/charges", params={"reference": key})
+            response = await self._client.get(op.path, params={"reference": key})
         except httpx.TransportError as exc:
             return Result(kind="transient", detail=f"lookup failed: {exc!r}"[:500])
         if response.status_code != 200:
             return Result(kind="transient",
                           detail=f"lookup HTTP {response.status_code}: {response.text}"[:500])
         try:
-            ids = [str(charge["charge_id"]) for charge in response.json()["charges"]]
+            ids = [str(made[op.receipt]) for made in response.json()[op.listed_as]]
         except (ValueError, KeyError, TypeError):
             return Result(kind="transient", detail=f"lookup unreadable: {response.text}"[:500])
         if not ids:
             return Result(kind="not_found")
         if len(ids) > 1:
             return Result(kind="rejected",
-                          detail=f"duplicate charges exist for {key}: {', '.join(ids)}"[:500])
+                          detail=f"duplicate {op.listed_as} exist for {key}: "
+                                 f"{', '.join(ids)}"[:500])
         return Result(kind="succeeded", receipt=ids[0])
 
     async def aclose(self) -> None:
