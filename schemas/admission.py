@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
+
+import msgspec
 
 from schemas.base import Command, Digest, Event, Id, ShortText, Tenant
 
@@ -36,6 +38,10 @@ class ProposalRefused(Event):
     reason: ShortText
     decision_id: Id | None = None
     pending_id: Id | None = None
+    # With `ask`: the proposal a person approves by its id, and what approving it does.
+    proposal_id: Id | None = None
+    preview: Annotated[dict[str, Any], msgspec.Meta(max_length=32)] | None = None
+    expires_at: ShortText | None = None
 
 
 class DispatchCommand(Command):

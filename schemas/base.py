@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -10,6 +10,7 @@ __all__ = [
     "AgentName",
     "Command",
     "Digest",
+    "Family",
     "Event",
     "Id",
     "Message",
@@ -46,3 +47,7 @@ class Command(Message, forbid_unknown_fields=True, tag_field="type"):
 
 class Event(Message, tag_field="type"):
     """Fan-out between Writ's services: old consumers skip fields they don't know."""
+
+
+# The action families governance classifies calls by (DESIGN.md §4).
+Family = Literal["read", "read_personal", "write_delete", "send_external", "execute_code"]

@@ -10,6 +10,8 @@ from schemas.base import Command, Event, Id, ShortText, Tenant
 
 __all__ = [
     "CommandOutcome",
+    "FactsRead",
+    "ReadFacts",
     "CommandState",
     "ListUnknown",
     "Reconcile",
@@ -79,3 +81,18 @@ class Reconciled(Event):
     operation_id: Id
     ok: bool
     message: ShortText
+
+
+class ReadFacts(Command):
+    """Admission asks for the state a proposal's preview will stand on (a payment, a draft)."""
+
+    tenant: Tenant
+    kind: Literal["payment", "mail_draft"]
+    id: ShortText
+
+
+class FactsRead(Event):
+    """The state as the system of record gives it now; `found` false: no such resource."""
+
+    found: bool
+    facts: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] | None = None

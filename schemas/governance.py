@@ -7,8 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from schemas.actions import Family
-from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
+from schemas.base import AgentName, Command, Event, Family, Id, Principal, ShortText, Tenant
 
 __all__ = [
     "Answer",

@@ -10,11 +10,14 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from schemas.actions import Family
-from schemas.base import AgentName, Command, Event, Id, ShortText, Text, Token
+from schemas.base import AgentName, Command, Event, Family, Id, ShortText, Text, Token
 
 __all__ = [
     "ActionResult",
+    "ApprovalResult",
+    "ApproveProposal",
+    "OutcomeKind",
+    "ProposalView",
     "CommandResult",
     "CommandStatus",
     "DecisionResult",
@@ -84,6 +87,51 @@ class HumanDecision(Command):
     reason: ShortText = ""
 
 
+class ApproveProposal(Command):
+    """An approver approves or rejects one proposal, on `writ.in.approvals.<tenant>`.
+
+    It names the proposal and nothing else: the approved operation is the one Writ froze and
+    showed. The token must carry the `approver` role for the proposal's tenant.
+    """
+
+    request_id: Id
+    token: Token
+    proposal_id: Id
+    answer: Literal["approve", "reject"]
+    reason: ShortText = ""
+
+
+OutcomeKind = Literal["pending", "succeeded", "needs_reconciliation", "revision_required",
+                      "denied", "expired", "terminal_failure"]
+
+
+class ProposalView(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal waiting for a person: its opaque id and exactly what approving it does."""
+
+    proposal_id: Id
+    action: ShortText
+    preview: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
+    expires_at: ShortText
+
+
+class ApprovalResult(Event):
+    """What became of an `ApproveProposal`, on `writ.out.results.<tenant>`.
+
+    `claimed`: this approval started the one execution; `rejected`: the proposal is refused;
+    `already_completed`: it was approved before (the recorded outcome, not a second execution);
+    `not_approvable`: why nothing happened.
+    """
+
+    request_id: ShortText
+    proposal_id: ShortText
+    status: Literal["claimed", "rejected", "already_completed", "not_approvable"]
+    outcome: OutcomeKind | None = None
+    receipt: ShortText | None = None
+    reason: ShortText | None = None
+    correlation_id: ShortText | None = None
+    api_version: str = "1"
+
+
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Why a request was rejected or a run failed; `code` is stable, `message` is for people."""
 
@@ -99,6 +147,10 @@ class ActionResult(msgspec.Struct, frozen=True, kw_only=True):
     state: ShortText
     receipt: ShortText | None = None
     reason: ShortText | None = None
+    # What may be done next, classified by Writ (never by the model); a terminal failure
+    # carries a correlation id instead of details.
+    outcome: OutcomeKind | None = None
+    correlation_id: ShortText | None = None
 
 
 class RunResult(Event):
@@ -111,6 +163,7 @@ class RunResult(Event):
     answer: Text | None = None
     actions: Annotated[list[ActionResult], msgspec.Meta(max_length=64)] = []
     pending_id: Id | None = None  # set when the run waits for a person's decision
+    proposal: ProposalView | None = None  # set when that decision is a proposal to approve
     api_version: str = "1"
 
 
@@ -124,6 +177,9 @@ class CommandResult(Event):
     receipt: ShortText | None = None
     error: ErrorInfo | None = None
     pending_id: Id | None = None  # set with `awaiting_human`: the decision a person must take
+    proposal: ProposalView | None = None  # with `awaiting_human`: what approving it does
+    outcome: OutcomeKind | None = None
+    correlation_id: ShortText | None = None
     api_version: str = "1"
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from schemas.base import AgentName, Event, Id, Principal, Tenant, Text
+from typing import Literal
 
-__all__ = ["RunStarted"]
+from schemas.base import AgentName, Event, Id, Principal, ShortText, Tenant, Text
+
+__all__ = ["ProposalAnswer", "RunStarted"]
 
 
 class RunStarted(Event):
@@ -17,3 +19,15 @@ class RunStarted(Event):
     agent: AgentName
     input: Text
     attended: bool = False
+
+
+class ProposalAnswer(Event):
+    """A verified approver approves or rejects a proposal by its id: nothing else is trusted
+    from the approver's message (no amount, no body, no value that was approved)."""
+
+    tenant: Tenant
+    request_id: Id
+    approver: Principal
+    proposal_id: Id
+    answer: Literal["approve", "reject"]
+    reason: ShortText = ""

@@ -13,7 +13,9 @@ import msgspec
 
 __all__ = [
     "ADMISSION_IN",
+    "ANSWER",
     "DECIDE",
+    "FACTS",
     "DISPATCH_IN",
     "GOVERNANCE_IN",
     "PENDING_LIST",
@@ -29,6 +31,7 @@ __all__ = [
     "admitted",
     "answer",
     "answered",
+    "approval",
     "command",
     "command_request",
     "dead_letter",
@@ -36,6 +39,7 @@ __all__ = [
     "human_decision",
     "outcome",
     "proposal",
+    "proposal_answer",
     "refused",
     "request",
     "result",
@@ -68,6 +72,16 @@ def answer(tenant: str) -> str:
 def answered(tenant: str) -> str:
     """Decided pending decisions, from governance to admission."""
     return f"writ.int.answered.{tenant}"
+
+
+def approval(tenant: str) -> str:
+    """Where an approver publishes an `ApproveProposal` (approve or reject, by proposal id)."""
+    return f"writ.in.approvals.{tenant}"
+
+
+def proposal_answer(tenant: str) -> str:
+    """Verified approvals and rejections of proposals, from ingress to admission."""
+    return f"writ.int.approvals.{tenant}"
 
 
 def command_request(tenant: str) -> str:
@@ -116,14 +130,20 @@ REGISTER_RUN: Final = "writ.int.governance.register_run"
 PENDING_LIST: Final = "writ.int.governance.pending"
 UNKNOWN_LIST: Final = "writ.int.dispatcher.unknown"
 RECONCILE: Final = "writ.int.dispatcher.reconcile"
+# The state a proposal's preview stands on, read by the one service holding the credentials.
+FACTS: Final = "writ.int.dispatcher.facts"
+# Record a person's answer to a pending decision and say what it became (admission asks it when
+# a proposal is approved by its id).
+ANSWER: Final = "writ.int.governance.answer"
 
 # Inbox filters of each durable consumer.
-INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*")
+INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*",
+                      "writ.in.approvals.*")
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*")
 ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",
-                       "writ.int.answered.*")
+                       "writ.int.answered.*", "writ.int.approvals.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)
 
 
@@ -142,7 +162,8 @@ STREAMS: Final = (
     StreamSpec("WRIT_OUT", ("writ.out.>",), 7 * _DAY),
     StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
                             "writ.int.admitted.>", "writ.int.outcomes.>", "writ.int.answers.>",
-                            "writ.int.answered.>", "writ.int.refused.>"), 7 * _DAY),
+                            "writ.int.answered.>", "writ.int.refused.>", "writ.int.approvals.>"),
+               7 * _DAY),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
 )

@@ -8,6 +8,8 @@
     writ reconcile resolve    record what an operator established, with its evidence
     writ pending              decisions waiting for a person
     writ decide <id> <answer> answer one: once | always | deny
+    writ approve <proposal>   approve a proposal by its id (what it does is what was shown)
+    writ reject <proposal>    reject it, with --reason
     writ policy sign          sign an organisation policy file
     writ audit verify         check every service's audit journal: chain, checkpoints, signatures
 """
@@ -101,6 +103,20 @@ def _decide(args: argparse.Namespace) -> int:
 
         token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
     return anyio.run(answer_pending, _nats_url(args), args.tenant, args.pending_id,
+                     args.answer, args.reason, token)
+
+
+def _approve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import answer_proposal
+
+    token = args.token
+    if not token:  # local use: sign as the tenant's host would, with the approver role
+        from writ.stack import Stack
+
+        token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
+    return anyio.run(answer_proposal, _nats_url(args), args.tenant, args.proposal_id,
                      args.answer, args.reason, token)
 
 
@@ -242,6 +258,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
     p.add_argument("--principal", default="ops@acme.example")
     p.set_defaults(func=_decide)
+
+    for verb, answer, helptext in (("approve", "approve", "approve a proposal by its id"),
+                                   ("reject", "reject", "reject a proposal by its id")):
+        p = sub.add_parser(verb, help=helptext)
+        _operator_args(p)
+        p.add_argument("proposal_id")
+        p.add_argument("--reason", default="", required=answer == "reject")
+        p.add_argument("--token", default="",
+                       help="the approver's token (default: local demo key)")
+        p.add_argument("--principal", default="ops@acme.example")
+        p.set_defaults(func=_approve, answer=answer)
 
     p = sub.add_parser("policy", help="organisation policy files")
     pol = p.add_subparsers(dest="action", required=True)

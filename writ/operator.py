@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -12,9 +13,9 @@ import nats
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
 from schemas.governance import ListPending, PendingDecisions
-from schemas.host import HumanDecision
+from schemas.host import ApproveProposal, HumanDecision
 
-__all__ = ["answer_pending", "list_pending", "list_unknown", "resolve"]
+__all__ = ["answer_pending", "answer_proposal", "list_pending", "list_unknown", "resolve"]
 
 T = TypeVar("T")
 
@@ -73,18 +74,48 @@ async def answer_pending(nats_url: str, tenant: str, pending_id: str, answer: st
     request_id = f"decide-{uuid.uuid4().hex[:12]}"
     decision = HumanDecision(request_id=request_id, token=token, pending_id=pending_id,
                              answer=answer, reason=reason)
+    result = await _publish_and_wait(nats_url, subjects.human_decision(tenant), decision,
+                                     subjects.result(tenant), "DecisionResult", timeout)
+    if result is None:
+        return 1
+    print(result["message"])
+    return 0 if result["accepted"] else 1
+
+
+async def answer_proposal(nats_url: str, tenant: str, proposal_id: str, answer: str,
+                          reason: str, token: str, timeout: float = 10.0) -> int:
+    """Approve or reject a proposal by its id (`writ approve` / `writ reject`) and print what
+    became of it: nothing but the id is sent; what is approved is what Writ froze."""
+    request_id = f"approve-{uuid.uuid4().hex[:12]}"
+    message = ApproveProposal(request_id=request_id, token=token, proposal_id=proposal_id,
+                              answer=answer, reason=reason)
+    result = await _publish_and_wait(nats_url, subjects.approval(tenant), message,
+                                     subjects.result(tenant), "ApprovalResult", timeout)
+    if result is None:
+        return 1
+    details = [f"{k} {result[k]}" for k in ("outcome", "receipt", "reason", "correlation_id")
+               if result.get(k)]
+    print(f"{proposal_id}: {result['status']}" + (f" ({'; '.join(details)})" if details else ""))
+    return 0 if result["status"] in ("claimed", "rejected", "already_completed") else 1
+
+
+async def _publish_and_wait(nats_url: str, subject: str, message: msgspec.Struct,
+                            results_subject: str, result_type: str,
+                            timeout: float) -> dict[str, Any] | None:
+    """Publish a host message (request id = its `Nats-Msg-Id`) and wait for its result."""
+    request_id = message.request_id  # type: ignore[attr-defined]
     nc = await nats.connect(nats_url)
     try:
-        results = await nc.subscribe(subjects.result(tenant))
-        await nc.jetstream().publish(subjects.human_decision(tenant),
-                                     msgspec.json.encode(decision),
+        results = await nc.subscribe(results_subject)
+        await nc.jetstream().publish(subject, msgspec.json.encode(message),
                                      headers={"Nats-Msg-Id": request_id})
         with anyio.fail_after(timeout):
             async for msg in results.messages:
                 result = msgspec.json.decode(msg.data)
-                if result.get("type") == "DecisionResult" and result["request_id"] == request_id:
-                    print(result["message"])
-                    return 0 if result["accepted"] else 1
+                if result.get("type") == result_type and result["request_id"] == request_id:
+                    return result  # type: ignore[no-any-return]
+    except TimeoutError:
+        print(f"no {result_type} within {timeout:.0f} s", file=sys.stderr)
     finally:
         await nc.close()
-    return 1
+    return None

@@ -11,7 +11,9 @@ import msgspec
 from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
 from schemas.dispatcher import (
     CommandOutcome,
+    FactsRead,
     ListUnknown,
+    ReadFacts,
     Reconcile,
     Reconciled,
     UnknownCommands,
@@ -27,6 +29,8 @@ from schemas.governance import (
     RunRegistered,
 )
 from schemas.host import (
+    ApprovalResult,
+    ApproveProposal,
     CommandResult,
     DecisionResult,
     HumanDecision,
@@ -34,7 +38,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
-from schemas.ingress import RunStarted
+from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import ProposeCommand
 from schemas.retrieval import EvidenceGathered
 
@@ -45,7 +49,7 @@ MESSAGES: Final = (
     ProposeCommand, DecideRequest, Decision, CommandAdmitted, ProposalRefused, DispatchCommand,
     CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled, HumanDecision,
     DecisionResult, RegisterRun, RunRegistered, AnswerDecision, DecisionAnswered, ListPending,
-    PendingDecisions,
+    PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

@@ -20,6 +20,8 @@ class AdmissionSettings(BaseSettings, frozen=True, kw_only=True):
     database_url: str
     database_password_file: str
     command_ttl_s: float = 3600.0
+    # How long a proposal waits for a person before it can no longer be approved.
+    proposal_ttl_s: float = 86400.0
     relay_poll_s: float = 1.0
 
 
@@ -36,7 +38,8 @@ def main() -> None:
                                 listen_password=password, poll_s=settings.relay_poll_s,
                                 faults=rt.faults)
             svc = AdmissionService(rt=rt, store=store, relay=relay,
-                                   command_ttl=timedelta(seconds=settings.command_ttl_s))
+                                   command_ttl=timedelta(seconds=settings.command_ttl_s),
+                                   proposal_ttl=timedelta(seconds=settings.proposal_ttl_s))
             await svc.run(task_status=task_status)
 
     run_service("admission", settings, start, description="Admits commands, relays the outbox")

@@ -10,15 +10,18 @@ from typing import Any, Final
 import msgspec
 import rfc8785
 
-from schemas.actions import ACTIONS, ActionContract
+from actions import ACTIONS, ActionContract
+from actions.base import Invalid
 from schemas.planner import ProposeCommand
 
 __all__ = [
     "Invalid",
+    "Resolved",
     "Validated",
     "canonical_hash",
     "operation_id_for",
     "proposal_id_for",
+    "resolve",
     "validate",
 ]
 
@@ -29,15 +32,24 @@ _PROPOSAL_NAMESPACE: Final = uuid.UUID("5c9a1e47-2b3d-4a6f-9e08-71d4c3b2a195")
 
 
 class Validated(msgspec.Struct, frozen=True, kw_only=True):
-    """A proposal whose arguments fit the action's contract, frozen with its hash."""
+    """A proposal whose request fits the action's contract, with the request's canonical hash.
 
-    contract: ActionContract
+    `arguments` is the validated request as plain data (normalised); `request` the same, typed.
+    The hash is over what the caller asked for: resolving it against the state of the moment
+    comes after, so a replay of the same request is recognised whatever the state is now.
+    """
+
+    contract: ActionContract[Any, Any, Any, Any]
     arguments: dict[str, Any]
+    request: Any
     request_hash: bytes
 
 
-class Invalid(Exception):
-    """The proposal does not fit any contract; the message says how."""
+class Resolved(msgspec.Struct, frozen=True, kw_only=True):
+    """The frozen arguments and the preview, as plain data to store together."""
+
+    arguments: dict[str, Any]
+    preview: dict[str, Any]
 
 
 def _normalise(value: Any) -> Any:
@@ -74,19 +86,31 @@ def validate(proposal: ProposeCommand) -> Validated:
     contract = ACTIONS.get(proposal.action)
     if contract is None:
         raise Invalid(f"unknown action {proposal.action!r}")
-    try:
-        # Normalise first, so the contract's bounds are checked on what will be frozen.
-        typed = msgspec.convert(_normalise(proposal.arguments), contract.arguments, strict=True)
-    except msgspec.ValidationError as exc:
-        raise Invalid(f"arguments of {contract.name} v{contract.version}: {exc}") from exc
+    # Normalise first, so the contract's bounds are checked on what will be frozen.
+    typed = contract.decode_request(_normalise(proposal.arguments))
     arguments = _normalise(msgspec.to_builtins(typed))
     return Validated(
-        contract=contract, arguments=arguments,
+        contract=contract, arguments=arguments, request=typed,
         request_hash=canonical_hash(tenant=proposal.tenant, principal=proposal.principal,
                                     action=contract.name, version=contract.version,
                                     arguments=arguments,
                                     expected_revision=proposal.expected_revision),
     )
+
+
+def resolve(validated: Validated, facts: Any) -> Resolved:
+    """Resolve the request against the facts read for it (None: none needed, or not found):
+    defaults, derived values and the preview, computed by the contract's code."""
+    contract = validated.contract
+    typed_facts = None
+    if facts is not None:
+        try:
+            typed_facts = contract.decode_facts(facts)
+        except msgspec.ValidationError as exc:
+            raise Invalid(f"the state {contract.name} depends on is unreadable: {exc}") from exc
+    frozen = contract.resolve(validated.request, typed_facts)
+    return Resolved(arguments=_normalise(msgspec.to_builtins(frozen.arguments)),
+                    preview=msgspec.to_builtins(frozen.preview))
 
 
 def operation_id_for(tenant: str, run_id: str, step: int,

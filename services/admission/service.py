@@ -1,14 +1,18 @@
 """Admission: turns a model's proposal into an admitted command, or a recorded refusal.
 
-It validates against the action's contract, asks governance's `decide`, and admits the command
-with its outbox row in one transaction. It holds nothing that acts on the world.
+It validates the request against the action's contract, reads the state the preview will stand
+on (from the dispatcher, the one holder of credentials), resolves the request into frozen
+arguments and a preview, asks governance's `decide`, and admits the command with its outbox row
+in one transaction. A proposal a person must approve is durable state with an opaque id;
+approving it by that id is the one pending -> executing claim that admits it (seed 003).
+It holds nothing that acts on the world.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import anyio
 import anyio.abc
@@ -17,6 +21,8 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from prometheus_client import Gauge
 
+from actions import ACTIONS
+from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
 from libs.errors import RetryableError
@@ -24,22 +30,25 @@ from libs.runtime import Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
-from schemas.dispatcher import CommandOutcome
-from schemas.governance import DecideRequest, Decision, DecisionAnswered
-from schemas.host import CommandResult, ErrorInfo
+from schemas.dispatcher import CommandOutcome, FactsRead, ReadFacts
+from schemas.governance import AnswerDecision, DecideRequest, Decision, DecisionAnswered
+from schemas.host import ApprovalResult, CommandResult, ErrorInfo, ProposalView
+from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission.logic import (
     Invalid,
+    Validated,
     operation_id_for,
     proposal_id_for,
+    resolve,
     validate,
 )
 from services.admission.relay import OutboxRelay
-from services.admission.store import COMMAND_STATES, AdmissionStore, StoredCommand
+from services.admission.store import COMMAND_STATES, AdmissionStore, ProposalRow, StoredCommand
 
 __all__ = ["AdmissionService"]
 
-Inbound = ProposeCommand | CommandOutcome | DecisionAnswered
+Inbound = ProposeCommand | CommandOutcome | DecisionAnswered | ProposalAnswer
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="admission", filter_subjects=subjects.ADMISSION_IN)
 log = logging.getLogger("writ.admission")
 
@@ -48,13 +57,16 @@ class AdmissionService:
     """Judges proposals and relays admitted commands."""
 
     def __init__(self, *, rt: Runtime, store: AdmissionStore, relay: OutboxRelay,
-                 command_ttl: timedelta, decide_timeout_s: float = 2.0,
-                 gauges_every_s: float = 5.0) -> None:
+                 command_ttl: timedelta, proposal_ttl: timedelta = timedelta(hours=24),
+                 decide_timeout_s: float = 2.0, gauges_every_s: float = 5.0) -> None:
         self._rt, self._store, self._relay = rt, store, relay
         self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
+        self._proposal_ttl = proposal_ttl
         self._gauges_every_s = gauges_every_s
         self._decoder = msgspec.json.Decoder(Inbound)
         self._decision_decoder = msgspec.json.Decoder(Decision)
+        self._facts_decoder = msgspec.json.Decoder(FactsRead)
+        self._answered_decoder = msgspec.json.Decoder(DecisionAnswered)
         self._encoder = msgspec.json.Encoder()
         self._commands = Gauge("writ_admission_commands", "Admitted commands per state",
                                ["state"], registry=rt.registry)
@@ -96,6 +108,8 @@ class AdmissionService:
             await self._answer_outcome(message)
         elif isinstance(message, DecisionAnswered):
             await self._on_answered(message)
+        elif isinstance(message, ProposalAnswer):
+            await self._on_proposal_answer(message)
         else:
             await self._judge(message)
 
@@ -122,33 +136,61 @@ class AdmissionService:
                 await self._refuse(p, verdict, reason, decision_id,
                                    pending_id=decision_id if state == "pending" else None)
                 return
-            decision = await self._decide(p, valid.arguments, proposal_id)
+            try:
+                resolved = resolve(valid, await self._read_facts(p.tenant, valid))
+            except Invalid as exc:
+                await self._refuse(p, "invalid", str(exc)[:500])
+                return
+            decision = await self._decide(p, resolved.arguments, proposal_id)
             span.set_attribute("writ.decision.verdict", decision.verdict)
             if decision.verdict != "allow":
                 # An ask leaves a durable pending proposal, frozen as it will be shown; the
                 # run's handler returns and nothing is held while a person thinks.
-                await self._store.record_proposal(
+                stored = await self._store.record_proposal(
                     tenant=p.tenant, proposal_id=proposal_id, run_id=p.run_id, step=p.step,
                     principal=p.principal, agent=p.agent, action=valid.contract.name,
-                    version=valid.contract.version, arguments=valid.arguments,
+                    version=valid.contract.version, arguments=resolved.arguments,
                     request_hash=valid.request_hash,
                     state="pending" if decision.verdict == "ask" else "rejected",
                     decision_id=decision.decision_id, reason=decision.reason,
+                    preview=resolved.preview, ttl=self._proposal_ttl,
                     expected_revision=p.expected_revision, operation_key=p.operation_key,
                     request_id=p.request_id)
                 await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
-                                   pending_id=decision.pending_id)
+                                   pending_id=decision.pending_id,
+                                   proposal=_view(stored) if decision.verdict == "ask" else None)
                 return
             admitted = await self._store.admit(
                 tenant=p.tenant, operation_id=operation_id, proposal_id=proposal_id,
                 run_id=p.run_id, step=p.step, principal=p.principal, agent=p.agent,
                 action=valid.contract.name, version=valid.contract.version,
-                arguments=valid.arguments, request_hash=valid.request_hash, decision=decision,
-                ttl=self._ttl, expected_revision=p.expected_revision,
+                arguments=resolved.arguments, request_hash=valid.request_hash,
+                decision=decision, ttl=self._ttl, preview=resolved.preview,
+                expected_revision=p.expected_revision,
                 operation_key=p.operation_key, request_id=p.request_id,
                 before_commit=lambda: self._rt.faults.crash_if("admission.before_commit"))
             await self._known(p, operation_id, valid.request_hash, admitted.command,
                               replay=not admitted.created)
+
+    async def _read_facts(self, tenant: str, valid: Validated) -> dict[str, object] | None:
+        """The state the preview stands on, read by the dispatcher (None: nothing to read, or
+        no such resource; the contract says which is an error)."""
+        ref = valid.contract.facts_ref(valid.request)
+        if ref is None:
+            return None
+        ask = ReadFacts(tenant=tenant, kind=ref.kind, id=ref.id)
+        try:
+            reply = await self._rt.nc.request(subjects.FACTS, self._encoder.encode(ask),
+                                              timeout=self._decide_timeout,
+                                              headers=inject_context({}))
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            raise RetryableError(f"the dispatcher did not read {ref.kind}: {exc!r}",
+                                 delay=1.0) from exc
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            raise RetryableError(f"reading {ref.kind} failed: "
+                                 f"{reply.headers.get('Nats-Service-Error')}", delay=1.0)
+        read = self._facts_decoder.decode(reply.data)
+        return read.facts if read.found else None
 
     async def _known(self, p: ProposeCommand, operation_id: str, request_hash: bytes,
                      stored: StoredCommand, *, replay: bool) -> None:
@@ -184,62 +226,176 @@ class AdmissionService:
     async def _answer_host(self, tenant: str, request_id: str, operation_key: str,
                            operation_id: str | None, status: str, receipt: str | None,
                            reason: str | None, code: str | None = None,
-                           pending_id: str | None = None) -> None:
+                           pending_id: str | None = None,
+                           proposal: ProposalView | None = None) -> None:
         error = None
+        outcome: Outcome | None = None
+        if operation_id is not None:
+            outcome = outcome_of(status, receipt=receipt, reason=reason,
+                                 operation_id=operation_id)
+            if outcome.kind == "terminal_failure":
+                reason = outcome.detail  # a correlation id, never the provider's words
         if status not in ("succeeded", "pending", "dispatching"):
             error = ErrorInfo(code=code or status.upper(), message=(reason or status)[:512])
         await publish(
             self._rt.js, subjects.result(tenant),
             CommandResult(request_id=request_id, operation_key=operation_key, status=status,
                           operation_id=operation_id, receipt=receipt, error=error,
-                          pending_id=pending_id),
+                          pending_id=pending_id, proposal=proposal,
+                          outcome=outcome.kind if outcome else None,
+                          correlation_id=outcome.correlation_id if outcome else None),
             msg_id=f"command-result:{tenant}:{request_id}:{operation_id}:{status}",
         )
 
     async def _on_answered(self, answered: DecisionAnswered) -> None:
-        """A person answered the ask about a pending proposal: admit it, or reject it."""
+        """A pending decision about a proposal was answered (`writ decide`, or nobody in
+        time): admit the proposal, or reject it."""
         if answered.proposal_id is None:
             return
-        pending = await self._store.pending_proposal(answered.tenant, answered.proposal_id,
-                                                     answered.pending_id)
-        if pending is None:
-            return  # already acted on (a redelivery), or not a proposal of ours
-        p = ProposeCommand(run_id=pending.run_id, step=pending.step, tenant=pending.tenant,
-                           principal=pending.principal, agent=pending.agent,
-                           action=pending.action, arguments=pending.arguments,
-                           expected_revision=pending.expected_revision,
-                           operation_key=pending.operation_key, request_id=pending.request_id)
+        proposal = await self._store.proposal_row(answered.tenant,
+                                                  proposal_id=answered.proposal_id)
+        if proposal is None or proposal.state != "pending" or (
+                proposal.decision_id != answered.pending_id):
+            return  # already acted on (a redelivery, or approved by its id), or not ours
         if answered.answer == "deny":
-            reason = f"rejected by {answered.answered_by}" + (
-                f": {answered.reason}" if answered.reason else "")
-            if await self._store.reject_proposal(p.tenant, pending.proposal_id, reason):
-                await self._refuse(p, "rejected", reason[:500], answered.decision_id)
+            await self._reject(proposal, answered.answered_by, answered.reason,
+                               answered.decision_id)
             return
+        await self._claim(proposal, answered, answered.answered_by)
+
+    async def _on_proposal_answer(self, ans: ProposalAnswer) -> None:
+        """An approver approves or rejects a proposal by its opaque id (seed 003): check it all
+        again, record the answer with governance, then the one atomic claim."""
+        proposal = await self._store.proposal_row(ans.tenant, public_id=ans.proposal_id)
+        if proposal is None:
+            # Unknown, tampered, or another tenant's id: the same answer for all three.
+            await self._reply(ans, "not_approvable", reason="no such proposal")
+            return
+        if not await self._still_approvable(ans, proposal):
+            return
+        answered = await self._answer_with_governance(ans, proposal)
+        if answered is None:
+            return
+        if ans.answer == "reject":
+            await self._reject(proposal, ans.approver, ans.reason, answered.decision_id)
+            await self._reply(ans, "rejected", reason=ans.reason or None)
+            return
+        await self._claim(proposal, answered, ans.approver, ans)
+
+    async def _still_approvable(self, ans: ProposalAnswer, proposal: ProposalRow) -> bool:
+        """Pending, not expired, and its frozen arguments still decode; otherwise answer why."""
+        if proposal.state != "pending":
+            await self._reply_state(ans, proposal)
+            return False
+        if proposal.expires_at is not None and proposal.expires_at <= datetime.now(UTC):
+            await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
+            await self._reply(ans, "not_approvable", reason="the proposal expired")
+            return False
+        contract = ACTIONS.get(proposal.action)
         try:
-            valid = validate(p)  # the frozen arguments must still decode under the contract
-        except Invalid as exc:
-            await self._store.reject_proposal(p.tenant, pending.proposal_id, str(exc)[:500])
-            await self._refuse(p, "invalid", str(exc)[:500])
-            return
-        if valid.request_hash != pending.request_hash:
-            reason = "the contract changed since the proposal was shown: propose again"
-            await self._store.reject_proposal(p.tenant, pending.proposal_id, reason)
-            await self._refuse(p, "invalid", reason)
-            return
+            if contract is None or contract.version != proposal.action_version:
+                raise ValueError(f"no contract {proposal.action} v{proposal.action_version}")
+            contract.decode_arguments(proposal.arguments)
+            contract.decode_preview(proposal.preview)
+        except (ValueError, msgspec.ValidationError) as exc:
+            # A stored contract that no longer decodes is Writ's fault, not the approver's.
+            log.error("proposal %s does not decode (%s): %r", proposal.proposal_id,
+                      ans.request_id, exc)
+            await self._reply(ans, "not_approvable", outcome="terminal_failure",
+                              reason="the stored proposal cannot be executed",
+                              correlation_id=proposal.proposal_id)
+            return False
+        return True
+
+    async def _answer_with_governance(self, ans: ProposalAnswer,
+                                      proposal: ProposalRow) -> DecisionAnswered | None:
+        """Approvals are governance's to record: it checks the approver (revoked, role,
+        tenant) and answers the pending decision; None (after replying) if it refused."""
+        ask = AnswerDecision(tenant=ans.tenant, principal=ans.approver,
+                             request_id=ans.request_id, pending_id=proposal.decision_id or "",
+                             answer="once" if ans.answer == "approve" else "deny",
+                             reason=ans.reason)
+        try:
+            reply = await self._rt.nc.request(subjects.ANSWER, self._encoder.encode(ask),
+                                              timeout=self._decide_timeout,
+                                              headers=inject_context({}))
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            raise RetryableError(f"governance did not answer: {exc!r}", delay=1.0) from exc
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            code = reply.headers.get("Nats-Service-Error-Code")
+            message = reply.headers.get("Nats-Service-Error") or "refused"
+            if code == "409":
+                # Answered already, by a concurrent approval: the claim below settles who won.
+                fresh = await self._store.proposal_row(ans.tenant, public_id=ans.proposal_id)
+                if fresh is not None and fresh.state != "pending":
+                    await self._reply_state(ans, fresh)
+                    return None
+            if code in ("403", "409", "410"):
+                await self._reply(ans, "not_approvable", reason=message[:500])
+                return None
+            raise RetryableError(f"governance error {code}: {message}")
+        return self._answered_decoder.decode(reply.data)
+
+    async def _claim(self, proposal: ProposalRow, answered: DecisionAnswered, approver: str,
+                     ans: ProposalAnswer | None = None) -> None:
         decision = Decision(decision_id=answered.decision_id, verdict="allow",
-                            line=answered.line, family=valid.contract.family,
-                            reason=f"approved {answered.answer} by {answered.answered_by}"[:512],
+                            line=answered.line, family=ACTIONS[proposal.action].family,
+                            reason=f"approved {answered.answer} by {approver}"[:512],
                             policy_version=answered.policy_version)
-        operation_id = operation_id_for(p.tenant, p.run_id, p.step, p.operation_key)
-        admitted = await self._store.admit(
-            tenant=p.tenant, operation_id=operation_id, proposal_id=pending.proposal_id,
-            run_id=p.run_id, step=p.step, principal=p.principal, agent=p.agent,
-            action=valid.contract.name, version=valid.contract.version,
-            arguments=valid.arguments, request_hash=valid.request_hash, decision=decision,
-            ttl=self._ttl, expected_revision=p.expected_revision,
-            operation_key=p.operation_key, request_id=p.request_id)
-        await self._known(p, operation_id, valid.request_hash, admitted.command,
-                          replay=not admitted.created)
+        operation_id = operation_id_for(proposal.tenant, proposal.run_id, proposal.step,
+                                        proposal.operation_key)
+        claimed = await self._store.approve_for_execution(
+            proposal, approver=approver, decision=decision, ttl=self._ttl,
+            operation_id=operation_id)
+        p = _proposal_message(proposal)
+        if claimed:
+            await self._known(p, operation_id, proposal.request_hash, StoredCommand(
+                request_hash=proposal.request_hash, state="pending", receipt=None, reason=None,
+                decision_id=decision.decision_id, decision_line=decision.line,
+                policy_version=decision.policy_version,
+                origin="host" if proposal.operation_key else "run",
+                operation_key=proposal.operation_key, request_id=proposal.request_id),
+                replay=False)
+            if ans is not None:
+                await self._reply(ans, "claimed", outcome="pending")
+            return
+        if ans is not None:
+            fresh = await self._store.proposal_row(proposal.tenant,
+                                                   proposal_id=proposal.proposal_id)
+            assert fresh is not None
+            await self._reply_state(ans, fresh)
+
+    async def _reject(self, proposal: ProposalRow, by: str, why: str,
+                      decision_id: str) -> None:
+        reason = f"rejected by {by}" + (f": {why}" if why else "")
+        if await self._store.reject_proposal(proposal.tenant, proposal.proposal_id, reason):
+            await self._refuse(_proposal_message(proposal), "rejected", reason[:500],
+                               decision_id)
+
+    async def _reply_state(self, ans: ProposalAnswer, proposal: ProposalRow) -> None:
+        """A proposal that is not pending: its recorded outcome, or why it cannot be approved."""
+        if proposal.state in ("executing", "completed") and proposal.operation_id:
+            outcome = outcome_of(proposal.command_state or "pending", receipt=proposal.receipt,
+                                 reason=proposal.command_reason,
+                                 operation_id=proposal.operation_id)
+            await self._reply(ans, "already_completed", outcome=outcome.kind,
+                              receipt=outcome.receipt, reason=outcome.detail or None,
+                              correlation_id=outcome.correlation_id)
+            return
+        await self._reply(ans, "not_approvable",
+                          reason=f"the proposal is {proposal.state}"
+                                 + (f": {proposal.reason}" if proposal.reason else ""))
+
+    async def _reply(self, ans: ProposalAnswer, status: str, *, outcome: str | None = None,
+                     receipt: str | None = None, reason: str | None = None,
+                     correlation_id: str | None = None) -> None:
+        await publish(
+            self._rt.js, subjects.result(ans.tenant),
+            ApprovalResult(request_id=ans.request_id, proposal_id=ans.proposal_id,
+                           status=status, outcome=outcome,  # type: ignore[arg-type]
+                           receipt=receipt, reason=(reason or "")[:500] or None,
+                           correlation_id=correlation_id),
+            msg_id=f"approval-result:{ans.tenant}:{ans.request_id}")
 
     async def _decide(self, p: ProposeCommand, arguments: dict[str, object],
                       proposal_id: str) -> Decision:
@@ -260,19 +416,38 @@ class AdmissionService:
         return self._decision_decoder.decode(reply.data)
 
     async def _refuse(self, p: ProposeCommand, verdict: str, reason: str,
-                      decision_id: str | None = None, *, pending_id: str | None = None) -> None:
+                      decision_id: str | None = None, *, pending_id: str | None = None,
+                      proposal: ProposalView | None = None) -> None:
         if p.operation_key is not None:
             status = {"deny": "denied", "ask": "awaiting_human", "invalid": "rejected",
                       "conflict": "conflict", "rejected": "rejected"}[verdict]
             code = {"deny": "DENIED", "ask": "AWAITING_HUMAN", "invalid": "INVALID_COMMAND",
                     "conflict": "CONFLICT", "rejected": "REJECTED"}[verdict]
             await self._answer_host(p.tenant, p.request_id or "", p.operation_key, None, status,
-                                    None, reason, code, pending_id)
+                                    None, reason, code, pending_id, proposal)
             return
         await publish(
             self._rt.js, subjects.refused(p.tenant),
             ProposalRefused(tenant=p.tenant, run_id=p.run_id, step=p.step,
                             action=p.action[:512], verdict=verdict, reason=reason,
-                            decision_id=decision_id, pending_id=pending_id),
+                            decision_id=decision_id, pending_id=pending_id,
+                            proposal_id=proposal.proposal_id if proposal else None,
+                            preview=proposal.preview if proposal else None,
+                            expires_at=proposal.expires_at if proposal else None),
             msg_id=f"refused:{p.tenant}:{p.run_id}:{p.step}:{verdict}",
         )
+
+
+def _view(proposal: ProposalRow) -> ProposalView:
+    expires = proposal.expires_at.isoformat() if proposal.expires_at else ""
+    return ProposalView(proposal_id=proposal.public_id, action=proposal.action,
+                        preview=proposal.preview, expires_at=expires)
+
+
+def _proposal_message(proposal: ProposalRow) -> ProposeCommand:
+    """The proposal as the planner (or host) sent it, to answer them about it."""
+    return ProposeCommand(run_id=proposal.run_id, step=proposal.step, tenant=proposal.tenant,
+                          principal=proposal.principal, agent=proposal.agent,
+                          action=proposal.action, arguments=proposal.arguments,
+                          expected_revision=proposal.expected_revision,
+                          operation_key=proposal.operation_key, request_id=proposal.request_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,7 +15,7 @@ from libs.telemetry import inject_context
 from schemas.governance import Decision
 
 __all__ = ["COMMAND_STATES", "AdmissionStore", "Admitted", "Backlog", "OutboxRow",
-           "PendingProposal", "StoredCommand"]
+           "ProposalRow", "StoredCommand", "new_public_id"]
 
 OUTBOX_CHANNEL = "writ_outbox"
 # Every state a command can be in (the CHECK on admission.commands.state).
@@ -44,11 +45,12 @@ class Admitted(msgspec.Struct, frozen=True, kw_only=True):
     command: StoredCommand
 
 
-class PendingProposal(msgspec.Struct, frozen=True, kw_only=True):
-    """A proposal waiting for a person, frozen as it was shown."""
+class ProposalRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal as stored, with its command's recorded state once it became one."""
 
     tenant: str
     proposal_id: str
+    public_id: str
     run_id: str
     step: int
     principal: str
@@ -56,10 +58,20 @@ class PendingProposal(msgspec.Struct, frozen=True, kw_only=True):
     action: str
     action_version: int
     arguments: dict[str, Any]
+    preview: dict[str, Any]
     request_hash: bytes
+    state: str
+    decision_id: str | None
+    reason: str | None
+    expires_at: datetime | None
+    approved_by: str | None
     expected_revision: str | None
     operation_key: str | None
     request_id: str | None
+    operation_id: str | None
+    command_state: str | None
+    receipt: str | None
+    command_reason: str | None
 
 
 class Backlog(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,21 +97,11 @@ _COMMAND_COLUMNS = ("request_hash, state, receipt, reason, decision_id::text AS 
 _INSERT_PROPOSAL = """
 INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, action,
     action_version, arguments, request_hash, state, decision_id, reason, expected_revision,
-    operation_key, request_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16)
+    operation_key, request_id, public_id, preview, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16, $17,
+        $18::jsonb, $19)
 ON CONFLICT (tenant, proposal_id) DO NOTHING
-"""
-
-# The single pending -> executing claim (seed 003): a new proposal is inserted executing, a
-# pending one moves to executing; anything else (rejected, already executing) is left alone.
-_CLAIM_PROPOSAL = """
-INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, action,
-    action_version, arguments, request_hash, state, decision_id, reason, expected_revision,
-    operation_key, request_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, 'executing', $11, NULL, $12, $13, $14)
-ON CONFLICT (tenant, proposal_id) DO UPDATE
-    SET state = 'executing', decision_id = EXCLUDED.decision_id, updated_at = now()
-    WHERE admission.proposals.state = 'pending'
+RETURNING public_id
 """
 
 # Seed 001 §4 in one statement: the proposal's pending -> executing claim, the command
@@ -109,9 +111,9 @@ _ADMIT = """
 WITH proposal AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
         action, action_version, arguments, request_hash, state, decision_id, reason,
-        expected_revision, operation_key, request_id)
+        expected_revision, operation_key, request_id, public_id, preview)
     VALUES ($1, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, 'executing', $12, NULL, $16,
-            $18, $19)
+            $18, $19, $22, $23::jsonb)
     ON CONFLICT (tenant, proposal_id) DO UPDATE
         SET state = 'executing', decision_id = EXCLUDED.decision_id, updated_at = now()
         WHERE admission.proposals.state = 'pending'
@@ -119,9 +121,10 @@ WITH proposal AS (
 ), admitted AS (
     INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, principal,
         agent, action, action_version, arguments, request_hash, decision_id, decision_line,
-        policy_version, expires_at, expected_revision, origin, operation_key, request_id)
+        policy_version, expires_at, expected_revision, origin, operation_key, request_id,
+        preview)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17,
-            $18, $19)
+            $18, $19, $23::jsonb)
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id
 ), queued AS (
@@ -133,6 +136,63 @@ SELECT (SELECT id FROM queued) AS outbox_id,
        (SELECT count(*) FROM (SELECT pg_notify($20, '') FROM queued) AS woken) AS woken,
        (SELECT count(*) FROM proposal) AS claimed
 """
+
+
+_PROPOSAL_ROW = """
+SELECT p.tenant, p.proposal_id::text AS proposal_id, p.public_id, p.run_id, p.step,
+       p.principal, p.agent, p.action, p.action_version, p.arguments,
+       coalesce(p.preview, '{}'::jsonb) AS preview, p.request_hash, p.state,
+       p.decision_id::text AS decision_id, p.reason, p.expires_at, p.approved_by,
+       p.expected_revision, p.operation_key, p.request_id,
+       c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
+       c.reason AS command_reason
+FROM admission.proposals p
+LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
+WHERE p.tenant = $1"""
+
+# Approval by public id (seed 003): only a pending, unexpired proposal moves to executing, and
+# only that move creates the command and its outbox row, from the proposal's frozen columns.
+# $9 is the notification channel, $10 the admitting span's traceparent.
+_APPROVE = """
+WITH claimed AS (
+    UPDATE admission.proposals
+    SET state = 'executing', approved_by = $3, approved_at = now(), decision_id = $4,
+        updated_at = now()
+    WHERE tenant = $1 AND proposal_id = $2 AND state = 'pending' AND expires_at > now()
+    RETURNING *
+), admitted AS (
+    INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, principal,
+        agent, action, action_version, arguments, request_hash, decision_id, decision_line,
+        policy_version, expires_at, expected_revision, origin, operation_key, request_id,
+        preview)
+    SELECT tenant, $8, proposal_id, run_id, step, principal, agent, action, action_version,
+           arguments, request_hash, $4, $5, $6, $7, expected_revision,
+           CASE WHEN operation_key IS NULL THEN 'run' ELSE 'host' END, operation_key,
+           request_id, preview
+    FROM claimed
+    ON CONFLICT (tenant, operation_id) DO NOTHING
+    RETURNING tenant, operation_id
+), queued AS (
+    INSERT INTO admission.outbox (tenant, operation_id, traceparent)
+    SELECT tenant, operation_id, $10 FROM admitted
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM claimed) = 1
+       AND (SELECT count(*) FROM (SELECT pg_notify($9, '') FROM queued) AS woken) = 1
+"""
+
+
+def new_public_id() -> str:
+    """An opaque, unguessable proposal id: nothing about the run or the step can be read from
+    it, and knowing one proposal's id says nothing about another's."""
+    return f"prop_{secrets.token_urlsafe(18)}"
+
+
+def _proposal_row(row: Any) -> ProposalRow:
+    values = dict(row)
+    values["arguments"] = json.loads(values["arguments"])
+    values["preview"] = json.loads(values["preview"])
+    return ProposalRow(**values)
 
 
 _KNOWN = f"""
@@ -162,14 +222,48 @@ class AdmissionStore:
                               principal: str, agent: str, action: str, version: int,
                               arguments: dict[str, Any], request_hash: bytes, state: str,
                               decision_id: str | None, reason: str | None,
+                              preview: dict[str, Any], ttl: timedelta,
                               expected_revision: str | None = None,
                               operation_key: str | None = None,
-                              request_id: str | None = None) -> None:
-        """Record a proposal that did not become a command (refused, or waiting for a person)."""
+                              request_id: str | None = None) -> ProposalRow:
+        """Record a proposal that did not become a command (refused, or waiting for a person),
+        under a new opaque public id; a redelivery gets the row recorded the first time."""
         await self._pool.execute(
             _INSERT_PROPOSAL, tenant, proposal_id, run_id, step, principal, agent, action,
             version, json.dumps(arguments), request_hash, state, decision_id, reason,
-            expected_revision, operation_key, request_id)
+            expected_revision, operation_key, request_id, new_public_id(),
+            json.dumps(preview), datetime.now(UTC) + ttl)
+        row = await self.proposal_row(tenant, proposal_id=proposal_id)
+        assert row is not None
+        return row
+
+    async def proposal_row(self, tenant: str, *, proposal_id: str | None = None,
+                           public_id: str | None = None) -> ProposalRow | None:
+        """A proposal by its internal or its public id, within the tenant, with the state of
+        the command it became (if it did)."""
+        row = await self._pool.fetchrow(
+            _PROPOSAL_ROW + (" AND p.proposal_id = $2" if proposal_id else " AND p.public_id = $2"),
+            tenant, proposal_id or public_id)
+        return None if row is None else _proposal_row(row)
+
+    async def expire_proposal(self, tenant: str, proposal_id: str) -> bool:
+        """pending -> expired once its time is over; False if it was not pending any more."""
+        moved = await self._pool.fetchval(
+            "UPDATE admission.proposals SET state = 'expired', reason = 'expired', "
+            "updated_at = now() WHERE tenant = $1 AND proposal_id = $2 AND state = 'pending' "
+            "AND expires_at <= now() RETURNING true", tenant, proposal_id)
+        return bool(moved)
+
+    async def approve_for_execution(self, proposal: ProposalRow, *, approver: str,
+                                    decision: Decision, ttl: timedelta,
+                                    operation_id: str) -> bool:
+        """The one pending -> executing claim of seed 003, with the command and its outbox row,
+        in one statement: True for exactly one approval of a pending, unexpired proposal."""
+        claimed = await self._pool.fetchval(
+            _APPROVE, proposal.tenant, proposal.proposal_id, approver, decision.decision_id,
+            decision.line, decision.policy_version, datetime.now(UTC) + ttl, operation_id,
+            OUTBOX_CHANNEL, inject_context({}).get("traceparent"))
+        return bool(claimed)
 
     async def known(self, tenant: str, operation_id: str, proposal_id: str
                     ) -> tuple[StoredCommand | None, tuple[str, str | None, str] | None]:
@@ -194,19 +288,6 @@ class AdmissionStore:
             tenant, proposal_id)
         return None if row is None else (row["state"], row["decision_id"], row["reason"])
 
-    async def pending_proposal(self, tenant: str, proposal_id: str,
-                               decision_id: str) -> PendingProposal | None:
-        """The proposal an answered decision was about, if it still waits for that answer."""
-        row = await self._pool.fetchrow(
-            "SELECT proposal_id::text AS proposal_id, run_id, step, principal, agent, action, "
-            "action_version, arguments, request_hash, expected_revision, operation_key, "
-            "request_id FROM admission.proposals WHERE tenant = $1 AND proposal_id = $2 "
-            "AND decision_id = $3 AND state = 'pending'", tenant, proposal_id, decision_id)
-        if row is None:
-            return None
-        return PendingProposal(tenant=tenant, **{**dict(row),
-                                                 "arguments": json.loads(row["arguments"])})
-
     async def reject_proposal(self, tenant: str, proposal_id: str, reason: str) -> bool:
         """pending -> rejected; False if it was not pending any more."""
         moved = await self._pool.fetchval(
@@ -218,7 +299,8 @@ class AdmissionStore:
     async def admit(self, *, tenant: str, operation_id: str, proposal_id: str, run_id: str,
                     step: int, principal: str, agent: str, action: str, version: int,
                     arguments: dict[str, Any], request_hash: bytes, decision: Decision,
-                    ttl: timedelta, expected_revision: str | None = None,
+                    ttl: timedelta, preview: dict[str, Any],
+                    expected_revision: str | None = None,
                     operation_key: str | None = None,
                     request_id: str | None = None,
                     before_commit: Callable[[], None] | None = None) -> Admitted:
@@ -236,7 +318,7 @@ class AdmissionStore:
                 action, version, args_json, request_hash, decision.decision_id,
                 decision.line, decision.policy_version, expires_at, expected_revision,
                 origin, operation_key, request_id, OUTBOX_CHANNEL,
-                inject_context({}).get("traceparent"))
+                inject_context({}).get("traceparent"), new_public_id(), json.dumps(preview))
             if outbox_id is not None:
                 return Admitted(created=True, command=StoredCommand(
                     request_hash=request_hash, state="pending", receipt=None, reason=None,

@@ -26,17 +26,21 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.micro.request import Request
 from prometheus_client import Counter, Gauge
 
+from actions import ACTIONS, ActionContract
+from actions.base import Stale
+from actions.email_draft_apply import EmailDraftApply
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.runtime import Endpoint, Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
-from schemas.actions import ACTIONS
 from schemas.admission import DispatchCommand
 from schemas.dispatcher import (
     CommandOutcome,
+    FactsRead,
     ListUnknown,
+    ReadFacts,
     Reconcile,
     Reconciled,
     UnknownCommand,
@@ -111,6 +115,7 @@ class DispatcherService:
         self._rt.endpoints += [
             Endpoint("unknown", subjects.UNKNOWN_LIST, self._on_list_unknown),
             Endpoint("reconcile", subjects.RECONCILE, self._on_reconcile),
+            Endpoint("facts", subjects.FACTS, self._on_read_facts),
         ]
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._sweep_forever)
@@ -159,7 +164,8 @@ class DispatcherService:
 
     async def _execute(self, claim: Claim, delivery: Delivery[Any] | None) -> None:
         contract = ACTIONS.get(claim.action)
-        if contract is None or contract.connector not in self._connectors:
+        local = contract is not None and contract.connector == "local"
+        if contract is None or not (local or contract.connector in self._connectors):
             await self._finish(claim, None, state="failed", result="failed", receipt=None,
                                reason=f"no connector for {claim.action}")
             return
@@ -167,11 +173,24 @@ class DispatcherService:
             await self._finish(claim, None, state="expired", result="failed", receipt=None,
                                reason="the approval expired before dispatch")
             return
+        try:
+            # An operation is only ever decoded with its own contract's types.
+            arguments = contract.decode_arguments(claim.arguments)
+            preview = contract.decode_preview(claim.preview) if claim.preview else None
+        except msgspec.ValidationError as exc:
+            log.error("command %s does not decode under %s: %r", claim.operation_id,
+                      claim.action, exc)
+            await self._finish(claim, None, state="failed", result="failed", receipt=None,
+                               reason="the stored command does not decode under its contract")
+            return
         decision = await self._recheck(claim)
         if decision.verdict != "allow":
             await self._finish(claim, None, state="denied", result="failed", receipt=None,
                                reason=f"at dispatch, decide line {decision.line}: "
                                       f"{decision.reason}")
+            return
+        if local:
+            await self._execute_local(claim, contract, arguments, preview)
             return
         connector = self._connectors[contract.connector]
         key = f"{claim.tenant}:{claim.operation_id}"
@@ -200,6 +219,13 @@ class DispatcherService:
                     await self._store.release(claim, None, result="transient",
                                               detail=found.detail)
                     raise RetryableError(f"{connector.name} lookup: {found.detail}")
+        if preview is not None and contract.facts is not None:
+            # The preview claimed facts about the world: prove they still hold (seed 003).
+            stale = await self._stale(claim, contract, arguments, preview, key)
+            if stale is not None:
+                await self._finish(claim, None, state="revision_required",
+                                   result="revision_required", receipt=None, reason=stale)
+                return
         breaker = self._breakers.for_tool(claim.action)
         admission = breaker.admit()
         if not admission.allowed:
@@ -219,6 +245,81 @@ class DispatcherService:
         breaker.record(admission, outcome_of(result.kind))
         self._rt.faults.crash_if("dispatcher.after_remote_write")
         await self._conclude(claim, attempt, connector, result)
+
+    async def _stale(self, claim: Claim, contract: ActionContract[Any, Any, Any, Any],
+                     arguments: Any, preview: Any, key: str) -> str | None:
+        """Why the preview no longer holds (safe to show), or None if it still does."""
+        ref = contract.facts_ref_of(arguments)
+        if ref is None:
+            return None
+        try:
+            raw = await self._read_facts(claim.tenant, ref.kind, ref.id)
+        except RetryableError:
+            await self._store.release(claim, None, result="transient",
+                                      detail=f"cannot read the {ref.kind} to revalidate")
+            raise
+        try:
+            facts = None if raw is None else contract.decode_facts(raw)
+            contract.revalidate(arguments, preview, facts, key=key)
+        except Stale as exc:
+            return str(exc)
+        except msgspec.ValidationError:
+            return f"the {ref.kind} can no longer be read as it was; a new proposal is needed"
+        return None
+
+    async def _execute_local(self, claim: Claim, contract: ActionContract[Any, Any, Any, Any],
+                             arguments: Any, preview: Any) -> None:
+        """A local operation: recount, apply and record the outcome in one transaction."""
+        assert isinstance(contract, EmailDraftApply)
+        key = f"{claim.tenant}:{claim.operation_id}"
+        attempt = await self._store.start_attempt(claim, worker=self._worker, connector="local")
+        async with self._store.transaction() as conn:
+            facts = await contract.read_local(conn, claim.tenant, arguments.draft_id, lock=True)
+            try:
+                contract.revalidate(arguments, preview, facts, key=key)
+            except Stale as exc:
+                state, result, receipt, reason = (
+                    "revision_required", "revision_required", None, str(exc))
+            else:
+                receipt = await contract.apply_local(conn, claim.tenant, arguments, key)
+                state, result, reason = "succeeded", "succeeded", None
+            self._rt.faults.crash_if("dispatcher.after_remote_write")
+            await self._store.finish(claim, attempt, state=state, result=result,
+                                     receipt=receipt, reason=reason, conn=conn)
+        self._attempts.labels("local", result).inc()
+        await self._publish_outcome(claim.tenant, claim.operation_id, claim.run_id, claim.step,
+                                    claim.action, state, receipt, reason, origin=claim.origin)
+
+    async def _read_facts(self, tenant: str, kind: str, resource: str) -> dict[str, Any] | None:
+        """The system of record's state now; raises `RetryableError` when it cannot be read."""
+        if kind == "mail_draft":
+            contract = ACTIONS["email.draft.apply"]
+            assert isinstance(contract, EmailDraftApply)
+            async with self._store.transaction() as conn:
+                draft = await contract.read_local(conn, tenant, resource)
+            return None if draft is None else msgspec.to_builtins(draft)
+        connector = self._connectors.get("payments")
+        if kind != "payment" or connector is None:
+            raise PermanentError(f"no reader for {kind}")
+        return await connector.read_payment(resource)  # type: ignore[attr-defined, no-any-return]
+
+    async def _on_read_facts(self, request: Request) -> None:
+        try:
+            ask = msgspec.json.decode(request.data, type=ReadFacts)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid ReadFacts: {exc}")
+            return
+        try:
+            facts = await self._read_facts(ask.tenant, ask.kind, ask.id)
+        except PermanentError as exc:
+            await request.respond_error("404", str(exc)[:500])
+            return
+        except Exception as exc:
+            log.warning("reading %s %s failed: %r", ask.kind, ask.id, exc)
+            await request.respond_error("503", f"cannot read the {ask.kind} now")
+            return
+        await request.respond(self._encoder.encode(FactsRead(found=facts is not None,
+                                                             facts=facts)))
 
     async def _conclude(self, claim: Claim, attempt: int, connector: Connector,
                         result: Result) -> None:

@@ -6,7 +6,9 @@ rows changed means another worker took the lease over, and this one must stop.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +39,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     expected_revision: str | None
     decision_id: str
     origin: str
+    preview: dict[str, Any]
 
 
 class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,7 +91,7 @@ WHERE tenant = $1 AND operation_id = $2
   AND (state = 'pending' OR (state = 'dispatching' AND lease_until < now()))
 RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, run_id, step,
           principal, agent, action, arguments, expires_at, expected_revision,
-          decision_id::text AS decision_id, origin
+          decision_id::text AS decision_id, origin, coalesce(preview, '{}'::jsonb) AS preview
 """
 
 
@@ -106,6 +109,7 @@ class DispatcherStore:
             return None
         values = dict(row)
         values["arguments"] = json.loads(values["arguments"])
+        values["preview"] = json.loads(values["preview"])
         return Claim(**values)
 
     async def current(self, tenant: str, operation_id: str) -> Current | None:
@@ -129,9 +133,11 @@ class DispatcherStore:
         return int(attempt)
 
     async def finish(self, claim: Claim, attempt_id: int, *, state: str, result: str,
-                     receipt: str | None, reason: str | None) -> None:
-        """Record the command's terminal state and the attempt's result: one fenced statement."""
-        changed = await self._pool.fetchval(
+                     receipt: str | None, reason: str | None,
+                     conn: asyncpg.Connection | None = None) -> None:
+        """Record the command's terminal state and the attempt's result: one fenced statement
+        (inside `conn`'s transaction when given, so a local change commits with it)."""
+        changed = await (conn or self._pool).fetchval(
             "WITH moved AS (UPDATE admission.commands SET state = $4, receipt = $5, "
             "reason = $6, lease_until = NULL, updated_at = now() "
             "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3 "
@@ -143,6 +149,12 @@ class DispatcherStore:
             reason or receipt, attempt_id)
         if changed != 1:
             raise Fenced("lease taken over before finalising", operation_id=claim.operation_id)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection in a transaction, for a local operation and its outcome together."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield conn
 
     async def release(self, claim: Claim, attempt_id: int | None, *, result: str,
                       detail: str, not_before_s: float = 0.0) -> None:
@@ -225,3 +237,4 @@ class DispatcherStore:
                 "receipt, evidence, resolved_by) VALUES ($1, $2, $3, $4, $5, $6)",
                 tenant, operation_id, state, receipt, evidence, resolved_by)
         return Current(**dict(moved))
+

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-from schemas.actions import Family
+from schemas.base import Family
 from services.governance.store import Policy
 
 __all__ = ["MAX_POLICY_BYTES", "PolicyDocument", "load_keys", "load_policy", "sign_policy"]

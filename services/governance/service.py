@@ -17,13 +17,13 @@ from nats.micro.request import Request
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 
+from actions import ACTIONS
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
 from libs.telemetry import extract_context
 from schemas import subjects
-from schemas.actions import ACTIONS
 from schemas.governance import (
     AnswerDecision,
     DecideRequest,
@@ -37,7 +37,7 @@ from schemas.governance import (
 from schemas.host import DecisionResult
 from services.governance.logic import SENSITIVE_UNREADABLE, Call, decide
 from services.governance.policy import load_policy
-from services.governance.store import Answered, GovernanceStore
+from services.governance.store import Answered, GovernanceStore, NotAnswerable
 
 __all__ = ["GovernanceService"]
 
@@ -75,6 +75,7 @@ class GovernanceService:
                      self._endpoint("register_run", RegisterRun, self.register_run)),
             Endpoint("pending", subjects.PENDING_LIST,
                      self._endpoint("pending", ListPending, self.list_pending)),
+            Endpoint("answer", subjects.ANSWER, self._answer_endpoint),
         ]
         async with anyio.create_task_group() as tg:
             if self._sealer is not None:
@@ -185,6 +186,38 @@ class GovernanceService:
                       DecisionResult(request_id=answer.request_id, pending_id=answer.pending_id,
                                      accepted=accepted, message=message[:512]),
                       msg_id=f"decision-result:{answer.tenant}:{answer.request_id}")
+
+    async def _answer_endpoint(self, request: Request) -> None:
+        """Admission records an approval by proposal id here and waits for what it became.
+
+        Nothing is announced: the caller makes the one pending -> executing claim itself.
+        Errors: 403 the approver may not answer, 409 already answered, 410 nothing to answer.
+        """
+        try:
+            answer = msgspec.json.decode(request.data, type=AnswerDecision)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid AnswerDecision: {exc}")
+            return
+        with self._rt.tracer.start_as_current_span(
+                "governance answer", context=extract_context(request.headers),
+                kind=SpanKind.SERVER):
+            if await self._store.revoked(answer.tenant, answer.principal):
+                await request.respond_error("403", "the approver's access was revoked")
+                return
+            outcome = await self._store.answer(
+                tenant=answer.tenant, pending_id=answer.pending_id, answer=answer.answer,
+                answered_by=answer.principal, reason=answer.reason)
+        if isinstance(outcome, NotAnswerable):
+            code = ("409" if outcome.reason.startswith("already answered") else
+                    "410" if outcome.reason.startswith("no such") else "403")
+            await request.respond_error(code, outcome.reason[:500])
+            return
+        await request.respond(self._encoder.encode(DecisionAnswered(
+            tenant=outcome.tenant, pending_id=outcome.pending_id, run_id=outcome.run_id,
+            proposal_id=outcome.proposal_id, answer=outcome.answer,
+            reason=outcome.reason[:512], answered_by=outcome.answered_by[:512],
+            decision_id=outcome.decision_id, line=outcome.line,
+            policy_version=outcome.policy_version)))
 
     async def _announce(self, answered: Answered) -> None:
         await publish(

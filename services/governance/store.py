@@ -203,6 +203,12 @@ class GovernanceStore:
             deadline=r["deadline"].isoformat() if r["deadline"] else None,
             created_at=r["created_at"].isoformat()) for r in rows]
 
+    async def revoked(self, tenant: str, principal: str) -> bool:
+        """Whether this principal's access to the tenant was revoked."""
+        return bool(await self._pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM governance.revocations "
+            "WHERE tenant = $1 AND principal = $2)", tenant, principal))
+
     async def answer(self, *, tenant: str, pending_id: str, answer: str, answered_by: str,
                      reason: str) -> Answered | NotAnswerable:
         """Take a person's (or the clock's) answer, once; `always` writes its grant or rule."""

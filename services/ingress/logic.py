@@ -9,9 +9,10 @@ from typing import Any, Final
 import jwt
 import msgspec
 
-from schemas.host import HumanDecision, RunRequest, SubmitCommand
+from schemas.host import ApproveProposal, HumanDecision, RunRequest, SubmitCommand
 
 __all__ = [
+    "APPROVAL_DECODER",
     "COMMAND_DECODER",
     "DECISION_DECODER",
     "REQUEST_DECODER",
@@ -29,6 +30,7 @@ _PRINCIPAL: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
 REQUEST_DECODER: Final = msgspec.json.Decoder(RunRequest)
 COMMAND_DECODER: Final = msgspec.json.Decoder(SubmitCommand)
 DECISION_DECODER: Final = msgspec.json.Decoder(HumanDecision)
+APPROVAL_DECODER: Final = msgspec.json.Decoder(ApproveProposal)
 
 
 class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

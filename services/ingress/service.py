@@ -16,6 +16,8 @@ from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.governance import AnswerDecision, RegisterRun
 from schemas.host import (
+    ApprovalResult,
+    ApproveProposal,
     CommandResult,
     DecisionResult,
     ErrorInfo,
@@ -24,9 +26,10 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
-from schemas.ingress import RunStarted
+from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import ProposeCommand
 from services.ingress.logic import (
+    APPROVAL_DECODER,
     COMMAND_DECODER,
     DECISION_DECODER,
     REQUEST_DECODER,
@@ -41,7 +44,9 @@ __all__ = ["IngressService"]
 
 APPROVER_ROLE = "approver"
 _DECODERS = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
-             "decisions": DECISION_DECODER}
+             "decisions": DECISION_DECODER, "approvals": APPROVAL_DECODER}
+# Only approvers answer decisions and approve or reject proposals.
+_APPROVER_KINDS = frozenset({"decisions", "approvals"})
 INBOX = ConsumerSpec(stream="WRIT_IN", durable="ingress", filter_subjects=subjects.INGRESS_IN)
 
 
@@ -63,17 +68,17 @@ class IngressService:
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""
         tenant = delivery.subject.rsplit(".", 1)[-1]
-        kind = delivery.subject.split(".")[2]  # requests | commands | decisions
+        kind = delivery.subject.split(".")[2]  # requests | commands | decisions | approvals
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
             outcome = verify_request(
                 delivery.message, subject_tenant=tenant,
                 header_request_id=delivery.headers.get("Nats-Msg-Id"), keys=self._keys,
                 audience=self._audience, max_bytes=self._max_bytes, decoder=_DECODERS[kind])
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
-        if isinstance(outcome, Verified) and kind == "decisions" and (
+        if isinstance(outcome, Verified) and kind in _APPROVER_KINDS and (
                 APPROVER_ROLE not in outcome.roles):
             outcome = Rejection(code="FORBIDDEN", request_id=outcome.request.request_id,
-                                message=f"answering decisions needs the {APPROVER_ROLE} role")
+                                message=f"answering {kind} needs the {APPROVER_ROLE} role")
         if isinstance(outcome, Rejection):
             await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
             return
@@ -87,13 +92,26 @@ class IngressService:
                                request_id=request.request_id, pending_id=request.pending_id,
                                answer=request.answer, reason=request.reason),
                 msg_id=f"answer:{tenant}:{request.request_id}")
+        elif isinstance(request, ApproveProposal):
+            # The approver's identity comes from the verified token; the message names the
+            # proposal and nothing else that was approved.
+            await publish(
+                self._rt.js, subjects.proposal_answer(tenant),
+                ProposalAnswer(tenant=tenant, request_id=request.request_id,
+                               approver=outcome.principal, proposal_id=request.proposal_id,
+                               answer=request.answer, reason=request.reason),
+                msg_id=f"proposal-answer:{tenant}:{request.request_id}")
         else:
             await self._start(outcome, request)
 
     async def _reject(self, tenant: str, kind: str, rejection: Rejection, seq: int) -> None:
         error = ErrorInfo(code=rejection.code, message=rejection.message[:512])
-        answer: RunResult | CommandResult | DecisionResult
-        if kind == "commands":
+        answer: RunResult | CommandResult | DecisionResult | ApprovalResult
+        if kind == "approvals":
+            answer = ApprovalResult(request_id=rejection.request_id, proposal_id="",
+                                    status="not_approvable",
+                                    reason=f"{rejection.code}: {rejection.message}"[:500])
+        elif kind == "commands":
             answer = CommandResult(request_id=rejection.request_id, operation_key="",
                                    status="rejected", error=error)
         elif kind == "decisions":

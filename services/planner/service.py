@@ -16,13 +16,14 @@ import anyio.abc
 import msgspec
 from prometheus_client import Counter
 
+from actions.base import outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.runtime import Runtime
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
-from schemas.host import ActionResult, ErrorInfo, RunResult
+from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
 from schemas.planner import ProposeCommand
 from schemas.retrieval import EvidenceGathered
 from services.planner.provider import (
@@ -170,7 +171,12 @@ class PlannerService:
                 finished.append(("awaiting_human", "AWAITING_HUMAN"))
             run = msgspec.structs.replace(run, status="awaiting_human",
                                           error_code="AWAITING_HUMAN", error_message=message)
-            return [self._result(run, steps, pending_id=event.pending_id)]
+            proposal = None
+            if event.proposal_id is not None:
+                proposal = ProposalView(proposal_id=event.proposal_id, action=event.action,
+                                        preview=event.preview or {},
+                                        expires_at=event.expires_at or "")
+            return [self._result(run, steps, pending_id=event.pending_id, proposal=proposal)]
         code = {"deny": "DENIED", "invalid": "INVALID_PROPOSAL", "conflict": "CONFLICT",
                 "rejected": "REJECTED"}
         # A refusal fails the run; the agent is not called again for it.
@@ -188,25 +194,37 @@ class PlannerService:
                                       error_message=message)
         return self._result(run, steps)
 
-    def _result(self, run: RunRow, steps: list[Step], *,
-                pending_id: str | None = None) -> tuple[str, msgspec.Struct, str]:
-        actions = [ActionResult(action=s.payload["action"],
-                                operation_id=s.payload["operation_id"],
-                                state=s.payload["state"], receipt=s.payload.get("receipt"),
-                                reason=s.payload.get("reason"))
+    def _result(self, run: RunRow, steps: list[Step], *, pending_id: str | None = None,
+                proposal: ProposalView | None = None) -> tuple[str, msgspec.Struct, str]:
+        actions = [_action_result(s.payload)
                    for s in steps if s.kind == "observation" and "operation_id" in s.payload]
         error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
                  if run.error_code else None)
         status = run.status if run.status in ("succeeded", "failed", "awaiting_human") else "failed"
         result = RunResult(request_id=run.request_id, run_id=run.run_id, status=status,
                            error=error, answer=run.answer, actions=actions,
-                           pending_id=pending_id)
+                           pending_id=pending_id, proposal=proposal)
         return (subjects.result(run.tenant), result,
                 f"result:{run.run_id}:{run.status}:{len(steps)}")
 
 
 def _observation(event: CommandOutcome | ProposalRefused) -> dict[str, Any]:
+    """What the model reads next turn: written by Writ, classified by Writ (seed 003).
+
+    A recoverable outcome (revision required, needs reconciliation) carries its safe reason as
+    revision context; a terminal failure carries only its correlation id.
+    """
     if isinstance(event, CommandOutcome):
+        outcome = outcome_of(event.state, receipt=event.receipt, reason=event.reason,
+                             operation_id=event.operation_id)
         return {"action": event.action, "operation_id": event.operation_id,
-                "state": event.state, "receipt": event.receipt, "reason": event.reason}
+                "state": event.state, "outcome": outcome.kind, "receipt": event.receipt,
+                "reason": outcome.detail or None, "correlation_id": outcome.correlation_id}
     return {"action": event.action, "refused": event.verdict, "reason": event.reason}
+
+
+def _action_result(payload: dict[str, Any]) -> ActionResult:
+    return ActionResult(action=payload["action"], operation_id=payload["operation_id"],
+                        state=payload["state"], receipt=payload.get("receipt"),
+                        reason=payload.get("reason"), outcome=payload.get("outcome"),
+                        correlation_id=payload.get("correlation_id"))

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from schemas.actions import ACTIONS, CrmNoteCreate
+from actions import ACTIONS
+from actions.crm_note_create import NoteArguments
 from schemas.planner import ProposeCommand
 from services.admission.logic import (
     Invalid,
@@ -235,7 +236,7 @@ def test_unknown_action_is_invalid() -> None:
 
 def test_frozen_arguments_fit_the_contract() -> None:
     validated = validate(proposal({"customer_id": "ACME-42", "body": "Zoë"}))
-    assert msgspec.convert(validated.arguments, CrmNoteCreate) == CrmNoteCreate(
+    assert msgspec.convert(validated.arguments, NoteArguments) == NoteArguments(
         customer_id="ACME-42", body="Zoë")
 
 
@@ -244,7 +245,7 @@ def test_bounds_are_checked_on_the_normalised_arguments_that_get_frozen() -> Non
     with pytest.raises(Invalid):
         validate(proposal({"customer_id": "ACME-42", "body": "\u0958" * 2000}))
     validated = validate(proposal({"customer_id": "ACME-42", "body": "\u0958" * 1000}))
-    msgspec.convert(validated.arguments, CrmNoteCreate)
+    msgspec.convert(validated.arguments, NoteArguments)
 
 
 # -- ids -----------------------------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""What every action contract is (seed 003): the small common part of all of them.
+
+A contract defines, together and in one module: the small request the model may send, the facts
+of current state its preview stands on, how code resolves the request against those facts into
+frozen typed arguments and a typed preview, how execution proves those facts still hold, and how
+its result is rendered. The lifecycle, the approval identity, the outcome vocabulary and the
+audit events are common and live here; everything that understands an operation lives in its
+contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Generic, Literal, TypeVar
+
+import msgspec
+
+from schemas.base import Family
+
+__all__ = [
+    "AUDIT_EVENTS",
+    "ActionContract",
+    "Family",
+    "FactsRef",
+    "Frozen",
+    "Invalid",
+    "Outcome",
+    "Stale",
+    "outcome_of",
+]
+
+# The audit events of every proposal's lifecycle (DESIGN.md §6 and §7), in order of occurrence.
+AUDIT_EVENTS = ("proposed", "previewed", "decided", "approved", "rejected", "expired",
+                "admitted", "revalidated", "attempted", "outcome", "reconciled")
+
+RequestT = TypeVar("RequestT", bound=msgspec.Struct)
+ArgumentsT = TypeVar("ArgumentsT", bound=msgspec.Struct)
+PreviewT = TypeVar("PreviewT", bound=msgspec.Struct)
+FactsT = TypeVar("FactsT", bound=msgspec.Struct)
+
+
+class Invalid(Exception):
+    """The model's request does not fit the contract; the message is safe to show the model."""
+
+
+class Stale(Exception):
+    """A fact the preview stated is no longer true; the message is safe to show a person."""
+
+
+class FactsRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Which state a preview stands on: `kind` names the reader, `id` the resource."""
+
+    kind: Literal["payment", "mail_draft"]
+    id: str
+
+
+class Frozen(msgspec.Struct, Generic[ArgumentsT, PreviewT], frozen=True, kw_only=True):
+    """Arguments and preview, built from the same validated facts and frozen together."""
+
+    arguments: ArgumentsT
+    preview: PreviewT
+
+
+class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
+    """One action. Subclasses set the class attributes and override what their action needs.
+
+    By default the request is the arguments, there are no facts to read, and the preview shows
+    the arguments as they are: right for actions whose every field the model may choose.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[int]
+    family: ClassVar[Family]
+    # Who executes it in the dispatcher: a connector's name, or "local" for an operation that
+    # commits its business change and its outcome in one Postgres transaction.
+    connector: ClassVar[str]
+    description: ClassVar[str]
+    request: ClassVar[type[msgspec.Struct]]
+    arguments: ClassVar[type[msgspec.Struct]]
+    preview: ClassVar[type[msgspec.Struct]]
+    facts: ClassVar[type[msgspec.Struct] | None] = None
+    # What decide needs beyond the family: whether the action only touches the conversation or
+    # the agent's own memory (line 3), and whether it proposes a profile fact (line 5: ask).
+    scope: ClassVar[Literal["external", "conversation", "own_memory"]] = "external"
+    profile_fact: ClassVar[bool] = False
+
+    def facts_ref(self, request: RequestT) -> FactsRef | None:
+        """The state this request's preview stands on (None: the request alone suffices)."""
+        return None
+
+    def resolve(self, request: RequestT, facts: FactsT | None) -> Frozen[ArgumentsT, PreviewT]:
+        """Defaults, derived values and the preview, computed by code; raises `Invalid`."""
+        arguments = msgspec.convert(msgspec.to_builtins(request), self.arguments)
+        return Frozen(arguments=arguments, preview=self.preview_of(arguments))
+
+    def preview_of(self, arguments: ArgumentsT) -> PreviewT:
+        """The preview of arguments that need no facts."""
+        return msgspec.convert(msgspec.to_builtins(arguments), self.preview)
+
+    def facts_ref_of(self, arguments: ArgumentsT) -> FactsRef | None:
+        """At execution: the state to reload to prove the preview still holds."""
+        return None
+
+    def revalidate(self, arguments: ArgumentsT, preview: PreviewT, facts: FactsT | None, *,
+                   key: str) -> None:
+        """Raise `Stale` with a reason safe to show if a fact the preview stated changed.
+
+        `key` is the operation's provider key: what this very operation already did (an
+        earlier attempt under the same key) is not a change of the world.
+        """
+
+    def render(self, receipt: str | None) -> str:
+        """The result, safe to show a person and the model."""
+        return f"{self.name} done" + (f" ({receipt})" if receipt else "")
+
+    # -- decoding at the boundaries: an operation is only ever decoded with its own types ----
+
+    def decode_request(self, raw: dict[str, Any]) -> RequestT:
+        """The model's request, strictly: unknown fields, wrong types and bounds are `Invalid`."""
+        try:
+            return msgspec.convert(raw, self.request, strict=True)  # type: ignore[return-value]
+        except msgspec.ValidationError as exc:
+            raise Invalid(f"{self.name} v{self.version}: {exc}") from exc
+
+    def decode_arguments(self, raw: dict[str, Any]) -> ArgumentsT:
+        """Frozen arguments read back from storage (raises `msgspec.ValidationError`)."""
+        return msgspec.convert(raw, self.arguments)  # type: ignore[return-value]
+
+    def decode_preview(self, raw: dict[str, Any]) -> PreviewT:
+        """A frozen preview read back from storage (raises `msgspec.ValidationError`)."""
+        return msgspec.convert(raw, self.preview)  # type: ignore[return-value]
+
+    def decode_facts(self, raw: Any) -> FactsT:
+        """Facts as a reader returned them (raises `msgspec.ValidationError`)."""
+        assert self.facts is not None
+        return msgspec.convert(raw, self.facts)  # type: ignore[return-value]
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What a person and a system may do next (DESIGN.md §6), from a command's recorded state.
+
+    `kind` is one of succeeded, needs_reconciliation, revision_required, denied, expired,
+    terminal_failure; `detail` is safe to show (never a stack trace); `correlation_id` names a
+    terminal failure in the operators' records.
+    """
+
+    kind: Literal["pending", "succeeded", "needs_reconciliation", "revision_required", "denied",
+                  "expired", "terminal_failure"]
+    detail: str = ""
+    receipt: str | None = None
+    correlation_id: str | None = None
+
+
+def outcome_of(state: str, *, receipt: str | None, reason: str | None,
+               operation_id: str) -> Outcome:
+    """Classify a command's recorded state: the application decides, never the model."""
+    if state == "succeeded":
+        return Outcome(kind="succeeded", receipt=receipt, detail=reason or "")
+    if state == "unknown":
+        return Outcome(kind="needs_reconciliation",
+                       detail=f"the provider's answer was lost; see `writ reconcile list` "
+                              f"for operation {operation_id}")
+    if state in ("revision_required", "denied", "expired"):
+        return Outcome(kind=state, detail=reason or state)  # type: ignore[arg-type]
+    if state == "failed":
+        return Outcome(kind="terminal_failure", correlation_id=operation_id,
+                       detail="the operation failed and will not be retried; quote the "
+                              "correlation id to an operator")
+    return Outcome(kind="pending", detail=state)

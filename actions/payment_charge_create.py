@@ -1,0 +1,36 @@
+"""`payment.charge.create`: charge a customer through the payment provider.
+
+External and NOT idempotent: a lost response ends `unknown` (needs reconciliation) unless the
+provider can be queried by the operation's key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+import msgspec
+
+from actions.base import ActionContract
+
+__all__ = ["ChargeArguments", "PaymentChargeCreate"]
+
+
+class ChargeArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The request, which is also the frozen arguments and the preview."""
+
+    customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Z0-9][A-Z0-9-]{0,63}(?!\n)$")]
+    amount_cents: Annotated[int, msgspec.Meta(ge=1, le=100_000_000)]
+    currency: Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}(?!\n)$")]
+    description: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+
+
+class PaymentChargeCreate(ActionContract[ChargeArguments, ChargeArguments, ChargeArguments,
+                                         msgspec.Struct]):
+    name: ClassVar[str] = "payment.charge.create"
+    version: ClassVar[int] = 1
+    family = "write_delete"
+    connector: ClassVar[str] = "payments"
+    description: ClassVar[str] = "Charge a customer."
+    request = ChargeArguments
+    arguments = ChargeArguments
+    preview = ChargeArguments
