@@ -20,6 +20,7 @@ from typing import Final
 
 import anyio
 import asyncpg
+import httpx
 import jwt
 import nats
 from cryptography.hazmat.primitives import serialization
@@ -223,6 +224,18 @@ class Stack:
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
                 "VALUES ('acme', 'crm-assistant', 'write_delete', 'admin@acme.example') "
                 "ON CONFLICT DO NOTHING")
+            # The host application's mail module: drafts and audiences `email.draft.apply`
+            # reads (the dispatcher's role may read them, never change them).
+            mail = json.loads((_DEMO / "mail.json").read_text())
+            await conn.executemany(
+                "INSERT INTO dispatcher.mail_drafts (tenant, draft_id, subject, body, segment) "
+                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                [(d["tenant"], d["draft_id"], d["subject"], d["body"], d["segment"])
+                 for d in mail["drafts"]])
+            await conn.executemany(
+                "INSERT INTO dispatcher.mail_audience (tenant, segment, address) "
+                "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                [(a["tenant"], a["segment"], a["address"]) for a in mail["audience"]])
         finally:
             await conn.close()
 
@@ -232,6 +245,10 @@ class Stack:
         """The simulated CRM and payment provider: real HTTP servers on loopback."""
         self.crm_url = self._start_fake("crm")
         self.payments_url = self._start_fake("payments")
+        # The payment provider's demo payments (what `payment.refund` reads and refunds).
+        with httpx.Client(base_url=self.payments_url, timeout=5) as client:
+            for payment in json.loads((_DEMO / "payments.json").read_text()):
+                client.post("/_control/payments", json=payment).raise_for_status()
 
     def _start_fake(self, name: str) -> str:
         ready = self.home / f"{name}.url"

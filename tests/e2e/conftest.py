@@ -18,7 +18,15 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas import subjects
-from schemas.host import CommandResult, DecisionResult, RunRequest, RunResult, SubmitCommand
+from schemas.host import (
+    ApprovalResult,
+    ApproveProposal,
+    CommandResult,
+    DecisionResult,
+    RunRequest,
+    RunResult,
+    SubmitCommand,
+)
 from writ.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -114,8 +122,8 @@ class Host:
                     msg = await sub.next_msg(timeout=0.5)
                 except nats.errors.TimeoutError:
                     break  # nothing (more) for this tenant
-                result = msgspec.json.decode(msg.data,
-                                             type=RunResult | CommandResult | DecisionResult)
+                result = msgspec.json.decode(
+                    msg.data, type=RunResult | CommandResult | DecisionResult | ApprovalResult)
                 if result.request_id == request_id:
                     found.append(result)
                 if msg.metadata.num_pending == 0:
@@ -123,6 +131,27 @@ class Host:
         finally:
             await sub.unsubscribe()
         return found
+
+    async def approve(self, proposal_id: str, *, answer: str = "approve", tenant: str = "acme",
+                      principal: str = "ops@acme.example", reason: str = "",
+                      token: str | None = None, request_id: str | None = None) -> str:
+        """Publish an `ApproveProposal` as an approver; returns its request id."""
+        request_id = request_id or f"approve-{uuid.uuid4().hex[:12]}"
+        message = ApproveProposal(
+            request_id=request_id, proposal_id=proposal_id, answer=answer, reason=reason,
+            token=token or self.stack.token(tenant, principal, roles=["approver"]))
+        await self.js.publish(subjects.approval(tenant), msgspec.json.encode(message),
+                              headers={"Nats-Msg-Id": request_id})
+        return request_id
+
+    async def wait_approval(self, request_id: str, *, tenant: str = "acme",
+                            timeout: float = 30) -> ApprovalResult:
+        with anyio.fail_after(timeout):
+            while True:
+                for result in await self.results(request_id, tenant=tenant):
+                    if isinstance(result, ApprovalResult):
+                        return result
+                await anyio.sleep(0.1)
 
     async def wait_result(self, request_id: str, *, tenant: str = "acme",
                           timeout: float = 30) -> RunResult:
