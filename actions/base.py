@@ -92,6 +92,19 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
         arguments = msgspec.convert(msgspec.to_builtins(request), self.arguments)
         return Frozen(arguments=arguments, preview=self.preview_of(arguments))
 
+    def checked(self, frozen: Frozen[ArgumentsT, PreviewT]) -> Frozen[ArgumentsT, PreviewT]:
+        """`frozen`, if its arguments (built from facts) fit their own bounds; else `Invalid`.
+
+        Struct constructors do not check bounds: arguments that could not be decoded again
+        would be shown to an approver and only fail once approved.
+        """
+        try:
+            self.decode_arguments(msgspec.to_builtins(frozen.arguments))
+        except msgspec.ValidationError as exc:
+            raise Invalid(f"{self.name}: the current state does not fit the contract: {exc}"
+                          ) from exc
+        return frozen
+
     def preview_of(self, arguments: ArgumentsT) -> PreviewT:
         """The preview of arguments that need no facts."""
         return msgspec.convert(msgspec.to_builtins(arguments), self.preview)

@@ -88,12 +88,12 @@ class EmailDraftApply(ActionContract[DraftRequest, DraftArguments, DraftPreview,
             raise Invalid(f"draft {facts.draft_id} is {facts.state}, not a draft")
         if facts.recipients < 1:
             raise Invalid(f"the audience of draft {facts.draft_id} is empty")
-        return Frozen(
+        return self.checked(Frozen(
             arguments=DraftArguments(draft_id=facts.draft_id, subject=facts.subject,
                                      body=facts.body, segment=facts.segment,
                                      recipients=facts.recipients),
             preview=DraftPreview(subject=facts.subject, segment=facts.segment,
-                                 recipients=facts.recipients, body=facts.body))
+                                 recipients=facts.recipients, body=facts.body)))
 
     def revalidate(self, arguments: DraftArguments, preview: DraftPreview,
                    facts: DraftFacts | None, *, key: str) -> None:

@@ -145,7 +145,7 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
         destination = Destination(kind="original_method", last4=facts.method.last4)
         method = f"{facts.method.kind} ending {facts.method.last4}"
         current = facts.amount_cents - refunded
-        return Frozen(
+        return self.checked(Frozen(
             arguments=RefundArguments(
                 payment_id=facts.payment_id, line_id=line.line_id,
                 discount_id=line.discount.discount_id, amount_cents=amount,
@@ -154,7 +154,7 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
                 participant=line.participant, product=line.product,
                 discount=line.discount.name, payment_method=method, amount_cents=amount,
                 currency=facts.currency, current_total_cents=current,
-                resulting_total_cents=current - amount, destination=method))
+                resulting_total_cents=current - amount, destination=method)))
 
     def revalidate(self, arguments: RefundArguments, preview: RefundPreview,
                    facts: PaymentFacts | None, *, key: str) -> None:
@@ -170,8 +170,12 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
                         f"{arguments.amount_cents} approved; a new proposal is needed")
         if now.arguments.destination != arguments.destination:
             raise Stale("the payment's method changed since it was proposed")
-        if now.preview != preview:
+        totals = ("current_total_cents", "resulting_total_cents")
+        if any(getattr(now.preview, f) != getattr(preview, f) for f in totals):
             raise Stale("the order changed since it was proposed (its totals differ)")
+        if now.preview != preview:
+            raise Stale("the payment's method, line, discount or currency shown changed since "
+                        "it was proposed; a new proposal is needed")
 
     def render(self, receipt: str | None) -> str:
         return f"Refund issued ({receipt or 'no receipt'})."
