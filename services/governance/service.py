@@ -206,7 +206,7 @@ class GovernanceService:
                 return
             outcome = await self._store.answer(
                 tenant=answer.tenant, pending_id=answer.pending_id, answer=answer.answer,
-                answered_by=answer.principal, reason=answer.reason)
+                answered_by=answer.principal, reason=answer.reason, same_again=True)
         if isinstance(outcome, NotAnswerable):
             code = ("409" if outcome.reason.startswith("already answered") else
                     "410" if outcome.reason.startswith("no such") else "403")

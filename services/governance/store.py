@@ -210,8 +210,13 @@ class GovernanceStore:
             "WHERE tenant = $1 AND principal = $2)", tenant, principal))
 
     async def answer(self, *, tenant: str, pending_id: str, answer: str, answered_by: str,
-                     reason: str) -> Answered | NotAnswerable:
-        """Take a person's (or the clock's) answer, once; `always` writes its grant or rule."""
+                     reason: str, same_again: bool = False) -> Answered | NotAnswerable:
+        """Take a person's (or the clock's) answer, once; `always` writes its grant or rule.
+
+        `same_again`: the same answer given again gets the recorded one back (who gave it, and
+        the decision it became) instead of a refusal; concurrent approvals of one proposal then
+        all reach admission's single claim, which says which of them executes.
+        """
         if not _is_uuid(pending_id):
             return NotAnswerable(reason="no such pending decision")
         async with self._pool.acquire() as conn, conn.transaction():
@@ -222,6 +227,13 @@ class GovernanceStore:
             if row is None:
                 return NotAnswerable(reason="no such pending decision")
             if row["answer"] is not None:
+                if same_again and row["answer"] == answer:
+                    return Answered(
+                        pending_id=pending_id, tenant=tenant, run_id=row["run_id"],
+                        proposal_id=row["proposal_id"], answer=answer,
+                        reason=row["answer_reason"] or "", answered_by=row["answered_by"],
+                        decision_id=str(row["answer_decision_id"]), line=row["line"],
+                        policy_version=row["policy_version"])
                 return NotAnswerable(reason=f"already answered {row['answer']}")
             if answer not in row["options"]:
                 return NotAnswerable(reason=f"{answer!r} is not offered here: "

@@ -12,7 +12,9 @@ from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
 from schemas.base import Command, Event, Tenant
 from schemas.dispatcher import (
     CommandOutcome,
+    FactsRead,
     ListUnknown,
+    ReadFacts,
     Reconcile,
     Reconciled,
     UnknownCommand,
@@ -31,6 +33,8 @@ from schemas.governance import (
 )
 from schemas.host import (
     ActionResult,
+    ApprovalResult,
+    ApproveProposal,
     CommandResult,
     DecisionResult,
     ErrorInfo,
@@ -39,7 +43,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
-from schemas.ingress import RunStarted
+from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import ProposeCommand
 from schemas.retrieval import Evidence, EvidenceGathered
 from writ.schemas_io import FOLDER, MESSAGES, check_schemas, render, write_schemas
@@ -116,10 +120,21 @@ SAMPLES: dict[type, Any] = {
         tool="payment.charge.create", family="write_delete", first_argument="ACME-42",
         reason="no grant covers the call", options=["once", "always", "deny"], attended=False,
         deadline=None, created_at="2026-01-01T00:00:00Z")]),
+    ApproveProposal: ApproveProposal(request_id="apr-1", token="eyJ.x.y",
+                                     proposal_id="prop_abc", answer="approve"),
+    ApprovalResult: ApprovalResult(request_id="apr-1", proposal_id="prop_abc",
+                                   status="already_completed", outcome="succeeded",
+                                   receipt="re_1"),
+    ProposalAnswer: ProposalAnswer(tenant="acme", request_id="apr-1", approver="ops@acme",
+                                   proposal_id="prop_abc", answer="reject",
+                                   reason="wrong line"),
+    ReadFacts: ReadFacts(tenant="acme", kind="payment", id="pay_7781"),
+    FactsRead: FactsRead(found=True, facts={"payment_id": "pay_7781", "status": "captured"}),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(
-    [RunRequest, SubmitCommand, ProposeCommand, DecideRequest, DispatchCommand, HumanDecision]
+    [RunRequest, SubmitCommand, ProposeCommand, DecideRequest, DispatchCommand, HumanDecision,
+     ApproveProposal]
     + [m for m in MESSAGES if issubclass(m, Command)]))
 EVENTS = tuple(dict.fromkeys([RunResult, CommandResult, CommandOutcome]
                              + [m for m in MESSAGES if issubclass(m, Event)]))
