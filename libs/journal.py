@@ -44,6 +44,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from libs.errors import ConfigError, WritError
+from libs.settings import read_secret
 
 __all__ = [
     "DataKeys",
@@ -58,6 +59,7 @@ __all__ = [
     "entry_hash",
     "genesis_hash",
     "load_verify_keys",
+    "open_journal",
     "read_entries",
     "verify",
 ]
@@ -260,6 +262,13 @@ class Journal:
         params = ", ".join(f"${first + i}" for i in range(7))
         return f"{name} AS (INSERT INTO {self.schema}.journal ({self.COLUMNS}) VALUES ({params}))"
 
+    def cte_if(self, first: int, exists: str, name: str = "journal_row") -> str:
+        """Like `cte`, but the row is written only if the CTE named `exists` returned a row:
+        a redelivered statement that changed nothing journals nothing."""
+        params = ", ".join(f"${first + i}" for i in range(7))
+        return (f"{name} AS (INSERT INTO {self.schema}.journal ({self.COLUMNS}) "
+                f"SELECT {params} WHERE EXISTS (SELECT 1 FROM {exists}))")
+
     def entry(self, *, tenant: str, kind: str, subject: str, payload: object,
               run_id: str = "") -> Entry:
         """Encrypt `payload` (anything msgspec encodes) into a row bound to its identifiers."""
@@ -282,6 +291,17 @@ class Journal:
             return self.keys.decrypt(row["key_id"], row["nonce"], row["ciphertext"], aad)
         except JournalError as exc:
             raise JournalError(f"journal row {row['id']}: {exc}", entry_id=row["id"]) from None
+
+
+def open_journal(service: str, *, signing_key_file: str, data_keys_file: str
+                 ) -> tuple[Journal, SigningKey]:
+    """A service's journal and its signing key, from its two secret files; refuses to start
+    without them, because a governed change with no journal row is a change nobody can prove."""
+    if not (signing_key_file and data_keys_file):
+        raise ConfigError(f"{service} records what it does in its audit journal: set "
+                          "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE")
+    journal = Journal(service=service, keys=DataKeys.from_json(read_secret(data_keys_file)))
+    return journal, SigningKey.from_json(read_secret(signing_key_file))
 
 
 _ROW = "id, xid::text AS xid, tenant, kind, subject, run_id, recorded_at, key_id, nonce, ciphertext"

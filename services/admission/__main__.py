@@ -7,6 +7,7 @@ from datetime import timedelta
 import anyio.abc
 
 from libs.db import connect_pool
+from libs.journal import Sealer, open_journal
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.admission.relay import OutboxRelay
@@ -22,6 +23,10 @@ class AdmissionSettings(BaseSettings, frozen=True, kw_only=True):
     command_ttl_s: float = 3600.0
     # How long a proposal waits for a person before it can no longer be approved.
     proposal_ttl_s: float = 86400.0
+    # The audit journal's keys (libs/journal.py has the formats); required to start.
+    journal_signing_key_file: str = ""
+    journal_data_keys_file: str = ""
+    journal_seal_interval_s: float = 0.5
     relay_poll_s: float = 1.0
 
 
@@ -29,17 +34,22 @@ def main() -> None:
     """Start the admission process."""
     settings = load_settings(AdmissionSettings)
     password = read_secret(settings.database_password_file)
+    journal, signing = open_journal("admission",
+                                    signing_key_file=settings.journal_signing_key_file,
+                                    data_keys_file=settings.journal_data_keys_file)
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with await connect_pool(settings.database_url, password=password, max_size=20,
                                       application_name="writ-admission") as pool:
-            store = AdmissionStore(pool)
+            store = AdmissionStore(pool, journal=journal)
             relay = OutboxRelay(store=store, js=rt.js, listen_dsn=settings.database_url,
                                 listen_password=password, poll_s=settings.relay_poll_s,
                                 faults=rt.faults)
             svc = AdmissionService(rt=rt, store=store, relay=relay,
                                    command_ttl=timedelta(seconds=settings.command_ttl_s),
-                                   proposal_ttl=timedelta(seconds=settings.proposal_ttl_s))
+                                   proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
+                                   sealer=Sealer(pool=pool, journal=journal, signing=signing,
+                                                 interval=settings.journal_seal_interval_s))
             await svc.run(task_status=task_status)
 
     run_service("admission", settings, start, description="Admits commands, relays the outbox")

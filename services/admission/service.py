@@ -26,6 +26,7 @@ from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
 from libs.errors import RetryableError
+from libs.journal import Sealer
 from libs.runtime import Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
@@ -58,8 +59,9 @@ class AdmissionService:
 
     def __init__(self, *, rt: Runtime, store: AdmissionStore, relay: OutboxRelay,
                  command_ttl: timedelta, proposal_ttl: timedelta = timedelta(hours=24),
-                 decide_timeout_s: float = 2.0, gauges_every_s: float = 5.0) -> None:
-        self._rt, self._store, self._relay = rt, store, relay
+                 sealer: Sealer | None = None, decide_timeout_s: float = 2.0,
+                 gauges_every_s: float = 5.0) -> None:
+        self._rt, self._store, self._relay, self._sealer = rt, store, relay, sealer
         self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
         self._proposal_ttl = proposal_ttl
         self._gauges_every_s = gauges_every_s
@@ -83,6 +85,8 @@ class AdmissionService:
                   ) -> None:
         """Consume proposals and relay the outbox until stopped."""
         async with anyio.create_task_group() as tg:
+            if self._sealer is not None:
+                await tg.start(self._sealer.run)  # chains and signs the audit journal
             await tg.start(self._relay.run, self._rt.stopping)
             tg.start_soon(functools.partial(refresh_every, self._gauges_every_s,
                                             self.refresh_gauges, stopping=self._rt.stopping,
@@ -91,6 +95,7 @@ class AdmissionService:
                             handler=self.handle, metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
                             task_status=task_status)
+            tg.cancel_scope.cancel()  # drained: the relay, the gauges and the sealer stop too
 
     async def refresh_gauges(self) -> None:
         """Read the commands per state, the outbox's age and waiting proposals into the gauges."""

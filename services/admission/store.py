@@ -11,6 +11,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from libs.journal import Journal
 from libs.telemetry import inject_context
 from schemas.governance import Decision
 
@@ -94,14 +95,19 @@ class OutboxRow(msgspec.Struct, frozen=True, kw_only=True):
 _COMMAND_COLUMNS = ("request_hash, state, receipt, reason, decision_id::text AS decision_id, "
                     "decision_line, policy_version, origin, operation_key, request_id")
 
+# `{journal}` in a statement is where its audit journal row goes (a CTE written only if the
+# CTE it names changed something), or nothing when the store has no journal.
 _INSERT_PROPOSAL = """
-INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, action,
-    action_version, arguments, request_hash, state, decision_id, reason, expected_revision,
-    operation_key, request_id, public_id, preview, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16, $17,
-        $18::jsonb, $19)
-ON CONFLICT (tenant, proposal_id) DO NOTHING
-RETURNING public_id
+WITH recorded AS (
+    INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
+        action, action_version, arguments, request_hash, state, decision_id, reason,
+        expected_revision, operation_key, request_id, public_id, preview, expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16, $17,
+            $18::jsonb, $19)
+    ON CONFLICT (tenant, proposal_id) DO NOTHING
+    RETURNING public_id
+){journal}
+SELECT public_id FROM recorded
 """
 
 # Seed 001 §4 in one statement: the proposal's pending -> executing claim, the command
@@ -131,7 +137,7 @@ WITH proposal AS (
     INSERT INTO admission.outbox (tenant, operation_id, traceparent)
     SELECT tenant, operation_id, $21 FROM admitted
     RETURNING id
-)
+){journal}
 SELECT (SELECT id FROM queued) AS outbox_id,
        (SELECT count(*) FROM (SELECT pg_notify($20, '') FROM queued) AS woken) AS woken,
        (SELECT count(*) FROM proposal) AS claimed
@@ -176,7 +182,7 @@ WITH claimed AS (
     INSERT INTO admission.outbox (tenant, operation_id, traceparent)
     SELECT tenant, operation_id, $10 FROM admitted
     RETURNING id
-)
+){journal}
 SELECT (SELECT count(*) FROM claimed) = 1
        AND (SELECT count(*) FROM (SELECT pg_notify($9, '') FROM queued) AS woken) = 1
 """
@@ -195,6 +201,16 @@ def _proposal_row(row: Any) -> ProposalRow:
     return ProposalRow(**values)
 
 
+_MOVE_PROPOSAL = """
+WITH moved AS (
+    UPDATE admission.proposals SET state = $3, reason = $4, updated_at = now()
+    WHERE tenant = $1 AND proposal_id = $2 AND state = 'pending' {condition}
+    RETURNING 1
+){journal}
+SELECT count(*) FROM moved
+"""
+
+
 _KNOWN = f"""
 SELECT c.*, p.state AS proposal_state, p.decision_id::text AS proposal_decision_id,
        coalesce(p.reason, '') AS proposal_reason
@@ -208,8 +224,27 @@ LEFT JOIN admission.proposals p ON p.tenant = $1 AND p.proposal_id = $3
 class AdmissionStore:
     """Every write admission makes, each in one short transaction."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
+    def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
+        self._pool, self._journal = pool, journal
+        self._insert_proposal = self._journaled(_INSERT_PROPOSAL, 20, "recorded")
+        self._admit = self._journaled(_ADMIT, 24, "admitted")
+        self._approve = self._journaled(_APPROVE, 11, "admitted")
+        self._reject = self._journaled(_MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
+        self._expire = self._journaled(
+            _MOVE_PROPOSAL.replace("{condition}", "AND expires_at <= now()"), 5, "moved")
+
+    def _journaled(self, statement: str, first: int, changed: str) -> str:
+        """The statement with its journal row, written only if `changed` changed anything."""
+        row = "" if self._journal is None else ", " + self._journal.cte_if(first, changed)
+        return statement.replace("{journal}", row)
+
+    def _entry(self, tenant: str, kind: str, subject: str, run_id: str,
+               payload: dict[str, Any]) -> tuple[Any, ...]:
+        """The journal row's parameters (none without a journal)."""
+        if self._journal is None:
+            return ()
+        return msgspec.structs.astuple(self._journal.entry(
+            tenant=tenant, kind=kind, subject=subject, run_id=run_id, payload=payload))
 
     async def command(self, tenant: str, operation_id: str) -> StoredCommand | None:
         """The registered command for this key, if any."""
@@ -228,11 +263,18 @@ class AdmissionStore:
                               request_id: str | None = None) -> ProposalRow:
         """Record a proposal that did not become a command (refused, or waiting for a person),
         under a new opaque public id; a redelivery gets the row recorded the first time."""
+        public_id, expires_at = new_public_id(), datetime.now(UTC) + ttl
         await self._pool.execute(
-            _INSERT_PROPOSAL, tenant, proposal_id, run_id, step, principal, agent, action,
+            self._insert_proposal, tenant, proposal_id, run_id, step, principal, agent, action,
             version, json.dumps(arguments), request_hash, state, decision_id, reason,
-            expected_revision, operation_key, request_id, new_public_id(),
-            json.dumps(preview), datetime.now(UTC) + ttl)
+            expected_revision, operation_key, request_id, public_id, json.dumps(preview),
+            expires_at,
+            *self._entry(tenant, f"proposal.{state}", public_id, run_id, {
+                "proposal_id": proposal_id, "public_id": public_id, "step": step,
+                "principal": principal, "agent": agent, "action": action, "version": version,
+                "arguments": arguments, "preview": preview, "request_hash": request_hash.hex(),
+                "decision_id": decision_id, "reason": reason, "expires_at": expires_at,
+                "operation_key": operation_key}))
         row = await self.proposal_row(tenant, proposal_id=proposal_id)
         assert row is not None
         return row
@@ -249,9 +291,9 @@ class AdmissionStore:
     async def expire_proposal(self, tenant: str, proposal_id: str) -> bool:
         """pending -> expired once its time is over; False if it was not pending any more."""
         moved = await self._pool.fetchval(
-            "UPDATE admission.proposals SET state = 'expired', reason = 'expired', "
-            "updated_at = now() WHERE tenant = $1 AND proposal_id = $2 AND state = 'pending' "
-            "AND expires_at <= now() RETURNING true", tenant, proposal_id)
+            self._expire, tenant, proposal_id, "expired", "expired",
+            *self._entry(tenant, "proposal.expired", proposal_id, "",
+                         {"proposal_id": proposal_id}))
         return bool(moved)
 
     async def approve_for_execution(self, proposal: ProposalRow, *, approver: str,
@@ -259,10 +301,18 @@ class AdmissionStore:
                                     operation_id: str) -> bool:
         """The one pending -> executing claim of seed 003, with the command and its outbox row,
         in one statement: True for exactly one approval of a pending, unexpired proposal."""
+        expires_at = datetime.now(UTC) + ttl
         claimed = await self._pool.fetchval(
-            _APPROVE, proposal.tenant, proposal.proposal_id, approver, decision.decision_id,
-            decision.line, decision.policy_version, datetime.now(UTC) + ttl, operation_id,
-            OUTBOX_CHANNEL, inject_context({}).get("traceparent"))
+            self._approve, proposal.tenant, proposal.proposal_id, approver,
+            decision.decision_id, decision.line, decision.policy_version, expires_at,
+            operation_id, OUTBOX_CHANNEL, inject_context({}).get("traceparent"),
+            *self._entry(proposal.tenant, "proposal.approved", proposal.public_id,
+                         proposal.run_id, {
+                             "proposal_id": proposal.proposal_id, "approved_by": approver,
+                             "decision_id": decision.decision_id, "line": decision.line,
+                             "policy_version": decision.policy_version,
+                             "operation_id": operation_id, "expires_at": expires_at,
+                             "request_hash": proposal.request_hash.hex()}))
         return bool(claimed)
 
     async def known(self, tenant: str, operation_id: str, proposal_id: str
@@ -291,9 +341,9 @@ class AdmissionStore:
     async def reject_proposal(self, tenant: str, proposal_id: str, reason: str) -> bool:
         """pending -> rejected; False if it was not pending any more."""
         moved = await self._pool.fetchval(
-            "UPDATE admission.proposals SET state = 'rejected', reason = $3, updated_at = now() "
-            "WHERE tenant = $1 AND proposal_id = $2 AND state = 'pending' RETURNING true",
-            tenant, proposal_id, reason)
+            self._reject, tenant, proposal_id, "rejected", reason,
+            *self._entry(tenant, "proposal.rejected", proposal_id, "",
+                         {"proposal_id": proposal_id, "reason": reason}))
         return bool(moved)
 
     async def admit(self, *, tenant: str, operation_id: str, proposal_id: str, run_id: str,
@@ -314,11 +364,19 @@ class AdmissionStore:
             # One statement is one transaction: no BEGIN / COMMIT round trips, and a failure
             # (or the statement timeout) rolls all of it back.
             outbox_id = await conn.fetchval(
-                _ADMIT, tenant, operation_id, proposal_id, run_id, step, principal, agent,
+                self._admit, tenant, operation_id, proposal_id, run_id, step, principal, agent,
                 action, version, args_json, request_hash, decision.decision_id,
                 decision.line, decision.policy_version, expires_at, expected_revision,
                 origin, operation_key, request_id, OUTBOX_CHANNEL,
-                inject_context({}).get("traceparent"), new_public_id(), json.dumps(preview))
+                inject_context({}).get("traceparent"), new_public_id(), json.dumps(preview),
+                *self._entry(tenant, "command.admitted", operation_id, run_id, {
+                    "operation_id": operation_id, "proposal_id": proposal_id, "step": step,
+                    "principal": principal, "agent": agent, "action": action,
+                    "version": version, "arguments": arguments, "preview": preview,
+                    "request_hash": request_hash.hex(), "decision_id": decision.decision_id,
+                    "line": decision.line, "policy_version": decision.policy_version,
+                    "expires_at": expires_at, "origin": origin,
+                    "operation_key": operation_key}))
             if outbox_id is not None:
                 return Admitted(created=True, command=StoredCommand(
                     request_hash=request_hash, state="pending", receipt=None, reason=None,

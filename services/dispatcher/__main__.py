@@ -8,6 +8,7 @@ from __future__ import annotations
 import anyio.abc
 
 from libs.db import connect_pool
+from libs.journal import Sealer, open_journal
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.dispatcher.connectors import (
@@ -35,12 +36,19 @@ class DispatcherSettings(BaseSettings, frozen=True, kw_only=True):
     call_timeout_s: float = 10.0
     sweep_every_s: float = 5.0
     pending_grace_s: float = 60.0
+    # The audit journal's keys (libs/journal.py has the formats); required to start.
+    journal_signing_key_file: str = ""
+    journal_data_keys_file: str = ""
+    journal_seal_interval_s: float = 0.5
 
 
 def main() -> None:
     """Start the dispatcher process."""
     settings = load_settings(DispatcherSettings)
     password = read_secret(settings.database_password_file)
+    journal, signing = open_journal("dispatcher",
+                                    signing_key_file=settings.journal_signing_key_file,
+                                    data_keys_file=settings.journal_data_keys_file)
     crm_token = read_secret(settings.crm_token_file)
     payments_token = (read_secret(settings.payments_token_file)
                       if settings.payments_url else "")
@@ -59,7 +67,9 @@ def main() -> None:
             async with await connect_pool(settings.database_url, password=password, max_size=20,
                                           application_name="writ-dispatcher") as pool:
                 svc = DispatcherService(
-                    rt=rt, store=DispatcherStore(pool), connectors=connectors,
+                    rt=rt, store=DispatcherStore(pool, journal=journal), connectors=connectors,
+                    sealer=Sealer(pool=pool, journal=journal, signing=signing,
+                                  interval=settings.journal_seal_interval_s),
                     lease_s=settings.lease_s, call_timeout_s=settings.call_timeout_s,
                     sweep_every_s=settings.sweep_every_s,
                     pending_grace_s=settings.pending_grace_s,

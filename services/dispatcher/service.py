@@ -32,6 +32,7 @@ from actions.email_draft_apply import EmailDraftApply
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
+from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
@@ -73,8 +74,10 @@ class DispatcherService:
                  call_timeout_s: float = 10.0, sweep_every_s: float = 5.0,
                  pending_grace_s: float = 60.0, decide_timeout_s: float = 2.0,
                  breaker_threshold: int = 3, breaker_cooldown_s: float = 30.0,
-                 worker: str | None = None, gauges_every_s: float = 5.0) -> None:
+                 worker: str | None = None, gauges_every_s: float = 5.0,
+                 sealer: Sealer | None = None) -> None:
         self._rt, self._store, self._connectors = rt, store, connectors
+        self._sealer = sealer
         self._lease_s, self._call_timeout_s = lease_s, call_timeout_s
         self._sweep_every_s, self._pending_grace_s = sweep_every_s, pending_grace_s
         self._decide_timeout_s, self._gauges_every_s = decide_timeout_s, gauges_every_s
@@ -118,6 +121,8 @@ class DispatcherService:
             Endpoint("facts", subjects.FACTS, self._on_read_facts),
         ]
         async with anyio.create_task_group() as tg:
+            if self._sealer is not None:
+                await tg.start(self._sealer.run)  # chains and signs the audit journal
             tg.start_soon(self._sweep_forever)
             tg.start_soon(functools.partial(refresh_every, self._gauges_every_s,
                                             self.refresh_gauges, stopping=self._rt.stopping,

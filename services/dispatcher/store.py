@@ -16,6 +16,7 @@ import asyncpg
 import msgspec
 
 from libs.errors import Fenced
+from libs.journal import Journal
 
 __all__ = ["Claim", "DispatcherStore", "PriorAttempt", "Stale", "TERMINAL", "Unknown"]
 
@@ -95,11 +96,59 @@ RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, 
 """
 
 
-class DispatcherStore:
-    """Claims, attempts and outcomes."""
+_START_ATTEMPT = """
+WITH started AS (
+    INSERT INTO dispatcher.attempts (tenant, operation_id, lease_epoch, worker, connector)
+    SELECT $1, $2, $3, $4, $5 WHERE EXISTS (
+        SELECT 1 FROM admission.commands
+        WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3)
+    RETURNING attempt_id
+){journal}
+SELECT attempt_id FROM started
+"""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
+_FINISH = """
+WITH moved AS (
+    UPDATE admission.commands SET state = $4, receipt = $5, reason = $6, lease_until = NULL,
+        updated_at = now()
+    WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3 AND state = 'dispatching'
+    RETURNING 1
+), attempt AS (
+    UPDATE dispatcher.attempts SET finished_at = now(), result = $7, detail = $8
+    WHERE attempt_id = $9 AND EXISTS (SELECT 1 FROM moved)
+    RETURNING 1
+){journal}
+SELECT count(*) FROM moved
+"""
+
+
+class DispatcherStore:
+    """Claims, attempts and outcomes; every attempt and outcome journaled with it."""
+
+    def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
+        self._pool, self._journal = pool, journal
+        self._start_attempt = self._journaled(_START_ATTEMPT, 6, "started")
+        self._finish = self._journaled(_FINISH, 10, "moved")
+
+    def _journaled(self, statement: str, first: int, changed: str) -> str:
+        """The statement with its journal row, written only if `changed` changed anything."""
+        row = "" if self._journal is None else ", " + self._journal.cte_if(first, changed)
+        return statement.replace("{journal}", row)
+
+    def _entry(self, claim: Claim, kind: str, payload: dict[str, Any]) -> tuple[Any, ...]:
+        """The journal row's parameters (none without a journal)."""
+        if self._journal is None:
+            return ()
+        return msgspec.structs.astuple(self._journal.entry(
+            tenant=claim.tenant, kind=kind, subject=claim.operation_id, run_id=claim.run_id,
+            payload={"operation_id": claim.operation_id, "lease_epoch": claim.lease_epoch,
+                     "action": claim.action, **payload}))
+
+    async def _write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
+                     run_id: str, payload: dict[str, Any]) -> None:
+        if self._journal is not None:
+            await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
+                                      run_id=run_id, payload=payload)
 
     async def claim(self, tenant: str, operation_id: str, *, worker: str,
                     lease_s: float) -> Claim | None:
@@ -123,11 +172,9 @@ class DispatcherStore:
     async def start_attempt(self, claim: Claim, *, worker: str, connector: str) -> int:
         """Record that this worker is about to call the connector under this epoch."""
         attempt = await self._pool.fetchval(
-            "INSERT INTO dispatcher.attempts (tenant, operation_id, lease_epoch, worker, "
-            "connector) SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM "
-            "admission.commands WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3) "
-            "RETURNING attempt_id",
-            claim.tenant, claim.operation_id, claim.lease_epoch, worker, connector)
+            self._start_attempt, claim.tenant, claim.operation_id, claim.lease_epoch, worker,
+            connector, *self._entry(claim, "attempt.started",
+                                    {"worker": worker, "connector": connector}))
         if attempt is None:
             raise Fenced("lease taken over", operation_id=claim.operation_id)
         return int(attempt)
@@ -138,15 +185,11 @@ class DispatcherStore:
         """Record the command's terminal state and the attempt's result: one fenced statement
         (inside `conn`'s transaction when given, so a local change commits with it)."""
         changed = await (conn or self._pool).fetchval(
-            "WITH moved AS (UPDATE admission.commands SET state = $4, receipt = $5, "
-            "reason = $6, lease_until = NULL, updated_at = now() "
-            "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3 "
-            "AND state = 'dispatching' RETURNING 1), "
-            "attempt AS (UPDATE dispatcher.attempts SET finished_at = now(), result = $7, "
-            "detail = $8 WHERE attempt_id = $9 AND EXISTS (SELECT 1 FROM moved) RETURNING 1) "
-            "SELECT count(*) FROM moved",
-            claim.tenant, claim.operation_id, claim.lease_epoch, state, receipt, reason, result,
-            reason or receipt, attempt_id)
+            self._finish, claim.tenant, claim.operation_id, claim.lease_epoch, state, receipt,
+            reason, result, reason or receipt, attempt_id,
+            *self._entry(claim, f"command.{state}", {
+                "attempt_id": attempt_id, "result": result, "receipt": receipt,
+                "reason": reason}))
         if changed != 1:
             raise Fenced("lease taken over before finalising", operation_id=claim.operation_id)
 
@@ -177,6 +220,12 @@ class DispatcherStore:
                 await conn.execute(
                     "UPDATE dispatcher.attempts SET finished_at = now(), result = $2, "
                     "detail = $3 WHERE attempt_id = $1", attempt_id, result, detail)
+                await self._write(conn, tenant=claim.tenant, kind="attempt.released",
+                                  subject=claim.operation_id, run_id=claim.run_id, payload={
+                                      "operation_id": claim.operation_id,
+                                      "lease_epoch": claim.lease_epoch,
+                                      "attempt_id": attempt_id, "result": result,
+                                      "detail": detail})
 
     async def renew(self, claim: Claim, lease_s: float) -> datetime:
         """Extend the lease, fenced: raises `Fenced` if another worker took it over."""
@@ -236,5 +285,10 @@ class DispatcherStore:
                 "INSERT INTO admission.reconciliations (tenant, operation_id, resolved_state, "
                 "receipt, evidence, resolved_by) VALUES ($1, $2, $3, $4, $5, $6)",
                 tenant, operation_id, state, receipt, evidence, resolved_by)
+            await self._write(conn, tenant=tenant, kind="command.reconciled",
+                              subject=operation_id, run_id=moved["run_id"], payload={
+                                  "operation_id": operation_id, "state": state,
+                                  "receipt": receipt, "evidence": evidence,
+                                  "resolved_by": resolved_by})
         return Current(**dict(moved))
 

@@ -16,9 +16,10 @@ from writ.stack import Stack
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 
-def audit_verify(stack: Stack) -> subprocess.CompletedProcess[str]:
+def audit_verify(stack: Stack, *options: str) -> subprocess.CompletedProcess[str]:
+    options = options or ("--service", "governance", "--tenant", "acme")
     return subprocess.run([sys.executable, "-m", "writ.cli", "audit", "verify", "--home",
-                           str(stack.home), "--service", "governance", "--tenant", "acme"],
+                           str(stack.home), *options],
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -59,3 +60,44 @@ async def test_writ_audit_verify_passes_after_a_run_and_names_a_one_byte_edit(
     finally:
         await db.execute(flip, entry_id)  # the session's deployment goes on intact
     assert audit_verify(stack).returncode == 0
+
+
+async def _sealed(db: asyncpg.Connection, service: str) -> None:
+    with anyio.fail_after(20):
+        while await db.fetchval(f"SELECT count(*) FROM {service}.journal j WHERE NOT EXISTS "
+                                f"(SELECT 1 FROM {service}.journal_seals s "
+                                "WHERE s.entry_id = j.id)"):
+            await anyio.sleep(0.1)
+
+
+async def test_each_step_of_a_command_is_journaled_where_it_happened(
+        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    command = host.command()
+    await host.submit(command)
+    result = await host.wait_command(command.request_id)
+    assert result.status == "succeeded" and result.operation_id is not None
+
+    admitted = await db.fetch("SELECT kind FROM admission.journal WHERE subject = $1",
+                              result.operation_id)
+    dispatched = await db.fetch("SELECT kind FROM dispatcher.journal WHERE subject = $1 "
+                                "ORDER BY id", result.operation_id)
+    assert [r["kind"] for r in admitted] == ["command.admitted"]
+    assert [r["kind"] for r in dispatched] == ["attempt.started", "command.succeeded"]
+    for service in ("admission", "dispatcher"):
+        await _sealed(db, service)
+    everything = audit_verify(stack, "--grace-s", "60")
+    assert everything.returncode == 0, everything.stdout + everything.stderr
+    for service in ("admission", "dispatcher", "governance"):
+        assert f"{service}: intact" in everything.stdout
+
+    entry_id = await db.fetchval("SELECT id FROM dispatcher.journal WHERE subject = $1 "
+                                 "AND kind = 'command.succeeded'", result.operation_id)
+    flip = ("UPDATE dispatcher.journal SET ciphertext = set_byte(ciphertext, 0, "
+            "get_byte(ciphertext, 0) # 1) WHERE id = $1")
+    await db.execute(flip, entry_id)
+    try:
+        bad = audit_verify(stack, "--service", "dispatcher")
+        assert bad.returncode == 1
+        assert f"row {entry_id}:" in bad.stdout
+    finally:
+        await db.execute(flip, entry_id)
