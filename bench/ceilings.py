@@ -19,6 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 
 from bench.measure import Sample, Watcher, closed_loop
 from libs.db import connect_pool
+from libs.journal import Sealer, open_journal
 from libs.settings import read_secret
 from schemas.admission import DispatchCommand
 from schemas.governance import Decision
@@ -102,15 +103,23 @@ def ceiling_decision() -> Decision:
 
 
 async def admission_ceiling(stack: Stack, *, concurrency: int, warmup_s: float,
-                            duration_s: float, watcher: Watcher | None = None) -> Sample:
+                            duration_s: float, journal: bool = True,
+                            watcher: Watcher | None = None) -> Sample:
     """`AdmissionStore.admit` alone (proposal + command + outbox + notify in one transaction),
-    as the admission role, with a pool of `concurrency` connections kept busy."""
+    as the admission role, with a pool of `concurrency` connections kept busy.
+
+    With `journal` (as deployed), each admission also writes its encrypted journal row, and the
+    journal's sealer chains and signs them in this process meanwhile, as it does in admission's.
+    """
     env = stack.service_env("admission")
     pool = await connect_pool(env["WRIT_DATABASE_URL"],
                               password=read_secret(env["WRIT_DATABASE_PASSWORD_FILE"]),
-                              min_size=concurrency, max_size=concurrency,
+                              min_size=concurrency + 1, max_size=concurrency + 1,
                               application_name="bench-admission")
-    store = AdmissionStore(pool)
+    journal_, signing = open_journal(
+        "admission", signing_key_file=env["WRIT_JOURNAL_SIGNING_KEY_FILE"],
+        data_keys_file=env["WRIT_JOURNAL_DATA_KEYS_FILE"])
+    store = AdmissionStore(pool, journal=journal_ if journal else None)
     decision = ceiling_decision()
     ttl = timedelta(hours=1)
 
@@ -122,12 +131,17 @@ async def admission_ceiling(stack: Stack, *, concurrency: int, warmup_s: float,
             action="writ.noop", version=1, arguments={"marker": operation_id},
             # Any 32 bytes do: the transaction stores the hash, it does not recompute it.
             request_hash=hashlib.sha256(operation_id.encode()).digest(),
-            decision=decision, ttl=ttl)
+            decision=decision, ttl=ttl, preview={"marker": operation_id})
         return True
 
     try:
-        return await closed_loop(admit_one, concurrency=concurrency, warmup_s=warmup_s,
-                                 duration_s=duration_s, watcher=watcher)
+        async with anyio.create_task_group() as tg:
+            if journal:
+                await tg.start(Sealer(pool=pool, journal=journal_, signing=signing).run)
+            sample = await closed_loop(admit_one, concurrency=concurrency, warmup_s=warmup_s,
+                                       duration_s=duration_s, watcher=watcher)
+            tg.cancel_scope.cancel()
+        return sample
     finally:
         await pool.close()
         await remove_ceiling_rows(stack.database_dsn)

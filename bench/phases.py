@@ -95,14 +95,28 @@ class Bench:
         no relay is running to pick up the admission ceiling's outbox rows."""
         r, data = self.report, self.report.data
         r.section("Ceilings (services not yet started)")
+        # The audit journal's cost, side by side: the same transaction without its journal row
+        # (and no sealer), then as deployed (its row, and the sealer chaining and signing).
+        watch = self.window()
+        bare = await admission_ceiling(self.stack, concurrency=ADMIT_CONCURRENCY,
+                                       warmup_s=_s(2), duration_s=_s(10), journal=False,
+                                       watcher=watch)
+        data["ceiling_admission_tx_nojournal_per_s"] = round(bare.rate, 1)
+        r.sample(f"admission transaction, no journal ({ADMIT_CONCURRENCY} conns)", bare,
+                 "tx/s ")
+        r.usage(watch.report(), per=(bare.completed, "admit"))
         watch = self.window()
         tx = await admission_ceiling(self.stack, concurrency=ADMIT_CONCURRENCY,
                                      warmup_s=_s(2), duration_s=_s(10), watcher=watch)
         data["ceiling_admission_tx_per_s"] = round(tx.rate, 1)
         data["ceiling_admission"] = {**sample_dict(tx), "concurrency": ADMIT_CONCURRENCY,
                                      "usage": watch.report()}
-        r.sample(f"admission transaction ({ADMIT_CONCURRENCY} connections)", tx, "tx/s ")
+        r.sample(f"admission transaction, journaled ({ADMIT_CONCURRENCY} conns)", tx, "tx/s ")
         r.usage(watch.report(), per=(tx.completed, "admit"))
+        if bare.rate:
+            data["journal_cost"] = round(1 - tx.rate / bare.rate, 3)
+            r.line("audit journal's cost", f"{data['journal_cost']:.1%} of admission "
+                                           "throughput (target: under 20%)")
 
         watch = self.window()
         published, consumed = await jetstream_ceiling(
