@@ -24,6 +24,8 @@ __all__ = [
     "Frozen",
     "Invalid",
     "Outcome",
+    "ProviderCall",
+    "ProviderLookup",
     "Stale",
     "outcome_of",
 ]
@@ -51,6 +53,27 @@ class FactsRef(msgspec.Struct, frozen=True, kw_only=True):
 
     kind: Literal["payment", "mail_draft"]
     id: str
+
+
+class ProviderCall(msgspec.Struct, frozen=True, kw_only=True):
+    """The executor of an external action: the request its provider's API takes.
+
+    The connector adds what belongs to the provider rather than the action: where it is, the
+    credential, and the operation's key in the provider's header (the same on every attempt).
+    """
+
+    path: str
+    body: dict[str, Any]
+    receipt: str  # the response field naming what was made
+
+
+class ProviderLookup(msgspec.Struct, frozen=True, kw_only=True):
+    """How to ask the provider what it made under an operation's key."""
+
+    path: str
+    params: dict[str, str]
+    listed_as: str  # the response's list of what was made
+    receipt: str
 
 
 class Frozen(msgspec.Struct, Generic[ArgumentsT, PreviewT], frozen=True, kw_only=True):
@@ -120,6 +143,14 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
         `key` is the operation's provider key: what this very operation already did (an
         earlier attempt under the same key) is not a change of the world.
         """
+
+    def provider_call(self, arguments: ArgumentsT) -> ProviderCall:
+        """The executor of an external action (dispatcher side only)."""
+        raise NotImplementedError(f"{self.name} is not executed by a provider")
+
+    def provider_lookup(self, key: str) -> ProviderLookup | None:
+        """How a queryable provider finds what it made under `key` (None: it cannot)."""
+        return None
 
     def render(self, receipt: str | None) -> str:
         """The result, safe to show a person and the model."""

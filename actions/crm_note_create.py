@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from actions.base import ActionContract
+from actions.base import ActionContract, ProviderCall, ProviderLookup
 
 __all__ = ["CrmNoteCreate", "NoteArguments", "NotePreview"]
 
@@ -40,6 +40,14 @@ class CrmNoteCreate(ActionContract[NoteArguments, NoteArguments, NotePreview, ms
     request = NoteArguments
     arguments = NoteArguments
     preview = NotePreview
+
+    def provider_call(self, arguments: NoteArguments) -> ProviderCall:
+        return ProviderCall(path=f"/v1/customers/{arguments.customer_id}/notes",
+                            body={"body": arguments.body}, receipt="note_id")
+
+    def provider_lookup(self, key: str) -> ProviderLookup:
+        return ProviderLookup(path="/v1/notes", params={"idempotency_key": key},
+                              listed_as="notes", receipt="note_id")
 
     def render(self, receipt: str | None) -> str:
         return f"Note added to the customer record ({receipt or 'no receipt'})."

@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from actions.base import ActionContract
+from actions.base import ActionContract, ProviderCall, ProviderLookup
 
 __all__ = ["ChargeArguments", "PaymentChargeCreate"]
 
@@ -34,3 +34,11 @@ class PaymentChargeCreate(ActionContract[ChargeArguments, ChargeArguments, Charg
     request = ChargeArguments
     arguments = ChargeArguments
     preview = ChargeArguments
+
+    def provider_call(self, arguments: ChargeArguments) -> ProviderCall:
+        return ProviderCall(path="/v1/charges", body=msgspec.to_builtins(arguments),
+                            receipt="charge_id")
+
+    def provider_lookup(self, key: str) -> ProviderLookup:
+        return ProviderLookup(path="/v1/charges", params={"reference": key},
+                              listed_as="charges", receipt="charge_id")

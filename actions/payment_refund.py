@@ -13,7 +13,15 @@ from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
-from actions.base import ActionContract, FactsRef, Frozen, Invalid, Stale
+from actions.base import (
+    ActionContract,
+    FactsRef,
+    Frozen,
+    Invalid,
+    ProviderCall,
+    ProviderLookup,
+    Stale,
+)
 
 __all__ = ["PaymentFacts", "PaymentRefund", "RefundArguments", "RefundPreview", "RefundRequest"]
 
@@ -176,6 +184,16 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
         if now.preview != preview:
             raise Stale("the payment's method, line, discount or currency shown changed since "
                         "it was proposed; a new proposal is needed")
+
+    def provider_call(self, arguments: RefundArguments) -> ProviderCall:
+        return ProviderCall(path="/v1/refunds", receipt="refund_id", body={
+            "payment_id": arguments.payment_id, "line_id": arguments.line_id,
+            "amount_cents": arguments.amount_cents,
+            "destination": msgspec.to_builtins(arguments.destination)})
+
+    def provider_lookup(self, key: str) -> ProviderLookup:
+        return ProviderLookup(path="/v1/refunds", params={"reference": key},
+                              listed_as="refunds", receipt="refund_id")
 
     def render(self, receipt: str | None) -> str:
         return f"Refund issued ({receipt or 'no receipt'})."

@@ -169,12 +169,20 @@ async def test_timeout_is_lost_and_the_charge_lands_later(
     assert late["reference"] == "t1:op1"
 
 
-async def test_provider_refusal_is_rejected_without_a_charge(
+async def test_arguments_outside_the_contract_are_rejected_before_the_provider_sees_them(
     connector: PaymentConnector, control: httpx.AsyncClient
 ) -> None:
+    # The request is built by the action's contract from its own typed arguments.
     result = await charge(connector, "t1:op1", currency="usd")
-    assert result.kind == "rejected" and "400" in result.detail
+    assert result.kind == "rejected" and "currency" in result.detail
     assert await charges(control) == []
+    assert (await control.get("/_control/calls")).json()["calls"] == 0
+
+
+async def test_another_systems_action_is_rejected(connector: PaymentConnector) -> None:
+    result = await connector.execute("crm.note.create", {"customer_id": "ACME-42", "body": "x"},
+                                     key="t1:op1", expected_revision=None)
+    assert (result.kind, result.detail) == ("rejected", "payments cannot perform crm.note.create")
 
 
 async def test_bad_token_is_rejected(provider: FakePayments) -> None:
@@ -218,6 +226,8 @@ REFUND_ARGS: dict[str, Any] = {
     "amount_cents": 1500,
     "destination": {"kind": "original_method", "last4": "4242"},
 }
+# The refund's frozen arguments (actions/payment_refund.py): what the provider gets, and more.
+FROZEN: dict[str, Any] = {**REFUND_ARGS, "discount_id": "D1", "currency": "EUR"}
 
 
 @pytest.fixture
@@ -231,7 +241,7 @@ async def refunds(control: httpx.AsyncClient) -> list[dict[str, Any]]:
 
 
 async def refund(connector: PaymentConnector, key: str, **overrides: Any) -> Result:
-    return await connector.execute(REFUND, {**REFUND_ARGS, **overrides}, key=key,
+    return await connector.execute(REFUND, {**FROZEN, **overrides}, key=key,
                                    expected_revision=None)
 
 
@@ -376,9 +386,9 @@ async def test_refund_lookup_is_transient_when_the_provider_cannot_be_queried(
 async def test_refund_with_missing_arguments_is_rejected_without_a_call(
     connector: PaymentConnector, control: httpx.AsyncClient
 ) -> None:
-    args = {k: v for k, v in REFUND_ARGS.items() if k != "destination"}
+    args = {k: v for k, v in FROZEN.items() if k != "destination"}
     result = await connector.execute(REFUND, args, key="k", expected_revision=None)
-    assert result == Result(kind="rejected", detail="payment.refund needs destination")
-    revised = await connector.execute(REFUND, REFUND_ARGS, key="k", expected_revision="r1")
+    assert result.kind == "rejected" and "destination" in result.detail
+    revised = await connector.execute(REFUND, FROZEN, key="k", expected_revision="r1")
     assert revised.kind == "rejected"
     assert (await control.get("/_control/calls")).json() == {"calls": 0}

@@ -10,7 +10,10 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-__all__ = ["Connector", "Contract", "Result"]
+from actions import ACTIONS
+from actions.base import ProviderCall, ProviderLookup
+
+__all__ = ["Connector", "Contract", "Result", "call_for", "lookup_for"]
 
 Contract = Literal["idempotent", "queryable", "none"]
 
@@ -47,3 +50,25 @@ class Connector(Protocol):
     async def aclose(self) -> None:
         """Release the connector's resources."""
         ...
+
+
+def call_for(connector: str, action: str, arguments: dict[str, Any]) -> ProviderCall | Result:
+    """The provider request of `action` as its contract builds it, from arguments decoded with
+    the contract's own types; a `rejected` Result if this connector cannot perform it."""
+    contract = ACTIONS.get(action)
+    if contract is None or contract.connector != connector:
+        return Result(kind="rejected", detail=f"{connector} cannot perform {action}")
+    try:
+        return contract.provider_call(contract.decode_arguments(arguments))
+    except msgspec.ValidationError as exc:
+        return Result(kind="rejected", detail=f"{action}: {exc}"[:500])
+
+
+def lookup_for(connector: str, action: str, key: str) -> ProviderLookup | Result:
+    """How to find what `action` made under `key`, or a `rejected` Result if nobody can."""
+    contract = ACTIONS.get(action)
+    lookup = None if contract is None or contract.connector != connector else (
+        contract.provider_lookup(key))
+    if lookup is None:
+        return Result(kind="rejected", detail=f"{connector} cannot look up {action}")
+    return lookup

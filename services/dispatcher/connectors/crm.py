@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from services.dispatcher.connectors.base import Contract, Result
+from services.dispatcher.connectors.base import Contract, Result, call_for, lookup_for
 
 __all__ = ["CrmConnector"]
 
@@ -25,23 +25,22 @@ class CrmConnector:
 
     async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
                       expected_revision: str | None) -> Result:
-        """Perform `action` with `key` as the provider's idempotency key."""
-        if action != "crm.note.create":
-            return Result(kind="rejected", detail=f"crm cannot perform {action}")
+        """Perform `action` (its contract says how) with `key` as the idempotency key."""
+        call = call_for(self.name, action, arguments)
+        if isinstance(call, Result):
+            return call
         headers = {"Idempotency-Key": key}
         if expected_revision is not None:
             headers["If-Match"] = expected_revision
         try:
-            response = await self._client.post(
-                f"/v1/customers/{arguments['customer_id']}/notes",
-                json={"body": arguments["body"]}, headers=headers)
+            response = await self._client.post(call.path, json=call.body, headers=headers)
         except httpx.ConnectError as exc:
             return Result(kind="transient", detail=f"connect failed: {exc!r}"[:500])
         except httpx.TransportError as exc:
             # The request may have been received and applied: only the key can tell.
             return Result(kind="lost", detail=f"no response: {exc!r}"[:500])
         if response.status_code in (200, 201):
-            return Result(kind="succeeded", receipt=str(response.json()["note_id"]))
+            return Result(kind="succeeded", receipt=str(response.json()[call.receipt]))
         if response.status_code == 412:
             return Result(kind="revision_mismatch", detail=response.text[:500])
         if response.status_code in (429, 502, 503, 504):
@@ -49,17 +48,20 @@ class CrmConnector:
         return Result(kind="rejected", detail=f"HTTP {response.status_code}: {response.text}"[:500])
 
     async def lookup(self, action: str, *, key: str) -> Result:
-        """Find the note made under `key`, if any (the CRM keeps every key it has seen)."""
+        """Find what was made under `key`, if anything (the CRM keeps every key it has seen)."""
+        lookup = lookup_for(self.name, action, key)
+        if isinstance(lookup, Result):
+            return lookup
         try:
-            response = await self._client.get("/v1/notes", params={"idempotency_key": key})
+            response = await self._client.get(lookup.path, params=lookup.params)
         except httpx.TransportError as exc:
             return Result(kind="transient", detail=f"lookup failed: {exc!r}"[:500])
         if response.status_code != 200:
             return Result(kind="transient", detail=f"lookup HTTP {response.status_code}")
-        notes = response.json()["notes"]
-        if not notes:
+        made = response.json()[lookup.listed_as]
+        if not made:
             return Result(kind="not_found")
-        return Result(kind="succeeded", receipt=str(notes[0]["note_id"]))
+        return Result(kind="succeeded", receipt=str(made[0][lookup.receipt]))
 
     async def aclose(self) -> None:
         """Close the HTTP client."""

@@ -8,38 +8,15 @@ can say what happened.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from libs.errors import PermanentError, RetryableError
-from services.dispatcher.connectors.base import Contract, Result
+from services.dispatcher.connectors.base import Contract, Result, call_for, lookup_for
 
 __all__ = ["PaymentConnector", "ReadFailed", "ReadRefused"]
-
-_CHARGE: Final = "payment.charge.create"
-_REFUND: Final = "payment.refund"
-
-
-@dataclass(frozen=True)
-class _Operation:
-    """Where an action is POSTed and looked up, and what names its receipt."""
-
-    path: str
-    fields: tuple[str, ...]
-    listed_as: str  # the key of the lookup's list
-    receipt: str
-
-
-_OPERATIONS: Final = {
-    _CHARGE: _Operation("/v1/charges", ("customer_id", "amount_cents", "currency", "description"),
-                       "charges", "charge_id"),
-    _REFUND: _Operation("/v1/refunds", ("payment_id", "line_id", "amount_cents", "destination"),
-                       "refunds", "refund_id"),
-}
-
 
 class ReadFailed(RetryableError):
     """The payment could not be read now (no connection, a timeout, 429 or 5xx): try later."""
@@ -106,15 +83,14 @@ class PaymentConnector:
     async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
                       expected_revision: str | None) -> Result:
         """Charge or refund once, sending `key` as the (never deduped) `Reference`."""
-        if (op := _OPERATIONS.get(action)) is None:
-            return Result(kind="rejected", detail=f"payments cannot perform {action}")
         if expected_revision is not None:
             return Result(kind="rejected", detail="payments have no revisions to match")
-        if missing := [f for f in op.fields if f not in arguments]:
-            return Result(kind="rejected", detail=f"{action} needs {', '.join(missing)}")
+        op = call_for(self.name, action, arguments)  # the action's contract says what to send
+        if isinstance(op, Result):
+            return op
         try:
-            response = await self._client.post(
-                op.path, json={f: arguments[f] for f in op.fields}, headers={"Reference": key})
+            response = await self._client.post(op.path, json=op.body,
+                                               headers={"Reference": key})
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # No connection was ever given the request, so nothing can have been applied.
             return Result(kind="transient", detail=f"connect failed: {exc!r}"[:500])
@@ -141,10 +117,11 @@ class PaymentConnector:
 
     async def lookup(self, action: str, *, key: str) -> Result:
         """Find what was made under `key`; more than one means a duplicate charge or refund."""
-        if (op := _OPERATIONS.get(action)) is None:
-            return Result(kind="rejected", detail=f"payments cannot look up {action}")
+        op = lookup_for(self.name, action, key)
+        if isinstance(op, Result):
+            return op
         try:
-            response = await self._client.get(op.path, params={"reference": key})
+            response = await self._client.get(op.path, params=op.params)
         except httpx.TransportError as exc:
             return Result(kind="transient", detail=f"lookup failed: {exc!r}"[:500])
         if response.status_code != 200:
