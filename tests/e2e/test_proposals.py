@@ -314,3 +314,27 @@ async def test_a_changed_audience_needs_a_new_proposal(
     assert final.error is not None and "3 recipients when proposed, 4 now" in final.error.message
     assert await db.fetchval("SELECT count(*) FROM dispatcher.mail_forms "
                              "WHERE tenant = 'acme' AND draft_id = $1", draft_id) == 0
+
+
+async def test_a_revoked_approver_cannot_approve_and_writ_reject_refuses_it(
+        stack: Stack, host: Host, payments: httpx.Client, db: asyncpg.Connection) -> None:
+    payment_id, waiting = await _propose_refund(host, payments)
+    assert waiting.proposal is not None
+    await db.execute("INSERT INTO governance.revocations (tenant, principal, revoked_by) "
+                     "VALUES ('acme', 'gone@acme.example', 'admin@acme.example')")
+
+    revoked = await host.wait_approval(await host.approve(
+        waiting.proposal.proposal_id, principal="gone@acme.example"))
+
+    assert (revoked.status, revoked.reason) == (
+        "not_approvable", "the approver's access was revoked")
+    assert _refunds(payments, payment_id) == []
+    # `writ reject <id> --reason`, as an operator would type it.
+    said = await _writ(stack, "reject", waiting.proposal.proposal_id, "--reason", "not this one")
+    assert "rejected" in said
+    final = await _settled(host, waiting.request_id)
+    assert final.status == "rejected" and final.error is not None
+    assert "not this one" in final.error.message
+    assert await db.fetchval("SELECT state FROM admission.proposals WHERE public_id = $1",
+                             waiting.proposal.proposal_id) == "rejected"
+    assert _refunds(payments, payment_id) == []
