@@ -1,15 +1,15 @@
 """Proposals of side effects, for admission to judge: from the planner, or from ingress when a
-host submits a command directly."""
+host submits a command directly; and the offline replay of a run the planner answers."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from schemas.base import AgentName, Command, Id, Principal, ShortText, Tenant
+from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
 
-__all__ = ["ProposeCommand"]
+__all__ = ["Divergence", "ProposeCommand", "ReplayReport", "ReplayRun"]
 
 
 class ProposeCommand(Command):
@@ -31,3 +31,32 @@ class ProposeCommand(Command):
     # and the request to answer on `writ.out.results.<tenant>`.
     operation_key: Id | None = None
     request_id: Id | None = None
+
+
+class ReplayRun(Command):
+    """Replay one run offline from the planner's audit journal (`writ.int.planner.replay`).
+
+    No model is called and no tool is run: the captured responses and outputs are walked.
+    """
+
+    tenant: Tenant
+    run_id: Id
+
+
+class Divergence(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the runtime did not do what a captured response or output implies."""
+
+    step: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None
+    expected: ShortText
+    found: ShortText
+
+
+class ReplayReport(Event):
+    """The answer to `ReplayRun`: identical, divergent (each divergence) or incomplete (what is
+    missing: a captured response or tool output, or the run's end)."""
+
+    run_id: Id
+    verdict: Literal["identical", "divergent", "incomplete"]
+    divergences: Annotated[list[Divergence], msgspec.Meta(max_length=100)] = []
+    missing: Annotated[list[ShortText], msgspec.Meta(max_length=100)] = []
+    entries: Annotated[int, msgspec.Meta(ge=0)] = 0  # captured entries replayed

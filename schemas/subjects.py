@@ -24,6 +24,7 @@ __all__ = [
     "INGRESS_IN",
     "PLANNER_IN",
     "RECONCILE",
+    "REPLAY",
     "RETRIEVAL_IN",
     "STREAMS",
     "UNKNOWN_LIST",
@@ -135,6 +136,8 @@ FACTS: Final = "writ.int.dispatcher.facts"
 # Record a person's answer to a pending decision and say what it became (admission asks it when
 # a proposal is approved by its id).
 ANSWER: Final = "writ.int.governance.answer"
+# Replay a run offline from the planner's audit journal (`ReplayRun` -> `ReplayReport`).
+REPLAY: Final = "writ.int.planner.replay"
 
 # Inbox filters of each durable consumer.
 INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*",

@@ -12,6 +12,7 @@
     writ reject <proposal>    reject it, with --reason
     writ policy sign          sign an organisation policy file
     writ audit verify         check every service's audit journal: chain, checkpoints, signatures
+    writ audit replay RUN     walk a run's captured model responses and tool outputs offline
 """
 
 from __future__ import annotations
@@ -201,6 +202,66 @@ async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys
         await conn.close()
 
 
+def _audit_replay(args: argparse.Namespace) -> int:
+    """Replay a run offline from the planner's journal: 0 identical, 1 divergent, 2 incomplete,
+    3 if it cannot be replayed (no database, no keys, no such run)."""
+    import functools
+    import os
+
+    import anyio
+
+    from libs.errors import ConfigError
+    from libs.journal import DataKeys
+
+    home = Path(args.home)
+    dsn_file = home / "secrets" / "audit.dsn"  # written by `writ run`
+    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
+        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    keys_file = Path(args.data_keys or home / "secrets" / "journal-planner-data.json")
+    if not dsn:
+        print("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`",
+              file=sys.stderr)
+        return 3
+    try:
+        data_keys = DataKeys.from_json(keys_file.read_text())
+    except (OSError, ConfigError) as exc:
+        print(f"cannot read the planner's data keys ({keys_file}): {exc}", file=sys.stderr)
+        return 3
+    return anyio.run(functools.partial(_audit_replay_run, args, dsn, data_keys))
+
+
+async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) -> int:
+    import asyncpg
+
+    from libs.journal import Journal
+    from services.planner.replay import render, replay_run
+    from services.planner.store import read_replay
+
+    journal = Journal(service="planner", keys=data_keys)
+    conn = await asyncpg.connect(dsn)
+    try:
+        tenant = args.tenant
+        if tenant is None:  # the run's tenant, from the ids in clear in the journal
+            tenants = [r["tenant"] for r in await conn.fetch(
+                "SELECT DISTINCT tenant FROM planner.journal WHERE run_id = $1", args.run_id)]
+            if len(tenants) != 1:
+                print(f"run {args.run_id}: " + ("not in the planner's journal" if not tenants
+                      else f"journaled for several tenants ({', '.join(tenants)}): "
+                           "pass --tenant"), file=sys.stderr)
+                return 3
+            tenant = tenants[0]
+        entries, record, unsealed = await read_replay(conn, journal, tenant=tenant,
+                                                      run_id=args.run_id)
+    finally:
+        await conn.close()
+    if not entries and record is None:
+        print(f"run {args.run_id}: no such run of tenant {tenant}", file=sys.stderr)
+        return 3
+    report = replay_run(args.run_id, entries, record=record, unsealed=unsealed)
+    print(render(report))
+    return {"identical": 0, "divergent": 1}.get(report.verdict, 2)
+
+
 def _operator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=".writ")
     p.add_argument("--nats-url", default="")
@@ -297,6 +358,18 @@ def main(argv: list[str] | None = None) -> None:
     v.add_argument("--grace-s", type=float, default=300.0,
                    help="how long a row may wait to be sealed (default 300)")
     v.set_defaults(func=_audit)
+    r = aud.add_parser("replay", help="walk a run's captured model responses and tool outputs "
+                                      "offline (no model, no tool); exit 0 identical, "
+                                      "1 divergent, 2 incomplete")
+    r.add_argument("run_id")
+    r.add_argument("--tenant", default=None, help="the run's tenant (default: the one its "
+                                                  "journal entries name)")
+    r.add_argument("--home", default=".writ")
+    r.add_argument("--dsn", default="", help="an auditor's DSN of Writ's database (default: "
+                                             "WRIT_AUDIT_DATABASE_URL, or writ run's)")
+    r.add_argument("--data-keys", default="", help="the planner's journal data key file "
+                                                   "(default: writ run's)")
+    r.set_defaults(func=_audit_replay)
 
     args = parser.parse_args(argv)
     sys.exit(args.func(args))

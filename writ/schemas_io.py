@@ -39,7 +39,7 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import ProposeCommand
+from schemas.planner import ProposeCommand, ReplayReport, ReplayRun
 from schemas.retrieval import EvidenceGathered
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
@@ -50,6 +50,7 @@ MESSAGES: Final = (
     CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled, HumanDecision,
     DecisionResult, RegisterRun, RunRegistered, AnswerDecision, DecisionAnswered, ListPending,
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
+    ReplayRun, ReplayReport,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

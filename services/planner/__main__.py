@@ -13,6 +13,7 @@ import anyio.abc
 
 from libs.db import connect_pool
 from libs.errors import ConfigError
+from libs.journal import DataKeys, Journal, Sealer, SigningKey
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.planner.openai_provider import OpenAIProvider, load_capabilities
@@ -40,6 +41,10 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
     # sessions end after 60 s idle in a transaction: every decision ends well before that.
     model_deadline_s: float = 45.0
     max_decisions: int = 8
+    # The audit journal's keys (libs/journal.py has the formats); required to start.
+    journal_signing_key_file: str = ""
+    journal_data_keys_file: str = ""
+    journal_seal_interval_s: float = 0.5
 
 
 def main() -> None:
@@ -56,6 +61,13 @@ def main() -> None:
                           "WRIT_MODEL_KEY_FILE")
     capabilities = (load_capabilities(settings.model_capabilities_file)
                     if settings.model_capabilities_file else [])
+    if not (settings.journal_signing_key_file and settings.journal_data_keys_file):
+        raise ConfigError("the planner captures every model response and tool output in its "
+                          "audit journal: set WRIT_JOURNAL_SIGNING_KEY_FILE and "
+                          "WRIT_JOURNAL_DATA_KEYS_FILE")
+    journal = Journal(service="planner",
+                      keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file)))
+    signing = SigningKey.from_json(read_secret(settings.journal_signing_key_file))
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with AsyncExitStack() as stack:
@@ -68,8 +80,10 @@ def main() -> None:
                     deadline_s=settings.model_deadline_s)))
             pool = await stack.enter_async_context(await connect_pool(
                 settings.database_url, password=password, application_name="writ-planner"))
-            svc = PlannerService(rt=rt, store=PlannerStore(pool), provider=provider,
-                                 max_decisions=settings.max_decisions)
+            svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
+                                 provider=provider, max_decisions=settings.max_decisions,
+                                 sealer=Sealer(pool=pool, journal=journal, signing=signing,
+                                               interval=settings.journal_seal_interval_s))
             await svc.run(task_status=task_status)
 
     run_service("planner", settings, start, description="Plans runs with the model")

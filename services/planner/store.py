@@ -1,4 +1,11 @@
-"""The planner's SQL: runs and their recorded steps."""
+"""The planner's SQL: runs and their recorded steps, each journaled in the same transaction.
+
+Every run started (with the evidence its model saw), every step (a captured model response or
+tool output, and the proposal a decision became) and every status change writes its audit
+journal row (`libs/journal.py`) in the transaction that records it, and only when it recorded
+something: a redelivery journals nothing twice. `read_replay` reads a run back for
+`services/planner/replay.py`.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +15,25 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from libs.journal import Journal, read_entries
 from schemas.retrieval import EvidenceGathered
+from services.planner.replay import (
+    DECISION,
+    OBSERVATION,
+    PROPOSAL,
+    RUN_STARTED,
+    RUN_STATUS,
+    Captured,
+    DecisionEntry,
+    ObservationEntry,
+    ProposalEntry,
+    RunRecord,
+    RunStartedEntry,
+    StatusEntry,
+    StepRecord,
+)
 
-__all__ = ["PlannerStore", "RunRow", "Step"]
+__all__ = ["PlannerStore", "RunRow", "Step", "read_replay"]
 
 TERMINAL_RUN = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -51,20 +74,43 @@ def _run(row: asyncpg.Record) -> RunRow:
 
 
 class PlannerStore:
-    """Runs and steps; `locked` serialises the work on one run across deliveries."""
+    """Runs and steps; `locked` serialises the work on one run across deliveries.
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
+    `journal` is None only in tests of something else: the service always passes one.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, journal: Journal | None = None) -> None:
+        self._pool, self._journal = pool, journal
+
+    @property
+    def journal(self) -> Journal | None:
+        """The planner's audit journal."""
+        return self._journal
+
+    async def _capture(self, conn: asyncpg.Connection, *, tenant: str, kind: str,
+                       subject: str, run_id: str, payload: msgspec.Struct) -> None:
+        if self._journal is not None:
+            await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
+                                      run_id=run_id, payload=payload)
 
     async def create_run(self, started: EvidenceGathered) -> bool:
         """Record a new run; False if the run already exists (a redelivery or a re-sent request)."""
-        evidence = json.dumps(msgspec.to_builtins(started.evidence))
-        created = await self._pool.fetchval(
-            "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
-            "evidence, status, attended) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, 'running', "
-            "$8) ON CONFLICT DO NOTHING RETURNING true",
-            started.run_id, started.tenant, started.request_id, started.principal,
-            started.agent, started.input, evidence, started.attended)
+        evidence = msgspec.to_builtins(started.evidence)
+        async with self._pool.acquire() as conn, conn.transaction():
+            created = await conn.fetchval(
+                "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
+                "evidence, status, attended) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, "
+                "'running', $8) ON CONFLICT DO NOTHING RETURNING true",
+                started.run_id, started.tenant, started.request_id, started.principal,
+                started.agent, started.input, json.dumps(evidence), started.attended)
+            if created:  # the untrusted content the model will see, captured for replay
+                await self._capture(conn, tenant=started.tenant, kind=RUN_STARTED,
+                                    subject=started.run_id, run_id=started.run_id,
+                                    payload=RunStartedEntry(
+                                        request_id=started.request_id,
+                                        principal=started.principal, agent=started.agent,
+                                        input=started.input, evidence=evidence,
+                                        attended=started.attended))
         return bool(created)
 
     def acquire(self) -> Any:
@@ -89,20 +135,96 @@ class PlannerStore:
         return [Step(seq=r["seq"], kind=r["kind"], payload=json.loads(r["payload"]))
                 for r in rows]
 
-    async def add_step(self, conn: asyncpg.Connection, run_id: str, seq: int, kind: str,
-                       payload: dict[str, Any], input_digest: str | None = None) -> bool:
-        """Record a step once; False if that step was already recorded."""
+    async def _add_step(self, conn: asyncpg.Connection, run_id: str, seq: int, kind: str,
+                        payload: dict[str, Any], input_digest: str | None = None) -> bool:
         added = await conn.fetchval(
             "INSERT INTO planner.steps (run_id, seq, kind, payload, input_digest) "
             "VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT DO NOTHING RETURNING true",
             run_id, seq, kind, json.dumps(payload), input_digest)
         return bool(added)
 
-    async def set_status(self, conn: asyncpg.Connection, run_id: str, status: str, *,
-                         answer: str | None = None, error_code: str | None = None,
-                         error_message: str | None = None) -> None:
-        """Move the run to `status`."""
-        await conn.execute(
+    async def add_decision(self, conn: asyncpg.Connection, run: RunRow, seq: int,
+                           response: dict[str, Any], *, turn: int, input_digest: str,
+                           proposal: ProposalEntry | None) -> bool:
+        """Record a captured model response once, and the proposal the runtime made of it."""
+        if not await self._add_step(conn, run.run_id, seq, "decision", response, input_digest):
+            return False
+        subject = f"{run.run_id}/{seq}"
+        await self._capture(conn, tenant=run.tenant, kind=DECISION, subject=subject,
+                            run_id=run.run_id, payload=DecisionEntry(
+                                seq=seq, turn=turn, input_digest=input_digest,
+                                response=response))
+        if proposal is not None:
+            await self._capture(conn, tenant=run.tenant, kind=PROPOSAL, subject=subject,
+                                run_id=run.run_id, payload=proposal)
+        return True
+
+    async def add_observation(self, conn: asyncpg.Connection, run: RunRow, seq: int, *,
+                              step: int, output: dict[str, Any],
+                              observation: dict[str, Any]) -> bool:
+        """Record what the model observes of a captured tool output once."""
+        if not await self._add_step(conn, run.run_id, seq, "observation", observation):
+            return False
+        await self._capture(conn, tenant=run.tenant, kind=OBSERVATION,
+                            subject=f"{run.run_id}/{seq}", run_id=run.run_id,
+                            payload=ObservationEntry(seq=seq, step=step, output=output,
+                                                     observation=observation))
+        return True
+
+    async def set_status(self, conn: asyncpg.Connection, run: RunRow, status: str, *,
+                         step: int | None = None, answer: str | None = None,
+                         error_code: str | None = None, error_message: str | None = None
+                         ) -> bool:
+        """Move the run to `status`; False (and nothing journaled) if it was there already."""
+        changed = await conn.fetchval(
             "UPDATE planner.runs SET status = $2, answer = $3, error_code = $4, "
-            "error_message = $5, updated_at = now() WHERE run_id = $1",
-            run_id, status, answer, error_code, error_message)
+            "error_message = $5, updated_at = now() WHERE run_id = $1 "
+            "AND (status, answer, error_code, error_message) IS DISTINCT FROM ($2, $3, $4, $5) "
+            "RETURNING true", run.run_id, status, answer, error_code, error_message)
+        if changed:
+            await self._capture(conn, tenant=run.tenant, kind=RUN_STATUS, subject=run.run_id,
+                                run_id=run.run_id, payload=StatusEntry(
+                                    status=status, step=step, answer=answer,
+                                    error_code=error_code, error_message=error_message))
+        return bool(changed)
+
+    async def read_replay(self, tenant: str, run_id: str
+                          ) -> tuple[list[Captured], RunRecord | None, int]:
+        """What `replay_run` needs of one run of `tenant`."""
+        if self._journal is None:
+            raise RuntimeError("the planner has no journal to replay from")
+        async with self._pool.acquire() as conn:
+            return await read_replay(conn, self._journal, tenant=tenant, run_id=run_id)
+
+
+async def read_replay(conn: asyncpg.Connection, journal: Journal, *, tenant: str, run_id: str
+                      ) -> tuple[list[Captured], RunRecord | None, int]:
+    """A run's sealed journal entries (decrypted, in chain order), the runtime's record of it
+    (None if the run is not the tenant's) and how many of its journal rows are not sealed yet.
+
+    One repeatable-read snapshot: the record and the journal are read at the same instant.
+    """
+    s = journal.schema
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        entries = [Captured(seq=seq, kind=row["kind"], payload=msgspec.json.decode(plaintext))
+                   for seq, row, plaintext in await read_entries(conn, journal, tenant=tenant,
+                                                                 run_id=run_id)]
+        unsealed = await conn.fetchval(
+            f"SELECT count(*) FROM {s}.journal j WHERE j.tenant = $1 AND j.run_id = $2 "
+            f"AND NOT EXISTS (SELECT 1 FROM {s}.journal_seals s WHERE s.entry_id = j.id)",
+            tenant, run_id)
+        run = await conn.fetchrow(
+            "SELECT status, answer, error_code, error_message, evidence FROM planner.runs "
+            "WHERE run_id = $1 AND tenant = $2", run_id, tenant)
+        if run is None:
+            return entries, None, unsealed
+        steps = await conn.fetch(
+            "SELECT seq, kind, payload, input_digest FROM planner.steps WHERE run_id = $1 "
+            "ORDER BY seq", run_id)
+    record = RunRecord(status=run["status"], answer=run["answer"],
+                       error_code=run["error_code"], error_message=run["error_message"],
+                       evidence=json.loads(run["evidence"]),
+                       steps=[StepRecord(seq=r["seq"], kind=r["kind"],
+                                         payload=json.loads(r["payload"]),
+                                         input_digest=r["input_digest"]) for r in steps])
+    return entries, record, unsealed

@@ -44,7 +44,7 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import ProposeCommand
+from schemas.planner import Divergence, ProposeCommand, ReplayReport, ReplayRun
 from schemas.retrieval import Evidence, EvidenceGathered
 from writ.schemas_io import FOLDER, MESSAGES, check_schemas, render, write_schemas
 
@@ -130,6 +130,11 @@ SAMPLES: dict[type, Any] = {
                                    reason="wrong line"),
     ReadFacts: ReadFacts(tenant="acme", kind="payment", id="pay_7781"),
     FactsRead: FactsRead(found=True, facts={"payment_id": "pay_7781", "status": "captured"}),
+    ReplayRun: ReplayRun(tenant="acme", run_id="run-1"),
+    ReplayReport: ReplayReport(run_id="run-1", verdict="divergent", entries=6, divergences=[
+        Divergence(step=2, expected="the run to succeed with answer \"Done.\"",
+                   found="the run succeeded with answer \"Refunded.\"")],
+        missing=["step 1 (the tool output of step 0) was never captured"]),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(
