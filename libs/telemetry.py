@@ -2,21 +2,34 @@
 
 One `TracerProvider` and one `CollectorRegistry` per process, created by its `__main__` and
 passed down; nothing here is global.
+
+Spans go to an OTLP/HTTP collector when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` variable is set. This is the one place below `__main__` that
+reads the environment: the OpenTelemetry exporter reads its endpoint, headers, TLS files, timeout
+and compression (and the batch processor its `OTEL_BSP_*` tuning) from `OTEL_*` variables
+itself, so the switch reads the same variables rather than a `WRIT_*` copy that could disagree.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import anyio
 from opentelemetry import context as otel_context
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -24,21 +37,40 @@ __all__ = [
     "ActorMetrics",
     "JsonLinesSpanExporter",
     "MetricsServer",
+    "OTLP_ENDPOINT_VARIABLES",
     "extract_context",
     "inject_context",
     "make_tracer_provider",
+    "otlp_configured",
     "refresh_every",
 ]
 
+# The standard variables that turn OTLP export on; the traces one wins when both are set.
+OTLP_ENDPOINT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                                  "OTEL_EXPORTER_OTLP_ENDPOINT")
 _PROPAGATOR = TraceContextTextMapPropagator()
 log = logging.getLogger("writ.telemetry")
 
 
-def make_tracer_provider(service: str, *, exporter: SpanExporter | None = None) -> TracerProvider:
-    """A tracer provider for one process; spans are exported only if an exporter is given."""
+def otlp_configured(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` names an OTLP endpoint for traces."""
+    return any(environ.get(name, "").strip() for name in OTLP_ENDPOINT_VARIABLES)
+
+
+def make_tracer_provider(service: str, *, exporter: SpanExporter | None = None,
+                         environ: Mapping[str, str] | None = None) -> TracerProvider:
+    """A tracer provider for one process, exporting to `exporter` as each span ends and, when
+    `environ` (the process's environment by default) names an OTLP endpoint, to that collector
+    in batches over HTTP/protobuf.
+
+    Batched spans leave only on the processor's schedule (`OTEL_BSP_SCHEDULE_DELAY`, 5 s by
+    default): call `shutdown()` on the provider before the process exits, or they are lost.
+    """
     provider = TracerProvider(resource=Resource.create({"service.name": f"writ-{service}"}))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if otlp_configured(os.environ if environ is None else environ):
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import msgspec
 import pytest
 
 from schemas import subjects
+from schemas.host import RunRequest
 from tests.e2e.conftest import Host
 from writ.stack import Stack
 
@@ -33,48 +34,64 @@ def stack() -> Iterator[Stack]:
             deployment.stop()
 
 
-def _spans(stack: Stack, trace_id: str) -> list[dict[str, Any]]:
-    found = []
-    for path in stack.home.glob("spans.*"):
-        for line in path.read_text().splitlines():
-            span = json.loads(line)
-            if span["trace_id"] == trace_id:
-                found.append(span)
-    return found
+SERVICES = frozenset(f"writ-{name}" for name in ("ingress", "retrieval", "planner",
+                                                  "governance", "admission", "dispatcher"))
+# The spans one successful run produces, whichever exporter carries them.
+RUN_SPANS = frozenset({"ingress handle", "ingress verify", "governance register_run",
+                       "retrieval handle", "retrieval search", "planner handle", "planner step",
+                       "planner model", "admission handle", "admission admit",
+                       "governance decide", "dispatcher handle", "dispatch"})
 
 
-async def test_a_run_is_one_trace_through_every_service(stack: Stack, host: Host) -> None:
-    trace_id, host_span = secrets.token_hex(16), secrets.token_hex(8)
-    request = host.request()
+class TracedRun(msgspec.Struct, frozen=True, kw_only=True):
+    """A run the host started inside its own span: its request, and the trace it should be."""
+
+    request: RunRequest
+    trace_id: str
+    host_span: str
+
+
+async def start_traced_run(host: Host) -> TracedRun:
+    """Publish a run request with a `traceparent` and wait until the run succeeds."""
+    run = TracedRun(request=host.request(), trace_id=secrets.token_hex(16),
+                    host_span=secrets.token_hex(8))
     # The host starts the trace; every hop after it must continue it.
-    await host.js.publish(subjects.request("acme"), msgspec.json.encode(request),
-                          headers={"Nats-Msg-Id": request.request_id,
-                                   "traceparent": f"00-{trace_id}-{host_span}-01"})
-    result = await host.wait_result(request.request_id)
+    await host.js.publish(subjects.request("acme"), msgspec.json.encode(run.request),
+                          headers={"Nats-Msg-Id": run.request.request_id,
+                                   "traceparent": f"00-{run.trace_id}-{run.host_span}-01"})
+    result = await host.wait_result(run.request.request_id)
     assert result.status == "succeeded"
+    return run
 
-    expected = {"ingress handle", "ingress verify", "governance register_run",
-                "retrieval handle", "retrieval search", "planner handle", "planner step",
-                "planner model", "admission handle", "admission admit", "governance decide",
-                "dispatcher handle", "dispatch"}
+
+def tree_complete(spans: list[dict[str, Any]], run: TracedRun) -> bool:
+    """Whether every span of the run has arrived, each with its parent."""
+    ids = {s["span_id"] for s in spans} | {run.host_span}
+    return RUN_SPANS <= {s["name"] for s in spans} and all(
+        s["parent_span_id"] in ids for s in spans)
+
+
+async def wait_for_tree(read: Callable[[], list[dict[str, Any]]], run: TracedRun, *,
+                        timeout: float = 15) -> list[dict[str, Any]]:
+    """`read()`'s spans of the run, once the whole tree is there."""
     # A parent span ends (and is exported) after its children: wait for the whole tree.
-    with anyio.fail_after(15):
-        while True:
-            spans = _spans(stack, trace_id)
-            ids = {s["span_id"] for s in spans} | {host_span}
-            if expected <= {s["name"] for s in spans} and all(
-                    s["parent_span_id"] in ids for s in spans):
-                break
+    with anyio.fail_after(timeout):
+        while not tree_complete(spans := [s for s in read() if s["trace_id"] == run.trace_id],
+                                run):
             await anyio.sleep(0.1)
+    return spans
 
+
+def assert_run_tree(spans: list[dict[str, Any]], run: TracedRun) -> None:
+    """One trace through the six services, shaped as a run is: a tree under the host's span."""
+    assert {s["trace_id"] for s in spans} == {run.trace_id}
     by_id = {s["span_id"]: s for s in spans}
-    services = {s["service"] for s in spans}
-    assert services == {f"writ-{name}" for name in ("ingress", "retrieval", "planner",
-                                                    "governance", "admission", "dispatcher")}
+    assert len(by_id) == len(spans), "a span was exported twice"
+    assert {s["service"] for s in spans} == SERVICES
     # A tree: every span's parent is in the trace, up to the host's span.
     for span in spans:
-        assert span["parent_span_id"] in by_id or span["parent_span_id"] == host_span, span
-    roots = [s for s in spans if s["parent_span_id"] == host_span]
+        assert span["parent_span_id"] in by_id or span["parent_span_id"] == run.host_span, span
+    roots = [s for s in spans if s["parent_span_id"] == run.host_span]
     assert [r["name"] for r in roots] == ["ingress handle"]
     # The dispatch hangs off the admission that created the command (through the outbox),
     # and the governance decisions off their callers.
@@ -90,4 +107,14 @@ async def test_a_run_is_one_trace_through_every_service(stack: Stack, host: Host
     assert len(decides) == 2  # admission's decision and the dispatcher's re-check
     # Spans carry ids and digests, never payloads.
     text = json.dumps(spans)
-    assert request.input not in text and request.token not in text
+    assert run.request.input not in text and run.request.token not in text
+
+
+def _spans(stack: Stack) -> list[dict[str, Any]]:
+    return [json.loads(line) for path in stack.home.glob("spans.*")
+            for line in path.read_text().splitlines()]
+
+
+async def test_a_run_is_one_trace_through_every_service(stack: Stack, host: Host) -> None:
+    run = await start_traced_run(host)
+    assert_run_tree(await wait_for_tree(lambda: _spans(stack), run), run)
