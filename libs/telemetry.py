@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import anyio
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -30,6 +31,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -40,6 +42,7 @@ __all__ = [
     "OTLP_ENDPOINT_VARIABLES",
     "extract_context",
     "inject_context",
+    "links_to",
     "make_tracer_provider",
     "otlp_configured",
     "refresh_every",
@@ -99,6 +102,10 @@ class JsonLinesSpanExporter(SpanExporter):
                 "start": span.start_time, "end": span.end_time,
                 "attributes": {k: v for k, v in (span.attributes or {}).items()
                                if isinstance(v, str | int | float | bool)},
+                "links": [{"trace_id": f"{link.context.trace_id:032x}",
+                           "span_id": f"{link.context.span_id:016x}",
+                           "attributes": dict(link.attributes or {})}
+                          for link in span.links],
             }))
         with self._lock, open(self._path, "a") as out:
             out.write("".join(f"{line}\n" for line in lines))
@@ -196,3 +203,15 @@ async def refresh_every(every: float, refresh: Callable[[], Awaitable[None]], *,
             failing = False
         with anyio.move_on_after(every):
             await stopping.wait()
+
+
+def links_to(traceparent: str | None, reason: str) -> list[Link]:
+    """A span link to the trace a piece of work began in, when it resumes in another one (a
+    person's approval, a redelivery, the sweeper re-driving a command); none without one."""
+    if not traceparent:
+        return []
+    context = trace.get_current_span(
+        _PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+    if not context.is_valid:
+        return []
+    return [Link(context, attributes={"writ.link": reason})]

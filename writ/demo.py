@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import asyncpg
 import msgspec
 import nats
 
+from libs.journal import load_verify_keys, verify
 from schemas import subjects
 from schemas.host import RunRequest, RunResult
 from writ.stack import SERVICES, Stack
@@ -97,7 +99,37 @@ async def _demo(stack: Stack) -> int:
     finally:
         await sub.unsubscribe()
         await nc.close()
-    return 0 if status == ["succeeded"] else 1
+    journals_ok = await _verify_journals(stack)
+    return 0 if status == ["succeeded"] and journals_ok else 1
+
+
+async def _verify_journals(stack: Stack) -> bool:
+    """What `writ audit verify` says once the run's entries are sealed: every service's chain,
+    checkpoint and signature, with the public keys only."""
+    keys = load_verify_keys((stack.config / "journal-keys.json").read_text())
+    conn = await asyncpg.connect(stack.database_dsn)
+    try:
+        services = [r["table_schema"] for r in await conn.fetch(
+            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'journal' "
+            "ORDER BY table_schema")]
+        unsealed = " + ".join(
+            f"(SELECT count(*) FROM {s}.journal j WHERE NOT EXISTS (SELECT 1 FROM "
+            f"{s}.journal_seals x WHERE x.entry_id = j.id))" for s in services)
+        for _ in range(50):  # each sealer seals within a poll or two
+            if not services or not await conn.fetchval(f"SELECT {unsealed}"):
+                break
+            await anyio.sleep(0.2)
+        print("\nAudit journal (what `writ audit verify` checks):")
+        ok = True
+        for service in services:
+            report = await verify(conn, service=service, keys=keys)
+            ok = ok and report.ok
+            verdict = "intact" if report.ok else f"FAILED at {report.problems[0]}"
+            print(f"  {service:<11} {verdict} ({report.entries} entries, "
+                  f"{report.checkpoints} signed checkpoints)")
+        return ok
+    finally:
+        await conn.close()
 
 
 def run_demo(home: Path, *, serve: bool) -> int:

@@ -28,7 +28,7 @@ from libs.bus import ConsumerSpec, publish, publish_now
 from libs.errors import RetryableError
 from libs.journal import Sealer
 from libs.runtime import Runtime
-from libs.telemetry import inject_context, refresh_every
+from libs.telemetry import inject_context, links_to, refresh_every
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome, FactsRead, ReadFacts
@@ -349,9 +349,14 @@ class AdmissionService:
                             policy_version=answered.policy_version)
         operation_id = operation_id_for(proposal.tenant, proposal.run_id, proposal.step,
                                         proposal.operation_key)
-        claimed = await self._store.approve_for_execution(
-            proposal, approver=approver, decision=decision, ttl=self._ttl,
-            operation_id=operation_id)
+        # The approval is its own trace (the approver's), linked to the run's: the command it
+        # admits carries the approval's context onwards.
+        with self._rt.tracer.start_as_current_span(
+                "admission approve", links=links_to(proposal.traceparent, "resumed")) as span:
+            span.set_attribute("writ.operation_id", operation_id)
+            claimed = await self._store.approve_for_execution(
+                proposal, approver=approver, decision=decision, ttl=self._ttl,
+                operation_id=operation_id)
         p = _proposal_message(proposal)
         if claimed:
             await self._known(p, operation_id, proposal.request_hash, StoredCommand(

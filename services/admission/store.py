@@ -69,6 +69,7 @@ class ProposalRow(msgspec.Struct, frozen=True, kw_only=True):
     expected_revision: str | None
     operation_key: str | None
     request_id: str | None
+    traceparent: str | None  # the trace the proposal was made in (approval links back to it)
     operation_id: str | None
     command_state: str | None
     receipt: str | None
@@ -101,9 +102,10 @@ _INSERT_PROPOSAL = """
 WITH recorded AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
         action, action_version, arguments, request_hash, state, decision_id, reason,
-        expected_revision, operation_key, request_id, public_id, preview, expires_at)
+        expected_revision, operation_key, request_id, public_id, preview, expires_at,
+        traceparent)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16, $17,
-            $18::jsonb, $19)
+            $18::jsonb, $19, $20)
     ON CONFLICT (tenant, proposal_id) DO NOTHING
     RETURNING public_id
 ){journal}
@@ -128,9 +130,9 @@ WITH proposal AS (
     INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, principal,
         agent, action, action_version, arguments, request_hash, decision_id, decision_line,
         policy_version, expires_at, expected_revision, origin, operation_key, request_id,
-        preview)
+        preview, traceparent)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17,
-            $18, $19, $23::jsonb)
+            $18, $19, $23::jsonb, $21)
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id
 ), queued AS (
@@ -149,7 +151,7 @@ SELECT p.tenant, p.proposal_id::text AS proposal_id, p.public_id, p.run_id, p.st
        p.principal, p.agent, p.action, p.action_version, p.arguments,
        coalesce(p.preview, '{}'::jsonb) AS preview, p.request_hash, p.state,
        p.decision_id::text AS decision_id, p.reason, p.expires_at, p.approved_by,
-       p.expected_revision, p.operation_key, p.request_id,
+       p.expected_revision, p.operation_key, p.request_id, p.traceparent,
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
        c.reason AS command_reason
 FROM admission.proposals p
@@ -170,11 +172,11 @@ WITH claimed AS (
     INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, principal,
         agent, action, action_version, arguments, request_hash, decision_id, decision_line,
         policy_version, expires_at, expected_revision, origin, operation_key, request_id,
-        preview)
+        preview, traceparent)
     SELECT tenant, $8, proposal_id, run_id, step, principal, agent, action, action_version,
            arguments, request_hash, $4, $5, $6, $7, expected_revision,
            CASE WHEN operation_key IS NULL THEN 'run' ELSE 'host' END, operation_key,
-           request_id, preview
+           request_id, preview, $10
     FROM claimed
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id
@@ -226,7 +228,7 @@ class AdmissionStore:
 
     def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
         self._pool, self._journal = pool, journal
-        self._insert_proposal = self._journaled(_INSERT_PROPOSAL, 20, "recorded")
+        self._insert_proposal = self._journaled(_INSERT_PROPOSAL, 21, "recorded")
         self._admit = self._journaled(_ADMIT, 24, "admitted")
         self._approve = self._journaled(_APPROVE, 11, "admitted")
         self._reject = self._journaled(_MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
@@ -268,7 +270,7 @@ class AdmissionStore:
             self._insert_proposal, tenant, proposal_id, run_id, step, principal, agent, action,
             version, json.dumps(arguments), request_hash, state, decision_id, reason,
             expected_revision, operation_key, request_id, public_id, json.dumps(preview),
-            expires_at,
+            expires_at, inject_context({}).get("traceparent"),
             *self._entry(tenant, f"proposal.{state}", public_id, run_id, {
                 "proposal_id": proposal_id, "public_id": public_id, "step": step,
                 "principal": principal, "agent": agent, "action": action, "version": version,

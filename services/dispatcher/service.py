@@ -24,6 +24,8 @@ import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.micro.request import Request
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 from prometheus_client import Counter, Gauge
 
 from actions import ACTIONS, ActionContract
@@ -34,7 +36,7 @@ from libs.bus import ConsumerSpec, publish
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
-from libs.telemetry import inject_context, refresh_every
+from libs.telemetry import inject_context, links_to, refresh_every
 from schemas import subjects
 from schemas.admission import DispatchCommand
 from schemas.dispatcher import (
@@ -200,7 +202,12 @@ class DispatcherService:
         connector = self._connectors[contract.connector]
         key = f"{claim.tenant}:{claim.operation_id}"
         # The first holder (epoch 1) cannot have predecessors: skip the lookup on the hot path.
-        if claim.lease_epoch > 1 and await self._store.prior_attempts(claim):
+        prior = await self._store.prior_attempts(claim) if claim.lease_epoch > 1 else []
+        span = trace.get_current_span()
+        for earlier in prior:  # each earlier holder's attempt, in whatever trace it ran
+            for link in links_to(earlier.traceparent, "earlier attempt"):
+                span.add_link(link.context, link.attributes)
+        if prior:
             # An earlier holder may have reached the provider: its contract says what is safe.
             if connector.contract == "none":
                 await self._finish(claim, None, state="unknown", result="lost", receipt=None,
@@ -449,11 +456,16 @@ class DispatcherService:
                 continue  # someone else got there first
             log.info("sweeper re-drives %s:%s (was %s)", stale.tenant, stale.operation_id,
                      stale.state)
-            try:
-                await self._execute(claim, None)
-                done += 1
-            except (RetryableError, Fenced) as exc:
-                log.info("sweeper left %s for later: %s", stale.operation_id, exc)
+            # No message carries a context here: a new trace, linked to the admission's.
+            with self._rt.tracer.start_as_current_span(
+                    "dispatch (re-driven)", context=otel_context.Context(),
+                    links=links_to(claim.traceparent, "re-driven")) as span:
+                span.set_attribute("writ.operation_id", stale.operation_id)
+                try:
+                    await self._execute(claim, None)
+                    done += 1
+                except (RetryableError, Fenced) as exc:
+                    log.info("sweeper left %s for later: %s", stale.operation_id, exc)
         return done
 
     # -- reconciliation of `unknown` commands ------------------------------------------------

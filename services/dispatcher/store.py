@@ -17,6 +17,7 @@ import msgspec
 
 from libs.errors import Fenced
 from libs.journal import Journal
+from libs.telemetry import inject_context
 
 __all__ = ["Claim", "DispatcherStore", "PriorAttempt", "Stale", "TERMINAL", "Unknown"]
 
@@ -41,6 +42,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     decision_id: str
     origin: str
     preview: dict[str, Any]
+    traceparent: str | None = None  # the trace the command was admitted in
 
 
 class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +51,7 @@ class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
     lease_epoch: int
     worker: str
     result: str | None
+    traceparent: str | None = None  # the trace the attempt ran in
 
 
 class Stale(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,14 +95,16 @@ WHERE tenant = $1 AND operation_id = $2
   AND (state = 'pending' OR (state = 'dispatching' AND lease_until < now()))
 RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, run_id, step,
           principal, agent, action, arguments, expires_at, expected_revision,
-          decision_id::text AS decision_id, origin, coalesce(preview, '{}'::jsonb) AS preview
+          decision_id::text AS decision_id, origin, coalesce(preview, '{}'::jsonb) AS preview,
+          traceparent
 """
 
 
 _START_ATTEMPT = """
 WITH started AS (
-    INSERT INTO dispatcher.attempts (tenant, operation_id, lease_epoch, worker, connector)
-    SELECT $1, $2, $3, $4, $5 WHERE EXISTS (
+    INSERT INTO dispatcher.attempts (tenant, operation_id, lease_epoch, worker, connector,
+        traceparent)
+    SELECT $1, $2, $3, $4, $5, $6 WHERE EXISTS (
         SELECT 1 FROM admission.commands
         WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3)
     RETURNING attempt_id
@@ -127,7 +132,7 @@ class DispatcherStore:
 
     def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
         self._pool, self._journal = pool, journal
-        self._start_attempt = self._journaled(_START_ATTEMPT, 6, "started")
+        self._start_attempt = self._journaled(_START_ATTEMPT, 7, "started")
         self._finish = self._journaled(_FINISH, 10, "moved")
 
     def _journaled(self, statement: str, first: int, changed: str) -> str:
@@ -173,7 +178,7 @@ class DispatcherStore:
         """Record that this worker is about to call the connector under this epoch."""
         attempt = await self._pool.fetchval(
             self._start_attempt, claim.tenant, claim.operation_id, claim.lease_epoch, worker,
-            connector, *self._entry(claim, "attempt.started",
+            connector, inject_context({}).get("traceparent"), *self._entry(claim, "attempt.started",
                                     {"worker": worker, "connector": connector}))
         if attempt is None:
             raise Fenced("lease taken over", operation_id=claim.operation_id)
@@ -241,7 +246,7 @@ class DispatcherStore:
     async def prior_attempts(self, claim: Claim) -> list[PriorAttempt]:
         """Earlier holders' attempts that may have acted: unfinished, or finished `lost`."""
         rows = await self._pool.fetch(
-            "SELECT lease_epoch, worker, result FROM dispatcher.attempts "
+            "SELECT lease_epoch, worker, result, traceparent FROM dispatcher.attempts "
             "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch < $3 "
             "AND (result IS NULL OR result = 'lost') ORDER BY lease_epoch",
             claim.tenant, claim.operation_id, claim.lease_epoch)
