@@ -1,9 +1,9 @@
-"""Governance's messages: `decide` for every capability call, runs it must know about, and the
-pending decisions people answer."""
+"""Governance's messages: `decide` for every capability call, runs it must know about, the
+pending decisions people answer, and the budgets a run's steps reserve and settle."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
@@ -12,6 +12,10 @@ from schemas.base import AgentName, Command, Event, Family, Id, Principal, Short
 __all__ = [
     "Answer",
     "AnswerDecision",
+    "BudgetKind",
+    "BudgetRefused",
+    "BudgetReserved",
+    "BudgetSettled",
     "DecideRequest",
     "Decision",
     "DecisionAnswered",
@@ -19,12 +23,21 @@ __all__ = [
     "PendingDecision",
     "PendingDecisions",
     "RegisterRun",
+    "ReserveBudget",
+    "RunBudget",
     "RunRegistered",
+    "SettleBudget",
     "Verdict",
 ]
 
 Verdict = Literal["allow", "deny", "ask"]
 Answer = Literal["once", "always", "deny"]
+# The budgets a reservation can run out of (a bounded metric label). `wall_time` counts the
+# run's seconds since it was registered, less the time it waited for a person.
+BudgetKind = Literal["provider_calls", "tokens", "capability_calls", "wall_time",
+                     "concurrent_steps"]
+MAX_AMOUNT: Final = 1_000_000_000
+Amount = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
 
 
 class DecideRequest(Command):
@@ -59,6 +72,17 @@ class Decision(Event):
     pending_id: Id | None = None
 
 
+class RunBudget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A run's limits; a field left out takes governance's default for the agent."""
+
+    provider_calls: Amount | None = None
+    tokens: Amount | None = None
+    capability_calls: Amount | None = None
+    # Seconds of the run's clock, which stops while the run waits for a person.
+    wall_time_s: Annotated[int, msgspec.Meta(ge=1, le=7 * 86400)] | None = None
+    max_concurrent_steps: Annotated[int, msgspec.Meta(ge=1, le=256)] | None = None
+
+
 class RegisterRun(Command):
     """Ingress tells governance, before the run starts, what only a verified host may say."""
 
@@ -68,6 +92,7 @@ class RegisterRun(Command):
     agent: AgentName
     attended: bool = False
     grants: Annotated[list[Family], msgspec.Meta(max_length=5)] = []
+    budget: RunBudget | None = None  # None: governance's defaults for the agent
 
 
 class RunRegistered(Event):
@@ -129,3 +154,72 @@ class PendingDecisions(Event):
     """The answer to `ListPending`."""
 
     decisions: Annotated[list[PendingDecision], msgspec.Meta(max_length=500)]
+
+
+class ReserveBudget(Command):
+    """Reserve, before a step starts, what it may spend of its run's budgets.
+
+    One reservation per (run, step key): a step that calls a model reserves its provider call
+    and its tokens together, so it gets both or neither. Asking again with the same step key
+    returns the same reservation (whatever the amounts asked the second time). Each open
+    reservation is one of the run's concurrent steps.
+    """
+
+    tenant: Tenant
+    run_id: Id
+    step_key: Id
+    provider_calls: Amount = 0
+    tokens: Amount = 0
+    capability_calls: Amount = 0
+
+
+class BudgetReserved(Event):
+    """The reservation (new, or the one this step key already had: `status` says which state
+    it is in, so a redelivered step can see it was already settled)."""
+
+    reservation_id: Id
+    run_id: Id
+    step_key: Id
+    status: Literal["open", "settled", "released"]
+    provider_calls: int
+    tokens: int
+    capability_calls: int
+    # Seconds left on the run's clock when this answer was given (it stops while waiting).
+    wall_time_left_s: float = 0.0
+
+
+class BudgetRefused(Event):
+    """No reservation: `budget` names what ran out, or why governance cannot tell.
+
+    `unavailable`: governance cannot read its store (fail closed: nothing is reserved);
+    `unknown_run`: no budget was recorded for this run.
+    """
+
+    run_id: Id
+    step_key: Id
+    budget: BudgetKind | Literal["unavailable", "unknown_run"]
+    reason: ShortText
+
+
+class SettleBudget(Command):
+    """Close a reservation with what the step really used (more than reserved is recorded as
+    it is). `release`: the step was abandoned; what it used (usually nothing) is recorded."""
+
+    tenant: Tenant
+    run_id: Id
+    reservation_id: Id
+    provider_calls: Amount = 0
+    tokens: Amount = 0
+    capability_calls: Amount = 0
+    release: bool = False
+
+
+class BudgetSettled(Event):
+    """The closed reservation. Settling it again returns what was recorded the first time."""
+
+    reservation_id: Id
+    run_id: Id
+    status: Literal["settled", "released"]
+    provider_calls: int
+    tokens: int
+    capability_calls: int

@@ -25,6 +25,8 @@ __all__ = [
     "PLANNER_IN",
     "RECONCILE",
     "REPLAY",
+    "RESERVE",
+    "SETTLE",
     "RETRIEVAL_IN",
     "STREAMS",
     "UNKNOWN_LIST",
@@ -136,6 +138,10 @@ FACTS: Final = "writ.int.dispatcher.facts"
 # Record a person's answer to a pending decision and say what it became (admission asks it when
 # a proposal is approved by its id).
 ANSWER: Final = "writ.int.governance.answer"
+# Run budgets: reserve before a step starts (`ReserveBudget` -> `BudgetReserved` |
+# `BudgetRefused`), settle when it ends (`SettleBudget` -> `BudgetSettled`). libs/budget.py.
+RESERVE: Final = "writ.int.governance.reserve"
+SETTLE: Final = "writ.int.governance.settle"
 # Replay a run offline from the planner's audit journal (`ReplayRun` -> `ReplayReport`).
 REPLAY: Final = "writ.int.planner.replay"
 

@@ -20,13 +20,18 @@ from schemas.dispatcher import (
 )
 from schemas.governance import (
     AnswerDecision,
+    BudgetRefused,
+    BudgetReserved,
+    BudgetSettled,
     DecideRequest,
     Decision,
     DecisionAnswered,
     ListPending,
     PendingDecisions,
     RegisterRun,
+    ReserveBudget,
     RunRegistered,
+    SettleBudget,
 )
 from schemas.host import (
     ApprovalResult,
@@ -50,7 +55,8 @@ MESSAGES: Final = (
     CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled, HumanDecision,
     DecisionResult, RegisterRun, RunRegistered, AnswerDecision, DecisionAnswered, ListPending,
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
-    ReplayRun, ReplayReport,
+    ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
+    BudgetSettled,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

@@ -12,6 +12,7 @@ from libs.errors import ConfigError
 from libs.journal import DataKeys, Journal, Sealer, SigningKey
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.governance.budgets import BudgetDefaults
 from services.governance.policy import load_keys
 from services.governance.service import GovernanceService
 from services.governance.store import GovernanceStore
@@ -28,6 +29,20 @@ class GovernanceSettings(BaseSettings, frozen=True, kw_only=True):
     journal_signing_key_file: str = ""
     journal_data_keys_file: str = ""
     journal_seal_interval_s: float = 0.5
+    # Run budgets when the run's registration sets none: {"default": {"provider_calls": 50,
+    # "tokens": 200000, "capability_calls": 50, "wall_time_s": 900, "max_concurrent_steps": 4},
+    # "agents": {"<agent>": {<any of those>}}}; unset: those built-in defaults.
+    budgets_file: str = ""
+
+
+def load_budget_defaults(path: str) -> BudgetDefaults:
+    """The budget defaults file, checked (ConfigError if it does not decode)."""
+    if not path:
+        return BudgetDefaults()
+    try:
+        return msgspec.json.decode(read_secret(path), type=BudgetDefaults)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"invalid WRIT_BUDGETS_FILE {path}: {exc}") from exc
 
 
 def main() -> None:
@@ -43,6 +58,7 @@ def main() -> None:
     journal = Journal(service="governance",
                       keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file)))
     signing = SigningKey.from_json(read_secret(settings.journal_signing_key_file))
+    budget_defaults = load_budget_defaults(settings.budgets_file)
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         # A short statement timeout: a slow store must turn into a denial, not a stuck caller.
@@ -54,7 +70,8 @@ def main() -> None:
                 policy_dir=Path(settings.policy_dir) if settings.policy_dir else None,
                 policy_keys=keys,
                 sealer=Sealer(pool=pool, journal=journal, signing=signing,
-                              interval=settings.journal_seal_interval_s))
+                              interval=settings.journal_seal_interval_s),
+                budget_defaults=budget_defaults)
             await svc.run(task_status=task_status)
 
     run_service("governance", settings, start, description="Decides every capability call")

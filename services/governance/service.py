@@ -1,5 +1,6 @@
-"""Governance: decides every capability call, keeps the pending decisions people answer, and
-loads the organisation's signed policy. It holds the rule store, nothing that acts."""
+"""Governance: decides every capability call, keeps the pending decisions people answer, loads
+the organisation's signed policy, and keeps run budgets. It holds the rule store, nothing that
+acts."""
 
 from __future__ import annotations
 
@@ -26,15 +27,21 @@ from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.governance import (
     AnswerDecision,
+    BudgetRefused,
+    BudgetReserved,
+    BudgetSettled,
     DecideRequest,
     Decision,
     DecisionAnswered,
     ListPending,
     PendingDecisions,
     RegisterRun,
+    ReserveBudget,
     RunRegistered,
+    SettleBudget,
 )
 from schemas.host import DecisionResult
+from services.governance.budgets import BudgetDefaults
 from services.governance.logic import SENSITIVE_UNREADABLE, Call, decide
 from services.governance.policy import load_policy
 from services.governance.store import Answered, GovernanceStore, NotAnswerable
@@ -46,6 +53,10 @@ INBOX = ConsumerSpec(stream="WRIT_INT", durable="governance",
 log = logging.getLogger("writ.governance")
 
 
+class NotFound(LookupError):
+    """An endpoint's subject does not exist: answered 404 (a KeyError stays a 500)."""
+
+
 class GovernanceService:
     """Decides capability calls; an unreadable store or a refused policy denies what is
     sensitive, and an unanswered ask is a deny."""
@@ -54,8 +65,10 @@ class GovernanceService:
                  policy_dir: Path | None = None,
                  policy_keys: dict[str, Ed25519PublicKey] | None = None,
                  policy_poll_s: float = 2.0, overdue_poll_s: float = 1.0,
-                 sealer: Sealer | None = None) -> None:
+                 sealer: Sealer | None = None,
+                 budget_defaults: BudgetDefaults | None = None) -> None:
         self._rt, self._store, self._sealer = rt, store, sealer
+        self._budget_defaults = budget_defaults or BudgetDefaults()
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
@@ -63,20 +76,18 @@ class GovernanceService:
         # `line` is one of decide's six lines and `verdict` one of three: 18 series at most.
         self._decisions = Counter("writ_governance_decisions", "Decisions returned by decide",
                                   ["line", "verdict"], registry=rt.registry)
+        # `budget` is one of the five BudgetKind values. (The planner's own
+        # writ_planner_budget_* counter counts what it stopped; this counts what governance
+        # refused.)
+        self._exhausted = Counter("writ_governance_budget_exhausted",
+                                  "Budget reservations refused, by the budget that ran out",
+                                  ["budget"], registry=rt.registry)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Serve `decide`, run registration and pending decisions; take answers; until stopped."""
         await self.load_policies()  # before the first decision, not after
-        self._rt.endpoints += [
-            Endpoint("decide", subjects.DECIDE,
-                     self._endpoint("decide", DecideRequest, self.decide)),
-            Endpoint("register_run", subjects.REGISTER_RUN,
-                     self._endpoint("register_run", RegisterRun, self.register_run)),
-            Endpoint("pending", subjects.PENDING_LIST,
-                     self._endpoint("pending", ListPending, self.list_pending)),
-            Endpoint("answer", subjects.ANSWER, self._answer_endpoint),
-        ]
+        self._rt.endpoints += self.endpoints()
         async with anyio.create_task_group() as tg:
             if self._sealer is not None:
                 await tg.start(self._sealer.run)  # chains and signs the audit journal
@@ -90,6 +101,22 @@ class GovernanceService:
             tg.cancel_scope.cancel()
 
     # -- request/reply ----------------------------------------------------------------------
+
+    def endpoints(self) -> list[Endpoint]:
+        """The request/reply endpoints `run` serves (tests may serve them alone)."""
+        return [
+            Endpoint("decide", subjects.DECIDE,
+                     self._endpoint("decide", DecideRequest, self.decide)),
+            Endpoint("register_run", subjects.REGISTER_RUN,
+                     self._endpoint("register_run", RegisterRun, self.register_run)),
+            Endpoint("pending", subjects.PENDING_LIST,
+                     self._endpoint("pending", ListPending, self.list_pending)),
+            Endpoint("answer", subjects.ANSWER, self._answer_endpoint),
+            Endpoint("reserve", subjects.RESERVE,
+                     self._endpoint("reserve", ReserveBudget, self.reserve)),
+            Endpoint("settle", subjects.SETTLE,
+                     self._endpoint("settle", SettleBudget, self.settle)),
+        ]
 
     def _endpoint(self, name: str, kind: type, handle: Callable[..., Awaitable[msgspec.Struct]]
                   ) -> Callable[[Request], Awaitable[None]]:
@@ -110,6 +137,10 @@ class GovernanceService:
                         f"governance {name}", context=extract_context(request.headers),
                         kind=SpanKind.SERVER):
                     answer = await handle(message)
+            except NotFound as exc:
+                metrics.failed.labels(name, "not_found").inc()
+                await request.respond_error("404", str(exc)[:500])
+                return
             except Exception as exc:
                 metrics.failed.labels(name, "error").inc()
                 log.warning("%s failed: %r", name, exc)
@@ -162,9 +193,37 @@ class GovernanceService:
                         pending_id=decision_id if ruling.verdict == "ask" else None)
 
     async def register_run(self, run: RegisterRun) -> RunRegistered:
-        """Record what ingress verified about a run before it starts."""
-        await self._store.register_run(run)
+        """Record what ingress verified about a run before it starts, and its budget."""
+        await self._store.register_run(
+            run, self._budget_defaults.limits_for(run.agent, run.budget))
         return RunRegistered(run_id=run.run_id)
+
+    async def reserve(self, ask: ReserveBudget) -> BudgetReserved | BudgetRefused:
+        """Reserve a step's budget, or refuse naming what ran out; a store that cannot be read
+        reserves nothing (fail closed)."""
+        try:
+            answer = await self._store.reserve(
+                tenant=ask.tenant, run_id=ask.run_id, step_key=ask.step_key,
+                provider_calls=ask.provider_calls, tokens=ask.tokens,
+                capability_calls=ask.capability_calls)
+        except Exception as exc:  # cannot know what is left: nothing is left
+            log.warning("budget store unreadable: %r", exc)
+            return BudgetRefused(run_id=ask.run_id, step_key=ask.step_key, budget="unavailable",
+                                 reason="governance cannot read its budget store")
+        if isinstance(answer, BudgetRefused) and answer.budget not in ("unavailable",
+                                                                      "unknown_run"):
+            self._exhausted.labels(answer.budget).inc()
+        return answer
+
+    async def settle(self, ask: SettleBudget) -> BudgetSettled:
+        """Close a reservation with what the step used (404: no such reservation)."""
+        settled = await self._store.settle(
+            tenant=ask.tenant, run_id=ask.run_id, reservation_id=ask.reservation_id,
+            provider_calls=ask.provider_calls, tokens=ask.tokens,
+            capability_calls=ask.capability_calls, release=ask.release)
+        if settled is None:
+            raise NotFound("no such reservation for this run")
+        return settled
 
     async def list_pending(self, ask: ListPending) -> PendingDecisions:
         """The tenant's decisions waiting for a person."""

@@ -1,7 +1,9 @@
-"""Governance's SQL: the facts a decision needs, decisions, runs, pending decisions, policy.
+"""Governance's SQL: the facts a decision needs, decisions, runs, pending decisions, policy,
+and run budgets.
 
 Every change it records (a decision, an answer, a grant or rule it writes, a run registered, an
-org policy loaded or withdrawn) writes its audit journal row in the same transaction.
+org policy loaded or withdrawn, a budget set, reserved, refused, settled, paused or resumed)
+writes its audit journal row in the same transaction.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ import asyncpg
 import msgspec
 
 from libs.journal import Journal
-from schemas.governance import PendingDecision, RegisterRun
+from schemas.governance import (
+    BudgetRefused,
+    BudgetReserved,
+    BudgetSettled,
+    PendingDecision,
+    RegisterRun,
+)
+from services.governance.budgets import BudgetState, Limits, refusal
 from services.governance.logic import Call, Facts, Rule, Ruling
 
 __all__ = ["ATTENDED_ASK_TIMEOUT", "Answered", "GovernanceStore", "NotAnswerable", "Policy"]
@@ -83,6 +92,52 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                  AND a.answer IN ('once', 'always')) AS approved
 FROM (SELECT 1) AS one LEFT JOIN governance.policy p ON p.tenant = $1
 """
+
+
+# The run's clock: seconds since registration, less every wait for a person (closed waits in
+# paused_s, the open one since paused_since).
+_BUDGET = """
+SELECT b.*, (extract(epoch FROM now() - b.started_at) - b.paused_s
+             - CASE WHEN b.waiting > 0 THEN extract(epoch FROM now() - b.paused_since)
+                    ELSE 0 END)::float8 AS elapsed_s
+FROM governance.budgets b WHERE b.tenant = $1 AND b.run_id = $2
+"""
+
+# Overlapping waits (two asks at once) stop the clock once: it stops when the first opens and
+# runs again when the last closes. The wait row makes both statements idempotent.
+_PAUSE = """
+WITH wait AS (
+    INSERT INTO governance.budget_waits (tenant, run_id, wait_key)
+    SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM governance.budgets
+                                    WHERE tenant = $1 AND run_id = $2)
+    ON CONFLICT DO NOTHING RETURNING 1)
+UPDATE governance.budgets SET waiting = waiting + 1,
+    paused_since = CASE WHEN waiting = 0 THEN now() ELSE paused_since END
+WHERE tenant = $1 AND run_id = $2 AND EXISTS (SELECT 1 FROM wait) RETURNING true
+"""
+_RESUME = """
+WITH wait AS (
+    UPDATE governance.budget_waits SET ended_at = now()
+    WHERE tenant = $1 AND run_id = $2 AND wait_key = $3 AND ended_at IS NULL RETURNING 1)
+UPDATE governance.budgets SET waiting = waiting - 1,
+    paused_s = paused_s + CASE WHEN waiting = 1
+                               THEN extract(epoch FROM now() - paused_since)::float8 ELSE 0 END,
+    paused_since = CASE WHEN waiting = 1 THEN NULL ELSE paused_since END
+WHERE tenant = $1 AND run_id = $2 AND EXISTS (SELECT 1 FROM wait) RETURNING true
+"""
+
+
+def _state(row: asyncpg.Record) -> BudgetState:
+    return BudgetState(
+        limits=Limits(provider_calls=row["provider_calls"], tokens=row["tokens"],
+                      capability_calls=row["capability_calls"], wall_time_s=row["wall_time_s"],
+                      max_concurrent_steps=row["max_concurrent_steps"]),
+        reserved_provider_calls=row["reserved_provider_calls"],
+        reserved_tokens=row["reserved_tokens"],
+        reserved_capability_calls=row["reserved_capability_calls"],
+        used_provider_calls=row["used_provider_calls"], used_tokens=row["used_tokens"],
+        used_capability_calls=row["used_capability_calls"], open_steps=row["open_steps"],
+        elapsed_s=row["elapsed_s"])
 
 
 _INSERT_DECISION = """
@@ -170,23 +225,169 @@ class GovernanceStore:
                     decision_id, tenant, run_id, proposal_id, call.agent, principal, call.tool,
                     call.family or "unclassified", call.first_argument, ruling.reason,
                     list(ruling.options), attended, deadline)
+                # The run now waits for a person: its budget clock stops until the answer.
+                await self._pause(conn, tenant, run_id, f"pending:{decision_id}")
         return decision_id
 
-    async def register_run(self, run: RegisterRun) -> None:
-        """Record a run and its run grants (idempotent: a redelivery changes nothing)."""
+    async def register_run(self, run: RegisterRun, limits: Limits | None = None) -> None:
+        """Record a run, its run grants and its budget (`limits`, or the built-in defaults
+        under the run's own budget); idempotent: a redelivery changes nothing."""
+        limits = limits if limits is not None else Limits().over(run.budget)
         async with self._pool.acquire() as conn, conn.transaction():
             status = await conn.execute(
                 "INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
                 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
                 run.tenant, run.run_id, run.principal, run.agent, run.attended)
-            if status == "INSERT 0 0":
-                return  # a redelivery: recorded (and journaled) the first time
-            await self._write(conn, tenant=run.tenant, kind="run.registered", subject=run.run_id,
-                              run_id=run.run_id, payload=msgspec.to_builtins(run))
-            await conn.executemany(
-                "INSERT INTO governance.run_grants (tenant, run_id, family, granted_by) "
-                "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                [(run.tenant, run.run_id, family, run.principal) for family in run.grants])
+            if status != "INSERT 0 0":  # else a redelivery: recorded (and journaled) already
+                await self._write(conn, tenant=run.tenant, kind="run.registered",
+                                  subject=run.run_id, run_id=run.run_id,
+                                  payload=msgspec.to_builtins(run))
+                await conn.executemany(
+                    "INSERT INTO governance.run_grants (tenant, run_id, family, granted_by) "
+                    "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    [(run.tenant, run.run_id, family, run.principal) for family in run.grants])
+            # Apart from the run: a run registered before budgets existed gets one when its
+            # registration is delivered again.
+            status = await conn.execute(
+                "INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, tokens, "
+                "capability_calls, wall_time_s, max_concurrent_steps) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                run.tenant, run.run_id, run.agent, limits.provider_calls, limits.tokens,
+                limits.capability_calls, limits.wall_time_s, limits.max_concurrent_steps)
+            if status != "INSERT 0 0":
+                await self._write(conn, tenant=run.tenant, kind="budget.set", subject=run.run_id,
+                                  run_id=run.run_id, payload={
+                                      "agent": run.agent, **msgspec.to_builtins(limits)})
+
+    # -- budgets ----------------------------------------------------------------------------
+
+    async def budget(self, tenant: str, run_id: str) -> BudgetState | None:
+        """A run's budget as it stands (None: no budget recorded)."""
+        row = await self._pool.fetchrow(_BUDGET, tenant, run_id)
+        return _state(row) if row is not None else None
+
+    async def reserve(self, *, tenant: str, run_id: str, step_key: str, provider_calls: int = 0,
+                      tokens: int = 0, capability_calls: int = 0
+                      ) -> BudgetReserved | BudgetRefused:
+        """Reserve a step's amounts if they fit what is left, or refuse naming the budget.
+
+        One short transaction that first locks the run's budget row: parallel steps of a run
+        queue there, and each sees the reservations the previous ones took, so no two can
+        spend the same remainder. The same step key gets the same reservation back.
+        """
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(_BUDGET + " FOR UPDATE", tenant, run_id)
+            if row is None:
+                return BudgetRefused(run_id=run_id, step_key=step_key, budget="unknown_run",
+                                     reason="no budget recorded for this run")
+            state = _state(row)
+            known = await conn.fetchrow(
+                "SELECT reservation_id::text AS reservation_id, status, provider_calls, tokens, "
+                "capability_calls FROM governance.reservations "
+                "WHERE tenant = $1 AND run_id = $2 AND step_key = $3", tenant, run_id, step_key)
+            if known is not None:  # a redelivery: the reservation this step already has
+                return BudgetReserved(run_id=run_id, step_key=step_key,
+                                      wall_time_left_s=state.wall_time_left_s, **dict(known))
+            asked = {"provider_calls": provider_calls, "tokens": tokens,
+                     "capability_calls": capability_calls}
+            refused = refusal(state, **asked)
+            if refused is not None:
+                kind, reason = refused
+                # Not a state change, but why a run stopped belongs in its record.
+                await self._write(conn, tenant=tenant, kind="budget.exhausted", subject=step_key,
+                                  run_id=run_id, payload={
+                                      "step_key": step_key, "budget": kind, "reason": reason,
+                                      "asked": asked, "elapsed_s": state.elapsed_s})
+                return BudgetRefused(run_id=run_id, step_key=step_key, budget=kind,
+                                     reason=reason)
+            reservation_id = str(uuid.uuid4())
+            await conn.execute(
+                "INSERT INTO governance.reservations (reservation_id, tenant, run_id, step_key, "
+                "provider_calls, tokens, capability_calls) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                reservation_id, tenant, run_id, step_key, provider_calls, tokens,
+                capability_calls)
+            await conn.execute(
+                "UPDATE governance.budgets SET "
+                "reserved_provider_calls = reserved_provider_calls + $3, "
+                "reserved_tokens = reserved_tokens + $4, "
+                "reserved_capability_calls = reserved_capability_calls + $5, "
+                "open_steps = open_steps + 1 WHERE tenant = $1 AND run_id = $2",
+                tenant, run_id, provider_calls, tokens, capability_calls)
+            await self._write(conn, tenant=tenant, kind="budget.reserved", subject=reservation_id,
+                              run_id=run_id, payload={
+                                  "reservation_id": reservation_id, "step_key": step_key,
+                                  **asked, "elapsed_s": state.elapsed_s})
+        return BudgetReserved(reservation_id=reservation_id, run_id=run_id, step_key=step_key,
+                              status="open", wall_time_left_s=state.wall_time_left_s, **asked)
+
+    async def settle(self, *, tenant: str, run_id: str, reservation_id: str,
+                     provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
+                     release: bool = False) -> BudgetSettled | None:
+        """Close a reservation with what the step used (recorded as reported, even above what
+        was reserved): its reserved amounts return, its use counts. None: no such reservation.
+
+        Closing it again returns what was recorded the first time and changes nothing.
+        """
+        if not _is_uuid(reservation_id):
+            return None
+        async with self._pool.acquire() as conn, conn.transaction():
+            # The budget row first, as `reserve` does: the totals move under one lock.
+            if await conn.fetchval("SELECT 1 FROM governance.budgets WHERE tenant = $1 AND "
+                                   "run_id = $2 FOR UPDATE", tenant, run_id) is None:
+                return None
+            r = await conn.fetchrow(
+                "SELECT * FROM governance.reservations WHERE reservation_id = $1 "
+                "AND tenant = $2 AND run_id = $3", reservation_id, tenant, run_id)
+            if r is None:
+                return None
+            if r["status"] != "open":
+                return BudgetSettled(
+                    reservation_id=reservation_id, run_id=run_id, status=r["status"],
+                    provider_calls=r["used_provider_calls"], tokens=r["used_tokens"],
+                    capability_calls=r["used_capability_calls"])
+            status = "released" if release else "settled"
+            await conn.execute(
+                "UPDATE governance.reservations SET status = $2, used_provider_calls = $3, "
+                "used_tokens = $4, used_capability_calls = $5, closed_at = now() "
+                "WHERE reservation_id = $1", reservation_id, status, provider_calls, tokens,
+                capability_calls)
+            await conn.execute(
+                "UPDATE governance.budgets SET "
+                "reserved_provider_calls = reserved_provider_calls - $3, "
+                "reserved_tokens = reserved_tokens - $4, "
+                "reserved_capability_calls = reserved_capability_calls - $5, "
+                "used_provider_calls = used_provider_calls + $6, "
+                "used_tokens = used_tokens + $7, "
+                "used_capability_calls = used_capability_calls + $8, "
+                "open_steps = open_steps - 1 WHERE tenant = $1 AND run_id = $2",
+                tenant, run_id, r["provider_calls"], r["tokens"], r["capability_calls"],
+                provider_calls, tokens, capability_calls)
+            await self._write(conn, tenant=tenant, kind=f"budget.{status}",
+                              subject=reservation_id, run_id=run_id, payload={
+                                  "reservation_id": reservation_id, "step_key": r["step_key"],
+                                  "reserved": {"provider_calls": r["provider_calls"],
+                                               "tokens": r["tokens"],
+                                               "capability_calls": r["capability_calls"]},
+                                  "used": {"provider_calls": provider_calls, "tokens": tokens,
+                                           "capability_calls": capability_calls}})
+        return BudgetSettled(reservation_id=reservation_id, run_id=run_id, status=status,
+                             provider_calls=provider_calls, tokens=tokens,
+                             capability_calls=capability_calls)
+
+    async def _pause(self, conn: asyncpg.Connection, tenant: str, run_id: str,
+                     wait_key: str) -> None:
+        """Stop the run's clock for this wait (idempotent; runs without a budget: nothing)."""
+        if await conn.fetchval(_PAUSE, tenant, run_id, wait_key):
+            await self._write(conn, tenant=tenant, kind="budget.paused", subject=wait_key,
+                              run_id=run_id, payload={"wait_key": wait_key})
+
+    async def _resume(self, conn: asyncpg.Connection, tenant: str, run_id: str,
+                      wait_key: str) -> None:
+        """End this wait; the clock runs again once no other wait of the run is open."""
+        if await conn.fetchval(_RESUME, tenant, run_id, wait_key):
+            await self._write(conn, tenant=tenant, kind="budget.resumed", subject=wait_key,
+                              run_id=run_id, payload={"wait_key": wait_key})
 
     async def pending(self, tenant: str, limit: int = 500) -> list[PendingDecision]:
         """The tenant's unanswered decisions, oldest first."""
@@ -252,6 +453,7 @@ class GovernanceStore:
                 "answered_at = now(), answer_reason = $4, answer_decision_id = $5 "
                 "WHERE pending_id = $1", pending_id, answer, answered_by, reason,
                 decision_id)
+            await self._resume(conn, tenant, row["run_id"], f"pending:{pending_id}")
             await self._write(conn, tenant=tenant, kind="pending.answered", subject=pending_id,
                               run_id=row["run_id"], payload={
                                   "pending_id": pending_id, "decision_id": decision_id,

@@ -22,6 +22,9 @@ from schemas.dispatcher import (
 )
 from schemas.governance import (
     AnswerDecision,
+    BudgetRefused,
+    BudgetReserved,
+    BudgetSettled,
     DecideRequest,
     Decision,
     DecisionAnswered,
@@ -29,7 +32,10 @@ from schemas.governance import (
     PendingDecision,
     PendingDecisions,
     RegisterRun,
+    ReserveBudget,
+    RunBudget,
     RunRegistered,
+    SettleBudget,
 )
 from schemas.host import (
     ActionResult,
@@ -107,8 +113,24 @@ SAMPLES: dict[type, Any] = {
     DecisionResult: DecisionResult(request_id="dec-1", pending_id="p-1", accepted=True,
                                    message="answered once"),
     RegisterRun: RegisterRun(tenant="acme", run_id="run-1", principal="alice@acme",
-                             agent="assistant", attended=True, grants=["send_external"]),
+                             agent="assistant", attended=True, grants=["send_external"],
+                             budget=RunBudget(tokens=20_000, max_concurrent_steps=2)),
     RunRegistered: RunRegistered(run_id="run-1"),
+    ReserveBudget: ReserveBudget(tenant="acme", run_id="run-1", step_key="run-1:3:model",
+                                 provider_calls=1, tokens=4096),
+    BudgetReserved: BudgetReserved(reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
+                                   run_id="run-1", step_key="run-1:3:model", status="open",
+                                   provider_calls=1, tokens=4096, capability_calls=0,
+                                   wall_time_left_s=812.5),
+    BudgetRefused: BudgetRefused(run_id="run-1", step_key="run-1:4:model", budget="tokens",
+                                 reason="tokens budget exhausted: asked 4096, 1200 left of "
+                                        "20000"),
+    SettleBudget: SettleBudget(tenant="acme", run_id="run-1",
+                               reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
+                               provider_calls=1, tokens=5120),
+    BudgetSettled: BudgetSettled(reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
+                                 run_id="run-1", status="settled", provider_calls=1,
+                                 tokens=5120, capability_calls=0),
     AnswerDecision: AnswerDecision(tenant="acme", principal="ops@acme", request_id="dec-1",
                                    pending_id="p-1", answer="deny", reason="no"),
     DecisionAnswered: DecisionAnswered(
