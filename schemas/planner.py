@@ -1,15 +1,20 @@
 """Proposals of side effects, for admission to judge: from the planner, or from ingress when a
-host submits a command directly; and the offline replay of a run the planner answers."""
+host submits a command directly; the offline replay of a run the planner answers; and a
+person's answer to a review a run's agent asked for."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
 
-__all__ = ["Divergence", "ProposeCommand", "ReplayReport", "ReplayRun"]
+__all__ = ["REVIEW", "Divergence", "ProposeCommand", "ReplayReport", "ReplayRun", "ReviewAnswer"]
+
+# Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
+# `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.
+REVIEW: Final = "writ.int.planner.review"
 
 
 class ProposeCommand(Command):
@@ -60,3 +65,15 @@ class ReplayReport(Event):
     divergences: Annotated[list[Divergence], msgspec.Meta(max_length=100)] = []
     missing: Annotated[list[ShortText], msgspec.Meta(max_length=100)] = []
     entries: Annotated[int, msgspec.Meta(ge=0)] = 0  # captured entries replayed
+
+
+class ReviewAnswer(Command):
+    """A person's explicit answer to the review a run's agent requested (`request_human_review`)
+    at `step`: approve resumes the run, reject fails it with `REJECTED` and the reason."""
+
+    tenant: Tenant
+    run_id: Id
+    step: Annotated[int, msgspec.Meta(ge=0, le=1000)]
+    answer: Literal["approve", "reject"]
+    reviewer: Principal
+    reason: ShortText = ""

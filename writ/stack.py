@@ -277,6 +277,7 @@ class Stack:
             env["WRIT_POLICY_KEYS_FILE"] = str(self.config / "policy-keys.json")
         if name == "planner":
             env["WRIT_DECISIONS_FILE"] = str(self.decisions_file)
+            env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")
         if name == "dispatcher":
             env["WRIT_CRM_URL"] = self.crm_url
             env["WRIT_CRM_TOKEN_FILE"] = str(self.secrets / "crm.token")

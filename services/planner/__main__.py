@@ -11,11 +11,13 @@ from typing import Literal
 
 import anyio.abc
 
+from actions import ACTIONS
 from libs.db import connect_pool
 from libs.errors import ConfigError
 from libs.journal import DataKeys, Journal, Sealer, SigningKey
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.planner.agents import AgentRegistry
 from services.planner.openai_provider import OpenAIProvider, load_capabilities
 from services.planner.provider import DecisionProvider, ScriptedProvider
 from services.planner.service import PlannerService
@@ -28,6 +30,8 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
     database_url: str
     database_password_file: str
     provider: Literal["scripted", "openai"] = "scripted"
+    # The agents' manifests (`<name>.json` each): a run for an agent none declares fails.
+    agents_dir: str = ""
     decisions_file: str = ""  # scripted: the script
     # openai: any OpenAI-compatible chat-completions API (`<model_url>/chat/completions`).
     model_url: str = ""
@@ -59,6 +63,11 @@ def main() -> None:
     elif not (settings.model_url and settings.model_name and settings.model_key_file):
         raise ConfigError("the openai provider needs WRIT_MODEL_URL, WRIT_MODEL_NAME and "
                           "WRIT_MODEL_KEY_FILE")
+    if not settings.agents_dir:
+        raise ConfigError("WRIT_AGENTS_DIR is required: the folder of the agents' manifests")
+    agents = AgentRegistry.from_folder(settings.agents_dir)
+    # No read tool is executed by retrieval yet: a tool an agent uses resolves to nothing.
+    agents.resolve(actions=ACTIONS, tools=(), providers=(settings.provider,))
     capabilities = (load_capabilities(settings.model_capabilities_file)
                     if settings.model_capabilities_file else [])
     if not (settings.journal_signing_key_file and settings.journal_data_keys_file):
@@ -81,7 +90,8 @@ def main() -> None:
             pool = await stack.enter_async_context(await connect_pool(
                 settings.database_url, password=password, application_name="writ-planner"))
             svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
-                                 provider=provider, max_decisions=settings.max_decisions,
+                                 provider=provider, agents=agents,
+                                 max_decisions=settings.max_decisions,
                                  sealer=Sealer(pool=pool, journal=journal, signing=signing,
                                                interval=settings.journal_seal_interval_s))
             await svc.run(task_status=task_status)

@@ -16,6 +16,8 @@ __all__ = [
     "AnswerDirectly",
     "ModelDecision",
     "ModelInput",
+    "RequestCapabilities",
+    "RequestHumanReview",
     "ScriptedProvider",
     "SelectCapability",
 ]
@@ -27,7 +29,7 @@ class _Decision(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class SelectCapability(_Decision, tag="select_capability"):
-    """Call a capability with these arguments."""
+    """Call a capability (its reference or its name: the target) with these arguments."""
 
     capability: Annotated[str, msgspec.Meta(max_length=128)]
     arguments: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
@@ -39,11 +41,31 @@ class AnswerDirectly(_Decision, tag="answer_directly"):
     answer: Annotated[str, msgspec.Meta(max_length=16384)]
 
 
-ModelDecision = SelectCapability | AnswerDirectly
+class RequestCapabilities(_Decision, tag="request_capabilities"):
+    """Send the full catalog (signatures, types, grants needed) before the next decision."""
+
+    reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
-class ModelInput(msgspec.Struct, frozen=True, kw_only=True):
-    """The model's input, with its content boundaries kept apart (seed 004)."""
+class RequestHumanReview(_Decision, tag="request_human_review"):
+    """Suspend the run until a person explicitly answers `review_prompt`."""
+
+    review_prompt: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+    reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+
+ModelDecision = SelectCapability | AnswerDirectly | RequestCapabilities | RequestHumanReview
+
+
+class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The model's input, with its content boundaries kept apart (seed 004).
+
+    `developer` is the only instruction (Writ's and the agent's responsibility), `user` is the
+    principal's request (domain data), `untrusted` and `observations` are external content.
+    `capabilities` is the summary (count, references, input keys) until the model asked for the
+    catalog, then the catalog. Defaults are omitted when encoded, so the digest of a model input
+    from before a field existed is unchanged.
+    """
 
     developer: str
     user: str
@@ -51,6 +73,7 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True):
     observations: list[dict[str, Any]]
     turn: int
     agent: str = ""
+    capabilities: dict[str, Any] | None = None
 
 
 class DecisionProvider(Protocol):

@@ -5,6 +5,15 @@ refusal), take the next model decision — reusing the recorded one if this step
 decided — and publish what follows after the commit. A redelivery re-publishes the same messages
 with the same `Nats-Msg-Id`, so nothing happens twice.
 
+The decision protocol (seed 004, `protocol.py`): a run starts only for an agent a manifest
+declares and that takes work (`agents.py`); its model first sees a summary of the agent's
+capabilities and the catalog once it asked (`request_capabilities`); a `select_capability` is
+checked before any handler runs (in `uses`, `callable_by`, the arguments against the target's
+signature), and a refusal is recorded as the observation the next decision reads, never executed;
+a `request_human_review` stops the run as `awaiting_human` until a person answers
+(`writ.int.planner.review`). Each decision and observation is committed as a step before the
+next decision is asked for.
+
 Each captured model response, tool output and status change is journaled with the step or status
 it records (`store.py`); the planner also seals its journal and serves `writ.int.planner.replay`,
 the offline replay of a run (`replay.py`).
@@ -14,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -32,21 +41,29 @@ from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
 from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
-from schemas.planner import ProposeCommand, ReplayReport, ReplayRun
+from schemas.planner import REVIEW, ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer
 from schemas.retrieval import EvidenceGathered
+from services.planner.agents import AgentRegistry
+from services.planner.protocol import action_name
 from services.planner.provider import (
     AnswerDirectly,
     DecisionProvider,
     ModelDecision,
+    RequestCapabilities,
+    RequestHumanReview,
     SelectCapability,
 )
 from services.planner.replay import (
     REFUSAL_CODES,
+    REVIEW_CODE,
     ProposalEntry,
+    ReviewAnswered,
+    SelectionRefused,
     input_digest,
     model_input,
     observation_of,
     replay_run,
+    selection_outcome,
 )
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
@@ -59,16 +76,25 @@ _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
 _RUN_RESULT_STATUSES = ("succeeded", "failed", "awaiting_human")
 # (status, error code) of each run this delivery finished, counted once its commit is done.
 _Finished = list[tuple[str, str | None]]
+_Effects = list[tuple[str, msgspec.Struct, str]]
+_AGAIN: Final = None  # `_next` took a decision the runtime answers itself: decide again
+
+
+class _ReviewRefused(Exception):
+    """A review answer that does not fit the run (no such review waiting)."""
 
 
 class PlannerService:
     """Drives runs from evidence to a final answer, one recorded step at a time."""
 
     def __init__(self, *, rt: Runtime, store: PlannerStore, provider: DecisionProvider,
-                 max_decisions: int = 8, sealer: Sealer | None = None) -> None:
+                 agents: AgentRegistry, max_decisions: int = 8,
+                 sealer: Sealer | None = None) -> None:
         self._rt, self._store, self._provider = rt, store, provider
+        self._agents = agents
         self._max_decisions, self._sealer = max_decisions, sealer
         self._replay_decoder = msgspec.json.Decoder(ReplayRun)
+        self._review_decoder = msgspec.json.Decoder(ReviewAnswer)
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(Inbound)
         self._finished = Counter("writ_planner_runs_finished",
@@ -76,6 +102,11 @@ class PlannerService:
                                  ["status"], registry=rt.registry)
         for status in _RUN_RESULT_STATUSES:
             self._finished.labels(status)
+        self._selections_refused = Counter("writ_planner_selections_refused",
+                                "Selections refused before any handler ran", ["check"],
+                                registry=rt.registry)
+        for check in ("uses", "callable_by", "arguments", "unsupported"):
+            self._selections_refused.labels(check)
         self._budget_exhausted = Counter("writ_planner_budget_exhaustions",
                                          "Runs failed for using up their model decisions",
                                          registry=rt.registry)
@@ -86,14 +117,19 @@ class PlannerService:
         if self._store.journal is not None:
             self._rt.endpoints.append(Endpoint("replay", subjects.REPLAY, self._replay_endpoint,
                                                concurrency=8))
-        async with anyio.create_task_group() as tg:
-            if self._sealer is not None:
-                await tg.start(self._sealer.run)  # chains and signs the audit journal
-            await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
-                            handler=self.handle, metrics=self._rt.metrics,
-                            tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            task_status=task_status)
-            tg.cancel_scope.cancel()
+        self._rt.endpoints.append(Endpoint("review", REVIEW, self._review_endpoint,
+                                           concurrency=8))
+        try:
+            async with anyio.create_task_group() as tg:
+                if self._sealer is not None:
+                    await tg.start(self._sealer.run)  # chains and signs the audit journal
+                await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
+                                handler=self.handle, metrics=self._rt.metrics,
+                                tracer=self._rt.tracer, stopping=self._rt.stopping,
+                                task_status=task_status)
+                tg.cancel_scope.cancel()
+        finally:
+            self._agents.stop_all()
 
     async def replay(self, ask: ReplayRun) -> ReplayReport | None:
         """Replay one run offline from the journal; None if the tenant has no such run."""
@@ -136,11 +172,18 @@ class PlannerService:
         with self._rt.tracer.start_as_current_span("planner step") as span:
             span.set_attribute("writ.run_id", event.run_id)
             if isinstance(event, EvidenceGathered):
-                await self._store.create_run(event)
+                agent = self._agents.get(event.agent)
+                snapshot = None if agent is None else {
+                    "name": agent.name, "version": agent.manifest.version,
+                    "responsibility": agent.manifest.responsibility, "catalog": agent.catalog}
+                await self._store.create_run(event, manifest=snapshot)
             elif not await self._store.exists(event.run_id):
                 return  # an outcome for a run this planner never started: nothing to drive
             finished: _Finished = []
             effects = await self._advance(event, finished)
+        await self._committed(finished, effects)
+
+    async def _committed(self, finished: _Finished, effects: _Effects) -> None:
         # Committed: count each run's end once. A redelivery re-publishes a terminal run's
         # result through the replay path, which finishes nothing and is not counted again.
         for status, code in finished:
@@ -150,8 +193,7 @@ class PlannerService:
         for subject, message, msg_id in effects:
             await publish(self._rt.js, subject, message, msg_id=msg_id)
 
-    async def _advance(self, event: Inbound, finished: _Finished
-                       ) -> list[tuple[str, msgspec.Struct, str]]:
+    async def _advance(self, event: Inbound, finished: _Finished) -> _Effects:
         async with self._store.acquire() as conn, conn.transaction():
             run = await self._store.lock_run(conn, event.run_id)
             if run is None:
@@ -177,29 +219,161 @@ class PlannerService:
                 await self._store.set_status(conn, run, "running", step=event.step)
                 run = msgspec.structs.replace(run, status="running", error_code=None,
                                               error_message=None)
-            last = steps[-1] if steps else None
-            if last is not None and last.kind == "decision":
-                decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
-            else:
-                decisions = sum(1 for s in steps if s.kind == "decision")
-                if decisions >= self._max_decisions:
-                    return [await self._finish(conn, run, steps, "failed", finished,
-                                               error=("BUDGET_EXHAUSTED",
-                                                      f"{decisions} model decisions"))]
+            if not steps and (refusal := self._agent_refusal(run)) is not None:
+                return [await self._finish(conn, run, steps, "failed", finished,
+                                           error=refusal)]
+            effects = await self._next(conn, run, steps, finished)
+        return await self._continue(run.run_id, effects, finished)
+
+    async def _continue(self, run_id: str, effects: _Effects | None,
+                        finished: _Finished) -> _Effects:
+        """Take the decisions the runtime answers itself, each in its own transaction, so each
+        step is committed before the next decision is asked for."""
+        while effects is _AGAIN:
+            async with self._store.acquire() as conn, conn.transaction():
+                run = await self._store.lock_run(conn, run_id)
+                if run is None or run.status != "running":
+                    return []
+                steps = await self._store.steps(conn, run_id)
+                effects = await self._next(conn, run, steps, finished)
+        return effects
+
+    def _agent_refusal(self, run: RunRow) -> tuple[str, str] | None:
+        """Why the run's agent takes no run, as (code, message); None if it takes this one.
+
+        Raises:
+            AgentUnavailable: the agent is initializing or stopping here (retry elsewhere).
+        """
+        agent = self._agents.get(run.agent)
+        if agent is None or run.manifest is None:
+            return "UNKNOWN_AGENT", f"no manifest declares agent {run.agent}"
+        reason = agent.accepts_work()
+        return None if reason is None else ("AGENT_UNAVAILABLE", reason)
+
+    async def _next(self, conn: Any, run: RunRow, steps: list[Step],
+                    finished: _Finished) -> _Effects | None:
+        """Take (or reuse) the next decision and act on it; `_AGAIN` if the runtime answered it
+        itself (a catalog sent, a selection refused) and the model decides again."""
+        last = steps[-1] if steps else None
+        if last is not None and last.kind == "decision" and (
+                last.payload.get("decision") != "request_capabilities"):
+            decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
+        else:
+            decisions = sum(1 for s in steps if s.kind == "decision")
+            if decisions >= self._max_decisions:
+                return [await self._finish(conn, run, steps, "failed", finished,
+                                           error=("BUDGET_EXHAUSTED",
+                                                  f"{decisions} model decisions"))]
+            try:
                 decision = await self._decide(conn, run, steps, turn=decisions)
-                last = steps[-1]
-            if isinstance(decision, AnswerDirectly):
-                return [await self._finish(conn, run, steps, "succeeded", finished,
-                                           answer=decision.answer, step=last.seq)]
+            except ValueError as exc:  # a capability without a description: no model call
+                return [await self._finish(conn, run, steps, "failed", finished,
+                                           error=("CAPABILITY_UNDESCRIBED", str(exc)))]
+            last = steps[-1]
+        if isinstance(decision, AnswerDirectly):
+            return [await self._finish(conn, run, steps, "succeeded", finished,
+                                       answer=decision.answer, step=last.seq)]
+        if isinstance(decision, RequestCapabilities):
+            return _AGAIN  # the next model input carries the catalog
+        if isinstance(decision, RequestHumanReview):
+            return [await self._await_review(conn, run, steps, last.seq, decision, finished)]
+        refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
+                                    arguments=decision.arguments)
+        if refused is None:
             return [(subjects.proposal(run.tenant), _proposal(run, last.seq, decision),
                      f"proposal:{run.run_id}:{last.seq}")]
+        output = SelectionRefused(run_id=run.run_id, step=last.seq,
+                                  target=decision.capability[:128], check=refused[0],
+                                  reason=refused[1])
+        if await self._store.add_observation(conn, run, last.seq + 1, step=last.seq,
+                                             output=msgspec.to_builtins(output),
+                                             observation=observation_of(output)):
+            self._selections_refused.labels(refused[0]).inc()
+        log.info("run %s step %d: %s refused before any handler (%s)", run.run_id, last.seq,
+                 decision.capability[:128], refused[0])
+        return _AGAIN
+
+    async def _await_review(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
+                            decision: RequestHumanReview,
+                            finished: _Finished) -> tuple[str, msgspec.Struct, str]:
+        """The model asked for a person: the run waits, attended or not, for an explicit answer
+        on `writ.int.planner.review`; the host is told what to review."""
+        if await self._store.set_status(conn, run, "awaiting_human", step=seq,
+                                        error_code=REVIEW_CODE,
+                                        error_message=decision.review_prompt):
+            finished.append(("awaiting_human", REVIEW_CODE))
+        run = msgspec.structs.replace(run, status="awaiting_human", error_code=REVIEW_CODE,
+                                      error_message=decision.review_prompt)
+        return self._result(run, steps, pending_id=_review_id(run.run_id, seq))
+
+    async def answer_review(self, answer: ReviewAnswer) -> RunResult:
+        """A person's explicit answer to the review a run waits for: approve resumes the run
+        (the answer is the model's next observation), reject fails it with `REJECTED`.
+
+        Raises:
+            _ReviewRefused: the tenant has no such run waiting for this review.
+        """
+        finished: _Finished = []
+        async with self._store.acquire() as conn, conn.transaction():
+            run = await self._store.lock_run(conn, answer.run_id)
+            if run is None or run.tenant != answer.tenant:
+                raise _ReviewRefused("no such run")
+            steps = await self._store.steps(conn, run.run_id)
+            last = steps[-1] if steps else None
+            if (run.status != "awaiting_human" or run.error_code != REVIEW_CODE
+                    or last is None or last.seq != answer.step
+                    or last.payload.get("decision") != "request_human_review"):
+                raise _ReviewRefused("the run is not waiting for this review")
+            output = ReviewAnswered(run_id=run.run_id, step=answer.step, answer=answer.answer,
+                                    reviewer=answer.reviewer, reason=answer.reason)
+            observation = observation_of(output)
+            await self._store.add_observation(conn, run, answer.step + 1, step=answer.step,
+                                              output=msgspec.to_builtins(output),
+                                              observation=observation)
+            steps.append(Step(seq=answer.step + 1, kind="observation", payload=observation))
+            if answer.answer == "reject":
+                effects: _Effects | None = [await self._finish(
+                    conn, run, steps, "failed", finished, step=answer.step,
+                    error=("REJECTED", answer.reason or "the reviewer rejected it"))]
+            else:
+                await self._store.set_status(conn, run, "running", step=answer.step)
+                run = msgspec.structs.replace(run, status="running", error_code=None,
+                                              error_message=None)
+                effects = await self._next(conn, run, steps, finished)
+        effects = await self._continue(run.run_id, effects, finished)
+        await self._committed(finished, effects)
+        result = next((m for _, m, _ in effects if isinstance(m, RunResult)), None)
+        return result or RunResult(request_id=run.request_id, run_id=run.run_id,
+                                   status="awaiting_human", answer=None)
+
+    async def _review_endpoint(self, request: Request) -> None:
+        """`writ.int.planner.review`: 400 undecodable, 404 no such review waiting."""
+        try:
+            answer = self._review_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid ReviewAnswer: {exc}")
+            return
+        try:
+            result = await self.answer_review(answer)
+        except _ReviewRefused as exc:
+            await request.respond_error("404", str(exc))
+            return
+        except Exception as exc:
+            log.warning("review answer failed: %r", exc)
+            await request.respond_error("500", "review answer failed")
+            return
+        await request.respond(self._encoder.encode(result))
 
     async def _decide(self, conn: Any, run: RunRow, steps: list[Step], *,
                       turn: int) -> ModelDecision:
         """Ask the model, and record its response with the proposal it becomes, journaled."""
         value = model_input(user=run.input, evidence=run.evidence,
                             observations=[s.payload for s in steps if s.kind == "observation"],
-                            turn=turn, agent=run.agent)
+                            turn=turn, agent=run.agent, manifest=run.manifest,
+                            catalog_requested=any(
+                                s.kind == "decision"
+                                and s.payload.get("decision") == "request_capabilities"
+                                for s in steps))
         digest = input_digest(value)
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
@@ -207,7 +381,9 @@ class PlannerService:
         seq = steps[-1].seq + 1 if steps else 0
         payload = msgspec.to_builtins(decision)
         proposal = None
-        if not isinstance(decision, AnswerDirectly):
+        if isinstance(decision, SelectCapability) and selection_outcome(
+                run.manifest, agent=run.agent, target=decision.capability,
+                arguments=decision.arguments) is None:
             command = _proposal(run, seq, decision)
             proposal = ProposalEntry(step=seq, action=command.action,
                                      arguments=command.arguments)
@@ -266,10 +442,15 @@ class PlannerService:
                 f"result:{run.run_id}:{run.status}:{len(steps)}")
 
 
+def _review_id(run_id: str, step: int) -> str:
+    return f"review-{run_id}-{step}"[:128]
+
+
 def _proposal(run: RunRow, step: int, decision: SelectCapability) -> ProposeCommand:
     return ProposeCommand(run_id=run.run_id, step=step, tenant=run.tenant,
                           principal=run.principal, agent=run.agent,
-                          action=decision.capability[:512], arguments=decision.arguments)
+                          action=action_name(decision.capability)[:512],
+                          arguments=decision.arguments)
 
 
 def _action_result(payload: dict[str, Any]) -> ActionResult:

@@ -53,6 +53,8 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     error_code: str | None
     error_message: str | None
     attended: bool = False
+    # The agent snapshot the run started with (version, responsibility, catalog), or None.
+    manifest: dict[str, Any] | None = None
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,12 +66,14 @@ class Step(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
-                "error_code, error_message, attended")
+                "error_code, error_message, attended, manifest")
 
 
 def _run(row: asyncpg.Record) -> RunRow:
     values = dict(row)
     values["evidence"] = json.loads(values["evidence"])
+    if values["manifest"] is not None:
+        values["manifest"] = json.loads(values["manifest"])
     return RunRow(**values)
 
 
@@ -93,16 +97,19 @@ class PlannerStore:
             await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
                                       run_id=run_id, payload=payload)
 
-    async def create_run(self, started: EvidenceGathered) -> bool:
-        """Record a new run; False if the run already exists (a redelivery or a re-sent request)."""
+    async def create_run(self, started: EvidenceGathered, *,
+                         manifest: dict[str, Any] | None = None) -> bool:
+        """Record a new run (with the agent snapshot it starts with); False if the run already
+        exists (a redelivery or a re-sent request)."""
         evidence = msgspec.to_builtins(started.evidence)
         async with self._pool.acquire() as conn, conn.transaction():
             created = await conn.fetchval(
                 "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
-                "evidence, status, attended) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, "
-                "'running', $8) ON CONFLICT DO NOTHING RETURNING true",
+                "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
+                "$7::jsonb, 'running', $8, $9::jsonb) ON CONFLICT DO NOTHING RETURNING true",
                 started.run_id, started.tenant, started.request_id, started.principal,
-                started.agent, started.input, json.dumps(evidence), started.attended)
+                started.agent, started.input, json.dumps(evidence), started.attended,
+                None if manifest is None else json.dumps(manifest))
             if created:  # the untrusted content the model will see, captured for replay
                 await self._capture(conn, tenant=started.tenant, kind=RUN_STARTED,
                                     subject=started.run_id, run_id=started.run_id,
@@ -110,7 +117,7 @@ class PlannerStore:
                                         request_id=started.request_id,
                                         principal=started.principal, agent=started.agent,
                                         input=started.input, evidence=evidence,
-                                        attended=started.attended))
+                                        attended=started.attended, manifest=manifest))
         return bool(created)
 
     def acquire(self) -> Any:

@@ -28,7 +28,14 @@ from services.planner.openai_provider import (
     ProviderRejected,
     ProviderUnavailable,
 )
-from services.planner.provider import AnswerDirectly, ModelInput, SelectCapability
+from services.planner.protocol import capability_view
+from services.planner.provider import (
+    AnswerDirectly,
+    ModelInput,
+    RequestCapabilities,
+    RequestHumanReview,
+    SelectCapability,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -137,7 +144,8 @@ async def test_structured_request_asks_for_the_strict_decision_schema(
     schema = fmt["json_schema"]["schema"]
     variants = schema["properties"]["next"]["anyOf"]
     assert [v["properties"]["decision"]["enum"] for v in variants] == [
-        ["select_capability"], ["answer_directly"]]
+        ["select_capability"], ["answer_directly"], ["request_capabilities"],
+        ["request_human_review"]]
     # Strict mode: every object closed, every property required.
     for obj in (schema, *variants):
         assert obj["additionalProperties"] is False
@@ -200,8 +208,11 @@ async def test_tools_mode_plain_content_is_a_direct_answer(
                  id="unknown-field"),
     pytest.param({"content": json.dumps({"next": {"decision": "answer_directly", "answer": "x"},
                                          "why": "y"})}, id="unknown-top-field"),
-    pytest.param(structured({"decision": "request_capabilities", "reason": "x"}),
+    pytest.param(structured({"decision": "delegate_everything", "reason": "x"}),
                  id="unknown-kind"),
+    pytest.param(structured({"decision": "request_capabilities"}), id="catalog-without-reason"),
+    pytest.param(structured({"decision": "request_human_review", "review_prompt": "",
+                             "reason": ""}), id="empty-review-prompt"),
     pytest.param(structured({"decision": "answer_directly", "answer": "x" * 16385}),
                  id="too-long-answer"),
     pytest.param(structured({"decision": "select_capability", "capability": "c" * 129,
@@ -419,3 +430,93 @@ def test_colliding_tool_names_are_a_config_error(key_file: Path) -> None:
     with pytest.raises(ConfigError):
         OpenAIProvider(base_url="http://127.0.0.1:9/v1", model="m", key_file=key_file,
                        mode="tools", capabilities=twins)
+
+
+# -- the decision protocol: summary first, the catalog on request (seed 004) -------------------
+
+CATALOG = [{"ref": "action:crm.note.create", "kind": "action", "name": "crm.note.create",
+            "description": "Add a note to a customer record.",
+            "inputs": NOTE.parameters, "grants": {"family": "write_delete"}},
+           {"ref": "tool:crm.customer.read", "kind": "tool", "name": "crm.customer.read",
+            "description": "Read a customer record.",
+            "inputs": {"customer_id": {"type": "string", "required": True}}}]
+
+
+def with_view(*, requested: bool) -> ModelInput:
+    return msgspec.structs.replace(MODEL_INPUT,
+                                   capabilities=capability_view(CATALOG, requested=requested))
+
+
+@pytest.mark.parametrize("decision,expected", [
+    ({"decision": "request_capabilities", "reason": "I need the signatures."},
+     RequestCapabilities(reason="I need the signatures.")),
+    ({"decision": "request_human_review", "review_prompt": "Confirm the note.", "reason": "r"},
+     RequestHumanReview(review_prompt="Confirm the note.", reason="r")),
+], ids=["request-capabilities", "request-human-review"])
+async def test_structured_protocol_decisions(make: MakeProvider, ctl: httpx.AsyncClient,
+                                             decision: dict[str, Any], expected: Any) -> None:
+    await script(ctl, structured(decision))
+    assert await make().decide(with_view(requested=False)) == expected
+
+
+async def test_structured_first_exchange_sends_the_summary_only(
+        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    await script(ctl, ANSWER)
+    await make().decide(with_view(requested=False))
+    [sent] = await requests(ctl)
+    shown = json.loads(sent["body"]["messages"][1]["content"])["capabilities"]
+    assert shown == {"protocol": "writ-agent-decision-v1", "mode": "summary",
+                     "capability_count": 2,
+                     "capability_refs": ["action:crm.note.create", "tool:crm.customer.read"],
+                     "input_keys": ["request"], "catalog_available_on_request": True}
+    # No signature, type or description travels before the model asked for them.
+    assert "customer_id" not in sent["body"]["messages"][1]["content"]
+    schema = sent["body"]["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["next"]["anyOf"][0]["properties"]["capability"]["enum"] == [
+        "action:crm.note.create", "tool:crm.customer.read"]
+
+
+async def test_structured_catalog_after_the_request(make: MakeProvider,
+                                                    ctl: httpx.AsyncClient) -> None:
+    await script(ctl, structured({"decision": "select_capability",
+                                  "capability": "action:crm.note.create",
+                                  "arguments": json.dumps({"customer_id": "ACME-42",
+                                                           "body": "b"})}))
+    decision = await make().decide(with_view(requested=True))
+    assert decision == SelectCapability(capability="action:crm.note.create",
+                                        arguments={"customer_id": "ACME-42", "body": "b"})
+    [sent] = await requests(ctl)
+    shown = json.loads(sent["body"]["messages"][1]["content"])["capabilities"]
+    assert shown["mode"] == "catalog" and shown["capabilities"] == CATALOG
+
+
+async def test_tools_mode_summary_offers_the_catalog_request_and_review(
+        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    await script(ctl, {"tool_calls": [{"name": "writ__request_capabilities", "arguments": "{}"}]},
+                 {"tool_calls": [{"name": "writ__request_human_review",
+                                  "arguments": json.dumps({"review_prompt": "Check it."})}]})
+    provider = make(mode="tools")
+    assert await provider.decide(with_view(requested=False)) == RequestCapabilities()
+    assert await provider.decide(with_view(requested=False)) == RequestHumanReview(
+        review_prompt="Check it.")
+    first, _ = await requests(ctl)
+    names = [t["function"]["name"] for t in first["body"]["tools"]]
+    assert names == ["writ__request_capabilities", "writ__request_human_review"]
+
+
+async def test_tools_mode_catalog_offers_each_capability_by_reference(
+        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    await script(ctl, {"tool_calls": [{"name": "tool_crm_customer_read",
+                                       "arguments": json.dumps({"customer_id": "ACME-42"})}]})
+    decision = await make(mode="tools").decide(with_view(requested=True))
+    # Normalised into the same decision; the runtime checks it like a structured one.
+    assert decision == SelectCapability(capability="tool:crm.customer.read",
+                                        arguments={"customer_id": "ACME-42"})
+    [sent] = await requests(ctl)
+    tools = {t["function"]["name"]: t["function"] for t in sent["body"]["tools"]}
+    assert list(tools) == ["action_crm_note_create", "tool_crm_customer_read",
+                           "writ__request_human_review"]
+    assert tools["tool_crm_customer_read"]["parameters"] == {
+        "type": "object", "additionalProperties": False, "required": ["customer_id"],
+        "properties": {"customer_id": {"type": "string", "description": ""}}}
+    assert tools["action_crm_note_create"]["parameters"] == NOTE.parameters

@@ -7,9 +7,17 @@ from typing import Any
 import msgspec
 import pytest
 
+from actions import ACTIONS
 from schemas.admission import ProposalRefused
 from schemas.dispatcher import CommandOutcome
-from services.planner.provider import AnswerDirectly, ModelDecision, SelectCapability
+from services.planner.agents import AgentRegistry, load_manifest
+from services.planner.provider import (
+    AnswerDirectly,
+    ModelDecision,
+    RequestCapabilities,
+    RequestHumanReview,
+    SelectCapability,
+)
 from services.planner.replay import (
     DECISION,
     OBSERVATION,
@@ -21,8 +29,10 @@ from services.planner.replay import (
     DecisionEntry,
     ObservationEntry,
     ProposalEntry,
+    ReviewAnswered,
     RunRecord,
     RunStartedEntry,
+    SelectionRefused,
     StatusEntry,
     StepRecord,
     input_digest,
@@ -43,15 +53,18 @@ DONE = AnswerDirectly(answer="Noted the call on ACME-42.")
 class Journal:
     """Writes a run's entries the way the planner does, in chain order."""
 
-    def __init__(self, *, evidence: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, *, evidence: list[dict[str, Any]] | None = None,
+                 manifest: dict[str, Any] | None = None) -> None:
         self.entries: list[Captured] = []
         self.observations: list[dict[str, Any]] = []
         self.steps: list[StepRecord] = []
         self.turn = 0
+        self.catalog_requested = False
         self.status = StatusEntry(status="running")
         self.started = RunStartedEntry(request_id="req-1", principal="alice@acme",
                                        agent="crm-assistant", input="Note the call",
-                                       evidence=evidence if evidence is not None else EVIDENCE)
+                                       evidence=evidence if evidence is not None else EVIDENCE,
+                                       manifest=manifest)
         self.add(RUN_STARTED, self.started)
 
     def add(self, kind: str, payload: msgspec.Struct) -> None:
@@ -62,23 +75,28 @@ class Journal:
     def next_seq(self) -> int:
         return self.steps[-1].seq + 1 if self.steps else 0
 
-    def decide(self, decision: ModelDecision) -> int:
+    def decide(self, decision: ModelDecision, *, propose: bool = True) -> int:
         seq = self.next_seq
         digest = input_digest(model_input(
             user=self.started.input, evidence=self.started.evidence,
-            observations=self.observations, turn=self.turn, agent=self.started.agent))
+            observations=self.observations, turn=self.turn, agent=self.started.agent,
+            manifest=self.started.manifest, catalog_requested=self.catalog_requested))
         response = msgspec.to_builtins(decision)
         self.add(DECISION, DecisionEntry(seq=seq, turn=self.turn, input_digest=digest,
                                          response=response))
-        if isinstance(decision, SelectCapability):
-            self.add(PROPOSAL, ProposalEntry(step=seq, action=decision.capability,
-                                             arguments=decision.arguments))
+        if isinstance(decision, RequestCapabilities):
+            self.catalog_requested = True
+        if isinstance(decision, SelectCapability) and propose:
+            self.add(PROPOSAL, ProposalEntry(
+                step=seq, action=decision.capability.removeprefix("action:"),
+                arguments=decision.arguments))
         self.steps.append(StepRecord(seq=seq, kind="decision", payload=response,
                                      input_digest=digest))
         self.turn += 1
         return seq
 
-    def output(self, event: CommandOutcome | ProposalRefused) -> None:
+    def output(self, event: CommandOutcome | ProposalRefused | SelectionRefused
+               | ReviewAnswered) -> None:
         seq = event.step + 1
         observation = observation_of(event)
         self.add(OBSERVATION, ObservationEntry(seq=seq, step=event.step,
@@ -328,3 +346,146 @@ def test_an_edited_run_status_in_the_record_is_divergent() -> None:
     report = replay_run(RUN, j.entries, record=record)
     assert report.verdict == "divergent"
     assert "planner.runs" in report.divergences[0].found
+
+
+# -- the decision protocol's steps (issue 6) ---------------------------------------------------
+
+
+def snapshot() -> dict[str, Any]:
+    """The agent snapshot a run starts with, as the planner stores it."""
+    agents = AgentRegistry([load_manifest(msgspec.json.encode({
+        "name": "crm-assistant", "version": "1.0.0", "responsibility": "Keep notes.",
+        "uses": [{"kind": "action", "name": "crm.note.create"}]}))])
+    agents.resolve(actions=ACTIONS)
+    agent = agents.get("crm-assistant")
+    assert agent is not None and agent.state == "active"
+    return {"name": agent.name, "version": "1.0.0", "responsibility": "Keep notes.",
+            "catalog": agent.catalog}
+
+
+CHARGE = SelectCapability(capability="payment.charge.create",
+                          arguments={"customer_id": "ACME-42", "amount_cents": 4900,
+                                     "currency": "EUR", "description": "Shipping"})
+NOT_IN_USES = ("uses", "payment.charge.create is not among the capabilities agent "
+                       "crm-assistant uses")
+
+
+def catalog_run() -> Journal:
+    j = Journal(manifest=snapshot())
+    j.decide(RequestCapabilities(reason="signatures"))
+    step = j.decide(SelectCapability(capability="action:crm.note.create",
+                                     arguments=NOTE.arguments))
+    j.outcome(step)
+    answer = j.decide(DONE)
+    j.set_status("succeeded", step=answer, answer=DONE.answer)
+    return j
+
+
+def refused_run(check: tuple[str, str] = NOT_IN_USES,
+                decision: SelectCapability = CHARGE) -> Journal:
+    j = Journal(manifest=snapshot())
+    step = j.decide(decision, propose=False)
+    j.output(SelectionRefused(run_id=RUN, step=step, target=decision.capability,
+                              check=check[0], reason=check[1]))
+    answer = j.decide(DONE)
+    j.set_status("succeeded", step=answer, answer=DONE.answer)
+    return j
+
+
+def test_a_catalog_request_then_a_selection_replays_identical() -> None:
+    j = catalog_run()
+    report = replay_run(RUN, j.entries, record=j.record())
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+    # The first input showed the summary, the second the catalog: different digests.
+    digests = [s.input_digest for s in j.steps if s.kind == "decision"]
+    assert len(set(digests)) == 3
+
+
+def test_a_decision_over_the_summary_after_the_catalog_request_is_divergent() -> None:
+    j = Journal(manifest=snapshot())
+    j.decide(RequestCapabilities())
+    j.catalog_requested = False  # the runtime showed the summary again: not what it should
+    j.decide(DONE)
+    j.set_status("succeeded", step=1, answer=DONE.answer)
+    report = replay_run(RUN, j.entries)
+    assert report.verdict == "divergent"
+    assert [d.step for d in report.divergences] == [1]
+    assert "model input" in report.divergences[0].expected
+
+
+def test_a_refused_selection_replays_identical() -> None:
+    j = refused_run()
+    report = replay_run(RUN, j.entries, record=j.record())
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+    assert j.observations[0] == {"target": "payment.charge.create", "refused": "uses",
+                                 "reason": NOT_IN_USES[1], "executed": False}
+
+
+def test_a_selection_not_in_uses_that_was_proposed_is_divergent() -> None:
+    j = Journal(manifest=snapshot())
+    step = j.decide(CHARGE)  # journaled with its proposal, as if the check had not run
+    report = replay_run(RUN, j.entries)
+    assert report.verdict == "divergent"
+    assert report.divergences[0].step == step
+    assert "refuse payment.charge.create" in report.divergences[0].expected
+
+
+def test_a_refusal_of_a_selection_that_passes_its_checks_is_divergent() -> None:
+    j = refused_run(check=NOT_IN_USES, decision=NOTE)
+    report = replay_run(RUN, j.entries)
+    assert report.verdict == "divergent"
+    assert "a proposal of crm.note.create" in report.divergences[0].expected
+
+
+def test_bad_arguments_are_refused_with_the_contracts_reason() -> None:
+    bad = SelectCapability(capability="crm.note.create", arguments={"customer_id": "ACME-42"})
+    reason = ("crm.note.create v1: Object missing required field `body`")
+    assert replay_run(RUN, refused_run(("arguments", reason), bad).entries).verdict == (
+        "identical")
+    other = refused_run(("arguments", "something else"), bad)
+    assert replay_run(RUN, other.entries).verdict == "divergent"
+
+
+REVIEW = RequestHumanReview(review_prompt="Confirm the note.")
+
+
+def review_run(answer: str) -> Journal:
+    j = Journal(manifest=snapshot())
+    step = j.decide(REVIEW)
+    j.set_status("awaiting_human", step=step, error_code="HUMAN_REVIEW",
+                 error_message=REVIEW.review_prompt)
+    j.output(ReviewAnswered(run_id=RUN, step=step, answer=answer, reviewer="ops@acme",
+                            reason="looks wrong" if answer == "reject" else ""))
+    if answer == "reject":
+        j.set_status("failed", step=step, error_code="REJECTED", error_message="looks wrong")
+    else:
+        j.set_status("running", step=step)
+        done = j.decide(DONE)
+        j.set_status("succeeded", step=done, answer=DONE.answer)
+    return j
+
+
+@pytest.mark.parametrize("answer", ["approve", "reject"])
+def test_a_requested_review_replays_identical(answer: str) -> None:
+    j = review_run(answer)
+    report = replay_run(RUN, j.entries, record=j.record())
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+
+
+def test_a_review_nobody_answered_is_incomplete() -> None:
+    j = Journal(manifest=snapshot())
+    step = j.decide(REVIEW)
+    j.set_status("awaiting_human", step=step, error_code="HUMAN_REVIEW",
+                 error_message=REVIEW.review_prompt)
+    report = replay_run(RUN, j.entries, record=j.record())
+    assert report.verdict == "incomplete"
+    assert report.missing == ["the run has not ended (it is awaiting_human)"]
+
+
+def test_a_review_that_did_not_stop_the_run_is_divergent() -> None:
+    j = Journal(manifest=snapshot())
+    step = j.decide(REVIEW)
+    j.set_status("succeeded", step=step, answer="went on anyway")
+    report = replay_run(RUN, j.entries)
+    assert report.verdict == "divergent"
+    assert "wait for a person's review" in report.divergences[0].expected

@@ -1,0 +1,120 @@
+"""The decision protocol's pure parts (seed 004): the catalog an agent may show its model, the
+summary sent first, and the checks a selection passes before any handler runs. No I/O here.
+
+The catalog is built once per run from the agent's resolved manifest and kept with the run, so a
+resumed run and the offline replay see the very catalog the model saw. Capabilities are named
+by reference (`action:crm.note.create`, `tool:…`, `agent:…`); a decision may give the reference
+or the bare name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+import msgspec
+
+from actions.base import Invalid
+
+__all__ = [
+    "AGENT_INPUT_KEYS",
+    "PROTOCOL",
+    "Check",
+    "Refusal",
+    "action_name",
+    "capability_view",
+    "check_selection",
+]
+
+PROTOCOL: Final = "writ-agent-decision-v1"
+AGENT_INPUT_KEYS: Final = ["request"]
+Check = Literal["uses", "callable_by", "arguments", "unsupported"]
+_TYPES: Final = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+
+
+class Refusal(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a selection is refused before any handler runs; it becomes an observation."""
+
+    check: Check
+    reason: str
+
+
+def capability_view(catalog: list[dict[str, Any]], *, requested: bool) -> dict[str, Any]:
+    """What the model is told of its capabilities: a summary until it asked for the catalog.
+
+    Raises:
+        ValueError: a capability has no description (the call is not made).
+    """
+    for entry in catalog:
+        if not str(entry.get("description", "")).strip():
+            raise ValueError(f"capability {entry.get('ref')} has no description")
+    if requested:
+        return {"protocol": PROTOCOL, "mode": "catalog", "capabilities": catalog,
+                "input_keys": AGENT_INPUT_KEYS}
+    return {"protocol": PROTOCOL, "mode": "summary", "capability_count": len(catalog),
+            "capability_refs": [e["ref"] for e in catalog], "input_keys": AGENT_INPUT_KEYS,
+            "catalog_available_on_request": True}
+
+
+def action_name(target: str) -> str:
+    """The action a selection that passed its checks proposes (a reference names it too)."""
+    return target.removeprefix("action:")
+
+
+def _find(catalog: list[dict[str, Any]], target: str) -> dict[str, Any] | None:
+    for entry in catalog:
+        if target in (entry["ref"], entry["name"]):
+            return entry
+    return None
+
+
+def _inputs_refusal(inputs: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+    unknown = sorted(set(arguments) - set(inputs))
+    if unknown:
+        return f"unknown input(s): {', '.join(unknown)}"
+    missing = sorted(k for k, spec in inputs.items()
+                     if spec.get("required", True) and k not in arguments)
+    if missing:
+        return f"missing input(s): {', '.join(missing)}"
+    for key, value in arguments.items():
+        spec = inputs[key]
+        expected = _TYPES.get(spec.get("type", "string"), str)
+        if isinstance(value, bool) and spec.get("type") != "boolean" or not isinstance(
+                value, expected):
+            return f"input {key} must be a {spec.get('type', 'string')}"
+        if isinstance(value, str) and len(value) > spec.get("max_length", 2048):
+            return f"input {key} is too long"
+    return None
+
+
+def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
+                    arguments: Mapping[str, Any], actions: Mapping[str, Any]
+                    ) -> tuple[dict[str, Any], None] | tuple[None, Refusal]:
+    """The runtime's checks before any handler: the target is in the caller's `uses`, the caller
+    is in an agent target's `callable_by`, the arguments match the target's signature.
+
+    Returns the catalog entry to execute, or the refusal the model observes instead.
+    """
+    entry = _find(catalog, target)
+    if entry is None:
+        return None, Refusal(check="uses", reason=f"{target[:128]} is not among the "
+                                                  f"capabilities agent {caller} uses")
+    if entry["kind"] == "agent" and caller not in entry.get("callable_by", []):
+        return None, Refusal(check="callable_by", reason=f"agent {entry['name']} may not be "
+                                                         f"called by agent {caller}")
+    if entry["kind"] == "action":
+        contract = actions.get(entry["name"])
+        if contract is None:
+            return None, Refusal(check="uses", reason=f"action {entry['name']} no longer exists")
+        try:
+            contract.decode_request(dict(arguments))
+        except Invalid as exc:
+            return None, Refusal(check="arguments", reason=str(exc)[:512])
+        return entry, None
+    reason = _inputs_refusal(entry.get("inputs", {}), arguments)
+    if reason is not None:
+        return None, Refusal(check="arguments", reason=f"{entry['ref']}: {reason}"[:512])
+    # Reads by retrieval and calls to other agents pass the same checks, but this planner does
+    # not execute them yet: the model learns so, nothing runs.
+    return None, Refusal(check="unsupported", reason=f"{entry['ref']}: this planner does not "
+                                                     f"execute {entry['kind']} capabilities yet")

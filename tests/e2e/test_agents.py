@@ -1,0 +1,149 @@
+"""Agents and the decision protocol through the six real processes (issue 6): the catalog on
+request, a selection refused before any handler, a run for an agent no manifest declares, and a
+review the agent asked for, each replayed identical offline."""
+
+from __future__ import annotations
+
+import anyio
+import asyncpg
+import msgspec
+import pytest
+
+from schemas import subjects
+from schemas.host import RunResult
+from schemas.planner import REVIEW, ReplayReport, ReplayRun, ReviewAnswer
+from tests.e2e.conftest import Host
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+async def _result(stack: Stack, host: Host, request_id: str) -> RunResult:
+    try:
+        return await host.wait_result(request_id)
+    except TimeoutError:
+        raise AssertionError(stack.log_tail("planner")) from None
+
+
+async def _steps(db: asyncpg.Connection, run_id: str) -> list[tuple[str, dict]]:
+    rows = await db.fetch("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
+                          "ORDER BY seq", run_id)
+    return [(r["kind"], msgspec.json.decode(r["payload"])) for r in rows]
+
+
+async def _replay(stack: Stack, host: Host, db: asyncpg.Connection,
+                  run_id: str) -> ReplayReport:
+    with anyio.fail_after(20):  # the sealer chains the run's rows within a poll or two
+        while await db.fetchval(
+                "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
+                "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)", run_id):
+            await anyio.sleep(0.1)
+    reply = await host.nc.request(subjects.REPLAY, msgspec.json.encode(
+        ReplayRun(tenant="acme", run_id=run_id)), timeout=10)
+    return msgspec.json.decode(reply.data, type=ReplayReport)
+
+
+async def test_request_capabilities_then_select_an_action(
+        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    # The tenant's administrator lets this agent write without asking, as for the demo agent.
+    await db.execute("INSERT INTO governance.standing_grants (tenant, agent, family, "
+                     "granted_by) VALUES ('acme', 'catalog-assistant', 'write_delete', "
+                     "'admin@acme.example') ON CONFLICT DO NOTHING")
+    request = host.request(agent="catalog-assistant")
+    await host.publish(request, msg_id=request.request_id)
+    result = await _result(stack, host, request.request_id)
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    assert result.run_id is not None
+
+    steps = await _steps(db, result.run_id)
+    assert [(k, p.get("decision")) for k, p in steps] == [
+        ("decision", "request_capabilities"), ("decision", "select_capability"),
+        ("observation", None), ("decision", "answer_directly")]
+    assert steps[2][1]["state"] == "succeeded"
+    digests = [r["input_digest"] for r in await db.fetch(
+        "SELECT input_digest FROM planner.steps WHERE run_id = $1 AND kind = 'decision' "
+        "ORDER BY seq", result.run_id)]
+    assert len(set(digests)) == 3  # the summary, then the catalog, then with the outcome
+    commands = await db.fetch("SELECT action, state FROM admission.commands WHERE run_id = $1",
+                              result.run_id)
+    assert [(c["action"], c["state"]) for c in commands] == [("crm.note.create", "succeeded")]
+    manifest = msgspec.json.decode(await db.fetchval(
+        "SELECT manifest FROM planner.runs WHERE run_id = $1", result.run_id))
+    assert (manifest["version"], [e["ref"] for e in manifest["catalog"]]) == (
+        "1.0.0", ["action:crm.note.create", "action:writ.noop"])
+    report = await _replay(stack, host, db, result.run_id)
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+
+
+async def test_a_capability_not_in_uses_is_refused_observed_and_the_run_answers(
+        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    request = host.request(agent="scoped-assistant", text="Charge the expedited shipping")
+    await host.publish(request, msg_id=request.request_id)
+    result = await _result(stack, host, request.request_id)
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    assert result.answer == "Charging is not among my capabilities; nothing was charged."
+    assert result.actions == []
+    assert result.run_id is not None
+
+    steps = await _steps(db, result.run_id)
+    assert [k for k, _ in steps] == ["decision", "observation", "decision"]
+    assert steps[1][1] == {"target": "payment.charge.create", "refused": "uses",
+                           "executed": False, "reason": "payment.charge.create is not among "
+                           "the capabilities agent scoped-assistant uses"}
+    # Refused before any handler: admission never saw a proposal, nothing was admitted.
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             result.run_id) == 0
+    assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",
+                             result.run_id) == 0
+    report = await _replay(stack, host, db, result.run_id)
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+
+
+async def test_a_run_for_an_unknown_agent_fails_with_its_code(
+        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    request = host.request(agent="ghost-assistant")
+    await host.publish(request, msg_id=request.request_id)
+    result = await _result(stack, host, request.request_id)
+    assert result.status == "failed" and result.error is not None
+    assert result.error.code == "UNKNOWN_AGENT"
+    assert "ghost-assistant" in result.error.message
+    assert result.run_id is not None
+    assert await _steps(db, result.run_id) == []  # the model was never asked
+    assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",
+                             result.run_id) == 0
+
+
+async def test_a_requested_review_waits_for_a_person_then_the_run_goes_on(
+        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    request = host.request(agent="review-assistant")
+    await host.publish(request, msg_id=request.request_id)
+    waiting = await _result(stack, host, request.request_id)
+    assert waiting.status == "awaiting_human", (waiting, stack.log_tail("planner"))
+    assert waiting.error is not None and waiting.error.code == "HUMAN_REVIEW"
+    assert waiting.error.message.startswith("Confirm the note")
+    run_id = waiting.run_id
+    assert run_id is not None and waiting.pending_id == f"review-{run_id}-0"
+    incomplete = await _replay(stack, host, db, run_id)
+    assert incomplete.verdict == "incomplete", incomplete
+
+    def answer(**kw: object) -> bytes:
+        return msgspec.json.encode(ReviewAnswer(**{
+            "tenant": "acme", "run_id": run_id, "step": 0, "answer": "approve",
+            "reviewer": "ops@acme.example", **kw}))
+
+    # Another tenant, or a step nobody asked about, answers nothing.
+    for wrong in (answer(tenant="globex"), answer(step=3)):
+        reply = await host.nc.request(REVIEW, wrong, timeout=10)
+        assert reply.headers and reply.headers.get("Nats-Service-Error-Code") == "404"
+    reply = await host.nc.request(REVIEW, answer(), timeout=10)
+    done = msgspec.json.decode(reply.data, type=RunResult)
+    assert (done.status, done.answer) == (
+        "succeeded", "The reviewer confirmed; the note can be written.")
+    steps = await _steps(db, run_id)
+    assert steps[1] == ("observation", {"review": "approve", "reviewer": "ops@acme.example",
+                                        "reason": ""})
+    # Answered once: the same answer again finds no review waiting.
+    again = await host.nc.request(REVIEW, answer(), timeout=10)
+    assert again.headers and again.headers.get("Nats-Service-Error-Code") == "404"
+    report = await _replay(stack, host, db, run_id)
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
