@@ -245,10 +245,17 @@ class Stack:
         """The simulated CRM and payment provider: real HTTP servers on loopback."""
         self.crm_url = self._start_fake("crm")
         self.payments_url = self._start_fake("payments")
-        # The payment provider's demo payments (what `payment.refund` reads and refunds).
         with httpx.Client(base_url=self.payments_url, timeout=5) as client:
-            for payment in json.loads((_DEMO / "payments.json").read_text()):
-                client.post("/_control/payments", json=payment).raise_for_status()
+            self.seed_payments(client)
+
+    @staticmethod
+    def seed_payments(client: httpx.Client, *, reset: bool = False) -> None:
+        """The payment provider's demo payments (what `payment.refund` reads and refunds);
+        `reset` forgets every payment, refund and charge first."""
+        if reset:
+            client.post("/_control/reset").raise_for_status()
+        for payment in json.loads((_DEMO / "payments.json").read_text()):
+            client.post("/_control/payments", json=payment).raise_for_status()
 
     def _start_fake(self, name: str) -> str:
         ready = self.home / f"{name}.url"

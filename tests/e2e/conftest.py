@@ -54,6 +54,16 @@ async def db(stack: Stack) -> AsyncIterator[asyncpg.Connection]:
 
 
 @pytest.fixture
+def payments(stack: Stack) -> Iterator[httpx.Client]:
+    """The simulated payment provider's control API. The demo's payments (the scripted refund
+    agent's `pay_7781`) are as new before each test, and the mode back to normal after."""
+    with httpx.Client(base_url=stack.payments_url, timeout=5) as client:
+        stack.seed_payments(client, reset=True)
+        yield client
+        client.post("/_control/mode", json={"mode": "normal"})
+
+
+@pytest.fixture
 def crm(stack: Stack) -> Iterator[httpx.Client]:
     """The simulated CRM's control API, back to normal mode after each test."""
     with httpx.Client(base_url=stack.crm_url, timeout=5) as client:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -25,14 +24,6 @@ from writ.stack import Stack
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 AGENT = "refund-assistant"  # no grant for write_delete: every refund asks a person
-
-
-@pytest.fixture
-def payments(stack: Stack) -> Iterator[httpx.Client]:
-    """The simulated payment provider's control API, back to normal after each test."""
-    with httpx.Client(base_url=stack.payments_url, timeout=5) as client:
-        yield client
-        client.post("/_control/mode", json={"mode": "normal"})
 
 
 def _payment(payment_id: str, *, discount_cents: int = 1500, last4: str = "4242",
@@ -72,7 +63,6 @@ async def _propose_refund(host: Host, payments: httpx.Client, **payment: Any
 
 async def test_a_refund_run_waits_with_its_preview_and_runs_once_when_approved(
         stack: Stack, host: Host, payments: httpx.Client) -> None:
-    payments.post("/_control/payments", json=_payment("pay_7781")).raise_for_status()
     request = host.request(agent=AGENT, text="Léo's sibling discount is missing; refund it.")
     await host.publish(request)
 

@@ -9,6 +9,7 @@ import sys
 
 import anyio
 import asyncpg
+import httpx
 import msgspec
 import pytest
 
@@ -108,7 +109,7 @@ async def test_a_run_replays_identical_and_an_edited_step_is_divergent(
 
 
 async def test_a_run_stopped_for_a_person_is_incomplete_until_answered_then_identical(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+        stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client) -> None:
     # The refund agent has no grant for refunds: its run stops for a person, who rejects it
     # (so no refund is made in the session's shared payment provider).
     request = host.request(agent="refund-assistant",

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from schemas import subjects
-from schemas.host import RunRequest
+from schemas.host import ApproveProposal, RunRequest
 from tests.e2e.conftest import Host
 from writ.stack import Stack
 
@@ -118,3 +118,36 @@ def _spans(stack: Stack) -> list[dict[str, Any]]:
 async def test_a_run_is_one_trace_through_every_service(stack: Stack, host: Host) -> None:
     run = await start_traced_run(host)
     assert_run_tree(await wait_for_tree(lambda: _spans(stack), run), run)
+
+
+async def test_an_approval_is_its_own_trace_linked_to_the_runs(stack: Stack,
+                                                               host: Host) -> None:
+    run_trace, approval_trace = secrets.token_hex(16), secrets.token_hex(16)
+    request = host.request(agent="refund-assistant", text="Refund the missing discount.")
+    await host.js.publish(subjects.request("acme"), msgspec.json.encode(request),
+                          headers={"Nats-Msg-Id": request.request_id,
+                                   "traceparent": f"00-{run_trace}-{secrets.token_hex(8)}-01"})
+    waiting = await host.wait_result(request.request_id)
+    assert waiting.status == "awaiting_human" and waiting.proposal is not None
+
+    approve = ApproveProposal(request_id=f"apr-{secrets.token_hex(6)}",
+                              token=stack.token("acme", "ops@acme.example", roles=["approver"]),
+                              proposal_id=waiting.proposal.proposal_id, answer="approve")
+    await host.js.publish(subjects.approval("acme"), msgspec.json.encode(approve),
+                          headers={"Nats-Msg-Id": approve.request_id,
+                                   "traceparent": f"00-{approval_trace}-{secrets.token_hex(8)}-01"})
+    assert (await host.wait_approval(approve.request_id)).status == "claimed"
+
+    with anyio.fail_after(15):
+        while not {"admission approve", "dispatch"} <= {
+                s["name"] for s in _spans(stack) if s["trace_id"] == approval_trace}:
+            await anyio.sleep(0.1)
+    approving = [s for s in _spans(stack) if s["trace_id"] == approval_trace]
+    [approve_span] = [s for s in approving if s["name"] == "admission approve"]
+    # The work the approval resumes runs in the approver's trace, linked back to the run's.
+    assert [(link["trace_id"], link["attributes"]) for link in approve_span["links"]] == [
+        (run_trace, {"writ.link": "resumed"})]
+    proposing = [s for s in _spans(stack) if s["trace_id"] == run_trace
+                 and s["name"] == "admission admit"]
+    assert any(link["span_id"] == s["span_id"]
+               for s in proposing for link in approve_span["links"])
