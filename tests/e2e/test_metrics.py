@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 REFRESH_WAIT_S = 15.0
 
 ALLOWED_LABELS = frozenset({"consumer", "outcome", "line", "verdict", "state", "connector",
-                            "result", "tool", "status", "le", "quantile"})
+                            "result", "tool", "status", "check", "budget", "le", "quantile"})
 TENANTS = ("acme", "globex", "initech")
 PRINCIPALS = ("alice@acme.example",)
 UUID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.I)
