@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -184,3 +185,10 @@ async def host(stack: Stack) -> AsyncIterator[Host]:
 def notes_for(crm: httpx.Client, key_prefix: str = "") -> list[dict[str, Any]]:
     notes = crm.get("/_control/notes").json()
     return [n for n in notes if n["idempotency_key"].startswith(key_prefix)]
+
+
+def recorded_spans(stack: Stack) -> list[dict[str, Any]]:
+    """Every span the deployment's processes exported to their JSON-lines files so far
+    (`WRIT_OTEL_SPANS_FILE`)."""
+    return [json.loads(line) for path in stack.home.glob("spans.*")
+            for line in path.read_text().splitlines()]

@@ -32,7 +32,7 @@ from schemas import subjects
 from schemas.admission import DispatchCommand
 from schemas.dispatcher import Reconcile, Reconciled
 from schemas.host import CommandResult
-from tests.e2e.conftest import Host
+from tests.e2e.conftest import Host, recorded_spans
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -49,7 +49,8 @@ def stack() -> Iterator[Stack]:
         deployment = Stack(Path(home), database="faults", durable_pg=False, extra_env={
             "*": {"WRIT_FAULTS_FILE": str(faults),
                   "WRIT_DUPLICATE_WINDOW_S": str(DUPLICATE_WINDOW_S),
-                  "WRIT_DRAIN_TIMEOUT_S": "2"},
+                  "WRIT_DRAIN_TIMEOUT_S": "2",
+                  "WRIT_OTEL_SPANS_FILE": str(Path(home) / "spans")},
             "dispatcher": {"WRIT_LEASE_S": str(LEASE_S), "WRIT_SWEEP_EVERY_S": "1",
                            "WRIT_PENDING_GRACE_S": "5", "WRIT_CALL_TIMEOUT_S": "1.5"},
         })
@@ -279,6 +280,19 @@ async def test_crash_after_the_remote_write_replays_the_key_at_an_idempotent_pro
     written = notes(crm, operation_id)
     assert len(written) == 1 and result.receipt == written[0]["note_id"]
     assert await attempts(db, row["operation_id"]) == [(1, None), (2, "succeeded")]
+    # The new holder's dispatch span links to the crashed attempt's, whatever trace it was in.
+    first = await db.fetchval("SELECT traceparent FROM dispatcher.attempts "
+                              "WHERE operation_id = $1 AND lease_epoch = 1", row["operation_id"])
+    _, trace_id, span_id, _ = first.split("-")
+    with anyio.fail_after(10):
+        while not (linked := [
+                s for s in recorded_spans(host.stack)
+                if s["name"] in ("dispatch", "dispatch (re-driven)")
+                and {"trace_id": trace_id, "span_id": span_id,
+                     "attributes": {"writ.link": "earlier attempt"}} in s["links"]]):
+            await anyio.sleep(0.1)
+    assert linked[0]["attributes"]["writ.operation_id"] == operation_id
+
 
 
 async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_unknown(

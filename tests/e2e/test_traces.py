@@ -16,7 +16,7 @@ import pytest
 
 from schemas import subjects
 from schemas.host import ApproveProposal, RunRequest
-from tests.e2e.conftest import Host
+from tests.e2e.conftest import Host, recorded_spans
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -110,14 +110,10 @@ def assert_run_tree(spans: list[dict[str, Any]], run: TracedRun) -> None:
     assert run.request.input not in text and run.request.token not in text
 
 
-def _spans(stack: Stack) -> list[dict[str, Any]]:
-    return [json.loads(line) for path in stack.home.glob("spans.*")
-            for line in path.read_text().splitlines()]
-
 
 async def test_a_run_is_one_trace_through_every_service(stack: Stack, host: Host) -> None:
     run = await start_traced_run(host)
-    assert_run_tree(await wait_for_tree(lambda: _spans(stack), run), run)
+    assert_run_tree(await wait_for_tree(lambda: recorded_spans(stack), run), run)
 
 
 async def test_an_approval_is_its_own_trace_linked_to_the_runs(stack: Stack,
@@ -140,14 +136,14 @@ async def test_an_approval_is_its_own_trace_linked_to_the_runs(stack: Stack,
 
     with anyio.fail_after(15):
         while not {"admission approve", "dispatch"} <= {
-                s["name"] for s in _spans(stack) if s["trace_id"] == approval_trace}:
+                s["name"] for s in recorded_spans(stack) if s["trace_id"] == approval_trace}:
             await anyio.sleep(0.1)
-    approving = [s for s in _spans(stack) if s["trace_id"] == approval_trace]
+    approving = [s for s in recorded_spans(stack) if s["trace_id"] == approval_trace]
     [approve_span] = [s for s in approving if s["name"] == "admission approve"]
     # The work the approval resumes runs in the approver's trace, linked back to the run's.
     assert [(link["trace_id"], link["attributes"]) for link in approve_span["links"]] == [
         (run_trace, {"writ.link": "resumed"})]
-    proposing = [s for s in _spans(stack) if s["trace_id"] == run_trace
+    proposing = [s for s in recorded_spans(stack) if s["trace_id"] == run_trace
                  and s["name"] == "admission admit"]
     assert any(link["span_id"] == s["span_id"]
                for s in proposing for link in approve_span["links"])
