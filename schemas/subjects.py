@@ -23,6 +23,7 @@ __all__ = [
     "HOST_API_VERSION",
     "INGRESS_IN",
     "PLANNER_IN",
+    "READ",
     "RECONCILE",
     "REPLAY",
     "RESERVE",
@@ -142,6 +143,9 @@ ANSWER: Final = "writ.int.governance.answer"
 # `BudgetRefused`), settle when it ends (`SettleBudget` -> `BudgetSettled`). libs/budget.py.
 RESERVE: Final = "writ.int.governance.reserve"
 SETTLE: Final = "writ.int.governance.settle"
+# Execute a read tool for a run (`ReadCapability` -> `ReadResult` | `ReadRefused`), after
+# governance's `decide`; the tools and their catalog are `schemas.retrieval.READ_TOOLS`.
+READ: Final = "writ.int.retrieval.read"
 # Replay a run offline from the planner's audit journal (`ReplayRun` -> `ReplayReport`).
 REPLAY: Final = "writ.int.planner.replay"
 

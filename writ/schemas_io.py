@@ -45,7 +45,7 @@ from schemas.host import (
 )
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import ProposeCommand, ReplayReport, ReplayRun
-from schemas.retrieval import EvidenceGathered
+from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
 
@@ -57,6 +57,7 @@ MESSAGES: Final = (
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
     BudgetSettled,
+    ReadCapability, ReadResult, ReadRefused,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

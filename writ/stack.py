@@ -218,6 +218,13 @@ class Stack:
                 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
                 [(d["tenant"], d["document_id"], d["kind"], d["title"], d["body"])
                  for d in documents])
+            # Customer records `crm.customer.get` reads (retrieval's own read-only copy).
+            customers = json.loads((_DEMO / "customers.json").read_text())
+            await conn.executemany(
+                "INSERT INTO retrieval.customers (tenant, customer_id, name, owner, email, "
+                "status, notes) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+                [(c["tenant"], c["customer_id"], c["name"], c["owner"], c["email"],
+                  c["status"], c["notes"]) for c in customers])
             # The demo agent may write to the CRM without asking: a standing grant for its
             # family, given by the tenant's administrator.
             await conn.execute(

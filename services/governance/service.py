@@ -41,6 +41,7 @@ from schemas.governance import (
     SettleBudget,
 )
 from schemas.host import DecisionResult
+from schemas.retrieval import READ_TOOLS
 from services.governance.budgets import BudgetDefaults
 from services.governance.logic import SENSITIVE_UNREADABLE, Call, decide
 from services.governance.policy import load_policy
@@ -155,7 +156,10 @@ class GovernanceService:
     async def decide(self, ask: DecideRequest) -> Decision:
         """Decide one call and record the decision (and its pending decision, for an ask)."""
         contract = ACTIONS.get(ask.tool)
-        call = Call(tool=ask.tool, family=contract.family if contract else None,
+        # Read tools (retrieval executes them) are classified by their shared contract.
+        read_tool = READ_TOOLS.get(ask.tool) if contract is None else None
+        family = contract.family if contract else read_tool.family if read_tool else None
+        call = Call(tool=ask.tool, family=family,
                     connector=contract.connector if contract else None, agent=ask.agent,
                     first_argument=ask.first_argument,
                     scope=contract.scope if contract else "external",

@@ -16,6 +16,7 @@ class RetrievalSettings(BaseSettings, frozen=True, kw_only=True):
 
     database_url: str
     database_password_file: str
+    decide_timeout_s: float = 2.0
 
 
 def main() -> None:
@@ -26,10 +27,12 @@ def main() -> None:
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with await connect_pool(settings.database_url, password=password,
                                       application_name="writ-retrieval") as pool:
-            svc = RetrievalService(rt=rt, store=RetrievalStore(pool))
+            svc = RetrievalService(rt=rt, store=RetrievalStore(pool),
+                                   decide_timeout_s=settings.decide_timeout_s)
             await svc.run(task_status=task_status)
 
-    run_service("retrieval", settings, start, description="Gathers tenant-scoped evidence")
+    run_service("retrieval", settings, start,
+                description="Gathers tenant-scoped evidence and executes reads")
 
 
 if __name__ == "__main__":

@@ -1,39 +1,68 @@
-"""Retrieval: gathers tenant-scoped evidence for runs. Read-only, and everything it returns is
-marked untrusted: a document that gives orders is still only a document."""
+"""Retrieval: gathers tenant-scoped evidence for runs and executes read capabilities.
+
+Read-only, and everything it returns is marked untrusted: a document that gives orders is still
+only a document. A read runs only after governance's `decide` allowed it, on the tenant the
+request names (the run's, as ingress verified it), never one the arguments name.
+"""
 
 from __future__ import annotations
+
+import logging
+import time
 
 import anyio
 import anyio.abc
 import msgspec
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.micro.request import Request
+from opentelemetry.trace import SpanKind
+from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
-from libs.runtime import Runtime
+from libs.runtime import Endpoint, Runtime
+from libs.telemetry import extract_context, inject_context
 from schemas import subjects
+from schemas.base import MAX_MESSAGE_BYTES
+from schemas.governance import DecideRequest, Decision
 from schemas.ingress import RunStarted
-from schemas.retrieval import EvidenceGathered
+from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 from services.retrieval.store import RetrievalStore
+from services.retrieval.tools import TOOLS, InvalidArguments, decode_arguments, first_argument
 
 __all__ = ["RetrievalService"]
 
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="retrieval",
                      filter_subjects=subjects.RETRIEVAL_IN)
+log = logging.getLogger("writ.retrieval")
 
 
 class RetrievalService:
-    """Answers each `RunStarted` with `EvidenceGathered`."""
+    """Answers each `RunStarted` with `EvidenceGathered`, and serves `ReadCapability`."""
 
-    def __init__(self, *, rt: Runtime, store: RetrievalStore) -> None:
-        self._rt, self._store = rt, store
+    def __init__(self, *, rt: Runtime, store: RetrievalStore,
+                 decide_timeout_s: float = 2.0) -> None:
+        self._rt, self._store, self._decide_timeout = rt, store, decide_timeout_s
         self._decoder = msgspec.json.Decoder(RunStarted)
+        self._read_decoder = msgspec.json.Decoder(ReadCapability)
+        self._decision_decoder = msgspec.json.Decoder(Decision)
+        self._encoder = msgspec.json.Encoder()
+        # `tool` is a registered tool name or "unknown", `outcome` one of six: bounded.
+        self._reads = Counter("writ_retrieval_reads", "Read capabilities, by outcome",
+                              ["tool", "outcome"], registry=rt.registry)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Consume started runs until stopped."""
+        """Serve reads and consume started runs until stopped."""
+        self._rt.endpoints += self.endpoints()
         await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder, handler=self.handle,
                         metrics=self._rt.metrics, tracer=self._rt.tracer,
                         stopping=self._rt.stopping, task_status=task_status)
+
+    def endpoints(self) -> list[Endpoint]:
+        """The request/reply endpoints `run` serves (tests may serve them alone)."""
+        return [Endpoint("read", subjects.READ, self._on_read)]
 
     async def handle(self, delivery: Delivery[RunStarted]) -> None:
         """Search the run's tenant's documents and hand the evidence to the planner."""
@@ -48,3 +77,95 @@ class RetrievalService:
                              evidence=evidence, attended=run.attended),
             msg_id=f"evidence:{run.run_id}",
         )
+
+    # -- read capabilities ------------------------------------------------------------------
+
+    async def _on_read(self, request: Request) -> None:
+        started = time.perf_counter()
+        metrics = self._rt.metrics
+        if len(request.data) > MAX_MESSAGE_BYTES:
+            metrics.failed.labels("read", "too_large").inc()
+            await request.respond_error("413", f"ReadCapability over {MAX_MESSAGE_BYTES} bytes")
+            return
+        try:
+            ask = self._read_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            metrics.failed.labels("read", "undecodable").inc()
+            await request.respond_error("400", f"invalid ReadCapability: {exc}"[:500])
+            return
+        # Continue the caller's trace: one run is one trace, request/reply included.
+        with self._rt.tracer.start_as_current_span(
+                "retrieval read", context=extract_context(request.headers),
+                kind=SpanKind.SERVER) as span:
+            span.set_attribute("writ.read.tool", ask.tool if ask.tool in TOOLS else "unknown")
+            answer = await self.read(ask)
+            span.set_attribute("writ.read.outcome", _outcome(answer))
+        await request.respond(self._encoder.encode(answer))
+        metrics.handled.labels("read").inc()
+        metrics.latency.labels("read").observe(time.perf_counter() - started)
+
+    async def read(self, ask: ReadCapability) -> ReadResult | ReadRefused:
+        """Check the call, ask governance, then run the tool on the request's tenant."""
+        answer = await self._read(ask)
+        self._reads.labels(ask.tool if ask.tool in TOOLS else "unknown", _outcome(answer)).inc()
+        return answer
+
+    async def _read(self, ask: ReadCapability) -> ReadResult | ReadRefused:
+        tool = TOOLS.get(ask.tool)
+        if tool is None:
+            return _refused(ask, "UNKNOWN_TOOL", f"no read tool named {ask.tool}")
+        try:
+            arguments = decode_arguments(tool.spec, ask.arguments)
+        except InvalidArguments as exc:
+            return _refused(ask, "INVALID_ARGUMENTS", str(exc))
+        try:
+            decision = await self._decide(ask, first_argument(arguments))
+        except _Unavailable as exc:
+            return _refused(ask, "UNAVAILABLE", str(exc), retryable=True)
+        if decision.verdict != "allow":
+            return _refused(ask, "DENIED" if decision.verdict == "deny" else "ASK",
+                            decision.reason, decision=decision)
+        try:
+            output = await tool.execute(self._store, ask.tenant, arguments)
+        except Exception as exc:  # the store's trouble is the caller's retry, never a result
+            log.warning("read %s failed: %r", ask.tool, exc)
+            return _refused(ask, "UNAVAILABLE", f"{ask.tool} could not be read now",
+                            retryable=True, decision=decision)
+        return ReadResult(run_id=ask.run_id, tool=ask.tool, decision_id=decision.decision_id,
+                          items=output.items, truncated=output.truncated)
+
+    async def _decide(self, ask: ReadCapability, first: str) -> Decision:
+        request = DecideRequest(tenant=ask.tenant, principal=ask.principal, agent=ask.agent,
+                                run_id=ask.run_id, tool=ask.tool, first_argument=first,
+                                approval_id=ask.approval_id)
+        try:
+            reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(request),
+                                              timeout=self._decide_timeout,
+                                              headers=inject_context({}))
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            # No answer is not an allow.
+            raise _Unavailable(f"governance did not answer: {type(exc).__name__}") from exc
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            raise _Unavailable(f"governance error: {reply.headers.get('Nats-Service-Error')}"
+                               [:500])
+        try:
+            return self._decision_decoder.decode(reply.data)
+        except msgspec.DecodeError as exc:
+            raise _Unavailable("governance's answer did not decode") from exc
+
+
+class _Unavailable(Exception):
+    """Governance gave no usable answer: the read is refused, and may be asked again."""
+
+
+def _refused(ask: ReadCapability, code: str, reason: str, *, retryable: bool = False,
+             decision: Decision | None = None) -> ReadRefused:
+    return ReadRefused(
+        run_id=ask.run_id, tool=ask.tool, code=code, reason=reason[:500],  # type: ignore[arg-type]
+        retryable=retryable, decision_id=decision.decision_id if decision else None,
+        pending_id=decision.pending_id if decision else None,
+        line=decision.line if decision else None)
+
+
+def _outcome(answer: ReadResult | ReadRefused) -> str:
+    return "allowed" if isinstance(answer, ReadResult) else answer.code.lower()

@@ -51,7 +51,14 @@ from schemas.host import (
 )
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import Divergence, ProposeCommand, ReplayReport, ReplayRun
-from schemas.retrieval import Evidence, EvidenceGathered
+from schemas.retrieval import (
+    Evidence,
+    EvidenceGathered,
+    ReadCapability,
+    ReadItem,
+    ReadRefused,
+    ReadResult,
+)
 from writ.schemas_io import FOLDER, MESSAGES, check_schemas, render, write_schemas
 
 DIGEST = "ab" * 32
@@ -157,6 +164,16 @@ SAMPLES: dict[type, Any] = {
         Divergence(step=2, expected="the run to succeed with answer \"Done.\"",
                    found="the run succeeded with answer \"Refunded.\"")],
         missing=["step 1 (the tool output of step 0) was never captured"]),
+    ReadCapability: ReadCapability(tenant="acme", run_id="run-1", principal="alice@acme",
+                                   agent="assistant", tool="documents.search",
+                                   arguments={"query": "order 7781", "limit": 3}),
+    ReadResult: ReadResult(
+        run_id="run-1", tool="crm.customer.get", decision_id="dec-1", truncated=False,
+        items=[ReadItem(id="ACME-42", kind="customer_record", title="Acme Corporation",
+                        text="Prefers email.", fields={"owner": "Alice Martin"})]),
+    ReadRefused: ReadRefused(run_id="run-1", tool="crm.customer.get", code="ASK",
+                             reason="no grant covers the call", decision_id="dec-2",
+                             pending_id="dec-2", line=6),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(
