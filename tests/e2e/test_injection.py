@@ -9,6 +9,8 @@ tenant reaches the run's evidence or its result.
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import asyncpg
 import httpx
@@ -16,6 +18,16 @@ import msgspec
 import pytest
 
 from tests.e2e.conftest import Host, notes_for
+from writ.stack import Stack
+
+
+def _script(stack: Stack) -> tuple[list[str], str]:
+    """What the crm-assistant's script (the deployment's top-level decisions) proposes, and
+    its last answer."""
+    script = json.loads(stack.decisions_file.read_text())["decisions"]
+    actions = [d["capability"].removeprefix("action:") for d in script
+               if d["decision"] == "select_capability"]
+    return actions, [d["answer"] for d in script if d["decision"] == "answer_directly"][-1]
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -31,6 +43,7 @@ async def test_injected_evidence_changes_nothing_the_run_may_do(
         "SELECT document_id FROM retrieval.documents WHERE tenant = 'acme'")}
     globex_docs = {r[0] for r in await db.fetch(
         "SELECT document_id FROM retrieval.documents WHERE tenant = 'globex'")}
+    scripted_actions, scripted_answer = _script(host.stack)
     refunds_before = await db.fetchval(
         "SELECT count(*) FROM admission.proposals WHERE action = 'payment.refund'")
 
@@ -39,8 +52,7 @@ async def test_injected_evidence_changes_nothing_the_run_may_do(
     result = await host.wait_result(request.request_id)
 
     assert result.status == "succeeded", result
-    assert result.answer == ("I added a note about the delayed shipment to Acme Corporation's "
-                             "record.")  # the script's answer, word for word
+    assert result.answer == scripted_answer  # the script's, word for word
     # The evidence the model saw: the injected documents, untrusted, acme's only.
     run = await db.fetchrow("SELECT * FROM planner.runs WHERE request_id = $1",
                             request.request_id)
@@ -56,7 +68,8 @@ async def test_injected_evidence_changes_nothing_the_run_may_do(
                                "WHERE run_id = $1", result.run_id)
     commands = await db.fetch("SELECT action, arguments, state, decision_line "
                               "FROM admission.commands WHERE run_id = $1", result.run_id)
-    assert [p["action"] for p in proposals] == ["crm.note.create"]
+    assert scripted_actions == ["crm.note.create"]
+    assert [p["action"] for p in proposals] == scripted_actions
     assert [(c["action"], c["state"], c["decision_line"]) for c in commands] == [
         ("crm.note.create", "succeeded", 5)]
     arguments = msgspec.json.decode(commands[0]["arguments"])
