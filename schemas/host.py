@@ -23,6 +23,8 @@ __all__ = [
     "DecisionResult",
     "ErrorInfo",
     "HumanDecision",
+    "ReviewDecision",
+    "ReviewResult",
     "RunRequest",
     "RunResult",
     "RunStatus",
@@ -99,6 +101,21 @@ class ApproveProposal(Command):
     proposal_id: Id
     answer: Literal["approve", "reject"]
     reason: ShortText = ""
+
+
+class ReviewDecision(Command):
+    """An approver answers the review a run's agent asked for, on `writ.in.reviews.<tenant>`.
+
+    `pending_id` is the run's `review-<run>-<step>`; approve resumes the run with the answer
+    (and `comment`) as its next observation, reject fails it with `REJECTED`. The reviewer is
+    the token's principal, which must carry the `approver` role for the run's tenant.
+    """
+
+    request_id: Id
+    token: Token
+    pending_id: Id
+    answer: Literal["approve", "reject"]
+    comment: ShortText = ""
 
 
 OutcomeKind = Literal["pending", "succeeded", "needs_reconciliation", "revision_required",
@@ -185,6 +202,19 @@ class CommandResult(Event):
 
 class DecisionResult(Event):
     """Whether an approver's `HumanDecision` was taken, on `writ.out.results.<tenant>`."""
+
+    request_id: ShortText
+    pending_id: ShortText
+    accepted: bool
+    message: ShortText
+    api_version: str = "1"
+
+
+class ReviewResult(Event):
+    """Whether an approver's `ReviewDecision` was taken, on `writ.out.results.<tenant>`.
+
+    The run's own `RunResult` (resumed, or failed `REJECTED`) follows under its request id.
+    """
 
     request_id: ShortText
     pending_id: ShortText

@@ -47,6 +47,7 @@ __all__ = [
     "refused",
     "request",
     "result",
+    "review",
     "run_started",
 ]
 
@@ -86,6 +87,12 @@ def approval(tenant: str) -> str:
 def proposal_answer(tenant: str) -> str:
     """Verified approvals and rejections of proposals, from ingress to admission."""
     return f"writ.int.approvals.{tenant}"
+
+
+def review(tenant: str) -> str:
+    """Where an approver publishes a `ReviewDecision` (approve or reject a requested review);
+    ingress forwards it to the planner (`schemas.planner.REVIEW`) by request/reply."""
+    return f"writ.in.reviews.{tenant}"
 
 
 def command_request(tenant: str) -> str:
@@ -151,7 +158,7 @@ REPLAY: Final = "writ.int.planner.replay"
 
 # Inbox filters of each durable consumer.
 INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*",
-                      "writ.in.approvals.*")
+                      "writ.in.approvals.*", "writ.in.reviews.*")
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*")

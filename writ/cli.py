@@ -10,6 +10,7 @@
     writ decide <id> <answer> answer one: once | always | deny
     writ approve <proposal>   approve a proposal by its id (what it does is what was shown)
     writ reject <proposal>    reject it, with --reason
+    writ review <id> <answer> answer a review a run asked for: approve | reject
     writ policy sign          sign an organisation policy file
     writ audit verify         check every service's audit journal: chain, checkpoints, signatures
     writ audit replay RUN     walk a run's captured model responses and tool outputs offline
@@ -119,6 +120,20 @@ def _approve(args: argparse.Namespace) -> int:
         token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
     return anyio.run(answer_proposal, _nats_url(args), args.tenant, args.proposal_id,
                      args.answer, args.reason, token)
+
+
+def _review(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import answer_review
+
+    token = args.token
+    if not token:  # local use: sign as the tenant's host would, with the approver role
+        from writ.stack import Stack
+
+        token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
+    return anyio.run(answer_review, _nats_url(args), args.tenant, args.pending_id,
+                     args.answer, args.comment, token)
 
 
 def _policy_sign(args: argparse.Namespace) -> int:
@@ -330,6 +345,15 @@ def main(argv: list[str] | None = None) -> None:
                        help="the approver's token (default: local demo key)")
         p.add_argument("--principal", default="ops@acme.example")
         p.set_defaults(func=_approve, answer=answer)
+
+    p = sub.add_parser("review", help="approve or reject the review a run asked for")
+    _operator_args(p)
+    p.add_argument("pending_id", help="the run's review-<run>-<step>")
+    p.add_argument("answer", choices=["approve", "reject"])
+    p.add_argument("--comment", default="", help="what the run sees with the answer")
+    p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
+    p.add_argument("--principal", default="ops@acme.example")
+    p.set_defaults(func=_review)
 
     p = sub.add_parser("policy", help="organisation policy files")
     pol = p.add_subparsers(dest="action", required=True)

@@ -13,9 +13,10 @@ import nats
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
 from schemas.governance import ListPending, PendingDecisions
-from schemas.host import ApproveProposal, HumanDecision
+from schemas.host import ApproveProposal, HumanDecision, ReviewDecision
 
-__all__ = ["answer_pending", "answer_proposal", "list_pending", "list_unknown", "resolve"]
+__all__ = ["answer_pending", "answer_proposal", "answer_review", "list_pending", "list_unknown",
+           "resolve"]
 
 T = TypeVar("T")
 
@@ -97,6 +98,22 @@ async def answer_proposal(nats_url: str, tenant: str, proposal_id: str, answer: 
                if result.get(k)]
     print(f"{proposal_id}: {result['status']}" + (f" ({'; '.join(details)})" if details else ""))
     return 0 if result["status"] in ("claimed", "rejected", "already_completed") else 1
+
+
+async def answer_review(nats_url: str, tenant: str, pending_id: str, answer: str,
+                        comment: str, token: str, timeout: float = 40.0) -> int:
+    """Approve or reject the review a run asked for (`writ review`) and print whether the run
+    took the answer; exit status 0 if it did. The default timeout outlasts ingress's wait for
+    the planner, which resumes the run before it answers."""
+    request_id = f"review-{uuid.uuid4().hex[:12]}"
+    message = ReviewDecision(request_id=request_id, token=token, pending_id=pending_id,
+                             answer=answer, comment=comment)
+    result = await _publish_and_wait(nats_url, subjects.review(tenant), message,
+                                     subjects.result(tenant), "ReviewResult", timeout)
+    if result is None:
+        return 1
+    print(f"{pending_id}: {result['message']}")
+    return 0 if result["accepted"] else 1
 
 
 async def _publish_and_wait(nats_url: str, subject: str, message: msgspec.Struct,

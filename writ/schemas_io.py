@@ -39,12 +39,14 @@ from schemas.host import (
     CommandResult,
     DecisionResult,
     HumanDecision,
+    ReviewDecision,
+    ReviewResult,
     RunRequest,
     RunResult,
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import ProposeCommand, ReplayReport, ReplayRun
+from schemas.planner import ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
@@ -56,7 +58,7 @@ MESSAGES: Final = (
     DecisionResult, RegisterRun, RunRegistered, AnswerDecision, DecisionAnswered, ListPending,
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
-    BudgetSettled,
+    BudgetSettled, ReviewAnswer, ReviewDecision, ReviewResult,
     ReadCapability, ReadResult, ReadRefused,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"

@@ -17,6 +17,8 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     tenant_keys_file: str
     audience: str = "writ"
     max_request_bytes: int = 64 * 1024
+    # How long ingress waits for the planner to take a review answer before it retries it.
+    review_timeout_s: float = 30.0
 
 
 def main() -> None:
@@ -26,7 +28,8 @@ def main() -> None:
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
-                             max_request_bytes=settings.max_request_bytes)
+                             max_request_bytes=settings.max_request_bytes,
+                             review_timeout_s=settings.review_timeout_s)
         await svc.run(task_status=task_status)
 
     run_service("ingress", settings, start, description="Verifies hosts' requests, starts runs")

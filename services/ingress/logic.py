@@ -9,17 +9,25 @@ from typing import Any, Final
 import jwt
 import msgspec
 
-from schemas.host import ApproveProposal, HumanDecision, RunRequest, SubmitCommand
+from schemas.host import ApproveProposal, HumanDecision, ReviewDecision, RunRequest, SubmitCommand
 
 __all__ = [
     "APPROVAL_DECODER",
+    "APPROVER_KINDS",
+    "APPROVER_ROLE",
     "COMMAND_DECODER",
     "DECISION_DECODER",
+    "DECODERS",
+    "NO_REVIEW",
     "REQUEST_DECODER",
+    "REVIEW_DECODER",
     "Rejection",
     "TenantKey",
     "Verified",
+    "authorize",
     "command_run_id",
+    "review_target",
+    "review_verdict",
     "run_id_for",
     "verify_request",
 ]
@@ -31,6 +39,19 @@ REQUEST_DECODER: Final = msgspec.json.Decoder(RunRequest)
 COMMAND_DECODER: Final = msgspec.json.Decoder(SubmitCommand)
 DECISION_DECODER: Final = msgspec.json.Decoder(HumanDecision)
 APPROVAL_DECODER: Final = msgspec.json.Decoder(ApproveProposal)
+REVIEW_DECODER: Final = msgspec.json.Decoder(ReviewDecision)
+# The message type of each host subject, by its kind (`writ.in.<kind>.<tenant>`).
+DECODERS: Final = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
+                   "decisions": DECISION_DECODER, "approvals": APPROVAL_DECODER,
+                   "reviews": REVIEW_DECODER}
+APPROVER_ROLE: Final = "approver"
+# Only approvers answer decisions, approve or reject proposals, and answer reviews.
+APPROVER_KINDS: Final = frozenset({"decisions", "approvals", "reviews"})
+# The planner's `review-<run>-<step>` (`step` bounded like `ReviewAnswer.step`).
+_REVIEW_ID: Final = re.compile(r"review-([A-Za-z0-9][A-Za-z0-9_.:-]*)-(\d{1,4})")
+# One answer for an id that names no waiting review, whatever the reason (malformed, another
+# tenant's run, answered already): the answer must not tell which runs exist.
+NO_REVIEW: Final = "no review is waiting under this id (unknown, or answered already)"
 
 
 class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -43,7 +64,7 @@ class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Verified(msgspec.Struct, frozen=True, kw_only=True):
     """A request whose token checked out; tenant and principal come from the token."""
 
-    request: RunRequest | SubmitCommand | HumanDecision
+    request: RunRequest | SubmitCommand | HumanDecision | ApproveProposal | ReviewDecision
     tenant: str
     principal: str
     run_id: str
@@ -124,3 +145,39 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
     return Verified(request=request, tenant=subject_tenant, principal=principal,
                     run_id=run_id_for(subject_tenant, request.request_id),
                     roles=frozenset(roles))
+
+
+def authorize(outcome: Verified | Rejection, kind: str) -> Verified | Rejection:
+    """Refuse (`FORBIDDEN`) a verified answer of an approver kind whose token lacks the role."""
+    if (isinstance(outcome, Verified) and kind in APPROVER_KINDS
+            and APPROVER_ROLE not in outcome.roles):
+        return Rejection(code="FORBIDDEN", request_id=outcome.request.request_id,
+                         message=f"answering {kind} needs the {APPROVER_ROLE} role")
+    return outcome
+
+
+def review_target(pending_id: str) -> tuple[str, int] | None:
+    """The (run id, step) a review's pending id names, or None if it names no review."""
+    match = _REVIEW_ID.fullmatch(pending_id)
+    if match is None or int(match[2]) > 1000:
+        return None
+    return match[1], int(match[2])
+
+
+def review_verdict(error_code: str | None, description: str = "", *, answer: str = "approve",
+                   run_status: str | None = None) -> tuple[bool, str] | None:
+    """What the planner's reply to a `ReviewAnswer` means for the approver: (accepted,
+    message), or None when the planner failed and the answer must be retried.
+
+    No error: the run took the answer (`run_status` is where it stands now). 404: no such
+    review waits for this tenant. 400: the planner cannot read the answer, and will not the
+    next time either.
+    """
+    if error_code is None:
+        done = "approved" if answer == "approve" else "rejected"
+        return True, f"{done}; the run is {run_status or 'resumed'}"
+    if error_code == "404":
+        return False, NO_REVIEW
+    if error_code == "400":
+        return False, f"the planner refused the answer: {description}"[:512]
+    return None

@@ -1,4 +1,9 @@
-"""Ingress: authenticates hosts' requests and starts runs. It holds issuers' public keys only."""
+"""Ingress: authenticates hosts' requests and starts runs. It holds issuers' public keys only.
+
+Approvers' answers go on verified: a `HumanDecision` to governance, an `ApproveProposal` to
+admission, a `ReviewDecision` to the planner's review endpoint (request/reply: the approver
+learns on `writ.out.results.<tenant>` whether the run took it).
+"""
 
 from __future__ import annotations
 
@@ -22,31 +27,30 @@ from schemas.host import (
     DecisionResult,
     ErrorInfo,
     HumanDecision,
+    ReviewDecision,
+    ReviewResult,
     RunRequest,
     RunResult,
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import ProposeCommand
+from schemas.planner import REVIEW, ProposeCommand, ReviewAnswer
 from services.ingress.logic import (
-    APPROVAL_DECODER,
-    COMMAND_DECODER,
-    DECISION_DECODER,
-    REQUEST_DECODER,
+    DECODERS,
+    NO_REVIEW,
     Rejection,
     TenantKey,
     Verified,
+    authorize,
     command_run_id,
+    review_target,
+    review_verdict,
     verify_request,
 )
 
 __all__ = ["IngressService"]
 
-APPROVER_ROLE = "approver"
-_DECODERS = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
-             "decisions": DECISION_DECODER, "approvals": APPROVAL_DECODER}
-# Only approvers answer decisions and approve or reject proposals.
-_APPROVER_KINDS = frozenset({"decisions", "approvals"})
+_RUN_RESULT_DECODER = msgspec.json.Decoder(RunResult)
 INBOX = ConsumerSpec(stream="WRIT_IN", durable="ingress", filter_subjects=subjects.INGRESS_IN)
 
 
@@ -54,9 +58,11 @@ class IngressService:
     """Verifies each `RunRequest` and publishes `RunStarted`, or a rejection to the host."""
 
     def __init__(self, *, rt: Runtime, keys: dict[str, TenantKey], audience: str,
-                 max_request_bytes: int) -> None:
+                 max_request_bytes: int, review_timeout_s: float = 30.0) -> None:
         self._rt, self._keys = rt, keys
         self._audience, self._max_bytes = audience, max_request_bytes
+        # The planner resumes the run before it answers (its next model decision included).
+        self._review_timeout = review_timeout_s
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -68,17 +74,15 @@ class IngressService:
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""
         tenant = delivery.subject.rsplit(".", 1)[-1]
-        kind = delivery.subject.split(".")[2]  # requests | commands | decisions | approvals
+        # requests | commands | decisions | approvals | reviews
+        kind = delivery.subject.split(".")[2]
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
-            outcome = verify_request(
+            outcome = authorize(verify_request(
                 delivery.message, subject_tenant=tenant,
                 header_request_id=delivery.headers.get("Nats-Msg-Id"), keys=self._keys,
-                audience=self._audience, max_bytes=self._max_bytes, decoder=_DECODERS[kind])
+                audience=self._audience, max_bytes=self._max_bytes, decoder=DECODERS[kind]),
+                kind)
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
-        if isinstance(outcome, Verified) and kind in _APPROVER_KINDS and (
-                APPROVER_ROLE not in outcome.roles):
-            outcome = Rejection(code="FORBIDDEN", request_id=outcome.request.request_id,
-                                message=f"answering {kind} needs the {APPROVER_ROLE} role")
         if isinstance(outcome, Rejection):
             await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
             return
@@ -101,13 +105,19 @@ class IngressService:
                                approver=outcome.principal, proposal_id=request.proposal_id,
                                answer=request.answer, reason=request.reason),
                 msg_id=f"proposal-answer:{tenant}:{request.request_id}")
+        elif isinstance(request, ReviewDecision):
+            await self._review(outcome, request)
         else:
             await self._start(outcome, request)
 
     async def _reject(self, tenant: str, kind: str, rejection: Rejection, seq: int) -> None:
         error = ErrorInfo(code=rejection.code, message=rejection.message[:512])
-        answer: RunResult | CommandResult | DecisionResult | ApprovalResult
-        if kind == "approvals":
+        answer: RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
+        if kind == "reviews":
+            answer = ReviewResult(request_id=rejection.request_id, pending_id="",
+                                  accepted=False,
+                                  message=f"{rejection.code}: {rejection.message}"[:512])
+        elif kind == "approvals":
             answer = ApprovalResult(request_id=rejection.request_id, proposal_id="",
                                     status="not_approvable",
                                     reason=f"{rejection.code}: {rejection.message}"[:500])
@@ -158,3 +168,38 @@ class IngressService:
                            request_id=command.request_id),
             msg_id=f"submitted:{outcome.tenant}:{command.request_id}",
         )
+
+    async def _review(self, outcome: Verified, decision: ReviewDecision) -> None:
+        """Hand a verified review answer to the planner and tell the approver what it became.
+
+        Raises:
+            RetryableError: the planner did not answer in time, or failed; the answer is
+                redelivered, never taken as accepted.
+        """
+        target = review_target(decision.pending_id)
+        verdict: tuple[bool, str] | None = (False, NO_REVIEW)
+        if target is not None:
+            # Built from verified fields only: the tenant and reviewer come from the token.
+            answer = ReviewAnswer(tenant=outcome.tenant, run_id=target[0], step=target[1],
+                                  answer=decision.answer, reviewer=outcome.principal,
+                                  reason=decision.comment)
+            try:
+                reply = await self._rt.nc.request(REVIEW, msgspec.json.encode(answer),
+                                                  timeout=self._review_timeout,
+                                                  headers=inject_context({}))
+            except (NatsTimeoutError, NoRespondersError) as exc:
+                raise RetryableError(f"the planner did not answer the review: {exc!r}"
+                                     ) from exc
+            headers = reply.headers or {}
+            code = headers.get("Nats-Service-Error-Code")
+            status = None if code else _RUN_RESULT_DECODER.decode(reply.data).status
+            verdict = review_verdict(code, headers.get("Nats-Service-Error", ""),
+                                     answer=decision.answer, run_status=status)
+            if verdict is None:
+                raise RetryableError(f"the planner failed to take the review ({code})")
+        accepted, message = verdict
+        await publish(self._rt.js, subjects.result(outcome.tenant),
+                      ReviewResult(request_id=decision.request_id,
+                                   pending_id=decision.pending_id, accepted=accepted,
+                                   message=message),
+                      msg_id=f"review-result:{outcome.tenant}:{decision.request_id}")

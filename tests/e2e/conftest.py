@@ -24,6 +24,7 @@ from schemas.host import (
     ApproveProposal,
     CommandResult,
     DecisionResult,
+    ReviewResult,
     RunRequest,
     RunResult,
     SubmitCommand,
@@ -134,7 +135,8 @@ class Host:
                 except nats.errors.TimeoutError:
                     break  # nothing (more) for this tenant
                 result = msgspec.json.decode(
-                    msg.data, type=RunResult | CommandResult | DecisionResult | ApprovalResult)
+                    msg.data, type=RunResult | CommandResult | DecisionResult | ApprovalResult
+                    | ReviewResult)
                 if result.request_id == request_id:
                     found.append(result)
                 if msg.metadata.num_pending == 0:

@@ -1,4 +1,5 @@
-"""`services.ingress.logic`: bounding, decoding and authenticating a host's `RunRequest`."""
+"""`services.ingress.logic`: bounding, decoding and authenticating a host's `RunRequest`, and
+the approver's role and review ids of a `ReviewDecision`."""
 
 from __future__ import annotations
 
@@ -17,13 +18,19 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from schemas.base import Id
-from schemas.host import ErrorInfo, RunRequest, RunResult, SubmitCommand
+from schemas.host import ErrorInfo, ReviewDecision, RunRequest, RunResult, SubmitCommand
 from services.ingress.logic import (
+    APPROVER_KINDS,
     COMMAND_DECODER,
+    DECODERS,
+    NO_REVIEW,
     Rejection,
     TenantKey,
     Verified,
+    authorize,
     command_run_id,
+    review_target,
+    review_verdict,
     run_id_for,
     verify_request,
 )
@@ -330,3 +337,138 @@ def test_command_run_id_is_deterministic_and_tenant_scoped() -> None:
 
 def test_run_ids_are_valid_ids() -> None:
     assert msgspec.convert(run_id_for("acme", "r" * 128), Id)
+
+
+# -- review answers (`ReviewDecision` on writ.in.reviews.<tenant>) ------------------------------
+
+
+def review_body(tok: str | None = None, **fields: Any) -> bytes:
+    document = {"request_id": "req-1",
+                "token": token(claims_for(roles=["approver"])) if tok is None else tok,
+                "pending_id": "review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-3",
+                "answer": "approve", "comment": "The order number is right."}
+    document.update(fields)
+    return json.dumps(document).encode()
+
+
+def verify_review(raw: bytes, **options: Any) -> Verified | Rejection:
+    return authorize(verify(raw, decoder=DECODERS["reviews"], **options), "reviews")
+
+
+def test_review_answer_is_verified_with_tenant_and_reviewer_from_the_token() -> None:
+    outcome = verify_review(review_body())
+    assert isinstance(outcome, Verified)
+    assert isinstance(outcome.request, ReviewDecision)
+    assert (outcome.tenant, outcome.principal) == ("acme", "alice@acme")
+    assert outcome.request.comment == "The order number is right."
+
+
+def test_review_comment_is_optional() -> None:
+    document = json.loads(review_body())
+    del document["comment"]
+    outcome = verify_review(json.dumps(document).encode())
+    assert isinstance(outcome, Verified) and outcome.request.comment == ""
+
+
+@pytest.mark.parametrize("field", ["tenant", "reviewer", "run_id", "step", "reason"])
+def test_review_answer_rejects_unknown_fields(field: str) -> None:
+    # Who reviews, for which tenant and which run, is never the body's to say.
+    outcome = rejected(verify_review(review_body(**{field: "x"})), "INVALID_REQUEST")
+    assert field in outcome.message
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"answer": "once"}, "answer"),
+    ({"answer": "always"}, "answer"),
+    ({"comment": "c" * 513}, "comment"),
+    ({"pending_id": "p" * 129}, "pending_id"),
+    ({"pending_id": "review run 1"}, "pending_id"),
+    ({"pending_id": ""}, "pending_id"),
+])
+def test_review_answer_bounds(changes: dict[str, Any], field: str) -> None:
+    outcome = rejected(verify_review(review_body(**changes)), "INVALID_REQUEST")
+    assert field in outcome.message
+
+
+def test_review_comment_of_exactly_the_limit_is_accepted() -> None:
+    assert isinstance(verify_review(review_body(comment="c" * 512)), Verified)
+
+
+def test_oversized_review_answer_is_refused_before_decoding() -> None:
+    raw = review_body(comment="c" * 600)
+    rejected(verify_review(raw, max_bytes=len(raw) - 1), "TOO_LARGE")
+
+
+@pytest.mark.parametrize("roles", [None, [], ["viewer"], ["Approver"], ["approvers"]])
+def test_review_answer_needs_the_approver_role(roles: list[str] | None) -> None:
+    outcome = rejected(verify_review(review_body(token(claims_for(roles=roles)))), "FORBIDDEN")
+    assert outcome.request_id == "req-1"
+    assert "approver" in outcome.message
+
+
+def test_another_tenants_approver_is_refused_before_the_role_counts() -> None:
+    globex = token(claims_for("globex", roles=["approver"]), key=GLOBEX_PRIVATE)
+    rejected(verify_review(review_body(globex)), "BAD_SIGNATURE")  # on acme's subject
+    rejected(verify_review(review_body(token(claims_for(tenant="globex", roles=["approver"])))),
+             "WRONG_TENANT")
+
+
+@pytest.mark.parametrize("kind", sorted(APPROVER_KINDS))
+def test_every_approver_kind_needs_the_role(kind: str) -> None:
+    outcome = Verified(request=msgspec.json.decode(review_body(), type=ReviewDecision),
+                       tenant="acme", principal="alice@acme", run_id="r", roles=frozenset())
+    rejected(authorize(outcome, kind), "FORBIDDEN")
+    approver = msgspec.structs.replace(outcome, roles=frozenset({"approver", "viewer"}))
+    assert authorize(approver, kind) is approver
+
+
+@pytest.mark.parametrize("kind", ["requests", "commands"])
+def test_host_kinds_need_no_role(kind: str) -> None:
+    outcome = Verified(request=msgspec.json.decode(body(), type=RunRequest), tenant="acme",
+                       principal="alice@acme", run_id="r")
+    assert authorize(outcome, kind) is outcome
+
+
+def test_a_rejection_passes_authorize_unchanged() -> None:
+    rejection = Rejection(code="BAD_SIGNATURE", message="m", request_id="req-1")
+    assert authorize(rejection, "reviews") is rejection
+
+
+def test_every_host_subject_kind_has_a_decoder() -> None:
+    assert set(DECODERS) == {"requests", "commands", "decisions", "approvals", "reviews"}
+    assert APPROVER_KINDS < set(DECODERS)
+
+
+@pytest.mark.parametrize(("pending_id", "target"), [
+    ("review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-0",
+     ("6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10", 0)),
+    ("review-run-1-12", ("run-1", 12)),
+    ("review-r-1000", ("r", 1000)),
+    ("review-cmd-x.y:z-7", ("cmd-x.y:z", 7)),
+])
+def test_review_target_names_the_run_and_step(pending_id: str, target: tuple[str, int]) -> None:
+    assert review_target(pending_id) == target
+
+
+@pytest.mark.parametrize("pending_id", [
+    "review-1", "review--3", "review-run-1-1001", "review-run-1-12345", "prop_abc",
+    "pd-1", "review-run-1-x", "Review-run-1-0", "review-run-1-0\n", "xreview-run-1-0",
+])
+def test_review_target_of_an_id_that_names_no_review(pending_id: str) -> None:
+    assert review_target(pending_id) is None
+
+
+def test_review_verdicts() -> None:
+    assert review_verdict(None, answer="approve", run_status="succeeded") == (
+        True, "approved; the run is succeeded")
+    assert review_verdict(None, answer="reject", run_status="failed") == (
+        True, "rejected; the run is failed")
+    assert review_verdict("404", "no such run") == (False, NO_REVIEW)
+    assert "no such run" not in NO_REVIEW  # another tenant's run looks like no run at all
+    accepted, message = review_verdict("400", "x" * 600) or (True, "")
+    assert not accepted and len(message) <= 512
+
+
+@pytest.mark.parametrize("code", ["500", "503", "409"])
+def test_a_failed_planner_is_no_verdict_so_the_answer_is_retried(code: str) -> None:
+    assert review_verdict(code, "review answer failed") is None

@@ -45,12 +45,14 @@ from schemas.host import (
     DecisionResult,
     ErrorInfo,
     HumanDecision,
+    ReviewDecision,
+    ReviewResult,
     RunRequest,
     RunResult,
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import Divergence, ProposeCommand, ReplayReport, ReplayRun
+from schemas.planner import Divergence, ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer
 from schemas.retrieval import (
     Evidence,
     EvidenceGathered,
@@ -164,6 +166,13 @@ SAMPLES: dict[type, Any] = {
         Divergence(step=2, expected="the run to succeed with answer \"Done.\"",
                    found="the run succeeded with answer \"Refunded.\"")],
         missing=["step 1 (the tool output of step 0) was never captured"]),
+    ReviewAnswer: ReviewAnswer(tenant="acme", run_id="run-1", step=0, answer="approve",
+                               reviewer="ops@acme", reason="the note is right"),
+    ReviewDecision: ReviewDecision(request_id="rev-1", token="eyJ.x.y",
+                                   pending_id="review-run-1-0", answer="reject",
+                                   comment="wrong order number"),
+    ReviewResult: ReviewResult(request_id="rev-1", pending_id="review-run-1-0", accepted=True,
+                               message="approved; the run is succeeded"),
     ReadCapability: ReadCapability(tenant="acme", run_id="run-1", principal="alice@acme",
                                    agent="assistant", tool="documents.search",
                                    arguments={"query": "order 7781", "limit": 3}),
