@@ -45,6 +45,9 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
     # sessions end after 60 s idle in a transaction: every decision ends well before that.
     model_deadline_s: float = 45.0
     max_decisions: int = 8
+    # Tokens a provider call reserves of the run's budget before it starts (settled with what
+    # the provider reports; the scripted provider reports 0).
+    model_reserve_tokens: int = 4096
     # The audit journal's keys (libs/journal.py has the formats); required to start.
     journal_signing_key_file: str = ""
     journal_data_keys_file: str = ""
@@ -92,6 +95,7 @@ def main() -> None:
             svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
                                  provider=provider, agents=agents,
                                  max_decisions=settings.max_decisions,
+                                 reserve_tokens=settings.model_reserve_tokens,
                                  sealer=Sealer(pool=pool, journal=journal, signing=signing,
                                                interval=settings.journal_seal_interval_s))
             await svc.run(task_status=task_status)

@@ -151,6 +151,9 @@ class AgentManifest(_Strict, kw_only=True):
     callable_by: Annotated[list[AgentName], msgspec.Meta(max_length=64)] = []
     provider: Literal["scripted", "openai"] = "scripted"
     budgets: Budgets = Budgets()
+    # A critic verifies each answer against the objective before the run ends with it, and
+    # may send the agent back to plan again (seed 000 scenario A), under the same budgets.
+    critic: bool = False
 
 
 def _approvalish(value: Any, where: str = "") -> str | None:

@@ -1,8 +1,10 @@
 """Decision providers: where the model's next decision comes from.
 
 The decision protocol (seed 004): `answer_directly`, `request_capabilities`, `select_capability`,
-`request_human_review`. The scripted provider reads decisions from a file, so demos and tests
-need no network; a real model provider plugs in behind the same `DecisionProvider` port.
+`request_human_review`; and the critic's verdict on an answer (seed 000 scenario A): `accept` or
+`replan` with a reason. The scripted provider reads decisions and verdicts from a file, so demos
+and tests need no network; a real model provider plugs in behind the same `DecisionProvider`
+port. Each call also says how many tokens it used, which the planner settles its budget with.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ from typing import Annotated, Any, Protocol
 import msgspec
 
 __all__ = [
+    "Accept",
     "AnswerDirectly",
+    "CriticInput",
+    "CriticVerdict",
     "ModelDecision",
     "ModelInput",
     "RequestCapabilities",
+    "Replan",
     "RequestHumanReview",
     "ScriptedProvider",
     "SelectCapability",
@@ -76,36 +82,84 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     capabilities: dict[str, Any] | None = None
 
 
+class _Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+               tag_field="verdict"):
+    """What a critic may answer; anything else is an error, never a guess."""
+
+
+class Accept(_Verdict, tag="accept"):
+    """The answer meets the objective: the run ends with it."""
+
+
+class Replan(_Verdict, tag="replan"):
+    """The answer does not meet the objective: the agent plans again, told `reason`."""
+
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+
+CriticVerdict = Accept | Replan
+
+
+class CriticInput(msgspec.Struct, frozen=True, kw_only=True):
+    """The critic's input: its instruction, the objective (the principal's request, domain
+    data), and the answer to verify with the evidence and observations it rests on (external
+    content: none of it instructs the critic). `round` counts the critic's earlier verdicts."""
+
+    developer: str
+    objective: str
+    answer: str
+    untrusted: list[dict[str, Any]]
+    observations: list[dict[str, Any]]
+    round: int
+    agent: str
+
+
 class DecisionProvider(Protocol):
-    """A model, or something standing in for one."""
+    """A model, or something standing in for one.
+
+    `decide_with_usage` and `verify` also return the tokens the call used (what the planner
+    settles the run's token budget with).
+    """
 
     async def decide(self, model_input: ModelInput) -> ModelDecision: ...
 
+    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]: ...
+
+    async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]: ...
+
 
 _Decisions = Annotated[list[ModelDecision], msgspec.Meta(min_length=1, max_length=100)]
+_Verdicts = Annotated[list[CriticVerdict], msgspec.Meta(min_length=1, max_length=100)]
 
 
 class _Script(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     decisions: _Decisions
     agents: Annotated[dict[str, _Decisions], msgspec.Meta(max_length=100)] = {}
+    critics: Annotated[dict[str, _Verdicts], msgspec.Meta(max_length=100)] = {}
 
 
 class ScriptedProvider:
     """Answers turn n with the n-th decision of a script; past the end, it answers done.
 
-    A script may give some agents their own decisions; the others follow `decisions`.
+    A script may give some agents their own decisions; the others follow `decisions`. A
+    critic's round n gets the n-th verdict of its agent's `critics`; past the end, or for an
+    agent without any, it accepts.
     """
 
     def __init__(self, decisions: list[ModelDecision],
-                 by_agent: dict[str, list[ModelDecision]] | None = None) -> None:
+                 by_agent: dict[str, list[ModelDecision]] | None = None,
+                 critics: dict[str, list[CriticVerdict]] | None = None) -> None:
         self._decisions = decisions
         self._by_agent = by_agent or {}
+        self._critics = critics or {}
 
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedProvider:
-        """Load and validate a script: `{"decisions": [...], "agents": {"<agent>": [...]}}`."""
+        """Load and validate a script: `{"decisions": [...], "agents": {"<agent>": [...]},
+        "critics": {"<agent>": [{"verdict": "replan", "reason": "..."}, ...]}}`."""
         script = msgspec.json.decode(Path(path).read_bytes(), type=_Script)
-        return cls(list(script.decisions), {k: list(v) for k, v in script.agents.items()})
+        return cls(list(script.decisions), {k: list(v) for k, v in script.agents.items()},
+                   {k: list(v) for k, v in script.critics.items()})
 
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         """The scripted decision for this agent and turn."""
@@ -113,3 +167,15 @@ class ScriptedProvider:
         if model_input.turn < len(decisions):
             return decisions[model_input.turn]
         return AnswerDirectly(answer="The script has no further steps.")
+
+    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]:
+        """The scripted decision, and 0 tokens: reading a script spends none, and the planner
+        settles what was really used rather than a made-up count."""
+        return await self.decide(model_input), 0
+
+    async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]:
+        """The scripted verdict for this agent and round (accept by default), and 0 tokens."""
+        verdicts = self._critics.get(critic_input.agent, [])
+        if critic_input.round < len(verdicts):
+            return verdicts[critic_input.round], 0
+        return Accept(), 0

@@ -14,6 +14,16 @@ a `request_human_review` stops the run as `awaiting_human` until a person answer
 (`writ.int.planner.review`). Each decision and observation is committed as a step before the
 next decision is asked for.
 
+Budgets (DESIGN.md invariant 9, `budgeting.py`): every provider call (a decision, a critic's
+verdict) first reserves a provider call and tokens of the run's budget in governance, and every
+capability call (a checked selection proposed to admission) a capability call; each is settled
+with what it used. A budget that ran out stops the run in code — `failed` with
+`BUDGET_EXHAUSTED` naming the budget — and the model is not asked whether to continue.
+
+The critic (seed 000 scenario A): for an agent whose manifest has one, an `answer_directly` is
+verified against the objective before the run ends with it; `replan` feeds the critic's reason
+back as an observation written by Writ and the agent decides again, under the same budgets.
+
 Each captured model response, tool output and status change is journaled with the step or status
 it records (`store.py`); the planner also seals its journal and serves `writ.int.planner.replay`,
 the offline replay of a run (`replay.py`).
@@ -33,7 +43,9 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
+from libs.budget import BudgetExhausted, NoBudget
 from libs.bus import ConsumerSpec, publish
+from libs.errors import PermanentError, RetryableError
 from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
 from libs.telemetry import extract_context
@@ -44,8 +56,10 @@ from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
 from schemas.planner import REVIEW, ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer
 from schemas.retrieval import EvidenceGathered
 from services.planner.agents import AgentRegistry
+from services.planner.budgeting import RunBudgets, step_key
 from services.planner.protocol import action_name
 from services.planner.provider import (
+    Accept,
     AnswerDirectly,
     DecisionProvider,
     ModelDecision,
@@ -54,11 +68,15 @@ from services.planner.provider import (
     SelectCapability,
 )
 from services.planner.replay import (
+    BUDGET_CODE,
     REFUSAL_CODES,
     REVIEW_CODE,
+    CriticReplan,
     ProposalEntry,
     ReviewAnswered,
     SelectionRefused,
+    critic_input,
+    has_critic,
     input_digest,
     model_input,
     observation_of,
@@ -84,14 +102,22 @@ class _ReviewRefused(Exception):
     """A review answer that does not fit the run (no such review waiting)."""
 
 
+class _Undescribed(Exception):
+    """A capability of the run's catalog has no description: no model call is made."""
+
+
 class PlannerService:
     """Drives runs from evidence to a final answer, one recorded step at a time."""
 
     def __init__(self, *, rt: Runtime, store: PlannerStore, provider: DecisionProvider,
                  agents: AgentRegistry, max_decisions: int = 8,
-                 sealer: Sealer | None = None) -> None:
+                 reserve_tokens: int = 4096, sealer: Sealer | None = None) -> None:
         self._rt, self._store, self._provider = rt, store, provider
         self._agents = agents
+        # What a provider call reserves of the run's tokens before it starts (settled with
+        # what the provider reports it used).
+        self._reserve_tokens = reserve_tokens
+        self._budget = RunBudgets(nc=rt.nc, store=store)
         self._max_decisions, self._sealer = max_decisions, sealer
         self._replay_decoder = msgspec.json.Decoder(ReplayRun)
         self._review_decoder = msgspec.json.Decoder(ReviewAnswer)
@@ -107,8 +133,11 @@ class PlannerService:
                                 registry=rt.registry)
         for check in ("uses", "callable_by", "arguments", "unsupported"):
             self._selections_refused.labels(check)
+        # Label-free: which budget ran out is governance's writ_governance_budget_exhausted
+        # (by `budget`) and the run's error message; this counts the runs the planner stopped.
         self._budget_exhausted = Counter("writ_planner_budget_exhaustions",
-                                         "Runs failed for using up their model decisions",
+                                         "Runs the planner stopped because a budget ran out "
+                                         "(its own decision cap included)",
                                          registry=rt.registry)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -175,7 +204,8 @@ class PlannerService:
                 agent = self._agents.get(event.agent)
                 snapshot = None if agent is None else {
                     "name": agent.name, "version": agent.manifest.version,
-                    "responsibility": agent.manifest.responsibility, "catalog": agent.catalog}
+                    "responsibility": agent.manifest.responsibility, "catalog": agent.catalog,
+                    "critic": agent.manifest.critic}
                 await self._store.create_run(event, manifest=snapshot)
             elif not await self._store.exists(event.run_id):
                 return  # an outcome for a run this planner never started: nothing to drive
@@ -188,8 +218,12 @@ class PlannerService:
         # result through the replay path, which finishes nothing and is not counted again.
         for status, code in finished:
             self._finished.labels(status).inc()
-            if code == "BUDGET_EXHAUSTED":
+            if code == BUDGET_CODE:
                 self._budget_exhausted.inc()
+        if any(isinstance(m, ProposeCommand) for _, m, _ in effects):
+            # Armed by the fault suite: the decision and its reservation are committed, the
+            # proposal is not published yet (the redelivery publishes it, the model unasked).
+            self._rt.faults.crash_if("planner.before_proposal")
         for subject, message, msg_id in effects:
             await publish(self._rt.js, subject, message, msg_id=msg_id)
 
@@ -199,6 +233,7 @@ class PlannerService:
             if run is None:
                 return []  # an outcome for a run this planner never started: nothing to drive
             steps = await self._store.steps(conn, run.run_id)
+            await self._budget.settle_due(conn, run)
             # An ask is not an observation: the step's observation is what the answer leads to.
             if isinstance(event, CommandOutcome) or (
                     isinstance(event, ProposalRefused) and event.verdict != "ask"):
@@ -208,6 +243,9 @@ class PlannerService:
                         output=msgspec.to_builtins(event), observation=observation):
                     steps.append(Step(seq=event.step + 1, kind="observation",
                                       payload=observation))
+                # The capability call has its outcome (or its refusal): it is over.
+                await self._budget.spent(conn, run, step_key(run.run_id, event.step,
+                                                             "capability"), capability_calls=1)
             if run.status in TERMINAL_RUN:
                 return [self._result(run, steps)]
             if isinstance(event, ProposalRefused):
@@ -230,6 +268,9 @@ class PlannerService:
         """Take the decisions the runtime answers itself, each in its own transaction, so each
         step is committed before the next decision is asked for."""
         while effects is _AGAIN:
+            # Armed by the fault suite: a step (a model decision) is committed and nothing
+            # that follows it has started.
+            self._rt.faults.crash_if("planner.after_decision")
             async with self._store.acquire() as conn, conn.transaction():
                 run = await self._store.lock_run(conn, run_id)
                 if run is None or run.status != "running":
@@ -253,8 +294,10 @@ class PlannerService:
     async def _next(self, conn: Any, run: RunRow, steps: list[Step],
                     finished: _Finished) -> _Effects | None:
         """Take (or reuse) the next decision and act on it; `_AGAIN` if the runtime answered it
-        itself (a catalog sent, a selection refused) and the model decides again."""
+        itself (a catalog sent, a selection refused, a critic's replan) or committed it before
+        acting on it (an answer before its critic, a selection before its capability call)."""
         last = steps[-1] if steps else None
+        fresh = False
         if last is not None and last.kind == "decision" and (
                 last.payload.get("decision") != "request_capabilities"):
             decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
@@ -262,17 +305,22 @@ class PlannerService:
             decisions = sum(1 for s in steps if s.kind == "decision")
             if decisions >= self._max_decisions:
                 return [await self._finish(conn, run, steps, "failed", finished,
-                                           error=("BUDGET_EXHAUSTED",
-                                                  f"{decisions} model decisions"))]
+                                           error=(BUDGET_CODE, f"{decisions} model decisions"))]
             try:
                 decision = await self._decide(conn, run, steps, turn=decisions)
-            except ValueError as exc:  # a capability without a description: no model call
+            except _Undescribed as exc:  # a capability without a description: no model call
                 return [await self._finish(conn, run, steps, "failed", finished,
                                            error=("CAPABILITY_UNDESCRIBED", str(exc)))]
-            last = steps[-1]
+            except NoBudget as exc:
+                return [await self._out_of_budget(conn, run, steps, finished, exc)]
+            last, fresh = steps[-1], True
         if isinstance(decision, AnswerDirectly):
-            return [await self._finish(conn, run, steps, "succeeded", finished,
-                                       answer=decision.answer, step=last.seq)]
+            if not has_critic(run.manifest):
+                return [await self._finish(conn, run, steps, "succeeded", finished,
+                                           answer=decision.answer, step=last.seq)]
+            if fresh:
+                return _AGAIN  # the answer is committed before the critic is asked about it
+            return await self._criticise(conn, run, steps, last.seq, decision, finished)
         if isinstance(decision, RequestCapabilities):
             return _AGAIN  # the next model input carries the catalog
         if isinstance(decision, RequestHumanReview):
@@ -280,8 +328,9 @@ class PlannerService:
         refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
                                     arguments=decision.arguments)
         if refused is None:
-            return [(subjects.proposal(run.tenant), _proposal(run, last.seq, decision),
-                     f"proposal:{run.run_id}:{last.seq}")]
+            if fresh:
+                return _AGAIN  # the decision is committed before its capability call starts
+            return await self._propose(conn, run, steps, last.seq, decision, finished)
         output = SelectionRefused(run_id=run.run_id, step=last.seq,
                                   target=decision.capability[:128], check=refused[0],
                                   reason=refused[1])
@@ -292,6 +341,90 @@ class PlannerService:
         log.info("run %s step %d: %s refused before any handler (%s)", run.run_id, last.seq,
                  decision.capability[:128], refused[0])
         return _AGAIN
+
+    async def _propose(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
+                       decision: SelectCapability, finished: _Finished) -> _Effects:
+        """Reserve the capability call (once per step), journal the proposal with that
+        reservation, and send it to admission (again on a redelivery: same message id, same
+        operation id)."""
+        command = _proposal(run, seq, decision)
+        try:
+            _, new = await self._budget.reserve(conn, run, step_key(run.run_id, seq,
+                                                                    "capability"),
+                                                capability_calls=1)
+        except NoBudget as exc:
+            return [await self._out_of_budget(conn, run, steps, finished, exc)]
+        if new:
+            await self._store.add_proposal(conn, run, ProposalEntry(
+                step=seq, action=command.action, arguments=command.arguments))
+        return [(subjects.proposal(run.tenant), command, f"proposal:{run.run_id}:{seq}")]
+
+    async def _criticise(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
+                         decision: AnswerDirectly, finished: _Finished) -> _Effects | None:
+        """Ask the critic about the answer of step `seq`: accept ends the run with it, replan
+        becomes the next decision's observation. The critic runs nothing."""
+        rounds = sum(1 for s in steps if s.kind == "critic")
+        key = step_key(run.run_id, seq + 1, "critic")
+        value = critic_input(user=run.input, evidence=run.evidence,
+                             observations=[s.payload for s in steps if s.kind == "observation"],
+                             answer=decision.answer, round=rounds, agent=run.agent,
+                             manifest=run.manifest)
+        try:
+            await self._budget.reserve(conn, run, key, provider_calls=1,
+                                       tokens=self._reserve_tokens)
+        except NoBudget as exc:
+            return [await self._out_of_budget(conn, run, steps, finished, exc)]
+        digest = input_digest(value)
+        with self._rt.tracer.start_as_current_span("planner critic") as span:
+            span.set_attribute("writ.critic_input.sha256", digest)
+            verdict, tokens = await self._provider_call(conn, run, key,
+                                                        self._provider.verify(value))
+        await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
+        payload = msgspec.to_builtins(verdict)
+        await self._store.add_critic(conn, run, seq + 1, step=seq, round=rounds,
+                                     verdict=payload, input_digest=digest)
+        steps.append(Step(seq=seq + 1, kind="critic", payload=payload))
+        if isinstance(verdict, Accept):
+            return [await self._finish(conn, run, steps, "succeeded", finished,
+                                       answer=decision.answer, step=seq)]
+        output = CriticReplan(run_id=run.run_id, step=seq + 1, reason=verdict.reason)
+        observation = observation_of(output)
+        await self._store.add_observation(conn, run, seq + 2, step=seq + 1,
+                                          output=msgspec.to_builtins(output),
+                                          observation=observation)
+        steps.append(Step(seq=seq + 2, kind="observation", payload=observation))
+        log.info("run %s: the critic asked for a replan of step %d", run.run_id, seq)
+        return _AGAIN
+
+    async def _out_of_budget(self, conn: Any, run: RunRow, steps: list[Step],
+                             finished: _Finished,
+                             exc: NoBudget) -> tuple[str, msgspec.Struct, str]:
+        """No step starts: the run fails naming the budget that ran out (the model is not asked
+        whether to go on).
+
+        Raises:
+            RetryableError: only the concurrent-steps budget ran out, which frees itself once a
+                step in flight settles.
+        """
+        if isinstance(exc, BudgetExhausted):
+            if exc.kind == "concurrent_steps":
+                raise RetryableError(f"run {run.run_id}: {exc}") from exc
+            log.info("run %s: %s budget exhausted, no new step", run.run_id, exc.kind)
+            return await self._finish(conn, run, steps, "failed", finished,
+                                      error=(BUDGET_CODE, f"{exc.kind}: {exc}"))
+        return await self._finish(conn, run, steps, "failed", finished,
+                                  error=("NO_BUDGET", f"governance has no budget for the run: "
+                                                      f"{exc}"))
+
+    async def _provider_call(self, conn: Any, run: RunRow, key: str, call: Any) -> Any:
+        """Await a provider call; one that fails for good settles what it used (the step is
+        abandoned), one that may succeed later keeps its reservation for the retry."""
+        try:
+            return await call
+        except PermanentError as exc:
+            used = getattr(getattr(exc, "call", None), "total_tokens", 0) or 0
+            await self._budget.spent(conn, run, key, provider_calls=1, tokens=used)
+            raise
 
     async def _await_review(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
                             decision: RequestHumanReview,
@@ -366,29 +499,36 @@ class PlannerService:
 
     async def _decide(self, conn: Any, run: RunRow, steps: list[Step], *,
                       turn: int) -> ModelDecision:
-        """Ask the model, and record its response with the proposal it becomes, journaled."""
-        value = model_input(user=run.input, evidence=run.evidence,
-                            observations=[s.payload for s in steps if s.kind == "observation"],
-                            turn=turn, agent=run.agent, manifest=run.manifest,
-                            catalog_requested=any(
-                                s.kind == "decision"
-                                and s.payload.get("decision") == "request_capabilities"
-                                for s in steps))
+        """Reserve the call, ask the model, settle, and record its response, journaled.
+
+        Raises:
+            _Undescribed: a capability has no description (nothing reserved, no call).
+            NoBudget: a budget ran out (or the run has none): no call.
+        """
+        try:
+            value = model_input(user=run.input, evidence=run.evidence,
+                                observations=[s.payload for s in steps
+                                              if s.kind == "observation"],
+                                turn=turn, agent=run.agent, manifest=run.manifest,
+                                catalog_requested=any(
+                                    s.kind == "decision"
+                                    and s.payload.get("decision") == "request_capabilities"
+                                    for s in steps))
+        except ValueError as exc:
+            raise _Undescribed(str(exc)) from exc
         digest = input_digest(value)
+        seq = steps[-1].seq + 1 if steps else 0
+        key = step_key(run.run_id, seq, "model")
+        await self._budget.reserve(conn, run, key, provider_calls=1, tokens=self._reserve_tokens)
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
-            decision = await self._provider.decide(value)
-        seq = steps[-1].seq + 1 if steps else 0
+            decision, tokens = await self._provider_call(
+                conn, run, key, self._provider.decide_with_usage(value))
+        await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
         payload = msgspec.to_builtins(decision)
-        proposal = None
-        if isinstance(decision, SelectCapability) and selection_outcome(
-                run.manifest, agent=run.agent, target=decision.capability,
-                arguments=decision.arguments) is None:
-            command = _proposal(run, seq, decision)
-            proposal = ProposalEntry(step=seq, action=command.action,
-                                     arguments=command.arguments)
+        # A selection's proposal is journaled once its capability call is reserved (`_propose`).
         await self._store.add_decision(conn, run, seq, payload, turn=turn, input_digest=digest,
-                                       proposal=proposal)
+                                       proposal=None)
         steps.append(Step(seq=seq, kind="decision", payload=payload))
         return decision
 
@@ -396,6 +536,10 @@ class PlannerService:
                        event: ProposalRefused,
                        finished: _Finished) -> list[tuple[str, msgspec.Struct, str]]:
         if event.verdict == "ask":
+            # The run stops for a person: its capability call is over for the budget (the
+            # reservation is not held across the wait; governance's clock pauses meanwhile).
+            await self._budget.spent(conn, run, step_key(run.run_id, event.step, "capability"),
+                                     capability_calls=1)
             message = f"{event.action} needs a person's decision: {event.reason}"
             await self._store.set_status(conn, run, "awaiting_human", step=event.step,
                                          error_code="AWAITING_HUMAN", error_message=message)

@@ -1,10 +1,13 @@
 """The planner's SQL: runs and their recorded steps, each journaled in the same transaction.
 
-Every run started (with the evidence its model saw), every step (a captured model response or
-tool output, and the proposal a decision became) and every status change writes its audit
+Every run started (with the evidence its model saw), every step (a captured model response,
+critic verdict or tool output, and the proposal a decision became) and every status change
+writes its audit
 journal row (`libs/journal.py`) in the transaction that records it, and only when it recorded
 something: a redelivery journals nothing twice. `read_replay` reads a run back for
-`services/planner/replay.py`.
+`services/planner/replay.py`. The run's budget reservations in governance are recorded with the
+steps they pay for (`reservations`), so a redelivered step reuses its reservation and what a
+step used is settled even if the planner stopped before it could tell governance.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import msgspec
 from libs.journal import Journal, read_entries
 from schemas.retrieval import EvidenceGathered
 from services.planner.replay import (
+    CRITIC,
     DECISION,
     OBSERVATION,
     PROPOSAL,
     RUN_STARTED,
     RUN_STATUS,
     Captured,
+    CriticEntry,
     DecisionEntry,
     ObservationEntry,
     ProposalEntry,
@@ -33,7 +38,7 @@ from services.planner.replay import (
     StepRecord,
 )
 
-__all__ = ["PlannerStore", "RunRow", "Step", "read_replay"]
+__all__ = ["PlannerStore", "Reservation", "RunRow", "Step", "read_replay"]
 
 TERMINAL_RUN = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -63,6 +68,17 @@ class Step(msgspec.Struct, frozen=True, kw_only=True):
     seq: int
     kind: str
     payload: dict[str, Any]
+
+
+class Reservation(msgspec.Struct, frozen=True, kw_only=True):
+    """A budget reservation of the run's, as the planner recorded it."""
+
+    step_key: str
+    reservation_id: str
+    state: str  # open | due | closed
+    provider_calls: int = 0
+    tokens: int = 0
+    capability_calls: int = 0
 
 
 _RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
@@ -165,6 +181,65 @@ class PlannerStore:
             await self._capture(conn, tenant=run.tenant, kind=PROPOSAL, subject=subject,
                                 run_id=run.run_id, payload=proposal)
         return True
+
+    async def add_critic(self, conn: asyncpg.Connection, run: RunRow, seq: int, *, step: int,
+                         round: int, verdict: dict[str, Any], input_digest: str) -> bool:
+        """Record a captured critic verdict on the answer of `step` once."""
+        if not await self._add_step(conn, run.run_id, seq, "critic", verdict, input_digest):
+            return False
+        await self._capture(conn, tenant=run.tenant, kind=CRITIC, subject=f"{run.run_id}/{seq}",
+                            run_id=run.run_id, payload=CriticEntry(
+                                seq=seq, step=step, round=round, input_digest=input_digest,
+                                verdict=verdict))
+        return True
+
+    async def add_proposal(self, conn: asyncpg.Connection, run: RunRow,
+                           proposal: ProposalEntry) -> None:
+        """Journal the proposal a checked `select_capability` became (once its capability call
+        was reserved: the caller records it with that reservation, once)."""
+        await self._capture(conn, tenant=run.tenant, kind=PROPOSAL,
+                            subject=f"{run.run_id}/{proposal.step}", run_id=run.run_id,
+                            payload=proposal)
+
+    async def reservation(self, conn: asyncpg.Connection, run_id: str,
+                          step_key: str) -> Reservation | None:
+        """The reservation recorded for this step key, if any."""
+        row = await conn.fetchrow(
+            "SELECT step_key, reservation_id, state, provider_calls, tokens, capability_calls "
+            "FROM planner.reservations WHERE run_id = $1 AND step_key = $2", run_id, step_key)
+        return None if row is None else Reservation(**dict(row))
+
+    async def hold(self, conn: asyncpg.Connection, run_id: str, step_key: str,
+                   reservation_id: str) -> bool:
+        """Record an open reservation; False if this step key has one already."""
+        return bool(await conn.fetchval(
+            "INSERT INTO planner.reservations (run_id, step_key, reservation_id, state) "
+            "VALUES ($1, $2, $3, 'open') ON CONFLICT DO NOTHING RETURNING true",
+            run_id, step_key, reservation_id))
+
+    async def spent(self, conn: asyncpg.Connection, run_id: str, step_key: str, *,
+                    provider_calls: int = 0, tokens: int = 0,
+                    capability_calls: int = 0) -> Reservation | None:
+        """The step is over: record what it used (once); the reservation if it is now due."""
+        row = await conn.fetchrow(
+            "UPDATE planner.reservations SET state = 'due', provider_calls = $3, tokens = $4, "
+            "capability_calls = $5 WHERE run_id = $1 AND step_key = $2 AND state = 'open' "
+            "RETURNING step_key, reservation_id, state, provider_calls, tokens, "
+            "capability_calls", run_id, step_key, provider_calls, tokens, capability_calls)
+        return None if row is None else Reservation(**dict(row))
+
+    async def due(self, conn: asyncpg.Connection, run_id: str) -> list[Reservation]:
+        """The run's reservations whose use is known but not yet settled in governance."""
+        rows = await conn.fetch(
+            "SELECT step_key, reservation_id, state, provider_calls, tokens, capability_calls "
+            "FROM planner.reservations WHERE run_id = $1 AND state = 'due' ORDER BY step_key",
+            run_id)
+        return [Reservation(**dict(r)) for r in rows]
+
+    async def closed(self, conn: asyncpg.Connection, run_id: str, step_key: str) -> None:
+        """Governance has settled this reservation."""
+        await conn.execute("UPDATE planner.reservations SET state = 'closed' "
+                           "WHERE run_id = $1 AND step_key = $2", run_id, step_key)
 
     async def add_observation(self, conn: asyncpg.Connection, run: RunRow, seq: int, *,
                               step: int, output: dict[str, Any],

@@ -30,8 +30,11 @@ from services.planner.openai_provider import (
 )
 from services.planner.protocol import capability_view
 from services.planner.provider import (
+    Accept,
     AnswerDirectly,
+    CriticInput,
     ModelInput,
+    Replan,
     RequestCapabilities,
     RequestHumanReview,
     SelectCapability,
@@ -520,3 +523,62 @@ async def test_tools_mode_catalog_offers_each_capability_by_reference(
         "type": "object", "additionalProperties": False, "required": ["customer_id"],
         "properties": {"customer_id": {"type": "string", "description": ""}}}
     assert tools["action_crm_note_create"]["parameters"] == NOTE.parameters
+
+
+# -- the critic ---------------------------------------------------------------------------------
+
+CRITIC_INPUT = CriticInput(
+    developer="You are the critic of Writ agent support.", objective=REQUEST,
+    answer=f"Done. {INJECTION}", untrusted=[{"doc_id": "d1", "snippet": INJECTION}],
+    observations=[{"action": "crm.note.create", "state": "succeeded"}], round=0,
+    agent="support")
+
+
+def verdict(value: dict[str, Any]) -> dict[str, Any]:
+    return {"content": json.dumps({"critic": value})}
+
+
+@pytest.mark.parametrize("mode", ["structured", "tools"])
+async def test_the_critic_answers_under_a_strict_verdict_schema_and_reports_its_tokens(
+        make: MakeProvider, ctl: httpx.AsyncClient, mode: str) -> None:
+    await script(ctl, verdict({"verdict": "accept"}),
+                 verdict({"verdict": "replan", "reason": "Say which record."}))
+    provider = make(mode=mode)
+    accepted, tokens = await provider.verify(CRITIC_INPUT)
+    assert accepted == Accept() and tokens > 0
+    assert (await provider.verify(CRITIC_INPUT))[0] == Replan(reason="Say which record.")
+    sent = (await requests(ctl))[0]["body"]
+    assert "tools" not in sent  # the critic is offered nothing to run, whatever the mode
+    fmt = sent["response_format"]["json_schema"]
+    assert (fmt["name"], fmt["strict"]) == ("writ_critic_verdict", True)
+    variants = fmt["schema"]["properties"]["critic"]["anyOf"]
+    for obj in (fmt["schema"], *variants):
+        assert obj["additionalProperties"] is False
+        assert sorted(obj["required"]) == sorted(obj["properties"])
+    # The instruction is the only system text; the answer and evidence are untrusted data.
+    system = [m["content"] for m in sent["messages"] if m["role"] == "system"]
+    assert len(system) == 1 and INJECTION not in system[0]
+    untrusted = json.loads(sent["messages"][2]["content"])["untrusted"]
+    assert untrusted["authority"] == "none" and untrusted["answer"] == CRITIC_INPUT.answer
+    assert json.loads(sent["messages"][1]["content"])["user_input"]["objective"] == REQUEST
+
+
+@pytest.mark.parametrize("reply", [
+    {"content": json.dumps({"critic": {"verdict": "maybe"}})},
+    {"content": json.dumps({"critic": {"verdict": "replan", "reason": ""}})},
+    {"content": json.dumps({"critic": {"verdict": "accept", "score": 3}})},
+    {"content": json.dumps({"next": {"decision": "answer_directly", "answer": "x"}})},
+    {"content": None},
+], ids=["unknown", "empty-reason", "extra-field", "a-decision", "no-content"])
+async def test_a_malformed_verdict_is_never_guessed(make: MakeProvider, ctl: httpx.AsyncClient,
+                                                    reply: dict[str, Any]) -> None:
+    await script(ctl, reply)
+    with pytest.raises(MalformedDecision):
+        await make().verify(CRITIC_INPUT)
+
+
+async def test_decide_with_usage_reports_the_providers_tokens(
+        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    await script(ctl, ANSWER)
+    decision, tokens = await make().decide_with_usage(MODEL_INPUT)
+    assert decision == AnswerDirectly(answer="Done.") and tokens > 0

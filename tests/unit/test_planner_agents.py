@@ -65,6 +65,11 @@ def test_a_valid_manifest_loads_with_its_budgets() -> None:
     assert (m.name, m.version, m.provider, m.budgets.concurrent_steps) == (
         "support", "1.2.0", "scripted", 2)
     assert [u.__struct_config__.tag for u in m.uses] == ["action", "tool", "agent"]
+    assert m.critic is False  # off unless the manifest turns it on
+
+
+def test_a_manifest_turns_its_critic_on() -> None:
+    assert load_manifest(manifest(critic=True)).critic is True
 
 
 @pytest.mark.parametrize("changes,match", [
@@ -95,6 +100,7 @@ def test_a_valid_manifest_loads_with_its_budgets() -> None:
     ({"uses": [{"kind": "action", "name": "crm.note.create"}] * 2}, "listed twice"),
     ({"uses": [{"kind": "agent", "name": "support", "description": "me"}]}, "itself"),
     ({"callable_by": ["a", "a"]}, "listed twice"),
+    ({"critic": "yes"}, "critic"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_manifest_that_fails_its_checks_is_refused(changes: dict[str, Any],
                                                      match: str) -> None:
@@ -146,6 +152,31 @@ def test_the_demo_manifests_load_and_every_agent_is_active() -> None:
         name: "active" for name in ("billing-assistant", "catalog-assistant", "crm-assistant",
                                     "mail-assistant", "refund-assistant", "review-assistant",
                                     "scoped-assistant")}
+    # One demo agent has a critic; the others answer without one.
+    assert [a.name for a in agents if a.manifest.critic] == ["mail-assistant"]
+
+
+def test_the_demo_script_loads_with_its_critics() -> None:
+    import anyio
+
+    from services.planner.provider import (
+        Accept,
+        CriticInput,
+        Replan,
+        ScriptedProvider,
+    )
+
+    provider = ScriptedProvider.from_file(DEMO.parent / "decisions.json")
+
+    def ask(agent: str, round: int) -> object:
+        value = CriticInput(developer="d", objective="o", answer="a", untrusted=[],
+                            observations=[], round=round, agent=agent)
+        return anyio.run(provider.verify, value)
+
+    first, tokens = ask("mail-assistant", 0)  # type: ignore[misc]
+    assert isinstance(first, Replan) and tokens == 0
+    assert ask("mail-assistant", 1) == (Accept(), 0)
+    assert ask("crm-assistant", 0) == (Accept(), 0)  # no critic script: accept
 
 
 # -- process states ---------------------------------------------------------------------------

@@ -12,13 +12,16 @@ from schemas.admission import ProposalRefused
 from schemas.dispatcher import CommandOutcome
 from services.planner.agents import AgentRegistry, load_manifest
 from services.planner.provider import (
+    Accept,
     AnswerDirectly,
     ModelDecision,
+    Replan,
     RequestCapabilities,
     RequestHumanReview,
     SelectCapability,
 )
 from services.planner.replay import (
+    CRITIC,
     DECISION,
     OBSERVATION,
     PROPOSAL,
@@ -26,6 +29,8 @@ from services.planner.replay import (
     RUN_STARTED,
     RUN_STATUS,
     Captured,
+    CriticEntry,
+    CriticReplan,
     DecisionEntry,
     ObservationEntry,
     ProposalEntry,
@@ -35,6 +40,7 @@ from services.planner.replay import (
     SelectionRefused,
     StatusEntry,
     StepRecord,
+    critic_input,
     input_digest,
     model_input,
     observation_of,
@@ -489,3 +495,99 @@ def test_a_review_that_did_not_stop_the_run_is_divergent() -> None:
     report = replay_run(RUN, j.entries)
     assert report.verdict == "divergent"
     assert "wait for a person's review" in report.divergences[0].expected
+
+
+# -- the critic ---------------------------------------------------------------------------------
+
+def critic_journal() -> Journal:
+    return Journal(manifest={**snapshot(), "critic": True})
+
+
+def criticise(j: Journal, answer_step: int, verdict: Accept | Replan) -> int:
+    """Journal the critic's verdict on the answer of `answer_step` as the planner does (and, for
+    a replan, the observation it becomes)."""
+    seq = j.next_seq
+    answer = j.steps[answer_step].payload["answer"]
+    rounds = sum(1 for s in j.steps if s.kind == "critic")
+    digest = input_digest(critic_input(
+        user=j.started.input, evidence=j.started.evidence, observations=j.observations,
+        answer=answer, round=rounds, agent=j.started.agent, manifest=j.started.manifest))
+    payload = msgspec.to_builtins(verdict)
+    j.add(CRITIC, CriticEntry(seq=seq, step=answer_step, round=rounds, input_digest=digest,
+                              verdict=payload))
+    j.steps.append(StepRecord(seq=seq, kind="critic", payload=payload, input_digest=digest))
+    if isinstance(verdict, Replan):
+        j.output(CriticReplan(run_id=RUN, step=seq, reason=verdict.reason))
+    return seq
+
+
+REPLAN = Replan(reason="The answer does not say which record was noted.")
+
+
+def test_a_critic_replan_then_accept_replays_identical() -> None:
+    j = critic_journal()
+    first = j.decide(AnswerDirectly(answer="Done."))
+    criticise(j, first, REPLAN)
+    second = j.decide(DONE)
+    criticise(j, second, Accept())
+    j.set_status("succeeded", step=second, answer=DONE.answer)
+    report = replay_run(RUN, j.entries, record=j.record())
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+    assert j.observations[-1] == {"critic": "replan", "reason": REPLAN.reason,
+                                  "answer_accepted": False}
+
+
+def test_an_answer_of_an_agent_with_a_critic_that_ends_the_run_unverified_is_divergent(
+        ) -> None:
+    j = critic_journal()
+    answer = j.decide(DONE)
+    j.set_status("succeeded", step=answer, answer=DONE.answer)
+    report = replay_run(RUN, j.entries)
+    assert report.verdict == "divergent"
+    assert "critic's verdict" in report.divergences[0].expected
+
+
+def test_an_answer_waiting_for_its_critic_is_incomplete() -> None:
+    j = critic_journal()
+    j.decide(DONE)
+    report = replay_run(RUN, j.entries)
+    assert report.verdict == "incomplete"
+    assert "critic's verdict" in report.missing[0]
+
+
+def test_a_replan_that_ended_the_run_succeeded_is_divergent() -> None:
+    j = critic_journal()
+    answer = j.decide(DONE)
+    criticise(j, answer, REPLAN)
+    j.set_status("succeeded", step=answer, answer=DONE.answer)
+    assert replay_run(RUN, j.entries).verdict == "divergent"
+
+
+def test_a_critic_input_other_than_the_captured_answer_gives_is_divergent() -> None:
+    j = critic_journal()
+    answer = j.decide(DONE)
+    criticise(j, answer, Accept())
+    j.set_status("succeeded", step=answer, answer=DONE.answer)
+    tampered = replace_payload(j.entries, CRITIC, input_digest="0" * 64)
+    report = replay_run(RUN, tampered)
+    assert report.verdict == "divergent"
+    assert "critic input" in report.divergences[0].expected
+
+
+def test_a_replan_that_ran_out_of_budget_replays_identical() -> None:
+    j = critic_journal()
+    answer = j.decide(AnswerDirectly(answer="Done."))
+    criticise(j, answer, REPLAN)
+    message = "provider_calls: provider calls budget exhausted: asked 1, 0 left of 2"
+    j.set_status("failed", error_code="BUDGET_EXHAUSTED", error_message=message)
+    assert replay_run(RUN, j.entries, record=j.record()).verdict == "identical"
+    unnamed = replace_payload(j.entries, RUN_STATUS, error_message="out of luck")
+    assert replay_run(RUN, unnamed).verdict == "divergent"
+
+
+def test_a_selection_whose_capability_budget_ran_out_replays_identical() -> None:
+    j = Journal()
+    j.decide(NOTE, propose=False)  # not proposed: its capability call was refused a budget
+    j.set_status("failed", error_code="BUDGET_EXHAUSTED",
+                 error_message="capability_calls: capability calls budget exhausted")
+    assert replay_run(RUN, j.entries, record=j.record()).verdict == "identical"

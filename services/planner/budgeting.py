@@ -1,0 +1,102 @@
+"""The run's budgets from the planner's side: reserve before a step's work, settle after it.
+
+Governance keeps the budgets (`libs/budget.py` is its client); the planner records each
+reservation with the step it pays for (`planner.reservations`, in the step's transaction), so:
+
+- a step key names the step, not the attempt (`<run>:<seq>:model`, `<run>:<seq>:critic`,
+  `<run>:<seq>:capability`): a redelivered step asks again with the same key and gets the same
+  reservation back, never a second one;
+- what a step used is recorded (`due`) in the transaction that records the step, then settled;
+  a settlement governance did not take is settled again before the run's next step, so a crash
+  or a governance blip after a model call never calls the model again and never leaks a
+  reservation (settling is idempotent in governance).
+
+Errors: `BudgetExhausted` and `NoBudget` (libs/budget.py) reach the caller, which stops the run;
+`BudgetUnavailable` is a `RetryableError`: the delivery is retried, the step never starts
+meanwhile (fail closed).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from nats.aio.client import Client
+
+from libs import budget
+from services.planner.store import PlannerStore, RunRow
+
+__all__ = ["RunBudgets", "step_key"]
+
+log = logging.getLogger("writ.planner.budget")
+
+
+def step_key(run_id: str, seq: int, what: str) -> str:
+    """The reservation key of one step: the same on every attempt of that step."""
+    return f"{run_id}:{seq}:{what}"
+
+
+class RunBudgets:
+    """Reserve and settle the run's budgets in governance around the planner's steps."""
+
+    def __init__(self, *, nc: Client, store: PlannerStore, timeout: float = 2.0) -> None:
+        self._nc, self._store, self._timeout = nc, store, timeout
+
+    async def reserve(self, conn: Any, run: RunRow, key: str, *, provider_calls: int = 0,
+                      tokens: int = 0, capability_calls: int = 0) -> tuple[str, bool]:
+        """The step's reservation id, and whether the planner recorded it just now: the
+        recorded one, else a new (or governance's existing) reservation for this key, recorded
+        open in the caller's transaction.
+
+        Raises:
+            BudgetExhausted: a budget of the run ran out (`.kind`); nothing was reserved.
+            NoBudget: governance has no budget for the run.
+            BudgetUnavailable: governance did not answer (retry the delivery).
+        """
+        held = await self._store.reservation(conn, run.run_id, key)
+        if held is not None:
+            return held.reservation_id, False
+        reserved = await budget.reserve(self._nc, tenant=run.tenant, run_id=run.run_id,
+                                        step_key=key, provider_calls=provider_calls,
+                                        tokens=tokens, capability_calls=capability_calls,
+                                        timeout=self._timeout)
+        new = await self._store.hold(conn, run.run_id, key, reserved.reservation_id)
+        return reserved.reservation_id, new
+
+    async def spent(self, conn: Any, run: RunRow, key: str, *, provider_calls: int = 0,
+                    tokens: int = 0, capability_calls: int = 0) -> None:
+        """The step is over: record what it used and settle it now if governance answers
+        (otherwise `settle_due` does, before the run's next step)."""
+        due = await self._store.spent(conn, run.run_id, key, provider_calls=provider_calls,
+                                      tokens=tokens, capability_calls=capability_calls)
+        if due is None:
+            return  # settled already (a redelivery), or never reserved
+        try:
+            await self._settle(conn, run, due.step_key, due.reservation_id,
+                               provider_calls=provider_calls, tokens=tokens,
+                               capability_calls=capability_calls)
+        except budget.BudgetUnavailable as exc:
+            log.warning("run %s: settling %s later: %s", run.run_id, key, exc)
+
+    async def settle_due(self, conn: Any, run: RunRow) -> None:
+        """Settle what earlier steps used and governance has not acknowledged yet.
+
+        Raises:
+            BudgetUnavailable: governance did not answer (retry the delivery).
+        """
+        for due in await self._store.due(conn, run.run_id):
+            await self._settle(conn, run, due.step_key, due.reservation_id,
+                               provider_calls=due.provider_calls, tokens=due.tokens,
+                               capability_calls=due.capability_calls)
+
+    async def _settle(self, conn: Any, run: RunRow, key: str, reservation_id: str, *,
+                      provider_calls: int, tokens: int, capability_calls: int) -> None:
+        try:
+            await budget.settle(self._nc, tenant=run.tenant, run_id=run.run_id,
+                                reservation_id=reservation_id, provider_calls=provider_calls,
+                                tokens=tokens, capability_calls=capability_calls,
+                                timeout=self._timeout)
+        except budget.NoSuchReservation:
+            log.warning("run %s: governance knows no reservation %s (%s)", run.run_id,
+                        reservation_id, key)
+        await self._store.closed(conn, run.run_id, key)

@@ -1,0 +1,205 @@
+"""The planner against a real model API (fakes/llm.py, an OpenAI-compatible loopback server that
+counts its calls), in a deployment of this module's own: a planner killed right after recording
+a model decision resumes from it on restart without asking the model again, and proposes once;
+a run whose provider-call budget (governance's WRIT_BUDGETS_FILE) runs out during a critic's
+replan fails BUDGET_EXHAUSTED naming it, without another model call.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import msgspec
+import pytest
+
+from fakes.llm import FakeLlm
+from libs.faults import CRASH_STATUS
+from schemas import subjects
+from schemas.planner import ReplayReport, ReplayRun
+from tests.e2e.conftest import Host
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+FRUGAL_CALLS = 2
+
+
+def _manifest(name: str, *, critic: bool = False) -> dict[str, Any]:
+    return {"name": name, "version": "1.0.0", "provider": "openai", "critic": critic,
+            "responsibility": "Record customer calls as CRM notes on the customer's record.",
+            "uses": [{"kind": "action", "name": "crm.note.create"}]}
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[tuple[FakeLlm, str]]:
+    token = secrets.token_urlsafe(16)
+    fake = FakeLlm(token=token)
+    fake.start()
+    yield fake, token
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
+    fake, token = llm
+    with tempfile.TemporaryDirectory(prefix="writ-resume-") as home:
+        root = Path(home)
+        agents = root / "agents"
+        agents.mkdir()
+        for manifest in (_manifest("crm-assistant"),
+                         _manifest("frugal-assistant", critic=True)):
+            (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
+        key = root / "model.key"
+        key.write_text(token)
+        budgets = root / "budgets.json"
+        budgets.write_text(json.dumps(
+            {"agents": {"frugal-assistant": {"provider_calls": FRUGAL_CALLS}}}))
+        faults = root / "faults"
+        faults.write_text("")
+        deployment = Stack(root / "stack", database="resume", durable_pg=False, extra_env={
+            "*": {"WRIT_FAULTS_FILE": str(faults), "WRIT_DRAIN_TIMEOUT_S": "2"},
+            "governance": {"WRIT_BUDGETS_FILE": str(budgets)},
+            "planner": {"WRIT_PROVIDER": "openai", "WRIT_MODEL_URL": f"{fake.url}/v1",
+                        "WRIT_MODEL_NAME": "fake-model", "WRIT_MODEL_KEY_FILE": str(key),
+                        "WRIT_AGENTS_DIR": str(agents)},
+        })
+        try:
+            deployment.start_all()
+            yield deployment
+        finally:
+            deployment.stop()
+
+
+@pytest.fixture
+def model(llm: tuple[FakeLlm, str]) -> Iterator[httpx.Client]:
+    fake, token = llm
+    with httpx.Client(base_url=fake.url, timeout=5,
+                      headers={"Authorization": f"Bearer {token}"}) as client:
+        yield client
+
+
+@pytest.fixture
+async def db(stack: Stack) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(stack.database_dsn)
+    yield conn
+    await conn.close()
+
+
+def script(model: httpx.Client, *contents: dict[str, Any]) -> None:
+    model.post("/_control/replies", json={"replies": [
+        {"content": json.dumps(c)} for c in contents]}).raise_for_status()
+
+
+def arm(faults: Path, point: str) -> None:
+    faults.write_text(point)
+
+
+def armed(faults: Path) -> str:
+    return faults.read_text().strip()
+
+
+def calls(model: httpx.Client) -> int:
+    return len(model.get("/_control/requests").json())
+
+
+async def steps(db: asyncpg.Connection, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    rows = await db.fetch("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
+                          "ORDER BY seq", run_id)
+    return [(r["kind"], json.loads(r["payload"])) for r in rows]
+
+
+async def run_id_of(db: asyncpg.Connection, request_id: str, timeout: float = 30) -> str:
+    with anyio.fail_after(timeout):
+        while (run_id := await db.fetchval(
+                "SELECT run_id FROM planner.runs WHERE request_id = $1", request_id)) is None:
+            await anyio.sleep(0.05)
+    return str(run_id)
+
+
+async def test_a_planner_killed_after_a_decision_resumes_without_asking_again(
+        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    before = calls(model)
+    script(model,
+           {"next": {"decision": "select_capability", "capability": "crm.note.create",
+                     "arguments": json.dumps({"customer_id": "ACME-42",
+                                              "body": "Called back about order 7781."})}},
+           {"next": {"decision": "answer_directly", "answer": "Noted the call on ACME-42."}})
+    faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+    arm(faults, "planner.after_decision")
+    request = host.request(text="Note that I called ACME back about order 7781")
+    await host.publish(request, msg_id=request.request_id)
+
+    planner = stack.procs["planner"]
+    with anyio.fail_after(30):
+        while planner.poll() is None:
+            await anyio.sleep(0.05)
+    assert planner.returncode == CRASH_STATUS, stack.log_tail("planner")
+    assert armed(faults) == "", "the crash point was not taken"
+    run_id = await run_id_of(db, request.request_id)
+    # Killed with the decision recorded and nothing that follows it sent.
+    assert [k for k, _ in await steps(db, run_id)] == ["decision"]
+    assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",
+                             run_id) == 0
+    assert calls(model) - before == 1
+
+    stack.stop_process("planner")
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    result = await host.wait_result(request.request_id, timeout=60)
+
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    assert result.answer == "Noted the call on ACME-42."
+    recorded = await steps(db, run_id)
+    assert [k for k, _ in recorded] == ["decision", "observation", "decision"]
+    assert calls(model) - before == 2  # once per recorded decision, never again for one
+    commands = await db.fetch("SELECT operation_id, state FROM admission.commands "
+                              "WHERE run_id = $1", run_id)
+    assert [c["state"] for c in commands] == ["succeeded"]  # one command, one operation id
+    assert recorded[1][1]["operation_id"] == str(commands[0]["operation_id"])
+    reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
+                                  "WHERE run_id = $1 ORDER BY reserved_at", run_id)
+    assert [(r["step_key"].removeprefix(f"{run_id}:"), r["status"]) for r in reservations] == [
+        ("0:model", "settled"), ("0:capability", "settled"), ("2:model", "settled")]
+
+
+async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(
+        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    before = calls(model)
+    script(model,
+           {"next": {"decision": "answer_directly", "answer": "Done."}},
+           {"critic": {"verdict": "replan",
+                       "reason": "The answer does not say what was recorded."}})
+    request = host.request(agent="frugal-assistant")
+    await host.publish(request, msg_id=request.request_id)
+    result = await host.wait_result(request.request_id, timeout=60)
+
+    assert result.status == "failed", (result, stack.log_tail("planner"))
+    assert result.error is not None and result.error.code == "BUDGET_EXHAUSTED"
+    assert result.error.message.startswith("provider_calls: ")
+    assert calls(model) - before == FRUGAL_CALLS  # the model was not asked to go on
+    assert result.run_id is not None
+    assert [k for k, _ in await steps(db, result.run_id)] == [
+        "decision", "critic", "observation"]
+    # The critic input carried no tool and asked for a verdict under a strict schema.
+    critic_request = model.get("/_control/requests").json()[-1]["body"]
+    assert "tools" not in critic_request
+    assert critic_request["response_format"]["json_schema"]["name"] == "writ_critic_verdict"
+
+    with anyio.fail_after(20):
+        while await db.fetchval(
+                "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
+                "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)",
+                result.run_id):
+            await anyio.sleep(0.1)
+    reply = await host.nc.request(subjects.REPLAY, msgspec.json.encode(
+        ReplayRun(tenant="acme", run_id=result.run_id)), timeout=10)
+    report = msgspec.json.decode(reply.data, type=ReplayReport)
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])

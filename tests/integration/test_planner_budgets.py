@@ -1,0 +1,323 @@
+"""The planner's budgets and critic against governance's real endpoints, on a real nats-server
+and PostgreSQL: every provider call and capability call reserves first and settles after; a
+budget that ran out fails the run naming it, without asking the model; a redelivered step reuses
+its reservation; governance not answering is a retry, never an allow; the critic's replan feeds
+back and spends the same budget. Deliveries are handed to `PlannerService.handle` directly (the
+actor loop is libs/actor.py's, tested on its own)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.micro import add_service
+from prometheus_client import CollectorRegistry
+
+from actions import ACTIONS
+from libs.budget import BudgetUnavailable
+from libs.bus import ensure_streams
+from libs.db import connect_pool, load_migrations, provision, role_name, with_database
+from libs.embedded import EmbeddedNats
+from libs.errors import RetryableError
+from libs.journal import DataKeys, Journal, Sealer, SigningKey
+from libs.runtime import Runtime
+from libs.telemetry import make_tracer_provider
+from schemas import subjects
+from schemas.admission import ProposalRefused
+from schemas.dispatcher import CommandOutcome
+from schemas.governance import RegisterRun, RunBudget, RunRegistered
+from schemas.retrieval import EvidenceGathered
+from services.governance.service import GovernanceService
+from services.governance.store import GovernanceStore
+from services.planner.agents import AgentRegistry, load_manifest
+from services.planner.provider import (
+    Accept,
+    AnswerDirectly,
+    CriticInput,
+    CriticVerdict,
+    ModelDecision,
+    ModelInput,
+    Replan,
+    ScriptedProvider,
+    SelectCapability,
+)
+from services.planner.replay import replay_run
+from services.planner.service import PlannerService
+from services.planner.store import PlannerStore
+
+pytestmark = pytest.mark.anyio
+
+SERVICES = Path(__file__).resolve().parents[2] / "services"
+NOTE = SelectCapability(capability="crm.note.create",
+                        arguments={"customer_id": "ACME-42", "body": "Called back."})
+FIRST = AnswerDirectly(answer="Done.")
+SECOND = AnswerDirectly(answer="Added a note on ACME-42 about the call back.")
+REPLAN = Replan(reason="The answer does not say what was recorded, or where.")
+
+
+def manifest(name: str, *, critic: bool = False) -> bytes:
+    return msgspec.json.encode({
+        "name": name, "version": "1.0.0", "responsibility": "Record calls as CRM notes.",
+        "uses": [{"kind": "action", "name": "crm.note.create"}], "critic": critic})
+
+
+class Counting:
+    """The scripted provider, counting its calls; `fail_next` makes the next decision fail as
+    a model that did not answer would (retryable)."""
+
+    def __init__(self, decisions: dict[str, list[ModelDecision]],
+                 critics: dict[str, list[CriticVerdict]] | None = None) -> None:
+        self._inner = ScriptedProvider([FIRST], decisions, critics)
+        self.decisions = 0
+        self.verdicts = 0
+        self.fail_next = False
+
+    async def decide(self, model_input: ModelInput) -> ModelDecision:
+        return (await self.decide_with_usage(model_input))[0]
+
+    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]:
+        self.decisions += 1
+        if self.fail_next:
+            self.fail_next = False
+            raise RetryableError("no answer from the model")
+        return await self._inner.decide_with_usage(model_input)
+
+    async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]:
+        self.verdicts += 1
+        return await self._inner.verify(critic_input)
+
+
+class _Delivery:
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+
+class Env(msgspec.Struct, kw_only=True):
+    nc: Client
+    db: Any  # governance's and the planner's tables, read as the administrator
+    planner_pool: Any
+    journal: Journal
+    registry: CollectorRegistry
+    micro: Any
+    provider: Counting | None = None
+
+    def service(self, provider: Counting) -> PlannerService:
+        self.provider = provider
+        agents = AgentRegistry([load_manifest(manifest("note-assistant")),
+                                load_manifest(manifest("checked-assistant", critic=True))])
+        agents.resolve(actions=ACTIONS)
+        rt = Runtime(name="planner", nc=self.nc, js=self.nc.jetstream(),
+                     registry=self.registry, tracer_provider=make_tracer_provider("planner"))
+        return PlannerService(rt=rt, store=PlannerStore(self.planner_pool, journal=self.journal),
+                              provider=provider, agents=agents, reserve_tokens=100)
+
+    async def run(self, run_id: str) -> Any:
+        return await self.db.fetchrow("SELECT * FROM planner.runs WHERE run_id = $1", run_id)
+
+    async def steps(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+        rows = await self.db.fetch("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
+                                   "ORDER BY seq", run_id)
+        return [(r["kind"], msgspec.json.decode(r["payload"])) for r in rows]
+
+    async def reservations(self, run_id: str) -> list[tuple[str, str, int, int, int]]:
+        rows = await self.db.fetch(
+            "SELECT step_key, status, used_provider_calls, used_tokens, used_capability_calls "
+            "FROM governance.reservations WHERE run_id = $1 ORDER BY reserved_at", run_id)
+        return [(r["step_key"].removeprefix(f"{run_id}:"), r["status"],
+                 r["used_provider_calls"], r["used_tokens"], r["used_capability_calls"])
+                for r in rows]
+
+    def exhausted(self) -> float:
+        return self.registry.get_sample_value("writ_planner_budget_exhaustions_total") or 0.0
+
+
+@pytest.fixture(scope="module")
+def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """A nats-server of this module's own: the session's deployments also serve governance's
+    subjects and consume the planner's on the shared one."""
+    server = EmbeddedNats(tmp_path_factory.mktemp("planner-budget-nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> AsyncIterator[Env]:
+    nc = await nats.connect(private_nats.url)
+    await ensure_streams(nc.jetstream())
+    database = scratch_db.rsplit("/", 1)[1]
+    passwords = await provision(scratch_db, database, {
+        name: load_migrations(name, SERVICES / name / "migrations")
+        for name in ("planner", "governance")})
+    pools = {name: await connect_pool(with_database(
+        scratch_db, database, user=role_name(database, name), password=passwords[name]))
+        for name in ("planner", "governance")}
+    registry = CollectorRegistry()
+    governance = GovernanceService(
+        rt=Runtime(name="governance", nc=nc, js=nc.jetstream(), registry=CollectorRegistry(),
+                   tracer_provider=make_tracer_provider("governance")),
+        store=GovernanceStore(pools["governance"], journal=Journal(
+            service="governance", keys=DataKeys.from_json(DataKeys.generate("g1")))))
+    micro = await add_service(nc, name=f"writ-governance-{unique}", version="0.1.0")
+    for endpoint in governance.endpoints():
+        await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
+                                 handler=endpoint.handler, queue_group=f"test-{unique}")
+    admin = await asyncpg.connect(scratch_db)
+    journal = Journal(service="planner", keys=DataKeys.from_json(DataKeys.generate("p1")))
+    yield Env(nc=nc, db=admin, planner_pool=pools["planner"], journal=journal,
+              registry=registry, micro=micro)
+    await admin.close()
+    await micro.stop()  # idempotent: a test may have stopped it
+    for pool in pools.values():
+        await pool.close()
+    await nc.drain()
+
+
+async def register(env: Env, run_id: str, agent: str, **limits: int) -> EvidenceGathered:
+    run = RegisterRun(tenant="acme", run_id=run_id, principal="alice@acme", agent=agent,
+                      budget=RunBudget(**limits) if limits else None)
+    reply = await env.nc.request(subjects.REGISTER_RUN, msgspec.json.encode(run), timeout=5)
+    assert msgspec.json.decode(reply.data, type=RunRegistered).run_id == run_id
+    return EvidenceGathered(run_id=run_id, request_id=f"req-{run_id}", tenant="acme",
+                            principal="alice@acme", agent=agent,
+                            input="Note that I called ACME back", evidence=[])
+
+
+def outcome(run_id: str, step: int) -> CommandOutcome:
+    return CommandOutcome(tenant="acme", operation_id=f"op-{run_id}", run_id=run_id, step=step,
+                          action="crm.note.create", state="succeeded", receipt="note-1")
+
+
+async def test_an_exhausted_budget_fails_the_run_naming_it_without_asking_the_model(
+        env: Env) -> None:
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    svc = env.service(provider)
+    started = await register(env, "run-b1", "note-assistant", provider_calls=1)
+    await svc.handle(_Delivery(started))  # decision 1, then its proposal
+    assert [k for k, _ in await env.steps("run-b1")] == ["decision"]
+    await svc.handle(_Delivery(outcome("run-b1", 0)))
+
+    run = await env.run("run-b1")
+    assert (run["status"], run["error_code"]) == ("failed", "BUDGET_EXHAUSTED")
+    assert run["error_message"].startswith("provider_calls: ")
+    assert provider.decisions == 1  # the model was not asked whether to go on
+    assert [k for k, _ in await env.steps("run-b1")] == ["decision", "observation"]
+    assert env.exhausted() == 1.0
+    # What each step used is settled; nothing is left open.
+    assert await env.reservations("run-b1") == [
+        ("0:model", "settled", 1, 0, 0), ("0:capability", "settled", 0, 0, 1)]
+
+
+async def test_a_capability_budget_that_ran_out_proposes_nothing(env: Env) -> None:
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    svc = env.service(provider)
+    started = await register(env, "run-b2", "note-assistant", capability_calls=0)
+    await svc.handle(_Delivery(started))
+    run = await env.run("run-b2")
+    assert (run["status"], run["error_code"]) == ("failed", "BUDGET_EXHAUSTED")
+    assert run["error_message"].startswith("capability_calls: ")
+    assert await env.reservations("run-b2") == [("0:model", "settled", 1, 0, 0)]
+    kinds = [r["kind"] for r in await env.db.fetch(
+        "SELECT kind FROM planner.journal WHERE run_id = 'run-b2' ORDER BY id")]
+    assert "proposal" not in kinds  # journaled only once its capability call was reserved
+
+
+async def test_a_redelivered_step_reuses_its_reservation(env: Env) -> None:
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    svc = env.service(provider)
+    started = await register(env, "run-b3", "note-assistant", provider_calls=2)
+    provider.fail_next = True
+    with pytest.raises(RetryableError):
+        await svc.handle(_Delivery(started))
+    assert await env.steps("run-b3") == []
+    assert await env.reservations("run-b3") == [("0:model", "open", None, None, None)]
+    await svc.handle(_Delivery(started))  # the redelivery: same step key, same reservation
+    await svc.handle(_Delivery(started))  # and again, after the proposal: nothing new
+    assert await env.reservations("run-b3") == [
+        ("0:model", "settled", 1, 0, 0), ("0:capability", "open", None, None, None)]
+    assert provider.decisions == 2  # the failed call and the one recorded; never a third
+    await svc.handle(_Delivery(outcome("run-b3", 0)))
+    run = await env.run("run-b3")
+    assert (run["status"], run["answer"]) == ("succeeded", FIRST.answer)
+    assert [r[1] for r in await env.reservations("run-b3")] == ["settled"] * 3
+
+
+async def test_governance_not_answering_is_a_retry_never_an_allow(env: Env) -> None:
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    svc = env.service(provider)
+    started = await register(env, "run-b4", "note-assistant")
+    await env.micro.stop()
+    with pytest.raises(BudgetUnavailable) as caught:
+        await svc.handle(_Delivery(started))
+    assert isinstance(caught.value, RetryableError)  # the actor naks it
+    assert provider.decisions == 0
+    assert await env.steps("run-b4") == []
+    assert (await env.run("run-b4"))["status"] == "running"
+
+
+async def test_a_run_that_stops_for_a_person_holds_no_reservation(env: Env) -> None:
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    svc = env.service(provider)
+    started = await register(env, "run-b5", "note-assistant")
+    await svc.handle(_Delivery(started))
+    await svc.handle(_Delivery(ProposalRefused(
+        tenant="acme", run_id="run-b5", step=0, action="crm.note.create", verdict="ask",
+        reason="needs a person", pending_id="p-1")))
+    assert (await env.run("run-b5"))["status"] == "awaiting_human"
+    assert await env.reservations("run-b5") == [
+        ("0:model", "settled", 1, 0, 0), ("0:capability", "settled", 0, 0, 1)]
+
+
+async def test_a_critic_replan_then_accept_ends_with_the_second_answer(env: Env) -> None:
+    provider = Counting({"checked-assistant": [NOTE, FIRST, SECOND]},
+                        {"checked-assistant": [REPLAN, Accept()]})
+    svc = env.service(provider)
+    started = await register(env, "run-c1", "checked-assistant")
+    await svc.handle(_Delivery(started))
+    await svc.handle(_Delivery(outcome("run-c1", 0)))
+
+    run = await env.run("run-c1")
+    assert (run["status"], run["answer"]) == ("succeeded", SECOND.answer)
+    steps = await env.steps("run-c1")
+    assert [(k, p.get("decision") or p.get("verdict") or p.get("critic") or p.get("state"))
+            for k, p in steps] == [
+        ("decision", "select_capability"), ("observation", "succeeded"),
+        ("decision", "answer_directly"), ("critic", "replan"), ("observation", "replan"),
+        ("decision", "answer_directly"), ("critic", "accept")]
+    assert [p["answer"] for k, p in steps if p.get("decision") == "answer_directly"] == [
+        FIRST.answer, SECOND.answer]
+    assert steps[4][1] == {"critic": "replan", "reason": REPLAN.reason,
+                           "answer_accepted": False}
+    assert (provider.decisions, provider.verdicts) == (3, 2)
+    keys = [k for k, *_ in await env.reservations("run-c1")]
+    assert keys == ["0:model", "0:capability", "2:model", "3:critic", "5:model", "6:critic"]
+    # Sealed, the journal replays the run identical, critic verdicts included.
+    sealer = Sealer(pool=env.planner_pool, journal=env.journal,
+                    signing=SigningKey.generate("p-1"))
+    await sealer.seal_all()
+    entries, record, unsealed = await PlannerStore(
+        env.planner_pool, journal=env.journal).read_replay("acme", "run-c1")
+    report = replay_run("run-c1", entries, record=record, unsealed=unsealed)
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+
+
+async def test_a_replan_that_runs_out_of_budget_ends_budget_exhausted(env: Env) -> None:
+    provider = Counting({"checked-assistant": [FIRST, SECOND]},
+                        {"checked-assistant": [REPLAN, Accept()]})
+    svc = env.service(provider)
+    started = await register(env, "run-c2", "checked-assistant", provider_calls=3)
+    await svc.handle(_Delivery(started))
+
+    run = await env.run("run-c2")
+    assert (run["status"], run["error_code"]) == ("failed", "BUDGET_EXHAUSTED")
+    assert run["error_message"].startswith("provider_calls: ")
+    assert [k for k, _ in await env.steps("run-c2")] == [
+        "decision", "critic", "observation", "decision"]
+    assert (provider.decisions, provider.verdicts) == (2, 1)  # the second critic never ran
+    assert env.exhausted() == 1.0
