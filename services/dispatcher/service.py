@@ -110,7 +110,7 @@ class DispatcherService:
                 # Every tool is on the dashboard from the start (rate() needs the zero too).
                 self._breaker_state.labels(action).set(STATE_VALUES["closed"])
                 self._breaker_refused.labels(action)
-        for name in connectors:
+        for name in [*connectors, "local"]:  # "local": operations in Postgres, no connector
             for result in _ATTEMPT_RESULTS:
                 self._attempts.labels(name, result)
 
