@@ -114,6 +114,8 @@ def proposal(tenant: str) -> str:
 
 
 def admitted(tenant: str) -> str:
+    """`CommandAdmitted` progress events: core NATS only, in no stream (nothing depends on them;
+    the audit journal is the record)."""
     return f"writ.int.admitted.{tenant}"
 
 
@@ -181,7 +183,7 @@ STREAMS: Final = (
     StreamSpec("WRIT_IN", ("writ.in.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_OUT", ("writ.out.>",), 7 * _DAY),
     StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
-                            "writ.int.admitted.>", "writ.int.outcomes.>", "writ.int.answers.>",
+                            "writ.int.outcomes.>", "writ.int.answers.>",
                             "writ.int.answered.>", "writ.int.refused.>", "writ.int.approvals.>"),
                7 * _DAY),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),

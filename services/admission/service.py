@@ -205,8 +205,8 @@ class AdmissionService:
                                f"operation key {p.operation_key or operation_id} was already "
                                "used with another payload; the stored command is unchanged")
             return
-        # A progress event for watchers (the timeline), not an obligation: a core publish into
-        # the stream, without waiting for its acknowledgement.
+        # A progress event for watchers (the timeline), not an obligation: a core publish on a
+        # subject no stream stores (the journal row written with the admission is the record).
         await publish_now(
             self._rt.nc, subjects.admitted(p.tenant),
             CommandAdmitted(tenant=p.tenant, run_id=p.run_id, step=p.step, action=p.action,
