@@ -57,6 +57,16 @@ def with_database(dsn: str, database: str, *, user: str | None = None,
     return urlunsplit((parts.scheme, netloc, f"/{database}", parts.query, ""))
 
 
+# `{include:<name>}` in a migration is `libs/<name>.sql` with `{schema}` as the service's schema:
+# tables every service keeps the same way (the audit journal) are written once.
+_INCLUDE = re.compile(r"\{include:([a-z_]+)\}")
+
+
+def _shared(name: str, service: str) -> str:
+    return (Path(__file__).resolve().parent / f"{name}.sql").read_text().replace(
+        "{schema}", service)
+
+
 def load_migrations(service: str, folder: Path) -> list[Migration]:
     """The service's `NNN_name.sql` files, in order; a gap or a duplicate number is an error."""
     found = []
@@ -64,7 +74,8 @@ def load_migrations(service: str, folder: Path) -> list[Migration]:
         match = _MIGRATION_NAME.match(path.name)
         if match is None:
             raise ValueError(f"badly named migration {path}")
-        found.append(Migration(service, int(match.group(1)), path.name, path.read_text()))
+        sql = _INCLUDE.sub(lambda m: _shared(m.group(1), service), path.read_text())
+        found.append(Migration(service, int(match.group(1)), path.name, sql))
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
         raise ValueError(f"migrations of {service} are not numbered 001, 002, ...: {versions}")

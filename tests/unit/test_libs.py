@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from libs.db import load_migrations
 from libs.errors import ConfigError, WritError
 from libs.settings import BaseSettings, load_settings, read_secret
 
@@ -214,3 +215,13 @@ def test_services_never_import_each_other() -> None:
             if foreign:
                 offenders[str(path.relative_to(ROOT))] = foreign
     assert offenders == {}
+
+
+def test_a_migration_includes_the_shared_journal_tables_in_its_own_schema(
+        tmp_path: Path) -> None:
+    (tmp_path / "001_journal.sql").write_text("-- ours\n{include:journal}\n")
+    [migration] = load_migrations("ledger", tmp_path)
+    assert migration.sql.startswith("-- ours\n")
+    assert "CREATE TABLE ledger.journal (" in migration.sql
+    assert "TO {role:ledger};" in migration.sql
+    assert "{schema}" not in migration.sql and "{include" not in migration.sql

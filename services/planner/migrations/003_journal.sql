@@ -1,42 +1,4 @@
--- The audit journal (DESIGN.md §7), as in services/governance/migrations/005_journal.sql: the
--- planner writes a row in the same transaction as every run it starts (with the evidence the
--- model saw), every step (each captured model response and tool output) and every status
--- change; `writ audit replay` walks a run from these rows. Insert-only for the service role.
-CREATE TABLE planner.journal (
-    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    -- The writer's transaction id: the sealer chains rows in (xid, id) order once xid is below
-    -- every snapshot's xmin, so no row can commit behind the head of the chain.
-    xid         xid8 NOT NULL DEFAULT pg_current_xact_id(),
-    tenant      text NOT NULL,
-    kind        text NOT NULL,
-    subject     text NOT NULL,
-    run_id      text NOT NULL DEFAULT '',
-    recorded_at timestamptz NOT NULL DEFAULT now(),
-    key_id      text NOT NULL,      -- the AES-GCM data key
-    nonce       bytea NOT NULL,
-    ciphertext  bytea NOT NULL      -- the msgspec-encoded event, encrypted
-);
-CREATE INDEX journal_chain_order ON planner.journal (xid, id);
-
--- The chain: one seal per row, seq contiguous from 1.
-CREATE TABLE planner.journal_seals (
-    seq         bigint PRIMARY KEY,
-    entry_id    bigint NOT NULL UNIQUE,
-    xid         xid8 NOT NULL,
-    prev_hash   bytea NOT NULL,
-    entry_hash  bytea NOT NULL,
-    sealed_at   timestamptz NOT NULL DEFAULT now()
-);
-
--- One Ed25519-signed checkpoint per sealed batch over (service, seq, prev_seq, head hash).
-CREATE TABLE planner.journal_checkpoints (
-    seq         bigint PRIMARY KEY,
-    prev_seq    bigint NOT NULL,
-    head_hash   bytea NOT NULL,
-    key_id      text NOT NULL,
-    signature   bytea NOT NULL,
-    signed_at   timestamptz NOT NULL DEFAULT now()
-);
-
-GRANT SELECT, INSERT ON planner.journal, planner.journal_seals,
-    planner.journal_checkpoints TO {role:planner};
+-- The audit journal (libs/journal.sql). The planner writes a row in the same transaction as every
+-- run it starts (with the evidence the model saw), every step (each captured model response and
+-- tool output) and every status change; `writ audit replay` walks a run from these rows.
+{include:journal}
