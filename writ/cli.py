@@ -94,18 +94,22 @@ def _pending(args: argparse.Namespace) -> int:
     return anyio.run(list_pending, _nats_url(args), args.tenant)
 
 
+def _approver_token(args: argparse.Namespace) -> str:
+    """`--token`, or for local use a token signed as the tenant's host would, approver role."""
+    if args.token:
+        return str(args.token)
+    from writ.stack import Stack
+
+    return Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
+
+
 def _decide(args: argparse.Namespace) -> int:
     import anyio
 
     from writ.operator import answer_pending
 
-    token = args.token
-    if not token:  # local use: sign as the tenant's host would, with the approver role
-        from writ.stack import Stack
-
-        token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
     return anyio.run(answer_pending, _nats_url(args), args.tenant, args.pending_id,
-                     args.answer, args.reason, token)
+                     args.answer, args.reason, _approver_token(args))
 
 
 def _approve(args: argparse.Namespace) -> int:
@@ -113,13 +117,8 @@ def _approve(args: argparse.Namespace) -> int:
 
     from writ.operator import answer_proposal
 
-    token = args.token
-    if not token:  # local use: sign as the tenant's host would, with the approver role
-        from writ.stack import Stack
-
-        token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
     return anyio.run(answer_proposal, _nats_url(args), args.tenant, args.proposal_id,
-                     args.answer, args.reason, token)
+                     args.answer, args.reason, _approver_token(args))
 
 
 def _review(args: argparse.Namespace) -> int:
@@ -127,13 +126,8 @@ def _review(args: argparse.Namespace) -> int:
 
     from writ.operator import answer_review
 
-    token = args.token
-    if not token:  # local use: sign as the tenant's host would, with the approver role
-        from writ.stack import Stack
-
-        token = Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
     return anyio.run(answer_review, _nats_url(args), args.tenant, args.pending_id,
-                     args.answer, args.comment, token)
+                     args.answer, args.comment, _approver_token(args))
 
 
 def _policy_sign(args: argparse.Namespace) -> int:
