@@ -44,7 +44,7 @@ def main() -> None:
             store = AdmissionStore(pool, journal=journal)
             relay = OutboxRelay(store=store, js=rt.js, listen_dsn=settings.database_url,
                                 listen_password=password, poll_s=settings.relay_poll_s,
-                                faults=rt.faults)
+                                faults=rt.faults, tracer=rt.tracer)
             svc = AdmissionService(rt=rt, store=store, relay=relay,
                                    command_ttl=timedelta(seconds=settings.command_ttl_s),
                                    proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),

@@ -15,9 +15,12 @@ import anyio
 import anyio.abc
 import asyncpg
 from nats.js import JetStreamContext
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Tracer
 
 from libs.bus import publish
 from libs.faults import Faults
+from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.admission import DispatchCommand
 from services.admission.store import OUTBOX_CHANNEL, AdmissionStore, OutboxRow
@@ -32,8 +35,9 @@ class OutboxRelay:
 
     def __init__(self, *, store: AdmissionStore, js: JetStreamContext, listen_dsn: str,
                  listen_password: str | None, batch: int = 256, poll_s: float = 1.0,
-                 faults: Faults | None = None) -> None:
+                 faults: Faults | None = None, tracer: Tracer | None = None) -> None:
         self._store, self._js = store, js
+        self._tracer = tracer or trace.get_tracer("writ.relay")
         self._faults = faults or Faults()
         self._listen_dsn, self._listen_password = listen_dsn, listen_password
         self._batch, self._poll_s = batch, poll_s
@@ -75,10 +79,15 @@ class OutboxRelay:
         return len(rows)
 
     async def _publish(self, row: OutboxRow) -> None:
-        headers = {"traceparent": row.traceparent} if row.traceparent else None
-        await publish(self._js, subjects.command(row.tenant),
-                      DispatchCommand(tenant=row.tenant, operation_id=row.operation_id),
-                      msg_id=f"{row.tenant}:{row.operation_id}", headers=headers)
+        # A span of the run's trace (the admission's context was stored with the row), so the
+        # dispatch that follows hangs off the relay's publish.
+        parent = extract_context({"traceparent": row.traceparent} if row.traceparent else {})
+        with self._tracer.start_as_current_span("relay publish", context=parent,
+                                                kind=SpanKind.PRODUCER) as span:
+            span.set_attribute("writ.operation_id", row.operation_id)
+            await publish(self._js, subjects.command(row.tenant),
+                          DispatchCommand(tenant=row.tenant, operation_id=row.operation_id),
+                          msg_id=f"{row.tenant}:{row.operation_id}")
 
     async def _listen(self) -> None:
         while True:

@@ -40,7 +40,8 @@ SERVICES = frozenset(f"writ-{name}" for name in ("ingress", "retrieval", "planne
 RUN_SPANS = frozenset({"ingress handle", "ingress verify", "governance register_run",
                        "retrieval handle", "retrieval search", "planner handle", "planner step",
                        "planner model", "admission handle", "admission admit",
-                       "governance decide", "dispatcher handle", "dispatch"})
+                       "governance decide", "relay publish", "dispatcher handle",
+                       "dispatch"})
 
 
 class TracedRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,6 +97,7 @@ def assert_run_tree(spans: list[dict[str, Any]], run: TracedRun) -> None:
     # The dispatch hangs off the admission that created the command (through the outbox),
     # and the governance decisions off their callers.
     dispatch = next(s for s in spans if s["name"] == "dispatcher handle")
+    assert by_id[dispatch["parent_span_id"]]["name"] == "relay publish"
     chain = []
     node = dispatch
     while node["parent_span_id"] in by_id:
