@@ -1,7 +1,11 @@
 """`writ run`: start Writ locally, submit the demo request, and print its timeline.
 
 The scenario is seed 001's: an agent adds a note to a customer record. The demo plays the host
-(it signs a token with the tenant's key and publishes a `RunRequest`) and watches the bus.
+(it signs a token with the tenant's key and publishes a `RunRequest`) and watches the bus. The
+demo agent (`research-assistant`) asks for its catalog, reads the tenant's documents through
+retrieval (`documents.search`, decided by governance; what it returns is untrusted data), proposes
+the note, observes its outcome, and its answer is verified by a critic before the run ends.
+The planner's own steps are printed from what it announces on `writ.events.planner.<tenant>`.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from writ.stack import SERVICES, Stack
 
 __all__ = ["run_demo"]
 
-DEMO_INPUT = ("Add a note to customer ACME-42 summarising today's call about the delayed "
-              "shipment.")
+DEMO_AGENT = "research-assistant"
+DEMO_INPUT = ("Look up what our documents say about ACME-42's delayed shipment and add a note to "
+              "the customer's record summarising today's call.")
 
 
 def _line(started: float, what: str, detail: str) -> None:
@@ -48,9 +53,15 @@ def _describe(subject: str, data: bytes) -> tuple[str, str] | None:
     if kind == "EvidenceGathered":
         titles = ", ".join(e["title"] for e in body["evidence"]) or "none"
         return "evidence", f"{len(body['evidence'])} documents, all untrusted: {titles}"
+    if kind == "StepRecorded":
+        return _step(body)
+    if kind == "ReadCapability":
+        return "read", (f"retrieval reads {body['tool']} "
+                        f"{msgspec.json.encode(body['arguments']).decode()[:70]} "
+                        f"(governance decides first) on {subject}")
     if kind == "ProposeCommand":
-        return "decision", (f"model selects {body['action']} "
-                            f"{msgspec.json.encode(body['arguments']).decode()[:90]}")
+        return "proposal", (f"to admission: {body['action']} "
+                            f"{msgspec.json.encode(body['arguments']).decode()[:80]}")
     if kind == "CommandAdmitted":
         return "admitted", (f"operation {body['operation_id']} allowed by decide line "
                             f"{body['decision_line']} (policy {body['policy_version']}), "
@@ -66,6 +77,24 @@ def _describe(subject: str, data: bytes) -> tuple[str, str] | None:
         error = body.get("error") or {}
         return "result", (f"{body['status']} {body.get('answer') or ''}"
                           f"{error.get('code', '')} {error.get('message', '')}").strip()
+    return None
+
+
+def _step(body: dict[str, Any]) -> tuple[str, str] | None:
+    """A planner step, as the planner announced it once it was committed."""
+    if body["kind"] == "critic":
+        return "critic", f"verdict {body.get('verdict')} on the answer"
+    if body["kind"] == "observation":
+        return "observation", body.get("summary") or "recorded"
+    decision = body.get("decision")
+    if decision == "request_capabilities":
+        return "capabilities", "model asks for the catalog (request_capabilities)"
+    if decision == "select_capability":
+        return "select", f"model selects {body.get('target')} (checked: in uses, signature)"
+    if decision == "answer_directly":
+        return "answer", "model answers (answer_directly)"
+    if decision == "request_human_review":
+        return "review", "model asks for a person's review"
     return None
 
 
@@ -85,10 +114,11 @@ async def _demo(stack: Stack) -> int:
             status.append(msgspec.json.decode(msg.data, type=RunResult).status)
             done.set()
 
+    await _grant_demo_agent(stack)
     sub = await nc.subscribe("writ.>", cb=watch)
     try:
         request_id = f"demo-{uuid.uuid4().hex[:8]}"
-        request = RunRequest(request_id=request_id, agent="crm-assistant", input=DEMO_INPUT,
+        request = RunRequest(request_id=request_id, agent=DEMO_AGENT, input=DEMO_INPUT,
                              token=stack.token("acme", "alice@acme.example"))
         print(f"\nTimeline of request {request_id}:")
         await nc.jetstream().publish(subjects.request("acme"), msgspec.json.encode(request),
@@ -101,6 +131,20 @@ async def _demo(stack: Stack) -> int:
         await nc.close()
     journals_ok = await _verify_journals(stack)
     return 0 if status == ["succeeded"] and journals_ok else 1
+
+
+async def _grant_demo_agent(stack: Stack) -> None:
+    """The tenant's administrator lets the demo agent write to the CRM without asking (a
+    standing grant for its family, as the stack gives `crm-assistant`); its reads are plain
+    reads, which governance allows on its own."""
+    conn = await asyncpg.connect(stack.database_dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+            "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
+            DEMO_AGENT)
+    finally:
+        await conn.close()
 
 
 async def _verify_journals(stack: Stack) -> bool:

@@ -17,9 +17,11 @@ from libs.errors import ConfigError
 from libs.journal import DataKeys, Journal, Sealer, SigningKey
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from schemas.retrieval import READ_TOOLS
 from services.planner.agents import AgentRegistry
 from services.planner.openai_provider import OpenAIProvider, load_capabilities
 from services.planner.provider import DecisionProvider, ScriptedProvider
+from services.planner.reads import ReadClient
 from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
 
@@ -45,6 +47,9 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
     # sessions end after 60 s idle in a transaction: every decision ends well before that.
     model_deadline_s: float = 45.0
     max_decisions: int = 8
+    # How long a read capability waits for retrieval's answer (no answer: retried, never a
+    # result).
+    read_timeout_s: float = 5.0
     # Tokens a provider call reserves of the run's budget before it starts (settled with what
     # the provider reports; the scripted provider reports 0).
     model_reserve_tokens: int = 4096
@@ -69,8 +74,8 @@ def main() -> None:
     if not settings.agents_dir:
         raise ConfigError("WRIT_AGENTS_DIR is required: the folder of the agents' manifests")
     agents = AgentRegistry.from_folder(settings.agents_dir)
-    # No read tool is executed by retrieval yet: a tool an agent uses resolves to nothing.
-    agents.resolve(actions=ACTIONS, tools=(), providers=(settings.provider,))
+    # Read tools resolve against retrieval's catalog (`schemas.retrieval.READ_TOOLS`).
+    agents.resolve(actions=ACTIONS, tools=READ_TOOLS, providers=(settings.provider,))
     capabilities = (load_capabilities(settings.model_capabilities_file)
                     if settings.model_capabilities_file else [])
     if not (settings.journal_signing_key_file and settings.journal_data_keys_file):
@@ -96,6 +101,7 @@ def main() -> None:
                                  provider=provider, agents=agents,
                                  max_decisions=settings.max_decisions,
                                  reserve_tokens=settings.model_reserve_tokens,
+                                 reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
                                  sealer=Sealer(pool=pool, journal=journal, signing=signing,
                                                interval=settings.journal_seal_interval_s))
             await svc.run(task_status=task_status)

@@ -1,6 +1,10 @@
 """The decision protocol's pure parts (seed 004): the catalog an agent may show its model, the
 summary sent first, and the checks a selection passes before any handler runs. No I/O here.
 
+A selection that passes its checks is executed by the runtime, never by the model: an action is
+proposed to admission, a read tool is read by retrieval (`read_tool`); a call to another agent is
+not executed by this planner yet.
+
 The catalog is built once per run from the agent's resolved manifest and kept with the run, so a
 resumed run and the offline replay see the very catalog the model saw. Capabilities are named
 by reference (`action:crm.note.create`, `tool:…`, `agent:…`); a decision may give the reference
@@ -15,6 +19,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from actions.base import Invalid
+from schemas.retrieval import READ_TOOLS, ReadToolSpec
 
 __all__ = [
     "AGENT_INPUT_KEYS",
@@ -24,6 +29,7 @@ __all__ = [
     "action_name",
     "capability_view",
     "check_selection",
+    "read_tool",
 ]
 
 PROTOCOL: Final = "writ-agent-decision-v1"
@@ -61,6 +67,12 @@ def action_name(target: str) -> str:
     return target.removeprefix("action:")
 
 
+def read_tool(catalog: list[dict[str, Any]], target: str) -> str | None:
+    """The read tool a selection names, if its target is a tool of the catalog."""
+    entry = _find(catalog, target)
+    return entry["name"] if entry is not None and entry["kind"] == "tool" else None
+
+
 def _find(catalog: list[dict[str, Any]], target: str) -> dict[str, Any] | None:
     for entry in catalog:
         if target in (entry["ref"], entry["name"]):
@@ -88,10 +100,12 @@ def _inputs_refusal(inputs: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
 
 
 def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
-                    arguments: Mapping[str, Any], actions: Mapping[str, Any]
+                    arguments: Mapping[str, Any], actions: Mapping[str, Any],
+                    tools: Mapping[str, ReadToolSpec] = READ_TOOLS
                     ) -> tuple[dict[str, Any], None] | tuple[None, Refusal]:
     """The runtime's checks before any handler: the target is in the caller's `uses`, the caller
-    is in an agent target's `callable_by`, the arguments match the target's signature.
+    is in an agent target's `callable_by`, the arguments match the target's signature (an
+    action's or a read tool's contract: the very type its executor decodes them into).
 
     Returns the catalog entry to execute, or the refusal the model observes instead.
     """
@@ -111,10 +125,20 @@ def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
         except Invalid as exc:
             return None, Refusal(check="arguments", reason=str(exc)[:512])
         return entry, None
+    if entry["kind"] == "tool":
+        spec = tools.get(entry["name"])
+        if spec is None:
+            return None, Refusal(check="uses", reason=f"read tool {entry['name']} no longer "
+                                                      "exists")
+        try:
+            msgspec.convert(dict(arguments), spec.arguments, strict=True)
+        except msgspec.ValidationError as exc:
+            return None, Refusal(check="arguments", reason=f"{entry['ref']}: {exc}"[:512])
+        return entry, None
     reason = _inputs_refusal(entry.get("inputs", {}), arguments)
     if reason is not None:
         return None, Refusal(check="arguments", reason=f"{entry['ref']}: {reason}"[:512])
-    # Reads by retrieval and calls to other agents pass the same checks, but this planner does
-    # not execute them yet: the model learns so, nothing runs.
+    # Calls to other agents pass the same checks, but this planner does not execute them yet:
+    # the model learns so, nothing runs.
     return None, Refusal(check="unsupported", reason=f"{entry['ref']}: this planner does not "
                                                      f"execute {entry['kind']} capabilities yet")

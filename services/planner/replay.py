@@ -5,7 +5,8 @@ evidence its model saw (`run.started`), each captured model response (`step.deci
 digest of the model input it answered), the proposal the runtime made of a `select_capability`
 (`proposal`), each captured tool output and the observation the runtime fed back from it
 (`step.observation`: an outcome, a refusal, the runtime's own refusal of a selection that failed
-its checks, a person's answer to a requested review, or the critic's reason to plan again), each
+its checks, what a read returned (retrieval's answer, as received), a person's answer to a
+requested review, or the critic's reason to plan again), each
 critic verdict on an answer (`step.critic`, with the digest of the critic input it answered),
 and every status change (`run.status`).
 The run's start also carries the agent snapshot it ran with (version, responsibility, catalog).
@@ -14,8 +15,9 @@ The run's start also carries the agent snapshot it ran with (version, responsibi
 captured response must decode as a decision, each model input must be the one the captured
 evidence and tool outputs give, and what the runtime did next must be what the decision implies
 (a `select_capability` that passes the runtime's checks becomes a proposal of that action with
-those arguments, whose output is then observed, and one that fails them becomes the refusal the
-model observes next; a `request_capabilities` is followed by another decision, made over the
+those arguments, whose output is then observed — or, for a read tool, is read by retrieval and its
+answer observed, with no proposal — and one that fails them becomes the refusal the model
+observes next; a `request_capabilities` is followed by another decision, made over the
 catalog; a `request_human_review` stops the run for a person; an `answer_directly` ends the run
 succeeded with that answer — or, for an agent with a critic, is followed by the critic's verdict:
 `accept` ends the run with the answer, `replan` becomes an observation and another decision; a
@@ -38,7 +40,8 @@ from actions.base import outcome_of
 from schemas.admission import ProposalRefused
 from schemas.dispatcher import CommandOutcome
 from schemas.planner import Divergence, ReplayReport
-from services.planner.protocol import action_name, capability_view, check_selection
+from schemas.retrieval import ReadRefused, ReadResult
+from services.planner.protocol import action_name, capability_view, check_selection, read_tool
 from services.planner.provider import (
     AnswerDirectly,
     CriticInput,
@@ -67,6 +70,7 @@ __all__ = [
     "DecisionEntry",
     "ObservationEntry",
     "ProposalEntry",
+    "ReadObserved",
     "ReviewAnswered",
     "RunRecord",
     "RunStartedEntry",
@@ -78,6 +82,7 @@ __all__ = [
     "input_digest",
     "model_input",
     "observation_of",
+    "read_target",
     "render",
     "replay_run",
     "selection_outcome",
@@ -111,6 +116,8 @@ _TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
 _BUDGET_KINDS: Final = frozenset({"provider_calls", "tokens", "capability_calls", "wall_time",
                                   "concurrent_steps"})
 _MAX_FINDINGS: Final = 100  # ReplayReport's bound
+# What the model reads of one item a read returned (retrieval already cuts excerpts shorter).
+OBSERVED_TEXT_CHARS: Final = 2000
 
 
 # -- what the planner journals (the payloads, msgspec JSON before encryption) -----------------
@@ -195,7 +202,19 @@ class CriticReplan(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
     reason: str
 
 
-Output = CommandOutcome | ProposalRefused | SelectionRefused | ReviewAnswered | CriticReplan
+class ReadObserved(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
+    """The captured output of the read a checked `select_capability` at `step` named:
+    retrieval's answer as received, a result or a refusal asking again would not change."""
+
+    run_id: str
+    step: int
+    tool: str
+    arguments: dict[str, Any]
+    answer: ReadResult | ReadRefused
+
+
+Output = (CommandOutcome | ProposalRefused | SelectionRefused | ReviewAnswered | CriticReplan
+          | ReadObserved)
 
 
 class StatusEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,6 +310,11 @@ def selection_outcome(manifest: dict[str, Any] | None, *, agent: str, target: st
     return None if refusal is None else (refusal.check, refusal.reason)
 
 
+def read_target(manifest: dict[str, Any] | None, target: str) -> str | None:
+    """The read tool a selection's target names in the run's catalog, else None (an action)."""
+    return None if manifest is None else read_tool(manifest.get("catalog", []), target)
+
+
 def input_digest(value: ModelInput | CriticInput) -> str:
     """sha256 of the model input, keys sorted: the same whether read back from jsonb or not."""
     return hashlib.sha256(msgspec.json.encode(value, order="sorted")).hexdigest()
@@ -315,7 +339,35 @@ def observation_of(event: Output) -> dict[str, Any]:
         return {"review": event.answer, "reviewer": event.reviewer, "reason": event.reason}
     if isinstance(event, CriticReplan):
         return {"critic": "replan", "reason": event.reason, "answer_accepted": False}
+    if isinstance(event, ReadObserved):
+        return _read_observation(event)
     return {"action": event.action, "refused": event.verdict, "reason": event.reason}
+
+
+def _read_observation(event: ReadObserved) -> dict[str, Any]:
+    """What the model reads of a read: the items as untrusted data, each bounded; or why the
+    read did not run (nothing was executed)."""
+    answer = event.answer
+    if isinstance(answer, ReadRefused):
+        observation: dict[str, Any] = {"tool": event.tool, "refused": answer.code,
+                                       "reason": answer.reason, "executed": False}
+        if answer.code == "ASK":
+            # Reads a person must allow are not waited for: the run goes on without it.
+            observation["pending_id"] = answer.pending_id
+            observation["note"] = ("a person must allow this read; this run does not wait for "
+                                   "that answer, so nothing was read")
+        return observation
+    items, cut = [], False
+    for item in answer.items:
+        cut = cut or len(item.text) > OBSERVED_TEXT_CHARS
+        observed: dict[str, Any] = {"id": item.id, "kind": item.kind, "title": item.title,
+                                    "text": item.text[:OBSERVED_TEXT_CHARS],
+                                    "rank": round(item.rank, 4), "trust": "untrusted"}
+        if item.fields:
+            observed["fields"] = dict(item.fields)
+        items.append(observed)
+    return {"tool": event.tool, "executed": True, "untrusted": True, "items": items,
+            "truncated": answer.truncated or cut}
 
 
 # -- the walk ---------------------------------------------------------------------------------
@@ -333,8 +385,8 @@ def _show(value: Any, limit: int = 160) -> str:
 class _Expect(msgspec.Struct, kw_only=True):
     """What the last entry implies comes next."""
 
-    # decide | propose | refuse | output | review | reviewing | critic | replan | succeed | fail
-    # | resume | ended | unknown
+    # decide | propose | read | refuse | output | review | reviewing | critic | replan | succeed
+    # | fail | resume | ended | unknown
     what: str
     step: int | None = None
     action: str = ""
@@ -348,6 +400,8 @@ class _Expect(msgspec.Struct, kw_only=True):
             "decide": "a model decision",
             "propose": f"a proposal of {self.action} with arguments {_show(self.arguments)}",
             "refuse": f"the runtime to refuse {self.action} ({self.code}: {_show(self.reason)})",
+            "read": f"a read of {self.action} with arguments {_show(self.arguments)} observed "
+                    f"(step {self.step})",
             "output": f"the captured output of {self.action} (step {self.step})",
             "review": f"the run to wait for a person's review of step {self.step}",
             "reviewing": f"a person's answer to the review of step {self.step}",
@@ -437,7 +491,7 @@ class _Walk:
         if seq > self.next_seq:
             lost = (f"step {self.next_seq}" if seq == self.next_seq + 1
                     else f"steps {self.next_seq}..{seq - 1}")
-            if self.expect.what == "output":
+            if self.expect.what in ("output", "read"):
                 lost += f" (the tool output of step {self.expect.step})"
             elif self.expect.what == "decide":
                 lost += " (a model response)"
@@ -491,10 +545,15 @@ class _Walk:
                 self.started.manifest if self.started is not None else None,
                 agent=self.started.agent if self.started is not None else "",
                 target=decision.capability, arguments=decision.arguments)
+            tool = read_target(self.started.manifest if self.started is not None else None,
+                               decision.capability)
             if refused is not None:
                 self.expect = _Expect(what="refuse", step=d.seq,
                                       action=decision.capability[:512], code=refused[0],
                                       reason=refused[1])
+            elif tool is not None:
+                self.expect = _Expect(what="read", step=d.seq, action=tool,
+                                      arguments=decision.arguments)
             else:
                 self.expect = _Expect(what="propose", step=d.seq,
                                       action=action_name(decision.capability)[:512],
@@ -550,7 +609,8 @@ class _Walk:
         ex = self.expect
         gap = self.at_step(o.seq, "observation")
         if not gap and ex.what != "unknown" and not (
-                ex.what in ("output", "refuse", "reviewing", "replan") and o.step == ex.step):
+                ex.what in ("output", "read", "refuse", "reviewing", "replan")
+                and o.step == ex.step):
             self.diverged(ex.step if ex.step is not None else o.step, str(ex),
                           f"a tool output of step {o.step}")
         self.next_seq = o.seq + 1
@@ -570,6 +630,18 @@ class _Walk:
         if _canon(derived) != _canon(o.observation):
             self.diverged(o.seq, f"the observation {_show(derived)} (from the captured output)",
                           f"{_show(o.observation)}")
+        if isinstance(output, ReadObserved):
+            if ex.what != "read":
+                self.diverged(o.step, str(ex), f"a read of {output.tool} at step {output.step}")
+            elif output.tool != ex.action or _canon(output.arguments) != _canon(ex.arguments):
+                self.diverged(o.step, str(ex), f"a read of {output.tool} with arguments "
+                                               f"{_show(output.arguments)}")
+            self.expect = _Expect(what="decide")
+            return
+        if ex.what == "read":
+            self.diverged(o.step, str(ex), f"another tool output of step {o.step}")
+            self.expect = _Expect(what="unknown")
+            return
         if isinstance(output, SelectionRefused):
             if ex.what == "refuse" and (output.check, output.reason) != (ex.code, ex.reason):
                 self.diverged(o.step, str(ex), f"the runtime refused {output.target} "
@@ -631,7 +703,8 @@ class _Walk:
             if ex.what == "fail":
                 if (s.error_code, s.error_message) != (ex.code, ex.reason):
                     self.diverged(ex.step, str(ex), found)
-            elif s.error_code == BUDGET_CODE and ex.what in ("decide", "critic", "propose"):
+            elif s.error_code == BUDGET_CODE and ex.what in ("decide", "critic", "propose",
+                                                              "read"):
                 # The planner's own cap says how many decisions it took; a budget governance
                 # refused names its kind (the rest is governance's to record).
                 message = s.error_message or ""
@@ -663,6 +736,13 @@ class _Walk:
             self.lacks(f"the proposal of step {ex.step} was never captured (the run is "
                        f"{self.status}){waiting}")
         elif ex.what == "propose" and not self.unsealed:
+            self.diverged(ex.step, str(ex), "nothing")
+        elif ex.what == "read" and self.status not in _TERMINAL:
+            # Read after the decision's transaction: a planner that stopped in between (or a
+            # retrieval that did not answer) reads it when the run resumes.
+            self.lacks(f"the read of step {ex.step} was never captured (the run is "
+                       f"{self.status}){waiting}")
+        elif ex.what == "read" and not self.unsealed:
             self.diverged(ex.step, str(ex), "nothing")
         elif ex.what == "output":
             self.lacks(f"the tool output of step {ex.step} was never captured (the run is "

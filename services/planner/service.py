@@ -10,23 +10,28 @@ declares and that takes work (`agents.py`); its model first sees a summary of th
 capabilities and the catalog once it asked (`request_capabilities`); a `select_capability` is
 checked before any handler runs (in `uses`, `callable_by`, the arguments against the target's
 signature), and a refusal is recorded as the observation the next decision reads, never executed;
+a checked selection of an action is proposed to admission, one of a read tool is read by
+retrieval (`reads.py`: request/reply on `writ.int.retrieval.read`, after governance's `decide`
+there) and its answer — the items, untrusted and bounded, or why nothing was read — is the next
+observation (a read a person must allow is observed as not read: the run does not wait for it);
 a `request_human_review` stops the run as `awaiting_human` until a person answers
 (`writ.int.planner.review`). Each decision and observation is committed as a step before the
 next decision is asked for.
 
 Budgets (DESIGN.md invariant 9, `budgeting.py`): every provider call (a decision, a critic's
 verdict) first reserves a provider call and tokens of the run's budget in governance, and every
-capability call (a checked selection proposed to admission) a capability call; each is settled
-with what it used. A budget that ran out stops the run in code — `failed` with
+capability call (a checked selection proposed to admission, or read by retrieval) a capability
+call; each is settled with what it used. A budget that ran out stops the run in code — `failed` with
 `BUDGET_EXHAUSTED` naming the budget — and the model is not asked whether to continue.
 
 The critic (seed 000 scenario A): for an agent whose manifest has one, an `answer_directly` is
 verified against the objective before the run ends with it; `replan` feeds the critic's reason
 back as an observation written by Writ and the agent decides again, under the same budgets.
 
-Each captured model response, tool output and status change is journaled with the step or status
-it records (`store.py`); the planner also seals its journal and serves `writ.int.planner.replay`,
-the offline replay of a run (`replay.py`).
+Each captured model response, tool output (a read's answer included) and status change is
+journaled with the step or status it records (`store.py`); the planner also seals its journal and
+serves `writ.int.planner.replay`, the offline replay of a run (`replay.py`). Each committed step
+is announced on core NATS `writ.events.planner.<tenant>` (`progress.py`), for those who watch.
 """
 
 from __future__ import annotations
@@ -54,9 +59,10 @@ from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
 from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
 from schemas.planner import REVIEW, ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer
-from schemas.retrieval import EvidenceGathered
+from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
 from services.planner.agents import AgentRegistry
 from services.planner.budgeting import RunBudgets, step_key
+from services.planner.progress import progress_subject, step_recorded
 from services.planner.protocol import action_name
 from services.planner.provider import (
     Accept,
@@ -67,12 +73,14 @@ from services.planner.provider import (
     RequestHumanReview,
     SelectCapability,
 )
+from services.planner.reads import ReadClient
 from services.planner.replay import (
     BUDGET_CODE,
     REFUSAL_CODES,
     REVIEW_CODE,
     CriticReplan,
     ProposalEntry,
+    ReadObserved,
     ReviewAnswered,
     SelectionRefused,
     critic_input,
@@ -80,6 +88,7 @@ from services.planner.replay import (
     input_digest,
     model_input,
     observation_of,
+    read_target,
     replay_run,
     selection_outcome,
 )
@@ -96,6 +105,7 @@ _RUN_RESULT_STATUSES = ("succeeded", "failed", "awaiting_human")
 _Finished = list[tuple[str, str | None]]
 _Effects = list[tuple[str, msgspec.Struct, str]]
 _AGAIN: Final = None  # `_next` took a decision the runtime answers itself: decide again
+_READ_OUTCOMES: Final = ("read", "unknown_tool", "invalid_arguments", "denied", "ask")
 
 
 class _ReviewRefused(Exception):
@@ -111,8 +121,10 @@ class PlannerService:
 
     def __init__(self, *, rt: Runtime, store: PlannerStore, provider: DecisionProvider,
                  agents: AgentRegistry, max_decisions: int = 8,
-                 reserve_tokens: int = 4096, sealer: Sealer | None = None) -> None:
+                 reserve_tokens: int = 4096, sealer: Sealer | None = None,
+                 reads: ReadClient | None = None) -> None:
         self._rt, self._store, self._provider = rt, store, provider
+        self._reads = reads if reads is not None else ReadClient(nc=rt.nc)
         self._agents = agents
         # What a provider call reserves of the run's tokens before it starts (settled with
         # what the provider reports it used).
@@ -133,6 +145,12 @@ class PlannerService:
                                 registry=rt.registry)
         for check in ("uses", "callable_by", "arguments", "unsupported"):
             self._selections_refused.labels(check)
+        self._reads_observed = Counter("writ_planner_reads",
+                                       "Reads by retrieval observed by a run, by outcome (a "
+                                       "read that may succeed later is retried, not counted)",
+                                       ["outcome"], registry=rt.registry)
+        for outcome in _READ_OUTCOMES:
+            self._reads_observed.labels(outcome)
         # Label-free: which budget ran out is governance's writ_governance_budget_exhausted
         # (by `budget`) and the run's error message; this counts the runs the planner stopped.
         self._budget_exhausted = Counter("writ_planner_budget_exhaustions",
@@ -233,35 +251,40 @@ class PlannerService:
             if run is None:
                 return []  # an outcome for a run this planner never started: nothing to drive
             steps = await self._store.steps(conn, run.run_id)
-            await self._budget.settle_due(conn, run)
-            # An ask is not an observation: the step's observation is what the answer leads to.
-            if isinstance(event, CommandOutcome) or (
-                    isinstance(event, ProposalRefused) and event.verdict != "ask"):
-                observation = observation_of(event)
-                if await self._store.add_observation(
-                        conn, run, event.step + 1, step=event.step,
-                        output=msgspec.to_builtins(event), observation=observation):
-                    steps.append(Step(seq=event.step + 1, kind="observation",
-                                      payload=observation))
-                # The capability call has its outcome (or its refusal): it is over.
-                await self._budget.spent(conn, run, step_key(run.run_id, event.step,
-                                                             "capability"), capability_calls=1)
-            if run.status in TERMINAL_RUN:
-                return [self._result(run, steps)]
-            if isinstance(event, ProposalRefused):
-                return await self._refused(conn, run, steps, event, finished)
-            if run.status == "awaiting_human":
-                if not isinstance(event, CommandOutcome):
-                    return []  # still waiting for the person
-                # The person said yes and the command ran: the run goes on from here.
-                await self._store.set_status(conn, run, "running", step=event.step)
-                run = msgspec.structs.replace(run, status="running", error_code=None,
-                                              error_message=None)
-            if not steps and (refusal := self._agent_refusal(run)) is not None:
-                return [await self._finish(conn, run, steps, "failed", finished,
-                                           error=refusal)]
-            effects = await self._next(conn, run, steps, finished)
+            seen = len(steps)
+            effects = await self._advance_run(conn, run, steps, event, finished)
+        await self._announce(run, steps[seen:])
         return await self._continue(run.run_id, effects, finished)
+
+    async def _advance_run(self, conn: Any, run: RunRow, steps: list[Step], event: Inbound,
+                           finished: _Finished) -> _Effects | None:
+        await self._budget.settle_due(conn, run)
+        # An ask is not an observation: the step's observation is what the answer leads to.
+        if isinstance(event, CommandOutcome) or (
+                isinstance(event, ProposalRefused) and event.verdict != "ask"):
+            observation = observation_of(event)
+            if await self._store.add_observation(
+                    conn, run, event.step + 1, step=event.step,
+                    output=msgspec.to_builtins(event), observation=observation):
+                steps.append(Step(seq=event.step + 1, kind="observation",
+                                  payload=observation))
+            # The capability call has its outcome (or its refusal): it is over.
+            await self._budget.spent(conn, run, step_key(run.run_id, event.step,
+                                                         "capability"), capability_calls=1)
+        if run.status in TERMINAL_RUN:
+            return [self._result(run, steps)]
+        if isinstance(event, ProposalRefused):
+            return await self._refused(conn, run, steps, event, finished)
+        if run.status == "awaiting_human":
+            if not isinstance(event, CommandOutcome):
+                return []  # still waiting for the person
+            # The person said yes and the command ran: the run goes on from here.
+            await self._store.set_status(conn, run, "running", step=event.step)
+            run = msgspec.structs.replace(run, status="running", error_code=None,
+                                          error_message=None)
+        if not steps and (refusal := self._agent_refusal(run)) is not None:
+            return [await self._finish(conn, run, steps, "failed", finished, error=refusal)]
+        return await self._next(conn, run, steps, finished)
 
     async def _continue(self, run_id: str, effects: _Effects | None,
                         finished: _Finished) -> _Effects:
@@ -276,8 +299,20 @@ class PlannerService:
                 if run is None or run.status != "running":
                     return []
                 steps = await self._store.steps(conn, run_id)
+                seen = len(steps)
                 effects = await self._next(conn, run, steps, finished)
+            await self._announce(run, steps[seen:])
         return effects
+
+    async def _announce(self, run: RunRow, steps: list[Step]) -> None:
+        """Announce committed steps on core NATS; progress only, so a failed publish is logged
+        and changes nothing."""
+        for step in steps:
+            try:
+                await self._rt.nc.publish(progress_subject(run.tenant), self._encoder.encode(
+                    step_recorded(run.tenant, run.run_id, step)))
+            except Exception as exc:
+                log.debug("run %s: step %d not announced: %r", run.run_id, step.seq, exc)
 
     def _agent_refusal(self, run: RunRow) -> tuple[str, str] | None:
         """Why the run's agent takes no run, as (code, message); None if it takes this one.
@@ -330,13 +365,18 @@ class PlannerService:
         if refused is None:
             if fresh:
                 return _AGAIN  # the decision is committed before its capability call starts
+            tool = read_target(run.manifest, decision.capability)
+            if tool is not None:
+                return await self._read(conn, run, steps, last.seq, tool, decision, finished)
             return await self._propose(conn, run, steps, last.seq, decision, finished)
         output = SelectionRefused(run_id=run.run_id, step=last.seq,
                                   target=decision.capability[:128], check=refused[0],
                                   reason=refused[1])
+        observation = observation_of(output)
         if await self._store.add_observation(conn, run, last.seq + 1, step=last.seq,
                                              output=msgspec.to_builtins(output),
-                                             observation=observation_of(output)):
+                                             observation=observation):
+            steps.append(Step(seq=last.seq + 1, kind="observation", payload=observation))
             self._selections_refused.labels(refused[0]).inc()
         log.info("run %s step %d: %s refused before any handler (%s)", run.run_id, last.seq,
                  decision.capability[:128], refused[0])
@@ -358,6 +398,41 @@ class PlannerService:
             await self._store.add_proposal(conn, run, ProposalEntry(
                 step=seq, action=command.action, arguments=command.arguments))
         return [(subjects.proposal(run.tenant), command, f"proposal:{run.run_id}:{seq}")]
+
+    async def _read(self, conn: Any, run: RunRow, steps: list[Step], seq: int, tool: str,
+                    decision: SelectCapability, finished: _Finished) -> _Effects | None:
+        """Reserve the capability call (once per step), have retrieval read, and record its
+        answer as the next observation, journaled with it, settling the call.
+
+        Raises:
+            ReadUnavailable: retrieval gave no final answer; the transaction rolls back (the
+                decision stays committed) and the redelivery reads again under the same
+                reservation, which governance keeps for the step's key.
+        """
+        key = step_key(run.run_id, seq, "capability")
+        try:
+            await self._budget.reserve(conn, run, key, capability_calls=1)
+        except NoBudget as exc:
+            return [await self._out_of_budget(conn, run, steps, finished, exc)]
+        ask = ReadCapability(tenant=run.tenant, run_id=run.run_id, principal=run.principal,
+                             agent=run.agent, tool=tool, arguments=decision.arguments)
+        with self._rt.tracer.start_as_current_span("planner read",
+                                                   kind=SpanKind.CLIENT) as span:
+            span.set_attribute("writ.read.tool", tool)
+            answer = await self._reads.read(ask)
+            outcome = answer.code.lower() if isinstance(answer, ReadRefused) else "read"
+            span.set_attribute("writ.read.outcome", outcome)
+        output = ReadObserved(run_id=run.run_id, step=seq, tool=tool,
+                              arguments=decision.arguments, answer=answer)
+        observation = observation_of(output)
+        if await self._store.add_observation(conn, run, seq + 1, step=seq,
+                                             output=msgspec.to_builtins(output),
+                                             observation=observation):
+            steps.append(Step(seq=seq + 1, kind="observation", payload=observation))
+            self._reads_observed.labels(outcome).inc()
+        await self._budget.spent(conn, run, key, capability_calls=1)
+        log.info("run %s step %d: %s observed (%s)", run.run_id, seq, tool, outcome)
+        return _AGAIN
 
     async def _criticise(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
                          decision: AnswerDirectly, finished: _Finished) -> _Effects | None:
@@ -452,6 +527,7 @@ class PlannerService:
             if run is None or run.tenant != answer.tenant:
                 raise _ReviewRefused("no such run")
             steps = await self._store.steps(conn, run.run_id)
+            seen = len(steps)
             last = steps[-1] if steps else None
             if (run.status != "awaiting_human" or run.error_code != REVIEW_CODE
                     or last is None or last.seq != answer.step
@@ -473,6 +549,7 @@ class PlannerService:
                 run = msgspec.structs.replace(run, status="running", error_code=None,
                                               error_message=None)
                 effects = await self._next(conn, run, steps, finished)
+        await self._announce(run, steps[seen:])
         effects = await self._continue(run.run_id, effects, finished)
         await self._committed(finished, effects)
         result = next((m for _, m, _ in effects if isinstance(m, RunResult)), None)

@@ -14,7 +14,11 @@ from libs.embedded import EmbeddedNats
 
 pytestmark = pytest.mark.e2e
 
-STEPS = ("verified", "evidence", "decision", "admitted", "relayed", "dispatched", "result")
+# Issue 6's demo path: the catalog, a read, its observation, a proposal, its outcome observed,
+# the answer and the critic's verdict, then the result.
+STEPS = ("verified", "evidence", "capabilities", "select", "read", "observation", "select",
+         "proposal", "admitted", "relayed", "dispatched", "observation", "answer", "critic",
+         "result")
 
 
 def _run(home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

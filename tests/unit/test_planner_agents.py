@@ -15,6 +15,7 @@ import pytest
 from actions import ACTIONS
 from actions.crm_note_create import CrmNoteCreate
 from libs.errors import ConfigError, RetryableError
+from schemas.retrieval import READ_TOOLS
 from services.planner.agents import (
     TRANSITIONS,
     AgentManifest,
@@ -25,16 +26,14 @@ from services.planner.agents import (
     ManifestError,
     load_manifest,
 )
-from services.planner.protocol import capability_view, check_selection
+from services.planner.protocol import capability_view, check_selection, read_tool
 
 DEMO = Path(__file__).resolve().parents[2] / "writ" / "demo" / "agents"
 BASE: dict[str, Any] = {
     "manifest_version": 1, "name": "support", "version": "1.2.0",
     "responsibility": "Answer customers' questions about their orders.",
     "uses": [{"kind": "action", "name": "crm.note.create"},
-             {"kind": "tool", "name": "orders.read", "description": "Read an order.",
-              "inputs": {"order_id": {"type": "string"}, "lines": {"type": "boolean",
-                                                                  "required": False}}},
+             {"kind": "tool", "name": "documents.search"},
              {"kind": "agent", "name": "billing", "description": "Bills a customer."}],
     "callable_by": ["frontdesk"], "provider": "scripted",
     "budgets": {"provider_calls": 8, "tokens": 1000, "capability_calls": 4,
@@ -50,7 +49,7 @@ def manifest(**changes: Any) -> bytes:
     return json.dumps({**BASE, **changes}).encode()
 
 
-def registry(*raws: dict[str, Any], tools: tuple[str, ...] = ("orders.read",),
+def registry(*raws: dict[str, Any], tools: Any = READ_TOOLS,
              actions: Any = ACTIONS) -> AgentRegistry:
     agents = AgentRegistry(load_manifest(json.dumps(r).encode()) for r in raws)
     agents.resolve(actions=actions, tools=tools)
@@ -92,11 +91,13 @@ def test_a_manifest_turns_its_critic_on() -> None:
     ({"budgets": {"tokens": "many"}}, "tokens"),
     ({"provider": "anthropic"}, "provider"),
     ({"uses": [{"kind": "shell", "name": "sh"}]}, "kind"),
-    ({"uses": [{"kind": "tool", "name": "orders.read"}]}, "description"),
-    ({"uses": [{"kind": "tool", "name": "orders.read", "description": ""}]}, "description"),
+    # A read tool's description and signature are its contract's: a manifest cannot restate
+    # (or weaken) them.
+    ({"uses": [{"kind": "tool", "name": "documents.search", "description": "Anything."}]},
+     "unknown field `description`"),
     ({"uses": [{"kind": "agent", "name": "billing"}]}, "description"),
-    ({"uses": [{"kind": "tool", "name": "t", "description": "d",
-                "inputs": {"q": {"type": "sql"}}}]}, "type"),
+    ({"uses": [{"kind": "tool", "name": "documents.search",
+                "inputs": {"q": {"type": "sql"}}}]}, "unknown field `inputs`"),
     ({"uses": [{"kind": "action", "name": "crm.note.create"}] * 2}, "listed twice"),
     ({"uses": [{"kind": "agent", "name": "support", "description": "me"}]}, "itself"),
     ({"callable_by": ["a", "a"]}, "listed twice"),
@@ -150,10 +151,16 @@ def test_the_demo_manifests_load_and_every_agent_is_active() -> None:
     agents.resolve(actions=ACTIONS)
     assert {a.name: a.state for a in agents} == {
         name: "active" for name in ("billing-assistant", "catalog-assistant", "crm-assistant",
-                                    "mail-assistant", "refund-assistant", "review-assistant",
-                                    "scoped-assistant")}
-    # One demo agent has a critic; the others answer without one.
-    assert [a.name for a in agents if a.manifest.critic] == ["mail-assistant"]
+                                    "mail-assistant", "refund-assistant", "research-assistant",
+                                    "review-assistant", "scoped-assistant")}
+    # Two demo agents have a critic (`writ run`'s among them); the others answer without one.
+    assert [a.name for a in agents if a.manifest.critic] == ["mail-assistant",
+                                                             "research-assistant"]
+    # `writ run`'s agent reads the tenant's documents (retrieval's tool) before it writes.
+    research = agents.get("research-assistant")
+    assert research is not None
+    assert [(e["ref"], e["grants"]["family"]) for e in research.catalog] == [
+        ("tool:documents.search", "read"), ("action:crm.note.create", "write_delete")]
 
 
 def test_the_demo_script_loads_with_its_critics() -> None:
@@ -225,8 +232,8 @@ def test_which_states_take_work(caplog: pytest.LogCaptureFixture) -> None:
         assert at("degraded").accepts_work() is None
     assert "degraded" in caplog.text
     stopped = at("initializing")
-    stopped.fail("tool orders.read does not resolve")
-    assert "tool orders.read does not resolve" in (stopped.accepts_work() or "")
+    stopped.fail("tool documents.search does not resolve")
+    assert "tool documents.search does not resolve" in (stopped.accepts_work() or "")
     for state in ("initializing", "stopping"):
         with pytest.raises(AgentUnavailable) as info:
             at(state).accepts_work()
@@ -241,13 +248,16 @@ def test_resolution_active_degraded_stopped() -> None:
     assert agents.get("support").state == "active"  # type: ignore[union-attr]
     optional = {**BASE, "uses": [*BASE["uses"][:1], {**BASE["uses"][1], "optional": True},
                                  BASE["uses"][2]]}
-    support = registry(optional, BILLING, tools=()).get("support")
+    support = registry(optional, BILLING, tools={}).get("support")
     assert support is not None and support.state == "degraded"
-    assert "tool:orders.read" in support.reason
+    assert "tool:documents.search" in support.reason
     assert [e["ref"] for e in support.catalog] == ["action:crm.note.create", "agent:billing"]
-    required = registry(BASE, BILLING, tools=()).get("support")
+    required = registry(BASE, BILLING, tools={}).get("support")
     assert required is not None and required.state == "stopped"
-    assert "orders.read does not resolve" in required.reason
+    assert "documents.search does not resolve" in required.reason
+    unknown_tool = registry({**BASE, "uses": [{"kind": "tool", "name": "orders.read"}]})
+    assert unknown_tool.get("support").state == "stopped"  # type: ignore[union-attr]
+    assert "retrieval executes no read tool" in unknown_tool.get("support").reason  # type: ignore[union-attr]
     no_agent = registry(BASE).get("support")
     assert no_agent is not None and no_agent.state == "stopped"
     unknown = registry({**BASE, "uses": [{"kind": "action", "name": "shell.exec"}]})
@@ -290,7 +300,7 @@ def test_the_summary_then_the_catalog() -> None:
     summary = capability_view(catalog(), requested=False)
     assert summary == {"protocol": "writ-agent-decision-v1", "mode": "summary",
                        "capability_count": 3,
-                       "capability_refs": ["action:crm.note.create", "tool:orders.read",
+                       "capability_refs": ["action:crm.note.create", "tool:documents.search",
                                            "agent:billing"],
                        "input_keys": ["request"], "catalog_available_on_request": True}
     full = capability_view(catalog(), requested=True)
@@ -298,14 +308,20 @@ def test_the_summary_then_the_catalog() -> None:
     assert note["description"] == ACTIONS["crm.note.create"].description
     assert note["inputs"]["required"] == ["customer_id", "body"]
     assert note["grants"] == {"family": "write_delete", "decided_by": "governance"}
-    assert tool["inputs"]["order_id"]["type"] == "string"
+    # A read tool is shown as retrieval's catalog describes it, its family named.
+    spec = READ_TOOLS["documents.search"]
+    assert (tool["description"], tool["grants"]) == (
+        spec.description, {"family": "read", "decided_by": "governance"})
+    assert tool["inputs"]["required"] == ["query"]
+    assert tool["inputs"]["properties"]["limit"]["maximum"] == 10
+    assert "untrusted" in tool["output"]
     assert (agent["responsibility"], agent["callable_by"]) == ("Charge customers.", ["support"])
 
 
 def test_an_undescribed_capability_is_never_shown() -> None:
     entries = catalog()
     entries[1] = {**entries[1], "description": ""}
-    with pytest.raises(ValueError, match="tool:orders.read has no description"):
+    with pytest.raises(ValueError, match="tool:documents.search has no description"):
         capability_view(entries, requested=False)
 
 
@@ -348,10 +364,10 @@ def test_an_agent_target_must_list_the_caller_in_callable_by() -> None:
     ("crm.note.create", {"customer_id": "ACME-42"}, "missing required field `body`"),
     ("crm.note.create", {**NOTE_ARGS, "body": 42}, "Expected `str`"),
     ("crm.note.create", {**NOTE_ARGS, "customer_id": "acme 42"}, "customer_id"),
-    ("tool:orders.read", {"order_id": "7781", "verbose": True}, "unknown input(s): verbose"),
-    ("tool:orders.read", {"lines": True}, "missing input(s): order_id"),
-    ("tool:orders.read", {"order_id": 7781}, "order_id must be a string"),
-    ("tool:orders.read", {"order_id": "7781", "lines": "yes"}, "lines must be a boolean"),
+    ("tool:documents.search", {"query": "7781", "tenant": "globex"}, "unknown field `tenant`"),
+    ("tool:documents.search", {"limit": 3}, "missing required field `query`"),
+    ("tool:documents.search", {"query": 7781}, "Expected `str`"),
+    ("tool:documents.search", {"query": "7781", "limit": 11}, "<= 10"),
     ("agent:billing", {}, "missing input(s): request"),
     ("agent:billing", {"request": "x", "amount": 1}, "unknown input(s): amount"),
 ], ids=["action-unknown", "action-missing", "action-type", "action-bound", "tool-unknown",
@@ -363,8 +379,22 @@ def test_arguments_that_do_not_match_the_signature_are_refused(
     assert why in refused[1]
 
 
-def test_tools_and_agents_that_pass_are_not_executed_by_this_planner() -> None:
-    assert check("tool:orders.read", {"order_id": "7781"}) == (
-        "unsupported", "tool:orders.read: this planner does not execute tool capabilities yet")
+def test_a_read_tool_that_passes_is_read_by_retrieval_by_name_or_reference() -> None:
+    assert check("tool:documents.search", {"query": "order 7781"}) is None
+    assert check("documents.search", {"query": "order 7781", "limit": 3}) is None
+    assert read_tool(catalog(), "documents.search") == "documents.search"
+    assert read_tool(catalog(), "tool:documents.search") == "documents.search"
+    assert read_tool(catalog(), "crm.note.create") is None  # an action: proposed
+    assert read_tool(catalog(), "tool:crm.customer.get") is None  # not in uses
+
+
+def test_a_read_tool_retrieval_no_longer_has_is_refused() -> None:
+    entries = registry(BASE, BILLING).get("support").catalog  # type: ignore[union-attr]
+    entry, refusal = check_selection(entries, caller="support", target="documents.search",
+                                     arguments={"query": "x"}, actions=ACTIONS, tools={})
+    assert entry is None and refusal is not None and refusal.check == "uses"
+
+
+def test_agents_that_pass_are_not_executed_by_this_planner() -> None:
     refused = check("agent:billing", {"request": "Charge 49 EUR"})
     assert refused is not None and refused[0] == "unsupported"

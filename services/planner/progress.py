@@ -1,0 +1,77 @@
+"""What the planner says of a run's steps as they are committed, for whoever watches the bus
+(`writ run`'s timeline, an operator's `nats sub`): `StepRecorded` on core NATS
+`writ.events.planner.<tenant>`, published after the step's transaction committed.
+
+Progress only: nothing consumes it to decide anything, nothing stores it (no stream captures
+`writ.events.>`), and a publish that fails changes nothing in the run. It names what happened —
+the decision and its target, the critic's verdict, a summary of an observation — never the
+model's input, the arguments or the untrusted content a read returned.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from schemas.base import Event, Id, ShortText, Tenant
+from services.planner.store import Step
+
+__all__ = ["StepRecorded", "progress_subject", "step_recorded"]
+
+_SUBJECT: Final = "writ.events.planner.{tenant}"
+
+
+def progress_subject(tenant: str) -> str:
+    """The core NATS subject a tenant's run steps are announced on."""
+    return _SUBJECT.format(tenant=tenant)
+
+
+class StepRecorded(Event):
+    """A step of a run was committed: a model decision, a critic verdict or an observation."""
+
+    tenant: Tenant
+    run_id: Id
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    kind: ShortText  # decision | critic | observation
+    decision: ShortText | None = None  # the decision's type
+    target: ShortText | None = None  # what a select_capability names
+    verdict: ShortText | None = None  # the critic's
+    summary: ShortText = ""  # of an observation: what ran and how it ended, no content
+
+
+def _summary(payload: dict[str, Any]) -> str:
+    if "tool" in payload:
+        if payload.get("executed"):
+            items = payload.get("items", [])
+            titles = ", ".join(str(i.get("title", ""))[:60] for i in items[:3])
+            more = ", …" if len(items) > 3 else ""
+            return (f"{len(items)} items from {payload['tool']}, untrusted"
+                    f"{': ' + titles + more if titles else ''}")
+        return f"{payload['tool']} not read: {payload.get('refused')}"
+    if "operation_id" in payload:
+        return f"{payload.get('action')} {payload.get('state')} (outcome {payload.get('outcome')})"
+    if "target" in payload:
+        return f"{payload['target']} refused before any handler: {payload.get('refused')}"
+    if "critic" in payload:
+        return "the critic asked for a replan"
+    if "review" in payload:
+        return f"review {payload['review']} by {payload.get('reviewer')}"
+    if "refused" in payload:
+        return f"{payload.get('action')} refused: {payload['refused']}"
+    return ""
+
+
+def step_recorded(tenant: str, run_id: str, step: Step) -> StepRecorded:
+    """The announcement of one committed step."""
+    payload = step.payload
+    if step.kind == "decision":
+        target = payload.get("capability")
+        return StepRecorded(tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind,
+                            decision=str(payload.get("decision", ""))[:512],
+                            target=None if target is None else str(target)[:512])
+    if step.kind == "critic":
+        return StepRecorded(tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind,
+                            verdict=str(payload.get("verdict", ""))[:512])
+    return StepRecorded(tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind,
+                        summary=_summary(payload)[:512])
