@@ -10,7 +10,8 @@ import msgspec
 
 from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
 
-__all__ = ["REVIEW", "Divergence", "ProposeCommand", "ReplayReport", "ReplayRun", "ReviewAnswer"]
+__all__ = ["REVIEW", "Divergence", "ProposeCommand", "ReplayReport", "ReplayRun", "ReviewAnswer",
+           "StepRecorded"]
 
 # Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
 # `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.
@@ -77,3 +78,16 @@ class ReviewAnswer(Command):
     answer: Literal["approve", "reject"]
     reviewer: Principal
     reason: ShortText = ""
+
+
+class StepRecorded(Event):
+    """A step of a run was committed: a model decision, a critic verdict or an observation."""
+
+    tenant: Tenant
+    run_id: Id
+    seq: Annotated[int, msgspec.Meta(ge=0)]
+    kind: ShortText  # decision | critic | observation
+    decision: ShortText | None = None  # the decision's type
+    target: ShortText | None = None  # what a select_capability names
+    verdict: ShortText | None = None  # the critic's
+    summary: ShortText = ""  # of an observation: what ran and how it ended, no content

@@ -42,6 +42,7 @@ __all__ = [
     "evidence",
     "human_decision",
     "outcome",
+    "planner_progress",
     "proposal",
     "proposal_answer",
     "refused",
@@ -127,6 +128,12 @@ def outcome(tenant: str, origin: str = "run") -> str:
 def refused(tenant: str) -> str:
     """Proposals of runs that did not become commands (the planner's concern)."""
     return f"writ.int.refused.{tenant}"
+
+
+def planner_progress(tenant: str) -> str:
+    """`StepRecorded` progress events: core NATS only, in no stream (watchers, the demo's
+    timeline)."""
+    return f"writ.events.planner.{tenant}"
 
 
 def command(tenant: str) -> str:

@@ -114,7 +114,6 @@ async def _demo(stack: Stack) -> int:
             status.append(msgspec.json.decode(msg.data, type=RunResult).status)
             done.set()
 
-    await _grant_demo_agent(stack)
     sub = await nc.subscribe("writ.>", cb=watch)
     try:
         request_id = f"demo-{uuid.uuid4().hex[:8]}"
@@ -131,20 +130,6 @@ async def _demo(stack: Stack) -> int:
         await nc.close()
     journals_ok = await _verify_journals(stack)
     return 0 if status == ["succeeded"] and journals_ok else 1
-
-
-async def _grant_demo_agent(stack: Stack) -> None:
-    """The tenant's administrator lets the demo agent write to the CRM without asking (a
-    standing grant for its family, as the stack gives `crm-assistant`); its reads are plain
-    reads, which governance allows on its own."""
-    conn = await asyncpg.connect(stack.database_dsn)
-    try:
-        await conn.execute(
-            "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
-            "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
-            DEMO_AGENT)
-    finally:
-        await conn.close()
 
 
 async def _verify_journals(stack: Stack) -> bool:

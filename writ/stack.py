@@ -225,12 +225,12 @@ class Stack:
                 "status, notes) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
                 [(c["tenant"], c["customer_id"], c["name"], c["owner"], c["email"],
                   c["status"], c["notes"]) for c in customers])
-            # The demo agent may write to the CRM without asking: a standing grant for its
+            # The demo agents may write to the CRM without asking: a standing grant for their
             # family, given by the tenant's administrator.
-            await conn.execute(
+            await conn.executemany(
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
-                "VALUES ('acme', 'crm-assistant', 'write_delete', 'admin@acme.example') "
-                "ON CONFLICT DO NOTHING")
+                "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') "
+                "ON CONFLICT DO NOTHING", [("crm-assistant",), ("research-assistant",)])
             # The host application's mail module: drafts and audiences `email.draft.apply`
             # reads (the dispatcher's role may read them, never change them).
             mail = json.loads((_DEMO / "mail.json").read_text())

@@ -10,35 +10,12 @@ model's input, the arguments or the untrusted content a read returned.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Any
 
-import msgspec
-
-from schemas.base import Event, Id, ShortText, Tenant
+from schemas.planner import StepRecorded
 from services.planner.store import Step
 
-__all__ = ["StepRecorded", "progress_subject", "step_recorded"]
-
-_SUBJECT: Final = "writ.events.planner.{tenant}"
-
-
-def progress_subject(tenant: str) -> str:
-    """The core NATS subject a tenant's run steps are announced on."""
-    return _SUBJECT.format(tenant=tenant)
-
-
-class StepRecorded(Event):
-    """A step of a run was committed: a model decision, a critic verdict or an observation."""
-
-    tenant: Tenant
-    run_id: Id
-    seq: Annotated[int, msgspec.Meta(ge=0)]
-    kind: ShortText  # decision | critic | observation
-    decision: ShortText | None = None  # the decision's type
-    target: ShortText | None = None  # what a select_capability names
-    verdict: ShortText | None = None  # the critic's
-    summary: ShortText = ""  # of an observation: what ran and how it ended, no content
-
+__all__ = ["step_recorded"]
 
 def _summary(payload: dict[str, Any]) -> str:
     if "tool" in payload:

@@ -62,7 +62,7 @@ from schemas.planner import REVIEW, ProposeCommand, ReplayReport, ReplayRun, Rev
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
 from services.planner.agents import AgentRegistry
 from services.planner.budgeting import RunBudgets, step_key
-from services.planner.progress import progress_subject, step_recorded
+from services.planner.progress import step_recorded
 from services.planner.protocol import action_name
 from services.planner.provider import (
     Accept,
@@ -309,8 +309,9 @@ class PlannerService:
         and changes nothing."""
         for step in steps:
             try:
-                await self._rt.nc.publish(progress_subject(run.tenant), self._encoder.encode(
-                    step_recorded(run.tenant, run.run_id, step)))
+                await self._rt.nc.publish(
+                    subjects.planner_progress(run.tenant),
+                    self._encoder.encode(step_recorded(run.tenant, run.run_id, step)))
             except Exception as exc:
                 log.debug("run %s: step %d not announced: %r", run.run_id, step.seq, exc)
 

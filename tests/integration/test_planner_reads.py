@@ -32,11 +32,11 @@ from libs.telemetry import make_tracer_provider
 from schemas import subjects
 from schemas.dispatcher import CommandOutcome
 from schemas.governance import RegisterRun, RunBudget, RunRegistered
+from schemas.planner import StepRecorded
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
 from services.governance.service import GovernanceService
 from services.governance.store import GovernanceStore
 from services.planner.agents import AgentRegistry, load_manifest
-from services.planner.progress import StepRecorded, progress_subject
 from services.planner.provider import (
     AnswerDirectly,
     CriticInput,
@@ -220,7 +220,7 @@ async def test_a_read_is_observed_as_untrusted_data_then_the_note_is_proposed(en
     async def collect(msg: Any) -> None:
         announced.append(msgspec.json.decode(msg.data, type=StepRecorded))
 
-    sub = await env.nc.subscribe(progress_subject("acme"), cb=collect)
+    sub = await env.nc.subscribe(subjects.planner_progress("acme"), cb=collect)
     started = await register(env, "run-r1")
     await svc.handle(_Delivery(started))  # the read, its observation, then the note's proposal
 

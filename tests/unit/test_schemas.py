@@ -52,7 +52,14 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import Divergence, ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer
+from schemas.planner import (
+    Divergence,
+    ProposeCommand,
+    ReplayReport,
+    ReplayRun,
+    ReviewAnswer,
+    StepRecorded,
+)
 from schemas.retrieval import (
     Evidence,
     EvidenceGathered,
@@ -162,6 +169,8 @@ SAMPLES: dict[type, Any] = {
     ReadFacts: ReadFacts(tenant="acme", kind="payment", id="pay_7781"),
     FactsRead: FactsRead(found=True, facts={"payment_id": "pay_7781", "status": "captured"}),
     ReplayRun: ReplayRun(tenant="acme", run_id="run-1"),
+    StepRecorded: StepRecorded(tenant="acme", run_id="run-1", seq=3, kind="decision",
+                               decision="select_capability", target="documents.search"),
     ReplayReport: ReplayReport(run_id="run-1", verdict="divergent", entries=6, divergences=[
         Divergence(step=2, expected="the run to succeed with answer \"Done.\"",
                    found="the run succeeded with answer \"Refunded.\"")],
