@@ -10,6 +10,7 @@ import msgspec
 from schemas.base import AgentName, Command, Event, Family, Id, Principal, ShortText, Tenant
 
 __all__ = [
+    "AGENT_CALL_PREFIX",
     "Answer",
     "AnswerDecision",
     "BudgetKind",
@@ -36,6 +37,9 @@ Answer = Literal["once", "always", "deny"]
 # run's seconds since it was registered, less the time it waited for a person.
 BudgetKind = Literal["provider_calls", "tokens", "capability_calls", "wall_time",
                      "concurrent_steps"]
+# `DecideRequest.tool` of a call to another agent (the planner's multi-agent branches):
+# `agent:<name>`. No action contract or read tool has a colon in its name.
+AGENT_CALL_PREFIX: Final = "agent:"
 MAX_AMOUNT: Final = 1_000_000_000
 Amount = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
 

@@ -10,8 +10,8 @@ import msgspec
 
 from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
 
-__all__ = ["REVIEW", "Divergence", "ProposeCommand", "ReplayReport", "ReplayRun", "ReviewAnswer",
-           "StepRecorded"]
+__all__ = ["REVIEW", "BranchChanged", "Divergence", "ProposeCommand", "ReplayReport", "ReplayRun",
+           "ReviewAnswer", "StepRecorded"]
 
 # Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
 # `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.
@@ -91,3 +91,15 @@ class StepRecorded(Event):
     target: ShortText | None = None  # what a select_capability names
     verdict: ShortText | None = None  # the critic's
     summary: ShortText = ""  # of an observation: what ran and how it ended, no content
+
+
+class BranchChanged(Event):
+    """The planner to itself: run `run_id` has something new to do, because a branch it called
+    started (the branch's first step) or a branch of it ended (its answer to observe).
+
+    It carries no state: the planner reads both runs from its store, so a redelivery or a
+    duplicate advances nothing twice.
+    """
+
+    tenant: Tenant
+    run_id: Id

@@ -36,6 +36,7 @@ __all__ = [
     "answer",
     "answered",
     "approval",
+    "branch",
     "command",
     "command_request",
     "dead_letter",
@@ -106,6 +107,12 @@ def run_started(tenant: str) -> str:
     return f"writ.int.runs.started.{tenant}"
 
 
+def branch(tenant: str) -> str:
+    """`BranchChanged`: a run the planner drives as a branch of another started or ended (the
+    planner's own inbox, under the runs' family so WRIT_INT keeps it)."""
+    return f"writ.int.runs.branch.{tenant}"
+
+
 def evidence(tenant: str) -> str:
     return f"writ.int.evidence.{tenant}"
 
@@ -170,7 +177,8 @@ INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisi
                       "writ.in.approvals.*", "writ.in.reviews.*")
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
-PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*")
+PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
+                      "writ.int.runs.branch.*")
 ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",
                        "writ.int.answered.*", "writ.int.approvals.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)

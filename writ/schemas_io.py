@@ -46,7 +46,14 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer, StepRecorded
+from schemas.planner import (
+    BranchChanged,
+    ProposeCommand,
+    ReplayReport,
+    ReplayRun,
+    ReviewAnswer,
+    StepRecorded,
+)
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
@@ -59,7 +66,7 @@ MESSAGES: Final = (
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
     BudgetSettled, ReviewAnswer, ReviewDecision, ReviewResult,
-    ReadCapability, ReadResult, ReadRefused, StepRecorded,
+    ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

@@ -26,6 +26,7 @@ from libs.runtime import Endpoint, Runtime
 from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.governance import (
+    AGENT_CALL_PREFIX,
     AnswerDecision,
     BudgetRefused,
     BudgetReserved,
@@ -159,10 +160,16 @@ class GovernanceService:
         # Read tools (retrieval executes them) are classified by their shared contract.
         read_tool = READ_TOOLS.get(ask.tool) if contract is None else None
         family = contract.family if contract else read_tool.family if read_tool else None
+        # A call to another agent (`agent:<name>`, the planner's) hands the conversation to that
+        # agent and runs nothing itself: each capability the callee uses is decided on its own.
+        # So it is unclassified (no family, no grant names it) with the conversation's scope;
+        # policy refusals and deny rules (lines 1-2) still come first.
+        scope = (contract.scope if contract
+                 else "conversation" if ask.tool.startswith(AGENT_CALL_PREFIX) else "external")
         call = Call(tool=ask.tool, family=family,
                     connector=contract.connector if contract else None, agent=ask.agent,
                     first_argument=ask.first_argument,
-                    scope=contract.scope if contract else "external",
+                    scope=scope,
                     profile_fact=contract.profile_fact if contract else False)
         with self._rt.tracer.start_as_current_span("governance decide") as span:
             try:

@@ -11,6 +11,11 @@ reservation with the step it pays for (`planner.reservations`, in the step's tra
   or a governance blip after a model call never calls the model again and never leaks a
   reservation (settling is idempotent in governance).
 
+A branch (another agent a run called, `service.py`) spends its root run's budgets: its
+reservations are made in governance under the root's run id, with step keys that start with the
+branch's own run id (`<root>.b<step>:<seq>:model`), so a branch and its caller draw on one
+remainder and a tiny budget stops both.
+
 Errors: `BudgetExhausted` and `NoBudget` (libs/budget.py) reach the caller, which stops the run;
 `BudgetUnavailable` is a `RetryableError`: the delivery is retried, the step never starts
 meanwhile (fail closed).
@@ -24,9 +29,10 @@ from typing import Any
 from nats.aio.client import Client
 
 from libs import budget
+from services.planner.replay import branch_of
 from services.planner.store import PlannerStore, RunRow
 
-__all__ = ["RunBudgets", "step_key"]
+__all__ = ["RunBudgets", "budget_run_id", "step_key"]
 
 log = logging.getLogger("writ.planner.budget")
 
@@ -34,6 +40,12 @@ log = logging.getLogger("writ.planner.budget")
 def step_key(run_id: str, seq: int, what: str) -> str:
     """The reservation key of one step: the same on every attempt of that step."""
     return f"{run_id}:{seq}:{what}"
+
+
+def budget_run_id(run: RunRow) -> str:
+    """The run whose budgets `run` spends: its own, or for a branch its root run's."""
+    branch = branch_of(run.manifest)
+    return run.run_id if branch is None else str(branch["root_run_id"])
 
 
 class RunBudgets:
@@ -56,7 +68,7 @@ class RunBudgets:
         held = await self._store.reservation(conn, run.run_id, key)
         if held is not None:
             return held.reservation_id, False
-        reserved = await budget.reserve(self._nc, tenant=run.tenant, run_id=run.run_id,
+        reserved = await budget.reserve(self._nc, tenant=run.tenant, run_id=budget_run_id(run),
                                         step_key=key, provider_calls=provider_calls,
                                         tokens=tokens, capability_calls=capability_calls,
                                         timeout=self._timeout)
@@ -92,7 +104,7 @@ class RunBudgets:
     async def _settle(self, conn: Any, run: RunRow, key: str, reservation_id: str, *,
                       provider_calls: int, tokens: int, capability_calls: int) -> None:
         try:
-            await budget.settle(self._nc, tenant=run.tenant, run_id=run.run_id,
+            await budget.settle(self._nc, tenant=run.tenant, run_id=budget_run_id(run),
                                 reservation_id=reservation_id, provider_calls=provider_calls,
                                 tokens=tokens, capability_calls=capability_calls,
                                 timeout=self._timeout)

@@ -2,8 +2,9 @@
 summary sent first, and the checks a selection passes before any handler runs. No I/O here.
 
 A selection that passes its checks is executed by the runtime, never by the model: an action is
-proposed to admission, a read tool is read by retrieval (`read_tool`); a call to another agent is
-not executed by this planner yet.
+proposed to admission, a read tool is read by retrieval (`read_tool`), another agent is called as
+a branch of the run (`agent_target`), at most `MAX_BRANCH_DEPTH` calls deep and never back into an
+agent already on the call chain.
 
 The catalog is built once per run from the agent's resolved manifest and kept with the run, so a
 resumed run and the offline replay see the very catalog the model saw. Capabilities are named
@@ -13,7 +14,7 @@ or the bare name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 import msgspec
@@ -23,10 +24,12 @@ from schemas.retrieval import READ_TOOLS, ReadToolSpec
 
 __all__ = [
     "AGENT_INPUT_KEYS",
+    "MAX_BRANCH_DEPTH",
     "PROTOCOL",
     "Check",
     "Refusal",
     "action_name",
+    "agent_target",
     "capability_view",
     "check_selection",
     "read_tool",
@@ -34,7 +37,9 @@ __all__ = [
 
 PROTOCOL: Final = "writ-agent-decision-v1"
 AGENT_INPUT_KEYS: Final = ["request"]
-Check = Literal["uses", "callable_by", "arguments", "unsupported"]
+Check = Literal["uses", "callable_by", "arguments", "depth", "cycle", "unsupported"]
+# How many agent calls deep a run's branches may go (the run's own agent is depth 0).
+MAX_BRANCH_DEPTH: Final = 2
 _TYPES: Final = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
 
 
@@ -73,6 +78,12 @@ def read_tool(catalog: list[dict[str, Any]], target: str) -> str | None:
     return entry["name"] if entry is not None and entry["kind"] == "tool" else None
 
 
+def agent_target(catalog: list[dict[str, Any]], target: str) -> str | None:
+    """The agent a selection names, if its target is an agent of the catalog."""
+    entry = _find(catalog, target)
+    return entry["name"] if entry is not None and entry["kind"] == "agent" else None
+
+
 def _find(catalog: list[dict[str, Any]], target: str) -> dict[str, Any] | None:
     for entry in catalog:
         if target in (entry["ref"], entry["name"]):
@@ -101,11 +112,14 @@ def _inputs_refusal(inputs: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
 
 def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
                     arguments: Mapping[str, Any], actions: Mapping[str, Any],
-                    tools: Mapping[str, ReadToolSpec] = READ_TOOLS
+                    tools: Mapping[str, ReadToolSpec] = READ_TOOLS,
+                    chain: Sequence[str] = ()
                     ) -> tuple[dict[str, Any], None] | tuple[None, Refusal]:
     """The runtime's checks before any handler: the target is in the caller's `uses`, the caller
     is in an agent target's `callable_by`, the arguments match the target's signature (an
-    action's or a read tool's contract: the very type its executor decodes them into).
+    action's or a read tool's contract: the very type its executor decodes them into), and an
+    agent target is neither too deep nor already on the call chain (`chain`: the agents that
+    called the caller, outermost first).
 
     Returns the catalog entry to execute, or the refusal the model observes instead.
     """
@@ -138,7 +152,13 @@ def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
     reason = _inputs_refusal(entry.get("inputs", {}), arguments)
     if reason is not None:
         return None, Refusal(check="arguments", reason=f"{entry['ref']}: {reason}"[:512])
-    # Calls to other agents pass the same checks, but this planner does not execute them yet:
-    # the model learns so, nothing runs.
-    return None, Refusal(check="unsupported", reason=f"{entry['ref']}: this planner does not "
-                                                     f"execute {entry['kind']} capabilities yet")
+    if entry["kind"] != "agent":
+        return None, Refusal(check="unsupported", reason=f"{entry['ref']}: this planner does not "
+                                                         f"execute {entry['kind']} capabilities")
+    if len(chain) + 1 > MAX_BRANCH_DEPTH:
+        return None, Refusal(check="depth", reason=f"{entry['ref']}: agent calls go at most "
+                                                   f"{MAX_BRANCH_DEPTH} deep")
+    if entry["name"] in (*chain, caller):
+        return None, Refusal(check="cycle", reason=f"{entry['ref']}: agent {entry['name']} is "
+                                                   "already on this call chain")
+    return entry, None

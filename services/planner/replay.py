@@ -6,7 +6,7 @@ digest of the model input it answered), the proposal the runtime made of a `sele
 (`proposal`), each captured tool output and the observation the runtime fed back from it
 (`step.observation`: an outcome, a refusal, the runtime's own refusal of a selection that failed
 its checks, what a read returned (retrieval's answer, as received), a person's answer to a
-requested review, or the critic's reason to plan again), each
+requested review, the critic's reason to plan again, or how a called agent's branch ended), each
 critic verdict on an answer (`step.critic`, with the digest of the critic input it answered),
 and every status change (`run.status`).
 The run's start also carries the agent snapshot it ran with (version, responsibility, catalog).
@@ -16,7 +16,9 @@ captured response must decode as a decision, each model input must be the one th
 evidence and tool outputs give, and what the runtime did next must be what the decision implies
 (a `select_capability` that passes the runtime's checks becomes a proposal of that action with
 those arguments, whose output is then observed — or, for a read tool, is read by retrieval and its
-answer observed, with no proposal — and one that fails them becomes the refusal the model
+answer observed, with no proposal; for another agent, is called as a branch — a run of its own,
+journaled under its own id and replayed on its own — whose end is observed — and one that fails
+them becomes the refusal the model
 observes next; a `request_capabilities` is followed by another decision, made over the
 catalog; a `request_human_review` stops the run for a person; an `answer_directly` ends the run
 succeeded with that answer — or, for an agent with a critic, is followed by the critic's verdict:
@@ -41,7 +43,13 @@ from schemas.admission import ProposalRefused
 from schemas.dispatcher import CommandOutcome
 from schemas.planner import Divergence, ReplayReport
 from schemas.retrieval import ReadRefused, ReadResult
-from services.planner.protocol import action_name, capability_view, check_selection, read_tool
+from services.planner.protocol import (
+    action_name,
+    agent_target,
+    capability_view,
+    check_selection,
+    read_tool,
+)
 from services.planner.provider import (
     AnswerDirectly,
     CriticInput,
@@ -64,6 +72,8 @@ __all__ = [
     "RUN_STARTED",
     "RUN_STATUS",
     "REVIEW_CODE",
+    "AGENT_ANSWER_CHARS",
+    "AgentObserved",
     "Captured",
     "CriticEntry",
     "CriticReplan",
@@ -77,6 +87,8 @@ __all__ = [
     "SelectionRefused",
     "StatusEntry",
     "StepRecord",
+    "agent_call_target",
+    "branch_of",
     "critic_input",
     "has_critic",
     "input_digest",
@@ -118,6 +130,8 @@ _BUDGET_KINDS: Final = frozenset({"provider_calls", "tokens", "capability_calls"
 _MAX_FINDINGS: Final = 100  # ReplayReport's bound
 # What the model reads of one item a read returned (retrieval already cuts excerpts shorter).
 OBSERVED_TEXT_CHARS: Final = 2000
+# How much of a called agent's answer its caller observes (untrusted, like a read's text).
+AGENT_ANSWER_CHARS: Final = 4000
 
 
 # -- what the planner journals (the payloads, msgspec JSON before encryption) -----------------
@@ -213,8 +227,24 @@ class ReadObserved(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", 
     answer: ReadResult | ReadRefused
 
 
+class AgentObserved(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=True):
+    """The captured output of the agent call a checked `select_capability` at `step` named: how
+    the branch run `branch` ended (its answer, or why it gave none), or, with no branch, why
+    the call never started (governance's verdict `denied` / `ask`, or `unknown_agent`)."""
+
+    run_id: str
+    step: int
+    agent: str
+    arguments: dict[str, Any]
+    outcome: str  # answered | failed | awaiting_human | denied | ask | unknown_agent
+    branch: str | None = None
+    answer: str | None = None
+    reason: str = ""
+    pending_id: str | None = None
+
+
 Output = (CommandOutcome | ProposalRefused | SelectionRefused | ReviewAnswered | CriticReplan
-          | ReadObserved)
+          | ReadObserved | AgentObserved)
 
 
 class StatusEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -296,6 +326,13 @@ def has_critic(manifest: dict[str, Any] | None) -> bool:
     return bool((manifest or {}).get("critic", False))
 
 
+def branch_of(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where a branch run sits, from its snapshot: `root_run_id` (whose budgets it spends),
+    `parent_run_id` and `parent_step` (the call it answers), `chain` (the agents that called it,
+    outermost first); None for a run a host started."""
+    return (manifest or {}).get("branch")
+
+
 def selection_outcome(manifest: dict[str, Any] | None, *, agent: str, target: str,
                       arguments: dict[str, Any]) -> tuple[str, str] | None:
     """(check, reason) if the runtime refuses this selection before any handler, else None.
@@ -305,14 +342,21 @@ def selection_outcome(manifest: dict[str, Any] | None, *, agent: str, target: st
     """
     if manifest is None:
         return None
+    branch = branch_of(manifest) or {}
     _, refusal = check_selection(manifest.get("catalog", []), caller=agent, target=target,
-                                 arguments=arguments, actions=ACTIONS)
+                                 arguments=arguments, actions=ACTIONS,
+                                 chain=tuple(branch.get("chain", ())))
     return None if refusal is None else (refusal.check, refusal.reason)
 
 
 def read_target(manifest: dict[str, Any] | None, target: str) -> str | None:
     """The read tool a selection's target names in the run's catalog, else None (an action)."""
     return None if manifest is None else read_tool(manifest.get("catalog", []), target)
+
+
+def agent_call_target(manifest: dict[str, Any] | None, target: str) -> str | None:
+    """The agent a selection's target names in the run's catalog, else None."""
+    return None if manifest is None else agent_target(manifest.get("catalog", []), target)
 
 
 def input_digest(value: ModelInput | CriticInput) -> str:
@@ -341,7 +385,27 @@ def observation_of(event: Output) -> dict[str, Any]:
         return {"critic": "replan", "reason": event.reason, "answer_accepted": False}
     if isinstance(event, ReadObserved):
         return _read_observation(event)
+    if isinstance(event, AgentObserved):
+        return _agent_observation(event)
     return {"action": event.action, "refused": event.verdict, "reason": event.reason}
+
+
+def _agent_observation(event: AgentObserved) -> dict[str, Any]:
+    """What the caller reads of a called agent: its answer as untrusted data, bounded; or how
+    its branch ended without one, or why it never ran."""
+    if event.outcome == "answered":
+        answer = event.answer or ""
+        return {"agent": event.agent, "executed": True, "untrusted": True,
+                "answer": answer[:AGENT_ANSWER_CHARS],
+                "truncated": len(answer) > AGENT_ANSWER_CHARS}
+    observation: dict[str, Any] = {"agent": event.agent, "outcome": event.outcome,
+                                   "reason": event.reason[:512],
+                                   "executed": event.branch is not None}
+    if event.outcome == "ask":
+        observation["pending_id"] = event.pending_id
+        observation["note"] = ("a person must allow this call; this run does not wait for that "
+                               "answer, so the agent was not called")
+    return observation
 
 
 def _read_observation(event: ReadObserved) -> dict[str, Any]:
@@ -385,8 +449,8 @@ def _show(value: Any, limit: int = 160) -> str:
 class _Expect(msgspec.Struct, kw_only=True):
     """What the last entry implies comes next."""
 
-    # decide | propose | read | refuse | output | review | reviewing | critic | replan | succeed
-    # | fail | resume | ended | unknown
+    # decide | propose | read | call | refuse | output | review | reviewing | critic | replan
+    # | succeed | fail | resume | ended | unknown
     what: str
     step: int | None = None
     action: str = ""
@@ -402,6 +466,8 @@ class _Expect(msgspec.Struct, kw_only=True):
             "refuse": f"the runtime to refuse {self.action} ({self.code}: {_show(self.reason)})",
             "read": f"a read of {self.action} with arguments {_show(self.arguments)} observed "
                     f"(step {self.step})",
+            "call": f"a call of agent {self.action} with arguments {_show(self.arguments)} "
+                    f"observed (step {self.step})",
             "output": f"the captured output of {self.action} (step {self.step})",
             "review": f"the run to wait for a person's review of step {self.step}",
             "reviewing": f"a person's answer to the review of step {self.step}",
@@ -545,14 +611,18 @@ class _Walk:
                 self.started.manifest if self.started is not None else None,
                 agent=self.started.agent if self.started is not None else "",
                 target=decision.capability, arguments=decision.arguments)
-            tool = read_target(self.started.manifest if self.started is not None else None,
-                               decision.capability)
+            manifest = self.started.manifest if self.started is not None else None
+            tool = read_target(manifest, decision.capability)
+            callee = agent_call_target(manifest, decision.capability)
             if refused is not None:
                 self.expect = _Expect(what="refuse", step=d.seq,
                                       action=decision.capability[:512], code=refused[0],
                                       reason=refused[1])
             elif tool is not None:
                 self.expect = _Expect(what="read", step=d.seq, action=tool,
+                                      arguments=decision.arguments)
+            elif callee is not None:
+                self.expect = _Expect(what="call", step=d.seq, action=callee,
                                       arguments=decision.arguments)
             else:
                 self.expect = _Expect(what="propose", step=d.seq,
@@ -609,7 +679,7 @@ class _Walk:
         ex = self.expect
         gap = self.at_step(o.seq, "observation")
         if not gap and ex.what != "unknown" and not (
-                ex.what in ("output", "read", "refuse", "reviewing", "replan")
+                ex.what in ("output", "read", "call", "refuse", "reviewing", "replan")
                 and o.step == ex.step):
             self.diverged(ex.step if ex.step is not None else o.step, str(ex),
                           f"a tool output of step {o.step}")
@@ -638,7 +708,15 @@ class _Walk:
                                                f"{_show(output.arguments)}")
             self.expect = _Expect(what="decide")
             return
-        if ex.what == "read":
+        if isinstance(output, AgentObserved):
+            if ex.what != "call":
+                self.diverged(o.step, str(ex), f"a call of {output.agent} at step {output.step}")
+            elif output.agent != ex.action or _canon(output.arguments) != _canon(ex.arguments):
+                self.diverged(o.step, str(ex), f"a call of {output.agent} with arguments "
+                                               f"{_show(output.arguments)}")
+            self.expect = _Expect(what="decide")
+            return
+        if ex.what in ("read", "call"):
             self.diverged(o.step, str(ex), f"another tool output of step {o.step}")
             self.expect = _Expect(what="unknown")
             return
@@ -704,7 +782,7 @@ class _Walk:
                 if (s.error_code, s.error_message) != (ex.code, ex.reason):
                     self.diverged(ex.step, str(ex), found)
             elif s.error_code == BUDGET_CODE and ex.what in ("decide", "critic", "propose",
-                                                              "read"):
+                                                              "read", "call"):
                 # The planner's own cap says how many decisions it took; a budget governance
                 # refused names its kind (the rest is governance's to record).
                 message = s.error_message or ""
@@ -744,6 +822,10 @@ class _Walk:
                        f"{self.status}){waiting}")
         elif ex.what == "read" and not self.unsealed:
             self.diverged(ex.step, str(ex), "nothing")
+        elif ex.what == "call":
+            # The called agent's branch is a run of its own; its end is observed when it ends.
+            self.lacks(f"the end of the agent call of step {ex.step} was never captured (the "
+                       f"run is {self.status}){waiting}")
         elif ex.what == "output":
             self.lacks(f"the tool output of step {ex.step} was never captured (the run is "
                        f"{self.status}){waiting}")

@@ -14,6 +14,9 @@ a checked selection of an action is proposed to admission, one of a read tool is
 retrieval (`reads.py`: request/reply on `writ.int.retrieval.read`, after governance's `decide`
 there) and its answer — the items, untrusted and bounded, or why nothing was read — is the next
 observation (a read a person must allow is observed as not read: the run does not wait for it);
+a checked selection of another agent is decided by governance and, if allowed, runs as a branch
+of the run (`branches.py`): a run of its own, started with a `BranchChanged` to this inbox, whose
+end wakes the caller with another, and is observed by it (the answer, untrusted and bounded);
 a `request_human_review` stops the run as `awaiting_human` until a person answers
 (`writ.int.planner.review`). Each decision and observation is committed as a step before the
 next decision is asked for.
@@ -58,9 +61,17 @@ from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
 from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
-from schemas.planner import REVIEW, ProposeCommand, ReplayReport, ReplayRun, ReviewAnswer
+from schemas.planner import (
+    REVIEW,
+    BranchChanged,
+    ProposeCommand,
+    ReplayReport,
+    ReplayRun,
+    ReviewAnswer,
+)
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
 from services.planner.agents import AgentRegistry
+from services.planner.branches import CallDecider, branch_run, branch_run_id
 from services.planner.budgeting import RunBudgets, step_key
 from services.planner.progress import step_recorded
 from services.planner.protocol import action_name
@@ -78,11 +89,14 @@ from services.planner.replay import (
     BUDGET_CODE,
     REFUSAL_CODES,
     REVIEW_CODE,
+    AgentObserved,
     CriticReplan,
     ProposalEntry,
     ReadObserved,
     ReviewAnswered,
     SelectionRefused,
+    agent_call_target,
+    branch_of,
     critic_input,
     has_critic,
     input_digest,
@@ -97,7 +111,7 @@ from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 __all__ = ["PlannerService"]
 
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
-Inbound = EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused
+Inbound = EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
 log = logging.getLogger("writ.planner")
 _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
 _RUN_RESULT_STATUSES = ("succeeded", "failed", "awaiting_human")
@@ -106,6 +120,8 @@ _Finished = list[tuple[str, str | None]]
 _Effects = list[tuple[str, msgspec.Struct, str]]
 _AGAIN: Final = None  # `_next` took a decision the runtime answers itself: decide again
 _READ_OUTCOMES: Final = ("read", "unknown_tool", "invalid_arguments", "denied", "ask")
+_CALL_OUTCOMES: Final = ("answered", "failed", "awaiting_human", "denied", "ask",
+                         "unknown_agent")
 
 
 class _ReviewRefused(Exception):
@@ -122,9 +138,10 @@ class PlannerService:
     def __init__(self, *, rt: Runtime, store: PlannerStore, provider: DecisionProvider,
                  agents: AgentRegistry, max_decisions: int = 8,
                  reserve_tokens: int = 4096, sealer: Sealer | None = None,
-                 reads: ReadClient | None = None) -> None:
+                 reads: ReadClient | None = None, calls: CallDecider | None = None) -> None:
         self._rt, self._store, self._provider = rt, store, provider
         self._reads = reads if reads is not None else ReadClient(nc=rt.nc)
+        self._calls = calls if calls is not None else CallDecider(nc=rt.nc)
         self._agents = agents
         # What a provider call reserves of the run's tokens before it starts (settled with
         # what the provider reports it used).
@@ -143,7 +160,7 @@ class PlannerService:
         self._selections_refused = Counter("writ_planner_selections_refused",
                                 "Selections refused before any handler ran", ["check"],
                                 registry=rt.registry)
-        for check in ("uses", "callable_by", "arguments", "unsupported"):
+        for check in ("uses", "callable_by", "arguments", "depth", "cycle", "unsupported"):
             self._selections_refused.labels(check)
         self._reads_observed = Counter("writ_planner_reads",
                                        "Reads by retrieval observed by a run, by outcome (a "
@@ -151,6 +168,12 @@ class PlannerService:
                                        ["outcome"], registry=rt.registry)
         for outcome in _READ_OUTCOMES:
             self._reads_observed.labels(outcome)
+        self._agent_calls = Counter("writ_planner_agent_calls",
+                                    "Calls to other agents observed by a run, by how they "
+                                    "ended (or why they never started)", ["outcome"],
+                                    registry=rt.registry)
+        for outcome in _CALL_OUTCOMES:
+            self._agent_calls.labels(outcome)
         # Label-free: which budget ran out is governance's writ_governance_budget_exhausted
         # (by `budget`) and the run's error message; this counts the runs the planner stopped.
         self._budget_exhausted = Counter("writ_planner_budget_exhaustions",
@@ -369,6 +392,9 @@ class PlannerService:
             tool = read_target(run.manifest, decision.capability)
             if tool is not None:
                 return await self._read(conn, run, steps, last.seq, tool, decision, finished)
+            callee = agent_call_target(run.manifest, decision.capability)
+            if callee is not None:
+                return await self._call(conn, run, steps, last.seq, callee, decision, finished)
             return await self._propose(conn, run, steps, last.seq, decision, finished)
         output = SelectionRefused(run_id=run.run_id, step=last.seq,
                                   target=decision.capability[:128], check=refused[0],
@@ -433,6 +459,67 @@ class PlannerService:
             self._reads_observed.labels(outcome).inc()
         await self._budget.spent(conn, run, key, capability_calls=1)
         log.info("run %s step %d: %s observed (%s)", run.run_id, seq, tool, outcome)
+        return _AGAIN
+
+    async def _call(self, conn: Any, run: RunRow, steps: list[Step], seq: int, callee: str,
+                    decision: SelectCapability, finished: _Finished) -> _Effects | None:
+        """Call another agent as a branch of the run: reserve the capability call, have
+        governance decide it, start the branch in this transaction (the call is then spent:
+        the branch's own steps reserve what they use), and wake it; once the branch has ended,
+        observe how. A redelivery finds the branch it started and neither decides nor reserves
+        again.
+
+        Raises:
+            DecideUnavailable: governance gave no answer; the transaction rolls back (the
+                decision stays committed) and the redelivery asks again.
+        """
+        branch = await self._store.run(conn, branch_run_id(run.run_id, seq))
+        if branch is None:
+            key = step_key(run.run_id, seq, "capability")
+            try:
+                await self._budget.reserve(conn, run, key, capability_calls=1)
+            except NoBudget as exc:
+                return [await self._out_of_budget(conn, run, steps, finished, exc)]
+            request = str(decision.arguments.get("request", ""))
+            verdict = await self._calls.decide(run, callee, request)
+            agent = self._agents.get(callee)
+            if verdict.verdict != "allow" or agent is None:
+                outcome = "unknown_agent" if verdict.verdict == "allow" else (
+                    "denied" if verdict.verdict == "deny" else "ask")
+                reason = (f"no manifest declares agent {callee}" if agent is None
+                          else verdict.reason)
+                await self._budget.spent(conn, run, key, capability_calls=1)
+                return await self._observe_call(conn, run, steps, AgentObserved(
+                    run_id=run.run_id, step=seq, agent=callee, arguments=decision.arguments,
+                    outcome=outcome, reason=reason[:512], pending_id=verdict.pending_id))
+            branch = branch_run(run, seq, agent, decision.arguments)
+            await self._store.create_branch(conn, branch)
+            await self._budget.spent(conn, run, key, capability_calls=1)
+            log.info("run %s step %d: branch %s of agent %s started", run.run_id, seq,
+                     branch.run_id, callee)
+        if branch.status in TERMINAL_RUN or branch.status == "awaiting_human":
+            answered = branch.status == "succeeded"
+            return await self._observe_call(conn, run, steps, AgentObserved(
+                run_id=run.run_id, step=seq, agent=callee, arguments=decision.arguments,
+                outcome="answered" if answered else (
+                    "awaiting_human" if branch.status == "awaiting_human" else "failed"),
+                branch=branch.run_id, answer=branch.answer if answered else None,
+                reason="" if answered else
+                f"{branch.error_code}: {branch.error_message or ''}"[:512]))
+        return [(subjects.branch(run.tenant), BranchChanged(tenant=run.tenant,
+                                                             run_id=branch.run_id),
+                 f"branch:{branch.run_id}:start")]
+
+    async def _observe_call(self, conn: Any, run: RunRow, steps: list[Step],
+                            output: AgentObserved) -> _Effects | None:
+        observation = observation_of(output)
+        if await self._store.add_observation(conn, run, output.step + 1, step=output.step,
+                                             output=msgspec.to_builtins(output),
+                                             observation=observation):
+            steps.append(Step(seq=output.step + 1, kind="observation", payload=observation))
+            self._agent_calls.labels(output.outcome).inc()
+        log.info("run %s step %d: the call of %s observed (%s)", run.run_id, output.step,
+                 output.agent, output.outcome)
         return _AGAIN
 
     async def _criticise(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
@@ -657,6 +744,12 @@ class PlannerService:
         error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
                  if run.error_code else None)
         status = run.status if run.status in ("succeeded", "failed", "awaiting_human") else "failed"
+        if (branch := branch_of(run.manifest)) is not None:
+            # A branch answers the run that called it, not the host: that run is woken to
+            # observe how the branch ended (read from the store, so a duplicate changes nothing).
+            return (subjects.branch(run.tenant),
+                    BranchChanged(tenant=run.tenant, run_id=branch["parent_run_id"]),
+                    f"branch:{run.run_id}:{run.status}:{len(steps)}")
         result = RunResult(request_id=run.request_id, run_id=run.run_id, status=status,
                            error=error, answer=run.answer, actions=actions,
                            pending_id=pending_id, proposal=proposal)

@@ -136,6 +136,31 @@ class PlannerStore:
                                         attended=started.attended, manifest=manifest))
         return bool(created)
 
+    async def create_branch(self, conn: asyncpg.Connection, branch: RunRow) -> bool:
+        """Record a branch run (another agent a run called) in the caller's transaction, with
+        its start journaled under its own id; False if it exists already (a redelivery)."""
+        assert branch.manifest is not None
+        created = await conn.fetchval(
+            "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
+            "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
+            "'[]'::jsonb, 'running', false, $7::jsonb) ON CONFLICT DO NOTHING RETURNING true",
+            branch.run_id, branch.tenant, branch.request_id, branch.principal, branch.agent,
+            branch.input, json.dumps(branch.manifest))
+        if created:
+            await self._capture(conn, tenant=branch.tenant, kind=RUN_STARTED,
+                                subject=branch.run_id, run_id=branch.run_id,
+                                payload=RunStartedEntry(
+                                    request_id=branch.request_id, principal=branch.principal,
+                                    agent=branch.agent, input=branch.input, evidence=[],
+                                    attended=False, manifest=branch.manifest))
+        return bool(created)
+
+    async def run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
+        """The run as committed, unlocked (a branch's end, read by the run that called it)."""
+        row = await conn.fetchrow(
+            f"SELECT {_RUN_COLUMNS} FROM planner.runs WHERE run_id = $1", run_id)
+        return None if row is None else _run(row)
+
     def acquire(self) -> Any:
         """A pooled connection."""
         return self._pool.acquire()

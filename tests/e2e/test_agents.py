@@ -147,3 +147,36 @@ async def test_a_requested_review_waits_for_a_person_then_the_run_goes_on(
     assert again.headers and again.headers.get("Nats-Service-Error-Code") == "404"
     report = await _replay(stack, host, db, run_id)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+
+
+async def test_an_agent_calls_another_as_a_branch_and_observes_its_answer(
+        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    request = host.request(agent="case-assistant", text="What does Acme owe for order 7781?")
+    await host.publish(request, msg_id=request.request_id)
+    result = await _result(stack, host, request.request_id)
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    assert result.run_id is not None
+    assert result.answer is not None and "49 EUR" in result.answer
+
+    steps = await _steps(db, result.run_id)
+    assert [(k, p.get("decision")) for k, p in steps] == [
+        ("decision", "select_capability"), ("observation", None),
+        ("decision", "answer_directly")]
+    branch_id = f"{result.run_id}.b0"
+    assert steps[1][1] == {"agent": "ledger-assistant", "executed": True, "untrusted": True,
+                           "answer": "ACME-42 owes 49 EUR: expedited shipping of order 7781.",
+                           "truncated": False}
+    branch = await db.fetchrow("SELECT agent, input, status FROM planner.runs "
+                               "WHERE run_id = $1", branch_id)
+    assert tuple(branch) == ("ledger-assistant", "What does ACME-42 owe for order 7781?",
+                             "succeeded")
+    assert [k for k, _ in await _steps(db, branch_id)] == ["decision"]
+    # Governance decided the call; the branch's model call was reserved under the run's budget.
+    assert [(r["tool"], r["verdict"]) for r in await db.fetch(
+        "SELECT tool, verdict FROM governance.decisions WHERE run_id = $1",
+        result.run_id)] == [("agent:ledger-assistant", "allow")]
+    assert f"{branch_id}:0:model" in {r["step_key"] for r in await db.fetch(
+        "SELECT step_key FROM governance.reservations WHERE run_id = $1", result.run_id)}
+    for run_id in (result.run_id, branch_id):
+        report = await _replay(stack, host, db, run_id)
+        assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])

@@ -26,7 +26,13 @@ from services.planner.agents import (
     ManifestError,
     load_manifest,
 )
-from services.planner.protocol import capability_view, check_selection, read_tool
+from services.planner.protocol import (
+    MAX_BRANCH_DEPTH,
+    agent_target,
+    capability_view,
+    check_selection,
+    read_tool,
+)
 
 DEMO = Path(__file__).resolve().parents[2] / "writ" / "demo" / "agents"
 BASE: dict[str, Any] = {
@@ -150,8 +156,9 @@ def test_the_demo_manifests_load_and_every_agent_is_active() -> None:
     agents = AgentRegistry.from_folder(DEMO)
     agents.resolve(actions=ACTIONS)
     assert {a.name: a.state for a in agents} == {
-        name: "active" for name in ("billing-assistant", "catalog-assistant", "crm-assistant",
-                                    "mail-assistant", "refund-assistant", "research-assistant",
+        name: "active" for name in ("billing-assistant", "case-assistant", "catalog-assistant",
+                                    "crm-assistant", "ledger-assistant", "mail-assistant",
+                                    "refund-assistant", "research-assistant",
                                     "review-assistant", "scoped-assistant")}
     # Two demo agents have a critic (`writ run`'s among them); the others answer without one.
     assert [a.name for a in agents if a.manifest.critic] == ["mail-assistant",
@@ -395,6 +402,27 @@ def test_a_read_tool_retrieval_no_longer_has_is_refused() -> None:
     assert entry is None and refusal is not None and refusal.check == "uses"
 
 
-def test_agents_that_pass_are_not_executed_by_this_planner() -> None:
-    refused = check("agent:billing", {"request": "Charge 49 EUR"})
-    assert refused is not None and refused[0] == "unsupported"
+def test_an_agent_that_passes_is_called_as_a_branch_by_name_or_reference() -> None:
+    assert check("agent:billing", {"request": "Charge 49 EUR"}) is None
+    assert check("billing", {"request": "Charge 49 EUR"}) is None
+    assert agent_target(catalog(), "agent:billing") == "billing"
+    assert agent_target(catalog(), "documents.search") is None  # a read tool
+
+
+def chained(target: str, chain: tuple[str, ...]) -> tuple[str, str] | None:
+    _, refusal = check_selection(catalog(), caller="support", target=target,
+                                 arguments={"request": "Charge 49 EUR"}, actions=ACTIONS,
+                                 chain=chain)
+    return None if refusal is None else (refusal.check, refusal.reason)
+
+
+def test_an_agent_call_deeper_than_the_bound_is_refused() -> None:
+    assert MAX_BRANCH_DEPTH == 2
+    assert chained("agent:billing", ("frontdesk",)) is None  # depth 2
+    refused = chained("agent:billing", ("frontdesk", "triage"))  # depth 3
+    assert refused is not None and refused[0] == "depth"
+
+
+def test_an_agent_already_on_the_call_chain_is_refused() -> None:
+    refused = chained("agent:billing", ("billing",))  # billing -> support -> billing
+    assert refused == ("cycle", "agent:billing: agent billing is already on this call chain")

@@ -29,6 +29,7 @@ from services.planner.replay import (
     REFUSAL_CODES,
     RUN_STARTED,
     RUN_STATUS,
+    AgentObserved,
     Captured,
     CriticEntry,
     CriticReplan,
@@ -48,6 +49,7 @@ from services.planner.replay import (
     observation_of,
     render,
     replay_run,
+    selection_outcome,
 )
 
 RUN = "run-1"
@@ -104,7 +106,7 @@ class Journal:
         return seq
 
     def output(self, event: CommandOutcome | ProposalRefused | SelectionRefused
-               | ReviewAnswered | ReadObserved) -> None:
+               | ReviewAnswered | ReadObserved | AgentObserved) -> None:
         seq = event.step + 1
         observation = observation_of(event)
         self.add(OBSERVATION, ObservationEntry(seq=seq, step=event.step,
@@ -715,3 +717,96 @@ def test_a_read_whose_capability_budget_ran_out_replays_identical() -> None:
     j.set_status("failed", error_code="BUDGET_EXHAUSTED",
                  error_message="capability_calls: capability calls budget exhausted")
     assert replay_run(RUN, j.entries, record=j.record()).verdict == "identical"
+
+
+CALL = SelectCapability(capability="agent:billing-assistant",
+                        arguments={"request": "Charge ACME-42 49 EUR for the callout."})
+
+
+def caller_snapshot(chain: list[str] | None = None) -> dict[str, Any]:
+    """crm-assistant, which may call billing-assistant (which lists it in callable_by)."""
+    agents = AgentRegistry([load_manifest(msgspec.json.encode(m)) for m in (
+        {"name": "crm-assistant", "version": "1.0.0", "responsibility": "Delegate billing.",
+         "uses": [{"kind": "agent", "name": "billing-assistant",
+                   "description": "Charges a customer."}]},
+        {"name": "billing-assistant", "version": "1.0.0", "responsibility": "Charge.",
+         "callable_by": ["crm-assistant"]})])
+    agents.resolve(actions=ACTIONS)
+    agent = agents.get("crm-assistant")
+    assert agent is not None and agent.state == "active"
+    snapshot: dict[str, Any] = {"name": agent.name, "version": "1.0.0",
+                                "responsibility": "Delegate billing.", "catalog": agent.catalog}
+    if chain is not None:
+        snapshot["branch"] = {"root_run_id": "run-0", "parent_run_id": "run-0",
+                              "parent_step": 0, "chain": chain}
+    return snapshot
+
+
+def call_output(step: int, **changes: Any) -> AgentObserved:
+    values: dict[str, Any] = {"outcome": "answered", "branch": f"{RUN}.b{step}",
+                              "answer": "Charged 49 EUR.", "arguments": CALL.arguments}
+    values.update(changes)
+    return AgentObserved(run_id=RUN, step=step, agent="billing-assistant", **values)
+
+
+def call_run(output: AgentObserved | None = None) -> Journal:
+    j = Journal(manifest=caller_snapshot())
+    step = j.decide(CALL, propose=False)  # an agent call is never proposed to admission
+    j.output(output or call_output(step))
+    answer = j.decide(DONE)
+    j.set_status("succeeded", step=answer, answer=DONE.answer)
+    return j
+
+
+def test_an_agent_call_then_an_answer_replays_identical() -> None:
+    j = call_run()
+    report = replay_run(RUN, j.entries, record=j.record())
+    assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+
+
+def test_a_called_agents_answer_is_observed_as_bounded_untrusted_data() -> None:
+    observation = observation_of(call_output(0, answer="y" * 5000))
+    assert (observation["executed"], observation["untrusted"], observation["truncated"]) == (
+        True, True, True)
+    assert len(observation["answer"]) == 4000
+    denied = observation_of(call_output(0, outcome="ask", branch=None, answer=None,
+                                        reason="no grant", pending_id="dec-3"))
+    assert (denied["executed"], denied["pending_id"]) == (False, "dec-3")
+    assert "answer" not in denied
+    assert replay_run(RUN, call_run(call_output(0, outcome="denied", branch=None, answer=None,
+                                                reason="a deny rule")).entries).verdict == (
+        "identical")
+
+
+def test_an_agent_call_of_other_arguments_than_decided_is_divergent() -> None:
+    j = call_run(call_output(0, arguments={"request": "Refund everything."}))
+    report = replay_run(RUN, j.entries)
+    assert report.verdict == "divergent"
+    assert "a call of agent billing-assistant" in report.divergences[0].expected
+
+
+def test_an_agent_call_whose_branch_has_not_ended_is_incomplete() -> None:
+    j = Journal(manifest=caller_snapshot())
+    j.decide(CALL, propose=False)
+    report = replay_run(RUN, j.entries, record=j.record())
+    assert report.verdict == "incomplete"
+    assert report.missing == ["the end of the agent call of step 0 was never captured (the "
+                              "run is running)"]
+
+
+def test_a_branch_calling_back_up_its_chain_replays_as_the_cycle_refusal() -> None:
+    j = Journal(manifest=caller_snapshot(chain=["billing-assistant"]))
+    step = j.decide(CALL, propose=False)
+    refused = selection_outcome(j.started.manifest, agent="crm-assistant",
+                                target=CALL.capability, arguments=CALL.arguments)
+    assert refused is not None and refused[0] == "cycle"
+    j.output(SelectionRefused(run_id=RUN, step=step, target=CALL.capability, check=refused[0],
+                              reason=refused[1]))
+    answer = j.decide(DONE)
+    j.set_status("succeeded", step=answer, answer=DONE.answer)
+    assert replay_run(RUN, j.entries, record=j.record()).verdict == "identical"
+    # The same journal replayed as if the call had been made is divergent.
+    k = Journal(manifest=caller_snapshot(chain=["billing-assistant"]))
+    k.decide(CALL, propose=False)
+    k.output(call_output(0))
+    assert replay_run(RUN, k.entries).verdict == "divergent"

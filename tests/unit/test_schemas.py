@@ -53,6 +53,7 @@ from schemas.host import (
 )
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import (
+    BranchChanged,
     Divergence,
     ProposeCommand,
     ReplayReport,
@@ -169,6 +170,7 @@ SAMPLES: dict[type, Any] = {
     ReadFacts: ReadFacts(tenant="acme", kind="payment", id="pay_7781"),
     FactsRead: FactsRead(found=True, facts={"payment_id": "pay_7781", "status": "captured"}),
     ReplayRun: ReplayRun(tenant="acme", run_id="run-1"),
+    BranchChanged: BranchChanged(tenant="acme", run_id="run-1.b2"),
     StepRecorded: StepRecorded(tenant="acme", run_id="run-1", seq=3, kind="decision",
                                decision="select_capability", target="documents.search"),
     ReplayReport: ReplayReport(run_id="run-1", verdict="divergent", entries=6, divergences=[
