@@ -3,12 +3,11 @@ planner's calls reserve, refuse with the budget that ran out, settle, and fail c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
 import pytest
 from nats.aio.client import Client
 from nats.micro import add_service
@@ -16,7 +15,6 @@ from prometheus_client import CollectorRegistry
 
 from libs import budget
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
-from libs.embedded import EmbeddedNats
 from libs.journal import DataKeys, Journal
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
@@ -40,21 +38,10 @@ class Env(msgspec.Struct, kw_only=True):
     micro: Any
 
 
-@pytest.fixture(scope="module")
-def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    """A nats-server of this module's own: the session's deployments also serve governance's
-    subjects on the shared one, and a request would go to whichever answered first."""
-    server = EmbeddedNats(tmp_path_factory.mktemp("budget-nats"))
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-async def nc(private_nats: EmbeddedNats) -> AsyncIterator[Client]:
-    client = await nats.connect(private_nats.url)
-    yield client
-    await client.drain()
+def nc(private_nc: Client) -> Client:
+    """This module's requests go to a nats-server of its own (see conftest.py)."""
+    return private_nc
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ and redelivered), never reported accepted; only the planner's answer makes a `Re
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
 import anyio
 import anyio.abc
 import msgspec
@@ -18,7 +16,6 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
 from libs.bus import ensure_streams
-from libs.embedded import EmbeddedNats
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
@@ -38,22 +35,11 @@ KEYS = {"acme": TenantKey(issuer=ISSUER, public_key=_KEY.public_key().public_byt
     serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode())}
 
 
-@pytest.fixture(scope="module")
-def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    """A nats-server of this module's own: the session's deployments run an ingress consumer
-    and a planner review endpoint on the shared one."""
-    server = EmbeddedNats(tmp_path_factory.mktemp("ingress-nats"))
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-async def nc(private_nats: EmbeddedNats) -> AsyncIterator[Client]:
-    client = await nats.connect(private_nats.url)
-    await ensure_streams(client.jetstream())
-    yield client
-    await client.drain()
+async def nc(private_nc: Client) -> Client:
+    """This module's own nats-server (see conftest.py), with Writ's streams."""
+    await ensure_streams(private_nc.jetstream())
+    return private_nc
 
 
 async def _decide(nc: Client, pending_id: str, request_id: str) -> None:

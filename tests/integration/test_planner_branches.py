@@ -42,7 +42,7 @@ from tests.integration.test_planner_reads import Env, _Delivery, register
 pytestmark = pytest.mark.anyio
 # The read tests' environment: this module's nats-server, the planner's, governance's and
 # retrieval's schemas, governance serving `decide` and the budgets.
-private_nats, env = reads.private_nats, reads.env
+env = reads.env
 
 SECRET = "the parent's private evidence: order 7781"
 ASK_BILLING = SelectCapability(capability="agent:billing",

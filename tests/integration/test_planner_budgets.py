@@ -7,7 +7,7 @@ actor loop is libs/actor.py's, tested on its own)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -135,16 +135,6 @@ class Env(msgspec.Struct, kw_only=True):
 
     def exhausted(self) -> float:
         return self.registry.get_sample_value("writ_planner_budget_exhaustions_total") or 0.0
-
-
-@pytest.fixture(scope="module")
-def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    """A nats-server of this module's own: the session's deployments also serve governance's
-    subjects and consume the planner's on the shared one."""
-    server = EmbeddedNats(tmp_path_factory.mktemp("planner-budget-nats"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

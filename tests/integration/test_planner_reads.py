@@ -9,7 +9,7 @@ directly (the actor loop is libs/actor.py's, tested on its own)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -148,16 +148,6 @@ async def _serve(nc: Client, name: str, endpoints: list[Any], unique: str) -> An
         await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
                                  handler=endpoint.handler, queue_group=f"test-{unique}")
     return micro
-
-
-@pytest.fixture(scope="module")
-def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    """A nats-server of this module's own: the session's deployments also serve retrieval's
-    and governance's subjects on the shared one."""
-    server = EmbeddedNats(tmp_path_factory.mktemp("planner-reads-nats"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -9,20 +9,18 @@ returned as untrusted data and changes nothing the runtime allows.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import msgspec
-import nats
 import pytest
 from nats.aio.client import Client
 from nats.micro import add_service
 from prometheus_client import CollectorRegistry
 
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
-from libs.embedded import EmbeddedNats
 from libs.journal import DataKeys, Journal
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
@@ -59,19 +57,10 @@ class Env(msgspec.Struct, kw_only=True):
     registry: CollectorRegistry
 
 
-@pytest.fixture(scope="module")
-def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(tmp_path_factory.mktemp("retrieval-nats"))
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-async def nc(private_nats: EmbeddedNats) -> AsyncIterator[Client]:
-    client = await nats.connect(private_nats.url)
-    yield client
-    await client.drain()
+def nc(private_nc: Client) -> Client:
+    """This module's requests go to a nats-server of its own (see conftest.py)."""
+    return private_nc
 
 
 async def _seed(admin: asyncpg.Connection) -> None:

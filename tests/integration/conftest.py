@@ -1,0 +1,30 @@
+"""Fixtures of the integration tests that serve request/reply endpoints themselves."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from libs.embedded import EmbeddedNats
+
+
+@pytest.fixture(scope="module")
+def private_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    """A nats-server of the module's own: the session's e2e deployments serve and consume
+    Writ's `writ.int.*` subjects on the shared one, and a request would go to whichever
+    responder answered first."""
+    server = EmbeddedNats(tmp_path_factory.mktemp("private-nats"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def private_nc(private_nats: EmbeddedNats) -> AsyncIterator[Client]:
+    """A connection to the module's own nats-server."""
+    client = await nats.connect(private_nats.url)
+    yield client
+    await client.drain()
