@@ -25,6 +25,7 @@ from actions import ACTIONS
 from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
+from libs.decide import decide
 from libs.errors import RetryableError
 from libs.journal import Sealer
 from libs.runtime import Runtime
@@ -66,7 +67,6 @@ class AdmissionService:
         self._proposal_ttl = proposal_ttl
         self._gauges_every_s = gauges_every_s
         self._decoder = msgspec.json.Decoder(Inbound)
-        self._decision_decoder = msgspec.json.Decoder(Decision)
         self._facts_decoder = msgspec.json.Decoder(FactsRead)
         self._answered_decoder = msgspec.json.Decoder(DecisionAnswered)
         self._encoder = msgspec.json.Encoder()
@@ -414,16 +414,9 @@ class AdmissionService:
                             run_id=p.run_id, tool=p.action,
                             first_argument=first[:512] if isinstance(first, str) else "",
                             proposal_id=proposal_id)
-        try:
-            reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
-                                              timeout=self._decide_timeout,
-                                              headers=inject_context({}))
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            # No answer is not an allow: try again later, the proposal stays unadmitted.
-            raise RetryableError(f"governance did not answer: {exc!r}", delay=1.0) from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError(f"governance error: {reply.headers.get('Nats-Service-Error')}")
-        return self._decision_decoder.decode(reply.data)
+        # No answer is not an allow (DecideUnavailable is retried): the proposal stays
+        # unadmitted until governance answers.
+        return await decide(self._rt.nc, ask, timeout=self._decide_timeout)
 
     async def _refuse(self, p: ProposeCommand, verdict: str, reason: str,
                       decision_id: str | None = None, *, pending_id: str | None = None,

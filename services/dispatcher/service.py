@@ -21,8 +21,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import msgspec
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.micro.request import Request
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -33,10 +31,11 @@ from actions.base import Stale
 from actions.email_draft_apply import EmailDraftApply
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
+from libs.decide import DecideUnavailable, decide
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
-from libs.telemetry import inject_context, links_to, refresh_every
+from libs.telemetry import links_to, refresh_every
 from schemas import subjects
 from schemas.admission import DispatchCommand
 from schemas.dispatcher import (
@@ -86,7 +85,6 @@ class DispatcherService:
         self._worker = worker or f"dispatcher-{uuid.uuid4().hex[:8]}"
         self._decoder = msgspec.json.Decoder(DispatchCommand)
         self._encoder = msgspec.json.Encoder()
-        self._decision_decoder = msgspec.json.Decoder(Decision)
         # Tool names come from the action catalog (unknown actions fail before any breaker is
         # made), so the `tool` label is a bounded set.
         self._breaker_state = Gauge("writ_dispatcher_breaker_state",
@@ -400,13 +398,8 @@ class DispatcherService:
                             first_argument=first[:512] if isinstance(first, str) else "",
                             approval_id=claim.decision_id)
         try:
-            reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(ask),
-                                              timeout=self._decide_timeout_s,
-                                              headers=inject_context({}))
-            if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-                raise RetryableError("governance answered with an error")
-            return self._decision_decoder.decode(reply.data)
-        except (NatsTimeoutError, NoRespondersError, RetryableError) as exc:
+            return await decide(self._rt.nc, ask, timeout=self._decide_timeout_s)
+        except DecideUnavailable as exc:
             # Not knowing whether the action is still allowed is not an allow.
             await self._store.release(claim, None, result="transient",
                                       detail="governance unavailable")

@@ -19,16 +19,13 @@ journaled like any run's, and replayed on its own.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
-import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 
+from libs.decide import DecideUnavailable as GovernanceUnavailable
+from libs.decide import decide
 from libs.errors import RetryableError
-from libs.telemetry import inject_context
-from schemas import subjects
 from schemas.governance import AGENT_CALL_PREFIX, DecideRequest, Decision
 from services.planner.agents import AgentProcess
 from services.planner.budgeting import budget_run_id
@@ -37,7 +34,6 @@ from services.planner.store import RunRow
 
 __all__ = ["CallDecider", "DecideUnavailable", "branch_run", "branch_run_id"]
 
-_DECISION: Final = msgspec.json.Decoder(Decision)
 
 
 class DecideUnavailable(RetryableError):
@@ -54,7 +50,6 @@ class CallDecider:
 
     def __init__(self, *, nc: Client, timeout: float = 2.0) -> None:
         self._nc, self._timeout = nc, timeout
-        self._encoder = msgspec.json.Encoder()
 
     async def decide(self, run: RunRow, callee: str, request: str) -> Decision:
         """Governance's verdict on `run`'s agent calling `callee` with `request`.
@@ -66,19 +61,9 @@ class CallDecider:
                             run_id=budget_run_id(run), tool=f"{AGENT_CALL_PREFIX}{callee}"[:512],
                             first_argument=request[:512])
         try:
-            reply = await self._nc.request(subjects.DECIDE, self._encoder.encode(ask),
-                                           timeout=self._timeout, headers=inject_context({}))
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            raise DecideUnavailable(f"governance did not answer: {type(exc).__name__}",
-                                    run_id=run.run_id, agent=callee) from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise DecideUnavailable(f"governance error: {reply.headers.get('Nats-Service-Error')}"
-                                    [:500], run_id=run.run_id, agent=callee)
-        try:
-            return _DECISION.decode(reply.data)
-        except msgspec.DecodeError as exc:
-            raise DecideUnavailable("governance's answer did not decode", run_id=run.run_id,
-                                    agent=callee) from exc
+            return await decide(self._nc, ask, timeout=self._timeout)
+        except GovernanceUnavailable as exc:
+            raise DecideUnavailable(str(exc), run_id=run.run_id, agent=callee) from exc
 
 
 def branch_run_id(run_id: str, step: int) -> str:

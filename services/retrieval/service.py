@@ -13,16 +13,15 @@ import time
 import anyio
 import anyio.abc
 import msgspec
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.micro.request import Request
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
+from libs.decide import DecideUnavailable, decide
 from libs.runtime import Endpoint, Runtime
-from libs.telemetry import extract_context, inject_context
+from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.base import MAX_MESSAGE_BYTES
 from schemas.governance import DecideRequest, Decision
@@ -139,19 +138,9 @@ class RetrievalService:
                                 run_id=ask.run_id, tool=ask.tool, first_argument=first,
                                 approval_id=ask.approval_id)
         try:
-            reply = await self._rt.nc.request(subjects.DECIDE, self._encoder.encode(request),
-                                              timeout=self._decide_timeout,
-                                              headers=inject_context({}))
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            # No answer is not an allow.
-            raise _Unavailable(f"governance did not answer: {type(exc).__name__}") from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise _Unavailable(f"governance error: {reply.headers.get('Nats-Service-Error')}"
-                               [:500])
-        try:
-            return self._decision_decoder.decode(reply.data)
-        except msgspec.DecodeError as exc:
-            raise _Unavailable("governance's answer did not decode") from exc
+            return await decide(self._rt.nc, request, timeout=self._decide_timeout)
+        except DecideUnavailable as exc:  # no answer is not an allow
+            raise _Unavailable(str(exc)) from exc
 
 
 class _Unavailable(Exception):

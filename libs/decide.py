@@ -1,0 +1,47 @@
+"""Governance's `decide` from the caller's side (admission, the dispatcher's re-check,
+retrieval's reads, the planner's agent calls): one request/reply, and no answer is never an
+allow.
+
+    decision = await decide(nc, DecideRequest(...), timeout=2.0)  # DecideUnavailable: retry
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from libs.errors import RetryableError
+from libs.telemetry import inject_context
+from schemas import subjects
+from schemas.governance import DecideRequest, Decision
+
+__all__ = ["DecideUnavailable", "decide"]
+
+_ENCODER: Final = msgspec.json.Encoder()
+_DECISION: Final = msgspec.json.Decoder(Decision)
+
+
+class DecideUnavailable(RetryableError):
+    """Governance gave no usable answer (none in time, an error, or one that does not decode):
+    whether the call is allowed is not known, so it is not allowed now."""
+
+
+async def decide(nc: Client, ask: DecideRequest, *, timeout: float) -> Decision:
+    """Governance's decision on one call, in the caller's trace."""
+    try:
+        reply = await nc.request(subjects.DECIDE, _ENCODER.encode(ask), timeout=timeout,
+                                 headers=inject_context({}))
+    except (NatsTimeoutError, NoRespondersError) as exc:
+        raise DecideUnavailable(f"governance did not answer: {type(exc).__name__}",
+                                delay=1.0) from exc
+    if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+        raise DecideUnavailable(
+            f"governance error: {reply.headers.get('Nats-Service-Error')}"[:500])
+    try:
+        return _DECISION.decode(reply.data)
+    except msgspec.DecodeError as exc:
+        raise DecideUnavailable("governance's answer did not decode") from exc
