@@ -30,6 +30,7 @@ from schemas.governance import (
     BudgetReserved,
     BudgetSettled,
     ReserveBudget,
+    RunBudget,
     SettleBudget,
 )
 
@@ -85,8 +86,10 @@ class NoSuchReservation(PermanentError, LookupError):
 
 async def reserve(nc: Client, *, tenant: str, run_id: str, step_key: str,
                   provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
+                  limit: RunBudget | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S) -> BudgetReserved:
-    """Reserve what one step may spend, all kinds at once (both or neither).
+    """Reserve what one step may spend, all kinds at once (both or neither); `limit`, the
+    caller's own limits for the run, lowers the run's limits first (never raises them).
 
     Raises:
         BudgetExhausted: a budget ran out (`.kind` says which).
@@ -95,7 +98,7 @@ async def reserve(nc: Client, *, tenant: str, run_id: str, step_key: str,
     """
     ask = ReserveBudget(tenant=tenant, run_id=run_id, step_key=step_key,
                         provider_calls=provider_calls, tokens=tokens,
-                        capability_calls=capability_calls)
+                        capability_calls=capability_calls, limit=limit)
     answer = _RESERVE_REPLY.decode(await _request(nc, subjects.RESERVE, ask, timeout))
     if isinstance(answer, BudgetReserved):
         return answer

@@ -77,7 +77,8 @@ class Decision(Event):
 
 
 class RunBudget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A run's limits; a field left out takes governance's default for the agent."""
+    """Limits asked for a run (by its host, or its agent's manifest). Each can only lower
+    governance's limit for the agent, never raise it; a field left out asks nothing."""
 
     provider_calls: Amount | None = None
     tokens: Amount | None = None
@@ -96,7 +97,9 @@ class RegisterRun(Command):
     agent: AgentName
     attended: bool = False
     grants: Annotated[list[Family], msgspec.Meta(max_length=5)] = []
-    budget: RunBudget | None = None  # None: governance's defaults for the agent
+    # What the host asked for the run: lowers governance's limits for the agent, never raises
+    # them. None: those limits as they are.
+    budget: RunBudget | None = None
 
 
 class RunRegistered(Event):
@@ -175,6 +178,10 @@ class ReserveBudget(Command):
     provider_calls: Amount = 0
     tokens: Amount = 0
     capability_calls: Amount = 0
+    # The caller's own limits for the run (the root agent's manifest budgets): governance
+    # lowers the run's limits to them before it reserves, and never raises one. Sent with
+    # every reservation, so no step can start before they apply.
+    limit: RunBudget | None = None
 
 
 class BudgetReserved(Event):

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from schemas.base import AgentName, Command, Event, Family, Id, ShortText, Text, Token
+from schemas.governance import RunBudget
 
 __all__ = [
     "ActionResult",
@@ -56,6 +57,9 @@ class RunRequest(Command):
     attended: bool = False
     # Families the principal grants this agent for this run only (decide's line 5).
     grants: Annotated[list[Family], msgspec.Meta(max_length=5)] = []
+    # Limits for this run: each lowers governance's limit for the agent (and the agent's
+    # manifest's), never raises it.
+    budget: RunBudget | None = None
 
 
 class SubmitCommand(Command):

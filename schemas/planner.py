@@ -10,12 +10,29 @@ import msgspec
 
 from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
 
-__all__ = ["REVIEW", "BranchChanged", "Divergence", "ProposeCommand", "ReplayReport", "ReplayRun",
-           "ReviewAnswer", "StepRecorded"]
+__all__ = ["BRANCH_MARK", "REVIEW", "BranchChanged", "Divergence", "ProposeCommand",
+           "ReplayReport", "ReplayRun", "ReviewAnswer", "StepRecorded", "branch_run_id",
+           "root_run_id"]
 
 # Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
 # `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.
 REVIEW: Final = "writ.int.planner.review"
+
+# A branch run (a run's call of another agent at one of its steps) is `<caller>.b<step>`. The
+# runs ingress starts have no '.' in their ids (a uuid, or `cmd-<uuid>`), so a branch's root
+# is what comes before its first mark. Governance judges a branch's calls by its root run:
+# the host's run grants, whether a person watches, the budget and its clock are the root's.
+BRANCH_MARK: Final = ".b"
+
+
+def branch_run_id(run_id: str, step: int) -> str:
+    """The branch a run's call at `step` starts: the same on every attempt of that step."""
+    return f"{run_id}{BRANCH_MARK}{step}"
+
+
+def root_run_id(run_id: str) -> str:
+    """The run ingress started that `run_id` is (a root run) or descends from (a branch)."""
+    return run_id.split(BRANCH_MARK, 1)[0]
 
 
 class ProposeCommand(Command):

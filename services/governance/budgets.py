@@ -24,12 +24,22 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_concurrent_steps: Annotated[int, msgspec.Meta(ge=1)] = 4
 
     def over(self, budget: RunBudget | None) -> Limits:
-        """These limits with what `budget` sets replacing them."""
+        """These limits with what `budget` sets replacing them (the operator's configuration:
+        an agent's limits over the global ones)."""
         if budget is None:
             return self
         given = {f: v for f in budget.__struct_fields__
                  if (v := getattr(budget, f)) is not None}
         return msgspec.structs.replace(self, **given)
+
+    def lowered(self, budget: RunBudget | None) -> Limits:
+        """These limits, each lowered to what `budget` asks where it asks less (what a host
+        or a manifest asks: it can tighten a run's budget, never widen it)."""
+        if budget is None:
+            return self
+        lower = {f: v for f in budget.__struct_fields__
+                 if (v := getattr(budget, f)) is not None and v < getattr(self, f)}
+        return msgspec.structs.replace(self, **lower) if lower else self
 
 
 class BudgetDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -39,8 +49,9 @@ class BudgetDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     agents: dict[str, RunBudget] = {}
 
     def limits_for(self, agent: str, asked: RunBudget | None) -> Limits:
-        """What the registered run gets: the run's own budget over the agent's over global."""
-        return self.default.over(self.agents.get(agent)).over(asked)
+        """What the registered run gets: the agent's limits over the global ones, lowered to
+        what the run's host asked."""
+        return self.default.over(self.agents.get(agent)).lowered(asked)
 
 
 class BudgetState(msgspec.Struct, frozen=True, kw_only=True):

@@ -216,7 +216,7 @@ class GovernanceService:
             answer = await self._store.reserve(
                 tenant=ask.tenant, run_id=ask.run_id, step_key=ask.step_key,
                 provider_calls=ask.provider_calls, tokens=ask.tokens,
-                capability_calls=ask.capability_calls)
+                capability_calls=ask.capability_calls, limit=ask.limit)
         except Exception as exc:  # cannot know what is left: nothing is left
             log.warning("budget store unreadable: %r", exc)
             return BudgetRefused(run_id=ask.run_id, step_key=ask.step_key, budget="unavailable",

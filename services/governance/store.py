@@ -22,7 +22,9 @@ from schemas.governance import (
     BudgetSettled,
     PendingDecision,
     RegisterRun,
+    RunBudget,
 )
+from schemas.planner import root_run_id
 from services.governance.budgets import BudgetState, Limits, refusal
 from services.governance.logic import Call, Facts, Rule, Ruling
 
@@ -69,7 +71,8 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-# $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL).
+# $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL),
+# $7 the root run (`$5` itself, or the run a branch descends from: its grants and attendance).
 _FACTS = """
 SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_families,
        p.developer_mode,
@@ -83,9 +86,9 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
        ARRAY(SELECT g.family FROM governance.standing_grants g
              WHERE g.tenant = $1 AND g.agent = $3) AS standing,
        ARRAY(SELECT g.family FROM governance.run_grants g
-             WHERE g.tenant = $1 AND g.run_id = $5) AS run_families,
+             WHERE g.tenant = $1 AND g.run_id = $7) AS run_families,
        coalesce((SELECT r.attended FROM governance.runs r
-                 WHERE r.tenant = $1 AND r.run_id = $5), false) AS attended,
+                 WHERE r.tenant = $1 AND r.run_id = $7), false) AS attended,
        EXISTS (SELECT 1 FROM governance.pending a
                WHERE a.tenant = $1 AND a.run_id = $5 AND a.tool = $2
                  AND a.answer_decision_id = $6::uuid
@@ -169,7 +172,8 @@ class GovernanceStore:
         """Everything `decide` needs for this call, read in one statement (one snapshot)."""
         row = await self._pool.fetchrow(
             _FACTS, tenant, call.tool, call.agent, principal, run_id,
-            approval_id if approval_id is not None and _is_uuid(approval_id) else None)
+            approval_id if approval_id is not None and _is_uuid(approval_id) else None,
+            root_run_id(run_id))
         assert row is not None
         rules = tuple(msgspec.json.decode(row["rules"], type=list[Rule]))
         common = {"rules": rules, "standing_families": frozenset(row["standing"]),
@@ -232,7 +236,7 @@ class GovernanceStore:
     async def register_run(self, run: RegisterRun, limits: Limits | None = None) -> None:
         """Record a run, its run grants and its budget (`limits`, or the built-in defaults
         under the run's own budget); idempotent: a redelivery changes nothing."""
-        limits = limits if limits is not None else Limits().over(run.budget)
+        limits = limits if limits is not None else Limits().lowered(run.budget)
         async with self._pool.acquire() as conn, conn.transaction():
             status = await conn.execute(
                 "INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
@@ -267,13 +271,14 @@ class GovernanceStore:
         return _state(row) if row is not None else None
 
     async def reserve(self, *, tenant: str, run_id: str, step_key: str, provider_calls: int = 0,
-                      tokens: int = 0, capability_calls: int = 0
-                      ) -> BudgetReserved | BudgetRefused:
+                      tokens: int = 0, capability_calls: int = 0,
+                      limit: RunBudget | None = None) -> BudgetReserved | BudgetRefused:
         """Reserve a step's amounts if they fit what is left, or refuse naming the budget.
 
         One short transaction that first locks the run's budget row: parallel steps of a run
         queue there, and each sees the reservations the previous ones took, so no two can
-        spend the same remainder. The same step key gets the same reservation back.
+        spend the same remainder. The same step key gets the same reservation back. `limit`
+        (the caller's own limits for the run) first lowers the run's limits where it asks less.
         """
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(_BUDGET + " FOR UPDATE", tenant, run_id)
@@ -281,6 +286,18 @@ class GovernanceStore:
                 return BudgetRefused(run_id=run_id, step_key=step_key, budget="unknown_run",
                                      reason="no budget recorded for this run")
             state = _state(row)
+            if limit is not None and (lowered := state.limits.lowered(limit)) != state.limits:
+                await conn.execute(
+                    "UPDATE governance.budgets SET provider_calls = $3, tokens = $4, "
+                    "capability_calls = $5, wall_time_s = $6, max_concurrent_steps = $7 "
+                    "WHERE tenant = $1 AND run_id = $2", tenant, run_id,
+                    lowered.provider_calls, lowered.tokens, lowered.capability_calls,
+                    lowered.wall_time_s, lowered.max_concurrent_steps)
+                await self._write(conn, tenant=tenant, kind="budget.lowered", subject=run_id,
+                                  run_id=run_id, payload={
+                                      "step_key": step_key, "asked": msgspec.to_builtins(limit),
+                                      **msgspec.to_builtins(lowered)})
+                state = msgspec.structs.replace(state, limits=lowered)
             known = await conn.fetchrow(
                 "SELECT reservation_id::text AS reservation_id, status, provider_calls, tokens, "
                 "capability_calls FROM governance.reservations "
@@ -377,15 +394,16 @@ class GovernanceStore:
 
     async def _pause(self, conn: asyncpg.Connection, tenant: str, run_id: str,
                      wait_key: str) -> None:
-        """Stop the run's clock for this wait (idempotent; runs without a budget: nothing)."""
-        if await conn.fetchval(_PAUSE, tenant, run_id, wait_key):
+        """Stop the run's clock for this wait (idempotent; runs without a budget: nothing). A
+        branch's wait stops its root's clock: the budget is the root's."""
+        if await conn.fetchval(_PAUSE, tenant, root_run_id(run_id), wait_key):
             await self._write(conn, tenant=tenant, kind="budget.paused", subject=wait_key,
                               run_id=run_id, payload={"wait_key": wait_key})
 
     async def _resume(self, conn: asyncpg.Connection, tenant: str, run_id: str,
                       wait_key: str) -> None:
         """End this wait; the clock runs again once no other wait of the run is open."""
-        if await conn.fetchval(_RESUME, tenant, run_id, wait_key):
+        if await conn.fetchval(_RESUME, tenant, root_run_id(run_id), wait_key):
             await self._write(conn, tenant=tenant, kind="budget.resumed", subject=wait_key,
                               run_id=run_id, payload={"wait_key": wait_key})
 

@@ -138,7 +138,8 @@ class IngressService:
         # run and which families the host granted for it.
         register = RegisterRun(tenant=outcome.tenant, run_id=outcome.run_id,
                                principal=outcome.principal, agent=request.agent,
-                               attended=request.attended, grants=request.grants)
+                               attended=request.attended, grants=request.grants,
+                               budget=request.budget)
         try:
             reply = await self._rt.nc.request(subjects.REGISTER_RUN,
                                               msgspec.json.encode(register), timeout=2.0,

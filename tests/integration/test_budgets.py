@@ -249,6 +249,38 @@ async def test_defaults_come_from_the_agent_then_global_then_the_run(env: Env) -
     assert state is not None and state.limits == limits
 
 
+async def test_a_callers_limit_lowers_the_run_budget_once_and_never_raises_it(
+        env: Env) -> None:
+    await _run(env.store, provider_calls=10, tokens=1000, capability_calls=5)
+    # A limit above every budget changes nothing, and writes nothing.
+    wide = RunBudget(provider_calls=50, tokens=10_000, capability_calls=9, wall_time_s=6000)
+    first = await env.store.reserve(tenant="acme", run_id="run-1", step_key="s0",
+                                    capability_calls=1, limit=wide)
+    assert isinstance(first, BudgetReserved)
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None and state.limits == Limits(
+        provider_calls=10, tokens=1000, capability_calls=5, wall_time_s=600,
+        max_concurrent_steps=64)
+    # A lower one applies before the step it comes with: 2 capability calls, one spent.
+    tight = RunBudget(capability_calls=2, tokens=5000)
+    second = await env.store.reserve(tenant="acme", run_id="run-1", step_key="s1",
+                                     capability_calls=1, limit=tight)
+    assert isinstance(second, BudgetReserved)
+    third = await env.store.reserve(tenant="acme", run_id="run-1", step_key="s2",
+                                    capability_calls=1, limit=tight)
+    assert _refused(third, "capability_calls")
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None and (state.limits.capability_calls, state.limits.tokens) == (2, 1000)
+    # Asked again, and wider afterwards: the lowered limit stays.
+    await env.store.reserve(tenant="acme", run_id="run-1", step_key="s3", limit=wide)
+    assert _refused(await _reserve(env.store, "s4", capability_calls=1), "capability_calls")
+    lowered = await env.admin.fetch("SELECT * FROM governance.journal "
+                                    "WHERE kind = 'budget.lowered'")
+    assert len(lowered) == 1
+    payload = msgspec.json.decode(env.journal.open(lowered[0]))
+    assert payload["capability_calls"] == 2 and payload["asked"]["tokens"] == 5000
+
+
 async def test_every_budget_change_is_journaled(env: Env) -> None:
     await _run(env.store, provider_calls=1, tokens=100, capability_calls=1)
     held = await _reserve(env.store, "j1", provider_calls=1, tokens=100)

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
+from schemas.governance import RegisterRun
 from services.governance.logic import Call, decide
 from services.governance.store import Answered, GovernanceStore, NotAnswerable
 
@@ -133,3 +134,30 @@ async def test_attended_asks_come_due_after_five_minutes(store) -> None:  # type
                         "WHERE deadline IS NOT NULL")
     assert await gov.overdue() == [("acme", attended)]  # the unattended ask waits forever
     assert unattended not in [p for _, p in await gov.overdue()]
+
+
+async def test_a_branch_is_judged_by_its_root_runs_grants_and_attendance(store) -> None:  # type: ignore[no-untyped-def]
+    gov, admin = store
+    await gov.register_run(RegisterRun(tenant="acme", run_id="run-7", principal="alice@acme",
+                                       agent="billing", attended=True, grants=["write_delete"]))
+    for run_id in ("run-7", "run-7.b2", "run-7.b2.b0"):
+        facts = await gov.facts("acme", WRITE, "alice@acme", run_id)
+        assert facts.run_families == frozenset({"write_delete"}) and facts.attended, run_id
+        assert decide(WRITE, facts).verdict == "allow"
+    # Another run's branch (the same prefix, not the same run) gets nothing of it.
+    other = await gov.facts("acme", WRITE, "alice@acme", "run-70.b2")
+    assert other.run_families == frozenset() and not other.attended
+    assert decide(WRITE, other).verdict == "ask"
+    # A branch's wait for a person stops its root's clock, and its answer restarts it.
+    ungranted = Call(tool="payment.refund", family="money_movement", connector="payments",
+                     agent="billing")
+    facts = await gov.facts("acme", ungranted, "alice@acme", "run-7.b2")
+    pending = await gov.record(tenant="acme", run_id="run-7.b2", principal="alice@acme",
+                               call=ungranted, ruling=decide(ungranted, facts),
+                               policy_version=facts.policy_version)
+    assert await admin.fetchval("SELECT waiting FROM governance.budgets "
+                                "WHERE run_id = 'run-7'") == 1
+    assert isinstance(await gov.answer(tenant="acme", pending_id=pending, answer="once",
+                                       answered_by="ops@acme", reason=""), Answered)
+    assert await admin.fetchval("SELECT waiting FROM governance.budgets "
+                                "WHERE run_id = 'run-7'") == 0

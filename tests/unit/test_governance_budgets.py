@@ -42,11 +42,17 @@ def test_time_and_concurrency_stop_every_step() -> None:
     assert BudgetState(limits=LIMITS, elapsed_s=75.0).wall_time_left_s == 0.0
 
 
-def test_the_run_overrides_the_agent_which_overrides_global() -> None:
+def test_the_agent_overrides_global_and_the_run_can_only_lower_them() -> None:
     defaults = BudgetDefaults(default=LIMITS, agents={"a": RunBudget(tokens=10, wall_time_s=5)})
-    assert defaults.limits_for("a", RunBudget(wall_time_s=7)) == Limits(
-        provider_calls=3, tokens=10, capability_calls=2, wall_time_s=7, max_concurrent_steps=2)
+    # The operator's agent limits replace the global ones, up or down.
+    assert defaults.limits_for("a", None) == Limits(
+        provider_calls=3, tokens=10, capability_calls=2, wall_time_s=5, max_concurrent_steps=2)
+    # What the run asks lowers a limit, and asking more than the limit changes nothing.
+    assert defaults.limits_for("a", RunBudget(wall_time_s=4, tokens=10_000,
+                                              max_concurrent_steps=1)) == Limits(
+        provider_calls=3, tokens=10, capability_calls=2, wall_time_s=4, max_concurrent_steps=1)
     assert defaults.limits_for("b", None) == LIMITS
+    assert LIMITS.lowered(RunBudget()) is LIMITS
 
 
 def test_the_defaults_file_is_checked(tmp_path: Path) -> None:
