@@ -161,3 +161,23 @@ async def test_a_branch_is_judged_by_its_root_runs_grants_and_attendance(store) 
                                        answered_by="ops@acme", reason=""), Answered)
     assert await admin.fetchval("SELECT waiting FROM governance.budgets "
                                 "WHERE run_id = 'run-7'") == 0
+
+
+async def test_an_approval_stands_for_exactly_the_call_it_answered(store) -> None:  # type: ignore[no-untyped-def]
+    gov, _ = store
+    read = Call(tool="crm.customer.get", family="read_personal", connector=None,
+                agent="billing", first_argument="cus_1")
+    facts = await gov.facts("acme", read, "alice@acme", "run-1")
+    pending = await gov.record(tenant="acme", run_id="run-1", principal="alice@acme",
+                               call=read, ruling=decide(read, facts),
+                               policy_version=facts.policy_version)
+    answered = await gov.answer(tenant="acme", pending_id=pending, answer="once",
+                                answered_by="ops@acme", reason="")
+    assert isinstance(answered, Answered)
+    approval = answered.decision_id
+    assert (await gov.facts("acme", read, "alice@acme", "run-1", approval)).approved
+    other = Call(tool="crm.customer.get", family="read_personal", connector=None,
+                 agent="billing", first_argument="cus_2")
+    assert not (await gov.facts("acme", other, "alice@acme", "run-1", approval)).approved
+    assert not (await gov.facts("acme", read, "alice@acme", "run-2", approval)).approved
+    assert not (await gov.facts("acme", read, "alice@acme", "run-1", pending)).approved
