@@ -12,7 +12,7 @@ A branch is a run of its own (`planner.runs`, id `<caller>.b<step>`), started in
 transaction with the callee's snapshot and where it sits (`branch`: root run, caller and step,
 the chain of agents above it). It has its own steps and observations: its model sees the request
 it was given and what it did, never the caller's evidence or observations, and the caller sees
-only how the branch ended (`replay.AgentObserved`: the answer, untrusted and bounded). It
+only how the branch ended (`observations.AgentObserved`: the answer, untrusted and bounded). It
 spends the root run's budgets (`budgeting.budget_run_id`). Each branch step is recorded and
 journaled like any run's, and replayed on its own.
 """
@@ -29,7 +29,7 @@ from libs.errors import RetryableError
 from schemas.governance import AGENT_CALL_PREFIX, DecideRequest, Decision
 from services.planner.agents import AgentProcess
 from services.planner.budgeting import budget_run_id
-from services.planner.replay import branch_of
+from services.planner.snapshot import branch_of
 from services.planner.store import RunRow
 
 __all__ = ["CallDecider", "DecideUnavailable", "branch_run", "branch_run_id"]

@@ -11,7 +11,7 @@ reservation with the step it pays for (`planner.reservations`, in the step's tra
   or a governance blip after a model call never calls the model again and never leaks a
   reservation (settling is idempotent in governance).
 
-A branch (another agent a run called, `service.py`) spends its root run's budgets: its
+A branch (another agent a run called, `branches.py`) spends its root run's budgets: its
 reservations are made in governance under the root's run id, with step keys that start with the
 branch's own run id (`<root>.b<step>:<seq>:model`), so a branch and its caller draw on one
 remainder and a tiny budget stops both.
@@ -29,7 +29,8 @@ from typing import Any
 from nats.aio.client import Client
 
 from libs import budget
-from services.planner.replay import branch_of
+from libs.errors import PermanentError
+from services.planner.snapshot import branch_of
 from services.planner.store import PlannerStore, RunRow
 
 __all__ = ["RunBudgets", "budget_run_id", "step_key"]
@@ -89,6 +90,17 @@ class RunBudgets:
                                capability_calls=capability_calls)
         except budget.BudgetUnavailable as exc:
             log.warning("run %s: settling %s later: %s", run.run_id, key, exc)
+
+    async def provider_call(self, conn: Any, run: RunRow, key: str, call: Any) -> Any:
+        """Await a provider call reserved under `key`; one that fails for good settles what it
+        used (the step is abandoned), one that may succeed later keeps its reservation for the
+        retry."""
+        try:
+            return await call
+        except PermanentError as exc:
+            used = getattr(getattr(exc, "call", None), "total_tokens", 0) or 0
+            await self.spent(conn, run, key, provider_calls=1, tokens=used)
+            raise
 
     async def settle_due(self, conn: Any, run: RunRow) -> None:
         """Settle what earlier steps used and governance has not acknowledged yet.

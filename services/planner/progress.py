@@ -10,12 +10,20 @@ model's input, the arguments or the untrusted content a read returned.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from schemas.planner import StepRecorded
-from services.planner.store import Step
+import msgspec
+from nats.aio.client import Client
 
-__all__ = ["step_recorded"]
+from schemas import subjects
+from schemas.planner import StepRecorded
+from services.planner.store import RunRow, Step
+
+__all__ = ["announce", "step_recorded"]
+
+log = logging.getLogger("writ.planner")
+_ENCODER = msgspec.json.Encoder()
 
 def _summary(payload: dict[str, Any]) -> str:
     if "tool" in payload:
@@ -52,3 +60,14 @@ def step_recorded(tenant: str, run_id: str, step: Step) -> StepRecorded:
                             verdict=str(payload.get("verdict", ""))[:512])
     return StepRecorded(tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind,
                         summary=_summary(payload)[:512])
+
+
+async def announce(nc: Client, run: RunRow, steps: list[Step]) -> None:
+    """Announce committed steps on core NATS; progress only, so a failed publish is logged and
+    changes nothing."""
+    for step in steps:
+        try:
+            await nc.publish(subjects.planner_progress(run.tenant),
+                             _ENCODER.encode(step_recorded(run.tenant, run.run_id, step)))
+        except Exception as exc:
+            log.debug("run %s: step %d not announced: %r", run.run_id, step.seq, exc)

@@ -2,61 +2,52 @@
 
 Each delivery advances one run under a row lock: record what arrived (evidence, an outcome, a
 refusal), take the next model decision — reusing the recorded one if this step was already
-decided — and publish what follows after the commit. A redelivery re-publishes the same messages
-with the same `Nats-Msg-Id`, so nothing happens twice.
+decided — and publish what follows after the commit (`effects.py`). A redelivery re-publishes
+the same messages with the same `Nats-Msg-Id`, so nothing happens twice. Each decision and
+observation is committed as a step before the next decision is asked for.
 
 The decision protocol (seed 004, `protocol.py`): a run starts only for an agent a manifest
-declares and that takes work (`agents.py`); its model first sees a summary of the agent's
-capabilities and the catalog once it asked (`request_capabilities`); a `select_capability` is
-checked before any handler runs (in `uses`, `callable_by`, the arguments against the target's
-signature), and a refusal is recorded as the observation the next decision reads, never executed;
-a checked selection of an action is proposed to admission, one of a read tool is read by
-retrieval (`reads.py`: request/reply on `writ.int.retrieval.read`, after governance's `decide`
-there) and its answer — the items, untrusted and bounded, or why nothing was read — is the next
-observation (a read a person must allow is observed as not read: the run does not wait for it);
-a checked selection of another agent is decided by governance and, if allowed, runs as a branch
-of the run (`branches.py`): a run of its own, started with a `BranchChanged` to this inbox, whose
-end wakes the caller with another, and is observed by it (the answer, untrusted and bounded);
-a `request_human_review` stops the run as `awaiting_human` until a person answers
-(`writ.int.planner.review`). Each decision and observation is committed as a step before the
-next decision is asked for.
+declares and that takes work (`agents.py`), with a snapshot of it (`snapshot.py`); its model
+first sees a summary of the agent's capabilities and the catalog once it asked
+(`request_capabilities`; the model's input: `inputs.py`). What each decision leads to lives in
+its own module:
+
+- `select_capability`: checked, then refused, proposed to admission, read by retrieval or called
+  as another agent's branch run (`capabilities.py`, `reads.py`, `branches.py`); what the model
+  reads of each output is `observations.py`;
+- `request_human_review`: the run waits for a person's answer (`review.py`);
+- `answer_directly`: the run ends with the answer, or first asks the agent's critic
+  (`critic.py`).
 
 Budgets (DESIGN.md invariant 9, `budgeting.py`): every provider call (a decision, a critic's
 verdict) first reserves a provider call and tokens of the run's budget in governance, and every
-capability call (a checked selection proposed to admission, or read by retrieval) a capability
-call; each is settled with what it used. A budget that ran out stops the run in code — `failed` with
-`BUDGET_EXHAUSTED` naming the budget — and the model is not asked whether to continue.
-
-The critic (seed 000 scenario A): for an agent whose manifest has one, an `answer_directly` is
-verified against the objective before the run ends with it; `replan` feeds the critic's reason
-back as an observation written by Writ and the agent decides again, under the same budgets.
+capability call a capability call; each is settled with what it used. A budget that ran out
+stops the run in code — `failed` with `BUDGET_EXHAUSTED` naming the budget (`codes.py`) — and the
+model is not asked whether to continue.
 
 Each captured model response, tool output (a read's answer included) and status change is
-journaled with the step or status it records (`store.py`); the planner also seals its journal and
-serves `writ.int.planner.replay`, the offline replay of a run (`replay.py`). Each committed step
-is announced on core NATS `writ.events.planner.<tenant>` (`progress.py`), for those who watch.
+journaled with the step or status it records (`store.py`, `journal_entries.py`); the planner also
+seals its journal and serves `writ.int.planner.replay`, the offline replay of a run (`replay/`),
+and `writ.int.planner.review` (`endpoints.py`). Each committed step is announced on core NATS
+`writ.events.planner.<tenant>` (`progress.py`), for those who watch; its counters are
+`metrics.py`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any, Final
+from typing import Any
 
 import anyio
 import anyio.abc
 import msgspec
-from nats.micro.request import Request
-from opentelemetry.trace import SpanKind
-from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
 from libs.budget import BudgetExhausted, NoBudget
 from libs.bus import ConsumerSpec, publish
-from libs.errors import PermanentError, RetryableError
+from libs.errors import RetryableError
 from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
-from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
@@ -69,43 +60,29 @@ from schemas.planner import (
     ReplayRun,
     ReviewAnswer,
 )
-from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
+from schemas.retrieval import EvidenceGathered
 from services.planner.agents import AgentRegistry
-from services.planner.branches import CallDecider, branch_run, branch_run_id
+from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
-from services.planner.progress import step_recorded
-from services.planner.protocol import action_name
+from services.planner.capabilities import Capabilities
+from services.planner.codes import BUDGET_CODE, REFUSAL_CODES
+from services.planner.critic import Critic
+from services.planner.effects import AGAIN, Effect, Effects, Finished
+from services.planner.endpoints import ReplayEndpoint, ReviewEndpoint
+from services.planner.inputs import input_digest, model_input
+from services.planner.metrics import PlannerMetrics
+from services.planner.observations import observation_of
+from services.planner.progress import announce
 from services.planner.provider import (
-    Accept,
     AnswerDirectly,
     DecisionProvider,
     ModelDecision,
     RequestCapabilities,
     RequestHumanReview,
-    SelectCapability,
 )
 from services.planner.reads import ReadClient
-from services.planner.replay import (
-    BUDGET_CODE,
-    REFUSAL_CODES,
-    REVIEW_CODE,
-    AgentObserved,
-    CriticReplan,
-    ProposalEntry,
-    ReadObserved,
-    ReviewAnswered,
-    SelectionRefused,
-    agent_call_target,
-    branch_of,
-    critic_input,
-    has_critic,
-    input_digest,
-    model_input,
-    observation_of,
-    read_target,
-    replay_run,
-    selection_outcome,
-)
+from services.planner.review import await_review, record_answer, review_id
+from services.planner.snapshot import branch_of, has_critic, selection_outcome, snapshot_of
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
 __all__ = ["PlannerService"]
@@ -114,18 +91,6 @@ INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subje
 Inbound = EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
 log = logging.getLogger("writ.planner")
 _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
-_RUN_RESULT_STATUSES = ("succeeded", "failed", "awaiting_human")
-# (status, error code) of each run this delivery finished, counted once its commit is done.
-_Finished = list[tuple[str, str | None]]
-_Effects = list[tuple[str, msgspec.Struct, str]]
-_AGAIN: Final = None  # `_next` took a decision the runtime answers itself: decide again
-_READ_OUTCOMES: Final = ("read", "unknown_tool", "invalid_arguments", "denied", "ask")
-_CALL_OUTCOMES: Final = ("answered", "failed", "awaiting_human", "denied", "ask",
-                         "unknown_agent")
-
-
-class _ReviewRefused(Exception):
-    """A review answer that does not fit the run (no such review waiting)."""
 
 
 class _Undescribed(Exception):
@@ -140,54 +105,31 @@ class PlannerService:
                  reserve_tokens: int = 4096, sealer: Sealer | None = None,
                  reads: ReadClient | None = None, calls: CallDecider | None = None) -> None:
         self._rt, self._store, self._provider = rt, store, provider
-        self._reads = reads if reads is not None else ReadClient(nc=rt.nc)
-        self._calls = calls if calls is not None else CallDecider(nc=rt.nc)
         self._agents = agents
         # What a provider call reserves of the run's tokens before it starts (settled with
         # what the provider reports it used).
         self._reserve_tokens = reserve_tokens
         self._budget = RunBudgets(nc=rt.nc, store=store)
         self._max_decisions, self._sealer = max_decisions, sealer
-        self._replay_decoder = msgspec.json.Decoder(ReplayRun)
-        self._review_decoder = msgspec.json.Decoder(ReviewAnswer)
-        self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(Inbound)
-        self._finished = Counter("writ_planner_runs_finished",
-                                 "Runs that ended (or stopped for a person) with a result",
-                                 ["status"], registry=rt.registry)
-        for status in _RUN_RESULT_STATUSES:
-            self._finished.labels(status)
-        self._selections_refused = Counter("writ_planner_selections_refused",
-                                "Selections refused before any handler ran", ["check"],
-                                registry=rt.registry)
-        for check in ("uses", "callable_by", "arguments", "depth", "cycle", "unsupported"):
-            self._selections_refused.labels(check)
-        self._reads_observed = Counter("writ_planner_reads",
-                                       "Reads by retrieval observed by a run, by outcome (a "
-                                       "read that may succeed later is retried, not counted)",
-                                       ["outcome"], registry=rt.registry)
-        for outcome in _READ_OUTCOMES:
-            self._reads_observed.labels(outcome)
-        self._agent_calls = Counter("writ_planner_agent_calls",
-                                    "Calls to other agents observed by a run, by how they "
-                                    "ended (or why they never started)", ["outcome"],
-                                    registry=rt.registry)
-        for outcome in _CALL_OUTCOMES:
-            self._agent_calls.labels(outcome)
-        # Label-free: which budget ran out is governance's writ_governance_budget_exhausted
-        # (by `budget`) and the run's error message; this counts the runs the planner stopped.
-        self._budget_exhausted = Counter("writ_planner_budget_exhaustions",
-                                         "Runs the planner stopped because a budget ran out "
-                                         "(its own decision cap included)",
-                                         registry=rt.registry)
+        self._metrics = PlannerMetrics(rt.registry)
+        self._capabilities = Capabilities(
+            store=store, budget=self._budget,
+            reads=reads if reads is not None else ReadClient(nc=rt.nc),
+            calls=calls if calls is not None else CallDecider(nc=rt.nc),
+            agents=agents, tracer=rt.tracer, metrics=self._metrics)
+        self._critic = Critic(store=store, budget=self._budget, provider=provider,
+                              tracer=rt.tracer, reserve_tokens=reserve_tokens)
+        self._replay = ReplayEndpoint(rt=rt, store=store)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Consume evidence and outcomes, seal the journal and serve replays until stopped."""
         if self._store.journal is not None:
-            self._rt.endpoints.append(Endpoint("replay", subjects.REPLAY, self._replay_endpoint,
+            self._rt.endpoints.append(Endpoint("replay", subjects.REPLAY, self._replay,
                                                concurrency=8))
-        self._rt.endpoints.append(Endpoint("review", REVIEW, self._review_endpoint,
+        self._rt.endpoints.append(Endpoint("review", REVIEW,
+                                           ReviewEndpoint(answer=self.answer_review),
                                            concurrency=8))
         try:
             async with anyio.create_task_group() as tg:
@@ -203,36 +145,7 @@ class PlannerService:
 
     async def replay(self, ask: ReplayRun) -> ReplayReport | None:
         """Replay one run offline from the journal; None if the tenant has no such run."""
-        entries, record, unsealed = await self._store.read_replay(ask.tenant, ask.run_id)
-        if not entries and record is None:
-            return None
-        return replay_run(ask.run_id, entries, record=record, unsealed=unsealed)
-
-    async def _replay_endpoint(self, request: Request) -> None:
-        """`writ.int.planner.replay`: 400 undecodable, 404 no such run of the tenant."""
-        started, metrics = time.perf_counter(), self._rt.metrics
-        try:
-            ask = self._replay_decoder.decode(request.data)
-        except msgspec.DecodeError as exc:
-            metrics.failed.labels("replay", "undecodable").inc()
-            await request.respond_error("400", f"invalid ReplayRun: {exc}")
-            return
-        try:
-            with self._rt.tracer.start_as_current_span(
-                    "planner replay", context=extract_context(request.headers),
-                    kind=SpanKind.SERVER):
-                report = await self.replay(ask)
-        except Exception as exc:
-            metrics.failed.labels("replay", "error").inc()
-            log.warning("replay failed: %r", exc)
-            await request.respond_error("500", "replay failed")
-            return
-        if report is None:
-            await request.respond_error("404", "no such run")
-            return
-        await request.respond(self._encoder.encode(report))
-        metrics.handled.labels("replay").inc()
-        metrics.latency.labels("replay").observe(time.perf_counter() - started)
+        return await self._replay.replay(ask)
 
     async def handle(self, delivery: Delivery[Inbound]) -> None:
         """Record what arrived and advance its run."""
@@ -242,25 +155,21 @@ class PlannerService:
         with self._rt.tracer.start_as_current_span("planner step") as span:
             span.set_attribute("writ.run_id", event.run_id)
             if isinstance(event, EvidenceGathered):
-                agent = self._agents.get(event.agent)
-                snapshot = None if agent is None else {
-                    "name": agent.name, "version": agent.manifest.version,
-                    "responsibility": agent.manifest.responsibility, "catalog": agent.catalog,
-                    "critic": agent.manifest.critic}
-                await self._store.create_run(event, manifest=snapshot)
+                await self._store.create_run(
+                    event, manifest=snapshot_of(self._agents.get(event.agent)))
             elif not await self._store.exists(event.run_id):
                 return  # an outcome for a run this planner never started: nothing to drive
-            finished: _Finished = []
+            finished: Finished = []
             effects = await self._advance(event, finished)
         await self._committed(finished, effects)
 
-    async def _committed(self, finished: _Finished, effects: _Effects) -> None:
+    async def _committed(self, finished: Finished, effects: Effects) -> None:
         # Committed: count each run's end once. A redelivery re-publishes a terminal run's
         # result through the replay path, which finishes nothing and is not counted again.
         for status, code in finished:
-            self._finished.labels(status).inc()
+            self._metrics.finished.labels(status).inc()
             if code == BUDGET_CODE:
-                self._budget_exhausted.inc()
+                self._metrics.budget_exhausted.inc()
         if any(isinstance(m, ProposeCommand) for _, m, _ in effects):
             # Armed by the fault suite: the decision and its reservation are committed, the
             # proposal is not published yet (the redelivery publishes it, the model unasked).
@@ -268,7 +177,7 @@ class PlannerService:
         for subject, message, msg_id in effects:
             await publish(self._rt.js, subject, message, msg_id=msg_id)
 
-    async def _advance(self, event: Inbound, finished: _Finished) -> _Effects:
+    async def _advance(self, event: Inbound, finished: Finished) -> Effects:
         async with self._store.acquire() as conn, conn.transaction():
             run = await self._store.lock_run(conn, event.run_id)
             if run is None:
@@ -276,11 +185,11 @@ class PlannerService:
             steps = await self._store.steps(conn, run.run_id)
             seen = len(steps)
             effects = await self._advance_run(conn, run, steps, event, finished)
-        await self._announce(run, steps[seen:])
+        await announce(self._rt.nc, run, steps[seen:])
         return await self._continue(run.run_id, effects, finished)
 
     async def _advance_run(self, conn: Any, run: RunRow, steps: list[Step], event: Inbound,
-                           finished: _Finished) -> _Effects | None:
+                           finished: Finished) -> Effects | None:
         await self._budget.settle_due(conn, run)
         # An ask is not an observation: the step's observation is what the answer leads to.
         if isinstance(event, CommandOutcome) or (
@@ -309,11 +218,11 @@ class PlannerService:
             return [await self._finish(conn, run, steps, "failed", finished, error=refusal)]
         return await self._next(conn, run, steps, finished)
 
-    async def _continue(self, run_id: str, effects: _Effects | None,
-                        finished: _Finished) -> _Effects:
+    async def _continue(self, run_id: str, effects: Effects | None,
+                        finished: Finished) -> Effects:
         """Take the decisions the runtime answers itself, each in its own transaction, so each
         step is committed before the next decision is asked for."""
-        while effects is _AGAIN:
+        while effects is AGAIN:
             # Armed by the fault suite: a step (a model decision) is committed and nothing
             # that follows it has started.
             self._rt.faults.crash_if("planner.after_decision")
@@ -324,19 +233,8 @@ class PlannerService:
                 steps = await self._store.steps(conn, run_id)
                 seen = len(steps)
                 effects = await self._next(conn, run, steps, finished)
-            await self._announce(run, steps[seen:])
+            await announce(self._rt.nc, run, steps[seen:])
         return effects
-
-    async def _announce(self, run: RunRow, steps: list[Step]) -> None:
-        """Announce committed steps on core NATS; progress only, so a failed publish is logged
-        and changes nothing."""
-        for step in steps:
-            try:
-                await self._rt.nc.publish(
-                    subjects.planner_progress(run.tenant),
-                    self._encoder.encode(step_recorded(run.tenant, run.run_id, step)))
-            except Exception as exc:
-                log.debug("run %s: step %d not announced: %r", run.run_id, step.seq, exc)
 
     def _agent_refusal(self, run: RunRow) -> tuple[str, str] | None:
         """Why the run's agent takes no run, as (code, message); None if it takes this one.
@@ -351,8 +249,8 @@ class PlannerService:
         return None if reason is None else ("AGENT_UNAVAILABLE", reason)
 
     async def _next(self, conn: Any, run: RunRow, steps: list[Step],
-                    finished: _Finished) -> _Effects | None:
-        """Take (or reuse) the next decision and act on it; `_AGAIN` if the runtime answered it
+                    finished: Finished) -> Effects | None:
+        """Take (or reuse) the next decision and act on it; `AGAIN` if the runtime answered it
         itself (a catalog sent, a selection refused, a critic's replan) or committed it before
         acting on it (an answer before its critic, a selection before its capability call)."""
         last = steps[-1] if steps else None
@@ -378,190 +276,35 @@ class PlannerService:
                 return [await self._finish(conn, run, steps, "succeeded", finished,
                                            answer=decision.answer, step=last.seq)]
             if fresh:
-                return _AGAIN  # the answer is committed before the critic is asked about it
-            return await self._criticise(conn, run, steps, last.seq, decision, finished)
-        if isinstance(decision, RequestCapabilities):
-            return _AGAIN  # the next model input carries the catalog
-        if isinstance(decision, RequestHumanReview):
-            return [await self._await_review(conn, run, steps, last.seq, decision, finished)]
-        refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
-                                    arguments=decision.arguments)
-        if refused is None:
-            if fresh:
-                return _AGAIN  # the decision is committed before its capability call starts
-            tool = read_target(run.manifest, decision.capability)
-            if tool is not None:
-                return await self._read(conn, run, steps, last.seq, tool, decision, finished)
-            callee = agent_call_target(run.manifest, decision.capability)
-            if callee is not None:
-                return await self._call(conn, run, steps, last.seq, callee, decision, finished)
-            return await self._propose(conn, run, steps, last.seq, decision, finished)
-        output = SelectionRefused(run_id=run.run_id, step=last.seq,
-                                  target=decision.capability[:128], check=refused[0],
-                                  reason=refused[1])
-        observation = observation_of(output)
-        if await self._store.add_observation(conn, run, last.seq + 1, step=last.seq,
-                                             output=msgspec.to_builtins(output),
-                                             observation=observation):
-            steps.append(Step(seq=last.seq + 1, kind="observation", payload=observation))
-            self._selections_refused.labels(refused[0]).inc()
-        log.info("run %s step %d: %s refused before any handler (%s)", run.run_id, last.seq,
-                 decision.capability[:128], refused[0])
-        return _AGAIN
-
-    async def _propose(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
-                       decision: SelectCapability, finished: _Finished) -> _Effects:
-        """Reserve the capability call (once per step), journal the proposal with that
-        reservation, and send it to admission (again on a redelivery: same message id, same
-        operation id)."""
-        command = _proposal(run, seq, decision)
-        try:
-            _, new = await self._budget.reserve(conn, run, step_key(run.run_id, seq,
-                                                                    "capability"),
-                                                capability_calls=1)
-        except NoBudget as exc:
-            return [await self._out_of_budget(conn, run, steps, finished, exc)]
-        if new:
-            await self._store.add_proposal(conn, run, ProposalEntry(
-                step=seq, action=command.action, arguments=command.arguments))
-        return [(subjects.proposal(run.tenant), command, f"proposal:{run.run_id}:{seq}")]
-
-    async def _read(self, conn: Any, run: RunRow, steps: list[Step], seq: int, tool: str,
-                    decision: SelectCapability, finished: _Finished) -> _Effects | None:
-        """Reserve the capability call (once per step), have retrieval read, and record its
-        answer as the next observation, journaled with it, settling the call.
-
-        Raises:
-            ReadUnavailable: retrieval gave no final answer; the transaction rolls back (the
-                decision stays committed) and the redelivery reads again under the same
-                reservation, which governance keeps for the step's key.
-        """
-        key = step_key(run.run_id, seq, "capability")
-        try:
-            await self._budget.reserve(conn, run, key, capability_calls=1)
-        except NoBudget as exc:
-            return [await self._out_of_budget(conn, run, steps, finished, exc)]
-        ask = ReadCapability(tenant=run.tenant, run_id=run.run_id, principal=run.principal,
-                             agent=run.agent, tool=tool, arguments=decision.arguments)
-        with self._rt.tracer.start_as_current_span("planner read",
-                                                   kind=SpanKind.CLIENT) as span:
-            span.set_attribute("writ.read.tool", tool)
-            answer = await self._reads.read(ask)
-            outcome = answer.code.lower() if isinstance(answer, ReadRefused) else "read"
-            span.set_attribute("writ.read.outcome", outcome)
-        output = ReadObserved(run_id=run.run_id, step=seq, tool=tool,
-                              arguments=decision.arguments, answer=answer)
-        observation = observation_of(output)
-        if await self._store.add_observation(conn, run, seq + 1, step=seq,
-                                             output=msgspec.to_builtins(output),
-                                             observation=observation):
-            steps.append(Step(seq=seq + 1, kind="observation", payload=observation))
-            self._reads_observed.labels(outcome).inc()
-        await self._budget.spent(conn, run, key, capability_calls=1)
-        log.info("run %s step %d: %s observed (%s)", run.run_id, seq, tool, outcome)
-        return _AGAIN
-
-    async def _call(self, conn: Any, run: RunRow, steps: list[Step], seq: int, callee: str,
-                    decision: SelectCapability, finished: _Finished) -> _Effects | None:
-        """Call another agent as a branch of the run: reserve the capability call, have
-        governance decide it, start the branch in this transaction (the call is then spent:
-        the branch's own steps reserve what they use), and wake it; once the branch has ended,
-        observe how. A redelivery finds the branch it started and neither decides nor reserves
-        again.
-
-        Raises:
-            DecideUnavailable: governance gave no answer; the transaction rolls back (the
-                decision stays committed) and the redelivery asks again.
-        """
-        branch = await self._store.run(conn, branch_run_id(run.run_id, seq))
-        if branch is None:
-            key = step_key(run.run_id, seq, "capability")
+                return AGAIN  # the answer is committed before the critic is asked about it
             try:
-                await self._budget.reserve(conn, run, key, capability_calls=1)
+                accepted = await self._critic.accepts(conn, run, steps, last.seq, decision)
             except NoBudget as exc:
                 return [await self._out_of_budget(conn, run, steps, finished, exc)]
-            request = str(decision.arguments.get("request", ""))
-            verdict = await self._calls.decide(run, callee, request)
-            agent = self._agents.get(callee)
-            if verdict.verdict != "allow" or agent is None:
-                outcome = "unknown_agent" if verdict.verdict == "allow" else (
-                    "denied" if verdict.verdict == "deny" else "ask")
-                reason = (f"no manifest declares agent {callee}" if agent is None
-                          else verdict.reason)
-                await self._budget.spent(conn, run, key, capability_calls=1)
-                return await self._observe_call(conn, run, steps, AgentObserved(
-                    run_id=run.run_id, step=seq, agent=callee, arguments=decision.arguments,
-                    outcome=outcome, reason=reason[:512], pending_id=verdict.pending_id))
-            branch = branch_run(run, seq, agent, decision.arguments)
-            await self._store.create_branch(conn, branch)
-            await self._budget.spent(conn, run, key, capability_calls=1)
-            log.info("run %s step %d: branch %s of agent %s started", run.run_id, seq,
-                     branch.run_id, callee)
-        if branch.status in TERMINAL_RUN or branch.status == "awaiting_human":
-            answered = branch.status == "succeeded"
-            return await self._observe_call(conn, run, steps, AgentObserved(
-                run_id=run.run_id, step=seq, agent=callee, arguments=decision.arguments,
-                outcome="answered" if answered else (
-                    "awaiting_human" if branch.status == "awaiting_human" else "failed"),
-                branch=branch.run_id, answer=branch.answer if answered else None,
-                reason="" if answered else
-                f"{branch.error_code}: {branch.error_message or ''}"[:512]))
-        return [(subjects.branch(run.tenant), BranchChanged(tenant=run.tenant,
-                                                             run_id=branch.run_id),
-                 f"branch:{branch.run_id}:start")]
-
-    async def _observe_call(self, conn: Any, run: RunRow, steps: list[Step],
-                            output: AgentObserved) -> _Effects | None:
-        observation = observation_of(output)
-        if await self._store.add_observation(conn, run, output.step + 1, step=output.step,
-                                             output=msgspec.to_builtins(output),
-                                             observation=observation):
-            steps.append(Step(seq=output.step + 1, kind="observation", payload=observation))
-            self._agent_calls.labels(output.outcome).inc()
-        log.info("run %s step %d: the call of %s observed (%s)", run.run_id, output.step,
-                 output.agent, output.outcome)
-        return _AGAIN
-
-    async def _criticise(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
-                         decision: AnswerDirectly, finished: _Finished) -> _Effects | None:
-        """Ask the critic about the answer of step `seq`: accept ends the run with it, replan
-        becomes the next decision's observation. The critic runs nothing."""
-        rounds = sum(1 for s in steps if s.kind == "critic")
-        key = step_key(run.run_id, seq + 1, "critic")
-        value = critic_input(user=run.input, evidence=run.evidence,
-                             observations=[s.payload for s in steps if s.kind == "observation"],
-                             answer=decision.answer, round=rounds, agent=run.agent,
-                             manifest=run.manifest)
+            if not accepted:
+                return AGAIN  # the critic's reason is the next decision's observation
+            return [await self._finish(conn, run, steps, "succeeded", finished,
+                                       answer=decision.answer, step=last.seq)]
+        if isinstance(decision, RequestCapabilities):
+            return AGAIN  # the next model input carries the catalog
+        if isinstance(decision, RequestHumanReview):
+            run = await await_review(self._store, conn, run, last.seq, decision, finished)
+            return [self._result(run, steps, pending_id=review_id(run.run_id, last.seq))]
+        refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
+                                    arguments=decision.arguments)
+        if refused is not None:
+            await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
+            return AGAIN
+        if fresh:
+            return AGAIN  # the decision is committed before its capability call starts
         try:
-            await self._budget.reserve(conn, run, key, provider_calls=1,
-                                       tokens=self._reserve_tokens)
+            return await self._capabilities.act(conn, run, steps, last.seq, decision)
         except NoBudget as exc:
             return [await self._out_of_budget(conn, run, steps, finished, exc)]
-        digest = input_digest(value)
-        with self._rt.tracer.start_as_current_span("planner critic") as span:
-            span.set_attribute("writ.critic_input.sha256", digest)
-            verdict, tokens = await self._provider_call(conn, run, key,
-                                                        self._provider.verify(value))
-        await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
-        payload = msgspec.to_builtins(verdict)
-        await self._store.add_critic(conn, run, seq + 1, step=seq, round=rounds,
-                                     verdict=payload, input_digest=digest)
-        steps.append(Step(seq=seq + 1, kind="critic", payload=payload))
-        if isinstance(verdict, Accept):
-            return [await self._finish(conn, run, steps, "succeeded", finished,
-                                       answer=decision.answer, step=seq)]
-        output = CriticReplan(run_id=run.run_id, step=seq + 1, reason=verdict.reason)
-        observation = observation_of(output)
-        await self._store.add_observation(conn, run, seq + 2, step=seq + 1,
-                                          output=msgspec.to_builtins(output),
-                                          observation=observation)
-        steps.append(Step(seq=seq + 2, kind="observation", payload=observation))
-        log.info("run %s: the critic asked for a replan of step %d", run.run_id, seq)
-        return _AGAIN
 
     async def _out_of_budget(self, conn: Any, run: RunRow, steps: list[Step],
-                             finished: _Finished,
-                             exc: NoBudget) -> tuple[str, msgspec.Struct, str]:
+                             finished: Finished,
+                             exc: NoBudget) -> Effect:
         """No step starts: the run fails naming the budget that ran out (the model is not asked
         whether to go on).
 
@@ -579,57 +322,20 @@ class PlannerService:
                                   error=("NO_BUDGET", f"governance has no budget for the run: "
                                                       f"{exc}"))
 
-    async def _provider_call(self, conn: Any, run: RunRow, key: str, call: Any) -> Any:
-        """Await a provider call; one that fails for good settles what it used (the step is
-        abandoned), one that may succeed later keeps its reservation for the retry."""
-        try:
-            return await call
-        except PermanentError as exc:
-            used = getattr(getattr(exc, "call", None), "total_tokens", 0) or 0
-            await self._budget.spent(conn, run, key, provider_calls=1, tokens=used)
-            raise
-
-    async def _await_review(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
-                            decision: RequestHumanReview,
-                            finished: _Finished) -> tuple[str, msgspec.Struct, str]:
-        """The model asked for a person: the run waits, attended or not, for an explicit answer
-        on `writ.int.planner.review`; the host is told what to review."""
-        if await self._store.set_status(conn, run, "awaiting_human", step=seq,
-                                        error_code=REVIEW_CODE,
-                                        error_message=decision.review_prompt):
-            finished.append(("awaiting_human", REVIEW_CODE))
-        run = msgspec.structs.replace(run, status="awaiting_human", error_code=REVIEW_CODE,
-                                      error_message=decision.review_prompt)
-        return self._result(run, steps, pending_id=_review_id(run.run_id, seq))
 
     async def answer_review(self, answer: ReviewAnswer) -> RunResult:
-        """A person's explicit answer to the review a run waits for: approve resumes the run
-        (the answer is the model's next observation), reject fails it with `REJECTED`.
+        """A person's explicit answer to the review a run waits for (`review.py`): approve
+        resumes the run (the answer is the model's next observation), reject fails it with
+        `REJECTED`.
 
         Raises:
-            _ReviewRefused: the tenant has no such run waiting for this review.
+            ReviewRefused: the tenant has no such run waiting for this review.
         """
-        finished: _Finished = []
+        finished: Finished = []
         async with self._store.acquire() as conn, conn.transaction():
-            run = await self._store.lock_run(conn, answer.run_id)
-            if run is None or run.tenant != answer.tenant:
-                raise _ReviewRefused("no such run")
-            steps = await self._store.steps(conn, run.run_id)
-            seen = len(steps)
-            last = steps[-1] if steps else None
-            if (run.status != "awaiting_human" or run.error_code != REVIEW_CODE
-                    or last is None or last.seq != answer.step
-                    or last.payload.get("decision") != "request_human_review"):
-                raise _ReviewRefused("the run is not waiting for this review")
-            output = ReviewAnswered(run_id=run.run_id, step=answer.step, answer=answer.answer,
-                                    reviewer=answer.reviewer, reason=answer.reason)
-            observation = observation_of(output)
-            await self._store.add_observation(conn, run, answer.step + 1, step=answer.step,
-                                              output=msgspec.to_builtins(output),
-                                              observation=observation)
-            steps.append(Step(seq=answer.step + 1, kind="observation", payload=observation))
+            run, steps, seen = await record_answer(self._store, conn, answer)
             if answer.answer == "reject":
-                effects: _Effects | None = [await self._finish(
+                effects: Effects | None = [await self._finish(
                     conn, run, steps, "failed", finished, step=answer.step,
                     error=("REJECTED", answer.reason or "the reviewer rejected it"))]
             else:
@@ -637,30 +343,12 @@ class PlannerService:
                 run = msgspec.structs.replace(run, status="running", error_code=None,
                                               error_message=None)
                 effects = await self._next(conn, run, steps, finished)
-        await self._announce(run, steps[seen:])
+        await announce(self._rt.nc, run, steps[seen:])
         effects = await self._continue(run.run_id, effects, finished)
         await self._committed(finished, effects)
         result = next((m for _, m, _ in effects if isinstance(m, RunResult)), None)
         return result or RunResult(request_id=run.request_id, run_id=run.run_id,
                                    status="awaiting_human", answer=None)
-
-    async def _review_endpoint(self, request: Request) -> None:
-        """`writ.int.planner.review`: 400 undecodable, 404 no such review waiting."""
-        try:
-            answer = self._review_decoder.decode(request.data)
-        except msgspec.DecodeError as exc:
-            await request.respond_error("400", f"invalid ReviewAnswer: {exc}")
-            return
-        try:
-            result = await self.answer_review(answer)
-        except _ReviewRefused as exc:
-            await request.respond_error("404", str(exc))
-            return
-        except Exception as exc:
-            log.warning("review answer failed: %r", exc)
-            await request.respond_error("500", "review answer failed")
-            return
-        await request.respond(self._encoder.encode(result))
 
     async def _decide(self, conn: Any, run: RunRow, steps: list[Step], *,
                       turn: int) -> ModelDecision:
@@ -687,19 +375,21 @@ class PlannerService:
         await self._budget.reserve(conn, run, key, provider_calls=1, tokens=self._reserve_tokens)
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
-            decision, tokens = await self._provider_call(
+            decision, tokens = await self._budget.provider_call(
                 conn, run, key, self._provider.decide_with_usage(value))
         await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
         payload = msgspec.to_builtins(decision)
-        # A selection's proposal is journaled once its capability call is reserved (`_propose`).
+        # A selection's proposal is journaled once its capability call is reserved
+        # (`capabilities.py`).
         await self._store.add_decision(conn, run, seq, payload, turn=turn, input_digest=digest,
                                        proposal=None)
         steps.append(Step(seq=seq, kind="decision", payload=payload))
         return decision
 
+
     async def _refused(self, conn: Any, run: RunRow, steps: list[Step],
                        event: ProposalRefused,
-                       finished: _Finished) -> list[tuple[str, msgspec.Struct, str]]:
+                       finished: Finished) -> Effects:
         if event.verdict == "ask":
             # The run stops for a person: its capability call is over for the budget (the
             # reservation is not held across the wait; governance's clock pauses meanwhile).
@@ -726,9 +416,9 @@ class PlannerService:
                                    error=(REFUSAL_CODES[event.verdict], event.reason))]
 
     async def _finish(self, conn: Any, run: RunRow, steps: list[Step], status: str,
-                      finished: _Finished, *, answer: str | None = None,
+                      finished: Finished, *, answer: str | None = None,
                       error: tuple[str, str] | None = None,
-                      step: int | None = None) -> tuple[str, msgspec.Struct, str]:
+                      step: int | None = None) -> Effect:
         code, message = error if error else (None, None)
         await self._store.set_status(conn, run, status, step=step, answer=answer,
                                      error_code=code, error_message=message)
@@ -738,7 +428,7 @@ class PlannerService:
         return self._result(run, steps)
 
     def _result(self, run: RunRow, steps: list[Step], *, pending_id: str | None = None,
-                proposal: ProposalView | None = None) -> tuple[str, msgspec.Struct, str]:
+                proposal: ProposalView | None = None) -> Effect:
         actions = [_action_result(s.payload)
                    for s in steps if s.kind == "observation" and "operation_id" in s.payload]
         error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
@@ -756,16 +446,6 @@ class PlannerService:
         return (subjects.result(run.tenant), result,
                 f"result:{run.run_id}:{run.status}:{len(steps)}")
 
-
-def _review_id(run_id: str, step: int) -> str:
-    return f"review-{run_id}-{step}"[:128]
-
-
-def _proposal(run: RunRow, step: int, decision: SelectCapability) -> ProposeCommand:
-    return ProposeCommand(run_id=run.run_id, step=step, tenant=run.tenant,
-                          principal=run.principal, agent=run.agent,
-                          action=action_name(decision.capability)[:512],
-                          arguments=decision.arguments)
 
 
 def _action_result(payload: dict[str, Any]) -> ActionResult:

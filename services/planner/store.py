@@ -5,7 +5,7 @@ critic verdict or tool output, and the proposal a decision became) and every sta
 writes its audit
 journal row (`libs/journal.py`) in the transaction that records it, and only when it recorded
 something: a redelivery journals nothing twice. `read_replay` reads a run back for
-`services/planner/replay.py`. The run's budget reservations in governance are recorded with the
+`services/planner/replay/`. The run's budget reservations in governance are recorded with the
 steps they pay for (`reservations`), so a redelivered step reuses its reservation and what a
 step used is settled even if the planner stopped before it could tell governance.
 """
@@ -20,7 +20,7 @@ import msgspec
 
 from libs.journal import Journal, read_entries
 from schemas.retrieval import EvidenceGathered
-from services.planner.replay import (
+from services.planner.journal_entries import (
     CRITIC,
     DECISION,
     OBSERVATION,

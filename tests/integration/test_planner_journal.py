@@ -16,13 +16,10 @@ from libs.db import connect_pool, load_migrations, provision, role_name, with_da
 from libs.journal import DataKeys, Journal, Sealer, SigningKey
 from schemas.dispatcher import CommandOutcome
 from schemas.retrieval import Evidence, EvidenceGathered
-from services.planner.replay import (
-    ProposalEntry,
-    input_digest,
-    model_input,
-    observation_of,
-    replay_run,
-)
+from services.planner.inputs import input_digest, model_input
+from services.planner.journal_entries import ProposalEntry
+from services.planner.observations import observation_of
+from services.planner.replay import replay_run
 from services.planner.store import PlannerStore, RunRow
 
 pytestmark = pytest.mark.anyio

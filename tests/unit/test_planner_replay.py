@@ -1,4 +1,4 @@
-"""Offline replay of a run from hand-built planner journal entries (services/planner/replay.py)."""
+"""Offline replay of a run from hand-built planner journal entries (services/planner/replay/)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,33 @@ from schemas.admission import ProposalRefused
 from schemas.dispatcher import CommandOutcome
 from schemas.retrieval import ReadItem, ReadRefused, ReadResult
 from services.planner.agents import AgentRegistry, load_manifest
+from services.planner.codes import REFUSAL_CODES
+from services.planner.inputs import critic_input, input_digest, model_input
+from services.planner.journal_entries import (
+    CRITIC,
+    DECISION,
+    OBSERVATION,
+    PROPOSAL,
+    RUN_STARTED,
+    RUN_STATUS,
+    Captured,
+    CriticEntry,
+    DecisionEntry,
+    ObservationEntry,
+    ProposalEntry,
+    RunRecord,
+    RunStartedEntry,
+    StatusEntry,
+    StepRecord,
+)
+from services.planner.observations import (
+    AgentObserved,
+    CriticReplan,
+    ReadObserved,
+    ReviewAnswered,
+    SelectionRefused,
+    observation_of,
+)
 from services.planner.provider import (
     Accept,
     AnswerDirectly,
@@ -21,36 +48,8 @@ from services.planner.provider import (
     RequestHumanReview,
     SelectCapability,
 )
-from services.planner.replay import (
-    CRITIC,
-    DECISION,
-    OBSERVATION,
-    PROPOSAL,
-    REFUSAL_CODES,
-    RUN_STARTED,
-    RUN_STATUS,
-    AgentObserved,
-    Captured,
-    CriticEntry,
-    CriticReplan,
-    DecisionEntry,
-    ObservationEntry,
-    ProposalEntry,
-    ReadObserved,
-    ReviewAnswered,
-    RunRecord,
-    RunStartedEntry,
-    SelectionRefused,
-    StatusEntry,
-    StepRecord,
-    critic_input,
-    input_digest,
-    model_input,
-    observation_of,
-    render,
-    replay_run,
-    selection_outcome,
-)
+from services.planner.replay import render, replay_run
+from services.planner.snapshot import selection_outcome
 
 RUN = "run-1"
 EVIDENCE = [{"document_id": "doc-1", "kind": "ticket", "title": "Delayed shipment",

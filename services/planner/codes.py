@@ -1,0 +1,13 @@
+"""The error codes a run's status change carries (`StatusEntry.error_code`, the host's
+`RunResult.error.code`) that the service sets and the replay expects in the same places."""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["BUDGET_CODE", "REFUSAL_CODES", "REVIEW_CODE"]
+
+REVIEW_CODE: Final = "HUMAN_REVIEW"
+BUDGET_CODE: Final = "BUDGET_EXHAUSTED"
+REFUSAL_CODES: Final = {"deny": "DENIED", "invalid": "INVALID_PROPOSAL", "conflict": "CONFLICT",
+                        "rejected": "REJECTED"}

@@ -1,0 +1,469 @@
+"""The walk of a run's journal entries in chain order (`replay_run`, `__init__.py`): what each
+entry implies comes next (`_Expect`), and what the walk found — divergences and what is missing.
+No I/O here."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from schemas.admission import ProposalRefused
+from schemas.planner import Divergence
+from services.planner.codes import BUDGET_CODE, REFUSAL_CODES, REVIEW_CODE
+from services.planner.inputs import critic_input, input_digest, model_input
+from services.planner.journal_entries import (
+    CRITIC,
+    DECISION,
+    OBSERVATION,
+    PROPOSAL,
+    RUN_STARTED,
+    RUN_STATUS,
+    Captured,
+    CriticEntry,
+    DecisionEntry,
+    ObservationEntry,
+    ProposalEntry,
+    RunStartedEntry,
+    StatusEntry,
+    StepRecord,
+)
+from services.planner.observations import (
+    AgentObserved,
+    CriticReplan,
+    Output,
+    ReadObserved,
+    ReviewAnswered,
+    SelectionRefused,
+    observation_of,
+)
+from services.planner.protocol import action_name
+from services.planner.provider import (
+    AnswerDirectly,
+    CriticVerdict,
+    ModelDecision,
+    Replan,
+    RequestCapabilities,
+    RequestHumanReview,
+)
+from services.planner.snapshot import (
+    agent_call_target,
+    has_critic,
+    read_target,
+    selection_outcome,
+)
+
+__all__ = ["Walk", "canon", "show"]
+
+_TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
+_BUDGET_KINDS: Final = frozenset({"provider_calls", "tokens", "capability_calls", "wall_time",
+                                  "concurrent_steps"})
+_MAX_FINDINGS: Final = 100  # ReplayReport's bound
+
+
+def canon(value: Any) -> bytes:
+    """`value` as JSON with sorted keys, to compare what was captured with what was expected."""
+    return msgspec.json.encode(value, order="sorted")
+
+
+def show(value: Any, limit: int = 160) -> str:
+    """`value` as a finding shows it: canonical JSON, cut to `limit` characters."""
+    text = canon(value).decode()
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class _Expect(msgspec.Struct, kw_only=True):
+    """What the last entry implies comes next."""
+
+    # decide | propose | read | call | refuse | output | review | reviewing | critic | replan
+    # | succeed | fail | resume | ended | unknown
+    what: str
+    step: int | None = None
+    action: str = ""
+    arguments: dict[str, Any] | None = None
+    answer: str | None = None
+    code: str | None = None
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return {
+            "decide": "a model decision",
+            "propose": f"a proposal of {self.action} with arguments {show(self.arguments)}",
+            "refuse": f"the runtime to refuse {self.action} ({self.code}: {show(self.reason)})",
+            "read": f"a read of {self.action} with arguments {show(self.arguments)} observed "
+                    f"(step {self.step})",
+            "call": f"a call of agent {self.action} with arguments {show(self.arguments)} "
+                    f"observed (step {self.step})",
+            "output": f"the captured output of {self.action} (step {self.step})",
+            "review": f"the run to wait for a person's review of step {self.step}",
+            "reviewing": f"a person's answer to the review of step {self.step}",
+            "critic": f"the critic's verdict on the answer of step {self.step}",
+            "replan": f"the critic's reason to plan again (step {self.step}) observed",
+            "succeed": f"the run to succeed with answer {show(self.answer)}",
+            "fail": f"the run to fail with {self.code}: {show(self.reason)}",
+            "resume": "the run to resume once the approved command's outcome arrived",
+            "ended": "nothing more (the run had ended)",
+        }.get(self.what, "an entry the walk cannot predict")
+
+
+_DECODERS: Final[dict[str, type]] = {
+    RUN_STARTED: RunStartedEntry, DECISION: DecisionEntry, PROPOSAL: ProposalEntry,
+    OBSERVATION: ObservationEntry, RUN_STATUS: StatusEntry, CRITIC: CriticEntry,
+}
+
+
+class Walk:
+    """One run's walk: fed each entry in chain order, then told the journal ended."""
+
+    def __init__(self, run_id: str, unsealed: int) -> None:
+        self.run_id, self.unsealed = run_id, unsealed
+        self.divergences: list[Divergence] = []
+        self.missing: list[str] = []
+        self.started: RunStartedEntry | None = None
+        self.status = "running"
+        self.last_status: StatusEntry | None = None
+        self.next_seq = 0
+        self.decisions = 0
+        self.observations: list[dict[str, Any]] = []
+        self.catalog_requested = False
+        self.critics = 0
+        # After a missing step the model inputs that follow cannot be recomputed.
+        self.inputs_known = True
+        self.expect = _Expect(what="decide")
+        self.steps: dict[int, StepRecord] = {}
+
+    def diverged(self, step: int | None, expected: str, found: str) -> None:
+        if len(self.divergences) < _MAX_FINDINGS:
+            self.divergences.append(Divergence(step=step, expected=expected[:512],
+                                               found=found[:512]))
+
+    def lacks(self, what: str) -> None:
+        if len(self.missing) < _MAX_FINDINGS:
+            self.missing.append(what[:512])
+
+    def entry(self, captured: Captured) -> None:
+        kind = _DECODERS.get(captured.kind)
+        if kind is None:
+            self.diverged(None, "a planner journal entry", f"kind {captured.kind!r} "
+                                                           f"(chain seq {captured.seq})")
+            return
+        try:
+            entry = msgspec.convert(captured.payload, kind)
+        except msgspec.ValidationError as exc:
+            self.diverged(None, f"a {captured.kind} entry", f"an unreadable one (chain seq "
+                                                             f"{captured.seq}): {exc}")
+            self.expect = _Expect(what="unknown")
+            return
+        if self.status in _TERMINAL:
+            self.diverged(getattr(entry, "step", getattr(entry, "seq", None)),
+                          str(self.expect), f"a {captured.kind} entry after the run ended")
+        if isinstance(entry, RunStartedEntry):
+            if self.started is not None:
+                self.diverged(None, "one start of the run", "a second run.started entry")
+            else:
+                self.started = entry
+        elif self.started is None:
+            self.lacks("the run's start (the evidence its model saw) was never captured")
+            self.started = RunStartedEntry(request_id="", principal="", agent="", input="",
+                                           evidence=[])
+            self.inputs_known = False
+        if isinstance(entry, DecisionEntry):
+            self.decision(entry)
+        elif isinstance(entry, ProposalEntry):
+            self.proposal(entry)
+        elif isinstance(entry, ObservationEntry):
+            self.observation(entry)
+        elif isinstance(entry, StatusEntry):
+            self.status_change(entry)
+        elif isinstance(entry, CriticEntry):
+            self.critic(entry)
+
+    def at_step(self, seq: int, kind: str) -> bool:
+        """Check a step's position; True if steps before it were never captured."""
+        if seq in self.steps:
+            self.diverged(seq, "each step recorded once", f"a second {kind} at step {seq}")
+        if seq > self.next_seq:
+            lost = (f"step {self.next_seq}" if seq == self.next_seq + 1
+                    else f"steps {self.next_seq}..{seq - 1}")
+            if self.expect.what in ("output", "read"):
+                lost += f" (the tool output of step {self.expect.step})"
+            elif self.expect.what == "decide":
+                lost += " (a model response)"
+            self.lacks(f"{lost} was never captured")
+            self.inputs_known = False
+            return True
+        if seq < self.next_seq:
+            self.diverged(seq, f"step {self.next_seq} next", f"a {kind} at step {seq}")
+        return False
+
+    def decision(self, d: DecisionEntry) -> None:
+        gap = self.at_step(d.seq, "decision")
+        if not gap and self.expect.what not in ("decide", "unknown"):
+            self.diverged(self.expect.step, str(self.expect), f"a model decision at step {d.seq}")
+        if self.inputs_known and self.started is not None:
+            if d.turn != self.decisions:
+                self.diverged(d.seq, f"decision turn {self.decisions}", f"turn {d.turn}")
+            try:
+                digest = input_digest(model_input(
+                    user=self.started.input, evidence=self.started.evidence,
+                    observations=self.observations, turn=self.decisions,
+                    agent=self.started.agent, manifest=self.started.manifest,
+                    catalog_requested=self.catalog_requested))
+            except ValueError as exc:
+                digest = f"none ({exc})"
+            if digest != d.input_digest:
+                self.diverged(d.seq, f"a model input of sha256 {digest} (from the captured "
+                                     "evidence and tool outputs)", f"sha256 {d.input_digest}")
+        self.decisions = d.turn + 1 if not self.inputs_known else self.decisions + 1
+        self.next_seq = d.seq + 1
+        self.steps[d.seq] = StepRecord(seq=d.seq, kind="decision", payload=d.response,
+                                       input_digest=d.input_digest)
+        try:
+            decision = msgspec.convert(d.response, ModelDecision)
+        except msgspec.ValidationError as exc:
+            self.diverged(d.seq, "a model response that decodes as a decision",
+                          f"{show(d.response)}: {exc}")
+            self.expect = _Expect(what="unknown")
+            return
+        if isinstance(decision, AnswerDirectly):
+            verified = has_critic(self.started.manifest if self.started is not None else None)
+            self.expect = _Expect(what="critic" if verified else "succeed", step=d.seq,
+                                  answer=decision.answer)
+        elif isinstance(decision, RequestCapabilities):
+            self.catalog_requested = True
+            self.expect = _Expect(what="decide")
+        elif isinstance(decision, RequestHumanReview):
+            self.expect = _Expect(what="review", step=d.seq, reason=decision.review_prompt)
+        else:
+            refused = selection_outcome(
+                self.started.manifest if self.started is not None else None,
+                agent=self.started.agent if self.started is not None else "",
+                target=decision.capability, arguments=decision.arguments)
+            manifest = self.started.manifest if self.started is not None else None
+            tool = read_target(manifest, decision.capability)
+            callee = agent_call_target(manifest, decision.capability)
+            if refused is not None:
+                self.expect = _Expect(what="refuse", step=d.seq,
+                                      action=decision.capability[:512], code=refused[0],
+                                      reason=refused[1])
+            elif tool is not None:
+                self.expect = _Expect(what="read", step=d.seq, action=tool,
+                                      arguments=decision.arguments)
+            elif callee is not None:
+                self.expect = _Expect(what="call", step=d.seq, action=callee,
+                                      arguments=decision.arguments)
+            else:
+                self.expect = _Expect(what="propose", step=d.seq,
+                                      action=action_name(decision.capability)[:512],
+                                      arguments=decision.arguments)
+
+    def critic(self, c: CriticEntry) -> None:
+        ex = self.expect
+        gap = self.at_step(c.seq, "critic verdict")
+        if not gap and ex.what not in ("critic", "unknown") or (
+                ex.what == "critic" and c.step != ex.step):
+            self.diverged(c.step, str(ex), f"a critic verdict at step {c.seq}")
+        answer = ex.answer if ex.what == "critic" else None
+        if self.inputs_known and self.started is not None and answer is not None:
+            if c.round != self.critics:
+                self.diverged(c.seq, f"critic round {self.critics}", f"round {c.round}")
+            digest = input_digest(critic_input(
+                user=self.started.input, evidence=self.started.evidence,
+                observations=self.observations, answer=answer, round=self.critics,
+                agent=self.started.agent, manifest=self.started.manifest))
+            if digest != c.input_digest:
+                self.diverged(c.seq, f"a critic input of sha256 {digest} (from the captured "
+                                     "answer, evidence and tool outputs)",
+                              f"sha256 {c.input_digest}")
+        self.critics = c.round + 1 if not self.inputs_known else self.critics + 1
+        self.next_seq = c.seq + 1
+        self.steps[c.seq] = StepRecord(seq=c.seq, kind="critic", payload=c.verdict,
+                                       input_digest=c.input_digest)
+        try:
+            verdict = msgspec.convert(c.verdict, CriticVerdict)
+        except msgspec.ValidationError as exc:
+            self.diverged(c.seq, "a critic response that decodes as a verdict",
+                          f"{show(c.verdict)}: {exc}")
+            self.expect = _Expect(what="unknown")
+            return
+        if isinstance(verdict, Replan):
+            self.expect = _Expect(what="replan", step=c.seq, reason=verdict.reason)
+        else:
+            self.expect = _Expect(what="succeed", step=c.step, answer=answer)
+
+    def proposal(self, p: ProposalEntry) -> None:
+        ex = self.expect
+        if ex.what != "propose" or p.step != ex.step:
+            self.diverged(p.step, str(ex), f"a proposal of {p.action} at step {p.step}")
+        else:
+            if p.action != ex.action:
+                self.diverged(p.step, f"a proposal of {ex.action}", f"a proposal of {p.action}")
+            if canon(p.arguments) != canon(ex.arguments):
+                self.diverged(p.step, f"{ex.action} with arguments {show(ex.arguments)}",
+                              f"arguments {show(p.arguments)}")
+        self.expect = _Expect(what="output", step=p.step, action=p.action)
+
+    def observation(self, o: ObservationEntry) -> None:
+        ex = self.expect
+        gap = self.at_step(o.seq, "observation")
+        if not gap and ex.what != "unknown" and not (
+                ex.what in ("output", "read", "call", "refuse", "reviewing", "replan")
+                and o.step == ex.step):
+            self.diverged(ex.step if ex.step is not None else o.step, str(ex),
+                          f"a tool output of step {o.step}")
+        self.next_seq = o.seq + 1
+        self.steps[o.seq] = StepRecord(seq=o.seq, kind="observation", payload=o.observation)
+        self.observations.append(o.observation)
+        try:
+            output = msgspec.convert(o.output, Output)
+        except msgspec.ValidationError as exc:
+            self.diverged(o.seq, "a captured tool output (an outcome or a refusal)",
+                          f"{show(o.output)}: {exc}")
+            self.expect = _Expect(what="unknown")
+            return
+        if output.run_id != self.run_id or output.step != o.step:
+            self.diverged(o.seq, f"the output of run {self.run_id} step {o.step}",
+                          f"the output of run {output.run_id} step {output.step}")
+        derived = observation_of(output)
+        if canon(derived) != canon(o.observation):
+            self.diverged(o.seq, f"the observation {show(derived)} (from the captured output)",
+                          f"{show(o.observation)}")
+        if isinstance(output, ReadObserved):
+            if ex.what != "read":
+                self.diverged(o.step, str(ex), f"a read of {output.tool} at step {output.step}")
+            elif output.tool != ex.action or canon(output.arguments) != canon(ex.arguments):
+                self.diverged(o.step, str(ex), f"a read of {output.tool} with arguments "
+                                               f"{show(output.arguments)}")
+            self.expect = _Expect(what="decide")
+            return
+        if isinstance(output, AgentObserved):
+            if ex.what != "call":
+                self.diverged(o.step, str(ex), f"a call of {output.agent} at step {output.step}")
+            elif output.agent != ex.action or canon(output.arguments) != canon(ex.arguments):
+                self.diverged(o.step, str(ex), f"a call of {output.agent} with arguments "
+                                               f"{show(output.arguments)}")
+            self.expect = _Expect(what="decide")
+            return
+        if ex.what in ("read", "call"):
+            self.diverged(o.step, str(ex), f"another tool output of step {o.step}")
+            self.expect = _Expect(what="unknown")
+            return
+        if isinstance(output, SelectionRefused):
+            if ex.what == "refuse" and (output.check, output.reason) != (ex.code, ex.reason):
+                self.diverged(o.step, str(ex), f"the runtime refused {output.target} "
+                                               f"({output.check}: {show(output.reason)})")
+            elif ex.what in ("propose", "output"):
+                self.diverged(o.step, str(ex), f"the runtime refused {output.target}")
+            self.expect = _Expect(what="decide")
+            return
+        if isinstance(output, CriticReplan):
+            if ex.what != "replan" or output.reason != ex.reason:
+                self.diverged(o.step, str(ex), f"the critic's replan of step {output.step}")
+            self.expect = _Expect(what="decide")
+            return
+        if isinstance(output, ReviewAnswered):
+            if ex.what != "reviewing":
+                self.diverged(o.step, str(ex), f"a review answer for step {output.step}")
+            if output.answer == "approve":
+                self.expect = _Expect(what="resume", step=o.step)
+            else:
+                self.expect = _Expect(what="fail", step=o.step, code="REJECTED",
+                                      reason=output.reason)
+            return
+        if ex.what == "output" and output.action != ex.action:
+            self.diverged(o.step, f"the output of {ex.action}", f"the output of {output.action}")
+        if isinstance(output, ProposalRefused):
+            if output.verdict == "ask":
+                self.diverged(o.seq, "an ask to stop the run for a person, not an observation",
+                              "an ask observed")
+            self.expect = _Expect(what="fail", step=o.step,
+                                  code=REFUSAL_CODES.get(output.verdict, "?"),
+                                  reason=output.reason)
+        elif self.status == "awaiting_human":
+            self.expect = _Expect(what="resume", step=o.step)
+        else:
+            self.expect = _Expect(what="decide")
+
+    def status_change(self, s: StatusEntry) -> None:
+        ex = self.expect
+        if s.status == "awaiting_human" and ex.what == "review":
+            if s.step != ex.step or (s.error_code, s.error_message) != (REVIEW_CODE, ex.reason):
+                self.diverged(s.step, str(ex), f"the run waiting with {s.error_code}: "
+                                               f"{show(s.error_message)}")
+            self.expect = _Expect(what="reviewing", step=ex.step)
+        elif s.status == "awaiting_human":
+            if ex.what != "output" or (s.step is not None and s.step != ex.step):
+                self.diverged(s.step, str(ex), "the run waiting for a person's decision")
+        elif s.status == "running":
+            if ex.what != "resume":
+                self.diverged(s.step, str(ex), "the run resumed")
+            self.expect = _Expect(what="decide")
+        elif s.status == "succeeded":
+            if ex.what != "succeed":
+                self.diverged(s.step if s.step is not None else ex.step, str(ex),
+                              f"the run succeeded with answer {show(s.answer)}")
+            elif s.answer != ex.answer:
+                self.diverged(ex.step, str(ex), f"the run succeeded with answer {show(s.answer)}")
+        elif s.status == "failed":
+            found = f"the run failed with {s.error_code}: {show(s.error_message)}"
+            if ex.what == "fail":
+                if (s.error_code, s.error_message) != (ex.code, ex.reason):
+                    self.diverged(ex.step, str(ex), found)
+            elif s.error_code == BUDGET_CODE and ex.what in ("decide", "critic", "propose",
+                                                              "read", "call"):
+                # The planner's own cap says how many decisions it took; a budget governance
+                # refused names its kind (the rest is governance's to record).
+                message = s.error_message or ""
+                if message.endswith(" model decisions"):
+                    if message != f"{self.decisions} model decisions":
+                        self.diverged(None, f"the run to fail after {self.decisions} model "
+                                            "decisions", found)
+                elif message.split(":", 1)[0] not in _BUDGET_KINDS:
+                    self.diverged(s.step, "the run to fail naming the budget that ran out",
+                                  found)
+            else:
+                self.diverged(s.step if s.step is not None else ex.step, str(ex), found)
+        elif s.status != "cancelled":
+            self.diverged(s.step, str(ex), f"status {s.status!r}")
+        self.status, self.last_status = s.status, s
+        if s.status in _TERMINAL:
+            self.expect = _Expect(what="ended")
+
+    def end(self) -> None:
+        if self.started is None:
+            self.lacks("nothing of the run was captured")
+        ex, waiting = self.expect, self.unsealed_note()
+        if ex.what in ("refuse", "review", "succeed", "fail", "replan") and not self.unsealed:
+            # Written in the same transaction as the decision or output that implies it.
+            self.diverged(ex.step, str(ex), "nothing")
+        elif ex.what == "propose" and self.status not in _TERMINAL:
+            # Proposed in the transaction after the decision's, once its capability call was
+            # reserved: a planner that stopped in between proposes it when the run resumes.
+            self.lacks(f"the proposal of step {ex.step} was never captured (the run is "
+                       f"{self.status}){waiting}")
+        elif ex.what == "propose" and not self.unsealed:
+            self.diverged(ex.step, str(ex), "nothing")
+        elif ex.what == "read" and self.status not in _TERMINAL:
+            # Read after the decision's transaction: a planner that stopped in between (or a
+            # retrieval that did not answer) reads it when the run resumes.
+            self.lacks(f"the read of step {ex.step} was never captured (the run is "
+                       f"{self.status}){waiting}")
+        elif ex.what == "read" and not self.unsealed:
+            self.diverged(ex.step, str(ex), "nothing")
+        elif ex.what == "call":
+            # The called agent's branch is a run of its own; its end is observed when it ends.
+            self.lacks(f"the end of the agent call of step {ex.step} was never captured (the "
+                       f"run is {self.status}){waiting}")
+        elif ex.what == "output":
+            self.lacks(f"the tool output of step {ex.step} was never captured (the run is "
+                       f"{self.status}){waiting}")
+        elif ex.what == "critic":
+            self.lacks(f"the critic's verdict on the answer of step {ex.step} was never "
+                       f"captured (the run is {self.status}){waiting}")
+        elif self.status not in _TERMINAL:
+            self.lacks(f"the run has not ended (it is {self.status}){waiting}")
+
+    def unsealed_note(self) -> str:
+        return (f"; {self.unsealed} entries of the run are not sealed yet" if self.unsealed
+                else "")
+
