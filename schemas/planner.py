@@ -112,7 +112,9 @@ class StepRecorded(Event):
 
 class BranchChanged(Event):
     """The planner to itself: run `run_id` has something new to do, because a branch it called
-    started (the branch's first step) or a branch of it ended (its answer to observe).
+    started (the branch's first step), a branch of it ended or stopped for a person (its answer
+    to observe, or its wait to share), or a person's answer was recorded outside the inbox and
+    the step after it is to be taken (retried) here.
 
     It carries no state: the planner reads both runs from its store, so a redelivery or a
     duplicate advances nothing twice.

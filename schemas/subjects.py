@@ -77,7 +77,8 @@ def answer(tenant: str) -> str:
 
 
 def answered(tenant: str) -> str:
-    """Decided pending decisions, from governance to admission."""
+    """Decided pending decisions, from governance: to admission (about a proposal) and to the
+    planner (about a read a run stopped for)."""
     return f"writ.int.answered.{tenant}"
 
 
@@ -178,7 +179,7 @@ INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisi
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
-                      "writ.int.runs.branch.*")
+                      "writ.int.runs.branch.*", "writ.int.answered.*")
 ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",
                        "writ.int.answered.*", "writ.int.approvals.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)

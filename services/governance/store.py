@@ -73,7 +73,9 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
 
 # $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL),
 # $7 the root run (`$5` itself, or the run a branch descends from: its grants and attendance),
-# $8 the call's first argument (an approval stands in for a grant for exactly the call asked).
+# $8 the call's first argument. An approval stands in for a grant for exactly the call a person
+# answered: a proposal's is bound to the proposal (the command admitted from it is what
+# dispatches), any other call's to its first argument.
 _FACTS = """
 SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_families,
        p.developer_mode,
@@ -92,7 +94,8 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                  WHERE r.tenant = $1 AND r.run_id = $7), false) AS attended,
        EXISTS (SELECT 1 FROM governance.pending a
                WHERE a.tenant = $1 AND a.run_id = $5 AND a.tool = $2
-                 AND a.first_argument = $8 AND a.answer_decision_id = $6::uuid
+                 AND (a.proposal_id IS NOT NULL OR a.first_argument = $8)
+                 AND a.answer_decision_id = $6::uuid
                  AND a.answer IN ('once', 'always')) AS approved
 FROM (SELECT 1) AS one LEFT JOIN governance.policy p ON p.tenant = $1
 """

@@ -27,12 +27,13 @@ from libs.decide import DecideUnavailable as GovernanceUnavailable
 from libs.decide import decide
 from libs.errors import RetryableError
 from schemas.governance import AGENT_CALL_PREFIX, DecideRequest, Decision
+from schemas.planner import branch_run_id
 from services.planner.agents import AgentProcess
 from services.planner.budgeting import budget_run_id
 from services.planner.snapshot import branch_of
 from services.planner.store import RunRow
 
-__all__ = ["CallDecider", "DecideUnavailable", "branch_run", "branch_run_id"]
+__all__ = ["CallDecider", "DecideUnavailable", "branch_run"]
 
 
 
@@ -66,11 +67,6 @@ class CallDecider:
             raise DecideUnavailable(str(exc), run_id=run.run_id, agent=callee) from exc
 
 
-def branch_run_id(run_id: str, step: int) -> str:
-    """The branch a run's call at `step` starts: the same on every attempt of that step."""
-    return f"{run_id}.b{step}"
-
-
 def branch_run(caller: RunRow, step: int, callee: AgentProcess,
                arguments: dict[str, Any]) -> RunRow:
     """The branch run a checked, allowed call of `callee` at `step` starts: the callee's
@@ -86,4 +82,5 @@ def branch_run(caller: RunRow, step: int, callee: AgentProcess,
     return RunRow(run_id=run_id, tenant=caller.tenant, request_id=run_id,
                   principal=caller.principal, agent=callee.name,
                   input=str(arguments.get("request", "")), evidence=[], status="running",
-                  answer=None, error_code=None, error_message=None, manifest=snapshot)
+                  answer=None, error_code=None, error_message=None, manifest=snapshot,
+                  attended=caller.attended)

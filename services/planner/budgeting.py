@@ -16,6 +16,11 @@ reservations are made in governance under the root's run id, with step keys that
 branch's own run id (`<root>.b<step>:<seq>:model`), so a branch and its caller draw on one
 remainder and a tiny budget stops both.
 
+A root run's every reservation carries its manifest's budgets (`snapshot.manifest_limit`):
+governance lowers the run's limits to them before it reserves — never raises one — so the
+tightest of governance's limits for the agent, the host's request and the manifest holds from
+the run's first step.
+
 Errors: `BudgetExhausted` and `NoBudget` (libs/budget.py) reach the caller, which stops the run;
 `BudgetUnavailable` is a `RetryableError`: the delivery is retried, the step never starts
 meanwhile (fail closed).
@@ -30,7 +35,7 @@ from nats.aio.client import Client
 
 from libs import budget
 from libs.errors import PermanentError
-from services.planner.snapshot import branch_of
+from services.planner.snapshot import branch_of, manifest_limit
 from services.planner.store import PlannerStore, RunRow
 
 __all__ = ["RunBudgets", "budget_run_id", "step_key"]
@@ -72,6 +77,7 @@ class RunBudgets:
         reserved = await budget.reserve(self._nc, tenant=run.tenant, run_id=budget_run_id(run),
                                         step_key=key, provider_calls=provider_calls,
                                         tokens=tokens, capability_calls=capability_calls,
+                                        limit=manifest_limit(run.manifest),
                                         timeout=self._timeout)
         new = await self._store.hold(conn, run.run_id, key, reserved.reservation_id)
         return reserved.reservation_id, new

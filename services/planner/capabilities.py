@@ -9,12 +9,14 @@ executed. A checked selection is then, by what its target names in the run's cat
   and the proposal journaled); its outcome or refusal arrives on the planner's inbox later;
 - a read tool: read by retrieval (`reads.py`: request/reply on `writ.int.retrieval.read`, after
   governance's `decide` there), and its answer — the items, untrusted and bounded, or why
-  nothing was read — is the next observation (a read a person must allow is observed as not
-  read: the run does not wait for it);
+  nothing was read — is the next observation. A read governance asks a person about stops the
+  run (`Waiting`, with the pending decision) until that person answers: allowed, the same read
+  is made again with their answer as its approval; refused, the refusal is observed;
 - another agent: decided by governance and, if allowed, run as a branch of the run
   (`branches.py`): a run of its own, started with a `BranchChanged` to the planner's inbox,
   whose end wakes the caller with another, and is observed by it (the answer, untrusted and
-  bounded).
+  bounded). A branch that stops for a person stops its caller too (`Waiting`, with the
+  branch's pending decision), until the branch goes on.
 
 Each reserves one capability call of the run's budget (`budgeting.py`) under the step's key, so a
 redelivery reuses it; `NoBudget` from a reservation reaches the service, which stops the run.
@@ -29,10 +31,10 @@ import msgspec
 from opentelemetry.trace import SpanKind, Tracer
 
 from schemas import subjects
-from schemas.planner import BranchChanged, ProposeCommand
-from schemas.retrieval import ReadCapability, ReadRefused
+from schemas.planner import BranchChanged, ProposeCommand, branch_run_id
+from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 from services.planner.agents import AgentRegistry
-from services.planner.branches import CallDecider, branch_run, branch_run_id
+from services.planner.branches import CallDecider, branch_run
 from services.planner.budgeting import RunBudgets, step_key
 from services.planner.effects import AGAIN, Effects
 from services.planner.journal_entries import ProposalEntry
@@ -49,9 +51,23 @@ from services.planner.reads import ReadClient
 from services.planner.snapshot import agent_call_target, read_target
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
-__all__ = ["Capabilities"]
+__all__ = ["Capabilities", "Waiting", "waiting_on"]
 
 log = logging.getLogger("writ.planner")
+
+
+class Waiting(msgspec.Struct, frozen=True, kw_only=True):
+    """The capability call cannot go on before a person decides `pending_id`: the run stops."""
+
+    pending_id: str | None
+    message: str
+
+
+def waiting_on(branch: RunRow) -> Waiting:
+    """What a run whose call started `branch` waits for while the branch waits for a person."""
+    return Waiting(pending_id=branch.pending_id, message=(
+        f"agent {branch.agent} (branch {branch.run_id}) waits for a person: "
+        f"{branch.error_message or ''}")[:1000])
 
 
 class Capabilities:
@@ -80,15 +96,18 @@ class Capabilities:
                  decision.capability[:128], refused[0])
 
     async def act(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
-                  decision: SelectCapability) -> Effects | None:
-        """Act on the checked selection at step `seq`; `AGAIN` once its output is observed.
+                  decision: SelectCapability, *,
+                  approval_id: str | None = None) -> Effects | Waiting | None:
+        """Act on the checked selection at step `seq`; `AGAIN` once its output is observed,
+        `Waiting` if it waits for a person. `approval_id`: a person's answer allowing this
+        very read, after it was asked.
 
         Raises:
             NoBudget: the capability call could not be reserved (nothing ran).
         """
         tool = read_target(run.manifest, decision.capability)
         if tool is not None:
-            return await self._read(conn, run, steps, seq, tool, decision)
+            return await self._read(conn, run, steps, seq, tool, decision, approval_id)
         callee = agent_call_target(run.manifest, decision.capability)
         if callee is not None:
             return await self._call(conn, run, steps, seq, callee, decision)
@@ -108,9 +127,13 @@ class Capabilities:
         return [(subjects.proposal(run.tenant), command, f"proposal:{run.run_id}:{seq}")]
 
     async def _read(self, conn: Any, run: RunRow, steps: list[Step], seq: int, tool: str,
-                    decision: SelectCapability) -> Effects | None:
+                    decision: SelectCapability,
+                    approval_id: str | None = None) -> Effects | Waiting | None:
         """Reserve the capability call (once per step), have retrieval read, and record its
-        answer as the next observation, journaled with it, settling the call.
+        answer as the next observation, journaled with it, settling the call. A read a person
+        must allow is not observed: the call is settled (the reservation is not held across
+        the wait) and the run waits; the read made again once they allowed it is the same
+        call, under the same reservation key.
 
         Raises:
             ReadUnavailable: retrieval gave no final answer; the transaction rolls back (the
@@ -120,12 +143,29 @@ class Capabilities:
         key = step_key(run.run_id, seq, "capability")
         await self._budget.reserve(conn, run, key, capability_calls=1)
         ask = ReadCapability(tenant=run.tenant, run_id=run.run_id, principal=run.principal,
-                             agent=run.agent, tool=tool, arguments=decision.arguments)
+                             agent=run.agent, tool=tool, arguments=decision.arguments,
+                             approval_id=approval_id)
         with self._tracer.start_as_current_span("planner read", kind=SpanKind.CLIENT) as span:
             span.set_attribute("writ.read.tool", tool)
             answer = await self._reads.read(ask)
-            outcome = answer.code.lower() if isinstance(answer, ReadRefused) else "read"
-            span.set_attribute("writ.read.outcome", outcome)
+            span.set_attribute("writ.read.outcome", answer.code.lower()
+                               if isinstance(answer, ReadRefused) else "read")
+        await self._budget.spent(conn, run, key, capability_calls=1)
+        if isinstance(answer, ReadRefused) and answer.code == "ASK":
+            self._metrics.reads.labels("ask").inc()
+            log.info("run %s step %d: %s waits for a person (%s)", run.run_id, seq, tool,
+                     answer.pending_id)
+            return Waiting(pending_id=answer.pending_id,
+                           message=f"{tool} needs a person's decision: {answer.reason}")
+        await self.observe_read(conn, run, steps, seq, tool, decision, answer)
+        return AGAIN
+
+    async def observe_read(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
+                           tool: str, decision: SelectCapability,
+                           answer: ReadResult | ReadRefused) -> None:
+        """Record a read's final answer (the items, or why nothing was read) as the
+        observation of step `seq`, journaled with it."""
+        outcome = answer.code.lower() if isinstance(answer, ReadRefused) else "read"
         output = ReadObserved(run_id=run.run_id, step=seq, tool=tool,
                               arguments=decision.arguments, answer=answer)
         observation = observation_of(output)
@@ -134,12 +174,10 @@ class Capabilities:
                                              observation=observation):
             steps.append(Step(seq=seq + 1, kind="observation", payload=observation))
             self._metrics.reads.labels(outcome).inc()
-        await self._budget.spent(conn, run, key, capability_calls=1)
         log.info("run %s step %d: %s observed (%s)", run.run_id, seq, tool, outcome)
-        return AGAIN
 
     async def _call(self, conn: Any, run: RunRow, steps: list[Step], seq: int, callee: str,
-                    decision: SelectCapability) -> Effects | None:
+                    decision: SelectCapability) -> Effects | Waiting | None:
         """Call another agent as a branch of the run: reserve the capability call, have
         governance decide it, start the branch in this transaction (the call is then spent:
         the branch's own steps reserve what they use), and wake it; once the branch has ended,
@@ -171,12 +209,13 @@ class Capabilities:
             await self._budget.spent(conn, run, key, capability_calls=1)
             log.info("run %s step %d: branch %s of agent %s started", run.run_id, seq,
                      branch.run_id, callee)
-        if branch.status in TERMINAL_RUN or branch.status == "awaiting_human":
+        if branch.status == "awaiting_human":
+            return waiting_on(branch)
+        if branch.status in TERMINAL_RUN:
             answered = branch.status == "succeeded"
             return await self._observe_call(conn, run, steps, AgentObserved(
                 run_id=run.run_id, step=seq, agent=callee, arguments=decision.arguments,
-                outcome="answered" if answered else (
-                    "awaiting_human" if branch.status == "awaiting_human" else "failed"),
+                outcome="answered" if answered else "failed",
                 branch=branch.run_id, answer=branch.answer if answered else None,
                 reason="" if answered else
                 f"{branch.error_code}: {branch.error_message or ''}"[:512]))

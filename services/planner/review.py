@@ -19,6 +19,7 @@ from services.planner.codes import REVIEW_CODE
 from services.planner.effects import Finished
 from services.planner.observations import ReviewAnswered, observation_of
 from services.planner.provider import RequestHumanReview
+from services.planner.snapshot import branch_of
 from services.planner.store import PlannerStore, RunRow, Step
 
 __all__ = ["ReviewRefused", "await_review", "record_answer", "review_id"]
@@ -38,11 +39,13 @@ async def await_review(store: PlannerStore, conn: Any, run: RunRow, seq: int,
     """The model asked for a person at step `seq`: the run waits for an explicit answer.
 
     Returns the run as it now stands (`awaiting_human`)."""
+    pending_id = review_id(run.run_id, seq)
     if await store.set_status(conn, run, "awaiting_human", step=seq, error_code=REVIEW_CODE,
-                              error_message=decision.review_prompt):
-        finished.append(("awaiting_human", REVIEW_CODE))
+                              error_message=decision.review_prompt, pending_id=pending_id):
+        if branch_of(run.manifest) is None:  # a branch's wait is counted as its caller's
+            finished.append(("awaiting_human", REVIEW_CODE))
     return msgspec.structs.replace(run, status="awaiting_human", error_code=REVIEW_CODE,
-                                   error_message=decision.review_prompt)
+                                   error_message=decision.review_prompt, pending_id=pending_id)
 
 
 async def record_answer(store: PlannerStore, conn: Any,

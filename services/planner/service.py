@@ -45,12 +45,13 @@ import msgspec
 from libs.actor import Delivery, run_actor
 from libs.budget import BudgetExhausted, NoBudget
 from libs.bus import ConsumerSpec, publish
-from libs.errors import RetryableError
+from libs.errors import PermanentError, RetryableError
 from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.dispatcher import CommandOutcome
+from schemas.governance import DecisionAnswered
 from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
 from schemas.planner import (
     REVIEW,
@@ -59,12 +60,13 @@ from schemas.planner import (
     ReplayReport,
     ReplayRun,
     ReviewAnswer,
+    branch_run_id,
 )
-from schemas.retrieval import EvidenceGathered
+from schemas.retrieval import EvidenceGathered, ReadRefused
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
-from services.planner.capabilities import Capabilities
+from services.planner.capabilities import Capabilities, Waiting, waiting_on
 from services.planner.codes import BUDGET_CODE, REFUSAL_CODES
 from services.planner.critic import Critic
 from services.planner.effects import AGAIN, Effect, Effects, Finished
@@ -79,16 +81,25 @@ from services.planner.provider import (
     ModelDecision,
     RequestCapabilities,
     RequestHumanReview,
+    SelectCapability,
 )
 from services.planner.reads import ReadClient
 from services.planner.review import await_review, record_answer, review_id
-from services.planner.snapshot import branch_of, has_critic, selection_outcome, snapshot_of
+from services.planner.snapshot import (
+    agent_call_target,
+    branch_of,
+    has_critic,
+    read_target,
+    selection_outcome,
+    snapshot_of,
+)
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
 __all__ = ["PlannerService"]
 
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
-Inbound = EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
+Inbound = (EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
+           | DecisionAnswered)
 log = logging.getLogger("writ.planner")
 _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
 
@@ -152,6 +163,8 @@ class PlannerService:
         event = delivery.message
         if isinstance(event, CommandAdmitted):
             return  # progress, not a step: the outcome is what the model observes
+        if isinstance(event, DecisionAnswered) and event.proposal_id is not None:
+            return  # an answer about a proposal: admission acts on it, the outcome follows
         with self._rt.tracer.start_as_current_span("planner step") as span:
             span.set_attribute("writ.run_id", event.run_id)
             if isinstance(event, EvidenceGathered):
@@ -203,17 +216,32 @@ class PlannerService:
             # The capability call has its outcome (or its refusal): it is over.
             await self._budget.spent(conn, run, step_key(run.run_id, event.step,
                                                          "capability"), capability_calls=1)
+        if isinstance(event, DecisionAnswered):
+            return await self._answered(conn, run, steps, event, finished)
         if run.status in TERMINAL_RUN:
             return [self._result(run, steps)]
         if isinstance(event, ProposalRefused):
             return await self._refused(conn, run, steps, event, finished)
         if run.status == "awaiting_human":
-            if not isinstance(event, CommandOutcome):
+            if isinstance(event, BranchChanged):
+                # A run waiting on a branch that waited for a person: it goes on once the
+                # branch does (its call is then observed), or waits on for what the branch
+                # waits for now.
+                branch = await self._waited_branch(conn, run, steps)
+                if branch is None:
+                    return []
+                if branch.status == "awaiting_human":
+                    waiting = waiting_on(branch)
+                    return await self._wait_for_person(
+                        conn, run, steps, finished, step=steps[-1].seq,
+                        pending_id=waiting.pending_id, message=waiting.message)
+            elif not isinstance(event, CommandOutcome):
                 return []  # still waiting for the person
-            # The person said yes and the command ran: the run goes on from here.
-            await self._store.set_status(conn, run, "running", step=event.step)
+            # The person said yes (and the command ran, or the branch went on): the run goes on
+            # from here.
+            await self._store.set_status(conn, run, "running", step=steps[-1].seq)
             run = msgspec.structs.replace(run, status="running", error_code=None,
-                                          error_message=None)
+                                          error_message=None, pending_id=None)
         if not steps and (refusal := self._agent_refusal(run)) is not None:
             return [await self._finish(conn, run, steps, "failed", finished, error=refusal)]
         return await self._next(conn, run, steps, finished)
@@ -270,6 +298,8 @@ class PlannerService:
                                            error=("CAPABILITY_UNDESCRIBED", str(exc)))]
             except NoBudget as exc:
                 return [await self._out_of_budget(conn, run, steps, finished, exc)]
+            except PermanentError as exc:
+                return [await self._model_failed(conn, run, steps, finished, exc)]
             last, fresh = steps[-1], True
         if isinstance(decision, AnswerDirectly):
             if not has_critic(run.manifest):
@@ -281,6 +311,8 @@ class PlannerService:
                 accepted = await self._critic.accepts(conn, run, steps, last.seq, decision)
             except NoBudget as exc:
                 return [await self._out_of_budget(conn, run, steps, finished, exc)]
+            except PermanentError as exc:
+                return [await self._model_failed(conn, run, steps, finished, exc)]
             if not accepted:
                 return AGAIN  # the critic's reason is the next decision's observation
             return [await self._finish(conn, run, steps, "succeeded", finished,
@@ -298,9 +330,88 @@ class PlannerService:
         if fresh:
             return AGAIN  # the decision is committed before its capability call starts
         try:
-            return await self._capabilities.act(conn, run, steps, last.seq, decision)
+            acted = await self._capabilities.act(conn, run, steps, last.seq, decision)
         except NoBudget as exc:
             return [await self._out_of_budget(conn, run, steps, finished, exc)]
+        if isinstance(acted, Waiting):
+            return await self._wait_for_person(conn, run, steps, finished, step=last.seq,
+                                               pending_id=acted.pending_id,
+                                               message=acted.message)
+        return acted
+
+    async def _answered(self, conn: Any, run: RunRow, steps: list[Step],
+                        event: DecisionAnswered, finished: Finished) -> Effects | None:
+        """A person answered the read the run stopped for (`capabilities.Waiting`): allowed,
+        the same read is made again with the answer as its approval, and its answer observed;
+        refused, the refusal is the observation. Either way the agent decides next. An answer
+        to anything else the run does not wait for now changes nothing.
+
+        Raises:
+            ReadUnavailable: retrieval gave no final answer; the transaction rolls back (the
+                run still waits) and the answer's redelivery reads again.
+        """
+        last = steps[-1] if steps else None
+        if (run.status != "awaiting_human" or run.pending_id != event.pending_id
+                or last is None or last.kind != "decision"):
+            return []
+        decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
+        if not isinstance(decision, SelectCapability) or (
+                tool := read_target(run.manifest, decision.capability)) is None:
+            return []
+        await self._store.set_status(conn, run, "running", step=last.seq)
+        run = msgspec.structs.replace(run, status="running", error_code=None,
+                                      error_message=None, pending_id=None)
+        log.info("run %s step %d: %s answered %s by %s", run.run_id, last.seq, tool,
+                 event.answer, event.answered_by)
+        if event.answer == "deny":
+            await self._capabilities.observe_read(conn, run, steps, last.seq, tool, decision,
+                                                  ReadRefused(
+                run_id=run.run_id, tool=tool, code="DENIED",
+                reason=f"a person refused the read: {event.reason}"[:500],
+                decision_id=event.decision_id, line=event.line))
+            return AGAIN
+        acted = await self._capabilities.act(conn, run, steps, last.seq, decision,
+                                             approval_id=event.decision_id)
+        if isinstance(acted, Waiting):  # asked again (the policy changed meanwhile)
+            return await self._wait_for_person(conn, run, steps, finished, step=last.seq,
+                                               pending_id=acted.pending_id,
+                                               message=acted.message)
+        return acted
+
+    async def _waited_branch(self, conn: Any, run: RunRow, steps: list[Step]) -> RunRow | None:
+        """The branch a waiting run's last decision called, if that is what it waits on."""
+        last = steps[-1] if steps else None
+        if last is None or last.kind != "decision" or (
+                last.payload.get("decision") != "select_capability"):
+            return None
+        if agent_call_target(run.manifest, str(last.payload.get("capability", ""))) is None:
+            return None
+        return await self._store.run(conn, branch_run_id(run.run_id, last.seq))
+
+    async def _wait_for_person(self, conn: Any, run: RunRow, steps: list[Step],
+                               finished: Finished, *, step: int, pending_id: str | None,
+                               message: str, proposal: ProposalView | None = None) -> Effects:
+        """The run stops for a person's decision (`pending_id`). Someone watching: it waits
+        for their answer. Unattended: the run stops here and lists the pending decision."""
+        await self._store.set_status(conn, run, "awaiting_human", step=step,
+                                     error_code="AWAITING_HUMAN", error_message=message,
+                                     pending_id=pending_id)
+        if run.attended:
+            return []  # someone is watching: the run waits for their answer
+        if run.status != "awaiting_human" and branch_of(run.manifest) is None:
+            finished.append(("awaiting_human", "AWAITING_HUMAN"))  # not the same wait again
+        run = msgspec.structs.replace(run, status="awaiting_human", error_code="AWAITING_HUMAN",
+                                      error_message=message, pending_id=pending_id)
+        return [self._result(run, steps, pending_id=pending_id, proposal=proposal)]
+
+    async def _model_failed(self, conn: Any, run: RunRow, steps: list[Step],
+                            finished: Finished, exc: PermanentError) -> Effect:
+        """The provider gave no decision (or verdict) and asking again will not give one: a
+        malformed answer, a refusal, a rejected request. The run fails saying so; nothing is
+        guessed at, and the run is never left running with nobody to drive it."""
+        log.warning("run %s: the model call failed for good: %r", run.run_id, exc)
+        return await self._finish(conn, run, steps, "failed", finished,
+                                  error=("MODEL_FAILED", f"{type(exc).__name__}: {exc}"))
 
     async def _out_of_budget(self, conn: Any, run: RunRow, steps: list[Step],
                              finished: Finished,
@@ -340,11 +451,18 @@ class PlannerService:
                     error=("REJECTED", answer.reason or "the reviewer rejected it"))]
             else:
                 await self._store.set_status(conn, run, "running", step=answer.step)
-                run = msgspec.structs.replace(run, status="running", error_code=None,
-                                              error_message=None)
-                effects = await self._next(conn, run, steps, finished)
+                effects = AGAIN  # the answer is committed before the next decision is asked for
         await announce(self._rt.nc, run, steps[seen:])
-        effects = await self._continue(run.run_id, effects, finished)
+        try:
+            effects = await self._continue(run.run_id, effects, finished)
+        except RetryableError as exc:
+            # The answer is recorded; what follows it cannot be taken now (retrieval or
+            # governance did not answer). The run's inbox takes it from here, retried like any
+            # delivery, rather than leaving the run running with nobody driving it.
+            log.info("run %s: going on after the review in its inbox: %s", run.run_id, exc)
+            effects = [(subjects.branch(run.tenant),
+                        BranchChanged(tenant=run.tenant, run_id=run.run_id),
+                        f"wake:{run.run_id}:{answer.step}")]
         await self._committed(finished, effects)
         result = next((m for _, m, _ in effects if isinstance(m, RunResult)), None)
         return result or RunResult(request_id=run.request_id, run_id=run.run_id,
@@ -395,22 +513,15 @@ class PlannerService:
             # reservation is not held across the wait; governance's clock pauses meanwhile).
             await self._budget.spent(conn, run, step_key(run.run_id, event.step, "capability"),
                                      capability_calls=1)
-            message = f"{event.action} needs a person's decision: {event.reason}"
-            await self._store.set_status(conn, run, "awaiting_human", step=event.step,
-                                         error_code="AWAITING_HUMAN", error_message=message)
-            if run.attended:
-                return []  # someone is watching: the run waits for their answer
-            # Unattended runs never wait: the run stops here and lists the pending decision.
-            if run.status != "awaiting_human":  # not the same ask delivered again
-                finished.append(("awaiting_human", "AWAITING_HUMAN"))
-            run = msgspec.structs.replace(run, status="awaiting_human",
-                                          error_code="AWAITING_HUMAN", error_message=message)
             proposal = None
             if event.proposal_id is not None:
                 proposal = ProposalView(proposal_id=event.proposal_id, action=event.action,
                                         preview=event.preview or {},
                                         expires_at=event.expires_at or "")
-            return [self._result(run, steps, pending_id=event.pending_id, proposal=proposal)]
+            return await self._wait_for_person(
+                conn, run, steps, finished, step=event.step, pending_id=event.pending_id,
+                message=f"{event.action} needs a person's decision: {event.reason}",
+                proposal=proposal)
         # A refusal fails the run; the agent is not called again for it.
         return [await self._finish(conn, run, steps, "failed", finished, step=event.step,
                                    error=(REFUSAL_CODES[event.verdict], event.reason))]
@@ -422,7 +533,8 @@ class PlannerService:
         code, message = error if error else (None, None)
         await self._store.set_status(conn, run, status, step=step, answer=answer,
                                      error_code=code, error_message=message)
-        finished.append((status, code))
+        if branch_of(run.manifest) is None:  # a branch's end is its caller's to observe
+            finished.append((status, code))
         run = msgspec.structs.replace(run, status=status, answer=answer, error_code=code,
                                       error_message=message)
         return self._result(run, steps)

@@ -1,15 +1,20 @@
 """The agent snapshot a run carries (`planner.runs.manifest`, journaled with `run.started`):
 taken from the agent as the run starts, and read back to answer what the run may do — whether a
-critic verifies its answers, where a branch run sits, and what a selection's target names in the
+critic verifies its answers, the limits its manifest sets for its budgets, where a branch run
+sits, and what a selection's target names in the
 run's catalog (a read tool, another agent, else an action) or why it is refused. Shared by the
 service and the replay, so both decide the same from the same snapshot.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import msgspec
+
 from actions import ACTIONS
+from schemas.governance import RunBudget
 from services.planner.agents import AgentProcess
 from services.planner.protocol import agent_target, check_selection, read_tool
 
@@ -17,6 +22,7 @@ __all__ = [
     "agent_call_target",
     "branch_of",
     "has_critic",
+    "manifest_limit",
     "read_target",
     "selection_outcome",
     "snapshot_of",
@@ -28,12 +34,26 @@ def snapshot_of(agent: AgentProcess | None) -> dict[str, Any] | None:
     return None if agent is None else {
         "name": agent.name, "version": agent.manifest.version,
         "responsibility": agent.manifest.responsibility, "catalog": agent.catalog,
-        "critic": agent.manifest.critic}
+        "critic": agent.manifest.critic,
+        "budgets": msgspec.to_builtins(agent.manifest.budgets)}
 
 
 def has_critic(manifest: dict[str, Any] | None) -> bool:
     """Whether the run's agent snapshot has a critic verify its answers."""
     return bool((manifest or {}).get("critic", False))
+
+
+def manifest_limit(manifest: dict[str, Any] | None) -> RunBudget | None:
+    """The limits a root run's manifest sets for its budgets, as governance takes them (each
+    lowers the run's limit, never raises it); None for a branch, which spends its root's
+    budgets under the root's limits, and for a snapshot that sets none."""
+    budgets = (manifest or {}).get("budgets")
+    if budgets is None or branch_of(manifest) is not None:
+        return None
+    return RunBudget(provider_calls=budgets["provider_calls"], tokens=budgets["tokens"],
+                     capability_calls=budgets["capability_calls"],
+                     wall_time_s=math.ceil(budgets["wall_time_s"]),
+                     max_concurrent_steps=budgets["concurrent_steps"])
 
 
 def branch_of(manifest: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -60,6 +60,9 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     attended: bool = False
     # The agent snapshot the run started with (version, responsibility, catalog), or None.
     manifest: dict[str, Any] | None = None
+    # The decision a stopped run waits for a person to take (a pending decision's id, or a
+    # review's), None while it runs or once it ended.
+    pending_id: str | None = None
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,7 +85,7 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
-                "error_code, error_message, attended, manifest")
+                "error_code, error_message, attended, manifest, pending_id")
 
 
 def _run(row: asyncpg.Record) -> RunRow:
@@ -143,9 +146,9 @@ class PlannerStore:
         created = await conn.fetchval(
             "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
             "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
-            "'[]'::jsonb, 'running', false, $7::jsonb) ON CONFLICT DO NOTHING RETURNING true",
+            "'[]'::jsonb, 'running', $8, $7::jsonb) ON CONFLICT DO NOTHING RETURNING true",
             branch.run_id, branch.tenant, branch.request_id, branch.principal, branch.agent,
-            branch.input, json.dumps(branch.manifest))
+            branch.input, json.dumps(branch.manifest), branch.attended)
         if created:
             await self._capture(conn, tenant=branch.tenant, kind=RUN_STARTED,
                                 subject=branch.run_id, run_id=branch.run_id,
@@ -280,14 +283,16 @@ class PlannerStore:
 
     async def set_status(self, conn: asyncpg.Connection, run: RunRow, status: str, *,
                          step: int | None = None, answer: str | None = None,
-                         error_code: str | None = None, error_message: str | None = None
-                         ) -> bool:
-        """Move the run to `status`; False (and nothing journaled) if it was there already."""
+                         error_code: str | None = None, error_message: str | None = None,
+                         pending_id: str | None = None) -> bool:
+        """Move the run to `status` (`pending_id`: the decision it now waits for); False (and
+        nothing journaled) if it was there already."""
         changed = await conn.fetchval(
             "UPDATE planner.runs SET status = $2, answer = $3, error_code = $4, "
-            "error_message = $5, updated_at = now() WHERE run_id = $1 "
-            "AND (status, answer, error_code, error_message) IS DISTINCT FROM ($2, $3, $4, $5) "
-            "RETURNING true", run.run_id, status, answer, error_code, error_message)
+            "error_message = $5, pending_id = $6, updated_at = now() WHERE run_id = $1 "
+            "AND (status, answer, error_code, error_message, pending_id) "
+            "IS DISTINCT FROM ($2, $3, $4, $5, $6) "
+            "RETURNING true", run.run_id, status, answer, error_code, error_message, pending_id)
         if changed:
             await self._capture(conn, tenant=run.tenant, kind=RUN_STATUS, subject=run.run_id,
                                 run_id=run.run_id, payload=StatusEntry(

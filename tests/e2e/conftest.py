@@ -19,11 +19,13 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas import subjects
+from schemas.governance import RunBudget
 from schemas.host import (
     ApprovalResult,
     ApproveProposal,
     CommandResult,
     DecisionResult,
+    HumanDecision,
     ReviewResult,
     RunRequest,
     RunResult,
@@ -82,10 +84,10 @@ class Host:
     def request(self, *, tenant: str = "acme", principal: str = "alice@acme.example",
                 agent: str = "crm-assistant", text: str = "Note the delayed shipment call",
                 request_id: str | None = None, token: str | None = None,
-                attended: bool = False) -> RunRequest:
+                attended: bool = False, budget: RunBudget | None = None) -> RunRequest:
         return RunRequest(request_id=request_id or f"req-{uuid.uuid4().hex[:12]}",
                           token=token or self.stack.token(tenant, principal), agent=agent,
-                          input=text, attended=attended)
+                          input=text, attended=attended, budget=budget)
 
     async def publish(self, body: bytes | RunRequest, *, tenant: str = "acme",
                       msg_id: str | None = None) -> None:
@@ -167,13 +169,31 @@ class Host:
                 await anyio.sleep(0.1)
 
     async def wait_result(self, request_id: str, *, tenant: str = "acme",
-                          timeout: float = 30) -> RunResult:
+                          timeout: float = 30, status: str | None = None) -> RunResult:
+        """The run's first result (its first with `status`, if given)."""
         with anyio.fail_after(timeout):
             while True:
                 found = [r for r in await self.results(request_id, tenant=tenant)
-                         if isinstance(r, RunResult)]
+                         if isinstance(r, RunResult) and status in (None, r.status)]
                 if found:
                     return found[0]
+                await anyio.sleep(0.1)
+
+    async def decide(self, pending_id: str, answer: str = "once", *, tenant: str = "acme",
+                     principal: str = "ops@acme.example", reason: str = "") -> DecisionResult:
+        """Answer a pending decision as an approver (`HumanDecision`) and wait for its
+        `DecisionResult`."""
+        request_id = f"decide-{uuid.uuid4().hex[:12]}"
+        message = HumanDecision(request_id=request_id, pending_id=pending_id, answer=answer,
+                                reason=reason,
+                                token=self.stack.token(tenant, principal, roles=["approver"]))
+        await self.js.publish(subjects.human_decision(tenant), msgspec.json.encode(message),
+                              headers={"Nats-Msg-Id": request_id})
+        with anyio.fail_after(30):
+            while True:
+                for result in await self.results(request_id, tenant=tenant):
+                    if isinstance(result, DecisionResult):
+                        return result
                 await anyio.sleep(0.1)
 
 

@@ -2,7 +2,11 @@
 counts its calls), in a deployment of this module's own: a planner killed right after recording
 a model decision resumes from it on restart without asking the model again, and proposes once;
 a run whose provider-call budget (governance's WRIT_BUDGETS_FILE) runs out during a critic's
-replan fails BUDGET_EXHAUSTED naming it, without another model call.
+replan fails BUDGET_EXHAUSTED naming it, without another model call; a read governance asks a
+person about stops the run, whose host is told the pending decision, until an approver allows
+it and the run reads and goes on; a model answer that is no decision fails the run
+(`MODEL_FAILED`), never left running; and the tightest of governance's limits, the host's
+`RunRequest.budget` and the agent's manifest budgets is the run's budget.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pytest
 from fakes.llm import FakeLlm
 from libs.faults import CRASH_STATUS
 from schemas import subjects
+from schemas.governance import RunBudget
 from schemas.planner import ReplayReport, ReplayRun
 from tests.e2e.conftest import Host
 from writ.stack import Stack
@@ -54,8 +59,11 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
         root = Path(home)
         agents = root / "agents"
         agents.mkdir()
+        lookup = {**_manifest("lookup-assistant"),
+                  "uses": [{"kind": "tool", "name": "crm.customer.get"}],
+                  "budgets": {"provider_calls": 5, "capability_calls": 3}}
         for manifest in (_manifest("crm-assistant"),
-                         _manifest("frugal-assistant", critic=True)):
+                         _manifest("frugal-assistant", critic=True), lookup):
             (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
         key = root / "model.key"
         key.write_text(token)
@@ -203,3 +211,88 @@ async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(
         ReplayRun(tenant="acme", run_id=result.run_id)), timeout=10)
     report = msgspec.json.decode(reply.data, type=ReplayReport)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
+
+
+LOOKUP = {"next": {"decision": "select_capability", "capability": "tool:crm.customer.get",
+                   "arguments": json.dumps({"customer_id": "ACME-42"})}}
+
+
+async def test_a_read_a_person_must_allow_stops_the_run_until_an_approver_allows_it(
+        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    script(model, LOOKUP, {"next": {"decision": "answer_directly",
+                                    "answer": "ACME-42 is active."}})
+    request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?")
+    await host.publish(request, msg_id=request.request_id)
+    try:
+        stopped = await host.wait_result(request.request_id, status="awaiting_human",
+                                         timeout=60)
+    except TimeoutError:
+        raise AssertionError((await host.results(request.request_id),
+                              stack.log_tail("planner"), stack.log_tail("ingress"))) from None
+
+    assert stopped.error is not None and stopped.error.code == "AWAITING_HUMAN", stopped
+    assert stopped.pending_id is not None and stopped.run_id is not None
+    assert [k for k, _ in await steps(db, stopped.run_id)] == ["decision"]  # nothing read yet
+    pending = await db.fetchrow("SELECT tool, first_argument, run_id FROM governance.pending "
+                                "WHERE pending_id::text = $1", stopped.pending_id)
+    assert tuple(pending) == ("crm.customer.get", "ACME-42", stopped.run_id)
+
+    taken = await host.decide(stopped.pending_id, "once")
+    assert taken.accepted, taken
+    result = await host.wait_result(request.request_id, status="succeeded", timeout=60)
+    assert result.answer == "ACME-42 is active."
+    recorded = await steps(db, stopped.run_id)
+    assert [k for k, _ in recorded] == ["decision", "observation", "decision"]
+    assert [i["id"] for i in recorded[1][1]["items"]] == ["ACME-42"]
+    decided = await db.fetch("SELECT tool, verdict, line FROM governance.decisions "
+                             "WHERE run_id = $1 ORDER BY decided_at", stopped.run_id)
+    assert [(d["tool"], d["verdict"]) for d in decided] == [
+        ("crm.customer.get", "ask"), ("crm.customer.get", "allow"),
+        ("crm.customer.get", "allow")]
+
+
+async def test_the_tightest_of_governance_the_host_and_the_manifest_is_the_runs_budget(
+        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    before = calls(model)
+    script(model, LOOKUP)
+    # The host asks fewer capability calls than anyone else and more provider calls than the
+    # manifest's 5: it gets its own 0 and the manifest's 5.
+    request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?",
+                           budget=RunBudget(capability_calls=0, provider_calls=40))
+    await host.publish(request, msg_id=request.request_id)
+    result = await host.wait_result(request.request_id, timeout=60)
+
+    assert result.status == "failed", result
+    assert result.error is not None and result.error.code == "BUDGET_EXHAUSTED"
+    assert result.error.message.startswith("capability_calls: "), result.error
+    assert calls(model) - before == 1  # the model chose the read; nothing was read
+    limits = await db.fetchrow("SELECT provider_calls, capability_calls, wall_time_s "
+                               "FROM governance.budgets WHERE run_id = $1", result.run_id)
+    assert tuple(limits) == (5, 0, 300)  # manifest, host, manifest (the default 300 s)
+    assert await db.fetchval("SELECT count(*) FROM governance.pending WHERE run_id = $1",
+                             result.run_id) == 0
+
+
+async def test_a_model_answer_that_is_no_decision_fails_the_run_saying_so(
+        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    # Arguments as an object where the strict schema has a JSON string: never guessed at.
+    script(model, {"next": {"decision": "select_capability",
+                            "capability": "tool:crm.customer.get",
+                            "arguments": {"customer_id": "ACME-42"}}})
+    request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?")
+    await host.publish(request, msg_id=request.request_id)
+    result = await host.wait_result(request.request_id, timeout=60)
+
+    assert result.status == "failed", result
+    assert result.error is not None and result.error.code == "MODEL_FAILED"
+    assert result.error.message.startswith("MalformedDecision: ")
+    assert result.run_id is not None
+    assert await steps(db, result.run_id) == []  # nothing of it was taken as a decision
+    run = await db.fetchrow("SELECT status, error_code FROM planner.runs WHERE run_id = $1",
+                            result.run_id)
+    assert tuple(run) == ("failed", "MODEL_FAILED")
+    # The model call is paid for, and nothing else is held.
+    reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
+                                  "WHERE run_id = $1", result.run_id)
+    assert [(r["step_key"].removeprefix(f"{result.run_id}:"), r["status"])
+            for r in reservations] == [("0:model", "settled")]

@@ -3,7 +3,10 @@ governance's real endpoints on a real nats-server and PostgreSQL: the call is re
 anything runs unless the callee lists the caller in `callable_by`, is not too deep and closes no
 cycle; an allowed call (governance's `decide` first) runs as a branch run with its own steps
 — its model never sees the caller's input, evidence or observations, the caller sees only the
-branch's answer — that spends the root run's budgets, so a tiny budget stops both. The
+branch's answer — that spends the root run's budgets, so a tiny budget stops both; a branch that
+stops for a person stops its caller for the same decision until it goes on, the root's run
+grants cover the branch's reads, and a branch's proposal is the branch's, its outcome observed
+by the branch; only the root run counts among the runs finished. The
 `BranchChanged` messages the planner publishes to itself are handed back to
 `PlannerService.handle` in order, as its inbox would."""
 
@@ -21,7 +24,8 @@ from libs.journal import Sealer, SigningKey
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
-from schemas.planner import BranchChanged
+from schemas.dispatcher import CommandOutcome
+from schemas.planner import BranchChanged, ProposeCommand
 from services.planner.agents import AgentRegistry, load_manifest
 from services.planner.provider import (
     AnswerDirectly,
@@ -52,9 +56,12 @@ DONE = AnswerDirectly(answer="Told the customer: 49 EUR.")
 
 
 def manifest(name: str, *, calls: tuple[str, ...] = (), callable_by: tuple[str, ...] = (),
-             provider_calls: int = 8) -> dict[str, Any]:
+             provider_calls: int = 8, tools: tuple[str, ...] = (),
+             actions: tuple[str, ...] = ()) -> dict[str, Any]:
     return {"name": name, "version": "1.0.0", "responsibility": f"Be {name}.",
-            "uses": [{"kind": "agent", "name": c, "description": f"Asks {c}."} for c in calls],
+            "uses": [{"kind": "agent", "name": c, "description": f"Asks {c}."} for c in calls]
+            + [{"kind": "tool", "name": t} for t in tools]
+            + [{"kind": "action", "name": a} for a in actions],
             "callable_by": list(callable_by), "budgets": {"provider_calls": provider_calls}}
 
 
@@ -87,7 +94,7 @@ class Planner:
         self.svc = PlannerService(rt=rt, store=PlannerStore(env.planner_pool,
                                                             journal=env.journal),
                                   provider=provider, agents=agents, reserve_tokens=100)
-        self.env = env
+        self.env, self.registry = env, rt.registry
         self.inbox: list[BranchChanged] = []
 
     async def __aenter__(self) -> Planner:
@@ -100,14 +107,18 @@ class Planner:
     async def __aexit__(self, *exc: object) -> None:
         await self._sub.unsubscribe()
 
-    async def drive(self, run_id: str, agent: str) -> None:
+    async def drive(self, run_id: str, agent: str, *, grants: tuple[str, ...] = ()) -> None:
         """Start `run_id` and deliver what the planner sent itself until nothing is left."""
-        started = await register(self.env, run_id)
+        started = await register(self.env, run_id, grants=grants)
         started = msgspec.structs.replace(started, agent=agent,
                                           evidence=[{"document_id": "d-1", "kind": "ticket",
                                                      "title": "Order", "text": SECRET,
                                                      "rank": 1.0}])
-        await self.svc.handle(_Delivery(started))
+        await self.deliver(started)
+
+    async def deliver(self, message: Any) -> None:
+        """Hand `message` to the planner, then what it sent itself until nothing is left."""
+        await self.svc.handle(_Delivery(message))
         for _ in range(20):
             await self.env.nc.flush()
             if not self.inbox:
@@ -251,3 +262,91 @@ async def test_a_call_governance_denies_is_observed_and_no_branch_runs(env: Env)
     assert await env.run("run-b6.b0") is None and "billing" not in provider.inputs
     assert ("0:capability", "settled", 1) in await env.reservations("run-b6")
     assert (await env.run("run-b6"))["status"] == "succeeded"
+
+
+CUSTOMER = SelectCapability(capability="tool:crm.customer.get",
+                            arguments={"customer_id": "ACME-42"})
+
+
+def finished(p: Planner, status: str) -> float:
+    return p.registry.get_sample_value("writ_planner_runs_finished_total",
+                                       {"status": status}) or 0.0
+
+
+async def test_a_branch_that_stops_for_a_person_stops_its_caller_until_it_goes_on(
+        env: Env) -> None:
+    provider = Recording({"front": [ASK_BILLING, DONE], "billing": [CUSTOMER, BILLED]})
+    async with Planner(env, provider, [
+            manifest("front", calls=("billing",)),
+            manifest("billing", callable_by=("front",), tools=("crm.customer.get",))]) as p:
+        await p.drive("run-b7", "front")
+        run, branch = await env.run("run-b7"), await env.run("run-b7.b0")
+        # The branch's read waits for a person, and so does its caller, for the same decision.
+        assert (branch["status"], run["status"]) == ("awaiting_human", "awaiting_human")
+        pending = await env.db.fetchval("SELECT pending_id::text FROM governance.pending "
+                                        "WHERE run_id = 'run-b7.b0'")
+        assert run["pending_id"] == branch["pending_id"] == pending
+        assert "agent billing (branch run-b7.b0) waits for a person" in run["error_message"]
+        assert [k for k, _ in await env.steps("run-b7")] == ["decision"]
+        # One run stopped for a person, as the host sees it: the branch is not counted.
+        assert finished(p, "awaiting_human") == 1
+
+        await p.deliver(await reads._answer(env, pending, "once"))
+
+    branch = await env.run("run-b7.b0")
+    assert (branch["status"], branch["answer"]) == ("succeeded", BILLED.answer)
+    assert [k for k, _ in await env.steps("run-b7.b0")] == [
+        "decision", "observation", "decision"]
+    run = await env.run("run-b7")
+    assert (run["status"], run["answer"], run["pending_id"]) == ("succeeded", DONE.answer, None)
+    steps = await env.steps("run-b7")
+    assert steps[1][1]["answer"] == BILLED.answer
+    assert (finished(p, "succeeded"), finished(p, "awaiting_human")) == (1, 1)
+
+
+async def test_a_run_grant_of_the_root_covers_its_branchs_reads(env: Env) -> None:
+    provider = Recording({"front": [ASK_BILLING, DONE], "billing": [CUSTOMER, BILLED]})
+    async with Planner(env, provider, [
+            manifest("front", calls=("billing",)),
+            manifest("billing", callable_by=("front",), tools=("crm.customer.get",))]) as p:
+        await p.drive("run-b8", "front", grants=("read_personal",))
+
+    assert await env.decided("run-b8.b0") == [("crm.customer.get", "allow")]
+    observed = (await env.steps("run-b8.b0"))[1][1]
+    assert [i["id"] for i in observed["items"]] == ["ACME-42"]
+    assert (await env.run("run-b8"))["status"] == "succeeded"
+
+
+async def test_a_branchs_proposal_goes_to_admission_and_its_outcome_back_to_the_branch(
+        env: Env) -> None:
+    note = SelectCapability(capability="action:crm.note.create",
+                            arguments={"customer_id": "ACME-42", "body": "Owes 49 EUR."})
+    provider = Recording({"front": [ASK_BILLING, DONE], "billing": [note, BILLED]})
+    proposals: list[ProposeCommand] = []
+
+    async def collect(msg: Any) -> None:
+        proposals.append(msgspec.json.decode(msg.data, type=ProposeCommand))
+
+    sub = await env.nc.subscribe(subjects.proposal("acme"), cb=collect)
+    async with Planner(env, provider, [
+            manifest("front", calls=("billing",)),
+            manifest("billing", callable_by=("front",), actions=("crm.note.create",))]) as p:
+        await p.drive("run-b9", "front")
+        await env.nc.flush()
+        # Proposed by the branch, as the branch: its outcome is the branch's to observe.
+        [proposed] = proposals
+        assert (proposed.run_id, proposed.step, proposed.agent, proposed.action) == (
+            "run-b9.b0", 0, "billing", "crm.note.create")
+        assert (await env.run("run-b9"))["status"] == "running"  # waiting on its branch
+        await p.deliver(CommandOutcome(tenant="acme", operation_id="op-b9", run_id="run-b9.b0",
+                                       step=0, action="crm.note.create", state="succeeded",
+                                       receipt="note-9"))
+    await sub.unsubscribe()
+
+    branch_steps = await env.steps("run-b9.b0")
+    assert branch_steps[1][1]["state"] == "succeeded"
+    assert (await env.run("run-b9.b0"))["status"] == "succeeded"
+    run = await env.run("run-b9")
+    assert (run["status"], run["answer"]) == ("succeeded", DONE.answer)
+    # The branch's capability call is the root run's to pay.
+    assert ("run-b9.b0:0:capability", "settled", 1) in await env.reservations("run-b9")

@@ -2,9 +2,10 @@
 endpoints, on a real nats-server (this module's own) and PostgreSQL: a checked read selection
 reserves a capability call, is read by retrieval after governance's `decide`, and its answer is
 the next observation — untrusted data in the model input, journaled, replayed identical; a
-refused read is observed as not executed; no answer from retrieval is a retry, never a result;
-a capability budget that ran out reads nothing. Deliveries are handed to `PlannerService.handle`
-directly (the actor loop is libs/actor.py's, tested on its own)."""
+refused read is observed as not executed; a read a person must allow stops the run until they
+answer it, then is read under that answer (or observed refused); no answer from retrieval is a
+retry, never a result; a capability budget that ran out reads nothing. Deliveries are handed
+to `PlannerService.handle` directly (the actor loop is libs/actor.py's, tested on its own)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,11 @@ from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
 from schemas.dispatcher import CommandOutcome
-from schemas.governance import RegisterRun, RunBudget, RunRegistered
+from schemas.governance import DecisionAnswered, RegisterRun, RunBudget, RunRegistered
 from schemas.planner import StepRecorded
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
 from services.governance.service import GovernanceService
-from services.governance.store import GovernanceStore
+from services.governance.store import Answered, GovernanceStore
 from services.planner.agents import AgentRegistry, load_manifest
 from services.planner.provider import (
     AnswerDirectly,
@@ -96,6 +97,7 @@ class Env(msgspec.Struct, kw_only=True):
     retrieval_pool: Any
     journal: Journal
     unique: str
+    governance: GovernanceStore
     retrieval: Any = None  # the micro service serving retrieval's read endpoint
 
     def service(self, provider: Recording, *, read_timeout: float = 2.0) -> PlannerService:
@@ -173,13 +175,14 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
         "notes) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         [(c["tenant"], c["customer_id"], c["name"], c["owner"], c["email"], c["status"],
           c["notes"]) for c in customers])
+    governance_store = GovernanceStore(pools["governance"], journal=Journal(
+        service="governance", keys=DataKeys.from_json(DataKeys.generate("g1"))))
     governance = GovernanceService(
         rt=Runtime(name="governance", nc=nc, js=nc.jetstream(), registry=CollectorRegistry(),
                    tracer_provider=make_tracer_provider("governance")),
-        store=GovernanceStore(pools["governance"], journal=Journal(
-            service="governance", keys=DataKeys.from_json(DataKeys.generate("g1")))))
+        store=governance_store)
     governance_micro = await _serve(nc, "governance", governance.endpoints(), unique)
-    env = Env(nc=nc, db=admin, planner_pool=pools["planner"],
+    env = Env(nc=nc, db=admin, planner_pool=pools["planner"], governance=governance_store,
               retrieval_pool=pools["retrieval"], unique=unique,
               journal=Journal(service="planner", keys=DataKeys.from_json(DataKeys.generate("p1"))))
     await env.serve_retrieval()
@@ -192,9 +195,10 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
     await nc.drain()
 
 
-async def register(env: Env, run_id: str, **limits: int) -> EvidenceGathered:
+async def register(env: Env, run_id: str, *, grants: tuple[str, ...] = (),
+                   **limits: int) -> EvidenceGathered:
     run = RegisterRun(tenant="acme", run_id=run_id, principal="alice@acme", agent="reader",
-                      budget=RunBudget(**limits) if limits else None)
+                      budget=RunBudget(**limits) if limits else None, grants=list(grants))
     reply = await env.nc.request(subjects.REGISTER_RUN, msgspec.json.encode(run), timeout=5)
     assert msgspec.json.decode(reply.data, type=RunRegistered).run_id == run_id
     return EvidenceGathered(run_id=run_id, request_id=f"req-{run_id}", tenant="acme",
@@ -277,19 +281,84 @@ async def test_a_denied_read_is_observed_and_nothing_is_read(env: Env) -> None:
     assert ("0:capability", "settled", 1) in await env.reservations("run-r2")
 
 
-async def test_a_read_a_person_must_allow_is_observed_not_waited_for(env: Env) -> None:
+async def _answer(env: Env, pending_id: str, answer: str) -> DecisionAnswered:
+    """A person's answer, as governance records and announces it."""
+    answered = await env.governance.answer(tenant="acme", pending_id=pending_id, answer=answer,
+                                           answered_by="ops@acme", reason="checked")
+    assert isinstance(answered, Answered), answered
+    return DecisionAnswered(tenant="acme", pending_id=pending_id, run_id=answered.run_id,
+                            proposal_id=None, answer=answer, reason=answered.reason,
+                            answered_by=answered.answered_by, decision_id=answered.decision_id,
+                            line=answered.line, policy_version=answered.policy_version)
+
+
+async def test_a_read_a_person_must_allow_stops_the_run_until_they_answer(env: Env) -> None:
     provider = Recording([CUSTOMER, DONE])
     svc = env.service(provider)
     await svc.handle(_Delivery(await register(env, "run-r3")))
 
+    # Stopped at the selection: nothing observed, nothing of the record read.
+    assert [k for k, _ in await env.steps("run-r3")] == ["decision"]
+    run = await env.run("run-r3")
+    assert (run["status"], run["error_code"]) == ("awaiting_human", "AWAITING_HUMAN")
+    pending = await env.db.fetchrow("SELECT * FROM governance.pending WHERE run_id = 'run-r3'")
+    assert run["pending_id"] == str(pending["pending_id"])
+    assert (pending["tool"], pending["first_argument"]) == ("crm.customer.get", "ACME-42")
+    assert ("0:capability", "settled", 1) in await env.reservations("run-r3")
+    assert len(provider.inputs) == 1
+
+    # An answer to something else changes nothing.
+    other = await _answer(env, await _pending_read(env, "run-r3-other"), "once")
+    await svc.handle(_Delivery(msgspec.structs.replace(other, run_id="run-r3")))
+    assert (await env.run("run-r3"))["status"] == "awaiting_human"
+
+    # Allowed: the same read, made again under the answer, is observed; the agent goes on.
+    answered = await _answer(env, run["pending_id"], "once")
+    await svc.handle(_Delivery(answered))
     steps = await env.steps("run-r3")
     assert [k for k, _ in steps] == ["decision", "observation", "decision"]
     observed = steps[1][1]
+    assert (observed["tool"], observed["executed"]) == ("crm.customer.get", True)
+    assert [i["id"] for i in observed["items"]] == ["ACME-42"]
+    run = await env.run("run-r3")
+    assert (run["status"], run["answer"], run["pending_id"]) == (
+        "succeeded", DONE.answer, None)
+    assert await env.decided("run-r3") == [
+        ("crm.customer.get", "ask"), ("crm.customer.get", "allow"),
+        ("crm.customer.get", "allow")]  # the ask, the person's answer, the read under it
+    # Delivered again: nothing is read or decided twice.
+    await svc.handle(_Delivery(answered))
+    assert len(await env.steps("run-r3")) == 3 and len(await env.decided("run-r3")) == 3
+    assert len(provider.inputs) == 2
+
+
+async def _pending_read(env: Env, run_id: str) -> str:
+    """A pending read decision of another run (an answer the run under test never waited for)."""
+    reply = await env.nc.request(subjects.READ, msgspec.json.encode(ReadCapability(
+        tenant="acme", run_id=run_id, principal="alice@acme", agent="reader",
+        tool="crm.customer.get", arguments={"customer_id": "ACME-42"})), timeout=5)
+    asked = msgspec.json.decode(reply.data, type=ReadRefused)
+    assert asked.code == "ASK" and asked.pending_id is not None
+    return asked.pending_id
+
+
+async def test_a_read_a_person_refused_is_observed_as_refused(env: Env) -> None:
+    provider = Recording([CUSTOMER, DONE])
+    svc = env.service(provider)
+    await svc.handle(_Delivery(await register(env, "run-r5")))
+    run = await env.run("run-r5")
+    await svc.handle(_Delivery(await _answer(env, run["pending_id"], "deny")))
+
+    steps = await env.steps("run-r5")
+    assert [k for k, _ in steps] == ["decision", "observation", "decision"]
+    observed = steps[1][1]
     assert (observed["tool"], observed["refused"], observed["executed"]) == (
-        "crm.customer.get", "ASK", False)
-    assert observed["pending_id"]  # the person's pending decision, listed by `writ pending`
-    assert "ACME-42" not in json.dumps(observed)  # nothing of the record was read
-    assert (await env.run("run-r3"))["status"] == "succeeded"
+        "crm.customer.get", "DENIED", False)
+    assert observed["reason"] == "a person refused the read: checked"
+    assert "ACME-42" not in json.dumps(observed)
+    assert (await env.run("run-r5"))["status"] == "succeeded"  # the agent went on without it
+    assert await env.decided("run-r5") == [("crm.customer.get", "ask"),
+                                           ("crm.customer.get", "deny")]
 
 
 async def test_arguments_that_do_not_fit_the_tool_are_refused_before_retrieval(
