@@ -11,8 +11,8 @@ import msgspec
 from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
 
 __all__ = ["BRANCH_MARK", "REVIEW", "BranchChanged", "Divergence", "ProposeCommand",
-           "ReplayReport", "ReplayRun", "ReviewAnswer", "StepRecorded", "branch_run_id",
-           "root_run_id"]
+           "ReplayReport", "ReplayRun", "ReviewAnswer", "ReviewTaken", "StepRecorded",
+           "branch_run_id", "root_run_id"]
 
 # Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
 # `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.
@@ -95,6 +95,14 @@ class ReviewAnswer(Command):
     answer: Literal["approve", "reject"]
     reviewer: Principal
     reason: ShortText = ""
+
+
+class ReviewTaken(Event):
+    """The planner's reply to a `ReviewAnswer` it took: where the run stands now. `running`: it
+    goes on (its `RunResult` follows on the host's results when it ends or stops again)."""
+
+    run_id: Id
+    status: Literal["running", "succeeded", "failed", "awaiting_human"]
 
 
 class StepRecorded(Event):

@@ -52,6 +52,7 @@ from schemas.planner import (
     ReplayReport,
     ReplayRun,
     ReviewAnswer,
+    ReviewTaken,
     StepRecorded,
 )
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
@@ -65,7 +66,7 @@ MESSAGES: Final = (
     DecisionResult, RegisterRun, RunRegistered, AnswerDecision, DecisionAnswered, ListPending,
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
-    BudgetSettled, ReviewAnswer, ReviewDecision, ReviewResult,
+    BudgetSettled, ReviewAnswer, ReviewTaken, ReviewDecision, ReviewResult,
     ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"

@@ -34,7 +34,7 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
-from schemas.planner import REVIEW, ProposeCommand, ReviewAnswer
+from schemas.planner import REVIEW, ProposeCommand, ReviewAnswer, ReviewTaken
 from services.ingress.logic import (
     DECODERS,
     NO_REVIEW,
@@ -50,7 +50,7 @@ from services.ingress.logic import (
 
 __all__ = ["IngressService"]
 
-_RUN_RESULT_DECODER = msgspec.json.Decoder(RunResult)
+_REVIEW_TAKEN_DECODER = msgspec.json.Decoder(ReviewTaken)
 INBOX = ConsumerSpec(stream="WRIT_IN", durable="ingress", filter_subjects=subjects.INGRESS_IN)
 
 
@@ -193,7 +193,7 @@ class IngressService:
                                      ) from exc
             headers = reply.headers or {}
             code = headers.get("Nats-Service-Error-Code")
-            status = None if code else _RUN_RESULT_DECODER.decode(reply.data).status
+            status = None if code else _REVIEW_TAKEN_DECODER.decode(reply.data).status
             verdict = review_verdict(code, headers.get("Nats-Service-Error", ""),
                                      answer=decision.answer, run_status=status)
             if verdict is None:

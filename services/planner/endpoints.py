@@ -16,8 +16,7 @@ from opentelemetry.trace import SpanKind
 
 from libs.runtime import Runtime
 from libs.telemetry import extract_context
-from schemas.host import RunResult
-from schemas.planner import ReplayReport, ReplayRun, ReviewAnswer
+from schemas.planner import ReplayReport, ReplayRun, ReviewAnswer, ReviewTaken
 from services.planner.replay import replay_run
 from services.planner.review import ReviewRefused
 from services.planner.store import PlannerStore
@@ -72,13 +71,13 @@ class ReplayEndpoint:
 class ReviewEndpoint:
     """`writ.int.planner.review`: 400 undecodable, 404 no such review waiting."""
 
-    def __init__(self, *, answer: Callable[[ReviewAnswer], Awaitable[RunResult]]) -> None:
+    def __init__(self, *, answer: Callable[[ReviewAnswer], Awaitable[ReviewTaken]]) -> None:
         self._answer = answer
         self._decoder = msgspec.json.Decoder(ReviewAnswer)
         self._encoder = msgspec.json.Encoder()
 
     async def __call__(self, request: Request) -> None:
-        """Answer one review answer with the run's result as it now stands."""
+        """Answer one review answer with where the run stands now."""
         try:
             answer = self._decoder.decode(request.data)
         except msgspec.DecodeError as exc:

@@ -60,6 +60,7 @@ from schemas.planner import (
     ReplayReport,
     ReplayRun,
     ReviewAnswer,
+    ReviewTaken,
     branch_run_id,
 )
 from schemas.retrieval import EvidenceGathered, ReadRefused
@@ -434,7 +435,7 @@ class PlannerService:
                                                       f"{exc}"))
 
 
-    async def answer_review(self, answer: ReviewAnswer) -> RunResult:
+    async def answer_review(self, answer: ReviewAnswer) -> ReviewTaken:
         """A person's explicit answer to the review a run waits for (`review.py`): approve
         resumes the run (the answer is the model's next observation), reject fails it with
         `REJECTED`.
@@ -465,8 +466,9 @@ class PlannerService:
                         f"wake:{run.run_id}:{answer.step}")]
         await self._committed(finished, effects)
         result = next((m for _, m, _ in effects if isinstance(m, RunResult)), None)
-        return result or RunResult(request_id=run.request_id, run_id=run.run_id,
-                                   status="awaiting_human", answer=None)
+        # No result: the run goes on (a proposal's outcome, a branch, or its inbox's retry).
+        return ReviewTaken(run_id=run.run_id,
+                           status="running" if result is None else result.status)
 
     async def _decide(self, conn: Any, run: RunRow, steps: list[Step], *,
                       turn: int) -> ModelDecision:

@@ -19,8 +19,8 @@ from libs.bus import ensure_streams
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
-from schemas.host import ReviewDecision, ReviewResult, RunResult
-from schemas.planner import REVIEW, ReviewAnswer
+from schemas.host import ReviewDecision, ReviewResult
+from schemas.planner import REVIEW, ReviewAnswer, ReviewTaken
 from services.ingress.logic import TenantKey
 from services.ingress.service import IngressService
 from writ.stack import mint_token
@@ -72,8 +72,8 @@ async def test_an_unanswered_or_failed_review_is_retried_until_the_planner_takes
                 "Nats-Service-Error-Code": "500", "Nats-Service-Error": "review answer failed"})
         elif len(asked) >= 4:
             replied.set()
-            await msg.respond(msgspec.json.encode(RunResult(
-                request_id="req-1", run_id="run-1", status="succeeded", answer="Done.")))
+            await msg.respond(msgspec.json.encode(ReviewTaken(run_id="run-1",
+                                                              status="succeeded")))
 
     results = await nc.subscribe(subjects.result("acme"))
     review_sub = await nc.subscribe(REVIEW, cb=planner)

@@ -33,7 +33,7 @@ from libs.telemetry import make_tracer_provider
 from schemas import subjects
 from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecisionAnswered, RegisterRun, RunBudget, RunRegistered
-from schemas.planner import StepRecorded
+from schemas.planner import BranchChanged, ReviewAnswer, ReviewTaken, StepRecorded
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
 from services.governance.service import GovernanceService
 from services.governance.store import Answered, GovernanceStore
@@ -44,6 +44,7 @@ from services.planner.provider import (
     CriticVerdict,
     ModelDecision,
     ModelInput,
+    RequestHumanReview,
     ScriptedProvider,
     SelectCapability,
 )
@@ -345,19 +346,19 @@ async def _pending_read(env: Env, run_id: str) -> str:
 async def test_a_read_a_person_refused_is_observed_as_refused(env: Env) -> None:
     provider = Recording([CUSTOMER, DONE])
     svc = env.service(provider)
-    await svc.handle(_Delivery(await register(env, "run-r5")))
-    run = await env.run("run-r5")
+    await svc.handle(_Delivery(await register(env, "run-rd")))
+    run = await env.run("run-rd")
     await svc.handle(_Delivery(await _answer(env, run["pending_id"], "deny")))
 
-    steps = await env.steps("run-r5")
+    steps = await env.steps("run-rd")
     assert [k for k, _ in steps] == ["decision", "observation", "decision"]
     observed = steps[1][1]
     assert (observed["tool"], observed["refused"], observed["executed"]) == (
         "crm.customer.get", "DENIED", False)
     assert observed["reason"] == "a person refused the read: checked"
     assert "ACME-42" not in json.dumps(observed)
-    assert (await env.run("run-r5"))["status"] == "succeeded"  # the agent went on without it
-    assert await env.decided("run-r5") == [("crm.customer.get", "ask"),
+    assert (await env.run("run-rd"))["status"] == "succeeded"  # the agent went on without it
+    assert await env.decided("run-rd") == [("crm.customer.get", "ask"),
                                            ("crm.customer.get", "deny")]
 
 
@@ -394,6 +395,39 @@ async def test_retrieval_not_answering_is_a_retry_never_a_result(env: Env) -> No
     assert steps[1][1]["executed"] is True
     assert len(provider.inputs) == 2  # the read's decision was not asked again
     assert [k for k, *_ in await env.reservations("run-r5")].count("0:capability") == 1
+
+
+async def test_a_review_approved_while_retrieval_is_down_goes_on_in_the_runs_inbox(
+        env: Env) -> None:
+    review = RequestHumanReview(review_prompt="May I look at the delayed shipment?")
+    provider = Recording([review, READ, DONE])
+    svc = env.service(provider, read_timeout=0.5)
+    await svc.handle(_Delivery(await register(env, "run-rv")))
+    assert (await env.run("run-rv"))["status"] == "awaiting_human"
+    woken: list[BranchChanged] = []
+
+    async def collect(msg: Any) -> None:
+        woken.append(msgspec.json.decode(msg.data, type=BranchChanged))
+
+    sub = await env.nc.subscribe(subjects.branch("acme"), cb=collect)
+    await env.retrieval.stop()
+    taken = await svc.answer_review(ReviewAnswer(tenant="acme", run_id="run-rv", step=0,
+                                                 answer="approve", reviewer="ops@acme"))
+    await env.nc.flush()
+    # The answer and the next decision are committed; the read could not be made now, so the
+    # run's inbox is told to go on (and retries it), instead of nobody driving the run.
+    assert taken == ReviewTaken(run_id="run-rv", status="running")
+    assert [k for k, _ in await env.steps("run-rv")] == ["decision", "observation", "decision"]
+    assert woken == [BranchChanged(tenant="acme", run_id="run-rv")]
+
+    await env.serve_retrieval()
+    await svc.handle(_Delivery(woken[0]))
+    steps = await env.steps("run-rv")
+    assert [k for k, _ in steps] == ["decision", "observation", "decision", "observation",
+                                     "decision"]
+    assert steps[3][1]["executed"] is True
+    assert (await env.run("run-rv"))["status"] == "succeeded"
+    await sub.unsubscribe()
 
 
 async def test_an_unavailable_answer_or_a_failing_retrieval_is_a_retry(env: Env) -> None:

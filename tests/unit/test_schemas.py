@@ -59,6 +59,7 @@ from schemas.planner import (
     ReplayReport,
     ReplayRun,
     ReviewAnswer,
+    ReviewTaken,
     StepRecorded,
 )
 from schemas.retrieval import (
@@ -179,6 +180,7 @@ SAMPLES: dict[type, Any] = {
         missing=["step 1 (the tool output of step 0) was never captured"]),
     ReviewAnswer: ReviewAnswer(tenant="acme", run_id="run-1", step=0, answer="approve",
                                reviewer="ops@acme", reason="the note is right"),
+    ReviewTaken: ReviewTaken(run_id="run-1", status="running"),
     ReviewDecision: ReviewDecision(request_id="rev-1", token="eyJ.x.y",
                                    pending_id="review-run-1-0", answer="reject",
                                    comment="wrong order number"),
