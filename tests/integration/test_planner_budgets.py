@@ -1,8 +1,9 @@
 """The planner's budgets and critic against governance's real endpoints, on a real nats-server
 and PostgreSQL: every provider call and capability call reserves first and settles after; a
 budget that ran out fails the run naming it, without asking the model; a redelivered step reuses
-its reservation; governance not answering is a retry, never an allow; the critic's replan feeds
-back and spends the same budget. Deliveries are handed to `PlannerService.handle` directly (the
+its reservation; governance not answering is a retry, never an allow; steps in flight at the
+concurrency cap hold the next one back (a retry); the critic's replan feeds back and spends the
+same budget. Deliveries are handed to `PlannerService.handle` directly (the
 actor loop is libs/actor.py's, tested on its own)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import asyncpg
 import msgspec
 import nats
@@ -20,6 +22,7 @@ from nats.micro import add_service
 from prometheus_client import CollectorRegistry
 
 from actions import ACTIONS
+from libs import budget
 from libs.budget import BudgetUnavailable
 from libs.bus import ensure_streams
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
@@ -311,3 +314,45 @@ async def test_a_replan_that_runs_out_of_budget_ends_budget_exhausted(env: Env) 
         "decision", "critic", "observation", "decision"]
     assert (provider.decisions, provider.verdicts) == (2, 1)  # the second critic never ran
     assert env.exhausted() == 1.0
+
+
+async def test_parallel_steps_in_flight_hold_the_next_one_back_at_the_concurrency_cap(
+        env: Env) -> None:
+    """Steps of one run in flight at once (its branches, another replica's): governance admits
+    no more of them than the cap, and the planner's next step waits for one to settle — the
+    run is retried, neither failed nor the model asked."""
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    svc = env.service(provider)
+    started = await register(env, "run-b10", "note-assistant")  # governance's cap: 4
+    granted, refused = [], []
+
+    async def step(i: int) -> None:
+        try:
+            granted.append(await budget.reserve(env.nc, tenant="acme", run_id="run-b10",
+                                                step_key=f"run-b10.b{i}:0:model",
+                                                provider_calls=1, tokens=10))
+        except budget.BudgetExhausted as exc:
+            refused.append(exc.kind)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(12):
+            tg.start_soon(step, i)
+    assert (len(granted), refused) == (4, ["concurrent_steps"] * 8)
+
+    # The run's own next step, under its manifest (concurrent_steps 1): held back, retried.
+    with pytest.raises(RetryableError, match="4 steps in flight, at most 1"):
+        await svc.handle(_Delivery(started))
+    assert provider.decisions == 0 and await env.steps("run-b10") == []
+    assert (await env.run("run-b10"))["status"] == "running"
+    assert await env.db.fetchval("SELECT max_concurrent_steps FROM governance.budgets "
+                                 "WHERE run_id = 'run-b10'") == 1
+
+    for held in granted:  # the steps in flight end
+        await budget.settle(env.nc, tenant="acme", run_id="run-b10",
+                            reservation_id=held.reservation_id, provider_calls=1, tokens=10)
+    await svc.handle(_Delivery(started))  # the retry takes the step
+    assert provider.decisions == 1
+    assert [k for k, _ in await env.steps("run-b10")] == ["decision"]
+    open_steps = await env.db.fetchval("SELECT open_steps FROM governance.budgets "
+                                       "WHERE run_id = 'run-b10'")
+    assert open_steps == 1  # the proposal's capability call, until its outcome
