@@ -100,12 +100,13 @@ class DispatcherService:
         self._attempts = Counter("writ_dispatcher_attempts",
                                  "Dispatch attempts finished, by connector and result",
                                  ["connector", "result"], registry=rt.registry)
-        # `how`: "reused" (the admission's allow, policy epoch unchanged) or "asked" (decide).
+        # `outcome`: "reused" (the admission's allow stood: policy epoch unchanged) or "asked"
+        # (decide was asked again).
         self._rechecks = Counter("writ_dispatcher_rechecks",
                                  "Policy re-checks before execution, by how they were answered",
-                                 ["how"], registry=rt.registry)
-        for how in ("reused", "asked"):
-            self._rechecks.labels(how)
+                                 ["outcome"], registry=rt.registry)
+        for outcome in ("reused", "asked"):
+            self._rechecks.labels(outcome)
         self._unknown = Gauge("writ_dispatcher_unknown_commands",
                               "Commands in state unknown, awaiting reconciliation",
                               registry=rt.registry)
