@@ -129,7 +129,8 @@ class AdmissionService:
             operation_id = operation_id_for(p.tenant, p.run_id, p.step, p.operation_key)
             proposal_id = proposal_id_for(p.tenant, p.run_id, p.step)
             span.set_attribute("writ.operation_id", operation_id)
-            existing, recorded = await self._store.known(p.tenant, operation_id, proposal_id)
+            known = await self._store.known(p.tenant, operation_id, proposal_id)
+            existing, recorded = known.command, known.proposal
             if existing is not None:
                 await self._known(p, operation_id, valid.request_hash, existing, replay=True)
                 return
@@ -173,6 +174,7 @@ class AdmissionService:
                 decision=decision, ttl=self._ttl, preview=resolved.preview,
                 expected_revision=p.expected_revision,
                 operation_key=p.operation_key, request_id=p.request_id,
+                policy_epoch=known.policy_epoch,
                 before_commit=lambda: self._rt.faults.crash_if("admission.before_commit"))
             await self._known(p, operation_id, valid.request_hash, admitted.command,
                               replay=not admitted.created)

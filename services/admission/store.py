@@ -15,7 +15,7 @@ from libs.journal import Journal
 from libs.telemetry import inject_context
 from schemas.governance import Decision
 
-__all__ = ["COMMAND_STATES", "AdmissionStore", "Admitted", "Backlog", "OutboxRow",
+__all__ = ["COMMAND_STATES", "AdmissionStore", "Admitted", "Backlog", "Known", "OutboxRow",
            "ProposalRow", "StoredCommand", "new_public_id"]
 
 OUTBOX_CHANNEL = "writ_outbox"
@@ -76,6 +76,15 @@ class ProposalRow(msgspec.Struct, frozen=True, kw_only=True):
     command_reason: str | None
 
 
+class Known(msgspec.Struct, frozen=True, kw_only=True):
+    """What a proposal finds first: its command, its recorded refusal or ask, and the policy
+    epoch before `decide` (None if governance's counter cannot be read)."""
+
+    command: StoredCommand | None
+    proposal: tuple[str, str | None, str] | None
+    policy_epoch: int | None
+
+
 class Backlog(msgspec.Struct, frozen=True, kw_only=True):
     """What the operators' gauges show: commands per state, the outbox's age, waiting asks."""
 
@@ -114,7 +123,8 @@ SELECT public_id FROM recorded
 
 # Seed 001 §4 in one statement: the proposal's pending -> executing claim, the command
 # (ON CONFLICT DO NOTHING: RETURNING yields a row only for the first admission), its outbox row
-# only if the command was created, and the relay's wake-up. $20 is the notification channel.
+# only if the command was created, and the relay's wake-up. $20 is the notification channel,
+# $24 the policy epoch read before `decide` (NULL: the dispatcher's re-check asks again).
 _ADMIT = """
 WITH proposal AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
@@ -130,9 +140,9 @@ WITH proposal AS (
     INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, principal,
         agent, action, action_version, arguments, request_hash, decision_id, decision_line,
         policy_version, expires_at, expected_revision, origin, operation_key, request_id,
-        preview, traceparent)
+        preview, traceparent, policy_epoch)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14, $15, $16, $17,
-            $18, $19, $23::jsonb, $21)
+            $18, $19, $23::jsonb, $21, $24)
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id
 ), queued AS (
@@ -213,9 +223,11 @@ SELECT count(*) FROM moved
 """
 
 
+# With the governance policy epoch as it stands before `decide` is asked (see `known`).
 _KNOWN = f"""
 SELECT c.*, p.state AS proposal_state, p.decision_id::text AS proposal_decision_id,
-       coalesce(p.reason, '') AS proposal_reason
+       coalesce(p.reason, '') AS proposal_reason,
+       (SELECT epoch FROM governance.policy_epoch) AS policy_epoch
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT {_COMMAND_COLUMNS} FROM admission.commands
            WHERE tenant = $1 AND operation_id = $2) AS c ON true
@@ -229,7 +241,7 @@ class AdmissionStore:
     def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
         self._pool, self._journal = pool, journal
         self._insert_proposal = self._journaled(_INSERT_PROPOSAL, 21, "recorded")
-        self._admit = self._journaled(_ADMIT, 24, "admitted")
+        self._admit = self._journaled(_ADMIT, 25, "admitted")
         self._approve = self._journaled(_APPROVE, 11, "admitted")
         self._reject = self._journaled(_MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
         self._expire = self._journaled(
@@ -317,10 +329,13 @@ class AdmissionStore:
                              "request_hash": proposal.request_hash.hex()}))
         return bool(claimed)
 
-    async def known(self, tenant: str, operation_id: str, proposal_id: str
-                    ) -> tuple[StoredCommand | None, tuple[str, str | None, str] | None]:
-        """The command registered under this key and the proposal's recorded state, if any:
-        one round trip for what every proposal must check first."""
+    async def known(self, tenant: str, operation_id: str, proposal_id: str) -> Known:
+        """The command registered under this key and the proposal's recorded state, if any,
+        and governance's policy epoch: one round trip for what every proposal must check first.
+
+        The epoch is read before `decide` is asked, so a change `decide` did not see has a
+        later epoch than this one (the dispatcher compares them).
+        """
         row = await self._pool.fetchrow(_KNOWN, tenant, operation_id, proposal_id)
         assert row is not None
         command = None
@@ -330,7 +345,7 @@ class AdmissionStore:
         if row["proposal_state"] is not None:
             proposal = (row["proposal_state"], row["proposal_decision_id"],
                         row["proposal_reason"])
-        return command, proposal
+        return Known(command=command, proposal=proposal, policy_epoch=row["policy_epoch"])
 
     async def proposal(self, tenant: str, proposal_id: str) -> tuple[str, str | None, str] | None:
         """(state, decision id, reason) of a proposal already recorded, if any."""
@@ -355,8 +370,13 @@ class AdmissionStore:
                     expected_revision: str | None = None,
                     operation_key: str | None = None,
                     request_id: str | None = None,
+                    policy_epoch: int | None = None,
                     before_commit: Callable[[], None] | None = None) -> Admitted:
-        """Proposal -> executing, command and outbox row, in one statement (seed 001 §4)."""
+        """Proposal -> executing, command and outbox row, in one statement (seed 001 §4).
+
+        `policy_epoch` is governance's epoch read before `decide` answered (`known`): while it
+        stands, the dispatcher's re-check is this admission's allow.
+        """
         args_json = json.dumps(arguments)
         expires_at = datetime.now(UTC) + ttl
         origin = "host" if operation_key is not None else "run"
@@ -371,6 +391,7 @@ class AdmissionStore:
                 decision.line, decision.policy_version, expires_at, expected_revision,
                 origin, operation_key, request_id, OUTBOX_CHANNEL,
                 inject_context({}).get("traceparent"), new_public_id(), json.dumps(preview),
+                policy_epoch,
                 *self._entry(tenant, "command.admitted", operation_id, run_id, {
                     "operation_id": operation_id, "proposal_id": proposal_id, "step": step,
                     "principal": principal, "agent": agent, "action": action,
@@ -378,7 +399,7 @@ class AdmissionStore:
                     "request_hash": request_hash.hex(), "decision_id": decision.decision_id,
                     "line": decision.line, "policy_version": decision.policy_version,
                     "expires_at": expires_at, "origin": origin,
-                    "operation_key": operation_key}))
+                    "operation_key": operation_key, "policy_epoch": policy_epoch}))
             if outbox_id is not None:
                 return Admitted(created=True, command=StoredCommand(
                     request_hash=request_hash, state="pending", receipt=None, reason=None,

@@ -36,6 +36,9 @@ class DispatcherSettings(BaseSettings, frozen=True, kw_only=True):
     call_timeout_s: float = 10.0
     sweep_every_s: float = 5.0
     pending_grace_s: float = 60.0
+    # How old an admission's allow may be and still be the re-check before the connector call,
+    # while governance's policy epoch has not moved (0: ask `decide` every time).
+    recheck_reuse_s: float = 30.0
     # The audit journal's keys (libs/journal.py has the formats); required to start.
     journal_signing_key_file: str = ""
     journal_data_keys_file: str = ""
@@ -73,6 +76,7 @@ def main() -> None:
                     lease_s=settings.lease_s, call_timeout_s=settings.call_timeout_s,
                     sweep_every_s=settings.sweep_every_s,
                     pending_grace_s=settings.pending_grace_s,
+                    recheck_reuse_s=settings.recheck_reuse_s,
                     worker=settings.instance or None)
                 await svc.run(task_status=task_status)
         finally:

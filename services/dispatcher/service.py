@@ -74,6 +74,7 @@ class DispatcherService:
                  connectors: dict[str, Connector], lease_s: float = 30.0,
                  call_timeout_s: float = 10.0, sweep_every_s: float = 5.0,
                  pending_grace_s: float = 60.0, decide_timeout_s: float = 2.0,
+                 recheck_reuse_s: float = 30.0,
                  breaker_threshold: int = 3, breaker_cooldown_s: float = 30.0,
                  worker: str | None = None, gauges_every_s: float = 5.0,
                  sealer: Sealer | None = None) -> None:
@@ -82,6 +83,7 @@ class DispatcherService:
         self._lease_s, self._call_timeout_s = lease_s, call_timeout_s
         self._sweep_every_s, self._pending_grace_s = sweep_every_s, pending_grace_s
         self._decide_timeout_s, self._gauges_every_s = decide_timeout_s, gauges_every_s
+        self._recheck_reuse_s = recheck_reuse_s
         self._worker = worker or f"dispatcher-{uuid.uuid4().hex[:8]}"
         self._decoder = msgspec.json.Decoder(DispatchCommand)
         self._encoder = msgspec.json.Encoder()
@@ -98,6 +100,13 @@ class DispatcherService:
         self._attempts = Counter("writ_dispatcher_attempts",
                                  "Dispatch attempts finished, by connector and result",
                                  ["connector", "result"], registry=rt.registry)
+        # `outcome`: "reused" (the admission's allow stood: policy epoch unchanged) or "asked"
+        # (decide was asked again).
+        self._rechecks = Counter("writ_dispatcher_rechecks",
+                                 "Policy re-checks before execution, by how they were answered",
+                                 ["outcome"], registry=rt.registry)
+        for outcome in ("reused", "asked"):
+            self._rechecks.labels(outcome)
         self._unknown = Gauge("writ_dispatcher_unknown_commands",
                               "Commands in state unknown, awaiting reconciliation",
                               registry=rt.registry)
@@ -144,7 +153,8 @@ class DispatcherService:
             span.set_attribute("writ.operation_id", cmd.operation_id)
             self._rt.faults.crash_if("dispatcher.before_claim")
             claim = await self._store.claim(cmd.tenant, cmd.operation_id, worker=self._worker,
-                                            lease_s=self._lease_s)
+                                            lease_s=self._lease_s,
+                                            reuse_decision_s=self._recheck_reuse_s)
             if claim is None:
                 await self._not_claimed(cmd)
             else:
@@ -188,12 +198,24 @@ class DispatcherService:
             await self._finish(claim, None, state="failed", result="failed", receipt=None,
                                reason="the stored command does not decode under its contract")
             return
-        decision = await self._recheck(claim)
-        if decision.verdict != "allow":
-            await self._finish(claim, None, state="denied", result="failed", receipt=None,
-                               reason=f"at dispatch, decide line {decision.line}: "
-                                      f"{decision.reason}")
-            return
+        if claim.decision_current:
+            # Nothing `decide` reads for this call changed since the admission's allow (the
+            # policy epoch stands, read in the claim's snapshot): that allow is the re-check.
+            self._rechecks.labels("reused").inc()
+            claim = msgspec.structs.replace(
+                claim, recheck=f"admission decision {claim.decision_id} "
+                               f"(policy epoch {claim.policy_epoch} unchanged)")
+        else:
+            decision = await self._recheck(claim, arguments)
+            self._rechecks.labels("asked").inc()
+            if decision.verdict != "allow":
+                await self._finish(claim, None, state="denied", result="failed", receipt=None,
+                                   reason=f"at dispatch, decide line {decision.line}: "
+                                          f"{decision.reason}")
+                return
+            claim = msgspec.structs.replace(claim,
+                                            recheck=f"decision {decision.decision_id}")
+        trace.get_current_span().set_attribute("writ.recheck", claim.recheck or "")
         if local:
             await self._execute_local(claim, contract, arguments, preview)
             return
@@ -391,8 +413,10 @@ class DispatcherService:
         log.log(logging.INFO if state == "closed" else logging.WARNING,
                 "circuit breaker for %s is now %s", tool, state)
 
-    async def _recheck(self, claim: Claim) -> Decision:
-        first = next(iter(claim.arguments.values()), "")
+    async def _recheck(self, claim: Claim, arguments: Any) -> Decision:
+        # The first argument in the contract's field order, as admission asked: the stored
+        # jsonb gives its keys back in another order (shortest first).
+        first = next(iter(msgspec.to_builtins(arguments).values()), "")
         ask = DecideRequest(tenant=claim.tenant, principal=claim.principal, agent=claim.agent,
                             run_id=claim.run_id, tool=claim.action,
                             first_argument=first[:512] if isinstance(first, str) else "",
@@ -444,7 +468,8 @@ class DispatcherService:
         done = 0
         for stale in await self._store.stale(pending_grace_s=self._pending_grace_s):
             claim = await self._store.claim(stale.tenant, stale.operation_id,
-                                            worker=self._worker, lease_s=self._lease_s)
+                                            worker=self._worker, lease_s=self._lease_s,
+                                            reuse_decision_s=self._recheck_reuse_s)
             if claim is None:
                 continue  # someone else got there first
             log.info("sweeper re-drives %s:%s (was %s)", stale.tenant, stale.operation_id,

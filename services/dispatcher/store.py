@@ -43,6 +43,13 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     origin: str
     preview: dict[str, Any]
     traceparent: str | None = None  # the trace the command was admitted in
+    # Governance's policy epoch read before the admission's `decide` (None: not recorded).
+    policy_epoch: int | None = None
+    # At the claim: the epoch has not moved since and the admission is recent, so nothing
+    # `decide` reads for this call has changed and the admission's allow is the re-check.
+    decision_current: bool = False
+    # How this holder re-checked the policy, for the attempt's journal row.
+    recheck: str | None = None
 
 
 class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +94,8 @@ class Current(msgspec.Struct, frozen=True, kw_only=True):
     origin: str
 
 
+# $5: how old (seconds) an admission's allow may be and still stand for the re-check (see
+# `Claim.decision_current`); the epoch is read in the claim's own snapshot.
 _CLAIM = """
 UPDATE admission.commands
 SET state = 'dispatching', lease_epoch = lease_epoch + 1, lease_owner = $3,
@@ -96,7 +105,10 @@ WHERE tenant = $1 AND operation_id = $2
 RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, run_id, step,
           principal, agent, action, arguments, expires_at, expected_revision,
           decision_id::text AS decision_id, origin, coalesce(preview, '{}'::jsonb) AS preview,
-          traceparent
+          traceparent, policy_epoch,
+          coalesce(policy_epoch = (SELECT epoch FROM governance.policy_epoch)
+                   AND created_at > now() - make_interval(secs => $5), false)
+              AS decision_current
 """
 
 
@@ -155,10 +167,15 @@ class DispatcherStore:
             await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
                                       run_id=run_id, payload=payload)
 
-    async def claim(self, tenant: str, operation_id: str, *, worker: str,
-                    lease_s: float) -> Claim | None:
-        """Take the lease if the command is pending or its holder's lease expired."""
-        row = await self._pool.fetchrow(_CLAIM, tenant, operation_id, worker, lease_s)
+    async def claim(self, tenant: str, operation_id: str, *, worker: str, lease_s: float,
+                    reuse_decision_s: float = 0.0) -> Claim | None:
+        """Take the lease if the command is pending or its holder's lease expired.
+
+        `reuse_decision_s` > 0: say whether the admission's allow (at most that old, under the
+        policy epoch that still stands) can be the re-check (`Claim.decision_current`).
+        """
+        row = await self._pool.fetchrow(_CLAIM, tenant, operation_id, worker, lease_s,
+                                        reuse_decision_s)
         if row is None:
             return None
         values = dict(row)
@@ -178,8 +195,9 @@ class DispatcherStore:
         """Record that this worker is about to call the connector under this epoch."""
         attempt = await self._pool.fetchval(
             self._start_attempt, claim.tenant, claim.operation_id, claim.lease_epoch, worker,
-            connector, inject_context({}).get("traceparent"), *self._entry(claim, "attempt.started",
-                                    {"worker": worker, "connector": connector}))
+            connector, inject_context({}).get("traceparent"), *self._entry(
+                claim, "attempt.started",
+                {"worker": worker, "connector": connector, "recheck": claim.recheck}))
         if attempt is None:
             raise Fenced("lease taken over", operation_id=claim.operation_id)
         return int(attempt)

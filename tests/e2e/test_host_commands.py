@@ -199,6 +199,45 @@ async def test_access_revoked_before_dispatch_stops_the_queued_action(
     assert notes_for(crm, f"acme:{row['operation_id']}") == []
 
 
+async def test_an_unchanged_policy_lets_the_admission_allow_stand_as_the_recheck(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    command = host.command()
+    await host.submit(command)
+    result = await host.wait_command(command.request_id)
+
+    assert result.status == "succeeded", result
+    row = (await _command_rows(db, command.operation_key))[0]
+    assert row["policy_epoch"] is not None
+    # One decision for the command: the admission's; the dispatcher asked no second one.
+    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
+                             row["run_id"]) == 1
+    assert len(notes_for(crm, f"acme:{result.operation_id}")) == 1
+
+
+async def test_a_deny_rule_added_while_queued_stops_the_admitted_action(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused) -> None:  # type: ignore[no-untyped-def]
+    customer = f"DENY-{uuid.uuid4().hex[:6].upper()}"
+    command = host.command(arguments={"customer_id": customer, "body": "Queued, then denied."})
+    await host.submit(command)
+    row = await _admitted(db, command.operation_key)
+    rule = await db.fetchval(
+        "INSERT INTO governance.rules (tenant, tool, arg_prefix, effect) "
+        "VALUES ('acme', 'crm.note.create', $1, 'deny') RETURNING rule_id", customer)
+    try:
+        await dispatcher_paused()
+        result = await host.wait_command(command.request_id)
+    finally:
+        await db.execute("DELETE FROM governance.rules WHERE rule_id = $1", rule)
+
+    assert result.status == "denied", result
+    assert result.error is not None and "deny rule" in result.error.message
+    assert notes_for(crm, f"acme:{row['operation_id']}") == []
+    # The re-check asked decide again: the admission's allow and the dispatcher's deny.
+    verdicts = await db.fetch("SELECT verdict FROM governance.decisions WHERE run_id = $1 "
+                              "ORDER BY decided_at", row["run_id"])
+    assert [v["verdict"] for v in verdicts] == ["allow", "deny"]
+
+
 async def test_an_approval_that_expires_while_queued_is_not_executed(
         host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused) -> None:  # type: ignore[no-untyped-def]
     command = host.command()
