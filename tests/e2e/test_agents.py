@@ -11,16 +11,17 @@ import pytest
 
 from schemas import subjects
 from schemas.host import RunResult
-from schemas.planner import REVIEW, ReplayReport, ReplayRun, ReviewAnswer
+from schemas.planner import REVIEW, ReplayReport, ReplayRun, ReviewAnswer, ReviewTaken
 from tests.e2e.conftest import Host
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 
-async def _result(stack: Stack, host: Host, request_id: str) -> RunResult:
+async def _result(stack: Stack, host: Host, request_id: str,
+                  status: str | None = None) -> RunResult:
     try:
-        return await host.wait_result(request_id)
+        return await host.wait_result(request_id, status=status)
     except TimeoutError:
         raise AssertionError(stack.log_tail("planner")) from None
 
@@ -136,9 +137,10 @@ async def test_a_requested_review_waits_for_a_person_then_the_run_goes_on(
         reply = await host.nc.request(REVIEW, wrong, timeout=10)
         assert reply.headers and reply.headers.get("Nats-Service-Error-Code") == "404"
     reply = await host.nc.request(REVIEW, answer(), timeout=10)
-    done = msgspec.json.decode(reply.data, type=RunResult)
-    assert (done.status, done.answer) == (
-        "succeeded", "The reviewer confirmed; the note can be written.")
+    taken = msgspec.json.decode(reply.data, type=ReviewTaken)
+    assert (taken.run_id, taken.status) == (run_id, "succeeded")
+    done = await _result(stack, host, request.request_id, status="succeeded")
+    assert done.answer == "The reviewer confirmed; the note can be written."
     steps = await _steps(db, run_id)
     assert steps[1] == ("observation", {"review": "approve", "reviewer": "ops@acme.example",
                                         "reason": ""})
