@@ -4,7 +4,9 @@ a model decision resumes from it on restart without asking the model again, and 
 a run whose provider-call budget (governance's WRIT_BUDGETS_FILE) runs out during a critic's
 replan fails BUDGET_EXHAUSTED naming it, without another model call; a read governance asks a
 person about stops the run, whose host is told the pending decision, until an approver allows
-it and the run reads and goes on; a model answer that is no decision fails the run
+it and the run reads and goes on; a branch run (another agent called) proposes a note that
+admission admits under the root run's grant and the dispatcher executes, its outcome observed
+by the branch and its answer by the caller; a model answer that is no decision fails the run
 (`MODEL_FAILED`), never left running; and the tightest of governance's limits, the host's
 `RunRequest.budget` and the agent's manifest budgets is the run's budget.
 """
@@ -62,8 +64,11 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
         lookup = {**_manifest("lookup-assistant"),
                   "uses": [{"kind": "tool", "name": "crm.customer.get"}],
                   "budgets": {"provider_calls": 5, "capability_calls": 3}}
+        desk = {**_manifest("desk-assistant"), "uses": [
+            {"kind": "agent", "name": "notes-assistant", "description": "Writes CRM notes."}]}
+        notes = {**_manifest("notes-assistant"), "callable_by": ["desk-assistant"]}
         for manifest in (_manifest("crm-assistant"),
-                         _manifest("frugal-assistant", critic=True), lookup):
+                         _manifest("frugal-assistant", critic=True), lookup, desk, notes):
             (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
         key = root / "model.key"
         key.write_text(token)
@@ -296,3 +301,41 @@ async def test_a_model_answer_that_is_no_decision_fails_the_run_saying_so(
                                   "WHERE run_id = $1", result.run_id)
     assert [(r["step_key"].removeprefix(f"{result.run_id}:"), r["status"])
             for r in reservations] == [("0:model", "settled")]
+
+
+async def test_a_branch_proposes_under_the_root_runs_grant_and_observes_the_outcome(
+        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    note = {"customer_id": "ACME-42", "body": "Called back about order 7781."}
+    # In call order: the caller picks the other agent; the branch proposes the note, then
+    # answers once it observed the outcome; the caller answers with what it observed.
+    script(model,
+           {"next": {"decision": "select_capability", "capability": "agent:notes-assistant",
+                     "arguments": json.dumps({"request": "Note the call back on ACME-42"})}},
+           {"next": {"decision": "select_capability",
+                     "capability": "action:crm.note.create", "arguments": json.dumps(note)}},
+           {"next": {"decision": "answer_directly", "answer": "Noted on ACME-42."}},
+           {"next": {"decision": "answer_directly", "answer": "The call back is noted."}})
+    request = msgspec.structs.replace(
+        host.request(agent="desk-assistant", text="Note today's call back"),
+        grants=["write_delete"])  # the host grants writes for this run: its branches included
+    await host.publish(request, msg_id=request.request_id)
+    result = await host.wait_result(request.request_id, timeout=60)
+
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    assert result.answer == "The call back is noted." and result.run_id is not None
+    branch_id = f"{result.run_id}.b0"
+    command = await db.fetchrow("SELECT run_id, agent, action, state FROM admission.commands "
+                                "WHERE run_id = $1", branch_id)
+    assert tuple(command) == (branch_id, "notes-assistant", "crm.note.create", "succeeded")
+    decided = await db.fetch("SELECT tool, verdict, line FROM governance.decisions "
+                             "WHERE run_id = $1", branch_id)
+    assert [(d["tool"], d["verdict"]) for d in decided] == [("crm.note.create", "allow")]
+    branch_steps = await steps(db, branch_id)
+    assert [k for k, _ in branch_steps] == ["decision", "observation", "decision"]
+    assert branch_steps[1][1]["state"] == "succeeded"
+    caller = await steps(db, result.run_id)
+    assert caller[1][1]["answer"] == "Noted on ACME-42."
+    # The branch's capability call is the root run's to pay, and it was paid.
+    assert await db.fetchval("SELECT status FROM governance.reservations "
+                             "WHERE run_id = $1 AND step_key = $2", result.run_id,
+                             f"{branch_id}:0:capability") == "settled"
