@@ -7,7 +7,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import asyncpg
@@ -32,6 +32,8 @@ from schemas.host import (
     SubmitCommand,
 )
 from writ.stack import Stack
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.e2e
 
@@ -159,14 +161,19 @@ class Host:
                               headers={"Nats-Msg-Id": request_id})
         return request_id
 
-    async def wait_approval(self, request_id: str, *, tenant: str = "acme",
-                            timeout: float = 30) -> ApprovalResult:
+    async def first(self, request_id: str, kind: type[T], *, tenant: str = "acme",
+                    timeout: float = 30) -> T:
+        """The first result of type `kind` for this request."""
         with anyio.fail_after(timeout):
             while True:
                 for result in await self.results(request_id, tenant=tenant):
-                    if isinstance(result, ApprovalResult):
+                    if isinstance(result, kind):
                         return result
                 await anyio.sleep(0.1)
+
+    async def wait_approval(self, request_id: str, *, tenant: str = "acme",
+                            timeout: float = 30) -> ApprovalResult:
+        return await self.first(request_id, ApprovalResult, tenant=tenant, timeout=timeout)
 
     async def wait_result(self, request_id: str, *, tenant: str = "acme",
                           timeout: float = 30, status: str | None = None) -> RunResult:
@@ -180,21 +187,17 @@ class Host:
                 await anyio.sleep(0.1)
 
     async def decide(self, pending_id: str, answer: str = "once", *, tenant: str = "acme",
-                     principal: str = "ops@acme.example", reason: str = "") -> DecisionResult:
-        """Answer a pending decision as an approver (`HumanDecision`) and wait for its
-        `DecisionResult`."""
+                     principal: str = "ops@acme.example", reason: str = "",
+                     token: str | None = None) -> DecisionResult:
+        """Answer a pending decision (`HumanDecision`; an approver of the tenant unless `token`
+        says otherwise) and wait for its `DecisionResult`."""
         request_id = f"decide-{uuid.uuid4().hex[:12]}"
-        message = HumanDecision(request_id=request_id, pending_id=pending_id, answer=answer,
-                                reason=reason,
-                                token=self.stack.token(tenant, principal, roles=["approver"]))
+        message = HumanDecision(
+            request_id=request_id, pending_id=pending_id, answer=answer, reason=reason,
+            token=token or self.stack.token(tenant, principal, roles=["approver"]))
         await self.js.publish(subjects.human_decision(tenant), msgspec.json.encode(message),
                               headers={"Nats-Msg-Id": request_id})
-        with anyio.fail_after(30):
-            while True:
-                for result in await self.results(request_id, tenant=tenant):
-                    if isinstance(result, DecisionResult):
-                        return result
-                await anyio.sleep(0.1)
+        return await self.first(request_id, DecisionResult, tenant=tenant)
 
 
 @pytest.fixture

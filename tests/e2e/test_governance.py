@@ -19,7 +19,7 @@ import pytest
 from libs.db import role_name
 from schemas import subjects
 from schemas.governance import DecideRequest, Decision
-from schemas.host import DecisionResult, HumanDecision
+from schemas.host import DecisionResult
 from services.governance.policy import PolicyDocument
 from tests.e2e.conftest import Host
 from writ.stack import Stack
@@ -144,17 +144,7 @@ async def test_always_writes_a_standing_grant_for_the_family_not_the_tool(
 
 async def _publish_decision(host: Host, tenant: str, token: str, pending_id: str,
                             answer: str = "once") -> DecisionResult:
-    request_id = f"dec-{uuid.uuid4().hex[:10]}"
-    decision = HumanDecision(request_id=request_id, token=token, pending_id=pending_id,
-                             answer=answer)
-    await host.js.publish(subjects.human_decision(tenant), msgspec.json.encode(decision),
-                          headers={"Nats-Msg-Id": request_id})
-    with anyio.fail_after(20):
-        while True:
-            for result in await host.results(request_id, tenant=tenant):
-                if isinstance(result, DecisionResult):
-                    return result
-            await anyio.sleep(0.1)
+    return await host.decide(pending_id, answer, tenant=tenant, token=token)
 
 
 async def test_only_approvers_of_the_same_tenant_may_answer(

@@ -47,12 +47,7 @@ async def _review(host: Host, pending_id: str, answer: str = "approve", *, comme
         token=token or host.stack.token(tenant, "ops@acme.example", roles=["approver"]))
     await host.js.publish(subjects.review(tenant), msgspec.json.encode(message),
                           headers={"Nats-Msg-Id": request_id})
-    with anyio.fail_after(40):
-        while True:
-            for result in await host.results(request_id, tenant=tenant):
-                if isinstance(result, ReviewResult):
-                    return result
-            await anyio.sleep(0.1)
+    return await host.first(request_id, ReviewResult, tenant=tenant, timeout=40)
 
 
 async def _final(host: Host, request_id: str) -> RunResult:
