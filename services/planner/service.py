@@ -1,7 +1,8 @@
 """Planner: the model loop. It proposes; it never acts and never holds a credential.
 
 Each delivery advances one run under a row lock: record what arrived (evidence, an outcome, a
-refusal), take the next model decision — reusing the recorded one if this step was already
+refusal, a branch's change, a person's answer to the read the run waits for), take the next model
+decision — reusing the recorded one if this step was already
 decided — and publish what follows after the commit (`effects.py`). A redelivery re-publishes
 the same messages with the same `Nats-Msg-Id`, so nothing happens twice. Each decision and
 observation is committed as a step before the next decision is asked for.
@@ -15,7 +16,9 @@ its own module:
 - `select_capability`: checked, then refused, proposed to admission, read by retrieval or called
   as another agent's branch run (`capabilities.py`, `reads.py`, `branches.py`); what the model
   reads of each output is `observations.py`;
-- `request_human_review`: the run waits for a person's answer (`review.py`);
+- `request_human_review`: the run waits for a person's answer (`review.py`); so does a run whose
+  read, proposal or branch waits for a person's decision (`_wait_for_person`, the decision's id in
+  `planner.runs.pending_id`), until that decision's answer or outcome arrives;
 - `answer_directly`: the run ends with the answer, or first asks the agent's critic
   (`critic.py`).
 
