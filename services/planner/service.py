@@ -243,7 +243,9 @@ class PlannerService:
                 return []  # still waiting for the person
             # The person said yes (and the command ran, or the branch went on): the run goes on
             # from here.
-            await self._store.set_status(conn, run, "running", step=steps[-1].seq)
+            await self._store.set_status(
+                conn, run, "running",
+                step=event.step if isinstance(event, CommandOutcome) else steps[-1].seq)
             run = msgspec.structs.replace(run, status="running", error_code=None,
                                           error_message=None, pending_id=None)
         if not steps and (refusal := self._agent_refusal(run)) is not None:
