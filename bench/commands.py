@@ -1,7 +1,12 @@
-"""The command path: proposals fed to admission as the planner would, to their outcomes.
+"""The command path: host commands fed to admission as ingress hands them on, to their
+outcomes.
 
+A host's `SubmitCommand` is verified by ingress and handed to admission as a `ProposeCommand`
+under the host's `operation_key` and `request_id` (no run, no planner). The bench publishes that
+`ProposeCommand` itself, exactly as ingress does (`services/ingress/service.py`, `_submit`):
 Proposal (bench -> JetStream) -> admission (contract, `decide`, admit transaction) -> outbox
-relay -> dispatcher (claim, re-check `decide`, no-op connector, finish) -> `CommandOutcome`.
+relay -> dispatcher (claim, re-check, no-op connector, finish) -> `CommandOutcome` on
+`writ.int.outcomes.host.<tenant>`, which admission answers the host with (`CommandResult`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from schemas.admission import DispatchCommand
 from schemas.dispatcher import CommandOutcome
 from schemas.planner import ProposeCommand
 from services.admission.logic import operation_id_for
+from services.ingress.logic import command_run_id
 
 __all__ = ["TENANT", "CommandPath"]
 
@@ -35,8 +41,8 @@ _SPANS = (("published", "stored"), ("stored", "admitted"), ("stored", "relayed")
 
 
 class _AdmissionAnswer(msgspec.Struct):
-    """`CommandAdmitted` (on `writ.int.admitted.<tenant>`) or `ProposalRefused` (on
-    `writ.int.refused.<tenant>`)."""
+    """`CommandAdmitted` (on `writ.int.admitted.<tenant>`), or a refusal (from a
+    `CommandResult`)."""
 
     type: str
     run_id: str
@@ -44,10 +50,19 @@ class _AdmissionAnswer(msgspec.Struct):
     reason: str = ""
 
 
+class _HostAnswer(msgspec.Struct):
+    """A `CommandResult` (on `writ.out.results.<tenant>`): how a host learns its command was
+    refused (no outcome follows), or what it became."""
+
+    type: str
+    request_id: str = ""
+    status: str = ""
+
+
 class CommandPath:
     """Publishes `writ.noop` proposals and waits for each one's `CommandOutcome`.
 
-    A refused proposal never gets an outcome: its `ProposalRefused` ends the wait at once, so a
+    A refused command never gets an outcome: its `CommandResult` ends the wait at once, so a
     deployment that refuses shows up as failures, not as minute-long timeouts.
     """
 
@@ -57,6 +72,7 @@ class CommandPath:
         self._encoder = msgspec.json.Encoder()
         self._outcome_decoder = msgspec.json.Decoder(CommandOutcome)
         self._admission_decoder = msgspec.json.Decoder(_AdmissionAnswer)
+        self._host_decoder = msgspec.json.Decoder(_HostAnswer)
         self._relay_decoder = msgspec.json.Decoder(DispatchCommand)
         self._subs: list[Any] = []
         self._relay_sub: Any = None
@@ -70,9 +86,9 @@ class CommandPath:
         """Subscribe to outcomes and admission's answers (core subscriptions see JetStream
         publishes too)."""
         self._subs = [
-            await self._nc.subscribe(subjects.outcome(TENANT), cb=self._on_outcome),
+            await self._nc.subscribe(subjects.outcome(TENANT, "host"), cb=self._on_outcome),
             await self._nc.subscribe(subjects.admitted(TENANT), cb=self._on_admission),
-            await self._nc.subscribe(subjects.refused(TENANT), cb=self._on_admission)]
+            await self._nc.subscribe(subjects.result(TENANT), cb=self._on_host_answer)]
 
     async def trace_stages(self) -> None:
         """Also timestamp each command's admission and relay, to see where latency goes."""
@@ -118,6 +134,18 @@ class CommandPath:
         else:
             self._answers.resolve(answer.run_id, answer)
 
+    async def _on_host_answer(self, msg: Msg) -> None:
+        try:
+            answer = self._host_decoder.decode(msg.data)
+        except msgspec.DecodeError:
+            return
+        if answer.type != "CommandResult" or answer.status in ("succeeded", "pending",
+                                                                "dispatching"):
+            return  # the outcome itself ends the wait
+        # The key is the request id (see `one`): refused, in conflict, or failed.
+        self._answers.resolve(command_run_id(TENANT, answer.request_id), _AdmissionAnswer(
+            type="CommandResult", run_id="", verdict=answer.status, reason=answer.status))
+
     async def _on_relay(self, msg: Msg) -> None:
         try:
             command = self._relay_decoder.decode(msg.data)
@@ -128,18 +156,19 @@ class CommandPath:
             self._mark(run_id, "relayed")
 
     async def one(self) -> bool:
-        """One command, from publishing its proposal to its recorded outcome."""
-        run_id = str(uuid.uuid4())
+        """One host command, from publishing its proposal to its recorded outcome."""
+        key = str(uuid.uuid4())  # the host's operation key, and its request id
+        run_id = command_run_id(TENANT, key)
         proposal = ProposeCommand(run_id=run_id, step=0, tenant=TENANT, principal=PRINCIPAL,
-                                  agent=AGENT, action="writ.noop",
-                                  arguments={"marker": run_id})
+                                  agent=AGENT, action="writ.noop", arguments={"marker": key},
+                                  operation_key=key, request_id=key)
         self._answers.expect(run_id)
         if self._stages is not None:
-            self._run_of_operation[operation_id_for(TENANT, run_id, 0)] = run_id
+            self._run_of_operation[operation_id_for(TENANT, run_id, 0, key)] = run_id
             self._stages[run_id] = {"published": time.monotonic()}
         try:
             await self._js.publish(subjects.proposal(TENANT), self._encoder.encode(proposal),
-                                   headers={"Nats-Msg-Id": f"proposal:{run_id}:0"},
+                                   headers={"Nats-Msg-Id": f"submitted:{TENANT}:{key}"},
                                    timeout=TIMEOUT_S)
         except Exception as exc:
             # Not stored, so never admitted: a failed operation, not one to wait for.

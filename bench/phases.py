@@ -139,7 +139,7 @@ class Bench:
     async def command_path(self) -> None:
         """Closed-loop throughput at each level, then latency at half the best rate."""
         r, data = self.report, self.report.data
-        r.section("Command path: writ.noop proposal -> admitted -> relayed -> dispatched -> "
+        r.section("Command path: host writ.noop command -> admitted -> relayed -> dispatched -> "
                   "outcome")
         self.alive()
         nc = await nats.connect(self.stack.nats_url, name="bench-commands")

@@ -15,13 +15,23 @@ While a handler runs, `in_progress()` is sent every third of `ack_wait` so a lon
 its delivery; the heartbeat stops the moment the handler ends or is fenced. A handler whose
 progress must be conditioned on something else (the dispatcher's fenced lease) turns the
 heartbeat off and calls `Delivery.progress()` itself.
+
+Batches: given a `batch_handler`, the loop hands each fetched batch (up to `batch_size`
+decoded deliveries) to it in one call, so a service can commit the whole batch in one
+transaction. It answers one result per delivery, in order: None (done: acked after it
+returns, so after its commit), or the exception that delivery alone failed with, mapped as
+above (a `Fenced` delivery is left alone, a `RetryableError` nak'ed...). If the batch handler
+itself raises, nothing of the batch was done as a batch: the loop falls back to `handler`, one
+delivery at a time, so a poison message fails alone instead of failing its batch forever.
+`concurrency` then bounds the batches in flight.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -46,9 +56,12 @@ log = logging.getLogger("writ.actor")
 class Delivery(Generic[T]):
     """One delivered message and what a handler may know about it."""
 
-    __slots__ = ("headers", "message", "msg", "num_delivered", "subject")
+    __slots__ = ("headers", "message", "msg", "num_delivered", "span", "subject")
 
     def __init__(self, msg: Msg, message: T) -> None:
+        # In a batch: this delivery's own handle span, in its publisher's trace (not current:
+        # the batch handler enters it, `trace.use_span(d.span)`, for the work done for it).
+        self.span: trace.Span = trace.INVALID_SPAN
         self.msg = msg
         self.message = message
         self.subject = msg.subject
@@ -61,6 +74,8 @@ class Delivery(Generic[T]):
 
 
 Handler = Callable[[Delivery[Any]], Awaitable[None]]
+# One result per delivery, in order: None (acked), or the exception that delivery failed with.
+BatchHandler = Callable[[list[Delivery[Any]]], Awaitable[Sequence[BaseException | None]]]
 
 
 def _backoff(num_delivered: int) -> float:
@@ -80,6 +95,8 @@ async def run_actor(
     ack_sync: bool = False,
     heartbeat: bool = True,
     lag_every_s: float = 5.0,
+    batch_handler: BatchHandler | None = None,
+    batch_size: int = 64,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
@@ -105,6 +122,15 @@ async def run_actor(
         finally:
             slots.release()
 
+    async def process_batch(msgs: list[Msg]) -> None:
+        assert batch_handler is not None
+        try:
+            await _process_batch(msgs, js=js, spec=spec, decoder=decoder, handler=handler,
+                                 batch_handler=batch_handler, metrics=metrics, tracer=tracer,
+                                 ack_sync=ack_sync, heartbeat=heartbeat)
+        finally:
+            slots.release()
+
     try:
         async with anyio.create_task_group() as tg:
             # Watching the lag stops with the fetching; the handlers in flight still finish.
@@ -115,7 +141,7 @@ async def run_actor(
                 if stopping.is_set():  # set while every slot was busy: fetch nothing more
                     slots.release()
                     break
-                free = slots.value + 1
+                free = batch_size if batch_handler is not None else slots.value + 1
                 try:
                     msgs = await sub.fetch(free, timeout=1.0)
                 except (NatsTimeoutError, TimeoutError):
@@ -126,6 +152,9 @@ async def run_actor(
                     slots.release()
                     log.warning("fetch on %s failed: %r", spec.durable, exc)
                     await anyio.sleep(0.5)
+                    continue
+                if batch_handler is not None:  # one slot per batch
+                    tg.start_soon(process_batch, msgs)
                     continue
                 # One slot is held already; take one more for every extra message.
                 for index, msg in enumerate(msgs):
@@ -155,51 +184,150 @@ async def _watch_lag(js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMet
             await anyio.sleep(every)
 
 
+def _decode(msg: Msg, decoder: msgspec.json.Decoder[Any] | None, metrics: ActorMetrics,
+            consumer: str) -> Delivery[Any]:
+    """The delivery, decoded (raises `msgspec.DecodeError`)."""
+    if msg.metadata.num_delivered > 1:
+        metrics.redelivered.labels(consumer).inc()
+    # No decoder: the handler takes the raw bytes and answers bad input itself (ingress).
+    return Delivery(msg, msg.data if decoder is None else decoder.decode(msg.data))
+
+
 async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
                    decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
                    metrics: ActorMetrics,
                    tracer: Tracer, ack_sync: bool, heartbeat: bool) -> None:
     consumer = spec.durable
-    started = time.perf_counter()
-    if msg.metadata.num_delivered > 1:
-        metrics.redelivered.labels(consumer).inc()
     try:
-        # No decoder: the handler takes the raw bytes and answers bad input itself (ingress).
-        message = msg.data if decoder is None else decoder.decode(msg.data)
+        delivery = _decode(msg, decoder, metrics, consumer)
     except msgspec.DecodeError as exc:
         metrics.failed.labels(consumer, "undecodable").inc()
         await _dead_letter(js, msg, metrics, consumer, f"undecodable: {exc}")
         return
-    delivery = Delivery(msg, message)
+    await _handle_one(delivery, js=js, spec=spec, handler=handler, metrics=metrics,
+                      tracer=tracer, ack_sync=ack_sync, heartbeat=heartbeat)
+
+
+async def _handle_one(delivery: Delivery[Any], *, js: JetStreamContext, spec: ConsumerSpec,
+                      handler: Handler, metrics: ActorMetrics, tracer: Tracer, ack_sync: bool,
+                      heartbeat: bool) -> None:
+    started = time.perf_counter()
+    msg = delivery.msg
     parent = extract_context(delivery.headers)
-    with tracer.start_as_current_span(f"{consumer} handle", context=parent,
+    error: BaseException | None = None
+    with tracer.start_as_current_span(f"{spec.durable} handle", context=parent,
                                       kind=SpanKind.CONSUMER) as span:
         span.set_attribute("messaging.destination.name", msg.subject)
         span.set_attribute("messaging.message.delivery_count", delivery.num_delivered)
         try:
             await _run_handler(handler, delivery, spec.ack_wait_s / 3 if heartbeat else None)
-        except Fenced as exc:
-            metrics.failed.labels(consumer, "fenced").inc()
-            log.info("%s: fenced on %s, leaving the delivery alone", consumer, exc.operation_id)
-            return
-        except (msgspec.DecodeError, PermanentError) as exc:
-            metrics.failed.labels(consumer, "permanent").inc()
-            await _dead_letter(js, msg, metrics, consumer, f"{type(exc).__name__}: {exc}")
-            return
         except Exception as exc:
-            if delivery.num_delivered >= spec.max_deliver:
-                metrics.failed.labels(consumer, "exhausted").inc()
-                await _dead_letter(js, msg, metrics, consumer,
-                                   f"exhausted {spec.max_deliver} deliveries: {exc!r}")
-                return
-            retryable = isinstance(exc, RetryableError)
-            metrics.failed.labels(consumer, "retry").inc()
-            if not retryable:
-                log.warning("%s: handler failed, will retry: %r", consumer, exc)
-            delay = exc.delay if retryable and exc.delay is not None else _backoff(
-                delivery.num_delivered)
-            await _settle(msg.nak(delay=delay))
+            error = exc
+        # Inside the span: a dead letter carries the handling's trace context.
+        await _settle_result(delivery, error, js=js, spec=spec, metrics=metrics,
+                             ack_sync=ack_sync, started=started)
+
+
+async def _process_batch(msgs: list[Msg], *, js: JetStreamContext, spec: ConsumerSpec,
+                         decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
+                         batch_handler: BatchHandler, metrics: ActorMetrics, tracer: Tracer,
+                         ack_sync: bool, heartbeat: bool) -> None:
+    consumer = spec.durable
+    started = time.perf_counter()
+    deliveries: list[Delivery[Any]] = []
+    for msg in msgs:
+        try:
+            deliveries.append(_decode(msg, decoder, metrics, consumer))
+        except msgspec.DecodeError as exc:
+            metrics.failed.labels(consumer, "undecodable").inc()
+            await _dead_letter(js, msg, metrics, consumer, f"undecodable: {exc}")
+    if not deliveries:
+        return
+    if len(deliveries) == 1:  # a batch of one is handled as one
+        await _handle_one(deliveries[0], js=js, spec=spec, handler=handler, metrics=metrics,
+                          tracer=tracer, ack_sync=ack_sync, heartbeat=heartbeat)
+        return
+    for delivery in deliveries:
+        delivery.span = tracer.start_span(f"{consumer} handle",
+                                          context=extract_context(delivery.headers),
+                                          kind=SpanKind.CONSUMER)
+        delivery.span.set_attribute("messaging.destination.name", delivery.subject)
+        delivery.span.set_attribute("messaging.message.delivery_count", delivery.num_delivered)
+        delivery.span.set_attribute("messaging.batch.message_count", len(deliveries))
+    try:
+        try:
+            results = await _run_batch(batch_handler, deliveries,
+                                       spec.ack_wait_s / 3 if heartbeat else None)
+            if len(results) != len(deliveries):
+                raise RuntimeError(f"{len(results)} results for {len(deliveries)} deliveries")
+        except Exception as exc:
+            # Nothing of it committed as a batch: each delivery on its own, so one poison
+            # message fails alone.
+            log.info("%s: batch of %d failed (%r), handling it one by one", consumer,
+                     len(deliveries), exc)
+            metrics.failed.labels(consumer, "batch").inc()
+            for delivery in deliveries:
+                delivery.span.end()
+                delivery.span = trace.INVALID_SPAN
+                await _handle_one(delivery, js=js, spec=spec, handler=handler,
+                                  metrics=metrics, tracer=tracer, ack_sync=ack_sync,
+                                  heartbeat=heartbeat)
             return
+        async with anyio.create_task_group() as tg:  # acks (and naks) in parallel
+            for delivery, error in zip(deliveries, results, strict=True):
+                tg.start_soon(functools.partial(
+                    _settle_result, delivery, error, js=js, spec=spec, metrics=metrics,
+                    ack_sync=ack_sync, started=started))
+    finally:
+        for delivery in deliveries:
+            delivery.span.end()
+
+
+async def _run_batch(batch_handler: BatchHandler, deliveries: list[Delivery[Any]],
+                     every: float | None) -> Sequence[BaseException | None]:
+    if every is None:
+        return await batch_handler(deliveries)
+    try:
+        async with anyio.create_task_group() as beat:
+            for delivery in deliveries:
+                beat.start_soon(_heartbeat, delivery.msg, every)
+            try:
+                return await batch_handler(deliveries)
+            finally:
+                beat.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise single_error(group) from None
+
+
+async def _settle_result(delivery: Delivery[Any], error: BaseException | None, *,
+                         js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMetrics,
+                         ack_sync: bool, started: float) -> None:
+    """Ack, nak, dead-letter or leave alone one delivery, by what its handling raised."""
+    consumer, msg = spec.durable, delivery.msg
+    if isinstance(error, Fenced):
+        metrics.failed.labels(consumer, "fenced").inc()
+        log.info("%s: fenced on %s, leaving the delivery alone", consumer, error.operation_id)
+        return
+    if isinstance(error, (msgspec.DecodeError, PermanentError)):
+        metrics.failed.labels(consumer, "permanent").inc()
+        await _dead_letter(js, msg, metrics, consumer, f"{type(error).__name__}: {error}")
+        return
+    if error is not None:
+        if not isinstance(error, Exception):
+            raise error  # cancellation and the like are never swallowed
+        if delivery.num_delivered >= spec.max_deliver:
+            metrics.failed.labels(consumer, "exhausted").inc()
+            await _dead_letter(js, msg, metrics, consumer,
+                               f"exhausted {spec.max_deliver} deliveries: {error!r}")
+            return
+        retryable = isinstance(error, RetryableError)
+        metrics.failed.labels(consumer, "retry").inc()
+        if not retryable:
+            log.warning("%s: handler failed, will retry: %r", consumer, error)
+        delay = error.delay if isinstance(error, RetryableError) and error.delay is not None \
+            else _backoff(delivery.num_delivered)
+        await _settle(msg.nak(delay=delay))
+        return
     if ack_sync:
         await _settle(msg.ack_sync())
     else:

@@ -17,8 +17,10 @@ __all__ = [
     "BudgetRefused",
     "BudgetReserved",
     "BudgetSettled",
+    "DecideBatch",
     "DecideRequest",
     "Decision",
+    "Decisions",
     "DecisionAnswered",
     "ListPending",
     "PendingDecision",
@@ -74,6 +76,24 @@ class Decision(Event):
     policy_version: ShortText
     options: Annotated[list[Answer], msgspec.Meta(max_length=3)] = []
     pending_id: Id | None = None
+
+
+# The most calls one `DecideBatch` may carry (admission asks per fetched batch).
+MAX_DECIDE_BATCH: Final = 256
+
+
+class DecideBatch(Command):
+    """Several `DecideRequest`s answered in one request/reply (admission's batches): each is
+    decided exactly as alone, and all are recorded together."""
+
+    requests: Annotated[list[DecideRequest], msgspec.Meta(min_length=1,
+                                                          max_length=MAX_DECIDE_BATCH)]
+
+
+class Decisions(Event):
+    """The answers to a `DecideBatch`, one per request, in the same order."""
+
+    decisions: list[Decision]
 
 
 class RunBudget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -15,6 +15,7 @@ __all__ = [
     "ADMISSION_IN",
     "ANSWER",
     "DECIDE",
+    "DECIDE_BATCH",
     "FACTS",
     "DISPATCH_IN",
     "GOVERNANCE_IN",
@@ -154,6 +155,8 @@ def dead_letter(consumer: str) -> str:
 
 
 DECIDE: Final = "writ.int.governance.decide"
+# `DecideBatch` -> `Decisions`: the same decisions, several per request/reply.
+DECIDE_BATCH: Final = "writ.int.governance.decide_batch"
 REGISTER_RUN: Final = "writ.int.governance.register_run"
 PENDING_LIST: Final = "writ.int.governance.pending"
 UNKNOWN_LIST: Final = "writ.int.dispatcher.unknown"

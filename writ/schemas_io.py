@@ -23,9 +23,11 @@ from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
     BudgetSettled,
+    DecideBatch,
     DecideRequest,
     Decision,
     DecisionAnswered,
+    Decisions,
     ListPending,
     PendingDecisions,
     RegisterRun,
@@ -61,7 +63,8 @@ __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
 
 MESSAGES: Final = (
     RunRequest, RunResult, SubmitCommand, CommandResult, RunStarted, EvidenceGathered,
-    ProposeCommand, DecideRequest, Decision, CommandAdmitted, ProposalRefused, DispatchCommand,
+    ProposeCommand, DecideRequest, Decision, DecideBatch, Decisions, CommandAdmitted,
+    ProposalRefused, DispatchCommand,
     CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled, HumanDecision,
     DecisionResult, RegisterRun, RunRegistered, AnswerDecision, DecisionAnswered, ListPending,
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,

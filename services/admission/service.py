@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -19,13 +20,14 @@ import anyio.abc
 import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry import trace
 from prometheus_client import Gauge
 
 from actions import ACTIONS
 from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
-from libs.decide import decide
+from libs.decide import DecideUnavailable, decide, decide_batch
 from libs.errors import RetryableError
 from libs.journal import Sealer
 from libs.runtime import Runtime
@@ -39,6 +41,7 @@ from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission.logic import (
     Invalid,
+    Resolved,
     Validated,
     operation_id_for,
     proposal_id_for,
@@ -46,7 +49,14 @@ from services.admission.logic import (
     validate,
 )
 from services.admission.relay import OutboxRelay
-from services.admission.store import COMMAND_STATES, AdmissionStore, ProposalRow, StoredCommand
+from services.admission.store import (
+    COMMAND_STATES,
+    Admission,
+    AdmissionStore,
+    Known,
+    ProposalRow,
+    StoredCommand,
+)
 
 __all__ = ["AdmissionService"]
 
@@ -61,8 +71,11 @@ class AdmissionService:
     def __init__(self, *, rt: Runtime, store: AdmissionStore, relay: OutboxRelay,
                  command_ttl: timedelta, proposal_ttl: timedelta = timedelta(hours=24),
                  sealer: Sealer | None = None, decide_timeout_s: float = 2.0,
-                 gauges_every_s: float = 5.0) -> None:
+                 gauges_every_s: float = 5.0, batch_size: int = 64, batches: int = 4) -> None:
         self._rt, self._store, self._relay, self._sealer = rt, store, relay, sealer
+        # Up to `batches` fetched batches of up to `batch_size` messages in flight, each
+        # proposal batch admitted in one transaction.
+        self._batch_size, self._batches = batch_size, batches
         self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
         self._proposal_ttl = proposal_ttl
         self._gauges_every_s = gauges_every_s
@@ -92,7 +105,9 @@ class AdmissionService:
                                             self.refresh_gauges, stopping=self._rt.stopping,
                                             what="admission gauges"))
             await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
-                            handler=self.handle, metrics=self._rt.metrics,
+                            handler=self.handle, batch_handler=self.handle_batch,
+                            batch_size=self._batch_size, concurrency=self._batches,
+                            metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
                             task_status=task_status)
             tg.cancel_scope.cancel()  # drained: the relay, the gauges and the sealer stop too
@@ -118,6 +133,185 @@ class AdmissionService:
         else:
             await self._judge(message)
 
+    async def handle_batch(self, deliveries: list[Delivery[Inbound]]
+                           ) -> list[BaseException | None]:
+        """A fetched batch: its proposals judged together (one known-read, one batched
+        `decide`, one admission transaction), everything else one by one. Raises only if
+        nothing of the batch's admissions committed; the actor then takes them one by one."""
+        results: list[BaseException | None] = [None] * len(deliveries)
+        proposals = [(i, d) for i, d in enumerate(deliveries)
+                     if isinstance(d.message, ProposeCommand)]
+        if proposals:
+            await self._judge_batch(proposals, results)
+
+        async def one(index: int) -> None:
+            delivery = deliveries[index]
+            try:
+                with trace.use_span(delivery.span, end_on_exit=False):
+                    await self.handle(delivery)
+            except Exception as exc:
+                results[index] = exc
+
+        async with anyio.create_task_group() as tg:
+            for index, delivery in enumerate(deliveries):
+                if not isinstance(delivery.message, ProposeCommand):
+                    tg.start_soon(one, index)
+        return results
+
+    async def _judge_batch(self, proposals: list[tuple[int, Delivery[Inbound]]],
+                           results: list[BaseException | None]) -> None:
+        """`_judge` for several proposals at once; each one's failure is its own result."""
+        pending: list[_Judging] = []
+        for index, delivery in proposals:
+            p = delivery.message
+            assert isinstance(p, ProposeCommand)
+            span = self._rt.tracer.start_span(
+                "admission admit", context=trace.set_span_in_context(delivery.span))
+            j = _Judging(index=index, p=p, span=span)
+            try:
+                with trace.use_span(span, end_on_exit=False):
+                    try:
+                        j.valid = validate(p)
+                    except Invalid as exc:
+                        await self._refuse(p, "invalid", str(exc)[:500])
+                        span.end()
+                        continue
+            except Exception as exc:
+                results[index] = exc
+                span.end()
+                continue
+            j.operation_id = operation_id_for(p.tenant, p.run_id, p.step, p.operation_key)
+            j.proposal_id = proposal_id_for(p.tenant, p.run_id, p.step)
+            span.set_attribute("writ.operation_id", j.operation_id)
+            pending.append(j)
+        try:
+            await self._judge_known(pending, results)
+        finally:
+            for j in pending:
+                j.span.end()
+
+    async def _judge_known(self, pending: list[_Judging],
+                           results: list[BaseException | None]) -> None:
+        knowns = await self._store.known_many(
+            [(j.p.tenant, j.operation_id, j.proposal_id) for j in pending])
+        fresh: list[_Judging] = []
+
+        async def step(j: _Judging, work: Awaitable[None]) -> None:
+            try:
+                with trace.use_span(j.span, end_on_exit=False):
+                    await work
+            except Exception as exc:
+                results[j.index] = exc
+
+        async def resolve_one(j: _Judging) -> None:
+            assert j.valid is not None
+            try:
+                j.resolved = resolve(j.valid, await self._read_facts(j.p.tenant, j.valid))
+            except Invalid as exc:
+                await self._refuse(j.p, "invalid", str(exc)[:500])
+
+        async with anyio.create_task_group() as tg:
+            for j, known in zip(pending, knowns, strict=True):
+                j.known = known
+                existing, recorded = known.command, known.proposal
+                assert j.valid is not None
+                if existing is not None:
+                    tg.start_soon(step, j, self._known(j.p, j.operation_id, j.valid.request_hash,
+                                                       existing, replay=True))
+                elif recorded is not None and recorded[0] in ("pending", "rejected"):
+                    tg.start_soon(step, j, self._refuse_again(j.p, recorded))
+                else:
+                    fresh.append(j)
+                    tg.start_soon(step, j, resolve_one(j))
+        fresh = [j for j in fresh if j.resolved is not None and results[j.index] is None]
+        if not fresh:
+            return
+        decisions = await self._decide_many(fresh, results)
+        allowed: list[tuple[_Judging, Decision]] = []
+        async with anyio.create_task_group() as tg:
+            for j, decision in zip(fresh, decisions, strict=True):
+                if decision is None:
+                    continue
+                j.span.set_attribute("writ.decision.verdict", decision.verdict)
+                if decision.verdict == "allow":
+                    allowed.append((j, decision))
+                else:
+                    tg.start_soon(step, j, self._not_allowed(j, decision))
+        if not allowed:
+            return
+        admissions = []
+        for j, decision in allowed:
+            assert j.valid is not None and j.resolved is not None and j.known is not None
+            with trace.use_span(j.span, end_on_exit=False):
+                traceparent = inject_context({}).get("traceparent")
+            admissions.append(Admission(
+                tenant=j.p.tenant, operation_id=j.operation_id, proposal_id=j.proposal_id,
+                run_id=j.p.run_id, step=j.p.step, principal=j.p.principal, agent=j.p.agent,
+                action=j.valid.contract.name, version=j.valid.contract.version,
+                arguments=j.resolved.arguments, request_hash=j.valid.request_hash,
+                decision=decision, ttl=self._ttl, preview=j.resolved.preview,
+                expected_revision=j.p.expected_revision, operation_key=j.p.operation_key,
+                request_id=j.p.request_id, policy_epoch=j.known.policy_epoch,
+                traceparent=traceparent))
+        # Raises if the transaction fails: nothing of it committed, the actor goes one by one.
+        admitted = await self._store.admit_many(
+            admissions, before_commit=lambda: self._rt.faults.crash_if("admission.before_commit"))
+        async with anyio.create_task_group() as tg:
+            for (j, _), done in zip(allowed, admitted, strict=True):
+                assert j.valid is not None
+                tg.start_soon(step, j, self._known(j.p, j.operation_id, j.valid.request_hash,
+                                                   done.command, replay=not done.created))
+
+    async def _decide_many(self, judging: list[_Judging], results: list[BaseException | None]
+                           ) -> list[Decision | None]:
+        """Governance's decisions, in one request/reply; each on its own if governance cannot
+        answer the batch (None where that failed too: its result says why)."""
+        asks = [self._decide_request(j.p, j.resolved.arguments, j.proposal_id)
+                for j in judging if j.resolved is not None]
+        try:
+            return list(await decide_batch(self._rt.nc, asks, timeout=self._decide_timeout))
+        except DecideUnavailable as exc:
+            log.info("batched decide unavailable (%r): asking one by one", exc)
+        decisions: list[Decision | None] = [None] * len(judging)
+
+        async def one(index: int, ask: DecideRequest) -> None:
+            try:
+                decisions[index] = await decide(self._rt.nc, ask, timeout=self._decide_timeout)
+            except Exception as exc:
+                results[judging[index].index] = exc
+
+        async with anyio.create_task_group() as tg:
+            for index, ask in enumerate(asks):
+                tg.start_soon(one, index, ask)
+        return decisions
+
+    async def _refuse_again(self, p: ProposeCommand, recorded: tuple[str, str | None, str]
+                            ) -> None:
+        """Proposed again (a redelivery): the same answer, never a second ask."""
+        state, decision_id, reason = recorded
+        verdict = ("ask" if state == "pending" else
+                   "rejected" if reason.startswith("rejected by") else "deny")
+        await self._refuse(p, verdict, reason, decision_id,
+                           pending_id=decision_id if state == "pending" else None)
+
+    async def _not_allowed(self, j: _Judging, decision: Decision) -> None:
+        """An ask or a deny: the proposal recorded, frozen as it will be shown, and refused."""
+        assert j.valid is not None and j.resolved is not None
+        p, valid, resolved = j.p, j.valid, j.resolved
+        stored = await self._store.record_proposal(
+            tenant=p.tenant, proposal_id=j.proposal_id, run_id=p.run_id, step=p.step,
+            principal=p.principal, agent=p.agent, action=valid.contract.name,
+            version=valid.contract.version, arguments=resolved.arguments,
+            request_hash=valid.request_hash,
+            state="pending" if decision.verdict == "ask" else "rejected",
+            decision_id=decision.decision_id, reason=decision.reason,
+            preview=resolved.preview, ttl=self._proposal_ttl,
+            expected_revision=p.expected_revision, operation_key=p.operation_key,
+            request_id=p.request_id)
+        await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
+                           pending_id=decision.pending_id,
+                           proposal=_view(stored) if decision.verdict == "ask" else None)
+
     async def _judge(self, p: ProposeCommand) -> None:
         """Validate, decide, admit (or refuse) one proposal; safe to run twice."""
         with self._rt.tracer.start_as_current_span("admission admit") as span:
@@ -135,12 +329,7 @@ class AdmissionService:
                 await self._known(p, operation_id, valid.request_hash, existing, replay=True)
                 return
             if recorded is not None and recorded[0] in ("pending", "rejected"):
-                # Proposed again (a redelivery): the same answer, never a second ask.
-                state, decision_id, reason = recorded
-                verdict = ("ask" if state == "pending" else
-                           "rejected" if reason.startswith("rejected by") else "deny")
-                await self._refuse(p, verdict, reason, decision_id,
-                                   pending_id=decision_id if state == "pending" else None)
+                await self._refuse_again(p, recorded)
                 return
             try:
                 resolved = resolve(valid, await self._read_facts(p.tenant, valid))
@@ -409,13 +598,17 @@ class AdmissionService:
                            correlation_id=correlation_id),
             msg_id=f"approval-result:{ans.tenant}:{ans.request_id}")
 
+    def _decide_request(self, p: ProposeCommand, arguments: dict[str, object],
+                        proposal_id: str) -> DecideRequest:
+        first = next(iter(arguments.values()), "")
+        return DecideRequest(tenant=p.tenant, principal=p.principal, agent=p.agent,
+                             run_id=p.run_id, tool=p.action,
+                             first_argument=first[:512] if isinstance(first, str) else "",
+                             proposal_id=proposal_id)
+
     async def _decide(self, p: ProposeCommand, arguments: dict[str, object],
                       proposal_id: str) -> Decision:
-        first = next(iter(arguments.values()), "")
-        ask = DecideRequest(tenant=p.tenant, principal=p.principal, agent=p.agent,
-                            run_id=p.run_id, tool=p.action,
-                            first_argument=first[:512] if isinstance(first, str) else "",
-                            proposal_id=proposal_id)
+        ask = self._decide_request(p, arguments, proposal_id)
         # No answer is not an allow (DecideUnavailable is retried): the proposal stays
         # unadmitted until governance answers.
         return await decide(self._rt.nc, ask, timeout=self._decide_timeout)
@@ -441,6 +634,20 @@ class AdmissionService:
                             expires_at=proposal.expires_at if proposal else None),
             msg_id=f"refused:{p.tenant}:{p.run_id}:{p.step}:{verdict}",
         )
+
+
+class _Judging:
+    """One proposal of a batch, as far as it got."""
+
+    __slots__ = ("index", "known", "operation_id", "p", "proposal_id", "resolved", "span",
+                 "valid")
+
+    def __init__(self, *, index: int, p: ProposeCommand, span: trace.Span) -> None:
+        self.index, self.p, self.span = index, p, span
+        self.valid: Validated | None = None
+        self.resolved: Resolved | None = None
+        self.known: Known | None = None
+        self.operation_id = self.proposal_id = ""
 
 
 def _view(proposal: ProposalRow) -> ProposalView:

@@ -15,8 +15,8 @@ from libs.journal import Journal
 from libs.telemetry import inject_context
 from schemas.governance import Decision
 
-__all__ = ["COMMAND_STATES", "AdmissionStore", "Admitted", "Backlog", "Known", "OutboxRow",
-           "ProposalRow", "StoredCommand", "new_public_id"]
+__all__ = ["COMMAND_STATES", "Admission", "AdmissionStore", "Admitted", "Backlog", "Known",
+           "OutboxRow", "ProposalRow", "StoredCommand", "new_public_id"]
 
 OUTBOX_CHANNEL = "writ_outbox"
 # Every state a command can be in (the CHECK on admission.commands.state).
@@ -235,6 +235,57 @@ LEFT JOIN admission.proposals p ON p.tenant = $1 AND p.proposal_id = $3
 """
 
 
+_KNOWN_MANY = f"""
+SELECT c.*, p.state AS proposal_state, p.decision_id::text AS proposal_decision_id,
+       coalesce(p.reason, '') AS proposal_reason,
+       (SELECT epoch FROM governance.policy_epoch) AS policy_epoch
+FROM unnest($1::text[], $2::uuid[], $3::uuid[]) WITH ORDINALITY AS k(tenant, operation_id,
+                                                                       proposal_id, i)
+LEFT JOIN LATERAL (SELECT {_COMMAND_COLUMNS} FROM admission.commands
+                   WHERE tenant = k.tenant AND operation_id = k.operation_id) AS c ON true
+LEFT JOIN admission.proposals p ON p.tenant = k.tenant AND p.proposal_id = k.proposal_id
+ORDER BY k.i
+"""
+
+
+def _known(row: Any) -> Known:
+    command = None
+    if row["state"] is not None:
+        command = StoredCommand(**{k: row[k] for k in StoredCommand.__struct_fields__})
+    proposal = None
+    if row["proposal_state"] is not None:
+        proposal = (row["proposal_state"], row["proposal_decision_id"], row["proposal_reason"])
+    return Known(command=command, proposal=proposal, policy_epoch=row["policy_epoch"])
+
+
+class Admission(msgspec.Struct, frozen=True, kw_only=True):
+    """One proposal to admit as a command (`AdmissionStore.admit`, `admit_many`)."""
+
+    tenant: str
+    operation_id: str
+    proposal_id: str
+    run_id: str
+    step: int
+    principal: str
+    agent: str
+    action: str
+    version: int
+    arguments: dict[str, Any]
+    request_hash: bytes
+    decision: Decision
+    ttl: timedelta
+    preview: dict[str, Any]
+    expected_revision: str | None = None
+    operation_key: str | None = None
+    request_id: str | None = None
+    policy_epoch: int | None = None
+    traceparent: str | None = None  # the admitting span, so the dispatch joins its trace
+
+    @property
+    def origin(self) -> str:
+        return "host" if self.operation_key is not None else "run"
+
+
 class AdmissionStore:
     """Every write admission makes, each in one short transaction."""
 
@@ -338,14 +389,13 @@ class AdmissionStore:
         """
         row = await self._pool.fetchrow(_KNOWN, tenant, operation_id, proposal_id)
         assert row is not None
-        command = None
-        if row["state"] is not None:
-            command = StoredCommand(**{k: row[k] for k in StoredCommand.__struct_fields__})
-        proposal = None
-        if row["proposal_state"] is not None:
-            proposal = (row["proposal_state"], row["proposal_decision_id"],
-                        row["proposal_reason"])
-        return Known(command=command, proposal=proposal, policy_epoch=row["policy_epoch"])
+        return _known(row)
+
+    async def known_many(self, keys: list[tuple[str, str, str]]) -> list[Known]:
+        """`known` for each (tenant, operation id, proposal id), in order, in one statement."""
+        rows = await self._pool.fetch(_KNOWN_MANY, [k[0] for k in keys], [k[1] for k in keys],
+                                      [k[2] for k in keys])
+        return [_known(row) for row in rows]
 
     async def proposal(self, tenant: str, proposal_id: str) -> tuple[str, str | None, str] | None:
         """(state, decision id, reason) of a proposal already recorded, if any."""
@@ -363,54 +413,65 @@ class AdmissionStore:
                          {"proposal_id": proposal_id, "reason": reason}))
         return bool(moved)
 
-    async def admit(self, *, tenant: str, operation_id: str, proposal_id: str, run_id: str,
-                    step: int, principal: str, agent: str, action: str, version: int,
-                    arguments: dict[str, Any], request_hash: bytes, decision: Decision,
-                    ttl: timedelta, preview: dict[str, Any],
-                    expected_revision: str | None = None,
-                    operation_key: str | None = None,
-                    request_id: str | None = None,
-                    policy_epoch: int | None = None,
-                    before_commit: Callable[[], None] | None = None) -> Admitted:
+    async def admit(self, *, before_commit: Callable[[], None] | None = None,
+                    **admission: Any) -> Admitted:
         """Proposal -> executing, command and outbox row, in one statement (seed 001 §4).
 
-        `policy_epoch` is governance's epoch read before `decide` answered (`known`): while it
-        stands, the dispatcher's re-check is this admission's allow.
+        `admission` is `Admission`'s fields. Its `policy_epoch` is governance's epoch read
+        before `decide` answered (`known`): while it stands, the dispatcher's re-check is this
+        admission's allow.
         """
-        args_json = json.dumps(arguments)
-        expires_at = datetime.now(UTC) + ttl
-        origin = "host" if operation_key is not None else "run"
+        a = Admission(traceparent=inject_context({}).get("traceparent"), **admission)
         async with self._pool.acquire() as conn:
             if before_commit is not None:
                 before_commit()  # the fault suite's "before the admission commit"
             # One statement is one transaction: no BEGIN / COMMIT round trips, and a failure
             # (or the statement timeout) rolls all of it back.
-            outbox_id = await conn.fetchval(
-                self._admit, tenant, operation_id, proposal_id, run_id, step, principal, agent,
-                action, version, args_json, request_hash, decision.decision_id,
-                decision.line, decision.policy_version, expires_at, expected_revision,
-                origin, operation_key, request_id, OUTBOX_CHANNEL,
-                inject_context({}).get("traceparent"), new_public_id(), json.dumps(preview),
-                policy_epoch,
-                *self._entry(tenant, "command.admitted", operation_id, run_id, {
-                    "operation_id": operation_id, "proposal_id": proposal_id, "step": step,
-                    "principal": principal, "agent": agent, "action": action,
-                    "version": version, "arguments": arguments, "preview": preview,
-                    "request_hash": request_hash.hex(), "decision_id": decision.decision_id,
-                    "line": decision.line, "policy_version": decision.policy_version,
-                    "expires_at": expires_at, "origin": origin,
-                    "operation_key": operation_key, "policy_epoch": policy_epoch}))
-            if outbox_id is not None:
-                return Admitted(created=True, command=StoredCommand(
-                    request_hash=request_hash, state="pending", receipt=None, reason=None,
-                    decision_id=decision.decision_id, decision_line=decision.line,
-                    policy_version=decision.policy_version, origin=origin,
-                    operation_key=operation_key, request_id=request_id))
-            # Someone admitted this key first. Read Committed: this new statement sees their
-            # committed row (the unique check waited for it), so comparing hashes is sound.
-            row = await conn.fetchrow(
-                f"SELECT {_COMMAND_COLUMNS} FROM admission.commands "
-                "WHERE tenant = $1 AND operation_id = $2", tenant, operation_id)
+            return await self._admit_on(conn, a, self._admit_args(a))
+
+    async def admit_many(self, admissions: list[Admission], *,
+                         before_commit: Callable[[], None] | None = None) -> list[Admitted]:
+        """`admit` for each, in order, in one transaction: one commit (and one wake-up of the
+        relay) for all. Any failure rolls all of them back."""
+        args = [self._admit_args(a) for a in admissions]  # encrypting is no work for Postgres
+        async with self._pool.acquire() as conn, conn.transaction():
+            admitted = [await self._admit_on(conn, a, arg)
+                        for a, arg in zip(admissions, args, strict=True)]
+            if before_commit is not None:
+                before_commit()  # the fault suite's "before the admission commit"
+        return admitted
+
+    def _admit_args(self, a: Admission) -> tuple[Any, ...]:
+        expires_at = datetime.now(UTC) + a.ttl
+        return (
+            a.tenant, a.operation_id, a.proposal_id, a.run_id, a.step, a.principal, a.agent,
+            a.action, a.version, json.dumps(a.arguments), a.request_hash,
+            a.decision.decision_id, a.decision.line, a.decision.policy_version, expires_at,
+            a.expected_revision, a.origin, a.operation_key, a.request_id, OUTBOX_CHANNEL,
+            a.traceparent, new_public_id(), json.dumps(a.preview), a.policy_epoch,
+            *self._entry(a.tenant, "command.admitted", a.operation_id, a.run_id, {
+                "operation_id": a.operation_id, "proposal_id": a.proposal_id, "step": a.step,
+                "principal": a.principal, "agent": a.agent, "action": a.action,
+                "version": a.version, "arguments": a.arguments, "preview": a.preview,
+                "request_hash": a.request_hash.hex(), "decision_id": a.decision.decision_id,
+                "line": a.decision.line, "policy_version": a.decision.policy_version,
+                "expires_at": expires_at, "origin": a.origin,
+                "operation_key": a.operation_key, "policy_epoch": a.policy_epoch}))
+
+    async def _admit_on(self, conn: asyncpg.Connection, a: Admission,
+                        args: tuple[Any, ...]) -> Admitted:
+        outbox_id = await conn.fetchval(self._admit, *args)
+        if outbox_id is not None:
+            return Admitted(created=True, command=StoredCommand(
+                request_hash=a.request_hash, state="pending", receipt=None, reason=None,
+                decision_id=a.decision.decision_id, decision_line=a.decision.line,
+                policy_version=a.decision.policy_version, origin=a.origin,
+                operation_key=a.operation_key, request_id=a.request_id))
+        # Someone admitted this key first. Read Committed: this new statement sees their
+        # committed row (the unique check waited for it), so comparing hashes is sound.
+        row = await conn.fetchrow(
+            f"SELECT {_COMMAND_COLUMNS} FROM admission.commands "
+            "WHERE tenant = $1 AND operation_id = $2", a.tenant, a.operation_id)
         return Admitted(created=False, command=StoredCommand(**dict(row)))
 
     async def claim_outbox(self, conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:

@@ -31,9 +31,11 @@ from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
     BudgetSettled,
+    DecideBatch,
     DecideRequest,
     Decision,
     DecisionAnswered,
+    Decisions,
     ListPending,
     PendingDecisions,
     RegisterRun,
@@ -46,7 +48,7 @@ from schemas.retrieval import READ_TOOLS
 from services.governance.budgets import BudgetDefaults
 from services.governance.logic import SENSITIVE_UNREADABLE, Call, decide
 from services.governance.policy import load_policy
-from services.governance.store import Answered, GovernanceStore, NotAnswerable
+from services.governance.store import Answered, GovernanceStore, NotAnswerable, ToRecord
 
 __all__ = ["GovernanceService"]
 
@@ -109,6 +111,8 @@ class GovernanceService:
         return [
             Endpoint("decide", subjects.DECIDE,
                      self._endpoint("decide", DecideRequest, self.decide)),
+            Endpoint("decide_batch", subjects.DECIDE_BATCH,
+                     self._endpoint("decide_batch", DecideBatch, self.decide_batch)),
             Endpoint("register_run", subjects.REGISTER_RUN,
                      self._endpoint("register_run", RegisterRun, self.register_run)),
             Endpoint("pending", subjects.PENDING_LIST,
@@ -154,8 +158,7 @@ class GovernanceService:
 
         return serve
 
-    async def decide(self, ask: DecideRequest) -> Decision:
-        """Decide one call and record the decision (and its pending decision, for an ask)."""
+    def _call(self, ask: DecideRequest) -> Call:
         contract = ACTIONS.get(ask.tool)
         # Read tools (retrieval executes them) are classified by their shared contract.
         read_tool = READ_TOOLS.get(ask.tool) if contract is None else None
@@ -166,28 +169,47 @@ class GovernanceService:
         # policy refusals and deny rules (lines 1-2) still come first.
         scope = (contract.scope if contract
                  else "conversation" if ask.tool.startswith(AGENT_CALL_PREFIX) else "external")
-        call = Call(tool=ask.tool, family=family,
+        return Call(tool=ask.tool, family=family,
                     connector=contract.connector if contract else None, agent=ask.agent,
                     first_argument=ask.first_argument,
                     scope=scope,
                     profile_fact=contract.profile_fact if contract else False)
+
+    async def _rule(self, ask: DecideRequest, call: Call) -> ToRecord:
+        """Read what `decide` needs and apply it; not recorded yet."""
+        try:
+            facts = await self._store.facts(ask.tenant, call, ask.principal, ask.run_id,
+                                            ask.approval_id)
+            attended = facts.attended
+        except Exception as exc:  # any failure to read is a failure to know: fail closed
+            log.warning("governance store unreadable: %r", exc)
+            facts, attended = None, False
+        return ToRecord(tenant=ask.tenant, run_id=ask.run_id, principal=ask.principal,
+                        call=call, ruling=decide(call, facts),
+                        policy_version=facts.policy_version if facts else "unreadable",
+                        proposal_id=ask.proposal_id, attended=attended)
+
+    def _decision(self, ruled: ToRecord, decision_id: str) -> Decision:
+        ruling, call = ruled.ruling, ruled.call
+        self._decisions.labels(str(ruling.line), ruling.verdict).inc()
+        return Decision(decision_id=decision_id, verdict=ruling.verdict, line=ruling.line,
+                        family=call.family or "unclassified", reason=ruling.reason,
+                        policy_version=ruled.policy_version, options=list(ruling.options),
+                        pending_id=decision_id if ruling.verdict == "ask" else None)
+
+    async def decide(self, ask: DecideRequest) -> Decision:
+        """Decide one call and record the decision (and its pending decision, for an ask)."""
+        call = self._call(ask)
         with self._rt.tracer.start_as_current_span("governance decide") as span:
-            try:
-                facts = await self._store.facts(ask.tenant, call, ask.principal, ask.run_id,
-                                                ask.approval_id)
-                attended = facts.attended
-            except Exception as exc:  # any failure to read is a failure to know: fail closed
-                log.warning("governance store unreadable: %r", exc)
-                facts, attended = None, False
-            ruling = decide(call, facts)
-            policy_version = facts.policy_version if facts else "unreadable"
+            ruled = await self._rule(ask, call)
+            ruling = ruled.ruling
             span.set_attribute("writ.decision.verdict", ruling.verdict)
             span.set_attribute("writ.decision.line", ruling.line)
             try:
                 decision_id = await self._store.record(
                     tenant=ask.tenant, run_id=ask.run_id, principal=ask.principal, call=call,
-                    ruling=ruling, policy_version=policy_version, proposal_id=ask.proposal_id,
-                    attended=attended)
+                    ruling=ruling, policy_version=ruled.policy_version,
+                    proposal_id=ask.proposal_id, attended=ruled.attended)
             except Exception as exc:
                 # An allow nobody can find later is not an allow, and an ask nobody can
                 # answer is a deny: deny what cannot be recorded (reads excepted).
@@ -197,11 +219,38 @@ class GovernanceService:
                 ruling = msgspec.structs.replace(
                     ruling, reason=SENSITIVE_UNREADABLE if ruling.verdict == "deny"
                     else ruling.reason)
-        self._decisions.labels(str(ruling.line), ruling.verdict).inc()
-        return Decision(decision_id=decision_id, verdict=ruling.verdict, line=ruling.line,
-                        family=call.family or "unclassified", reason=ruling.reason,
-                        policy_version=policy_version, options=list(ruling.options),
-                        pending_id=decision_id if ruling.verdict == "ask" else None)
+                ruled = msgspec.structs.replace(ruled, ruling=ruling)
+        return self._decision(ruled, decision_id)
+
+    async def decide_batch(self, batch: DecideBatch) -> Decisions:
+        """Decide each call exactly as `decide` would; the allows and denies are recorded in
+        one transaction (asks one by one, each with its pending decision). If that
+        transaction fails, each call is decided and recorded again on its own, so what
+        cannot be recorded is denied as `decide` denies it."""
+        with self._rt.tracer.start_as_current_span("governance decide batch") as span:
+            span.set_attribute("writ.decide.batch_size", len(batch.requests))
+            ruled: list[ToRecord | None] = [None] * len(batch.requests)
+
+            async def rule(index: int, ask: DecideRequest) -> None:
+                ruled[index] = await self._rule(ask, self._call(ask))
+
+            async with anyio.create_task_group() as tg:
+                for index, ask in enumerate(batch.requests):
+                    tg.start_soon(rule, index, ask)
+            done = [r for r in ruled if r is not None]
+            settled = [r for r in done if r.ruling.verdict != "ask"]
+            try:
+                ids = iter(await self._store.record_many(settled) if settled else [])
+            except Exception as exc:
+                log.warning("cannot record %d decisions together: %r", len(settled), exc)
+                return Decisions(decisions=[await self.decide(ask) for ask in batch.requests])
+            decisions = []
+            for ask, r in zip(batch.requests, done, strict=True):
+                if r.ruling.verdict == "ask":
+                    decisions.append(await self.decide(ask))
+                else:
+                    decisions.append(self._decision(r, next(ids)))
+        return Decisions(decisions=decisions)
 
     async def register_run(self, run: RegisterRun) -> RunRegistered:
         """Record what ingress verified about a run before it starts, and its budget."""

@@ -28,7 +28,8 @@ from schemas.planner import root_run_id
 from services.governance.budgets import BudgetState, Limits, refusal
 from services.governance.logic import Call, Facts, Rule, Ruling
 
-__all__ = ["ATTENDED_ASK_TIMEOUT", "Answered", "GovernanceStore", "NotAnswerable", "Policy"]
+__all__ = ["ATTENDED_ASK_TIMEOUT", "Answered", "GovernanceStore", "NotAnswerable", "Policy",
+           "ToRecord"]
 
 DEFAULT_POLICY_VERSION: Final = "default"
 # Seed 000: an unanswered ask in an attended conversation is a deny after five minutes, fixed.
@@ -147,6 +148,36 @@ def _state(row: asyncpg.Record) -> BudgetState:
         elapsed_s=row["elapsed_s"])
 
 
+class ToRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One decision `record_many` persists."""
+
+    tenant: str
+    run_id: str
+    principal: str
+    call: Call
+    ruling: Ruling
+    policy_version: str
+    proposal_id: str | None = None
+    attended: bool = False
+
+
+def _decision_row(*, tenant: str, run_id: str, principal: str, call: Call, ruling: Ruling,
+                  policy_version: str, proposal_id: str | None, attended: bool
+                  ) -> tuple[str, tuple[object, ...], dict[str, object]]:
+    """A new decision's id, its `governance.decisions` row and its journal event."""
+    decision_id = str(uuid.uuid4())
+    decision = (decision_id, tenant, run_id, call.agent, principal, call.tool,
+                call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
+                policy_version)
+    event: dict[str, object] = {
+        "decision_id": decision_id, "tenant": tenant, "run_id": run_id, "agent": call.agent,
+        "principal": principal, "tool": call.tool, "family": call.family or "unclassified",
+        "first_argument": call.first_argument, "verdict": ruling.verdict,
+        "line": ruling.line, "reason": ruling.reason, "policy_version": policy_version,
+        "proposal_id": proposal_id, "attended": attended}
+    return decision_id, decision, event
+
+
 _INSERT_DECISION = """
 INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, principal, tool, family,
     verdict, line, reason, policy_version)
@@ -162,8 +193,9 @@ class GovernanceStore:
 
     def __init__(self, pool: asyncpg.Pool, *, journal: Journal | None = None) -> None:
         self._pool, self._journal = pool, journal
-        self._insert_decision_journaled = (
-            f"WITH {journal.cte(12)} {_INSERT_DECISION}" if journal is not None else "")
+        self._insert_decision_statement = (
+            f"WITH {journal.cte(12)} {_INSERT_DECISION}" if journal is not None
+            else _INSERT_DECISION)
 
     async def _write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
                      payload: dict[str, object], run_id: str = "") -> None:
@@ -193,29 +225,44 @@ class GovernanceStore:
             refused_families=frozenset(row["refused_families"]),
             developer_mode=row["developer_mode"], **common)
 
+    def _decision_args(self, decision: tuple[object, ...], event: dict[str, object]
+                       ) -> tuple[object, ...]:
+        """The parameters of `_insert_decision_statement`: the row and its journal row."""
+        if self._journal is None:
+            return decision
+        entry = self._journal.entry(tenant=str(decision[1]), kind="decision",
+                                    subject=str(decision[0]), run_id=str(decision[2]),
+                                    payload=event)
+        return (*decision, *msgspec.structs.astuple(entry))
+
+    async def record_many(self, decisions: list[ToRecord]) -> list[str]:
+        """Persist several allow or deny decisions (never an ask: its pending decision is
+        `record`'s) in one transaction, each with its journal row; their ids, in order."""
+        ids, rows = [], []
+        for d in decisions:
+            if d.ruling.verdict == "ask":
+                raise ValueError("an ask is recorded with its pending decision, by record()")
+            decision_id, decision, event = _decision_row(
+                tenant=d.tenant, run_id=d.run_id, principal=d.principal, call=d.call,
+                ruling=d.ruling, policy_version=d.policy_version, proposal_id=d.proposal_id,
+                attended=d.attended)
+            ids.append(decision_id)
+            rows.append(self._decision_args(decision, event))
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.executemany(self._insert_decision_statement, rows)
+        return ids
+
     async def record(self, *, tenant: str, run_id: str, principal: str, call: Call,
                      ruling: Ruling, policy_version: str, proposal_id: str | None = None,
                      attended: bool = False) -> str:
         """Persist the decision (and, for an ask, its pending decision) in one transaction."""
-        decision_id = str(uuid.uuid4())
-        decision = (decision_id, tenant, run_id, call.agent, principal, call.tool,
-                    call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
-                    policy_version)
-        event: dict[str, object] = {
-            "decision_id": decision_id, "tenant": tenant, "run_id": run_id, "agent": call.agent,
-            "principal": principal, "tool": call.tool, "family": call.family or "unclassified",
-            "first_argument": call.first_argument, "verdict": ruling.verdict,
-            "line": ruling.line, "reason": ruling.reason, "policy_version": policy_version,
-            "proposal_id": proposal_id, "attended": attended}
+        decision_id, decision, event = _decision_row(
+            tenant=tenant, run_id=run_id, principal=principal, call=call, ruling=ruling,
+            policy_version=policy_version, proposal_id=proposal_id, attended=attended)
         if ruling.verdict != "ask":
-            if self._journal is None:
-                await self._pool.execute(_INSERT_DECISION, *decision)
-                return decision_id
-            entry = self._journal.entry(tenant=tenant, kind="decision", subject=decision_id,
-                                        run_id=run_id, payload=event)
             # One statement (no BEGIN/COMMIT round trips): the decision and its journal row.
-            await self._pool.execute(self._insert_decision_journaled, *decision,
-                                     *msgspec.structs.astuple(entry))
+            await self._pool.execute(self._insert_decision_statement,
+                                     *self._decision_args(decision, event))
             return decision_id
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(_INSERT_DECISION, *decision)

@@ -107,6 +107,42 @@ async def test_concurrent_retries_with_one_key_admit_one_command_and_one_effect(
     assert len(notes_for(crm, f"acme:{rows[0]['operation_id']}")) == 1
 
 
+async def test_a_burst_of_new_replayed_conflicting_and_invalid_commands_each_get_their_answer(
+        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    # Submitted at once, so admission takes many of them in one fetched batch (one decide
+    # request, one transaction): each still gets the answer it would get alone.
+    fresh = [host.command() for _ in range(6)]
+    replays = [msgspec.structs.replace(c, request_id=f"cmd-{uuid.uuid4().hex[:12]}")
+               for c in fresh[:3]]
+    conflict = host.command(operation_key=fresh[3].operation_key,
+                            arguments={"customer_id": "ACME-42", "body": "Another note"})
+    invalid = host.command(arguments={"customer_id": "ACME-42"})  # no body
+    burst = [*fresh, *replays, conflict, invalid]
+    async with anyio.create_task_group() as tg:
+        for command in burst:
+            tg.start_soon(host.submit, command)
+    answers = {c.request_id: await host.wait_command(c.request_id, final=False)
+               for c in burst}
+
+    assert answers[invalid.request_id].status == "rejected"
+    assert await _command_rows(db, invalid.operation_key) == []
+    # The conflict and the first of its key may arrive in either order: one of them admitted
+    # the key, the other is the conflict, and the stored payload is the admitted one's.
+    pair = {answers[fresh[3].request_id].status, answers[conflict.request_id].status}
+    assert "conflict" in pair and pair - {"conflict"} <= {"pending", "dispatching",
+                                                           "succeeded"}
+    for command in fresh:
+        rows = await _command_rows(db, command.operation_key)
+        assert len(rows) == 1
+        admitting = await host.wait_command(rows[0]["request_id"])
+        assert admitting.status == "succeeded", admitting
+        assert len(notes_for(crm, f"acme:{rows[0]['operation_id']}")) == 1
+    for replay, first in zip(replays, fresh[:3], strict=True):
+        assert answers[replay.request_id].operation_id == (
+            answers[first.request_id].operation_id)
+        assert answers[replay.request_id].status in ("pending", "dispatching", "succeeded")
+
+
 async def test_a_terminal_command_delivered_again_returns_its_outcome_and_does_nothing(
         host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
     command = host.command()

@@ -502,3 +502,63 @@ async def test_handler_span_continues_the_publisher_s_trace(bed: Bed) -> None:
     assert span.kind is SpanKind.CONSUMER
     assert span.attributes["messaging.destination.name"] == bed.subject
     assert span.attributes["messaging.message.delivery_count"] == 1
+
+
+async def test_a_batch_that_fails_is_handled_one_by_one_and_only_the_poison_fails(
+        bed: Bed) -> None:
+    batches: list[list[int]] = []
+    singles: list[int] = []
+
+    async def batch_handler(ds: list[Delivery[Note]]) -> list[BaseException | None]:
+        batches.append([d.message.n for d in ds])
+        if any(d.message.n == 3 for d in ds):
+            raise RuntimeError("the batch's transaction failed")  # nothing committed
+        return [None] * len(ds)
+
+    async def handler(d: Delivery[Note]) -> None:
+        if d.message.n == 3:
+            raise PermanentError("poison")
+        singles.append(d.message.n)
+
+    seqs = [await bed.publish(n) for n in range(1, 6)]  # all stored before the first fetch
+    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
+                       spec=bed.spec(max_deliver=3)):
+        letter = await one_dead_letter(bed)
+        info = await settled(bed, delivered=5)
+        await eventually(lambda: bed.sample("messages_handled_total") == 4)
+
+    assert batches == [[1, 2, 3, 4, 5]]
+    assert singles == [1, 2, 4, 5]  # each once, in order, after the batch failed
+    assert letter.headers is not None
+    assert letter.headers["Writ-Dlq-Stream-Seq"] == str(seqs[2])
+    assert info.num_redelivered == 0 and info.num_pending == 0
+    assert bed.sample("messages_failed_total", outcome="batch") == 1
+    assert bed.sample("messages_failed_total", outcome="permanent") == 1
+
+
+async def test_a_batch_settles_each_delivery_by_its_own_result(bed: Bed) -> None:
+    batches: list[list[tuple[int, int]]] = []
+    singles: list[tuple[int, int]] = []
+
+    async def batch_handler(ds: list[Delivery[Note]]) -> list[BaseException | None]:
+        batches.append([(d.message.n, d.num_delivered) for d in ds])
+        return [RetryableError("not yet", delay=0.05) if d.message.n == 2
+                else PermanentError("never") if d.message.n == 4 else None for d in ds]
+
+    async def handler(d: Delivery[Note]) -> None:
+        singles.append((d.message.n, d.num_delivered))  # a batch of one comes here
+
+    for n in range(1, 5):
+        await bed.publish(n)
+    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
+                       spec=bed.spec(max_deliver=3)):
+        letter = await one_dead_letter(bed)
+        info = await settled(bed, delivered=5)
+        await eventually(lambda: bed.sample("messages_handled_total") == 3)
+
+    assert batches == [[(1, 1), (2, 1), (3, 1), (4, 1)]]
+    assert singles == [(2, 2)]  # only the nak'ed one came back
+    assert letter.data == msgspec.json.encode(Note(4))
+    assert info.num_pending == 0
+    assert bed.sample("messages_failed_total", outcome="retry") == 1
+    assert bed.sample("messages_failed_total", outcome="batch") == 0
