@@ -139,7 +139,7 @@ class AdmissionService:
         `decide`, one admission transaction), everything else one by one. Raises only if
         nothing of the batch's admissions committed; the actor then takes them one by one."""
         results: list[BaseException | None] = [None] * len(deliveries)
-        proposals = [(i, d) for i, d in enumerate(deliveries)
+        proposals = [(i, d.message, d.span) for i, d in enumerate(deliveries)
                      if isinstance(d.message, ProposeCommand)]
         if proposals:
             await self._judge_batch(proposals, results)
@@ -158,15 +158,28 @@ class AdmissionService:
                     tg.start_soon(one, index)
         return results
 
-    async def _judge_batch(self, proposals: list[tuple[int, Delivery[Inbound]]],
+    async def _judge(self, p: ProposeCommand) -> None:
+        """Validate, decide, admit (or refuse) one proposal; safe to run twice. A batch of
+        one: the same path as a fetched batch's proposals.
+
+        Raises:
+            Exception: whatever stopped this proposal's judging (the actor retries it).
+        """
+        results: list[BaseException | None] = [None]
+        await self._judge_batch([(0, p, trace.get_current_span())], results)
+        if results[0] is not None:
+            raise results[0]
+
+    async def _judge_batch(self, proposals: list[tuple[int, ProposeCommand, trace.Span]],
                            results: list[BaseException | None]) -> None:
-        """`_judge` for several proposals at once; each one's failure is its own result."""
+        """Validate, decide and admit (or refuse) several proposals at once: one known-read,
+        one batched `decide`, one admission transaction. Each proposal's failure is its own
+        result (at `index`); raises only if the admission transaction failed (nothing of it
+        committed)."""
         pending: list[_Judging] = []
-        for index, delivery in proposals:
-            p = delivery.message
-            assert isinstance(p, ProposeCommand)
+        for index, p, parent in proposals:
             span = self._rt.tracer.start_span(
-                "admission admit", context=trace.set_span_in_context(delivery.span))
+                "admission admit", context=trace.set_span_in_context(parent))
             j = _Judging(index=index, p=p, span=span)
             try:
                 with trace.use_span(span, end_on_exit=False):
@@ -264,14 +277,19 @@ class AdmissionService:
 
     async def _decide_many(self, judging: list[_Judging], results: list[BaseException | None]
                            ) -> list[Decision | None]:
-        """Governance's decisions, in one request/reply; each on its own if governance cannot
-        answer the batch (None where that failed too: its result says why)."""
+        """Governance's decisions, in one request/reply (`decide` for one proposal,
+        `decide_batch` for more); each on its own if governance cannot answer the batch (None
+        where that failed too: its result says why). No answer is not an allow:
+        `DecideUnavailable` is that proposal's result, retried, and it stays unadmitted until
+        governance answers."""
         asks = [self._decide_request(j.p, j.resolved.arguments, j.proposal_id)
                 for j in judging if j.resolved is not None]
-        try:
-            return list(await decide_batch(self._rt.nc, asks, timeout=self._decide_timeout))
-        except DecideUnavailable as exc:
-            log.info("batched decide unavailable (%r): asking one by one", exc)
+        if len(asks) > 1:
+            try:
+                return list(await decide_batch(self._rt.nc, asks,
+                                               timeout=self._decide_timeout))
+            except DecideUnavailable as exc:
+                log.info("batched decide unavailable (%r): asking one by one", exc)
         decisions: list[Decision | None] = [None] * len(judging)
 
         async def one(index: int, ask: DecideRequest) -> None:
@@ -311,62 +329,6 @@ class AdmissionService:
         await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
                            pending_id=decision.pending_id,
                            proposal=_view(stored) if decision.verdict == "ask" else None)
-
-    async def _judge(self, p: ProposeCommand) -> None:
-        """Validate, decide, admit (or refuse) one proposal; safe to run twice."""
-        with self._rt.tracer.start_as_current_span("admission admit") as span:
-            try:
-                valid = validate(p)
-            except Invalid as exc:
-                await self._refuse(p, "invalid", str(exc)[:500])
-                return
-            operation_id = operation_id_for(p.tenant, p.run_id, p.step, p.operation_key)
-            proposal_id = proposal_id_for(p.tenant, p.run_id, p.step)
-            span.set_attribute("writ.operation_id", operation_id)
-            known = await self._store.known(p.tenant, operation_id, proposal_id)
-            existing, recorded = known.command, known.proposal
-            if existing is not None:
-                await self._known(p, operation_id, valid.request_hash, existing, replay=True)
-                return
-            if recorded is not None and recorded[0] in ("pending", "rejected"):
-                await self._refuse_again(p, recorded)
-                return
-            try:
-                resolved = resolve(valid, await self._read_facts(p.tenant, valid))
-            except Invalid as exc:
-                await self._refuse(p, "invalid", str(exc)[:500])
-                return
-            decision = await self._decide(p, resolved.arguments, proposal_id)
-            span.set_attribute("writ.decision.verdict", decision.verdict)
-            if decision.verdict != "allow":
-                # An ask leaves a durable pending proposal, frozen as it will be shown; the
-                # run's handler returns and nothing is held while a person thinks.
-                stored = await self._store.record_proposal(
-                    tenant=p.tenant, proposal_id=proposal_id, run_id=p.run_id, step=p.step,
-                    principal=p.principal, agent=p.agent, action=valid.contract.name,
-                    version=valid.contract.version, arguments=resolved.arguments,
-                    request_hash=valid.request_hash,
-                    state="pending" if decision.verdict == "ask" else "rejected",
-                    decision_id=decision.decision_id, reason=decision.reason,
-                    preview=resolved.preview, ttl=self._proposal_ttl,
-                    expected_revision=p.expected_revision, operation_key=p.operation_key,
-                    request_id=p.request_id)
-                await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
-                                   pending_id=decision.pending_id,
-                                   proposal=_view(stored) if decision.verdict == "ask" else None)
-                return
-            admitted = await self._store.admit(
-                tenant=p.tenant, operation_id=operation_id, proposal_id=proposal_id,
-                run_id=p.run_id, step=p.step, principal=p.principal, agent=p.agent,
-                action=valid.contract.name, version=valid.contract.version,
-                arguments=resolved.arguments, request_hash=valid.request_hash,
-                decision=decision, ttl=self._ttl, preview=resolved.preview,
-                expected_revision=p.expected_revision,
-                operation_key=p.operation_key, request_id=p.request_id,
-                policy_epoch=known.policy_epoch,
-                before_commit=lambda: self._rt.faults.crash_if("admission.before_commit"))
-            await self._known(p, operation_id, valid.request_hash, admitted.command,
-                              replay=not admitted.created)
 
     async def _read_facts(self, tenant: str, valid: Validated) -> dict[str, object] | None:
         """The state the preview stands on, read by the dispatcher (None: nothing to read, or
@@ -605,13 +567,6 @@ class AdmissionService:
                              run_id=p.run_id, tool=p.action,
                              first_argument=first[:512] if isinstance(first, str) else "",
                              proposal_id=proposal_id)
-
-    async def _decide(self, p: ProposeCommand, arguments: dict[str, object],
-                      proposal_id: str) -> Decision:
-        ask = self._decide_request(p, arguments, proposal_id)
-        # No answer is not an allow (DecideUnavailable is retried): the proposal stays
-        # unadmitted until governance answers.
-        return await decide(self._rt.nc, ask, timeout=self._decide_timeout)
 
     async def _refuse(self, p: ProposeCommand, verdict: str, reason: str,
                       decision_id: str | None = None, *, pending_id: str | None = None,
