@@ -39,7 +39,7 @@ def _run(stack: Stack, report: Report) -> None:
     stack.start_infrastructure()
     anyio.run(stack.provision)
     _phase(report, "versions", bench.versions)
-    _phase(report, "ceilings", bench.ceilings)
+    _phase(report, "prepare", bench.prepare)
     print("\nStarting the simulated CRM and the six services…", flush=True)
     stack.start_crm()
     stack.start_services()

@@ -26,12 +26,31 @@ from schemas.governance import Decision
 from services.admission.store import AdmissionStore
 from writ.stack import Stack
 
-__all__ = ["CEILING_TENANT", "admission_ceiling", "jetstream_ceiling"]
+__all__ = ["CEILING_TENANT", "admission_ceiling", "ceiling_twin", "jetstream_ceiling"]
 
-# The admission ceiling's rows go under their own tenant so they can be removed afterwards:
-# left in the outbox they would be relayed and dispatched in the middle of later measurements.
+# The admission ceiling's rows go under their own tenant so they can be removed afterwards.
 CEILING_TENANT = "bench-ceiling"
 _STREAM = "BENCH_JS"
+# The admission statement's wake-up of the relay; replaced to measure the transaction without it.
+_NOTIFY = "pg_notify($20, '')"
+
+
+async def ceiling_twin(stack: Stack) -> Stack:
+    """A second database on the same Postgres server, provisioned exactly as the deployment's
+    (same migrations, roles, journal keys), for the admission ceiling.
+
+    The ceiling is measured between passes of the command path, while the services run: in the
+    deployment's own database the relay would be woken by every ceiling row and publish it, and
+    the dispatcher execute it, inside the ceiling's window. Nothing listens on the twin. Same
+    server, same WAL and disk, same CPU: only the rows are elsewhere.
+    """
+    twin = Stack(home=stack.home / "ceiling-twin", nats_url=stack.nats_url,
+                 admin_dsn=stack.admin_dsn, database=f"{stack.database}_ceiling")
+    for folder in (twin.secrets, twin.config, twin.logs):
+        folder.mkdir(parents=True, exist_ok=True)
+    twin.secrets.chmod(0o700)
+    await twin.provision()
+    return twin
 
 
 async def jetstream_ceiling(nats_url: str, *, publishers: int, batch: int, warmup_s: float,
@@ -103,13 +122,15 @@ def ceiling_decision() -> Decision:
 
 
 async def admission_ceiling(stack: Stack, *, concurrency: int, warmup_s: float,
-                            duration_s: float, journal: bool = True,
+                            duration_s: float, journal: bool = True, notify: bool = True,
                             watcher: Watcher | None = None) -> Sample:
     """`AdmissionStore.admit` alone (proposal + command + outbox + notify in one transaction),
     as the admission role, with a pool of `concurrency` connections kept busy.
 
     With `journal` (as deployed), each admission also writes its encrypted journal row, and the
     journal's sealer chains and signs them in this process meanwhile, as it does in admission's.
+    `notify=False` is a diagnostic, never the ceiling: the same statement without its
+    `pg_notify` (Postgres serialises the commits of notifying transactions database-wide).
     """
     env = stack.service_env("admission")
     pool = await connect_pool(env["WRIT_DATABASE_URL"],
@@ -120,6 +141,11 @@ async def admission_ceiling(stack: Stack, *, concurrency: int, warmup_s: float,
         "admission", signing_key_file=env["WRIT_JOURNAL_SIGNING_KEY_FILE"],
         data_keys_file=env["WRIT_JOURNAL_DATA_KEYS_FILE"])
     store = AdmissionStore(pool, journal=journal_ if journal else None)
+    if not notify:
+        # The store's private statement, edited for this diagnostic only: the parameter stays
+        # (cast to text, as pg_notify types it) so the statement's arguments are unchanged.
+        assert _NOTIFY in store._admit
+        store._admit = store._admit.replace(_NOTIFY, "$20::text")
     decision = ceiling_decision()
     ttl = timedelta(hours=1)
 

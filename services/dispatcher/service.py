@@ -35,7 +35,7 @@ from libs.decide import DecideUnavailable, decide
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
-from libs.telemetry import links_to, refresh_every
+from libs.telemetry import inject_context, links_to, refresh_every
 from schemas import subjects
 from schemas.admission import DispatchCommand
 from schemas.dispatcher import (
@@ -49,7 +49,13 @@ from schemas.dispatcher import (
     UnknownCommands,
 )
 from schemas.governance import DecideRequest, Decision
-from services.dispatcher.breaker import STATE_VALUES, Breakers, BreakerState, outcome_of
+from services.dispatcher.breaker import (
+    STATE_VALUES,
+    Admission,
+    Breakers,
+    BreakerState,
+    outcome_of,
+)
 from services.dispatcher.connectors import Connector, Result
 from services.dispatcher.store import TERMINAL, Claim, DispatcherStore
 
@@ -67,6 +73,35 @@ def inbox(ack_wait_s: float) -> ConsumerSpec:
                         max_deliver=50)
 
 
+def _final(result: Result, connector: Connector
+           ) -> tuple[str, str, str | None, str | None] | None:
+    """(state, attempt result, receipt, reason) a connector's result ends the command with, or
+    None when the lease must go back for a later attempt instead."""
+    if result.kind == "succeeded":
+        return "succeeded", "succeeded", result.receipt, None
+    if result.kind == "rejected":
+        return "failed", "failed", None, result.detail
+    if result.kind == "revision_mismatch":
+        # A failed precondition goes back to review; never retried without it.
+        return "revision_required", "revision_required", None, result.detail
+    if result.kind == "transient" or connector.contract != "none":
+        return None
+    # A lost response from a provider that cannot prove what happened: say so.
+    return "unknown", "lost", None, result.detail
+
+
+class _Plain:
+    """One plain command of a batch (see `DispatcherService.handle_batch`), as far as it got."""
+
+    __slots__ = ("admission", "attempt", "claim", "connector", "index", "result")
+
+    def __init__(self, *, index: int, claim: Claim, connector: Connector) -> None:
+        self.index, self.claim, self.connector = index, claim, connector
+        self.admission: Admission | None = None  # the breaker's, for the call
+        self.attempt: int | None = None
+        self.result: Result | None = None
+
+
 class DispatcherService:
     """Executes each admitted command: exactly once where the provider allows, else `unknown`."""
 
@@ -77,8 +112,11 @@ class DispatcherService:
                  recheck_reuse_s: float = 30.0,
                  breaker_threshold: int = 3, breaker_cooldown_s: float = 30.0,
                  worker: str | None = None, gauges_every_s: float = 5.0,
-                 sealer: Sealer | None = None) -> None:
+                 sealer: Sealer | None = None, batch_size: int = 64, batches: int = 4) -> None:
         self._rt, self._store, self._connectors = rt, store, connectors
+        # Up to `batches` fetched batches of up to `batch_size` commands in flight; a batch's
+        # claims, intents and plain outcomes are each one commit (`handle_batch`).
+        self._batch_size, self._batches = batch_size, batches
         self._sealer = sealer
         self._lease_s, self._call_timeout_s = lease_s, call_timeout_s
         self._sweep_every_s, self._pending_grace_s = sweep_every_s, pending_grace_s
@@ -137,9 +175,11 @@ class DispatcherService:
                                             self.refresh_gauges, stopping=self._rt.stopping,
                                             what="dispatcher gauges"))
             await run_actor(js=self._rt.js, spec=inbox(self._lease_s), decoder=self._decoder,
-                            handler=self.handle, metrics=self._rt.metrics,
-                            tracer=self._rt.tracer, stopping=self._rt.stopping, ack_sync=True,
-                            heartbeat=False, task_status=task_status)
+                            handler=self.handle, batch_handler=self.handle_batch,
+                            batch_size=self._batch_size, concurrency=self._batches,
+                            metrics=self._rt.metrics, tracer=self._rt.tracer,
+                            stopping=self._rt.stopping, ack_sync=True, heartbeat=False,
+                            task_status=task_status)
             tg.cancel_scope.cancel()
 
     async def refresh_gauges(self) -> None:
@@ -161,6 +201,179 @@ class DispatcherService:
                 span.set_attribute("writ.lease_epoch", claim.lease_epoch)
                 await self._execute(claim, delivery)
         self._rt.faults.crash_if("dispatcher.before_ack")
+
+    async def handle_batch(self, deliveries: list[Delivery[DispatchCommand]]
+                           ) -> list[BaseException | None]:
+        """A fetched batch: claimed in one fenced statement; the plain commands (first holder,
+        the admission's allow current, a remote connector, no facts to revalidate) record
+        their intents in one transaction, call their connectors, and record their outcomes in
+        one transaction; every other command goes through `_execute` alone.
+
+        Each claim, intent and outcome statement is fenced on its own epoch: a fenced command's
+        result is `Fenced` and its delivery is left alone. Raises only if the claim failed
+        (nothing committed); the actor then takes the deliveries one by one.
+        """
+        results: list[BaseException | None] = [None] * len(deliveries)
+        self._rt.faults.crash_if("dispatcher.before_claim")
+        claims = await self._store.claim_many(
+            [(d.message.tenant, d.message.operation_id) for d in deliveries],
+            worker=self._worker, lease_s=self._lease_s, reuse_decision_s=self._recheck_reuse_s)
+        plain: list[_Plain] = []
+        alone: list[tuple[int, Claim | None]] = []
+        for index, delivery in enumerate(deliveries):
+            # A command listed twice is claimed once: the second delivery finds it held.
+            claim = claims.pop((delivery.message.tenant, delivery.message.operation_id), None)
+            job = None if claim is None else self._plain(index, claim)
+            if job is None:
+                alone.append((index, claim))
+            else:
+                plain.append(job)
+
+        async def one(index: int, claim: Claim | None) -> None:
+            delivery = deliveries[index]
+            try:
+                with trace.use_span(delivery.span, end_on_exit=False), \
+                        self._rt.tracer.start_as_current_span("dispatch") as span:
+                    span.set_attribute("writ.operation_id", delivery.message.operation_id)
+                    if claim is None:
+                        await self._not_claimed(delivery.message)
+                    else:
+                        span.set_attribute("writ.lease_epoch", claim.lease_epoch)
+                        await self._execute(claim, delivery)
+            except Exception as exc:
+                results[index] = exc
+
+        async with anyio.create_task_group() as tg:
+            for index, claim in alone:
+                tg.start_soon(one, index, claim)
+            if plain:
+                tg.start_soon(self._dispatch_plain, deliveries, plain, results)
+        self._rt.faults.crash_if("dispatcher.before_ack")
+        return results
+
+    def _plain(self, index: int, claim: Claim) -> _Plain | None:
+        """The claim as a plain command (see `handle_batch`), or None to execute it alone."""
+        contract = ACTIONS.get(claim.action)
+        if (contract is None or contract.connector not in self._connectors
+                or claim.lease_epoch != 1 or not claim.decision_current
+                or claim.expires_at <= datetime.now(UTC)
+                or (claim.preview and contract.facts is not None)):
+            return None
+        try:
+            contract.decode_arguments(claim.arguments)
+            if claim.preview:
+                contract.decode_preview(claim.preview)
+        except msgspec.ValidationError:
+            return None  # `_execute` fails it, with its reason
+        claim = msgspec.structs.replace(
+            claim, recheck=f"admission decision {claim.decision_id} "
+                           f"(policy epoch {claim.policy_epoch} unchanged)")
+        return _Plain(index=index, claim=claim, connector=self._connectors[contract.connector])
+
+    async def _dispatch_plain(self, deliveries: list[Delivery[DispatchCommand]],
+                              plain: list[_Plain], results: list[BaseException | None]) -> None:
+        """Intents (one commit), connector calls, plain outcomes (one commit), outcomes out."""
+        ready: list[_Plain] = []
+        for job in plain:
+            self._rechecks.labels("reused").inc()
+            breaker = self._breakers.for_tool(job.claim.action)
+            job.admission = breaker.admit()
+            if job.admission.allowed:
+                ready.append(job)
+                continue
+            self._breaker_refused.labels(job.claim.action).inc()
+            try:
+                await self._store.release(job.claim, None, result="transient",
+                                          detail=f"circuit open for {job.claim.action}",
+                                          not_before_s=job.admission.retry_after_s)
+                raise RetryableError(f"circuit open for {job.claim.action}",
+                                     delay=max(job.admission.retry_after_s, 0.1))
+            except Exception as exc:
+                results[job.index] = exc
+        if not ready:
+            return
+        starts = []
+        for job in ready:
+            with trace.use_span(deliveries[job.index].span, end_on_exit=False):
+                starts.append((job.claim, job.connector.name,
+                               inject_context({}).get("traceparent")))
+        try:
+            # The intents are durable before any connector is called.
+            attempts = await self._store.start_attempts(starts, worker=self._worker)
+        except Exception as exc:
+            for job in ready:
+                results[job.index] = exc
+            return
+        called: list[_Plain] = []
+        for job, attempt in zip(ready, attempts, strict=True):
+            if attempt is None:
+                results[job.index] = Fenced("lease taken over",
+                                            operation_id=job.claim.operation_id)
+            else:
+                job.attempt = attempt
+                called.append(job)
+
+        async def call(job: _Plain) -> None:
+            claim, delivery = job.claim, deliveries[job.index]
+            try:
+                with trace.use_span(delivery.span, end_on_exit=False):
+                    job.result = await self._guarded(claim, delivery, job.connector.execute(
+                        claim.action, claim.arguments, key=f"{claim.tenant}:{claim.operation_id}",
+                        expected_revision=claim.expected_revision))
+            except Exception as exc:
+                results[job.index] = exc
+
+        async with anyio.create_task_group() as tg:
+            for job in called:
+                tg.start_soon(call, job)
+        for job in called:
+            if job.result is not None:
+                assert job.admission is not None
+                self._breakers.for_tool(job.claim.action).record(job.admission,
+                                                                 outcome_of(job.result.kind))
+        self._rt.faults.crash_if("dispatcher.after_remote_write")
+        finishing: list[tuple[_Plain, tuple[str, str, str | None, str | None]]] = []
+        for job in called:
+            if job.result is None:
+                continue
+            final = _final(job.result, job.connector)
+            if final is not None:
+                finishing.append((job, final))
+                continue
+            try:  # give the lease back, as alone
+                assert job.attempt is not None
+                await self._conclude(job.claim, job.attempt, job.connector, job.result)
+            except Exception as exc:
+                results[job.index] = exc
+        if not finishing:
+            return
+        try:
+            finished = await self._store.finish_many(
+                [(job.claim, job.attempt, *final) for job, final in finishing])
+        except Exception as exc:
+            for job, _ in finishing:
+                results[job.index] = exc
+            return
+
+        async def publish_outcome(job: _Plain, state: str, receipt: str | None,
+                                  reason: str | None) -> None:
+            claim = job.claim
+            try:
+                await self._publish_outcome(claim.tenant, claim.operation_id, claim.run_id,
+                                            claim.step, claim.action, state, receipt, reason,
+                                            origin=claim.origin)
+            except Exception as exc:  # redelivered, it finds the outcome and publishes it
+                results[job.index] = exc
+
+        async with anyio.create_task_group() as tg:
+            for (job, (state, result, receipt, reason)), done in zip(finishing, finished,
+                                                                      strict=True):
+                if not done:
+                    results[job.index] = Fenced("lease taken over before finalising",
+                                                operation_id=job.claim.operation_id)
+                    continue
+                self._attempts.labels(job.connector.name, result).inc()
+                tg.start_soon(publish_outcome, job, state, receipt, reason)
 
     async def _not_claimed(self, cmd: DispatchCommand) -> None:
         current = await self._store.current(cmd.tenant, cmd.operation_id)
@@ -355,28 +568,18 @@ class DispatcherService:
 
     async def _conclude(self, claim: Claim, attempt: int, connector: Connector,
                         result: Result) -> None:
-        if result.kind == "succeeded":
-            await self._finish(claim, attempt, state="succeeded", result="succeeded",
-                               receipt=result.receipt, reason=None, connector=connector.name)
-        elif result.kind == "rejected":
-            await self._finish(claim, attempt, state="failed", result="failed", receipt=None,
-                               reason=result.detail, connector=connector.name)
-        elif result.kind == "revision_mismatch":
-            # A failed precondition goes back to review; never retried without it.
-            await self._finish(claim, attempt, state="revision_required",
-                               result="revision_required", receipt=None, reason=result.detail,
-                               connector=connector.name)
-        elif result.kind == "transient" or connector.contract != "none":
-            # Nothing happened, or the provider can dedupe (idempotent) or be asked
-            # (queryable): give the lease back; the next holder replays or looks the key up.
-            released = "lost" if result.kind == "lost" else "transient"
-            await self._store.release(claim, attempt, result=released, detail=result.detail)
-            self._attempts.labels(connector.name, released).inc()
-            raise RetryableError(f"{connector.name}: {result.detail}")
-        else:
-            # A lost response from a provider that cannot prove what happened: say so.
-            await self._finish(claim, attempt, state="unknown", result="lost", receipt=None,
-                               reason=result.detail, connector=connector.name)
+        final = _final(result, connector)
+        if final is not None:
+            state, recorded, receipt, reason = final
+            await self._finish(claim, attempt, state=state, result=recorded, receipt=receipt,
+                               reason=reason, connector=connector.name)
+            return
+        # Nothing happened, or the provider can dedupe (idempotent) or be asked
+        # (queryable): give the lease back; the next holder replays or looks the key up.
+        released = "lost" if result.kind == "lost" else "transient"
+        await self._store.release(claim, attempt, result=released, detail=result.detail)
+        self._attempts.labels(connector.name, released).inc()
+        raise RetryableError(f"{connector.name}: {result.detail}")
 
     async def _guarded(self, claim: Claim, delivery: Delivery[Any] | None,
                        call: Awaitable[Result]) -> Result:

@@ -111,6 +111,24 @@ RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, 
               AS decision_current
 """
 
+# `_CLAIM` for a fetched batch's commands at once ($1 tenants, $2 operation ids, in pairs): one
+# statement, one commit. Each row is fenced exactly as `_CLAIM` fences it; a command not
+# claimable (or listed twice) is simply not returned.
+_CLAIM_MANY = """
+UPDATE admission.commands AS c
+SET state = 'dispatching', lease_epoch = c.lease_epoch + 1, lease_owner = $3,
+    lease_until = now() + make_interval(secs => $4), updated_at = now()
+FROM unnest($1::text[], $2::uuid[]) AS k(tenant, operation_id)
+WHERE c.tenant = k.tenant AND c.operation_id = k.operation_id
+  AND (c.state = 'pending' OR (c.state = 'dispatching' AND c.lease_until < now()))
+RETURNING c.tenant, c.operation_id::text AS operation_id, c.lease_epoch, c.lease_until,
+          c.run_id, c.step, c.principal, c.agent, c.action, c.arguments, c.expires_at,
+          c.expected_revision, c.decision_id::text AS decision_id, c.origin,
+          coalesce(c.preview, '{}'::jsonb) AS preview, c.traceparent, c.policy_epoch,
+          coalesce(c.policy_epoch = (SELECT epoch FROM governance.policy_epoch)
+                   AND c.created_at > now() - make_interval(secs => $5), false)
+              AS decision_current
+"""
 
 _START_ATTEMPT = """
 WITH started AS (
@@ -183,6 +201,22 @@ class DispatcherStore:
         values["preview"] = json.loads(values["preview"])
         return Claim(**values)
 
+    async def claim_many(self, keys: list[tuple[str, str]], *, worker: str, lease_s: float,
+                         reuse_decision_s: float = 0.0) -> dict[tuple[str, str], Claim]:
+        """`claim` for each (tenant, operation id), in one statement: the claims taken, by key.
+
+        Raises if the statement fails (nothing was claimed then).
+        """
+        rows = await self._pool.fetch(_CLAIM_MANY, [k[0] for k in keys], [k[1] for k in keys],
+                                      worker, lease_s, reuse_decision_s)
+        claims = {}
+        for row in rows:
+            values = dict(row)
+            values["arguments"] = json.loads(values["arguments"])
+            values["preview"] = json.loads(values["preview"])
+            claims[(values["tenant"], values["operation_id"])] = Claim(**values)
+        return claims
+
     async def current(self, tenant: str, operation_id: str) -> Current | None:
         """The command's state, for a delivery that could not claim it."""
         row = await self._pool.fetchrow(
@@ -201,6 +235,44 @@ class DispatcherStore:
         if attempt is None:
             raise Fenced("lease taken over", operation_id=claim.operation_id)
         return int(attempt)
+
+    async def start_attempts(self, starts: list[tuple[Claim, str, str | None]], *,
+                             worker: str) -> list[int | None]:
+        """`start_attempt` for each (claim, connector, traceparent), in one transaction: each
+        statement fenced on its own claim's epoch, one commit for all. None where fenced.
+
+        Raises if the transaction fails (no attempt was recorded then).
+        """
+        attempts: list[int | None] = []
+        async with self._pool.acquire() as conn, conn.transaction():
+            for claim, connector, traceparent in starts:
+                attempt = await conn.fetchval(
+                    self._start_attempt, claim.tenant, claim.operation_id, claim.lease_epoch,
+                    worker, connector, traceparent, *self._entry(
+                        claim, "attempt.started",
+                        {"worker": worker, "connector": connector, "recheck": claim.recheck}))
+                attempts.append(None if attempt is None else int(attempt))
+        return attempts
+
+    async def finish_many(self, finishes: list[tuple[Claim, int, str, str, str | None,
+                                                     str | None]]) -> list[bool]:
+        """`finish` for each (claim, attempt id, state, result, receipt, reason), in one
+        transaction: each statement fenced on its own claim's epoch, one commit for all.
+        False where fenced (nothing of that one changed).
+
+        Raises if the transaction fails (none was finished then).
+        """
+        finished: list[bool] = []
+        async with self._pool.acquire() as conn, conn.transaction():
+            for claim, attempt_id, state, result, receipt, reason in finishes:
+                changed = await conn.fetchval(
+                    self._finish, claim.tenant, claim.operation_id, claim.lease_epoch, state,
+                    receipt, reason, result, reason or receipt, attempt_id,
+                    *self._entry(claim, f"command.{state}", {
+                        "attempt_id": attempt_id, "result": result, "receipt": receipt,
+                        "reason": reason}))
+                finished.append(changed == 1)
+        return finished
 
     async def finish(self, claim: Claim, attempt_id: int, *, state: str, result: str,
                      receipt: str | None, reason: str | None,
