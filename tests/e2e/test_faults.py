@@ -295,6 +295,41 @@ async def test_crash_after_the_remote_write_replays_the_key_at_an_idempotent_pro
 
 
 
+async def test_a_batch_crashed_after_its_remote_writes_replays_each_key_once(
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
+        faults: Faults) -> None:
+    """Commands waiting in the stream are fetched as one batch: claimed together, their
+    intents recorded together before any connector call, called, then the process dies before
+    any outcome is recorded. The next holder replays each key: one note per command."""
+    stack.stop_process("dispatcher")
+    commands = [host.command() for _ in range(5)]
+    for command in commands:
+        await host.submit(command)
+    rows = [await command_row(db, c.operation_key) for c in commands]
+    with anyio.fail_after(20):  # relayed: all five wait in the stream for the dispatcher
+        while await db.fetchval("SELECT count(*) FROM admission.outbox WHERE operation_id "
+                                "= ANY($1::uuid[])", [r["operation_id"] for r in rows]):
+            await anyio.sleep(0.05)
+    faults.arm("dispatcher.after_remote_write")
+    stack.start_instance("dispatcher", "dispatcher")
+    await faults.crashed("dispatcher")
+
+    # The crash came after the whole batch's calls: every command acted once at the CRM and
+    # has its intent, under its first lease, and none has an outcome.
+    for row in rows:
+        assert (await command_row(db, str(row["operation_key"])))["state"] == "dispatching"
+        assert len(notes(crm, str(row["operation_id"]))) == 1
+        assert await attempts(db, row["operation_id"]) == [(1, None)]
+
+    await faults.restart("dispatcher")
+    results = [await host.wait_command(c.request_id) for c in commands]
+    assert {r.status for r in results} == {"succeeded"}
+    for row, result in zip(rows, results, strict=True):
+        written = notes(crm, str(row["operation_id"]))
+        assert len(written) == 1 and result.receipt == written[0]["note_id"]
+        assert await attempts(db, row["operation_id"]) == [(1, None), (2, "succeeded")]
+
+
 async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_unknown(
         host: Host, db: asyncpg.Connection, payments: httpx.Client, faults: Faults) -> None:
     faults.arm("dispatcher.after_remote_write")
