@@ -7,6 +7,12 @@ idempotency key, records the attempt and the outcome, and only then acks (DESIGN
 Progress is reported only after a fenced renewal of the lease succeeded: a worker whose lease
 was taken over never acks, naks or reports progress again, because JetStream matches those by
 stream sequence alone and a stale one would settle the new holder's delivery.
+
+Beside the delivery loop (one command, or a fetched batch claimed together), it sweeps stranded
+commands from Postgres. Its other parts: `facts.py` reads the state a preview stands on (for
+admission, and for revalidation here), `reconciliation.py` serves operators the commands that
+ended `unknown`, `outcomes.py` publishes recorded outcomes, `connectors.py` holds the systems'
+addresses and credentials, `breaker.py` the per-tool circuit breakers, `store.py` the SQL.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import msgspec
-from nats.micro.request import Request
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Counter, Gauge
@@ -30,7 +35,7 @@ from actions import ACTIONS, ActionContract
 from actions.base import Stale
 from actions.email_draft_apply import EmailDraftApply
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, publish
+from libs.bus import ConsumerSpec
 from libs.decide import DecideUnavailable, decide
 from libs.errors import Fenced, PermanentError, RetryableError, single_error
 from libs.journal import Sealer
@@ -38,16 +43,6 @@ from libs.runtime import Endpoint, Runtime
 from libs.telemetry import inject_context, links_to, refresh_every
 from schemas import subjects
 from schemas.admission import DispatchCommand
-from schemas.dispatcher import (
-    CommandOutcome,
-    FactsRead,
-    ListUnknown,
-    ReadFacts,
-    Reconcile,
-    Reconciled,
-    UnknownCommand,
-    UnknownCommands,
-)
 from schemas.governance import DecideRequest, Decision
 from services.dispatcher.breaker import (
     STATE_VALUES,
@@ -57,6 +52,9 @@ from services.dispatcher.breaker import (
     outcome_of,
 )
 from services.dispatcher.connectors import Connector, Result
+from services.dispatcher.facts import FactsReader
+from services.dispatcher.outcomes import Outcomes
+from services.dispatcher.reconciliation import Reconciliation
 from services.dispatcher.store import TERMINAL, Claim, DispatcherStore
 
 __all__ = ["DispatcherService", "inbox"]
@@ -114,6 +112,9 @@ class DispatcherService:
                  worker: str | None = None, gauges_every_s: float = 5.0,
                  sealer: Sealer | None = None, batch_size: int = 64, batches: int = 4) -> None:
         self._rt, self._store, self._connectors = rt, store, connectors
+        self._outcomes = Outcomes(rt.js)
+        self._facts = FactsReader(store=store, connectors=connectors)
+        self._reconciliation = Reconciliation(store=store, outcomes=self._outcomes)
         # Up to `batches` fetched batches of up to `batch_size` commands in flight; a batch's
         # claims, intents and plain outcomes are each one commit (`handle_batch`).
         self._batch_size, self._batches = batch_size, batches
@@ -163,9 +164,9 @@ class DispatcherService:
                   ) -> None:
         """Consume admitted commands and sweep stranded ones until stopped."""
         self._rt.endpoints += [
-            Endpoint("unknown", subjects.UNKNOWN_LIST, self._on_list_unknown),
-            Endpoint("reconcile", subjects.RECONCILE, self._on_reconcile),
-            Endpoint("facts", subjects.FACTS, self._on_read_facts),
+            Endpoint("unknown", subjects.UNKNOWN_LIST, self._reconciliation.list_unknown),
+            Endpoint("reconcile", subjects.RECONCILE, self._reconciliation.reconcile),
+            Endpoint("facts", subjects.FACTS, self._facts.serve),
         ]
         async with anyio.create_task_group() as tg:
             if self._sealer is not None:
@@ -359,7 +360,7 @@ class DispatcherService:
                                   reason: str | None) -> None:
             claim = job.claim
             try:
-                await self._publish_outcome(claim.tenant, claim.operation_id, claim.run_id,
+                await self._outcomes.publish(claim.tenant, claim.operation_id, claim.run_id,
                                             claim.step, claim.action, state, receipt, reason,
                                             origin=claim.origin)
             except Exception as exc:  # redelivered, it finds the outcome and publishes it
@@ -381,7 +382,7 @@ class DispatcherService:
             raise PermanentError(f"no command {cmd.tenant}:{cmd.operation_id}")
         if current.state in TERMINAL:
             # Delivered again after the end: answer with the recorded outcome, do nothing else.
-            await self._publish_outcome(cmd.tenant, cmd.operation_id, current.run_id,
+            await self._outcomes.publish(cmd.tenant, cmd.operation_id, current.run_id,
                                         current.step, current.action, current.state,
                                         current.receipt, current.reason, origin=current.origin)
             return
@@ -498,7 +499,7 @@ class DispatcherService:
         if ref is None:
             return None
         try:
-            raw = await self._read_facts(claim.tenant, ref.kind, ref.id)
+            raw = await self._facts.read(claim.tenant, ref.kind, ref.id)
         except RetryableError:
             await self._store.release(claim, None, result="transient",
                                       detail=f"cannot read the {ref.kind} to revalidate")
@@ -532,39 +533,8 @@ class DispatcherService:
             await self._store.finish(claim, attempt, state=state, result=result,
                                      receipt=receipt, reason=reason, conn=conn)
         self._attempts.labels("local", result).inc()
-        await self._publish_outcome(claim.tenant, claim.operation_id, claim.run_id, claim.step,
+        await self._outcomes.publish(claim.tenant, claim.operation_id, claim.run_id, claim.step,
                                     claim.action, state, receipt, reason, origin=claim.origin)
-
-    async def _read_facts(self, tenant: str, kind: str, resource: str) -> dict[str, Any] | None:
-        """The system of record's state now; raises `RetryableError` when it cannot be read."""
-        if kind == "mail_draft":
-            contract = ACTIONS["email.draft.apply"]
-            assert isinstance(contract, EmailDraftApply)
-            async with self._store.transaction() as conn:
-                draft = await contract.read_local(conn, tenant, resource)
-            return None if draft is None else msgspec.to_builtins(draft)
-        connector = self._connectors.get("payments")
-        if kind != "payment" or connector is None:
-            raise PermanentError(f"no reader for {kind}")
-        return await connector.read_payment(resource)  # type: ignore[attr-defined, no-any-return]
-
-    async def _on_read_facts(self, request: Request) -> None:
-        try:
-            ask = msgspec.json.decode(request.data, type=ReadFacts)
-        except msgspec.DecodeError as exc:
-            await request.respond_error("400", f"invalid ReadFacts: {exc}")
-            return
-        try:
-            facts = await self._read_facts(ask.tenant, ask.kind, ask.id)
-        except PermanentError as exc:
-            await request.respond_error("404", str(exc)[:500])
-            return
-        except Exception as exc:
-            log.warning("reading %s %s failed: %r", ask.kind, ask.id, exc)
-            await request.respond_error("503", f"cannot read the {ask.kind} now")
-            return
-        await request.respond(self._encoder.encode(FactsRead(found=facts is not None,
-                                                             facts=facts)))
 
     async def _conclude(self, claim: Claim, attempt: int, connector: Connector,
                         result: Result) -> None:
@@ -642,19 +612,8 @@ class DispatcherService:
         await self._store.finish(claim, attempt, state=state, result=result, receipt=receipt,
                                  reason=reason)
         self._attempts.labels(connector, result).inc()
-        await self._publish_outcome(claim.tenant, claim.operation_id, claim.run_id, claim.step,
+        await self._outcomes.publish(claim.tenant, claim.operation_id, claim.run_id, claim.step,
                                     claim.action, state, receipt, reason, origin=claim.origin)
-
-    async def _publish_outcome(self, tenant: str, operation_id: str, run_id: str, step: int,
-                               action: str, state: str, receipt: str | None,
-                               reason: str | None, *, origin: str, suffix: str = "") -> None:
-        await publish(
-            self._rt.js, subjects.outcome(tenant, origin),
-            CommandOutcome(tenant=tenant, operation_id=operation_id, run_id=run_id, step=step,
-                           action=action, state=state, receipt=receipt,
-                           reason=(reason or "")[:500] or None),
-            msg_id=f"outcome:{tenant}:{operation_id}{suffix}",
-        )
 
     # -- the sweeper: Postgres re-drives what the bus may have lost --------------------------
 
@@ -688,38 +647,3 @@ class DispatcherService:
                 except (RetryableError, Fenced) as exc:
                     log.info("sweeper left %s for later: %s", stale.operation_id, exc)
         return done
-
-    # -- reconciliation of `unknown` commands ------------------------------------------------
-
-    async def _on_list_unknown(self, request: Request) -> None:
-        try:
-            ask = msgspec.json.decode(request.data, type=ListUnknown)
-        except msgspec.DecodeError as exc:
-            await request.respond_error("400", f"invalid ListUnknown: {exc}")
-            return
-        rows = await self._store.unknown(ask.tenant)
-        answer = UnknownCommands(commands=[
-            UnknownCommand(operation_id=r.operation_id, action=r.action, principal=r.principal,
-                           arguments=r.arguments, reason=(r.reason or "")[:500] or None,
-                           since=r.updated_at.isoformat()) for r in rows])
-        await request.respond(self._encoder.encode(answer))
-
-    async def _on_reconcile(self, request: Request) -> None:
-        try:
-            ask = msgspec.json.decode(request.data, type=Reconcile)
-        except msgspec.DecodeError as exc:
-            await request.respond_error("400", f"invalid Reconcile: {exc}")
-            return
-        moved = await self._store.reconcile(ask.tenant, ask.operation_id, state=ask.state,
-                                            receipt=ask.receipt, evidence=ask.evidence,
-                                            resolved_by=ask.resolved_by)
-        if moved is None:
-            answer = Reconciled(operation_id=ask.operation_id, ok=False,
-                                message="no such command in state unknown")
-        else:
-            await self._publish_outcome(ask.tenant, ask.operation_id, moved.run_id, moved.step,
-                                        moved.action, moved.state, moved.receipt, moved.reason,
-                                        origin=moved.origin, suffix=":reconciled")
-            answer = Reconciled(operation_id=ask.operation_id, ok=True,
-                                message=f"recorded {ask.state} with evidence")
-        await request.respond(self._encoder.encode(answer))
