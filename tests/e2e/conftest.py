@@ -31,6 +31,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
+from schemas.planner import ReplayReport, ReplayRun
 from writ.stack import Stack
 
 T = TypeVar("T")
@@ -205,6 +206,25 @@ async def host(stack: Stack) -> AsyncIterator[Host]:
     nc = await nats.connect(stack.nats_url, max_reconnect_attempts=-1)
     yield Host(stack, nc)
     await nc.close()
+
+
+async def sealed(db: asyncpg.Connection, run_id: str, timeout: float = 20) -> None:
+    """Wait until the planner's sealer has chained every journal row of the run (a poll or
+    two)."""
+    with anyio.fail_after(timeout):
+        while await db.fetchval(
+                "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
+                "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)", run_id):
+            await anyio.sleep(0.1)
+
+
+async def replayed(host: Host, db: asyncpg.Connection, run_id: str,
+                   tenant: str = "acme") -> ReplayReport:
+    """The planner's offline replay of the run (`writ.int.planner.replay`), once sealed."""
+    await sealed(db, run_id)
+    reply = await host.nc.request(subjects.REPLAY, msgspec.json.encode(
+        ReplayRun(tenant=tenant, run_id=run_id)), timeout=10)
+    return msgspec.json.decode(reply.data, type=ReplayReport)
 
 
 def notes_for(crm: httpx.Client, key_prefix: str = "") -> list[dict[str, Any]]:

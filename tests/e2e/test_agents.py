@@ -4,15 +4,13 @@ review the agent asked for, each replayed identical offline."""
 
 from __future__ import annotations
 
-import anyio
 import asyncpg
 import msgspec
 import pytest
 
-from schemas import subjects
 from schemas.host import RunResult
-from schemas.planner import REVIEW, ReplayReport, ReplayRun, ReviewAnswer, ReviewTaken
-from tests.e2e.conftest import Host
+from schemas.planner import REVIEW, ReviewAnswer, ReviewTaken
+from tests.e2e.conftest import Host, replayed
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -30,18 +28,6 @@ async def _steps(db: asyncpg.Connection, run_id: str) -> list[tuple[str, dict]]:
     rows = await db.fetch("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
                           "ORDER BY seq", run_id)
     return [(r["kind"], msgspec.json.decode(r["payload"])) for r in rows]
-
-
-async def _replay(stack: Stack, host: Host, db: asyncpg.Connection,
-                  run_id: str) -> ReplayReport:
-    with anyio.fail_after(20):  # the sealer chains the run's rows within a poll or two
-        while await db.fetchval(
-                "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
-                "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)", run_id):
-            await anyio.sleep(0.1)
-    reply = await host.nc.request(subjects.REPLAY, msgspec.json.encode(
-        ReplayRun(tenant="acme", run_id=run_id)), timeout=10)
-    return msgspec.json.decode(reply.data, type=ReplayReport)
 
 
 async def test_request_capabilities_then_select_an_action(
@@ -72,7 +58,7 @@ async def test_request_capabilities_then_select_an_action(
         "SELECT manifest FROM planner.runs WHERE run_id = $1", result.run_id))
     assert (manifest["version"], [e["ref"] for e in manifest["catalog"]]) == (
         "1.0.0", ["action:crm.note.create", "action:writ.noop"])
-    report = await _replay(stack, host, db, result.run_id)
+    report = await replayed(host, db, result.run_id)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
 
 
@@ -96,7 +82,7 @@ async def test_a_capability_not_in_uses_is_refused_observed_and_the_run_answers(
                              result.run_id) == 0
     assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",
                              result.run_id) == 0
-    report = await _replay(stack, host, db, result.run_id)
+    report = await replayed(host, db, result.run_id)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
 
 
@@ -124,7 +110,7 @@ async def test_a_requested_review_waits_for_a_person_then_the_run_goes_on(
     assert waiting.error.message.startswith("Confirm the note")
     run_id = waiting.run_id
     assert run_id is not None and waiting.pending_id == f"review-{run_id}-0"
-    incomplete = await _replay(stack, host, db, run_id)
+    incomplete = await replayed(host, db, run_id)
     assert incomplete.verdict == "incomplete", incomplete
 
     def answer(**kw: object) -> bytes:
@@ -147,7 +133,7 @@ async def test_a_requested_review_waits_for_a_person_then_the_run_goes_on(
     # Answered once: the same answer again finds no review waiting.
     again = await host.nc.request(REVIEW, answer(), timeout=10)
     assert again.headers and again.headers.get("Nats-Service-Error-Code") == "404"
-    report = await _replay(stack, host, db, run_id)
+    report = await replayed(host, db, run_id)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
 
 
@@ -180,5 +166,5 @@ async def test_an_agent_calls_another_as_a_branch_and_observes_its_answer(
     assert f"{branch_id}:0:model" in {r["step_key"] for r in await db.fetch(
         "SELECT step_key FROM governance.reservations WHERE run_id = $1", result.run_id)}
     for run_id in (result.run_id, branch_id):
-        report = await _replay(stack, host, db, run_id)
+        report = await replayed(host, db, run_id)
         assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])

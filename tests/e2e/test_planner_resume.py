@@ -28,10 +28,8 @@ import pytest
 
 from fakes.llm import FakeLlm
 from libs.faults import CRASH_STATUS
-from schemas import subjects
 from schemas.governance import RunBudget
-from schemas.planner import ReplayReport, ReplayRun
-from tests.e2e.conftest import Host
+from tests.e2e.conftest import Host, replayed
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -206,15 +204,7 @@ async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(
     assert "tools" not in critic_request
     assert critic_request["response_format"]["json_schema"]["name"] == "writ_critic_verdict"
 
-    with anyio.fail_after(20):
-        while await db.fetchval(
-                "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
-                "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)",
-                result.run_id):
-            await anyio.sleep(0.1)
-    reply = await host.nc.request(subjects.REPLAY, msgspec.json.encode(
-        ReplayRun(tenant="acme", run_id=result.run_id)), timeout=10)
-    report = msgspec.json.decode(reply.data, type=ReplayReport)
+    report = await replayed(host, db, result.run_id)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
 
 

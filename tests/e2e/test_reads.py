@@ -5,14 +5,11 @@ the critic; the journal replays it identical offline."""
 
 from __future__ import annotations
 
-import anyio
 import asyncpg
 import msgspec
 import pytest
 
-from schemas import subjects
-from schemas.planner import ReplayReport, ReplayRun
-from tests.e2e.conftest import Host
+from tests.e2e.conftest import Host, replayed
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -63,13 +60,5 @@ async def test_a_run_reads_the_documents_then_proposes_one_note(
     assert [(c["action"], c["state"]) for c in commands] == [("crm.note.create", "succeeded")]
     assert [(a.action, a.state) for a in result.actions] == [("crm.note.create", "succeeded")]
 
-    with anyio.fail_after(20):  # the sealer chains the run's rows within a poll or two
-        while await db.fetchval(
-                "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
-                "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)",
-                result.run_id):
-            await anyio.sleep(0.1)
-    reply = await host.nc.request(subjects.REPLAY, msgspec.json.encode(
-        ReplayRun(tenant="acme", run_id=result.run_id)), timeout=10)
-    report = msgspec.json.decode(reply.data, type=ReplayReport)
+    report = await replayed(host, db, result.run_id)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])

@@ -16,6 +16,7 @@ import pytest
 from schemas import subjects
 from schemas.host import RunResult
 from schemas.planner import ReplayReport, ReplayRun
+from tests.e2e import conftest
 from tests.e2e.conftest import Host
 from writ.stack import Stack
 
@@ -30,11 +31,7 @@ def writ_audit(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 async def sealed(stack: Stack, db: asyncpg.Connection, run_id: str) -> None:
     try:
-        with anyio.fail_after(20):  # sealed within a poll or two
-            while await db.fetchval(
-                    "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
-                    "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)", run_id):
-                await anyio.sleep(0.1)
+        await conftest.sealed(db, run_id)
     except TimeoutError:
         raise AssertionError(stack.log_tail("planner")) from None
 
