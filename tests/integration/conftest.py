@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.micro import add_service
+from nats.micro.service import Service
 
 from libs.embedded import EmbeddedNats
+from libs.runtime import Endpoint
 
 
 @pytest.fixture(scope="module")
@@ -28,3 +31,13 @@ async def private_nc(private_nats: EmbeddedNats) -> AsyncIterator[Client]:
     client = await nats.connect(private_nats.url)
     yield client
     await client.drain()
+
+
+async def serve(nc: Client, name: str, endpoints: Iterable[Endpoint], unique: str) -> Service:
+    """A service's request/reply endpoints, served on `nc` as the service would serve them
+    (without its inbox actor or sealer); stop it with `.stop()`."""
+    micro = await add_service(nc, name=f"writ-{name}-{unique}", version="0.1.0")
+    for endpoint in endpoints:
+        await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
+                                 handler=endpoint.handler, queue_group=f"test-{unique}")
+    return micro

@@ -10,7 +10,6 @@ from typing import Any
 import msgspec
 import pytest
 from nats.aio.client import Client
-from nats.micro import add_service
 from prometheus_client import CollectorRegistry
 
 from libs import budget
@@ -23,6 +22,7 @@ from schemas.governance import RegisterRun, RunBudget, RunRegistered
 from services.governance.budgets import BudgetDefaults, Limits
 from services.governance.service import GovernanceService
 from services.governance.store import GovernanceStore
+from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.anyio
 
@@ -59,10 +59,7 @@ async def env(scratch_db: str, nc: Client, unique: str) -> AsyncIterator[Env]:
     svc = GovernanceService(rt=rt, store=GovernanceStore(pool, journal=journal),
                             budget_defaults=DEFAULTS)
     # Only the endpoints: the budget calls need neither the inbox actor nor the sealer.
-    micro = await add_service(nc, name=f"writ-governance-{unique}", version="0.1.0")
-    for endpoint in svc.endpoints():
-        await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                 handler=endpoint.handler, queue_group=f"test-{unique}")
+    micro = await serve(nc, "governance", svc.endpoints(), unique)
     yield Env(nc=nc, registry=registry, pool=pool, micro=micro)
     await micro.stop()
     await pool.close()

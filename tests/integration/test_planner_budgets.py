@@ -18,7 +18,6 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.micro import add_service
 from prometheus_client import CollectorRegistry
 
 from actions import ACTIONS
@@ -53,6 +52,7 @@ from services.planner.provider import (
 from services.planner.replay import replay_run
 from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
+from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.anyio
 
@@ -157,10 +157,7 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
                    tracer_provider=make_tracer_provider("governance")),
         store=GovernanceStore(pools["governance"], journal=Journal(
             service="governance", keys=DataKeys.from_json(DataKeys.generate("g1")))))
-    micro = await add_service(nc, name=f"writ-governance-{unique}", version="0.1.0")
-    for endpoint in governance.endpoints():
-        await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                 handler=endpoint.handler, queue_group=f"test-{unique}")
+    micro = await serve(nc, "governance", governance.endpoints(), unique)
     admin = await asyncpg.connect(scratch_db)
     journal = Journal(service="planner", keys=DataKeys.from_json(DataKeys.generate("p1")))
     yield Env(nc=nc, db=admin, planner_pool=pools["planner"], journal=journal,

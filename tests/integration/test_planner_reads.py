@@ -19,7 +19,6 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.micro import add_service
 from prometheus_client import CollectorRegistry
 
 from actions import ACTIONS
@@ -54,6 +53,7 @@ from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
 from services.retrieval.service import RetrievalService
 from services.retrieval.store import RetrievalStore
+from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.anyio
 
@@ -122,7 +122,7 @@ class Env(msgspec.Struct, kw_only=True):
                        registry=CollectorRegistry(),
                        tracer_provider=make_tracer_provider("retrieval")),
             store=RetrievalStore(self.retrieval_pool), decide_timeout_s=1.0)
-        self.retrieval = await _serve(self.nc, "retrieval", retrieval.endpoints(), self.unique)
+        self.retrieval = await serve(self.nc, "retrieval", retrieval.endpoints(), self.unique)
 
     async def run(self, run_id: str) -> Any:
         return await self.db.fetchrow("SELECT * FROM planner.runs WHERE run_id = $1", run_id)
@@ -143,14 +143,6 @@ class Env(msgspec.Struct, kw_only=True):
         return [(r["tool"], r["verdict"]) for r in await self.db.fetch(
             "SELECT tool, verdict FROM governance.decisions WHERE run_id = $1 "
             "ORDER BY decided_at", run_id)]
-
-
-async def _serve(nc: Client, name: str, endpoints: list[Any], unique: str) -> Any:
-    micro = await add_service(nc, name=f"writ-{name}-{unique}", version="0.1.0")
-    for endpoint in endpoints:
-        await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                 handler=endpoint.handler, queue_group=f"test-{unique}")
-    return micro
 
 
 @pytest.fixture
@@ -182,7 +174,7 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
         rt=Runtime(name="governance", nc=nc, js=nc.jetstream(), registry=CollectorRegistry(),
                    tracer_provider=make_tracer_provider("governance")),
         store=governance_store)
-    governance_micro = await _serve(nc, "governance", governance.endpoints(), unique)
+    governance_micro = await serve(nc, "governance", governance.endpoints(), unique)
     env = Env(nc=nc, db=admin, planner_pool=pools["planner"], governance=governance_store,
               retrieval_pool=pools["retrieval"], unique=unique,
               journal=Journal(service="planner", keys=DataKeys.from_json(DataKeys.generate("p1"))))

@@ -17,7 +17,6 @@ import asyncpg
 import msgspec
 import pytest
 from nats.aio.client import Client
-from nats.micro import add_service
 from prometheus_client import CollectorRegistry
 
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
@@ -32,6 +31,7 @@ from services.governance.store import GovernanceStore
 from services.retrieval.service import RetrievalService
 from services.retrieval.store import RetrievalStore
 from services.retrieval.tools import SNIPPET_CHARS
+from tests.integration.conftest import serve
 
 pytestmark = pytest.mark.anyio
 
@@ -77,14 +77,6 @@ async def _seed(admin: asyncpg.Connection) -> None:
           c["notes"]) for c in customers])
 
 
-async def _serve(nc: Client, name: str, endpoints: list[Any], unique: str) -> Any:
-    micro = await add_service(nc, name=f"writ-{name}-{unique}", version="0.1.0")
-    for endpoint in endpoints:
-        await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                 handler=endpoint.handler, queue_group=f"test-{unique}")
-    return micro
-
-
 @pytest.fixture
 async def env(scratch_db: str, nc: Client, unique: str,
               request: pytest.FixtureRequest) -> AsyncIterator[Env]:
@@ -108,14 +100,14 @@ async def env(scratch_db: str, nc: Client, unique: str,
         rt=Runtime(name="retrieval", nc=nc, js=nc.jetstream(), registry=registry,
                    tracer_provider=tracing),
         store=RetrievalStore(retrieval_pool), decide_timeout_s=1.0)
-    micros = [await _serve(nc, "retrieval", retrieval.endpoints(), unique)]
+    micros = [await serve(nc, "retrieval", retrieval.endpoints(), unique)]
     if "without_governance" not in request.node.name:
         journal = Journal(service="governance", keys=DataKeys.from_json(DataKeys.generate("d1")))
         governance = GovernanceService(
             rt=Runtime(name="governance", nc=nc, js=nc.jetstream(),
                        registry=CollectorRegistry(), tracer_provider=tracing),
             store=GovernanceStore(governance_pool, journal=journal))
-        micros.append(await _serve(nc, "governance", governance.endpoints(), unique))
+        micros.append(await serve(nc, "governance", governance.endpoints(), unique))
     yield Env(nc=nc, admin=admin, retrieval_dsn=retrieval_dsn, registry=registry)
     for micro in micros:
         await micro.stop()
