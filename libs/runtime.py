@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from libs.bus import connect, ensure_streams
 from libs.faults import Faults
-from libs.settings import BaseSettings
+from libs.settings import BaseSettings, read_secret
 from libs.telemetry import (
     ActorMetrics,
     JsonLinesSpanExporter,
@@ -84,7 +84,9 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
     provider = make_tracer_provider(name, exporter=exporter)
     metrics = MetricsServer(registry=registry, host=settings.metrics_host,
                             port=settings.metrics_port)
-    nc = await connect(settings.nats_url, name=f"writ-{name}")
+    password = read_secret(settings.nats_password_file) if settings.nats_password_file else ""
+    nc = await connect(settings.nats_url, name=f"writ-{name}", user=settings.nats_user,
+                       password=password)
     micro: Any = None
     try:
         js = nc.jetstream()

@@ -24,6 +24,10 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """What every service process needs: the bus, its metrics port, and how long to drain."""
 
     nats_url: str
+    # The NATS user this process connects as and the file holding its password (libs/natsauth.py);
+    # empty: a server without authentication.
+    nats_user: str = ""
+    nats_password_file: str = ""
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     metrics_port_file: str = ""

@@ -7,6 +7,7 @@ the tenant as the last token so permissions and limits can follow tenants.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import msgspec
@@ -22,6 +23,7 @@ __all__ = [
     "PENDING_LIST",
     "REGISTER_RUN",
     "HOST_API_VERSION",
+    "HOST_KINDS",
     "INGRESS_IN",
     "PLANNER_IN",
     "READ",
@@ -31,6 +33,11 @@ __all__ = [
     "SETTLE",
     "RETRIEVAL_IN",
     "STREAMS",
+    "TENANT_PATTERN",
+    "in_stream",
+    "out_stream",
+    "tenant_streams",
+    "valid_tenant",
     "UNKNOWN_LIST",
     "StreamSpec",
     "admitted",
@@ -42,6 +49,7 @@ __all__ = [
     "command_request",
     "dead_letter",
     "evidence",
+    "host_subjects",
     "human_decision",
     "outcome",
     "planner_progress",
@@ -177,8 +185,9 @@ READ: Final = "writ.int.retrieval.read"
 REPLAY: Final = "writ.int.planner.replay"
 
 # Inbox filters of each durable consumer.
-INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*",
-                      "writ.in.approvals.*", "writ.in.reviews.*")
+# What a host may send: `writ.in.<kind>.<tenant>`, one stream per tenant (`tenant_streams`).
+HOST_KINDS: Final = ("requests", "commands", "decisions", "approvals", "reviews")
+INGRESS_IN: Final = tuple(f"writ.in.{kind}.*" for kind in HOST_KINDS)
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
@@ -198,9 +207,9 @@ class StreamSpec(msgspec.Struct, frozen=True):
 
 
 _DAY: Final = 86400.0
+# Streams every service declares at start. A tenant's own streams (`tenant_streams`) are
+# declared by ingress for the tenants it holds keys of.
 STREAMS: Final = (
-    StreamSpec("WRIT_IN", ("writ.in.>",), 7 * _DAY, duplicate_window_s=3600.0),
-    StreamSpec("WRIT_OUT", ("writ.out.>",), 7 * _DAY),
     StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
                             "writ.int.outcomes.>", "writ.int.answers.>",
                             "writ.int.answered.>", "writ.int.refused.>", "writ.int.approvals.>"),
@@ -208,3 +217,44 @@ STREAMS: Final = (
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
 )
+
+
+# A tenant is one subject token and part of stream names: letters, digits, `_` and `-`.
+TENANT_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
+_TENANT = re.compile(TENANT_PATTERN)
+
+
+def valid_tenant(tenant: str) -> bool:
+    """Whether `tenant` can name subjects and streams (one token, no wildcard, no dot)."""
+    return _TENANT.match(tenant) is not None
+
+
+def host_subjects(tenant: str) -> tuple[str, ...]:
+    """Every subject a tenant's host may publish on."""
+    return tuple(f"writ.in.{kind}.{tenant}" for kind in HOST_KINDS)
+
+
+def in_stream(tenant: str) -> str:
+    """The stream of one tenant's host messages (`writ.in.<kind>.<tenant>`)."""
+    return f"WRIT_IN_{tenant}"
+
+
+def out_stream(tenant: str) -> str:
+    """The stream of one tenant's results (`writ.out.results.<tenant>`)."""
+    return f"WRIT_OUT_{tenant}"
+
+
+def tenant_streams(tenant: str) -> tuple[StreamSpec, StreamSpec]:
+    """One tenant's inbound and result streams.
+
+    A stream per tenant, because JetStream's `Nats-Msg-Id` dedupe is per stream: in one shared
+    stream tenant B's request with the id tenant A used would be dropped as A's duplicate.
+    Only `writ.in.<kind>.<tenant>` of a known kind is stored (nothing that nobody consumes),
+    and a tenant Writ does not hold has no stream: a publish there is refused, nothing stored.
+    NATS permissions (libs/natsauth.py) give a tenant's host exactly these two streams.
+    """
+    if not valid_tenant(tenant):
+        raise ValueError(f"invalid tenant name {tenant!r}")
+    return (StreamSpec(in_stream(tenant), host_subjects(tenant), 7 * _DAY,
+                       duplicate_window_s=3600.0),
+            StreamSpec(out_stream(tenant), (result(tenant),), 7 * _DAY))

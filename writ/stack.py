@@ -16,7 +16,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import asyncpg
@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from libs.db import load_migrations, provision, role_name, with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.journal import DataKeys, SigningKey
+from libs.natsauth import ADMIN, auth_config, host_user, inbox_prefix, users
 
 __all__ = ["SERVICES", "Stack", "mint_token"]
 
@@ -85,9 +86,33 @@ class Stack:
 
     @property
     def nats_url(self) -> str:
-        """The NATS server in use."""
+        """The NATS server in use, as its administrator (operators' tooling, tests' inspection).
+
+        An embedded server authenticates every client (libs/natsauth.py); a server named by
+        `WRIT_NATS_URL` is used as it is given.
+        """
         assert self._nats_url is not None
-        return self._nats_url
+        if self.embedded_nats is None:
+            return self._nats_url
+        password = self.nats_password(ADMIN)
+        return self._nats_url.replace("nats://", f"nats://{ADMIN}:{password}@", 1)
+
+    def nats_password(self, user: str) -> str:
+        """A NATS user's password (its secret file)."""
+        return (self.secrets / f"nats-{user}.password").read_text().strip()
+
+    def nats_options(self, user: str) -> dict[str, str]:
+        """`nats.connect` keyword arguments to connect as `user` (its own inbox prefix)."""
+        if self.embedded_nats is None:
+            return {}
+        return {"user": user, "password": self.nats_password(user),
+                "inbox_prefix": inbox_prefix(user)}
+
+    async def host_connection(self, tenant: str, **options: Any) -> nats.aio.client.Client:
+        """A connection as the tenant's host, with exactly the host's NATS permissions."""
+        assert self._nats_url is not None
+        return await nats.connect(self._nats_url, max_reconnect_attempts=-1,
+                                  **self.nats_options(host_user(tenant)), **options)
 
     @property
     def admin_dsn(self) -> str:
@@ -106,14 +131,25 @@ class Stack:
             folder.mkdir(parents=True, exist_ok=True)
         self.secrets.chmod(0o700)
         if self._nats_url is None:
-            self.embedded_nats = EmbeddedNats(self.home / "nats")
+            self.embedded_nats = EmbeddedNats(self.home / "nats", auth=self._nats_auth())
             self.embedded_nats.start()
             self._nats_url = self.embedded_nats.url
-        (self.home / "nats.url").write_text(self.nats_url)  # for operators' `writ` commands
+        # For operators' `writ` commands: the administrator's URL, password included.
+        _write_secret(self.home / "nats.url", self.nats_url)
         if self._admin_dsn is None:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
             self.embedded_pg.start()
             self._admin_dsn = self.embedded_pg.admin_url
+
+    def _nats_auth(self) -> str:
+        """Generate (once) a password per NATS user; the server's users and permissions."""
+        passwords = {}
+        for user in users(self.tenants):
+            path = self.secrets / f"nats-{user}.password"
+            if not path.exists():
+                _write_secret(path, secrets.token_urlsafe(24))
+            passwords[user] = path.read_text().strip()
+        return auth_config(passwords, self.tenants)
 
     def start_all(self) -> None:
         """Infrastructure, database, the fakes and the six services, ready to serve."""
@@ -274,9 +310,13 @@ class Stack:
 
     def service_env(self, name: str) -> dict[str, str]:
         """Exactly what one service process is given; nothing is inherited from this process."""
-        env = {"WRIT_NATS_URL": self.nats_url, "WRIT_INSTANCE": f"{name}-0",
+        env = {"WRIT_NATS_URL": self._nats_url or "", "WRIT_INSTANCE": f"{name}-0",
                "WRIT_METRICS_PORT": "0",
                "WRIT_METRICS_PORT_FILE": str(self.home / f"{name}.metrics-port")}
+        if self.embedded_nats is not None:
+            # Each service connects as itself, held by the server to its own subjects.
+            env["WRIT_NATS_USER"] = name
+            env["WRIT_NATS_PASSWORD_FILE"] = str(self.secrets / f"nats-{name}.password")
         if name in _WITH_DATABASE:
             env["WRIT_DATABASE_URL"] = with_database(
                 self.admin_dsn, self.database, user=role_name(self.database, name), password="")
