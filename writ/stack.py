@@ -326,6 +326,7 @@ class Stack:
             env["WRIT_JOURNAL_DATA_KEYS_FILE"] = str(self.secrets / f"journal-{name}-data.json")
         if name == "ingress":
             env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
+            env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")  # names only: UNKNOWN_AGENT
         if name == "governance":
             env["WRIT_POLICY_DIR"] = str(self.policies)
             env["WRIT_POLICY_KEYS_FILE"] = str(self.config / "policy-keys.json")

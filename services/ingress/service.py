@@ -66,8 +66,9 @@ class IngressService:
     """Verifies each `RunRequest` and publishes `RunStarted`, or a rejection to the host."""
 
     def __init__(self, *, rt: Runtime, keys: dict[str, TenantKey], audience: str,
-                 max_request_bytes: int, review_timeout_s: float = 30.0) -> None:
-        self._rt, self._keys = rt, keys
+                 max_request_bytes: int, review_timeout_s: float = 30.0,
+                 agents: frozenset[str] | None = None) -> None:
+        self._rt, self._keys, self._agents = rt, keys, agents
         self._audience, self._max_bytes = audience, max_request_bytes
         # The planner resumes the run before it answers (its next model decision included).
         self._review_timeout = review_timeout_s
@@ -109,6 +110,10 @@ class IngressService:
                 audience=self._audience, max_bytes=self._max_bytes, decoder=DECODERS[kind]),
                 kind)
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
+        if (not isinstance(outcome, Rejection) and isinstance(outcome.request, SubmitCommand)
+                and self._agents is not None and outcome.request.agent not in self._agents):
+            outcome = Rejection(code="UNKNOWN_AGENT", request_id=outcome.request.request_id,
+                                message=f"no manifest declares agent {outcome.request.agent!r}")
         if isinstance(outcome, Rejection):
             await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
             return

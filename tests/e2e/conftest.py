@@ -117,11 +117,13 @@ class Host:
     def __init__(self, stack: Stack, nc: Client) -> None:
         self.stack, self.nc, self.js = stack, nc, nc.jetstream()
         self._tenants: dict[str, Client] = {}
+        self._opening = anyio.Lock()  # concurrent publishes open one connection, not several
 
     async def tenant_nc(self, tenant: str) -> Client:
         """The connection of `tenant`'s host (opened once)."""
-        if tenant not in self._tenants:
-            self._tenants[tenant] = await self.stack.host_connection(tenant)
+        async with self._opening:
+            if tenant not in self._tenants:
+                self._tenants[tenant] = await self.stack.host_connection(tenant)
         return self._tenants[tenant]
 
     async def tenant_js(self, tenant: str) -> JetStreamContext:
