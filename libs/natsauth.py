@@ -23,14 +23,17 @@ holds them and is written with the same care (mode 0600).
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Final
 
 from schemas import subjects
 from schemas.planner import REVIEW
 
-__all__ = ["ADMIN", "SERVICE_SUBJECTS", "auth_config", "host_user", "inbox_prefix",
-           "permissions", "users"]
+__all__ = ["ADMIN", "SERVICE_SUBJECTS", "auth_config", "ensure_passwords", "host_user",
+           "inbox_prefix", "permissions", "users"]
 
 ADMIN: Final = "admin"
 _JS: Final = "$JS.API"
@@ -144,3 +147,17 @@ def auth_config(passwords: Mapping[str, str], tenants: Iterable[str]) -> str:
             entry["permissions"] = perms
         entries.append(entry)
     return "authorization " + json.dumps({"users": entries}, indent=2) + "\n"
+
+
+def ensure_passwords(folder: Path, tenants: Iterable[str]) -> dict[str, str]:
+    """Each user's password from `<folder>/nats-<user>.password`, generated (mode 0600) for
+    users that have none yet; existing ones are kept, so a restart changes nothing."""
+    passwords = {}
+    for user in users(tenants):
+        path = Path(folder) / f"nats-{user}.password"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(24))
+        passwords[user] = path.read_text().strip()
+    return passwords

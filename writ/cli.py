@@ -271,6 +271,18 @@ async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) 
     return {"identical": 0, "divergent": 1}.get(report.verdict, 2)
 
 
+def _nats_auth(args: argparse.Namespace) -> int:
+    """Print the nats-server `authorization` block for these tenants (libs/natsauth.py),
+    generating the users' password files that do not exist yet."""
+    from libs.natsauth import auth_config, ensure_passwords
+
+    folder = Path(args.passwords)
+    folder.mkdir(parents=True, exist_ok=True)
+    tenants = args.tenant or ["acme"]
+    print(auth_config(ensure_passwords(folder, tenants), tenants), end="")
+    return 0
+
+
 def _operator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=".writ")
     p.add_argument("--nats-url", default="")
@@ -294,6 +306,12 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")
     p.add_argument("--write", action="store_true")
     p.set_defaults(func=_schemas)
+
+    p = sub.add_parser("nats-auth", help="print NATS users and permissions for a deployment")
+    p.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
+    p.add_argument("--passwords", required=True,
+                   help="folder of the users' password files (missing ones are generated)")
+    p.set_defaults(func=_nats_auth)
 
     p = sub.add_parser("token", help="mint a host token with a tenant's demo key")
     p.add_argument("--home", default=".writ")

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from libs.db import load_migrations, provision, role_name, with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.journal import DataKeys, SigningKey
-from libs.natsauth import ADMIN, auth_config, host_user, inbox_prefix, users
+from libs.natsauth import ADMIN, auth_config, ensure_passwords, host_user, inbox_prefix
 
 __all__ = ["SERVICES", "Stack", "mint_token"]
 
@@ -143,13 +143,7 @@ class Stack:
 
     def _nats_auth(self) -> str:
         """Generate (once) a password per NATS user; the server's users and permissions."""
-        passwords = {}
-        for user in users(self.tenants):
-            path = self.secrets / f"nats-{user}.password"
-            if not path.exists():
-                _write_secret(path, secrets.token_urlsafe(24))
-            passwords[user] = path.read_text().strip()
-        return auth_config(passwords, self.tenants)
+        return auth_config(ensure_passwords(self.secrets, self.tenants), self.tenants)
 
     def start_all(self) -> None:
         """Infrastructure, database, the fakes and the six services, ready to serve."""

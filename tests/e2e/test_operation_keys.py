@@ -29,10 +29,12 @@ def _refund(host: Host, payments: httpx.Client, **fields: object):
     payments.post("/_control/payments", json={
         "payment_id": payment_id, "customer_id": "ACME-42", "currency": "EUR",
         "status": "captured", "method": {"kind": "card", "last4": "4242", "usable": True},
-        "lines": [{"line_id": "L1", "product": "League fee", "participant": "Ada Martin",
-                   "amount_cents": 18000, "discount": None}]}).raise_for_status()
+        "lines": [{"line_id": "L2", "product": "Junior programme", "participant": "Léo Martin",
+                   "amount_cents": 12000,
+                   "discount": {"discount_id": "D-SIB", "name": "Sibling discount",
+                                "amount_cents": 1500}}]}).raise_for_status()
     return host.command(action="payment.refund", agent=AGENT,
-                        arguments={"payment_id": payment_id, "line_id": "L1"}, **fields)
+                        arguments={"payment_id": payment_id, "line_id": "L2"}, **fields)
 
 
 def _again(command, **changes: object):
