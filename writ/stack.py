@@ -97,6 +97,12 @@ class Stack:
         password = self.nats_password(ADMIN)
         return self._nats_url.replace("nats://", f"nats://{ADMIN}:{password}@", 1)
 
+    @property
+    def public_nats_url(self) -> str:
+        """The NATS server's URL without anyone's credentials (to print, to give hosts)."""
+        assert self._nats_url is not None
+        return self._nats_url
+
     def nats_password(self, user: str) -> str:
         """A NATS user's password (its secret file)."""
         return (self.secrets / f"nats-{user}.password").read_text().strip()
@@ -155,6 +161,7 @@ class Stack:
 
     async def provision(self) -> None:
         """Database, roles, migrations, secrets and the demo's tenants, documents and grants."""
+        await self._retire_shared_host_streams()
         passwords = {}
         for name in _WITH_DATABASE:
             path = self.secrets / f"pg-{name}.password"
@@ -194,6 +201,25 @@ class Stack:
         self.policies.mkdir(exist_ok=True)
         self._journal_keys()
         await self._seed_demo()
+
+    async def _retire_shared_host_streams(self) -> None:
+        """Delete the streams one `WRIT_IN` / `WRIT_OUT` for every tenant that deployments
+        before per-tenant streams declared: their subjects overlap the tenants' own, which
+        ingress could not declare beside them. What they held is not carried over."""
+        nc = await nats.connect(self.nats_url)
+        try:
+            js = nc.jetstream()
+            for name, subject in (("WRIT_IN", "writ.in.>"), ("WRIT_OUT", "writ.out.>")):
+                try:
+                    info = await js.stream_info(name)
+                except nats.js.errors.NotFoundError:
+                    continue
+                if list(info.config.subjects or []) == [subject]:
+                    print(f"retiring stream {name} ({info.state.messages} messages): "
+                          "each tenant has its own now", file=sys.stderr)
+                    await js.delete_stream(name)
+        finally:
+            await nc.close()
 
     def _journal_keys(self) -> None:
         """Each service's journal keys (its own secrets), the public halves for `writ audit`,
