@@ -69,7 +69,7 @@ class IngressService:
         """Consume the host request stream until stopped."""
         await run_actor(js=self._rt.js, spec=INBOX, decoder=None, handler=self.handle,
                         metrics=self._rt.metrics, tracer=self._rt.tracer,
-                        stopping=self._rt.stopping, task_status=task_status)
+                        stopping=self._rt.stopping, health=self._rt.health, task_status=task_status)
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""
