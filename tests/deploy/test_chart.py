@@ -235,8 +235,7 @@ def test_migrate_runs_as_the_owner_with_every_role_password(
     [container] = spec["containers"]
     assert container["args"][0] == "migrate"
     env = {e["name"]: e for e in container["env"]}
-    assert env["OWNER_USER"]["valueFrom"]["secretKeyRef"]["key"] == "username"
-    assert env["WRIT_ADMIN_DATABASE_URL"]["value"].startswith("postgresql://$(OWNER_USER)@")
+    assert env["WRIT_ADMIN_DATABASE_URL"]["value"].startswith("postgresql://writ@")
     mounted = {m["mountPath"] for m in container["volumeMounts"]}
     roles_dir = env["WRIT_ROLE_PASSWORDS_DIR"]["value"]
     assert {f"{roles_dir}/{name}" for name in WITH_DATABASE} <= mounted
