@@ -179,7 +179,8 @@ def test_every_setting_the_chart_gives_a_service_is_one_it_reads(
     # Settings other branches add, which the chart already passes (each service's NATS user,
     # ingress's HTTP API and agent names): harmless to a service that does not read them yet.
     every = {"WRIT_NATS_USER", "WRIT_NATS_PASSWORD_FILE"}
-    pending = {"ingress": {"WRIT_HTTP_PORT", "WRIT_AGENTS_DIR"}}
+    pending = {"ingress": {"WRIT_HTTP_ENABLED", "WRIT_HTTP_HOST", "WRIT_HTTP_PORT",
+                           "WRIT_AGENTS_DIR"}}
     for name in SERVICES:
         module = importlib.import_module(f"services.{name}.__main__")
         [settings] = [v for k, v in vars(module).items() if k.endswith("Settings")
