@@ -215,6 +215,16 @@ def test_keda_consumers_are_the_services_own() -> None:
         assert "replicas" not in _deployment(objects, name)["spec"]
 
 
+def test_keda_watches_each_tenants_stream_of_a_per_tenant_consumer() -> None:
+    objects = render({"keda": {"enabled": True}, "tenants": ["acme", "globex"],
+                      "services": {"ingress": {"consumer": {"perTenant": True}}}})
+    [ingress] = [o for o in by_kind(objects, "ScaledObject") if component(o) == "ingress"]
+    assert [t["metadata"]["stream"] for t in ingress["spec"]["triggers"]] == \
+        ["WRIT_IN_acme", "WRIT_IN_globex"]
+    for obj in objects:
+        validate(obj)
+
+
 def test_keda_is_off_by_default() -> None:
     objects = render()
     assert not by_kind(objects, "ScaledObject")
