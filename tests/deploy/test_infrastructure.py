@@ -17,6 +17,7 @@ from tests.deploy.k8s import (
     ROOT,
     by_kind,
     production_values,
+    restricted_violations,
     selects,
     validate,
 )
@@ -114,3 +115,15 @@ def test_writ_streams_are_replicated_on_every_node(nats: list[dict[str, Any]]) -
     monitor = [s for s in by_kind(nats, "Service")
                if any(p["port"] == 8222 for p in s["spec"]["ports"])]
     assert monitor, "KEDA reads consumer lag from the monitoring port"
+
+
+def test_nats_pods_pass_restricted_and_admit_writs_pods(nats: list[dict[str, Any]]) -> None:
+    [statefulset] = by_kind(nats, "StatefulSet")
+    assert restricted_violations(statefulset["spec"]["template"]) == []
+    [policy] = by_kind(nats, "NetworkPolicy")
+    assert selects(policy["spec"]["podSelector"], statefulset["spec"]["template"]["metadata"][
+        "labels"])
+    clients = [peer for rule in policy["spec"]["ingress"]
+               if {"port": 4222, "protocol": "TCP"} in rule["ports"] for peer in rule["from"]]
+    assert any(selects(peer.get("podSelector", {}), {"app.kubernetes.io/name": "writ"})
+               for peer in clients)
