@@ -136,6 +136,11 @@ class Health:
             elif nc.is_draining:
                 failing["nats"] = "draining"
         for name, pool in self._pools.items():
+            if _saturated(pool):
+                # Every connection is out with a handler: waiting for one would report a busy
+                # database as a dead one and stop the fetching that keeps it busy. A dead server
+                # fails those handlers at once, which frees the connections for the next check.
+                continue
             why = await self._probe(lambda p=pool: p.fetchval("SELECT 1", timeout=self._timeout))
             if why:
                 failing[name] = why
@@ -163,3 +168,10 @@ class Health:
         except Exception as exc:  # any failure is the answer; the reason goes to the probe
             return f"{type(exc).__name__}: {exc}"[:200] or type(exc).__name__
         return ""
+
+
+def _saturated(pool: Any) -> bool:
+    try:
+        return bool(pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size())
+    except AttributeError:  # not an asyncpg pool: probe it
+        return False

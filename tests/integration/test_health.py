@@ -200,3 +200,17 @@ async def test_a_stuck_fetch_loop_fails_liveness() -> None:
     health.loop_ended("stuck")
     assert health.live()[0]
     assert health.ready() == (False, {"consumer stuck": "not bound"})
+
+
+async def test_a_busy_pool_is_not_a_dead_database(own_pg: EmbeddedPostgres) -> None:
+    pool = await connect_pool(own_pg.admin_url, min_size=1, max_size=2)
+    try:
+        health = Health(every_s=0.1, timeout_s=0.5)
+        health.watch_pool("postgres", pool)
+        async with pool.acquire(), pool.acquire():  # every connection out, as under load
+            await health.check()
+            assert health.dependencies_ok and health.ready()[0], health.ready()
+        await health.check()
+        assert health.ready()[0]
+    finally:
+        await pool.close()
