@@ -15,6 +15,7 @@ import yaml
 
 from tests.deploy.k8s import (
     CHART,
+    KUBERNETES_VERSION,
     ROOT,
     by_kind,
     component,
@@ -60,7 +61,8 @@ def _secrets(template: dict[str, Any]) -> set[str]:
 
 def test_helm_lint_is_clean() -> None:
     for values in (None, production_values()):
-        report = helm_python.lint(CHART, values, strict=True, kube_version="v1.34.0")
+        report = helm_python.lint(CHART, values, strict=True,
+                                  kube_version=f"v{KUBERNETES_VERSION}")
         assert report["errors"] == [] and report["messages"] == [], report
 
 
