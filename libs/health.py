@@ -21,6 +21,9 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import asyncpg
+from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 __all__ = ["Health"]
 
@@ -30,11 +33,12 @@ log = logging.getLogger("writ.health")
 class Health:
     """The checks behind `/livez` and `/readyz`, and the gate an actor waits at before fetching."""
 
-    def __init__(self, *, nc: Any = None, js: Any = None, every_s: float = 2.0,
+    def __init__(self, *, nc: Client | None = None, js: JetStreamContext | None = None,
+                 every_s: float = 2.0,
                  timeout_s: float = 2.0, stale_s: float = 30.0) -> None:
         self._nc, self._js = nc, js
         self._every, self._timeout, self._stale = every_s, timeout_s, stale_s
-        self._pools: dict[str, Any] = {}
+        self._pools: dict[str, asyncpg.Pool] = {}
         self._consumers: dict[str, tuple[str, bool]] = {}  # durable -> (stream, bound)
         self._loops: dict[str, float] = {}  # fetch loop -> last beat (monotonic)
         self._checks: dict[str, str] = {}  # failing dependency -> why
@@ -48,7 +52,7 @@ class Health:
 
     # -- what the process registers ----------------------------------------------------------
 
-    def watch_pool(self, name: str, pool: Any) -> None:
+    def watch_pool(self, name: str, pool: asyncpg.Pool) -> None:
         """Count a PostgreSQL pool among the dependencies (`SELECT 1` through it)."""
         self._pools[name] = pool
 
@@ -145,11 +149,12 @@ class Health:
             if why:
                 failing[name] = why
         dependencies_ok = not failing
-        if self._js is not None and "nats" not in failing:
+        js = self._js
+        if js is not None and "nats" not in failing:
             for durable, (stream, bound) in list(self._consumers.items()):
                 if not bound or durable not in self._loops:
                     continue
-                why = await self._probe(lambda s=stream, d=durable: self._js.consumer_info(
+                why = await self._probe(lambda s=stream, d=durable: js.consumer_info(
                     s, d, timeout=self._timeout))
                 if why:
                     failing[f"consumer {durable}"] = why
@@ -170,7 +175,7 @@ class Health:
         return ""
 
 
-def _saturated(pool: Any) -> bool:
+def _saturated(pool: asyncpg.Pool) -> bool:
     try:
         return bool(pool.get_idle_size() == 0 and pool.get_size() >= pool.get_max_size())
     except AttributeError:  # not an asyncpg pool: probe it

@@ -37,6 +37,8 @@ from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
+from libs.health import Health
+
 __all__ = [
     "ActorMetrics",
     "JsonLinesSpanExporter",
@@ -174,7 +176,7 @@ class MetricsServer:
     failed as JSON."""
 
     def __init__(self, *, registry: CollectorRegistry, host: str, port: int,
-                 health: Any = None) -> None:
+                 health: Health | None = None) -> None:
         self._registry, self._host, self._port = registry, host, port
         self._health = health
         self._server: Any = None

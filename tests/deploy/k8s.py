@@ -44,6 +44,7 @@ def production_values() -> dict[str, Any]:
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The objects of one kind, in rendering order."""
     return [o for o in objects if o["kind"] == kind]
 
 
@@ -55,6 +56,7 @@ def pod_templates(objects: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any
 
 
 def component(obj: Mapping[str, Any]) -> str:
+    """The service (or `migrate`) an object belongs to."""
     return str(obj["metadata"]["labels"].get("app.kubernetes.io/component", ""))
 
 
@@ -203,6 +205,7 @@ def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 
 def policies_for(objects: list[dict[str, Any]], labels: Mapping[str, str]
                  ) -> list[dict[str, Any]]:
+    """The NetworkPolicies that select a pod with `labels`."""
     return [p for p in by_kind(objects, "NetworkPolicy")
             if selects(p["spec"]["podSelector"], labels)]
 
