@@ -61,8 +61,11 @@ class Runtime:
 
     def __init__(self, *, name: str, nc: Client, js: JetStreamContext,
                  registry: CollectorRegistry, tracer_provider: TracerProvider,
-                 faults: Faults | None = None, health: Health | None = None) -> None:
+                 faults: Faults | None = None, health: Health | None = None,
+                 stream_replicas: int = 1) -> None:
         self.name = name
+        # Replicas of any stream a service declares itself (WRIT_STREAM_REPLICAS).
+        self.stream_replicas = stream_replicas
         # `/livez` and `/readyz`: actors given it fetch only while NATS and PostgreSQL answer;
         # `main` registers its pools with `health.watch_pool`.
         self.health = health or Health(nc=nc, js=js)
@@ -100,7 +103,8 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
         if metrics_port_file:
             _write_atomically(metrics_port_file, str(metrics.port))
         rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider,
-                     faults=Faults(settings.faults_file or None), health=health)
+                     faults=Faults(settings.faults_file or None), health=health,
+                     stream_replicas=settings.stream_replicas)
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
             await tg.start(health.run)
