@@ -37,6 +37,14 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # of schemas/subjects.py). The fault suite shortens it to outlive it.
     duplicate_window_s: float = 0.0
     drain_timeout_s: float = 10.0
+    # Streams this process declares get this many replicas: 3 on a production JetStream
+    # cluster (DESIGN.md section 5), 1 on a single server.
+    stream_replicas: int = 1
+    # `/readyz`: how often NATS, the consumers and PostgreSQL are checked, and for how long;
+    # `/livez` fails once the event loop or a fetch loop has not gone round for `live_stale_s`.
+    health_every_s: float = 2.0
+    health_timeout_s: float = 2.0
+    live_stale_s: float = 30.0
     instance: str = ""
 
 

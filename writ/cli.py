@@ -2,6 +2,7 @@
 
     writ run                  start everything locally and run the demo (what `make run` does)
     writ service <name>       run one service process (what a Kubernetes Deployment runs)
+    writ migrate              provision the service roles and apply migrations (--check [--wait])
     writ schemas --write      regenerate the committed JSON Schemas of the bus messages
     writ token ...            mint a host token with a tenant's demo key
     writ reconcile list       commands whose outcome nobody knows (`unknown`)
@@ -297,6 +298,10 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("service", help="run one service process")
     p.add_argument("name", choices=SERVICES)
     p.set_defaults(func=_service)
+
+    from writ.migrate import add_parser as add_migrate
+
+    add_migrate(sub)
 
     p = sub.add_parser("run", help="start Writ locally and run the demo request")
     p.add_argument("--home", default=".writ", help="data folder (default: .writ)")

@@ -41,6 +41,7 @@ def main() -> None:
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with await connect_pool(settings.database_url, password=password, max_size=20,
                                       application_name="writ-admission") as pool:
+            rt.health.watch_pool("postgres", pool)
             store = AdmissionStore(pool, journal=journal)
             relay = OutboxRelay(store=store, js=rt.js, listen_dsn=settings.database_url,
                                 listen_password=password, poll_s=settings.relay_poll_s,

@@ -109,7 +109,7 @@ class AdmissionService:
                             batch_size=self._batch_size, concurrency=self._batches,
                             metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            task_status=task_status)
+                            health=self._rt.health, task_status=task_status)
             tg.cancel_scope.cancel()  # drained: the relay, the gauges and the sealer stop too
 
     async def refresh_gauges(self) -> None:

@@ -69,6 +69,7 @@ def main() -> None:
         try:
             async with await connect_pool(settings.database_url, password=password, max_size=20,
                                           application_name="writ-dispatcher") as pool:
+                rt.health.watch_pool("postgres", pool)
                 svc = DispatcherService(
                     rt=rt, store=DispatcherStore(pool, journal=journal), connectors=connectors,
                     sealer=Sealer(pool=pool, journal=journal, signing=signing,

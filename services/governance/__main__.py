@@ -65,6 +65,7 @@ def main() -> None:
         async with await connect_pool(settings.database_url, password=password,
                                       statement_timeout_ms=1000, max_size=20,
                                       application_name="writ-governance") as pool:
+            rt.health.watch_pool("postgres", pool)
             svc = GovernanceService(
                 rt=rt, store=GovernanceStore(pool, journal=journal),
                 policy_dir=Path(settings.policy_dir) if settings.policy_dir else None,

@@ -89,13 +89,14 @@ class IngressService:
             if not subjects.valid_tenant(tenant):
                 raise ConfigError(f"tenant {tenant!r} cannot name a subject or a stream")
         await ensure_streams(self._rt.js, [spec for tenant in tenants
-                                           for spec in subjects.tenant_streams(tenant)])
+                                           for spec in subjects.tenant_streams(tenant)],
+                             replicas=self._rt.stream_replicas)
         async with anyio.create_task_group() as tg:
             for tenant in tenants:
                 await tg.start(functools.partial(
                     run_actor, js=self._rt.js, spec=inbox(tenant), decoder=None,
                     handler=self.handle, metrics=self._rt.metrics, tracer=self._rt.tracer,
-                    stopping=self._rt.stopping))
+                    stopping=self._rt.stopping, health=self._rt.health))
             task_status.started()
 
     async def handle(self, delivery: Delivery[bytes]) -> None:

@@ -97,6 +97,7 @@ def main() -> None:
                     deadline_s=settings.model_deadline_s)))
             pool = await stack.enter_async_context(await connect_pool(
                 settings.database_url, password=password, application_name="writ-planner"))
+            rt.health.watch_pool("postgres", pool)
             svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
                                  provider=provider, agents=agents,
                                  max_decisions=settings.max_decisions,
