@@ -88,7 +88,8 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
     micro: Any = None
     try:
         js = nc.jetstream()
-        await ensure_streams(js, duplicate_window_s=settings.duplicate_window_s)
+        await ensure_streams(js, duplicate_window_s=settings.duplicate_window_s,
+                             replicas=settings.stream_replicas)
         metrics.start()
         if metrics_port_file:
             _write_atomically(metrics_port_file, str(metrics.port))
