@@ -197,10 +197,14 @@ async def verify(conn: asyncpg.Connection, *, service: str,
                 "ORDER BY j.xid, j.id"):
             report.unsealed += 1
             if (int(u["xid"]), u["id"]) < last_key:
-                bad(None, u["id"], "not in the chain yet sorts before its head (inserted)")
+                before = await conn.fetchval(
+                    f"SELECT min(seq) FROM {s}.journal_seals "
+                    "WHERE (xid, entry_id) > ($1::text::xid8, $2)", u["xid"], u["id"])
+                bad(before, u["id"], f"not in the chain, yet sorts before seq {before} "
+                                     "(inserted)")
             elif now - u["recorded_at"] > grace:
-                bad(None, u["id"], f"unsealed for more than {grace} (sealer stopped, or "
-                                   "blocked by this row: edited or forged before sealing)")
+                bad(None, u["id"], f"unsealed for more than {grace} (the sealer is stopped "
+                                   "or refuses to seal: see its log)")
     return report
 
 

@@ -61,11 +61,12 @@ class Journal:
                 f"SELECT {params} WHERE EXISTS (SELECT 1 FROM {exists}))")
 
     def entry(self, *, tenant: str, kind: str, subject: str, payload: object,
-              run_id: str = "") -> Entry:
+              run_id: str = "", at: datetime | None = None) -> Entry:
         """Encrypt `payload` (anything msgspec encodes) into a row bound to its identifiers and
-        to the time it is recorded (now)."""
+        to the time it is recorded (`at`, default now: the sealer rejects a row recorded well
+        before the head it would follow)."""
         plaintext = self._encoder.encode(payload)
-        at = datetime.now(UTC)
+        at = at or datetime.now(UTC)
         aad = _aad(self.service, tenant, kind, subject, run_id, self.keys.active, at)
         key_id, nonce, ciphertext = self.keys.encrypt(plaintext, aad)
         return Entry(tenant, kind, subject, run_id, key_id, nonce, ciphertext, at)
