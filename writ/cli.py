@@ -13,6 +13,7 @@
     writ review <id> <answer> answer a review a run asked for: approve | reject
     writ policy sign          sign an organisation policy file
     writ audit verify         check every service's audit journal: chain, checkpoints, signatures
+    writ audit export         append the checkpoints recorded outside the database to a file
     writ audit replay RUN     walk a run's captured model responses and tool outputs offline
 """
 
