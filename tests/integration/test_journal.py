@@ -471,10 +471,15 @@ async def test_writ_audit_verify_exits_non_zero_naming_the_first_bad_entry(
     keys = tmp_path / "journal-keys.json"
     keys.write_text(msgspec.json.encode(env.public).decode())
     argv = [sys.executable, "-m", "writ.cli", "audit", "verify", "--dsn", scratch_db,
-            "--keys", str(keys), "--tenant", "acme"]
+            "--keys", str(keys), "--tenant", "acme", "--no-record"]
     ok = await anyio.run_process(argv, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.decode().startswith("governance: intact (10 entries")
+    assert "NOT checked against a record" in ok.stdout.decode()
+    # Without a record, or a NATS to read it from, or --no-record, it does not pretend.
+    refused = await anyio.run_process(argv[:-1], check=False, env={"PATH": "/usr/bin"},
+                                      cwd=tmp_path)
+    assert refused.returncode != 0 and b"no record of the checkpoints" in refused.stderr
     await env.admin.execute(
         "UPDATE governance.journal SET ciphertext = set_byte(ciphertext, 0, "
         "get_byte(ciphertext, 0) # 128) WHERE id = $1", ids[7])
