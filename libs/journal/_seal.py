@@ -146,29 +146,32 @@ class Sealer:
             if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self._lock):
                 return 0  # another process of this service is sealing
             head = await conn.fetchrow(self._head_sql)
-            rows = await conn.fetch(self._next_sql, head["xid"] if head else "0",
-                                    head["entry_id"] if head else 0, self._batch)
-            if not rows:
-                return 0
             seq, prev = (head["seq"], bytes(head["entry_hash"])) if head else (
                 0, genesis_hash(service))
+            # The head is checked on every round, rows to seal or not: a cut tail is refused
+            # (and alerted on) at once, not at the next request.
             last_cp = await conn.fetchrow(self._last_checkpoint_sql)
             if (last_cp["seq"] if last_cp else 0) != seq or (
                     last_cp is not None and bytes(last_cp["head_hash"]) != prev):
                 raise _Refused("seal_past_checkpoint", f"its last seal (seq {seq}) lies past "
                                f"its last checkpoint (seq {last_cp['seq'] if last_cp else 0})")
-            floor = await conn.fetchval(self._floor_sql)
             known = await self._recorded()
             if known is None and self._record is None and head is not None:
                 # No record: trust the head met first, and hold every later one to it.
                 known = self._remember(service, seq, prev, last_cp)
-            if known is None:
-                if head is not None:
-                    await self._adopt(conn, seq, prev, last_cp)
-            elif (known.seq, known.head) != (seq, prev.hex()):
+            differs = known is not None and (known.seq, known.head) != (seq, prev.hex())
+            if differs:
                 known = await self._reread()
-                if known is None or (known.seq, known.head) != (seq, prev.hex()):
-                    return await self._finish(conn, known, seq, prev, rows, floor)
+                differs = known is None or (known.seq, known.head) != (seq, prev.hex())
+            rows = await conn.fetch(self._next_sql, head["xid"] if head else "0",
+                                    head["entry_id"] if head else 0, self._batch)
+            floor = await conn.fetchval(self._floor_sql) if rows else None
+            if differs:
+                return await self._finish(conn, known, seq, prev, rows, floor)
+            if not rows:
+                return 0
+            if known is None and head is not None:
+                await self._adopt(conn, seq, prev, last_cp)
             return await self._seal(conn, seq, prev, rows, floor,
                                     last_cp["seq"] if last_cp else 0)
 
@@ -245,6 +248,9 @@ class Sealer:
                            "checkpoint of it (a checkpoint the record never saw)")
         wanted = f"(seq {known.seq}, {known.head[:16]}…)"
         have = f"seq {seq}, {prev.hex()[:16]}…"
+        if known.seq < seq:
+            raise _Refused("head_differs", f"its head ({have}) is past the last checkpoint it "
+                           f"signed {wanted}: a checkpoint the record never saw")
         if (known.prev_seq, known.prev_head) == (seq, prev.hex()) and \
                 len(rows) >= known.seq - seq:
             seals, head_seq, head = self._verdicts(seq, prev, rows[:known.seq - seq], floor)
