@@ -147,6 +147,15 @@ def _policy_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _ignore(_exc: Exception) -> None:
+    """nats-py logs every failed connect itself; the caller says what failed."""
+
+
+# Connect once, fail fast (nats-py's 0 attempts means "retry forever").
+_ONCE: dict[str, Any] = {"allow_reconnect": False, "max_reconnect_attempts": 1,
+                         "connect_timeout": 5, "error_cb": _ignore}
+
+
 def _audit_dsn(args: argparse.Namespace) -> str:
     import os
 
@@ -200,13 +209,20 @@ async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys
 
     import asyncpg
     import nats
+    import nats.errors
 
-    from libs.journal import FileRecord, JetStreamRecord, Journal, verify
+    from libs.journal import FileRecord, JetStreamRecord, Journal, RecordError, verify
 
-    conn = await asyncpg.connect(dsn)
-    nc = await nats.connect(nats_url, max_reconnect_attempts=0) if nats_url else None
+    try:
+        nc = await nats.connect(nats_url, **_ONCE) \
+            if nats_url else None
+    except (OSError, nats.errors.Error) as exc:
+        print(f"cannot reach the record of checkpoints at {nats_url}: {exc!r} (pass "
+              "--record-file <export> or, knowingly, --no-record)", file=sys.stderr)
+        return 2
     record: Any = (JetStreamRecord(nc.jetstream()) if nc is not None
                    else FileRecord(args.record_file) if args.record_file else None)
+    conn = await asyncpg.connect(dsn)
     try:
         services = args.service or [r["table_schema"] for r in await conn.fetch(
             "SELECT table_schema FROM information_schema.tables WHERE table_name = 'journal' "
@@ -217,9 +233,13 @@ async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys
         failed = False
         for service in services:
             journal = (Journal(service=service, keys=data_keys) if data_keys else None)
-            report = await verify(conn, service=service, keys=keys, tenant=args.tenant,
-                                  grace=timedelta(seconds=args.grace_s), journal=journal,
-                                  record=record)
+            try:
+                report = await verify(conn, service=service, keys=keys, tenant=args.tenant,
+                                      grace=timedelta(seconds=args.grace_s), journal=journal,
+                                      record=record)
+            except RecordError as exc:
+                print(f"{service}: cannot read its record: {exc}", file=sys.stderr)
+                return 2
             counts = (f"{report.entries} entries, {report.checkpoints} signed checkpoints, "
                       f"{report.unsealed} not sealed yet")
             if report.recorded is not None:
@@ -261,7 +281,7 @@ async def _audit_export_run(args: argparse.Namespace, nats_url: str) -> int:
 
     from libs.journal import FileRecord, JetStreamRecord
 
-    nc = await nats.connect(nats_url, max_reconnect_attempts=0)
+    nc = await nats.connect(nats_url, **_ONCE)
     try:
         added = await FileRecord(args.out).export(JetStreamRecord(nc.jetstream()),
                                                   args.service or JOURNALS)
@@ -420,8 +440,9 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("audit", help="the audit journal")
     aud = p.add_subparsers(dest="action", required=True)
-    v = aud.add_parser("verify", help="check the whole chain, every checkpoint and signature; "
-                                      "exit 1 naming the first bad entry")
+    v = aud.add_parser("verify", help="check the whole chain, every checkpoint and signature, "
+                                      "against the record outside the database; exit 1 naming "
+                                      "the first bad entry, 2 if the record cannot be read")
     v.add_argument("--home", default=".writ")
     v.add_argument("--dsn", default="", help="an auditor's (read-only) DSN of Writ's database "
                                              "(default: WRIT_AUDIT_DATABASE_URL, or writ run's)")

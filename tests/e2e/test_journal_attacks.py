@@ -105,6 +105,9 @@ async def test_each_attack_is_refused_by_the_sealer_and_named_by_verify(
             await sealed(db, service)
     intact = await anyio.run_process(_verify(stack), check=False)
     assert intact.returncode == 0, intact.stdout.decode()
+    export = stack.home / "auditor-record.jsonl"  # what an auditor keeps of the record
+    exported = await anyio.run_process([*_writ(stack, "export"), "--out", str(export)])
+    assert b"checkpoint(s) appended" in exported.stdout
 
     # 1. governance: cut the last batch with its seals and checkpoint.
     expected = {"governance": await last_batch(db, "governance")}
@@ -161,6 +164,17 @@ async def test_each_attack_is_refused_by_the_sealer_and_named_by_verify(
     assert "does not hash to the head recorded outside the database" in found["admission"]
     assert "missing" in found["dispatcher"]
 
+    # The auditor's own export, taken before the attacks, names the same seqs.
+    offline = await anyio.run_process([*_verify(stack), "--record-file", str(export)],
+                                      check=False)
+    assert offline.returncode == 1
+    for service, seq in expected.items():
+        assert f"{service}: FAILED at seq {seq}" in offline.stdout.decode(), offline.stdout
+
+
+def _writ(stack: Stack, action: str) -> list[str]:
+    return [sys.executable, "-m", "writ.cli", "audit", action, "--home", str(stack.home)]
+
 
 def _verify(stack: Stack) -> list[str]:
-    return [sys.executable, "-m", "writ.cli", "audit", "verify", "--home", str(stack.home)]
+    return _writ(stack, "verify")
