@@ -151,10 +151,12 @@ class Sealer:
             # The head is checked on every round, rows to seal or not: a cut tail is refused
             # (and alerted on) at once, not at the next request.
             last_cp = await conn.fetchrow(self._last_checkpoint_sql)
-            if (last_cp["seq"] if last_cp else 0) != seq or (
-                    last_cp is not None and bytes(last_cp["head_hash"]) != prev):
+            if (last_cp["seq"] if last_cp else 0) != seq:
                 raise _Refused("seal_past_checkpoint", f"its last seal (seq {seq}) lies past "
                                f"its last checkpoint (seq {last_cp['seq'] if last_cp else 0})")
+            if last_cp is not None and bytes(last_cp["head_hash"]) != prev:
+                raise _Refused("seal_past_checkpoint", f"its last checkpoint (seq {seq}) "
+                               "names another head than its last seal's")
             known = await self._recorded()
             if known is None and self._record is None and head is not None:
                 # No record: trust the head met first, and hold every later one to it.
