@@ -22,6 +22,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 from nats.js.errors import APIError
+from prometheus_client import CollectorRegistry
 
 from libs.bus import ensure_streams
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
@@ -55,6 +56,7 @@ class Env(msgspec.Struct, kw_only=True):
     record: JetStreamRecord
     sealer: Sealer
     public: dict[str, Any]
+    registry: CollectorRegistry
     written: int = 0
     stop: Callable[[], None] = lambda: None  # stops the running sealer
 
@@ -129,10 +131,12 @@ async def env(request: pytest.FixtureRequest, scratch_db: str, nc: Client, uniqu
     await ensure_streams(js, [record.spec()])
     journal = Journal(service=service, keys=DataKeys.from_json(DataKeys.generate("d1")))
     signing = SigningKey.generate(f"{service}-1")
+    registry = CollectorRegistry()
     env = Env(service=service, pool=pool, admin=admin, journal=journal, signing=signing,
               record=record, public={service: {signing.key_id: signing.public_pem()}},
+              registry=registry,
               sealer=Sealer(pool=pool, journal=journal, signing=signing, record=record,
-                            interval=0.02))
+                            registry=registry, interval=0.02))
     async with anyio.create_task_group() as tg:
         await tg.start(_sealing, env)
         yield env
@@ -324,10 +328,17 @@ async def cut(env: Env, from_seq: int) -> list[asyncpg.Record]:
 @on(*JOURNALS)
 async def test_cut_the_tail(env: Env) -> None:
     start = (await env.batches())[-1][0][0]
-    report = await attacked(env, lambda: cut(env, start))
+    await cut(env, start)
+    with anyio.fail_after(10):  # refused at once, before any new row needs sealing
+        while env.sealer.refused is None:
+            await anyio.sleep(0.02)
+    assert env.registry.get_sample_value(f"writ_{env.service}_journal_seal_refusals_total",
+                                         {"reason": "head_differs"}) >= 1
+    report = await attacked(env, env.request)
     seq, _, reason = first(report)
     assert seq == start and "the tail was cut" in reason
     assert env.sealer.refused is not None  # it did not chain the new request onto the cut
+    assert await env.seals() == start - 1
 
 
 @on(*JOURNALS)
