@@ -31,6 +31,7 @@ from libs.journal import (
     FileRecord,
     JetStreamRecord,
     Journal,
+    RecordError,
     Sealer,
     SigningKey,
     VerifyReport,
@@ -202,6 +203,12 @@ async def test_the_record_stream_refuses_a_delete_a_purge_and_lifting_either_den
     config.deny_delete, config.deny_purge = True, False
     with pytest.raises(APIError, match="deny"):
         await js.update_stream(config)
+    assert len(await env.record.read(env.service)) == 1
+    # And a checkpoint lands only on top of the one its sealer read last.
+    newest = (await env.record.read(env.service))[-1]
+    for after in (0, 99):
+        with pytest.raises(RecordError):
+            await env.record.append(newest, after=after)
     assert len(await env.record.read(env.service)) == 1
 
 
