@@ -72,6 +72,8 @@ async def ensure_streams(js: JetStreamContext, specs: Sequence[StreamSpec] = STR
             duplicate_window=duplicate_window_s or spec.duplicate_window_s,
             num_replicas=replicas,
         )
+        if spec.append_only:
+            config.deny_delete, config.deny_purge, config.allow_rollup_hdrs = True, True, False
         try:
             await js.add_stream(config)
         except BadRequestError as exc:

@@ -21,6 +21,7 @@ __all__ = [
     "load_migrations",
     "provision",
     "schema_versions",
+    "provision_auditor",
     "role_name",
     "with_database",
 ]
@@ -185,6 +186,39 @@ async def schema_versions(conn: asyncpg.Connection) -> dict[str, int]:
     rows = await conn.fetch("SELECT service, max(version) AS version "
                             "FROM public.writ_migrations GROUP BY service")
     return {r["service"]: int(r["version"]) for r in rows}
+
+
+async def provision_auditor(admin_dsn: str, database: str,
+                            tables: Mapping[str, Sequence[str]],
+                            password: str | None = None) -> str:
+    """A login role, `<database>_auditor`, that may read `tables` ({schema: [table]}) and do
+    nothing else: no write, no other table, every transaction read-only. Its password (the given
+    one, or a new one).
+
+    An auditor checks the journal; the journal's threat is whoever can write to the database,
+    so the auditor must not be handed a DSN that can.
+    """
+    role = role_name(database, "auditor")
+    password = password or secrets.token_urlsafe(24)
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        verb = "ALTER" if await admin.fetchval(
+            "SELECT 1 FROM pg_roles WHERE rolname = $1", role) else "CREATE"
+        await admin.execute(f"{verb} ROLE \"{role}\" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                            f"NOINHERIT NOREPLICATION PASSWORD '{_literal(password)}'")
+        await admin.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
+        await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(with_database(admin_dsn, database))
+    try:
+        for schema, names in tables.items():
+            await conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+            for table in names:
+                await conn.execute(f'GRANT SELECT ON "{schema}"."{table}" TO "{role}"')
+    finally:
+        await conn.close()
+    return password
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

@@ -32,7 +32,7 @@ from typing import Final
 from schemas import subjects
 from schemas.planner import REVIEW
 
-__all__ = ["ADMIN", "SERVICE_SUBJECTS", "auth_config", "ensure_passwords", "host_user",
+__all__ = ["ADMIN", "JOURNALED", "SERVICE_SUBJECTS", "auth_config", "ensure_passwords", "host_user",
            "inbox_prefix", "permissions", "users"]
 
 ADMIN: Final = "admin"
@@ -63,6 +63,11 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
     "dispatcher": ("WRIT_CMD", ("writ.int.outcomes.*.*", subjects.DECIDE),
                    (subjects.UNKNOWN_LIST, subjects.RECONCILE, subjects.FACTS)),
 }
+
+
+# The services that keep an audit journal: each appends its own checkpoints to the record
+# (`WRIT_AUDIT`) and reads its own last one back, and nobody else's.
+JOURNALED: Final = ("planner", "governance", "admission", "dispatcher")
 
 
 def host_user(tenant: str) -> str:
@@ -106,6 +111,9 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
             pub += _consumer(s, name)
     else:
         pub += _consumer(stream, name)
+    if name in JOURNALED:
+        pub += [subjects.journal_checkpoints(name),
+                f"{_JS}.STREAM.MSG.GET.{subjects.JOURNAL_RECORD_STREAM}"]
     return {"publish": {"allow": pub},
             "subscribe": {"allow": [*endpoints, "$SRV.>", f"{inbox_prefix(name)}.>"]},
             "allow_responses": True}

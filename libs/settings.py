@@ -36,6 +36,9 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # JetStream's Nats-Msg-Id dedupe horizon for streams this process declares (0: the defaults
     # of schemas/subjects.py). The fault suite shortens it to outlive it.
     duplicate_window_s: float = 0.0
+    # Replicas of the streams this process declares: 3 in production (a three-node JetStream
+    # cluster across zones), 1 for the embedded single server.
+    stream_replicas: int = 1
     drain_timeout_s: float = 10.0
     # Streams this process declares get this many replicas: 3 on a production JetStream
     # cluster (DESIGN.md section 5), 1 on a single server.

@@ -25,6 +25,7 @@ __all__ = [
     "HOST_API_VERSION",
     "HOST_KINDS",
     "INGRESS_IN",
+    "JOURNAL_RECORD_STREAM",
     "PLANNER_IN",
     "READ",
     "RECONCILE",
@@ -51,6 +52,7 @@ __all__ = [
     "evidence",
     "host_subjects",
     "human_decision",
+    "journal_checkpoints",
     "outcome",
     "planner_progress",
     "proposal",
@@ -162,6 +164,12 @@ def dead_letter(consumer: str) -> str:
     return f"writ.dlq.{consumer}"
 
 
+def journal_checkpoints(service: str) -> str:
+    """`JournalCheckpoint`s of one service's audit journal: its sealer publishes them, in the
+    append-only `WRIT_AUDIT` stream; `writ audit verify` reads them."""
+    return f"writ.audit.checkpoints.{service}"
+
+
 DECIDE: Final = "writ.int.governance.decide"
 # `DecideBatch` -> `Decisions`: the same decisions, several per request/reply.
 DECIDE_BATCH: Final = "writ.int.governance.decide_batch"
@@ -198,15 +206,21 @@ DISPATCH_IN: Final = ("writ.cmd.*",)
 
 
 class StreamSpec(msgspec.Struct, frozen=True):
-    """A JetStream stream Writ declares at start-up."""
+    """A JetStream stream Writ declares at start-up.
+
+    `append_only`: the stream refuses deleting a message, purging and rollups (deny_delete,
+    deny_purge, no rollup headers), and the server refuses any update that lifts either denial.
+    """
 
     name: str
     subjects: tuple[str, ...]
     max_age_s: float
     duplicate_window_s: float = 120.0
+    append_only: bool = False
 
 
 _DAY: Final = 86400.0
+JOURNAL_RECORD_STREAM: Final = "WRIT_AUDIT"
 # Streams every service declares at start. A tenant's own streams (`tenant_streams`) are
 # declared by ingress for the tenants it holds keys of.
 STREAMS: Final = (
@@ -216,6 +230,8 @@ STREAMS: Final = (
                7 * _DAY),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
+    # The audit journals' checkpoints, kept as long as the journals (forever: no max age).
+    StreamSpec(JOURNAL_RECORD_STREAM, ("writ.audit.checkpoints.>",), 0.0, append_only=True),
 )
 
 

@@ -23,7 +23,15 @@ from urllib.parse import urlsplit
 import anyio
 import asyncpg
 
-from libs.db import Migration, load_migrations, provision, schema_versions, with_database
+from libs.db import (
+    Migration,
+    load_migrations,
+    provision,
+    provision_auditor,
+    schema_versions,
+    with_database,
+)
+from libs.journal import AUDITOR_TABLES
 from libs.settings import read_secret
 from writ.stack import SERVICES
 
@@ -88,6 +96,12 @@ async def _migrate(args: argparse.Namespace) -> int:
     # The password inside the DSN: provision opens two connections from it.
     admin = with_database(dsn, urlsplit(dsn).path.lstrip("/") or "postgres", password=password)
     await provision(admin, database, migrations, passwords, create_roles=args.roles == "create")
+    auditor = _passwords(args.passwords_dir, ["auditor"]) if args.passwords_dir else {}
+    if args.roles == "create" and auditor:
+        # The journal's threat is whoever can write to the database: auditors get a role that
+        # can only read the journals (with managed roles, CloudNativePG declares it).
+        await provision_auditor(admin, database, AUDITOR_TABLES, auditor["auditor"])
+        print("auditor: read-only role provisioned")
     conn = await asyncpg.connect(with_database(admin, database))
     try:
         current = await schema_versions(conn)

@@ -26,16 +26,18 @@ import nats
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from libs.db import load_migrations, provision, role_name, with_database
+from libs.db import load_migrations, provision, provision_auditor, role_name, with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
-from libs.journal import DataKeys, SigningKey
+from libs.journal import AUDITOR_TABLES, DataKeys, SigningKey
 from libs.natsauth import ADMIN, auth_config, ensure_passwords, host_user, inbox_prefix
 
-__all__ = ["SERVICES", "Stack", "mint_token"]
+__all__ = ["JOURNALS", "SERVICES", "Stack", "mint_token"]
 
 # Migration order: a service may grant on tables of a service migrated before it.
 SERVICES: Final = ("retrieval", "planner", "governance", "admission", "dispatcher", "ingress")
 _WITH_DATABASE: Final = ("retrieval", "planner", "governance", "admission", "dispatcher")
+# The services that keep an audit journal (and record its checkpoints in WRIT_AUDIT).
+JOURNALS: Final = ("planner", "governance", "admission", "dispatcher")
 _DEMO: Final = Path(__file__).parent / "demo"
 AUDIENCE: Final = "writ"
 POLICY_KEY_ID: Final = "org-1"
@@ -170,6 +172,7 @@ class Stack:
         passwords = await provision(self.admin_dsn, self.database, _migrations(), passwords)
         for name, password in passwords.items():
             _write_secret(self.secrets / f"pg-{name}.password", password)
+        await self._auditor()
         for connector in ("crm", "payments"):
             token = self.secrets / f"{connector}.token"
             if not token.exists():
@@ -237,7 +240,19 @@ class Stack:
             if not data.exists():
                 _write_secret(data, DataKeys.generate(f"{name}-data-1"))
         public_file.write_text(json.dumps(public, indent=2))
-        _write_secret(self.secrets / "audit.dsn", self.database_dsn)
+
+    async def _auditor(self) -> None:
+        """The auditor's read-only role and its DSN (`writ audit` reads it): the journals, and
+        the planner's record of runs that replay compares them with. Nothing else, no write."""
+        path = self.secrets / "pg-auditor.password"
+        password = await provision_auditor(
+            self.admin_dsn, self.database,
+            AUDITOR_TABLES,
+            path.read_text().strip() if path.exists() else None)
+        _write_secret(path, password)
+        _write_secret(self.secrets / "audit.dsn", with_database(
+            self.admin_dsn, self.database, user=role_name(self.database, "auditor"),
+            password=password))
 
     def issuer(self, tenant: str) -> str:
         """The issuer name of a tenant's host."""

@@ -107,3 +107,26 @@ async def test_created_roles_need_every_password(scratch_db: str, tmp_path: Path
     code, out = await _writ("migrate", "--passwords-dir", str(tmp_path / "pw"),
                             env={"WRIT_ADMIN_DATABASE_URL": scratch_db})
     assert code == 1 and "no password file for" in out
+
+
+async def test_an_auditor_password_gets_a_role_that_reads_the_journals_only(
+        scratch_db: str, tmp_path: Path) -> None:
+    database = urlsplit(scratch_db).path.lstrip("/")
+    for service in [*SERVICES, "auditor"]:
+        _secret(tmp_path / "pw", service, f"secret-{service}")
+    code, out = await _writ("migrate", "--passwords-dir", str(tmp_path / "pw"),
+                            env={"WRIT_ADMIN_DATABASE_URL": scratch_db})
+    assert code == 0 and "auditor: read-only role provisioned" in out, out
+    conn = await asyncpg.connect(with_database(scratch_db, database,
+                                               user=role_name(database, "auditor"),
+                                               password="secret-auditor"))
+    try:
+        for schema in ("governance", "admission", "dispatcher", "planner"):
+            assert await conn.fetchval(f"SELECT count(*) FROM {schema}.journal") == 0
+        assert await conn.fetchval("SELECT count(*) FROM planner.steps") == 0
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval("SELECT count(*) FROM admission.commands")
+        with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+            await conn.execute("DELETE FROM governance.journal")
+    finally:
+        await conn.close()

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from libs.natsauth import ADMIN, SERVICE_SUBJECTS, auth_config, host_user, permissions, users
+from libs.natsauth import (
+    ADMIN,
+    JOURNALED,
+    SERVICE_SUBJECTS,
+    auth_config,
+    host_user,
+    permissions,
+    users,
+)
 
 
 def _allowed(perms: dict, kind: str) -> list[str]:
@@ -30,7 +38,9 @@ def test_services_reach_only_their_own_consumer_and_inbox() -> None:
         service = perms[name]
         assert service is not None
         published = _allowed(service, "publish")
+        # The only stored message a service may read is its own journal's last checkpoint.
         assert not [s for s in published if s.startswith("$JS.API.STREAM.MSG")
+                    and s != "$JS.API.STREAM.MSG.GET.WRIT_AUDIT"
                     or s.startswith("$JS.API.DIRECT") or s.endswith(".>") and "CONSUMER" in s
                     and f".{name}." not in s]
         assert not [s for s in published if s in (">", "writ.>", "$JS.API.>")]
@@ -42,3 +52,16 @@ def test_every_user_has_a_password_in_the_block() -> None:
     text = auth_config({u: f"pw-{u}" for u in users(["acme"])}, ["acme"])
     for user in users(["acme"]):
         assert f'"user": "{user}"' in text and f'"pw-{user}"' in text
+
+
+def test_a_journal_appends_to_its_own_record_only() -> None:
+    perms = permissions(["acme"])
+    for name in SERVICE_SUBJECTS:
+        service = perms[name]
+        assert service is not None
+        records = [s for s in _allowed(service, "publish") if s.startswith("writ.audit.")]
+        assert records == ([f"writ.audit.checkpoints.{name}"] if name in JOURNALED else [])
+    for tenant_user in (host_user("acme"),):
+        host = perms[tenant_user]
+        assert host is not None
+        assert not [s for s in _allowed(host, "publish") if "AUDIT" in s or "audit" in s]
