@@ -192,3 +192,33 @@ def test_hand_written_cases(tmp_path: Path) -> None:
     declined = judge(case, Sample(decision={"decision": "answer_directly",
                                             "answer": "I can't refund everyone."}))
     assert declined.passed and declined.refused
+
+
+def rollout(script: dict, tmp_path: Path, name: str, k: int = 1) -> Report:
+    from writ.eval import run_rollout
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(script))
+    eval_set = demo_set()
+    results, runs = anyio.run(lambda: run_rollout(eval_set, ScriptedProvider.from_file(path),
+                                                  k=k))
+    return summarize(eval_set, name, results, k=k, mode="rollout", runs=runs)
+
+
+def test_rollout_follows_the_recording_to_its_end(tmp_path: Path) -> None:
+    report = rollout(agreeing_script(), tmp_path, "agrees", k=2)
+    assert report.runs == {"run-note": ["completed"] * 2, "run-refund": ["completed"] * 2,
+                           "run-review": ["completed"] * 2}
+    assert report.gate.exit_code == 0 and report.steps == 12
+    assert "run run-note" in render(report)
+
+
+def test_rollout_ends_where_the_candidate_leaves_the_recording(tmp_path: Path) -> None:
+    wide = rollout(widening_script(), tmp_path, "widens")
+    assert wide.runs == {"run-note": ["diverged@0"], "run-refund": ["diverged@0"],
+                         "run-review": ["completed"]}
+    # Nothing is invented past a divergence: the answers after it were never asked.
+    assert {c.case_id for c in wide.cases} == {"run-note@0", "run-refund@0", "run-review@0",
+                                              "run-review@2"}
+    assert wide.gate.exit_code == 1 and len(wide.widening) == 2
+    silent = rollout(no_escalation_script(), tmp_path, "silent")
+    assert silent.runs["run-review"] == ["diverged@0"] and silent.gate.exit_code == 1

@@ -35,7 +35,13 @@ from writ.eval._report import (
     report_digest,
     summarize,
 )
-from writ.eval._run import CandidateConfig, candidate_provider, load_candidate, run_step
+from writ.eval._run import (
+    CandidateConfig,
+    candidate_provider,
+    load_candidate,
+    run_rollout,
+    run_step,
+)
 from writ.eval._score import Judged, Sample, judge
 
 __all__ = [
@@ -61,6 +67,7 @@ __all__ = [
     "open_set",
     "render",
     "report_digest",
+    "run_rollout",
     "run_step",
     "seal_set",
     "summarize",

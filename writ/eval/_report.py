@@ -90,6 +90,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     agreement_p: float | None
     field_p: dict[str, float]
     gate: Gate
+    # Rollout mode: each journaled run's verdict per rollout (`completed`, `diverged@<step>`).
+    runs: dict[str, list[str]] = {}
     schema: str = REPORT_SCHEMA
 
 
@@ -110,7 +112,8 @@ def _pr(judged: list[tuple[bool, bool]]) -> PrecisionRecall:
 
 def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k: int,
               mode: str = "step", baseline: Report | None = None,
-              max_tokens: int | None = None, cost_fails: bool = False) -> Report:
+              max_tokens: int | None = None, cost_fails: bool = False,
+              runs: dict[str, list[str]] | None = None) -> Report:
     """The aggregate scores and the gate of these per-case results.
 
     Raises:
@@ -176,7 +179,7 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
         flip=Rate(hits=sum(r.flipped for r in results), total=len(results)),
         provider_calls=sum(s.calls for r in results for s in r.samples), tokens=tokens,
         steps=len(flat), widening=widening, violations=violations, incomplete=incomplete,
-        agreement_p=agreement_p, field_p=field_p, gate=gate)
+        agreement_p=agreement_p, field_p=field_p, gate=gate, runs=runs or {})
 
 
 def _field_ok(result: CaseResult, name: str) -> bool | None:
@@ -260,6 +263,7 @@ def render(report: Report) -> str:
         f"cost                 {report.provider_calls} provider calls, {report.tokens} tokens, "
         f"{report.steps} steps",
     ]
+    lines += [f"run {run_id:<16} {', '.join(v)}" for run_id, v in report.runs.items()]
     lines += [f"WIDENING   {w}" for w in report.widening]
     lines += [f"VIOLATION  {v}" for v in report.violations]
     lines += [f"warning    {w}" for w in report.gate.warnings]

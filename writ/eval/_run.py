@@ -1,5 +1,10 @@
-"""Running a candidate on a set, step mode: each decision point is asked of the candidate k
+"""Running a candidate on a set. Step mode: each decision point is asked of the candidate k
 times, with the model input the baseline was given, and each answer judged (`_score.py`).
+Rollout mode: the candidate drives each journaled run from its start; every read and every
+action's output is served from what was recorded (an action only after the contract's
+`resolve` and the runtime's checks ran on it, in `judge`), so while the candidate decides what
+the recording did, the input of its next turn is the recorded one; the first decision that
+leaves the recording ends the rollout `diverged@<step>`, and nothing is invented past it.
 
 The candidate is a provider config (`CandidateConfig`): the scripted provider, or an
 OpenAI-compatible one whose HTTP client goes through the allow-list (`_guard.py`) that lets
@@ -28,7 +33,7 @@ from writ.eval._guard import AllowList
 from writ.eval._report import CaseResult, case_result
 from writ.eval._score import Sample, judge
 
-__all__ = ["CandidateConfig", "candidate_provider", "load_candidate", "run_step"]
+__all__ = ["CandidateConfig", "candidate_provider", "load_candidate", "run_rollout", "run_step"]
 
 
 class CandidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -106,3 +111,43 @@ async def run_step(eval_set: EvalSet, provider: DecisionProvider, *, k: int
         results.append(case_result(case.case_id, msgspec.to_builtins(case.expected), samples,
                                    [judge(case, s) for s in samples]))
     return results
+
+
+def _run_of(source: str) -> tuple[str, int] | None:
+    """(run id, step) of a case built from a journaled run."""
+    if not source.startswith("journal:") or "@" not in source:
+        return None
+    run_id, _, step = source.removeprefix("journal:").rpartition("@")
+    return run_id, int(step)
+
+
+async def run_rollout(eval_set: EvalSet, provider: DecisionProvider, *, k: int
+                      ) -> tuple[list[CaseResult], dict[str, list[str]]]:
+    """Roll each journaled run of the set out k times; the per-case results of the steps the
+    rollouts reached, and each run's verdicts (`completed` or `diverged@<step>`)."""
+    if k < 1:
+        raise ValueError("k must be at least 1")
+    runs: dict[str, list[Any]] = {}
+    for case in eval_set.cases:
+        if (place := _run_of(case.source)) is not None:
+            runs.setdefault(place[0], []).append((place[1], case))
+    samples: dict[str, list[Sample]] = {}
+    verdicts: dict[str, list[str]] = {}
+    for run_id, steps in sorted(runs.items()):
+        steps.sort(key=lambda s: s[0])
+        for _ in range(k):
+            verdict = "completed"
+            for step, case in steps:
+                sample = await _ask(provider, case.input)
+                samples.setdefault(case.case_id, []).append(sample)
+                if not judge(case, sample).agrees:
+                    verdict = f"diverged@{step}"
+                    break
+            verdicts.setdefault(run_id, []).append(verdict)
+    results = []
+    for case in eval_set.cases:
+        if case.case_id in samples:
+            got = samples[case.case_id]
+            results.append(case_result(case.case_id, msgspec.to_builtins(case.expected), got,
+                                       [judge(case, s) for s in got]))
+    return results, verdicts

@@ -145,11 +145,12 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError, msgspec.DecodeError) as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 3
-    results = anyio.run(functools.partial(_ask_all, eval_set, candidate, args.k,
-                                          tuple(args.allow or ())))
+    results, runs = anyio.run(functools.partial(_ask_all, eval_set, candidate, args.k,
+                                                tuple(args.allow or ()), args.mode))
     try:
         report = summarize(eval_set, candidate.name, results, k=args.k, baseline=baseline,
-                           max_tokens=args.max_tokens, cost_fails=args.cost_fails)
+                           max_tokens=args.max_tokens, cost_fails=args.cost_fails,
+                           mode=args.mode, runs=runs)
     except ValueError as exc:
         print(f"cannot compare: {exc}", file=sys.stderr)
         return 3
@@ -163,11 +164,14 @@ def _run(args: argparse.Namespace) -> int:
     return report.gate.exit_code
 
 
-async def _ask_all(eval_set: Any, candidate: Any, k: int, allow: tuple[str, ...]) -> Any:
-    from writ.eval._run import candidate_provider, run_step
+async def _ask_all(eval_set: Any, candidate: Any, k: int, allow: tuple[str, ...],
+                   mode: str) -> Any:
+    from writ.eval._run import candidate_provider, run_rollout, run_step
 
     async with candidate_provider(candidate, allow=allow) as provider:
-        return await run_step(eval_set, provider, k=k)
+        if mode == "rollout":
+            return await run_rollout(eval_set, provider, k=k)
+        return await run_step(eval_set, provider, k=k), None
 
 
 def _record(args: argparse.Namespace) -> int:
@@ -246,6 +250,9 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--set", required=True)
     r.add_argument("--candidate", required=True, help="a candidate provider config (JSON)")
     r.add_argument("-k", type=int, default=1)
+    r.add_argument("--mode", choices=("step", "rollout"), default="step",
+                   help="step: each decision point k times; rollout: the candidate drives "
+                        "each journaled run k times, served from the recording")
     r.add_argument("--tenant", default=None, help="refuse a set of another tenant")
     r.add_argument("--baseline", default="", help="an earlier report on the same set version")
     r.add_argument("--json", default="", help="write the JSON report here")
