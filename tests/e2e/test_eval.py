@@ -122,3 +122,50 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
     verify = writ(stack, "audit", "verify", "--service", "planner", "--home", str(stack.home),
                   "--data-keys", str(stack.secrets / "journal-planner-data.json"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_inbox(
+        stack: Stack, host: Host) -> None:
+    """The subject space of `writ eval shadow` (libs/natsauth.py, user `eval`), enforced by the
+    server: it sees the runs that start, and each write toward a service is refused."""
+    import nats
+    from nats.js.api import ConsumerConfig
+
+    from libs.natsauth import EVAL
+    from schemas import subjects
+
+    if stack.embedded_nats is None:
+        pytest.skip("a NATS server named by WRIT_TEST_NATS_URL has its own permissions")
+    seen: list[str] = []
+
+    async def record(exc: Exception) -> None:
+        seen.append(str(exc).lower())
+
+    nc = await nats.connect(stack.nats_url, error_cb=record, **stack.nats_options(EVAL))
+    try:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe("writ.int.runs.started.acme", durable=EVAL,
+                                      stream="WRIT_INT",
+                                      config=ConsumerConfig(deliver_policy="new"))
+        request = host.request()
+        await host.publish(request, msg_id=request.request_id)
+        with anyio.fail_after(20):
+            while True:
+                msgs = await sub.fetch(1, timeout=5)
+                if any(request.request_id.encode() in m.data for m in msgs):
+                    break
+        for m in msgs:
+            await m.ack()
+        for subject in ("writ.int.proposals.acme", "writ.cmd.acme", "writ.in.requests.acme",
+                        subjects.DECIDE):
+            await nc.publish(subject, b"{}")
+            with anyio.fail_after(10):
+                while not any("permissions violation" in s and f'"{subject}"' in s
+                              for s in seen):
+                    await anyio.sleep(0.05)
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await nc.request(subjects.DECIDE, b"{}", timeout=1)
+        assert await nc.publish("writ.eval.shadow.acme", b"{}") is None
+    finally:
+        await nc.close()
+    assert (await host.wait_result(request.request_id)).status == "succeeded"
