@@ -14,8 +14,8 @@ which would be permissions again, with more to get wrong.
   (`WRIT_OUT_<tenant>`) and `writ.events.planner.<tenant>`, and nothing under `writ.int.>`,
   `writ.cmd.>` or another tenant's subjects.
 - The evaluation's shadow runs (`writ eval shadow`, user `eval`) read a copy of the runs that
-  start (its own durable consumer on `writ.int.runs.started.*` and the evidence retrieval
-  gathers for them) and publish only under `writ.eval.>`: nothing under `writ.int.>`,
+  start (its own durable consumer `eval` on WRIT_INT, for the evidence retrieval gathers for
+  each run) and publish only under `writ.eval.>`: nothing under `writ.int.>`,
   `writ.cmd.>` or `writ.in.>`, and no request to governance, admission or the dispatcher, so no
   proposal of a shadow run can be admitted or dispatched.
 - Every user's replies arrive under its own inbox prefix (`_INBOX.<user>`): nobody can
@@ -44,7 +44,6 @@ ADMIN: Final = "admin"
 EVAL: Final = "eval"
 # Where the shadow evaluation publishes its would-be asks, proposals and reports.
 EVAL_SUBJECTS: Final = "writ.eval.>"
-_EVAL_READS: Final = ("writ.int.runs.started.*", "writ.int.evidence.*")
 _JS: Final = "$JS.API"
 _STATIC_STREAMS: Final = tuple(spec.name for spec in subjects.STREAMS)
 

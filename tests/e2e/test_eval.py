@@ -25,6 +25,7 @@ from writ.eval import Report
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+AGENTS = Path(__file__).resolve().parents[2] / "writ" / "demo" / "agents"
 
 
 def writ(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
@@ -127,12 +128,14 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
 async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_inbox(
         stack: Stack, host: Host) -> None:
     """The subject space of `writ eval shadow` (libs/natsauth.py, user `eval`), enforced by the
-    server: it sees the runs that start, and each write toward a service is refused."""
+    server: it sees the evidence of the runs that start, and each write toward a service is
+    refused."""
     import nats
-    from nats.js.api import ConsumerConfig
+    from nats.js.api import ConsumerConfig, DeliverPolicy
 
     from libs.natsauth import EVAL
     from schemas import subjects
+    from writ.eval._shadow import EVIDENCE_COPY
 
     if stack.embedded_nats is None:
         pytest.skip("a NATS server named by WRIT_TEST_NATS_URL has its own permissions")
@@ -144,9 +147,8 @@ async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_in
     nc = await nats.connect(stack.nats_url, error_cb=record, **stack.nats_options(EVAL))
     try:
         js = nc.jetstream()
-        sub = await js.pull_subscribe("writ.int.runs.started.acme", durable=EVAL,
-                                      stream="WRIT_INT",
-                                      config=ConsumerConfig(deliver_policy="new"))
+        sub = await js.pull_subscribe(EVIDENCE_COPY, durable=EVAL, stream="WRIT_INT",
+                                      config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW))
         request = host.request()
         await host.publish(request, msg_id=request.request_id)
         with anyio.fail_after(20):
@@ -169,3 +171,73 @@ async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_in
     finally:
         await nc.close()
     assert (await host.wait_result(request.request_id)).status == "succeeded"
+
+
+def start_shadow(stack: Stack, candidate: Path, out: Path, *, count: int
+                 ) -> subprocess.Popen[str]:
+    """`writ eval shadow` as its own process, connected as NATS user `eval`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "writ.cli", "eval", "shadow", "--candidate", str(candidate),
+         "--agents", str(AGENTS), "--count", str(count), "--out", str(out), "--home",
+         str(stack.home), "--nats-url", stack.nats_url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+async def test_a_shadow_candidate_beside_the_deployment_admits_and_dispatches_nothing(
+        stack: Stack, host: Host, db: asyncpg.Connection, crm: Any, payments: Any,
+        tmp_path: Path) -> None:
+    if stack.embedded_nats is None:
+        pytest.skip("the eval user exists on the deployment's own server only")
+    script = agreeing_script()
+    shadow_note = {"decision": "select_capability", "capability": "crm.note.create",
+                   "arguments": {"customer_id": "ACME-42", "body": "SHADOW note"}}
+    script["decisions"] = [shadow_note, *script["decisions"][1:]]
+    script["agents"]["refund-assistant"] = [
+        {"decision": "select_capability", "capability": "payment.refund",
+         "arguments": {"payment_id": "pay_7781", "line_id": "L3"}}]
+    (tmp_path / "shadow.script.json").write_text(json.dumps(script))
+    (tmp_path / "shadow.json").write_text(json.dumps(
+        {"name": "shadow", "provider": "scripted", "script": "shadow.script.json"}))
+    out = tmp_path / "shadow.jsonl"
+    proc = start_shadow(stack, tmp_path / "shadow.json", out, count=2)
+    try:
+        assert proc.stdout is not None
+        with anyio.fail_after(30):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        assert line.startswith("shadowing"), line + (proc.stderr.read() if proc.stderr else "")
+        note = host.request(text="Note the delayed shipment call")
+        refund = host.request(agent="refund-assistant",
+                              text="Refund the missing sibling discount on order 7781")
+        for request in (note, refund):
+            await host.publish(request, msg_id=request.request_id)
+        assert (await host.wait_result(note.request_id)).status == "succeeded"
+        note_run = await journaled(db, note.request_id, "run.status")
+        refund_run = await journaled(db, refund.request_id, "proposal")
+        with anyio.fail_after(30):
+            while proc.poll() is None:
+                await anyio.sleep(0.1)
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        proc.communicate(timeout=10)  # and close its pipes
+    records = {r["run_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    # Its would-be decisions, judged: the note asked about, the larger refund proposed.
+    assert records[note_run]["would"] == "ask"
+    assert records[note_run]["arguments"]["body"] == "SHADOW note"
+    assert records[refund_run]["capability"] == "payment.refund"
+    assert records[refund_run]["arguments"] is not None
+    # The shadow asked the candidate what production's model was asked, to the digest.
+    for run_id in (note_run, refund_run):
+        assert records[run_id]["input_digest"] == await db.fetchval(
+            "SELECT input_digest FROM planner.steps WHERE run_id = $1 AND seq = 0", run_id)
+    # Production went on alone: its own proposal per run, its own note, no refund at all.
+    for run_id in (note_run, refund_run):
+        assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",
+                                 run_id) == 1
+    bodies = [n["body"] for n in crm.get("/_control/notes").json()]
+    assert "SHADOW note" not in bodies
+    assert payments.get("/_control/refunds").json() in ([], {"refunds": []})
+    assert await db.fetchval(
+        "SELECT count(*) FROM dispatcher.attempts a JOIN admission.commands c "
+        "ON c.operation_id = a.operation_id WHERE c.run_id = $1", refund_run) == 0

@@ -220,6 +220,73 @@ async def _journal_report(dsn: str, journal: Any, report: Any, digest: str) -> N
         await conn.close()
 
 
+def _shadow(args: argparse.Namespace) -> int:
+    """Shadow the runs that start beside the deployment, as NATS user `eval`; 0 when `--count`
+    runs were shadowed (or on SIGINT/SIGTERM), 3 if it cannot start."""
+    import anyio
+
+    from actions import ACTIONS
+    from libs.errors import ConfigError
+    from schemas.retrieval import READ_TOOLS
+    from services.planner.agents import AgentRegistry
+    from services.planner.snapshot import snapshot_of
+    from writ.eval._run import load_candidate
+
+    home = Path(args.home)
+    try:
+        candidate = load_candidate(args.candidate)
+        agents = AgentRegistry.from_folder(args.agents)
+        agents.resolve(actions=ACTIONS, tools=READ_TOOLS,
+                       providers=("scripted", "openai", candidate.provider))
+        password = (home / "secrets" / "nats-eval.password").read_text().strip()
+        nats_url = args.nats_url or os.environ.get("WRIT_NATS_URL", "")
+        if not nats_url:
+            raise ConfigError("no NATS: pass --nats-url or set WRIT_NATS_URL")
+        policy = _json_file(args.policy) if args.policy else None
+        facts = _json_file(args.facts) if args.facts else {}
+    except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
+        print(f"cannot shadow: {exc}", file=sys.stderr)
+        return 3
+    out = open(args.out, "ab") if args.out else None  # noqa: SIM115 - closed below
+
+    def write(record: Any) -> None:
+        if out is not None:
+            out.write(msgspec.json.encode(record) + b"\n")
+            out.flush()
+        print(f"{record.run_id} {record.agent}: would {record.would} "
+              f"{record.capability or ''} {record.ruling or ''}".rstrip(), flush=True)
+
+    try:
+        anyio.run(functools.partial(_shadow_run, nats_url, password, candidate,
+                                    lambda name: snapshot_of(agents.get(name)), policy, facts,
+                                    args.count, write))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if out is not None:
+            out.close()
+    return 0
+
+
+async def _shadow_run(nats_url: str, password: str, candidate: Any, manifests: Any,
+                      policy: Any, facts: Any, count: int | None, write: Any) -> None:
+    import nats
+
+    from libs.natsauth import EVAL, inbox_prefix
+    from writ.eval._run import candidate_provider
+    from writ.eval._shadow import shadow
+
+    nc = await nats.connect(nats_url, user=EVAL, password=password,
+                            inbox_prefix=inbox_prefix(EVAL), max_reconnect_attempts=-1)
+    try:
+        async with candidate_provider(candidate) as provider:
+            await shadow(nc, provider, manifests=manifests, policy=policy, facts=facts,
+                         count=count, on_record=write,
+                         on_ready=lambda: print("shadowing as NATS user eval", flush=True))
+    finally:
+        await nc.close()
+
+
 def add_parser(sub: Any) -> None:
     """`writ eval` and its subcommands."""
     p = sub.add_parser("eval", help="score a candidate model on a versioned set of decision "
@@ -264,6 +331,18 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--home", default=".writ")
     r.add_argument("--set-keys", default="")
     r.set_defaults(func=_run)
+    sh = ev.add_parser("shadow", help="run a candidate beside the deployment on a copy of the "
+                                      "runs that start; its asks and proposals are recorded, "
+                                      "never sent or admitted")
+    sh.add_argument("--candidate", required=True)
+    sh.add_argument("--agents", required=True, help="the agents' manifests (as the planner's)")
+    sh.add_argument("--out", default="", help="append the would-be decisions here (JSON lines)")
+    sh.add_argument("--count", type=int, default=None, help="stop after this many runs")
+    sh.add_argument("--policy", default="")
+    sh.add_argument("--facts", default="")
+    sh.add_argument("--nats-url", default="")
+    sh.add_argument("--home", default=".writ")
+    sh.set_defaults(func=_shadow)
     c = ev.add_parser("record", help="journal a report's digest (sealed and signed with the "
                                      "planner's chain)")
     c.add_argument("report")
