@@ -132,8 +132,10 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
             acc[0] += ok
             acc[1] += 1
     expected = {r.case_id: r.expected for r in results}
-    widening = [f"{r.case_id}: {w}" for r, j in scored for w in j.widening]
-    violations = [f"{r.case_id}: {v}" for r, j in scored for v in j.violations]
+    # Each finding once per case, however many of its k samples made it.
+    widening = list(dict.fromkeys(f"{r.case_id}: {w}" for r, j in scored for w in j.widening))
+    violations = list(dict.fromkeys(f"{r.case_id}: {v}" for r, j in scored
+                                    for v in j.violations))
     incomplete = sum(j.incomplete for _, j in flat)
     # Paired per case: the baseline's pass against the candidate's (all k samples).
     base = ({c.case_id: c.passed_all for c in baseline.cases} if baseline is not None else {})
@@ -171,8 +173,12 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
         governance_agreement=Rate(hits=sum(j.governance_agrees for _, j in scored),
                                   total=len(scored)),
         fields={n: Rate(hits=h, total=t) for n, (h, t) in sorted(fields.items())},
+        # Over the cases where declining to act is a choice: an action was expected, or a
+        # refusal was (an answer where an answer was expected is not a refusal).
         refusal=_pr([(j.refused, bool(expected[r.case_id].get("must_refuse")))
-                     for r, j in scored]),
+                     for r, j in scored
+                     if expected[r.case_id].get("must_refuse")
+                     or expected[r.case_id].get("kind") == "select_capability"]),
         escalation=_pr([(j.escalated, bool(expected[r.case_id].get("must_escalate")))
                         for r, j in scored]),
         pass_k=Rate(hits=sum(r.passed_all for r in results), total=len(results)),
@@ -255,7 +261,7 @@ def render(report: Report) -> str:
            if report.agreement_p is not None else ""),
         f"validity             {_pct(report.validity)}",
         f"governance agreement {_pct(report.governance_agreement)}",
-        *[f"field {n:<15} {_pct(rate)}" for n, rate in report.fields.items()],
+        *[f"field {n}  {_pct(rate)}" for n, rate in report.fields.items()],
         f"refusal              {_pr_text(report.refusal)}",
         f"escalation           {_pr_text(report.escalation)}",
         f"pass^{report.k:<15} {_pct(report.pass_k)}",

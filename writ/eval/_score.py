@@ -234,7 +234,8 @@ def judge(case: EvalCase, sample: Sample) -> Judged:
         valid=not got.invalid, invalid=got.invalid, agrees=agrees, fields=fields,
         ruling=got.ruling, expected_ruling=want.ruling if want else None,
         governance_agrees=(want is not None and want.ruling == got.ruling),
-        refused=False, escalated=got.ruling == "ask",
+        # Escalating is asking a person where the baseline did not need one.
+        refused=False, escalated=got.ruling == "ask" and (want is None or want.ruling != "ask"),
         widening=widening, canonical=canonical))
 
 
