@@ -74,6 +74,14 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
     assert built.returncode == 0, built.stdout + built.stderr + stack.log_tail("planner")
     assert " 4 cases " in built.stdout, built.stdout  # note, answer, refund, review
     assert b"ACME-42" not in set_file.read_bytes()
+    # Chosen by agent and by outcome: the refund's run, then the run that succeeded.
+    for option, value, count in (("--agent", "refund-assistant", 1),
+                                 ("--outcome", "succeeded", 2)):
+        some = writ(stack, "eval", "build", "--tenant", "acme", "--from-journal", "--since",
+                    since, option, value, "--facts", str(facts), "--out",
+                    str(tmp_path / "some.json"), "--home", str(stack.home), "--set-keys",
+                    str(keys))
+        assert some.returncode == 0 and f" {count} cases " in some.stdout, some.stdout
 
     reports: dict[str, tuple[int, Report]] = {}
     for name, script in (("agrees", agreeing_script()), ("widens", widening_script()),
