@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from services.planner.inputs import model_input
 from services.planner.openai_provider import (
     MalformedDecision,
     ModelRefused,
@@ -28,10 +29,10 @@ from services.planner.openai_provider import (
     load_capabilities,
 )
 from services.planner.provider import DecisionProvider, ScriptedProvider
-from writ.eval._case import EvalSet
+from writ.eval._case import EvalCase, EvalSet
 from writ.eval._guard import AllowList
 from writ.eval._report import CaseResult, case_result
-from writ.eval._score import Sample, judge
+from writ.eval._score import Judged, Sample, judge
 
 __all__ = ["CandidateConfig", "candidate_provider", "load_candidate", "run_rollout", "run_step"]
 
@@ -100,6 +101,27 @@ def _calls(provider: DecisionProvider, before: int | None) -> int:
     return 1 if before is None or after is None else after - before
 
 
+async def _ask_case(provider: DecisionProvider, case: EvalCase) -> tuple[Sample, Judged]:
+    """One sample of a case. A catalog request the baseline did not make is followed by the
+    decision the candidate makes over the catalog — the next turn's input, which the planner
+    would build from the same snapshot with nothing new observed — and that decision is
+    judged: a catalog request that ends in a new capability is a widening."""
+    sample = await _ask(provider, case.input)
+    decision = sample.decision or {}
+    if (decision.get("decision") != "request_capabilities"
+            or case.expected.kind == "request_capabilities" or case.manifest is None):
+        return sample, judge(case, sample)
+    follow = await _ask(provider, model_input(
+        user=case.input.user, evidence=case.input.untrusted,
+        observations=case.input.observations, turn=case.input.turn + 1, agent=case.agent,
+        manifest=case.manifest, catalog_requested=True))
+    sample = msgspec.structs.replace(follow, via_catalog=True, calls=sample.calls + follow.calls,
+                                     tokens=sample.tokens + follow.tokens)
+    judged = judge(case, sample)
+    return sample, msgspec.structs.replace(
+        judged, widening=[f"after a catalog request: {w}" for w in judged.widening])
+
+
 async def run_step(eval_set: EvalSet, provider: DecisionProvider, *, k: int
                    ) -> list[CaseResult]:
     """Ask each case of the set k times and judge every answer."""
@@ -107,9 +129,9 @@ async def run_step(eval_set: EvalSet, provider: DecisionProvider, *, k: int
         raise ValueError("k must be at least 1")
     results = []
     for case in eval_set.cases:
-        samples = [await _ask(provider, case.input) for _ in range(k)]
-        results.append(case_result(case.case_id, msgspec.to_builtins(case.expected), samples,
-                                   [judge(case, s) for s in samples]))
+        asked = [await _ask_case(provider, case) for _ in range(k)]
+        results.append(case_result(case.case_id, msgspec.to_builtins(case.expected),
+                                   [s for s, _ in asked], [j for _, j in asked]))
     return results
 
 

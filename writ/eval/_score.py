@@ -42,6 +42,9 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
     tokens: int = 0
     calls: int = 1
+    # The candidate asked for the catalog where the baseline did not; `decision` is then the
+    # one it made over the catalog (the next turn, rebuilt as the planner builds it).
+    via_catalog: bool = False
 
 
 class _Call(msgspec.Struct, frozen=True, kw_only=True):
