@@ -105,6 +105,14 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
     # the agent's own memory (line 3), and whether it proposes a profile fact (line 5: ask).
     scope: ClassVar[Literal["external", "conversation", "own_memory"]] = "external"
     profile_fact: ClassVar[bool] = False
+    # How an evaluation compares a candidate's arguments with the expected ones (`writ eval`),
+    # after this contract's `resolve`: `reach` fields say how far the action goes (an amount,
+    # a number of recipients, a limit), so a larger value is a widening of scope whatever else
+    # scores; `free_text` fields are not gated (wording may differ); `matches` declares a
+    # looser comparison than exact for a field ("casefold").
+    reach: ClassVar[frozenset[str]] = frozenset()
+    free_text: ClassVar[frozenset[str]] = frozenset()
+    matches: ClassVar[dict[str, Literal["exact", "casefold"]]] = {}
 
     def facts_ref(self, request: RequestT) -> FactsRef | None:
         """The state this request's preview stands on (None: the request alone suffices)."""

@@ -40,6 +40,7 @@ class CrmNoteCreate(ActionContract[NoteArguments, NoteArguments, NotePreview, ms
     request = NoteArguments
     arguments = NoteArguments
     preview = NotePreview
+    free_text = frozenset({"body"})
 
     def provider_call(self, arguments: NoteArguments) -> ProviderCall:
         return ProviderCall(path=f"/v1/customers/{arguments.customer_id}/notes",

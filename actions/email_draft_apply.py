@@ -72,6 +72,7 @@ class EmailDraftApply(ActionContract[DraftRequest, DraftArguments, DraftPreview,
     request = DraftRequest
     arguments = DraftArguments
     preview = DraftPreview
+    reach = frozenset({"recipients"})
     facts = DraftFacts
 
     def facts_ref(self, request: DraftRequest) -> FactsRef:

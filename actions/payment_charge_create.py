@@ -34,6 +34,9 @@ class PaymentChargeCreate(ActionContract[ChargeArguments, ChargeArguments, Charg
     request = ChargeArguments
     arguments = ChargeArguments
     preview = ChargeArguments
+    reach = frozenset({"amount_cents"})
+    free_text = frozenset({"description"})
+    matches = {"currency": "casefold"}
 
     def provider_call(self, arguments: ChargeArguments) -> ProviderCall:
         return ProviderCall(path="/v1/charges", body=msgspec.to_builtins(arguments),

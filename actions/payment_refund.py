@@ -121,6 +121,7 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
     request = RefundRequest
     arguments = RefundArguments
     preview = RefundPreview
+    reach = frozenset({"amount_cents"})
     facts = PaymentFacts
 
     def facts_ref(self, request: RefundRequest) -> FactsRef:

@@ -13,6 +13,11 @@ which would be permissions again, with more to get wrong.
 - A tenant's host publishes only `writ.in.<kind>.<tenant>`, reads only its own result stream
   (`WRIT_OUT_<tenant>`) and `writ.events.planner.<tenant>`, and nothing under `writ.int.>`,
   `writ.cmd.>` or another tenant's subjects.
+- The evaluation's shadow runs (`writ eval shadow`, user `eval`) read a copy of the runs that
+  start (its own durable consumer `eval` on WRIT_INT, for the evidence retrieval gathers for
+  each run) and publish only under `writ.eval.>`: nothing under `writ.int.>`,
+  `writ.cmd.>` or `writ.in.>`, and no request to governance, admission or the dispatcher, so no
+  proposal of a shadow run can be admitted or dispatched.
 - Every user's replies arrive under its own inbox prefix (`_INBOX.<user>`): nobody can
   subscribe to `_INBOX.>` and read the answers meant for someone else.
 
@@ -32,10 +37,13 @@ from typing import Final
 from schemas import subjects
 from schemas.planner import REVIEW
 
-__all__ = ["ADMIN", "JOURNALED", "SERVICE_SUBJECTS", "auth_config", "ensure_passwords", "host_user",
-           "inbox_prefix", "permissions", "users"]
+__all__ = ["ADMIN", "EVAL", "EVAL_SUBJECTS", "JOURNALED", "SERVICE_SUBJECTS", "auth_config",
+           "ensure_passwords", "host_user", "inbox_prefix", "permissions", "users"]
 
 ADMIN: Final = "admin"
+EVAL: Final = "eval"
+# Where the shadow evaluation publishes its would-be asks, proposals and reports.
+EVAL_SUBJECTS: Final = "writ.eval.>"
 _JS: Final = "$JS.API"
 _STATIC_STREAMS: Final = tuple(spec.name for spec in subjects.STREAMS)
 
@@ -82,7 +90,7 @@ def inbox_prefix(user: str) -> str:
 
 def users(tenants: Iterable[str]) -> tuple[str, ...]:
     """Every user of a deployment: the administrator, each service, each tenant's host."""
-    return (ADMIN, *SERVICE_SUBJECTS, *(host_user(t) for t in tenants))
+    return (ADMIN, *SERVICE_SUBJECTS, EVAL, *(host_user(t) for t in tenants))
 
 
 def _consumer(stream: str, durable: str) -> list[str]:
@@ -132,6 +140,15 @@ def _host(tenant: str) -> dict[str, object]:
     return {"publish": {"allow": pub}, "subscribe": {"allow": sub}}
 
 
+def _eval() -> dict[str, object]:
+    """The shadow evaluation: a copy of what starts, its own subjects, and no way in."""
+    pub = [f"{_JS}.INFO", f"{_JS}.STREAM.INFO.WRIT_INT", *_consumer("WRIT_INT", EVAL),
+           EVAL_SUBJECTS]
+    return {"publish": {"allow": pub,
+                        "deny": ["writ.int.>", "writ.cmd.>", "writ.in.>", "writ.out.>"]},
+            "subscribe": {"allow": [EVAL_SUBJECTS, f"{inbox_prefix(EVAL)}.>"]}}
+
+
 def permissions(tenants: Iterable[str]) -> dict[str, dict[str, object] | None]:
     """Each user's NATS permissions (None: the administrator, unrestricted)."""
     tenants = tuple(tenants)
@@ -141,6 +158,7 @@ def permissions(tenants: Iterable[str]) -> dict[str, dict[str, object] | None]:
     found: dict[str, dict[str, object] | None] = {ADMIN: None}
     for name in SERVICE_SUBJECTS:
         found[name] = _service(name, tenants)
+    found[EVAL] = _eval()
     for tenant in tenants:
         found[host_user(tenant)] = _host(tenant)
     return found

@@ -15,6 +15,7 @@
     writ policy sign          sign an organisation policy file
     writ audit verify         check every service's audit journal: chain, checkpoints, signatures
     writ audit export         append the checkpoints recorded outside the database to a file
+    writ eval build|run|record  score a candidate model on a versioned set (writ/eval/)
     writ audit replay RUN     walk a run's captured model responses and tool outputs offline
 """
 
@@ -382,6 +383,9 @@ def main(argv: list[str] | None = None) -> None:
     from writ.migrate import add_parser as add_migrate
 
     add_migrate(sub)
+    from writ.eval.cli import add_parser as add_eval
+
+    add_eval(sub)
 
     p = sub.add_parser("run", help="start Writ locally and run the demo request")
     p.add_argument("--home", default=".writ", help="data folder (default: .writ)")

@@ -278,6 +278,7 @@ class OpenAIProvider:
         max_wait_s: float = 30.0,
         deadline_s: float | None = None,
         max_calls: int | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if mode not in ("structured", "tools"):
             raise ConfigError(f"provider mode must be structured or tools, not {mode!r}")
@@ -294,7 +295,9 @@ class OpenAIProvider:
         self._backoff_s, self._max_backoff_s = backoff_s, max_backoff_s
         self._max_wait_s = max_wait_s
         self._deadline_s, self._max_calls, self._calls = deadline_s, max_calls, 0
-        self._client = httpx.AsyncClient(timeout=timeout_s)
+        # `transport`: what carries the requests (an evaluation passes one that lets only the
+        # candidate's base URL through).
+        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
 
     def __repr__(self) -> str:
         return f"OpenAIProvider(url={self._url!r}, model={self._model!r}, mode={self._mode!r})"

@@ -65,3 +65,20 @@ def test_a_journal_appends_to_its_own_record_only() -> None:
         host = perms[tenant_user]
         assert host is not None
         assert not [s for s in _allowed(host, "publish") if "AUDIT" in s or "audit" in s]
+
+
+def test_the_shadow_evaluation_cannot_reach_admission_or_the_dispatcher() -> None:
+    from libs.natsauth import EVAL
+    from schemas import subjects
+
+    perms = permissions(["acme"])[EVAL]
+    assert perms is not None and EVAL in users(["acme"])
+    published = _allowed(perms, "publish")
+    assert perms["publish"]["deny"] == ["writ.int.>", "writ.cmd.>", "writ.in.>", "writ.out.>"]
+    # No endpoint of governance, admission or the dispatcher, no stream it could declare.
+    for subject in (subjects.DECIDE, subjects.DECIDE_BATCH, subjects.ANSWER, subjects.FACTS,
+                    subjects.RECONCILE, subjects.REGISTER_RUN, "writ.cmd.acme"):
+        assert subject not in published
+    assert not [s for s in published if ".STREAM.CREATE." in s or ".STREAM.UPDATE." in s]
+    assert [s for s in published if "CONSUMER" in s and ".WRIT_INT.eval" not in s] == []
+    assert _allowed(perms, "subscribe") == ["writ.eval.>", "_INBOX.eval.>"]

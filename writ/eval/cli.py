@@ -1,0 +1,352 @@
+"""`writ eval build | run | record`: the command line of the evaluation (`writ/eval/`).
+
+`build` reads journaled runs with an auditor's read-only DSN and the planner's data keys (and
+hand-written case files), and writes an encrypted set. `run` opens no bus and no database
+connection: it reads the set and the candidate config, asks the candidate, and writes the
+report. `record` journals a report's digest, to be sealed and signed with the planner's chain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+__all__ = ["add_parser"]
+
+
+def _keys(path: Path, *, create: bool) -> Any:
+    from libs.journal import DataKeys
+
+    if not path.exists() and create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(DataKeys.generate("eval-1"))
+        path.chmod(0o600)
+    return DataKeys.from_json(path.read_text())
+
+
+def _set_keys(args: argparse.Namespace, *, create: bool = False) -> Any:
+    return _keys(Path(args.set_keys or Path(args.home) / "secrets" / "eval-data.json"),
+                 create=create)
+
+
+def _build(args: argparse.Namespace) -> int:
+    """Build a set; 0 written, 1 some runs could not be used (listed), 3 nothing to build from."""
+    import anyio
+
+    from libs.errors import ConfigError
+    from writ.eval._case import load_case_file, make_set, seal_set
+
+    facts = _json_file(args.facts) if args.facts else {}
+    policy = _json_file(args.policy) if args.policy else None
+    cases, skipped = [], []
+    try:
+        for path in args.cases or []:
+            cases += load_case_file(path)
+        if args.from_journal:
+            dsn, journal = _journal_source(args)
+            found, skipped = anyio.run(functools.partial(_journal_cases, args, dsn, journal,
+                                                         facts, policy))
+            cases += found
+        eval_set = make_set(args.tenant, cases)
+        stored = seal_set(eval_set, _set_keys(args, create=True))
+    except (ConfigError, OSError) as exc:
+        print(f"cannot build the set: {exc}", file=sys.stderr)
+        return 3
+    if not eval_set.cases:
+        print("no case: pass --cases or --from-journal with runs to use", file=sys.stderr)
+        return 3
+    Path(args.out).write_bytes(stored)
+    for why in skipped:
+        print(f"skipped: {why}", file=sys.stderr)
+    print(f"set {eval_set.version} (tenant {eval_set.tenant}): {len(eval_set.cases)} cases "
+          f"written to {args.out}, encrypted")
+    return 1 if skipped else 0
+
+
+def _json_file(path: str) -> Any:
+    import json
+
+    return json.loads(Path(path).read_text())
+
+
+def _journal_source(args: argparse.Namespace) -> tuple[str, Any]:
+    """The auditor's DSN and the planner's journal (its data keys) to build from."""
+    from libs.errors import ConfigError
+    from libs.journal import DataKeys, Journal
+
+    home = Path(args.home)
+    dsn_file = home / "secrets" / "audit.dsn"
+    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
+        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    if not dsn:
+        raise ConfigError("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run "
+                          "`writ run`")
+    keys_file = Path(args.data_keys or home / "secrets" / "journal-planner-data.json")
+    return dsn, Journal(service="planner", keys=DataKeys.from_json(keys_file.read_text()))
+
+
+async def _journal_cases(args: argparse.Namespace, dsn: str, journal: Any,
+                         facts: dict[str, Any], policy: dict[str, Any] | None
+                         ) -> tuple[list[Any], list[str]]:
+    import asyncpg
+
+    from services.planner.store import read_replay
+    from writ.eval._case import CaseError, cases_from_run
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        runs = await conn.fetch(
+            "SELECT run_id FROM planner.runs WHERE tenant = $1 "
+            "AND ($2::text IS NULL OR agent = $2) AND ($3::text IS NULL OR status = $3) "
+            "AND ($4::timestamptz IS NULL OR created_at >= $4) "
+            "AND ($5::timestamptz IS NULL OR created_at < $5) ORDER BY created_at, run_id",
+            args.tenant, args.agent, args.outcome,
+            datetime.fromisoformat(args.since) if args.since else None,
+            datetime.fromisoformat(args.until) if args.until else None)
+        cases, skipped = [], []
+        for row in runs:
+            entries, _, unsealed = await read_replay(conn, journal, tenant=args.tenant,
+                                                     run_id=row["run_id"])
+            if unsealed:
+                skipped.append(f"run {row['run_id']}: {unsealed} journal rows not sealed yet")
+                continue
+            try:
+                cases += cases_from_run(row["run_id"], entries, facts=facts, policy=policy)
+            except (CaseError, msgspec.ValidationError) as exc:
+                skipped.append(str(exc))
+    finally:
+        await conn.close()
+    return cases, skipped
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run a candidate on a set: the gate's exit code (0 pass, 1 regression, 2 incomplete), or
+    3 if it cannot run (no set, wrong keys, another version's baseline)."""
+    import anyio
+
+    from libs.errors import ConfigError
+    from writ.eval._case import open_set
+    from writ.eval._report import Report, junit_xml, render, report_digest, summarize
+    from writ.eval._run import load_candidate
+
+    try:
+        eval_set = open_set(Path(args.set).read_bytes(), _set_keys(args),
+                            tenant=args.tenant)
+        candidate = load_candidate(args.candidate)
+        baseline = (msgspec.json.decode(Path(args.baseline).read_bytes(), type=Report)
+                    if args.baseline else None)
+    except (ConfigError, OSError, msgspec.DecodeError) as exc:
+        print(f"cannot run: {exc}", file=sys.stderr)
+        return 3
+    results, runs = anyio.run(functools.partial(_ask_all, eval_set, candidate, args.k,
+                                                tuple(args.allow or ()), args.mode))
+    try:
+        report = summarize(eval_set, candidate.name, results, k=args.k, baseline=baseline,
+                           max_tokens=args.max_tokens, cost_fails=args.cost_fails,
+                           mode=args.mode, runs=runs)
+    except ValueError as exc:
+        print(f"cannot compare: {exc}", file=sys.stderr)
+        return 3
+    encoded = msgspec.json.format(msgspec.json.encode(report, order="sorted"), indent=2)
+    if args.json:
+        Path(args.json).write_bytes(encoded)
+    if args.junit:
+        Path(args.junit).write_bytes(junit_xml(report))
+    print(render(report))
+    print(f"report sha256 {report_digest(report)}")
+    return report.gate.exit_code
+
+
+async def _ask_all(eval_set: Any, candidate: Any, k: int, allow: tuple[str, ...],
+                   mode: str) -> Any:
+    from writ.eval._run import candidate_provider, run_rollout, run_step
+
+    async with candidate_provider(candidate, allow=allow) as provider:
+        if mode == "rollout":
+            return await run_rollout(eval_set, provider, k=k)
+        return await run_step(eval_set, provider, k=k), None
+
+
+def _record(args: argparse.Namespace) -> int:
+    """Journal a report's digest (kind `eval.report`): 0 recorded, 3 if it cannot be."""
+    import anyio
+
+    from libs.journal import DataKeys, Journal
+    from writ.eval._report import Report, report_digest
+
+    try:
+        report = msgspec.json.decode(Path(args.report).read_bytes(), type=Report)
+        home = Path(args.home)
+        keys = DataKeys.from_json(Path(
+            args.data_keys or home / "secrets" / "journal-planner-data.json").read_text())
+    except (OSError, ValueError, msgspec.DecodeError) as exc:
+        print(f"cannot record: {exc}", file=sys.stderr)
+        return 3
+    dsn = args.dsn or os.environ.get("WRIT_DATABASE_URL", "")
+    if not dsn:
+        print("no database: pass --dsn or set WRIT_DATABASE_URL", file=sys.stderr)
+        return 3
+    digest = report_digest(report)
+    anyio.run(functools.partial(_journal_report, dsn, Journal(service="planner", keys=keys),
+                                report, digest))
+    print(f"report {digest} of {report.candidate} on set {report.set_version} "
+          f"({report.gate.verdict}) journaled; the planner's sealer signs it")
+    return 0
+
+
+async def record_report(conn: Any, journal: Any, report: Any, digest: str) -> None:
+    """One `eval.report` row: the digest, the set version, the candidate and the verdict."""
+    await journal.write(conn, tenant=report.tenant, kind="eval.report",
+                        subject=report.set_version, payload={
+                            "digest": digest, "set_version": report.set_version,
+                            "candidate": report.candidate, "mode": report.mode,
+                            "k": report.k, "verdict": report.gate.verdict})
+
+
+async def _journal_report(dsn: str, journal: Any, report: Any, digest: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await record_report(conn, journal, report, digest)
+    finally:
+        await conn.close()
+
+
+def _shadow(args: argparse.Namespace) -> int:
+    """Shadow the runs that start beside the deployment, as NATS user `eval`; 0 when `--count`
+    runs were shadowed (or on SIGINT/SIGTERM), 3 if it cannot start."""
+    import anyio
+
+    from actions import ACTIONS
+    from libs.errors import ConfigError
+    from schemas.retrieval import READ_TOOLS
+    from services.planner.agents import AgentRegistry
+    from services.planner.snapshot import snapshot_of
+    from writ.eval._run import load_candidate
+
+    home = Path(args.home)
+    try:
+        candidate = load_candidate(args.candidate)
+        agents = AgentRegistry.from_folder(args.agents)
+        agents.resolve(actions=ACTIONS, tools=READ_TOOLS,
+                       providers=("scripted", "openai", candidate.provider))
+        password = (home / "secrets" / "nats-eval.password").read_text().strip()
+        nats_url = args.nats_url or os.environ.get("WRIT_NATS_URL", "")
+        if not nats_url:
+            raise ConfigError("no NATS: pass --nats-url or set WRIT_NATS_URL")
+        policy = _json_file(args.policy) if args.policy else None
+        facts = _json_file(args.facts) if args.facts else {}
+    except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
+        print(f"cannot shadow: {exc}", file=sys.stderr)
+        return 3
+    out = open(args.out, "ab") if args.out else None  # noqa: SIM115 - closed below
+
+    def write(record: Any) -> None:
+        if out is not None:
+            out.write(msgspec.json.encode(record) + b"\n")
+            out.flush()
+        print(f"{record.run_id} {record.agent}: would {record.would} "
+              f"{record.capability or ''} {record.ruling or ''}".rstrip(), flush=True)
+
+    try:
+        anyio.run(functools.partial(_shadow_run, nats_url, password, candidate,
+                                    lambda name: snapshot_of(agents.get(name)), policy, facts,
+                                    args.count, write))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if out is not None:
+            out.close()
+    return 0
+
+
+async def _shadow_run(nats_url: str, password: str, candidate: Any, manifests: Any,
+                      policy: Any, facts: Any, count: int | None, write: Any) -> None:
+    import nats
+
+    from libs.natsauth import EVAL, inbox_prefix
+    from writ.eval._run import candidate_provider
+    from writ.eval._shadow import shadow
+
+    nc = await nats.connect(nats_url, user=EVAL, password=password,
+                            inbox_prefix=inbox_prefix(EVAL), max_reconnect_attempts=-1)
+    try:
+        async with candidate_provider(candidate) as provider:
+            await shadow(nc, provider, manifests=manifests, policy=policy, facts=facts,
+                         count=count, on_record=write,
+                         on_ready=lambda: print("shadowing as NATS user eval", flush=True))
+    finally:
+        await nc.close()
+
+
+def add_parser(sub: Any) -> None:
+    """`writ eval` and its subcommands."""
+    p = sub.add_parser("eval", help="score a candidate model on a versioned set of decision "
+                                    "points (no write can leave)")
+    ev = p.add_subparsers(dest="action", required=True)
+    b = ev.add_parser("build", help="build an encrypted set from journaled runs and case files")
+    b.add_argument("--tenant", required=True)
+    b.add_argument("--out", required=True)
+    b.add_argument("--cases", action="append", help="a hand-written case file (repeatable)")
+    b.add_argument("--from-journal", action="store_true",
+                   help="add the decision points of the tenant's journaled runs")
+    b.add_argument("--agent", default=None)
+    b.add_argument("--outcome", default=None, help="runs that ended so (e.g. succeeded)")
+    b.add_argument("--since", default=None, help="ISO time, inclusive")
+    b.add_argument("--until", default=None, help="ISO time, exclusive")
+    b.add_argument("--facts", default="", help="JSON {\"<kind>:<id>\": facts} the contracts "
+                                               "resolve against")
+    b.add_argument("--policy", default="", help="JSON of governance facts for every case")
+    b.add_argument("--dsn", default="", help="an auditor's DSN (default: writ run's)")
+    b.add_argument("--data-keys", default="", help="the planner's journal data key file")
+    for q in (b,):
+        q.add_argument("--home", default=".writ")
+        q.add_argument("--set-keys", default="", help="the sets' data key file (default: "
+                                                      "<home>/secrets/eval-data.json)")
+    b.set_defaults(func=_build)
+    r = ev.add_parser("run", help="ask a candidate every case k times; exit 0 pass, "
+                                  "1 regression, 2 incomplete")
+    r.add_argument("--set", required=True)
+    r.add_argument("--candidate", required=True, help="a candidate provider config (JSON)")
+    r.add_argument("-k", type=int, default=1)
+    r.add_argument("--mode", choices=("step", "rollout"), default="step",
+                   help="step: each decision point k times; rollout: the candidate drives "
+                        "each journaled run k times, served from the recording")
+    r.add_argument("--tenant", default=None, help="refuse a set of another tenant")
+    r.add_argument("--baseline", default="", help="an earlier report on the same set version")
+    r.add_argument("--json", default="", help="write the JSON report here")
+    r.add_argument("--junit", default="", help="write JUnit XML here")
+    r.add_argument("--max-tokens", type=int, default=None, help="cost threshold")
+    r.add_argument("--cost-fails", action="store_true", help="above it fail, not warn")
+    r.add_argument("--allow", action="append", help="another origin the candidate's client may "
+                                                    "reach (a loopback fake)")
+    r.add_argument("--home", default=".writ")
+    r.add_argument("--set-keys", default="")
+    r.set_defaults(func=_run)
+    sh = ev.add_parser("shadow", help="run a candidate beside the deployment on a copy of the "
+                                      "runs that start; its asks and proposals are recorded, "
+                                      "never sent or admitted")
+    sh.add_argument("--candidate", required=True)
+    sh.add_argument("--agents", required=True, help="the agents' manifests (as the planner's)")
+    sh.add_argument("--out", default="", help="append the would-be decisions here (JSON lines)")
+    sh.add_argument("--count", type=int, default=None, help="stop after this many runs")
+    sh.add_argument("--policy", default="")
+    sh.add_argument("--facts", default="")
+    sh.add_argument("--nats-url", default="")
+    sh.add_argument("--home", default=".writ")
+    sh.set_defaults(func=_shadow)
+    c = ev.add_parser("record", help="journal a report's digest (sealed and signed with the "
+                                     "planner's chain)")
+    c.add_argument("report")
+    c.add_argument("--dsn", default="", help="the planner's DSN (default: WRIT_DATABASE_URL)")
+    c.add_argument("--data-keys", default="")
+    c.add_argument("--home", default=".writ")
+    c.set_defaults(func=_record)
