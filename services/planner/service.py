@@ -66,6 +66,7 @@ from schemas.planner import (
     ReviewTaken,
     branch_run_id,
 )
+from schemas.reads import RUN_STATUS
 from schemas.retrieval import EvidenceGathered, ReadRefused
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
@@ -97,6 +98,7 @@ from services.planner.snapshot import (
     selection_outcome,
     snapshot_of,
 )
+from services.planner.status import RunStatusEndpoint
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
 __all__ = ["PlannerService"]
@@ -143,6 +145,8 @@ class PlannerService:
         if self._store.journal is not None:
             self._rt.endpoints.append(Endpoint("replay", subjects.REPLAY, self._replay,
                                                concurrency=8))
+        self._rt.endpoints.append(Endpoint("run", RUN_STATUS, RunStatusEndpoint(store=self._store),
+                                           concurrency=32))
         self._rt.endpoints.append(Endpoint("review", REVIEW,
                                            ReviewEndpoint(answer=self.answer_review),
                                            concurrency=8))
