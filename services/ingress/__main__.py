@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import anyio
 import anyio.abc
 import msgspec
 
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.ingress.http import HttpServer
 from services.ingress.logic import TenantKey
 from services.ingress.service import IngressService
 
@@ -19,6 +21,14 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     max_request_bytes: int = 64 * 1024
     # How long ingress waits for the planner to take a review answer before it retries it.
     review_timeout_s: float = 30.0
+    # The HTTP API (`/api/v1`): 0 takes a free port, written to `http_port_file` once it
+    # listens; `http_enabled: false` serves NATS only.
+    http_enabled: bool = True
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    http_port_file: str = ""
+    # How long a POST that waits for its answer (a command, a decision) waits.
+    http_answer_timeout_s: float = 30.0
 
 
 def main() -> None:
@@ -30,7 +40,17 @@ def main() -> None:
         svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
                              max_request_bytes=settings.max_request_bytes,
                              review_timeout_s=settings.review_timeout_s)
-        await svc.run(task_status=task_status)
+        if not settings.http_enabled:
+            await svc.run(task_status=task_status)
+            return
+        http = HttpServer(door=svc, nc=rt.nc, js=rt.js, stopping=rt.stopping,
+                          host=settings.http_host, port=settings.http_port,
+                          port_file=settings.http_port_file,
+                          max_body_bytes=settings.max_request_bytes,
+                          answer_timeout_s=settings.http_answer_timeout_s)
+        async with anyio.create_task_group() as tg:
+            await tg.start(http.run)
+            await svc.run(task_status=task_status)
 
     run_service("ingress", settings, start, description="Verifies hosts' requests, starts runs")
 

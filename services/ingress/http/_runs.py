@@ -1,0 +1,143 @@
+"""`/runs` and `/commands`: what a host asks for, and where it stands."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Final
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import ResponseSpec
+from litestar.params import Parameter
+
+from schemas.api import CommandBody, RunAccepted, RunView, StartRun
+from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
+from schemas.reads import RUN_STATUS, GetRun
+from services.ingress.http._api import Api
+from services.ingress.http._problems import ApiError
+from services.ingress.logic import Verified
+
+__all__ = ["FINAL_RUN", "run_handlers", "run_result"]
+
+_ENCODER: Final = msgspec.json.Encoder()
+# A run that got this far has answered its host (a person may let it go on).
+FINAL_RUN: Final = frozenset({"succeeded", "failed", "awaiting_human", "cancelled"})
+IdempotencyKey = Annotated[str, Parameter(
+    header="Idempotency-Key", max_length=128,
+    description="The request id: the same key and body again returns the first answer")]
+_ERRORS: Final = {
+    400: ResponseSpec(None, description="INVALID_REQUEST: undecodable, unknown field, bound"),
+    401: ResponseSpec(None, description="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ..."),
+    403: ResponseSpec(None, description="WRONG_TENANT or FORBIDDEN (a role is missing)"),
+    409: ResponseSpec(None, description="CONFLICT: the key was used with another body"),
+    413: ResponseSpec(None, description="TOO_LARGE: refused before it was read whole"),
+}
+
+
+def run_result(view: RunView) -> RunResult:
+    """The `RunResult` a host got (or gets) for a run that stands where `view` says."""
+    return RunResult(request_id=view.request_id, status=view.status, run_id=view.run_id,
+                     error=view.error, answer=view.answer, actions=view.actions,
+                     pending_id=view.pending_id, proposal=view.proposal)
+
+
+def _json(value: msgspec.Struct, status: int = 200) -> Response[bytes]:
+    return Response(_ENCODER.encode(value), status_code=status, media_type="application/json")
+
+
+def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteHandler]:
+    """The run and command routes over `api`."""
+
+    async def _view(tenant: str, run_id: str) -> RunView:
+        return await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=run_id), RunView)
+
+    @post("/runs", status_code=202, summary="Start a run", tags=["runs"],
+          responses={**_ERRORS})
+    async def start_run(request: Request[Any, Any, Any], data: StartRun,
+                        idempotency_key: IdempotencyKey) -> Response[Any]:
+        """A `RunRequest` without its token: `202` with the run's id and where to follow it."""
+
+        def build(request_id: str, token: str) -> RunRequest:
+            return RunRequest(request_id=request_id, token=token, agent=data.agent,
+                              input=data.input, attended=data.attended, grants=data.grants,
+                              budget=data.budget)
+
+        async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
+            await api.door.hand_on(outcome)
+            base = f"/api/v1/runs/{outcome.run_id}"
+            return 202, RunAccepted(run_id=outcome.run_id,
+                                    request_id=outcome.request.request_id,
+                                    links={"self": base, "wait": f"{base}/wait",
+                                           "events": f"{base}/events",
+                                           "cancel": f"{base}/cancel"})
+
+        return await api.post(request, kind="requests", body=data, build=build, answer=answer)
+
+    @get("/runs/{run_id:str}", summary="Where a run stands", tags=["runs"],
+         responses={404: ResponseSpec(None, description="NOT_FOUND (or not started yet)")})
+    async def get_run(request: Request[Any, Any, Any], run_id: str) -> RunView:
+        """Status, answer, actions and their outcomes, from the planner."""
+        caller = api.caller(request)
+        return await _view(caller.tenant, run_id)
+
+    @get("/runs/{run_id:str}/wait", summary="Wait for a run's result", tags=["runs"],
+         responses={202: ResponseSpec(RunView, description="Not finished within timeout_s"),
+                    404: ResponseSpec(None, description="NOT_FOUND")})
+    async def wait_run(request: Request[Any, Any, Any], run_id: str,
+                       timeout_s: Annotated[float, Parameter(ge=0, le=60)] = 30.0
+                       ) -> RunResult:
+        """Long-poll for the run's `RunResult` (`awaiting_human` counts: the run stopped)."""
+        caller = api.caller(request)
+        deadline = time.monotonic() + timeout_s
+        view: RunView | None = None
+        with api.results.watch(caller.tenant, run_id) as waiter:
+            while True:
+                try:
+                    view = await _view(caller.tenant, run_id)
+                except ApiError as exc:
+                    if exc.code != "NOT_FOUND":
+                        raise
+                if view is not None and view.status in FINAL_RUN:
+                    return run_result(view)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                # The result event ends the wait at once; the poll covers a missed one.
+                got = await waiter.next(min(remaining, 2.0))
+                if isinstance(got, RunResult):
+                    return got
+        if view is None:
+            raise ApiError("NOT_FOUND", "no such run")
+        return _json(view, 202)  # type: ignore[return-value]
+
+    @post("/commands", status_code=200, summary="Do exactly this, under my operation key",
+          tags=["commands"],
+          responses={**_ERRORS, 504: ResponseSpec(None, description="TIMEOUT")})
+    async def submit_command(request: Request[Any, Any, Any], data: CommandBody,
+                             idempotency_key: IdempotencyKey) -> CommandResult:
+        """A `SubmitCommand` without its token: its `CommandResult` once it is decided."""
+
+        def build(request_id: str, token: str) -> SubmitCommand:
+            return SubmitCommand(request_id=request_id, token=token, agent=data.agent,
+                                 operation_key=data.operation_key, action=data.action,
+                                 arguments=data.arguments,
+                                 expected_revision=data.expected_revision)
+
+        async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
+            request_id = outcome.request.request_id
+            with api.results.watch(outcome.tenant, request_id) as waiter:
+                await api.door.hand_on(outcome)
+                deadline = time.monotonic() + answer_timeout_s
+                while (remaining := deadline - time.monotonic()) > 0:
+                    got = await waiter.next(remaining)
+                    if isinstance(got, CommandResult) and got.status not in (
+                            "pending", "dispatching"):
+                        return 200, got
+            raise ApiError("TIMEOUT", "the command's result did not come in time; ask again "
+                                      "with the same Idempotency-Key")
+
+        return await api.post(request, kind="commands", body=data, build=build,
+                              answer=answer)  # type: ignore[return-value]
+
+    return [start_run, get_run, wait_run, submit_command]
