@@ -117,7 +117,7 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
 class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """An RFC 9457 problem document; `code` is the stable code of the README."""
 
-    type: str = "about:blank"
+    type: str  # "about:blank": the code and status say it all
     title: str
     status: int
     code: str

@@ -2,7 +2,7 @@
 
     writ run                  start everything locally and run the demo (what `make run` does)
     writ service <name>       run one service process (what a Kubernetes Deployment runs)
-    writ schemas --write      regenerate the committed JSON Schemas of the bus messages
+    writ schemas --write      regenerate the committed JSON Schemas and the OpenAPI/AsyncAPI files
     writ token ...            mint a host token with a tenant's demo key
     writ reconcile list       commands whose outcome nobody knows (`unknown`)
     writ reconcile resolve    record what an operator established, with its evidence
@@ -42,13 +42,14 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _schemas(args: argparse.Namespace) -> int:
+    from writ.contracts import check_contracts, write_contracts
     from writ.schemas_io import check_schemas, write_schemas
 
     if args.write:
-        for path in write_schemas():
+        for path in [*write_schemas(), *write_contracts()]:
             print(f"wrote {path}")
         return 0
-    drift = check_schemas()
+    drift = check_schemas() + check_contracts()
     for line in drift:
         print(line, file=sys.stderr)
     return 1 if drift else 0

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
-from litestar.openapi import ResponseSpec
-from litestar.params import Parameter
+from litestar.params import FromPath, JSONBody
 
 from schemas import subjects
 from schemas.api import ApproveBody, DecideBody, RejectBody, ReviewBody
@@ -24,21 +23,17 @@ from schemas.host import (
 )
 from schemas.planner import ReplayReport, ReplayRun
 from services.ingress.http._api import Api
-from services.ingress.http._problems import ApiError
+from services.ingress.http._problems import ApiError, IdempotencyKey, problems
 from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE, Verified
 
 __all__ = ["people_handlers"]
 
-IdempotencyKey = Annotated[str, Parameter(
-    header="Idempotency-Key", max_length=128,
-    description="The request id: the same key and body again returns the first answer")]
-_ERRORS: Final = {
-    400: ResponseSpec(None, description="INVALID_REQUEST"),
-    401: ResponseSpec(None, description="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ..."),
-    403: ResponseSpec(None, description="FORBIDDEN: the approver role is missing"),
-    409: ResponseSpec(None, description="CONFLICT: the key was used with another body"),
-    504: ResponseSpec(None, description="TIMEOUT: no answer in time; ask again, same key"),
-}
+_ERRORS: Final = problems(
+    s400="INVALID_REQUEST: undecodable, an unknown field, a bound exceeded",
+    s401="UNAUTHENTICATED, UNKNOWN_TENANT, BAD_SIGNATURE, TOKEN_EXPIRED or INVALID_TOKEN",
+    s403="FORBIDDEN: the approver role is missing",
+    s409="CONFLICT: the Idempotency-Key was used with another body",
+    s413="TOO_LARGE", s504="TIMEOUT: no answer in time; ask again, same Idempotency-Key")
 
 
 def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteHandler]:
@@ -56,7 +51,9 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         raise ApiError("TIMEOUT", "no answer came in time; ask again with the same "
                                   "Idempotency-Key")
 
-    @get("/pending-decisions", summary="Decisions waiting for a person", tags=["people"])
+    @get("/pending-decisions", summary="Decisions waiting for a person", tags=["people"],
+         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                            s403="FORBIDDEN: the approver role is missing"))
     async def pending(request: Request[Any, Any, Any]) -> PendingDecisions:
         """The tenant's unanswered decisions (governance's), for an approver."""
         caller = api.caller(request, role=APPROVER_ROLE)
@@ -65,7 +62,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
 
     @post("/pending-decisions/decide", status_code=200, summary="Answer a pending decision",
           tags=["people"], responses=_ERRORS)
-    async def decide(request: Request[Any, Any, Any], data: DecideBody,
+    async def decide(request: Request[Any, Any, Any], data: JSONBody[DecideBody],
                      idempotency_key: IdempotencyKey) -> DecisionResult:
         """A `HumanDecision`: whether governance took the answer."""
 
@@ -94,21 +91,24 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
 
     @post("/proposals/{proposal_id:str}/approve", status_code=200, tags=["people"],
           summary="Approve exactly the frozen proposal", responses=_ERRORS)
-    async def approve(request: Request[Any, Any, Any], proposal_id: str, data: ApproveBody,
+    async def approve(request: Request[Any, Any, Any], proposal_id: FromPath[str],
+                      data: JSONBody[ApproveBody],
                       idempotency_key: IdempotencyKey) -> ApprovalResult:
         """An `ApproveProposal` (approve): `claimed` starts the one execution."""
         return await _approve(request, proposal_id, data, idempotency_key)
 
     @post("/proposals/{proposal_id:str}/reject", status_code=200, tags=["people"],
           summary="Reject a proposal (a reason is required)", responses=_ERRORS)
-    async def reject(request: Request[Any, Any, Any], proposal_id: str, data: RejectBody,
+    async def reject(request: Request[Any, Any, Any], proposal_id: FromPath[str],
+                     data: JSONBody[RejectBody],
                      idempotency_key: IdempotencyKey) -> ApprovalResult:
         """An `ApproveProposal` (reject)."""
         return await _reject(request, proposal_id, data, idempotency_key)
 
     @post("/reviews/{pending_id:str}", status_code=200, tags=["people"],
           summary="Answer the review a run's agent asked for", responses=_ERRORS)
-    async def review(request: Request[Any, Any, Any], pending_id: str, data: ReviewBody,
+    async def review(request: Request[Any, Any, Any], pending_id: FromPath[str],
+                     data: JSONBody[ReviewBody],
                      idempotency_key: IdempotencyKey) -> ReviewResult:
         """A `ReviewDecision`: whether the run took it (the planner says at once)."""
 
@@ -124,9 +124,10 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
 
     @post("/audit/replay/{run_id:str}", status_code=200, tags=["audit"],
           summary="Replay a run offline from the journal",
-          responses={403: ResponseSpec(None, description="FORBIDDEN: auditor role missing"),
-                     404: ResponseSpec(None, description="NOT_FOUND")})
-    async def replay(request: Request[Any, Any, Any], run_id: str) -> ReplayReport:
+          responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                             s403="FORBIDDEN: the auditor role is missing",
+                             s404="NOT_FOUND: no such run of the tenant"))
+    async def replay(request: Request[Any, Any, Any], run_id: FromPath[str]) -> ReplayReport:
         """The planner's `ReplayReport` (a read: it changes nothing, so it needs no key)."""
         caller = api.caller(request, role=AUDITOR_ROLE)
         return await api.ask(subjects.REPLAY, ReplayRun(tenant=caller.tenant, run_id=run_id),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 from litestar import Request, Response
@@ -13,11 +13,13 @@ from litestar.exceptions import (
     NotFoundException,
     ValidationException,
 )
+from litestar.openapi import ResponseSpec
+from litestar.params import HeaderParameter
 
 from libs.errors import RetryableError
 from schemas.api import Problem
 
-__all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "problem"]
+__all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "IdempotencyKey", "problem", "problems"]
 
 log = logging.getLogger("writ.ingress.http")
 PROBLEM_JSON: Final = "application/problem+json"
@@ -33,6 +35,17 @@ _CODE_OF_STATUS: Final = {400: "INVALID_REQUEST", 401: "UNAUTHENTICATED", 403: "
                           404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 409: "CONFLICT",
                           413: "TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE", 503: "UNAVAILABLE"}
 _ENCODER: Final = msgspec.json.Encoder()
+IdempotencyKey = Annotated[str, HeaderParameter(
+    name="Idempotency-Key", max_length=128,
+    description="The request id: the same key and body again returns the first answer; "
+                "another body under it is 409 CONFLICT")]
+
+
+def problems(**described: str) -> dict[int, ResponseSpec]:
+    """OpenAPI responses for problem documents, by status (`problems(s404="NOT_FOUND")`)."""
+    return {int(name[1:]): ResponseSpec(Problem, description=text, generate_examples=False,
+                                        media_type=PROBLEM_JSON)
+            for name, text in described.items()}
 
 
 class ApiError(Exception):
@@ -48,8 +61,8 @@ def problem(code: str, detail: str, *, instance: str | None = None,
             headers: dict[str, str] | None = None) -> Response[bytes]:
     """The problem+json response of a code."""
     status = STATUS.get(code, 400)
-    body = Problem(title=code.replace("_", " ").lower(), status=status, code=code,
-                   detail=detail[:1000], instance=instance)
+    body = Problem(type="about:blank", title=code.replace("_", " ").lower(), status=status,
+                   code=code, detail=detail[:1000], instance=instance)
     return Response(_ENCODER.encode(body), status_code=status, media_type=PROBLEM_JSON,
                     headers=headers)
 

@@ -9,13 +9,13 @@ import msgspec
 from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import ResponseSpec
-from litestar.params import Parameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas.api import CommandBody, RunAccepted, RunView, StartRun
 from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
 from schemas.reads import RUN_STATUS, GetRun
 from services.ingress.http._api import Api
-from services.ingress.http._problems import ApiError
+from services.ingress.http._problems import ApiError, IdempotencyKey, problems
 from services.ingress.logic import Verified
 
 __all__ = ["FINAL_RUN", "run_handlers", "run_result"]
@@ -23,16 +23,12 @@ __all__ = ["FINAL_RUN", "run_handlers", "run_result"]
 _ENCODER: Final = msgspec.json.Encoder()
 # A run that got this far has answered its host (a person may let it go on).
 FINAL_RUN: Final = frozenset({"succeeded", "failed", "awaiting_human", "cancelled"})
-IdempotencyKey = Annotated[str, Parameter(
-    header="Idempotency-Key", max_length=128,
-    description="The request id: the same key and body again returns the first answer")]
-_ERRORS: Final = {
-    400: ResponseSpec(None, description="INVALID_REQUEST: undecodable, unknown field, bound"),
-    401: ResponseSpec(None, description="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ..."),
-    403: ResponseSpec(None, description="WRONG_TENANT or FORBIDDEN (a role is missing)"),
-    409: ResponseSpec(None, description="CONFLICT: the key was used with another body"),
-    413: ResponseSpec(None, description="TOO_LARGE: refused before it was read whole"),
-}
+_ERRORS: Final = problems(
+    s400="INVALID_REQUEST: undecodable, an unknown field, a bound exceeded",
+    s401="UNAUTHENTICATED, UNKNOWN_TENANT, BAD_SIGNATURE, TOKEN_EXPIRED or INVALID_TOKEN",
+    s403="WRONG_TENANT or FORBIDDEN (a role is missing)",
+    s409="CONFLICT: the Idempotency-Key was used with another body",
+    s413="TOO_LARGE: refused before it was read whole")
 
 
 def run_result(view: RunView) -> RunResult:
@@ -53,9 +49,9 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
         return await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=run_id), RunView)
 
     @post("/runs", status_code=202, summary="Start a run", tags=["runs"],
-          responses={**_ERRORS})
-    async def start_run(request: Request[Any, Any, Any], data: StartRun,
-                        idempotency_key: IdempotencyKey) -> Response[Any]:
+          responses=_ERRORS)
+    async def start_run(request: Request[Any, Any, Any], data: JSONBody[StartRun],
+                        idempotency_key: IdempotencyKey) -> Response[RunAccepted]:
         """A `RunRequest` without its token: `202` with the run's id and where to follow it."""
 
         def build(request_id: str, token: str) -> RunRequest:
@@ -75,17 +71,19 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
         return await api.post(request, kind="requests", body=data, build=build, answer=answer)
 
     @get("/runs/{run_id:str}", summary="Where a run stands", tags=["runs"],
-         responses={404: ResponseSpec(None, description="NOT_FOUND (or not started yet)")})
-    async def get_run(request: Request[Any, Any, Any], run_id: str) -> RunView:
+         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                            s404="NOT_FOUND: no such run of the tenant (or not started yet)"))
+    async def get_run(request: Request[Any, Any, Any], run_id: FromPath[str]) -> RunView:
         """Status, answer, actions and their outcomes, from the planner."""
         caller = api.caller(request)
         return await _view(caller.tenant, run_id)
 
     @get("/runs/{run_id:str}/wait", summary="Wait for a run's result", tags=["runs"],
          responses={202: ResponseSpec(RunView, description="Not finished within timeout_s"),
-                    404: ResponseSpec(None, description="NOT_FOUND")})
-    async def wait_run(request: Request[Any, Any, Any], run_id: str,
-                       timeout_s: Annotated[float, Parameter(ge=0, le=60)] = 30.0
+                    **problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                               s404="NOT_FOUND")})
+    async def wait_run(request: Request[Any, Any, Any], run_id: FromPath[str],
+                       timeout_s: Annotated[float, QueryParameter(ge=0, le=60)] = 30.0
                        ) -> RunResult:
         """Long-poll for the run's `RunResult` (`awaiting_human` counts: the run stopped)."""
         caller = api.caller(request)
@@ -113,8 +111,8 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
 
     @post("/commands", status_code=200, summary="Do exactly this, under my operation key",
           tags=["commands"],
-          responses={**_ERRORS, 504: ResponseSpec(None, description="TIMEOUT")})
-    async def submit_command(request: Request[Any, Any, Any], data: CommandBody,
+          responses={**_ERRORS, **problems(s504="TIMEOUT: ask again, same Idempotency-Key")})
+    async def submit_command(request: Request[Any, Any, Any], data: JSONBody[CommandBody],
                              idempotency_key: IdempotencyKey) -> CommandResult:
         """A `SubmitCommand` without its token: its `CommandResult` once it is decided."""
 
