@@ -1,13 +1,18 @@
 """Reads ingress asks of the services that own the state (request/reply on the bus): ingress
-holds no database, so `GET /runs/{id}` is a question to the planner."""
+holds no database, so `GET /runs/{id}` is a question to the planner, `GET /commands/{key}` and
+`GET /proposals` questions to admission."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Any, Final, Literal
 
-from schemas.base import Command, Id, Tenant
+import msgspec
 
-__all__ = ["RUN_STATUS", "GetRun"]
+from schemas.base import Command, Id, ShortText, Tenant
+
+__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "RUN_STATUS", "GetCommand",
+           "GetProposal", "GetRun", "ListProposals", "ProposalDetail", "ProposalState",
+           "Proposals"]
 
 # `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
 RUN_STATUS: Final = "writ.int.planner.run"
@@ -18,3 +23,59 @@ class GetRun(Command):
 
     tenant: Tenant
     run_id: Id
+
+
+# `GetCommand` -> `schemas.host.CommandResult` (the command's recorded state); 404 if none.
+COMMAND_STATUS: Final = "writ.int.admission.command"
+# `ListProposals` -> `Proposals`; `GetProposal` -> `ProposalDetail` (404 if none).
+PROPOSALS_LIST: Final = "writ.int.admission.proposals"
+PROPOSAL_GET: Final = "writ.int.admission.proposal"
+
+ProposalState = Literal["pending", "executing", "completed", "rejected", "expired"]
+
+
+class GetCommand(Command):
+    """What became of the host command under this operation key."""
+
+    tenant: Tenant
+    operation_key: Id
+
+
+class ListProposals(Command):
+    """The tenant's proposals, newest first (those in `state`, if given)."""
+
+    tenant: Tenant
+    state: ProposalState | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+
+
+class GetProposal(Command):
+    """One proposal by its public id."""
+
+    tenant: Tenant
+    proposal_id: Id
+
+
+class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal as a person sees it: the frozen preview, the canonical request hash, its
+    expiry, the decision that asked, and what it became."""
+
+    proposal_id: Id
+    run_id: ShortText
+    action: ShortText
+    preview: dict[str, Any]
+    request_hash: ShortText
+    state: ProposalState
+    expires_at: ShortText | None = None
+    decision_id: ShortText | None = None
+    reason: ShortText | None = None
+    approved_by: ShortText | None = None
+    operation_id: ShortText | None = None
+    command_state: ShortText | None = None
+    receipt: ShortText | None = None
+
+
+class Proposals(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to `ListProposals`."""
+
+    proposals: Annotated[list[ProposalDetail], msgspec.Meta(max_length=500)]

@@ -10,6 +10,7 @@ from libs.db import connect_pool
 from libs.journal import Sealer, open_journal
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.admission.reads import AdmissionReads
 from services.admission.relay import OutboxRelay
 from services.admission.service import AdmissionService
 from services.admission.store import AdmissionStore
@@ -50,6 +51,7 @@ def main() -> None:
                                    proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
                                    sealer=Sealer(pool=pool, journal=journal, signing=signing,
                                                  interval=settings.journal_seal_interval_s))
+            rt.endpoints.extend(AdmissionReads(pool).endpoints())  # ingress's HTTP reads
             await svc.run(task_status=task_status)
 
     run_service("admission", settings, start, description="Admits commands, relays the outbox")

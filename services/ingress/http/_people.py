@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath, JSONBody
+from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas import subjects
 from schemas.api import ApproveBody, DecideBody, RejectBody, ReviewBody
@@ -22,6 +22,15 @@ from schemas.host import (
     ReviewResult,
 )
 from schemas.planner import ReplayReport, ReplayRun
+from schemas.reads import (
+    PROPOSAL_GET,
+    PROPOSALS_LIST,
+    GetProposal,
+    ListProposals,
+    ProposalDetail,
+    Proposals,
+    ProposalState,
+)
 from services.ingress.http._api import Api
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
 from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE, Verified
@@ -133,4 +142,29 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         return await api.ask(subjects.REPLAY, ReplayRun(tenant=caller.tenant, run_id=run_id),
                              ReplayReport, timeout=30.0)
 
-    return [pending, decide, approve, reject, review, replay]
+    @get("/proposals", summary="Proposals, newest first", tags=["people"],
+         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                            s403="FORBIDDEN: the approver role is missing"))
+    async def proposals(request: Request[Any, Any, Any],
+                        wanted: Annotated[ProposalState | None,
+                                          QueryParameter(name="state")] = None,
+                        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100
+                        ) -> Proposals:
+        """The tenant's proposals (those in `state`), each with its frozen preview."""
+        caller = api.caller(request, role=APPROVER_ROLE)
+        return await api.ask(PROPOSALS_LIST, ListProposals(tenant=caller.tenant, state=wanted,
+                                                           limit=limit), Proposals)
+
+    @get("/proposals/{proposal_id:str}", summary="One proposal", tags=["people"],
+         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                            s403="FORBIDDEN: the approver role is missing",
+                            s404="NOT_FOUND: no proposal of the tenant under this id"))
+    async def proposal(request: Request[Any, Any, Any],
+                       proposal_id: FromPath[str]) -> ProposalDetail:
+        """The frozen preview, the request hash, the expiry, the decision that asked."""
+        caller = api.caller(request, role=APPROVER_ROLE)
+        return await api.ask(PROPOSAL_GET, GetProposal(tenant=caller.tenant,
+                                                       proposal_id=proposal_id),
+                             ProposalDetail)
+
+    return [pending, decide, proposals, proposal, approve, reject, review, replay]

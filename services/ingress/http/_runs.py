@@ -13,7 +13,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas.api import CommandBody, RunAccepted, RunView, StartRun
 from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
-from schemas.reads import RUN_STATUS, GetRun
+from schemas.reads import COMMAND_STATUS, RUN_STATUS, GetCommand, GetRun
 from services.ingress.http._api import Api
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
 from services.ingress.logic import Verified
@@ -138,4 +138,15 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
         return await api.post(request, kind="commands", body=data, build=build,
                               answer=answer)  # type: ignore[return-value]
 
-    return [start_run, get_run, wait_run, submit_command]
+    @get("/commands/{operation_key:str}", summary="What became of my command", tags=["commands"],
+         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                            s404="NOT_FOUND: no command of the tenant under this key"))
+    async def get_command(request: Request[Any, Any, Any],
+                          operation_key: FromPath[str]) -> CommandResult:
+        """The recorded state of the host's command under its operation key (admission's)."""
+        caller = api.caller(request)
+        return await api.ask(COMMAND_STATUS, GetCommand(tenant=caller.tenant,
+                                                        operation_key=operation_key),
+                             CommandResult)
+
+    return [start_run, get_run, wait_run, submit_command, get_command]
