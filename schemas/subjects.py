@@ -178,11 +178,11 @@ REPLAY: Final = "writ.int.planner.replay"
 
 # Inbox filters of each durable consumer.
 INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*",
-                      "writ.in.approvals.*", "writ.in.reviews.*")
+                      "writ.in.approvals.*", "writ.in.reviews.*", "writ.in.cancels.*")
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
-                      "writ.int.runs.branch.*", "writ.int.answered.*")
+                      "writ.int.runs.branch.*", "writ.int.answered.*", "writ.int.runs.cancel.*")
 ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",
                        "writ.int.answered.*", "writ.int.approvals.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)

@@ -9,6 +9,7 @@ from typing import Final
 import msgspec
 
 from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
+from schemas.control import CancelRun, RunCancelRequested
 from schemas.dispatcher import (
     CommandOutcome,
     FactsRead,
@@ -57,6 +58,7 @@ from schemas.planner import (
     ReviewTaken,
     StepRecorded,
 )
+from schemas.reads import GetCommand, GetProposal, GetRun, ListProposals
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
@@ -71,6 +73,7 @@ MESSAGES: Final = (
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
     BudgetSettled, ReviewAnswer, ReviewTaken, ReviewDecision, ReviewResult,
     ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged,
+    CancelRun, RunCancelRequested, GetRun, GetCommand, ListProposals, GetProposal,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

@@ -9,6 +9,7 @@ from typing import Any, Final
 import jwt
 import msgspec
 
+from schemas.control import CancelRun
 from schemas.host import ApproveProposal, HumanDecision, ReviewDecision, RunRequest, SubmitCommand
 
 __all__ = [
@@ -43,10 +44,11 @@ COMMAND_DECODER: Final = msgspec.json.Decoder(SubmitCommand)
 DECISION_DECODER: Final = msgspec.json.Decoder(HumanDecision)
 APPROVAL_DECODER: Final = msgspec.json.Decoder(ApproveProposal)
 REVIEW_DECODER: Final = msgspec.json.Decoder(ReviewDecision)
+CANCEL_DECODER: Final = msgspec.json.Decoder(CancelRun)
 # The message type of each host subject, by its kind (`writ.in.<kind>.<tenant>`).
 DECODERS: Final = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
                    "decisions": DECISION_DECODER, "approvals": APPROVAL_DECODER,
-                   "reviews": REVIEW_DECODER}
+                   "reviews": REVIEW_DECODER, "cancels": CANCEL_DECODER}
 APPROVER_ROLE: Final = "approver"
 # Reads of the audit journal (replay, verify) need this role.
 AUDITOR_ROLE: Final = "auditor"
@@ -69,7 +71,8 @@ class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Verified(msgspec.Struct, frozen=True, kw_only=True):
     """A request whose token checked out; tenant and principal come from the token."""
 
-    request: RunRequest | SubmitCommand | HumanDecision | ApproveProposal | ReviewDecision
+    request: (RunRequest | SubmitCommand | HumanDecision | ApproveProposal | ReviewDecision
+              | CancelRun)
     tenant: str
     principal: str
     run_id: str

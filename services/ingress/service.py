@@ -19,6 +19,7 @@ from libs.errors import RetryableError
 from libs.runtime import Runtime
 from libs.telemetry import inject_context
 from schemas import subjects
+from schemas.control import CancelRun, RunCancelRequested, run_cancel
 from schemas.governance import AnswerDecision, RegisterRun
 from schemas.host import (
     ApprovalResult,
@@ -134,6 +135,14 @@ class IngressService:
                 msg_id=f"proposal-answer:{tenant}:{request.request_id}")
         elif isinstance(request, ReviewDecision):
             return await self._review(outcome, request)
+        elif isinstance(request, CancelRun):
+            # One cancellation per run whoever asks again: the planner answers with the run's
+            # result either way.
+            await publish(self._rt.js, run_cancel(tenant),
+                          RunCancelRequested(tenant=tenant, run_id=request.run_id,
+                                             principal=outcome.principal,
+                                             request_id=request.request_id),
+                          msg_id=f"cancel:{tenant}:{request.run_id}")
         else:
             await self._start(outcome, request)
         return None

@@ -40,6 +40,9 @@ async def test_a_run_through_the_async_client_and_a_retry_under_its_key(
         with pytest.raises(WritError) as refused:
             await client.start_run("crm-assistant", "another input", request_id=request_id)
         assert (refused.value.code, refused.value.status) == ("CONFLICT", 409)
+        cancelled = await client.cancel(accepted.run_id)  # after its end: nothing changes
+        assert cancelled.run_id == accepted.run_id
+        assert (await client.wait(accepted.run_id)).status == "succeeded"
         with pytest.raises(WritError) as forbidden:
             await client.pending()
         assert forbidden.value.code == "FORBIDDEN"

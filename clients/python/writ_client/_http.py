@@ -124,6 +124,11 @@ class Client:
         accepted = await self.start_run(agent, input, **options)
         return await self.wait(accepted.run_id, timeout_s=timeout_s)
 
+    async def cancel(self, run_id: str, *, request_id: str | None = None) -> RunAccepted:
+        """Cancel a run (idempotent, accepted while it starts); `wait` gets its result."""
+        return (await self._call("POST", f"/runs/{run_id}/cancel", RunAccepted,
+                                 key=request_id or new_key("cancel")))[1]
+
     # -- commands -------------------------------------------------------------------------
 
     async def submit_command(self, agent: str, operation_key: str, action: str,

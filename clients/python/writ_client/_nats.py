@@ -12,6 +12,7 @@ import msgspec
 
 from schemas import subjects
 from schemas.api import RunAccepted
+from schemas.control import CancelRun, cancel
 from schemas.governance import RunBudget
 from schemas.host import (
     ApprovalResult,
@@ -125,6 +126,14 @@ class NatsClient:
                              budget=budget)
         return await self._send(subjects.request(self._tenant), message, request_id,
                                 RunResult, timeout_s=timeout_s)
+
+    async def cancel(self, run_id: str, *, request_id: str | None = None) -> None:
+        """Publish a `CancelRun`; the run's `RunResult` (`cancelled`, or how it had ended)
+        follows on the results stream under the run's own request id."""
+        request_id = request_id or new_key("cancel")
+        message = CancelRun(request_id=request_id, token=self._token(), run_id=run_id)
+        await self._js.publish(cancel(self._tenant), _ENCODER.encode(message),
+                               headers={"Nats-Msg-Id": request_id})
 
     async def submit_command(self, agent: str, operation_key: str, action: str,
                              arguments: dict[str, Any], *,

@@ -12,6 +12,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas.api import CommandBody, RunAccepted, RunView, StartRun
+from schemas.control import CancelRun
 from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
 from schemas.reads import COMMAND_STATUS, RUN_STATUS, GetCommand, GetRun
 from services.ingress.http._api import Api
@@ -29,6 +30,13 @@ _ERRORS: Final = problems(
     s403="WRONG_TENANT or FORBIDDEN (a role is missing)",
     s409="CONFLICT: the Idempotency-Key was used with another body",
     s413="TOO_LARGE: refused before it was read whole")
+
+
+class _NoBody(msgspec.Struct, frozen=True):
+    """A POST without a body: its route alone is its fingerprint."""
+
+
+_NO_BODY: Final = _NoBody()
 
 
 def run_result(view: RunView) -> RunResult:
@@ -138,6 +146,26 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
         return await api.post(request, kind="commands", body=data, build=build,
                               answer=answer)  # type: ignore[return-value]
 
+    @post("/runs/{run_id:str}/cancel", status_code=202, summary="Cancel a run", tags=["runs"],
+          responses=_ERRORS)
+    async def cancel_run(request: Request[Any, Any, Any], run_id: FromPath[str],
+                         idempotency_key: IdempotencyKey) -> Response[RunAccepted]:
+        """Idempotent, accepted even while the run is being started: nothing more is
+        scheduled, an admitted command runs to its outcome, the run ends `cancelled` (its
+        `RunResult` through `wait`, and on the host's results stream)."""
+
+        def build(request_id: str, token: str) -> CancelRun:
+            return CancelRun(request_id=request_id, token=token, run_id=run_id)
+
+        async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
+            await api.door.hand_on(outcome)
+            base = f"/api/v1/runs/{run_id}"
+            return 202, RunAccepted(run_id=run_id, request_id=outcome.request.request_id,
+                                    links={"self": base, "wait": f"{base}/wait"})
+
+        return await api.post(request, kind="cancels", body=_NO_BODY, build=build,
+                              answer=answer)
+
     @get("/commands/{operation_key:str}", summary="What became of my command", tags=["commands"],
          responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
                             s404="NOT_FOUND: no command of the tenant under this key"))
@@ -149,4 +177,4 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
                                                         operation_key=operation_key),
                              CommandResult)
 
-    return [start_run, get_run, wait_run, submit_command, get_command]
+    return [start_run, get_run, wait_run, cancel_run, submit_command, get_command]
