@@ -15,6 +15,7 @@ import msgspec
 from schemas.base import AgentName, Family, Id, ShortText
 from schemas.governance import RunBudget
 from schemas.host import ActionResult, ErrorInfo, ProposalView
+from schemas.planner import StepRecorded
 
 __all__ = [
     "ApproveBody",
@@ -23,8 +24,10 @@ __all__ = [
     "DecideBody",
     "Problem",
     "RejectBody",
+    "ResolveBody",
     "ReviewBody",
     "RunAccepted",
+    "RunEvents",
     "RunView",
     "StartRun",
 ]
@@ -112,6 +115,23 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     actions: list[ActionResult] = []
     pending_id: ShortText | None = None
     proposal: ProposalView | None = None
+
+
+class RunEvents(msgspec.Struct, frozen=True, kw_only=True):
+    """A run's timeline after a point: its committed steps (each `StepRecorded`, as the planner
+    announces it: what happened, never the content), where the run stands, and its result once
+    it has one. `GET /runs/{id}/events` streams them as Server-Sent Events."""
+
+    run: RunView
+    steps: list[StepRecorded] = []
+
+
+class ResolveBody(Body):
+    """`POST /reconciliation/{operation_id}/resolve`: what an operator established."""
+
+    state: Literal["succeeded", "failed"]
+    evidence: Annotated[str, msgspec.Meta(min_length=1, max_length=4000)]
+    receipt: ShortText | None = None
 
 
 class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -10,9 +10,9 @@ import msgspec
 
 from schemas.base import Command, Id, ShortText, Tenant
 
-__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "RUN_STATUS", "GetCommand",
-           "GetProposal", "GetRun", "ListProposals", "ProposalDetail", "ProposalState",
-           "Proposals"]
+__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "RUN_EVENTS", "RUN_STATUS",
+           "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
+           "ProposalDetail", "ProposalState", "Proposals"]
 
 # `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
 RUN_STATUS: Final = "writ.int.planner.run"
@@ -79,3 +79,15 @@ class Proposals(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to `ListProposals`."""
 
     proposals: Annotated[list[ProposalDetail], msgspec.Meta(max_length=500)]
+
+
+# `GetRunEvents` -> `RunEvents`: a run's committed steps after `after` (its timeline).
+RUN_EVENTS: Final = "writ.int.planner.events"
+
+
+class GetRunEvents(Command):
+    """The run's steps with a sequence above `after` (-1: from the start)."""
+
+    tenant: Tenant
+    run_id: Id
+    after: Annotated[int, msgspec.Meta(ge=-1)] = -1

@@ -12,12 +12,13 @@ from typing import Any
 import msgspec
 from nats.micro.request import Request
 
-from schemas.api import RunView
+from schemas.api import RunEvents, RunView
 from schemas.host import ActionResult, ErrorInfo
-from schemas.reads import GetRun
+from schemas.reads import GetRun, GetRunEvents
+from services.planner.progress import step_recorded
 from services.planner.store import PlannerStore
 
-__all__ = ["RunStatusEndpoint", "run_view"]
+__all__ = ["RunEventsEndpoint", "RunStatusEndpoint", "run_view"]
 
 log = logging.getLogger("writ.planner")
 
@@ -64,3 +65,36 @@ class RunStatusEndpoint:
             await request.respond_error("404", "no such run")
             return
         await request.respond(self._encoder.encode(run_view(run, steps)))
+
+
+class RunEventsEndpoint:
+    """`writ.int.planner.events`: answers `GetRunEvents` with the steps after `after` (each
+    as `StepRecorded`, the same summary the planner announces), from its own tables."""
+
+    def __init__(self, *, store: PlannerStore) -> None:
+        self._store = store
+        self._decoder = msgspec.json.Decoder(GetRunEvents)
+        self._encoder = msgspec.json.Encoder()
+
+    async def __call__(self, request: Request) -> None:
+        """Answer one `GetRunEvents`."""
+        try:
+            ask = self._decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid GetRunEvents: {exc}"[:500])
+            return
+        try:
+            async with self._store.acquire() as conn:
+                run = await self._store.run(conn, ask.run_id)
+                steps = ([] if run is None or run.tenant != ask.tenant
+                         else await self._store.steps(conn, ask.run_id))
+        except Exception as exc:
+            log.warning("run events failed: %r", exc)
+            await request.respond_error("500", "run events failed")
+            return
+        if run is None or run.tenant != ask.tenant:
+            await request.respond_error("404", "no such run")
+            return
+        after = [step_recorded(run.tenant, run.run_id, s) for s in steps if s.seq > ask.after]
+        await request.respond(self._encoder.encode(RunEvents(run=run_view(run, steps),
+                                                             steps=after)))

@@ -37,6 +37,11 @@ async def test_a_run_through_the_async_client_and_a_retry_under_its_key(
         result = await client.wait(accepted.run_id)
         assert (result.status, result.run_id) == ("succeeded", accepted.run_id)
         assert (await client.get_run(accepted.run_id)).status == "succeeded"
+        timeline = [e async for e in client.events(accepted.run_id)]
+        assert [type(e).__name__ for e in timeline][-1] == "RunResult"
+        assert [e.seq for e in timeline[:-1]] == list(range(len(timeline) - 1))
+        resumed = [e async for e in client.events(accepted.run_id, after=0)]
+        assert resumed[:-1] == timeline[1:-1]
         with pytest.raises(WritError) as refused:
             await client.start_run("crm-assistant", "another input", request_id=request_id)
         assert (refused.value.code, refused.value.status) == ("CONFLICT", 409)

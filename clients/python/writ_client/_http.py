@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -15,7 +15,7 @@ import msgspec
 from schemas.api import RunAccepted, RunView
 from schemas.governance import PendingDecisions, RunBudget
 from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewResult, RunResult
-from schemas.planner import ReplayReport
+from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
@@ -128,6 +128,38 @@ class Client:
         """Cancel a run (idempotent, accepted while it starts); `wait` gets its result."""
         return (await self._call("POST", f"/runs/{run_id}/cancel", RunAccepted,
                                  key=request_id or new_key("cancel")))[1]
+
+    async def events(self, run_id: str, *, after: int = -1
+                     ) -> AsyncIterator[StepRecorded | RunResult]:
+        """The run's timeline: each committed step (`StepRecorded`), then its `RunResult`.
+        A dropped connection is resumed right after the last step seen (`Last-Event-ID`)."""
+        last, delay = after, 0.2
+        while True:
+            headers = {"Authorization": "Bearer " + self._issuer.token(
+                self._principal, roles=self._roles), "Last-Event-ID": str(last)}
+            try:
+                async with self._http.stream("GET", f"/runs/{run_id}/events",
+                                             headers=headers, timeout=None) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise _problem(response)
+                    event, data = "", ""
+                    async for line in response.aiter_lines():
+                        if line.startswith("event:"):
+                            event = line[6:].strip()
+                        elif line.startswith("data:"):
+                            data = line[5:].strip()
+                        elif not line and data:
+                            if event == "result":
+                                yield msgspec.json.decode(data, type=RunResult)
+                                return
+                            step = msgspec.json.decode(data, type=StepRecorded)
+                            last = step.seq
+                            yield step
+                            event, data, delay = "", "", 0.2
+            except httpx.TransportError:
+                await anyio.sleep(delay)  # resume after `last`: no gap, no duplicate
+                delay = min(delay * 2, 5.0)
 
     # -- commands -------------------------------------------------------------------------
 

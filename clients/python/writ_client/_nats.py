@@ -186,6 +186,10 @@ class NatsClient:
         return await self._send(subjects.review(self._tenant), message, request_id,
                                 ReviewResult)
 
+    async def events(self, run_id: str) -> Any:
+        """Over HTTP only (`Client.events`, Server-Sent Events that resume exactly)."""
+        raise WritError("UNSUPPORTED", "a run's timeline is read over HTTP")
+
     async def pending(self) -> Any:
         """Over HTTP only (`Client.pending`)."""
         raise WritError("UNSUPPORTED", "pending decisions are read over HTTP")

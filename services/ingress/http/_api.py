@@ -98,6 +98,25 @@ class Api:
         await self.idempotency.remember(outcome.tenant, key, print_, status, encoded)
         return Response(encoded, status_code=status, media_type="application/json")
 
+    async def write(self, request: Request[Any, Any, Any], *, caller: Caller,
+                    body: msgspec.Struct,
+                    answer: Callable[[], Awaitable[tuple[int, msgspec.Struct]]]
+                    ) -> Response[bytes]:
+        """A write with no NATS host message of its own (an operator's): the caller is
+        authenticated already; the Idempotency-Key gives the first answer again."""
+        key = request.headers.get("idempotency-key")
+        if not key:
+            raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
+        print_ = fingerprint(f"{request.method} {request.url.path}", body)
+        held = await self.idempotency.claim(caller.tenant, key, print_)
+        if held is not None:
+            return Response(held.body, status_code=held.status, media_type="application/json",
+                            headers={"Idempotent-Replayed": "true"})
+        status, result = await answer()
+        encoded = _ENCODER.encode(result)
+        await self.idempotency.remember(caller.tenant, key, print_, status, encoded)
+        return Response(encoded, status_code=status, media_type="application/json")
+
     async def ask(self, subject: str, question: msgspec.Struct, reply: type[Any],
                   *, timeout: float | None = None) -> Any:
         """Request/reply to the service that owns the answer.

@@ -43,6 +43,10 @@ IdempotencyKey = Annotated[str, HeaderParameter(
 
 def problems(**described: str) -> dict[int, ResponseSpec]:
     """OpenAPI responses for problem documents, by status (`problems(s404="NOT_FOUND")`)."""
+    # Every route may refuse what does not decode, and answer 503 while a service is away.
+    described = {"s400": "INVALID_REQUEST: undecodable, an unknown field, a bound exceeded",
+                 "s503": "UNAVAILABLE: the service that answers this is away; retry",
+                 **described}
     return {int(name[1:]): ResponseSpec(Problem, description=text, generate_examples=False,
                                         media_type=PROBLEM_JSON)
             for name, text in described.items()}
