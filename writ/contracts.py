@@ -19,7 +19,14 @@ def _openapi() -> str:
     return openapi_document()
 
 
-CONTRACTS: Final[dict[str, Callable[[], str]]] = {"openapi.json": _openapi}
+def _asyncapi() -> str:
+    from writ.asyncapi import asyncapi_document
+
+    return asyncapi_document()
+
+
+CONTRACTS: Final[dict[str, Callable[[], str]]] = {"openapi.json": _openapi,
+                                                  "asyncapi.json": _asyncapi}
 
 
 def write_contracts(folder: Path = FOLDER) -> list[Path]:

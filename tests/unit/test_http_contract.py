@@ -71,3 +71,30 @@ def test_each_code_has_its_status_and_a_problem_document(code: str, status: int)
     assert msgspec.json.decode(response.content) == {
         "type": "about:blank", "title": code.replace("_", " ").lower(), "status": status,
         "code": code, "detail": "why", "instance": "/api/v1/runs"}
+
+
+def test_the_asyncapi_document_is_valid_by_the_official_asyncapi_3_0_schema() -> None:
+    """Validated by the AsyncAPI Initiative's JSON Schema for 3.0.0 (`@asyncapi/specs` 6.11.1,
+    `schemas/3.0.0-without-$id.json`, Apache-2.0, committed as tests/data/)."""
+    import jsonschema
+
+    root = Path(__file__).parents[1]
+    schema = json.loads((root / "data" / "asyncapi-3.0.0.schema.json").read_text())
+    document = json.loads((root.parent / "schemas" / "asyncapi.json").read_text())
+    jsonschema.Draft7Validator(schema).validate(document)
+    assert document["channels"]["requests"]["address"] == "writ.in.requests.{tenant}"
+    assert set(document["channels"]["results"]["messages"]) == {
+        "RunResult", "CommandResult", "DecisionResult", "ApprovalResult", "ReviewResult"}
+    assert "Nats-Msg-Id" in document["components"]["messages"]["RunRequest"]["headers"][
+        "required"]
+
+
+def test_a_broken_asyncapi_document_is_refused_by_that_schema() -> None:
+    import jsonschema
+
+    root = Path(__file__).parents[1]
+    schema = json.loads((root / "data" / "asyncapi-3.0.0.schema.json").read_text())
+    document = json.loads((root.parent / "schemas" / "asyncapi.json").read_text())
+    document["operations"]["startRun"]["action"] = "publish"  # AsyncAPI 2's word
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema).validate(document)
