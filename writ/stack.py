@@ -152,7 +152,10 @@ class Stack:
             public = key.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
             keys[tenant] = {"issuer": self.issuer(tenant), "public_key": public.decode()}
-        (self.config / "tenant-keys.json").write_text(json.dumps(keys, indent=2))
+        # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten.
+        registered = self.config / "tenant-keys.json"
+        known = json.loads(registered.read_text()) if registered.exists() else {}
+        registered.write_text(json.dumps({**known, **keys}, indent=2))
         # The organisation's policy signing key: governance holds the public half only.
         signing = self.secrets / "policy-signing.pem"
         if not signing.exists():

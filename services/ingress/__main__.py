@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import anyio
 import anyio.abc
 import msgspec
@@ -11,6 +13,8 @@ from libs.settings import BaseSettings, load_settings, read_secret
 from services.ingress.http import HttpServer
 from services.ingress.logic import TenantKey
 from services.ingress.service import IngressService
+
+log = logging.getLogger("writ.ingress")
 
 
 class IngressSettings(BaseSettings, frozen=True, kw_only=True):
@@ -31,6 +35,29 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     http_answer_timeout_s: float = 30.0
 
 
+async def _reload_keys(path: str, keys: dict[str, TenantKey], stopping: anyio.Event,
+                       every_s: float = 1.0) -> None:
+    """Take tenants added (`writ tenant add`) or removed while running: the file is replaced
+    whole, so a changed mtime is a complete new version. `keys` is changed in place (the
+    service holds it); a file that does not decode leaves the keys as they were."""
+    seen = (await anyio.Path(path).stat()).st_mtime_ns
+    while not stopping.is_set():
+        await anyio.sleep(every_s)
+        try:
+            mtime = (await anyio.Path(path).stat()).st_mtime_ns
+            if mtime == seen:
+                continue
+            fresh = msgspec.json.decode(await anyio.Path(path).read_bytes(),
+                                        type=dict[str, TenantKey])
+        except (OSError, msgspec.DecodeError) as exc:
+            log.warning("tenant keys not reloaded: %r", exc)
+            continue
+        seen = mtime
+        keys.clear()
+        keys.update(fresh)
+        log.info("tenant keys reloaded: %d tenants", len(keys))
+
+
 def main() -> None:
     """Start the ingress process."""
     settings = load_settings(IngressSettings)
@@ -41,7 +68,9 @@ def main() -> None:
                              max_request_bytes=settings.max_request_bytes,
                              review_timeout_s=settings.review_timeout_s)
         if not settings.http_enabled:
-            await svc.run(task_status=task_status)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
+                await svc.run(task_status=task_status)
             return
         http = HttpServer(door=svc, nc=rt.nc, js=rt.js, stopping=rt.stopping,
                           host=settings.http_host, port=settings.http_port,
@@ -49,6 +78,7 @@ def main() -> None:
                           max_body_bytes=settings.max_request_bytes,
                           answer_timeout_s=settings.http_answer_timeout_s)
         async with anyio.create_task_group() as tg:
+            tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
             await tg.start(http.run)
             await svc.run(task_status=task_status)
 
