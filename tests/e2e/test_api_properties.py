@@ -1,0 +1,40 @@
+"""A property-based test of the HTTP API generated from its committed OpenAPI document
+(schemathesis) against the real server and the six processes: a bounded number of examples per
+operation, and none gets a 5xx or a response (status, content type, body) the document does
+not describe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from writ.stack import Stack
+
+pytestmark = pytest.mark.e2e
+
+DOCUMENT = Path(__file__).parents[2] / "schemas" / "openapi.json"
+schema = schemathesis.openapi.from_path(str(DOCUMENT))
+# Long-polls and streams wait by design (up to a minute): what they answer is tested in
+# test_http_api.py and test_http_events.py.
+schema = schema.exclude(path_regex=r"/(wait|events)$")
+
+
+@schema.parametrize()
+@settings(max_examples=8, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+def test_no_example_breaks_the_document(case: schemathesis.Case, stack: Stack) -> None:
+    token = stack.token("acme", "ops@acme.example", roles=["approver", "auditor"])
+    case.call_and_validate(
+        base_url=stack.api_url.removesuffix("/api/v1"), timeout=60,
+        headers={"Authorization": f"Bearer {token}"},
+        checks=[not_a_server_error, status_code_conformance, content_type_conformance,
+                response_schema_conformance])
