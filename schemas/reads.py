@@ -12,7 +12,8 @@ from schemas.base import Command, Id, ShortText, Tenant
 
 __all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "RUN_EVENTS", "RUN_STATUS",
            "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
-           "ProposalDetail", "ProposalState", "Proposals"]
+           "JOURNALED", "JournalState", "JournalStates", "ProposalDetail", "ProposalState",
+           "Proposals", "VerifyJournal", "journal_verify"]
 
 # `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
 RUN_STATUS: Final = "writ.int.planner.run"
@@ -91,3 +92,38 @@ class GetRunEvents(Command):
     tenant: Tenant
     run_id: Id
     after: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
+# The services that keep an audit journal; each answers `VerifyJournal` on its own journal at
+# `journal_verify(service)` (`GET /api/v1/audit/verify` asks them all).
+JOURNALED: Final = ("admission", "dispatcher", "governance", "planner")
+
+
+def journal_verify(service: str) -> str:
+    """Where `service` verifies its own journal (`VerifyJournal` -> `JournalState`)."""
+    return f"writ.int.{service}.journal_verify"
+
+
+class VerifyJournal(Command):
+    """Verify the service's whole chain; count the entries of `tenant`."""
+
+    tenant: Tenant
+
+
+class JournalState(msgspec.Struct, frozen=True, kw_only=True):
+    """One journal's state: its chain, checkpoints and signatures check out, or where not."""
+
+    service: ShortText
+    ok: bool
+    entries: int = 0
+    checkpoints: int = 0
+    unsealed: int = 0
+    tenant_entries: int | None = None
+    first_problem: ShortText | None = None
+
+
+class JournalStates(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /audit/verify`: every journal's state (`ok` only if all are)."""
+
+    ok: bool
+    journals: list[JournalState]

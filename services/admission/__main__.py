@@ -8,6 +8,7 @@ import anyio.abc
 
 from libs.db import connect_pool
 from libs.journal import Sealer, open_journal
+from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.admission.reads import AdmissionReads
@@ -51,6 +52,8 @@ def main() -> None:
                                    proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
                                    sealer=Sealer(pool=pool, journal=journal, signing=signing,
                                                  interval=settings.journal_seal_interval_s))
+            rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                service="admission", pool=pool, journal=journal, signing=signing).endpoint())
             rt.endpoints.extend(AdmissionReads(pool).endpoints())  # ingress's HTTP reads
             await svc.run(task_status=task_status)
 

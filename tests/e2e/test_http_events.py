@@ -79,3 +79,21 @@ def test_reconciliation_needs_an_operator_and_names_the_command(
     assert api.post(path, json=body, headers=headers).json() == first.json()
     assert api.post(path, json={**body, "state": "succeeded"},
                     headers=headers).json()["code"] == "CONFLICT"
+
+
+def test_audit_verify_reports_every_journal_for_an_auditor(stack: Stack,
+                                                           api: httpx.Client) -> None:
+    run_id = api.post("/runs", json=BODY, headers={**auth(stack), **key()}).json()["run_id"]
+    assert api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()["status"] == "succeeded"
+    assert api.get("/audit/verify", headers=auth(stack)).json()["code"] == "FORBIDDEN"
+    auditor = auth(stack, principal="audit@acme.example", roles=["auditor"])
+    states = api.get("/audit/verify", headers=auditor)
+    assert states.status_code == 200, states.text
+    document = states.json()
+    assert document["ok"] is True, document
+    assert [j["service"] for j in document["journals"]] == [
+        "admission", "dispatcher", "governance", "planner"]
+    assert all(j["entries"] + j["unsealed"] > 0 for j in document["journals"]), document
+    replay = api.post(f"/audit/replay/{run_id}", headers=auditor)
+    assert replay.status_code == 200, replay.text
+    assert replay.json()["run_id"] == run_id

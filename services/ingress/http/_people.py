@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Final
 
+import anyio
 import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
@@ -23,13 +24,18 @@ from schemas.host import (
 )
 from schemas.planner import ReplayReport, ReplayRun
 from schemas.reads import (
+    JOURNALED,
     PROPOSAL_GET,
     PROPOSALS_LIST,
     GetProposal,
+    JournalState,
+    JournalStates,
     ListProposals,
     ProposalDetail,
     Proposals,
     ProposalState,
+    VerifyJournal,
+    journal_verify,
 )
 from services.ingress.http._api import Api
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
@@ -167,4 +173,28 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                                                        proposal_id=proposal_id),
                              ProposalDetail)
 
-    return [pending, decide, proposals, proposal, approve, reject, review, replay]
+    @get("/audit/verify", summary="Each audit journal's state", tags=["audit"],
+         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                            s403="FORBIDDEN: the auditor role is missing"))
+    async def verify(request: Request[Any, Any, Any]) -> JournalStates:
+        """Each journaling service verifies its own chain, checkpoints and signatures (and
+        counts the tenant's entries); a service that does not answer is reported not ok."""
+        caller = api.caller(request, role=AUDITOR_ROLE)
+        states: dict[str, JournalState] = {}
+
+        async def one(service: str) -> None:
+            try:
+                states[service] = await api.ask(journal_verify(service),
+                                                VerifyJournal(tenant=caller.tenant),
+                                                JournalState, timeout=30.0)
+            except ApiError as exc:
+                states[service] = JournalState(service=service, ok=False,
+                                               first_problem=f"{exc.code}: {exc.detail}"[:512])
+
+        async with anyio.create_task_group() as tg:
+            for service in JOURNALED:
+                tg.start_soon(one, service)
+        journals = [states[s] for s in JOURNALED]
+        return JournalStates(ok=all(j.ok for j in journals), journals=journals)
+
+    return [pending, decide, proposals, proposal, approve, reject, review, replay, verify]
