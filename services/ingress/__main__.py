@@ -76,7 +76,8 @@ def main() -> None:
                           host=settings.http_host, port=settings.http_port,
                           port_file=settings.http_port_file,
                           max_body_bytes=settings.max_request_bytes,
-                          answer_timeout_s=settings.http_answer_timeout_s)
+                          answer_timeout_s=settings.http_answer_timeout_s,
+                          endpoints=rt.endpoints)
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
             await tg.start(http.run)

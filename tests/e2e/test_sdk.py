@@ -72,12 +72,28 @@ async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> No
         assert result.status == "succeeded"
         [action] = result.actions
         assert len(notes_for(crm, f"acme:{action.operation_id}")) == 1
+        assert (await client.get_run(result.run_id)).status == "succeeded"
+        timeline = [e async for e in client.events(result.run_id)]
+        assert type(timeline[-1]).__name__ == "RunResult" and len(timeline) >= 4
+        with pytest.raises(WritError) as forbidden:
+            await client.pending()
+        assert (forbidden.value.code, forbidden.value.status) == ("FORBIDDEN", 403)
         command = await client.submit_command(
             "crm-assistant", f"op-{uuid.uuid4().hex[:12]}", "crm.note.create",
             {"customer_id": "ACME-42", "body": "Called back about order 7781."})
         assert command.status == "succeeded"
     finally:
         await client.aclose()
+    auditor = await NatsClient.connect(stack.nats_url, issuer(stack), "audit@acme.example",
+                                       roles=["auditor", "approver"])
+    try:
+        assert (await auditor.replay(result.run_id)).run_id == result.run_id
+        assert isinstance((await auditor.pending()).decisions, list)
+        with pytest.raises(WritError) as missing:
+            await auditor.get_run("no-such-run")
+        assert missing.value.code == "NOT_FOUND"
+    finally:
+        await auditor.aclose()
     foreign = Issuer(tenant="acme", issuer=stack.issuer("acme"),
                      private_key_pem=Ed25519PrivateKey.generate().private_bytes(
                          serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,

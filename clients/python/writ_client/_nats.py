@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, TypeVar
 
 import anyio
 import msgspec
 
 from schemas import subjects
-from schemas.api import RunAccepted
+from schemas.api import RunAccepted, RunEvents, RunView
 from schemas.control import CancelRun, cancel
-from schemas.governance import RunBudget
+from schemas.governance import PendingDecisions, RunBudget
 from schemas.host import (
     ApprovalResult,
     ApproveProposal,
@@ -26,6 +26,9 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
+from schemas.host_reads import HostRead, host_read
+from schemas.planner import ReplayReport, StepRecorded
+from schemas.reads import ProposalDetail, Proposals
 from writ_client._http import new_key
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
@@ -41,8 +44,8 @@ _ENCODER: Final = msgspec.json.Encoder()
 class NatsClient:
     """The host subjects for one principal of one tenant (needs `writ-client[nats]`).
 
-    Reads other services answer (a run's status, pending decisions, replay) are the HTTP
-    API's: a host on NATS holds no right to Writ's internal subjects.
+    Reads (a run, its timeline, pending decisions, proposals, replay) are request/reply on
+    `writ.api.<tenant>.<read>`, answered by ingress as the HTTP API's GETs are.
     """
 
     def __init__(self, nc: Any, issuer: Issuer, principal: str, *,
@@ -186,14 +189,65 @@ class NatsClient:
         return await self._send(subjects.review(self._tenant), message, request_id,
                                 ReviewResult)
 
-    async def events(self, run_id: str) -> Any:
-        """Over HTTP only (`Client.events`, Server-Sent Events that resume exactly)."""
-        raise WritError("UNSUPPORTED", "a run's timeline is read over HTTP")
+    async def _read(self, read: str, reply: type[T], **fields: Any) -> T:
+        """One host read (`writ.api.<tenant>.<read>`), as the HTTP API's GETs answer it."""
+        ask = HostRead(token=self._token(), **fields)
+        try:
+            msg = await self._nc.request(host_read(self._tenant, read), _ENCODER.encode(ask),
+                                         timeout=30.0)
+        except Exception as exc:
+            raise WritError("UNAVAILABLE", repr(exc)) from exc
+        headers = msg.headers or {}
+        if headers.get("Nats-Service-Error-Code"):
+            code, _, detail = headers.get("Nats-Service-Error", "").partition(": ")
+            raise WritError(code or "INTERNAL", detail,
+                            status=int(headers["Nats-Service-Error-Code"]))
+        return msgspec.json.decode(msg.data, type=reply)
 
-    async def pending(self) -> Any:
-        """Over HTTP only (`Client.pending`)."""
-        raise WritError("UNSUPPORTED", "pending decisions are read over HTTP")
+    async def get_run(self, run_id: str) -> RunView:
+        """Where a run stands."""
+        return await self._read("run", RunView, run_id=run_id)
 
-    async def replay(self, run_id: str) -> Any:
-        """Over HTTP only (`Client.replay`)."""
-        raise WritError("UNSUPPORTED", "replay is read over HTTP")
+    async def command(self, operation_key: str) -> CommandResult:
+        """The recorded state of the command under this key."""
+        return await self._read("command", CommandResult, operation_key=operation_key)
+
+    async def pending(self) -> PendingDecisions:
+        """The tenant's decisions waiting for a person (needs the approver role)."""
+        return await self._read("pending", PendingDecisions)
+
+    async def proposals(self, state: str | None = None) -> Proposals:
+        """The tenant's proposals (in `state`, if given)."""
+        return await self._read("proposals", Proposals, state=state)
+
+    async def proposal(self, proposal_id: str) -> ProposalDetail:
+        """One proposal: its frozen preview, request hash and expiry."""
+        return await self._read("proposal", ProposalDetail, proposal_id=proposal_id)
+
+    async def replay(self, run_id: str) -> ReplayReport:
+        """Replay a run offline from the journal (needs the auditor role)."""
+        return await self._read("replay", ReplayReport, run_id=run_id)
+
+    async def events(self, run_id: str, *, after: int = -1, poll_s: float = 0.25
+                     ) -> AsyncIterator[StepRecorded | RunResult]:
+        """The run's committed steps after `after`, then its `RunResult`: read in turns, so a
+        lost connection resumes right after the last step seen."""
+        final = {"succeeded", "failed", "awaiting_human", "cancelled"}
+        while True:
+            try:
+                batch = await self._read("events", RunEvents, run_id=run_id, after=after)
+            except WritError as exc:
+                if exc.code not in ("UNAVAILABLE", "NOT_FOUND"):
+                    raise
+                await anyio.sleep(poll_s)
+                continue
+            for step in batch.steps:
+                after = step.seq
+                yield step
+            if batch.run.status in final:
+                view = batch.run
+                yield RunResult(request_id=view.request_id, status=view.status,
+                                run_id=view.run_id, error=view.error, answer=view.answer,
+                                actions=view.actions, pending_id=view.pending_id)
+                return
+            await anyio.sleep(poll_s)

@@ -15,9 +15,11 @@ import uvicorn
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from libs.runtime import Endpoint
 from services.ingress.http._api import Api, Door
 from services.ingress.http._app import build_app
 from services.ingress.http._idempotency import Idempotency
+from services.ingress.http._nats_reads import nats_read_endpoints
 from services.ingress.http._results import Results
 
 __all__ = ["HttpServer"]
@@ -39,11 +41,14 @@ class HttpServer:
 
     def __init__(self, *, door: Door, nc: Client, js: JetStreamContext, stopping: anyio.Event,
                  host: str = "127.0.0.1", port: int = 0, port_file: str = "",
-                 max_body_bytes: int = 64 * 1024, answer_timeout_s: float = 30.0) -> None:
+                 max_body_bytes: int = 64 * 1024, answer_timeout_s: float = 30.0,
+                 endpoints: list[Endpoint] | None = None) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
         self._host, self._port, self._port_file = host, port, port_file
         self._max_body, self._answer_timeout = max_body_bytes, answer_timeout_s
         self.port = 0
+        # The process's micro endpoints: the same reads for hosts on NATS join them.
+        self._endpoints = endpoints
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -52,6 +57,8 @@ class HttpServer:
         await results.start()
         api = Api(door=self._door, nc=self._nc, idempotency=await Idempotency.open(self._js),
                   results=results)
+        if self._endpoints is not None:
+            self._endpoints.extend(nats_read_endpoints(api))
         app = build_app(api, max_body_bytes=self._max_body,
                         answer_timeout_s=self._answer_timeout)
         sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
