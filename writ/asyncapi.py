@@ -9,7 +9,9 @@ from typing import Any, Final
 import msgspec
 
 from schemas import subjects
+from schemas.api import RunEvents, RunView
 from schemas.control import CancelRun
+from schemas.governance import PendingDecisions
 from schemas.host import (
     ApprovalResult,
     ApproveProposal,
@@ -22,7 +24,9 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
-from schemas.planner import StepRecorded
+from schemas.host_reads import HOST_READS, HostRead
+from schemas.planner import ReplayReport, StepRecorded
+from schemas.reads import ProposalDetail, Proposals
 
 __all__ = ["asyncapi_document"]
 
@@ -83,6 +87,7 @@ def _document() -> dict[str, Any]:
             "summary": description,
             "messages": [{"$ref": f"#/channels/{channel}/messages/{k.__name__}"}
                          for k in types]}
+    _reads(messages, channels, operations, components)
     return {
         "asyncapi": "3.0.0",
         "info": {"title": "Writ host contract (NATS)", "version": subjects.HOST_API_VERSION,
@@ -96,6 +101,42 @@ def _document() -> dict[str, Any]:
         "channels": channels, "operations": operations,
         "components": {"messages": messages, "schemas": components},
     }
+
+
+def _reads(messages: dict[str, Any], channels: dict[str, Any], operations: dict[str, Any],
+           components: dict[str, Any]) -> None:
+    """Host reads: request/reply on `writ.api.{tenant}.{read}`, answered on the requester's
+    inbox with the Struct the HTTP GET answers."""
+    replies = (RunView, RunEvents, CommandResult, PendingDecisions, Proposals, ProposalDetail,
+               ReplayReport)
+    _, extra = msgspec.json.schema_components(
+        (HostRead, *replies), ref_template="#/components/schemas/{name}")
+    components.update(extra)
+    for kind in (HostRead, *replies):
+        messages.setdefault(kind.__name__, {
+            "name": kind.__name__, "title": kind.__name__, "summary": _doc(kind)[:300],
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{kind.__name__}"}})
+    channels["reads"] = {
+        "address": "writ.api.{tenant}.{read}",
+        "description": "A host's reads, answered by ingress as the HTTP API's GETs",
+        "parameters": {"tenant": {"description": "The tenant (the token's `tenant` claim)"},
+                       "read": {"enum": list(HOST_READS), "description": "What is read"}},
+        "messages": {"HostRead": {"$ref": "#/components/messages/HostRead"}}}
+    channels["readReplies"] = {
+        "address": None, "description": "The requester's inbox (NATS request/reply); an "
+                                        "error is a NATS micro error: Nats-Service-Error-Code "
+                                        "(the HTTP status) and Nats-Service-Error "
+                                        "(\"<CODE>: <detail>\")",
+        "messages": {k.__name__: {"$ref": f"#/components/messages/{k.__name__}"}
+                     for k in replies}}
+    operations["read"] = {
+        "action": "send", "channel": {"$ref": "#/channels/reads"},
+        "summary": "Read a run, its timeline, a command, pending decisions, proposals, replay",
+        "messages": [{"$ref": "#/channels/reads/messages/HostRead"}],
+        "reply": {"channel": {"$ref": "#/channels/readReplies"},
+                  "messages": [{"$ref": f"#/channels/readReplies/messages/{k.__name__}"}
+                               for k in replies]}}
 
 
 def asyncapi_document() -> str:

@@ -48,6 +48,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
+from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import (
     BranchChanged,
@@ -58,7 +59,14 @@ from schemas.planner import (
     ReviewTaken,
     StepRecorded,
 )
-from schemas.reads import GetCommand, GetProposal, GetRun, ListProposals
+from schemas.reads import (
+    GetCommand,
+    GetProposal,
+    GetRun,
+    GetRunEvents,
+    ListProposals,
+    VerifyJournal,
+)
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
@@ -74,6 +82,7 @@ MESSAGES: Final = (
     BudgetSettled, ReviewAnswer, ReviewTaken, ReviewDecision, ReviewResult,
     ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged,
     CancelRun, RunCancelRequested, GetRun, GetCommand, ListProposals, GetProposal,
+    GetRunEvents, VerifyJournal, HostRead,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

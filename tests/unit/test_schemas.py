@@ -54,6 +54,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
+from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import (
     BranchChanged,
@@ -65,7 +66,14 @@ from schemas.planner import (
     ReviewTaken,
     StepRecorded,
 )
-from schemas.reads import GetCommand, GetProposal, GetRun, ListProposals
+from schemas.reads import (
+    GetCommand,
+    GetProposal,
+    GetRun,
+    GetRunEvents,
+    ListProposals,
+    VerifyJournal,
+)
 from schemas.retrieval import (
     Evidence,
     EvidenceGathered,
@@ -213,6 +221,9 @@ SAMPLES: dict[type, Any] = {
     GetCommand: GetCommand(tenant="acme", operation_key="op-1"),
     ListProposals: ListProposals(tenant="acme", state="pending", limit=10),
     GetProposal: GetProposal(tenant="acme", proposal_id="prop-1"),
+    GetRunEvents: GetRunEvents(tenant="acme", run_id="run-1", after=3),
+    VerifyJournal: VerifyJournal(tenant="acme"),
+    HostRead: HostRead(token="eyJ.x.y", run_id="run-1"),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(
