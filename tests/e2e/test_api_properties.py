@@ -5,6 +5,9 @@ not describe."""
 
 from __future__ import annotations
 
+import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,20 @@ schema = schemathesis.openapi.from_path(str(DOCUMENT))
 # Long-polls and streams wait by design (up to a minute): what they answer is tested in
 # test_http_api.py and test_http_events.py.
 schema = schema.exclude(path_regex=r"/(wait|events)$")
+
+
+@pytest.fixture(scope="module")
+def stack(admin_dsn: str) -> Iterator[Stack]:
+    """A deployment of its own (its own nats-server, its own database): what the examples
+    create, and anything they might break, stays out of the other tests' way."""
+    with tempfile.TemporaryDirectory(prefix="writ-e2e-api-") as home:
+        deployment = Stack(Path(home), admin_dsn=admin_dsn,
+                           database=f"e2e_api_{uuid.uuid4().hex[:8]}")
+        try:
+            deployment.start_all()
+            yield deployment
+        finally:
+            deployment.stop()
 
 
 @schema.parametrize()

@@ -57,7 +57,7 @@ class Api:
     """The HTTP door's shared steps, over the ingress service's own."""
 
     def __init__(self, *, door: Door, nc: Client, idempotency: Idempotency,
-                 results: Results, read_timeout_s: float = 5.0) -> None:
+                 results: Results, read_timeout_s: float = 10.0) -> None:
         self.door, self.nc, self.idempotency, self.results = door, nc, idempotency, results
         self._read_timeout = read_timeout_s
 

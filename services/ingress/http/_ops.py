@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Final
 
@@ -95,12 +96,17 @@ def ops_handlers(api: Api, *, poll_s: float = 0.25, keepalive_s: float = 15.0,
           summary="Record what an operator established about an unknown command",
           responses=problems(s400="INVALID_REQUEST", s401=_AUTH,
                              s403="FORBIDDEN: the approver role is missing",
+                             s404="NOT_FOUND: no command under this operation id",
                              s409="CONFLICT: the Idempotency-Key was used with another body"))
     async def resolve(request: Request[Any, Any, Any], operation_id: FromPath[str],
                       data: JSONBody[ResolveBody],
                       idempotency_key: IdempotencyKey) -> Reconciled:
         """The command keeps its operation id whatever is decided (`Reconciled`)."""
         caller = api.caller(request, role=APPROVER_ROLE)
+        try:
+            uuid.UUID(operation_id)
+        except ValueError:  # operation ids are UUIDs: nothing to ask the dispatcher about
+            raise ApiError("NOT_FOUND", "no command under this operation id") from None
 
         async def answer() -> tuple[int, msgspec.Struct]:
             return 200, await api.ask(subjects.RECONCILE, Reconcile(
