@@ -135,3 +135,34 @@ def test_the_sdk_imports_none_of_the_services_dependencies() -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
+
+
+class _LosesFirstResponse(httpx.AsyncBaseTransport):
+    """The real server answers; the first POST's answer is lost on the way back."""
+
+    def __init__(self) -> None:
+        self._inner, self.lost = httpx.AsyncHTTPTransport(), 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        if request.method == "POST" and not self.lost:
+            await response.aread()
+            self.lost += 1
+            raise httpx.ReadError("connection reset after the server answered",
+                                  request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def test_a_retry_after_a_lost_response_is_the_same_run(
+        stack: Stack, db: asyncpg.Connection) -> None:
+    transport = _LosesFirstResponse()
+    http = httpx.AsyncClient(base_url=stack.api_url, transport=transport, timeout=30)
+    async with Client(stack.api_url, issuer(stack), "alice@acme.example", http=http) as client:
+        accepted = await client.start_run("crm-assistant", INPUT)  # retried under its key
+        assert transport.lost == 1
+        assert (await client.wait(accepted.run_id)).status == "succeeded"
+    assert await db.fetchval("SELECT count(*) FROM planner.runs WHERE request_id = $1",
+                             accepted.request_id) == 1
