@@ -140,6 +140,15 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
                     if isinstance(got, CommandResult) and got.status not in (
                             "pending", "dispatching"):
                         return 200, got
+            # No result came: a retry whose first try's result was published already (the
+            # hand-on was a duplicate), or a slow command. Admission knows where it stands.
+            try:
+                known = await api.ask(COMMAND_STATUS, GetCommand(
+                    tenant=outcome.tenant, operation_key=data.operation_key), CommandResult)
+            except ApiError:
+                known = None
+            if known is not None and known.status not in ("pending", "dispatching"):
+                return 200, known
             raise ApiError("TIMEOUT", "the command's result did not come in time; ask again "
                                       "with the same Idempotency-Key")
 
