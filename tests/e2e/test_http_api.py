@@ -170,3 +170,25 @@ def test_openapi_and_healthz(stack: Stack, api: httpx.Client) -> None:
     assert "/api/v1/runs" in document["paths"]
     base = stack.api_url.removesuffix("/api/v1")
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+
+
+async def test_a_body_without_a_length_is_cut_off_at_the_limit(
+        stack: Stack, api: httpx.Client, db: asyncpg.Connection) -> None:
+    """Chunked, so nothing announces its size: the server stops reading past the limit."""
+    request_id = f"chunked-{uuid.uuid4().hex[:12]}"
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"agent": "crm-assistant", "input": "'
+        for _ in range(4096):  # 4 MiB offered, 64 KiB allowed
+            yield b"x" * 1024
+        yield b'"}'
+
+    try:
+        response = api.post("/runs", content=chunks(),
+                            headers={**auth(stack), "Idempotency-Key": request_id,
+                                     "Content-Type": "application/json"})
+    except httpx.WriteError:
+        pass  # the server answered and closed before the client finished sending
+    else:
+        assert (response.status_code, response.json()["code"]) == (413, "TOO_LARGE")
+    assert await runs_of(db, request_id) == 0
