@@ -100,7 +100,7 @@ def _step(body: dict[str, Any]) -> tuple[str, str] | None:
 
 
 async def _demo(stack: Stack) -> int:
-    print(f"Writ is up: NATS {stack.nats_url}, simulated CRM {stack.crm_url}")
+    print(f"Writ is up: NATS {stack.public_nats_url}, simulated CRM {stack.crm_url}")
     nc = await nats.connect(stack.nats_url)
     started = time.monotonic()
     done = anyio.Event()
@@ -180,10 +180,12 @@ def run_demo(home: Path, *, serve: bool) -> int:
             print("\nPrometheus can scrape:")
             for name in SERVICES:
                 print(f"  {name:<11} http://127.0.0.1:{stack.metrics_port(name)}/metrics")
-            print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at {stack.nats_url}, "
-                  f"or call the HTTP API:\n  base URL  {stack.api_url}\n  OpenAPI   "
-                  f"{stack.api_url}/openapi.json\nOperators run `writ pending`; logs in "
-                  f"{stack.logs}. Ctrl-C stops everything.", flush=True)
+            print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at "
+                  f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
+                  f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
+                  f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
+                  f"Operators run `writ pending`; logs in {stack.logs}. Ctrl-C stops "
+                  "everything.", flush=True)
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)
             signal.sigwait(stop)

@@ -50,6 +50,7 @@ from schemas.host import (
 )
 from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer, RunStarted
+from schemas.journal import JournalCheckpoint
 from schemas.planner import (
     BranchChanged,
     ProposeCommand,
@@ -80,7 +81,7 @@ MESSAGES: Final = (
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
     BudgetSettled, ReviewAnswer, ReviewTaken, ReviewDecision, ReviewResult,
-    ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged,
+    ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged, JournalCheckpoint,
     CancelRun, RunCancelRequested, GetRun, GetCommand, ListProposals, GetProposal,
     GetRunEvents, VerifyJournal, HostRead,
 )

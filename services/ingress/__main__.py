@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -11,7 +12,7 @@ import msgspec
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.ingress.http import HttpServer
-from services.ingress.logic import TenantKey
+from services.ingress.logic import TenantKey, declared_agents
 from services.ingress.service import IngressService
 
 log = logging.getLogger("writ.ingress")
@@ -25,6 +26,9 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     max_request_bytes: int = 64 * 1024
     # How long ingress waits for the planner to take a review answer before it retries it.
     review_timeout_s: float = 30.0
+    # The agents' manifests (the planner's WRIT_AGENTS_DIR): a host's command for an agent
+    # none declares is refused `UNKNOWN_AGENT`. Empty: not checked here.
+    agents_dir: str = ""
     # The HTTP API (`/api/v1`): 0 takes a free port, written to `http_port_file` once it
     # listens; `http_enabled: false` serves NATS only.
     http_enabled: bool = True
@@ -62,11 +66,12 @@ def main() -> None:
     """Start the ingress process."""
     settings = load_settings(IngressSettings)
     keys = msgspec.json.decode(read_secret(settings.tenant_keys_file), type=dict[str, TenantKey])
+    agents = declared_agents(Path(settings.agents_dir)) if settings.agents_dir else None
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
                              max_request_bytes=settings.max_request_bytes,
-                             review_timeout_s=settings.review_timeout_s)
+                             review_timeout_s=settings.review_timeout_s, agents=agents)
         if not settings.http_enabled:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
