@@ -40,7 +40,7 @@ async def test_results_reach_who_waits_for_them_by_request_or_run_id(
     results = Results(private_nc)
     await results.start()
     try:
-        with results.watch("acme", "req-1") as by_request, \
+        async with results.watch("acme", "req-1") as by_request, \
                 results.watch("acme", "run-1") as by_run, \
                 results.watch("globex", "req-1") as elsewhere:
             result = RunResult(request_id="req-1", status="succeeded", run_id="run-1")

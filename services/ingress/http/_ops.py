@@ -62,7 +62,7 @@ def ops_handlers(api: Api, *, poll_s: float = 0.25, keepalive_s: float = 15.0,
 
         async def stream() -> AsyncIterator[ServerSentEventMessage]:
             seen, batch, quiet = start, first, 0.0
-            with api.results.watch(caller.tenant, run_id) as waiter:
+            async with api.results.watch(caller.tenant, run_id) as waiter:
                 while True:
                     for step in batch.steps:
                         if step.seq > seen:

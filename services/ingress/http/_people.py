@@ -56,7 +56,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
 
     async def _handed_on(outcome: Verified, kind: type[Any]) -> tuple[int, msgspec.Struct]:
         """Hand on, then the first answer of `kind` the owning service published."""
-        with api.results.watch(outcome.tenant, outcome.request.request_id) as waiter:
+        async with api.results.watch(outcome.tenant, outcome.request.request_id) as waiter:
             await api.door.hand_on(outcome)
             deadline = time.monotonic() + answer_timeout_s
             while (remaining := deadline - time.monotonic()) > 0:

@@ -1,13 +1,13 @@
 """What ingress hears on `writ.out.results.*`, for HTTP callers waiting on an answer.
 
-One core subscription per process; a caller registers what it waits for (a request id, or a
-run id) before it hands its request on, so the answer cannot pass unseen.
+One core subscription per tenant waited for; a caller registers what it waits for (a request
+id, or a run id) before it hands its request on, so the answer cannot pass unseen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import anyio
@@ -50,18 +50,28 @@ class Results:
     def __init__(self, nc: Client) -> None:
         self._nc = nc
         self._waiters: dict[tuple[str, str], list[Waiter]] = {}
-        self._sub: Any = None
+        # One core subscription per tenant someone waited for: never a wildcard, so a
+        # publish on a subject no stream holds still finds no responder.
+        self._subs: dict[str, Any] = {}
+        self._lock = anyio.Lock()
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe("writ.out.results.*", cb=self._on)
+        """Nothing to do before the first wait (kept for symmetry with `stop`)."""
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        for sub in self._subs.values():
+            await sub.unsubscribe()
+        self._subs.clear()
 
-    @contextmanager
-    def watch(self, tenant: str, key: str) -> Iterator[Waiter]:
+    @asynccontextmanager
+    async def watch(self, tenant: str, key: str) -> AsyncIterator[Waiter]:
         """Register for the results under `key` (a request id or a run id) while in scope."""
+        if tenant not in self._subs:
+            async with self._lock:
+                if tenant not in self._subs:
+                    self._subs[tenant] = await self._nc.subscribe(
+                        f"writ.out.results.{tenant}", cb=self._on)
+                    await self._nc.flush()
         waiter, slot = Waiter(), (tenant, key)
         self._waiters.setdefault(slot, []).append(waiter)
         try:

@@ -97,7 +97,7 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
         caller = api.caller(request)
         deadline = time.monotonic() + timeout_s
         view: RunView | None = None
-        with api.results.watch(caller.tenant, run_id) as waiter:
+        async with api.results.watch(caller.tenant, run_id) as waiter:
             while True:
                 try:
                     view = await _view(caller.tenant, run_id)
@@ -132,7 +132,7 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
 
         async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
             request_id = outcome.request.request_id
-            with api.results.watch(outcome.tenant, request_id) as waiter:
+            async with api.results.watch(outcome.tenant, request_id) as waiter:
                 await api.door.hand_on(outcome)
                 deadline = time.monotonic() + answer_timeout_s
                 while (remaining := deadline - time.monotonic()) > 0:
