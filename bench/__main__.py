@@ -18,6 +18,7 @@ from pathlib import Path
 
 import anyio
 
+from bench.http import http_path
 from bench.phases import SCALE, Bench, BenchError
 from bench.report import Report
 from bench.verify import journal_verify
@@ -49,9 +50,12 @@ def _run(stack: Stack, report: Report) -> None:
     stack.start_services()
     anyio.run(stack.wait_ready)
     bench.ports = {name: stack.metrics_port(name) for name in SERVICES}
-    _phase(report, "command_path", bench.command_path)
-    _phase(report, "run_path", bench.run_path)
-    _phase(report, "decide", bench.decide)
+    # BENCH_PHASES (comma-separated) runs only those: e.g. `BENCH_PHASES=http_path`.
+    wanted = set(filter(None, os.environ.get("BENCH_PHASES", "").split(",")))
+    for name, phase in (("command_path", bench.command_path), ("run_path", bench.run_path),
+                        ("http_path", lambda: http_path(bench)), ("decide", bench.decide)):
+        if not wanted or name in wanted:
+            _phase(report, name, phase)
     bench.warnings()
     bench.conclude()
 

@@ -368,6 +368,13 @@ class Bench:
             r.line("run path", f"{data['run_path_runs_per_s']:,.1f} run/s at "
                    f"C={RUN_CONCURRENCY}; p50 {data['run_path_p50_ms']} ms, "
                    f"p99 {data['run_path_p99_ms']} ms")
+        if "http_run_path_runs_per_s" in data:
+            half = {k: data.get(f"{k}_run_half_rate", {}) for k in ("http", "nats")}
+            r.line("HTTP run path (POST /runs -> wait)",
+                   f"{data['http_run_path_runs_per_s']:,.1f} run/s at C=32; at half that: "
+                   + "; ".join(f"{k.upper()} p50 {v.get('p50_ms')} ms p99 {v.get('p99_ms')} ms"
+                               for k, v in half.items()))
+            r.line("GET /runs/{id}", f"{data.get('http_get_run_per_s')} req/s")
         for index, passes in enumerate(data.get("rounds", ()), 1):
             r.line(f"round {index}", f"command path {passes['commands']['per_s']} cmd/s; "
                    f"admission {passes['admission']['per_s']} tx/s (no NOTIFY "

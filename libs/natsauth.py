@@ -34,7 +34,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
-from schemas import subjects
+from schemas import reads, subjects
+from schemas.host_reads import host_read
 from schemas.planner import REVIEW
 
 __all__ = ["ADMIN", "EVAL", "EVAL_SUBJECTS", "JOURNALED", "SERVICE_SUBJECTS", "auth_config",
@@ -53,23 +54,35 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
     "ingress": (None, (
         "writ.out.results.*", "writ.int.runs.started.*", "writ.int.approvals.*",
         "writ.int.proposals.*", "writ.int.answers.*", subjects.REGISTER_RUN, REVIEW,
-    ), ()),
+        # The HTTP door: cancellations, the reads other services answer, and the
+        # Idempotency-Key bucket (its KV stream).
+        "writ.int.runs.cancel.*", reads.RUN_STATUS, reads.RUN_EVENTS, reads.COMMAND_STATUS,
+        reads.PROPOSALS_LIST, reads.PROPOSAL_GET, subjects.PENDING_LIST, subjects.REPLAY,
+        subjects.UNKNOWN_LIST, subjects.RECONCILE,
+        *(reads.journal_verify(s) for s in reads.JOURNALED),
+        "$KV.WRIT_IDEMPOTENCY.>", "$JS.API.STREAM.INFO.KV_WRIT_IDEMPOTENCY",
+        "$JS.API.STREAM.CREATE.KV_WRIT_IDEMPOTENCY", "$JS.API.STREAM.MSG.GET.KV_WRIT_IDEMPOTENCY",
+        "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY", "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY.>",
+    ), ("writ.out.results.*", host_read("*", "*"))),
     "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE), (subjects.READ,)),
     "planner": ("WRIT_INT", (
         "writ.int.runs.branch.*", "writ.out.results.*", "writ.int.proposals.*",
         "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
         subjects.SETTLE,
-    ), (subjects.REPLAY, REVIEW)),
+    ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS,
+        reads.journal_verify("planner"))),
     "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (
         subjects.DECIDE, subjects.DECIDE_BATCH, subjects.REGISTER_RUN, subjects.PENDING_LIST,
-        subjects.ANSWER, subjects.RESERVE, subjects.SETTLE,
+        subjects.ANSWER, subjects.RESERVE, subjects.SETTLE, reads.journal_verify("governance"),
     )),
     "admission": ("WRIT_INT", (
         "writ.out.results.*", "writ.int.refused.*", "writ.cmd.*", "writ.int.admitted.*",
         subjects.FACTS, subjects.ANSWER, subjects.DECIDE, subjects.DECIDE_BATCH,
-    ), ()),
+    ), (reads.COMMAND_STATUS, reads.PROPOSALS_LIST, reads.PROPOSAL_GET,
+        reads.journal_verify("admission"))),
     "dispatcher": ("WRIT_CMD", ("writ.int.outcomes.*.*", subjects.DECIDE),
-                   (subjects.UNKNOWN_LIST, subjects.RECONCILE, subjects.FACTS)),
+                   (subjects.UNKNOWN_LIST, subjects.RECONCILE, subjects.FACTS,
+                    reads.journal_verify("dispatcher"))),
 }
 
 
@@ -130,7 +143,8 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
 def _host(tenant: str) -> dict[str, object]:
     out = subjects.out_stream(tenant)
     user = host_user(tenant)
-    pub = [*subjects.host_subjects(tenant), f"{_JS}.INFO", f"{_JS}.STREAM.INFO.{out}",
+    pub = [*subjects.host_subjects(tenant), host_read(tenant, "*"), f"{_JS}.INFO",
+           f"{_JS}.STREAM.INFO.{out}",
            f"{_JS}.CONSUMER.CREATE.{out}", f"{_JS}.CONSUMER.CREATE.{out}.>",
            f"{_JS}.CONSUMER.DURABLE.CREATE.{out}.*", f"{_JS}.CONSUMER.INFO.{out}.*",
            f"{_JS}.CONSUMER.DELETE.{out}.*", f"{_JS}.CONSUMER.MSG.NEXT.{out}.*",

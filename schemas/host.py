@@ -32,7 +32,7 @@ __all__ = [
     "SubmitCommand",
 ]
 
-RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human"]
+RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human", "cancelled"]
 CommandStatus = Literal[
     # Recorded states of an admitted command, as a replay returns them.
     "pending", "dispatching", "succeeded", "denied", "expired", "revision_required", "unknown",

@@ -194,12 +194,13 @@ REPLAY: Final = "writ.int.planner.replay"
 
 # Inbox filters of each durable consumer.
 # What a host may send: `writ.in.<kind>.<tenant>`, one stream per tenant (`tenant_streams`).
-HOST_KINDS: Final = ("requests", "commands", "decisions", "approvals", "reviews")
+HOST_KINDS: Final = ("requests", "commands", "decisions", "approvals", "reviews",
+                     "cancels")
 INGRESS_IN: Final = tuple(f"writ.in.{kind}.*" for kind in HOST_KINDS)
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
-                      "writ.int.runs.branch.*", "writ.int.answered.*")
+                      "writ.int.runs.branch.*", "writ.int.answered.*", "writ.int.runs.cancel.*")
 ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",
                        "writ.int.answered.*", "writ.int.approvals.*")
 DISPATCH_IN: Final = ("writ.cmd.*",)

@@ -3,8 +3,9 @@
     writ run                  start everything locally and run the demo (what `make run` does)
     writ service <name>       run one service process (what a Kubernetes Deployment runs)
     writ migrate              provision the service roles and apply migrations (--check [--wait])
-    writ schemas --write      regenerate the committed JSON Schemas of the bus messages
-    writ token ...            mint a host token with a tenant's demo key
+    writ schemas --write      regenerate the committed JSON Schemas and the OpenAPI/AsyncAPI files
+    writ token ...            mint a host token with a tenant's demo key (or --key)
+    writ tenant add T --public-key PEM   register a tenant and its issuer's key
     writ reconcile list       commands whose outcome nobody knows (`unknown`)
     writ reconcile resolve    record what an operator established, with its evidence
     writ pending              decisions waiting for a person
@@ -45,23 +46,48 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _schemas(args: argparse.Namespace) -> int:
+    from writ.contracts import check_contracts, write_contracts
     from writ.schemas_io import check_schemas, write_schemas
 
     if args.write:
-        for path in write_schemas():
+        for path in [*write_schemas(), *write_contracts()]:
             print(f"wrote {path}")
         return 0
-    drift = check_schemas()
+    drift = check_schemas() + check_contracts()
     for line in drift:
         print(line, file=sys.stderr)
     return 1 if drift else 0
 
 
 def _token(args: argparse.Namespace) -> int:
-    from writ.stack import Stack
+    from writ.stack import Stack, mint_token
 
     stack = Stack(Path(args.home))
-    print(stack.token(args.tenant, args.principal, ttl_s=args.ttl))
+    roles = {"roles": args.roles.split(",")} if args.roles else {}
+    if args.key:  # a tenant registered with `writ tenant add`, signing with its own key
+        print(mint_token(Path(args.key).read_bytes(), tenant=args.tenant,
+                         principal=args.principal, ttl_s=args.ttl,
+                         issuer=args.issuer or stack.issuer(args.tenant), **roles))
+        return 0
+    print(stack.token(args.tenant, args.principal, ttl_s=args.ttl, **roles))
+    return 0
+
+
+def _tenant(args: argparse.Namespace) -> int:
+    from writ.tenants import TenantError, add_tenant, remove_tenant
+
+    try:
+        if args.action == "add":
+            issuer = add_tenant(Path(args.home), args.tenant, Path(args.public_key).read_text(),
+                                issuer=args.issuer)
+            print(f"tenant {args.tenant} added (issuer {issuer}); ingress picks it up within "
+                  "seconds, no restart")
+        else:
+            remove_tenant(Path(args.home), args.tenant)
+            print(f"tenant {args.tenant} removed")
+    except (TenantError, OSError) as exc:
+        print(f"writ tenant: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -407,7 +433,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tenant", default="acme")
     p.add_argument("--principal", default="alice@acme.example")
     p.add_argument("--ttl", type=float, default=300.0)
+    p.add_argument("--roles", default="", help="comma-separated: approver, auditor")
+    p.add_argument("--key", default="", help="the tenant's private key (PEM) if not a demo one")
+    p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
     p.set_defaults(func=_token)
+
+    p = sub.add_parser("tenant", help="register (or remove) a tenant and its issuer's key")
+    p.add_argument("--home", default=".writ")
+    ten = p.add_subparsers(dest="action", required=True)
+    add = ten.add_parser("add", help="a tenant and its issuer's Ed25519 public key (PEM)")
+    add.add_argument("tenant")
+    add.add_argument("--public-key", required=True, help="a file holding the PEM public key")
+    add.add_argument("--issuer", default="", help="the `iss` its tokens carry "
+                                                  "(default https://<tenant>.example/host)")
+    rm = ten.add_parser("remove", help="forget a tenant: its tokens are refused from then on")
+    rm.add_argument("tenant")
+    p.set_defaults(func=_tenant)
 
     p = sub.add_parser("reconcile", help="list and resolve commands in state unknown")
     p.add_argument("--home", default=".writ")

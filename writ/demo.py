@@ -1,7 +1,8 @@
 """`writ run`: start Writ locally, submit the demo request, and print its timeline.
 
 The scenario is seed 001's: an agent adds a note to a customer record. The demo plays the host
-(it signs a token with the tenant's key and publishes a `RunRequest`) and watches the bus. The
+with the SDK (`writ_client`: it signs a token with the tenant's key and starts the run over the
+HTTP API, `POST /api/v1/runs`, then waits for its `RunResult`) and watches the bus. The
 demo agent (`research-assistant`) asks for its catalog, reads the tenant's documents through
 retrieval (`documents.search`, decided by governance; what it returns is untrusted data), proposes
 the note, observes its outcome, and its answer is verified by a critic before the run ends.
@@ -24,9 +25,9 @@ import msgspec
 import nats
 
 from libs.journal import load_verify_keys, verify
-from schemas import subjects
-from schemas.host import RunRequest, RunResult
+from schemas.host import RunResult
 from writ.stack import SERVICES, Stack
+from writ_client import Client, Issuer
 
 __all__ = ["run_demo"]
 
@@ -115,19 +116,23 @@ async def _demo(stack: Stack) -> int:
             done.set()
 
     sub = await nc.subscribe("writ.>", cb=watch)
+    issuer = Issuer.from_file(stack.secrets / "host-acme.pem", tenant="acme",
+                              issuer=stack.issuer("acme"))
     try:
-        request_id = f"demo-{uuid.uuid4().hex[:8]}"
-        request = RunRequest(request_id=request_id, agent=DEMO_AGENT, input=DEMO_INPUT,
-                             token=stack.token("acme", "alice@acme.example"))
-        print(f"\nTimeline of request {request_id}:")
-        await nc.jetstream().publish(subjects.request("acme"), msgspec.json.encode(request),
-                                     headers={"Nats-Msg-Id": request_id})
-        with anyio.fail_after(60):
+        async with Client(stack.api_url, issuer, "alice@acme.example") as host:
+            request_id = f"demo-{uuid.uuid4().hex[:8]}"
+            print(f"\nTimeline of request {request_id}:")
+            _line(started, "request", f"{request_id} from the host: POST {stack.api_url}/runs "
+                                      "(writ_client, Idempotency-Key = the request id)")
+            accepted = await host.start_run(DEMO_AGENT, DEMO_INPUT, request_id=request_id)
+            result = await host.wait(accepted.run_id, timeout_s=60)
+        with anyio.fail_after(10):
             await done.wait()
         await anyio.sleep(0.2)
     finally:
         await sub.unsubscribe()
         await nc.close()
+    status = [result.status] if status == [result.status] else status
     journals_ok = await _verify_journals(stack)
     return 0 if status == ["succeeded"] and journals_ok else 1
 
@@ -164,7 +169,8 @@ async def _verify_journals(stack: Stack) -> bool:
 def run_demo(home: Path, *, serve: bool) -> int:
     """Start everything, run the demo, then keep serving until Ctrl-C if `serve`."""
     stack = Stack(home, nats_url=os.environ.get("WRIT_NATS_URL") or None,
-                  admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None)
+                  admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None,
+                  http_port=int(os.environ.get("WRIT_HTTP_PORT") or 0))
     try:
         print("Starting NATS, PostgreSQL, the simulated CRM and payment provider, and "
               "ingress, retrieval, planner, governance, admission, dispatcher…", flush=True)
@@ -176,9 +182,10 @@ def run_demo(home: Path, *, serve: bool) -> int:
                 print(f"  {name:<11} http://127.0.0.1:{stack.metrics_port(name)}/metrics")
             print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at "
                   f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
-                  f"{stack.secrets}/nats-host-<tenant>.password); "
-                  f"operators run `writ pending`; logs in {stack.logs}. Ctrl-C stops everything.",
-                  flush=True)
+                  f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
+                  f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
+                  f"Operators run `writ pending`; logs in {stack.logs}. Ctrl-C stops "
+                  "everything.", flush=True)
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)
             signal.sigwait(stop)

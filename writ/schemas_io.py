@@ -9,6 +9,7 @@ from typing import Final
 import msgspec
 
 from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
+from schemas.control import CancelRun, RunCancelRequested
 from schemas.dispatcher import (
     CommandOutcome,
     FactsRead,
@@ -47,6 +48,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
+from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.journal import JournalCheckpoint
 from schemas.planner import (
@@ -57,6 +59,14 @@ from schemas.planner import (
     ReviewAnswer,
     ReviewTaken,
     StepRecorded,
+)
+from schemas.reads import (
+    GetCommand,
+    GetProposal,
+    GetRun,
+    GetRunEvents,
+    ListProposals,
+    VerifyJournal,
 )
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 
@@ -72,6 +82,8 @@ MESSAGES: Final = (
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
     BudgetSettled, ReviewAnswer, ReviewTaken, ReviewDecision, ReviewResult,
     ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged, JournalCheckpoint,
+    CancelRun, RunCancelRequested, GetRun, GetCommand, ListProposals, GetProposal,
+    GetRunEvents, VerifyJournal, HostRead,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

@@ -65,7 +65,8 @@ class Stack:
     def __init__(self, home: Path, *, nats_url: str | None = None, admin_dsn: str | None = None,
                  database: str = "writ", decisions_file: Path | None = None,
                  tenants: tuple[str, ...] = ("acme", "globex"), durable_pg: bool = True,
-                 extra_env: dict[str, dict[str, str]] | None = None) -> None:
+                 extra_env: dict[str, dict[str, str]] | None = None,
+                 http_port: int = 0) -> None:
         self.home = Path(home).resolve()
         self.database = database
         self.tenants = tenants
@@ -79,6 +80,8 @@ class Stack:
         self.extra_env = extra_env or {}
         self.crm_url = ""
         self.payments_url = ""
+        # The HTTP API's port: 0 lets ingress take a free one (`api_url` reads which).
+        self.http_port = http_port
         self.secrets = self.home / "secrets"
         self.config = self.home / "config"
         self.logs = self.home / "logs"
@@ -189,7 +192,10 @@ class Stack:
             public = key.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
             keys[tenant] = {"issuer": self.issuer(tenant), "public_key": public.decode()}
-        (self.config / "tenant-keys.json").write_text(json.dumps(keys, indent=2))
+        # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten.
+        registered = self.config / "tenant-keys.json"
+        known = json.loads(registered.read_text()) if registered.exists() else {}
+        registered.write_text(json.dumps({**known, **keys}, indent=2))
         # The organisation's policy signing key: governance holds the public half only.
         signing = self.secrets / "policy-signing.pem"
         if not signing.exists():
@@ -362,6 +368,8 @@ class Stack:
         if name == "ingress":
             env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
             env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")  # names only: UNKNOWN_AGENT
+            env["WRIT_HTTP_PORT"] = str(self.http_port)
+            env["WRIT_HTTP_PORT_FILE"] = str(self.home / "ingress.http-port")
         if name == "governance":
             env["WRIT_POLICY_DIR"] = str(self.policies)
             env["WRIT_POLICY_KEYS_FILE"] = str(self.config / "policy-keys.json")
@@ -384,6 +392,8 @@ class Stack:
         """One more process of `service`, known here as `key` (e.g. a second dispatcher)."""
         port_file = self.home / f"{key}.metrics-port"
         port_file.unlink(missing_ok=True)
+        if service == "ingress":
+            (self.home / "ingress.http-port").unlink(missing_ok=True)
         env = {**self.service_env(service), "WRIT_METRICS_PORT_FILE": str(port_file),
                "WRIT_INSTANCE": key}
         self._spawn(key, [sys.executable, "-m", "writ.cli", "service", service], env)
@@ -427,6 +437,12 @@ class Stack:
             raise RuntimeError(f"services not ready: missing {sorted(want - seen)}")
         finally:
             await nc.close()
+
+    @property
+    def api_url(self) -> str:
+        """The base URL of ingress's HTTP API (`/api/v1`)."""
+        port = _wait_file(self.home / "ingress.http-port", self.procs["ingress"], 20)
+        return f"http://127.0.0.1:{int(port)}/api/v1"
 
     def metrics_port(self, name: str) -> int:
         """The port of a service's `/metrics` endpoint."""

@@ -8,8 +8,10 @@ import anyio.abc
 
 from libs.db import connect_pool
 from libs.journal import JetStreamRecord, Sealer, open_journal
+from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.admission.reads import AdmissionReads
 from services.admission.relay import OutboxRelay
 from services.admission.service import AdmissionService
 from services.admission.store import AdmissionStore
@@ -53,6 +55,9 @@ def main() -> None:
                                    command_ttl=timedelta(seconds=settings.command_ttl_s),
                                    proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
                                    sealer=sealer)
+            rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                service="admission", pool=pool, journal=journal, signing=signing).endpoint())
+            rt.endpoints.extend(AdmissionReads(pool).endpoints())  # ingress's HTTP reads
             await svc.run(task_status=task_status)
 
     run_service("admission", settings, start, description="Admits commands, relays the outbox")

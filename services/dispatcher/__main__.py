@@ -9,6 +9,7 @@ import anyio.abc
 
 from libs.db import connect_pool
 from libs.journal import JetStreamRecord, Sealer, open_journal
+from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.dispatcher.connectors import (
@@ -70,6 +71,8 @@ def main() -> None:
             async with await connect_pool(settings.database_url, password=password, max_size=20,
                                           application_name="writ-dispatcher") as pool:
                 rt.health.watch_pool("postgres", pool)
+                rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                    service="dispatcher", pool=pool, journal=journal, signing=signing).endpoint())
                 svc = DispatcherService(
                     rt=rt, store=DispatcherStore(pool, journal=journal), connectors=connectors,
                     sealer=Sealer(pool=pool, journal=journal, signing=signing,

@@ -10,6 +10,7 @@ import msgspec
 from libs.db import connect_pool
 from libs.errors import ConfigError
 from libs.journal import DataKeys, JetStreamRecord, Journal, Sealer, SigningKey
+from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.governance.budgets import BudgetDefaults
@@ -66,6 +67,8 @@ def main() -> None:
                                       statement_timeout_ms=1000, max_size=20,
                                       application_name="writ-governance") as pool:
             rt.health.watch_pool("postgres", pool)
+            rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                service="governance", pool=pool, journal=journal, signing=signing).endpoint())
             svc = GovernanceService(
                 rt=rt, store=GovernanceStore(pool, journal=journal),
                 policy_dir=Path(settings.policy_dir) if settings.policy_dir else None,

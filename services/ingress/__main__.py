@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import anyio
 import anyio.abc
 import msgspec
 
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.ingress.http import HttpServer
 from services.ingress.logic import TenantKey, declared_agents
 from services.ingress.service import IngressService
+
+log = logging.getLogger("writ.ingress")
 
 
 class IngressSettings(BaseSettings, frozen=True, kw_only=True):
@@ -24,6 +29,37 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     # The agents' manifests (the planner's WRIT_AGENTS_DIR): a host's command for an agent
     # none declares is refused `UNKNOWN_AGENT`. Empty: not checked here.
     agents_dir: str = ""
+    # The HTTP API (`/api/v1`): 0 takes a free port, written to `http_port_file` once it
+    # listens; `http_enabled: false` serves NATS only.
+    http_enabled: bool = True
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    http_port_file: str = ""
+    # How long a POST that waits for its answer (a command, a decision) waits.
+    http_answer_timeout_s: float = 30.0
+
+
+async def _reload_keys(path: str, keys: dict[str, TenantKey], stopping: anyio.Event,
+                       every_s: float = 1.0) -> None:
+    """Take tenants added (`writ tenant add`) or removed while running: the file is replaced
+    whole, so a changed mtime is a complete new version. `keys` is changed in place (the
+    service holds it); a file that does not decode leaves the keys as they were."""
+    seen = (await anyio.Path(path).stat()).st_mtime_ns
+    while not stopping.is_set():
+        await anyio.sleep(every_s)
+        try:
+            mtime = (await anyio.Path(path).stat()).st_mtime_ns
+            if mtime == seen:
+                continue
+            fresh = msgspec.json.decode(await anyio.Path(path).read_bytes(),
+                                        type=dict[str, TenantKey])
+        except (OSError, msgspec.DecodeError) as exc:
+            log.warning("tenant keys not reloaded: %r", exc)
+            continue
+        seen = mtime
+        keys.clear()
+        keys.update(fresh)
+        log.info("tenant keys reloaded: %d tenants", len(keys))
 
 
 def main() -> None:
@@ -36,7 +72,21 @@ def main() -> None:
         svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
                              max_request_bytes=settings.max_request_bytes,
                              review_timeout_s=settings.review_timeout_s, agents=agents)
-        await svc.run(task_status=task_status)
+        if not settings.http_enabled:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
+                await svc.run(task_status=task_status)
+            return
+        http = HttpServer(door=svc, nc=rt.nc, js=rt.js, stopping=rt.stopping,
+                          host=settings.http_host, port=settings.http_port,
+                          port_file=settings.http_port_file,
+                          max_body_bytes=settings.max_request_bytes,
+                          answer_timeout_s=settings.http_answer_timeout_s,
+                          endpoints=rt.endpoints)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
+            await tg.start(http.run)
+            await svc.run(task_status=task_status)
 
     run_service("ingress", settings, start, description="Verifies hosts' requests, starts runs")
 

@@ -11,6 +11,7 @@ import jwt
 import msgspec
 
 from libs.errors import ConfigError
+from schemas.control import CancelRun
 from schemas.host import ApproveProposal, HumanDecision, ReviewDecision, RunRequest, SubmitCommand
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "APPROVAL_DECODER",
     "APPROVER_KINDS",
     "APPROVER_ROLE",
+    "AUDITOR_ROLE",
     "COMMAND_DECODER",
     "DECISION_DECODER",
     "DECODERS",
@@ -32,7 +34,9 @@ __all__ = [
     "review_target",
     "review_verdict",
     "run_id_for",
+    "token_tenant",
     "verify_request",
+    "verify_token",
 ]
 
 _RUN_NAMESPACE: Final = uuid.UUID("6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10")
@@ -43,11 +47,14 @@ COMMAND_DECODER: Final = msgspec.json.Decoder(SubmitCommand)
 DECISION_DECODER: Final = msgspec.json.Decoder(HumanDecision)
 APPROVAL_DECODER: Final = msgspec.json.Decoder(ApproveProposal)
 REVIEW_DECODER: Final = msgspec.json.Decoder(ReviewDecision)
+CANCEL_DECODER: Final = msgspec.json.Decoder(CancelRun)
 # The message type of each host subject, by its kind (`writ.in.<kind>.<tenant>`).
 DECODERS: Final = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
                    "decisions": DECISION_DECODER, "approvals": APPROVAL_DECODER,
-                   "reviews": REVIEW_DECODER}
+                   "reviews": REVIEW_DECODER, "cancels": CANCEL_DECODER}
 APPROVER_ROLE: Final = "approver"
+# Reads of the audit journal (replay, verify) need this role.
+AUDITOR_ROLE: Final = "auditor"
 # Only approvers answer decisions, approve or reject proposals, and answer reviews.
 APPROVER_KINDS: Final = frozenset({"decisions", "approvals", "reviews"})
 # The planner's `review-<run>-<step>` (`step` bounded like `ReviewAnswer.step`).
@@ -67,7 +74,8 @@ class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Verified(msgspec.Struct, frozen=True, kw_only=True):
     """A request whose token checked out; tenant and principal come from the token."""
 
-    request: RunRequest | SubmitCommand | HumanDecision | ApproveProposal | ReviewDecision
+    request: (RunRequest | SubmitCommand | HumanDecision | ApproveProposal | ReviewDecision
+              | CancelRun)
     tenant: str
     principal: str
     run_id: str
@@ -112,42 +120,64 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
     if header_request_id is not None and header_request_id != request.request_id:
         return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
                          message="Nats-Msg-Id must equal request_id")
-    if _TENANT.fullmatch(subject_tenant) is None:
-        return Rejection(code="UNKNOWN_TENANT", request_id=request.request_id,
-                         message="the subject does not name a tenant")
-    key = keys.get(subject_tenant)
+    checked = verify_token(request.token, tenant=subject_tenant, keys=keys, audience=audience,
+                           request_id=request.request_id, leeway_s=leeway_s)
+    if isinstance(checked, Rejection):
+        return checked
+    principal, roles = checked
+    return Verified(request=request, tenant=subject_tenant, principal=principal,
+                    run_id=run_id_for(subject_tenant, request.request_id),
+                    roles=frozenset(roles))
+
+
+def verify_token(token: str, *, tenant: str, keys: dict[str, TenantKey], audience: str,
+                 request_id: str, leeway_s: float = 5.0) -> tuple[str, list[str]] | Rejection:
+    """Check a host token for `tenant` (both doors): its (principal, roles), or why not."""
+    if _TENANT.fullmatch(tenant) is None:
+        return Rejection(code="UNKNOWN_TENANT", request_id=request_id,
+                         message="the request names no valid tenant")
+    key = keys.get(tenant)
     if key is None:
-        return Rejection(code="UNKNOWN_TENANT", request_id=request.request_id,
-                         message=f"no issuer is configured for tenant {subject_tenant!r}")
+        return Rejection(code="UNKNOWN_TENANT", request_id=request_id,
+                         message=f"no issuer is configured for tenant {tenant!r}")
     try:
         claims = jwt.decode(
-            request.token, key.public_key, algorithms=["EdDSA"], audience=audience,
+            token, key.public_key, algorithms=["EdDSA"], audience=audience,
             issuer=key.issuer, leeway=leeway_s,
             options={"require": ["exp", "iss", "aud", "sub", "tenant", "jti"]},
         )
     except jwt.ExpiredSignatureError:
         return Rejection(code="TOKEN_EXPIRED", message="the token has expired",
-                         request_id=request.request_id)
+                         request_id=request_id)
     except jwt.InvalidSignatureError:
-        return Rejection(code="BAD_SIGNATURE", request_id=request.request_id,
+        return Rejection(code="BAD_SIGNATURE", request_id=request_id,
                          message="the token's signature does not verify with the tenant's key")
     except jwt.InvalidTokenError as exc:
         return Rejection(code="INVALID_TOKEN", message=f"invalid token: {exc}"[:500],
-                         request_id=request.request_id)
-    if claims["tenant"] != subject_tenant:
-        return Rejection(code="WRONG_TENANT", request_id=request.request_id,
+                         request_id=request_id)
+    if claims["tenant"] != tenant:
+        return Rejection(code="WRONG_TENANT", request_id=request_id,
                          message="the token was issued for another tenant")
     principal = claims["sub"]
     if not isinstance(principal, str) or _PRINCIPAL.fullmatch(principal) is None:
         return Rejection(code="INVALID_TOKEN", message="the token's subject is not a principal id",
-                         request_id=request.request_id)
+                         request_id=request_id)
     roles = claims.get("roles", [])
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         return Rejection(code="INVALID_TOKEN", message="the token's roles are not a list of names",
-                         request_id=request.request_id)
-    return Verified(request=request, tenant=subject_tenant, principal=principal,
-                    run_id=run_id_for(subject_tenant, request.request_id),
-                    roles=frozenset(roles))
+                         request_id=request_id)
+    return principal, roles
+
+
+def token_tenant(token: str) -> str:
+    """The tenant a token claims, unverified: only to pick the key that then verifies it
+    (an HTTP request names its tenant nowhere else). "" when the token cannot be read."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError:
+        return ""
+    tenant = claims.get("tenant") if isinstance(claims, dict) else None
+    return tenant if isinstance(tenant, str) else ""
 
 
 def authorize(outcome: Verified | Rejection, kind: str) -> Verified | Rejection:

@@ -22,6 +22,7 @@ from libs.errors import ConfigError, RetryableError
 from libs.runtime import Runtime
 from libs.telemetry import inject_context
 from schemas import subjects
+from schemas.control import CancelRun, RunCancelRequested, run_cancel
 from schemas.governance import AnswerDecision, RegisterRun
 from schemas.host import (
     ApprovalResult,
@@ -49,6 +50,7 @@ from services.ingress.logic import (
     review_target,
     review_verdict,
     verify_request,
+    verify_token,
 )
 
 __all__ = ["IngressService"]
@@ -104,10 +106,23 @@ class IngressService:
         tenant = delivery.subject.rsplit(".", 1)[-1]
         # requests | commands | decisions | approvals | reviews
         kind = delivery.subject.split(".")[2]
+        outcome = self.verify(kind, delivery.message, tenant=tenant,
+                              request_id=delivery.headers.get("Nats-Msg-Id"))
+        if isinstance(outcome, Rejection):
+            await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
+            return
+        review = await self.hand_on(outcome)
+        if review is not None:
+            await publish(self._rt.js, subjects.result(outcome.tenant), review,
+                          msg_id=f"review-result:{outcome.tenant}:{review.request_id}")
+
+    def verify(self, kind: str, body: bytes, *, tenant: str,
+               request_id: str | None) -> Verified | Rejection:
+        """Bound, decode, authenticate and authorize one host message of `kind` (either door:
+        the HTTP API rebuilds the NATS message and verifies it here)."""
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
             outcome = authorize(verify_request(
-                delivery.message, subject_tenant=tenant,
-                header_request_id=delivery.headers.get("Nats-Msg-Id"), keys=self._keys,
+                body, subject_tenant=tenant, header_request_id=request_id, keys=self._keys,
                 audience=self._audience, max_bytes=self._max_bytes, decoder=DECODERS[kind]),
                 kind)
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
@@ -115,10 +130,23 @@ class IngressService:
                 and self._agents is not None and outcome.request.agent not in self._agents):
             outcome = Rejection(code="UNKNOWN_AGENT", request_id=outcome.request.request_id,
                                 message=f"no manifest declares agent {outcome.request.agent!r}")
-        if isinstance(outcome, Rejection):
-            await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
-            return
-        request = outcome.request
+        return outcome
+
+    def check_token(self, token: str, *, tenant: str, request_id: str = ""
+                    ) -> tuple[str, list[str]] | Rejection:
+        """A token alone (the HTTP API's reads): its (principal, roles), or why not."""
+        return verify_token(token, tenant=tenant, keys=self._keys, audience=self._audience,
+                            request_id=request_id)
+
+    async def hand_on(self, outcome: Verified) -> ReviewResult | None:
+        """Pass a verified message on, as both doors do; a review's answer comes back (the
+        planner tells at once whether the run took it), the others' on the results stream.
+
+        Raises:
+            RetryableError: the next service did not take it; nothing was half-done that a
+                retry under the same request id would do twice.
+        """
+        request, tenant = outcome.request, outcome.tenant
         if isinstance(request, SubmitCommand):
             await self._submit(outcome, request)
         elif isinstance(request, HumanDecision):
@@ -138,9 +166,18 @@ class IngressService:
                                answer=request.answer, reason=request.reason),
                 msg_id=f"proposal-answer:{tenant}:{request.request_id}")
         elif isinstance(request, ReviewDecision):
-            await self._review(outcome, request)
+            return await self._review(outcome, request)
+        elif isinstance(request, CancelRun):
+            # One cancellation per run whoever asks again: the planner answers with the run's
+            # result either way.
+            await publish(self._rt.js, run_cancel(tenant),
+                          RunCancelRequested(tenant=tenant, run_id=request.run_id,
+                                             principal=outcome.principal,
+                                             request_id=request.request_id),
+                          msg_id=f"cancel:{tenant}:{request.run_id}")
         else:
             await self._start(outcome, request)
+        return None
 
     async def _reject(self, tenant: str, kind: str, rejection: Rejection, seq: int) -> None:
         if tenant not in self._keys:
@@ -206,8 +243,8 @@ class IngressService:
             msg_id=f"submitted:{outcome.tenant}:{command.request_id}",
         )
 
-    async def _review(self, outcome: Verified, decision: ReviewDecision) -> None:
-        """Hand a verified review answer to the planner and tell the approver what it became.
+    async def _review(self, outcome: Verified, decision: ReviewDecision) -> ReviewResult:
+        """Hand a verified review answer to the planner; what it became, for the approver.
 
         Raises:
             RetryableError: the planner did not answer in time, or failed; the answer is
@@ -235,8 +272,5 @@ class IngressService:
             if verdict is None:
                 raise RetryableError(f"the planner failed to take the review ({code})")
         accepted, message = verdict
-        await publish(self._rt.js, subjects.result(outcome.tenant),
-                      ReviewResult(request_id=decision.request_id,
-                                   pending_id=decision.pending_id, accepted=accepted,
-                                   message=message),
-                      msg_id=f"review-result:{outcome.tenant}:{decision.request_id}")
+        return ReviewResult(request_id=decision.request_id, pending_id=decision.pending_id,
+                            accepted=accepted, message=message)

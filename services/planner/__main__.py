@@ -15,6 +15,7 @@ from actions import ACTIONS
 from libs.db import connect_pool
 from libs.errors import ConfigError
 from libs.journal import DataKeys, JetStreamRecord, Journal, Sealer, SigningKey
+from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from schemas.retrieval import READ_TOOLS
@@ -98,6 +99,8 @@ def main() -> None:
             pool = await stack.enter_async_context(await connect_pool(
                 settings.database_url, password=password, application_name="writ-planner"))
             rt.health.watch_pool("postgres", pool)
+            rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                service="planner", pool=pool, journal=journal, signing=signing).endpoint())
             svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
                                  provider=provider, agents=agents,
                                  max_decisions=settings.max_decisions,

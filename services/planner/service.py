@@ -53,6 +53,7 @@ from libs.journal import Sealer
 from libs.runtime import Endpoint, Runtime
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
+from schemas.control import CANCEL_CODE, RunCancelRequested
 from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecisionAnswered
 from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
@@ -66,10 +67,12 @@ from schemas.planner import (
     ReviewTaken,
     branch_run_id,
 )
+from schemas.reads import RUN_EVENTS, RUN_STATUS
 from schemas.retrieval import EvidenceGathered, ReadRefused
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
+from services.planner.cancel import cancelled_by, in_flight, record_cancel
 from services.planner.capabilities import Capabilities, Waiting, waiting_on
 from services.planner.codes import BUDGET_CODE, REFUSAL_CODES
 from services.planner.critic import Critic
@@ -97,13 +100,14 @@ from services.planner.snapshot import (
     selection_outcome,
     snapshot_of,
 )
+from services.planner.status import RunEventsEndpoint, RunStatusEndpoint
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
 __all__ = ["PlannerService"]
 
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
 Inbound = (EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
-           | DecisionAnswered)
+           | DecisionAnswered | RunCancelRequested)
 log = logging.getLogger("writ.planner")
 _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
 
@@ -143,6 +147,10 @@ class PlannerService:
         if self._store.journal is not None:
             self._rt.endpoints.append(Endpoint("replay", subjects.REPLAY, self._replay,
                                                concurrency=8))
+        self._rt.endpoints.append(Endpoint("run", RUN_STATUS, RunStatusEndpoint(store=self._store),
+                                           concurrency=32))
+        self._rt.endpoints.append(Endpoint("events", RUN_EVENTS,
+                                           RunEventsEndpoint(store=self._store), concurrency=32))
         self._rt.endpoints.append(Endpoint("review", REVIEW,
                                            ReviewEndpoint(answer=self.answer_review),
                                            concurrency=8))
@@ -174,6 +182,11 @@ class PlannerService:
             if isinstance(event, EvidenceGathered):
                 await self._store.create_run(
                     event, manifest=snapshot_of(self._agents.get(event.agent)))
+            elif isinstance(event, RunCancelRequested):
+                async with self._store.acquire() as conn:
+                    await record_cancel(conn, event)  # kept even before the run exists
+                if not await self._store.exists(event.run_id):
+                    return
             elif not await self._store.exists(event.run_id):
                 return  # an outcome for a run this planner never started: nothing to drive
             finished: Finished = []
@@ -220,6 +233,12 @@ class PlannerService:
             # The capability call has its outcome (or its refusal): it is over.
             await self._budget.spent(conn, run, step_key(run.run_id, event.step,
                                                          "capability"), capability_calls=1)
+        if run.status not in TERMINAL_RUN and (by := await cancelled_by(conn, run)):
+            if (run.status == "running" and in_flight(steps)
+                    and not isinstance(event, ProposalRefused)):
+                return []  # an admitted command runs to its outcome, observed before the end
+            return [await self._finish(conn, run, steps, "cancelled", finished,
+                                       error=(CANCEL_CODE, f"cancelled by {by}"))]
         if isinstance(event, DecisionAnswered):
             return await self._answered(conn, run, steps, event, finished)
         if run.status in TERMINAL_RUN:
@@ -266,6 +285,10 @@ class PlannerService:
                     return []
                 steps = await self._store.steps(conn, run_id)
                 seen = len(steps)
+                if by := await cancelled_by(conn, run):  # nothing more is scheduled
+                    effects = [await self._finish(conn, run, steps, "cancelled", finished,
+                                                  error=(CANCEL_CODE, f"cancelled by {by}"))]
+                    break
                 effects = await self._next(conn, run, steps, finished)
             await announce(self._rt.nc, run, steps[seen:])
         return effects
@@ -552,7 +575,8 @@ class PlannerService:
                    for s in steps if s.kind == "observation" and "operation_id" in s.payload]
         error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
                  if run.error_code else None)
-        status = run.status if run.status in ("succeeded", "failed", "awaiting_human") else "failed"
+        status = (run.status if run.status in ("succeeded", "failed", "awaiting_human",
+                                               "cancelled") else "failed")
         if (branch := branch_of(run.manifest)) is not None:
             # A branch answers the run that called it, not the host: that run is woken to
             # observe how the branch ended (read from the store, so a duplicate changes nothing).

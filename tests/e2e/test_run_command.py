@@ -67,3 +67,34 @@ def test_writ_run_uses_the_servers_the_environment_names(tmp_path: Path,
     assert not (tmp_path / "home" / "nats").exists()
     assert not (tmp_path / "home" / "postgres").exists()
     assert (tmp_path / "their-nats" / "jetstream").is_dir()
+
+
+def test_writ_run_serves_the_http_api_on_the_port_asked_for(tmp_path: Path) -> None:
+    import signal
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:  # a port that is free now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WRIT_")}
+    proc = subprocess.Popen([sys.executable, "-m", "writ.cli", "run", "--home", str(tmp_path)],
+                            env={**base, "WRIT_HTTP_PORT": str(port)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "OpenAPI" in line:
+                break
+        output = "".join(lines)
+        assert "Serving." in output, output
+        url = f"http://127.0.0.1:{port}/api/v1"
+        assert f"base URL  {url}\n" in output and f"OpenAPI   {url}/openapi.json" in output
+        document = httpx.get(f"{url}/openapi.json", timeout=10).json()
+        assert document["openapi"] == "3.1.0"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)  # drains and closes the pipe

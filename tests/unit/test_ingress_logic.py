@@ -435,7 +435,8 @@ def test_a_rejection_passes_authorize_unchanged() -> None:
 
 
 def test_every_host_subject_kind_has_a_decoder() -> None:
-    assert set(DECODERS) == {"requests", "commands", "decisions", "approvals", "reviews"}
+    assert set(DECODERS) == {"requests", "commands", "decisions", "approvals", "reviews",
+                             "cancels"}
     assert APPROVER_KINDS < set(DECODERS)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
 from schemas.base import Command, Event, Tenant
+from schemas.control import CancelRun, RunCancelRequested
 from schemas.dispatcher import (
     CommandOutcome,
     FactsRead,
@@ -53,6 +54,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
+from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.journal import JournalCheckpoint
 from schemas.planner import (
@@ -64,6 +66,14 @@ from schemas.planner import (
     ReviewAnswer,
     ReviewTaken,
     StepRecorded,
+)
+from schemas.reads import (
+    GetCommand,
+    GetProposal,
+    GetRun,
+    GetRunEvents,
+    ListProposals,
+    VerifyJournal,
 )
 from schemas.retrieval import (
     Evidence,
@@ -209,6 +219,16 @@ SAMPLES: dict[type, Any] = {
     ReadRefused: ReadRefused(run_id="run-1", tool="crm.customer.get", code="ASK",
                              reason="no grant covers the call", decision_id="dec-2",
                              pending_id="dec-2", line=6),
+    CancelRun: CancelRun(request_id="cancel-1", token="eyJ.x.y", run_id="run-1"),
+    RunCancelRequested: RunCancelRequested(tenant="acme", run_id="run-1",
+                                           principal="alice@acme", request_id="cancel-1"),
+    GetRun: GetRun(tenant="acme", run_id="run-1"),
+    GetCommand: GetCommand(tenant="acme", operation_key="op-1"),
+    ListProposals: ListProposals(tenant="acme", state="pending", limit=10),
+    GetProposal: GetProposal(tenant="acme", proposal_id="prop-1"),
+    GetRunEvents: GetRunEvents(tenant="acme", run_id="run-1", after=3),
+    VerifyJournal: VerifyJournal(tenant="acme"),
+    HostRead: HostRead(token="eyJ.x.y", run_id="run-1"),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(

@@ -1,0 +1,253 @@
+"""`NatsClient`: the host subjects (`writ.in.*.<tenant>`, `writ.out.results.<tenant>`), with
+`Nats-Msg-Id` = the request id, so a re-publish after a lost acknowledgement is a duplicate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final, TypeVar
+
+import anyio
+import msgspec
+
+from schemas import subjects
+from schemas.api import RunAccepted, RunEvents, RunView
+from schemas.control import CancelRun, cancel
+from schemas.governance import PendingDecisions, RunBudget
+from schemas.host import (
+    ApprovalResult,
+    ApproveProposal,
+    CommandResult,
+    DecisionResult,
+    HumanDecision,
+    ReviewDecision,
+    ReviewResult,
+    RunRequest,
+    RunResult,
+    SubmitCommand,
+)
+from schemas.host_reads import HostRead, host_read
+from schemas.planner import ReplayReport, StepRecorded
+from schemas.reads import ProposalDetail, Proposals
+from writ_client._http import new_key
+from writ_client.errors import WritError
+from writ_client.issuer import Issuer
+
+__all__ = ["NatsClient"]
+
+T = TypeVar("T")
+_RESULTS: Final = msgspec.json.Decoder(
+    RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult)
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+class NatsClient:
+    """The host subjects for one principal of one tenant (needs `writ-client[nats]`).
+
+    Reads (a run, its timeline, pending decisions, proposals, replay) are request/reply on
+    `writ.api.<tenant>.<read>`, answered by ingress as the HTTP API's GETs are.
+    """
+
+    def __init__(self, nc: Any, issuer: Issuer, principal: str, *,
+                 roles: Sequence[str] = ()) -> None:
+        self._nc, self._js = nc, nc.jetstream()
+        self._issuer, self._principal, self._roles = issuer, principal, tuple(roles)
+        self._tenant = issuer.tenant
+
+    @classmethod
+    async def connect(cls, url: str, issuer: Issuer, principal: str, **options: Any
+                      ) -> NatsClient:
+        """Connect to NATS and return a client on that connection."""
+        import nats
+
+        return cls(await nats.connect(url, max_reconnect_attempts=-1), issuer, principal,
+                   **options)
+
+    async def aclose(self) -> None:
+        await self._nc.close()
+
+    def _token(self) -> str:
+        return self._issuer.token(self._principal, roles=self._roles)
+
+    async def _send(self, subject: str, message: msgspec.Struct, request_id: str,
+                    kind: type[T], *, key: str | None = None, timeout_s: float = 60.0,
+                    final: Any = None) -> T:
+        """Publish (retrying the same id on an outage) and wait for its first answer."""
+        sub = await self._nc.subscribe(subjects.result(self._tenant))
+        try:
+            delay = 0.2
+            for attempt in range(4):
+                try:
+                    await self._js.publish(subject, _ENCODER.encode(message),
+                                           headers={"Nats-Msg-Id": request_id})
+                    break
+                except Exception as exc:  # a lost ack: the same id again is a duplicate
+                    if attempt == 3:
+                        raise WritError("NETWORK", repr(exc)) from exc
+                    await anyio.sleep(delay)
+                    delay *= 2
+            deadline = time.monotonic() + timeout_s
+            while (remaining := deadline - time.monotonic()) > 0:
+                try:
+                    msg = await sub.next_msg(timeout=remaining)
+                except Exception:
+                    break
+                try:
+                    result = _RESULTS.decode(msg.data)
+                except msgspec.DecodeError:
+                    continue
+                if result.request_id != (key or request_id):
+                    continue
+                if isinstance(result, RunResult | CommandResult) and result.status == "rejected" \
+                        and result.error is not None:
+                    raise WritError(result.error.code, result.error.message)
+                if isinstance(result, kind) and (final is None or final(result)):
+                    return result
+        finally:
+            await sub.unsubscribe()
+        raise WritError("TIMEOUT", f"no answer to {request_id} within {timeout_s}s")
+
+    async def start_run(self, agent: str, input: str, *, attended: bool = False,
+                        grants: Sequence[str] = (), budget: RunBudget | None = None,
+                        request_id: str | None = None) -> RunAccepted:
+        """Publish a `RunRequest`. Its run id comes with its result (`run`)."""
+        request_id = request_id or new_key()
+        message = RunRequest(request_id=request_id, token=self._token(), agent=agent,
+                             input=input, attended=attended, grants=list(grants),
+                             budget=budget)
+        await self._js.publish(subjects.request(self._tenant), _ENCODER.encode(message),
+                               headers={"Nats-Msg-Id": request_id})
+        return RunAccepted(run_id="", request_id=request_id, links={})
+
+    async def run(self, agent: str, input: str, *, timeout_s: float = 60.0,
+                  attended: bool = False, grants: Sequence[str] = (),
+                  budget: RunBudget | None = None, request_id: str | None = None) -> RunResult:
+        """Publish a `RunRequest` and wait for its `RunResult`."""
+        request_id = request_id or new_key()
+        message = RunRequest(request_id=request_id, token=self._token(), agent=agent,
+                             input=input, attended=attended, grants=list(grants),
+                             budget=budget)
+        return await self._send(subjects.request(self._tenant), message, request_id,
+                                RunResult, timeout_s=timeout_s)
+
+    async def cancel(self, run_id: str, *, request_id: str | None = None) -> None:
+        """Publish a `CancelRun`; the run's `RunResult` (`cancelled`, or how it had ended)
+        follows on the results stream under the run's own request id."""
+        request_id = request_id or new_key("cancel")
+        message = CancelRun(request_id=request_id, token=self._token(), run_id=run_id)
+        await self._js.publish(cancel(self._tenant), _ENCODER.encode(message),
+                               headers={"Nats-Msg-Id": request_id})
+
+    async def submit_command(self, agent: str, operation_key: str, action: str,
+                             arguments: dict[str, Any], *,
+                             expected_revision: str | None = None,
+                             request_id: str | None = None,
+                             timeout_s: float = 60.0) -> CommandResult:
+        """Publish a `SubmitCommand`; its first settled `CommandResult`."""
+        request_id = request_id or new_key("cmd")
+        message = SubmitCommand(request_id=request_id, token=self._token(), agent=agent,
+                                operation_key=operation_key, action=action,
+                                arguments=arguments, expected_revision=expected_revision)
+        return await self._send(
+            subjects.command_request(self._tenant), message, request_id, CommandResult,
+            timeout_s=timeout_s,
+            final=lambda r: r.status not in ("pending", "dispatching"))
+
+    async def decide(self, pending_id: str, answer: str = "once", *, reason: str = "",
+                     request_id: str | None = None) -> DecisionResult:
+        """Publish a `HumanDecision`; whether governance took it."""
+        request_id = request_id or new_key("decide")
+        message = HumanDecision(request_id=request_id, token=self._token(),
+                                pending_id=pending_id, answer=answer, reason=reason)
+        return await self._send(subjects.human_decision(self._tenant), message, request_id,
+                                DecisionResult)
+
+    async def _proposal(self, proposal_id: str, answer: str, reason: str,
+                        request_id: str | None) -> ApprovalResult:
+        request_id = request_id or new_key(answer)
+        message = ApproveProposal(request_id=request_id, token=self._token(),
+                                  proposal_id=proposal_id, answer=answer, reason=reason)
+        return await self._send(subjects.approval(self._tenant), message, request_id,
+                                ApprovalResult)
+
+    async def approve(self, proposal_id: str, *, reason: str = "",
+                      request_id: str | None = None) -> ApprovalResult:
+        """Publish an `ApproveProposal` (approve)."""
+        return await self._proposal(proposal_id, "approve", reason, request_id)
+
+    async def reject(self, proposal_id: str, reason: str, *,
+                     request_id: str | None = None) -> ApprovalResult:
+        """Publish an `ApproveProposal` (reject)."""
+        return await self._proposal(proposal_id, "reject", reason, request_id)
+
+    async def review(self, pending_id: str, answer: str = "approve", *, comment: str = "",
+                     request_id: str | None = None) -> ReviewResult:
+        """Publish a `ReviewDecision`; whether the run took it."""
+        request_id = request_id or new_key("review")
+        message = ReviewDecision(request_id=request_id, token=self._token(),
+                                 pending_id=pending_id, answer=answer, comment=comment)
+        return await self._send(subjects.review(self._tenant), message, request_id,
+                                ReviewResult)
+
+    async def _read(self, read: str, reply: type[T], **fields: Any) -> T:
+        """One host read (`writ.api.<tenant>.<read>`), as the HTTP API's GETs answer it."""
+        ask = HostRead(token=self._token(), **fields)
+        try:
+            msg = await self._nc.request(host_read(self._tenant, read), _ENCODER.encode(ask),
+                                         timeout=30.0)
+        except Exception as exc:
+            raise WritError("UNAVAILABLE", repr(exc)) from exc
+        headers = msg.headers or {}
+        if headers.get("Nats-Service-Error-Code"):
+            code, _, detail = headers.get("Nats-Service-Error", "").partition(": ")
+            raise WritError(code or "INTERNAL", detail,
+                            status=int(headers["Nats-Service-Error-Code"]))
+        return msgspec.json.decode(msg.data, type=reply)
+
+    async def get_run(self, run_id: str) -> RunView:
+        """Where a run stands."""
+        return await self._read("run", RunView, run_id=run_id)
+
+    async def command(self, operation_key: str) -> CommandResult:
+        """The recorded state of the command under this key."""
+        return await self._read("command", CommandResult, operation_key=operation_key)
+
+    async def pending(self) -> PendingDecisions:
+        """The tenant's decisions waiting for a person (needs the approver role)."""
+        return await self._read("pending", PendingDecisions)
+
+    async def proposals(self, state: str | None = None) -> Proposals:
+        """The tenant's proposals (in `state`, if given)."""
+        return await self._read("proposals", Proposals, state=state)
+
+    async def proposal(self, proposal_id: str) -> ProposalDetail:
+        """One proposal: its frozen preview, request hash and expiry."""
+        return await self._read("proposal", ProposalDetail, proposal_id=proposal_id)
+
+    async def replay(self, run_id: str) -> ReplayReport:
+        """Replay a run offline from the journal (needs the auditor role)."""
+        return await self._read("replay", ReplayReport, run_id=run_id)
+
+    async def events(self, run_id: str, *, after: int = -1, poll_s: float = 0.25
+                     ) -> AsyncIterator[StepRecorded | RunResult]:
+        """The run's committed steps after `after`, then its `RunResult`: read in turns, so a
+        lost connection resumes right after the last step seen."""
+        final = {"succeeded", "failed", "awaiting_human", "cancelled"}
+        while True:
+            try:
+                batch = await self._read("events", RunEvents, run_id=run_id, after=after)
+            except WritError as exc:
+                if exc.code not in ("UNAVAILABLE", "NOT_FOUND"):
+                    raise
+                await anyio.sleep(poll_s)
+                continue
+            for step in batch.steps:
+                after = step.seq
+                yield step
+            if batch.run.status in final:
+                view = batch.run
+                yield RunResult(request_id=view.request_id, status=view.status,
+                                run_id=view.run_id, error=view.error, answer=view.answer,
+                                actions=view.actions, pending_id=view.pending_id)
+                return
+            await anyio.sleep(poll_s)

@@ -1,0 +1,62 @@
+"""A service's own answer to `VerifyJournal`: its journal verified with its own keys, for the
+auditors' `GET /api/v1/audit/verify` (ingress asks each journaling service; it reads no
+database itself).
+
+The checkpoint key is the service's current signing key. Checkpoints signed by a retired key
+are reported as not verifying here; `writ audit verify`, which reads the verifiers' key file
+with the retired keys, is the full check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import asyncpg
+import msgspec
+from nats.micro.request import Request
+
+from libs.journal import Journal, SigningKey, load_verify_keys, verify
+from libs.runtime import Endpoint
+from schemas.reads import JournalState, VerifyJournal, journal_verify
+
+__all__ = ["JournalVerifyEndpoint"]
+
+log = logging.getLogger("writ.journal")
+
+
+class JournalVerifyEndpoint:
+    """`writ.int.<service>.journal_verify`: 400 undecodable, 500 unreadable journal."""
+
+    def __init__(self, *, service: str, pool: asyncpg.Pool, journal: Journal,
+                 signing: SigningKey) -> None:
+        self._service, self._pool, self._journal = service, pool, journal
+        self._keys = load_verify_keys(json.dumps({service: {signing.key_id:
+                                                            signing.public_pem()}}))
+        self._decoder = msgspec.json.Decoder(VerifyJournal)
+        self._encoder = msgspec.json.Encoder()
+
+    def endpoint(self) -> Endpoint:
+        """The endpoint to serve with the service's micro service."""
+        return Endpoint("journal_verify", journal_verify(self._service), self, concurrency=2)
+
+    async def __call__(self, request: Request) -> None:
+        """Verify the whole chain once and answer its state."""
+        try:
+            ask = self._decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid VerifyJournal: {exc}"[:500])
+            return
+        try:
+            async with self._pool.acquire() as conn:
+                report = await verify(conn, service=self._service, keys=self._keys,
+                                      tenant=ask.tenant, journal=self._journal)
+        except Exception as exc:
+            log.warning("journal verify failed: %r", exc)
+            await request.respond_error("500", "the journal could not be read")
+            return
+        await request.respond(self._encoder.encode(JournalState(
+            service=self._service, ok=report.ok, entries=report.entries,
+            checkpoints=report.checkpoints, unsealed=report.unsealed,
+            tenant_entries=report.tenant_entries,
+            first_problem=str(report.problems[0])[:512] if report.problems else None)))

@@ -1,0 +1,36 @@
+"""Host reads over NATS (request/reply), the same reads as the HTTP API's GETs.
+
+A host sends `HostRead` to `writ.api.<tenant>.<read>` (`run`, `events`, `command`, `pending`,
+`proposals`, `proposal`, `replay`) and gets the same Struct the HTTP route answers, or a
+NATS micro error: `Nats-Service-Error-Code` the HTTP status, `Nats-Service-Error`
+`"<CODE>: <detail>"` with the stable code. The token's tenant must be the subject's.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+
+from schemas.base import Command, Id, Token
+from schemas.reads import ProposalState
+
+__all__ = ["HOST_READS", "HostRead", "host_read"]
+
+HOST_READS: Final = ("run", "events", "command", "pending", "proposals", "proposal", "replay")
+
+
+def host_read(tenant: str, read: str) -> str:
+    """Where a host asks one read."""
+    return f"writ.api.{tenant}.{read}"
+
+
+class HostRead(Command):
+    """One read; only the fields the read names are used."""
+
+    token: Token
+    run_id: Id | None = None
+    operation_key: Id | None = None
+    proposal_id: Id | None = None
+    state: ProposalState | None = None
+    after: Annotated[int, msgspec.Meta(ge=-1)] = -1

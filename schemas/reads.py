@@ -1,0 +1,129 @@
+"""Reads ingress asks of the services that own the state (request/reply on the bus): ingress
+holds no database, so `GET /runs/{id}` is a question to the planner, `GET /commands/{key}` and
+`GET /proposals` questions to admission."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+from schemas.base import Command, Id, ShortText, Tenant
+
+__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "RUN_EVENTS", "RUN_STATUS",
+           "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
+           "JOURNALED", "JournalState", "JournalStates", "ProposalDetail", "ProposalState",
+           "Proposals", "VerifyJournal", "journal_verify"]
+
+# `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
+RUN_STATUS: Final = "writ.int.planner.run"
+
+
+class GetRun(Command):
+    """Where one of the tenant's runs stands."""
+
+    tenant: Tenant
+    run_id: Id
+
+
+# `GetCommand` -> `schemas.host.CommandResult` (the command's recorded state); 404 if none.
+COMMAND_STATUS: Final = "writ.int.admission.command"
+# `ListProposals` -> `Proposals`; `GetProposal` -> `ProposalDetail` (404 if none).
+PROPOSALS_LIST: Final = "writ.int.admission.proposals"
+PROPOSAL_GET: Final = "writ.int.admission.proposal"
+
+ProposalState = Literal["pending", "executing", "completed", "rejected", "expired"]
+
+
+class GetCommand(Command):
+    """What became of the host command under this operation key."""
+
+    tenant: Tenant
+    operation_key: Id
+
+
+class ListProposals(Command):
+    """The tenant's proposals, newest first (those in `state`, if given)."""
+
+    tenant: Tenant
+    state: ProposalState | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+
+
+class GetProposal(Command):
+    """One proposal by its public id."""
+
+    tenant: Tenant
+    proposal_id: Id
+
+
+class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
+    """A proposal as a person sees it: the frozen preview, the canonical request hash, its
+    expiry, the decision that asked, and what it became."""
+
+    proposal_id: Id
+    run_id: ShortText
+    action: ShortText
+    preview: dict[str, Any]
+    request_hash: ShortText
+    state: ProposalState
+    expires_at: ShortText | None = None
+    decision_id: ShortText | None = None
+    reason: ShortText | None = None
+    approved_by: ShortText | None = None
+    operation_id: ShortText | None = None
+    command_state: ShortText | None = None
+    receipt: ShortText | None = None
+
+
+class Proposals(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to `ListProposals`."""
+
+    proposals: Annotated[list[ProposalDetail], msgspec.Meta(max_length=500)]
+
+
+# `GetRunEvents` -> `RunEvents`: a run's committed steps after `after` (its timeline).
+RUN_EVENTS: Final = "writ.int.planner.events"
+
+
+class GetRunEvents(Command):
+    """The run's steps with a sequence above `after` (-1: from the start)."""
+
+    tenant: Tenant
+    run_id: Id
+    after: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
+# The services that keep an audit journal; each answers `VerifyJournal` on its own journal at
+# `journal_verify(service)` (`GET /api/v1/audit/verify` asks them all).
+JOURNALED: Final = ("admission", "dispatcher", "governance", "planner")
+
+
+def journal_verify(service: str) -> str:
+    """Where `service` verifies its own journal (`VerifyJournal` -> `JournalState`)."""
+    return f"writ.int.{service}.journal_verify"
+
+
+class VerifyJournal(Command):
+    """Verify the service's whole chain; count the entries of `tenant`."""
+
+    tenant: Tenant
+
+
+class JournalState(msgspec.Struct, frozen=True, kw_only=True):
+    """One journal's state: its chain, checkpoints and signatures check out, or where not."""
+
+    service: ShortText
+    ok: bool
+    entries: int = 0
+    checkpoints: int = 0
+    unsealed: int = 0
+    tenant_entries: int | None = None
+    first_problem: ShortText | None = None
+
+
+class JournalStates(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /audit/verify`: every journal's state (`ok` only if all are)."""
+
+    ok: bool
+    journals: list[JournalState]

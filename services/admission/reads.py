@@ -1,0 +1,135 @@
+"""Admission's read endpoints for ingress's HTTP door: a host command by its operation key
+(`writ.int.admission.command`), the tenant's proposals (`writ.int.admission.proposals`) and one
+proposal (`writ.int.admission.proposal`). Each is one statement on admission's own tables,
+scoped to the tenant asked for: another tenant's key or id is not told apart from none.
+400 undecodable, 404 none, 500 a failure of admission's own."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import asyncpg
+import msgspec
+from nats.micro.request import Request
+
+from libs.runtime import Endpoint
+from schemas.host import CommandResult, ErrorInfo, ProposalView
+from schemas.reads import (
+    COMMAND_STATUS,
+    PROPOSAL_GET,
+    PROPOSALS_LIST,
+    GetCommand,
+    GetProposal,
+    ListProposals,
+    ProposalDetail,
+    Proposals,
+)
+
+__all__ = ["AdmissionReads"]
+
+log = logging.getLogger("writ.admission")
+_COMMAND: Final = """
+SELECT c.request_id, c.operation_id::text AS operation_id, c.state, c.receipt, c.reason
+FROM admission.commands c WHERE c.tenant = $1 AND c.operation_key = $2"""
+# A host command that waits for a person has a proposal and no command yet.
+_WAITING: Final = """
+SELECT p.request_id, p.public_id, p.action, coalesce(p.preview, '{}'::jsonb) AS preview,
+       p.expires_at, p.state, p.reason
+FROM admission.proposals p WHERE p.tenant = $1 AND p.operation_key = $2
+ORDER BY p.created_at DESC LIMIT 1"""
+_PROPOSALS: Final = """
+SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{}'::jsonb) AS preview,
+       encode(p.request_hash, 'hex') AS request_hash, p.state, p.expires_at,
+       p.decision_id::text AS decision_id, p.reason, p.approved_by,
+       c.operation_id::text AS operation_id, c.state AS command_state, c.receipt
+FROM admission.proposals p
+LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
+WHERE p.tenant = $1 AND p.public_id IS NOT NULL"""
+
+
+def _detail(row: Any) -> ProposalDetail:
+    return ProposalDetail(
+        proposal_id=row["public_id"], run_id=row["run_id"], action=row["action"],
+        preview=json.loads(row["preview"]), request_hash=row["request_hash"],
+        state=row["state"], expires_at=row["expires_at"] and row["expires_at"].isoformat(),
+        decision_id=row["decision_id"], reason=row["reason"], approved_by=row["approved_by"],
+        operation_id=row["operation_id"], command_state=row["command_state"],
+        receipt=row["receipt"])
+
+
+class AdmissionReads:
+    """Answers ingress's reads from admission's tables."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+        self._encoder = msgspec.json.Encoder()
+
+    def endpoints(self) -> list[Endpoint]:
+        """The three read endpoints, to serve with the process's micro service."""
+        return [Endpoint("command", COMMAND_STATUS, self._serve(GetCommand, self.command)),
+                Endpoint("proposals", PROPOSALS_LIST, self._serve(ListProposals, self.list)),
+                Endpoint("proposal", PROPOSAL_GET, self._serve(GetProposal, self.proposal))]
+
+    def _serve(self, kind: type[Any], answer: Callable[[Any], Awaitable[Any]]
+               ) -> Callable[[Request], Awaitable[None]]:
+        decoder = msgspec.json.Decoder(kind)
+
+        async def serve(request: Request) -> None:
+            try:
+                ask = decoder.decode(request.data)
+            except msgspec.DecodeError as exc:
+                await request.respond_error("400", f"invalid {kind.__name__}: {exc}"[:500])
+                return
+            try:
+                reply = await answer(ask)
+            except Exception as exc:
+                log.warning("%s failed: %r", kind.__name__, exc)
+                await request.respond_error("500", f"{kind.__name__} failed")
+                return
+            if reply is None:
+                await request.respond_error("404", "none")
+                return
+            await request.respond(self._encoder.encode(reply))
+        return serve
+
+    async def command(self, ask: GetCommand) -> CommandResult | None:
+        """The recorded state of the host's command under its key."""
+        row = await self._pool.fetchrow(_COMMAND, ask.tenant, ask.operation_key)
+        if row is not None:
+            return CommandResult(
+                request_id=row["request_id"] or "", operation_key=ask.operation_key,
+                status=row["state"], operation_id=row["operation_id"], receipt=row["receipt"])
+        row = await self._pool.fetchrow(_WAITING, ask.tenant, ask.operation_key)
+        if row is None:
+            return None
+        if row["state"] == "pending":
+            return CommandResult(
+                request_id=row["request_id"] or "", operation_key=ask.operation_key,
+                status="awaiting_human", pending_id=row["public_id"],
+                proposal=ProposalView(proposal_id=row["public_id"], action=row["action"],
+                                      preview=json.loads(row["preview"]),
+                                      expires_at=row["expires_at"] and
+                                      row["expires_at"].isoformat() or ""))
+        return CommandResult(request_id=row["request_id"] or "",
+                             operation_key=ask.operation_key, status="rejected",
+                             error=ErrorInfo(code="REJECTED",
+                                             message=(row["reason"] or row["state"])[:512]))
+
+    async def list(self, ask: ListProposals) -> Proposals:
+        """The tenant's proposals, newest first."""
+        query, args = _PROPOSALS, [ask.tenant]
+        if ask.state is not None:
+            query += " AND p.state = $2"
+            args.append(ask.state)
+        rows = await self._pool.fetch(
+            f"{query} ORDER BY p.created_at DESC LIMIT {int(ask.limit)}", *args)
+        return Proposals(proposals=[_detail(r) for r in rows])
+
+    async def proposal(self, ask: GetProposal) -> ProposalDetail | None:
+        """One proposal by its public id."""
+        row = await self._pool.fetchrow(_PROPOSALS + " AND p.public_id = $2", ask.tenant,
+                                        ask.proposal_id)
+        return None if row is None else _detail(row)

@@ -1,0 +1,138 @@
+"""What every route shares: the caller's token, the one verification both doors use, the
+Idempotency-Key, and the bus's request/reply for reads other services answer."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+import msgspec
+from litestar import Request, Response
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from libs.telemetry import inject_context
+from services.ingress.http._idempotency import Idempotency, fingerprint
+from services.ingress.http._problems import ApiError
+from services.ingress.http._results import Results
+from services.ingress.logic import Rejection, Verified, token_tenant
+
+__all__ = ["Api", "Caller", "Door"]
+
+_ENCODER: Final = msgspec.json.Encoder()
+# What each owning service's error status means to the caller.
+_REPLY_CODES: Final = {"400": "INVALID_REQUEST", "404": "NOT_FOUND", "409": "CONFLICT"}
+
+
+class Door(Protocol):
+    """What the HTTP API needs of the ingress service: the NATS door's own steps."""
+
+    def verify(self, kind: str, body: bytes, *, tenant: str,
+               request_id: str | None) -> Verified | Rejection: ...
+
+    def check_token(self, token: str, *, tenant: str, request_id: str = ""
+                    ) -> tuple[str, list[str]] | Rejection: ...
+
+    async def hand_on(self, outcome: Verified) -> Any: ...
+
+
+class Caller(msgspec.Struct, frozen=True, kw_only=True):
+    """Whoever a request's token names."""
+
+    tenant: str
+    principal: str
+    roles: frozenset[str]
+
+
+def _bearer(request: Request[Any, Any, Any]) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError("UNAUTHENTICATED", "an `Authorization: Bearer <token>` header is required")
+    return token.strip()
+
+
+class Api:
+    """The HTTP door's shared steps, over the ingress service's own."""
+
+    def __init__(self, *, door: Door, nc: Client, idempotency: Idempotency,
+                 results: Results, read_timeout_s: float = 10.0) -> None:
+        self.door, self.nc, self.idempotency, self.results = door, nc, idempotency, results
+        self._read_timeout = read_timeout_s
+
+    def caller(self, request: Request[Any, Any, Any], *, role: str | None = None) -> Caller:
+        """Authenticate a read: the token alone decides tenant, principal and roles."""
+        token = _bearer(request)
+        tenant = token_tenant(token)
+        checked = self.door.check_token(token, tenant=tenant)
+        if isinstance(checked, Rejection):
+            raise ApiError(checked.code, checked.message)
+        principal, roles = checked
+        if role is not None and role not in roles:
+            raise ApiError("FORBIDDEN", f"this needs the {role} role")
+        return Caller(tenant=tenant, principal=principal, roles=frozenset(roles))
+
+    async def post(self, request: Request[Any, Any, Any], *, kind: str, body: msgspec.Struct,
+                   build: Callable[[str, str], msgspec.Struct],
+                   answer: Callable[[Verified], Awaitable[tuple[int, msgspec.Struct]]]
+                   ) -> Response[bytes]:
+        """One write: rebuild the NATS message (`build(request_id, token)`), verify it as the
+        NATS door does, then answer once per Idempotency-Key."""
+        token = _bearer(request)
+        key = request.headers.get("idempotency-key")
+        if not key:
+            raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
+        message = build(key, token)
+        outcome = self.door.verify(kind, _ENCODER.encode(message), tenant=token_tenant(token),
+                                   request_id=key)
+        if isinstance(outcome, Rejection):
+            raise ApiError(outcome.code, outcome.message)
+        print_ = fingerprint(f"{request.method} {request.url.path}", body)
+        held = await self.idempotency.claim(outcome.tenant, key, print_)
+        if held is not None:
+            return Response(held.body, status_code=held.status, media_type="application/json",
+                            headers={"Idempotent-Replayed": "true"})
+        status, result = await answer(outcome)
+        encoded = _ENCODER.encode(result)
+        await self.idempotency.remember(outcome.tenant, key, print_, status, encoded)
+        return Response(encoded, status_code=status, media_type="application/json")
+
+    async def write(self, request: Request[Any, Any, Any], *, caller: Caller,
+                    body: msgspec.Struct,
+                    answer: Callable[[], Awaitable[tuple[int, msgspec.Struct]]]
+                    ) -> Response[bytes]:
+        """A write with no NATS host message of its own (an operator's): the caller is
+        authenticated already; the Idempotency-Key gives the first answer again."""
+        key = request.headers.get("idempotency-key")
+        if not key:
+            raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
+        print_ = fingerprint(f"{request.method} {request.url.path}", body)
+        held = await self.idempotency.claim(caller.tenant, key, print_)
+        if held is not None:
+            return Response(held.body, status_code=held.status, media_type="application/json",
+                            headers={"Idempotent-Replayed": "true"})
+        status, result = await answer()
+        encoded = _ENCODER.encode(result)
+        await self.idempotency.remember(caller.tenant, key, print_, status, encoded)
+        return Response(encoded, status_code=status, media_type="application/json")
+
+    async def ask(self, subject: str, question: msgspec.Struct, reply: type[Any],
+                  *, timeout: float | None = None) -> Any:
+        """Request/reply to the service that owns the answer.
+
+        Raises:
+            ApiError: `NOT_FOUND` / `INVALID_REQUEST` as the owner said, `UNAVAILABLE` when
+                nobody answered.
+        """
+        try:
+            msg = await self.nc.request(subject, _ENCODER.encode(question),
+                                        timeout=timeout or self._read_timeout,
+                                        headers=inject_context({}))
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            raise ApiError("UNAVAILABLE", f"no answer on {subject}") from exc
+        code = (msg.headers or {}).get("Nats-Service-Error-Code")
+        if code:
+            raise ApiError(_REPLY_CODES.get(code, "UNAVAILABLE"),
+                           (msg.headers or {}).get("Nats-Service-Error", "")[:300])
+        return msgspec.json.decode(msg.data, type=reply)

@@ -1,0 +1,96 @@
+"""`Idempotency-Key` over HTTP, kept in a JetStream key-value bucket (ingress has no database).
+
+An entry per (tenant, key) holds the request's fingerprint (the route and the canonical JSON of
+its body) and, once there is one, the first answer. The same key and body again returns that
+answer; another body is `CONFLICT`. An entry without an answer (the first try failed, or is in
+flight) lets the retry hand the request on again: everything downstream is keyed by the request
+id, so that changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+import msgspec
+import rfc8785
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from services.ingress.http._problems import ApiError
+
+__all__ = ["BUCKET", "Answer", "Idempotency", "fingerprint"]
+
+BUCKET: Final = "WRIT_IDEMPOTENCY"
+TTL_S: Final = 24 * 3600.0
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """What is kept under one key."""
+
+    fingerprint: str
+    status: int = 0
+    body: bytes = b""
+
+
+def fingerprint(route: str, body: msgspec.Struct) -> str:
+    """The route and the canonical JSON (RFC 8785) of a decoded body: key order and spacing
+    do not make two bodies different."""
+    canonical = rfc8785.dumps(msgspec.to_builtins(body))
+    return hashlib.sha256(route.encode() + b"\x00" + canonical).hexdigest()
+
+
+class Idempotency:
+    """The first answer under each key, for 24 hours."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+        self._decoder = msgspec.json.Decoder(Answer)
+        self._encoder = msgspec.json.Encoder()
+
+    @classmethod
+    async def open(cls, js: JetStreamContext) -> Idempotency:
+        """The bucket, created on first use."""
+        try:
+            kv = await js.key_value(BUCKET)
+        except BucketNotFoundError:
+            kv = await js.create_key_value(KeyValueConfig(
+                bucket=BUCKET, history=1, ttl=TTL_S, max_value_size=256 * 1024,
+                description="HTTP Idempotency-Key: fingerprint and first answer"))
+        return cls(kv)
+
+    @staticmethod
+    def _key(tenant: str, key: str) -> str:
+        return f"{tenant}.{hashlib.sha256(key.encode()).hexdigest()[:40]}"
+
+    async def claim(self, tenant: str, key: str, print_: str) -> Answer | None:
+        """The first answer under the key (None if there is none yet: go on).
+
+        Raises:
+            ApiError: `CONFLICT`, the key was used with another request.
+        """
+        name = self._key(tenant, key)
+        try:
+            await self._kv.create(name, self._encoder.encode(Answer(fingerprint=print_)))
+            return None
+        except KeyWrongLastSequenceError:
+            pass
+        try:
+            entry = await self._kv.get(name)
+        except KeyNotFoundError:
+            return None  # expired in between: a new first use
+        held = self._decoder.decode(entry.value or b"")
+        if held.fingerprint != print_:
+            raise ApiError("CONFLICT", "this Idempotency-Key was used with another request; "
+                                       "the first one is untouched")
+        return held if held.status else None
+
+    async def remember(self, tenant: str, key: str, print_: str, status: int,
+                       body: bytes) -> None:
+        """Keep the first answer under the key."""
+        await self._kv.put(self._key(tenant, key), self._encoder.encode(
+            Answer(fingerprint=print_, status=status, body=body)))
+
+

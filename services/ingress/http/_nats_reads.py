@@ -1,0 +1,106 @@
+"""The HTTP API's reads for hosts on NATS (`schemas.host_reads`): the same token check, the
+same roles and the same questions to the owning services, answered by request/reply."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import msgspec
+from nats.micro.request import Request
+
+from libs.runtime import Endpoint
+from schemas import subjects
+from schemas.api import RunEvents, RunView
+from schemas.governance import ListPending, PendingDecisions
+from schemas.host import CommandResult
+from schemas.host_reads import HOST_READS, HostRead, host_read
+from schemas.planner import ReplayReport, ReplayRun
+from schemas.reads import (
+    COMMAND_STATUS,
+    PROPOSAL_GET,
+    PROPOSALS_LIST,
+    RUN_EVENTS,
+    RUN_STATUS,
+    GetCommand,
+    GetProposal,
+    GetRun,
+    GetRunEvents,
+    ListProposals,
+    ProposalDetail,
+    Proposals,
+)
+from services.ingress.http._api import Api
+from services.ingress.http._problems import STATUS, ApiError
+from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE, Rejection
+
+__all__ = ["nats_read_endpoints"]
+
+log = logging.getLogger("writ.ingress")
+_DECODER: Final = msgspec.json.Decoder(HostRead)
+_ENCODER: Final = msgspec.json.Encoder()
+# The role each read needs, as over HTTP.
+_ROLES: Final = {"pending": APPROVER_ROLE, "proposals": APPROVER_ROLE,
+                 "proposal": APPROVER_ROLE, "replay": AUDITOR_ROLE}
+
+
+def _need(value: str | None, name: str) -> str:
+    if not value:
+        raise ApiError("INVALID_REQUEST", f"this read needs `{name}`")
+    return value
+
+
+async def _answer(api: Api, read: str, tenant: str, ask: HostRead) -> msgspec.Struct:
+    checked = api.door.check_token(ask.token, tenant=tenant)
+    if isinstance(checked, Rejection):
+        raise ApiError(checked.code, checked.message)
+    role = _ROLES.get(read)
+    if role is not None and role not in checked[1]:
+        raise ApiError("FORBIDDEN", f"this needs the {role} role")
+    if read == "run":
+        return await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=_need(
+            ask.run_id, "run_id")), RunView)
+    if read == "events":
+        return await api.ask(RUN_EVENTS, GetRunEvents(
+            tenant=tenant, run_id=_need(ask.run_id, "run_id"), after=ask.after), RunEvents)
+    if read == "command":
+        return await api.ask(COMMAND_STATUS, GetCommand(tenant=tenant, operation_key=_need(
+            ask.operation_key, "operation_key")), CommandResult)
+    if read == "pending":
+        return await api.ask(subjects.PENDING_LIST, ListPending(tenant=tenant),
+                             PendingDecisions)
+    if read == "proposals":
+        return await api.ask(PROPOSALS_LIST, ListProposals(tenant=tenant, state=ask.state),
+                             Proposals)
+    if read == "proposal":
+        return await api.ask(PROPOSAL_GET, GetProposal(tenant=tenant, proposal_id=_need(
+            ask.proposal_id, "proposal_id")), ProposalDetail)
+    return await api.ask(subjects.REPLAY, ReplayRun(tenant=tenant, run_id=_need(
+        ask.run_id, "run_id")), ReplayReport, timeout=30.0)
+
+
+def nats_read_endpoints(api: Api) -> list[Endpoint]:
+    """One micro endpoint per read, on `writ.api.*.<read>`."""
+
+    def serve(read: str) -> Any:
+        async def handle(request: Request) -> None:
+            tenant = request.subject.split(".")[2]
+            try:
+                ask = _DECODER.decode(request.data)
+                answer = await _answer(api, read, tenant, ask)
+            except msgspec.DecodeError as exc:
+                await request.respond_error("400", f"INVALID_REQUEST: {exc}"[:500])
+                return
+            except ApiError as exc:
+                await request.respond_error(str(STATUS.get(exc.code, 400)),
+                                            f"{exc.code}: {exc.detail}"[:500])
+                return
+            except Exception as exc:
+                log.warning("host read %s failed: %r", read, exc)
+                await request.respond_error("500", "INTERNAL: the read failed")
+                return
+            await request.respond(_ENCODER.encode(answer))
+        return handle
+
+    return [Endpoint(f"read_{read}", host_read("*", read), serve(read), concurrency=32)
+            for read in HOST_READS]

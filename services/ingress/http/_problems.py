@@ -1,0 +1,105 @@
+"""RFC 9457 problem documents carrying the host contract's stable codes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Final
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
+from litestar.openapi import ResponseSpec
+from litestar.params import HeaderParameter
+
+from libs.errors import RetryableError
+from schemas.api import Problem
+
+__all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "IdempotencyKey", "problem", "problems"]
+
+log = logging.getLogger("writ.ingress.http")
+PROBLEM_JSON: Final = "application/problem+json"
+# The HTTP status of each stable code (README, "The host contract").
+STATUS: Final = {
+    "INVALID_REQUEST": 400, "UNAUTHENTICATED": 401, "UNKNOWN_TENANT": 401,
+    "BAD_SIGNATURE": 401, "TOKEN_EXPIRED": 401, "INVALID_TOKEN": 401, "WRONG_TENANT": 403,
+    "FORBIDDEN": 403, "NOT_FOUND": 404, "METHOD_NOT_ALLOWED": 405, "CONFLICT": 409,
+    "TOO_LARGE": 413, "UNSUPPORTED_MEDIA_TYPE": 415, "INTERNAL": 500, "UNAVAILABLE": 503,
+    "TIMEOUT": 504,
+}
+_CODE_OF_STATUS: Final = {400: "INVALID_REQUEST", 401: "UNAUTHENTICATED", 403: "FORBIDDEN",
+                          404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 409: "CONFLICT",
+                          413: "TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE", 503: "UNAVAILABLE"}
+_ENCODER: Final = msgspec.json.Encoder()
+IdempotencyKey = Annotated[str, HeaderParameter(
+    name="Idempotency-Key", max_length=128,
+    description="The request id: the same key and body again returns the first answer; "
+                "another body under it is 409 CONFLICT")]
+
+
+def problems(**described: str) -> dict[int, ResponseSpec]:
+    """OpenAPI responses for problem documents, by status (`problems(s404="NOT_FOUND")`)."""
+    # Every route may refuse what does not decode, and answer 503 while a service is away.
+    described = {"s400": "INVALID_REQUEST: undecodable, an unknown field, a bound exceeded",
+                 "s503": "UNAVAILABLE: the service that answers this is away; retry",
+                 **described}
+    return {int(name[1:]): ResponseSpec(Problem, description=text, generate_examples=False,
+                                        media_type=PROBLEM_JSON)
+            for name, text in described.items()}
+
+
+class ApiError(Exception):
+    """A refusal with its stable code; the status follows from the code."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code, self.detail = code, detail[:1000]
+        self.status = STATUS.get(code, 400)
+
+
+def problem(code: str, detail: str, *, instance: str | None = None,
+            headers: dict[str, str] | None = None) -> Response[bytes]:
+    """The problem+json response of a code."""
+    status = STATUS.get(code, 400)
+    body = Problem(type="about:blank", title=code.replace("_", " ").lower(), status=status,
+                   code=code, detail=detail[:1000], instance=instance)
+    return Response(_ENCODER.encode(body), status_code=status, media_type=PROBLEM_JSON,
+                    headers=headers)
+
+
+def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
+    return problem(exc.code, exc.detail, instance=request.url.path)
+
+
+def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    detail = "; ".join(str(e.get("message", e)) if isinstance(e, dict) else str(e)
+                       for e in extra) or exc.detail
+    return problem("INVALID_REQUEST", detail, instance=request.url.path)
+
+
+def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    code = _CODE_OF_STATUS.get(exc.status_code, "INTERNAL" if exc.status_code >= 500
+                               else "INVALID_REQUEST")
+    return problem(code, exc.detail, instance=request.url.path)
+
+
+def _retryable(request: Request[Any, Any, Any], exc: RetryableError) -> Response[bytes]:
+    return problem("UNAVAILABLE", str(exc)[:300], instance=request.url.path,
+                   headers={"Retry-After": str(max(1, round(exc.delay)))})
+
+
+def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("request %s %s failed", request.method, request.url.path, exc_info=exc)
+    return problem("INTERNAL", "the request failed inside Writ", instance=request.url.path)
+
+
+EXCEPTION_HANDLERS: Final = {
+    ApiError: _api_error, ValidationException: _validation, NotFoundException: _http,
+    MethodNotAllowedException: _http, HTTPException: _http, RetryableError: _retryable,
+    Exception: _internal,
+}

@@ -1,0 +1,100 @@
+"""`writ.int.planner.run`: where one run stands (ingress's `GET /runs/{run_id}` asks it).
+
+400 undecodable, 404 no such run of the tenant (another tenant's run is not told apart from
+one that does not exist), 500 a failure of the planner's own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from nats.micro.request import Request
+
+from schemas.api import RunEvents, RunView
+from schemas.host import ActionResult, ErrorInfo
+from schemas.reads import GetRun, GetRunEvents
+from services.planner.progress import step_recorded
+from services.planner.store import PlannerStore
+
+__all__ = ["RunEventsEndpoint", "RunStatusEndpoint", "run_view"]
+
+log = logging.getLogger("writ.planner")
+
+
+def run_view(run: Any, steps: list[Any]) -> RunView:
+    """The host's view of a run row and its steps."""
+    actions = [ActionResult(action=p["action"], operation_id=p["operation_id"],
+                            state=p["state"], receipt=p.get("receipt"), reason=p.get("reason"),
+                            outcome=p.get("outcome"), correlation_id=p.get("correlation_id"))
+               for s in steps if s.kind == "observation"
+               and "operation_id" in (p := s.payload)]
+    error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
+             if run.error_code else None)
+    return RunView(run_id=run.run_id, request_id=run.request_id, status=run.status,
+                   agent=run.agent, answer=run.answer, error=error, actions=actions,
+                   pending_id=run.pending_id if run.status == "awaiting_human" else None)
+
+
+class RunStatusEndpoint:
+    """Answers `GetRun` from the planner's own tables."""
+
+    def __init__(self, *, store: PlannerStore) -> None:
+        self._store = store
+        self._decoder = msgspec.json.Decoder(GetRun)
+        self._encoder = msgspec.json.Encoder()
+
+    async def __call__(self, request: Request) -> None:
+        """Answer one `GetRun`."""
+        try:
+            ask = self._decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid GetRun: {exc}"[:500])
+            return
+        try:
+            async with self._store.acquire() as conn:
+                run = await self._store.run(conn, ask.run_id)
+                steps = ([] if run is None or run.tenant != ask.tenant
+                         else await self._store.steps(conn, ask.run_id))
+        except Exception as exc:
+            log.warning("run status failed: %r", exc)
+            await request.respond_error("500", "run status failed")
+            return
+        if run is None or run.tenant != ask.tenant:
+            await request.respond_error("404", "no such run")
+            return
+        await request.respond(self._encoder.encode(run_view(run, steps)))
+
+
+class RunEventsEndpoint:
+    """`writ.int.planner.events`: answers `GetRunEvents` with the steps after `after` (each
+    as `StepRecorded`, the same summary the planner announces), from its own tables."""
+
+    def __init__(self, *, store: PlannerStore) -> None:
+        self._store = store
+        self._decoder = msgspec.json.Decoder(GetRunEvents)
+        self._encoder = msgspec.json.Encoder()
+
+    async def __call__(self, request: Request) -> None:
+        """Answer one `GetRunEvents`."""
+        try:
+            ask = self._decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid GetRunEvents: {exc}"[:500])
+            return
+        try:
+            async with self._store.acquire() as conn:
+                run = await self._store.run(conn, ask.run_id)
+                steps = ([] if run is None or run.tenant != ask.tenant
+                         else await self._store.steps(conn, ask.run_id))
+        except Exception as exc:
+            log.warning("run events failed: %r", exc)
+            await request.respond_error("500", "run events failed")
+            return
+        if run is None or run.tenant != ask.tenant:
+            await request.respond_error("404", "no such run")
+            return
+        after = [step_recorded(run.tenant, run.run_id, s) for s in steps if s.seq > ask.after]
+        await request.respond(self._encoder.encode(RunEvents(run=run_view(run, steps),
+                                                             steps=after)))

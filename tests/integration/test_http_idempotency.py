@@ -1,0 +1,52 @@
+"""The HTTP door's Idempotency-Key store on a real nats-server's key-value bucket, and the
+results router on its core subscription."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from nats.aio.client import Client
+
+from schemas.api import StartRun
+from schemas.host import RunResult
+from services.ingress.http._idempotency import Idempotency, fingerprint
+from services.ingress.http._problems import ApiError
+from services.ingress.http._results import Results
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_first_answer_is_kept_and_another_body_is_a_conflict(
+        private_nc: Client) -> None:
+    store = await Idempotency.open(private_nc.jetstream())
+    again = await Idempotency.open(private_nc.jetstream())  # the bucket exists: reused
+    body = StartRun(agent="crm-assistant", input="x")
+    first = fingerprint("POST /api/v1/runs", body)
+    assert await store.claim("acme", "key-1", first) is None  # new: go on
+    assert await again.claim("acme", "key-1", first) is None  # no answer yet: go on again
+    await store.remember("acme", "key-1", first, 202, b'{"run_id":"r"}')
+    held = await again.claim("acme", "key-1", first)
+    assert held is not None and (held.status, held.body) == (202, b'{"run_id":"r"}')
+    other = fingerprint("POST /api/v1/runs", msgspec.structs.replace(body, input="y"))
+    with pytest.raises(ApiError) as conflict:
+        await store.claim("acme", "key-1", other)
+    assert (conflict.value.code, conflict.value.status) == ("CONFLICT", 409)
+    # Keys are per tenant: the same key elsewhere is another request.
+    assert await store.claim("globex", "key-1", other) is None
+
+
+async def test_results_reach_who_waits_for_them_by_request_or_run_id(
+        private_nc: Client) -> None:
+    results = Results(private_nc)
+    await results.start()
+    try:
+        async with results.watch("acme", "req-1") as by_request, \
+                results.watch("acme", "run-1") as by_run, \
+                results.watch("globex", "req-1") as elsewhere:
+            result = RunResult(request_id="req-1", status="succeeded", run_id="run-1")
+            await private_nc.publish("writ.out.results.acme", msgspec.json.encode(result))
+            assert await by_request.next(5) == result
+            assert await by_run.next(5) == result
+            assert await elsewhere.next(0.3) is None  # another tenant's subject
+    finally:
+        await results.stop()
