@@ -178,10 +178,8 @@ def test_every_setting_the_chart_gives_a_service_is_one_it_reads(
         rendered: list[dict[str, Any]]) -> None:
     import importlib
 
-    # Settings another branch adds, which the chart already passes (ingress's HTTP API):
-    # harmless to a service that does not read them yet.
     every: set[str] = set()
-    pending = {"ingress": {"WRIT_HTTP_ENABLED", "WRIT_HTTP_HOST", "WRIT_HTTP_PORT"}}
+    pending: dict[str, set[str]] = {}
     for name in SERVICES:
         module = importlib.import_module(f"services.{name}.__main__")
         [settings] = [v for k, v in vars(module).items() if k.endswith("Settings")
