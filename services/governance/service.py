@@ -317,6 +317,7 @@ class GovernanceService:
         except msgspec.DecodeError as exc:
             await request.respond_error("400", f"invalid AnswerDecision: {exc}")
             return
+        self._rt.faults.raise_if("governance.answer")
         with self._rt.tracer.start_as_current_span(
                 "governance answer", context=extract_context(request.headers),
                 kind=SpanKind.SERVER):

@@ -19,6 +19,8 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     max_request_bytes: int = 64 * 1024
     # How long ingress waits for the planner to take a review answer before it retries it.
     review_timeout_s: float = 30.0
+    # The longest lifetime (exp - iat, and exp - now) a host's token may have.
+    max_token_ttl_s: float = 3600.0
 
 
 def main() -> None:
@@ -29,7 +31,8 @@ def main() -> None:
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
                              max_request_bytes=settings.max_request_bytes,
-                             review_timeout_s=settings.review_timeout_s)
+                             review_timeout_s=settings.review_timeout_s,
+                             max_token_ttl_s=settings.max_token_ttl_s)
         await svc.run(task_status=task_status)
 
     run_service("ingress", settings, start, description="Verifies hosts' requests, starts runs")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import time
 import uuid
 from typing import Any, Final
 
@@ -15,6 +17,8 @@ __all__ = [
     "APPROVAL_DECODER",
     "APPROVER_KINDS",
     "APPROVER_ROLE",
+    "LEEWAY_S",
+    "MAX_TOKEN_TTL_S",
     "COMMAND_DECODER",
     "DECISION_DECODER",
     "DECODERS",
@@ -45,6 +49,11 @@ DECODERS: Final = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
                    "decisions": DECISION_DECODER, "approvals": APPROVAL_DECODER,
                    "reviews": REVIEW_DECODER}
 APPROVER_ROLE: Final = "approver"
+# Clock skew tolerated between a host's clock and ingress's, on exp, nbf and iat.
+LEEWAY_S: Final = 5.0
+# The longest a token may live (WRIT_MAX_TOKEN_TTL_S): a stolen token is worth an hour.
+MAX_TOKEN_TTL_S: Final = 3600.0
+_DATES: Final = ("exp", "nbf", "iat")
 # Only approvers answer decisions, approve or reject proposals, and answer reviews.
 APPROVER_KINDS: Final = frozenset({"decisions", "approvals", "reviews"})
 # The planner's `review-<run>-<step>` (`step` bounded like `ReviewAnswer.step`).
@@ -91,12 +100,15 @@ def command_run_id(tenant: str, operation_key: str) -> str:
 
 def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str | None,
                    keys: dict[str, TenantKey], audience: str, max_bytes: int,
-                   leeway_s: float = 5.0,
+                   leeway_s: float = LEEWAY_S, max_ttl_s: float = MAX_TOKEN_TTL_S,
+                   now: float | None = None,
                    decoder: msgspec.json.Decoder[Any] = REQUEST_DECODER) -> Verified | Rejection:
     """Bound, decode and authenticate one host message published on a tenant's subject.
 
     `decoder` decodes the message type of the subject (`RunRequest` by default, or
-    `SubmitCommand`); both carry `request_id` and `token`.
+    `SubmitCommand`); both carry `request_id` and `token`. The token's `exp`, `nbf` and `iat`
+    must be NumericDates (JSON numbers, RFC 7519 §2; a numeric string is refused), and it may
+    live at most `max_ttl_s` (from `iat`, and from now); clocks may differ by `leeway_s`.
     """
     fallback_id = (header_request_id or "")[:128]
     if len(body) > max_bytes:
@@ -131,6 +143,16 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
     except jwt.InvalidTokenError as exc:
         return Rejection(code="INVALID_TOKEN", message=f"invalid token: {exc}"[:500],
                          request_id=request.request_id)
+    wrong = next((c for c in _DATES if c in claims and not _numeric_date(claims[c])), None)
+    if wrong is not None:
+        return Rejection(code="INVALID_TOKEN", request_id=request.request_id,
+                         message=f"the token's {wrong} is not a NumericDate (a JSON number)")
+    clock = time.time() if now is None else now
+    lifetime = max(claims["exp"] - clock, claims["exp"] - claims.get("iat", claims["exp"]))
+    if lifetime > max_ttl_s + leeway_s:
+        return Rejection(code="INVALID_TOKEN", request_id=request.request_id,
+                         message=f"the token lives {lifetime:.0f} s; at most {max_ttl_s:.0f} s "
+                                 "is accepted")
     if claims["tenant"] != subject_tenant:
         return Rejection(code="WRONG_TENANT", request_id=request.request_id,
                          message="the token was issued for another tenant")
@@ -145,6 +167,11 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
     return Verified(request=request, tenant=subject_tenant, principal=principal,
                     run_id=run_id_for(subject_tenant, request.request_id),
                     roles=frozenset(roles))
+
+
+def _numeric_date(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def authorize(outcome: Verified | Rejection, kind: str) -> Verified | Rejection:

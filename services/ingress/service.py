@@ -37,6 +37,7 @@ from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import REVIEW, ProposeCommand, ReviewAnswer, ReviewTaken
 from services.ingress.logic import (
     DECODERS,
+    MAX_TOKEN_TTL_S,
     NO_REVIEW,
     Rejection,
     TenantKey,
@@ -58,8 +59,10 @@ class IngressService:
     """Verifies each `RunRequest` and publishes `RunStarted`, or a rejection to the host."""
 
     def __init__(self, *, rt: Runtime, keys: dict[str, TenantKey], audience: str,
-                 max_request_bytes: int, review_timeout_s: float = 30.0) -> None:
+                 max_request_bytes: int, review_timeout_s: float = 30.0,
+                 max_token_ttl_s: float = MAX_TOKEN_TTL_S) -> None:
         self._rt, self._keys = rt, keys
+        self._max_ttl = max_token_ttl_s
         self._audience, self._max_bytes = audience, max_request_bytes
         # The planner resumes the run before it answers (its next model decision included).
         self._review_timeout = review_timeout_s
@@ -73,6 +76,7 @@ class IngressService:
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""
+        self._rt.faults.raise_if("ingress.handle")
         tenant = delivery.subject.rsplit(".", 1)[-1]
         # requests | commands | decisions | approvals | reviews
         kind = delivery.subject.split(".")[2]
@@ -80,7 +84,8 @@ class IngressService:
             outcome = authorize(verify_request(
                 delivery.message, subject_tenant=tenant,
                 header_request_id=delivery.headers.get("Nats-Msg-Id"), keys=self._keys,
-                audience=self._audience, max_bytes=self._max_bytes, decoder=DECODERS[kind]),
+                audience=self._audience, max_bytes=self._max_bytes, max_ttl_s=self._max_ttl,
+                decoder=DECODERS[kind]),
                 kind)
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
         if isinstance(outcome, Rejection):
