@@ -11,6 +11,7 @@ from typing import Any, Final
 import jwt
 import msgspec
 
+from schemas.base import storable
 from schemas.host import ApproveProposal, HumanDecision, ReviewDecision, RunRequest, SubmitCommand
 
 __all__ = [
@@ -61,6 +62,13 @@ _REVIEW_ID: Final = re.compile(r"review-([A-Za-z0-9][A-Za-z0-9_.:-]*)-(\d{1,4})"
 # One answer for an id that names no waiting review, whatever the reason (malformed, another
 # tenant's run, answered already): the answer must not tell which runs exist.
 NO_REVIEW: Final = "no review is waiting under this id (unknown, or answered already)"
+
+
+class _Tag(msgspec.Struct):
+    type: Any = None
+
+
+_TAG_DECODER: Final = msgspec.json.Decoder(_Tag)
 
 
 class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -116,8 +124,15 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
                          message=f"request is {len(body)} bytes; the limit is {max_bytes}")
     try:
         request = decoder.decode(body)
+        # msgspec checks a tag that is there; the host contract requires it there.
+        tagged = _TAG_DECODER.decode(body).type is not None
     except msgspec.DecodeError as exc:
-        return Rejection(code="INVALID_REQUEST", message=str(exc)[:500], request_id=fallback_id)
+        return Rejection(code="INVALID_REQUEST", message=storable(str(exc)[:500]),
+                         request_id=storable(fallback_id))
+    if not tagged:
+        return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
+                         message=f"Object missing required field `type` "
+                                 f"(\"{type(request).__name__}\" here)")
     if header_request_id is not None and header_request_id != request.request_id:
         return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
                          message="Nats-Msg-Id must equal request_id")

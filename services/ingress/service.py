@@ -120,18 +120,18 @@ class IngressService:
         answer: RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
         if kind == "reviews":
             answer = ReviewResult(request_id=rejection.request_id, pending_id="",
-                                  accepted=False,
+                                  accepted=False, code=rejection.code,
                                   message=f"{rejection.code}: {rejection.message}"[:512])
         elif kind == "approvals":
             answer = ApprovalResult(request_id=rejection.request_id, proposal_id="",
-                                    status="not_approvable",
+                                    status="not_approvable", code=rejection.code,
                                     reason=f"{rejection.code}: {rejection.message}"[:500])
         elif kind == "commands":
             answer = CommandResult(request_id=rejection.request_id, operation_key="",
                                    status="rejected", error=error)
         elif kind == "decisions":
             answer = DecisionResult(request_id=rejection.request_id, pending_id="",
-                                    accepted=False,
+                                    accepted=False, code=rejection.code,
                                     message=f"{rejection.code}: {rejection.message}"[:512])
         else:
             answer = RunResult(request_id=rejection.request_id, status="rejected", error=error)
@@ -204,8 +204,10 @@ class IngressService:
             if verdict is None:
                 raise RetryableError(f"the planner failed to take the review ({code})")
         accepted, message = verdict
+        code = None if accepted else "UNKNOWN_REVIEW" if message == NO_REVIEW else \
+            "INVALID_REQUEST"
         await publish(self._rt.js, subjects.result(outcome.tenant),
-                      ReviewResult(request_id=decision.request_id,
+                      ReviewResult(request_id=decision.request_id, code=code,
                                    pending_id=decision.pending_id, accepted=accepted,
                                    message=message),
                       msg_id=f"review-result:{outcome.tenant}:{decision.request_id}")

@@ -64,6 +64,7 @@ def alive(stack: Stack) -> dict[str, int | None]:
             if name not in ("crm", "payments")}
 
 
+@pytest.mark.timeout(OUTAGE_S + 600)
 async def test_governance_down_two_minutes_under_load_loses_nothing(
         stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
     before = await dead_letters(host)

@@ -73,7 +73,8 @@ def token(claims: dict[str, Any] | None = None, key: bytes = ACME_PRIVATE) -> st
 
 
 def body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"request_id": "req-1", "token": token() if tok is None else tok,
+    document = {"type": "RunRequest", "request_id": "req-1",
+                "token": token() if tok is None else tok,
                 "agent": "assistant", "input": "Summarise ACME-42's last ticket."}
     document.update(fields)
     return json.dumps(document).encode()
@@ -292,7 +293,8 @@ def test_resent_request_names_the_same_run() -> None:
 
 
 def command_body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"request_id": "req-1", "token": token() if tok is None else tok,
+    document = {"type": "SubmitCommand", "request_id": "req-1",
+                "token": token() if tok is None else tok,
                 "agent": "assistant", "operation_key": "invoice-7-note",
                 "action": "crm.note.create",
                 "arguments": {"customer_id": "ACME-42", "body": "Paid."}}
@@ -343,7 +345,7 @@ def test_run_ids_are_valid_ids() -> None:
 
 
 def review_body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"request_id": "req-1",
+    document = {"type": "ReviewDecision", "request_id": "req-1",
                 "token": token(claims_for(roles=["approver"])) if tok is None else tok,
                 "pending_id": "review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-3",
                 "answer": "approve", "comment": "The order number is right."}
@@ -535,3 +537,24 @@ def test_clock_skew_within_the_leeway_is_accepted_beyond_it_refused() -> None:
     ahead = _raw_token(_epoch_claims(iat=now + 3, nbf=now + 3, exp=now + 300))
     assert isinstance(verify(body(ahead)), Verified)
     rejected(verify(body(_raw_token(_epoch_claims(nbf=now + 60)))), "INVALID_TOKEN")
+
+
+# -- the required `type` field (issue 12, defect 12) -----------------------------------------
+
+
+def test_a_message_without_its_type_is_refused() -> None:
+    document = json.loads(body())
+    del document["type"]
+    outcome = rejected(verify(json.dumps(document).encode()), "INVALID_REQUEST")
+    assert "`type`" in outcome.message
+
+
+def test_a_message_of_another_type_on_the_subject_is_refused() -> None:
+    rejected(verify(body(type="SubmitCommand")), "INVALID_REQUEST")
+
+
+@pytest.mark.parametrize("field", ["input", "agent", "request_id"])
+def test_a_nul_in_a_request_field_is_an_invalid_request_naming_it(field: str) -> None:
+    outcome = rejected(verify(body(**{field: "ok\u0000"})), "INVALID_REQUEST")
+    assert field in outcome.message
+    assert "\x00" not in outcome.message  # the refusal itself is storable text
