@@ -27,6 +27,7 @@ from libs.journal import load_verify_keys, verify
 from schemas import subjects
 from schemas.host import RunRequest, RunResult
 from writ.stack import SERVICES, Stack
+from writ.supervisor import Supervisor
 
 __all__ = ["run_demo"]
 
@@ -98,10 +99,9 @@ def _step(body: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-async def _demo(stack: Stack) -> int:
+async def _demo(stack: Stack, started: float) -> int:
     print(f"Writ is up: NATS {stack.nats_url}, simulated CRM {stack.crm_url}")
     nc = await nats.connect(stack.nats_url)
-    started = time.monotonic()
     done = anyio.Event()
     status: list[str] = []
 
@@ -165,17 +165,23 @@ def run_demo(home: Path, *, serve: bool) -> int:
     """Start everything, run the demo, then keep serving until Ctrl-C if `serve`."""
     stack = Stack(home, nats_url=os.environ.get("WRIT_NATS_URL") or None,
                   admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None)
+    supervisor: Supervisor | None = None
     try:
         print("Starting NATS, PostgreSQL, the simulated CRM and payment provider, and "
               "ingress, retrieval, planner, governance, admission, dispatcher…", flush=True)
         stack.start_all()
-        code = anyio.run(_demo, stack)
+        started = time.monotonic()
+        # A service that dies shows in the timeline at once, and comes back with backoff.
+        supervisor = Supervisor(stack, report=lambda what, detail: _line(started, what, detail))
+        supervisor.start()
+        code = anyio.run(_demo, stack, started)
         if serve:
             print("\nPrometheus can scrape:")
             for name in SERVICES:
                 print(f"  {name:<11} http://127.0.0.1:{stack.metrics_port(name)}/metrics")
             print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at {stack.nats_url}; "
-                  f"operators run `writ pending`; logs in {stack.logs}. Ctrl-C stops everything.",
+                  f"operators run `writ pending`; logs in {stack.logs}. A service that dies is "
+                  "reported here and restarted. Ctrl-C stops everything.",
                   flush=True)
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)
@@ -192,4 +198,6 @@ def run_demo(home: Path, *, serve: bool) -> int:
                 print(f"--- {name} ---\n{tail}", file=sys.stderr)
         return 1
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         stack.stop()
