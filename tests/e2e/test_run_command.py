@@ -80,7 +80,7 @@ def _children(parent: int) -> dict[int, str]:
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             if ppid == parent:
                 found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(
-                    b"\0", b" ").decode()
+                    b"\0", b" ").decode().strip()
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -103,10 +103,13 @@ def test_writ_run_reports_a_dead_service_at_once_and_restarts_it(tmp_path: Path)
     reader.start()
 
     def wait_for(text: str, timeout: float) -> str:
+        """The first line with `text`, or the first timeline line of step `text`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for line in list(lines):
-                if text in line:
+                words = line.split()
+                if (len(words) > 1 and words[1] == text) or (
+                        text.endswith(".") and text in line):
                     return line
             assert proc.poll() is None, "".join(lines)
             time.sleep(0.1)
@@ -133,3 +136,6 @@ def test_writ_run_reports_a_dead_service_at_once_and_restarts_it(tmp_path: Path)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        reader.join(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()
