@@ -239,3 +239,19 @@ async def test_a_raising_micro_endpoint_answers_500_and_serves_on(nc: Client,
         assert data == b"pong:again"
     finally:
         await micro.stop()
+
+
+async def test_an_existing_consumer_with_a_redelivery_limit_is_updated_to_none(
+        bed: Bed) -> None:  # noqa: F811
+    """A deployment upgraded in place: its consumers were created with JetStream's own
+    max_deliver (10), which would leave a message undelivered, not dead-lettered."""
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from libs.bus import ensure_consumer
+
+    spec = bed.spec()
+    await bed.js.add_consumer(bed.stream, ConsumerConfig(
+        durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT, max_deliver=10,
+        filter_subjects=list(spec.filter_subjects), ack_wait=spec.ack_wait_s))
+    await ensure_consumer(bed.js, spec)
+    assert (await bed.consumer()).config.max_deliver == -1

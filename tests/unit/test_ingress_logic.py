@@ -558,3 +558,13 @@ def test_a_nul_in_a_request_field_is_an_invalid_request_naming_it(field: str) ->
     outcome = rejected(verify(body(**{field: "ok\u0000"})), "INVALID_REQUEST")
     assert field in outcome.message
     assert "\x00" not in outcome.message  # the refusal itself is storable text
+
+
+def test_the_maximum_token_lifetime_is_read_from_writ_max_token_ttl_s() -> None:
+    from libs.settings import load_settings
+    from services.ingress.__main__ import IngressSettings
+
+    base = {"WRIT_NATS_URL": "nats://x", "WRIT_TENANT_KEYS_FILE": "keys.json"}
+    assert load_settings(IngressSettings, base).max_token_ttl_s == 3600.0
+    assert load_settings(IngressSettings, {**base, "WRIT_MAX_TOKEN_TTL_S": "600"}
+                         ).max_token_ttl_s == 600.0
