@@ -47,9 +47,19 @@ MAX_MESSAGE_BYTES: Final = 64 * 1024
 _UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
 
+_ENCODER: Final = msgspec.json.Encoder()
+
+
 def unstorable_at(value: Any, path: str = "$") -> str | None:
     """The path (`$.arguments.body`) of the first string in `value` (a Struct, dict, list or
     string, walked whole, keys included) that text cannot store, or None."""
+    try:
+        # The common case at C speed: msgspec writes U+0000 as \u0000 and cannot encode a
+        # surrogate at all; only a hit (or a literal backslash-u0000) walks the value.
+        if b"\\u0000" not in _ENCODER.encode(value):
+            return None
+    except (UnicodeEncodeError, TypeError):
+        pass
     stack: list[tuple[Any, str]] = [(value, path)]
     while stack:
         item, where = stack.pop()

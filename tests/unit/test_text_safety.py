@@ -186,3 +186,10 @@ def test_a_provider_receipt_is_kept_storable() -> None:
     result = Result(kind="succeeded", receipt="note\x00\ud8001", detail="x\x00")
     assert result.receipt == "note\ufffd\ufffd1" and result.detail == "x\ufffd"
     assert storable("plain") == "plain"
+
+
+def test_a_literal_backslash_u0000_is_plain_text() -> None:
+    """Six characters a person may well type: storable, and not refused."""
+    assert unstorable_at({"body": "\\u0000 is how JSON writes NUL"}) is None
+    raw = msgspec.json.encode({"decision": "answer_directly", "answer": "\\u0000"})
+    assert msgspec.json.decode(raw, type=ModelDecision).answer == "\\u0000"
