@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import asyncpg
+import msgspec
 import nats.errors
 import pytest
 from nats.aio.client import Client
@@ -255,3 +256,103 @@ async def test_an_existing_consumer_with_a_redelivery_limit_is_updated_to_none(
         filter_subjects=list(spec.filter_subjects), ack_wait=spec.ack_wait_s))
     await ensure_consumer(bed.js, spec)
     assert (await bed.consumer()).config.max_deliver == -1
+
+
+# -- every endpoint of a real service, its store failing in a way nobody anticipated ---------
+
+
+class _BrokenStore:
+    """Every store call fails as Postgres does on text it cannot hold (defect 1)."""
+
+    def __getattr__(self, name: str) -> Any:
+        async def fail(*args: Any, **kwargs: Any) -> Any:
+            raise asyncpg.CharacterNotInRepertoireError("invalid byte sequence")
+        return fail
+
+
+async def test_every_governance_endpoint_with_a_failing_store_answers_and_serves_on(
+        private_nc: Client) -> None:
+    """governance's endpoints as `serve` runs them (tasks of the process's task group), with a
+    store that raises: each request gets an answer (a reply or an error), never a dead
+    process; `answer` (the endpoint a NUL in a reason killed) included."""
+    import msgspec.inspect as mi
+    from prometheus_client import CollectorRegistry
+
+    from libs.runtime import Runtime
+    from libs.telemetry import make_tracer_provider
+    from services.governance.service import GovernanceService
+    from tests.unit.test_text_safety import example
+
+    rt = Runtime(name="governance", nc=private_nc, js=private_nc.jetstream(),
+                 registry=CollectorRegistry(),
+                 tracer_provider=make_tracer_provider("governance"))
+    svc = GovernanceService(rt=rt, store=_BrokenStore())  # type: ignore[arg-type]
+    endpoints = svc.endpoints()
+    kinds = {"decide": "DecideRequest", "decide_batch": "DecideBatch",
+             "register_run": "RegisterRun", "pending": "ListPending",
+             "answer": "AnswerDecision", "reserve": "ReserveBudget", "settle": "SettleBudget"}
+    assert {e.name for e in endpoints} == set(kinds)
+    import schemas.governance as g
+
+    async with anyio.create_task_group() as tg:
+        subs = [await private_nc.subscribe(e.subject, cb=_as_request(_in_tasks(e, tg)))
+                for e in endpoints]
+        try:
+            for _ in range(2):  # and again: still there
+                for endpoint in endpoints:
+                    kind = getattr(g, kinds[endpoint.name])
+                    body = msgspec.json.encode(example(mi.type_info(kind)))
+                    reply = await private_nc.request(endpoint.subject, body, timeout=5)
+                    code = (reply.headers or {}).get("Nats-Service-Error-Code")
+                    assert code in (None, "500"), (endpoint.name, reply.headers)
+            # The one that used to kill the process: an error reply, not silence.
+            answer = next(e for e in endpoints if e.name == "answer")
+            reply = await private_nc.request(answer.subject, msgspec.json.encode(
+                example(mi.type_info(g.AnswerDecision))), timeout=5)
+            assert (reply.headers or {}).get("Nats-Service-Error-Code") == "500"
+        finally:
+            for sub in subs:
+                await sub.unsubscribe()
+            tg.cancel_scope.cancel()
+
+
+async def test_a_batch_handler_raising_or_answering_odd_errors_fails_only_those(
+        bed: Bed) -> None:  # noqa: F811
+    """The batch handler raises an error nobody anticipated: the batch is handled one by
+    one; one of those raises too (a poison message, dead-lettered); a later batch's odd
+    per-delivery error fails that delivery alone. The loop serves on throughout."""
+    singles: list[int] = []
+    batches: list[list[int]] = []
+
+    async def batch_handler(ds: list[Delivery[Note]]) -> list[BaseException | None]:
+        batches.append([d.message.n for d in ds])
+        if len(batches) == 1:
+            raise Odd("the batch itself broke")
+        return [KeyError("odd") if d.message.n == 6 else None for d in ds]
+
+    async def handler(d: Delivery[Note]) -> None:
+        if d.message.n == 3:
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        singles.append(d.message.n)
+
+    for n in range(1, 5):
+        await bed.publish(n)
+    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
+                       spec=bed.spec(max_deliver=1)):
+        letter = await one_dead_letter(bed)
+        assert letter.data == msgspec.json.encode(Note(3))
+        assert sorted(singles) == [1, 2, 4]
+    # A batch of several, one of them failing oddly: only that one comes back.
+    for n in (5, 6, 7):
+        await bed.publish(n)
+    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
+                       spec=bed.spec(max_deliver=1)):
+        await eventually(lambda: len(batches) >= 2)
+        letters = await eventually(lambda: _two(bed))
+    assert [letter.data for letter in letters][-1] == msgspec.json.encode(Note(6))
+    assert batches[1] == [5, 6, 7]
+
+
+async def _two(bed: Bed) -> list[Any] | None:  # noqa: F811
+    letters = await bed.dead_letters()
+    return letters if len(letters) == 2 else None
