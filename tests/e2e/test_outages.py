@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from libs.faults import CRASH_STATUS
+from schemas.host import CommandResult
 from tests.e2e.conftest import Host, notes_for
 from tests.e2e.test_proposals import _payment
 from writ.stack import Stack
@@ -97,6 +98,20 @@ async def test_governance_down_two_minutes_under_load_loses_nothing(
         assert result.status == "succeeded", result
     assert await dead_letters(host) == before
     assert all(status is None for status in alive(stack).values()), alive(stack)
+    # They did wait: past max_deliver, which used to dead-letter them within a minute.
+    assert await waited(stack, "admission") > 0
+    assert await waited(stack, "ingress") > 0
+
+
+async def waited(stack: Stack, service: str) -> float:
+    """How many deliveries `service` nak'ed to wait out an unavailable dependency."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=5) as client:
+        page = await client.get(f"http://127.0.0.1:{stack.metrics_port(service)}/metrics")
+    return sum(sample.value for family in text_string_to_metric_families(page.text)
+               for sample in family.samples
+               if sample.name == f"writ_{service}_messages_waiting_total")
 
 
 async def test_a_raising_endpoint_and_handler_fail_one_delivery_and_serve_on(
@@ -118,6 +133,11 @@ async def test_a_raising_endpoint_and_handler_fail_one_delivery_and_serve_on(
     answered = await host.wait_approval(approval, timeout=60)
     assert answered.status == "claimed", answered
     assert _armed(faults) == "", "the fault points were not taken"
+    # Claimed: the one execution has started; its outcome comes to the host.
+    with anyio.fail_after(60):
+        while not [r for r in await host.results(refund.request_id)
+                   if isinstance(r, CommandResult) and r.status == "succeeded"]:
+            await anyio.sleep(0.2)
     refunded = [r for r in payments.get("/_control/refunds").json()
                 if r["payment_id"] == payment_id]
     assert len(refunded) == 1
