@@ -7,6 +7,7 @@ folder (logs under `<home>/logs`), which is otherwise kept only when something f
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -19,6 +20,7 @@ import anyio
 
 from bench.phases import SCALE, Bench, BenchError
 from bench.report import Report
+from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
 
 
@@ -40,6 +42,8 @@ def _run(stack: Stack, report: Report) -> None:
     anyio.run(stack.provision)
     _phase(report, "versions", bench.versions)
     _phase(report, "prepare", bench.prepare)
+    # On a quiet machine, before the services start: it measures verify alone.
+    _phase(report, "journal_verify", functools.partial(journal_verify, stack, report))
     print("\nStarting the simulated CRM and the six services…", flush=True)
     stack.start_crm()
     stack.start_services()

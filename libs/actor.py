@@ -25,6 +25,10 @@ its delivery; the heartbeat stops the moment the handler ends or is fenced. A ha
 progress must be conditioned on something else (the dispatcher's fenced lease) turns the
 heartbeat off and calls `Delivery.progress()` itself.
 
+Readiness: given the process's `Health`, the loop fetches only while NATS and PostgreSQL pass
+their checks (a handler failing makes it check at once), beats for `/livez` each time round,
+and reports its consumer bound for `/readyz`.
+
 Batches: given a `batch_handler`, the loop hands each fetched batch (up to `batch_size`
 decoded deliveries) to it in one call, so a service can commit the whole batch in one
 transaction. It answers one result per delivery, in order: None (done: acked after it
@@ -53,6 +57,7 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from libs.bus import ConsumerSpec, ensure_consumer
 from libs.errors import Fenced, PermanentError, RetryableError, single_error, waits_out
+from libs.health import Health
 from libs.telemetry import ActorMetrics, extract_context, inject_context
 from schemas.subjects import dead_letter
 
@@ -120,6 +125,7 @@ async def run_actor(
     lag_every_s: float = 5.0,
     batch_handler: BatchHandler | None = None,
     batch_size: int = 64,
+    health: Health | None = None,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
@@ -129,6 +135,9 @@ async def run_actor(
     """
     await ensure_consumer(js, spec)
     sub = await js.pull_subscribe_bind(spec.durable, spec.stream)
+    if health is not None:
+        handler, batch_handler = _suspecting(health, handler, batch_handler)
+        health.consumer_bound(spec.stream, spec.durable)
     tracer = tracer or trace.get_tracer("writ.actor")
     slots = anyio.Semaphore(concurrency)
     stopping = stopping or anyio.Event()
@@ -165,7 +174,12 @@ async def run_actor(
             watching = anyio.CancelScope()
             tg.start_soon(_watch_lag, js, spec, metrics, lag_every_s, watching)
             while not stopping.is_set():
-                await slots.acquire()
+                if health is not None:
+                    # Not ready: fetch nothing, so an outage burns no deliveries.
+                    await health.wait_dependencies(spec.durable, stopping)
+                    await _acquire_beating(slots, health, spec.durable)
+                else:
+                    await slots.acquire()
                 if stopping.is_set():  # set while every slot was busy: fetch nothing more
                     slots.release()
                     break
@@ -191,8 +205,47 @@ async def run_actor(
                     tg.start_soon(process, msg)
             watching.cancel()
     finally:
+        if health is not None:
+            health.loop_ended(spec.durable)
         with anyio.CancelScope(shield=True):
             await sub.unsubscribe()
+
+
+async def _acquire_beating(slots: anyio.Semaphore, health: Health, durable: str) -> None:
+    """Take a slot; every second spent waiting for one is still the loop alive."""
+    while True:
+        health.beat(durable)
+        with anyio.move_on_after(1.0):
+            await slots.acquire()
+            return
+
+
+def _suspecting(health: Health, handler: Handler, batch_handler: BatchHandler | None
+                ) -> tuple[Handler, BatchHandler | None]:
+    """The handlers, telling `health` to check the dependencies when one fails."""
+
+    async def one(delivery: Delivery[Any]) -> None:
+        try:
+            await handler(delivery)
+        except Exception:
+            health.suspect()
+            raise
+
+    if batch_handler is None:
+        return one, None
+    inner = batch_handler
+
+    async def batch(deliveries: list[Delivery[Any]]) -> Sequence[BaseException | None]:
+        try:
+            results = await inner(deliveries)
+        except Exception:
+            health.suspect()
+            raise
+        if any(result is not None for result in results):
+            health.suspect()
+        return results
+
+    return one, batch
 
 
 async def _watch_lag(js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMetrics,

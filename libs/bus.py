@@ -20,6 +20,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
+from libs.natsauth import inbox_prefix
 from libs.telemetry import inject_context
 from schemas.subjects import STREAMS, StreamSpec
 
@@ -59,11 +60,19 @@ class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
     outage_limit_s: float = OUTAGE_LIMIT_S
 
 
-async def connect(url: str, *, name: str) -> Client:
-    """Connect to NATS, reconnecting forever: a service outlives a NATS restart."""
+async def connect(url: str, *, name: str, user: str = "", password: str = "") -> Client:
+    """Connect to NATS, reconnecting forever: a service outlives a NATS restart.
+
+    As `user` (libs/natsauth.py), its replies arrive under its own inbox prefix, the only
+    inboxes its permissions let it read.
+    """
+    credentials: dict[str, str] = {}
+    if user:
+        credentials = {"user": user, "password": password,
+                       "inbox_prefix": inbox_prefix(user)}
     return await nats.connect(
         url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-        connect_timeout=5, allow_reconnect=True,
+        connect_timeout=5, allow_reconnect=True, **credentials,
     )
 
 
@@ -77,6 +86,8 @@ async def ensure_streams(js: JetStreamContext, specs: Sequence[StreamSpec] = STR
             duplicate_window=duplicate_window_s or spec.duplicate_window_s,
             num_replicas=replicas,
         )
+        if spec.append_only:
+            config.deny_delete, config.deny_purge, config.allow_rollup_hdrs = True, True, False
         try:
             await js.add_stream(config)
         except BadRequestError as exc:

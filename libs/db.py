@@ -20,6 +20,8 @@ __all__ = [
     "connect_pool",
     "load_migrations",
     "provision",
+    "schema_versions",
+    "provision_auditor",
     "role_name",
     "with_database",
 ]
@@ -105,12 +107,17 @@ async def connect_pool(dsn: str, *, password: str | None = None, min_size: int =
 
 async def provision(admin_dsn: str, database: str,
                     migrations: Mapping[str, Sequence[Migration]],
-                    passwords: Mapping[str, str] | None = None) -> dict[str, str]:
+                    passwords: Mapping[str, str] | None = None, *,
+                    create_roles: bool = True) -> dict[str, str]:
     """Create the database, one role per service, and apply pending migrations in order.
 
     `migrations` maps each service to its migrations; services are migrated in the mapping's
     order, so a migration may grant on tables of a service migrated before it. Returns each
     service role's password (the given one, or a new one): store them as secret files.
+
+    With `create_roles=False` the roles are someone else's to create (CloudNativePG's managed
+    roles): they must exist, their passwords are left alone, and `admin_dsn` needs no
+    CREATEROLE, only to own the database (the migrations run as that owner).
     """
     admin = await asyncpg.connect(admin_dsn)
     try:
@@ -125,6 +132,11 @@ async def provision(admin_dsn: str, database: str,
             password = (passwords or {}).get(service) or secrets.token_urlsafe(24)
             result[service] = password
             has_role = await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
+            if not create_roles:
+                if not has_role:
+                    raise ValueError(f"role {role} does not exist (roles are managed elsewhere)")
+                await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
+                continue
             verb = "ALTER" if has_role else "CREATE"
             # Passwords cannot be bound parameters in DDL; token_urlsafe has no quote characters.
             await admin.execute(
@@ -143,6 +155,11 @@ async def provision(admin_dsn: str, database: str,
             " service text NOT NULL, version int NOT NULL, name text NOT NULL,"
             " applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (service, version))"
         )
+        # Each service's init container (`writ migrate --check`) reads the versions as itself.
+        roles = ", ".join(f'"{role_name(database, service)}"' for service in migrations)
+        if roles:
+            await conn.execute(f"GRANT USAGE ON SCHEMA public TO {roles}")
+            await conn.execute(f"GRANT SELECT ON public.writ_migrations TO {roles}")
         for service, items in migrations.items():
             applied = {r["version"] for r in await conn.fetch(
                 "SELECT version FROM public.writ_migrations WHERE service = $1", service)}
@@ -159,6 +176,49 @@ async def provision(admin_dsn: str, database: str,
     finally:
         await conn.close()
     return result
+
+
+async def schema_versions(conn: asyncpg.Connection) -> dict[str, int]:
+    """The highest migration applied of each service (none: no schema yet)."""
+    exists = await conn.fetchval("SELECT to_regclass('public.writ_migrations') IS NOT NULL")
+    if not exists:
+        return {}
+    rows = await conn.fetch("SELECT service, max(version) AS version "
+                            "FROM public.writ_migrations GROUP BY service")
+    return {r["service"]: int(r["version"]) for r in rows}
+
+
+async def provision_auditor(admin_dsn: str, database: str,
+                            tables: Mapping[str, Sequence[str]],
+                            password: str | None = None) -> str:
+    """A login role, `<database>_auditor`, that may read `tables` ({schema: [table]}) and do
+    nothing else: no write, no other table, every transaction read-only. Its password (the given
+    one, or a new one).
+
+    An auditor checks the journal; the journal's threat is whoever can write to the database,
+    so the auditor must not be handed a DSN that can.
+    """
+    role = role_name(database, "auditor")
+    password = password or secrets.token_urlsafe(24)
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        verb = "ALTER" if await admin.fetchval(
+            "SELECT 1 FROM pg_roles WHERE rolname = $1", role) else "CREATE"
+        await admin.execute(f"{verb} ROLE \"{role}\" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                            f"NOINHERIT NOREPLICATION PASSWORD '{_literal(password)}'")
+        await admin.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
+        await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
+    finally:
+        await admin.close()
+    conn = await asyncpg.connect(with_database(admin_dsn, database))
+    try:
+        for schema, names in tables.items():
+            await conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+            for table in names:
+                await conn.execute(f'GRANT SELECT ON "{schema}"."{table}" TO "{role}"')
+    finally:
+        await conn.close()
+    return password
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

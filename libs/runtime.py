@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry
 
 from libs.bus import connect, ensure_streams
 from libs.faults import Faults
-from libs.settings import BaseSettings
+from libs.health import Health
+from libs.settings import BaseSettings, read_secret
 from libs.telemetry import (
     ActorMetrics,
     JsonLinesSpanExporter,
@@ -85,8 +86,14 @@ class Runtime:
 
     def __init__(self, *, name: str, nc: Client, js: JetStreamContext,
                  registry: CollectorRegistry, tracer_provider: TracerProvider,
-                 faults: Faults | None = None) -> None:
+                 faults: Faults | None = None, health: Health | None = None,
+                 stream_replicas: int = 1) -> None:
         self.name = name
+        # Replicas of any stream a service declares itself (WRIT_STREAM_REPLICAS).
+        self.stream_replicas = stream_replicas
+        # `/livez` and `/readyz`: actors given it fetch only while NATS and PostgreSQL answer;
+        # `main` registers its pools with `health.watch_pool`.
+        self.health = health or Health(nc=nc, js=js)
         self.faults = faults or Faults()
         self.nc, self.js = nc, js
         self.registry = registry
@@ -107,20 +114,27 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
     exporter = (JsonLinesSpanExporter(f"{settings.otel_spans_file}.{settings.instance or name}")
                 if settings.otel_spans_file else None)
     provider = make_tracer_provider(name, exporter=exporter)
+    password = read_secret(settings.nats_password_file) if settings.nats_password_file else ""
+    nc = await connect(settings.nats_url, name=f"writ-{name}", user=settings.nats_user,
+                       password=password)
+    js = nc.jetstream()
+    health = Health(nc=nc, js=js, every_s=settings.health_every_s,
+                    timeout_s=settings.health_timeout_s, stale_s=settings.live_stale_s)
     metrics = MetricsServer(registry=registry, host=settings.metrics_host,
-                            port=settings.metrics_port)
-    nc = await connect(settings.nats_url, name=f"writ-{name}")
+                            port=settings.metrics_port, health=health)
     micro: Any = None
     try:
-        js = nc.jetstream()
-        await ensure_streams(js, duplicate_window_s=settings.duplicate_window_s)
+        await ensure_streams(js, replicas=settings.stream_replicas,
+                             duplicate_window_s=settings.duplicate_window_s)
         metrics.start()
         if metrics_port_file:
             _write_atomically(metrics_port_file, str(metrics.port))
         rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider,
-                     faults=Faults(settings.faults_file or None))
+                     faults=Faults(settings.faults_file or None), health=health,
+                     stream_replicas=settings.stream_replicas)
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
+            await tg.start(health.run)
             tg.start_soon(_watch_signals, rt)
             await tg.start(_run_main, main, rt, done)
             micro = await add_service(
@@ -177,6 +191,7 @@ async def _watch_signals(rt: Runtime) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
             log.info("writ-%s stopping: draining", rt.name)
+            rt.health.stopping()
             rt.stopping.set()
             return
 

@@ -24,6 +24,10 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """What every service process needs: the bus, its metrics port, and how long to drain."""
 
     nats_url: str
+    # The NATS user this process connects as and the file holding its password (libs/natsauth.py);
+    # empty: a server without authentication.
+    nats_user: str = ""
+    nats_password_file: str = ""
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     metrics_port_file: str = ""
@@ -32,7 +36,18 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # JetStream's Nats-Msg-Id dedupe horizon for streams this process declares (0: the defaults
     # of schemas/subjects.py). The fault suite shortens it to outlive it.
     duplicate_window_s: float = 0.0
+    # Replicas of the streams this process declares: 3 in production (a three-node JetStream
+    # cluster across zones), 1 for the embedded single server.
+    stream_replicas: int = 1
     drain_timeout_s: float = 10.0
+    # Streams this process declares get this many replicas: 3 on a production JetStream
+    # cluster (DESIGN.md section 5), 1 on a single server.
+    stream_replicas: int = 1
+    # `/readyz`: how often NATS, the consumers and PostgreSQL are checked, and for how long;
+    # `/livez` fails once the event loop or a fetch loop has not gone round for `live_stale_s`.
+    health_every_s: float = 2.0
+    health_timeout_s: float = 2.0
+    live_stale_s: float = 30.0
     instance: str = ""
 
 

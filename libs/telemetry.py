@@ -17,7 +17,9 @@ import logging
 import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from socketserver import ThreadingMixIn
 from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anyio
 from opentelemetry import context as otel_context
@@ -33,7 +35,9 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+from libs.health import Health
 
 __all__ = [
     "ActorMetrics",
@@ -160,11 +164,24 @@ class ActorMetrics:
                                  ["consumer"], registry=registry)
 
 
-class MetricsServer:
-    """`/metrics` over HTTP for one registry, on a daemon thread (prometheus-client's server)."""
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
 
-    def __init__(self, *, registry: CollectorRegistry, host: str, port: int) -> None:
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would flood the log."""
+
+
+class MetricsServer:
+    """`/metrics` over HTTP for one registry, on a daemon thread, and with a `health` (a
+    `libs.health.Health`) its probes: `/livez` and `/readyz`, 200 or 503 with the checks that
+    failed as JSON."""
+
+    def __init__(self, *, registry: CollectorRegistry, host: str, port: int,
+                 health: Health | None = None) -> None:
         self._registry, self._host, self._port = registry, host, port
+        self._health = health
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -175,8 +192,25 @@ class MetricsServer:
 
     def start(self) -> None:
         """Start serving."""
-        self._server, self._thread = start_http_server(self._port, self._host,
-                                                       registry=self._registry)
+        metrics = make_wsgi_app(self._registry)
+        health = self._health
+
+        def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if health is None or path not in ("/livez", "/readyz"):
+                return list(metrics(environ, start_response))
+            ok, checks = health.live() if path == "/livez" else health.ready()
+            body = json.dumps({"ok": ok, "checks": checks}).encode()
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+            return [body]
+
+        self._server = make_server(self._host, self._port, app, _ThreadingServer,
+                                   handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        name="writ-metrics")
+        self._thread.start()
 
     def stop(self) -> None:
         """Stop serving and release the port."""

@@ -7,6 +7,7 @@ the tenant as the last token so permissions and limits can follow tenants.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import msgspec
@@ -22,7 +23,9 @@ __all__ = [
     "PENDING_LIST",
     "REGISTER_RUN",
     "HOST_API_VERSION",
+    "HOST_KINDS",
     "INGRESS_IN",
+    "JOURNAL_RECORD_STREAM",
     "PLANNER_IN",
     "READ",
     "RECONCILE",
@@ -31,6 +34,11 @@ __all__ = [
     "SETTLE",
     "RETRIEVAL_IN",
     "STREAMS",
+    "TENANT_PATTERN",
+    "in_stream",
+    "out_stream",
+    "tenant_streams",
+    "valid_tenant",
     "UNKNOWN_LIST",
     "StreamSpec",
     "admitted",
@@ -42,7 +50,9 @@ __all__ = [
     "command_request",
     "dead_letter",
     "evidence",
+    "host_subjects",
     "human_decision",
+    "journal_checkpoints",
     "outcome",
     "planner_progress",
     "proposal",
@@ -154,6 +164,12 @@ def dead_letter(consumer: str) -> str:
     return f"writ.dlq.{consumer}"
 
 
+def journal_checkpoints(service: str) -> str:
+    """`JournalCheckpoint`s of one service's audit journal: its sealer publishes them, in the
+    append-only `WRIT_AUDIT` stream; `writ audit verify` reads them."""
+    return f"writ.audit.checkpoints.{service}"
+
+
 DECIDE: Final = "writ.int.governance.decide"
 # `DecideBatch` -> `Decisions`: the same decisions, several per request/reply.
 DECIDE_BATCH: Final = "writ.int.governance.decide_batch"
@@ -177,8 +193,9 @@ READ: Final = "writ.int.retrieval.read"
 REPLAY: Final = "writ.int.planner.replay"
 
 # Inbox filters of each durable consumer.
-INGRESS_IN: Final = ("writ.in.requests.*", "writ.in.commands.*", "writ.in.decisions.*",
-                      "writ.in.approvals.*", "writ.in.reviews.*")
+# What a host may send: `writ.in.<kind>.<tenant>`, one stream per tenant (`tenant_streams`).
+HOST_KINDS: Final = ("requests", "commands", "decisions", "approvals", "reviews")
+INGRESS_IN: Final = tuple(f"writ.in.{kind}.*" for kind in HOST_KINDS)
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
 RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
@@ -189,22 +206,71 @@ DISPATCH_IN: Final = ("writ.cmd.*",)
 
 
 class StreamSpec(msgspec.Struct, frozen=True):
-    """A JetStream stream Writ declares at start-up."""
+    """A JetStream stream Writ declares at start-up.
+
+    `append_only`: the stream refuses deleting a message, purging and rollups (deny_delete,
+    deny_purge, no rollup headers), and the server refuses any update that lifts either denial.
+    """
 
     name: str
     subjects: tuple[str, ...]
     max_age_s: float
     duplicate_window_s: float = 120.0
+    append_only: bool = False
 
 
 _DAY: Final = 86400.0
+JOURNAL_RECORD_STREAM: Final = "WRIT_AUDIT"
+# Streams every service declares at start. A tenant's own streams (`tenant_streams`) are
+# declared by ingress for the tenants it holds keys of.
 STREAMS: Final = (
-    StreamSpec("WRIT_IN", ("writ.in.>",), 7 * _DAY, duplicate_window_s=3600.0),
-    StreamSpec("WRIT_OUT", ("writ.out.>",), 7 * _DAY),
     StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
                             "writ.int.outcomes.>", "writ.int.answers.>",
                             "writ.int.answered.>", "writ.int.refused.>", "writ.int.approvals.>"),
                7 * _DAY),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
+    # The audit journals' checkpoints, kept as long as the journals (forever: no max age).
+    StreamSpec(JOURNAL_RECORD_STREAM, ("writ.audit.checkpoints.>",), 0.0, append_only=True),
 )
+
+
+# A tenant is one subject token and part of stream names: letters, digits, `_` and `-`.
+TENANT_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
+_TENANT = re.compile(TENANT_PATTERN)
+
+
+def valid_tenant(tenant: str) -> bool:
+    """Whether `tenant` can name subjects and streams (one token, no wildcard, no dot)."""
+    return _TENANT.match(tenant) is not None
+
+
+def host_subjects(tenant: str) -> tuple[str, ...]:
+    """Every subject a tenant's host may publish on."""
+    return tuple(f"writ.in.{kind}.{tenant}" for kind in HOST_KINDS)
+
+
+def in_stream(tenant: str) -> str:
+    """The stream of one tenant's host messages (`writ.in.<kind>.<tenant>`)."""
+    return f"WRIT_IN_{tenant}"
+
+
+def out_stream(tenant: str) -> str:
+    """The stream of one tenant's results (`writ.out.results.<tenant>`)."""
+    return f"WRIT_OUT_{tenant}"
+
+
+def tenant_streams(tenant: str) -> tuple[StreamSpec, StreamSpec]:
+    """One tenant's inbound and result streams.
+
+    A stream per tenant, because JetStream's `Nats-Msg-Id` dedupe is per stream: in one shared
+    stream tenant B's request with the id tenant A used would be dropped as A's duplicate.
+    Only `writ.in.<kind>.<tenant>` of a known kind is stored (nothing that nobody consumes),
+    and a tenant Writ does not hold has no stream: a publish there is refused, nothing stored.
+    NATS permissions (libs/natsauth.py) give a tenant's host exactly these two streams.
+    """
+    if not valid_tenant(tenant):
+        raise ValueError(f"invalid tenant name {tenant!r}")
+    return (StreamSpec(in_stream(tenant), host_subjects(tenant), 7 * _DAY,
+                       duplicate_window_s=3600.0),
+            StreamSpec(out_stream(tenant), (result(tenant),), 7 * _DAY))

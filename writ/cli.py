@@ -2,6 +2,7 @@
 
     writ run                  start everything locally and run the demo (what `make run` does)
     writ service <name>       run one service process (what a Kubernetes Deployment runs)
+    writ migrate              provision the service roles and apply migrations (--check [--wait])
     writ schemas --write      regenerate the committed JSON Schemas of the bus messages
     writ token ...            mint a host token with a tenant's demo key
     writ reconcile list       commands whose outcome nobody knows (`unknown`)
@@ -13,6 +14,7 @@
     writ review <id> <answer> answer a review a run asked for: approve | reject
     writ policy sign          sign an organisation policy file
     writ audit verify         check every service's audit journal: chain, checkpoints, signatures
+    writ audit export         append the checkpoints recorded outside the database to a file
     writ audit replay RUN     walk a run's captured model responses and tool outputs offline
 """
 
@@ -24,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from writ.stack import SERVICES
+from writ.stack import JOURNALS, SERVICES
 
 __all__ = ["main"]
 
@@ -146,6 +148,34 @@ def _policy_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _ignore(_exc: Exception) -> None:
+    """nats-py logs every failed connect itself; the caller says what failed."""
+
+
+# Connect once, fail fast (nats-py's 0 attempts means "retry forever").
+_ONCE: dict[str, Any] = {"allow_reconnect": False, "max_reconnect_attempts": 1,
+                         "connect_timeout": 5, "error_cb": _ignore}
+
+
+def _audit_dsn(args: argparse.Namespace) -> str:
+    import os
+
+    dsn_file = Path(args.home) / "secrets" / "audit.dsn"  # written by `writ run`
+    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
+        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    if not dsn:
+        raise SystemExit("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`")
+    return dsn
+
+
+def _audit_nats_url(args: argparse.Namespace) -> str:
+    import os
+
+    url_file = Path(args.home) / "nats.url"  # written by `writ run`
+    return args.nats_url or os.environ.get("WRIT_NATS_URL") or (
+        url_file.read_text().strip() if url_file.exists() else "")
+
+
 def _audit(args: argparse.Namespace) -> int:
     import functools
     import os
@@ -155,11 +185,7 @@ def _audit(args: argparse.Namespace) -> int:
     from libs.journal import DataKeys, load_verify_keys
 
     home = Path(args.home)
-    dsn_file = home / "secrets" / "audit.dsn"  # written by `writ run`
-    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
-        dsn_file.read_text().strip() if dsn_file.exists() else "")
-    if not dsn:
-        raise SystemExit("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`")
+    dsn = _audit_dsn(args)
     keys_file = Path(args.keys or os.environ.get("WRIT_JOURNAL_VERIFY_KEYS_FILE")
                      or home / "config" / "journal-keys.json")
     keys = load_verify_keys(keys_file.read_text())
@@ -169,17 +195,34 @@ def _audit(args: argparse.Namespace) -> int:
             raise SystemExit("--data-keys authenticates one service's payloads: name it with "
                              "--service")
         data_keys = DataKeys.from_json(Path(args.data_keys).read_text())
-    return anyio.run(functools.partial(_audit_verify, args, dsn, keys, data_keys))
+    nats_url = "" if args.no_record or args.record_file else _audit_nats_url(args)
+    if not (nats_url or args.record_file or args.no_record):
+        raise SystemExit("no record of the checkpoints to hold the database against: pass "
+                         "--nats-url (or set WRIT_NATS_URL), --record-file, or --no-record "
+                         "(then a cut tail or a re-hashed chain is not detected)")
+    return anyio.run(functools.partial(_audit_verify, args, dsn, keys, data_keys, nats_url))
 
 
-async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys: Any) -> int:
+async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys: Any,
+                        nats_url: str) -> int:
     """Verify each service's journal; 0 if all check out, 1 naming the first bad entry."""
     from datetime import timedelta
 
     import asyncpg
+    import nats
+    import nats.errors
 
-    from libs.journal import Journal, verify
+    from libs.journal import FileRecord, JetStreamRecord, Journal, RecordError, verify
 
+    try:
+        nc = await nats.connect(nats_url, **_ONCE) \
+            if nats_url else None
+    except (OSError, nats.errors.Error) as exc:
+        print(f"cannot reach the record of checkpoints at {nats_url}: {exc!r} (pass "
+              "--record-file <export> or, knowingly, --no-record)", file=sys.stderr)
+        return 2
+    record: Any = (JetStreamRecord(nc.jetstream()) if nc is not None
+                   else FileRecord(args.record_file) if args.record_file else None)
     conn = await asyncpg.connect(dsn)
     try:
         services = args.service or [r["table_schema"] for r in await conn.fetch(
@@ -191,10 +234,21 @@ async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys
         failed = False
         for service in services:
             journal = (Journal(service=service, keys=data_keys) if data_keys else None)
-            report = await verify(conn, service=service, keys=keys, tenant=args.tenant,
-                                  grace=timedelta(seconds=args.grace_s), journal=journal)
+            try:
+                report = await verify(conn, service=service, keys=keys, tenant=args.tenant,
+                                      grace=timedelta(seconds=args.grace_s), journal=journal,
+                                      record=record)
+            except RecordError as exc:
+                print(f"{service}: cannot read its record: {exc}", file=sys.stderr)
+                return 2
             counts = (f"{report.entries} entries, {report.checkpoints} signed checkpoints, "
                       f"{report.unsealed} not sealed yet")
+            if report.recorded is not None:
+                counts += f", {report.recorded} recorded outside the database"
+            else:
+                counts += ", NOT checked against a record"
+            if report.pending is not None:
+                counts += f"; checkpoint {report.pending} recorded, being committed"
             if args.tenant is not None:
                 counts += f"; {report.tenant_entries} of tenant {args.tenant}"
             if report.ok:
@@ -209,6 +263,33 @@ async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys
         return 1 if failed else 0
     finally:
         await conn.close()
+        if nc is not None:
+            await nc.close()
+
+
+def _audit_export(args: argparse.Namespace) -> int:
+    import anyio
+
+    nats_url = _audit_nats_url(args)
+    if not nats_url:
+        raise SystemExit("no NATS: pass --nats-url or set WRIT_NATS_URL")
+    return anyio.run(_audit_export_run, args, nats_url)
+
+
+async def _audit_export_run(args: argparse.Namespace, nats_url: str) -> int:
+    """Append the checkpoints recorded since the export file was last written."""
+    import nats
+
+    from libs.journal import FileRecord, JetStreamRecord
+
+    nc = await nats.connect(nats_url, **_ONCE)
+    try:
+        added = await FileRecord(args.out).export(JetStreamRecord(nc.jetstream()),
+                                                  args.service or JOURNALS)
+    finally:
+        await nc.close()
+    print(f"{added} checkpoint(s) appended to {args.out}")
+    return 0
 
 
 def _audit_replay(args: argparse.Namespace) -> int:
@@ -271,6 +352,18 @@ async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) 
     return {"identical": 0, "divergent": 1}.get(report.verdict, 2)
 
 
+def _nats_auth(args: argparse.Namespace) -> int:
+    """Print the nats-server `authorization` block for these tenants (libs/natsauth.py),
+    generating the users' password files that do not exist yet."""
+    from libs.natsauth import auth_config, ensure_passwords
+
+    folder = Path(args.passwords)
+    folder.mkdir(parents=True, exist_ok=True)
+    tenants = args.tenant or ["acme"]
+    print(auth_config(ensure_passwords(folder, tenants), tenants), end="")
+    return 0
+
+
 def _operator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=".writ")
     p.add_argument("--nats-url", default="")
@@ -286,6 +379,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("name", choices=SERVICES)
     p.set_defaults(func=_service)
 
+    from writ.migrate import add_parser as add_migrate
+
+    add_migrate(sub)
+
     p = sub.add_parser("run", help="start Writ locally and run the demo request")
     p.add_argument("--home", default=".writ", help="data folder (default: .writ)")
     p.add_argument("--once", action="store_true", help="stop after the demo run")
@@ -294,6 +391,12 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")
     p.add_argument("--write", action="store_true")
     p.set_defaults(func=_schemas)
+
+    p = sub.add_parser("nats-auth", help="print NATS users and permissions for a deployment")
+    p.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
+    p.add_argument("--passwords", required=True,
+                   help="folder of the users' password files (missing ones are generated)")
+    p.set_defaults(func=_nats_auth)
 
     p = sub.add_parser("token", help="mint a host token with a tenant's demo key")
     p.add_argument("--home", default=".writ")
@@ -360,8 +463,9 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("audit", help="the audit journal")
     aud = p.add_subparsers(dest="action", required=True)
-    v = aud.add_parser("verify", help="check the whole chain, every checkpoint and signature; "
-                                      "exit 1 naming the first bad entry")
+    v = aud.add_parser("verify", help="check the whole chain, every checkpoint and signature, "
+                                      "against the record outside the database; exit 1 naming "
+                                      "the first bad entry, 2 if the record cannot be read")
     v.add_argument("--home", default=".writ")
     v.add_argument("--dsn", default="", help="an auditor's (read-only) DSN of Writ's database "
                                              "(default: WRIT_AUDIT_DATABASE_URL, or writ run's)")
@@ -373,9 +477,23 @@ def main(argv: list[str] | None = None) -> None:
                                               "WRIT_JOURNAL_VERIFY_KEYS_FILE, or writ run's)")
     v.add_argument("--data-keys", default="", help="the service's data key file: also "
                                                    "authenticate every payload")
-    v.add_argument("--grace-s", type=float, default=300.0,
-                   help="how long a row may wait to be sealed (default 300)")
+    v.add_argument("--grace-s", type=float, default=10.0,
+                   help="how long a committed row may wait to be sealed (default 10 s)")
+    v.add_argument("--nats-url", default="", help="the NATS holding the record of checkpoints "
+                                                  "(default: WRIT_NATS_URL, or writ run's)")
+    v.add_argument("--record-file", default="", help="hold the database against this export "
+                                                     "of the record instead (writ audit export)")
+    v.add_argument("--no-record", action="store_true",
+                   help="check the database alone (a cut tail is then not detected)")
     v.set_defaults(func=_audit)
+    x = aud.add_parser("export", help="append the checkpoints recorded since the last export "
+                                      "to a file an auditor keeps")
+    x.add_argument("--out", required=True, help="the export (JSON lines), appended to")
+    x.add_argument("--home", default=".writ")
+    x.add_argument("--nats-url", default="", help="default: WRIT_NATS_URL, or writ run's")
+    x.add_argument("--service", action="append", choices=JOURNALS,
+                   help="this service's checkpoints (repeatable; default: every journal)")
+    x.set_defaults(func=_audit_export)
     r = aud.add_parser("replay", help="walk a run's captured model responses and tool outputs "
                                       "offline (no model, no tool); exit 0 identical, "
                                       "1 divergent, 2 incomplete")

@@ -100,7 +100,7 @@ def _step(body: dict[str, Any]) -> tuple[str, str] | None:
 
 
 async def _demo(stack: Stack, started: float) -> int:
-    print(f"Writ is up: NATS {stack.nats_url}, simulated CRM {stack.crm_url}")
+    print(f"Writ is up: NATS {stack.public_nats_url}, simulated CRM {stack.crm_url}")
     nc = await nats.connect(stack.nats_url)
     done = anyio.Event()
     status: list[str] = []
@@ -179,7 +179,9 @@ def run_demo(home: Path, *, serve: bool) -> int:
             print("\nPrometheus can scrape:")
             for name in SERVICES:
                 print(f"  {name:<11} http://127.0.0.1:{stack.metrics_port(name)}/metrics")
-            print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at {stack.nats_url}; "
+            print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at "
+                  f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
+                  f"{stack.secrets}/nats-host-<tenant>.password); "
                   f"operators run `writ pending`; logs in {stack.logs}. A service that dies is "
                   "reported here and restarted. Ctrl-C stops everything.",
                   flush=True)

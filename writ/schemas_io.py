@@ -48,6 +48,7 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
+from schemas.journal import JournalCheckpoint
 from schemas.planner import (
     BranchChanged,
     ProposeCommand,
@@ -70,7 +71,7 @@ MESSAGES: Final = (
     PendingDecisions, ApproveProposal, ApprovalResult, ProposalAnswer, ReadFacts, FactsRead,
     ReplayRun, ReplayReport, ReserveBudget, BudgetReserved, BudgetRefused, SettleBudget,
     BudgetSettled, ReviewAnswer, ReviewTaken, ReviewDecision, ReviewResult,
-    ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged,
+    ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged, JournalCheckpoint,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

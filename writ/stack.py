@@ -17,7 +17,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import asyncpg
@@ -27,15 +27,18 @@ import nats
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from libs.db import load_migrations, provision, role_name, with_database
+from libs.db import load_migrations, provision, provision_auditor, role_name, with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
-from libs.journal import DataKeys, SigningKey
+from libs.journal import AUDITOR_TABLES, DataKeys, SigningKey
+from libs.natsauth import ADMIN, auth_config, ensure_passwords, host_user, inbox_prefix
 
-__all__ = ["SERVICES", "Stack", "mint_token"]
+__all__ = ["JOURNALS", "SERVICES", "Stack", "mint_token"]
 
 # Migration order: a service may grant on tables of a service migrated before it.
 SERVICES: Final = ("retrieval", "planner", "governance", "admission", "dispatcher", "ingress")
 _WITH_DATABASE: Final = ("retrieval", "planner", "governance", "admission", "dispatcher")
+# The services that keep an audit journal (and record its checkpoints in WRIT_AUDIT).
+JOURNALS: Final = ("planner", "governance", "admission", "dispatcher")
 _DEMO: Final = Path(__file__).parent / "demo"
 AUDIENCE: Final = "writ"
 POLICY_KEY_ID: Final = "org-1"
@@ -90,9 +93,39 @@ class Stack:
 
     @property
     def nats_url(self) -> str:
-        """The NATS server in use."""
+        """The NATS server in use, as its administrator (operators' tooling, tests' inspection).
+
+        An embedded server authenticates every client (libs/natsauth.py); a server named by
+        `WRIT_NATS_URL` is used as it is given.
+        """
+        assert self._nats_url is not None
+        if self.embedded_nats is None:
+            return self._nats_url
+        password = self.nats_password(ADMIN)
+        return self._nats_url.replace("nats://", f"nats://{ADMIN}:{password}@", 1)
+
+    @property
+    def public_nats_url(self) -> str:
+        """The NATS server's URL without anyone's credentials (to print, to give hosts)."""
         assert self._nats_url is not None
         return self._nats_url
+
+    def nats_password(self, user: str) -> str:
+        """A NATS user's password (its secret file)."""
+        return (self.secrets / f"nats-{user}.password").read_text().strip()
+
+    def nats_options(self, user: str) -> dict[str, str]:
+        """`nats.connect` keyword arguments to connect as `user` (its own inbox prefix)."""
+        if self.embedded_nats is None:
+            return {}
+        return {"user": user, "password": self.nats_password(user),
+                "inbox_prefix": inbox_prefix(user)}
+
+    async def host_connection(self, tenant: str, **options: Any) -> nats.aio.client.Client:
+        """A connection as the tenant's host, with exactly the host's NATS permissions."""
+        assert self._nats_url is not None
+        return await nats.connect(self._nats_url, max_reconnect_attempts=-1,
+                                  **self.nats_options(host_user(tenant)), **options)
 
     @property
     def admin_dsn(self) -> str:
@@ -111,14 +144,19 @@ class Stack:
             folder.mkdir(parents=True, exist_ok=True)
         self.secrets.chmod(0o700)
         if self._nats_url is None:
-            self.embedded_nats = EmbeddedNats(self.home / "nats")
+            self.embedded_nats = EmbeddedNats(self.home / "nats", auth=self._nats_auth())
             self.embedded_nats.start()
             self._nats_url = self.embedded_nats.url
-        (self.home / "nats.url").write_text(self.nats_url)  # for operators' `writ` commands
+        # For operators' `writ` commands: the administrator's URL, password included.
+        _write_secret(self.home / "nats.url", self.nats_url)
         if self._admin_dsn is None:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
             self.embedded_pg.start()
             self._admin_dsn = self.embedded_pg.admin_url
+
+    def _nats_auth(self) -> str:
+        """Generate (once) a password per NATS user; the server's users and permissions."""
+        return auth_config(ensure_passwords(self.secrets, self.tenants), self.tenants)
 
     def start_all(self) -> None:
         """Infrastructure, database, the fakes and the six services, ready to serve."""
@@ -130,6 +168,7 @@ class Stack:
 
     async def provision(self) -> None:
         """Database, roles, migrations, secrets and the demo's tenants, documents and grants."""
+        await self._retire_shared_host_streams()
         passwords = {}
         for name in _WITH_DATABASE:
             path = self.secrets / f"pg-{name}.password"
@@ -138,6 +177,7 @@ class Stack:
         passwords = await provision(self.admin_dsn, self.database, _migrations(), passwords)
         for name, password in passwords.items():
             _write_secret(self.secrets / f"pg-{name}.password", password)
+        await self._auditor()
         for connector in ("crm", "payments"):
             token = self.secrets / f"{connector}.token"
             if not token.exists():
@@ -170,6 +210,25 @@ class Stack:
         self._journal_keys()
         await self._seed_demo()
 
+    async def _retire_shared_host_streams(self) -> None:
+        """Delete the streams one `WRIT_IN` / `WRIT_OUT` for every tenant that deployments
+        before per-tenant streams declared: their subjects overlap the tenants' own, which
+        ingress could not declare beside them. What they held is not carried over."""
+        nc = await nats.connect(self.nats_url)
+        try:
+            js = nc.jetstream()
+            for name, subject in (("WRIT_IN", "writ.in.>"), ("WRIT_OUT", "writ.out.>")):
+                try:
+                    info = await js.stream_info(name)
+                except nats.js.errors.NotFoundError:
+                    continue
+                if list(info.config.subjects or []) == [subject]:
+                    print(f"retiring stream {name} ({info.state.messages} messages): "
+                          "each tenant has its own now", file=sys.stderr)
+                    await js.delete_stream(name)
+        finally:
+            await nc.close()
+
     def _journal_keys(self) -> None:
         """Each service's journal keys (its own secrets), the public halves for `writ audit`,
         and the auditor's DSN."""
@@ -186,7 +245,19 @@ class Stack:
             if not data.exists():
                 _write_secret(data, DataKeys.generate(f"{name}-data-1"))
         public_file.write_text(json.dumps(public, indent=2))
-        _write_secret(self.secrets / "audit.dsn", self.database_dsn)
+
+    async def _auditor(self) -> None:
+        """The auditor's read-only role and its DSN (`writ audit` reads it): the journals, and
+        the planner's record of runs that replay compares them with. Nothing else, no write."""
+        path = self.secrets / "pg-auditor.password"
+        password = await provision_auditor(
+            self.admin_dsn, self.database,
+            AUDITOR_TABLES,
+            path.read_text().strip() if path.exists() else None)
+        _write_secret(path, password)
+        _write_secret(self.secrets / "audit.dsn", with_database(
+            self.admin_dsn, self.database, user=role_name(self.database, "auditor"),
+            password=password))
 
     def issuer(self, tenant: str) -> str:
         """The issuer name of a tenant's host."""
@@ -279,9 +350,13 @@ class Stack:
 
     def service_env(self, name: str) -> dict[str, str]:
         """Exactly what one service process is given; nothing is inherited from this process."""
-        env = {"WRIT_NATS_URL": self.nats_url, "WRIT_INSTANCE": f"{name}-0",
+        env = {"WRIT_NATS_URL": self._nats_url or "", "WRIT_INSTANCE": f"{name}-0",
                "WRIT_METRICS_PORT": "0",
                "WRIT_METRICS_PORT_FILE": str(self.home / f"{name}.metrics-port")}
+        if self.embedded_nats is not None:
+            # Each service connects as itself, held by the server to its own subjects.
+            env["WRIT_NATS_USER"] = name
+            env["WRIT_NATS_PASSWORD_FILE"] = str(self.secrets / f"nats-{name}.password")
         if name in _WITH_DATABASE:
             env["WRIT_DATABASE_URL"] = with_database(
                 self.admin_dsn, self.database, user=role_name(self.database, name), password="")
@@ -291,6 +366,7 @@ class Stack:
             env["WRIT_JOURNAL_DATA_KEYS_FILE"] = str(self.secrets / f"journal-{name}-data.json")
         if name == "ingress":
             env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
+            env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")  # names only: UNKNOWN_AGENT
         if name == "governance":
             env["WRIT_POLICY_DIR"] = str(self.policies)
             env["WRIT_POLICY_KEYS_FILE"] = str(self.config / "policy-keys.json")

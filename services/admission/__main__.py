@@ -7,7 +7,7 @@ from datetime import timedelta
 import anyio.abc
 
 from libs.db import connect_pool
-from libs.journal import Sealer, open_journal
+from libs.journal import JetStreamRecord, Sealer, open_journal
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.admission.relay import OutboxRelay
@@ -41,15 +41,18 @@ def main() -> None:
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with await connect_pool(settings.database_url, password=password, max_size=20,
                                       application_name="writ-admission") as pool:
+            rt.health.watch_pool("postgres", pool)
             store = AdmissionStore(pool, journal=journal)
             relay = OutboxRelay(store=store, js=rt.js, listen_dsn=settings.database_url,
                                 listen_password=password, poll_s=settings.relay_poll_s,
                                 faults=rt.faults, tracer=rt.tracer)
+            sealer = Sealer(pool=pool, journal=journal, signing=signing,
+                            record=JetStreamRecord(rt.js), registry=rt.registry,
+                            interval=settings.journal_seal_interval_s)
             svc = AdmissionService(rt=rt, store=store, relay=relay,
                                    command_ttl=timedelta(seconds=settings.command_ttl_s),
                                    proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
-                                   sealer=Sealer(pool=pool, journal=journal, signing=signing,
-                                                 interval=settings.journal_seal_interval_s))
+                                   sealer=sealer)
             await svc.run(task_status=task_status)
 
     run_service("admission", settings, start, description="Admits commands, relays the outbox")

@@ -69,14 +69,17 @@ def _normalise(value: Any) -> Any:
 
 def canonical_hash(*, tenant: str, principal: str, action: str, version: int,
                    arguments: dict[str, Any], target: str | None = None,
-                   expected_revision: str | None = None) -> bytes:
+                   expected_revision: str | None = None, agent: str | None = None) -> bytes:
     """SHA-256 over the RFC 8785 canonical JSON of the validated fields (seed 001 §2).
 
-    Key order, unicode normal form and number spelling cannot change it.
+    It binds everything an operation key names: tenant, principal, agent, action, the
+    validated arguments and the expected revision; any of them changed under the same key is
+    a conflict. Key order, unicode normal form and number spelling cannot change it.
     """
     document = _normalise({
         "tenant": tenant, "principal": principal, "action": action, "version": version,
         "arguments": arguments, "target": target, "expected_revision": expected_revision,
+        **({"agent": agent} if agent is not None else {}),
     })
     return hashlib.sha256(rfc8785.dumps(document)).digest()
 
@@ -93,7 +96,7 @@ def validate(proposal: ProposeCommand) -> Validated:
         contract=contract, arguments=arguments, request=typed,
         request_hash=canonical_hash(tenant=proposal.tenant, principal=proposal.principal,
                                     action=contract.name, version=contract.version,
-                                    arguments=arguments,
+                                    arguments=arguments, agent=proposal.agent,
                                     expected_revision=proposal.expected_revision),
     )
 

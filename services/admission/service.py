@@ -109,7 +109,7 @@ class AdmissionService:
                             batch_size=self._batch_size, concurrency=self._batches,
                             metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            task_status=task_status)
+                            health=self._rt.health, task_status=task_status)
             tg.cancel_scope.cancel()  # drained: the relay, the gauges and the sealer stop too
 
     async def refresh_gauges(self) -> None:
@@ -232,7 +232,8 @@ class AdmissionService:
                     tg.start_soon(step, j, self._known(j.p, j.operation_id, j.valid.request_hash,
                                                        existing, replay=True))
                 elif recorded is not None and recorded[0] in ("pending", "rejected"):
-                    tg.start_soon(step, j, self._refuse_again(j.p, recorded))
+                    tg.start_soon(step, j, self._refuse_again(j.p, recorded, j.proposal_id,
+                                                              j.valid.request_hash))
                 else:
                     fresh.append(j)
                     tg.start_soon(step, j, resolve_one(j))
@@ -303,14 +304,25 @@ class AdmissionService:
                 tg.start_soon(one, index, ask)
         return decisions
 
-    async def _refuse_again(self, p: ProposeCommand, recorded: tuple[str, str | None, str]
-                            ) -> None:
-        """Proposed again (a redelivery): the same answer, never a second ask."""
+    async def _refuse_again(self, p: ProposeCommand, recorded: tuple[str, str | None, str],
+                            proposal_id: str, request_hash: bytes) -> None:
+        """Proposed again (a redelivery, or a host's key sent again): the same answer, with
+        what the first carried (the proposal to approve), never a second ask. A host's key
+        sent with anything else changed is a conflict, as it is once the command exists."""
         state, decision_id, reason = recorded
+        row = await self._store.proposal_row(p.tenant, proposal_id=proposal_id)
+        if p.operation_key is not None and row is not None and (
+                row.request_hash != request_hash):
+            await self._refuse(p, "conflict",
+                               f"operation key {p.operation_key} was already used with another "
+                               "payload; the stored proposal is unchanged")
+            return
         verdict = ("ask" if state == "pending" else
                    "rejected" if reason.startswith("rejected by") else "deny")
         await self._refuse(p, verdict, reason, decision_id,
-                           pending_id=decision_id if state == "pending" else None)
+                           pending_id=decision_id if state == "pending" else None,
+                           proposal=_view(row) if row is not None and state == "pending"
+                           else None)
 
     async def _not_allowed(self, j: _Judging, decision: Decision) -> None:
         """An ask or a deny: the proposal recorded, frozen as it will be shown, and refused."""

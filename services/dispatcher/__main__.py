@@ -8,7 +8,7 @@ from __future__ import annotations
 import anyio.abc
 
 from libs.db import connect_pool
-from libs.journal import Sealer, open_journal
+from libs.journal import JetStreamRecord, Sealer, open_journal
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.dispatcher.connectors import (
@@ -69,9 +69,11 @@ def main() -> None:
         try:
             async with await connect_pool(settings.database_url, password=password, max_size=20,
                                           application_name="writ-dispatcher") as pool:
+                rt.health.watch_pool("postgres", pool)
                 svc = DispatcherService(
                     rt=rt, store=DispatcherStore(pool, journal=journal), connectors=connectors,
                     sealer=Sealer(pool=pool, journal=journal, signing=signing,
+                                  record=JetStreamRecord(rt.js), registry=rt.registry,
                                   interval=settings.journal_seal_interval_s),
                     lease_s=settings.lease_s, call_timeout_s=settings.call_timeout_s,
                     sweep_every_s=settings.sweep_every_s,

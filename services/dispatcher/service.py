@@ -180,7 +180,7 @@ class DispatcherService:
                             batch_size=self._batch_size, concurrency=self._batches,
                             metrics=self._rt.metrics, tracer=self._rt.tracer,
                             stopping=self._rt.stopping, ack_sync=True, heartbeat=False,
-                            task_status=task_status)
+                            health=self._rt.health, task_status=task_status)
             tg.cancel_scope.cancel()
 
     async def refresh_gauges(self) -> None:

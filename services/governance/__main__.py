@@ -9,7 +9,7 @@ import msgspec
 
 from libs.db import connect_pool
 from libs.errors import ConfigError
-from libs.journal import DataKeys, Journal, Sealer, SigningKey
+from libs.journal import DataKeys, JetStreamRecord, Journal, Sealer, SigningKey
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.governance.budgets import BudgetDefaults
@@ -65,11 +65,13 @@ def main() -> None:
         async with await connect_pool(settings.database_url, password=password,
                                       statement_timeout_ms=1000, max_size=20,
                                       application_name="writ-governance") as pool:
+            rt.health.watch_pool("postgres", pool)
             svc = GovernanceService(
                 rt=rt, store=GovernanceStore(pool, journal=journal),
                 policy_dir=Path(settings.policy_dir) if settings.policy_dir else None,
                 policy_keys=keys,
                 sealer=Sealer(pool=pool, journal=journal, signing=signing,
+                              record=JetStreamRecord(rt.js), registry=rt.registry,
                               interval=settings.journal_seal_interval_s),
                 budget_defaults=budget_defaults)
             await svc.run(task_status=task_status)

@@ -101,7 +101,7 @@ class GovernanceService:
                             decoder=msgspec.json.Decoder(AnswerDecision),
                             handler=self._on_answer, metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            task_status=task_status)
+                            health=self._rt.health, task_status=task_status)
             tg.cancel_scope.cancel()
 
     # -- request/reply ----------------------------------------------------------------------

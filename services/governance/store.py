@@ -265,24 +265,35 @@ class GovernanceStore:
             await self._pool.execute(self._insert_decision_statement,
                                      *self._decision_args(decision, event))
             return decision_id
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_INSERT_DECISION, *decision)
-            if ruling.verdict == "ask":
+        try:
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(_INSERT_DECISION, *decision)
                 deadline = (datetime.now(UTC) + ATTENDED_ASK_TIMEOUT
                             if attended else None)
                 event.update(options=list(ruling.options), deadline=deadline)
                 await self._write(conn, tenant=tenant, kind="decision", subject=decision_id,
                                   run_id=run_id, payload=event)
-                await conn.execute(
-                    "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, "
-                    "agent, principal, tool, family, first_argument, reason, options, "
-                    "attended, deadline) "
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-                    decision_id, tenant, run_id, proposal_id, call.agent, principal, call.tool,
-                    call.family or "unclassified", call.first_argument, ruling.reason,
-                    list(ruling.options), attended, deadline)
+                inserted = await conn.fetchval(_INSERT_PENDING, decision_id, tenant, run_id,
+                                               proposal_id, call.agent, principal, call.tool,
+                                               call.family or "unclassified",
+                                               call.first_argument, ruling.reason,
+                                               list(ruling.options), attended, deadline)
+                if inserted is None:
+                    raise _AlreadyPending  # rolls back this decision and its journal row
                 # The run now waits for a person: its budget clock stops until the answer.
                 await self._pause(conn, tenant, run_id, f"pending:{decision_id}")
+        except _AlreadyPending:
+            # The same proposal was asked about concurrently (one operation key sent twice at
+            # once): it waits as the pending decision recorded first, not as a second one.
+            existing = await self._pool.fetchval(
+                "SELECT pending_id::text FROM governance.pending WHERE tenant = $1 "
+                "AND proposal_id = $2 AND answer IS NULL", tenant, proposal_id)
+            if existing is None:  # answered in the meantime: ask again, as a new question
+                return await self.record(tenant=tenant, run_id=run_id, principal=principal,
+                                         call=call, ruling=ruling,
+                                         policy_version=policy_version,
+                                         proposal_id=proposal_id, attended=attended)
+            return str(existing)
         return decision_id
 
     async def register_run(self, run: RegisterRun, limits: Limits | None = None) -> None:
@@ -616,3 +627,17 @@ def _is_uuid(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class _AlreadyPending(Exception):
+    """The proposal already has an open pending decision (inside `record` only)."""
+
+
+# At most one open pending decision per proposal (migration 008): a concurrent second ask
+# inserts nothing.
+_INSERT_PENDING = (
+    "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, agent, principal, "
+    "tool, family, first_argument, reason, options, attended, deadline) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
+    "ON CONFLICT (tenant, proposal_id) WHERE proposal_id IS NOT NULL AND answer IS NULL "
+    "DO NOTHING RETURNING pending_id")

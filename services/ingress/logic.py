@@ -6,15 +6,18 @@ import math
 import re
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Final
 
 import jwt
 import msgspec
 
+from libs.errors import ConfigError
 from schemas.base import storable
 from schemas.host import ApproveProposal, HumanDecision, ReviewDecision, RunRequest, SubmitCommand
 
 __all__ = [
+    "declared_agents",
     "APPROVAL_DECODER",
     "APPROVER_KINDS",
     "APPROVER_ROLE",
@@ -223,3 +226,20 @@ def review_verdict(error_code: str | None, description: str = "", *, answer: str
     if error_code == "400":
         return False, f"the planner refused the answer: {description}"[:512]
     return None
+
+
+class _Named(msgspec.Struct):
+    """The one field of an agent's manifest ingress reads (the planner checks the rest)."""
+
+    name: str
+
+
+def declared_agents(folder: Path) -> frozenset[str]:
+    """The names the agents' manifests in `folder` declare (`<name>.json`)."""
+    names = set()
+    for path in sorted(folder.glob("*.json")):
+        try:
+            names.add(msgspec.json.decode(path.read_bytes(), type=_Named).name)
+        except (OSError, msgspec.DecodeError) as exc:
+            raise ConfigError(f"cannot read agent manifest {path}: {exc}") from exc
+    return frozenset(names)

@@ -7,15 +7,18 @@ learns on `writ.out.results.<tenant>` whether the run took it).
 
 from __future__ import annotations
 
+import functools
+
 import anyio
 import anyio.abc
 import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, publish
-from libs.errors import RetryableError
+from libs.bus import ConsumerSpec, ensure_streams, publish
+from libs.errors import ConfigError, RetryableError
 from libs.runtime import Runtime
 from libs.telemetry import inject_context
 from schemas import subjects
@@ -52,7 +55,12 @@ from services.ingress.logic import (
 __all__ = ["IngressService"]
 
 _REVIEW_TAKEN_DECODER = msgspec.json.Decoder(ReviewTaken)
-INBOX = ConsumerSpec(stream="WRIT_IN", durable="ingress", filter_subjects=subjects.INGRESS_IN)
+
+
+def inbox(tenant: str) -> ConsumerSpec:
+    """Ingress's durable consumer on one tenant's host stream (`subjects.tenant_streams`)."""
+    return ConsumerSpec(stream=subjects.in_stream(tenant), durable="ingress",
+                        filter_subjects=subjects.host_subjects(tenant))
 
 
 class IngressService:
@@ -60,19 +68,39 @@ class IngressService:
 
     def __init__(self, *, rt: Runtime, keys: dict[str, TenantKey], audience: str,
                  max_request_bytes: int, review_timeout_s: float = 30.0,
+                 agents: frozenset[str] | None = None,
                  max_token_ttl_s: float = MAX_TOKEN_TTL_S) -> None:
-        self._rt, self._keys = rt, keys
+        self._rt, self._keys, self._agents = rt, keys, agents
         self._max_ttl = max_token_ttl_s
         self._audience, self._max_bytes = audience, max_request_bytes
         # The planner resumes the run before it answers (its next model decision included).
         self._review_timeout = review_timeout_s
+        self._dropped = Counter("writ_ingress_dropped_total",
+                                "Host messages dropped unanswered: no known tenant to answer",
+                                registry=rt.registry)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Consume the host request stream until stopped."""
-        await run_actor(js=self._rt.js, spec=INBOX, decoder=None, handler=self.handle,
-                        metrics=self._rt.metrics, tracer=self._rt.tracer,
-                        stopping=self._rt.stopping, task_status=task_status)
+        """Declare each known tenant's streams and consume their host messages until stopped.
+
+        Only tenants with an issuer key get streams: a host message on any other tenant's
+        subject is refused by the server and stored nowhere, and results can exist only for
+        tenants Writ holds.
+        """
+        tenants = sorted(self._keys)
+        for tenant in tenants:
+            if not subjects.valid_tenant(tenant):
+                raise ConfigError(f"tenant {tenant!r} cannot name a subject or a stream")
+        await ensure_streams(self._rt.js, [spec for tenant in tenants
+                                           for spec in subjects.tenant_streams(tenant)],
+                             replicas=self._rt.stream_replicas)
+        async with anyio.create_task_group() as tg:
+            for tenant in tenants:
+                await tg.start(functools.partial(
+                    run_actor, js=self._rt.js, spec=inbox(tenant), decoder=None,
+                    handler=self.handle, metrics=self._rt.metrics, tracer=self._rt.tracer,
+                    stopping=self._rt.stopping, health=self._rt.health))
+            task_status.started()
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""
@@ -88,6 +116,10 @@ class IngressService:
                 decoder=DECODERS[kind]),
                 kind)
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
+        if (not isinstance(outcome, Rejection) and isinstance(outcome.request, SubmitCommand)
+                and self._agents is not None and outcome.request.agent not in self._agents):
+            outcome = Rejection(code="UNKNOWN_AGENT", request_id=outcome.request.request_id,
+                                message=f"no manifest declares agent {outcome.request.agent!r}")
         if isinstance(outcome, Rejection):
             await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
             return
@@ -116,6 +148,10 @@ class IngressService:
             await self._start(outcome, request)
 
     async def _reject(self, tenant: str, kind: str, rejection: Rejection, seq: int) -> None:
+        if tenant not in self._keys:
+            # Nobody Writ knows could read an answer there: counted, not stored.
+            self._dropped.inc()
+            return
         error = ErrorInfo(code=rejection.code, message=rejection.message[:512])
         answer: RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
         if kind == "reviews":

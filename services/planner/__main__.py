@@ -14,7 +14,7 @@ import anyio.abc
 from actions import ACTIONS
 from libs.db import connect_pool
 from libs.errors import ConfigError
-from libs.journal import DataKeys, Journal, Sealer, SigningKey
+from libs.journal import DataKeys, JetStreamRecord, Journal, Sealer, SigningKey
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from schemas.retrieval import READ_TOOLS
@@ -97,12 +97,14 @@ def main() -> None:
                     deadline_s=settings.model_deadline_s)))
             pool = await stack.enter_async_context(await connect_pool(
                 settings.database_url, password=password, application_name="writ-planner"))
+            rt.health.watch_pool("postgres", pool)
             svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
                                  provider=provider, agents=agents,
                                  max_decisions=settings.max_decisions,
                                  reserve_tokens=settings.model_reserve_tokens,
                                  reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
                                  sealer=Sealer(pool=pool, journal=journal, signing=signing,
+                                               record=JetStreamRecord(rt.js), registry=rt.registry,
                                                interval=settings.journal_seal_interval_s))
             await svc.run(task_status=task_status)
 

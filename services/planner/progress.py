@@ -28,11 +28,8 @@ _ENCODER = msgspec.json.Encoder()
 def _summary(payload: dict[str, Any]) -> str:
     if "tool" in payload:
         if payload.get("executed"):
-            items = payload.get("items", [])
-            titles = ", ".join(str(i.get("title", ""))[:60] for i in items[:3])
-            more = ", …" if len(items) > 3 else ""
-            return (f"{len(items)} items from {payload['tool']}, untrusted"
-                    f"{': ' + titles + more if titles else ''}")
+            # How many, never which: a title is the documents' content (issue 12, defect 6).
+            return f"{len(payload.get('items', []))} items from {payload['tool']}, untrusted"
         return f"{payload['tool']} not read: {payload.get('refused')}"
     if "operation_id" in payload:
         return f"{payload.get('action')} {payload.get('state')} (outcome {payload.get('outcome')})"

@@ -153,7 +153,7 @@ class PlannerService:
                 await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
                                 handler=self.handle, metrics=self._rt.metrics,
                                 tracer=self._rt.tracer, stopping=self._rt.stopping,
-                                task_status=task_status)
+                                health=self._rt.health, task_status=task_status)
                 tg.cancel_scope.cancel()
         finally:
             self._agents.stop_all()

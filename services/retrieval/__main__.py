@@ -27,6 +27,7 @@ def main() -> None:
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with await connect_pool(settings.database_url, password=password,
                                       application_name="writ-retrieval") as pool:
+            rt.health.watch_pool("postgres", pool)
             svc = RetrievalService(rt=rt, store=RetrievalStore(pool),
                                    decide_timeout_s=settings.decide_timeout_s)
             await svc.run(task_status=task_status)

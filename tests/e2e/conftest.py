@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,8 +17,10 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from libs.natsauth import SERVICE_SUBJECTS
 from schemas import subjects
 from schemas.governance import RunBudget
 from schemas.host import (
@@ -40,16 +43,42 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="session")
-def stack(nats_url: str, admin_dsn: str) -> Iterator[Stack]:
-    """The session's deployment; a module that needs its own (to break it) overrides this."""
+def stack(admin_dsn: str) -> Iterator[Stack]:
+    """The session's deployment; a module that needs its own (to break it) overrides this.
+
+    It runs its own nats-server (unless `WRIT_TEST_NATS_URL` names one), with the
+    deployment's users and permissions: every service connects as itself and every `Host`
+    as its tenant's host, so the suite proves those permissions are enough.
+    """
     with tempfile.TemporaryDirectory(prefix="writ-e2e-") as home:
-        deployment = Stack(Path(home), nats_url=nats_url, admin_dsn=admin_dsn,
+        deployment = Stack(Path(home), nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
+                           admin_dsn=admin_dsn,
                            database=f"e2e_{uuid.uuid4().hex[:8]}")
         try:
             deployment.start_all()
             yield deployment
+            # Every service ran as itself all along: the server refused it nothing it needed.
+            assert service_violations(deployment) == [], service_violations(deployment)
         finally:
             deployment.stop()
+
+
+# The tenant test_bus_permissions.py's deliberate violations name: not a real tenant.
+PROBE = "permission-probe"
+
+
+def service_violations(stack: Stack, *, probes: bool = False) -> list[str]:
+    """The permission violations the deployment's NATS server logged for Writ's services
+    (only the deliberate probes' if `probes`, none of them otherwise)."""
+    log = stack.home / "nats" / "nats.log"
+    if stack.embedded_nats is None or not log.exists():
+        return []
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "Violation" in line and any(f'/user:{name}"' in line for name in SERVICE_SUBJECTS):
+            if (PROBE in line) == probes:
+                found.append(line)
+    return found
 
 
 @pytest.fixture
@@ -79,10 +108,31 @@ def crm(stack: Stack) -> Iterator[httpx.Client]:
 
 
 class Host:
-    """Plays a host system: signs, publishes requests, reads results from the stream."""
+    """Plays a host system: signs, publishes requests, reads results from the stream.
+
+    It publishes and reads as each tenant's host (`tenant_nc`), with that host's NATS
+    permissions; `nc` (and `js`) is the administrator's connection, for what no host may do.
+    """
 
     def __init__(self, stack: Stack, nc: Client) -> None:
         self.stack, self.nc, self.js = stack, nc, nc.jetstream()
+        self._tenants: dict[str, Client] = {}
+        self._opening = anyio.Lock()  # concurrent publishes open one connection, not several
+
+    async def tenant_nc(self, tenant: str) -> Client:
+        """The connection of `tenant`'s host (opened once)."""
+        async with self._opening:
+            if tenant not in self._tenants:
+                self._tenants[tenant] = await self.stack.host_connection(tenant)
+        return self._tenants[tenant]
+
+    async def tenant_js(self, tenant: str) -> JetStreamContext:
+        return (await self.tenant_nc(tenant)).jetstream()
+
+    async def close(self) -> None:
+        for client in self._tenants.values():
+            await client.close()
+        await self.nc.close()
 
     def request(self, *, tenant: str = "acme", principal: str = "alice@acme.example",
                 agent: str = "crm-assistant", text: str = "Note the delayed shipment call",
@@ -96,7 +146,8 @@ class Host:
                       msg_id: str | None = None) -> None:
         data = body if isinstance(body, bytes) else msgspec.json.encode(body)
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        await self.js.publish(subjects.request(tenant), data, headers=headers)
+        js = await self.tenant_js(tenant)
+        await js.publish(subjects.request(tenant), data, headers=headers)
 
     def command(self, *, operation_key: str | None = None, action: str = "crm.note.create",
                 arguments: dict[str, Any] | None = None, tenant: str = "acme",
@@ -112,8 +163,9 @@ class Host:
             expected_revision=expected_revision)
 
     async def submit(self, command: SubmitCommand, *, tenant: str = "acme") -> None:
-        await self.js.publish(subjects.command_request(tenant), msgspec.json.encode(command),
-                              headers={"Nats-Msg-Id": command.request_id})
+        js = await self.tenant_js(tenant)
+        await js.publish(subjects.command_request(tenant), msgspec.json.encode(command),
+                         headers={"Nats-Msg-Id": command.request_id})
 
     async def wait_command(self, request_id: str, *, tenant: str = "acme",
                            final: bool = True, timeout: float = 30) -> CommandResult:
@@ -130,8 +182,9 @@ class Host:
                       tenant: str = "acme") -> list[Any]:
         """Every result on the host's stream for this request, read from the start."""
         found = []
-        sub = await self.js.subscribe(
-            subjects.result(tenant), ordered_consumer=True,
+        js = await self.tenant_js(tenant)
+        sub = await js.subscribe(
+            subjects.result(tenant), stream=subjects.out_stream(tenant), ordered_consumer=True,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
         try:
             while True:
@@ -158,8 +211,9 @@ class Host:
         message = ApproveProposal(
             request_id=request_id, proposal_id=proposal_id, answer=answer, reason=reason,
             token=token or self.stack.token(tenant, principal, roles=["approver"]))
-        await self.js.publish(subjects.approval(tenant), msgspec.json.encode(message),
-                              headers={"Nats-Msg-Id": request_id})
+        js = await self.tenant_js(tenant)
+        await js.publish(subjects.approval(tenant), msgspec.json.encode(message),
+                         headers={"Nats-Msg-Id": request_id})
         return request_id
 
     async def first(self, request_id: str, kind: type[T], *, tenant: str = "acme",
@@ -196,16 +250,18 @@ class Host:
         message = HumanDecision(
             request_id=request_id, pending_id=pending_id, answer=answer, reason=reason,
             token=token or self.stack.token(tenant, principal, roles=["approver"]))
-        await self.js.publish(subjects.human_decision(tenant), msgspec.json.encode(message),
-                              headers={"Nats-Msg-Id": request_id})
+        js = await self.tenant_js(tenant)
+        await js.publish(subjects.human_decision(tenant), msgspec.json.encode(message),
+                         headers={"Nats-Msg-Id": request_id})
         return await self.first(request_id, DecisionResult, tenant=tenant)
 
 
 @pytest.fixture
 async def host(stack: Stack) -> AsyncIterator[Host]:
     nc = await nats.connect(stack.nats_url, max_reconnect_attempts=-1)
-    yield Host(stack, nc)
-    await nc.close()
+    host = Host(stack, nc)
+    yield host
+    await host.close()
 
 
 async def sealed(db: asyncpg.Connection, run_id: str, timeout: float = 20) -> None:

@@ -101,3 +101,22 @@ async def test_each_step_of_a_command_is_journaled_where_it_happened(
         assert f"row {entry_id}:" in bad.stdout
     finally:
         await db.execute(flip, entry_id)
+
+
+async def test_the_auditor_reads_the_journals_and_can_change_nothing(stack: Stack) -> None:
+    conn = await asyncpg.connect((stack.home / "secrets" / "audit.dsn").read_text())
+    try:
+        assert await conn.fetchval("SELECT current_user") == f"{stack.database}_auditor"
+        assert not await conn.fetchval("SELECT rolsuper FROM pg_roles "
+                                       "WHERE rolname = current_user")
+        for service in ("governance", "planner", "admission", "dispatcher"):
+            await conn.fetchval(f"SELECT count(*) FROM {service}.journal_checkpoints")
+        with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
+            await conn.execute("DELETE FROM governance.journal_checkpoints")
+        await conn.execute("SET default_transaction_read_only = off")  # its own choice...
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # ...changes nothing
+            await conn.execute("DELETE FROM governance.journal_checkpoints")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # and it reads only journals
+            await conn.fetchval("SELECT count(*) FROM governance.decisions")
+    finally:
+        await conn.close()

@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 REFRESH_WAIT_S = 15.0
 
 ALLOWED_LABELS = frozenset({"consumer", "outcome", "line", "verdict", "state", "connector",
-                            "result", "tool", "status", "check", "budget", "le", "quantile"})
+                            "result", "tool", "status", "check", "budget", "le", "quantile",
+                            "reason"})
 TENANTS = ("acme", "globex", "initech")
 PRINCIPALS = ("alice@acme.example",)
 UUID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.I)
@@ -153,6 +154,18 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
     statuses = {ls["status"] for ls in labelsets(planner, "writ_planner_runs_finished_total")}
     assert statuses <= {"succeeded", "failed", "awaiting_human"}
     assert value(planner, "writ_planner_budget_exhaustions_total") >= 0
+
+    # Each journal's sealer: nothing refused or rejected in an untouched deployment, and a
+    # round completed lately (what WritJournalSealRefused, ...RowRejected, ...SealerStalled read).
+    for name in ("governance", "planner", "admission", "dispatcher"):
+        samples = scraped[name]
+        for reason in ("head_differs", "seal_past_checkpoint"):
+            assert value(samples, f"writ_{name}_journal_seal_refusals_total",
+                         reason=reason) == 0
+        for reason in ("unauthentic", "late"):
+            assert value(samples, f"writ_{name}_journal_rows_rejected_total",
+                         reason=reason) == 0
+        assert value(samples, f"writ_{name}_journal_sealer_ok_timestamp_seconds") > 0
 
 
 async def test_backlog_gauges_follow_postgres(stack: Stack, driven: None,

@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Host
-from writ.stack import SERVICES, Stack
+from writ.stack import JOURNALS, SERVICES, Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -173,6 +173,11 @@ def test_alerts_are_a_prometheus_rule_file() -> None:
                         "WritConsumerAckPendingGrowing", "WritHandlerErrors"):
         services = {r["labels"].get("service") for r in by_name[per_service]}
         assert services == set(SERVICES), f"{per_service} covers {sorted(services)}"
+    for per_journal in ("WritJournalSealRefused", "WritJournalRowRejected",
+                        "WritJournalSealerStalled"):
+        services = {r["labels"].get("service") for r in by_name[per_journal]}
+        assert services == set(JOURNALS), f"{per_journal} covers {sorted(services)}"
+        assert {r["labels"]["severity"] for r in by_name[per_journal]} == {"page"}
 
 
 def test_expressions_name_metrics() -> None:

@@ -45,8 +45,9 @@ async def _review(host: Host, pending_id: str, answer: str = "approve", *, comme
     message = ReviewDecision(
         request_id=request_id, pending_id=pending_id, answer=answer, comment=comment,
         token=token or host.stack.token(tenant, "ops@acme.example", roles=["approver"]))
-    await host.js.publish(subjects.review(tenant), msgspec.json.encode(message),
-                          headers={"Nats-Msg-Id": request_id})
+    js = await host.tenant_js(tenant)  # as the tenant's host, with its permissions
+    await js.publish(subjects.review(tenant), msgspec.json.encode(message),
+                     headers={"Nats-Msg-Id": request_id})
     return await host.first(request_id, ReviewResult, tenant=tenant, timeout=40)
 
 

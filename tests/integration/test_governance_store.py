@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import asyncpg
 import pytest
 
@@ -181,3 +182,31 @@ async def test_an_approval_stands_for_exactly_the_call_it_answered(store) -> Non
     assert not (await gov.facts("acme", other, "alice@acme", "run-1", approval)).approved
     assert not (await gov.facts("acme", read, "alice@acme", "run-2", approval)).approved
     assert not (await gov.facts("acme", read, "alice@acme", "run-1", pending)).approved
+
+
+async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(store) -> None:  # type: ignore[no-untyped-def]
+    # Issue 12, defect 7: one operation key sent 8 times at once used to leave 4 pending
+    # decisions, all but one orphans. Each ask about the same proposal is the same one.
+    gov, admin = store
+    facts = await gov.facts("acme", WRITE, "alice@acme", "run-1")
+    ruling = decide(WRITE, facts)
+    proposal_id = str(uuid.uuid4())
+    ids: list[str] = []
+
+    async def ask() -> None:
+        ids.append(await gov.record(tenant="acme", run_id="run-1", principal="alice@acme",
+                                    call=WRITE, ruling=ruling,
+                                    policy_version=facts.policy_version,
+                                    proposal_id=proposal_id))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(ask)
+    assert len(set(ids)) == 1
+    assert await admin.fetchval("SELECT count(*) FROM governance.pending WHERE proposal_id = $1",
+                                proposal_id) == 1
+    # Once answered, the proposal may be asked about again (a new question, a new id).
+    await gov.answer(tenant="acme", pending_id=ids[0], answer="deny", answered_by="ops@acme",
+                     reason="no")
+    await ask()
+    assert ids[-1] != ids[0]

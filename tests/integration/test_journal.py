@@ -316,7 +316,7 @@ async def test_inserting_a_row_inside_the_chain_is_caught_and_named(env: Env) ->
         row["key_id"], row["nonce"], row["ciphertext"])
     assert await env.sealer.seal_all() == 0  # behind the head: never sealed
     seq, entry, reason = first(await env.verify())
-    assert (seq, entry) == (None, forged) and "inserted" in reason
+    assert (seq, entry) == (5, forged) and "sorts before seq 5 (inserted)" in reason
 
 
 async def test_appending_a_row_with_a_forged_seal_is_caught(env: Env) -> None:
@@ -335,18 +335,25 @@ async def test_appending_a_row_with_a_forged_seal_is_caught(env: Env) -> None:
     assert seq == 11 and "not covered by a signed checkpoint" in reason
 
 
-async def test_a_forged_row_is_never_sealed_and_is_named(env: Env) -> None:
+async def test_a_forged_row_is_sealed_as_a_rejection_and_named(env: Env) -> None:
     await sealed(env, 3)
     forged = await env.admin.fetchval(
         "INSERT INTO governance.journal (tenant, kind, subject, key_id, nonce, ciphertext) "
         "VALUES ('acme', 'decision', 'x', 'd1', '\\x000102030405060708090a0b', "
         "'\\x00112233445566778899aabbccddeeff00') RETURNING id")
-    await write(env, n=7)  # a real row after it waits behind it
-    assert await env.sealer.seal_all() == 0
-    assert env.sealer.stuck_at == forged
-    assert (await env.verify()).ok  # within the grace period...
-    seq, entry, reason = first(await env.verify(grace=timedelta(0)))
-    assert (seq, entry) == (None, forged) and "unsealed" in reason  # ...then named
+    await write(env, n=7)  # a real row after it is not held up behind it
+    assert await env.sealer.seal_all() == 2
+    assert await env.admin.fetchval("SELECT rejected FROM governance.journal_seals "
+                                    "WHERE entry_id = $1", forged) == \
+        "unauthentic: not authentic (edited, moved or forged)"
+    seq, entry, reason = first(await env.verify())
+    assert (seq, entry) == (4, forged) and "rejected" in reason  # at once, no grace period
+    # Not evidence: a reader of the tenant's entries never sees it.
+    entries = await read_entries(env.admin, env.journal, tenant="acme")
+    assert forged not in [row["id"] for _, row, _ in entries]
+    # And removing it afterwards removes a sealed row, which is named too.
+    await env.admin.execute("DELETE FROM governance.journal WHERE id = $1", forged)
+    assert first(await env.verify())[:2] == (4, forged)
 
 
 async def test_copying_a_row_is_caught(env: Env) -> None:
@@ -355,7 +362,20 @@ async def test_copying_a_row_is_caught(env: Env) -> None:
         "INSERT INTO governance.journal (tenant, kind, subject, run_id, key_id, nonce, "
         "ciphertext) SELECT tenant, kind, subject, run_id, key_id, nonce, ciphertext "
         "FROM governance.journal WHERE id = $1", ids[0])
-    assert await env.sealer.seal_all() == 1  # authentic: the sealer cannot tell a copy
+    # Its recorded_at is the copy's (bound into the payload's associated data): not authentic.
+    assert await env.sealer.seal_all() == 1
+    report = await env.verify()
+    assert first(report)[0] == 4 and "rejected" in first(report)[2]
+    assert any(p.seq == 4 and "nonce of seq 1" in p.reason for p in report.problems)
+
+
+async def test_copying_a_row_with_its_time_is_caught(env: Env) -> None:
+    ids = await sealed(env, 3)
+    await env.admin.execute(
+        "INSERT INTO governance.journal (tenant, kind, subject, run_id, key_id, nonce, "
+        "ciphertext, recorded_at) SELECT tenant, kind, subject, run_id, key_id, nonce, "
+        "ciphertext, recorded_at FROM governance.journal WHERE id = $1", ids[0])
+    assert await env.sealer.seal_all() == 1  # authentic and recent: the sealer cannot tell
     seq, _, reason = first(await env.verify())
     assert seq == 4 and "nonce of seq 1" in reason
 
@@ -451,10 +471,15 @@ async def test_writ_audit_verify_exits_non_zero_naming_the_first_bad_entry(
     keys = tmp_path / "journal-keys.json"
     keys.write_text(msgspec.json.encode(env.public).decode())
     argv = [sys.executable, "-m", "writ.cli", "audit", "verify", "--dsn", scratch_db,
-            "--keys", str(keys), "--tenant", "acme"]
+            "--keys", str(keys), "--tenant", "acme", "--no-record"]
     ok = await anyio.run_process(argv, check=False)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.decode().startswith("governance: intact (10 entries")
+    assert "NOT checked against a record" in ok.stdout.decode()
+    # Without a record, or a NATS to read it from, or --no-record, it does not pretend.
+    refused = await anyio.run_process(argv[:-1], check=False, env={"PATH": "/usr/bin"},
+                                      cwd=tmp_path)
+    assert refused.returncode != 0 and b"no record of the checkpoints" in refused.stderr
     await env.admin.execute(
         "UPDATE governance.journal SET ciphertext = set_byte(ciphertext, 0, "
         "get_byte(ciphertext, 0) # 128) WHERE id = $1", ids[7])

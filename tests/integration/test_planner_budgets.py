@@ -143,7 +143,8 @@ class Env(msgspec.Struct, kw_only=True):
 @pytest.fixture
 async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> AsyncIterator[Env]:
     nc = await nats.connect(private_nats.url)
-    await ensure_streams(nc.jetstream())
+    # Writ's streams, and the results stream of the tenant these runs belong to.
+    await ensure_streams(nc.jetstream(), [*subjects.STREAMS, *subjects.tenant_streams("acme")])
     database = scratch_db.rsplit("/", 1)[1]
     passwords = await provision(scratch_db, database, {
         name: load_migrations(name, SERVICES / name / "migrations")

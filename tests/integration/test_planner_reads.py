@@ -10,6 +10,7 @@ to `PlannerService.handle` directly (the actor loop is libs/actor.py's, tested o
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,8 @@ class Env(msgspec.Struct, kw_only=True):
 @pytest.fixture
 async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> AsyncIterator[Env]:
     nc = await nats.connect(private_nats.url)
-    await ensure_streams(nc.jetstream())
+    # Writ's streams, and the results stream of the tenant these runs belong to.
+    await ensure_streams(nc.jetstream(), [*subjects.STREAMS, *subjects.tenant_streams("acme")])
     database = scratch_db.rsplit("/", 1)[1]
     names = ("planner", "governance", "retrieval")
     passwords = await provision(scratch_db, database, {
@@ -248,6 +250,8 @@ async def test_a_read_is_observed_as_untrusted_data_then_the_note_is_proposed(en
         (2, "decision", "select_capability"), (3, "observation", "crm.note.create succe"),
         (4, "decision", "answer_directly")]
     assert INJECTED not in str(announced)  # progress names steps, never their content
+    # Not even the titles of what was read: a count and the tool.
+    assert re.fullmatch(r"\d items from documents\.search, untrusted", announced[1].summary)
 
     await Sealer(pool=env.planner_pool, journal=env.journal,
                  signing=SigningKey.generate("p-1")).seal_all()

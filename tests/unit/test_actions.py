@@ -677,10 +677,10 @@ def test_request_hash_is_over_the_request_not_the_facts() -> None:
     assert again.request_hash == first.request_hash
     assert first.request_hash == canonical_hash(
         tenant="acme", principal="alice@acme", action="payment.refund", version=1,
-        arguments={**request, "destination": "original_method"})
+        arguments={**request, "destination": "original_method"}, agent="orders")
     assert first.request_hash != canonical_hash(
         tenant="acme", principal="alice@acme", action="payment.refund", version=1,
-        arguments=one.arguments)
+        arguments=one.arguments, agent="orders")
     # Spelling out the default asks for the same thing.
     explicit = validate(refund_proposal({**request, "destination": "original_method"}))
     assert explicit.request_hash == first.request_hash

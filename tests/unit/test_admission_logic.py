@@ -25,6 +25,7 @@ from services.admission.logic import (
 
 BASE: dict[str, Any] = {
     "tenant": "acme", "principal": "alice@acme", "action": "crm.note.create", "version": 1,
+    "agent": "assistant",
     "arguments": {"customer_id": "ACME-42", "body": "Called back about the invoice."},
 }
 
@@ -144,8 +145,9 @@ def test_validated_hash_is_tenant_and_principal_scoped() -> None:
     base = validate(proposal()).request_hash
     assert validate(proposal(tenant="globex")).request_hash != base
     assert validate(proposal(principal="bob")).request_hash != base
-    # run, step and agent are not part of what the command does.
-    assert validate(proposal(run_id="run-2", step=9, agent="other")).request_hash == base
+    # The agent acting is part of what a key binds (issue 12, defect 9); run and step are not.
+    assert validate(proposal(agent="other")).request_hash != base
+    assert validate(proposal(run_id="run-2", step=9)).request_hash == base
 
 
 def test_validated_hash_covers_the_expected_revision() -> None:

@@ -62,6 +62,14 @@ def test_every_stored_column_is_in_the_hash(field: str, value: object) -> None:
         != before
 
 
+def test_a_rejection_is_in_the_hash_and_an_accepted_row_hashes_as_before() -> None:
+    base = entry_hash(bytes(32), service="governance", seq=1, row=ROW)
+    assert entry_hash(bytes(32), service="governance", seq=1, row={**ROW, "rejected": None}) \
+        == base
+    assert entry_hash(bytes(32), service="governance", seq=1,
+                      row={**ROW, "rejected": "unauthentic: forged"}) != base
+
+
 def test_the_place_in_the_chain_and_the_service_are_in_the_hash() -> None:
     base = entry_hash(bytes(32), service="governance", seq=1, row=ROW)
     assert entry_hash(bytes(32), service="governance", seq=2, row=ROW) != base
@@ -96,9 +104,10 @@ def test_payloads_round_trip_and_are_not_stored_in_clear() -> None:
     assert stored(j)["nonce"] != row["nonce"]  # a fresh nonce every time
 
 
-@pytest.mark.parametrize("field,value", [("tenant", "globex"), ("kind", "grant.standing"),
-                                         ("subject", "d-2"), ("run_id", "run-2")])
-def test_the_associated_data_binds_the_row_to_its_identifiers(field: str, value: str) -> None:
+@pytest.mark.parametrize("field,value", [
+    ("tenant", "globex"), ("kind", "grant.standing"), ("subject", "d-2"), ("run_id", "run-2"),
+    ("recorded_at", datetime(2025, 1, 2, 3, 4, 5, 678902, tzinfo=UTC))])
+def test_the_associated_data_binds_the_row_to_its_identifiers(field: str, value: object) -> None:
     j, _ = journal()
     with pytest.raises(JournalError, match="not authentic"):
         j.open(stored(j, **{field: value}))

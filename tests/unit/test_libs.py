@@ -15,7 +15,8 @@ from libs.settings import BaseSettings, load_settings, read_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every public module on disk, so a new one is checked the day it lands.
-LIBS = sorted(p.stem for p in (ROOT / "libs").glob("*.py") if not p.stem.startswith("_"))
+LIBS = sorted([p.stem for p in (ROOT / "libs").glob("*.py") if not p.stem.startswith("_")]
+              + [p.parent.name for p in (ROOT / "libs").glob("*/__init__.py")])
 
 
 # -- public surface (anyio's test_all_attributes) ------------------------------------------

@@ -54,6 +54,7 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.ingress import ProposalAnswer, RunStarted
+from schemas.journal import JournalCheckpoint
 from schemas.planner import (
     BranchChanged,
     Divergence,
@@ -180,6 +181,10 @@ SAMPLES: dict[type, Any] = {
     FactsRead: FactsRead(found=True, facts={"payment_id": "pay_7781", "status": "captured"}),
     ReplayRun: ReplayRun(tenant="acme", run_id="run-1"),
     BranchChanged: BranchChanged(tenant="acme", run_id="run-1.b2"),
+    JournalCheckpoint: JournalCheckpoint(service="governance", seq=9, prev_seq=6,
+                                         head="ab" * 32, prev_head="cd" * 32,
+                                         key_id="governance-1", signature="c2ln",
+                                         signed_at=1764633600000000),
     StepRecorded: StepRecorded(tenant="acme", run_id="run-1", seq=3, kind="decision",
                                decision="select_capability", target="documents.search"),
     ReplayReport: ReplayReport(run_id="run-1", verdict="divergent", entries=6, divergences=[

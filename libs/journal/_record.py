@@ -1,0 +1,156 @@
+"""The record outside the database: every signed checkpoint, in an append-only stream.
+
+The journal's database can be rewritten by whoever can write to it; the record cannot, by the
+same person: it lives in a JetStream stream (`WRIT_AUDIT`) whose own configuration denies
+deleting a message, purging and rollups, and the server refuses any update that lifts either
+denial. A sealer appends each checkpoint before it commits it, with
+`Nats-Expected-Last-Subject-Sequence`, so a service's record is one line: a checkpoint lands only
+on top of the one its sealer read last. An auditor may also keep an export of it (JSON lines).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Final, Protocol
+
+import msgspec
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from libs.journal._codec import checkpoint_message, genesis_hash
+from libs.journal._keys import JournalError, SigningKey
+from schemas import subjects
+from schemas.journal import JournalCheckpoint
+from schemas.subjects import JOURNAL_RECORD_STREAM, StreamSpec
+
+_DECODER: Final = msgspec.json.Decoder(JournalCheckpoint)
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+class RecordError(JournalError):
+    """The record could not be read or appended to (retry; the sealer does not seal meanwhile)."""
+
+
+class CheckpointRecord(Protocol):
+    """Where checkpoints are recorded outside the database."""
+
+    # A live record has every checkpoint ever signed; an export only those up to its writing.
+    live: bool
+
+    async def read(self, service: str) -> list[JournalCheckpoint]:
+        """Every recorded checkpoint of `service`, oldest first."""
+        ...
+
+
+def signed_checkpoint(signing: SigningKey, *, service: str, seq: int, prev_seq: int,
+                      head: bytes, prev_head: bytes, signed_at: int) -> JournalCheckpoint:
+    """A checkpoint signed with the service's key, as recorded and as stored."""
+    signature = signing.sign(checkpoint_message(service, seq, prev_seq, head, signing.key_id))
+    return JournalCheckpoint(service=service, seq=seq, prev_seq=prev_seq, head=head.hex(),
+                             prev_head=prev_head.hex(), key_id=signing.key_id,
+                             signature=base64.b64encode(signature).decode(),
+                             signed_at=signed_at)
+
+
+def first_prev_head(service: str) -> str:
+    """The `prev_head` of a chain's first checkpoint."""
+    return genesis_hash(service).hex()
+
+
+class JetStreamRecord:
+    """The `WRIT_AUDIT` stream (or, in tests, a stream of another name and subject prefix)."""
+
+    live = True
+
+    def __init__(self, js: JetStreamContext, *, stream: str = JOURNAL_RECORD_STREAM,
+                 subject: Callable[[str], str] = subjects.journal_checkpoints,
+                 timeout: float = 5.0) -> None:
+        self._js, self.stream, self.subject, self._timeout = js, stream, subject, timeout
+
+    def spec(self) -> StreamSpec:
+        """This record's stream as Writ declares it (append-only, kept forever)."""
+        prefix = self.subject("x").rsplit(".", 1)[0]
+        return StreamSpec(self.stream, (f"{prefix}.>",), 0.0, append_only=True)
+
+    async def last(self, service: str) -> tuple[int, JournalCheckpoint | None]:
+        """(stream sequence, checkpoint) of the newest recorded checkpoint; (0, None) if none."""
+        try:
+            msg = await self._js.get_last_msg(self.stream, self.subject(service))
+        except NotFoundError:
+            return 0, None
+        except (nats.errors.Error, OSError) as exc:
+            raise RecordError(f"cannot read the record of {service}: {exc!r}") from exc
+        assert msg.data is not None and msg.seq is not None
+        return msg.seq, _DECODER.decode(msg.data)
+
+    async def append(self, checkpoint: JournalCheckpoint, *, after: int) -> int:
+        """Append on top of the message at stream sequence `after` (0: the first); its stream
+        sequence. Refused (RecordError) if anything else was recorded for the service since."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(after)}
+        try:
+            ack = await self._js.publish(self.subject(checkpoint.service),
+                                         _ENCODER.encode(checkpoint), stream=self.stream,
+                                         headers=headers, timeout=self._timeout)
+        except (nats.errors.Error, OSError) as exc:
+            raise RecordError(f"cannot record checkpoint {checkpoint.seq} of "
+                              f"{checkpoint.service}: {exc!r}") from exc
+        return int(ack.seq)
+
+    async def read(self, service: str) -> list[JournalCheckpoint]:
+        """Every recorded checkpoint of `service`, oldest first (an ordered consumer)."""
+        last, newest = await self.last(service)
+        if newest is None:
+            return []
+        found: list[JournalCheckpoint] = []
+        sub = await self._js.subscribe(
+            self.subject(service), stream=self.stream, ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=self._timeout)
+                except nats.errors.TimeoutError as exc:
+                    raise RecordError(f"the record of {service} stopped before stream "
+                                      f"sequence {last}") from exc
+                found.append(_DECODER.decode(msg.data))
+                if msg.metadata.sequence.stream >= last:
+                    return found
+        finally:
+            await sub.unsubscribe()
+
+
+class FileRecord:
+    """An export of the record an auditor keeps: one `JournalCheckpoint` (JSON) per line."""
+
+    live = False
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def _all(self) -> list[JournalCheckpoint]:
+        if not self.path.exists():
+            return []
+        return [_DECODER.decode(line) for line in self.path.read_bytes().splitlines()
+                if line.strip()]
+
+    async def read(self, service: str) -> list[JournalCheckpoint]:
+        """The exported checkpoints of `service`, in the order they were recorded."""
+        return [c for c in self._all() if c.service == service]
+
+    async def export(self, source: CheckpointRecord, services: Iterable[str]) -> int:
+        """Append what `source` recorded since this file was last written; how many lines."""
+        known = {}
+        for c in self._all():
+            known[c.service] = max(known.get(c.service, 0), c.seq)
+        added = []
+        for service in services:
+            added += [c for c in await source.read(service) if c.seq > known.get(service, 0)]
+        if added:
+            with self.path.open("ab") as out:
+                for c in added:
+                    out.write(_ENCODER.encode(c) + b"\n")
+        return len(added)

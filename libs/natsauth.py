@@ -1,0 +1,171 @@
+"""Who may use which subject: NATS users and permissions, generated per deployment.
+
+NATS enforces them, not Writ: one account, one user per service and per tenant's host, each
+allowed exactly the subjects it publishes and consumes, and an `admin` user (no limits) for
+Writ's own operator tooling and the tests' inspection. Users and permissions in one account
+rather than an account per tenant: Writ's streams are shared by the services, and JetStream
+across accounts would need an export and an import per stream and per API subject, all of
+which would be permissions again, with more to get wrong.
+
+- A service publishes only where it produces, subscribes only to its endpoints, and reaches
+  JetStream's API only for Writ's streams and its own durable consumer. Its request/reply
+  answers go out with `allow_responses` (to a reply subject it was sent, once).
+- A tenant's host publishes only `writ.in.<kind>.<tenant>`, reads only its own result stream
+  (`WRIT_OUT_<tenant>`) and `writ.events.planner.<tenant>`, and nothing under `writ.int.>`,
+  `writ.cmd.>` or another tenant's subjects.
+- Every user's replies arrive under its own inbox prefix (`_INBOX.<user>`): nobody can
+  subscribe to `_INBOX.>` and read the answers meant for someone else.
+
+Passwords are generated per deployment and kept as secret files; the server's configuration
+holds them and is written with the same care (mode 0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Final
+
+from schemas import subjects
+from schemas.planner import REVIEW
+
+__all__ = ["ADMIN", "JOURNALED", "SERVICE_SUBJECTS", "auth_config", "ensure_passwords", "host_user",
+           "inbox_prefix", "permissions", "users"]
+
+ADMIN: Final = "admin"
+_JS: Final = "$JS.API"
+_STATIC_STREAMS: Final = tuple(spec.name for spec in subjects.STREAMS)
+
+# service -> (its durable consumer's stream or None for per-tenant streams, what it publishes,
+# the request/reply endpoints it serves). Request/reply calls are publishes too.
+SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, ...]]]] = {
+    "ingress": (None, (
+        "writ.out.results.*", "writ.int.runs.started.*", "writ.int.approvals.*",
+        "writ.int.proposals.*", "writ.int.answers.*", subjects.REGISTER_RUN, REVIEW,
+    ), ()),
+    "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE), (subjects.READ,)),
+    "planner": ("WRIT_INT", (
+        "writ.int.runs.branch.*", "writ.out.results.*", "writ.int.proposals.*",
+        "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
+        subjects.SETTLE,
+    ), (subjects.REPLAY, REVIEW)),
+    "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (
+        subjects.DECIDE, subjects.DECIDE_BATCH, subjects.REGISTER_RUN, subjects.PENDING_LIST,
+        subjects.ANSWER, subjects.RESERVE, subjects.SETTLE,
+    )),
+    "admission": ("WRIT_INT", (
+        "writ.out.results.*", "writ.int.refused.*", "writ.cmd.*", "writ.int.admitted.*",
+        subjects.FACTS, subjects.ANSWER, subjects.DECIDE, subjects.DECIDE_BATCH,
+    ), ()),
+    "dispatcher": ("WRIT_CMD", ("writ.int.outcomes.*.*", subjects.DECIDE),
+                   (subjects.UNKNOWN_LIST, subjects.RECONCILE, subjects.FACTS)),
+}
+
+
+# The services that keep an audit journal: each appends its own checkpoints to the record
+# (`WRIT_AUDIT`) and reads its own last one back, and nobody else's.
+JOURNALED: Final = ("planner", "governance", "admission", "dispatcher")
+
+
+def host_user(tenant: str) -> str:
+    """The NATS user of a tenant's host."""
+    return f"host-{tenant}"
+
+
+def inbox_prefix(user: str) -> str:
+    """Where `user`'s replies arrive: pass it as nats-py's `inbox_prefix`."""
+    return f"_INBOX.{user}"
+
+
+def users(tenants: Iterable[str]) -> tuple[str, ...]:
+    """Every user of a deployment: the administrator, each service, each tenant's host."""
+    return (ADMIN, *SERVICE_SUBJECTS, *(host_user(t) for t in tenants))
+
+
+def _consumer(stream: str, durable: str) -> list[str]:
+    """What a durable pull consumer's owner needs of JetStream: create, bind, fetch, ack."""
+    return [f"{_JS}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+            f"{_JS}.CONSUMER.CREATE.{stream}.{durable}",
+            f"{_JS}.CONSUMER.CREATE.{stream}.{durable}.>",
+            f"{_JS}.CONSUMER.INFO.{stream}.{durable}",
+            f"{_JS}.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>"]
+
+
+def _streams(names: Iterable[str]) -> list[str]:
+    """Declaring Writ's own streams (every service does at start), and nothing else."""
+    return [f"{_JS}.STREAM.{op}.{name}" for name in names for op in ("INFO", "CREATE", "UPDATE")]
+
+
+def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
+    stream, publishes, endpoints = SERVICE_SUBJECTS[name]
+    pub = [f"{_JS}.INFO", *_streams(_STATIC_STREAMS), *publishes,
+           subjects.dead_letter(name)]
+    if stream is None:  # ingress: one consumer per tenant's host stream, which it declares
+        tenant_streams = [subjects.in_stream(t) for t in tenants]
+        pub += _streams([*tenant_streams, *(subjects.out_stream(t) for t in tenants)])
+        for s in tenant_streams:
+            pub += _consumer(s, name)
+    else:
+        pub += _consumer(stream, name)
+    if name in JOURNALED:
+        pub += [subjects.journal_checkpoints(name),
+                f"{_JS}.STREAM.MSG.GET.{subjects.JOURNAL_RECORD_STREAM}"]
+    return {"publish": {"allow": pub},
+            "subscribe": {"allow": [*endpoints, "$SRV.>", f"{inbox_prefix(name)}.>"]},
+            "allow_responses": True}
+
+
+def _host(tenant: str) -> dict[str, object]:
+    out = subjects.out_stream(tenant)
+    user = host_user(tenant)
+    pub = [*subjects.host_subjects(tenant), f"{_JS}.INFO", f"{_JS}.STREAM.INFO.{out}",
+           f"{_JS}.CONSUMER.CREATE.{out}", f"{_JS}.CONSUMER.CREATE.{out}.>",
+           f"{_JS}.CONSUMER.DURABLE.CREATE.{out}.*", f"{_JS}.CONSUMER.INFO.{out}.*",
+           f"{_JS}.CONSUMER.DELETE.{out}.*", f"{_JS}.CONSUMER.MSG.NEXT.{out}.*",
+           f"{_JS}.STREAM.MSG.GET.{out}", f"{_JS}.DIRECT.GET.{out}", f"{_JS}.DIRECT.GET.{out}.>",
+           f"$JS.ACK.{out}.>", f"$JS.FC.{out}.>"]
+    sub = [subjects.result(tenant), subjects.planner_progress(tenant), f"{inbox_prefix(user)}.>"]
+    return {"publish": {"allow": pub}, "subscribe": {"allow": sub}}
+
+
+def permissions(tenants: Iterable[str]) -> dict[str, dict[str, object] | None]:
+    """Each user's NATS permissions (None: the administrator, unrestricted)."""
+    tenants = tuple(tenants)
+    for tenant in tenants:
+        if not subjects.valid_tenant(tenant):
+            raise ValueError(f"invalid tenant name {tenant!r}")
+    found: dict[str, dict[str, object] | None] = {ADMIN: None}
+    for name in SERVICE_SUBJECTS:
+        found[name] = _service(name, tenants)
+    for tenant in tenants:
+        found[host_user(tenant)] = _host(tenant)
+    return found
+
+
+def auth_config(passwords: Mapping[str, str], tenants: Iterable[str]) -> str:
+    """The server's `authorization` block (NATS configuration accepts JSON)."""
+    entries = []
+    for user, perms in permissions(tenants).items():
+        entry: dict[str, object] = {"user": user, "password": passwords[user]}
+        if perms is not None:
+            entry["permissions"] = perms
+        entries.append(entry)
+    return "authorization " + json.dumps({"users": entries}, indent=2) + "\n"
+
+
+def ensure_passwords(folder: Path, tenants: Iterable[str]) -> dict[str, str]:
+    """Each user's password from `<folder>/nats-<user>.password`, generated (mode 0600) for
+    users that have none yet; existing ones are kept, so a restart changes nothing."""
+    passwords = {}
+    for user in users(tenants):
+        path = Path(folder) / f"nats-{user}.password"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(24))
+        passwords[user] = path.read_text().strip()
+    return passwords

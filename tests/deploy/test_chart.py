@@ -1,0 +1,338 @@
+"""The Helm chart, rendered offline with default and production values: every object valid,
+every pod admitted by Pod Security "restricted", and the isolation the design promises."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import msgspec
+import pytest
+import yaml
+
+from tests.deploy.k8s import (
+    CHART,
+    KUBERNETES_VERSION,
+    ROOT,
+    by_kind,
+    component,
+    egress_cidrs,
+    pod_templates,
+    policies_for,
+    production_values,
+    render,
+    restricted_violations,
+    validate,
+)
+
+SERVICES = ("ingress", "retrieval", "planner", "governance", "admission", "dispatcher")
+WITH_DATABASE = ("retrieval", "planner", "governance", "admission", "dispatcher")
+VALUES = {"default": None, "production": "production"}
+
+
+@pytest.fixture(scope="module", params=list(VALUES))
+def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return render(production_values() if VALUES[request.param] else None)
+
+
+@pytest.fixture(scope="module")
+def production() -> list[dict[str, Any]]:
+    return render(production_values())
+
+
+def _deployment(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    [found] = [d for d in by_kind(objects, "Deployment") if component(d) == name]
+    return found
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def _secrets(template: dict[str, Any]) -> set[str]:
+    return {v["secret"]["secretName"] for v in template["spec"].get("volumes", [])
+            if "secret" in v}
+
+
+# -- the chart as Helm sees it ---------------------------------------------------------------
+
+def test_helm_lint_is_clean() -> None:
+    for values in (None, production_values()):
+        report = helm_python.lint(CHART, values, strict=True,
+                                  kube_version=f"v{KUBERNETES_VERSION}")
+        assert report["errors"] == [] and report["messages"] == [], report
+
+
+@pytest.mark.parametrize("bad", [
+    {"nats": {"streamReplicas": 2}},
+    {"services": {"dispatcher": {"bogus": True}}},
+    {"postgres": {"roles": "superuser"}},
+    {"networkPolicy": {"connectors": {"cidrs": ["not-a-cidr"], "ports": [443]}}},
+])
+def test_values_schema_rejects_what_would_misconfigure(bad: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render(bad)
+
+
+def test_every_object_is_valid_for_its_kind(rendered: list[dict[str, Any]]) -> None:
+    kinds = {o["kind"] for o in rendered}
+    assert {"Deployment", "PodDisruptionBudget", "Job", "NetworkPolicy",
+            "ServiceAccount"} <= kinds
+    for obj in rendered:
+        validate(obj)
+
+
+def test_validation_is_strict_for_built_in_and_custom_kinds(
+        production: list[dict[str, Any]]) -> None:
+    deployment = copy.deepcopy(_deployment(production, "planner"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(deployment)
+    [scaled] = [o for o in by_kind(production, "ScaledObject") if component(o) == "planner"]
+    scaled = copy.deepcopy(scaled)
+    scaled["spec"]["minReplicas"] = 3  # the field is minReplicaCount
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaled)
+
+
+def test_production_renders_every_custom_resource(production: list[dict[str, Any]]) -> None:
+    kinds = [o["kind"] for o in production]
+    assert kinds.count("ScaledObject") == len(SERVICES)
+    assert {"PodMonitor", "PrometheusRule"} <= set(kinds)
+
+
+# -- Pod Security "restricted" ---------------------------------------------------------------
+
+def test_every_pod_passes_restricted(rendered: list[dict[str, Any]]) -> None:
+    templates = list(pod_templates(rendered))
+    assert len(templates) == len(SERVICES) + 1  # the services and the migrate Job
+    for obj, template in templates:
+        assert restricted_violations(template) == [], obj["metadata"]["name"]
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda s: s["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+     "allowPrivilegeEscalation"),
+    (lambda s: s["securityContext"].pop("seccompProfile") and
+     [c["securityContext"].pop("seccompProfile") for c in
+      s["containers"] + s.get("initContainers", [])], "seccompProfile"),
+    (lambda s: s["containers"][0]["securityContext"]["capabilities"].update(add=["NET_ADMIN"]),
+     "adds capabilities"),
+    (lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "volume h"),
+    (lambda s: s["containers"][0]["securityContext"].update(runAsUser=0), "uid 0"),
+    (lambda s: s.update(hostNetwork=True), "hostNetwork"),
+])
+def test_the_restricted_check_catches_violations(production: list[dict[str, Any]],
+                                                 change: Any, why: str) -> None:
+    template = copy.deepcopy(_deployment(production, "dispatcher")["spec"]["template"])
+    change(template["spec"])
+    assert any(why in v for v in restricted_violations(template))
+
+
+# -- the Deployments -------------------------------------------------------------------------
+
+def test_each_service_has_probes_resources_and_a_pdb(rendered: list[dict[str, Any]]) -> None:
+    pdbs = {component(p): p for p in by_kind(rendered, "PodDisruptionBudget")}
+    for name in SERVICES:
+        deployment = _deployment(rendered, name)
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["args"] == ["service", name]
+        port = int(_env(container)["WRIT_METRICS_PORT"])
+        assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == port
+        assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+        assert container["startupProbe"]["httpGet"]["path"] == "/livez"
+        assert container["resources"]["requests"] and container["resources"]["limits"]
+        assert pdbs[name]["spec"]["selector"]["matchLabels"] == \
+            deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_grace_period_outlasts_drain_and_span_flush(rendered: list[dict[str, Any]]) -> None:
+    for name in SERVICES:
+        spec = _deployment(rendered, name)["spec"]["template"]["spec"]
+        env = _env(spec["containers"][0])
+        drain = float(env["WRIT_DRAIN_TIMEOUT_S"])
+        flush = float(env["OTEL_BSP_EXPORT_TIMEOUT"]) / 1000
+        # libs/runtime.serve: handlers for up to the drain timeout, then the NATS drain for as
+        # long again, then the tracer provider's flush.
+        assert spec["terminationGracePeriodSeconds"] > 2 * drain + flush
+
+
+def test_services_with_a_database_wait_for_migrations(rendered: list[dict[str, Any]]) -> None:
+    for name in SERVICES:
+        spec = _deployment(rendered, name)["spec"]["template"]["spec"]
+        inits = spec.get("initContainers", [])
+        if name not in WITH_DATABASE:
+            assert inits == []
+            continue
+        [init] = inits
+        assert init["args"][:3] == ["migrate", "--check", "--wait"]
+        assert _env(init)["WRIT_DATABASE_URL"] == _env(spec["containers"][0])["WRIT_DATABASE_URL"]
+        assert f"_{name}@" in _env(init)["WRIT_DATABASE_URL"]  # as the service's own role
+
+
+def test_every_setting_the_chart_gives_a_service_is_one_it_reads(
+        rendered: list[dict[str, Any]]) -> None:
+    import importlib
+
+    # Settings another branch adds, which the chart already passes (ingress's HTTP API):
+    # harmless to a service that does not read them yet.
+    every: set[str] = set()
+    pending = {"ingress": {"WRIT_HTTP_ENABLED", "WRIT_HTTP_HOST", "WRIT_HTTP_PORT"}}
+    for name in SERVICES:
+        module = importlib.import_module(f"services.{name}.__main__")
+        [settings] = [v for k, v in vars(module).items() if k.endswith("Settings")
+                      and isinstance(v, type) and v.__module__ == module.__name__]
+        fields = {f"WRIT_{f.encode_name.upper()}" for f in msgspec.structs.fields(settings)}
+        container = _deployment(rendered, name)["spec"]["template"]["spec"]["containers"][0]
+        unknown = ({k for k in _env(container) if k.startswith("WRIT_")} - fields - every
+                   - pending.get(name, set()))
+        assert not unknown, f"{name} has no setting for {unknown}"
+
+
+def test_keda_consumers_are_the_services_own() -> None:
+    from services.admission.service import INBOX as admission
+    from services.dispatcher.service import inbox
+    from services.governance.service import INBOX as governance
+    from services.planner.service import INBOX as planner
+    from services.retrieval.service import INBOX as retrieval
+
+    specs = {"admission": admission, "governance": governance,
+             "planner": planner, "retrieval": retrieval, "dispatcher": inbox(30.0)}
+    objects = render(production_values())
+    scaled = {component(o): o for o in by_kind(objects, "ScaledObject")}
+    for name, spec in specs.items():
+        [trigger] = scaled[name]["spec"]["triggers"]
+        assert trigger["type"] == "nats-jetstream"
+        assert (trigger["metadata"]["stream"], trigger["metadata"]["consumer"]) == \
+            (spec.stream, spec.durable)
+        assert scaled[name]["spec"]["scaleTargetRef"]["name"] == \
+            _deployment(objects, name)["metadata"]["name"]
+        # KEDA owns the replica count: the Deployment must not fight it.
+        assert "replicas" not in _deployment(objects, name)["spec"]
+
+
+def test_keda_watches_each_tenants_stream_of_a_per_tenant_consumer() -> None:
+    from services.ingress.service import inbox
+
+    objects = render({"keda": {"enabled": True}, "tenants": ["acme", "globex"]})
+    [ingress] = [o for o in by_kind(objects, "ScaledObject") if component(o) == "ingress"]
+    assert [(t["metadata"]["stream"], t["metadata"]["consumer"])
+            for t in ingress["spec"]["triggers"]] == \
+        [(inbox(t).stream, inbox(t).durable) for t in ("acme", "globex")]
+    for obj in objects:
+        validate(obj)
+
+
+def test_keda_is_off_by_default() -> None:
+    objects = render()
+    assert not by_kind(objects, "ScaledObject")
+    assert all(d["spec"]["replicas"] >= 2 for d in by_kind(objects, "Deployment"))
+
+
+# -- the migrate Job -------------------------------------------------------------------------
+
+def test_migrate_is_a_hook_by_default_and_a_plain_job_on_request() -> None:
+    [hook] = by_kind(render(), "Job")
+    assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    [plain] = by_kind(render({"migrate": {"hook": False}}, revision=7), "Job")
+    assert "annotations" not in plain["metadata"]
+    assert plain["metadata"]["name"].endswith("-migrate-7")
+
+
+def test_migrate_runs_as_the_owner_with_every_role_password(
+        rendered: list[dict[str, Any]]) -> None:
+    [job] = by_kind(rendered, "Job")
+    spec = job["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert container["args"][0] == "migrate"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["WRIT_ADMIN_DATABASE_URL"]["value"].startswith("postgresql://writ@")
+    mounted = {m["mountPath"] for m in container["volumeMounts"]}
+    roles_dir = env["WRIT_ROLE_PASSWORDS_DIR"]["value"]
+    assert {f"{roles_dir}/{name}" for name in WITH_DATABASE} <= mounted
+    # It mounts database credentials only: no journal key, no connector or model secret.
+    assert all(s == "writ-db-app" or s.startswith("writ-pg-") for s in _secrets(job["spec"][
+        "template"]))
+
+
+# -- isolation -------------------------------------------------------------------------------
+
+def test_only_the_dispatcher_mounts_connector_secrets(rendered: list[dict[str, Any]]) -> None:
+    for obj, template in pod_templates(rendered):
+        connectors = {s for s in _secrets(template) if s.startswith("writ-connector-")}
+        if component(obj) == "dispatcher":
+            assert connectors
+        else:
+            assert not connectors, component(obj)
+
+
+def test_the_planner_mounts_no_credential_but_the_model_key(
+        rendered: list[dict[str, Any]]) -> None:
+    template = _deployment(rendered, "planner")["spec"]["template"]
+    allowed = {"writ-pg-planner", "writ-journal-planner", "writ-model-key",
+               "writ-nats-planner"}
+    assert _secrets(template) <= allowed
+    assert "writ-model-key" in _secrets(template)
+
+
+def test_each_service_mounts_only_its_own_database_and_journal_secrets(
+        rendered: list[dict[str, Any]]) -> None:
+    for name in SERVICES:
+        secrets = _secrets(_deployment(rendered, name)["spec"]["template"])
+        for other in set(SERVICES) - {name}:
+            assert not {f"writ-pg-{other}", f"writ-journal-{other}",
+                        f"writ-nats-{other}"} & secrets
+
+
+def test_default_deny_covers_every_pod(rendered: list[dict[str, Any]]) -> None:
+    for _, template in pod_templates(rendered):
+        labels = template["metadata"]["labels"]
+        policies = policies_for(rendered, labels)
+        deny = [p for p in policies if "ingress" not in p["spec"] and
+                "egress" not in p["spec"]]
+        assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        for policy in policies:  # no rule that opens everything
+            for rule in policy["spec"].get("egress", []):
+                assert rule.get("to"), policy["metadata"]["name"]
+            for rule in policy["spec"].get("ingress", []):
+                assert rule.get("from"), policy["metadata"]["name"]
+
+
+def test_external_egress_is_each_services_own(production: list[dict[str, Any]]) -> None:
+    values = production_values()["networkPolicy"]
+    owners = {"dispatcher": set(values["connectors"]["cidrs"]),
+              "planner": set(values["modelProvider"]["cidrs"]),
+              "retrieval": set(values["mcpServers"]["cidrs"])}
+    assert all(owners.values())
+    for obj, template in pod_templates(production):
+        reachable = egress_cidrs(production, template["metadata"]["labels"])
+        assert reachable == owners.get(component(obj), set()), component(obj)
+
+
+def test_only_ingress_accepts_hosts(production: list[dict[str, Any]]) -> None:
+    hosts = production_values()["networkPolicy"]["hosts"]
+    for obj, template in pod_templates(production):
+        peers = [peer for p in policies_for(production, template["metadata"]["labels"])
+                 for rule in p["spec"].get("ingress", []) for peer in rule["from"]]
+        assert (all(h in peers for h in hosts)) == (component(obj) == "ingress")
+    [service] = by_kind(production, "Service")
+    assert component(service) == "ingress"
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+# -- monitoring ------------------------------------------------------------------------------
+
+def test_prometheus_rule_is_the_alerts_file(production: list[dict[str, Any]]) -> None:
+    alerts = yaml.safe_load((ROOT / "deploy/observability/writ-alerts.yaml").read_text())
+    [rule] = by_kind(production, "PrometheusRule")
+    assert rule["spec"] == alerts
+    [monitor] = by_kind(production, "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    [dashboard] = [c for c in by_kind(production, "ConfigMap")
+                   if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert dashboard["data"]["writ-dashboard.json"] == \
+        (ROOT / "deploy/observability/writ-dashboard.json").read_text()

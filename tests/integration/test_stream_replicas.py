@@ -1,0 +1,30 @@
+"""WRIT_STREAM_REPLICAS reaches the declaration of Writ's streams (3 on a JetStream cluster)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from nats.js.errors import APIError
+
+from libs.embedded import EmbeddedNats
+from libs.runtime import serve
+from libs.settings import BaseSettings, load_settings
+
+pytestmark = pytest.mark.anyio
+
+
+async def _main(rt: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+
+
+async def test_a_single_server_refuses_three_replicas(private_nats: EmbeddedNats) -> None:
+    settings = load_settings(BaseSettings, {"WRIT_NATS_URL": private_nats.url,
+                                            "WRIT_STREAM_REPLICAS": "3"})
+    assert settings.stream_replicas == 3
+    # One nats-server cannot hold three replicas: that it refuses shows the number reached
+    # the stream declaration (a cluster of three accepts it).
+    with pytest.raises(APIError) as refused:
+        await serve("replicas", settings, _main, description="test")
+    assert refused.value.err_code == 10074, refused.value  # replicas > 1 not supported

@@ -1,0 +1,67 @@
+"""The deployment's NATS permissions, as data (the e2e suite shows the server enforces them)."""
+
+from __future__ import annotations
+
+from libs.natsauth import (
+    ADMIN,
+    JOURNALED,
+    SERVICE_SUBJECTS,
+    auth_config,
+    host_user,
+    permissions,
+    users,
+)
+
+
+def _allowed(perms: dict, kind: str) -> list[str]:
+    return perms[kind]["allow"]
+
+
+def test_a_host_may_use_only_its_own_tenants_subjects() -> None:
+    perms = permissions(["acme", "globex"])
+    acme = perms[host_user("acme")]
+    assert acme is not None
+    published = _allowed(acme, "publish")
+    for subject in published:
+        assert "globex" not in subject
+        assert not subject.startswith(("writ.int.", "writ.cmd.", "writ.events.", "_INBOX"))
+        assert "*" not in subject.split(".")[:2] and ">" not in subject.split(".")[:3]
+    assert "writ.in.requests.acme" in published and "writ.in.requests.*" not in published
+    subscribed = _allowed(acme, "subscribe")
+    assert subscribed == ["writ.out.results.acme", "writ.events.planner.acme",
+                          "_INBOX.host-acme.>"]
+
+
+def test_services_reach_only_their_own_consumer_and_inbox() -> None:
+    perms = permissions(["acme"])
+    for name in SERVICE_SUBJECTS:
+        service = perms[name]
+        assert service is not None
+        published = _allowed(service, "publish")
+        # The only stored message a service may read is its own journal's last checkpoint.
+        assert not [s for s in published if s.startswith("$JS.API.STREAM.MSG")
+                    and s != "$JS.API.STREAM.MSG.GET.WRIT_AUDIT"
+                    or s.startswith("$JS.API.DIRECT") or s.endswith(".>") and "CONSUMER" in s
+                    and f".{name}." not in s]
+        assert not [s for s in published if s in (">", "writ.>", "$JS.API.>")]
+        assert _allowed(service, "subscribe")[-1] == f"_INBOX.{name}.>"
+    assert perms[ADMIN] is None
+
+
+def test_every_user_has_a_password_in_the_block() -> None:
+    text = auth_config({u: f"pw-{u}" for u in users(["acme"])}, ["acme"])
+    for user in users(["acme"]):
+        assert f'"user": "{user}"' in text and f'"pw-{user}"' in text
+
+
+def test_a_journal_appends_to_its_own_record_only() -> None:
+    perms = permissions(["acme"])
+    for name in SERVICE_SUBJECTS:
+        service = perms[name]
+        assert service is not None
+        records = [s for s in _allowed(service, "publish") if s.startswith("writ.audit.")]
+        assert records == ([f"writ.audit.checkpoints.{name}"] if name in JOURNALED else [])
+    for tenant_user in (host_user("acme"),):
+        host = perms[tenant_user]
+        assert host is not None
+        assert not [s for s in _allowed(host, "publish") if "AUDIT" in s or "audit" in s]
