@@ -322,11 +322,12 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
 
     before = await _counts(db)
     dlq_before = (await host.js.stream_info("WRIT_DLQ")).state.messages
-    results_from = (await host.js.stream_info("WRIT_OUT")).state.last_seq + 1
+    results_from = (await host.js.stream_info(subjects.out_stream(TENANT))).state.last_seq + 1
 
+    tenant_js = await host.tenant_js(TENANT)  # as the tenant's host, with its permissions
     for message in messages:
-        await host.js.publish(f"writ.in.{message.kind}.{TENANT}", message.body,
-                              headers={"Nats-Msg-Id": message.header_id})
+        await tenant_js.publish(f"writ.in.{message.kind}.{TENANT}", message.body,
+                                headers={"Nats-Msg-Id": message.header_id})
 
     wanted = {m.request_id: m for m in messages}
     answers: dict[str, Any] = {}
