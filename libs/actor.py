@@ -5,8 +5,17 @@
 - undecodable (`msgspec.DecodeError`) or `PermanentError`: dead-letter with the reason, `term()`;
 - `Fenced`: nothing at all (the lease belongs to another worker; a stale ack would settle its
   delivery, because JetStream matches acks by stream sequence only);
-- `RetryableError`, Postgres serialization/deadlock/connection errors, anything else: `nak`
-  with backoff, until the consumer's `max_deliver` is reached, then dead-letter.
+- `RetryableError`, or a dependency unavailable (`libs.errors.waits_out`: a Writ service not
+  answering, NATS or PostgreSQL away): `nak` with backoff (capped at 30 s) for as long as the
+  outage lasts, up to the consumer's `outage_limit_s` (15 minutes from when the message was
+  stored; counted in `writ_<service>_messages_waiting_total`), then dead-letter;
+- anything else, of any type: `nak` with backoff until the consumer's `max_deliver` is
+  reached, then dead-letter (a poison message).
+
+Nothing a message does stops the loop: an error escaping the handling itself (not the
+handler: the settling, the tracing) is logged, counted (`outcome="crashed"`) and the delivery
+nak'ed, and the loop goes on. A message delivered past both limits (a handler that kills its
+process every time) is dead-lettered before it is handled again.
 
 Alongside the loop a small task reads the consumer's info every `lag_every_s` and sets its lag
 gauges (not yet delivered, delivered but unacked); failing to read it changes nothing else.
@@ -47,7 +56,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
 from libs.bus import ConsumerSpec, ensure_consumer
-from libs.errors import Fenced, PermanentError, RetryableError, single_error
+from libs.errors import Fenced, PermanentError, RetryableError, single_error, waits_out
 from libs.health import Health
 from libs.telemetry import ActorMetrics, extract_context, inject_context
 from schemas.subjects import dead_letter
@@ -83,8 +92,22 @@ Handler = Callable[[Delivery[Any]], Awaitable[None]]
 BatchHandler = Callable[[list[Delivery[Any]]], Awaitable[Sequence[BaseException | None]]]
 
 
+_MAX_BACKOFF_S = 30.0
+
+
 def _backoff(num_delivered: int) -> float:
-    return float(min(0.25 * 2 ** max(num_delivered - 1, 0), 30.0))
+    return float(min(0.25 * 2 ** min(max(num_delivered - 1, 0), 16), _MAX_BACKOFF_S))
+
+
+def _age_s(msg: Msg) -> float:
+    """Seconds since the message was stored in its stream."""
+    return max(time.time() - msg.metadata.timestamp.timestamp(), 0.0)
+
+
+def _exhausted(msg: Msg, spec: ConsumerSpec) -> bool:
+    """Delivered past both limits: nothing will handle it any more."""
+    return (msg.metadata.num_delivered > spec.max_deliver
+            and _age_s(msg) >= spec.outage_limit_s)
 
 
 async def run_actor(
@@ -120,6 +143,7 @@ async def run_actor(
     stopping = stopping or anyio.Event()
     # Every consumer is on the dashboard from the start (rate() needs the zero too).
     metrics.redelivered.labels(spec.durable)
+    metrics.waiting.labels(spec.durable)
     metrics.dead_lettered.labels(spec.durable)
     task_status.started()
 
@@ -128,6 +152,8 @@ async def run_actor(
             await _process(msg, js=js, spec=spec, decoder=decoder, handler=handler,
                            metrics=metrics, tracer=tracer, ack_sync=ack_sync,
                            heartbeat=heartbeat)
+        except Exception as exc:
+            await _crashed([msg], exc, spec=spec, metrics=metrics)
         finally:
             slots.release()
 
@@ -137,6 +163,8 @@ async def run_actor(
             await _process_batch(msgs, js=js, spec=spec, decoder=decoder, handler=handler,
                                  batch_handler=batch_handler, metrics=metrics, tracer=tracer,
                                  ack_sync=ack_sync, heartbeat=heartbeat)
+        except Exception as exc:
+            await _crashed(msgs, exc, spec=spec, metrics=metrics)
         finally:
             slots.release()
 
@@ -237,6 +265,21 @@ async def _watch_lag(js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMet
             await anyio.sleep(every)
 
 
+async def _crashed(msgs: list[Msg], exc: Exception, *, spec: ConsumerSpec,
+                   metrics: ActorMetrics) -> None:
+    """The handling itself failed (not the handler): the loop goes on, the deliveries come
+    back later (a message that keeps doing this ends in the dead-letter stream)."""
+    log.error("%s: handling %d deliveries failed: %r", spec.durable, len(msgs), exc,
+              exc_info=exc)
+    metrics.failed.labels(spec.durable, "crashed").inc(len(msgs))
+    for msg in msgs:
+        try:
+            delay = _backoff(msg.metadata.num_delivered)
+        except Exception:  # not even its metadata reads: the ack wait brings it back
+            continue
+        await _settle(msg.nak(delay=delay))
+
+
 def _decode(msg: Msg, decoder: msgspec.json.Decoder[Any] | None, metrics: ActorMetrics,
             consumer: str) -> Delivery[Any]:
     """The delivery, decoded (raises `msgspec.DecodeError`)."""
@@ -251,6 +294,12 @@ async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
                    metrics: ActorMetrics,
                    tracer: Tracer, ack_sync: bool, heartbeat: bool) -> None:
     consumer = spec.durable
+    if _exhausted(msg, spec):
+        metrics.failed.labels(consumer, "exhausted").inc()
+        await _dead_letter(js, msg, metrics, consumer,
+                           f"exhausted {msg.metadata.num_delivered - 1} deliveries "
+                           f"over {_age_s(msg):.0f} s")
+        return
     try:
         delivery = _decode(msg, decoder, metrics, consumer)
     except msgspec.DecodeError as exc:
@@ -289,6 +338,12 @@ async def _process_batch(msgs: list[Msg], *, js: JetStreamContext, spec: Consume
     started = time.perf_counter()
     deliveries: list[Delivery[Any]] = []
     for msg in msgs:
+        if _exhausted(msg, spec):
+            metrics.failed.labels(consumer, "exhausted").inc()
+            await _dead_letter(js, msg, metrics, consumer,
+                               f"exhausted {msg.metadata.num_delivered - 1} deliveries "
+                               f"over {_age_s(msg):.0f} s")
+            continue
         try:
             deliveries.append(_decode(msg, decoder, metrics, consumer))
         except msgspec.DecodeError as exc:
@@ -368,17 +423,33 @@ async def _settle_result(delivery: Delivery[Any], error: BaseException | None, *
     if error is not None:
         if not isinstance(error, Exception):
             raise error  # cancellation and the like are never swallowed
+        waiting = waits_out(error)
         if delivery.num_delivered >= spec.max_deliver:
-            metrics.failed.labels(consumer, "exhausted").inc()
-            await _dead_letter(js, msg, metrics, consumer,
-                               f"exhausted {spec.max_deliver} deliveries: {error!r}")
-            return
-        retryable = isinstance(error, RetryableError)
+            age = _age_s(msg)
+            if not waiting:
+                metrics.failed.labels(consumer, "exhausted").inc()
+                await _dead_letter(js, msg, metrics, consumer,
+                                   f"exhausted {spec.max_deliver} deliveries: {error!r}")
+                return
+            if age >= spec.outage_limit_s:
+                metrics.failed.labels(consumer, "outage_exhausted").inc()
+                await _dead_letter(js, msg, metrics, consumer,
+                                   f"still unavailable after {age:.0f} s "
+                                   f"({delivery.num_delivered} deliveries): {error!r}")
+                return
         metrics.failed.labels(consumer, "retry").inc()
-        if not retryable:
+        if waiting:
+            metrics.waiting.labels(consumer).inc()
+            log.info("%s: waiting for a dependency (delivery %d): %r", consumer,
+                     delivery.num_delivered, error)
+        else:
             log.warning("%s: handler failed, will retry: %r", consumer, error)
-        delay = error.delay if isinstance(error, RetryableError) and error.delay is not None \
-            else _backoff(delivery.num_delivered)
+        delay = _backoff(delivery.num_delivered)
+        if isinstance(error, RetryableError) and error.delay is not None:
+            # The error's own delay (a lease's remaining time, a cooldown) first; a long
+            # outage still backs off.
+            delay = error.delay if delivery.num_delivered < spec.max_deliver else max(
+                error.delay, delay)
         await _settle(msg.nak(delay=delay))
         return
     if ack_sync:

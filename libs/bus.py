@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import msgspec
 import nats
@@ -24,6 +25,7 @@ from libs.telemetry import inject_context
 from schemas.subjects import STREAMS, StreamSpec
 
 __all__ = [
+    "OUTAGE_LIMIT_S",
     "ConsumerSpec",
     "connect",
     "ensure_consumer",
@@ -35,8 +37,19 @@ __all__ = [
 _ENCODER = msgspec.json.Encoder()
 
 
+# How long a delivery that fails because a dependency is away (a Writ service, NATS,
+# PostgreSQL) keeps being retried, counted from when the message was stored: 15 minutes.
+OUTAGE_LIMIT_S: Final = 900.0
+
+
 class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A durable pull consumer: a service's inbox. Its `ack_wait` is the lease's clock."""
+    """A durable pull consumer: a service's inbox. Its `ack_wait` is the lease's clock.
+
+    `max_deliver` bounds the deliveries of a poison message (one whose handler fails for any
+    other reason); a delivery waiting out an outage is retried until it is `outage_limit_s`
+    old (and at least `max_deliver` times). `run_actor` enforces both: JetStream itself
+    redelivers without a limit, so nothing is ever left undelivered and not dead-lettered.
+    """
 
     stream: str
     durable: str
@@ -44,6 +57,7 @@ class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
     ack_wait_s: float = 30.0
     max_deliver: int = 10
     max_ack_pending: int = 1000
+    outage_limit_s: float = OUTAGE_LIMIT_S
 
 
 async def connect(url: str, *, name: str, user: str = "", password: str = "") -> Client:
@@ -87,7 +101,7 @@ async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
     config = ConsumerConfig(
         durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL, ack_wait=spec.ack_wait_s,
-        max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending,
+        max_deliver=-1, max_ack_pending=spec.max_ack_pending,
         filter_subjects=list(spec.filter_subjects),
     )
     await js.add_consumer(spec.stream, config)

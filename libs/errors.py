@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncpg
+import nats.errors
+
 __all__ = [
     "ConfigError",
     "single_error",
+    "waits_out",
     "Fenced",
     "PermanentError",
     "RetryableError",
@@ -50,3 +54,37 @@ def single_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
+
+
+# What a dependency being away looks like (a Writ service, NATS, PostgreSQL), as opposed to
+# a message nothing will ever handle. asyncpg's connection-class errors (SQLSTATE 08), its
+# shutdown and "cannot connect now" (57P), and its client-side "connection is closed".
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.NoServersError,
+    nats.errors.OutboundBufferLimitError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.InterfaceError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    TimeoutError,
+    ConnectionError,
+)
+
+
+def waits_out(error: BaseException) -> bool:
+    """Whether `error` says "not now" rather than "never": a `RetryableError`, or a Writ
+    service, NATS or PostgreSQL that is unavailable. Such a delivery waits out the outage
+    (retried with backoff up to the consumer's outage limit); anything else is treated as a
+    poison message after `max_deliver` deliveries."""
+    if isinstance(error, BaseExceptionGroup):
+        error = single_error(error)
+        if isinstance(error, BaseExceptionGroup):
+            return all(waits_out(e) for e in error.exceptions)
+    return isinstance(error, (RetryableError, *_UNAVAILABLE))

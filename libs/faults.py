@@ -13,10 +13,14 @@ import os
 from pathlib import Path
 from typing import Final
 
-__all__ = ["CRASH_STATUS", "Faults"]
+__all__ = ["CRASH_STATUS", "FaultInjected", "Faults"]
 
 CRASH_STATUS: Final = 137
 log = logging.getLogger("writ.faults")
+
+
+class FaultInjected(Exception):  # noqa: N818  (deliberately none of Writ's own errors)
+    """An error nobody anticipated, raised at an armed `raise:<point>`."""
 
 
 class Faults:
@@ -25,21 +29,32 @@ class Faults:
     def __init__(self, path: str | None = None) -> None:
         self._path = Path(path) if path else None
 
+    def raise_if(self, point: str) -> None:
+        """Raise `FaultInjected` if `raise:<point>` is armed (once, like a crash point)."""
+        if self._take(f"raise:{point}"):
+            log.warning("fault injected: raising at %s", point)
+            raise FaultInjected(f"injected at {point}")
+
     def crash_if(self, point: str) -> None:
         """Exit the process now if `point` is armed."""
-        if self._path is None or not self._path.exists():
+        if not self._take(point):
             return
+        log.warning("fault injected: crashing at %s", point)
+        logging.shutdown()
+        os._exit(CRASH_STATUS)
+
+    def _take(self, point: str) -> bool:
+        if self._path is None or not self._path.exists():
+            return False
         with self._path.open("r+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)  # two replicas must not both take one crash
             armed = handle.read().split()
             if point not in armed:
-                return
+                return False
             armed.remove(point)
             handle.seek(0)
             handle.truncate()
             handle.write("\n".join(armed))
             handle.flush()
             os.fsync(handle.fileno())
-        log.warning("fault injected: crashing at %s", point)
-        logging.shutdown()
-        os._exit(CRASH_STATUS)
+        return True

@@ -34,7 +34,7 @@ from libs.telemetry import (
     make_tracer_provider,
 )
 
-__all__ = ["Endpoint", "Runtime", "run_service", "serve"]
+__all__ = ["Endpoint", "Runtime", "guarded", "run_service", "serve"]
 
 VERSION = "0.1.0"
 log = logging.getLogger("writ.runtime")
@@ -46,14 +46,39 @@ class Endpoint:
     Requests are handled concurrently, up to `concurrency` at a time: nats-py awaits a
     subscription's handler before it delivers the next message, which would make a service
     answer one request at a time however many callers wait.
+
+    `handler` is kept behind `guarded`: whatever it raises fails that request (answered
+    500), never the process that serves it.
     """
 
     __slots__ = ("concurrency", "handler", "name", "subject")
 
     def __init__(self, name: str, subject: str, handler: Callable[[Request], Awaitable[None]],
                  *, concurrency: int = 64):
-        self.name, self.subject, self.handler = name, subject, handler
+        self.name, self.subject = name, subject
+        self.handler = guarded(name, handler)
         self.concurrency = concurrency
+
+
+def guarded(name: str, handler: Callable[[Request], Awaitable[None]]
+            ) -> Callable[[Request], Awaitable[None]]:
+    """`handler`, answering `500 <name> failed` for an error of any type it lets out.
+
+    An endpoint runs in its service's task group: an error escaping it would end the process
+    for every tenant. The requester gets the error instead; the details go to the log.
+    """
+    async def handle(request: Request) -> None:
+        try:
+            await handler(request)
+        except Exception as exc:
+            log.error("endpoint %s failed: %r", name, exc, exc_info=exc)
+            try:
+                await request.respond_error("500", f"{name} failed")
+            except Exception as lost:  # the bus away: the requester times out instead
+                log.warning("endpoint %s: answering the failure failed: %r", name, lost)
+
+    handle.__wrapped__ = handler  # type: ignore[attr-defined]
+    return handle
 
 
 class Runtime:

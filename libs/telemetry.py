@@ -153,6 +153,9 @@ class ActorMetrics:
         self.dead_lettered = Counter(f"writ_{service}_messages_dead_lettered",
                                      "Dead letters published to writ.dlq.<consumer>",
                                      ["consumer"], registry=registry)
+        self.waiting = Counter(f"writ_{service}_messages_waiting",
+                               "Deliveries nak'ed to wait out an unavailable dependency (a Writ "
+                               "service, NATS, PostgreSQL)", ["consumer"], registry=registry)
         self.pending = Gauge(f"writ_{service}_consumer_pending",
                              "Messages on the consumer's stream not yet delivered (num_pending)",
                              ["consumer"], registry=registry)

@@ -22,6 +22,7 @@ __all__ = [
     "CommandResult",
     "CommandStatus",
     "DecisionResult",
+    "ErrorCode",
     "ErrorInfo",
     "HumanDecision",
     "ReviewDecision",
@@ -135,12 +136,16 @@ class ProposalView(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: ShortText
 
 
+# A stable error code of the host contract (the README lists them all).
+ErrorCode = Annotated[str, msgspec.Meta(pattern=r"^[A-Z][A-Z_]{0,63}(?!\n)$")]
+
+
 class ApprovalResult(Event):
     """What became of an `ApproveProposal`, on `writ.out.results.<tenant>`.
 
     `claimed`: this approval started the one execution; `rejected`: the proposal is refused;
     `already_completed`: it was approved before (the recorded outcome, not a second execution);
-    `not_approvable`: why nothing happened.
+    `not_approvable`: why nothing happened, `code` saying it as data.
     """
 
     request_id: ShortText
@@ -151,12 +156,13 @@ class ApprovalResult(Event):
     reason: ShortText | None = None
     correlation_id: ShortText | None = None
     api_version: str = "1"
+    code: ErrorCode | None = None  # set with `not_approvable` (and a rejection by ingress)
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Why a request was rejected or a run failed; `code` is stable, `message` is for people."""
 
-    code: Annotated[str, msgspec.Meta(pattern=r"^[A-Z][A-Z_]{0,63}(?!\n)$")]
+    code: ErrorCode
     message: ShortText
 
 
@@ -205,19 +211,22 @@ class CommandResult(Event):
 
 
 class DecisionResult(Event):
-    """Whether an approver's `HumanDecision` was taken, on `writ.out.results.<tenant>`."""
+    """Whether an approver's `HumanDecision` was taken, on `writ.out.results.<tenant>`; when
+    it was not, `code` says why as data."""
 
     request_id: ShortText
     pending_id: ShortText
     accepted: bool
     message: ShortText
     api_version: str = "1"
+    code: ErrorCode | None = None
 
 
 class ReviewResult(Event):
     """Whether an approver's `ReviewDecision` was taken, on `writ.out.results.<tenant>`.
 
     The run's own `RunResult` (resumed, or failed `REJECTED`) follows under its request id.
+    When the answer was not taken, `code` says why as data.
     """
 
     request_id: ShortText
@@ -225,3 +234,4 @@ class ReviewResult(Event):
     accepted: bool
     message: ShortText
     api_version: str = "1"
+    code: ErrorCode | None = None

@@ -27,6 +27,7 @@ import nats
 from libs.journal import load_verify_keys, verify
 from schemas.host import RunResult
 from writ.stack import SERVICES, Stack
+from writ.supervisor import Supervisor
 from writ_client import Client, Issuer
 
 __all__ = ["run_demo"]
@@ -99,10 +100,9 @@ def _step(body: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-async def _demo(stack: Stack) -> int:
+async def _demo(stack: Stack, started: float) -> int:
     print(f"Writ is up: NATS {stack.public_nats_url}, simulated CRM {stack.crm_url}")
     nc = await nats.connect(stack.nats_url)
-    started = time.monotonic()
     done = anyio.Event()
     status: list[str] = []
 
@@ -171,11 +171,16 @@ def run_demo(home: Path, *, serve: bool) -> int:
     stack = Stack(home, nats_url=os.environ.get("WRIT_NATS_URL") or None,
                   admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None,
                   http_port=int(os.environ.get("WRIT_HTTP_PORT") or 0))
+    supervisor: Supervisor | None = None
     try:
         print("Starting NATS, PostgreSQL, the simulated CRM and payment provider, and "
               "ingress, retrieval, planner, governance, admission, dispatcher…", flush=True)
         stack.start_all()
-        code = anyio.run(_demo, stack)
+        started = time.monotonic()
+        # A service that dies shows in the timeline at once, and comes back with backoff.
+        supervisor = Supervisor(stack, report=lambda what, detail: _line(started, what, detail))
+        supervisor.start()
+        code = anyio.run(_demo, stack, started)
         if serve:
             print("\nPrometheus can scrape:")
             for name in SERVICES:
@@ -184,8 +189,8 @@ def run_demo(home: Path, *, serve: bool) -> int:
                   f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
                   f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
                   f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
-                  f"Operators run `writ pending`; logs in {stack.logs}. Ctrl-C stops "
-                  "everything.", flush=True)
+                  f"Operators run `writ pending`; logs in {stack.logs}. A service that dies is "
+                  "reported here and restarted. Ctrl-C stops everything.", flush=True)
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)
             signal.sigwait(stop)
@@ -201,4 +206,6 @@ def run_demo(home: Path, *, serve: bool) -> int:
                 print(f"--- {name} ---\n{tail}", file=sys.stderr)
         return 1
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         stack.stop()

@@ -13,6 +13,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -76,6 +77,10 @@ class Stack:
         self.embedded_pg: EmbeddedPostgres | None = None
         self._durable_pg = durable_pg
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Which service each running instance is (`start_instance`), for a supervisor to
+        # restart it; the lock keeps a stop and a supervisor's restart from crossing.
+        self.instances: dict[str, str] = {}
+        self.lock = threading.RLock()
         # Per-service (or "*" for all) extra WRIT_* settings, e.g. short leases in fault tests.
         self.extra_env = extra_env or {}
         self.crm_url = ""
@@ -396,7 +401,9 @@ class Stack:
             (self.home / "ingress.http-port").unlink(missing_ok=True)
         env = {**self.service_env(service), "WRIT_METRICS_PORT_FILE": str(port_file),
                "WRIT_INSTANCE": key}
-        self._spawn(key, [sys.executable, "-m", "writ.cli", "service", service], env)
+        with self.lock:
+            self._spawn(key, [sys.executable, "-m", "writ.cli", "service", service], env)
+            self.instances[key] = service
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         base = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TZ", "HOME",
@@ -454,16 +461,19 @@ class Stack:
         return path.read_text(errors="replace")[-size:] if path.exists() else ""
 
     def stop_process(self, name: str, *, kill: bool = False, timeout: float = 20) -> int | None:
-        """SIGTERM (drain) or SIGKILL (crash) one process and wait for it."""
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        """SIGTERM (drain) or SIGKILL (crash) one process and wait for it (a supervisor does
+        not restart a process stopped here)."""
+        with self.lock:
+            proc = self.procs.pop(name, None)
+            self.instances.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                return None if proc is None else proc.returncode
+            proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                return proc.wait()
 
     def stop(self) -> None:
         """Stop every process, then the embedded servers."""

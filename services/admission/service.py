@@ -439,7 +439,8 @@ class AdmissionService:
         proposal = await self._store.proposal_row(ans.tenant, public_id=ans.proposal_id)
         if proposal is None:
             # Unknown, tampered, or another tenant's id: the same answer for all three.
-            await self._reply(ans, "not_approvable", reason="no such proposal")
+            await self._reply(ans, "not_approvable", reason="no such proposal",
+                              code="UNKNOWN_PROPOSAL")
             return
         if not await self._still_approvable(ans, proposal):
             return
@@ -459,7 +460,8 @@ class AdmissionService:
             return False
         if proposal.expires_at is not None and proposal.expires_at <= datetime.now(UTC):
             await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
-            await self._reply(ans, "not_approvable", reason="the proposal expired")
+            await self._reply(ans, "not_approvable", reason="the proposal expired",
+                              code="EXPIRED")
             return False
         contract = ACTIONS.get(proposal.action)
         try:
@@ -473,6 +475,7 @@ class AdmissionService:
                       ans.request_id, exc)
             await self._reply(ans, "not_approvable", outcome="terminal_failure",
                               reason="the stored proposal cannot be executed",
+                              code="TERMINAL_FAILURE",
                               correlation_id=proposal.proposal_id)
             return False
         return True
@@ -501,7 +504,9 @@ class AdmissionService:
                     await self._reply_state(ans, fresh)
                     return None
             if code in ("403", "409", "410"):
-                await self._reply(ans, "not_approvable", reason=message[:500])
+                await self._reply(ans, "not_approvable", reason=message[:500],
+                                  code={"403": "FORBIDDEN", "409": "ALREADY_ANSWERED",
+                                        "410": "UNKNOWN_PENDING"}[code])
                 return None
             raise RetryableError(f"governance error {code}: {message}")
         return self._answered_decoder.decode(reply.data)
@@ -557,16 +562,16 @@ class AdmissionService:
                               receipt=outcome.receipt, reason=outcome.detail or None,
                               correlation_id=outcome.correlation_id)
             return
-        await self._reply(ans, "not_approvable",
+        await self._reply(ans, "not_approvable", code="NOT_PENDING",
                           reason=f"the proposal is {proposal.state}"
                                  + (f": {proposal.reason}" if proposal.reason else ""))
 
     async def _reply(self, ans: ProposalAnswer, status: str, *, outcome: str | None = None,
                      receipt: str | None = None, reason: str | None = None,
-                     correlation_id: str | None = None) -> None:
+                     correlation_id: str | None = None, code: str | None = None) -> None:
         await publish(
             self._rt.js, subjects.result(ans.tenant),
-            ApprovalResult(request_id=ans.request_id, proposal_id=ans.proposal_id,
+            ApprovalResult(request_id=ans.request_id, proposal_id=ans.proposal_id, code=code,
                            status=status, outcome=outcome,  # type: ignore[arg-type]
                            receipt=receipt, reason=(reason or "")[:500] or None,
                            correlation_id=correlation_id),

@@ -296,14 +296,15 @@ class GovernanceService:
         outcome = await self._store.answer(
             tenant=answer.tenant, pending_id=answer.pending_id, answer=answer.answer,
             answered_by=answer.principal, reason=answer.reason)
+        code: str | None = None
         if isinstance(outcome, Answered):
             await self._announce(outcome)
             accepted, message = True, f"answered {answer.answer}"
         else:
-            accepted, message = False, outcome.reason
+            accepted, message, code = False, outcome.reason, outcome.code
         await publish(self._rt.js, subjects.result(answer.tenant),
                       DecisionResult(request_id=answer.request_id, pending_id=answer.pending_id,
-                                     accepted=accepted, message=message[:512]),
+                                     accepted=accepted, message=message[:512], code=code),
                       msg_id=f"decision-result:{answer.tenant}:{answer.request_id}")
 
     async def _answer_endpoint(self, request: Request) -> None:
@@ -317,6 +318,7 @@ class GovernanceService:
         except msgspec.DecodeError as exc:
             await request.respond_error("400", f"invalid AnswerDecision: {exc}")
             return
+        self._rt.faults.raise_if("governance.answer")
         with self._rt.tracer.start_as_current_span(
                 "governance answer", context=extract_context(request.headers),
                 kind=SpanKind.SERVER):

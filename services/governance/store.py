@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, Literal
 
 import asyncpg
 import msgspec
@@ -67,9 +67,10 @@ class Answered(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
-    """Why an answer was not taken."""
+    """Why an answer was not taken: `code` is the host contract's stable code."""
 
     reason: str
+    code: Literal["UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER"] = "UNKNOWN_PENDING"
 
 
 # $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL),
@@ -515,10 +516,12 @@ class GovernanceStore:
                         reason=row["answer_reason"] or "", answered_by=row["answered_by"],
                         decision_id=str(row["answer_decision_id"]), line=row["line"],
                         policy_version=row["policy_version"])
-                return NotAnswerable(reason=f"already answered {row['answer']}")
+                return NotAnswerable(reason=f"already answered {row['answer']}",
+                                     code="ALREADY_ANSWERED")
             if answer not in row["options"]:
                 return NotAnswerable(reason=f"{answer!r} is not offered here: "
-                                            f"{', '.join(row['options'])}")
+                                            f"{', '.join(row['options'])}",
+                                     code="INVALID_ANSWER")
             decision_id = str(uuid.uuid4())
             verdict = "deny" if answer == "deny" else "allow"
             text = f"answered {answer} by {answered_by}" + (f": {reason}" if reason else "")

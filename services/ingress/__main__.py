@@ -26,6 +26,8 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     max_request_bytes: int = 64 * 1024
     # How long ingress waits for the planner to take a review answer before it retries it.
     review_timeout_s: float = 30.0
+    # The longest lifetime (exp - iat, and exp - now) a host's token may have.
+    max_token_ttl_s: float = 3600.0
     # The agents' manifests (the planner's WRIT_AGENTS_DIR): a host's command for an agent
     # none declares is refused `UNKNOWN_AGENT`. Empty: not checked here.
     agents_dir: str = ""
@@ -71,7 +73,8 @@ def main() -> None:
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
                              max_request_bytes=settings.max_request_bytes,
-                             review_timeout_s=settings.review_timeout_s, agents=agents)
+                             review_timeout_s=settings.review_timeout_s, agents=agents,
+                             max_token_ttl_s=settings.max_token_ttl_s)
         if not settings.http_enabled:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Final
@@ -11,6 +13,7 @@ import jwt
 import msgspec
 
 from libs.errors import ConfigError
+from schemas.base import storable
 from schemas.control import CancelRun
 from schemas.host import ApproveProposal, HumanDecision, ReviewDecision, RunRequest, SubmitCommand
 
@@ -20,6 +23,8 @@ __all__ = [
     "APPROVER_KINDS",
     "APPROVER_ROLE",
     "AUDITOR_ROLE",
+    "LEEWAY_S",
+    "MAX_TOKEN_TTL_S",
     "COMMAND_DECODER",
     "DECISION_DECODER",
     "DECODERS",
@@ -55,6 +60,11 @@ DECODERS: Final = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
 APPROVER_ROLE: Final = "approver"
 # Reads of the audit journal (replay, verify) need this role.
 AUDITOR_ROLE: Final = "auditor"
+# Clock skew tolerated between a host's clock and ingress's, on exp, nbf and iat.
+LEEWAY_S: Final = 5.0
+# The longest a token may live (WRIT_MAX_TOKEN_TTL_S): a stolen token is worth an hour.
+MAX_TOKEN_TTL_S: Final = 3600.0
+_DATES: Final = ("exp", "nbf", "iat")
 # Only approvers answer decisions, approve or reject proposals, and answer reviews.
 APPROVER_KINDS: Final = frozenset({"decisions", "approvals", "reviews"})
 # The planner's `review-<run>-<step>` (`step` bounded like `ReviewAnswer.step`).
@@ -82,6 +92,13 @@ class Verified(msgspec.Struct, frozen=True, kw_only=True):
     roles: frozenset[str] = frozenset()
 
 
+class _Tag(msgspec.Struct):
+    type: Any = None
+
+
+_TAG_DECODER: Final = msgspec.json.Decoder(_Tag)
+
+
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     """Why a request is refused; `code` is part of the host contract."""
 
@@ -102,12 +119,14 @@ def command_run_id(tenant: str, operation_key: str) -> str:
 
 def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str | None,
                    keys: dict[str, TenantKey], audience: str, max_bytes: int,
-                   leeway_s: float = 5.0,
+                   leeway_s: float = LEEWAY_S, max_ttl_s: float = MAX_TOKEN_TTL_S,
+                   now: float | None = None,
                    decoder: msgspec.json.Decoder[Any] = REQUEST_DECODER) -> Verified | Rejection:
     """Bound, decode and authenticate one host message published on a tenant's subject.
 
     `decoder` decodes the message type of the subject (`RunRequest` by default, or
-    `SubmitCommand`); both carry `request_id` and `token`.
+    `SubmitCommand`); both carry `request_id` and `token`. The token is checked by
+    `verify_token`.
     """
     fallback_id = (header_request_id or "")[:128]
     if len(body) > max_bytes:
@@ -115,13 +134,21 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
                          message=f"request is {len(body)} bytes; the limit is {max_bytes}")
     try:
         request = decoder.decode(body)
+        # msgspec checks a tag that is there; the host contract requires it there.
+        tagged = _TAG_DECODER.decode(body).type is not None
     except msgspec.DecodeError as exc:
-        return Rejection(code="INVALID_REQUEST", message=str(exc)[:500], request_id=fallback_id)
+        return Rejection(code="INVALID_REQUEST", message=storable(str(exc)[:500]),
+                         request_id=storable(fallback_id))
+    if not tagged:
+        return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
+                         message=f"Object missing required field `type` "
+                                 f"(\"{type(request).__name__}\" here)")
     if header_request_id is not None and header_request_id != request.request_id:
         return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
                          message="Nats-Msg-Id must equal request_id")
     checked = verify_token(request.token, tenant=subject_tenant, keys=keys, audience=audience,
-                           request_id=request.request_id, leeway_s=leeway_s)
+                           request_id=request.request_id, leeway_s=leeway_s,
+                           max_ttl_s=max_ttl_s, now=now)
     if isinstance(checked, Rejection):
         return checked
     principal, roles = checked
@@ -131,8 +158,15 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
 
 
 def verify_token(token: str, *, tenant: str, keys: dict[str, TenantKey], audience: str,
-                 request_id: str, leeway_s: float = 5.0) -> tuple[str, list[str]] | Rejection:
-    """Check a host token for `tenant` (both doors): its (principal, roles), or why not."""
+                 request_id: str, leeway_s: float = LEEWAY_S,
+                 max_ttl_s: float = MAX_TOKEN_TTL_S, now: float | None = None,
+                 ) -> tuple[str, list[str]] | Rejection:
+    """Check a host token for `tenant` (both doors): its (principal, roles), or why not.
+
+    `exp`, `nbf` and `iat` must be NumericDates (JSON numbers, RFC 7519 §2; a numeric string is
+    refused), and the token may live at most `max_ttl_s` (from `iat`, and from now); clocks may
+    differ by `leeway_s`.
+    """
     if _TENANT.fullmatch(tenant) is None:
         return Rejection(code="UNKNOWN_TENANT", request_id=request_id,
                          message="the request names no valid tenant")
@@ -155,6 +189,16 @@ def verify_token(token: str, *, tenant: str, keys: dict[str, TenantKey], audienc
     except jwt.InvalidTokenError as exc:
         return Rejection(code="INVALID_TOKEN", message=f"invalid token: {exc}"[:500],
                          request_id=request_id)
+    wrong = next((c for c in _DATES if c in claims and not _numeric_date(claims[c])), None)
+    if wrong is not None:
+        return Rejection(code="INVALID_TOKEN", request_id=request_id,
+                         message=f"the token's {wrong} is not a NumericDate (a JSON number)")
+    clock = time.time() if now is None else now
+    lifetime = max(claims["exp"] - clock, claims["exp"] - claims.get("iat", claims["exp"]))
+    if lifetime > max_ttl_s + leeway_s:
+        return Rejection(code="INVALID_TOKEN", request_id=request_id,
+                         message=f"the token lives {lifetime:.0f} s; at most {max_ttl_s:.0f} s "
+                                 "is accepted")
     if claims["tenant"] != tenant:
         return Rejection(code="WRONG_TENANT", request_id=request_id,
                          message="the token was issued for another tenant")
@@ -178,6 +222,11 @@ def token_tenant(token: str) -> str:
         return ""
     tenant = claims.get("tenant") if isinstance(claims, dict) else None
     return tenant if isinstance(tenant, str) else ""
+
+
+def _numeric_date(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def authorize(outcome: Verified | Rejection, kind: str) -> Verified | Rejection:

@@ -41,6 +41,7 @@ from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.planner import REVIEW, ProposeCommand, ReviewAnswer, ReviewTaken
 from services.ingress.logic import (
     DECODERS,
+    MAX_TOKEN_TTL_S,
     NO_REVIEW,
     Rejection,
     TenantKey,
@@ -69,8 +70,10 @@ class IngressService:
 
     def __init__(self, *, rt: Runtime, keys: dict[str, TenantKey], audience: str,
                  max_request_bytes: int, review_timeout_s: float = 30.0,
-                 agents: frozenset[str] | None = None) -> None:
+                 agents: frozenset[str] | None = None,
+                 max_token_ttl_s: float = MAX_TOKEN_TTL_S) -> None:
         self._rt, self._keys, self._agents = rt, keys, agents
+        self._max_ttl = max_token_ttl_s
         self._audience, self._max_bytes = audience, max_request_bytes
         # The planner resumes the run before it answers (its next model decision included).
         self._review_timeout = review_timeout_s
@@ -103,6 +106,7 @@ class IngressService:
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""
+        self._rt.faults.raise_if("ingress.handle")
         tenant = delivery.subject.rsplit(".", 1)[-1]
         # requests | commands | decisions | approvals | reviews
         kind = delivery.subject.split(".")[2]
@@ -123,7 +127,8 @@ class IngressService:
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
             outcome = authorize(verify_request(
                 body, subject_tenant=tenant, header_request_id=request_id, keys=self._keys,
-                audience=self._audience, max_bytes=self._max_bytes, decoder=DECODERS[kind]),
+                audience=self._audience, max_bytes=self._max_bytes, max_ttl_s=self._max_ttl,
+                decoder=DECODERS[kind]),
                 kind)
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
         if (not isinstance(outcome, Rejection) and isinstance(outcome.request, SubmitCommand)
@@ -136,7 +141,7 @@ class IngressService:
                     ) -> tuple[str, list[str]] | Rejection:
         """A token alone (the HTTP API's reads): its (principal, roles), or why not."""
         return verify_token(token, tenant=tenant, keys=self._keys, audience=self._audience,
-                            request_id=request_id)
+                            request_id=request_id, max_ttl_s=self._max_ttl)
 
     async def hand_on(self, outcome: Verified) -> ReviewResult | None:
         """Pass a verified message on, as both doors do; a review's answer comes back (the
@@ -188,18 +193,18 @@ class IngressService:
         answer: RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
         if kind == "reviews":
             answer = ReviewResult(request_id=rejection.request_id, pending_id="",
-                                  accepted=False,
+                                  accepted=False, code=rejection.code,
                                   message=f"{rejection.code}: {rejection.message}"[:512])
         elif kind == "approvals":
             answer = ApprovalResult(request_id=rejection.request_id, proposal_id="",
-                                    status="not_approvable",
+                                    status="not_approvable", code=rejection.code,
                                     reason=f"{rejection.code}: {rejection.message}"[:500])
         elif kind == "commands":
             answer = CommandResult(request_id=rejection.request_id, operation_key="",
                                    status="rejected", error=error)
         elif kind == "decisions":
             answer = DecisionResult(request_id=rejection.request_id, pending_id="",
-                                    accepted=False,
+                                    accepted=False, code=rejection.code,
                                     message=f"{rejection.code}: {rejection.message}"[:512])
         else:
             answer = RunResult(request_id=rejection.request_id, status="rejected", error=error)
@@ -272,5 +277,7 @@ class IngressService:
             if verdict is None:
                 raise RetryableError(f"the planner failed to take the review ({code})")
         accepted, message = verdict
-        return ReviewResult(request_id=decision.request_id, pending_id=decision.pending_id,
-                            accepted=accepted, message=message)
+        code = None if accepted else "UNKNOWN_REVIEW" if message == NO_REVIEW else \
+            "INVALID_REQUEST"
+        return ReviewResult(request_id=decision.request_id, code=code,
+                            pending_id=decision.pending_id, accepted=accepted, message=message)

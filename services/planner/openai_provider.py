@@ -50,6 +50,7 @@ from opentelemetry import trace
 
 from libs.errors import ConfigError, PermanentError, RetryableError, WritError
 from libs.settings import read_secret
+from schemas.base import storable
 from services.planner.provider import CriticInput, CriticVerdict, ModelDecision, ModelInput
 
 __all__ = [
@@ -540,8 +541,11 @@ class OpenAIProvider:
         finish = completion.choices[0].finish_reason if completion and completion.choices else ""
         return ProviderCall(
             request_sha256=digest, mode=self._mode, attempts=attempts, status=status,
-            model=completion.model if completion else "", finish_reason=finish or "",
-            request_id=(response.headers.get("x-request-id", "") if response else "")[:128],
+            # The provider's words, kept where Writ stores them: storable text only.
+            model=storable(completion.model) if completion else "",
+            finish_reason=storable(finish or ""),
+            request_id=storable(
+                (response.headers.get("x-request-id", "") if response else "")[:128]),
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
             total_tokens=usage.total_tokens)
 

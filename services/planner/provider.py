@@ -14,6 +14,8 @@ from typing import Annotated, Any, Protocol
 
 import msgspec
 
+from schemas.base import refuse_unstorable
+
 __all__ = [
     "Accept",
     "AnswerDirectly",
@@ -31,7 +33,11 @@ __all__ = [
 
 class _Decision(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
                 tag_field="decision"):
-    """What a model may answer; anything else is an error, never a guess."""
+    """What a model may answer; anything else is an error, never a guess (text the store
+    cannot hold included: a `ValidationError`, so a malformed decision)."""
+
+    def __post_init__(self) -> None:
+        refuse_unstorable(self)
 
 
 class SelectCapability(_Decision, tag="select_capability"):
@@ -85,6 +91,9 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class _Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
                tag_field="verdict"):
     """What a critic may answer; anything else is an error, never a guess."""
+
+    def __post_init__(self) -> None:
+        refuse_unstorable(self)
 
 
 class Accept(_Verdict, tag="accept"):

@@ -98,3 +98,75 @@ def test_writ_run_serves_the_http_api_on_the_port_asked_for(tmp_path: Path) -> N
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)  # drains and closes the pipe
+
+
+def _children(parent: int) -> dict[int, str]:
+    """The processes whose parent is `parent`, with their command lines (Linux /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == parent:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(
+                    b"\0", b" ").decode().strip()
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_writ_run_reports_a_dead_service_at_once_and_restarts_it(tmp_path: Path) -> None:
+    """`make run` serving: kill -9 one service process; the console says so in the
+    timeline, and the service is back (a new process) without anyone doing anything."""
+    import signal
+    import threading
+    import time
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WRIT_")}
+    proc = subprocess.Popen([sys.executable, "-m", "writ.cli", "run", "--home", str(tmp_path)],
+                            env=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
+                              daemon=True)
+    reader.start()
+
+    def wait_for(text: str, timeout: float) -> str:
+        """The first line with `text`, or the first timeline line of step `text`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(lines):
+                words = line.split()
+                if (len(words) > 1 and words[1] == text) or (
+                        text.endswith(".") and text in line):
+                    return line
+            assert proc.poll() is None, "".join(lines)
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} not printed:\n" + "".join(lines))
+
+    try:
+        wait_for("Serving.", 180)
+        [(victim, _)] = [(pid, cmd) for pid, cmd in _children(proc.pid).items()
+                         if cmd.endswith("service retrieval")]
+        os.kill(victim, signal.SIGKILL)
+        died = wait_for("died", 10)
+        assert "retrieval killed by SIGKILL" in died
+        restarted = wait_for("restarted", 20)
+        assert "retrieval" in restarted
+        deadline = time.monotonic() + 20
+        while not [pid for pid, cmd in _children(proc.pid).items()
+                   if cmd.endswith("service retrieval") and pid != victim]:
+            assert time.monotonic() < deadline, "retrieval was not started again"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        assert proc.stdout is not None
+        proc.stdout.close()

@@ -73,7 +73,8 @@ def token(claims: dict[str, Any] | None = None, key: bytes = ACME_PRIVATE) -> st
 
 
 def body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"request_id": "req-1", "token": token() if tok is None else tok,
+    document = {"type": "RunRequest", "request_id": "req-1",
+                "token": token() if tok is None else tok,
                 "agent": "assistant", "input": "Summarise ACME-42's last ticket."}
     document.update(fields)
     return json.dumps(document).encode()
@@ -292,7 +293,8 @@ def test_resent_request_names_the_same_run() -> None:
 
 
 def command_body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"request_id": "req-1", "token": token() if tok is None else tok,
+    document = {"type": "SubmitCommand", "request_id": "req-1",
+                "token": token() if tok is None else tok,
                 "agent": "assistant", "operation_key": "invoice-7-note",
                 "action": "crm.note.create",
                 "arguments": {"customer_id": "ACME-42", "body": "Paid."}}
@@ -343,7 +345,7 @@ def test_run_ids_are_valid_ids() -> None:
 
 
 def review_body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"request_id": "req-1",
+    document = {"type": "ReviewDecision", "request_id": "req-1",
                 "token": token(claims_for(roles=["approver"])) if tok is None else tok,
                 "pending_id": "review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-3",
                 "answer": "approve", "comment": "The order number is right."}
@@ -473,3 +475,97 @@ def test_review_verdicts() -> None:
 @pytest.mark.parametrize("code", ["500", "503", "409"])
 def test_a_failed_planner_is_no_verdict_so_the_answer_is_retried(code: str) -> None:
     assert review_verdict(code, "review answer failed") is None
+
+
+# -- NumericDates, lifetime and leeway (issue 12, defect 10) ---------------------------------
+
+
+def _raw_token(claims: dict[str, Any]) -> str:
+    """A token signed over exactly these JSON claims (no datetime conversion by PyJWT)."""
+    return jwt.encode(claims, ACME_PRIVATE, algorithm="EdDSA")
+
+
+def _epoch_claims(**overrides: Any) -> dict[str, Any]:
+    now = int(datetime.now(UTC).timestamp())
+    claims = {k: (int(v.timestamp()) if isinstance(v, datetime) else v)
+              for k, v in claims_for().items()}
+    claims.update({"iat": now, "exp": now + 300}, **overrides)
+    return {k: v for k, v in claims.items() if v is not None}
+
+
+@pytest.mark.parametrize("claim", ["exp", "nbf", "iat"])
+def test_a_numeric_string_date_is_refused(claim: str) -> None:
+    now = int(datetime.now(UTC).timestamp())
+    value = {"exp": now + 300, "nbf": now - 10, "iat": now - 10}[claim]
+    outcome = rejected(verify(body(_raw_token(_epoch_claims(**{claim: str(value)})))),
+                       "INVALID_TOKEN")
+    assert claim in outcome.message
+
+
+@pytest.mark.parametrize("claim", ["exp", "nbf", "iat"])
+def test_a_numeric_date_of_each_kind_is_accepted(claim: str) -> None:
+    now = int(datetime.now(UTC).timestamp())
+    value = {"exp": now + 300.5, "nbf": now - 10, "iat": now - 10}[claim]
+    assert isinstance(verify(body(_raw_token(_epoch_claims(**{claim: value})))), Verified)
+
+
+def test_a_boolean_date_is_refused() -> None:
+    rejected(verify(body(_raw_token(_epoch_claims(nbf=True)))), "INVALID_TOKEN")
+
+
+def test_a_token_living_longer_than_the_maximum_is_refused() -> None:
+    now = int(datetime.now(UTC).timestamp())
+    long_lived = _raw_token(_epoch_claims(iat=now, exp=now + 3600 + 60))
+    assert "at most 3600" in rejected(verify(body(long_lived)), "INVALID_TOKEN").message
+    # Without iat, the lifetime left counts.
+    rejected(verify(body(_raw_token(_epoch_claims(iat=None, exp=now + 7200)))),
+             "INVALID_TOKEN")
+    # An old iat with a far exp is as long-lived, whatever is left.
+    rejected(verify(body(_raw_token(_epoch_claims(iat=now - 3000, exp=now + 1000)))),
+             "INVALID_TOKEN")
+
+
+def test_the_maximum_lifetime_is_a_setting_and_an_hour_is_accepted() -> None:
+    now = int(datetime.now(UTC).timestamp())
+    hour = _raw_token(_epoch_claims(iat=now, exp=now + 3600))
+    assert isinstance(verify(body(hour)), Verified)
+    rejected(verify(body(hour), max_ttl_s=600), "INVALID_TOKEN")
+
+
+def test_clock_skew_within_the_leeway_is_accepted_beyond_it_refused() -> None:
+    now = int(datetime.now(UTC).timestamp())
+    # A host clock 3 s ahead: iat and nbf slightly in the future.
+    ahead = _raw_token(_epoch_claims(iat=now + 3, nbf=now + 3, exp=now + 300))
+    assert isinstance(verify(body(ahead)), Verified)
+    rejected(verify(body(_raw_token(_epoch_claims(nbf=now + 60)))), "INVALID_TOKEN")
+
+
+# -- the required `type` field (issue 12, defect 12) -----------------------------------------
+
+
+def test_a_message_without_its_type_is_refused() -> None:
+    document = json.loads(body())
+    del document["type"]
+    outcome = rejected(verify(json.dumps(document).encode()), "INVALID_REQUEST")
+    assert "`type`" in outcome.message
+
+
+def test_a_message_of_another_type_on_the_subject_is_refused() -> None:
+    rejected(verify(body(type="SubmitCommand")), "INVALID_REQUEST")
+
+
+@pytest.mark.parametrize("field", ["input", "agent", "request_id"])
+def test_a_nul_in_a_request_field_is_an_invalid_request_naming_it(field: str) -> None:
+    outcome = rejected(verify(body(**{field: "ok\u0000"})), "INVALID_REQUEST")
+    assert field in outcome.message
+    assert "\x00" not in outcome.message  # the refusal itself is storable text
+
+
+def test_the_maximum_token_lifetime_is_read_from_writ_max_token_ttl_s() -> None:
+    from libs.settings import load_settings
+    from services.ingress.__main__ import IngressSettings
+
+    base = {"WRIT_NATS_URL": "nats://x", "WRIT_TENANT_KEYS_FILE": "keys.json"}
+    assert load_settings(IngressSettings, base).max_token_ttl_s == 3600.0
+    assert load_settings(IngressSettings, {**base, "WRIT_MAX_TOKEN_TTL_S": "600"}
+                         ).max_token_ttl_s == 600.0

@@ -479,3 +479,29 @@ def test_write_schemas_then_check_is_clean(tmp_path: Path) -> None:
     assert {p.name for p in written} == {f"{m.__name__}.json" for m in MESSAGES}
     assert check_schemas(tmp_path / "out") == []
     assert (tmp_path / "out" / "RunRequest.json").read_text() == render(RunRequest)
+
+
+# -- result codes as data (issue 12, defect 12) ----------------------------------------------
+
+
+def test_decision_approval_and_review_results_carry_their_code_as_a_field() -> None:
+    from schemas.host import ApprovalResult, DecisionResult, ReviewResult
+
+    for result in (DecisionResult(request_id="r", pending_id="p", accepted=False,
+                                  message="no such pending decision", code="UNKNOWN_PENDING"),
+                   ReviewResult(request_id="r", pending_id="p", accepted=False,
+                                message="no review", code="UNKNOWN_REVIEW"),
+                   ApprovalResult(request_id="r", proposal_id="p", status="not_approvable",
+                                  reason="no such proposal", code="UNKNOWN_PROPOSAL")):
+        raw = msgspec.json.encode(result)
+        assert msgspec.json.decode(raw)["code"] == result.code
+        assert msgspec.json.decode(raw, type=type(result)) == result
+
+
+def test_a_result_from_before_the_code_field_still_decodes() -> None:
+    """Schema evolution: the new field has a default, so old producers' results decode."""
+    from schemas.host import DecisionResult
+
+    old = b'{"type":"DecisionResult","request_id":"r","pending_id":"p","accepted":true,' \
+          b'"message":"answered once","api_version":"1"}'
+    assert msgspec.json.decode(old, type=DecisionResult).code is None

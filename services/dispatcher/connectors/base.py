@@ -12,6 +12,7 @@ import msgspec
 
 from actions import ACTIONS
 from actions.base import ProviderCall, ProviderLookup
+from schemas.base import storable
 
 __all__ = ["Connector", "Contract", "Result", "call_for", "lookup_for"]
 
@@ -30,6 +31,13 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
                   "not_found"]
     receipt: str | None = None
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        # A provider's answer is untrusted text: what it proved is kept, in a form the store
+        # can hold (a NUL in a receipt must not turn a done effect into endless retries).
+        if self.receipt is not None:
+            msgspec.structs.force_setattr(self, "receipt", storable(self.receipt))
+        msgspec.structs.force_setattr(self, "detail", storable(self.detail))
 
 
 class Connector(Protocol):
