@@ -28,3 +28,15 @@ async def test_a_script_that_fails_is_an_error_not_a_figure(
     found = await raw.raw_ceiling("postgresql://nowhere/x", seconds=0.1)
     assert found["raw_admission_tx_per_s"] is None
     assert "exited 1" in found["error"] and "no server" in found["error"]
+
+
+def test_the_peer_ratio_is_writs_runs_over_the_peers_at_32_in_flight() -> None:
+    from bench.peers import ratio_lines
+
+    peer = {"levels": [{"concurrency": 1, "runs_per_s": 30.0, "cpu_ms_per_run": {"total": 20.0}},
+                       {"concurrency": 32, "runs_per_s": 40.0,
+                        "cpu_ms_per_run": {"total": 26.0}}]}
+    writ = {"run_path_runs_per_s": 64.8, "run_path_cpu_ms_per_run": 13.0}
+    [line] = ratio_lines(writ, {"LangGraph": peer})
+    assert line.startswith("run path vs LangGraph: 1.62x (64.8 vs 40.0 runs/s at C=32")
+    assert ratio_lines({}, {"DBOS": peer}) == ["run path vs DBOS: not measured"]
