@@ -45,7 +45,7 @@ def ratio_lines(writ: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[
         peer_cpu = top["cpu_ms_per_run"]["total"]
         lines.append(f"run path vs {name}: {rate / top['runs_per_s']:.2f}x "
                      f"({rate} vs {top['runs_per_s']} runs/s at C={top['concurrency']}; CPU per "
-                     f"run {cpu} vs {peer_cpu} ms, {peer_cpu / cpu:.2f}x less for Writ)"
+                     f"run {cpu} vs {peer_cpu} ms, {cpu / peer_cpu:.2f}x the peer's)"
                      if cpu else f"run path vs {name}: {rate / top['runs_per_s']:.2f}x")
     return lines
 
