@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench schemas lint clean
+.PHONY: setup run test unit bench bench-peers schemas lint clean
 
 setup: $(VENV)
 
@@ -28,6 +28,16 @@ unit: $(VENV)
 
 bench: $(VENV)
 	.venv/bin/python -m bench
+
+# The peers (../shared/bench/peers) in their own environment, never in Writ's venv.
+PEERS ?= ../shared/bench/peers
+.tools/peers/.installed: $(PEERS)/requirements.lock.txt
+	$(PYTHON) -m venv .tools/peers
+	.tools/peers/bin/pip install --quiet --disable-pip-version-check -r $(PEERS)/requirements.lock.txt
+	@touch $@
+
+bench-peers: $(VENV) .tools/peers/.installed
+	BENCH_PEERS=$(PEERS) .venv/bin/python -m bench.peers $(PEERS_ARGS)
 
 schemas: $(VENV)
 	.venv/bin/writ schemas --write

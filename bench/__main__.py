@@ -3,6 +3,8 @@
 Environment: `BENCH_OUT` (default `bench-results.json`), `BENCH_SCALE` (multiplies every
 warm-up and window; 1.0 takes three to four minutes), `BENCH_KEEP=1` keeps the deployment's
 folder (logs under `<home>/logs`), which is otherwise kept only when something failed.
+`BENCH_PHASES` (comma-separated, e.g. `run_path,decide`) measures only those phases: the
+deployment still starts whole, and the other phases are skipped (`PHASES` lists them).
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from bench.report import Report
 from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
 
+PHASES = ("journal_verify", "command_path", "run_path", "decide")
+_ONLY = frozenset(filter(None, os.environ.get("BENCH_PHASES", "").replace(" ", "").split(",")))
+
 
 def _phase(report: Report, name: str, phase: Callable[[], Awaitable[None]]) -> None:
     """Run one phase; a failure is recorded and the next phase still runs."""
+    if _ONLY and name in PHASES and name not in _ONLY:
+        report.data.setdefault("skipped", []).append(name)
+        return
     try:
         anyio.run(phase)
     except Exception as exc:
@@ -67,6 +75,10 @@ def main() -> int:
     stack = Stack(home=home, database="bench", durable_pg=True)
     report = Report()
     report.data.update(cpu_count=os.cpu_count(), scale=SCALE)
+    if unknown := _ONLY - set(PHASES):
+        print(f"BENCH_PHASES names no such phase: {sorted(unknown)}; phases: {PHASES}",
+              file=sys.stderr)
+        return 2
     print(f"Writ bench: {os.cpu_count()} CPUs, deployment in {home}", flush=True)
     started = False
     try:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import random
+import time
 import uuid
 
 import asyncpg
 import msgspec
 from nats.aio.client import Client
 
+from actions import ACTIONS
 from bench.measure import Sample, Watcher, closed_loop
 from schemas import subjects
 from schemas.governance import DecideRequest, Decision
+from services.governance.logic import Call, Facts, Rule, decide
 
-__all__ = ["DecideLoad", "seed_rules"]
+__all__ = ["DecideLoad", "decide_logic", "seed_rules"]
 
 # Tools other than the benchmark's: what a tenant with many integrations would have rules for.
 _SYSTEMS = ("crm", "mail", "calendar", "billing", "tickets", "files", "chat", "hr", "erp", "wiki")
@@ -55,6 +58,28 @@ async def seed_rules(dsn: str, *, count: int, noop_share: float, seed: int = 7) 
         await conn.close()
     return {"rules_total": int(total), "rules_writ_noop_other_agents": noop,
             "rules_other_tools": count - noop}
+
+
+def decide_logic(*, rules: int, noop_share: float, duration_s: float) -> dict[str, float]:
+    """`decide` alone, in this process, over the facts governance reads for the bench's call
+    once `seed_rules` ran (the rules naming `writ.noop`: its query selects by tenant and tool):
+    what the decision costs without the bus, the store or the journal."""
+    contract = ACTIONS["writ.noop"]
+    call = Call(tool="writ.noop", family=contract.family, connector=contract.connector,
+                agent="crm-assistant", first_argument=uuid.uuid4().hex, scope=contract.scope,
+                profile_fact=contract.profile_fact)
+    facts = Facts(policy_version="bench", standing_families=frozenset({contract.family}),
+                  rules=tuple(Rule(tool="writ.noop", effect="allow", agent=f"agent-{i % 97}")
+                              for i in range(int(rules * noop_share))))
+    if decide(call, facts).verdict != "allow":
+        raise RuntimeError("the bench's call is not allowed over its facts")
+    done, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < duration_s:
+        for _ in range(100):
+            decide(call, facts)
+        done += 100
+    return {"per_s": round(done / elapsed, 1), "decisions": done, "seconds": round(elapsed, 2),
+            "rules_in_facts": len(facts.rules)}
 
 
 class DecideLoad:

@@ -12,9 +12,10 @@ from nats.aio.client import Client
 
 from bench.ceilings import admission_ceiling, ceiling_twin, jetstream_ceiling
 from bench.commands import CommandPath
-from bench.decide import DecideLoad, seed_rules
+from bench.decide import DecideLoad, decide_logic, seed_rules
 from bench.measure import closed_loop, open_loop
 from bench.observe import Counters, Processes, Window
+from bench.raw import RAW_CONNS, raw_ceiling
 from bench.report import Report, cpu_ms_per_op, sample_dict
 from bench.runs import RunPath
 from bench.settle import settle
@@ -112,6 +113,15 @@ class Bench:
         return {**sample_dict(sample), "concurrency": concurrency, "journal": journal,
                 "notify": notify, "usage": watch.report()}
 
+    async def _raw(self) -> dict[str, Any]:
+        """One pass of the shared raw admission statement (`bench/raw.py`), in the twin."""
+        assert self.twin is not None
+        found = await raw_ceiling(self.twin.database_dsn, seconds=_s(5))
+        rate = found.get("raw_admission_tx_per_s")
+        self.report.line(f"raw admission statement ({RAW_CONNS} conns, raw_ceiling.py)",
+                         f"{rate:9,.1f} tx/s" if rate else f"not measured: {found.get('error')}")
+        return found
+
     async def _jetstream(self) -> dict[str, Any]:
         """One pass of JetStream alone: publish, pull, ack."""
         r = self.report
@@ -203,6 +213,7 @@ class Bench:
                     duration_s=6)
                 passes["admission_4conns"] = await self._admission(
                     "  diagnostic: 4 conns", concurrency=4, duration_s=6)
+                passes["raw"] = await self._raw()
                 passes["jetstream"] = await self._jetstream()
                 passes["commands"] = await self._commands(path, nc, concurrency,
                                                           key=f"e2e_round{index + 1}")
@@ -210,6 +221,10 @@ class Bench:
                 passes["ratio"] = round((passes["commands"]["per_s"] or 0.0) / slower, 3) \
                     if slower else None
                 r.line(f"round {index + 1}: command path / slower ceiling", f"{passes['ratio']}")
+                raw = passes["raw"].get("raw_admission_tx_per_s")
+                passes["ratio_raw"] = round((passes["commands"]["per_s"] or 0.0) / raw, 3) \
+                    if raw else None
+                r.line(f"round {index + 1}: command path / raw ceiling", f"{passes['ratio_raw']}")
                 rounds.append(passes)
             data["rounds"] = rounds
             best = max((p["commands"] for p in rounds), key=lambda c: c["per_s"] or 0.0)
@@ -221,6 +236,9 @@ class Bench:
             data["ceiling_admission_tx_per_s"] = max(p["admission"]["per_s"] or 0.0
                                                      for p in rounds)
             data["ceiling_jetstream_msgs_per_s"] = max(p["jetstream"]["per_s"] for p in rounds)
+            raws = [p["raw"]["raw_admission_tx_per_s"] for p in rounds
+                    if p["raw"].get("raw_admission_tx_per_s")]
+            data["ceiling_raw_admission_tx_per_s"] = max(raws) if raws else None
             data["ceiling_admission_tx_nojournal_per_s"] = rounds[0]["admission_nojournal"][
                 "per_s"]
             if rounds[0]["admission_nojournal"]["per_s"]:
@@ -271,7 +289,10 @@ class Bench:
             watch = self.window()
             single = await closed_loop(path.one, concurrency=1, warmup_s=_s(1),
                                        duration_s=_s(4), watcher=watch)
-            data["run_path_unloaded"] = {**sample_dict(single), "usage": watch.report()}
+            data["run_path_unloaded"] = {**sample_dict(single), "usage": watch.report(),
+                                         "cpu_ms_per_run": cpu_ms_per_op(watch.report(),
+                                                                         single.rate)}
+            data["run_path_c1_p50_ms"] = data["run_path_unloaded"]["p50_ms"]
             r.sample("one at a time (C=1)", single, "run/s")
             if single.completed == 0:
                 raise BenchError(f"no run succeeded: {path.statuses}; "
@@ -289,6 +310,9 @@ class Bench:
                                 "problem": path.problem,
                                 "usage": watch.report(),
                                 "cpu_ms_per_run": cpu_ms_per_op(watch.report(), sample.rate)}
+            # Every process, as the issue's and the peers' figures count it: the services,
+            # nats-server, Postgres, the host this bench plays and the simulated CRM.
+            data["run_path_cpu_ms_per_run"] = data["run_path"]["cpu_ms_per_run"].get("total")
             r.sample(f"closed loop C={RUN_CONCURRENCY}", sample, "run/s")
             r.usage(watch.report(), per=(sample.completed, "run"))
         finally:
@@ -314,6 +338,11 @@ class Bench:
 
             seeded = await seed_rules(self.stack.database_dsn, count=RULES,
                                       noop_share=RULES_NOOP_SHARE)
+            logic = decide_logic(rules=RULES, noop_share=RULES_NOOP_SHARE, duration_s=_s(2))
+            data["decide_logic"] = logic
+            data["decide_logic_per_s"] = logic["per_s"]
+            r.line(f"decide logic alone ({logic['rules_in_facts']:,} rules in its facts)",
+                   f"{logic['per_s']:12,.1f} decisions/s in one process")
             load.verdicts = {}
             watch = self.window()
             sample = await load.measure(concurrency=DECIDE_CONCURRENCY, warmup_s=_s(2),
@@ -384,6 +413,12 @@ class Bench:
         if ceilings:
             r.line(f"ceilings (best of {len(data.get('rounds', ()))} passes)",
                    ", ".join(f"{k} {v:,.1f}/s" for k, v in ceilings.items()))
+        if data.get("ceiling_raw_admission_tx_per_s") and "e2e_commands_per_s" in data:
+            data["e2e_over_raw_ceiling"] = round(
+                data["e2e_commands_per_s"] / data["ceiling_raw_admission_tx_per_s"], 3)
+            r.line("command path / raw admission ceiling",
+                   f"{data['e2e_over_raw_ceiling']:.3f} (raw "
+                   f"{data['ceiling_raw_admission_tx_per_s']:,.1f} tx/s, best of the rounds)")
         if len(ceilings) == 2 and "e2e_commands_per_s" in data:
             slower = min(ceilings, key=lambda k: ceilings[k])
             data["slower_ceiling"] = slower
@@ -395,5 +430,10 @@ class Bench:
             r.cost("per command (at the best level)", best[0]["cpu_ms_per_command"])
         if "run_path" in data:
             r.cost("per run", data["run_path"]["cpu_ms_per_run"])
+            r.line("run path: CPU per run (every process), C=1 p50",
+                   f"{data['run_path_cpu_ms_per_run']} ms; {data.get('run_path_c1_p50_ms')} ms")
+        if "decide_logic_per_s" in data:
+            r.line("decide logic over cached facts, one process",
+                   f"{data['decide_logic_per_s']:,.1f} decisions/s")
         if "decide_per_s" in data:
             r.line(f"decide ({RULES:,} rules)", f"{data['decide_per_s']:,.1f} req/s")

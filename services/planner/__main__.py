@@ -23,7 +23,7 @@ from services.planner.agents import AgentRegistry
 from services.planner.openai_provider import OpenAIProvider, load_capabilities
 from services.planner.provider import DecisionProvider, ScriptedProvider
 from services.planner.reads import ReadClient
-from services.planner.service import PlannerService
+from services.planner.service import CONCURRENCY, PlannerService, pool_size
 from services.planner.store import PlannerStore
 
 
@@ -48,6 +48,8 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
     # sessions end after 60 s idle in a transaction: every decision ends well before that.
     model_deadline_s: float = 45.0
     max_decisions: int = 8
+    # Deliveries handled at once; the pool gets a connection for each (`pool_size`).
+    concurrency: int = CONCURRENCY
     # How long a read capability waits for retrieval's answer (no answer: retried, never a
     # result).
     read_timeout_s: float = 5.0
@@ -97,13 +99,15 @@ def main() -> None:
                     max_attempts=settings.model_max_attempts,
                     deadline_s=settings.model_deadline_s)))
             pool = await stack.enter_async_context(await connect_pool(
-                settings.database_url, password=password, application_name="writ-planner"))
+                settings.database_url, password=password, application_name="writ-planner",
+                max_size=pool_size(settings.concurrency)))
             rt.health.watch_pool("postgres", pool)
             rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
                 service="planner", pool=pool, journal=journal, signing=signing).endpoint())
             svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
                                  provider=provider, agents=agents,
                                  max_decisions=settings.max_decisions,
+                                 concurrency=settings.concurrency,
                                  reserve_tokens=settings.model_reserve_tokens,
                                  reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
                                  sealer=Sealer(pool=pool, journal=journal, signing=signing,

@@ -103,13 +103,24 @@ from services.planner.snapshot import (
 from services.planner.status import RunEventsEndpoint, RunStatusEndpoint
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
-__all__ = ["PlannerService"]
+__all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
 
+# Deliveries one planner handles at once: at least the runs a host keeps in flight (the bench
+# keeps 32), since a run's delivery waits on governance's budget replies, not on CPU.
+CONCURRENCY = 32
+# Connections beyond one per delivery in flight: the sealer, the review and replay endpoints.
+POOL_HEADROOM = 4
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
 Inbound = (EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
            | DecisionAnswered | RunCancelRequested)
 log = logging.getLogger("writ.planner")
 _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
+
+
+def pool_size(concurrency: int = CONCURRENCY) -> int:
+    """The connections a planner handling `concurrency` deliveries at once needs: one each,
+    held for the whole delivery, and the headroom its sealer and endpoints use."""
+    return concurrency + POOL_HEADROOM
 
 
 class _Undescribed(Exception):
@@ -122,8 +133,13 @@ class PlannerService:
     def __init__(self, *, rt: Runtime, store: PlannerStore, provider: DecisionProvider,
                  agents: AgentRegistry, max_decisions: int = 8,
                  reserve_tokens: int = 4096, sealer: Sealer | None = None,
-                 reads: ReadClient | None = None, calls: CallDecider | None = None) -> None:
+                 reads: ReadClient | None = None, calls: CallDecider | None = None,
+                 concurrency: int = CONCURRENCY) -> None:
         self._rt, self._store, self._provider = rt, store, provider
+        # Deliveries handled at once. Each holds one pooled connection for as long as it runs
+        # (its run's row lock is held across governance's budget replies), so the pool must
+        # have `pool_size(concurrency)` connections: with fewer, handlers queue for one.
+        self._concurrency = concurrency
         self._agents = agents
         # What a provider call reserves of the run's tokens before it starts (settled with
         # what the provider reports it used).
@@ -161,6 +177,7 @@ class PlannerService:
                 await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
                                 handler=self.handle, metrics=self._rt.metrics,
                                 tracer=self._rt.tracer, stopping=self._rt.stopping,
+                                concurrency=self._concurrency,
                                 health=self._rt.health, task_status=task_status)
                 tg.cancel_scope.cancel()
         finally:
@@ -177,20 +194,19 @@ class PlannerService:
             return  # progress, not a step: the outcome is what the model observes
         if isinstance(event, DecisionAnswered) and event.proposal_id is not None:
             return  # an answer about a proposal: admission acts on it, the outcome follows
-        with self._rt.tracer.start_as_current_span("planner step") as span:
-            span.set_attribute("writ.run_id", event.run_id)
-            if isinstance(event, EvidenceGathered):
-                await self._store.create_run(
-                    event, manifest=snapshot_of(self._agents.get(event.agent)))
-            elif isinstance(event, RunCancelRequested):
-                async with self._store.acquire() as conn:
+        finished: Finished = []
+        # One connection for the whole delivery: its transactions follow one another, and a
+        # handler never waits for the pool twice (an outcome for a run this planner never
+        # started finds no row to lock, and drives nothing).
+        async with self._store.acquire() as conn:
+            with self._rt.tracer.start_as_current_span("planner step") as span:
+                span.set_attribute("writ.run_id", event.run_id)
+                if isinstance(event, EvidenceGathered):
+                    await self._store.create_run(
+                        event, manifest=snapshot_of(self._agents.get(event.agent)), conn=conn)
+                elif isinstance(event, RunCancelRequested):
                     await record_cancel(conn, event)  # kept even before the run exists
-                if not await self._store.exists(event.run_id):
-                    return
-            elif not await self._store.exists(event.run_id):
-                return  # an outcome for a run this planner never started: nothing to drive
-            finished: Finished = []
-            effects = await self._advance(event, finished)
+                effects = await self._advance(conn, event, finished)
         await self._committed(finished, effects)
 
     async def _committed(self, finished: Finished, effects: Effects) -> None:
@@ -207,8 +223,8 @@ class PlannerService:
         for subject, message, msg_id in effects:
             await publish(self._rt.js, subject, message, msg_id=msg_id)
 
-    async def _advance(self, event: Inbound, finished: Finished) -> Effects:
-        async with self._store.acquire() as conn, conn.transaction():
+    async def _advance(self, conn: Any, event: Inbound, finished: Finished) -> Effects:
+        async with conn.transaction():
             run = await self._store.lock_run(conn, event.run_id)
             if run is None:
                 return []  # an outcome for a run this planner never started: nothing to drive
@@ -216,7 +232,7 @@ class PlannerService:
             seen = len(steps)
             effects = await self._advance_run(conn, run, steps, event, finished)
         await announce(self._rt.nc, run, steps[seen:])
-        return await self._continue(run.run_id, effects, finished)
+        return await self._continue(conn, run.run_id, effects, finished)
 
     async def _advance_run(self, conn: Any, run: RunRow, steps: list[Step], event: Inbound,
                            finished: Finished) -> Effects | None:
@@ -271,7 +287,7 @@ class PlannerService:
             return [await self._finish(conn, run, steps, "failed", finished, error=refusal)]
         return await self._next(conn, run, steps, finished)
 
-    async def _continue(self, run_id: str, effects: Effects | None,
+    async def _continue(self, conn: Any, run_id: str, effects: Effects | None,
                         finished: Finished) -> Effects:
         """Take the decisions the runtime answers itself, each in its own transaction, so each
         step is committed before the next decision is asked for."""
@@ -279,7 +295,7 @@ class PlannerService:
             # Armed by the fault suite: a step (a model decision) is committed and nothing
             # that follows it has started.
             self._rt.faults.crash_if("planner.after_decision")
-            async with self._store.acquire() as conn, conn.transaction():
+            async with conn.transaction():
                 run = await self._store.lock_run(conn, run_id)
                 if run is None or run.status != "running":
                     return []
@@ -472,26 +488,27 @@ class PlannerService:
             ReviewRefused: the tenant has no such run waiting for this review.
         """
         finished: Finished = []
-        async with self._store.acquire() as conn, conn.transaction():
-            run, steps, seen = await record_answer(self._store, conn, answer)
-            if answer.answer == "reject":
-                effects: Effects | None = [await self._finish(
-                    conn, run, steps, "failed", finished, step=answer.step,
-                    error=("REJECTED", answer.reason or "the reviewer rejected it"))]
-            else:
-                await self._store.set_status(conn, run, "running", step=answer.step)
-                effects = AGAIN  # the answer is committed before the next decision is asked for
-        await announce(self._rt.nc, run, steps[seen:])
-        try:
-            effects = await self._continue(run.run_id, effects, finished)
-        except RetryableError as exc:
-            # The answer is recorded; what follows it cannot be taken now (retrieval or
-            # governance did not answer). The run's inbox takes it from here, retried like any
-            # delivery, rather than leaving the run running with nobody driving it.
-            log.info("run %s: going on after the review in its inbox: %s", run.run_id, exc)
-            effects = [(subjects.branch(run.tenant),
-                        BranchChanged(tenant=run.tenant, run_id=run.run_id),
-                        f"wake:{run.run_id}:{answer.step}")]
+        async with self._store.acquire() as conn:
+            async with conn.transaction():
+                run, steps, seen = await record_answer(self._store, conn, answer)
+                if answer.answer == "reject":
+                    effects: Effects | None = [await self._finish(
+                        conn, run, steps, "failed", finished, step=answer.step,
+                        error=("REJECTED", answer.reason or "the reviewer rejected it"))]
+                else:
+                    await self._store.set_status(conn, run, "running", step=answer.step)
+                    effects = AGAIN  # committed before the next decision is asked for
+            await announce(self._rt.nc, run, steps[seen:])
+            try:
+                effects = await self._continue(conn, run.run_id, effects, finished)
+            except RetryableError as exc:
+                # The answer is recorded; what follows it cannot be taken now (retrieval or
+                # governance did not answer). The run's inbox takes it from here, retried like
+                # any delivery, rather than leaving the run running with nobody driving it.
+                log.info("run %s: going on after the review in its inbox: %s", run.run_id, exc)
+                effects = [(subjects.branch(run.tenant),
+                            BranchChanged(tenant=run.tenant, run_id=run.run_id),
+                            f"wake:{run.run_id}:{answer.step}")]
         await self._committed(finished, effects)
         result = next((m for _, m, _ in effects if isinstance(m, RunResult)), None)
         # No result: the run goes on (a proposal's outcome, a branch, or its inbox's retry).

@@ -117,11 +117,16 @@ class PlannerStore:
                                       run_id=run_id, payload=payload)
 
     async def create_run(self, started: EvidenceGathered, *,
-                         manifest: dict[str, Any] | None = None) -> bool:
-        """Record a new run (with the agent snapshot it starts with); False if the run already
-        exists (a redelivery or a re-sent request)."""
+                         manifest: dict[str, Any] | None = None,
+                         conn: asyncpg.Connection | None = None) -> bool:
+        """Record a new run (with the agent snapshot it starts with), in its own transaction
+        on `conn` if given (else on a pooled connection); False if the run already exists (a
+        redelivery or a re-sent request)."""
+        if conn is None:
+            async with self._pool.acquire() as pooled:
+                return await self.create_run(started, manifest=manifest, conn=pooled)
         evidence = msgspec.to_builtins(started.evidence)
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with conn.transaction():
             created = await conn.fetchval(
                 "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
                 "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
@@ -167,11 +172,6 @@ class PlannerStore:
     def acquire(self) -> Any:
         """A pooled connection."""
         return self._pool.acquire()
-
-    async def exists(self, run_id: str) -> bool:
-        """Whether this planner knows the run (one statement, no transaction)."""
-        return bool(await self._pool.fetchval(
-            "SELECT true FROM planner.runs WHERE run_id = $1", run_id))
 
     async def lock_run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
         """The run, locked until the caller's transaction ends."""
