@@ -475,11 +475,28 @@ class Stack:
                 proc.kill()
                 return proc.wait()
 
-    def stop(self) -> None:
-        """Stop every process, then the embedded servers."""
+    def stop(self, *, timeout: float = 20) -> None:
+        """Stop every process, then the embedded servers.
+
+        The services are told to drain all at once and waited for together (one after another,
+        Ctrl-C on `make run` took the sum of six drains), then the fakes they were calling.
+        """
         fakes = ("crm", "payments")
-        for name in [n for n in self.procs if n not in fakes] + list(fakes):
-            self.stop_process(name)
+        for group in ([n for n in self.procs if n not in fakes], list(fakes)):
+            with self.lock:
+                procs = [p for p in (self.procs.pop(n, None) for n in group) if p is not None]
+                for name in group:
+                    self.instances.pop(name, None)
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for proc in procs:
+                try:
+                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
         if self.embedded_nats is not None:
             self.embedded_nats.stop()
         if self.embedded_pg is not None:
