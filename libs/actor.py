@@ -289,22 +289,32 @@ def _decode(msg: Msg, decoder: msgspec.json.Decoder[Any] | None, metrics: ActorM
     return Delivery(msg, msg.data if decoder is None else decoder.decode(msg.data))
 
 
-async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
-                   decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
-                   metrics: ActorMetrics,
-                   tracer: Tracer, ack_sync: bool, heartbeat: bool) -> None:
+async def _admit(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
+                 decoder: msgspec.json.Decoder[Any] | None,
+                 metrics: ActorMetrics) -> Delivery[Any] | None:
+    """The delivery to handle, or None once a message past its bounds or undecodable has been
+    dead-lettered (single and batch paths alike)."""
     consumer = spec.durable
     if _exhausted(msg, spec):
         metrics.failed.labels(consumer, "exhausted").inc()
         await _dead_letter(js, msg, metrics, consumer,
                            f"exhausted {msg.metadata.num_delivered - 1} deliveries "
                            f"over {_age_s(msg):.0f} s")
-        return
+        return None
     try:
-        delivery = _decode(msg, decoder, metrics, consumer)
+        return _decode(msg, decoder, metrics, consumer)
     except msgspec.DecodeError as exc:
         metrics.failed.labels(consumer, "undecodable").inc()
         await _dead_letter(js, msg, metrics, consumer, f"undecodable: {exc}")
+        return None
+
+
+async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
+                   decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
+                   metrics: ActorMetrics,
+                   tracer: Tracer, ack_sync: bool, heartbeat: bool) -> None:
+    delivery = await _admit(msg, js=js, spec=spec, decoder=decoder, metrics=metrics)
+    if delivery is None:
         return
     await _handle_one(delivery, js=js, spec=spec, handler=handler, metrics=metrics,
                       tracer=tracer, ack_sync=ack_sync, heartbeat=heartbeat)
@@ -338,17 +348,9 @@ async def _process_batch(msgs: list[Msg], *, js: JetStreamContext, spec: Consume
     started = time.perf_counter()
     deliveries: list[Delivery[Any]] = []
     for msg in msgs:
-        if _exhausted(msg, spec):
-            metrics.failed.labels(consumer, "exhausted").inc()
-            await _dead_letter(js, msg, metrics, consumer,
-                               f"exhausted {msg.metadata.num_delivered - 1} deliveries "
-                               f"over {_age_s(msg):.0f} s")
-            continue
-        try:
-            deliveries.append(_decode(msg, decoder, metrics, consumer))
-        except msgspec.DecodeError as exc:
-            metrics.failed.labels(consumer, "undecodable").inc()
-            await _dead_letter(js, msg, metrics, consumer, f"undecodable: {exc}")
+        delivery = await _admit(msg, js=js, spec=spec, decoder=decoder, metrics=metrics)
+        if delivery is not None:
+            deliveries.append(delivery)
     if not deliveries:
         return
     if len(deliveries) == 1:  # a batch of one is handled as one

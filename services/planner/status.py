@@ -16,7 +16,7 @@ from schemas.api import RunEvents, RunView
 from schemas.host import ActionResult, ErrorInfo
 from schemas.reads import GetRun, GetRunEvents
 from services.planner.progress import step_recorded
-from services.planner.store import PlannerStore
+from services.planner.store import PlannerStore, RunRow, Step
 
 __all__ = ["RunEventsEndpoint", "RunStatusEndpoint", "run_view"]
 
@@ -37,6 +37,25 @@ def run_view(run: Any, steps: list[Any]) -> RunView:
                    pending_id=run.pending_id if run.status == "awaiting_human" else None)
 
 
+async def _tenant_run(store: PlannerStore, request: Request, tenant: str, run_id: str,
+                      what: str) -> tuple[RunRow, list[Step]] | None:
+    """The tenant's run and its steps, or None once the request was answered 404 (no such run
+    for this tenant) or 500 (the store failed)."""
+    try:
+        async with store.acquire() as conn:
+            run = await store.run(conn, run_id)
+            steps = ([] if run is None or run.tenant != tenant
+                     else await store.steps(conn, run_id))
+    except Exception as exc:
+        log.warning("%s failed: %r", what, exc)
+        await request.respond_error("500", f"{what} failed")
+        return None
+    if run is None or run.tenant != tenant:
+        await request.respond_error("404", "no such run")
+        return None
+    return run, steps
+
+
 class RunStatusEndpoint:
     """Answers `GetRun` from the planner's own tables."""
 
@@ -52,18 +71,10 @@ class RunStatusEndpoint:
         except msgspec.DecodeError as exc:
             await request.respond_error("400", f"invalid GetRun: {exc}"[:500])
             return
-        try:
-            async with self._store.acquire() as conn:
-                run = await self._store.run(conn, ask.run_id)
-                steps = ([] if run is None or run.tenant != ask.tenant
-                         else await self._store.steps(conn, ask.run_id))
-        except Exception as exc:
-            log.warning("run status failed: %r", exc)
-            await request.respond_error("500", "run status failed")
+        found = await _tenant_run(self._store, request, ask.tenant, ask.run_id, "run status")
+        if found is None:
             return
-        if run is None or run.tenant != ask.tenant:
-            await request.respond_error("404", "no such run")
-            return
+        run, steps = found
         await request.respond(self._encoder.encode(run_view(run, steps)))
 
 
@@ -83,18 +94,10 @@ class RunEventsEndpoint:
         except msgspec.DecodeError as exc:
             await request.respond_error("400", f"invalid GetRunEvents: {exc}"[:500])
             return
-        try:
-            async with self._store.acquire() as conn:
-                run = await self._store.run(conn, ask.run_id)
-                steps = ([] if run is None or run.tenant != ask.tenant
-                         else await self._store.steps(conn, ask.run_id))
-        except Exception as exc:
-            log.warning("run events failed: %r", exc)
-            await request.respond_error("500", "run events failed")
+        found = await _tenant_run(self._store, request, ask.tenant, ask.run_id, "run events")
+        if found is None:
             return
-        if run is None or run.tenant != ask.tenant:
-            await request.respond_error("404", "no such run")
-            return
+        run, steps = found
         after = [step_recorded(run.tenant, run.run_id, s) for s in steps if s.seq > ask.after]
         await request.respond(self._encoder.encode(RunEvents(run=run_view(run, steps),
                                                              steps=after)))
