@@ -147,3 +147,43 @@ def no_escalation_script() -> dict[str, Any]:
     script["agents"]["review-assistant"] = [
         {"decision": "answer_directly", "answer": "Recorded the call."}]
     return script
+
+
+READ_SEARCH = {"decision": "select_capability", "capability": "tool:documents.search",
+               "arguments": {"query": "delayed shipment order 7781", "limit": 5}}
+
+
+def read_run(run_id: str = "run-read") -> list[Captured]:
+    """A journaled run of the research assistant: a documents search (recorded with its
+    default limit written out), its result, then an answer."""
+    agents = AgentRegistry([load_manifest(p.read_bytes(), path=str(p))
+                            for p in sorted((DEMO / "agents").glob("*.json"))])
+    agents.resolve(actions=ACTIONS)
+    manifest = snapshot_of(agents.get("research-assistant"))
+    user = "What do the tickets say about order 7781?"
+    observation = {"tool": "documents.search", "items": [
+        {"document_id": "doc-1", "title": "Delayed shipment", "text": EVIDENCE[0]["text"]}],
+        "untrusted": True}
+    entries: list[Captured] = []
+
+    def add(kind: str, payload: msgspec.Struct) -> None:
+        entries.append(Captured(seq=len(entries) + 1, kind=kind,
+                                payload=msgspec.to_builtins(payload)))
+
+    add(RUN_STARTED, RunStartedEntry(request_id=f"req-{run_id}", principal="alice@acme",
+                                     agent="research-assistant", input=user,
+                                     evidence=EVIDENCE, manifest=manifest))
+    answer = {"decision": "answer_directly", "answer": "Order 7781 was delayed."}
+    observations: list[dict[str, Any]] = []
+    for turn, decision in enumerate((READ_SEARCH, answer)):
+        digest = input_digest(model_input(user=user, evidence=EVIDENCE,
+                                          observations=observations, turn=turn,
+                                          agent="research-assistant", manifest=manifest))
+        add(DECISION, DecisionEntry(seq=2 * turn, turn=turn, input_digest=digest,
+                                    response=decision))
+        if turn == 0:
+            add(OBSERVATION, ObservationEntry(seq=1, step=0, output=observation,
+                                              observation=observation))
+            observations.append(observation)
+    add(RUN_STATUS, StatusEntry(status="succeeded", step=2, answer=answer["answer"]))
+    return entries

@@ -287,3 +287,47 @@ def test_a_catalog_request_that_ends_in_a_new_capability_is_a_widening(tmp_path:
     assert ("run-note@0: after a catalog request: capability payment.refund outside the "
             "baseline's (crm.note.create)") in report.widening
     assert report.gate.exit_code == 1
+
+
+def test_rollout_serves_an_equivalent_read_and_diverges_on_a_different_one(
+        tmp_path: Path) -> None:
+    """Equivalent: the same tool as the catalog names it (ref or bare name), arguments equal
+    after the tool's closed type decoded them with its defaults (order, an omitted default);
+    anything else — another limit, another query — leaves the recording."""
+    from tests.eval_runs import READ_SEARCH, read_run
+    from writ.eval import run_rollout
+
+    eval_set = make_set("acme", cases_from_run("run-read", read_run()))
+    assert [c.case_id for c in eval_set.cases] == ["run-read@0", "run-read@2"]
+    answer = {"decision": "answer_directly", "answer": "It was late."}
+    query = READ_SEARCH["arguments"]["query"]
+
+    def roll(read: dict) -> tuple[list[str], Report]:
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps({"decisions": [answer], "agents": {
+            "research-assistant": [read, answer]}}))
+        results, runs = anyio.run(lambda: run_rollout(eval_set,
+                                                      ScriptedProvider.from_file(path), k=1))
+        return runs["run-read"], summarize(eval_set, "c", results, k=1, mode="rollout",
+                                           runs=runs)
+
+    def search(capability: str, arguments: dict) -> dict:
+        return {"decision": "select_capability", "capability": capability,
+                "arguments": arguments}
+
+    for equivalent in (search("tool:documents.search", {"limit": 5, "query": query}),
+                       search("documents.search", {"query": query}),
+                       search("tool:documents.search", {"query": query, "limit": 5})):
+        verdicts, report = roll(equivalent)
+        assert verdicts == ["completed"], equivalent
+        assert report.gate.exit_code == 0
+        assert {n: (r.hits, r.total) for n, r in report.fields.items()} == {
+            "documents.search.limit": (1, 1), "documents.search.query": (1, 1)}
+    for different in (search("tool:documents.search", {"query": query, "limit": 3}),
+                      search("tool:documents.search", {"query": "refund order 7781"}),
+                      search("tool:documents.search", {"query": query, "tenant": "globex"}),
+                      search("tool:crm.customer.get", {"customer_id": "ACME-42"})):
+        verdicts, report = roll(different)
+        assert verdicts == ["diverged@0"], different
+        # Nothing past the divergence was asked.
+        assert [c.case_id for c in report.cases] == ["run-read@0"]

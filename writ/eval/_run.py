@@ -6,6 +6,20 @@ action's output is served from what was recorded (an action only after the contr
 the recording did, the input of its next turn is the recorded one; the first decision that
 leaves the recording ends the rollout `diverged@<step>`, and nothing is invented past it.
 
+"Decides what the recording did" is `Judged.agrees` (`_score.py`), an equivalence, not text
+equality. A decision is equivalent to the recorded one, and the recorded output is served as
+its result, when it is of the same kind and, for a selection:
+- it names the same capability in the run's catalog (a ref like `tool:documents.search` and
+  its bare name are one), of the same kind (read, action, agent), and the runtime's checks
+  (uses, callable_by, signature) pass on it;
+- its arguments are equal field by field after normalisation: a read's decoded by the tool's
+  closed argument type with its defaults filled in (so key order and an omitted default do not
+  matter, `read_arguments`); an action's after the contract's `resolve` against the case's
+  facts, each field compared exactly or as the contract's `matches` declares (`casefold`), its
+  `free_text` fields not compared.
+An answer or a review is equivalent to a recorded one of the same kind (their text is free).
+Anything else diverges: another capability, another query or limit, a refused call.
+
 The candidate is a provider config (`CandidateConfig`): the scripted provider, or an
 OpenAI-compatible one whose HTTP client goes through the allow-list (`_guard.py`) that lets
 only its own base URL through. Nothing here opens a bus or database connection.

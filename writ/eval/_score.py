@@ -15,13 +15,14 @@ import msgspec
 
 from actions import ACTIONS
 from actions.base import ActionContract, Invalid
+from schemas.retrieval import READ_TOOLS
 from services.governance.logic import Call, Facts, Ruling, decide
 from services.planner.protocol import action_name
 from services.planner.provider import ModelDecision, RequestHumanReview, SelectCapability
 from services.planner.snapshot import agent_call_target, read_target, selection_outcome
 from writ.eval._case import EvalCase, Expected
 
-__all__ = ["FAMILY_RISK", "RULING_RISK", "Judged", "Sample", "judge"]
+__all__ = ["FAMILY_RISK", "RULING_RISK", "Judged", "Sample", "judge", "read_arguments"]
 
 # How far a family reaches, and how much authority a ruling needs: higher is wider.
 FAMILY_RISK: Final = {"read": 0, "read_personal": 1, "write_delete": 2, "send_external": 3,
@@ -110,6 +111,22 @@ def _resolved(contract: ActionContract[Any, Any, Any, Any], arguments: dict[str,
     return msgspec.to_builtins(contract.resolve(request, current).arguments)  # type: ignore[no-any-return]
 
 
+def read_arguments(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A read's arguments as retrieval executes them: decoded by the tool's closed argument
+    type (strictly, as the runtime checks them), its defaults filled in. Two reads whose
+    arguments normalise to the same mapping run the same query, whatever order or omitted
+    defaults the model wrote them with; arguments the type refuses stay as written (the
+    runtime refuses the read, and nothing compares equal to it but the same text)."""
+    spec = READ_TOOLS.get(tool)
+    if spec is None:
+        return arguments
+    try:
+        decoded = msgspec.convert(dict(arguments), spec.arguments, strict=True)
+    except msgspec.ValidationError:
+        return arguments
+    return msgspec.to_builtins(decoded)  # type: ignore[no-any-return]
+
+
 def _first_argument(arguments: dict[str, Any]) -> str:
     first = next(iter(arguments.values()), "")
     return first if isinstance(first, str) else ""
@@ -127,7 +144,7 @@ def _call(case: EvalCase, decision: SelectCapability) -> _Call:
                      invalid=f"runtime refused ({refused[0]}): {refused[1]}")
     if (tool := read_target(manifest, decision.capability)) is not None:
         return _Call(target=decision.capability, kind="read", action=tool, family="read",
-                     arguments=decision.arguments, ruling="allow")
+                     arguments=read_arguments(tool, decision.arguments), ruling="allow")
     if (callee := agent_call_target(manifest, decision.capability)) is not None:
         return _Call(target=decision.capability, kind="agent", action=callee,
                      arguments=decision.arguments)
