@@ -178,3 +178,51 @@ async def test_the_client_reaches_only_the_candidates_base_url(
     async with httpx.AsyncClient() as control:
         for fake in (crm, payments):
             assert (await control.get(f"{fake.url}/_control/calls")).json() == {"calls": 0}
+
+
+def test_tokens_relative_to_a_baseline_report_per_pass(
+        tmp_path: Path, fakes: tuple[FakeLlm, FakeCrm, FakePayments]) -> None:
+    """A baseline report of the candidate at k = 1, then k = 3: the same tokens per pass pass
+    a limit of 1.0x; answers four kilobytes longer fail `tokens=1.05:fail` and only warn
+    without `:fail`. A relative limit without a baseline cannot run (3)."""
+    llm, _, _ = fakes
+    eval_set, set_file, keys_file = write_set(tmp_path)
+    candidate = candidate_file(tmp_path, llm)
+
+    def run(replies: list[dict[str, Any]], k: int, *extra: str) -> subprocess.CompletedProcess[str]:
+        httpx.post(f"{llm.url}/_control/replies", json={"replies": replies},
+                   headers={"Authorization": f"Bearer {KEY}"}).raise_for_status()
+        return subprocess.run(
+            [sys.executable, "-m", "writ.cli", "eval", "run", "--set", str(set_file),
+             "--set-keys", str(keys_file), "--candidate", str(candidate), "-k", str(k),
+             *extra], cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
+
+    base = tmp_path / "base.json"
+    assert run(expected_replies(eval_set, 1), 1, "--json", str(base)).returncode == 0
+    same = run(expected_replies(eval_set, 3), 3, "--baseline", str(base),
+               "--cost-ratio", "tokens=1.0:fail", "--case-cost-ratio", "calls=1:fail",
+               "--json", str(tmp_path / "same.json"))
+    assert same.returncode == 0, same.stdout + same.stderr
+    report = msgspec.json.decode((tmp_path / "same.json").read_bytes(), type=Report)
+    assert report.cost_vs_baseline is not None
+    assert report.cost_vs_baseline.ratios["tokens"] == 1.0
+    assert report.tokens == 3 * msgspec.json.decode(base.read_bytes(), type=Report).tokens
+
+    def wordy(replies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for reply in replies:
+            body = json.loads(reply["content"])
+            if body["next"]["decision"] == "answer_directly":
+                body["next"]["answer"] += " Furthermore," * 300
+            out.append({"content": json.dumps(body)})
+        return out
+
+    long = run(wordy(expected_replies(eval_set, 1)), 1, "--baseline", str(base),
+               "--cost-ratio", "tokens=1.05:fail")
+    assert long.returncode == 1, long.stdout + long.stderr
+    assert "x the baseline's" in long.stdout and "(limit 1.05x)" in long.stdout
+    warned = run(wordy(expected_replies(eval_set, 1)), 1, "--baseline", str(base),
+                 "--cost-ratio", "tokens=1.05")
+    assert warned.returncode == 0 and "warning    cost: tokens" in warned.stdout, warned.stdout
+    alone = run(expected_replies(eval_set, 1), 1, "--cost-ratio", "tokens=2")
+    assert alone.returncode == 3 and "--baseline" in alone.stderr

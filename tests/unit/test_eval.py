@@ -331,3 +331,54 @@ def test_rollout_serves_an_equivalent_read_and_diverges_on_a_different_one(
         assert verdicts == ["diverged@0"], different
         # Nothing past the divergence was asked.
         assert [c.case_id for c in report.cases] == ["run-read@0"]
+
+
+def test_cost_relative_to_the_baseline_warns_or_fails_per_setting(tmp_path: Path) -> None:
+    """Calls, tokens and steps per pass over the set, against the baseline report's, in total
+    and per case; each limit warns or fails as it says, and needs a baseline."""
+    from writ.eval._cost import parse_cost_limit
+
+    baseline = evaluate(agreeing_script(), tmp_path, name="base")
+    eval_set = demo_set()
+    path = tmp_path / "same.json"
+    path.write_text(json.dumps(agreeing_script()))
+    results = anyio.run(lambda: run_step(eval_set, ScriptedProvider.from_file(path), k=3))
+    # The same decisions, k = 3, but each note sample took two provider calls (a retry after a
+    # malformed answer, say).
+    results = [msgspec.structs.replace(r, samples=[
+        msgspec.structs.replace(s, calls=2) for s in r.samples])
+        if r.case_id == "run-note@0" else r for r in results]
+
+    def gate(*limits: tuple[str, str]) -> Report:
+        return summarize(eval_set, "chatty", results, k=3, baseline=baseline, cost_limits=[
+            parse_cost_limit(text, scope=scope) for scope, text in limits])  # type: ignore[arg-type]
+
+    plain = gate()
+    assert plain.gate.exit_code == 0 and plain.widening == []
+    cost = plain.cost_vs_baseline
+    assert cost is not None
+    # Per pass, whatever k: 7 calls where the baseline made 6, the same 6 steps (not 18).
+    assert (cost.candidate["calls"], cost.baseline["calls"]) == (7.0, 6.0)
+    assert cost.ratios["calls"] == pytest.approx(7 / 6) and cost.ratios["steps"] == 1.0
+    assert cost.ratios["tokens"] is None  # scripted: neither spent a token
+    assert gate(("total", "calls=1.5"), ("case", "steps=1")).gate.reasons == []
+    warned = gate(("total", "calls=1.1"))
+    assert warned.gate.exit_code == 0 and warned.gate.warnings == [
+        "cost: calls 7 per pass, 1.17x the baseline's 6 (limit 1.1x)"]
+    failed = gate(("total", "calls=1.5:fail"), ("case", "calls=1.5:fail"))
+    assert failed.gate.exit_code == 1 and failed.gate.reasons == [
+        "cost of run-note@0: calls 2 per pass, 2.00x the baseline's 1 (limit 1.5x)"]
+    suite = ET.fromstring(junit_xml(failed))
+    assert suite.get("failures") == "1"
+    [failure] = suite.findall(".//testcase[@name='run-note@0']/failure")
+    assert "2.00x the baseline's 1" in (failure.get("message") or "")
+    assert "vs baseline          calls 1.17x, tokens -, steps 1.00x" in render(failed)
+    with pytest.raises(ValueError, match="baseline"):
+        summarize(eval_set, "chatty", results, k=3,
+                  cost_limits=[parse_cost_limit("calls=2", scope="total")])
+    for bad in ("calls", "money=2", "tokens=0", "tokens=2:maybe"):
+        with pytest.raises(ValueError):
+            parse_cost_limit(bad, scope="total")
+    # The report's JSON keeps the comparison.
+    again = msgspec.json.decode(msgspec.json.encode(failed), type=Report)
+    assert again.cost_vs_baseline == failed.cost_vs_baseline

@@ -8,7 +8,8 @@ mode) asks each case of the candidate k times; each answer is judged (`_score.py
 typed decision and its contract say: the capability, the arguments after the contract's
 `resolve`, the runtime's checks, governance's pure `decide` with the case's policy, scope
 widening, refusals and escalations. The report (`_report.py`) aggregates, gates (exit 0 pass,
-1 regression, 2 incomplete) and renders as a table, JSON and JUnit XML.
+1 regression, 2 incomplete) and renders as a table, JSON and JUnit XML; its cost is bounded in
+absolute tokens or relative to a baseline report's (`_cost.py`).
 
 The evaluation cannot write: it has no bus connection, no dispatcher, no connector credential;
 its HTTP client reaches the candidate's base URL only (`_guard.py`).
@@ -25,6 +26,7 @@ from writ.eval._case import (
     open_set,
     seal_set,
 )
+from writ.eval._cost import CostComparison, CostLimit, parse_cost_limit
 from writ.eval._guard import AllowList, EgressRefused
 from writ.eval._report import (
     REPORT_SCHEMA,
@@ -49,6 +51,8 @@ __all__ = [
     "AllowList",
     "CandidateConfig",
     "CaseError",
+    "CostComparison",
+    "CostLimit",
     "EgressRefused",
     "EvalCase",
     "EvalSet",
@@ -65,6 +69,7 @@ __all__ = [
     "make_set",
     "mcnemar_exact",
     "open_set",
+    "parse_cost_limit",
     "render",
     "report_digest",
     "run_rollout",

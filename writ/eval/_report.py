@@ -18,6 +18,7 @@ from xml.etree import ElementTree as ET
 import msgspec
 
 from writ.eval._case import EvalSet
+from writ.eval._cost import CostComparison, CostLimit, compare_cost
 from writ.eval._score import Judged, Sample
 
 __all__ = ["REPORT_SCHEMA", "CaseResult", "Gate", "Report", "junit_xml", "mcnemar_exact",
@@ -92,6 +93,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     gate: Gate
     # Rollout mode: each journaled run's verdict per rollout (`completed`, `diverged@<step>`).
     runs: dict[str, list[str]] = {}
+    # With a baseline report: one pass's cost beside the baseline's, and the limits exceeded.
+    cost_vs_baseline: CostComparison | None = None
     schema: str = REPORT_SCHEMA
 
 
@@ -113,12 +116,21 @@ def _pr(judged: list[tuple[bool, bool]]) -> PrecisionRecall:
 def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k: int,
               mode: str = "step", baseline: Report | None = None,
               max_tokens: int | None = None, cost_fails: bool = False,
+              cost_limits: list[CostLimit] | None = None,
               runs: dict[str, list[str]] | None = None) -> Report:
     """The aggregate scores and the gate of these per-case results.
 
+    `max_tokens` is an absolute threshold on the tokens of the whole report; `cost_limits`
+    bound the candidate's cost relative to the baseline report's (`_cost.py`). Each warns, or
+    fails the gate as its setting says.
+
     Raises:
-        ValueError: the baseline report ran on another set version (not comparable).
+        ValueError: the baseline report ran on another set version (not comparable), or cost
+            limits relative to a baseline were given without one.
     """
+    if cost_limits and baseline is None:
+        raise ValueError("cost limits relative to the baseline need a baseline report "
+                         "(--baseline)")
     if baseline is not None and baseline.set_version != eval_set.version:
         raise ValueError(f"the baseline ran on set {baseline.set_version[:12]}, this on "
                          f"{eval_set.version[:12]}: reports on different versions are not "
@@ -159,6 +171,10 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
     if max_tokens is not None and tokens > max_tokens:
         (reasons if cost_fails else warnings).append(
             f"cost: {tokens} tokens above the threshold of {max_tokens}")
+    relative = (compare_cost(results, k, baseline, cost_limits or [])
+                if baseline is not None else None)
+    for finding in relative.findings if relative is not None else ():
+        (reasons if finding.fails else warnings).append(finding.message)
     if incomplete:
         gate = Gate(verdict="incomplete", exit_code=2, reasons=reasons, warnings=warnings)
     elif reasons:
@@ -185,7 +201,8 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
         flip=Rate(hits=sum(r.flipped for r in results), total=len(results)),
         provider_calls=sum(s.calls for r in results for s in r.samples), tokens=tokens,
         steps=len(flat), widening=widening, violations=violations, incomplete=incomplete,
-        agreement_p=agreement_p, field_p=field_p, gate=gate, runs=runs or {})
+        agreement_p=agreement_p, field_p=field_p, gate=gate, runs=runs or {},
+        cost_vs_baseline=relative)
 
 
 def _field_ok(result: CaseResult, name: str) -> bool | None:
@@ -269,6 +286,10 @@ def render(report: Report) -> str:
         f"cost                 {report.provider_calls} provider calls, {report.tokens} tokens, "
         f"{report.steps} steps",
     ]
+    if (cost := report.cost_vs_baseline) is not None:
+        lines.append("vs baseline          " + ", ".join(
+            f"{m} {'-' if r is None else f'{r:.2f}x'}" for m, r in cost.ratios.items())
+            + " (per pass)")
     lines += [f"run {run_id:<16} {', '.join(v)}" for run_id, v in report.runs.items()]
     lines += [f"WIDENING   {w}" for w in report.widening]
     lines += [f"VIOLATION  {v}" for v in report.violations]
@@ -279,21 +300,28 @@ def render(report: Report) -> str:
 
 
 def junit_xml(report: Report) -> bytes:
-    """One testsuite, one testcase per case; a failure says what it did."""
+    """One testsuite, one testcase per case; a failure says what it did (a case above a failing
+    per-case cost limit fails too)."""
+    costly: dict[str, set[str]] = {}
+    for f in report.cost_vs_baseline.findings if report.cost_vs_baseline else ():
+        if f.fails and f.case_id:
+            costly.setdefault(f.case_id, set()).add(f.message)
     suite = ET.Element("testsuite", name=f"writ-eval {report.candidate}",
                        tests=str(len(report.cases)),
-                       failures=str(sum(not r.passed_all for r in report.cases)))
+                       failures=str(sum(not r.passed_all or r.case_id in costly
+                                        for r in report.cases)))
     ET.SubElement(ET.SubElement(suite, "properties"), "property", name="set_version",
                   value=report.set_version)
     for r in report.cases:
         tc = ET.SubElement(suite, "testcase", classname=f"writ.eval.{report.tenant}",
                            name=r.case_id)
-        if r.passed_all:
+        if r.passed_all and r.case_id not in costly:
             continue
         if any(j.incomplete for j in r.judged):
             ET.SubElement(tc, "error", message="no answer from the candidate")
             continue
         why = sorted({w for j in r.judged for w in [*j.widening, *j.violations]}
+                     | costly.get(r.case_id, set())
                      | {j.invalid for j in r.judged if j.invalid}
                      | {"disagrees with the expected decision" for j in r.judged
                         if not j.agrees})

@@ -133,16 +133,22 @@ def _run(args: argparse.Namespace) -> int:
 
     from libs.errors import ConfigError
     from writ.eval._case import open_set
+    from writ.eval._cost import parse_cost_limit
     from writ.eval._report import Report, junit_xml, render, report_digest, summarize
     from writ.eval._run import load_candidate
 
     try:
+        limits = ([parse_cost_limit(t, scope="total") for t in args.cost_ratio or ()]
+                  + [parse_cost_limit(t, scope="case") for t in args.case_cost_ratio or ()])
+        if limits and not args.baseline:
+            raise ConfigError("--cost-ratio and --case-cost-ratio compare with a baseline "
+                              "report: pass --baseline")
         eval_set = open_set(Path(args.set).read_bytes(), _set_keys(args),
                             tenant=args.tenant)
         candidate = load_candidate(args.candidate)
         baseline = (msgspec.json.decode(Path(args.baseline).read_bytes(), type=Report)
                     if args.baseline else None)
-    except (ConfigError, OSError, msgspec.DecodeError) as exc:
+    except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 3
     results, runs = anyio.run(functools.partial(_ask_all, eval_set, candidate, args.k,
@@ -150,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         report = summarize(eval_set, candidate.name, results, k=args.k, baseline=baseline,
                            max_tokens=args.max_tokens, cost_fails=args.cost_fails,
-                           mode=args.mode, runs=runs)
+                           cost_limits=limits, mode=args.mode, runs=runs)
     except ValueError as exc:
         print(f"cannot compare: {exc}", file=sys.stderr)
         return 3
@@ -326,6 +332,12 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--junit", default="", help="write JUnit XML here")
     r.add_argument("--max-tokens", type=int, default=None, help="cost threshold")
     r.add_argument("--cost-fails", action="store_true", help="above it fail, not warn")
+    r.add_argument("--cost-ratio", action="append", metavar="METRIC=RATIO[:fail]",
+                   help="at most RATIO times the baseline's calls, tokens or steps per pass "
+                        "over the set; above it warns, or fails with :fail (repeatable; "
+                        "needs --baseline)")
+    r.add_argument("--case-cost-ratio", action="append", metavar="METRIC=RATIO[:fail]",
+                   help="the same limit on every case (repeatable; needs --baseline)")
     r.add_argument("--allow", action="append", help="another origin the candidate's client may "
                                                     "reach (a loopback fake)")
     r.add_argument("--home", default=".writ")
