@@ -102,6 +102,13 @@ async def _migrate(args: argparse.Namespace) -> int:
         # can only read the journals (with managed roles, CloudNativePG declares it).
         await provision_auditor(admin, database, AUDITOR_TABLES, auditor["auditor"])
         print("auditor: read-only role provisioned")
+    recorder = _passwords(args.passwords_dir, ["eval"]) if args.passwords_dir else {}
+    if args.roles == "create" and recorder:
+        # `writ eval record` journals a report's digest through one function, nothing else.
+        from writ.eval._record import provision_eval_recorder
+
+        await provision_eval_recorder(admin, database, recorder["eval"])
+        print("eval: recorder role provisioned")
     conn = await asyncpg.connect(with_database(admin, database))
     try:
         current = await schema_versions(conn)

@@ -181,6 +181,7 @@ class Stack:
         for name, password in passwords.items():
             _write_secret(self.secrets / f"pg-{name}.password", password)
         await self._auditor()
+        await self._eval_recorder()
         for connector in ("crm", "payments"):
             token = self.secrets / f"{connector}.token"
             if not token.exists():
@@ -263,6 +264,20 @@ class Stack:
         _write_secret(path, password)
         _write_secret(self.secrets / "audit.dsn", with_database(
             self.admin_dsn, self.database, user=role_name(self.database, "auditor"),
+            password=password))
+
+    async def _eval_recorder(self) -> None:
+        """The role `writ eval record` journals a report's digest as: it may call one function
+        that writes one `eval.report` row in the planner's journal, nothing else
+        (writ/eval/_record.py); its DSN."""
+        from writ.eval._record import provision_eval_recorder
+
+        path = self.secrets / "pg-eval.password"
+        password = await provision_eval_recorder(
+            self.admin_dsn, self.database, path.read_text().strip() if path.exists() else None)
+        _write_secret(path, password)
+        _write_secret(self.secrets / "eval.dsn", with_database(
+            self.admin_dsn, self.database, user=role_name(self.database, "eval"),
             password=password))
 
     def issuer(self, tenant: str) -> str:

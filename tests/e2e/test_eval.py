@@ -16,7 +16,7 @@ import asyncpg
 import msgspec
 import pytest
 
-from libs.db import role_name, with_database
+from libs.db import role_name
 from libs.journal import DataKeys, Journal, read_entries
 from tests.e2e import conftest
 from tests.e2e.conftest import Host
@@ -111,12 +111,10 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
     assert [v.split(":")[0] for v in silent.violations] == [f"{runs['review-assistant']}@0"]
     assert agrees.set_version == widens.set_version == silent.set_version
 
-    # The admitted candidate's report, journaled: sealed and signed with the planner's chain.
-    dsn = with_database(stack.admin_dsn, stack.database,
-                        user=role_name(stack.database, "planner"),
-                        password=(stack.secrets / "pg-planner.password").read_text().strip())
-    recorded = writ(stack, "eval", "record", str(tmp_path / "agrees.report.json"), "--dsn",
-                    dsn, "--home", str(stack.home))
+    # The admitted candidate's report, journaled as the eval role (writ run's eval.dsn): sealed
+    # and signed with the planner's chain.
+    recorded = writ(stack, "eval", "record", str(tmp_path / "agrees.report.json"), "--home",
+                    str(stack.home))
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr
     journal = Journal(service="planner", keys=DataKeys.from_json(
         (stack.secrets / "journal-planner-data.json").read_text()))
@@ -131,6 +129,32 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
     verify = writ(stack, "audit", "verify", "--service", "planner", "--home", str(stack.home),
                   "--data-keys", str(stack.secrets / "journal-planner-data.json"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    await the_eval_role_can_record_and_nothing_else(stack, journal, agrees)
+
+
+async def the_eval_role_can_record_and_nothing_else(stack: Stack, journal: Journal,
+                                                    report: Report) -> None:
+    """The eval role reads nothing, writes no table, and its one function writes only an
+    `eval.report` row recorded now."""
+    dsn = (stack.secrets / "eval.dsn").read_text().strip()
+    assert role_name(stack.database, "eval") in dsn
+    conn = await asyncpg.connect(dsn)
+    try:
+        for sql in ("SELECT count(*) FROM planner.journal", "SELECT count(*) FROM planner.runs",
+                    "SELECT count(*) FROM admission.commands",
+                    "DELETE FROM planner.journal WHERE kind = 'eval.report'",
+                    "INSERT INTO planner.journal (tenant, kind, subject, key_id, nonce, "
+                    "ciphertext) VALUES ('acme', 'run.started', 'x', 'k', '', '')"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(sql)
+        e = journal.entry(tenant="acme", kind="eval.report", subject=report.set_version,
+                          payload={}, at=datetime(2026, 1, 1, tzinfo=UTC))
+        with pytest.raises(asyncpg.CheckViolationError, match="recorded now"):
+            await conn.fetchval("SELECT planner.record_eval_report($1, $2, $3, $4, $5, $6)",
+                                e.tenant, e.subject, e.key_id, e.nonce, e.ciphertext,
+                                e.recorded_at)
+    finally:
+        await conn.close()
 
 
 async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_inbox(

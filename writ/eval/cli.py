@@ -3,7 +3,8 @@
 `build` reads journaled runs with an auditor's read-only DSN and the planner's data keys (and
 hand-written case files), and writes an encrypted set. `run` opens no bus and no database
 connection: it reads the set and the candidate config, asks the candidate, and writes the
-report. `record` journals a report's digest, to be sealed and signed with the planner's chain.
+report. `record` journals a report's digest as the eval role, which may call one function and
+nothing else, to be sealed and signed with the planner's chain (`_record.py`).
 """
 
 from __future__ import annotations
@@ -181,47 +182,51 @@ async def _ask_all(eval_set: Any, candidate: Any, k: int, allow: tuple[str, ...]
 
 
 def _record(args: argparse.Namespace) -> int:
-    """Journal a report's digest (kind `eval.report`): 0 recorded, 3 if it cannot be."""
+    """Journal a report's digest (kind `eval.report`) as the eval role: 0 recorded, 3 if it
+    cannot be (`_record.py`)."""
     import anyio
+    import asyncpg
 
     from libs.journal import DataKeys, Journal
     from writ.eval._report import Report, report_digest
 
+    home = Path(args.home)
     try:
         report = msgspec.json.decode(Path(args.report).read_bytes(), type=Report)
-        home = Path(args.home)
         keys = DataKeys.from_json(Path(
             args.data_keys or home / "secrets" / "journal-planner-data.json").read_text())
     except (OSError, ValueError, msgspec.DecodeError) as exc:
         print(f"cannot record: {exc}", file=sys.stderr)
         return 3
-    dsn = args.dsn or os.environ.get("WRIT_DATABASE_URL", "")
+    dsn_file = home / "secrets" / "eval.dsn"
+    dsn = args.dsn or os.environ.get("WRIT_EVAL_DATABASE_URL") or (
+        dsn_file.read_text().strip() if dsn_file.exists() else "")
     if not dsn:
-        print("no database: pass --dsn or set WRIT_DATABASE_URL", file=sys.stderr)
+        print("no database: pass --dsn (the eval role's), set WRIT_EVAL_DATABASE_URL or run "
+              "`writ run`", file=sys.stderr)
         return 3
     digest = report_digest(report)
-    anyio.run(functools.partial(_journal_report, dsn, Journal(service="planner", keys=keys),
-                                report, digest))
+    try:
+        row_id = anyio.run(functools.partial(_journal_report, dsn,
+                                             Journal(service="planner", keys=keys), report,
+                                             digest))
+    except (OSError, ValueError, asyncpg.PostgresError) as exc:
+        print(f"cannot record: {exc}", file=sys.stderr)
+        return 3
     print(f"report {digest} of {report.candidate} on set {report.set_version} "
-          f"({report.gate.verdict}) journaled; the planner's sealer signs it")
+          f"({report.gate.verdict}) journaled as planner journal row {row_id}; the planner's "
+          "sealer signs it")
     return 0
 
 
-async def record_report(conn: Any, journal: Any, report: Any, digest: str) -> None:
-    """One `eval.report` row: the digest, the set version, the candidate and the verdict."""
-    await journal.write(conn, tenant=report.tenant, kind="eval.report",
-                        subject=report.set_version, payload={
-                            "digest": digest, "set_version": report.set_version,
-                            "candidate": report.candidate, "mode": report.mode,
-                            "k": report.k, "verdict": report.gate.verdict})
-
-
-async def _journal_report(dsn: str, journal: Any, report: Any, digest: str) -> None:
+async def _journal_report(dsn: str, journal: Any, report: Any, digest: str) -> int:
     import asyncpg
+
+    from writ.eval._record import record_report
 
     conn = await asyncpg.connect(dsn)
     try:
-        await record_report(conn, journal, report, digest)
+        return await record_report(conn, journal, report, digest)
     finally:
         await conn.close()
 
@@ -358,7 +363,8 @@ def add_parser(sub: Any) -> None:
     c = ev.add_parser("record", help="journal a report's digest (sealed and signed with the "
                                      "planner's chain)")
     c.add_argument("report")
-    c.add_argument("--dsn", default="", help="the planner's DSN (default: WRIT_DATABASE_URL)")
+    c.add_argument("--dsn", default="", help="the eval role's DSN (default: "
+                                              "WRIT_EVAL_DATABASE_URL, or writ run's)")
     c.add_argument("--data-keys", default="")
     c.add_argument("--home", default=".writ")
     c.set_defaults(func=_record)
