@@ -25,7 +25,6 @@ from writ.eval import Report
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
-AGENTS = Path(__file__).resolve().parents[2] / "writ" / "demo" / "agents"
 
 
 def writ(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
@@ -208,10 +207,12 @@ async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_in
 def start_shadow(stack: Stack, candidate: Path, out: Path, *, count: int
                  ) -> subprocess.Popen[str]:
     """`writ eval shadow` as its own process, connected as NATS user `eval`."""
+    facts = out.with_name("facts.json")
+    facts.write_text(json.dumps(FACTS))
     return subprocess.Popen(
         [sys.executable, "-m", "writ.cli", "eval", "shadow", "--candidate", str(candidate),
-         "--agents", str(AGENTS), "--count", str(count), "--out", str(out), "--home",
-         str(stack.home), "--nats-url", stack.nats_url],
+         "--count", str(count), "--out", str(out), "--home", str(stack.home), "--nats-url",
+         stack.nats_url, "--facts", str(facts)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -253,16 +254,25 @@ async def test_a_shadow_candidate_beside_the_deployment_admits_and_dispatches_no
         if proc.poll() is None:
             proc.terminate()
         proc.communicate(timeout=10)  # and close its pipes
-    records = {r["run_id"]: r for r in map(json.loads, out.read_text().splitlines())}
-    # Its would-be decisions, judged: the note asked about, the larger refund proposed.
-    assert records[note_run]["would"] == "ask"
-    assert records[note_run]["arguments"]["body"] == "SHADOW note"
-    assert records[refund_run]["capability"] == "payment.refund"
-    assert records[refund_run]["arguments"] is not None
+    records = {(r["run_id"], r["step"]): r for r in map(json.loads, out.read_text().splitlines())}
+    # Every decision production made was asked of the candidate and judged, once; the run that
+    # waits for a person's approval has made one so far.
+    assert sorted(records) == sorted([(note_run, 0), (note_run, 2), (refund_run, 0)])
+    note, answer, refund = records[note_run, 0], records[note_run, 2], records[refund_run, 0]
+    # The note asked about (a write under the default policy), on production's path.
+    assert (note["would"], note["follows"]) == ("ask", True)
+    assert note["arguments"]["body"] == "SHADOW note"
+    assert (answer["would"], answer["follows"]) == ("answer", True)
+    # The larger refund: resolved and previewed against the given facts, judged a widening.
+    assert refund["capability"] == "payment.refund" and not refund["follows"]
+    assert refund["arguments"]["amount_cents"] == 4000 and refund["preview"] is not None
+    assert refund["production"]["arguments"]["line_id"] == "L2"
+    assert refund["widening"] == ["payment.refund.amount_cents 4000 > 1500 (a reach field)"]
     # The shadow asked the candidate what production's model was asked, to the digest.
-    for run_id in (note_run, refund_run):
-        assert records[run_id]["input_digest"] == await db.fetchval(
-            "SELECT input_digest FROM planner.steps WHERE run_id = $1 AND seq = 0", run_id)
+    for run_id, step in records:
+        assert records[run_id, step]["input_digest"] == await db.fetchval(
+            "SELECT input_digest FROM planner.steps WHERE run_id = $1 AND seq = $2", run_id,
+            step)
     # Production went on alone: its own proposal per run, its own note, no refund at all.
     for run_id in (note_run, refund_run):
         assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",

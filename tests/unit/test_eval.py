@@ -3,6 +3,7 @@ judged against them, the gate, the paired test and the report's renderings."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -382,3 +383,55 @@ def test_cost_relative_to_the_baseline_warns_or_fails_per_setting(tmp_path: Path
     # The report's JSON keeps the comparison.
     again = msgspec.json.decode(msgspec.json.encode(failed), type=Report)
     assert again.cost_vs_baseline == failed.cost_vs_baseline
+
+
+def test_a_shadow_judges_every_decision_of_a_run_and_resolves_its_proposals(
+        tmp_path: Path) -> None:
+    """Each decision point production reached is asked once, judged against production's
+    decision there; a proposal is resolved and previewed against the given facts, a review or
+    a governed write is a "would ask"."""
+    from services.planner.provider import ScriptedProvider as Scripted
+    from writ.eval._shadow import shadow_run
+
+    script = agreeing_script()
+    script["decisions"] = [{"decision": "select_capability", "capability": "crm.note.create",
+                            "arguments": {"customer_id": "ACME-42", "body": "SHADOW note"}},
+                           *script["decisions"][1:]]
+    script["agents"]["refund-assistant"] = [
+        {"decision": "select_capability", "capability": "payment.refund",
+         "arguments": {"payment_id": "pay_7781", "line_id": "L3"}},
+        *script["agents"]["refund-assistant"][1:]]
+    path = tmp_path / "shadow.json"
+    path.write_text(json.dumps(script))
+    candidate = Scripted.from_file(path)
+    runs = demo_runs()
+    records: dict[str, list] = {}
+    asked: dict[str, set[int]] = {}
+    for run_id, entries in runs.items():
+        asked[run_id] = set()
+        records[run_id] = anyio.run(functools.partial(
+            shadow_run, candidate, run_id, "acme", entries, asked=asked[run_id], facts=FACTS))
+    steps = {run_id: [r.step for r in rs] for run_id, rs in records.items()}
+    assert steps == {"run-note": [0, 2], "run-refund": [0, 2], "run-review": [0, 2]}
+    note, answer = records["run-note"]
+    # The note's wording is free: still production's path; the default policy asks.
+    assert (note.would, note.follows, note.ruling) == ("ask", True, "ask")
+    assert note.arguments == {"customer_id": "ACME-42", "body": "SHADOW note"}
+    assert (answer.would, answer.follows) == ("answer", True)
+    refund = records["run-refund"][0]
+    assert refund.would == "ask" and refund.capability == "payment.refund"
+    assert not refund.follows and refund.valid
+    # Resolved against the facts: the larger line's discount, and what a person would see.
+    assert refund.arguments is not None and refund.arguments["amount_cents"] == 4000
+    assert refund.preview is not None and "4000" in json.dumps(refund.preview)
+    assert refund.production is not None and refund.production["arguments"]["line_id"] == "L2"
+    assert refund.widening == ["payment.refund.amount_cents 4000 > 1500 (a reach field)"]
+    review = records["run-review"][0]
+    assert (review.would, review.follows, review.violations) == ("ask", True, [])
+    # Asked once: a later look at the same journal asks nothing again.
+    assert anyio.run(lambda: shadow_run(candidate, "run-note", "acme", runs["run-note"],
+                                        asked=asked["run-note"], facts=FACTS)) == []
+    # Without the facts the refund cannot be resolved: recorded, invalid, not invented.
+    [unresolved, _] = anyio.run(lambda: shadow_run(candidate, "run-refund", "acme",
+                                                   runs["run-refund"], asked=set()))
+    assert not unresolved.valid and "no recorded payment" in unresolved.invalid

@@ -56,6 +56,7 @@ class _Call(msgspec.Struct, frozen=True, kw_only=True):
     action: str = ""
     family: str | None = None
     arguments: dict[str, Any] = {}
+    preview: dict[str, Any] = {}
     invalid: str = ""
     ruling: str | None = None
 
@@ -91,8 +92,9 @@ def _contract(name: str) -> ActionContract[Any, Any, Any, Any] | None:
 
 
 def _resolved(contract: ActionContract[Any, Any, Any, Any], arguments: dict[str, Any],
-              facts: dict[str, Any]) -> dict[str, Any]:
-    """The arguments the contract freezes from this request and the case's facts.
+              facts: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arguments the contract freezes from this request and the case's facts, and the
+    preview a person would be shown of them (read-only: the facts are the case's, as given).
 
     Raises:
         Invalid: the request does not fit the contract, or resolves to nothing.
@@ -108,7 +110,8 @@ def _resolved(contract: ActionContract[Any, Any, Any, Any], arguments: dict[str,
             current = contract.decode_facts(raw)
         except msgspec.ValidationError as exc:
             raise Invalid(f"the recorded {ref.kind} {ref.id} does not decode: {exc}") from exc
-    return msgspec.to_builtins(contract.resolve(request, current).arguments)  # type: ignore[no-any-return]
+    frozen = contract.checked(contract.resolve(request, current))
+    return msgspec.to_builtins(frozen.arguments), msgspec.to_builtins(frozen.preview)
 
 
 def read_arguments(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -160,13 +163,14 @@ def _call(case: EvalCase, decision: SelectCapability) -> _Call:
                                  scope=contract.scope, profile_fact=contract.profile_fact),
                             policy)
     try:
-        arguments = _resolved(contract, decision.arguments, case.facts)
+        arguments, preview = _resolved(contract, decision.arguments, case.facts)
     except Invalid as exc:
         return _Call(target=decision.capability, kind="action", action=name,
                      family=contract.family, invalid=f"contract refused: {exc}",
                      ruling=ruling.verdict)
     return _Call(target=decision.capability, kind="action", action=name,
-                 family=contract.family, arguments=arguments, ruling=ruling.verdict)
+                 family=contract.family, arguments=arguments, preview=preview,
+                 ruling=ruling.verdict)
 
 
 def _same(contract: ActionContract[Any, Any, Any, Any] | None, field: str, a: Any, b: Any

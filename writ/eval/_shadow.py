@@ -1,19 +1,27 @@
 """Shadow mode: a candidate beside the production planner, on a copy of the runs that start.
 
-The shadow connects as the NATS user `eval` (libs/natsauth.py): it reads the evidence retrieval
-gathers for each run through its own durable consumer, and may publish under `writ.eval.>`
-only — the server refuses anything toward governance, admission or the dispatcher. For each run
-it builds the first model input exactly as the planner does (so its digest is the one the
-planner journals), asks the candidate, and judges the answer as a proposal would be: the
-runtime's checks on the run's catalog, the contract's `resolve` (against facts it was given; it
-reads none), and governance's pure `decide` with the given policy. An ask or a review is
-recorded as "would ask", never sent to a person; a proposal is recorded "would propose" with
-its ruling, never admitted. The run goes on in production, unaffected.
+The shadow connects as the NATS user `eval` (libs/natsauth.py): it learns of each run that
+starts from the evidence retrieval gathers for it, through its own durable consumer, and may
+publish under `writ.eval.>` only — the server refuses anything toward governance, admission or
+the dispatcher. It follows each run through the planner's sealed journal, read with the
+auditor's read-only role: at every decision point production reached, it rebuilds the model
+input exactly as the planner did (the digest checked against the one journaled, `_case.py`),
+asks the candidate, and judges the answer against production's decision there as a step case
+is judged (`_score.py`): whether it is equivalent, the runtime's checks on the run's catalog,
+the contract's `resolve` and preview against the facts the shadow was given (it reads no
+system: no connector, no dispatcher), governance's pure `decide` with the given policy, scope
+widening. An ask or a review is recorded as "would ask", never sent to a person; a proposal is
+recorded "would propose" with its resolved arguments, preview and ruling, never admitted.
+
+Where the candidate leaves production's path there is nothing recorded to continue its own
+run from, so nothing is invented: the next decision point asked is production's next one,
+with production's input (`follows` says whether the candidate was still on that path).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
@@ -23,16 +31,21 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from libs.natsauth import EVAL
 from schemas.retrieval import EvidenceGathered
-from services.planner.inputs import input_digest, model_input
-from services.planner.provider import DecisionProvider, SelectCapability
-from writ.eval._case import EvalCase, Expected
+from services.planner.journal_entries import RUN_STATUS, Captured
+from services.planner.provider import SelectCapability
+from writ.eval._case import CaseError, EvalCase, cases_from_run
 from writ.eval._run import _ask
-from writ.eval._score import _call
+from writ.eval._score import Judged, Sample, _call, judge
 
-__all__ = ["EVIDENCE_COPY", "ShadowRecord", "shadow", "shadow_subject"]
+__all__ = ["EVIDENCE_COPY", "ShadowRecord", "shadow", "shadow_run", "shadow_subject"]
 
 # What the shadow reads: the evidence of every run that starts (one stream, its own durable).
 EVIDENCE_COPY: Final = "writ.int.evidence.*"
+# A run is settled once it ended, or stopped for a person (it may go on later).
+_ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
+_MAX_FOLLOWED: Final = 1000
+
+Replay = Callable[[str, str], Awaitable[list[Captured]]]
 
 
 def shadow_subject(tenant: str) -> str:
@@ -41,74 +54,136 @@ def shadow_subject(tenant: str) -> str:
 
 
 class ShadowRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What the candidate would have done at a run's first decision."""
+    """What the candidate would have done at one decision point of a production run."""
 
     run_id: str
     tenant: str
     agent: str
+    step: int
     input_digest: str
-    would: str  # ask | propose | read | answer | catalog | nothing
+    would: str  # ask | propose | read | call | answer | catalog | nothing
     decision: dict[str, Any] | None = None
     capability: str | None = None
+    # A selection's arguments after the contract's `resolve`, and the preview a person would
+    # have been shown.
     arguments: dict[str, Any] | None = None
+    preview: dict[str, Any] | None = None
     ruling: str | None = None
     valid: bool = True
     invalid: str = ""
     tokens: int = 0
+    # Production's decision at this point, and whether the candidate's is equivalent to it.
+    production: dict[str, Any] | None = None
+    follows: bool = False
+    widening: list[str] = []
+    violations: list[str] = []
 
 
-def _judged(case: EvalCase, decision: dict[str, Any] | None) -> dict[str, Any]:
-    if decision is None:
-        return {"would": "nothing", "valid": False}
+def _record(case: EvalCase, run_id: str, tenant: str, step: int, sample: Sample,
+            judged: Judged) -> ShadowRecord:
+    common: dict[str, Any] = {
+        "run_id": run_id, "tenant": tenant, "agent": case.agent, "step": step,
+        "input_digest": case.input_digest, "decision": sample.decision,
+        "tokens": sample.tokens, "production": msgspec.to_builtins(case.expected),
+        "follows": judged.agrees, "widening": judged.widening,
+        "violations": judged.violations}
+    decision = sample.decision
+    if decision is None or judged.kind is None:
+        return ShadowRecord(**common, would="nothing", valid=False,
+                            invalid=judged.invalid or sample.detail)
     kind = decision.get("decision")
-    if kind == "request_human_review":
-        return {"would": "ask"}
-    if kind == "answer_directly":
-        return {"would": "answer"}
-    if kind == "request_capabilities":
-        return {"would": "catalog"}
+    if kind != "select_capability":
+        would = {"request_human_review": "ask", "answer_directly": "answer",
+                 "request_capabilities": "catalog"}.get(str(kind), "nothing")
+        return ShadowRecord(**common, would=would)
     got = _call(case, msgspec.convert(decision, SelectCapability))
-    would = ("read" if got.kind == "read" else "ask" if got.ruling == "ask" else "propose")
-    return {"would": would, "capability": got.action or got.target,
-            "arguments": got.arguments or decision.get("arguments"), "ruling": got.ruling,
-            "valid": not got.invalid, "invalid": got.invalid}
+    would = {"read": "read", "agent": "call"}.get(
+        got.kind, "ask" if got.ruling == "ask" else "propose")
+    return ShadowRecord(**common, would=would, capability=got.action or got.target,
+                        arguments=got.arguments or decision.get("arguments"),
+                        preview=got.preview or None, ruling=got.ruling,
+                        valid=not got.invalid, invalid=got.invalid)
 
 
-async def shadow(nc: Client, provider: DecisionProvider, *,
-                 manifests: Callable[[str], dict[str, Any] | None],
+async def shadow_run(provider: Any, run_id: str, tenant: str, entries: list[Captured], *,
+                     asked: set[int], policy: dict[str, Any] | None = None,
+                     facts: dict[str, Any] | None = None) -> list[ShadowRecord]:
+    """Ask the candidate at each of the run's journaled decision points not in `asked` (which
+    it extends) and judge it against production's decision there."""
+    if -1 in asked:
+        return []
+    try:
+        cases = cases_from_run(run_id, entries, facts=facts, policy=policy)
+    except (CaseError, msgspec.ValidationError) as exc:
+        # The journal does not rebuild the input production was given: nothing to ask, said
+        # once.
+        asked.add(-1)
+        return [ShadowRecord(run_id=run_id, tenant=tenant, agent="", step=-1, input_digest="",
+                             would="nothing", valid=False, invalid=str(exc)[:500])]
+    records = []
+    for case in cases:
+        step = int(case.case_id.rpartition("@")[2])
+        if step in asked:
+            continue
+        asked.add(step)
+        sample = await _ask(provider, case.input)
+        records.append(_record(case, run_id, tenant, step, sample, judge(case, sample)))
+    return records
+
+
+def _status(entries: list[Captured]) -> str | None:
+    statuses = [e.payload.get("status") for e in entries if e.kind == RUN_STATUS]
+    return str(statuses[-1]) if statuses else None
+
+
+class _Followed(msgspec.Struct, kw_only=True):
+    tenant: str
+    asked: set[int] = msgspec.field(default_factory=set)
+    counted: bool = False
+
+
+async def shadow(nc: Client, provider: Any, *, replay: Replay,
                  policy: dict[str, Any] | None = None, facts: dict[str, Any] | None = None,
-                 count: int | None = None,
+                 count: int | None = None, poll_s: float = 0.5,
                  on_record: Callable[[ShadowRecord], None] | None = None,
                  on_ready: Callable[[], None] | None = None) -> list[ShadowRecord]:
-    """Shadow the runs that start (all of them, or the next `count`) until cancelled."""
+    """Shadow the runs that start from now until `count` of them settled (ended, or stopped
+    for a person), or until cancelled. `replay(tenant, run_id)` is the run's sealed journal entries
+    (read-only)."""
     js = nc.jetstream()
     sub = await js.pull_subscribe(EVIDENCE_COPY, durable=EVAL, stream="WRIT_INT",
                                   config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW))
     decoder = msgspec.json.Decoder(EvidenceGathered)
+    # The durable outlives a shadow: what it holds from before this one started is not a run
+    # that starts beside it.
+    since = datetime.now(UTC)
     if on_ready is not None:
         on_ready()
+    followed: dict[str, _Followed] = {}
     records: list[ShadowRecord] = []
-    while count is None or len(records) < count:
+    settled = 0
+    while count is None or settled < count:
         try:
-            msgs = await sub.fetch(1, timeout=1)
+            msgs = await sub.fetch(8, timeout=poll_s)
         except NatsTimeoutError:
-            continue
+            msgs = []
         for msg in msgs:
             event = decoder.decode(msg.data)
-            manifest = manifests(event.agent)
-            built = model_input(user=event.input, evidence=msgspec.to_builtins(event.evidence),
-                                observations=[], turn=0, agent=event.agent, manifest=manifest)
-            case = EvalCase(case_id=event.run_id, agent=event.agent, input=built,
-                            input_digest=input_digest(built),
-                            expected=Expected(kind="answer_directly"), manifest=manifest,
-                            facts=facts or {}, policy=policy)
-            sample = await _ask(provider, built)
-            record = ShadowRecord(run_id=event.run_id, tenant=event.tenant, agent=event.agent,
-                                  input_digest=case.input_digest, decision=sample.decision,
-                                  tokens=sample.tokens, **_judged(case, sample.decision))
-            await nc.publish(shadow_subject(event.tenant), msgspec.json.encode(record))
+            if msg.metadata.timestamp >= since and len(followed) < _MAX_FOLLOWED:
+                followed.setdefault(event.run_id, _Followed(tenant=event.tenant))
             await msg.ack()
-            records.append(record)
-            if on_record is not None:
-                on_record(record)
+        for run_id, run in list(followed.items()):
+            entries = await replay(run.tenant, run_id)
+            for record in await shadow_run(provider, run_id, run.tenant, entries,
+                                           asked=run.asked, policy=policy, facts=facts):
+                await nc.publish(shadow_subject(run.tenant), msgspec.json.encode(record))
+                records.append(record)
+                if on_record is not None:
+                    on_record(record)
+            status = _status(entries)
+            if status in _ENDED or status == "awaiting_human":
+                settled += not run.counted
+                run.counted = True
+            if status in _ENDED:
+                del followed[run_id]
     return records

@@ -232,27 +232,22 @@ async def _journal_report(dsn: str, journal: Any, report: Any, digest: str) -> i
 
 
 def _shadow(args: argparse.Namespace) -> int:
-    """Shadow the runs that start beside the deployment, as NATS user `eval`; 0 when `--count`
-    runs were shadowed (or on SIGINT/SIGTERM), 3 if it cannot start."""
+    """Shadow the runs that start beside the deployment, as NATS user `eval`, following them
+    through the planner's journal with the auditor's read-only DSN; 0 when `--count` runs
+    settled (or on SIGINT/SIGTERM), 3 if it cannot start."""
     import anyio
 
-    from actions import ACTIONS
     from libs.errors import ConfigError
-    from schemas.retrieval import READ_TOOLS
-    from services.planner.agents import AgentRegistry
-    from services.planner.snapshot import snapshot_of
     from writ.eval._run import load_candidate
 
     home = Path(args.home)
     try:
         candidate = load_candidate(args.candidate)
-        agents = AgentRegistry.from_folder(args.agents)
-        agents.resolve(actions=ACTIONS, tools=READ_TOOLS,
-                       providers=("scripted", "openai", candidate.provider))
         password = (home / "secrets" / "nats-eval.password").read_text().strip()
         nats_url = args.nats_url or os.environ.get("WRIT_NATS_URL", "")
         if not nats_url:
             raise ConfigError("no NATS: pass --nats-url or set WRIT_NATS_URL")
+        dsn, journal = _journal_source(args)
         policy = _json_file(args.policy) if args.policy else None
         facts = _json_file(args.facts) if args.facts else {}
     except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
@@ -264,13 +259,13 @@ def _shadow(args: argparse.Namespace) -> int:
         if out is not None:
             out.write(msgspec.json.encode(record) + b"\n")
             out.flush()
-        print(f"{record.run_id} {record.agent}: would {record.would} "
-              f"{record.capability or ''} {record.ruling or ''}".rstrip(), flush=True)
+        print(f"{record.run_id}@{record.step} {record.agent}: would {record.would} "
+              f"{record.capability or ''} {record.ruling or ''}".rstrip()
+              + ("" if record.follows else " (not production's)"), flush=True)
 
     try:
-        anyio.run(functools.partial(_shadow_run, nats_url, password, candidate,
-                                    lambda name: snapshot_of(agents.get(name)), policy, facts,
-                                    args.count, write))
+        anyio.run(functools.partial(_shadow_run, nats_url, password, candidate, dsn, journal,
+                                    policy, facts, args.count, write))
     except KeyboardInterrupt:
         pass
     finally:
@@ -279,23 +274,32 @@ def _shadow(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _shadow_run(nats_url: str, password: str, candidate: Any, manifests: Any,
+async def _shadow_run(nats_url: str, password: str, candidate: Any, dsn: str, journal: Any,
                       policy: Any, facts: Any, count: int | None, write: Any) -> None:
+    import asyncpg
     import nats
 
     from libs.natsauth import EVAL, inbox_prefix
+    from services.planner.store import read_replay
     from writ.eval._run import candidate_provider
     from writ.eval._shadow import shadow
 
+    conn = await asyncpg.connect(dsn)
     nc = await nats.connect(nats_url, user=EVAL, password=password,
                             inbox_prefix=inbox_prefix(EVAL), max_reconnect_attempts=-1)
+
+    async def replay(tenant: str, run_id: str) -> Any:
+        entries, _, _ = await read_replay(conn, journal, tenant=tenant, run_id=run_id)
+        return entries
+
     try:
         async with candidate_provider(candidate) as provider:
-            await shadow(nc, provider, manifests=manifests, policy=policy, facts=facts,
-                         count=count, on_record=write,
+            await shadow(nc, provider, replay=replay, policy=policy, facts=facts, count=count,
+                         on_record=write,
                          on_ready=lambda: print("shadowing as NATS user eval", flush=True))
     finally:
         await nc.close()
+        await conn.close()
 
 
 def add_parser(sub: Any) -> None:
@@ -352,12 +356,15 @@ def add_parser(sub: Any) -> None:
                                       "runs that start; its asks and proposals are recorded, "
                                       "never sent or admitted")
     sh.add_argument("--candidate", required=True)
-    sh.add_argument("--agents", required=True, help="the agents' manifests (as the planner's)")
     sh.add_argument("--out", default="", help="append the would-be decisions here (JSON lines)")
-    sh.add_argument("--count", type=int, default=None, help="stop after this many runs")
+    sh.add_argument("--count", type=int, default=None,
+                    help="stop once this many runs settled (ended, or stopped for a person)")
     sh.add_argument("--policy", default="")
-    sh.add_argument("--facts", default="")
+    sh.add_argument("--facts", default="", help="JSON {\"<kind>:<id>\": facts} the contracts "
+                                                "resolve and preview against (read-only)")
     sh.add_argument("--nats-url", default="")
+    sh.add_argument("--dsn", default="", help="an auditor's DSN (default: writ run's)")
+    sh.add_argument("--data-keys", default="", help="the planner's journal data key file")
     sh.add_argument("--home", default=".writ")
     sh.set_defaults(func=_shadow)
     c = ev.add_parser("record", help="journal a report's digest (sealed and signed with the "
