@@ -431,6 +431,14 @@ def test_a_shadow_judges_every_decision_of_a_run_and_resolves_its_proposals(
     # Asked once: a later look at the same journal asks nothing again.
     assert anyio.run(lambda: shadow_run(candidate, "run-note", "acme", runs["run-note"],
                                         asked=asked["run-note"], facts=FACTS)) == []
+    # A capability outside the agent's catalog: refused by the runtime, never proposed.
+    wide = tmp_path / "wide.json"
+    wide.write_text(json.dumps(widening_script()))
+    [refused, _] = anyio.run(lambda: shadow_run(Scripted.from_file(wide), "run-note", "acme",
+                                                runs["run-note"], asked=set(), facts=FACTS))
+    assert (refused.would, refused.valid, refused.capability) == (
+        "be refused", False, "payment.refund")
+    assert refused.widening and not refused.follows
     # Without the facts the refund cannot be resolved: recorded, invalid, not invented.
     [unresolved, _] = anyio.run(lambda: shadow_run(candidate, "run-refund", "acme",
                                                    runs["run-refund"], asked=set()))

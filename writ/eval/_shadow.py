@@ -61,7 +61,7 @@ class ShadowRecord(msgspec.Struct, frozen=True, kw_only=True):
     agent: str
     step: int
     input_digest: str
-    would: str  # ask | propose | read | call | answer | catalog | nothing
+    would: str  # ask | propose | read | call | answer | catalog | be refused | nothing
     decision: dict[str, Any] | None = None
     capability: str | None = None
     # A selection's arguments after the contract's `resolve`, and the preview a person would
@@ -97,7 +97,8 @@ def _record(case: EvalCase, run_id: str, tenant: str, step: int, sample: Sample,
                  "request_capabilities": "catalog"}.get(str(kind), "nothing")
         return ShadowRecord(**common, would=would)
     got = _call(case, msgspec.convert(decision, SelectCapability))
-    would = {"read": "read", "agent": "call"}.get(
+    # A call the runtime refuses (not in the catalog, a bad signature) is never proposed.
+    would = {"read": "read", "agent": "call", "refused": "be refused"}.get(
         got.kind, "ask" if got.ruling == "ask" else "propose")
     return ShadowRecord(**common, would=would, capability=got.action or got.target,
                         arguments=got.arguments or decision.get("arguments"),
@@ -165,7 +166,7 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
     while count is None or settled < count:
         try:
             msgs = await sub.fetch(8, timeout=poll_s)
-        except NatsTimeoutError:
+        except (NatsTimeoutError, TimeoutError):  # a batch fetch raises the builtin one
             msgs = []
         for msg in msgs:
             event = decoder.decode(msg.data)

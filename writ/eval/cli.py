@@ -261,7 +261,8 @@ def _shadow(args: argparse.Namespace) -> int:
             out.flush()
         print(f"{record.run_id}@{record.step} {record.agent}: would {record.would} "
               f"{record.capability or ''} {record.ruling or ''}".rstrip()
-              + ("" if record.follows else " (not production's)"), flush=True)
+              + ("" if record.follows else " (not production's)")
+              + (" WIDENING" if record.widening else ""), flush=True)
 
     try:
         anyio.run(functools.partial(_shadow_run, nats_url, password, candidate, dsn, journal,
