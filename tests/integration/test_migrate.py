@@ -130,3 +130,53 @@ async def test_an_auditor_password_gets_a_role_that_reads_the_journals_only(
             await conn.execute("DELETE FROM governance.journal")
     finally:
         await conn.close()
+
+
+async def test_an_eval_password_gets_a_role_that_records_reports_only(
+        scratch_db: str, tmp_path: Path) -> None:
+    """`writ eval record`'s role: one function, which writes one `eval.report` row of the
+    planner's journal recorded now; no table, and no one else may call the function."""
+    from libs.journal import DataKeys, Journal
+    from writ.eval._record import RECORD_KIND
+
+    database = urlsplit(scratch_db).path.lstrip("/")
+    for service in [*SERVICES, "auditor", "eval"]:
+        _secret(tmp_path / "pw", service, f"secret-{service}")
+    code, out = await _writ("migrate", "--passwords-dir", str(tmp_path / "pw"),
+                            env={"WRIT_ADMIN_DATABASE_URL": scratch_db})
+    assert code == 0 and "eval: recorder role provisioned" in out, out
+    journal = Journal(service="planner", keys=DataKeys.from_json(DataKeys.generate("p-1")))
+    e = journal.entry(tenant="acme", kind=RECORD_KIND, subject="set-v7",
+                      payload={"digest": "d" * 64})
+    call = "SELECT planner.record_eval_report($1, $2, $3, $4, $5, $6)"
+    args = (e.tenant, e.subject, e.key_id, e.nonce, e.ciphertext, e.recorded_at)
+
+    async def as_role(name: str) -> asyncpg.Connection:
+        return await asyncpg.connect(with_database(
+            scratch_db, database, user=role_name(database, name), password=f"secret-{name}"))
+
+    conn = await as_role("eval")
+    try:
+        row_id = await conn.fetchval(call, *args)
+        for sql in ("SELECT count(*) FROM planner.journal", "SELECT count(*) FROM planner.runs",
+                    "DELETE FROM planner.journal",
+                    "INSERT INTO planner.journal (tenant, kind, subject, key_id, nonce, "
+                    "ciphertext) VALUES ('acme', 'run.started', 'x', 'k', '', '')"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.execute(sql)
+    finally:
+        await conn.close()
+    auditor = await as_role("auditor")
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await auditor.fetchval(call, *args)
+    finally:
+        await auditor.close()
+    admin = await asyncpg.connect(with_database(scratch_db, database))
+    try:
+        row = await admin.fetchrow("SELECT * FROM planner.journal WHERE id = $1", row_id)
+        assert (row["kind"], row["run_id"], row["subject"]) == (RECORD_KIND, "", "set-v7")
+        assert journal.open(row) == b'{"digest":"' + b"d" * 64 + b'"}'
+        assert await admin.fetchval("SELECT count(*) FROM planner.journal") == 1
+    finally:
+        await admin.close()
