@@ -212,7 +212,8 @@ def start_shadow(stack: Stack, candidate: Path, out: Path, *, count: int
     return subprocess.Popen(
         [sys.executable, "-m", "writ.cli", "eval", "shadow", "--candidate", str(candidate),
          "--count", str(count), "--out", str(out), "--home", str(stack.home), "--nats-url",
-         stack.nats_url, "--facts", str(facts)],
+         stack.nats_url, "--facts", str(facts), "--json",
+         str(out.with_name("shadow-report.json"))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -249,11 +250,19 @@ async def test_a_shadow_candidate_beside_the_deployment_admits_and_dispatches_no
         with anyio.fail_after(30):
             while proc.poll() is None:
                 await anyio.sleep(0.1)
-        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     finally:
         if proc.poll() is None:
             proc.terminate()
-        proc.communicate(timeout=10)  # and close its pipes
+        stdout, stderr = proc.communicate(timeout=10)  # and close its pipes
+    # The gate on what was shadowed: the larger refund is a regression.
+    assert proc.returncode == 1, stdout + stderr
+    assert "gate: REGRESSION (exit 1)" in stdout
+    report = msgspec.json.decode((tmp_path / "shadow-report.json").read_bytes(), type=Report)
+    assert report.mode == "shadow" and report.tenant == "acme"
+    assert sorted(c.case_id for c in report.cases) == sorted(
+        [f"{note_run}@0", f"{note_run}@2", f"{refund_run}@0"])
+    assert report.widening == [
+        f"{refund_run}@0: payment.refund.amount_cents 4000 > 1500 (a reach field)"]
     records = {(r["run_id"], r["step"]): r for r in map(json.loads, out.read_text().splitlines())}
     # Every decision production made was asked of the candidate and judged, once; the run that
     # waits for a person's approval has made one so far.

@@ -391,7 +391,7 @@ def test_a_shadow_judges_every_decision_of_a_run_and_resolves_its_proposals(
     decision there; a proposal is resolved and previewed against the given facts, a review or
     a governed write is a "would ask"."""
     from services.planner.provider import ScriptedProvider as Scripted
-    from writ.eval._shadow import shadow_run
+    from writ.eval._shadow import shadow_reports, shadow_run
 
     script = agreeing_script()
     script["decisions"] = [{"decision": "select_capability", "capability": "crm.note.create",
@@ -407,10 +407,17 @@ def test_a_shadow_judges_every_decision_of_a_run_and_resolves_its_proposals(
     runs = demo_runs()
     records: dict[str, list] = {}
     asked: dict[str, set[int]] = {}
+    scored: list = []
     for run_id, entries in runs.items():
         asked[run_id] = set()
         records[run_id] = anyio.run(functools.partial(
-            shadow_run, candidate, run_id, "acme", entries, asked=asked[run_id], facts=FACTS))
+            shadow_run, candidate, run_id, "acme", entries, asked=asked[run_id], facts=FACTS,
+            scored=scored))
+    # What was shadowed, as a report gated like a step run: the larger refund regresses.
+    [(tenant, report)] = shadow_reports(scored, "shadow").items()
+    assert tenant == "acme" and report.mode == "shadow" and len(report.cases) == 6
+    assert report.gate.exit_code == 1 and report.widening == [
+        "run-refund@0: payment.refund.amount_cents 4000 > 1500 (a reach field)"]
     steps = {run_id: [r.step for r in rs] for run_id, rs in records.items()}
     assert steps == {"run-note": [0, 2], "run-refund": [0, 2], "run-review": [0, 2]}
     note, answer = records["run-note"]

@@ -33,11 +33,13 @@ from libs.natsauth import EVAL
 from schemas.retrieval import EvidenceGathered
 from services.planner.journal_entries import RUN_STATUS, Captured
 from services.planner.provider import SelectCapability
-from writ.eval._case import CaseError, EvalCase, cases_from_run
+from writ.eval._case import CaseError, EvalCase, cases_from_run, make_set
+from writ.eval._report import Report, case_result, summarize
 from writ.eval._run import _ask
 from writ.eval._score import Judged, Sample, _call, judge
 
-__all__ = ["EVIDENCE_COPY", "ShadowRecord", "shadow", "shadow_run", "shadow_subject"]
+__all__ = ["EVIDENCE_COPY", "ShadowRecord", "Shadowed", "shadow", "shadow_reports",
+           "shadow_run", "shadow_subject"]
 
 # What the shadow reads: the evidence of every run that starts (one stream, its own durable).
 EVIDENCE_COPY: Final = "writ.int.evidence.*"
@@ -106,11 +108,22 @@ def _record(case: EvalCase, run_id: str, tenant: str, step: int, sample: Sample,
                         valid=not got.invalid, invalid=got.invalid)
 
 
+class Shadowed(msgspec.Struct, frozen=True, kw_only=True):
+    """One shadowed decision point as a step case: what a report is summarised from."""
+
+    tenant: str
+    case: EvalCase
+    sample: Sample
+    judged: Judged
+
+
 async def shadow_run(provider: Any, run_id: str, tenant: str, entries: list[Captured], *,
                      asked: set[int], policy: dict[str, Any] | None = None,
-                     facts: dict[str, Any] | None = None) -> list[ShadowRecord]:
+                     facts: dict[str, Any] | None = None,
+                     scored: list[Shadowed] | None = None) -> list[ShadowRecord]:
     """Ask the candidate at each of the run's journaled decision points not in `asked` (which
-    it extends) and judge it against production's decision there."""
+    it extends) and judge it against production's decision there; each one also appended to
+    `scored`, if given."""
     if -1 in asked:
         return []
     try:
@@ -128,8 +141,25 @@ async def shadow_run(provider: Any, run_id: str, tenant: str, entries: list[Capt
             continue
         asked.add(step)
         sample = await _ask(provider, case.input)
-        records.append(_record(case, run_id, tenant, step, sample, judge(case, sample)))
+        judged = judge(case, sample)
+        records.append(_record(case, run_id, tenant, step, sample, judged))
+        if scored is not None:
+            scored.append(Shadowed(tenant=tenant, case=case, sample=sample, judged=judged))
     return records
+
+
+def shadow_reports(scored: list[Shadowed], candidate: str) -> dict[str, Report]:
+    """Each tenant's shadowed decision points as a report (mode `shadow`, k = 1): the cases
+    are production's decisions, so the scores and the gate read as in step mode."""
+    reports = {}
+    for tenant in sorted({s.tenant for s in scored}):
+        mine = {s.case.case_id: s for s in scored if s.tenant == tenant}
+        eval_set = make_set(tenant, [s.case for s in mine.values()])
+        results = [case_result(c.case_id, msgspec.to_builtins(c.expected),
+                               [mine[c.case_id].sample], [mine[c.case_id].judged])
+                   for c in eval_set.cases]
+        reports[tenant] = summarize(eval_set, candidate, results, k=1, mode="shadow")
+    return reports
 
 
 def _status(entries: list[Captured]) -> str | None:
@@ -147,7 +177,8 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
                  policy: dict[str, Any] | None = None, facts: dict[str, Any] | None = None,
                  count: int | None = None, poll_s: float = 0.5,
                  on_record: Callable[[ShadowRecord], None] | None = None,
-                 on_ready: Callable[[], None] | None = None) -> list[ShadowRecord]:
+                 on_ready: Callable[[], None] | None = None,
+                 scored: list[Shadowed] | None = None) -> list[ShadowRecord]:
     """Shadow the runs that start from now until `count` of them settled (ended, or stopped
     for a person), or until cancelled. `replay(tenant, run_id)` is the run's sealed journal entries
     (read-only)."""
@@ -176,7 +207,8 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
         for run_id, run in list(followed.items()):
             entries = await replay(run.tenant, run_id)
             for record in await shadow_run(provider, run_id, run.tenant, entries,
-                                           asked=run.asked, policy=policy, facts=facts):
+                                           asked=run.asked, policy=policy, facts=facts,
+                                           scored=scored):
                 await nc.publish(shadow_subject(run.tenant), msgspec.json.encode(record))
                 records.append(record)
                 if on_record is not None:

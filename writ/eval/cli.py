@@ -233,8 +233,9 @@ async def _journal_report(dsn: str, journal: Any, report: Any, digest: str) -> i
 
 def _shadow(args: argparse.Namespace) -> int:
     """Shadow the runs that start beside the deployment, as NATS user `eval`, following them
-    through the planner's journal with the auditor's read-only DSN; 0 when `--count` runs
-    settled (or on SIGINT/SIGTERM), 3 if it cannot start."""
+    through the planner's journal with the auditor's read-only DSN, until `--count` runs
+    settled (or SIGINT); then each tenant's report, and its gate's exit code (0 pass,
+    1 regression, 2 incomplete), or 3 if it cannot start."""
     import anyio
 
     from libs.errors import ConfigError
@@ -264,19 +265,40 @@ def _shadow(args: argparse.Namespace) -> int:
               + ("" if record.follows else " (not production's)")
               + (" WIDENING" if record.widening else ""), flush=True)
 
+    scored: list[Any] = []
     try:
         anyio.run(functools.partial(_shadow_run, nats_url, password, candidate, dsn, journal,
-                                    policy, facts, args.count, write))
+                                    policy, facts, args.count, write, scored))
     except KeyboardInterrupt:
         pass
     finally:
         if out is not None:
             out.close()
-    return 0
+    return _shadow_summary(scored, candidate.name, args.json)
+
+
+def _shadow_summary(scored: list[Any], candidate: str, json_path: str) -> int:
+    """Each tenant's shadowed decisions as a report (table, and JSON if asked); the worst
+    gate's exit code, 0 if nothing was shadowed."""
+    from writ.eval._report import render, report_digest
+    from writ.eval._shadow import shadow_reports
+
+    reports = shadow_reports(scored, candidate)
+    for tenant, report in reports.items():
+        print(render(report))
+        print(f"report sha256 {report_digest(report)}")
+        if json_path:
+            path = Path(json_path)
+            if len(reports) > 1:
+                path = path.with_name(f"{path.stem}.{tenant}{path.suffix}")
+            path.write_bytes(msgspec.json.format(msgspec.json.encode(report, order="sorted"),
+                                                 indent=2))
+    return max((r.gate.exit_code for r in reports.values()), default=0)
 
 
 async def _shadow_run(nats_url: str, password: str, candidate: Any, dsn: str, journal: Any,
-                      policy: Any, facts: Any, count: int | None, write: Any) -> None:
+                      policy: Any, facts: Any, count: int | None, write: Any,
+                      scored: list[Any]) -> None:
     import asyncpg
     import nats
 
@@ -296,7 +318,7 @@ async def _shadow_run(nats_url: str, password: str, candidate: Any, dsn: str, jo
     try:
         async with candidate_provider(candidate) as provider:
             await shadow(nc, provider, replay=replay, policy=policy, facts=facts, count=count,
-                         on_record=write,
+                         on_record=write, scored=scored,
                          on_ready=lambda: print("shadowing as NATS user eval", flush=True))
     finally:
         await nc.close()
@@ -358,6 +380,8 @@ def add_parser(sub: Any) -> None:
                                       "never sent or admitted")
     sh.add_argument("--candidate", required=True)
     sh.add_argument("--out", default="", help="append the would-be decisions here (JSON lines)")
+    sh.add_argument("--json", default="", help="write the report of what was shadowed here "
+                                               "(one file per tenant if several)")
     sh.add_argument("--count", type=int, default=None,
                     help="stop once this many runs settled (ended, or stopped for a person)")
     sh.add_argument("--policy", default="")
