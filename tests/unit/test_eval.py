@@ -450,3 +450,21 @@ def test_a_shadow_judges_every_decision_of_a_run_and_resolves_its_proposals(
     [unresolved, _] = anyio.run(lambda: shadow_run(candidate, "run-refund", "acme",
                                                    runs["run-refund"], asked=set()))
     assert not unresolved.valid and "no recorded payment" in unresolved.invalid
+
+
+def test_rollout_serves_an_equivalent_action_and_diverges_on_a_different_one(
+        tmp_path: Path) -> None:
+    """An action's arguments compared after its contract's `resolve`: key order and its
+    `free_text` fields (a note's body) do not leave the recording; another customer does."""
+    for arguments, verdict in (
+            ({"body": "Customer called: order 7781 is late.", "customer_id": "ACME-42"},
+             "completed"),
+            ({"customer_id": "ACME-43", "body": "Customer called: order 7781 is late."},
+             "diverged@0")):
+        script = agreeing_script()
+        script["decisions"] = [{"decision": "select_capability",
+                                "capability": "action:crm.note.create",
+                                "arguments": arguments}, *script["decisions"][1:]]
+        report = rollout(script, tmp_path, "note")
+        assert report.runs["run-note"] == [verdict], arguments
+        assert report.runs["run-refund"] == ["completed"]
