@@ -128,6 +128,13 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
     verify = writ(stack, "audit", "verify", "--service", "planner", "--home", str(stack.home),
                   "--data-keys", str(stack.secrets / "journal-planner-data.json"))
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    # The report file is the one sealed; a report that was not recorded is not.
+    sealed = writ(stack, "eval", "verify", str(tmp_path / "agrees.report.json"), "--home",
+                  str(stack.home))
+    assert sealed.returncode == 0 and entry["digest"] in sealed.stdout, sealed.stderr
+    other = writ(stack, "eval", "verify", str(tmp_path / "widens.report.json"), "--home",
+                 str(stack.home))
+    assert other.returncode == 1 and "NOT in" in other.stderr, other.stdout + other.stderr
     await the_eval_role_can_record_and_nothing_else(stack, journal, agrees)
 
 

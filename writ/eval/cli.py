@@ -231,6 +231,52 @@ async def _journal_report(dsn: str, journal: Any, report: Any, digest: str) -> i
         await conn.close()
 
 
+def _verify(args: argparse.Namespace) -> int:
+    """Whether a report file is the one journaled: 0 its digest is in a sealed `eval.report`
+    entry of its tenant's planner journal (the chain itself is `writ audit verify`'s to
+    prove), 1 it is not, 3 it cannot be checked."""
+    import anyio
+
+    from libs.errors import ConfigError
+    from writ.eval._report import Report, report_digest
+
+    try:
+        report = msgspec.json.decode(Path(args.report).read_bytes(), type=Report)
+        dsn, journal = _journal_source(args)
+    except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
+        print(f"cannot verify: {exc}", file=sys.stderr)
+        return 3
+    digest = report_digest(report)
+    seq = anyio.run(functools.partial(_sealed_report, dsn, journal, report, digest))
+    if seq is None:
+        print(f"report {digest} of {report.candidate} on set {report.set_version} is NOT in "
+              f"tenant {report.tenant}'s sealed planner journal", file=sys.stderr)
+        return 1
+    print(f"report {digest} of {report.candidate} on set {report.set_version} "
+          f"({report.gate.verdict}) is sealed at planner journal seq {seq}; "
+          "`writ audit verify --service planner` proves the chain and its signatures")
+    return 0
+
+
+async def _sealed_report(dsn: str, journal: Any, report: Any, digest: str) -> int | None:
+    import json
+
+    import asyncpg
+
+    from libs.journal import read_entries
+    from writ.eval._record import RECORD_KIND
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        for seq, row, plaintext in await read_entries(conn, journal, tenant=report.tenant,
+                                                      subject=report.set_version):
+            if row["kind"] == RECORD_KIND and json.loads(plaintext).get("digest") == digest:
+                return int(seq)
+    finally:
+        await conn.close()
+    return None
+
+
 def _shadow(args: argparse.Namespace) -> int:
     """Shadow the runs that start beside the deployment, as NATS user `eval`, following them
     through the planner's journal with the auditor's read-only DSN, until `--count` runs
@@ -400,3 +446,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--data-keys", default="")
     c.add_argument("--home", default=".writ")
     c.set_defaults(func=_record)
+    v = ev.add_parser("verify", help="check that a report is the one sealed in the planner's "
+                                     "journal (exit 0 it is, 1 it is not)")
+    v.add_argument("report")
+    v.add_argument("--dsn", default="", help="an auditor's DSN (default: writ run's)")
+    v.add_argument("--data-keys", default="", help="the planner's journal data key file")
+    v.add_argument("--home", default=".writ")
+    v.set_defaults(func=_verify)
