@@ -171,6 +171,12 @@ class _Followed(msgspec.Struct, kw_only=True):
     tenant: str
     asked: set[int] = msgspec.field(default_factory=set)
     counted: bool = False
+    # Polls to skip: a run waiting for a person is looked at again only now and then.
+    skip: int = 0
+
+
+# A run waiting for a person is re-read every this many polls (it may go on after an answer).
+_WAITING_EVERY: Final = 20
 
 
 async def shadow(nc: Client, provider: Any, *, replay: Replay,
@@ -180,8 +186,9 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
                  on_ready: Callable[[], None] | None = None,
                  scored: list[Shadowed] | None = None) -> list[ShadowRecord]:
     """Shadow the runs that start from now until `count` of them settled (ended, or stopped
-    for a person), or until cancelled. `replay(tenant, run_id)` is the run's sealed journal entries
-    (read-only)."""
+    for a person), or until cancelled. `replay(tenant, run_id)` is the run's sealed journal
+    entries (read-only). A run that ended is dropped; one waiting for a person is read again
+    every `_WAITING_EVERY` polls, since it may go on once answered."""
     js = nc.jetstream()
     sub = await js.pull_subscribe(EVIDENCE_COPY, durable=EVAL, stream="WRIT_INT",
                                   config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW))
@@ -200,11 +207,18 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
         except (NatsTimeoutError, TimeoutError):  # a batch fetch raises the builtin one
             msgs = []
         for msg in msgs:
-            event = decoder.decode(msg.data)
-            if msg.metadata.timestamp >= since and len(followed) < _MAX_FOLLOWED:
+            try:
+                event = decoder.decode(msg.data)
+            except msgspec.DecodeError:
+                event = None  # not a run to follow; never the shadow's to stop over
+            if (event is not None and msg.metadata.timestamp >= since
+                    and len(followed) < _MAX_FOLLOWED):
                 followed.setdefault(event.run_id, _Followed(tenant=event.tenant))
             await msg.ack()
         for run_id, run in list(followed.items()):
+            if run.skip > 0:
+                run.skip -= 1
+                continue
             entries = await replay(run.tenant, run_id)
             for record in await shadow_run(provider, run_id, run.tenant, entries,
                                            asked=run.asked, policy=policy, facts=facts,
@@ -219,4 +233,6 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
                 run.counted = True
             if status in _ENDED:
                 del followed[run_id]
+            elif status == "awaiting_human":
+                run.skip = _WAITING_EVERY - 1
     return records
