@@ -74,6 +74,10 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     operation_id: ShortText | None = None
     command_state: ShortText | None = None
     receipt: ShortText | None = None
+    # Who asked for the run (who may not approve it), its agent, and when it was proposed.
+    requester: ShortText | None = None
+    agent: ShortText | None = None
+    created_at: ShortText | None = None
 
 
 class Proposals(msgspec.Struct, frozen=True, kw_only=True):

@@ -458,6 +458,13 @@ class AdmissionService:
         if proposal.state != "pending":
             await self._reply_state(ans, proposal)
             return False
+        if ans.answer == "approve" and ans.approver == proposal.principal:
+            # Separation of duties: whoever asked for the run cannot also approve what it
+            # proposes (they may still reject it: that only stops their own request).
+            await self._reply(ans, "not_approvable", code="SEPARATION_OF_DUTIES",
+                              reason="the principal who requested the run cannot approve "
+                                     "its proposals; another approver must")
+            return False
         if proposal.expires_at is not None and proposal.expires_at <= datetime.now(UTC):
             await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
             await self._reply(ans, "not_approvable", reason="the proposal expired",
