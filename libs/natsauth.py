@@ -63,6 +63,10 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         "$KV.WRIT_IDEMPOTENCY.>", "$JS.API.STREAM.INFO.KV_WRIT_IDEMPOTENCY",
         "$JS.API.STREAM.CREATE.KV_WRIT_IDEMPOTENCY", "$JS.API.STREAM.MSG.GET.KV_WRIT_IDEMPOTENCY",
         "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY", "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY.>",
+        # The approval console's sessions and used sign-in links (its KV stream).
+        "$KV.WRIT_CONSOLE.>", "$JS.API.STREAM.INFO.KV_WRIT_CONSOLE",
+        "$JS.API.STREAM.CREATE.KV_WRIT_CONSOLE", "$JS.API.STREAM.MSG.GET.KV_WRIT_CONSOLE",
+        "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE", "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE.>",
     ), ("writ.out.results.*", host_read("*", "*"))),
     "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE), (subjects.READ,)),
     "planner": ("WRIT_INT", (
