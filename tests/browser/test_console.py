@@ -1,0 +1,310 @@
+"""An approver at the console, in real Chromium, against the real deployment: what they read is
+the frozen proposal, what they send is its id, and what happens is one execution."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from playwright.async_api import Page, expect
+
+from tests.e2e.test_http_api import auth, key
+from tests.e2e.test_proposals import _payment, _refunds
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+WAIT_MS = 30_000  # how long an effect may take to show, at most (not a speed assertion)
+
+
+def _api(stack: Stack) -> httpx.Client:
+    return httpx.Client(base_url=stack.api_url, timeout=40)
+
+
+def _propose_refund(stack: Stack, payments: httpx.Client, *,
+                    principal: str = "alice@acme.example", **claims: Any) -> tuple[str, str]:
+    """A host's refund of line L2 of a new payment, waiting for a person: (payment, proposal)."""
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
+    with _api(stack) as api:
+        waiting = api.post("/commands", headers={**auth(stack, principal=principal, **claims),
+                                                 **key()}, json={
+            "agent": "refund-assistant", "operation_key": f"refund-{uuid.uuid4().hex[:12]}",
+            "action": "payment.refund",
+            "arguments": {"payment_id": payment_id, "line_id": "L2"}})
+    assert waiting.status_code == 200 and waiting.json()["status"] == "awaiting_human", waiting.text
+    return payment_id, waiting.json()["proposal"]["proposal_id"]
+
+
+def _proposal(stack: Stack, proposal_id: str) -> dict[str, Any]:
+    with _api(stack) as api:
+        got = api.get(f"/proposals/{proposal_id}",
+                      headers=auth(stack, principal="ops@acme.example", roles=["approver"]))
+    assert got.status_code == 200, got.text
+    return got.json()  # type: ignore[no-any-return]
+
+
+async def _signed_in(browser: Any, stack: Stack, *, tenant: str = "acme",
+                     principal: str = "ops@acme.example",
+                     roles: tuple[str, ...] = ("approver", "auditor")) -> Page:
+    context = await browser.new_context(viewport={"width": 1100, "height": 900})
+    page = await context.new_page()
+    await page.goto(stack.console_link(tenant=tenant, principal=principal, roles=roles))
+    await expect(page).to_have_url(f"{stack.api_url.removesuffix('/api/v1')}/console/")
+    return page
+
+
+async def _csrf(page: Page) -> str:
+    value = await page.locator("input[name=csrf]").first.get_attribute("value")
+    assert value
+    return value
+
+
+def _console(stack: Stack, path: str = "") -> str:
+    return f"{stack.api_url.removesuffix('/api/v1')}/console/{path}"
+
+
+async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_and_sees_it_done(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    link = stack.console_link()
+    context = await browser.new_context(viewport={"width": 1100, "height": 900})
+    page = await context.new_page()
+    landed = await page.goto(link)
+    assert landed is not None
+    await expect(page).to_have_url(_console(stack))
+    headers = await landed.all_headers()
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert "default-src 'none'" in headers["content-security-policy"]
+    [cookie] = await context.cookies()
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict",
+                                                                        "/console")
+    token = link.split("token=")[1]
+    import jwt
+    exp = jwt.decode(token, options={"verify_signature": False})["exp"]
+    assert abs(cookie["expires"] - exp) <= 5  # the session ends with its token
+
+    # One-time: the same link again, in another browser, is refused.
+    other = await (await browser.new_context()).new_page()
+    again = await other.goto(link)
+    assert again is not None and again.status == 401
+    await expect(other.locator("#message")).to_contain_text("used already")
+
+    row = page.locator(f'tr[data-id="{proposal_id}"]')
+    await expect(row).to_contain_text("payment.refund")
+    await expect(row).to_contain_text("alice@acme.example")
+    await expect(row).to_contain_text("refund-assistant")
+    await expect(page.locator("#who")).to_contain_text("ops@acme.example")
+    await page.screenshot(path=str(DOCS / "console-inbox.png"))
+
+    await row.locator("a").click()
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    fields = {"Participant": "Léo Martin", "Product": "Junior programme",
+              "Discount": "Sibling discount", "Payment": payment_id,
+              "Payment method": "card ending 4242", "Amount to refund": "15.00 EUR",
+              "Destination": "card ending 4242", "Current order total": "300.00 EUR",
+              "Resulting order total": "285.00 EUR", "Currency": "EUR"}
+    for label, value in fields.items():
+        await expect(page.locator(f'#preview td[data-field="{label}"]')).to_have_text(value)
+    assert await page.locator("#preview tr").count() == len(fields)
+    detail = _proposal(stack, proposal_id)
+    await expect(page.locator("#request-hash")).to_have_text(detail["request_hash"])
+    await expect(page.locator("#requester")).to_have_text("alice@acme.example")
+    await expect(page.locator("#outcome")).to_contain_text("waiting for an approver")
+    assert "{" not in await page.locator("#preview").inner_text()  # words, never JSON
+    await page.screenshot(path=str(DOCS / "console-refund.png"), full_page=True)
+
+    await page.locator("#approve").click()
+    await expect(page.locator("#answered")).to_have_text(
+        "Approved: the one execution started.")
+    await expect(page.locator("#outcome-text")).to_contain_text("outcome: succeeded",
+                                                                timeout=WAIT_MS)
+    [refund] = _refunds(payments, payment_id)
+    assert refund["amount_cents"] == 1500
+    await expect(page.locator("#outcome-text")).to_contain_text(refund["refund_id"])
+    assert await page.locator("form.answer").count() == 0
+    await context.close()
+
+
+async def test_a_rejection_with_its_reason_fails_the_run_rejected(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    with _api(stack) as api:
+        started = api.post("/runs", headers={**auth(stack), **key()}, json={
+            "agent": "refund-assistant",
+            "input": "Léo's sibling discount is missing; refund it."})
+        run_id = started.json()["run_id"]
+        stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+    assert stopped["status"] == "awaiting_human", stopped
+    proposal_id = stopped["proposal"]["proposal_id"]
+    page = await _signed_in(browser, stack)
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await page.locator("#reason").fill("The discount was applied on the next invoice.")
+    await page.locator("#reject").click()
+    await expect(page.locator("#answered")).to_have_text("Rejected.")
+    await expect(page.locator("#outcome")).to_contain_text(
+        "rejected by ops@acme.example: The discount was applied on the next invoice.")
+
+    await page.locator("#run-link").click()
+    await expect(page.locator("#run-status")).to_contain_text("failed", timeout=WAIT_MS)
+    await expect(page.locator("#run-error")).to_contain_text("REJECTED")
+    await expect(page.locator("#run-error")).to_contain_text(
+        "The discount was applied on the next invoice.")
+    with _api(stack) as api:
+        run = api.get(f"/runs/{run_id}", headers=auth(stack)).json()
+    assert (run["status"], run["error"]["code"]) == ("failed", "REJECTED")
+    assert "The discount was applied on the next invoice." in run["error"]["message"]
+    assert _refunds(payments, "pay_7781") == []
+    # An auditor sees the run's timeline, its journal verified, and replays it.
+    assert await page.locator("#timeline tbody tr").count() >= 1
+    await expect(page.locator("#journal")).to_have_text("verified")
+    await page.locator("#replay").click()
+    await expect(page.locator("#replay-verdict")).to_contain_text("identical")
+    await page.context.close()
+
+
+async def test_two_tabs_and_two_approvers_approving_at_once_execute_once_and_agree(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    first = await _signed_in(browser, stack)
+    second = await first.context.new_page()  # a second tab of the same approver
+    third = await _signed_in(browser, stack, principal="lead@acme.example",
+                             roles=("approver",))
+    tabs = [first, second, third]
+    for tab in tabs:
+        await tab.goto(_console(stack, f"proposals/{proposal_id}"))
+    # All three press Approve in the same instant (a click through the page's own button,
+    # before any of them could learn of the others' answer).
+    await asyncio.gather(*(tab.evaluate("document.getElementById('approve').click()")
+                           for tab in tabs))
+    for tab in tabs:
+        await expect(tab.locator("#outcome-text")).to_contain_text("outcome: succeeded",
+                                                                   timeout=WAIT_MS)
+    [refund] = _refunds(payments, payment_id)
+    texts = {await tab.locator("#outcome-text").inner_text() for tab in tabs}
+    assert len(texts) == 1 and refund["refund_id"] in texts.pop()
+    said = {await tab.locator("#answered").inner_text() for tab in tabs}
+    assert "Approved: the one execution started." in said, said
+    for tab in (first, third):
+        await tab.context.close()
+
+
+async def test_an_expired_proposal_cannot_be_approved_and_says_why(
+        browser: Any, stack: Stack, payments: httpx.Client, db: asyncpg.Connection) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    # Its day passes.
+    await db.execute("UPDATE admission.proposals SET expires_at = now() - interval '1 second' "
+                     "WHERE public_id = $1", proposal_id)
+    page = await _signed_in(browser, stack)
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#expired")).to_contain_text("can no longer be approved")
+    assert await page.locator("#approve").count() == 0
+    # A hand-made POST (with the right CSRF token) is refused by the server all the same.
+    sent = await page.request.post(_console(stack, f"proposals/{proposal_id}/approve"),
+                                   form={"csrf": await _csrf(page)})
+    assert "Not approved — EXPIRED" in await sent.text()
+    assert _proposal(stack, proposal_id)["state"] == "expired"
+    assert _refunds(payments, payment_id) == []
+    await page.context.close()
+
+
+async def test_the_requester_cannot_approve_their_own_proposal(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments, principal="lead@acme.example",
+                                              roles=["approver"])
+    page = await _signed_in(browser, stack, principal="lead@acme.example", roles=("approver",))
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#own-request")).to_contain_text("another approver must")
+    assert await page.locator("#approve").count() == 0
+    sent = await page.request.post(_console(stack, f"proposals/{proposal_id}/approve"),
+                                   form={"csrf": await _csrf(page)})
+    assert "Not approved — SEPARATION_OF_DUTIES" in await sent.text()
+    # Nor through the other door, answering the decision that asked for the proposal.
+    pending_id = _proposal(stack, proposal_id)["decision_id"]
+    with _api(stack) as api:
+        answered = api.post("/pending-decisions/decide", json={
+            "pending_id": pending_id, "answer": "once"}, headers={
+            **auth(stack, principal="lead@acme.example", roles=["approver"]), **key()})
+    assert answered.status_code == 200, answered.text
+    assert (answered.json()["accepted"], answered.json()["code"]) == (
+        False, "SEPARATION_OF_DUTIES")
+    assert _proposal(stack, proposal_id)["state"] == "pending"
+    assert _refunds(payments, payment_id) == []
+    # Another approver may.
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    other = await _signed_in(browser, stack)
+    await other.goto(_console(stack, f"proposals/{proposal_id}"))
+    await other.locator("#approve").click()
+    await expect(other.locator("#outcome-text")).to_contain_text("outcome: succeeded",
+                                                                 timeout=WAIT_MS)
+    await expect(page.locator("#outcome-text")).to_contain_text("outcome: succeeded",
+                                                                timeout=WAIT_MS)
+    assert len(_refunds(payments, payment_id)) == 1
+    await page.context.close()
+    await other.context.close()
+
+
+async def test_another_tenant_or_a_token_without_the_role_sees_nothing(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    _, proposal_id = _propose_refund(stack, payments)
+    globex = await _signed_in(browser, stack, tenant="globex", principal="ops@globex.example")
+    await expect(globex.locator("#inbox-rows")).to_be_visible()
+    assert await globex.locator(f'tr[data-id="{proposal_id}"]').count() == 0
+    assert "acme" not in await globex.locator("main").inner_text()
+    shown = await globex.goto(_console(stack, f"proposals/{proposal_id}"))
+    assert shown is not None and shown.status == 404
+    await expect(globex.locator("#message")).to_contain_text("no proposal of your tenant")
+    await globex.context.close()
+
+    page = await (await browser.new_context()).new_page()
+    refused = await page.goto(stack.console_link(principal="alice@acme.example", roles=()))
+    assert refused is not None and refused.status == 403
+    await expect(page.locator("#message")).to_contain_text("for approvers and auditors")
+    inbox = await page.goto(_console(stack))
+    assert inbox is not None and inbox.status == 401
+    assert await page.locator("#inbox-rows").count() == 0
+    await page.context.close()
+
+
+async def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    page = await _signed_in(browser, stack)
+    for form in ({}, {"csrf": "0" * 64}):
+        sent = await page.request.post(_console(stack, f"proposals/{proposal_id}/approve"),
+                                       form=form)
+        assert sent.status == 403
+        assert "CSRF token is missing or wrong" in await sent.text()
+    assert _proposal(stack, proposal_id)["state"] == "pending"
+    assert _refunds(payments, payment_id) == []
+    await page.context.close()
+
+
+async def test_a_proposal_id_tampered_in_the_url_is_not_found_like_any_unknown_id(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    _, proposal_id = _propose_refund(stack, payments)
+    page = await _signed_in(browser, stack)
+    tampered = proposal_id[:-1] + ("0" if proposal_id[-1] != "0" else "1")
+    texts = []
+    for wrong in (tampered, "no-such-proposal", proposal_id + "x"):
+        shown = await page.goto(_console(stack, f"proposals/{wrong}"))
+        assert shown is not None and shown.status == 404
+        texts.append(await page.locator("#message").inner_text())
+    assert len(set(texts)) == 1
+    await page.context.close()
+
+
+async def test_the_inbox_shows_a_new_proposal_without_a_reload(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    page = await _signed_in(browser, stack)
+    navigations: list[str] = []
+    page.on("framenavigated", lambda frame: navigations.append(frame.url))
+    _, proposal_id = _propose_refund(stack, payments)
+    await expect(page.locator(f'tr[data-id="{proposal_id}"]')).to_be_visible(timeout=WAIT_MS)
+    assert navigations == []  # it came by itself
+    await page.context.close()
