@@ -78,6 +78,12 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     requester: ShortText | None = None
     agent: ShortText | None = None
     created_at: ShortText | None = None
+    # The facts the preview was computed from and when they were read (None: the action reads
+    # none), and the line of `decide` and policy version of the decision that asked.
+    facts: Any = None
+    facts_read_at: ShortText | None = None
+    decision_line: int | None = None
+    policy_version: ShortText | None = None
 
 
 class Proposals(msgspec.Struct, frozen=True, kw_only=True):

@@ -219,7 +219,10 @@ class AdmissionService:
         async def resolve_one(j: _Judging) -> None:
             assert j.valid is not None
             try:
-                j.resolved = resolve(j.valid, await self._read_facts(j.p.tenant, j.valid))
+                facts = await self._read_facts(j.p.tenant, j.valid)
+                if facts is not None:
+                    j.facts, j.facts_read_at = facts, datetime.now(UTC)
+                j.resolved = resolve(j.valid, facts)
             except Invalid as exc:
                 await self._refuse(j.p, "invalid", str(exc)[:500])
 
@@ -337,7 +340,8 @@ class AdmissionService:
             decision_id=decision.decision_id, reason=decision.reason,
             preview=resolved.preview, ttl=self._proposal_ttl,
             expected_revision=p.expected_revision, operation_key=p.operation_key,
-            request_id=p.request_id)
+            request_id=p.request_id, facts=j.facts, facts_read_at=j.facts_read_at,
+            decision_line=decision.line, policy_version=decision.policy_version)
         await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
                            pending_id=decision.pending_id,
                            proposal=_view(stored) if decision.verdict == "ask" else None)
@@ -618,8 +622,8 @@ class AdmissionService:
 class _Judging:
     """One proposal of a batch, as far as it got."""
 
-    __slots__ = ("index", "known", "operation_id", "p", "proposal_id", "resolved", "span",
-                 "valid")
+    __slots__ = ("facts", "facts_read_at", "index", "known", "operation_id", "p",
+                 "proposal_id", "resolved", "span", "valid")
 
     def __init__(self, *, index: int, p: ProposeCommand, span: trace.Span) -> None:
         self.index, self.p, self.span = index, p, span
@@ -627,6 +631,9 @@ class _Judging:
         self.resolved: Resolved | None = None
         self.known: Known | None = None
         self.operation_id = self.proposal_id = ""
+        # What the preview was computed from, and when it was read (shown to approvers).
+        self.facts: object = None
+        self.facts_read_at: datetime | None = None
 
 
 def _view(proposal: ProposalRow) -> ProposalView:

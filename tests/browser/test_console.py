@@ -117,6 +117,11 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
     await expect(page.locator("#request-hash")).to_have_text(detail["request_hash"])
     await expect(page.locator("#requester")).to_have_text("alice@acme.example")
     await expect(page.locator("#outcome")).to_contain_text("waiting for an approver")
+    await expect(page.locator("#decision")).to_have_text(
+        f"{detail['decision_id']} — line 6 of decide, policy {detail['policy_version']}")
+    await expect(page.locator("#facts-read")).to_contain_text(f"Read at {detail['facts_read_at']}")
+    await expect(page.locator("#facts")).to_contain_text(payment_id)
+    await expect(page.locator("#facts")).to_contain_text("captured")
     assert "{" not in await page.locator("#preview").inner_text()  # words, never JSON
     await page.screenshot(path=str(DOCS / "console-refund.png"), full_page=True)
 

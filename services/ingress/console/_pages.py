@@ -173,6 +173,37 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
             f'<strong>{h(state)}</strong> — <span id="outcome-text">{h(text)}</span></div>')
 
 
+def _decision_text(p: dict[str, Any]) -> str:
+    text = str(p.get("decision_id") or "")
+    if p.get("decision_line") is not None:
+        text += f" — line {p['decision_line']} of decide"
+    if p.get("policy_version"):
+        text += f", policy {p['policy_version']}"
+    return text
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, list):
+        return " | ".join(_plain(v) for v in value) or "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{str(k).replace('_', ' ')}: {_plain(v)}" for k, v in value.items())
+    return "none" if value is None else str(value)
+
+
+def _facts(p: dict[str, Any]) -> str:
+    """The state the preview was computed from, as read then (not now)."""
+    facts = p.get("facts")
+    if not isinstance(facts, dict):
+        return ('<h2>What it stands on</h2><p id="facts-read">This action reads no outside '
+                'state: the preview is its arguments.</p>')
+    rows = "".join(f'<tr><th scope="row">{h(str(k).replace("_", " "))}</th>'
+                   f'<td>{h(_plain(v))}</td></tr>' for k, v in facts.items())
+    return (f'<h2>What it stands on</h2><p id="facts-read">Read at '
+            f'{h(p.get("facts_read_at"))}; the dispatcher reads it again before executing and '
+            f'stops if anything shown changed.</p><table class="facts" id="facts">{rows}'
+            '</table>')
+
+
 def proposal_page(viewer: Viewer, p: dict[str, Any], *, now: datetime,
                   answered: str = "") -> str:
     """One proposal: what approving it does, in words; what it stands on; the answer."""
@@ -197,9 +228,11 @@ def proposal_page(viewer: Viewer, p: dict[str, Any], *, now: datetime,
         f'({h(ago(p.get("created_at"), now))} ago)</td></tr>'
         f'<tr><th scope="row">Expires</th><td id="expires">{h(p.get("expires_at"))} '
         f'({h(time_left(p.get("expires_at"), now))})</td></tr>'
-        f'<tr><th scope="row">Decision that asked</th><td>{h(p.get("decision_id"))}</td></tr>'
+        f'<tr><th scope="row">Decision that asked</th><td id="decision">'
+        f'{h(_decision_text(p))}</td></tr>'
         f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
         f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>')
+    parts.append(_facts(p))
     if p["state"] == "pending":
         if "approver" not in viewer.roles:
             parts.append('<p class="notice">Only approvers answer proposals.</p>')
