@@ -10,10 +10,11 @@ import msgspec
 
 from schemas.base import Command, Id, ShortText, Tenant
 
-__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "RUN_EVENTS", "RUN_STATUS",
-           "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
-           "JOURNALED", "JournalState", "JournalStates", "ProposalDetail", "ProposalState",
-           "Proposals", "VerifyJournal", "journal_verify"]
+__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "REVIEWS_LIST", "RUN_EVENTS",
+           "RUN_STATUS", "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
+           "JOURNALED", "JournalState", "JournalStates", "ListReviews", "PendingReview",
+           "PendingReviews", "ProposalDetail", "ProposalState", "Proposals", "VerifyJournal",
+           "journal_verify"]
 
 # `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
 RUN_STATUS: Final = "writ.int.planner.run"
@@ -102,6 +103,33 @@ class GetRunEvents(Command):
     tenant: Tenant
     run_id: Id
     after: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
+# `ListReviews` -> `PendingReviews`: the runs of a tenant stopped at a review, newest first.
+REVIEWS_LIST: Final = "writ.int.planner.reviews"
+
+
+class ListReviews(Command):
+    """The tenant's runs waiting for a person to review their agent's work."""
+
+    tenant: Tenant
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+
+
+class PendingReview(msgspec.Struct, frozen=True, kw_only=True):
+    """A review a run's agent asked for, waiting (answered by `POST /reviews/{pending_id}`)."""
+
+    pending_id: Id
+    run_id: Id
+    agent: ShortText
+    principal: ShortText
+    since: ShortText
+
+
+class PendingReviews(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to `ListReviews`."""
+
+    reviews: Annotated[list[PendingReview], msgspec.Meta(max_length=500)]
 
 
 # The services that keep an audit journal; each answers `VerifyJournal` on its own journal at

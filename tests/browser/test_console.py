@@ -313,3 +313,63 @@ async def test_the_inbox_shows_a_new_proposal_without_a_reload(
     await expect(page.locator(f'tr[data-id="{proposal_id}"]')).to_be_visible(timeout=WAIT_MS)
     assert navigations == []  # it came by itself
     await page.context.close()
+
+
+def _stopped_run(stack: Stack, agent: str, text: str) -> dict[str, Any]:
+    with _api(stack) as api:
+        started = api.post("/runs", headers={**auth(stack), **key()},
+                           json={"agent": agent, "input": text})
+        run_id = started.json()["run_id"]
+        stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+    assert stopped["status"] == "awaiting_human", stopped
+    return stopped  # type: ignore[no-any-return]
+
+
+async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer_resumes_the_run(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    stopped = _stopped_run(stack, "billing-assistant", "Refund order 7781")
+    pending_id, run_id = stopped["pending_id"], stopped["run_id"]
+    with _api(stack) as api:
+        listed = api.get("/pending-decisions", headers=auth(
+            stack, principal="ops@acme.example", roles=["approver"])).json()["decisions"]
+    [offered] = [d["options"] for d in listed if d["pending_id"] == pending_id]
+    _propose_refund(stack, payments)  # another agent's proposal, for the filters
+    page = await _signed_in(browser, stack)
+    # The charge waits as a proposal (its decision is answered through it, by its id) ...
+    proposal_id = stopped["proposal"]["proposal_id"]
+    await page.locator("#agent").select_option("billing-assistant")
+    await page.locator(".filters button").click()
+    await expect(page.locator(f'tr[data-id="{proposal_id}"]')).to_be_visible()
+    agents = {await r.locator("td").nth(1).inner_text()
+              for r in await page.locator("#inbox-rows tr").all()}
+    assert agents == {"billing-assistant"}
+    await page.locator("#kind").select_option("decision")
+    await page.locator(".filters button").click()
+    assert await page.locator('#inbox-rows tr[data-kind="proposal"]').count() == 0
+    # ... or through the decision that asked for it, with the answers governance offers.
+    await page.goto(_console(stack, f"decisions/{pending_id}"))
+    buttons = page.locator("form.answer button[name=answer]")
+    assert [await b.get_attribute("value") for b in await buttons.all()] == offered
+    await page.locator("#answer-once").click()
+    await expect(page.locator("#answered")).to_have_text("Answered once.")
+    await page.goto(_console(stack, f"runs/{run_id}"))
+    await expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=WAIT_MS)
+    await page.context.close()
+
+
+async def test_a_review_is_answered_with_a_comment_from_its_run_page(
+        browser: Any, stack: Stack) -> None:
+    stopped = _stopped_run(stack, "review-assistant", "Note the call about order 7781's delay.")
+    run_id = stopped["run_id"]
+    page = await _signed_in(browser, stack)
+    row = page.locator(f'tr[data-id="review-{run_id}-0"]')
+    await expect(row).to_contain_text("review-assistant")
+    await expect(row).to_contain_text("alice@acme.example")
+    await page.goto(_console(stack, f"runs/{run_id}"))
+    await page.locator(f'a[href="/console/reviews/review-{run_id}-0"]').click()
+    await page.locator("textarea[name=comment]").fill("Checked against the call notes.")
+    await page.locator("#review-approve").click()
+    await expect(page.locator("#answered")).to_have_text("Answered approve.")
+    await page.goto(_console(stack, f"runs/{run_id}"))
+    await expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=WAIT_MS)
+    await page.context.close()

@@ -95,7 +95,7 @@ def message_page(title: str, text: str, viewer: Viewer | None = None) -> str:
 def inbox_rows(items: list[dict[str, Any]], now: datetime) -> str:
     """The inbox's rows (the page polls them)."""
     if not items:
-        return '<tr class="empty"><td colspan="7">Nothing is waiting for you.</td></tr>'
+        return '<tr class="empty"><td colspan="6">Nothing is waiting for you.</td></tr>'
     rows = []
     for item in items:
         rows.append(
@@ -113,7 +113,7 @@ def inbox_page(viewer: Viewer, items: list[dict[str, Any]], *, kind: str, agent:
     kinds = "".join(
         f'<option value="{k}"{" selected" if k == kind else ""}>{label}</option>'
         for k, label in (("", "everything"), ("proposal", "proposals"),
-                         ("decision", "decisions")))
+                         ("decision", "decisions"), ("review", "reviews")))
     agent_options = '<option value="">all agents</option>' + "".join(
         f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>'
         for a in agents)

@@ -124,7 +124,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         problems: list[str] = []
         if APPROVER_ROLE not in viewer.roles:
             return items, ["Only approvers have an inbox; auditors open runs by their id."], []
-        got_p, got_d = await client.get(viewer, "/proposals", state="pending"), None
+        got_p = await client.get(viewer, "/proposals", state="pending")
         got_d = await client.get(viewer, "/pending-decisions")
         asked_by_proposal: set[str] = set()
         if got_p.ok:
@@ -147,6 +147,15 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                               "href": f"/console/decisions/{d['pending_id']}"})
         else:
             problems.append(f"decisions: {got_d.problem}")
+        got_r = await client.get(viewer, "/reviews")
+        if got_r.ok:
+            for r in got_r.body["reviews"]:
+                items.append({"kind": "review", "id": r["pending_id"], "agent": r["agent"],
+                              "what": "review of its work", "requester": r["principal"],
+                              "created_at": r["since"], "expires_at": None,
+                              "href": f"/console/reviews/{r['pending_id']}"})
+        else:
+            problems.append(f"reviews: {got_r.problem}")
         agents = sorted({str(i["agent"]) for i in items if i["agent"]})
         chosen = [i for i in items if kind in ("", i["kind"]) and agent in ("", i["agent"])]
         chosen.sort(key=lambda i: i["created_at"] or "", reverse=True)
@@ -361,7 +370,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 def _filters(request: Request[Any, Any, Any]) -> tuple[str, str]:
     kind = request.query_params.get("kind", "")
     agent = request.query_params.get("agent", "")
-    return (kind if kind in ("proposal", "decision") else "", agent[:128])
+    return (kind if kind in ("proposal", "decision", "review") else "", agent[:128])
 
 
 async def _timeline(client: ApiClient, viewer: Viewer, run_id: str) -> list[dict[str, Any]]:
