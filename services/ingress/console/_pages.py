@@ -14,7 +14,7 @@ from services.ingress.console._session import Viewer
 
 __all__ = ["FINAL_COMMAND", "ago", "decision_page", "inbox_page", "inbox_rows", "layout",
            "message_page", "outcome_box", "proposal_final", "proposal_page", "review_page",
-           "run_page",
+           "run_page", "run_status",
            "time_left"]
 
 # A command in one of these states has its outcome: the page stops following it.
@@ -288,12 +288,18 @@ def decision_page(viewer: Viewer, d: dict[str, Any], *, now: datetime,
     return layout(f"Decision {d['tool']}", "".join(parts), viewer)
 
 
+def run_status(run: dict[str, Any]) -> str:
+    """The run's state; the page polls it and reloads when it moves."""
+    return (f'<p id="run-status" class="state-{h(run["status"])}" '
+            f'data-status="{h(run["status"])}" data-poll="/console/runs/{h(run["run_id"])}'
+            f'/status">{h(run["agent"])} · <strong>{h(run["status"])}</strong></p>')
+
+
 def run_page(viewer: Viewer, run: dict[str, Any], steps: list[dict[str, Any]], *,
              journals: dict[str, Any] | None, replay: dict[str, Any] | None) -> str:
     """A run: its timeline, its actions and outcomes, and (for auditors) the journal."""
     rid = h(run["run_id"])
-    parts = [f'<h1>Run {rid}</h1><p id="run-status" class="state-{h(run["status"])}">'
-             f'{h(run["agent"])} · <strong>{h(run["status"])}</strong></p>']
+    parts = [f'<h1>Run {rid}</h1>{run_status(run)}']
     if run.get("error"):
         parts.append(f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
                      f'{h(run["error"]["message"])}</p>')

@@ -315,6 +315,16 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         """A run's timeline, actions and outcomes; the journal for auditors."""
         return await _run(request, viewer, run_id)
 
+    @get("/runs/{run_id:str}/status", include_in_schema=False)
+    @_page
+    async def run_state(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
+                        ) -> Response[str]:
+        """Where the run stands, for its page to follow."""
+        got = await client.get(viewer, f"/runs/{run_id}")
+        if not got.ok:
+            raise _not_found(got, "run")
+        return _html(pages.run_status(got.body))
+
     @post("/runs/{run_id:str}/replay", include_in_schema=False, status_code=200)
     @_page
     async def replay(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
@@ -364,7 +374,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     return Router("/console", route_handlers=[
         inbox, inbox_rows, proposal, outcome, approve, reject, decision, decide, review,
-        answer_review, run, replay, sign_in, sign_out, asset])
+        answer_review, run, run_state, replay, sign_in, sign_out, asset])
 
 
 def _filters(request: Request[Any, Any, Any]) -> tuple[str, str]:

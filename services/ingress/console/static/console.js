@@ -47,10 +47,26 @@ function followOutcome(box) {
   }, 1000);
 }
 
+function followRun(status) {
+  const timer = setInterval(async () => {
+    const text = await fetchText(status.dataset.poll).catch(() => null);
+    if (text === null) return;
+    const holder = document.createElement("div");
+    holder.innerHTML = text;
+    const fresh = holder.firstElementChild;
+    if (fresh && fresh.dataset.status !== status.dataset.status) {
+      clearInterval(timer);
+      window.location.reload();  // the timeline and the actions moved with it
+    }
+  }, 1000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   document.querySelectorAll("form[data-once]").forEach(sendOnce);
   const rows = document.getElementById("inbox-rows");
   if (rows) pollInbox(rows);
   const box = document.getElementById("outcome");
   if (box && box.dataset.final !== "true") followOutcome(box);
+  const run = document.getElementById("run-status");
+  if (run && !["succeeded", "failed", "cancelled"].includes(run.dataset.status)) followRun(run);
 });
