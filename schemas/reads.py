@@ -75,6 +75,8 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     operation_id: ShortText | None = None
     command_state: ShortText | None = None
     receipt: ShortText | None = None
+    # Why the command ended as it did (a revision required, a denial at the re-check, ...).
+    command_reason: ShortText | None = None
     # Who asked for the run (who may not approve it), its agent, and when it was proposed.
     requester: ShortText | None = None
     agent: ShortText | None = None

@@ -4,6 +4,8 @@ the frozen proposal, what they send is its id, and what happens is one execution
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,10 @@ from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+# The README's screenshots: rewritten in docs/ with WRIT_UPDATE_SCREENSHOTS=1, else taken
+# into a scratch folder (a test run leaves the work tree as it found it).
+DOCS = (Path(__file__).resolve().parents[2] / "docs" if os.environ.get("WRIT_UPDATE_SCREENSHOTS")
+        else Path(tempfile.mkdtemp(prefix="writ-console-shots-")))
 WAIT_MS = 30_000  # how long an effect may take to show, at most (not a speed assertion)
 
 
@@ -101,7 +106,8 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
     await expect(row).to_contain_text("alice@acme.example")
     await expect(row).to_contain_text("refund-assistant")
     await expect(page.locator("#who")).to_contain_text("ops@acme.example")
-    await page.screenshot(path=str(DOCS / "console-inbox.png"))
+    shot = await page.screenshot(path=str(DOCS / "console-inbox.png"))
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n"
 
     await row.locator("a").click()
     await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
@@ -309,9 +315,23 @@ async def test_the_inbox_shows_a_new_proposal_without_a_reload(
     page = await _signed_in(browser, stack)
     navigations: list[str] = []
     page.on("framenavigated", lambda frame: navigations.append(frame.url))
-    _, proposal_id = _propose_refund(stack, payments)
-    await expect(page.locator(f'tr[data-id="{proposal_id}"]')).to_be_visible(timeout=WAIT_MS)
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    row = page.locator(f'tr[data-id="{proposal_id}"]')
+    await expect(row).to_be_visible(timeout=WAIT_MS)
     assert navigations == []  # it came by itself
+    # Answered elsewhere (another approver, over the API), while the provider loses its
+    # answer: the row goes by itself, and the proposal's page says nobody knows yet.
+    payments.post("/_control/mode", json={"mode": "lose_response", "count": 1})
+    with _api(stack) as api:
+        approved = api.post(f"/proposals/{proposal_id}/approve", json={}, headers={
+            **auth(stack, principal="lead@acme.example", roles=["approver"]), **key()})
+    assert approved.json()["status"] == "claimed", approved.text
+    await expect(row).to_have_count(0, timeout=WAIT_MS)
+    assert navigations == []
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: needs_reconciliation", timeout=WAIT_MS)
+    assert len(_refunds(payments, payment_id)) == 1  # it did happen; nobody was told
     await page.context.close()
 
 

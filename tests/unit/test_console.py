@@ -83,6 +83,13 @@ def test_the_page_follows_a_command_until_its_outcome(command: str, final: bool,
     assert said in box and f'data-final="{str(final).lower()}"' in box
 
 
+def test_a_revision_required_says_why() -> None:
+    p = proposal(state="executing", command_state="revision_required", approved_by="ops",
+                 command_reason="the line's discount changed since it was proposed")
+    assert ("outcome: revision_required: the line&#x27;s discount changed since it was "
+            "proposed") in outcome_box(p, NOW)
+
+
 def test_a_decision_offers_only_the_answers_its_case_allows() -> None:
     decision = {"pending_id": "p1", "run_id": "r1", "agent": "a", "principal": "alice",
                 "tool": "tool:shell.run", "family": "execute_code", "first_argument": "ls",

@@ -165,6 +165,8 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
             text += f" (receipt {p['receipt']})"
         if outcome == "needs_reconciliation":
             text += "; nobody knows yet whether it happened: an operator reconciles it"
+        elif p.get("command_reason") and command in FINAL_COMMAND - {"succeeded"}:
+            text += f": {p['command_reason']}"
     else:
         text = f"{state}" + (f": {p['reason']}" if p.get("reason") else "")
     final = "true" if proposal_final(p) else "false"
