@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import AsyncIterator
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import db, payments, stack  # noqa: F401  (the same deployment)
+from tests.e2e.conftest import db, payments, service_violations  # noqa: F401
+from writ.stack import Stack
 
 CHROMIUM = os.environ.get("WRIT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 MISSING = not Path(CHROMIUM).exists()
@@ -37,8 +40,24 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-async def browser() -> AsyncIterator[Any]:
-    """One headless Chromium for the module."""
+def stack(admin_dsn: str) -> Iterator[Stack]:
+    """A deployment like the end-to-end tests' (the six services as real processes, every one
+    as its own NATS user), for this module only: stopped before the next module starts."""
+    with tempfile.TemporaryDirectory(prefix="writ-browser-") as home:
+        deployment = Stack(Path(home), nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
+                           admin_dsn=admin_dsn, database=f"browser_{uuid.uuid4().hex[:8]}")
+        try:
+            deployment.start_all()
+            yield deployment
+            assert service_violations(deployment) == [], service_violations(deployment)
+        finally:
+            deployment.stop()
+
+
+@pytest.fixture(scope="module")
+async def browser(stack: Stack) -> AsyncIterator[Any]:
+    """One headless Chromium for the module (after its deployment: starting one runs its own
+    event loop, which cannot start inside the tests' once that runs)."""
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:

@@ -4,9 +4,14 @@ the frozen proposal, what they send is its id, and what happens is one execution
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import tempfile
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +299,63 @@ async def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothi
     assert _proposal(stack, proposal_id)["state"] == "pending"
     assert _refunds(payments, payment_id) == []
     await page.context.close()
+
+
+@contextmanager
+def _attacker_site(pages: dict[str, str]) -> Iterator[int]:
+    """Another web site, on its own port: it serves `pages` (name -> HTML)."""
+    with tempfile.TemporaryDirectory(prefix="writ-attacker-") as root:
+        for name, body in pages.items():
+            (Path(root) / name).write_text(body)
+        server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+            _QuietHandler, directory=root))
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield server.server_address[1]
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+
+async def test_a_page_of_another_site_cannot_make_the_approvers_browser_approve(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    target = _console(stack, f"proposals/{proposal_id}/approve")
+    forged = (f'<form id="f" method="post" action="{target}"><input name="csrf" value="guess">'
+              '</form><script>document.getElementById("f").submit()</script>')
+    page = await _signed_in(browser, stack)
+    with _attacker_site({"same-site.html": forged}) as port:
+        # Another port of the same host is the same site: the cookie goes along, and the
+        # CSRF token (which that page cannot read) is what refuses it.
+        async with page.expect_navigation(url=target):
+            await page.goto(f"http://127.0.0.1:{port}/same-site.html")
+        await expect(page.locator("#message")).to_contain_text("CSRF token is missing or wrong")
+        # Another site (localhost is not 127.0.0.1's site): SameSite=Strict keeps the cookie.
+        async with page.expect_navigation(url=target):
+            await page.goto(f"http://localhost:{port}/same-site.html")
+        await expect(page.locator("#message")).to_contain_text("not signed in")
+    assert _proposal(stack, proposal_id)["state"] == "pending"
+    assert _refunds(payments, payment_id) == []
+    await page.context.close()
+
+
+async def test_behind_an_identity_aware_proxy_the_bearer_token_is_the_identity(
+        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    _, proposal_id = _propose_refund(stack, payments)
+    token = stack.token("acme", "ops@acme.example", roles=["approver"])
+    context = await browser.new_context(extra_http_headers={"Authorization": f"Bearer {token}"})
+    page = await context.new_page()
+    await page.goto(_console(stack))
+    await expect(page.locator(f'tr[data-id="{proposal_id}"]')).to_be_visible()
+    await expect(page.locator("#who")).to_contain_text("ops@acme.example · acme · approver")
+    assert await context.cookies() == []  # no session: the proxy's header on every request
+    await context.close()
 
 
 async def test_a_proposal_id_tampered_in_the_url_is_not_found_like_any_unknown_id(
