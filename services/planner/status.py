@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from nats.micro.request import Request
 
-from schemas.api import RunEvents, RunView
+from schemas.api import EvidenceRef, RunEvents, RunView
 from schemas.host import ActionResult, ErrorInfo
 from schemas.reads import GetRun, GetRunEvents, ListReviews, PendingReview, PendingReviews
 from services.planner.progress import step_recorded
@@ -32,9 +32,13 @@ def run_view(run: Any, steps: list[Any]) -> RunView:
                and "operation_id" in (p := s.payload)]
     error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
              if run.error_code else None)
+    evidence = [EvidenceRef(document_id=str(e.get("document_id", ""))[:512],
+                            kind=str(e.get("kind", ""))[:512], title=str(e.get("title", ""))[:512])
+                for e in (run.evidence or [])[:16] if isinstance(e, dict)]
     return RunView(run_id=run.run_id, request_id=run.request_id, status=run.status,
                    agent=run.agent, answer=run.answer, error=error, actions=actions,
-                   pending_id=run.pending_id if run.status == "awaiting_human" else None)
+                   pending_id=run.pending_id if run.status == "awaiting_human" else None,
+                   evidence=evidence)
 
 
 async def _tenant_run(store: PlannerStore, request: Request, tenant: str, run_id: str,

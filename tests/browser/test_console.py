@@ -160,6 +160,8 @@ async def test_a_rejection_with_its_reason_fails_the_run_rejected(
     proposal_id = stopped["proposal"]["proposal_id"]
     page = await _signed_in(browser, stack)
     await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#run-state")).to_have_text("The run is awaiting_human.")
+    await expect(page.locator("#evidence")).to_contain_text("untrusted")
     await page.locator("#reason").fill("The discount was applied on the next invoice.")
     await page.locator("#reject").click()
     await expect(page.locator("#answered")).to_have_text("Rejected.")

@@ -12,10 +12,9 @@ import msgspec
 from actions import ACTIONS
 from services.ingress.console._session import Viewer
 
-__all__ = ["FINAL_COMMAND", "ago", "decision_page", "inbox_page", "inbox_rows", "layout",
-           "message_page", "outcome_box", "proposal_final", "proposal_page", "review_page",
-           "run_page", "run_status",
-           "time_left"]
+__all__ = ["FINAL_COMMAND", "ago", "decision_page", "evidence_list", "inbox_page", "inbox_rows",
+           "layout", "message_page", "outcome_box", "proposal_final", "proposal_page",
+           "review_page", "run_page", "run_status", "time_left"]
 
 # A command in one of these states has its outcome: the page stops following it.
 FINAL_COMMAND: Final = frozenset({"succeeded", "failed", "denied", "expired",
@@ -207,7 +206,7 @@ def _facts(p: dict[str, Any]) -> str:
 
 
 def proposal_page(viewer: Viewer, p: dict[str, Any], *, now: datetime,
-                  answered: str = "") -> str:
+                  answered: str = "", run: dict[str, Any] | None = None) -> str:
     """One proposal: what approving it does, in words; what it stands on; the answer."""
     pid = h(p["proposal_id"])
     own = p.get("requester") == viewer.principal
@@ -235,6 +234,9 @@ def proposal_page(viewer: Viewer, p: dict[str, Any], *, now: datetime,
         f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
         f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>')
     parts.append(_facts(p))
+    if run is not None:
+        parts.append(f'<p id="run-state">The run is {h(run["status"])}.</p>')
+    parts.append(evidence_list(run))
     if p["state"] == "pending":
         if "approver" not in viewer.roles:
             parts.append('<p class="notice">Only approvers answer proposals.</p>')
@@ -290,6 +292,17 @@ def decision_page(viewer: Viewer, d: dict[str, Any], *, now: datetime,
     return layout(f"Decision {d['tool']}", "".join(parts), viewer)
 
 
+def evidence_list(run: dict[str, Any] | None) -> str:
+    """The documents the run was given, marked untrusted (titles only)."""
+    if run is None:
+        return ('<h2>Evidence</h2><p id="evidence">A host\'s own command: no run of an agent, '
+                'no evidence.</p>')
+    items = "".join(f'<li>{h(e["title"])} <small>({h(e["kind"])} {h(e["document_id"])}, '
+                    f'{h(e.get("trust", "untrusted"))})</small></li>'
+                    for e in run.get("evidence") or [])
+    return (f'<h2>Evidence</h2><ul id="evidence">{items or "<li>none</li>"}</ul>')
+
+
 def run_status(run: dict[str, Any]) -> str:
     """The run's state; the page polls it and reloads when it moves."""
     return (f'<p id="run-status" class="state-{h(run["status"])}" '
@@ -316,6 +329,7 @@ def run_page(viewer: Viewer, run: dict[str, Any], steps: list[dict[str, Any]], *
         else:
             pending_href = f"/console/decisions/{h(pending)}"
         parts.append(f'<p>Waiting for a person: <a href="{pending_href}">{h(pending)}</a></p>')
+    parts.append(evidence_list(run))
     rows = "".join(
         f'<tr><td>{h(s["seq"])}</td><td>{h(s["kind"])}</td><td>{h(s.get("decision"))}</td>'
         f'<td>{h(s.get("target"))}</td><td>{h(s.get("verdict"))}</td>'

@@ -184,13 +184,19 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             raise _not_found(got, "proposal")
         return got.body  # type: ignore[no-any-return]
 
+    async def _run_of(viewer: Viewer, p: dict[str, Any]) -> dict[str, Any] | None:
+        """The run that proposed it (None: a host's own command, which no agent ran)."""
+        got = await client.get(viewer, f"/runs/{p['run_id']}")
+        return got.body if got.ok else None  # type: ignore[no-any-return]
+
     @get("/proposals/{proposal_id:str}", include_in_schema=False)
     @_page
     async def proposal(request: Request[Any, Any, Any], viewer: Viewer,
                        proposal_id: str) -> Response[str]:
         """One proposal, in words."""
         p = await _proposal(viewer, proposal_id)
-        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC)))
+        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC),
+                                         run=await _run_of(viewer, p)))
 
     @get("/proposals/{proposal_id:str}/outcome", include_in_schema=False)
     @_page
@@ -222,7 +228,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         else:
             said = _ANSWERED[got.body["status"]]
         p = await _proposal(viewer, proposal_id)
-        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC), answered=said))
+        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC), answered=said,
+                                         run=await _run_of(viewer, p)))
 
     @post("/proposals/{proposal_id:str}/approve", include_in_schema=False, status_code=200)
     @_page
