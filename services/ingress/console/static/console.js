@@ -26,7 +26,7 @@ function pollInbox(rows) {
       rows.dataset.last = text;
       rows.innerHTML = text;
     }
-  }, 1000);
+  }, 2000);
 }
 
 function followOutcome(box) {
