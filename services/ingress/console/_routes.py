@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import quote
 
 import anyio
 import msgspec
@@ -315,6 +316,16 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         return _html(pages.run_page(viewer, got.body, steps, journals=journals,
                                     replay=replay))
 
+    @get("/runs", include_in_schema=False)
+    @_page
+    async def find_run(request: Request[Any, Any, Any], viewer: Viewer,
+                       run_id: Annotated[str, QueryParameter(max_length=128)] = ""
+                       ) -> Response[str]:
+        """A run by its id (the inbox's form): its page."""
+        if not run_id:
+            raise _Bad(404, "Not found", "no run of your tenant under this id")
+        return _html("", 303, headers={"Location": f"/console/runs/{quote(run_id, safe='')}"})
+
     @get("/runs/{run_id:str}", include_in_schema=False)
     @_page
     async def run(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
@@ -381,7 +392,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     return Router("/console", route_handlers=[
         inbox, inbox_rows, proposal, outcome, approve, reject, decision, decide, review,
-        answer_review, run, run_state, replay, sign_in, sign_out, asset])
+        answer_review, find_run, run, run_state, replay, sign_in, sign_out, asset])
 
 
 def _filters(request: Request[Any, Any, Any]) -> tuple[str, str]:
