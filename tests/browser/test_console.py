@@ -32,7 +32,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(300)]
 # into a scratch folder (a test run leaves the work tree as it found it).
 DOCS = (Path(__file__).resolve().parents[2] / "docs" if os.environ.get("WRIT_UPDATE_SCREENSHOTS")
         else Path(tempfile.mkdtemp(prefix="writ-console-shots-")))
-WAIT_MS = 30_000  # how long an effect may take to show, at most (not a speed assertion)
+WAIT_MS = 60_000  # how long an effect may take to show, at most (not a speed assertion)
+# Every other expectation waits as long as a page may take to come on a loaded machine.
+expect.set_options(timeout=30_000)
 
 
 def _api(stack: Stack) -> httpx.Client:
