@@ -433,13 +433,13 @@ async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer
     # The charge waits as a proposal (its decision is answered through it, by its id) ...
     proposal_id = stopped["proposal"]["proposal_id"]
     await page.locator("#agent").select_option("billing-assistant")
-    await page.locator(".filters button").click()
+    await page.locator("#filter").click()
     await expect(page.locator(f'tr[data-id="{proposal_id}"]')).to_be_visible()
     agents = {await r.locator("td").nth(1).inner_text()
               for r in await page.locator("#inbox-rows tr").all()}
     assert agents == {"billing-assistant"}
     await page.locator("#kind").select_option("decision")
-    await page.locator(".filters button").click()
+    await page.locator("#filter").click()
     assert await page.locator('#inbox-rows tr[data-kind="proposal"]').count() == 0
     # ... or through the decision that asked for it, with the answers governance offers.
     await page.goto(_console(stack, f"decisions/{pending_id}"))

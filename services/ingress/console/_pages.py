@@ -119,13 +119,13 @@ def inbox_page(viewer: Viewer, items: list[dict[str, Any]], *, kind: str, agent:
     src = f"/console/inbox/rows?kind={h(kind)}&amp;agent={h(agent)}"
     notes = "".join(f'<p class="problem">{h(p)}</p>' for p in problems)
     if "auditor" in viewer.roles:
-        notes += ('<form method="get" action="/console/runs" class="filters" id="find-run">'
+        notes += ('<form method="get" action="/console/runs" class="find-run" id="find-run">'
                   '<label>Open a run <input name="run_id" id="run-id" maxlength="128" '
                   'required></label><button type="submit">Open</button></form>')
     body = (f'<h1>Inbox</h1>{notes}<form method="get" action="/console/" class="filters">'
             f'<label>Kind <select name="kind" id="kind">{kinds}</select></label>'
             f'<label>Agent <select name="agent" id="agent">{agent_options}</select></label>'
-            f'<button type="submit">Filter</button></form>'
+            f'<button type="submit" id="filter">Filter</button></form>'
             f'<table class="inbox"><thead><tr><th>Kind</th><th>Agent</th><th>Action or tool'
             f'</th><th>Requester</th><th>Age</th><th>Time left</th></tr></thead>'
             f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now)}</tbody>'
