@@ -27,6 +27,7 @@ __all__ = [
     "ProviderCall",
     "ProviderLookup",
     "Stale",
+    "money",
     "outcome_of",
 ]
 
@@ -160,6 +161,12 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
         """How a queryable provider finds what it made under `key` (None: it cannot)."""
         return None
 
+    def describe(self, preview: PreviewT) -> list[tuple[str, str]]:
+        """What an approver reads, as (label, plain text) lines in reading order: the console
+        renders a proposal with this, never as JSON. By default each preview field as it is."""
+        return [(name.replace("_", " ").capitalize(), _plain(value))
+                for name, value in msgspec.structs.asdict(preview).items()]
+
     def render(self, receipt: str | None) -> str:
         """The result, safe to show a person and the model."""
         return f"{self.name} done" + (f" ({receipt})" if receipt else "")
@@ -218,3 +225,19 @@ def outcome_of(state: str, *, receipt: str | None, reason: str | None,
                        detail="the operation failed and will not be retried; quote the "
                               "correlation id to an operator")
     return Outcome(kind="pending", detail=state)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(_plain(v) for v in value)
+    if isinstance(value, msgspec.Struct | dict):
+        items = msgspec.to_builtins(value).items()
+        return "; ".join(f"{k.replace('_', ' ')}: {_plain(v)}" for k, v in items)
+    return str(value)
+
+
+def money(cents: int, currency: str) -> str:
+    """An amount in minor units as a person reads it (`1,500` cents EUR: `15.00 EUR`)."""
+    sign = "-" if cents < 0 else ""
+    whole, part = divmod(abs(cents), 100)
+    return f"{sign}{whole:,}.{part:02d} {currency}"

@@ -50,5 +50,9 @@ class CrmNoteCreate(ActionContract[NoteArguments, NoteArguments, NotePreview, ms
         return ProviderLookup(path="/v1/notes", params={"idempotency_key": key},
                               listed_as="notes", receipt="note_id")
 
+    def describe(self, preview: NotePreview) -> list[tuple[str, str]]:
+        """The record and the whole note, exactly as it will be written."""
+        return [("Customer record", preview.customer_id), ("Note", preview.body)]
+
     def render(self, receipt: str | None) -> str:
         return f"Note added to the customer record ({receipt or 'no receipt'})."

@@ -107,6 +107,11 @@ class EmailDraftApply(ActionContract[DraftRequest, DraftArguments, DraftPreview,
             raise Stale(f"the audience changed: {arguments.recipients} recipients when "
                         f"proposed, {facts.recipients} now; a new proposal is needed")
 
+    def describe(self, preview: DraftPreview) -> list[tuple[str, str]]:
+        """Who it reaches, then the message as it will be copied."""
+        return [("Audience", f"{preview.recipients} recipients ({preview.segment})"),
+                ("Subject", preview.subject), ("Body", preview.body)]
+
     def render(self, receipt: str | None) -> str:
         return f"Draft copied into the broadcast form ({receipt or 'no receipt'}); nothing sent."
 

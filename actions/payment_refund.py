@@ -21,6 +21,7 @@ from actions.base import (
     ProviderCall,
     ProviderLookup,
     Stale,
+    money,
 )
 
 __all__ = ["PaymentFacts", "PaymentRefund", "RefundArguments", "RefundPreview", "RefundRequest"]
@@ -67,6 +68,8 @@ class RefundPreview(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     current_total_cents: int
     resulting_total_cents: int
     destination: str
+    # The provider's payment id (previews frozen before it was shown have none).
+    payment: str = ""
 
 
 # The provider's view of a payment (GET /v1/payments/{id}); fields it adds later are ignored.
@@ -163,7 +166,8 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
                 participant=line.participant, product=line.product,
                 discount=line.discount.name, payment_method=method, amount_cents=amount,
                 currency=facts.currency, current_total_cents=current,
-                resulting_total_cents=current - amount, destination=method)))
+                resulting_total_cents=current - amount, destination=method,
+                payment=facts.payment_id)))
 
     def revalidate(self, arguments: RefundArguments, preview: RefundPreview,
                    facts: PaymentFacts | None, *, key: str) -> None:
@@ -182,9 +186,24 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
         totals = ("current_total_cents", "resulting_total_cents")
         if any(getattr(now.preview, f) != getattr(preview, f) for f in totals):
             raise Stale("the order changed since it was proposed (its totals differ)")
+        if not preview.payment:  # frozen before the preview named its payment
+            preview = msgspec.structs.replace(preview, payment=now.preview.payment)
         if now.preview != preview:
             raise Stale("the payment's method, line, discount or currency shown changed since "
                         "it was proposed; a new proposal is needed")
+
+    def describe(self, preview: RefundPreview) -> list[tuple[str, str]]:
+        """Every effect of the refund, as seed 003's refund check shows it."""
+        c = preview.currency
+        return [("Participant", preview.participant), ("Product", preview.product),
+                ("Discount", preview.discount),
+                ("Payment", preview.payment or "(not recorded)"),
+                ("Payment method", preview.payment_method),
+                ("Amount to refund", money(preview.amount_cents, c)),
+                ("Destination", preview.destination),
+                ("Current order total", money(preview.current_total_cents, c)),
+                ("Resulting order total", money(preview.resulting_total_cents, c)),
+                ("Currency", c)]
 
     def provider_call(self, arguments: RefundArguments) -> ProviderCall:
         return ProviderCall(path="/v1/refunds", receipt="refund_id", body={

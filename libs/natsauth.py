@@ -57,19 +57,24 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         # The HTTP door: cancellations, the reads other services answer, and the
         # Idempotency-Key bucket (its KV stream).
         "writ.int.runs.cancel.*", reads.RUN_STATUS, reads.RUN_EVENTS, reads.COMMAND_STATUS,
+        reads.REVIEWS_LIST,
         reads.PROPOSALS_LIST, reads.PROPOSAL_GET, subjects.PENDING_LIST, subjects.REPLAY,
         subjects.UNKNOWN_LIST, subjects.RECONCILE,
         *(reads.journal_verify(s) for s in reads.JOURNALED),
         "$KV.WRIT_IDEMPOTENCY.>", "$JS.API.STREAM.INFO.KV_WRIT_IDEMPOTENCY",
         "$JS.API.STREAM.CREATE.KV_WRIT_IDEMPOTENCY", "$JS.API.STREAM.MSG.GET.KV_WRIT_IDEMPOTENCY",
         "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY", "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY.>",
+        # The approval console's sessions and used sign-in links (its KV stream).
+        "$KV.WRIT_CONSOLE.>", "$JS.API.STREAM.INFO.KV_WRIT_CONSOLE",
+        "$JS.API.STREAM.CREATE.KV_WRIT_CONSOLE", "$JS.API.STREAM.MSG.GET.KV_WRIT_CONSOLE",
+        "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE", "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE.>",
     ), ("writ.out.results.*", host_read("*", "*"))),
     "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE), (subjects.READ,)),
     "planner": ("WRIT_INT", (
         "writ.int.runs.branch.*", "writ.out.results.*", "writ.int.proposals.*",
         "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
         subjects.SETTLE,
-    ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS,
+    ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS, reads.REVIEWS_LIST,
         reads.journal_verify("planner"))),
     "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (
         subjects.DECIDE, subjects.DECIDE_BATCH, subjects.REGISTER_RUN, subjects.PENDING_LIST,

@@ -22,6 +22,7 @@ __all__ = [
     "CommandAccepted",
     "CommandBody",
     "DecideBody",
+    "EvidenceRef",
     "Problem",
     "RejectBody",
     "ResolveBody",
@@ -103,6 +104,15 @@ class CommandAccepted(msgspec.Struct, frozen=True, kw_only=True):
 RunState = Literal["queued", "running", "awaiting_human", "succeeded", "failed", "cancelled"]
 
 
+class EvidenceRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A document a run was given as evidence (untrusted content: its title, not its text)."""
+
+    document_id: ShortText
+    kind: ShortText
+    title: ShortText
+    trust: ShortText = "untrusted"
+
+
 class RunView(msgspec.Struct, frozen=True, kw_only=True):
     """`GET /runs/{run_id}`: where a run stands, as the planner recorded it."""
 
@@ -115,6 +125,7 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     actions: list[ActionResult] = []
     pending_id: ShortText | None = None
     proposal: ProposalView | None = None
+    evidence: Annotated[list[EvidenceRef], msgspec.Meta(max_length=16)] = []
 
 
 class RunEvents(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,10 +10,11 @@ import msgspec
 
 from schemas.base import Command, Id, ShortText, Tenant
 
-__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "RUN_EVENTS", "RUN_STATUS",
-           "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
-           "JOURNALED", "JournalState", "JournalStates", "ProposalDetail", "ProposalState",
-           "Proposals", "VerifyJournal", "journal_verify"]
+__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "REVIEWS_LIST", "RUN_EVENTS",
+           "RUN_STATUS", "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
+           "JOURNALED", "JournalState", "JournalStates", "ListReviews", "PendingReview",
+           "PendingReviews", "ProposalDetail", "ProposalState", "Proposals", "VerifyJournal",
+           "journal_verify"]
 
 # `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
 RUN_STATUS: Final = "writ.int.planner.run"
@@ -74,6 +75,18 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     operation_id: ShortText | None = None
     command_state: ShortText | None = None
     receipt: ShortText | None = None
+    # Why the command ended as it did (a revision required, a denial at the re-check, ...).
+    command_reason: ShortText | None = None
+    # Who asked for the run (who may not approve it), its agent, and when it was proposed.
+    requester: ShortText | None = None
+    agent: ShortText | None = None
+    created_at: ShortText | None = None
+    # The facts the preview was computed from and when they were read (None: the action reads
+    # none), and the line of `decide` and policy version of the decision that asked.
+    facts: Any = None
+    facts_read_at: ShortText | None = None
+    decision_line: int | None = None
+    policy_version: ShortText | None = None
 
 
 class Proposals(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +105,33 @@ class GetRunEvents(Command):
     tenant: Tenant
     run_id: Id
     after: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
+# `ListReviews` -> `PendingReviews`: the runs of a tenant stopped at a review, newest first.
+REVIEWS_LIST: Final = "writ.int.planner.reviews"
+
+
+class ListReviews(Command):
+    """The tenant's runs waiting for a person to review their agent's work."""
+
+    tenant: Tenant
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+
+
+class PendingReview(msgspec.Struct, frozen=True, kw_only=True):
+    """A review a run's agent asked for, waiting (answered by `POST /reviews/{pending_id}`)."""
+
+    pending_id: Id
+    run_id: Id
+    agent: ShortText
+    principal: ShortText
+    since: ShortText
+
+
+class PendingReviews(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to `ListReviews`."""
+
+    reviews: Annotated[list[PendingReview], msgspec.Meta(max_length=500)]
 
 
 # The services that keep an audit journal; each answers `VerifyJournal` on its own journal at

@@ -73,6 +73,22 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _console(args: argparse.Namespace) -> int:
+    from writ.stack import Stack
+
+    stack = Stack(Path(args.home))
+    try:
+        link = stack.console_link(tenant=args.tenant, principal=args.principal,
+                                  roles=tuple(r for r in args.roles.split(",") if r),
+                                  ttl_s=args.ttl)
+    except FileNotFoundError:
+        print(f"no running Writ under {args.home} (start it with `make run`)", file=sys.stderr)
+        return 1
+    print("Open this link once to sign in to the approval console (a second use is refused; "
+          f"the session ends with the token, in {int(args.ttl)} s):\n{link}")
+    return 0
+
+
 def _tenant(args: argparse.Namespace) -> int:
     from writ.tenants import TenantError, add_tenant, remove_tenant
 
@@ -437,6 +453,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--key", default="", help="the tenant's private key (PEM) if not a demo one")
     p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
     p.set_defaults(func=_token)
+
+    p = sub.add_parser("console", help="print a one-time sign-in link to the approval console")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--principal", default="ops@acme.example")
+    p.add_argument("--roles", default="approver,auditor", help="comma-separated")
+    p.add_argument("--ttl", type=float, default=3600.0, help="the session's life, in seconds")
+    p.set_defaults(func=_console)
 
     p = sub.add_parser("tenant", help="register (or remove) a tenant and its issuer's key")
     p.add_argument("--home", default=".writ")

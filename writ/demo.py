@@ -189,6 +189,8 @@ def run_demo(home: Path, *, serve: bool) -> int:
                   f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
                   f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
                   f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
+                  f"Approvers sign in to the console once with this link (the demo approver; "
+                  f"`writ console` prints a new one):\n  {stack.console_link()}\n"
                   f"Operators run `writ pending`; logs in {stack.logs}. A service that dies is "
                   "reported here and restarted. Ctrl-C stops everything.", flush=True)
             stop = {signal.SIGINT, signal.SIGTERM}

@@ -466,6 +466,15 @@ class Stack:
         port = _wait_file(self.home / "ingress.http-port", self.procs["ingress"], 20)
         return f"http://127.0.0.1:{int(port)}/api/v1"
 
+    def console_link(self, *, tenant: str = "acme", principal: str = "ops@acme.example",
+                     roles: tuple[str, ...] = ("approver", "auditor"),
+                     ttl_s: float = 3600.0) -> str:
+        """A one-time sign-in link to the approval console (the demo approver by default):
+        the token it carries is the session's, and its first use spends it."""
+        port = (self.home / "ingress.http-port").read_text().strip()
+        token = self.token(tenant, principal, roles=list(roles), ttl_s=ttl_s)
+        return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"
+
     def metrics_port(self, name: str) -> int:
         """The port of a service's `/metrics` endpoint."""
         return int(_wait_file(self.home / f"{name}.metrics-port", self.procs[name], 20))

@@ -44,7 +44,10 @@ _PROPOSALS: Final = """
 SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{}'::jsonb) AS preview,
        encode(p.request_hash, 'hex') AS request_hash, p.state, p.expires_at,
        p.decision_id::text AS decision_id, p.reason, p.approved_by,
-       c.operation_id::text AS operation_id, c.state AS command_state, c.receipt
+       c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
+       c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
+       p.facts_read_at, p.decision_line,
+       p.policy_version
 FROM admission.proposals p
 LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
 WHERE p.tenant = $1 AND p.public_id IS NOT NULL"""
@@ -57,7 +60,12 @@ def _detail(row: Any) -> ProposalDetail:
         state=row["state"], expires_at=row["expires_at"] and row["expires_at"].isoformat(),
         decision_id=row["decision_id"], reason=row["reason"], approved_by=row["approved_by"],
         operation_id=row["operation_id"], command_state=row["command_state"],
-        receipt=row["receipt"])
+        receipt=row["receipt"], command_reason=row["command_reason"] and
+        row["command_reason"][:512], requester=row["principal"], agent=row["agent"],
+        created_at=row["created_at"].isoformat(),
+        facts=None if row["facts"] is None else json.loads(row["facts"]),
+        facts_read_at=row["facts_read_at"] and row["facts_read_at"].isoformat(),
+        decision_line=row["decision_line"], policy_version=row["policy_version"])
 
 
 class AdmissionReads:

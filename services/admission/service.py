@@ -219,7 +219,10 @@ class AdmissionService:
         async def resolve_one(j: _Judging) -> None:
             assert j.valid is not None
             try:
-                j.resolved = resolve(j.valid, await self._read_facts(j.p.tenant, j.valid))
+                facts = await self._read_facts(j.p.tenant, j.valid)
+                if facts is not None:
+                    j.facts, j.facts_read_at = facts, datetime.now(UTC)
+                j.resolved = resolve(j.valid, facts)
             except Invalid as exc:
                 await self._refuse(j.p, "invalid", str(exc)[:500])
 
@@ -337,7 +340,8 @@ class AdmissionService:
             decision_id=decision.decision_id, reason=decision.reason,
             preview=resolved.preview, ttl=self._proposal_ttl,
             expected_revision=p.expected_revision, operation_key=p.operation_key,
-            request_id=p.request_id)
+            request_id=p.request_id, facts=j.facts, facts_read_at=j.facts_read_at,
+            decision_line=decision.line, policy_version=decision.policy_version)
         await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
                            pending_id=decision.pending_id,
                            proposal=_view(stored) if decision.verdict == "ask" else None)
@@ -457,6 +461,13 @@ class AdmissionService:
         """Pending, not expired, and its frozen arguments still decode; otherwise answer why."""
         if proposal.state != "pending":
             await self._reply_state(ans, proposal)
+            return False
+        if ans.answer == "approve" and ans.approver == proposal.principal:
+            # Separation of duties: whoever asked for the run cannot also approve what it
+            # proposes (they may still reject it: that only stops their own request).
+            await self._reply(ans, "not_approvable", code="SEPARATION_OF_DUTIES",
+                              reason="the principal who requested the run cannot approve "
+                                     "its proposals; another approver must")
             return False
         if proposal.expires_at is not None and proposal.expires_at <= datetime.now(UTC):
             await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
@@ -611,8 +622,8 @@ class AdmissionService:
 class _Judging:
     """One proposal of a batch, as far as it got."""
 
-    __slots__ = ("index", "known", "operation_id", "p", "proposal_id", "resolved", "span",
-                 "valid")
+    __slots__ = ("facts", "facts_read_at", "index", "known", "operation_id", "p",
+                 "proposal_id", "resolved", "span", "valid")
 
     def __init__(self, *, index: int, p: ProposeCommand, span: trace.Span) -> None:
         self.index, self.p, self.span = index, p, span
@@ -620,6 +631,9 @@ class _Judging:
         self.resolved: Resolved | None = None
         self.known: Known | None = None
         self.operation_id = self.proposal_id = ""
+        # What the preview was computed from, and when it was read (shown to approvers).
+        self.facts: object = None
+        self.facts_read_at: datetime | None = None
 
 
 def _view(proposal: ProposalRow) -> ProposalView:

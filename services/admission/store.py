@@ -112,9 +112,9 @@ WITH recorded AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
         action, action_version, arguments, request_hash, state, decision_id, reason,
         expected_revision, operation_key, request_id, public_id, preview, expires_at,
-        traceparent)
+        traceparent, facts, facts_read_at, decision_line, policy_version)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16, $17,
-            $18::jsonb, $19, $20)
+            $18::jsonb, $19, $20, $21::jsonb, $22, $23, $24)
     ON CONFLICT (tenant, proposal_id) DO NOTHING
     RETURNING public_id
 ){journal}
@@ -291,7 +291,7 @@ class AdmissionStore:
 
     def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
         self._pool, self._journal = pool, journal
-        self._insert_proposal = self._journaled(_INSERT_PROPOSAL, 21, "recorded")
+        self._insert_proposal = self._journaled(_INSERT_PROPOSAL, 25, "recorded")
         self._admit = self._journaled(_ADMIT, 25, "admitted")
         self._approve = self._journaled(_APPROVE, 11, "admitted")
         self._reject = self._journaled(_MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
@@ -325,7 +325,10 @@ class AdmissionStore:
                               preview: dict[str, Any], ttl: timedelta,
                               expected_revision: str | None = None,
                               operation_key: str | None = None,
-                              request_id: str | None = None) -> ProposalRow:
+                              request_id: str | None = None, facts: Any = None,
+                              facts_read_at: datetime | None = None,
+                              decision_line: int | None = None,
+                              policy_version: str | None = None) -> ProposalRow:
         """Record a proposal that did not become a command (refused, or waiting for a person),
         under a new opaque public id; a redelivery gets the row recorded the first time."""
         public_id, expires_at = new_public_id(), datetime.now(UTC) + ttl
@@ -334,6 +337,8 @@ class AdmissionStore:
             version, json.dumps(arguments), request_hash, state, decision_id, reason,
             expected_revision, operation_key, request_id, public_id, json.dumps(preview),
             expires_at, inject_context({}).get("traceparent"),
+            None if facts is None else json.dumps(facts), facts_read_at, decision_line,
+            policy_version,
             *self._entry(tenant, f"proposal.{state}", public_id, run_id, {
                 "proposal_id": proposal_id, "public_id": public_id, "step": step,
                 "principal": principal, "agent": agent, "action": action, "version": version,

@@ -70,7 +70,8 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
     """Why an answer was not taken: `code` is the host contract's stable code."""
 
     reason: str
-    code: Literal["UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER"] = "UNKNOWN_PENDING"
+    code: Literal["UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER",
+                  "SEPARATION_OF_DUTIES"] = "UNKNOWN_PENDING"
 
 
 # $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL),
@@ -518,6 +519,13 @@ class GovernanceStore:
                         policy_version=row["policy_version"])
                 return NotAnswerable(reason=f"already answered {row['answer']}",
                                      code="ALREADY_ANSWERED")
+            if row["proposal_id"] is not None and answer != "deny" and (
+                    answered_by == row["principal"]):
+                # Separation of duties: a proposal is approved by someone else than the
+                # principal who asked for it, whichever door the answer came through.
+                return NotAnswerable(reason="the principal who requested the run cannot "
+                                            "approve its proposals",
+                                     code="SEPARATION_OF_DUTIES")
             if answer not in row["options"]:
                 return NotAnswerable(reason=f"{answer!r} is not offered here: "
                                             f"{', '.join(row['options'])}",

@@ -67,7 +67,7 @@ from schemas.planner import (
     ReviewTaken,
     branch_run_id,
 )
-from schemas.reads import RUN_EVENTS, RUN_STATUS
+from schemas.reads import REVIEWS_LIST, RUN_EVENTS, RUN_STATUS
 from schemas.retrieval import EvidenceGathered, ReadRefused
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
@@ -100,7 +100,7 @@ from services.planner.snapshot import (
     selection_outcome,
     snapshot_of,
 )
-from services.planner.status import RunEventsEndpoint, RunStatusEndpoint
+from services.planner.status import ReviewsEndpoint, RunEventsEndpoint, RunStatusEndpoint
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
 
 __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
@@ -167,6 +167,8 @@ class PlannerService:
                                            concurrency=32))
         self._rt.endpoints.append(Endpoint("events", RUN_EVENTS,
                                            RunEventsEndpoint(store=self._store), concurrency=32))
+        self._rt.endpoints.append(Endpoint("reviews", REVIEWS_LIST,
+                                           ReviewsEndpoint(store=self._store), concurrency=8))
         self._rt.endpoints.append(Endpoint("review", REVIEW,
                                            ReviewEndpoint(answer=self.answer_review),
                                            concurrency=8))

@@ -12,13 +12,13 @@ from typing import Any
 import msgspec
 from nats.micro.request import Request
 
-from schemas.api import RunEvents, RunView
+from schemas.api import EvidenceRef, RunEvents, RunView
 from schemas.host import ActionResult, ErrorInfo
-from schemas.reads import GetRun, GetRunEvents
+from schemas.reads import GetRun, GetRunEvents, ListReviews, PendingReview, PendingReviews
 from services.planner.progress import step_recorded
 from services.planner.store import PlannerStore, RunRow, Step
 
-__all__ = ["RunEventsEndpoint", "RunStatusEndpoint", "run_view"]
+__all__ = ["ReviewsEndpoint", "RunEventsEndpoint", "RunStatusEndpoint", "run_view"]
 
 log = logging.getLogger("writ.planner")
 
@@ -32,9 +32,13 @@ def run_view(run: Any, steps: list[Any]) -> RunView:
                and "operation_id" in (p := s.payload)]
     error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
              if run.error_code else None)
+    evidence = [EvidenceRef(document_id=str(e.get("document_id", ""))[:512],
+                            kind=str(e.get("kind", ""))[:512], title=str(e.get("title", ""))[:512])
+                for e in (run.evidence or [])[:16] if isinstance(e, dict)]
     return RunView(run_id=run.run_id, request_id=run.request_id, status=run.status,
                    agent=run.agent, answer=run.answer, error=error, actions=actions,
-                   pending_id=run.pending_id if run.status == "awaiting_human" else None)
+                   pending_id=run.pending_id if run.status == "awaiting_human" else None,
+                   evidence=evidence)
 
 
 async def _tenant_run(store: PlannerStore, request: Request, tenant: str, run_id: str,
@@ -101,3 +105,31 @@ class RunEventsEndpoint:
         after = [step_recorded(run.tenant, run.run_id, s) for s in steps if s.seq > ask.after]
         await request.respond(self._encoder.encode(RunEvents(run=run_view(run, steps),
                                                              steps=after)))
+
+
+class ReviewsEndpoint:
+    """`writ.int.planner.reviews`: answers `ListReviews` with the tenant's runs stopped at a
+    review (the approval console's inbox), newest first."""
+
+    def __init__(self, *, store: PlannerStore) -> None:
+        self._store = store
+        self._decoder = msgspec.json.Decoder(ListReviews)
+        self._encoder = msgspec.json.Encoder()
+
+    async def __call__(self, request: Request) -> None:
+        """Answer one `ListReviews`."""
+        try:
+            ask = self._decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid ListReviews: {exc}"[:500])
+            return
+        try:
+            rows = await self._store.pending_reviews(ask.tenant, ask.limit)
+        except Exception as exc:
+            log.warning("pending reviews failed: %r", exc)
+            await request.respond_error("500", "pending reviews failed")
+            return
+        await request.respond(self._encoder.encode(PendingReviews(reviews=[
+            PendingReview(pending_id=r["pending_id"], run_id=r["run_id"], agent=r["agent"],
+                          principal=r["principal"], since=r["updated_at"].isoformat())
+            for r in rows])))

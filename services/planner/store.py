@@ -163,6 +163,13 @@ class PlannerStore:
                                     attended=False, manifest=branch.manifest))
         return bool(created)
 
+    async def pending_reviews(self, tenant: str, limit: int) -> list[asyncpg.Record]:
+        """The tenant's runs stopped at a review (`review-<run>-<step>`), newest first."""
+        return await self._pool.fetch(
+            "SELECT pending_id, run_id, agent, principal, updated_at FROM planner.runs "
+            "WHERE tenant = $1 AND status = 'awaiting_human' AND pending_id LIKE 'review-%' "
+            "ORDER BY updated_at DESC LIMIT $2", tenant, limit)
+
     async def run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
         """The run as committed, unlocked (a branch's end, read by the run that called it)."""
         row = await conn.fetchrow(

@@ -76,7 +76,8 @@ async def test_a_refund_run_waits_with_its_preview_and_runs_once_when_approved(
         "participant": "Léo Martin", "product": "Junior programme",
         "discount": "Sibling discount", "payment_method": "card ending 4242",
         "amount_cents": 1500, "currency": "EUR", "current_total_cents": 30000,
-        "resulting_total_cents": 28500, "destination": "card ending 4242"}
+        "resulting_total_cents": 28500, "destination": "card ending 4242",
+        "payment": "pay_7781"}
     assert _refunds(payments, "pay_7781") == []
 
     # `writ approve <id>`, as an operator would type it.

@@ -210,3 +210,18 @@ async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(stor
                      reason="no")
     await ask()
     assert ids[-1] != ids[0]
+
+
+async def test_the_requester_cannot_approve_their_own_proposal_but_may_deny_it(store) -> None:  # type: ignore[no-untyped-def]
+    gov, admin = store
+    pending = await _ask(gov, WRITE)  # a proposal of alice@acme's run
+    for answer in ("once", "always"):
+        own = await gov.answer(tenant="acme", pending_id=pending, answer=answer,
+                               answered_by="alice@acme", reason="mine")
+        assert isinstance(own, NotAnswerable) and own.code == "SEPARATION_OF_DUTIES"
+    assert await admin.fetchval("SELECT answer FROM governance.pending WHERE pending_id = $1",
+                                uuid.UUID(pending)) is None
+    assert await admin.fetchval("SELECT count(*) FROM governance.standing_grants") == 0
+    denied = await gov.answer(tenant="acme", pending_id=pending, answer="deny",
+                              answered_by="alice@acme", reason="changed my mind")
+    assert isinstance(denied, Answered) and denied.answer == "deny"

@@ -332,7 +332,8 @@ def test_refund_amount_and_destination_are_computed_by_code() -> None:
     assert frozen.preview == RefundPreview(
         participant="Ada Lovelace", product="Winter league", discount="Junior",
         payment_method="card ending 4242", amount_cents=1500, currency="EUR",
-        current_total_cents=20000, resulting_total_cents=18500, destination="card ending 4242")
+        current_total_cents=20000, resulting_total_cents=18500, destination="card ending 4242",
+        payment="pay_1")
 
 
 def test_refund_amount_follows_the_line_discount_not_the_first_line() -> None:
@@ -643,7 +644,7 @@ def test_admission_resolves_a_refund_against_the_providers_json() -> None:
         "participant": "Ada Lovelace", "product": "Winter league", "discount": "Junior",
         "payment_method": "card ending 4242", "amount_cents": 1500, "currency": "EUR",
         "current_total_cents": 19500, "resulting_total_cents": 18000,
-        "destination": "card ending 4242"}
+        "destination": "card ending 4242", "payment": "pay_1"}
     # What admission stores decodes with the contract the dispatcher will use.
     assert REFUND.decode_arguments(resolved.arguments).amount_cents == 1500
     assert REFUND.decode_preview(resolved.preview).resulting_total_cents == 18000
@@ -690,3 +691,19 @@ def test_request_hash_differs_for_another_line_or_payment() -> None:
     base = validate(refund_proposal({"payment_id": "pay_1", "line_id": "L1"})).request_hash
     assert validate(refund_proposal({"payment_id": "pay_1", "line_id": "L3"})).request_hash != base
     assert validate(refund_proposal({"payment_id": "pay_2", "line_id": "L1"})).request_hash != base
+
+
+def test_a_refund_is_described_to_its_approver_field_by_field_in_plain_words() -> None:
+    described = dict(REFUND.describe(proposed().preview))
+    assert described == {
+        "Participant": "Ada Lovelace", "Product": "Winter league", "Discount": "Junior",
+        "Payment": "pay_1", "Payment method": "card ending 4242",
+        "Amount to refund": "15.00 EUR", "Destination": "card ending 4242",
+        "Current order total": "200.00 EUR", "Resulting order total": "185.00 EUR",
+        "Currency": "EUR"}
+
+
+def test_a_refund_frozen_before_previews_named_the_payment_still_revalidates() -> None:
+    frozen = proposed()
+    old = msgspec.structs.replace(frozen.preview, payment="")
+    REFUND.revalidate(frozen.arguments, old, facts(), key="acme:op")  # no Stale raised

@@ -39,9 +39,10 @@ def test_services_reach_only_their_own_consumer_and_inbox() -> None:
         assert service is not None
         published = _allowed(service, "publish")
         # The only stored message a service may read is its own journal's last checkpoint
-        # (and ingress its HTTP door's Idempotency-Key bucket).
+        # (and ingress its HTTP door's Idempotency-Key bucket and the console's sessions).
         if name == "ingress":
-            published = [s for s in published if "KV_WRIT_IDEMPOTENCY" not in s]
+            published = [s for s in published
+                         if "KV_WRIT_IDEMPOTENCY" not in s and "KV_WRIT_CONSOLE" not in s]
         assert not [s for s in published if s.startswith("$JS.API.STREAM.MSG")
                     and s != "$JS.API.STREAM.MSG.GET.WRIT_AUDIT"
                     or s.startswith("$JS.API.DIRECT") or s.endswith(".>") and "CONSUMER" in s

@@ -22,8 +22,9 @@ PREFIX: Final = "/api/v1"
 
 
 def build_app(api: Api, *, max_body_bytes: int = 64 * 1024,
-              answer_timeout_s: float = 30.0) -> Litestar:
-    """The HTTP door over `api` (building it touches nothing: `make schemas` builds one)."""
+              answer_timeout_s: float = 30.0, console: Router | None = None) -> Litestar:
+    """The HTTP door over `api` (building it touches nothing: `make schemas` builds one), and
+    the approval console (`/console`, outside the API's contract) when one is given."""
 
     @get("/openapi.json", include_in_schema=False, media_type="application/json")
     async def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -47,7 +48,8 @@ def build_app(api: Api, *, max_body_bytes: int = 64 * 1024,
             "bearer": SecurityScheme(type="http", scheme="bearer", bearer_format="JWT",
                                      description="The tenant issuer's EdDSA token")}),
         security=[{"bearer": []}], render_plugins=[], use_handler_docstrings=True)
-    return Litestar(route_handlers=[router, healthz], exception_handlers=EXCEPTION_HANDLERS,
+    pages = [] if console is None else [console]
+    return Litestar(route_handlers=[router, healthz, *pages], exception_handlers=EXCEPTION_HANDLERS,
                     openapi_config=config, request_max_body_size=max_body_bytes, debug=False)
 
 

@@ -27,10 +27,13 @@ from schemas.reads import (
     JOURNALED,
     PROPOSAL_GET,
     PROPOSALS_LIST,
+    REVIEWS_LIST,
     GetProposal,
     JournalState,
     JournalStates,
     ListProposals,
+    ListReviews,
+    PendingReviews,
     ProposalDetail,
     Proposals,
     ProposalState,
@@ -120,6 +123,17 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         """An `ApproveProposal` (reject)."""
         return await _reject(request, proposal_id, data, idempotency_key)
 
+    @get("/reviews", summary="Reviews waiting for a person, newest first", tags=["people"],
+         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                            s403="FORBIDDEN: the approver role is missing"))
+    async def reviews(request: Request[Any, Any, Any],
+                      limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100
+                      ) -> PendingReviews:
+        """The tenant's runs stopped at the review their agent asked for (the planner's)."""
+        caller = api.caller(request, role=APPROVER_ROLE)
+        return await api.ask(REVIEWS_LIST, ListReviews(tenant=caller.tenant, limit=limit),
+                             PendingReviews)
+
     @post("/reviews/{pending_id:str}", status_code=200, tags=["people"],
           summary="Answer the review a run's agent asked for", responses=_ERRORS)
     async def review(request: Request[Any, Any, Any], pending_id: FromPath[str],
@@ -197,4 +211,5 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         journals = [states[s] for s in JOURNALED]
         return JournalStates(ok=all(j.ok for j in journals), journals=journals)
 
-    return [pending, decide, proposals, proposal, approve, reject, review, replay, verify]
+    return [pending, decide, proposals, proposal, approve, reject, reviews, review, replay,
+            verify]

@@ -16,8 +16,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from libs.runtime import Endpoint
+from services.ingress.console import ApiClient, Sessions, console_router
 from services.ingress.http._api import Api, Door
-from services.ingress.http._app import build_app
+from services.ingress.http._app import PREFIX, build_app
 from services.ingress.http._idempotency import Idempotency
 from services.ingress.http._nats_reads import nats_read_endpoints
 from services.ingress.http._results import Results
@@ -59,13 +60,17 @@ class HttpServer:
                   results=results)
         if self._endpoints is not None:
             self._endpoints.extend(nats_read_endpoints(api))
-        app = build_app(api, max_body_bytes=self._max_body,
-                        answer_timeout_s=self._answer_timeout)
         sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._host, self._port))
         sock.listen(512)
         self.port = sock.getsockname()[1]
+        # The console is a client of this very API, over loopback, as each of its viewers.
+        loopback = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
+        client = ApiClient(f"http://{_netloc(loopback, self.port)}{PREFIX}")
+        console = console_router(await Sessions.open(self._js, self._door), client)
+        app = build_app(api, max_body_bytes=self._max_body,
+                        answer_timeout_s=self._answer_timeout, console=console)
         server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning",
                                         access_log=False, timeout_graceful_shutdown=5))
         try:
@@ -74,14 +79,20 @@ class HttpServer:
                 tg.start_soon(server.serve, [sock])
                 if self._port_file:
                     _write_port(self._port_file, self.port)
-                log.info("HTTP API on http://%s:%s/api/v1", self._host, self.port)
+                log.info("HTTP API on http://%s:%s/api/v1, console on /console/", self._host,
+                         self.port)
                 task_status.started()
                 await self._stopping.wait()
                 server.should_exit = True
         finally:
             with anyio.CancelScope(shield=True):
                 await results.stop()
+                await client.aclose()
             sock.close()
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _write_port(path: str, port: int) -> None:

@@ -1,0 +1,79 @@
+"""The console's only way to Writ: the HTTP API (`/api/v1`) of its own ingress, over loopback,
+with the viewer's token. It sees what the API shows that token and can do what the API lets
+it: nothing of another tenant, no approval of anything but a proposal id."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import httpx
+
+from services.ingress.console._session import Viewer
+
+__all__ = ["ApiClient", "Answer"]
+
+
+class Answer:
+    """One API answer: its status and decoded JSON body."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status, self.body = status, body
+
+    @property
+    def ok(self) -> bool:
+        """A 2xx answer."""
+        return 200 <= self.status < 300
+
+    @property
+    def problem(self) -> str:
+        """A refusal as a person reads it (`CODE: detail`)."""
+        if isinstance(self.body, dict):
+            return f"{self.body.get('code', self.status)}: {self.body.get('detail', '')}"
+        return f"HTTP {self.status}"
+
+
+class ApiClient:
+    """`/api/v1` as the viewer."""
+
+    def __init__(self, base_url: str, *, timeout_s: float = 40.0) -> None:
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    @staticmethod
+    def _auth(viewer: Viewer) -> dict[str, str]:
+        return {"Authorization": f"Bearer {viewer.token}"}
+
+    async def get(self, viewer: Viewer, path: str, **params: Any) -> Answer:
+        """A read."""
+        response = await self._http.get(path, headers=self._auth(viewer),
+                                        params={k: v for k, v in params.items()
+                                                if v is not None})
+        return Answer(response.status_code, _json(response))
+
+    async def post(self, viewer: Viewer, path: str, body: dict[str, Any] | None, *,
+                   key: str | None = None) -> Answer:
+        """A write. `key` names the person's one intent (the Idempotency-Key): a second click,
+        a second tab or a reload of the same answer gets the first answer back."""
+        headers = self._auth(viewer)
+        if key is not None:
+            digest = hashlib.sha256(f"{viewer.principal}\x00{key}".encode()).hexdigest()[:48]
+            headers["Idempotency-Key"] = f"console-{digest}"
+        response = await self._http.post(path, headers=headers, json=body)
+        return Answer(response.status_code, _json(response))
+
+    def stream(self, viewer: Viewer, path: str) -> Any:
+        """A Server-Sent Events stream, as the viewer (`async with`)."""
+        return self._http.stream("GET", path, headers={**self._auth(viewer),
+                                                        "Accept": "text/event-stream"},
+                                 timeout=httpx.Timeout(10.0, read=None))
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None

@@ -1,0 +1,423 @@
+"""The console's routes (`/console/...`): pages and forms over the HTTP API, nothing else."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+from urllib.parse import quote
+
+import anyio
+import msgspec
+from litestar import Request, Response, Router, get, post
+from litestar.datastructures import Cookie
+from litestar.params import FromPath, QueryParameter
+
+from services.ingress.console import _pages as pages
+from services.ingress.console._client import Answer, ApiClient
+from services.ingress.console._session import COOKIE, Refused, Sessions, Viewer
+from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE
+
+__all__ = ["CSP", "console_router"]
+
+# No inline script or style, nothing from elsewhere, no framing, forms only to the console.
+CSP: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+              "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+              "base-uri 'none'")
+_HEADERS: Final = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                   "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
+                   "Cache-Control": "no-store"}
+_STATIC: Final = Path(__file__).parent / "static"
+_TYPES: Final = {"console.js": "text/javascript; charset=utf-8",
+                 "console.css": "text/css; charset=utf-8"}
+_MAX_TOKEN: Final = 8192
+_ANSWERED: Final = {
+    "claimed": "Approved: the one execution started.",
+    "already_completed": "Approved before: this is its recorded outcome (nothing ran twice).",
+    "rejected": "Rejected.",
+}
+
+
+# What a person's browser may post: each form is closed and bounded like any API body.
+class _Form(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    csrf: Annotated[str, msgspec.Meta(max_length=128)]
+
+
+class _RejectForm(_Form, frozen=True):
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
+
+
+class _DecideForm(_Form, frozen=True):
+    answer: Literal["once", "always", "deny"]
+    reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
+
+
+class _ReviewForm(_Form, frozen=True):
+    answer: Literal["approve", "reject"]
+    comment: Annotated[str, msgspec.Meta(max_length=500)] = ""
+
+
+class _Bad(Exception):
+    def __init__(self, status: int, title: str, text: str) -> None:
+        super().__init__(text)
+        self.status, self.title, self.text = status, title, text
+
+
+def _html(body: str, status: int = 200, *, cookies: list[Cookie] | None = None,
+          headers: dict[str, str] | None = None) -> Response[str]:
+    return Response(body, status_code=status, media_type="text/html; charset=utf-8",
+                    headers={**_HEADERS, **(headers or {})}, cookies=cookies or [])
+
+
+def console_router(sessions: Sessions, client: ApiClient) -> Router:
+    """`/console`: the approval console over `client` (the API as each viewer)."""
+    static = {name: (_STATIC / name).read_bytes() for name in _TYPES}
+
+    async def _viewer(request: Request[Any, Any, Any]) -> Viewer:
+        try:
+            return await sessions.viewer(request)
+        except Refused as exc:
+            raise _Bad(exc.status, "Not signed in" if exc.status == 401 else "Not allowed",
+                       f"{exc.reason}. The console takes your identity from your organisation's "
+                       "sign-in proxy; locally, `writ console` prints a one-time link.") from exc
+
+    async def _form(request: Request[Any, Any, Any], viewer: Viewer, kind: type[Any]) -> Any:
+        raw = dict(await request.form())
+        sent = raw.get("csrf")
+        if not isinstance(sent, str) or not viewer.csrf_ok(sent):
+            raise _Bad(403, "Refused", "this form's CSRF token is missing or wrong: nothing "
+                                       "was done. Reload the page and answer again.")
+        try:
+            return msgspec.convert(raw, kind, strict=False)
+        except msgspec.ValidationError as exc:
+            raise _Bad(400, "Invalid answer", f"nothing was done: {exc}") from exc
+
+    def _page(handler: Any) -> Any:
+        """Render refusals as pages (the wrapped handler returns a page's HTML)."""
+        async def wrapped(request: Request[Any, Any, Any], **kw: Any) -> Response[str]:
+            viewer: Viewer | None = None
+            try:
+                viewer = await _viewer(request)
+                return await handler(request, viewer, **kw)
+            except _Bad as exc:
+                return _html(pages.message_page(exc.title, exc.text, viewer), exc.status)
+        # Litestar reads the route's parameters from the signature: the handler's, without
+        # the viewer this wrapper supplies.
+        signature = inspect.signature(handler)
+        wrapped.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[v for k, v in signature.parameters.items() if k != "viewer"])
+        wrapped.__annotations__ = {k: v for k, v in handler.__annotations__.items()
+                                   if k != "viewer"}
+        wrapped.__name__, wrapped.__doc__ = handler.__name__, handler.__doc__
+        return wrapped
+
+    def _not_found(answer: Answer, what: str) -> _Bad:
+        # A malformed id gets what an unknown or another tenant's one gets: not found.
+        if answer.status in (400, 404):
+            return _Bad(404, "Not found", f"no {what} of your tenant under this id")
+        return _Bad(answer.status, "Refused", answer.problem)
+
+    async def _inbox_items(viewer: Viewer, kind: str, agent: str
+                           ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+        items: list[dict[str, Any]] = []
+        problems: list[str] = []
+        if APPROVER_ROLE not in viewer.roles:
+            return items, ["Only approvers have an inbox; auditors open runs by their id."], []
+        got_p = await client.get(viewer, "/proposals", state="pending")
+        got_d = await client.get(viewer, "/pending-decisions")
+        asked_by_proposal: set[str] = set()
+        if got_p.ok:
+            for p in got_p.body["proposals"]:
+                asked_by_proposal.add(p.get("decision_id") or "")
+                items.append({"kind": "proposal", "id": p["proposal_id"], "agent": p.get("agent"),
+                              "what": p["action"], "requester": p.get("requester"),
+                              "created_at": p.get("created_at"),
+                              "expires_at": p.get("expires_at"),
+                              "href": f"/console/proposals/{p['proposal_id']}"})
+        else:
+            problems.append(f"proposals: {got_p.problem}")
+        if got_d.ok:
+            for d in got_d.body["decisions"]:
+                if d["pending_id"] in asked_by_proposal:
+                    continue  # shown as its proposal: approved by the proposal's id
+                items.append({"kind": "decision", "id": d["pending_id"], "agent": d["agent"],
+                              "what": d["tool"], "requester": d["principal"],
+                              "created_at": d["created_at"], "expires_at": d.get("deadline"),
+                              "href": f"/console/decisions/{d['pending_id']}"})
+        else:
+            problems.append(f"decisions: {got_d.problem}")
+        got_r = await client.get(viewer, "/reviews")
+        if got_r.ok:
+            for r in got_r.body["reviews"]:
+                items.append({"kind": "review", "id": r["pending_id"], "agent": r["agent"],
+                              "what": "review of its work", "requester": r["principal"],
+                              "created_at": r["since"], "expires_at": None,
+                              "href": f"/console/reviews/{r['pending_id']}"})
+        else:
+            problems.append(f"reviews: {got_r.problem}")
+        agents = sorted({str(i["agent"]) for i in items if i["agent"]})
+        chosen = [i for i in items if kind in ("", i["kind"]) and agent in ("", i["agent"])]
+        chosen.sort(key=lambda i: i["created_at"] or "", reverse=True)
+        return chosen, agents, problems
+
+    @get("/", include_in_schema=False)
+    @_page
+    async def inbox(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
+        """Everything waiting for the viewer."""
+        kind, agent = _filters(request)
+        items, agents, problems = await _inbox_items(viewer, kind, agent)
+        return _html(pages.inbox_page(viewer, items, kind=kind, agent=agent, agents=agents,
+                                      problems=problems, now=datetime.now(UTC)))
+
+    @get("/inbox/rows", include_in_schema=False)
+    @_page
+    async def inbox_rows(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
+        """The inbox's rows, for the page to poll."""
+        kind, agent = _filters(request)
+        items, _, _ = await _inbox_items(viewer, kind, agent)
+        return _html(pages.inbox_rows(items, datetime.now(UTC)))
+
+    async def _proposal(viewer: Viewer, proposal_id: str) -> dict[str, Any]:
+        got = await client.get(viewer, f"/proposals/{proposal_id}")
+        if not got.ok:
+            raise _not_found(got, "proposal")
+        return got.body  # type: ignore[no-any-return]
+
+    async def _run_of(viewer: Viewer, p: dict[str, Any]) -> dict[str, Any] | None:
+        """The run that proposed it (None: a host's own command, which no agent ran)."""
+        got = await client.get(viewer, f"/runs/{p['run_id']}")
+        return got.body if got.ok else None  # type: ignore[no-any-return]
+
+    @get("/proposals/{proposal_id:str}", include_in_schema=False)
+    @_page
+    async def proposal(request: Request[Any, Any, Any], viewer: Viewer,
+                       proposal_id: str) -> Response[str]:
+        """One proposal, in words."""
+        p = await _proposal(viewer, proposal_id)
+        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC),
+                                         run=await _run_of(viewer, p)))
+
+    @get("/proposals/{proposal_id:str}/outcome", include_in_schema=False)
+    @_page
+    async def outcome(request: Request[Any, Any, Any], viewer: Viewer,
+                      proposal_id: str) -> Response[str]:
+        """Where the proposal stands, for the page to follow."""
+        p = await _proposal(viewer, proposal_id)
+        return _html(pages.outcome_box(p, datetime.now(UTC)))
+
+    async def _answer_proposal(request: Request[Any, Any, Any], viewer: Viewer,
+                               proposal_id: str, answer: str) -> Response[str]:
+        if answer == "approve":
+            await _form(request, viewer, _Form)
+            body: dict[str, Any] = {}
+        else:
+            body = {"reason": (await _form(request, viewer, _RejectForm)).reason}
+        # The proposal's id and, to reject, a reason: nothing that was approved is sent
+        # again. A fresh key per click: admission's one claim says which click executes.
+        got = await client.post(viewer, f"/proposals/{proposal_id}/{answer}", body,
+                                key=str(uuid.uuid4()))
+        if not got.ok:
+            if got.status in (400, 404) and isinstance(got.body, dict) and (
+                    got.body.get("code") in ("NOT_FOUND", None)):
+                raise _not_found(got, "proposal")
+            said = f"Nothing was done — {got.problem}"
+        elif got.body["status"] == "not_approvable":
+            said = (f"Not {answer}d — {got.body.get('code')}: "
+                    f"{got.body.get('reason') or ''}")
+        else:
+            said = _ANSWERED[got.body["status"]]
+        p = await _proposal(viewer, proposal_id)
+        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC), answered=said,
+                                         run=await _run_of(viewer, p)))
+
+    @post("/proposals/{proposal_id:str}/approve", include_in_schema=False, status_code=200)
+    @_page
+    async def approve(request: Request[Any, Any, Any], viewer: Viewer,
+                      proposal_id: str) -> Response[str]:
+        """Approve exactly the frozen proposal, by its id."""
+        return await _answer_proposal(request, viewer, proposal_id, "approve")
+
+    @post("/proposals/{proposal_id:str}/reject", include_in_schema=False, status_code=200)
+    @_page
+    async def reject(request: Request[Any, Any, Any], viewer: Viewer,
+                     proposal_id: str) -> Response[str]:
+        """Reject a proposal, with a reason."""
+        return await _answer_proposal(request, viewer, proposal_id, "reject")
+
+    async def _decision(viewer: Viewer, pending_id: str) -> dict[str, Any] | None:
+        got = await client.get(viewer, "/pending-decisions")
+        if not got.ok:
+            raise _Bad(got.status, "Refused", got.problem)
+        return next((d for d in got.body["decisions"] if d["pending_id"] == pending_id), None)
+
+    @get("/decisions/{pending_id:str}", include_in_schema=False)
+    @_page
+    async def decision(request: Request[Any, Any, Any], viewer: Viewer,
+                       pending_id: str) -> Response[str]:
+        """A pending decision and the answers its case allows."""
+        d = await _decision(viewer, pending_id)
+        if d is None:
+            raise _Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+        return _html(pages.decision_page(viewer, d, now=datetime.now(UTC)))
+
+    @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
+    @_page
+    async def decide(request: Request[Any, Any, Any], viewer: Viewer,
+                     pending_id: str) -> Response[str]:
+        """Answer a pending decision."""
+        form = await _form(request, viewer, _DecideForm)
+        d = await _decision(viewer, pending_id)
+        if d is None:
+            raise _Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+        got = await client.post(viewer, "/pending-decisions/decide", {
+            "pending_id": pending_id, "answer": form.answer, "reason": form.reason},
+            key=str(uuid.uuid4()))
+        if got.ok:
+            said = (f"Answered {form.answer}." if got.body.get("accepted") else
+                    f"Not taken — {got.body.get('code')}: {got.body.get('message')}")
+        else:
+            said = f"Nothing was done — {got.problem}"
+        return _html(pages.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
+
+    @get("/reviews/{pending_id:str}", include_in_schema=False)
+    @_page
+    async def review(request: Request[Any, Any, Any], viewer: Viewer,
+                     pending_id: str) -> Response[str]:
+        """A review the run's agent asked for."""
+        return _html(pages.review_page(viewer, pending_id))
+
+    @post("/reviews/{pending_id:str}", include_in_schema=False, status_code=200)
+    @_page
+    async def answer_review(request: Request[Any, Any, Any], viewer: Viewer,
+                            pending_id: str) -> Response[str]:
+        """Approve or reject a review, with a comment."""
+        form = await _form(request, viewer, _ReviewForm)
+        got = await client.post(viewer, f"/reviews/{pending_id}", {
+            "answer": form.answer, "comment": form.comment}, key=str(uuid.uuid4()))
+        if got.ok:
+            said = (f"Answered {form.answer}." if got.body.get("accepted") else
+                    f"Not taken — {got.body.get('code')}: {got.body.get('message', '')}")
+        else:
+            said = f"Nothing was done — {got.problem}"
+        return _html(pages.review_page(viewer, pending_id, answered=said))
+
+    async def _run(request: Request[Any, Any, Any], viewer: Viewer, run_id: str,
+                   replay: dict[str, Any] | None = None) -> Response[str]:
+        got = await client.get(viewer, f"/runs/{run_id}")
+        if not got.ok:
+            raise _not_found(got, "run")
+        steps = await _timeline(client, viewer, run_id)
+        journals = None
+        if AUDITOR_ROLE in viewer.roles:
+            verified = await client.get(viewer, "/audit/verify")
+            journals = verified.body if verified.ok else {"ok": False, "journals": []}
+        return _html(pages.run_page(viewer, got.body, steps, journals=journals,
+                                    replay=replay))
+
+    @get("/runs", include_in_schema=False)
+    @_page
+    async def find_run(request: Request[Any, Any, Any], viewer: Viewer,
+                       run_id: Annotated[str, QueryParameter(max_length=128)] = ""
+                       ) -> Response[str]:
+        """A run by its id (the inbox's form): its page."""
+        if not run_id:
+            raise _Bad(404, "Not found", "no run of your tenant under this id")
+        return _html("", 303, headers={"Location": f"/console/runs/{quote(run_id, safe='')}"})
+
+    @get("/runs/{run_id:str}", include_in_schema=False)
+    @_page
+    async def run(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
+                  ) -> Response[str]:
+        """A run's timeline, actions and outcomes; the journal for auditors."""
+        return await _run(request, viewer, run_id)
+
+    @get("/runs/{run_id:str}/status", include_in_schema=False)
+    @_page
+    async def run_state(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
+                        ) -> Response[str]:
+        """Where the run stands, for its page to follow."""
+        got = await client.get(viewer, f"/runs/{run_id}")
+        if not got.ok:
+            raise _not_found(got, "run")
+        return _html(pages.run_status(got.body))
+
+    @post("/runs/{run_id:str}/replay", include_in_schema=False, status_code=200)
+    @_page
+    async def replay(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
+                     ) -> Response[str]:
+        """Replay the run offline from the journal (auditors)."""
+        await _form(request, viewer, _Form)
+        got = await client.post(viewer, f"/audit/replay/{run_id}", None)
+        if not got.ok:
+            raise _not_found(got, "run")
+        return await _run(request, viewer, run_id, replay=got.body)
+
+    @get("/sign-in", include_in_schema=False)
+    async def sign_in(request: Request[Any, Any, Any],
+                      token: Annotated[str, QueryParameter(max_length=_MAX_TOKEN)] = ""
+                      ) -> Response[str]:
+        """Use a one-time sign-in link: a session bound to the token's expiry."""
+        try:
+            session_id, viewer = await sessions.sign_in(token)
+        except Refused as exc:
+            return _html(pages.message_page("Sign-in refused", exc.reason), exc.status)
+        max_age = max(1, int(viewer.expires - datetime.now(UTC).timestamp()))
+        secure = request.url.scheme == "https" or (
+            request.headers.get("x-forwarded-proto", "") == "https")
+        cookie = Cookie(key=COOKIE, value=session_id, path="/console", max_age=max_age,
+                        httponly=True, samesite="strict", secure=secure)
+        return _html(pages.message_page("Signed in", "Opening your inbox…"), 303,
+                     cookies=[cookie], headers={"Location": "/console/"})
+
+    @post("/sign-out", include_in_schema=False, status_code=200)
+    @_page
+    async def sign_out(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
+        """End the session."""
+        await _form(request, viewer, _Form)
+        await sessions.sign_out(request)
+        gone = Cookie(key=COOKIE, value="", path="/console", max_age=0, httponly=True,
+                      samesite="strict")
+        return _html(pages.message_page("Signed out", "Your session ended."), cookies=[gone])
+
+    @get("/static/{name:str}", include_in_schema=False)
+    async def asset(name: FromPath[str]) -> Response[bytes]:
+        """The console's script and style sheet."""
+        if name not in static:
+            return Response(b"not found", status_code=404, media_type="text/plain",
+                            headers=_HEADERS)
+        return Response(static[name], media_type=_TYPES[name],
+                        headers={**_HEADERS, "Cache-Control": "no-cache"})
+
+    return Router("/console", route_handlers=[
+        inbox, inbox_rows, proposal, outcome, approve, reject, decision, decide, review,
+        answer_review, find_run, run, run_state, replay, sign_in, sign_out, asset])
+
+
+def _filters(request: Request[Any, Any, Any]) -> tuple[str, str]:
+    kind = request.query_params.get("kind", "")
+    agent = request.query_params.get("agent", "")
+    return (kind if kind in ("proposal", "decision", "review") else "", agent[:128])
+
+
+async def _timeline(client: ApiClient, viewer: Viewer, run_id: str) -> list[dict[str, Any]]:
+    """The run's committed steps, from its event stream (what has come within a moment)."""
+    steps: list[dict[str, Any]] = []
+    with anyio.move_on_after(3.0):
+        async with client.stream(viewer, f"/runs/{run_id}/events") as response:
+            if response.status_code != 200:
+                return steps
+            event, data = "", ""
+            async for line in response.aiter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data += line[5:].strip()
+                elif not line:
+                    if event == "step" and data:
+                        steps.append(msgspec.json.decode(data))
+                    if event == "result":
+                        break
+                    event, data = "", ""
+    return steps

@@ -1,0 +1,160 @@
+"""Who is looking at the console: the token, from a fronting proxy or a one-time sign-in.
+
+Production puts an identity-aware proxy in front of ingress; it authenticates the person and
+sets `Authorization: Bearer <token>` (the tenant issuer's EdDSA token, with the `approver` or
+`auditor` role) on every request it forwards. Locally, `writ console` mints such a token into a
+one-time sign-in link: its first use opens a session (an opaque id in an HttpOnly,
+SameSite=Strict cookie that lives as long as the token), a second use is refused. Sessions and
+used links are kept in a JetStream key-value bucket, so every ingress replica knows them.
+
+Every form carries a CSRF token derived from the caller's token (HMAC): a page of another site
+can neither read it nor compute it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import jwt
+import msgspec
+from litestar import Request
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from services.ingress.logic import (
+    APPROVER_ROLE,
+    AUDITOR_ROLE,
+    MAX_TOKEN_TTL_S,
+    Rejection,
+    token_tenant,
+)
+
+if TYPE_CHECKING:  # the HTTP door imports the console: only its type is needed here
+    from services.ingress.http._api import Door
+
+__all__ = ["BUCKET", "COOKIE", "Refused", "Sessions", "Viewer"]
+
+BUCKET: Final = "WRIT_CONSOLE"
+COOKIE: Final = "writ_console"
+CONSOLE_ROLES: Final = frozenset({APPROVER_ROLE, AUDITOR_ROLE})
+_CSRF_LABEL: Final = b"writ-console-csrf-v1"
+
+
+class Viewer(msgspec.Struct, frozen=True, kw_only=True):
+    """A verified person at the console."""
+
+    tenant: str
+    principal: str
+    roles: frozenset[str]
+    token: str
+    expires: float
+
+    @property
+    def csrf(self) -> str:
+        """The CSRF token of this viewer's forms."""
+        return hmac.new(self.token.encode(), _CSRF_LABEL, hashlib.sha256).hexdigest()
+
+    def csrf_ok(self, sent: str) -> bool:
+        """Whether a form's CSRF token is this viewer's."""
+        return hmac.compare_digest(self.csrf.encode(), sent.encode())
+
+
+class Refused(Exception):
+    """Nobody may see the console with this request; `reason` is safe to show."""
+
+    def __init__(self, reason: str, *, status: int = 401) -> None:
+        super().__init__(reason)
+        self.reason, self.status = reason, status
+
+
+class _Session(msgspec.Struct, frozen=True):
+    token: str
+    expires: float
+
+
+def _digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+class Sessions:
+    """Sign-in links used, and sessions open."""
+
+    def __init__(self, kv: KeyValue, door: Door) -> None:
+        self._kv, self._door = kv, door
+        self._decoder = msgspec.json.Decoder(_Session)
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET) -> Sessions:
+        """The bucket, created on first use; entries outlive the longest token a little."""
+        try:
+            kv = await js.key_value(bucket)
+        except BucketNotFoundError:
+            kv = await js.create_key_value(KeyValueConfig(
+                bucket=bucket, history=1, ttl=MAX_TOKEN_TTL_S + 300, max_value_size=16 * 1024,
+                description="The approval console's sessions and used sign-in links"))
+        return cls(kv, door)
+
+    def verify(self, token: str) -> Viewer:
+        """The viewer a token names (signature, audience, expiry and lifetime checked as the
+        API does), if it holds a console role."""
+        tenant = token_tenant(token)
+        checked = self._door.check_token(token, tenant=tenant)
+        if isinstance(checked, Rejection):
+            raise Refused(f"{checked.code}: {checked.message}"[:300])
+        principal, roles = checked
+        if not CONSOLE_ROLES & set(roles):
+            raise Refused("this console is for approvers and auditors: the token has neither "
+                          "role", status=403)
+        claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
+        return Viewer(tenant=tenant, principal=principal, roles=frozenset(roles), token=token,
+                      expires=float(claims["exp"]))
+
+    async def sign_in(self, token: str) -> tuple[str, Viewer]:
+        """Use a one-time sign-in link: a new session's id and its viewer.
+
+        Raises:
+            Refused: the token does not check out, or the link was used already.
+        """
+        viewer = self.verify(token)
+        try:
+            await self._kv.create(f"used.{_digest(token)}", b"1")
+        except KeyWrongLastSequenceError:
+            raise Refused("this sign-in link was used already; ask for a new one") from None
+        session_id = secrets.token_urlsafe(32)
+        await self._kv.put(f"session.{_digest(session_id)}", msgspec.json.encode(
+            _Session(token=token, expires=viewer.expires)))
+        return session_id, viewer
+
+    async def viewer(self, request: Request[Any, Any, Any]) -> Viewer:
+        """Who sent this request: the proxy's bearer token, else the session's.
+
+        Raises:
+            Refused: neither, or what they name does not check out (any more).
+        """
+        header = request.headers.get("authorization", "")
+        scheme, _, bearer = header.partition(" ")
+        if scheme.lower() == "bearer" and bearer.strip():
+            return self.verify(bearer.strip())
+        session_id = request.cookies.get(COOKIE, "")
+        if not session_id or len(session_id) > 128:
+            raise Refused("not signed in")
+        try:
+            entry = await self._kv.get(f"session.{_digest(session_id)}")
+        except KeyNotFoundError:
+            raise Refused("the session ended; sign in again") from None
+        session = self._decoder.decode(entry.value or b"")
+        if session.expires <= time.time():
+            raise Refused("the session ended with its token; sign in again")
+        return self.verify(session.token)
+
+    async def sign_out(self, request: Request[Any, Any, Any]) -> None:
+        """End the request's session (a proxy's identity is the proxy's to end)."""
+        session_id = request.cookies.get(COOKIE, "")
+        if session_id and len(session_id) <= 128:
+            await self._kv.delete(f"session.{_digest(session_id)}")

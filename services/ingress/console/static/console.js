@@ -1,0 +1,72 @@
+// The console's only script (the Content-Security-Policy allows no other): answer forms are
+// sent once, the inbox and a proposal's outcome follow what happens elsewhere by polling.
+"use strict";
+
+function sendOnce(form) {
+  form.addEventListener("submit", (event) => {
+    if (form.dataset.sent) {
+      event.preventDefault();
+      return;
+    }
+    form.dataset.sent = "1";
+    // Disabled after the form's data is taken: the pressed button's value is still sent.
+    setTimeout(() => form.querySelectorAll("button").forEach((b) => { b.disabled = true; }), 0);
+  });
+}
+
+async function fetchText(url) {
+  const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+  return response.ok ? response.text() : null;
+}
+
+function pollInbox(rows) {
+  setInterval(async () => {
+    const text = await fetchText(rows.dataset.poll).catch(() => null);
+    if (text !== null && text !== rows.dataset.last) {
+      rows.dataset.last = text;
+      rows.innerHTML = text;
+    }
+  }, 2000);
+}
+
+function followOutcome(box) {
+  const timer = setInterval(async () => {
+    const text = await fetchText(box.dataset.poll).catch(() => null);
+    if (text === null) return;
+    const holder = document.createElement("div");
+    holder.innerHTML = text;
+    const fresh = holder.firstElementChild;
+    if (!fresh) return;
+    box.replaceWith(fresh);
+    box = fresh;
+    if (!fresh.classList.contains("state-pending")) {
+      // Answered here or elsewhere: the forms no longer apply.
+      document.querySelectorAll("form.answer").forEach((f) => f.remove());
+    }
+    if (fresh.dataset.final === "true") clearInterval(timer);
+  }, 1000);
+}
+
+function followRun(status) {
+  const timer = setInterval(async () => {
+    const text = await fetchText(status.dataset.poll).catch(() => null);
+    if (text === null) return;
+    const holder = document.createElement("div");
+    holder.innerHTML = text;
+    const fresh = holder.firstElementChild;
+    if (fresh && fresh.dataset.status !== status.dataset.status) {
+      clearInterval(timer);
+      window.location.reload();  // the timeline and the actions moved with it
+    }
+  }, 1000);
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.querySelectorAll("form[data-once]").forEach(sendOnce);
+  const rows = document.getElementById("inbox-rows");
+  if (rows) pollInbox(rows);
+  const box = document.getElementById("outcome");
+  if (box && box.dataset.final !== "true") followOutcome(box);
+  const run = document.getElementById("run-status");
+  if (run && !["succeeded", "failed", "cancelled"].includes(run.dataset.status)) followRun(run);
+});

@@ -1,0 +1,130 @@
+"""The console's pure parts: what a page shows and how, what a form may carry, CSRF."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+import pytest
+
+from actions import ACTIONS
+from services.ingress.console._pages import (
+    decision_page,
+    outcome_box,
+    proposal_final,
+    proposal_page,
+    time_left,
+)
+from services.ingress.console._routes import _DecideForm, _Form, _RejectForm
+from services.ingress.console._session import Viewer
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+def viewer(principal: str = "ops@acme.example", token: str = "t1",
+           roles: frozenset[str] = frozenset({"approver"})) -> Viewer:
+    return Viewer(tenant="acme", principal=principal, roles=roles, token=token,
+                  expires=NOW.timestamp() + 600)
+
+
+def proposal(**fields: object) -> dict[str, object]:
+    return {"proposal_id": "prop_1", "run_id": "run-1", "action": "crm.note.create",
+            "preview": {"customer_id": "ACME-42", "body": "<script>alert(1)</script> & more"},
+            "request_hash": "ab" * 32, "state": "pending", "requester": "alice@acme.example",
+            "agent": "crm-assistant", "created_at": NOW.isoformat(),
+            "expires_at": (NOW + timedelta(hours=1)).isoformat(), **fields}
+
+
+def test_a_preview_is_shown_in_words_escaped_never_as_json() -> None:
+    page = proposal_page(viewer(), proposal(), now=NOW)
+    assert "<script>alert" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
+    assert 'data-field="Customer record">ACME-42<' in page
+    assert '"customer_id"' not in page
+    assert 'id="approve"' in page and 'name="csrf"' in page
+
+
+def test_a_preview_its_contract_cannot_decode_is_not_shown_at_all() -> None:
+    page = proposal_page(viewer(), proposal(preview={"customer_id": 42}), now=NOW)
+    assert "cannot be shown" in page and "42" not in page.split("What approving it does")[1][:300]
+
+
+def test_the_requester_is_offered_no_approve_button_and_told_why() -> None:
+    page = proposal_page(viewer("alice@acme.example"), proposal(), now=NOW)
+    assert 'id="approve"' not in page and "another approver must approve it" in page
+    assert 'id="reject"' in page
+
+
+def test_an_expired_proposal_offers_no_answer() -> None:
+    page = proposal_page(viewer(), proposal(expires_at=(NOW - timedelta(seconds=1)).isoformat()),
+                         now=NOW)
+    assert 'id="approve"' not in page and 'id="reject"' not in page
+    assert "can no longer be approved" in page
+    assert time_left((NOW - timedelta(seconds=1)).isoformat(), NOW) == "expired"
+    assert time_left((NOW + timedelta(seconds=90)).isoformat(), NOW) == "1m 30s"
+
+
+def test_an_auditor_without_the_approver_role_cannot_answer() -> None:
+    page = proposal_page(viewer(roles=frozenset({"auditor"})), proposal(), now=NOW)
+    assert 'id="approve"' not in page and "Only approvers" in page
+
+
+@pytest.mark.parametrize(("command", "final", "said"), [
+    ("pending", False, "outcome: pending"), ("dispatching", False, "outcome: pending"),
+    ("succeeded", True, "outcome: succeeded (receipt re_1)"),
+    ("unknown", True, "outcome: needs_reconciliation"),
+    ("revision_required", True, "outcome: revision_required"),
+])
+def test_the_page_follows_a_command_until_its_outcome(command: str, final: bool,
+                                                      said: str) -> None:
+    p = proposal(state="executing", command_state=command, receipt="re_1", approved_by="ops")
+    assert proposal_final(p) is final
+    box = outcome_box(p, NOW)
+    assert said in box and f'data-final="{str(final).lower()}"' in box
+
+
+def test_a_revision_required_says_why() -> None:
+    p = proposal(state="executing", command_state="revision_required", approved_by="ops",
+                 command_reason="the line's discount changed since it was proposed")
+    assert ("outcome: revision_required: the line&#x27;s discount changed since it was "
+            "proposed") in outcome_box(p, NOW)
+
+
+def test_a_decision_offers_only_the_answers_its_case_allows() -> None:
+    decision = {"pending_id": "p1", "run_id": "r1", "agent": "a", "principal": "alice",
+                "tool": "tool:shell.run", "family": "execute_code", "first_argument": "ls",
+                "reason": "code", "options": ["once", "deny"], "attended": False,
+                "deadline": None, "created_at": NOW.isoformat()}
+    page = decision_page(viewer(), decision, now=NOW)
+    assert 'value="once"' in page and 'value="deny"' in page and 'value="always"' not in page
+
+
+def test_the_csrf_token_is_the_sessions_own_and_is_checked_in_constant_time() -> None:
+    one, other = viewer(token="token-one"), viewer(token="token-two")
+    assert one.csrf != other.csrf and len(one.csrf) == 64
+    assert one.csrf_ok(one.csrf) and not one.csrf_ok(other.csrf) and not one.csrf_ok("")
+
+
+def test_forms_are_closed_and_bounded() -> None:
+    with pytest.raises(msgspec.ValidationError, match="unknown field"):
+        msgspec.convert({"csrf": "x", "amount_cents": "1"}, _Form)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"csrf": "x", "reason": ""}, _RejectForm)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"csrf": "x", "reason": "r" * 501}, _RejectForm)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"csrf": "x", "answer": "forever"}, _DecideForm)
+
+
+def test_every_action_describes_its_preview_in_plain_text_lines() -> None:
+    email = ACTIONS["email.draft.apply"]
+    lines = email.describe(email.decode_preview(
+        {"subject": "Hi", "segment": "juniors", "recipients": 12, "body": "Hello"}))
+    assert lines == [("Audience", "12 recipients (juniors)"), ("Subject", "Hi"),
+                     ("Body", "Hello")]
+    charge = ACTIONS["payment.charge.create"]  # no describe of its own: one line a field
+    assert charge.describe(charge.decode_preview(
+        {"customer_id": "ACME-42", "amount_cents": 1200, "currency": "EUR",
+         "description": "Fee"})) == [
+        ("Customer id", "ACME-42"), ("Amount cents", "1200"), ("Currency", "EUR"),
+        ("Description", "Fee")]
