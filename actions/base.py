@@ -51,7 +51,7 @@ class Stale(Exception):
 class FactsRef(msgspec.Struct, frozen=True, kw_only=True):
     """Which state a preview stands on: `kind` names the reader, `id` the resource."""
 
-    kind: Literal["payment", "mail_draft"]
+    kind: Literal["payment", "mail_draft", "host_ticket"]
     id: str
 
 

@@ -31,7 +31,9 @@ __all__ = [
 ]
 
 MAX_READ_ITEMS: Final = 10
-ToolName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.]{0,127}(?!\n)$")]
+# A read tool of `READ_TOOLS`, or an `mcp:<server>/<tool>` capability (schemas/mcp.py).
+ToolName = Annotated[str, msgspec.Meta(
+    pattern=r"^([a-z][a-z0-9_.]{0,127}|mcp:[a-z][a-z0-9-]{0,31}/[A-Za-z][A-Za-z0-9_.-]{0,63})(?!\n)$")]
 
 
 class Evidence(msgspec.Struct, frozen=True, kw_only=True):
@@ -169,7 +171,8 @@ class ReadRefused(Event):
 
     run_id: Id
     tool: ToolName
-    code: Literal["UNKNOWN_TOOL", "INVALID_ARGUMENTS", "DENIED", "ASK", "UNAVAILABLE"]
+    code: Literal["UNKNOWN_TOOL", "INVALID_ARGUMENTS", "DENIED", "ASK", "UNAVAILABLE",
+                  "UNLISTED", "CHANGED"]
     reason: ShortText
     retryable: bool = False
     decision_id: Id | None = None
