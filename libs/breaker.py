@@ -24,15 +24,8 @@ from typing import Final, Literal
 
 import msgspec
 
-__all__ = [
-    "STATE_VALUES",
-    "Admission",
-    "BreakerState",
-    "Breakers",
-    "CircuitBreaker",
-    "Outcome",
-    "outcome_of",
-]
+# `BreakerState` and `Outcome` (Literal aliases) are importable too, outside `__all__`.
+__all__ = ["STATE_VALUES", "Admission", "Breakers", "CircuitBreaker", "outcome_of"]
 
 BreakerState = Literal["closed", "half_open", "open"]
 Outcome = Literal["success", "transient", "neutral"]
