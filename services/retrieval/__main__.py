@@ -34,11 +34,13 @@ def main() -> None:
         async with await connect_pool(settings.database_url, password=password,
                                       application_name="writ-retrieval") as pool:
             rt.health.watch_pool("postgres", pool)
+            store = RetrievalStore(pool)
             mcp = McpReads(nc=rt.nc, servers=ServerRegistry(settings.mcp_servers_file or None),
+                           classified=store.classified_schema,
                            decide_timeout_s=settings.decide_timeout_s,
                            listing_ttl_s=settings.mcp_listing_ttl_s,
                            breaker_cooldown_s=settings.mcp_breaker_cooldown_s)
-            svc = RetrievalService(rt=rt, store=RetrievalStore(pool),
+            svc = RetrievalService(rt=rt, store=store,
                                    decide_timeout_s=settings.decide_timeout_s, mcp=mcp)
             await svc.run(task_status=task_status)
 

@@ -6,7 +6,8 @@ arguments), so a run can only ever see its own tenant's rows. Retrieval's role m
 
 from __future__ import annotations
 
-from typing import Final
+import json
+from typing import Any, Final
 
 import asyncpg
 import msgspec
@@ -73,6 +74,13 @@ class RetrievalStore:
             evidence=[Evidence(document_id=r["document_id"], kind=r["kind"], title=r["title"],
                                text=r["body"], rank=float(r["rank"])) for r in rows[:limit]],
             truncated=len(rows) > limit or any(r["cut"] for r in rows[:limit]))
+
+    async def classified_schema(self, tenant: str, capability: str) -> dict[str, Any] | None:
+        """The input schema an operator classified `capability` with (None: unclassified)."""
+        raw = await self._pool.fetchval(
+            "SELECT input_schema FROM retrieval.mcp_tools WHERE tenant = $1 AND capability = $2",
+            tenant, capability)
+        return None if raw is None else json.loads(raw)
 
     async def customer(self, tenant: str, customer_id: str) -> CustomerRecord | None:
         """The tenant's customer `customer_id`; None if this tenant has no such customer."""

@@ -1,7 +1,7 @@
 """The path every `mcp:<server>/<tool>` read takes, in order, and nothing is sent before its end:
 
 1. the server is registered for the run's tenant and the tool is one Writ exposes;
-2. the arguments are within Writ's own bounds;
+2. the arguments are within Writ's own bounds and the input schema the operator classified;
 3. the tool's breaker admits the call (only transient failures count);
 4. the server lists its tools now (or within the listing's time to live), and the listing —
    every tool's digest and the whole listing's — is recorded by governance in its journal;
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import jsonschema
@@ -83,11 +83,14 @@ class _Refusal(Exception):
 class McpReads:
     """Executes `mcp:` reads, lists servers for operators, reads host facts for admission."""
 
-    def __init__(self, *, nc: Nats, servers: ServerRegistry, client: McpClient | None = None,
+    def __init__(self, *, nc: Nats, servers: ServerRegistry,
+                 classified: Callable[[str, str], Awaitable[dict[str, Any] | None]],
+                 client: McpClient | None = None,
                  decide_timeout_s: float = 2.0, listing_ttl_s: float = 30.0,
                  breaker_cooldown_s: float = 30.0,
                  on_breaker: Callable[[str, BreakerState], None] | None = None) -> None:
         self._nc, self._servers, self._client = nc, servers, client or McpClient()
+        self._classified = classified
         self._decide_timeout, self._ttl = decide_timeout_s, listing_ttl_s
         self._breakers = Breakers(threshold=3, cooldown_s=breaker_cooldown_s,
                                   on_change=on_breaker)
@@ -115,6 +118,15 @@ class McpReads:
         if len(self._encoder.encode(ask.arguments)) > MAX_ARGUMENT_BYTES:
             raise _Refusal("INVALID_ARGUMENTS", f"{ask.tool}: arguments over "
                                                 f"{MAX_ARGUMENT_BYTES} bytes")
+        # Against the schema the operator classified, before any request leaves (the live one
+        # is checked again once listed: an unclassified tool has only that one).
+        try:
+            classified = await self._classified(ask.tenant, ask.tool)
+        except Exception as exc:
+            raise _Refusal("UNAVAILABLE", f"{ask.tool}: its classification cannot be read now",
+                           retryable=True) from exc
+        if classified is not None:
+            _validate(ask.tool, classified, ask.arguments)
         breaker = self._breakers.for_tool(ask.tool)
         admission = breaker.admit()
         if not admission.allowed:
