@@ -36,7 +36,7 @@ def main() -> None:
             rt.health.watch_pool("postgres", pool)
             store = RetrievalStore(pool)
             mcp = McpReads(nc=rt.nc, servers=ServerRegistry(settings.mcp_servers_file or None),
-                           classified=store.classified_schema,
+                           classified=store.classification,
                            decide_timeout_s=settings.decide_timeout_s,
                            listing_ttl_s=settings.mcp_listing_ttl_s,
                            breaker_cooldown_s=settings.mcp_breaker_cooldown_s)

@@ -75,12 +75,13 @@ class RetrievalStore:
                                text=r["body"], rank=float(r["rank"])) for r in rows[:limit]],
             truncated=len(rows) > limit or any(r["cut"] for r in rows[:limit]))
 
-    async def classified_schema(self, tenant: str, capability: str) -> dict[str, Any] | None:
-        """The input schema an operator classified `capability` with (None: unclassified)."""
-        raw = await self._pool.fetchval(
-            "SELECT input_schema FROM retrieval.mcp_tools WHERE tenant = $1 AND capability = $2",
-            tenant, capability)
-        return None if raw is None else json.loads(raw)
+    async def classification(self, tenant: str, capability: str
+                             ) -> tuple[str, dict[str, Any]] | None:
+        """(digest, input schema) an operator classified `capability` with (None: nobody)."""
+        row = await self._pool.fetchrow(
+            "SELECT digest, input_schema FROM retrieval.mcp_tools "
+            "WHERE tenant = $1 AND capability = $2", tenant, capability)
+        return None if row is None else (row["digest"], json.loads(row["input_schema"]))
 
     async def customer(self, tenant: str, customer_id: str) -> CustomerRecord | None:
         """The tenant's customer `customer_id`; None if this tenant has no such customer."""

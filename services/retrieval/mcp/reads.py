@@ -40,6 +40,7 @@ from schemas.mcp import (
     RecordListing,
     ServerListing,
     ToolStatus,
+    capability,
     parse_capability,
 )
 from schemas.retrieval import ReadCapability, ReadItem, ReadRefused, ReadResult
@@ -84,7 +85,8 @@ class McpReads:
     """Executes `mcp:` reads, lists servers for operators, reads host facts for admission."""
 
     def __init__(self, *, nc: Nats, servers: ServerRegistry,
-                 classified: Callable[[str, str], Awaitable[dict[str, Any] | None]],
+                 classified: Callable[[str, str],
+                                      Awaitable[tuple[str, dict[str, Any]] | None]],
                  client: McpClient | None = None,
                  decide_timeout_s: float = 2.0, listing_ttl_s: float = 30.0,
                  breaker_cooldown_s: float = 30.0,
@@ -126,7 +128,7 @@ class McpReads:
             raise _Refusal("UNAVAILABLE", f"{ask.tool}: its classification cannot be read now",
                            retryable=True) from exc
         if classified is not None:
-            _validate(ask.tool, classified, ask.arguments)
+            _validate(ask.tool, classified[1], ask.arguments)
         breaker = self._breakers.for_tool(ask.tool)
         admission = breaker.admit()
         if not admission.allowed:
@@ -142,7 +144,7 @@ class McpReads:
             _validate(ask.tool, tool.input_schema, ask.arguments)
             decision = await self._decide(ask, tool.digest)
             if decision.verdict != "allow":
-                changed = listing.status[tool_name].state == "changed"
+                changed = classified is not None and classified[0] != tool.digest
                 raise _Refusal("CHANGED" if changed and decision.verdict == "deny"
                                else "DENIED" if decision.verdict == "deny" else "ASK",
                                decision.reason, decision=decision)
@@ -267,10 +269,13 @@ class McpReads:
 
             async def work(session: McpSession) -> FactsRead:
                 listing = await self._listing(session, ask.tenant, name)  # noqa: B023
-                status = listing.status.get(tool_name)  # noqa: B023
-                if status is None or status.state != "classified":
-                    raise RuntimeError(f"{name}/{tool_name} is "  # noqa: B023
-                                       f"{status.state if status else 'not listed'}")
+                tool = listing.tools.get(tool_name)  # noqa: B023
+                classified = await self._classified(
+                    ask.tenant, capability(name, tool_name))  # noqa: B023
+                if tool is None or classified is None or classified[0] != tool.digest:
+                    state = ("not listed" if tool is None else "unclassified"
+                             if classified is None else "changed since it was classified")
+                    raise RuntimeError(f"mcp:{name}/{tool_name} is {state}")  # noqa: B023
                 result = await session.call_tool(  # noqa: B023
                     tool_name, {_FACT_ARGUMENT[ask.kind]: ask.id})  # noqa: B023
                 if result.is_error or not isinstance(result.structured_content, dict):
