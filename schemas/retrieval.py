@@ -166,7 +166,9 @@ class ReadRefused(Event):
     the same request may succeed later; otherwise asking again changes nothing.
 
     `ASK`: governance wants a person (`pending_id`); once answered, ask again with
-    `approval_id` set to the answer's decision id.
+    `approval_id` set to the answer's decision id. `mcp:` reads only: `UNLISTED`, the server
+    did not list the tool (it is never called); `CHANGED`, the tool is not the one an operator
+    classified (refused until classified again).
     """
 
     run_id: Id
