@@ -26,7 +26,7 @@ from fakes.host import drive_run
 from schemas import subjects
 from schemas.governance import ListPending, PendingDecisions
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
-from tests.e2e.conftest import Host
+from tests.e2e.conftest import Host, replayed, service_violations
 from writ import mcp
 from writ.stack import SERVICES, Stack
 
@@ -50,6 +50,8 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
             deployment.start_all()
             _register(deployment)
             yield deployment
+            # Every service ran as itself: the new subjects are in its NATS permissions.
+            assert service_violations(deployment) == [], service_violations(deployment)
         finally:
             deployment.stop()
 
@@ -118,7 +120,7 @@ async def _settled(host: Host, request_id: str, timeout: float = 30) -> Any:
 
 
 async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_over_rest(
-        stack: Stack, helpdesk: httpx.AsyncClient, db: asyncpg.Connection) -> None:
+        stack: Stack, host: Host, helpdesk: httpx.AsyncClient, db: asyncpg.Connection) -> None:
     result = await drive_run(stack.api_url, tenant="acme", issuer=stack.issuer("acme"),
                              private_key_pem=stack.host_key("acme"),
                              principal="alice@acme.example", agent="helpdesk-assistant",
@@ -127,14 +129,14 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
     [action] = result.actions
     assert action.state == "succeeded" and action.receipt == "cmt_1"
     # The host's own record: exactly one comment, under Writ's key for the operation.
-    host = await state(helpdesk)
-    [comment] = host["comments"]
+    record = await state(helpdesk)
+    [comment] = record["comments"]
     assert comment["ticket_id"] == "T-1001"
     assert comment["body"].startswith("Sorry for the delay on order 7781")
     assert comment["idempotency_key"] == f"acme:{action.operation_id}"
-    assert host["tickets"]["T-1001"]["revision"] == "r2"
+    assert record["tickets"]["T-1001"]["revision"] == "r2"
     # ticket.get twice: the agent's read, and the preview's facts at proposal time.
-    assert host["tool_calls"] == {"ticket.get": 2, "customer.get": 1}
+    assert record["tool_calls"] == {"ticket.get": 2, "customer.get": 1}
     # Each hop is recorded: the reads and their decisions, the listing in the journal, the
     # preview that showed the ticket as the host had it, the command and its outcome.
     decisions = await db.fetch(
@@ -157,6 +159,9 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
         "SELECT state, receipt FROM admission.commands WHERE operation_id = $1::uuid",
         action.operation_id)
     assert (command["state"], command["receipt"]) == ("succeeded", "cmt_1")
+    # The run replays offline from the journal alone: the mcp: outputs were captured.
+    report = await replayed(host, db, result.run_id)
+    assert report.verdict == "identical", report
 
 
 async def test_a_lost_rest_response_is_replayed_under_the_same_key_to_one_comment(
