@@ -56,11 +56,11 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
             deployment.stop()
 
 
-def _register(stack: Stack) -> None:
+def _register(stack: Stack, timeout_s: float = 10.0) -> None:
     """As an operator would: the server exposes one more tool name than it lists."""
     mcp.add_server(stack.home, "acme", "helpdesk", url=f"{stack.host_url}/mcp",
                    credential_file=str(stack.secrets / "host-mcp.token"), tools=EXPOSED,
-                   facts={"host_ticket": "ticket.get"})
+                   facts={"host_ticket": "ticket.get"}, timeout_s=timeout_s)
 
 
 async def _classify(stack: Stack) -> None:
@@ -203,6 +203,21 @@ async def test_a_ticket_changed_after_its_preview_ends_revision_required(
     assert now["tickets"]["T-1001"]["revision"] == "r2"
 
 
+async def test_a_ticket_update_goes_over_rest_with_the_revision_the_preview_showed(
+        host: Host, helpdesk: httpx.AsyncClient) -> None:
+    # The host answers 503 twice first: nothing applied, retried under the same key.
+    await helpdesk.post("/_control/mode", json={"face": "rest", "mode": "fail", "count": 2})
+    command = host.command(action="host.ticket.update", agent="helpdesk-assistant",
+                           arguments={"ticket_id": "T-1002", "status": "solved"})
+    await host.submit(command)
+    result = await _settled(host, command.request_id, timeout=60)
+    assert result.status == "succeeded" and result.receipt == "r2", result
+    now = await state(helpdesk)
+    assert now["tickets"]["T-1002"]["status"] == "solved"
+    assert now["tickets"]["T-1002"]["revision"] == "r2" and now["rest_calls"] == 3
+    assert now["comments"] == []
+
+
 # -- what is refused, and why -------------------------------------------------------------
 
 
@@ -338,6 +353,22 @@ async def test_the_mcp_server_down_fails_reads_clearly_opens_the_breaker_and_rec
         assert isinstance(await read(admin, TICKET, {"ticket_id": "T-1002"}), ReadResult)
         two_reads = (await client.get("/_control/state")).json()
         assert two_reads["listings"] == 2 * one_read["listings"]
+
+
+async def test_a_slow_mcp_server_times_out_and_nothing_is_invented(
+        stack: Stack, admin: Any, helpdesk: httpx.AsyncClient) -> None:
+    _register(stack, timeout_s=1.0)
+    await helpdesk.post("/_control/mode", json={"face": "mcp", "mode": "slow", "delay_s": 3})
+    try:
+        refused = await read(admin, TICKET, {"ticket_id": "T-1001"})
+    finally:
+        await helpdesk.post("/_control/mode", json={"face": "mcp", "mode": "normal"})
+        _register(stack)
+    assert isinstance(refused, ReadRefused) and refused.code == "UNAVAILABLE", refused
+    assert refused.retryable and "did not answer" in refused.reason
+    assert (await state(helpdesk))["tool_calls"] == {}
+    # A success closes the breaker's count again.
+    assert isinstance(await read(admin, TICKET, {"ticket_id": "T-1001"}), ReadResult)
 
 
 async def test_a_wrong_mcp_credential_reads_nothing_and_says_so(
