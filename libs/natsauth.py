@@ -67,11 +67,11 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
     # Federation: retrieval has governance record each MCP listing, and serves operators'
     # listings and admission's host facts (it alone holds the MCP credential).
     "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE, subjects.MCP_LISTING),
-                  (subjects.READ, subjects.MCP_LIST, subjects.HOST_FACTS)),
+                  (subjects.READ, subjects.MCP_LIST, subjects.HOST_FACTS, subjects.MCP_CATALOG)),
     "planner": ("WRIT_INT", (
         "writ.int.runs.branch.*", "writ.out.results.*", "writ.int.proposals.*",
         "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
-        subjects.SETTLE,
+        subjects.SETTLE, subjects.MCP_CATALOG,
     ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS,
         reads.journal_verify("planner"))),
     "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (

@@ -23,12 +23,15 @@ __all__ = [
     "McpToolName",
     "ServerName",
     "ClassifyTool",
+    "DescribeTools",
+    "DescribedTool",
     "ListServer",
     "ListedTool",
     "ListingRecorded",
     "RecordListing",
     "ServerListing",
     "ToolClassified",
+    "ToolDescriptions",
     "ToolStatus",
     "capability",
     "parse_capability",
@@ -122,3 +125,27 @@ class ToolClassified(Event):
     ok: bool
     message: ShortText
     digest: str = ""
+
+
+class DescribeTools(Command):
+    """The planner asks how the operator classified a run's `mcp:` capabilities, for the
+    catalog a model is shown (request/reply `writ.int.retrieval.mcp.catalog`)."""
+
+    tenant: Tenant
+    capabilities: Annotated[list[ShortText], msgspec.Meta(max_length=MAX_LISTED_TOOLS)]
+
+
+class DescribedTool(msgspec.Struct, frozen=True, kw_only=True):
+    """A capability as classified: its family, and the description and input schema of the
+    listing the operator classified (never the server's live text)."""
+
+    capability: ShortText
+    family: Family
+    description: Text
+    input_schema: dict[str, Any]
+
+
+class ToolDescriptions(Event):
+    """The classified ones among the capabilities asked about (the others are absent)."""
+
+    tools: list[DescribedTool]

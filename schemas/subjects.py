@@ -19,6 +19,7 @@ __all__ = [
     "DECIDE_BATCH",
     "FACTS",
     "HOST_FACTS",
+    "MCP_CATALOG",
     "MCP_CLASSIFY",
     "MCP_LIST",
     "MCP_LISTING",
@@ -201,6 +202,9 @@ READ: Final = "writ.int.retrieval.read"
 MCP_LISTING: Final = "writ.int.governance.mcp.listing"
 MCP_CLASSIFY: Final = "writ.int.governance.mcp.classify"
 MCP_LIST: Final = "writ.int.retrieval.mcp.list"
+# The planner's catalog of a run's `mcp:` capabilities, as classified (`DescribeTools` ->
+# `ToolDescriptions`).
+MCP_CATALOG: Final = "writ.int.retrieval.mcp.catalog"
 HOST_FACTS: Final = "writ.int.retrieval.facts"
 # Replay a run offline from the planner's audit journal (`ReplayRun` -> `ReplayReport`).
 REPLAY: Final = "writ.int.planner.replay"

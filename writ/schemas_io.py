@@ -53,11 +53,13 @@ from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.journal import JournalCheckpoint
 from schemas.mcp import (
     ClassifyTool,
+    DescribeTools,
     ListingRecorded,
     ListServer,
     RecordListing,
     ServerListing,
     ToolClassified,
+    ToolDescriptions,
 )
 from schemas.planner import (
     BranchChanged,
@@ -93,6 +95,7 @@ MESSAGES: Final = (
     CancelRun, RunCancelRequested, GetRun, GetCommand, ListProposals, GetProposal,
     GetRunEvents, VerifyJournal, HostRead,
     RecordListing, ListingRecorded, ListServer, ServerListing, ClassifyTool, ToolClassified,
+    DescribeTools, ToolDescriptions,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

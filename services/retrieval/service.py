@@ -27,7 +27,7 @@ from schemas.base import MAX_MESSAGE_BYTES
 from schemas.dispatcher import ReadFacts
 from schemas.governance import DecideRequest, Decision
 from schemas.ingress import RunStarted
-from schemas.mcp import ListServer
+from schemas.mcp import DescribedTool, DescribeTools, ListServer, ToolDescriptions
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
 from services.retrieval.mcp import McpReads
 from services.retrieval.store import RetrievalStore
@@ -49,6 +49,7 @@ class RetrievalService:
         self._mcp = mcp
         self._list_decoder = msgspec.json.Decoder(ListServer)
         self._facts_decoder = msgspec.json.Decoder(ReadFacts)
+        self._describe_decoder = msgspec.json.Decoder(DescribeTools)
         self._decoder = msgspec.json.Decoder(RunStarted)
         self._read_decoder = msgspec.json.Decoder(ReadCapability)
         self._decision_decoder = msgspec.json.Decoder(Decision)
@@ -70,6 +71,7 @@ class RetrievalService:
         found = [Endpoint("read", subjects.READ, self._on_read)]
         if self._mcp is not None:
             found += [Endpoint("mcp_list", subjects.MCP_LIST, self._on_list),
+                      Endpoint("mcp_catalog", subjects.MCP_CATALOG, self._on_catalog),
                       Endpoint("host_facts", subjects.HOST_FACTS, self._on_facts)]
         return found
 
@@ -167,6 +169,21 @@ class RetrievalService:
             await request.respond_error("400", f"invalid ListServer: {exc}"[:500])
             return
         await request.respond(self._encoder.encode(await self._mcp.list_server(ask)))
+
+    async def _on_catalog(self, request: Request) -> None:
+        try:
+            ask = self._describe_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid DescribeTools: {exc}"[:500])
+            return
+        try:
+            rows = await self._store.described(ask.tenant, list(ask.capabilities))
+        except Exception as exc:
+            log.warning("mcp catalog not read: %r", exc)
+            await request.respond_error("503", "the classification cannot be read now")
+            return
+        answer = ToolDescriptions(tools=[msgspec.convert(r, DescribedTool) for r in rows])
+        await request.respond(self._encoder.encode(answer))
 
     async def _on_facts(self, request: Request) -> None:
         assert self._mcp is not None

@@ -83,6 +83,16 @@ class RetrievalStore:
             "WHERE tenant = $1 AND capability = $2", tenant, capability)
         return None if row is None else (row["digest"], json.loads(row["input_schema"]))
 
+    async def described(self, tenant: str, capabilities: list[str]) -> list[dict[str, Any]]:
+        """The classified ones among `capabilities`: family, description and input schema as
+        the operator classified them."""
+        rows = await self._pool.fetch(
+            "SELECT capability, family, description, input_schema FROM retrieval.mcp_tools "
+            "WHERE tenant = $1 AND capability = ANY($2::text[])", tenant, capabilities)
+        return [{"capability": r["capability"], "family": r["family"],
+                 "description": r["description"],
+                 "input_schema": json.loads(r["input_schema"])} for r in rows]
+
     async def customer(self, tenant: str, customer_id: str) -> CustomerRecord | None:
         """The tenant's customer `customer_id`; None if this tenant has no such customer."""
         row = await self._pool.fetchrow(_CUSTOMER, tenant, customer_id)

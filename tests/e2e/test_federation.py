@@ -8,6 +8,7 @@ pull is seen on the next read) and the `mcp:` breaker cools down in seconds, not
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
@@ -159,6 +160,15 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
         "SELECT state, receipt FROM admission.commands WHERE operation_id = $1::uuid",
         action.operation_id)
     assert (command["state"], command["receipt"]) == ("succeeded", "cmt_1")
+    # The catalog the model was shown: the classified listing, not the server's live text.
+    snapshot = json.loads(await db.fetchval(
+        "SELECT manifest FROM planner.runs WHERE run_id = $1", result.run_id))
+    entries = {e["ref"]: e for e in snapshot["catalog"]}
+    ticket = entries[TICKET]
+    assert ticket["grants"]["family"] == "read"
+    assert ticket["inputs"]["required"] == ["ticket_id"]
+    assert "As classified: Read one ticket" in ticket["description"]
+    assert entries[CUSTOMER]["grants"]["family"] == "read_personal"
     # The run replays offline from the journal alone: the mcp: outputs were captured.
     report = await replayed(host, db, result.run_id)
     assert report.verdict == "identical", report

@@ -59,12 +59,15 @@ from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.journal import JournalCheckpoint
 from schemas.mcp import (
     ClassifyTool,
+    DescribedTool,
+    DescribeTools,
     ListedTool,
     ListingRecorded,
     ListServer,
     RecordListing,
     ServerListing,
     ToolClassified,
+    ToolDescriptions,
     ToolStatus,
 )
 from schemas.planner import (
@@ -250,6 +253,10 @@ SAMPLES: dict[type, Any] = {
     ClassifyTool: ClassifyTool(tenant="acme", server="helpdesk", tool="ticket.get",
                                family="read", classified_by="ops@acme.example"),
     ToolClassified: ToolClassified(ok=True, message="classified", digest="b" * 64),
+    DescribeTools: DescribeTools(tenant="acme", capabilities=["mcp:helpdesk/ticket.get"]),
+    ToolDescriptions: ToolDescriptions(tools=[DescribedTool(
+        capability="mcp:helpdesk/ticket.get", family="read", description="Read one ticket.",
+        input_schema={"type": "object"})]),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(
