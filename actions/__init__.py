@@ -12,6 +12,8 @@ from typing import Any, Final
 from actions.base import ActionContract, Family
 from actions.crm_note_create import CrmNoteCreate
 from actions.email_draft_apply import EmailDraftApply
+from actions.host_ticket_comment_create import HostTicketCommentCreate
+from actions.host_ticket_update import HostTicketUpdate
 from actions.payment_charge_create import PaymentChargeCreate
 from actions.payment_refund import PaymentRefund
 from actions.writ_noop import WritNoop
@@ -21,5 +23,6 @@ __all__ = ["ACTIONS", "ActionContract", "Family"]
 ACTIONS: Final[dict[str, ActionContract[Any, Any, Any, Any]]] = {
     contract.name: contract
     for contract in (CrmNoteCreate(), PaymentChargeCreate(), PaymentRefund(),
-                     EmailDraftApply(), WritNoop())
+                     EmailDraftApply(), WritNoop(), HostTicketCommentCreate(),
+                     HostTicketUpdate())
 }

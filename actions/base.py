@@ -52,7 +52,7 @@ class Stale(Exception):
 class FactsRef(msgspec.Struct, frozen=True, kw_only=True):
     """Which state a preview stands on: `kind` names the reader, `id` the resource."""
 
-    kind: Literal["payment", "mail_draft"]
+    kind: Literal["payment", "mail_draft", "host_ticket"]
     id: str
 
 
@@ -66,6 +66,10 @@ class ProviderCall(msgspec.Struct, frozen=True, kw_only=True):
     path: str
     body: dict[str, Any]
     receipt: str  # the response field naming what was made
+    method: Literal["POST", "PATCH"] = "POST"
+    # The revision the preview showed, frozen with the arguments: the provider refuses (412) if
+    # the record moved on since (a command's own `expected_revision`, when set, comes first).
+    if_match: str | None = None
 
 
 class ProviderLookup(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,12 +21,13 @@ from pathlib import Path
 import anyio
 
 from bench.http import http_path
+from bench.mcp_read import mcp_read
 from bench.phases import SCALE, Bench, BenchError
 from bench.report import Report
 from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
 
-PHASES = ("journal_verify", "command_path", "run_path", "decide")
+PHASES = ("journal_verify", "command_path", "run_path", "decide", "mcp_read")
 _ONLY = frozenset(filter(None, os.environ.get("BENCH_PHASES", "").replace(" ", "").split(",")))
 
 
@@ -55,13 +56,15 @@ def _run(stack: Stack, report: Report) -> None:
     _phase(report, "journal_verify", functools.partial(journal_verify, stack, report))
     print("\nStarting the simulated CRM and the six services…", flush=True)
     stack.start_crm()
+    stack.start_host()
     stack.start_services()
     anyio.run(stack.wait_ready)
     bench.ports = {name: stack.metrics_port(name) for name in SERVICES}
     # BENCH_PHASES (comma-separated) runs only those: e.g. `BENCH_PHASES=http_path`.
     wanted = set(filter(None, os.environ.get("BENCH_PHASES", "").split(",")))
     for name, phase in (("command_path", bench.command_path), ("run_path", bench.run_path),
-                        ("http_path", lambda: http_path(bench)), ("decide", bench.decide)):
+                        ("http_path", lambda: http_path(bench)), ("decide", bench.decide),
+                        ("mcp_read", lambda: mcp_read(bench))):
         if not wanted or name in wanted:
             _phase(report, name, phase)
     bench.warnings()

@@ -69,20 +69,25 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         "$JS.API.STREAM.CREATE.KV_WRIT_CONSOLE", "$JS.API.STREAM.MSG.GET.KV_WRIT_CONSOLE",
         "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE", "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE.>",
     ), ("writ.out.results.*", host_read("*", "*"))),
-    "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE), (subjects.READ,)),
+    # Federation: retrieval has governance record each MCP listing, and serves operators'
+    # listings and admission's host facts (it alone holds the MCP credential).
+    "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE, subjects.MCP_LISTING),
+                  (subjects.READ, subjects.MCP_LIST, subjects.HOST_FACTS, subjects.MCP_CATALOG)),
     "planner": ("WRIT_INT", (
         "writ.int.runs.branch.*", "writ.out.results.*", "writ.int.proposals.*",
         "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
-        subjects.SETTLE,
+        subjects.SETTLE, subjects.MCP_CATALOG,
     ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS, reads.REVIEWS_LIST,
         reads.journal_verify("planner"))),
     "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (
         subjects.DECIDE, subjects.DECIDE_BATCH, subjects.REGISTER_RUN, subjects.PENDING_LIST,
         subjects.ANSWER, subjects.RESERVE, subjects.SETTLE, reads.journal_verify("governance"),
+        subjects.MCP_LISTING, subjects.MCP_CLASSIFY,
     )),
     "admission": ("WRIT_INT", (
         "writ.out.results.*", "writ.int.refused.*", "writ.cmd.*", "writ.int.admitted.*",
-        subjects.FACTS, subjects.ANSWER, subjects.DECIDE, subjects.DECIDE_BATCH,
+        subjects.FACTS, subjects.HOST_FACTS, subjects.ANSWER, subjects.DECIDE,
+        subjects.DECIDE_BATCH,
     ), (reads.COMMAND_STATUS, reads.PROPOSALS_LIST, reads.PROPOSAL_GET,
         reads.journal_verify("admission"))),
     "dispatcher": ("WRIT_CMD", ("writ.int.outcomes.*.*", subjects.DECIDE),

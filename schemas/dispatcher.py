@@ -87,7 +87,7 @@ class ReadFacts(Command):
     """Admission asks for the state a proposal's preview will stand on (a payment, a draft)."""
 
     tenant: Tenant
-    kind: Literal["payment", "mail_draft"]
+    kind: Literal["payment", "mail_draft", "host_ticket"]
     id: ShortText
 
 

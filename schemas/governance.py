@@ -7,7 +7,17 @@ from typing import Annotated, Final, Literal
 
 import msgspec
 
-from schemas.base import AgentName, Command, Event, Family, Id, Principal, ShortText, Tenant
+from schemas.base import (
+    AgentName,
+    Command,
+    Digest,
+    Event,
+    Family,
+    Id,
+    Principal,
+    ShortText,
+    Tenant,
+)
 
 __all__ = [
     "AGENT_CALL_PREFIX",
@@ -60,6 +70,9 @@ class DecideRequest(Command):
     # At dispatch: the decision the command was admitted under. If it is a person's answer to
     # exactly this call, it stands in for a grant (denials and revocations still come first).
     approval_id: Id | None = None
+    # For an `mcp:` tool: the digest of the tool as retrieval listed it just now. A digest that
+    # is not the one the operator classified is refused (the tool changed, or was never listed).
+    tool_digest: Digest | None = None
 
 
 class Decision(Event):

@@ -31,7 +31,9 @@ __all__ = [
 ]
 
 MAX_READ_ITEMS: Final = 10
-ToolName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9_.]{0,127}(?!\n)$")]
+# A read tool of `READ_TOOLS`, or an `mcp:<server>/<tool>` capability (schemas/mcp.py).
+ToolName = Annotated[str, msgspec.Meta(
+    pattern=r"^([a-z][a-z0-9_.]{0,127}|mcp:[a-z][a-z0-9-]{0,31}/[A-Za-z][A-Za-z0-9_.-]{0,63})(?!\n)$")]
 
 
 class Evidence(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,12 +166,15 @@ class ReadRefused(Event):
     the same request may succeed later; otherwise asking again changes nothing.
 
     `ASK`: governance wants a person (`pending_id`); once answered, ask again with
-    `approval_id` set to the answer's decision id.
+    `approval_id` set to the answer's decision id. `mcp:` reads only: `UNLISTED`, the server
+    did not list the tool (it is never called); `CHANGED`, the tool is not the one an operator
+    classified (refused until classified again).
     """
 
     run_id: Id
     tool: ToolName
-    code: Literal["UNKNOWN_TOOL", "INVALID_ARGUMENTS", "DENIED", "ASK", "UNAVAILABLE"]
+    code: Literal["UNKNOWN_TOOL", "INVALID_ARGUMENTS", "DENIED", "ASK", "UNAVAILABLE",
+                  "UNLISTED", "CHANGED"]
     reason: ShortText
     retryable: bool = False
     decision_id: Id | None = None

@@ -18,6 +18,11 @@ __all__ = [
     "DECIDE",
     "DECIDE_BATCH",
     "FACTS",
+    "HOST_FACTS",
+    "MCP_CATALOG",
+    "MCP_CLASSIFY",
+    "MCP_LIST",
+    "MCP_LISTING",
     "DISPATCH_IN",
     "GOVERNANCE_IN",
     "PENDING_LIST",
@@ -189,6 +194,18 @@ SETTLE: Final = "writ.int.governance.settle"
 # Execute a read tool for a run (`ReadCapability` -> `ReadResult` | `ReadRefused`), after
 # governance's `decide`; the tools and their catalog are `schemas.retrieval.READ_TOOLS`.
 READ: Final = "writ.int.retrieval.read"
+# Federation (schemas/mcp.py): retrieval records each `tools/list` with governance
+# (`RecordListing` -> `ListingRecorded`); an operator lists a server now through retrieval
+# (`ListServer` -> `ServerListing`) and classifies a tool with governance (`ClassifyTool` ->
+# `ToolClassified`); admission reads a host record a preview stands on through retrieval
+# (`ReadFacts` -> `FactsRead`), the only holder of the MCP credential.
+MCP_LISTING: Final = "writ.int.governance.mcp.listing"
+MCP_CLASSIFY: Final = "writ.int.governance.mcp.classify"
+MCP_LIST: Final = "writ.int.retrieval.mcp.list"
+# The planner's catalog of a run's `mcp:` capabilities, as classified (`DescribeTools` ->
+# `ToolDescriptions`).
+MCP_CATALOG: Final = "writ.int.retrieval.mcp.catalog"
+HOST_FACTS: Final = "writ.int.retrieval.facts"
 # Replay a run offline from the planner's audit journal (`ReplayRun` -> `ReplayReport`).
 REPLAY: Final = "writ.int.planner.replay"
 

@@ -131,6 +131,26 @@ def _reconcile(args: argparse.Namespace) -> int:
                      args.evidence, args.by)
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    """`writ mcp add|list|classify`: federation reads (writ/mcp.py)."""
+    import anyio
+
+    from writ import mcp
+
+    if args.action == "add":
+        mcp.add_server(Path(args.home), args.tenant, args.server, url=args.url,
+                       credential_file=str(Path(args.credential_file).resolve()),
+                       tools=args.tool, facts=dict(f.split("=", 1) for f in args.facts))
+        print(f"{args.server} registered for {args.tenant}; retrieval picks it up, no restart")
+        return 0
+    if args.action == "list":
+        listing = anyio.run(mcp.list_server, _nats_url(args), args.tenant, args.server)
+        return 0 if listing.ok else 1
+    answer = anyio.run(mcp.classify, _nats_url(args), args.tenant, args.server, args.tool,
+                       args.family, args.by)
+    return 0 if answer.ok else 1
+
+
 def _pending(args: argparse.Namespace) -> int:
     import anyio
 
@@ -487,6 +507,30 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--evidence", required=True, help="what was checked, and where")
     r.add_argument("--by", required=True, help="who established it")
     p.set_defaults(func=_reconcile)
+
+    p = sub.add_parser("mcp", help="a tenant's host MCP servers: register, list, classify")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--nats-url", default="")
+    p.add_argument("--tenant", default="acme")
+    m = p.add_subparsers(dest="action", required=True)
+    a = m.add_parser("add", help="register a server: URL, credential file, exposed tools")
+    a.add_argument("server")
+    a.add_argument("--url", required=True)
+    a.add_argument("--credential-file", required=True, help="a secret only retrieval reads")
+    a.add_argument("--tool", action="append", default=[], help="a tool Writ exposes")
+    a.add_argument("--facts", action="append", default=[],
+                   help="KIND=TOOL: the tool previews read a host record with")
+    m2 = m.add_parser("list", help="list the server's tools now (journaled), with each one's "
+                                   "standing and the server's hints")
+    m2.add_argument("server")
+    c = m.add_parser("classify", help="classify a tool's family as last listed")
+    c.add_argument("server")
+    c.add_argument("tool")
+    c.add_argument("--family", required=True,
+                   choices=["read", "read_personal", "write_delete", "send_external",
+                            "execute_code"])
+    c.add_argument("--by", required=True, help="the operator who classified it")
+    p.set_defaults(func=_mcp)
 
     p = sub.add_parser("pending", help="decisions waiting for a person")
     _operator_args(p)

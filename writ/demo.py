@@ -173,7 +173,7 @@ def run_demo(home: Path, *, serve: bool) -> int:
                   http_port=int(os.environ.get("WRIT_HTTP_PORT") or 0))
     supervisor: Supervisor | None = None
     try:
-        print("Starting NATS, PostgreSQL, the simulated CRM and payment provider, and "
+        print("Starting NATS, PostgreSQL, the simulated CRM, payment provider and helpdesk, and "
               "ingress, retrieval, planner, governance, admission, dispatcher…", flush=True)
         stack.start_all()
         started = time.monotonic()
@@ -181,6 +181,10 @@ def run_demo(home: Path, *, serve: bool) -> int:
         supervisor = Supervisor(stack, report=lambda what, detail: _line(started, what, detail))
         supervisor.start()
         code = anyio.run(_demo, stack, started)
+        if code == 0:  # scenario C: the host federates (writ/demo_federation.py)
+            from writ.demo_federation import scenario_c
+
+            code = 0 if anyio.run(scenario_c, stack, started, _describe) else 1
         if serve:
             print("\nPrometheus can scrape:")
             for name in SERVICES:

@@ -51,6 +51,16 @@ from schemas.host import (
 from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.journal import JournalCheckpoint
+from schemas.mcp import (
+    ClassifyTool,
+    DescribeTools,
+    ListingRecorded,
+    ListServer,
+    RecordListing,
+    ServerListing,
+    ToolClassified,
+    ToolDescriptions,
+)
 from schemas.planner import (
     BranchChanged,
     ProposeCommand,
@@ -84,6 +94,8 @@ MESSAGES: Final = (
     ReadCapability, ReadResult, ReadRefused, StepRecorded, BranchChanged, JournalCheckpoint,
     CancelRun, RunCancelRequested, GetRun, GetCommand, ListProposals, GetProposal,
     GetRunEvents, VerifyJournal, HostRead,
+    RecordListing, ListingRecorded, ListServer, ServerListing, ClassifyTool, ToolClassified,
+    DescribeTools, ToolDescriptions,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

@@ -85,6 +85,7 @@ class Stack:
         self.extra_env = extra_env or {}
         self.crm_url = ""
         self.payments_url = ""
+        self.host_url = ""  # the simulated host product (fakes/host.py): MCP + REST
         # The HTTP API's port: 0 lets ingress take a free one (`api_url` reads which).
         self.http_port = http_port
         self.secrets = self.home / "secrets"
@@ -166,6 +167,7 @@ class Stack:
         self.start_infrastructure()
         anyio.run(self.provision)
         self.start_crm()
+        self.start_host()
         self.start_services()
         anyio.run(self.wait_ready)
 
@@ -182,7 +184,7 @@ class Stack:
             _write_secret(self.secrets / f"pg-{name}.password", password)
         await self._auditor()
         await self._eval_recorder()
-        for connector in ("crm", "payments"):
+        for connector in ("crm", "payments", "host-mcp", "host-rest"):
             token = self.secrets / f"{connector}.token"
             if not token.exists():
                 _write_secret(token, secrets.token_urlsafe(32))
@@ -328,6 +330,12 @@ class Stack:
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
                 "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') "
                 "ON CONFLICT DO NOTHING", [("crm-assistant",), ("research-assistant",)])
+            # Scenario C: the helpdesk agent may comment on the host's tickets and read its
+            # customers (personal data) without asking.
+            await conn.executemany(
+                "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+                "VALUES ('acme', 'helpdesk-assistant', $1, 'admin@acme.example') "
+                "ON CONFLICT DO NOTHING", [("write_delete",), ("read_personal",)])
             # The host application's mail module: drafts and audiences `email.draft.apply`
             # reads (the dispatcher's role may read them, never change them).
             mail = json.loads((_DEMO / "mail.json").read_text())
@@ -360,6 +368,26 @@ class Stack:
             client.post("/_control/reset").raise_for_status()
         for payment in json.loads((_DEMO / "payments.json").read_text()):
             client.post("/_control/payments", json=payment).raise_for_status()
+
+    # -- federation (scenario C): the host product --------------------------------------------
+
+    def start_host(self, *, port: int = 0) -> None:
+        """The simulated host product (its MCP server and its REST API), registered as the
+        `helpdesk` MCP server of tenant acme. Two credentials: the MCP one only retrieval is
+        given (through the registration), the REST one only the dispatcher."""
+        from writ.mcp import add_server
+
+        ready = self.home / "host.url"
+        ready.unlink(missing_ok=True)
+        self._spawn("host", [sys.executable, "-m", "fakes.host", "--port", str(port),
+                             "--mcp-token-file", str(self.secrets / "host-mcp.token"),
+                             "--rest-token-file", str(self.secrets / "host-rest.token"),
+                             "--ready-file", str(ready)], {})
+        self.host_url = _wait_file(ready, self.procs["host"], 20).strip()
+        add_server(self.home, "acme", "helpdesk", url=f"{self.host_url}/mcp",
+                   credential_file=str(self.secrets / "host-mcp.token"),
+                   tools=["tickets.search", "ticket.get", "customer.get"],
+                   facts={"host_ticket": "ticket.get"})
 
     def _start_fake(self, name: str) -> str:
         ready = self.home / f"{name}.url"
@@ -396,7 +424,12 @@ class Stack:
         if name == "planner":
             env["WRIT_DECISIONS_FILE"] = str(self.decisions_file)
             env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")
+        if name == "retrieval":
+            env["WRIT_MCP_SERVERS_FILE"] = str(self.config / "mcp-servers.json")
         if name == "dispatcher":
+            if self.host_url:
+                env["WRIT_HOST_URL"] = self.host_url
+                env["WRIT_HOST_TOKEN_FILE"] = str(self.secrets / "host-rest.token")
             env["WRIT_CRM_URL"] = self.crm_url
             env["WRIT_CRM_TOKEN_FILE"] = str(self.secrets / "crm.token")
             env["WRIT_PAYMENTS_URL"] = self.payments_url
@@ -505,7 +538,7 @@ class Stack:
         The services are told to drain all at once and waited for together (one after another,
         Ctrl-C on `make run` took the sum of six drains), then the fakes they were calling.
         """
-        fakes = ("crm", "payments")
+        fakes = ("crm", "payments", "host")
         for group in ([n for n in self.procs if n not in fakes], list(fakes)):
             with self.lock:
                 procs = [p for p in (self.procs.pop(n, None) for n in group) if p is not None]

@@ -353,12 +353,15 @@ class AdmissionService:
         if ref is None:
             return None
         ask = ReadFacts(tenant=tenant, kind=ref.kind, id=ref.id)
+        # A host record is read through the host's MCP server, by retrieval (the only holder of
+        # that credential); everything else by the dispatcher.
+        subject = subjects.HOST_FACTS if ref.kind == "host_ticket" else subjects.FACTS
         try:
-            reply = await self._rt.nc.request(subjects.FACTS, self._encoder.encode(ask),
+            reply = await self._rt.nc.request(subject, self._encoder.encode(ask),
                                               timeout=self._decide_timeout,
                                               headers=inject_context({}))
         except (NatsTimeoutError, NoRespondersError) as exc:
-            raise RetryableError(f"the dispatcher did not read {ref.kind}: {exc!r}",
+            raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}",
                                  delay=1.0) from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
             raise RetryableError(f"reading {ref.kind} failed: "

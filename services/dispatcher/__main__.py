@@ -15,6 +15,7 @@ from libs.settings import BaseSettings, load_settings, read_secret
 from services.dispatcher.connectors import (
     Connector,
     CrmConnector,
+    HostConnector,
     NoopConnector,
     PaymentConnector,
 )
@@ -32,6 +33,9 @@ class DispatcherSettings(BaseSettings, frozen=True, kw_only=True):
     payments_url: str = ""
     payments_token_file: str = ""
     payments_queryable: bool = False
+    # The host product's REST write API (scenario C) and its write credential.
+    host_url: str = ""
+    host_token_file: str = ""
     noop_connector: bool = True  # `writ.noop`: a canary through the whole governed path
     lease_s: float = 30.0
     call_timeout_s: float = 10.0
@@ -56,6 +60,7 @@ def main() -> None:
     crm_token = read_secret(settings.crm_token_file)
     payments_token = (read_secret(settings.payments_token_file)
                       if settings.payments_url else "")
+    host_token = read_secret(settings.host_token_file) if settings.host_url else ""
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         connectors: dict[str, Connector] = {
@@ -67,6 +72,9 @@ def main() -> None:
             connectors["payments"] = PaymentConnector(
                 base_url=settings.payments_url, token=payments_token,
                 queryable=settings.payments_queryable, timeout_s=settings.call_timeout_s)
+        if settings.host_url:
+            connectors["host"] = HostConnector(base_url=settings.host_url, token=host_token,
+                                               timeout_s=settings.call_timeout_s)
         try:
             async with await connect_pool(settings.database_url, password=password, max_size=20,
                                           application_name="writ-dispatcher") as pool:

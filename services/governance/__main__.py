@@ -14,6 +14,7 @@ from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.governance.budgets import BudgetDefaults
+from services.governance.mcp import McpRegistry
 from services.governance.policy import load_keys
 from services.governance.service import GovernanceService
 from services.governance.store import GovernanceStore
@@ -76,7 +77,8 @@ def main() -> None:
                 sealer=Sealer(pool=pool, journal=journal, signing=signing,
                               record=JetStreamRecord(rt.js), registry=rt.registry,
                               interval=settings.journal_seal_interval_s),
-                budget_defaults=budget_defaults)
+                budget_defaults=budget_defaults,
+                mcp=McpRegistry(pool, journal=journal))
             await svc.run(task_status=task_status)
 
     run_service("governance", settings, start, description="Decides every capability call")

@@ -44,9 +44,11 @@ from schemas.governance import (
     SettleBudget,
 )
 from schemas.host import DecisionResult
+from schemas.mcp import ClassifyTool, RecordListing, parse_capability
 from schemas.retrieval import READ_TOOLS
 from services.governance.budgets import BudgetDefaults
-from services.governance.logic import SENSITIVE_UNREADABLE, Call, decide
+from services.governance.logic import SENSITIVE_UNREADABLE, Call, Ruling, decide
+from services.governance.mcp import McpRegistry
 from services.governance.policy import load_policy
 from services.governance.store import Answered, GovernanceStore, NotAnswerable, ToRecord
 
@@ -70,8 +72,9 @@ class GovernanceService:
                  policy_keys: dict[str, Ed25519PublicKey] | None = None,
                  policy_poll_s: float = 2.0, overdue_poll_s: float = 1.0,
                  sealer: Sealer | None = None,
-                 budget_defaults: BudgetDefaults | None = None) -> None:
-        self._rt, self._store, self._sealer = rt, store, sealer
+                 budget_defaults: BudgetDefaults | None = None,
+                 mcp: McpRegistry | None = None) -> None:
+        self._rt, self._store, self._sealer, self._mcp = rt, store, sealer, mcp
         self._budget_defaults = budget_defaults or BudgetDefaults()
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
@@ -122,6 +125,11 @@ class GovernanceService:
                      self._endpoint("reserve", ReserveBudget, self.reserve)),
             Endpoint("settle", subjects.SETTLE,
                      self._endpoint("settle", SettleBudget, self.settle)),
+            *([] if self._mcp is None else [
+                Endpoint("mcp_listing", subjects.MCP_LISTING,
+                         self._endpoint("mcp_listing", RecordListing, self._mcp.record_listing)),
+                Endpoint("mcp_classify", subjects.MCP_CLASSIFY,
+                         self._endpoint("mcp_classify", ClassifyTool, self._mcp.classify))]),
         ]
 
     def _endpoint(self, name: str, kind: type, handle: Callable[..., Awaitable[msgspec.Struct]]
@@ -175,8 +183,33 @@ class GovernanceService:
                     scope=scope,
                     profile_fact=contract.profile_fact if contract else False)
 
+    async def _mcp_family(self, ask: DecideRequest, call: Call) -> tuple[Call, str | None]:
+        """An `mcp:` call with the family the operator classified (None: nobody did), and why
+        it is refused whatever else holds: the tool is not the one classified (its live digest
+        differs), or retrieval did not list it. An unreadable store leaves it unclassified,
+        which nothing sensitive passes (fail closed)."""
+        try:
+            found = None if self._mcp is None else await self._mcp.lookup(ask.tenant, ask.tool)
+        except Exception as exc:
+            log.warning("mcp classification unreadable: %r", exc)
+            return call, "the classification of MCP tools cannot be read: refused"
+        if found is None:
+            return call, None
+        call = msgspec.structs.replace(call, family=found.family)
+        if ask.tool_digest is None:
+            return call, f"{ask.tool} was not listed by its server: a tool never listed is " \
+                         "never called"
+        if ask.tool_digest != found.digest:
+            return call, (f"{ask.tool} changed since it was classified (digest "
+                          f"{ask.tool_digest[:12]}, classified {found.digest[:12]}): an "
+                          "operator must classify it again (writ mcp classify)")
+        return call, None
+
     async def _rule(self, ask: DecideRequest, call: Call) -> ToRecord:
         """Read what `decide` needs and apply it; not recorded yet."""
+        refusal = None
+        if parse_capability(ask.tool) is not None:
+            call, refusal = await self._mcp_family(ask, call)
         try:
             facts = await self._store.facts(ask.tenant, call, ask.principal, ask.run_id,
                                             ask.approval_id)
@@ -184,8 +217,11 @@ class GovernanceService:
         except Exception as exc:  # any failure to read is a failure to know: fail closed
             log.warning("governance store unreadable: %r", exc)
             facts, attended = None, False
+        ruling = decide(call, facts)
+        if refusal is not None:  # like an org refusal: before anything that allows
+            ruling = Ruling(verdict="deny", line=1, reason=refusal)
         return ToRecord(tenant=ask.tenant, run_id=ask.run_id, principal=ask.principal,
-                        call=call, ruling=decide(call, facts),
+                        call=call, ruling=ruling,
                         policy_version=facts.policy_version if facts else "unreadable",
                         proposal_id=ask.proposal_id, attended=attended)
 
@@ -202,7 +238,7 @@ class GovernanceService:
         call = self._call(ask)
         with self._rt.tracer.start_as_current_span("governance decide") as span:
             ruled = await self._rule(ask, call)
-            ruling = ruled.ruling
+            ruling, call = ruled.ruling, ruled.call
             span.set_attribute("writ.decision.verdict", ruling.verdict)
             span.set_attribute("writ.decision.line", ruling.line)
             try:

@@ -118,7 +118,18 @@ class AgentUse(_Strict, kw_only=True, tag_field="kind", tag="agent"):
     optional: bool = False
 
 
-Use = ActionUse | ToolUse | AgentUse
+class McpUse(_Strict, kw_only=True, tag_field="kind", tag="mcp"):
+    """A read tool of the tenant's host MCP server, `mcp:<server>/<tool>` (DESIGN.md §11),
+    executed by retrieval. Its family is what an operator classified in Writ and its arguments
+    are checked there against the schema the operator classified; the description here is the
+    deploying operator's, never the server's live text."""
+
+    name: Annotated[str, msgspec.Meta(
+        pattern=r"^[a-z][a-z0-9-]{0,31}/[A-Za-z][A-Za-z0-9_.-]{0,63}(?!\n)$")]
+    description: Description
+
+
+Use = ActionUse | ToolUse | AgentUse | McpUse
 
 
 class Budgets(_Strict, kw_only=True):
@@ -367,6 +378,14 @@ def build_catalog(manifest: AgentManifest, *, actions: Mapping[str, Any],
                      "description": spec.description, "inputs": _signature(spec.arguments),
                      "output": _READ_OUTPUT,
                      "grants": {"family": spec.family, "decided_by": "governance"}}
+        elif isinstance(use, McpUse):
+            entry = {"ref": f"mcp:{use.name}", "kind": "mcp", "name": f"mcp:{use.name}",
+                     "description": use.description,
+                     "inputs": {"type": "object",
+                                "description": "checked against the tool's classified schema"},
+                     "output": _READ_OUTPUT,
+                     "grants": {"family": "as the operator classified it",
+                                "decided_by": "governance"}}
         else:
             assert isinstance(use, AgentUse)
             callee = agents.get(use.name)

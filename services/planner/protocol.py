@@ -75,7 +75,7 @@ def action_name(target: str) -> str:
 def read_tool(catalog: list[dict[str, Any]], target: str) -> str | None:
     """The read tool a selection names, if its target is a tool of the catalog."""
     entry = _find(catalog, target)
-    return entry["name"] if entry is not None and entry["kind"] == "tool" else None
+    return entry["name"] if entry is not None and entry["kind"] in ("tool", "mcp") else None
 
 
 def agent_target(catalog: list[dict[str, Any]], target: str) -> str | None:
@@ -148,6 +148,12 @@ def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
             msgspec.convert(dict(arguments), spec.arguments, strict=True)
         except msgspec.ValidationError as exc:
             return None, Refusal(check="arguments", reason=f"{entry['ref']}: {exc}"[:512])
+        return entry, None
+    if entry["kind"] == "mcp":
+        # Retrieval checks the arguments against the schema the operator classified, with a
+        # JSON Schema validator, before anything is sent; only their size is bounded here.
+        if len(arguments) > 16:
+            return None, Refusal(check="arguments", reason=f"{entry['ref']}: too many inputs")
         return entry, None
     reason = _inputs_refusal(entry.get("inputs", {}), arguments)
     if reason is not None:

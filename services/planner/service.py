@@ -79,6 +79,7 @@ from services.planner.critic import Critic
 from services.planner.effects import AGAIN, Effect, Effects, Finished
 from services.planner.endpoints import ReplayEndpoint, ReviewEndpoint
 from services.planner.inputs import input_digest, model_input
+from services.planner.mcp_catalog import with_mcp_descriptions
 from services.planner.metrics import PlannerMetrics
 from services.planner.observations import observation_of
 from services.planner.progress import announce
@@ -204,8 +205,9 @@ class PlannerService:
             with self._rt.tracer.start_as_current_span("planner step") as span:
                 span.set_attribute("writ.run_id", event.run_id)
                 if isinstance(event, EvidenceGathered):
-                    await self._store.create_run(
-                        event, manifest=snapshot_of(self._agents.get(event.agent)), conn=conn)
+                    manifest = await with_mcp_descriptions(  # mcp_catalog.py
+                        self._rt.nc, event.tenant, snapshot_of(self._agents.get(event.agent)))
+                    await self._store.create_run(event, manifest=manifest, conn=conn)
                 elif isinstance(event, RunCancelRequested):
                     await record_cancel(conn, event)  # kept even before the run exists
                 effects = await self._advance(conn, event, finished)

@@ -7,6 +7,7 @@ import anyio.abc
 from libs.db import connect_pool
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.retrieval.mcp import McpReads, ServerRegistry
 from services.retrieval.service import RetrievalService
 from services.retrieval.store import RetrievalStore
 
@@ -17,6 +18,11 @@ class RetrievalSettings(BaseSettings, frozen=True, kw_only=True):
     database_url: str
     database_password_file: str
     decide_timeout_s: float = 2.0
+    # Federation (services/retrieval/mcp/): the operator's registration of MCP servers. The
+    # credentials it names are files only this process is given.
+    mcp_servers_file: str = ""
+    mcp_listing_ttl_s: float = 30.0
+    mcp_breaker_cooldown_s: float = 30.0
 
 
 def main() -> None:
@@ -28,8 +34,14 @@ def main() -> None:
         async with await connect_pool(settings.database_url, password=password,
                                       application_name="writ-retrieval") as pool:
             rt.health.watch_pool("postgres", pool)
-            svc = RetrievalService(rt=rt, store=RetrievalStore(pool),
-                                   decide_timeout_s=settings.decide_timeout_s)
+            store = RetrievalStore(pool)
+            mcp = McpReads(nc=rt.nc, servers=ServerRegistry(settings.mcp_servers_file or None),
+                           classified=store.classification,
+                           decide_timeout_s=settings.decide_timeout_s,
+                           listing_ttl_s=settings.mcp_listing_ttl_s,
+                           breaker_cooldown_s=settings.mcp_breaker_cooldown_s)
+            svc = RetrievalService(rt=rt, store=store,
+                                   decide_timeout_s=settings.decide_timeout_s, mcp=mcp)
             await svc.run(task_status=task_status)
 
     run_service("retrieval", settings, start,

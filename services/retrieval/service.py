@@ -24,9 +24,12 @@ from libs.runtime import Endpoint, Runtime
 from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.base import MAX_MESSAGE_BYTES
+from schemas.dispatcher import ReadFacts
 from schemas.governance import DecideRequest, Decision
 from schemas.ingress import RunStarted
+from schemas.mcp import DescribedTool, DescribeTools, ListServer, ToolDescriptions
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
+from services.retrieval.mcp import McpReads
 from services.retrieval.store import RetrievalStore
 from services.retrieval.tools import TOOLS, InvalidArguments, decode_arguments, first_argument
 
@@ -41,8 +44,12 @@ class RetrievalService:
     """Answers each `RunStarted` with `EvidenceGathered`, and serves `ReadCapability`."""
 
     def __init__(self, *, rt: Runtime, store: RetrievalStore,
-                 decide_timeout_s: float = 2.0) -> None:
+                 decide_timeout_s: float = 2.0, mcp: McpReads | None = None) -> None:
         self._rt, self._store, self._decide_timeout = rt, store, decide_timeout_s
+        self._mcp = mcp
+        self._list_decoder = msgspec.json.Decoder(ListServer)
+        self._facts_decoder = msgspec.json.Decoder(ReadFacts)
+        self._describe_decoder = msgspec.json.Decoder(DescribeTools)
         self._decoder = msgspec.json.Decoder(RunStarted)
         self._read_decoder = msgspec.json.Decoder(ReadCapability)
         self._decision_decoder = msgspec.json.Decoder(Decision)
@@ -61,7 +68,12 @@ class RetrievalService:
 
     def endpoints(self) -> list[Endpoint]:
         """The request/reply endpoints `run` serves (tests may serve them alone)."""
-        return [Endpoint("read", subjects.READ, self._on_read)]
+        found = [Endpoint("read", subjects.READ, self._on_read)]
+        if self._mcp is not None:
+            found += [Endpoint("mcp_list", subjects.MCP_LIST, self._on_list),
+                      Endpoint("mcp_catalog", subjects.MCP_CATALOG, self._on_catalog),
+                      Endpoint("host_facts", subjects.HOST_FACTS, self._on_facts)]
+        return found
 
     async def handle(self, delivery: Delivery[RunStarted]) -> None:
         """Search the run's tenant's documents and hand the evidence to the planner."""
@@ -96,7 +108,7 @@ class RetrievalService:
         with self._rt.tracer.start_as_current_span(
                 "retrieval read", context=extract_context(request.headers),
                 kind=SpanKind.SERVER) as span:
-            span.set_attribute("writ.read.tool", ask.tool if ask.tool in TOOLS else "unknown")
+            span.set_attribute("writ.read.tool", _tool_label(ask.tool))
             answer = await self.read(ask)
             span.set_attribute("writ.read.outcome", _outcome(answer))
         await request.respond(self._encoder.encode(answer))
@@ -106,10 +118,14 @@ class RetrievalService:
     async def read(self, ask: ReadCapability) -> ReadResult | ReadRefused:
         """Check the call, ask governance, then run the tool on the request's tenant."""
         answer = await self._read(ask)
-        self._reads.labels(ask.tool if ask.tool in TOOLS else "unknown", _outcome(answer)).inc()
+        self._reads.labels(_tool_label(ask.tool), _outcome(answer)).inc()
         return answer
 
     async def _read(self, ask: ReadCapability) -> ReadResult | ReadRefused:
+        if ask.tool.startswith("mcp:"):
+            if self._mcp is None:
+                return _refused(ask, "UNKNOWN_TOOL", "no MCP server is registered here")
+            return await self._mcp.read(ask)
         tool = TOOLS.get(ask.tool)
         if tool is None:
             return _refused(ask, "UNKNOWN_TOOL", f"no read tool named {ask.tool}")
@@ -141,6 +157,53 @@ class RetrievalService:
             return await decide(self._rt.nc, request, timeout=self._decide_timeout)
         except DecideUnavailable as exc:  # no answer is not an allow
             raise _Unavailable(str(exc)) from exc
+
+
+    # -- federation: operators' listings and admission's host facts --------------------------
+
+    async def _on_list(self, request: Request) -> None:
+        assert self._mcp is not None
+        try:
+            ask = self._list_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid ListServer: {exc}"[:500])
+            return
+        await request.respond(self._encoder.encode(await self._mcp.list_server(ask)))
+
+    async def _on_catalog(self, request: Request) -> None:
+        try:
+            ask = self._describe_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid DescribeTools: {exc}"[:500])
+            return
+        try:
+            rows = await self._store.described(ask.tenant, list(ask.capabilities))
+        except Exception as exc:
+            log.warning("mcp catalog not read: %r", exc)
+            await request.respond_error("503", "the classification cannot be read now")
+            return
+        answer = ToolDescriptions(tools=[msgspec.convert(r, DescribedTool) for r in rows])
+        await request.respond(self._encoder.encode(answer))
+
+    async def _on_facts(self, request: Request) -> None:
+        assert self._mcp is not None
+        try:
+            ask = self._facts_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid ReadFacts: {exc}"[:500])
+            return
+        try:
+            answer = await self._mcp.facts(ask)
+        except Exception as exc:  # admission retries; the reason goes back with the error
+            log.warning("host facts not read: %s", exc)
+            await request.respond_error("503", str(exc)[:500])
+            return
+        await request.respond(self._encoder.encode(answer))
+
+
+def _tool_label(tool: str) -> str:
+    """A bounded metric label: a registered read tool, `mcp` for any `mcp:` one, or unknown."""
+    return tool if tool in TOOLS else "mcp" if tool.startswith("mcp:") else "unknown"
 
 
 class _Unavailable(Exception):

@@ -6,7 +6,8 @@ arguments), so a run can only ever see its own tenant's rows. Retrieval's role m
 
 from __future__ import annotations
 
-from typing import Final
+import json
+from typing import Any, Final
 
 import asyncpg
 import msgspec
@@ -73,6 +74,24 @@ class RetrievalStore:
             evidence=[Evidence(document_id=r["document_id"], kind=r["kind"], title=r["title"],
                                text=r["body"], rank=float(r["rank"])) for r in rows[:limit]],
             truncated=len(rows) > limit or any(r["cut"] for r in rows[:limit]))
+
+    async def classification(self, tenant: str, capability: str
+                             ) -> tuple[str, dict[str, Any]] | None:
+        """(digest, input schema) an operator classified `capability` with (None: nobody)."""
+        row = await self._pool.fetchrow(
+            "SELECT digest, input_schema FROM retrieval.mcp_tools "
+            "WHERE tenant = $1 AND capability = $2", tenant, capability)
+        return None if row is None else (row["digest"], json.loads(row["input_schema"]))
+
+    async def described(self, tenant: str, capabilities: list[str]) -> list[dict[str, Any]]:
+        """The classified ones among `capabilities`: family, description and input schema as
+        the operator classified them."""
+        rows = await self._pool.fetch(
+            "SELECT capability, family, description, input_schema FROM retrieval.mcp_tools "
+            "WHERE tenant = $1 AND capability = ANY($2::text[])", tenant, capabilities)
+        return [{"capability": r["capability"], "family": r["family"],
+                 "description": r["description"],
+                 "input_schema": json.loads(r["input_schema"])} for r in rows]
 
     async def customer(self, tenant: str, customer_id: str) -> CustomerRecord | None:
         """The tenant's customer `customer_id`; None if this tenant has no such customer."""

@@ -145,7 +145,7 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
                  connector="crm", result="succeeded") >= 2
     for labels in labelsets(dispatcher, "writ_dispatcher_attempts_total"):
         assert set(labels) == {"connector", "result"}
-        assert labels["connector"] in {"crm", "payments", "noop", "local", "none"}
+        assert labels["connector"] in {"crm", "payments", "host", "noop", "local", "none"}
         assert labels["result"] in ATTEMPT_RESULTS
     assert value(dispatcher, "writ_dispatcher_breaker_state", tool="crm.note.create") == 0
 

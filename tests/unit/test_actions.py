@@ -121,8 +121,15 @@ VALID: dict[str, dict[str, Any]] = {
     "payment.refund": {"payment_id": "pay_1", "line_id": "L1"},
     "email.draft.apply": {"draft_id": "spring-news"},
     "writ.noop": {"marker": "canary"},
+    "host.ticket.comment.create": {"ticket_id": "T-1001", "body": "We refunded the shipping."},
+    "host.ticket.update": {"ticket_id": "T-1001", "status": "solved"},
 }
-FACTS: dict[str, Any] = {"payment.refund": PAYMENT, "email.draft.apply": DRAFT_FACTS}
+# The ticket as the host's `ticket.get` MCP tool returns it (read by retrieval).
+TICKET: dict[str, Any] = {"ticket_id": "T-1001", "customer_id": "CUST-42",
+                          "subject": "Order 7781 shipped late", "status": "open",
+                          "priority": "high", "revision": "r3", "comments": 2}
+FACTS: dict[str, Any] = {"payment.refund": PAYMENT, "email.draft.apply": DRAFT_FACTS,
+                         "host.ticket.comment.create": TICKET, "host.ticket.update": TICKET}
 
 _ID64 = "A" + "b" * 63
 _CUSTOMER_BAD = [("", "customer_id"), ("acme-42", "customer_id"), ("ACME-42\n", "customer_id"),
@@ -167,6 +174,18 @@ BAD: dict[str, list[tuple[dict[str, Any], str]]] = {
         ({"marker": "x" * 129}, "marker"), ({"marker": 5}, "marker"), ({"marker": None}, "marker"),
         ({"extra": 1}, "extra"),
     ],
+    "host.ticket.comment.create": [
+        ({"ticket_id": "t-1"}, "ticket_id"), ({"ticket_id": "T-1\n"}, "ticket_id"),
+        ({"ticket_id": "T-123456789"}, "ticket_id"), ({"body": ""}, "body"),
+        ({"body": "x" * 2001}, "body"),
+        # The revision is the host's, read at proposal time, never the model's.
+        ({"revision": "r9"}, "revision"), ({"visibility": "public"}, "visibility"),
+    ],
+    "host.ticket.update": [
+        ({"ticket_id": "T1001"}, "ticket_id"), ({"status": "closed"}, "status"),
+        ({"priority": "urgent"}, "priority"), ({"revision": "r9"}, "revision"),
+        ({"subject": "x"}, "subject"),
+    ],
 }
 
 # Values exactly at a bound are accepted.
@@ -179,6 +198,8 @@ EDGE: dict[str, list[dict[str, Any]]] = {
                        {"destination": "original_method"}],
     "email.draft.apply": [{"draft_id": _ID64}, {"draft_id": "a_b-c"}],
     "writ.noop": [{"marker": "x" * 128}, {"marker": ""}],
+    "host.ticket.comment.create": [{"body": "x" * 2000}, {"ticket_id": "T-12345678"}],
+    "host.ticket.update": [{"priority": "low"}, {"status": "open", "priority": "high"}],
 }
 
 
@@ -291,6 +312,27 @@ def test_stored_draft_arguments_are_bounded(changes: dict[str, Any], field: str)
 
 
 # -- actions whose request is their arguments -------------------------------------------
+
+
+def test_a_host_comment_freezes_the_revision_the_preview_showed() -> None:
+    frozen = frozen_of("host.ticket.comment.create")
+    assert frozen.arguments.revision == "r3"
+    assert (frozen.preview.subject, frozen.preview.status, frozen.preview.comments_before) == (
+        "Order 7781 shipped late", "open", 2)
+    call = ACTIONS["host.ticket.comment.create"].provider_call(frozen.arguments)
+    assert (call.method, call.path, call.if_match) == (
+        "POST", "/api/v1/tickets/T-1001/comments", "r3")
+    assert call.body == {"body": "We refunded the shipping."}
+    update = ACTIONS["host.ticket.update"]
+    patch = update.provider_call(frozen_of("host.ticket.update").arguments)
+    assert (patch.method, patch.body, patch.if_match) == ("PATCH", {"status": "solved"}, "r3")
+    with pytest.raises(Invalid, match="neither"):
+        update.resolve(update.decode_request({"ticket_id": "T-1001"}),
+                       update.decode_facts(TICKET))
+    with pytest.raises(Invalid, match="not found"):
+        ACTIONS["host.ticket.comment.create"].resolve(
+            ACTIONS["host.ticket.comment.create"].decode_request(VALID[
+                "host.ticket.comment.create"]), None)
 
 
 @pytest.mark.parametrize("name", ["crm.note.create", "writ.noop", "payment.charge.create"])

@@ -157,9 +157,17 @@ def test_the_demo_manifests_load_and_every_agent_is_active() -> None:
     agents.resolve(actions=ACTIONS)
     assert {a.name: a.state for a in agents} == {
         name: "active" for name in ("billing-assistant", "case-assistant", "catalog-assistant",
-                                    "crm-assistant", "ledger-assistant", "mail-assistant",
+                                    "crm-assistant", "helpdesk-assistant", "helpdesk-reader",
+                                    "helpdesk-searcher", "ledger-assistant", "mail-assistant",
                                     "refund-assistant", "research-assistant",
                                     "review-assistant", "scoped-assistant")}
+    # Scenario C's agent reads the host through `mcp:` tools (families: the operator's
+    # classification, decided by governance) and writes back through its REST API.
+    helpdesk = agents.get("helpdesk-assistant")
+    assert helpdesk is not None
+    assert [(e["ref"], e["kind"]) for e in helpdesk.catalog] == [
+        ("mcp:helpdesk/ticket.get", "mcp"), ("mcp:helpdesk/customer.get", "mcp"),
+        ("action:host.ticket.comment.create", "action")]
     # Two demo agents have a critic (`writ run`'s among them); the others answer without one.
     assert [a.name for a in agents if a.manifest.critic] == ["mail-assistant",
                                                              "research-assistant"]

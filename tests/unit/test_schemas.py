@@ -57,6 +57,19 @@ from schemas.host import (
 from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer, RunStarted
 from schemas.journal import JournalCheckpoint
+from schemas.mcp import (
+    ClassifyTool,
+    DescribedTool,
+    DescribeTools,
+    ListedTool,
+    ListingRecorded,
+    ListServer,
+    RecordListing,
+    ServerListing,
+    ToolClassified,
+    ToolDescriptions,
+    ToolStatus,
+)
 from schemas.planner import (
     BranchChanged,
     Divergence,
@@ -229,6 +242,21 @@ SAMPLES: dict[type, Any] = {
     GetRunEvents: GetRunEvents(tenant="acme", run_id="run-1", after=3),
     VerifyJournal: VerifyJournal(tenant="acme"),
     HostRead: HostRead(token="eyJ.x.y", run_id="run-1"),
+    RecordListing: RecordListing(tenant="acme", server="helpdesk", digest="a" * 64, tools=[
+        ListedTool(name="ticket.get", description="Read one ticket.",
+                   input_schema={"type": "object"}, digest="b" * 64,
+                   hints={"read_only_hint": True})]),
+    ListingRecorded: ListingRecorded(digest="a" * 64, tools=[
+        ToolStatus(name="ticket.get", digest="b" * 64, state="changed", family="read")]),
+    ListServer: ListServer(tenant="acme", server="helpdesk"),
+    ServerListing: ServerListing(ok=True, digest="a" * 64, exposed=["ticket.get"]),
+    ClassifyTool: ClassifyTool(tenant="acme", server="helpdesk", tool="ticket.get",
+                               family="read", classified_by="ops@acme.example"),
+    ToolClassified: ToolClassified(ok=True, message="classified", digest="b" * 64),
+    DescribeTools: DescribeTools(tenant="acme", capabilities=["mcp:helpdesk/ticket.get"]),
+    ToolDescriptions: ToolDescriptions(tools=[DescribedTool(
+        capability="mcp:helpdesk/ticket.get", family="read", description="Read one ticket.",
+        input_schema={"type": "object"})]),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(

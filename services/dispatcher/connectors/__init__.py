@@ -2,6 +2,7 @@
 
 from services.dispatcher.connectors.base import Connector, Contract, Result
 from services.dispatcher.connectors.crm import CrmConnector
+from services.dispatcher.connectors.host import HostConnector
 from services.dispatcher.connectors.noop import NoopConnector
 from services.dispatcher.connectors.payments import PaymentConnector
 
@@ -9,6 +10,7 @@ __all__ = [
     "Connector",
     "Contract",
     "CrmConnector",
+    "HostConnector",
     "NoopConnector",
     "PaymentConnector",
     "Result",

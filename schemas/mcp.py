@@ -1,0 +1,151 @@
+"""Federation reads: the host's MCP servers, their listings, and the operator's classification.
+
+A capability `mcp:<server>/<tool>` is a tool of an MCP server an operator registered for a
+tenant. Retrieval is the only service that talks to the server (it alone holds the credential):
+every `tools/list` it makes is hashed, per tool and as a whole, and recorded by governance in its
+journal (`RecordListing`); the operator classifies what was recorded (`ClassifyTool`: a family,
+bound to the tool's digest), and `decide` refuses a tool whose live digest is not the one that was
+classified. The server's own annotations travel as hints for the operator and decide nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+
+from schemas.base import Command, Digest, Event, Family, Principal, ShortText, Tenant, Text
+
+__all__ = [
+    "CAPABILITY",
+    "MAX_LISTED_TOOLS",
+    "McpToolName",
+    "ServerName",
+    "ClassifyTool",
+    "DescribeTools",
+    "DescribedTool",
+    "ListServer",
+    "ListedTool",
+    "ListingRecorded",
+    "RecordListing",
+    "ServerListing",
+    "ToolClassified",
+    "ToolDescriptions",
+    "ToolStatus",
+    "capability",
+    "parse_capability",
+]
+
+MAX_LISTED_TOOLS: Final = 64
+ServerName = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,31}(?!\n)$")]
+McpToolName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z][A-Za-z0-9_.-]{0,63}(?!\n)$")]
+# `mcp:<server>/<tool>`, the capability's name in manifests, decisions and the journal.
+CAPABILITY: Final = re.compile(r"mcp:([a-z][a-z0-9-]{0,31})/([A-Za-z][A-Za-z0-9_.-]{0,63})")
+
+
+def capability(server: str, tool: str) -> str:
+    """The capability name of `tool` on `server`."""
+    return f"mcp:{server}/{tool}"
+
+
+def parse_capability(name: str) -> tuple[str, str] | None:
+    """(server, tool) of an `mcp:` capability name, or None if it is not one."""
+    match = CAPABILITY.fullmatch(name)
+    return (match[1], match[2]) if match else None
+
+
+class ListedTool(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool as a listing gave it: what is hashed, and the server's hints (not hashed)."""
+
+    name: McpToolName
+    description: Text = ""
+    input_schema: dict[str, Any] = {}
+    output_schema: dict[str, Any] | None = None
+    digest: Digest
+    hints: Annotated[dict[str, bool | str | None], msgspec.Meta(max_length=8)] = {}
+
+
+class RecordListing(Command):
+    """Retrieval tells governance what a `tools/list` returned (journaled, kept as the latest)."""
+
+    tenant: Tenant
+    server: ServerName
+    digest: Digest
+    tools: Annotated[list[ListedTool], msgspec.Meta(max_length=MAX_LISTED_TOOLS)]
+
+
+class ToolStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one listed tool stands against the operator's classification."""
+
+    name: McpToolName
+    digest: Digest
+    state: Literal["classified", "unclassified", "changed"]
+    family: Family | None = None
+    hints: dict[str, bool | str | None] = {}
+
+
+class ListingRecorded(Event):
+    """The listing is in the journal; each tool's standing."""
+
+    digest: Digest
+    tools: list[ToolStatus]
+
+
+class ListServer(Command):
+    """An operator asks retrieval to list a registered server now (`writ mcp list`)."""
+
+    tenant: Tenant
+    server: ServerName
+
+
+class ServerListing(Event):
+    """What the listing found, or why there is none (`error`)."""
+
+    ok: bool
+    error: ShortText = ""
+    digest: str = ""
+    tools: list[ToolStatus] = []
+    exposed: list[str] = []
+
+
+class ClassifyTool(Command):
+    """An operator classifies a tool as the latest recorded listing describes it."""
+
+    tenant: Tenant
+    server: ServerName
+    tool: McpToolName
+    family: Family
+    classified_by: Principal
+
+
+class ToolClassified(Event):
+    """Whether the classification was recorded, and against which digest."""
+
+    ok: bool
+    message: ShortText
+    digest: str = ""
+
+
+class DescribeTools(Command):
+    """The planner asks how the operator classified a run's `mcp:` capabilities, for the
+    catalog a model is shown (request/reply `writ.int.retrieval.mcp.catalog`)."""
+
+    tenant: Tenant
+    capabilities: Annotated[list[ShortText], msgspec.Meta(max_length=MAX_LISTED_TOOLS)]
+
+
+class DescribedTool(msgspec.Struct, frozen=True, kw_only=True):
+    """A capability as classified: its family, and the description and input schema of the
+    listing the operator classified (never the server's live text)."""
+
+    capability: ShortText
+    family: Family
+    description: Text
+    input_schema: dict[str, Any]
+
+
+class ToolDescriptions(Event):
+    """The classified ones among the capabilities asked about (the others are absent)."""
+
+    tools: list[DescribedTool]

@@ -1,0 +1,69 @@
+"""The host connector: writes to the host product over its own REST API (DESIGN.md §11).
+
+The host stays the system of record: Writ reads it through its MCP server (retrieval) and writes
+back here, never through MCP. The host honours `Idempotency-Key` (same key, same body: the first
+answer again; same key, another body: 422), so the connector is `idempotent`: a lost response is
+replayed with the same key, `<tenant>:<operation_id>`, and makes one comment. `If-Match` carries
+the revision the preview showed; a 412 means the record moved on (`revision_required`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from services.dispatcher.connectors.base import Contract, Result, call_for
+
+__all__ = ["HostConnector"]
+
+
+class HostConnector:
+    """The host's REST write API, with its write credential (held by the dispatcher alone)."""
+
+    name = "host"
+    contract: Contract = "idempotent"
+
+    def __init__(self, *, base_url: str, token: str, timeout_s: float = 10.0) -> None:
+        self._client = httpx.AsyncClient(
+            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=2.0),
+            headers={"Authorization": f"Bearer {token}"})
+
+    async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
+                      expected_revision: str | None) -> Result:
+        """Perform `action` as its contract builds the request, under `key`."""
+        call = call_for(self.name, action, arguments)
+        if isinstance(call, Result):
+            return call
+        headers = {"Idempotency-Key": key}
+        if (revision := expected_revision or call.if_match) is not None:
+            headers["If-Match"] = revision
+        try:
+            response = await self._client.request(call.method, call.path, json=call.body,
+                                                  headers=headers)
+        except httpx.ConnectError as exc:
+            return Result(kind="transient", detail=f"connect failed: {exc!r}"[:500])
+        except httpx.TransportError as exc:
+            # It may have been applied: the same key again will tell (the host replays it).
+            return Result(kind="lost", detail=f"no response: {exc!r}"[:500])
+        if response.status_code in (200, 201):
+            try:
+                receipt = response.json()[call.receipt]
+            except (ValueError, KeyError, TypeError):
+                return Result(kind="lost", detail="the host's answer names no "
+                                                  f"{call.receipt}")
+            return Result(kind="succeeded", receipt=str(receipt)[:256])
+        if response.status_code == 412:
+            return Result(kind="revision_mismatch", detail=response.text[:500])
+        if response.status_code in (429, 502, 503, 504):
+            return Result(kind="transient", detail=f"HTTP {response.status_code}")
+        return Result(kind="rejected",
+                      detail=f"HTTP {response.status_code}: {response.text}"[:500])
+
+    async def lookup(self, action: str, *, key: str) -> Result:
+        """The host is idempotent, not queryable: replaying the key is how to find out."""
+        return Result(kind="rejected", detail="the host is not queried by key: it is replayed")
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self._client.aclose()

@@ -1,0 +1,159 @@
+"""One MCP session with a registered server, over Streamable HTTP, with the official SDK.
+
+The SDK negotiates the protocol era (`mode="auto"`: the handshake era or the modern one) and
+its response cache is off: every listing is the server's answer now, never a remembered one.
+Each call is bounded by the registration's timeout. Errors come out as two kinds: the server
+refused Writ's credential (`McpCredentialRefused`: an operator must fix it, retrying changes
+nothing) or it could not be reached or answered badly (`McpUnavailable`: transient, counted by
+the tool's breaker).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from services.retrieval.mcp.servers import ServerConfig
+
+__all__ = ["McpClient", "McpCredentialRefused", "McpSession", "McpUnavailable"]
+
+T = TypeVar("T")
+E = TypeVar("E", bound=BaseException)
+
+
+class McpUnavailable(Exception):
+    """The server could not be reached, timed out or answered badly: transient."""
+
+
+class McpCredentialRefused(McpUnavailable):
+    """The server refused the credential (401/403): not transient, an operator must act."""
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status an SDK error carries, looking inside exception groups."""
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return exc.response.status_code
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (status := _status_of(inner)) is not None:
+                return status
+    for attr in ("__cause__", "__context__"):
+        inner = getattr(exc, attr, None)
+        if inner is not None and inner is not exc and (status := _status_of(inner)):
+            return status
+    return None
+
+
+def _mapped(exc: BaseException) -> McpUnavailable:
+    status = _status_of(exc)
+    if status in (401, 403):
+        return McpCredentialRefused(f"the MCP server refused Writ's credential (HTTP {status})")
+    leaf = exc
+    while isinstance(leaf, BaseExceptionGroup) and leaf.exceptions:
+        leaf = leaf.exceptions[0]
+    detail = f"HTTP {status}" if status else f"{type(leaf).__name__}: {leaf}"[:200]
+    return McpUnavailable(f"the MCP server did not answer ({detail})")
+
+
+class McpSession:
+    """An open session: list the tools, call one."""
+
+    def __init__(self, client: Client, timeout_s: float) -> None:
+        self._client, self._timeout = client, timeout_s
+
+    async def list_tools(self) -> list[types.Tool]:
+        """Every tool the server lists now (all pages)."""
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        try:
+            with anyio.fail_after(self._timeout):
+                for _ in range(16):  # a server paging for ever is a server not answering
+                    page = await self._client.list_tools(cursor=cursor)
+                    tools += page.tools
+                    if not (cursor := page.next_cursor):
+                        break
+        except Exception as exc:
+            raise _mapped(exc) from exc
+        return tools
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """Call one tool with arguments already checked."""
+        try:
+            with anyio.fail_after(self._timeout):
+                result = await self._client.call_tool(name, arguments)
+        except Exception as exc:
+            raise _mapped(exc) from exc
+        if not isinstance(result, types.CallToolResult):
+            raise McpUnavailable(f"{name} answered {type(result).__name__}, not a tool result")
+        return result
+
+
+class McpClient:
+    """Opens sessions with registered servers, with each one's credential."""
+
+    async def session(self, server: ServerConfig,
+                      work: Callable[[McpSession], Awaitable[T]]) -> T:
+        """Open a session with `server`, run `work` in it, close it; `work`'s own errors pass
+        through. The whole exchange is bounded by a few of the server's timeouts.
+
+        Raises:
+            McpUnavailable: the session failed (`McpCredentialRefused` for 401/403).
+        """
+        http = create_mcp_http_client(
+            headers={"Authorization": f"Bearer {server.credential()}"},
+            timeout=httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0)))
+        own: list[BaseException] = []
+        # The SDK turns an HTTP error into a JSON-RPC "internal error" without its status:
+        # the client's own hook keeps the statuses that say the credential was refused.
+        refused: list[int] = []
+
+        async def watch(response: httpx2.Response) -> None:
+            if response.status_code in (401, 403):
+                refused.append(response.status_code)
+
+        http.event_hooks["response"].append(watch)
+
+        async def run(session: McpSession) -> T:
+            try:
+                return await work(session)
+            except McpUnavailable:
+                raise
+            except Exception as exc:  # not the SDK's: hand it back unchanged
+                own.append(exc)
+                raise
+
+        try:
+            with anyio.fail_after(server.timeout_s * 3):
+                async with http, Client(streamable_http_client(server.url, http_client=http),
+                                        cache=None, mode="auto") as client:
+                    return await run(McpSession(client, server.timeout_s))
+        except McpUnavailable:
+            raise
+        except BaseException as exc:
+            if own:
+                raise own[0] from None
+            if isinstance(exc, Exception | BaseExceptionGroup) and not isinstance(
+                    exc, anyio.get_cancelled_exc_class()):
+                if refused:
+                    raise McpCredentialRefused(
+                        f"the MCP server refused Writ's credential (HTTP {refused[0]})") from exc
+                mcp_error = _first(exc, McpUnavailable)
+                raise (mcp_error or _mapped(exc)) from exc
+            raise
+
+
+def _first(exc: BaseException, kind: type[E]) -> E | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (found := _first(inner, kind)) is not None:
+                return found
+    return None
