@@ -3,9 +3,12 @@
 One loopback HTTP server, three faces:
 
 - `/mcp`: the host's own MCP server over Streamable HTTP (the official `mcp` SDK's low-level
-  `Server`), bearer token required: read tools `tickets.search`, `ticket.get`,
-  `customer.get`, each with an input and an output schema. Their annotations say
-  `readOnlyHint`, as a real server's would; Writ treats them as hints and never decides on them.
+  `Server`), or, with `legacy_sse` (`--legacy-sse`), over the legacy HTTP+SSE transport only,
+  as a server from before Streamable HTTP would be (`GET /mcp` opens the event stream,
+  messages are POSTed to `/mcp/messages/`, `POST /mcp` is 405); bearer token required:
+  read tools `tickets.search`, `ticket.get`, `customer.get`, each with an input and an
+  output schema. Their annotations say `readOnlyHint`, as a real server's would; Writ treats
+  them as hints and never decides on them.
   A tool it serves but never lists (`tickets.export`) answers anyone who calls it anyway: a
   client that calls what it was never shown is caught by `calls`.
 - `/api/v1`: its REST API for writes, another bearer token: `POST /tickets/{id}/comments` and
@@ -37,9 +40,11 @@ from typing import Any, Final, Self
 import mcp_types as types
 import uvicorn
 from mcp.server.lowlevel import Server
+from mcp.server.sse import SseServerTransport
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 __all__ = ["DEFAULT_DATA", "FakeHost", "main", "tool_definitions"]
 
@@ -125,6 +130,7 @@ class _State:
             self.tool_calls: dict[str, int] = {}
             self.listings = 0
             self.rest_calls = 0
+            self.sse_sessions = 0
 
     def take_mode(self, face: str) -> dict[str, Any]:
         with self.lock:
@@ -149,7 +155,7 @@ class _State:
                     "tickets": {t: self.ticket(t) for t in self.tickets},
                     "comments": copy.deepcopy(self.comments),
                     "tool_calls": dict(self.tool_calls), "listings": self.listings,
-                    "rest_calls": self.rest_calls}
+                    "rest_calls": self.rest_calls, "sse_sessions": self.sse_sessions}
 
 
 # -- MCP ------------------------------------------------------------------------------------
@@ -462,9 +468,11 @@ class FakeHost:
     """The helpdesk on loopback: `url` is its base (`url + "/mcp"`, `url + "/api/v1"`)."""
 
     def __init__(self, *, mcp_token: str, rest_token: str, host: str = "127.0.0.1",
-                 port: int = 0, data: dict[str, Any] | None = None) -> None:
+                 port: int = 0, data: dict[str, Any] | None = None,
+                 legacy_sse: bool = False) -> None:
         if not mcp_token or not rest_token:
             raise ValueError("both tokens must be set")
+        self.legacy_sse = legacy_sse
         self.state = _State(data or DEFAULT_DATA)
         self._mcp_token, self._rest_token = mcp_token.encode(), rest_token.encode()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -482,11 +490,31 @@ class FakeHost:
 
     def _app(self) -> Any:
         server = _mcp_server(self.state)
+        if self.legacy_sse:
+            return _Guard(self._legacy_app(server), state=self.state, token=self._mcp_token)
         app = server.streamable_http_app(
             stateless_http=True, json_response=True,
             custom_starlette_routes=[*_rest_routes(self.state, self._rest_token),
                                      *_control_routes(self.state)])
         return _Guard(app, state=self.state, token=self._mcp_token)
+
+    def _legacy_app(self, server: Server[Any]) -> Any:
+        """The MCP server over the legacy HTTP+SSE transport only (the SDK's own)."""
+        sse = SseServerTransport("/mcp/messages/")
+        state = self.state
+
+        async def connect(request: Request) -> Response:
+            with state.lock:
+                state.sse_sessions += 1
+            async with sse.connect_sse(request.scope, request.receive,
+                                       request._send) as (read, write):  # noqa: SLF001
+                await server.run(read, write, server.create_initialization_options())
+            return Response()
+
+        return Starlette(routes=[
+            Route("/mcp", connect, methods=["GET"]),  # POST /mcp: 405, as an old server says
+            Mount("/mcp/messages/", app=sse.handle_post_message),
+            *_rest_routes(self.state, self._rest_token), *_control_routes(self.state)])
 
     def start(self) -> None:
         """Serve in a thread until `stop`."""
@@ -539,13 +567,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mcp-token-file", type=Path, required=True)
     parser.add_argument("--rest-token-file", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path)
+    parser.add_argument("--legacy-sse", action="store_true",
+                        help="serve MCP over the legacy HTTP+SSE transport only")
     args = parser.parse_args(argv)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     with FakeHost(mcp_token=args.mcp_token_file.read_text().strip(),
                   rest_token=args.rest_token_file.read_text().strip(),
-                  host=args.host, port=args.port) as fake:
+                  host=args.host, port=args.port, legacy_sse=args.legacy_sse) as fake:
         if args.ready_file is not None:
             tmp = args.ready_file.with_name(f".{args.ready_file.name}.{os.getpid()}.tmp")
             tmp.write_text(fake.url)

@@ -140,7 +140,8 @@ def _mcp(args: argparse.Namespace) -> int:
     if args.action == "add":
         mcp.add_server(Path(args.home), args.tenant, args.server, url=args.url,
                        credential_file=str(Path(args.credential_file).resolve()),
-                       tools=args.tool, facts=dict(f.split("=", 1) for f in args.facts))
+                       tools=args.tool, facts=dict(f.split("=", 1) for f in args.facts),
+                       transport=args.transport)
         print(f"{args.server} registered for {args.tenant}; retrieval picks it up, no restart")
         return 0
     if args.action == "list":
@@ -520,6 +521,8 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--tool", action="append", default=[], help="a tool Writ exposes")
     a.add_argument("--facts", action="append", default=[],
                    help="KIND=TOOL: the tool previews read a host record with")
+    a.add_argument("--transport", default="auto", choices=["auto", "streamable_http", "sse"],
+                   help="auto: Streamable HTTP, falling back to legacy HTTP+SSE on a 4xx")
     m2 = m.add_parser("list", help="list the server's tools now (journaled), with each one's "
                                    "standing and the server's hints")
     m2.add_argument("server")

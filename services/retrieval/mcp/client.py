@@ -1,7 +1,12 @@
-"""One MCP session with a registered server, over Streamable HTTP, with the official SDK.
+"""One MCP session with a registered server, with the official SDK, over either transport the
+SDK speaks: Streamable HTTP, or the legacy HTTP+SSE one (GET an event stream, POST to the
+endpoint it names). `auto` registrations try Streamable HTTP and fall back to SSE when the
+server answers that first POST with a 4xx other than 401/403, as the spec's backwards-
+compatibility section says; the fallback happens before any tool is listed or called.
 
-The SDK negotiates the protocol era (`mode="auto"`: the handshake era or the modern one) and
-its response cache is off: every listing is the server's answer now, never a remembered one.
+Over Streamable HTTP the SDK negotiates the protocol era (`mode="auto"`: the handshake era or
+the modern one); over SSE it is the handshake era (`mode="legacy"`). The SDK's
+response cache is off: every listing is the server's answer now, never a remembered one.
 Each call is bounded by the registration's timeout. Errors come out as two kinds: the server
 refused Writ's credential (`McpCredentialRefused`: an operator must fix it, retrying changes
 nothing) or it could not be reached or answered badly (`McpUnavailable`: transient, counted by
@@ -17,6 +22,7 @@ import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -95,8 +101,14 @@ class McpSession:
         return result
 
 
+class _LegacyOnly(Exception):
+    """The server answered the Streamable HTTP POST with a 4xx that is not about the
+    credential, before any work: the spec says to try the legacy HTTP+SSE transport."""
+
+
 class McpClient:
-    """Opens sessions with registered servers, with each one's credential."""
+    """Opens sessions with registered servers, with each one's credential, over the transport
+    the registration names (`auto`: Streamable HTTP, else legacy HTTP+SSE)."""
 
     async def session(self, server: ServerConfig,
                       work: Callable[[McpSession], Awaitable[T]]) -> T:
@@ -106,21 +118,43 @@ class McpClient:
         Raises:
             McpUnavailable: the session failed (`McpCredentialRefused` for 401/403).
         """
-        http = create_mcp_http_client(
-            headers={"Authorization": f"Bearer {server.credential()}"},
-            timeout=httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0)))
+        if server.transport == "sse":
+            return await self._session(server, work, legacy=True, probe=False)
+        try:
+            return await self._session(server, work, legacy=False,
+                                       probe=server.transport == "auto")
+        except _LegacyOnly:
+            # Nothing was sent but the handshake: no read can happen twice.
+            return await self._session(server, work, legacy=True, probe=False)
+
+    async def _session(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]],
+                       *, legacy: bool, probe: bool) -> T:
+        headers = {"Authorization": f"Bearer {server.credential()}"}
+        timeout = httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
         own: list[BaseException] = []
+        started = False
         # The SDK turns an HTTP error into a JSON-RPC "internal error" without its status:
-        # the client's own hook keeps the statuses that say the credential was refused.
+        # the client's own hook keeps the statuses that say the credential was refused or the
+        # server does not speak Streamable HTTP.
         refused: list[int] = []
+        rejected: list[int] = []
 
         async def watch(response: httpx2.Response) -> None:
             if response.status_code in (401, 403):
                 refused.append(response.status_code)
+            elif 400 <= response.status_code < 500:
+                rejected.append(response.status_code)
 
-        http.event_hooks["response"].append(watch)
+        def http_client(headers: dict[str, str] | None = None,
+                        timeout: httpx2.Timeout | None = None,
+                        auth: httpx2.Auth | None = None) -> httpx2.AsyncClient:
+            http = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
+            http.event_hooks["response"].append(watch)
+            return http
 
         async def run(session: McpSession) -> T:
+            nonlocal started
+            started = True
             try:
                 return await work(session)
             except McpUnavailable:
@@ -131,6 +165,14 @@ class McpClient:
 
         try:
             with anyio.fail_after(server.timeout_s * 3):
+                if legacy:
+                    transport = sse_client(server.url, headers=headers,
+                                           timeout=server.timeout_s,
+                                           sse_read_timeout=server.timeout_s * 3,
+                                           httpx_client_factory=http_client)
+                    async with Client(transport, cache=None, mode="legacy") as client:
+                        return await run(McpSession(client, server.timeout_s))
+                http = http_client(headers=headers, timeout=timeout)
                 async with http, Client(streamable_http_client(server.url, http_client=http),
                                         cache=None, mode="auto") as client:
                     return await run(McpSession(client, server.timeout_s))
@@ -144,6 +186,8 @@ class McpClient:
                 if refused:
                     raise McpCredentialRefused(
                         f"the MCP server refused Writ's credential (HTTP {refused[0]})") from exc
+                if probe and rejected and not started:
+                    raise _LegacyOnly from exc
                 mcp_error = _first(exc, McpUnavailable)
                 raise (mcp_error or _mapped(exc)) from exc
             raise

@@ -1,7 +1,10 @@
 """The operator's registration of MCP servers, per tenant (`writ mcp add`).
 
 A JSON file (`WRIT_MCP_SERVERS_FILE`; on Kubernetes a Secret or ConfigMap): `{"<tenant>":
-{"<server>": {"url", "credential_file", "tools": [...], "facts": {"host_ticket": "<tool>"}}}}`.
+{"<server>": {"url", "credential_file", "tools": [...], "facts": {"host_ticket": "<tool>"},
+"transport"}}}`. `transport` is `auto` (Streamable HTTP, falling back to the legacy HTTP+SSE
+transport when the server answers the first POST with a 4xx other than 401/403, as the spec's
+backwards-compatibility section says), `streamable_http` or `sse` (legacy only).
 `tools` are the tools Writ exposes as capabilities (anything else the server lists is never
 called); `facts` names the tool admission's previews read a host record with. Only retrieval is
 given this file and the credential files it names. It is re-read when it changes.
@@ -12,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -32,6 +35,7 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tools: Annotated[list[McpToolName], msgspec.Meta(max_length=64)] = []
     facts: dict[str, McpToolName] = {}
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
+    transport: Literal["auto", "streamable_http", "sse"] = "auto"
 
     def credential(self) -> str:
         """The bearer token, read from its secret file now (a rotated file is picked up)."""
