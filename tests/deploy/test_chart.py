@@ -71,6 +71,9 @@ def test_helm_lint_is_clean() -> None:
     {"services": {"dispatcher": {"bogus": True}}},
     {"postgres": {"roles": "superuser"}},
     {"networkPolicy": {"connectors": {"cidrs": ["not-a-cidr"], "ports": [443]}}},
+    {"networkPolicy": {"hostApi": {"cidrs": ["0.0.0.0"], "ports": [443]}}},
+    {"networkPolicy": {"mcpServers": {"cidrs": ["192.0.2.0/24"], "ports": [0]}}},
+    {"networkPolicy": {"hostApi": {"cidrs": [], "ports": [443], "any": True}}},
 ])
 def test_values_schema_rejects_what_would_misconfigure(bad: dict[str, Any]) -> None:
     with pytest.raises(helm_python.HelmValuesError):
@@ -302,13 +305,60 @@ def test_default_deny_covers_every_pod(rendered: list[dict[str, Any]]) -> None:
 
 def test_external_egress_is_each_services_own(production: list[dict[str, Any]]) -> None:
     values = production_values()["networkPolicy"]
-    owners = {"dispatcher": set(values["connectors"]["cidrs"]),
+    owners = {"dispatcher": set(values["connectors"]["cidrs"]) | set(values["hostApi"]["cidrs"]),
               "planner": set(values["modelProvider"]["cidrs"]),
               "retrieval": set(values["mcpServers"]["cidrs"])}
     assert all(owners.values())
     for obj, template in pod_templates(production):
         reachable = egress_cidrs(production, template["metadata"]["labels"])
         assert reachable == owners.get(component(obj), set()), component(obj)
+
+
+def _destinations(objects: list[dict[str, Any]], labels: dict[str, str]) -> set[tuple[str, int]]:
+    """Every (CIDR, TCP port) outside the cluster a pod with `labels` may send to."""
+    return {(peer["ipBlock"]["cidr"], port["port"])
+            for policy in policies_for(objects, labels)
+            for rule in policy["spec"].get("egress", [])
+            for peer in rule.get("to", []) if "ipBlock" in peer
+            for port in rule.get("ports", []) if port["protocol"] == "TCP"}
+
+
+def test_federation_egress_is_the_registered_servers_and_the_host_api_only(
+        production: list[dict[str, Any]]) -> None:
+    """Retrieval reaches the MCP servers' CIDRs on their ports and nothing of the host's REST
+    API; the dispatcher the REST API's CIDRs on its port (besides the connectors), never the
+    MCP servers' ports; a CIDR both list opens each service only its own ports."""
+    values = production_values()["networkPolicy"]
+    mcp = {(c, p) for c in values["mcpServers"]["cidrs"] for p in values["mcpServers"]["ports"]}
+    rest = {(c, p) for c in values["hostApi"]["cidrs"] for p in values["hostApi"]["ports"]}
+    connectors = {(c, p) for c in values["connectors"]["cidrs"]
+                  for p in values["connectors"]["ports"]}
+    assert mcp and rest and not mcp & rest
+    for obj, template in pod_templates(production):
+        seen = _destinations(production, template["metadata"]["labels"])
+        if component(obj) == "retrieval":
+            assert seen == mcp
+        elif component(obj) == "dispatcher":
+            assert seen == rest | connectors
+        else:
+            assert not seen & (mcp | rest), component(obj)
+
+
+def test_default_values_open_no_federation_egress() -> None:
+    """Nothing registered, nothing opened: the default render has no policy to the MCP servers
+    or the host's API, and no pod may send outside the cluster at all."""
+    objects = render(None)
+    names = {p["metadata"]["name"] for p in by_kind(objects, "NetworkPolicy")}
+    assert not {n for n in names if n.endswith(("-mcp-servers", "-host-api"))}
+    for _, template in pod_templates(objects):
+        assert egress_cidrs(objects, template["metadata"]["labels"]) == set()
+    # Setting only the host's API opens it for the dispatcher alone.
+    values = {"networkPolicy": {"hostApi": {"cidrs": ["198.18.0.0/15"], "ports": [8443]}}}
+    objects = render(values)
+    for obj, template in pod_templates(objects):
+        seen = _destinations(objects, template["metadata"]["labels"])
+        assert seen == ({("198.18.0.0/15", 8443)} if component(obj) == "dispatcher"
+                        else set()), component(obj)
 
 
 def test_only_ingress_accepts_hosts(production: list[dict[str, Any]]) -> None:
