@@ -14,6 +14,11 @@ One loopback HTTP server, three faces:
 - `/api/v1`: its REST API for writes, another bearer token: `POST /tickets/{id}/comments` and
   `PATCH /tickets/{id}` with `If-Match` revisions and `Idempotency-Key` (same key and body: the
   first answer again; same key, another body: 422), described by `GET /api/v1/openapi.json`.
+- `/oauth/token`: its authorization server's token endpoint, for the OAuth 2.0 client
+  credentials grant (RFC 6749 §4.4; `client_secret_basic` or `_post`) when `oauth_clients`
+  (`--oauth-clients-file`, `{"<client id>": "<secret>"}`) are set: the access tokens it issues
+  (an hour) are taken by `/mcp` beside the static MCP token; `/_control/revoke_tokens` revokes
+  every one.
 - `/_control`: the switches, as the other fakes have them: a mode per face (`fail` answers 503,
   `slow` waits `delay_s`, `lose_response` applies a write and never answers), a "rug pull"
   (a tool's description or input schema changes between two listings), instruction-like text
@@ -45,6 +50,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
+
+from fakes.host_oauth import token_routes as _token_routes
 
 __all__ = ["DEFAULT_DATA", "FakeHost", "main", "tool_definitions"]
 
@@ -114,6 +121,7 @@ class _State:
     def __init__(self, data: dict[str, Any]) -> None:
         self.lock = threading.Lock()
         self._seed = data
+        self.access_tokens: dict[str, float] = {}  # the authorization server's, kept by reset
         self.reset()
 
     def reset(self) -> None:
@@ -131,6 +139,8 @@ class _State:
             self.listings = 0
             self.rest_calls = 0
             self.sse_sessions = 0
+            self.tokens_issued = 0
+            self.token_refusals = 0
 
     def take_mode(self, face: str) -> dict[str, Any]:
         with self.lock:
@@ -155,7 +165,9 @@ class _State:
                     "tickets": {t: self.ticket(t) for t in self.tickets},
                     "comments": copy.deepcopy(self.comments),
                     "tool_calls": dict(self.tool_calls), "listings": self.listings,
-                    "rest_calls": self.rest_calls, "sse_sessions": self.sse_sessions}
+                    "rest_calls": self.rest_calls, "sse_sessions": self.sse_sessions,
+                    "tokens_issued": self.tokens_issued,
+                    "token_refusals": self.token_refusals}
 
 
 # -- MCP ------------------------------------------------------------------------------------
@@ -428,7 +440,14 @@ def _control_routes(state: _State) -> list[Route]:
             state.revisions[ticket_id] += 1
             return JSONResponse(state.ticket(ticket_id))
 
+    async def revoke_tokens(request: Request) -> Response:
+        with state.lock:
+            revoked = len(state.access_tokens)
+            state.access_tokens.clear()
+        return JSONResponse({"revoked": revoked})
+
     return [Route("/_control/state", get_state, methods=["GET"]),
+            Route("/_control/revoke_tokens", revoke_tokens, methods=["POST"]),
             Route("/_control/reset", reset, methods=["POST"]),
             Route("/_control/mode", mode, methods=["POST"]),
             Route("/_control/rug_pull", rug_pull, methods=["POST"]),
@@ -447,8 +466,10 @@ class _Guard:
         if scope["type"] == "http" and scope["path"].startswith("/mcp"):
             headers = dict(scope.get("headers") or [])
             scheme, _, value = headers.get(b"authorization", b"").decode().partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(),
-                                                                     self._token):
+            with self._state.lock:
+                issued = self._state.access_tokens.get(value, 0.0) > time.time()
+            if scheme.lower() != "bearer" or not (
+                    issued or hmac.compare_digest(value.encode(), self._token)):
                 await JSONResponse({"error": "invalid_token"}, status_code=401, headers={
                     "WWW-Authenticate": 'Bearer error="invalid_token"'})(scope, receive, send)
                 return
@@ -469,10 +490,11 @@ class FakeHost:
 
     def __init__(self, *, mcp_token: str, rest_token: str, host: str = "127.0.0.1",
                  port: int = 0, data: dict[str, Any] | None = None,
-                 legacy_sse: bool = False) -> None:
+                 legacy_sse: bool = False, oauth_clients: dict[str, str] | None = None) -> None:
         if not mcp_token or not rest_token:
             raise ValueError("both tokens must be set")
         self.legacy_sse = legacy_sse
+        self._oauth_clients = dict(oauth_clients or {})
         self.state = _State(data or DEFAULT_DATA)
         self._mcp_token, self._rest_token = mcp_token.encode(), rest_token.encode()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -495,6 +517,7 @@ class FakeHost:
         app = server.streamable_http_app(
             stateless_http=True, json_response=True,
             custom_starlette_routes=[*_rest_routes(self.state, self._rest_token),
+                                     *_token_routes(self.state, self._oauth_clients),
                                      *_control_routes(self.state)])
         return _Guard(app, state=self.state, token=self._mcp_token)
 
@@ -514,7 +537,8 @@ class FakeHost:
         return Starlette(routes=[
             Route("/mcp", connect, methods=["GET"]),  # POST /mcp: 405, as an old server says
             Mount("/mcp/messages/", app=sse.handle_post_message),
-            *_rest_routes(self.state, self._rest_token), *_control_routes(self.state)])
+            *_rest_routes(self.state, self._rest_token),
+            *_token_routes(self.state, self._oauth_clients), *_control_routes(self.state)])
 
     def start(self) -> None:
         """Serve in a thread until `stop`."""
@@ -567,6 +591,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mcp-token-file", type=Path, required=True)
     parser.add_argument("--rest-token-file", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path)
+    parser.add_argument("--oauth-clients-file", type=Path,
+                        help='JSON {"<client id>": "<secret>"}: the token endpoint\'s clients')
     parser.add_argument("--legacy-sse", action="store_true",
                         help="serve MCP over the legacy HTTP+SSE transport only")
     args = parser.parse_args(argv)
@@ -575,7 +601,9 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(sig, lambda *_: done.set())
     with FakeHost(mcp_token=args.mcp_token_file.read_text().strip(),
                   rest_token=args.rest_token_file.read_text().strip(),
-                  host=args.host, port=args.port, legacy_sse=args.legacy_sse) as fake:
+                  host=args.host, port=args.port, legacy_sse=args.legacy_sse,
+                  oauth_clients=json.loads(args.oauth_clients_file.read_text())
+                  if args.oauth_clients_file else None) as fake:
         if args.ready_file is not None:
             tmp = args.ready_file.with_name(f".{args.ready_file.name}.{os.getpid()}.tmp")
             tmp.write_text(fake.url)

@@ -141,7 +141,7 @@ def _mcp(args: argparse.Namespace) -> int:
         mcp.add_server(Path(args.home), args.tenant, args.server, url=args.url,
                        credential_file=str(Path(args.credential_file).resolve()),
                        tools=args.tool, facts=dict(f.split("=", 1) for f in args.facts),
-                       transport=args.transport)
+                       transport=args.transport, auth=args.auth)
         print(f"{args.server} registered for {args.tenant}; retrieval picks it up, no restart")
         return 0
     if args.action == "list":
@@ -523,6 +523,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="KIND=TOOL: the tool previews read a host record with")
     a.add_argument("--transport", default="auto", choices=["auto", "streamable_http", "sse"],
                    help="auto: Streamable HTTP, falling back to legacy HTTP+SSE on a 4xx")
+    a.add_argument("--auth", default="bearer", choices=["bearer", "client_credentials"],
+                   help="client_credentials: the credential file is JSON {client_id, "
+                        "client_secret, token_url[, scope]}")
     m2 = m.add_parser("list", help="list the server's tools now (journaled), with each one's "
                                    "standing and the server's hints")
     m2.add_argument("server")

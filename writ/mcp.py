@@ -34,7 +34,8 @@ def servers_file(home: Path) -> Path:
 
 def add_server(home: Path, tenant: str, server: str, *, url: str, credential_file: str,
                tools: list[str], facts: dict[str, str] | None = None,
-               timeout_s: float = 10.0, transport: str = "auto") -> None:
+               timeout_s: float = 10.0, transport: str = "auto",
+               auth: str = "bearer") -> None:
     """Register (or replace) `server` for `tenant`.
 
     Raises:
@@ -42,7 +43,7 @@ def add_server(home: Path, tenant: str, server: str, *, url: str, credential_fil
     """
     entry = msgspec.convert({"url": url, "credential_file": credential_file, "tools": tools,
                              "facts": facts or {}, "timeout_s": timeout_s,
-                             "transport": transport}, ServerConfig)
+                             "transport": transport, "auth": auth}, ServerConfig)
     path = servers_file(home)
     current: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     current.setdefault(tenant, {})[server] = msgspec.to_builtins(entry)

@@ -379,9 +379,15 @@ class Stack:
 
         ready = self.home / "host.url"
         ready.unlink(missing_ok=True)
+        # Its authorization server knows one OAuth client, for registrations that use client
+        # credentials instead of the static token (`oauth_client_secret`).
+        clients = self.secrets / "host-oauth-clients.json"
+        if not clients.exists():
+            _write_secret(clients, json.dumps({"writ-retrieval": secrets.token_urlsafe(32)}))
         self._spawn("host", [sys.executable, "-m", "fakes.host", "--port", str(port),
                              "--mcp-token-file", str(self.secrets / "host-mcp.token"),
                              "--rest-token-file", str(self.secrets / "host-rest.token"),
+                             "--oauth-clients-file", str(clients),
                              "--ready-file", str(ready)], {})
         self.host_url = _wait_file(ready, self.procs["host"], 20).strip()
         add_server(self.home, "acme", "helpdesk", url=f"{self.host_url}/mcp",

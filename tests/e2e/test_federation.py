@@ -434,3 +434,45 @@ async def test_the_host_refuses_writes_and_reads_without_their_credentials(
                                          "Authorization": f"Bearer {mcp_token}"})
     assert write.status_code == 401  # the read credential cannot write
     assert (await state(helpdesk))["comments"] == []
+
+
+# -- OAuth client credentials ---------------------------------------------------------------
+
+
+async def test_a_read_with_oauth_client_credentials_works_and_wrong_ones_fail_clearly(
+        stack: Stack, admin: Any, helpdesk: httpx.AsyncClient) -> None:
+    """A second registration of the same host whose credential is the OAuth client the host's
+    authorization server knows: retrieval gets a token at `/oauth/token` and reads with it;
+    with a wrong secret the token endpoint refuses, the read says so, nothing is read."""
+    [(client_id, secret)] = json.loads(
+        (stack.secrets / "host-oauth-clients.json").read_text()).items()
+    credential = stack.secrets / "host-mcp-client.json"
+
+    def register(client_secret: str) -> None:
+        credential.write_text(json.dumps({"client_id": client_id, "client_secret": client_secret,
+                                          "token_url": f"{stack.host_url}/oauth/token"}))
+        mcp.add_server(stack.home, "acme", "helpdesk-cc", url=f"{stack.host_url}/mcp",
+                       credential_file=str(credential), tools=["ticket.get"],
+                       auth="client_credentials")
+
+    register(secret)
+    listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk-cc", quiet=True)
+    assert listing.ok, listing.error
+    answer = await mcp.classify(stack.nats_url, "acme", "helpdesk-cc", "ticket.get", "read",
+                                "ops@acme.example", quiet=True)
+    assert answer.ok, answer.message
+    before = await state(helpdesk)
+    result = await read(admin, "mcp:helpdesk-cc/ticket.get", {"ticket_id": "T-1002"})
+    assert isinstance(result, ReadResult), result
+    assert json.loads(result.items[0].text)["subject"] == "Invoice address"
+    seen = await state(helpdesk)
+    assert seen["tokens_issued"] == 1  # got for the listing, used again by the read
+    assert seen["tool_calls"].get("ticket.get", 0) == before["tool_calls"].get("ticket.get", 0) + 1
+
+    register("not-the-secret")
+    refused = await read(admin, "mcp:helpdesk-cc/ticket.get", {"ticket_id": "T-1002"})
+    assert isinstance(refused, ReadRefused) and refused.code == "UNAVAILABLE", refused
+    assert not refused.retryable and "invalid_client" in refused.reason, refused
+    after = await state(helpdesk)
+    assert after["token_refusals"] == seen["token_refusals"] + 1
+    assert after["tool_calls"] == seen["tool_calls"]  # nothing was read

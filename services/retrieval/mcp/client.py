@@ -15,12 +15,15 @@ the tool's breaker).
 
 from __future__ import annotations
 
+import hashlib
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import anyio
 import httpx2
 import mcp_types as types
+import msgspec
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
@@ -110,6 +113,9 @@ class McpClient:
     """Opens sessions with registered servers, with each one's credential, over the transport
     the registration names (`auto`: Streamable HTTP, else legacy HTTP+SSE)."""
 
+    def __init__(self) -> None:
+        self._tokens = _Tokens()
+
     async def session(self, server: ServerConfig,
                       work: Callable[[McpSession], Awaitable[T]]) -> T:
         """Open a session with `server`, run `work` in it, close it; `work`'s own errors pass
@@ -118,18 +124,43 @@ class McpClient:
         Raises:
             McpUnavailable: the session failed (`McpCredentialRefused` for 401/403).
         """
-        if server.transport == "sse":
-            return await self._session(server, work, legacy=True, probe=False)
         try:
-            return await self._session(server, work, legacy=False,
-                                       probe=server.transport == "auto")
+            return await self._with_transport(server, work, await self._bearer(server))
+        except _StaleToken:
+            # A cached access token the server no longer takes (revoked, expired early): one
+            # fresh one, before anything was listed or called; refused again is refused.
+            self._tokens.forget(server)
+            return await self._with_transport(server, work, await self._bearer(server),
+                                              fresh=True)
+
+    async def _bearer(self, server: ServerConfig) -> tuple[str, bool]:
+        """The bearer for `server` and whether it came from the token cache."""
+        if server.auth == "bearer":
+            try:
+                return server.credential(), False
+            except ValueError as exc:
+                raise McpCredentialRefused(str(exc)) from exc
+        return await self._tokens.get(server)
+
+    async def _with_transport(self, server: ServerConfig,
+                              work: Callable[[McpSession], Awaitable[T]],
+                              bearer: tuple[str, bool], *, fresh: bool = False) -> T:
+        token, cached = bearer
+        cached = cached and not fresh
+        if server.transport == "sse":
+            return await self._session(server, work, token, legacy=True, probe=False,
+                                       cached=cached)
+        try:
+            return await self._session(server, work, token, legacy=False,
+                                       probe=server.transport == "auto", cached=cached)
         except _LegacyOnly:
             # Nothing was sent but the handshake: no read can happen twice.
-            return await self._session(server, work, legacy=True, probe=False)
+            return await self._session(server, work, token, legacy=True, probe=False,
+                                       cached=cached)
 
     async def _session(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]],
-                       *, legacy: bool, probe: bool) -> T:
-        headers = {"Authorization": f"Bearer {server.credential()}"}
+                       token: str, *, legacy: bool, probe: bool, cached: bool) -> T:
+        headers = {"Authorization": f"Bearer {token}"}
         timeout = httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
         own: list[BaseException] = []
         started = False
@@ -183,6 +214,8 @@ class McpClient:
                 raise own[0] from None
             if isinstance(exc, Exception | BaseExceptionGroup) and not isinstance(
                     exc, anyio.get_cancelled_exc_class()):
+                if refused and cached and not started:
+                    raise _StaleToken from exc
                 if refused:
                     raise McpCredentialRefused(
                         f"the MCP server refused Writ's credential (HTTP {refused[0]})") from exc
@@ -191,6 +224,90 @@ class McpClient:
                 mcp_error = _first(exc, McpUnavailable)
                 raise (mcp_error or _mapped(exc)) from exc
             raise
+
+
+class _StaleToken(Exception):
+    """A cached access token was refused before any work: get a fresh one."""
+
+
+class _TokenAnswer(msgspec.Struct, kw_only=True):
+    """A token endpoint's answer (RFC 6749 §5.1; other members are ignored, as it says)."""
+
+    access_token: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+    token_type: Annotated[str, msgspec.Meta(max_length=64)]
+    expires_in: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class _TokenError(msgspec.Struct, kw_only=True):
+    error: Annotated[str, msgspec.Meta(max_length=64)] = "unknown"
+
+
+_MAX_TOKEN_ANSWER: Final = 16 * 1024
+
+
+class _Tokens:
+    """Access tokens got with the client credentials grant, kept until shortly before they
+    expire (at most an hour, a minute less than the server says)."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str, str], tuple[str, float]] = {}
+
+    def _key(self, server: ServerConfig) -> tuple[str, str, str]:
+        creds = server.client_credentials()
+        digest = hashlib.sha256(creds.client_secret.encode()).hexdigest()
+        return creds.token_url, creds.client_id, digest
+
+    def forget(self, server: ServerConfig) -> None:
+        try:
+            self._held.pop(self._key(server), None)
+        except ValueError:
+            pass
+
+    async def get(self, server: ServerConfig) -> tuple[str, bool]:
+        try:
+            creds = server.client_credentials()
+        except ValueError as exc:
+            raise McpCredentialRefused(str(exc)) from exc
+        key = self._key(server)
+        held = self._held.get(key)
+        if held is not None and time.monotonic() < held[1]:
+            return held[0], True
+        form = {"grant_type": "client_credentials"}
+        if creds.scope:
+            form["scope"] = creds.scope
+        try:
+            async with httpx2.AsyncClient(timeout=httpx2.Timeout(
+                    server.timeout_s, connect=min(server.timeout_s, 3.0))) as http:
+                response = await http.post(creds.token_url, data=form,
+                                           auth=(creds.client_id, creds.client_secret),
+                                           headers={"Accept": "application/json"})
+                body = response.content[:_MAX_TOKEN_ANSWER + 1]
+        except httpx2.HTTPError as exc:
+            raise McpUnavailable(f"the token endpoint did not answer ({type(exc).__name__})"
+                                 ) from exc
+        if len(body) > _MAX_TOKEN_ANSWER:
+            raise McpUnavailable("the token endpoint's answer is over 16 KiB")
+        if response.status_code in (400, 401, 403):
+            try:
+                error = msgspec.json.decode(body, type=_TokenError).error
+            except msgspec.DecodeError:
+                error = "unknown"
+            raise McpCredentialRefused(
+                f"the token endpoint refused Writ's client credentials (HTTP "
+                f"{response.status_code}: {error})")
+        if response.status_code != 200:
+            raise McpUnavailable(f"the token endpoint did not answer (HTTP "
+                                 f"{response.status_code})")
+        try:
+            answer = msgspec.json.decode(body, type=_TokenAnswer)
+        except msgspec.DecodeError as exc:
+            raise McpUnavailable(f"the token endpoint answered badly: {exc}"[:200]) from exc
+        if answer.token_type.lower() != "bearer":
+            raise McpUnavailable(f"the token endpoint issued a {answer.token_type[:20]} "
+                                 "token, not a bearer one")
+        life = min(answer.expires_in if answer.expires_in is not None else 3600, 3600)
+        self._held[key] = (answer.access_token, time.monotonic() + max(life - 60, 0))
+        return answer.access_token, False
 
 
 def _first(exc: BaseException, kind: type[E]) -> E | None:

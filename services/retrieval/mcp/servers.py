@@ -4,7 +4,10 @@ A JSON file (`WRIT_MCP_SERVERS_FILE`; on Kubernetes a Secret or ConfigMap): `{"<
 {"<server>": {"url", "credential_file", "tools": [...], "facts": {"host_ticket": "<tool>"},
 "transport"}}}`. `transport` is `auto` (Streamable HTTP, falling back to the legacy HTTP+SSE
 transport when the server answers the first POST with a 4xx other than 401/403, as the spec's
-backwards-compatibility section says), `streamable_http` or `sse` (legacy only).
+backwards-compatibility section says), `streamable_http` or `sse` (legacy only). `auth` is
+`bearer` (the credential file holds the token) or `client_credentials` (it holds
+`{"client_id", "client_secret", "token_url", "scope"?}`: the OAuth 2.0 client credentials grant,
+RFC 6749 §4.4, and the token it gets is the bearer).
 `tools` are the tools Writ exposes as capabilities (anything else the server lists is never
 called); `facts` names the tool admission's previews read a host record with. Only retrieval is
 given this file and the credential files it names. It is re-read when it changes.
@@ -19,12 +22,22 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from libs.errors import ConfigError
 from libs.settings import read_secret
 from schemas.mcp import McpToolName, ServerName
 
-__all__ = ["ServerConfig", "ServerRegistry"]
+__all__ = ["ClientCredentials", "ServerConfig", "ServerRegistry"]
 
 log = logging.getLogger("writ.retrieval")
+
+
+class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a `client_credentials` registration's secret file holds."""
+
+    client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    client_secret: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+    token_url: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]{1,2000}$")]
+    scope: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -36,10 +49,25 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     facts: dict[str, McpToolName] = {}
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
     transport: Literal["auto", "streamable_http", "sse"] = "auto"
+    auth: Literal["bearer", "client_credentials"] = "bearer"
 
     def credential(self) -> str:
         """The bearer token, read from its secret file now (a rotated file is picked up)."""
         return read_secret(self.credential_file)
+
+    def client_credentials(self) -> ClientCredentials:
+        """The client id, secret and token URL, read from the secret file now.
+
+        Raises:
+            ValueError: the file cannot be read or is not exactly that (its reason says which
+                field, never the secret).
+        """
+        try:
+            return msgspec.json.decode(read_secret(self.credential_file),
+                                       type=ClientCredentials)
+        except (ConfigError, msgspec.DecodeError) as exc:
+            raise ValueError(f"{self.credential_file} is not client credentials: "
+                             f"{str(exc)[:200]}") from exc
 
 
 _File = dict[str, dict[ServerName, ServerConfig]]
