@@ -23,7 +23,7 @@ import msgspec
 import nats
 import pytest
 
-from fakes.host import drive_run
+from fakes.host import FakeHost, drive_run
 from schemas import subjects
 from schemas.governance import ListPending, PendingDecisions
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
@@ -434,6 +434,34 @@ async def test_the_host_refuses_writes_and_reads_without_their_credentials(
                                          "Authorization": f"Bearer {mcp_token}"})
     assert write.status_code == 401  # the read credential cannot write
     assert (await state(helpdesk))["comments"] == []
+
+
+# -- the legacy HTTP+SSE transport ------------------------------------------------------------
+
+
+async def test_a_read_through_retrieval_reaches_a_legacy_sse_only_server(
+        stack: Stack, admin: Any, tmp_path: Path) -> None:
+    """A host whose MCP server predates Streamable HTTP (the SDK's SSE server transport only):
+    registered with the default `auto`, retrieval falls back to SSE and the host sees one call
+    over an SSE session."""
+    token = tmp_path / "old-host.token"
+    token.write_text("old-host-token")
+    with FakeHost(mcp_token="old-host-token", rest_token="unused", legacy_sse=True) as old:
+        mcp.add_server(stack.home, "acme", "helpdesk-old", url=f"{old.url}/mcp",
+                       credential_file=str(token), tools=["ticket.get"])
+        listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk-old", quiet=True)
+        assert listing.ok, listing.error
+        answer = await mcp.classify(stack.nats_url, "acme", "helpdesk-old", "ticket.get",
+                                    "read", "ops@acme.example", quiet=True)
+        assert answer.ok, answer.message
+        result = await read(admin, "mcp:helpdesk-old/ticket.get", {"ticket_id": "T-1001"})
+        assert isinstance(result, ReadResult), result
+        assert json.loads(result.items[0].text)["subject"] == "Order 7781 shipped late"
+        async with httpx.AsyncClient(base_url=old.url) as control:
+            seen = (await control.get("/_control/state")).json()
+        assert seen["tool_calls"] == {"ticket.get": 1}
+        assert seen["sse_sessions"] == 2  # the operator's listing, then the read
+        assert seen["listings"] == 2
 
 
 # -- OAuth client credentials ---------------------------------------------------------------
