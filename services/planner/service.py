@@ -68,6 +68,7 @@ from schemas.planner import (
     branch_run_id,
 )
 from schemas.reads import RUN_EVENTS, RUN_STATUS
+from schemas.sessions import SESSION_OPS
 from schemas.retrieval import EvidenceGathered, ReadRefused
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
@@ -78,7 +79,7 @@ from services.planner.codes import BUDGET_CODE, REFUSAL_CODES
 from services.planner.critic import Critic
 from services.planner.effects import AGAIN, Effect, Effects, Finished
 from services.planner.endpoints import ReplayEndpoint, ReviewEndpoint
-from services.planner.inputs import input_digest, model_input
+from services.planner.inputs import input_digest, model_input, with_injected
 from services.planner.metrics import PlannerMetrics
 from services.planner.observations import observation_of
 from services.planner.progress import announce
@@ -92,6 +93,7 @@ from services.planner.provider import (
 )
 from services.planner.reads import ReadClient
 from services.planner.review import await_review, record_answer, review_id
+from services.planner.sessions import SessionOpsEndpoint, SessionTurns
 from services.planner.snapshot import (
     agent_call_target,
     branch_of,
@@ -134,8 +136,11 @@ class PlannerService:
                  agents: AgentRegistry, max_decisions: int = 8,
                  reserve_tokens: int = 4096, sealer: Sealer | None = None,
                  reads: ReadClient | None = None, calls: CallDecider | None = None,
-                 concurrency: int = CONCURRENCY) -> None:
+                 concurrency: int = CONCURRENCY, sessions: SessionTurns | None = None) -> None:
         self._rt, self._store, self._provider = rt, store, provider
+        # Chat sessions (DESIGN.md §10): each turn is a run of this loop; None only in tests
+        # of something else.
+        self._sessions = sessions
         # Deliveries handled at once. Each holds one pooled connection for as long as it runs
         # (its run's row lock is held across governance's budget replies), so the pool must
         # have `pool_size(concurrency)` connections: with fewer, handlers queue for one.
@@ -170,10 +175,16 @@ class PlannerService:
         self._rt.endpoints.append(Endpoint("review", REVIEW,
                                            ReviewEndpoint(answer=self.answer_review),
                                            concurrency=8))
+        if self._sessions is not None:
+            self._rt.endpoints.append(Endpoint(
+                "sessions", SESSION_OPS,
+                SessionOpsEndpoint(turns=self._sessions, agents=self._agents), concurrency=32))
         try:
             async with anyio.create_task_group() as tg:
                 if self._sealer is not None:
                     await tg.start(self._sealer.run)  # chains and signs the audit journal
+                if self._sessions is not None:
+                    tg.start_soon(self._sessions.sweep)  # what a crash left after a commit
                 await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
                                 handler=self.handle, metrics=self._rt.metrics,
                                 tracer=self._rt.tracer, stopping=self._rt.stopping,
@@ -231,8 +242,14 @@ class PlannerService:
             steps = await self._store.steps(conn, run.run_id)
             seen = len(steps)
             effects = await self._advance_run(conn, run, steps, event, finished)
+            if self._sessions is not None:
+                await self._sessions.record_steps(conn, run, steps[seen:])
         await announce(self._rt.nc, run, steps[seen:])
-        return await self._continue(conn, run.run_id, effects, finished)
+        try:
+            return await self._continue(conn, run.run_id, effects, finished)
+        finally:
+            if self._sessions is not None:
+                await self._sessions.flush_run(run.run_id)
 
     async def _advance_run(self, conn: Any, run: RunRow, steps: list[Step], event: Inbound,
                            finished: Finished) -> Effects | None:
@@ -246,6 +263,8 @@ class PlannerService:
                     output=msgspec.to_builtins(event), observation=observation):
                 steps.append(Step(seq=event.step + 1, kind="observation",
                                   payload=observation))
+                if self._sessions is not None and isinstance(event, CommandOutcome):
+                    await self._sessions.observed(conn, run, event.step, observation)
             # The capability call has its outcome (or its refusal): it is over.
             await self._budget.spent(conn, run, step_key(run.run_id, event.step,
                                                          "capability"), capability_calls=1)
@@ -306,6 +325,8 @@ class PlannerService:
                                                   error=(CANCEL_CODE, f"cancelled by {by}"))]
                     break
                 effects = await self._next(conn, run, steps, finished)
+                if self._sessions is not None:
+                    await self._sessions.record_steps(conn, run, steps[seen:])
             await announce(self._rt.nc, run, steps[seen:])
         return effects
 
@@ -332,6 +353,8 @@ class PlannerService:
                 last.payload.get("decision") != "request_capabilities"):
             decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
         else:
+            if self._sessions is not None and not await self._sessions.gate(conn, run, steps):
+                return []  # its session is paused: no decision until it resumes
             decisions = sum(1 for s in steps if s.kind == "decision")
             if decisions >= self._max_decisions:
                 return [await self._finish(conn, run, steps, "failed", finished,
@@ -441,6 +464,11 @@ class PlannerService:
         await self._store.set_status(conn, run, "awaiting_human", step=step,
                                      error_code="AWAITING_HUMAN", error_message=message,
                                      pending_id=pending_id)
+        if self._sessions is not None:
+            if proposal is not None:
+                await self._sessions.proposed(conn, run, step, proposal.action,
+                                              proposal.proposal_id, proposal.preview)
+            await self._sessions.waiting(conn, run, step, pending_id, message)
         if run.attended:
             return []  # someone is watching: the run waits for their answer
         if run.status != "awaiting_human" and branch_of(run.manifest) is None:
@@ -524,7 +552,9 @@ class PlannerService:
             NoBudget: a budget ran out (or the run has none): no call.
         """
         try:
-            value = model_input(user=run.input, evidence=run.evidence,
+            injected = [text for s in steps if s.kind == "injected"
+                        for text in s.payload.get("injected", [])]
+            value = model_input(user=with_injected(run.input, injected), evidence=run.evidence,
                                 observations=[s.payload for s in steps
                                               if s.kind == "observation"],
                                 turn=turn, agent=run.agent, manifest=run.manifest,
@@ -580,6 +610,8 @@ class PlannerService:
         code, message = error if error else (None, None)
         await self._store.set_status(conn, run, status, step=step, answer=answer,
                                      error_code=code, error_message=message)
+        if self._sessions is not None:
+            await self._sessions.ended(conn, run, status, answer=answer, code=code)
         if branch_of(run.manifest) is None:  # a branch's end is its caller's to observe
             finished.append((status, code))
         run = msgspec.structs.replace(run, status=status, answer=answer, error_code=code,

@@ -1,0 +1,325 @@
+"""A session's turns on the planner's run loop: what the loop tells the session, in the run's
+own transactions, and what follows their commits.
+
+A turn is a run (`logic.turn_run_id`), governed like any other: the loop calls `gate` before
+each new model decision (a paused session stops there, and injected messages become a step
+the model sees), `record_steps` for the steps it committed, `observed` when a command's typed
+outcome arrives (Writ writes the follow-up into the session: no model call), `waiting` when the
+turn stops for a person, and `ended` when its run ends. After each commit `flush` publishes the
+session's new events on `writ.chat.<tenant>.<session>`; `start` registers an accepted turn's
+run with governance and hands it to retrieval; `sweep` does both again for anything a crash
+left between a commit and what follows it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+import anyio
+import msgspec
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+
+from libs.bus import publish
+from libs.errors import RetryableError
+from libs.telemetry import inject_context
+from schemas import subjects
+from schemas.governance import RegisterRun
+from schemas.ingress import RunStarted
+from schemas.planner import BranchChanged
+from schemas.sessions import (
+    CapabilitySelected,
+    ChildSession,
+    DecisionAsked,
+    Observed,
+    ProposalMade,
+    SessionOpened,
+    StepOutcome,
+    TurnEnded,
+    WriterNote,
+    chat_subject,
+)
+from schemas.planner import branch_run_id
+from services.planner.journal_entries import INJECTED, InjectedEntry
+from services.planner.progress import step_recorded
+from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
+from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
+from services.planner.snapshot import agent_call_target
+from services.planner.store import RunRow, Step
+
+__all__ = ["SessionTurns", "outcome_note"]
+
+log = logging.getLogger("writ.planner.sessions")
+_MAX_NOTE: Final = 500
+
+
+def outcome_note(payload: dict[str, Any]) -> str:
+    """What Writ writes into the conversation from a command's typed outcome (no model call):
+    a success with its receipt, a recoverable outcome with its reason (the model's context at
+    the next message), a terminal failure with its correlation id and nothing else."""
+    action, state = payload.get("action", "the action"), payload.get("state")
+    outcome = payload.get("outcome")
+    if outcome == "terminal_failure" or (state == "failed" and payload.get("correlation_id")):
+        return f"{action} failed; correlation id {payload.get('correlation_id')}"[:_MAX_NOTE]
+    if state == "succeeded":
+        receipt = payload.get("receipt")
+        return (f"{action} succeeded" + (f" (receipt {receipt})" if receipt else ""))[:_MAX_NOTE]
+    reason = payload.get("reason") or ""
+    return f"{action} ended {outcome or state}: {reason}"[:_MAX_NOTE]
+
+
+def _session_of_run(run: RunRow) -> str | None:
+    if is_turn_run(run.run_id):
+        return turn_of(run.run_id)[0]
+    return None
+
+
+class SessionTurns:
+    """The session side of the planner's run loop."""
+
+    def __init__(self, *, nc: Client, js: JetStreamContext, store: SessionStore,
+                 register_timeout_s: float = 2.0) -> None:
+        self._nc, self._js, self._store = nc, js, store
+        self._register_timeout = register_timeout_s
+
+    @property
+    def store(self) -> SessionStore:
+        """The sessions' store."""
+        return self._store
+
+    async def _session_for(self, conn: Any, run: RunRow) -> SessionRow | None:
+        """The session a run shows (a turn's, or a branch's child session), locked."""
+        session_id = _session_of_run(run)
+        if session_id is None:
+            if not run.run_id.startswith("ses-"):
+                return None
+            session_id = await conn.fetchval(
+                "SELECT session_id FROM planner.sessions WHERE branch_run_id = $1", run.run_id)
+            if session_id is None:
+                return None
+        return await self._store.lock(conn, session_id)
+
+    async def gate(self, conn: Any, run: RunRow, steps: list[Step]) -> bool:
+        """Before a turn's next model decision: False if its session is paused (the turn stops
+        here, recorded; a resume wakes it). Injected messages not seen yet become the run's
+        next step, so the model sees them now."""
+        if not is_turn_run(run.run_id):
+            return True
+        # Not locked: the model call that follows runs in this transaction, and a pause or an
+        # inject must not wait for it.
+        session = await self._store.get(conn, turn_of(run.run_id)[0])
+        if session is None:
+            return True
+        if session.state == "paused":
+            return False
+        seq = steps[-1].seq + 1 if steps else 0
+        taken = await self._store.take_injections(conn, session.session_id, run.run_id, seq)
+        if taken:
+            payload: dict[str, Any] = {"injected": [text for _, text in taken]}
+            await conn.execute(
+                "INSERT INTO planner.steps (run_id, seq, kind, payload) VALUES ($1, $2, "
+                "'injected', $3::jsonb) ON CONFLICT DO NOTHING", run.run_id, seq,
+                msgspec.json.encode(payload).decode())
+            if self._store.journal is not None:
+                await self._store.journal.write(
+                    conn, tenant=run.tenant, kind=INJECTED, subject=f"{run.run_id}/{seq}",
+                    run_id=run.run_id, payload=InjectedEntry(seq=seq, texts=payload["injected"]))
+            steps.append(Step(seq=seq, kind="injected", payload=payload))
+        return True
+
+    async def record_steps(self, conn: Any, run: RunRow, new: list[Step]) -> None:
+        """The session events of steps the loop just recorded (in their transaction)."""
+        if not new or not run.run_id.startswith("ses-"):
+            return
+        session = await self._session_for(conn, run)
+        if session is None:
+            return
+        turn = session.turn if is_turn_run(run.run_id) else 1
+        for step in new:
+            source = f"step:{run.run_id}:{step.seq}"
+            payload = step.payload
+            if step.kind == "decision" and payload.get("decision") == "select_capability":
+                capability = str(payload.get("capability", ""))[:512]
+                session, _ = await self._store.add_event(
+                    conn, session, source, lambda n, s=step, c=capability: CapabilitySelected(
+                        session_id=session.session_id, n=n, turn=turn, step=s.seq,
+                        capability=c))
+                callee = agent_call_target(run.manifest, capability)
+                if callee is not None:
+                    session = await self._child(conn, session, run, step.seq, callee, turn)
+            elif step.kind == "observation":
+                summary = step_recorded(run.tenant, run.run_id, step).summary
+                session, _ = await self._store.add_event(
+                    conn, session, source, lambda n, s=step, t=summary: Observed(
+                        session_id=session.session_id, n=n, turn=turn, step=s.seq, summary=t))
+
+    async def _child(self, conn: Any, session: SessionRow, run: RunRow, step: int,
+                     callee: str, turn: int) -> SessionRow:
+        """An agent call of a turn: its branch run shows as a child session."""
+        branch = branch_run_id(run.run_id, step)
+        child_id = child_id_for(branch)
+        if await self._store.create(conn, session_id=child_id, tenant=session.tenant,
+                                    principal=session.principal, agent=callee, plan_mode=False,
+                                    open_key=f"child:{branch}", state="processing",
+                                    parent=session, branch_run_id=branch):
+            child = await self._store.lock(conn, child_id)
+            assert child is not None
+            child = await self._store.move(conn, child, "processing", turn=1, turn_open=True)
+            await self._store.add_event(conn, child, "opened", lambda n: SessionOpened(
+                session_id=child_id, n=n, agent=callee, principal=session.principal,
+                parent_session_id=session.session_id))
+        session, _ = await self._store.add_event(
+            conn, session, f"child:{branch}", lambda n: ChildSession(
+                session_id=session.session_id, n=n, turn=turn, child_session_id=child_id,
+                run_id=branch, agent=callee))
+        return session
+
+    async def observed(self, conn: Any, run: RunRow, step: int,
+                       observation: dict[str, Any]) -> None:
+        """A command's typed outcome, written into the session by Writ (no model call)."""
+        if "operation_id" not in observation:
+            return
+        session = await self._session_for(conn, run)
+        if session is None:
+            return
+        turn = session.turn if is_turn_run(run.run_id) else 1
+        text = outcome_note(observation)
+        session, _ = await self._store.add_event(
+            conn, session, f"outcome:{run.run_id}:{step}", lambda n: StepOutcome(
+                session_id=session.session_id, n=n, turn=turn, step=step,
+                action=str(observation.get("action", ""))[:512],
+                state=str(observation.get("state", ""))[:512],
+                outcome=observation.get("outcome"),
+                correlation_id=observation.get("correlation_id"), text=text))
+        await self._store.add_event(conn, session, f"note:{run.run_id}:{step}",
+                                    lambda n: WriterNote(session_id=session.session_id, n=n,
+                                                         turn=turn, text=text))
+
+    async def proposed(self, conn: Any, run: RunRow, step: int, action: str,
+                       proposal_id: str | None, preview: dict[str, Any]) -> None:
+        """A turn's proposal waits for a person's approval."""
+        session = await self._session_for(conn, run)
+        if session is None:
+            return
+        await self._store.add_event(conn, session, f"proposal:{run.run_id}:{step}",
+                                    lambda n: ProposalMade(
+            session_id=session.session_id, n=n, turn=session.turn, step=step,
+            action=action[:512], proposal_id=proposal_id, preview=preview))
+
+    async def waiting(self, conn: Any, run: RunRow, step: int, pending_id: str | None,
+                      message: str) -> None:
+        """The turn stops for a person's decision: the session shows what it waits for."""
+        session = await self._session_for(conn, run)
+        if session is None or pending_id is None:
+            return
+        await self._store.add_event(conn, session, f"ask:{run.run_id}:{step}:{pending_id}",
+                                    lambda n: DecisionAsked(
+            session_id=session.session_id, n=n, turn=session.turn, step=step,
+            pending_id=pending_id[:512], message=message[:512]))
+
+    async def ended(self, conn: Any, run: RunRow, status: str, *, answer: str | None,
+                    code: str | None) -> None:
+        """The turn's run ended: the session takes its next message (or stays closed)."""
+        session = await self._session_for(conn, run)
+        if session is None:
+            return
+        if is_turn_run(run.run_id):
+            if not await self._store.end_turn(conn, run.run_id, status):
+                return
+            turn = turn_of(run.run_id)[1]
+            if session.turn == turn and session.turn_open:
+                session = await self._store.move(
+                    conn, session, transition(session.state, "turn_ended"), turn_open=False)
+        else:  # a child session: its one turn is the branch run
+            turn = 1
+            session = await self._store.move(conn, session, "closed", turn_open=False)
+        await self._store.add_event(conn, session, f"ended:{run.run_id}", lambda n: TurnEnded(
+            session_id=session.session_id, n=n, turn=turn, run_id=run.run_id, status=status,
+            answer=answer, code=code))
+
+    # --- after the commit ------------------------------------------------------------------
+
+    async def flush(self, session_id: str) -> None:
+        """Publish the session's events not yet on its subject, in order (a duplicate of one
+        already published is dropped by its `Nats-Msg-Id`)."""
+        async with self._store.acquire() as conn:
+            session = await self._store.get(conn, session_id)
+            if session is None or session.published_n >= session.last_n:
+                return
+            events = await self._store.events(conn, session_id, after=session.published_n)
+            subject = chat_subject(session.tenant, session_id)
+            for event in events:
+                await publish(self._js, subject, event, msg_id=f"chat:{session_id}:{event.n}")
+            if events:
+                await self._store.mark_published(conn, session_id, events[-1].n)
+
+    async def flush_run(self, run_id: str) -> None:
+        """`flush` the session a run shows, if any; a failure is left to the sweep."""
+        if not run_id.startswith("ses-"):
+            return
+        try:
+            if is_turn_run(run_id):
+                await self.flush(turn_of(run_id)[0])
+            else:
+                async with self._store.acquire() as conn:
+                    session_id = await conn.fetchval(
+                        "SELECT session_id FROM planner.sessions WHERE branch_run_id = $1",
+                        run_id)
+                    parent = await conn.fetchval(
+                        "SELECT parent_session_id FROM planner.sessions WHERE session_id = $1",
+                        session_id)
+                for sid in (session_id, parent):
+                    if sid is not None:
+                        await self.flush(sid)
+        except Exception as exc:
+            log.warning("session events of run %s not published yet: %r", run_id, exc)
+
+    async def start(self, session: SessionRow, turn: TurnRow) -> None:
+        """Register the turn's run with governance (attended: a person is in the chat) and
+        hand it to retrieval, like ingress starts a host's run.
+
+        Raises:
+            RetryableError: governance or the bus did not take it (the sweep tries again).
+        """
+        register = RegisterRun(tenant=session.tenant, run_id=turn.run_id,
+                               principal=session.principal, agent=session.agent, attended=True)
+        try:
+            reply = await self._nc.request(subjects.REGISTER_RUN, msgspec.json.encode(register),
+                                           timeout=self._register_timeout,
+                                           headers=inject_context({}))
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            raise RetryableError(f"governance did not register turn {turn.run_id}") from exc
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            raise RetryableError(f"governance refused to register turn {turn.run_id}")
+        await publish(self._js, subjects.run_started(session.tenant), RunStarted(
+            run_id=turn.run_id, request_id=turn.run_id, tenant=session.tenant,
+            principal=session.principal, agent=session.agent, input=turn.input, attended=True),
+            msg_id=f"run-started:{turn.run_id}")
+        async with self._store.acquire() as conn:
+            await self._store.mark_started(conn, turn.run_id)
+
+    async def wake(self, tenant: str, run_id: str, why: str) -> None:
+        """Have the planner's inbox drive a turn's run again (after a resume or a close)."""
+        await publish(self._js, subjects.branch(tenant),
+                      BranchChanged(tenant=tenant, run_id=run_id), msg_id=f"wake:{run_id}:{why}")
+
+    async def sweep(self, *, interval_s: float = 1.0) -> None:
+        """Forever: start accepted turns nobody started, publish events nobody published."""
+        while True:
+            try:
+                async with self._store.acquire() as conn:
+                    turns = await self._store.unstarted(conn)
+                    sessions = await self._store.unpublished(conn)
+                    owners = {t.run_id: await self._store.get(conn, t.session_id) for t in turns}
+                for turn in turns:
+                    owner = owners[turn.run_id]
+                    if owner is not None:
+                        await self.start(owner, turn)
+                for session in sessions:
+                    await self.flush(session.session_id)
+            except Exception as exc:
+                log.warning("session sweep: %r", exc)
+            await anyio.sleep(interval_s)
