@@ -45,6 +45,12 @@ def _run(args: argparse.Namespace) -> int:
     return run_demo(Path(args.home), serve=not args.once)
 
 
+def _chat(args: argparse.Namespace) -> int:
+    from writ.chat import chat_main
+
+    return chat_main(args)
+
+
 def _schemas(args: argparse.Namespace) -> int:
     from writ.contracts import check_contracts, write_contracts
     from writ.schemas_io import check_schemas, write_schemas
@@ -417,6 +423,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--home", default=".writ", help="data folder (default: .writ)")
     p.add_argument("--once", action="store_true", help="stop after the demo run")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("chat", help="chat with an agent in the terminal (a session over HTTP)")
+    p.add_argument("agent")
+    p.add_argument("--home", default=".writ", help="writ run's folder: API port, demo keys")
+    p.add_argument("--url", default="", help="the API's base URL (default: WRIT_API_URL, or "
+                                             "writ run's)")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--principal", default="alice@acme.example")
+    p.add_argument("--key", default="", help="the tenant's host key (PEM) if not a demo one")
+    p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
+    p.add_argument("--plan-mode", action="store_true", help="plans first, for your approval")
+    p.add_argument("--session", default="", help="go on with this session instead")
+    p.set_defaults(func=_chat)
 
     p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")
     p.add_argument("--write", action="store_true")

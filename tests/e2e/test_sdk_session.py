@@ -1,0 +1,124 @@
+"""The SDK's `Session` (`writ_client`) against the real deployment over HTTP: a turn read from
+the session's event stream, the history, resuming the stream after the last event seen, and
+the session's writes (pause, resume, inject, close, fork) with Writ's refusal codes."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import asyncpg
+import httpx
+import pytest
+
+from schemas.sessions import (
+    AnySessionEvent,
+    SessionClosed,
+    SessionOpened,
+    StepOutcome,
+    TurnEnded,
+    TurnStarted,
+    UserMessage,
+)
+from tests.e2e.conftest import notes_for
+from writ.stack import Stack
+from writ_client import Client, Issuer, Session, WritError
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+ASK = "Note the delayed shipment call"
+
+
+def issuer(stack: Stack, tenant: str = "acme") -> Issuer:
+    return Issuer.from_file(stack.secrets / f"host-{tenant}.pem", tenant=tenant,
+                            issuer=stack.issuer(tenant))
+
+
+async def collect(session: Session, *, until: type, after: int | None = None,
+                  timeout_s: float = 60) -> list[AnySessionEvent]:
+    """The session's events up to the first `until` one."""
+    seen: list[AnySessionEvent] = []
+    with anyio.fail_after(timeout_s):
+        async for event in session.events(after=after):
+            seen.append(event)
+            if isinstance(event, until):
+                return seen
+    raise AssertionError("unreachable")
+
+
+async def test_a_turn_through_the_session_its_history_and_a_resumed_stream(
+        stack: Stack, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    async with Client(stack.api_url, issuer(stack), "alice@acme.example") as client:
+        key = f"sdk-session-{uuid.uuid4().hex[:12]}"
+        session = await client.open_session("crm-assistant", request_id=key)
+        again = await client.open_session("crm-assistant", request_id=key)
+        assert again.session_id == session.session_id  # one key, one session
+        turn, ids = [], []
+        with anyio.fail_after(60):
+            async for event in session.turn(ASK):
+                turn.append(event)
+                ids.append(session.last_event_id)  # the event's stream sequence
+        assert ids == sorted(set(ids)) and ids[-1] == session.last_event_id
+        kinds = [type(e).__name__ for e in turn]
+        assert kinds[0] == "SessionOpened" and kinds[-1] == "TurnEnded", kinds
+        assert [e.n for e in turn] == sorted(e.n for e in turn)  # in order
+        opened, ended = turn[0], turn[-1]
+        assert isinstance(opened, SessionOpened) and opened.agent == "crm-assistant"
+        assert isinstance(ended, TurnEnded) and ended.status == "succeeded"
+        assert any(isinstance(e, UserMessage) and e.text == ASK for e in turn)
+        assert any(isinstance(e, TurnStarted) and e.run_id == ended.run_id for e in turn)
+        # The history says the same, and the note was made once.
+        view = await session.history()
+        assert (view.state, view.turn, view.agent) == ("active", 1, "crm-assistant")
+        assert [(m.role, m.text) for m in view.messages if m.role == "user"] == [("user", ASK)]
+        assert any(m.role == "agent" and m.text == ended.answer for m in view.messages)
+        [outcome] = [e for e in turn if isinstance(e, StepOutcome)]
+        assert (outcome.action, outcome.state) == ("crm.note.create", "succeeded")
+        [operation_id] = await db.fetch(
+            "SELECT operation_id FROM admission.commands WHERE run_id = $1", ended.run_id)
+        assert len(notes_for(crm, f"acme:{operation_id[0]}")) == 1
+        # Resuming from any event id gives exactly the events after it: no gap, no duplicate.
+        middle = len(turn) // 2
+        fresh = client.session(session.session_id)
+        resumed = await collect(fresh, until=TurnEnded, after=ids[middle])
+        assert resumed == turn[middle + 1:]
+        # A busy-free second message on the same session is the next turn.
+        with anyio.fail_after(60):
+            second = [event async for event in session.turn("And again, please")]
+        assert isinstance(second[-1], TurnEnded) and second[-1].turn == 2
+        assert not any(isinstance(e, SessionOpened) for e in second)  # resumed after turn 1
+        # A fork at turn 1: the parent's history up to there, its note not made again.
+        forked = await session.fork(1)
+        fork_view = await forked.history()
+        assert forked.session_id != session.session_id
+        assert (fork_view.parent_session_id, fork_view.fork_turn) == (session.session_id, 1)
+        assert [(m.role, m.text) for m in fork_view.messages] == [
+            (m.role, m.text) for m in view.messages]
+        assert len(notes_for(crm, f"acme:{operation_id[0]}")) == 1
+        with pytest.raises(WritError) as missing:
+            await session.approve_plan("plan-unknown")
+        assert (missing.value.code, missing.value.status) == ("NOT_FOUND", 404)
+
+
+async def test_pause_resume_inject_close_and_refusals(stack: Stack) -> None:
+    async with Client(stack.api_url, issuer(stack), "alice@acme.example") as client:
+        session = await client.open_session("crm-assistant")
+        paused = await session.pause()
+        assert paused.state == "paused"
+        with pytest.raises(WritError) as refused:
+            await session.send("while paused")
+        assert refused.value.code in ("SESSION_PAUSED", "INVALID_TRANSITION")
+        injected = await session.inject("Mention the order number 7781")
+        assert injected.session_id == session.session_id
+        assert (await session.resume()).state == "active"
+        closed = await session.close()
+        assert closed.state == "closed"
+        events = await collect(session, until=SessionClosed, after=0)
+        assert [type(e).__name__ for e in events][-1] == "SessionClosed"
+        with pytest.raises(WritError) as refused:
+            await session.send("after close")
+        assert (refused.value.code, refused.value.status) == ("SESSION_CLOSED", 409)
+        assert (await session.history()).state == "closed"
+    async with Client(stack.api_url, issuer(stack), "mallory@acme.example") as other:
+        with pytest.raises(WritError) as hidden:
+            await other.session(session.session_id).history()
+        assert hidden.value.code == "NOT_FOUND"
