@@ -76,8 +76,8 @@ def with_injected(user: str, injected: list[str]) -> str:
     session's `inject`), marked as injected: all of it the principal's data."""
     if not injected:
         return user
-    return "\n\n".join([user, "Injected by the user during this turn:",
-                          *(f"- {text}" for text in injected)])
+    lines = "\n".join(f"- {text}" for text in injected)
+    return f"{user}\n\nInjected by the user during this turn:\n{lines}"
 
 
 def input_digest(value: ModelInput | CriticInput) -> str:

@@ -305,8 +305,8 @@ class SessionOpsEndpoint:
             session_id=session.session_id, agent=session.agent, principal=session.principal,
             state=session.state,  # type: ignore[arg-type]
             plan_mode=session.plan_mode, turn=session.turn,
-            run_id=turn_run_id(session.session_id, session.turn) if session.turn else (
-                session.branch_run_id),
+            run_id=session.branch_run_id or (
+                turn_run_id(session.session_id, session.turn) if session.turn else None),
             waiting_for=waiting, parent_session_id=session.parent_session_id,
             fork_turn=session.fork_turn, fork_step=session.fork_step,
             children=await self._store.children(conn, session.session_id),

@@ -150,7 +150,8 @@ class SessionTurns:
                 callee = agent_call_target(run.manifest, capability)
                 if callee is not None:
                     session = await self._child(conn, session, run, step.seq, callee, turn)
-            elif step.kind == "observation":
+            elif step.kind == "observation" and "operation_id" not in payload:
+                # (a command's outcome is the session's `StepOutcome`, written as it arrives)
                 summary = step_recorded(run.tenant, run.run_id, step).summary
                 session, _ = await self._store.add_event(
                     conn, session, source, lambda n, s=step, t=summary: Observed(
