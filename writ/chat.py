@@ -3,10 +3,12 @@
 Two loops in one task group: one prints the session's events as they arrive (model text as its
 deltas come, a reset marker when an attempt is abandoned, capabilities, outcomes, plans and
 asks in place), the other reads lines from standard input. A line is a message, the answer to
-what the session asks (a plan: `y` approves, anything else rejects with that reason), or a
-command: `/pause`, `/resume`, `/inject <text>`, `/fork [turn]` (the chat goes on in the fork),
-`/close`, `/help`, `/quit` (leaves the session as it is). Rendering and parsing are pure
-functions (`render`, `parse`), so their rules are tested without a terminal.
+what the session asks (a plan or a proposal: `y` approves, anything else rejects with that
+reason; a person's decision: `y` / `once`, `always`, `n` / `deny`, which needs a token with the
+approver role: `--roles approver`), or a command: `/pause`, `/resume`, `/inject <text>`,
+`/fork [turn]` (the chat goes on in the fork), `/close`, `/help`, `/quit` (leaves the session
+as it is). Rendering and parsing are pure functions (`render`, `parse`), so their rules are
+tested without a terminal.
 """
 
 from __future__ import annotations
@@ -50,16 +52,19 @@ __all__ = ["Action", "ChatView", "parse", "render", "run_chat"]
 HELP: Final = ("commands: /pause  /resume  /inject <text>  /fork [turn]  /close  /quit  /help; "
                "anything else is a message")
 _YES: Final = frozenset({"y", "yes", "/approve"})
+_DECISION_ANSWERS: Final = {"y": "once", "yes": "once", "once": "once", "always": "always",
+                            "n": "deny", "no": "deny", "deny": "deny"}
 
 
 @dataclass
 class ChatView:
     """What the printer remembers between events: whether model text is mid-line, whether
-    this turn's answer was streamed, and what the session asks the person (a plan's id)."""
+    this turn's answer was streamed, and what the session asks the person: `asking` is
+    ("plan" | "proposal" | "decision", its id)."""
 
     in_text: bool = False
     streamed: bool = False
-    plan_id: str | None = None
+    asking: tuple[str, str] | None = None
     turn: int = 0
     closed: bool = False
     forks: list[str] = field(default_factory=list)
@@ -94,28 +99,38 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
     if isinstance(event, Observed):
         return _line(view, f"  · {event.summary}")
     if isinstance(event, ProposalMade):
-        return _line(view, f"  · proposes {event.action}")
+        if event.proposal_id is None:
+            return _line(view, f"  · proposes {event.action}")
+        view.asking = ("proposal", event.proposal_id)
+        preview = f" {_args(event.preview)}" if event.preview else ""
+        return _line(view, f"[proposal {event.proposal_id}: {event.action}{preview}]") + \
+            "approve this action? y to approve, anything else rejects it with that reason\n"
     if isinstance(event, StepOutcome):
         return _line(view, f"  · {event.action}: {event.state}")
     if isinstance(event, WriterNote):
         return _line(view, f"writ: {event.text}")
     if isinstance(event, PlanProposed):
-        view.plan_id = event.plan.plan_id
+        view.asking = ("plan", event.plan.plan_id)
         steps = "".join(f"    {s.index + 1}. {s.capability}"
                         f"{' ' + _args(s.arguments) if s.arguments else ''}\n"
                         for s in event.plan.steps)
         return _line(view, f"[plan {event.plan.plan_id}]") + steps + \
             "approve this plan? y to approve, anything else rejects it with that reason\n"
     if isinstance(event, PlanDecided):
-        if view.plan_id == event.plan_id:
-            view.plan_id = None
+        if view.asking == ("plan", event.plan_id):
+            view.asking = None
         return _line(view, f"[plan {event.answer}{': ' + event.reason if event.reason else ''}]")
     if isinstance(event, DecisionAsked):
+        view.asking = ("decision", event.pending_id)
         return _line(view, f"[waiting for a person's decision {event.pending_id}"
-                           f"{': ' + event.message if event.message else ''}]")
+                           f"{': ' + event.message if event.message else ''}]") + \
+            "allow it? y (once), always, or n (deny)\n"
     if isinstance(event, DecisionTaken):
+        if view.asking == ("decision", event.pending_id):
+            view.asking = None
         return _line(view, f"[decision {event.pending_id}: {event.answer}]")
     if isinstance(event, TurnEnded):
+        view.asking = None
         answer = "" if view.streamed or not event.answer else _line(view, f"agent: "
                                                                         f"{event.answer}")
         status = f"[turn {event.turn} {event.status}"
@@ -151,17 +166,20 @@ class Action:
     """What a line of input asks for: `kind` and its text (a message, a reason, a turn)."""
 
     kind: str  # message | pause | resume | inject | fork | close | quit | help | approve |
-    # reject | invalid | nothing
+    # reject | decide | invalid | nothing
     text: str = ""
 
 
 def parse(line: str, view: ChatView) -> Action:
-    """The action of one input line, given what the session asks (`view.plan_id`)."""
+    """The action of one input line, given what the session asks (`view.asking`)."""
     text = line.strip()
     if not text:
         return Action("nothing")
-    if view.plan_id is not None and (text.lower() in _YES or not text.startswith("/")
-                                     or text.startswith("/reject")):
+    asking = view.asking[0] if view.asking else None
+    if asking == "decision" and text.lower() in _DECISION_ANSWERS:
+        return Action("decide", _DECISION_ANSWERS[text.lower()])
+    if asking in ("plan", "proposal") and (text.lower() in _YES or not text.startswith("/")
+                                           or text.startswith("/reject")):
         if text.lower() in _YES:
             return Action("approve")
         reason = text.removeprefix("/reject").strip()
@@ -219,10 +237,8 @@ class _Chat:
                 return False
         elif action.kind == "inject":
             await s.inject(action.text)
-        elif action.kind == "approve" and self.view.plan_id:
-            await s.approve_plan(self.view.plan_id)
-        elif action.kind == "reject" and self.view.plan_id:
-            await s.reject_plan(self.view.plan_id, action.text)
+        elif action.kind in ("approve", "reject", "decide") and self.view.asking:
+            await self._answer(action, *self.view.asking)
         elif action.kind == "fork":
             turn = int(action.text) if action.text else max(self.view.turn, 1)
             fork = await s.fork(turn)
@@ -233,12 +249,28 @@ class _Chat:
             await tg.start(self.show)
         return True
 
+    async def _answer(self, action: Action, kind: str, ask_id: str) -> None:
+        c, s = self.client, self.session
+        if kind == "plan":
+            await (s.approve_plan(ask_id) if action.kind == "approve"
+                   else s.reject_plan(ask_id, action.text))
+        elif kind == "proposal":
+            await (c.approve(ask_id) if action.kind == "approve"
+                   else c.reject(ask_id, action.text))
+            self.say(f"[proposal {ask_id} {action.kind}d]\n")
+            self.view.asking = None
+        else:
+            await c.decide(ask_id, action.text)
+            self.say(f"[decision {ask_id}: {action.text}]\n")
+            self.view.asking = None
+
 
 async def run_chat(base_url: str, issuer: Issuer, principal: str, agent: str, *,
                    plan_mode: bool = False, session_id: str | None = None,
-                   stdin: TextIO = sys.stdin, out: TextIO = sys.stdout) -> int:
+                   roles: tuple[str, ...] = (), stdin: TextIO = sys.stdin,
+                   out: TextIO = sys.stdout) -> int:
     """Chat until `/quit`, `/close` or the end of input; 0 unless the session cannot open."""
-    async with Client(base_url, issuer, principal) as client:
+    async with Client(base_url, issuer, principal, roles=roles) as client:
         try:
             session = (client.session(session_id) if session_id else
                        await client.open_session(agent, plan_mode=plan_mode))
@@ -282,5 +314,7 @@ def chat_main(args: Any) -> int:
 
     issuer = Issuer.from_file(key, tenant=args.tenant,
                               issuer=args.issuer or Stack(home).issuer(args.tenant))
+    roles = tuple(filter(None, args.roles.split(",")))
     return anyio.run(lambda: run_chat(url, issuer, args.principal, args.agent,
-                                      plan_mode=args.plan_mode, session_id=args.session or None))
+                                      plan_mode=args.plan_mode, session_id=args.session or None,
+                                      roles=roles))

@@ -435,6 +435,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
     p.add_argument("--plan-mode", action="store_true", help="plans first, for your approval")
     p.add_argument("--session", default="", help="go on with this session instead")
+    p.add_argument("--roles", default="", help="comma-separated roles of the token (approver: "
+                                               "answer the decisions the chat asks)")
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")

@@ -128,3 +128,26 @@ async def test_end_of_input_leaves_the_session_as_it_is(stack: Stack) -> None:
     async with chat(stack, "crm-assistant", "--session", "no-such-session") as term:
         with anyio.fail_after(30):
             assert await term.process.wait() == 1
+
+
+
+async def test_a_decision_asked_in_the_chat_is_answered_in_place(
+        stack: Stack, payments: httpx.Client, db: asyncpg.Connection) -> None:
+    async with chat(stack, "billing-assistant", "--roles", "approver") as term:
+        session_id = (await term.expect(r"^\[session (\S+) with billing-assistant\]$"))[1]
+        await term.type("Charge the expedited shipping")
+        await term.expect(r"^\[proposal \S+: payment\.charge\.create .*amount_cents=4900")
+        pending = (await term.expect(r"^\[waiting for a person's decision (\S+): "))[1]
+        await term.expect(r"^allow it\? y \(once\), always, or n \(deny\)$")
+        await term.type("y")
+        await term.expect(rf"^\[decision {pending}: once\]$")
+        await term.expect(r"^  · payment\.charge\.create: succeeded$")
+        await term.expect(r"^\[turn 1 succeeded\]$")
+        await term.type("/quit")
+        with anyio.fail_after(30):
+            assert await term.process.wait() == 0
+    [row] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                           f"{session_id}-t1")
+    charges = [c for c in payments.get("/_control/charges").json()
+               if c["reference"].endswith(f":{row[0]}")]
+    assert len(charges) == 1 and charges[0]["amount_cents"] == 4900

@@ -6,10 +6,12 @@ import pytest
 
 from schemas.sessions import (
     DecisionAsked,
+    DecisionTaken,
     PlanDecided,
     PlanProposed,
     PlanStep,
     PlanView,
+    ProposalMade,
     TextDelta,
     TextReset,
     TurnEnded,
@@ -67,14 +69,14 @@ def test_a_plan_is_shown_with_its_steps_and_asked_in_place() -> None:
                    "    2. crm.note.create customer_id='ACME-42'\n"
                    "approve this plan? y to approve, anything else rejects it with that "
                    "reason\n")
-    assert view.plan_id == "plan-7"
+    assert view.asking == ("plan", "plan-7")
     assert parse("y\n", view) == Action("approve")
     assert parse("no, read the invoice first", view) == Action(
         "reject", "no, read the invoice first")
     assert parse("/reject", view) == Action("reject", "rejected in the chat")
     assert parse("/pause", view) == Action("pause")  # commands still work while it asks
     render(PlanDecided(session_id=S, n=5, plan_id="plan-7", answer="approved"), view)
-    assert view.plan_id is None and parse("y", view) == Action("message", "y")
+    assert view.asking is None and parse("y", view) == Action("message", "y")
 
 
 def test_a_decision_asked_and_writs_notes_are_shown_on_their_own_lines() -> None:
@@ -84,7 +86,28 @@ def test_a_decision_asked_and_writs_notes_are_shown_on_their_own_lines() -> None
                                 message="send_external"), view)
     out += render(WriterNote(session_id=S, n=5, turn=1, text="refused"), view)
     assert out == ("agent: Let me\n[waiting for a person's decision pend-1: send_external]\n"
-                   "writ: refused\n")
+                   "allow it? y (once), always, or n (deny)\nwrit: refused\n")
+    assert view.asking == ("decision", "pend-1")
+    assert [parse(x, view) for x in ("y", "always", "N", "deny")] == [
+        Action("decide", "once"), Action("decide", "always"), Action("decide", "deny"),
+        Action("decide", "deny")]
+    assert parse("what is it?", view) == Action("message", "what is it?")
+    render(DecisionTaken(session_id=S, n=6, turn=1, step=1, pending_id="pend-1",
+                         answer="once"), view)
+    assert view.asking is None
+
+
+def test_a_proposal_is_asked_in_place_until_the_turn_ends() -> None:
+    view = ChatView()
+    out = render(ProposalMade(session_id=S, n=4, turn=1, step=1, action="crm.note.create",
+                              proposal_id="prop-1", preview={"body": "Delayed"}), view)
+    assert out == ("[proposal prop-1: crm.note.create body='Delayed']\n"
+                   "approve this action? y to approve, anything else rejects it with that "
+                   "reason\n")
+    assert parse("yes", view) == Action("approve")
+    assert parse("not this customer", view) == Action("reject", "not this customer")
+    render(ended(), view)
+    assert view.asking is None
 
 
 @pytest.mark.parametrize(("line", "action"), [
