@@ -9,9 +9,10 @@ the planner's loop (`run_id` = `<session_id>-t<turn>`), governed exactly like on
 
 Bodies refuse unknown fields and bound their sizes. Events are `Event`s: a client skips the
 fields (and event types) it does not know. Every durable event carries `n`, its number in the
-session (1, 2, ...; no gap); text deltas and resets carry the `n` of the turn's start and
-their own `index`, since they are many and not kept in the planner's tables. Over SSE each
-event's `id` is its JetStream stream sequence, so `Last-Event-ID` resumes exactly.
+session (1, 2, ...; no gap); text deltas and resets carry `n` = 0 and their own `attempt` and
+`index`, since they are many and not kept in the planner's tables (the answer is, once
+decided: `TurnEnded.answer`). Over SSE each event's `id` is its JetStream stream sequence, so
+`Last-Event-ID` resumes exactly.
 """
 
 from __future__ import annotations
@@ -285,8 +286,8 @@ class TurnStarted(SessionEvent):
 
 
 class TextDelta(SessionEvent):
-    """Model text as it streams, batched (tens a second, not one per token). `n` is the turn's
-    start; `attempt` the model call's; `index` orders deltas within the attempt."""
+    """Model text as it streams, batched (tens a second, not one per token). `n` is 0;
+    `attempt` numbers the model call's attempts (from 1); `index` orders deltas within one."""
 
     turn: Count
     step: Count
@@ -296,7 +297,9 @@ class TextDelta(SessionEvent):
 
 
 class TextReset(SessionEvent):
-    """A model attempt was abandoned and is retried: discard its deltas."""
+    """A model attempt was abandoned and is retried: discard the text of (`turn`, `step`)
+    shown so far. `attempt` 0: the step's model call is made again (the planner restarted
+    during an earlier one)."""
 
     turn: Count
     step: Count

@@ -38,6 +38,7 @@ and `writ.int.planner.review` (`endpoints.py`). Each committed step is announced
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -111,7 +112,7 @@ __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
 # keeps 32), since a run's delivery waits on governance's budget replies, not on CPU.
 CONCURRENCY = 32
 # Connections beyond one per delivery in flight: the sealer, the review and replay endpoints.
-POOL_HEADROOM = 4
+POOL_HEADROOM = 4 + 8  # and the chat sessions' endpoint and model-call counts
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
 Inbound = (EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
            | DecisionAnswered | RunCancelRequested)
@@ -178,7 +179,7 @@ class PlannerService:
         if self._sessions is not None:
             self._rt.endpoints.append(Endpoint(
                 "sessions", SESSION_OPS,
-                SessionOpsEndpoint(turns=self._sessions, agents=self._agents), concurrency=32))
+                SessionOpsEndpoint(turns=self._sessions, agents=self._agents), concurrency=6))
         try:
             async with anyio.create_task_group() as tg:
                 if self._sealer is not None:
@@ -570,8 +571,9 @@ class PlannerService:
         await self._budget.reserve(conn, run, key, provider_calls=1, tokens=self._reserve_tokens)
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
-            decision, tokens = await self._budget.provider_call(
-                conn, run, key, self._provider.decide_with_usage(value))
+            async with self._text_sink(run, seq) as sink:
+                decision, tokens = await self._budget.provider_call(
+                    conn, run, key, self._provider.decide_with_usage(value, text=sink))
         await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
         payload = msgspec.to_builtins(decision)
         # A selection's proposal is journaled once its capability call is reserved
@@ -581,6 +583,12 @@ class PlannerService:
         steps.append(Step(seq=seq, kind="decision", payload=payload))
         return decision
 
+
+    def _text_sink(self, run: RunRow, seq: int) -> Any:
+        """Where the model call's text streams: a chat turn's session, else nowhere."""
+        if self._sessions is None:
+            return contextlib.nullcontext(None)
+        return self._sessions.text_sink(run, seq)
 
     async def _refused(self, conn: Any, run: RunRow, steps: list[Step],
                        event: ProposalRefused,

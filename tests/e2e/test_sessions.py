@@ -422,8 +422,12 @@ async def test_the_stream_resumes_from_last_event_id_with_no_gap_or_duplicate(
     rest = await events(api, sid, last_event_id=last_id, stop=lambda e: e["type"] == "TurnEnded")
     whole = await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")
     assert head + rest == whole
-    assert [e["n"] for _, e in whole] == list(range(1, len(whole) + 1))
-    assert [e["type"] for _, e in whole][:3] == ["SessionOpened", "UserMessage", "TurnStarted"]
+    # Durable events are numbered with no gap; streamed text is not numbered (its id orders it).
+    durable = [e for _, e in whole if e["type"] not in ("TextDelta", "TextReset")]
+    assert [e["n"] for e in durable] == list(range(1, len(durable) + 1))
+    assert all(e["n"] == 0 for _, e in whole if e["type"] == "TextDelta")
+    assert "TextDelta" in [e["type"] for _, e in rest]
+    assert [e["type"] for e in durable][:3] == ["SessionOpened", "UserMessage", "TurnStarted"]
     ids = [i for i, _ in whole]
     assert ids == sorted(set(ids))
 
@@ -447,3 +451,24 @@ async def test_sessions_are_the_principals_own_and_bodies_are_bounded(
     resume = await act(api, sid, "resume")  # active -> resume is not in the table
     assert (resume.status_code, resume.json()["code"]) == (409, "INVALID_TRANSITION")
     assert (await view(api, sid))["state"] == "active"
+
+
+async def test_a_streamed_answer_cut_mid_way_is_reset_then_streamed_whole(
+        api: httpx.AsyncClient, model: httpx.Client) -> None:
+    full = ("The note on ACME-42 is recorded, and the shipment update is promised for Friday "
+            "afternoon, as the customer asked on the call.")
+    sid = await open_session(api, "chat-assistant")
+    script(model, answer(full), answer(full))  # the cut attempt uses up a reply
+    model.post("/_control/mode", json={"mode": "cut_stream", "count": 1,
+                                       "after_chunks": 11}).raise_for_status()
+    await send(api, sid, "Where do we stand?")
+    seen = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
+    texts = [e for e in seen if e["type"] in ("TextDelta", "TextReset")]
+    resets = [i for i, e in enumerate(texts) if e["type"] == "TextReset"]
+    assert resets, [e["type"] for e in seen]
+    after = texts[resets[-1] + 1:]
+    assert after and all(e["type"] == "TextDelta" for e in after)
+    assert [e["index"] for e in after] == list(range(len(after)))
+    assert "".join(e["text"] for e in after) == full
+    assert len(after) < len(full)  # batched, not one event per token
+    assert seen[-1]["answer"] == full

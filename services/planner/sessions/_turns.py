@@ -14,6 +14,9 @@ left between a commit and what follows it.
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import anyio
@@ -38,11 +41,14 @@ from schemas.sessions import (
     ProposalMade,
     SessionOpened,
     StepOutcome,
+    TextDelta,
+    TextReset,
     TurnEnded,
     WriterNote,
     chat_subject,
 )
 from schemas.planner import branch_run_id
+from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
@@ -240,6 +246,61 @@ class SessionTurns:
         await self._store.add_event(conn, session, f"ended:{run.run_id}", lambda n: TurnEnded(
             session_id=session.session_id, n=n, turn=turn, run_id=run.run_id, status=status,
             answer=answer, code=code))
+
+    @asynccontextmanager
+    async def text_sink(self, run: RunRow, seq: int) -> AsyncIterator[DeltaBatcher | None]:
+        """Where a turn's model call at step `seq` streams its text: batched deltas on the
+        session's subject (not numbered, not stored: the answer is, once decided). None for a
+        run that is no session's turn.
+
+        A call for a step that an earlier call (in a process that died) began first publishes
+        a reset, so a client drops text the new call replaces.
+        """
+        if not is_turn_run(run.run_id):
+            yield None
+            return
+        session_id, turn = turn_of(run.run_id)
+        subject = chat_subject(run.tenant, session_id)
+        call = uuid.uuid4().hex[:12]  # this call's deltas are its own, whatever came before
+
+        async def out(item: TextBatch | AttemptReset) -> None:
+            try:
+                if isinstance(item, TextBatch):
+                    await publish(self._js, subject, TextDelta(
+                        session_id=session_id, n=0, turn=turn, step=seq, attempt=item.attempt,
+                        index=item.index, text=item.text),
+                        msg_id=f"delta:{run.run_id}:{seq}:{call}:{item.attempt}:{item.index}")
+                else:
+                    await publish(self._js, subject, TextReset(
+                        session_id=session_id, n=0, turn=turn, step=seq, attempt=item.attempt,
+                        reason=item.reason[:512]),
+                        msg_id=f"reset:{run.run_id}:{seq}:{call}:{item.attempt}")
+            except Exception as exc:  # text is progress: the decision is what is recorded
+                log.debug("turn %s step %d: text not published: %r", run.run_id, seq, exc)
+
+        batcher = DeltaBatcher(out)
+        if await self._model_calls(run.run_id, seq) > 1:
+            await out(AttemptReset(attempt=0, reason="the model is asked again for this step"))
+        async with anyio.create_task_group() as tg:
+            await tg.start(batcher.run)
+            try:
+                yield batcher
+                await batcher.flush()
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _model_calls(self, run_id: str, seq: int) -> int:
+        """Count a model call begun for the step, committed at once (0 if the count could not
+        be taken: the pool is busy, and the call goes on without it)."""
+        try:
+            async with self._store.acquire_soon() as conn:
+                return int(await conn.fetchval(
+                    "INSERT INTO planner.session_model_calls (run_id, seq) VALUES ($1, $2) "
+                    "ON CONFLICT (run_id, seq) DO UPDATE SET calls = "
+                    "planner.session_model_calls.calls + 1 RETURNING calls", run_id, seq))
+        except (TimeoutError, OSError) as exc:
+            log.debug("turn %s step %d: model call not counted: %r", run_id, seq, exc)
+            return 0
 
     # --- after the commit ------------------------------------------------------------------
 
