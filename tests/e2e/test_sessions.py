@@ -472,3 +472,71 @@ async def test_a_streamed_answer_cut_mid_way_is_reset_then_streamed_whole(
     assert "".join(e["text"] for e in after) == full
     assert len(after) < len(full)  # batched, not one event per token
     assert seen[-1]["answer"] == full
+
+
+def restart_planner(stack: Stack) -> None:
+    stack.stop_process("planner", kill=True)  # kill -9: nothing drains, nothing is acked
+    stack.start_instance("planner", "planner")
+
+
+async def test_a_planner_killed_during_a_model_call_continues_the_turn_after_restart(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    sid = await open_session(api, "chat-assistant")
+    before = len(model_requests(model))
+    script(model, select("crm.note.create", NOTE))
+    model.post("/_control/mode", json={"mode": "lose_response", "count": 1}).raise_for_status()
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    with anyio.fail_after(30):  # the model was asked; its answer never comes back
+        while len(model_requests(model)) == before:
+            await anyio.sleep(0.05)
+    restart_planner(stack)
+    script(model, select("crm.note.create", NOTE), answer("Noted after the restart."))
+    await stack.wait_ready(("planner",))
+    seen = await until(api, sid, turn_ended(1), timeout=60)
+    assert seen["state"] == "active"
+    assert seen["messages"][-1]["text"] == "Noted after the restart."
+    # Asked again only for the step it had not answered: one lost call, then one per step.
+    assert len(model_requests(model)) - before == 3
+    kinds = [r["kind"] for r in await db.fetch(
+        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)]
+    assert kinds == ["decision", "observation", "decision"]
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                          run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    streamed = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
+    assert any(e["type"] == "TextReset" and e["attempt"] == 0 and e["step"] == 0
+               for e in streamed)
+
+
+async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_asking_again(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client, host: Host) -> None:
+    sid = await open_session(api, "careful-chat")
+    before = len(model_requests(model))
+    script(model, select("crm.note.create", NOTE))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "person")
+    proposal_id = await db.fetchval(
+        "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
+        "AND type = 'ProposalMade'", sid)
+    stack.stop_process("planner", kill=True)
+    # Admitted and executed while the planner is down: its outcome waits in the planner's inbox.
+    approval = await host.approve(str(proposal_id))
+    assert (await host.wait_approval(approval)).status in ("claimed", "succeeded")
+    with anyio.fail_after(30):
+        while await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1",
+                                run_id) != "succeeded":
+            await anyio.sleep(0.1)
+    script(model, answer("Noted once."))
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    seen = await until(api, sid, turn_ended(1), timeout=60)
+    assert (seen["state"], seen["messages"][-1]["text"]) == ("active", "Noted once.")
+    assert len(model_requests(model)) - before == 2  # step 0 once, the answer once
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                          run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert [m["role"] for m in seen["messages"]] == ["user", "writ", "agent"]

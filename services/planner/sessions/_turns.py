@@ -368,8 +368,32 @@ class SessionTurns:
         await publish(self._js, subjects.branch(tenant),
                       BranchChanged(tenant=tenant, run_id=run_id), msg_id=f"wake:{run_id}:{why}")
 
+    async def wake_in_flight(self) -> int:
+        """At start: wake every turn a session is `processing` whose run is running (the seed
+        admits it leaves them; Writ continues them from their recorded steps). Their own
+        deliveries would too, once their ack wait runs out; a turn woken twice does nothing
+        twice. Returns how many were woken."""
+        async with self._store.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT t.run_id, s.tenant FROM planner.session_turns t "
+                "JOIN planner.sessions s USING (session_id) "
+                "JOIN planner.runs r ON r.run_id = t.run_id "
+                "WHERE s.state = 'processing' AND t.status = 'running' "
+                "AND r.status = 'running'")
+        boot = uuid.uuid4().hex[:12]
+        for row in rows:
+            await self.wake(row["tenant"], row["run_id"], f"restart-{boot}")
+        return len(rows)
+
     async def sweep(self, *, interval_s: float = 1.0) -> None:
-        """Forever: start accepted turns nobody started, publish events nobody published."""
+        """Wake the turns in flight a stopped planner left, then forever: start accepted
+        turns nobody started, publish events nobody published."""
+        try:
+            woken = await self.wake_in_flight()
+            if woken:
+                log.info("woke %d session turns in flight", woken)
+        except Exception as exc:
+            log.warning("session turns in flight not woken: %r", exc)
         while True:
             try:
                 async with self._store.acquire() as conn:
