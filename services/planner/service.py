@@ -281,6 +281,9 @@ class PlannerService:
             return [self._result(run, steps)]
         if isinstance(event, ProposalRefused):
             return await self._refused(conn, run, steps, event, finished)
+        if (run.status == "awaiting_human" and isinstance(event, BranchChanged)
+                and self._sessions is not None and (run.pending_id or "").startswith("plan-")):
+            return await self._plan_answered(conn, run, steps, finished)
         if run.status == "awaiting_human":
             if isinstance(event, BranchChanged):
                 # A run waiting on a branch that waited for a person: it goes on once the
@@ -371,6 +374,11 @@ class PlannerService:
                 return [await self._model_failed(conn, run, steps, finished, exc)]
             last, fresh = steps[-1], True
         if isinstance(decision, AnswerDirectly):
+            if self._sessions is not None and (
+                    plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)):
+                return await self._wait_for_person(  # the plan waits for the user's answer
+                    conn, run, steps, finished, step=last.seq, pending_id=plan_id,
+                    message="the plan waits for the user's approval")
             if not has_critic(run.manifest):
                 return [await self._finish(conn, run, steps, "succeeded", finished,
                                            answer=decision.answer, step=last.seq)]
@@ -393,6 +401,8 @@ class PlannerService:
             return [self._result(run, steps, pending_id=review_id(run.run_id, last.seq))]
         refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
                                     arguments=decision.arguments)
+        if refused is None and self._sessions is not None:  # a plan-mode turn's plan
+            refused = await self._sessions.plans.check(conn, run, steps, decision)
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
@@ -583,6 +593,23 @@ class PlannerService:
         steps.append(Step(seq=seq, kind="decision", payload=payload))
         return decision
 
+
+    async def _plan_answered(self, conn: Any, run: RunRow, steps: list[Step],
+                             finished: Finished) -> Effects | None:
+        """A plan-mode turn woken while its plan waits: approved, it acts (the approval is
+        its next observation); rejected, it ends `REJECTED` with the user's reason."""
+        assert self._sessions is not None
+        answer = await self._sessions.plans.answered(conn, self._store, run, steps)
+        if answer is None:
+            return []  # still proposed
+        if answer == "rejected":
+            reason = await self._sessions.plans.reason(conn, run.pending_id or "")
+            return [await self._finish(conn, run, steps, "failed", finished,
+                                       error=("REJECTED", reason or "the user rejected the plan"))]
+        await self._store.set_status(conn, run, "running", step=steps[-1].seq)
+        run = msgspec.structs.replace(run, status="running", error_code=None,
+                                      error_message=None, pending_id=None)
+        return await self._next(conn, run, steps, finished)
 
     def _text_sink(self, run: RunRow, seq: int) -> Any:
         """Where the model call's text streams: a chat turn's session, else nowhere."""

@@ -540,3 +540,99 @@ async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_a
                           run_id)
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
     assert [m["role"] for m in seen["messages"]] == ["user", "writ", "agent"]
+
+
+async def open_planning(api: httpx.AsyncClient) -> str:
+    opened = await api.post("/sessions", json={"agent": "chat-assistant", "plan_mode": True},
+                            headers=key())
+    assert opened.status_code == 201, opened.text
+    return str(opened.json()["session_id"])
+
+
+async def proposed_plan(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    seen = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan")
+    [plan] = seen["plans"]
+    assert plan["plan_id"] == seen["waiting_for"]["plan_id"]
+    assert (plan["state"], seen["state"]) == ("proposed", "processing")
+    return dict(plan)
+
+
+async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    sid = await open_planning(api)
+    script(model, select("crm.note.create", NOTE), answer("My plan: one note on ACME-42."),
+           select("crm.note.create", NOTE), answer("Done as planned."))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    assert [(s["capability"], s["arguments"]) for s in plan["steps"]] == [
+        ("crm.note.create", NOTE)]
+    assert len(plan["digest"]) == 64
+    # Nothing ran while planning: no proposal reached admission.
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    wrong = await api.post(f"/plans/plan-{uuid.uuid4()}/approve", json={}, headers=key())
+    assert (wrong.status_code, wrong.json()["code"]) == (404, "NOT_FOUND")
+    approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    assert (approved.status_code, approved.json()["state"]) == (200, "approved"), approved.text
+    seen = await until(api, sid, turn_ended(1))
+    assert seen["messages"][-1]["text"] == "Done as planned."
+    assert seen["plans"][0]["state"] == "approved"
+    # The step still went through governance and admission: one command, one note.
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1 "
+                          "AND state = 'succeeded'", run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
+                             run_id) >= 1
+    types = await session_events(db, sid)
+    assert types.index("PlanProposed") < types.index("PlanDecided") < types.index("StepOutcome")
+    again = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    assert again.status_code == 404  # answered already: nothing waits under it
+
+
+async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_context(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_planning(api)
+    script(model, select("crm.note.create", NOTE), answer("My plan: one note."))
+    sent = await send(api, sid, "Note the call.")
+    plan = await proposed_plan(api, sid)
+    rejected = await api.post(f"/plans/{plan['plan_id']}/reject",
+                              json={"reason": "Wrong customer: it was ACME-43."}, headers=key())
+    assert (rejected.status_code, rejected.json()["state"]) == (200, "rejected")
+    with anyio.fail_after(30):
+        while (await view(api, sid))["state"] != "active":
+            await anyio.sleep(0.1)
+    run = await db.fetchrow("SELECT status, error_code, error_message FROM planner.runs "
+                            "WHERE run_id = $1", sent.json()["run_id"])
+    assert tuple(run) == ("failed", "REJECTED", "Wrong customer: it was ACME-43.")
+    before = len(model_requests(model))
+    script(model, answer("Understood."))
+    await send(api, sid, "Try again.")
+    await until(api, sid, turn_ended(2))
+    [request] = model_requests(model)[before:]
+    assert "[turn 1] writ: The user rejected the plan: Wrong customer: it was ACME-43." in (
+        asked_of(request))
+
+
+async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_planning(api)
+    other = {**NOTE, "body": "Something the user never approved."}
+    script(model, select("crm.note.create", NOTE), answer("Plan: one note."),
+           select("crm.note.create", other), answer("I could not deviate."))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    seen = await until(api, sid, turn_ended(1))
+    assert seen["messages"][-1]["text"] == "I could not deviate."
+    refusals = [json.loads(r["payload"]) for r in await db.fetch(
+        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+        "ORDER BY seq", run_id)]
+    assert [r.get("refused") for r in refusals] == ["PLANNED", None, "NOT_IN_PLAN"]
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
+                              "AND type = 'Observed'", sid)
+    assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)

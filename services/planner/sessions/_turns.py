@@ -51,6 +51,7 @@ from schemas.planner import branch_run_id
 from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
+from services.planner.sessions._plans import PLAN_PREFIX, Plans
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
 from services.planner.snapshot import agent_call_target
@@ -90,6 +91,7 @@ class SessionTurns:
                  register_timeout_s: float = 2.0) -> None:
         self._nc, self._js, self._store = nc, js, store
         self._register_timeout = register_timeout_s
+        self.plans = Plans(sessions=store)
 
     @property
     def store(self) -> SessionStore:
@@ -220,8 +222,8 @@ class SessionTurns:
                       message: str) -> None:
         """The turn stops for a person's decision: the session shows what it waits for."""
         session = await self._session_for(conn, run)
-        if session is None or pending_id is None:
-            return
+        if session is None or pending_id is None or pending_id.startswith(PLAN_PREFIX):
+            return  # (a plan's wait is its `PlanProposed`)
         await self._store.add_event(conn, session, f"ask:{run.run_id}:{step}:{pending_id}",
                                     lambda n: DecisionAsked(
             session_id=session.session_id, n=n, turn=session.turn, step=step,
