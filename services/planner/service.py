@@ -57,7 +57,7 @@ from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.control import CANCEL_CODE, RunCancelRequested
 from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecisionAnswered
-from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
+from schemas.host import ProposalView, RunResult
 from schemas.planner import (
     REVIEW,
     BranchChanged,
@@ -69,8 +69,8 @@ from schemas.planner import (
     branch_run_id,
 )
 from schemas.reads import RUN_EVENTS, RUN_STATUS
-from schemas.sessions import SESSION_OPS
 from schemas.retrieval import EvidenceGathered, ReadRefused
+from schemas.sessions import SESSION_OPS
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
@@ -93,6 +93,7 @@ from services.planner.provider import (
     SelectCapability,
 )
 from services.planner.reads import ReadClient
+from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
 from services.planner.sessions import SessionOpsEndpoint, SessionTurns
 from services.planner.snapshot import (
@@ -655,28 +656,4 @@ class PlannerService:
 
     def _result(self, run: RunRow, steps: list[Step], *, pending_id: str | None = None,
                 proposal: ProposalView | None = None) -> Effect:
-        actions = [_action_result(s.payload)
-                   for s in steps if s.kind == "observation" and "operation_id" in s.payload]
-        error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
-                 if run.error_code else None)
-        status = (run.status if run.status in ("succeeded", "failed", "awaiting_human",
-                                               "cancelled") else "failed")
-        if (branch := branch_of(run.manifest)) is not None:
-            # A branch answers the run that called it, not the host: that run is woken to
-            # observe how the branch ended (read from the store, so a duplicate changes nothing).
-            return (subjects.branch(run.tenant),
-                    BranchChanged(tenant=run.tenant, run_id=branch["parent_run_id"]),
-                    f"branch:{run.run_id}:{run.status}:{len(steps)}")
-        result = RunResult(request_id=run.request_id, run_id=run.run_id, status=status,
-                           error=error, answer=run.answer, actions=actions,
-                           pending_id=pending_id, proposal=proposal)
-        return (subjects.result(run.tenant), result,
-                f"result:{run.run_id}:{run.status}:{len(steps)}")
-
-
-
-def _action_result(payload: dict[str, Any]) -> ActionResult:
-    return ActionResult(action=payload["action"], operation_id=payload["operation_id"],
-                        state=payload["state"], receipt=payload.get("receipt"),
-                        reason=payload.get("reason"), outcome=payload.get("outcome"),
-                        correlation_id=payload.get("correlation_id"))
+        return result_effect(run, steps, pending_id=pending_id, proposal=proposal)

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from fakes.llm import FakeLlm
-from tests.e2e.conftest import Host, notes_for
+from tests.e2e.conftest import Host, notes_for, sealed
+from tests.e2e.test_replay import writ_audit
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -357,6 +358,11 @@ async def test_pause_inject_resume_reaches_the_next_model_input(
     types = await session_events(db, sid)
     assert types.index("SessionPaused") < types.index("SessionInjected") < types.index(
         "SessionResumed") < types.index("TurnEnded")
+    # `writ audit replay <session>` walks each turn offline: the injected step included.
+    await sealed(db, run_id)
+    replay = writ_audit(host.stack, "replay", sid)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"run {run_id}: IDENTICAL" in replay.stdout
     assert (await view(api, sid))["messages"][2] == {
         "n": types.index("SessionInjected") + 1, "turn": 1, "role": "injected",
         "text": "Also say the update comes on Friday."}

@@ -35,7 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.sessions._store import SessionRow, SessionStore
+from services.planner.sessions._store import SessionRow
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
     SessionRefused,

@@ -32,7 +32,7 @@ from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.governance import RegisterRun
 from schemas.ingress import RunStarted
-from schemas.planner import BranchChanged
+from schemas.planner import BranchChanged, branch_run_id
 from schemas.sessions import (
     CapabilitySelected,
     ChildSession,
@@ -47,7 +47,6 @@ from schemas.sessions import (
     WriterNote,
     chat_subject,
 )
-from schemas.planner import branch_run_id
 from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
@@ -146,6 +145,7 @@ class SessionTurns:
         if session is None:
             return
         turn = session.turn if is_turn_run(run.run_id) else 1
+        sid = session.session_id
         for step in new:
             source = f"step:{run.run_id}:{step.seq}"
             payload = step.payload
@@ -153,8 +153,7 @@ class SessionTurns:
                 capability = str(payload.get("capability", ""))[:512]
                 session, _ = await self._store.add_event(
                     conn, session, source, lambda n, s=step, c=capability: CapabilitySelected(
-                        session_id=session.session_id, n=n, turn=turn, step=s.seq,
-                        capability=c))
+                        session_id=sid, n=n, turn=turn, step=s.seq, capability=c))
                 callee = agent_call_target(run.manifest, capability)
                 if callee is not None:
                     session = await self._child(conn, session, run, step.seq, callee, turn)
@@ -163,7 +162,7 @@ class SessionTurns:
                 summary = step_recorded(run.tenant, run.run_id, step).summary
                 session, _ = await self._store.add_event(
                     conn, session, source, lambda n, s=step, t=summary: Observed(
-                        session_id=session.session_id, n=n, turn=turn, step=s.seq, summary=t))
+                        session_id=sid, n=n, turn=turn, step=s.seq, summary=t))
 
     async def _child(self, conn: Any, session: SessionRow, run: RunRow, step: int,
                      callee: str, turn: int) -> SessionRow:
