@@ -19,9 +19,11 @@ from typing import Any
 import anyio
 import asyncpg
 import httpx
+import msgspec
 import pytest
 
 from fakes.llm import FakeLlm
+from schemas.sessions import HostSessionOp, SessionReply
 from tests.e2e.conftest import Host, notes_for, sealed
 from tests.e2e.test_replay import writ_audit
 from writ.stack import Stack
@@ -642,3 +644,44 @@ async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
     observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
                               "AND type = 'Observed'", sid)
     assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
+
+
+async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_sequence(
+        stack: Stack, host: Host, model: httpx.Client) -> None:
+    nc = await host.tenant_nc("acme")
+    token = stack.token("acme", "alice@acme.example")
+
+    async def ask(tenant: str = "acme", **fields: Any) -> Any:
+        reply = await nc.request(f"writ.api.{tenant}.session", msgspec.json.encode(
+            HostSessionOp(token=token, **fields)), timeout=20)
+        if (reply.headers or {}).get("Nats-Service-Error-Code"):
+            return reply.headers
+        return msgspec.json.decode(reply.data, type=SessionReply)
+
+    opened = await ask(op="open", agent="chat-assistant", key=f"n-{uuid.uuid4().hex}")
+    sid = opened.accepted.session_id
+    script(model, answer("Hello over NATS."))
+    message_key = f"n-{uuid.uuid4().hex}"
+    sent = await ask(op="message", session_id=sid, text="Hi", key=message_key)
+    assert (sent.accepted.state, sent.accepted.turn) == ("processing", 1)
+    again = await ask(op="message", session_id=sid, text="Hi", key=message_key)
+    assert again == sent  # the same key: the first answer
+    with anyio.fail_after(30):
+        while (await ask(op="get", session_id=sid)).view.state != "active":
+            await anyio.sleep(0.1)
+    first = (await ask(op="events", session_id=sid, limit=2)).events
+    assert [e.event.n for e in first.events] == [1, 2]
+    rest = (await ask(op="events", session_id=sid, after=first.last)).events
+    assert rest.events[0].seq > first.last
+    assert type(rest.events[-1].event).__name__ == "TurnEnded"
+    assert rest.events[-1].event.answer == "Hello over NATS."
+    # A token of another tenant is refused on this tenant's subject.
+    refused = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
+        token=stack.token("globex", "bob@globex.example"), op="get", session_id=sid)),
+        timeout=10)
+    assert refused.headers["Nats-Service-Error-Code"] == "401"
+    # Another principal of the tenant does not see it, not even that it exists.
+    bob = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
+        token=stack.token("acme", "bob@acme.example"), op="events", session_id=sid)),
+        timeout=10)
+    assert bob.headers["Nats-Service-Error"].startswith("NOT_FOUND")
