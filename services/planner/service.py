@@ -203,6 +203,12 @@ class PlannerService:
     async def handle(self, delivery: Delivery[Inbound]) -> None:
         """Record what arrived and advance its run."""
         event = delivery.message
+        if self._sessions is not None and isinstance(event, CommandAdmitted):
+            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
+                                          step=event.step, operation_id=event.operation_id)
+        elif self._sessions is not None and isinstance(event, DecisionAnswered):
+            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
+                                          pending_id=event.pending_id, answer=event.answer)
         if isinstance(event, CommandAdmitted):
             return  # progress, not a step: the outcome is what the model observes
         if isinstance(event, DecisionAnswered) and event.proposal_id is not None:

@@ -360,6 +360,9 @@ async def test_pause_inject_resume_reaches_the_next_model_input(
     types = await session_events(db, sid)
     assert types.index("SessionPaused") < types.index("SessionInjected") < types.index(
         "SessionResumed") < types.index("TurnEnded")
+    # The ask and its answer are in the session: what it waited for, and who answered.
+    assert types.index("ProposalMade") < types.index("DecisionAsked") < types.index(
+        "DecisionTaken")
     # `writ audit replay <session>` walks each turn offline: the injected step included.
     await sealed(db, run_id)
     replay = writ_audit(host.stack, "replay", sid)

@@ -37,9 +37,11 @@ from schemas.sessions import (
     CapabilitySelected,
     ChildSession,
     DecisionAsked,
+    DecisionTaken,
     Observed,
     ProposalMade,
     SessionOpened,
+    StepAdmitted,
     StepOutcome,
     TextDelta,
     TextReset,
@@ -302,6 +304,39 @@ class SessionTurns:
         except (TimeoutError, OSError) as exc:
             log.debug("turn %s step %d: model call not counted: %r", run_id, seq, exc)
             return 0
+
+    async def progress(self, *, tenant: str, run_id: str, step: int | None = None,
+                       operation_id: str | None = None, pending_id: str | None = None,
+                       answer: str | None = None) -> None:
+        """What the planner hears of a turn's proposal without a step of its own — admitted
+        as a command, or a person's answer to its ask — as the session's event; progress
+        only: a failure to record it changes nothing in the turn."""
+        if not is_turn_run(run_id):
+            return
+        session_id, turn = turn_of(run_id)
+        try:
+            async with self._store.acquire() as conn, conn.transaction():
+                session = await self._store.lock(conn, session_id)
+                if session is None or session.tenant != tenant:
+                    return
+                if step is None:
+                    step = int(await conn.fetchval(
+                        "SELECT coalesce(max(seq), 0) FROM planner.steps WHERE run_id = $1",
+                        run_id))
+                at = step
+                if operation_id is not None:
+                    await self._store.add_event(
+                        conn, session, f"admitted:{run_id}:{at}", lambda n: StepAdmitted(
+                            session_id=session_id, n=n, turn=turn, step=at,
+                            operation_id=operation_id))
+                elif pending_id is not None and answer is not None:
+                    await self._store.add_event(
+                        conn, session, f"answered:{run_id}:{pending_id}", lambda n: (
+                            DecisionTaken(session_id=session_id, n=n, turn=turn, step=at,
+                                          pending_id=pending_id[:512], answer=answer[:512])))
+            await self.flush(session_id)
+        except Exception as exc:
+            log.warning("turn %s: progress not recorded: %r", run_id, exc)
 
     # --- after the commit ------------------------------------------------------------------
 
