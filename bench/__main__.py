@@ -20,14 +20,14 @@ from pathlib import Path
 
 import anyio
 
-from bench.chat import chat_path
 from bench.http import http_path
 from bench.phases import SCALE, Bench, BenchError
 from bench.report import Report
+from bench.sessions import session_path
 from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
 
-PHASES = ("journal_verify", "command_path", "run_path", "decide", "chat_path")
+PHASES = ("journal_verify", "command_path", "run_path", "decide", "session_path")
 _ONLY = frozenset(filter(None, os.environ.get("BENCH_PHASES", "").replace(" ", "").split(",")))
 
 
@@ -63,7 +63,7 @@ def _run(stack: Stack, report: Report) -> None:
     wanted = set(filter(None, os.environ.get("BENCH_PHASES", "").split(",")))
     for name, phase in (("command_path", bench.command_path), ("run_path", bench.run_path),
                         ("http_path", lambda: http_path(bench)), ("decide", bench.decide),
-                        ("chat_path", lambda: chat_path(bench))):
+                        ("session_path", lambda: session_path(bench))):
         if not wanted or name in wanted:
             _phase(report, name, phase)
     bench.warnings()

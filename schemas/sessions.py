@@ -9,9 +9,10 @@ the planner's loop (`run_id` = `<session_id>-t<turn>`), governed exactly like on
 
 Bodies refuse unknown fields and bound their sizes. Events are `Event`s: a client skips the
 fields (and event types) it does not know. Every durable event carries `n`, its number in the
-session (1, 2, ...; no gap); text deltas and resets carry the `n` of the turn's start and
-their own `index`, since they are many and not kept in the planner's tables. Over SSE each
-event's `id` is its JetStream stream sequence, so `Last-Event-ID` resumes exactly.
+session (1, 2, ...; no gap); text deltas and resets carry `n` = 0 and their own `attempt` and
+`index`, since they are many and not kept in the planner's tables (the answer is, once
+decided: `TurnEnded.answer`). Over SSE each event's `id` is its JetStream stream sequence, so
+`Last-Event-ID` resumes exactly.
 """
 
 from __future__ import annotations
@@ -20,10 +21,24 @@ from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from schemas.base import AgentName, Command, Digest, Event, Id, Principal, ShortText, Tenant
+from schemas.base import (
+    AgentName,
+    Command,
+    Digest,
+    Event,
+    Id,
+    Principal,
+    ShortText,
+    Tenant,
+    Token,
+)
 
 __all__ = [
     "CHAT_STREAM",
+    "HOST_SESSION",
+    "HostSessionOp",
+    "SequencedEvent",
+    "SessionEventBatch",
     "AnySessionEvent",
     "PlanDecided",
     "PlanState",
@@ -75,6 +90,9 @@ __all__ = [
 
 # Request/reply, ingress -> planner: a `SessionOp` in, a `SessionReply` back.
 SESSION_OPS: Final = "writ.int.planner.session"
+# Hosts over NATS: a `HostSessionOp` to `writ.api.<tenant>.session` (request/reply, answered by
+# ingress as the HTTP routes are).
+HOST_SESSION: Final = "session"
 PLAN_OPS: Final = SESSION_OPS  # plans are answered through the same endpoint
 CHAT_STREAM: Final = "WRIT_CHAT"
 MAX_SESSION_TEXT: Final = 8192
@@ -255,6 +273,7 @@ class SessionReply(msgspec.Struct, frozen=True, kw_only=True):
     accepted: SessionAccepted | None = None
     view: SessionView | None = None
     plan: PlanAnswered | None = None
+    events: SessionEventBatch | None = None
 
 
 # --- the session's events (writ.chat.<tenant>.<session>) ----------------------------------
@@ -285,8 +304,8 @@ class TurnStarted(SessionEvent):
 
 
 class TextDelta(SessionEvent):
-    """Model text as it streams, batched (tens a second, not one per token). `n` is the turn's
-    start; `attempt` the model call's; `index` orders deltas within the attempt."""
+    """Model text as it streams, batched (tens a second, not one per token). `n` is 0;
+    `attempt` numbers the model call's attempts (from 1); `index` orders deltas within one."""
 
     turn: Count
     step: Count
@@ -296,7 +315,9 @@ class TextDelta(SessionEvent):
 
 
 class TextReset(SessionEvent):
-    """A model attempt was abandoned and is retried: discard its deltas."""
+    """A model attempt was abandoned and is retried: discard the text of (`turn`, `step`)
+    shown so far. `attempt` 0: the step's model call is made again (the planner restarted
+    during an earlier one)."""
 
     turn: Count
     step: Count
@@ -434,3 +455,41 @@ AnySessionEvent = (SessionOpened | UserMessage | TurnStarted | TextDelta | TextR
                    | DecisionTaken | ProposalMade | StepAdmitted | StepDispatched | StepOutcome
                    | WriterNote | TurnEnded | SessionPaused | SessionResumed | SessionInjected
                    | SessionClosed | SessionForked | ChildSession)
+
+
+class HostSessionOp(Command):
+    """A host's operation on a session over NATS (`writ.api.<tenant>.session`): the HTTP
+    routes' bodies with the token and, for a write, the Idempotency-Key as `key`. `events`
+    reads the session's stream after stream sequence `after` (at most `limit` events).
+    Answered with a `SessionReply` (`events`: a `SessionEventBatch`), or a NATS micro error
+    ("<CODE>: <detail>")."""
+
+    token: Token
+    op: SessionOpKind | Literal["events"]
+    key: Id | None = None
+    session_id: Id | None = None
+    plan_id: Id | None = None
+    agent: AgentName | None = None
+    plan_mode: bool = False
+    text: SessionText | None = None
+    reason: ShortText = ""
+    turn: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
+    step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    after: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+
+
+class SequencedEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One event of a session's stream with its stream sequence (SSE's `id`)."""
+
+    seq: Annotated[int, msgspec.Meta(ge=1)]
+    event: AnySessionEvent
+
+
+class SessionEventBatch(msgspec.Struct, frozen=True, kw_only=True):
+    """A session's events after a stream sequence, in order; `last` is the last one's
+    sequence (the next read's `after`)."""
+
+    session_id: Id
+    events: list[SequencedEvent] = []
+    last: Annotated[int, msgspec.Meta(ge=0)] = 0

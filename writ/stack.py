@@ -312,7 +312,8 @@ class Stack:
             await conn.executemany(
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
                 "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') "
-                "ON CONFLICT DO NOTHING", [("crm-assistant",), ("research-assistant",)])
+                "ON CONFLICT DO NOTHING", [("crm-assistant",), ("research-assistant",),
+                                           ("chat-assistant",)])
             # The host application's mail module: drafts and audiences `email.draft.apply`
             # reads (the dispatcher's role may read them, never change them).
             mail = json.loads((_DEMO / "mail.json").read_text())

@@ -38,6 +38,7 @@ and `writ.int.planner.review` (`endpoints.py`). Each committed step is announced
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -56,7 +57,7 @@ from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.control import CANCEL_CODE, RunCancelRequested
 from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecisionAnswered
-from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
+from schemas.host import ProposalView, RunResult
 from schemas.planner import (
     REVIEW,
     BranchChanged,
@@ -68,8 +69,8 @@ from schemas.planner import (
     branch_run_id,
 )
 from schemas.reads import RUN_EVENTS, RUN_STATUS
-from schemas.sessions import SESSION_OPS
 from schemas.retrieval import EvidenceGathered, ReadRefused
+from schemas.sessions import SESSION_OPS
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
@@ -92,6 +93,7 @@ from services.planner.provider import (
     SelectCapability,
 )
 from services.planner.reads import ReadClient
+from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
 from services.planner.sessions import SessionOpsEndpoint, SessionTurns
 from services.planner.snapshot import (
@@ -111,7 +113,7 @@ __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
 # keeps 32), since a run's delivery waits on governance's budget replies, not on CPU.
 CONCURRENCY = 32
 # Connections beyond one per delivery in flight: the sealer, the review and replay endpoints.
-POOL_HEADROOM = 4
+POOL_HEADROOM = 4 + 8  # and the chat sessions' endpoint and model-call counts
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
 Inbound = (EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
            | DecisionAnswered | RunCancelRequested)
@@ -178,7 +180,7 @@ class PlannerService:
         if self._sessions is not None:
             self._rt.endpoints.append(Endpoint(
                 "sessions", SESSION_OPS,
-                SessionOpsEndpoint(turns=self._sessions, agents=self._agents), concurrency=32))
+                SessionOpsEndpoint(turns=self._sessions, agents=self._agents), concurrency=6))
         try:
             async with anyio.create_task_group() as tg:
                 if self._sealer is not None:
@@ -201,6 +203,12 @@ class PlannerService:
     async def handle(self, delivery: Delivery[Inbound]) -> None:
         """Record what arrived and advance its run."""
         event = delivery.message
+        if self._sessions is not None and isinstance(event, CommandAdmitted):
+            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
+                                          step=event.step, operation_id=event.operation_id)
+        elif self._sessions is not None and isinstance(event, DecisionAnswered):
+            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
+                                          pending_id=event.pending_id, answer=event.answer)
         if isinstance(event, CommandAdmitted):
             return  # progress, not a step: the outcome is what the model observes
         if isinstance(event, DecisionAnswered) and event.proposal_id is not None:
@@ -280,6 +288,9 @@ class PlannerService:
             return [self._result(run, steps)]
         if isinstance(event, ProposalRefused):
             return await self._refused(conn, run, steps, event, finished)
+        if (run.status == "awaiting_human" and isinstance(event, BranchChanged)
+                and self._sessions is not None and (run.pending_id or "").startswith("plan-")):
+            return await self._plan_answered(conn, run, steps, finished)
         if run.status == "awaiting_human":
             if isinstance(event, BranchChanged):
                 # A run waiting on a branch that waited for a person: it goes on once the
@@ -370,6 +381,11 @@ class PlannerService:
                 return [await self._model_failed(conn, run, steps, finished, exc)]
             last, fresh = steps[-1], True
         if isinstance(decision, AnswerDirectly):
+            if self._sessions is not None and (
+                    plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)):
+                return await self._wait_for_person(  # the plan waits for the user's answer
+                    conn, run, steps, finished, step=last.seq, pending_id=plan_id,
+                    message="the plan waits for the user's approval")
             if not has_critic(run.manifest):
                 return [await self._finish(conn, run, steps, "succeeded", finished,
                                            answer=decision.answer, step=last.seq)]
@@ -392,6 +408,8 @@ class PlannerService:
             return [self._result(run, steps, pending_id=review_id(run.run_id, last.seq))]
         refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
                                     arguments=decision.arguments)
+        if refused is None and self._sessions is not None:  # a plan-mode turn's plan
+            refused = await self._sessions.plans.check(conn, run, steps, decision)
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
@@ -570,8 +588,9 @@ class PlannerService:
         await self._budget.reserve(conn, run, key, provider_calls=1, tokens=self._reserve_tokens)
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
-            decision, tokens = await self._budget.provider_call(
-                conn, run, key, self._provider.decide_with_usage(value))
+            async with self._text_sink(run, seq) as sink:
+                decision, tokens = await self._budget.provider_call(
+                    conn, run, key, self._provider.decide_with_usage(value, text=sink))
         await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
         payload = msgspec.to_builtins(decision)
         # A selection's proposal is journaled once its capability call is reserved
@@ -581,6 +600,29 @@ class PlannerService:
         steps.append(Step(seq=seq, kind="decision", payload=payload))
         return decision
 
+
+    async def _plan_answered(self, conn: Any, run: RunRow, steps: list[Step],
+                             finished: Finished) -> Effects | None:
+        """A plan-mode turn woken while its plan waits: approved, it acts (the approval is
+        its next observation); rejected, it ends `REJECTED` with the user's reason."""
+        assert self._sessions is not None
+        answer = await self._sessions.plans.answered(conn, self._store, run, steps)
+        if answer is None:
+            return []  # still proposed
+        if answer == "rejected":
+            reason = await self._sessions.plans.reason(conn, run.pending_id or "")
+            return [await self._finish(conn, run, steps, "failed", finished,
+                                       error=("REJECTED", reason or "the user rejected the plan"))]
+        await self._store.set_status(conn, run, "running", step=steps[-1].seq)
+        run = msgspec.structs.replace(run, status="running", error_code=None,
+                                      error_message=None, pending_id=None)
+        return await self._next(conn, run, steps, finished)
+
+    def _text_sink(self, run: RunRow, seq: int) -> Any:
+        """Where the model call's text streams: a chat turn's session, else nowhere."""
+        if self._sessions is None:
+            return contextlib.nullcontext(None)
+        return self._sessions.text_sink(run, seq)
 
     async def _refused(self, conn: Any, run: RunRow, steps: list[Step],
                        event: ProposalRefused,
@@ -620,28 +662,4 @@ class PlannerService:
 
     def _result(self, run: RunRow, steps: list[Step], *, pending_id: str | None = None,
                 proposal: ProposalView | None = None) -> Effect:
-        actions = [_action_result(s.payload)
-                   for s in steps if s.kind == "observation" and "operation_id" in s.payload]
-        error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
-                 if run.error_code else None)
-        status = (run.status if run.status in ("succeeded", "failed", "awaiting_human",
-                                               "cancelled") else "failed")
-        if (branch := branch_of(run.manifest)) is not None:
-            # A branch answers the run that called it, not the host: that run is woken to
-            # observe how the branch ended (read from the store, so a duplicate changes nothing).
-            return (subjects.branch(run.tenant),
-                    BranchChanged(tenant=run.tenant, run_id=branch["parent_run_id"]),
-                    f"branch:{run.run_id}:{run.status}:{len(steps)}")
-        result = RunResult(request_id=run.request_id, run_id=run.run_id, status=status,
-                           error=error, answer=run.answer, actions=actions,
-                           pending_id=pending_id, proposal=proposal)
-        return (subjects.result(run.tenant), result,
-                f"result:{run.run_id}:{run.status}:{len(steps)}")
-
-
-
-def _action_result(payload: dict[str, Any]) -> ActionResult:
-    return ActionResult(action=payload["action"], operation_id=payload["operation_id"],
-                        state=payload["state"], receipt=payload.get("receipt"),
-                        reason=payload.get("reason"), outcome=payload.get("outcome"),
-                        correlation_id=payload.get("correlation_id"))
+        return result_effect(run, steps, pending_id=pending_id, proposal=proposal)

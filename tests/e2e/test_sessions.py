@@ -19,10 +19,13 @@ from typing import Any
 import anyio
 import asyncpg
 import httpx
+import msgspec
 import pytest
 
 from fakes.llm import FakeLlm
-from tests.e2e.conftest import Host, notes_for
+from schemas.sessions import HostSessionOp, SessionReply
+from tests.e2e.conftest import Host, notes_for, sealed
+from tests.e2e.test_replay import writ_audit
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -357,6 +360,14 @@ async def test_pause_inject_resume_reaches_the_next_model_input(
     types = await session_events(db, sid)
     assert types.index("SessionPaused") < types.index("SessionInjected") < types.index(
         "SessionResumed") < types.index("TurnEnded")
+    # The ask and its answer are in the session: what it waited for, and who answered.
+    assert types.index("ProposalMade") < types.index("DecisionAsked") < types.index(
+        "DecisionTaken")
+    # `writ audit replay <session>` walks each turn offline: the injected step included.
+    await sealed(db, run_id)
+    replay = writ_audit(host.stack, "replay", sid)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"run {run_id}: IDENTICAL" in replay.stdout
     assert (await view(api, sid))["messages"][2] == {
         "n": types.index("SessionInjected") + 1, "turn": 1, "role": "injected",
         "text": "Also say the update comes on Friday."}
@@ -422,8 +433,12 @@ async def test_the_stream_resumes_from_last_event_id_with_no_gap_or_duplicate(
     rest = await events(api, sid, last_event_id=last_id, stop=lambda e: e["type"] == "TurnEnded")
     whole = await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")
     assert head + rest == whole
-    assert [e["n"] for _, e in whole] == list(range(1, len(whole) + 1))
-    assert [e["type"] for _, e in whole][:3] == ["SessionOpened", "UserMessage", "TurnStarted"]
+    # Durable events are numbered with no gap; streamed text is not numbered (its id orders it).
+    durable = [e for _, e in whole if e["type"] not in ("TextDelta", "TextReset")]
+    assert [e["n"] for e in durable] == list(range(1, len(durable) + 1))
+    assert all(e["n"] == 0 for _, e in whole if e["type"] == "TextDelta")
+    assert "TextDelta" in [e["type"] for _, e in rest]
+    assert [e["type"] for e in durable][:3] == ["SessionOpened", "UserMessage", "TurnStarted"]
     ids = [i for i, _ in whole]
     assert ids == sorted(set(ids))
 
@@ -447,3 +462,229 @@ async def test_sessions_are_the_principals_own_and_bodies_are_bounded(
     resume = await act(api, sid, "resume")  # active -> resume is not in the table
     assert (resume.status_code, resume.json()["code"]) == (409, "INVALID_TRANSITION")
     assert (await view(api, sid))["state"] == "active"
+
+
+async def test_a_streamed_answer_cut_mid_way_is_reset_then_streamed_whole(
+        api: httpx.AsyncClient, model: httpx.Client) -> None:
+    full = ("The note on ACME-42 is recorded, and the shipment update is promised for Friday "
+            "afternoon, as the customer asked on the call.")
+    sid = await open_session(api, "chat-assistant")
+    script(model, answer(full), answer(full))  # the cut attempt uses up a reply
+    model.post("/_control/mode", json={"mode": "cut_stream", "count": 1,
+                                       "after_chunks": 11}).raise_for_status()
+    await send(api, sid, "Where do we stand?")
+    seen = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
+    texts = [e for e in seen if e["type"] in ("TextDelta", "TextReset")]
+    resets = [i for i, e in enumerate(texts) if e["type"] == "TextReset"]
+    assert resets, [e["type"] for e in seen]
+    after = texts[resets[-1] + 1:]
+    assert after and all(e["type"] == "TextDelta" for e in after)
+    assert [e["index"] for e in after] == list(range(len(after)))
+    assert "".join(e["text"] for e in after) == full
+    assert len(after) < len(full)  # batched, not one event per token
+    assert seen[-1]["answer"] == full
+
+
+def restart_planner(stack: Stack) -> None:
+    stack.stop_process("planner", kill=True)  # kill -9: nothing drains, nothing is acked
+    stack.start_instance("planner", "planner")
+
+
+async def test_a_planner_killed_during_a_model_call_continues_the_turn_after_restart(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    sid = await open_session(api, "chat-assistant")
+    before = len(model_requests(model))
+    script(model, select("crm.note.create", NOTE))
+    model.post("/_control/mode", json={"mode": "lose_response", "count": 1}).raise_for_status()
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    with anyio.fail_after(30):  # the model was asked; its answer never comes back
+        while len(model_requests(model)) == before:
+            await anyio.sleep(0.05)
+    restart_planner(stack)
+    script(model, select("crm.note.create", NOTE), answer("Noted after the restart."))
+    await stack.wait_ready(("planner",))
+    seen = await until(api, sid, turn_ended(1), timeout=60)
+    assert seen["state"] == "active"
+    assert seen["messages"][-1]["text"] == "Noted after the restart."
+    # Asked again only for the step it had not answered: one lost call, then one per step.
+    assert len(model_requests(model)) - before == 3
+    kinds = [r["kind"] for r in await db.fetch(
+        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)]
+    assert kinds == ["decision", "observation", "decision"]
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                          run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    streamed = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
+    assert any(e["type"] == "TextReset" and e["attempt"] == 0 and e["step"] == 0
+               for e in streamed)
+
+
+async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_asking_again(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client, host: Host) -> None:
+    sid = await open_session(api, "careful-chat")
+    before = len(model_requests(model))
+    script(model, select("crm.note.create", NOTE))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "person")
+    proposal_id = await db.fetchval(
+        "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
+        "AND type = 'ProposalMade'", sid)
+    stack.stop_process("planner", kill=True)
+    # Admitted and executed while the planner is down: its outcome waits in the planner's inbox.
+    approval = await host.approve(str(proposal_id))
+    assert (await host.wait_approval(approval)).status in ("claimed", "succeeded")
+    with anyio.fail_after(30):
+        while await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1",
+                                run_id) != "succeeded":
+            await anyio.sleep(0.1)
+    script(model, answer("Noted once."))
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    seen = await until(api, sid, turn_ended(1), timeout=60)
+    assert (seen["state"], seen["messages"][-1]["text"]) == ("active", "Noted once.")
+    assert len(model_requests(model)) - before == 2  # step 0 once, the answer once
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                          run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert [m["role"] for m in seen["messages"]] == ["user", "writ", "agent"]
+
+
+async def open_planning(api: httpx.AsyncClient) -> str:
+    opened = await api.post("/sessions", json={"agent": "chat-assistant", "plan_mode": True},
+                            headers=key())
+    assert opened.status_code == 201, opened.text
+    return str(opened.json()["session_id"])
+
+
+async def proposed_plan(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    seen = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan")
+    [plan] = seen["plans"]
+    assert plan["plan_id"] == seen["waiting_for"]["plan_id"]
+    assert (plan["state"], seen["state"]) == ("proposed", "processing")
+    return dict(plan)
+
+
+async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    sid = await open_planning(api)
+    script(model, select("crm.note.create", NOTE), answer("My plan: one note on ACME-42."),
+           select("crm.note.create", NOTE), answer("Done as planned."))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    assert [(s["capability"], s["arguments"]) for s in plan["steps"]] == [
+        ("crm.note.create", NOTE)]
+    assert len(plan["digest"]) == 64
+    # Nothing ran while planning: no proposal reached admission.
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    wrong = await api.post(f"/plans/plan-{uuid.uuid4()}/approve", json={}, headers=key())
+    assert (wrong.status_code, wrong.json()["code"]) == (404, "NOT_FOUND")
+    approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    assert (approved.status_code, approved.json()["state"]) == (200, "approved"), approved.text
+    seen = await until(api, sid, turn_ended(1))
+    assert seen["messages"][-1]["text"] == "Done as planned."
+    assert seen["plans"][0]["state"] == "approved"
+    # The step still went through governance and admission: one command, one note.
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1 "
+                          "AND state = 'succeeded'", run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
+                             run_id) >= 1
+    types = await session_events(db, sid)
+    assert types.index("PlanProposed") < types.index("PlanDecided") < types.index("StepOutcome")
+    again = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    assert again.status_code == 404  # answered already: nothing waits under it
+
+
+async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_context(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_planning(api)
+    script(model, select("crm.note.create", NOTE), answer("My plan: one note."))
+    sent = await send(api, sid, "Note the call.")
+    plan = await proposed_plan(api, sid)
+    rejected = await api.post(f"/plans/{plan['plan_id']}/reject",
+                              json={"reason": "Wrong customer: it was ACME-43."}, headers=key())
+    assert (rejected.status_code, rejected.json()["state"]) == (200, "rejected")
+    with anyio.fail_after(30):
+        while (await view(api, sid))["state"] != "active":
+            await anyio.sleep(0.1)
+    run = await db.fetchrow("SELECT status, error_code, error_message FROM planner.runs "
+                            "WHERE run_id = $1", sent.json()["run_id"])
+    assert tuple(run) == ("failed", "REJECTED", "Wrong customer: it was ACME-43.")
+    before = len(model_requests(model))
+    script(model, answer("Understood."))
+    await send(api, sid, "Try again.")
+    await until(api, sid, turn_ended(2))
+    [request] = model_requests(model)[before:]
+    assert "[turn 1] writ: The user rejected the plan: Wrong customer: it was ACME-43." in (
+        asked_of(request))
+
+
+async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_planning(api)
+    other = {**NOTE, "body": "Something the user never approved."}
+    script(model, select("crm.note.create", NOTE), answer("Plan: one note."),
+           select("crm.note.create", other), answer("I could not deviate."))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    seen = await until(api, sid, turn_ended(1))
+    assert seen["messages"][-1]["text"] == "I could not deviate."
+    refusals = [json.loads(r["payload"]) for r in await db.fetch(
+        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+        "ORDER BY seq", run_id)]
+    assert [r.get("refused") for r in refusals] == ["PLANNED", None, "NOT_IN_PLAN"]
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
+                              "AND type = 'Observed'", sid)
+    assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
+
+
+async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_sequence(
+        stack: Stack, host: Host, model: httpx.Client) -> None:
+    nc = await host.tenant_nc("acme")
+    token = stack.token("acme", "alice@acme.example")
+
+    async def ask(tenant: str = "acme", **fields: Any) -> Any:
+        reply = await nc.request(f"writ.api.{tenant}.session", msgspec.json.encode(
+            HostSessionOp(token=token, **fields)), timeout=20)
+        if (reply.headers or {}).get("Nats-Service-Error-Code"):
+            return reply.headers
+        return msgspec.json.decode(reply.data, type=SessionReply)
+
+    opened = await ask(op="open", agent="chat-assistant", key=f"n-{uuid.uuid4().hex}")
+    sid = opened.accepted.session_id
+    script(model, answer("Hello over NATS."))
+    message_key = f"n-{uuid.uuid4().hex}"
+    sent = await ask(op="message", session_id=sid, text="Hi", key=message_key)
+    assert (sent.accepted.state, sent.accepted.turn) == ("processing", 1)
+    again = await ask(op="message", session_id=sid, text="Hi", key=message_key)
+    assert again == sent  # the same key: the first answer
+    with anyio.fail_after(30):
+        while (await ask(op="get", session_id=sid)).view.state != "active":
+            await anyio.sleep(0.1)
+    first = (await ask(op="events", session_id=sid, limit=2)).events
+    assert [e.event.n for e in first.events] == [1, 2]
+    rest = (await ask(op="events", session_id=sid, after=first.last)).events
+    assert rest.events[0].seq > first.last
+    assert type(rest.events[-1].event).__name__ == "TurnEnded"
+    assert rest.events[-1].event.answer == "Hello over NATS."
+    # A token of another tenant is refused on this tenant's subject.
+    refused = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
+        token=stack.token("globex", "bob@globex.example"), op="get", session_id=sid)),
+        timeout=10)
+    assert refused.headers["Nats-Service-Error-Code"] == "401"
+    # Another principal of the tenant does not see it, not even that it exists.
+    bob = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
+        token=stack.token("acme", "bob@acme.example"), op="events", session_id=sid)),
+        timeout=10)
+    assert bob.headers["Nats-Service-Error"].startswith("NOT_FOUND")

@@ -17,6 +17,7 @@ from nats.micro.request import Request
 
 from schemas.control import RunCancelRequested
 from schemas.sessions import (
+    PlanAnswered,
     SessionAccepted,
     SessionClosed,
     SessionForked,
@@ -34,7 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.sessions._store import SessionRow, SessionStore
+from services.planner.sessions._store import SessionRow
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
     SessionRefused,
@@ -107,7 +108,7 @@ class SessionOpsEndpoint:
         if op.op == "fork":
             return await self._fork(op)
         if op.op in ("approve_plan", "reject_plan"):
-            raise _Refused("NOT_FOUND", "no plan is waiting under this id")
+            return await self._plan(op)
         return await self._change(op)
 
     async def _mine(self, conn: Any, op: SessionOp, *, lock: bool) -> SessionRow:
@@ -232,6 +233,23 @@ class SessionOpsEndpoint:
                 wake = (run_id, f"close-{n}")
         return session, wake
 
+    async def _plan(self, op: SessionOp) -> SessionReply:
+        if not op.plan_id:
+            raise _Refused("INVALID_REQUEST", "a plan's answer names the plan")
+        async with self._store.acquire() as conn:
+            async with conn.transaction():
+                try:
+                    session, plan, run_id = await self._turns.plans.answer(
+                        conn, self._store, tenant=op.tenant, principal=op.principal,
+                        plan_id=op.plan_id, approve=op.op == "approve_plan", reason=op.reason)
+                except LookupError as exc:
+                    raise _Refused("NOT_FOUND", str(exc)) from exc
+        await self._turns.wake(session.tenant, run_id, f"plan-{plan.plan_id}")
+        await self._turns.flush(session.session_id)
+        return SessionReply(ok=True, plan=PlanAnswered(plan_id=plan.plan_id,
+                                                       session_id=session.session_id,
+                                                       state=plan.state))
+
     async def _fork(self, op: SessionOp) -> SessionReply:
         if not op.key or op.turn is None:
             raise _Refused("INVALID_REQUEST", "a fork names a turn and has a key")
@@ -310,7 +328,8 @@ class SessionOpsEndpoint:
             waiting_for=waiting, parent_session_id=session.parent_session_id,
             fork_turn=session.fork_turn, fork_step=session.fork_step,
             children=await self._store.children(conn, session.session_id),
-            messages=messages, last_event=session.last_n)
+            messages=messages, plans=await self._turns.plans.of_session(conn, session.session_id),
+            last_event=session.last_n)
 
     async def _history_numbered(self, conn: Any, session_id: str) -> list[tuple[int, Any]]:
         from services.planner.sessions._store import _entry
@@ -330,6 +349,10 @@ class SessionOpsEndpoint:
         run = await conn.fetchrow("SELECT status, pending_id, error_message FROM planner.runs "
                                   "WHERE run_id = $1",
                                   turn_run_id(session.session_id, session.turn))
+        if run is not None and run["status"] == "awaiting_human" and (
+                run["pending_id"] or "").startswith("plan-"):
+            return WaitingFor(kind="plan", plan_id=run["pending_id"],
+                              message="the plan waits for the user's approval")
         if run is not None and run["status"] == "awaiting_human":
             return WaitingFor(kind="person", pending_id=run["pending_id"],
                               message=(run["error_message"] or "")[:512])

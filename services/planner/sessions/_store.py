@@ -76,6 +76,10 @@ class SessionStore:
         """A pooled connection."""
         return self._pool.acquire()
 
+    def acquire_soon(self, timeout: float = 2.0) -> Any:
+        """A pooled connection, or TimeoutError if none frees up within `timeout`."""
+        return self._pool.acquire(timeout=timeout)
+
     async def create(self, conn: asyncpg.Connection, *, session_id: str, tenant: str,
                      principal: str, agent: str, plan_mode: bool, open_key: str,
                      state: str = "active", parent: SessionRow | None = None,

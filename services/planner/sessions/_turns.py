@@ -14,6 +14,9 @@ left between a commit and what follows it.
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import anyio
@@ -29,22 +32,27 @@ from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.governance import RegisterRun
 from schemas.ingress import RunStarted
-from schemas.planner import BranchChanged
+from schemas.planner import BranchChanged, branch_run_id
 from schemas.sessions import (
     CapabilitySelected,
     ChildSession,
     DecisionAsked,
+    DecisionTaken,
     Observed,
     ProposalMade,
     SessionOpened,
+    StepAdmitted,
     StepOutcome,
+    TextDelta,
+    TextReset,
     TurnEnded,
     WriterNote,
     chat_subject,
 )
-from schemas.planner import branch_run_id
+from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
+from services.planner.sessions._plans import PLAN_PREFIX, Plans
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
 from services.planner.snapshot import agent_call_target
@@ -84,6 +92,7 @@ class SessionTurns:
                  register_timeout_s: float = 2.0) -> None:
         self._nc, self._js, self._store = nc, js, store
         self._register_timeout = register_timeout_s
+        self.plans = Plans(sessions=store)
 
     @property
     def store(self) -> SessionStore:
@@ -138,6 +147,7 @@ class SessionTurns:
         if session is None:
             return
         turn = session.turn if is_turn_run(run.run_id) else 1
+        sid = session.session_id
         for step in new:
             source = f"step:{run.run_id}:{step.seq}"
             payload = step.payload
@@ -145,8 +155,7 @@ class SessionTurns:
                 capability = str(payload.get("capability", ""))[:512]
                 session, _ = await self._store.add_event(
                     conn, session, source, lambda n, s=step, c=capability: CapabilitySelected(
-                        session_id=session.session_id, n=n, turn=turn, step=s.seq,
-                        capability=c))
+                        session_id=sid, n=n, turn=turn, step=s.seq, capability=c))
                 callee = agent_call_target(run.manifest, capability)
                 if callee is not None:
                     session = await self._child(conn, session, run, step.seq, callee, turn)
@@ -155,7 +164,7 @@ class SessionTurns:
                 summary = step_recorded(run.tenant, run.run_id, step).summary
                 session, _ = await self._store.add_event(
                     conn, session, source, lambda n, s=step, t=summary: Observed(
-                        session_id=session.session_id, n=n, turn=turn, step=s.seq, summary=t))
+                        session_id=sid, n=n, turn=turn, step=s.seq, summary=t))
 
     async def _child(self, conn: Any, session: SessionRow, run: RunRow, step: int,
                      callee: str, turn: int) -> SessionRow:
@@ -214,8 +223,8 @@ class SessionTurns:
                       message: str) -> None:
         """The turn stops for a person's decision: the session shows what it waits for."""
         session = await self._session_for(conn, run)
-        if session is None or pending_id is None:
-            return
+        if session is None or pending_id is None or pending_id.startswith(PLAN_PREFIX):
+            return  # (a plan's wait is its `PlanProposed`)
         await self._store.add_event(conn, session, f"ask:{run.run_id}:{step}:{pending_id}",
                                     lambda n: DecisionAsked(
             session_id=session.session_id, n=n, turn=session.turn, step=step,
@@ -240,6 +249,94 @@ class SessionTurns:
         await self._store.add_event(conn, session, f"ended:{run.run_id}", lambda n: TurnEnded(
             session_id=session.session_id, n=n, turn=turn, run_id=run.run_id, status=status,
             answer=answer, code=code))
+
+    @asynccontextmanager
+    async def text_sink(self, run: RunRow, seq: int) -> AsyncIterator[DeltaBatcher | None]:
+        """Where a turn's model call at step `seq` streams its text: batched deltas on the
+        session's subject (not numbered, not stored: the answer is, once decided). None for a
+        run that is no session's turn.
+
+        A call for a step that an earlier call (in a process that died) began first publishes
+        a reset, so a client drops text the new call replaces.
+        """
+        if not is_turn_run(run.run_id):
+            yield None
+            return
+        session_id, turn = turn_of(run.run_id)
+        subject = chat_subject(run.tenant, session_id)
+        call = uuid.uuid4().hex[:12]  # this call's deltas are its own, whatever came before
+
+        async def out(item: TextBatch | AttemptReset) -> None:
+            try:
+                if isinstance(item, TextBatch):
+                    await publish(self._js, subject, TextDelta(
+                        session_id=session_id, n=0, turn=turn, step=seq, attempt=item.attempt,
+                        index=item.index, text=item.text),
+                        msg_id=f"delta:{run.run_id}:{seq}:{call}:{item.attempt}:{item.index}")
+                else:
+                    await publish(self._js, subject, TextReset(
+                        session_id=session_id, n=0, turn=turn, step=seq, attempt=item.attempt,
+                        reason=item.reason[:512]),
+                        msg_id=f"reset:{run.run_id}:{seq}:{call}:{item.attempt}")
+            except Exception as exc:  # text is progress: the decision is what is recorded
+                log.debug("turn %s step %d: text not published: %r", run.run_id, seq, exc)
+
+        batcher = DeltaBatcher(out)
+        if await self._model_calls(run.run_id, seq) > 1:
+            await out(AttemptReset(attempt=0, reason="the model is asked again for this step"))
+        async with anyio.create_task_group() as tg:
+            await tg.start(batcher.run)
+            try:
+                yield batcher
+                await batcher.flush()
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _model_calls(self, run_id: str, seq: int) -> int:
+        """Count a model call begun for the step, committed at once (0 if the count could not
+        be taken: the pool is busy, and the call goes on without it)."""
+        try:
+            async with self._store.acquire_soon() as conn:
+                return int(await conn.fetchval(
+                    "INSERT INTO planner.session_model_calls (run_id, seq) VALUES ($1, $2) "
+                    "ON CONFLICT (run_id, seq) DO UPDATE SET calls = "
+                    "planner.session_model_calls.calls + 1 RETURNING calls", run_id, seq))
+        except (TimeoutError, OSError) as exc:
+            log.debug("turn %s step %d: model call not counted: %r", run_id, seq, exc)
+            return 0
+
+    async def progress(self, *, tenant: str, run_id: str, step: int | None = None,
+                       operation_id: str | None = None, pending_id: str | None = None,
+                       answer: str | None = None) -> None:
+        """What the planner hears of a turn's proposal without a step of its own — admitted
+        as a command, or a person's answer to its ask — as the session's event; progress
+        only: a failure to record it changes nothing in the turn."""
+        if not is_turn_run(run_id):
+            return
+        session_id, turn = turn_of(run_id)
+        try:
+            async with self._store.acquire() as conn, conn.transaction():
+                session = await self._store.lock(conn, session_id)
+                if session is None or session.tenant != tenant:
+                    return
+                if step is None:
+                    step = int(await conn.fetchval(
+                        "SELECT coalesce(max(seq), 0) FROM planner.steps WHERE run_id = $1",
+                        run_id))
+                at = step
+                if operation_id is not None:
+                    await self._store.add_event(
+                        conn, session, f"admitted:{run_id}:{at}", lambda n: StepAdmitted(
+                            session_id=session_id, n=n, turn=turn, step=at,
+                            operation_id=operation_id))
+                elif pending_id is not None and answer is not None:
+                    await self._store.add_event(
+                        conn, session, f"answered:{run_id}:{pending_id}", lambda n: (
+                            DecisionTaken(session_id=session_id, n=n, turn=turn, step=at,
+                                          pending_id=pending_id[:512], answer=answer[:512])))
+            await self.flush(session_id)
+        except Exception as exc:
+            log.warning("turn %s: progress not recorded: %r", run_id, exc)
 
     # --- after the commit ------------------------------------------------------------------
 
@@ -307,8 +404,32 @@ class SessionTurns:
         await publish(self._js, subjects.branch(tenant),
                       BranchChanged(tenant=tenant, run_id=run_id), msg_id=f"wake:{run_id}:{why}")
 
+    async def wake_in_flight(self) -> int:
+        """At start: wake every turn a session is `processing` whose run is running (the seed
+        admits it leaves them; Writ continues them from their recorded steps). Their own
+        deliveries would too, once their ack wait runs out; a turn woken twice does nothing
+        twice. Returns how many were woken."""
+        async with self._store.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT t.run_id, s.tenant FROM planner.session_turns t "
+                "JOIN planner.sessions s USING (session_id) "
+                "JOIN planner.runs r ON r.run_id = t.run_id "
+                "WHERE s.state = 'processing' AND t.status = 'running' "
+                "AND r.status = 'running'")
+        boot = uuid.uuid4().hex[:12]
+        for row in rows:
+            await self.wake(row["tenant"], row["run_id"], f"restart-{boot}")
+        return len(rows)
+
     async def sweep(self, *, interval_s: float = 1.0) -> None:
-        """Forever: start accepted turns nobody started, publish events nobody published."""
+        """Wake the turns in flight a stopped planner left, then forever: start accepted
+        turns nobody started, publish events nobody published."""
+        try:
+            woken = await self.wake_in_flight()
+            if woken:
+                log.info("woke %d session turns in flight", woken)
+        except Exception as exc:
+            log.warning("session turns in flight not woken: %r", exc)
         while True:
             try:
                 async with self._store.acquire() as conn:
