@@ -63,7 +63,8 @@ class ChatView:
     ("plan" | "proposal" | "decision", its id)."""
 
     in_text: bool = False
-    streamed: bool = False
+    streamed: str = ""  # the text of the last model step that streamed, resets applied
+    step: tuple[int, int] | None = None  # (turn, step) of that text
     asking: tuple[str, str] | None = None
     turn: int = 0
     closed: bool = False
@@ -81,10 +82,13 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
     """What the terminal shows for `event` (possibly nothing), updating `view`."""
     if isinstance(event, TextDelta):
         prefix = "" if view.in_text else "agent: "
-        view.in_text = view.streamed = True
+        if view.step != (event.turn, event.step):
+            view.step, view.streamed = (event.turn, event.step), ""
+        view.in_text = True
+        view.streamed += event.text
         return prefix + event.text
     if isinstance(event, TextReset):
-        view.streamed = False
+        view.streamed = ""
         return _line(view, f"[the model's answer was interrupted ({event.reason or 'retry'});"
                            " it starts again]")
     if isinstance(event, SessionOpened):
@@ -92,7 +96,7 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
     if isinstance(event, UserMessage):
         return _line(view, f"you: {event.text}")
     if isinstance(event, TurnStarted):
-        view.turn, view.streamed = event.turn, False
+        view.turn, view.streamed = event.turn, ""
         return _line(view, f"[turn {event.turn}]")
     if isinstance(event, CapabilitySelected):
         return _line(view, f"  · using {event.capability}")
@@ -131,8 +135,9 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
         return _line(view, f"[decision {event.pending_id}: {event.answer}]")
     if isinstance(event, TurnEnded):
         view.asking = None
-        answer = "" if view.streamed or not event.answer else _line(view, f"agent: "
-                                                                        f"{event.answer}")
+        # An answer already streamed whole is not printed again.
+        answer = "" if not event.answer or event.answer == view.streamed else _line(
+            view, f"agent: {event.answer}")
         status = f"[turn {event.turn} {event.status}"
         if event.code:
             status += f": {event.code}"

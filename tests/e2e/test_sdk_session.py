@@ -13,9 +13,13 @@ import pytest
 
 from schemas.sessions import (
     AnySessionEvent,
+    PlanDecided,
+    PlanProposed,
     SessionClosed,
     SessionOpened,
     StepOutcome,
+    TextDelta,
+    TextReset,
     TurnEnded,
     TurnStarted,
     UserMessage,
@@ -123,3 +127,54 @@ async def test_pause_resume_inject_close_and_refusals(stack: Stack) -> None:
         with pytest.raises(WritError) as hidden:
             await other.session(session.session_id).history()
         assert hidden.value.code == "NOT_FOUND"
+
+
+async def turn_events(session: Session, text: str, *, until: type = TurnEnded
+                      ) -> list[AnySessionEvent]:
+    await session.send(text)
+    return await collect(session, until=until)
+
+
+def streamed(events: list[AnySessionEvent]) -> list[str]:
+    """The text each model step streamed, resets applied (what a client keeps)."""
+    texts: dict[tuple[int, int], str] = {}
+    for event in events:
+        if isinstance(event, TextDelta):
+            texts[(event.turn, event.step)] = texts.get((event.turn, event.step), "") + event.text
+        elif isinstance(event, TextReset):
+            texts[(event.turn, event.step)] = ""
+    return [t for t in texts.values() if t]
+
+
+async def test_a_plan_approved_and_one_rejected_through_the_sdk_with_streamed_text(
+        stack: Stack, db: asyncpg.Connection) -> None:
+    async with Client(stack.api_url, issuer(stack), "alice@acme.example") as client:
+        session = await client.open_session("chat-assistant", plan_mode=True)
+        first = await turn_events(session, "Please note the shipment update",
+                                  until=PlanProposed)
+        [proposed] = [e for e in first if isinstance(e, PlanProposed)]
+        assert [s.capability for s in proposed.plan.steps] == ["crm.note.create"]
+        assert (await session.history()).waiting_for.kind == "plan"  # type: ignore[union-attr]
+        answered = await session.approve_plan(proposed.plan.plan_id, reason="go ahead")
+        assert (answered.plan_id, answered.state) == (proposed.plan.plan_id, "approved")
+        rest = await collect(session, until=TurnEnded)
+        assert any(isinstance(e, PlanDecided) and e.answer == "approved" for e in rest)
+        ended = rest[-1]
+        assert isinstance(ended, TurnEnded) and ended.status == "succeeded"
+        # The model's answers reached the SDK as deltas, batched, whole once reset applied.
+        deltas = [e for e in first + rest if isinstance(e, TextDelta)]
+        assert len(deltas) >= 2 and all(e.n == 0 for e in deltas)
+        assert ended.answer in streamed(first + rest)
+        with pytest.raises(WritError) as again:  # answered: no plan waits under its id
+            await session.reject_plan(proposed.plan.plan_id, "too late")
+        assert (again.value.code, again.value.status) == ("NOT_FOUND", 404)
+
+        other = await client.open_session("chat-assistant", plan_mode=True)
+        events = await turn_events(other, "Please note the shipment update", until=PlanProposed)
+        [proposed] = [e for e in events if isinstance(e, PlanProposed)]
+        rejected = await other.reject_plan(proposed.plan.plan_id, "not this customer")
+        assert rejected.state == "rejected"
+        ended = (await collect(other, until=TurnEnded))[-1]
+        assert isinstance(ended, TurnEnded) and ended.status != "succeeded"
+        assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                                 ended.run_id) == 0

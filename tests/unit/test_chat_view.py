@@ -53,6 +53,9 @@ def test_a_reset_is_shown_and_the_next_attempt_starts_a_fresh_line() -> None:
 def test_an_answer_that_was_not_streamed_is_printed_at_the_turns_end() -> None:
     view = ChatView()
     assert render(ended("Done."), view) == "agent: Done.\n[turn 1 succeeded]\n"
+    # Another step's streamed text (a plan's explanation) is not the final answer.
+    out = render(delta("My plan: one note."), view) + render(ended("Done."), view)
+    assert out == "agent: My plan: one note.\nagent: Done.\n[turn 1 succeeded]\n"
     failed = ended(None, status="failed", code="BUDGET_EXHAUSTED", correlation_id="corr-9")
     assert render(failed, view) == ("[turn 1 failed: BUDGET_EXHAUSTED (correlation id "
                                     "corr-9)]\n")
