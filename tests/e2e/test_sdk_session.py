@@ -26,7 +26,7 @@ from schemas.sessions import (
 )
 from tests.e2e.conftest import notes_for
 from writ.stack import Stack
-from writ_client import Client, Issuer, Session, WritError
+from writ_client import Client, Issuer, NatsClient, Session, WritError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 ASK = "Note the delayed shipment call"
@@ -178,3 +178,40 @@ async def test_a_plan_approved_and_one_rejected_through_the_sdk_with_streamed_te
         assert isinstance(ended, TurnEnded) and ended.status != "succeeded"
         assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
                                  ended.run_id) == 0
+
+
+async def test_the_same_session_methods_over_nats_as_the_tenants_host(
+        stack: Stack, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    client = NatsClient(await stack.host_connection("acme"), issuer(stack),
+                        "alice@acme.example")
+    try:
+        key = f"sdk-nats-session-{uuid.uuid4().hex[:12]}"
+        session = await client.open_session("crm-assistant", request_id=key)
+        assert (await client.open_session("crm-assistant", request_id=key)).session_id == \
+            session.session_id
+        turn, ids = [], []
+        with anyio.fail_after(60):
+            async for event in session.turn(ASK):
+                turn.append(event)
+                ids.append(session.last_event_id)
+        assert isinstance(turn[0], SessionOpened) and isinstance(turn[-1], TurnEnded)
+        assert turn[-1].status == "succeeded" and ids == sorted(set(ids))
+        [row] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                               turn[-1].run_id)
+        assert len(notes_for(crm, f"acme:{row[0]}")) == 1
+        # Resumed after any sequence: exactly the events after it, as over SSE.
+        resumed = await collect(client.session(session.session_id), until=TurnEnded,
+                                after=ids[1])
+        assert resumed == turn[2:]
+        view = await session.history()
+        assert (view.state, view.turn) == ("active", 1)
+        assert (await session.pause()).state == "paused"
+        with pytest.raises(WritError) as refused:
+            await session.send("while paused")
+        assert refused.value.code == "SESSION_PAUSED"
+        assert (await session.close()).state == "closed"
+        with pytest.raises(WritError) as missing:
+            await client.reject_plan("plan-unknown", "no")
+        assert missing.value.code == "NOT_FOUND"
+    finally:
+        await client.aclose()

@@ -17,8 +17,8 @@ from schemas.governance import PendingDecisions, RunBudget
 from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewResult, RunResult
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
-from schemas.sessions import PlanAnswered, SessionAccepted
-from writ_client._session import Session, read_sse
+from schemas.sessions import AnySessionEvent, PlanAnswered, SessionAccepted, SessionView
+from writ_client._session import Session, decode_event, read_sse
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
 
@@ -26,6 +26,7 @@ __all__ = ["Client", "SyncClient", "new_key"]
 
 T = TypeVar("T")
 _ENCODER: Final = msgspec.json.Encoder()
+_PATHS: Final = {"message": "messages"}  # a session op's route, where it is not the op
 
 
 def new_key(prefix: str = "req") -> str:
@@ -261,6 +262,19 @@ class Client:
         return (await self._call("POST", path, reply, body=body,
                                  key=request_id or new_key(prefix),
                                  accept=(200, 201, 202)))[1]
+
+    async def _session_write(self, op: str, session_id: str, request_id: str | None,
+                             **fields: Any) -> SessionAccepted:
+        path = f"/sessions/{session_id}/{_PATHS.get(op, op)}"
+        return await self._write(path, SessionAccepted, fields or None, request_id, op)
+
+    async def _session_view(self, session_id: str) -> SessionView:
+        return await self._get(f"/sessions/{session_id}", SessionView)
+
+    async def _session_events(self, session_id: str, after: int
+                              ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]:
+        async for seq, data in self._sse(f"/sessions/{session_id}/events", after):
+            yield seq, decode_event(data)
 
     async def _sse(self, path: str, last_event_id: int) -> AsyncIterator[tuple[int, bytes]]:
         """The events of an SSE route after `last_event_id`, as (id, data)."""

@@ -1,9 +1,11 @@
-"""`Session`: one chat session over Writ's HTTP API (`/api/v1/sessions`, DESIGN.md §10)."""
+"""`Session`: one chat session (DESIGN.md §10), over HTTP (`Client`: `/api/v1/sessions`, the
+events as Server-Sent Events) or NATS (`NatsClient`: `writ.api.<tenant>.session`, the events
+read in batches after a stream sequence): the same methods, the same types."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final, Protocol
 
 import anyio
 import httpx
@@ -19,12 +21,35 @@ from schemas.sessions import (
 )
 from writ_client.errors import WritError
 
-if TYPE_CHECKING:
-    from writ_client._http import Client
-
-__all__ = ["Session", "read_sse"]
+__all__ = ["Session", "SessionTransport", "StreamLost", "decode_event", "read_sse"]
 
 _EVENT: Final = msgspec.json.Decoder(AnySessionEvent)
+
+
+class SessionTransport(Protocol):
+    """What a `Session` needs of its client (`Client` or `NatsClient`)."""
+
+    async def _session_write(self, op: str, session_id: str, request_id: str | None,
+                             **fields: Any) -> SessionAccepted: ...
+
+    async def _session_view(self, session_id: str) -> SessionView: ...
+
+    def _session_events(self, session_id: str, after: int
+                        ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]: ...
+
+    async def approve_plan(self, plan_id: str, *, reason: str = "",
+                           request_id: str | None = None) -> PlanAnswered: ...
+
+    async def reject_plan(self, plan_id: str, reason: str, *,
+                          request_id: str | None = None) -> PlanAnswered: ...
+
+
+def decode_event(data: bytes) -> AnySessionEvent | None:
+    """A session event, or None for a type (or field value) this SDK does not know."""
+    try:
+        return _EVENT.decode(data)
+    except msgspec.ValidationError:
+        return None
 # One SSE event's data is one session event; anything longer is not Writ's.
 MAX_EVENT_BYTES: Final = 256 * 1024
 
@@ -38,7 +63,8 @@ class Session:
     connection, resumes right after it: no gap, no duplicate.
     """
 
-    def __init__(self, client: Client, session_id: str, *, last_event_id: int = 0) -> None:
+    def __init__(self, client: SessionTransport, session_id: str, *,
+                 last_event_id: int = 0) -> None:
         self._client, self.session_id = client, session_id
         self.last_event_id = last_event_id
 
@@ -48,32 +74,35 @@ class Session:
     async def send(self, text: str, *, request_id: str | None = None) -> SessionAccepted:
         """Send the next message: it starts a turn (`WritError` `SESSION_BUSY` while one is
         in flight, and nothing is applied)."""
-        return await self._write("messages", {"text": text}, request_id, "msg")
+        return await self._client._session_write("message", self.session_id, request_id,
+                                                 text=text)
 
     async def history(self) -> SessionView:
         """Where the session stands: state, what it waits for, messages, plans, forks."""
-        return await self._client._get(f"/sessions/{self.session_id}", SessionView)
+        return await self._client._session_view(self.session_id)
 
     async def pause(self, *, request_id: str | None = None) -> SessionAccepted:
         """Stop the turn before its next model decision (durable)."""
-        return await self._write("pause", None, request_id, "pause")
+        return await self._client._session_write("pause", self.session_id, request_id)
 
     async def resume(self, *, request_id: str | None = None) -> SessionAccepted:
         """Go on from the recorded step."""
-        return await self._write("resume", None, request_id, "resume")
+        return await self._client._session_write("resume", self.session_id, request_id)
 
     async def inject(self, text: str, *, request_id: str | None = None) -> SessionAccepted:
         """A message the model sees at its next decision, marked as injected."""
-        return await self._write("inject", {"text": text}, request_id, "inject")
+        return await self._client._session_write("inject", self.session_id, request_id,
+                                                 text=text)
 
     async def close(self, *, request_id: str | None = None) -> SessionAccepted:
         """Close the session (terminal; its history stays readable)."""
-        return await self._write("close", None, request_id, "close")
+        return await self._client._session_write("close", self.session_id, request_id)
 
     async def fork(self, turn: int, step: int | None = None, *,
                    request_id: str | None = None) -> Session:
         """A new session whose history is this one's up to `turn` (or its `step`)."""
-        accepted = await self._write("fork", {"turn": turn, "step": step}, request_id, "fork")
+        accepted = await self._client._session_write("fork", self.session_id, request_id,
+                                                     turn=turn, step=step)
         return Session(self._client, accepted.session_id)
 
     async def approve_plan(self, plan_id: str, *, reason: str = "",
@@ -96,16 +125,13 @@ class Session:
         delay = 0.2
         while True:
             try:
-                async for seq, data in self._client._sse(
-                        f"/sessions/{self.session_id}/events", self.last_event_id):
+                async for seq, event in self._client._session_events(self.session_id,
+                                                                      self.last_event_id):
                     delay = 0.2
                     self.last_event_id = seq
-                    try:
-                        event = _EVENT.decode(data)
-                    except msgspec.ValidationError:
-                        continue  # a newer server's event type (or field value): skip it
-                    yield event
-            except httpx.TransportError:
+                    if event is not None:  # None: a newer server's event type, skipped
+                        yield event
+            except (httpx.TransportError, StreamLost):
                 await anyio.sleep(delay)  # resumes after last_event_id
                 delay = min(delay * 2, 5.0)
 
@@ -120,10 +146,10 @@ class Session:
                     isinstance(event, TurnEnded) and event.turn >= accepted.turn):
                 return
 
-    async def _write(self, what: str, body: object, request_id: str | None,
-                     prefix: str) -> SessionAccepted:
-        return await self._client._write(f"/sessions/{self.session_id}/{what}",
-                                         SessionAccepted, body, request_id, prefix)
+
+
+class StreamLost(WritError):
+    """The transport lost the stream (NATS: no answer); reading resumes after the last id."""
 
 
 async def read_sse(response: httpx.Response) -> AsyncIterator[tuple[int, bytes]]:
