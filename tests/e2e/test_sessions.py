@@ -391,6 +391,13 @@ async def test_a_fork_keeps_the_parents_note_as_history_and_never_runs_it_again(
     assert [m["role"] for m in fork_view["messages"]] == ["user", "writ", "agent"]
     assert fork in (await view(api, sid))["children"]
     assert "SessionForked" in await session_events(db, sid)
+    # A fork at a recorded step keeps the history up to that step: the note's outcome is in
+    # it (as history), the agent's answer after it is not.
+    at_step = await act(api, sid, "fork", turn=1, step=0)
+    step_fork = at_step.json()["session_id"]
+    step_types = await session_events(db, step_fork)
+    assert "StepOutcome" in step_types and "TurnEnded" not in step_types
+    assert (await view(api, step_fork))["fork_step"] == 0
 
     script(model, answer("The note is already there."))
     again = await send(api, fork, "Did you note it?")
