@@ -61,7 +61,8 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
                 _manifest("careful-chat", note),  # no grant: every note is asked
                 _manifest("desk-chat", [{"kind": "agent", "name": "notes-chat",
                                          "description": "Writes CRM notes."}]),
-                _manifest("notes-chat", note, callable_by=["desk-chat"])):
+                _manifest("notes-chat", note, callable_by=["desk-chat"]),
+                _manifest("planning-chat", note, plan_mode=True)):  # its manifest asks
             (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
         key = root / "model.key"
         key.write_text(token)
@@ -85,7 +86,7 @@ async def _grant(stack: Stack) -> None:
         await conn.executemany(
             "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
             "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
-            [("chat-assistant",), ("notes-chat",)])
+            [("chat-assistant",), ("notes-chat",), ("planning-chat",)])
     finally:
         await conn.close()
 
@@ -578,7 +579,9 @@ async def proposed_plan(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
 async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
         api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
         crm: httpx.Client) -> None:
-    sid = await open_planning(api)
+    # An agent whose manifest asks for plan-mode: every session with it plans first.
+    sid = await open_session(api, "planning-chat")
+    assert (await view(api, sid))["plan_mode"] is True
     script(model, select("crm.note.create", NOTE), answer("My plan: one note on ACME-42."),
            select("crm.note.create", NOTE), answer("Done as planned."))
     sent = await send(api, sid, "Note the call.")

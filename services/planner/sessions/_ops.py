@@ -124,8 +124,11 @@ class SessionOpsEndpoint:
     async def _open(self, op: SessionOp) -> SessionReply:
         if op.agent is None or not op.key:
             raise _Refused("INVALID_REQUEST", "opening a session names an agent and a key")
-        if self._agents.get(op.agent) is None:
+        agent = self._agents.get(op.agent)
+        if agent is None:
             raise _Refused("UNKNOWN_AGENT", f"no manifest declares agent {op.agent!r}")
+        # The agent's manifest may ask for plan-mode; a session cannot turn it off.
+        op = msgspec.structs.replace(op, plan_mode=op.plan_mode or agent.manifest.plan_mode)
         session_id = session_id_for(op.tenant, op.key)
         async with self._store.acquire() as conn, conn.transaction():
             if await self._store.create(conn, session_id=session_id, tenant=op.tenant,
