@@ -35,7 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.sessions._store import SessionRow
+from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
     SessionRefused,
@@ -335,11 +335,9 @@ class SessionOpsEndpoint:
             last_event=session.last_n)
 
     async def _history_numbered(self, conn: Any, session_id: str) -> list[tuple[int, Any]]:
-        from services.planner.sessions._store import _entry
-
         out = []
         for event in await self._store.events(conn, session_id):
-            entry = _entry(event)
+            entry = entry_of(event)
             if entry is not None:
                 out.append((event.n, entry))
         return out
