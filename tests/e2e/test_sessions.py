@@ -61,7 +61,8 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
                 _manifest("careful-chat", note),  # no grant: every note is asked
                 _manifest("desk-chat", [{"kind": "agent", "name": "notes-chat",
                                          "description": "Writes CRM notes."}]),
-                _manifest("notes-chat", note, callable_by=["desk-chat"])):
+                _manifest("notes-chat", note, callable_by=["desk-chat"]),
+                _manifest("planning-chat", note, plan_mode=True)):  # its manifest asks
             (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
         key = root / "model.key"
         key.write_text(token)
@@ -85,7 +86,7 @@ async def _grant(stack: Stack) -> None:
         await conn.executemany(
             "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
             "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
-            [("chat-assistant",), ("notes-chat",)])
+            [("chat-assistant",), ("notes-chat",), ("planning-chat",)])
     finally:
         await conn.close()
 
@@ -391,6 +392,13 @@ async def test_a_fork_keeps_the_parents_note_as_history_and_never_runs_it_again(
     assert [m["role"] for m in fork_view["messages"]] == ["user", "writ", "agent"]
     assert fork in (await view(api, sid))["children"]
     assert "SessionForked" in await session_events(db, sid)
+    # A fork at a recorded step keeps the history up to that step: the note's outcome is in
+    # it (as history), the agent's answer after it is not.
+    at_step = await act(api, sid, "fork", turn=1, step=0)
+    step_fork = at_step.json()["session_id"]
+    step_types = await session_events(db, step_fork)
+    assert "StepOutcome" in step_types and "TurnEnded" not in step_types
+    assert (await view(api, step_fork))["fork_step"] == 0
 
     script(model, answer("The note is already there."))
     again = await send(api, fork, "Did you note it?")
@@ -571,7 +579,9 @@ async def proposed_plan(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
 async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
         api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
         crm: httpx.Client) -> None:
-    sid = await open_planning(api)
+    # An agent whose manifest asks for plan-mode: every session with it plans first.
+    sid = await open_session(api, "planning-chat")
+    assert (await view(api, sid))["plan_mode"] is True
     script(model, select("crm.note.create", NOTE), answer("My plan: one note on ACME-42."),
            select("crm.note.create", NOTE), answer("Done as planned."))
     sent = await send(api, sid, "Note the call.")

@@ -35,7 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.sessions._store import SessionRow
+from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
     SessionRefused,
@@ -124,8 +124,11 @@ class SessionOpsEndpoint:
     async def _open(self, op: SessionOp) -> SessionReply:
         if op.agent is None or not op.key:
             raise _Refused("INVALID_REQUEST", "opening a session names an agent and a key")
-        if self._agents.get(op.agent) is None:
+        agent = self._agents.get(op.agent)
+        if agent is None:
             raise _Refused("UNKNOWN_AGENT", f"no manifest declares agent {op.agent!r}")
+        # The agent's manifest may ask for plan-mode; a session cannot turn it off.
+        op = msgspec.structs.replace(op, plan_mode=op.plan_mode or agent.manifest.plan_mode)
         session_id = session_id_for(op.tenant, op.key)
         async with self._store.acquire() as conn, conn.transaction():
             if await self._store.create(conn, session_id=session_id, tenant=op.tenant,
@@ -332,11 +335,9 @@ class SessionOpsEndpoint:
             last_event=session.last_n)
 
     async def _history_numbered(self, conn: Any, session_id: str) -> list[tuple[int, Any]]:
-        from services.planner.sessions._store import _entry
-
         out = []
         for event in await self._store.events(conn, session_id):
-            entry = _entry(event)
+            entry = entry_of(event)
             if entry is not None:
                 out.append((event.n, entry))
         return out

@@ -7,7 +7,6 @@ caller's transaction; `source` names what produced it, so deriving it again adds
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -18,7 +17,7 @@ from libs.journal import Journal
 from schemas.sessions import AnySessionEvent, SessionEvent
 from services.planner.sessions.logic import Entry
 
-__all__ = ["SessionRow", "SessionStore", "TurnRow"]
+__all__ = ["SessionRow", "SessionStore", "TurnRow", "entry_of"]
 
 _EVENT_DECODER: Final = msgspec.json.Decoder(AnySessionEvent)
 _COLUMNS: Final = ("session_id, tenant, principal, agent, plan_mode, state, turn, turn_open, "
@@ -215,7 +214,7 @@ class SessionStore:
         agent's answers and what Writ wrote, oldest first."""
         entries: list[Entry] = []
         for event in await self.events(conn, session_id, upto=upto):
-            entry = _entry(event)
+            entry = entry_of(event)
             if entry is not None:
                 entries.append(entry)
         return entries
@@ -242,7 +241,8 @@ def _turn(row: asyncpg.Record) -> TurnRow:
     return TurnRow(**values)
 
 
-def _entry(event: Any) -> Entry | None:
+def entry_of(event: Any) -> Entry | None:
+    """The conversation entry an event is, if it is one."""
     kind = type(event).__name__
     if kind == "UserMessage":
         return Entry(turn=event.turn, role="user", text=event.text)
@@ -253,8 +253,3 @@ def _entry(event: Any) -> Entry | None:
     if kind == "WriterNote":
         return Entry(turn=event.turn, role="writ", text=event.text)
     return None
-
-
-def encode_json(value: Any) -> str:
-    """JSON text for a jsonb parameter."""
-    return json.dumps(value)

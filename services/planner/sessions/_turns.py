@@ -197,6 +197,14 @@ class SessionTurns:
             return
         turn = session.turn if is_turn_run(run.run_id) else 1
         text = outcome_note(observation)
+        if run.status == "awaiting_human" and run.pending_id:
+            # The turn waited for a person's approval of this command: it was given (an
+            # approval over the proposals' door reaches the planner as the command's outcome).
+            pending = run.pending_id[:512]
+            session, _ = await self._store.add_event(
+                conn, session, f"answered:{run.run_id}:{pending}", lambda n: DecisionTaken(
+                    session_id=session.session_id, n=n, turn=turn, step=step,
+                    pending_id=pending, answer="approved"))
         session, _ = await self._store.add_event(
             conn, session, f"outcome:{run.run_id}:{step}", lambda n: StepOutcome(
                 session_id=session.session_id, n=n, turn=turn, step=step,
