@@ -157,7 +157,8 @@ def test_the_demo_manifests_load_and_every_agent_is_active() -> None:
     agents.resolve(actions=ACTIONS)
     assert {a.name: a.state for a in agents} == {
         name: "active" for name in ("billing-assistant", "case-assistant", "catalog-assistant",
-                                    "chat-assistant", "crm-assistant", "ledger-assistant", "mail-assistant",
+                                    "chat-assistant", "crm-assistant", "ledger-assistant",
+                                    "mail-assistant",
                                     "refund-assistant", "research-assistant",
                                     "review-assistant", "scoped-assistant")}
     # Two demo agents have a critic (`writ run`'s among them); the others answer without one.
