@@ -24,10 +24,11 @@ from bench.http import http_path
 from bench.mcp_read import mcp_read
 from bench.phases import SCALE, Bench, BenchError
 from bench.report import Report
+from bench.sessions import session_path
 from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
 
-PHASES = ("journal_verify", "command_path", "run_path", "decide", "mcp_read")
+PHASES = ("journal_verify", "command_path", "run_path", "decide", "mcp_read", "session_path")
 _ONLY = frozenset(filter(None, os.environ.get("BENCH_PHASES", "").replace(" ", "").split(",")))
 
 
@@ -64,7 +65,8 @@ def _run(stack: Stack, report: Report) -> None:
     wanted = set(filter(None, os.environ.get("BENCH_PHASES", "").split(",")))
     for name, phase in (("command_path", bench.command_path), ("run_path", bench.run_path),
                         ("http_path", lambda: http_path(bench)), ("decide", bench.decide),
-                        ("mcp_read", lambda: mcp_read(bench))):
+                        ("mcp_read", lambda: mcp_read(bench)),
+                        ("session_path", lambda: session_path(bench))):
         if not wanted or name in wanted:
             _phase(report, name, phase)
     bench.warnings()

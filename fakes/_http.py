@@ -29,6 +29,7 @@ __all__ = [
     "Server",
     "State",
     "arg_parser",
+    "hang_up",
     "serve",
 ]
 
@@ -147,6 +148,11 @@ class Server(ThreadingHTTPServer, Generic[S]):
             super().handle_error(request, client_address)
 
 
+def hang_up(conn: socket.socket) -> None:
+    """Shut the connection down at once, whatever was or was not sent on it."""
+    _hang_up(conn)
+
+
 def _hang_up(conn: socket.socket) -> None:
     try:
         conn.shutdown(socket.SHUT_RDWR)
@@ -181,6 +187,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             _hang_up(self.connection)
             return
+        self._send(reply)
+
+    def _send(self, reply: Reply) -> None:
+        """Write `reply` as a JSON response."""
         data = json.dumps(reply.body).encode()
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")

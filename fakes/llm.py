@@ -1,22 +1,30 @@
 """A simulated OpenAI-compatible model: a real loopback HTTP server speaking
 `POST /v1/chat/completions`, answering from a script of replies, that can also answer with
 malformed content, refuse, rate-limit, fail, slow down or lose responses.
+
+A request with `stream: true` is answered with Server-Sent Events in OpenAI's chunk format
+(`chat.completion.chunk`, content and tool-call arguments a few characters a chunk, a last
+chunk with the usage when `stream_options.include_usage` asks for it, then `data: [DONE]`).
+The `cut_stream` mode sends `after_chunks` events of such a stream and hangs up; the shared
+`lose_response` mode hangs up before any of it.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import SplitResult
 
 from fakes import _http
 from fakes._http import MAX_BODY_BYTES, HttpError, Mode, Reply
 
-__all__ = ["MAX_BODY_BYTES", "MAX_REPLIES", "MODES", "FakeLlm", "main"]
+__all__ = ["MAX_BODY_BYTES", "MAX_REPLIES", "MODES", "STREAM_CHUNK_CHARS", "FakeLlm", "main"]
 
 # The shared modes, plus the ways a model API answers that a CRM does not.
-MODES: Final = _http.MODES | {"malformed", "refuse", "rate_limit", "error"}
+MODES: Final = _http.MODES | {"malformed", "refuse", "rate_limit", "error", "cut_stream"}
+STREAM_CHUNK_CHARS: Final = 8  # of content or arguments per streamed chunk, as a model sends
 MAX_REPLIES: Final = 1000
 MALFORMED_CONTENT: Final = '{"next": {"decision": "answer_directly", "answer": '  # cut short
 REFUSAL: Final = "I can't help with that."
@@ -24,6 +32,19 @@ _COMPLETIONS: Final = "/v1/chat/completions"
 _REPLY_FIELDS: Final = frozenset({"content", "tool_calls", "refusal", "finish_reason"})
 # Headers worth showing a test; the others are httpx's defaults.
 _RECORDED_HEADERS: Final = ("authorization", "content-type", "user-agent")
+
+
+@dataclass
+class _LlmMode(Mode):
+    after_chunks: int = 0  # cut_stream: events sent before the hang-up
+
+
+@dataclass
+class _StreamReply(Reply):
+    """A 200 stream of `events` (each sent as `data: <json>`), cut after `cut_after` if set."""
+
+    events: list[Any] = field(default_factory=list)
+    cut_after: int | None = None
 
 
 class _State(_http.State):
@@ -88,9 +109,13 @@ class _Handler(_http.Handler):
             raise HttpError(400, "model must be a string")
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise HttpError(400, "messages must be a non-empty list")
-        return self._complete(model, len(self._raw))
+        stream = body.get("stream") is True
+        options = body.get("stream_options")
+        usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+        return self._complete(model, len(self._raw), stream=stream, usage=usage)
 
-    def _complete(self, model: str, prompt_bytes: int) -> Reply | None:
+    def _complete(self, model: str, prompt_bytes: int, *, stream: bool = False,
+                  usage: bool = False) -> Reply | None:
         # Only well-formed, authorized requests use up the mode, so its `count` is predictable.
         mode = self.server.state.take_mode()
         if mode.name == "fail":
@@ -106,9 +131,35 @@ class _Handler(_http.Handler):
         instead = {"malformed": {"content": MALFORMED_CONTENT},
                    "refuse": {"refusal": REFUSAL}}.get(mode.name)
         serial, reply = self.server.state.next_reply(instead)
-        if mode.name == "lose_response":
+        if mode.name == "lose_response" or (mode.name == "cut_stream" and not stream):
             return None  # the reply is used up, the answer never leaves
-        return _completion(serial, model, reply, prompt_bytes)
+        completion = _completion(serial, model, reply, prompt_bytes)
+        if not stream:
+            return completion
+        cut = mode.after_chunks if isinstance(mode, _LlmMode) and mode.name == "cut_stream" \
+            else None
+        return _StreamReply(200, None, completion.headers,
+                            events=_chunks(completion.body, usage=usage), cut_after=cut)
+
+    def _send(self, reply: Reply) -> None:
+        if not isinstance(reply, _StreamReply):
+            return super()._send(reply)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        for sent, event in enumerate([*reply.events, "[DONE]"]):
+            if reply.cut_after is not None and sent >= reply.cut_after:
+                self.close_connection = True  # cut mid-stream: no terminating chunk
+                _http.hang_up(self.connection)
+                return
+            data = event if isinstance(event, str) else json.dumps(event)
+            payload = f"data: {data}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+        self.wfile.write(b"0\r\n\r\n")
+        return None
 
     def _route_control(self, method: str, path: str) -> Reply:
         state = self.server.state
@@ -128,17 +179,22 @@ class _Handler(_http.Handler):
             mode = _parse_mode(self._json())
             with self.server.state.lock:
                 self.server.state.mode = mode
-            return Reply(200, {"mode": mode.name, "count": mode.count, "delay_s": mode.delay_s})
+            return Reply(200, {"mode": mode.name, "count": mode.count, "delay_s": mode.delay_s,
+                               "after_chunks": mode.after_chunks})
         return super()._control(method, path)
 
 
-def _parse_mode(req: Any) -> Mode:
-    """Like the shared parser, over this fake's wider set of modes."""
+def _parse_mode(req: Any) -> _LlmMode:
+    """Like the shared parser, over this fake's wider set of modes (and `after_chunks`)."""
     if not isinstance(req, dict) or req.get("mode") not in MODES:
         raise HttpError(400, f"mode must be one of {sorted(MODES)}")
+    after = req.get("after_chunks", 0)
+    if type(after) is not int or not 0 <= after <= 10_000:
+        raise HttpError(400, "after_chunks must be an integer in [0, 10000]")
     # The shared parser checks count and delay_s the same way whatever the mode's name.
-    checked = _http._parse_mode({**req, "mode": "normal"})
-    return Mode(req["mode"], checked.count, checked.delay_s)
+    checked = _http._parse_mode({k: v for k, v in req.items() if k != "after_chunks"}
+                                | {"mode": "normal"})
+    return _LlmMode(req["mode"], checked.count, checked.delay_s, after)
 
 
 def _valid_reply(reply: Any) -> bool:
@@ -184,6 +240,40 @@ def _completion(serial: int, model: str, reply: dict[str, Any], prompt_bytes: in
         },
     }
     return Reply(200, body, {"x-request-id": f"req_fake_{serial}"})
+
+
+def _chunks(completion: dict[str, Any], *, usage: bool) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` events that stream `completion`, as OpenAI sends them."""
+    choice = completion["choices"][0]
+    message, finish = choice["message"], choice["finish_reason"]
+    base = {"id": completion["id"], "object": "chat.completion.chunk",
+            "created": completion["created"], "model": completion["model"],
+            "system_fingerprint": None}
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        event = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                      "finish_reason": finish_reason}]}
+        return event | {"usage": None} if usage else event
+
+    events = [chunk({"role": "assistant", "content": "", "refusal": None})]
+    events += [chunk({"content": piece}) for piece in _pieces(message["content"])]
+    events += [chunk({"refusal": piece}) for piece in _pieces(message["refusal"])]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        events.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                             "function": {"name": function["name"],
+                                                          "arguments": ""}}]}))
+        events += [chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+                   for piece in _pieces(function["arguments"])]
+    events.append(chunk({}, finish))
+    if usage:
+        events.append({**base, "choices": [], "usage": completion["usage"]})
+    return events
+
+
+def _pieces(text: str | None) -> list[str]:
+    text = text or ""
+    return [text[i:i + STREAM_CHUNK_CHARS] for i in range(0, len(text), STREAM_CHUNK_CHARS)]
 
 
 def _seconds(delay: float) -> str:

@@ -37,6 +37,7 @@ from typing import Final
 from schemas import reads, subjects
 from schemas.host_reads import host_read
 from schemas.planner import REVIEW
+from schemas.sessions import CHAT_STREAM, SESSION_OPS
 
 __all__ = ["ADMIN", "EVAL", "EVAL_SUBJECTS", "JOURNALED", "SERVICE_SUBJECTS", "auth_config",
            "ensure_passwords", "host_user", "inbox_prefix", "permissions", "users"]
@@ -68,6 +69,10 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         "$KV.WRIT_CONSOLE.>", "$JS.API.STREAM.INFO.KV_WRIT_CONSOLE",
         "$JS.API.STREAM.CREATE.KV_WRIT_CONSOLE", "$JS.API.STREAM.MSG.GET.KV_WRIT_CONSOLE",
         "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE", "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE.>",
+        # Chat sessions: the operations the planner answers, and each session's stream read
+        # with an ordered consumer (SSE, `Last-Event-ID` resumes at the next sequence).
+        # (unnamed and ephemeral: it goes away once the reader does).
+        SESSION_OPS, f"$JS.API.CONSUMER.CREATE.{CHAT_STREAM}", f"$JS.FC.{CHAT_STREAM}.>",
     ), ("writ.out.results.*", host_read("*", "*"))),
     # Federation: retrieval has governance record each MCP listing, and serves operators'
     # listings and admission's host facts (it alone holds the MCP credential).
@@ -77,7 +82,11 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         "writ.int.runs.branch.*", "writ.out.results.*", "writ.int.proposals.*",
         "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
         subjects.SETTLE, subjects.MCP_CATALOG,
+        # Chat sessions: a turn is registered and started like a host's run, and each
+        # session's events go on its own subject.
+        "writ.int.runs.started.*", subjects.REGISTER_RUN, "writ.chat.*.*",
     ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS, reads.REVIEWS_LIST,
+        SESSION_OPS,
         reads.journal_verify("planner"))),
     "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (
         subjects.DECIDE, subjects.DECIDE_BATCH, subjects.REGISTER_RUN, subjects.PENDING_LIST,

@@ -248,6 +248,9 @@ STREAMS: Final = (
                7 * _DAY),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
+    # Chat sessions' event streams, one subject per session (`writ.chat.<tenant>.<session>`,
+    # schemas/sessions.py); the planner publishes each numbered event with `chat:<id>:<n>`.
+    StreamSpec("WRIT_CHAT", ("writ.chat.>",), 30 * _DAY, duplicate_window_s=600.0),
     # The audit journals' checkpoints, kept as long as the journals (forever: no max age).
     StreamSpec(JOURNAL_RECORD_STREAM, ("writ.audit.checkpoints.>",), 0.0, append_only=True),
 )

@@ -27,6 +27,33 @@ from schemas.host import (
 from schemas.host_reads import HOST_READS, HostRead
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
+from schemas.sessions import (
+    CapabilitySelected,
+    ChildSession,
+    DecisionAsked,
+    DecisionTaken,
+    HostSessionOp,
+    Observed,
+    PlanDecided,
+    PlanProposed,
+    ProposalMade,
+    SessionClosed,
+    SessionForked,
+    SessionInjected,
+    SessionOpened,
+    SessionPaused,
+    SessionReply,
+    SessionResumed,
+    StepAdmitted,
+    StepDispatched,
+    StepOutcome,
+    TextDelta,
+    TextReset,
+    TurnEnded,
+    TurnStarted,
+    UserMessage,
+    WriterNote,
+)
 
 __all__ = ["asyncapi_document"]
 
@@ -54,6 +81,14 @@ _CHANNELS: Final = (
     ("progress", "writ.events.planner.{tenant}",
      "A run's committed steps as they happen (core NATS, progress only: not stored)",
      "receive", (StepRecorded,), "watchProgress"),
+    ("chat", "writ.chat.{tenant}.{session}",
+     "A chat session's numbered events (JetStream stream WRIT_CHAT, one subject per session; "
+     "hosts read it through `writ.api.{tenant}.session` op `events`, or over SSE)",
+     "receive", (SessionOpened, UserMessage, TurnStarted, TextDelta, TextReset,
+                 CapabilitySelected, Observed, PlanProposed, PlanDecided, DecisionAsked,
+                 DecisionTaken, ProposalMade, StepAdmitted, StepDispatched, StepOutcome,
+                 WriterNote, TurnEnded, SessionPaused, SessionResumed, SessionInjected,
+                 SessionClosed, SessionForked, ChildSession), "readSession"),
 )
 
 
@@ -87,7 +122,9 @@ def _document() -> dict[str, Any]:
             "summary": description,
             "messages": [{"$ref": f"#/channels/{channel}/messages/{k.__name__}"}
                          for k in types]}
+    channels["chat"]["parameters"]["session"] = {"description": "The session's id"}
     _reads(messages, channels, operations, components)
+    _sessions(messages, channels, operations, components)
     return {
         "asyncapi": "3.0.0",
         "info": {"title": "Writ host contract (NATS)", "version": subjects.HOST_API_VERSION,
@@ -137,6 +174,46 @@ def _reads(messages: dict[str, Any], channels: dict[str, Any], operations: dict[
         "reply": {"channel": {"$ref": "#/channels/readReplies"},
                   "messages": [{"$ref": f"#/channels/readReplies/messages/{k.__name__}"}
                                for k in replies]}}
+
+
+def _discriminators(value: Any) -> Any:
+    """msgspec writes a tagged union's discriminator as OpenAPI's object; AsyncAPI's schema
+    object takes the property name alone."""
+    if isinstance(value, dict):
+        return {k: (v["propertyName"] if k == "discriminator" and isinstance(v, dict)
+                    else _discriminators(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_discriminators(v) for v in value]
+    return value
+
+
+def _sessions(messages: dict[str, Any], channels: dict[str, Any], operations: dict[str, Any],
+              components: dict[str, Any]) -> None:
+    """Chat sessions for hosts: request/reply on `writ.api.{tenant}.session`."""
+    _, extra = msgspec.json.schema_components(
+        (HostSessionOp, SessionReply), ref_template="#/components/schemas/{name}")
+    components.update(_discriminators(extra))
+    for kind in (HostSessionOp, SessionReply):
+        messages.setdefault(kind.__name__, {
+            "name": kind.__name__, "title": kind.__name__, "summary": _doc(kind)[:300],
+            "contentType": "application/json",
+            "payload": {"$ref": f"#/components/schemas/{kind.__name__}"}})
+    channels["sessions"] = {
+        "address": "writ.api.{tenant}.session",
+        "description": "Open, message, pause, resume, inject, close and fork a chat session, "
+                       "answer its plans, read it and its events (as the HTTP routes do)",
+        "parameters": {"tenant": {"description": "The tenant (the token's `tenant` claim)"}},
+        "messages": {"HostSessionOp": {"$ref": "#/components/messages/HostSessionOp"}}}
+    channels["sessionReplies"] = {
+        "address": None, "description": "The requester's inbox; an error is a NATS micro error "
+                                        "(\"<CODE>: <detail>\")",
+        "messages": {"SessionReply": {"$ref": "#/components/messages/SessionReply"}}}
+    operations["session"] = {
+        "action": "send", "channel": {"$ref": "#/channels/sessions"},
+        "summary": "An operation on a chat session",
+        "messages": [{"$ref": "#/channels/sessions/messages/HostSessionOp"}],
+        "reply": {"channel": {"$ref": "#/channels/sessionReplies"},
+                  "messages": [{"$ref": "#/channels/sessionReplies/messages/SessionReply"}]}}
 
 
 def asyncapi_document() -> str:

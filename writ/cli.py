@@ -17,7 +17,8 @@
     writ audit verify         check every service's audit journal: chain, checkpoints, signatures
     writ audit export         append the checkpoints recorded outside the database to a file
     writ eval build|run|record  score a candidate model on a versioned set (writ/eval/)
-    writ audit replay RUN     walk a run's captured model responses and tool outputs offline
+    writ audit replay RUN     walk a run's (or a chat session's turns') captured model responses
+                              and tool outputs offline
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def _run(args: argparse.Namespace) -> int:
     from writ.demo import run_demo
 
     return run_demo(Path(args.home), serve=not args.once)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from writ.chat import chat_main
+
+    return chat_main(args)
 
 
 def _schemas(args: argparse.Namespace) -> int:
@@ -394,26 +401,40 @@ async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) 
     journal = Journal(service="planner", keys=data_keys)
     conn = await asyncpg.connect(dsn)
     try:
+        # A chat session (`ses-...`): each of its turns is a run, replayed in turn order.
+        runs = [args.run_id]
+        if args.run_id.startswith("ses-") and "-t" not in args.run_id.removeprefix("ses-"):
+            runs = sorted({r["run_id"] for r in await conn.fetch(
+                "SELECT DISTINCT run_id FROM planner.journal WHERE run_id LIKE $1 "
+                "AND run_id NOT LIKE '%.%'", f"{args.run_id}-t%")},
+                key=lambda r: int(r.rpartition("-t")[2]))
+            if not runs:
+                print(f"session {args.run_id}: no turn in the planner's journal",
+                      file=sys.stderr)
+                return 3
         tenant = args.tenant
         if tenant is None:  # the run's tenant, from the ids in clear in the journal
             tenants = [r["tenant"] for r in await conn.fetch(
-                "SELECT DISTINCT tenant FROM planner.journal WHERE run_id = $1", args.run_id)]
+                "SELECT DISTINCT tenant FROM planner.journal WHERE run_id = $1", runs[0])]
             if len(tenants) != 1:
-                print(f"run {args.run_id}: " + ("not in the planner's journal" if not tenants
+                print(f"run {runs[0]}: " + ("not in the planner's journal" if not tenants
                       else f"journaled for several tenants ({', '.join(tenants)}): "
                            "pass --tenant"), file=sys.stderr)
                 return 3
             tenant = tenants[0]
-        entries, record, unsealed = await read_replay(conn, journal, tenant=tenant,
-                                                      run_id=args.run_id)
+        read = [(run_id, await read_replay(conn, journal, tenant=tenant, run_id=run_id))
+                for run_id in runs]
     finally:
         await conn.close()
-    if not entries and record is None:
-        print(f"run {args.run_id}: no such run of tenant {tenant}", file=sys.stderr)
-        return 3
-    report = replay_run(args.run_id, entries, record=record, unsealed=unsealed)
-    print(render(report))
-    return {"identical": 0, "divergent": 1}.get(report.verdict, 2)
+    worst = 0
+    for run_id, (entries, record, unsealed) in read:
+        if not entries and record is None:
+            print(f"run {run_id}: no such run of tenant {tenant}", file=sys.stderr)
+            return 3
+        report = replay_run(run_id, entries, record=record, unsealed=unsealed)
+        print(render(report))
+        worst = max(worst, {"identical": 0, "divergent": 1}.get(report.verdict, 2))
+    return worst
 
 
 def _nats_auth(args: argparse.Namespace) -> int:
@@ -454,6 +475,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--home", default=".writ", help="data folder (default: .writ)")
     p.add_argument("--once", action="store_true", help="stop after the demo run")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("chat", help="chat with an agent in the terminal (a session over HTTP)")
+    p.add_argument("agent")
+    p.add_argument("--home", default=".writ", help="writ run's folder: API port, demo keys")
+    p.add_argument("--url", default="", help="the API's base URL (default: WRIT_API_URL, or "
+                                             "writ run's)")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--principal", default="alice@acme.example")
+    p.add_argument("--key", default="", help="the tenant's host key (PEM) if not a demo one")
+    p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
+    p.add_argument("--plan-mode", action="store_true", help="plans first, for your approval")
+    p.add_argument("--session", default="", help="go on with this session instead")
+    p.add_argument("--roles", default="", help="comma-separated roles of the token (approver: "
+                                               "answer the decisions the chat asks)")
+    p.set_defaults(func=_chat)
 
     p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")
     p.add_argument("--write", action="store_true")

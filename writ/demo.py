@@ -7,6 +7,9 @@ demo agent (`research-assistant`) asks for its catalog, reads the tenant's docum
 retrieval (`documents.search`, decided by governance; what it returns is untrusted data), proposes
 the note, observes its outcome, and its answer is verified by a critic before the run ends.
 The planner's own steps are printed from what it announces on `writ.events.planner.<tenant>`.
+Then a short chat in plan mode (`chat-assistant`): the agent proposes a plan, the user approves
+it by its id, the planned note is decided, admitted and dispatched, and Writ writes its outcome
+into the session.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import nats
 
 from libs.journal import load_verify_keys, verify
 from schemas.host import RunResult
+from schemas.sessions import PlanProposed, TextDelta, TurnEnded
 from writ.stack import SERVICES, Stack
 from writ.supervisor import Supervisor
 from writ_client import Client, Issuer
@@ -33,6 +37,8 @@ from writ_client import Client, Issuer
 __all__ = ["run_demo"]
 
 DEMO_AGENT = "research-assistant"
+CHAT_AGENT = "chat-assistant"
+CHAT_INPUT = "Please note that Acme wants the shipment update of order 7781 by Friday."
 DEMO_INPUT = ("Look up what our documents say about ACME-42's delayed shipment and add a note to "
               "the customer's record summarising today's call.")
 
@@ -116,6 +122,7 @@ async def _demo(stack: Stack, started: float) -> int:
             done.set()
 
     sub = await nc.subscribe("writ.>", cb=watch)
+    watching, chat_ok = True, False
     issuer = Issuer.from_file(stack.secrets / "host-acme.pem", tenant="acme",
                               issuer=stack.issuer("acme"))
     try:
@@ -126,15 +133,55 @@ async def _demo(stack: Stack, started: float) -> int:
                                       "(writ_client, Idempotency-Key = the request id)")
             accepted = await host.start_run(DEMO_AGENT, DEMO_INPUT, request_id=request_id)
             result = await host.wait(accepted.run_id, timeout_s=60)
-        with anyio.fail_after(10):
-            await done.wait()
-        await anyio.sleep(0.2)
+            with anyio.fail_after(10):
+                await done.wait()
+            await anyio.sleep(0.2)
+            await sub.unsubscribe()  # the chat's turn prints its own timeline
+            watching = False
+            chat_ok = await _chat(host, started)
     finally:
-        await sub.unsubscribe()
+        if watching:
+            await sub.unsubscribe()
         await nc.close()
     status = [result.status] if status == [result.status] else status
     journals_ok = await _verify_journals(stack)
-    return 0 if status == ["succeeded"] and journals_ok else 1
+    return 0 if status == ["succeeded"] and chat_ok and journals_ok else 1
+
+
+async def _chat(host: Client, started: float) -> bool:
+    """A short scripted chat in plan mode: the agent proposes a plan, the user approves it by
+    its id, the step runs (still decided by governance) and Writ writes its outcome in."""
+    print("\nA chat session (plan mode):")
+    session = await host.open_session(CHAT_AGENT, plan_mode=True)
+    _line(started, "chat", f"session {session.session_id} with {CHAT_AGENT}: "
+                           f"POST /api/v1/sessions")
+    ended: TurnEnded | None = None
+    approved = False
+    with anyio.fail_after(60):
+        async for event in session.turn(CHAT_INPUT):
+            if isinstance(event, TextDelta):
+                continue  # the text is shown whole with the turn's end
+            _line(started, "chat", _chat_line(event))
+            if isinstance(event, PlanProposed) and not approved:
+                approved = True
+                await session.approve_plan(event.plan.plan_id)
+                _line(started, "chat", f"the user approves plan {event.plan.plan_id} by its "
+                                       "id: POST /api/v1/plans/{id}/approve")
+            if isinstance(event, TurnEnded):
+                ended = event
+    return ended is not None and ended.status == "succeeded" and approved
+
+
+def _chat_line(event: Any) -> str:
+    kind = type(event).__name__
+    if isinstance(event, PlanProposed):
+        steps = ", ".join(s.capability for s in event.plan.steps)
+        return f"#{event.n} plan proposed: {steps} (sha256 {event.plan.digest[:12]}…)"
+    if isinstance(event, TurnEnded):
+        return f"#{event.n} turn {event.turn} {event.status}: {event.answer}"
+    detail = next((str(getattr(event, f)) for f in ("text", "capability", "summary", "answer",
+                                                    "run_id") if getattr(event, f, None)), "")
+    return f"#{event.n} {kind} {detail}"[:160]
 
 
 async def _verify_journals(stack: Stack) -> bool:

@@ -329,7 +329,8 @@ class Stack:
             await conn.executemany(
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
                 "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') "
-                "ON CONFLICT DO NOTHING", [("crm-assistant",), ("research-assistant",)])
+                "ON CONFLICT DO NOTHING", [("crm-assistant",), ("research-assistant",),
+                                           ("chat-assistant",)])
             # Scenario C: the helpdesk agent may comment on the host's tickets and read its
             # customers (personal data) without asking.
             await conn.executemany(

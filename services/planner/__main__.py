@@ -24,6 +24,7 @@ from services.planner.openai_provider import OpenAIProvider, load_capabilities
 from services.planner.provider import DecisionProvider, ScriptedProvider
 from services.planner.reads import ReadClient
 from services.planner.service import CONCURRENCY, PlannerService, pool_size
+from services.planner.sessions import SessionStore, SessionTurns
 from services.planner.store import PlannerStore
 
 
@@ -110,6 +111,8 @@ def main() -> None:
                                  concurrency=settings.concurrency,
                                  reserve_tokens=settings.model_reserve_tokens,
                                  reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
+                                 sessions=SessionTurns(nc=rt.nc, js=rt.js, store=SessionStore(
+                                     pool, journal=journal)),
                                  sealer=Sealer(pool=pool, journal=journal, signing=signing,
                                                record=JetStreamRecord(rt.js), registry=rt.registry,
                                                interval=settings.journal_seal_interval_s))

@@ -157,6 +157,9 @@ class AgentManifest(_Strict, kw_only=True):
     # A critic verifies each answer against the objective before the run ends with it, and
     # may send the agent back to plan again (seed 000 scenario A), under the same budgets.
     critic: bool = False
+    # Every chat session with this agent is in plan-mode: a turn first proposes a plan that
+    # the user approves by its id before anything runs (`sessions/_plans.py`).
+    plan_mode: bool = False
 
 
 def _approvalish(value: Any, where: str = "") -> str | None:

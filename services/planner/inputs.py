@@ -19,6 +19,7 @@ __all__ = [
     "critic_input",
     "input_digest",
     "model_input",
+    "with_injected",
 ]
 
 DEVELOPER_INSTRUCTION: Final = (
@@ -68,6 +69,15 @@ def critic_input(*, user: str, evidence: list[dict[str, Any]],
                        observations=observations, round=round, agent=agent)
 
 
+
+
+def with_injected(user: str, injected: list[str]) -> str:
+    """The principal's request with the messages they injected into the turn since (a chat
+    session's `inject`), marked as injected: all of it the principal's data."""
+    if not injected:
+        return user
+    lines = "\n".join(f"- {text}" for text in injected)
+    return f"{user}\n\nInjected by the user during this turn:\n{lines}"
 
 
 def input_digest(value: ModelInput | CriticInput) -> str:

@@ -19,6 +19,7 @@ import msgspec
 __all__ = [
     "CRITIC",
     "DECISION",
+    "INJECTED",
     "OBSERVATION",
     "PROPOSAL",
     "RUN_STARTED",
@@ -26,6 +27,7 @@ __all__ = [
     "Captured",
     "CriticEntry",
     "DecisionEntry",
+    "InjectedEntry",
     "ObservationEntry",
     "ProposalEntry",
     "RunRecord",
@@ -41,6 +43,9 @@ OBSERVATION: Final = "step.observation"
 PROPOSAL: Final = "proposal"
 RUN_STATUS: Final = "run.status"
 CRITIC: Final = "step.critic"
+# A chat session's injected user messages, recorded as the step before the decision that saw
+# them (`sessions/`).
+INJECTED: Final = "step.injected"
 
 
 class RunStartedEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +59,13 @@ class RunStartedEntry(msgspec.Struct, frozen=True, kw_only=True):
     attended: bool = False
     # The agent as the run started: version, responsibility, catalog (None before manifests).
     manifest: dict[str, Any] | None = None
+
+
+class InjectedEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """User messages injected into a chat session's turn, seen by the model from step `seq`."""
+
+    seq: int
+    texts: list[str]
 
 
 class DecisionEntry(msgspec.Struct, frozen=True, kw_only=True):

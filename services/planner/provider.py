@@ -28,7 +28,10 @@ __all__ = [
     "RequestHumanReview",
     "ScriptedProvider",
     "SelectCapability",
+    "TextSink",
 ]
+
+SCRIPT_CHUNK_CHARS = 12  # about what a model streams per chunk: a few words at a time
 
 
 class _Decision(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
@@ -123,6 +126,19 @@ class CriticInput(msgspec.Struct, frozen=True, kw_only=True):
     agent: str
 
 
+class TextSink(Protocol):
+    """Where a provider streams the user-visible text of an answer as it arrives.
+
+    `reset(reason)` says the text passed since the last reset belongs to an attempt that was
+    abandoned (cut, lost, malformed or not an answer after all): a client discards it. After a
+    decision returns, the text passed since the last reset is exactly its answer.
+    """
+
+    async def delta(self, text: str) -> None: ...
+
+    async def reset(self, reason: str) -> None: ...
+
+
 class DecisionProvider(Protocol):
     """A model, or something standing in for one.
 
@@ -132,7 +148,8 @@ class DecisionProvider(Protocol):
 
     async def decide(self, model_input: ModelInput) -> ModelDecision: ...
 
-    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]: ...
+    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
+                                ) -> tuple[ModelDecision, int]: ...
 
     async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]: ...
 
@@ -177,10 +194,16 @@ class ScriptedProvider:
             return decisions[model_input.turn]
         return AnswerDirectly(answer="The script has no further steps.")
 
-    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
+                                ) -> tuple[ModelDecision, int]:
         """The scripted decision, and 0 tokens: reading a script spends none, and the planner
-        settles what was really used rather than a made-up count."""
-        return await self.decide(model_input), 0
+        settles what was really used rather than a made-up count. With `text`, a direct
+        answer is streamed to it in chunks of a few words, as a model would."""
+        decision = await self.decide(model_input)
+        if text is not None and isinstance(decision, AnswerDirectly):
+            for chunk in text_chunks(decision.answer):
+                await text.delta(chunk)
+        return decision, 0
 
     async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]:
         """The scripted verdict for this agent and round (accept by default), and 0 tokens."""
@@ -188,3 +211,14 @@ class ScriptedProvider:
         if critic_input.round < len(verdicts):
             return verdicts[critic_input.round], 0
         return Accept(), 0
+
+
+def text_chunks(text: str, size: int = SCRIPT_CHUNK_CHARS) -> list[str]:
+    """`text` cut into pieces of about `size` characters, at spaces where it can be."""
+    chunks: list[str] = []
+    while text:
+        cut = text.rfind(" ", 1, size) + 1 if len(text) > size else len(text)
+        cut = cut or size
+        chunks.append(text[:cut])
+        text = text[cut:]
+    return chunks

@@ -38,6 +38,7 @@ and `writ.int.planner.review` (`endpoints.py`). Each committed step is announced
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -56,7 +57,7 @@ from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.control import CANCEL_CODE, RunCancelRequested
 from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecisionAnswered
-from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
+from schemas.host import ProposalView, RunResult
 from schemas.planner import (
     REVIEW,
     BranchChanged,
@@ -65,20 +66,20 @@ from schemas.planner import (
     ReplayRun,
     ReviewAnswer,
     ReviewTaken,
-    branch_run_id,
 )
 from schemas.reads import REVIEWS_LIST, RUN_EVENTS, RUN_STATUS
-from schemas.retrieval import EvidenceGathered, ReadRefused
+from schemas.retrieval import EvidenceGathered
+from schemas.sessions import SESSION_OPS
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
 from services.planner.cancel import cancelled_by, in_flight, record_cancel
 from services.planner.capabilities import Capabilities, Waiting, waiting_on
-from services.planner.codes import BUDGET_CODE, REFUSAL_CODES
+from services.planner.codes import BUDGET_CODE
 from services.planner.critic import Critic
 from services.planner.effects import AGAIN, Effect, Effects, Finished
 from services.planner.endpoints import ReplayEndpoint, ReviewEndpoint
-from services.planner.inputs import input_digest, model_input
+from services.planner.inputs import input_digest, model_input, with_injected
 from services.planner.mcp_catalog import with_mcp_descriptions
 from services.planner.metrics import PlannerMetrics
 from services.planner.observations import observation_of
@@ -89,20 +90,20 @@ from services.planner.provider import (
     ModelDecision,
     RequestCapabilities,
     RequestHumanReview,
-    SelectCapability,
 )
 from services.planner.reads import ReadClient
+from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
+from services.planner.sessions import SessionOpsEndpoint, SessionTurns
 from services.planner.snapshot import (
-    agent_call_target,
     branch_of,
     has_critic,
-    read_target,
     selection_outcome,
     snapshot_of,
 )
 from services.planner.status import ReviewsEndpoint, RunEventsEndpoint, RunStatusEndpoint
 from services.planner.store import TERMINAL_RUN, PlannerStore, RunRow, Step
+from services.planner.waits import PersonWaits
 
 __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
 
@@ -110,7 +111,7 @@ __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
 # keeps 32), since a run's delivery waits on governance's budget replies, not on CPU.
 CONCURRENCY = 32
 # Connections beyond one per delivery in flight: the sealer, the review and replay endpoints.
-POOL_HEADROOM = 4
+POOL_HEADROOM = 4 + 8  # and the chat sessions' endpoint and model-call counts
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
 Inbound = (EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
            | DecisionAnswered | RunCancelRequested)
@@ -128,15 +129,18 @@ class _Undescribed(Exception):
     """A capability of the run's catalog has no description: no model call is made."""
 
 
-class PlannerService:
+class PlannerService(PersonWaits):
     """Drives runs from evidence to a final answer, one recorded step at a time."""
 
     def __init__(self, *, rt: Runtime, store: PlannerStore, provider: DecisionProvider,
                  agents: AgentRegistry, max_decisions: int = 8,
                  reserve_tokens: int = 4096, sealer: Sealer | None = None,
                  reads: ReadClient | None = None, calls: CallDecider | None = None,
-                 concurrency: int = CONCURRENCY) -> None:
+                 concurrency: int = CONCURRENCY, sessions: SessionTurns | None = None) -> None:
         self._rt, self._store, self._provider = rt, store, provider
+        # Chat sessions (DESIGN.md §10): each turn is a run of this loop; None only in tests
+        # of something else.
+        self._sessions = sessions
         # Deliveries handled at once. Each holds one pooled connection for as long as it runs
         # (its run's row lock is held across governance's budget replies), so the pool must
         # have `pool_size(concurrency)` connections: with fewer, handlers queue for one.
@@ -173,10 +177,16 @@ class PlannerService:
         self._rt.endpoints.append(Endpoint("review", REVIEW,
                                            ReviewEndpoint(answer=self.answer_review),
                                            concurrency=8))
+        if self._sessions is not None:
+            self._rt.endpoints.append(Endpoint(
+                "sessions", SESSION_OPS,
+                SessionOpsEndpoint(turns=self._sessions, agents=self._agents), concurrency=6))
         try:
             async with anyio.create_task_group() as tg:
                 if self._sealer is not None:
                     await tg.start(self._sealer.run)  # chains and signs the audit journal
+                if self._sessions is not None:
+                    tg.start_soon(self._sessions.sweep)  # what a crash left after a commit
                 await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
                                 handler=self.handle, metrics=self._rt.metrics,
                                 tracer=self._rt.tracer, stopping=self._rt.stopping,
@@ -193,6 +203,12 @@ class PlannerService:
     async def handle(self, delivery: Delivery[Inbound]) -> None:
         """Record what arrived and advance its run."""
         event = delivery.message
+        if self._sessions is not None and isinstance(event, CommandAdmitted):
+            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
+                                          step=event.step, operation_id=event.operation_id)
+        elif self._sessions is not None and isinstance(event, DecisionAnswered):
+            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
+                                          pending_id=event.pending_id, answer=event.answer)
         if isinstance(event, CommandAdmitted):
             return  # progress, not a step: the outcome is what the model observes
         if isinstance(event, DecisionAnswered) and event.proposal_id is not None:
@@ -235,8 +251,14 @@ class PlannerService:
             steps = await self._store.steps(conn, run.run_id)
             seen = len(steps)
             effects = await self._advance_run(conn, run, steps, event, finished)
+            if self._sessions is not None:
+                await self._sessions.record_steps(conn, run, steps[seen:])
         await announce(self._rt.nc, run, steps[seen:])
-        return await self._continue(conn, run.run_id, effects, finished)
+        try:
+            return await self._continue(conn, run.run_id, effects, finished)
+        finally:
+            if self._sessions is not None:
+                await self._sessions.flush_run(run.run_id)
 
     async def _advance_run(self, conn: Any, run: RunRow, steps: list[Step], event: Inbound,
                            finished: Finished) -> Effects | None:
@@ -250,6 +272,8 @@ class PlannerService:
                     output=msgspec.to_builtins(event), observation=observation):
                 steps.append(Step(seq=event.step + 1, kind="observation",
                                   payload=observation))
+                if self._sessions is not None and isinstance(event, CommandOutcome):
+                    await self._sessions.observed(conn, run, event.step, observation)
             # The capability call has its outcome (or its refusal): it is over.
             await self._budget.spent(conn, run, step_key(run.run_id, event.step,
                                                          "capability"), capability_calls=1)
@@ -265,6 +289,9 @@ class PlannerService:
             return [self._result(run, steps)]
         if isinstance(event, ProposalRefused):
             return await self._refused(conn, run, steps, event, finished)
+        if (run.status == "awaiting_human" and isinstance(event, BranchChanged)
+                and self._sessions is not None and (run.pending_id or "").startswith("plan-")):
+            return await self._plan_answered(conn, run, steps, finished)
         if run.status == "awaiting_human":
             if isinstance(event, BranchChanged):
                 # A run waiting on a branch that waited for a person: it goes on once the
@@ -310,6 +337,8 @@ class PlannerService:
                                                   error=(CANCEL_CODE, f"cancelled by {by}"))]
                     break
                 effects = await self._next(conn, run, steps, finished)
+                if self._sessions is not None:
+                    await self._sessions.record_steps(conn, run, steps[seen:])
             await announce(self._rt.nc, run, steps[seen:])
         return effects
 
@@ -336,6 +365,8 @@ class PlannerService:
                 last.payload.get("decision") != "request_capabilities"):
             decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
         else:
+            if self._sessions is not None and not await self._sessions.gate(conn, run, steps):
+                return []  # its session is paused: no decision until it resumes
             decisions = sum(1 for s in steps if s.kind == "decision")
             if decisions >= self._max_decisions:
                 return [await self._finish(conn, run, steps, "failed", finished,
@@ -351,6 +382,11 @@ class PlannerService:
                 return [await self._model_failed(conn, run, steps, finished, exc)]
             last, fresh = steps[-1], True
         if isinstance(decision, AnswerDirectly):
+            if self._sessions is not None and (
+                    plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)):
+                return await self._wait_for_person(  # the plan waits for the user's answer
+                    conn, run, steps, finished, step=last.seq, pending_id=plan_id,
+                    message="the plan waits for the user's approval")
             if not has_critic(run.manifest):
                 return [await self._finish(conn, run, steps, "succeeded", finished,
                                            answer=decision.answer, step=last.seq)]
@@ -373,6 +409,8 @@ class PlannerService:
             return [self._result(run, steps, pending_id=review_id(run.run_id, last.seq))]
         refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
                                     arguments=decision.arguments)
+        if refused is None and self._sessions is not None:  # a plan-mode turn's plan
+            refused = await self._sessions.plans.check(conn, run, steps, decision)
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
@@ -387,71 +425,6 @@ class PlannerService:
                                                pending_id=acted.pending_id,
                                                message=acted.message)
         return acted
-
-    async def _answered(self, conn: Any, run: RunRow, steps: list[Step],
-                        event: DecisionAnswered, finished: Finished) -> Effects | None:
-        """A person answered the read the run stopped for (`capabilities.Waiting`): allowed,
-        the same read is made again with the answer as its approval, and its answer observed;
-        refused, the refusal is the observation. Either way the agent decides next. An answer
-        to anything else the run does not wait for now changes nothing.
-
-        Raises:
-            ReadUnavailable: retrieval gave no final answer; the transaction rolls back (the
-                run still waits) and the answer's redelivery reads again.
-        """
-        last = steps[-1] if steps else None
-        if (run.status != "awaiting_human" or run.pending_id != event.pending_id
-                or last is None or last.kind != "decision"):
-            return []
-        decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
-        if not isinstance(decision, SelectCapability) or (
-                tool := read_target(run.manifest, decision.capability)) is None:
-            return []
-        await self._store.set_status(conn, run, "running", step=last.seq)
-        run = msgspec.structs.replace(run, status="running", error_code=None,
-                                      error_message=None, pending_id=None)
-        log.info("run %s step %d: %s answered %s by %s", run.run_id, last.seq, tool,
-                 event.answer, event.answered_by)
-        if event.answer == "deny":
-            await self._capabilities.observe_read(conn, run, steps, last.seq, tool, decision,
-                                                  ReadRefused(
-                run_id=run.run_id, tool=tool, code="DENIED",
-                reason=f"a person refused the read: {event.reason}"[:500],
-                decision_id=event.decision_id, line=event.line))
-            return AGAIN
-        acted = await self._capabilities.act(conn, run, steps, last.seq, decision,
-                                             approval_id=event.decision_id)
-        if isinstance(acted, Waiting):  # asked again (the policy changed meanwhile)
-            return await self._wait_for_person(conn, run, steps, finished, step=last.seq,
-                                               pending_id=acted.pending_id,
-                                               message=acted.message)
-        return acted
-
-    async def _waited_branch(self, conn: Any, run: RunRow, steps: list[Step]) -> RunRow | None:
-        """The branch a waiting run's last decision called, if that is what it waits on."""
-        last = steps[-1] if steps else None
-        if last is None or last.kind != "decision" or (
-                last.payload.get("decision") != "select_capability"):
-            return None
-        if agent_call_target(run.manifest, str(last.payload.get("capability", ""))) is None:
-            return None
-        return await self._store.run(conn, branch_run_id(run.run_id, last.seq))
-
-    async def _wait_for_person(self, conn: Any, run: RunRow, steps: list[Step],
-                               finished: Finished, *, step: int, pending_id: str | None,
-                               message: str, proposal: ProposalView | None = None) -> Effects:
-        """The run stops for a person's decision (`pending_id`). Someone watching: it waits
-        for their answer. Unattended: the run stops here and lists the pending decision."""
-        await self._store.set_status(conn, run, "awaiting_human", step=step,
-                                     error_code="AWAITING_HUMAN", error_message=message,
-                                     pending_id=pending_id)
-        if run.attended:
-            return []  # someone is watching: the run waits for their answer
-        if run.status != "awaiting_human" and branch_of(run.manifest) is None:
-            finished.append(("awaiting_human", "AWAITING_HUMAN"))  # not the same wait again
-        run = msgspec.structs.replace(run, status="awaiting_human", error_code="AWAITING_HUMAN",
-                                      error_message=message, pending_id=pending_id)
-        return [self._result(run, steps, pending_id=pending_id, proposal=proposal)]
 
     async def _model_failed(self, conn: Any, run: RunRow, steps: list[Step],
                             finished: Finished, exc: PermanentError) -> Effect:
@@ -528,7 +501,9 @@ class PlannerService:
             NoBudget: a budget ran out (or the run has none): no call.
         """
         try:
-            value = model_input(user=run.input, evidence=run.evidence,
+            injected = [text for s in steps if s.kind == "injected"
+                        for text in s.payload.get("injected", [])]
+            value = model_input(user=with_injected(run.input, injected), evidence=run.evidence,
                                 observations=[s.payload for s in steps
                                               if s.kind == "observation"],
                                 turn=turn, agent=run.agent, manifest=run.manifest,
@@ -544,8 +519,9 @@ class PlannerService:
         await self._budget.reserve(conn, run, key, provider_calls=1, tokens=self._reserve_tokens)
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
-            decision, tokens = await self._budget.provider_call(
-                conn, run, key, self._provider.decide_with_usage(value))
+            async with self._text_sink(run, seq) as sink:
+                decision, tokens = await self._budget.provider_call(
+                    conn, run, key, self._provider.decide_with_usage(value, text=sink))
         await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
         payload = msgspec.to_builtins(decision)
         # A selection's proposal is journaled once its capability call is reserved
@@ -556,26 +532,11 @@ class PlannerService:
         return decision
 
 
-    async def _refused(self, conn: Any, run: RunRow, steps: list[Step],
-                       event: ProposalRefused,
-                       finished: Finished) -> Effects:
-        if event.verdict == "ask":
-            # The run stops for a person: its capability call is over for the budget (the
-            # reservation is not held across the wait; governance's clock pauses meanwhile).
-            await self._budget.spent(conn, run, step_key(run.run_id, event.step, "capability"),
-                                     capability_calls=1)
-            proposal = None
-            if event.proposal_id is not None:
-                proposal = ProposalView(proposal_id=event.proposal_id, action=event.action,
-                                        preview=event.preview or {},
-                                        expires_at=event.expires_at or "")
-            return await self._wait_for_person(
-                conn, run, steps, finished, step=event.step, pending_id=event.pending_id,
-                message=f"{event.action} needs a person's decision: {event.reason}",
-                proposal=proposal)
-        # A refusal fails the run; the agent is not called again for it.
-        return [await self._finish(conn, run, steps, "failed", finished, step=event.step,
-                                   error=(REFUSAL_CODES[event.verdict], event.reason))]
+    def _text_sink(self, run: RunRow, seq: int) -> Any:
+        """Where the model call's text streams: a chat turn's session, else nowhere."""
+        if self._sessions is None:
+            return contextlib.nullcontext(None)
+        return self._sessions.text_sink(run, seq)
 
     async def _finish(self, conn: Any, run: RunRow, steps: list[Step], status: str,
                       finished: Finished, *, answer: str | None = None,
@@ -584,6 +545,8 @@ class PlannerService:
         code, message = error if error else (None, None)
         await self._store.set_status(conn, run, status, step=step, answer=answer,
                                      error_code=code, error_message=message)
+        if self._sessions is not None:
+            await self._sessions.ended(conn, run, status, answer=answer, code=code)
         if branch_of(run.manifest) is None:  # a branch's end is its caller's to observe
             finished.append((status, code))
         run = msgspec.structs.replace(run, status=status, answer=answer, error_code=code,
@@ -592,28 +555,4 @@ class PlannerService:
 
     def _result(self, run: RunRow, steps: list[Step], *, pending_id: str | None = None,
                 proposal: ProposalView | None = None) -> Effect:
-        actions = [_action_result(s.payload)
-                   for s in steps if s.kind == "observation" and "operation_id" in s.payload]
-        error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
-                 if run.error_code else None)
-        status = (run.status if run.status in ("succeeded", "failed", "awaiting_human",
-                                               "cancelled") else "failed")
-        if (branch := branch_of(run.manifest)) is not None:
-            # A branch answers the run that called it, not the host: that run is woken to
-            # observe how the branch ended (read from the store, so a duplicate changes nothing).
-            return (subjects.branch(run.tenant),
-                    BranchChanged(tenant=run.tenant, run_id=branch["parent_run_id"]),
-                    f"branch:{run.run_id}:{run.status}:{len(steps)}")
-        result = RunResult(request_id=run.request_id, run_id=run.run_id, status=status,
-                           error=error, answer=run.answer, actions=actions,
-                           pending_id=pending_id, proposal=proposal)
-        return (subjects.result(run.tenant), result,
-                f"result:{run.run_id}:{run.status}:{len(steps)}")
-
-
-
-def _action_result(payload: dict[str, Any]) -> ActionResult:
-    return ActionResult(action=payload["action"], operation_id=payload["operation_id"],
-                        state=payload["state"], receipt=payload.get("receipt"),
-                        reason=payload.get("reason"), outcome=payload.get("outcome"),
-                        correlation_id=payload.get("correlation_id"))
+        return result_effect(run, steps, pending_id=pending_id, proposal=proposal)

@@ -36,6 +36,7 @@ from services.planner.provider import (
     RequestCapabilities,
     ScriptedProvider,
     SelectCapability,
+    TextSink,
 )
 from services.planner.replay import replay_run
 from services.planner.service import PlannerService
@@ -75,9 +76,10 @@ class Recording:
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         return (await self.decide_with_usage(model_input))[0]
 
-    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
+                                ) -> tuple[ModelDecision, int]:
         self.inputs.setdefault(model_input.agent, []).append(model_input)
-        return await self._inner.decide_with_usage(model_input)
+        return await self._inner.decide_with_usage(model_input, text=text)
 
     async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]:
         return await self._inner.verify(critic_input)

@@ -48,6 +48,7 @@ from services.planner.provider import (
     Replan,
     ScriptedProvider,
     SelectCapability,
+    TextSink,
 )
 from services.planner.replay import replay_run
 from services.planner.service import PlannerService
@@ -84,12 +85,13 @@ class Counting:
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         return (await self.decide_with_usage(model_input))[0]
 
-    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
+                                ) -> tuple[ModelDecision, int]:
         self.decisions += 1
         if self.fail_next:
             self.fail_next = False
             raise RetryableError("no answer from the model")
-        return await self._inner.decide_with_usage(model_input)
+        return await self._inner.decide_with_usage(model_input, text=text)
 
     async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]:
         self.verdicts += 1

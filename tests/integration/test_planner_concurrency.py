@@ -40,6 +40,7 @@ from services.planner.provider import (
     CriticVerdict,
     ModelDecision,
     ModelInput,
+    TextSink,
 )
 from services.planner.service import CONCURRENCY, PlannerService, pool_size
 from services.planner.store import PlannerStore
@@ -61,7 +62,8 @@ class Overlapping:
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         return (await self.decide_with_usage(model_input))[0]
 
-    async def decide_with_usage(self, model_input: ModelInput) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
+                                ) -> tuple[ModelDecision, int]:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -205,3 +206,54 @@ def test_main_serves_until_sigterm(tmp_path: Path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def stream_events(r: httpx.Response) -> list[Any]:
+    assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream", r.text
+    data = [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def test_a_streamed_reply_has_openais_chunk_shape_and_usage_last(client: httpx.Client) -> None:
+    script(client, {"content": "Hello there, world!"},
+           {"tool_calls": [{"name": "lookup", "arguments": '{"id": "ACME-42"}'}]})
+    body = {**REQUEST, "stream": True, "stream_options": {"include_usage": True}}
+    events = stream_events(complete(client, body))
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    pieces = [e["choices"][0]["delta"].get("content") for e in events[1:-2]]
+    assert pieces == ["Hello th", "ere, wor", "ld!"]
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["total_tokens"] > 0
+    assert all(e["usage"] is None for e in events[:-1])
+    events = stream_events(complete(client, {**REQUEST, "stream": True}))
+    calls = [c for e in events for c in e["choices"][0]["delta"].get("tool_calls", [])]
+    assert calls[0]["function"] == {"name": "lookup", "arguments": ""} and calls[0]["id"]
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"id": "ACME-42"}'
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert all("usage" not in e for e in events)  # not asked for
+
+
+def test_cut_stream_mode_hangs_up_after_its_chunks_and_uses_up_the_reply(
+        client: httpx.Client) -> None:
+    script(client, {"content": "one two three four five"}, {"content": "again"})
+    r = client.post("/_control/mode", json={"mode": "cut_stream", "count": 1,
+                                            "after_chunks": 2})
+    assert r.json() == {"mode": "cut_stream", "count": 1, "delay_s": 0.0, "after_chunks": 2}
+    received: list[str] = []
+    with pytest.raises(httpx.RemoteProtocolError):
+        with client.stream("POST", "/v1/chat/completions",
+                           json={**REQUEST, "stream": True}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                received.append(line)
+    assert len([line for line in received if line.startswith("data: ")]) == 2
+    assert [e["choices"][0]["delta"].get("content") for e in stream_events(
+        complete(client, {**REQUEST, "stream": True}))][1:-1] == ["again"]
+
+
+@pytest.mark.parametrize("after", [-1, 1.5, "2", 10_001])
+def test_bad_after_chunks_is_rejected(client: httpx.Client, after: Any) -> None:
+    r = client.post("/_control/mode", json={"mode": "cut_stream", "after_chunks": after})
+    assert r.status_code == 400

@@ -157,8 +157,9 @@ def test_the_demo_manifests_load_and_every_agent_is_active() -> None:
     agents.resolve(actions=ACTIONS)
     assert {a.name: a.state for a in agents} == {
         name: "active" for name in ("billing-assistant", "case-assistant", "catalog-assistant",
-                                    "crm-assistant", "helpdesk-assistant", "helpdesk-reader",
-                                    "helpdesk-searcher", "ledger-assistant", "mail-assistant",
+                                    "chat-assistant", "crm-assistant", "helpdesk-assistant",
+                                    "helpdesk-reader", "helpdesk-searcher", "ledger-assistant",
+                                    "mail-assistant",
                                     "refund-assistant", "research-assistant",
                                     "review-assistant", "scoped-assistant")}
     # Scenario C's agent reads the host through `mcp:` tools (families: the operator's

@@ -17,6 +17,8 @@ from schemas.governance import PendingDecisions, RunBudget
 from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewResult, RunResult
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
+from schemas.sessions import AnySessionEvent, PlanAnswered, SessionAccepted, SessionView
+from writ_client._session import Session, decode_event, read_sse
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
 
@@ -24,6 +26,7 @@ __all__ = ["Client", "SyncClient", "new_key"]
 
 T = TypeVar("T")
 _ENCODER: Final = msgspec.json.Encoder()
+_PATHS: Final = {"message": "messages"}  # a session op's route, where it is not the op
 
 
 def new_key(prefix: str = "req") -> str:
@@ -224,6 +227,65 @@ class Client:
     async def replay(self, run_id: str) -> ReplayReport:
         """Replay a run offline from the journal (needs the auditor role)."""
         return (await self._call("POST", f"/audit/replay/{run_id}", ReplayReport))[1]
+
+    # -- chat sessions --------------------------------------------------------------------
+
+    async def open_session(self, agent: str, *, plan_mode: bool = False,
+                           request_id: str | None = None) -> Session:
+        """Open a chat session with `agent`; the same `request_id`, the same session."""
+        accepted = await self._write("/sessions", SessionAccepted,
+                                     {"agent": agent, "plan_mode": plan_mode}, request_id,
+                                     "session")
+        return Session(self, accepted.session_id)
+
+    def session(self, session_id: str, *, last_event_id: int = 0) -> Session:
+        """An existing session of this principal (its events read from `last_event_id`)."""
+        return Session(self, session_id, last_event_id=last_event_id)
+
+    async def approve_plan(self, plan_id: str, *, reason: str = "",
+                           request_id: str | None = None) -> PlanAnswered:
+        """Approve a session's proposed plan by its id."""
+        return await self._write(f"/plans/{plan_id}/approve", PlanAnswered,
+                                 {"reason": reason}, request_id, "plan")
+
+    async def reject_plan(self, plan_id: str, reason: str, *,
+                          request_id: str | None = None) -> PlanAnswered:
+        """Reject a session's proposed plan, saying why."""
+        return await self._write(f"/plans/{plan_id}/reject", PlanAnswered,
+                                 {"reason": reason}, request_id, "plan")
+
+    async def _get(self, path: str, reply: type[T]) -> T:
+        return (await self._call("GET", path, reply))[1]
+
+    async def _write(self, path: str, reply: type[T], body: Any, request_id: str | None,
+                     prefix: str) -> T:
+        return (await self._call("POST", path, reply, body=body,
+                                 key=request_id or new_key(prefix),
+                                 accept=(200, 201, 202)))[1]
+
+    async def _session_write(self, op: str, session_id: str, request_id: str | None,
+                             **fields: Any) -> SessionAccepted:
+        path = f"/sessions/{session_id}/{_PATHS.get(op, op)}"
+        return await self._write(path, SessionAccepted, fields or None, request_id, op)
+
+    async def _session_view(self, session_id: str) -> SessionView:
+        return await self._get(f"/sessions/{session_id}", SessionView)
+
+    async def _session_events(self, session_id: str, after: int
+                              ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]:
+        async for seq, data in self._sse(f"/sessions/{session_id}/events", after):
+            yield seq, decode_event(data)
+
+    async def _sse(self, path: str, last_event_id: int) -> AsyncIterator[tuple[int, bytes]]:
+        """The events of an SSE route after `last_event_id`, as (id, data)."""
+        headers = {"Authorization": "Bearer " + self._issuer.token(
+            self._principal, roles=self._roles), "Last-Event-ID": str(last_event_id)}
+        async with self._http.stream("GET", path, headers=headers, timeout=None) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise _problem(response)
+            async for seq, data in read_sse(response):
+                yield seq, data
 
 
 def _problem(response: httpx.Response) -> WritError:

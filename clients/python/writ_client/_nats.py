@@ -29,7 +29,17 @@ from schemas.host import (
 from schemas.host_reads import HostRead, host_read
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
+from schemas.sessions import (
+    HOST_SESSION,
+    AnySessionEvent,
+    HostSessionOp,
+    PlanAnswered,
+    SessionAccepted,
+    SessionReply,
+    SessionView,
+)
 from writ_client._http import new_key
+from writ_client._session import Session, StreamLost
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
 
@@ -251,3 +261,88 @@ class NatsClient:
                                 actions=view.actions, pending_id=view.pending_id)
                 return
             await anyio.sleep(poll_s)
+
+    # -- chat sessions (`writ.api.<tenant>.session`, request/reply) ------------------------
+
+    async def open_session(self, agent: str, *, plan_mode: bool = False,
+                           request_id: str | None = None) -> Session:
+        """Open a chat session with `agent`; the same `request_id`, the same session."""
+        reply = await self._session_ask("open", request_id or new_key("session"), agent=agent,
+                                        plan_mode=plan_mode)
+        assert reply.accepted is not None
+        return Session(self, reply.accepted.session_id)
+
+    def session(self, session_id: str, *, last_event_id: int = 0) -> Session:
+        """An existing session of this principal (its events read after `last_event_id`)."""
+        return Session(self, session_id, last_event_id=last_event_id)
+
+    async def approve_plan(self, plan_id: str, *, reason: str = "",
+                           request_id: str | None = None) -> PlanAnswered:
+        """Approve a session's proposed plan by its id."""
+        reply = await self._session_ask("approve_plan", request_id or new_key("plan"),
+                                        plan_id=plan_id, reason=reason)
+        assert reply.plan is not None
+        return reply.plan
+
+    async def reject_plan(self, plan_id: str, reason: str, *,
+                          request_id: str | None = None) -> PlanAnswered:
+        """Reject a session's proposed plan, saying why."""
+        reply = await self._session_ask("reject_plan", request_id or new_key("plan"),
+                                        plan_id=plan_id, reason=reason)
+        assert reply.plan is not None
+        return reply.plan
+
+    async def _session_write(self, op: str, session_id: str, request_id: str | None,
+                             **fields: Any) -> SessionAccepted:
+        reply = await self._session_ask(op, request_id or new_key(op), session_id=session_id,
+                                        **fields)
+        assert reply.accepted is not None
+        return reply.accepted
+
+    async def _session_view(self, session_id: str) -> SessionView:
+        reply = await self._session_ask("get", None, session_id=session_id)
+        assert reply.view is not None
+        return reply.view
+
+    async def _session_events(self, session_id: str, after: int, *, poll_s: float = 0.2
+                              ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]:
+        """The session's events after stream sequence `after`, read in batches."""
+        while True:
+            try:
+                reply = await self._session_ask("events", None, session_id=session_id,
+                                                after=after, retries=0)
+            except WritError as exc:
+                if exc.code == "UNAVAILABLE":
+                    raise StreamLost(exc.code, exc.message) from exc
+                raise
+            assert reply.events is not None
+            for item in reply.events.events:
+                after = item.seq
+                yield item.seq, item.event
+            if not reply.events.events:
+                await anyio.sleep(poll_s)
+
+    async def _session_ask(self, op: str, key: str | None, *, retries: int = 3,
+                           **fields: Any) -> SessionReply:
+        """One session operation; a write is retried under its key on an outage."""
+        delay = 0.2
+        for attempt in range(retries + 1):
+            ask = HostSessionOp(token=self._token(), op=op, key=key,  # type: ignore[arg-type]
+                                **fields)
+            try:
+                msg = await self._nc.request(host_read(self._tenant, HOST_SESSION),
+                                             _ENCODER.encode(ask), timeout=30.0)
+            except Exception as exc:
+                error = WritError("UNAVAILABLE", repr(exc))
+            else:
+                headers = msg.headers or {}
+                if not headers.get("Nats-Service-Error-Code"):
+                    return msgspec.json.decode(msg.data, type=SessionReply)
+                code, _, detail = headers.get("Nats-Service-Error", "").partition(": ")
+                error = WritError(code or "INTERNAL", detail,
+                                  status=int(headers["Nats-Service-Error-Code"]))
+            if not error.retryable or attempt == retries:
+                raise error
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")

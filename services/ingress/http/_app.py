@@ -15,6 +15,7 @@ from services.ingress.http._ops import ops_handlers
 from services.ingress.http._people import people_handlers
 from services.ingress.http._problems import EXCEPTION_HANDLERS
 from services.ingress.http._runs import run_handlers
+from services.ingress.http._sessions import session_handlers
 
 __all__ = ["PREFIX", "build_app", "openapi_document"]
 
@@ -38,7 +39,8 @@ def build_app(api: Api, *, max_body_bytes: int = 64 * 1024,
 
     router = Router(PREFIX, route_handlers=[
         openapi, *run_handlers(api, answer_timeout_s=answer_timeout_s),
-        *people_handlers(api, answer_timeout_s=answer_timeout_s), *ops_handlers(api)])
+        *people_handlers(api, answer_timeout_s=answer_timeout_s), *ops_handlers(api),
+        *session_handlers(api)])
     config = OpenAPIConfig(
         title="Writ host API", version=subjects.HOST_API_VERSION, path=f"{PREFIX}/docs",
         description="The front door of Writ over HTTP: the same tokens, bounds and code path "

@@ -21,6 +21,7 @@ from services.ingress.http._api import Api, Door
 from services.ingress.http._app import PREFIX, build_app
 from services.ingress.http._idempotency import Idempotency
 from services.ingress.http._nats_reads import nats_read_endpoints
+from services.ingress.http._nats_sessions import session_endpoint
 from services.ingress.http._results import Results
 
 __all__ = ["HttpServer"]
@@ -59,7 +60,7 @@ class HttpServer:
         api = Api(door=self._door, nc=self._nc, idempotency=await Idempotency.open(self._js),
                   results=results)
         if self._endpoints is not None:
-            self._endpoints.extend(nats_read_endpoints(api))
+            self._endpoints.extend([*nats_read_endpoints(api), session_endpoint(api)])
         sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._host, self._port))

@@ -11,10 +11,11 @@ import msgspec
 from schemas.admission import ProposalRefused
 from schemas.planner import Divergence
 from services.planner.codes import BUDGET_CODE, REFUSAL_CODES, REVIEW_CODE
-from services.planner.inputs import critic_input, input_digest, model_input
+from services.planner.inputs import critic_input, input_digest, model_input, with_injected
 from services.planner.journal_entries import (
     CRITIC,
     DECISION,
+    INJECTED,
     OBSERVATION,
     PROPOSAL,
     RUN_STARTED,
@@ -22,6 +23,7 @@ from services.planner.journal_entries import (
     Captured,
     CriticEntry,
     DecisionEntry,
+    InjectedEntry,
     ObservationEntry,
     ProposalEntry,
     RunStartedEntry,
@@ -109,6 +111,7 @@ class _Expect(msgspec.Struct, kw_only=True):
 _DECODERS: Final[dict[str, type]] = {
     RUN_STARTED: RunStartedEntry, DECISION: DecisionEntry, PROPOSAL: ProposalEntry,
     OBSERVATION: ObservationEntry, RUN_STATUS: StatusEntry, CRITIC: CriticEntry,
+    INJECTED: InjectedEntry,
 }
 
 
@@ -125,6 +128,7 @@ class Walk:
         self.next_seq = 0
         self.decisions = 0
         self.observations: list[dict[str, Any]] = []
+        self.injected: list[str] = []  # a chat turn's injected messages, in order
         self.catalog_requested = False
         self.critics = 0
         # After a missing step the model inputs that follow cannot be recomputed.
@@ -177,6 +181,19 @@ class Walk:
             self.status_change(entry)
         elif isinstance(entry, CriticEntry):
             self.critic(entry)
+        elif isinstance(entry, InjectedEntry):
+            self.injected_step(entry)
+
+    def injected_step(self, i: InjectedEntry) -> None:
+        """A chat session's injected messages: the next decision's input carries them."""
+        gap = self.at_step(i.seq, "injected message")
+        if not gap and self.expect.what not in ("decide", "unknown"):
+            self.diverged(self.expect.step, str(self.expect), f"an injected message at step "
+                                                              f"{i.seq}")
+        self.injected.extend(i.texts)
+        self.next_seq = i.seq + 1
+        self.steps[i.seq] = StepRecord(seq=i.seq, kind="injected",
+                                       payload={"injected": list(i.texts)})
 
     def at_step(self, seq: int, kind: str) -> bool:
         """Check a step's position; True if steps before it were never captured."""
@@ -205,7 +222,8 @@ class Walk:
                 self.diverged(d.seq, f"decision turn {self.decisions}", f"turn {d.turn}")
             try:
                 digest = input_digest(model_input(
-                    user=self.started.input, evidence=self.started.evidence,
+                    user=with_injected(self.started.input, self.injected),
+                    evidence=self.started.evidence,
                     observations=self.observations, turn=self.decisions,
                     agent=self.started.agent, manifest=self.started.manifest,
                     catalog_requested=self.catalog_requested))

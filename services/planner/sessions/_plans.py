@@ -1,0 +1,206 @@
+"""Plan-mode (DESIGN.md §6, seed 000 scenario B): a plan-mode session's turn first plans, then,
+once the user approved the plan by its id, acts — every call still decided by `decide` where
+it is made (approving is consent, not an authorisation: "a plan step carries no approval of
+its own").
+
+- Planning: each `select_capability` the model makes is recorded as the plan's next step
+  (capability and arguments) and observed as `PLANNED` — nothing runs. When the model answers,
+  the steps are frozen, hashed (sha256 of their canonical JSON) and given an opaque id; the turn
+  waits for the user (`pending_id` = the plan's id).
+- Approved: the model is told (an observation) and acts; each selection must be the plan's
+  next step — the same capability with the same arguments — or it is refused as `NOT_IN_PLAN`
+  and observed as such (nothing runs).
+- Rejected: the turn ends `REJECTED` with the user's reason, which Writ writes into the session
+  as the next turn's context.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any, Final
+
+import msgspec
+
+from schemas.sessions import PlanDecided, PlanProposed, PlanStep, PlanView, WriterNote
+from services.planner.observations import ReviewAnswered, observation_of
+from services.planner.provider import SelectCapability
+from services.planner.sessions._store import SessionRow, SessionStore
+from services.planner.sessions.logic import is_turn_run, turn_of
+from services.planner.store import PlannerStore, RunRow, Step
+
+__all__ = ["PLAN_PREFIX", "Plans", "plan_digest"]
+
+PLAN_PREFIX: Final = "plan-"
+PLANNED: Final = "PLANNED"
+NOT_IN_PLAN: Final = "NOT_IN_PLAN"
+_COLUMNS: Final = "plan_id, session_id, tenant, turn, run_id, step, state, digest, steps, reason"
+
+
+def plan_digest(steps: list[PlanStep]) -> str:
+    """sha256 of the plan's canonical steps: what an approval consents to."""
+    return hashlib.sha256(msgspec.json.encode(steps, order="sorted")).hexdigest()
+
+
+def _view(row: Any) -> PlanView:
+    return PlanView(plan_id=row["plan_id"], session_id=row["session_id"], turn=row["turn"],
+                    state=row["state"], digest=row["digest"],
+                    steps=msgspec.convert(json.loads(row["steps"]), list[PlanStep]),
+                    reason=row["reason"])
+
+
+def _selections(steps: list[Step], check: str, after: int = -1) -> list[Step]:
+    """The decisions after `after` whose observation was the runtime's `check` refusal."""
+    by_seq = {s.seq: s for s in steps}
+    return [by_seq[s.seq - 1] for s in steps
+            if s.seq > after and s.kind == "observation" and s.payload.get("refused") == check
+            and by_seq.get(s.seq - 1) is not None]
+
+
+class Plans:
+    """Plans of plan-mode sessions, read and written in the run's or the session's
+    transaction."""
+
+    def __init__(self, *, sessions: SessionStore) -> None:
+        self._sessions = sessions
+
+    async def _planning_session(self, conn: Any, run: RunRow) -> SessionRow | None:
+        if not is_turn_run(run.run_id):
+            return None
+        session = await self._sessions.get(conn, turn_of(run.run_id)[0])
+        return session if session is not None and session.plan_mode else None
+
+    async def approved(self, conn: Any, run_id: str) -> Any:
+        """The plan approved for this turn's run, if any."""
+        return await conn.fetchrow(f"SELECT {_COLUMNS} FROM planner.plans WHERE run_id = $1 "
+                                   "AND state = 'approved' ORDER BY created_at DESC LIMIT 1",
+                                   run_id)
+
+    async def check(self, conn: Any, run: RunRow, steps: list[Step],
+                    decision: SelectCapability) -> tuple[str, str] | None:
+        """A plan-mode turn's selection: recorded as a step while planning, refused if it is
+        not the approved plan's next step; None when no plan governs the run."""
+        if await self._planning_session(conn, run) is None:
+            return None
+        plan = await self.approved(conn, run.run_id)
+        if plan is None:
+            index = len(_selections(steps, PLANNED)) + 1
+            return PLANNED, (f"recorded as step {index} of the plan; nothing runs before the "
+                             "user approves the plan")
+        planned = msgspec.convert(json.loads(plan["steps"]), list[PlanStep])
+        approved_at = max((s.seq for s in steps if s.kind == "observation"
+                           and s.payload.get("review") == "approve"), default=plan["step"])
+        done = [s for s in steps if s.seq > approved_at and s.kind == "observation"
+                and s.payload.get("refused") is None and s.payload.get("review") is None]
+        index = len(done)
+        if index >= len(planned):
+            return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken: "
+                                 "propose a new plan in a new message")
+        expected = planned[index]
+        if expected.capability != decision.capability or (
+                msgspec.json.encode(expected.arguments, order="sorted")
+                != msgspec.json.encode(decision.arguments, order="sorted")):
+            return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is "
+                                 f"{expected.capability} with its own arguments; this call "
+                                 "is not in the plan")[:512]
+        return None
+
+    async def freeze(self, conn: Any, run: RunRow, steps: list[Step], seq: int) -> str | None:
+        """A planning turn's answer: its recorded steps frozen as a plan (its id), or None if
+        the run is not planning or planned nothing."""
+        session = await self._planning_session(conn, run)
+        if session is None or await self.approved(conn, run.run_id) is not None:
+            return None
+        chosen = _selections(steps, PLANNED)
+        if not chosen:
+            return None
+        plan_steps = [PlanStep(index=i, capability=str(s.payload.get("capability", ""))[:512],
+                               arguments=dict(s.payload.get("arguments") or {}))
+                      for i, s in enumerate(chosen)]
+        digest = plan_digest(plan_steps)
+        plan_id = await conn.fetchval(
+            "INSERT INTO planner.plans (plan_id, session_id, tenant, turn, run_id, step, state, "
+            "digest, steps) VALUES ($1, $2, $3, $4, $5, $6, 'proposed', $7, $8::jsonb) "
+            "ON CONFLICT (run_id, step) DO NOTHING RETURNING plan_id",
+            PLAN_PREFIX + str(uuid.uuid4()), session.session_id, run.tenant,
+            turn_of(run.run_id)[1], run.run_id, seq, digest,
+            msgspec.json.encode(plan_steps).decode())
+        if plan_id is None:  # frozen already (a redelivery)
+            return str(await conn.fetchval("SELECT plan_id FROM planner.plans WHERE run_id = $1 "
+                                           "AND step = $2", run.run_id, seq))
+        row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM planner.plans WHERE plan_id = $1",
+                                  plan_id)
+        locked = await self._sessions.lock(conn, session.session_id)
+        assert locked is not None
+        await self._sessions.add_event(conn, locked, f"plan:{plan_id}", lambda n: PlanProposed(
+            session_id=session.session_id, n=n, turn=row["turn"], plan=_view(row)))
+        return str(plan_id)
+
+    async def answered(self, conn: Any, store: PlannerStore, run: RunRow,
+                       steps: list[Step]) -> str | None:
+        """A turn waiting on its plan was woken: `approved` (the approval is recorded as the
+        model's next observation), `rejected` (with `reason` in the plan), or None (still
+        proposed, or not a plan's wait)."""
+        if not (run.pending_id or "").startswith(PLAN_PREFIX):
+            return None
+        plan = await conn.fetchrow("SELECT state, reason, answered_by, step FROM planner.plans "
+                                   "WHERE plan_id = $1 AND run_id = $2", run.pending_id,
+                                   run.run_id)
+        if plan is None or plan["state"] == "proposed":
+            return None
+        if plan["state"] == "approved":
+            seq = steps[-1].seq + 1
+            output = ReviewAnswered(run_id=run.run_id, step=plan["step"], answer="approve",
+                                    reviewer=plan["answered_by"] or "",
+                                    reason="the user approved the plan: take its steps, in "
+                                           "order, with the planned arguments")
+            observation = observation_of(output)
+            if await store.add_observation(conn, run, seq, step=plan["step"],
+                                           output=msgspec.to_builtins(output),
+                                           observation=observation):
+                steps.append(Step(seq=seq, kind="observation", payload=observation))
+        return str(plan["state"])
+
+    async def reason(self, conn: Any, plan_id: str) -> str:
+        """The user's reason for rejecting a plan."""
+        return str(await conn.fetchval("SELECT reason FROM planner.plans WHERE plan_id = $1",
+                                       plan_id) or "")
+
+    async def answer(self, conn: Any, session_store: SessionStore, *, tenant: str,
+                     principal: str, plan_id: str, approve: bool, reason: str
+                     ) -> tuple[SessionRow, PlanView, str]:
+        """The user's answer to a proposed plan, by its id only, in the session's
+        transaction: (the session, the plan as answered, the run to wake).
+
+        Raises:
+            LookupError: no plan of this principal waits under this id.
+        """
+        row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM planner.plans WHERE plan_id = $1",
+                                  plan_id)
+        if row is None or row["tenant"] != tenant:
+            raise LookupError("no plan waits under this id")
+        session = await session_store.lock(conn, row["session_id"])
+        if session is None or session.principal != principal or row["state"] != "proposed":
+            raise LookupError("no plan waits under this id")
+        state = "approved" if approve else "rejected"
+        await conn.execute("UPDATE planner.plans SET state = $2, reason = $3, answered_by = $4 "
+                           "WHERE plan_id = $1 AND state = 'proposed'", plan_id, state,
+                           reason, principal)
+        session, _ = await session_store.add_event(
+            conn, session, f"plan-answer:{plan_id}", lambda n: PlanDecided(
+                session_id=session.session_id, n=n, plan_id=plan_id, answer=state,
+                reason=reason))
+        if not approve:  # the next turn's context, written by Writ
+            text = f"The user rejected the plan: {reason or 'no reason given'}"[:512]
+            session, _ = await session_store.add_event(
+                conn, session, f"plan-note:{plan_id}", lambda n: WriterNote(
+                    session_id=session.session_id, n=n, turn=row["turn"], text=text))
+        view = msgspec.structs.replace(_view(row), state=state, reason=reason)
+        return session, view, str(row["run_id"])
+
+    async def of_session(self, conn: Any, session_id: str) -> list[PlanView]:
+        """The session's plans, oldest first."""
+        rows = await conn.fetch(f"SELECT {_COLUMNS} FROM planner.plans WHERE session_id = $1 "
+                                "ORDER BY created_at", session_id)
+        return [_view(r) for r in rows]

@@ -1,0 +1,700 @@
+"""Chat sessions through the six processes (issue 15), against a real model API (fakes/llm.py,
+which records every request it gets), over the HTTP door: a turn is a run of the planner's
+loop; the transition table's allowed moves and a refused one; one of concurrent sends accepted;
+close during `processing`; pause / inject / resume with the injected text in the next model
+input; a fork that does not run the parent's committed note again; a child session from an
+agent call; the event stream resumed from `Last-Event-ID` with no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import msgspec
+import pytest
+
+from fakes.llm import FakeLlm
+from schemas.sessions import HostSessionOp, SessionReply
+from tests.e2e.conftest import Host, notes_for, sealed
+from tests.e2e.test_replay import writ_audit
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+NOTE = {"customer_id": "ACME-42", "body": "Chat: the customer asked about order 7781."}
+
+
+def _manifest(name: str, uses: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "version": "1.0.0", "provider": "openai",
+            "responsibility": "Talk with the user and keep the CRM's notes up to date.",
+            "uses": uses, **extra}
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[tuple[FakeLlm, str]]:
+    token = secrets.token_urlsafe(16)
+    fake = FakeLlm(token=token)
+    fake.start()
+    yield fake, token
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
+    fake, token = llm
+    with tempfile.TemporaryDirectory(prefix="writ-sessions-") as home:
+        root = Path(home)
+        agents = root / "agents"
+        agents.mkdir()
+        note = [{"kind": "action", "name": "crm.note.create"}]
+        for manifest in (
+                _manifest("chat-assistant", note),  # granted below: notes without asking
+                _manifest("careful-chat", note),  # no grant: every note is asked
+                _manifest("desk-chat", [{"kind": "agent", "name": "notes-chat",
+                                         "description": "Writes CRM notes."}]),
+                _manifest("notes-chat", note, callable_by=["desk-chat"]),
+                _manifest("planning-chat", note, plan_mode=True)):  # its manifest asks
+            (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
+        key = root / "model.key"
+        key.write_text(token)
+        deployment = Stack(root / "stack", database="sessions", durable_pg=False, extra_env={
+            "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
+            "planner": {"WRIT_PROVIDER": "openai", "WRIT_MODEL_URL": f"{fake.url}/v1",
+                        "WRIT_MODEL_NAME": "fake-model", "WRIT_MODEL_KEY_FILE": str(key),
+                        "WRIT_AGENTS_DIR": str(agents)},
+        })
+        try:
+            deployment.start_all()
+            anyio.run(_grant, deployment)
+            yield deployment
+        finally:
+            deployment.stop()
+
+
+async def _grant(stack: Stack) -> None:
+    conn = await asyncpg.connect(stack.database_dsn)
+    try:
+        await conn.executemany(
+            "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+            "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
+            [("chat-assistant",), ("notes-chat",), ("planning-chat",)])
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def model(llm: tuple[FakeLlm, str]) -> Iterator[httpx.Client]:
+    fake, token = llm
+    with httpx.Client(base_url=fake.url, timeout=5,
+                      headers={"Authorization": f"Bearer {token}"}) as client:
+        yield client
+
+
+@pytest.fixture
+async def db(stack: Stack) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(stack.database_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def api(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    headers = {"Authorization": f"Bearer {stack.token('acme', 'alice@acme.example')}"}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40, headers=headers) as c:
+        yield c
+
+
+def script(model: httpx.Client, *contents: dict[str, Any]) -> None:
+    model.post("/_control/replies", json={"replies": [
+        {"content": json.dumps(c)} for c in contents]}).raise_for_status()
+
+
+def answer(text: str) -> dict[str, Any]:
+    return {"next": {"decision": "answer_directly", "answer": text}}
+
+
+def select(capability: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"next": {"decision": "select_capability", "capability": capability,
+                     "arguments": json.dumps(arguments)}}
+
+
+def model_requests(model: httpx.Client) -> list[dict[str, Any]]:
+    return [r["body"] for r in model.get("/_control/requests").json()]
+
+
+def asked_of(request: dict[str, Any]) -> str:
+    """The user's data of a model request (`user_input.request`)."""
+    for message in request["messages"]:
+        if message["role"] == "user" and "user_input" in message["content"]:
+            return str(json.loads(message["content"])["user_input"]["request"])
+    raise AssertionError("no user_input in the model request")
+
+
+def key() -> dict[str, str]:
+    return {"Idempotency-Key": f"k-{uuid.uuid4().hex[:16]}"}
+
+
+async def open_session(api: httpx.AsyncClient, agent: str) -> str:
+    opened = await api.post("/sessions", json={"agent": agent}, headers=key())
+    assert opened.status_code == 201, opened.text
+    assert opened.json()["state"] == "active"
+    return str(opened.json()["session_id"])
+
+
+async def send(api: httpx.AsyncClient, sid: str, text: str,
+               headers: dict[str, str] | None = None) -> httpx.Response:
+    return await api.post(f"/sessions/{sid}/messages", json={"text": text},
+                          headers=headers or key())
+
+
+async def act(api: httpx.AsyncClient, sid: str, what: str, **body: Any) -> httpx.Response:
+    return await api.post(f"/sessions/{sid}/{what}", json=body or None, headers=key())
+
+
+async def view(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    got = await api.get(f"/sessions/{sid}")
+    assert got.status_code == 200, got.text
+    return dict(got.json())
+
+
+async def until(api: httpx.AsyncClient, sid: str, check: Callable[[dict[str, Any]], bool],
+                timeout: float = 40) -> dict[str, Any]:
+    with anyio.fail_after(timeout):
+        while not check(seen := await view(api, sid)):
+            await anyio.sleep(0.1)
+    return seen
+
+
+def turn_ended(turn: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda v: v["turn"] == turn and v["state"] != "processing" and any(
+        m["role"] in ("agent",) and m["turn"] == turn for m in v["messages"]) or (
+        v["state"] == "closed")
+
+
+async def events(api: httpx.AsyncClient, sid: str, *, last_event_id: int | None = None,
+                 stop: Callable[[dict[str, Any]], bool], timeout: float = 40
+                 ) -> list[tuple[int, dict[str, Any]]]:
+    """(stream sequence, event) from the session's SSE until `stop(event)` is true."""
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    got: list[tuple[int, dict[str, Any]]] = []
+    with anyio.fail_after(timeout):
+        async with api.stream("GET", f"/sessions/{sid}/events", headers=headers) as response:
+            assert response.status_code == 200
+            fields: dict[str, str] = {}
+            async for line in response.aiter_lines():
+                if line.startswith(":"):
+                    continue
+                if line:
+                    name, _, value = line.partition(":")
+                    fields[name] = value.strip()
+                    continue
+                if "data" in fields:
+                    event = json.loads(fields["data"])
+                    assert fields["event"] == event["type"]
+                    got.append((int(fields["id"]), event))
+                    if stop(event):
+                        return got
+                fields = {}
+    return got
+
+
+async def session_events(db: asyncpg.Connection, sid: str) -> list[str]:
+    return [r["type"] for r in await db.fetch(
+        "SELECT type FROM planner.session_events WHERE session_id = $1 ORDER BY n", sid)]
+
+
+async def test_a_turn_is_a_run_and_the_next_turn_sees_the_conversation_as_user_data(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    sid = await open_session(api, "chat-assistant")
+    script(model, select("crm.note.create", NOTE), answer("I noted the call on ACME-42."))
+    sent = await send(api, sid, "Please note that ACME called about order 7781.")
+    assert sent.status_code == 202, sent.text
+    assert (sent.json()["state"], sent.json()["turn"]) == ("processing", 1)
+    run_id = sent.json()["run_id"]
+    seen = await until(api, sid, turn_ended(1))
+    assert seen["state"] == "active"
+    assert [(m["role"], m["turn"]) for m in seen["messages"]] == [
+        ("user", 1), ("writ", 1), ("agent", 1)]
+    writ_note = seen["messages"][1]["text"]
+    assert writ_note.startswith("crm.note.create succeeded")  # written by Writ, no model call
+
+    # The turn is a run of the planner's loop: its steps, its command, one note.
+    run = await db.fetchrow("SELECT status, answer, attended FROM planner.runs "
+                            "WHERE run_id = $1", run_id)
+    assert (run["status"], run["answer"], run["attended"]) == (
+        "succeeded", "I noted the call on ACME-42.", True)
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1 "
+                          "AND state = 'succeeded'", run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert await session_events(db, sid) == [
+        "SessionOpened", "UserMessage", "TurnStarted", "CapabilitySelected", "StepOutcome",
+        "WriterNote", "TurnEnded"]
+    # Each session event is journaled under the session, with the state it records.
+    kinds = [r["kind"] for r in await db.fetch(
+        "SELECT kind FROM planner.journal WHERE run_id = $1 ORDER BY id", sid)]
+    assert kinds[:3] == ["session.SessionOpened", "session.UserMessage", "session.TurnStarted"]
+    assert kinds[-1] == "session.TurnEnded"
+
+    before = len(model_requests(model))
+    script(model, answer("You asked me to note ACME's call; it is noted."))
+    second = await send(api, sid, "What did I ask you before?")
+    assert (second.status_code, second.json()["turn"]) == (202, 2)
+    await until(api, sid, turn_ended(2))
+    [request] = model_requests(model)[before:]
+    # The conversation so far is in the user's data, never in the developer instruction.
+    system = " ".join(m["content"] for m in request["messages"] if m["role"] == "system")
+    assert "order 7781" not in system
+    asked = asked_of(request)
+    assert "[turn 1] user: Please note that ACME called about order 7781." in asked
+    assert "[turn 1] writ: crm.note.create succeeded" in asked
+    assert "[turn 1] agent: I noted the call on ACME-42." in asked
+    assert asked.endswith("The user's message now:\nWhat did I ask you before?")
+
+
+async def test_concurrent_sends_one_accepted_then_close_cancels_the_turn_in_flight(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_session(api, "careful-chat")  # its note is asked: the turn waits
+    script(model, select("crm.note.create", NOTE))
+    answers: list[httpx.Response] = []
+    sent_with: dict[int, dict[str, str]] = {}
+    keys = [key() for _ in range(6)]
+
+    async def one(headers: dict[str, str]) -> None:
+        got = await send(api, sid, "Note the call, please.", headers)
+        sent_with[id(got)] = headers
+        answers.append(got)
+
+    async with anyio.create_task_group() as tg:
+        for headers in keys:
+            tg.start_soon(one, headers)
+    accepted = [a for a in answers if a.status_code == 202]
+    refused = [a for a in answers if a.status_code != 202]
+    assert len(accepted) == 1, [a.text for a in answers]
+    assert {(a.status_code, a.json()["code"]) for a in refused} == {(409, "SESSION_BUSY")}
+    assert refused[0].headers["content-type"] == "application/problem+json"
+    # Nothing of the refused ones was applied: one turn, one message.
+    assert await db.fetchval("SELECT count(*) FROM planner.session_turns "
+                             "WHERE session_id = $1", sid) == 1
+    assert (await session_events(db, sid)).count("UserMessage") == 1
+    # The accepted message re-sent under its key: its first acceptance, nothing new.
+    accepted_key = sent_with[id(accepted[0])]
+    again = await send(api, sid, "Note the call, please.", accepted_key)
+    assert again.status_code == 202 and again.json() == accepted[0].json()
+
+    waiting = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "person")
+    assert waiting["state"] == "processing"
+    assert waiting["waiting_for"]["pending_id"]
+    run_id = accepted[0].json()["run_id"]
+
+    closed = await act(api, sid, "close")
+    assert (closed.status_code, closed.json()["state"]) == (202, "closed")
+    with anyio.fail_after(30):
+        while await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1",
+                                run_id) != "cancelled":
+            await anyio.sleep(0.1)
+    with anyio.fail_after(30):
+        while "TurnEnded" not in await session_events(db, sid):
+            await anyio.sleep(0.1)
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    # Closed is terminal: nothing new is accepted, the history stays readable.
+    for what, body in (("messages", {"text": "one more"}), ("pause", None), ("resume", None),
+                       ("inject", {"text": "x"}), ("close", None)):
+        refused_now = await api.post(f"/sessions/{sid}/{what}", json=body, headers=key())
+        assert (refused_now.status_code, refused_now.json()["code"]) == (
+            409, "SESSION_CLOSED"), what
+    final = await view(api, sid)
+    assert final["state"] == "closed" and final["messages"][0]["role"] == "user"
+
+
+async def test_pause_inject_resume_reaches_the_next_model_input(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        host: Host) -> None:
+    sid = await open_session(api, "careful-chat")
+    script(model, select("crm.note.create", NOTE), answer("Noted, and I mentioned Friday."))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    waiting = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "person")
+    # Paused while the turn waits for a person; the approval still goes through and its
+    # outcome is recorded, but no model decision is taken while paused.
+    paused = await act(api, sid, "pause")
+    assert (paused.status_code, paused.json()["state"]) == (202, "paused")
+    refused = await send(api, sid, "another")
+    assert (refused.status_code, refused.json()["code"]) == (409, "SESSION_PAUSED")
+    # The session shows the proposal it waits on, with the id an approver answers.
+    proposal_id = await db.fetchval(
+        "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
+        "AND type = 'ProposalMade'", sid)
+    assert proposal_id is not None, waiting
+    calls = len(model_requests(model))
+    approval = await host.approve(str(proposal_id))
+    assert (await host.wait_approval(approval)).status in ("claimed", "succeeded")
+    with anyio.fail_after(30):
+        while await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1 "
+                                "AND kind = 'observation'", run_id) == 0:
+            await anyio.sleep(0.1)
+    injected = await act(api, sid, "inject", text="Also say the update comes on Friday.")
+    assert (injected.status_code, injected.json()["state"]) == (202, "paused")
+    assert len(model_requests(model)) == calls  # nothing asked of the model while paused
+    assert (await view(api, sid))["waiting_for"]["kind"] == "resume"
+
+    resumed = await act(api, sid, "resume")
+    assert (resumed.status_code, resumed.json()["state"]) == (202, "processing")
+    await until(api, sid, turn_ended(1))
+    [request] = model_requests(model)[calls:]
+    asked = asked_of(request)
+    assert asked.endswith("Injected by the user during this turn:\n"
+                          "- Also say the update comes on Friday.")
+    kinds = [r["kind"] for r in await db.fetch(
+        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)]
+    assert kinds == ["decision", "observation", "injected", "decision"]
+    types = await session_events(db, sid)
+    assert types.index("SessionPaused") < types.index("SessionInjected") < types.index(
+        "SessionResumed") < types.index("TurnEnded")
+    # The ask and its answer are in the session: what it waited for, and who answered.
+    assert types.index("ProposalMade") < types.index("DecisionAsked") < types.index(
+        "DecisionTaken")
+    # `writ audit replay <session>` walks each turn offline: the injected step included.
+    await sealed(db, run_id)
+    replay = writ_audit(host.stack, "replay", sid)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"run {run_id}: IDENTICAL" in replay.stdout
+    assert (await view(api, sid))["messages"][2] == {
+        "n": types.index("SessionInjected") + 1, "turn": 1, "role": "injected",
+        "text": "Also say the update comes on Friday."}
+
+
+async def test_a_fork_keeps_the_parents_note_as_history_and_never_runs_it_again(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    sid = await open_session(api, "chat-assistant")
+    script(model, select("crm.note.create", NOTE), answer("Noted."))
+    first = await send(api, sid, "Note the call.")
+    await until(api, sid, turn_ended(1))
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                          first.json()["run_id"])
+    forked = await act(api, sid, "fork", turn=1)
+    assert forked.status_code == 201, forked.text
+    fork = forked.json()["session_id"]
+    fork_view = await view(api, fork)
+    assert (fork_view["parent_session_id"], fork_view["fork_turn"], fork_view["state"]) == (
+        sid, 1, "active")
+    assert [m["role"] for m in fork_view["messages"]] == ["user", "writ", "agent"]
+    assert fork in (await view(api, sid))["children"]
+    assert "SessionForked" in await session_events(db, sid)
+    # A fork at a recorded step keeps the history up to that step: the note's outcome is in
+    # it (as history), the agent's answer after it is not.
+    at_step = await act(api, sid, "fork", turn=1, step=0)
+    step_fork = at_step.json()["session_id"]
+    step_types = await session_events(db, step_fork)
+    assert "StepOutcome" in step_types and "TurnEnded" not in step_types
+    assert (await view(api, step_fork))["fork_step"] == 0
+
+    script(model, answer("The note is already there."))
+    again = await send(api, fork, "Did you note it?")
+    assert (again.status_code, again.json()["turn"]) == (202, 2)
+    await until(api, fork, turn_ended(2))
+    # The parent's committed note is history in the fork: one note, no command of the fork.
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id LIKE $1",
+                             f"{fork}%") == 0
+    assert await db.fetchval("SELECT count(*) FROM planner.runs WHERE run_id LIKE $1",
+                             f"{fork}%") == 1
+
+
+async def test_an_agent_call_shows_as_a_child_session(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_session(api, "desk-chat")
+    script(model, select("agent:notes-chat", {"request": "Note the call on ACME-42."}),
+           select("crm.note.create", NOTE), answer("Noted on ACME-42."),
+           answer("The notes agent noted it."))
+    await send(api, sid, "Have the notes agent note the call.")
+    seen = await until(api, sid, turn_ended(1), timeout=60)
+    [child] = seen["children"]
+    child_view = await view(api, child)
+    assert (child_view["parent_session_id"], child_view["agent"], child_view["state"]) == (
+        sid, "notes-chat", "closed")
+    assert child_view["run_id"] == f"{sid}-t1.b0"
+    child_types = await session_events(db, child)
+    assert child_types[0] == "SessionOpened" and "StepOutcome" in child_types
+    assert child_types[-1] == "TurnEnded"
+    assert "ChildSession" in await session_events(db, sid)
+
+
+async def test_the_stream_resumes_from_last_event_id_with_no_gap_or_duplicate(
+        api: httpx.AsyncClient, model: httpx.Client) -> None:
+    sid = await open_session(api, "chat-assistant")
+    script(model, select("crm.note.create", NOTE), answer("Noted."))
+    await send(api, sid, "Note the call.")
+    head = await events(api, sid, stop=lambda e: e["type"] == "CapabilitySelected")
+    last_id = head[-1][0]
+    rest = await events(api, sid, last_event_id=last_id, stop=lambda e: e["type"] == "TurnEnded")
+    whole = await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")
+    assert head + rest == whole
+    # Durable events are numbered with no gap; streamed text is not numbered (its id orders it).
+    durable = [e for _, e in whole if e["type"] not in ("TextDelta", "TextReset")]
+    assert [e["n"] for e in durable] == list(range(1, len(durable) + 1))
+    assert all(e["n"] == 0 for _, e in whole if e["type"] == "TextDelta")
+    assert "TextDelta" in [e["type"] for _, e in rest]
+    assert [e["type"] for e in durable][:3] == ["SessionOpened", "UserMessage", "TurnStarted"]
+    ids = [i for i, _ in whole]
+    assert ids == sorted(set(ids))
+
+
+async def test_sessions_are_the_principals_own_and_bodies_are_bounded(
+        stack: Stack, api: httpx.AsyncClient) -> None:
+    sid = await open_session(api, "chat-assistant")
+    other = {"Authorization": f"Bearer {stack.token('acme', 'bob@acme.example')}"}
+    assert (await api.get(f"/sessions/{sid}", headers=other)).status_code == 404
+    globex = {"Authorization": f"Bearer {stack.token('globex', 'bob@globex.example')}"}
+    got = await api.get(f"/sessions/{sid}", headers=globex)
+    assert (got.status_code, got.json()["code"]) == (404, "NOT_FOUND")
+    bad = await api.post(f"/sessions/{sid}/messages", json={"text": "hi", "role": "system"},
+                         headers=key())
+    assert (bad.status_code, bad.json()["code"]) == (400, "INVALID_REQUEST")
+    long = await api.post(f"/sessions/{sid}/messages", json={"text": "x" * 9000},
+                          headers=key())
+    assert long.status_code == 400
+    unknown = await api.post("/sessions", json={"agent": "nobody"}, headers=key())
+    assert (unknown.status_code, unknown.json()["code"]) == (400, "UNKNOWN_AGENT")
+    resume = await act(api, sid, "resume")  # active -> resume is not in the table
+    assert (resume.status_code, resume.json()["code"]) == (409, "INVALID_TRANSITION")
+    assert (await view(api, sid))["state"] == "active"
+
+
+async def test_a_streamed_answer_cut_mid_way_is_reset_then_streamed_whole(
+        api: httpx.AsyncClient, model: httpx.Client) -> None:
+    full = ("The note on ACME-42 is recorded, and the shipment update is promised for Friday "
+            "afternoon, as the customer asked on the call.")
+    sid = await open_session(api, "chat-assistant")
+    script(model, answer(full), answer(full))  # the cut attempt uses up a reply
+    model.post("/_control/mode", json={"mode": "cut_stream", "count": 1,
+                                       "after_chunks": 11}).raise_for_status()
+    await send(api, sid, "Where do we stand?")
+    seen = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
+    texts = [e for e in seen if e["type"] in ("TextDelta", "TextReset")]
+    resets = [i for i, e in enumerate(texts) if e["type"] == "TextReset"]
+    assert resets, [e["type"] for e in seen]
+    after = texts[resets[-1] + 1:]
+    assert after and all(e["type"] == "TextDelta" for e in after)
+    assert [e["index"] for e in after] == list(range(len(after)))
+    assert "".join(e["text"] for e in after) == full
+    assert len(after) < len(full)  # batched, not one event per token
+    assert seen[-1]["answer"] == full
+
+
+def restart_planner(stack: Stack) -> None:
+    stack.stop_process("planner", kill=True)  # kill -9: nothing drains, nothing is acked
+    stack.start_instance("planner", "planner")
+
+
+async def test_a_planner_killed_during_a_model_call_continues_the_turn_after_restart(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    sid = await open_session(api, "chat-assistant")
+    before = len(model_requests(model))
+    script(model, select("crm.note.create", NOTE))
+    model.post("/_control/mode", json={"mode": "lose_response", "count": 1}).raise_for_status()
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    with anyio.fail_after(30):  # the model was asked; its answer never comes back
+        while len(model_requests(model)) == before:
+            await anyio.sleep(0.05)
+    restart_planner(stack)
+    script(model, select("crm.note.create", NOTE), answer("Noted after the restart."))
+    await stack.wait_ready(("planner",))
+    seen = await until(api, sid, turn_ended(1), timeout=60)
+    assert seen["state"] == "active"
+    assert seen["messages"][-1]["text"] == "Noted after the restart."
+    # Asked again only for the step it had not answered: one lost call, then one per step.
+    assert len(model_requests(model)) - before == 3
+    kinds = [r["kind"] for r in await db.fetch(
+        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)]
+    assert kinds == ["decision", "observation", "decision"]
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                          run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    streamed = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
+    assert any(e["type"] == "TextReset" and e["attempt"] == 0 and e["step"] == 0
+               for e in streamed)
+
+
+async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_asking_again(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client, host: Host) -> None:
+    sid = await open_session(api, "careful-chat")
+    before = len(model_requests(model))
+    script(model, select("crm.note.create", NOTE))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "person")
+    proposal_id = await db.fetchval(
+        "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
+        "AND type = 'ProposalMade'", sid)
+    stack.stop_process("planner", kill=True)
+    # Admitted and executed while the planner is down: its outcome waits in the planner's inbox.
+    approval = await host.approve(str(proposal_id))
+    assert (await host.wait_approval(approval)).status in ("claimed", "succeeded")
+    with anyio.fail_after(30):
+        while await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1",
+                                run_id) != "succeeded":
+            await anyio.sleep(0.1)
+    script(model, answer("Noted once."))
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    seen = await until(api, sid, turn_ended(1), timeout=60)
+    assert (seen["state"], seen["messages"][-1]["text"]) == ("active", "Noted once.")
+    assert len(model_requests(model)) - before == 2  # step 0 once, the answer once
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
+                          run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert [m["role"] for m in seen["messages"]] == ["user", "writ", "agent"]
+
+
+async def open_planning(api: httpx.AsyncClient) -> str:
+    opened = await api.post("/sessions", json={"agent": "chat-assistant", "plan_mode": True},
+                            headers=key())
+    assert opened.status_code == 201, opened.text
+    return str(opened.json()["session_id"])
+
+
+async def proposed_plan(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
+    seen = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan")
+    [plan] = seen["plans"]
+    assert plan["plan_id"] == seen["waiting_for"]["plan_id"]
+    assert (plan["state"], seen["state"]) == ("proposed", "processing")
+    return dict(plan)
+
+
+async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    # An agent whose manifest asks for plan-mode: every session with it plans first.
+    sid = await open_session(api, "planning-chat")
+    assert (await view(api, sid))["plan_mode"] is True
+    script(model, select("crm.note.create", NOTE), answer("My plan: one note on ACME-42."),
+           select("crm.note.create", NOTE), answer("Done as planned."))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    assert [(s["capability"], s["arguments"]) for s in plan["steps"]] == [
+        ("crm.note.create", NOTE)]
+    assert len(plan["digest"]) == 64
+    # Nothing ran while planning: no proposal reached admission.
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    wrong = await api.post(f"/plans/plan-{uuid.uuid4()}/approve", json={}, headers=key())
+    assert (wrong.status_code, wrong.json()["code"]) == (404, "NOT_FOUND")
+    approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    assert (approved.status_code, approved.json()["state"]) == (200, "approved"), approved.text
+    seen = await until(api, sid, turn_ended(1))
+    assert seen["messages"][-1]["text"] == "Done as planned."
+    assert seen["plans"][0]["state"] == "approved"
+    # The step still went through governance and admission: one command, one note.
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1 "
+                          "AND state = 'succeeded'", run_id)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
+                             run_id) >= 1
+    types = await session_events(db, sid)
+    assert types.index("PlanProposed") < types.index("PlanDecided") < types.index("StepOutcome")
+    again = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    assert again.status_code == 404  # answered already: nothing waits under it
+
+
+async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_context(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_planning(api)
+    script(model, select("crm.note.create", NOTE), answer("My plan: one note."))
+    sent = await send(api, sid, "Note the call.")
+    plan = await proposed_plan(api, sid)
+    rejected = await api.post(f"/plans/{plan['plan_id']}/reject",
+                              json={"reason": "Wrong customer: it was ACME-43."}, headers=key())
+    assert (rejected.status_code, rejected.json()["state"]) == (200, "rejected")
+    with anyio.fail_after(30):
+        while (await view(api, sid))["state"] != "active":
+            await anyio.sleep(0.1)
+    run = await db.fetchrow("SELECT status, error_code, error_message FROM planner.runs "
+                            "WHERE run_id = $1", sent.json()["run_id"])
+    assert tuple(run) == ("failed", "REJECTED", "Wrong customer: it was ACME-43.")
+    before = len(model_requests(model))
+    script(model, answer("Understood."))
+    await send(api, sid, "Try again.")
+    await until(api, sid, turn_ended(2))
+    [request] = model_requests(model)[before:]
+    assert "[turn 1] writ: The user rejected the plan: Wrong customer: it was ACME-43." in (
+        asked_of(request))
+
+
+async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    sid = await open_planning(api)
+    other = {**NOTE, "body": "Something the user never approved."}
+    script(model, select("crm.note.create", NOTE), answer("Plan: one note."),
+           select("crm.note.create", other), answer("I could not deviate."))
+    sent = await send(api, sid, "Note the call.")
+    run_id = sent.json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    seen = await until(api, sid, turn_ended(1))
+    assert seen["messages"][-1]["text"] == "I could not deviate."
+    refusals = [json.loads(r["payload"]) for r in await db.fetch(
+        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+        "ORDER BY seq", run_id)]
+    assert [r.get("refused") for r in refusals] == ["PLANNED", None, "NOT_IN_PLAN"]
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
+                              "AND type = 'Observed'", sid)
+    assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
+
+
+async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_sequence(
+        stack: Stack, host: Host, model: httpx.Client) -> None:
+    nc = await host.tenant_nc("acme")
+    token = stack.token("acme", "alice@acme.example")
+
+    async def ask(tenant: str = "acme", **fields: Any) -> Any:
+        reply = await nc.request(f"writ.api.{tenant}.session", msgspec.json.encode(
+            HostSessionOp(token=token, **fields)), timeout=20)
+        if (reply.headers or {}).get("Nats-Service-Error-Code"):
+            return reply.headers
+        return msgspec.json.decode(reply.data, type=SessionReply)
+
+    opened = await ask(op="open", agent="chat-assistant", key=f"n-{uuid.uuid4().hex}")
+    sid = opened.accepted.session_id
+    script(model, answer("Hello over NATS."))
+    message_key = f"n-{uuid.uuid4().hex}"
+    sent = await ask(op="message", session_id=sid, text="Hi", key=message_key)
+    assert (sent.accepted.state, sent.accepted.turn) == ("processing", 1)
+    again = await ask(op="message", session_id=sid, text="Hi", key=message_key)
+    assert again == sent  # the same key: the first answer
+    with anyio.fail_after(30):
+        while (await ask(op="get", session_id=sid)).view.state != "active":
+            await anyio.sleep(0.1)
+    first = (await ask(op="events", session_id=sid, limit=2)).events
+    assert [e.event.n for e in first.events] == [1, 2]
+    rest = (await ask(op="events", session_id=sid, after=first.last)).events
+    assert rest.events[0].seq > first.last
+    assert type(rest.events[-1].event).__name__ == "TurnEnded"
+    assert rest.events[-1].event.answer == "Hello over NATS."
+    # A token of another tenant is refused on this tenant's subject.
+    refused = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
+        token=stack.token("globex", "bob@globex.example"), op="get", session_id=sid)),
+        timeout=10)
+    assert refused.headers["Nats-Service-Error-Code"] == "401"
+    # Another principal of the tenant does not see it, not even that it exists.
+    bob = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
+        token=stack.token("acme", "bob@acme.example"), op="events", session_id=sid)),
+        timeout=10)
+    assert bob.headers["Nats-Service-Error"].startswith("NOT_FOUND")

@@ -1,0 +1,139 @@
+"""Chat sessions' pure rules: the transition table, exhaustively; ids; the conversation rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import msgspec
+import pytest
+
+from schemas.sessions import (
+    SESSION_STATES,
+    AnySessionEvent,
+    MessageBody,
+    OpenSession,
+    SessionOp,
+    TurnStarted,
+)
+from services.planner.sessions._turns import outcome_note
+from services.planner.sessions.logic import (
+    HISTORY_TOKENS,
+    MAX_ENTRY_CHARS,
+    Entry,
+    SessionRefused,
+    conversation,
+    estimate_tokens,
+    fork_id_for,
+    is_turn_run,
+    session_id_for,
+    transition,
+    turn_of,
+    turn_run_id,
+)
+
+HAPPENINGS = ("message", "turn_ended", "pause", "resume", "inject", "close", "fork")
+
+# Every (state, happening, turn in flight) the table allows, and where it leads: anything not
+# here must be refused.
+ALLOWED = {
+    ("active", "message"): "processing",
+    ("active", "pause"): "paused",
+    ("active", "inject"): "active",
+    ("active", "close"): "closed",
+    ("active", "fork"): "active",
+    ("processing", "turn_ended"): "processing→active",
+    ("processing", "pause"): "paused",
+    ("processing", "inject"): "processing",
+    ("processing", "close"): "closed",
+    ("processing", "fork"): "processing",
+    ("paused", "inject"): "paused",
+    ("paused", "turn_ended"): "paused",
+    ("paused", "close"): "closed",
+    ("paused", "fork"): "paused",
+    ("closed", "turn_ended"): "closed",
+    ("closed", "fork"): "closed",
+}
+
+
+@pytest.mark.parametrize(("state", "happening", "turn_open"),
+                         list(itertools.product(SESSION_STATES, HAPPENINGS, (False, True))))
+def test_every_pair_is_allowed_by_the_table_or_refused_with_a_code(
+        state: str, happening: str, turn_open: bool) -> None:
+    if happening == "resume" and state == "paused":
+        assert transition(state, happening, turn_open=turn_open) == (
+            "processing" if turn_open else "active")
+        return
+    expected = ALLOWED.get((state, happening))
+    if expected is None:
+        with pytest.raises(SessionRefused) as refused:
+            transition(state, happening, turn_open=turn_open)
+        assert refused.value.state == state and refused.value.happening == happening
+        if state == "closed":
+            assert refused.value.code == "SESSION_CLOSED"
+        elif (state, happening) == ("processing", "message"):
+            assert refused.value.code == "SESSION_BUSY"
+        elif (state, happening) == ("paused", "message"):
+            assert refused.value.code == "SESSION_PAUSED"
+        else:
+            assert refused.value.code == "INVALID_TRANSITION"
+        return
+    assert transition(state, happening, turn_open=turn_open) == expected.split("→")[-1]
+
+
+def test_closed_is_terminal_and_unknown_states_are_refused() -> None:
+    for happening in ("message", "pause", "resume", "inject", "close"):
+        with pytest.raises(SessionRefused):
+            transition("closed", happening)
+    with pytest.raises(SessionRefused) as refused:
+        transition("sleeping", "message")
+    assert refused.value.code == "INVALID_TRANSITION"
+
+
+def test_ids_are_derived_and_turn_runs_are_recognised() -> None:
+    sid = session_id_for("acme", "k1")
+    assert sid == session_id_for("acme", "k1") != session_id_for("globex", "k1")
+    assert fork_id_for(sid, "k") != fork_id_for(sid, "k2")
+    run = turn_run_id(sid, 3)
+    assert is_turn_run(run) and turn_of(run) == (sid, 3)
+    assert not is_turn_run(f"{run}.b2")  # a branch of a turn is a child session
+    assert not is_turn_run("6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10")
+
+
+def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_budget() -> None:
+    assert conversation([], "hello") == "hello"
+    history = [Entry(turn=i, role="user" if i % 2 else "agent", text=f"entry {i} " + "x" * 400)
+               for i in range(1, 60)]
+    text = conversation(history, "now this")
+    assert text.endswith("The user's message now:\nnow this")
+    kept = [line for line in text.splitlines() if line.startswith("[turn ")]
+    assert kept and kept[-1].startswith("[turn 59]")  # newest kept, in order
+    assert sum(estimate_tokens(line) for line in kept) <= HISTORY_TOKENS
+    dropped = 59 - len(kept)
+    assert f"({dropped} earlier entries dropped to fit the history budget)" in text
+    assert "[turn 1]" not in text
+    long = conversation([Entry(turn=1, role="user", text="y" * 5000)], "m")
+    assert max(len(line) for line in long.splitlines()) < MAX_ENTRY_CHARS + 20
+
+
+def test_outcome_notes_come_from_the_typed_outcome() -> None:
+    assert outcome_note({"action": "crm.note.create", "state": "succeeded",
+                         "receipt": "n-1"}) == "crm.note.create succeeded (receipt n-1)"
+    assert outcome_note({"action": "a", "state": "failed", "outcome": "terminal_failure",
+                         "correlation_id": "c-9", "reason": "secret detail"}) == (
+        "a failed; correlation id c-9")
+    assert "stale" in outcome_note({"action": "a", "state": "revision_required",
+                                    "outcome": "revision_required", "reason": "stale"})
+
+
+def test_session_bodies_refuse_unknown_fields_and_bound_sizes() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"agent": "crm-assistant", "extra": 1}', type=OpenSession)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"text": "' + b"x" * 9000 + b'"}', type=MessageBody)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"text": ""}', type=MessageBody)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"type": "SessionOp", "op": "explode", "tenant": "acme", '
+                            b'"principal": "a"}', type=SessionOp)
+    event = TurnStarted(session_id="ses-1", n=2, turn=1, run_id="ses-1-t1")
+    assert msgspec.json.decode(msgspec.json.encode(event), type=AnySessionEvent) == event
