@@ -21,13 +21,16 @@ from typing import Any, Final
 
 import anyio
 import httpx
+import nats
 
+from schemas import subjects
 from soak.deploy import CALL_TIMEOUT_S, Deployment
 
 __all__ = ["Fault", "Nemesis", "schedule"]
 
 PROVIDER_MODES: Final = ("lose_response", "fail", "slow")
 _KINDS: Final = (("kill", 5), ("freeze", 3), ("nats", 2), ("postgres", 1), ("provider", 3))
+# On a cluster a whole-NATS restart gives way to faults of one node at a time (a majority up).
 _CLUSTER_KINDS: Final = (("node_kill", 2), ("node_freeze", 1), ("node_restart", 1))
 
 
@@ -57,7 +60,8 @@ def schedule(seed: int, *, duration_s: float, every: tuple[float, float], lease_
              instances: list[str], cluster: bool) -> list[Fault]:
     """The faults of a soak, from its seed alone (the same seed, the same faults)."""
     rng = random.Random(seed)
-    kinds = list(_KINDS) + (list(_CLUSTER_KINDS) if cluster else [])
+    kinds = ([k for k in _KINDS if k[0] != "nats"] + list(_CLUSTER_KINDS) if cluster
+             else list(_KINDS))
     names, weights = [k for k, _ in kinds], [w for _, w in kinds]
     faults, at = [], rng.uniform(*every)
     while at < duration_s:
@@ -114,23 +118,42 @@ class Nemesis:
                     await self._freeze(proc.pid, fault.hold_s)
             elif fault.kind == "nats":
                 assert stack.embedded_nats is not None
-                await anyio.to_thread.run_sync(stack.embedded_nats.stop, True)
+                nats_server = stack.embedded_nats
+                await anyio.to_thread.run_sync(lambda: nats_server.stop(kill=True))
                 await anyio.sleep(fault.hold_s)
                 await anyio.to_thread.run_sync(stack.embedded_nats.start)
             elif fault.kind == "postgres":
                 assert stack.embedded_pg is not None
-                await anyio.to_thread.run_sync(stack.embedded_pg.stop, True)
+                pg = stack.embedded_pg
+                await anyio.to_thread.run_sync(lambda: pg.stop(kill=True))
                 await anyio.sleep(fault.hold_s)
                 await anyio.to_thread.run_sync(stack.embedded_pg.start)
             elif fault.kind == "provider":
                 await self._provider(fault)
             else:
-                cluster = stack.embedded_nats
-                record["note"] = await cluster.fault(fault.kind, fault.target, fault.hold_s)
+                cluster: Any = stack.embedded_nats
+                node = await self._node(cluster, fault.target)
+                record["note"] = await cluster.fault(fault.kind, node, fault.hold_s)
+                record["ok"] = not record["note"].startswith("skipped")
         except Exception as exc:  # a fault that could not be applied is reported, not fatal
             record.update(ok=False, note=repr(exc)[:300])
             log("nemesis", f"could not apply {fault.describe()}: {exc!r}")
         self.applied.append(record)
+
+    async def _node(self, cluster: Any, target: str) -> int:
+        """A node's index; "leader" is the leader of the stream the commands travel on."""
+        if target != "leader":
+            return int(target)
+        nc = await nats.connect(self.deployment.stack.nats_url, connect_timeout=5,
+                                max_reconnect_attempts=2)
+        try:
+            info = await nc.jetstream().find_stream_name_by_subject(
+                subjects.command("acme"))
+            stream = await nc.jetstream().stream_info(info)
+            leader = stream.cluster.leader if stream.cluster else None
+        finally:
+            await nc.close()
+        return cluster.index(leader) if leader else 0
 
     async def _freeze(self, pid: int, hold_s: float) -> None:
         os.kill(pid, signal.SIGSTOP)
