@@ -254,7 +254,7 @@ async def _dead_letters(stack: Stack, ledger: Ledger) -> Check:
     which ingress answers with an error (and which must not be lost either)."""
     hostile = ledger.accepted("hostile")
     result = Check("dead_letters_only_for_invalid_inputs", examined=len(hostile))
-    nc = await nats.connect(stack.nats_url)
+    nc = await nats.connect(stack.nats_url, connect_timeout=10)
     try:
         js = nc.jetstream()
         count = (await js.stream_info("WRIT_DLQ")).state.messages

@@ -130,12 +130,18 @@ class Load:
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(_RESULT)
         self.stopping = anyio.Event()
+        self.nats_errors = 0
 
     async def open(self) -> None:
-        self._host = await self.stack.host_connection(TENANT, reconnect_time_wait=0.5)
+        self._host = await self.stack.host_connection(TENANT, reconnect_time_wait=0.5,
+                                                      error_cb=self._nats_error)
         self._admin = await nats.connect(self.stack.nats_url, max_reconnect_attempts=-1,
-                                         reconnect_time_wait=0.5)
+                                         reconnect_time_wait=0.5, error_cb=self._nats_error)
         self._payments = httpx.AsyncClient(base_url=self.stack.payments_url, timeout=10)
+
+    async def _nats_error(self, exc: Exception) -> None:
+        """The nemesis restarts NATS: a connection error is expected, and counted."""
+        self.nats_errors += 1
 
     async def close(self) -> None:
         for client in (self._host, self._admin):
