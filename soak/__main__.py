@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import asyncpg
+import nats
 
 from soak.check import check, outcomes, settled
 from soak.deploy import Deployment
@@ -76,6 +77,7 @@ async def soak(deployment: Deployment, settings: SoakSettings,
     warm = observer.settled_baseline(observer.baseline["t"] + max(
         WARM_MIN_S, WARM_FRACTION * settings.duration_s))
     checks = await check(stack, load.ledger, faults=nemesis.kinds(), baseline=warm, end=end)
+    layout = await _streams(stack.nats_url)
     return {
         "seed": settings.seed, "topology": settings.topology,
         "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
@@ -90,9 +92,26 @@ async def soak(deployment: Deployment, settings: SoakSettings,
                                  "fds": f"end <= warm-up + {FD_SLACK}",
                                  "pg_connections": f"end <= warm-up + {PG_SLACK} per role"},
                       "warm_up": warm, "end": end, "samples": observer.samples},
-        "invariants": [c.as_dict() for c in checks],
+        "streams": layout, "invariants": [c.as_dict() for c in checks],
         "held": all(c.held for c in checks),
     }
+
+
+async def _streams(nats_url: str) -> dict[str, Any]:
+    """Each Writ stream's replicas, leader and messages at the end (the cluster's evidence)."""
+    nc = await nats.connect(nats_url, connect_timeout=10)
+    try:
+        out = {}
+        for info in await nc.jetstream().streams_info():
+            cluster = info.cluster
+            out[info.config.name] = {
+                "replicas": info.config.num_replicas, "messages": info.state.messages,
+                "leader": cluster.leader if cluster else None,
+                "current_replicas": [r.name for r in (cluster.replicas or []) if r.current]
+                if cluster else []}
+        return out
+    finally:
+        await nc.close()
 
 
 async def _sample(observer: Observer, done: anyio.Event, every_s: float) -> None:
@@ -132,6 +151,8 @@ def _print(summary: dict[str, Any]) -> None:
           f"(restarts by the supervisor: {summary['restarts_by_supervisor']})")
     print(f"requests: {summary['requests']}  shed: {summary['shed']}")
     print(f"outcomes: {summary['outcomes']}")
+    replicas = {v["replicas"] for v in summary["streams"].values()}
+    print(f"streams: {len(summary['streams'])} at {sorted(replicas)} replicas")
     print(f"settled in {summary['settle'].get('seconds')}s: {summary['settle'].get('left')}")
     for key, start in summary["resources"]["warm_up"]["processes"].items():
         end = summary["resources"]["end"]["processes"].get(key, {})
