@@ -19,14 +19,14 @@ from typing import Any
 
 import anyio
 import asyncpg
-import nats
 
 from soak.check import check, outcomes, settled
-from soak.deploy import Deployment
+from soak.deploy import Deployment, admin_connect
 from soak.load import Load
 from soak.nemesis import Fault, Nemesis, schedule
 from soak.observe import FD_SLACK, PG_SLACK, RSS_FACTOR, RSS_SLACK_MB, Observer
 from soak.settings import SoakSettings
+from writ.stack import Stack
 
 SAMPLE_EVERY_S = 30.0
 # The first part of the run under faults that still counts as warm-up for resources: pools
@@ -78,7 +78,7 @@ async def soak(deployment: Deployment, settings: SoakSettings,
         WARM_MIN_S, WARM_FRACTION * settings.duration_s))
     checks = await check(stack, load.ledger, faults=nemesis.kinds(), baseline=warm, end=end)
     try:
-        layout = await _streams(stack.nats_url)
+        layout = await _streams(stack)
     except Exception as exc:  # evidence only: the invariants are checked already
         layout = {"error": {"replicas": 0, "note": repr(exc)[:300]}}
     return {
@@ -100,9 +100,9 @@ async def soak(deployment: Deployment, settings: SoakSettings,
     }
 
 
-async def _streams(nats_url: str) -> dict[str, Any]:
+async def _streams(stack: Stack) -> dict[str, Any]:
     """Each Writ stream's replicas, leader and messages at the end (the cluster's evidence)."""
-    nc = await nats.connect(nats_url, connect_timeout=10)
+    nc = await admin_connect(stack, connect_timeout=10)
     try:
         out = {}
         for info in await nc.jetstream().streams_info():

@@ -14,9 +14,9 @@ from typing import Any, Final
 
 import asyncpg
 import httpx
-import nats
 
 from schemas.host import ApprovalResult, CommandResult, RunResult
+from soak.deploy import admin_connect
 from soak.load import TENANT, Ledger, Op
 from soak.observe import within
 from writ.stack import Stack
@@ -254,7 +254,7 @@ async def _dead_letters(stack: Stack, ledger: Ledger) -> Check:
     which ingress answers with an error (and which must not be lost either)."""
     hostile = ledger.accepted("hostile")
     result = Check("dead_letters_only_for_invalid_inputs", examined=len(hostile))
-    nc = await nats.connect(stack.nats_url, connect_timeout=10)
+    nc = await admin_connect(stack, connect_timeout=10)
     try:
         js = nc.jetstream()
         count = (await js.stream_info("WRIT_DLQ")).state.messages

@@ -8,21 +8,30 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio
+import nats
 
+from libs.natsauth import ADMIN
 from soak.settings import SoakSettings
 from writ.stack import SERVICES, Stack
 from writ.supervisor import Supervisor
 
-__all__ = ["FAKES", "REPLICAS", "Deployment"]
+__all__ = ["FAKES", "REPLICAS", "Deployment", "admin_connect"]
 
 # The second instance of each service that runs twice (the name is the instance's key).
 REPLICAS: Final = {"dispatcher-2": "dispatcher", "admission-2": "admission"}
 FAKES: Final = ("crm", "payments")
 # A provider call's timeout: a `slow` fault longer than this is an answer lost to the caller.
 CALL_TIMEOUT_S: Final = 1.5
+
+
+async def admin_connect(stack: Stack, **options: Any) -> nats.aio.client.Client:
+    """The administrator's connection, credentials as options: a URL's own user and password
+    would not go with the other cluster nodes the servers tell the client about."""
+    return await nats.connect(stack.public_nats_url, user=ADMIN,
+                              password=stack.nats_password(ADMIN), **options)
 
 
 class Deployment:

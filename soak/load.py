@@ -37,6 +37,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
+from soak.deploy import admin_connect
 from writ.demo import DEMO_INPUT
 from writ.stack import Stack
 
@@ -135,8 +136,8 @@ class Load:
     async def open(self) -> None:
         self._host = await self.stack.host_connection(TENANT, reconnect_time_wait=0.5,
                                                       error_cb=self._nats_error)
-        self._admin = await nats.connect(self.stack.nats_url, max_reconnect_attempts=-1,
-                                         reconnect_time_wait=0.5, error_cb=self._nats_error)
+        self._admin = await admin_connect(self.stack, max_reconnect_attempts=-1,
+                                          reconnect_time_wait=0.5, error_cb=self._nats_error)
         self._payments = httpx.AsyncClient(base_url=self.stack.payments_url, timeout=10)
 
     async def _nats_error(self, exc: Exception) -> None:

@@ -21,10 +21,9 @@ from typing import Any, Final
 
 import anyio
 import httpx
-import nats
 
 from schemas import subjects
-from soak.deploy import CALL_TIMEOUT_S, Deployment
+from soak.deploy import CALL_TIMEOUT_S, Deployment, admin_connect
 
 __all__ = ["Fault", "Nemesis", "schedule"]
 
@@ -144,8 +143,8 @@ class Nemesis:
         """A node's index; "leader" is the leader of the stream the commands travel on."""
         if target != "leader":
             return int(target)
-        nc = await nats.connect(self.deployment.stack.nats_url, connect_timeout=5,
-                                max_reconnect_attempts=2)
+        nc = await admin_connect(self.deployment.stack, connect_timeout=5,
+                                 max_reconnect_attempts=2)
         try:
             info = await nc.jetstream().find_stream_name_by_subject(
                 subjects.command("acme"))
