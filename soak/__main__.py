@@ -76,7 +76,8 @@ async def soak(deployment: Deployment, settings: SoakSettings,
     assert observer.baseline is not None
     warm = observer.settled_baseline(observer.baseline["t"] + max(
         WARM_MIN_S, WARM_FRACTION * settings.duration_s))
-    checks = await check(stack, load.ledger, faults=nemesis.kinds(), baseline=warm, end=end)
+    checks = await check(stack, load.ledger, faults=nemesis.kinds(), baseline=warm, end=end,
+                         instances=deployment.service_instances)
     try:
         layout = await _streams(stack)
     except Exception as exc:  # evidence only: the invariants are checked already
@@ -93,7 +94,8 @@ async def soak(deployment: Deployment, settings: SoakSettings,
         "outcomes": outcomes(load.ledger), "settle": settle,
         "resources": {"bounds": {"rss": f"end <= {RSS_FACTOR}x warm-up + {RSS_SLACK_MB:.0f} MiB",
                                  "fds": f"end <= warm-up + {FD_SLACK}",
-                                 "pg_connections": f"end <= warm-up + {PG_SLACK} per role"},
+                                 "pg_connections": f"end <= the role's pools + {PG_SLACK} "
+                                                   "per instance"},
                       "warm_up": warm, "end": end, "samples": observer.samples},
         "streams": layout, "invariants": [c.as_dict() for c in checks],
         "held": all(c.held for c in checks),

@@ -78,7 +78,8 @@ async def settled(ledger: Ledger, db: asyncpg.Connection) -> dict[str, int]:
 
 
 async def check(stack: Stack, ledger: Ledger, *, faults: dict[str, int],
-                baseline: dict[str, Any], end: dict[str, Any]) -> list[Check]:
+                baseline: dict[str, Any], end: dict[str, Any],
+                instances: dict[str, str]) -> list[Check]:
     """Every invariant over the settled deployment."""
     db = await asyncpg.connect(stack.database_dsn)
     try:
@@ -109,7 +110,7 @@ async def check(stack: Stack, ledger: Ledger, *, faults: dict[str, int],
            _audit(stack),
            await _dead_letters(stack, ledger)]
     resources = Check("resources_bounded", examined=len(baseline["processes"]))
-    for problem in within(baseline, end):
+    for problem in within(baseline, end, instances):
         resources.fail(problem)
     out.append(resources)
     return out

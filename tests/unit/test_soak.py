@@ -93,7 +93,9 @@ def test_resources_past_their_bound_are_named() -> None:
     start = {"processes": {"planner": {"rss_mb": 80.0, "fds": 20}},
              "pg_connections": {"writ_planner": 10}}
     end = {"processes": {"planner": {"rss_mb": 250.0, "fds": 90}},
-           "pg_connections": {"writ_planner": 40}}
-    assert len(within(start, end)) == 3
+           "pg_connections": {"writ_planner": 60}}
+    two = {"planner": "planner", "planner-2": "planner"}
+    assert len(within(start, end, {"planner": "planner"})) == 3
+    assert len(within(start, end, two)) == 2  # two pools hold 60
     assert within(start, start) == []
     assert within(start, {**start, "processes": {}}) == ["planner is not running at the end"]
