@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers schemas lint clean
+.PHONY: setup run test unit bench bench-peers soak schemas lint clean
 
 setup: $(VENV)
 
@@ -47,3 +47,8 @@ lint: $(VENV)
 
 clean:
 	rm -rf .venv .tools .writ
+
+# A deployment of its own under load and random faults, then the invariants checked
+# (soak/settings.py: SOAK_S, SOAK_SEED, SOAK_TOPOLOGY=single|cluster, SOAK_OUT, SOAK_*_RATE).
+soak: $(VENV)
+	.venv/bin/python -m soak

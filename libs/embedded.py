@@ -89,11 +89,19 @@ class EmbeddedNats:
     user to its permissions.
     """
 
-    def __init__(self, data_dir: Path, *, port: int = 0, auth: str = "") -> None:
+    def __init__(self, data_dir: Path, *, port: int = 0, auth: str = "",
+                 server_name: str = "writ-embedded", extra_conf: str = "") -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.auth = auth
+        self.server_name = server_name
+        self.extra_conf = extra_conf  # e.g. a `cluster` block (soak/cluster.py)
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     @property
     def url(self) -> str:
@@ -112,11 +120,12 @@ class EmbeddedNats:
         # acknowledged publish survives a crash of the server (DESIGN.md §5).
         conf.write_text(
             f'listen: "127.0.0.1:{self.port}"\n'
-            f'server_name: "writ-embedded"\n'
+            f'server_name: "{self.server_name}"\n'
             "jetstream {\n"
             f'  store_dir: "{self.data_dir / "jetstream"}"\n'
             "  sync_interval: always\n"
             "}\n"
+            + self.extra_conf
             + self.auth
         )
         binary = _scripts_dir() / "nats-server"

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -67,7 +68,8 @@ class Stack:
                  database: str = "writ", decisions_file: Path | None = None,
                  tenants: tuple[str, ...] = ("acme", "globex"), durable_pg: bool = True,
                  extra_env: dict[str, dict[str, str]] | None = None,
-                 http_port: int = 0) -> None:
+                 http_port: int = 0,
+                 nats_factory: Callable[..., EmbeddedNats] | None = None) -> None:
         self.home = Path(home).resolve()
         self.database = database
         self.tenants = tenants
@@ -75,6 +77,9 @@ class Stack:
         self._nats_url, self._admin_dsn = nats_url, admin_dsn
         self.embedded_nats: EmbeddedNats | None = None
         self.embedded_pg: EmbeddedPostgres | None = None
+        # What starts the embedded NATS: `EmbeddedNats`, or (the soak's cluster topology) an
+        # equivalent that runs several nodes behind the same `url`, `start` and `stop`.
+        self._nats_factory = nats_factory or EmbeddedNats
         self._durable_pg = durable_pg
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         # Which service each running instance is (`start_instance`), for a supervisor to
@@ -148,7 +153,7 @@ class Stack:
             folder.mkdir(parents=True, exist_ok=True)
         self.secrets.chmod(0o700)
         if self._nats_url is None:
-            self.embedded_nats = EmbeddedNats(self.home / "nats", auth=self._nats_auth())
+            self.embedded_nats = self._nats_factory(self.home / "nats", auth=self._nats_auth())
             self.embedded_nats.start()
             self._nats_url = self.embedded_nats.url
         # For operators' `writ` commands: the administrator's URL, password included.

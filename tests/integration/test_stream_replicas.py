@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import anyio
@@ -28,3 +29,25 @@ async def test_a_single_server_refuses_three_replicas(private_nats: EmbeddedNats
     with pytest.raises(APIError) as refused:
         await serve("replicas", settings, _main, description="test")
     assert refused.value.err_code == 10074, refused.value  # replicas > 1 not supported
+
+
+async def test_the_idempotency_bucket_takes_the_replicas_setting_too(
+        private_nats: EmbeddedNats) -> None:
+    """Found by the soak's cluster topology: the HTTP door's Idempotency-Key bucket was one
+    replica on a three-node cluster (nats-py's default for KV), whatever the setting said."""
+    import nats
+
+    from services.ingress.http._idempotency import BUCKET, Idempotency
+
+    nc = await nats.connect(private_nats.url)
+    try:
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):
+            await js.delete_key_value(BUCKET)
+        with pytest.raises(APIError) as refused:
+            await Idempotency.open(js, replicas=3)
+        assert refused.value.err_code == 10074, refused.value
+        await Idempotency.open(js)  # one replica: what a single server holds
+        assert (await js.stream_info(f"KV_{BUCKET}")).config.num_replicas == 1
+    finally:
+        await nc.close()

@@ -51,13 +51,15 @@ class Idempotency:
         self._encoder = msgspec.json.Encoder()
 
     @classmethod
-    async def open(cls, js: JetStreamContext) -> Idempotency:
-        """The bucket, created on first use."""
+    async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Idempotency:
+        """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS: nats-py
+        would make it one replica even on a three-node cluster)."""
         try:
             kv = await js.key_value(BUCKET)
         except BucketNotFoundError:
             kv = await js.create_key_value(KeyValueConfig(
                 bucket=BUCKET, history=1, ttl=TTL_S, max_value_size=256 * 1024,
+                replicas=replicas,
                 description="HTTP Idempotency-Key: fingerprint and first answer"))
         return cls(kv)
 

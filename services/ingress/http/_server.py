@@ -44,20 +44,22 @@ class HttpServer:
     def __init__(self, *, door: Door, nc: Client, js: JetStreamContext, stopping: anyio.Event,
                  host: str = "127.0.0.1", port: int = 0, port_file: str = "",
                  max_body_bytes: int = 64 * 1024, answer_timeout_s: float = 30.0,
-                 endpoints: list[Endpoint] | None = None) -> None:
+                 endpoints: list[Endpoint] | None = None, stream_replicas: int = 1) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
         self._host, self._port, self._port_file = host, port, port_file
         self._max_body, self._answer_timeout = max_body_bytes, answer_timeout_s
         self.port = 0
         # The process's micro endpoints: the same reads for hosts on NATS join them.
         self._endpoints = endpoints
+        self._replicas = stream_replicas  # the Idempotency-Key bucket's, like every stream's
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Serve until the process stops; started once the socket listens."""
         results = Results(self._nc)
         await results.start()
-        api = Api(door=self._door, nc=self._nc, idempotency=await Idempotency.open(self._js),
+        api = Api(door=self._door, nc=self._nc, idempotency=await Idempotency.open(
+                      self._js, replicas=self._replicas),
                   results=results)
         if self._endpoints is not None:
             self._endpoints.extend([*nats_read_endpoints(api), session_endpoint(api)])

@@ -1,0 +1,101 @@
+"""The soak's nemesis schedule replays from its seed, and its checker finds what it checks."""
+
+from __future__ import annotations
+
+import json
+
+from schemas.host import CommandResult
+from soak.check import _effects, _keys, _outcomes
+from soak.load import Ledger, Op
+from soak.nemesis import schedule
+from soak.observe import within
+
+INSTANCES = ["admission", "admission-2", "dispatcher", "dispatcher-2", "governance", "ingress",
+             "planner", "retrieval"]
+
+
+def _schedule(seed: int, *, cluster: bool = False) -> list:
+    return schedule(seed, duration_s=3600, every=(20, 60), lease_s=4, instances=INSTANCES,
+                    cluster=cluster)
+
+
+def test_the_same_seed_gives_the_same_faults_and_another_seed_others() -> None:
+    assert _schedule(42) == _schedule(42)
+    assert _schedule(42) != _schedule(43)
+
+
+def test_faults_come_every_20_to_60_s_and_a_freeze_outlasts_the_lease() -> None:
+    faults = _schedule(7)
+    gaps = [b.at_s - a.at_s for a, b in zip(faults, faults[1:], strict=False)]
+    assert gaps and all(20 <= g <= 60 for g in gaps)
+    assert 20 <= faults[0].at_s <= 60 and faults[-1].at_s < 3600
+    freezes = [f for f in faults if f.kind == "freeze"]
+    assert freezes and all(f.hold_s > 4 for f in freezes)
+    assert {f.kind for f in faults} >= {"kill", "freeze", "nats", "postgres", "provider"}
+    assert {f.mode for f in faults if f.kind == "provider"} == {"lose_response", "fail", "slow"}
+
+
+def test_the_cluster_faults_one_node_and_never_all_of_nats() -> None:
+    kinds = {f.kind for f in _schedule(7, cluster=True)}
+    assert {"node_kill", "node_freeze", "node_restart"} <= kinds and "nats" not in kinds
+
+
+def _result(request_id: str, status: str, *, operation_id: str = "op-1",
+            receipt: str | None = None) -> CommandResult:
+    return CommandResult(request_id=request_id, operation_key="k", status=status,
+                         operation_id=operation_id, receipt=receipt)
+
+
+def test_the_checker_finds_a_second_effect_and_a_success_without_one() -> None:
+    commands = {"k1": {"operation_id": "a", "action": "crm.note.create", "state": "succeeded"},
+                "k2": {"operation_id": "b", "action": "payment.refund", "state": "succeeded"}}
+    notes = [{"idempotency_key": "acme:a"}, {"idempotency_key": "acme:a"}]
+    refunds = [{"reference": "acme:x", "payment_id": "p", "line_id": "L2"},
+               {"reference": "acme:y", "payment_id": "p", "line_id": "L2"}]
+    crm, pay, real = _effects(commands, notes, refunds)
+    assert crm.broken == 1 and "2 notes" in crm.examples[0]
+    assert pay.broken == 1 and "refunds of p" in pay.examples[0]
+    assert real.broken == 1 and "no refund" in real.examples[0]
+    crm, pay, real = _effects(commands, notes[:1], [refunds[0] | {"reference": "acme:b"}])
+    assert crm.held and pay.held and real.held
+
+
+def test_the_checker_finds_a_replay_that_differs_and_a_conflict_that_changed_the_payload() -> None:
+    ledger = Ledger()
+    first = ledger.add(Op("note", "r1", "k", arguments={"body": "one"}, accepted=True))
+    ledger.add(Op("repeat", "r2", "k", "r1", first.arguments, accepted=True))
+    ledger.add(Op("conflict", "r3", "k", "r1", {"body": "two"}, accepted=True))
+    ledger.results = {"r1": [_result("r1", "succeeded", receipt="n1")],
+                      "r2": [_result("r2", "failed")], "r3": [_result("r3", "succeeded")]}
+    stored = {"k": {"operation_id": "op-1", "arguments": json.dumps({"body": "two"})}}
+    found = _keys(ledger, stored)
+    assert found.broken == 3, found.examples
+    ledger.results["r2"] = [_result("r2", "succeeded", receipt="n1")]
+    ledger.results["r3"] = [_result("r3", "conflict")]
+    assert _keys(ledger, {"k": {**stored["k"], "arguments": json.dumps({"body": "one"})}}).held
+
+
+def test_the_checker_finds_a_request_without_an_outcome_and_work_left_in_flight() -> None:
+    ledger = Ledger()
+    ledger.add(Op("note", "r1", "k", accepted=True))
+    ledger.add(Op("note", "r2", "k2", accepted=True))
+    ledger.results = {"r1": [_result("r1", "dispatching")],
+                      "r2": [_result("r2", "dispatching"), _result("r2", "unknown")]}
+    ops = ledger.accepted()
+    quiet = {"commands_in_flight": 0, "runs_in_flight": 0}
+    found = _outcomes(ledger, ops, quiet, 0)
+    assert found.broken == 1 and "r1" in found.examples[0]
+    assert _outcomes(ledger, ops[1:], {**quiet, "commands_in_flight": 1}, 0).broken == 1
+    assert _outcomes(ledger, ops[1:], quiet, 0).held
+
+
+def test_resources_past_their_bound_are_named() -> None:
+    start = {"processes": {"planner": {"rss_mb": 80.0, "fds": 20}},
+             "pg_connections": {"writ_planner": 10}}
+    end = {"processes": {"planner": {"rss_mb": 250.0, "fds": 90}},
+           "pg_connections": {"writ_planner": 60}}
+    two = {"planner": "planner", "planner-2": "planner"}
+    assert len(within(start, end, {"planner": "planner"})) == 3
+    assert len(within(start, end, two)) == 2  # two pools hold 60
+    assert within(start, start) == []
+    assert within(start, {**start, "processes": {}}) == ["planner is not running at the end"]
