@@ -260,12 +260,21 @@ class _Chat:
             await (s.approve_plan(ask_id) if action.kind == "approve"
                    else s.reject_plan(ask_id, action.text))
         elif kind == "proposal":
-            await (c.approve(ask_id) if action.kind == "approve"
-                   else c.reject(ask_id, action.text))
+            approval = await (c.approve(ask_id) if action.kind == "approve"
+                              else c.reject(ask_id, action.text))
+            if approval.status == "not_approvable":
+                # Refused (the requester may not approve their own run's proposal, say):
+                # the question stays open for someone who may answer it.
+                self.say(f"[proposal {ask_id} not {action.kind}d: {approval.code}: "
+                         f"{approval.reason}]\n")
+                return
             self.say(f"[proposal {ask_id} {action.kind}d]\n")
             self.view.asking = None
         else:
-            await c.decide(ask_id, action.text)
+            taken = await c.decide(ask_id, action.text)
+            if not taken.accepted:
+                self.say(f"[decision {ask_id} not taken: {taken.code}: {taken.message}]\n")
+                return
             self.say(f"[decision {ask_id}: {action.text}]\n")
             self.view.asking = None
 

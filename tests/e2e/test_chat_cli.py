@@ -147,7 +147,14 @@ async def test_a_decision_asked_in_the_chat_is_answered_in_place(
         pending = (await term.expect(r"^\[waiting for a person's decision (\S+): "))[1]
         await term.expect(r"^allow it\? y \(once\), always, or n \(deny\)$")
         await term.type("y")
-        await term.expect(rf"^\[decision {pending}: once\]$")
+        # Separation of duties: the person chatting asked for this charge, so their own
+        # approval is refused in place and the question stays open for another approver.
+        await term.expect(rf"^\[decision {pending} not taken: SEPARATION_OF_DUTIES: ")
+        issuer = Issuer.from_file(stack.secrets / "host-acme.pem", tenant="acme",
+                                  issuer=stack.issuer("acme"))
+        async with Client(stack.api_url, issuer, "bob@acme.example",
+                          roles=("approver",)) as bob:
+            assert (await bob.decide(pending, "once")).accepted
         await term.expect(r"^  · payment\.charge\.create: succeeded$")
         await term.expect(r"^\[turn 1 succeeded\]$")
         await term.type("/quit")

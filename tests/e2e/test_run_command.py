@@ -28,11 +28,19 @@ def _run(home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           timeout=180, check=False)
 
 
+def _section(output: str, heading: str) -> list[str]:
+    """The lines of one block of the demo's output: after its heading, up to a blank line."""
+    block = output.split(heading, 1)[1].split("\n\n", 1)[0]
+    return block.splitlines()[1:]
+
+
 def _timeline(output: str) -> list[str]:
-    """The demo's steps in the order it printed them. Admission announces `admitted` and its
-    relay publishes the command (`relayed`) once the same commit is done, concurrently: either
-    may be seen first, so the pair is read in the order the path defines."""
-    steps = [line.split()[1] for line in output.splitlines() if line.startswith("  ")
+    """The first demo's steps in the order it printed them (the chat and scenario C follow in
+    blocks of their own). Admission announces `admitted` and its relay publishes the command
+    (`relayed`) once the same commit is done, concurrently: either may be seen first, so the
+    pair is read in the order the path defines."""
+    lines = _section(output, "Timeline of request")
+    steps = [line.split()[1] for line in lines if line.startswith("  ")
              and len(line.split()) > 1 and line.split()[1] in STEPS]
     for i in range(len(steps) - 1):
         if steps[i:i + 2] == ["relayed", "admitted"]:
@@ -46,9 +54,18 @@ def test_writ_run_starts_its_own_servers_and_completes_the_demo(tmp_path: Path) 
     assert _timeline(done.stdout) == list(STEPS)
     assert "result" in done.stdout and "succeeded" in done.stdout
     # Every service that journals says its chain is intact after the demo.
-    journals = done.stdout.split("Audit journal", 1)[1].splitlines()[1:]
+    journals = _section(done.stdout, "Audit journal")
     assert {line.split()[0]: line.split()[1] for line in journals if line.strip()} == {
         service: "intact" for service in ("admission", "dispatcher", "governance", "planner")}
+    # The chat: a plan proposed, approved by its id, then the turn's note and its end.
+    chat = "\n".join(_section(done.stdout, "A chat session (plan mode):"))
+    assert "plan proposed: crm.note.create" in chat and "PlanDecided approved" in chat, chat
+    assert "StepOutcome crm.note.create succeeded" in chat and "turn 1 succeeded" in chat, chat
+    # Scenario C: read over the host's MCP server, one comment written over its REST API.
+    federation = done.stdout.split("Scenario C:", 1)[1]
+    assert "retrieval reads mcp:helpdesk/ticket.get" in federation, federation
+    assert "dispatched         succeeded receipt=cmt_1" in federation, federation
+    assert "scenario C: one comment at the host, as asked" in federation, federation
     assert (tmp_path / "nats" / "jetstream").is_dir()
     assert (tmp_path / "postgres" / "pgdata" / "PG_VERSION").exists()
 
