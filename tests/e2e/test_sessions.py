@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import tempfile
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -637,26 +638,44 @@ async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_co
 
 
 async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    # The plan freezes what the contract resolves; a step whose arguments resolve the same
+    # (keys in another order, "é" decomposed) is the plan's, one that resolves otherwise is not.
     sid = await open_planning(api)
-    other = {**NOTE, "body": "Something the user never approved."}
-    script(model, select("crm.note.create", NOTE), answer("Plan: one note."),
-           select("crm.note.create", other), answer("I could not deviate."))
+    first = {"customer_id": "ACME-42", "body": "Chat: le client a payé."}
+    second = {"customer_id": "ACME-42", "body": "Chat: follow up on Friday."}
+    written_otherwise = {"body": unicodedata.normalize("NFD", first["body"]),
+                         "customer_id": "ACME-42"}
+    other = {**second, "body": "Something the user never approved."}
+    script(model, select("crm.note.create", first), select("crm.note.create", second),
+           answer("Plan: two notes."),
+           select("crm.note.create", written_otherwise), select("crm.note.create", other),
+           answer("I could not deviate."))
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
     plan = await proposed_plan(api, sid)
+    assert [(s["arguments"], s["preview"]) for s in plan["steps"]] == [
+        (first, first), (second, second)]  # the contract's resolution and its preview
     await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
     seen = await until(api, sid, turn_ended(1))
     assert seen["messages"][-1]["text"] == "I could not deviate."
     refusals = [json.loads(r["payload"]) for r in await db.fetch(
         "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
         "ORDER BY seq", run_id)]
-    assert [r.get("refused") for r in refusals] == ["PLANNED", None, "NOT_IN_PLAN"]
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             run_id) == 0
+    # planned, planned, the approval, the first step's outcome, the deviation refused
+    assert [r.get("refused") for r in refusals] == [
+        "PLANNED", "PLANNED", None, None, "NOT_IN_PLAN"]
+    assert refusals[3]["state"] == "succeeded"
+    # The step written otherwise ran, as the plan froze it; the deviating one never did.
+    [op] = await db.fetch("SELECT operation_id, arguments FROM admission.commands "
+                          "WHERE run_id = $1", run_id)
+    assert json.loads(op["arguments"]) == first
+    assert [n["body"] for n in notes_for(crm, f"acme:{op['operation_id']}")] == [first["body"]]
     observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
                               "AND type = 'Observed'", sid)
     assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
+    assert "step 2 of the approved plan" in json.dumps(refusals[4])  # the reason the model saw
 
 
 async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_sequence(

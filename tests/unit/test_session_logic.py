@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import unicodedata
 
 import msgspec
 import pytest
@@ -15,6 +16,8 @@ from schemas.sessions import (
     SessionOp,
     TurnStarted,
 )
+from schemas.sessions import PlanStep
+from services.planner.sessions._plans import plan_digest, resolved
 from services.planner.sessions._turns import outcome_note
 from services.planner.sessions.logic import (
     HISTORY_TOKENS,
@@ -137,3 +140,28 @@ def test_session_bodies_refuse_unknown_fields_and_bound_sizes() -> None:
                             b'"principal": "a"}', type=SessionOp)
     event = TurnStarted(session_id="ses-1", n=2, turn=1, run_id="ses-1-t1")
     assert msgspec.json.decode(msgspec.json.encode(event), type=AnySessionEvent) == event
+
+
+def test_a_plan_step_freezes_what_the_contract_resolves_not_what_the_model_wrote() -> None:
+    composed = {"customer_id": "ACME-42", "body": "Le client a payé."}
+    decomposed = {"body": unicodedata.normalize("NFD", composed["body"]),
+                  "customer_id": "ACME-42"}
+    assert decomposed["body"] != composed["body"]
+    args, preview = resolved("crm.note.create", decomposed)
+    assert args == composed and preview == composed  # the contract's preview of the note
+    assert resolved("crm.note.create", composed) == (args, preview)
+    # The same resolution, the same hash; another body, another.
+    step = PlanStep(index=0, capability="crm.note.create", arguments=args, preview=preview)
+    again = PlanStep(index=0, capability="crm.note.create",
+                     **dict(zip(("arguments", "preview"), resolved("crm.note.create",
+                                                                   decomposed), strict=True)))
+    assert plan_digest([step]) == plan_digest([again])
+    other = resolved("crm.note.create", {**composed, "body": "Autre chose."})
+    assert other[0] != args
+    assert plan_digest([PlanStep(index=0, capability="crm.note.create", arguments=other[0],
+                                 preview=other[1])]) != plan_digest([step])
+    # A request the contract refuses stays as written (admission refuses it too); a read's
+    # arguments are only normalised; a facts-bound action keeps its decoded request and leaves
+    # its preview to admission, which reads the facts.
+    assert resolved("crm.note.create", {"oops": 1}) == ({"oops": 1}, {})
+    assert resolved("kb.search", {"q": "cafe\u0301"}) == ({"q": "café"}, {})

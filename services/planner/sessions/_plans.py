@@ -4,12 +4,16 @@ it is made (approving is consent, not an authorisation: "a plan step carries no 
 its own").
 
 - Planning: each `select_capability` the model makes is recorded as the plan's next step
-  (capability and arguments) and observed as `PLANNED` — nothing runs. When the model answers,
+  and observed as `PLANNED` — nothing runs. For an action the step holds what the action's
+  contract resolves from the model's request, read-only (`resolved`: decoded strictly,
+  NFC-normalised as admission normalises it, its defaults and derived values filled in, and
+  its preview), not the model's raw arguments; an action whose preview stands on facts has its
+  decoded request frozen and its preview left to admission, which reads the facts. When the model answers,
   the steps are frozen, hashed (sha256 of their canonical JSON) and given an opaque id; the turn
   waits for the user (`pending_id` = the plan's id).
 - Approved: the model is told (an observation) and acts; each selection must be the plan's
-  next step — the same capability with the same arguments — or it is refused as `NOT_IN_PLAN`
-  and observed as such (nothing runs).
+  next step — the same capability whose arguments resolve the same (however the model wrote
+  them) — or it is refused as `NOT_IN_PLAN` and observed as such (nothing runs).
 - Rejected: the turn ends `REJECTED` with the user's reason, which Writ writes into the session
   as the next turn's context.
 """
@@ -18,11 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 import uuid
 from typing import Any, Final
 
 import msgspec
 
+from actions import ACTIONS
+from actions.base import Invalid
 from schemas.sessions import PlanDecided, PlanProposed, PlanStep, PlanView, WriterNote
 from services.planner.observations import ReviewAnswered, observation_of
 from services.planner.provider import SelectCapability
@@ -30,7 +37,7 @@ from services.planner.sessions._store import SessionRow, SessionStore
 from services.planner.sessions.logic import is_turn_run, turn_of
 from services.planner.store import PlannerStore, RunRow, Step
 
-__all__ = ["PLAN_PREFIX", "Plans", "plan_digest"]
+__all__ = ["PLAN_PREFIX", "Plans", "plan_digest", "resolved"]
 
 PLAN_PREFIX: Final = "plan-"
 PLANNED: Final = "PLANNED"
@@ -41,6 +48,39 @@ _COLUMNS: Final = "plan_id, session_id, tenant, turn, run_id, step, state, diges
 def plan_digest(steps: list[PlanStep]) -> str:
     """sha256 of the plan's canonical steps: what an approval consents to."""
     return hashlib.sha256(msgspec.json.encode(steps, order="sorted")).hexdigest()
+
+
+def _nfc(value: Any) -> Any:
+    """NFC, as admission normalises a request before freezing it: "é" typed two ways is one."""
+    if isinstance(value, str):
+        return unicodedata.normalize("NFC", value)
+    if isinstance(value, dict):
+        return {_nfc(k): _nfc(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nfc(v) for v in value]
+    return value
+
+
+def resolved(capability: str,
+             arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(arguments, preview) a plan step freezes for a selection: for an action, what its
+    contract resolves from the request (read-only, no facts read: an action whose preview
+    stands on facts keeps its decoded request and an empty preview, admission resolving the
+    rest against the facts it reads); for anything else, or a request the contract refuses
+    (admission will refuse it too), the arguments as written, NFC-normalised."""
+    contract = ACTIONS.get(capability)
+    written = _nfc(dict(arguments))
+    if contract is None:
+        return written, {}
+    try:
+        request = contract.decode_request(written)
+        if contract.facts_ref(request) is not None:
+            return _nfc(msgspec.to_builtins(request)), {}
+        frozen = contract.checked(contract.resolve(request, None))
+    except (Invalid, msgspec.ValidationError):
+        return written, {}
+    return (_nfc(msgspec.to_builtins(frozen.arguments)),
+            _nfc(msgspec.to_builtins(frozen.preview)))
 
 
 def _view(row: Any) -> PlanView:
@@ -100,7 +140,8 @@ class Plans:
         expected = planned[index]
         if expected.capability != decision.capability or (
                 msgspec.json.encode(expected.arguments, order="sorted")
-                != msgspec.json.encode(decision.arguments, order="sorted")):
+                != msgspec.json.encode(resolved(decision.capability, decision.arguments)[0],
+                                       order="sorted")):
             return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is "
                                  f"{expected.capability} with its own arguments; this call "
                                  "is not in the plan")[:512]
@@ -115,9 +156,12 @@ class Plans:
         chosen = _selections(steps, PLANNED)
         if not chosen:
             return None
-        plan_steps = [PlanStep(index=i, capability=str(s.payload.get("capability", ""))[:512],
-                               arguments=dict(s.payload.get("arguments") or {}))
-                      for i, s in enumerate(chosen)]
+        plan_steps = []
+        for i, s in enumerate(chosen):
+            capability = str(s.payload.get("capability", ""))[:512]
+            arguments, preview = resolved(capability, dict(s.payload.get("arguments") or {}))
+            plan_steps.append(PlanStep(index=i, capability=capability, arguments=arguments,
+                                       preview=preview))
         digest = plan_digest(plan_steps)
         plan_id = await conn.fetchval(
             "INSERT INTO planner.plans (plan_id, session_id, tenant, turn, run_id, step, state, "
