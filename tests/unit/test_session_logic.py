@@ -13,10 +13,10 @@ from schemas.sessions import (
     AnySessionEvent,
     MessageBody,
     OpenSession,
+    PlanStep,
     SessionOp,
     TurnStarted,
 )
-from schemas.sessions import PlanStep
 from services.planner.sessions._plans import plan_digest, resolved
 from services.planner.sessions._turns import outcome_note
 from services.planner.sessions.logic import (

@@ -8,9 +8,9 @@ its own").
   contract resolves from the model's request, read-only (`resolved`: decoded strictly,
   NFC-normalised as admission normalises it, its defaults and derived values filled in, and
   its preview), not the model's raw arguments; an action whose preview stands on facts has its
-  decoded request frozen and its preview left to admission, which reads the facts. When the model answers,
-  the steps are frozen, hashed (sha256 of their canonical JSON) and given an opaque id; the turn
-  waits for the user (`pending_id` = the plan's id).
+  decoded request frozen and its preview left to admission, which reads the facts. When the
+  model answers, the steps are frozen, hashed (sha256 of their canonical JSON) and given an
+  opaque id; the turn waits for the user (`pending_id` = the plan's id).
 - Approved: the model is told (an observation) and acts; each selection must be the plan's
   next step — the same capability whose arguments resolve the same (however the model wrote
   them) — or it is refused as `NOT_IN_PLAN` and observed as such (nothing runs).
