@@ -87,7 +87,10 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         "writ.int.runs.started.*", subjects.REGISTER_RUN, "writ.chat.*.*",
     ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS, reads.REVIEWS_LIST,
         SESSION_OPS,
-        reads.journal_verify("planner"))),
+        reads.journal_verify("planner"),
+        # (not an endpoint: admission's core-NATS progress events, which a chat session
+        # shows as its `StepAdmitted`; the planner reads them and publishes nothing there)
+        subjects.admitted("*"))),
     "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (
         subjects.DECIDE, subjects.DECIDE_BATCH, subjects.REGISTER_RUN, subjects.PENDING_LIST,
         subjects.ANSWER, subjects.RESERVE, subjects.SETTLE, reads.journal_verify("governance"),

@@ -187,6 +187,7 @@ class PlannerService(PersonWaits):
                     await tg.start(self._sealer.run)  # chains and signs the audit journal
                 if self._sessions is not None:
                     tg.start_soon(self._sessions.sweep)  # what a crash left after a commit
+                    tg.start_soon(self._sessions.follow_admitted)  # sessions' StepAdmitted
                 await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
                                 handler=self.handle, metrics=self._rt.metrics,
                                 tracer=self._rt.tracer, stopping=self._rt.stopping,

@@ -318,6 +318,60 @@ async def test_concurrent_sends_one_accepted_then_close_cancels_the_turn_in_flig
     assert final["state"] == "closed" and final["messages"][0]["role"] == "user"
 
 
+async def test_close_after_a_command_is_admitted_runs_it_to_its_outcome_and_nothing_more(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client) -> None:
+    # The dispatcher is down: the note is admitted (a command with its operation id) and
+    # cannot run yet, so the session's `StepAdmitted` can only be the admitted event heard
+    # live, not one derived from the outcome.
+    sid = await open_session(api, "chat-assistant")
+    stack.stop_process("dispatcher")
+    try:
+        before = len(model_requests(model))
+        script(model, select("crm.note.create", NOTE))
+        sent = await send(api, sid, "Note the call.")
+        run_id = sent.json()["run_id"]
+        with anyio.fail_after(30):
+            while "StepAdmitted" not in (types := await session_events(db, sid)):
+                await anyio.sleep(0.1)
+        assert "StepDispatched" not in types and "StepOutcome" not in types
+        [op] = await db.fetch("SELECT operation_id, state FROM admission.commands "
+                              "WHERE run_id = $1", run_id)
+        admitted = json.loads(await db.fetchval(
+            "SELECT body FROM planner.session_events WHERE session_id = $1 "
+            "AND type = 'StepAdmitted'", sid))
+        assert admitted["operation_id"] == str(op["operation_id"])
+        assert notes_for(crm, f"acme:{op['operation_id']}") == []
+        closed = await act(api, sid, "close")
+        assert (closed.status_code, closed.json()["state"]) == (202, "closed")
+    finally:
+        stack.start_instance("dispatcher", "dispatcher")
+        await stack.wait_ready(("dispatcher",))
+    # The admitted command runs to its recorded outcome, and the session's history shows it.
+    with anyio.fail_after(60):
+        while "TurnEnded" not in (types := await session_events(db, sid)):
+            await anyio.sleep(0.1)
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert types.count("StepAdmitted") == 1 and types.count("StepDispatched") == 1
+    assert (types.index("StepAdmitted") < types.index("SessionClosed")
+            < types.index("StepDispatched")
+            < types.index("StepOutcome") < types.index("TurnEnded"))
+    final = await view(api, sid)
+    assert final["state"] == "closed"
+    assert [m["role"] for m in final["messages"]] == ["user", "writ"]
+    assert "crm.note.create succeeded" in final["messages"][-1]["text"]
+    # Nothing more was scheduled: the model was asked for step 0 only, the run was cancelled
+    # after the outcome, and no step follows the outcome's observation.
+    assert len(model_requests(model)) - before == 1
+    run = await db.fetchrow("SELECT status, error_code FROM planner.runs WHERE run_id = $1",
+                            run_id)
+    assert run["status"] == "cancelled"
+    last = await db.fetchrow("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
+                             "ORDER BY seq DESC LIMIT 1", run_id)
+    assert last["kind"] == "observation"
+    assert json.loads(last["payload"])["operation_id"] == str(op["operation_id"])
+
+
 async def test_pause_inject_resume_reaches_the_next_model_input(
         api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
         host: Host) -> None:
@@ -560,6 +614,12 @@ async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_a
                           run_id)
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
     assert [m["role"] for m in seen["messages"]] == ["user", "writ", "agent"]
+    # Admitted while the planner was down (admission's live event was lost to it): the
+    # session shows the admission and the dispatch once, from the command's outcome.
+    types = await session_events(db, sid)
+    assert (types.count("StepAdmitted"), types.count("StepDispatched")) == (1, 1)
+    assert (types.index("StepAdmitted") < types.index("StepDispatched")
+            < types.index("StepOutcome"))
 
 
 async def open_planning(api: httpx.AsyncClient) -> str:
@@ -608,7 +668,9 @@ async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
     assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
                              run_id) >= 1
     types = await session_events(db, sid)
-    assert types.index("PlanProposed") < types.index("PlanDecided") < types.index("StepOutcome")
+    assert (types.index("PlanProposed") < types.index("PlanDecided")
+            < types.index("StepAdmitted") < types.index("StepDispatched")
+            < types.index("StepOutcome"))
     again = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
     assert again.status_code == 404  # answered already: nothing waits under it
 

@@ -58,6 +58,19 @@ def test_every_user_has_a_password_in_the_block() -> None:
         assert f'"user": "{user}"' in text and f'"pw-{user}"' in text
 
 
+def test_only_the_planner_hears_admitted_progress_and_nobody_else_publishes_it() -> None:
+    perms = permissions(["acme"])
+    hearing = {name for name in SERVICE_SUBJECTS
+               if "writ.int.admitted.*" in _allowed(perms[name] or {}, "subscribe")}
+    assert hearing == {"planner"}  # a chat session's StepAdmitted
+    publishing = {name for name in SERVICE_SUBJECTS
+                  if "writ.int.admitted.*" in _allowed(perms[name] or {}, "publish")}
+    assert publishing == {"admission"}
+    host = perms[host_user("acme")]
+    assert host is not None
+    assert not [s for s in _allowed(host, "subscribe") if s.startswith("writ.int.")]
+
+
 def test_a_journal_appends_to_its_own_record_only() -> None:
     perms = permissions(["acme"])
     for name in SERVICE_SUBJECTS:

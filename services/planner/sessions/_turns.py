@@ -30,6 +30,7 @@ from libs.bus import publish
 from libs.errors import RetryableError
 from libs.telemetry import inject_context
 from schemas import subjects
+from schemas.admission import CommandAdmitted
 from schemas.governance import RegisterRun
 from schemas.ingress import RunStarted
 from schemas.planner import BranchChanged, branch_run_id
@@ -42,6 +43,7 @@ from schemas.sessions import (
     ProposalMade,
     SessionOpened,
     StepAdmitted,
+    StepDispatched,
     StepOutcome,
     TextDelta,
     TextReset,
@@ -62,6 +64,12 @@ __all__ = ["SessionTurns", "outcome_note"]
 
 log = logging.getLogger("writ.planner.sessions")
 _MAX_NOTE: Final = 500
+# The outcomes only the dispatcher's execution of a command reaches (it took the command off
+# `writ.cmd` and called, or tried to call, the provider): they show it was dispatched. A
+# denied or expired command never was; a revision required may be admission's finding.
+_DISPATCHED: Final = frozenset({"succeeded", "failed", "unknown"})
+# Whoever of the planner's replicas takes an admitted event: one of them records it.
+_ADMITTED_QUEUE: Final = "planner-sessions"
 
 
 def outcome_note(payload: dict[str, Any]) -> str:
@@ -197,6 +205,7 @@ class SessionTurns:
             return
         turn = session.turn if is_turn_run(run.run_id) else 1
         text = outcome_note(observation)
+        operation_id = str(observation["operation_id"])[:512]
         if run.status == "awaiting_human" and run.pending_id:
             # The turn waited for a person's approval of this command: it was given (an
             # approval over the proposals' door reaches the planner as the command's outcome).
@@ -205,6 +214,17 @@ class SessionTurns:
                 conn, session, f"answered:{run.run_id}:{pending}", lambda n: DecisionTaken(
                     session_id=session.session_id, n=n, turn=turn, step=step,
                     pending_id=pending, answer="approved"))
+        # Admitted and dispatched, as the outcome shows them (the same source as the admitted
+        # event heard live, `follow_admitted`: whichever comes first is the one recorded).
+        session, _ = await self._store.add_event(
+            conn, session, f"admitted:{run.run_id}:{step}", lambda n: StepAdmitted(
+                session_id=session.session_id, n=n, turn=turn, step=step,
+                operation_id=operation_id))
+        if observation.get("state") in _DISPATCHED:
+            session, _ = await self._store.add_event(
+                conn, session, f"dispatched:{run.run_id}:{step}", lambda n: StepDispatched(
+                    session_id=session.session_id, n=n, turn=turn, step=step,
+                    operation_id=operation_id))
         session, _ = await self._store.add_event(
             conn, session, f"outcome:{run.run_id}:{step}", lambda n: StepOutcome(
                 session_id=session.session_id, n=n, turn=turn, step=step,
@@ -345,6 +365,27 @@ class SessionTurns:
             await self.flush(session_id)
         except Exception as exc:
             log.warning("turn %s: progress not recorded: %r", run_id, exc)
+
+    async def follow_admitted(self) -> None:
+        """Hear admission's `CommandAdmitted` progress events (core NATS, in no stream: one
+        lost is no loss, the outcome records the admission too) and show a turn's as its
+        session's `StepAdmitted` while the command is still on its way."""
+        decoder = msgspec.json.Decoder(CommandAdmitted)
+        sub = await self._nc.subscribe(subjects.admitted("*"), queue=_ADMITTED_QUEUE)
+        try:
+            async for msg in sub.messages:
+                try:
+                    event = decoder.decode(msg.data)
+                except msgspec.DecodeError as exc:
+                    log.warning("an admitted event that does not decode: %r", exc)
+                    continue
+                if msg.subject != subjects.admitted(event.tenant):
+                    continue  # a tenant's events on its own subject only
+                await self.progress(tenant=event.tenant, run_id=event.run_id, step=event.step,
+                                    operation_id=event.operation_id)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await sub.unsubscribe()
 
     # --- after the commit ------------------------------------------------------------------
 
