@@ -699,7 +699,7 @@ async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_co
         asked_of(request))
 
 
-async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
+async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_is_approved(
         api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
         crm: httpx.Client) -> None:
     # The plan freezes what the contract resolves; a step whose arguments resolve the same
@@ -713,15 +713,25 @@ async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
     script(model, select("crm.note.create", first), select("crm.note.create", second),
            answer("Plan: two notes."),
            select("crm.note.create", written_otherwise), select("crm.note.create", other),
-           answer("I could not deviate."))
+           answer("Revised plan: the other note instead."))
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
     plan = await proposed_plan(api, sid)
     assert [(s["arguments"], s["preview"]) for s in plan["steps"]] == [
         (first, first), (second, second)]  # the contract's resolution and its preview
     await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-    seen = await until(api, sid, turn_ended(1))
-    assert seen["messages"][-1]["text"] == "I could not deviate."
+    # The deviation is refused, and the agent's answer proposes it as a revised plan: the
+    # turn waits for the user again, under a new plan id.
+    revised = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan"
+                          and v["waiting_for"]["plan_id"] != plan["plan_id"])
+    assert revised["state"] == "processing"
+    old, new = revised["plans"]
+    assert (old["plan_id"], old["state"], new["state"]) == (
+        plan["plan_id"], "approved", "proposed")
+    assert new["plan_id"] == revised["waiting_for"]["plan_id"]
+    assert [(s["capability"], s["arguments"]) for s in new["steps"]] == [
+        ("crm.note.create", other)]
+    assert new["digest"] != old["digest"]
     refusals = [json.loads(r["payload"]) for r in await db.fetch(
         "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
         "ORDER BY seq", run_id)]
@@ -729,15 +739,28 @@ async def test_a_step_outside_the_approved_plan_is_refused_and_observed(
     assert [r.get("refused") for r in refusals] == [
         "PLANNED", "PLANNED", None, None, "NOT_IN_PLAN"]
     assert refusals[3]["state"] == "succeeded"
-    # The step written otherwise ran, as the plan froze it; the deviating one never did.
+    assert "step 2 of the approved plan" in json.dumps(refusals[4])  # the reason the model saw
+    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
+                              "AND type = 'Observed'", sid)
+    assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
+    # The step written otherwise ran, as the plan froze it; the deviating one has not.
     [op] = await db.fetch("SELECT operation_id, arguments FROM admission.commands "
                           "WHERE run_id = $1", run_id)
     assert json.loads(op["arguments"]) == first
     assert [n["body"] for n in notes_for(crm, f"acme:{op['operation_id']}")] == [first["body"]]
-    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
-                              "AND type = 'Observed'", sid)
-    assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
-    assert "step 2 of the approved plan" in json.dumps(refusals[4])  # the reason the model saw
+    # The first approval does not cover the revision; the revised plan's own approval does.
+    stale = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    assert stale.status_code == 404
+    script(model, select("crm.note.create", other), answer("Done as revised."))
+    approved = await api.post(f"/plans/{new['plan_id']}/approve", json={}, headers=key())
+    assert (approved.status_code, approved.json()["state"]) == (200, "approved")
+    seen = await until(api, sid, turn_ended(1))
+    assert (seen["state"], seen["messages"][-1]["text"]) == ("active", "Done as revised.")
+    commands = await db.fetch("SELECT arguments FROM admission.commands WHERE run_id = $1 "
+                              "AND state = 'succeeded' ORDER BY created_at", run_id)
+    assert [json.loads(c["arguments"]) for c in commands] == [first, other]
+    types = await session_events(db, sid)
+    assert (types.count("PlanProposed"), types.count("PlanDecided")) == (2, 2)
 
 
 async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_sequence(

@@ -14,6 +14,11 @@ its own").
 - Approved: the model is told (an observation) and acts; each selection must be the plan's
   next step — the same capability whose arguments resolve the same (however the model wrote
   them) — or it is refused as `NOT_IN_PLAN` and observed as such (nothing runs).
+- Revised: a refused deviation is also recorded as a step of a revised plan, and so is every
+  further selection that is not the approved plan's next step; the model may still take that
+  step (the drafts since the last step taken are then dropped). If it answers with drafts
+  recorded, they are frozen as a new plan (its own id and digest) and the turn waits for the
+  user again: a revised plan runs only once approved, and then governs the rest of the turn.
 - Rejected: the turn ends `REJECTED` with the user's reason, which Writ writes into the session
   as the next turn's context.
 """
@@ -98,6 +103,18 @@ def _selections(steps: list[Step], check: str, after: int = -1) -> list[Step]:
             and by_seq.get(s.seq - 1) is not None]
 
 
+def _progress(steps: list[Step], plan_step: int) -> tuple[list[Step], list[Step]]:
+    """Under the approved plan frozen at `plan_step`: (the observations of its steps taken
+    since it was approved, the deviations recorded since the last step taken — a revised
+    plan's drafts)."""
+    approved_at = max((s.seq for s in steps if s.kind == "observation"
+                       and s.payload.get("review") == "approve"), default=plan_step)
+    done = [s for s in steps if s.seq > approved_at and s.kind == "observation"
+            and s.payload.get("refused") is None and s.payload.get("review") is None]
+    since = done[-1].seq if done else approved_at
+    return done, _selections(steps, NOT_IN_PLAN, after=since)
+
+
 class Plans:
     """Plans of plan-mode sessions, read and written in the run's or the session's
     transaction."""
@@ -129,14 +146,13 @@ class Plans:
             return PLANNED, (f"recorded as step {index} of the plan; nothing runs before the "
                              "user approves the plan")
         planned = msgspec.convert(json.loads(plan["steps"]), list[PlanStep])
-        approved_at = max((s.seq for s in steps if s.kind == "observation"
-                           and s.payload.get("review") == "approve"), default=plan["step"])
-        done = [s for s in steps if s.seq > approved_at and s.kind == "observation"
-                and s.payload.get("refused") is None and s.payload.get("review") is None]
+        done, drafts = _progress(steps, plan["step"])
         index = len(done)
+        revision = (f"; recorded as step {len(drafts) + 1} of a revised plan, which runs only "
+                    "once the user approves it (answer to propose it)")
         if index >= len(planned):
-            return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken: "
-                                 "propose a new plan in a new message")
+            return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken"
+                                 + revision)[:512]
         expected = planned[index]
         if expected.capability != decision.capability or (
                 msgspec.json.encode(expected.arguments, order="sorted")
@@ -144,16 +160,18 @@ class Plans:
                                        order="sorted")):
             return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is "
                                  f"{expected.capability} with its own arguments; this call "
-                                 "is not in the plan")[:512]
+                                 "is not in the plan" + revision)[:512]
         return None
 
     async def freeze(self, conn: Any, run: RunRow, steps: list[Step], seq: int) -> str | None:
         """A planning turn's answer: its recorded steps frozen as a plan (its id), or None if
         the run is not planning or planned nothing."""
         session = await self._planning_session(conn, run)
-        if session is None or await self.approved(conn, run.run_id) is not None:
+        if session is None:
             return None
-        chosen = _selections(steps, PLANNED)
+        approved = await self.approved(conn, run.run_id)
+        chosen = (_selections(steps, PLANNED) if approved is None
+                  else _progress(steps, approved["step"])[1])  # a revised plan's drafts
         if not chosen:
             return None
         plan_steps = []
