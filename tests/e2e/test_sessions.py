@@ -238,8 +238,8 @@ async def test_a_turn_is_a_run_and_the_next_turn_sees_the_conversation_as_user_d
                           "AND state = 'succeeded'", run_id)
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
     assert await session_events(db, sid) == [
-        "SessionOpened", "UserMessage", "TurnStarted", "CapabilitySelected", "StepOutcome",
-        "WriterNote", "TurnEnded"]
+        "SessionOpened", "UserMessage", "TurnStarted", "CapabilitySelected", "StepAdmitted",
+        "StepDispatched", "StepOutcome", "WriterNote", "TurnEnded"]
     # Each session event is journaled under the session, with the state it records.
     kinds = [r["kind"] for r in await db.fetch(
         "SELECT kind FROM planner.journal WHERE run_id = $1 ORDER BY id", sid)]
