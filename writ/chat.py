@@ -37,6 +37,8 @@ from schemas.sessions import (
     SessionOpened,
     SessionPaused,
     SessionResumed,
+    StepAdmitted,
+    StepDispatched,
     StepOutcome,
     TextDelta,
     TextReset,
@@ -109,6 +111,10 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
         preview = f" {_args(event.preview)}" if event.preview else ""
         return _line(view, f"[proposal {event.proposal_id}: {event.action}{preview}]") + \
             "approve this action? y to approve, anything else rejects it with that reason\n"
+    if isinstance(event, StepAdmitted):
+        return _line(view, f"  · admitted (operation {event.operation_id})")
+    if isinstance(event, StepDispatched):
+        return _line(view, "  · dispatched")
     if isinstance(event, StepOutcome):
         return _line(view, f"  · {event.action}: {event.state}")
     if isinstance(event, WriterNote):

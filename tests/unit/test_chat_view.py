@@ -12,6 +12,8 @@ from schemas.sessions import (
     PlanStep,
     PlanView,
     ProposalMade,
+    StepAdmitted,
+    StepDispatched,
     TextDelta,
     TextReset,
     TurnEnded,
@@ -131,3 +133,10 @@ def test_a_proposal_is_asked_in_place_until_the_turn_ends() -> None:
 ])
 def test_input_lines(line: str, action: Action) -> None:
     assert parse(line, ChatView()) == action
+
+
+def test_a_commands_admission_and_dispatch_show_as_progress_lines() -> None:
+    view = ChatView()
+    out = render(StepAdmitted(session_id=S, n=4, turn=1, step=0, operation_id="op-7"), view)
+    out += render(StepDispatched(session_id=S, n=5, turn=1, step=0, operation_id="op-7"), view)
+    assert out == "  · admitted (operation op-7)\n  · dispatched\n"
