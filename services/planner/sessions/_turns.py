@@ -13,6 +13,7 @@ left between a commit and what follows it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -384,8 +385,8 @@ class SessionTurns:
                 await self.progress(tenant=event.tenant, run_id=event.run_id, step=event.step,
                                     operation_id=event.operation_id)
         finally:
-            with anyio.CancelScope(shield=True):
-                await sub.unsubscribe()
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await sub.unsubscribe()  # (the connection may be closing already)
 
     # --- after the commit ------------------------------------------------------------------
 
