@@ -181,6 +181,8 @@ def in_tasks(endpoint: Endpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
     bound, each request dropped unhandled once its requester's deadline has passed."""
     limiter = anyio.CapacityLimiter(endpoint.concurrency)
     dropped = metrics.requests_dropped
+    for reason in ("expired", "shed"):  # exported at 0 from the start, for rates and alerts
+        dropped.labels(endpoint.name, reason)
     pending = 0
 
     async def handle(request: Request) -> None:
