@@ -152,5 +152,6 @@ def dropped_requests(stack: Stack, instances: list[str]) -> dict[str, dict[str, 
                 fields = dict(part.split("=", 1) for part in
                               labels.split("{", 1)[1].rstrip("}").split(","))
                 name = f"{fields['endpoint'].strip(chr(34))}/{fields['reason'].strip(chr(34))}"
-                out.setdefault(key, {})[name] = float(value)
+                if float(value):  # every endpoint exports both reasons from 0
+                    out.setdefault(key, {})[name] = float(value)
     return out
