@@ -22,8 +22,8 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from libs.deadline import timed_request
 from libs.errors import PermanentError, RetryableError
-from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.governance import (
     BudgetRefused,
@@ -141,8 +141,7 @@ async def _close(nc: Client, ask: SettleBudget, timeout: float) -> BudgetSettled
 
 async def _request(nc: Client, subject: str, ask: msgspec.Struct, timeout: float) -> bytes:
     try:
-        reply = await nc.request(subject, _ENCODER.encode(ask), timeout=timeout,
-                                 headers=inject_context({}))
+        reply = await timed_request(nc, subject, _ENCODER.encode(ask), timeout=timeout)
     except (NatsTimeoutError, NoRespondersError) as exc:
         raise BudgetUnavailable(f"governance did not answer: {exc!r}") from exc
     code = reply.headers.get("Nats-Service-Error-Code") if reply.headers else None

@@ -15,8 +15,8 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from libs.deadline import timed_request
 from libs.errors import RetryableError
-from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.governance import DecideBatch, DecideRequest, Decision, Decisions
 
@@ -51,8 +51,7 @@ async def decide_batch(nc: Client, asks: list[DecideRequest], *, timeout: float
 async def _request(nc: Client, subject: str, ask: msgspec.Struct, timeout: float,
                    decoder: msgspec.json.Decoder[Any] = _DECISION) -> Any:
     try:
-        reply = await nc.request(subject, _ENCODER.encode(ask), timeout=timeout,
-                                 headers=inject_context({}))
+        reply = await timed_request(nc, subject, _ENCODER.encode(ask), timeout=timeout)
     except (NatsTimeoutError, NoRespondersError) as exc:
         raise DecideUnavailable(f"governance did not answer: {type(exc).__name__}",
                                 delay=1.0) from exc

@@ -24,6 +24,7 @@ from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
 from libs.bus import connect, ensure_streams
+from libs.deadline import expired
 from libs.faults import Faults
 from libs.health import Health
 from libs.settings import BaseSettings, read_secret
@@ -34,7 +35,7 @@ from libs.telemetry import (
     make_tracer_provider,
 )
 
-__all__ = ["Endpoint", "Runtime", "guarded", "run_service", "serve"]
+__all__ = ["Endpoint", "Runtime", "guarded", "in_tasks", "run_service", "serve"]
 
 VERSION = "0.1.0"
 log = logging.getLogger("writ.runtime")
@@ -49,15 +50,24 @@ class Endpoint:
 
     `handler` is kept behind `guarded`: whatever it raises fails that request (answered
     500), never the process that serves it.
+
+    A service that fell behind must not spend itself on requests nobody waits for (the soak's
+    metastable overload, README "Soak"): a request past its requester's deadline
+    (`libs.deadline`, the `Writ-Deadline` header) is dropped unanswered before any work, when
+    it arrives and again when its turn comes; and at most `max_pending` requests wait or run
+    at once (default 8 × `concurrency`), a request beyond that answered at once with
+    `503 <name> overloaded: retry`. Both are counted in
+    `writ_<service>_requests_dropped_total{endpoint, reason="expired"|"shed"}`.
     """
 
-    __slots__ = ("concurrency", "handler", "name", "subject")
+    __slots__ = ("concurrency", "handler", "max_pending", "name", "subject")
 
     def __init__(self, name: str, subject: str, handler: Callable[[Request], Awaitable[None]],
-                 *, concurrency: int = 64):
+                 *, concurrency: int = 64, max_pending: int | None = None):
         self.name, self.subject = name, subject
         self.handler = guarded(name, handler)
         self.concurrency = concurrency
+        self.max_pending = max_pending if max_pending is not None else 8 * concurrency
 
 
 def guarded(name: str, handler: Callable[[Request], Awaitable[None]]
@@ -143,7 +153,7 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
             )
             for endpoint in rt.endpoints:
                 await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                         handler=_in_tasks(endpoint, tg),
+                                         handler=in_tasks(endpoint, tg, rt.metrics),
                                          queue_group=f"writ-{name}")
             log.info("writ-%s ready (metrics on :%s)", name, metrics.port)
             await rt.stopping.wait()
@@ -165,15 +175,41 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
             provider.shutdown()
 
 
-def _in_tasks(endpoint: Endpoint, tg: anyio.abc.TaskGroup
+def in_tasks(endpoint: Endpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
               ) -> Callable[[Request], Awaitable[None]]:
+    """`endpoint`'s handler run in a task per request, within its concurrency and queue
+    bound, each request dropped unhandled once its requester's deadline has passed."""
     limiter = anyio.CapacityLimiter(endpoint.concurrency)
+    dropped = metrics.requests_dropped
+    for reason in ("expired", "shed"):  # exported at 0 from the start, for rates and alerts
+        dropped.labels(endpoint.name, reason)
+    pending = 0
 
     async def handle(request: Request) -> None:
-        async with limiter:
-            await endpoint.handler(request)
+        nonlocal pending
+        try:
+            async with limiter:
+                if expired(request.headers):  # it waited its turn longer than its caller
+                    dropped.labels(endpoint.name, "expired").inc()
+                    return
+                await endpoint.handler(request)
+        finally:
+            pending -= 1
 
     async def dispatch(request: Request) -> None:
+        nonlocal pending
+        if expired(request.headers):  # it waited in the bus (the process frozen, or busy)
+            dropped.labels(endpoint.name, "expired").inc()
+            return
+        if pending >= endpoint.max_pending:
+            dropped.labels(endpoint.name, "shed").inc()
+            try:
+                await request.respond_error("503", f"{endpoint.name} overloaded: retry")
+            except Exception as lost:
+                log.warning("endpoint %s: answering the shed request failed: %r",
+                            endpoint.name, lost)
+            return
+        pending += 1
         tg.start_soon(handle, request)
 
     return dispatch

@@ -156,6 +156,11 @@ class ActorMetrics:
         self.waiting = Counter(f"writ_{service}_messages_waiting",
                                "Deliveries nak'ed to wait out an unavailable dependency (a Writ "
                                "service, NATS, PostgreSQL)", ["consumer"], registry=registry)
+        # Request/reply: requests an endpoint dropped before any work, `expired` (past the
+        # requester's `Writ-Deadline`: nobody waits for the answer) or `shed` (its queue full).
+        self.requests_dropped = Counter(f"writ_{service}_requests_dropped",
+                                        "Requests an endpoint dropped unhandled, by reason",
+                                        ["endpoint", "reason"], registry=registry)
         self.pending = Gauge(f"writ_{service}_consumer_pending",
                              "Messages on the consumer's stream not yet delivered (num_pending)",
                              ["consumer"], registry=registry)

@@ -24,7 +24,14 @@ from soak.check import check, outcomes, settled
 from soak.deploy import Deployment, admin_connect
 from soak.load import Load
 from soak.nemesis import Fault, Nemesis, schedule
-from soak.observe import FD_SLACK, PG_SLACK, RSS_FACTOR, RSS_SLACK_MB, Observer
+from soak.observe import (
+    FD_SLACK,
+    PG_SLACK,
+    RSS_FACTOR,
+    RSS_SLACK_MB,
+    Observer,
+    dropped_requests,
+)
 from soak.settings import SoakSettings
 from writ.stack import Stack
 
@@ -68,6 +75,7 @@ async def soak(deployment: Deployment, settings: SoakSettings,
             await deployment.all_up(timeout=120)
             settle = await _settle(load, stack.database_dsn, settings.settle_s, log)
             end = await observer.sample("end")
+            dropped = dropped_requests(stack, list(deployment.service_instances))
             load.stopping.set()
             tg.cancel_scope.cancel()
     finally:
@@ -91,7 +99,7 @@ async def soak(deployment: Deployment, settings: SoakSettings,
         "faults_injected": nemesis.kinds(), "faults": nemesis.applied,
         "restarts_by_supervisor": deployment.supervisor.restarts,
         "requests": load.ledger.counts(), "shed": load.ledger.shed,
-        "outcomes": outcomes(load.ledger), "settle": settle,
+        "outcomes": outcomes(load.ledger), "settle": settle, "requests_dropped": dropped,
         "resources": {"bounds": {"rss": f"end <= {RSS_FACTOR}x warm-up + {RSS_SLACK_MB:.0f} MiB",
                                  "fds": f"end <= warm-up + {FD_SLACK}",
                                  "pg_connections": f"end <= the role's pools + {PG_SLACK} "
@@ -159,6 +167,8 @@ def _print(summary: dict[str, Any]) -> None:
     replicas = {v["replicas"] for v in summary["streams"].values()}
     print(f"streams: {len(summary['streams'])} at {sorted(replicas)} replicas")
     print(f"settled in {summary['settle'].get('seconds')}s: {summary['settle'].get('left')}")
+    print(f"requests dropped by endpoints (since each instance started): "
+          f"{summary.get('requests_dropped') or 'none'}")
     for key, start in summary["resources"]["warm_up"]["processes"].items():
         end = summary["resources"]["end"]["processes"].get(key, {})
         print(f"  {key:<13} RSS {start['rss_mb']:>6} -> {end.get('rss_mb', '-'):>6} MiB   "

@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import asyncpg
+import httpx
 
 from services.planner.service import pool_size
 from writ.stack import Stack
 
 RETRIEVAL_POOL: Final = 10  # libs.db.connect_pool's default, which retrieval keeps
 
-__all__ = ["FD_SLACK", "PG_SLACK", "RSS_FACTOR", "RSS_SLACK_MB", "Observer", "within"]
+__all__ = ["FD_SLACK", "PG_SLACK", "RSS_FACTOR", "RSS_SLACK_MB", "Observer", "dropped_requests",
+           "within"]
 
 # The stated bounds: at the end, after everything settled, each instance's RSS is at most
 # RSS_FACTOR x its warm-up value + RSS_SLACK_MB and it holds at most FD_SLACK more
@@ -131,3 +133,25 @@ def within(baseline: dict[str, Any], end: dict[str, Any],
             broken.append(f"Postgres connections of {role}: {count} at the end, more than its "
                           f"pools hold ({most})")
     return broken
+
+
+def dropped_requests(stack: Stack, instances: list[str]) -> dict[str, dict[str, float]]:
+    """Requests each instance's endpoints dropped unhandled (`libs.runtime`: past their
+    caller's deadline, or shed off a full queue), by `endpoint/reason`, since the instance
+    last started: evidence of a service that fell behind, not an invariant."""
+    out: dict[str, dict[str, float]] = {}
+    for key in instances:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{stack.metrics_port(key)}/metrics",
+                             timeout=5).text
+        except Exception:  # noqa: BLE001 - gone or not answering: nothing to report
+            continue
+        for line in text.splitlines():
+            if "_requests_dropped_total{" in line and not line.startswith("#"):
+                labels, value = line.rsplit(" ", 1)
+                fields = dict(part.split("=", 1) for part in
+                              labels.split("{", 1)[1].rstrip("}").split(","))
+                name = f"{fields['endpoint'].strip(chr(34))}/{fields['reason'].strip(chr(34))}"
+                if float(value):  # every endpoint exports both reasons from 0
+                    out.setdefault(key, {})[name] = float(value)
+    return out

@@ -27,6 +27,7 @@ from actions import ACTIONS
 from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
+from libs.deadline import timed_request
 from libs.decide import DecideUnavailable, decide, decide_batch
 from libs.errors import RetryableError
 from libs.journal import Sealer
@@ -357,9 +358,8 @@ class AdmissionService:
         # that credential); everything else by the dispatcher.
         subject = subjects.HOST_FACTS if ref.kind == "host_ticket" else subjects.FACTS
         try:
-            reply = await self._rt.nc.request(subject, self._encoder.encode(ask),
-                                              timeout=self._decide_timeout,
-                                              headers=inject_context({}))
+            reply = await timed_request(self._rt.nc, subject, self._encoder.encode(ask),
+                                        timeout=self._decide_timeout)
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}",
                                  delay=1.0) from exc
@@ -503,9 +503,8 @@ class AdmissionService:
                              answer="once" if ans.answer == "approve" else "deny",
                              reason=ans.reason)
         try:
-            reply = await self._rt.nc.request(subjects.ANSWER, self._encoder.encode(ask),
-                                              timeout=self._decide_timeout,
-                                              headers=inject_context({}))
+            reply = await timed_request(self._rt.nc, subjects.ANSWER, self._encoder.encode(ask),
+                                        timeout=self._decide_timeout)
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise RetryableError(f"governance did not answer: {exc!r}", delay=1.0) from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):

@@ -18,9 +18,9 @@ from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, ensure_streams, publish
+from libs.deadline import timed_request
 from libs.errors import ConfigError, RetryableError
 from libs.runtime import Runtime
-from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.control import CancelRun, RunCancelRequested, run_cancel
 from schemas.governance import AnswerDecision, RegisterRun
@@ -219,9 +219,8 @@ class IngressService:
                                attended=request.attended, grants=request.grants,
                                budget=request.budget)
         try:
-            reply = await self._rt.nc.request(subjects.REGISTER_RUN,
-                                              msgspec.json.encode(register), timeout=2.0,
-                                              headers=inject_context({}))
+            reply = await timed_request(self._rt.nc, subjects.REGISTER_RUN,
+                                        msgspec.json.encode(register), timeout=2.0)
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise RetryableError(f"governance did not register the run: {exc!r}") from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
@@ -263,9 +262,8 @@ class IngressService:
                                   answer=decision.answer, reviewer=outcome.principal,
                                   reason=decision.comment)
             try:
-                reply = await self._rt.nc.request(REVIEW, msgspec.json.encode(answer),
-                                                  timeout=self._review_timeout,
-                                                  headers=inject_context({}))
+                reply = await timed_request(self._rt.nc, REVIEW, msgspec.json.encode(answer),
+                                            timeout=self._review_timeout)
             except (NatsTimeoutError, NoRespondersError) as exc:
                 raise RetryableError(f"the planner did not answer the review: {exc!r}"
                                      ) from exc

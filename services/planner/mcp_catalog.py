@@ -17,6 +17,7 @@ from typing import Any, Final
 import msgspec
 from nats.aio.client import Client
 
+from libs.deadline import timed_request
 from schemas import subjects
 from schemas.mcp import DescribeTools, ToolDescriptions
 
@@ -38,7 +39,8 @@ async def with_mcp_descriptions(nc: Client, tenant: str, manifest: dict[str, Any
         return manifest
     ask = DescribeTools(tenant=tenant, capabilities=[e["name"] for e in entries][:64])
     try:
-        reply = await nc.request(subjects.MCP_CATALOG, msgspec.json.encode(ask), timeout=timeout)
+        reply = await timed_request(nc, subjects.MCP_CATALOG, msgspec.json.encode(ask),
+                                    timeout=timeout)
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
             raise RuntimeError(reply.headers.get("Nats-Service-Error"))
         described = {t.capability: t for t in _DECODER.decode(reply.data).tools}

@@ -17,8 +17,8 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from libs.deadline import timed_request
 from libs.errors import RetryableError
-from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 
@@ -52,9 +52,8 @@ class ReadClient:
             ReadUnavailable: no answer, retrieval failed, or a retryable refusal.
         """
         try:
-            reply = await self._nc.request(subjects.READ, self._encoder.encode(ask),
-                                           timeout=self._timeout,
-                                           headers=inject_context({}))
+            reply = await timed_request(self._nc, subjects.READ, self._encoder.encode(ask),
+                                        timeout=self._timeout)
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise ReadUnavailable(f"retrieval did not answer: {type(exc).__name__}",
                                   run_id=ask.run_id, tool=ask.tool) from exc

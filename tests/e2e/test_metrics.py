@@ -26,9 +26,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 # Gauges read from JetStream and Postgres are refreshed every ~5 s.
 REFRESH_WAIT_S = 15.0
 
+# (`endpoint`: a request/reply endpoint's name, fixed in code.)
 ALLOWED_LABELS = frozenset({"consumer", "outcome", "line", "verdict", "state", "connector",
                             "result", "tool", "status", "check", "budget", "le", "quantile",
-                            "reason"})
+                            "reason", "endpoint"})
 TENANTS = ("acme", "globex", "initech")
 PRINCIPALS = ("alice@acme.example",)
 UUID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.I)

@@ -12,7 +12,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from libs.telemetry import inject_context
+from libs.deadline import timed_request
 from services.ingress.http._idempotency import Idempotency, fingerprint
 from services.ingress.http._problems import ApiError
 from services.ingress.http._results import Results
@@ -126,9 +126,8 @@ class Api:
                 nobody answered.
         """
         try:
-            msg = await self.nc.request(subject, _ENCODER.encode(question),
-                                        timeout=timeout or self._read_timeout,
-                                        headers=inject_context({}))
+            msg = await timed_request(self.nc, subject, _ENCODER.encode(question),
+                                      timeout=timeout or self._read_timeout)
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise ApiError("UNAVAILABLE", f"no answer on {subject}") from exc
         code = (msg.headers or {}).get("Nats-Service-Error-Code")

@@ -28,8 +28,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
 from libs.bus import publish
+from libs.deadline import timed_request
 from libs.errors import RetryableError
-from libs.telemetry import inject_context
 from schemas import subjects
 from schemas.admission import CommandAdmitted
 from schemas.governance import RegisterRun
@@ -435,9 +435,9 @@ class SessionTurns:
         register = RegisterRun(tenant=session.tenant, run_id=turn.run_id,
                                principal=session.principal, agent=session.agent, attended=True)
         try:
-            reply = await self._nc.request(subjects.REGISTER_RUN, msgspec.json.encode(register),
-                                           timeout=self._register_timeout,
-                                           headers=inject_context({}))
+            reply = await timed_request(self._nc, subjects.REGISTER_RUN,
+                                        msgspec.json.encode(register),
+                                        timeout=self._register_timeout)
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise RetryableError(f"governance did not register turn {turn.run_id}") from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):

@@ -28,6 +28,7 @@ import msgspec
 from nats.aio.client import Client as Nats
 
 from libs.breaker import Breakers, BreakerState
+from libs.deadline import timed_request
 from libs.decide import DecideUnavailable, decide
 from schemas import subjects
 from schemas.dispatcher import FactsRead, ReadFacts
@@ -220,8 +221,9 @@ class McpReads:
 
     async def _record(self, listing: RecordListing) -> ListingRecorded:
         try:
-            reply = await self._nc.request(subjects.MCP_LISTING, self._encoder.encode(listing),
-                                           timeout=self._decide_timeout)
+            reply = await timed_request(self._nc, subjects.MCP_LISTING,
+                                        self._encoder.encode(listing),
+                                        timeout=self._decide_timeout)
         except Exception as exc:
             # A listing nobody recorded is not used: the journal must have what was relied on.
             raise _Refusal("UNAVAILABLE", f"governance did not record the listing of "

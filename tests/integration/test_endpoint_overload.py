@@ -1,0 +1,126 @@
+"""An endpoint that fell behind spends nothing on requests nobody waits for (the soak's
+metastable overload, README "Soak"): a request past its caller's `Writ-Deadline` is dropped
+unhandled, and beyond `max_pending` waiting requests one is refused at once with a retryable
+503 — against a real nats-server, through `libs.runtime.in_tasks` as `serve` runs it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import anyio
+import anyio.abc
+import pytest
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.micro import add_service
+from nats.micro.request import Request
+from prometheus_client import CollectorRegistry
+
+from libs.deadline import HEADER, timed_request
+from libs.runtime import Endpoint, in_tasks
+from libs.telemetry import ActorMetrics
+
+pytestmark = pytest.mark.anyio
+
+
+class Busy:
+    """An endpoint's handler that holds the request `b"first"` until `release` is set."""
+
+    def __init__(self) -> None:
+        self.handled: list[bytes] = []
+        self.started, self.release = anyio.Event(), anyio.Event()
+
+    async def __call__(self, request: Request) -> None:
+        self.handled.append(request.data)
+        if request.data == b"first":
+            self.started.set()
+            await self.release.wait()
+        await request.respond(request.data)
+
+
+@pytest.fixture
+async def served(private_nc: Client, unique: str
+                 ) -> AsyncIterator[tuple[anyio.abc.TaskGroup, CollectorRegistry, str]]:
+    async with anyio.create_task_group() as tg:
+        yield tg, CollectorRegistry(), f"test.{unique}.probe"
+        tg.cancel_scope.cancel()
+
+
+async def _serve(nc: Client, tg: anyio.abc.TaskGroup, registry: CollectorRegistry,
+                 endpoint: Endpoint) -> None:
+    micro = await add_service(nc, name=f"writ-probe-{endpoint.subject.split('.')[1]}",
+                              version="0.1.0")
+    metrics = ActorMetrics(service="probe", registry=registry)
+    await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
+                             handler=in_tasks(endpoint, tg, metrics), queue_group="probe")
+
+
+def _dropped(registry: CollectorRegistry, reason: str) -> float:
+    return registry.get_sample_value("writ_probe_requests_dropped_total",
+                                     {"endpoint": "probe", "reason": reason}) or 0.0
+
+
+async def test_requests_whose_callers_gave_up_are_dropped_and_the_next_one_is_answered(
+        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+) -> None:
+    tg, registry, subject = served
+    busy = Busy()
+    await _serve(private_nc, tg, registry, Endpoint("probe", subject, busy, concurrency=1))
+    first: list[bytes] = []
+
+    async def ask_first() -> None:
+        first.append((await timed_request(private_nc, subject, b"first", timeout=60)).data)
+
+    tg.start_soon(ask_first)
+    await busy.started.wait()
+    # The one handler is busy: five requests queue behind it and their callers give up.
+    for i in range(5):
+        with pytest.raises(NatsTimeoutError):
+            await timed_request(private_nc, subject, f"late-{i}".encode(), timeout=0.2)
+    # One that arrives already past its deadline (it waited in a frozen process's socket).
+    with pytest.raises(NatsTimeoutError):
+        await private_nc.request(subject, b"stale", timeout=0.5,
+                                 headers={HEADER: f"{time.time() - 1:.3f}"})
+    busy.release.set()
+    fresh = await timed_request(private_nc, subject, b"fresh", timeout=30)
+    # A request without a deadline (an operator's tool) is served as before.
+    plain = await private_nc.request(subject, b"plain", timeout=30)
+
+    assert (fresh.data, plain.data, first) == (b"fresh", b"plain", [b"first"])
+    assert busy.handled == [b"first", b"fresh", b"plain"]  # none of the abandoned ones
+    assert _dropped(registry, "expired") == 6
+    assert _dropped(registry, "shed") == 0
+
+
+async def test_beyond_max_pending_a_request_is_refused_at_once_with_a_retryable_503(
+        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+) -> None:
+    tg, registry, subject = served
+    busy = Busy()
+    await _serve(private_nc, tg, registry,
+                 Endpoint("probe", subject, busy, concurrency=1, max_pending=2))
+    answers: dict[bytes, bytes] = {}
+
+    async def ask(data: bytes) -> None:
+        answers[data] = (await timed_request(private_nc, subject, data, timeout=60)).data
+
+    tg.start_soon(ask, b"first")
+    await busy.started.wait()
+    sent = private_nc.stats["out_msgs"]
+    tg.start_soon(ask, b"second")  # waits its turn: two pending, the bound
+    with anyio.fail_after(30):  # sent before the third, so it arrives before it
+        while private_nc.stats["out_msgs"] == sent:
+            await anyio.sleep(0.01)
+    refused = await timed_request(private_nc, subject, b"third", timeout=30)
+    busy.release.set()
+    with anyio.fail_after(30):
+        while len(answers) < 2:
+            await anyio.sleep(0.01)
+
+    assert refused.headers is not None
+    assert refused.headers["Nats-Service-Error-Code"] == "503"
+    assert refused.headers["Nats-Service-Error"] == "probe overloaded: retry"
+    assert answers == {b"first": b"first", b"second": b"second"}
+    assert busy.handled == [b"first", b"second"]  # the refused one did no work
+    assert _dropped(registry, "shed") == 1
