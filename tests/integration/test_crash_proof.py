@@ -22,7 +22,8 @@ from opentelemetry import trace
 
 from libs.actor import Delivery
 from libs.errors import Fenced, RetryableError, waits_out
-from libs.runtime import Endpoint, _in_tasks
+from libs.runtime import Endpoint, in_tasks
+from libs.telemetry import ActorMetrics
 from tests.integration.conftest import serve
 from tests.integration.test_actor import (
     Bed,
@@ -196,6 +197,13 @@ def _endpoint(subject: str, make: Callable[[], Exception]) -> Endpoint:
     return Endpoint("probe", subject, handle)
 
 
+def _metrics() -> ActorMetrics:
+    """Counters of their own for the endpoints a test serves (never the process's registry)."""
+    from prometheus_client import CollectorRegistry
+
+    return ActorMetrics(service="probe", registry=CollectorRegistry())
+
+
 async def _ask(nc: Client, subject: str, data: bytes) -> tuple[bytes, dict[str, str]]:
     reply = await nc.request(subject, data, timeout=5)
     return reply.data, dict(reply.headers or {})
@@ -209,7 +217,7 @@ async def test_a_raising_endpoint_answers_500_and_its_process_serves_on(
     subject = f"t.{unique}.probe"
     endpoint = _endpoint(subject, make)
     async with anyio.create_task_group() as tg:
-        sub = await nc.subscribe(subject, cb=_as_request(_in_tasks(endpoint, tg)))
+        sub = await nc.subscribe(subject, cb=_as_request(in_tasks(endpoint, tg, _metrics())))
         try:
             data, headers = await _ask(nc, subject, b"boom")
             assert headers.get("Nats-Service-Error-Code") == "500"
@@ -295,7 +303,7 @@ async def test_every_governance_endpoint_with_a_failing_store_answers_and_serves
     import schemas.governance as g
 
     async with anyio.create_task_group() as tg:
-        subs = [await private_nc.subscribe(e.subject, cb=_as_request(_in_tasks(e, tg)))
+        subs = [await private_nc.subscribe(e.subject, cb=_as_request(in_tasks(e, tg, _metrics())))
                 for e in endpoints]
         try:
             for _ in range(2):  # and again: still there
