@@ -4,6 +4,7 @@ same roles and the same questions to the owning services, answered by request/re
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -79,27 +80,34 @@ async def _answer(api: Api, read: str, tenant: str, ask: HostRead) -> msgspec.St
         ask.run_id, "run_id")), ReplayReport, timeout=30.0)
 
 
+async def answer_host(request: Request, what: str,
+                      answer: Callable[[str], Awaitable[bytes]]) -> None:
+    """Answer a host's request on `writ.api.<tenant>.*` with what `answer(tenant)` encodes,
+    or with its error as the HTTP door would say it: 400 undecodable, the ApiError's status
+    and code, 500 for anything else (logged, never shown)."""
+    try:
+        encoded = await answer(request.subject.split(".")[2])
+    except msgspec.DecodeError as exc:
+        await request.respond_error("400", f"INVALID_REQUEST: {exc}"[:500])
+    except ApiError as exc:
+        await request.respond_error(str(STATUS.get(exc.code, 400)),
+                                    f"{exc.code}: {exc.detail}"[:500])
+    except Exception as exc:
+        log.warning("host %s failed: %r", what, exc)
+        await request.respond_error("500", f"INTERNAL: the {what.split()[0]} failed")
+    else:
+        await request.respond(encoded)
+
+
 def nats_read_endpoints(api: Api) -> list[Endpoint]:
     """One micro endpoint per read, on `writ.api.*.<read>`."""
 
     def serve(read: str) -> Any:
         async def handle(request: Request) -> None:
-            tenant = request.subject.split(".")[2]
-            try:
-                ask = _DECODER.decode(request.data)
-                answer = await _answer(api, read, tenant, ask)
-            except msgspec.DecodeError as exc:
-                await request.respond_error("400", f"INVALID_REQUEST: {exc}"[:500])
-                return
-            except ApiError as exc:
-                await request.respond_error(str(STATUS.get(exc.code, 400)),
-                                            f"{exc.code}: {exc.detail}"[:500])
-                return
-            except Exception as exc:
-                log.warning("host read %s failed: %r", read, exc)
-                await request.respond_error("500", "INTERNAL: the read failed")
-                return
-            await request.respond(_ENCODER.encode(answer))
+            async def answer(tenant: str) -> bytes:
+                return _ENCODER.encode(await _answer(api, read, tenant,
+                                                     _DECODER.decode(request.data)))
+            await answer_host(request, f"read {read}", answer)
         return handle
 
     return [Endpoint(f"read_{read}", host_read("*", read), serve(read), concurrency=32)

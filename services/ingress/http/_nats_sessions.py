@@ -30,7 +30,8 @@ from schemas.sessions import (
 )
 from services.ingress.http._api import Api
 from services.ingress.http._idempotency import fingerprint
-from services.ingress.http._problems import STATUS, ApiError
+from services.ingress.http._nats_reads import answer_host
+from services.ingress.http._problems import ApiError
 from services.ingress.logic import Rejection
 
 __all__ = ["read_events", "session_endpoint"]
@@ -106,20 +107,7 @@ def session_endpoint(api: Api) -> Endpoint:
     """The micro endpoint on `writ.api.*.session`."""
 
     async def handle(request: Request) -> None:
-        tenant = request.subject.split(".")[2]
-        try:
-            answer = await _answer(api, tenant, _DECODER.decode(request.data))
-        except msgspec.DecodeError as exc:
-            await request.respond_error("400", f"INVALID_REQUEST: {exc}"[:500])
-            return
-        except ApiError as exc:
-            await request.respond_error(str(STATUS.get(exc.code, 400)),
-                                        f"{exc.code}: {exc.detail}"[:500])
-            return
-        except Exception as exc:
-            log.warning("host session op failed: %r", exc)
-            await request.respond_error("500", "INTERNAL: the operation failed")
-            return
-        await request.respond(answer)
+        await answer_host(request, "operation on a session",
+                          lambda tenant: _answer(api, tenant, _DECODER.decode(request.data)))
 
     return Endpoint("session", host_read("*", HOST_SESSION), handle, concurrency=32)
