@@ -32,6 +32,7 @@ from schemas.governance import (
     ReserveBudget,
     RunBudget,
     SettleBudget,
+    Settlement,
 )
 
 __all__ = [
@@ -56,9 +57,12 @@ class NoBudget(PermanentError):
     `budget` is the BudgetKind that ran out, or `unknown_run` (no budget recorded for the run).
     """
 
-    def __init__(self, msg: str, *, budget: str, run_id: str, step_key: str) -> None:
+    def __init__(self, msg: str, *, budget: str, run_id: str, step_key: str,
+                 settled: list[str] | None = None) -> None:
         super().__init__(msg)
         self.budget, self.run_id, self.step_key = budget, run_id, step_key
+        # The settlements the refused reserve carried, closed all the same.
+        self.settled = settled or []
 
 
 class BudgetExhausted(NoBudget):
@@ -86,26 +90,31 @@ class NoSuchReservation(PermanentError, LookupError):
 
 async def reserve(nc: Client, *, tenant: str, run_id: str, step_key: str,
                   provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
-                  limit: RunBudget | None = None,
+                  limit: RunBudget | None = None, settle: list[Settlement] | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S) -> BudgetReserved:
     """Reserve what one step may spend, all kinds at once (both or neither); `limit`, the
     caller's own limits for the run, lowers the run's limits first (never raises them).
+    `settle`: earlier reservations of the run closed first, in the same transaction (one
+    round trip for both); they are closed even when the reservation is refused
+    (`NoBudget.settled` lists them then).
 
     Raises:
         BudgetExhausted: a budget ran out (`.kind` says which).
         NoBudget: governance has no budget for this run.
-        BudgetUnavailable: no answer, or governance cannot read its store (fail closed).
+        BudgetUnavailable: no answer, or governance cannot read its store (fail closed):
+            nothing was reserved or settled.
     """
     ask = ReserveBudget(tenant=tenant, run_id=run_id, step_key=step_key,
                         provider_calls=provider_calls, tokens=tokens,
-                        capability_calls=capability_calls, limit=limit)
+                        capability_calls=capability_calls, limit=limit, settle=settle or [])
     answer = _RESERVE_REPLY.decode(await _request(nc, subjects.RESERVE, ask, timeout))
     if isinstance(answer, BudgetReserved):
         return answer
     if answer.budget == "unavailable":
         raise BudgetUnavailable(answer.reason)
     error = NoBudget if answer.budget == "unknown_run" else BudgetExhausted
-    raise error(answer.reason, budget=answer.budget, run_id=run_id, step_key=step_key)
+    raise error(answer.reason, budget=answer.budget, run_id=run_id, step_key=step_key,
+                settled=answer.settled)
 
 
 async def settle(nc: Client, *, tenant: str, run_id: str, reservation_id: str,

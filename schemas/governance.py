@@ -40,6 +40,7 @@ __all__ = [
     "RunBudget",
     "RunRegistered",
     "SettleBudget",
+    "Settlement",
     "Verdict",
 ]
 
@@ -196,6 +197,16 @@ class PendingDecisions(Event):
     decisions: Annotated[list[PendingDecision], msgspec.Meta(max_length=500)]
 
 
+class Settlement(Command):
+    """One earlier reservation of the same run, closed with what its step used, in the
+    transaction of the `ReserveBudget` that carries it (before it reserves)."""
+
+    reservation_id: Id
+    provider_calls: Amount = 0
+    tokens: Amount = 0
+    capability_calls: Amount = 0
+
+
 class ReserveBudget(Command):
     """Reserve, before a step starts, what it may spend of its run's budgets.
 
@@ -203,6 +214,11 @@ class ReserveBudget(Command):
     and its tokens together, so it gets both or neither. Asking again with the same step key
     returns the same reservation (whatever the amounts asked the second time). Each open
     reservation is one of the run's concurrent steps.
+
+    `settle`: earlier reservations of this run whose steps are over, closed first in the same
+    transaction (as `SettleBudget` would close each), so the step that follows another pays
+    one round trip and one transaction for both. They are closed even if the reservation is
+    then refused; if governance fails, neither happens.
     """
 
     tenant: Tenant
@@ -215,6 +231,7 @@ class ReserveBudget(Command):
     # lowers the run's limits to them before it reserves, and never raises one. Sent with
     # every reservation, so no step can start before they apply.
     limit: RunBudget | None = None
+    settle: Annotated[list[Settlement], msgspec.Meta(max_length=16)] = []
 
 
 class BudgetReserved(Event):
@@ -230,6 +247,8 @@ class BudgetReserved(Event):
     capability_calls: int
     # Seconds left on the run's clock when this answer was given (it stops while waiting).
     wall_time_left_s: float = 0.0
+    # The `settle` reservations now closed (or found closed, or unknown to governance).
+    settled: list[str] = []
 
 
 class BudgetRefused(Event):
@@ -243,6 +262,8 @@ class BudgetRefused(Event):
     step_key: Id
     budget: BudgetKind | Literal["unavailable", "unknown_run"]
     reason: ShortText
+    # The `settle` reservations closed all the same (none if governance failed).
+    settled: list[str] = []
 
 
 class SettleBudget(Command):

@@ -21,6 +21,15 @@ governance lowers the run's limits to them before it reserves — never raises o
 tightest of governance's limits for the agent, the host's request and the manifest holds from
 the run's first step.
 
+Within one delivery (`RunBudgets.deferring`), a step's settlement waits for the next
+reservation of the same run and travels with it (`ReserveBudget.settle`: one round trip and one
+governance transaction for both); what is still due when the delivery's work is done is settled
+in its last transaction (`settle_deferred`), before it commits and before its messages are
+published. The settlement is recorded `due` in the step's
+transaction as before, so a crash in between leaves it to `settle_due`, and nothing waits
+longer than the delivery that spent it. Outside a delivery's scope (an answered review, a chat
+turn's endpoint) a step is settled as soon as it is spent.
+
 Errors: `BudgetExhausted` and `NoBudget` (libs/budget.py) reach the caller, which stops the run;
 `BudgetUnavailable` is a `RetryableError`: the delivery is retried, the step never starts
 meanwhile (fail closed).
@@ -28,19 +37,35 @@ meanwhile (fail closed).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 
 from libs import budget
 from libs.errors import PermanentError
+from schemas.governance import Settlement
 from services.planner.snapshot import branch_of, manifest_limit
-from services.planner.store import PlannerStore, RunRow
+from services.planner.store import PlannerStore, Reservation, RunRow
 
 __all__ = ["RunBudgets", "budget_run_id", "step_key"]
 
 log = logging.getLogger("writ.planner.budget")
+
+
+class _Due(msgspec.Struct, frozen=True, kw_only=True):
+    """A settlement recorded `due` and not yet sent to governance (see `deferring`)."""
+
+    run: RunRow
+    reservation: Reservation
+
+
+# The settlements the current delivery has deferred; None outside `RunBudgets.deferring`.
+_DEFERRED: ContextVar[list[_Due] | None] = ContextVar("writ_planner_deferred", default=None)
 
 
 def step_key(run_id: str, seq: int, what: str) -> str:
@@ -74,13 +99,74 @@ class RunBudgets:
         held = await self._store.reservation(conn, run.run_id, key)
         if held is not None:
             return held.reservation_id, False
-        reserved = await budget.reserve(self._nc, tenant=run.tenant, run_id=budget_run_id(run),
-                                        step_key=key, provider_calls=provider_calls,
-                                        tokens=tokens, capability_calls=capability_calls,
-                                        limit=manifest_limit(run.manifest),
-                                        timeout=self._timeout)
-        new = await self._store.hold(conn, run.run_id, key, reserved.reservation_id)
+        funds = budget_run_id(run)
+        deferred = _DEFERRED.get()
+        carried = [d for d in deferred or () if budget_run_id(d.run) == funds]
+        try:
+            reserved = await budget.reserve(
+                self._nc, tenant=run.tenant, run_id=funds, step_key=key,
+                provider_calls=provider_calls, tokens=tokens, capability_calls=capability_calls,
+                limit=manifest_limit(run.manifest), timeout=self._timeout,
+                settle=[Settlement(reservation_id=d.reservation.reservation_id,
+                                   provider_calls=d.reservation.provider_calls,
+                                   tokens=d.reservation.tokens,
+                                   capability_calls=d.reservation.capability_calls)
+                        for d in carried])
+        except budget.NoBudget as exc:
+            await self._carried(conn, deferred, carried, exc.settled)
+            raise
+        closing = self._carried_keys(deferred, carried, reserved.settled)
+        new = await self._store.hold(conn, run.run_id, key, reserved.reservation_id,
+                                     closing=closing)
         return reserved.reservation_id, new
+
+    @staticmethod
+    def _carried_keys(deferred: list[_Due] | None, carried: list[_Due],
+                      settled: list[str]) -> dict[str, list[str]]:
+        """Drop what governance closed from the delivery's deferred settlements; the step
+        keys to record closed, by (planner) run id."""
+        done = set(settled)
+        closing: dict[str, list[str]] = {}
+        for d in carried:
+            if d.reservation.reservation_id in done:
+                assert deferred is not None
+                deferred.remove(d)
+                closing.setdefault(d.run.run_id, []).append(d.reservation.step_key)
+        return closing
+
+    async def _carried(self, conn: Any, deferred: list[_Due] | None, carried: list[_Due],
+                       settled: list[str]) -> None:
+        for run_id, keys in self._carried_keys(deferred, carried, settled).items():
+            await self._store.closed(conn, run_id, *keys)
+
+    @contextlib.asynccontextmanager
+    async def deferring(self, conn: Any) -> AsyncIterator[None]:
+        """Within this scope (one delivery's work), settlements wait for the next reservation
+        of their run and travel with it; what is left is settled on leaving it, on `conn`
+        (outside any transaction). If the work fails, nothing is sent: what it recorded due
+        and committed is `settle_due`'s on the next delivery."""
+        token = _DEFERRED.set([])
+        try:
+            yield
+            await self.settle_deferred(conn)
+        finally:
+            _DEFERRED.reset(token)
+
+    async def settle_deferred(self, conn: Any) -> None:
+        """Settle what the delivery deferred, now (its last transaction calls this before it
+        commits, so a run's end is committed with its steps settled, as without deferral)."""
+        deferred = _DEFERRED.get() or []
+        while deferred:
+            d = deferred.pop(0)
+            try:
+                await self._settle(conn, d.run, d.reservation.step_key,
+                                   d.reservation.reservation_id,
+                                   provider_calls=d.reservation.provider_calls,
+                                   tokens=d.reservation.tokens,
+                                   capability_calls=d.reservation.capability_calls)
+            except budget.BudgetUnavailable as exc:
+                log.warning("run %s: settling %s later: %s", d.run.run_id,
+                            d.reservation.step_key, exc)
 
     async def spent(self, conn: Any, run: RunRow, key: str, *, provider_calls: int = 0,
                     tokens: int = 0, capability_calls: int = 0) -> None:
@@ -90,6 +176,8 @@ class RunBudgets:
                                       tokens=tokens, capability_calls=capability_calls)
         if due is None:
             return  # settled already (a redelivery), or never reserved
+        if self._defer(run, due):
+            return
         try:
             await self._settle(conn, run, due.step_key, due.reservation_id,
                                provider_calls=provider_calls, tokens=tokens,
@@ -115,9 +203,22 @@ class RunBudgets:
             BudgetUnavailable: governance did not answer (retry the delivery).
         """
         for due in await self._store.due(conn, run.run_id):
+            if self._defer(run, due):
+                continue
             await self._settle(conn, run, due.step_key, due.reservation_id,
                                provider_calls=due.provider_calls, tokens=due.tokens,
                                capability_calls=due.capability_calls)
+
+    @staticmethod
+    def _defer(run: RunRow, due: Reservation) -> bool:
+        """Keep `due` for the next reservation of its run, if in a `deferring` scope."""
+        deferred = _DEFERRED.get()
+        if deferred is None:
+            return False
+        if all(d.reservation.step_key != due.step_key or d.run.run_id != run.run_id
+               for d in deferred):
+            deferred.append(_Due(run=run, reservation=due))
+        return True
 
     async def _settle(self, conn: Any, run: RunRow, key: str, reservation_id: str, *,
                       provider_calls: int, tokens: int, capability_calls: int) -> None:

@@ -227,7 +227,10 @@ class PlannerService(PersonWaits):
                     await self._store.create_run(event, manifest=manifest, conn=conn)
                 elif isinstance(event, RunCancelRequested):
                     await record_cancel(conn, event)  # kept even before the run exists
-                effects = await self._advance(conn, event, finished)
+                # A step's settlement travels with the next reservation; what is left is
+                # settled before anything is published (`budgeting.py`).
+                async with self._budget.deferring(conn):
+                    effects = await self._advance(conn, event, finished)
         await self._committed(finished, effects)
 
     async def _committed(self, finished: Finished, effects: Effects) -> None:
@@ -252,6 +255,8 @@ class PlannerService(PersonWaits):
             steps = await self._store.steps(conn, run.run_id)
             seen = len(steps)
             effects = await self._advance_run(conn, run, steps, event, finished)
+            if effects is not AGAIN:  # the delivery's last transaction
+                await self._budget.settle_deferred(conn)
             if self._sessions is not None:
                 await self._sessions.record_steps(conn, run, steps[seen:])
         await announce(self._rt.nc, run, steps[seen:])
@@ -338,6 +343,8 @@ class PlannerService(PersonWaits):
                                                   error=(CANCEL_CODE, f"cancelled by {by}"))]
                     break
                 effects = await self._next(conn, run, steps, finished)
+                if effects is not AGAIN:  # the delivery's last transaction
+                    await self._budget.settle_deferred(conn)
                 if self._sessions is not None:
                     await self._sessions.record_steps(conn, run, steps[seen:])
             await announce(self._rt.nc, run, steps[seen:])

@@ -245,12 +245,25 @@ class PlannerStore:
         return None if row is None else Reservation(**dict(row))
 
     async def hold(self, conn: asyncpg.Connection, run_id: str, step_key: str,
-                   reservation_id: str) -> bool:
-        """Record an open reservation; False if this step key has one already."""
+                   reservation_id: str, *, closing: dict[str, list[str]] | None = None) -> bool:
+        """Record an open reservation; False if this step key has one already. `closing`:
+        step keys (by run id) governance settled with it, recorded closed in the same
+        statement."""
+        closing = dict(closing or {})
+        same = closing.pop(run_id, [])
+        for other, keys in closing.items():  # a branch's settlement carried by its root's
+            await self.closed(conn, other, *keys)
+        if not same:
+            return bool(await conn.fetchval(
+                "INSERT INTO planner.reservations (run_id, step_key, reservation_id, state) "
+                "VALUES ($1, $2, $3, 'open') ON CONFLICT DO NOTHING RETURNING true",
+                run_id, step_key, reservation_id))
         return bool(await conn.fetchval(
+            "WITH closed AS (UPDATE planner.reservations SET state = 'closed' "
+            "WHERE run_id = $1 AND step_key = ANY($4::text[])) "
             "INSERT INTO planner.reservations (run_id, step_key, reservation_id, state) "
             "VALUES ($1, $2, $3, 'open') ON CONFLICT DO NOTHING RETURNING true",
-            run_id, step_key, reservation_id))
+            run_id, step_key, reservation_id, same))
 
     async def spent(self, conn: asyncpg.Connection, run_id: str, step_key: str, *,
                     provider_calls: int = 0, tokens: int = 0,
@@ -271,10 +284,11 @@ class PlannerStore:
             run_id)
         return [Reservation(**dict(r)) for r in rows]
 
-    async def closed(self, conn: asyncpg.Connection, run_id: str, step_key: str) -> None:
-        """Governance has settled this reservation."""
+    async def closed(self, conn: asyncpg.Connection, run_id: str, *step_keys: str) -> None:
+        """Governance has settled these reservations."""
         await conn.execute("UPDATE planner.reservations SET state = 'closed' "
-                           "WHERE run_id = $1 AND step_key = $2", run_id, step_key)
+                           "WHERE run_id = $1 AND step_key = ANY($2::text[])", run_id,
+                           list(step_keys))
 
     async def add_observation(self, conn: asyncpg.Connection, run: RunRow, seq: int, *,
                               step: int, output: dict[str, Any],

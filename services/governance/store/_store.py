@@ -1,5 +1,5 @@
-"""Governance's SQL: the facts a decision needs, decisions, runs, pending decisions, policy,
-and run budgets.
+"""Governance's SQL: the facts a decision needs, decisions, runs, pending decisions and policy
+(run budgets: `_budgets.py`).
 
 Every change it records (a decision, an answer, a grant or rule it writes, a run registered, an
 org policy loaded or withdrawn, a budget set, reserved, refused, settled, paused or resumed)
@@ -9,69 +9,29 @@ writes its audit journal row in the same transaction.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
-from typing import Final, Literal
+from datetime import UTC, datetime
 
 import asyncpg
 import msgspec
 
 from libs.journal import Journal
-from schemas.governance import (
-    BudgetRefused,
-    BudgetReserved,
-    BudgetSettled,
-    PendingDecision,
-    RegisterRun,
-    RunBudget,
-)
+from schemas.governance import PendingDecision, RegisterRun
 from schemas.planner import root_run_id
-from services.governance.budgets import BudgetState, Limits, refusal
+from services.governance.budgets import Limits
 from services.governance.logic import Call, Facts, Rule, Ruling
+from services.governance.store._budgets import BudgetStore
+from services.governance.store._records import (
+    ATTENDED_ASK_TIMEOUT,
+    DEFAULT_POLICY_VERSION,
+    Answered,
+    NotAnswerable,
+    Policy,
+    ToRecord,
+    decision_row,
+    is_uuid,
+)
 
-__all__ = ["ATTENDED_ASK_TIMEOUT", "Answered", "GovernanceStore", "NotAnswerable", "Policy",
-           "ToRecord"]
-
-DEFAULT_POLICY_VERSION: Final = "default"
-# Seed 000: an unanswered ask in an attended conversation is a deny after five minutes, fixed.
-ATTENDED_ASK_TIMEOUT: Final = timedelta(minutes=5)
-
-
-class Policy(msgspec.Struct, frozen=True, kw_only=True):
-    """An organisation policy as loaded from its signed file (or refused)."""
-
-    tenant: str
-    version: str
-    status: str = "valid"
-    refusal: str | None = None
-    refused_tools: tuple[str, ...] = ()
-    refused_connectors: tuple[str, ...] = ()
-    refused_families: tuple[str, ...] = ()
-    developer_mode: bool = False
-    key_id: str | None = None
-    digest: str | None = None
-
-
-class Answered(msgspec.Struct, frozen=True, kw_only=True):
-    """A pending decision that just got its answer."""
-
-    pending_id: str
-    tenant: str
-    run_id: str
-    proposal_id: str | None
-    answer: str
-    reason: str
-    answered_by: str
-    decision_id: str
-    line: int
-    policy_version: str
-
-
-class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
-    """Why an answer was not taken: `code` is the host contract's stable code."""
-
-    reason: str
-    code: Literal["UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER",
-                  "SEPARATION_OF_DUTIES"] = "UNKNOWN_PENDING"
+__all__ = ["GovernanceStore"]
 
 
 # $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL),
@@ -104,82 +64,6 @@ FROM (SELECT 1) AS one LEFT JOIN governance.policy p ON p.tenant = $1
 """
 
 
-# The run's clock: seconds since registration, less every wait for a person (closed waits in
-# paused_s, the open one since paused_since).
-_BUDGET = """
-SELECT b.*, (extract(epoch FROM now() - b.started_at) - b.paused_s
-             - CASE WHEN b.waiting > 0 THEN extract(epoch FROM now() - b.paused_since)
-                    ELSE 0 END)::float8 AS elapsed_s
-FROM governance.budgets b WHERE b.tenant = $1 AND b.run_id = $2
-"""
-
-# Overlapping waits (two asks at once) stop the clock once: it stops when the first opens and
-# runs again when the last closes. The wait row makes both statements idempotent.
-_PAUSE = """
-WITH wait AS (
-    INSERT INTO governance.budget_waits (tenant, run_id, wait_key)
-    SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM governance.budgets
-                                    WHERE tenant = $1 AND run_id = $2)
-    ON CONFLICT DO NOTHING RETURNING 1)
-UPDATE governance.budgets SET waiting = waiting + 1,
-    paused_since = CASE WHEN waiting = 0 THEN now() ELSE paused_since END
-WHERE tenant = $1 AND run_id = $2 AND EXISTS (SELECT 1 FROM wait) RETURNING true
-"""
-_RESUME = """
-WITH wait AS (
-    UPDATE governance.budget_waits SET ended_at = now()
-    WHERE tenant = $1 AND run_id = $2 AND wait_key = $3 AND ended_at IS NULL RETURNING 1)
-UPDATE governance.budgets SET waiting = waiting - 1,
-    paused_s = paused_s + CASE WHEN waiting = 1
-                               THEN extract(epoch FROM now() - paused_since)::float8 ELSE 0 END,
-    paused_since = CASE WHEN waiting = 1 THEN NULL ELSE paused_since END
-WHERE tenant = $1 AND run_id = $2 AND EXISTS (SELECT 1 FROM wait) RETURNING true
-"""
-
-
-def _state(row: asyncpg.Record) -> BudgetState:
-    return BudgetState(
-        limits=Limits(provider_calls=row["provider_calls"], tokens=row["tokens"],
-                      capability_calls=row["capability_calls"], wall_time_s=row["wall_time_s"],
-                      max_concurrent_steps=row["max_concurrent_steps"]),
-        reserved_provider_calls=row["reserved_provider_calls"],
-        reserved_tokens=row["reserved_tokens"],
-        reserved_capability_calls=row["reserved_capability_calls"],
-        used_provider_calls=row["used_provider_calls"], used_tokens=row["used_tokens"],
-        used_capability_calls=row["used_capability_calls"], open_steps=row["open_steps"],
-        elapsed_s=row["elapsed_s"])
-
-
-class ToRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One decision `record_many` persists."""
-
-    tenant: str
-    run_id: str
-    principal: str
-    call: Call
-    ruling: Ruling
-    policy_version: str
-    proposal_id: str | None = None
-    attended: bool = False
-
-
-def _decision_row(*, tenant: str, run_id: str, principal: str, call: Call, ruling: Ruling,
-                  policy_version: str, proposal_id: str | None, attended: bool
-                  ) -> tuple[str, tuple[object, ...], dict[str, object]]:
-    """A new decision's id, its `governance.decisions` row and its journal event."""
-    decision_id = str(uuid.uuid4())
-    decision = (decision_id, tenant, run_id, call.agent, principal, call.tool,
-                call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
-                policy_version)
-    event: dict[str, object] = {
-        "decision_id": decision_id, "tenant": tenant, "run_id": run_id, "agent": call.agent,
-        "principal": principal, "tool": call.tool, "family": call.family or "unclassified",
-        "first_argument": call.first_argument, "verdict": ruling.verdict,
-        "line": ruling.line, "reason": ruling.reason, "policy_version": policy_version,
-        "proposal_id": proposal_id, "attended": attended}
-    return decision_id, decision, event
-
-
 _INSERT_DECISION = """
 INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, principal, tool, family,
     verdict, line, reason, policy_version)
@@ -187,30 +71,25 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 """
 
 
-class GovernanceStore:
+class GovernanceStore(BudgetStore):
     """Reads policy, rules and grants; writes decisions, runs and answers, each journaled.
 
     `journal` is None only in tests of something else: the service always passes one.
     """
 
     def __init__(self, pool: asyncpg.Pool, *, journal: Journal | None = None) -> None:
+        super().__init__()
         self._pool, self._journal = pool, journal
         self._insert_decision_statement = (
             f"WITH {journal.cte(12)} {_INSERT_DECISION}" if journal is not None
             else _INSERT_DECISION)
-
-    async def _write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
-                     payload: dict[str, object], run_id: str = "") -> None:
-        if self._journal is not None:
-            await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
-                                      payload=payload, run_id=run_id)
 
     async def facts(self, tenant: str, call: Call, principal: str, run_id: str,
                     approval_id: str | None = None) -> Facts:
         """Everything `decide` needs for this call, read in one statement (one snapshot)."""
         row = await self._pool.fetchrow(
             _FACTS, tenant, call.tool, call.agent, principal, run_id,
-            approval_id if approval_id is not None and _is_uuid(approval_id) else None,
+            approval_id if approval_id is not None and is_uuid(approval_id) else None,
             root_run_id(run_id), call.first_argument)
         assert row is not None
         rules = tuple(msgspec.json.decode(row["rules"], type=list[Rule]))
@@ -244,7 +123,7 @@ class GovernanceStore:
         for d in decisions:
             if d.ruling.verdict == "ask":
                 raise ValueError("an ask is recorded with its pending decision, by record()")
-            decision_id, decision, event = _decision_row(
+            decision_id, decision, event = decision_row(
                 tenant=d.tenant, run_id=d.run_id, principal=d.principal, call=d.call,
                 ruling=d.ruling, policy_version=d.policy_version, proposal_id=d.proposal_id,
                 attended=d.attended)
@@ -258,7 +137,7 @@ class GovernanceStore:
                      ruling: Ruling, policy_version: str, proposal_id: str | None = None,
                      attended: bool = False) -> str:
         """Persist the decision (and, for an ask, its pending decision) in one transaction."""
-        decision_id, decision, event = _decision_row(
+        decision_id, decision, event = decision_row(
             tenant=tenant, run_id=run_id, principal=principal, call=call, ruling=ruling,
             policy_version=policy_version, proposal_id=proposal_id, attended=attended)
         if ruling.verdict != "ask":
@@ -327,150 +206,6 @@ class GovernanceStore:
                                   run_id=run.run_id, payload={
                                       "agent": run.agent, **msgspec.to_builtins(limits)})
 
-    # -- budgets ----------------------------------------------------------------------------
-
-    async def budget(self, tenant: str, run_id: str) -> BudgetState | None:
-        """A run's budget as it stands (None: no budget recorded)."""
-        row = await self._pool.fetchrow(_BUDGET, tenant, run_id)
-        return _state(row) if row is not None else None
-
-    async def reserve(self, *, tenant: str, run_id: str, step_key: str, provider_calls: int = 0,
-                      tokens: int = 0, capability_calls: int = 0,
-                      limit: RunBudget | None = None) -> BudgetReserved | BudgetRefused:
-        """Reserve a step's amounts if they fit what is left, or refuse naming the budget.
-
-        One short transaction that first locks the run's budget row: parallel steps of a run
-        queue there, and each sees the reservations the previous ones took, so no two can
-        spend the same remainder. The same step key gets the same reservation back. `limit`
-        (the caller's own limits for the run) first lowers the run's limits where it asks less.
-        """
-        async with self._pool.acquire() as conn, conn.transaction():
-            row = await conn.fetchrow(_BUDGET + " FOR UPDATE", tenant, run_id)
-            if row is None:
-                return BudgetRefused(run_id=run_id, step_key=step_key, budget="unknown_run",
-                                     reason="no budget recorded for this run")
-            state = _state(row)
-            if limit is not None and (lowered := state.limits.lowered(limit)) != state.limits:
-                await conn.execute(
-                    "UPDATE governance.budgets SET provider_calls = $3, tokens = $4, "
-                    "capability_calls = $5, wall_time_s = $6, max_concurrent_steps = $7 "
-                    "WHERE tenant = $1 AND run_id = $2", tenant, run_id,
-                    lowered.provider_calls, lowered.tokens, lowered.capability_calls,
-                    lowered.wall_time_s, lowered.max_concurrent_steps)
-                await self._write(conn, tenant=tenant, kind="budget.lowered", subject=run_id,
-                                  run_id=run_id, payload={
-                                      "step_key": step_key, "asked": msgspec.to_builtins(limit),
-                                      **msgspec.to_builtins(lowered)})
-                state = msgspec.structs.replace(state, limits=lowered)
-            known = await conn.fetchrow(
-                "SELECT reservation_id::text AS reservation_id, status, provider_calls, tokens, "
-                "capability_calls FROM governance.reservations "
-                "WHERE tenant = $1 AND run_id = $2 AND step_key = $3", tenant, run_id, step_key)
-            if known is not None:  # a redelivery: the reservation this step already has
-                return BudgetReserved(run_id=run_id, step_key=step_key,
-                                      wall_time_left_s=state.wall_time_left_s, **dict(known))
-            asked = {"provider_calls": provider_calls, "tokens": tokens,
-                     "capability_calls": capability_calls}
-            refused = refusal(state, **asked)
-            if refused is not None:
-                kind, reason = refused
-                # Not a state change, but why a run stopped belongs in its record.
-                await self._write(conn, tenant=tenant, kind="budget.exhausted", subject=step_key,
-                                  run_id=run_id, payload={
-                                      "step_key": step_key, "budget": kind, "reason": reason,
-                                      "asked": asked, "elapsed_s": state.elapsed_s})
-                return BudgetRefused(run_id=run_id, step_key=step_key, budget=kind,
-                                     reason=reason)
-            reservation_id = str(uuid.uuid4())
-            await conn.execute(
-                "INSERT INTO governance.reservations (reservation_id, tenant, run_id, step_key, "
-                "provider_calls, tokens, capability_calls) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                reservation_id, tenant, run_id, step_key, provider_calls, tokens,
-                capability_calls)
-            await conn.execute(
-                "UPDATE governance.budgets SET "
-                "reserved_provider_calls = reserved_provider_calls + $3, "
-                "reserved_tokens = reserved_tokens + $4, "
-                "reserved_capability_calls = reserved_capability_calls + $5, "
-                "open_steps = open_steps + 1 WHERE tenant = $1 AND run_id = $2",
-                tenant, run_id, provider_calls, tokens, capability_calls)
-            await self._write(conn, tenant=tenant, kind="budget.reserved", subject=reservation_id,
-                              run_id=run_id, payload={
-                                  "reservation_id": reservation_id, "step_key": step_key,
-                                  **asked, "elapsed_s": state.elapsed_s})
-        return BudgetReserved(reservation_id=reservation_id, run_id=run_id, step_key=step_key,
-                              status="open", wall_time_left_s=state.wall_time_left_s, **asked)
-
-    async def settle(self, *, tenant: str, run_id: str, reservation_id: str,
-                     provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
-                     release: bool = False) -> BudgetSettled | None:
-        """Close a reservation with what the step used (recorded as reported, even above what
-        was reserved): its reserved amounts return, its use counts. None: no such reservation.
-
-        Closing it again returns what was recorded the first time and changes nothing.
-        """
-        if not _is_uuid(reservation_id):
-            return None
-        async with self._pool.acquire() as conn, conn.transaction():
-            # The budget row first, as `reserve` does: the totals move under one lock.
-            if await conn.fetchval("SELECT 1 FROM governance.budgets WHERE tenant = $1 AND "
-                                   "run_id = $2 FOR UPDATE", tenant, run_id) is None:
-                return None
-            r = await conn.fetchrow(
-                "SELECT * FROM governance.reservations WHERE reservation_id = $1 "
-                "AND tenant = $2 AND run_id = $3", reservation_id, tenant, run_id)
-            if r is None:
-                return None
-            if r["status"] != "open":
-                return BudgetSettled(
-                    reservation_id=reservation_id, run_id=run_id, status=r["status"],
-                    provider_calls=r["used_provider_calls"], tokens=r["used_tokens"],
-                    capability_calls=r["used_capability_calls"])
-            status = "released" if release else "settled"
-            await conn.execute(
-                "UPDATE governance.reservations SET status = $2, used_provider_calls = $3, "
-                "used_tokens = $4, used_capability_calls = $5, closed_at = now() "
-                "WHERE reservation_id = $1", reservation_id, status, provider_calls, tokens,
-                capability_calls)
-            await conn.execute(
-                "UPDATE governance.budgets SET "
-                "reserved_provider_calls = reserved_provider_calls - $3, "
-                "reserved_tokens = reserved_tokens - $4, "
-                "reserved_capability_calls = reserved_capability_calls - $5, "
-                "used_provider_calls = used_provider_calls + $6, "
-                "used_tokens = used_tokens + $7, "
-                "used_capability_calls = used_capability_calls + $8, "
-                "open_steps = open_steps - 1 WHERE tenant = $1 AND run_id = $2",
-                tenant, run_id, r["provider_calls"], r["tokens"], r["capability_calls"],
-                provider_calls, tokens, capability_calls)
-            await self._write(conn, tenant=tenant, kind=f"budget.{status}",
-                              subject=reservation_id, run_id=run_id, payload={
-                                  "reservation_id": reservation_id, "step_key": r["step_key"],
-                                  "reserved": {"provider_calls": r["provider_calls"],
-                                               "tokens": r["tokens"],
-                                               "capability_calls": r["capability_calls"]},
-                                  "used": {"provider_calls": provider_calls, "tokens": tokens,
-                                           "capability_calls": capability_calls}})
-        return BudgetSettled(reservation_id=reservation_id, run_id=run_id, status=status,
-                             provider_calls=provider_calls, tokens=tokens,
-                             capability_calls=capability_calls)
-
-    async def _pause(self, conn: asyncpg.Connection, tenant: str, run_id: str,
-                     wait_key: str) -> None:
-        """Stop the run's clock for this wait (idempotent; runs without a budget: nothing). A
-        branch's wait stops its root's clock: the budget is the root's."""
-        if await conn.fetchval(_PAUSE, tenant, root_run_id(run_id), wait_key):
-            await self._write(conn, tenant=tenant, kind="budget.paused", subject=wait_key,
-                              run_id=run_id, payload={"wait_key": wait_key})
-
-    async def _resume(self, conn: asyncpg.Connection, tenant: str, run_id: str,
-                      wait_key: str) -> None:
-        """End this wait; the clock runs again once no other wait of the run is open."""
-        if await conn.fetchval(_RESUME, tenant, root_run_id(run_id), wait_key):
-            await self._write(conn, tenant=tenant, kind="budget.resumed", subject=wait_key,
-                              run_id=run_id, payload={"wait_key": wait_key})
-
     async def pending(self, tenant: str, limit: int = 500) -> list[PendingDecision]:
         """The tenant's unanswered decisions, oldest first."""
         rows = await self._pool.fetch(
@@ -500,7 +235,7 @@ class GovernanceStore:
         the decision it became) instead of a refusal; concurrent approvals of one proposal then
         all reach admission's single claim, which says which of them executes.
         """
-        if not _is_uuid(pending_id):
+        if not is_uuid(pending_id):
             return NotAnswerable(reason="no such pending decision")
         async with self._pool.acquire() as conn, conn.transaction():
             row = await conn.fetchrow(
@@ -627,14 +362,6 @@ class GovernanceStore:
             if changed:
                 await self._write(conn, tenant=policy.tenant, kind="policy.loaded",
                                   subject=policy.version, payload=msgspec.to_builtins(policy))
-
-
-def _is_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-    except ValueError:
-        return False
-    return True
 
 
 class _AlreadyPending(Exception):
