@@ -64,8 +64,19 @@ class _Due(msgspec.Struct, frozen=True, kw_only=True):
     reservation: Reservation
 
 
-# The settlements the current delivery has deferred; None outside `RunBudgets.deferring`.
-_DEFERRED: ContextVar[list[_Due] | None] = ContextVar("writ_planner_deferred", default=None)
+class _Delivery:
+    """What one delivery's budget work keeps between its transactions."""
+
+    def __init__(self) -> None:
+        # Settlements recorded due and not yet sent to governance.
+        self.deferred: list[_Due] = []
+        # The reservations of each run locked now, as read with its steps (`known`) and
+        # recorded since: a step's held reservation is found here, not by another query.
+        self.held: dict[str, dict[str, Reservation]] = {}
+
+
+# The current delivery's; None outside `RunBudgets.deferring`.
+_DELIVERY: ContextVar[_Delivery | None] = ContextVar("writ_planner_delivery", default=None)
 
 
 def step_key(run_id: str, seq: int, what: str) -> str:
@@ -96,11 +107,14 @@ class RunBudgets:
             NoBudget: governance has no budget for the run.
             BudgetUnavailable: governance did not answer (retry the delivery).
         """
-        held = await self._store.reservation(conn, run.run_id, key)
+        delivery = _DELIVERY.get()
+        known = None if delivery is None else delivery.held.get(run.run_id)
+        held = (known.get(key) if known is not None
+                else await self._store.reservation(conn, run.run_id, key))
         if held is not None:
             return held.reservation_id, False
         funds = budget_run_id(run)
-        deferred = _DEFERRED.get()
+        deferred = None if delivery is None else delivery.deferred
         carried = [d for d in deferred or () if budget_run_id(d.run) == funds]
         try:
             reserved = await budget.reserve(
@@ -118,7 +132,17 @@ class RunBudgets:
         closing = self._carried_keys(deferred, carried, reserved.settled)
         new = await self._store.hold(conn, run.run_id, key, reserved.reservation_id,
                                      closing=closing)
+        if known is not None:
+            known[key] = Reservation(step_key=key, reservation_id=reserved.reservation_id,
+                                     state="open")
         return reserved.reservation_id, new
+
+    def known(self, run: RunRow, reservations: list[Reservation]) -> None:
+        """The locked run's reservations as just read (with its steps), so that this
+        delivery's reservations of it need no query of their own (in a `deferring` scope)."""
+        delivery = _DELIVERY.get()
+        if delivery is not None:
+            delivery.held[run.run_id] = {r.step_key: r for r in reservations}
 
     @staticmethod
     def _carried_keys(deferred: list[_Due] | None, carried: list[_Due],
@@ -145,17 +169,18 @@ class RunBudgets:
         of their run and travel with it; what is left is settled on leaving it, on `conn`
         (outside any transaction). If the work fails, nothing is sent: what it recorded due
         and committed is `settle_due`'s on the next delivery."""
-        token = _DEFERRED.set([])
+        token = _DELIVERY.set(_Delivery())
         try:
             yield
             await self.settle_deferred(conn)
         finally:
-            _DEFERRED.reset(token)
+            _DELIVERY.reset(token)
 
     async def settle_deferred(self, conn: Any) -> None:
         """Settle what the delivery deferred, now (its last transaction calls this before it
         commits, so a run's end is committed with its steps settled, as without deferral)."""
-        deferred = _DEFERRED.get() or []
+        delivery = _DELIVERY.get()
+        deferred = [] if delivery is None else delivery.deferred
         while deferred:
             d = deferred.pop(0)
             try:
@@ -202,7 +227,11 @@ class RunBudgets:
         Raises:
             BudgetUnavailable: governance did not answer (retry the delivery).
         """
-        for due in await self._store.due(conn, run.run_id):
+        delivery = _DELIVERY.get()
+        known = None if delivery is None else delivery.held.get(run.run_id)
+        dues = (sorted((r for r in known.values() if r.state == "due"), key=lambda r: r.step_key)
+                if known is not None else await self._store.due(conn, run.run_id))
+        for due in dues:
             if self._defer(run, due):
                 continue
             await self._settle(conn, run, due.step_key, due.reservation_id,
@@ -212,9 +241,10 @@ class RunBudgets:
     @staticmethod
     def _defer(run: RunRow, due: Reservation) -> bool:
         """Keep `due` for the next reservation of its run, if in a `deferring` scope."""
-        deferred = _DEFERRED.get()
-        if deferred is None:
+        delivery = _DELIVERY.get()
+        if delivery is None:
             return False
+        deferred = delivery.deferred
         if all(d.reservation.step_key != due.step_key or d.run.run_id != run.run_id
                for d in deferred):
             deferred.append(_Due(run=run, reservation=due))

@@ -73,7 +73,7 @@ from schemas.sessions import SESSION_OPS
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
-from services.planner.cancel import cancelled_by, in_flight, record_cancel
+from services.planner.cancel import in_flight, record_cancel
 from services.planner.capabilities import Capabilities, Waiting, waiting_on
 from services.planner.codes import BUDGET_CODE
 from services.planner.critic import Critic
@@ -252,9 +252,12 @@ class PlannerService(PersonWaits):
             run = await self._store.lock_run(conn, event.run_id)
             if run is None:
                 return []  # an outcome for a run this planner never started: nothing to drive
-            steps = await self._store.steps(conn, run.run_id)
+            state = await self._store.state(conn, run)
+            self._budget.known(run, state.reservations)
+            steps = state.steps
             seen = len(steps)
-            effects = await self._advance_run(conn, run, steps, event, finished)
+            effects = await self._advance_run(conn, run, steps, event, finished,
+                                              cancelled=state.cancelled_by)
             if effects is not AGAIN:  # the delivery's last transaction
                 await self._budget.settle_deferred(conn)
             if self._sessions is not None:
@@ -267,7 +270,7 @@ class PlannerService(PersonWaits):
                 await self._sessions.flush_run(run.run_id)
 
     async def _advance_run(self, conn: Any, run: RunRow, steps: list[Step], event: Inbound,
-                           finished: Finished) -> Effects | None:
+                           finished: Finished, *, cancelled: str | None) -> Effects | None:
         await self._budget.settle_due(conn, run)
         # An ask is not an observation: the step's observation is what the answer leads to.
         if isinstance(event, CommandOutcome) or (
@@ -283,7 +286,7 @@ class PlannerService(PersonWaits):
             # The capability call has its outcome (or its refusal): it is over.
             await self._budget.spent(conn, run, step_key(run.run_id, event.step,
                                                          "capability"), capability_calls=1)
-        if run.status not in TERMINAL_RUN and (by := await cancelled_by(conn, run)):
+        if run.status not in TERMINAL_RUN and (by := cancelled):
             if (run.status == "running" and in_flight(steps)
                     and not isinstance(event, ProposalRefused)):
                 return []  # an admitted command runs to its outcome, observed before the end
@@ -336,9 +339,11 @@ class PlannerService(PersonWaits):
                 run = await self._store.lock_run(conn, run_id)
                 if run is None or run.status != "running":
                     return []
-                steps = await self._store.steps(conn, run_id)
+                state = await self._store.state(conn, run)
+                self._budget.known(run, state.reservations)
+                steps = state.steps
                 seen = len(steps)
-                if by := await cancelled_by(conn, run):  # nothing more is scheduled
+                if by := state.cancelled_by:  # nothing more is scheduled
                     effects = [await self._finish(conn, run, steps, "cancelled", finished,
                                                   error=(CANCEL_CODE, f"cancelled by {by}"))]
                     break

@@ -38,7 +38,7 @@ from services.planner.journal_entries import (
     StepRecord,
 )
 
-__all__ = ["PlannerStore", "Reservation", "RunRow", "Step", "read_replay"]
+__all__ = ["PlannerStore", "Reservation", "RunRow", "RunState", "Step", "read_replay"]
 
 TERMINAL_RUN = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -84,6 +84,32 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     capability_calls: int = 0
 
 
+class RunState(msgspec.Struct, frozen=True, kw_only=True):
+    """What the planner reads of a locked run in one statement: its steps, who asked to
+    cancel it, and its budget reservations."""
+
+    steps: list[Step]
+    cancelled_by: str | None = None
+    reservations: list[Reservation] = []
+
+
+# Read after the run's lock was granted (a statement of its own, so its snapshot sees every
+# step a delivery that held the lock before committed).
+_STATE = """
+SELECT (SELECT coalesce(json_agg(json_build_object('seq', seq, 'kind', kind, 'payload', payload)
+                                 ORDER BY seq), '[]'::json)
+        FROM planner.steps WHERE run_id = $1) AS steps,
+       (SELECT principal FROM planner.cancellations
+        WHERE run_id = $1 AND tenant = $2) AS cancelled_by,
+       (SELECT coalesce(json_agg(json_build_object(
+                   'step_key', step_key, 'reservation_id', reservation_id, 'state', state,
+                   'provider_calls', provider_calls, 'tokens', tokens,
+                   'capability_calls', capability_calls)), '[]'::json)
+        FROM planner.reservations WHERE run_id = $1) AS reservations
+"""
+_STEPS = msgspec.json.Decoder(list[Step])
+_RESERVATIONS = msgspec.json.Decoder(list[Reservation])
+
 _RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
                 "error_code, error_message, attended, manifest, pending_id")
 
@@ -110,6 +136,22 @@ class PlannerStore:
         """The planner's audit journal."""
         return self._journal
 
+    async def _changed_and_captured(self, conn: asyncpg.Connection, change: str,
+                                    args: tuple[Any, ...], *, tenant: str, kind: str,
+                                    subject: str, run_id: str, payload: msgspec.Struct) -> bool:
+        """`change` (a statement that returns a row if it changed something) and, only then,
+        its journal row, in one statement; whether it changed something. One round trip where
+        the change and its `_capture` took two."""
+        changed = f"changed AS ({change})"
+        if self._journal is None:
+            return bool(await conn.fetchval(
+                f"WITH {changed} SELECT EXISTS (SELECT 1 FROM changed)", *args))
+        entry = self._journal.entry(tenant=tenant, kind=kind, subject=subject, payload=payload,
+                                    run_id=run_id)
+        return bool(await conn.fetchval(
+            f"WITH {changed}, {self._journal.cte_if(len(args) + 1, 'changed')} "
+            "SELECT EXISTS (SELECT 1 FROM changed)", *args, *msgspec.structs.astuple(entry)))
+
     async def _capture(self, conn: asyncpg.Connection, *, tenant: str, kind: str,
                        subject: str, run_id: str, payload: msgspec.Struct) -> None:
         if self._journal is not None:
@@ -126,23 +168,21 @@ class PlannerStore:
             async with self._pool.acquire() as pooled:
                 return await self.create_run(started, manifest=manifest, conn=pooled)
         evidence = msgspec.to_builtins(started.evidence)
-        async with conn.transaction():
-            created = await conn.fetchval(
-                "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
-                "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
-                "$7::jsonb, 'running', $8, $9::jsonb) ON CONFLICT DO NOTHING RETURNING true",
-                started.run_id, started.tenant, started.request_id, started.principal,
-                started.agent, started.input, json.dumps(evidence), started.attended,
-                None if manifest is None else json.dumps(manifest))
-            if created:  # the untrusted content the model will see, captured for replay
-                await self._capture(conn, tenant=started.tenant, kind=RUN_STARTED,
-                                    subject=started.run_id, run_id=started.run_id,
-                                    payload=RunStartedEntry(
-                                        request_id=started.request_id,
-                                        principal=started.principal, agent=started.agent,
-                                        input=started.input, evidence=evidence,
-                                        attended=started.attended, manifest=manifest))
-        return bool(created)
+        # One statement, hence one transaction: the run and (only if it is new) the untrusted
+        # content the model will see, captured for replay.
+        return await self._changed_and_captured(
+            conn,
+            "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
+            "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
+            "$7::jsonb, 'running', $8, $9::jsonb) ON CONFLICT DO NOTHING RETURNING true",
+            (started.run_id, started.tenant, started.request_id, started.principal,
+             started.agent, started.input, json.dumps(evidence), started.attended,
+             None if manifest is None else json.dumps(manifest)),
+            tenant=started.tenant, kind=RUN_STARTED, subject=started.run_id,
+            run_id=started.run_id, payload=RunStartedEntry(
+                request_id=started.request_id, principal=started.principal,
+                agent=started.agent, input=started.input, evidence=evidence,
+                attended=started.attended, manifest=manifest))
 
     async def create_branch(self, conn: asyncpg.Connection, branch: RunRow) -> bool:
         """Record a branch run (another agent a run called) in the caller's transaction, with
@@ -186,6 +226,13 @@ class PlannerStore:
             f"SELECT {_RUN_COLUMNS} FROM planner.runs WHERE run_id = $1 FOR UPDATE", run_id)
         return None if row is None else _run(row)
 
+    async def state(self, conn: asyncpg.Connection, run: RunRow) -> RunState:
+        """The locked run's steps in order, its cancellation and its reservations, in one
+        round trip (call it after `lock_run`, in the same transaction)."""
+        row = await conn.fetchrow(_STATE, run.run_id, run.tenant)
+        return RunState(steps=_STEPS.decode(row["steps"]), cancelled_by=row["cancelled_by"],
+                        reservations=_RESERVATIONS.decode(row["reservations"]))
+
     async def steps(self, conn: asyncpg.Connection, run_id: str) -> list[Step]:
         """The run's steps in order."""
         rows = await conn.fetch(
@@ -193,25 +240,28 @@ class PlannerStore:
         return [Step(seq=r["seq"], kind=r["kind"], payload=json.loads(r["payload"]))
                 for r in rows]
 
-    async def _add_step(self, conn: asyncpg.Connection, run_id: str, seq: int, kind: str,
-                        payload: dict[str, Any], input_digest: str | None = None) -> bool:
-        added = await conn.fetchval(
+    async def _add_step(self, conn: asyncpg.Connection, run: RunRow, seq: int, kind: str,
+                        payload: dict[str, Any], input_digest: str | None = None, *,
+                        journal_kind: str, entry: msgspec.Struct) -> bool:
+        """Record a step once, with its journal row in the same statement."""
+        return await self._changed_and_captured(
+            conn,
             "INSERT INTO planner.steps (run_id, seq, kind, payload, input_digest) "
             "VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT DO NOTHING RETURNING true",
-            run_id, seq, kind, json.dumps(payload), input_digest)
-        return bool(added)
+            (run.run_id, seq, kind, json.dumps(payload), input_digest),
+            tenant=run.tenant, kind=journal_kind, subject=f"{run.run_id}/{seq}",
+            run_id=run.run_id, payload=entry)
 
     async def add_decision(self, conn: asyncpg.Connection, run: RunRow, seq: int,
                            response: dict[str, Any], *, turn: int, input_digest: str,
                            proposal: ProposalEntry | None) -> bool:
         """Record a captured model response once, and the proposal the runtime made of it."""
-        if not await self._add_step(conn, run.run_id, seq, "decision", response, input_digest):
+        if not await self._add_step(conn, run, seq, "decision", response, input_digest,
+                                    journal_kind=DECISION, entry=DecisionEntry(
+                                        seq=seq, turn=turn, input_digest=input_digest,
+                                        response=response)):
             return False
         subject = f"{run.run_id}/{seq}"
-        await self._capture(conn, tenant=run.tenant, kind=DECISION, subject=subject,
-                            run_id=run.run_id, payload=DecisionEntry(
-                                seq=seq, turn=turn, input_digest=input_digest,
-                                response=response))
         if proposal is not None:
             await self._capture(conn, tenant=run.tenant, kind=PROPOSAL, subject=subject,
                                 run_id=run.run_id, payload=proposal)
@@ -220,13 +270,10 @@ class PlannerStore:
     async def add_critic(self, conn: asyncpg.Connection, run: RunRow, seq: int, *, step: int,
                          round: int, verdict: dict[str, Any], input_digest: str) -> bool:
         """Record a captured critic verdict on the answer of `step` once."""
-        if not await self._add_step(conn, run.run_id, seq, "critic", verdict, input_digest):
-            return False
-        await self._capture(conn, tenant=run.tenant, kind=CRITIC, subject=f"{run.run_id}/{seq}",
-                            run_id=run.run_id, payload=CriticEntry(
-                                seq=seq, step=step, round=round, input_digest=input_digest,
-                                verdict=verdict))
-        return True
+        return await self._add_step(conn, run, seq, "critic", verdict, input_digest,
+                                    journal_kind=CRITIC, entry=CriticEntry(
+                                        seq=seq, step=step, round=round,
+                                        input_digest=input_digest, verdict=verdict))
 
     async def add_proposal(self, conn: asyncpg.Connection, run: RunRow,
                            proposal: ProposalEntry) -> None:
@@ -294,13 +341,10 @@ class PlannerStore:
                               step: int, output: dict[str, Any],
                               observation: dict[str, Any]) -> bool:
         """Record what the model observes of a captured tool output once."""
-        if not await self._add_step(conn, run.run_id, seq, "observation", observation):
-            return False
-        await self._capture(conn, tenant=run.tenant, kind=OBSERVATION,
-                            subject=f"{run.run_id}/{seq}", run_id=run.run_id,
-                            payload=ObservationEntry(seq=seq, step=step, output=output,
-                                                     observation=observation))
-        return True
+        return await self._add_step(conn, run, seq, "observation", observation,
+                                    journal_kind=OBSERVATION, entry=ObservationEntry(
+                                        seq=seq, step=step, output=output,
+                                        observation=observation))
 
     async def set_status(self, conn: asyncpg.Connection, run: RunRow, status: str, *,
                          step: int | None = None, answer: str | None = None,
@@ -308,18 +352,16 @@ class PlannerStore:
                          pending_id: str | None = None) -> bool:
         """Move the run to `status` (`pending_id`: the decision it now waits for); False (and
         nothing journaled) if it was there already."""
-        changed = await conn.fetchval(
+        return await self._changed_and_captured(
+            conn,
             "UPDATE planner.runs SET status = $2, answer = $3, error_code = $4, "
             "error_message = $5, pending_id = $6, updated_at = now() WHERE run_id = $1 "
             "AND (status, answer, error_code, error_message, pending_id) "
             "IS DISTINCT FROM ($2, $3, $4, $5, $6) "
-            "RETURNING true", run.run_id, status, answer, error_code, error_message, pending_id)
-        if changed:
-            await self._capture(conn, tenant=run.tenant, kind=RUN_STATUS, subject=run.run_id,
-                                run_id=run.run_id, payload=StatusEntry(
-                                    status=status, step=step, answer=answer,
-                                    error_code=error_code, error_message=error_message))
-        return bool(changed)
+            "RETURNING true", (run.run_id, status, answer, error_code, error_message, pending_id),
+            tenant=run.tenant, kind=RUN_STATUS, subject=run.run_id, run_id=run.run_id,
+            payload=StatusEntry(status=status, step=step, answer=answer,
+                                error_code=error_code, error_message=error_message))
 
     async def read_replay(self, tenant: str, run_id: str
                           ) -> tuple[list[Captured], RunRecord | None, int]:
