@@ -15,7 +15,13 @@ import pytest
 
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
 from libs.journal import DataKeys, Journal
-from schemas.governance import BudgetRefused, BudgetReserved, RegisterRun, RunBudget
+from schemas.governance import (
+    BudgetRefused,
+    BudgetReserved,
+    RegisterRun,
+    RunBudget,
+    Settlement,
+)
 from services.governance.budgets import BudgetDefaults, Limits
 from services.governance.logic import Call, decide
 from services.governance.store import Answered, GovernanceStore
@@ -195,6 +201,67 @@ async def test_settling_frees_the_reservation_and_counts_actual_use(env: Env) ->
                                   reservation_id=held.reservation_id) is None
     assert await env.store.settle(tenant="acme", run_id="run-1",
                                   reservation_id="not-a-uuid") is None
+
+
+async def test_a_reserve_settles_the_steps_it_carries_first_in_its_transaction(
+        env: Env) -> None:
+    # One step at a time: the next step's reservation fits only because the settlement it
+    # carries closes the previous one first, under the same lock.
+    await _run(env.store, provider_calls=2, tokens=1000, capability_calls=1,
+               max_concurrent_steps=1)
+    model = await _reserve(env.store, "run-1:0:model", provider_calls=1, tokens=400)
+    assert isinstance(model, BudgetReserved)
+    assert _refused(await _reserve(env.store, "run-1:1:capability", capability_calls=1),
+                    "concurrent_steps")
+    carried = [Settlement(reservation_id=model.reservation_id, provider_calls=1, tokens=30)]
+    call = await env.store.reserve(tenant="acme", run_id="run-1", step_key="run-1:1:capability",
+                                   capability_calls=1, settle=carried)
+    assert isinstance(call, BudgetReserved) and call.settled == [model.reservation_id]
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None
+    assert (state.used_provider_calls, state.used_tokens, state.reserved_tokens,
+            state.reserved_capability_calls, state.open_steps) == (1, 30, 0, 1, 1)
+    # Carried again (a redelivery): recorded once, the first use kept.
+    again = await env.store.reserve(tenant="acme", run_id="run-1",
+                                    step_key="run-1:1:capability", capability_calls=1,
+                                    settle=[Settlement(reservation_id=model.reservation_id,
+                                                       provider_calls=1, tokens=999)])
+    assert isinstance(again, BudgetReserved) and again.reservation_id == call.reservation_id
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None and (state.used_tokens, state.open_steps) == (30, 1)
+    # A refused reserve still closes what it carries: the capability call is settled, and
+    # the run has no capability call left for the next one.
+    refused = await env.store.reserve(
+        tenant="acme", run_id="run-1", step_key="run-1:3:capability", capability_calls=1,
+        settle=[Settlement(reservation_id=call.reservation_id, capability_calls=1)])
+    assert _refused(refused, "capability_calls")
+    assert isinstance(refused, BudgetRefused) and refused.settled == [call.reservation_id]
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None
+    assert (state.used_capability_calls, state.reserved_capability_calls,
+            state.open_steps) == (1, 0, 0)
+    rows = await env.admin.fetch("SELECT kind FROM governance.journal WHERE kind LIKE "
+                                 "'budget.%' ORDER BY id")
+    assert [r["kind"] for r in rows] == [
+        "budget.set", "budget.reserved", "budget.exhausted", "budget.settled",
+        "budget.reserved", "budget.settled", "budget.exhausted"]
+
+
+async def test_a_failed_reserve_settles_nothing_it_carries(env: Env) -> None:
+    await _run(env.store, provider_calls=2, tokens=1000)
+    model = await _reserve(env.store, "run-1:0:model", provider_calls=1, tokens=400)
+    assert isinstance(model, BudgetReserved)
+    # The next step's reservation fails inside the transaction (an amount the table's check
+    # refuses, which the wire schema never lets through): the settlement it carried rolls
+    # back with it.
+    with pytest.raises(asyncpg.PostgresError):
+        await env.store.reserve(
+            tenant="acme", run_id="run-1", step_key="run-1:1:model", provider_calls=1,
+            tokens=-5, settle=[Settlement(reservation_id=model.reservation_id,
+                                          provider_calls=1, tokens=30)])
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None
+    assert (state.used_tokens, state.reserved_tokens, state.open_steps) == (0, 400, 1)
 
 
 async def test_wall_time_does_not_count_waiting_for_a_person(env: Env) -> None:

@@ -33,7 +33,7 @@ from libs.telemetry import make_tracer_provider
 from schemas import subjects
 from schemas.admission import ProposalRefused
 from schemas.dispatcher import CommandOutcome
-from schemas.governance import RegisterRun, RunBudget, RunRegistered
+from schemas.governance import RegisterRun, ReserveBudget, RunBudget, RunRegistered
 from schemas.retrieval import EvidenceGathered
 from services.governance.service import GovernanceService
 from services.governance.store import GovernanceStore
@@ -239,6 +239,38 @@ async def test_a_redelivered_step_reuses_its_reservation(env: Env) -> None:
     run = await env.run("run-b3")
     assert (run["status"], run["answer"]) == ("succeeded", FIRST.answer)
     assert [r[1] for r in await env.reservations("run-b3")] == ["settled"] * 3
+
+
+async def test_a_steps_settlement_travels_with_the_next_reservation(env: Env) -> None:
+    """Three reservations and three settlements, in four round trips to governance: each
+    step's settlement goes with the next step's reservation, and only the last is sent alone,
+    before its delivery commits; every reservation ends settled with what its step used."""
+    seen: list[tuple[str, bytes]] = []
+
+    async def heard(msg: Any) -> None:
+        seen.append((msg.subject, msg.data))
+
+    reserves = await env.nc.subscribe(subjects.RESERVE, cb=heard)
+    settles = await env.nc.subscribe(subjects.SETTLE, cb=heard)
+    svc = env.service(Counting({"note-assistant": [NOTE, FIRST]}))
+    await svc.handle(_Delivery(await register(env, "run-b11", "note-assistant")))
+    await svc.handle(_Delivery(outcome("run-b11", 0)))
+    run = await env.run("run-b11")
+    assert (run["status"], run["answer"]) == ("succeeded", FIRST.answer)
+    assert await env.reservations("run-b11") == [
+        ("0:model", "settled", 1, 0, 0), ("0:capability", "settled", 0, 0, 1),
+        ("2:model", "settled", 1, 0, 0)]
+    assert await env.db.fetchval("SELECT count(*) FROM planner.reservations WHERE run_id = $1 "
+                                 "AND state <> 'closed'", "run-b11") == 0
+    await env.nc.flush()
+    await reserves.unsubscribe()
+    await settles.unsubscribe()
+    assert [subject for subject, _ in seen] == [subjects.RESERVE] * 3 + [subjects.SETTLE]
+    asks = [msgspec.json.decode(data, type=ReserveBudget) for subject, data in seen
+            if subject == subjects.RESERVE]
+    assert [len(ask.settle) for ask in asks] == [0, 1, 1]
+    assert [ask.settle[0].provider_calls for ask in asks[1:]] == [1, 0]
+    assert [ask.settle[0].capability_calls for ask in asks[1:]] == [0, 1]
 
 
 async def test_governance_not_answering_is_a_retry_never_an_allow(env: Env) -> None:

@@ -180,31 +180,22 @@ class GovernanceStore(BudgetStore):
         """Record a run, its run grants and its budget (`limits`, or the built-in defaults
         under the run's own budget); idempotent: a redelivery changes nothing."""
         limits = limits if limits is not None else Limits().lowered(run.budget)
+        # Two statements, each with its journal row (written only if it recorded something).
         async with self._pool.acquire() as conn, conn.transaction():
-            status = await conn.execute(
-                "INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
-                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                run.tenant, run.run_id, run.principal, run.agent, run.attended)
-            if status != "INSERT 0 0":  # else a redelivery: recorded (and journaled) already
-                await self._write(conn, tenant=run.tenant, kind="run.registered",
-                                  subject=run.run_id, run_id=run.run_id,
-                                  payload=msgspec.to_builtins(run))
-                await conn.executemany(
-                    "INSERT INTO governance.run_grants (tenant, run_id, family, granted_by) "
-                    "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                    [(run.tenant, run.run_id, family, run.principal) for family in run.grants])
+            await self._journaled(
+                conn, _RUN + ", " + _RUN_GRANTS, "SELECT EXISTS (SELECT 1 FROM run)",
+                (run.tenant, run.run_id, run.principal, run.agent, run.attended,
+                 list(run.grants)),
+                tenant=run.tenant, kind="run.registered", subject=run.run_id,
+                run_id=run.run_id, payload=msgspec.to_builtins(run), only_if="run")
             # Apart from the run: a run registered before budgets existed gets one when its
             # registration is delivered again.
-            status = await conn.execute(
-                "INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, tokens, "
-                "capability_calls, wall_time_s, max_concurrent_steps) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
-                run.tenant, run.run_id, run.agent, limits.provider_calls, limits.tokens,
-                limits.capability_calls, limits.wall_time_s, limits.max_concurrent_steps)
-            if status != "INSERT 0 0":
-                await self._write(conn, tenant=run.tenant, kind="budget.set", subject=run.run_id,
-                                  run_id=run.run_id, payload={
-                                      "agent": run.agent, **msgspec.to_builtins(limits)})
+            await self._journaled(
+                conn, _RUN_BUDGET, "SELECT EXISTS (SELECT 1 FROM budget)",
+                (run.tenant, run.run_id, run.agent, limits.provider_calls, limits.tokens,
+                 limits.capability_calls, limits.wall_time_s, limits.max_concurrent_steps),
+                tenant=run.tenant, kind="budget.set", subject=run.run_id, run_id=run.run_id,
+                payload={"agent": run.agent, **msgspec.to_builtins(limits)}, only_if="budget")
 
     async def pending(self, tenant: str, limit: int = 500) -> list[PendingDecision]:
         """The tenant's unanswered decisions, oldest first."""
@@ -362,6 +353,17 @@ class GovernanceStore(BudgetStore):
             if changed:
                 await self._write(conn, tenant=policy.tenant, kind="policy.loaded",
                                   subject=policy.version, payload=msgspec.to_builtins(policy))
+
+
+# A run, once (a redelivery inserts nothing), and its run grants with it ($6: the families).
+_RUN = ("run AS (INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
+        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING 1)")
+_RUN_GRANTS = ("grants AS (INSERT INTO governance.run_grants (tenant, run_id, family, "
+               "granted_by) SELECT $1, $2, family, $3 FROM unnest($6::text[]) AS family "
+               "WHERE EXISTS (SELECT 1 FROM run) ON CONFLICT DO NOTHING)")
+_RUN_BUDGET = ("budget AS (INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, "
+               "tokens, capability_calls, wall_time_s, max_concurrent_steps) "
+               "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING 1)")
 
 
 class _AlreadyPending(Exception):
