@@ -1,7 +1,7 @@
 """Federation reads: what an `mcp:` read through Writ adds over calling the host's MCP tool
 directly (p50 / p99), one read at a time.
 
-Direct: the official SDK opens a session with the fake host (`fakes/host.py`) and calls
+Direct: the official SDK opens a session with the fake host (`fakes/host/`) and calls
 `ticket.get`, as retrieval itself does for each read. Through Writ: a `ReadCapability` on
 `writ.int.retrieval.read`, so the same session and call plus retrieval's checks (registration,
 the classified schema, the breaker, the listing — recorded by governance whenever it is taken,

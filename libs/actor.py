@@ -6,7 +6,8 @@
 - `Fenced`: nothing at all (the lease belongs to another worker; a stale ack would settle its
   delivery, because JetStream matches acks by stream sequence only);
 - `RetryableError`, or a dependency unavailable (`libs.errors.waits_out`: a Writ service not
-  answering, NATS or PostgreSQL away): `nak` with backoff (capped at 30 s) for as long as the
+  answering, NATS or PostgreSQL away): `nak` with backoff (capped at the consumer's
+  `backoff_max_s`, 30 s unless `WRIT_RETRY_BACKOFF_MAX_S` says otherwise) for as long as the
   outage lasts, up to the consumer's `outage_limit_s` (15 minutes from when the message was
   stored; counted in `writ_<service>_messages_waiting_total`), then dead-letter;
 - anything else, of any type: `nak` with backoff until the consumer's `max_deliver` is
@@ -92,11 +93,8 @@ Handler = Callable[[Delivery[Any]], Awaitable[None]]
 BatchHandler = Callable[[list[Delivery[Any]]], Awaitable[Sequence[BaseException | None]]]
 
 
-_MAX_BACKOFF_S = 30.0
-
-
-def _backoff(num_delivered: int) -> float:
-    return float(min(0.25 * 2 ** min(max(num_delivered - 1, 0), 16), _MAX_BACKOFF_S))
+def _backoff(num_delivered: int, spec: ConsumerSpec) -> float:
+    return float(min(0.25 * 2 ** min(max(num_delivered - 1, 0), 16), spec.backoff_max_s))
 
 
 def _age_s(msg: Msg) -> float:
@@ -126,6 +124,7 @@ async def run_actor(
     batch_handler: BatchHandler | None = None,
     batch_size: int = 64,
     health: Health | None = None,
+    backoff_max_s: float | None = None,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
@@ -133,6 +132,8 @@ async def run_actor(
     When `stopping` is set the loop fetches nothing more and returns once the handlers in
     flight have finished: that is the graceful drain a SIGTERM asks for.
     """
+    if backoff_max_s is not None:  # the process's setting over the consumer's default
+        spec = msgspec.structs.replace(spec, backoff_max_s=backoff_max_s)
     await ensure_consumer(js, spec)
     sub = await js.pull_subscribe_bind(spec.durable, spec.stream)
     if health is not None:
@@ -274,7 +275,7 @@ async def _crashed(msgs: list[Msg], exc: Exception, *, spec: ConsumerSpec,
     metrics.failed.labels(spec.durable, "crashed").inc(len(msgs))
     for msg in msgs:
         try:
-            delay = _backoff(msg.metadata.num_delivered)
+            delay = _backoff(msg.metadata.num_delivered, spec)
         except Exception:  # not even its metadata reads: the ack wait brings it back
             continue
         await _settle(msg.nak(delay=delay))
@@ -446,7 +447,7 @@ async def _settle_result(delivery: Delivery[Any], error: BaseException | None, *
                      delivery.num_delivered, error)
         else:
             log.warning("%s: handler failed, will retry: %r", consumer, error)
-        delay = _backoff(delivery.num_delivered)
+        delay = _backoff(delivery.num_delivered, spec)
         if isinstance(error, RetryableError) and error.delay is not None:
             # The error's own delay (a lease's remaining time, a cooldown) first; a long
             # outage still backs off.

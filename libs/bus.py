@@ -58,6 +58,8 @@ class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_deliver: int = 10
     max_ack_pending: int = 1000
     outage_limit_s: float = OUTAGE_LIMIT_S
+    # A retried delivery waits 0.25 s, doubling, up to this (`WRIT_RETRY_BACKOFF_MAX_S`).
+    backoff_max_s: float = 30.0
 
 
 async def connect(url: str, *, name: str, user: str = "", password: str = "") -> Client:

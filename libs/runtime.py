@@ -97,8 +97,10 @@ class Runtime:
     def __init__(self, *, name: str, nc: Client, js: JetStreamContext,
                  registry: CollectorRegistry, tracer_provider: TracerProvider,
                  faults: Faults | None = None, health: Health | None = None,
-                 stream_replicas: int = 1) -> None:
+                 stream_replicas: int = 1, retry_backoff_max_s: float | None = None) -> None:
         self.name = name
+        # Every actor's longest redelivery backoff (WRIT_RETRY_BACKOFF_MAX_S; None: 30 s).
+        self.retry_backoff_max_s = retry_backoff_max_s
         # Replicas of any stream a service declares itself (WRIT_STREAM_REPLICAS).
         self.stream_replicas = stream_replicas
         # `/livez` and `/readyz`: actors given it fetch only while NATS and PostgreSQL answer;
@@ -141,7 +143,8 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
             _write_atomically(metrics_port_file, str(metrics.port))
         rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider,
                      faults=Faults(settings.faults_file or None), health=health,
-                     stream_replicas=settings.stream_replicas)
+                     stream_replicas=settings.stream_replicas,
+                     retry_backoff_max_s=settings.retry_backoff_max_s)
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
             await tg.start(health.run)

@@ -40,6 +40,9 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # cluster across zones), 1 for the embedded single server.
     stream_replicas: int = 1
     drain_timeout_s: float = 10.0
+    # The longest a retried delivery waits before its next try (0.25 s doubling up to this):
+    # how soon a waiting message notices a dependency is back. The outage test shortens it.
+    retry_backoff_max_s: float = 30.0
     # Streams this process declares get this many replicas: 3 on a production JetStream
     # cluster (DESIGN.md section 5), 1 on a single server.
     stream_replicas: int = 1

@@ -1,6 +1,6 @@
 """`writ run`, scenario C (seed 000): a host product federates with Writ.
 
-The simulated helpdesk (`fakes/host.py`) keeps its data behind its own MCP server and its
+The simulated helpdesk (`fakes/host/`) keeps its data behind its own MCP server and its
 writes behind its own REST API. An operator lists its MCP server and classifies the tools Writ
 exposes; then the host starts a run through the SDK (`writ_client`), the agent reads a ticket
 and its customer through `mcp:` tools, proposes a comment, which is admitted and dispatched over

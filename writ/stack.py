@@ -90,7 +90,7 @@ class Stack:
         self.extra_env = extra_env or {}
         self.crm_url = ""
         self.payments_url = ""
-        self.host_url = ""  # the simulated host product (fakes/host.py): MCP + REST
+        self.host_url = ""  # the simulated host product (fakes/host/): MCP + REST
         # The HTTP API's port: 0 lets ingress take a free one (`api_url` reads which).
         self.http_port = http_port
         self.secrets = self.home / "secrets"

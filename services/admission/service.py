@@ -111,7 +111,8 @@ class AdmissionService(ProposalApprovals):
                             batch_size=self._batch_size, concurrency=self._batches,
                             metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            health=self._rt.health, task_status=task_status)
+                            health=self._rt.health, task_status=task_status,
+                            backoff_max_s=self._rt.retry_backoff_max_s)
             tg.cancel_scope.cancel()  # drained: the relay, the gauges and the sealer stop too
 
     async def refresh_gauges(self) -> None:

@@ -180,7 +180,8 @@ class DispatcherService:
                             batch_size=self._batch_size, concurrency=self._batches,
                             metrics=self._rt.metrics, tracer=self._rt.tracer,
                             stopping=self._rt.stopping, ack_sync=True, heartbeat=False,
-                            health=self._rt.health, task_status=task_status)
+                            health=self._rt.health, task_status=task_status,
+                            backoff_max_s=self._rt.retry_backoff_max_s)
             tg.cancel_scope.cancel()
 
     async def refresh_gauges(self) -> None:

@@ -104,7 +104,8 @@ class GovernanceService:
                             decoder=msgspec.json.Decoder(AnswerDecision),
                             handler=self._on_answer, metrics=self._rt.metrics,
                             tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            health=self._rt.health, task_status=task_status)
+                            health=self._rt.health, task_status=task_status,
+                            backoff_max_s=self._rt.retry_backoff_max_s)
             tg.cancel_scope.cancel()
 
     # -- request/reply ----------------------------------------------------------------------

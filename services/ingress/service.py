@@ -101,7 +101,8 @@ class IngressService:
                 await tg.start(functools.partial(
                     run_actor, js=self._rt.js, spec=inbox(tenant), decoder=None,
                     handler=self.handle, metrics=self._rt.metrics, tracer=self._rt.tracer,
-                    stopping=self._rt.stopping, health=self._rt.health))
+                    stopping=self._rt.stopping, health=self._rt.health,
+                    backoff_max_s=self._rt.retry_backoff_max_s))
             task_status.started()
 
     async def handle(self, delivery: Delivery[bytes]) -> None:

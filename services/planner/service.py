@@ -192,7 +192,8 @@ class PlannerService(PersonWaits):
                                 handler=self.handle, metrics=self._rt.metrics,
                                 tracer=self._rt.tracer, stopping=self._rt.stopping,
                                 concurrency=self._concurrency,
-                                health=self._rt.health, task_status=task_status)
+                                health=self._rt.health, task_status=task_status,
+                                backoff_max_s=self._rt.retry_backoff_max_s)
                 tg.cancel_scope.cancel()
         finally:
             self._agents.stop_all()

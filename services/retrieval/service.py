@@ -64,7 +64,8 @@ class RetrievalService:
         self._rt.endpoints += self.endpoints()
         await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder, handler=self.handle,
                         metrics=self._rt.metrics, tracer=self._rt.tracer,
-                        stopping=self._rt.stopping, health=self._rt.health, task_status=task_status)
+                        stopping=self._rt.stopping, health=self._rt.health, task_status=task_status,
+                        backoff_max_s=self._rt.retry_backoff_max_s)
 
     def endpoints(self) -> list[Endpoint]:
         """The request/reply endpoints `run` serves (tests may serve them alone)."""

@@ -1,5 +1,5 @@
 """Scenario C, end to end: Writ reads a host product through the host's own MCP server (real
-MCP over Streamable HTTP, `fakes/host.py`) and writes back through the host's REST API. Every
+MCP over Streamable HTTP, `fakes/host/`) and writes back through the host's REST API. Every
 test asserts the host's own record, not only what Writ says.
 
 Its own deployment: the listing is taken on every read (`WRIT_MCP_LISTING_TTL_S=0`, so a rug

@@ -74,6 +74,21 @@ def test_settings_defaults() -> None:
     assert settings.metrics_port == 0
     assert settings.metrics_host == "127.0.0.1"
     assert settings.drain_timeout_s == 10.0
+    assert settings.retry_backoff_max_s == 30.0
+
+
+def test_the_redelivery_backoff_doubles_up_to_the_consumers_cap() -> None:
+    from libs.actor import _backoff
+    from libs.bus import ConsumerSpec
+
+    spec = ConsumerSpec(stream="S", durable="d", filter_subjects=("s",))
+    assert [_backoff(n, spec) for n in range(1, 11)] == [
+        0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    short = ConsumerSpec(stream="S", durable="d", filter_subjects=("s",), backoff_max_s=2.0)
+    assert [_backoff(n, short) for n in range(1, 7)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    settings = load_settings(BaseSettings, {"WRIT_NATS_URL": "nats://bus:4222",
+                                            "WRIT_RETRY_BACKOFF_MAX_S": "2"})
+    assert settings.retry_backoff_max_s == 2.0
 
 
 @pytest.mark.parametrize("environ", [

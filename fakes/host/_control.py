@@ -1,0 +1,112 @@
+"""The host's `/_control` switches, and the guard of its MCP endpoint (bearer token, fault
+mode, lost answers)."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fakes.host._rest import Lost
+from fakes.host._state import MODES, State, Unavailable, fault, problem
+
+__all__ = ["Guard", "control_routes"]
+
+
+def control_routes(state: State) -> list[Route]:
+    async def get_state(request: Request) -> Response:
+        return JSONResponse(state.snapshot())
+
+    async def reset(request: Request) -> Response:
+        state.reset()
+        return JSONResponse({"ok": True})
+
+    async def mode(request: Request) -> Response:
+        req = await request.json()
+        face, name = req.get("face", "rest"), req.get("mode")
+        if face not in ("mcp", "rest") or name not in MODES:
+            return problem(400, f"face is mcp or rest, mode one of {sorted(MODES)}")
+        with state.lock:
+            state.modes[face] = {"mode": name, "count": req.get("count"),
+                                 "delay_s": float(req.get("delay_s", 0.0))}
+        return JSONResponse(state.modes[face])
+
+    async def rug_pull(request: Request) -> Response:
+        req = await request.json()
+        with state.lock:
+            for tool in state.tools:
+                if tool["name"] == req.get("tool"):
+                    if "description" in req:
+                        tool["description"] = str(req["description"])
+                    if "input_schema" in req:
+                        tool["input_schema"] = req["input_schema"]
+                    return JSONResponse(tool)
+        return problem(404, "no such tool")
+
+    async def inject(request: Request) -> Response:
+        req = await request.json()
+        with state.lock:
+            state.injected[str(req["tool"])] = str(req["text"])
+        return JSONResponse({"ok": True})
+
+    async def change_ticket(request: Request) -> Response:
+        """Someone at the host edits a ticket: its revision moves on."""
+        ticket_id = request.path_params["ticket_id"]
+        req = await request.json()
+        with state.lock:
+            if ticket_id not in state.tickets:
+                return problem(404, "ticket not found")
+            state.tickets[ticket_id].update({k: str(v) for k, v in req.items()
+                                             if k in ("status", "priority", "subject")})
+            state.revisions[ticket_id] += 1
+            return JSONResponse(state.ticket(ticket_id))
+
+    async def revoke_tokens(request: Request) -> Response:
+        with state.lock:
+            revoked = len(state.access_tokens)
+            state.access_tokens.clear()
+        return JSONResponse({"revoked": revoked})
+
+    return [Route("/_control/state", get_state, methods=["GET"]),
+            Route("/_control/revoke_tokens", revoke_tokens, methods=["POST"]),
+            Route("/_control/reset", reset, methods=["POST"]),
+            Route("/_control/mode", mode, methods=["POST"]),
+            Route("/_control/rug_pull", rug_pull, methods=["POST"]),
+            Route("/_control/inject", inject, methods=["POST"]),
+            Route("/_control/tickets/{ticket_id}", change_ticket, methods=["POST"]),
+            Route("/healthz", lambda r: JSONResponse({"status": "ok"}), methods=["GET"])]
+
+
+class Guard:
+    """ASGI around the app: the MCP endpoint's bearer token and fault mode, lost answers."""
+
+    def __init__(self, app: Any, *, state: State, token: bytes) -> None:
+        self._app, self._state, self._token = app, state, token
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/mcp"):
+            headers = dict(scope.get("headers") or [])
+            scheme, _, value = headers.get(b"authorization", b"").decode().partition(" ")
+            with self._state.lock:
+                issued = self._state.access_tokens.get(value, 0.0) > time.time()
+            if scheme.lower() != "bearer" or not (
+                    issued or hmac.compare_digest(value.encode(), self._token)):
+                await JSONResponse({"error": "invalid_token"}, status_code=401, headers={
+                    "WWW-Authenticate": 'Bearer error="invalid_token"'})(scope, receive, send)
+                return
+            if scope["method"] == "POST":  # each JSON-RPC request is one POST
+                try:
+                    await fault(self._state, "mcp")
+                except Unavailable:
+                    await problem(503, "unavailable")(scope, receive, send)
+                    return
+        try:
+            await self._app(scope, receive, send)
+        except Lost:
+            return  # the connection ends without an answer
+
+

@@ -1,0 +1,178 @@
+"""The commands of the local deployment and of development: `writ service`, `run`, `chat`,
+`schemas`, `nats-auth`, `token`, `console` and `tenant`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from writ.stack import SERVICES
+
+__all__ = ["add_parsers", "add_service_parser"]
+
+
+def _service(args: argparse.Namespace) -> int:
+    module = importlib.import_module(f"services.{args.name}.__main__")
+    module.main()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from writ.demo import run_demo
+
+    return run_demo(Path(args.home), serve=not args.once)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from writ.chat import chat_main
+
+    return chat_main(args)
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from writ.contracts import check_contracts, write_contracts
+    from writ.schemas_io import check_schemas, write_schemas
+
+    if args.write:
+        for path in [*write_schemas(), *write_contracts()]:
+            print(f"wrote {path}")
+        return 0
+    drift = check_schemas() + check_contracts()
+    for line in drift:
+        print(line, file=sys.stderr)
+    return 1 if drift else 0
+
+
+def _token(args: argparse.Namespace) -> int:
+    from writ.stack import Stack, mint_token
+
+    stack = Stack(Path(args.home))
+    roles = {"roles": args.roles.split(",")} if args.roles else {}
+    if args.key:  # a tenant registered with `writ tenant add`, signing with its own key
+        print(mint_token(Path(args.key).read_bytes(), tenant=args.tenant,
+                         principal=args.principal, ttl_s=args.ttl,
+                         issuer=args.issuer or stack.issuer(args.tenant), **roles))
+        return 0
+    print(stack.token(args.tenant, args.principal, ttl_s=args.ttl, **roles))
+    return 0
+
+
+def _console(args: argparse.Namespace) -> int:
+    from writ.stack import Stack
+
+    stack = Stack(Path(args.home))
+    try:
+        link = stack.console_link(tenant=args.tenant, principal=args.principal,
+                                  roles=tuple(r for r in args.roles.split(",") if r),
+                                  ttl_s=args.ttl)
+    except FileNotFoundError:
+        print(f"no running Writ under {args.home} (start it with `make run`)", file=sys.stderr)
+        return 1
+    print("Open this link once to sign in to the approval console (a second use is refused; "
+          f"the session ends with the token, in {int(args.ttl)} s):\n{link}")
+    return 0
+
+
+def _tenant(args: argparse.Namespace) -> int:
+    from writ.tenants import TenantError, add_tenant, remove_tenant
+
+    try:
+        if args.action == "add":
+            issuer = add_tenant(Path(args.home), args.tenant, Path(args.public_key).read_text(),
+                                issuer=args.issuer)
+            print(f"tenant {args.tenant} added (issuer {issuer}); ingress picks it up within "
+                  "seconds, no restart")
+        else:
+            remove_tenant(Path(args.home), args.tenant)
+            print(f"tenant {args.tenant} removed")
+    except (TenantError, OSError) as exc:
+        print(f"writ tenant: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+
+def _nats_auth(args: argparse.Namespace) -> int:
+    """Print the nats-server `authorization` block for these tenants (libs/natsauth.py),
+    generating the users' password files that do not exist yet."""
+    from libs.natsauth import auth_config, ensure_passwords
+
+    folder = Path(args.passwords)
+    folder.mkdir(parents=True, exist_ok=True)
+    tenants = args.tenant or ["acme"]
+    print(auth_config(ensure_passwords(folder, tenants), tenants), end="")
+    return 0
+
+
+
+def add_service_parser(sub: Any) -> None:
+    """`writ service <name>`."""
+    p = sub.add_parser("service", help="run one service process")
+    p.add_argument("name", choices=SERVICES)
+    p.set_defaults(func=_service)
+
+
+def add_parsers(sub: Any) -> None:
+    """`writ run`, `chat`, `schemas`, `nats-auth`, `token`, `console` and `tenant`."""
+    p = sub.add_parser("run", help="start Writ locally and run the demo request")
+    p.add_argument("--home", default=".writ", help="data folder (default: .writ)")
+    p.add_argument("--once", action="store_true", help="stop after the demo run")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("chat", help="chat with an agent in the terminal (a session over HTTP)")
+    p.add_argument("agent")
+    p.add_argument("--home", default=".writ", help="writ run's folder: API port, demo keys")
+    p.add_argument("--url", default="", help="the API's base URL (default: WRIT_API_URL, or "
+                                             "writ run's)")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--principal", default="alice@acme.example")
+    p.add_argument("--key", default="", help="the tenant's host key (PEM) if not a demo one")
+    p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
+    p.add_argument("--plan-mode", action="store_true", help="plans first, for your approval")
+    p.add_argument("--session", default="", help="go on with this session instead")
+    p.add_argument("--roles", default="", help="comma-separated roles of the token (approver: "
+                                               "answer the decisions the chat asks)")
+    p.set_defaults(func=_chat)
+
+    p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")
+    p.add_argument("--write", action="store_true")
+    p.set_defaults(func=_schemas)
+
+    p = sub.add_parser("nats-auth", help="print NATS users and permissions for a deployment")
+    p.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
+    p.add_argument("--passwords", required=True,
+                   help="folder of the users' password files (missing ones are generated)")
+    p.set_defaults(func=_nats_auth)
+
+    p = sub.add_parser("token", help="mint a host token with a tenant's demo key")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--principal", default="alice@acme.example")
+    p.add_argument("--ttl", type=float, default=300.0)
+    p.add_argument("--roles", default="", help="comma-separated: approver, auditor")
+    p.add_argument("--key", default="", help="the tenant's private key (PEM) if not a demo one")
+    p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
+    p.set_defaults(func=_token)
+
+    p = sub.add_parser("console", help="print a one-time sign-in link to the approval console")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--tenant", default="acme")
+    p.add_argument("--principal", default="ops@acme.example")
+    p.add_argument("--roles", default="approver,auditor", help="comma-separated")
+    p.add_argument("--ttl", type=float, default=3600.0, help="the session's life, in seconds")
+    p.set_defaults(func=_console)
+
+    p = sub.add_parser("tenant", help="register (or remove) a tenant and its issuer's key")
+    p.add_argument("--home", default=".writ")
+    ten = p.add_subparsers(dest="action", required=True)
+    add = ten.add_parser("add", help="a tenant and its issuer's Ed25519 public key (PEM)")
+    add.add_argument("tenant")
+    add.add_argument("--public-key", required=True, help="a file holding the PEM public key")
+    add.add_argument("--issuer", default="", help="the `iss` its tokens carry "
+                                                  "(default https://<tenant>.example/host)")
+    rm = ten.add_parser("remove", help="forget a tenant: its tokens are refused from then on")
+    rm.add_argument("tenant")
+    p.set_defaults(func=_tenant)

@@ -1,0 +1,211 @@
+"""The operators' commands: `writ reconcile`, `mcp`, `pending`, `decide`, `approve`,
+`reject`, `review` and `policy sign` (what they do is in writ/operator.py and writ/mcp.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parsers"]
+
+
+def _nats_url(args: argparse.Namespace) -> str:
+    import os
+
+    url = os.environ.get("WRIT_NATS_URL") or args.nats_url
+    if url:
+        return str(url)
+    local = Path(args.home) / "nats.url"
+    if local.exists():  # written by `writ run`
+        return local.read_text().strip()
+    raise SystemExit("no NATS server: set WRIT_NATS_URL or start `writ run`")
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import list_unknown, resolve
+
+    url = _nats_url(args)
+    if args.action == "list":
+        return anyio.run(list_unknown, url, args.tenant)
+    return anyio.run(resolve, url, args.tenant, args.operation_id, args.state, args.receipt,
+                     args.evidence, args.by)
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    """`writ mcp add|list|classify`: federation reads (writ/mcp.py)."""
+    import anyio
+
+    from writ import mcp
+
+    if args.action == "add":
+        mcp.add_server(Path(args.home), args.tenant, args.server, url=args.url,
+                       credential_file=str(Path(args.credential_file).resolve()),
+                       tools=args.tool, facts=dict(f.split("=", 1) for f in args.facts),
+                       transport=args.transport, auth=args.auth)
+        print(f"{args.server} registered for {args.tenant}; retrieval picks it up, no restart")
+        return 0
+    if args.action == "list":
+        listing = anyio.run(mcp.list_server, _nats_url(args), args.tenant, args.server)
+        return 0 if listing.ok else 1
+    answer = anyio.run(mcp.classify, _nats_url(args), args.tenant, args.server, args.tool,
+                       args.family, args.by)
+    return 0 if answer.ok else 1
+
+
+def _pending(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import list_pending
+
+    return anyio.run(list_pending, _nats_url(args), args.tenant)
+
+
+def _approver_token(args: argparse.Namespace) -> str:
+    """`--token`, or for local use a token signed as the tenant's host would, approver role."""
+    if args.token:
+        return str(args.token)
+    from writ.stack import Stack
+
+    return Stack(Path(args.home)).token(args.tenant, args.principal, roles=["approver"])
+
+
+def _decide(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import answer_pending
+
+    return anyio.run(answer_pending, _nats_url(args), args.tenant, args.pending_id,
+                     args.answer, args.reason, _approver_token(args))
+
+
+def _approve(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import answer_proposal
+
+    return anyio.run(answer_proposal, _nats_url(args), args.tenant, args.proposal_id,
+                     args.answer, args.reason, _approver_token(args))
+
+
+def _review(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import answer_review
+
+    return anyio.run(answer_review, _nats_url(args), args.tenant, args.pending_id,
+                     args.answer, args.comment, _approver_token(args))
+
+
+def _policy_sign(args: argparse.Namespace) -> int:
+    import msgspec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from services.governance.policy import PolicyDocument, sign_policy
+
+    document = msgspec.json.decode(Path(args.input).read_bytes(), type=PolicyDocument)
+    key = load_pem_private_key(Path(args.key).read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SystemExit("the signing key must be an Ed25519 private key (PEM)")
+    Path(args.output).write_bytes(sign_policy(document, key, args.key_id))
+    print(f"signed {document.tenant} policy {document.version} -> {args.output}")
+    return 0
+
+
+
+def _operator_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--nats-url", default="")
+    p.add_argument("--tenant", default="acme")
+
+
+
+def add_parsers(sub: Any) -> None:
+    """`writ reconcile`, `mcp`, `pending`, `decide`, `approve`, `reject`, `review`, `policy`."""
+    p = sub.add_parser("reconcile", help="list and resolve commands in state unknown")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--nats-url", default="")
+    p.add_argument("--tenant", default="acme")
+    rec = p.add_subparsers(dest="action", required=True)
+    rec.add_parser("list", help="commands whose outcome nobody knows")
+    r = rec.add_parser("resolve", help="record the established outcome of an unknown command")
+    r.add_argument("operation_id")
+    r.add_argument("--state", choices=["succeeded", "failed"], required=True)
+    r.add_argument("--receipt", default=None, help="the provider's proof, if it succeeded")
+    r.add_argument("--evidence", required=True, help="what was checked, and where")
+    r.add_argument("--by", required=True, help="who established it")
+    p.set_defaults(func=_reconcile)
+
+    p = sub.add_parser("mcp", help="a tenant's host MCP servers: register, list, classify")
+    p.add_argument("--home", default=".writ")
+    p.add_argument("--nats-url", default="")
+    p.add_argument("--tenant", default="acme")
+    m = p.add_subparsers(dest="action", required=True)
+    a = m.add_parser("add", help="register a server: URL, credential file, exposed tools")
+    a.add_argument("server")
+    a.add_argument("--url", required=True)
+    a.add_argument("--credential-file", required=True, help="a secret only retrieval reads")
+    a.add_argument("--tool", action="append", default=[], help="a tool Writ exposes")
+    a.add_argument("--facts", action="append", default=[],
+                   help="KIND=TOOL: the tool previews read a host record with")
+    a.add_argument("--transport", default="auto", choices=["auto", "streamable_http", "sse"],
+                   help="auto: Streamable HTTP, falling back to legacy HTTP+SSE on a 4xx")
+    a.add_argument("--auth", default="bearer", choices=["bearer", "client_credentials"],
+                   help="client_credentials: the credential file is JSON {client_id, "
+                        "client_secret, token_url[, scope]}")
+    m2 = m.add_parser("list", help="list the server's tools now (journaled), with each one's "
+                                   "standing and the server's hints")
+    m2.add_argument("server")
+    c = m.add_parser("classify", help="classify a tool's family as last listed")
+    c.add_argument("server")
+    c.add_argument("tool")
+    c.add_argument("--family", required=True,
+                   choices=["read", "read_personal", "write_delete", "send_external",
+                            "execute_code"])
+    c.add_argument("--by", required=True, help="the operator who classified it")
+    p.set_defaults(func=_mcp)
+
+    p = sub.add_parser("pending", help="decisions waiting for a person")
+    _operator_args(p)
+    p.set_defaults(func=_pending)
+
+    p = sub.add_parser("decide", help="answer a pending decision as an approver")
+    _operator_args(p)
+    p.add_argument("pending_id")
+    p.add_argument("answer", choices=["once", "always", "deny"])
+    p.add_argument("--reason", default="")
+    p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
+    p.add_argument("--principal", default="ops@acme.example")
+    p.set_defaults(func=_decide)
+
+    for verb, answer, helptext in (("approve", "approve", "approve a proposal by its id"),
+                                   ("reject", "reject", "reject a proposal by its id")):
+        p = sub.add_parser(verb, help=helptext)
+        _operator_args(p)
+        p.add_argument("proposal_id")
+        p.add_argument("--reason", default="", required=answer == "reject")
+        p.add_argument("--token", default="",
+                       help="the approver's token (default: local demo key)")
+        p.add_argument("--principal", default="ops@acme.example")
+        p.set_defaults(func=_approve, answer=answer)
+
+    p = sub.add_parser("review", help="approve or reject the review a run asked for")
+    _operator_args(p)
+    p.add_argument("pending_id", help="the run's review-<run>-<step>")
+    p.add_argument("answer", choices=["approve", "reject"])
+    p.add_argument("--comment", default="", help="what the run sees with the answer")
+    p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
+    p.add_argument("--principal", default="ops@acme.example")
+    p.set_defaults(func=_review)
+
+    p = sub.add_parser("policy", help="organisation policy files")
+    pol = p.add_subparsers(dest="action", required=True)
+    s = pol.add_parser("sign", help="sign a policy document with the organisation's key")
+    s.add_argument("input", help="the policy document (JSON)")
+    s.add_argument("--key", required=True, help="Ed25519 private key (PEM)")
+    s.add_argument("--key-id", required=True)
+    s.add_argument("--output", required=True)
+    s.set_defaults(func=_policy_sign)
