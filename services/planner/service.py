@@ -275,6 +275,8 @@ class PlannerService(PersonWaits):
                                   payload=observation))
                 if self._sessions is not None and isinstance(event, CommandOutcome):
                     await self._sessions.observed(conn, run, event.step, observation)
+                elif self._sessions is not None:
+                    await self._sessions.refused(conn, run, event.step, observation)
             # The capability call has its outcome (or its refusal): it is over.
             await self._budget.spent(conn, run, step_key(run.run_id, event.step,
                                                          "capability"), capability_calls=1)

@@ -79,6 +79,9 @@ def outcome_note(payload: dict[str, Any]) -> str:
     the next message), a terminal failure with its correlation id and nothing else."""
     action, state = payload.get("action", "the action"), payload.get("state")
     outcome = payload.get("outcome")
+    if payload.get("refused"):  # never a command: denied, rejected (or unanswered), invalid
+        return f"{action} was not run ({payload['refused']}): {payload.get('reason') or ''}"[
+            :_MAX_NOTE]
     if outcome == "terminal_failure" or (state == "failed" and payload.get("correlation_id")):
         return f"{action} failed; correlation id {payload.get('correlation_id')}"[:_MAX_NOTE]
     if state == "succeeded":
@@ -233,6 +236,19 @@ class SessionTurns:
                 state=str(observation.get("state", ""))[:512],
                 outcome=observation.get("outcome"),
                 correlation_id=observation.get("correlation_id"), text=text))
+        await self._store.add_event(conn, session, f"note:{run.run_id}:{step}",
+                                    lambda n: WriterNote(session_id=session.session_id, n=n,
+                                                         turn=turn, text=text))
+
+    async def refused(self, conn: Any, run: RunRow, step: int,
+                      observation: dict[str, Any]) -> None:
+        """A turn's proposal that never became a command (a deny, a person's rejection, an
+        attended ask nobody answered in 5 minutes): Writ writes why into the session."""
+        session = await self._session_for(conn, run)
+        if session is None:
+            return
+        turn = session.turn if is_turn_run(run.run_id) else 1
+        text = outcome_note(observation)
         await self._store.add_event(conn, session, f"note:{run.run_id}:{step}",
                                     lambda n: WriterNote(session_id=session.session_id, n=n,
                                                          turn=turn, text=text))
