@@ -9,7 +9,9 @@ The deployment, the model fake and the helpers are `test_sessions.py`'s (its own
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import anyio
 import asyncpg
@@ -20,6 +22,8 @@ from tests.e2e.conftest import Host, notes_for, sealed
 from tests.e2e.test_replay import writ_audit
 from tests.e2e.test_sessions import (  # noqa: F401  (fixtures: this module's own stack)
     NOTE,
+    act,
+    answer,
     api,
     db,
     llm,
@@ -37,6 +41,25 @@ from tests.e2e.test_sessions import (  # noqa: F401  (fixtures: this module's ow
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+async def stream(api: httpx.AsyncClient, sid: str, last_event_id: int | None = None
+                 ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """(stream sequence, event) of the session's SSE as they come."""
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    async with api.stream("GET", f"/sessions/{sid}/events", headers=headers) as response:
+        assert response.status_code == 200
+        fields: dict[str, str] = {}
+        async for line in response.aiter_lines():
+            if line.startswith(":"):
+                continue
+            if line:
+                name, _, value = line.partition(":")
+                fields[name] = value.strip()
+                continue
+            if "data" in fields:
+                yield int(fields["id"]), json.loads(fields["data"])
+            fields = {}
 
 
 async def journal_kinds(db: asyncpg.Connection, schema: str, run_id: str) -> list[str]:
@@ -109,3 +132,57 @@ async def test_an_attended_ask_in_a_turn_is_denied_after_five_minutes_by_governa
             "session.TurnEnded"] == [k for k in session_kinds if k in (
                 "session.DecisionAsked", "session.DecisionTaken", "session.WriterNote",
                 "session.TurnEnded")]
+
+
+async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its_text(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection,
+        model: httpx.Client) -> None:
+    text = " ".join(f"Word{i} of a long answer the model is still writing." for i in range(12))
+    sid = await open_session(api, "chat-assistant")
+    script(model, answer(text))
+    model.post("/_control/mode", json={"mode": "slow_stream", "count": 1,
+                                       "delay_s": 0.25}).raise_for_status()
+    before = len(model_requests(model))
+    sent = await send(api, sid, "Tell me everything.")
+    run_id = sent.json()["run_id"]
+    closed: list[httpx.Response] = []
+
+    async def close_once(event: dict[str, Any]) -> bool:
+        if event["type"] == "TextDelta" and not closed:
+            closed.append(await act(api, sid, "close"))  # mid-stream: text has been shown
+        return event["type"] == "TurnEnded"
+
+    seen: list[tuple[int, dict[str, Any]]] = []
+    with anyio.fail_after(60):
+        async for item in stream(api, sid):
+            seen.append(item)
+            if await close_once(item[1]):
+                break
+    assert closed and (closed[0].status_code, closed[0].json()["state"]) == (202, "closed")
+    types = [e["type"] for _, e in seen]
+    deltas = [e for _, e in seen if e["type"] == "TextDelta"]
+    [reset] = [e for _, e in seen if e["type"] == "TextReset"]
+    # The deltas shown, then the reset of their attempt (a client drops them), then the
+    # turn's end as cancelled; the close is in between, and no delta follows the reset.
+    assert deltas and {d["attempt"] for d in deltas} == {reset["attempt"]}
+    assert all(d["step"] == reset["step"] == 0 for d in deltas)
+    assert types.index("TextDelta") < types.index("TextReset") < types.index("TurnEnded")
+    assert types.index("TextDelta") < types.index("SessionClosed") < types.index("TurnEnded")
+    assert "TextDelta" not in types[types.index("TextReset"):]
+    assert "".join(d["text"] for d in deltas) != text  # cut short: the model never finished
+    assert text.startswith("".join(d["text"] for d in deltas))
+    ended = seen[-1][1]
+    assert (ended["status"], ended["answer"], ended["code"]) == ("cancelled", None, "CANCELLED")
+    # Nothing of the abandoned call is recorded; the run ended cancelled, and its reservation
+    # was settled (nothing of the turn is left open in governance).
+    run = await db.fetchrow("SELECT status, answer FROM planner.runs WHERE run_id = $1", run_id)
+    assert (run["status"], run["answer"]) == ("cancelled", None)
+    assert await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1",
+                             run_id) == 0
+    [held] = await db.fetch("SELECT state, provider_calls, tokens FROM planner.reservations "
+                            "WHERE run_id = $1", run_id)
+    assert (held["state"], held["provider_calls"]) == ("closed", 1) and held["tokens"] > 0
+    assert len(model_requests(model)) - before == 1  # asked once, never asked again
+    final = await view(api, sid)
+    assert final["state"] == "closed"
+    assert [m["role"] for m in final["messages"]] == ["user"]  # no answer in the history

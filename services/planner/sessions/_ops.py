@@ -163,6 +163,8 @@ class SessionOpsEndpoint:
             except Exception as exc:  # accepted and recorded: the sweep starts it
                 log.warning("turn %s not started yet: %r", started.run_id, exc)
         if wake is not None:
+            if op.op == "close":  # a model call in flight for the turn is abandoned now
+                await self._turns.in_flight.tell(session.tenant, wake[0])
             await self._turns.wake(session.tenant, *wake)
         await self._turns.flush(session.session_id)
         return reply

@@ -55,6 +55,7 @@ from schemas.sessions import (
 from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
+from services.planner.sessions._inflight import InFlightCalls, ModelCallAbandoned, cancelled_before
 from services.planner.sessions._plans import PLAN_PREFIX, Plans
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
@@ -105,6 +106,7 @@ class SessionTurns:
         self._nc, self._js, self._store = nc, js, store
         self._register_timeout = register_timeout_s
         self.plans = Plans(sessions=store)
+        self.in_flight = InFlightCalls(nc=nc)  # model calls a close abandons
 
     @property
     def store(self) -> SessionStore:
@@ -301,6 +303,10 @@ class SessionTurns:
         session's subject (not numbered, not stored: the answer is, once decided). None for a
         run that is no session's turn.
 
+        Raises:
+            ModelCallAbandoned: the session closed during the call, which was cancelled (its
+                text reset on the stream); nothing of it is to be recorded.
+
         A call for a step that an earlier call (in a process that died) began first publishes
         a reset, so a client drops text the new call replaces.
         """
@@ -327,28 +333,42 @@ class SessionTurns:
                 log.debug("turn %s step %d: text not published: %r", run.run_id, seq, exc)
 
         batcher = DeltaBatcher(out)
-        if await self._model_calls(run.run_id, seq) > 1:
-            await out(AttemptReset(attempt=0, reason="the model is asked again for this step"))
-        async with anyio.create_task_group() as tg:
-            await tg.start(batcher.run)
-            try:
-                yield batcher
-                await batcher.flush()
-            finally:
-                tg.cancel_scope.cancel()
+        abandoned = False
+        # The session's close cancels the call (`_inflight.py`): its text so far is reset.
+        with self.in_flight.watch(run.run_id) as scope:
+            calls, cancelled = await self._model_calls(run.run_id, seq)
+            if calls > 1:
+                await out(AttemptReset(attempt=0,
+                                       reason="the model is asked again for this step"))
+            if cancelled:
+                scope.cancel()  # closed before this call registered: it never starts
+            async with anyio.create_task_group() as tg:
+                await tg.start(batcher.run)
+                try:
+                    with scope:
+                        yield batcher
+                        await batcher.flush()
+                    if scope.cancelled_caught:
+                        abandoned = True
+                        await batcher.reset("the session closed: this answer was abandoned")
+                finally:
+                    tg.cancel_scope.cancel()
+        if abandoned:
+            raise ModelCallAbandoned(run.run_id)
 
-    async def _model_calls(self, run_id: str, seq: int) -> int:
-        """Count a model call begun for the step, committed at once (0 if the count could not
-        be taken: the pool is busy, and the call goes on without it)."""
+    async def _model_calls(self, run_id: str, seq: int) -> tuple[int, bool]:
+        """Count a model call begun for the step, committed at once, and say whether the run
+        was cancelled already ((0, False) if the pool is busy: the call goes on without it)."""
         try:
             async with self._store.acquire_soon() as conn:
-                return int(await conn.fetchval(
+                calls = int(await conn.fetchval(
                     "INSERT INTO planner.session_model_calls (run_id, seq) VALUES ($1, $2) "
                     "ON CONFLICT (run_id, seq) DO UPDATE SET calls = "
                     "planner.session_model_calls.calls + 1 RETURNING calls", run_id, seq))
+                return calls, await cancelled_before(conn, run_id)
         except (TimeoutError, OSError) as exc:
             log.debug("turn %s step %d: model call not counted: %r", run_id, seq, exc)
-            return 0
+            return 0, False
 
     async def progress(self, *, tenant: str, run_id: str, step: int | None = None,
                        operation_id: str | None = None, pending_id: str | None = None,
