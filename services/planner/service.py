@@ -95,6 +95,7 @@ from services.planner.reads import ReadClient
 from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
 from services.planner.sessions import ModelCallAbandoned, SessionOpsEndpoint, SessionTurns
+from services.planner.sessions._plans import PLAN_WAIT
 from services.planner.snapshot import (
     branch_of,
     has_critic,
@@ -394,7 +395,7 @@ class PlannerService(PersonWaits):
                     plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)):
                 return await self._wait_for_person(  # the plan waits for the user's answer
                     conn, run, steps, finished, step=last.seq, pending_id=plan_id,
-                    message="the plan waits for the user's approval")
+                    message=PLAN_WAIT)
             if not has_critic(run.manifest):
                 return [await self._finish(conn, run, steps, "succeeded", finished,
                                            answer=decision.answer, step=last.seq)]

@@ -26,6 +26,7 @@ from tests.e2e.test_sessions import (  # noqa: F401  (fixtures: this module's ow
     answer,
     api,
     db,
+    key,
     llm,
     model,
     model_requests,
@@ -186,3 +187,72 @@ async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its
     final = await view(api, sid)
     assert final["state"] == "closed"
     assert [m["role"] for m in final["messages"]] == ["user"]  # no answer in the history
+
+
+async def open_planning(api: httpx.AsyncClient) -> str:
+    opened = await api.post("/sessions", json={"agent": "chat-assistant", "plan_mode": True},
+                            headers=key())
+    assert opened.status_code == 201, opened.text
+    return str(opened.json()["session_id"])
+
+
+async def plan_waiting(api: httpx.AsyncClient, sid: str, other_than: str = "") -> str:
+    seen = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan"
+                       and v["waiting_for"]["plan_id"] != other_than)
+    return str(seen["waiting_for"]["plan_id"])
+
+
+async def replay_of(db: asyncpg.Connection, stack: Stack, sid: str, *runs: str
+                    ) -> tuple[int, str]:
+    for run_id in (sid, *runs):
+        await sealed(db, run_id)
+    done = writ_audit(stack, "replay", sid)
+    return done.returncode, done.stdout + done.stderr
+
+
+async def test_replay_of_plan_mode_turns_is_identical_and_sees_a_tampered_plan(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection,
+        model: httpx.Client) -> None:
+    sid = await open_planning(api)
+    first = {"customer_id": "ACME-42", "body": "Chat: the customer called."}
+    other = {"customer_id": "ACME-42", "body": "Chat: something never planned."}
+    # Turn 1: planned, approved, carried out.
+    script(model, select("crm.note.create", first), answer("Plan: one note."),
+           select("crm.note.create", first), answer("Done as planned."))
+    t1 = (await send(api, sid, "Note the call.")).json()["run_id"]
+    plan = await plan_waiting(api, sid)
+    assert (await api.post(f"/plans/{plan}/approve", json={}, headers=key())).status_code == 200
+    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
+    # Turn 2: approved, then a step outside it (NOT_IN_PLAN), revised, the revision approved.
+    script(model, select("crm.note.create", first), answer("Plan: the note again."),
+           select("crm.note.create", other), answer("Revised: the other note."),
+           select("crm.note.create", other), answer("Done as revised."))
+    t2 = (await send(api, sid, "Note it again.")).json()["run_id"]
+    plan2 = await plan_waiting(api, sid)
+    await api.post(f"/plans/{plan2}/approve", json={}, headers=key())
+    revised = await plan_waiting(api, sid, other_than=plan2)
+    await api.post(f"/plans/{revised}/approve", json={}, headers=key())
+    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 2)
+    refused = [json.loads(r["payload"]).get("refused") for r in await db.fetch(
+        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+        "ORDER BY seq", t2)]
+    assert "NOT_IN_PLAN" in refused
+    # Turn 3: the plan rejected.
+    script(model, select("crm.note.create", other), answer("Plan: the other note."))
+    t3 = (await send(api, sid, "Note the other thing.")).json()["run_id"]
+    plan3 = await plan_waiting(api, sid)
+    await api.post(f"/plans/{plan3}/reject", json={"reason": "Not that one."}, headers=key())
+    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 3)
+
+    code, out = await replay_of(db, stack, sid, t1, t2, t3)
+    assert code == 0, out
+    for run_id in (t1, t2, t3):
+        assert f"run {run_id}: IDENTICAL" in out, out
+
+    # The runtime's record of an approved plan edited afterwards: the replay says so.
+    await db.execute("UPDATE planner.plans SET steps = jsonb_set(steps, '{0,arguments,body}', "
+                     "'\"Chat: edited after the approval.\"') WHERE plan_id = $1", plan)
+    code, out = await replay_of(db, stack, sid)
+    assert code == 1, out
+    assert f"run {t1}: DIVERGENT" in out and plan in out, out
+    assert f"run {t2}: IDENTICAL" in out and f"run {t3}: IDENTICAL" in out, out

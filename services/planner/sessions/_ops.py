@@ -35,6 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
+from services.planner.sessions._plans import PLAN_WAIT
 from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
@@ -355,7 +356,7 @@ class SessionOpsEndpoint:
         if run is not None and run["status"] == "awaiting_human" and (
                 run["pending_id"] or "").startswith("plan-"):
             return WaitingFor(kind="plan", plan_id=run["pending_id"],
-                              message="the plan waits for the user's approval")
+                              message=PLAN_WAIT)
         if run is not None and run["status"] == "awaiting_human":
             return WaitingFor(kind="person", pending_id=run["pending_id"],
                               message=(run["error_message"] or "")[:512])
