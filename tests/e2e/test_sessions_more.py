@@ -6,6 +6,7 @@ cancelled mid-stream by a close, whose partial text the stream resets.
 The deployment, the model fake and the helpers are `test_sessions.py`'s (its own stack).
 """
 
+# ruff: noqa: F811 (test_sessions.py's fixtures, imported, are parameters here)
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.e2e.conftest import Host, notes_for, sealed
+from tests.e2e.conftest import notes_for, sealed
 from tests.e2e.test_replay import writ_audit
-from tests.e2e.test_sessions import (  # noqa: F401  (fixtures: this module's own stack)
+from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own stack)
     NOTE,
     act,
     answer,
