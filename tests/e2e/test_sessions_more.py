@@ -10,7 +10,6 @@ The deployment, the model fake and the helpers are `test_sessions.py`'s (its own
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +26,7 @@ from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own
     answer,
     api,
     db,
+    events,
     key,
     llm,
     model,
@@ -43,25 +43,6 @@ from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
-
-
-async def stream(api: httpx.AsyncClient, sid: str, last_event_id: int | None = None
-                 ) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-    """(stream sequence, event) of the session's SSE as they come."""
-    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
-    async with api.stream("GET", f"/sessions/{sid}/events", headers=headers) as response:
-        assert response.status_code == 200
-        fields: dict[str, str] = {}
-        async for line in response.aiter_lines():
-            if line.startswith(":"):
-                continue
-            if line:
-                name, _, value = line.partition(":")
-                fields[name] = value.strip()
-                continue
-            if "data" in fields:
-                yield int(fields["id"]), json.loads(fields["data"])
-            fields = {}
 
 
 async def journal_kinds(db: asyncpg.Connection, schema: str, run_id: str) -> list[str]:
@@ -148,18 +129,20 @@ async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its
     sent = await send(api, sid, "Tell me everything.")
     run_id = sent.json()["run_id"]
     closed: list[httpx.Response] = []
+    shown = anyio.Event()  # the first delta is on the stream: text has been shown
 
-    async def close_once(event: dict[str, Any]) -> bool:
-        if event["type"] == "TextDelta" and not closed:
-            closed.append(await act(api, sid, "close"))  # mid-stream: text has been shown
+    async def close_then() -> None:
+        await shown.wait()
+        closed.append(await act(api, sid, "close"))
+
+    def read(event: dict[str, Any]) -> bool:
+        if event["type"] == "TextDelta":
+            shown.set()
         return event["type"] == "TurnEnded"
 
-    seen: list[tuple[int, dict[str, Any]]] = []
-    with anyio.fail_after(60):
-        async for item in stream(api, sid):
-            seen.append(item)
-            if await close_once(item[1]):
-                break
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close_then)
+        seen = await events(api, sid, stop=read, timeout=60)
     assert closed and (closed[0].status_code, closed[0].json()["state"]) == (202, "closed")
     types = [e["type"] for _, e in seen]
     deltas = [e for _, e in seen if e["type"] == "TextDelta"]

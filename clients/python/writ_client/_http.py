@@ -18,7 +18,7 @@ from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewRe
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
 from schemas.sessions import AnySessionEvent, PlanAnswered, SessionAccepted, SessionView
-from writ_client._session import Session, blocking, decode_event, read_sse
+from writ_client._session import Session, blocking_method, decode_event, read_sse
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
 
@@ -319,13 +319,7 @@ class SyncClient:
         self._portal_cm.__exit__(None, None, None)
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self._client, name)
-        if not callable(method) or name.startswith("_"):
-            raise AttributeError(name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return blocking(self._portal, self._portal.call(lambda: method(*args, **kwargs)))
-        return call
+        return blocking_method(self._portal, self._client, name)
 
 
 async def _make(base_url: str, issuer: Issuer, principal: str,

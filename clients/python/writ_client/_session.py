@@ -25,7 +25,7 @@ from schemas.sessions import (
 from writ_client.errors import WritError
 
 __all__ = ["Session", "SessionTransport", "StreamLost", "SyncSession", "blocking",
-           "decode_event", "read_sse"]
+           "blocking_method", "decode_event", "read_sse"]
 
 _EVENT: Final = msgspec.json.Decoder(AnySessionEvent)
 
@@ -174,13 +174,7 @@ class SyncSession:
 
     def __getattr__(self, name: str) -> Any:
         # send, history, pause, resume, inject, close, fork, approve_plan, reject_plan
-        method = getattr(self._session, name)
-        if not callable(method) or name.startswith("_"):
-            raise AttributeError(name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return blocking(self._portal, self._portal.call(lambda: method(*args, **kwargs)))
-        return call
+        return blocking_method(self._portal, self._session, name)
 
     def events(self, *, after: int | None = None) -> Iterator[AnySessionEvent]:
         """`Session.events`, as an iterator (it does not end by itself: stop iterating)."""
@@ -200,6 +194,22 @@ class SyncSession:
                     return
         finally:  # the stream's connection is closed on the loop that opened it
             self._portal.call(events.aclose)  # type: ignore[attr-defined]
+
+
+def blocking_method(portal: BlockingPortal, target: Any, name: str) -> Any:
+    """`target`'s public method `name` as a blocking function: it runs on `portal`'s loop,
+    and a `Session` it returns comes back as a `SyncSession`.
+
+    Raises:
+        AttributeError: `target` has no such public method.
+    """
+    method = getattr(target, name)
+    if not callable(method) or name.startswith("_"):
+        raise AttributeError(name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return blocking(portal, portal.call(lambda: method(*args, **kwargs)))
+    return call
 
 
 def blocking(portal: BlockingPortal, result: Any) -> Any:

@@ -29,6 +29,7 @@ from nats.aio.client import Client
 
 from libs.errors import WritError
 from schemas.sessions import TURN_CANCELLING, TurnCancelling, turn_cancelling
+from services.planner.sessions._listen import listen
 
 __all__ = ["InFlightCalls", "ModelCallAbandoned"]
 
@@ -86,22 +87,11 @@ class InFlightCalls:
 
     async def follow(self) -> None:
         """Hear the turns cancelled (by any replica) and cancel their model calls here."""
-        sub = await self._nc.subscribe(TURN_CANCELLING)
-        try:
-            async for msg in sub.messages:
-                try:
-                    notice = _DECODER.decode(msg.data)
-                except msgspec.DecodeError as exc:
-                    log.warning("a turn cancellation that does not decode: %r", exc)
-                    continue
-                if msg.subject != turn_cancelling(notice.tenant):
-                    continue  # a tenant's runs on its own subject only
-                if self.cancel(notice.run_id):
-                    log.info("turn %s: model call abandoned (the session closed)",
-                             notice.run_id)
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await sub.unsubscribe()  # (the connection may be closing already)
+        async def heard(notice: TurnCancelling) -> None:
+            if self.cancel(notice.run_id):
+                log.info("turn %s: model call abandoned (the session closed)", notice.run_id)
+
+        await listen(self._nc, TURN_CANCELLING, _DECODER, turn_cancelling, heard)
 
 
 async def cancelled_before(conn: Any, run_id: str) -> bool:

@@ -13,7 +13,6 @@ left between a commit and what follows it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -56,6 +55,7 @@ from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
 from services.planner.sessions._inflight import InFlightCalls, ModelCallAbandoned, cancelled_before
+from services.planner.sessions._listen import listen
 from services.planner.sessions._plans import PLAN_PREFIX, Plans
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
@@ -407,22 +407,12 @@ class SessionTurns:
         """Hear admission's `CommandAdmitted` progress events (core NATS, in no stream: one
         lost is no loss, the outcome records the admission too) and show a turn's as its
         session's `StepAdmitted` while the command is still on its way."""
-        decoder = msgspec.json.Decoder(CommandAdmitted)
-        sub = await self._nc.subscribe(subjects.admitted("*"), queue=_ADMITTED_QUEUE)
-        try:
-            async for msg in sub.messages:
-                try:
-                    event = decoder.decode(msg.data)
-                except msgspec.DecodeError as exc:
-                    log.warning("an admitted event that does not decode: %r", exc)
-                    continue
-                if msg.subject != subjects.admitted(event.tenant):
-                    continue  # a tenant's events on its own subject only
-                await self.progress(tenant=event.tenant, run_id=event.run_id, step=event.step,
-                                    operation_id=event.operation_id)
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await sub.unsubscribe()  # (the connection may be closing already)
+        async def heard(event: CommandAdmitted) -> None:
+            await self.progress(tenant=event.tenant, run_id=event.run_id, step=event.step,
+                                operation_id=event.operation_id)
+
+        await listen(self._nc, subjects.admitted("*"), msgspec.json.Decoder(CommandAdmitted),
+                     subjects.admitted, heard, queue=_ADMITTED_QUEUE)
 
     # --- after the commit ------------------------------------------------------------------
 
