@@ -5,8 +5,9 @@ malformed content, refuse, rate-limit, fail, slow down or lose responses.
 A request with `stream: true` is answered with Server-Sent Events in OpenAI's chunk format
 (`chat.completion.chunk`, content and tool-call arguments a few characters a chunk, a last
 chunk with the usage when `stream_options.include_usage` asks for it, then `data: [DONE]`).
-The `cut_stream` mode sends `after_chunks` events of such a stream and hangs up; the shared
-`lose_response` mode hangs up before any of it.
+The `cut_stream` mode sends `after_chunks` events of such a stream and hangs up; the
+`slow_stream` mode waits `delay_s` before each event (a model generating slowly, so a test can
+act while a stream is half sent); the shared `lose_response` mode hangs up before any of it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from fakes._http import MAX_BODY_BYTES, HttpError, Mode, Reply
 __all__ = ["MAX_BODY_BYTES", "MAX_REPLIES", "MODES", "STREAM_CHUNK_CHARS", "FakeLlm", "main"]
 
 # The shared modes, plus the ways a model API answers that a CRM does not.
-MODES: Final = _http.MODES | {"malformed", "refuse", "rate_limit", "error", "cut_stream"}
+MODES: Final = _http.MODES | {"malformed", "refuse", "rate_limit", "error", "cut_stream",
+                              "slow_stream"}
 STREAM_CHUNK_CHARS: Final = 8  # of content or arguments per streamed chunk, as a model sends
 MAX_REPLIES: Final = 1000
 MALFORMED_CONTENT: Final = '{"next": {"decision": "answer_directly", "answer": '  # cut short
@@ -45,6 +47,7 @@ class _StreamReply(Reply):
 
     events: list[Any] = field(default_factory=list)
     cut_after: int | None = None
+    pause_s: float = 0.0  # before each event (`slow_stream`)
 
 
 class _State(_http.State):
@@ -139,7 +142,8 @@ class _Handler(_http.Handler):
         cut = mode.after_chunks if isinstance(mode, _LlmMode) and mode.name == "cut_stream" \
             else None
         return _StreamReply(200, None, completion.headers,
-                            events=_chunks(completion.body, usage=usage), cut_after=cut)
+                            events=_chunks(completion.body, usage=usage), cut_after=cut,
+                            pause_s=mode.delay_s if mode.name == "slow_stream" else 0.0)
 
     def _send(self, reply: Reply) -> None:
         if not isinstance(reply, _StreamReply):
@@ -155,9 +159,16 @@ class _Handler(_http.Handler):
                 self.close_connection = True  # cut mid-stream: no terminating chunk
                 _http.hang_up(self.connection)
                 return
+            if reply.pause_s and self.server.stopping.wait(reply.pause_s):
+                return  # stop() cuts the stream short
             data = event if isinstance(event, str) else json.dumps(event)
             payload = f"data: {data}\n\n".encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client gave up on the stream
+                return
         self.wfile.write(b"0\r\n\r\n")
         return None
 

@@ -37,7 +37,7 @@ from typing import Final
 from schemas import reads, subjects
 from schemas.host_reads import host_read
 from schemas.planner import REVIEW
-from schemas.sessions import CHAT_STREAM, SESSION_OPS
+from schemas.sessions import CHAT_STREAM, SESSION_OPS, TURN_CANCELLING
 
 __all__ = ["ADMIN", "EVAL", "EVAL_SUBJECTS", "JOURNALED", "SERVICE_SUBJECTS", "auth_config",
            "ensure_passwords", "host_user", "inbox_prefix", "permissions", "users"]
@@ -85,12 +85,14 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         # Chat sessions: a turn is registered and started like a host's run, and each
         # session's events go on its own subject.
         "writ.int.runs.started.*", subjects.REGISTER_RUN, "writ.chat.*.*",
+        TURN_CANCELLING,  # a close tells every replica to abandon the turn's model call
     ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS, reads.REVIEWS_LIST,
         SESSION_OPS,
         reads.journal_verify("planner"),
         # (not an endpoint: admission's core-NATS progress events, which a chat session
         # shows as its `StepAdmitted`; the planner reads them and publishes nothing there)
-        subjects.admitted("*"))),
+        subjects.admitted("*"),
+        TURN_CANCELLING)),
     "governance": ("WRIT_INT", ("writ.out.results.*", "writ.int.answered.*"), (
         subjects.DECIDE, subjects.DECIDE_BATCH, subjects.REGISTER_RUN, subjects.PENDING_LIST,
         subjects.ANSWER, subjects.RESERVE, subjects.SETTLE, reads.journal_verify("governance"),

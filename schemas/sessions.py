@@ -39,6 +39,9 @@ __all__ = [
     "HostSessionOp",
     "SequencedEvent",
     "SessionEventBatch",
+    "TURN_CANCELLING",
+    "TurnCancelling",
+    "turn_cancelling",
     "AnySessionEvent",
     "PlanDecided",
     "PlanState",
@@ -107,6 +110,25 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
 def chat_subject(tenant: str, session_id: str) -> str:
     """The subject of one session's event stream."""
     return f"writ.chat.{tenant}.{session_id}"
+
+
+# Planner -> every planner (core NATS, fan-out): a closed session's turn is cancelled; the
+# replica whose model call for it is in flight abandons that call (`TurnCancelling`).
+TURN_CANCELLING: Final = "writ.int.sessions.cancelling.*"
+
+
+def turn_cancelling(tenant: str) -> str:
+    """The subject a tenant's turn cancellations are told on."""
+    return f"writ.int.sessions.cancelling.{tenant}"
+
+
+class TurnCancelling(Event):
+    """A turn's run was cancelled (its session closed): a model call in flight for it is
+    abandoned now rather than answered into a closed session. Progress only: one lost leaves
+    the call to finish, and the run ends cancelled at its next step."""
+
+    tenant: Tenant
+    run_id: Id
 
 
 # --- HTTP bodies (`/api/v1/sessions`, `/api/v1/plans`) ------------------------------------

@@ -79,6 +79,7 @@ from schemas.reads import (
     VerifyJournal,
 )
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
+from schemas.sessions import TurnCancelling
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
 
@@ -95,7 +96,7 @@ MESSAGES: Final = (
     CancelRun, RunCancelRequested, GetRun, GetCommand, ListProposals, GetProposal,
     GetRunEvents, VerifyJournal, HostRead,
     RecordListing, ListingRecorded, ListServer, ServerListing, ClassifyTool, ToolClassified,
-    DescribeTools, ToolDescriptions,
+    DescribeTools, ToolDescriptions, TurnCancelling,
 )
 FOLDER: Final = Path(__file__).resolve().parent.parent / "schemas" / "json"
 

@@ -61,4 +61,5 @@ __all__ = [
 _JOURNAL_TABLES: Final = ("journal", "journal_seals", "journal_checkpoints")
 AUDITOR_TABLES: Final = {"governance": _JOURNAL_TABLES, "admission": _JOURNAL_TABLES,
                          "dispatcher": _JOURNAL_TABLES,
-                         "planner": (*_JOURNAL_TABLES, "runs", "steps")}
+                         # (plans: a plan-mode chat turn's replay compares them too)
+                         "planner": (*_JOURNAL_TABLES, "runs", "steps", "plans")}

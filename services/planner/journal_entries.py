@@ -29,6 +29,7 @@ __all__ = [
     "DecisionEntry",
     "InjectedEntry",
     "ObservationEntry",
+    "PlanRecord",
     "ProposalEntry",
     "RunRecord",
     "RunStartedEntry",
@@ -133,8 +134,18 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     input_digest: str | None = None
 
 
+class PlanRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of `planner.plans` (a plan-mode turn's plan)."""
+
+    plan_id: str
+    state: str
+    digest: str
+    steps: list[dict[str, Any]]
+
+
 class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """The runtime's own record of a run: its `planner.runs` row and its steps."""
+    """The runtime's own record of a run: its `planner.runs` row, its steps and, for a
+    plan-mode chat turn, its plans."""
 
     status: str
     answer: str | None
@@ -142,3 +153,4 @@ class RunRecord(msgspec.Struct, frozen=True, kw_only=True):
     error_message: str | None
     evidence: list[dict[str, Any]]
     steps: list[StepRecord]
+    plans: list[PlanRecord] = []

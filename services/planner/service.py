@@ -94,7 +94,8 @@ from services.planner.provider import (
 from services.planner.reads import ReadClient
 from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
-from services.planner.sessions import SessionOpsEndpoint, SessionTurns
+from services.planner.sessions import ModelCallAbandoned, SessionOpsEndpoint, SessionTurns
+from services.planner.sessions._plans import PLAN_WAIT
 from services.planner.snapshot import (
     branch_of,
     has_critic,
@@ -188,6 +189,7 @@ class PlannerService(PersonWaits):
                 if self._sessions is not None:
                     tg.start_soon(self._sessions.sweep)  # what a crash left after a commit
                     tg.start_soon(self._sessions.follow_admitted)  # sessions' StepAdmitted
+                    tg.start_soon(self._sessions.in_flight.follow)  # a close's cancelling
                 await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
                                 handler=self.handle, metrics=self._rt.metrics,
                                 tracer=self._rt.tracer, stopping=self._rt.stopping,
@@ -284,6 +286,8 @@ class PlannerService(PersonWaits):
                                   payload=observation))
                 if self._sessions is not None and isinstance(event, CommandOutcome):
                     await self._sessions.observed(conn, run, event.step, observation)
+                elif self._sessions is not None:
+                    await self._sessions.refused(conn, run, event.step, observation)
             # The capability call has its outcome (or its refusal): it is over.
             await self._budget.spent(conn, run, step_key(run.run_id, event.step,
                                                          "capability"), capability_calls=1)
@@ -392,6 +396,10 @@ class PlannerService(PersonWaits):
                                            error=("CAPABILITY_UNDESCRIBED", str(exc)))]
             except NoBudget as exc:
                 return [await self._out_of_budget(conn, run, steps, finished, exc)]
+            except ModelCallAbandoned:  # its session closed mid-call: nothing more is asked
+                by = await cancelled_by(conn, run) or "the session's close"
+                return [await self._finish(conn, run, steps, "cancelled", finished,
+                                           error=(CANCEL_CODE, f"cancelled by {by}"))]
             except PermanentError as exc:
                 return [await self._model_failed(conn, run, steps, finished, exc)]
             last, fresh = steps[-1], True
@@ -400,7 +408,7 @@ class PlannerService(PersonWaits):
                     plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)):
                 return await self._wait_for_person(  # the plan waits for the user's answer
                     conn, run, steps, finished, step=last.seq, pending_id=plan_id,
-                    message="the plan waits for the user's approval")
+                    message=PLAN_WAIT)
             if not has_critic(run.manifest):
                 return [await self._finish(conn, run, steps, "succeeded", finished,
                                            answer=decision.answer, step=last.seq)]
@@ -513,6 +521,8 @@ class PlannerService(PersonWaits):
         Raises:
             _Undescribed: a capability has no description (nothing reserved, no call).
             NoBudget: a budget ran out (or the run has none): no call.
+            ModelCallAbandoned: a chat turn's session closed during the call (settled as
+                its reservation, nothing recorded).
         """
         try:
             injected = [text for s in steps if s.kind == "injected"
@@ -533,9 +543,15 @@ class PlannerService(PersonWaits):
         await self._budget.reserve(conn, run, key, provider_calls=1, tokens=self._reserve_tokens)
         with self._rt.tracer.start_as_current_span("planner model") as span:
             span.set_attribute("writ.model_input.sha256", digest)
-            async with self._text_sink(run, seq) as sink:
-                decision, tokens = await self._budget.provider_call(
-                    conn, run, key, self._provider.decide_with_usage(value, text=sink))
+            try:
+                async with self._text_sink(run, seq) as sink:
+                    decision, tokens = await self._budget.provider_call(
+                        conn, run, key, self._provider.decide_with_usage(value, text=sink))
+            except ModelCallAbandoned:
+                # What the cut call used is unknown: it is settled as all it reserved.
+                await self._budget.spent(conn, run, key, provider_calls=1,
+                                         tokens=self._reserve_tokens)
+                raise
         await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
         payload = msgspec.to_builtins(decision)
         # A selection's proposal is journaled once its capability call is reserved

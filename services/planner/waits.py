@@ -20,6 +20,7 @@ from services.planner.capabilities import Waiting
 from services.planner.codes import REFUSAL_CODES
 from services.planner.effects import AGAIN, Effects, Finished
 from services.planner.provider import ModelDecision, SelectCapability
+from services.planner.sessions._plans import PLAN_REJECTED
 from services.planner.snapshot import agent_call_target, branch_of, read_target
 from services.planner.store import RunRow, Step
 
@@ -118,7 +119,7 @@ class PersonWaits(_Base):
         if answer == "rejected":
             reason = await self._sessions.plans.reason(conn, run.pending_id or "")
             return [await self._finish(conn, run, steps, "failed", finished,
-                                       error=("REJECTED", reason or "the user rejected the plan"))]
+                                       error=("REJECTED", reason or PLAN_REJECTED))]
         await self._store.set_status(conn, run, "running", step=steps[-1].seq)
         run = msgspec.structs.replace(run, status="running", error_code=None,
                                       error_message=None, pending_id=None)

@@ -257,3 +257,20 @@ def test_cut_stream_mode_hangs_up_after_its_chunks_and_uses_up_the_reply(
 def test_bad_after_chunks_is_rejected(client: httpx.Client, after: Any) -> None:
     r = client.post("/_control/mode", json={"mode": "cut_stream", "after_chunks": after})
     assert r.status_code == 400
+
+
+def test_slow_stream_mode_streams_the_same_chunks_and_survives_a_client_hanging_up(
+        client: httpx.Client) -> None:
+    script(client, {"content": "one two three four five"}, {"content": "one two three four five"},
+           {"content": "after"})
+    r = client.post("/_control/mode", json={"mode": "slow_stream", "count": 2, "delay_s": 0.05})
+    assert r.json()["mode"] == "slow_stream"
+    slow = stream_events(complete(client, {**REQUEST, "stream": True}))
+    assert [e["choices"][0]["delta"].get("content") for e in slow][1:-1] == [
+        "one two ", "three fo", "ur five"]
+    # A client that gives up mid-stream: the fake stops sending, and serves the next one.
+    with client.stream("POST", "/v1/chat/completions", json={**REQUEST, "stream": True}) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+    assert json.loads(first[6:])["object"] == "chat.completion.chunk"
+    assert [e["choices"][0]["delta"].get("content") for e in stream_events(
+        complete(client, {**REQUEST, "stream": True}))][1:-1] == ["after"]

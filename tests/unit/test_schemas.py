@@ -96,6 +96,7 @@ from schemas.retrieval import (
     ReadRefused,
     ReadResult,
 )
+from schemas.sessions import TurnCancelling
 from writ.schemas_io import FOLDER, MESSAGES, check_schemas, render, write_schemas
 
 DIGEST = "ab" * 32
@@ -257,6 +258,7 @@ SAMPLES: dict[type, Any] = {
     ToolDescriptions: ToolDescriptions(tools=[DescribedTool(
         capability="mcp:helpdesk/ticket.get", family="read", description="Read one ticket.",
         input_schema={"type": "object"})]),
+    TurnCancelling: TurnCancelling(tenant="acme", run_id="ses-abc-t1"),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
 HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(

@@ -6,10 +6,10 @@ from schemas.api import RunAccepted, RunView
 from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewResult, RunResult
 from writ_client._http import Client, SyncClient, new_key
 from writ_client._nats import NatsClient
-from writ_client._session import Session
+from writ_client._session import Session, SyncSession
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
 
 __all__ = ["ApprovalResult", "Client", "CommandResult", "DecisionResult", "Issuer",
            "NatsClient", "ReviewResult", "RunAccepted", "RunResult", "RunView", "Session",
-           "SyncClient", "WritError", "new_key"]
+           "SyncClient", "SyncSession", "WritError", "new_key"]

@@ -18,7 +18,7 @@ from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewRe
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
 from schemas.sessions import AnySessionEvent, PlanAnswered, SessionAccepted, SessionView
-from writ_client._session import Session, decode_event, read_sse
+from writ_client._session import Session, blocking_method, decode_event, read_sse
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
 
@@ -299,7 +299,8 @@ def _problem(response: httpx.Response) -> WritError:
 
 
 class SyncClient:
-    """`Client`'s methods, blocking: each call runs on a private event loop thread."""
+    """`Client`'s methods, blocking: each call runs on a private event loop thread; a session
+    (`open_session`, `session`) is a `SyncSession`, whose methods block the same way."""
 
     def __init__(self, base_url: str, issuer: Issuer, principal: str, **options: Any) -> None:
         self._portal_cm = anyio.from_thread.start_blocking_portal()
@@ -318,13 +319,7 @@ class SyncClient:
         self._portal_cm.__exit__(None, None, None)
 
     def __getattr__(self, name: str) -> Any:
-        method = getattr(self._client, name)
-        if not callable(method) or name.startswith("_"):
-            raise AttributeError(name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._portal.call(lambda: method(*args, **kwargs))
-        return call
+        return blocking_method(self._portal, self._client, name)
 
 
 async def _make(base_url: str, issuer: Issuer, principal: str,

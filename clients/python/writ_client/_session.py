@@ -1,15 +1,18 @@
 """`Session`: one chat session (DESIGN.md §10), over HTTP (`Client`: `/api/v1/sessions`, the
 events as Server-Sent Events) or NATS (`NatsClient`: `writ.api.<tenant>.session`, the events
-read in batches after a stream sequence): the same methods, the same types."""
+read in batches after a stream sequence): the same methods, the same types. `SyncSession` is
+the same object for blocking code (`SyncClient`): each method runs the async one on the
+client's event loop thread."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final, Protocol
 
 import anyio
 import httpx
 import msgspec
+from anyio.from_thread import BlockingPortal
 
 from schemas.sessions import (
     AnySessionEvent,
@@ -21,7 +24,8 @@ from schemas.sessions import (
 )
 from writ_client.errors import WritError
 
-__all__ = ["Session", "SessionTransport", "StreamLost", "decode_event", "read_sse"]
+__all__ = ["Session", "SessionTransport", "StreamLost", "SyncSession", "blocking",
+           "blocking_method", "decode_event", "read_sse"]
 
 _EVENT: Final = msgspec.json.Decoder(AnySessionEvent)
 
@@ -146,6 +150,72 @@ class Session:
                     isinstance(event, TurnEnded) and event.turn >= accepted.turn):
                 return
 
+
+class SyncSession:
+    """`Session`'s methods, blocking: each runs the `Session`'s own on the `SyncClient`'s
+    event loop thread (same retries, same keys, same resumption); `events()` and `turn()` are
+    plain iterators over the same async ones."""
+
+    def __init__(self, portal: BlockingPortal, session: Session) -> None:
+        self._portal, self._session = portal, session
+
+    @property
+    def session_id(self) -> str:
+        """The session's id."""
+        return self._session.session_id
+
+    @property
+    def last_event_id(self) -> int:
+        """The stream sequence of the last event read (`events()` resumes after it)."""
+        return self._session.last_event_id
+
+    def __repr__(self) -> str:
+        return f"Sync{self._session!r}"
+
+    def __getattr__(self, name: str) -> Any:
+        # send, history, pause, resume, inject, close, fork, approve_plan, reject_plan
+        return blocking_method(self._portal, self._session, name)
+
+    def events(self, *, after: int | None = None) -> Iterator[AnySessionEvent]:
+        """`Session.events`, as an iterator (it does not end by itself: stop iterating)."""
+        return self._iterate(self._session.events(after=after))
+
+    def turn(self, text: str, *, request_id: str | None = None
+             ) -> Iterator[AnySessionEvent]:
+        """`Session.turn`: send `text`, then the events up to that turn's end."""
+        return self._iterate(self._session.turn(text, request_id=request_id))
+
+    def _iterate(self, events: AsyncIterator[AnySessionEvent]) -> Iterator[AnySessionEvent]:
+        try:
+            while True:
+                try:
+                    yield self._portal.call(events.__anext__)
+                except StopAsyncIteration:
+                    return
+        finally:  # the stream's connection is closed on the loop that opened it
+            self._portal.call(events.aclose)  # type: ignore[attr-defined]
+
+
+def blocking_method(portal: BlockingPortal, target: Any, name: str) -> Any:
+    """`target`'s public method `name` as a blocking function: it runs on `portal`'s loop,
+    and a `Session` it returns comes back as a `SyncSession`.
+
+    Raises:
+        AttributeError: `target` has no such public method.
+    """
+    method = getattr(target, name)
+    if not callable(method) or name.startswith("_"):
+        raise AttributeError(name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return blocking(portal, portal.call(lambda: method(*args, **kwargs)))
+    return call
+
+
+def blocking(portal: BlockingPortal, result: Any) -> Any:
+    """What a blocking client hands back for an async one's `result`: a `Session` as its
+    `SyncSession`, anything else as it is."""
+    return SyncSession(portal, result) if isinstance(result, Session) else result
 
 
 class StreamLost(WritError):

@@ -79,6 +79,8 @@ def _compare(walk: Walk, record: RunRecord) -> None:
     if want != have:
         differs(None, f"the run {show(list(want))} (captured)",
                 f"{show(list(have))} (planner.runs)")
+    for expected, found in walk.plans.compare(record.plans):
+        differs(None, expected, found)
     if walk.started is not None and canon(record.evidence) != canon(walk.started.evidence):
         walk.diverged(None, f"the evidence the model saw: {show(walk.started.evidence)}",
                       f"{show(record.evidence)} (planner.runs)")

@@ -10,6 +10,7 @@ import msgspec
 
 from schemas.admission import ProposalRefused
 from schemas.planner import Divergence
+from schemas.sessions import PlanDecided, PlanProposed, SessionOpened
 from services.planner.codes import BUDGET_CODE, REFUSAL_CODES, REVIEW_CODE
 from services.planner.inputs import critic_input, input_digest, model_input, with_injected
 from services.planner.journal_entries import (
@@ -48,6 +49,8 @@ from services.planner.provider import (
     RequestCapabilities,
     RequestHumanReview,
 )
+from services.planner.replay._plans import PlanTrack
+from services.planner.sessions._plans import PLAN_REJECTED, PLAN_WAIT
 from services.planner.snapshot import (
     agent_call_target,
     has_critic,
@@ -78,7 +81,8 @@ class _Expect(msgspec.Struct, kw_only=True):
     """What the last entry implies comes next."""
 
     # decide | propose | read | call | refuse | output | review | reviewing | critic | replan
-    # | succeed | fail | resume | ended | unknown
+    # | succeed | fail | resume | ended | unknown; a plan-mode turn's: plan | plan-wait |
+    # plan-answer | plan-approved
     what: str
     step: int | None = None
     action: str = ""
@@ -86,6 +90,7 @@ class _Expect(msgspec.Struct, kw_only=True):
     answer: str | None = None
     code: str | None = None
     reason: str = ""
+    plan: list[Any] | None = None  # plan: the steps the captured selections freeze
 
     def __str__(self) -> str:
         return {
@@ -105,6 +110,11 @@ class _Expect(msgspec.Struct, kw_only=True):
             "fail": f"the run to fail with {self.code}: {show(self.reason)}",
             "resume": "the run to resume once the approved command's outcome arrived",
             "ended": "nothing more (the run had ended)",
+            "plan": f"the plan of steps {show(self.plan)} proposed (step {self.step})",
+            "plan-wait": f"the run to wait for the user's answer to the plan of step "
+                         f"{self.step}",
+            "plan-answer": f"the user's answer to the plan of step {self.step}",
+            "plan-approved": f"the plan's approval observed (step {self.step})",
         }.get(self.what, "an entry the walk cannot predict")
 
 
@@ -112,6 +122,9 @@ _DECODERS: Final[dict[str, type]] = {
     RUN_STARTED: RunStartedEntry, DECISION: DecisionEntry, PROPOSAL: ProposalEntry,
     OBSERVATION: ObservationEntry, RUN_STATUS: StatusEntry, CRITIC: CriticEntry,
     INJECTED: InjectedEntry,
+    # A chat turn's session: whether it plans first, its plans and their answers.
+    "session.SessionOpened": SessionOpened, "session.PlanProposed": PlanProposed,
+    "session.PlanDecided": PlanDecided,
 }
 
 
@@ -135,6 +148,7 @@ class Walk:
         self.inputs_known = True
         self.expect = _Expect(what="decide")
         self.steps: dict[int, StepRecord] = {}
+        self.plans = PlanTrack()
 
     def diverged(self, step: int | None, expected: str, found: str) -> None:
         if len(self.divergences) < _MAX_FINDINGS:
@@ -157,6 +171,9 @@ class Walk:
             self.diverged(None, f"a {captured.kind} entry", f"an unreadable one (chain seq "
                                                              f"{captured.seq}): {exc}")
             self.expect = _Expect(what="unknown")
+            return
+        if isinstance(entry, SessionOpened | PlanProposed | PlanDecided):
+            self.session_entry(entry)
             return
         if self.status in _TERMINAL:
             self.diverged(getattr(entry, "step", getattr(entry, "seq", None)),
@@ -183,6 +200,35 @@ class Walk:
             self.critic(entry)
         elif isinstance(entry, InjectedEntry):
             self.injected_step(entry)
+
+    def session_entry(self, entry: SessionOpened | PlanProposed | PlanDecided) -> None:
+        """A chat turn's session: it plans first; this turn's plan proposed, or answered."""
+        ex = self.expect
+        if isinstance(entry, SessionOpened):
+            self.plans.planning = entry.plan_mode
+        elif isinstance(entry, PlanProposed):
+            if ex.what != "plan":
+                self.diverged(ex.step, str(ex), f"plan {entry.plan.plan_id} proposed")
+                self.plans.proposed[entry.plan.plan_id] = (entry, ex.step or 0)
+                return
+            differs = self.plans.proposal_differs(entry, ex.step or 0, ex.plan or [])
+            if differs is not None:
+                self.diverged(ex.step, str(ex), differs)
+            self.expect = _Expect(what="plan-wait", step=ex.step)
+        else:
+            answered = self.plans.answered(entry)
+            if answered is None:
+                self.diverged(ex.step, str(ex), f"an answer to plan {entry.plan_id}, which "
+                                                "this turn never proposed")
+                return
+            step, answer = answered
+            if ex.what != "plan-answer" or ex.step != step:
+                self.diverged(step, str(ex), f"the plan of step {step} {answer}")
+            elif answer == "approved":
+                self.expect = _Expect(what="plan-approved", step=step)
+            else:  # the loop's `_plan_answered`
+                self.expect = _Expect(what="fail", step=step, code="REJECTED",
+                                      reason=entry.reason or PLAN_REJECTED)
 
     def injected_step(self, i: InjectedEntry) -> None:
         """A chat session's injected messages: the next decision's input carries them."""
@@ -245,6 +291,9 @@ class Walk:
             return
         if isinstance(decision, AnswerDirectly):
             verified = has_critic(self.started.manifest if self.started is not None else None)
+            if drafts := self.plans.drafts(self.steps):  # a planning turn's answer: its plan
+                self.expect = _Expect(what="plan", step=d.seq, plan=drafts)
+                return
             self.expect = _Expect(what="critic" if verified else "succeed", step=d.seq,
                                   answer=decision.answer)
         elif isinstance(decision, RequestCapabilities):
@@ -257,6 +306,8 @@ class Walk:
                 self.started.manifest if self.started is not None else None,
                 agent=self.started.agent if self.started is not None else "",
                 target=decision.capability, arguments=decision.arguments)
+            if refused is None:  # a plan-mode turn's plan check, after the runtime's own
+                refused = self.plans.refusal(self.steps, decision)
             manifest = self.started.manifest if self.started is not None else None
             tool = read_target(manifest, decision.capability)
             callee = agent_call_target(manifest, decision.capability)
@@ -325,8 +376,8 @@ class Walk:
         ex = self.expect
         gap = self.at_step(o.seq, "observation")
         if not gap and ex.what != "unknown" and not (
-                ex.what in ("output", "read", "call", "refuse", "reviewing", "replan")
-                and o.step == ex.step):
+                ex.what in ("output", "read", "call", "refuse", "reviewing", "replan",
+                            "plan-approved") and o.step == ex.step):
             self.diverged(ex.step if ex.step is not None else o.step, str(ex),
                           f"a tool output of step {o.step}")
         self.next_seq = o.seq + 1
@@ -380,7 +431,9 @@ class Walk:
             self.expect = _Expect(what="decide")
             return
         if isinstance(output, ReviewAnswered):
-            if ex.what != "reviewing":
+            if ex.what == "plan-approved" and output.answer != "approve":
+                self.diverged(o.step, str(ex), f"a review answer {output.answer}")
+            elif ex.what not in ("reviewing", "plan-approved"):
                 self.diverged(o.step, str(ex), f"a review answer for step {output.step}")
             if output.answer == "approve":
                 self.expect = _Expect(what="resume", step=o.step)
@@ -409,6 +462,11 @@ class Walk:
                 self.diverged(s.step, str(ex), f"the run waiting with {s.error_code}: "
                                                f"{show(s.error_message)}")
             self.expect = _Expect(what="reviewing", step=ex.step)
+        elif s.status == "awaiting_human" and ex.what == "plan-wait":
+            if s.step != ex.step or s.error_message != PLAN_WAIT:
+                self.diverged(s.step, str(ex), f"the run waiting with {s.error_code}: "
+                                               f"{show(s.error_message)}")
+            self.expect = _Expect(what="plan-answer", step=ex.step)
         elif s.status == "awaiting_human":
             if ex.what != "output" or (s.step is not None and s.step != ex.step):
                 self.diverged(s.step, str(ex), "the run waiting for a person's decision")
@@ -451,7 +509,8 @@ class Walk:
         if self.started is None:
             self.lacks("nothing of the run was captured")
         ex, waiting = self.expect, self.unsealed_note()
-        if ex.what in ("refuse", "review", "succeed", "fail", "replan") and not self.unsealed:
+        if ex.what in ("refuse", "review", "succeed", "fail", "replan", "plan", "plan-wait"
+                       ) and not self.unsealed:
             # Written in the same transaction as the decision or output that implies it.
             self.diverged(ex.step, str(ex), "nothing")
         elif ex.what == "propose" and self.status not in _TERMINAL:
@@ -475,6 +534,9 @@ class Walk:
         elif ex.what == "output":
             self.lacks(f"the tool output of step {ex.step} was never captured (the run is "
                        f"{self.status}){waiting}")
+        elif ex.what == "plan-approved":
+            self.lacks(f"the approval of the plan of step {ex.step} was never observed (the "
+                       f"run is {self.status}){waiting}")
         elif ex.what == "critic":
             self.lacks(f"the critic's verdict on the answer of step {ex.step} was never "
                        f"captured (the run is {self.status}){waiting}")

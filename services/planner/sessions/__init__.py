@@ -3,9 +3,10 @@ agent, on the planner's own run loop. `logic` holds the transition table and the
 rule; `_store` the SQL (migration 009); `_ops` the operations ingress hands on
 (`writ.int.planner.session`); `_turns` what the run loop tells a session and what follows."""
 
+from services.planner.sessions._inflight import ModelCallAbandoned
 from services.planner.sessions._ops import SessionOpsEndpoint
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions._turns import SessionTurns, outcome_note
 
-__all__ = ["SessionOpsEndpoint", "SessionRow", "SessionStore", "SessionTurns", "TurnRow",
-           "outcome_note"]
+__all__ = ["ModelCallAbandoned", "SessionOpsEndpoint", "SessionRow", "SessionStore",
+           "SessionTurns", "TurnRow", "outcome_note"]

@@ -35,6 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
+from services.planner.sessions._plans import PLAN_WAIT
 from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
@@ -163,6 +164,8 @@ class SessionOpsEndpoint:
             except Exception as exc:  # accepted and recorded: the sweep starts it
                 log.warning("turn %s not started yet: %r", started.run_id, exc)
         if wake is not None:
+            if op.op == "close":  # a model call in flight for the turn is abandoned now
+                await self._turns.in_flight.tell(session.tenant, wake[0])
             await self._turns.wake(session.tenant, *wake)
         await self._turns.flush(session.session_id)
         return reply
@@ -353,7 +356,7 @@ class SessionOpsEndpoint:
         if run is not None and run["status"] == "awaiting_human" and (
                 run["pending_id"] or "").startswith("plan-"):
             return WaitingFor(kind="plan", plan_id=run["pending_id"],
-                              message="the plan waits for the user's approval")
+                              message=PLAN_WAIT)
         if run is not None and run["status"] == "awaiting_human":
             return WaitingFor(kind="person", pending_id=run["pending_id"],
                               message=(run["error_message"] or "")[:512])

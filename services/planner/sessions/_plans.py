@@ -42,9 +42,13 @@ from services.planner.sessions._store import SessionRow, SessionStore
 from services.planner.sessions.logic import is_turn_run, turn_of
 from services.planner.store import PlannerStore, RunRow, Step
 
-__all__ = ["PLAN_PREFIX", "Plans", "plan_digest", "resolved"]
+__all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_REJECTED", "PLAN_WAIT", "Plans",
+           "plan_digest", "plan_drafts", "plan_refusal", "resolved"]
 
 PLAN_PREFIX: Final = "plan-"
+# What a turn says while its plan waits for the user, and a rejection's reason when none given.
+PLAN_WAIT: Final = "the plan waits for the user's approval"
+PLAN_REJECTED: Final = "the user rejected the plan"
 PLANNED: Final = "PLANNED"
 NOT_IN_PLAN: Final = "NOT_IN_PLAN"
 _COLUMNS: Final = "plan_id, session_id, tenant, turn, run_id, step, state, digest, steps, reason"
@@ -115,6 +119,50 @@ def _progress(steps: list[Step], plan_step: int) -> tuple[list[Step], list[Step]
     return done, _selections(steps, NOT_IN_PLAN, after=since)
 
 
+def plan_refusal(steps: list[Step], approved: tuple[list[PlanStep], int] | None,
+                 decision: SelectCapability) -> tuple[str, str] | None:
+    """A planning turn's selection at the end of `steps`, given the plan approved for the
+    turn (its steps and the step it was frozen at) if any: `PLANNED` while planning,
+    `NOT_IN_PLAN` if it is not the approved plan's next step, None if it is (pure: the loop
+    and `writ audit replay` both ask it)."""
+    if approved is None:
+        index = len(_selections(steps, PLANNED)) + 1
+        return PLANNED, (f"recorded as step {index} of the plan; nothing runs before the "
+                         "user approves the plan")
+    planned, plan_step = approved
+    done, drafts = _progress(steps, plan_step)
+    index = len(done)
+    revision = (f"; recorded as step {len(drafts) + 1} of a revised plan, which runs only "
+                "once the user approves it (answer to propose it)")
+    if index >= len(planned):
+        return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken"
+                             + revision)[:512]
+    expected = planned[index]
+    if expected.capability != decision.capability or (
+            msgspec.json.encode(expected.arguments, order="sorted")
+            != msgspec.json.encode(resolved(decision.capability, decision.arguments)[0],
+                                   order="sorted")):
+        return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is "
+                             f"{expected.capability} with its own arguments; this call "
+                             "is not in the plan" + revision)[:512]
+    return None
+
+
+def plan_drafts(steps: list[Step], approved_step: int | None) -> list[PlanStep]:
+    """The steps a planning turn's answer freezes as a plan (empty: it planned nothing): its
+    `PLANNED` selections, or under the plan approved at `approved_step` the revised plan's
+    drafts, each resolved by its action's contract (pure, like `plan_refusal`)."""
+    chosen = (_selections(steps, PLANNED) if approved_step is None
+              else _progress(steps, approved_step)[1])
+    plan_steps = []
+    for i, s in enumerate(chosen):
+        capability = str(s.payload.get("capability", ""))[:512]
+        arguments, preview = resolved(capability, dict(s.payload.get("arguments") or {}))
+        plan_steps.append(PlanStep(index=i, capability=capability, arguments=arguments,
+                                   preview=preview))
+    return plan_steps
+
+
 class Plans:
     """Plans of plan-mode sessions, read and written in the run's or the session's
     transaction."""
@@ -141,27 +189,9 @@ class Plans:
         if await self._planning_session(conn, run) is None:
             return None
         plan = await self.approved(conn, run.run_id)
-        if plan is None:
-            index = len(_selections(steps, PLANNED)) + 1
-            return PLANNED, (f"recorded as step {index} of the plan; nothing runs before the "
-                             "user approves the plan")
-        planned = msgspec.convert(json.loads(plan["steps"]), list[PlanStep])
-        done, drafts = _progress(steps, plan["step"])
-        index = len(done)
-        revision = (f"; recorded as step {len(drafts) + 1} of a revised plan, which runs only "
-                    "once the user approves it (answer to propose it)")
-        if index >= len(planned):
-            return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken"
-                                 + revision)[:512]
-        expected = planned[index]
-        if expected.capability != decision.capability or (
-                msgspec.json.encode(expected.arguments, order="sorted")
-                != msgspec.json.encode(resolved(decision.capability, decision.arguments)[0],
-                                       order="sorted")):
-            return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is "
-                                 f"{expected.capability} with its own arguments; this call "
-                                 "is not in the plan" + revision)[:512]
-        return None
+        approved = None if plan is None else (
+            msgspec.convert(json.loads(plan["steps"]), list[PlanStep]), int(plan["step"]))
+        return plan_refusal(steps, approved, decision)
 
     async def freeze(self, conn: Any, run: RunRow, steps: list[Step], seq: int) -> str | None:
         """A planning turn's answer: its recorded steps frozen as a plan (its id), or None if
@@ -170,16 +200,9 @@ class Plans:
         if session is None:
             return None
         approved = await self.approved(conn, run.run_id)
-        chosen = (_selections(steps, PLANNED) if approved is None
-                  else _progress(steps, approved["step"])[1])  # a revised plan's drafts
-        if not chosen:
+        plan_steps = plan_drafts(steps, None if approved is None else int(approved["step"]))
+        if not plan_steps:
             return None
-        plan_steps = []
-        for i, s in enumerate(chosen):
-            capability = str(s.payload.get("capability", ""))[:512]
-            arguments, preview = resolved(capability, dict(s.payload.get("arguments") or {}))
-            plan_steps.append(PlanStep(index=i, capability=capability, arguments=arguments,
-                                       preview=preview))
         digest = plan_digest(plan_steps)
         plan_id = await conn.fetchval(
             "INSERT INTO planner.plans (plan_id, session_id, tenant, turn, run_id, step, state, "

@@ -13,7 +13,6 @@ left between a commit and what follows it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -55,6 +54,8 @@ from schemas.sessions import (
 from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
+from services.planner.sessions._inflight import InFlightCalls, ModelCallAbandoned, cancelled_before
+from services.planner.sessions._listen import listen
 from services.planner.sessions._plans import PLAN_PREFIX, Plans
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
@@ -79,6 +80,9 @@ def outcome_note(payload: dict[str, Any]) -> str:
     the next message), a terminal failure with its correlation id and nothing else."""
     action, state = payload.get("action", "the action"), payload.get("state")
     outcome = payload.get("outcome")
+    if payload.get("refused"):  # never a command: denied, rejected (or unanswered), invalid
+        return f"{action} was not run ({payload['refused']}): {payload.get('reason') or ''}"[
+            :_MAX_NOTE]
     if outcome == "terminal_failure" or (state == "failed" and payload.get("correlation_id")):
         return f"{action} failed; correlation id {payload.get('correlation_id')}"[:_MAX_NOTE]
     if state == "succeeded":
@@ -102,6 +106,7 @@ class SessionTurns:
         self._nc, self._js, self._store = nc, js, store
         self._register_timeout = register_timeout_s
         self.plans = Plans(sessions=store)
+        self.in_flight = InFlightCalls(nc=nc)  # model calls a close abandons
 
     @property
     def store(self) -> SessionStore:
@@ -237,6 +242,19 @@ class SessionTurns:
                                     lambda n: WriterNote(session_id=session.session_id, n=n,
                                                          turn=turn, text=text))
 
+    async def refused(self, conn: Any, run: RunRow, step: int,
+                      observation: dict[str, Any]) -> None:
+        """A turn's proposal that never became a command (a deny, a person's rejection, an
+        attended ask nobody answered in 5 minutes): Writ writes why into the session."""
+        session = await self._session_for(conn, run)
+        if session is None:
+            return
+        turn = session.turn if is_turn_run(run.run_id) else 1
+        text = outcome_note(observation)
+        await self._store.add_event(conn, session, f"note:{run.run_id}:{step}",
+                                    lambda n: WriterNote(session_id=session.session_id, n=n,
+                                                         turn=turn, text=text))
+
     async def proposed(self, conn: Any, run: RunRow, step: int, action: str,
                        proposal_id: str | None, preview: dict[str, Any]) -> None:
         """A turn's proposal waits for a person's approval."""
@@ -285,6 +303,10 @@ class SessionTurns:
         session's subject (not numbered, not stored: the answer is, once decided). None for a
         run that is no session's turn.
 
+        Raises:
+            ModelCallAbandoned: the session closed during the call, which was cancelled (its
+                text reset on the stream); nothing of it is to be recorded.
+
         A call for a step that an earlier call (in a process that died) began first publishes
         a reset, so a client drops text the new call replaces.
         """
@@ -311,28 +333,42 @@ class SessionTurns:
                 log.debug("turn %s step %d: text not published: %r", run.run_id, seq, exc)
 
         batcher = DeltaBatcher(out)
-        if await self._model_calls(run.run_id, seq) > 1:
-            await out(AttemptReset(attempt=0, reason="the model is asked again for this step"))
-        async with anyio.create_task_group() as tg:
-            await tg.start(batcher.run)
-            try:
-                yield batcher
-                await batcher.flush()
-            finally:
-                tg.cancel_scope.cancel()
+        abandoned = False
+        # The session's close cancels the call (`_inflight.py`): its text so far is reset.
+        with self.in_flight.watch(run.run_id) as scope:
+            calls, cancelled = await self._model_calls(run.run_id, seq)
+            if calls > 1:
+                await out(AttemptReset(attempt=0,
+                                       reason="the model is asked again for this step"))
+            if cancelled:
+                scope.cancel()  # closed before this call registered: it never starts
+            async with anyio.create_task_group() as tg:
+                await tg.start(batcher.run)
+                try:
+                    with scope:
+                        yield batcher
+                        await batcher.flush()
+                    if scope.cancelled_caught:
+                        abandoned = True
+                        await batcher.reset("the session closed: this answer was abandoned")
+                finally:
+                    tg.cancel_scope.cancel()
+        if abandoned:
+            raise ModelCallAbandoned(run.run_id)
 
-    async def _model_calls(self, run_id: str, seq: int) -> int:
-        """Count a model call begun for the step, committed at once (0 if the count could not
-        be taken: the pool is busy, and the call goes on without it)."""
+    async def _model_calls(self, run_id: str, seq: int) -> tuple[int, bool]:
+        """Count a model call begun for the step, committed at once, and say whether the run
+        was cancelled already ((0, False) if the pool is busy: the call goes on without it)."""
         try:
             async with self._store.acquire_soon() as conn:
-                return int(await conn.fetchval(
+                calls = int(await conn.fetchval(
                     "INSERT INTO planner.session_model_calls (run_id, seq) VALUES ($1, $2) "
                     "ON CONFLICT (run_id, seq) DO UPDATE SET calls = "
                     "planner.session_model_calls.calls + 1 RETURNING calls", run_id, seq))
+                return calls, await cancelled_before(conn, run_id)
         except (TimeoutError, OSError) as exc:
             log.debug("turn %s step %d: model call not counted: %r", run_id, seq, exc)
-            return 0
+            return 0, False
 
     async def progress(self, *, tenant: str, run_id: str, step: int | None = None,
                        operation_id: str | None = None, pending_id: str | None = None,
@@ -371,22 +407,12 @@ class SessionTurns:
         """Hear admission's `CommandAdmitted` progress events (core NATS, in no stream: one
         lost is no loss, the outcome records the admission too) and show a turn's as its
         session's `StepAdmitted` while the command is still on its way."""
-        decoder = msgspec.json.Decoder(CommandAdmitted)
-        sub = await self._nc.subscribe(subjects.admitted("*"), queue=_ADMITTED_QUEUE)
-        try:
-            async for msg in sub.messages:
-                try:
-                    event = decoder.decode(msg.data)
-                except msgspec.DecodeError as exc:
-                    log.warning("an admitted event that does not decode: %r", exc)
-                    continue
-                if msg.subject != subjects.admitted(event.tenant):
-                    continue  # a tenant's events on its own subject only
-                await self.progress(tenant=event.tenant, run_id=event.run_id, step=event.step,
-                                    operation_id=event.operation_id)
-        finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await sub.unsubscribe()  # (the connection may be closing already)
+        async def heard(event: CommandAdmitted) -> None:
+            await self.progress(tenant=event.tenant, run_id=event.run_id, step=event.step,
+                                operation_id=event.operation_id)
+
+        await listen(self._nc, subjects.admitted("*"), msgspec.json.Decoder(CommandAdmitted),
+                     subjects.admitted, heard, queue=_ADMITTED_QUEUE)
 
     # --- after the commit ------------------------------------------------------------------
 
