@@ -1,11 +1,13 @@
-"""The SDK's NATS requests carry their `Writ-Deadline` (issue 21): ingress's endpoints drop a
-request past it, so a host that gave up costs nothing; without the header it never expired.
+"""The SDK's NATS requests and the operator commands carry their `Writ-Deadline` (issue 21):
+the endpoints drop a request past it, so a caller who gave up costs nothing; without the header
+it never expired.
 Against a real nats-server, answered by a responder that records what it received."""
 
 from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
@@ -14,7 +16,10 @@ from nats.aio.msg import Msg
 
 from libs.deadline import HEADER, expired
 from libs.embedded import EmbeddedNats
+from schemas import subjects
+from schemas.dispatcher import UnknownCommands
 from schemas.host_reads import host_read
+from writ.operator import list_unknown
 from writ_client import Issuer, NatsClient, WritError
 
 pytestmark = pytest.mark.anyio
@@ -52,3 +57,21 @@ async def test_a_read_and_a_session_operation_carry_the_sdks_deadline(
         # About the 30 s the SDK waits: not expired now, expired once it has given up.
         assert before + 25 < deadline < time.time() + 31
         assert not expired(headers) and expired(headers, now=deadline + 0.01)
+
+
+async def test_an_operator_command_carries_its_deadline(
+        private_nats: EmbeddedNats, private_nc: Client,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    received: list[dict[str, str]] = []
+
+    async def answer(msg: Msg) -> None:
+        received.append(dict(msg.headers or {}))
+        await private_nc.publish(msg.reply, msgspec.json.encode(UnknownCommands(commands=[])))
+
+    await private_nc.subscribe(subjects.UNKNOWN_LIST, cb=answer)
+    await private_nc.flush()
+    before = time.time()
+    assert await list_unknown(private_nats.url, "acme") == 0
+    assert "no unknown commands for acme" in capsys.readouterr().out
+    (headers,) = received
+    assert before + 4 < float(headers[HEADER]) < time.time() + 6  # `writ reconcile`'s 5 s
