@@ -36,11 +36,15 @@ def _checked(ledger: Ledger) -> list[Op]:
 
 
 def _has_outcome(ledger: Ledger, op: Op) -> bool:
-    # A repeat sent while its key was in flight is answered once, with the state then
-    # recorded; its key's first submission carries the outcome.
-    if op.kind == "repeat":
-        return bool(ledger.results.get(op.request_id)) and _has_outcome(
-            ledger, ledger.ops[op.original])
+    # A submission of a key that is answered once, with the state then recorded, is a replay;
+    # the submission that recorded the key carries the outcome. That is the first one sent,
+    # unless a repeat overtook it: with two admissions, one frozen with the first, the other
+    # takes the repeat first. So a note or a repeat has its outcome when it was answered and
+    # one submission of its key got the outcome.
+    if op.kind in ("note", "repeat") and op.operation_key:
+        return bool(ledger.results.get(op.request_id)) and any(
+            ledger.final(other.request_id) is not None
+            for other in ledger.keyed.get(op.operation_key, [op]))
     return ledger.final(op.request_id) is not None
 
 
@@ -322,7 +326,8 @@ def outcomes(ledger: Ledger) -> dict[str, dict[str, int]]:
             state = answers[0].status if answers else "no answer"
         elif op.kind == "open":
             state = "opened"
-        elif op.kind == "repeat" and final is None and ledger.results.get(op.request_id):
+        elif op.kind in ("note", "repeat") and final is None and ledger.results.get(
+                op.request_id):  # answered as a replay (a note: overtaken by its repeat)
             state = f"replayed {ledger.results[op.request_id][0].status}"
         else:
             state = getattr(final, "status", None) or "no outcome"

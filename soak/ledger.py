@@ -49,9 +49,12 @@ class Ledger:
         self.shed = 0
         self.approvals: dict[str, str] = {}  # proposal id -> the refund's request id
         self.sessions: dict[str, ChatSession] = {}
+        self.keyed: dict[str, list[Op]] = {}  # a note's key -> the note and its repeats
 
     def add(self, op: Op) -> Op:
         self.ops[op.request_id] = op
+        if op.kind in ("note", "repeat") and op.operation_key:
+            self.keyed.setdefault(op.operation_key, []).append(op)
         return op
 
     def accepted(self, kind: str | None = None) -> list[Op]:

@@ -93,6 +93,25 @@ def test_the_checker_finds_a_request_without_an_outcome_and_work_left_in_flight(
     assert _outcomes(ledger, ops[1:], quiet, 0).held
 
 
+def test_a_repeat_that_overtook_its_note_carries_the_outcome_for_both() -> None:
+    # Two admissions: the one holding the note was frozen, the other recorded the key from
+    # the repeat; the note was then answered as a replay, with the state then recorded.
+    ledger = Ledger()
+    ledger.add(Op("note", "n1", "k", accepted=True))
+    ledger.add(Op("repeat", "r1", "k", "n1", accepted=True))
+    ledger.results = {"n1": [_result("n1", "dispatching")],
+                      "r1": [_result("r1", "pending"), _result("r1", "succeeded")]}
+    quiet = {"commands_in_flight": 0, "runs_in_flight": 0}
+    assert _outcomes(ledger, ledger.accepted(), quiet, 0).held
+    # Neither got the outcome: both are named.
+    ledger.results["r1"] = [_result("r1", "pending")]
+    assert _outcomes(ledger, ledger.accepted(), quiet, 0).broken == 2
+    # A submission never answered at all is named even when its key has its outcome.
+    ledger.results = {"r1": [_result("r1", "succeeded")]}
+    found = _outcomes(ledger, ledger.accepted(), quiet, 0)
+    assert found.broken == 1 and "n1" in found.examples[0]
+
+
 def test_resources_past_their_bound_are_named() -> None:
     start = {"processes": {"planner": {"rss_mb": 80.0, "fds": 20}},
              "pg_connections": {"writ_planner": 10}}
