@@ -8,6 +8,13 @@ chunk with the usage when `stream_options.include_usage` asks for it, then `data
 The `cut_stream` mode sends `after_chunks` events of such a stream and hangs up; the
 `slow_stream` mode waits `delay_s` before each event (a model generating slowly, so a test can
 act while a stream is half sent); the shared `lose_response` mode hangs up before any of it.
+
+When the queued script is empty, rules answer (`POST /_control/rules`): the first rule whose
+`when` strings all occur in the request's messages and whose `unless` strings none do gives
+its reply, so concurrent conversations each get the answer their state calls for. A rule's
+strings may hold `{{serial}}`, which becomes the serial number of the answer, so whoever
+records the answer records which one it was. Each recorded request has its arrival time `at`
+and the `serial` it was answered with (None when it got no answer).
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ MODES: Final = _http.MODES | {"malformed", "refuse", "rate_limit", "error", "cut
                               "slow_stream"}
 STREAM_CHUNK_CHARS: Final = 8  # of content or arguments per streamed chunk, as a model sends
 MAX_REPLIES: Final = 1000
+MAX_RULES: Final = 32
+SERIAL: Final = "{{serial}}"  # in a rule's reply: the serial number of the answer
 MALFORMED_CONTENT: Final = '{"next": {"decision": "answer_directly", "answer": '  # cut short
 REFUSAL: Final = "I can't help with that."
 _COMPLETIONS: Final = "/v1/chat/completions"
 _REPLY_FIELDS: Final = frozenset({"content", "tool_calls", "refusal", "finish_reason"})
+_RULE_FIELDS: Final = frozenset({"when", "unless", "reply"})
 # Headers worth showing a test; the others are httpx's defaults.
 _RECORDED_HEADERS: Final = ("authorization", "content-type", "user-agent")
 
@@ -55,13 +65,22 @@ class _State(_http.State):
 
     def _clear(self) -> None:
         self.replies: list[dict[str, Any]] = []
+        self.rules: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         self.served = 0
 
-    def record(self, headers: dict[str, str], body: Any) -> None:
+    def record(self, headers: dict[str, str], body: Any) -> dict[str, Any]:
+        """Log one request; the entry is returned so its answer's serial can be noted."""
+        entry = {"headers": headers, "body": body, "at": time.time(), "serial": None}
         with self.lock:
             self.calls += 1
-            self.requests.append({"headers": headers, "body": body})
+            self.requests.append(entry)
+        return entry
+
+    def set_rules(self, rules: list[dict[str, Any]]) -> int:
+        with self.lock:
+            self.rules = list(rules)
+            return len(self.rules)
 
     def add_replies(self, replies: list[dict[str, Any]]) -> int:
         with self.lock:
@@ -70,16 +89,23 @@ class _State(_http.State):
             self.replies.extend(replies)
             return len(self.replies)
 
-    def next_reply(self, instead: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
-        """A serial number and the next scripted reply (or `instead`, leaving the script alone).
+    def next_reply(self, instead: dict[str, Any] | None = None,
+                   text: str = "") -> tuple[int, dict[str, Any]]:
+        """A serial number and the next scripted reply (or `instead`, leaving the script
+        alone; or, the script used up, the first rule that matches the messages' `text`).
 
         Raises:
-            HttpError: 500 when the script is used up.
+            HttpError: 500 when the script is used up and no rule matches.
         """
         with self.lock:
+            rule = None
             if instead is None and not self.replies:
-                raise HttpError(500, "no scripted reply left")
+                rule = next((r for r in self.rules if _matches(r, text)), None)
+                if rule is None:
+                    raise HttpError(500, "no scripted reply left")
             self.served += 1
+            if rule is not None:
+                return self.served, _with_serial(rule["reply"], self.served)
             return self.served, instead if instead is not None else self.replies.pop(0)
 
 
@@ -106,7 +132,7 @@ class _Handler(_http.Handler):
             body = None
         # Every completion POST is recorded, refused ones too: tests look at what was sent.
         headers = {k: v for k in _RECORDED_HEADERS if (v := self.headers.get(k)) is not None}
-        self.server.state.record(headers, body)
+        entry = self.server.state.record(headers, body)
         self._authorize()
         if not isinstance(body, dict) or not isinstance(model := body.get("model"), str):
             raise HttpError(400, "model must be a string")
@@ -115,10 +141,14 @@ class _Handler(_http.Handler):
         stream = body.get("stream") is True
         options = body.get("stream_options")
         usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-        return self._complete(model, len(self._raw), stream=stream, usage=usage)
+        text = "\n".join(m["content"] for m in body["messages"]
+                         if isinstance(m, dict) and isinstance(m.get("content"), str))
+        return self._complete(model, len(self._raw), stream=stream, usage=usage, text=text,
+                              entry=entry)
 
     def _complete(self, model: str, prompt_bytes: int, *, stream: bool = False,
-                  usage: bool = False) -> Reply | None:
+                  usage: bool = False, text: str = "",
+                  entry: dict[str, Any] | None = None) -> Reply | None:
         # Only well-formed, authorized requests use up the mode, so its `count` is predictable.
         mode = self.server.state.take_mode()
         if mode.name == "fail":
@@ -133,9 +163,12 @@ class _Handler(_http.Handler):
             self.server.stopping.wait(mode.delay_s)  # stop() cuts the sleep short
         instead = {"malformed": {"content": MALFORMED_CONTENT},
                    "refuse": {"refusal": REFUSAL}}.get(mode.name)
-        serial, reply = self.server.state.next_reply(instead)
+        serial, reply = self.server.state.next_reply(instead, text)
         if mode.name == "lose_response" or (mode.name == "cut_stream" and not stream):
             return None  # the reply is used up, the answer never leaves
+        if entry is not None and mode.name != "cut_stream":
+            with self.server.state.lock:
+                entry["serial"] = serial  # answered (a cut stream's answer never arrives whole)
         completion = _completion(serial, model, reply, prompt_bytes)
         if not stream:
             return completion
@@ -183,6 +216,13 @@ class _Handler(_http.Handler):
             if not isinstance(replies, list) or not all(_valid_reply(r) for r in replies):
                 raise HttpError(400, "replies must be a list of reply objects")
             return Reply(200, {"queued": state.add_replies(replies)})
+        if (method, path) == ("POST", "/_control/rules"):
+            req = self._json()
+            rules = req.get("rules") if isinstance(req, dict) else None
+            if not isinstance(rules, list) or len(rules) > MAX_RULES or not all(
+                    _valid_rule(r) for r in rules):
+                raise HttpError(400, f"rules must be a list of at most {MAX_RULES} rule objects")
+            return Reply(200, {"rules": state.set_rules(rules)})
         raise HttpError(404, "not found")
 
     def _control(self, method: str, path: str) -> Reply:
@@ -206,6 +246,31 @@ def _parse_mode(req: Any) -> _LlmMode:
     checked = _http._parse_mode({k: v for k, v in req.items() if k != "after_chunks"}
                                 | {"mode": "normal"})
     return _LlmMode(req["mode"], checked.count, checked.delay_s, after)
+
+
+def _valid_rule(rule: Any) -> bool:
+    """A rule is `{when?: [str], unless?: [str], reply: <reply>}`."""
+    if not isinstance(rule, dict) or set(rule) - _RULE_FIELDS or "reply" not in rule:
+        return False
+    return _valid_reply(rule["reply"]) and all(
+        isinstance(rule.get(k, []), list) and all(isinstance(x, str) for x in rule.get(k, []))
+        for k in ("when", "unless"))
+
+
+def _matches(rule: dict[str, Any], text: str) -> bool:
+    return (all(s in text for s in rule.get("when", []))
+            and not any(s in text for s in rule.get("unless", [])))
+
+
+def _with_serial(value: Any, serial: int) -> Any:
+    """`value` with every `{{serial}}` in its strings replaced by `serial`."""
+    if isinstance(value, str):
+        return value.replace(SERIAL, str(serial))
+    if isinstance(value, list):
+        return [_with_serial(v, serial) for v in value]
+    if isinstance(value, dict):
+        return {k: _with_serial(v, serial) for k, v in value.items()}
+    return value
 
 
 def _valid_reply(reply: Any) -> bool:

@@ -23,10 +23,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from libs.telemetry import inject_context
+from schemas.host_reads import DEADLINE_HEADER
 
 __all__ = ["HEADER", "expired", "timed_request", "with_deadline"]
 
-HEADER = "Writ-Deadline"
+HEADER = DEADLINE_HEADER  # defined with the host contract: the SDK sends it too
 
 
 def with_deadline(headers: dict[str, str], timeout: float) -> dict[str, str]:

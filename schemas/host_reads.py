@@ -15,9 +15,13 @@ import msgspec
 from schemas.base import Command, Id, Token
 from schemas.reads import ProposalState
 
-__all__ = ["HOST_READS", "HostRead", "host_read"]
+__all__ = ["DEADLINE_HEADER", "HOST_READS", "HostRead", "host_read"]
 
 HOST_READS: Final = ("run", "events", "command", "pending", "proposals", "proposal", "replay")
+# A request's deadline, seconds since the epoch (`time.time()`, three decimals): Writ's
+# endpoints drop a request past it unanswered, before any work (`libs/deadline.py`), so a
+# service that fell behind does not spend itself on callers who left. Hosts send it too.
+DEADLINE_HEADER: Final = "Writ-Deadline"
 
 
 def host_read(tenant: str, read: str) -> str:

@@ -50,7 +50,7 @@ async def soak(deployment: Deployment, settings: SoakSettings,
                 command_rate=settings.command_rate, run_rate=settings.run_rate,
                 refund_rate=settings.refund_rate, repeat_fraction=settings.repeat_fraction,
                 conflict_fraction=settings.conflict_fraction,
-                hostile_every_s=settings.hostile_every_s)
+                hostile_every_s=settings.hostile_every_s, chat_rate=settings.chat_rate)
     await load.open()
     observer = Observer(stack, list(deployment.service_instances))
     nemesis = Nemesis(deployment, faults)
@@ -84,8 +84,8 @@ async def soak(deployment: Deployment, settings: SoakSettings,
     assert observer.baseline is not None
     warm = observer.settled_baseline(observer.baseline["t"] + max(
         WARM_MIN_S, WARM_FRACTION * settings.duration_s))
-    checks = await check(stack, load.ledger, faults=nemesis.kinds(), baseline=warm, end=end,
-                         instances=deployment.service_instances)
+    checks = await check(deployment, load.ledger, faults=nemesis.kinds(), baseline=warm,
+                         end=end, instances=deployment.service_instances)
     try:
         layout = await _streams(stack)
     except Exception as exc:  # evidence only: the invariants are checked already
@@ -94,11 +94,13 @@ async def soak(deployment: Deployment, settings: SoakSettings,
         "seed": settings.seed, "topology": settings.topology,
         "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
         "rates_per_s": {"host_commands": settings.command_rate, "runs": settings.run_rate,
-                        "refunds": settings.refund_rate},
+                        "refunds": settings.refund_rate, "chat_messages": settings.chat_rate},
         "schedule": [f.describe() for f in faults],
         "faults_injected": nemesis.kinds(), "faults": nemesis.applied,
         "restarts_by_supervisor": deployment.supervisor.restarts,
         "requests": load.ledger.counts(), "shed": load.ledger.shed,
+        "requests_by_tenant": load.ledger.by_tenant(),
+        "chat_sessions": len(load.ledger.sessions),
         "outcomes": outcomes(load.ledger), "settle": settle, "requests_dropped": dropped,
         "resources": {"bounds": {"rss": f"end <= {RSS_FACTOR}x warm-up + {RSS_SLACK_MB:.0f} MiB",
                                  "fds": f"end <= warm-up + {FD_SLACK}",
@@ -163,6 +165,8 @@ def _print(summary: dict[str, Any]) -> None:
     print(f"faults injected: {summary['faults_injected']}  "
           f"(restarts by the supervisor: {summary['restarts_by_supervisor']})")
     print(f"requests: {summary['requests']}  shed: {summary['shed']}")
+    print(f"by tenant: {summary.get('requests_by_tenant')}  "
+          f"chat sessions: {summary.get('chat_sessions')}")
     print(f"outcomes: {summary['outcomes']}")
     replicas = {v["replicas"] for v in summary["streams"].values()}
     print(f"streams: {len(summary['streams'])} at {sorted(replicas)} replicas")

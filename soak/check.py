@@ -9,49 +9,26 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import asyncpg
 import httpx
 
 from schemas.host import ApprovalResult, CommandResult, RunResult
-from soak.deploy import admin_connect
-from soak.load import TENANT, Ledger, Op
+from soak.check_chat import chat_checks, chat_in_flight
+from soak.check_model import model_asks
+from soak.deploy import TENANTS, Deployment, admin_connect
+from soak.invariant import EXAMPLES, Check
+from soak.ledger import Ledger, Op
 from soak.observe import within
 from writ.stack import Stack
 
 __all__ = ["Check", "check", "settled"]
 
 _COMMANDS: Final = ("note", "repeat", "conflict", "refund")
-_EXAMPLES: Final = 5
 # The decisions `crm-assistant`'s script makes in a run (writ/demo/decisions.json): one
 # capability, one answer. A run that recorded more asked its provider again.
 NOTE_RUN_DECISIONS: Final = 2
-
-
-@dataclass
-class Check:
-    """One invariant: held or broken, over how many, with the first examples that broke it."""
-
-    name: str
-    examined: int = 0
-    examples: list[str] = field(default_factory=list)
-    broken: int = 0
-    note: str = ""
-
-    def fail(self, example: str) -> None:
-        self.broken += 1
-        if len(self.examples) < _EXAMPLES:
-            self.examples.append(example)
-
-    @property
-    def held(self) -> bool:
-        return self.broken == 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "held": self.held, "examined": self.examined,
-                "broken": self.broken, "examples": self.examples, "note": self.note}
 
 
 def _checked(ledger: Ledger) -> list[Op]:
@@ -59,54 +36,68 @@ def _checked(ledger: Ledger) -> list[Op]:
 
 
 def _has_outcome(ledger: Ledger, op: Op) -> bool:
-    # A repeat sent while its key was in flight is answered once, with the state then
-    # recorded; its key's first submission carries the outcome.
-    if op.kind == "repeat":
-        return bool(ledger.results.get(op.request_id)) and _has_outcome(
-            ledger, ledger.ops[op.original])
+    # A submission of a key that is answered once, with the state then recorded, is a replay;
+    # the submission that recorded the key carries the outcome. That is the first one sent,
+    # unless a repeat overtook it: with two admissions, one frozen with the first, the other
+    # takes the repeat first. So a note or a repeat has its outcome when it was answered and
+    # one submission of its key got the outcome.
+    if op.kind in ("note", "repeat") and op.operation_key:
+        return bool(ledger.results.get(op.request_id)) and any(
+            ledger.final(other.request_id) is not None
+            for other in ledger.keyed.get(op.operation_key, [op]))
     return ledger.final(op.request_id) is not None
 
 
 async def settled(ledger: Ledger, db: asyncpg.Connection) -> dict[str, int]:
-    """What is still in flight: submissions without an outcome, commands and runs not ended."""
+    """What is still in flight: submissions without an outcome, commands, runs and chat turns
+    not ended."""
     waiting = sum(not _has_outcome(ledger, op) for op in _checked(ledger))
     commands = await db.fetchval(
         "SELECT count(*) FROM admission.commands WHERE state IN ('pending', 'dispatching')")
     runs = await db.fetchval(
         "SELECT count(*) FROM planner.runs WHERE status IN ('queued', 'running')")
-    return {"without_outcome": waiting, "commands_in_flight": commands, "runs_in_flight": runs}
+    return {"without_outcome": waiting, "commands_in_flight": commands, "runs_in_flight": runs,
+            **await chat_in_flight(db)}
 
 
-async def check(stack: Stack, ledger: Ledger, *, faults: dict[str, int],
+async def check(deployment: Deployment, ledger: Ledger, *, faults: dict[str, int],
                 baseline: dict[str, Any], end: dict[str, Any],
                 instances: dict[str, str]) -> list[Check]:
-    """Every invariant over the settled deployment."""
+    """Every invariant over the settled deployment, over both tenants."""
+    stack = deployment.stack
+    tenants = list(TENANTS)
     db = await asyncpg.connect(stack.database_dsn)
     try:
         commands = {r["operation_key"] or str(r["operation_id"]): dict(r) for r in await db.fetch(
-            "SELECT operation_id::text, operation_key, request_id, action, state, receipt, "
-            "reason, arguments, run_id FROM admission.commands WHERE tenant = $1", TENANT)}
-        runs = {r["request_id"]: dict(r) for r in await db.fetch(
-            "SELECT r.request_id, r.run_id, r.status, "
+            "SELECT tenant, operation_id::text, operation_key, request_id, action, state, "
+            "receipt, reason, arguments, run_id FROM admission.commands "
+            "WHERE tenant = ANY($1)", tenants)}
+        runs = {(r["tenant"], r["request_id"]): dict(r) for r in await db.fetch(
+            "SELECT r.tenant, r.request_id, r.run_id, r.status, "
             "(SELECT count(*) FROM planner.steps s WHERE s.run_id = r.run_id "
             " AND s.kind = 'decision') AS decisions, "
             "(SELECT count(*) FROM admission.proposals p WHERE p.run_id = r.run_id) "
-            " AS proposals FROM planner.runs r WHERE r.tenant = $1", TENANT)}
+            " AS proposals FROM planner.runs r WHERE r.tenant = ANY($1)", tenants)}
         waiting = await db.fetchval(
-            "SELECT count(*) FROM admission.proposals WHERE tenant = $1 AND state = 'pending' "
-            "AND agent = 'refund-assistant'", TENANT)
+            "SELECT count(*) FROM admission.proposals WHERE tenant = ANY($1) "
+            "AND state = 'pending' AND agent = 'refund-assistant'", tenants)
+        async with httpx.AsyncClient(timeout=30) as client:
+            notes = (await client.get(f"{stack.crm_url}/_control/notes")).json()
+            refunds = (await client.get(f"{stack.payments_url}/_control/refunds")).json()
         in_flight = await settled(ledger, db)
+        chat = await chat_checks(stack, ledger, db, commands, notes)
+        model = await model_asks(db, await _model_log(deployment))
     finally:
         await db.close()
-    async with httpx.AsyncClient(timeout=30) as client:
-        notes = (await client.get(f"{stack.crm_url}/_control/notes")).json()
-        refunds = (await client.get(f"{stack.payments_url}/_control/refunds")).json()
     ops = _checked(ledger)
     out = [_outcomes(ledger, ops, in_flight, waiting),
            *_effects(commands, notes, refunds),
            _unknown(stack, commands, faults),
            _keys(ledger, commands),
            _replanning(ledger, runs),
+           model,
+           *chat,
+           _tenants(ledger, commands, runs),
            _audit(stack),
            await _dead_letters(stack, ledger)]
     resources = Check("resources_bounded", examined=len(baseline["processes"]))
@@ -152,7 +143,7 @@ def _effects(commands: dict[str, dict[str, Any]], notes: list[dict[str, Any]],
         if command["state"] != "succeeded":
             continue
         real.examined += 1
-        key = f"{TENANT}:{command['operation_id']}"
+        key = f"{command['tenant']}:{command['operation_id']}"
         if command["action"] == "crm.note.create" and key not in keys:
             real.fail(f"{command['operation_id']} succeeded with no note at the CRM")
         if command["action"] == "payment.refund" and key not in references:
@@ -164,13 +155,17 @@ def _unknown(stack: Stack, commands: dict[str, dict[str, Any]],
              faults: dict[str, int]) -> Check:
     unknown = {c["operation_id"]: c for c in commands.values() if c["state"] == "unknown"}
     result = Check("unknown_only_where_the_answer_was_lost", examined=len(unknown))
-    listed = subprocess.run(
-        [sys.executable, "-m", "writ.cli", "reconcile", "--home", str(stack.home),
-         "--tenant", TENANT, "list"], capture_output=True, text=True, timeout=60, check=False)
-    shown = {line.split()[0] for line in listed.stdout.splitlines()
-             if line and not line.startswith(" ") and not line.startswith("no unknown")}
-    if listed.returncode != 0:
-        result.fail(f"writ reconcile list failed: {listed.stderr[-300:]}")
+    shown: set[str] = set()
+    for tenant in sorted({c["tenant"] for c in unknown.values()}):
+        listed = subprocess.run(
+            [sys.executable, "-m", "writ.cli", "reconcile", "--home", str(stack.home),
+             "--tenant", tenant, "list"], capture_output=True, text=True, timeout=60,
+            check=False)
+        shown |= {line.split()[0] for line in listed.stdout.splitlines()
+                  if line and not line.startswith(" ") and not line.startswith("no unknown")}
+        if listed.returncode != 0:
+            result.fail(f"writ reconcile list --tenant {tenant} failed: "
+                        f"{listed.stderr[-300:]}")
     # Where an answer can be lost: the payment provider losing or delaying it, or the
     # dispatcher holding the call dying or freezing in the middle of it.
     losers = sum(n for kind, n in faults.items()
@@ -220,12 +215,12 @@ def _keys(ledger: Ledger, commands: dict[str, dict[str, Any]]) -> Check:
     return result
 
 
-def _replanning(ledger: Ledger, runs: dict[str, dict[str, Any]]) -> Check:
-    result = Check("no_run_asked_its_provider_again_for_a_recorded_step")
-    result.note = ("the scripted provider: decisions recorded per run against its script, and "
-                   "one proposal per run; the model fake's request log once runs use it")
+def _replanning(ledger: Ledger, runs: dict[tuple[str, str], dict[str, Any]]) -> Check:
+    result = Check("no_run_recorded_more_decisions_than_its_script")
+    result.note = ("decisions recorded per run against the model's rules (two), and one "
+                   "proposal per run")
     for op in ledger.accepted("run"):
-        run = runs.get(op.request_id)
+        run = runs.get((op.tenant, op.request_id))
         if run is None:
             continue
         result.examined += 1
@@ -235,6 +230,39 @@ def _replanning(ledger: Ledger, runs: dict[str, dict[str, Any]]) -> Check:
         if run["proposals"] > 1:
             result.fail(f"run {run['run_id']} proposed {run['proposals']} times")
     return result
+
+
+def _tenants(ledger: Ledger, commands: dict[str, dict[str, Any]],
+             runs: dict[tuple[str, str], dict[str, Any]]) -> Check:
+    """Both tenants were driven on every path, and what each sent is recorded as its own."""
+    result = Check("every_tenant_driven_and_kept_apart")
+    driven = ledger.by_tenant()
+    for tenant in TENANTS:
+        for kind in ("note", "run", "refund", "chat"):
+            if not driven.get(tenant, {}).get(kind) and any(
+                    op.kind == kind for op in ledger.ops.values()):
+                result.fail(f"tenant {tenant} had no accepted {kind}")
+    for op in ledger.accepted():
+        if op.kind in ("note", "refund"):
+            result.examined += 1
+            stored = commands.get(op.operation_key)
+            if stored is not None and stored["tenant"] != op.tenant:
+                result.fail(f"{op.kind} {op.request_id} of {op.tenant} is recorded under "
+                            f"{stored['tenant']}")
+        elif op.kind == "run":
+            result.examined += 1
+            if op.request_id in {rid for (t, rid) in runs if t != op.tenant}:
+                result.fail(f"run {op.request_id} of {op.tenant} is recorded under another "
+                            "tenant")
+    result.note = f"accepted per tenant: {driven}"
+    return result
+
+
+async def _model_log(deployment: Deployment) -> list[dict[str, Any]]:
+    async with deployment.model_client() as client:
+        response = await client.get("/_control/requests")
+        response.raise_for_status()
+        return list(response.json())
 
 
 def _audit(stack: Stack) -> Check:
@@ -262,7 +290,7 @@ async def _dead_letters(stack: Stack, ledger: Ledger) -> Check:
         if count:
             sub = await js.subscribe("writ.dlq.>", stream="WRIT_DLQ", ordered_consumer=True)
             try:
-                for _ in range(min(count, _EXAMPLES)):
+                for _ in range(min(count, EXAMPLES)):
                     msg = await sub.next_msg(timeout=5)
                     result.fail(f"{msg.subject}: {(msg.headers or {}).get('Writ-Dlq-Reason')}")
             finally:
@@ -280,15 +308,26 @@ async def _dead_letters(stack: Stack, ledger: Ledger) -> Check:
 
 
 def outcomes(ledger: Ledger) -> dict[str, dict[str, int]]:
-    """Final states by kind of submission."""
+    """Final states by kind of submission (a chat message: its turn started, or the session
+    was busy; how the turns ended is in the chat check's note)."""
     out: dict[str, Counter[str]] = {}
-    for op in ledger.accepted():
+    for op in ledger.ops.values():
+        if op.kind == "chat":
+            state = ("turn started" if op.accepted else "SESSION_BUSY" if op.busy
+                     else op.error.split(":")[0] or "no answer")
+            out.setdefault(op.kind, Counter())[state] += 1
+            continue
+        if not op.accepted:
+            continue
         final = ledger.final(op.request_id)
         if op.kind == "approval":
             answers = [r for r in ledger.results.get(op.request_id, [])
                        if isinstance(r, ApprovalResult)]
             state = answers[0].status if answers else "no answer"
-        elif op.kind == "repeat" and final is None and ledger.results.get(op.request_id):
+        elif op.kind == "open":
+            state = "opened"
+        elif op.kind in ("note", "repeat") and final is None and ledger.results.get(
+                op.request_id):  # answered as a replay (a note: overtaken by its repeat)
             state = f"replayed {ledger.results[op.request_id][0].status}"
         else:
             state = getattr(final, "status", None) or "no outcome"

@@ -4,9 +4,10 @@ finished (a closed loop would slow down with the deployment and hide a backlog).
 Paths (`PATHS`): host commands that write a CRM note under their own key, some of them an
 earlier key sent again unchanged (a replay) or changed (a conflict); runs of `crm-assistant`
 that write a CRM note; refund commands of `refund-assistant` on a payment of their own, which
-ask a person, and which the scripted approver approves from the host's results; and inputs
-invalid by construction, which ingress must answer and nothing may dead-letter. Chat turns get
-a path here once chat sessions exist (a class with `name`, `rate` and `one`, added to `PATHS`).
+ask a person, and which the scripted approver approves from the host's results; inputs
+invalid by construction, which ingress must answer and nothing may dead-letter; and chat
+messages over the HTTP API (`soak/chat.py`). Each submission goes to one of the two demo
+tenants at random, under that tenant's host credentials.
 
 Every submission goes in the `Ledger`; it counts as accepted once JetStream acknowledged it
 (re-published with the same `Nats-Msg-Id` until then, so an outage delays it, never doubles it).
@@ -17,7 +18,6 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import anyio
@@ -37,70 +37,19 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
-from soak.deploy import admin_connect
+from soak.chat import Chat
+from soak.deploy import TENANTS, admin_connect, approver, principal
+from soak.ledger import Ledger, Op
 from writ.demo import DEMO_INPUT
 from writ.stack import Stack
 
-__all__ = ["TENANT", "Ledger", "Load", "Op"]
+__all__ = ["TENANTS", "Ledger", "Load", "Op", "approver", "principal"]
 
-TENANT: Final = "acme"
-PRINCIPAL: Final = "soak@acme.example"
-APPROVER: Final = "ops@acme.example"
 NOTE_AGENT: Final = "crm-assistant"  # a standing write_delete grant: notes run without a person
 REFUND_AGENT: Final = "refund-assistant"  # no grant: every refund asks a person
 PUBLISH_GIVE_UP_S: Final = 90.0  # past this a submission is not accepted (and not checked)
 MAX_IN_FLIGHT: Final = 2000  # publishes waiting for JetStream; beyond it the load sheds
 _RESULT = RunResult | CommandResult | ApprovalResult | DecisionResult | ReviewResult
-
-
-@dataclass
-class Op:
-    """One submission: what was sent, under which key, and whether JetStream took it."""
-
-    kind: str  # note | repeat | conflict | refund | run | hostile
-    request_id: str
-    operation_key: str = ""
-    original: str = ""  # a repeat's or a conflict's first submission (its request id)
-    arguments: dict[str, Any] = field(default_factory=dict)
-    payment_id: str = ""
-    sent_at: float = 0.0
-    accepted: bool = False
-    error: str = ""
-
-
-class Ledger:
-    """Every submission and every result the host received, by request id."""
-
-    def __init__(self) -> None:
-        self.ops: dict[str, Op] = {}
-        self.results: dict[str, list[Any]] = {}
-        self.shed = 0
-        self.approvals: dict[str, str] = {}  # proposal id -> the refund's request id
-
-    def add(self, op: Op) -> Op:
-        self.ops[op.request_id] = op
-        return op
-
-    def accepted(self, kind: str | None = None) -> list[Op]:
-        return [op for op in self.ops.values() if op.accepted and kind in (None, op.kind)]
-
-    def final(self, request_id: str) -> Any | None:
-        """The last result that ends the request (a command's, or a run's)."""
-        for result in reversed(self.results.get(request_id, [])):
-            if isinstance(result, CommandResult) and result.status not in (
-                    "pending", "dispatching", "awaiting_human"):
-                return result
-            if isinstance(result, RunResult) and result.status != "awaiting_human":
-                return result
-        return None
-
-    def counts(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        for op in self.ops.values():
-            row = out.setdefault(op.kind, {"sent": 0, "accepted": 0})
-            row["sent"] += 1
-            row["accepted"] += op.accepted
-        return out
 
 
 def _payment(payment_id: str) -> dict[str, Any]:
@@ -117,15 +66,18 @@ class Load:
 
     def __init__(self, stack: Stack, *, rng: random.Random, command_rate: float,
                  run_rate: float, refund_rate: float, repeat_fraction: float,
-                 conflict_fraction: float, hostile_every_s: float) -> None:
+                 conflict_fraction: float, hostile_every_s: float,
+                 chat_rate: float = 0.0) -> None:
         self.stack, self.rng = stack, rng
         self.rates = {"command": command_rate, "run": run_rate, "refund": refund_rate,
-                      "hostile": 1.0 / hostile_every_s if hostile_every_s > 0 else 0.0}
+                      "hostile": 1.0 / hostile_every_s if hostile_every_s > 0 else 0.0,
+                      "chat": chat_rate}
         self.repeat_fraction, self.conflict_fraction = repeat_fraction, conflict_fraction
         self.ledger = Ledger()
+        self.chat = Chat(stack, self.ledger, rng)
         self._notes: list[Op] = []  # accepted first submissions of a key: what repeats reuse
         self._in_flight = 0
-        self._host: nats.aio.client.Client | None = None
+        self._hosts: dict[str, nats.aio.client.Client] = {}
         self._admin: nats.aio.client.Client | None = None
         self._payments: httpx.AsyncClient | None = None
         self._encoder = msgspec.json.Encoder()
@@ -134,8 +86,10 @@ class Load:
         self.nats_errors = 0
 
     async def open(self) -> None:
-        self._host = await self.stack.host_connection(TENANT, reconnect_time_wait=0.5,
-                                                      error_cb=self._nats_error)
+        for tenant in TENANTS:
+            self._hosts[tenant] = await self.stack.host_connection(
+                tenant, reconnect_time_wait=0.5, error_cb=self._nats_error)
+        await self.chat.open()
         self._admin = await admin_connect(self.stack, max_reconnect_attempts=-1,
                                           reconnect_time_wait=0.5, error_cb=self._nats_error)
         self._payments = httpx.AsyncClient(base_url=self.stack.payments_url, timeout=10)
@@ -145,9 +99,10 @@ class Load:
         self.nats_errors += 1
 
     async def close(self) -> None:
-        for client in (self._host, self._admin):
+        for client in (*self._hosts.values(), self._admin):
             if client is not None:
                 await client.close()
+        await self.chat.close()
         if self._payments is not None:
             await self._payments.aclose()
 
@@ -164,7 +119,7 @@ class Load:
                       until: float) -> None:
         step, due = 1.0 / rate, time.monotonic()
         one = {"command": self._command, "run": self._run, "refund": self._refund,
-               "hostile": self._hostile}[path]
+               "hostile": self._hostile, "chat": self.chat.one}[path]
         while (now := time.monotonic()) < until:
             if due > now:
                 await anyio.sleep(due - now)
@@ -174,8 +129,11 @@ class Load:
                 continue
             tg.start_soon(one)
 
-    def _token(self, principal: str = PRINCIPAL, **extra: object) -> str:
-        return self.stack.token(TENANT, principal, ttl_s=3600, **extra)
+    def _token(self, tenant: str, who: str = "", **extra: object) -> str:
+        return self.stack.token(tenant, who or principal(tenant), ttl_s=3600, **extra)
+
+    def _tenant(self) -> str:
+        return self.rng.choice(TENANTS)
 
     async def _command(self) -> None:
         draw = self.rng.random()
@@ -183,15 +141,17 @@ class Load:
         request_id = f"cmd-{uuid.uuid4().hex}"
         if earlier is not None and draw < self.repeat_fraction:
             op = Op("repeat", request_id, earlier.operation_key, earlier.request_id,
-                    earlier.arguments)
+                    earlier.arguments, tenant=earlier.tenant)
         elif draw < self.repeat_fraction + self.conflict_fraction and (
                 earlier := self._answered(earlier)) is not None:
             op = Op("conflict", request_id, earlier.operation_key, earlier.request_id,
-                    {**earlier.arguments, "body": earlier.arguments["body"] + " (changed)"})
+                    {**earlier.arguments, "body": earlier.arguments["body"] + " (changed)"},
+                    tenant=earlier.tenant)
         else:
             key = f"note-{uuid.uuid4().hex}"
             op = Op("note", request_id, key, "",
-                    {"customer_id": "ACME-42", "body": f"Soak call note {key}."})
+                    {"customer_id": "ACME-42", "body": f"Soak call note {key}."},
+                    tenant=self._tenant())
         await self._submit_command(op, NOTE_AGENT)
         if op.kind == "note" and op.accepted:
             self._notes.append(op)
@@ -206,26 +166,29 @@ class Load:
         return None
 
     async def _submit_command(self, op: Op, agent: str) -> None:
-        command = SubmitCommand(request_id=op.request_id, token=self._token(), agent=agent,
-                                operation_key=op.operation_key,
+        command = SubmitCommand(request_id=op.request_id, token=self._token(op.tenant),
+                                agent=agent, operation_key=op.operation_key,
                                 action="payment.refund" if op.kind == "refund"
                                 else "crm.note.create", arguments=op.arguments)
-        await self._publish(self.ledger.add(op), subjects.command_request(TENANT),
+        await self._publish(self.ledger.add(op), subjects.command_request(op.tenant),
                             self._encoder.encode(command))
 
     async def _run(self) -> None:
+        tenant = self._tenant()
         request_id = f"run-{uuid.uuid4().hex}"
-        request = RunRequest(request_id=request_id, token=self._token(), agent=NOTE_AGENT,
-                             input=DEMO_INPUT)
-        await self._publish(self.ledger.add(Op("run", request_id)), subjects.request(TENANT),
-                            self._encoder.encode(request))
+        # Its own input (the request id in it): the model's request log names the run.
+        request = RunRequest(request_id=request_id, token=self._token(tenant), agent=NOTE_AGENT,
+                             input=f"{DEMO_INPUT} (soak {request_id})")
+        await self._publish(self.ledger.add(Op("run", request_id, tenant=tenant)),
+                            subjects.request(tenant), self._encoder.encode(request))
 
     async def _refund(self) -> None:
         assert self._payments is not None
         payment_id = f"pay_{uuid.uuid4().hex[:16]}"
         request_id = f"refund-{uuid.uuid4().hex}"
         op = Op("refund", request_id, f"refund-{payment_id}", "",
-                {"payment_id": payment_id, "line_id": "L2"}, payment_id=payment_id)
+                {"payment_id": payment_id, "line_id": "L2"}, payment_id=payment_id,
+                tenant=self._tenant())
         try:  # the provider's own record of the payment (its control API ignores fault modes)
             (await self._payments.post("/_control/payments", json=_payment(payment_id))
              ).raise_for_status()
@@ -241,13 +204,13 @@ class Load:
         body = (b"\xff\xfe not json" if self.rng.random() < 0.5 else self._encoder.encode(
             {"type": "RunRequest", "request_id": request_id, "token": "x", "agent": NOTE_AGENT,
              "input": "hello", "unexpected": True}))
-        op = Op("hostile", request_id, arguments={"json": body.startswith(b"{")})
-        await self._publish(self.ledger.add(op), subjects.request(TENANT), body)
+        op = Op("hostile", request_id, arguments={"json": body.startswith(b"{")},
+                tenant=self._tenant())
+        await self._publish(self.ledger.add(op), subjects.request(op.tenant), body)
 
     async def _publish(self, op: Op, subject: str, data: bytes) -> None:
         """Publish until JetStream acknowledges it (same message id: a retry is a duplicate)."""
-        assert self._host is not None
-        js = self._host.jetstream()
+        js = self._hosts[op.tenant].jetstream()
         op.sent_at = time.monotonic()
         self._in_flight += 1
         try:
@@ -267,22 +230,27 @@ class Load:
     # -- results and the approver --------------------------------------------------------------
 
     async def collect(self) -> None:
-        """Read every result on the tenant's stream (a durable consumer of the soak's own, so
+        """Read every result on each tenant's stream (a durable consumer of the soak's own, so
         nothing published while NATS restarts is missed) and approve what asks a person."""
+        async with anyio.create_task_group() as tg:
+            for tenant in TENANTS:
+                tg.start_soon(self._collect_tenant, tenant)
+
+    async def _collect_tenant(self, tenant: str) -> None:
         while True:
             try:
-                await self._collect()
+                await self._collect(tenant)
             except Exception as exc:  # NATS restarting: subscribe again
                 if self.stopping.is_set():
                     return
                 await anyio.sleep(1.0)
                 del exc
 
-    async def _collect(self) -> None:
+    async def _collect(self, tenant: str) -> None:
         assert self._admin is not None
         js = self._admin.jetstream()
         sub = await js.pull_subscribe(
-            subjects.result(TENANT), durable="soak", stream=subjects.out_stream(TENANT),
+            subjects.result(tenant), durable="soak", stream=subjects.out_stream(tenant),
             config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT,
                                   deliver_policy=DeliverPolicy.ALL, ack_wait=30))
         while not self.stopping.is_set():
@@ -318,14 +286,14 @@ class Load:
                 if last is not None and (now - last < 30 or self.ledger.final(request_id)):
                     continue
                 asked[proposal_id] = now
-                await self._approve(proposal_id)
+                await self._approve(proposal_id, self.ledger.ops[request_id].tenant)
             await anyio.sleep(0.5)
 
-    async def _approve(self, proposal_id: str) -> None:
-        assert self._host is not None
+    async def _approve(self, proposal_id: str, tenant: str) -> None:
         request_id = f"approve-{uuid.uuid4().hex}"
         message = ApproveProposal(request_id=request_id, proposal_id=proposal_id,
                                   answer="approve", reason="soak: scripted approver",
-                                  token=self._token(APPROVER, roles=["approver"]))
-        await self._publish(self.ledger.add(Op("approval", request_id)),
-                            subjects.approval(TENANT), self._encoder.encode(message))
+                                  token=self._token(tenant, approver(tenant),
+                                                    roles=["approver"]))
+        await self._publish(self.ledger.add(Op("approval", request_id, tenant=tenant)),
+                            subjects.approval(tenant), self._encoder.encode(message))

@@ -23,11 +23,12 @@ import anyio
 import httpx
 
 from schemas import subjects
-from soak.deploy import CALL_TIMEOUT_S, Deployment, admin_connect
+from soak.deploy import CALL_TIMEOUT_S, MODEL_TIMEOUT_S, Deployment, admin_connect
 
 __all__ = ["Fault", "Nemesis", "schedule"]
 
 PROVIDER_MODES: Final = ("lose_response", "fail", "slow")
+PROVIDERS: Final = ("crm", "payments", "llm")  # llm: the fake model the planner asks
 _KINDS: Final = (("kill", 5), ("freeze", 3), ("nats", 2), ("postgres", 1), ("provider", 3))
 # On a cluster a whole-NATS restart gives way to faults of one node at a time (a majority up).
 _CLUSTER_KINDS: Final = (("node_kill", 2), ("node_freeze", 1), ("node_restart", 1))
@@ -73,7 +74,7 @@ def schedule(seed: int, *, duration_s: float, every: tuple[float, float], lease_
         elif kind in ("nats", "postgres"):
             fault = Fault(at, kind, hold_s=round(rng.uniform(0.5, 4.0), 1))
         elif kind == "provider":
-            fault = Fault(at, kind, rng.choice(("crm", "payments")),
+            fault = Fault(at, kind, rng.choice(PROVIDERS),
                           rng.choice(PROVIDER_MODES), hold_s=round(rng.uniform(3.0, 15.0), 1))
         else:
             node = rng.choice(("leader", "0", "1", "2"))
@@ -171,12 +172,10 @@ class Nemesis:
                 pass
 
     async def _provider(self, fault: Fault) -> None:
-        url = {"crm": self.deployment.stack.crm_url,
-               "payments": self.deployment.stack.payments_url}[fault.target]
         mode: dict[str, Any] = {"mode": fault.mode}
-        if fault.mode == "slow":
-            mode["delay_s"] = CALL_TIMEOUT_S + 1.5  # past the dispatcher's wait: an answer lost
-        async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+        if fault.mode == "slow":  # past the dispatcher's (the planner's) wait: an answer lost
+            mode["delay_s"] = (MODEL_TIMEOUT_S if fault.target == "llm" else CALL_TIMEOUT_S) + 1.5
+        async with self._client(fault.target) as client:
             (await client.post("/_control/mode", json=mode)).raise_for_status()
             self._faulty.add(fault.target)
             try:
@@ -185,6 +184,14 @@ class Nemesis:
                 with anyio.CancelScope(shield=True):
                     await client.post("/_control/mode", json={"mode": "normal"})
                     self._faulty.discard(fault.target)
+
+    def _client(self, target: str) -> httpx.AsyncClient:
+        """The control API of a provider (the model's asks for its token)."""
+        stack = self.deployment.stack
+        if target == "llm":
+            return self.deployment.model_client(timeout=5)
+        url = {"crm": stack.crm_url, "payments": stack.payments_url}[target]
+        return httpx.AsyncClient(base_url=url, timeout=5)
 
     def kinds(self) -> dict[str, int]:
         """How many faults of each kind were injected."""
@@ -200,8 +207,8 @@ class Nemesis:
         for pid in list(self._frozen):
             self._thaw(pid)
         stack = self.deployment.stack
-        for url in (stack.crm_url, stack.payments_url):
-            async with httpx.AsyncClient(base_url=url, timeout=5) as client:
+        for target in PROVIDERS:
+            async with self._client(target) as client:
                 await client.post("/_control/mode", json={"mode": "normal"})
         if stack.embedded_nats is not None:
             heal = getattr(stack.embedded_nats, "heal", None)

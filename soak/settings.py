@@ -15,6 +15,10 @@ __all__ = ["SoakSettings"]
 COMMAND_RATE = 272.0
 RUN_RATE = 16.0
 REFUND_RATE = 1.0
+# Chat messages start turns of the planner (one model call and one note each, or a reply):
+# no bench figure either; one a second, over a few sessions per tenant, so some find their
+# session busy.
+CHAT_RATE = 1.0
 
 
 def _float(name: str, default: float) -> float:
@@ -33,6 +37,7 @@ class SoakSettings:
     command_rate: float = COMMAND_RATE  # host commands a second (new, repeated, conflicting)
     run_rate: float = RUN_RATE  # runs a second that write a CRM note
     refund_rate: float = REFUND_RATE  # refund commands a second, approved by the approver
+    chat_rate: float = CHAT_RATE  # chat messages a second (each a turn, or SESSION_BUSY)
     repeat_fraction: float = 0.1  # of host commands: an earlier key sent again, unchanged
     conflict_fraction: float = 0.05  # of host commands: an earlier key with other arguments
     hostile_every_s: float = 10.0  # one input invalid by construction this often
@@ -46,7 +51,7 @@ class SoakSettings:
 
     @classmethod
     def from_env(cls) -> SoakSettings:
-        """Read SOAK_S, SOAK_SEED, SOAK_TOPOLOGY, SOAK_OUT and the rate settings."""
+        """Read SOAK_S, SOAK_SEED, SOAK_TOPOLOGY, SOAK_OUT and the rate settings (SOAK_*_RATE)."""
         env = os.environ
         topology = env.get("SOAK_TOPOLOGY", "") or "single"
         if topology not in ("single", "cluster"):
@@ -63,6 +68,7 @@ class SoakSettings:
             command_rate=_float("SOAK_COMMAND_RATE", COMMAND_RATE),
             run_rate=_float("SOAK_RUN_RATE", RUN_RATE),
             refund_rate=_float("SOAK_REFUND_RATE", REFUND_RATE),
+            chat_rate=_float("SOAK_CHAT_RATE", CHAT_RATE),
             repeat_fraction=_float("SOAK_REPEAT_FRACTION", 0.1),
             conflict_fraction=_float("SOAK_CONFLICT_FRACTION", 0.05),
             hostile_every_s=_float("SOAK_HOSTILE_EVERY_S", 10.0),

@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import nats
 
+from libs.deadline import timed_request
 from schemas import subjects
 from schemas.mcp import ClassifyTool, ListServer, ServerListing, ToolClassified
 from services.retrieval.mcp.servers import ServerConfig
@@ -57,7 +58,8 @@ async def _ask(nats_url: str, subject: str, message: msgspec.Struct, answer: typ
                timeout: float) -> Any:
     nc = await nats.connect(nats_url)
     try:
-        reply = await nc.request(subject, msgspec.json.encode(message), timeout=timeout)
+        reply = await timed_request(nc, subject, msgspec.json.encode(message),
+                                    timeout=timeout)
     finally:
         await nc.close()
     return msgspec.json.decode(reply.data, type=answer)

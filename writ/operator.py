@@ -10,6 +10,7 @@ import anyio
 import msgspec
 import nats
 
+from libs.deadline import timed_request
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
 from schemas.governance import ListPending, PendingDecisions
@@ -25,7 +26,7 @@ async def _ask(nats_url: str, subject: str, message: msgspec.Struct, answer: typ
     """One request/reply with a service, decoded into its answer type."""
     nc = await nats.connect(nats_url)
     try:
-        reply = await nc.request(subject, msgspec.json.encode(message), timeout=5)
+        reply = await timed_request(nc, subject, msgspec.json.encode(message), timeout=5)
     finally:
         await nc.close()
     return msgspec.json.decode(reply.data, type=answer)

@@ -161,6 +161,46 @@ def test_lose_response_uses_up_the_reply_and_hangs_up(client: httpx.Client) -> N
     assert message(complete(client))["content"] == "next"
 
 
+def _asking(text: str) -> dict[str, Any]:
+    return {"model": "fake-1", "messages": [{"role": "system", "content": "be brief"},
+                                            {"role": "user", "content": text}]}
+
+
+def test_rules_answer_by_what_the_messages_hold_once_the_script_is_used_up(
+        client: httpx.Client) -> None:
+    rules = [{"when": ["note", "first"], "reply": {"content": "write it ({{serial}})"}},
+             {"when": ["note"], "unless": ["first"], "reply": {"content": "done {{serial}}"}}]
+    assert client.post("/_control/rules", json={"rules": rules}).json() == {"rules": 2}
+    script(client, {"content": "scripted"})
+    assert message(complete(client, _asking("a first note")))["content"] == "scripted"
+    assert message(complete(client, _asking("a first note")))["content"] == "write it (2)"
+    assert message(complete(client, _asking("the note again")))["content"] == "done 3"
+    missed = complete(client, _asking("nothing matches"))
+    assert missed.status_code == 500 and missed.json() == {"error": "no scripted reply left"}
+    # Each request is logged with its arrival time and the serial that answered it.
+    log = recorded(client)
+    assert [r["serial"] for r in log] == [1, 2, 3, None]
+    assert all(isinstance(r["at"], float) for r in log)
+    assert log[0]["at"] <= log[1]["at"] <= log[2]["at"]
+
+
+def test_a_lost_answer_is_logged_without_a_serial(client: httpx.Client) -> None:
+    rules = [{"reply": {"content": "answer {{serial}}"}}]
+    client.post("/_control/rules", json={"rules": rules}).raise_for_status()
+    set_mode(client, "lose_response", count=1)
+    with pytest.raises(httpx.RemoteProtocolError):
+        complete(client)
+    assert message(complete(client))["content"] == "answer 2"
+    assert [r["serial"] for r in recorded(client)] == [None, 2]
+
+
+@pytest.mark.parametrize("rules", [
+    "nope", [{"when": ["x"]}], [{"reply": {"content": 1}}], [{"when": "x", "reply": {}}],
+    [{"reply": {}, "extra": 1}], [{"reply": {}}] * 33])
+def test_bad_rules_are_rejected(client: httpx.Client, rules: Any) -> None:
+    assert client.post("/_control/rules", json={"rules": rules}).status_code == 400
+
+
 @pytest.mark.parametrize("replies", [
     "nope", [{"content": 1}], [{"tool_calls": [{"name": "x"}]}], [{"text": "x"}]])
 def test_bad_replies_are_rejected(client: httpx.Client, replies: Any) -> None:

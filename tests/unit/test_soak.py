@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 from schemas.host import CommandResult
-from soak.check import _effects, _keys, _outcomes
-from soak.load import Ledger, Op
+from soak.check import _effects, _keys, _outcomes, _tenants
+from soak.check_chat import event_gaps, turn_notes
+from soak.check_model import replayed
+from soak.ledger import Ledger, Op
 from soak.nemesis import schedule
 from soak.observe import within
 
@@ -47,8 +49,10 @@ def _result(request_id: str, status: str, *, operation_id: str = "op-1",
 
 
 def test_the_checker_finds_a_second_effect_and_a_success_without_one() -> None:
-    commands = {"k1": {"operation_id": "a", "action": "crm.note.create", "state": "succeeded"},
-                "k2": {"operation_id": "b", "action": "payment.refund", "state": "succeeded"}}
+    commands = {"k1": {"tenant": "acme", "operation_id": "a", "action": "crm.note.create",
+                       "state": "succeeded"},
+                "k2": {"tenant": "acme", "operation_id": "b", "action": "payment.refund",
+                       "state": "succeeded"}}
     notes = [{"idempotency_key": "acme:a"}, {"idempotency_key": "acme:a"}]
     refunds = [{"reference": "acme:x", "payment_id": "p", "line_id": "L2"},
                {"reference": "acme:y", "payment_id": "p", "line_id": "L2"}]
@@ -89,6 +93,25 @@ def test_the_checker_finds_a_request_without_an_outcome_and_work_left_in_flight(
     assert _outcomes(ledger, ops[1:], quiet, 0).held
 
 
+def test_a_repeat_that_overtook_its_note_carries_the_outcome_for_both() -> None:
+    # Two admissions: the one holding the note was frozen, the other recorded the key from
+    # the repeat; the note was then answered as a replay, with the state then recorded.
+    ledger = Ledger()
+    ledger.add(Op("note", "n1", "k", accepted=True))
+    ledger.add(Op("repeat", "r1", "k", "n1", accepted=True))
+    ledger.results = {"n1": [_result("n1", "dispatching")],
+                      "r1": [_result("r1", "pending"), _result("r1", "succeeded")]}
+    quiet = {"commands_in_flight": 0, "runs_in_flight": 0}
+    assert _outcomes(ledger, ledger.accepted(), quiet, 0).held
+    # Neither got the outcome: both are named.
+    ledger.results["r1"] = [_result("r1", "pending")]
+    assert _outcomes(ledger, ledger.accepted(), quiet, 0).broken == 2
+    # A submission never answered at all is named even when its key has its outcome.
+    ledger.results = {"r1": [_result("r1", "succeeded")]}
+    found = _outcomes(ledger, ledger.accepted(), quiet, 0)
+    assert found.broken == 1 and "n1" in found.examples[0]
+
+
 def test_resources_past_their_bound_are_named() -> None:
     start = {"processes": {"planner": {"rss_mb": 80.0, "fds": 20}},
              "pg_connections": {"writ_planner": 10}}
@@ -99,3 +122,80 @@ def test_resources_past_their_bound_are_named() -> None:
     assert len(within(start, end, two)) == 2  # two pools hold 60
     assert within(start, start) == []
     assert within(start, {**start, "processes": {}}) == ["planner is not running at the end"]
+
+
+def _ask(run_input: str, observations: int, serial: int | None) -> dict:
+    """A model request of the planner's shape (structured mode), as the fake model logs it."""
+    untrusted = {"untrusted": {"authority": "none", "evidence": [],
+                               "observations": [{"ok": True}] * observations}}
+    body = {"model": "soak-model", "messages": [
+        {"role": "system", "content": "Answer with one decision under the `next` key"},
+        {"role": "user", "content": json.dumps({"user_input": {"request": run_input}})},
+        {"role": "user", "content": json.dumps(untrusted)}]}
+    return {"body": body, "serial": serial, "at": 0.0}
+
+
+def _decision(serial: int) -> tuple[str, dict]:
+    return "decision", {"decision": "answer_directly", "answer": f"Done (model reply {serial})."}
+
+
+def test_the_checker_finds_a_model_asked_again_for_a_step_its_run_had_recorded() -> None:
+    inputs = {"note for ACME (soak run-1)": "run-1", "note for ACME (soak run-2)": "run-2"}
+    # run-1: step 0's first answer was lost (no serial), the retry answered 2 and was
+    # recorded; step 1 answered 4. run-2: step 0 answered 3, recorded.
+    log = [_ask("note for ACME (soak run-1)", 0, None), _ask("note for ACME (soak run-1)", 0, 2),
+           _ask("note for ACME (soak run-2)", 0, 3), _ask("note for ACME (soak run-1)", 1, 4),
+           _ask("something else", 0, 5)]
+    steps = {"run-1": [_decision(2), ("observation", {"ok": True}), _decision(4)],
+             "run-2": [_decision(3)]}
+    held = replayed(log, inputs, steps)
+    assert held.held and held.examined == 3, held.examples
+    assert "1 retries" in held.note and "1 requests of no soak run" in held.note
+    # The planner forgot step 0 of run-2 and asked for it again after recording answer 3.
+    again = replayed([*log, _ask("note for ACME (soak run-2)", 0, 6)], inputs, steps)
+    assert again.broken == 1 and "run-2 step 0" in again.examples[0], again.examples
+    assert "asked again 1 time" in again.examples[0]
+    # A recorded answer the log never gave for that step is caught too.
+    wrong = replayed(log, inputs, {**steps, "run-2": [_decision(4)]})
+    assert wrong.broken == 1 and "does not show" in wrong.examples[0]
+
+
+def test_the_checker_finds_a_gap_or_a_repeat_in_a_sessions_events() -> None:
+    sessions = {"s1": {"last_n": 4}, "s2": {"last_n": 3}, "s3": {"last_n": 2}}
+    assert event_gaps(sessions, {"s1": [1, 2, 3, 4], "s2": [1, 2, 3], "s3": [1, 2]}) == []
+    found = event_gaps(sessions, {"s1": [1, 2, 4], "s2": [1, 2, 2, 3], "s3": [1, 2]})
+    assert len(found) == 2
+    assert "missing [3]" in found[0] and "repeated [2]" in found[1]
+
+
+def test_the_checker_finds_a_turn_that_wrote_twice() -> None:
+    turns = [Op("chat", "m1", accepted=True, run_id="t1"),
+             Op("chat", "m2", accepted=True, run_id="t2")]
+    commands = {"o1": {"tenant": "acme", "operation_id": "o1", "run_id": "t1",
+                       "action": "crm.note.create"},
+                "o2": {"tenant": "acme", "operation_id": "o2", "run_id": "t2",
+                       "action": "crm.note.create"}}
+    notes = [{"idempotency_key": "acme:o1"}, {"idempotency_key": "acme:o2"}]
+    assert turn_notes(turns, commands, notes).held
+    twice = turn_notes(turns, commands, [*notes, {"idempotency_key": "acme:o2"}])
+    assert twice.broken == 1 and "t2: 2 notes" in twice.examples[0]
+    other = {**commands, "o3": {**commands["o2"], "operation_id": "o3"}}
+    two_ops = turn_notes(turns, other, [*notes, {"idempotency_key": "acme:o3"}])
+    assert two_ops.broken == 1 and "wrote 2 notes" in two_ops.examples[0]
+
+
+def test_the_checker_finds_a_tenant_left_undriven_or_a_command_under_another_tenant() -> None:
+    ledger = Ledger()
+    for tenant in ("acme", "globex"):
+        for kind in ("note", "run", "refund", "chat"):
+            ledger.add(Op(kind, f"{tenant}-{kind}", f"key-{tenant}-{kind}", accepted=True,
+                          tenant=tenant))
+    commands = {f"key-{t}-{k}": {"tenant": t} for t in ("acme", "globex")
+                for k in ("note", "refund")}
+    runs = {("acme", "acme-run"): {}, ("globex", "globex-run"): {}}
+    assert _tenants(ledger, commands, runs).held
+    moved = {**commands, "key-globex-note": {"tenant": "acme"}}
+    assert _tenants(ledger, moved, runs).broken == 1
+    ledger.ops["globex-chat"].accepted = False
+    found = _tenants(ledger, commands, runs)
+    assert found.broken == 1 and "globex had no accepted chat" in found.examples[0]

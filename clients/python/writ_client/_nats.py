@@ -26,7 +26,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
-from schemas.host_reads import HostRead, host_read
+from schemas.host_reads import DEADLINE_HEADER, HostRead, host_read
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
 from schemas.sessions import (
@@ -49,6 +49,13 @@ T = TypeVar("T")
 _RESULTS: Final = msgspec.json.Decoder(
     RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult)
 _ENCODER: Final = msgspec.json.Encoder()
+_ASK_S: Final = 30.0  # how long a read or a session operation waits for ingress
+
+
+def _deadline() -> dict[str, str]:
+    """The `Writ-Deadline` of a request waited for `_ASK_S`: ingress drops it unanswered once
+    this client has given up, instead of working for nobody."""
+    return {DEADLINE_HEADER: f"{time.time() + _ASK_S:.3f}"}
 
 
 class NatsClient:
@@ -204,7 +211,7 @@ class NatsClient:
         ask = HostRead(token=self._token(), **fields)
         try:
             msg = await self._nc.request(host_read(self._tenant, read), _ENCODER.encode(ask),
-                                         timeout=30.0)
+                                         timeout=_ASK_S, headers=_deadline())
         except Exception as exc:
             raise WritError("UNAVAILABLE", repr(exc)) from exc
         headers = msg.headers or {}
@@ -331,7 +338,8 @@ class NatsClient:
                                 **fields)
             try:
                 msg = await self._nc.request(host_read(self._tenant, HOST_SESSION),
-                                             _ENCODER.encode(ask), timeout=30.0)
+                                             _ENCODER.encode(ask), timeout=_ASK_S,
+                                             headers=_deadline())
             except Exception as exc:
                 error = WritError("UNAVAILABLE", repr(exc))
             else:

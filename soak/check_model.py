@@ -1,0 +1,127 @@
+""""No run asked the model again for a step it had recorded", checked against the fake model's
+own request log (fakes/llm.py), not the planner's word for it.
+
+Every answer of the fake model carries its serial number (`{{serial}}` in its rules), so the
+decision the planner recorded names the answer it came from. A request in the log belongs to a
+run by its `user_input` (each soak run and each turn has an input of its own) and to a step by
+how many observations it shows. For each recorded decision, the request answered with its
+serial is found in the log: a request for the same step before it is a retry (an answer lost,
+cut, failed or too slow, of a step not yet recorded), which is allowed; one after it is the
+model asked again for a step the run had recorded, which is the violation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from typing import Any, Final
+
+import asyncpg
+
+from soak.deploy import TENANTS
+from soak.invariant import Check
+
+__all__ = ["ask_of", "model_asks", "replayed"]
+
+_SERIAL: Final = re.compile(r"model reply (\d+)")
+_CRITIC: Final = "Answer under the `critic` key"
+
+
+def ask_of(body: Any) -> tuple[str, int] | None:
+    """(the run's input, the observations it shows) of a decision request; None for anything
+    else (a critic's request, or a body that is not a chat completion)."""
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return None
+    user: str | None = None
+    observations: int | None = None
+    for message in body["messages"]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, str):
+            continue
+        if message.get("role") == "system" and _CRITIC in content:
+            return None
+        if message.get("role") != "user":
+            continue
+        try:
+            data = json.loads(content)
+        except ValueError:
+            continue
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("user_input"), dict):
+            user = str(data["user_input"].get("request"))
+        untrusted = data.get("untrusted")
+        if isinstance(untrusted, dict) and isinstance(untrusted.get("observations"), list):
+            observations = len(untrusted["observations"])
+    return (user, observations) if user is not None and observations is not None else None
+
+
+def replayed(log: list[dict[str, Any]], inputs: dict[str, str],
+             steps: dict[str, list[tuple[str, Any]]]) -> Check:
+    """The check over the model's log, the runs' inputs (input -> run id) and each run's
+    recorded steps in order ((kind, payload) each)."""
+    result = Check("no_run_asked_the_model_again_for_a_recorded_step")
+    asks: dict[tuple[str, int], list[tuple[int, int | None]]] = defaultdict(list)
+    unmatched = 0
+    for index, entry in enumerate(log):
+        ask = ask_of(entry.get("body"))
+        if ask is None:
+            continue
+        run_id = inputs.get(ask[0])
+        if run_id is None:
+            unmatched += 1
+            continue
+        asks[(run_id, ask[1])].append((index, entry.get("serial")))
+    recorded = 0
+    for run_id, run_steps in steps.items():
+        observations = 0
+        for kind, payload in run_steps:
+            if kind == "observation":
+                observations += 1
+                continue
+            if kind != "decision":
+                continue
+            found = _SERIAL.search(json.dumps(payload))
+            if found is None:
+                continue  # not an answer of the fake's rules (none in the soak)
+            recorded += 1
+            serial = int(found.group(1))
+            mine = asks.get((run_id, observations), [])
+            at = next((i for i, s in mine if s == serial), None)
+            if at is None:
+                result.fail(f"run {run_id} step {observations} recorded answer {serial}, "
+                            "which the model's log does not show for that step")
+                continue
+            again = [i for i, _ in mine if i > at]
+            if again:
+                result.fail(f"run {run_id} step {observations}: the model was asked again "
+                            f"{len(again)} time(s) after answer {serial} was recorded")
+    total = sum(len(v) for v in asks.values())
+    result.examined = recorded
+    result.note = (f"{total} decision requests in the model's log for {recorded} recorded "
+                   f"decisions: {total - recorded} retries of steps not yet recorded"
+                   + (f"; {unmatched} requests of no soak run" if unmatched else ""))
+    return result
+
+
+async def model_asks(db: asyncpg.Connection, log: list[dict[str, Any]]) -> Check:
+    """`replayed` over the registry's runs of both tenants."""
+    runs = await db.fetch("SELECT run_id, input FROM planner.runs WHERE tenant = ANY($1)",
+                          list(TENANTS))
+    inputs: dict[str, str] = {}
+    shared: set[str] = set()
+    for row in runs:
+        if row["input"] in inputs:
+            shared.add(row["input"])
+        inputs[row["input"]] = row["run_id"]
+    for text in shared:  # an input two runs share cannot name one of them
+        del inputs[text]
+    steps: dict[str, list[tuple[str, Any]]] = defaultdict(list)
+    for row in await db.fetch(
+            "SELECT run_id, kind, payload FROM planner.steps WHERE run_id = ANY($1) "
+            "ORDER BY run_id, seq", list(inputs.values())):
+        payload = row["payload"]
+        steps[row["run_id"]].append(
+            (row["kind"], json.loads(payload) if isinstance(payload, str) else payload))
+    return replayed(log, inputs, dict(steps))
