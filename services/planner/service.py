@@ -73,7 +73,7 @@ from schemas.sessions import SESSION_OPS
 from services.planner.agents import AgentRegistry
 from services.planner.branches import CallDecider
 from services.planner.budgeting import RunBudgets, step_key
-from services.planner.cancel import in_flight, record_cancel
+from services.planner.cancel import cancelled_by, in_flight, record_cancel
 from services.planner.capabilities import Capabilities, Waiting, waiting_on
 from services.planner.codes import BUDGET_CODE
 from services.planner.critic import Critic
