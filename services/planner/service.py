@@ -95,6 +95,7 @@ from services.planner.reads import ReadClient
 from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
 from services.planner.sessions import SessionOpsEndpoint, SessionTurns
+from services.planner.sessions.logic import is_turn_run
 from services.planner.snapshot import (
     branch_of,
     has_critic,
@@ -223,7 +224,8 @@ class PlannerService(PersonWaits):
                 span.set_attribute("writ.run_id", event.run_id)
                 if isinstance(event, EvidenceGathered):
                     manifest = await with_mcp_descriptions(  # mcp_catalog.py
-                        self._rt.nc, event.tenant, snapshot_of(self._agents.get(event.agent)))
+                        self._rt.nc, event.tenant, snapshot_of(
+                            self._agents.get(event.agent), chat_turn=is_turn_run(event.run_id)))
                     await self._store.create_run(event, manifest=manifest, conn=conn)
                 elif isinstance(event, RunCancelRequested):
                     await record_cancel(conn, event)  # kept even before the run exists
@@ -411,7 +413,8 @@ class PlannerService(PersonWaits):
         refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
                                     arguments=decision.arguments)
         if refused is None and self._sessions is not None:  # a plan-mode turn's plan
-            refused = await self._sessions.plans.check(conn, run, steps, decision)
+            refused, decision = await self._sessions.plans.check(conn, run, steps, decision,
+                                                                 fresh=fresh)
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
