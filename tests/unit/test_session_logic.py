@@ -9,6 +9,7 @@ import anyio
 import msgspec
 import pytest
 
+from actions.base import FactsRef
 from schemas.sessions import (
     SESSION_STATES,
     AnySessionEvent,
@@ -18,7 +19,6 @@ from schemas.sessions import (
     SessionOp,
     TurnStarted,
 )
-from actions.base import FactsRef
 from services.planner.sessions._plans import plan_digest
 from services.planner.sessions._resolve import FactsReader, changed, request_of, resolve
 from services.planner.sessions._turns import outcome_note
@@ -217,3 +217,33 @@ def test_a_facts_bound_step_resolves_from_its_facts_and_a_change_is_named() -> N
     gone = anyio.run(resolve, "payment.refund", refund, read)
     assert gone.unresolved and gone.preview == {}
     assert (changed(args, preview, gone) or "").startswith("it no longer resolves")
+
+
+def test_the_consequential_mark_is_a_strict_bool_that_only_adds_a_plan() -> None:
+    from services.planner.openai_provider._wire import _decision_schema, _from_structured
+    from services.planner.provider import ModelDecision, SelectCapability
+    from services.planner.sessions._plans import marked
+    from services.planner.store import Step
+
+    plain = {"decision": "select_capability", "capability": "crm.note.create",
+             "arguments": {}}
+    # Unmarked, a decision keeps the bytes it had before the mark existed.
+    decoded = msgspec.convert(plain, ModelDecision)
+    assert msgspec.json.decode(msgspec.json.encode(decoded)) == plain
+    mark = msgspec.convert({**plain, "consequential": True}, ModelDecision)
+    assert isinstance(mark, SelectCapability) and mark.consequential
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({**plain, "consequential": "yes"}, ModelDecision)
+    # The structured wire carries it, and its strict schema asks for it.
+    wire = _from_structured('{"next": {"decision": "select_capability", "capability": "a", '
+                            '"arguments": "{}", "consequential": true}}')
+    assert isinstance(wire, SelectCapability) and wire.consequential
+    [select] = [v for v in _decision_schema(["a"])["properties"]["next"]["anyOf"]
+                if v["properties"]["decision"]["enum"] == ["select_capability"]]
+    assert "consequential" in select["required"]
+    assert select["properties"]["consequential"]["type"] == "boolean"
+    # A run plans once any of its selections was marked; a later `false` does not undo it.
+    steps = [Step(seq=0, kind="decision", payload=msgspec.to_builtins(mark)),
+             Step(seq=1, kind="observation", payload={"refused": "PLANNED"}),
+             Step(seq=2, kind="decision", payload={**plain, "consequential": False})]
+    assert marked(steps) and not marked(steps[2:])
