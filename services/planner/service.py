@@ -412,16 +412,19 @@ class PlannerService(PersonWaits):
             return [self._result(run, steps, pending_id=review_id(run.run_id, last.seq))]
         refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
                                     arguments=decision.arguments)
+        plan_preview = None
         if refused is None and self._sessions is not None:  # a plan-mode turn's plan
-            refused, decision = await self._sessions.plans.check(conn, run, steps, decision,
-                                                                 fresh=fresh)
+            planned = await self._sessions.plans.check(conn, run, steps, decision, fresh=fresh)
+            refused, decision, plan_preview = (planned.refused, planned.decision,
+                                               planned.plan_preview)
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
         if fresh:
             return AGAIN  # the decision is committed before its capability call starts
         try:
-            acted = await self._capabilities.act(conn, run, steps, last.seq, decision)
+            acted = await self._capabilities.act(conn, run, steps, last.seq, decision,
+                                                 plan_preview=plan_preview)
         except NoBudget as exc:
             return [await self._out_of_budget(conn, run, steps, finished, exc)]
         if isinstance(acted, Waiting):

@@ -24,6 +24,7 @@ import msgspec
 import pytest
 
 from fakes.llm import FakeLlm
+from schemas.planner import ProposeCommand, preview_digest
 from schemas.sessions import HostSessionOp, SessionReply
 from tests.e2e.conftest import Host, notes_for, sealed
 from tests.e2e.test_replay import writ_audit
@@ -999,3 +1000,37 @@ async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling
     assert json.loads(command["arguments"]) == step["arguments"]
     [note] = notes_for(crm, f"acme:{command['operation_id']}")
     assert note["body"] == planned["body"]
+
+
+async def test_admission_holds_a_plans_step_to_the_preview_the_plan_showed(
+        db: asyncpg.Connection, payments: httpx.Client, host: Host) -> None:
+    # The planner checks a facts-bound step's facts as the model takes it; admission reads
+    # them again a moment later. Should they change in between (or while a planner that took
+    # the step was down), admission refuses: what it resolves now is not what was approved.
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
+    run_id = f"ses-{uuid.uuid4().hex[:12]}-t1"
+    shown = {"amount_cents": 1500, "payment": payment_id}  # not the preview resolved now
+    refusals: list[dict[str, Any]] = []
+
+    async def hear(msg: Any) -> None:
+        refusals.append(json.loads(msg.data))
+
+    sub = await host.nc.subscribe("writ.int.refused.acme", cb=hear)
+    try:
+        await host.js.publish("writ.int.proposals.acme", msgspec.json.encode(ProposeCommand(
+            run_id=run_id, step=3, tenant="acme", principal="alice@acme.example",
+            agent="refund-chat", action="payment.refund",
+            arguments={"payment_id": payment_id, "line_id": "L2"},
+            plan_preview=preview_digest(shown))), headers={"Nats-Msg-Id": f"p:{run_id}"})
+        with anyio.fail_after(30):
+            while not [r for r in refusals if r["run_id"] == run_id]:
+                await anyio.sleep(0.1)
+    finally:
+        await sub.unsubscribe()
+    [refused] = [r for r in refusals if r["run_id"] == run_id]
+    assert refused["verdict"] == "invalid"
+    assert "changed since the user approved the plan" in refused["reason"]
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    assert refunds_of(payments, payment_id) == []

@@ -40,6 +40,7 @@ from typing import Any, Final
 
 import msgspec
 
+from schemas.planner import preview_digest
 from schemas.sessions import PlanDecided, PlanProposed, PlanStep, PlanView, WriterNote
 from services.planner.observations import ReviewAnswered, observation_of
 from services.planner.provider import SelectCapability
@@ -55,8 +56,8 @@ from services.planner.sessions._store import SessionRow, SessionStore
 from services.planner.sessions.logic import is_turn_run, turn_of
 from services.planner.store import PlannerStore, RunRow, Step
 
-__all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_STALE", "Plans", "marked",
-           "plan_digest"]
+__all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_STALE", "PlanCheck", "Plans",
+           "marked", "plan_digest"]
 
 PLAN_PREFIX: Final = "plan-"
 PLANNED: Final = "PLANNED"
@@ -70,6 +71,15 @@ _COLUMNS: Final = "plan_id, session_id, tenant, turn, run_id, step, state, diges
 def plan_digest(steps: list[PlanStep]) -> str:
     """sha256 of the plan's canonical steps: what an approval consents to."""
     return hashlib.sha256(msgspec.json.encode(steps, order="sorted")).hexdigest()
+
+
+class PlanCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """What a plan makes of a selection: refused (`(check, reason)`), or `decision` to act on,
+    with `plan_preview` for admission (the digest of the preview the plan showed for it)."""
+
+    decision: SelectCapability
+    refused: tuple[str, str] | None = None
+    plan_preview: str | None = None
 
 
 def marked(steps: list[Step]) -> bool:
@@ -135,47 +145,52 @@ class Plans:
                                    run_id)
 
     async def check(self, conn: Any, run: RunRow, steps: list[Step],
-                    decision: SelectCapability, *, fresh: bool
-                    ) -> tuple[tuple[str, str] | None, SelectCapability]:
-        """A plan-mode turn's selection: (the refusal, if any: recorded as a step while
-        planning, refused if it is not the approved plan's next step or, for a facts-bound
-        step the model has just chosen (`fresh`), if its facts no longer resolve to what was
-        approved; the selection to act on: the plan's frozen request in place of the model's
-        spelling of it). (None, `decision`) when no plan governs the run."""
+                    decision: SelectCapability, *, fresh: bool) -> PlanCheck:
+        """A plan-mode turn's selection: recorded as a step while planning, refused if it is
+        not the approved plan's next step or, for a facts-bound step the model has just chosen
+        (`fresh`), if its facts no longer resolve to what was approved; else to be acted on
+        with the plan's frozen request in place of the model's spelling of it, and its
+        preview's digest for admission to hold it to."""
         if await self._planning_session(conn, run, steps) is None:
-            return None, decision
+            return PlanCheck(decision=decision)
         plan = await self.approved(conn, run.run_id)
         if plan is None:
             index = len(_selections(steps, PLANNED)) + 1
-            return (PLANNED, f"recorded as step {index} of the plan; nothing runs before the "
-                             "user approves the plan"), decision
+            return PlanCheck(decision=decision, refused=(
+                PLANNED, f"recorded as step {index} of the plan; nothing runs before the user "
+                         "approves the plan"))
         planned = msgspec.convert(json.loads(plan["steps"]), list[PlanStep])
         done, drafts = _progress(steps, plan["step"])
         index = len(done)
         revision = (f"; recorded as step {len(drafts) + 1} of a revised plan, which runs only "
                     "once the user approves it (answer to propose it)")
         if index >= len(planned):
-            return (NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken"
-                                  + revision)[:512]), decision
+            return PlanCheck(decision=decision, refused=(
+                NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken"
+                              + revision)[:512]))
         expected = planned[index]
         request, typed = request_of(decision.capability, decision.arguments)
         if expected.capability != decision.capability or (
                 canonical(expected.request if expected.request is not None
                           else expected.arguments) != canonical(request)):
-            return (NOT_IN_PLAN, (f"step {index + 1} of the approved plan is "
-                                  f"{expected.capability} with its own arguments; this call "
-                                  "is not in the plan" + revision)[:512]), decision
+            return PlanCheck(decision=decision, refused=(
+                NOT_IN_PLAN, (f"step {index + 1} of the approved plan is {expected.capability} "
+                              "with its own arguments; this call is not in the plan"
+                              + revision)[:512]))
         if expected.request is None:  # a plan frozen before its requests were kept
-            return None, decision
+            return PlanCheck(decision=decision)
         contract = contract_of(decision.capability)
         if fresh and contract is not None and typed is not None and (
                 contract.facts_ref(typed) is not None):
             now = await self._resolve(run.tenant, decision.capability, expected.request)
             stale = changed(expected.arguments, expected.preview, now)
             if stale is not None:
-                return (PLAN_STALE, (f"step {index + 1} of the approved plan is stale: {stale}; "
-                                     "nothing runs" + revision)[:512]), decision
-        return None, msgspec.structs.replace(decision, arguments=expected.request)
+                return PlanCheck(decision=decision, refused=(
+                    PLAN_STALE, (f"step {index + 1} of the approved plan is stale: {stale}; "
+                                 "nothing runs" + revision)[:512]))
+        return PlanCheck(decision=msgspec.structs.replace(decision, arguments=expected.request),
+                         plan_preview=preview_digest(expected.preview)
+                         if contract is not None and expected.preview else None)
 
     async def freeze(self, conn: Any, run: RunRow, steps: list[Step], seq: int) -> str | None:
         """A planning turn's answer: its recorded steps frozen as a plan (its id), or None if

@@ -111,8 +111,9 @@ async def resolve(capability: str, arguments: dict[str, Any],
     except (Invalid, msgspec.ValidationError) as exc:
         return Resolution(request=request, arguments=request, facts=ref,
                           unresolved=str(exc)[:256])
+    # The preview as admission keeps it (not normalised: it is compared with admission's).
     return Resolution(request=request, arguments=nfc(msgspec.to_builtins(frozen.arguments)),
-                      preview=nfc(msgspec.to_builtins(frozen.preview)), facts=ref)
+                      preview=msgspec.to_builtins(frozen.preview), facts=ref)
 
 
 def changed(planned_arguments: dict[str, Any], planned_preview: dict[str, Any],
