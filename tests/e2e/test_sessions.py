@@ -27,6 +27,7 @@ from fakes.llm import FakeLlm
 from schemas.planner import ProposeCommand, preview_digest
 from schemas.sessions import HostSessionOp, SessionReply
 from tests.e2e.conftest import Host, notes_for, sealed
+from tests.e2e.test_proposals import _payment, _refunds
 from tests.e2e.test_replay import writ_audit
 from writ.stack import Stack
 
@@ -813,24 +814,6 @@ async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_se
 
 # --- plan-mode: the model's mark, facts-bound previews, the frozen request -------------------
 
-def _payment(payment_id: str, *, discount_cents: int = 1500) -> dict[str, Any]:
-    return {
-        "payment_id": payment_id, "customer_id": "ACME-42", "currency": "EUR",
-        "status": "captured", "method": {"kind": "card", "last4": "4242", "usable": True},
-        "lines": [
-            {"line_id": "L1", "product": "League fee", "participant": "Ada Martin",
-             "amount_cents": 18000, "discount": None},
-            {"line_id": "L2", "product": "Junior programme", "participant": "Léo Martin",
-             "amount_cents": 12000,
-             "discount": {"discount_id": "D-SIB", "name": "Sibling discount",
-                          "amount_cents": discount_cents}}]}
-
-
-def refunds_of(payments: httpx.Client, payment_id: str) -> list[dict[str, Any]]:
-    return [r for r in payments.get("/_control/refunds").json()
-            if r["payment_id"] == payment_id]
-
-
 class Proposals:
     """What the planner sends admission (`writ.int.proposals.acme`), heard as the
     administrator: the bytes admission receives."""
@@ -892,7 +875,7 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
         assert heard.of(run_id) == []
         assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
                                  run_id) == 0
-        assert refunds_of(payments, payment_id) == []
+        assert _refunds(payments, payment_id) == []
 
         approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
         assert (approved.status_code, approved.json()["state"]) == (200, "approved")
@@ -912,7 +895,7 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
     assert json.loads(command["preview"]) == step["preview"]
     assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
                              run_id) >= 1
-    [refund] = refunds_of(payments, payment_id)
+    [refund] = _refunds(payments, payment_id)
     assert (refund["line_id"], refund["amount_cents"]) == ("L2", 1500)
 
 
@@ -948,7 +931,7 @@ async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_no
     assert any("PLAN_STALE" in json.loads(r["body"])["summary"] for r in observed)
     assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
                              run_id) == 0
-    assert refunds_of(payments, payment_id) == []
+    assert _refunds(payments, payment_id) == []
     # The agent proposed a revised plan, resolved from the facts now; it needs its own
     # approval, and once given, the refund is the revised plan's.
     old, new = revised["plans"]
@@ -960,7 +943,7 @@ async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_no
     assert approved.status_code == 200, approved.text
     done = await until(api, sid, turn_ended(1))
     assert done["messages"][-1]["text"] == "Refunded 20.00 EUR."
-    [refund] = refunds_of(payments, payment_id)
+    [refund] = _refunds(payments, payment_id)
     assert refund["amount_cents"] == 2000
 
 
@@ -1033,4 +1016,4 @@ async def test_admission_holds_a_plans_step_to_the_preview_the_plan_showed(
     assert "changed since the user approved the plan" in refused["reason"]
     assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
                              run_id) == 0
-    assert refunds_of(payments, payment_id) == []
+    assert _refunds(payments, payment_id) == []
