@@ -83,9 +83,11 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
         subjects.SETTLE, subjects.MCP_CATALOG,
         # Chat sessions: a turn is registered and started like a host's run, and each
-        # session's events go on its own subject.
+        # session's events go on its own subject; a plan step's preview stands on the facts
+        # its action reads, asked of their readers as admission asks (no credential here).
         "writ.int.runs.started.*", subjects.REGISTER_RUN, "writ.chat.*.*",
         TURN_CANCELLING,  # a close tells every replica to abandon the turn's model call
+        subjects.FACTS, subjects.HOST_FACTS,
     ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS, reads.REVIEWS_LIST,
         SESSION_OPS,
         reads.journal_verify("planner"),

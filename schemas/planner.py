@@ -4,15 +4,16 @@ person's answer to a review a run's agent asked for."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
-from schemas.base import AgentName, Command, Event, Id, Principal, ShortText, Tenant
+from schemas.base import AgentName, Command, Digest, Event, Id, Principal, ShortText, Tenant
 
 __all__ = ["BRANCH_MARK", "REVIEW", "BranchChanged", "Divergence", "ProposeCommand",
            "ReplayReport", "ReplayRun", "ReviewAnswer", "ReviewTaken", "StepRecorded",
-           "branch_run_id", "root_run_id"]
+           "branch_run_id", "preview_digest", "root_run_id"]
 
 # Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
 # `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.
@@ -28,6 +29,12 @@ BRANCH_MARK: Final = ".b"
 def branch_run_id(run_id: str, step: int) -> str:
     """The branch a run's call at `step` starts: the same on every attempt of that step."""
     return f"{run_id}{BRANCH_MARK}{step}"
+
+
+def preview_digest(preview: dict[str, Any]) -> str:
+    """sha256 of a preview's canonical JSON (keys sorted): how admission tells that the preview
+    it resolved now is the one an approved plan showed (`ProposeCommand.plan_preview`)."""
+    return hashlib.sha256(msgspec.json.encode(preview, order="sorted")).hexdigest()
 
 
 def root_run_id(run_id: str) -> str:
@@ -54,6 +61,10 @@ class ProposeCommand(Command):
     # and the request to answer on `writ.out.results.<tenant>`.
     operation_key: Id | None = None
     request_id: Id | None = None
+    # A step of a plan the user approved (a chat session's plan-mode): the `preview_digest` of
+    # the preview the plan showed for it. Admission refuses the proposal if the preview it
+    # resolves from the facts now differs: the approval consented to that preview only.
+    plan_preview: Digest | None = None
 
 
 class ReplayRun(Command):

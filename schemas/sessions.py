@@ -179,12 +179,16 @@ class PlanBody(_Body):
 
 class PlanStep(msgspec.Struct, frozen=True, kw_only=True):
     """One step of a plan: the capability it will use and, for an action, the arguments and
-    preview the action's contract resolves."""
+    preview the action's contract resolves (from the facts it reads, for an action that stands
+    on them); `request` is what is sent when the step is taken (the request as the contract
+    decodes it, NFC-normalised), whatever the model writes then (None in a plan frozen before
+    it was kept)."""
 
     index: Annotated[int, msgspec.Meta(ge=0, le=100)]
     capability: ShortText
     arguments: dict[str, Any] = {}
     preview: dict[str, Any] = {}
+    request: dict[str, Any] | None = None
 
 
 class PlanView(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ import rfc8785
 
 from actions import ACTIONS, ActionContract
 from actions.base import Invalid
-from schemas.planner import ProposeCommand
+from schemas.planner import ProposeCommand, preview_digest
 
 __all__ = [
     "Invalid",
@@ -20,6 +20,7 @@ __all__ = [
     "Validated",
     "canonical_hash",
     "operation_id_for",
+    "plan_refusal",
     "proposal_id_for",
     "resolve",
     "validate",
@@ -99,6 +100,16 @@ def validate(proposal: ProposeCommand) -> Validated:
                                     arguments=arguments, agent=proposal.agent,
                                     expected_revision=proposal.expected_revision),
     )
+
+
+def plan_refusal(proposal: ProposeCommand, resolved: Resolved) -> str | None:
+    """Why a plan's step may not be admitted: the preview resolved now is not the one the
+    approved plan showed (None: it is, or the proposal is no plan's step)."""
+    if proposal.plan_preview is None or preview_digest(resolved.preview) == (
+            proposal.plan_preview):
+        return None
+    return ("the facts its preview stands on changed since the user approved the plan; "
+            "a revised plan is needed")
 
 
 def resolve(validated: Validated, facts: Any) -> Resolved:

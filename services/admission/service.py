@@ -46,6 +46,7 @@ from services.admission.logic import (
     Resolved,
     Validated,
     operation_id_for,
+    plan_refusal,
     proposal_id_for,
     resolve,
     validate,
@@ -225,7 +226,10 @@ class AdmissionService(ProposalApprovals):
                 facts = await self._read_facts(j.p.tenant, j.valid)
                 if facts is not None:
                     j.facts, j.facts_read_at = facts, datetime.now(UTC)
-                j.resolved = resolve(j.valid, facts)
+                resolved = resolve(j.valid, facts)
+                if (stale := plan_refusal(j.p, resolved)) is not None:
+                    raise Invalid(stale)
+                j.resolved = resolved
             except Invalid as exc:
                 await self._refuse(j.p, "invalid", str(exc)[:500])
 

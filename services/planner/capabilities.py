@@ -96,11 +96,12 @@ class Capabilities:
                  decision.capability[:128], refused[0])
 
     async def act(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
-                  decision: SelectCapability, *,
-                  approval_id: str | None = None) -> Effects | Waiting | None:
+                  decision: SelectCapability, *, approval_id: str | None = None,
+                  plan_preview: str | None = None) -> Effects | Waiting | None:
         """Act on the checked selection at step `seq`; `AGAIN` once its output is observed,
         `Waiting` if it waits for a person. `approval_id`: a person's answer allowing this
-        very read, after it was asked.
+        very read, after it was asked; `plan_preview`: the digest of the preview an approved
+        plan showed for this action (admission holds the proposal to it).
 
         Raises:
             NoBudget: the capability call could not be reserved (nothing ran).
@@ -111,14 +112,15 @@ class Capabilities:
         callee = agent_call_target(run.manifest, decision.capability)
         if callee is not None:
             return await self._call(conn, run, steps, seq, callee, decision)
-        return await self._propose(conn, run, seq, decision)
+        return await self._propose(conn, run, seq, decision, plan_preview)
 
-    async def _propose(self, conn: Any, run: RunRow, seq: int,
-                       decision: SelectCapability) -> Effects:
+    async def _propose(self, conn: Any, run: RunRow, seq: int, decision: SelectCapability,
+                       plan_preview: str | None = None) -> Effects:
         """Reserve the capability call (once per step), journal the proposal with that
         reservation, and send it to admission (again on a redelivery: same message id, same
         operation id)."""
-        command = _proposal(run, seq, decision)
+        command = msgspec.structs.replace(_proposal(run, seq, decision),
+                                          plan_preview=plan_preview)
         _, new = await self._budget.reserve(conn, run, step_key(run.run_id, seq, "capability"),
                                             capability_calls=1)
         if new:

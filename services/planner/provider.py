@@ -43,11 +43,19 @@ class _Decision(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         refuse_unstorable(self)
 
 
-class SelectCapability(_Decision, tag="select_capability"):
-    """Call a capability (its reference or its name: the target) with these arguments."""
+class SelectCapability(_Decision, tag="select_capability", omit_defaults=True):
+    """Call a capability (its reference or its name: the target) with these arguments.
+
+    `consequential`: the model asks, in a chat session's turn, that the user approve a plan
+    before this call and the turn's later ones run (plan-mode, `sessions/_plans.py`). It can
+    only add a plan: `false` (the default, omitted when encoded so earlier decisions keep their
+    bytes) never skips one the session or the manifest asks for, and a run that is no chat
+    turn ignores it (nobody is there to approve a plan; its calls are governed as ever).
+    """
 
     capability: Annotated[str, msgspec.Meta(max_length=128)]
     arguments: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
+    consequential: bool = False
 
 
 class AnswerDirectly(_Decision, tag="answer_directly"):

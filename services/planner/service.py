@@ -96,6 +96,7 @@ from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
 from services.planner.sessions import ModelCallAbandoned, SessionOpsEndpoint, SessionTurns
 from services.planner.sessions._plans import PLAN_WAIT
+from services.planner.sessions.logic import is_turn_run
 from services.planner.snapshot import (
     branch_of,
     has_critic,
@@ -226,7 +227,8 @@ class PlannerService(PersonWaits):
                 span.set_attribute("writ.run_id", event.run_id)
                 if isinstance(event, EvidenceGathered):
                     manifest = await with_mcp_descriptions(  # mcp_catalog.py
-                        self._rt.nc, event.tenant, snapshot_of(self._agents.get(event.agent)))
+                        self._rt.nc, event.tenant, snapshot_of(
+                            self._agents.get(event.agent), chat_turn=is_turn_run(event.run_id)))
                     await self._store.create_run(event, manifest=manifest, conn=conn)
                 elif isinstance(event, RunCancelRequested):
                     await record_cancel(conn, event)  # kept even before the run exists
@@ -431,15 +433,19 @@ class PlannerService(PersonWaits):
             return [self._result(run, steps, pending_id=review_id(run.run_id, last.seq))]
         refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
                                     arguments=decision.arguments)
+        plan_preview = None
         if refused is None and self._sessions is not None:  # a plan-mode turn's plan
-            refused = await self._sessions.plans.check(conn, run, steps, decision)
+            planned = await self._sessions.plans.check(conn, run, steps, decision, fresh=fresh)
+            refused, decision, plan_preview = (planned.refused, planned.decision,
+                                               planned.plan_preview)
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
         if fresh:
             return AGAIN  # the decision is committed before its capability call starts
         try:
-            acted = await self._capabilities.act(conn, run, steps, last.seq, decision)
+            acted = await self._capabilities.act(conn, run, steps, last.seq, decision,
+                                                 plan_preview=plan_preview)
         except NoBudget as exc:
             return [await self._out_of_budget(conn, run, steps, finished, exc)]
         if isinstance(acted, Waiting):

@@ -29,13 +29,19 @@ __all__ = [
 ]
 
 
-def snapshot_of(agent: AgentProcess | None) -> dict[str, Any] | None:
-    """The snapshot a run of `agent` starts with; None if no manifest declares the agent."""
-    return None if agent is None else {
-        "name": agent.name, "version": agent.manifest.version,
-        "responsibility": agent.manifest.responsibility, "catalog": agent.catalog,
-        "critic": agent.manifest.critic,
-        "budgets": msgspec.to_builtins(agent.manifest.budgets)}
+def snapshot_of(agent: AgentProcess | None, *, chat_turn: bool = False
+                ) -> dict[str, Any] | None:
+    """The snapshot a run of `agent` starts with; None if no manifest declares the agent.
+    `chat_turn`: the run is a chat session's turn, whose model may mark a selection
+    consequential (plan-mode) and is told so (`inputs.PLAN_MARK_INSTRUCTION`); kept in the
+    snapshot so the replay rebuilds the same model input."""
+    if agent is None:
+        return None
+    return {"name": agent.name, "version": agent.manifest.version,
+            "responsibility": agent.manifest.responsibility, "catalog": agent.catalog,
+            "critic": agent.manifest.critic,
+            "budgets": msgspec.to_builtins(agent.manifest.budgets),
+            **({"chat_turn": True} if chat_turn else {})}
 
 
 def has_critic(manifest: dict[str, Any] | None) -> bool:

@@ -24,8 +24,10 @@ import msgspec
 import pytest
 
 from fakes.llm import FakeLlm
+from schemas.planner import ProposeCommand, preview_digest
 from schemas.sessions import HostSessionOp, SessionReply
 from tests.e2e.conftest import Host, notes_for, sealed
+from tests.e2e.test_proposals import _payment, _refunds
 from tests.e2e.test_replay import writ_audit
 from writ.stack import Stack
 
@@ -63,7 +65,9 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
                 _manifest("desk-chat", [{"kind": "agent", "name": "notes-chat",
                                          "description": "Writes CRM notes."}]),
                 _manifest("notes-chat", note, callable_by=["desk-chat"]),
-                _manifest("planning-chat", note, plan_mode=True)):  # its manifest asks
+                _manifest("planning-chat", note, plan_mode=True),  # its manifest asks
+                # granted below: refunds run without a person once a plan is approved
+                _manifest("refund-chat", [{"kind": "action", "name": "payment.refund"}])):
             (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
         key = root / "model.key"
         key.write_text(token)
@@ -87,7 +91,7 @@ async def _grant(stack: Stack) -> None:
         await conn.executemany(
             "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
             "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
-            [("chat-assistant",), ("notes-chat",), ("planning-chat",)])
+            [("chat-assistant",), ("notes-chat",), ("planning-chat",), ("refund-chat",)])
     finally:
         await conn.close()
 
@@ -123,9 +127,13 @@ def answer(text: str) -> dict[str, Any]:
     return {"next": {"decision": "answer_directly", "answer": text}}
 
 
-def select(capability: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"next": {"decision": "select_capability", "capability": capability,
-                     "arguments": json.dumps(arguments)}}
+def select(capability: str, arguments: dict[str, Any], *,
+           consequential: bool | None = None) -> dict[str, Any]:
+    decision = {"decision": "select_capability", "capability": capability,
+                "arguments": json.dumps(arguments)}
+    if consequential is not None:
+        decision["consequential"] = consequential
+    return {"next": decision}
 
 
 def model_requests(model: httpx.Client) -> list[dict[str, Any]]:
@@ -802,3 +810,210 @@ async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_se
         token=stack.token("acme", "bob@acme.example"), op="events", session_id=sid)),
         timeout=10)
     assert bob.headers["Nats-Service-Error"].startswith("NOT_FOUND")
+
+
+# --- plan-mode: the model's mark, facts-bound previews, the frozen request -------------------
+
+class Proposals:
+    """What the planner sends admission (`writ.int.proposals.acme`), heard as the
+    administrator: the bytes admission receives."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    async def hear(self, msg: Any) -> None:
+        self.seen.append(json.loads(msg.data))
+
+    def of(self, run_id: str) -> list[dict[str, Any]]:
+        return [p for p in self.seen if p["run_id"] == run_id]
+
+
+async def observations(db: asyncpg.Connection, run_id: str) -> list[dict[str, Any]]:
+    return [json.loads(r["payload"]) for r in await db.fetch(
+        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+        "ORDER BY seq", run_id)]
+
+
+async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_approved(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        payments: httpx.Client, host: Host) -> None:
+    # Neither the session nor the agent's manifest asks for plan-mode: the model's mark does.
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
+    sid = await open_session(api, "refund-chat")
+    assert (await view(api, sid))["plan_mode"] is False
+    asked = {"payment_id": payment_id, "line_id": "L2"}
+    script(model, select("payment.refund", asked, consequential=True),
+           answer("Plan: refund Léo's sibling discount."),
+           # after the approval, the same request spelled otherwise (keys reordered, the
+           # default left out) and without the mark: the plan, not the mark, governs now
+           select("payment.refund", {"line_id": "L2", "payment_id": payment_id}),
+           answer("Refunded as planned."))
+    heard = Proposals()
+    sub = await host.nc.subscribe("writ.int.proposals.acme", cb=heard.hear)
+    try:
+        sent = await send(api, sid, "Refund the missing sibling discount.")
+        run_id = sent.json()["run_id"]
+        plan = await proposed_plan(api, sid)
+        # The model was told how to ask for a plan (a chat turn's instruction).
+        first = model_requests(model)[-2]
+        assert "the turn then plans instead of acting" in first["messages"][0]["content"]
+        # The step holds what the contract resolves from the payment's facts, read as
+        # admission reads them: the amount computed by code, the payment and its method.
+        [step] = plan["steps"]
+        assert step["capability"] == "payment.refund"
+        assert step["request"] == {**asked, "destination": "original_method"}
+        frozen = step["arguments"]
+        assert (frozen["amount_cents"], frozen["currency"]) == (1500, "EUR")
+        assert frozen["destination"] == {"kind": "original_method", "last4": "4242"}
+        preview = step["preview"]
+        assert (preview["amount_cents"], preview["payment"], preview["payment_method"],
+                preview["participant"], preview["resulting_total_cents"]) == (
+            1500, payment_id, "card ending 4242", "Léo Martin", 30000 - 1500)
+        # Nothing ran before the approval: no proposal sent, no command, no refund.
+        assert [o.get("refused") for o in await observations(db, run_id)] == ["PLANNED"]
+        assert heard.of(run_id) == []
+        assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                                 run_id) == 0
+        assert _refunds(payments, payment_id) == []
+
+        approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+        assert (approved.status_code, approved.json()["state"]) == (200, "approved")
+        seen = await until(api, sid, turn_ended(1))
+        assert seen["messages"][-1]["text"] == "Refunded as planned."
+    finally:
+        await sub.unsubscribe()
+    # The step went through decide and admission as usual, and what was sent is the plan's
+    # frozen request (its default filled in), not the model's spelling of it.
+    [proposal] = heard.of(run_id)
+    assert proposal["arguments"] == step["request"]
+    assert proposal["arguments"]["destination"] == "original_method"
+    [command] = await db.fetch("SELECT operation_id, state, arguments, preview "
+                               "FROM admission.commands WHERE run_id = $1", run_id)
+    assert command["state"] == "succeeded"
+    assert json.loads(command["arguments"]) == step["arguments"]
+    assert json.loads(command["preview"]) == step["preview"]
+    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
+                             run_id) >= 1
+    [refund] = _refunds(payments, payment_id)
+    assert (refund["line_id"], refund["amount_cents"]) == ("L2", 1500)
+
+
+async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_nothing(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        payments: httpx.Client) -> None:
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
+    opened = await api.post("/sessions", json={"agent": "refund-chat", "plan_mode": True},
+                            headers=key())
+    sid = opened.json()["session_id"]
+    asked = {"payment_id": payment_id, "line_id": "L2"}
+    # planning; after the approval the step, refused as stale; the revised plan
+    script(model, select("payment.refund", asked), answer("Plan: refund 15.00 EUR."),
+           select("payment.refund", asked), answer("Revised plan: the discount changed."))
+    sent = await send(api, sid, "Refund the missing sibling discount.")
+    run_id = sent.json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    assert plan["steps"][0]["preview"]["amount_cents"] == 1500
+    # The discount changes after the plan was shown (and before it is approved: the
+    # approval consents to the 15.00 EUR it showed, not to what the facts became).
+    payments.post("/_control/payments",
+                  json=_payment(payment_id, discount_cents=2000)).raise_for_status()
+    await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+    revised = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan"
+                          and v["waiting_for"]["plan_id"] != plan["plan_id"])
+    # Refused and observed as stale, fail closed: nothing reached admission or the provider.
+    seen = await observations(db, run_id)
+    assert [o.get("refused") for o in seen] == ["PLANNED", None, "PLAN_STALE"]
+    assert "amount_cents" in json.dumps(seen[-1])  # what changed, as the model was told
+    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
+                              "AND type = 'Observed'", sid)
+    assert any("PLAN_STALE" in json.loads(r["body"])["summary"] for r in observed)
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    assert _refunds(payments, payment_id) == []
+    # The agent proposed a revised plan, resolved from the facts now; it needs its own
+    # approval, and once given, the refund is the revised plan's.
+    old, new = revised["plans"]
+    assert (old["state"], new["state"]) == ("approved", "proposed")
+    assert new["steps"][0]["preview"]["amount_cents"] == 2000
+    assert new["digest"] != old["digest"]
+    script(model, select("payment.refund", asked), answer("Refunded 20.00 EUR."))
+    approved = await api.post(f"/plans/{new['plan_id']}/approve", json={}, headers=key())
+    assert approved.status_code == 200, approved.text
+    done = await until(api, sid, turn_ended(1))
+    assert done["messages"][-1]["text"] == "Refunded 20.00 EUR."
+    [refund] = _refunds(payments, payment_id)
+    assert refund["amount_cents"] == 2000
+
+
+async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling(
+        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        crm: httpx.Client, host: Host) -> None:
+    sid = await open_planning(api)
+    planned = {"customer_id": "ACME-42", "body": "Chat: le client a payé."}
+    # After the approval the model writes the same note otherwise: keys in another order,
+    # "é" decomposed. It normalises equal, so it is the plan's step; what is sent is the plan's.
+    spelled = {"body": unicodedata.normalize("NFD", planned["body"]), "customer_id": "ACME-42"}
+    script(model, select("crm.note.create", planned), answer("Plan: one note."),
+           select("crm.note.create", spelled), answer("Noted."))
+    heard = Proposals()
+    sub = await host.nc.subscribe("writ.int.proposals.acme", cb=heard.hear)
+    try:
+        sent = await send(api, sid, "Note the payment.")
+        run_id = sent.json()["run_id"]
+        plan = await proposed_plan(api, sid)
+        [step] = plan["steps"]
+        assert step["request"] == step["arguments"] == planned
+        await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+        await until(api, sid, turn_ended(1))
+    finally:
+        await sub.unsubscribe()
+    # The model's own decision is kept as it answered (the captured response) ...
+    decisions = [json.loads(r["payload"]) for r in await db.fetch(
+        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'decision' "
+        "ORDER BY seq", run_id)]
+    assert decisions[2]["arguments"] == spelled
+    # ... but admission received the plan's frozen request, code point for code point, and
+    # the CRM got the plan's note.
+    [proposal] = heard.of(run_id)
+    assert proposal["arguments"] == planned and proposal["arguments"] != spelled
+    [command] = await db.fetch("SELECT operation_id, arguments FROM admission.commands "
+                               "WHERE run_id = $1 AND state = 'succeeded'", run_id)
+    assert json.loads(command["arguments"]) == step["arguments"]
+    [note] = notes_for(crm, f"acme:{command['operation_id']}")
+    assert note["body"] == planned["body"]
+
+
+async def test_admission_holds_a_plans_step_to_the_preview_the_plan_showed(
+        db: asyncpg.Connection, payments: httpx.Client, host: Host) -> None:
+    # The planner checks a facts-bound step's facts as the model takes it; admission reads
+    # them again a moment later. Should they change in between (or while a planner that took
+    # the step was down), admission refuses: what it resolves now is not what was approved.
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
+    run_id = f"ses-{uuid.uuid4().hex[:12]}-t1"
+    shown = {"amount_cents": 1500, "payment": payment_id}  # not the preview resolved now
+    refusals: list[dict[str, Any]] = []
+
+    async def hear(msg: Any) -> None:
+        refusals.append(json.loads(msg.data))
+
+    sub = await host.nc.subscribe("writ.int.refused.acme", cb=hear)
+    try:
+        await host.js.publish("writ.int.proposals.acme", msgspec.json.encode(ProposeCommand(
+            run_id=run_id, step=3, tenant="acme", principal="alice@acme.example",
+            agent="refund-chat", action="payment.refund",
+            arguments={"payment_id": payment_id, "line_id": "L2"},
+            plan_preview=preview_digest(shown))), headers={"Nats-Msg-Id": f"p:{run_id}"})
+        with anyio.fail_after(30):
+            while not [r for r in refusals if r["run_id"] == run_id]:
+                await anyio.sleep(0.1)
+    finally:
+        await sub.unsubscribe()
+    [refused] = [r for r in refusals if r["run_id"] == run_id]
+    assert refused["verdict"] == "invalid"
+    assert "changed since the user approved the plan" in refused["reason"]
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                             run_id) == 0
+    assert _refunds(payments, payment_id) == []

@@ -274,3 +274,21 @@ def test_operation_and_proposal_ids_are_different_namespaces() -> None:
     assert proposal_id_for("acme", "run-1", 3) == proposal_id_for("acme", "run-1", 3)
     assert proposal_id_for("acme", "run-1", 3) != operation_id_for("acme", "run-1", 3)
     assert proposal_id_for("acme", "run-1", 3) != proposal_id_for("globex", "run-1", 3)
+
+
+def test_a_plans_step_is_admitted_only_with_the_preview_the_plan_showed() -> None:
+    from schemas.planner import preview_digest
+    from services.admission.logic import Resolved, plan_refusal
+
+    shown = {"customer_id": "ACME-42", "body": "Le client a payé."}
+    resolved = Resolved(arguments=shown, preview=dict(reversed(shown.items())))
+    base = ProposeCommand(run_id="ses-1-t1", step=2, tenant="acme", principal="alice",
+                          agent="a", action="crm.note.create", arguments=shown)
+    assert plan_refusal(base, resolved) is None  # no plan's step: nothing to hold it to
+    held = msgspec.structs.replace(base, plan_preview=preview_digest(shown))
+    assert plan_refusal(held, resolved) is None  # the same preview, whatever its key order
+    moved = Resolved(arguments=shown, preview={**shown, "body": "Autre chose."})
+    assert "changed since the user approved the plan" in (plan_refusal(held, moved) or "")
+    with pytest.raises(msgspec.ValidationError):  # a digest, or nothing
+        msgspec.convert({**msgspec.to_builtins(base), "plan_preview": "not-a-digest"},
+                        ProposeCommand)

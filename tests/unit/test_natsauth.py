@@ -99,3 +99,24 @@ def test_the_shadow_evaluation_cannot_reach_admission_or_the_dispatcher() -> Non
     assert not [s for s in published if ".STREAM.CREATE." in s or ".STREAM.UPDATE." in s]
     assert [s for s in published if "CONSUMER" in s and ".WRIT_INT.eval" not in s] == []
     assert _allowed(perms, "subscribe") == ["writ.eval.>", "_INBOX.eval.>"]
+
+
+def test_facts_are_asked_by_admission_and_the_planner_and_answered_by_their_readers() -> None:
+    from schemas import subjects
+
+    perms = permissions(["acme"])
+    for subject, reader in ((subjects.FACTS, "dispatcher"), (subjects.HOST_FACTS, "retrieval")):
+        asking = {name for name in SERVICE_SUBJECTS
+                  if subject in _allowed(perms[name] or {}, "publish")}
+        # A plan step's preview (the planner) and a proposal's (admission); nobody else.
+        assert asking == {"admission", "planner"}, subject
+        answering = {name for name in SERVICE_SUBJECTS
+                     if subject in _allowed(perms[name] or {}, "subscribe")}
+        assert answering == {reader}
+        host = perms[host_user("acme")]
+        assert host is not None and subject not in _allowed(host, "publish")
+    # What the planner asks for is the facts, never the connector: it may not reach the
+    # dispatcher's inbox or the commands' subjects.
+    planner = perms["planner"]
+    assert planner is not None
+    assert not [s for s in _allowed(planner, "publish") if s.startswith("writ.cmd")]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 import unicodedata
 
+import anyio
 import msgspec
 import pytest
 
+from actions.base import FactsRef
 from schemas.sessions import (
     SESSION_STATES,
     AnySessionEvent,
@@ -17,7 +19,8 @@ from schemas.sessions import (
     SessionOp,
     TurnStarted,
 )
-from services.planner.sessions._plans import plan_digest, resolved
+from services.planner.sessions._plans import plan_digest
+from services.planner.sessions._resolve import FactsReader, changed, request_of, resolve
 from services.planner.sessions._turns import outcome_note
 from services.planner.sessions.logic import (
     HISTORY_TOKENS,
@@ -142,26 +145,105 @@ def test_session_bodies_refuse_unknown_fields_and_bound_sizes() -> None:
     assert msgspec.json.decode(msgspec.json.encode(event), type=AnySessionEvent) == event
 
 
+def _resolved(capability: str, arguments: dict[str, object],
+              read: FactsReader | None = None) -> tuple[dict[str, object], dict[str, object]]:
+    got = anyio.run(resolve, capability, arguments, read)
+    return got.arguments, got.preview
+
+
 def test_a_plan_step_freezes_what_the_contract_resolves_not_what_the_model_wrote() -> None:
     composed = {"customer_id": "ACME-42", "body": "Le client a payé."}
     decomposed = {"body": unicodedata.normalize("NFD", composed["body"]),
                   "customer_id": "ACME-42"}
     assert decomposed["body"] != composed["body"]
-    args, preview = resolved("crm.note.create", decomposed)
+    args, preview = _resolved("crm.note.create", decomposed)
     assert args == composed and preview == composed  # the contract's preview of the note
-    assert resolved("crm.note.create", composed) == (args, preview)
+    assert _resolved("crm.note.create", composed) == (args, preview)
+    # What is sent when the step is taken: the request as the contract decodes it, in the
+    # contract's field order, NFC — not the model's spelling.
+    request, _ = request_of("action:crm.note.create", decomposed)
+    assert list(request) == ["customer_id", "body"] and request == composed
     # The same resolution, the same hash; another body, another.
     step = PlanStep(index=0, capability="crm.note.create", arguments=args, preview=preview)
     again = PlanStep(index=0, capability="crm.note.create",
-                     **dict(zip(("arguments", "preview"), resolved("crm.note.create",
-                                                                   decomposed), strict=True)))
+                     **dict(zip(("arguments", "preview"), _resolved("crm.note.create",
+                                                                    decomposed), strict=True)))
     assert plan_digest([step]) == plan_digest([again])
-    other = resolved("crm.note.create", {**composed, "body": "Autre chose."})
+    other = _resolved("crm.note.create", {**composed, "body": "Autre chose."})
     assert other[0] != args
     assert plan_digest([PlanStep(index=0, capability="crm.note.create", arguments=other[0],
                                  preview=other[1])]) != plan_digest([step])
     # A request the contract refuses stays as written (admission refuses it too); a read's
-    # arguments are only normalised; a facts-bound action keeps its decoded request and leaves
-    # its preview to admission, which reads the facts.
-    assert resolved("crm.note.create", {"oops": 1}) == ({"oops": 1}, {})
-    assert resolved("kb.search", {"q": "cafe\u0301"}) == ({"q": "café"}, {})
+    # arguments are only normalised; a facts-bound action without a reader keeps its decoded
+    # request and no preview.
+    assert _resolved("crm.note.create", {"oops": 1}) == ({"oops": 1}, {})
+    assert _resolved("kb.search", {"q": "cafe\u0301"}) == ({"q": "café"}, {})
+    refund = {"payment_id": "pay_1", "line_id": "L2"}
+    assert _resolved("payment.refund", refund) == (
+        {**refund, "destination": "original_method"}, {})
+
+
+def _payment(discount_cents: int) -> dict[str, object]:
+    return {"payment_id": "pay_1", "currency": "EUR", "status": "captured",
+            "method": {"kind": "card", "last4": "4242", "usable": True},
+            "amount_cents": 12000, "refunded_cents": 0, "refunds": [],
+            "lines": [{"line_id": "L2", "product": "Junior programme",
+                       "participant": "Léo Martin", "amount_cents": 12000,
+                       "discount": {"discount_id": "D-SIB", "name": "Sibling discount",
+                                    "amount_cents": discount_cents}}]}
+
+
+def test_a_facts_bound_step_resolves_from_its_facts_and_a_change_is_named() -> None:
+    reads: list[FactsRef] = []
+    facts = {"pay_1": _payment(1500)}
+
+    async def read(ref: FactsRef) -> dict[str, object] | None:
+        reads.append(ref)
+        return facts.get(ref.id)
+
+    refund = {"line_id": "L2", "payment_id": "pay_1"}
+    args, preview = _resolved("payment.refund", refund, read)
+    assert reads == [FactsRef(kind="payment", id="pay_1")]
+    assert (args["amount_cents"], preview["amount_cents"], preview["payment"]) == (
+        1500, 1500, "pay_1")
+    assert preview["payment_method"] == "card ending 4242"
+    same = anyio.run(resolve, "payment.refund", refund, read)
+    assert changed(args, preview, same) is None
+    facts["pay_1"] = _payment(2000)  # the discount changed since the plan was approved
+    now = anyio.run(resolve, "payment.refund", refund, read)
+    reason = changed(args, preview, now)
+    assert reason is not None and "amount_cents" in reason and "resulting_total_cents" in reason
+    del facts["pay_1"]  # gone: it no longer resolves, and is not guessed at
+    gone = anyio.run(resolve, "payment.refund", refund, read)
+    assert gone.unresolved and gone.preview == {}
+    assert (changed(args, preview, gone) or "").startswith("it no longer resolves")
+
+
+def test_the_consequential_mark_is_a_strict_bool_that_only_adds_a_plan() -> None:
+    from services.planner.openai_provider._wire import _decision_schema, _from_structured
+    from services.planner.provider import ModelDecision, SelectCapability
+    from services.planner.sessions._plans import marked
+    from services.planner.store import Step
+
+    plain = {"decision": "select_capability", "capability": "crm.note.create",
+             "arguments": {}}
+    # Unmarked, a decision keeps the bytes it had before the mark existed.
+    decoded = msgspec.convert(plain, ModelDecision)
+    assert msgspec.json.decode(msgspec.json.encode(decoded)) == plain
+    mark = msgspec.convert({**plain, "consequential": True}, ModelDecision)
+    assert isinstance(mark, SelectCapability) and mark.consequential
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({**plain, "consequential": "yes"}, ModelDecision)
+    # The structured wire carries it, and its strict schema asks for it.
+    wire = _from_structured('{"next": {"decision": "select_capability", "capability": "a", '
+                            '"arguments": "{}", "consequential": true}}')
+    assert isinstance(wire, SelectCapability) and wire.consequential
+    [select] = [v for v in _decision_schema(["a"])["properties"]["next"]["anyOf"]
+                if v["properties"]["decision"]["enum"] == ["select_capability"]]
+    assert "consequential" in select["required"]
+    assert select["properties"]["consequential"]["type"] == "boolean"
+    # A run plans once any of its selections was marked; a later `false` does not undo it.
+    steps = [Step(seq=0, kind="decision", payload=msgspec.to_builtins(mark)),
+             Step(seq=1, kind="observation", payload={"refused": "PLANNED"}),
+             Step(seq=2, kind="decision", payload={**plain, "consequential": False})]
+    assert marked(steps) and not marked(steps[2:])

@@ -27,7 +27,8 @@ STRUCTURED_HINT: Final = (
     "Answer with one decision under the `next` key: `answer_directly` with the final answer; "
     "`request_capabilities` to receive the full catalog (signatures, types, grants) when the "
     "`capabilities` message is only a summary; `select_capability` with one capability from "
-    "the `capabilities` message and its arguments as a JSON object encoded in a string; or "
+    "the `capabilities` message and its arguments as a JSON object encoded in a string "
+    "(and `consequential`, false unless told otherwise); or "
     "`request_human_review` with what a person should review before the run goes on."
 )
 # Functions offered in tools mode besides the capabilities (decisions, not capabilities).
@@ -116,6 +117,7 @@ class _Wire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="
 class _WireSelect(_Wire, tag="select_capability"):
     capability: str
     arguments: str
+    consequential: bool = False  # required by the strict schema; a lenient model may omit it
 
 
 class _WireAnswer(_Wire, tag="answer_directly"):
@@ -238,7 +240,7 @@ def _from_structured(content: str | None) -> ModelDecision:
     if isinstance(wire, _WireReview):
         return _checked({"decision": "request_human_review",
                          "review_prompt": wire.review_prompt, "reason": wire.reason})
-    return _select(wire.capability, wire.arguments)
+    return _select(wire.capability, wire.arguments, consequential=wire.consequential)
 
 
 def _arguments(arguments: str) -> dict[str, Any]:
@@ -250,9 +252,11 @@ def _arguments(arguments: str) -> dict[str, Any]:
         raise MalformedDecision(f"the arguments are not a JSON object: {exc}") from None
 
 
-def _select(capability: str, arguments: str) -> ModelDecision:
+def _select(capability: str, arguments: str, *, consequential: bool = False) -> ModelDecision:
+    # (tools mode has no place for the mark: a native tool call carries only the arguments)
     return _checked({"decision": "select_capability", "capability": capability,
-                     "arguments": _arguments(arguments)})
+                     "arguments": _arguments(arguments),
+                     **({"consequential": True} if consequential else {})})
 
 
 def _parameters(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +293,9 @@ def _decision_schema(names: list[str]) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "required": ["next"],
             "properties": {"next": {"anyOf": [
                 variant("select_capability", capability=capability, arguments={
-                    "type": "string", "description": "the arguments: a JSON object, encoded"}),
+                    "type": "string", "description": "the arguments: a JSON object, encoded"},
+                    consequential={"type": "boolean", "description": (
+                        "true asks the user to approve a plan first (a chat turn)")}),
                 variant("answer_directly", answer={"type": "string"}),
                 variant("request_capabilities", reason={"type": "string"}),
                 variant("request_human_review", review_prompt={"type": "string"},

@@ -20,7 +20,13 @@ import msgspec
 from schemas.sessions import PlanDecided, PlanProposed, PlanStep
 from services.planner.journal_entries import PlanRecord, StepRecord
 from services.planner.provider import SelectCapability
-from services.planner.sessions._plans import plan_digest, plan_drafts, plan_refusal
+from services.planner.sessions._plans import (
+    marked,
+    plan_digest,
+    plan_drafts,
+    plan_outline,
+    plan_refusal,
+)
 from services.planner.store import Step
 
 __all__ = ["PlanTrack"]
@@ -41,28 +47,44 @@ class PlanTrack:
         self.approved: tuple[list[PlanStep], int] | None = None
         self.reasons: dict[str, str] = {}
 
+    def _plans(self, recorded: dict[int, StepRecord]) -> bool:
+        # The turn plans if its session does, or the model marked a selection consequential.
+        return self.planning or marked(_steps(recorded))
+
     def refusal(self, recorded: dict[int, StepRecord],
                 decision: SelectCapability) -> tuple[str, str] | None:
         """The refusal the loop's plan check gives the selection just recorded, if any."""
-        if not self.planning:
+        if not self._plans(recorded):
             return None
-        return plan_refusal(_steps(recorded), self.approved, decision)
+        taken = plan_refusal(_steps(recorded), self.approved, decision)
+        return None if isinstance(taken, PlanStep) else taken
 
-    def drafts(self, recorded: dict[int, StepRecord]) -> list[PlanStep]:
+    def request(self, recorded: dict[int, StepRecord],
+                decision: SelectCapability) -> dict[str, Any] | None:
+        """The plan's frozen request an approved step sends in place of the model's spelling
+        (None: no plan governs the selection, or it was frozen before requests were kept)."""
+        if not self._plans(recorded) or self.approved is None:
+            return None
+        taken = plan_refusal(_steps(recorded), self.approved, decision)
+        return taken.request if isinstance(taken, PlanStep) else None
+
+    def drafts(self, recorded: dict[int, StepRecord]) -> list[tuple[str, dict[str, Any]]]:
         """The plan an answer just recorded freezes (empty: the answer ends the turn)."""
-        if not self.planning:
+        if not self._plans(recorded):
             return []
         return plan_drafts(_steps(recorded), None if self.approved is None
                            else self.approved[1])
 
     def proposal_differs(self, entry: PlanProposed, step: int,
-                         expected: list[PlanStep]) -> str | None:
+                         expected: list[tuple[str, dict[str, Any]]]) -> str | None:
         """Record a captured plan; what in it differs from the selections it froze, if
         anything."""
         plan = entry.plan
         self.proposed[plan.plan_id] = (entry, step)
-        if _canon(plan.steps) != _canon(expected):
-            return f"plan {plan.plan_id} with steps {_canon(plan.steps).decode()}"
+        held = _canon([[s.capability, s.request if s.request is not None else s.arguments]
+                       for s in plan.steps])
+        if held != plan_outline(expected):
+            return f"plan {plan.plan_id} with steps {held.decode()}"
         if plan.digest != plan_digest(list(plan.steps)):
             return f"plan {plan.plan_id} whose digest {plan.digest} is not its steps' sha256"
         return None

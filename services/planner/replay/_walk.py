@@ -321,10 +321,12 @@ class Walk:
             elif callee is not None:
                 self.expect = _Expect(what="call", step=d.seq, action=callee,
                                       arguments=decision.arguments)
-            else:
+            else:  # an approved plan's step sends the plan's frozen request
+                planned = self.plans.request(self.steps, decision)
                 self.expect = _Expect(what="propose", step=d.seq,
                                       action=action_name(decision.capability)[:512],
-                                      arguments=decision.arguments)
+                                      arguments=decision.arguments if planned is None
+                                      else planned)
 
     def critic(self, c: CriticEntry) -> None:
         ex = self.expect

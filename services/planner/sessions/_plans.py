@@ -1,24 +1,32 @@
-"""Plan-mode (DESIGN.md §6, seed 000 scenario B): a plan-mode session's turn first plans, then,
-once the user approved the plan by its id, acts — every call still decided by `decide` where
-it is made (approving is consent, not an authorisation: "a plan step carries no approval of
-its own").
+"""Plan-mode (DESIGN.md §6, seed 000 scenario B): a plan-mode turn first plans, then, once the
+user approved the plan by its id, acts — every call still decided by `decide` where it is made
+(approving is consent, not an authorisation: "a plan step carries no approval of its own").
 
+- Which turns plan: every turn of a session opened in plan-mode (asked for by the session, or
+  by the agent's manifest), and a turn in which the model marked a selection `consequential`
+  (`SelectCapability.consequential`): that selection and every later one of the turn are
+  planned. The mark can only ask for a plan: a `false` never leaves plan-mode, and a turn the
+  session or the manifest makes plan is planned whatever the model marks.
 - Planning: each `select_capability` the model makes is recorded as the plan's next step
-  and observed as `PLANNED` — nothing runs. For an action the step holds what the action's
-  contract resolves from the model's request, read-only (`resolved`: decoded strictly,
-  NFC-normalised as admission normalises it, its defaults and derived values filled in, and
-  its preview), not the model's raw arguments; an action whose preview stands on facts has its
-  decoded request frozen and its preview left to admission, which reads the facts. When the
-  model answers, the steps are frozen, hashed (sha256 of their canonical JSON) and given an
-  opaque id; the turn waits for the user (`pending_id` = the plan's id).
+  and observed as `PLANNED` — nothing runs. The step holds what the action's contract
+  resolves (`_resolve.py`): the request as it will be sent, the frozen arguments and the
+  preview, read-only, from the facts admission would read for it; for a read or an agent call,
+  its arguments normalised. When the model answers, the steps are frozen, hashed (sha256 of
+  their canonical JSON) and given an opaque id; the turn waits for the user (`pending_id` =
+  the plan's id).
 - Approved: the model is told (an observation) and acts; each selection must be the plan's
-  next step — the same capability whose arguments resolve the same (however the model wrote
-  them) — or it is refused as `NOT_IN_PLAN` and observed as such (nothing runs).
-- Revised: a refused deviation is also recorded as a step of a revised plan, and so is every
-  further selection that is not the approved plan's next step; the model may still take that
-  step (the drafts since the last step taken are then dropped). If it answers with drafts
-  recorded, they are frozen as a new plan (its own id and digest) and the turn waits for the
-  user again: a revised plan runs only once approved, and then governs the rest of the turn.
+  next step — the same capability whose request decodes the same (however the model wrote
+  it) — or it is refused as `NOT_IN_PLAN` and observed as such (nothing runs). What is then
+  sent is the plan's frozen request, not the model's spelling of it. A facts-bound step has
+  its facts read and resolved again as the model takes it (once, in the transaction that
+  records the model's decision): if its arguments or preview differ from the approved ones, it
+  is refused as `PLAN_STALE` (fail closed: nothing reaches admission).
+- Revised: a refused deviation or stale step is also recorded as a step of a revised plan, and
+  so is every further selection that is not the approved plan's next step; the model may still
+  take that step (the drafts since the last step taken are then dropped). If it answers with
+  drafts recorded, they are frozen as a new plan (its own id and digest, its previews from the
+  facts now) and the turn waits for the user again: a revised plan runs only once approved,
+  and then governs the rest of the turn.
 - Rejected: the turn ends `REJECTED` with the user's reason, which Writ writes into the session
   as the next turn's context.
 """
@@ -27,23 +35,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import unicodedata
 import uuid
 from typing import Any, Final
 
 import msgspec
 
-from actions import ACTIONS
-from actions.base import Invalid
+from schemas.planner import preview_digest
 from schemas.sessions import PlanDecided, PlanProposed, PlanStep, PlanView, WriterNote
 from services.planner.observations import ReviewAnswered, observation_of
 from services.planner.provider import SelectCapability
+from services.planner.sessions._resolve import (
+    PlanFacts,
+    canonical,
+    changed,
+    contract_of,
+    request_of,
+    resolve,
+)
 from services.planner.sessions._store import SessionRow, SessionStore
 from services.planner.sessions.logic import is_turn_run, turn_of
 from services.planner.store import PlannerStore, RunRow, Step
 
-__all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_REJECTED", "PLAN_WAIT", "Plans",
-           "plan_digest", "plan_drafts", "plan_refusal", "resolved"]
+__all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_REJECTED", "PLAN_STALE", "PLAN_WAIT",
+           "PlanCheck", "Plans", "marked", "plan_digest", "plan_drafts", "plan_outline",
+           "plan_refusal"]
 
 PLAN_PREFIX: Final = "plan-"
 # What a turn says while its plan waits for the user, and a rejection's reason when none given.
@@ -51,6 +66,9 @@ PLAN_WAIT: Final = "the plan waits for the user's approval"
 PLAN_REJECTED: Final = "the user rejected the plan"
 PLANNED: Final = "PLANNED"
 NOT_IN_PLAN: Final = "NOT_IN_PLAN"
+# An approved facts-bound step whose facts changed since: refused, a revised plan may follow.
+PLAN_STALE: Final = "PLAN_STALE"
+_DEVIATIONS: Final = (NOT_IN_PLAN, PLAN_STALE)
 _COLUMNS: Final = "plan_id, session_id, tenant, turn, run_id, step, state, digest, steps, reason"
 
 
@@ -59,37 +77,18 @@ def plan_digest(steps: list[PlanStep]) -> str:
     return hashlib.sha256(msgspec.json.encode(steps, order="sorted")).hexdigest()
 
 
-def _nfc(value: Any) -> Any:
-    """NFC, as admission normalises a request before freezing it: "é" typed two ways is one."""
-    if isinstance(value, str):
-        return unicodedata.normalize("NFC", value)
-    if isinstance(value, dict):
-        return {_nfc(k): _nfc(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_nfc(v) for v in value]
-    return value
+class PlanCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """What a plan makes of a selection: refused (`(check, reason)`), or `decision` to act on,
+    with `plan_preview` for admission (the digest of the preview the plan showed for it)."""
+
+    decision: SelectCapability
+    refused: tuple[str, str] | None = None
+    plan_preview: str | None = None
 
 
-def resolved(capability: str,
-             arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(arguments, preview) a plan step freezes for a selection: for an action, what its
-    contract resolves from the request (read-only, no facts read: an action whose preview
-    stands on facts keeps its decoded request and an empty preview, admission resolving the
-    rest against the facts it reads); for anything else, or a request the contract refuses
-    (admission will refuse it too), the arguments as written, NFC-normalised."""
-    contract = ACTIONS.get(capability)
-    written = _nfc(dict(arguments))
-    if contract is None:
-        return written, {}
-    try:
-        request = contract.decode_request(written)
-        if contract.facts_ref(request) is not None:
-            return _nfc(msgspec.to_builtins(request)), {}
-        frozen = contract.checked(contract.resolve(request, None))
-    except (Invalid, msgspec.ValidationError):
-        return written, {}
-    return (_nfc(msgspec.to_builtins(frozen.arguments)),
-            _nfc(msgspec.to_builtins(frozen.preview)))
+def marked(steps: list[Step]) -> bool:
+    """Whether the model marked a selection of this run `consequential` (the turn plans)."""
+    return any(s.kind == "decision" and s.payload.get("consequential") is True for s in steps)
 
 
 def _view(row: Any) -> PlanView:
@@ -99,11 +98,12 @@ def _view(row: Any) -> PlanView:
                     reason=row["reason"])
 
 
-def _selections(steps: list[Step], check: str, after: int = -1) -> list[Step]:
-    """The decisions after `after` whose observation was the runtime's `check` refusal."""
+def _selections(steps: list[Step], *checks: str, after: int = -1) -> list[Step]:
+    """The decisions after `after` whose observation was one of the runtime's `checks`
+    refusals."""
     by_seq = {s.seq: s for s in steps}
     return [by_seq[s.seq - 1] for s in steps
-            if s.seq > after and s.kind == "observation" and s.payload.get("refused") == check
+            if s.seq > after and s.kind == "observation" and s.payload.get("refused") in checks
             and by_seq.get(s.seq - 1) is not None]
 
 
@@ -116,15 +116,17 @@ def _progress(steps: list[Step], plan_step: int) -> tuple[list[Step], list[Step]
     done = [s for s in steps if s.seq > approved_at and s.kind == "observation"
             and s.payload.get("refused") is None and s.payload.get("review") is None]
     since = done[-1].seq if done else approved_at
-    return done, _selections(steps, NOT_IN_PLAN, after=since)
+    return done, _selections(steps, *_DEVIATIONS, after=since)
 
 
 def plan_refusal(steps: list[Step], approved: tuple[list[PlanStep], int] | None,
-                 decision: SelectCapability) -> tuple[str, str] | None:
+                 decision: SelectCapability) -> tuple[str, str] | PlanStep | None:
     """A planning turn's selection at the end of `steps`, given the plan approved for the
-    turn (its steps and the step it was frozen at) if any: `PLANNED` while planning,
-    `NOT_IN_PLAN` if it is not the approved plan's next step, None if it is (pure: the loop
-    and `writ audit replay` both ask it)."""
+    turn (its steps and the step it was frozen at) if any: refused `PLANNED` while planning,
+    `NOT_IN_PLAN` if it is not the approved plan's next step (same capability, a request that
+    decodes the same however the model wrote it); else the approved step it takes (pure: the
+    loop and `writ audit replay` both ask it; the loop then reads a facts-bound step's facts
+    again, which replay cannot)."""
     if approved is None:
         index = len(_selections(steps, PLANNED)) + 1
         return PLANNED, (f"recorded as step {index} of the plan; nothing runs before the "
@@ -138,43 +140,55 @@ def plan_refusal(steps: list[Step], approved: tuple[list[PlanStep], int] | None,
         return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken"
                              + revision)[:512]
     expected = planned[index]
+    request, _ = request_of(decision.capability, decision.arguments)
     if expected.capability != decision.capability or (
-            msgspec.json.encode(expected.arguments, order="sorted")
-            != msgspec.json.encode(resolved(decision.capability, decision.arguments)[0],
-                                   order="sorted")):
-        return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is "
-                             f"{expected.capability} with its own arguments; this call "
-                             "is not in the plan" + revision)[:512]
-    return None
+            canonical(expected.request if expected.request is not None
+                      else expected.arguments) != canonical(request)):
+        return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is {expected.capability} "
+                             "with its own arguments; this call is not in the plan"
+                             + revision)[:512]
+    return expected
 
 
-def plan_drafts(steps: list[Step], approved_step: int | None) -> list[PlanStep]:
-    """The steps a planning turn's answer freezes as a plan (empty: it planned nothing): its
-    `PLANNED` selections, or under the plan approved at `approved_step` the revised plan's
-    drafts, each resolved by its action's contract (pure, like `plan_refusal`)."""
+def plan_drafts(steps: list[Step], approved_step: int | None) -> list[tuple[str, dict[str, Any]]]:
+    """(capability, arguments as the model wrote them) of each step a planning turn's answer
+    freezes as a plan (empty: it planned nothing): its `PLANNED` selections, or under the plan
+    approved at `approved_step` the revised plan's drafts (pure, like `plan_refusal`)."""
     chosen = (_selections(steps, PLANNED) if approved_step is None
               else _progress(steps, approved_step)[1])
-    plan_steps = []
-    for i, s in enumerate(chosen):
-        capability = str(s.payload.get("capability", ""))[:512]
-        arguments, preview = resolved(capability, dict(s.payload.get("arguments") or {}))
-        plan_steps.append(PlanStep(index=i, capability=capability, arguments=arguments,
-                                   preview=preview))
-    return plan_steps
+    return [(str(s.payload.get("capability", ""))[:512], dict(s.payload.get("arguments") or {}))
+            for s in chosen]
+
+
+def plan_outline(drafts: list[tuple[str, dict[str, Any]]]) -> bytes:
+    """What of a plan its drafts alone decide (each step's capability and request; the
+    arguments and preview stand on facts read when it was frozen): how replay checks a
+    captured plan."""
+    return canonical([[c, request_of(c, a)[0]] for c, a in drafts])
 
 
 class Plans:
     """Plans of plan-mode sessions, read and written in the run's or the session's
     transaction."""
 
-    def __init__(self, *, sessions: SessionStore) -> None:
-        self._sessions = sessions
+    def __init__(self, *, sessions: SessionStore, facts: PlanFacts | None = None) -> None:
+        self._sessions, self._facts = sessions, facts
 
-    async def _planning_session(self, conn: Any, run: RunRow) -> SessionRow | None:
+    async def _planning_session(self, conn: Any, run: RunRow,
+                                steps: list[Step]) -> SessionRow | None:
+        """The session whose turn this run is, if the turn plans: the session (or its agent's
+        manifest) asks for plan-mode, or the model marked a selection of the turn
+        consequential (a mark can only add a plan, never skip one)."""
         if not is_turn_run(run.run_id):
             return None
         session = await self._sessions.get(conn, turn_of(run.run_id)[0])
-        return session if session is not None and session.plan_mode else None
+        if session is None:
+            return None
+        return session if session.plan_mode or marked(steps) else None
+
+    async def _resolve(self, tenant: str, capability: str, arguments: dict[str, Any]) -> Any:
+        return await resolve(capability, arguments,
+                             None if self._facts is None else self._facts.reader(tenant))
 
     async def approved(self, conn: Any, run_id: str) -> Any:
         """The plan approved for this turn's run, if any."""
@@ -183,26 +197,59 @@ class Plans:
                                    run_id)
 
     async def check(self, conn: Any, run: RunRow, steps: list[Step],
-                    decision: SelectCapability) -> tuple[str, str] | None:
+                    decision: SelectCapability, *, fresh: bool) -> PlanCheck:
         """A plan-mode turn's selection: recorded as a step while planning, refused if it is
-        not the approved plan's next step; None when no plan governs the run."""
-        if await self._planning_session(conn, run) is None:
-            return None
+        not the approved plan's next step or, for a facts-bound step the model has just chosen
+        (`fresh`), if its facts no longer resolve to what was approved; else to be acted on
+        with the plan's frozen request in place of the model's spelling of it, and its
+        preview's digest for admission to hold it to."""
+        if await self._planning_session(conn, run, steps) is None:
+            return PlanCheck(decision=decision)
         plan = await self.approved(conn, run.run_id)
         approved = None if plan is None else (
             msgspec.convert(json.loads(plan["steps"]), list[PlanStep]), int(plan["step"]))
-        return plan_refusal(steps, approved, decision)
+        taken = plan_refusal(steps, approved, decision)
+        if not isinstance(taken, PlanStep):
+            return PlanCheck(decision=decision, refused=taken)
+        expected = taken
+        if expected.request is None:  # a plan frozen before its requests were kept
+            return PlanCheck(decision=decision)
+        _, typed = request_of(decision.capability, decision.arguments)
+        contract = contract_of(decision.capability)
+        if fresh and contract is not None and typed is not None and (
+                contract.facts_ref(typed) is not None):
+            now = await self._resolve(run.tenant, decision.capability, expected.request)
+            stale = changed(expected.arguments, expected.preview, now)
+            if stale is not None:
+                _, drafts = _progress(steps, int(plan["step"]))
+                return PlanCheck(decision=decision, refused=(
+                    PLAN_STALE, (f"step {expected.index + 1} of the approved plan is stale: "
+                                 f"{stale}; nothing runs; recorded as step {len(drafts) + 1} "
+                                 "of a revised plan, which runs only once the user approves "
+                                 "it (answer to propose it)")[:512]))
+        return PlanCheck(decision=msgspec.structs.replace(decision, arguments=expected.request),
+                         plan_preview=preview_digest(expected.preview)
+                         if contract is not None and expected.preview else None)
 
     async def freeze(self, conn: Any, run: RunRow, steps: list[Step], seq: int) -> str | None:
         """A planning turn's answer: its recorded steps frozen as a plan (its id), or None if
         the run is not planning or planned nothing."""
-        session = await self._planning_session(conn, run)
+        session = await self._planning_session(conn, run, steps)
         if session is None:
             return None
+        frozen = await conn.fetchval("SELECT plan_id FROM planner.plans WHERE run_id = $1 "
+                                     "AND step = $2", run.run_id, seq)
+        if frozen is not None:  # frozen already (a redelivery): its facts are not read again
+            return str(frozen)
         approved = await self.approved(conn, run.run_id)
-        plan_steps = plan_drafts(steps, None if approved is None else int(approved["step"]))
-        if not plan_steps:
+        drafts = plan_drafts(steps, None if approved is None else int(approved["step"]))
+        if not drafts:
             return None
+        plan_steps = []
+        for i, (capability, arguments) in enumerate(drafts):
+            step = await self._resolve(run.tenant, capability, arguments)
+            plan_steps.append(PlanStep(index=i, capability=capability, arguments=step.arguments,
+                                       preview=step.preview, request=step.request))
         digest = plan_digest(plan_steps)
         plan_id = await conn.fetchval(
             "INSERT INTO planner.plans (plan_id, session_id, tenant, turn, run_id, step, state, "

@@ -57,6 +57,7 @@ from services.planner.progress import step_recorded
 from services.planner.sessions._inflight import InFlightCalls, ModelCallAbandoned, cancelled_before
 from services.planner.sessions._listen import listen
 from services.planner.sessions._plans import PLAN_PREFIX, Plans
+from services.planner.sessions._resolve import PlanFacts
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
 from services.planner.snapshot import agent_call_target
@@ -105,7 +106,8 @@ class SessionTurns:
                  register_timeout_s: float = 2.0) -> None:
         self._nc, self._js, self._store = nc, js, store
         self._register_timeout = register_timeout_s
-        self.plans = Plans(sessions=store)
+        # (a plan step's preview reads the facts as admission does, from their readers)
+        self.plans = Plans(sessions=store, facts=PlanFacts(nc=nc))
         self.in_flight = InFlightCalls(nc=nc)  # model calls a close abandons
 
     @property
