@@ -900,7 +900,7 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
 
 
 async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_nothing(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
         payments: httpx.Client) -> None:
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
@@ -945,6 +945,12 @@ async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_no
     assert done["messages"][-1]["text"] == "Refunded 20.00 EUR."
     [refund] = _refunds(payments, payment_id)
     assert refund["amount_cents"] == 2000
+    # Replay reads no facts: it accepts the recorded PLAN_STALE refusal of the approved
+    # step in place of its proposal, and walks the revised plan to the one refund.
+    await sealed(db, run_id)
+    replay = writ_audit(stack, "replay", sid)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"run {run_id}: IDENTICAL" in replay.stdout
 
 
 async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling(

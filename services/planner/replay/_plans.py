@@ -21,6 +21,8 @@ from schemas.sessions import PlanDecided, PlanProposed, PlanStep
 from services.planner.journal_entries import PlanRecord, StepRecord
 from services.planner.provider import SelectCapability
 from services.planner.sessions._plans import (
+    PLAN_STALE,
+    facts_bound,
     marked,
     plan_digest,
     plan_drafts,
@@ -29,7 +31,7 @@ from services.planner.sessions._plans import (
 )
 from services.planner.store import Step
 
-__all__ = ["PlanTrack"]
+__all__ = ["PLAN_STALE", "PlanTrack"]
 
 
 def _steps(recorded: dict[int, StepRecord]) -> list[Step]:
@@ -67,6 +69,12 @@ class PlanTrack:
             return None
         taken = plan_refusal(_steps(recorded), self.approved, decision)
         return taken.request if isinstance(taken, PlanStep) else None
+
+    def may_be_stale(self, recorded: dict[int, StepRecord], decision: SelectCapability) -> bool:
+        """Whether the loop may have refused this approved step `PLAN_STALE` (its facts are
+        read again when it is taken; replay reads none, so it accepts either)."""
+        return self.request(recorded, decision) is not None and facts_bound(
+            decision.capability, decision.arguments)
 
     def drafts(self, recorded: dict[int, StepRecord]) -> list[tuple[str, dict[str, Any]]]:
         """The plan an answer just recorded freezes (empty: the answer ends the turn)."""

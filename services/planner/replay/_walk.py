@@ -49,7 +49,7 @@ from services.planner.provider import (
     RequestCapabilities,
     RequestHumanReview,
 )
-from services.planner.replay._plans import PlanTrack
+from services.planner.replay._plans import PLAN_STALE, PlanTrack
 from services.planner.sessions._plans import PLAN_REJECTED, PLAN_WAIT
 from services.planner.snapshot import (
     agent_call_target,
@@ -326,7 +326,9 @@ class Walk:
                 self.expect = _Expect(what="propose", step=d.seq,
                                       action=action_name(decision.capability)[:512],
                                       arguments=decision.arguments if planned is None
-                                      else planned)
+                                      else planned,
+                                      code=PLAN_STALE if self.plans.may_be_stale(
+                                          self.steps, decision) else None)
 
     def critic(self, c: CriticEntry) -> None:
         ex = self.expect
@@ -377,9 +379,10 @@ class Walk:
     def observation(self, o: ObservationEntry) -> None:
         ex = self.expect
         gap = self.at_step(o.seq, "observation")
+        stale = ex.what == "propose" and ex.code == PLAN_STALE  # may be refused instead
         if not gap and ex.what != "unknown" and not (
-                ex.what in ("output", "read", "call", "refuse", "reviewing", "replan",
-                            "plan-approved") and o.step == ex.step):
+                (stale or ex.what in ("output", "read", "call", "refuse", "reviewing", "replan",
+                                      "plan-approved")) and o.step == ex.step):
             self.diverged(ex.step if ex.step is not None else o.step, str(ex),
                           f"a tool output of step {o.step}")
         self.next_seq = o.seq + 1
@@ -423,7 +426,8 @@ class Walk:
             if ex.what == "refuse" and (output.check, output.reason) != (ex.code, ex.reason):
                 self.diverged(o.step, str(ex), f"the runtime refused {output.target} "
                                                f"({output.check}: {show(output.reason)})")
-            elif ex.what in ("propose", "output"):
+            elif ex.what in ("propose", "output") and not (
+                    ex.what == "propose" and ex.code == PLAN_STALE == output.check):
                 self.diverged(o.step, str(ex), f"the runtime refused {output.target}")
             self.expect = _Expect(what="decide")
             return

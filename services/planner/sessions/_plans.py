@@ -57,8 +57,8 @@ from services.planner.sessions.logic import is_turn_run, turn_of
 from services.planner.store import PlannerStore, RunRow, Step
 
 __all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_REJECTED", "PLAN_STALE", "PLAN_WAIT",
-           "PlanCheck", "Plans", "marked", "plan_digest", "plan_drafts", "plan_outline",
-           "plan_refusal"]
+           "PlanCheck", "Plans", "facts_bound", "marked", "plan_digest", "plan_drafts",
+           "plan_outline", "plan_refusal"]
 
 PLAN_PREFIX: Final = "plan-"
 # What a turn says while its plan waits for the user, and a rejection's reason when none given.
@@ -160,6 +160,14 @@ def plan_drafts(steps: list[Step], approved_step: int | None) -> list[tuple[str,
             for s in chosen]
 
 
+def facts_bound(capability: str, arguments: dict[str, Any]) -> bool:
+    """Whether an approved step's selection reads facts when taken (and may then be refused
+    `PLAN_STALE`, which replay, reading no facts, accepts in place of its proposal)."""
+    contract = contract_of(capability)
+    _, typed = request_of(capability, arguments)
+    return contract is not None and typed is not None and contract.facts_ref(typed) is not None
+
+
 def plan_outline(drafts: list[tuple[str, dict[str, Any]]]) -> bytes:
     """What of a plan its drafts alone decide (each step's capability and request; the
     arguments and preview stand on facts read when it was frozen): how replay checks a
@@ -214,10 +222,8 @@ class Plans:
         expected = taken
         if expected.request is None:  # a plan frozen before its requests were kept
             return PlanCheck(decision=decision)
-        _, typed = request_of(decision.capability, decision.arguments)
         contract = contract_of(decision.capability)
-        if fresh and contract is not None and typed is not None and (
-                contract.facts_ref(typed) is not None):
+        if fresh and facts_bound(decision.capability, decision.arguments):
             now = await self._resolve(run.tenant, decision.capability, expected.request)
             stale = changed(expected.arguments, expected.preview, now)
             if stale is not None:
