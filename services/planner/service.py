@@ -406,6 +406,11 @@ class PlannerService(PersonWaits):
                 return [await self._model_failed(conn, run, steps, finished, exc)]
             last, fresh = steps[-1], True
         if isinstance(decision, AnswerDirectly):
+            if fresh and self._sessions is not None and await self._sessions.plans.planning(
+                    conn, run, steps):
+                # The answer is committed before its plan is frozen: the facts a plan's
+                # preview reads may fail to be read, and are then read again, not the model.
+                return AGAIN
             if self._sessions is not None and (
                     plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)):
                 return await self._wait_for_person(  # the plan waits for the user's answer
@@ -435,7 +440,8 @@ class PlannerService(PersonWaits):
                                     arguments=decision.arguments)
         plan_preview = None
         if refused is None and self._sessions is not None:  # a plan-mode turn's plan
-            planned = await self._sessions.plans.check(conn, run, steps, decision, fresh=fresh)
+            planned = await self._sessions.plans.check(conn, run, steps, decision,
+                                                       read_facts=not fresh)
             refused, decision, plan_preview = (planned.refused, planned.decision,
                                                planned.plan_preview)
         if refused is not None:

@@ -953,6 +953,64 @@ async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_no
     assert f"run {run_id}: IDENTICAL" in replay.stdout
 
 
+async def decisions_of(db: asyncpg.Connection, run_id: str) -> int:
+    return int(await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1 "
+                                 "AND kind = 'decision'", run_id))
+
+
+async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_again(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        payments: httpx.Client) -> None:
+    # The dispatcher, the only reader of a payment, is down while the plan is frozen and
+    # again while its approved step is taken: each model answer is committed first, and the
+    # facts are read again once it is back; the model is asked once per step, no more.
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
+    opened = await api.post("/sessions", json={"agent": "refund-chat", "plan_mode": True},
+                            headers=key())
+    sid = opened.json()["session_id"]
+    asked = {"payment_id": payment_id, "line_id": "L2"}
+    before = len(model_requests(model))
+
+    async def down_until(decisions: int) -> None:
+        with anyio.fail_after(40):
+            while await decisions_of(db, run_id) < decisions:
+                await anyio.sleep(0.1)
+        await anyio.sleep(3)  # the delivery is retried meanwhile, and fails to read
+        assert len(model_requests(model)) - before == decisions
+
+    stack.stop_process("dispatcher")
+    try:
+        script(model, select("payment.refund", asked), answer("Plan: refund 15.00 EUR."))
+        sent = await send(api, sid, "Refund the missing sibling discount.")
+        run_id = sent.json()["run_id"]
+        await down_until(2)
+        assert (await view(api, sid))["plans"] == []
+    finally:
+        stack.start_instance("dispatcher", "dispatcher")
+        await stack.wait_ready(("dispatcher",))
+    plan = await proposed_plan(api, sid)
+    assert plan["steps"][0]["preview"]["amount_cents"] == 1500
+    assert len(model_requests(model)) - before == 2
+    stack.stop_process("dispatcher")
+    try:
+        script(model, select("payment.refund", asked), answer("Refunded 15.00 EUR."))
+        approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
+        assert approved.status_code == 200, approved.text
+        await down_until(3)
+        assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
+                                 run_id) == 0
+    finally:
+        stack.start_instance("dispatcher", "dispatcher")
+        await stack.wait_ready(("dispatcher",))
+    done = await until(api, sid, turn_ended(1), timeout=90)
+    assert done["messages"][-1]["text"] == "Refunded 15.00 EUR."
+    assert len(model_requests(model)) - before == 4
+    [refund] = _refunds(payments, payment_id)
+    assert refund["amount_cents"] == 1500
+    assert [o.get("refused") for o in await observations(db, run_id)][:1] == ["PLANNED"]
+
+
 async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling(
         api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
         crm: httpx.Client, host: Host) -> None:

@@ -194,6 +194,10 @@ class Plans:
             return None
         return session if session.plan_mode or marked(steps) else None
 
+    async def planning(self, conn: Any, run: RunRow, steps: list[Step]) -> bool:
+        """Whether this run is a turn that plans (its answer may freeze a plan)."""
+        return await self._planning_session(conn, run, steps) is not None
+
     async def _resolve(self, tenant: str, capability: str, arguments: dict[str, Any]) -> Any:
         return await resolve(capability, arguments,
                              None if self._facts is None else self._facts.reader(tenant))
@@ -205,10 +209,11 @@ class Plans:
                                    run_id)
 
     async def check(self, conn: Any, run: RunRow, steps: list[Step],
-                    decision: SelectCapability, *, fresh: bool) -> PlanCheck:
+                    decision: SelectCapability, *, read_facts: bool) -> PlanCheck:
         """A plan-mode turn's selection: recorded as a step while planning, refused if it is
-        not the approved plan's next step or, for a facts-bound step the model has just chosen
-        (`fresh`), if its facts no longer resolve to what was approved; else to be acted on
+        not the approved plan's next step or, for a facts-bound step about to be taken
+        (`read_facts`: its selection is committed, so a failed read is retried without asking
+        the model again), if its facts no longer resolve to what was approved; else to be acted on
         with the plan's frozen request in place of the model's spelling of it, and its
         preview's digest for admission to hold it to."""
         if await self._planning_session(conn, run, steps) is None:
@@ -223,7 +228,7 @@ class Plans:
         if expected.request is None:  # a plan frozen before its requests were kept
             return PlanCheck(decision=decision)
         contract = contract_of(decision.capability)
-        if fresh and facts_bound(decision.capability, decision.arguments):
+        if read_facts and facts_bound(decision.capability, decision.arguments):
             now = await self._resolve(run.tenant, decision.capability, expected.request)
             stale = changed(expected.arguments, expected.preview, now)
             if stale is not None:
