@@ -567,10 +567,13 @@ async def test_a_planner_killed_during_a_model_call_continues_the_turn_after_res
     sid = await open_session(api, "chat-assistant")
     before = len(model_requests(model))
     script(model, select("crm.note.create", NOTE))
-    model.post("/_control/mode", json={"mode": "lose_response", "count": 1}).raise_for_status()
+    # The answer is used up and streams so slowly that the planner is killed mid-call (a
+    # lost response would be retried at once, sometimes before the kill).
+    model.post("/_control/mode", json={"mode": "slow_stream", "delay_s": 5,
+                                       "count": 1}).raise_for_status()
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
-    with anyio.fail_after(30):  # the model was asked; its answer never comes back
+    with anyio.fail_after(30):  # the model was asked; its answer never comes back whole
         while len(model_requests(model)) == before:
             await anyio.sleep(0.05)
     restart_planner(stack)
