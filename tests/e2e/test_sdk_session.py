@@ -165,9 +165,9 @@ async def test_a_plan_approved_and_one_rejected_through_the_sdk_with_streamed_te
         deltas = [e for e in first + rest if isinstance(e, TextDelta)]
         assert len(deltas) >= 2 and all(e.n == 0 for e in deltas)
         assert ended.answer in streamed(first + rest)
-        with pytest.raises(WritError) as again:  # answered: no plan waits under its id
+        with pytest.raises(WritError) as again:  # answered already: it stays as answered
             await session.reject_plan(proposed.plan.plan_id, "too late")
-        assert (again.value.code, again.value.status) == ("NOT_FOUND", 404)
+        assert (again.value.code, again.value.status) == ("PLAN_ANSWERED", 409)
 
         other = await client.open_session("chat-assistant", plan_mode=True)
         events = await turn_events(other, "Please note the shipment update", until=PlanProposed)

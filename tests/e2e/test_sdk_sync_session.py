@@ -146,6 +146,6 @@ def test_a_plan_approved_and_one_rejected_through_the_sync_client(
     ended = until(other, TurnEnded)[-1]
     assert isinstance(ended, TurnEnded) and (ended.status, ended.code) == ("failed", "REJECTED")
     assert commands_of(stack, ended.run_id) == []
-    with pytest.raises(WritError) as again:  # answered: no plan waits under its id
+    with pytest.raises(WritError) as again:  # answered already: it stays as answered
         client.reject_plan(proposed.plan.plan_id, "too late")
-    assert (again.value.code, again.value.status) == ("NOT_FOUND", 404)
+    assert (again.value.code, again.value.status) == ("PLAN_ANSWERED", 409)

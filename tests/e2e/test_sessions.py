@@ -683,7 +683,7 @@ async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
             < types.index("StepAdmitted") < types.index("StepDispatched")
             < types.index("StepOutcome"))
     again = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-    assert again.status_code == 404  # answered already: nothing waits under it
+    assert (again.status_code, again.json()["code"]) == (409, "PLAN_ANSWERED")
 
 
 async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_context(
@@ -743,6 +743,12 @@ async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_i
     assert [(s["capability"], s["arguments"]) for s in new["steps"]] == [
         ("crm.note.create", other)]
     assert new["digest"] != old["digest"]
+    # The approved plan cannot be answered again, either way: 409, and it stays approved.
+    for again in ("approve", "reject"):
+        answered = await api.post(f"/plans/{plan['plan_id']}/{again}", json={}, headers=key())
+        assert (answered.status_code, answered.json()["code"]) == (409, "PLAN_ANSWERED")
+    assert await db.fetchval("SELECT state FROM planner.plans WHERE plan_id = $1",
+                             plan["plan_id"]) == "approved"
     refusals = [json.loads(r["payload"]) for r in await db.fetch(
         "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
         "ORDER BY seq", run_id)]
@@ -761,7 +767,7 @@ async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_i
     assert [n["body"] for n in notes_for(crm, f"acme:{op['operation_id']}")] == [first["body"]]
     # The first approval does not cover the revision; the revised plan's own approval does.
     stale = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-    assert stale.status_code == 404
+    assert (stale.status_code, stale.json()["code"]) == (409, "PLAN_ANSWERED")
     script(model, select("crm.note.create", other), answer("Done as revised."))
     approved = await api.post(f"/plans/{new['plan_id']}/approve", json={}, headers=key())
     assert (approved.status_code, approved.json()["state"]) == (200, "approved")

@@ -46,8 +46,8 @@ _AUTH: Final = "UNAUTHENTICATED, UNKNOWN_TENANT, BAD_SIGNATURE, TOKEN_EXPIRED or
 _WRITE_ERRORS: Final = problems(
     s401=_AUTH, s404="NOT_FOUND: no such session of the caller",
     s409="SESSION_BUSY (a turn is in flight: nothing applied), SESSION_PAUSED, "
-         "SESSION_CLOSED, INVALID_TRANSITION, or CONFLICT (the Idempotency-Key was used with "
-         "another body)",
+         "SESSION_CLOSED, INVALID_TRANSITION, PLAN_ANSWERED (the plan was approved or "
+         "rejected already), or CONFLICT (the Idempotency-Key was used with another body)",
     s413="TOO_LARGE")
 
 

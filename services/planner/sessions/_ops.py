@@ -35,7 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.sessions._plans import PLAN_WAIT
+from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready
 from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
@@ -250,6 +250,8 @@ class SessionOpsEndpoint:
                         plan_id=op.plan_id, approve=op.op == "approve_plan", reason=op.reason)
                 except LookupError as exc:
                     raise _Refused("NOT_FOUND", str(exc)) from exc
+                except PlanAnsweredAlready as exc:
+                    raise _Refused("PLAN_ANSWERED", str(exc)) from exc
         await self._turns.wake(session.tenant, run_id, f"plan-{plan.plan_id}")
         await self._turns.flush(session.session_id)
         return SessionReply(ok=True, plan=PlanAnswered(plan_id=plan.plan_id,

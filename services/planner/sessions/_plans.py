@@ -57,8 +57,8 @@ from services.planner.sessions.logic import is_turn_run, turn_of
 from services.planner.store import PlannerStore, RunRow, Step
 
 __all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_REJECTED", "PLAN_STALE", "PLAN_WAIT",
-           "PlanCheck", "Plans", "facts_bound", "marked", "plan_digest", "plan_drafts",
-           "plan_outline", "plan_refusal"]
+           "PlanAnsweredAlready", "PlanCheck", "Plans", "facts_bound", "marked", "plan_digest",
+           "plan_drafts", "plan_outline", "plan_refusal"]
 
 PLAN_PREFIX: Final = "plan-"
 # What a turn says while its plan waits for the user, and a rejection's reason when none given.
@@ -158,6 +158,10 @@ def plan_drafts(steps: list[Step], approved_step: int | None) -> list[tuple[str,
               else _progress(steps, approved_step)[1])
     return [(str(s.payload.get("capability", ""))[:512], dict(s.payload.get("arguments") or {}))
             for s in chosen]
+
+
+class PlanAnsweredAlready(Exception):
+    """The plan was approved or rejected already: an answer does not change it."""
 
 
 def facts_bound(capability: str, arguments: dict[str, Any]) -> bool:
@@ -317,15 +321,18 @@ class Plans:
         transaction: (the session, the plan as answered, the run to wake).
 
         Raises:
-            LookupError: no plan of this principal waits under this id.
+            LookupError: no plan of this principal has this id.
+            PlanAnsweredAlready: it has, and it was answered already (nothing changes).
         """
         row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM planner.plans WHERE plan_id = $1",
                                   plan_id)
         if row is None or row["tenant"] != tenant:
             raise LookupError("no plan waits under this id")
         session = await session_store.lock(conn, row["session_id"])
-        if session is None or session.principal != principal or row["state"] != "proposed":
+        if session is None or session.principal != principal:
             raise LookupError("no plan waits under this id")
+        if row["state"] != "proposed":
+            raise PlanAnsweredAlready(f"the plan was {row['state']} already")
         state = "approved" if approve else "rejected"
         await conn.execute("UPDATE planner.plans SET state = $2, reason = $3, answered_by = $4 "
                            "WHERE plan_id = $1 AND state = 'proposed'", plan_id, state,
