@@ -71,6 +71,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.InterfaceError,
+    # A backend terminated under a statement now and then leaves asyncpg's protocol
+    # mid-operation rather than closed: "cannot switch to state 15; another operation (2) is
+    # in progress" (MagicStack/asyncpg#1069). The connection is lost, the message is fine.
+    asyncpg.exceptions.InternalClientError,
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
     TimeoutError,
