@@ -8,6 +8,7 @@ agent call; the event stream resumed from `Last-Event-ID` with no gap and no dup
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import tempfile
@@ -908,15 +909,30 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
     assert (refund["line_id"], refund["amount_cents"]) == ("L2", 1500)
 
 
-async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_nothing(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        payments: httpx.Client) -> None:
+async def refund_planning(api: httpx.AsyncClient,
+                          payments: httpx.Client) -> tuple[str, str, dict[str, str]]:
+    """A planning session of `refund-chat`, a seeded payment, and the refund to ask for."""
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
     opened = await api.post("/sessions", json={"agent": "refund-chat", "plan_mode": True},
                             headers=key())
-    sid = opened.json()["session_id"]
-    asked = {"payment_id": payment_id, "line_id": "L2"}
+    return opened.json()["session_id"], payment_id, {"payment_id": payment_id, "line_id": "L2"}
+
+
+@contextlib.asynccontextmanager
+async def dispatcher_down(stack: Stack) -> AsyncIterator[None]:
+    stack.stop_process("dispatcher")
+    try:
+        yield
+    finally:
+        stack.start_instance("dispatcher", "dispatcher")
+        await stack.wait_ready(("dispatcher",))
+
+
+async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_nothing(
+        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
+        payments: httpx.Client) -> None:
+    sid, payment_id, asked = await refund_planning(api, payments)
     # planning; after the approval the step, refused as stale; the revised plan
     script(model, select("payment.refund", asked), answer("Plan: refund 15.00 EUR."),
            select("payment.refund", asked), answer("Revised plan: the discount changed."))
@@ -973,12 +989,7 @@ async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_agai
     # The dispatcher, the only reader of a payment, is down while the plan is frozen and
     # again while its approved step is taken: each model answer is committed first, and the
     # facts are read again once it is back; the model is asked once per step, no more.
-    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
-    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
-    opened = await api.post("/sessions", json={"agent": "refund-chat", "plan_mode": True},
-                            headers=key())
-    sid = opened.json()["session_id"]
-    asked = {"payment_id": payment_id, "line_id": "L2"}
+    sid, payment_id, asked = await refund_planning(api, payments)
     before = len(model_requests(model))
 
     async def down_until(decisions: int) -> None:
@@ -988,30 +999,22 @@ async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_agai
         await anyio.sleep(3)  # the delivery is retried meanwhile, and fails to read
         assert len(model_requests(model)) - before == decisions
 
-    stack.stop_process("dispatcher")
-    try:
+    async with dispatcher_down(stack):
         script(model, select("payment.refund", asked), answer("Plan: refund 15.00 EUR."))
         sent = await send(api, sid, "Refund the missing sibling discount.")
         run_id = sent.json()["run_id"]
         await down_until(2)
         assert (await view(api, sid))["plans"] == []
-    finally:
-        stack.start_instance("dispatcher", "dispatcher")
-        await stack.wait_ready(("dispatcher",))
     plan = await proposed_plan(api, sid)
     assert plan["steps"][0]["preview"]["amount_cents"] == 1500
     assert len(model_requests(model)) - before == 2
-    stack.stop_process("dispatcher")
-    try:
+    async with dispatcher_down(stack):
         script(model, select("payment.refund", asked), answer("Refunded 15.00 EUR."))
         approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
         assert approved.status_code == 200, approved.text
         await down_until(3)
         assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
                                  run_id) == 0
-    finally:
-        stack.start_instance("dispatcher", "dispatcher")
-        await stack.wait_ready(("dispatcher",))
     done = await until(api, sid, turn_ended(1), timeout=90)
     assert done["messages"][-1]["text"] == "Refunded 15.00 EUR."
     assert len(model_requests(model)) - before == 4
