@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from soak.check import check, outcomes, settled
+from soak.check import check, outcomes, settled, stream_replicas
 from soak.deploy import Deployment, admin_connect
 from soak.load import Load
 from soak.nemesis import Fault, Nemesis, schedule
@@ -88,8 +88,9 @@ async def soak(deployment: Deployment, settings: SoakSettings,
                          end=end, instances=deployment.service_instances)
     try:
         layout = await _streams(stack)
-    except Exception as exc:  # evidence only: the invariants are checked already
+    except Exception as exc:  # the servers did not say: the replicas check fails with it
         layout = {"error": {"replicas": 0, "note": repr(exc)[:300]}}
+    checks.append(stream_replicas(layout, 3 if settings.topology == "cluster" else 1))
     return {
         "seed": settings.seed, "topology": settings.topology,
         "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,

@@ -23,7 +23,7 @@ from soak.ledger import Ledger, Op
 from soak.observe import within
 from writ.stack import Stack
 
-__all__ = ["Check", "check", "settled"]
+__all__ = ["Check", "check", "settled", "stream_replicas"]
 
 _COMMANDS: Final = ("note", "repeat", "conflict", "refund")
 # The decisions `crm-assistant`'s script makes in a run (writ/demo/decisions.json): one
@@ -333,3 +333,17 @@ def outcomes(ledger: Ledger) -> dict[str, dict[str, int]]:
             state = getattr(final, "status", None) or "no outcome"
         out.setdefault(op.kind, Counter())[state] += 1
     return {kind: dict(c) for kind, c in out.items()}
+
+
+def stream_replicas(layout: dict[str, dict[str, Any]], expected: int) -> Check:
+    """Every stream and bucket of Writ's at the topology's replicas (3 on the cluster: what
+    survives one node lost), found from the servers' own stream info."""
+    result = Check("every_stream_at_the_topologys_replicas", examined=len(layout),
+                   note=f"expected {expected}")
+    if not layout:
+        result.fail("no stream was listed")
+    for name, info in sorted(layout.items()):
+        if info.get("replicas") != expected:
+            result.fail(f"{name} at {info.get('replicas')} replicas "
+                        f"{info.get('note', '')}".rstrip())
+    return result

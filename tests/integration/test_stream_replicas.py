@@ -51,3 +51,26 @@ async def test_the_idempotency_bucket_takes_the_replicas_setting_too(
         assert (await js.stream_info(f"KV_{BUCKET}")).config.num_replicas == 1
     finally:
         await nc.close()
+
+
+async def test_the_console_bucket_takes_the_replicas_setting_too(
+        private_nats: EmbeddedNats) -> None:
+    """Found by the 60-minute cluster soak: the approval console's session bucket was one
+    replica on a three-node cluster (streams 11 at [1, 3] replicas), so losing its node
+    would sign every approver out and forget which sign-in links were used."""
+    import nats
+
+    from services.ingress.console._session import BUCKET, Sessions
+
+    nc = await nats.connect(private_nats.url)
+    try:
+        js = nc.jetstream()
+        with contextlib.suppress(Exception):
+            await js.delete_key_value(BUCKET)
+        with pytest.raises(APIError) as refused:
+            await Sessions.open(js, None, replicas=3)  # type: ignore[arg-type]
+        assert refused.value.err_code == 10074, refused.value
+        await Sessions.open(js, None)  # type: ignore[arg-type]
+        assert (await js.stream_info(f"KV_{BUCKET}")).config.num_replicas == 1
+    finally:
+        await nc.close()

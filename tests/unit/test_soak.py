@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from schemas.host import CommandResult
-from soak.check import _effects, _keys, _outcomes, _tenants
+from soak.check import _effects, _keys, _outcomes, _tenants, stream_replicas
 from soak.check_chat import event_gaps, turn_notes
 from soak.check_model import replayed
 from soak.ledger import Ledger, Op
@@ -199,3 +199,16 @@ def test_the_checker_finds_a_tenant_left_undriven_or_a_command_under_another_ten
     ledger.ops["globex-chat"].accepted = False
     found = _tenants(ledger, commands, runs)
     assert found.broken == 1 and "globex had no accepted chat" in found.examples[0]
+
+
+def test_the_checker_finds_a_stream_or_bucket_below_the_topologys_replicas() -> None:
+    layout = {"WRIT_CMD": {"replicas": 3}, "KV_WRIT_IDEMPOTENCY": {"replicas": 3},
+              "KV_WRIT_CONSOLE": {"replicas": 1}}
+    broken = stream_replicas(layout, 3)
+    assert (broken.held, broken.examined, broken.examples) == (
+        False, 3, ["KV_WRIT_CONSOLE at 1 replicas"])
+    assert stream_replicas({k: {"replicas": 3} for k in layout}, 3).held
+    assert stream_replicas({"WRIT_CMD": {"replicas": 1}}, 1).held
+    assert not stream_replicas({}, 3).held  # nothing listed is not evidence of anything
+    unreadable = stream_replicas({"error": {"replicas": 0, "note": "TimeoutError()"}}, 1)
+    assert unreadable.examples == ["error at 0 replicas TimeoutError()"]

@@ -90,13 +90,16 @@ class Sessions:
         self._decoder = msgspec.json.Decoder(_Session)
 
     @classmethod
-    async def open(cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET) -> Sessions:
-        """The bucket, created on first use; entries outlive the longest token a little."""
+    async def open(cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET,
+                   replicas: int = 1) -> Sessions:
+        """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS, as the
+        Idempotency-Key bucket); entries outlive the longest token a little."""
         try:
             kv = await js.key_value(bucket)
         except BucketNotFoundError:
             kv = await js.create_key_value(KeyValueConfig(
                 bucket=bucket, history=1, ttl=MAX_TOKEN_TTL_S + 300, max_value_size=16 * 1024,
+                replicas=replicas,
                 description="The approval console's sessions and used sign-in links"))
         return cls(kv, door)
 

@@ -51,7 +51,7 @@ class HttpServer:
         self.port = 0
         # The process's micro endpoints: the same reads for hosts on NATS join them.
         self._endpoints = endpoints
-        self._replicas = stream_replicas  # the Idempotency-Key bucket's, like every stream's
+        self._replicas = stream_replicas  # the door's two buckets', like every stream's
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -71,7 +71,8 @@ class HttpServer:
         # The console is a client of this very API, over loopback, as each of its viewers.
         loopback = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
         client = ApiClient(f"http://{_netloc(loopback, self.port)}{PREFIX}")
-        console = console_router(await Sessions.open(self._js, self._door), client)
+        console = console_router(
+            await Sessions.open(self._js, self._door, replicas=self._replicas), client)
         app = build_app(api, max_body_bytes=self._max_body,
                         answer_timeout_s=self._answer_timeout, console=console)
         server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning",
