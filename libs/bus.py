@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Final
 
@@ -14,11 +15,13 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, BucketNotFoundError
+from nats.js.kv import KeyValue
 
 from libs.natsauth import inbox_prefix
 from libs.telemetry import inject_context
@@ -30,6 +33,7 @@ __all__ = [
     "connect",
     "ensure_consumer",
     "ensure_streams",
+    "open_bucket",
     "publish",
     "publish_now",
 ]
@@ -76,6 +80,16 @@ async def connect(url: str, *, name: str, user: str = "", password: str = "") ->
         url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
         connect_timeout=5, allow_reconnect=True, **credentials,
     )
+
+
+async def open_bucket(js: JetStreamContext, config: KeyValueConfig, *, replicas: int
+                      ) -> KeyValue:
+    """A key-value bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS, like the
+    streams: nats-py would make it one replica even on a three-node cluster)."""
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        return await js.create_key_value(dataclasses.replace(config, replicas=replicas))
 
 
 async def ensure_streams(js: JetStreamContext, specs: Sequence[StreamSpec] = STREAMS, *,

@@ -31,46 +31,40 @@ async def test_a_single_server_refuses_three_replicas(private_nats: EmbeddedNats
     assert refused.value.err_code == 10074, refused.value  # replicas > 1 not supported
 
 
-async def test_the_idempotency_bucket_takes_the_replicas_setting_too(
-        private_nats: EmbeddedNats) -> None:
-    """Found by the soak's cluster topology: the HTTP door's Idempotency-Key bucket was one
-    replica on a three-node cluster (nats-py's default for KV), whatever the setting said."""
-    import nats
+def _idempotency(js: Any, replicas: int) -> Any:
+    from services.ingress.http._idempotency import Idempotency
 
-    from services.ingress.http._idempotency import BUCKET, Idempotency
+    return Idempotency.open(js, replicas=replicas)
+
+
+def _console(js: Any, replicas: int) -> Any:
+    from services.ingress.console._session import Sessions
+
+    return Sessions.open(js, None, replicas=replicas)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("bucket", "open_"), [
+    # The soak's cluster topology found the HTTP door's Idempotency-Key bucket at one replica
+    # on a three-node cluster (nats-py's default for KV), whatever the setting said; then the
+    # 60-minute cluster soak found the approval console's session bucket the same (streams 11
+    # at [1, 3] replicas): losing its node would sign every approver out and forget which
+    # sign-in links were used.
+    ("WRIT_IDEMPOTENCY", _idempotency),
+    ("WRIT_CONSOLE", _console),
+], ids=["idempotency", "console"])
+async def test_the_buckets_take_the_replicas_setting_too(
+        private_nats: EmbeddedNats, bucket: str, open_: Any) -> None:
+    import nats
 
     nc = await nats.connect(private_nats.url)
     try:
         js = nc.jetstream()
         with contextlib.suppress(Exception):
-            await js.delete_key_value(BUCKET)
+            await js.delete_key_value(bucket)
         with pytest.raises(APIError) as refused:
-            await Idempotency.open(js, replicas=3)
+            await open_(js, 3)
         assert refused.value.err_code == 10074, refused.value
-        await Idempotency.open(js)  # one replica: what a single server holds
-        assert (await js.stream_info(f"KV_{BUCKET}")).config.num_replicas == 1
-    finally:
-        await nc.close()
-
-
-async def test_the_console_bucket_takes_the_replicas_setting_too(
-        private_nats: EmbeddedNats) -> None:
-    """Found by the 60-minute cluster soak: the approval console's session bucket was one
-    replica on a three-node cluster (streams 11 at [1, 3] replicas), so losing its node
-    would sign every approver out and forget which sign-in links were used."""
-    import nats
-
-    from services.ingress.console._session import BUCKET, Sessions
-
-    nc = await nats.connect(private_nats.url)
-    try:
-        js = nc.jetstream()
-        with contextlib.suppress(Exception):
-            await js.delete_key_value(BUCKET)
-        with pytest.raises(APIError) as refused:
-            await Sessions.open(js, None, replicas=3)  # type: ignore[arg-type]
-        assert refused.value.err_code == 10074, refused.value
-        await Sessions.open(js, None)  # type: ignore[arg-type]
-        assert (await js.stream_info(f"KV_{BUCKET}")).config.num_replicas == 1
+        await open_(js, 1)  # one replica: what a single server holds
+        assert (await js.stream_info(f"KV_{bucket}")).config.num_replicas == 1
     finally:
         await nc.close()

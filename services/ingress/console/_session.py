@@ -24,9 +24,10 @@ import msgspec
 from litestar import Request
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from libs.bus import open_bucket
 from services.ingress.logic import (
     APPROVER_ROLE,
     AUDITOR_ROLE,
@@ -94,14 +95,10 @@ class Sessions:
                    replicas: int = 1) -> Sessions:
         """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS, as the
         Idempotency-Key bucket); entries outlive the longest token a little."""
-        try:
-            kv = await js.key_value(bucket)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(KeyValueConfig(
-                bucket=bucket, history=1, ttl=MAX_TOKEN_TTL_S + 300, max_value_size=16 * 1024,
-                replicas=replicas,
-                description="The approval console's sessions and used sign-in links"))
-        return cls(kv, door)
+        return cls(await open_bucket(js, KeyValueConfig(
+            bucket=bucket, history=1, ttl=MAX_TOKEN_TTL_S + 300, max_value_size=16 * 1024,
+            description="The approval console's sessions and used sign-in links"),
+            replicas=replicas), door)
 
     def verify(self, token: str) -> Viewer:
         """The viewer a token names (signature, audience, expiry and lifetime checked as the

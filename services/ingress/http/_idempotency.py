@@ -16,9 +16,10 @@ import msgspec
 import rfc8785
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from libs.bus import open_bucket
 from services.ingress.http._problems import ApiError
 
 __all__ = ["BUCKET", "Answer", "Idempotency", "fingerprint"]
@@ -52,16 +53,10 @@ class Idempotency:
 
     @classmethod
     async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Idempotency:
-        """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS: nats-py
-        would make it one replica even on a three-node cluster)."""
-        try:
-            kv = await js.key_value(BUCKET)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(KeyValueConfig(
-                bucket=BUCKET, history=1, ttl=TTL_S, max_value_size=256 * 1024,
-                replicas=replicas,
-                description="HTTP Idempotency-Key: fingerprint and first answer"))
-        return cls(kv)
+        """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS)."""
+        return cls(await open_bucket(js, KeyValueConfig(
+            bucket=BUCKET, history=1, ttl=TTL_S, max_value_size=256 * 1024,
+            description="HTTP Idempotency-Key: fingerprint and first answer"), replicas=replicas))
 
     @staticmethod
     def _key(tenant: str, key: str) -> str:
