@@ -224,9 +224,11 @@ def test_any_operator_after_a_simple_command_is_refused(cmd: str, gap: str, op: 
 @given(name=st.sampled_from(["ls", "git", "echo"]),
        args=st.lists(st.text(st.characters(categories=["L", "M", "N", "P", "S"],
                                            include_characters=" ", exclude_characters="'"),
-                             max_size=12), max_size=5))
+                             max_size=12).filter(lambda word: "${" not in word),
+                     max_size=5))
 def test_shlex_quoted_words_round_trip(name: str, args: list[str]) -> None:
-    # shlex.quote single-quotes anything unsafe, which our reading accepts verbatim.
+    # shlex.quote single-quotes anything unsafe, which our reading accepts verbatim; except
+    # `${`, refused even quoted (bashlex can loop on it: see `simple_command`).
     text = shlex.join([name, *args])
     assert simple_command(text) == SimpleCommand(argv=(name, *args))
 
