@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from typing import Final
 
 import asyncpg
 import msgspec
@@ -14,9 +15,15 @@ from actions import ACTIONS
 from bench.measure import Sample, Watcher, closed_loop
 from schemas import subjects
 from schemas.governance import DecideRequest, Decision
-from services.governance.logic import Call, Facts, Rule, decide
+from services.governance.logic import Call, decide
+from services.governance.store import GovernanceStore
 
-__all__ = ["DecideLoad", "decide_logic", "seed_rules"]
+__all__ = ["AGENT", "MANY_RULES_AGENT", "DecideLoad", "decide_logic", "seed_rules",
+           "seed_rules_naming"]
+
+AGENT: Final = "crm-assistant"  # has a standing write_delete grant: allowed on line 5
+MANY_RULES_AGENT: Final = "bench-many-rules"
+PRINCIPAL: Final = "bench@acme.example"
 
 # Tools other than the benchmark's: what a tenant with many integrations would have rules for.
 _SYSTEMS = ("crm", "mail", "calendar", "billing", "tickets", "files", "chat", "hr", "erp", "wiki")
@@ -60,26 +67,56 @@ async def seed_rules(dsn: str, *, count: int, noop_share: float, seed: int = 7) 
             "rules_other_tools": count - noop}
 
 
-def decide_logic(*, rules: int, noop_share: float, duration_s: float) -> dict[str, float]:
-    """`decide` alone, in this process, over the facts governance reads for the bench's call
-    once `seed_rules` ran (the rules naming `writ.noop`: its query selects by tenant and tool):
-    what the decision costs without the bus, the store or the journal."""
+async def seed_rules_naming(dsn: str, *, count: int, agent: str = MANY_RULES_AGENT
+                            ) -> dict[str, int]:
+    """Insert `count` fine rules that all name `agent`'s `writ.noop` calls, with argument
+    prefixes none of the bench's arguments (hex) starts with, and the standing grant that lets
+    that agent's calls through on line 5 like crm-assistant's: a tenant with hundreds of
+    prefix rules for one tool. Another agent, so the bus measurement is not changed by them."""
+    kinds = ("INV-", "ACME-ORDER-", "T-")
+    records = [("acme", "writ.noop", f"{kinds[i % 3]}{i}-", agent, "deny" if i % 2 else "allow")
+               for i in range(count)]
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.copy_records_to_table(
+            "rules", schema_name="governance", records=records,
+            columns=["tenant", "tool", "arg_prefix", "agent", "effect"])
+        await conn.execute(
+            "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+            "VALUES ('acme', $1, $2, 'bench') ON CONFLICT DO NOTHING",
+            agent, ACTIONS["writ.noop"].family)
+        await conn.execute("VACUUM ANALYZE governance.rules")
+    finally:
+        await conn.close()
+    return {"rules_naming_the_call": len(records)}
+
+
+async def decide_logic(dsn: str, *, duration_s: float, agent: str = AGENT) -> dict[str, float]:
+    """`decide` alone, in this process, timed over the facts governance's store returns for
+    the bench's call (`GovernanceStore.facts`, read once from the seeded database): what the
+    decision costs without the bus, the store or the journal. The facts are built, and their
+    rule index with them, once: `index_ms` is what building that index cost."""
     contract = ACTIONS["writ.noop"]
     call = Call(tool="writ.noop", family=contract.family, connector=contract.connector,
-                agent="crm-assistant", first_argument=uuid.uuid4().hex, scope=contract.scope,
+                agent=agent, first_argument=uuid.uuid4().hex, scope=contract.scope,
                 profile_fact=contract.profile_fact)
-    facts = Facts(policy_version="bench", standing_families=frozenset({contract.family}),
-                  rules=tuple(Rule(tool="writ.noop", effect="allow", agent=f"agent-{i % 97}")
-                              for i in range(int(rules * noop_share))))
-    if decide(call, facts).verdict != "allow":
-        raise RuntimeError("the bench's call is not allowed over its facts")
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    try:
+        facts = await GovernanceStore(pool).facts("acme", call, PRINCIPAL, str(uuid.uuid4()))
+    finally:
+        await pool.close()
+    began = time.perf_counter()
+    _ = facts.index
+    index_ms = (time.perf_counter() - began) * 1000
+    if (ruling := decide(call, facts)).verdict != "allow":
+        raise RuntimeError(f"the bench's call is not allowed over its facts: {ruling}")
     done, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < duration_s:
         for _ in range(100):
             decide(call, facts)
         done += 100
     return {"per_s": round(done / elapsed, 1), "decisions": done, "seconds": round(elapsed, 2),
-            "rules_in_facts": len(facts.rules)}
+            "rules_in_facts": len(facts.rules), "index_ms": round(index_ms, 3)}
 
 
 class DecideLoad:
@@ -93,7 +130,7 @@ class DecideLoad:
 
     async def one(self) -> bool:
         """One request/reply; anything but the expected allow counts as a failure."""
-        ask = DecideRequest(tenant="acme", principal="bench@acme.example", agent="crm-assistant",
+        ask = DecideRequest(tenant="acme", principal=PRINCIPAL, agent=AGENT,
                             run_id=str(uuid.uuid4()), tool="writ.noop",
                             first_argument=uuid.uuid4().hex)
         try:

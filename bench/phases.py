@@ -12,7 +12,7 @@ from nats.aio.client import Client
 
 from bench.ceilings import admission_ceiling, ceiling_twin, jetstream_ceiling
 from bench.commands import CommandPath
-from bench.decide import DecideLoad, decide_logic, seed_rules
+from bench.decide import MANY_RULES_AGENT, DecideLoad, decide_logic, seed_rules, seed_rules_naming
 from bench.measure import closed_loop, open_loop
 from bench.observe import Counters, Processes, Window
 from bench.raw import RAW_CONNS, raw_ceiling
@@ -33,6 +33,7 @@ JS_PUBLISHERS = 256
 JS_BATCH = 256
 RULES = 10_000
 RULES_NOOP_SHARE = 0.1
+MANY_RULES = 1_000  # decide logic over rules that all name its call (arguments unmatched)
 
 
 class BenchError(Exception):
@@ -338,11 +339,20 @@ class Bench:
 
             seeded = await seed_rules(self.stack.database_dsn, count=RULES,
                                       noop_share=RULES_NOOP_SHARE)
-            logic = decide_logic(rules=RULES, noop_share=RULES_NOOP_SHARE, duration_s=_s(2))
+            logic = await decide_logic(self.stack.database_dsn, duration_s=_s(2))
             data["decide_logic"] = logic
             data["decide_logic_per_s"] = logic["per_s"]
             r.line(f"decide logic alone ({logic['rules_in_facts']:,} rules in its facts)",
                    f"{logic['per_s']:12,.1f} decisions/s in one process")
+            # Another agent's calls, each named by every one of those rules.
+            await seed_rules_naming(self.stack.database_dsn, count=MANY_RULES)
+            many = await decide_logic(self.stack.database_dsn, duration_s=_s(2),
+                                      agent=MANY_RULES_AGENT)
+            data["decide_logic_many_rules"] = many
+            data["decide_logic_many_rules_per_s"] = many["per_s"]
+            r.line(f"  {many['rules_in_facts']:,} rules naming the call (index built in "
+                   f"{many['index_ms']:.1f} ms)",
+                   f"{many['per_s']:12,.1f} decisions/s in one process")
             load.verdicts = {}
             watch = self.window()
             sample = await load.measure(concurrency=DECIDE_CONCURRENCY, warmup_s=_s(2),
@@ -435,5 +445,8 @@ class Bench:
         if "decide_logic_per_s" in data:
             r.line("decide logic over cached facts, one process",
                    f"{data['decide_logic_per_s']:,.1f} decisions/s")
+        if "decide_logic_many_rules_per_s" in data:
+            r.line(f"  the same, {MANY_RULES:,} rules naming the call",
+                   f"{data['decide_logic_many_rules_per_s']:,.1f} decisions/s")
         if "decide_per_s" in data:
             r.line(f"decide ({RULES:,} rules)", f"{data['decide_per_s']:,.1f} req/s")

@@ -6,13 +6,14 @@ before anything that allows, so no grant or allow rule can outrank an org refusa
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from functools import cached_property
+from typing import Final, Generic, Literal, TypeVar
 
 import msgspec
 
-from services.governance.shell import prefix_allows, simple_command
+from services.governance.shell import simple_command
 
-__all__ = ["Call", "Facts", "Rule", "Ruling", "SENSITIVE_UNREADABLE", "decide"]
+__all__ = ["Call", "Facts", "Rule", "RuleIndex", "Ruling", "SENSITIVE_UNREADABLE", "decide"]
 
 Verdict = Literal["allow", "deny", "ask"]
 Answer = Literal["once", "always", "deny"]
@@ -51,8 +52,12 @@ class Call(msgspec.Struct, frozen=True, kw_only=True):
     profile_fact: bool = False
 
 
-class Facts(msgspec.Struct, frozen=True, kw_only=True):
-    """What governance read from its store for this call."""
+class Facts(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    """What governance read from its store for this call.
+
+    `dict=True` only gives `index` somewhere to be kept: it is not a field, so it is neither
+    compared nor encoded, and a copy with other rules (`msgspec.structs.replace`) builds its own.
+    """
 
     policy_version: str
     policy_refused: bool = False  # the org policy file failed its signature or schema check
@@ -66,6 +71,91 @@ class Facts(msgspec.Struct, frozen=True, kw_only=True):
     principal_revoked: bool = False
     approved: bool = False  # a person answered once/always for exactly this call
     attended: bool = False  # a person watches the run: an ask waits 5 minutes, then denies
+
+    @cached_property
+    def index(self) -> RuleIndex:
+        """`rules` as lines 2 and 4 read them, built once per Facts."""
+        return RuleIndex(self.rules)
+
+
+P = TypeVar("P", str, tuple[str, ...])
+
+
+class _Prefixes(Generic[P]):
+    """Argument prefixes as one set and their distinct lengths: `arg` starts with one of them
+    iff `arg[:n]` is in the set for one of the lengths (a prefix longer than `arg` cannot
+    equal a slice of it), so a check costs the number of lengths, not of prefixes."""
+
+    __slots__ = ("every", "lengths", "prefixes")
+
+    def __init__(self) -> None:
+        self.every = False  # a rule without a prefix: every argument
+        self.prefixes: set[P] = set()
+        self.lengths: tuple[int, ...] = ()
+
+    def add(self, prefix: P | None) -> None:
+        if prefix is None:
+            self.every = True
+        else:
+            self.prefixes.add(prefix)
+            if len(prefix) not in self.lengths:
+                self.lengths = (*self.lengths, len(prefix))
+
+    def cover(self, arg: P) -> bool:
+        return self.every or any(arg[:n] in self.prefixes for n in self.lengths)
+
+
+class RuleIndex:
+    """Fine rules by the (tool, agent, or None for every agent) they name, built once per Facts
+    so that a decision reads the two entries naming its call instead of scanning every rule.
+
+    Deny rules keep their argument prefixes as characters (line 2 reads them as plain
+    prefixes). Allow rules keep theirs as the words of a simple command (line 4 compares whole
+    words), parsed once, when line 4 first asks: parsing is what the other lines never need.
+    An allow prefix that is no simple command allows nothing and is left out.
+    """
+
+    __slots__ = ("_allow", "_deny", "_rules")
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        self._rules = rules
+        self._deny: dict[tuple[str, str | None], _Prefixes[str]] = {}
+        self._allow: dict[tuple[str, str | None], _Prefixes[tuple[str, ...]]] | None = None
+        for r in rules:
+            if r.effect == "deny":
+                self._deny.setdefault((r.tool, r.agent), _Prefixes()).add(r.arg_prefix)
+
+    def denies(self, call: Call) -> bool:
+        """Does a deny rule match the call (`Rule.matches`: the first argument as a plain
+        prefix)?"""
+        arg = call.first_argument
+        return any(p.cover(arg) for p in _naming(self._deny, call))
+
+    def allows_command(self, call: Call) -> bool:
+        """Does an allow rule naming the call cover its first argument, a simple command, by
+        whole words (`shell.prefix_allows`)?"""
+        if self._allow is None:
+            self._allow = {}
+            for r in self._rules:
+                if r.effect == "allow" and r.arg_prefix is not None:
+                    words = simple_command(r.arg_prefix)
+                    if words is not None:
+                        self._allow.setdefault((r.tool, r.agent), _Prefixes()).add(words.argv)
+        naming = _naming(self._allow, call)
+        if not naming:
+            return False
+        command = simple_command(call.first_argument)
+        return command is not None and any(p.cover(command.argv) for p in naming)
+
+
+def _naming(rules: dict[tuple[str, str | None], _Prefixes[P]], call: Call) -> list[_Prefixes[P]]:
+    """The entries for the call's tool with its agent, and with every agent."""
+    found = []
+    if (mine := rules.get((call.tool, call.agent))) is not None:
+        found.append(mine)
+    if (everyone := rules.get((call.tool, None))) is not None:
+        found.append(everyone)
+    return found
 
 
 class Ruling(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,7 +188,7 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
             or (call.family is not None and call.family in facts.refused_families)):
         return Ruling(verdict="deny", line=1, reason="refused by organisation policy")
     # 2. fine deny rules
-    if any(r.effect == "deny" and r.matches(call) for r in facts.rules):
+    if facts.index.denies(call):
         return Ruling(verdict="deny", line=2, reason="a deny rule matches the call")
     # 3. plain reads, the conversation, the agent's own memory
     if _plain_read(call):
@@ -109,9 +199,7 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
                       reason="approved by a person for this call")
     # 4. code execution: a narrow allow, otherwise ask with once / deny only
     if call.family == "execute_code":
-        if facts.developer_mode and any(
-                r.effect == "allow" and r.names(call) and r.arg_prefix is not None
-                and prefix_allows(r.arg_prefix, call.first_argument) for r in facts.rules):
+        if facts.developer_mode and facts.index.allows_command(call):
             return Ruling(verdict="allow", line=4,
                           reason="developer mode: an allow rule covers this simple command")
         # "always" is offered only where it would write exactly one narrow rule.

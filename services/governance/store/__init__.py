@@ -6,9 +6,10 @@ from services.governance.store._records import (
     Answered,
     NotAnswerable,
     Policy,
+    ToRead,
     ToRecord,
 )
 from services.governance.store._store import GovernanceStore
 
 __all__ = ["ATTENDED_ASK_TIMEOUT", "Answered", "GovernanceStore", "NotAnswerable", "Policy",
-           "ToRecord"]
+           "ToRead", "ToRecord"]

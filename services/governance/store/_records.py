@@ -11,7 +11,7 @@ import msgspec
 from services.governance.logic import Call, Ruling
 
 __all__ = ["ATTENDED_ASK_TIMEOUT", "DEFAULT_POLICY_VERSION", "Answered", "NotAnswerable",
-           "Policy", "ToRecord", "decision_row", "is_uuid"]
+           "Policy", "ToRead", "ToRecord", "decision_row", "is_uuid"]
 
 DEFAULT_POLICY_VERSION: Final = "default"
 # Seed 000: an unanswered ask in an attended conversation is a deny after five minutes, fixed.
@@ -54,6 +54,16 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
     code: Literal["UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER",
                   "SEPARATION_OF_DUTIES"] = "UNKNOWN_PENDING"
+
+
+class ToRead(msgspec.Struct, frozen=True, kw_only=True):
+    """One call `facts_many` reads the facts of."""
+
+    tenant: str
+    call: Call
+    principal: str
+    run_id: str
+    approval_id: str | None = None
 
 
 class ToRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,6 +26,7 @@ from services.governance.store._records import (
     Answered,
     NotAnswerable,
     Policy,
+    ToRead,
     ToRecord,
     decision_row,
     is_uuid,
@@ -34,11 +35,13 @@ from services.governance.store._records import (
 __all__ = ["GovernanceStore"]
 
 
-# $1 tenant, $2 tool, $3 agent, $4 principal, $5 run id, $6 approval id (uuid or NULL),
-# $7 the root run (`$5` itself, or the run a branch descends from: its grants and attendance),
-# $8 the call's first argument. An approval stands in for a grant for exactly the call a person
-# answered: a proposal's is bound to the proposal (the command admitted from it is what
-# dispatches), any other call's to its first argument.
+# One row per call asked about, in order: $1 tenants, $2 tools, $3 agents, $4 principals, $5 run
+# ids, $6 approval ids (uuid or NULL), $7 the root runs (the run itself, or the run a branch
+# descends from: its grants and attendance), $8 the calls' first arguments. Concurrent decides
+# read their facts in one statement (`facts_many`); each row is what its call alone would read.
+# An approval stands in for a grant for exactly the call a person answered: a proposal's is
+# bound to the proposal (the command admitted from it is what dispatches), any other call's to
+# its first argument.
 _FACTS = """
 SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_families,
        p.developer_mode,
@@ -46,21 +49,26 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                                                    'arg_prefix', r.arg_prefix,
                                                    'agent', r.agent)), '[]')
         FROM governance.rules r
-        WHERE r.tenant = $1 AND r.tool = $2 AND (r.agent IS NULL OR r.agent = $3)) AS rules,
+        WHERE r.tenant = q.tenant AND r.tool = q.tool
+          AND (r.agent IS NULL OR r.agent = q.agent)) AS rules,
        EXISTS (SELECT 1 FROM governance.revocations v
-               WHERE v.tenant = $1 AND v.principal = $4) AS revoked,
+               WHERE v.tenant = q.tenant AND v.principal = q.principal) AS revoked,
        ARRAY(SELECT g.family FROM governance.standing_grants g
-             WHERE g.tenant = $1 AND g.agent = $3) AS standing,
+             WHERE g.tenant = q.tenant AND g.agent = q.agent) AS standing,
        ARRAY(SELECT g.family FROM governance.run_grants g
-             WHERE g.tenant = $1 AND g.run_id = $7) AS run_families,
+             WHERE g.tenant = q.tenant AND g.run_id = q.root_run) AS run_families,
        coalesce((SELECT r.attended FROM governance.runs r
-                 WHERE r.tenant = $1 AND r.run_id = $7), false) AS attended,
+                 WHERE r.tenant = q.tenant AND r.run_id = q.root_run), false) AS attended,
        EXISTS (SELECT 1 FROM governance.pending a
-               WHERE a.tenant = $1 AND a.run_id = $5 AND a.tool = $2
-                 AND (a.proposal_id IS NOT NULL OR a.first_argument = $8)
-                 AND a.answer_decision_id = $6::uuid
+               WHERE a.tenant = q.tenant AND a.run_id = q.run_id AND a.tool = q.tool
+                 AND (a.proposal_id IS NOT NULL OR a.first_argument = q.arg)
+                 AND a.answer_decision_id = q.approval_id
                  AND a.answer IN ('once', 'always')) AS approved
-FROM (SELECT 1) AS one LEFT JOIN governance.policy p ON p.tenant = $1
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::text[],
+            $8::text[]) WITH ORDINALITY
+         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, i)
+LEFT JOIN governance.policy p ON p.tenant = q.tenant
+ORDER BY q.i
 """
 
 
@@ -87,24 +95,21 @@ class GovernanceStore(BudgetStore):
     async def facts(self, tenant: str, call: Call, principal: str, run_id: str,
                     approval_id: str | None = None) -> Facts:
         """Everything `decide` needs for this call, read in one statement (one snapshot)."""
-        row = await self._pool.fetchrow(
-            _FACTS, tenant, call.tool, call.agent, principal, run_id,
-            approval_id if approval_id is not None and is_uuid(approval_id) else None,
-            root_run_id(run_id), call.first_argument)
-        assert row is not None
-        rules = tuple(msgspec.json.decode(row["rules"], type=list[Rule]))
-        common = {"rules": rules, "standing_families": frozenset(row["standing"]),
-                  "run_families": frozenset(row["run_families"]),
-                  "principal_revoked": row["revoked"], "approved": row["approved"],
-                  "attended": row["attended"]}
-        if row["version"] is None:
-            return Facts(policy_version=DEFAULT_POLICY_VERSION, **common)
-        return Facts(
-            policy_version=row["version"], policy_refused=row["status"] != "valid",
-            refused_tools=frozenset(row["refused_tools"]),
-            refused_connectors=frozenset(row["refused_connectors"]),
-            refused_families=frozenset(row["refused_families"]),
-            developer_mode=row["developer_mode"], **common)
+        return (await self.facts_many([ToRead(tenant=tenant, call=call, principal=principal,
+                                              run_id=run_id, approval_id=approval_id)]))[0]
+
+    async def facts_many(self, reads: list[ToRead]) -> list[Facts]:
+        """`facts` for several calls, in order, read in one statement (one snapshot)."""
+        rows = await self._pool.fetch(
+            _FACTS, [r.tenant for r in reads], [r.call.tool for r in reads],
+            [r.call.agent for r in reads], [r.principal for r in reads],
+            [r.run_id for r in reads],
+            [r.approval_id if r.approval_id is not None and is_uuid(r.approval_id) else None
+             for r in reads],
+            [root_run_id(r.run_id) for r in reads], [r.call.first_argument for r in reads])
+        if len(rows) != len(reads):
+            raise RuntimeError(f"facts for {len(reads)} calls read {len(rows)} rows")
+        return [_facts(row) for row in rows]
 
     def _decision_args(self, decision: tuple[object, ...], event: dict[str, object]
                        ) -> tuple[object, ...]:
@@ -364,6 +369,22 @@ _RUN_GRANTS = ("grants AS (INSERT INTO governance.run_grants (tenant, run_id, fa
 _RUN_BUDGET = ("budget AS (INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, "
                "tokens, capability_calls, wall_time_s, max_concurrent_steps) "
                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING 1)")
+
+
+def _facts(row: asyncpg.Record) -> Facts:
+    rules = tuple(msgspec.json.decode(row["rules"], type=list[Rule]))
+    common = {"rules": rules, "standing_families": frozenset(row["standing"]),
+              "run_families": frozenset(row["run_families"]),
+              "principal_revoked": row["revoked"], "approved": row["approved"],
+              "attended": row["attended"]}
+    if row["version"] is None:
+        return Facts(policy_version=DEFAULT_POLICY_VERSION, **common)
+    return Facts(
+        policy_version=row["version"], policy_refused=row["status"] != "valid",
+        refused_tools=frozenset(row["refused_tools"]),
+        refused_connectors=frozenset(row["refused_connectors"]),
+        refused_families=frozenset(row["refused_families"]),
+        developer_mode=row["developer_mode"], **common)
 
 
 class _AlreadyPending(Exception):
