@@ -29,6 +29,7 @@ from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
     BudgetSettled,
+    LeaseAmounts,
     ReserveBudget,
     RunBudget,
     SettleBudget,
@@ -91,12 +92,14 @@ class NoSuchReservation(PermanentError, LookupError):
 async def reserve(nc: Client, *, tenant: str, run_id: str, step_key: str,
                   provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
                   limit: RunBudget | None = None, settle: list[Settlement] | None = None,
+                  up_to: LeaseAmounts | None = None,
                   timeout: float = DEFAULT_TIMEOUT_S) -> BudgetReserved:
     """Reserve what one step may spend, all kinds at once (both or neither); `limit`, the
     caller's own limits for the run, lowers the run's limits first (never raises them).
     `settle`: earlier reservations of the run closed first, in the same transaction (one
     round trip for both); they are closed even when the reservation is refused
-    (`NoBudget.settled` lists them then).
+    (`NoBudget.settled` lists them then). `up_to`: a lease, reserved up to these amounts
+    where the run has them (`BudgetReserved` says what it got).
 
     Raises:
         BudgetExhausted: a budget ran out (`.kind` says which).
@@ -106,7 +109,8 @@ async def reserve(nc: Client, *, tenant: str, run_id: str, step_key: str,
     """
     ask = ReserveBudget(tenant=tenant, run_id=run_id, step_key=step_key,
                         provider_calls=provider_calls, tokens=tokens,
-                        capability_calls=capability_calls, limit=limit, settle=settle or [])
+                        capability_calls=capability_calls, limit=limit, settle=settle or [],
+                        up_to=up_to)
     answer = _RESERVE_REPLY.decode(await _request(nc, subjects.RESERVE, ask, timeout))
     if isinstance(answer, BudgetReserved):
         return answer

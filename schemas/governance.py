@@ -36,6 +36,7 @@ __all__ = [
     "PendingDecision",
     "PendingDecisions",
     "RegisterRun",
+    "LeaseAmounts",
     "ReserveBudget",
     "RunBudget",
     "RunRegistered",
@@ -207,6 +208,14 @@ class Settlement(Command):
     capability_calls: Amount = 0
 
 
+class LeaseAmounts(Command):
+    """The most a lease asks of each countable budget (`ReserveBudget.up_to`)."""
+
+    provider_calls: Amount = 0
+    tokens: Amount = 0
+    capability_calls: Amount = 0
+
+
 class ReserveBudget(Command):
     """Reserve, before a step starts, what it may spend of its run's budgets.
 
@@ -232,6 +241,11 @@ class ReserveBudget(Command):
     # every reservation, so no step can start before they apply.
     limit: RunBudget | None = None
     settle: Annotated[list[Settlement], msgspec.Meta(max_length=16)] = []
+    # A lease (the planner's, for the steps of one run): reserve up to these amounts where the
+    # run has them left, never less than the amounts above (which alone decide a refusal).
+    # The answer says what was reserved; the caller spends it over several steps and settles
+    # the reservation once, with what they used together.
+    up_to: LeaseAmounts | None = None
 
 
 class BudgetReserved(Event):

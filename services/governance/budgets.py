@@ -11,7 +11,7 @@ import msgspec
 
 from schemas.governance import BudgetKind, RunBudget
 
-__all__ = ["BudgetDefaults", "BudgetState", "Limits", "refusal"]
+__all__ = ["BudgetDefaults", "BudgetState", "Limits", "leased", "refusal"]
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -100,3 +100,10 @@ def refusal(state: BudgetState, *, provider_calls: int, tokens: int, capability_
             return (kind, f"{kind.replace('_', ' ')} budget exhausted: asked {amount}, "
                           f"{max(left, 0)} left of {getattr(state.limits, kind)}")
     return None
+
+
+def leased(state: BudgetState, asked: dict[str, int], up_to: dict[str, int]) -> dict[str, int]:
+    """What a lease reserves once `asked` fits (`refusal` said None): each countable budget
+    raised to what is left of it, up to `up_to`, and never below what was asked."""
+    return {kind: max(amount, min(up_to.get(kind, 0), state.remaining(kind)))
+            for kind, amount in asked.items()}

@@ -330,7 +330,8 @@ class GovernanceService:
             answer = await self._store.reserve(
                 tenant=ask.tenant, run_id=ask.run_id, step_key=ask.step_key,
                 provider_calls=ask.provider_calls, tokens=ask.tokens,
-                capability_calls=ask.capability_calls, limit=ask.limit, settle=ask.settle)
+                capability_calls=ask.capability_calls, limit=ask.limit, settle=ask.settle,
+                up_to=ask.up_to)
         except Exception as exc:  # cannot know what is left: nothing is left (nor settled)
             log.warning("budget store unreadable: %r", exc)
             return BudgetRefused(run_id=ask.run_id, step_key=ask.step_key, budget="unavailable",

@@ -57,6 +57,10 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
     # Tokens a provider call reserves of the run's budget before it starts (settled with what
     # the provider reports; the scripted provider reports 0).
     model_reserve_tokens: int = 4096
+    # Steps a root run's budget lease covers (`budgeting.py`): it reserves up to this many
+    # provider calls, capability calls and model reservations' tokens at once, where the run
+    # has them; 0: every step reserves in governance on its own.
+    budget_lease_steps: int = 8
     # The audit journal's keys (libs/journal.py has the formats); required to start.
     journal_signing_key_file: str = ""
     journal_data_keys_file: str = ""
@@ -110,6 +114,7 @@ def main() -> None:
                                  max_decisions=settings.max_decisions,
                                  concurrency=settings.concurrency,
                                  reserve_tokens=settings.model_reserve_tokens,
+                                 lease_steps=settings.budget_lease_steps,
                                  reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
                                  sessions=SessionTurns(nc=rt.nc, js=rt.js, store=SessionStore(
                                      pool, journal=journal)),

@@ -48,7 +48,7 @@ from nats.aio.client import Client
 
 from libs import budget
 from libs.errors import PermanentError
-from schemas.governance import Settlement
+from schemas.governance import LeaseAmounts, Settlement
 from services.planner.snapshot import branch_of, manifest_limit
 from services.planner.store import PlannerStore, Reservation, RunRow
 
@@ -73,6 +73,10 @@ class _Delivery:
         # The reservations of each run locked now, as read with its steps (`known`) and
         # recorded since: a step's held reservation is found here, not by another query.
         self.held: dict[str, dict[str, Reservation]] = {}
+        # Each of those runs, and the database's clock when it was read.
+        self.runs: dict[str, tuple[RunRow, float]] = {}
+        # Leases recorded due in the delivery's last transaction: settled once it committed.
+        self.leases: list[_Due] = []
 
 
 # The current delivery's; None outside `RunBudgets.deferring`.
@@ -91,16 +95,22 @@ def budget_run_id(run: RunRow) -> str:
 
 
 class RunBudgets:
-    """Reserve and settle the run's budgets in governance around the planner's steps."""
+    """Reserve and settle the run's budgets in governance around the planner's steps.
 
-    def __init__(self, *, nc: Client, store: PlannerStore, timeout: float = 2.0) -> None:
-        self._nc, self._store, self._timeout = nc, store, timeout
+    `lease`: what a root run's lease asks of governance at most (None: every step reserves
+    on its own, as branches and steps outside a delivery always do).
+    """
+
+    def __init__(self, *, nc: Client, store: PlannerStore, timeout: float = 2.0,
+                 lease: LeaseAmounts | None = None) -> None:
+        self._nc, self._store, self._timeout, self._lease = nc, store, timeout, lease
 
     async def reserve(self, conn: Any, run: RunRow, key: str, *, provider_calls: int = 0,
                       tokens: int = 0, capability_calls: int = 0) -> tuple[str, bool]:
         """The step's reservation id, and whether the planner recorded it just now: the
-        recorded one, else a new (or governance's existing) reservation for this key, recorded
-        open in the caller's transaction.
+        recorded one, else a draw on the run's lease, else a new (or governance's existing)
+        reservation for this key (or a new lease and its first draw), recorded open in the
+        caller's transaction.
 
         Raises:
             BudgetExhausted: a budget of the run ran out (`.kind`); nothing was reserved.
@@ -113,14 +123,28 @@ class RunBudgets:
                 else await self._store.reservation(conn, run.run_id, key))
         if held is not None:
             return held.reservation_id, False
+        need = (provider_calls, tokens, capability_calls)
+        lease = None
+        if (known is not None and self._lease is not None
+                and budget_run_id(run) == run.run_id):
+            assert delivery is not None
+            lease, fits = await self._lease_for(conn, run, known, need, delivery)
+            if fits and lease is not None:  # drawn on: no round trip to governance
+                draw = _draw(key, lease, need)
+                await self._store.hold(conn, run.run_id, draw)
+                known[key] = draw
+                return lease.reservation_id, True
         funds = budget_run_id(run)
         deferred = None if delivery is None else delivery.deferred
         carried = [d for d in deferred or () if budget_run_id(d.run) == funds]
+        # A new lease (`lease` is the step key it takes), or the step's own reservation.
+        asked = key if lease is None else lease.step_key
         try:
             reserved = await budget.reserve(
-                self._nc, tenant=run.tenant, run_id=funds, step_key=key,
+                self._nc, tenant=run.tenant, run_id=funds, step_key=asked,
                 provider_calls=provider_calls, tokens=tokens, capability_calls=capability_calls,
                 limit=manifest_limit(run.manifest), timeout=self._timeout,
+                up_to=None if lease is None else self._lease,
                 settle=[Settlement(reservation_id=d.reservation.reservation_id,
                                    provider_calls=d.reservation.provider_calls,
                                    tokens=d.reservation.tokens,
@@ -130,19 +154,90 @@ class RunBudgets:
             await self._carried(conn, deferred, carried, exc.settled)
             raise
         closing = self._carried_keys(deferred, carried, reserved.settled)
-        new = await self._store.hold(conn, run.run_id, key, reserved.reservation_id,
-                                     closing=closing)
+        mine = Reservation(step_key=key, reservation_id=reserved.reservation_id, state="open")
+        if lease is None:
+            new = await self._store.hold(conn, run.run_id, mine, closing=closing)
+        else:
+            assert delivery is not None
+            now = delivery.runs[run.run_id][1]
+            lease = msgspec.structs.replace(
+                lease, reservation_id=reserved.reservation_id,
+                reserved_provider_calls=reserved.provider_calls,
+                reserved_tokens=reserved.tokens,
+                reserved_capability_calls=reserved.capability_calls,
+                expires_at=now + reserved.wall_time_left_s)
+            mine = _draw(key, lease, need)
+            new = await self._store.hold(conn, run.run_id, lease, mine, closing=closing)
+            if known is not None:
+                known[lease.step_key] = lease
         if known is not None:
-            known[key] = Reservation(step_key=key, reservation_id=reserved.reservation_id,
-                                     state="open")
+            known[key] = mine
         return reserved.reservation_id, new
 
-    def known(self, run: RunRow, reservations: list[Reservation]) -> None:
-        """The locked run's reservations as just read (with its steps), so that this
-        delivery's reservations of it need no query of their own (in a `deferring` scope)."""
+    async def _lease_for(self, conn: Any, run: RunRow, known: dict[str, Reservation],
+                         need: tuple[int, int, int], delivery: _Delivery
+                         ) -> tuple[Reservation | None, bool]:
+        """The run's lease for a step needing `need`, and whether the step can draw on it.
+
+        A lease is drawn on by one step at a time: with a draw open (a command in flight),
+        the step reserves on its own (None), as governance counts each open reservation a
+        step in flight. Otherwise the open lease is drawn on if what is left of it covers the
+        step and it has not expired (the run's clock as governance gave it); if not, it is
+        recorded due, to be settled with the next lease (returned, not yet reserved: its
+        step key is the next one)."""
+        leases = [r for r in known.values() if r.step_key.startswith(_lease_prefix(run))]
+        current = next((r for r in leases if r.state == "open"), None)
+        if current is not None:
+            draws = [r for r in known.values() if r.lease == current.step_key]
+            if any(r.state == "open" for r in draws):
+                return None, False
+            used = _used(draws)
+            left = (current.reserved_provider_calls - used[0], current.reserved_tokens - used[1],
+                    current.reserved_capability_calls - used[2])
+            now = delivery.runs[run.run_id][1]
+            if (all(n <= free for n, free in zip(need, left, strict=True))
+                    and current.expires_at is not None and now < current.expires_at):
+                return current, True
+            await self._close_lease(conn, run, current, used, known)
+        return Reservation(step_key=f"{_lease_prefix(run)}{len(leases) + 1}",
+                           reservation_id="", state="open"), False
+
+    async def _close_lease(self, conn: Any, run: RunRow, lease: Reservation,
+                           used: tuple[int, int, int], known: dict[str, Reservation]) -> None:
+        """Record the lease due with what its draws used, and defer its settlement."""
+        due = await self._store.spent(conn, run.run_id, lease.step_key, provider_calls=used[0],
+                                      tokens=used[1], capability_calls=used[2])
+        if due is not None:
+            known[lease.step_key] = due
+            self._defer(run, due)
+
+    async def _end_leases(self, conn: Any, delivery: _Delivery) -> None:
+        """In the delivery's last transaction: each locked run's open lease with no draw open
+        is recorded due, and settled once that transaction committed (`deferring`), never
+        before: a lease governance closed is never drawn on again."""
+        for run_id, known in delivery.held.items():
+            run = delivery.runs[run_id][0]
+            for lease in [r for r in known.values()
+                          if r.state == "open" and r.step_key.startswith(_lease_prefix(run))]:
+                draws = [r for r in known.values() if r.lease == lease.step_key]
+                if any(r.state == "open" for r in draws):
+                    continue  # a command in flight draws on it: its outcome's delivery ends it
+                used = _used(draws)
+                due = await self._store.spent(conn, run_id, lease.step_key,
+                                              provider_calls=used[0], tokens=used[1],
+                                              capability_calls=used[2])
+                if due is not None:
+                    known[lease.step_key] = due
+                    delivery.leases.append(_Due(run=run, reservation=due))
+
+    def known(self, run: RunRow, reservations: list[Reservation], now: float) -> None:
+        """The locked run's reservations as just read (with its steps, at the database's
+        clock `now`), so that this delivery's reservations of it need no query of their own
+        (in a `deferring` scope)."""
         delivery = _DELIVERY.get()
         if delivery is not None:
             delivery.held[run.run_id] = {r.step_key: r for r in reservations}
+            delivery.runs[run.run_id] = (run, now)
 
     @staticmethod
     def _carried_keys(deferred: list[_Due] | None, carried: list[_Due],
@@ -169,10 +264,13 @@ class RunBudgets:
         of their run and travel with it; what is left is settled on leaving it, on `conn`
         (outside any transaction). If the work fails, nothing is sent: what it recorded due
         and committed is `settle_due`'s on the next delivery."""
-        token = _DELIVERY.set(_Delivery())
+        delivery = _Delivery()
+        token = _DELIVERY.set(delivery)
         try:
             yield
             await self.settle_deferred(conn)
+            for d in delivery.leases:  # committed due: settled now, or by `settle_due` later
+                await self._settle_logged(conn, d)
         finally:
             _DELIVERY.reset(token)
 
@@ -182,16 +280,19 @@ class RunBudgets:
         delivery = _DELIVERY.get()
         deferred = [] if delivery is None else delivery.deferred
         while deferred:
-            d = deferred.pop(0)
-            try:
-                await self._settle(conn, d.run, d.reservation.step_key,
-                                   d.reservation.reservation_id,
-                                   provider_calls=d.reservation.provider_calls,
-                                   tokens=d.reservation.tokens,
-                                   capability_calls=d.reservation.capability_calls)
-            except budget.BudgetUnavailable as exc:
-                log.warning("run %s: settling %s later: %s", d.run.run_id,
-                            d.reservation.step_key, exc)
+            await self._settle_logged(conn, deferred.pop(0))
+        if delivery is not None and conn.is_in_transaction():
+            await self._end_leases(conn, delivery)
+
+    async def _settle_logged(self, conn: Any, d: _Due) -> None:
+        try:
+            await self._settle(conn, d.run, d.reservation.step_key, d.reservation.reservation_id,
+                               provider_calls=d.reservation.provider_calls,
+                               tokens=d.reservation.tokens,
+                               capability_calls=d.reservation.capability_calls)
+        except budget.BudgetUnavailable as exc:
+            log.warning("run %s: settling %s later: %s", d.run.run_id,
+                        d.reservation.step_key, exc)
 
     async def spent(self, conn: Any, run: RunRow, key: str, *, provider_calls: int = 0,
                     tokens: int = 0, capability_calls: int = 0) -> None:
@@ -201,6 +302,12 @@ class RunBudgets:
                                       tokens=tokens, capability_calls=capability_calls)
         if due is None:
             return  # settled already (a redelivery), or never reserved
+        delivery = _DELIVERY.get()
+        if due.lease is not None:  # a draw: closed here, its lease settles for it
+            known = None if delivery is None else delivery.held.get(run.run_id)
+            if known is not None:
+                known[key] = due
+            return
         if self._defer(run, due):
             return
         try:
@@ -261,3 +368,21 @@ class RunBudgets:
             log.warning("run %s: governance knows no reservation %s (%s)", run.run_id,
                         reservation_id, key)
         await self._store.closed(conn, run.run_id, key)
+
+
+def _lease_prefix(run: RunRow) -> str:
+    return f"{run.run_id}:lease:"
+
+
+def _draw(key: str, lease: Reservation, need: tuple[int, int, int]) -> Reservation:
+    """A step's draw on `lease`, holding what it needs of it."""
+    return Reservation(step_key=key, reservation_id=lease.reservation_id, state="open",
+                       lease=lease.step_key, reserved_provider_calls=need[0],
+                       reserved_tokens=need[1], reserved_capability_calls=need[2])
+
+
+def _used(draws: list[Reservation]) -> tuple[int, int, int]:
+    """What the closed draws used, together."""
+    closed = [r for r in draws if r.state == "closed"]
+    return (sum(r.provider_calls for r in closed), sum(r.tokens for r in closed),
+            sum(r.capability_calls for r in closed))

@@ -56,7 +56,7 @@ from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused
 from schemas.control import CANCEL_CODE, RunCancelRequested
 from schemas.dispatcher import CommandOutcome
-from schemas.governance import DecisionAnswered
+from schemas.governance import DecisionAnswered, LeaseAmounts
 from schemas.host import ProposalView, RunResult
 from schemas.planner import (
     REVIEW,
@@ -138,7 +138,8 @@ class PlannerService(PersonWaits):
                  agents: AgentRegistry, max_decisions: int = 8,
                  reserve_tokens: int = 4096, sealer: Sealer | None = None,
                  reads: ReadClient | None = None, calls: CallDecider | None = None,
-                 concurrency: int = CONCURRENCY, sessions: SessionTurns | None = None) -> None:
+                 concurrency: int = CONCURRENCY, sessions: SessionTurns | None = None,
+                 lease_steps: int = 8) -> None:
         self._rt, self._store, self._provider = rt, store, provider
         # Chat sessions (DESIGN.md §10): each turn is a run of this loop; None only in tests
         # of something else.
@@ -151,7 +152,10 @@ class PlannerService(PersonWaits):
         # What a provider call reserves of the run's tokens before it starts (settled with
         # what the provider reports it used).
         self._reserve_tokens = reserve_tokens
-        self._budget = RunBudgets(nc=rt.nc, store=store)
+        # A root run leases its budgets for up to `lease_steps` steps at once (0: no lease).
+        self._budget = RunBudgets(nc=rt.nc, store=store, lease=LeaseAmounts(
+            provider_calls=lease_steps, tokens=lease_steps * reserve_tokens,
+            capability_calls=lease_steps) if lease_steps > 0 else None)
         self._max_decisions, self._sealer = max_decisions, sealer
         self._decoder = msgspec.json.Decoder(Inbound)
         self._metrics = PlannerMetrics(rt.registry)
@@ -258,7 +262,7 @@ class PlannerService(PersonWaits):
             if run is None:
                 return []  # an outcome for a run this planner never started: nothing to drive
             state = await self._store.state(conn, run)
-            self._budget.known(run, state.reservations)
+            self._budget.known(run, state.reservations, state.now)
             steps = state.steps
             seen = len(steps)
             effects = await self._advance_run(conn, run, steps, event, finished,
@@ -347,7 +351,7 @@ class PlannerService(PersonWaits):
                 if run is None or run.status != "running":
                     return []
                 state = await self._store.state(conn, run)
-                self._budget.known(run, state.reservations)
+                self._budget.known(run, state.reservations, state.now)
                 steps = state.steps
                 seen = len(steps)
                 if by := state.cancelled_by:  # nothing more is scheduled
@@ -511,7 +515,10 @@ class PlannerService(PersonWaits):
                     effects = AGAIN  # committed before the next decision is asked for
             await announce(self._rt.nc, run, steps[seen:])
             try:
-                effects = await self._continue(conn, run.run_id, effects, finished)
+                # A delivery's scope, as the inbox's: the steps draw on the run's lease (and
+                # a step redone there after a failure here takes the same one).
+                async with self._budget.deferring(conn):
+                    effects = await self._continue(conn, run.run_id, effects, finished)
             except RetryableError as exc:
                 # The answer is recorded; what follows it cannot be taken now (retrieval or
                 # governance did not answer). The run's inbox takes it from here, retried like

@@ -80,9 +80,17 @@ class Reservation(msgspec.Struct, frozen=True, kw_only=True):
     step_key: str
     reservation_id: str
     state: str  # open | due | closed
+    # What the step used (recorded when it is spent; a lease's: what its draws used).
     provider_calls: int = 0
     tokens: int = 0
     capability_calls: int = 0
+    # A draw on a lease (`budgeting.py`): the lease's step key, and what the draw holds of it;
+    # a lease: what governance granted, and until when it may be drawn on (epoch seconds).
+    lease: str | None = None
+    reserved_provider_calls: int = 0
+    reserved_tokens: int = 0
+    reserved_capability_calls: int = 0
+    expires_at: float | None = None
 
 
 class RunState(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +100,7 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     steps: list[Step]
     cancelled_by: str | None = None
     reservations: list[Reservation] = []
+    now: float = 0.0  # the database's clock (epoch seconds), which a lease expires by
 
 
 # Read after the run's lock was granted (a statement of its own, so its snapshot sees every
@@ -105,9 +114,20 @@ SELECT (SELECT coalesce(json_agg(json_build_object('seq', seq, 'kind', kind, 'pa
        (SELECT coalesce(json_agg(json_build_object(
                    'step_key', step_key, 'reservation_id', reservation_id, 'state', state,
                    'provider_calls', provider_calls, 'tokens', tokens,
-                   'capability_calls', capability_calls)), '[]'::json)
-        FROM planner.reservations WHERE run_id = $1) AS reservations
+                   'capability_calls', capability_calls, 'lease', lease,
+                   'reserved_provider_calls', reserved_provider_calls,
+                   'reserved_tokens', reserved_tokens,
+                   'reserved_capability_calls', reserved_capability_calls,
+                   'expires_at', expires_at)), '[]'::json)
+        FROM planner.reservations WHERE run_id = $1) AS reservations,
+       extract(epoch FROM now())::float8 AS now
 """
+_RESERVATION_COLUMNS = ("step_key, reservation_id, state, provider_calls, tokens, "
+                        "capability_calls, lease, reserved_provider_calls, reserved_tokens, "
+                        "reserved_capability_calls, expires_at")
+# What `hold` inserts of each reservation, in its statement's order.
+_HELD = ("step_key", "reservation_id", "lease", "reserved_provider_calls", "reserved_tokens",
+         "reserved_capability_calls", "expires_at")
 _STEPS = msgspec.json.Decoder(list[Step])
 _RESERVATIONS = msgspec.json.Decoder(list[Reservation])
 
@@ -232,7 +252,7 @@ class PlannerStore:
         round trip (call it after `lock_run`, in the same transaction)."""
         row = await conn.fetchrow(_STATE, run.run_id, run.tenant)
         return RunState(steps=_STEPS.decode(row["steps"]), cancelled_by=row["cancelled_by"],
-                        reservations=_RESERVATIONS.decode(row["reservations"]))
+                        reservations=_RESERVATIONS.decode(row["reservations"]), now=row["now"])
 
     async def steps(self, conn: asyncpg.Connection, run_id: str) -> list[Step]:
         """The run's steps in order."""
@@ -288,47 +308,50 @@ class PlannerStore:
                           step_key: str) -> Reservation | None:
         """The reservation recorded for this step key, if any."""
         row = await conn.fetchrow(
-            "SELECT step_key, reservation_id, state, provider_calls, tokens, capability_calls "
-            "FROM planner.reservations WHERE run_id = $1 AND step_key = $2", run_id, step_key)
+            f"SELECT {_RESERVATION_COLUMNS} FROM planner.reservations "
+            "WHERE run_id = $1 AND step_key = $2", run_id, step_key)
         return None if row is None else Reservation(**dict(row))
 
-    async def hold(self, conn: asyncpg.Connection, run_id: str, step_key: str,
-                   reservation_id: str, *, closing: dict[str, list[str]] | None = None) -> bool:
-        """Record an open reservation; False if this step key has one already. `closing`:
-        step keys (by run id) governance settled with it, recorded closed in the same
-        statement."""
+    async def hold(self, conn: asyncpg.Connection, run_id: str, *held: Reservation,
+                   closing: dict[str, list[str]] | None = None) -> bool:
+        """Record open reservations (a step's, or a lease and its first draw); False if the
+        first one's step key has one already. `closing`: step keys (by run id) governance
+        settled with it, recorded closed in the same statement."""
         closing = dict(closing or {})
         same = closing.pop(run_id, [])
         for other, keys in closing.items():  # a branch's settlement carried by its root's
             await self.closed(conn, other, *keys)
-        if not same:
-            return bool(await conn.fetchval(
-                "INSERT INTO planner.reservations (run_id, step_key, reservation_id, state) "
-                "VALUES ($1, $2, $3, 'open') ON CONFLICT DO NOTHING RETURNING true",
-                run_id, step_key, reservation_id))
+        columns = [[getattr(r, f) for r in held] for f in _HELD]
         return bool(await conn.fetchval(
             "WITH closed AS (UPDATE planner.reservations SET state = 'closed' "
-            "WHERE run_id = $1 AND step_key = ANY($4::text[])) "
-            "INSERT INTO planner.reservations (run_id, step_key, reservation_id, state) "
-            "VALUES ($1, $2, $3, 'open') ON CONFLICT DO NOTHING RETURNING true",
-            run_id, step_key, reservation_id, same))
+            "WHERE run_id = $1 AND step_key = ANY($2::text[])), "
+            "held AS (INSERT INTO planner.reservations (run_id, state, step_key, "
+            "reservation_id, lease, reserved_provider_calls, reserved_tokens, "
+            "reserved_capability_calls, expires_at) SELECT $1, 'open', * FROM "
+            "unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], "
+            "$9::float8[]) ON CONFLICT DO NOTHING RETURNING step_key) "
+            "SELECT EXISTS (SELECT 1 FROM held WHERE step_key = $3[1])",
+            run_id, same, *columns))
 
     async def spent(self, conn: asyncpg.Connection, run_id: str, step_key: str, *,
                     provider_calls: int = 0, tokens: int = 0,
                     capability_calls: int = 0) -> Reservation | None:
         """The step is over: record what it used (once); the reservation if it is now due."""
         row = await conn.fetchrow(
-            "UPDATE planner.reservations SET state = 'due', provider_calls = $3, tokens = $4, "
-            "capability_calls = $5 WHERE run_id = $1 AND step_key = $2 AND state = 'open' "
-            "RETURNING step_key, reservation_id, state, provider_calls, tokens, "
-            "capability_calls", run_id, step_key, provider_calls, tokens, capability_calls)
+            # A draw on a lease is closed here: the lease is settled for it (`budgeting.py`).
+            "UPDATE planner.reservations SET provider_calls = $3, tokens = $4, "
+            "capability_calls = $5, "
+            "state = CASE WHEN lease IS NULL THEN 'due' ELSE 'closed' END "
+            "WHERE run_id = $1 AND step_key = $2 AND state = 'open' "
+            f"RETURNING {_RESERVATION_COLUMNS}",
+            run_id, step_key, provider_calls, tokens, capability_calls)
         return None if row is None else Reservation(**dict(row))
 
     async def due(self, conn: asyncpg.Connection, run_id: str) -> list[Reservation]:
         """The run's reservations whose use is known but not yet settled in governance."""
         rows = await conn.fetch(
-            "SELECT step_key, reservation_id, state, provider_calls, tokens, capability_calls "
-            "FROM planner.reservations WHERE run_id = $1 AND state = 'due' ORDER BY step_key",
+            f"SELECT {_RESERVATION_COLUMNS} FROM planner.reservations "
+            "WHERE run_id = $1 AND state = 'due' ORDER BY step_key",
             run_id)
         return [Reservation(**dict(r)) for r in rows]
 

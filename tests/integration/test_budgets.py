@@ -18,6 +18,7 @@ from libs.journal import DataKeys, Journal
 from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
+    LeaseAmounts,
     RegisterRun,
     RunBudget,
     Settlement,
@@ -380,3 +381,43 @@ async def test_every_budget_change_is_journaled(env: Env) -> None:
     assert payloads[3]["used"] == {"provider_calls": 1, "tokens": 70, "capability_calls": 0}
     assert payloads[3]["reserved"]["tokens"] == 100
     assert payloads[6]["wait_key"] == f"pending:{pending}"
+
+
+async def test_a_lease_reserves_what_is_left_up_to_its_amounts_and_is_refused_by_its_step(
+        env: Env) -> None:
+    """`up_to` raises each amount to what is left, up to the lease's; only what the step asks
+    decides a refusal; a lease is one open step; a lease's key is one reservation."""
+    await _run(env.store, provider_calls=3, tokens=1000, capability_calls=0)
+    up_to = LeaseAmounts(provider_calls=8, tokens=400, capability_calls=8)
+    lease = await env.store.reserve(tenant="acme", run_id="run-1", step_key="run-1:lease:1",
+                                    provider_calls=1, tokens=100, up_to=up_to)
+    assert isinstance(lease, BudgetReserved)
+    # 3 provider calls were left (not 8), 400 tokens of 1,000, no capability call at all.
+    assert (lease.provider_calls, lease.tokens, lease.capability_calls) == (3, 400, 0)
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None
+    assert (state.reserved_provider_calls, state.reserved_tokens, state.open_steps) == (3, 400, 1)
+    again = await env.store.reserve(tenant="acme", run_id="run-1", step_key="run-1:lease:1",
+                                    provider_calls=1, tokens=100, up_to=up_to)
+    assert isinstance(again, BudgetReserved) and again.reservation_id == lease.reservation_id
+    # The next lease, settling the first with what its steps used: 2 calls and 300 tokens.
+    # One call is left, so it gets one; asking a capability call is refused outright.
+    refused = await env.store.reserve(
+        tenant="acme", run_id="run-1", step_key="run-1:lease:2", capability_calls=1,
+        up_to=up_to, settle=[Settlement(reservation_id=lease.reservation_id, provider_calls=2,
+                                        tokens=300)])
+    assert _refused(refused, "capability_calls")
+    second = await env.store.reserve(tenant="acme", run_id="run-1", step_key="run-1:lease:2",
+                                     provider_calls=1, up_to=up_to)
+    assert isinstance(second, BudgetReserved)
+    assert (second.provider_calls, second.tokens, second.capability_calls) == (1, 400, 0)
+    state = await env.store.budget("acme", "run-1")
+    assert state is not None
+    assert (state.used_provider_calls, state.used_tokens, state.reserved_provider_calls,
+            state.open_steps) == (2, 300, 1, 1)
+    # With none left, a lease asking one call is refused like the step it is for.
+    await env.store.settle(tenant="acme", run_id="run-1", reservation_id=second.reservation_id,
+                           provider_calls=1)
+    assert _refused(await env.store.reserve(
+        tenant="acme", run_id="run-1", step_key="run-1:lease:3", provider_calls=1,
+        up_to=up_to), "provider_calls")

@@ -163,9 +163,11 @@ async def test_a_called_agent_answers_in_its_own_branch_and_the_caller_observes_
     assert provider.inputs["front"][1].observations == [steps[1][1]]
     # Governance decided the call like any capability; the budgets are the root run's.
     assert await env.decided("run-b1") == [("agent:billing", "allow")]
+    # The root's steps draw on its leases (the first ended with the delivery that started
+    # the branch, before the branch was woken); the branch reserves each step on its own.
     assert await env.reservations("run-b1") == [
-        ("0:model", "settled", 0), ("0:capability", "settled", 1),
-        ("run-b1.b0:0:model", "settled", 0), ("2:model", "settled", 0)]
+        ("lease:1", "settled", 1), ("run-b1.b0:0:model", "settled", 0),
+        ("lease:2", "settled", 0)]
     assert await used("run-b1") == (3, 1)
 
     await Sealer(pool=env.planner_pool, journal=env.journal,
@@ -262,7 +264,7 @@ async def test_a_call_governance_denies_is_observed_and_no_branch_runs(env: Env)
                            "reason": "a deny rule matches the call"}
     assert await env.decided("run-b6") == [("agent:billing", "deny")]
     assert await env.run("run-b6.b0") is None and "billing" not in provider.inputs
-    assert ("0:capability", "settled", 1) in await env.reservations("run-b6")
+    assert ("lease:1", "settled", 1) in await env.reservations("run-b6")
     assert (await env.run("run-b6"))["status"] == "succeeded"
 
 

@@ -33,7 +33,7 @@ from libs.telemetry import make_tracer_provider
 from schemas import subjects
 from schemas.admission import ProposalRefused
 from schemas.dispatcher import CommandOutcome
-from schemas.governance import RegisterRun, ReserveBudget, RunBudget, RunRegistered
+from schemas.governance import LeaseAmounts, RegisterRun, ReserveBudget, RunBudget, RunRegistered
 from schemas.retrieval import EvidenceGathered
 from services.governance.service import GovernanceService
 from services.governance.store import GovernanceStore
@@ -112,7 +112,7 @@ class Env(msgspec.Struct, kw_only=True):
     micro: Any
     provider: Counting | None = None
 
-    def service(self, provider: Counting) -> PlannerService:
+    def service(self, provider: Counting, *, lease_steps: int = 8) -> PlannerService:
         self.provider = provider
         agents = AgentRegistry([load_manifest(manifest("note-assistant")),
                                 load_manifest(manifest("checked-assistant", critic=True))])
@@ -120,7 +120,8 @@ class Env(msgspec.Struct, kw_only=True):
         rt = Runtime(name="planner", nc=self.nc, js=self.nc.jetstream(),
                      registry=self.registry, tracer_provider=make_tracer_provider("planner"))
         return PlannerService(rt=rt, store=PlannerStore(self.planner_pool, journal=self.journal),
-                              provider=provider, agents=agents, reserve_tokens=100)
+                              provider=provider, agents=agents, reserve_tokens=100,
+                              lease_steps=lease_steps)
 
     async def run(self, run_id: str) -> Any:
         return await self.db.fetchrow("SELECT * FROM planner.runs WHERE run_id = $1", run_id)
@@ -137,6 +138,14 @@ class Env(msgspec.Struct, kw_only=True):
         return [(r["step_key"].removeprefix(f"{run_id}:"), r["status"],
                  r["used_provider_calls"], r["used_tokens"], r["used_capability_calls"])
                 for r in rows]
+
+    async def draws(self, run_id: str) -> list[tuple[str, str | None, str]]:
+        """The planner's own record: each step key, the lease it drew on, its state."""
+        rows = await self.db.fetch(
+            "SELECT step_key, lease, state FROM planner.reservations WHERE run_id = $1 "
+            "ORDER BY step_key", run_id)
+        return [(r["step_key"].removeprefix(f"{run_id}:"),
+                 r["lease"] and r["lease"].removeprefix(f"{run_id}:"), r["state"]) for r in rows]
 
     def exhausted(self) -> float:
         return self.registry.get_sample_value("writ_planner_budget_exhaustions_total") or 0.0
@@ -202,9 +211,16 @@ async def test_an_exhausted_budget_fails_the_run_naming_it_without_asking_the_mo
     assert provider.decisions == 1  # the model was not asked whether to go on
     assert [k for k, _ in await env.steps("run-b1")] == ["decision", "observation"]
     assert env.exhausted() == 1.0
-    # What each step used is settled; nothing is left open.
-    assert await env.reservations("run-b1") == [
-        ("0:model", "settled", 1, 0, 0), ("0:capability", "settled", 0, 0, 1)]
+    # Both steps drew on the run's lease, settled with what they used; the second lease
+    # (the next model call) was refused: nothing is left open.
+    assert await env.reservations("run-b1") == [("lease:1", "settled", 1, 0, 1)]
+    assert await env.draws("run-b1") == [("0:capability", "lease:1", "closed"),
+                                         ("0:model", "lease:1", "closed"),
+                                         ("lease:1", None, "closed")]
+    exhausted = await env.db.fetchrow(
+        "SELECT b.used_provider_calls, b.reserved_provider_calls, b.open_steps "
+        "FROM governance.budgets b WHERE run_id = 'run-b1'")
+    assert tuple(exhausted) == (1, 0, 0)
 
 
 async def test_a_capability_budget_that_ran_out_proposes_nothing(env: Env) -> None:
@@ -215,7 +231,8 @@ async def test_a_capability_budget_that_ran_out_proposes_nothing(env: Env) -> No
     run = await env.run("run-b2")
     assert (run["status"], run["error_code"]) == ("failed", "BUDGET_EXHAUSTED")
     assert run["error_message"].startswith("capability_calls: ")
-    assert await env.reservations("run-b2") == [("0:model", "settled", 1, 0, 0)]
+    # The lease got no capability call (none was left); the one the step asked was refused.
+    assert await env.reservations("run-b2") == [("lease:1", "settled", 1, 0, 0)]
     kinds = [r["kind"] for r in await env.db.fetch(
         "SELECT kind FROM planner.journal WHERE run_id = 'run-b2' ORDER BY id")]
     assert "proposal" not in kinds  # journaled only once its capability call was reserved
@@ -229,22 +246,25 @@ async def test_a_redelivered_step_reuses_its_reservation(env: Env) -> None:
     with pytest.raises(RetryableError):
         await svc.handle(_Delivery(started))
     assert await env.steps("run-b3") == []
-    assert await env.reservations("run-b3") == [("0:model", "open", None, None, None)]
-    await svc.handle(_Delivery(started))  # the redelivery: same step key, same reservation
+    assert await env.reservations("run-b3") == [("lease:1", "open", None, None, None)]
+    await svc.handle(_Delivery(started))  # the redelivery: same lease key, same reservation
     await svc.handle(_Delivery(started))  # and again, after the proposal: nothing new
-    assert await env.reservations("run-b3") == [
-        ("0:model", "settled", 1, 0, 0), ("0:capability", "open", None, None, None)]
+    # The lease stays open while the proposal's capability call (a draw) is in flight.
+    assert await env.reservations("run-b3") == [("lease:1", "open", None, None, None)]
+    assert await env.draws("run-b3") == [("0:capability", "lease:1", "open"),
+                                         ("0:model", "lease:1", "closed"),
+                                         ("lease:1", None, "open")]
     assert provider.decisions == 2  # the failed call and the one recorded; never a third
     await svc.handle(_Delivery(outcome("run-b3", 0)))
     run = await env.run("run-b3")
     assert (run["status"], run["answer"]) == ("succeeded", FIRST.answer)
-    assert [r[1] for r in await env.reservations("run-b3")] == ["settled"] * 3
+    assert await env.reservations("run-b3") == [("lease:1", "settled", 2, 0, 1)]
 
 
-async def test_a_steps_settlement_travels_with_the_next_reservation(env: Env) -> None:
-    """Three reservations and three settlements, in four round trips to governance: each
-    step's settlement goes with the next step's reservation, and only the last is sent alone,
-    before its delivery commits; every reservation ends settled with what its step used."""
+async def test_a_runs_steps_draw_on_one_lease_in_two_round_trips(env: Env) -> None:
+    """A root run's three steps (model, capability, model) draw on one lease: one reserve,
+    asking up to the lease's amounts, and one settlement with what they used together, sent
+    once the delivery that ended it committed. Governance's totals are what the steps used."""
     seen: list[tuple[str, bytes]] = []
 
     async def heard(msg: Any) -> None:
@@ -253,6 +273,73 @@ async def test_a_steps_settlement_travels_with_the_next_reservation(env: Env) ->
     reserves = await env.nc.subscribe(subjects.RESERVE, cb=heard)
     settles = await env.nc.subscribe(subjects.SETTLE, cb=heard)
     svc = env.service(Counting({"note-assistant": [NOTE, FIRST]}))
+    await svc.handle(_Delivery(await register(env, "run-b12", "note-assistant")))
+    # Between the deliveries the lease is open: the proposal's capability call draws on it.
+    assert await env.reservations("run-b12") == [("lease:1", "open", None, None, None)]
+    await svc.handle(_Delivery(outcome("run-b12", 0)))
+    run = await env.run("run-b12")
+    assert (run["status"], run["answer"]) == ("succeeded", FIRST.answer)
+    assert await env.reservations("run-b12") == [("lease:1", "settled", 2, 0, 1)]
+    assert await env.draws("run-b12") == [
+        ("0:capability", "lease:1", "closed"), ("0:model", "lease:1", "closed"),
+        ("2:model", "lease:1", "closed"), ("lease:1", None, "closed")]
+    budget_row = await env.db.fetchrow(
+        "SELECT used_provider_calls, used_capability_calls, reserved_provider_calls, "
+        "reserved_tokens, reserved_capability_calls, open_steps FROM governance.budgets "
+        "WHERE run_id = 'run-b12'")
+    assert tuple(budget_row) == (2, 1, 0, 0, 0, 0)
+    await env.nc.flush()
+    await reserves.unsubscribe()
+    await settles.unsubscribe()
+    assert [subject for subject, _ in seen] == [subjects.RESERVE, subjects.SETTLE]
+    ask = msgspec.json.decode(seen[0][1], type=ReserveBudget)
+    assert (ask.step_key, ask.provider_calls, ask.tokens, ask.up_to) == (
+        "run-b12:lease:1", 1, 100, LeaseAmounts(provider_calls=8, tokens=800,
+                                                capability_calls=8))
+    granted = await env.db.fetchrow(
+        "SELECT provider_calls, tokens, capability_calls FROM governance.reservations "
+        "WHERE run_id = 'run-b12'")
+    assert tuple(granted) == (8, 800, 8)  # all of it was left
+
+
+async def test_a_lease_that_does_not_cover_the_next_step_is_settled_with_the_next_one(
+        env: Env) -> None:
+    """A lease covering two provider calls: the third model call settles it (carried by the
+    next lease's reserve, as a step's settlement is) and draws on a new one."""
+    svc = env.service(Counting({"checked-assistant": [NOTE, FIRST, SECOND]},
+                               {"checked-assistant": [REPLAN, Accept()]}), lease_steps=2)
+    await svc.handle(_Delivery(await register(env, "run-b13", "checked-assistant")))
+    await svc.handle(_Delivery(outcome("run-b13", 0)))
+    run = await env.run("run-b13")
+    assert (run["status"], run["answer"]) == ("succeeded", SECOND.answer)
+    # model, capability, model, critic (2 provider calls, then the lease is spent) ...
+    # ... then the critic and the replanned model call, then the last critic.
+    assert await env.reservations("run-b13") == [
+        ("lease:1", "settled", 2, 0, 1), ("lease:2", "settled", 2, 0, 0),
+        ("lease:3", "settled", 1, 0, 0)]
+    assert await env.draws("run-b13") == [
+        ("0:capability", "lease:1", "closed"), ("0:model", "lease:1", "closed"),
+        ("2:model", "lease:1", "closed"), ("3:critic", "lease:2", "closed"),
+        ("5:model", "lease:2", "closed"), ("6:critic", "lease:3", "closed"),
+        ("lease:1", None, "closed"), ("lease:2", None, "closed"), ("lease:3", None, "closed")]
+    used = await env.db.fetchrow("SELECT used_provider_calls, used_capability_calls, "
+                                 "open_steps FROM governance.budgets WHERE run_id = 'run-b13'")
+    assert tuple(used) == (5, 1, 0)
+
+
+async def test_a_steps_settlement_travels_with_the_next_reservation(env: Env) -> None:
+    """Without a lease (as a branch's steps reserve): three reservations and three
+    settlements, in four round trips to governance: each step's settlement goes with the next
+    step's reservation, and only the last is sent alone, before its delivery commits; every
+    reservation ends settled with what its step used."""
+    seen: list[tuple[str, bytes]] = []
+
+    async def heard(msg: Any) -> None:
+        seen.append((msg.subject, msg.data))
+
+    reserves = await env.nc.subscribe(subjects.RESERVE, cb=heard)
+    settles = await env.nc.subscribe(subjects.SETTLE, cb=heard)
+    svc = env.service(Counting({"note-assistant": [NOTE, FIRST]}), lease_steps=0)
     await svc.handle(_Delivery(await register(env, "run-b11", "note-assistant")))
     await svc.handle(_Delivery(outcome("run-b11", 0)))
     run = await env.run("run-b11")
@@ -295,8 +382,10 @@ async def test_a_run_that_stops_for_a_person_holds_no_reservation(env: Env) -> N
         tenant="acme", run_id="run-b5", step=0, action="crm.note.create", verdict="ask",
         reason="needs a person", pending_id="p-1")))
     assert (await env.run("run-b5"))["status"] == "awaiting_human"
-    assert await env.reservations("run-b5") == [
-        ("0:model", "settled", 1, 0, 0), ("0:capability", "settled", 0, 0, 1)]
+    # The lease ends with the delivery: nothing is held while the run waits for a person.
+    assert await env.reservations("run-b5") == [("lease:1", "settled", 1, 0, 1)]
+    assert await env.db.fetchval("SELECT open_steps FROM governance.budgets "
+                                 "WHERE run_id = 'run-b5'") == 0
 
 
 async def test_a_critic_replan_then_accept_ends_with_the_second_answer(env: Env) -> None:
@@ -320,8 +409,9 @@ async def test_a_critic_replan_then_accept_ends_with_the_second_answer(env: Env)
     assert steps[4][1] == {"critic": "replan", "reason": REPLAN.reason,
                            "answer_accepted": False}
     assert (provider.decisions, provider.verdicts) == (3, 2)
-    keys = [k for k, *_ in await env.reservations("run-c1")]
-    assert keys == ["0:model", "0:capability", "2:model", "3:critic", "5:model", "6:critic"]
+    keys = [k for k, lease, _ in await env.draws("run-c1") if lease is not None]
+    assert keys == ["0:capability", "0:model", "2:model", "3:critic", "5:model", "6:critic"]
+    assert await env.reservations("run-c1") == [("lease:1", "settled", 5, 0, 1)]
     # Sealed, the journal replays the run identical, critic verdicts included.
     sealer = Sealer(pool=env.planner_pool, journal=env.journal,
                     signing=SigningKey.generate("p-1"))

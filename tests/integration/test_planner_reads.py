@@ -142,6 +142,14 @@ class Env(msgspec.Struct, kw_only=True):
         return [(r["step_key"].removeprefix(f"{run_id}:"), r["status"],
                  r["used_capability_calls"]) for r in rows]
 
+    async def draws(self, run_id: str) -> list[tuple[str, str | None, str]]:
+        """The planner's own record: each step key, the lease it drew on, its state."""
+        rows = await self.db.fetch(
+            "SELECT step_key, lease, state FROM planner.reservations WHERE run_id = $1 "
+            "ORDER BY step_key", run_id)
+        return [(r["step_key"].removeprefix(f"{run_id}:"),
+                 r["lease"] and r["lease"].removeprefix(f"{run_id}:"), r["state"]) for r in rows]
+
     async def decided(self, run_id: str) -> list[tuple[str, str]]:
         return [(r["tool"], r["verdict"]) for r in await self.db.fetch(
             "SELECT tool, verdict FROM governance.decisions WHERE run_id = $1 "
@@ -233,9 +241,11 @@ async def test_a_read_is_observed_as_untrusted_data_then_the_note_is_proposed(en
     # Governance decided the read (a plain read: allowed); the read's capability call settled,
     # the note's is open until its outcome arrives.
     assert await env.decided("run-r1") == [("documents.search", "allow")]
-    assert await env.reservations("run-r1") == [
-        ("0:model", "settled", 0), ("0:capability", "settled", 1), ("2:model", "settled", 0),
-        ("2:capability", "open", None)]
+    assert await env.reservations("run-r1") == [("lease:1", "open", None)]
+    assert await env.draws("run-r1") == [
+        ("0:capability", "lease:1", "closed"), ("0:model", "lease:1", "closed"),
+        ("2:capability", "lease:1", "open"), ("2:model", "lease:1", "closed"),
+        ("lease:1", None, "open")]
     kinds = [r["kind"] for r in await env.db.fetch(
         "SELECT kind FROM planner.journal WHERE run_id = 'run-r1' ORDER BY id")]
     assert kinds == ["run.started", "step.decision", "step.observation", "step.decision",
@@ -277,7 +287,8 @@ async def test_a_denied_read_is_observed_and_nothing_is_read(env: Env) -> None:
     assert await env.decided("run-r2") == [("documents.search", "deny")]
     run = await env.run("run-r2")
     assert (run["status"], run["answer"]) == ("succeeded", DONE.answer)  # the agent went on
-    assert ("0:capability", "settled", 1) in await env.reservations("run-r2")
+    assert ("0:capability", "lease:1", "closed") in await env.draws("run-r2")
+    assert await env.reservations("run-r2") == [("lease:1", "settled", 1)]
 
 
 async def _answer(env: Env, pending_id: str, answer: str) -> DecisionAnswered:
@@ -303,7 +314,9 @@ async def test_a_read_a_person_must_allow_stops_the_run_until_they_answer(env: E
     pending = await env.db.fetchrow("SELECT * FROM governance.pending WHERE run_id = 'run-r3'")
     assert run["pending_id"] == str(pending["pending_id"])
     assert (pending["tool"], pending["first_argument"]) == ("crm.customer.get", "ACME-42")
-    assert ("0:capability", "settled", 1) in await env.reservations("run-r3")
+    # The read is over for the budget while the run waits: its lease is settled.
+    assert ("0:capability", "lease:1", "closed") in await env.draws("run-r3")
+    assert await env.reservations("run-r3") == [("lease:1", "settled", 1)]
     assert len(provider.inputs) == 1
 
     # An answer to something else changes nothing.
@@ -370,7 +383,7 @@ async def test_arguments_that_do_not_fit_the_tool_are_refused_before_retrieval(
     steps = await env.steps("run-r4")
     assert steps[1][1]["refused"] == "arguments" and "tenant" in steps[1][1]["reason"]
     assert await env.decided("run-r4") == []  # retrieval (and governance) never asked
-    assert "0:capability" not in [k for k, *_ in await env.reservations("run-r4")]
+    assert "0:capability" not in [k for k, *_ in await env.draws("run-r4")]
 
 
 async def test_retrieval_not_answering_is_a_retry_never_a_result(env: Env) -> None:
@@ -384,7 +397,7 @@ async def test_retrieval_not_answering_is_a_retry_never_a_result(env: Env) -> No
     # The decision is committed; no observation, and the capability call stays reserved.
     assert [k for k, _ in await env.steps("run-r5")] == ["decision"]
     assert (await env.run("run-r5"))["status"] == "running"
-    assert ("0:capability", "open", None) in await env.reservations("run-r5")
+    assert await env.reservations("run-r5") == [("lease:1", "open", None)]
 
     await env.serve_retrieval()
     await svc.handle(_Delivery(started))  # the redelivery reads, under the same reservation
@@ -392,7 +405,8 @@ async def test_retrieval_not_answering_is_a_retry_never_a_result(env: Env) -> No
     assert [k for k, _ in steps] == ["decision", "observation", "decision"]
     assert steps[1][1]["executed"] is True
     assert len(provider.inputs) == 2  # the read's decision was not asked again
-    assert [k for k, *_ in await env.reservations("run-r5")].count("0:capability") == 1
+    assert [k for k, *_ in await env.draws("run-r5")].count("0:capability") == 1
+    assert [k for k, *_ in await env.reservations("run-r5")] == ["lease:1"]
 
 
 async def test_a_review_approved_while_retrieval_is_down_goes_on_in_the_runs_inbox(

@@ -9,7 +9,7 @@ import pytest
 from libs.errors import ConfigError
 from schemas.governance import RunBudget
 from services.governance.__main__ import load_budget_defaults
-from services.governance.budgets import BudgetDefaults, BudgetState, Limits, refusal
+from services.governance.budgets import BudgetDefaults, BudgetState, Limits, leased, refusal
 
 LIMITS = Limits(provider_calls=3, tokens=100, capability_calls=2, wall_time_s=60,
                 max_concurrent_steps=2)
@@ -66,3 +66,16 @@ def test_the_defaults_file_is_checked(tmp_path: Path) -> None:
     bad.write_text('{"agents": {"a": {"token": 5}}}')
     with pytest.raises(ConfigError):
         load_budget_defaults(str(bad))
+
+
+def test_a_lease_takes_what_is_left_up_to_its_amounts_never_less_than_asked() -> None:
+    state = BudgetState(limits=LIMITS, reserved_tokens=40, used_tokens=20, used_provider_calls=1)
+    # 2 provider calls and 40 tokens are left, 2 capability calls.
+    assert leased(state, {"provider_calls": 1, "tokens": 10, "capability_calls": 0},
+                  {"provider_calls": 8, "tokens": 30, "capability_calls": 8}) == {
+        "provider_calls": 2, "tokens": 30, "capability_calls": 2}
+    # Over-spent already (used above the limit): what was asked, never a negative amount.
+    over = BudgetState(limits=LIMITS, used_tokens=150)
+    assert leased(over, {"provider_calls": 1, "tokens": 0, "capability_calls": 0},
+                  {"provider_calls": 1, "tokens": 50, "capability_calls": 0}) == {
+        "provider_calls": 1, "tokens": 0, "capability_calls": 0}

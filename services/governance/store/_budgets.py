@@ -23,11 +23,12 @@ from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
     BudgetSettled,
+    LeaseAmounts,
     RunBudget,
     Settlement,
 )
 from schemas.planner import root_run_id
-from services.governance.budgets import BudgetState, Limits, refusal
+from services.governance.budgets import BudgetState, Limits, leased, refusal
 from services.governance.store._records import is_uuid
 
 __all__ = ["BudgetStore"]
@@ -176,7 +177,8 @@ class BudgetStore:
     async def reserve(self, *, tenant: str, run_id: str, step_key: str, provider_calls: int = 0,
                       tokens: int = 0, capability_calls: int = 0,
                       limit: RunBudget | None = None,
-                      settle: Sequence[Settlement] = ()) -> BudgetReserved | BudgetRefused:
+                      settle: Sequence[Settlement] = (),
+                      up_to: LeaseAmounts | None = None) -> BudgetReserved | BudgetRefused:
         """Reserve a step's amounts if they fit what is left, or refuse naming the budget.
 
         One short transaction that first locks the run's budget row: parallel steps of a run
@@ -184,6 +186,8 @@ class BudgetStore:
         spend the same remainder. The same step key gets the same reservation back. `limit`
         (the caller's own limits for the run) first lowers the run's limits where it asks less.
         `settle`: earlier reservations of this run, closed first in the same transaction.
+        `up_to`: a lease; once the asked amounts fit, each is raised to what is left, up to
+        these (`leased`).
         """
         async with self._pool.acquire() as conn, conn.transaction():
             settled = []
@@ -227,6 +231,10 @@ class BudgetStore:
                                       "asked": asked, "elapsed_s": state.elapsed_s})
                 return BudgetRefused(run_id=run_id, step_key=step_key, budget=kind,
                                      reason=reason, settled=settled)
+            if up_to is not None:
+                asked = leased(state, asked, msgspec.structs.asdict(up_to))
+                provider_calls, tokens, capability_calls = (
+                    asked["provider_calls"], asked["tokens"], asked["capability_calls"])
             reservation_id = str(uuid.uuid4())
             if not await self._journaled(
                     conn, _RESERVATION, _RESERVED,
