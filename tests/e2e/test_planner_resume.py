@@ -177,8 +177,13 @@ async def test_a_planner_killed_after_a_decision_resumes_without_asking_again(
     assert recorded[1][1]["operation_id"] == str(commands[0]["operation_id"])
     reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
                                   "WHERE run_id = $1 ORDER BY reserved_at", run_id)
+    # The run's three steps drew on one lease, settled once (`budgeting.py`).
     assert [(r["step_key"].removeprefix(f"{run_id}:"), r["status"]) for r in reservations] == [
-        ("0:model", "settled"), ("0:capability", "settled"), ("2:model", "settled")]
+        ("lease:1", "settled")]
+    draws = await db.fetch("SELECT step_key, state FROM planner.reservations "
+                           "WHERE run_id = $1 AND lease IS NOT NULL ORDER BY step_key", run_id)
+    assert [(r["step_key"].removeprefix(f"{run_id}:"), r["state"]) for r in draws] == [
+        ("0:capability", "closed"), ("0:model", "closed"), ("2:model", "closed")]
 
 
 async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(
@@ -290,7 +295,7 @@ async def test_a_model_answer_that_is_no_decision_fails_the_run_saying_so(
     reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
                                   "WHERE run_id = $1", result.run_id)
     assert [(r["step_key"].removeprefix(f"{result.run_id}:"), r["status"])
-            for r in reservations] == [("0:model", "settled")]
+            for r in reservations] == [("lease:1", "settled")]
 
 
 async def test_a_branch_proposes_under_the_root_runs_grant_and_observes_the_outcome(

@@ -164,9 +164,13 @@ async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its
     assert (run["status"], run["answer"]) == ("cancelled", None)
     assert await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1",
                              run_id) == 0
-    [held] = await db.fetch("SELECT state, provider_calls, tokens FROM planner.reservations "
-                            "WHERE run_id = $1", run_id)
-    assert (held["state"], held["provider_calls"]) == ("closed", 1) and held["tokens"] > 0
+    held = await db.fetch("SELECT lease, state, provider_calls, tokens "
+                          "FROM planner.reservations WHERE run_id = $1", run_id)
+    [draw] = [r for r in held if r["lease"] is not None]  # the model call, on the turn's lease
+    assert (draw["state"], draw["provider_calls"]) == ("closed", 1) and draw["tokens"] > 0
+    assert [r["state"] for r in held if r["lease"] is None] == ["closed"]
+    assert await db.fetchval("SELECT count(*) FROM governance.reservations WHERE run_id = $1 "
+                             "AND status = 'open'", run_id) == 0
     assert len(model_requests(model)) - before == 1  # asked once, never asked again
     final = await view(api, sid)
     assert final["state"] == "closed"
