@@ -28,7 +28,8 @@ from bench.sessions import session_path
 from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
 
-PHASES = ("journal_verify", "command_path", "run_path", "decide", "mcp_read", "session_path")
+PHASES = ("journal_verify", "command_path", "run_path", "full_path", "decide", "mcp_read",
+          "session_path")
 _ONLY = frozenset(filter(None, os.environ.get("BENCH_PHASES", "").replace(" ", "").split(",")))
 
 
@@ -64,6 +65,7 @@ def _run(stack: Stack, report: Report) -> None:
     # BENCH_PHASES (comma-separated) runs only those: e.g. `BENCH_PHASES=http_path`.
     wanted = set(filter(None, os.environ.get("BENCH_PHASES", "").split(",")))
     for name, phase in (("command_path", bench.command_path), ("run_path", bench.run_path),
+                        ("full_path", bench.full_path),
                         ("http_path", lambda: http_path(bench)), ("decide", bench.decide),
                         ("mcp_read", lambda: mcp_read(bench)),
                         ("session_path", lambda: session_path(bench))):

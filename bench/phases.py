@@ -17,7 +17,7 @@ from bench.measure import closed_loop, open_loop
 from bench.observe import Counters, Processes, Window
 from bench.raw import RAW_CONNS, raw_ceiling
 from bench.report import Report, cpu_ms_per_op, sample_dict
-from bench.runs import RunPath
+from bench.runs import run_phase
 from bench.settle import settle
 from writ.stack import Stack
 
@@ -278,47 +278,15 @@ class Bench:
         print(f"      stages, p50/p99 ms: {text}", flush=True)
 
     async def run_path(self) -> None:
-        """Whole runs: one at a time, then `RUN_CONCURRENCY` in flight."""
-        r, data = self.report, self.report.data
-        r.section("Run path: RunRequest -> six services, one crm.note.create -> RunResult")
-        self.alive()
-        nc = await nats.connect(self.stack.nats_url, name="bench-runs")
-        path = RunPath(self.stack, nc)
-        await path.start()
-        try:
-            await self.settle(nc, "run_path_unloaded")
-            watch = self.window()
-            single = await closed_loop(path.one, concurrency=1, warmup_s=_s(1),
-                                       duration_s=_s(4), watcher=watch)
-            data["run_path_unloaded"] = {**sample_dict(single), "usage": watch.report(),
-                                         "cpu_ms_per_run": cpu_ms_per_op(watch.report(),
-                                                                         single.rate)}
-            data["run_path_c1_p50_ms"] = data["run_path_unloaded"]["p50_ms"]
-            r.sample("one at a time (C=1)", single, "run/s")
-            if single.completed == 0:
-                raise BenchError(f"no run succeeded: {path.statuses}; "
-                                 f"first problem: {path.problem}")
-            path.statuses, path.problem = {}, ""
-            await self.settle(nc, "run_path")
-            watch = self.window()
-            sample = await closed_loop(path.one, concurrency=RUN_CONCURRENCY, warmup_s=_s(3),
-                                       duration_s=_s(15), watcher=watch)
-            data["run_path_runs_per_s"] = round(sample.rate, 1)
-            data["run_path_p50_ms"] = round(sample.latency_ms(50), 1)
-            data["run_path_p99_ms"] = round(sample.latency_ms(99), 1)
-            data["run_path_concurrency"] = RUN_CONCURRENCY
-            data["run_path"] = {**sample_dict(sample), "statuses": path.statuses,
-                                "problem": path.problem,
-                                "usage": watch.report(),
-                                "cpu_ms_per_run": cpu_ms_per_op(watch.report(), sample.rate)}
-            # Every process, as the issue's and the peers' figures count it: the services,
-            # nats-server, Postgres, the host this bench plays and the simulated CRM.
-            data["run_path_cpu_ms_per_run"] = data["run_path"]["cpu_ms_per_run"].get("total")
-            r.sample(f"closed loop C={RUN_CONCURRENCY}", sample, "run/s")
-            r.usage(watch.report(), per=(sample.completed, "run"))
-        finally:
-            await path.stop()
-            await nc.close()
+        """Whole runs of the run path's agent (`bench/runs.py`)."""
+        await run_phase(self, "run_path", "Run path: RunRequest -> six services, one "
+                        "crm.note.create -> RunResult", concurrency=RUN_CONCURRENCY, scale=SCALE)
+
+    async def full_path(self) -> None:
+        """Whole runs of the demo agent's full shape, as the peers' `full` (`bench/runs.py`)."""
+        await run_phase(self, "full_path", "Full shape: research-assistant (catalog request, "
+                        "governed read, note, answer, critic)", concurrency=RUN_CONCURRENCY,
+                        scale=SCALE)
 
     async def decide(self) -> None:
         """`decide` with the rule store as provisioned, then with 10,000 fine rules."""
@@ -403,10 +371,11 @@ class Bench:
             r.line("command path (best pass)", f"{data['e2e_commands_per_s']:,.1f} cmd/s at "
                    f"C={data['e2e_concurrency']}; p50 {data.get('e2e_p50_ms')} ms, "
                    f"p99 {data.get('e2e_p99_ms')} ms at half that rate")
-        if "run_path_runs_per_s" in data:
-            r.line("run path", f"{data['run_path_runs_per_s']:,.1f} run/s at "
-                   f"C={RUN_CONCURRENCY}; p50 {data['run_path_p50_ms']} ms, "
-                   f"p99 {data['run_path_p99_ms']} ms")
+        for key, label in (("run_path", "run path"), ("full_path", "full shape")):
+            if f"{key}_runs_per_s" in data:
+                r.line(label, f"{data[f'{key}_runs_per_s']:,.1f} run/s at "
+                       f"C={RUN_CONCURRENCY}; p50 {data[f'{key}_p50_ms']} ms, "
+                       f"p99 {data[f'{key}_p99_ms']} ms")
         if "http_run_path_runs_per_s" in data:
             half = {k: data.get(f"{k}_run_half_rate", {}) for k in ("http", "nats")}
             r.line("HTTP run path (POST /runs -> wait)",
@@ -438,10 +407,12 @@ class Bench:
                 if level["concurrency"] == data.get("e2e_concurrency")]
         if best:
             r.cost("per command (at the best level)", best[0]["cpu_ms_per_command"])
-        if "run_path" in data:
-            r.cost("per run", data["run_path"]["cpu_ms_per_run"])
-            r.line("run path: CPU per run (every process), C=1 p50",
-                   f"{data['run_path_cpu_ms_per_run']} ms; {data.get('run_path_c1_p50_ms')} ms")
+        for key, label in (("run_path", "run path"), ("full_path", "full shape")):
+            if key in data:
+                r.cost(f"per run ({label})", data[key]["cpu_ms_per_run"])
+                r.line(f"{label}: CPU per run (every process); C=1 p50; p99 at half rate",
+                       f"{data[f'{key}_cpu_ms_per_run']} ms; {data.get(f'{key}_c1_p50_ms')} ms; "
+                       f"{data.get(f'{key}_half_rate_p99_ms')} ms")
         if "decide_logic_per_s" in data:
             r.line("decide logic over cached facts, one process",
                    f"{data['decide_logic_per_s']:,.1f} decisions/s")

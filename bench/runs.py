@@ -7,19 +7,28 @@ admission -> governance -> relay -> dispatcher -> simulated CRM -> planner (answ
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from bench.measure import Awaiting
+from bench.measure import Awaiting, closed_loop, open_loop
+from bench.report import cpu_ms_per_op, sample_dict
 from schemas import subjects
 from schemas.host import CommandResult, RunRequest, RunResult
 from writ.demo import DEMO_INPUT
 from writ.stack import Stack
 
-__all__ = ["RunPath"]
+__all__ = ["SHAPES", "RunPath", "run_phase"]
+
+# The shapes the peers run too (../shared/bench/peers): the run path's agent, and the demo
+# agent's full shape (catalog request, a governed read, the note, the answer, the critic).
+SHAPES = {"run_path": "crm-assistant", "full_path": "research-assistant"}
+
+if TYPE_CHECKING:
+    from bench.phases import Bench
 
 TENANT = "acme"
 PRINCIPAL = "alice@acme.example"
@@ -27,10 +36,12 @@ TIMEOUT_S = 90.0
 
 
 class RunPath:
-    """Plays the host: signs, publishes run requests, and waits for each one's result."""
+    """Plays the host: signs, publishes run requests for `agent`, and waits for each one's
+    result."""
 
-    def __init__(self, stack: Stack, nc: Client) -> None:
+    def __init__(self, stack: Stack, nc: Client, agent: str = "crm-assistant") -> None:
         self._stack, self._nc, self._js = stack, nc, nc.jetstream()
+        self._agent = agent
         self._results: Awaiting[RunResult] = Awaiting()
         self._decoder = msgspec.json.Decoder(RunResult | CommandResult)
         self._sub: Any = None
@@ -58,7 +69,7 @@ class RunPath:
         """One run, from the host's publish to its `RunResult`."""
         request_id = f"bench-{uuid.uuid4().hex}"
         # A fresh token per request, as a host would mint (signing is part of the host's cost).
-        request = RunRequest(request_id=request_id, agent="crm-assistant", input=DEMO_INPUT,
+        request = RunRequest(request_id=request_id, agent=self._agent, input=DEMO_INPUT,
                              token=self._stack.token(TENANT, PRINCIPAL))
         self._results.expect(request_id)
         try:
@@ -81,3 +92,62 @@ class RunPath:
         self.statuses[status] = self.statuses.get(status, 0) + 1
         if status != "succeeded" and not self.problem:
             self.problem = f"{status}: {detail}"
+
+
+async def run_phase(bench: Bench, key: str, title: str, *, concurrency: int,
+                    scale: float) -> None:
+    """Whole runs of `SHAPES[key]`'s agent: one at a time, then `concurrency` in flight, then
+    an open loop at half that rate (latency without queueing behind a saturated machine).
+    Figures go under `<key>_*` (`run_path_runs_per_s`, `full_path_cpu_ms_per_run`, ...)."""
+    from bench.phases import BenchError
+
+    r, data = bench.report, bench.report.data
+    r.section(title)
+    bench.alive()
+    nc = await nats.connect(bench.stack.nats_url, name=f"bench-{key}")
+    path = RunPath(bench.stack, nc, SHAPES[key])
+    await path.start()
+    try:
+        await bench.settle(nc, f"{key}_unloaded")
+        watch = bench.window()
+        single = await closed_loop(path.one, concurrency=1, warmup_s=1 * scale,
+                                   duration_s=4 * scale, watcher=watch)
+        data[f"{key}_unloaded"] = {**sample_dict(single), "usage": watch.report(),
+                                   "cpu_ms_per_run": cpu_ms_per_op(watch.report(), single.rate)}
+        data[f"{key}_c1_p50_ms"] = data[f"{key}_unloaded"]["p50_ms"]
+        r.sample("one at a time (C=1)", single, "run/s")
+        if single.completed == 0:
+            raise BenchError(f"no run succeeded: {path.statuses}; "
+                             f"first problem: {path.problem}")
+        path.statuses, path.problem = {}, ""
+        await bench.settle(nc, key)
+        watch = bench.window()
+        sample = await closed_loop(path.one, concurrency=concurrency, warmup_s=3 * scale,
+                                   duration_s=15 * scale, watcher=watch)
+        data[f"{key}_runs_per_s"] = round(sample.rate, 1)
+        data[f"{key}_p50_ms"] = round(sample.latency_ms(50), 1)
+        data[f"{key}_p99_ms"] = round(sample.latency_ms(99), 1)
+        data[f"{key}_concurrency"] = concurrency
+        data[key] = {**sample_dict(sample), "statuses": path.statuses, "problem": path.problem,
+                     "usage": watch.report(),
+                     "cpu_ms_per_run": cpu_ms_per_op(watch.report(), sample.rate)}
+        # Every process, as the issue's and the peers' figures count it: the services,
+        # nats-server, Postgres, the host this bench plays and the simulated CRM.
+        data[f"{key}_cpu_ms_per_run"] = data[key]["cpu_ms_per_run"].get("total")
+        r.sample(f"closed loop C={concurrency}", sample, "run/s")
+        r.usage(watch.report(), per=(sample.completed, "run"))
+        if sample.rate > 0:
+            rate = sample.rate / 2
+            path.statuses, path.problem = {}, ""
+            await bench.settle(nc, f"{key}_half_rate")
+            watch = bench.window()
+            paced = await open_loop(path.one, rate=rate, warmup_s=2 * scale,
+                                    duration_s=10 * scale, watcher=watch)
+            data[f"{key}_half_rate"] = {**sample_dict(paced), "offered_per_s": round(rate, 1),
+                                        "statuses": path.statuses, "usage": watch.report()}
+            data[f"{key}_half_rate_p99_ms"] = round(paced.latency_ms(99), 1)
+            r.sample(f"open loop at {rate:.1f}/s (half the C={concurrency} rate)", paced,
+                     "run/s")
+    finally:
+        await path.stop()
+        await nc.close()
