@@ -13,6 +13,7 @@ step used is settled even if the planner stopped before it could tell governance
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any
 
 import asyncpg
@@ -108,7 +109,11 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
 _STATE = """
 SELECT (SELECT coalesce(json_agg(json_build_object('seq', seq, 'kind', kind, 'payload', payload)
                                  ORDER BY seq), '[]'::json)
-        FROM planner.steps WHERE run_id = $1) AS steps,
+        FROM planner.steps WHERE run_id = $1 AND seq > $3) AS steps,
+       (SELECT count(*) FROM planner.steps WHERE run_id = $1) AS step_count,
+       -- The first step this transaction wrote itself (not committed: never kept).
+       (SELECT min(seq) FROM planner.steps WHERE run_id = $1
+        AND xmin::text::bigint = pg_current_xact_id()::text::bigint % 4294967296) AS own_from,
        (SELECT principal FROM planner.cancellations
         WHERE run_id = $1 AND tenant = $2) AS cancelled_by,
        (SELECT coalesce(json_agg(json_build_object(
@@ -129,6 +134,7 @@ _RESERVATION_COLUMNS = ("step_key, reservation_id, state, provider_calls, tokens
 _HELD = ("step_key", "reservation_id", "lease", "reserved_provider_calls", "reserved_tokens",
          "reserved_capability_calls", "expires_at")
 _STEPS = msgspec.json.Decoder(list[Step])
+_STEPS_KEPT = 1024  # runs whose steps `state` keeps (what the planner drives at once, and more)
 _RESERVATIONS = msgspec.json.Decoder(list[Reservation])
 
 _RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
@@ -151,6 +157,16 @@ class PlannerStore:
 
     def __init__(self, pool: asyncpg.Pool, *, journal: Journal | None = None) -> None:
         self._pool, self._journal = pool, journal
+        # The committed steps of recently driven runs, as `state` read them: a step is never
+        # changed once written, so the next `state` of the run reads only the steps after
+        # these (and all of them if the count says one below appeared).
+        self._steps: OrderedDict[str, tuple[Step, ...]] = OrderedDict()
+
+    def _remember(self, run_id: str, steps: list[Step]) -> None:
+        self._steps[run_id] = tuple(steps)
+        self._steps.move_to_end(run_id)
+        while len(self._steps) > _STEPS_KEPT:
+            self._steps.popitem(last=False)
 
     @property
     def journal(self) -> Journal | None:
@@ -250,8 +266,15 @@ class PlannerStore:
     async def state(self, conn: asyncpg.Connection, run: RunRow) -> RunState:
         """The locked run's steps in order, its cancellation and its reservations, in one
         round trip (call it after `lock_run`, in the same transaction)."""
-        row = await conn.fetchrow(_STATE, run.run_id, run.tenant)
-        return RunState(steps=_STEPS.decode(row["steps"]), cancelled_by=row["cancelled_by"],
+        known = self._steps.get(run.run_id, ())
+        row = await conn.fetchrow(_STATE, run.run_id, run.tenant, known[-1].seq if known else -1)
+        steps = [*known, *_STEPS.decode(row["steps"])]
+        if len(steps) != row["step_count"]:  # a step below those read before: read them all
+            row = await conn.fetchrow(_STATE, run.run_id, run.tenant, -1)
+            steps = _STEPS.decode(row["steps"])
+        own = row["own_from"]
+        self._remember(run.run_id, [st for st in steps if own is None or st.seq < own])
+        return RunState(steps=steps, cancelled_by=row["cancelled_by"],
                         reservations=_RESERVATIONS.decode(row["reservations"]), now=row["now"])
 
     async def steps(self, conn: asyncpg.Connection, run_id: str) -> list[Step]:

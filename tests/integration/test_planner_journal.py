@@ -133,3 +133,51 @@ async def test_the_planner_role_cannot_rewrite_its_journal(env: Env) -> None:
             await conn.execute("UPDATE planner.journal SET kind = 'x'")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("DELETE FROM planner.journal")
+
+
+async def test_a_runs_state_reads_the_steps_it_knows_once_and_every_step_it_does_not(
+        env: Env) -> None:
+    """`state` keeps the committed steps it read: the next read of the run takes only the
+    steps after them, yet a step another planner committed below them, or one the cache never
+    saw, is read too; a step added in a transaction that rolled back is never kept."""
+    await env.store.create_run(STARTED)
+    async with env.store.acquire() as conn, conn.transaction():
+        run = await env.store.lock_run(conn, "run-1")
+        assert run is not None
+        assert (await env.store.state(conn, run)).steps == []
+        await env.store.add_decision(conn, run, 0, NOTE, turn=0, input_digest="d0",
+                                     proposal=None)
+    async with env.store.acquire() as conn, conn.transaction():
+        assert [s.seq for s in (await env.store.state(conn, run)).steps] == [0]
+        await env.store.add_decision(conn, run, 2, DONE, turn=1, input_digest="d2",
+                                     proposal=None)
+    async with env.store.acquire() as conn:
+        async with conn.transaction():
+            steps = (await env.store.state(conn, run)).steps
+            assert [(s.seq, s.payload) for s in steps] == [(0, NOTE), (2, DONE)]
+            # Another replica commits an observation below the last step known here.
+            await env.admin.execute(
+                "INSERT INTO planner.steps (run_id, seq, kind, payload) "
+                "VALUES ('run-1', 1, 'observation', '{\"state\": \"succeeded\"}')")
+        async with conn.transaction():
+            steps = (await env.store.state(conn, run)).steps
+            assert [(s.seq, s.kind) for s in steps] == [
+                (0, "decision"), (1, "observation"), (2, "decision")]
+        # Added, read back in the same transaction, then rolled back: never kept.
+        with pytest.raises(RuntimeError):
+            async with conn.transaction():
+                await env.store.add_decision(conn, run, 3, DONE, turn=2, input_digest="d3",
+                                             proposal=None)
+                assert [s.seq for s in (await env.store.state(conn, run)).steps][-1] == 3
+                raise RuntimeError("rolled back")
+        # The redelivery (on another replica) commits another step 3: it is the one read.
+        await env.admin.execute(
+            "INSERT INTO planner.steps (run_id, seq, kind, payload) "
+            "VALUES ('run-1', 3, 'decision', $1::jsonb)", msgspec.json.encode(NOTE).decode())
+        async with conn.transaction():
+            steps = (await env.store.state(conn, run)).steps
+            assert [(s.seq, s.payload) for s in steps][-1] == (3, NOTE)
+    # A second store (another planner) reads everything from the database.
+    fresh = PlannerStore(env.store._pool, journal=env.journal)
+    async with fresh.acquire() as conn, conn.transaction():
+        assert [s.seq for s in (await fresh.state(conn, run)).steps] == [0, 1, 2, 3]
