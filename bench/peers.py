@@ -1,10 +1,11 @@
-"""`make bench-peers`: the peers' `crm` shape beside Writ's run path, in one sitting, and ratios.
+"""`make bench-peers`: the peers' `crm` and `full` shapes beside Writ's run path and full shape
+(`bench/runs.py`), in one sitting, and ratios.
 
 The peers (`../shared/bench/peers/`, `BENCH_PEERS` names another folder) are not Writ's: they
 run with their own interpreter (`BENCH_PEERS_PYTHON`, default `.tools/peers/bin/python`, which
 the Makefile provisions from the peers' lock file), never with Writ's venv. Each writes its JSON
 into `BENCH_PEERS_OUT` (default `bench-peers/`); Writ's run path is `python -m bench` with
-`BENCH_PHASES=run_path`, written there as `writ-bench.json`. Then the peers' own table
+`BENCH_PHASES=run_path,full_path`, written there as `writ-bench.json`. Then the peers' own table
 (`compare.py`) and one ratio line per peer: runs/s at 32 in flight, Writ over the peer, and
 CPU per run.
 """
@@ -32,22 +33,34 @@ def _top(peer: dict[str, Any]) -> dict[str, Any]:
     return by_c.get(32) or peer["levels"][-1]
 
 
-def ratio_lines(writ: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[str]:
-    """`run path vs <peer>: 1.62x` for each peer, with CPU per run beside it."""
+def ratio_lines(writ: dict[str, Any], peers: dict[str, dict[str, Any]], *,
+                key: str = "run_path", label: str = "run path") -> list[str]:
+    """`run path vs <peer>: 1.62x` for each peer, with CPU per run and the latency of a lone
+    run (C=1 p50) beside it; `key` is the Writ figures' prefix (`run_path`, `full_path`)."""
     lines = []
-    rate = writ.get("run_path_runs_per_s")
-    cpu = writ.get("run_path_cpu_ms_per_run")
+    rate = writ.get(f"{key}_runs_per_s")
+    cpu = writ.get(f"{key}_cpu_ms_per_run")
+    lone = writ.get(f"{key}_c1_p50_ms")
     for name, peer in peers.items():
         top = _top(peer)
         if not rate or not top.get("runs_per_s"):
-            lines.append(f"run path vs {name}: not measured")
+            lines.append(f"{label} vs {name}: not measured")
             continue
         peer_cpu = top["cpu_ms_per_run"]["total"]
-        lines.append(f"run path vs {name}: {rate / top['runs_per_s']:.2f}x "
-                     f"({rate} vs {top['runs_per_s']} runs/s at C={top['concurrency']}; CPU per "
-                     f"run {cpu} vs {peer_cpu} ms, {cpu / peer_cpu:.2f}x the peer's)"
-                     if cpu else f"run path vs {name}: {rate / top['runs_per_s']:.2f}x")
+        one = next((lv for lv in peer["levels"] if lv["concurrency"] == 1), None)
+        line = f"{label} vs {name}: {rate / top['runs_per_s']:.2f}x"
+        if cpu:
+            line += (f" ({rate} vs {top['runs_per_s']} runs/s at C={top['concurrency']}; CPU "
+                     f"per run {cpu} vs {peer_cpu} ms, {cpu / peer_cpu:.2f}x the peer's")
+            if lone and one is not None and one.get("p50_ms"):
+                line += f"; C=1 p50 {lone} vs {one['p50_ms']} ms"
+            line += ")"
+        lines.append(line)
     return lines
+
+
+# Each peer shape beside the Writ phase that runs the same work.
+SHAPES = {"crm": ("run_path", "run path"), "full": ("full_path", "full shape")}
 
 
 def main() -> int:
@@ -61,24 +74,29 @@ def main() -> int:
         return 2
     OUT.mkdir(parents=True, exist_ok=True)
     extra = sys.argv[1:]  # e.g. --smoke, --levels 1,32
-    peers: dict[str, dict[str, Any]] = {}
-    for script, name in NAMES.items():
-        out = OUT / f"{script.removesuffix('.py').removeprefix('peer_')}-crm.json"
-        done = subprocess.run([str(PYTHON), str(PEERS / script), "--writ", str(ROOT),
-                               "--shape", "crm", "--out", str(out), *extra], check=False)
-        if done.returncode == 0 and out.is_file():
-            peers[name] = json.loads(out.read_text())
-        else:
-            print(f"{name} failed ({done.returncode})", file=sys.stderr)
+    peers: dict[str, dict[str, dict[str, Any]]] = {shape: {} for shape in SHAPES}
+    for shape in SHAPES:
+        for script, name in NAMES.items():
+            peer = script.removesuffix(".py").removeprefix("peer_")
+            out = OUT / f"{peer}-{shape}.json"
+            done = subprocess.run([str(PYTHON), str(PEERS / script), "--writ", str(ROOT),
+                                   "--shape", shape, "--out", str(out), *extra], check=False)
+            if done.returncode == 0 and out.is_file():
+                peers[shape][name] = json.loads(out.read_text())
+            else:
+                print(f"{name} ({shape}) failed ({done.returncode})", file=sys.stderr)
     writ_out = OUT / "writ-bench.json"
     subprocess.run([sys.executable, "-m", "bench"], cwd=ROOT, check=False,
-                   env={**os.environ, "BENCH_PHASES": "run_path", "BENCH_OUT": str(writ_out)})
+                   env={**os.environ, "BENCH_PHASES": ",".join(k for k, _ in SHAPES.values()),
+                        "BENCH_OUT": str(writ_out)})
     writ = json.loads(writ_out.read_text()) if writ_out.is_file() else {}
     subprocess.run([str(PYTHON), str(PEERS / "compare.py"), str(OUT), str(writ_out)],
                    check=False)
-    for line in ratio_lines(writ, peers):
-        print(line, flush=True)
-    return 0 if writ.get("run_path_runs_per_s") and len(peers) == len(NAMES) else 1
+    for shape, (key, label) in SHAPES.items():
+        for line in ratio_lines(writ, peers[shape], key=key, label=label):
+            print(line, flush=True)
+    complete = all(len(found) == len(NAMES) for found in peers.values())
+    return 0 if writ.get("run_path_runs_per_s") and complete else 1
 
 
 if __name__ == "__main__":

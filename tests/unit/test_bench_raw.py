@@ -39,4 +39,11 @@ def test_the_peer_ratio_is_writs_runs_over_the_peers_at_32_in_flight() -> None:
     writ = {"run_path_runs_per_s": 64.8, "run_path_cpu_ms_per_run": 13.0}
     [line] = ratio_lines(writ, {"LangGraph": peer})
     assert line.startswith("run path vs LangGraph: 1.62x (64.8 vs 40.0 runs/s at C=32")
+    assert "C=1 p50" not in line  # Writ's lone run was not measured
     assert ratio_lines({}, {"DBOS": peer}) == ["run path vs DBOS: not measured"]
+    peer["levels"][0]["p50_ms"] = 36.0
+    full = {"full_path_runs_per_s": 20.0, "full_path_cpu_ms_per_run": 52.0,
+            "full_path_c1_p50_ms": 61.0}
+    [line] = ratio_lines(full, {"LangGraph": peer}, key="full_path", label="full shape")
+    assert line == ("full shape vs LangGraph: 0.50x (20.0 vs 40.0 runs/s at C=32; CPU per run "
+                    "52.0 vs 26.0 ms, 2.00x the peer's; C=1 p50 61.0 vs 36.0 ms)")
