@@ -125,6 +125,7 @@ async def run_actor(
     batch_size: int = 64,
     health: Health | None = None,
     backoff_max_s: float | None = None,
+    fetch_timeout_s: float = 1.0,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
@@ -186,7 +187,7 @@ async def run_actor(
                     break
                 free = batch_size if batch_handler is not None else slots.value + 1
                 try:
-                    msgs = await sub.fetch(free, timeout=1.0)
+                    msgs = await sub.fetch(free, timeout=fetch_timeout_s)
                 except (NatsTimeoutError, TimeoutError):
                     # An idle inbox; nats-py raises either its own or the builtin timeout.
                     slots.release()
@@ -195,6 +196,13 @@ async def run_actor(
                     slots.release()
                     log.warning("fetch on %s failed: %r", spec.durable, exc)
                     await anyio.sleep(0.5)
+                    continue
+                if not msgs:
+                    # No message, and no timeout either: nats-py returns an empty batch when a
+                    # pull request's 408 (or a stale 404) arrives first. An idle inbox, as a
+                    # timeout is: the slot is free again (kept, it leaked, and a long idle spell
+                    # left the actor one delivery at a time).
+                    slots.release()
                     continue
                 if batch_handler is not None:  # one slot per batch
                     tg.start_soon(process_batch, msgs)

@@ -562,3 +562,38 @@ async def test_a_batch_settles_each_delivery_by_its_own_result(bed: Bed) -> None
     assert info.num_pending == 0
     assert bed.sample("messages_failed_total", outcome="retry") == 1
     assert bed.sample("messages_failed_total", outcome="batch") == 0
+
+
+async def test_an_idle_inbox_keeps_every_slot_for_the_messages_that_come_later(
+        bed: Bed) -> None:
+    """An idle inbox's fetches end without a message, most with a timeout and some (a pull
+    request's 408 or a stale 404 arriving first) with an empty batch: neither may cost a slot.
+    After many idle fetches, `concurrency` messages are still handled at once (a leak left
+    the planner handling one delivery at a time after the command path's long idle spell)."""
+    width = 4
+    overlapped = anyio.Event()
+    in_flight = peak = 0
+
+    async def handler(d: Delivery[Note]) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if in_flight >= width:
+            overlapped.set()
+        try:
+            with anyio.move_on_after(5):
+                await overlapped.wait()
+        finally:
+            in_flight -= 1
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(partial(run_actor, js=bed.js, spec=bed.spec(), decoder=DECODER,
+                               handler=handler, metrics=bed.metrics, concurrency=width,
+                               fetch_timeout_s=0.02))
+        await anyio.sleep(6)  # about 300 idle fetches
+        for n in range(width):
+            await bed.publish(n)
+        with anyio.fail_after(10):
+            await overlapped.wait()
+        tg.cancel_scope.cancel()
+    assert peak == width
