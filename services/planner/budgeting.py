@@ -188,10 +188,9 @@ class RunBudgets:
         leases = [r for r in known.values() if r.step_key.startswith(_lease_prefix(run))]
         current = next((r for r in leases if r.state == "open"), None)
         if current is not None:
-            draws = [r for r in known.values() if r.lease == current.step_key]
-            if any(r.state == "open" for r in draws):
+            used = _drawn(known, current)
+            if used is None:
                 return None, False
-            used = _used(draws)
             left = (current.reserved_provider_calls - used[0], current.reserved_tokens - used[1],
                     current.reserved_capability_calls - used[2])
             now = delivery.runs[run.run_id][1]
@@ -219,10 +218,9 @@ class RunBudgets:
             run = delivery.runs[run_id][0]
             for lease in [r for r in known.values()
                           if r.state == "open" and r.step_key.startswith(_lease_prefix(run))]:
-                draws = [r for r in known.values() if r.lease == lease.step_key]
-                if any(r.state == "open" for r in draws):
+                used = _drawn(known, lease)
+                if used is None:
                     continue  # a command in flight draws on it: its outcome's delivery ends it
-                used = _used(draws)
                 due = await self._store.spent(conn, run_id, lease.step_key,
                                               provider_calls=used[0], tokens=used[1],
                                               capability_calls=used[2])
@@ -381,8 +379,10 @@ def _draw(key: str, lease: Reservation, need: tuple[int, int, int]) -> Reservati
                        reserved_tokens=need[1], reserved_capability_calls=need[2])
 
 
-def _used(draws: list[Reservation]) -> tuple[int, int, int]:
-    """What the closed draws used, together."""
-    closed = [r for r in draws if r.state == "closed"]
-    return (sum(r.provider_calls for r in closed), sum(r.tokens for r in closed),
-            sum(r.capability_calls for r in closed))
+def _drawn(known: dict[str, Reservation], lease: Reservation) -> tuple[int, int, int] | None:
+    """What the draws on `lease` used together; None while one of them is open."""
+    draws = [r for r in known.values() if r.lease == lease.step_key]
+    if any(r.state == "open" for r in draws):
+        return None
+    return (sum(r.provider_calls for r in draws), sum(r.tokens for r in draws),
+            sum(r.capability_calls for r in draws))

@@ -54,6 +54,7 @@ from services.planner.replay import replay_run
 from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
 from tests.integration.conftest import serve
+from tests.integration.readings import planner_draws
 
 pytestmark = pytest.mark.anyio
 
@@ -141,11 +142,7 @@ class Env(msgspec.Struct, kw_only=True):
 
     async def draws(self, run_id: str) -> list[tuple[str, str | None, str]]:
         """The planner's own record: each step key, the lease it drew on, its state."""
-        rows = await self.db.fetch(
-            "SELECT step_key, lease, state FROM planner.reservations WHERE run_id = $1 "
-            "ORDER BY step_key", run_id)
-        return [(r["step_key"].removeprefix(f"{run_id}:"),
-                 r["lease"] and r["lease"].removeprefix(f"{run_id}:"), r["state"]) for r in rows]
+        return await planner_draws(self.db, run_id)
 
     def exhausted(self) -> float:
         return self.registry.get_sample_value("writ_planner_budget_exhaustions_total") or 0.0

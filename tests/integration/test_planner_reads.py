@@ -56,6 +56,7 @@ from services.planner.store import PlannerStore
 from services.retrieval.service import RetrievalService
 from services.retrieval.store import RetrievalStore
 from tests.integration.conftest import serve
+from tests.integration.readings import planner_draws
 
 pytestmark = pytest.mark.anyio
 
@@ -144,11 +145,7 @@ class Env(msgspec.Struct, kw_only=True):
 
     async def draws(self, run_id: str) -> list[tuple[str, str | None, str]]:
         """The planner's own record: each step key, the lease it drew on, its state."""
-        rows = await self.db.fetch(
-            "SELECT step_key, lease, state FROM planner.reservations WHERE run_id = $1 "
-            "ORDER BY step_key", run_id)
-        return [(r["step_key"].removeprefix(f"{run_id}:"),
-                 r["lease"] and r["lease"].removeprefix(f"{run_id}:"), r["state"]) for r in rows]
+        return await planner_draws(self.db, run_id)
 
     async def decided(self, run_id: str) -> list[tuple[str, str]]:
         return [(r["tool"], r["verdict"]) for r in await self.db.fetch(
