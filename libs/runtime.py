@@ -9,6 +9,7 @@ so a ping answer means the service's consumers exist.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,7 +33,9 @@ from libs.telemetry import (
     ActorMetrics,
     JsonLinesSpanExporter,
     MetricsServer,
+    PassThroughTracer,
     make_tracer_provider,
+    otlp_configured,
 )
 
 __all__ = ["Endpoint", "Runtime", "guarded", "in_tasks", "run_service", "serve"]
@@ -97,7 +100,8 @@ class Runtime:
     def __init__(self, *, name: str, nc: Client, js: JetStreamContext,
                  registry: CollectorRegistry, tracer_provider: TracerProvider,
                  faults: Faults | None = None, health: Health | None = None,
-                 stream_replicas: int = 1, retry_backoff_max_s: float | None = None) -> None:
+                 stream_replicas: int = 1, retry_backoff_max_s: float | None = None,
+                 recording: bool = True) -> None:
         self.name = name
         # Every actor's longest redelivery backoff (WRIT_RETRY_BACKOFF_MAX_S; None: 30 s).
         self.retry_backoff_max_s = retry_backoff_max_s
@@ -110,7 +114,10 @@ class Runtime:
         self.nc, self.js = nc, js
         self.registry = registry
         self.tracer_provider = tracer_provider
-        self.tracer: Tracer = tracer_provider.get_tracer(f"writ.{name}")
+        # `recording`: whether spans go anywhere (a span file, an OTLP endpoint); if not, the
+        # process's tracer carries the trace on and builds no span (`PassThroughTracer`).
+        self.tracer: Tracer = (tracer_provider.get_tracer(f"writ.{name}") if recording
+                               else PassThroughTracer())
         self.metrics = ActorMetrics(service=name, registry=registry)
         self.stopping = anyio.Event()
         self.endpoints: list[Endpoint] = []
@@ -144,7 +151,8 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
         rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider,
                      faults=Faults(settings.faults_file or None), health=health,
                      stream_replicas=settings.stream_replicas,
-                     retry_backoff_max_s=settings.retry_backoff_max_s)
+                     retry_backoff_max_s=settings.retry_backoff_max_s,
+                     recording=exporter is not None or otlp_configured(os.environ))
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
             await tg.start(health.run)

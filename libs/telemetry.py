@@ -12,11 +12,12 @@ itself, so the switch reads the same variables rather than a `WRIT_*` copy that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from socketserver import ThreadingMixIn
 from typing import Any, Final
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -44,6 +45,7 @@ __all__ = [
     "JsonLinesSpanExporter",
     "MetricsServer",
     "OTLP_ENDPOINT_VARIABLES",
+    "PassThroughTracer",
     "extract_context",
     "inject_context",
     "links_to",
@@ -79,6 +81,34 @@ def make_tracer_provider(service: str, *, exporter: SpanExporter | None = None,
     if otlp_configured(os.environ if environ is None else environ):
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider
+
+
+class PassThroughTracer(trace.Tracer):
+    """The tracer of a process with nowhere to send its spans (no span file, no OTLP endpoint).
+
+    It records nothing, since nothing would receive it, and carries on the trace it is in
+    unchanged: a span it starts is the parent's context as it came (the host's `traceparent`
+    from a message's headers, ids and sampled flag alike), so what this process publishes and
+    stores (NATS headers, the outbox's `traceparent`) names the same trace as with recording
+    on. An SDK tracer with no processor builds every span in full and then drops it: in
+    governance's `decide` that was a sixth of the process's CPU (issue 18's profile).
+    """
+
+    def start_span(self, name: str, context: otel_context.Context | None = None,
+                   *args: Any, **kwargs: Any) -> trace.Span:
+        """The parent's context, as a span that records nothing."""
+        return trace.NonRecordingSpan(trace.get_current_span(context).get_span_context())
+
+    @contextlib.contextmanager  # type: ignore[override]
+    def start_as_current_span(self, name: str, context: otel_context.Context | None = None,
+                              *args: Any, **kwargs: Any) -> Iterator[trace.Span]:
+        """`start_span`, current for the block (so that `inject_context` in it carries the
+        parent on)."""
+        if context is None:  # the current span already: nothing to attach
+            yield trace.get_current_span()
+            return
+        with trace.use_span(self.start_span(name, context), end_on_exit=False) as span:
+            yield span
 
 
 class JsonLinesSpanExporter(SpanExporter):
