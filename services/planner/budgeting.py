@@ -131,7 +131,7 @@ class RunBudgets:
             lease, fits = await self._lease_for(conn, run, known, need, delivery)
             if fits and lease is not None:  # drawn on: no round trip to governance
                 draw = _draw(key, lease, need)
-                await self._store.hold(conn, run.run_id, draw)
+                await self._hold(conn, run.run_id, known, draw)
                 known[key] = draw
                 return lease.reservation_id, True
         funds = budget_run_id(run)
@@ -151,12 +151,13 @@ class RunBudgets:
                                    capability_calls=d.reservation.capability_calls)
                         for d in carried])
         except budget.NoBudget as exc:
-            await self._carried(conn, deferred, carried, exc.settled)
+            for run_id, keys in self._carried_keys(deferred, carried, exc.settled).items():
+                await self._close(conn, run_id, *keys)
             raise
         closing = self._carried_keys(deferred, carried, reserved.settled)
         mine = Reservation(step_key=key, reservation_id=reserved.reservation_id, state="open")
         if lease is None:
-            new = await self._store.hold(conn, run.run_id, mine, closing=closing)
+            new = await self._hold(conn, run.run_id, known, mine, closing=closing)
         else:
             assert delivery is not None
             now = delivery.runs[run.run_id][1]
@@ -167,12 +168,71 @@ class RunBudgets:
                 reserved_capability_calls=reserved.capability_calls,
                 expires_at=now + reserved.wall_time_left_s)
             mine = _draw(key, lease, need)
-            new = await self._store.hold(conn, run.run_id, lease, mine, closing=closing)
+            new = await self._hold(conn, run.run_id, known, lease, mine, closing=closing)
             if known is not None:
                 known[lease.step_key] = lease
         if known is not None:
             known[key] = mine
         return reserved.reservation_id, new
+
+    async def _hold(self, conn: Any, run_id: str, known: dict[str, Reservation] | None,
+                    *rows: Reservation, closing: dict[str, list[str]] | None = None) -> bool:
+        """Record open reservations of the run (`store.hold`), and the step keys governance
+        closed with them; a run locked now (`known`) has them written with the transaction's
+        next statement instead. False if the first one's step key has one already."""
+        if (known is None or not conn.is_in_transaction()
+                or not self._store.write_behind(run_id)):
+            return await self._store.hold(conn, run_id, *rows, closing=closing)
+        closing = dict(closing or {})
+        for other, keys in closing.items():
+            await self._close(conn, other, *keys)
+        fresh = [r for r in rows if r.step_key not in known]
+        self._store.write_behind(run_id, *fresh)
+        return bool(rows) and rows[0].step_key not in known
+
+    def _locked(self, conn: Any, run_id: str) -> dict[str, Reservation] | None:
+        """The run's reservations, if it is locked in this delivery's current transaction
+        and its rows can be written behind (see `PlannerStore.writing_behind`)."""
+        delivery = _DELIVERY.get()
+        if delivery is None or not conn.is_in_transaction():
+            return None
+        known = delivery.held.get(run_id)
+        return known if known is not None and self._store.write_behind(run_id) else None
+
+    async def _spend(self, conn: Any, run_id: str, key: str, *, provider_calls: int,
+                     tokens: int, capability_calls: int) -> Reservation | None:
+        """`store.spent`: the step is over, its use recorded once (a draw closed, anything
+        else due); None if it is not open. A locked run's row is changed in memory and written
+        behind."""
+        known = self._locked(conn, run_id)
+        if known is None:
+            return await self._store.spent(conn, run_id, key, provider_calls=provider_calls,
+                                           tokens=tokens, capability_calls=capability_calls)
+        row = known.get(key)
+        if row is None or row.state != "open":
+            return None
+        due = msgspec.structs.replace(
+            row, provider_calls=provider_calls, tokens=tokens,
+            capability_calls=capability_calls, state="due" if row.lease is None else "closed")
+        self._store.write_behind(run_id, due)
+        known[key] = due
+        return due
+
+    async def _close(self, conn: Any, run_id: str, *keys: str) -> None:
+        """Governance has settled these reservations of the run: recorded closed (written
+        behind for a run locked in this transaction)."""
+        known = self._locked(conn, run_id)
+        if known is None:
+            await self._store.closed(conn, run_id, *keys)
+            return
+        for key in keys:
+            if (row := known.get(key)) is not None and row.state != "closed":
+                known[key] = msgspec.structs.replace(row, state="closed")
+                self._store.write_behind(run_id, known[key])
+
+    async def flush(self, conn: Any) -> None:
+        """Write what this transaction kept to write behind; await it before each commit."""
+        await self._store.flush(conn)
 
     async def _lease_for(self, conn: Any, run: RunRow, known: dict[str, Reservation],
                          need: tuple[int, int, int], delivery: _Delivery
@@ -204,8 +264,8 @@ class RunBudgets:
     async def _close_lease(self, conn: Any, run: RunRow, lease: Reservation,
                            used: tuple[int, int, int], known: dict[str, Reservation]) -> None:
         """Record the lease due with what its draws used, and defer its settlement."""
-        due = await self._store.spent(conn, run.run_id, lease.step_key, provider_calls=used[0],
-                                      tokens=used[1], capability_calls=used[2])
+        due = await self._spend(conn, run.run_id, lease.step_key, provider_calls=used[0],
+                                tokens=used[1], capability_calls=used[2])
         if due is not None:
             known[lease.step_key] = due
             self._defer(run, due)
@@ -221,9 +281,9 @@ class RunBudgets:
                 used = _drawn(known, lease)
                 if used is None:
                     continue  # a command in flight draws on it: its outcome's delivery ends it
-                due = await self._store.spent(conn, run_id, lease.step_key,
-                                              provider_calls=used[0], tokens=used[1],
-                                              capability_calls=used[2])
+                due = await self._spend(conn, run_id, lease.step_key,
+                                        provider_calls=used[0], tokens=used[1],
+                                        capability_calls=used[2])
                 if due is not None:
                     known[lease.step_key] = due
                     delivery.leases.append(_Due(run=run, reservation=due))
@@ -233,6 +293,9 @@ class RunBudgets:
         clock `now`), so that this delivery's reservations of it need no query of their own
         (in a `deferring` scope)."""
         delivery = _DELIVERY.get()
+        if self._store.unwritten():
+            raise RuntimeError("reservation rows kept to write behind were never written: "
+                               "a transaction committed without `flush`")
         if delivery is not None:
             delivery.held[run.run_id] = {r.step_key: r for r in reservations}
             delivery.runs[run.run_id] = (run, now)
@@ -251,11 +314,6 @@ class RunBudgets:
                 closing.setdefault(d.run.run_id, []).append(d.reservation.step_key)
         return closing
 
-    async def _carried(self, conn: Any, deferred: list[_Due] | None, carried: list[_Due],
-                       settled: list[str]) -> None:
-        for run_id, keys in self._carried_keys(deferred, carried, settled).items():
-            await self._store.closed(conn, run_id, *keys)
-
     @contextlib.asynccontextmanager
     async def deferring(self, conn: Any) -> AsyncIterator[None]:
         """Within this scope (one delivery's work), settlements wait for the next reservation
@@ -265,7 +323,11 @@ class RunBudgets:
         delivery = _Delivery()
         token = _DELIVERY.set(delivery)
         try:
-            yield
+            with self._store.writing_behind():
+                yield
+                if self._store.unwritten():
+                    raise RuntimeError("reservation rows kept to write behind were never "
+                                       "written: a transaction committed without `flush`")
             await self.settle_deferred(conn)
             for d in delivery.leases:  # committed due: settled now, or by `settle_due` later
                 await self._settle_logged(conn, d)
@@ -296,8 +358,8 @@ class RunBudgets:
                     tokens: int = 0, capability_calls: int = 0) -> None:
         """The step is over: record what it used and settle it now if governance answers
         (otherwise `settle_due` does, before the run's next step)."""
-        due = await self._store.spent(conn, run.run_id, key, provider_calls=provider_calls,
-                                      tokens=tokens, capability_calls=capability_calls)
+        due = await self._spend(conn, run.run_id, key, provider_calls=provider_calls,
+                                tokens=tokens, capability_calls=capability_calls)
         if due is None:
             return  # settled already (a redelivery), or never reserved
         delivery = _DELIVERY.get()
@@ -365,7 +427,7 @@ class RunBudgets:
         except budget.NoSuchReservation:
             log.warning("run %s: governance knows no reservation %s (%s)", run.run_id,
                         reservation_id, key)
-        await self._store.closed(conn, run.run_id, key)
+        await self._close(conn, run.run_id, key)
 
 
 def _lease_prefix(run: RunRow) -> str:

@@ -271,6 +271,7 @@ class PlannerService(PersonWaits):
                 await self._budget.settle_deferred(conn)
             if self._sessions is not None:
                 await self._sessions.record_steps(conn, run, steps[seen:])
+            await self._budget.flush(conn)
         await announce(self._rt.nc, run, steps[seen:])
         try:
             return await self._continue(conn, run.run_id, effects, finished)
@@ -357,12 +358,14 @@ class PlannerService(PersonWaits):
                 if by := state.cancelled_by:  # nothing more is scheduled
                     effects = [await self._finish(conn, run, steps, "cancelled", finished,
                                                   error=(CANCEL_CODE, f"cancelled by {by}"))]
+                    await self._budget.flush(conn)
                     break
                 effects = await self._next(conn, run, steps, finished)
                 if effects is not AGAIN:  # the delivery's last transaction
                     await self._budget.settle_deferred(conn)
                 if self._sessions is not None:
                     await self._sessions.record_steps(conn, run, steps[seen:])
+                await self._budget.flush(conn)  # before it commits: what was written behind
             await announce(self._rt.nc, run, steps[seen:])
         return effects
 
@@ -592,6 +595,9 @@ class PlannerService(PersonWaits):
                       error: tuple[str, str] | None = None,
                       step: int | None = None) -> Effect:
         code, message = error if error else (None, None)
+        # The run's last transaction: what is still due (its lease) is recorded before the
+        # status, so the status's statement writes it too (`PlannerStore.writing_behind`).
+        await self._budget.settle_deferred(conn)
         await self._store.set_status(conn, run, status, step=step, answer=answer,
                                      error_code=code, error_message=message)
         if self._sessions is not None:

@@ -12,8 +12,11 @@ step used is settled even if the planner stopped before it could tell governance
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import asyncpg
@@ -133,6 +136,39 @@ _RESERVATION_COLUMNS = ("step_key, reservation_id, state, provider_calls, tokens
 # What `hold` inserts of each reservation, in its statement's order.
 _HELD = ("step_key", "reservation_id", "lease", "reserved_provider_calls", "reserved_tokens",
          "reserved_capability_calls", "expires_at")
+# Reservation rows kept to be written with the transaction's next statement (`write_behind`):
+# (run id, step key) -> the row as it must stand; None outside a `writing_behind` scope.
+_BEHIND: ContextVar[dict[tuple[str, str], Reservation] | None] = ContextVar(
+    "writ_planner_behind", default=None)
+# The columns a kept row writes, with their array types, in `_behind_cte`'s order.
+_BEHIND_COLUMNS = (("step_key", "text"), ("reservation_id", "text"), ("state", "text"),
+                   ("provider_calls", "int"), ("tokens", "int"), ("capability_calls", "int"),
+                   ("lease", "text"), ("reserved_provider_calls", "int"),
+                   ("reserved_tokens", "int"), ("reserved_capability_calls", "int"),
+                   ("expires_at", "float8"))
+
+
+def _behind_cte(first: int) -> str:
+    """A data-modifying CTE writing the kept rows from parameters $first.. (the run ids, then
+    one array per column): a new row is inserted, a known one takes its new state and use. A
+    closed row is never opened again (the planner closes a reservation once governance took
+    its settlement)."""
+    columns = ", ".join(name for name, _ in _BEHIND_COLUMNS)
+    arrays = ", ".join(f"${first + 1 + i}::{kind}[]" for i, (_, kind) in enumerate(_BEHIND_COLUMNS))
+    return (f"behind AS (INSERT INTO planner.reservations (run_id, {columns}) "
+            f"SELECT * FROM unnest(${first}::text[], {arrays}) "
+            "ON CONFLICT (run_id, step_key) DO UPDATE SET state = EXCLUDED.state, "
+            "provider_calls = EXCLUDED.provider_calls, tokens = EXCLUDED.tokens, "
+            "capability_calls = EXCLUDED.capability_calls "
+            "WHERE planner.reservations.state <> 'closed')")
+
+
+def _behind_args(kept: dict[tuple[str, str], Reservation]) -> list[list[Any]]:
+    rows = list(kept.items())
+    return [[run_id for (run_id, _), _ in rows],
+            *([getattr(r, name) for _, r in rows] for name, _ in _BEHIND_COLUMNS)]
+
+
 _STEPS = msgspec.json.Decoder(list[Step])
 _STEPS_KEPT = 1024  # runs whose steps `state` keeps (what the planner drives at once, and more)
 _RESERVATIONS = msgspec.json.Decoder(list[Reservation])
@@ -173,27 +209,90 @@ class PlannerStore:
         """The planner's audit journal."""
         return self._journal
 
+    @staticmethod
+    @contextlib.contextmanager
+    def writing_behind() -> Iterator[None]:
+        """Within this scope, reservation rows given to `write_behind` are written with the
+        transaction's next step, run or journal statement (one round trip for both), or by
+        `flush`, which the caller must await before each of its transactions commits."""
+        token = _BEHIND.set({})
+        try:
+            yield
+        finally:
+            _BEHIND.reset(token)
+
+    @staticmethod
+    def write_behind(run_id: str, *rows: Reservation) -> bool:
+        """Keep `rows` of the run (each as it must stand: state and use) to be written with
+        the transaction's next statement; False outside a `writing_behind` scope (the caller
+        writes them itself)."""
+        kept = _BEHIND.get()
+        if kept is None:
+            return False
+        for row in rows:
+            kept[(run_id, row.step_key)] = row
+        return True
+
+    @staticmethod
+    def unwritten() -> int:
+        """How many kept rows no statement has written yet."""
+        return len(_BEHIND.get() or ())
+
+    async def flush(self, conn: asyncpg.Connection) -> None:
+        """Write the kept rows now (a statement of their own), if any are left."""
+        kept = _BEHIND.get()
+        if kept:
+            await conn.execute(f"WITH {_behind_cte(1)} SELECT 1", *_behind_args(kept))
+            kept.clear()
+
+    def _with_behind(self, first: int) -> tuple[str, list[Any]]:
+        """The kept rows' CTE (", behind AS (...)") and parameters, for a statement whose
+        parameters end at $first-1; nothing if no row is kept."""
+        kept = _BEHIND.get()
+        if not kept:
+            return "", []
+        return f", {_behind_cte(first)}", _behind_args(kept)
+
+    @staticmethod
+    def _written() -> None:
+        kept = _BEHIND.get()
+        if kept:
+            kept.clear()
+
     async def _changed_and_captured(self, conn: asyncpg.Connection, change: str,
                                     args: tuple[Any, ...], *, tenant: str, kind: str,
                                     subject: str, run_id: str, payload: msgspec.Struct) -> bool:
         """`change` (a statement that returns a row if it changed something) and, only then,
         its journal row, in one statement; whether it changed something. One round trip where
-        the change and its `_capture` took two."""
+        the change and its `_capture` took two (and the kept reservation rows with them)."""
         changed = f"changed AS ({change})"
         if self._journal is None:
-            return bool(await conn.fetchval(
-                f"WITH {changed} SELECT EXISTS (SELECT 1 FROM changed)", *args))
-        entry = self._journal.entry(tenant=tenant, kind=kind, subject=subject, payload=payload,
-                                    run_id=run_id)
-        return bool(await conn.fetchval(
-            f"WITH {changed}, {self._journal.cte_if(len(args) + 1, 'changed')} "
-            "SELECT EXISTS (SELECT 1 FROM changed)", *args, *msgspec.structs.astuple(entry)))
+            behind, kept = self._with_behind(len(args) + 1)
+            done = bool(await conn.fetchval(
+                f"WITH {changed}{behind} SELECT EXISTS (SELECT 1 FROM changed)", *args, *kept))
+            self._written()
+            return done
+        entry = msgspec.structs.astuple(self._journal.entry(
+            tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id))
+        behind, kept = self._with_behind(len(args) + len(entry) + 1)
+        done = bool(await conn.fetchval(
+            f"WITH {changed}, {self._journal.cte_if(len(args) + 1, 'changed')}{behind} "
+            "SELECT EXISTS (SELECT 1 FROM changed)", *args, *entry, *kept))
+        self._written()
+        return done
 
     async def _capture(self, conn: asyncpg.Connection, *, tenant: str, kind: str,
                        subject: str, run_id: str, payload: msgspec.Struct) -> None:
-        if self._journal is not None:
-            await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
-                                      run_id=run_id, payload=payload)
+        if self._journal is None:
+            return
+        entry = msgspec.structs.astuple(self._journal.entry(
+            tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id))
+        behind, kept = self._with_behind(len(entry) + 1)
+        if not kept:
+            await conn.execute(self._journal.insert_sql, *entry)
+            return
+        await conn.execute(f"WITH {self._journal.cte(1)}{behind} SELECT 1", *entry, *kept)
+        self._written()
 
     async def create_run(self, started: EvidenceGathered, *,
                          manifest: dict[str, Any] | None = None,

@@ -181,3 +181,89 @@ async def test_a_runs_state_reads_the_steps_it_knows_once_and_every_step_it_does
     fresh = PlannerStore(env.store._pool, journal=env.journal)
     async with fresh.acquire() as conn, conn.transaction():
         assert [s.seq for s in (await fresh.state(conn, run)).steps] == [0, 1, 2, 3]
+
+
+async def test_reservation_rows_kept_behind_are_written_with_the_next_step_or_by_flush(
+        env: Env) -> None:
+    """In a `writing_behind` scope, reservation rows ride on the transaction's next step,
+    status or journal statement (no statement of their own), or are written by `flush`; a
+    closed row is never opened again; outside a scope nothing is kept."""
+    from services.planner.store import Reservation
+
+    async def rows() -> dict[str, tuple[str, int]]:
+        return {r["step_key"]: (r["state"], r["tokens"]) for r in await env.admin.fetch(
+            "SELECT step_key, state, tokens FROM planner.reservations WHERE run_id = 'run-1'")}
+
+    await env.store.create_run(STARTED)
+    lease = Reservation(step_key="run-1:lease:1", reservation_id="r-1", state="open",
+                        reserved_tokens=100)
+    draw = Reservation(step_key="run-1:0:model", reservation_id="r-1", state="open",
+                       lease=lease.step_key, reserved_tokens=10)
+    assert not env.store.write_behind("run-1", lease)  # no scope: the caller writes it
+    with env.store.writing_behind():
+        async with env.store.acquire() as conn, conn.transaction():
+            run = await env.store.lock_run(conn, "run-1")
+            assert run is not None
+            assert env.store.write_behind("run-1", lease, draw)
+            spent = msgspec.structs.replace(draw, state="closed", tokens=7)
+            env.store.write_behind("run-1", spent)  # the same key: the last word stands
+            assert env.store.unwritten() == 2
+            assert await rows() == {}  # nothing written yet
+            await env.store.add_decision(conn, run, 0, NOTE, turn=0, input_digest="d0",
+                                         proposal=None)
+            assert env.store.unwritten() == 0
+            # Written by the step's statement, in the step's transaction.
+            assert {r["step_key"]: (r["state"], r["tokens"]) for r in await conn.fetch(
+                "SELECT step_key, state, tokens FROM planner.reservations")} == {
+                lease.step_key: ("open", 0), draw.step_key: ("closed", 7)}
+            env.store.write_behind("run-1", msgspec.structs.replace(lease, state="due",
+                                                                      tokens=7))
+            await env.store.flush(conn)
+            assert env.store.unwritten() == 0
+        assert await rows() == {lease.step_key: ("due", 7), draw.step_key: ("closed", 7)}
+        async with env.store.acquire() as conn, conn.transaction():
+            # A kept row for a closed reservation changes nothing (never opened again); a
+            # journal statement carries it.
+            env.store.write_behind("run-1", draw)
+            await env.store.add_proposal(conn, run, ProposalEntry(
+                step=0, action="crm.note.create", arguments=ARGUMENTS))
+            assert env.store.unwritten() == 0
+        assert await rows() == {lease.step_key: ("due", 7), draw.step_key: ("closed", 7)}
+        # A kept row of a transaction that rolled back is written by nothing after it.
+        with pytest.raises(RuntimeError):
+            async with env.store.acquire() as conn, conn.transaction():
+                env.store.write_behind("run-1", msgspec.structs.replace(
+                    lease, state="closed", tokens=7))
+                await env.store.flush(conn)
+                raise RuntimeError("rolled back")
+        assert await rows() == {lease.step_key: ("due", 7), draw.step_key: ("closed", 7)}
+    assert env.store.unwritten() == 0
+
+
+async def test_a_transaction_that_left_rows_unwritten_stops_the_delivery(env: Env) -> None:
+    """A transaction that committed with reservation rows still kept (a missing `flush`)
+    would lose them: the run's next transaction, and the delivery's end, refuse to go on."""
+    from services.planner.budgeting import RunBudgets
+    from services.planner.store import Reservation
+
+    budgets = RunBudgets(nc=None, store=env.store)  # type: ignore[arg-type]
+    await env.store.create_run(STARTED)
+    kept = Reservation(step_key="run-1:0:model", reservation_id="r-1", state="open")
+    async with env.store.acquire() as conn:
+        with pytest.raises(RuntimeError, match="never written"):
+            async with budgets.deferring(conn):
+                async with conn.transaction():
+                    run = await env.store.lock_run(conn, "run-1")
+                    assert run is not None
+                    budgets.known(run, [], 0.0)
+                    env.store.write_behind("run-1", kept)
+                budgets.known(run, [], 0.0)  # the next transaction of the delivery
+        with pytest.raises(RuntimeError, match="never written"):
+            async with budgets.deferring(conn):
+                env.store.write_behind("run-1", kept)
+        async with budgets.deferring(conn):  # flushed: nothing to refuse
+            async with conn.transaction():
+                env.store.write_behind("run-1", kept)
+                await budgets.flush(conn)
+    assert await env.admin.fetchval(
+        "SELECT state FROM planner.reservations WHERE step_key = $1", kept.step_key) == "open"
