@@ -309,12 +309,28 @@ async def test_defaults_come_from_the_agent_then_global_then_the_run(env: Env) -
     limits = defaults.limits_for("billing", RunBudget(capability_calls=1))
     assert (limits.tokens, limits.capability_calls, limits.max_concurrent_steps) == (500, 1, 2)
     assert defaults.limits_for("other", None).tokens == 1000
-    # Registered twice (a redelivery): one budget, as first set.
-    run = RegisterRun(tenant="acme", run_id="run-2", principal="alice@acme", agent="billing")
+    # Registered twice (a redelivery): one budget, as first set, and one grant.
+    run = RegisterRun(tenant="acme", run_id="run-2", principal="alice@acme", agent="billing",
+                      grants=["write_delete"])
     await env.store.register_run(run, limits)
     await env.store.register_run(run, Limits(tokens=99))
     state = await env.store.budget("acme", "run-2")
     assert state is not None and state.limits == limits
+    assert await env.admin.fetchval("SELECT count(*) FROM governance.run_grants "
+                                    "WHERE run_id = 'run-2'") == 1
+    # One statement records the run, its grants and its budget, each journaled once.
+    rows = await env.admin.fetch("SELECT kind, xid::text AS xid FROM governance.journal "
+                                 "WHERE subject = 'run-2'")
+    assert sorted(r["kind"] for r in rows) == ["budget.set", "run.registered"]
+    assert len({r["xid"] for r in rows}) == 1
+    # A run registered before budgets existed gets one when it is registered again.
+    await env.admin.execute("DELETE FROM governance.budgets WHERE run_id = 'run-2'")
+    await env.store.register_run(run, Limits(tokens=99))
+    state = await env.store.budget("acme", "run-2")
+    assert state is not None and state.limits.tokens == 99
+    assert sorted(r["kind"] for r in await env.admin.fetch(
+        "SELECT kind FROM governance.journal WHERE subject = 'run-2'")) == [
+        "budget.set", "budget.set", "run.registered"]
 
 
 async def test_a_callers_limit_lowers_the_run_budget_once_and_never_raises_it(

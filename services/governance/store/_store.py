@@ -185,22 +185,29 @@ class GovernanceStore(BudgetStore):
         """Record a run, its run grants and its budget (`limits`, or the built-in defaults
         under the run's own budget); idempotent: a redelivery changes nothing."""
         limits = limits if limits is not None else Limits().lowered(run.budget)
-        # Two statements, each with its journal row (written only if it recorded something).
-        async with self._pool.acquire() as conn, conn.transaction():
-            await self._journaled(
-                conn, _RUN + ", " + _RUN_GRANTS, "SELECT EXISTS (SELECT 1 FROM run)",
-                (run.tenant, run.run_id, run.principal, run.agent, run.attended,
-                 list(run.grants)),
-                tenant=run.tenant, kind="run.registered", subject=run.run_id,
-                run_id=run.run_id, payload=msgspec.to_builtins(run), only_if="run")
-            # Apart from the run: a run registered before budgets existed gets one when its
-            # registration is delivered again.
-            await self._journaled(
-                conn, _RUN_BUDGET, "SELECT EXISTS (SELECT 1 FROM budget)",
-                (run.tenant, run.run_id, run.agent, limits.provider_calls, limits.tokens,
-                 limits.capability_calls, limits.wall_time_s, limits.max_concurrent_steps),
-                tenant=run.tenant, kind="budget.set", subject=run.run_id, run_id=run.run_id,
-                payload={"agent": run.agent, **msgspec.to_builtins(limits)}, only_if="budget")
+        args = (run.tenant, run.run_id, run.principal, run.agent, run.attended,
+                list(run.grants), limits.provider_calls, limits.tokens, limits.capability_calls,
+                limits.wall_time_s, limits.max_concurrent_steps)
+        # One statement, hence one transaction, without BEGIN and COMMIT round trips: the run,
+        # its grants and its budget, each journaled only if it recorded something. The budget
+        # stands apart from the run: a run registered before budgets existed gets one when its
+        # registration is delivered again.
+        if self._journal is None:
+            await self._pool.execute(f"WITH {_RUN}, {_RUN_GRANTS}, {_RUN_BUDGET} SELECT 1",
+                                     *args)
+            return
+        registered = self._journal.entry(
+            tenant=run.tenant, kind="run.registered", subject=run.run_id, run_id=run.run_id,
+            payload=msgspec.to_builtins(run))
+        budgeted = self._journal.entry(
+            tenant=run.tenant, kind="budget.set", subject=run.run_id, run_id=run.run_id,
+            payload={"agent": run.agent, **msgspec.to_builtins(limits)})
+        first = len(args) + 1
+        await self._pool.execute(
+            f"WITH {_RUN}, {_RUN_GRANTS}, {_RUN_BUDGET}, "
+            f"{self._journal.cte_if(first, 'run', name='run_row')}, "
+            f"{self._journal.cte_if(first + 8, 'budget', name='budget_row')} SELECT 1",
+            *args, *msgspec.structs.astuple(registered), *msgspec.structs.astuple(budgeted))
 
     async def pending(self, tenant: str, limit: int = 500) -> list[PendingDecision]:
         """The tenant's unanswered decisions, oldest first."""
@@ -366,9 +373,10 @@ _RUN = ("run AS (INSERT INTO governance.runs (tenant, run_id, principal, agent, 
 _RUN_GRANTS = ("grants AS (INSERT INTO governance.run_grants (tenant, run_id, family, "
                "granted_by) SELECT $1, $2, family, $3 FROM unnest($6::text[]) AS family "
                "WHERE EXISTS (SELECT 1 FROM run) ON CONFLICT DO NOTHING)")
+# $1 tenant, $2 run, $4 agent, $7-$11 the limits (register_run's parameters).
 _RUN_BUDGET = ("budget AS (INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, "
                "tokens, capability_calls, wall_time_s, max_concurrent_steps) "
-               "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING 1)")
+               "VALUES ($1, $2, $4, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING RETURNING 1)")
 
 
 def _facts(row: asyncpg.Record) -> Facts:
