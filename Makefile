@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers soak schemas lint clean
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint clean
 
 setup: $(VENV)
 
@@ -38,6 +38,10 @@ PEERS ?= ../shared/bench/peers
 
 bench-peers: $(VENV) .tools/peers/.installed
 	BENCH_PEERS=$(PEERS) .venv/bin/python -m bench.peers $(PEERS_ARGS)
+
+# Two checkouts' benches side by side (bench/paired.py): A=<dir> B=<dir>.
+bench-paired: $(VENV)
+	.venv/bin/python -m bench.paired $(A) $(B)
 
 schemas: $(VENV)
 	.venv/bin/writ schemas --write
