@@ -258,10 +258,10 @@ class PlannerService(PersonWaits):
 
     async def _advance(self, conn: Any, event: Inbound, finished: Finished) -> Effects:
         async with conn.transaction():
-            run = await self._store.lock_run(conn, event.run_id)
-            if run is None:
+            locked = await self._store.locked(conn, event.run_id)
+            if locked is None:
                 return []  # an outcome for a run this planner never started: nothing to drive
-            state = await self._store.state(conn, run)
+            run, state = locked
             self._budget.known(run, state.reservations, state.now)
             steps = state.steps
             seen = len(steps)
@@ -348,10 +348,10 @@ class PlannerService(PersonWaits):
             # that follows it has started.
             self._rt.faults.crash_if("planner.after_decision")
             async with conn.transaction():
-                run = await self._store.lock_run(conn, run_id)
-                if run is None or run.status != "running":
+                locked = await self._store.locked(conn, run_id)
+                if locked is None or locked[0].status != "running":
                     return []
-                state = await self._store.state(conn, run)
+                run, state = locked
                 self._budget.known(run, state.reservations, state.now)
                 steps = state.steps
                 seen = len(steps)

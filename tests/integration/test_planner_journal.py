@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import asyncpg
 import msgspec
 import pytest
@@ -267,3 +268,49 @@ async def test_a_transaction_that_left_rows_unwritten_stops_the_delivery(env: En
                 await budgets.flush(conn)
     assert await env.admin.fetchval(
         "SELECT state FROM planner.reservations WHERE step_key = $1", kept.step_key) == "open"
+
+
+async def test_locking_and_reading_in_one_statement_sees_what_the_lock_holder_committed(
+        env: Env) -> None:
+    """`locked` reads the run's state in the statement that takes its lock, whose snapshot
+    is taken before it waits: a step another planner committed while it waited is not in that
+    snapshot. The run's lock count says so, and the state is read again: the step is seen."""
+    await env.store.create_run(STARTED)
+    async with env.store.acquire() as conn, conn.transaction():
+        locked = await env.store.locked(conn, "run-1")
+        assert locked is not None and locked[1].steps == []
+        run = locked[0]
+    other = PlannerStore(env.store._pool, journal=env.journal)  # another planner replica
+    holder = await env.store._pool.acquire()
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        assert await other.lock_run(holder, "run-1") is not None
+        await other.add_decision(holder, run, 0, NOTE, turn=0, input_digest="d0",
+                                 proposal=None)
+        seen: list[list[int]] = []
+
+        async def waiter() -> None:
+            async with env.store.acquire() as conn, conn.transaction():
+                got = await env.store.locked(conn, "run-1")
+                assert got is not None
+                seen.append([s.seq for s in got[1].steps])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            # Until the waiter's statement (its snapshot taken) waits for the holder's lock.
+            with anyio.fail_after(10):
+                while not await env.admin.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE 'WITH locked AS%'"):
+                    await anyio.sleep(0.01)
+            await tx.commit()
+        assert seen == [[0]]
+        # Uncontended, one statement: the count matched, no second read.
+        async with env.store.acquire() as conn, conn.transaction():
+            got = await env.store.locked(conn, "run-1")
+            assert got is not None and [s.seq for s in got[1].steps] == [0]
+        assert await env.admin.fetchval(
+            "SELECT version FROM planner.runs WHERE run_id = 'run-1'") == 4
+    finally:
+        await env.store._pool.release(holder)

@@ -1,4 +1,4 @@
-"""What a chat turn's replay reads of its session (`store._of_turn`), and the in-process
+"""What a chat turn's replay reads of its session (`store._replay._of_turn`), and the in-process
 registry a close cancels a turn's model call through (`sessions/_inflight.py`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from services.planner.journal_entries import Captured
 from services.planner.sessions._inflight import InFlightCalls
-from services.planner.store import _of_turn
+from services.planner.store._replay import _of_turn
 
 
 def _plan(seq: int, plan_id: str, turn: int) -> Captured:

@@ -1,14 +1,4 @@
-"""The planner's SQL: runs and their recorded steps, each journaled in the same transaction.
-
-Every run started (with the evidence its model saw), every step (a captured model response,
-critic verdict or tool output, and the proposal a decision became) and every status change
-writes its audit
-journal row (`libs/journal.py`) in the transaction that records it, and only when it recorded
-something: a redelivery journals nothing twice. `read_replay` reads a run back for
-`services/planner/replay/`. The run's budget reservations in governance are recorded with the
-steps they pay for (`reservations`), so a redelivered step reuses its reservation and what a
-step used is settled even if the planner stopped before it could tell governance.
-"""
+"""`PlannerStore`: runs and their steps, each journaled in the transaction that records it."""
 
 from __future__ import annotations
 
@@ -16,13 +6,12 @@ import contextlib
 import json
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextvars import ContextVar
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from libs.journal import Journal, read_entries
+from libs.journal import Journal
 from schemas.retrieval import EvidenceGathered
 from services.planner.journal_entries import (
     CRITIC,
@@ -35,154 +24,30 @@ from services.planner.journal_entries import (
     CriticEntry,
     DecisionEntry,
     ObservationEntry,
-    PlanRecord,
     ProposalEntry,
     RunRecord,
     RunStartedEntry,
     StatusEntry,
-    StepRecord,
+)
+from services.planner.store._replay import read_replay
+from services.planner.store._rows import Reservation, RunRow, RunState, Step
+from services.planner.store._sql import (
+    BEHIND,
+    HELD,
+    LOCK,
+    LOCKED,
+    RESERVATION_COLUMNS,
+    RESERVATIONS,
+    RUN_COLUMNS,
+    STATE,
+    STEPS,
+    STEPS_KEPT,
+    behind_args,
+    behind_cte,
+    run_row,
 )
 
-__all__ = ["PlannerStore", "Reservation", "RunRow", "RunState", "Step", "read_replay"]
-
-TERMINAL_RUN = frozenset({"succeeded", "failed", "cancelled"})
-
-
-class RunRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One run as the planner recorded it."""
-
-    run_id: str
-    tenant: str
-    request_id: str
-    principal: str
-    agent: str
-    input: str
-    evidence: list[dict[str, Any]]
-    status: str
-    answer: str | None
-    error_code: str | None
-    error_message: str | None
-    attended: bool = False
-    # The agent snapshot the run started with (version, responsibility, catalog), or None.
-    manifest: dict[str, Any] | None = None
-    # The decision a stopped run waits for a person to take (a pending decision's id, or a
-    # review's), None while it runs or once it ended.
-    pending_id: str | None = None
-
-
-class Step(msgspec.Struct, frozen=True, kw_only=True):
-    """A captured model decision or an observation fed back to the model."""
-
-    seq: int
-    kind: str
-    payload: dict[str, Any]
-
-
-class Reservation(msgspec.Struct, frozen=True, kw_only=True):
-    """A budget reservation of the run's, as the planner recorded it."""
-
-    step_key: str
-    reservation_id: str
-    state: str  # open | due | closed
-    # What the step used (recorded when it is spent; a lease's: what its draws used).
-    provider_calls: int = 0
-    tokens: int = 0
-    capability_calls: int = 0
-    # A draw on a lease (`budgeting.py`): the lease's step key, and what the draw holds of it;
-    # a lease: what governance granted, and until when it may be drawn on (epoch seconds).
-    lease: str | None = None
-    reserved_provider_calls: int = 0
-    reserved_tokens: int = 0
-    reserved_capability_calls: int = 0
-    expires_at: float | None = None
-
-
-class RunState(msgspec.Struct, frozen=True, kw_only=True):
-    """What the planner reads of a locked run in one statement: its steps, who asked to
-    cancel it, and its budget reservations."""
-
-    steps: list[Step]
-    cancelled_by: str | None = None
-    reservations: list[Reservation] = []
-    now: float = 0.0  # the database's clock (epoch seconds), which a lease expires by
-
-
-# Read after the run's lock was granted (a statement of its own, so its snapshot sees every
-# step a delivery that held the lock before committed).
-_STATE = """
-SELECT (SELECT coalesce(json_agg(json_build_object('seq', seq, 'kind', kind, 'payload', payload)
-                                 ORDER BY seq), '[]'::json)
-        FROM planner.steps WHERE run_id = $1 AND seq > $3) AS steps,
-       (SELECT count(*) FROM planner.steps WHERE run_id = $1) AS step_count,
-       -- The first step this transaction wrote itself (not committed: never kept).
-       (SELECT min(seq) FROM planner.steps WHERE run_id = $1
-        AND xmin::text::bigint = pg_current_xact_id()::text::bigint % 4294967296) AS own_from,
-       (SELECT principal FROM planner.cancellations
-        WHERE run_id = $1 AND tenant = $2) AS cancelled_by,
-       (SELECT coalesce(json_agg(json_build_object(
-                   'step_key', step_key, 'reservation_id', reservation_id, 'state', state,
-                   'provider_calls', provider_calls, 'tokens', tokens,
-                   'capability_calls', capability_calls, 'lease', lease,
-                   'reserved_provider_calls', reserved_provider_calls,
-                   'reserved_tokens', reserved_tokens,
-                   'reserved_capability_calls', reserved_capability_calls,
-                   'expires_at', expires_at)), '[]'::json)
-        FROM planner.reservations WHERE run_id = $1) AS reservations,
-       extract(epoch FROM now())::float8 AS now
-"""
-_RESERVATION_COLUMNS = ("step_key, reservation_id, state, provider_calls, tokens, "
-                        "capability_calls, lease, reserved_provider_calls, reserved_tokens, "
-                        "reserved_capability_calls, expires_at")
-# What `hold` inserts of each reservation, in its statement's order.
-_HELD = ("step_key", "reservation_id", "lease", "reserved_provider_calls", "reserved_tokens",
-         "reserved_capability_calls", "expires_at")
-# Reservation rows kept to be written with the transaction's next statement (`write_behind`):
-# (run id, step key) -> the row as it must stand; None outside a `writing_behind` scope.
-_BEHIND: ContextVar[dict[tuple[str, str], Reservation] | None] = ContextVar(
-    "writ_planner_behind", default=None)
-# The columns a kept row writes, with their array types, in `_behind_cte`'s order.
-_BEHIND_COLUMNS = (("step_key", "text"), ("reservation_id", "text"), ("state", "text"),
-                   ("provider_calls", "int"), ("tokens", "int"), ("capability_calls", "int"),
-                   ("lease", "text"), ("reserved_provider_calls", "int"),
-                   ("reserved_tokens", "int"), ("reserved_capability_calls", "int"),
-                   ("expires_at", "float8"))
-
-
-def _behind_cte(first: int) -> str:
-    """A data-modifying CTE writing the kept rows from parameters $first.. (the run ids, then
-    one array per column): a new row is inserted, a known one takes its new state and use. A
-    closed row is never opened again (the planner closes a reservation once governance took
-    its settlement)."""
-    columns = ", ".join(name for name, _ in _BEHIND_COLUMNS)
-    arrays = ", ".join(f"${first + 1 + i}::{kind}[]" for i, (_, kind) in enumerate(_BEHIND_COLUMNS))
-    return (f"behind AS (INSERT INTO planner.reservations (run_id, {columns}) "
-            f"SELECT * FROM unnest(${first}::text[], {arrays}) "
-            "ON CONFLICT (run_id, step_key) DO UPDATE SET state = EXCLUDED.state, "
-            "provider_calls = EXCLUDED.provider_calls, tokens = EXCLUDED.tokens, "
-            "capability_calls = EXCLUDED.capability_calls "
-            "WHERE planner.reservations.state <> 'closed')")
-
-
-def _behind_args(kept: dict[tuple[str, str], Reservation]) -> list[list[Any]]:
-    rows = list(kept.items())
-    return [[run_id for (run_id, _), _ in rows],
-            *([getattr(r, name) for _, r in rows] for name, _ in _BEHIND_COLUMNS)]
-
-
-_STEPS = msgspec.json.Decoder(list[Step])
-_STEPS_KEPT = 1024  # runs whose steps `state` keeps (what the planner drives at once, and more)
-_RESERVATIONS = msgspec.json.Decoder(list[Reservation])
-
-_RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
-                "error_code, error_message, attended, manifest, pending_id")
-
-
-def _run(row: asyncpg.Record) -> RunRow:
-    values = dict(row)
-    values["evidence"] = json.loads(values["evidence"])
-    if values["manifest"] is not None:
-        values["manifest"] = json.loads(values["manifest"])
-    return RunRow(**values)
+__all__ = ["PlannerStore"]
 
 
 class PlannerStore:
@@ -201,7 +66,7 @@ class PlannerStore:
     def _remember(self, run_id: str, steps: list[Step]) -> None:
         self._steps[run_id] = tuple(steps)
         self._steps.move_to_end(run_id)
-        while len(self._steps) > _STEPS_KEPT:
+        while len(self._steps) > STEPS_KEPT:
             self._steps.popitem(last=False)
 
     @property
@@ -215,18 +80,18 @@ class PlannerStore:
         """Within this scope, reservation rows given to `write_behind` are written with the
         transaction's next step, run or journal statement (one round trip for both), or by
         `flush`, which the caller must await before each of its transactions commits."""
-        token = _BEHIND.set({})
+        token = BEHIND.set({})
         try:
             yield
         finally:
-            _BEHIND.reset(token)
+            BEHIND.reset(token)
 
     @staticmethod
     def write_behind(run_id: str, *rows: Reservation) -> bool:
         """Keep `rows` of the run (each as it must stand: state and use) to be written with
         the transaction's next statement; False outside a `writing_behind` scope (the caller
         writes them itself)."""
-        kept = _BEHIND.get()
+        kept = BEHIND.get()
         if kept is None:
             return False
         for row in rows:
@@ -236,26 +101,26 @@ class PlannerStore:
     @staticmethod
     def unwritten() -> int:
         """How many kept rows no statement has written yet."""
-        return len(_BEHIND.get() or ())
+        return len(BEHIND.get() or ())
 
     async def flush(self, conn: asyncpg.Connection) -> None:
         """Write the kept rows now (a statement of their own), if any are left."""
-        kept = _BEHIND.get()
+        kept = BEHIND.get()
         if kept:
-            await conn.execute(f"WITH {_behind_cte(1)} SELECT 1", *_behind_args(kept))
+            await conn.execute(f"WITH {behind_cte(1)} SELECT 1", *behind_args(kept))
             kept.clear()
 
     def _with_behind(self, first: int) -> tuple[str, list[Any]]:
         """The kept rows' CTE (", behind AS (...)") and parameters, for a statement whose
         parameters end at $first-1; nothing if no row is kept."""
-        kept = _BEHIND.get()
+        kept = BEHIND.get()
         if not kept:
             return "", []
-        return f", {_behind_cte(first)}", _behind_args(kept)
+        return f", {behind_cte(first)}", behind_args(kept)
 
     @staticmethod
     def _written() -> None:
-        kept = _BEHIND.get()
+        kept = BEHIND.get()
         if kept:
             kept.clear()
 
@@ -349,32 +214,62 @@ class PlannerStore:
     async def run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
         """The run as committed, unlocked (a branch's end, read by the run that called it)."""
         row = await conn.fetchrow(
-            f"SELECT {_RUN_COLUMNS} FROM planner.runs WHERE run_id = $1", run_id)
-        return None if row is None else _run(row)
+            f"SELECT {RUN_COLUMNS} FROM planner.runs WHERE run_id = $1", run_id)
+        return None if row is None else run_row(row)
 
     def acquire(self) -> Any:
         """A pooled connection."""
         return self._pool.acquire()
 
     async def lock_run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
-        """The run, locked until the caller's transaction ends."""
-        row = await conn.fetchrow(
-            f"SELECT {_RUN_COLUMNS} FROM planner.runs WHERE run_id = $1 FOR UPDATE", run_id)
-        return None if row is None else _run(row)
+        """The run, locked until the caller's transaction ends (and that transaction counted
+        on its row, as `locked` needs of every transaction that locks a run)."""
+        row = await conn.fetchrow(LOCK, run_id)
+        return None if row is None else run_row(row)
+
+    async def locked(self, conn: asyncpg.Connection, run_id: str
+                     ) -> tuple[RunRow, RunState] | None:
+        """`lock_run` and `state` in one round trip; None if there is no such run.
+
+        One statement has one snapshot, taken before it waits for the lock: a transaction
+        that held the lock and committed meanwhile is invisible to it. Each transaction that
+        locks a run counts itself on the row, and the lock returns the newest count: if it is
+        not the one this snapshot saw plus this transaction's, the state is read again, under
+        the lock now (`state`)."""
+        known = self._steps.get(run_id, ())
+        row = await conn.fetchrow(LOCKED, run_id, known[-1].seq if known else -1)
+        if row is None:
+            return None
+        run = run_row(row)
+        if row["seen_version"] == row["version"] - 1:
+            state = self._state_of(row, run, known)
+            if state is not None:
+                return run, state
+        return run, await self.state(conn, run)
 
     async def state(self, conn: asyncpg.Connection, run: RunRow) -> RunState:
         """The locked run's steps in order, its cancellation and its reservations, in one
         round trip (call it after `lock_run`, in the same transaction)."""
         known = self._steps.get(run.run_id, ())
-        row = await conn.fetchrow(_STATE, run.run_id, run.tenant, known[-1].seq if known else -1)
-        steps = [*known, *_STEPS.decode(row["steps"])]
-        if len(steps) != row["step_count"]:  # a step below those read before: read them all
-            row = await conn.fetchrow(_STATE, run.run_id, run.tenant, -1)
-            steps = _STEPS.decode(row["steps"])
+        row = await conn.fetchrow(STATE, run.run_id, run.tenant, known[-1].seq if known else -1)
+        state = self._state_of(row, run, known)
+        if state is None:  # a step below those read before: read them all
+            row = await conn.fetchrow(STATE, run.run_id, run.tenant, -1)
+            state = self._state_of(row, run, ())
+        assert state is not None  # every step read, by the statement that counted them
+        return state
+
+    def _state_of(self, row: asyncpg.Record, run: RunRow, known: tuple[Step, ...]
+                  ) -> RunState | None:
+        """The state `row` read after the `known` steps; None if they are not all the run's
+        steps before those it read (another planner committed one below them)."""
+        steps = [*known, *STEPS.decode(row["steps"])]
+        if len(steps) != row["step_count"]:
+            return None
         own = row["own_from"]
         self._remember(run.run_id, [st for st in steps if own is None or st.seq < own])
         return RunState(steps=steps, cancelled_by=row["cancelled_by"],
-                        reservations=_RESERVATIONS.decode(row["reservations"]), now=row["now"])
+                        reservations=RESERVATIONS.decode(row["reservations"]), now=row["now"])
 
     async def steps(self, conn: asyncpg.Connection, run_id: str) -> list[Step]:
         """The run's steps in order."""
@@ -430,7 +325,7 @@ class PlannerStore:
                           step_key: str) -> Reservation | None:
         """The reservation recorded for this step key, if any."""
         row = await conn.fetchrow(
-            f"SELECT {_RESERVATION_COLUMNS} FROM planner.reservations "
+            f"SELECT {RESERVATION_COLUMNS} FROM planner.reservations "
             "WHERE run_id = $1 AND step_key = $2", run_id, step_key)
         return None if row is None else Reservation(**dict(row))
 
@@ -443,7 +338,7 @@ class PlannerStore:
         same = closing.pop(run_id, [])
         for other, keys in closing.items():  # a branch's settlement carried by its root's
             await self.closed(conn, other, *keys)
-        columns = [[getattr(r, f) for r in held] for f in _HELD]
+        columns = [[getattr(r, f) for r in held] for f in HELD]
         return bool(await conn.fetchval(
             "WITH closed AS (UPDATE planner.reservations SET state = 'closed' "
             "WHERE run_id = $1 AND step_key = ANY($2::text[])), "
@@ -465,14 +360,14 @@ class PlannerStore:
             "capability_calls = $5, "
             "state = CASE WHEN lease IS NULL THEN 'due' ELSE 'closed' END "
             "WHERE run_id = $1 AND step_key = $2 AND state = 'open' "
-            f"RETURNING {_RESERVATION_COLUMNS}",
+            f"RETURNING {RESERVATION_COLUMNS}",
             run_id, step_key, provider_calls, tokens, capability_calls)
         return None if row is None else Reservation(**dict(row))
 
     async def due(self, conn: asyncpg.Connection, run_id: str) -> list[Reservation]:
         """The run's reservations whose use is known but not yet settled in governance."""
         rows = await conn.fetch(
-            f"SELECT {_RESERVATION_COLUMNS} FROM planner.reservations "
+            f"SELECT {RESERVATION_COLUMNS} FROM planner.reservations "
             "WHERE run_id = $1 AND state = 'due' ORDER BY step_key",
             run_id)
         return [Reservation(**dict(r)) for r in rows]
@@ -516,67 +411,3 @@ class PlannerStore:
             raise RuntimeError("the planner has no journal to replay from")
         async with self._pool.acquire() as conn:
             return await read_replay(conn, self._journal, tenant=tenant, run_id=run_id)
-
-
-async def read_replay(conn: asyncpg.Connection, journal: Journal, *, tenant: str, run_id: str
-                      ) -> tuple[list[Captured], RunRecord | None, int]:
-    """A run's sealed journal entries (decrypted, in chain order), the runtime's record of it
-    (None if the run is not the tenant's) and how many of its journal rows are not sealed yet.
-
-    One repeatable-read snapshot: the record and the journal are read at the same instant.
-    """
-    # (imported here: the sessions package imports this module)
-    from services.planner.sessions.logic import is_turn_run, turn_of
-
-    s = journal.schema
-    # A chat turn's run: its session's journal says whether the turn plans first and what its
-    # plans were and how they were answered (`session.*`, journaled under the session's id).
-    journaled = [run_id, turn_of(run_id)[0]] if is_turn_run(run_id) else [run_id]
-    async with conn.transaction(isolation="repeatable_read", readonly=True):
-        entries = [Captured(seq=seq, kind=row["kind"], payload=msgspec.json.decode(plaintext))
-                   for of in journaled
-                   for seq, row, plaintext in await read_entries(conn, journal, tenant=tenant,
-                                                                 run_id=of)]
-        unsealed = await conn.fetchval(
-            f"SELECT count(*) FROM {s}.journal j WHERE j.tenant = $1 AND j.run_id = ANY($2) "
-            f"AND NOT EXISTS (SELECT 1 FROM {s}.journal_seals s WHERE s.entry_id = j.id)",
-            tenant, journaled)
-        run = await conn.fetchrow(
-            "SELECT status, answer, error_code, error_message, evidence FROM planner.runs "
-            "WHERE run_id = $1 AND tenant = $2", run_id, tenant)
-        if run is None:
-            return _of_turn(entries, run_id), None, unsealed
-        steps = await conn.fetch(
-            "SELECT seq, kind, payload, input_digest FROM planner.steps WHERE run_id = $1 "
-            "ORDER BY seq", run_id)
-        plans = await conn.fetch(
-            "SELECT plan_id, state, digest, steps FROM planner.plans WHERE run_id = $1 "
-            "ORDER BY created_at", run_id)
-    record = RunRecord(status=run["status"], answer=run["answer"],
-                       error_code=run["error_code"], error_message=run["error_message"],
-                       evidence=json.loads(run["evidence"]),
-                       steps=[StepRecord(seq=r["seq"], kind=r["kind"],
-                                         payload=json.loads(r["payload"]),
-                                         input_digest=r["input_digest"]) for r in steps],
-                       plans=[PlanRecord(plan_id=r["plan_id"], state=r["state"],
-                                         digest=r["digest"], steps=json.loads(r["steps"]))
-                              for r in plans])
-    return _of_turn(entries, run_id), record, unsealed
-
-
-def _of_turn(entries: list[Captured], run_id: str) -> list[Captured]:
-    """The run's own entries and, of its session's, whether it plans (`SessionOpened`) and
-    this turn's plans and their answers (a fork's copies of its parent's plans are earlier
-    turns'), in chain order."""
-    turn = run_id.rpartition("-t")[2]
-    plans = {str(e.payload["plan"]["plan_id"]) for e in entries
-             if e.kind == "session.PlanProposed" and str(e.payload["plan"]["turn"]) == turn}
-
-    def kept(e: Captured) -> bool:
-        if e.kind == "session.PlanProposed":
-            return str(e.payload["plan"]["plan_id"]) in plans
-        if e.kind == "session.PlanDecided":
-            return str(e.payload["plan_id"]) in plans
-        return e.kind == "session.SessionOpened" or not e.kind.startswith("session.")
-
-    return sorted((e for e in entries if kept(e)), key=lambda e: e.seq)
