@@ -68,7 +68,3 @@ class RunState(msgspec.Struct, frozen=True, kw_only=True):
     cancelled_by: str | None = None
     reservations: list[Reservation] = []
     now: float = 0.0  # the database's clock (epoch seconds), which a lease expires by
-
-
-# Read after the run's lock was granted (a statement of its own, so its snapshot sees every
-# step a delivery that held the lock before committed).
