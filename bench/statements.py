@@ -83,12 +83,7 @@ def main(argv: list[str]) -> int:
     in_flight = int(argv[2]) if len(argv) > 2 else 32
     stack = Stack(Path(tempfile.mkdtemp(prefix="writ-statements-")))
     try:
-        stack.start_infrastructure()
-        anyio.run(stack.provision)
-        stack.start_crm()
-        stack.start_host()
-        stack.start_services()
-        anyio.run(stack.wait_ready)
+        stack.start_all()
         print(anyio.run(_count, stack, runs, agent, in_flight))
     finally:
         stack.stop()

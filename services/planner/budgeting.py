@@ -131,7 +131,7 @@ class RunBudgets:
             lease, fits = await self._lease_for(conn, run, known, need, delivery)
             if fits and lease is not None:  # drawn on: no round trip to governance
                 draw = _draw(key, lease, need)
-                await self._hold(conn, run.run_id, known, draw)
+                await self._hold(conn, run.run_id, draw)
                 known[key] = draw
                 return lease.reservation_id, True
         funds = budget_run_id(run)
@@ -157,7 +157,7 @@ class RunBudgets:
         closing = self._carried_keys(deferred, carried, reserved.settled)
         mine = Reservation(step_key=key, reservation_id=reserved.reservation_id, state="open")
         if lease is None:
-            new = await self._hold(conn, run.run_id, known, mine, closing=closing)
+            new = await self._hold(conn, run.run_id, mine, closing=closing)
         else:
             assert delivery is not None
             now = delivery.runs[run.run_id][1]
@@ -168,20 +168,20 @@ class RunBudgets:
                 reserved_capability_calls=reserved.capability_calls,
                 expires_at=now + reserved.wall_time_left_s)
             mine = _draw(key, lease, need)
-            new = await self._hold(conn, run.run_id, known, lease, mine, closing=closing)
+            new = await self._hold(conn, run.run_id, lease, mine, closing=closing)
             if known is not None:
                 known[lease.step_key] = lease
         if known is not None:
             known[key] = mine
         return reserved.reservation_id, new
 
-    async def _hold(self, conn: Any, run_id: str, known: dict[str, Reservation] | None,
-                    *rows: Reservation, closing: dict[str, list[str]] | None = None) -> bool:
+    async def _hold(self, conn: Any, run_id: str, *rows: Reservation,
+                    closing: dict[str, list[str]] | None = None) -> bool:
         """Record open reservations of the run (`store.hold`), and the step keys governance
-        closed with them; a run locked now (`known`) has them written with the transaction's
+        closed with them; a run locked now (`_locked`) has them written with the transaction's
         next statement instead. False if the first one's step key has one already."""
-        if (known is None or not conn.is_in_transaction()
-                or not self._store.write_behind(run_id)):
+        known = self._locked(conn, run_id)
+        if known is None:
             return await self._store.hold(conn, run_id, *rows, closing=closing)
         closing = dict(closing or {})
         for other, keys in closing.items():
@@ -197,7 +197,7 @@ class RunBudgets:
         if delivery is None or not conn.is_in_transaction():
             return None
         known = delivery.held.get(run_id)
-        return known if known is not None and self._store.write_behind(run_id) else None
+        return known if known is not None and self._store.writes_behind() else None
 
     async def _spend(self, conn: Any, run_id: str, key: str, *, provider_calls: int,
                      tokens: int, capability_calls: int) -> Reservation | None:

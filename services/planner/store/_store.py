@@ -99,6 +99,11 @@ class PlannerStore:
         return True
 
     @staticmethod
+    def writes_behind() -> bool:
+        """Whether this is a `writing_behind` scope."""
+        return BEHIND.get() is not None
+
+    @staticmethod
     def unwritten() -> int:
         """How many kept rows no statement has written yet."""
         return len(BEHIND.get() or ())
@@ -131,18 +136,14 @@ class PlannerStore:
         its journal row, in one statement; whether it changed something. One round trip where
         the change and its `_capture` took two (and the kept reservation rows with them)."""
         changed = f"changed AS ({change})"
-        if self._journal is None:
-            behind, kept = self._with_behind(len(args) + 1)
-            done = bool(await conn.fetchval(
-                f"WITH {changed}{behind} SELECT EXISTS (SELECT 1 FROM changed)", *args, *kept))
-            self._written()
-            return done
-        entry = msgspec.structs.astuple(self._journal.entry(
+        entry = () if self._journal is None else msgspec.structs.astuple(self._journal.entry(
             tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id))
+        journal = ("" if self._journal is None
+                   else f", {self._journal.cte_if(len(args) + 1, 'changed')}")
         behind, kept = self._with_behind(len(args) + len(entry) + 1)
         done = bool(await conn.fetchval(
-            f"WITH {changed}, {self._journal.cte_if(len(args) + 1, 'changed')}{behind} "
-            "SELECT EXISTS (SELECT 1 FROM changed)", *args, *entry, *kept))
+            f"WITH {changed}{journal}{behind} SELECT EXISTS (SELECT 1 FROM changed)",
+            *args, *entry, *kept))
         self._written()
         return done
 
