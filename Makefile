@@ -20,8 +20,14 @@ $(VENV): pyproject.toml uv.lock | $(UV)
 run: $(VENV)
 	.venv/bin/writ run
 
+# Two pytest workers, a test file each at a time (`--dist loadfile`: a module's deployment is
+# started once): the suite waits on servers more than it computes, so two halve its time on two
+# cores. One worker when the tests share a nats-server named by WRIT_TEST_NATS_URL (two
+# deployments on one server would share its streams).
+TEST_WORKERS ?= $(if $(WRIT_TEST_NATS_URL),0,2)
+
 test: $(VENV)
-	.venv/bin/pytest
+	.venv/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 unit: $(VENV)
 	.venv/bin/pytest tests/unit
