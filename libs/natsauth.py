@@ -14,8 +14,8 @@ which would be permissions again, with more to get wrong.
   (`WRIT_OUT_<tenant>`) and `writ.events.planner.<tenant>`, and nothing under `writ.int.>`,
   `writ.cmd.>` or another tenant's subjects.
 - The evaluation's shadow runs (`writ eval shadow`, user `eval`) read a copy of the runs that
-  start (its own durable consumer `eval` on WRIT_INT, for the evidence retrieval gathers for
-  each run) and publish only under `writ.eval.>`: nothing under `writ.int.>`,
+  start (its own durable consumer `eval` on WRIT_INT, for the evidence each run is handed to
+  the planner with) and publish only under `writ.eval.>`: nothing under `writ.int.>`,
   `writ.cmd.>` or `writ.in.>`, and no request to governance, admission or the dispatcher, so no
   proposal of a shadow run can be admitted or dispatched.
 - Every user's replies arrive under its own inbox prefix (`_INBOX.<user>`): nobody can
@@ -49,12 +49,14 @@ EVAL_SUBJECTS: Final = "writ.eval.>"
 _JS: Final = "$JS.API"
 _STATIC_STREAMS: Final = tuple(spec.name for spec in subjects.STREAMS)
 
-# service -> (its durable consumer's stream or None for per-tenant streams, what it publishes,
-# the request/reply endpoints it serves). Request/reply calls are publishes too.
+# service -> (its durable consumer's stream, None for per-tenant streams or "" for none, what
+# it publishes, the request/reply endpoints it serves). Request/reply calls are publishes too.
 SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, ...]]]] = {
     "ingress": (None, (
-        "writ.out.results.*", "writ.int.runs.started.*", "writ.int.approvals.*",
-        "writ.int.proposals.*", "writ.int.answers.*", subjects.REGISTER_RUN, REVIEW,
+        # A run starts registered with governance, its evidence asked of retrieval, and
+        # handed to the planner with both (libs/runstart.py).
+        "writ.out.results.*", "writ.int.evidence.*", subjects.REGISTER_RUN, subjects.SEARCH,
+        "writ.int.approvals.*", "writ.int.proposals.*", "writ.int.answers.*", REVIEW,
         # The HTTP door: cancellations, the reads other services answer, and the
         # Idempotency-Key bucket (its KV stream).
         "writ.int.runs.cancel.*", reads.RUN_STATUS, reads.RUN_EVENTS, reads.COMMAND_STATUS,
@@ -74,10 +76,13 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         # (unnamed and ephemeral: it goes away once the reader does).
         SESSION_OPS, f"$JS.API.CONSUMER.CREATE.{CHAT_STREAM}", f"$JS.FC.{CHAT_STREAM}.>",
     ), ("writ.out.results.*", host_read("*", "*"))),
-    # Federation: retrieval has governance record each MCP listing, and serves operators'
-    # listings and admission's host facts (it alone holds the MCP credential).
-    "retrieval": ("WRIT_INT", ("writ.int.evidence.*", subjects.DECIDE, subjects.MCP_LISTING),
-                  (subjects.READ, subjects.MCP_LIST, subjects.HOST_FACTS, subjects.MCP_CATALOG)),
+    # Retrieval answers requests only, and may start nothing: it reads untrusted content, so
+    # who a run is for never passes through it. Federation: it has governance record each MCP
+    # listing, and serves operators' listings and admission's host facts (it alone holds the
+    # MCP credential).
+    "retrieval": ("", (subjects.DECIDE, subjects.MCP_LISTING),
+                  (subjects.SEARCH, subjects.READ, subjects.MCP_LIST, subjects.HOST_FACTS,
+                   subjects.MCP_CATALOG)),
     "planner": ("WRIT_INT", (
         "writ.int.runs.branch.*", "writ.out.results.*", "writ.int.proposals.*",
         "writ.events.planner.*", subjects.READ, subjects.DECIDE, subjects.RESERVE,
@@ -85,7 +90,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         # Chat sessions: a turn is registered and started like a host's run, and each
         # session's events go on its own subject; a plan step's preview stands on the facts
         # its action reads, asked of their readers as admission asks (no credential here).
-        "writ.int.runs.started.*", subjects.REGISTER_RUN, "writ.chat.*.*",
+        "writ.int.evidence.*", subjects.REGISTER_RUN, subjects.SEARCH, "writ.chat.*.*",
         TURN_CANCELLING,  # a close tells every replica to abandon the turn's model call
         subjects.FACTS, subjects.HOST_FACTS,
     ), (subjects.REPLAY, REVIEW, reads.RUN_STATUS, reads.RUN_EVENTS, reads.REVIEWS_LIST,
@@ -156,7 +161,7 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
         pub += _streams([*tenant_streams, *(subjects.out_stream(t) for t in tenants)])
         for s in tenant_streams:
             pub += _consumer(s, name)
-    else:
+    elif stream:
         pub += _consumer(stream, name)
     if name in JOURNALED:
         pub += [subjects.journal_checkpoints(name),

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from schemas.base import AgentName, Event, Id, Principal, ShortText, Tenant, Text
+from schemas.base import Event, Id, Principal, ShortText, Tenant
 
-__all__ = ["ProposalAnswer", "RunStarted"]
-
-
-class RunStarted(Event):
-    """A verified request became a run; tenant and principal come from the host's token."""
-
-    run_id: Id
-    request_id: Id
-    tenant: Tenant
-    principal: Principal
-    agent: AgentName
-    input: Text
-    attended: bool = False
+__all__ = ["ProposalAnswer"]
 
 
 class ProposalAnswer(Event):

@@ -20,6 +20,7 @@ __all__ = [
     "CustomerGet",
     "DocumentsSearch",
     "Evidence",
+    "EvidenceFound",
     "EvidenceGathered",
     "ReadCapability",
     "ReadItem",
@@ -27,6 +28,7 @@ __all__ = [
     "ReadResult",
     "ReadToolInfo",
     "ReadToolSpec",
+    "SearchEvidence",
     "read_tool_catalog",
 ]
 
@@ -47,8 +49,26 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
     trust: Literal["untrusted"] = "untrusted"
 
 
+class SearchEvidence(Command):
+    """Ask retrieval for a starting run's evidence (request/reply): the tenant's documents that
+    best match the run's input. Whoever starts the run (ingress, or the planner for a chat
+    turn) asks, and hands the evidence to the planner itself with what it verified."""
+
+    tenant: Tenant
+    run_id: Id
+    input: Text
+
+
+class EvidenceFound(Event):
+    """Retrieval's answer to `SearchEvidence`: only the evidence, never who the run is for."""
+
+    run_id: Id
+    evidence: Annotated[list[Evidence], msgspec.Meta(max_length=16)]
+
+
 class EvidenceGathered(Event):
-    """Evidence for a run, handed to the planner."""
+    """Evidence for a run, handed to the planner by whoever started the run (ingress, or the
+    planner itself for a chat turn): the identity fields are theirs, the evidence retrieval's."""
 
     run_id: Id
     request_id: Id

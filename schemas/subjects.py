@@ -36,8 +36,8 @@ __all__ = [
     "RECONCILE",
     "REPLAY",
     "RESERVE",
+    "SEARCH",
     "SETTLE",
-    "RETRIEVAL_IN",
     "STREAMS",
     "TENANT_PATTERN",
     "in_stream",
@@ -66,7 +66,6 @@ __all__ = [
     "request",
     "result",
     "review",
-    "run_started",
 ]
 
 HOST_API_VERSION: Final = "1"
@@ -120,10 +119,6 @@ def command_request(tenant: str) -> str:
 
 
 # Internal, one event type per subject family.
-def run_started(tenant: str) -> str:
-    return f"writ.int.runs.started.{tenant}"
-
-
 def branch(tenant: str) -> str:
     """`BranchChanged`: a run the planner drives as a branch of another started or ended (the
     planner's own inbox, under the runs' family so WRIT_INT keeps it)."""
@@ -194,6 +189,8 @@ SETTLE: Final = "writ.int.governance.settle"
 # Execute a read tool for a run (`ReadCapability` -> `ReadResult` | `ReadRefused`), after
 # governance's `decide`; the tools and their catalog are `schemas.retrieval.READ_TOOLS`.
 READ: Final = "writ.int.retrieval.read"
+# A starting run's evidence (`SearchEvidence`), asked of retrieval by whoever starts the run.
+SEARCH: Final = "writ.int.retrieval.search"
 # Federation (schemas/mcp.py): retrieval records each `tools/list` with governance
 # (`RecordListing` -> `ListingRecorded`); an operator lists a server now through retrieval
 # (`ListServer` -> `ServerListing`) and classifies a tool with governance (`ClassifyTool` ->
@@ -215,7 +212,6 @@ HOST_KINDS: Final = ("requests", "commands", "decisions", "approvals", "reviews"
                      "cancels")
 INGRESS_IN: Final = tuple(f"writ.in.{kind}.*" for kind in HOST_KINDS)
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
-RETRIEVAL_IN: Final = ("writ.int.runs.started.*",)
 PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
                       "writ.int.runs.branch.*", "writ.int.answered.*", "writ.int.runs.cancel.*")
 ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",

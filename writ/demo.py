@@ -55,12 +55,13 @@ def _describe(subject: str, data: bytes) -> tuple[str, str] | None:
     kind = body.get("type")
     if subject.startswith("writ.in.requests."):
         return "request", f"{body.get('request_id')} from the host on {subject}"
-    if kind == "RunStarted":
-        return "verified", (f"tenant={body['tenant']} principal={body['principal']} "
-                            f"run={body['run_id']}")
+    if kind == "SearchEvidence":
+        return "verified", (f"tenant={body['tenant']} run={body['run_id']}: the host's token "
+                            f"verified, the run registered, its evidence asked of retrieval")
     if kind == "EvidenceGathered":
         titles = ", ".join(e["title"] for e in body["evidence"]) or "none"
-        return "evidence", f"{len(body['evidence'])} documents, all untrusted: {titles}"
+        return "evidence", (f"principal={body['principal']}: {len(body['evidence'])} documents, "
+                            f"all untrusted: {titles}")
     if kind == "StepRecorded":
         return _step(body)
     if kind == "ReadCapability":

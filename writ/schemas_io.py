@@ -49,7 +49,7 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.host_reads import HostRead
-from schemas.ingress import ProposalAnswer, RunStarted
+from schemas.ingress import ProposalAnswer
 from schemas.journal import JournalCheckpoint
 from schemas.mcp import (
     ClassifyTool,
@@ -78,13 +78,21 @@ from schemas.reads import (
     ListProposals,
     VerifyJournal,
 )
-from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
+from schemas.retrieval import (
+    EvidenceFound,
+    EvidenceGathered,
+    ReadCapability,
+    ReadRefused,
+    ReadResult,
+    SearchEvidence,
+)
 from schemas.sessions import TurnCancelling
 
 __all__ = ["MESSAGES", "check_schemas", "render", "write_schemas"]
 
 MESSAGES: Final = (
-    RunRequest, RunResult, SubmitCommand, CommandResult, RunStarted, EvidenceGathered,
+    RunRequest, RunResult, SubmitCommand, CommandResult, SearchEvidence, EvidenceFound,
+    EvidenceGathered,
     ProposeCommand, DecideRequest, Decision, DecideBatch, Decisions, CommandAdmitted,
     ProposalRefused, DispatchCommand,
     CommandOutcome, ListUnknown, UnknownCommands, Reconcile, Reconciled, HumanDecision,

@@ -20,6 +20,7 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, ensure_streams, publish
 from libs.deadline import timed_request
 from libs.errors import ConfigError, RetryableError
+from libs.runstart import start_run
 from libs.runtime import Runtime
 from schemas import subjects
 from schemas.control import CancelRun, RunCancelRequested, run_cancel
@@ -37,7 +38,7 @@ from schemas.host import (
     RunResult,
     SubmitCommand,
 )
-from schemas.ingress import ProposalAnswer, RunStarted
+from schemas.ingress import ProposalAnswer
 from schemas.planner import REVIEW, ProposeCommand, ReviewAnswer, ReviewTaken
 from services.ingress.logic import (
     DECODERS,
@@ -66,7 +67,8 @@ def inbox(tenant: str) -> ConsumerSpec:
 
 
 class IngressService:
-    """Verifies each `RunRequest` and publishes `RunStarted`, or a rejection to the host."""
+    """Verifies each `RunRequest` and starts its run (`libs/runstart.py`), or tells the host why
+    not."""
 
     def __init__(self, *, rt: Runtime, keys: dict[str, TenantKey], audience: str,
                  max_request_bytes: int, review_timeout_s: float = 30.0,
@@ -214,25 +216,12 @@ class IngressService:
 
     async def _start(self, outcome: Verified, request: RunRequest) -> None:
         # Governance learns from ingress, not from the planner, whether a person watches the
-        # run and which families the host granted for it.
-        register = RegisterRun(tenant=outcome.tenant, run_id=outcome.run_id,
-                               principal=outcome.principal, agent=request.agent,
-                               attended=request.attended, grants=request.grants,
-                               budget=request.budget)
-        try:
-            reply = await timed_request(self._rt.nc, subjects.REGISTER_RUN,
-                                        msgspec.json.encode(register), timeout=2.0)
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            raise RetryableError(f"governance did not register the run: {exc!r}") from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError("governance refused to register the run")
-        await publish(
-            self._rt.js, subjects.run_started(outcome.tenant),
-            RunStarted(run_id=outcome.run_id, request_id=request.request_id,
-                       tenant=outcome.tenant, principal=outcome.principal, agent=request.agent,
-                       input=request.input, attended=request.attended),
-            msg_id=f"run-started:{outcome.run_id}",
-        )
+        # run and which families the host granted for it; the planner learns who the run is
+        # for from ingress too, with the evidence retrieval found (`libs/runstart.py`).
+        await start_run(self._rt.nc, self._rt.js, RegisterRun(
+            tenant=outcome.tenant, run_id=outcome.run_id, principal=outcome.principal,
+            agent=request.agent, attended=request.attended, grants=request.grants,
+            budget=request.budget), request_id=request.request_id, text=request.input)
 
     async def _submit(self, outcome: Verified, command: SubmitCommand) -> None:
         # A host's own command skips the planner: straight to admission's contract checks.

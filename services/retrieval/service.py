@@ -17,8 +17,6 @@ from nats.micro.request import Request
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter
 
-from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, publish
 from libs.decide import DecideUnavailable, decide
 from libs.runtime import Endpoint, Runtime
 from libs.telemetry import extract_context
@@ -26,22 +24,26 @@ from schemas import subjects
 from schemas.base import MAX_MESSAGE_BYTES
 from schemas.dispatcher import ReadFacts
 from schemas.governance import DecideRequest, Decision
-from schemas.ingress import RunStarted
 from schemas.mcp import DescribedTool, DescribeTools, ListServer, ToolDescriptions
-from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused, ReadResult
+from schemas.retrieval import (
+    EvidenceFound,
+    ReadCapability,
+    ReadRefused,
+    ReadResult,
+    SearchEvidence,
+)
 from services.retrieval.mcp import McpReads
 from services.retrieval.store import RetrievalStore
 from services.retrieval.tools import TOOLS, InvalidArguments, decode_arguments, first_argument
 
 __all__ = ["RetrievalService"]
 
-INBOX = ConsumerSpec(stream="WRIT_INT", durable="retrieval",
-                     filter_subjects=subjects.RETRIEVAL_IN)
 log = logging.getLogger("writ.retrieval")
 
 
 class RetrievalService:
-    """Answers each `RunStarted` with `EvidenceGathered`, and serves `ReadCapability`."""
+    """Request/reply only: a starting run's evidence (`SearchEvidence`), read capabilities
+    (`ReadCapability`), and federation's listings and host facts."""
 
     def __init__(self, *, rt: Runtime, store: RetrievalStore,
                  decide_timeout_s: float = 2.0, mcp: McpReads | None = None) -> None:
@@ -50,7 +52,7 @@ class RetrievalService:
         self._list_decoder = msgspec.json.Decoder(ListServer)
         self._facts_decoder = msgspec.json.Decoder(ReadFacts)
         self._describe_decoder = msgspec.json.Decoder(DescribeTools)
-        self._decoder = msgspec.json.Decoder(RunStarted)
+        self._search_decoder = msgspec.json.Decoder(SearchEvidence)
         self._read_decoder = msgspec.json.Decoder(ReadCapability)
         self._decision_decoder = msgspec.json.Decoder(Decision)
         self._encoder = msgspec.json.Encoder()
@@ -60,35 +62,51 @@ class RetrievalService:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        """Serve reads and consume started runs until stopped."""
+        """Serve searches and reads until stopped (retrieval consumes no stream)."""
         self._rt.endpoints += self.endpoints()
-        await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder, handler=self.handle,
-                        metrics=self._rt.metrics, tracer=self._rt.tracer,
-                        stopping=self._rt.stopping, health=self._rt.health, task_status=task_status,
-                        backoff_max_s=self._rt.retry_backoff_max_s)
+        task_status.started()
+        await self._rt.stopping.wait()
 
     def endpoints(self) -> list[Endpoint]:
         """The request/reply endpoints `run` serves (tests may serve them alone)."""
-        found = [Endpoint("read", subjects.READ, self._on_read)]
+        found = [Endpoint("search", subjects.SEARCH, self._on_search),
+                 Endpoint("read", subjects.READ, self._on_read)]
         if self._mcp is not None:
             found += [Endpoint("mcp_list", subjects.MCP_LIST, self._on_list),
                       Endpoint("mcp_catalog", subjects.MCP_CATALOG, self._on_catalog),
                       Endpoint("host_facts", subjects.HOST_FACTS, self._on_facts)]
         return found
 
-    async def handle(self, delivery: Delivery[RunStarted]) -> None:
-        """Search the run's tenant's documents and hand the evidence to the planner."""
-        run = delivery.message
-        with self._rt.tracer.start_as_current_span("retrieval search") as span:
-            evidence = await self._store.search(run.tenant, run.input)
+    async def _on_search(self, request: Request) -> None:
+        """A starting run's evidence: the tenant's documents that best match its input (503
+        if they cannot be read now: the starter retries, nothing starts meanwhile)."""
+        started = time.perf_counter()
+        metrics = self._rt.metrics
+        if len(request.data) > MAX_MESSAGE_BYTES:
+            metrics.failed.labels("search", "too_large").inc()
+            await request.respond_error("413", f"SearchEvidence over {MAX_MESSAGE_BYTES} bytes")
+            return
+        try:
+            ask = self._search_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            metrics.failed.labels("search", "undecodable").inc()
+            await request.respond_error("400", f"invalid SearchEvidence: {exc}"[:500])
+            return
+        with self._rt.tracer.start_as_current_span(
+                "retrieval search", context=extract_context(request.headers),
+                kind=SpanKind.SERVER) as span:
+            try:
+                evidence = await self._store.search(ask.tenant, ask.input)
+            except Exception as exc:
+                log.warning("run %s: documents not searched: %r", ask.run_id, exc)
+                metrics.failed.labels("search", "unavailable").inc()
+                await request.respond_error("503", "the documents cannot be searched now")
+                return
             span.set_attribute("writ.evidence.count", len(evidence))
-        await publish(
-            self._rt.js, subjects.evidence(run.tenant),
-            EvidenceGathered(run_id=run.run_id, request_id=run.request_id, tenant=run.tenant,
-                             principal=run.principal, agent=run.agent, input=run.input,
-                             evidence=evidence, attended=run.attended),
-            msg_id=f"evidence:{run.run_id}",
-        )
+        await request.respond(self._encoder.encode(
+            EvidenceFound(run_id=ask.run_id, evidence=evidence)))
+        metrics.handled.labels("search").inc()
+        metrics.latency.labels("search").observe(time.perf_counter() - started)
 
     # -- read capabilities ------------------------------------------------------------------
 

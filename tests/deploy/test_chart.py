@@ -199,12 +199,15 @@ def test_keda_consumers_are_the_services_own() -> None:
     from services.dispatcher.service import inbox
     from services.governance.service import INBOX as governance
     from services.planner.service import INBOX as planner
-    from services.retrieval.service import INBOX as retrieval
 
     specs = {"admission": admission, "governance": governance,
-             "planner": planner, "retrieval": retrieval, "dispatcher": inbox(30.0)}
+             "planner": planner, "dispatcher": inbox(30.0)}
     objects = render(production_values())
     scaled = {component(o): o for o in by_kind(objects, "ScaledObject")}
+    # Retrieval consumes no stream (it answers requests only): KEDA scales it on its CPU.
+    assert scaled["retrieval"]["spec"]["triggers"] == [
+        {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "70"}}]
+    assert "replicas" not in _deployment(objects, "retrieval")["spec"]
     for name, spec in specs.items():
         [trigger] = scaled[name]["spec"]["triggers"]
         assert trigger["type"] == "nats-jetstream"

@@ -158,13 +158,16 @@ async def test_services_run_within_their_permissions(host: Host, stack: Stack) -
     await host.publish(run, msg_id=run.request_id)
     result = await host.wait_result(run.request_id)
     assert isinstance(result, RunResult) and result.status == "succeeded"
-    # A service cannot do what another does: retrieval cannot put a command on the bus.
+    # A service cannot do what another does: retrieval cannot put a command on the bus, nor
+    # start a run (it reads untrusted content: who a run is for never passes through it).
     violations = Violations()
     retrieval = await nats.connect(stack.embedded_nats.url, error_cb=violations.record,
                                    **stack.nats_options("retrieval"))
     try:
         await retrieval.publish(subjects.command(PROBE), b"{}")
         await violations.refused("publish", subjects.command(PROBE))
+        await retrieval.publish(subjects.evidence(PROBE), b"{}")
+        await violations.refused("publish", subjects.evidence(PROBE))
     finally:
         await retrieval.close()
     # The server logs each violation: that one, and no other by any service (the session's

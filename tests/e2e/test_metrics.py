@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from libs.natsauth import SERVICE_SUBJECTS
 from tests.e2e.conftest import Host
 from writ.stack import SERVICES, Stack
 
@@ -114,8 +115,12 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
     scraped = await eventually(stack, lambda s: value(
         s["admission"], "writ_admission_commands", state="succeeded") >= 1)
 
-    # The actor loop, in every service with an inbox (the durable is named after the service).
+    # The actor loop, in every service with an inbox (the durable is named after the service);
+    # retrieval has none and answers requests only, a run's evidence search among them.
     for name in SERVICES:
+        if SERVICE_SUBJECTS[name][0] == "":
+            assert not labelsets(scraped[name], f"writ_{name}_consumer_pending")
+            continue
         samples, consumer = scraped[name], name
         assert value(samples, f"writ_{name}_messages_redelivered_total",
                      consumer=consumer) >= 0
@@ -123,6 +128,9 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
                      consumer=consumer) >= 0
         assert value(samples, f"writ_{name}_consumer_pending", consumer=consumer) >= 0
         assert value(samples, f"writ_{name}_consumer_ack_pending", consumer=consumer) >= 0
+
+    assert value(scraped["retrieval"], "writ_retrieval_messages_handled_total",
+                 consumer="search") >= 1
 
     governance = scraped["governance"]
     assert value(governance, "writ_governance_decisions_total", line="5", verdict="allow") >= 1

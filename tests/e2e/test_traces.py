@@ -38,7 +38,7 @@ SERVICES = frozenset(f"writ-{name}" for name in ("ingress", "retrieval", "planne
                                                   "governance", "admission", "dispatcher"))
 # The spans one successful run produces, whichever exporter carries them.
 RUN_SPANS = frozenset({"ingress handle", "ingress verify", "governance register_run",
-                       "retrieval handle", "retrieval search", "planner handle", "planner step",
+                       "retrieval search", "planner handle", "planner step",
                        "planner model", "admission handle", "admission admit",
                        "governance decide", "relay publish", "dispatcher handle",
                        "dispatch"})

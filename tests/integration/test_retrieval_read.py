@@ -15,17 +15,34 @@ from typing import Any
 
 import asyncpg
 import msgspec
+import nats.errors
 import pytest
 from nats.aio.client import Client
 from prometheus_client import CollectorRegistry
 
+from libs.bus import ensure_streams
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
+from libs.errors import RetryableError
 from libs.journal import DataKeys, Journal
+from libs.runstart import start_run
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
-from schemas.governance import AnswerDecision, DecideRequest, Decision, DecisionAnswered
-from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
+from schemas.governance import (
+    AnswerDecision,
+    DecideRequest,
+    Decision,
+    DecisionAnswered,
+    RegisterRun,
+)
+from schemas.retrieval import (
+    EvidenceFound,
+    EvidenceGathered,
+    ReadCapability,
+    ReadRefused,
+    ReadResult,
+    SearchEvidence,
+)
 from services.governance.service import GovernanceService
 from services.governance.store import GovernanceStore
 from services.retrieval.service import RetrievalService
@@ -362,3 +379,96 @@ async def test_retrieval_role_reads_and_never_writes(env: Env) -> None:
                 await conn.execute(sql)
     finally:
         await conn.close()
+
+
+# -- a starting run's evidence (SearchEvidence) and libs/runstart.py ---------------------------
+
+
+async def _evidence(nc: Client, body: bytes) -> Any:
+    return await nc.request(subjects.SEARCH, body, timeout=5)
+
+
+async def test_a_starting_runs_evidence_is_its_tenants_ranked_and_untrusted(env: Env) -> None:
+    reply = await _evidence(env.nc, msgspec.json.encode(SearchEvidence(
+        tenant="acme", run_id="run-e1", input="sensor calibration tenant=acme")))
+    found = msgspec.json.decode(reply.data, type=EvidenceFound)
+
+    assert found.run_id == "run-e1"
+    assert 1 <= len(found.evidence) <= 5
+    assert all(e.trust == "untrusted" for e in found.evidence)
+    ranks = [e.rank for e in found.evidence]
+    assert ranks == sorted(ranks, reverse=True)
+    # Bound to the tenant asked for: globex's bait (which names acme) is never among them.
+    assert {e.document_id for e in found.evidence} <= await _ids(env.admin, "acme")
+    # What retrieval answers says nothing of who the run is for, and decides nothing.
+    assert set(msgspec.json.decode(reply.data)) == {"type", "run_id", "evidence"}
+    assert await _decisions(env.admin) == []
+    assert env.registry.get_sample_value(
+        "writ_retrieval_messages_handled_total", {"consumer": "search"}) == 1
+
+
+@pytest.mark.parametrize("body,code", [
+    (b'{"tenant":"acme","run_id":"r","input":"x","principal":"root@acme"}', "400"),
+    (b'{"tenant":"Acme Corp","run_id":"r","input":"x"}', "400"),
+    (b'{"tenant":"acme","run_id":"r"}', "400"),
+    (b'{"tenant":"acme","run_id":"r","input":"' + b"x" * 20_000 + b'"}', "400"),
+    (b"{" + b" " * 70_000 + b"}", "413"),
+])
+async def test_a_search_it_cannot_take_is_refused_with_a_reason(env: Env, body: bytes,
+                                                                 code: str) -> None:
+    reply = await _evidence(env.nc, body)
+    assert reply.headers and reply.headers["Nats-Service-Error-Code"] == code
+    assert reply.headers["Nats-Service-Error"]
+
+
+async def _runs_started(nc: Client, tenant: str) -> list[EvidenceGathered]:
+    js = nc.jetstream()
+    found: list[EvidenceGathered] = []
+    sub = await js.pull_subscribe(subjects.evidence(tenant), stream="WRIT_INT")
+    try:
+        while True:
+            try:
+                msgs = await sub.fetch(10, timeout=0.5)
+            except nats.errors.TimeoutError:
+                return found
+            found += [msgspec.json.decode(m.data, type=EvidenceGathered) for m in msgs]
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_run_starts_registered_with_its_evidence_and_once_however_often_retried(
+        env: Env, unique: str) -> None:
+    await ensure_streams(env.nc.jetstream())
+    run = RegisterRun(tenant="acme", run_id=f"run-{unique}", principal="alice@acme.example",
+                      agent="crm-assistant", grants=["read"])
+    for _ in range(2):  # a delivery redelivered after a crash starts it again
+        await start_run(env.nc, env.nc.jetstream(), run, request_id=f"req-{unique}",
+                        text="order 7781 refund discount")
+
+    [started] = [s for s in await _runs_started(env.nc, "acme") if s.run_id == run.run_id]
+    # Who the run is for comes from its starter, the evidence from retrieval.
+    assert (started.request_id, started.tenant, started.principal, started.agent,
+            started.input) == (f"req-{unique}", "acme", run.principal, run.agent,
+                               "order 7781 refund discount")
+    assert started.evidence and started.evidence[0].document_id == "ticket-5531"
+    assert {e.document_id for e in started.evidence} <= await _ids(env.admin, "acme")
+    assert await env.admin.fetchval(
+        "SELECT count(*) FROM governance.runs WHERE run_id = $1", run.run_id) == 1
+
+
+async def test_a_run_retrieval_cannot_search_for_does_not_start(env: Env, unique: str,
+                                                                scratch_db: str) -> None:
+    await ensure_streams(env.nc.jetstream())
+    tenant = f"t{unique[:12].lower()}"
+    run = RegisterRun(tenant=tenant, run_id=f"run-{unique}", principal="alice@acme.example",
+                      agent="crm-assistant")
+    # Retrieval's role may no longer read the documents: it answers 503, the start is retried.
+    await env.admin.execute(f"REVOKE SELECT ON retrieval.documents FROM "
+                            f"{role_name(scratch_db.rsplit('/', 1)[1], 'retrieval')}")
+    with pytest.raises(RetryableError, match="503"):
+        await start_run(env.nc, env.nc.jetstream(), run, request_id="req-1", text="refund",
+                        timeout=2.0)
+    assert await _runs_started(env.nc, tenant) == []
+    assert env.registry.get_sample_value(
+        "writ_retrieval_messages_failed_total",
+        {"consumer": "search", "outcome": "unavailable"}) == 1

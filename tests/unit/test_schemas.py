@@ -55,7 +55,7 @@ from schemas.host import (
     SubmitCommand,
 )
 from schemas.host_reads import HostRead
-from schemas.ingress import ProposalAnswer, RunStarted
+from schemas.ingress import ProposalAnswer
 from schemas.journal import JournalCheckpoint
 from schemas.mcp import (
     ClassifyTool,
@@ -90,11 +90,13 @@ from schemas.reads import (
 )
 from schemas.retrieval import (
     Evidence,
+    EvidenceFound,
     EvidenceGathered,
     ReadCapability,
     ReadItem,
     ReadRefused,
     ReadResult,
+    SearchEvidence,
 )
 from schemas.sessions import TurnCancelling
 from writ.schemas_io import FOLDER, MESSAGES, check_schemas, render, write_schemas
@@ -109,8 +111,9 @@ SAMPLES: dict[type, Any] = {
         actions=[ActionResult(action="crm.note.create", operation_id="op-1",
                               state="succeeded", receipt="note-9")],
     ),
-    RunStarted: RunStarted(run_id="run-1", request_id="req-1", tenant="acme",
-                           principal="alice@acme", agent="assistant", input="hello"),
+    SearchEvidence: SearchEvidence(tenant="acme", run_id="run-1", input="hello"),
+    EvidenceFound: EvidenceFound(run_id="run-1", evidence=[
+        Evidence(document_id="doc-1", kind="ticket", title="T", text="body", rank=0.5)]),
     EvidenceGathered: EvidenceGathered(
         run_id="run-1", request_id="req-1", tenant="acme", principal="alice@acme",
         agent="assistant", input="hello",

@@ -1,7 +1,7 @@
 """Shadow mode: a candidate beside the production planner, on a copy of the runs that start.
 
 The shadow connects as the NATS user `eval` (libs/natsauth.py): it learns of each run that
-starts from the evidence retrieval gathers for it, through its own durable consumer, and may
+starts from the evidence it is handed to the planner with, through its own durable consumer, and may
 publish under `writ.eval.>` only — the server refuses anything toward governance, admission or
 the dispatcher. It follows each run through the planner's sealed journal, read with the
 auditor's read-only role: at every decision point production reached, it rebuilds the model

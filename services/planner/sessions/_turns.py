@@ -22,17 +22,13 @@ from typing import Any, Final
 import anyio
 import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
 from libs.bus import publish
-from libs.deadline import timed_request
-from libs.errors import RetryableError
+from libs.runstart import start_run
 from schemas import subjects
 from schemas.admission import CommandAdmitted
 from schemas.governance import RegisterRun
-from schemas.ingress import RunStarted
 from schemas.planner import BranchChanged, branch_run_id
 from schemas.sessions import (
     CapabilitySelected,
@@ -455,25 +451,15 @@ class SessionTurns:
 
     async def start(self, session: SessionRow, turn: TurnRow) -> None:
         """Register the turn's run with governance (attended: a person is in the chat) and
-        hand it to retrieval, like ingress starts a host's run.
+        hand it on with its evidence, as ingress starts a host's run (`libs/runstart.py`).
 
         Raises:
-            RetryableError: governance or the bus did not take it (the sweep tries again).
+            RetryableError: governance or retrieval did not answer (the sweep tries again).
         """
-        register = RegisterRun(tenant=session.tenant, run_id=turn.run_id,
-                               principal=session.principal, agent=session.agent, attended=True)
-        try:
-            reply = await timed_request(self._nc, subjects.REGISTER_RUN,
-                                        msgspec.json.encode(register),
-                                        timeout=self._register_timeout)
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            raise RetryableError(f"governance did not register turn {turn.run_id}") from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError(f"governance refused to register turn {turn.run_id}")
-        await publish(self._js, subjects.run_started(session.tenant), RunStarted(
-            run_id=turn.run_id, request_id=turn.run_id, tenant=session.tenant,
-            principal=session.principal, agent=session.agent, input=turn.input, attended=True),
-            msg_id=f"run-started:{turn.run_id}")
+        await start_run(self._nc, self._js, RegisterRun(
+            tenant=session.tenant, run_id=turn.run_id, principal=session.principal,
+            agent=session.agent, attended=True), request_id=turn.run_id, text=turn.input,
+            timeout=self._register_timeout)
         async with self._store.acquire() as conn:
             await self._store.mark_started(conn, turn.run_id)
 
