@@ -253,7 +253,8 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 def run_service(name: str, settings: BaseSettings, main: Main, *, description: str) -> None:
-    """Blocking entry point of a service's `__main__`: logging, then `serve` on asyncio."""
+    """Blocking entry point of a service's `__main__`: logging, then `serve` on asyncio (on
+    uvloop unless the settings say `asyncio`)."""
     import functools
     import os
 
@@ -261,6 +262,8 @@ def run_service(name: str, settings: BaseSettings, main: Main, *, description: s
                         format=f"%(asctime)s {name:<10} %(levelname)s %(message)s")
     # One line per connector request would drown what matters (and carry URLs with ids).
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    log.info("writ-%s starting on %s", name, settings.event_loop)
     anyio.run(functools.partial(serve, name, settings, main, description=description,
                                 metrics_port_file=settings.metrics_port_file or None),
-              backend="asyncio")
+              backend="asyncio",
+              backend_options={"use_uvloop": settings.event_loop == "uvloop"})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import msgspec
 
@@ -49,6 +49,10 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     health_timeout_s: float = 2.0
     live_stale_s: float = 30.0
     instance: str = ""
+    # The event loop under asyncio: uvloop (libuv) spends less CPU per socket read and write,
+    # most of what a service does per message and statement (README, Performance); `asyncio`
+    # is the standard library's, where uvloop cannot be installed.
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 
 
 def load_settings(cls: type[S], environ: Mapping[str, str] | None = None) -> S:

@@ -32,6 +32,16 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
+@pytest.mark.parametrize("name", SERVICES)
+def test_every_service_runs_on_uvloop(stack: Stack, name: str) -> None:
+    """`WRIT_EVENT_LOOP` defaults to uvloop: its loop is loaded in each service's process."""
+    pid = stack.procs[name].pid
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "/uvloop/loop." in maps, f"{name} has no uvloop loaded"
+    assert f"writ-{name} starting on uvloop" in (stack.logs / f"{name}.log").read_text(
+        errors="replace")
+
+
 @pytest.mark.parametrize("name", NOT_DISPATCHER)
 def test_only_the_dispatcher_is_given_the_crm_credential(stack: Stack, name: str) -> None:
     token = (stack.secrets / "crm.token").read_text().strip()

@@ -69,6 +69,15 @@ def test_settings_ignore_unrelated_variables() -> None:
     assert not hasattr(settings, "crm_token_file")
 
 
+def test_the_event_loop_is_uvloop_unless_asyncio_is_asked_for_and_nothing_else() -> None:
+    base = {"WRIT_NATS_URL": "nats://bus:4222"}
+    assert load_settings(BaseSettings, base).event_loop == "uvloop"
+    assert load_settings(BaseSettings, {**base, "WRIT_EVENT_LOOP": "asyncio"}).event_loop == \
+        "asyncio"
+    with pytest.raises(ConfigError, match="event_loop"):
+        load_settings(BaseSettings, {**base, "WRIT_EVENT_LOOP": "trio"})
+
+
 def test_settings_defaults() -> None:
     settings = load_settings(BaseSettings, {"WRIT_NATS_URL": "nats://bus:4222"})
     assert settings.metrics_port == 0
