@@ -54,17 +54,7 @@ async def _count(stack: Stack, port: int, runs: int, agent: str, in_flight: int)
                 await path.one()
             await anyio.sleep(2)  # the warm-up's settlements and sealer rounds
             before = await _connections(client, port)
-            limiter = anyio.CapacityLimiter(in_flight)
-            failed = 0
-
-            async def one() -> None:
-                nonlocal failed
-                async with limiter:
-                    failed += not await path.one()
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(runs):
-                    tg.start_soon(one)
+            failed = await path.many(runs, in_flight)
             await anyio.sleep(2)
             after = await _connections(client, port)
     finally:

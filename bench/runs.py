@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import msgspec
 import nats
 from nats.aio.client import Client
@@ -87,6 +88,21 @@ class RunPath:
         error = result.error
         self._count(result.status, f"{error.code} {error.message}" if error else "")
         return result.status == "succeeded"
+
+    async def many(self, runs: int, in_flight: int) -> int:
+        """`runs` runs, `in_flight` at a time; how many did not succeed."""
+        limiter = anyio.CapacityLimiter(in_flight)
+        failed = 0
+
+        async def one() -> None:
+            nonlocal failed
+            async with limiter:
+                failed += not await self.one()
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(runs):
+                tg.start_soon(one)
+        return failed
 
     def _count(self, status: str, detail: str) -> None:
         self.statuses[status] = self.statuses.get(status, 0) + 1

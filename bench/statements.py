@@ -40,17 +40,7 @@ async def _count(stack: Stack, runs: int, agent: str, in_flight: int) -> str:
         await admin.execute("SELECT pg_reload_conf()")
         await anyio.sleep(1)
         start = log.stat().st_size
-        limiter = anyio.CapacityLimiter(in_flight)
-        failed = 0
-
-        async def one() -> None:
-            nonlocal failed
-            async with limiter:
-                failed += not await path.one()
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(runs):
-                tg.start_soon(one)
+        failed = await path.many(runs, in_flight)
         await anyio.sleep(2)  # the runs' settlements and the sealers' rounds after them
         await admin.execute("ALTER SYSTEM RESET log_statement")
         await admin.execute("ALTER SYSTEM RESET log_line_prefix")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -19,7 +20,7 @@ from prometheus_client import Counter
 
 from libs.decide import DecideUnavailable, decide
 from libs.runtime import Endpoint, Runtime
-from libs.telemetry import extract_context
+from libs.telemetry import ActorMetrics, extract_context
 from schemas import subjects
 from schemas.base import MAX_MESSAGE_BYTES
 from schemas.dispatcher import ReadFacts
@@ -39,6 +40,7 @@ from services.retrieval.tools import TOOLS, InvalidArguments, decode_arguments, 
 __all__ = ["RetrievalService"]
 
 log = logging.getLogger("writ.retrieval")
+T = TypeVar("T")
 
 
 class RetrievalService:
@@ -82,15 +84,8 @@ class RetrievalService:
         if they cannot be read now: the starter retries, nothing starts meanwhile)."""
         started = time.perf_counter()
         metrics = self._rt.metrics
-        if len(request.data) > MAX_MESSAGE_BYTES:
-            metrics.failed.labels("search", "too_large").inc()
-            await request.respond_error("413", f"SearchEvidence over {MAX_MESSAGE_BYTES} bytes")
-            return
-        try:
-            ask = self._search_decoder.decode(request.data)
-        except msgspec.DecodeError as exc:
-            metrics.failed.labels("search", "undecodable").inc()
-            await request.respond_error("400", f"invalid SearchEvidence: {exc}"[:500])
+        ask = await _decoded(request, self._search_decoder, metrics, "search")
+        if ask is None:
             return
         with self._rt.tracer.start_as_current_span(
                 "retrieval search", context=extract_context(request.headers),
@@ -113,15 +108,8 @@ class RetrievalService:
     async def _on_read(self, request: Request) -> None:
         started = time.perf_counter()
         metrics = self._rt.metrics
-        if len(request.data) > MAX_MESSAGE_BYTES:
-            metrics.failed.labels("read", "too_large").inc()
-            await request.respond_error("413", f"ReadCapability over {MAX_MESSAGE_BYTES} bytes")
-            return
-        try:
-            ask = self._read_decoder.decode(request.data)
-        except msgspec.DecodeError as exc:
-            metrics.failed.labels("read", "undecodable").inc()
-            await request.respond_error("400", f"invalid ReadCapability: {exc}"[:500])
+        ask = await _decoded(request, self._read_decoder, metrics, "read")
+        if ask is None:
             return
         # Continue the caller's trace: one run is one trace, request/reply included.
         with self._rt.tracer.start_as_current_span(
@@ -240,3 +228,20 @@ def _refused(ask: ReadCapability, code: str, reason: str, *, retryable: bool = F
 
 def _outcome(answer: ReadResult | ReadRefused) -> str:
     return "allowed" if isinstance(answer, ReadResult) else answer.code.lower()
+
+
+async def _decoded(request: Request, decoder: msgspec.json.Decoder[T], metrics: ActorMetrics,
+                   endpoint: str) -> T | None:
+    """The request's body as `decoder`'s type; None once it was answered 413 (over the bound)
+    or 400 (not that type), the reason counted under `endpoint`."""
+    what = decoder.type.__name__
+    if len(request.data) > MAX_MESSAGE_BYTES:
+        metrics.failed.labels(endpoint, "too_large").inc()
+        await request.respond_error("413", f"{what} over {MAX_MESSAGE_BYTES} bytes")
+        return None
+    try:
+        return decoder.decode(request.data)
+    except msgspec.DecodeError as exc:
+        metrics.failed.labels(endpoint, "undecodable").inc()
+        await request.respond_error("400", f"invalid {what}: {exc}"[:500])
+        return None
