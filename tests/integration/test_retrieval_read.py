@@ -429,7 +429,7 @@ async def _runs_started(nc: Client, tenant: str) -> list[EvidenceGathered]:
         while True:
             try:
                 msgs = await sub.fetch(10, timeout=0.5)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either
                 return found
             found += [msgspec.json.decode(m.data, type=EvidenceGathered) for m in msgs]
     finally:
