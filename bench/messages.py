@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from libs.embedded import EmbeddedNats, free_port
 from writ.stack import Stack
 
 
-def _factory(port: int) -> Any:
+def _factory(port: int) -> Callable[..., EmbeddedNats]:
+    """Embedded nats-servers that serve their monitoring endpoint on `port`."""
+
     def build(data_dir: Path, **kwargs: Any) -> EmbeddedNats:
         return EmbeddedNats(data_dir, extra_conf=f"http: \"127.0.0.1:{port}\"\n", **kwargs)
     return build

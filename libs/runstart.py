@@ -29,7 +29,7 @@ from schemas import subjects
 from schemas.governance import RegisterRun
 from schemas.retrieval import Evidence, EvidenceFound, EvidenceGathered, SearchEvidence
 
-__all__ = ["search", "start_run"]
+__all__ = ["start_run"]
 
 DEFAULT_TIMEOUT_S: Final = 2.0
 _FOUND: Final = msgspec.json.Decoder(EvidenceFound)
@@ -46,7 +46,7 @@ async def _ask(nc: Client, subject: str, body: msgspec.Struct, *, what: str,
     return reply.data
 
 
-async def search(nc: Client, *, tenant: str, run_id: str, text: str,
+async def _search(nc: Client, *, tenant: str, run_id: str, text: str,
                  timeout: float = DEFAULT_TIMEOUT_S) -> list[Evidence]:
     """The evidence retrieval finds for a starting run.
 
@@ -77,7 +77,7 @@ async def start_run(nc: Client, js: JetStreamContext, run: RegisterRun, *, reque
     evidence: list[Evidence] = []
 
     async def find() -> None:
-        evidence.extend(await search(nc, tenant=run.tenant, run_id=run.run_id, text=text,
+        evidence.extend(await _search(nc, tenant=run.tenant, run_id=run.run_id, text=text,
                                      timeout=timeout))
 
     try:
