@@ -38,7 +38,8 @@ from libs.telemetry import (
     otlp_configured,
 )
 
-__all__ = ["Endpoint", "Runtime", "guarded", "in_tasks", "run_service", "serve"]
+__all__ = ["BatchEndpoint", "Batches", "Endpoint", "Runtime", "guarded", "in_tasks", "run_service",
+           "serve"]
 
 VERSION = "0.1.0"
 log = logging.getLogger("writ.runtime")
@@ -85,13 +86,105 @@ def guarded(name: str, handler: Callable[[Request], Awaitable[None]]
             await handler(request)
         except Exception as exc:
             log.error("endpoint %s failed: %r", name, exc, exc_info=exc)
-            try:
-                await request.respond_error("500", f"{name} failed")
-            except Exception as lost:  # the bus away: the requester times out instead
-                log.warning("endpoint %s: answering the failure failed: %r", name, lost)
+            await _answer_error(request, name, "500", f"{name} failed")
 
     handle.__wrapped__ = handler  # type: ignore[attr-defined]
     return handle
+
+
+class BatchEndpoint:
+    """An endpoint whose requests are handled together: `handler` is given every request that
+    arrived while the batches under way were busy (at most `max_batch`), and answers each.
+
+    Like group commit: with no load a request goes at once, in a batch of one; under load one
+    statement, one commit and one task serve many requests, where `Endpoint` would spend a task,
+    a turn of its limiter and a statement on each. At most `concurrency` batches run at a time;
+    expired requests are dropped and requests beyond `max_pending` shed as `Endpoint` does.
+    Whatever `handler` raises answers `500 <name> failed` to the batch's requests.
+    """
+
+    __slots__ = ("concurrency", "handler", "max_batch", "max_pending", "name", "subject")
+
+    def __init__(self, name: str, subject: str,
+                 handler: Callable[[list[Request]], Awaitable[None]], *, concurrency: int = 2,
+                 max_batch: int = 256, max_pending: int | None = None):
+        self.name, self.subject, self.handler = name, subject, handler
+        self.concurrency, self.max_batch = concurrency, max_batch
+        self.max_pending = max_pending if max_pending is not None else 4 * max_batch
+
+
+class Batches:
+    """A `BatchEndpoint`'s requests waiting for their batch, and the batches under way; called
+    with each request as it arrives (the micro service's handler)."""
+
+    def __init__(self, endpoint: BatchEndpoint, tg: anyio.abc.TaskGroup,
+                 metrics: ActorMetrics) -> None:
+        self._endpoint, self._tg = endpoint, tg
+        self._dropped = metrics.requests_dropped
+        for reason in ("expired", "shed"):  # exported at 0 from the start
+            self._dropped.labels(endpoint.name, reason)
+        self._queue: list[Request] = []
+        self._running = 0
+        self.in_hand = 0  # requests queued or in a batch under way (tests, the shedding bound)
+        self.batches = 0  # how many batches ran, and how many requests they held
+        self.requests = 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a batch not started yet."""
+        return len(self._queue)
+
+    async def __call__(self, request: Request) -> None:
+        if expired(request.headers):  # it waited in the bus (the process frozen, or busy)
+            self._dropped.labels(self._endpoint.name, "expired").inc()
+            return
+        if self.in_hand >= self._endpoint.max_pending:
+            self._dropped.labels(self._endpoint.name, "shed").inc()
+            await _answer_error(request, self._endpoint.name, "503",
+                                f"{self._endpoint.name} overloaded: retry")
+            return
+        self.in_hand += 1
+        self._queue.append(request)
+        if self._running < self._endpoint.concurrency:
+            # It runs once the bus has handed over every request already read: they go together.
+            self._running += 1
+            self._tg.start_soon(self._drain)
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                size = self._endpoint.max_batch
+                batch, self._queue = self._queue[:size], self._queue[size:]
+                try:
+                    live = []
+                    for request in batch:
+                        if expired(request.headers):  # it waited its turn longer than its caller
+                            self._dropped.labels(self._endpoint.name, "expired").inc()
+                        else:
+                            live.append(request)
+                    if live:
+                        self.batches, self.requests = self.batches + 1, self.requests + len(live)
+                        await self._handle(live)
+                finally:
+                    self.in_hand -= len(batch)
+        finally:
+            self._running -= 1
+
+    async def _handle(self, batch: list[Request]) -> None:
+        try:
+            await self._endpoint.handler(batch)
+        except Exception as exc:
+            log.error("endpoint %s failed: %r", self._endpoint.name, exc, exc_info=exc)
+            for request in batch:
+                await _answer_error(request, self._endpoint.name, "500",
+                                    f"{self._endpoint.name} failed")
+
+
+async def _answer_error(request: Request, name: str, code: str, description: str) -> None:
+    try:
+        await request.respond_error(code, description)
+    except Exception as lost:  # the bus away: the requester times out instead
+        log.warning("endpoint %s: answering %s failed: %r", name, code, lost)
 
 
 class Runtime:
@@ -120,7 +213,7 @@ class Runtime:
                                else PassThroughTracer())
         self.metrics = ActorMetrics(service=name, registry=registry)
         self.stopping = anyio.Event()
-        self.endpoints: list[Endpoint] = []
+        self.endpoints: list[Endpoint | BatchEndpoint] = []
 
 
 Main = Callable[..., Awaitable[None]]
@@ -186,10 +279,13 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
             provider.shutdown()
 
 
-def in_tasks(endpoint: Endpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
-              ) -> Callable[[Request], Awaitable[None]]:
-    """`endpoint`'s handler run in a task per request, within its concurrency and queue
-    bound, each request dropped unhandled once its requester's deadline has passed."""
+def in_tasks(endpoint: Endpoint | BatchEndpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
+             ) -> Callable[[Request], Awaitable[None]]:
+    """`endpoint`'s handler run in a task per request (a `BatchEndpoint`'s: in a task per batch,
+    `Batches`), within its concurrency and queue bound, each request dropped unhandled once its
+    requester's deadline has passed."""
+    if isinstance(endpoint, BatchEndpoint):
+        return Batches(endpoint, tg, metrics)
     limiter = anyio.CapacityLimiter(endpoint.concurrency)
     dropped = metrics.requests_dropped
     for reason in ("expired", "shed"):  # exported at 0 from the start, for rates and alerts
@@ -214,11 +310,7 @@ def in_tasks(endpoint: Endpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
             return
         if pending >= endpoint.max_pending:
             dropped.labels(endpoint.name, "shed").inc()
-            try:
-                await request.respond_error("503", f"{endpoint.name} overloaded: retry")
-            except Exception as lost:
-                log.warning("endpoint %s: answering the shed request failed: %r",
-                            endpoint.name, lost)
+            await _answer_error(request, endpoint.name, "503", f"{endpoint.name} overloaded: retry")
             return
         pending += 1
         tg.start_soon(handle, request)

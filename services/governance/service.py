@@ -9,20 +9,22 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.micro.request import Request
-from opentelemetry.trace import SpanKind
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 from prometheus_client import Counter
 
 from actions import ACTIONS
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.journal import Sealer
-from libs.runtime import Endpoint, Runtime
+from libs.runtime import BatchEndpoint, Endpoint, Runtime
 from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.governance import (
@@ -47,8 +49,7 @@ from schemas.host import DecisionResult
 from schemas.mcp import ClassifyTool, RecordListing, parse_capability
 from schemas.retrieval import READ_TOOLS
 from services.governance.budgets import BudgetDefaults
-from services.governance.grouping import Grouped, GroupFailed
-from services.governance.logic import SENSITIVE_UNREADABLE, Call, Ruling, decide
+from services.governance.logic import SENSITIVE_UNREADABLE, Call, Facts, Ruling, decide
 from services.governance.mcp import McpRegistry
 from services.governance.policy import load_policy
 from services.governance.store import (
@@ -86,11 +87,8 @@ class GovernanceService:
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
-        # Concurrent decides read their facts in one statement and record their allows and
-        # denies in one transaction (`grouping.py`): per decision, far fewer round trips and
-        # commits under load.
-        self._read = Grouped(store.facts_many)
-        self._record = Grouped(store.record_many)
+        self._ask_decoder = msgspec.json.Decoder(DecideRequest)
+        self._batch_decoder = msgspec.json.Decoder(DecideBatch)
         self._encoder = msgspec.json.Encoder()
         # `line` is one of decide's six lines and `verdict` one of three: 18 series at most.
         self._decisions = Counter("writ_governance_decisions", "Decisions returned by decide",
@@ -122,13 +120,15 @@ class GovernanceService:
 
     # -- request/reply ----------------------------------------------------------------------
 
-    def endpoints(self) -> list[Endpoint]:
+    def endpoints(self) -> list[Endpoint | BatchEndpoint]:
         """The request/reply endpoints `run` serves (tests may serve them alone)."""
         return [
-            Endpoint("decide", subjects.DECIDE,
-                     self._endpoint("decide", DecideRequest, self.decide)),
-            Endpoint("decide_batch", subjects.DECIDE_BATCH,
-                     self._endpoint("decide_batch", DecideBatch, self.decide_batch)),
+            # Concurrent decides are decided together: their facts read in one statement, their
+            # allows and denies recorded in one transaction (per decision, far fewer round
+            # trips, commits and tasks under load; alone, a batch of one goes at once).
+            BatchEndpoint("decide", subjects.DECIDE, self._decide_requests),
+            BatchEndpoint("decide_batch", subjects.DECIDE_BATCH, self._decide_batches,
+                          max_batch=16),
             Endpoint("register_run", subjects.REGISTER_RUN,
                      self._endpoint("register_run", RegisterRun, self.register_run)),
             Endpoint("pending", subjects.PENDING_LIST,
@@ -218,30 +218,99 @@ class GovernanceService:
                           "operator must classify it again (writ mcp classify)")
         return call, None
 
-    async def _rule(self, ask: DecideRequest, call: Call) -> ToRecord:
-        """Read what `decide` needs and apply it; not recorded yet."""
-        refusal = None
-        if parse_capability(ask.tool) is not None:
-            call, refusal = await self._mcp_family(ask, call)
-        read = ToRead(tenant=ask.tenant, call=call, principal=ask.principal, run_id=ask.run_id,
-                      approval_id=ask.approval_id)
+    async def _facts(self, reads: list[ToRead]) -> list[Facts | None]:
+        """The facts of each call, in one statement; each on its own again if that failed
+        (perhaps another call's read failed it). None where it cannot be read: a failure to
+        read is a failure to know, which `decide` fails closed on."""
         try:
+            return list(await self._store.facts_many(reads))
+        except Exception as exc:
+            log.warning("facts unreadable together: %r", exc)
+        facts: list[Facts | None] = []
+        for read in reads:
             try:
-                facts = await self._read(read)
-            except GroupFailed as exc:  # perhaps another call's read: this one alone, again
-                log.warning("facts unreadable together: %r", exc.__cause__)
-                facts = (await self._store.facts_many([read]))[0]
-            attended = facts.attended
-        except Exception as exc:  # any failure to read is a failure to know: fail closed
-            log.warning("governance store unreadable: %r", exc)
-            facts, attended = None, False
-        ruling = decide(call, facts)
-        if refusal is not None:  # like an org refusal: before anything that allows
-            ruling = Ruling(verdict="deny", line=1, reason=refusal)
-        return ToRecord(tenant=ask.tenant, run_id=ask.run_id, principal=ask.principal,
-                        call=call, ruling=ruling,
-                        policy_version=facts.policy_version if facts else "unreadable",
-                        proposal_id=ask.proposal_id, attended=attended)
+                facts.append((await self._store.facts_many([read]))[0])
+            except Exception as exc:
+                log.warning("governance store unreadable: %r", exc)
+                facts.append(None)
+        return facts
+
+    async def _recorded(self, ruled: list[ToRecord]) -> list[str | None]:
+        """Record the decisions: the allows and denies in one transaction; each on its own if
+        that failed (another's row may be what failed it); each ask on its own, with its
+        pending decision. Their ids, None where one could not be recorded."""
+        ids: list[str | None] = [None] * len(ruled)
+        settled = [i for i, r in enumerate(ruled) if r.ruling.verdict != "ask"]
+        alone = [i for i, r in enumerate(ruled) if r.ruling.verdict == "ask"]
+        if settled:
+            try:
+                for i, decision_id in zip(settled, await self._store.record_many(
+                        [ruled[i] for i in settled]), strict=True):
+                    ids[i] = decision_id
+            except Exception as exc:
+                if len(settled) > 1:
+                    log.warning("cannot record %d decisions together: %r", len(settled), exc)
+                    alone += settled
+                else:
+                    log.warning("cannot record decision: %r", exc)
+        for i in sorted(alone):
+            r = ruled[i]
+            try:
+                ids[i] = await self._store.record(
+                    tenant=r.tenant, run_id=r.run_id, principal=r.principal, call=r.call,
+                    ruling=r.ruling, policy_version=r.policy_version,
+                    proposal_id=r.proposal_id, attended=r.attended)
+            except Exception as exc:
+                log.warning("cannot record decision: %r", exc)
+        return ids
+
+    async def decide_all(self, asks: list[DecideRequest],
+                         parents: list[Span] | None = None) -> list[Decision]:
+        """Decide each call and record its decision (and its pending decision, for an ask):
+        the facts of all of them read in one statement, their allows and denies recorded in
+        one transaction. `parents`: each call's span (a `governance decide` span is its
+        child)."""
+        spans = [self._rt.tracer.start_span(
+            "governance decide", context=None if parents is None
+            else trace.set_span_in_context(parents[i])) for i in range(len(asks))]
+        try:
+            calls = [self._call(ask) for ask in asks]
+            refusals: list[str | None] = [None] * len(asks)
+            for i, ask in enumerate(asks):
+                if parse_capability(ask.tool) is not None:
+                    calls[i], refusals[i] = await self._mcp_family(ask, calls[i])
+            facts = await self._facts([
+                ToRead(tenant=ask.tenant, call=call, principal=ask.principal,
+                       run_id=ask.run_id, approval_id=ask.approval_id)
+                for ask, call in zip(asks, calls, strict=True)])
+            ruled = []
+            for ask, call, known, refusal in zip(asks, calls, facts, refusals, strict=True):
+                ruling = decide(call, known)
+                if refusal is not None:  # like an org refusal: before anything that allows
+                    ruling = Ruling(verdict="deny", line=1, reason=refusal)
+                ruled.append(ToRecord(
+                    tenant=ask.tenant, run_id=ask.run_id, principal=ask.principal, call=call,
+                    ruling=ruling,
+                    policy_version=known.policy_version if known else "unreadable",
+                    proposal_id=ask.proposal_id, attended=known.attended if known else False))
+            decisions = []
+            for r, decision_id, span in zip(ruled, await self._recorded(ruled), spans,
+                                            strict=True):
+                if decision_id is None:
+                    # An allow nobody can find later is not an allow, and an ask nobody can
+                    # answer is a deny: deny what cannot be recorded (reads excepted).
+                    decision_id = str(uuid.uuid4())
+                    ruling = decide(r.call, None)
+                    r = msgspec.structs.replace(r, ruling=msgspec.structs.replace(
+                        ruling, reason=SENSITIVE_UNREADABLE if ruling.verdict == "deny"
+                        else ruling.reason))
+                span.set_attribute("writ.decision.verdict", r.ruling.verdict)
+                span.set_attribute("writ.decision.line", r.ruling.line)
+                decisions.append(self._decision(r, decision_id))
+            return decisions
+        finally:
+            for span in spans:
+                span.end()
 
     def _decision(self, ruled: ToRecord, decision_id: str) -> Decision:
         ruling, call = ruled.ruling, ruled.call
@@ -251,71 +320,55 @@ class GovernanceService:
                         policy_version=ruled.policy_version, options=list(ruling.options),
                         pending_id=decision_id if ruling.verdict == "ask" else None)
 
-    async def decide(self, ask: DecideRequest) -> Decision:
-        """Decide one call and record the decision (and its pending decision, for an ask)."""
-        call = self._call(ask)
-        with self._rt.tracer.start_as_current_span("governance decide") as span:
-            ruled = await self._rule(ask, call)
-            ruling, call = ruled.ruling, ruled.call
-            span.set_attribute("writ.decision.verdict", ruling.verdict)
-            span.set_attribute("writ.decision.line", ruling.line)
-            try:
-                decision_id = await self._recorded(ruled)
-            except Exception as exc:
-                # An allow nobody can find later is not an allow, and an ask nobody can
-                # answer is a deny: deny what cannot be recorded (reads excepted).
-                log.warning("cannot record decision: %r", exc)
-                decision_id = str(uuid.uuid4())
-                ruling = decide(call, None)
-                ruling = msgspec.structs.replace(
-                    ruling, reason=SENSITIVE_UNREADABLE if ruling.verdict == "deny"
-                    else ruling.reason)
-                ruled = msgspec.structs.replace(ruled, ruling=ruling)
-        return self._decision(ruled, decision_id)
+    async def _decide_requests(self, requests: list[Request]) -> None:
+        """`decide` requests that arrived together, decided together (`decide_all`)."""
+        await self._together("decide", requests, self._ask_decoder, lambda ask: [ask],
+                             lambda decisions: decisions[0])
 
-    async def _recorded(self, ruled: ToRecord) -> str:
-        """Record one decision: an allow or a deny with those of concurrent decides, in one
-        transaction; on its own if that transaction failed (another's row may be what failed
-        it); an ask on its own, with its pending decision. Raises if it cannot be recorded."""
-        if ruled.ruling.verdict != "ask":
-            try:
-                return await self._record(ruled)
-            except GroupFailed as exc:
-                log.warning("cannot record decisions together: %r", exc.__cause__)
-        return await self._store.record(
-            tenant=ruled.tenant, run_id=ruled.run_id, principal=ruled.principal,
-            call=ruled.call, ruling=ruled.ruling, policy_version=ruled.policy_version,
-            proposal_id=ruled.proposal_id, attended=ruled.attended)
+    async def _decide_batches(self, requests: list[Request]) -> None:
+        """`decide_batch` requests that arrived together, their calls decided together."""
+        await self._together("decide_batch", requests, self._batch_decoder,
+                             lambda batch: batch.requests,
+                             lambda decisions: Decisions(decisions=decisions))
 
-    async def decide_batch(self, batch: DecideBatch) -> Decisions:
-        """Decide each call exactly as `decide` would; the allows and denies are recorded in
-        one transaction (asks one by one, each with its pending decision). If that
-        transaction fails, each call is decided and recorded again on its own, so what
-        cannot be recorded is denied as `decide` denies it."""
-        with self._rt.tracer.start_as_current_span("governance decide batch") as span:
-            span.set_attribute("writ.decide.batch_size", len(batch.requests))
-            ruled: list[ToRecord | None] = [None] * len(batch.requests)
-
-            async def rule(index: int, ask: DecideRequest) -> None:
-                ruled[index] = await self._rule(ask, self._call(ask))
-
-            async with anyio.create_task_group() as tg:
-                for index, ask in enumerate(batch.requests):
-                    tg.start_soon(rule, index, ask)
-            done = [r for r in ruled if r is not None]
-            settled = [r for r in done if r.ruling.verdict != "ask"]
-            try:
-                ids = iter(await self._store.record_many(settled) if settled else [])
-            except Exception as exc:
-                log.warning("cannot record %d decisions together: %r", len(settled), exc)
-                return Decisions(decisions=[await self.decide(ask) for ask in batch.requests])
-            decisions = []
-            for ask, r in zip(batch.requests, done, strict=True):
-                if r.ruling.verdict == "ask":
-                    decisions.append(await self.decide(ask))
-                else:
-                    decisions.append(self._decision(r, next(ids)))
-        return Decisions(decisions=decisions)
+    async def _together(self, name: str, requests: list[Request],
+                        decoder: msgspec.json.Decoder[Any],
+                        asks_of: Callable[[Any], list[DecideRequest]],
+                        answer_of: Callable[[list[Decision]], msgspec.Struct]) -> None:
+        """Decode each request (400 for one that does not), decide all their calls at once
+        (`decide_all`), answer each request with its own calls' decisions."""
+        started = time.perf_counter()
+        metrics = self._rt.metrics
+        taken: list[tuple[Request, int, int]] = []  # a request, its first call, how many
+        asks: list[DecideRequest] = []
+        spans: list[Span] = []
+        parents: list[Span] = []
+        try:
+            for request in requests:
+                try:
+                    message = decoder.decode(request.data)
+                except msgspec.DecodeError as exc:
+                    metrics.failed.labels(name, "undecodable").inc()
+                    await request.respond_error("400", f"invalid {name} request: {exc}")
+                    continue
+                # Continue the caller's trace: one run is one trace, request/reply included.
+                span = self._rt.tracer.start_span(
+                    f"governance {name}", context=extract_context(request.headers),
+                    kind=SpanKind.SERVER)
+                spans.append(span)
+                mine = asks_of(message)
+                taken.append((request, len(asks), len(mine)))
+                asks += mine
+                parents += [span] * len(mine)
+            decisions = await self.decide_all(asks, parents) if asks else []
+            for request, first, count in taken:
+                await request.respond(self._encoder.encode(
+                    answer_of(decisions[first:first + count])))
+                metrics.handled.labels(name).inc()
+                metrics.latency.labels(name).observe(time.perf_counter() - started)
+        finally:
+            for span in spans:
+                span.end()
 
     async def register_run(self, run: RegisterRun) -> RunRegistered:
         """Record what ingress verified about a run before it starts, and its budget."""

@@ -1,7 +1,9 @@
 """An endpoint that fell behind spends nothing on requests nobody waits for (the soak's
 metastable overload, README "Soak"): a request past its caller's `Writ-Deadline` is dropped
 unhandled, and beyond `max_pending` waiting requests one is refused at once with a retryable
-503 — against a real nats-server, through `libs.runtime.in_tasks` as `serve` runs it."""
+503 — against a real nats-server, through `libs.runtime.in_tasks` as `serve` runs it; the same
+for a `BatchEndpoint`, whose requests that waited behind a busy batch go together in the
+next."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from nats.micro.request import Request
 from prometheus_client import CollectorRegistry
 
 from libs.deadline import HEADER, timed_request
-from libs.runtime import Endpoint, in_tasks
+from libs.runtime import BatchEndpoint, Endpoint, in_tasks
 from libs.telemetry import ActorMetrics
 
 pytestmark = pytest.mark.anyio
@@ -48,7 +50,7 @@ async def served(private_nc: Client, unique: str
 
 
 async def _serve(nc: Client, tg: anyio.abc.TaskGroup, registry: CollectorRegistry,
-                 endpoint: Endpoint) -> None:
+                 endpoint: Endpoint | BatchEndpoint) -> None:
     micro = await add_service(nc, name=f"writ-probe-{endpoint.subject.split('.')[1]}",
                               version="0.1.0")
     metrics = ActorMetrics(service="probe", registry=registry)
@@ -124,3 +126,113 @@ async def test_beyond_max_pending_a_request_is_refused_at_once_with_a_retryable_
     assert answers == {b"first": b"first", b"second": b"second"}
     assert busy.handled == [b"first", b"second"]  # the refused one did no work
     assert _dropped(registry, "shed") == 1
+
+
+# -- a batch endpoint ---------------------------------------------------------------------------
+
+
+class BusyBatches:
+    """A `BatchEndpoint`'s handler: holds the batch holding `b"first"` until `release` is set,
+    answers each request with its data, and raises for a batch holding `b"boom"`."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[bytes]] = []
+        self.started, self.release = anyio.Event(), anyio.Event()
+
+    async def __call__(self, requests: list[Request]) -> None:
+        self.batches.append([r.data for r in requests])
+        if b"boom" in self.batches[-1]:
+            raise RuntimeError("the store went away")
+        if b"first" in self.batches[-1]:
+            self.started.set()
+            await self.release.wait()
+        for request in requests:
+            await request.respond(request.data)
+
+
+async def _sent(nc: Client, count: int) -> None:
+    """Until `count` more messages left this client (so they reach the server in order)."""
+    target = nc.stats["out_msgs"] + count
+    with anyio.fail_after(30):
+        while nc.stats["out_msgs"] < target:
+            await anyio.sleep(0.01)
+
+
+async def test_requests_that_arrive_while_a_batch_is_busy_go_together_in_the_next(
+        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+) -> None:
+    tg, registry, subject = served
+    busy = BusyBatches()
+    await _serve(private_nc, tg, registry,
+                 BatchEndpoint("probe", subject, busy, concurrency=1, max_batch=4))
+    answers: dict[bytes, bytes] = {}
+
+    async def ask(data: bytes) -> None:
+        answers[data] = (await timed_request(private_nc, subject, data, timeout=60)).data
+
+    tg.start_soon(ask, b"first")
+    await busy.started.wait()
+    for i in range(6):  # wait behind the busy batch: four in the next, two in the one after
+        tg.start_soon(ask, f"next-{i}".encode())
+    await _sent(private_nc, 6)
+    await anyio.sleep(0.2)  # the server has handed them over
+    busy.release.set()
+    with anyio.fail_after(30):
+        while len(answers) < 7:
+            await anyio.sleep(0.01)
+
+    assert answers == {data: data for data in answers}
+    assert busy.batches[0] == [b"first"]
+    assert [len(b) for b in busy.batches[1:]] == [4, 2]
+    assert sorted(sum(busy.batches[1:], [])) == [f"next-{i}".encode() for i in range(6)]
+    assert _dropped(registry, "expired") == _dropped(registry, "shed") == 0
+
+
+async def test_a_batch_drops_requests_whose_callers_gave_up_and_sheds_beyond_max_pending(
+        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+) -> None:
+    tg, registry, subject = served
+    busy = BusyBatches()
+    await _serve(private_nc, tg, registry,
+                 BatchEndpoint("probe", subject, busy, concurrency=1, max_pending=4))
+    answers: dict[bytes, bytes] = {}
+
+    async def ask(data: bytes) -> None:
+        answers[data] = (await timed_request(private_nc, subject, data, timeout=60)).data
+
+    tg.start_soon(ask, b"first")
+    await busy.started.wait()
+    for i in range(2):  # they queue behind the busy batch, and their callers give up
+        with pytest.raises(NatsTimeoutError):
+            await timed_request(private_nc, subject, f"late-{i}".encode(), timeout=0.2)
+    tg.start_soon(ask, b"kept")  # the fourth in hand: the bound
+    await _sent(private_nc, 1)
+    refused = await timed_request(private_nc, subject, b"refused", timeout=30)
+    busy.release.set()
+    with anyio.fail_after(30):
+        while len(answers) < 2:
+            await anyio.sleep(0.01)
+
+    assert refused.headers is not None
+    assert refused.headers["Nats-Service-Error-Code"] == "503"
+    assert refused.headers["Nats-Service-Error"] == "probe overloaded: retry"
+    assert answers == {b"first": b"first", b"kept": b"kept"}
+    assert busy.batches == [[b"first"], [b"kept"]]  # neither the abandoned nor the refused
+    assert (_dropped(registry, "expired"), _dropped(registry, "shed")) == (2, 1)
+
+
+async def test_a_batch_whose_handler_raises_answers_each_request_500_and_serves_on(
+        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+) -> None:
+    tg, registry, subject = served
+    busy = BusyBatches()
+    busy.release.set()
+    await _serve(private_nc, tg, registry, BatchEndpoint("probe", subject, busy))
+
+    failed = await timed_request(private_nc, subject, b"boom", timeout=30)
+    after = await timed_request(private_nc, subject, b"after", timeout=30)
+
+    assert failed.headers is not None
+    assert (failed.headers["Nats-Service-Error-Code"],
+            failed.headers["Nats-Service-Error"]) == ("500", "probe failed")
+    assert after.data == b"after"
