@@ -100,7 +100,8 @@ class BatchEndpoint:
     statement, one commit and one task serve many requests, where `Endpoint` would spend a task,
     a turn of its limiter and a statement on each. At most `concurrency` batches run at a time;
     expired requests are dropped and requests beyond `max_pending` shed as `Endpoint` does.
-    Whatever `handler` raises answers `500 <name> failed` to the batch's requests.
+    A batch that raises is handled again one request at a time, and a request that raises
+    alone is answered `500 <name> failed`.
     """
 
     __slots__ = ("concurrency", "handler", "max_batch", "max_pending", "name", "subject")
@@ -171,13 +172,21 @@ class Batches:
             self._running -= 1
 
     async def _handle(self, batch: list[Request]) -> None:
+        """The batch; if it raises, each of its requests alone (one poison request fails
+        itself, not its neighbours), a request that still raises answered 500."""
         try:
             await self._endpoint.handler(batch)
+            return
         except Exception as exc:
-            log.error("endpoint %s failed: %r", self._endpoint.name, exc, exc_info=exc)
-            for request in batch:
-                await _answer_error(request, self._endpoint.name, "500",
+            if len(batch) == 1:
+                log.error("endpoint %s failed: %r", self._endpoint.name, exc, exc_info=exc)
+                await _answer_error(batch[0], self._endpoint.name, "500",
                                     f"{self._endpoint.name} failed")
+                return
+            log.warning("endpoint %s: a batch of %d failed (%r): one by one",
+                        self._endpoint.name, len(batch), exc)
+        for request in batch:
+            await self._handle([request])
 
 
 async def _answer_error(request: Request, name: str, code: str, description: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -221,18 +222,35 @@ async def test_a_batch_drops_requests_whose_callers_gave_up_and_sheds_beyond_max
     assert (_dropped(registry, "expired"), _dropped(registry, "shed")) == (2, 1)
 
 
-async def test_a_batch_whose_handler_raises_answers_each_request_500_and_serves_on(
+async def test_a_batch_that_raises_is_handled_one_by_one_and_only_the_poison_one_fails(
         private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
 ) -> None:
     tg, registry, subject = served
     busy = BusyBatches()
-    busy.release.set()
-    await _serve(private_nc, tg, registry, BatchEndpoint("probe", subject, busy))
+    await _serve(private_nc, tg, registry, BatchEndpoint("probe", subject, busy, concurrency=1))
+    replies: dict[bytes, Any] = {}
 
-    failed = await timed_request(private_nc, subject, b"boom", timeout=30)
+    async def ask(data: bytes) -> None:
+        replies[data] = await timed_request(private_nc, subject, data, timeout=60)
+
+    tg.start_soon(ask, b"first")
+    await busy.started.wait()
+    for data in (b"before", b"boom", b"beside"):  # one batch behind the busy one
+        tg.start_soon(ask, data)
+        await _sent(private_nc, 1)
+    await anyio.sleep(0.2)
+    busy.release.set()
+    with anyio.fail_after(30):
+        while len(replies) < 4:
+            await anyio.sleep(0.01)
     after = await timed_request(private_nc, subject, b"after", timeout=30)
 
+    failed = replies.pop(b"boom")
     assert failed.headers is not None
     assert (failed.headers["Nats-Service-Error-Code"],
             failed.headers["Nats-Service-Error"]) == ("500", "probe failed")
+    assert {data: r.data for data, r in replies.items()} == {
+        b"first": b"first", b"before": b"before", b"beside": b"beside"}
+    assert busy.batches[1:] == [[b"before", b"boom", b"beside"], [b"before"], [b"boom"],
+                                [b"beside"], [b"after"]]
     assert after.data == b"after"
