@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
 import nats
 import pytest
 from nats.aio.client import Client
 from nats.micro import add_service
+from nats.micro.request import Request
 from nats.micro.service import Service
 
 from libs.embedded import EmbeddedNats
-from libs.runtime import Endpoint
+from libs.runtime import BatchEndpoint, Endpoint
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +34,24 @@ async def private_nc(private_nats: EmbeddedNats) -> AsyncIterator[Client]:
     await client.drain()
 
 
-async def serve(nc: Client, name: str, endpoints: Iterable[Endpoint], unique: str) -> Service:
+async def serve(nc: Client, name: str, endpoints: Iterable[Endpoint | BatchEndpoint],
+                unique: str) -> Service:
     """A service's request/reply endpoints, served on `nc` as the service would serve them
-    (without its inbox actor or sealer); stop it with `.stop()`."""
+    (without its inbox actor or sealer; a request at a time, a batch endpoint's in a batch of
+    one); stop it with `.stop()`."""
     micro = await add_service(nc, name=f"writ-{name}-{unique}", version="0.1.0")
     for endpoint in endpoints:
         await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                 handler=endpoint.handler, queue_group=f"test-{unique}")
+                                 handler=_one_at_a_time(endpoint), queue_group=f"test-{unique}")
     return micro
+
+
+def _one_at_a_time(endpoint: Endpoint | BatchEndpoint) -> Callable[[Request], Awaitable[None]]:
+    if isinstance(endpoint, Endpoint):
+        return endpoint.handler
+    handler = endpoint.handler
+
+    async def alone(request: Request) -> None:
+        await handler([request])
+
+    return alone
