@@ -145,6 +145,16 @@ class GovernanceService:
                          self._endpoint("mcp_classify", ClassifyTool, self._mcp.classify))]),
         ]
 
+    async def _decoded(self, name: str, kind: type, decoder: msgspec.json.Decoder[Any],
+                       request: Request) -> Any:
+        """The request's message, or None once it was answered 400 (it does not decode)."""
+        try:
+            return decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            self._rt.metrics.failed.labels(name, "undecodable").inc()
+            await request.respond_error("400", f"invalid {kind.__name__}: {exc}")
+            return None
+
     def _endpoint(self, name: str, kind: type, handle: Callable[..., Awaitable[msgspec.Struct]]
                   ) -> Callable[[Request], Awaitable[None]]:
         decoder = msgspec.json.Decoder(kind)
@@ -152,11 +162,8 @@ class GovernanceService:
 
         async def serve(request: Request) -> None:
             started = time.perf_counter()
-            try:
-                message = decoder.decode(request.data)
-            except msgspec.DecodeError as exc:
-                metrics.failed.labels(name, "undecodable").inc()
-                await request.respond_error("400", f"invalid {kind.__name__}: {exc}")
+            message = await self._decoded(name, kind, decoder, request)
+            if message is None:
                 return
             try:
                 # Continue the caller's trace: one run is one trace, request/reply included.
@@ -322,16 +329,17 @@ class GovernanceService:
 
     async def _decide_requests(self, requests: list[Request]) -> None:
         """`decide` requests that arrived together, decided together (`decide_all`)."""
-        await self._together("decide", requests, self._ask_decoder, lambda ask: [ask],
+        await self._together("decide", requests, DecideRequest, self._ask_decoder,
+                             lambda ask: [ask],
                              lambda decisions: decisions[0])
 
     async def _decide_batches(self, requests: list[Request]) -> None:
         """`decide_batch` requests that arrived together, their calls decided together."""
-        await self._together("decide_batch", requests, self._batch_decoder,
+        await self._together("decide_batch", requests, DecideBatch, self._batch_decoder,
                              lambda batch: batch.requests,
                              lambda decisions: Decisions(decisions=decisions))
 
-    async def _together(self, name: str, requests: list[Request],
+    async def _together(self, name: str, requests: list[Request], kind: type,
                         decoder: msgspec.json.Decoder[Any],
                         asks_of: Callable[[Any], list[DecideRequest]],
                         answer_of: Callable[[list[Decision]], msgspec.Struct]) -> None:
@@ -345,11 +353,8 @@ class GovernanceService:
         parents: list[Span] = []
         try:
             for request in requests:
-                try:
-                    message = decoder.decode(request.data)
-                except msgspec.DecodeError as exc:
-                    metrics.failed.labels(name, "undecodable").inc()
-                    await request.respond_error("400", f"invalid {name} request: {exc}")
+                message = await self._decoded(name, kind, decoder, request)
+                if message is None:
                     continue
                 # Continue the caller's trace: one run is one trace, request/reply included.
                 span = self._rt.tracer.start_span(

@@ -8,7 +8,7 @@ next."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -59,6 +59,23 @@ async def _serve(nc: Client, tg: anyio.abc.TaskGroup, registry: CollectorRegistr
                              handler=in_tasks(endpoint, tg, metrics), queue_group="probe")
 
 
+async def _sent(nc: Client, count: int) -> None:
+    """Until `count` more messages left this client (so they reach the server in order)."""
+    target = nc.stats["out_msgs"] + count
+    with anyio.fail_after(30):
+        while nc.stats["out_msgs"] < target:
+            await anyio.sleep(0.01)
+
+
+def _asker(nc: Client, subject: str, answers: dict[bytes, bytes]
+           ) -> Callable[[bytes], Awaitable[None]]:
+    """A request with `data` whose answer goes into `answers[data]`."""
+    async def ask(data: bytes) -> None:
+        answers[data] = (await timed_request(nc, subject, data, timeout=60)).data
+
+    return ask
+
+
 def _dropped(registry: CollectorRegistry, reason: str) -> float:
     return registry.get_sample_value("writ_probe_requests_dropped_total",
                                      {"endpoint": "probe", "reason": reason}) or 0.0
@@ -104,17 +121,12 @@ async def test_beyond_max_pending_a_request_is_refused_at_once_with_a_retryable_
     await _serve(private_nc, tg, registry,
                  Endpoint("probe", subject, busy, concurrency=1, max_pending=2))
     answers: dict[bytes, bytes] = {}
-
-    async def ask(data: bytes) -> None:
-        answers[data] = (await timed_request(private_nc, subject, data, timeout=60)).data
+    ask = _asker(private_nc, subject, answers)
 
     tg.start_soon(ask, b"first")
     await busy.started.wait()
-    sent = private_nc.stats["out_msgs"]
     tg.start_soon(ask, b"second")  # waits its turn: two pending, the bound
-    with anyio.fail_after(30):  # sent before the third, so it arrives before it
-        while private_nc.stats["out_msgs"] == sent:
-            await anyio.sleep(0.01)
+    await _sent(private_nc, 1)  # sent before the third, so it arrives before it
     refused = await timed_request(private_nc, subject, b"third", timeout=30)
     busy.release.set()
     with anyio.fail_after(30):
@@ -151,14 +163,6 @@ class BusyBatches:
             await request.respond(request.data)
 
 
-async def _sent(nc: Client, count: int) -> None:
-    """Until `count` more messages left this client (so they reach the server in order)."""
-    target = nc.stats["out_msgs"] + count
-    with anyio.fail_after(30):
-        while nc.stats["out_msgs"] < target:
-            await anyio.sleep(0.01)
-
-
 async def test_requests_that_arrive_while_a_batch_is_busy_go_together_in_the_next(
         private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
 ) -> None:
@@ -167,9 +171,7 @@ async def test_requests_that_arrive_while_a_batch_is_busy_go_together_in_the_nex
     await _serve(private_nc, tg, registry,
                  BatchEndpoint("probe", subject, busy, concurrency=1, max_batch=4))
     answers: dict[bytes, bytes] = {}
-
-    async def ask(data: bytes) -> None:
-        answers[data] = (await timed_request(private_nc, subject, data, timeout=60)).data
+    ask = _asker(private_nc, subject, answers)
 
     tg.start_soon(ask, b"first")
     await busy.started.wait()
@@ -197,9 +199,7 @@ async def test_a_batch_drops_requests_whose_callers_gave_up_and_sheds_beyond_max
     await _serve(private_nc, tg, registry,
                  BatchEndpoint("probe", subject, busy, concurrency=1, max_pending=4))
     answers: dict[bytes, bytes] = {}
-
-    async def ask(data: bytes) -> None:
-        answers[data] = (await timed_request(private_nc, subject, data, timeout=60)).data
+    ask = _asker(private_nc, subject, answers)
 
     tg.start_soon(ask, b"first")
     await busy.started.wait()
