@@ -59,6 +59,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from libs.bus import ConsumerSpec, ensure_consumer
 from libs.errors import Fenced, PermanentError, RetryableError, single_error, waits_out
 from libs.health import Health
+from libs.pull import Puller
 from libs.telemetry import ActorMetrics, extract_context, inject_context
 from schemas.subjects import dead_letter
 
@@ -136,7 +137,10 @@ async def run_actor(
     if backoff_max_s is not None:  # the process's setting over the consumer's default
         spec = msgspec.structs.replace(spec, backoff_max_s=backoff_max_s)
     await ensure_consumer(js, spec)
-    sub = await js.pull_subscribe_bind(spec.durable, spec.stream)
+    # Each pull request on its own reply subject (libs/pull.py: nats-py's `fetch` can leave a
+    # request behind that holds a later message for up to `fetch_timeout_s`).
+    sub = Puller(js._nc, spec.stream, spec.durable)
+    await sub.start()
     if health is not None:
         handler, batch_handler = _suspecting(health, handler, batch_handler)
         health.consumer_bound(spec.stream, spec.durable)
@@ -198,10 +202,9 @@ async def run_actor(
                     await anyio.sleep(0.5)
                     continue
                 if not msgs:
-                    # No message, and no timeout either: nats-py returns an empty batch when a
-                    # pull request's 408 (or a stale 404) arrives first. An idle inbox, as a
-                    # timeout is: the slot is free again (kept, it leaked, and a long idle spell
-                    # left the actor one delivery at a time).
+                    # The request ended (its 408) with nothing: an idle inbox, as a timeout
+                    # is. The slot is free again (kept, it leaked, and a long idle spell left
+                    # the actor one delivery at a time).
                     slots.release()
                     continue
                 if batch_handler is not None:  # one slot per batch
@@ -217,7 +220,7 @@ async def run_actor(
         if health is not None:
             health.loop_ended(spec.durable)
         with anyio.CancelScope(shield=True):
-            await sub.unsubscribe()
+            await sub.stop()
 
 
 async def _acquire_beating(slots: anyio.Semaphore, health: Health, durable: str) -> None:
