@@ -236,11 +236,13 @@ class PlannerService(PersonWaits):
                     await self._store.create_run(event, manifest=manifest, conn=conn)
                 elif isinstance(event, RunCancelRequested):
                     await record_cancel(conn, event)  # kept even before the run exists
-                # A step's settlement travels with the next reservation; what is left is
-                # settled before anything is published (`budgeting.py`).
+                # A step's settlement travels with the next reservation; what is left (a
+                # finished run's lease) is settled once the effects are out, not before: all
+                # of it is committed, and until the delivery is acked a redelivery's
+                # `settle_due` settles whatever this one did not (`budgeting.py`).
                 async with self._budget.deferring(conn):
                     effects = await self._advance(conn, event, finished)
-        await self._committed(finished, effects)
+                    await self._committed(finished, effects)
 
     async def _committed(self, finished: Finished, effects: Effects) -> None:
         # Committed: count each run's end once. A redelivery re-publishes a terminal run's

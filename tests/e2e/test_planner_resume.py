@@ -37,6 +37,18 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 FRUGAL_CALLS = 2
 
 
+async def _budget_settled(db: asyncpg.Connection, run_id: str, timeout: float = 20) -> None:
+    """Wait until nothing of the run's budget is open: a finished run's lease is settled just
+    after its result goes out (`budgeting.py`, `deferring`), not before it."""
+    with anyio.fail_after(timeout):
+        while await db.fetchval(
+                "SELECT count(*) FROM governance.reservations WHERE run_id = $1 "
+                "AND status = 'open'", run_id) or await db.fetchval(
+                "SELECT count(*) FROM planner.reservations WHERE run_id = $1 "
+                "AND state <> 'closed'", run_id):
+            await anyio.sleep(0.05)
+
+
 def _manifest(name: str, *, critic: bool = False) -> dict[str, Any]:
     return {"name": name, "version": "1.0.0", "provider": "openai", "critic": critic,
             "responsibility": "Record customer calls as CRM notes on the customer's record.",
@@ -175,6 +187,7 @@ async def test_a_planner_killed_after_a_decision_resumes_without_asking_again(
                               "WHERE run_id = $1", run_id)
     assert [c["state"] for c in commands] == ["succeeded"]  # one command, one operation id
     assert recorded[1][1]["operation_id"] == str(commands[0]["operation_id"])
+    await _budget_settled(db, run_id)
     reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
                                   "WHERE run_id = $1 ORDER BY reserved_at", run_id)
     # The run's three steps drew on one lease, settled once (`budgeting.py`).
@@ -292,6 +305,7 @@ async def test_a_model_answer_that_is_no_decision_fails_the_run_saying_so(
                             result.run_id)
     assert tuple(run) == ("failed", "MODEL_FAILED")
     # The model call is paid for, and nothing else is held.
+    await _budget_settled(db, result.run_id)
     reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
                                   "WHERE run_id = $1", result.run_id)
     assert [(r["step_key"].removeprefix(f"{result.run_id}:"), r["status"])
@@ -331,6 +345,7 @@ async def test_a_branch_proposes_under_the_root_runs_grant_and_observes_the_outc
     caller = await steps(db, result.run_id)
     assert caller[1][1]["answer"] == "Noted on ACME-42."
     # The branch's capability call is the root run's to pay, and it was paid.
+    await _budget_settled(db, result.run_id)
     assert await db.fetchval("SELECT status FROM governance.reservations "
                              "WHERE run_id = $1 AND step_key = $2", result.run_id,
                              f"{branch_id}:0:capability") == "settled"

@@ -138,7 +138,7 @@ async def test_one_planner_handles_its_runs_deliveries_at_once(
                         "SELECT count(*) FROM planner.runs WHERE run_id = any($1) "
                         "AND status = 'succeeded'", run_ids) < len(run_ids):
                     await anyio.sleep(0.05)
-                # A run's lease is settled once its end is committed (before its result).
+                # A run's lease is settled once its end is committed and its result is out.
                 while await planner_pool.fetchval(
                         "SELECT count(*) FROM planner.reservations WHERE run_id = any($1) "
                         "AND state <> 'closed'", run_ids):
