@@ -85,8 +85,7 @@ def guarded(name: str, handler: Callable[[Request], Awaitable[None]]
         try:
             await handler(request)
         except Exception as exc:
-            log.error("endpoint %s failed: %r", name, exc, exc_info=exc)
-            await _answer_error(request, name, "500", f"{name} failed")
+            await _failed(request, name, exc)
 
     handle.__wrapped__ = handler  # type: ignore[attr-defined]
     return handle
@@ -179,14 +178,18 @@ class Batches:
             return
         except Exception as exc:
             if len(batch) == 1:
-                log.error("endpoint %s failed: %r", self._endpoint.name, exc, exc_info=exc)
-                await _answer_error(batch[0], self._endpoint.name, "500",
-                                    f"{self._endpoint.name} failed")
+                await _failed(batch[0], self._endpoint.name, exc)
                 return
             log.warning("endpoint %s: a batch of %d failed (%r): one by one",
                         self._endpoint.name, len(batch), exc)
         for request in batch:
             await self._handle([request])
+
+
+async def _failed(request: Request, name: str, exc: Exception) -> None:
+    """The handler raised for `request`: logged, and answered `500 <name> failed`."""
+    log.error("endpoint %s failed: %r", name, exc, exc_info=exc)
+    await _answer_error(request, name, "500", f"{name} failed")
 
 
 async def _answer_error(request: Request, name: str, code: str, description: str) -> None:

@@ -15,6 +15,7 @@ import anyio
 import anyio.abc
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.micro import add_service
 from nats.micro.request import Request
@@ -67,6 +68,13 @@ async def _sent(nc: Client, count: int) -> None:
             await anyio.sleep(0.01)
 
 
+async def _answered(answers: dict[bytes, Any], count: int) -> None:
+    """Wait until `count` requests have their answer."""
+    with anyio.fail_after(30):
+        while len(answers) < count:
+            await anyio.sleep(0.01)
+
+
 def _asker(nc: Client, subject: str, answers: dict[bytes, bytes]
            ) -> Callable[[bytes], Awaitable[None]]:
     """A request with `data` whose answer goes into `answers[data]`."""
@@ -74,6 +82,13 @@ def _asker(nc: Client, subject: str, answers: dict[bytes, bytes]
         answers[data] = (await timed_request(nc, subject, data, timeout=60)).data
 
     return ask
+
+
+def _assert_overloaded(reply: Msg) -> None:
+    """`reply` is the endpoint's retryable refusal."""
+    assert reply.headers is not None
+    assert reply.headers["Nats-Service-Error-Code"] == "503"
+    assert reply.headers["Nats-Service-Error"] == "probe overloaded: retry"
 
 
 def _dropped(registry: CollectorRegistry, reason: str) -> float:
@@ -129,13 +144,9 @@ async def test_beyond_max_pending_a_request_is_refused_at_once_with_a_retryable_
     await _sent(private_nc, 1)  # sent before the third, so it arrives before it
     refused = await timed_request(private_nc, subject, b"third", timeout=30)
     busy.release.set()
-    with anyio.fail_after(30):
-        while len(answers) < 2:
-            await anyio.sleep(0.01)
+    await _answered(answers, 2)
 
-    assert refused.headers is not None
-    assert refused.headers["Nats-Service-Error-Code"] == "503"
-    assert refused.headers["Nats-Service-Error"] == "probe overloaded: retry"
+    _assert_overloaded(refused)
     assert answers == {b"first": b"first", b"second": b"second"}
     assert busy.handled == [b"first", b"second"]  # the refused one did no work
     assert _dropped(registry, "shed") == 1
@@ -180,9 +191,7 @@ async def test_requests_that_arrive_while_a_batch_is_busy_go_together_in_the_nex
     await _sent(private_nc, 6)
     await anyio.sleep(0.2)  # the server has handed them over
     busy.release.set()
-    with anyio.fail_after(30):
-        while len(answers) < 7:
-            await anyio.sleep(0.01)
+    await _answered(answers, 7)
 
     assert answers == {data: data for data in answers}
     assert busy.batches[0] == [b"first"]
@@ -210,13 +219,9 @@ async def test_a_batch_drops_requests_whose_callers_gave_up_and_sheds_beyond_max
     await _sent(private_nc, 1)
     refused = await timed_request(private_nc, subject, b"refused", timeout=30)
     busy.release.set()
-    with anyio.fail_after(30):
-        while len(answers) < 2:
-            await anyio.sleep(0.01)
+    await _answered(answers, 2)
 
-    assert refused.headers is not None
-    assert refused.headers["Nats-Service-Error-Code"] == "503"
-    assert refused.headers["Nats-Service-Error"] == "probe overloaded: retry"
+    _assert_overloaded(refused)
     assert answers == {b"first": b"first", b"kept": b"kept"}
     assert busy.batches == [[b"first"], [b"kept"]]  # neither the abandoned nor the refused
     assert (_dropped(registry, "expired"), _dropped(registry, "shed")) == (2, 1)
@@ -240,9 +245,7 @@ async def test_a_batch_that_raises_is_handled_one_by_one_and_only_the_poison_one
         await _sent(private_nc, 1)
     await anyio.sleep(0.2)
     busy.release.set()
-    with anyio.fail_after(30):
-        while len(replies) < 4:
-            await anyio.sleep(0.01)
+    await _answered(replies, 4)
     after = await timed_request(private_nc, subject, b"after", timeout=30)
 
     failed = replies.pop(b"boom")
