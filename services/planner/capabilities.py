@@ -1,4 +1,4 @@
-"""What the runtime does with a model's `select_capability`, once the decision is committed.
+"""What the runtime does with a model's `select_capability`, once the decision is recorded.
 
 A selection is checked before any handler runs (`snapshot.selection_outcome`: in `uses`,
 `callable_by`, the arguments against the target's signature, the call depth and chain); a
@@ -94,6 +94,13 @@ class Capabilities:
             self._metrics.selections_refused.labels(refused[0]).inc()
         log.info("run %s step %d: %s refused before any handler (%s)", run.run_id, seq,
                  decision.capability[:128], refused[0])
+
+    @staticmethod
+    def proposes(run: RunRow, decision: SelectCapability) -> bool:
+        """Whether acting on this checked selection is proposing an action to admission (not
+        a read, not a branch): nothing leaves the planner before its transaction commits."""
+        return (read_target(run.manifest, decision.capability) is None
+                and agent_call_target(run.manifest, decision.capability) is None)
 
     async def act(self, conn: Any, run: RunRow, steps: list[Step], seq: int,
                   decision: SelectCapability, *, approval_id: str | None = None,

@@ -456,8 +456,12 @@ class PlannerService(PersonWaits):
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
-        if fresh:
-            return AGAIN  # the decision is committed before its capability call starts
+        if fresh and (is_turn_run(run.run_id) or not self._capabilities.proposes(run, decision)):
+            # The decision is committed before its capability call starts: a read or a branch
+            # that fails is made again without asking the model again, and so is a plan
+            # step's facts read. A proposal is only published once the transaction that
+            # records it (and the decision) commits, so it is proposed in the same one.
+            return AGAIN
         try:
             acted = await self._capabilities.act(conn, run, steps, last.seq, decision,
                                                  plan_preview=plan_preview)

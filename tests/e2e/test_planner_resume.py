@@ -147,7 +147,23 @@ async def run_id_of(db: asyncpg.Connection, request_id: str, timeout: float = 30
     return str(run_id)
 
 
-async def test_a_planner_killed_after_a_decision_resumes_without_asking_again(
+async def _killed(stack: Stack, faults: Path) -> None:
+    """Until the armed crash point killed the planner."""
+    planner = stack.procs["planner"]
+    with anyio.fail_after(30):
+        while planner.poll() is None:
+            await anyio.sleep(0.05)
+    assert planner.returncode == CRASH_STATUS, stack.log_tail("planner")
+    assert armed(faults) == "", "the crash point was not taken"
+
+
+async def _restarted(stack: Stack) -> None:
+    stack.stop_process("planner")
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+
+
+async def test_a_planner_killed_before_publishing_a_proposal_resumes_without_asking_again(
         stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
     before = calls(model)
     script(model,
@@ -156,26 +172,23 @@ async def test_a_planner_killed_after_a_decision_resumes_without_asking_again(
                                               "body": "Called back about order 7781."})}},
            {"next": {"decision": "answer_directly", "answer": "Noted the call on ACME-42."}})
     faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
-    arm(faults, "planner.after_decision")
+    # The decision and the proposal it became are committed in one transaction, and the
+    # proposal is published only after it.
+    arm(faults, "planner.before_proposal")
     request = host.request(text="Note that I called ACME back about order 7781")
     await host.publish(request, msg_id=request.request_id)
 
-    planner = stack.procs["planner"]
-    with anyio.fail_after(30):
-        while planner.poll() is None:
-            await anyio.sleep(0.05)
-    assert planner.returncode == CRASH_STATUS, stack.log_tail("planner")
-    assert armed(faults) == "", "the crash point was not taken"
+    await _killed(stack, faults)
     run_id = await run_id_of(db, request.request_id)
-    # Killed with the decision recorded and nothing that follows it sent.
+    # Killed with the decision and its proposal recorded and nothing sent.
     assert [k for k, _ in await steps(db, run_id)] == ["decision"]
     assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",
                              run_id) == 0
+    assert await db.fetchval("SELECT state FROM planner.reservations WHERE run_id = $1 "
+                             "AND step_key = $2", run_id, f"{run_id}:0:capability") == "open"
     assert calls(model) - before == 1
 
-    stack.stop_process("planner")
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
+    await _restarted(stack)
     result = await host.wait_result(request.request_id, timeout=60)
 
     assert result.status == "succeeded", (result, stack.log_tail("planner"))
@@ -197,6 +210,38 @@ async def test_a_planner_killed_after_a_decision_resumes_without_asking_again(
                            "WHERE run_id = $1 AND lease IS NOT NULL ORDER BY step_key", run_id)
     assert [(r["step_key"].removeprefix(f"{run_id}:"), r["state"]) for r in draws] == [
         ("0:capability", "closed"), ("0:model", "closed"), ("2:model", "closed")]
+
+
+async def test_a_planner_killed_after_a_read_decision_resumes_without_asking_again(
+        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    before = calls(model)
+    script(model, LOOKUP, {"next": {"decision": "answer_directly",
+                                    "answer": "ACME-42 is active."}})
+    faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+    # A read is made after the transaction that records its decision: a read that fails, or
+    # a planner killed before it, reads again without asking the model again.
+    arm(faults, "planner.after_decision")
+    request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?")
+    await host.publish(request, msg_id=request.request_id)
+
+    await _killed(stack, faults)
+    run_id = await run_id_of(db, request.request_id)
+    assert [k for k, _ in await steps(db, run_id)] == ["decision"]
+    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
+                             run_id) == 0  # nothing asked about the read yet
+    assert calls(model) - before == 1
+
+    await _restarted(stack)
+    stopped = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    assert stopped.pending_id is not None
+    assert (await host.decide(stopped.pending_id, "once")).accepted
+    result = await host.wait_result(request.request_id, status="succeeded", timeout=60)
+
+    assert result.answer == "ACME-42 is active."
+    recorded = await steps(db, run_id)
+    assert [k for k, _ in recorded] == ["decision", "observation", "decision"]
+    assert [i["id"] for i in recorded[1][1]["items"]] == ["ACME-42"]
+    assert calls(model) - before == 2  # once per recorded decision, never again for one
 
 
 async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(

@@ -365,6 +365,47 @@ async def test_a_callers_limit_lowers_the_run_budget_once_and_never_raises_it(
     assert payload["capability_calls"] == 2 and payload["asked"]["tokens"] == 5000
 
 
+async def test_a_reservation_settled_elsewhere_is_settled_once(env: Env) -> None:
+    # `made` reserves and settles what it made in one statement; `other` (a second governance
+    # process) knows nothing of it and settles under the lock. Whoever is first counts.
+    made, other = env.store, GovernanceStore(env.pool, journal=env.journal)
+    await _run(made, provider_calls=100, tokens=10_000)
+    held = await _reserve(made, "first", provider_calls=1, tokens=100)
+    assert isinstance(held, BudgetReserved)
+    taken = await other.settle(tenant="acme", run_id="run-1",
+                               reservation_id=held.reservation_id, provider_calls=1, tokens=70)
+    again = await made.settle(tenant="acme", run_id="run-1",
+                              reservation_id=held.reservation_id, provider_calls=1, tokens=999)
+    assert taken is not None and again == taken and again.tokens == 70
+    # Both at once, ten times over: each settled once, whichever answered, and no deadlock.
+    held_ids = []
+    for i in range(10):
+        step = await _reserve(made, f"race-{i}", provider_calls=1, tokens=100)
+        assert isinstance(step, BudgetReserved)
+        held_ids.append(step.reservation_id)
+    answers: dict[str, list[object]] = {r: [] for r in held_ids}
+
+    async def settle(store: GovernanceStore, reservation_id: str, tokens: int) -> None:
+        answers[reservation_id].append(await store.settle(
+            tenant="acme", run_id="run-1", reservation_id=reservation_id, provider_calls=1,
+            tokens=tokens))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for reservation_id in held_ids:
+                tg.start_soon(settle, made, reservation_id, 5)
+                tg.start_soon(settle, other, reservation_id, 6)
+    for first, second in answers.values():
+        assert first == second and first is not None and first.tokens in (5, 6)
+    state = await made.budget("acme", "run-1")
+    assert state is not None
+    assert (state.used_provider_calls, state.reserved_tokens, state.open_steps) == (11, 0, 0)
+    assert state.used_tokens == 70 + sum(a[0].tokens for a in answers.values())  # type: ignore
+    settled = await env.admin.fetch(
+        "SELECT subject FROM governance.journal WHERE kind = 'budget.settled'")
+    assert sorted(r["subject"] for r in settled) == sorted([held.reservation_id, *held_ids])
+
+
 async def test_every_budget_change_is_journaled(env: Env) -> None:
     await _run(env.store, provider_calls=1, tokens=100, capability_calls=1)
     held = await _reserve(env.store, "j1", provider_calls=1, tokens=100)

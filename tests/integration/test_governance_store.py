@@ -1,5 +1,6 @@
 """Governance's store against a real PostgreSQL: answers are taken once, `always` writes
-exactly the grant or the rule it promises, and unanswered attended asks come due."""
+exactly the grant or the rule it promises, unanswered attended asks come due, and decisions
+recorded together are all kept or none."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
 from schemas.governance import RegisterRun
-from services.governance.logic import Call, decide
-from services.governance.store import Answered, GovernanceStore, NotAnswerable
+from services.governance.logic import Call, Ruling, decide
+from services.governance.store import Answered, GovernanceStore, NotAnswerable, ToRecord
 
 pytestmark = pytest.mark.anyio
 
@@ -225,3 +226,20 @@ async def test_the_requester_cannot_approve_their_own_proposal_but_may_deny_it(s
     denied = await gov.answer(tenant="acme", pending_id=pending, answer="deny",
                               answered_by="alice@acme", reason="changed my mind")
     assert isinstance(denied, Answered) and denied.answer == "deny"
+
+
+async def test_decisions_recorded_together_are_all_recorded_or_none(store) -> None:  # type: ignore[no-untyped-def]
+    gov, admin = store
+
+    def ruled(line: int) -> ToRecord:
+        return ToRecord(tenant="acme", run_id="run-1", principal="alice@acme", call=WRITE,
+                        ruling=Ruling(verdict="deny", line=line, reason="r"),
+                        policy_version="v1")
+
+    ids = await gov.record_many([ruled(1), ruled(2)])
+    assert await admin.fetchval("SELECT count(*) FROM governance.decisions "
+                                "WHERE decision_id = ANY($1::uuid[])", ids) == 2
+    # The third row breaks a CHECK (line 1-6): the two before it are not kept either.
+    with pytest.raises(asyncpg.CheckViolationError):
+        await gov.record_many([ruled(3), ruled(4), ruled(7)])
+    assert await admin.fetchval("SELECT count(*) FROM governance.decisions") == 2

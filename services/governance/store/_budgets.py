@@ -5,8 +5,11 @@ Every change to a run's reservations first locks its budget row, so parallel ste
 and each sees what the previous one took. Each reserve and settle is one short transaction of
 two statements: the lock, read together with the reservation it concerns, then one statement
 that writes the reservation, the running totals and the journal row (a data-modifying CTE). A
-reserve may carry settlements of the same run's earlier steps (`ReserveBudget.settle`): they
-are closed first, in the same transaction, under the same lock.
+settle of a reservation this process made is one statement, with no transaction around it: its
+step key and amounts are known, so it locks, closes and journals at once, and only if the
+reservation is still open as it was made. A reserve may carry settlements of the same run's
+earlier steps (`ReserveBudget.settle`): they are closed first, in the same transaction, under
+the same lock.
 """
 
 from __future__ import annotations
@@ -92,6 +95,21 @@ _SETTLED = ("UPDATE governance.budgets SET "
             "used_tokens = used_tokens + $6, "
             "used_capability_calls = used_capability_calls + $7, "
             "open_steps = open_steps - 1 WHERE tenant = $1 AND run_id = $2")
+# The settlement in one statement, no transaction of its own, for a reservation whose step key
+# and amounts this process knows (it made it): $1-$10 as `_CLOSE` and `_SETTLED`, $11 the step
+# key. The budget row is locked first, as everywhere; the reservation is closed only if it is
+# still open and is the one known (else nothing is written, and the locked path answers).
+_FAST_LOCK = ("budget AS (SELECT 1 FROM governance.budgets WHERE tenant = $1 AND run_id = $2 "
+              "FOR UPDATE)")
+_FAST_CLOSE = ("reservation AS (UPDATE governance.reservations SET status = $4, "
+               "used_provider_calls = $5, used_tokens = $6, used_capability_calls = $7, "
+               "closed_at = now() WHERE reservation_id = $3::uuid AND tenant = $1 "
+               "AND run_id = $2 AND status = 'open' AND step_key = $11 "
+               "AND provider_calls = $8 AND tokens = $9 AND capability_calls = $10 "
+               "AND EXISTS (SELECT 1 FROM budget) RETURNING 1)")
+_FAST_SETTLED = f"{_SETTLED} AND EXISTS (SELECT 1 FROM reservation) RETURNING true"
+# Reservations this process made and has not seen settled (`_made`), at most this many.
+_MADE_KEPT = 4096
 # $1 tenant, $2 run, $3-$7 the lowered limits.
 _LOWER = ("UPDATE governance.budgets SET provider_calls = $3, tokens = $4, "
           "capability_calls = $5, wall_time_s = $6, max_concurrent_steps = $7 "
@@ -134,6 +152,15 @@ def _state(row: asyncpg.Record) -> BudgetState:
         elapsed_s=row["elapsed_s"])
 
 
+def _settled_entry(reservation_id: str, step_key: str, reserved: Sequence[int],
+                   used: Sequence[int]) -> dict[str, object]:
+    """The journal's record of a closed reservation."""
+    kinds = ("provider_calls", "tokens", "capability_calls")
+    return {"reservation_id": reservation_id, "step_key": step_key,
+            "reserved": dict(zip(kinds, reserved, strict=True)),
+            "used": dict(zip(kinds, used, strict=True))}
+
+
 class BudgetStore:
     """The budget half of `GovernanceStore` (its pool and journal are the store's)."""
 
@@ -142,6 +169,15 @@ class BudgetStore:
 
     def __init__(self) -> None:
         self._with_journal: dict[str, str] = {}
+        # reservation id -> (step key, provider calls, tokens, capability calls) of the open
+        # reservations this process made: their settlement needs no read first (`settle`).
+        self._made: dict[str, tuple[str, int, int, int]] = {}
+
+    def _remember(self, reservation_id: str, step_key: str, provider_calls: int, tokens: int,
+                  capability_calls: int) -> None:
+        if len(self._made) >= _MADE_KEPT:  # the oldest first: dicts keep insertion order
+            del self._made[next(iter(self._made))]
+        self._made[reservation_id] = (step_key, provider_calls, tokens, capability_calls)
 
     async def _write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
                      payload: dict[str, object], run_id: str = "") -> None:
@@ -248,6 +284,7 @@ class BudgetStore:
                 known = await conn.fetchrow(_KNOWN, tenant, run_id, step_key)
                 return self._known(known, state, settled, run_id=run_id,
                                    step_key=step_key)
+        self._remember(reservation_id, step_key, provider_calls, tokens, capability_calls)
         return BudgetReserved(reservation_id=reservation_id, run_id=run_id, step_key=step_key,
                               status="open", wall_time_left_s=state.wall_time_left_s,
                               settled=settled, **asked)
@@ -273,16 +310,40 @@ class BudgetStore:
         """
         if not is_uuid(reservation_id):
             return None
-        async with self._pool.acquire() as conn, conn.transaction():
-            return await self._settle(conn, tenant, run_id, reservation_id,
-                                      used=(provider_calls, tokens, capability_calls),
-                                      release=release)
+        used = (provider_calls, tokens, capability_calls)
+        async with self._pool.acquire() as conn:
+            made = self._made.pop(reservation_id, None)
+            if made is not None and await self._settle_made(conn, tenant, run_id, reservation_id,
+                                                            made, used=used, release=release):
+                return BudgetSettled(reservation_id=reservation_id, run_id=run_id,
+                                     status="released" if release else "settled",
+                                     provider_calls=provider_calls, tokens=tokens,
+                                     capability_calls=capability_calls)
+            async with conn.transaction():
+                return await self._settle(conn, tenant, run_id, reservation_id, used=used,
+                                          release=release)
+
+    async def _settle_made(self, conn: asyncpg.Connection, tenant: str, run_id: str,
+                           reservation_id: str, made: tuple[str, int, int, int], *,
+                           used: tuple[int, int, int], release: bool) -> bool:
+        """Close a reservation this process made as `_settle` does, in one statement: its
+        step key and reserved amounts are known, so nothing is read first. False if it
+        changed nothing (no longer open, or not as made): `_settle` then answers."""
+        step_key, *reserved = made
+        status = "released" if release else "settled"
+        return bool(await self._journaled(
+            conn, f"{_FAST_LOCK}, {_FAST_CLOSE}", _FAST_SETTLED,
+            (tenant, run_id, reservation_id, status, *used, *reserved, step_key),
+            tenant=tenant, kind=f"budget.{status}", subject=reservation_id, run_id=run_id,
+            only_if="reservation", payload=_settled_entry(reservation_id, step_key, reserved,
+                                                          used)))
 
     async def _settle(self, conn: asyncpg.Connection, tenant: str, run_id: str,
                       reservation_id: str, *, used: tuple[int, int, int],
                       release: bool = False) -> BudgetSettled | None:
         if not is_uuid(reservation_id):
             return None
+        self._made.pop(reservation_id, None)
         # The budget row first, as `reserve` does: the totals move under one lock.
         r: Any = await conn.fetchrow(_LOCK_FOR_SETTLE, tenant, run_id, reservation_id)
         if r is None:
@@ -299,11 +360,8 @@ class BudgetStore:
             (tenant, run_id, reservation_id, status, provider_calls, tokens, capability_calls,
              r["provider_calls"], r["tokens"], r["capability_calls"]),
             tenant=tenant, kind=f"budget.{status}", subject=reservation_id, run_id=run_id,
-            payload={"reservation_id": reservation_id, "step_key": r["step_key"],
-                     "reserved": {"provider_calls": r["provider_calls"], "tokens": r["tokens"],
-                                  "capability_calls": r["capability_calls"]},
-                     "used": {"provider_calls": provider_calls, "tokens": tokens,
-                              "capability_calls": capability_calls}})
+            payload=_settled_entry(reservation_id, r["step_key"], (
+                r["provider_calls"], r["tokens"], r["capability_calls"]), used))
         return BudgetSettled(reservation_id=reservation_id, run_id=run_id, status=status,
                              provider_calls=provider_calls, tokens=tokens,
                              capability_calls=capability_calls)

@@ -134,8 +134,9 @@ class GovernanceStore(BudgetStore):
                 attended=d.attended)
             ids.append(decision_id)
             rows.append(self._decision_args(decision, event))
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.executemany(self._insert_decision_statement, rows)
+        # One round trip and one implicit transaction (asyncpg's executemany is atomic): no
+        # BEGIN and COMMIT of its own.
+        await self._pool.executemany(self._insert_decision_statement, rows)
         return ids
 
     async def record(self, *, tenant: str, run_id: str, principal: str, call: Call,

@@ -3,7 +3,6 @@ state, the lock that counts itself on the run's row, and the reservation rows wr
 
 from __future__ import annotations
 
-import json
 from contextvars import ContextVar
 from typing import Any
 
@@ -94,11 +93,12 @@ LOCKED = (f"WITH locked AS ({LOCK}, version) SELECT locked.*, "
            "(SELECT version FROM planner.runs WHERE run_id = $1) AS seen_version, "
            f"{state_columns('locked.tenant', '$2')} FROM locked")
 RUN_FIELDS = tuple(c.strip() for c in RUN_COLUMNS.split(","))
+_JSON = msgspec.json.Decoder()  # what a run's row holds as JSON (its evidence, its manifest)
 
 
 def run_row(row: asyncpg.Record) -> RunRow:
     values = {name: row[name] for name in RUN_FIELDS}
-    values["evidence"] = json.loads(values["evidence"])
+    values["evidence"] = _JSON.decode(values["evidence"])
     if values["manifest"] is not None:
-        values["manifest"] = json.loads(values["manifest"])
+        values["manifest"] = _JSON.decode(values["manifest"])
     return RunRow(**values)
