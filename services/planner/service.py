@@ -387,7 +387,8 @@ class PlannerService(PersonWaits):
                     finished: Finished) -> Effects | None:
         """Take (or reuse) the next decision and act on it; `AGAIN` if the runtime answered it
         itself (a catalog sent, a selection refused, a critic's replan) or committed it before
-        acting on it (an answer before its critic, a selection before its capability call)."""
+        acting on it (an answer before its critic, a read's or a branch's selection before the
+        call; an action's proposal is recorded with its decision and sent after the commit)."""
         last = steps[-1] if steps else None
         fresh = False
         if last is not None and last.kind == "decision" and (

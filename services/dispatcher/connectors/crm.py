@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from services.dispatcher.connectors.base import Contract, Result, call_for, lookup_for
+from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["CrmConnector"]
 
@@ -18,10 +17,7 @@ class CrmConnector:
     contract: Contract = "idempotent"
 
     def __init__(self, *, base_url: str, token: str, timeout_s: float = 10.0) -> None:
-        self._client = httpx.AsyncClient(
-            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=2.0),
-            headers={"Authorization": f"Bearer {token}"},
-        )
+        self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
     async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
                       expected_revision: str | None) -> Result:
@@ -33,12 +29,13 @@ class CrmConnector:
         if expected_revision is not None:
             headers["If-Match"] = expected_revision
         try:
-            response = await self._client.post(call.path, json=call.body, headers=headers)
-        except httpx.ConnectError as exc:
-            return Result(kind="transient", detail=f"connect failed: {exc!r}"[:500])
-        except httpx.TransportError as exc:
+            response = await self._client.request("POST", call.path, json=call.body,
+                                                  headers=headers)
+        except NotSent as exc:
+            return Result(kind="transient", detail=f"connect failed: {exc}"[:500])
+        except NoAnswer as exc:
             # The request may have been received and applied: only the key can tell.
-            return Result(kind="lost", detail=f"no response: {exc!r}"[:500])
+            return Result(kind="lost", detail=f"no response: {exc}"[:500])
         if response.status_code in (200, 201):
             return Result(kind="succeeded", receipt=str(response.json()[call.receipt]))
         if response.status_code == 412:
@@ -53,9 +50,9 @@ class CrmConnector:
         if isinstance(lookup, Result):
             return lookup
         try:
-            response = await self._client.get(lookup.path, params=lookup.params)
-        except httpx.TransportError as exc:
-            return Result(kind="transient", detail=f"lookup failed: {exc!r}"[:500])
+            response = await self._client.request("GET", lookup.path, params=lookup.params)
+        except (NotSent, NoAnswer) as exc:
+            return Result(kind="transient", detail=f"lookup failed: {exc}"[:500])
         if response.status_code != 200:
             return Result(kind="transient", detail=f"lookup HTTP {response.status_code}")
         made = response.json()[lookup.listed_as]

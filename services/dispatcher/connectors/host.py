@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from services.dispatcher.connectors.base import Contract, Result, call_for
+from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["HostConnector"]
 
@@ -25,9 +24,7 @@ class HostConnector:
     contract: Contract = "idempotent"
 
     def __init__(self, *, base_url: str, token: str, timeout_s: float = 10.0) -> None:
-        self._client = httpx.AsyncClient(
-            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=2.0),
-            headers={"Authorization": f"Bearer {token}"})
+        self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
     async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
                       expected_revision: str | None) -> Result:
@@ -41,11 +38,11 @@ class HostConnector:
         try:
             response = await self._client.request(call.method, call.path, json=call.body,
                                                   headers=headers)
-        except httpx.ConnectError as exc:
-            return Result(kind="transient", detail=f"connect failed: {exc!r}"[:500])
-        except httpx.TransportError as exc:
+        except NotSent as exc:
+            return Result(kind="transient", detail=f"connect failed: {exc}"[:500])
+        except NoAnswer as exc:
             # It may have been applied: the same key again will tell (the host replays it).
-            return Result(kind="lost", detail=f"no response: {exc!r}"[:500])
+            return Result(kind="lost", detail=f"no response: {exc}"[:500])
         if response.status_code in (200, 201):
             try:
                 receipt = response.json()[call.receipt]

@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from libs.errors import PermanentError, RetryableError
 from services.dispatcher.connectors.base import Contract, Result, call_for, lookup_for
+from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["PaymentConnector", "ReadFailed", "ReadRefused"]
 
@@ -42,10 +41,7 @@ class PaymentConnector:
     def __init__(self, *, base_url: str, token: str, queryable: bool,
                  timeout_s: float = 10.0) -> None:
         self.contract: Contract = "queryable" if queryable else "none"
-        self._client = httpx.AsyncClient(
-            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=2.0),
-            headers={"Authorization": f"Bearer {token}"},
-        )
+        self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
     async def read_payment(self, payment_id: str) -> dict[str, Any] | None:
         """The payment as the provider shows it now, or None if it has no such payment.
@@ -58,9 +54,10 @@ class PaymentConnector:
             ReadRefused: the provider refused the read, e.g. a bad token (permanent).
         """
         try:
-            response = await self._client.get(f"/v1/payments/{quote(payment_id, safe='')}")
-        except httpx.TransportError as exc:
-            raise ReadFailed(f"reading payment {payment_id} failed: {exc!r}"[:500],
+            response = await self._client.request(
+                "GET", f"/v1/payments/{quote(payment_id, safe='')}")
+        except (NotSent, NoAnswer) as exc:
+            raise ReadFailed(f"reading payment {payment_id} failed: {exc}"[:500],
                              payment_id=payment_id) from exc
         status = response.status_code
         if status == 404:
@@ -89,14 +86,14 @@ class PaymentConnector:
         if isinstance(op, Result):
             return op
         try:
-            response = await self._client.post(op.path, json=op.body,
-                                               headers={"Reference": key})
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            response = await self._client.request("POST", op.path, json=op.body,
+                                                  headers={"Reference": key})
+        except NotSent as exc:
             # No connection was ever given the request, so nothing can have been applied.
-            return Result(kind="transient", detail=f"connect failed: {exc!r}"[:500])
-        except httpx.TransportError as exc:
+            return Result(kind="transient", detail=f"connect failed: {exc}"[:500])
+        except NoAnswer as exc:
             # The request may have been received and applied: only a lookup can tell.
-            return Result(kind="lost", detail=f"no response: {exc!r}"[:500])
+            return Result(kind="lost", detail=f"no response: {exc}"[:500])
         status = response.status_code
         if status == 201:
             try:
@@ -121,9 +118,9 @@ class PaymentConnector:
         if isinstance(op, Result):
             return op
         try:
-            response = await self._client.get(op.path, params=op.params)
-        except httpx.TransportError as exc:
-            return Result(kind="transient", detail=f"lookup failed: {exc!r}"[:500])
+            response = await self._client.request("GET", op.path, params=op.params)
+        except (NotSent, NoAnswer) as exc:
+            return Result(kind="transient", detail=f"lookup failed: {exc}"[:500])
         if response.status_code != 200:
             return Result(kind="transient",
                           detail=f"lookup HTTP {response.status_code}: {response.text}"[:500])
