@@ -1,0 +1,165 @@
+"""The connectors' HTTP client against real loopback sockets: what a failure means is what
+the connectors' outcomes stand on. A request no connection was given (refused, or no
+connection in time) is `NotSent`; one that reached a server which then said nothing or hung up
+is `NoAnswer`; a response is read whole."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
+
+pytestmark = pytest.mark.anyio
+
+
+def _listener(backlog: int = 8) -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(backlog)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Callable[[socket.socket], None]], str]]:
+    """A loopback server answering each connection with `answer(conn)` in a thread."""
+    opened: list[socket.socket] = []
+    threads: list[threading.Thread] = []
+
+    def start(answer: Callable[[socket.socket], None]) -> str:
+        sock = _listener()
+        opened.append(sock)
+
+        def loop() -> None:
+            try:
+                while True:
+                    conn, _ = sock.accept()
+                    opened.append(conn)
+                    answer(conn)
+            except OSError:
+                return  # closed at teardown
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        threads.append(thread)
+        return _url(sock)
+
+    yield start
+    for sock in opened:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes a listener's accept (Linux)
+        except OSError:
+            pass
+        sock.close()
+    for thread in threads:
+        thread.join(timeout=2)
+
+
+def _read_request(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def test_a_response_is_read_whole_with_the_credential_sent(serve) -> None:  # type: ignore[no-untyped-def]
+    seen: list[bytes] = []
+
+    def answer(conn: socket.socket) -> None:
+        seen.append(_read_request(conn))
+        body = b'{"note_id": "n1"}'
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    client = HttpClient(base_url=serve(answer), token="t0k", timeout_s=2)
+    try:
+        response = await client.request("POST", "/v1/notes", json={"body": "x"},
+                                        headers={"Idempotency-Key": "k1"})
+    finally:
+        await client.aclose()
+    assert (response.status_code, response.json()) == (201, {"note_id": "n1"})
+    head = seen[0].decode().lower()
+    assert head.startswith("post /v1/notes http/1.1")
+    assert "authorization: bearer t0k" in head and "idempotency-key: k1" in head
+
+
+async def test_a_refused_connection_is_not_sent() -> None:
+    sock = _listener()
+    url = _url(sock)
+    sock.close()  # nothing listens on the port any more
+    client = HttpClient(base_url=url, token="t", timeout_s=2)
+    try:
+        with pytest.raises(NotSent):
+            await client.request("POST", "/v1/notes", json={})
+    finally:
+        await client.aclose()
+
+
+async def test_no_connection_in_time_is_not_sent() -> None:
+    # A listener that never accepts, its queue full: the next connection is never completed.
+    sock = _listener(backlog=0)
+    filler = []
+    try:
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(sock.getsockname())
+            filler.append(c)
+        client = HttpClient(base_url=_url(sock), token="t", timeout_s=5, connect_s=0.3)
+        try:
+            with pytest.raises(NotSent):
+                await client.request("POST", "/v1/notes", json={})
+        finally:
+            await client.aclose()
+    finally:
+        for c in filler:
+            c.close()
+        sock.close()
+
+
+async def test_a_server_that_hangs_up_after_the_request_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    def answer(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.close()  # read (perhaps applied), never answered
+
+    client = HttpClient(base_url=serve(answer), token="t", timeout_s=2)
+    try:
+        with pytest.raises(NoAnswer):
+            await client.request("POST", "/v1/notes", json={})
+    finally:
+        await client.aclose()
+
+
+async def test_a_server_that_keeps_quiet_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    def answer(conn: socket.socket) -> None:
+        _read_request(conn)  # and nothing more: the read times out
+
+    client = HttpClient(base_url=serve(answer), token="t", timeout_s=0.3)
+    try:
+        with pytest.raises(NoAnswer):
+            await client.request("POST", "/v1/notes", json={})
+    finally:
+        await client.aclose()
+
+
+async def test_a_response_cut_short_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    def answer(conn: socket.socket) -> None:
+        _read_request(conn)
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{\"note")
+        conn.close()
+
+    client = HttpClient(base_url=serve(answer), token="t", timeout_s=2)
+    try:
+        with pytest.raises(NoAnswer):
+            await client.request("POST", "/v1/notes", json={})
+    finally:
+        await client.aclose()
