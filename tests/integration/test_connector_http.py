@@ -71,6 +71,17 @@ def _read_request(conn: socket.socket) -> bytes:
     return data
 
 
+async def _post_raises(url: str, error: type[Exception], *, timeout_s: float = 2,
+                       connect_s: float = 2.0) -> None:
+    """A POST to `url` fails with `error`."""
+    client = HttpClient(base_url=url, token="t", timeout_s=timeout_s, connect_s=connect_s)
+    try:
+        with pytest.raises(error):
+            await client.request("POST", "/v1/notes", json={})
+    finally:
+        await client.aclose()
+
+
 async def test_a_response_is_read_whole_with_the_credential_sent(serve) -> None:  # type: ignore[no-untyped-def]
     seen: list[bytes] = []
 
@@ -96,12 +107,7 @@ async def test_a_refused_connection_is_not_sent() -> None:
     sock = _listener()
     url = _url(sock)
     sock.close()  # nothing listens on the port any more
-    client = HttpClient(base_url=url, token="t", timeout_s=2)
-    try:
-        with pytest.raises(NotSent):
-            await client.request("POST", "/v1/notes", json={})
-    finally:
-        await client.aclose()
+    await _post_raises(url, NotSent)
 
 
 async def test_no_connection_in_time_is_not_sent() -> None:
@@ -114,12 +120,7 @@ async def test_no_connection_in_time_is_not_sent() -> None:
             c.setblocking(False)
             c.connect_ex(sock.getsockname())
             filler.append(c)
-        client = HttpClient(base_url=_url(sock), token="t", timeout_s=5, connect_s=0.3)
-        try:
-            with pytest.raises(NotSent):
-                await client.request("POST", "/v1/notes", json={})
-        finally:
-            await client.aclose()
+        await _post_raises(_url(sock), NotSent, timeout_s=5, connect_s=0.3)
     finally:
         for c in filler:
             c.close()
@@ -131,24 +132,14 @@ async def test_a_server_that_hangs_up_after_the_request_is_no_answer(serve) -> N
         _read_request(conn)
         conn.close()  # read (perhaps applied), never answered
 
-    client = HttpClient(base_url=serve(answer), token="t", timeout_s=2)
-    try:
-        with pytest.raises(NoAnswer):
-            await client.request("POST", "/v1/notes", json={})
-    finally:
-        await client.aclose()
+    await _post_raises(serve(answer), NoAnswer)
 
 
 async def test_a_server_that_keeps_quiet_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
     def answer(conn: socket.socket) -> None:
         _read_request(conn)  # and nothing more: the read times out
 
-    client = HttpClient(base_url=serve(answer), token="t", timeout_s=0.3)
-    try:
-        with pytest.raises(NoAnswer):
-            await client.request("POST", "/v1/notes", json={})
-    finally:
-        await client.aclose()
+    await _post_raises(serve(answer), NoAnswer, timeout_s=0.3)
 
 
 async def test_a_response_cut_short_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
@@ -157,9 +148,4 @@ async def test_a_response_cut_short_is_no_answer(serve) -> None:  # type: ignore
         conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{\"note")
         conn.close()
 
-    client = HttpClient(base_url=serve(answer), token="t", timeout_s=2)
-    try:
-        with pytest.raises(NoAnswer):
-            await client.request("POST", "/v1/notes", json={})
-    finally:
-        await client.aclose()
+    await _post_raises(serve(answer), NoAnswer)

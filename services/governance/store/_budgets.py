@@ -313,30 +313,32 @@ class BudgetStore:
         used = (provider_calls, tokens, capability_calls)
         async with self._pool.acquire() as conn:
             made = self._made.pop(reservation_id, None)
-            if made is not None and await self._settle_made(conn, tenant, run_id, reservation_id,
-                                                            made, used=used, release=release):
-                return BudgetSettled(reservation_id=reservation_id, run_id=run_id,
-                                     status="released" if release else "settled",
-                                     provider_calls=provider_calls, tokens=tokens,
-                                     capability_calls=capability_calls)
+            if made is not None and (settled := await self._settle_made(
+                    conn, tenant, run_id, reservation_id, made, used=used, release=release)):
+                return settled
             async with conn.transaction():
                 return await self._settle(conn, tenant, run_id, reservation_id, used=used,
                                           release=release)
 
     async def _settle_made(self, conn: asyncpg.Connection, tenant: str, run_id: str,
                            reservation_id: str, made: tuple[str, int, int, int], *,
-                           used: tuple[int, int, int], release: bool) -> bool:
+                           used: tuple[int, int, int], release: bool) -> BudgetSettled | None:
         """Close a reservation this process made as `_settle` does, in one statement: its
-        step key and reserved amounts are known, so nothing is read first. False if it
+        step key and reserved amounts are known, so nothing is read first. None if it
         changed nothing (no longer open, or not as made): `_settle` then answers."""
         step_key, *reserved = made
         status = "released" if release else "settled"
-        return bool(await self._journaled(
+        if not await self._journaled(
             conn, f"{_FAST_LOCK}, {_FAST_CLOSE}", _FAST_SETTLED,
             (tenant, run_id, reservation_id, status, *used, *reserved, step_key),
             tenant=tenant, kind=f"budget.{status}", subject=reservation_id, run_id=run_id,
             only_if="reservation", payload=_settled_entry(reservation_id, step_key, reserved,
-                                                          used)))
+                                                          used)):
+            return None
+        provider_calls, tokens, capability_calls = used
+        return BudgetSettled(reservation_id=reservation_id, run_id=run_id, status=status,
+                             provider_calls=provider_calls, tokens=tokens,
+                             capability_calls=capability_calls)
 
     async def _settle(self, conn: asyncpg.Connection, tenant: str, run_id: str,
                       reservation_id: str, *, used: tuple[int, int, int],
