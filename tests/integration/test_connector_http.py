@@ -1,7 +1,7 @@
 """The connectors' HTTP client against real loopback sockets: what a failure means is what
 the connectors' outcomes stand on. A request no connection was given (refused, or no
 connection in time) is `NotSent`; one that reached a server which then said nothing or hung up
-is `NoAnswer`; a response is read whole."""
+is `NoAnswer`; a response is read whole; a burst's connections are closed once idle."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 
+import anyio
 import pytest
 
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
@@ -149,3 +150,43 @@ async def test_a_response_cut_short_is_no_answer(serve) -> None:  # type: ignore
         conn.close()
 
     await _post_raises(serve(answer), NoAnswer)
+
+
+async def test_a_bursts_connections_are_closed_once_idle() -> None:
+    # Each connection served on its own thread, keep-alive, until the client closes it.
+    sock = _listener(backlog=64)
+    open_now: set[int] = set()
+    lock = threading.Lock()
+
+    def serve_one(conn: socket.socket) -> None:
+        with lock:
+            open_now.add(conn.fileno())
+        key = conn.fileno()
+        with conn:
+            while _read_request(conn):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        with lock:
+            open_now.discard(key)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    client = HttpClient(base_url=_url(sock), token="t", timeout_s=2, keep_alive_s=0.5)
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(client.request, "GET", "/v1/slow")
+        assert len(open_now) > 1  # the burst took several connections, kept alive
+        with anyio.fail_after(10):
+            while open_now:
+                await anyio.sleep(0.05)
+    finally:
+        await client.aclose()
+        sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
