@@ -54,6 +54,7 @@ schemas: $(VENV)
 
 lint: $(VENV)
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 
 clean:
 	rm -rf .venv .tools .writ

@@ -22,7 +22,13 @@ __all__ = ["ACTIONS", "ActionContract", "Family"]
 
 ACTIONS: Final[dict[str, ActionContract[Any, Any, Any, Any]]] = {
     contract.name: contract
-    for contract in (CrmNoteCreate(), PaymentChargeCreate(), PaymentRefund(),
-                     EmailDraftApply(), WritNoop(), HostTicketCommentCreate(),
-                     HostTicketUpdate())
+    for contract in (
+        CrmNoteCreate(),
+        PaymentChargeCreate(),
+        PaymentRefund(),
+        EmailDraftApply(),
+        WritNoop(),
+        HostTicketCommentCreate(),
+        HostTicketUpdate(),
+    )
 }

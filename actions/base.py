@@ -32,8 +32,19 @@ __all__ = [
 ]
 
 # The audit events of every proposal's lifecycle (DESIGN.md §6 and §7), in order of occurrence.
-AUDIT_EVENTS = ("proposed", "previewed", "decided", "approved", "rejected", "expired",
-                "admitted", "revalidated", "attempted", "outcome", "reconciled")
+AUDIT_EVENTS = (
+    "proposed",
+    "previewed",
+    "decided",
+    "approved",
+    "rejected",
+    "expired",
+    "admitted",
+    "revalidated",
+    "attempted",
+    "outcome",
+    "reconciled",
+)
 
 RequestT = TypeVar("RequestT", bound=msgspec.Struct)
 ArgumentsT = TypeVar("ArgumentsT", bound=msgspec.Struct)
@@ -137,8 +148,9 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
         try:
             self.decode_arguments(msgspec.to_builtins(frozen.arguments))
         except msgspec.ValidationError as exc:
-            raise Invalid(f"{self.name}: the current state does not fit the contract: {exc}"
-                          ) from exc
+            raise Invalid(
+                f"{self.name}: the current state does not fit the contract: {exc}"
+            ) from exc
         return frozen
 
     def preview_of(self, arguments: ArgumentsT) -> PreviewT:
@@ -149,8 +161,9 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
         """At execution: the state to reload to prove the preview still holds."""
         return None
 
-    def revalidate(self, arguments: ArgumentsT, preview: PreviewT, facts: FactsT | None, *,
-                   key: str) -> None:
+    def revalidate(
+        self, arguments: ArgumentsT, preview: PreviewT, facts: FactsT | None, *, key: str
+    ) -> None:
         """Raise `Stale` with a reason safe to show if a fact the preview stated changed.
 
         `key` is the operation's provider key: what this very operation already did (an
@@ -168,8 +181,10 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
     def describe(self, preview: PreviewT) -> list[tuple[str, str]]:
         """What an approver reads, as (label, plain text) lines in reading order: the console
         renders a proposal with this, never as JSON. By default each preview field as it is."""
-        return [(name.replace("_", " ").capitalize(), _plain(value))
-                for name, value in msgspec.structs.asdict(preview).items()]
+        return [
+            (name.replace("_", " ").capitalize(), _plain(value))
+            for name, value in msgspec.structs.asdict(preview).items()
+        ]
 
     def render(self, receipt: str | None) -> str:
         """The result, safe to show a person and the model."""
@@ -206,28 +221,41 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     terminal failure in the operators' records.
     """
 
-    kind: Literal["pending", "succeeded", "needs_reconciliation", "revision_required", "denied",
-                  "expired", "terminal_failure"]
+    kind: Literal[
+        "pending",
+        "succeeded",
+        "needs_reconciliation",
+        "revision_required",
+        "denied",
+        "expired",
+        "terminal_failure",
+    ]
     detail: str = ""
     receipt: str | None = None
     correlation_id: str | None = None
 
 
-def outcome_of(state: str, *, receipt: str | None, reason: str | None,
-               operation_id: str) -> Outcome:
+def outcome_of(
+    state: str, *, receipt: str | None, reason: str | None, operation_id: str
+) -> Outcome:
     """Classify a command's recorded state: the application decides, never the model."""
     if state == "succeeded":
         return Outcome(kind="succeeded", receipt=receipt, detail=reason or "")
     if state == "unknown":
-        return Outcome(kind="needs_reconciliation",
-                       detail=f"the provider's answer was lost; see `writ reconcile list` "
-                              f"for operation {operation_id}")
+        return Outcome(
+            kind="needs_reconciliation",
+            detail=f"the provider's answer was lost; see `writ reconcile list` "
+            f"for operation {operation_id}",
+        )
     if state in ("revision_required", "denied", "expired"):
         return Outcome(kind=state, detail=reason or state)  # type: ignore[arg-type]
     if state == "failed":
-        return Outcome(kind="terminal_failure", correlation_id=operation_id,
-                       detail="the operation failed and will not be retried; quote the "
-                              "correlation id to an operator")
+        return Outcome(
+            kind="terminal_failure",
+            correlation_id=operation_id,
+            detail="the operation failed and will not be retried; quote the "
+            "correlation id to an operator",
+        )
     return Outcome(kind="pending", detail=state)
 
 

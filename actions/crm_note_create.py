@@ -43,12 +43,16 @@ class CrmNoteCreate(ActionContract[NoteArguments, NoteArguments, NotePreview, ms
     free_text = frozenset({"body"})
 
     def provider_call(self, arguments: NoteArguments) -> ProviderCall:
-        return ProviderCall(path=f"/v1/customers/{arguments.customer_id}/notes",
-                            body={"body": arguments.body}, receipt="note_id")
+        return ProviderCall(
+            path=f"/v1/customers/{arguments.customer_id}/notes",
+            body={"body": arguments.body},
+            receipt="note_id",
+        )
 
     def provider_lookup(self, key: str) -> ProviderLookup:
-        return ProviderLookup(path="/v1/notes", params={"idempotency_key": key},
-                              listed_as="notes", receipt="note_id")
+        return ProviderLookup(
+            path="/v1/notes", params={"idempotency_key": key}, listed_as="notes", receipt="note_id"
+        )
 
     def describe(self, preview: NotePreview) -> list[tuple[str, str]]:
         """The record and the whole note, exactly as it will be written."""

@@ -68,7 +68,8 @@ class EmailDraftApply(ActionContract[DraftRequest, DraftArguments, DraftPreview,
     family = "write_delete"
     connector: ClassVar[str] = "local"
     description: ClassVar[str] = (
-        "Copy an email draft into the editable broadcast form (it sends nothing).")
+        "Copy an email draft into the editable broadcast form (it sends nothing)."
+    )
     request = DraftRequest
     arguments = DraftArguments
     preview = DraftPreview
@@ -81,53 +82,83 @@ class EmailDraftApply(ActionContract[DraftRequest, DraftArguments, DraftPreview,
     def facts_ref_of(self, arguments: DraftArguments) -> FactsRef:
         return FactsRef(kind="mail_draft", id=arguments.draft_id)
 
-    def resolve(self, request: DraftRequest,
-                facts: DraftFacts | None) -> Frozen[DraftArguments, DraftPreview]:
+    def resolve(
+        self, request: DraftRequest, facts: DraftFacts | None
+    ) -> Frozen[DraftArguments, DraftPreview]:
         if facts is None:
             raise Invalid(f"draft {request.draft_id} was not found")
         if facts.state != "draft":
             raise Invalid(f"draft {facts.draft_id} is {facts.state}, not a draft")
         if facts.recipients < 1:
             raise Invalid(f"the audience of draft {facts.draft_id} is empty")
-        return self.checked(Frozen(
-            arguments=DraftArguments(draft_id=facts.draft_id, subject=facts.subject,
-                                     body=facts.body, segment=facts.segment,
-                                     recipients=facts.recipients),
-            preview=DraftPreview(subject=facts.subject, segment=facts.segment,
-                                 recipients=facts.recipients, body=facts.body)))
+        return self.checked(
+            Frozen(
+                arguments=DraftArguments(
+                    draft_id=facts.draft_id,
+                    subject=facts.subject,
+                    body=facts.body,
+                    segment=facts.segment,
+                    recipients=facts.recipients,
+                ),
+                preview=DraftPreview(
+                    subject=facts.subject,
+                    segment=facts.segment,
+                    recipients=facts.recipients,
+                    body=facts.body,
+                ),
+            )
+        )
 
-    def revalidate(self, arguments: DraftArguments, preview: DraftPreview,
-                   facts: DraftFacts | None, *, key: str) -> None:
+    def revalidate(
+        self,
+        arguments: DraftArguments,
+        preview: DraftPreview,
+        facts: DraftFacts | None,
+        *,
+        key: str,
+    ) -> None:
         if facts is None or facts.state != "draft":
             raise Stale("the draft is no longer a draft; a new proposal is needed")
         if (facts.subject, facts.body, facts.segment) != (
-                arguments.subject, arguments.body, arguments.segment):
+            arguments.subject,
+            arguments.body,
+            arguments.segment,
+        ):
             raise Stale("the draft was edited since it was proposed; a new proposal is needed")
         if facts.recipients != arguments.recipients:
-            raise Stale(f"the audience changed: {arguments.recipients} recipients when "
-                        f"proposed, {facts.recipients} now; a new proposal is needed")
+            raise Stale(
+                f"the audience changed: {arguments.recipients} recipients when "
+                f"proposed, {facts.recipients} now; a new proposal is needed"
+            )
 
     def describe(self, preview: DraftPreview) -> list[tuple[str, str]]:
         """Who it reaches, then the message as it will be copied."""
-        return [("Audience", f"{preview.recipients} recipients ({preview.segment})"),
-                ("Subject", preview.subject), ("Body", preview.body)]
+        return [
+            ("Audience", f"{preview.recipients} recipients ({preview.segment})"),
+            ("Subject", preview.subject),
+            ("Body", preview.body),
+        ]
 
     def render(self, receipt: str | None) -> str:
         return f"Draft copied into the broadcast form ({receipt or 'no receipt'}); nothing sent."
 
     # -- the executor: dispatcher side only, inside the transaction that records the outcome --
 
-    async def read_local(self, conn: Any, tenant: str, draft_id: str, *,
-                         lock: bool = False) -> DraftFacts | None:
+    async def read_local(
+        self, conn: Any, tenant: str, draft_id: str, *, lock: bool = False
+    ) -> DraftFacts | None:
         """The draft and its audience now; `lock` holds the draft until the commit."""
         if lock:
-            await conn.execute("SELECT 1 FROM dispatcher.mail_drafts "
-                               "WHERE tenant = $1 AND draft_id = $2 FOR UPDATE", tenant, draft_id)
+            await conn.execute(
+                "SELECT 1 FROM dispatcher.mail_drafts "
+                "WHERE tenant = $1 AND draft_id = $2 FOR UPDATE",
+                tenant,
+                draft_id,
+            )
         row = await conn.fetchrow(_FACTS, tenant, draft_id)
         return None if row is None else DraftFacts(**dict(row))
 
-    async def apply_local(self, conn: Any, tenant: str, arguments: DraftArguments,
-                          key: str) -> str:
+    async def apply_local(self, conn: Any, tenant: str, arguments: DraftArguments, key: str) -> str:
         """Write the form; the caller commits it with the outcome. Returns the receipt."""
         form_id = await conn.fetchval(
             "INSERT INTO dispatcher.mail_forms (tenant, draft_id, subject, body, segment, "
@@ -135,6 +166,12 @@ class EmailDraftApply(ActionContract[DraftRequest, DraftArguments, DraftPreview,
             # Applied once per operation: a second holder of the same command finds the form.
             "ON CONFLICT (tenant, operation_key) "
             "DO UPDATE SET operation_key = EXCLUDED.operation_key RETURNING form_id",
-            tenant, arguments.draft_id, arguments.subject, arguments.body, arguments.segment,
-            arguments.recipients, key)
+            tenant,
+            arguments.draft_id,
+            arguments.subject,
+            arguments.body,
+            arguments.segment,
+            arguments.recipients,
+            key,
+        )
         return f"form-{form_id}"

@@ -16,8 +16,13 @@ import msgspec
 
 from actions.base import ActionContract, FactsRef, Frozen, Invalid, ProviderCall
 
-__all__ = ["CommentArguments", "CommentPreview", "CommentRequest", "HostTicketCommentCreate",
-           "TicketFacts"]
+__all__ = [
+    "CommentArguments",
+    "CommentPreview",
+    "CommentRequest",
+    "HostTicketCommentCreate",
+    "TicketFacts",
+]
 
 TicketId = Annotated[str, msgspec.Meta(pattern=r"^[A-Z]+-[0-9]{1,8}(?!\n)$")]
 Revision = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,64}(?!\n)$")]
@@ -63,13 +68,16 @@ class CommentPreview(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HostTicketCommentCreate(
-        ActionContract[CommentRequest, CommentArguments, CommentPreview, TicketFacts]):
+    ActionContract[CommentRequest, CommentArguments, CommentPreview, TicketFacts]
+):
     name: ClassVar[str] = "host.ticket.comment.create"
     version: ClassVar[int] = 1
     family = "write_delete"
     connector: ClassVar[str] = "host"
-    description: ClassVar[str] = ("Add a comment to a ticket in the host's helpdesk; the "
-                                  "preview shows the ticket as the host has it now.")
+    description: ClassVar[str] = (
+        "Add a comment to a ticket in the host's helpdesk; the "
+        "preview shows the ticket as the host has it now."
+    )
     request = CommentRequest
     arguments = CommentArguments
     preview = CommentPreview
@@ -79,24 +87,38 @@ class HostTicketCommentCreate(
     def facts_ref(self, request: CommentRequest) -> FactsRef:
         return FactsRef(kind="host_ticket", id=request.ticket_id)
 
-    def resolve(self, request: CommentRequest, facts: TicketFacts | None
-                ) -> Frozen[CommentArguments, CommentPreview]:
+    def resolve(
+        self, request: CommentRequest, facts: TicketFacts | None
+    ) -> Frozen[CommentArguments, CommentPreview]:
         if facts is None:
             raise Invalid(f"ticket {request.ticket_id} was not found at the host")
         if facts.ticket_id != request.ticket_id:
-            raise Invalid(f"the host answered for ticket {facts.ticket_id[:32]}, "
-                          f"not {request.ticket_id}")
-        arguments = CommentArguments(ticket_id=request.ticket_id, body=request.body,
-                                     revision=facts.revision)
-        return Frozen(arguments=arguments, preview=CommentPreview(
-            ticket_id=facts.ticket_id, subject=facts.subject[:200], status=facts.status[:32],
-            customer_id=facts.customer_id[:64], revision=facts.revision,
-            comments_before=facts.comments, body=request.body))
+            raise Invalid(
+                f"the host answered for ticket {facts.ticket_id[:32]}, not {request.ticket_id}"
+            )
+        arguments = CommentArguments(
+            ticket_id=request.ticket_id, body=request.body, revision=facts.revision
+        )
+        return Frozen(
+            arguments=arguments,
+            preview=CommentPreview(
+                ticket_id=facts.ticket_id,
+                subject=facts.subject[:200],
+                status=facts.status[:32],
+                customer_id=facts.customer_id[:64],
+                revision=facts.revision,
+                comments_before=facts.comments,
+                body=request.body,
+            ),
+        )
 
     def provider_call(self, arguments: CommentArguments) -> ProviderCall:
-        return ProviderCall(path=f"/api/v1/tickets/{arguments.ticket_id}/comments",
-                            body={"body": arguments.body}, receipt="comment_id",
-                            if_match=arguments.revision)
+        return ProviderCall(
+            path=f"/api/v1/tickets/{arguments.ticket_id}/comments",
+            body={"body": arguments.body},
+            receipt="comment_id",
+            if_match=arguments.revision,
+        )
 
     def render(self, receipt: str | None) -> str:
         return f"Comment added to the host's ticket ({receipt or 'no receipt'})."

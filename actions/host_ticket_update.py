@@ -46,14 +46,15 @@ class UpdatePreview(msgspec.Struct, frozen=True, kw_only=True):
     changes: dict[str, str]
 
 
-class HostTicketUpdate(
-        ActionContract[UpdateRequest, UpdateArguments, UpdatePreview, TicketFacts]):
+class HostTicketUpdate(ActionContract[UpdateRequest, UpdateArguments, UpdatePreview, TicketFacts]):
     name: ClassVar[str] = "host.ticket.update"
     version: ClassVar[int] = 1
     family = "write_delete"
     connector: ClassVar[str] = "host"
-    description: ClassVar[str] = ("Change a ticket's status or priority in the host's "
-                                  "helpdesk; the preview shows each change from -> to.")
+    description: ClassVar[str] = (
+        "Change a ticket's status or priority in the host's "
+        "helpdesk; the preview shows each change from -> to."
+    )
     request = UpdateRequest
     arguments = UpdateArguments
     preview = UpdatePreview
@@ -62,8 +63,9 @@ class HostTicketUpdate(
     def facts_ref(self, request: UpdateRequest) -> FactsRef:
         return FactsRef(kind="host_ticket", id=request.ticket_id)
 
-    def resolve(self, request: UpdateRequest, facts: TicketFacts | None
-                ) -> Frozen[UpdateArguments, UpdatePreview]:
+    def resolve(
+        self, request: UpdateRequest, facts: TicketFacts | None
+    ) -> Frozen[UpdateArguments, UpdatePreview]:
         if request.status is None and request.priority is None:
             raise Invalid("host.ticket.update changes status, priority or both: neither given")
         if facts is None:
@@ -74,16 +76,33 @@ class HostTicketUpdate(
         if request.priority is not None:
             changes["priority"] = f"? -> {request.priority}"
         return Frozen(
-            arguments=UpdateArguments(ticket_id=request.ticket_id, revision=facts.revision,
-                                      status=request.status, priority=request.priority),
-            preview=UpdatePreview(ticket_id=facts.ticket_id, subject=facts.subject[:200],
-                                  revision=facts.revision, changes=changes))
+            arguments=UpdateArguments(
+                ticket_id=request.ticket_id,
+                revision=facts.revision,
+                status=request.status,
+                priority=request.priority,
+            ),
+            preview=UpdatePreview(
+                ticket_id=facts.ticket_id,
+                subject=facts.subject[:200],
+                revision=facts.revision,
+                changes=changes,
+            ),
+        )
 
     def provider_call(self, arguments: UpdateArguments) -> ProviderCall:
-        body = {k: v for k, v in (("status", arguments.status),
-                                  ("priority", arguments.priority)) if v is not None}
-        return ProviderCall(path=f"/api/v1/tickets/{arguments.ticket_id}", body=body,
-                            receipt="revision", method="PATCH", if_match=arguments.revision)
+        body = {
+            k: v
+            for k, v in (("status", arguments.status), ("priority", arguments.priority))
+            if v is not None
+        }
+        return ProviderCall(
+            path=f"/api/v1/tickets/{arguments.ticket_id}",
+            body=body,
+            receipt="revision",
+            method="PATCH",
+            if_match=arguments.revision,
+        )
 
     def render(self, receipt: str | None) -> str:
         return f"Ticket updated at the host (revision {receipt or 'unknown'})."

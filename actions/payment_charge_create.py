@@ -24,8 +24,9 @@ class ChargeArguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     description: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
 
 
-class PaymentChargeCreate(ActionContract[ChargeArguments, ChargeArguments, ChargeArguments,
-                                         msgspec.Struct]):
+class PaymentChargeCreate(
+    ActionContract[ChargeArguments, ChargeArguments, ChargeArguments, msgspec.Struct]
+):
     name: ClassVar[str] = "payment.charge.create"
     version: ClassVar[int] = 1
     family = "write_delete"
@@ -39,9 +40,11 @@ class PaymentChargeCreate(ActionContract[ChargeArguments, ChargeArguments, Charg
     matches = {"currency": "casefold"}
 
     def provider_call(self, arguments: ChargeArguments) -> ProviderCall:
-        return ProviderCall(path="/v1/charges", body=msgspec.to_builtins(arguments),
-                            receipt="charge_id")
+        return ProviderCall(
+            path="/v1/charges", body=msgspec.to_builtins(arguments), receipt="charge_id"
+        )
 
     def provider_lookup(self, key: str) -> ProviderLookup:
-        return ProviderLookup(path="/v1/charges", params={"reference": key},
-                              listed_as="charges", receipt="charge_id")
+        return ProviderLookup(
+            path="/v1/charges", params={"reference": key}, listed_as="charges", receipt="charge_id"
+        )

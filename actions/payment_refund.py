@@ -120,7 +120,8 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
     connector: ClassVar[str] = "payments"
     description: ClassVar[str] = (
         "Refund the discount missing from one line of a payment, to the payment's own method. "
-        "Name the payment and the line; the amount and destination are computed.")
+        "Name the payment and the line; the amount and destination are computed."
+    )
     request = RefundRequest
     arguments = RefundArguments
     preview = RefundPreview
@@ -133,8 +134,9 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
     def facts_ref_of(self, arguments: RefundArguments) -> FactsRef:
         return FactsRef(kind="payment", id=arguments.payment_id)
 
-    def resolve(self, request: RefundRequest, facts: PaymentFacts | None,
-                *, key: str | None = None) -> Frozen[RefundArguments, RefundPreview]:
+    def resolve(
+        self, request: RefundRequest, facts: PaymentFacts | None, *, key: str | None = None
+    ) -> Frozen[RefundArguments, RefundPreview]:
         if facts is None:
             raise Invalid(f"payment {request.payment_id} was not found")
         if facts.status != "captured":
@@ -157,20 +159,39 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
         destination = Destination(kind="original_method", last4=facts.method.last4)
         method = f"{facts.method.kind} ending {facts.method.last4}"
         current = facts.amount_cents - refunded
-        return self.checked(Frozen(
-            arguments=RefundArguments(
-                payment_id=facts.payment_id, line_id=line.line_id,
-                discount_id=line.discount.discount_id, amount_cents=amount,
-                currency=facts.currency, destination=destination),
-            preview=RefundPreview(
-                participant=line.participant, product=line.product,
-                discount=line.discount.name, payment_method=method, amount_cents=amount,
-                currency=facts.currency, current_total_cents=current,
-                resulting_total_cents=current - amount, destination=method,
-                payment=facts.payment_id)))
+        return self.checked(
+            Frozen(
+                arguments=RefundArguments(
+                    payment_id=facts.payment_id,
+                    line_id=line.line_id,
+                    discount_id=line.discount.discount_id,
+                    amount_cents=amount,
+                    currency=facts.currency,
+                    destination=destination,
+                ),
+                preview=RefundPreview(
+                    participant=line.participant,
+                    product=line.product,
+                    discount=line.discount.name,
+                    payment_method=method,
+                    amount_cents=amount,
+                    currency=facts.currency,
+                    current_total_cents=current,
+                    resulting_total_cents=current - amount,
+                    destination=method,
+                    payment=facts.payment_id,
+                ),
+            )
+        )
 
-    def revalidate(self, arguments: RefundArguments, preview: RefundPreview,
-                   facts: PaymentFacts | None, *, key: str) -> None:
+    def revalidate(
+        self,
+        arguments: RefundArguments,
+        preview: RefundPreview,
+        facts: PaymentFacts | None,
+        *,
+        key: str,
+    ) -> None:
         request = RefundRequest(payment_id=arguments.payment_id, line_id=arguments.line_id)
         try:
             now = self.resolve(request, facts, key=key)
@@ -179,8 +200,10 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
         if now.arguments.discount_id != arguments.discount_id:
             raise Stale("the line's discount changed since it was proposed")
         if now.arguments.amount_cents != arguments.amount_cents:
-            raise Stale(f"the refund would now be {now.arguments.amount_cents} cents, not the "
-                        f"{arguments.amount_cents} approved; a new proposal is needed")
+            raise Stale(
+                f"the refund would now be {now.arguments.amount_cents} cents, not the "
+                f"{arguments.amount_cents} approved; a new proposal is needed"
+            )
         if now.arguments.destination != arguments.destination:
             raise Stale("the payment's method changed since it was proposed")
         totals = ("current_total_cents", "resulting_total_cents")
@@ -189,31 +212,43 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
         if not preview.payment:  # frozen before the preview named its payment
             preview = msgspec.structs.replace(preview, payment=now.preview.payment)
         if now.preview != preview:
-            raise Stale("the payment's method, line, discount or currency shown changed since "
-                        "it was proposed; a new proposal is needed")
+            raise Stale(
+                "the payment's method, line, discount or currency shown changed since "
+                "it was proposed; a new proposal is needed"
+            )
 
     def describe(self, preview: RefundPreview) -> list[tuple[str, str]]:
         """Every effect of the refund, as seed 003's refund check shows it."""
         c = preview.currency
-        return [("Participant", preview.participant), ("Product", preview.product),
-                ("Discount", preview.discount),
-                ("Payment", preview.payment or "(not recorded)"),
-                ("Payment method", preview.payment_method),
-                ("Amount to refund", money(preview.amount_cents, c)),
-                ("Destination", preview.destination),
-                ("Current order total", money(preview.current_total_cents, c)),
-                ("Resulting order total", money(preview.resulting_total_cents, c)),
-                ("Currency", c)]
+        return [
+            ("Participant", preview.participant),
+            ("Product", preview.product),
+            ("Discount", preview.discount),
+            ("Payment", preview.payment or "(not recorded)"),
+            ("Payment method", preview.payment_method),
+            ("Amount to refund", money(preview.amount_cents, c)),
+            ("Destination", preview.destination),
+            ("Current order total", money(preview.current_total_cents, c)),
+            ("Resulting order total", money(preview.resulting_total_cents, c)),
+            ("Currency", c),
+        ]
 
     def provider_call(self, arguments: RefundArguments) -> ProviderCall:
-        return ProviderCall(path="/v1/refunds", receipt="refund_id", body={
-            "payment_id": arguments.payment_id, "line_id": arguments.line_id,
-            "amount_cents": arguments.amount_cents,
-            "destination": msgspec.to_builtins(arguments.destination)})
+        return ProviderCall(
+            path="/v1/refunds",
+            receipt="refund_id",
+            body={
+                "payment_id": arguments.payment_id,
+                "line_id": arguments.line_id,
+                "amount_cents": arguments.amount_cents,
+                "destination": msgspec.to_builtins(arguments.destination),
+            },
+        )
 
     def provider_lookup(self, key: str) -> ProviderLookup:
-        return ProviderLookup(path="/v1/refunds", params={"reference": key},
-                              listed_as="refunds", receipt="refund_id")
+        return ProviderLookup(
+            path="/v1/refunds", params={"reference": key}, listed_as="refunds", receipt="refund_id"
+        )
 
     def render(self, receipt: str | None) -> str:
         return f"Refund issued ({receipt or 'no receipt'})."

@@ -28,8 +28,15 @@ from bench.sessions import session_path
 from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
 
-PHASES = ("journal_verify", "command_path", "run_path", "full_path", "decide", "mcp_read",
-          "session_path")
+PHASES = (
+    "journal_verify",
+    "command_path",
+    "run_path",
+    "full_path",
+    "decide",
+    "mcp_read",
+    "session_path",
+)
 _ONLY = frozenset(filter(None, os.environ.get("BENCH_PHASES", "").replace(" ", "").split(",")))
 
 
@@ -64,11 +71,15 @@ def _run(stack: Stack, report: Report) -> None:
     bench.ports = {name: stack.metrics_port(name) for name in SERVICES}
     # BENCH_PHASES (comma-separated) runs only those: e.g. `BENCH_PHASES=http_path`.
     wanted = set(filter(None, os.environ.get("BENCH_PHASES", "").split(",")))
-    for name, phase in (("command_path", bench.command_path), ("run_path", bench.run_path),
-                        ("full_path", bench.full_path),
-                        ("http_path", lambda: http_path(bench)), ("decide", bench.decide),
-                        ("mcp_read", lambda: mcp_read(bench)),
-                        ("session_path", lambda: session_path(bench))):
+    for name, phase in (
+        ("command_path", bench.command_path),
+        ("run_path", bench.run_path),
+        ("full_path", bench.full_path),
+        ("http_path", lambda: http_path(bench)),
+        ("decide", bench.decide),
+        ("mcp_read", lambda: mcp_read(bench)),
+        ("session_path", lambda: session_path(bench)),
+    ):
         if not wanted or name in wanted:
             _phase(report, name, phase)
     bench.warnings()
@@ -83,8 +94,10 @@ def main() -> int:
     report = Report()
     report.data.update(cpu_count=os.cpu_count(), scale=SCALE)
     if unknown := _ONLY - set(PHASES):
-        print(f"BENCH_PHASES names no such phase: {sorted(unknown)}; phases: {PHASES}",
-              file=sys.stderr)
+        print(
+            f"BENCH_PHASES names no such phase: {sorted(unknown)}; phases: {PHASES}",
+            file=sys.stderr,
+        )
         return 2
     print(f"Writ bench: {os.cpu_count()} CPUs, deployment in {home}", flush=True)
     started = False

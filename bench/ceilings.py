@@ -44,8 +44,12 @@ async def ceiling_twin(stack: Stack) -> Stack:
     the dispatcher execute it, inside the ceiling's window. Nothing listens on the twin. Same
     server, same WAL and disk, same CPU: only the rows are elsewhere.
     """
-    twin = Stack(home=stack.home / "ceiling-twin", nats_url=stack.nats_url,
-                 admin_dsn=stack.admin_dsn, database=f"{stack.database}_ceiling")
+    twin = Stack(
+        home=stack.home / "ceiling-twin",
+        nats_url=stack.nats_url,
+        admin_dsn=stack.admin_dsn,
+        database=f"{stack.database}_ceiling",
+    )
     for folder in (twin.secrets, twin.config, twin.logs):
         folder.mkdir(parents=True, exist_ok=True)
     twin.secrets.chmod(0o700)
@@ -53,9 +57,15 @@ async def ceiling_twin(stack: Stack) -> Stack:
     return twin
 
 
-async def jetstream_ceiling(nats_url: str, *, publishers: int, batch: int, warmup_s: float,
-                            duration_s: float, watcher: Watcher | None = None
-                            ) -> tuple[Sample, Sample]:
+async def jetstream_ceiling(
+    nats_url: str,
+    *,
+    publishers: int,
+    batch: int,
+    warmup_s: float,
+    duration_s: float,
+    watcher: Watcher | None = None,
+) -> tuple[Sample, Sample]:
     """(published, consumed) DispatchCommand-sized messages: publish + pull + explicit ack.
 
     Publishers keep `publishers` PubAcks outstanding; a pull consumer in its own process
@@ -67,19 +77,35 @@ async def jetstream_ceiling(nats_url: str, *, publishers: int, batch: int, warmu
     nc = await nats.connect(nats_url, name="bench-js-publisher")
     js = nc.jetstream()
     # The same shape as WRIT_CMD: file storage, limits retention, dedupe on Nats-Msg-Id.
-    await js.add_stream(StreamConfig(name=_STREAM, subjects=["bench.js.>"],
-                                     storage=StorageType.FILE, retention=RetentionPolicy.LIMITS,
-                                     duplicate_window=120.0))
+    await js.add_stream(
+        StreamConfig(
+            name=_STREAM,
+            subjects=["bench.js.>"],
+            storage=StorageType.FILE,
+            retention=RetentionPolicy.LIMITS,
+            duplicate_window=120.0,
+        )
+    )
     try:
-        await js.add_consumer(_STREAM, ConsumerConfig(
-            durable_name="bench", ack_policy=AckPolicy.EXPLICIT, ack_wait=30.0,
-            max_ack_pending=max(10 * batch, 1000)))
+        await js.add_consumer(
+            _STREAM,
+            ConsumerConfig(
+                durable_name="bench",
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=30.0,
+                max_ack_pending=max(10 * batch, 1000),
+            ),
+        )
         counter = iter(range(1 << 62))
 
         async def publish_one() -> bool:
             # A unique Nats-Msg-Id, as the relay sends: the server checks it against its window.
-            await js.publish("bench.js.acme", payload,
-                             headers={"Nats-Msg-Id": f"bench:{next(counter)}"}, timeout=30)
+            await js.publish(
+                "bench.js.acme",
+                payload,
+                headers={"Nats-Msg-Id": f"bench:{next(counter)}"},
+                timeout=30,
+            )
             return True
 
         start = time.monotonic() + warmup_s
@@ -88,26 +114,47 @@ async def jetstream_ceiling(nats_url: str, *, publishers: int, batch: int, warmu
 
         async def consume() -> None:
             done = await anyio.run_process(
-                [sys.executable, "-m", "bench.jsconsume", nats_url, str(batch), repr(start),
-                 repr(end)], check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.jsconsume",
+                    nats_url,
+                    str(batch),
+                    repr(start),
+                    repr(end),
+                ],
+                check=False,
+            )
             if done.returncode != 0:
-                raise RuntimeError("the JetStream consumer process failed:\n"
-                                   + done.stderr.decode(errors="replace")[-2000:])
+                raise RuntimeError(
+                    "the JetStream consumer process failed:\n"
+                    + done.stderr.decode(errors="replace")[-2000:]
+                )
             consumer.update(json.loads(done.stdout))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
-            published = await closed_loop(publish_one, concurrency=publishers,
-                                          warmup_s=start - time.monotonic(),
-                                          duration_s=duration_s, watcher=watcher)
+            published = await closed_loop(
+                publish_one,
+                concurrency=publishers,
+                warmup_s=start - time.monotonic(),
+                duration_s=duration_s,
+                watcher=watcher,
+            )
         if consumer["ready"] > published.window_start:
             # A consumer that started late would count a backlog, not a steady state.
-            raise RuntimeError("the JetStream consumer process began pulling "
-                               f"{consumer['ready'] - published.window_start:.1f} s into the "
-                               "window: give the ceiling a longer warm-up")
-        consumed = Sample(completed=int(consumer["acked"]), failed=0,
-                          window_start=published.window_start,
-                          window_end=published.window_end, latencies_s=[])
+            raise RuntimeError(
+                "the JetStream consumer process began pulling "
+                f"{consumer['ready'] - published.window_start:.1f} s into the "
+                "window: give the ceiling a longer warm-up"
+            )
+        consumed = Sample(
+            completed=int(consumer["acked"]),
+            failed=0,
+            window_start=published.window_start,
+            window_end=published.window_end,
+            latencies_s=[],
+        )
         return published, consumed
     finally:
         await js.delete_stream(_STREAM)
@@ -116,14 +163,26 @@ async def jetstream_ceiling(nats_url: str, *, publishers: int, batch: int, warmu
 
 def ceiling_decision() -> Decision:
     """A decision as governance gives it for `writ.noop` to an agent with a standing grant."""
-    return Decision(decision_id=str(uuid.uuid4()), verdict="allow", line=5,
-                    family="write_delete", reason="standing grant for write_delete",
-                    policy_version="default")
+    return Decision(
+        decision_id=str(uuid.uuid4()),
+        verdict="allow",
+        line=5,
+        family="write_delete",
+        reason="standing grant for write_delete",
+        policy_version="default",
+    )
 
 
-async def admission_ceiling(stack: Stack, *, concurrency: int, warmup_s: float,
-                            duration_s: float, journal: bool = True, notify: bool = True,
-                            watcher: Watcher | None = None) -> Sample:
+async def admission_ceiling(
+    stack: Stack,
+    *,
+    concurrency: int,
+    warmup_s: float,
+    duration_s: float,
+    journal: bool = True,
+    notify: bool = True,
+    watcher: Watcher | None = None,
+) -> Sample:
     """`AdmissionStore.admit` alone (proposal + command + outbox + notify in one transaction),
     as the admission role, with a pool of `concurrency` connections kept busy.
 
@@ -133,13 +192,18 @@ async def admission_ceiling(stack: Stack, *, concurrency: int, warmup_s: float,
     `pg_notify` (Postgres serialises the commits of notifying transactions database-wide).
     """
     env = stack.service_env("admission")
-    pool = await connect_pool(env["WRIT_DATABASE_URL"],
-                              password=read_secret(env["WRIT_DATABASE_PASSWORD_FILE"]),
-                              min_size=concurrency + 1, max_size=concurrency + 1,
-                              application_name="bench-admission")
+    pool = await connect_pool(
+        env["WRIT_DATABASE_URL"],
+        password=read_secret(env["WRIT_DATABASE_PASSWORD_FILE"]),
+        min_size=concurrency + 1,
+        max_size=concurrency + 1,
+        application_name="bench-admission",
+    )
     journal_, signing = open_journal(
-        "admission", signing_key_file=env["WRIT_JOURNAL_SIGNING_KEY_FILE"],
-        data_keys_file=env["WRIT_JOURNAL_DATA_KEYS_FILE"])
+        "admission",
+        signing_key_file=env["WRIT_JOURNAL_SIGNING_KEY_FILE"],
+        data_keys_file=env["WRIT_JOURNAL_DATA_KEYS_FILE"],
+    )
     store = AdmissionStore(pool, journal=journal_ if journal else None)
     if not notify:
         # The store's private statement, edited for this diagnostic only: the parameter stays
@@ -152,20 +216,35 @@ async def admission_ceiling(stack: Stack, *, concurrency: int, warmup_s: float,
     async def admit_one() -> bool:
         operation_id = str(uuid.uuid4())
         await store.admit(
-            tenant=CEILING_TENANT, operation_id=operation_id, proposal_id=str(uuid.uuid4()),
-            run_id=operation_id, step=0, principal="bench@acme.example", agent="crm-assistant",
-            action="writ.noop", version=1, arguments={"marker": operation_id},
+            tenant=CEILING_TENANT,
+            operation_id=operation_id,
+            proposal_id=str(uuid.uuid4()),
+            run_id=operation_id,
+            step=0,
+            principal="bench@acme.example",
+            agent="crm-assistant",
+            action="writ.noop",
+            version=1,
+            arguments={"marker": operation_id},
             # Any 32 bytes do: the transaction stores the hash, it does not recompute it.
             request_hash=hashlib.sha256(operation_id.encode()).digest(),
-            decision=decision, ttl=ttl, preview={"marker": operation_id})
+            decision=decision,
+            ttl=ttl,
+            preview={"marker": operation_id},
+        )
         return True
 
     try:
         async with anyio.create_task_group() as tg:
             if journal:
                 await tg.start(Sealer(pool=pool, journal=journal_, signing=signing).run)
-            sample = await closed_loop(admit_one, concurrency=concurrency, warmup_s=warmup_s,
-                                       duration_s=duration_s, watcher=watcher)
+            sample = await closed_loop(
+                admit_one,
+                concurrency=concurrency,
+                warmup_s=warmup_s,
+                duration_s=duration_s,
+                watcher=watcher,
+            )
             tg.cancel_scope.cancel()
         return sample
     finally:
@@ -181,7 +260,8 @@ async def remove_ceiling_rows(dsn: str) -> dict[str, Any]:
             counts = {}
             for table in ("outbox", "commands", "proposals"):
                 status = await conn.execute(
-                    f"DELETE FROM admission.{table} WHERE tenant = $1", CEILING_TENANT)
+                    f"DELETE FROM admission.{table} WHERE tenant = $1", CEILING_TENANT
+                )
                 counts[table] = int(status.split()[-1])
         # The relay scans the outbox: leave it no dead rows the services would not have made.
         for table in ("outbox", "commands", "proposals"):

@@ -36,8 +36,12 @@ TIMEOUT_S = 60.0
 # Where latency goes: (from, to) marks. Admission publishes `CommandAdmitted` and the relay,
 # woken by NOTIFY at commit, publishes `DispatchCommand`: either may come first, so both are
 # measured from the proposal being stored.
-_SPANS = (("published", "stored"), ("stored", "admitted"), ("stored", "relayed"),
-          ("relayed", "outcome"))
+_SPANS = (
+    ("published", "stored"),
+    ("stored", "admitted"),
+    ("stored", "relayed"),
+    ("relayed", "outcome"),
+)
 
 
 class _AdmissionAnswer(msgspec.Struct):
@@ -88,7 +92,8 @@ class CommandPath:
         self._subs = [
             await self._nc.subscribe(subjects.outcome(TENANT, "host"), cb=self._on_outcome),
             await self._nc.subscribe(subjects.admitted(TENANT), cb=self._on_admission),
-            await self._nc.subscribe(subjects.result(TENANT), cb=self._on_host_answer)]
+            await self._nc.subscribe(subjects.result(TENANT), cb=self._on_host_answer),
+        ]
 
     async def trace_stages(self) -> None:
         """Also timestamp each command's admission and relay, to see where latency goes."""
@@ -139,12 +144,19 @@ class CommandPath:
             answer = self._host_decoder.decode(msg.data)
         except msgspec.DecodeError:
             return
-        if answer.type != "CommandResult" or answer.status in ("succeeded", "pending",
-                                                                "dispatching"):
+        if answer.type != "CommandResult" or answer.status in (
+            "succeeded",
+            "pending",
+            "dispatching",
+        ):
             return  # the outcome itself ends the wait
         # The key is the request id (see `one`): refused, in conflict, or failed.
-        self._answers.resolve(command_run_id(TENANT, answer.request_id), _AdmissionAnswer(
-            type="CommandResult", run_id="", verdict=answer.status, reason=answer.status))
+        self._answers.resolve(
+            command_run_id(TENANT, answer.request_id),
+            _AdmissionAnswer(
+                type="CommandResult", run_id="", verdict=answer.status, reason=answer.status
+            ),
+        )
 
     async def _on_relay(self, msg: Msg) -> None:
         try:
@@ -159,17 +171,28 @@ class CommandPath:
         """One host command, from publishing its proposal to its recorded outcome."""
         key = str(uuid.uuid4())  # the host's operation key, and its request id
         run_id = command_run_id(TENANT, key)
-        proposal = ProposeCommand(run_id=run_id, step=0, tenant=TENANT, principal=PRINCIPAL,
-                                  agent=AGENT, action="writ.noop", arguments={"marker": key},
-                                  operation_key=key, request_id=key)
+        proposal = ProposeCommand(
+            run_id=run_id,
+            step=0,
+            tenant=TENANT,
+            principal=PRINCIPAL,
+            agent=AGENT,
+            action="writ.noop",
+            arguments={"marker": key},
+            operation_key=key,
+            request_id=key,
+        )
         self._answers.expect(run_id)
         if self._stages is not None:
             self._run_of_operation[operation_id_for(TENANT, run_id, 0, key)] = run_id
             self._stages[run_id] = {"published": time.monotonic()}
         try:
-            await self._js.publish(subjects.proposal(TENANT), self._encoder.encode(proposal),
-                                   headers={"Nats-Msg-Id": f"submitted:{TENANT}:{key}"},
-                                   timeout=TIMEOUT_S)
+            await self._js.publish(
+                subjects.proposal(TENANT),
+                self._encoder.encode(proposal),
+                headers={"Nats-Msg-Id": f"submitted:{TENANT}:{key}"},
+                timeout=TIMEOUT_S,
+            )
         except Exception as exc:
             # Not stored, so never admitted: a failed operation, not one to wait for.
             self._answers.discard(run_id)
@@ -200,8 +223,12 @@ class CommandPath:
                 continue
             for first, second in _SPANS:
                 if first in marks and second in marks:
-                    spans.setdefault(f"{first}->{second}", []).append(
-                        marks[second] - marks[first])
-        return {name: {"p50_ms": round(percentile(v, 50) * 1000, 2),
-                       "p99_ms": round(percentile(v, 99) * 1000, 2), "n": len(v)}
-                for name, v in spans.items()}
+                    spans.setdefault(f"{first}->{second}", []).append(marks[second] - marks[first])
+        return {
+            name: {
+                "p50_ms": round(percentile(v, 50) * 1000, 2),
+                "p99_ms": round(percentile(v, 99) * 1000, 2),
+                "n": len(v),
+            }
+            for name, v in spans.items()
+        }

@@ -36,8 +36,14 @@ async def _rate(store: GovernanceStore, concurrency: int) -> tuple[float, float]
 
     async def worker() -> None:
         while (start := time.perf_counter()) < deadline:
-            await store.record(tenant="acme", run_id="run-1", principal="alice", call=CALL,
-                               ruling=RULING, policy_version="v1")
+            await store.record(
+                tenant="acme",
+                run_id="run-1",
+                principal="alice",
+                call=CALL,
+                ruling=RULING,
+                policy_version="v1",
+            )
             latencies.append(time.perf_counter() - start)
 
     async with anyio.create_task_group() as tg:
@@ -48,22 +54,35 @@ async def _rate(store: GovernanceStore, concurrency: int) -> tuple[float, float]
 
 
 def _cpu_per_entry(journal: Journal, n: int = 20000) -> float:
-    payload = {"decision_id": "0" * 36, "tenant": "acme", "run_id": "run-1", "agent": "bench",
-               "verdict": "allow", "line": 5, "reason": RULING.reason, "policy_version": "v1"}
+    payload = {
+        "decision_id": "0" * 36,
+        "tenant": "acme",
+        "run_id": "run-1",
+        "agent": "bench",
+        "verdict": "allow",
+        "line": 5,
+        "reason": RULING.reason,
+        "policy_version": "v1",
+    }
     start = time.perf_counter()
     for _ in range(n):
-        journal.entry(tenant="acme", kind="decision", subject="0" * 36, run_id="run-1",
-                      payload=payload)
+        journal.entry(
+            tenant="acme", kind="decision", subject="0" * 36, run_id="run-1", payload=payload
+        )
     return (time.perf_counter() - start) / n * 1e6
 
 
 async def main(admin_dsn: str) -> None:
     """Measure and print."""
-    passwords = await provision(admin_dsn, "journal_bench",
-                                {"governance": load_migrations("governance", MIGRATIONS)})
-    dsn = with_database(admin_dsn, "journal_bench",
-                        user=role_name("journal_bench", "governance"),
-                        password=passwords["governance"])
+    passwords = await provision(
+        admin_dsn, "journal_bench", {"governance": load_migrations("governance", MIGRATIONS)}
+    )
+    dsn = with_database(
+        admin_dsn,
+        "journal_bench",
+        user=role_name("journal_bench", "governance"),
+        password=passwords["governance"],
+    )
     journal = Journal(service="governance", keys=DataKeys.from_json(DataKeys.generate("d1")))
     print(f"encrypt + AAD per entry (Python CPU): {_cpu_per_entry(journal):.1f} µs")
     async with await connect_pool(dsn, max_size=20) as pool:
@@ -79,19 +98,26 @@ async def main(admin_dsn: str) -> None:
                 await tg.start(sealer.run)
                 sealing = await _rate(journaled, concurrency)
                 tg.cancel_scope.cancel()
-            print(f"concurrency {concurrency:>2}: journal off {off[0]:7.0f}/s p50 {off[1]:.2f} ms"
-                  f" | on {on[0]:7.0f}/s p50 {on[1]:.2f} ms ({on[0] / off[0] - 1:+.0%})"
-                  f" | on + sealer {sealing[0]:7.0f}/s p50 {sealing[1]:.2f} ms"
-                  f" ({sealing[0] / off[0] - 1:+.0%})", flush=True)
-            print(f"    sealer alone, catching up: {backlog} rows in {catch_up:.2f}s "
-                  f"({backlog / max(catch_up, 1e-9):.0f} rows/s)", flush=True)
+            print(
+                f"concurrency {concurrency:>2}: journal off {off[0]:7.0f}/s p50 {off[1]:.2f} ms"
+                f" | on {on[0]:7.0f}/s p50 {on[1]:.2f} ms ({on[0] / off[0] - 1:+.0%})"
+                f" | on + sealer {sealing[0]:7.0f}/s p50 {sealing[1]:.2f} ms"
+                f" ({sealing[0] / off[0] - 1:+.0%})",
+                flush=True,
+            )
+            print(
+                f"    sealer alone, catching up: {backlog} rows in {catch_up:.2f}s "
+                f"({backlog / max(catch_up, 1e-9):.0f} rows/s)",
+                flush=True,
+            )
         lag = await sealer.seal_all()
         print(f"left unsealed after the last window: {lag} rows")
     conn = await asyncpg.connect(with_database(admin_dsn, "journal_bench"))
     try:
         size = await conn.fetchval(
             "SELECT pg_total_relation_size('governance.journal')::float / count(*) "
-            "FROM governance.journal")
+            "FROM governance.journal"
+        )
         print(f"journal storage: {size:.0f} bytes per row (table + indexes)")
     finally:
         await conn.close()

@@ -48,8 +48,9 @@ async def consume(url: str, *, batch: int, start: float, end: float) -> dict[str
 def main() -> None:
     """Parse the arguments, consume, print `{"acked": n, "ready": t}`."""
     url, batch, start, end = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-    print(json.dumps(anyio.run(lambda: consume(url, batch=batch, start=start, end=end))),
-          flush=True)
+    print(
+        json.dumps(anyio.run(lambda: consume(url, batch=batch, start=start, end=end))), flush=True
+    )
 
 
 if __name__ == "__main__":

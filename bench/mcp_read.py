@@ -58,10 +58,12 @@ async def mcp_read(bench: Bench) -> None:
     listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk", quiet=True)
     if not listing.ok:
         raise RuntimeError(f"the host's MCP server: {listing.error}")
-    await mcp.classify(stack.nats_url, "acme", "helpdesk", "ticket.get", "read", "bench",
-                       quiet=True)
-    server = ServerConfig(url=f"{stack.host_url}/mcp",
-                          credential_file=str(stack.secrets / "host-mcp.token"))
+    await mcp.classify(
+        stack.nats_url, "acme", "helpdesk", "ticket.get", "read", "bench", quiet=True
+    )
+    server = ServerConfig(
+        url=f"{stack.host_url}/mcp", credential_file=str(stack.secrets / "host-mcp.token")
+    )
     client = McpClient()
 
     async def direct() -> bool:
@@ -74,9 +76,14 @@ async def mcp_read(bench: Bench) -> None:
     decoder = msgspec.json.Decoder(ReadResult | ReadRefused)
 
     async def through_writ() -> bool:
-        ask = ReadCapability(tenant="acme", run_id=f"bench-{uuid.uuid4().hex[:12]}",
-                             principal="bench@acme.example", agent="helpdesk-reader",
-                             tool="mcp:helpdesk/ticket.get", arguments={"ticket_id": "T-1001"})
+        ask = ReadCapability(
+            tenant="acme",
+            run_id=f"bench-{uuid.uuid4().hex[:12]}",
+            principal="bench@acme.example",
+            agent="helpdesk-reader",
+            tool="mcp:helpdesk/ticket.get",
+            arguments={"ticket_id": "T-1001"},
+        )
         reply = await nc.request(subjects.READ, msgspec.json.encode(ask), timeout=30)
         return isinstance(decoder.decode(reply.data), ReadResult)
 
@@ -88,14 +95,18 @@ async def mcp_read(bench: Bench) -> None:
         await nc.close()
     figures = {
         "reads": n,
-        "direct_p50_ms": _ms(plain, 50), "direct_p99_ms": _ms(plain, 99),
-        "writ_p50_ms": _ms(writ, 50), "writ_p99_ms": _ms(writ, 99),
+        "direct_p50_ms": _ms(plain, 50),
+        "direct_p99_ms": _ms(plain, 99),
+        "writ_p50_ms": _ms(writ, 50),
+        "writ_p99_ms": _ms(writ, 99),
     }
     figures["added_p50_ms"] = round(figures["writ_p50_ms"] - figures["direct_p50_ms"], 2)
     figures["added_p99_ms"] = round(figures["writ_p99_ms"] - figures["direct_p99_ms"], 2)
     data["mcp_read"] = figures
-    r.line("direct MCP call", f"p50 {figures['direct_p50_ms']} ms, "
-                              f"p99 {figures['direct_p99_ms']} ms ({n} reads, one at a time)")
+    r.line(
+        "direct MCP call",
+        f"p50 {figures['direct_p50_ms']} ms, "
+        f"p99 {figures['direct_p99_ms']} ms ({n} reads, one at a time)",
+    )
     r.line("through Writ", f"p50 {figures['writ_p50_ms']} ms, p99 {figures['writ_p99_ms']} ms")
-    r.line("added by Writ", f"p50 {figures['added_p50_ms']} ms, "
-                            f"p99 {figures['added_p99_ms']} ms")
+    r.line("added by Writ", f"p50 {figures['added_p50_ms']} ms, p99 {figures['added_p99_ms']} ms")

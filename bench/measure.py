@@ -69,8 +69,9 @@ async def _watch(watcher: Watcher | None, start: float, end: float) -> None:
     await watcher.end()
 
 
-async def closed_loop(op: Op, *, concurrency: int, warmup_s: float, duration_s: float,
-                      watcher: Watcher | None = None) -> Sample:
+async def closed_loop(
+    op: Op, *, concurrency: int, warmup_s: float, duration_s: float, watcher: Watcher | None = None
+) -> Sample:
     """Keep `concurrency` operations in flight; count those that complete inside the window.
 
     Operations that complete during the warm-up or after the window are not counted. Workers
@@ -98,12 +99,18 @@ async def closed_loop(op: Op, *, concurrency: int, warmup_s: float, duration_s: 
         tg.start_soon(_watch, watcher, start, end)
         for _ in range(concurrency):
             tg.start_soon(worker)
-    return Sample(completed=len(latencies), failed=failed, window_start=start, window_end=end,
-                  latencies_s=latencies)
+    return Sample(
+        completed=len(latencies),
+        failed=failed,
+        window_start=start,
+        window_end=end,
+        latencies_s=latencies,
+    )
 
 
-async def open_loop(op: Op, *, rate: float, warmup_s: float, duration_s: float,
-                    watcher: Watcher | None = None) -> Sample:
+async def open_loop(
+    op: Op, *, rate: float, warmup_s: float, duration_s: float, watcher: Watcher | None = None
+) -> Sample:
     """Start operations at a fixed rate whatever the completions, and time each one.
 
     Latency runs from the operation's scheduled start, not from when the pacer got round to it,
@@ -139,8 +146,14 @@ async def open_loop(op: Op, *, rate: float, warmup_s: float, duration_s: float,
                 late = max(late, -delay)
             tg.start_soon(one, scheduled, scheduled >= start)
             index += 1
-    return Sample(completed=len(latencies), failed=failed, window_start=start, window_end=end,
-                  latencies_s=latencies, late_s=late)
+    return Sample(
+        completed=len(latencies),
+        failed=failed,
+        window_start=start,
+        window_end=end,
+        latencies_s=latencies,
+        late_s=late,
+    )
 
 
 class _Slot(Generic[T]):

@@ -31,7 +31,8 @@ def _factory(port: int) -> Callable[..., EmbeddedNats]:
     """Embedded nats-servers that serve their monitoring endpoint on `port`."""
 
     def build(data_dir: Path, **kwargs: Any) -> EmbeddedNats:
-        return EmbeddedNats(data_dir, extra_conf=f"http: \"127.0.0.1:{port}\"\n", **kwargs)
+        return EmbeddedNats(data_dir, extra_conf=f'http: "127.0.0.1:{port}"\n', **kwargs)
+
     return build
 
 
@@ -63,8 +64,10 @@ async def _count(stack: Stack, port: int, runs: int, agent: str, in_flight: int)
     finally:
         await path.stop()
         await host.close()
-    out = [f"{runs} runs of {agent}, {in_flight} in flight ({failed} failed); "
-           "messages per run, sent to / delivered by the server"]
+    out = [
+        f"{runs} runs of {agent}, {in_flight} in flight ({failed} failed); "
+        "messages per run, sent to / delivered by the server"
+    ]
     total_in = total_out = 0.0
     rows = []
     for name, (sent, got) in after.items():
@@ -74,8 +77,10 @@ async def _count(stack: Stack, port: int, runs: int, agent: str, in_flight: int)
         rows.append((d_in + d_out, name, d_in, d_out))
     for _, name, d_in, d_out in sorted(rows, reverse=True):
         out.append(f"  {name:<12} in {d_in:6.1f}  out {d_out:6.1f}")
-    out.append(f"  {'all':<12} in {total_in:6.1f}  out {total_out:6.1f}  "
-               f"(through the server: {total_in + total_out:.1f})")
+    out.append(
+        f"  {'all':<12} in {total_in:6.1f}  out {total_out:6.1f}  "
+        f"(through the server: {total_in + total_out:.1f})"
+    )
     return "\n".join(out)
 
 

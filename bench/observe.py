@@ -16,8 +16,18 @@ __all__ = ["Counters", "Processes", "Window"]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Titles of Postgres's own processes, as opposed to client backends.
-_PG_AUX = ("checkpointer", "walwriter", "background", "autovacuum", "logical", "walsummarizer",
-           "io", "startup", "archiver", "wal")
+_PG_AUX = (
+    "checkpointer",
+    "walwriter",
+    "background",
+    "autovacuum",
+    "logical",
+    "walsummarizer",
+    "io",
+    "startup",
+    "archiver",
+    "wal",
+)
 
 
 def _stat(pid: int) -> tuple[int, int, int] | None:
@@ -27,7 +37,7 @@ def _stat(pid: int) -> tuple[int, int, int] | None:
     except OSError:
         return None
     # The command name may hold spaces or parentheses: fields start after its last ')'.
-    fields = text[text.rindex(")") + 2:].split()
+    fields = text[text.rindex(")") + 2 :].split()
     return int(fields[1]), int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
 
 
@@ -41,10 +51,12 @@ def _machine_percent(before: list[int], after: list[int]) -> dict[str, float]:
     delta = [b - a for a, b in zip(before, after, strict=True)]
     total = sum(delta) or 1
     user, nice, system, idle, iowait, irq, softirq, steal = delta
-    return {"busy_pct": round(100 * (user + nice + system + irq + softirq) / total, 1),
-            "iowait_pct": round(100 * iowait / total, 1),
-            "steal_pct": round(100 * steal / total, 1),
-            "idle_pct": round(100 * idle / total, 1)}
+    return {
+        "busy_pct": round(100 * (user + nice + system + irq + softirq) / total, 1),
+        "iowait_pct": round(100 * iowait / total, 1),
+        "steal_pct": round(100 * steal / total, 1),
+        "idle_pct": round(100 * idle / total, 1),
+    }
 
 
 def _cmdline(pid: int) -> str:
@@ -75,12 +87,12 @@ class Processes:
         if "nats-server" in cmdline:
             return "nats-server"
         if cmdline.startswith("postgres: "):
-            words = cmdline[len("postgres: "):].split()
+            words = cmdline[len("postgres: ") :].split()
             # A client backend's title is "postgres: <user> <database> <host(port)> <activity>".
             if len(words) >= 3 and words[0] not in _PG_AUX and "(" in words[2]:
                 user = words[0]
                 if user.startswith(self._role_prefix):
-                    return f"pg:{user[len(self._role_prefix):]}"
+                    return f"pg:{user[len(self._role_prefix) :]}"
                 return "pg:admin" if user == "postgres" else f"pg:{user}"
             return "pg:server"
         if "postgres" in cmdline:
@@ -109,8 +121,11 @@ class Processes:
         return result
 
     @staticmethod
-    def cpu_percent(before: dict[int, tuple[str, int, int]],
-                    after: dict[int, tuple[str, int, int]], seconds: float) -> dict[str, float]:
+    def cpu_percent(
+        before: dict[int, tuple[str, int, int]],
+        after: dict[int, tuple[str, int, int]],
+        seconds: float,
+    ) -> dict[str, float]:
         """Percent of one core used by each label between two snapshots, busiest first.
 
         A process that exits inside the window takes its ticks with it; its parent's count of
@@ -130,8 +145,9 @@ class Processes:
         return dict(sorted(pct.items(), key=lambda kv: -kv[1]))
 
 
-async def _scrape(client: httpx.AsyncClient, ports: dict[str, int]
-                  ) -> dict[str, tuple[float, float]]:
+async def _scrape(
+    client: httpx.AsyncClient, ports: dict[str, int]
+) -> dict[str, tuple[float, float]]:
     """(count, sum of seconds) of each service's handler histogram, keyed service/consumer."""
     found: dict[str, tuple[float, float]] = {}
     for service, port in ports.items():
@@ -148,8 +164,7 @@ async def _scrape(client: httpx.AsyncClient, ports: dict[str, int]
                 if kind in ("count", "sum"):
                     parts.setdefault(sample.labels["consumer"], {})[kind] = sample.value
             for consumer, values in parts.items():
-                found[f"{service}/{consumer}"] = (values.get("count", 0.0),
-                                                  values.get("sum", 0.0))
+                found[f"{service}/{consumer}"] = (values.get("count", 0.0), values.get("sum", 0.0))
     return found
 
 
@@ -167,9 +182,14 @@ class Counters:
         """
         conn = await asyncpg.connect(self._dsn)
         try:
-            found = {"pg_transactions": int(await conn.fetchval(
-                "SELECT xact_commit + xact_rollback FROM pg_stat_database "
-                "WHERE datname = current_database()"))}
+            found = {
+                "pg_transactions": int(
+                    await conn.fetchval(
+                        "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                        "WHERE datname = current_database()"
+                    )
+                )
+            }
         finally:
             await conn.close()
         nc = await nats.connect(self._nats_url, name="bench-counters")
@@ -186,8 +206,12 @@ class Counters:
 class Window:
     """CPU of each process and handler time of each service between `begin()` and `end()`."""
 
-    def __init__(self, processes: Processes, metrics_ports: dict[str, int] | None = None,
-                 counters: Counters | None = None) -> None:
+    def __init__(
+        self,
+        processes: Processes,
+        metrics_ports: dict[str, int] | None = None,
+        counters: Counters | None = None,
+    ) -> None:
         self._processes = processes
         self._ports = metrics_ports or {}
         self._counters = counters
@@ -245,15 +269,17 @@ class Window:
         processes: dict[str, int] = {}
         for label, *_ in self._cpu_after.values():
             processes[label] = processes.get(label, 0) + 1
-        return {"seconds": round(seconds, 2),
-                "cpu_pct": {k: round(v, 1) for k, v in cpu.items() if v >= 0.5},
-                "processes": processes,  # how many processes each label adds up
-                "cpu_total_pct": round(sum(cpu.values()), 1),
-                "machine": machine,
-                # CPU the machine spent on processes that are not this bench's (its neighbours):
-                # what makes figures on a shared machine move from one run to the next.
-                "others_pct": round(max(machine["busy_pct"] * (os.cpu_count() or 1)
-                                        - sum(cpu.values()), 0.0), 1),
-                "handlers": handlers,
-                "counts": {k: v - self._counts_before.get(k, 0)
-                           for k, v in self._counts_after.items()}}
+        return {
+            "seconds": round(seconds, 2),
+            "cpu_pct": {k: round(v, 1) for k, v in cpu.items() if v >= 0.5},
+            "processes": processes,  # how many processes each label adds up
+            "cpu_total_pct": round(sum(cpu.values()), 1),
+            "machine": machine,
+            # CPU the machine spent on processes that are not this bench's (its neighbours):
+            # what makes figures on a shared machine move from one run to the next.
+            "others_pct": round(
+                max(machine["busy_pct"] * (os.cpu_count() or 1) - sum(cpu.values()), 0.0), 1
+            ),
+            "handlers": handlers,
+            "counts": {k: v - self._counts_before.get(k, 0) for k, v in self._counts_after.items()},
+        }

@@ -25,15 +25,24 @@ KEYS = ("run_path_cpu_ms_per_run", "full_path_cpu_ms_per_run")
 
 
 def _round(checkouts: list[Path], out: Path, index: int) -> list[dict[str, object]]:
-    env = {**os.environ, "BENCH_PHASES": os.environ.get("BENCH_PHASES", "run_path,full_path"),
-           "BENCH_SCALE": os.environ.get("BENCH_SCALE", "0.7")}
+    env = {
+        **os.environ,
+        "BENCH_PHASES": os.environ.get("BENCH_PHASES", "run_path,full_path"),
+        "BENCH_SCALE": os.environ.get("BENCH_SCALE", "0.7"),
+    }
     procs, files = [], []
     for n, checkout in enumerate(checkouts):
         result = out / f"{index}-{n}.json"
         log = (out / f"{index}-{n}.log").open("wb")
-        procs.append(subprocess.Popen([str(checkout / ".venv/bin/python"), "-m", "bench"],
-                                      cwd=checkout, env={**env, "BENCH_OUT": str(result)},
-                                      stdout=log, stderr=subprocess.STDOUT))
+        procs.append(
+            subprocess.Popen(
+                [str(checkout / ".venv/bin/python"), "-m", "bench"],
+                cwd=checkout,
+                env={**env, "BENCH_OUT": str(result)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         files.append(result)
     for proc in procs:
         proc.wait()

@@ -33,8 +33,13 @@ def _top(peer: dict[str, Any]) -> dict[str, Any]:
     return by_c.get(32) or peer["levels"][-1]
 
 
-def ratio_lines(writ: dict[str, Any], peers: dict[str, dict[str, Any]], *,
-                key: str = "run_path", label: str = "run path") -> list[str]:
+def ratio_lines(
+    writ: dict[str, Any],
+    peers: dict[str, dict[str, Any]],
+    *,
+    key: str = "run_path",
+    label: str = "run path",
+) -> list[str]:
     """`run path vs <peer>: 1.62x` for each peer, with CPU per run and the latency of a lone
     run (C=1 p50) beside it; `key` is the Writ figures' prefix (`run_path`, `full_path`)."""
     lines = []
@@ -50,8 +55,10 @@ def ratio_lines(writ: dict[str, Any], peers: dict[str, dict[str, Any]], *,
         one = next((lv for lv in peer["levels"] if lv["concurrency"] == 1), None)
         line = f"{label} vs {name}: {rate / top['runs_per_s']:.2f}x"
         if cpu:
-            line += (f" ({rate} vs {top['runs_per_s']} runs/s at C={top['concurrency']}; CPU "
-                     f"per run {cpu} vs {peer_cpu} ms, {cpu / peer_cpu:.2f}x the peer's")
+            line += (
+                f" ({rate} vs {top['runs_per_s']} runs/s at C={top['concurrency']}; CPU "
+                f"per run {cpu} vs {peer_cpu} ms, {cpu / peer_cpu:.2f}x the peer's"
+            )
             if lone and one is not None and one.get("p50_ms"):
                 line += f"; C=1 p50 {lone} vs {one['p50_ms']} ms"
             line += ")"
@@ -69,8 +76,9 @@ def main() -> int:
         print(f"no peers at {PEERS} (set BENCH_PEERS)", file=sys.stderr)
         return 2
     if not PYTHON.is_file():
-        print(f"no peers' interpreter at {PYTHON} (make bench-peers provisions it)",
-              file=sys.stderr)
+        print(
+            f"no peers' interpreter at {PYTHON} (make bench-peers provisions it)", file=sys.stderr
+        )
         return 2
     OUT.mkdir(parents=True, exist_ok=True)
     extra = sys.argv[1:]  # e.g. --smoke, --levels 1,32
@@ -79,19 +87,37 @@ def main() -> int:
         for script, name in NAMES.items():
             peer = script.removesuffix(".py").removeprefix("peer_")
             out = OUT / f"{peer}-{shape}.json"
-            done = subprocess.run([str(PYTHON), str(PEERS / script), "--writ", str(ROOT),
-                                   "--shape", shape, "--out", str(out), *extra], check=False)
+            done = subprocess.run(
+                [
+                    str(PYTHON),
+                    str(PEERS / script),
+                    "--writ",
+                    str(ROOT),
+                    "--shape",
+                    shape,
+                    "--out",
+                    str(out),
+                    *extra,
+                ],
+                check=False,
+            )
             if done.returncode == 0 and out.is_file():
                 peers[shape][name] = json.loads(out.read_text())
             else:
                 print(f"{name} ({shape}) failed ({done.returncode})", file=sys.stderr)
     writ_out = OUT / "writ-bench.json"
-    subprocess.run([sys.executable, "-m", "bench"], cwd=ROOT, check=False,
-                   env={**os.environ, "BENCH_PHASES": ",".join(k for k, _ in SHAPES.values()),
-                        "BENCH_OUT": str(writ_out)})
+    subprocess.run(
+        [sys.executable, "-m", "bench"],
+        cwd=ROOT,
+        check=False,
+        env={
+            **os.environ,
+            "BENCH_PHASES": ",".join(k for k, _ in SHAPES.values()),
+            "BENCH_OUT": str(writ_out),
+        },
+    )
     writ = json.loads(writ_out.read_text()) if writ_out.is_file() else {}
-    subprocess.run([str(PYTHON), str(PEERS / "compare.py"), str(OUT), str(writ_out)],
-                   check=False)
+    subprocess.run([str(PYTHON), str(PEERS / "compare.py"), str(OUT), str(writ_out)], check=False)
     for shape, (key, label) in SHAPES.items():
         for line in ratio_lines(writ, peers[shape], key=key, label=label):
             print(line, flush=True)

@@ -18,10 +18,15 @@ def _round(value: float, digits: int = 1) -> float | None:
 
 def sample_dict(sample: Sample) -> dict[str, Any]:
     """The JSON form of a sample: counts, rate, latency percentiles."""
-    return {"per_s": _round(sample.rate), "completed": sample.completed,
-            "failed": sample.failed, "seconds": round(sample.seconds, 2),
-            "p50_ms": _round(sample.latency_ms(50)), "p99_ms": _round(sample.latency_ms(99)),
-            "max_ms": _round(sample.latency_ms(100))}
+    return {
+        "per_s": _round(sample.rate),
+        "completed": sample.completed,
+        "failed": sample.failed,
+        "seconds": round(sample.seconds, 2),
+        "p50_ms": _round(sample.latency_ms(50)),
+        "p99_ms": _round(sample.latency_ms(99)),
+        "max_ms": _round(sample.latency_ms(100)),
+    }
 
 
 def cpu_ms_per_op(usage: dict[str, Any], rate: float) -> dict[str, float]:
@@ -48,35 +53,56 @@ class Report:
 
     def sample(self, label: str, sample: Sample, unit: str) -> None:
         """A rate with its latency percentiles."""
-        self.line(label, f"{sample.rate:9,.1f} {unit}   p50 {sample.latency_ms(50):7.1f} ms   "
-                         f"p99 {sample.latency_ms(99):7.1f} ms   "
-                         f"(n={sample.completed}, failed={sample.failed})")
+        self.line(
+            label,
+            f"{sample.rate:9,.1f} {unit}   p50 {sample.latency_ms(50):7.1f} ms   "
+            f"p99 {sample.latency_ms(99):7.1f} ms   "
+            f"(n={sample.completed}, failed={sample.failed})",
+        )
 
-    def usage(self, usage: dict[str, Any], *, top: int = 9,
-              per: tuple[int, str] | None = None) -> None:
+    def usage(
+        self, usage: dict[str, Any], *, top: int = 9, per: tuple[int, str] | None = None
+    ) -> None:
         """The busiest processes, each consumer's handler time and, given `per` (operations
         completed, their name), the transactions and stream messages each one cost."""
         if not usage:
             return
         cpu = ", ".join(f"{name} {pct:.0f}" for name, pct in list(usage["cpu_pct"].items())[:top])
         machine = usage["machine"]
-        print(f"      CPU, % of one core (total {usage['cpu_total_pct']:.0f} of "
-              f"{100 * self.data.get('cpu_count', 1)}): {cpu}", flush=True)
-        print(f"      machine: busy {machine['busy_pct']:.0f}% (other processes "
-              f"{usage['others_pct']:.0f}% of a core), iowait {machine['iowait_pct']:.0f}%, "
-              f"steal {machine['steal_pct']:.0f}%, idle {machine['idle_pct']:.0f}%", flush=True)
+        print(
+            f"      CPU, % of one core (total {usage['cpu_total_pct']:.0f} of "
+            f"{100 * self.data.get('cpu_count', 1)}): {cpu}",
+            flush=True,
+        )
+        print(
+            f"      machine: busy {machine['busy_pct']:.0f}% (other processes "
+            f"{usage['others_pct']:.0f}% of a core), iowait {machine['iowait_pct']:.0f}%, "
+            f"steal {machine['steal_pct']:.0f}%, idle {machine['idle_pct']:.0f}%",
+            flush=True,
+        )
         handlers = sorted(usage["handlers"].items(), key=lambda kv: -kv[1]["busy"])
         if handlers:
-            text = ", ".join(f"{key} {h['per_s']:.0f}/s x {h['mean_ms']:.1f} ms = {h['busy']:.2f}"
-                             for key, h in handlers)
+            text = ", ".join(
+                f"{key} {h['per_s']:.0f}/s x {h['mean_ms']:.1f} ms = {h['busy']:.2f}"
+                for key, h in handlers
+            )
             print(f"      handlers (rate x mean = busy): {text}", flush=True)
         counts = usage.get("counts", {})
         if per is not None and per[0] > 0 and counts:
             done, name = per
-            streams = ", ".join(f"{k[3:]} {v / done:.2f}" for k, v in counts.items()
-                                if k.startswith("js:") and v) or "none"
-            print(f"      per {name}: {counts.get('pg_transactions', 0) / done:.1f} Postgres "
-                  f"transactions; JetStream messages stored: {streams}", flush=True)
+            streams = (
+                ", ".join(
+                    f"{k[3:]} {v / done:.2f}"
+                    for k, v in counts.items()
+                    if k.startswith("js:") and v
+                )
+                or "none"
+            )
+            print(
+                f"      per {name}: {counts.get('pg_transactions', 0) / done:.1f} Postgres "
+                f"transactions; JetStream messages stored: {streams}",
+                flush=True,
+            )
 
     def cost(self, label: str, per_op: dict[str, float], *, top: int = 10) -> None:
         """CPU time per operation, by process."""

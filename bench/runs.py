@@ -71,12 +71,20 @@ class RunPath:
         """One run, from the host's publish to its `RunResult`."""
         request_id = f"bench-{uuid.uuid4().hex}"
         # A fresh token per request, as a host would mint (signing is part of the host's cost).
-        request = RunRequest(request_id=request_id, agent=self._agent, input=DEMO_INPUT,
-                             token=self._stack.token(TENANT, PRINCIPAL))
+        request = RunRequest(
+            request_id=request_id,
+            agent=self._agent,
+            input=DEMO_INPUT,
+            token=self._stack.token(TENANT, PRINCIPAL),
+        )
         self._results.expect(request_id)
         try:
-            await self._js.publish(subjects.request(TENANT), msgspec.json.encode(request),
-                                   headers={"Nats-Msg-Id": request_id}, timeout=TIMEOUT_S)
+            await self._js.publish(
+                subjects.request(TENANT),
+                msgspec.json.encode(request),
+                headers={"Nats-Msg-Id": request_id},
+                timeout=TIMEOUT_S,
+            )
         except Exception as exc:
             # Not stored, so no run: a failed operation, not one to wait for.
             self._results.discard(request_id)
@@ -111,8 +119,7 @@ class RunPath:
             self.problem = f"{status}: {detail}"
 
 
-async def run_phase(bench: Bench, key: str, title: str, *, concurrency: int,
-                    scale: float) -> None:
+async def run_phase(bench: Bench, key: str, title: str, *, concurrency: int, scale: float) -> None:
     """Whole runs of `SHAPES[key]`'s agent: one at a time, then `concurrency` in flight, then
     an open loop at half that rate (latency without queueing behind a saturated machine).
     Figures go under `<key>_*` (`run_path_runs_per_s`, `full_path_cpu_ms_per_run`, ...)."""
@@ -132,27 +139,39 @@ async def run_phase(bench: Bench, key: str, title: str, *, concurrency: int,
             await path.one()
         await bench.settle(nc, f"{key}_unloaded")
         watch = bench.window()
-        single = await closed_loop(path.one, concurrency=1, warmup_s=1 * scale,
-                                   duration_s=4 * scale, watcher=watch)
-        data[f"{key}_unloaded"] = {**sample_dict(single), "usage": watch.report(),
-                                   "cpu_ms_per_run": cpu_ms_per_op(watch.report(), single.rate)}
+        single = await closed_loop(
+            path.one, concurrency=1, warmup_s=1 * scale, duration_s=4 * scale, watcher=watch
+        )
+        data[f"{key}_unloaded"] = {
+            **sample_dict(single),
+            "usage": watch.report(),
+            "cpu_ms_per_run": cpu_ms_per_op(watch.report(), single.rate),
+        }
         data[f"{key}_c1_p50_ms"] = data[f"{key}_unloaded"]["p50_ms"]
         r.sample("one at a time (C=1)", single, "run/s")
         if single.completed == 0:
-            raise BenchError(f"no run succeeded: {path.statuses}; "
-                             f"first problem: {path.problem}")
+            raise BenchError(f"no run succeeded: {path.statuses}; first problem: {path.problem}")
         path.statuses, path.problem = {}, ""
         await bench.settle(nc, key)
         watch = bench.window()
-        sample = await closed_loop(path.one, concurrency=concurrency, warmup_s=3 * scale,
-                                   duration_s=15 * scale, watcher=watch)
+        sample = await closed_loop(
+            path.one,
+            concurrency=concurrency,
+            warmup_s=3 * scale,
+            duration_s=15 * scale,
+            watcher=watch,
+        )
         data[f"{key}_runs_per_s"] = round(sample.rate, 1)
         data[f"{key}_p50_ms"] = round(sample.latency_ms(50), 1)
         data[f"{key}_p99_ms"] = round(sample.latency_ms(99), 1)
         data[f"{key}_concurrency"] = concurrency
-        data[key] = {**sample_dict(sample), "statuses": path.statuses, "problem": path.problem,
-                     "usage": watch.report(),
-                     "cpu_ms_per_run": cpu_ms_per_op(watch.report(), sample.rate)}
+        data[key] = {
+            **sample_dict(sample),
+            "statuses": path.statuses,
+            "problem": path.problem,
+            "usage": watch.report(),
+            "cpu_ms_per_run": cpu_ms_per_op(watch.report(), sample.rate),
+        }
         # Every process, as the issue's and the peers' figures count it: the services,
         # nats-server, Postgres, the host this bench plays and the simulated CRM.
         data[f"{key}_cpu_ms_per_run"] = data[key]["cpu_ms_per_run"].get("total")
@@ -163,13 +182,17 @@ async def run_phase(bench: Bench, key: str, title: str, *, concurrency: int,
             path.statuses, path.problem = {}, ""
             await bench.settle(nc, f"{key}_half_rate")
             watch = bench.window()
-            paced = await open_loop(path.one, rate=rate, warmup_s=2 * scale,
-                                    duration_s=10 * scale, watcher=watch)
-            data[f"{key}_half_rate"] = {**sample_dict(paced), "offered_per_s": round(rate, 1),
-                                        "statuses": path.statuses, "usage": watch.report()}
+            paced = await open_loop(
+                path.one, rate=rate, warmup_s=2 * scale, duration_s=10 * scale, watcher=watch
+            )
+            data[f"{key}_half_rate"] = {
+                **sample_dict(paced),
+                "offered_per_s": round(rate, 1),
+                "statuses": path.statuses,
+                "usage": watch.report(),
+            }
             data[f"{key}_half_rate_p99_ms"] = round(paced.latency_ms(99), 1)
-            r.sample(f"open loop at {rate:.1f}/s (half the C={concurrency} rate)", paced,
-                     "run/s")
+            r.sample(f"open loop at {rate:.1f}/s (half the C={concurrency} rate)", paced, "run/s")
     finally:
         await path.stop()
         await nc.close()

@@ -40,8 +40,11 @@ class _Sessions:
 
     async def open(self, count: int) -> None:
         for _ in range(count):
-            opened = await self._client.post("/sessions", json={"agent": AGENT}, headers={
-                **self._headers, "Idempotency-Key": f"bench-s-{uuid.uuid4().hex}"})
+            opened = await self._client.post(
+                "/sessions",
+                json={"agent": AGENT},
+                headers={**self._headers, "Idempotency-Key": f"bench-s-{uuid.uuid4().hex}"},
+            )
             opened.raise_for_status()
             self._free.append((opened.json()["session_id"], 0))
             self._ready.release()
@@ -65,12 +68,15 @@ class _Sessions:
         headers = {**self._headers, "Last-Event-ID": str(last)} if last else self._headers
         ok, seen = False, last
         with anyio.move_on_after(TIMEOUT_S):
-            async with self._client.stream("GET", f"/sessions/{sid}/events",
-                                           headers=headers) as events:
+            async with self._client.stream(
+                "GET", f"/sessions/{sid}/events", headers=headers
+            ) as events:
                 sent_at = time.monotonic()
-                sent = await self._client.post(f"/sessions/{sid}/messages", json={
-                    "text": "Note that Acme wants the shipment update by Friday."}, headers={
-                    **self._headers, "Idempotency-Key": f"bench-m-{uuid.uuid4().hex}"})
+                sent = await self._client.post(
+                    f"/sessions/{sid}/messages",
+                    json={"text": "Note that Acme wants the shipment update by Friday."},
+                    headers={**self._headers, "Idempotency-Key": f"bench-m-{uuid.uuid4().hex}"},
+                )
                 if sent.status_code != 202:
                     self._count(f"http_{sent.status_code}")
                     return False, seen
@@ -112,8 +118,11 @@ class _Sessions:
 
 
 def _ms(values: list[float]) -> dict[str, Any]:
-    return {"p50": round(percentile(values, 50), 1), "p99": round(percentile(values, 99), 1),
-            "count": len(values)}
+    return {
+        "p50": round(percentile(values, 50), 1),
+        "p99": round(percentile(values, 99), 1),
+        "count": len(values),
+    }
 
 
 async def session_path(bench: Bench) -> None:
@@ -124,22 +133,33 @@ async def session_path(bench: Bench) -> None:
     r.section(f"Chat sessions: {SESSIONS} sessions, message -> SSE events -> TurnEnded")
     bench.alive()
     limits = httpx.Limits(max_connections=SESSIONS * 3)
-    async with httpx.AsyncClient(base_url=stack.api_url, timeout=TIMEOUT_S,
-                                 limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=stack.api_url, timeout=TIMEOUT_S, limits=limits
+    ) as client:
         pool = _Sessions(client, stack.token(TENANT, PRINCIPAL, ttl_s=3600))
         await pool.open(SESSIONS)
         watch = bench.window()
-        best = await closed_loop(pool.one, concurrency=SESSIONS, warmup_s=_s(3),
-                                 duration_s=_s(15), watcher=watch)
+        best = await closed_loop(
+            pool.one, concurrency=SESSIONS, warmup_s=_s(3), duration_s=_s(15), watcher=watch
+        )
         if best.completed == 0:
             raise BenchError(f"no session turn succeeded: {pool.statuses}")
         data["session_turns_per_s"] = round(best.rate, 1)
         data["session_first_event_ms"] = _ms(pool.first_event_ms)
         data["session_first_delta_ms"] = _ms(pool.first_delta_ms)
-        data["session_path"] = {**sample_dict(best), "statuses": pool.statuses,
-                                "usage": watch.report()}
+        data["session_path"] = {
+            **sample_dict(best),
+            "statuses": pool.statuses,
+            "usage": watch.report(),
+        }
         r.sample(f"closed loop, {SESSIONS} sessions", best, "turn/s")
-        r.line("first event after a message", f"p50 {data['session_first_event_ms']['p50']} "
-                                              f"ms, p99 {data['session_first_event_ms']['p99']} ms")
-        r.line("first text delta", f"p50 {data['session_first_delta_ms']['p50']} ms, "
-                                   f"p99 {data['session_first_delta_ms']['p99']} ms")
+        r.line(
+            "first event after a message",
+            f"p50 {data['session_first_event_ms']['p50']} "
+            f"ms, p99 {data['session_first_event_ms']['p99']} ms",
+        )
+        r.line(
+            "first text delta",
+            f"p50 {data['session_first_delta_ms']['p50']} ms, "
+            f"p99 {data['session_first_delta_ms']['p99']} ms",
+        )

@@ -61,8 +61,9 @@ async def _count(stack: Stack, runs: int, agent: str, in_flight: int) -> str:
             continue  # this script's own
         total += statements.total() / runs
         out.append(f"{role}: {statements.total() / runs:.1f} statements per run")
-        out.extend(f"  {n / runs:5.1f}  {sql}" for sql, n in statements.most_common(12)
-                   if n / runs >= 0.05)
+        out.extend(
+            f"  {n / runs:5.1f}  {sql}" for sql, n in statements.most_common(12) if n / runs >= 0.05
+        )
     out.append(f"all services: {total:.1f} statements per run")
     return "\n".join(out)
 

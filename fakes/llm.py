@@ -31,8 +31,14 @@ from fakes._http import MAX_BODY_BYTES, HttpError, Mode, Reply
 __all__ = ["MAX_BODY_BYTES", "MAX_REPLIES", "MODES", "STREAM_CHUNK_CHARS", "FakeLlm", "main"]
 
 # The shared modes, plus the ways a model API answers that a CRM does not.
-MODES: Final = _http.MODES | {"malformed", "refuse", "rate_limit", "error", "cut_stream",
-                              "slow_stream"}
+MODES: Final = _http.MODES | {
+    "malformed",
+    "refuse",
+    "rate_limit",
+    "error",
+    "cut_stream",
+    "slow_stream",
+}
 STREAM_CHUNK_CHARS: Final = 8  # of content or arguments per streamed chunk, as a model sends
 MAX_REPLIES: Final = 1000
 MAX_RULES: Final = 32
@@ -89,8 +95,9 @@ class _State(_http.State):
             self.replies.extend(replies)
             return len(self.replies)
 
-    def next_reply(self, instead: dict[str, Any] | None = None,
-                   text: str = "") -> tuple[int, dict[str, Any]]:
+    def next_reply(
+        self, instead: dict[str, Any] | None = None, text: str = ""
+    ) -> tuple[int, dict[str, Any]]:
         """A serial number and the next scripted reply (or `instead`, leaving the script
         alone; or, the script used up, the first rule that matches the messages' `text`).
 
@@ -141,14 +148,25 @@ class _Handler(_http.Handler):
         stream = body.get("stream") is True
         options = body.get("stream_options")
         usage = stream and isinstance(options, dict) and options.get("include_usage") is True
-        text = "\n".join(m["content"] for m in body["messages"]
-                         if isinstance(m, dict) and isinstance(m.get("content"), str))
-        return self._complete(model, len(self._raw), stream=stream, usage=usage, text=text,
-                              entry=entry)
+        text = "\n".join(
+            m["content"]
+            for m in body["messages"]
+            if isinstance(m, dict) and isinstance(m.get("content"), str)
+        )
+        return self._complete(
+            model, len(self._raw), stream=stream, usage=usage, text=text, entry=entry
+        )
 
-    def _complete(self, model: str, prompt_bytes: int, *, stream: bool = False,
-                  usage: bool = False, text: str = "",
-                  entry: dict[str, Any] | None = None) -> Reply | None:
+    def _complete(
+        self,
+        model: str,
+        prompt_bytes: int,
+        *,
+        stream: bool = False,
+        usage: bool = False,
+        text: str = "",
+        entry: dict[str, Any] | None = None,
+    ) -> Reply | None:
         # Only well-formed, authorized requests use up the mode, so its `count` is predictable.
         mode = self.server.state.take_mode()
         if mode.name == "fail":
@@ -161,8 +179,9 @@ class _Handler(_http.Handler):
             raise exc
         if mode.name == "slow":
             self.server.stopping.wait(mode.delay_s)  # stop() cuts the sleep short
-        instead = {"malformed": {"content": MALFORMED_CONTENT},
-                   "refuse": {"refusal": REFUSAL}}.get(mode.name)
+        instead = {"malformed": {"content": MALFORMED_CONTENT}, "refuse": {"refusal": REFUSAL}}.get(
+            mode.name
+        )
         serial, reply = self.server.state.next_reply(instead, text)
         if mode.name == "lose_response" or (mode.name == "cut_stream" and not stream):
             return None  # the reply is used up, the answer never leaves
@@ -172,11 +191,17 @@ class _Handler(_http.Handler):
         completion = _completion(serial, model, reply, prompt_bytes)
         if not stream:
             return completion
-        cut = mode.after_chunks if isinstance(mode, _LlmMode) and mode.name == "cut_stream" \
-            else None
-        return _StreamReply(200, None, completion.headers,
-                            events=_chunks(completion.body, usage=usage), cut_after=cut,
-                            pause_s=mode.delay_s if mode.name == "slow_stream" else 0.0)
+        cut = (
+            mode.after_chunks if isinstance(mode, _LlmMode) and mode.name == "cut_stream" else None
+        )
+        return _StreamReply(
+            200,
+            None,
+            completion.headers,
+            events=_chunks(completion.body, usage=usage),
+            cut_after=cut,
+            pause_s=mode.delay_s if mode.name == "slow_stream" else 0.0,
+        )
 
     def _send(self, reply: Reply) -> None:
         if not isinstance(reply, _StreamReply):
@@ -219,8 +244,11 @@ class _Handler(_http.Handler):
         if (method, path) == ("POST", "/_control/rules"):
             req = self._json()
             rules = req.get("rules") if isinstance(req, dict) else None
-            if not isinstance(rules, list) or len(rules) > MAX_RULES or not all(
-                    _valid_rule(r) for r in rules):
+            if (
+                not isinstance(rules, list)
+                or len(rules) > MAX_RULES
+                or not all(_valid_rule(r) for r in rules)
+            ):
                 raise HttpError(400, f"rules must be a list of at most {MAX_RULES} rule objects")
             return Reply(200, {"rules": state.set_rules(rules)})
         raise HttpError(404, "not found")
@@ -230,8 +258,15 @@ class _Handler(_http.Handler):
             mode = _parse_mode(self._json())
             with self.server.state.lock:
                 self.server.state.mode = mode
-            return Reply(200, {"mode": mode.name, "count": mode.count, "delay_s": mode.delay_s,
-                               "after_chunks": mode.after_chunks})
+            return Reply(
+                200,
+                {
+                    "mode": mode.name,
+                    "count": mode.count,
+                    "delay_s": mode.delay_s,
+                    "after_chunks": mode.after_chunks,
+                },
+            )
         return super()._control(method, path)
 
 
@@ -243,8 +278,9 @@ def _parse_mode(req: Any) -> _LlmMode:
     if type(after) is not int or not 0 <= after <= 10_000:
         raise HttpError(400, "after_chunks must be an integer in [0, 10000]")
     # The shared parser checks count and delay_s the same way whatever the mode's name.
-    checked = _http._parse_mode({k: v for k, v in req.items() if k != "after_chunks"}
-                                | {"mode": "normal"})
+    checked = _http._parse_mode(
+        {k: v for k, v in req.items() if k != "after_chunks"} | {"mode": "normal"}
+    )
     return _LlmMode(req["mode"], checked.count, checked.delay_s, after)
 
 
@@ -254,12 +290,14 @@ def _valid_rule(rule: Any) -> bool:
         return False
     return _valid_reply(rule["reply"]) and all(
         isinstance(rule.get(k, []), list) and all(isinstance(x, str) for x in rule.get(k, []))
-        for k in ("when", "unless"))
+        for k in ("when", "unless")
+    )
 
 
 def _matches(rule: dict[str, Any], text: str) -> bool:
-    return (all(s in text for s in rule.get("when", []))
-            and not any(s in text for s in rule.get("unless", [])))
+    return all(s in text for s in rule.get("when", [])) and not any(
+        s in text for s in rule.get("unless", [])
+    )
 
 
 def _with_serial(value: Any, serial: int) -> Any:
@@ -277,13 +315,21 @@ def _valid_reply(reply: Any) -> bool:
     """A reply is `{content?, tool_calls?: [{name, arguments}], refusal?, finish_reason?}`."""
     if not isinstance(reply, dict) or set(reply) - _REPLY_FIELDS:
         return False
-    if not all(isinstance(reply.get(k), str | None) for k in ("content", "refusal",
-                                                               "finish_reason")):
+    if not all(
+        isinstance(reply.get(k), str | None) for k in ("content", "refusal", "finish_reason")
+    ):
         return False
     calls = reply.get("tool_calls")
-    return calls is None or (isinstance(calls, list) and all(
-        isinstance(c, dict) and set(c) == {"name", "arguments"}
-        and isinstance(c["name"], str) and isinstance(c["arguments"], str) for c in calls))
+    return calls is None or (
+        isinstance(calls, list)
+        and all(
+            isinstance(c, dict)
+            and set(c) == {"name", "arguments"}
+            and isinstance(c["name"], str)
+            and isinstance(c["arguments"], str)
+            for c in calls
+        )
+    )
 
 
 def _completion(serial: int, model: str, reply: dict[str, Any], prompt_bytes: int) -> Reply:
@@ -295,8 +341,11 @@ def _completion(serial: int, model: str, reply: dict[str, Any], prompt_bytes: in
     }
     if calls:
         message["tool_calls"] = [
-            {"id": f"call_{serial}_{i}", "type": "function",
-             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            {
+                "id": f"call_{serial}_{i}",
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
             for i, c in enumerate(calls)
         ]
     finish = reply.get("finish_reason") or ("tool_calls" if calls else "stop")
@@ -322,13 +371,21 @@ def _chunks(completion: dict[str, Any], *, usage: bool) -> list[dict[str, Any]]:
     """The `chat.completion.chunk` events that stream `completion`, as OpenAI sends them."""
     choice = completion["choices"][0]
     message, finish = choice["message"], choice["finish_reason"]
-    base = {"id": completion["id"], "object": "chat.completion.chunk",
-            "created": completion["created"], "model": completion["model"],
-            "system_fingerprint": None}
+    base = {
+        "id": completion["id"],
+        "object": "chat.completion.chunk",
+        "created": completion["created"],
+        "model": completion["model"],
+        "system_fingerprint": None,
+    }
 
     def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        event = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                      "finish_reason": finish_reason}]}
+        event = {
+            **base,
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
         return event | {"usage": None} if usage else event
 
     events = [chunk({"role": "assistant", "content": "", "refusal": None})]
@@ -336,11 +393,24 @@ def _chunks(completion: dict[str, Any], *, usage: bool) -> list[dict[str, Any]]:
     events += [chunk({"refusal": piece}) for piece in _pieces(message["refusal"])]
     for i, call in enumerate(message.get("tool_calls") or []):
         function = call["function"]
-        events.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                             "function": {"name": function["name"],
-                                                          "arguments": ""}}]}))
-        events += [chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
-                   for piece in _pieces(function["arguments"])]
+        events.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": function["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
+        events += [
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+            for piece in _pieces(function["arguments"])
+        ]
     events.append(chunk({}, finish))
     if usage:
         events.append({**base, "choices": [], "usage": completion["usage"]})
@@ -349,7 +419,7 @@ def _chunks(completion: dict[str, Any], *, usage: bool) -> list[dict[str, Any]]:
 
 def _pieces(text: str | None) -> list[str]:
     text = text or ""
-    return [text[i:i + STREAM_CHUNK_CHARS] for i in range(0, len(text), STREAM_CHUNK_CHARS)]
+    return [text[i : i + STREAM_CHUNK_CHARS] for i in range(0, len(text), STREAM_CHUNK_CHARS)]
 
 
 def _seconds(delay: float) -> str:

@@ -41,18 +41,27 @@ def decode_spans(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
         resource = _attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                spans.append({
-                    "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                    "parent_span_id": span.parent_span_id.hex() or None,
-                    "name": span.name,
-                    "service": resource.get("service.name"),
-                    "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
-                    "attributes": _attributes(span.attributes),
-                    "links": [{"trace_id": link.trace_id.hex(), "span_id": link.span_id.hex(),
-                               "attributes": _attributes(link.attributes)}
-                              for link in span.links],
-                    "scope": scope_spans.scope.name,
-                })
+                spans.append(
+                    {
+                        "trace_id": span.trace_id.hex(),
+                        "span_id": span.span_id.hex(),
+                        "parent_span_id": span.parent_span_id.hex() or None,
+                        "name": span.name,
+                        "service": resource.get("service.name"),
+                        "start": span.start_time_unix_nano,
+                        "end": span.end_time_unix_nano,
+                        "attributes": _attributes(span.attributes),
+                        "links": [
+                            {
+                                "trace_id": link.trace_id.hex(),
+                                "span_id": link.span_id.hex(),
+                                "attributes": _attributes(link.attributes),
+                            }
+                            for link in span.links
+                        ],
+                        "scope": scope_spans.scope.name,
+                    }
+                )
     return spans
 
 
@@ -96,8 +105,7 @@ class FakeOtlpCollector(_http.LoopbackFake):
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, token: str = "") -> None:
         # Bind now so `url` is known before start(), e.g. to hand to a subprocess.
-        super().__init__(_http.Server((host, port), _Handler, token=token.encode(),
-                                      state=_State()))
+        super().__init__(_http.Server((host, port), _Handler, token=token.encode(), state=_State()))
 
 
 class _Handler(_http.Handler):
@@ -162,8 +170,12 @@ class _Handler(_http.Handler):
     def _read_body(self) -> bytes:
         # Larger than the JSON fakes' limit: an export batch is legitimately big.
         length = self.headers.get("Content-Length", "0")
-        if (urlsplit(self.path).path != TRACES_PATH or self.headers.get("Transfer-Encoding")
-                or not length.isdigit() or int(length) > MAX_EXPORT_BYTES):
+        if (
+            urlsplit(self.path).path != TRACES_PATH
+            or self.headers.get("Transfer-Encoding")
+            or not length.isdigit()
+            or int(length) > MAX_EXPORT_BYTES
+        ):
             return super()._read_body()
         return self.rfile.read(int(length))
 
@@ -172,8 +184,9 @@ class _Handler(_http.Handler):
         if (method, path) == ("GET", "/_control/spans"):
             trace_ids = parse_qs(urlsplit(self.path).query).get("trace_id")
             with state.lock:
-                return Reply(200, [s for s in state.spans
-                                   if trace_ids is None or s["trace_id"] in trace_ids])
+                return Reply(
+                    200, [s for s in state.spans if trace_ids is None or s["trace_id"] in trace_ids]
+                )
         if (method, path) == ("GET", "/_control/exports"):
             with state.lock:
                 return Reply(200, {"exports": state.exports, "spans": len(state.spans)})
@@ -188,9 +201,11 @@ class _Handler(_http.Handler):
 def main(argv: list[str] | None = None) -> None:
     """Serve the fake OTLP collector until SIGTERM or SIGINT."""
     parser = _http.arg_parser("python -m fakes.otlp", main.__doc__)
-    _http.serve(parser, argv,
-                lambda args, token: FakeOtlpCollector(host=args.host, port=args.port,
-                                                      token=token))
+    _http.serve(
+        parser,
+        argv,
+        lambda args, token: FakeOtlpCollector(host=args.host, port=args.port, token=token),
+    )
 
 
 if __name__ == "__main__":

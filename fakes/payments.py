@@ -39,7 +39,8 @@ MAX_DESCRIPTION_CHARS: Final = 500
 MAX_LINES: Final = 100
 MAX_NAME_CHARS: Final = 200
 PAYMENT_STATUSES: Final = frozenset(
-    {"pending", "authorized", "captured", "failed", "voided", "disputed"})
+    {"pending", "authorized", "captured", "failed", "voided", "disputed"}
+)
 # The default backlog of 5 drops SYNs under a burst of concurrent charges, which costs the
 # client a one-second retransmit per dropped connection.
 _BACKLOG: Final = 128
@@ -47,7 +48,8 @@ _CHARGE_FIELDS: Final = frozenset({"customer_id", "amount_cents", "currency", "d
 _CUSTOMER_ID: Final = re.compile(r"[^/\s]{1,255}")
 _CURRENCY: Final = re.compile(r"[A-Z]{3}")
 _PAYMENT_FIELDS: Final = frozenset(
-    {"payment_id", "customer_id", "currency", "status", "method", "lines"})
+    {"payment_id", "customer_id", "currency", "status", "method", "lines"}
+)
 _METHOD_FIELDS: Final = frozenset({"kind", "last4", "usable"})
 _METHOD_KINDS: Final = frozenset({"card", "bank_account", "wallet"})
 _LINE_FIELDS: Final = frozenset({"line_id", "product", "participant", "amount_cents", "discount"})
@@ -135,13 +137,20 @@ class _State(_http.State):
             refunds = self._refunds_of(payment["payment_id"])
             left = sum(x["amount_cents"] for x in payment["lines"]) - _total(refunds)
             if amount > left:
-                raise HttpError(409, "amount exceeds what is left to refund on the payment",
-                                refundable_cents=max(left, 0))
+                raise HttpError(
+                    409,
+                    "amount exceeds what is left to refund on the payment",
+                    refundable_cents=max(left, 0),
+                )
             line_left = line["amount_cents"] - _total(
-                r for r in refunds if r["line_id"] == line["line_id"])
+                r for r in refunds if r["line_id"] == line["line_id"]
+            )
             if amount > line_left:
-                raise HttpError(409, "amount exceeds what is left to refund on the line",
-                                refundable_cents=max(line_left, 0))
+                raise HttpError(
+                    409,
+                    "amount exceeds what is left to refund on the line",
+                    refundable_cents=max(line_left, 0),
+                )
             refund = {
                 "refund_id": f"re_{len(self.refunds) + 1}",
                 "reference": reference,
@@ -389,8 +398,9 @@ def main(argv: list[str] | None = None) -> None:
     """Serve the fake payment provider until SIGTERM or SIGINT."""
     parser = _http.arg_parser("python -m fakes.payments", main.__doc__)
     parser.add_argument(
-        "--queryable", action="store_true",
-        help="answer GET /v1/charges?reference=... and GET /v1/refunds?reference=..."
+        "--queryable",
+        action="store_true",
+        help="answer GET /v1/charges?reference=... and GET /v1/refunds?reference=...",
     )
     _http.serve(
         parser,

@@ -105,8 +105,7 @@ def _age_s(msg: Msg) -> float:
 
 def _exhausted(msg: Msg, spec: ConsumerSpec) -> bool:
     """Delivered past both limits: nothing will handle it any more."""
-    return (msg.metadata.num_delivered > spec.max_deliver
-            and _age_s(msg) >= spec.outage_limit_s)
+    return msg.metadata.num_delivered > spec.max_deliver and _age_s(msg) >= spec.outage_limit_s
 
 
 async def run_actor(
@@ -155,9 +154,17 @@ async def run_actor(
 
     async def process(msg: Msg) -> None:
         try:
-            await _process(msg, js=js, spec=spec, decoder=decoder, handler=handler,
-                           metrics=metrics, tracer=tracer, ack_sync=ack_sync,
-                           heartbeat=heartbeat)
+            await _process(
+                msg,
+                js=js,
+                spec=spec,
+                decoder=decoder,
+                handler=handler,
+                metrics=metrics,
+                tracer=tracer,
+                ack_sync=ack_sync,
+                heartbeat=heartbeat,
+            )
         except Exception as exc:
             await _crashed([msg], exc, spec=spec, metrics=metrics)
         finally:
@@ -166,9 +173,18 @@ async def run_actor(
     async def process_batch(msgs: list[Msg]) -> None:
         assert batch_handler is not None
         try:
-            await _process_batch(msgs, js=js, spec=spec, decoder=decoder, handler=handler,
-                                 batch_handler=batch_handler, metrics=metrics, tracer=tracer,
-                                 ack_sync=ack_sync, heartbeat=heartbeat)
+            await _process_batch(
+                msgs,
+                js=js,
+                spec=spec,
+                decoder=decoder,
+                handler=handler,
+                batch_handler=batch_handler,
+                metrics=metrics,
+                tracer=tracer,
+                ack_sync=ack_sync,
+                heartbeat=heartbeat,
+            )
         except Exception as exc:
             await _crashed(msgs, exc, spec=spec, metrics=metrics)
         finally:
@@ -232,8 +248,9 @@ async def _acquire_beating(slots: anyio.Semaphore, health: Health, durable: str)
             return
 
 
-def _suspecting(health: Health, handler: Handler, batch_handler: BatchHandler | None
-                ) -> tuple[Handler, BatchHandler | None]:
+def _suspecting(
+    health: Health, handler: Handler, batch_handler: BatchHandler | None
+) -> tuple[Handler, BatchHandler | None]:
     """The handlers, telling `health` to check the dependencies when one fails."""
 
     async def one(delivery: Delivery[Any]) -> None:
@@ -260,8 +277,13 @@ def _suspecting(health: Health, handler: Handler, batch_handler: BatchHandler | 
     return one, batch
 
 
-async def _watch_lag(js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMetrics,
-                     every: float, scope: anyio.CancelScope) -> None:
+async def _watch_lag(
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    metrics: ActorMetrics,
+    every: float,
+    scope: anyio.CancelScope,
+) -> None:
     """Refresh the consumer's lag gauges now and every `every` seconds, until `scope` ends."""
     consumer = spec.durable
     with scope:
@@ -277,12 +299,12 @@ async def _watch_lag(js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMet
             await anyio.sleep(every)
 
 
-async def _crashed(msgs: list[Msg], exc: Exception, *, spec: ConsumerSpec,
-                   metrics: ActorMetrics) -> None:
+async def _crashed(
+    msgs: list[Msg], exc: Exception, *, spec: ConsumerSpec, metrics: ActorMetrics
+) -> None:
     """The handling itself failed (not the handler): the loop goes on, the deliveries come
     back later (a message that keeps doing this ends in the dead-letter stream)."""
-    log.error("%s: handling %d deliveries failed: %r", spec.durable, len(msgs), exc,
-              exc_info=exc)
+    log.error("%s: handling %d deliveries failed: %r", spec.durable, len(msgs), exc, exc_info=exc)
     metrics.failed.labels(spec.durable, "crashed").inc(len(msgs))
     for msg in msgs:
         try:
@@ -292,8 +314,9 @@ async def _crashed(msgs: list[Msg], exc: Exception, *, spec: ConsumerSpec,
         await _settle(msg.nak(delay=delay))
 
 
-def _decode(msg: Msg, decoder: msgspec.json.Decoder[Any] | None, metrics: ActorMetrics,
-            consumer: str) -> Delivery[Any]:
+def _decode(
+    msg: Msg, decoder: msgspec.json.Decoder[Any] | None, metrics: ActorMetrics, consumer: str
+) -> Delivery[Any]:
     """The delivery, decoded (raises `msgspec.DecodeError`)."""
     if msg.metadata.num_delivered > 1:
         metrics.redelivered.labels(consumer).inc()
@@ -301,17 +324,26 @@ def _decode(msg: Msg, decoder: msgspec.json.Decoder[Any] | None, metrics: ActorM
     return Delivery(msg, msg.data if decoder is None else decoder.decode(msg.data))
 
 
-async def _admit(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
-                 decoder: msgspec.json.Decoder[Any] | None,
-                 metrics: ActorMetrics) -> Delivery[Any] | None:
+async def _admit(
+    msg: Msg,
+    *,
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    decoder: msgspec.json.Decoder[Any] | None,
+    metrics: ActorMetrics,
+) -> Delivery[Any] | None:
     """The delivery to handle, or None once a message past its bounds or undecodable has been
     dead-lettered (single and batch paths alike)."""
     consumer = spec.durable
     if _exhausted(msg, spec):
         metrics.failed.labels(consumer, "exhausted").inc()
-        await _dead_letter(js, msg, metrics, consumer,
-                           f"exhausted {msg.metadata.num_delivered - 1} deliveries "
-                           f"over {_age_s(msg):.0f} s")
+        await _dead_letter(
+            js,
+            msg,
+            metrics,
+            consumer,
+            f"exhausted {msg.metadata.num_delivered - 1} deliveries over {_age_s(msg):.0f} s",
+        )
         return None
     try:
         return _decode(msg, decoder, metrics, consumer)
@@ -321,26 +353,51 @@ async def _admit(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
         return None
 
 
-async def _process(msg: Msg, *, js: JetStreamContext, spec: ConsumerSpec,
-                   decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
-                   metrics: ActorMetrics,
-                   tracer: Tracer, ack_sync: bool, heartbeat: bool) -> None:
+async def _process(
+    msg: Msg,
+    *,
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    decoder: msgspec.json.Decoder[Any] | None,
+    handler: Handler,
+    metrics: ActorMetrics,
+    tracer: Tracer,
+    ack_sync: bool,
+    heartbeat: bool,
+) -> None:
     delivery = await _admit(msg, js=js, spec=spec, decoder=decoder, metrics=metrics)
     if delivery is None:
         return
-    await _handle_one(delivery, js=js, spec=spec, handler=handler, metrics=metrics,
-                      tracer=tracer, ack_sync=ack_sync, heartbeat=heartbeat)
+    await _handle_one(
+        delivery,
+        js=js,
+        spec=spec,
+        handler=handler,
+        metrics=metrics,
+        tracer=tracer,
+        ack_sync=ack_sync,
+        heartbeat=heartbeat,
+    )
 
 
-async def _handle_one(delivery: Delivery[Any], *, js: JetStreamContext, spec: ConsumerSpec,
-                      handler: Handler, metrics: ActorMetrics, tracer: Tracer, ack_sync: bool,
-                      heartbeat: bool) -> None:
+async def _handle_one(
+    delivery: Delivery[Any],
+    *,
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    handler: Handler,
+    metrics: ActorMetrics,
+    tracer: Tracer,
+    ack_sync: bool,
+    heartbeat: bool,
+) -> None:
     started = time.perf_counter()
     msg = delivery.msg
     parent = extract_context(delivery.headers)
     error: BaseException | None = None
-    with tracer.start_as_current_span(f"{spec.durable} handle", context=parent,
-                                      kind=SpanKind.CONSUMER) as span:
+    with tracer.start_as_current_span(
+        f"{spec.durable} handle", context=parent, kind=SpanKind.CONSUMER
+    ) as span:
         span.set_attribute("messaging.destination.name", msg.subject)
         span.set_attribute("messaging.message.delivery_count", delivery.num_delivered)
         try:
@@ -348,14 +405,24 @@ async def _handle_one(delivery: Delivery[Any], *, js: JetStreamContext, spec: Co
         except Exception as exc:
             error = exc
         # Inside the span: a dead letter carries the handling's trace context.
-        await _settle_result(delivery, error, js=js, spec=spec, metrics=metrics,
-                             ack_sync=ack_sync, started=started)
+        await _settle_result(
+            delivery, error, js=js, spec=spec, metrics=metrics, ack_sync=ack_sync, started=started
+        )
 
 
-async def _process_batch(msgs: list[Msg], *, js: JetStreamContext, spec: ConsumerSpec,
-                         decoder: msgspec.json.Decoder[Any] | None, handler: Handler,
-                         batch_handler: BatchHandler, metrics: ActorMetrics, tracer: Tracer,
-                         ack_sync: bool, heartbeat: bool) -> None:
+async def _process_batch(
+    msgs: list[Msg],
+    *,
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    decoder: msgspec.json.Decoder[Any] | None,
+    handler: Handler,
+    batch_handler: BatchHandler,
+    metrics: ActorMetrics,
+    tracer: Tracer,
+    ack_sync: bool,
+    heartbeat: bool,
+) -> None:
     consumer = spec.durable
     started = time.perf_counter()
     deliveries: list[Delivery[Any]] = []
@@ -366,47 +433,77 @@ async def _process_batch(msgs: list[Msg], *, js: JetStreamContext, spec: Consume
     if not deliveries:
         return
     if len(deliveries) == 1:  # a batch of one is handled as one
-        await _handle_one(deliveries[0], js=js, spec=spec, handler=handler, metrics=metrics,
-                          tracer=tracer, ack_sync=ack_sync, heartbeat=heartbeat)
+        await _handle_one(
+            deliveries[0],
+            js=js,
+            spec=spec,
+            handler=handler,
+            metrics=metrics,
+            tracer=tracer,
+            ack_sync=ack_sync,
+            heartbeat=heartbeat,
+        )
         return
     for delivery in deliveries:
-        delivery.span = tracer.start_span(f"{consumer} handle",
-                                          context=extract_context(delivery.headers),
-                                          kind=SpanKind.CONSUMER)
+        delivery.span = tracer.start_span(
+            f"{consumer} handle", context=extract_context(delivery.headers), kind=SpanKind.CONSUMER
+        )
         delivery.span.set_attribute("messaging.destination.name", delivery.subject)
         delivery.span.set_attribute("messaging.message.delivery_count", delivery.num_delivered)
         delivery.span.set_attribute("messaging.batch.message_count", len(deliveries))
     try:
         try:
-            results = await _run_batch(batch_handler, deliveries,
-                                       spec.ack_wait_s / 3 if heartbeat else None)
+            results = await _run_batch(
+                batch_handler, deliveries, spec.ack_wait_s / 3 if heartbeat else None
+            )
             if len(results) != len(deliveries):
                 raise RuntimeError(f"{len(results)} results for {len(deliveries)} deliveries")
         except Exception as exc:
             # Nothing of it committed as a batch: each delivery on its own, so one poison
             # message fails alone.
-            log.info("%s: batch of %d failed (%r), handling it one by one", consumer,
-                     len(deliveries), exc)
+            log.info(
+                "%s: batch of %d failed (%r), handling it one by one",
+                consumer,
+                len(deliveries),
+                exc,
+            )
             metrics.failed.labels(consumer, "batch").inc()
             for delivery in deliveries:
                 delivery.span.end()
                 delivery.span = trace.INVALID_SPAN
-                await _handle_one(delivery, js=js, spec=spec, handler=handler,
-                                  metrics=metrics, tracer=tracer, ack_sync=ack_sync,
-                                  heartbeat=heartbeat)
+                await _handle_one(
+                    delivery,
+                    js=js,
+                    spec=spec,
+                    handler=handler,
+                    metrics=metrics,
+                    tracer=tracer,
+                    ack_sync=ack_sync,
+                    heartbeat=heartbeat,
+                )
             return
         async with anyio.create_task_group() as tg:  # acks (and naks) in parallel
             for delivery, error in zip(deliveries, results, strict=True):
-                tg.start_soon(functools.partial(
-                    _settle_result, delivery, error, js=js, spec=spec, metrics=metrics,
-                    ack_sync=ack_sync, started=started))
+                tg.start_soon(
+                    functools.partial(
+                        _settle_result,
+                        delivery,
+                        error,
+                        js=js,
+                        spec=spec,
+                        metrics=metrics,
+                        ack_sync=ack_sync,
+                        started=started,
+                    )
+                )
     finally:
         for delivery in deliveries:
             delivery.span.end()
 
 
-async def _run_batch(batch_handler: BatchHandler, deliveries: list[Delivery[Any]],
-                     every: float | None) -> Sequence[BaseException | None]:
+async def _run_batch(
+    batch_handler: BatchHandler, deliveries: list[Delivery[Any]], every: float | None
+) -> Sequence[BaseException | None]:
     if every is None:
         return await batch_handler(deliveries)
     try:
@@ -421,9 +518,16 @@ async def _run_batch(batch_handler: BatchHandler, deliveries: list[Delivery[Any]
         raise single_error(group) from None
 
 
-async def _settle_result(delivery: Delivery[Any], error: BaseException | None, *,
-                         js: JetStreamContext, spec: ConsumerSpec, metrics: ActorMetrics,
-                         ack_sync: bool, started: float) -> None:
+async def _settle_result(
+    delivery: Delivery[Any],
+    error: BaseException | None,
+    *,
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    metrics: ActorMetrics,
+    ack_sync: bool,
+    started: float,
+) -> None:
     """Ack, nak, dead-letter or leave alone one delivery, by what its handling raised."""
     consumer, msg = spec.durable, delivery.msg
     if isinstance(error, Fenced):
@@ -442,28 +546,45 @@ async def _settle_result(delivery: Delivery[Any], error: BaseException | None, *
             age = _age_s(msg)
             if not waiting:
                 metrics.failed.labels(consumer, "exhausted").inc()
-                await _dead_letter(js, msg, metrics, consumer,
-                                   f"exhausted {spec.max_deliver} deliveries: {error!r}")
+                await _dead_letter(
+                    js,
+                    msg,
+                    metrics,
+                    consumer,
+                    f"exhausted {spec.max_deliver} deliveries: {error!r}",
+                )
                 return
             if age >= spec.outage_limit_s:
                 metrics.failed.labels(consumer, "outage_exhausted").inc()
-                await _dead_letter(js, msg, metrics, consumer,
-                                   f"still unavailable after {age:.0f} s "
-                                   f"({delivery.num_delivered} deliveries): {error!r}")
+                await _dead_letter(
+                    js,
+                    msg,
+                    metrics,
+                    consumer,
+                    f"still unavailable after {age:.0f} s "
+                    f"({delivery.num_delivered} deliveries): {error!r}",
+                )
                 return
         metrics.failed.labels(consumer, "retry").inc()
         if waiting:
             metrics.waiting.labels(consumer).inc()
-            log.info("%s: waiting for a dependency (delivery %d): %r", consumer,
-                     delivery.num_delivered, error)
+            log.info(
+                "%s: waiting for a dependency (delivery %d): %r",
+                consumer,
+                delivery.num_delivered,
+                error,
+            )
         else:
             log.warning("%s: handler failed, will retry: %r", consumer, error)
         delay = _backoff(delivery.num_delivered, spec)
         if isinstance(error, RetryableError) and error.delay is not None:
             # The error's own delay (a lease's remaining time, a cooldown) first; a long
             # outage still backs off.
-            delay = error.delay if delivery.num_delivered < spec.max_deliver else max(
-                error.delay, delay)
+            delay = (
+                error.delay
+                if delivery.num_delivered < spec.max_deliver
+                else max(error.delay, delay)
+            )
         await _settle(msg.nak(delay=delay))
         return
     if ack_sync:
@@ -503,14 +624,17 @@ async def _settle(op: Awaitable[Any]) -> None:
         log.debug("ack/nak/progress lost: %r", exc)
 
 
-async def _dead_letter(js: JetStreamContext, msg: Msg, metrics: ActorMetrics, consumer: str,
-                       reason: str) -> None:
-    headers = inject_context({
-        "Writ-Dlq-Reason": reason[:1000],
-        "Writ-Dlq-Subject": msg.subject,
-        "Writ-Dlq-Stream-Seq": str(msg.metadata.sequence.stream),
-        "Nats-Msg-Id": f"dlq:{consumer}:{msg.metadata.sequence.stream}",
-    })
+async def _dead_letter(
+    js: JetStreamContext, msg: Msg, metrics: ActorMetrics, consumer: str, reason: str
+) -> None:
+    headers = inject_context(
+        {
+            "Writ-Dlq-Reason": reason[:1000],
+            "Writ-Dlq-Subject": msg.subject,
+            "Writ-Dlq-Stream-Seq": str(msg.metadata.sequence.stream),
+            "Nats-Msg-Id": f"dlq:{consumer}:{msg.metadata.sequence.stream}",
+        }
+    )
     # The dead letter is published before term(): if publishing fails, the message is retried
     # rather than lost.
     try:
@@ -521,6 +645,7 @@ async def _dead_letter(js: JetStreamContext, msg: Msg, metrics: ActorMetrics, co
         return
     if not ack.duplicate:  # an earlier try published it and only its term() was lost
         metrics.dead_lettered.labels(consumer).inc()
-    log.warning("%s: dead-lettered stream seq %s: %s", consumer,
-                msg.metadata.sequence.stream, reason)
+    log.warning(
+        "%s: dead-lettered stream seq %s: %s", consumer, msg.metadata.sequence.stream, reason
+    )
     await _settle(msg.term())

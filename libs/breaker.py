@@ -64,9 +64,14 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
 class CircuitBreaker:
     """One tool's breaker: closed, open or half-open."""
 
-    def __init__(self, *, threshold: int = 3, cooldown_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[BreakerState], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        threshold: int = 3,
+        cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[BreakerState], None] | None = None,
+    ) -> None:
         _check(threshold, cooldown_s)
         self._threshold, self._cooldown_s, self._clock = threshold, cooldown_s, clock
         self._on_change = on_change
@@ -85,8 +90,9 @@ class CircuitBreaker:
         if self._state == "open":
             remaining = self._opened_at + self._cooldown_s - self._clock()
             if remaining > 0:
-                return Admission(allowed=False, retry_after_s=remaining,
-                                 generation=self._generation)
+                return Admission(
+                    allowed=False, retry_after_s=remaining, generation=self._generation
+                )
             self._move("half_open")
         return Admission(allowed=True, generation=self._generation)
 
@@ -123,9 +129,14 @@ class CircuitBreaker:
 class Breakers:
     """One `CircuitBreaker` per tool, made (closed) on first use; `on_change` sees each move."""
 
-    def __init__(self, *, threshold: int = 3, cooldown_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[str, BreakerState], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        threshold: int = 3,
+        cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, BreakerState], None] | None = None,
+    ) -> None:
         _check(threshold, cooldown_s)
         self._threshold, self._cooldown_s, self._clock = threshold, cooldown_s, clock
         self._on_change = on_change
@@ -137,8 +148,11 @@ class Breakers:
         if breaker is None:
             notify = self._on_change
             breaker = CircuitBreaker(
-                threshold=self._threshold, cooldown_s=self._cooldown_s, clock=self._clock,
-                on_change=None if notify is None else lambda state: notify(tool, state))
+                threshold=self._threshold,
+                cooldown_s=self._cooldown_s,
+                clock=self._clock,
+                on_change=None if notify is None else lambda state: notify(tool, state),
+            )
             self._breakers[tool] = breaker
         return breaker
 

@@ -58,8 +58,9 @@ class NoBudget(PermanentError):
     `budget` is the BudgetKind that ran out, or `unknown_run` (no budget recorded for the run).
     """
 
-    def __init__(self, msg: str, *, budget: str, run_id: str, step_key: str,
-                 settled: list[str] | None = None) -> None:
+    def __init__(
+        self, msg: str, *, budget: str, run_id: str, step_key: str, settled: list[str] | None = None
+    ) -> None:
         super().__init__(msg)
         self.budget, self.run_id, self.step_key = budget, run_id, step_key
         # The settlements the refused reserve carried, closed all the same.
@@ -89,11 +90,20 @@ class NoSuchReservation(PermanentError, LookupError):
     """Governance knows no such reservation for this run."""
 
 
-async def reserve(nc: Client, *, tenant: str, run_id: str, step_key: str,
-                  provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
-                  limit: RunBudget | None = None, settle: list[Settlement] | None = None,
-                  up_to: LeaseAmounts | None = None,
-                  timeout: float = DEFAULT_TIMEOUT_S) -> BudgetReserved:
+async def reserve(
+    nc: Client,
+    *,
+    tenant: str,
+    run_id: str,
+    step_key: str,
+    provider_calls: int = 0,
+    tokens: int = 0,
+    capability_calls: int = 0,
+    limit: RunBudget | None = None,
+    settle: list[Settlement] | None = None,
+    up_to: LeaseAmounts | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> BudgetReserved:
     """Reserve what one step may spend, all kinds at once (both or neither); `limit`, the
     caller's own limits for the run, lowers the run's limits first (never raises them).
     `settle`: earlier reservations of the run closed first, in the same transaction (one
@@ -107,23 +117,43 @@ async def reserve(nc: Client, *, tenant: str, run_id: str, step_key: str,
         BudgetUnavailable: no answer, or governance cannot read its store (fail closed):
             nothing was reserved or settled.
     """
-    ask = ReserveBudget(tenant=tenant, run_id=run_id, step_key=step_key,
-                        provider_calls=provider_calls, tokens=tokens,
-                        capability_calls=capability_calls, limit=limit, settle=settle or [],
-                        up_to=up_to)
+    ask = ReserveBudget(
+        tenant=tenant,
+        run_id=run_id,
+        step_key=step_key,
+        provider_calls=provider_calls,
+        tokens=tokens,
+        capability_calls=capability_calls,
+        limit=limit,
+        settle=settle or [],
+        up_to=up_to,
+    )
     answer = _RESERVE_REPLY.decode(await _request(nc, subjects.RESERVE, ask, timeout))
     if isinstance(answer, BudgetReserved):
         return answer
     if answer.budget == "unavailable":
         raise BudgetUnavailable(answer.reason)
     error = NoBudget if answer.budget == "unknown_run" else BudgetExhausted
-    raise error(answer.reason, budget=answer.budget, run_id=run_id, step_key=step_key,
-                settled=answer.settled)
+    raise error(
+        answer.reason,
+        budget=answer.budget,
+        run_id=run_id,
+        step_key=step_key,
+        settled=answer.settled,
+    )
 
 
-async def settle(nc: Client, *, tenant: str, run_id: str, reservation_id: str,
-                 provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> BudgetSettled:
+async def settle(
+    nc: Client,
+    *,
+    tenant: str,
+    run_id: str,
+    reservation_id: str,
+    provider_calls: int = 0,
+    tokens: int = 0,
+    capability_calls: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> BudgetSettled:
     """Close a reservation with what the step really used (more than reserved is recorded).
 
     Settling again returns what was recorded the first time.
@@ -132,20 +162,45 @@ async def settle(nc: Client, *, tenant: str, run_id: str, reservation_id: str,
         NoSuchReservation: governance knows no such reservation for this run.
         BudgetUnavailable: no answer, or governance failed to record it: settle again.
     """
-    return await _close(nc, SettleBudget(
-        tenant=tenant, run_id=run_id, reservation_id=reservation_id,
-        provider_calls=provider_calls, tokens=tokens, capability_calls=capability_calls),
-        timeout)
+    return await _close(
+        nc,
+        SettleBudget(
+            tenant=tenant,
+            run_id=run_id,
+            reservation_id=reservation_id,
+            provider_calls=provider_calls,
+            tokens=tokens,
+            capability_calls=capability_calls,
+        ),
+        timeout,
+    )
 
 
-async def release(nc: Client, *, tenant: str, run_id: str, reservation_id: str,
-                  provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
-                  timeout: float = DEFAULT_TIMEOUT_S) -> BudgetSettled:
+async def release(
+    nc: Client,
+    *,
+    tenant: str,
+    run_id: str,
+    reservation_id: str,
+    provider_calls: int = 0,
+    tokens: int = 0,
+    capability_calls: int = 0,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> BudgetSettled:
     """Close the reservation of an abandoned step, recording what it did use (usually 0)."""
-    return await _close(nc, SettleBudget(
-        tenant=tenant, run_id=run_id, reservation_id=reservation_id,
-        provider_calls=provider_calls, tokens=tokens, capability_calls=capability_calls,
-        release=True), timeout)
+    return await _close(
+        nc,
+        SettleBudget(
+            tenant=tenant,
+            run_id=run_id,
+            reservation_id=reservation_id,
+            provider_calls=provider_calls,
+            tokens=tokens,
+            capability_calls=capability_calls,
+            release=True,
+        ),
+        timeout,
+    )
 
 
 async def _close(nc: Client, ask: SettleBudget, timeout: float) -> BudgetSettled:
@@ -159,11 +214,13 @@ async def _request(nc: Client, subject: str, ask: msgspec.Struct, timeout: float
         raise BudgetUnavailable(f"governance did not answer: {exc!r}") from exc
     code = reply.headers.get("Nats-Service-Error-Code") if reply.headers else None
     if code == "400":
-        raise PermanentError(f"governance refused the request: "
-                             f"{reply.headers.get('Nats-Service-Error', '')}")
+        raise PermanentError(
+            f"governance refused the request: {reply.headers.get('Nats-Service-Error', '')}"
+        )
     if code == "404":
         raise NoSuchReservation(reply.headers.get("Nats-Service-Error", "no such reservation"))
     if code:
-        raise BudgetUnavailable(f"governance error {code}: "
-                                f"{reply.headers.get('Nats-Service-Error', '')}")
+        raise BudgetUnavailable(
+            f"governance error {code}: {reply.headers.get('Nats-Service-Error', '')}"
+        )
     return reply.data

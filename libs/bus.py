@@ -74,16 +74,19 @@ async def connect(url: str, *, name: str, user: str = "", password: str = "") ->
     """
     credentials: dict[str, str] = {}
     if user:
-        credentials = {"user": user, "password": password,
-                       "inbox_prefix": inbox_prefix(user)}
+        credentials = {"user": user, "password": password, "inbox_prefix": inbox_prefix(user)}
     return await nats.connect(
-        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-        connect_timeout=5, allow_reconnect=True, **credentials,
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        allow_reconnect=True,
+        **credentials,
     )
 
 
-async def open_bucket(js: JetStreamContext, config: KeyValueConfig, *, replicas: int
-                      ) -> KeyValue:
+async def open_bucket(js: JetStreamContext, config: KeyValueConfig, *, replicas: int) -> KeyValue:
     """A key-value bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS, like the
     streams: nats-py would make it one replica even on a three-node cluster)."""
     try:
@@ -92,13 +95,22 @@ async def open_bucket(js: JetStreamContext, config: KeyValueConfig, *, replicas:
         return await js.create_key_value(dataclasses.replace(config, replicas=replicas))
 
 
-async def ensure_streams(js: JetStreamContext, specs: Sequence[StreamSpec] = STREAMS, *,
-                         replicas: int = 1, duplicate_window_s: float = 0.0) -> None:
+async def ensure_streams(
+    js: JetStreamContext,
+    specs: Sequence[StreamSpec] = STREAMS,
+    *,
+    replicas: int = 1,
+    duplicate_window_s: float = 0.0,
+) -> None:
     """Create or update Writ's streams (idempotent; every service may call it at start)."""
     for spec in specs:
         config = StreamConfig(
-            name=spec.name, subjects=list(spec.subjects), retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE, max_age=spec.max_age_s, discard=DiscardPolicy.OLD,
+            name=spec.name,
+            subjects=list(spec.subjects),
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=spec.max_age_s,
+            discard=DiscardPolicy.OLD,
             duplicate_window=duplicate_window_s or spec.duplicate_window_s,
             num_replicas=replicas,
         )
@@ -115,17 +127,26 @@ async def ensure_streams(js: JetStreamContext, specs: Sequence[StreamSpec] = STR
 async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
     """Create or update a durable pull consumer (idempotent)."""
     config = ConsumerConfig(
-        durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL, ack_wait=spec.ack_wait_s,
-        max_deliver=-1, max_ack_pending=spec.max_ack_pending,
+        durable_name=spec.durable,
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=spec.ack_wait_s,
+        max_deliver=-1,
+        max_ack_pending=spec.max_ack_pending,
         filter_subjects=list(spec.filter_subjects),
     )
     await js.add_consumer(spec.stream, config)
 
 
-async def publish(js: JetStreamContext, subject: str, message: msgspec.Struct, *,
-                  msg_id: str | None = None, headers: dict[str, str] | None = None,
-                  timeout: float = 5.0) -> int:
+async def publish(
+    js: JetStreamContext,
+    subject: str,
+    message: msgspec.Struct,
+    *,
+    msg_id: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 5.0,
+) -> int:
     """Publish a schema message with the current trace context; returns its stream sequence.
 
     `msg_id` becomes `Nats-Msg-Id`, so a re-publish inside the stream's duplicate window is
@@ -138,8 +159,9 @@ async def publish(js: JetStreamContext, subject: str, message: msgspec.Struct, *
     return int(ack.seq)
 
 
-async def publish_now(nc: Client, subject: str, message: msgspec.Struct, *,
-                      msg_id: str | None = None) -> None:
+async def publish_now(
+    nc: Client, subject: str, message: msgspec.Struct, *, msg_id: str | None = None
+) -> None:
     """Publish without waiting for the stream's acknowledgement: for events nothing depends on.
 
     The message is still stored if a stream covers the subject, and `msg_id` still dedupes,

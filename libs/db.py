@@ -44,8 +44,9 @@ def role_name(database: str, service: str) -> str:
     return f"{database}_{service}"
 
 
-def with_database(dsn: str, database: str, *, user: str | None = None,
-                  password: str | None = None) -> str:
+def with_database(
+    dsn: str, database: str, *, user: str | None = None, password: str | None = None
+) -> str:
     """The same server DSN, pointing at another database and optionally another user."""
     from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -65,8 +66,9 @@ _INCLUDE = re.compile(r"\{include:([a-z_]+)\}")
 
 
 def _shared(name: str, service: str) -> str:
-    return (Path(__file__).resolve().parent / f"{name}.sql").read_text().replace(
-        "{schema}", service)
+    return (
+        (Path(__file__).resolve().parent / f"{name}.sql").read_text().replace("{schema}", service)
+    )
 
 
 def load_migrations(service: str, folder: Path) -> list[Migration]:
@@ -84,31 +86,48 @@ def load_migrations(service: str, folder: Path) -> list[Migration]:
     return found
 
 
-async def connect_pool(dsn: str, *, password: str | None = None, min_size: int = 1,
-                       max_size: int = 10, statement_timeout_ms: int = 5000,
-                       application_name: str = "writ") -> asyncpg.Pool:
+async def connect_pool(
+    dsn: str,
+    *,
+    password: str | None = None,
+    min_size: int = 1,
+    max_size: int = 10,
+    statement_timeout_ms: int = 5000,
+    application_name: str = "writ",
+) -> asyncpg.Pool:
     """A pool whose every statement is bounded by `statement_timeout`."""
     pool = await asyncpg.create_pool(
-        dsn, password=password, min_size=min_size, max_size=max_size, reset=_keep_session,
+        dsn,
+        password=password,
+        min_size=min_size,
+        max_size=max_size,
+        reset=_keep_session,
         # Client-side bounds too: a connection broken mid-protocol (Postgres killed under it)
         # must fail the handler, not hang it and the actor slot it holds.
-        timeout=5.0, command_timeout=statement_timeout_ms / 1000 + 5.0,
+        timeout=5.0,
+        command_timeout=statement_timeout_ms / 1000 + 5.0,
         # `synchronous_commit` on whatever the server's default: a commit Writ acts on (an
         # outbox row relayed, a command acked) must survive a Postgres crash. With it off, a
         # killed Postgres forgot commands whose dispatch messages were already on the bus.
-        server_settings={"synchronous_commit": "on",
-                         "statement_timeout": str(statement_timeout_ms),
-                         "application_name": application_name,
-                         "idle_in_transaction_session_timeout": "60000"},
+        server_settings={
+            "synchronous_commit": "on",
+            "statement_timeout": str(statement_timeout_ms),
+            "application_name": application_name,
+            "idle_in_transaction_session_timeout": "60000",
+        },
     )
     assert pool is not None
     return pool
 
 
-async def provision(admin_dsn: str, database: str,
-                    migrations: Mapping[str, Sequence[Migration]],
-                    passwords: Mapping[str, str] | None = None, *,
-                    create_roles: bool = True) -> dict[str, str]:
+async def provision(
+    admin_dsn: str,
+    database: str,
+    migrations: Mapping[str, Sequence[Migration]],
+    passwords: Mapping[str, str] | None = None,
+    *,
+    create_roles: bool = True,
+) -> dict[str, str]:
     """Create the database, one role per service, and apply pending migrations in order.
 
     `migrations` maps each service to its migrations; services are migrated in the mapping's
@@ -140,7 +159,7 @@ async def provision(admin_dsn: str, database: str,
             verb = "ALTER" if has_role else "CREATE"
             # Passwords cannot be bound parameters in DDL; token_urlsafe has no quote characters.
             await admin.execute(
-                f"{verb} ROLE \"{role}\" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                f'{verb} ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE '
                 f"NOINHERIT PASSWORD '{_literal(password)}'"
             )
             await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
@@ -161,18 +180,27 @@ async def provision(admin_dsn: str, database: str,
             await conn.execute(f"GRANT USAGE ON SCHEMA public TO {roles}")
             await conn.execute(f"GRANT SELECT ON public.writ_migrations TO {roles}")
         for service, items in migrations.items():
-            applied = {r["version"] for r in await conn.fetch(
-                "SELECT version FROM public.writ_migrations WHERE service = $1", service)}
+            applied = {
+                r["version"]
+                for r in await conn.fetch(
+                    "SELECT version FROM public.writ_migrations WHERE service = $1", service
+                )
+            }
             for migration in items:
                 if migration.version in applied:
                     continue
-                sql = _ROLE_TOKEN.sub(lambda m: f'"{role_name(database, m.group(1))}"',
-                                      migration.sql)
+                sql = _ROLE_TOKEN.sub(
+                    lambda m: f'"{role_name(database, m.group(1))}"', migration.sql
+                )
                 async with conn.transaction():
                     await conn.execute(sql)
                     await conn.execute(
                         "INSERT INTO public.writ_migrations (service, version, name) "
-                        "VALUES ($1, $2, $3)", service, migration.version, migration.name)
+                        "VALUES ($1, $2, $3)",
+                        service,
+                        migration.version,
+                        migration.name,
+                    )
     finally:
         await conn.close()
     return result
@@ -183,14 +211,15 @@ async def schema_versions(conn: asyncpg.Connection) -> dict[str, int]:
     exists = await conn.fetchval("SELECT to_regclass('public.writ_migrations') IS NOT NULL")
     if not exists:
         return {}
-    rows = await conn.fetch("SELECT service, max(version) AS version "
-                            "FROM public.writ_migrations GROUP BY service")
+    rows = await conn.fetch(
+        "SELECT service, max(version) AS version FROM public.writ_migrations GROUP BY service"
+    )
     return {r["service"]: int(r["version"]) for r in rows}
 
 
-async def provision_auditor(admin_dsn: str, database: str,
-                            tables: Mapping[str, Sequence[str]],
-                            password: str | None = None) -> str:
+async def provision_auditor(
+    admin_dsn: str, database: str, tables: Mapping[str, Sequence[str]], password: str | None = None
+) -> str:
     """A login role, `<database>_auditor`, that may read `tables` ({schema: [table]}) and do
     nothing else: no write, no other table, every transaction read-only. Its password (the given
     one, or a new one).
@@ -202,10 +231,15 @@ async def provision_auditor(admin_dsn: str, database: str,
     password = password or secrets.token_urlsafe(24)
     admin = await asyncpg.connect(admin_dsn)
     try:
-        verb = "ALTER" if await admin.fetchval(
-            "SELECT 1 FROM pg_roles WHERE rolname = $1", role) else "CREATE"
-        await admin.execute(f"{verb} ROLE \"{role}\" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
-                            f"NOINHERIT NOREPLICATION PASSWORD '{_literal(password)}'")
+        verb = (
+            "ALTER"
+            if await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
+            else "CREATE"
+        )
+        await admin.execute(
+            f'{verb} ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE '
+            f"NOINHERIT NOREPLICATION PASSWORD '{_literal(password)}'"
+        )
         await admin.execute(f'ALTER ROLE "{role}" SET default_transaction_read_only = on')
         await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
     finally:
@@ -234,5 +268,3 @@ def _literal(value: str) -> str:
     if "'" in value or "\\" in value:
         raise ValueError("password contains quote characters")
     return value
-
-

@@ -36,8 +36,14 @@ def with_deadline(headers: dict[str, str], timeout: float) -> dict[str, str]:
     return headers
 
 
-async def timed_request(nc: Client, subject: str, payload: bytes, *, timeout: float,
-                  headers: Mapping[str, str] | None = None) -> Msg:
+async def timed_request(
+    nc: Client,
+    subject: str,
+    payload: bytes,
+    *,
+    timeout: float,
+    headers: Mapping[str, str] | None = None,
+) -> Msg:
     """`nc.request`, carrying the current trace context and the caller's deadline."""
     sent = with_deadline(inject_context(dict(headers or {})), timeout)
     return await nc.request(subject, payload, timeout=timeout, headers=sent)

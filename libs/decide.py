@@ -37,27 +37,34 @@ async def decide(nc: Client, ask: DecideRequest, *, timeout: float) -> Decision:
     return await _request(nc, subjects.DECIDE, ask, timeout)  # type: ignore[no-any-return]
 
 
-async def decide_batch(nc: Client, asks: list[DecideRequest], *, timeout: float
-                       ) -> list[Decision]:
+async def decide_batch(nc: Client, asks: list[DecideRequest], *, timeout: float) -> list[Decision]:
     """Governance's decisions on several calls (at most `MAX_DECIDE_BATCH`), in order, in one
     request/reply: each decided as `decide` would."""
-    answer = await _request(nc, subjects.DECIDE_BATCH, DecideBatch(requests=asks), timeout,
-                            decoder=_DECISIONS)
+    answer = await _request(
+        nc, subjects.DECIDE_BATCH, DecideBatch(requests=asks), timeout, decoder=_DECISIONS
+    )
     if len(answer.decisions) != len(asks):
         raise DecideUnavailable(f"{len(answer.decisions)} decisions for {len(asks)} calls")
     return answer.decisions
 
 
-async def _request(nc: Client, subject: str, ask: msgspec.Struct, timeout: float,
-                   decoder: msgspec.json.Decoder[Any] = _DECISION) -> Any:
+async def _request(
+    nc: Client,
+    subject: str,
+    ask: msgspec.Struct,
+    timeout: float,
+    decoder: msgspec.json.Decoder[Any] = _DECISION,
+) -> Any:
     try:
         reply = await timed_request(nc, subject, _ENCODER.encode(ask), timeout=timeout)
     except (NatsTimeoutError, NoRespondersError) as exc:
-        raise DecideUnavailable(f"governance did not answer: {type(exc).__name__}",
-                                delay=1.0) from exc
+        raise DecideUnavailable(
+            f"governance did not answer: {type(exc).__name__}", delay=1.0
+        ) from exc
     if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
         raise DecideUnavailable(
-            f"governance error: {reply.headers.get('Nats-Service-Error')}"[:500])
+            f"governance error: {reply.headers.get('Nats-Service-Error')}"[:500]
+        )
     try:
         return decoder.decode(reply.data)
     except msgspec.DecodeError as exc:

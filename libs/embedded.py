@@ -33,8 +33,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(host: str, port: int, *, timeout: float, proc: subprocess.Popen[bytes] | None,
-                  log: Path | None = None) -> None:
+def wait_for_port(
+    host: str,
+    port: int,
+    *,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None,
+    log: Path | None = None,
+) -> None:
     """Block until something accepts connections on host:port, or raise with the server's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,8 +95,15 @@ class EmbeddedNats:
     user to its permissions.
     """
 
-    def __init__(self, data_dir: Path, *, port: int = 0, auth: str = "",
-                 server_name: str = "writ-embedded", extra_conf: str = "") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int = 0,
+        auth: str = "",
+        server_name: str = "writ-embedded",
+        extra_conf: str = "",
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.auth = auth
@@ -124,9 +137,7 @@ class EmbeddedNats:
             "jetstream {\n"
             f'  store_dir: "{self.data_dir / "jetstream"}"\n'
             "  sync_interval: always\n"
-            "}\n"
-            + self.extra_conf
-            + self.auth
+            "}\n" + self.extra_conf + self.auth
         )
         binary = _scripts_dir() / "nats-server"
         if not binary.exists():
@@ -137,7 +148,9 @@ class EmbeddedNats:
         log = self.data_dir / "nats.log"
         self._proc = subprocess.Popen(
             [str(binary), "-c", str(conf), "-l", str(log)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal must not reach it before Writ drains
         )
         wait_for_port("127.0.0.1", self.port, timeout=20, proc=self._proc, log=log)
@@ -196,8 +209,11 @@ class EmbeddedPostgres:
         try:
             entry = pwd.getpwnam(_PG_SYSTEM_USER)
         except KeyError:
-            subprocess.run(["useradd", "--system", "--no-create-home", _PG_SYSTEM_USER],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", _PG_SYSTEM_USER],
+                check=True,
+                capture_output=True,
+            )
             entry = pwd.getpwnam(_PG_SYSTEM_USER)
         self._user = _PG_SYSTEM_USER
         install = _pg_bin_path().parent
@@ -222,10 +238,21 @@ class EmbeddedPostgres:
             os.chown(pwfile, entry.pw_uid, entry.pw_gid)
         try:
             subprocess.run(
-                [self._bin("initdb"), "-D", str(self._pgdata), "-U", "postgres",
-                 f"--pwfile={pwfile}", "--auth=scram-sha-256", "--encoding=UTF8",
-                 "--locale=C.UTF-8", "--no-sync"],
-                check=True, capture_output=True, user=self._user,
+                [
+                    self._bin("initdb"),
+                    "-D",
+                    str(self._pgdata),
+                    "-U",
+                    "postgres",
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "--encoding=UTF8",
+                    "--locale=C.UTF-8",
+                    "--no-sync",
+                ],
+                check=True,
+                capture_output=True,
+                user=self._user,
             )
         except subprocess.CalledProcessError as exc:
             raise RuntimeError(f"initdb failed: {exc.stderr.decode(errors='replace')}") from exc
@@ -259,7 +286,11 @@ class EmbeddedPostgres:
         log = self.data_dir / "postgres.log"
         with log.open("ab") as out:
             self._proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=out, stderr=out, user=self._user,
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                user=self._user,
                 start_new_session=True,
             )
         wait_for_port("127.0.0.1", self.port, timeout=30, proc=self._proc, log=log)
@@ -307,6 +338,9 @@ class EmbeddedPostgres:
 if __name__ == "__main__":  # pragma: no cover - manual smoke check
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedPostgres(Path(tmp)) as pg, \
-            EmbeddedNats(Path(tmp) / "nats") as ns:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        EmbeddedPostgres(Path(tmp)) as pg,
+        EmbeddedNats(Path(tmp) / "nats") as ns,
+    ):
         print(pg.admin_url, ns.url, file=sys.stderr)

@@ -33,9 +33,15 @@ log = logging.getLogger("writ.health")
 class Health:
     """The checks behind `/livez` and `/readyz`, and the gate an actor waits at before fetching."""
 
-    def __init__(self, *, nc: Client | None = None, js: JetStreamContext | None = None,
-                 every_s: float = 2.0,
-                 timeout_s: float = 2.0, stale_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        nc: Client | None = None,
+        js: JetStreamContext | None = None,
+        every_s: float = 2.0,
+        timeout_s: float = 2.0,
+        stale_s: float = 30.0,
+    ) -> None:
         self._nc, self._js = nc, js
         self._every, self._timeout, self._stale = every_s, timeout_s, stale_s
         self._pools: dict[str, asyncpg.Pool] = {}
@@ -98,9 +104,11 @@ class Health:
     def live(self) -> tuple[bool, dict[str, str]]:
         """Whether the event loop and every fetch loop beat within `stale_s`, and what did not."""
         now = time.monotonic()
-        stale = {name: f"no beat for {now - at:.0f}s"
-                 for name, at in [("event-loop", self._loop_beat), *self._loops.items()]
-                 if now - at > self._stale}
+        stale = {
+            name: f"no beat for {now - at:.0f}s"
+            for name, at in [("event-loop", self._loop_beat), *self._loops.items()]
+            if now - at > self._stale
+        }
         return not stale, stale or {"all": "ok"}
 
     def ready(self) -> tuple[bool, dict[str, str]]:
@@ -117,8 +125,9 @@ class Health:
 
     # -- the check loop -----------------------------------------------------------------------
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run the checks now and every `every_s` (or when suspected) until cancelled."""
         self._recheck = anyio.Event()
         await self.check()
@@ -154,8 +163,9 @@ class Health:
             for durable, (stream, bound) in list(self._consumers.items()):
                 if not bound or durable not in self._loops:
                     continue
-                why = await self._probe(lambda s=stream, d=durable: js.consumer_info(
-                    s, d, timeout=self._timeout))
+                why = await self._probe(
+                    lambda s=stream, d=durable: js.consumer_info(s, d, timeout=self._timeout)
+                )
                 if why:
                     failing[f"consumer {durable}"] = why
         if failing != self._checks:

@@ -28,11 +28,11 @@ log = logging.getLogger("writ.journal")
 class JournalVerifyEndpoint:
     """`writ.int.<service>.journal_verify`: 400 undecodable, 500 unreadable journal."""
 
-    def __init__(self, *, service: str, pool: asyncpg.Pool, journal: Journal,
-                 signing: SigningKey) -> None:
+    def __init__(
+        self, *, service: str, pool: asyncpg.Pool, journal: Journal, signing: SigningKey
+    ) -> None:
         self._service, self._pool, self._journal = service, pool, journal
-        self._keys = load_verify_keys(json.dumps({service: {signing.key_id:
-                                                            signing.public_pem()}}))
+        self._keys = load_verify_keys(json.dumps({service: {signing.key_id: signing.public_pem()}}))
         self._decoder = msgspec.json.Decoder(VerifyJournal)
         self._encoder = msgspec.json.Encoder()
 
@@ -49,14 +49,27 @@ class JournalVerifyEndpoint:
             return
         try:
             async with self._pool.acquire() as conn:
-                report = await verify(conn, service=self._service, keys=self._keys,
-                                      tenant=ask.tenant, journal=self._journal)
+                report = await verify(
+                    conn,
+                    service=self._service,
+                    keys=self._keys,
+                    tenant=ask.tenant,
+                    journal=self._journal,
+                )
         except Exception as exc:
             log.warning("journal verify failed: %r", exc)
             await request.respond_error("500", "the journal could not be read")
             return
-        await request.respond(self._encoder.encode(JournalState(
-            service=self._service, ok=report.ok, entries=report.entries,
-            checkpoints=report.checkpoints, unsealed=report.unsealed,
-            tenant_entries=report.tenant_entries,
-            first_problem=str(report.problems[0])[:512] if report.problems else None)))
+        await request.respond(
+            self._encoder.encode(
+                JournalState(
+                    service=self._service,
+                    ok=report.ok,
+                    entries=report.entries,
+                    checkpoints=report.checkpoints,
+                    unsealed=report.unsealed,
+                    tenant_entries=report.tenant_entries,
+                    first_problem=str(report.problems[0])[:512] if report.problems else None,
+                )
+            )
+        )

@@ -35,8 +35,9 @@ DEFAULT_TIMEOUT_S: Final = 2.0
 _FOUND: Final = msgspec.json.Decoder(EvidenceFound)
 
 
-async def _ask(nc: Client, subject: str, body: msgspec.Struct, *, what: str,
-               timeout: float) -> bytes:
+async def _ask(
+    nc: Client, subject: str, body: msgspec.Struct, *, what: str, timeout: float
+) -> bytes:
     try:
         reply = await timed_request(nc, subject, msgspec.json.encode(body), timeout=timeout)
     except (NatsTimeoutError, NoRespondersError) as exc:
@@ -46,16 +47,21 @@ async def _ask(nc: Client, subject: str, body: msgspec.Struct, *, what: str,
     return reply.data
 
 
-async def _search(nc: Client, *, tenant: str, run_id: str, text: str,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> list[Evidence]:
+async def _search(
+    nc: Client, *, tenant: str, run_id: str, text: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> list[Evidence]:
     """The evidence retrieval finds for a starting run.
 
     Raises:
         RetryableError: retrieval did not answer, or could not search now.
     """
-    data = await _ask(nc, subjects.SEARCH, SearchEvidence(tenant=tenant, run_id=run_id,
-                                                          input=text),
-                      what=f"retrieval did not search for run {run_id}", timeout=timeout)
+    data = await _ask(
+        nc,
+        subjects.SEARCH,
+        SearchEvidence(tenant=tenant, run_id=run_id, input=text),
+        what=f"retrieval did not search for run {run_id}",
+        timeout=timeout,
+    )
     try:
         found = _FOUND.decode(data)
     except msgspec.DecodeError as exc:
@@ -65,8 +71,15 @@ async def _search(nc: Client, *, tenant: str, run_id: str, text: str,
     return found.evidence
 
 
-async def start_run(nc: Client, js: JetStreamContext, run: RegisterRun, *, request_id: str,
-                    text: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+async def start_run(
+    nc: Client,
+    js: JetStreamContext,
+    run: RegisterRun,
+    *,
+    request_id: str,
+    text: str,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> None:
     """Register `run` with governance and find its evidence (both at once), then hand it to
     the planner. Idempotent: a run started again registers as before and publishes a
     duplicate.
@@ -77,17 +90,34 @@ async def start_run(nc: Client, js: JetStreamContext, run: RegisterRun, *, reque
     evidence: list[Evidence] = []
 
     async def find() -> None:
-        evidence.extend(await _search(nc, tenant=run.tenant, run_id=run.run_id, text=text,
-                                     timeout=timeout))
+        evidence.extend(
+            await _search(nc, tenant=run.tenant, run_id=run.run_id, text=text, timeout=timeout)
+        )
 
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(find)
-            await _ask(nc, subjects.REGISTER_RUN, run,
-                       what=f"governance did not register run {run.run_id}", timeout=timeout)
+            await _ask(
+                nc,
+                subjects.REGISTER_RUN,
+                run,
+                what=f"governance did not register run {run.run_id}",
+                timeout=timeout,
+            )
     except BaseExceptionGroup as group:  # the error itself: callers retry by its class
         raise single_error(group) from None
-    await publish(js, subjects.evidence(run.tenant), EvidenceGathered(
-        run_id=run.run_id, request_id=request_id, tenant=run.tenant, principal=run.principal,
-        agent=run.agent, input=text, evidence=evidence, attended=run.attended),
-        msg_id=f"evidence:{run.run_id}")
+    await publish(
+        js,
+        subjects.evidence(run.tenant),
+        EvidenceGathered(
+            run_id=run.run_id,
+            request_id=request_id,
+            tenant=run.tenant,
+            principal=run.principal,
+            agent=run.agent,
+            input=text,
+            evidence=evidence,
+            attended=run.attended,
+        ),
+        msg_id=f"evidence:{run.run_id}",
+    )

@@ -38,8 +38,16 @@ from libs.telemetry import (
     otlp_configured,
 )
 
-__all__ = ["BatchEndpoint", "Batches", "Endpoint", "Runtime", "guarded", "in_tasks", "run_service",
-           "serve"]
+__all__ = [
+    "BatchEndpoint",
+    "Batches",
+    "Endpoint",
+    "Runtime",
+    "guarded",
+    "in_tasks",
+    "run_service",
+    "serve",
+]
 
 VERSION = "0.1.0"
 log = logging.getLogger("writ.runtime")
@@ -66,21 +74,30 @@ class Endpoint:
 
     __slots__ = ("concurrency", "handler", "max_pending", "name", "subject")
 
-    def __init__(self, name: str, subject: str, handler: Callable[[Request], Awaitable[None]],
-                 *, concurrency: int = 64, max_pending: int | None = None):
+    def __init__(
+        self,
+        name: str,
+        subject: str,
+        handler: Callable[[Request], Awaitable[None]],
+        *,
+        concurrency: int = 64,
+        max_pending: int | None = None,
+    ):
         self.name, self.subject = name, subject
         self.handler = guarded(name, handler)
         self.concurrency = concurrency
         self.max_pending = max_pending if max_pending is not None else 8 * concurrency
 
 
-def guarded(name: str, handler: Callable[[Request], Awaitable[None]]
-            ) -> Callable[[Request], Awaitable[None]]:
+def guarded(
+    name: str, handler: Callable[[Request], Awaitable[None]]
+) -> Callable[[Request], Awaitable[None]]:
     """`handler`, answering `500 <name> failed` for an error of any type it lets out.
 
     An endpoint runs in its service's task group: an error escaping it would end the process
     for every tenant. The requester gets the error instead; the details go to the log.
     """
+
     async def handle(request: Request) -> None:
         try:
             await handler(request)
@@ -105,9 +122,16 @@ class BatchEndpoint:
 
     __slots__ = ("concurrency", "handler", "max_batch", "max_pending", "name", "subject")
 
-    def __init__(self, name: str, subject: str,
-                 handler: Callable[[list[Request]], Awaitable[None]], *, concurrency: int = 2,
-                 max_batch: int = 256, max_pending: int | None = None):
+    def __init__(
+        self,
+        name: str,
+        subject: str,
+        handler: Callable[[list[Request]], Awaitable[None]],
+        *,
+        concurrency: int = 2,
+        max_batch: int = 256,
+        max_pending: int | None = None,
+    ):
         self.name, self.subject, self.handler = name, subject, handler
         self.concurrency, self.max_batch = concurrency, max_batch
         self.max_pending = max_pending if max_pending is not None else 4 * max_batch
@@ -117,8 +141,9 @@ class Batches:
     """A `BatchEndpoint`'s requests waiting for their batch, and the batches under way; called
     with each request as it arrives (the micro service's handler)."""
 
-    def __init__(self, endpoint: BatchEndpoint, tg: anyio.abc.TaskGroup,
-                 metrics: ActorMetrics) -> None:
+    def __init__(
+        self, endpoint: BatchEndpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
+    ) -> None:
         self._endpoint, self._tg = endpoint, tg
         self._dropped = metrics.requests_dropped
         for reason in ("expired", "shed"):  # exported at 0 from the start
@@ -140,8 +165,9 @@ class Batches:
             return
         if self.in_hand >= self._endpoint.max_pending:
             self._dropped.labels(self._endpoint.name, "shed").inc()
-            await _answer_error(request, self._endpoint.name, "503",
-                                f"{self._endpoint.name} overloaded: retry")
+            await _answer_error(
+                request, self._endpoint.name, "503", f"{self._endpoint.name} overloaded: retry"
+            )
             return
         self.in_hand += 1
         self._queue.append(request)
@@ -180,8 +206,12 @@ class Batches:
             if len(batch) == 1:
                 await _failed(batch[0], self._endpoint.name, exc)
                 return
-            log.warning("endpoint %s: a batch of %d failed (%r): one by one",
-                        self._endpoint.name, len(batch), exc)
+            log.warning(
+                "endpoint %s: a batch of %d failed (%r): one by one",
+                self._endpoint.name,
+                len(batch),
+                exc,
+            )
         for request in batch:
             await self._handle([request])
 
@@ -202,11 +232,20 @@ async def _answer_error(request: Request, name: str, code: str, description: str
 class Runtime:
     """What a service's `main` is given: the bus, telemetry, and the signal to stop."""
 
-    def __init__(self, *, name: str, nc: Client, js: JetStreamContext,
-                 registry: CollectorRegistry, tracer_provider: TracerProvider,
-                 faults: Faults | None = None, health: Health | None = None,
-                 stream_replicas: int = 1, retry_backoff_max_s: float | None = None,
-                 recording: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        nc: Client,
+        js: JetStreamContext,
+        registry: CollectorRegistry,
+        tracer_provider: TracerProvider,
+        faults: Faults | None = None,
+        health: Health | None = None,
+        stream_replicas: int = 1,
+        retry_backoff_max_s: float | None = None,
+        recording: bool = True,
+    ) -> None:
         self.name = name
         # Every actor's longest redelivery backoff (WRIT_RETRY_BACKOFF_MAX_S; None: 30 s).
         self.retry_backoff_max_s = retry_backoff_max_s
@@ -221,8 +260,9 @@ class Runtime:
         self.tracer_provider = tracer_provider
         # `recording`: whether spans go anywhere (a span file, an OTLP endpoint); if not, the
         # process's tracer carries the trace on and builds no span (`PassThroughTracer`).
-        self.tracer: Tracer = (tracer_provider.get_tracer(f"writ.{name}") if recording
-                               else PassThroughTracer())
+        self.tracer: Tracer = (
+            tracer_provider.get_tracer(f"writ.{name}") if recording else PassThroughTracer()
+        )
         self.metrics = ActorMetrics(service=name, registry=registry)
         self.stopping = anyio.Event()
         self.endpoints: list[Endpoint | BatchEndpoint] = []
@@ -231,46 +271,76 @@ class Runtime:
 Main = Callable[..., Awaitable[None]]
 
 
-async def serve(name: str, settings: BaseSettings, main: Main, *, description: str,
-                metrics_port_file: str | None = None) -> None:
+async def serve(
+    name: str,
+    settings: BaseSettings,
+    main: Main,
+    *,
+    description: str,
+    metrics_port_file: str | None = None,
+) -> None:
     """Run one service process until SIGTERM/SIGINT, then drain within `drain_timeout_s`."""
     registry = CollectorRegistry()
-    exporter = (JsonLinesSpanExporter(f"{settings.otel_spans_file}.{settings.instance or name}")
-                if settings.otel_spans_file else None)
+    exporter = (
+        JsonLinesSpanExporter(f"{settings.otel_spans_file}.{settings.instance or name}")
+        if settings.otel_spans_file
+        else None
+    )
     provider = make_tracer_provider(name, exporter=exporter)
     password = read_secret(settings.nats_password_file) if settings.nats_password_file else ""
-    nc = await connect(settings.nats_url, name=f"writ-{name}", user=settings.nats_user,
-                       password=password)
+    nc = await connect(
+        settings.nats_url, name=f"writ-{name}", user=settings.nats_user, password=password
+    )
     js = nc.jetstream()
-    health = Health(nc=nc, js=js, every_s=settings.health_every_s,
-                    timeout_s=settings.health_timeout_s, stale_s=settings.live_stale_s)
-    metrics = MetricsServer(registry=registry, host=settings.metrics_host,
-                            port=settings.metrics_port, health=health)
+    health = Health(
+        nc=nc,
+        js=js,
+        every_s=settings.health_every_s,
+        timeout_s=settings.health_timeout_s,
+        stale_s=settings.live_stale_s,
+    )
+    metrics = MetricsServer(
+        registry=registry, host=settings.metrics_host, port=settings.metrics_port, health=health
+    )
     micro: Any = None
     try:
-        await ensure_streams(js, replicas=settings.stream_replicas,
-                             duplicate_window_s=settings.duplicate_window_s)
+        await ensure_streams(
+            js, replicas=settings.stream_replicas, duplicate_window_s=settings.duplicate_window_s
+        )
         metrics.start()
         if metrics_port_file:
             _write_atomically(metrics_port_file, str(metrics.port))
-        rt = Runtime(name=name, nc=nc, js=js, registry=registry, tracer_provider=provider,
-                     faults=Faults(settings.faults_file or None), health=health,
-                     stream_replicas=settings.stream_replicas,
-                     retry_backoff_max_s=settings.retry_backoff_max_s,
-                     recording=exporter is not None or otlp_configured(os.environ))
+        rt = Runtime(
+            name=name,
+            nc=nc,
+            js=js,
+            registry=registry,
+            tracer_provider=provider,
+            faults=Faults(settings.faults_file or None),
+            health=health,
+            stream_replicas=settings.stream_replicas,
+            retry_backoff_max_s=settings.retry_backoff_max_s,
+            recording=exporter is not None or otlp_configured(os.environ),
+        )
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
             await tg.start(health.run)
             tg.start_soon(_watch_signals, rt)
             await tg.start(_run_main, main, rt, done)
             micro = await add_service(
-                nc, name=f"writ-{name}", version=VERSION, description=description,
+                nc,
+                name=f"writ-{name}",
+                version=VERSION,
+                description=description,
                 metadata={"metrics_port": str(metrics.port)},
             )
             for endpoint in rt.endpoints:
-                await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                         handler=in_tasks(endpoint, tg, rt.metrics),
-                                         queue_group=f"writ-{name}")
+                await micro.add_endpoint(
+                    name=endpoint.name,
+                    subject=endpoint.subject,
+                    handler=in_tasks(endpoint, tg, rt.metrics),
+                    queue_group=f"writ-{name}",
+                )
             log.info("writ-%s ready (metrics on :%s)", name, metrics.port)
             await rt.stopping.wait()
             # Actors stop fetching when `stopping` is set and finish what they hold; after the
@@ -291,8 +361,9 @@ async def serve(name: str, settings: BaseSettings, main: Main, *, description: s
             provider.shutdown()
 
 
-def in_tasks(endpoint: Endpoint | BatchEndpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
-             ) -> Callable[[Request], Awaitable[None]]:
+def in_tasks(
+    endpoint: Endpoint | BatchEndpoint, tg: anyio.abc.TaskGroup, metrics: ActorMetrics
+) -> Callable[[Request], Awaitable[None]]:
     """`endpoint`'s handler run in a task per request (a `BatchEndpoint`'s: in a task per batch,
     `Batches`), within its concurrency and queue bound, each request dropped unhandled once its
     requester's deadline has passed."""
@@ -330,8 +401,13 @@ def in_tasks(endpoint: Endpoint | BatchEndpoint, tg: anyio.abc.TaskGroup, metric
     return dispatch
 
 
-async def _run_main(main: Main, rt: Runtime, done: anyio.Event, *,
-                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+async def _run_main(
+    main: Main,
+    rt: Runtime,
+    done: anyio.Event,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
     try:
         await main(rt, task_status=task_status)
     finally:
@@ -362,12 +438,22 @@ def run_service(name: str, settings: BaseSettings, main: Main, *, description: s
     import functools
     import os
 
-    logging.basicConfig(level=os.environ.get("WRIT_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s {name:<10} %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("WRIT_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {name:<10} %(levelname)s %(message)s",
+    )
     # One line per connector request would drown what matters (and carry URLs with ids).
     logging.getLogger("httpx").setLevel(logging.WARNING)
     log.info("writ-%s starting on %s", name, settings.event_loop)
-    anyio.run(functools.partial(serve, name, settings, main, description=description,
-                                metrics_port_file=settings.metrics_port_file or None),
-              backend="asyncio",
-              backend_options={"use_uvloop": settings.event_loop == "uvloop"})
+    anyio.run(
+        functools.partial(
+            serve,
+            name,
+            settings,
+            main,
+            description=description,
+            metrics_port_file=settings.metrics_port_file or None,
+        ),
+        backend="asyncio",
+        backend_options={"use_uvloop": settings.event_loop == "uvloop"},
+    )

@@ -66,7 +66,7 @@ def load_settings(cls: type[S], environ: Mapping[str, str] | None = None) -> S:
     raw = {}
     for key, value in env.items():
         if key.startswith(PREFIX):
-            name = key[len(PREFIX):].lower()
+            name = key[len(PREFIX) :].lower()
             if name in fields:
                 raw[name] = value
     try:

@@ -55,8 +55,10 @@ __all__ = [
 ]
 
 # The standard variables that turn OTLP export on; the traces one wins when both are set.
-OTLP_ENDPOINT_VARIABLES: Final = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                                  "OTEL_EXPORTER_OTLP_ENDPOINT")
+OTLP_ENDPOINT_VARIABLES: Final = (
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+)
 _PROPAGATOR = TraceContextTextMapPropagator()
 log = logging.getLogger("writ.telemetry")
 
@@ -66,8 +68,9 @@ def otlp_configured(environ: Mapping[str, str]) -> bool:
     return any(environ.get(name, "").strip() for name in OTLP_ENDPOINT_VARIABLES)
 
 
-def make_tracer_provider(service: str, *, exporter: SpanExporter | None = None,
-                         environ: Mapping[str, str] | None = None) -> TracerProvider:
+def make_tracer_provider(
+    service: str, *, exporter: SpanExporter | None = None, environ: Mapping[str, str] | None = None
+) -> TracerProvider:
     """A tracer provider for one process, exporting to `exporter` as each span ends and, when
     `environ` (the process's environment by default) names an OTLP endpoint, to that collector
     in batches over HTTP/protobuf.
@@ -94,14 +97,16 @@ class PassThroughTracer(trace.Tracer):
     governance's `decide` that was a sixth of the process's CPU (issue 18's profile).
     """
 
-    def start_span(self, name: str, context: otel_context.Context | None = None,
-                   *args: Any, **kwargs: Any) -> trace.Span:
+    def start_span(
+        self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any
+    ) -> trace.Span:
         """The parent's context, as a span that records nothing."""
         return trace.NonRecordingSpan(trace.get_current_span(context).get_span_context())
 
     @contextlib.contextmanager  # type: ignore[override]
-    def start_as_current_span(self, name: str, context: otel_context.Context | None = None,
-                              *args: Any, **kwargs: Any) -> Iterator[trace.Span]:
+    def start_as_current_span(
+        self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any
+    ) -> Iterator[trace.Span]:
         """`start_span`, current for the block (so that `inject_context` in it carries the
         parent on)."""
         if context is None:  # the current span already: nothing to attach
@@ -128,19 +133,32 @@ class JsonLinesSpanExporter(SpanExporter):
         for span in spans:
             context = span.get_span_context()
             parent = span.parent
-            lines.append(json.dumps({
-                "trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}",
-                "parent_span_id": f"{parent.span_id:016x}" if parent else None,
-                "name": span.name,
-                "service": span.resource.attributes.get("service.name"),
-                "start": span.start_time, "end": span.end_time,
-                "attributes": {k: v for k, v in (span.attributes or {}).items()
-                               if isinstance(v, str | int | float | bool)},
-                "links": [{"trace_id": f"{link.context.trace_id:032x}",
-                           "span_id": f"{link.context.span_id:016x}",
-                           "attributes": dict(link.attributes or {})}
-                          for link in span.links],
-            }))
+            lines.append(
+                json.dumps(
+                    {
+                        "trace_id": f"{context.trace_id:032x}",
+                        "span_id": f"{context.span_id:016x}",
+                        "parent_span_id": f"{parent.span_id:016x}" if parent else None,
+                        "name": span.name,
+                        "service": span.resource.attributes.get("service.name"),
+                        "start": span.start_time,
+                        "end": span.end_time,
+                        "attributes": {
+                            k: v
+                            for k, v in (span.attributes or {}).items()
+                            if isinstance(v, str | int | float | bool)
+                        },
+                        "links": [
+                            {
+                                "trace_id": f"{link.context.trace_id:032x}",
+                                "span_id": f"{link.context.span_id:016x}",
+                                "attributes": dict(link.attributes or {}),
+                            }
+                            for link in span.links
+                        ],
+                    }
+                )
+            )
         with self._lock, open(self._path, "a") as out:
             out.write("".join(f"{line}\n" for line in lines))
         return SpanExportResult.SUCCESS
@@ -168,35 +186,79 @@ class ActorMetrics:
     """
 
     def __init__(self, *, service: str, registry: CollectorRegistry) -> None:
-        self.handled = Counter(f"writ_{service}_messages_handled", "Messages handled and acked",
-                               ["consumer"], registry=registry)
-        self.failed = Counter(f"writ_{service}_messages_failed",
-                              "Messages whose handling failed, by outcome",
-                              ["consumer", "outcome"], registry=registry)
-        self.latency = Histogram(f"writ_{service}_handler_seconds", "Handler latency",
-                                 ["consumer"], registry=registry,
-                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                          0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
-        self.redelivered = Counter(f"writ_{service}_messages_redelivered",
-                                   "Deliveries of a message delivered before (num_delivered > 1)",
-                                   ["consumer"], registry=registry)
-        self.dead_lettered = Counter(f"writ_{service}_messages_dead_lettered",
-                                     "Dead letters published to writ.dlq.<consumer>",
-                                     ["consumer"], registry=registry)
-        self.waiting = Counter(f"writ_{service}_messages_waiting",
-                               "Deliveries nak'ed to wait out an unavailable dependency (a Writ "
-                               "service, NATS, PostgreSQL)", ["consumer"], registry=registry)
+        self.handled = Counter(
+            f"writ_{service}_messages_handled",
+            "Messages handled and acked",
+            ["consumer"],
+            registry=registry,
+        )
+        self.failed = Counter(
+            f"writ_{service}_messages_failed",
+            "Messages whose handling failed, by outcome",
+            ["consumer", "outcome"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            f"writ_{service}_handler_seconds",
+            "Handler latency",
+            ["consumer"],
+            registry=registry,
+            buckets=(
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1.0,
+                2.5,
+                5.0,
+                10.0,
+                30.0,
+            ),
+        )
+        self.redelivered = Counter(
+            f"writ_{service}_messages_redelivered",
+            "Deliveries of a message delivered before (num_delivered > 1)",
+            ["consumer"],
+            registry=registry,
+        )
+        self.dead_lettered = Counter(
+            f"writ_{service}_messages_dead_lettered",
+            "Dead letters published to writ.dlq.<consumer>",
+            ["consumer"],
+            registry=registry,
+        )
+        self.waiting = Counter(
+            f"writ_{service}_messages_waiting",
+            "Deliveries nak'ed to wait out an unavailable dependency (a Writ "
+            "service, NATS, PostgreSQL)",
+            ["consumer"],
+            registry=registry,
+        )
         # Request/reply: requests an endpoint dropped before any work, `expired` (past the
         # requester's `Writ-Deadline`: nobody waits for the answer) or `shed` (its queue full).
-        self.requests_dropped = Counter(f"writ_{service}_requests_dropped",
-                                        "Requests an endpoint dropped unhandled, by reason",
-                                        ["endpoint", "reason"], registry=registry)
-        self.pending = Gauge(f"writ_{service}_consumer_pending",
-                             "Messages on the consumer's stream not yet delivered (num_pending)",
-                             ["consumer"], registry=registry)
-        self.ack_pending = Gauge(f"writ_{service}_consumer_ack_pending",
-                                 "Messages delivered and not yet acknowledged (num_ack_pending)",
-                                 ["consumer"], registry=registry)
+        self.requests_dropped = Counter(
+            f"writ_{service}_requests_dropped",
+            "Requests an endpoint dropped unhandled, by reason",
+            ["endpoint", "reason"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            f"writ_{service}_consumer_pending",
+            "Messages on the consumer's stream not yet delivered (num_pending)",
+            ["consumer"],
+            registry=registry,
+        )
+        self.ack_pending = Gauge(
+            f"writ_{service}_consumer_ack_pending",
+            "Messages delivered and not yet acknowledged (num_ack_pending)",
+            ["consumer"],
+            registry=registry,
+        )
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -213,8 +275,9 @@ class MetricsServer:
     `libs.health.Health`) its probes: `/livez` and `/readyz`, 200 or 503 with the checks that
     failed as JSON."""
 
-    def __init__(self, *, registry: CollectorRegistry, host: str, port: int,
-                 health: Health | None = None) -> None:
+    def __init__(
+        self, *, registry: CollectorRegistry, host: str, port: int, health: Health | None = None
+    ) -> None:
         self._registry, self._host, self._port = registry, host, port
         self._health = health
         self._server: Any = None
@@ -236,15 +299,22 @@ class MetricsServer:
                 return list(metrics(environ, start_response))
             ok, checks = health.live() if path == "/livez" else health.ready()
             body = json.dumps({"ok": ok, "checks": checks}).encode()
-            start_response("200 OK" if ok else "503 Service Unavailable",
-                           [("Content-Type", "application/json"),
-                            ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [
+                    ("Content-Type", "application/json"),
+                    ("Content-Length", str(len(body))),
+                    ("Cache-Control", "no-store"),
+                ],
+            )
             return [body]
 
-        self._server = make_server(self._host, self._port, app, _ThreadingServer,
-                                   handler_class=_QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="writ-metrics")
+        self._server = make_server(
+            self._host, self._port, app, _ThreadingServer, handler_class=_QuietHandler
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, daemon=True, name="writ-metrics"
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -255,8 +325,9 @@ class MetricsServer:
             self._server = None
 
 
-async def refresh_every(every: float, refresh: Callable[[], Awaitable[None]], *,
-                        stopping: anyio.Event, what: str) -> None:
+async def refresh_every(
+    every: float, refresh: Callable[[], Awaitable[None]], *, stopping: anyio.Event, what: str
+) -> None:
     """Call `refresh` now and every `every` seconds until `stopping` is set (or cancelled).
 
     A failed refresh leaves the gauges at their last values: it is logged (a warning the first
@@ -268,8 +339,12 @@ async def refresh_every(every: float, refresh: Callable[[], Awaitable[None]], *,
             with anyio.fail_after(max(every, 1.0)):
                 await refresh()
         except Exception as exc:
-            log.log(logging.DEBUG if failing else logging.WARNING,
-                    "refreshing %s failed, keeping the last values: %r", what, exc)
+            log.log(
+                logging.DEBUG if failing else logging.WARNING,
+                "refreshing %s failed, keeping the last values: %r",
+                what,
+                exc,
+            )
             failing = True
         else:
             failing = False
@@ -283,7 +358,8 @@ def links_to(traceparent: str | None, reason: str) -> list[Link]:
     if not traceparent:
         return []
     context = trace.get_current_span(
-        _PROPAGATOR.extract({"traceparent": traceparent})).get_span_context()
+        _PROPAGATOR.extract({"traceparent": traceparent})
+    ).get_span_context()
     if not context.is_valid:
         return []
     return [Link(context, attributes={"writ.link": reason})]

@@ -88,8 +88,7 @@ def refuse_unstorable(struct: msgspec.Struct) -> None:
     """
     where = unstorable_at(struct)
     if where is not None:
-        raise ValueError(f"`{where}` holds U+0000 or a UTF-16 surrogate, which Writ cannot "
-                         "store")
+        raise ValueError(f"`{where}` holds U+0000 or a UTF-16 surrogate, which Writ cannot store")
 
 
 def storable(text: str) -> str:

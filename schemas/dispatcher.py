@@ -21,7 +21,12 @@ __all__ = [
 ]
 
 CommandState = Literal[
-    "succeeded", "denied", "expired", "revision_required", "unknown", "failed",
+    "succeeded",
+    "denied",
+    "expired",
+    "revision_required",
+    "unknown",
+    "failed",
 ]
 
 

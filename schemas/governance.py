@@ -49,8 +49,9 @@ Verdict = Literal["allow", "deny", "ask"]
 Answer = Literal["once", "always", "deny"]
 # The budgets a reservation can run out of (a bounded metric label). `wall_time` counts the
 # run's seconds since it was registered, less the time it waited for a person.
-BudgetKind = Literal["provider_calls", "tokens", "capability_calls", "wall_time",
-                     "concurrent_steps"]
+BudgetKind = Literal[
+    "provider_calls", "tokens", "capability_calls", "wall_time", "concurrent_steps"
+]
 # `DecideRequest.tool` of a call to another agent (the planner's multi-agent branches):
 # `agent:<name>`. No action contract or read tool has a colon in its name.
 AGENT_CALL_PREFIX: Final = "agent:"
@@ -101,8 +102,9 @@ class DecideBatch(Command):
     """Several `DecideRequest`s answered in one request/reply (admission's batches): each is
     decided exactly as alone, and all are recorded together."""
 
-    requests: Annotated[list[DecideRequest], msgspec.Meta(min_length=1,
-                                                          max_length=MAX_DECIDE_BATCH)]
+    requests: Annotated[
+        list[DecideRequest], msgspec.Meta(min_length=1, max_length=MAX_DECIDE_BATCH)
+    ]
 
 
 class Decisions(Event):

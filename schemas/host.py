@@ -36,10 +36,18 @@ __all__ = [
 RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human", "cancelled"]
 CommandStatus = Literal[
     # Recorded states of an admitted command, as a replay returns them.
-    "pending", "dispatching", "succeeded", "denied", "expired", "revision_required", "unknown",
+    "pending",
+    "dispatching",
+    "succeeded",
+    "denied",
+    "expired",
+    "revision_required",
+    "unknown",
     "failed",
     # Answers about the submission itself.
-    "rejected", "conflict", "awaiting_human",
+    "rejected",
+    "conflict",
+    "awaiting_human",
 ]
 
 
@@ -123,8 +131,15 @@ class ReviewDecision(Command):
     comment: ShortText = ""
 
 
-OutcomeKind = Literal["pending", "succeeded", "needs_reconciliation", "revision_required",
-                      "denied", "expired", "terminal_failure"]
+OutcomeKind = Literal[
+    "pending",
+    "succeeded",
+    "needs_reconciliation",
+    "revision_required",
+    "denied",
+    "expired",
+    "terminal_failure",
+]
 
 
 class ProposalView(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,9 +11,21 @@ import msgspec
 
 from schemas.base import AgentName, Command, Digest, Event, Id, Principal, ShortText, Tenant
 
-__all__ = ["BRANCH_MARK", "REVIEW", "BranchChanged", "Divergence", "ProposeCommand",
-           "ReplayReport", "ReplayRun", "ReviewAnswer", "ReviewTaken", "StepRecorded",
-           "branch_run_id", "preview_digest", "root_run_id"]
+__all__ = [
+    "BRANCH_MARK",
+    "REVIEW",
+    "BranchChanged",
+    "Divergence",
+    "ProposeCommand",
+    "ReplayReport",
+    "ReplayRun",
+    "ReviewAnswer",
+    "ReviewTaken",
+    "StepRecorded",
+    "branch_run_id",
+    "preview_digest",
+    "root_run_id",
+]
 
 # Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
 # `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.

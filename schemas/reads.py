@@ -10,11 +10,30 @@ import msgspec
 
 from schemas.base import Command, Id, ShortText, Tenant
 
-__all__ = ["COMMAND_STATUS", "PROPOSALS_LIST", "PROPOSAL_GET", "REVIEWS_LIST", "RUN_EVENTS",
-           "RUN_STATUS", "GetCommand", "GetProposal", "GetRun", "GetRunEvents", "ListProposals",
-           "JOURNALED", "JournalState", "JournalStates", "ListReviews", "PendingReview",
-           "PendingReviews", "ProposalDetail", "ProposalState", "Proposals", "VerifyJournal",
-           "journal_verify"]
+__all__ = [
+    "COMMAND_STATUS",
+    "PROPOSALS_LIST",
+    "PROPOSAL_GET",
+    "REVIEWS_LIST",
+    "RUN_EVENTS",
+    "RUN_STATUS",
+    "GetCommand",
+    "GetProposal",
+    "GetRun",
+    "GetRunEvents",
+    "ListProposals",
+    "JOURNALED",
+    "JournalState",
+    "JournalStates",
+    "ListReviews",
+    "PendingReview",
+    "PendingReviews",
+    "ProposalDetail",
+    "ProposalState",
+    "Proposals",
+    "VerifyJournal",
+    "journal_verify",
+]
 
 # `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
 RUN_STATUS: Final = "writ.int.planner.run"

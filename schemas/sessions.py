@@ -265,8 +265,18 @@ class PlanAnswered(msgspec.Struct, frozen=True, kw_only=True):
 
 # --- ingress -> planner (request/reply on SESSION_OPS) ------------------------------------
 
-SessionOpKind = Literal["open", "message", "get", "pause", "resume", "inject", "close", "fork",
-                        "approve_plan", "reject_plan"]
+SessionOpKind = Literal[
+    "open",
+    "message",
+    "get",
+    "pause",
+    "resume",
+    "inject",
+    "close",
+    "fork",
+    "approve_plan",
+    "reject_plan",
+]
 
 
 class SessionOp(Command):
@@ -476,11 +486,31 @@ class ChildSession(SessionEvent):
     agent: AgentName
 
 
-AnySessionEvent = (SessionOpened | UserMessage | TurnStarted | TextDelta | TextReset
-                   | CapabilitySelected | Observed | PlanProposed | PlanDecided | DecisionAsked
-                   | DecisionTaken | ProposalMade | StepAdmitted | StepDispatched | StepOutcome
-                   | WriterNote | TurnEnded | SessionPaused | SessionResumed | SessionInjected
-                   | SessionClosed | SessionForked | ChildSession)
+AnySessionEvent = (
+    SessionOpened
+    | UserMessage
+    | TurnStarted
+    | TextDelta
+    | TextReset
+    | CapabilitySelected
+    | Observed
+    | PlanProposed
+    | PlanDecided
+    | DecisionAsked
+    | DecisionTaken
+    | ProposalMade
+    | StepAdmitted
+    | StepDispatched
+    | StepOutcome
+    | WriterNote
+    | TurnEnded
+    | SessionPaused
+    | SessionResumed
+    | SessionInjected
+    | SessionClosed
+    | SessionForked
+    | ChildSession
+)
 
 
 class HostSessionOp(Command):

@@ -70,6 +70,7 @@ __all__ = [
 
 HOST_API_VERSION: Final = "1"
 
+
 # Host-facing.
 def request(tenant: str) -> str:
     """Where a host publishes a `RunRequest`."""
@@ -208,14 +209,23 @@ REPLAY: Final = "writ.int.planner.replay"
 
 # Inbox filters of each durable consumer.
 # What a host may send: `writ.in.<kind>.<tenant>`, one stream per tenant (`tenant_streams`).
-HOST_KINDS: Final = ("requests", "commands", "decisions", "approvals", "reviews",
-                     "cancels")
+HOST_KINDS: Final = ("requests", "commands", "decisions", "approvals", "reviews", "cancels")
 INGRESS_IN: Final = tuple(f"writ.in.{kind}.*" for kind in HOST_KINDS)
 GOVERNANCE_IN: Final = ("writ.int.answers.*",)
-PLANNER_IN: Final = ("writ.int.evidence.*", "writ.int.outcomes.run.*", "writ.int.refused.*",
-                      "writ.int.runs.branch.*", "writ.int.answered.*", "writ.int.runs.cancel.*")
-ADMISSION_IN: Final = ("writ.int.proposals.*", "writ.int.outcomes.host.*",
-                       "writ.int.answered.*", "writ.int.approvals.*")
+PLANNER_IN: Final = (
+    "writ.int.evidence.*",
+    "writ.int.outcomes.run.*",
+    "writ.int.refused.*",
+    "writ.int.runs.branch.*",
+    "writ.int.answered.*",
+    "writ.int.runs.cancel.*",
+)
+ADMISSION_IN: Final = (
+    "writ.int.proposals.*",
+    "writ.int.outcomes.host.*",
+    "writ.int.answered.*",
+    "writ.int.approvals.*",
+)
 DISPATCH_IN: Final = ("writ.cmd.*",)
 
 
@@ -238,10 +248,20 @@ JOURNAL_RECORD_STREAM: Final = "WRIT_AUDIT"
 # Streams every service declares at start. A tenant's own streams (`tenant_streams`) are
 # declared by ingress for the tenants it holds keys of.
 STREAMS: Final = (
-    StreamSpec("WRIT_INT", ("writ.int.runs.>", "writ.int.evidence.>", "writ.int.proposals.>",
-                            "writ.int.outcomes.>", "writ.int.answers.>",
-                            "writ.int.answered.>", "writ.int.refused.>", "writ.int.approvals.>"),
-               7 * _DAY),
+    StreamSpec(
+        "WRIT_INT",
+        (
+            "writ.int.runs.>",
+            "writ.int.evidence.>",
+            "writ.int.proposals.>",
+            "writ.int.outcomes.>",
+            "writ.int.answers.>",
+            "writ.int.answered.>",
+            "writ.int.refused.>",
+            "writ.int.approvals.>",
+        ),
+        7 * _DAY,
+    ),
     StreamSpec("WRIT_CMD", ("writ.cmd.>",), 7 * _DAY, duplicate_window_s=3600.0),
     StreamSpec("WRIT_DLQ", ("writ.dlq.>",), 30 * _DAY),
     # Chat sessions' event streams, one subject per session (`writ.chat.<tenant>.<session>`,
@@ -288,6 +308,7 @@ def tenant_streams(tenant: str) -> tuple[StreamSpec, StreamSpec]:
     """
     if not valid_tenant(tenant):
         raise ValueError(f"invalid tenant name {tenant!r}")
-    return (StreamSpec(in_stream(tenant), host_subjects(tenant), 7 * _DAY,
-                       duplicate_window_s=3600.0),
-            StreamSpec(out_stream(tenant), (result(tenant),), 7 * _DAY))
+    return (
+        StreamSpec(in_stream(tenant), host_subjects(tenant), 7 * _DAY, duplicate_window_s=3600.0),
+        StreamSpec(out_stream(tenant), (result(tenant),), 7 * _DAY),
+    )

@@ -42,15 +42,22 @@ SAMPLE_EVERY_S = 30.0
 WARM_FRACTION, WARM_MIN_S = 0.5, 30.0
 
 
-async def soak(deployment: Deployment, settings: SoakSettings,
-               faults: list[Fault]) -> dict[str, Any]:
+async def soak(
+    deployment: Deployment, settings: SoakSettings, faults: list[Fault]
+) -> dict[str, Any]:
     """The load, the nemesis, healing, settling and the checker; returns the summary."""
     stack, log = deployment.stack, deployment.log
-    load = Load(stack, rng=random.Random(settings.seed + 1),
-                command_rate=settings.command_rate, run_rate=settings.run_rate,
-                refund_rate=settings.refund_rate, repeat_fraction=settings.repeat_fraction,
-                conflict_fraction=settings.conflict_fraction,
-                hostile_every_s=settings.hostile_every_s, chat_rate=settings.chat_rate)
+    load = Load(
+        stack,
+        rng=random.Random(settings.seed + 1),
+        command_rate=settings.command_rate,
+        run_rate=settings.run_rate,
+        refund_rate=settings.refund_rate,
+        repeat_fraction=settings.repeat_fraction,
+        conflict_fraction=settings.conflict_fraction,
+        hostile_every_s=settings.hostile_every_s,
+        chat_rate=settings.chat_rate,
+    )
     await load.open()
     observer = Observer(stack, list(deployment.service_instances))
     nemesis = Nemesis(deployment, faults)
@@ -60,15 +67,22 @@ async def soak(deployment: Deployment, settings: SoakSettings,
         async with anyio.create_task_group() as tg:
             tg.start_soon(load.collect)
             tg.start_soon(load.approve)
-            log("load", f"warm-up {settings.warmup_s:.0f}s, then {settings.duration_s:.0f}s "
-                        "under the nemesis")
+            log(
+                "load",
+                f"warm-up {settings.warmup_s:.0f}s, then {settings.duration_s:.0f}s "
+                "under the nemesis",
+            )
             async with anyio.create_task_group() as driving:
                 driving.start_soon(load.drive, settings.warmup_s + settings.duration_s)
                 await anyio.sleep(settings.warmup_s)
                 await observer.take_baseline()
                 driving.start_soon(nemesis.run, time.monotonic())
-                tg.start_soon(_sample, observer, driving_done,
-                              min(SAMPLE_EVERY_S, max(settings.duration_s / 12, 5.0)))
+                tg.start_soon(
+                    _sample,
+                    observer,
+                    driving_done,
+                    min(SAMPLE_EVERY_S, max(settings.duration_s / 12, 5.0)),
+                )
             driving_done.set()
             log("load", "stopped; healing every fault")
             await nemesis.heal()
@@ -82,33 +96,56 @@ async def soak(deployment: Deployment, settings: SoakSettings,
         with anyio.CancelScope(shield=True):
             await load.close()
     assert observer.baseline is not None
-    warm = observer.settled_baseline(observer.baseline["t"] + max(
-        WARM_MIN_S, WARM_FRACTION * settings.duration_s))
-    checks = await check(deployment, load.ledger, faults=nemesis.kinds(), baseline=warm,
-                         end=end, instances=deployment.service_instances)
+    warm = observer.settled_baseline(
+        observer.baseline["t"] + max(WARM_MIN_S, WARM_FRACTION * settings.duration_s)
+    )
+    checks = await check(
+        deployment,
+        load.ledger,
+        faults=nemesis.kinds(),
+        baseline=warm,
+        end=end,
+        instances=deployment.service_instances,
+    )
     try:
         layout = await _streams(stack)
     except Exception as exc:  # the servers did not say: the replicas check fails with it
         layout = {"error": {"replicas": 0, "note": repr(exc)[:300]}}
     checks.append(stream_replicas(layout, 3 if settings.topology == "cluster" else 1))
     return {
-        "seed": settings.seed, "topology": settings.topology,
-        "duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
-        "rates_per_s": {"host_commands": settings.command_rate, "runs": settings.run_rate,
-                        "refunds": settings.refund_rate, "chat_messages": settings.chat_rate},
+        "seed": settings.seed,
+        "topology": settings.topology,
+        "duration_s": settings.duration_s,
+        "warmup_s": settings.warmup_s,
+        "rates_per_s": {
+            "host_commands": settings.command_rate,
+            "runs": settings.run_rate,
+            "refunds": settings.refund_rate,
+            "chat_messages": settings.chat_rate,
+        },
         "schedule": [f.describe() for f in faults],
-        "faults_injected": nemesis.kinds(), "faults": nemesis.applied,
+        "faults_injected": nemesis.kinds(),
+        "faults": nemesis.applied,
         "restarts_by_supervisor": deployment.supervisor.restarts,
-        "requests": load.ledger.counts(), "shed": load.ledger.shed,
+        "requests": load.ledger.counts(),
+        "shed": load.ledger.shed,
         "requests_by_tenant": load.ledger.by_tenant(),
         "chat_sessions": len(load.ledger.sessions),
-        "outcomes": outcomes(load.ledger), "settle": settle, "requests_dropped": dropped,
-        "resources": {"bounds": {"rss": f"end <= {RSS_FACTOR}x warm-up + {RSS_SLACK_MB:.0f} MiB",
-                                 "fds": f"end <= warm-up + {FD_SLACK}",
-                                 "pg_connections": f"end <= the role's pools + {PG_SLACK} "
-                                                   "per instance"},
-                      "warm_up": warm, "end": end, "samples": observer.samples},
-        "streams": layout, "invariants": [c.as_dict() for c in checks],
+        "outcomes": outcomes(load.ledger),
+        "settle": settle,
+        "requests_dropped": dropped,
+        "resources": {
+            "bounds": {
+                "rss": f"end <= {RSS_FACTOR}x warm-up + {RSS_SLACK_MB:.0f} MiB",
+                "fds": f"end <= warm-up + {FD_SLACK}",
+                "pg_connections": f"end <= the role's pools + {PG_SLACK} per instance",
+            },
+            "warm_up": warm,
+            "end": end,
+            "samples": observer.samples,
+        },
+        "streams": layout,
+        "invariants": [c.as_dict() for c in checks],
         "held": all(c.held for c in checks),
     }
 
@@ -121,10 +158,13 @@ async def _streams(stack: Stack) -> dict[str, Any]:
         for info in await nc.jetstream().streams_info():
             cluster = info.cluster
             out[info.config.name] = {
-                "replicas": info.config.num_replicas, "messages": info.state.messages,
+                "replicas": info.config.num_replicas,
+                "messages": info.state.messages,
                 "leader": cluster.leader if cluster else None,
                 "current_replicas": [r.name for r in (cluster.replicas or []) if r.current]
-                if cluster else []}
+                if cluster
+                else [],
+            }
         return out
     finally:
         await nc.close()
@@ -161,25 +201,37 @@ async def _settle(load: Load, dsn: str, bound_s: float, log: Any) -> dict[str, A
 
 def _print(summary: dict[str, Any]) -> None:
     print("\n=== soak summary ===")
-    print(f"seed {summary['seed']}  topology {summary['topology']}  "
-          f"{summary['duration_s']:.0f}s under faults  rates {summary['rates_per_s']}")
-    print(f"faults injected: {summary['faults_injected']}  "
-          f"(restarts by the supervisor: {summary['restarts_by_supervisor']})")
+    print(
+        f"seed {summary['seed']}  topology {summary['topology']}  "
+        f"{summary['duration_s']:.0f}s under faults  rates {summary['rates_per_s']}"
+    )
+    print(
+        f"faults injected: {summary['faults_injected']}  "
+        f"(restarts by the supervisor: {summary['restarts_by_supervisor']})"
+    )
     print(f"requests: {summary['requests']}  shed: {summary['shed']}")
-    print(f"by tenant: {summary.get('requests_by_tenant')}  "
-          f"chat sessions: {summary.get('chat_sessions')}")
+    print(
+        f"by tenant: {summary.get('requests_by_tenant')}  "
+        f"chat sessions: {summary.get('chat_sessions')}"
+    )
     print(f"outcomes: {summary['outcomes']}")
     replicas = {v["replicas"] for v in summary["streams"].values()}
     print(f"streams: {len(summary['streams'])} at {sorted(replicas)} replicas")
     print(f"settled in {summary['settle'].get('seconds')}s: {summary['settle'].get('left')}")
-    print(f"requests dropped by endpoints (since each instance started): "
-          f"{summary.get('requests_dropped') or 'none'}")
+    print(
+        f"requests dropped by endpoints (since each instance started): "
+        f"{summary.get('requests_dropped') or 'none'}"
+    )
     for key, start in summary["resources"]["warm_up"]["processes"].items():
         end = summary["resources"]["end"]["processes"].get(key, {})
-        print(f"  {key:<13} RSS {start['rss_mb']:>6} -> {end.get('rss_mb', '-'):>6} MiB   "
-              f"fds {start['fds']:>4} -> {end.get('fds', '-')}")
-    print(f"  Postgres connections {summary['resources']['warm_up']['pg_connections']} -> "
-          f"{summary['resources']['end']['pg_connections']}")
+        print(
+            f"  {key:<13} RSS {start['rss_mb']:>6} -> {end.get('rss_mb', '-'):>6} MiB   "
+            f"fds {start['fds']:>4} -> {end.get('fds', '-')}"
+        )
+    print(
+        f"  Postgres connections {summary['resources']['warm_up']['pg_connections']} -> "
+        f"{summary['resources']['end']['pg_connections']}"
+    )
     for inv in summary["invariants"]:
         mark = "held  " if inv["held"] else "BROKEN"
         print(f"{mark} {inv['name']} (examined {inv['examined']})")
@@ -194,12 +246,19 @@ def run(settings: SoakSettings) -> tuple[int, dict[str, Any]]:
     home = settings.home or Path(tempfile.mkdtemp(prefix="writ-soak-"))
     home.mkdir(parents=True, exist_ok=True)
     deployment = Deployment(settings, home)
-    faults = schedule(settings.seed, duration_s=settings.duration_s,
-                      every=settings.fault_every, lease_s=settings.lease_s,
-                      instances=sorted(deployment.service_instances),
-                      cluster=settings.topology == "cluster")
-    print(f"Writ soak: seed {settings.seed} (SOAK_SEED={settings.seed} replays this schedule), "
-          f"topology {settings.topology}, folder {home}", flush=True)
+    faults = schedule(
+        settings.seed,
+        duration_s=settings.duration_s,
+        every=settings.fault_every,
+        lease_s=settings.lease_s,
+        instances=sorted(deployment.service_instances),
+        cluster=settings.topology == "cluster",
+    )
+    print(
+        f"Writ soak: seed {settings.seed} (SOAK_SEED={settings.seed} replays this schedule), "
+        f"topology {settings.topology}, folder {home}",
+        flush=True,
+    )
     for fault in faults:
         print(f"  {fault.describe()}", flush=True)
     summary: dict[str, Any] = {"seed": settings.seed, "held": False}

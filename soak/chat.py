@@ -56,8 +56,9 @@ class Chat:
 
     async def _open(self, tenant: str) -> None:
         talk = self.rng.random() < TALK_FRACTION
-        op = self.ledger.add(Op("open", f"open-{uuid.uuid4().hex}", tenant=tenant,
-                                arguments={"talk": talk}))
+        op = self.ledger.add(
+            Op("open", f"open-{uuid.uuid4().hex}", tenant=tenant, arguments={"talk": talk})
+        )
         answer = await self._write(op, "/sessions", {"agent": CHAT_AGENT})
         if answer is not None and answer[0] == 201:
             op.accepted, op.session_id = True, answer[1]["session_id"]
@@ -65,12 +66,20 @@ class Chat:
 
     async def _send(self, session: ChatSession) -> None:
         request_id = f"chat-{uuid.uuid4().hex}"
-        text = (f"{TALK + ' ' if session.talk else ''}Soak chat {request_id}: please note "
-                "today's call with ACME-42.")
-        op = self.ledger.add(Op("chat", request_id, tenant=session.tenant,
-                                session_id=session.session_id, arguments={"text": text}))
-        answer = await self._write(op, f"/sessions/{session.session_id}/messages",
-                                   {"text": text})
+        text = (
+            f"{TALK + ' ' if session.talk else ''}Soak chat {request_id}: please note "
+            "today's call with ACME-42."
+        )
+        op = self.ledger.add(
+            Op(
+                "chat",
+                request_id,
+                tenant=session.tenant,
+                session_id=session.session_id,
+                arguments={"text": text},
+            )
+        )
+        answer = await self._write(op, f"/sessions/{session.session_id}/messages", {"text": text})
         if answer is None:
             return
         status, body = answer
@@ -81,13 +90,16 @@ class Chat:
         else:
             op.error = f"{status} {body.get('code')}: {str(body.get('detail'))[:200]}"
 
-    async def _write(self, op: Op, path: str, body: dict[str, Any]
-                     ) -> tuple[int, dict[str, Any]] | None:
+    async def _write(
+        self, op: Op, path: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]] | None:
         """The first definite answer (2xx or 4xx) to the write, under one key; None when
         none came within `GIVE_UP_S`."""
         assert self._http is not None
-        headers = {"Authorization": f"Bearer {self._token(op.tenant)}",
-                   "Idempotency-Key": op.request_id}
+        headers = {
+            "Authorization": f"Bearer {self._token(op.tenant)}",
+            "Idempotency-Key": op.request_id,
+        }
         op.sent_at = time.monotonic()
         while time.monotonic() - op.sent_at < GIVE_UP_S:
             try:

@@ -44,7 +44,8 @@ def _has_outcome(ledger: Ledger, op: Op) -> bool:
     if op.kind in ("note", "repeat") and op.operation_key:
         return bool(ledger.results.get(op.request_id)) and any(
             ledger.final(other.request_id) is not None
-            for other in ledger.keyed.get(op.operation_key, [op]))
+            for other in ledger.keyed.get(op.operation_key, [op])
+        )
     return ledger.final(op.request_id) is not None
 
 
@@ -53,34 +54,58 @@ async def settled(ledger: Ledger, db: asyncpg.Connection) -> dict[str, int]:
     not ended."""
     waiting = sum(not _has_outcome(ledger, op) for op in _checked(ledger))
     commands = await db.fetchval(
-        "SELECT count(*) FROM admission.commands WHERE state IN ('pending', 'dispatching')")
+        "SELECT count(*) FROM admission.commands WHERE state IN ('pending', 'dispatching')"
+    )
     runs = await db.fetchval(
-        "SELECT count(*) FROM planner.runs WHERE status IN ('queued', 'running')")
-    return {"without_outcome": waiting, "commands_in_flight": commands, "runs_in_flight": runs,
-            **await chat_in_flight(db)}
+        "SELECT count(*) FROM planner.runs WHERE status IN ('queued', 'running')"
+    )
+    return {
+        "without_outcome": waiting,
+        "commands_in_flight": commands,
+        "runs_in_flight": runs,
+        **await chat_in_flight(db),
+    }
 
 
-async def check(deployment: Deployment, ledger: Ledger, *, faults: dict[str, int],
-                baseline: dict[str, Any], end: dict[str, Any],
-                instances: dict[str, str]) -> list[Check]:
+async def check(
+    deployment: Deployment,
+    ledger: Ledger,
+    *,
+    faults: dict[str, int],
+    baseline: dict[str, Any],
+    end: dict[str, Any],
+    instances: dict[str, str],
+) -> list[Check]:
     """Every invariant over the settled deployment, over both tenants."""
     stack = deployment.stack
     tenants = list(TENANTS)
     db = await asyncpg.connect(stack.database_dsn)
     try:
-        commands = {r["operation_key"] or str(r["operation_id"]): dict(r) for r in await db.fetch(
-            "SELECT tenant, operation_id::text, operation_key, request_id, action, state, "
-            "receipt, reason, arguments, run_id FROM admission.commands "
-            "WHERE tenant = ANY($1)", tenants)}
-        runs = {(r["tenant"], r["request_id"]): dict(r) for r in await db.fetch(
-            "SELECT r.tenant, r.request_id, r.run_id, r.status, "
-            "(SELECT count(*) FROM planner.steps s WHERE s.run_id = r.run_id "
-            " AND s.kind = 'decision') AS decisions, "
-            "(SELECT count(*) FROM admission.proposals p WHERE p.run_id = r.run_id) "
-            " AS proposals FROM planner.runs r WHERE r.tenant = ANY($1)", tenants)}
+        commands = {
+            r["operation_key"] or str(r["operation_id"]): dict(r)
+            for r in await db.fetch(
+                "SELECT tenant, operation_id::text, operation_key, request_id, action, state, "
+                "receipt, reason, arguments, run_id FROM admission.commands "
+                "WHERE tenant = ANY($1)",
+                tenants,
+            )
+        }
+        runs = {
+            (r["tenant"], r["request_id"]): dict(r)
+            for r in await db.fetch(
+                "SELECT r.tenant, r.request_id, r.run_id, r.status, "
+                "(SELECT count(*) FROM planner.steps s WHERE s.run_id = r.run_id "
+                " AND s.kind = 'decision') AS decisions, "
+                "(SELECT count(*) FROM admission.proposals p WHERE p.run_id = r.run_id) "
+                " AS proposals FROM planner.runs r WHERE r.tenant = ANY($1)",
+                tenants,
+            )
+        }
         waiting = await db.fetchval(
             "SELECT count(*) FROM admission.proposals WHERE tenant = ANY($1) "
-            "AND state = 'pending' AND agent = 'refund-assistant'", tenants)
+            "AND state = 'pending' AND agent = 'refund-assistant'",
+            tenants,
+        )
         async with httpx.AsyncClient(timeout=30) as client:
             notes = (await client.get(f"{stack.crm_url}/_control/notes")).json()
             refunds = (await client.get(f"{stack.payments_url}/_control/refunds")).json()
@@ -90,16 +115,18 @@ async def check(deployment: Deployment, ledger: Ledger, *, faults: dict[str, int
     finally:
         await db.close()
     ops = _checked(ledger)
-    out = [_outcomes(ledger, ops, in_flight, waiting),
-           *_effects(commands, notes, refunds),
-           _unknown(stack, commands, faults),
-           _keys(ledger, commands),
-           _replanning(ledger, runs),
-           model,
-           *chat,
-           _tenants(ledger, commands, runs),
-           _audit(stack),
-           await _dead_letters(stack, ledger)]
+    out = [
+        _outcomes(ledger, ops, in_flight, waiting),
+        *_effects(commands, notes, refunds),
+        _unknown(stack, commands, faults),
+        _keys(ledger, commands),
+        _replanning(ledger, runs),
+        model,
+        *chat,
+        _tenants(ledger, commands, runs),
+        _audit(stack),
+        await _dead_letters(stack, ledger),
+    ]
     resources = Check("resources_bounded", examined=len(baseline["processes"]))
     for problem in within(baseline, end, instances):
         resources.fail(problem)
@@ -107,14 +134,15 @@ async def check(deployment: Deployment, ledger: Ledger, *, faults: dict[str, int
     return out
 
 
-def _outcomes(ledger: Ledger, ops: list[Op], in_flight: dict[str, int],
-              waiting: int) -> Check:
+def _outcomes(ledger: Ledger, ops: list[Op], in_flight: dict[str, int], waiting: int) -> Check:
     result = Check("every_accepted_request_ended", examined=len(ops))
     for op in ops:
         if not _has_outcome(ledger, op):
             seen = [getattr(r, "status", "?") for r in ledger.results.get(op.request_id, [])]
-            result.fail(f"{op.kind} {op.request_id} (key {op.operation_key or '-'}): "
-                        f"results seen {seen or 'none'}")
+            result.fail(
+                f"{op.kind} {op.request_id} (key {op.operation_key or '-'}): "
+                f"results seen {seen or 'none'}"
+            )
     if in_flight["commands_in_flight"] or in_flight["runs_in_flight"]:
         result.fail(f"still in flight in the registry: {in_flight}")
     if waiting:
@@ -122,8 +150,9 @@ def _outcomes(ledger: Ledger, ops: list[Op], in_flight: dict[str, int],
     return result
 
 
-def _effects(commands: dict[str, dict[str, Any]], notes: list[dict[str, Any]],
-             refunds: list[dict[str, Any]]) -> list[Check]:
+def _effects(
+    commands: dict[str, dict[str, Any]], notes: list[dict[str, Any]], refunds: list[dict[str, Any]]
+) -> list[Check]:
     crm = Check("at_most_one_crm_note_per_operation", examined=len(notes))
     for key, n in Counter(note["idempotency_key"] for note in notes).items():
         if n > 1:
@@ -132,8 +161,7 @@ def _effects(commands: dict[str, dict[str, Any]], notes: list[dict[str, Any]],
     for key, n in Counter(r["reference"] for r in refunds).items():
         if n > 1:
             pay.fail(f"{n} refunds with reference {key}")
-    for (payment, line), n in Counter((r["payment_id"], r.get("line_id"))
-                                      for r in refunds).items():
+    for (payment, line), n in Counter((r["payment_id"], r.get("line_id")) for r in refunds).items():
         if n > 1:
             pay.fail(f"{n} refunds of {payment} line {line}")
     keys = {note["idempotency_key"] for note in notes}
@@ -151,35 +179,55 @@ def _effects(commands: dict[str, dict[str, Any]], notes: list[dict[str, Any]],
     return [crm, pay, real]
 
 
-def _unknown(stack: Stack, commands: dict[str, dict[str, Any]],
-             faults: dict[str, int]) -> Check:
+def _unknown(stack: Stack, commands: dict[str, dict[str, Any]], faults: dict[str, int]) -> Check:
     unknown = {c["operation_id"]: c for c in commands.values() if c["state"] == "unknown"}
     result = Check("unknown_only_where_the_answer_was_lost", examined=len(unknown))
     shown: set[str] = set()
     for tenant in sorted({c["tenant"] for c in unknown.values()}):
         listed = subprocess.run(
-            [sys.executable, "-m", "writ.cli", "reconcile", "--home", str(stack.home),
-             "--tenant", tenant, "list"], capture_output=True, text=True, timeout=60,
-            check=False)
-        shown |= {line.split()[0] for line in listed.stdout.splitlines()
-                  if line and not line.startswith(" ") and not line.startswith("no unknown")}
+            [
+                sys.executable,
+                "-m",
+                "writ.cli",
+                "reconcile",
+                "--home",
+                str(stack.home),
+                "--tenant",
+                tenant,
+                "list",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        shown |= {
+            line.split()[0]
+            for line in listed.stdout.splitlines()
+            if line and not line.startswith(" ") and not line.startswith("no unknown")
+        }
         if listed.returncode != 0:
-            result.fail(f"writ reconcile list --tenant {tenant} failed: "
-                        f"{listed.stderr[-300:]}")
+            result.fail(f"writ reconcile list --tenant {tenant} failed: {listed.stderr[-300:]}")
     # Where an answer can be lost: the payment provider losing or delaying it, or the
     # dispatcher holding the call dying or freezing in the middle of it.
-    losers = sum(n for kind, n in faults.items()
-                 if kind in ("provider:lose_response", "provider:slow", "kill", "freeze"))
+    losers = sum(
+        n
+        for kind, n in faults.items()
+        if kind in ("provider:lose_response", "provider:slow", "kill", "freeze")
+    )
     for operation_id, command in unknown.items():
         if not command["action"].startswith("payment."):
-            result.fail(f"{operation_id} ({command['action']}) ended unknown, but its "
-                        "connector can replay its key")
+            result.fail(
+                f"{operation_id} ({command['action']}) ended unknown, but its "
+                "connector can replay its key"
+            )
         if operation_id not in shown:
             result.fail(f"{operation_id} is unknown but `writ reconcile list` omits it")
     if unknown and not losers:
         result.fail(f"{len(unknown)} unknown with no fault that could lose an answer")
-    result.note = f"{len(unknown)} unknown, all listed by `writ reconcile list`" if (
-        result.held) else ""
+    result.note = (
+        f"{len(unknown)} unknown, all listed by `writ reconcile list`" if (result.held) else ""
+    )
     return result
 
 
@@ -190,70 +238,84 @@ def _keys(ledger: Ledger, commands: dict[str, dict[str, Any]]) -> Check:
             continue
         result.examined += 1
         first = ledger.final(op.original)
-        answers = [r for r in ledger.results.get(op.request_id, [])
-                   if isinstance(r, CommandResult)]
+        answers = [r for r in ledger.results.get(op.request_id, []) if isinstance(r, CommandResult)]
         stored = commands.get(op.operation_key)
         if not answers or stored is None:
             continue  # counted by every_accepted_request_ended
         answer = answers[0]
         if op.kind == "conflict":
             if answer.status != "conflict":
-                result.fail(f"conflict {op.request_id} on {op.operation_key} answered "
-                            f"{answer.status}")
-            if stored["arguments"] and json.loads(stored["arguments"]) != ledger.ops[
-                    op.original].arguments:
+                result.fail(
+                    f"conflict {op.request_id} on {op.operation_key} answered {answer.status}"
+                )
+            if (
+                stored["arguments"]
+                and json.loads(stored["arguments"]) != ledger.ops[op.original].arguments
+            ):
                 result.fail(f"{op.operation_key}: the stored arguments changed")
             continue
         if answer.operation_id != stored["operation_id"]:
-            result.fail(f"repeat {op.request_id} named operation {answer.operation_id}, the "
-                        f"key's is {stored['operation_id']}")
+            result.fail(
+                f"repeat {op.request_id} named operation {answer.operation_id}, the "
+                f"key's is {stored['operation_id']}"
+            )
         terminal = answer.status not in ("pending", "dispatching", "awaiting_human")
-        if terminal and first is not None and (answer.status, answer.receipt) != (
-                first.status, first.receipt):
-            result.fail(f"repeat {op.request_id} answered {answer.status}/{answer.receipt}, "
-                        f"the first {first.status}/{first.receipt}")
+        if (
+            terminal
+            and first is not None
+            and (answer.status, answer.receipt) != (first.status, first.receipt)
+        ):
+            result.fail(
+                f"repeat {op.request_id} answered {answer.status}/{answer.receipt}, "
+                f"the first {first.status}/{first.receipt}"
+            )
     return result
 
 
 def _replanning(ledger: Ledger, runs: dict[tuple[str, str], dict[str, Any]]) -> Check:
     result = Check("no_run_recorded_more_decisions_than_its_script")
-    result.note = ("decisions recorded per run against the model's rules (two), and one "
-                   "proposal per run")
+    result.note = (
+        "decisions recorded per run against the model's rules (two), and one proposal per run"
+    )
     for op in ledger.accepted("run"):
         run = runs.get((op.tenant, op.request_id))
         if run is None:
             continue
         result.examined += 1
         if run["decisions"] > NOTE_RUN_DECISIONS:
-            result.fail(f"run {run['run_id']} recorded {run['decisions']} decisions, its "
-                        f"script has {NOTE_RUN_DECISIONS}")
+            result.fail(
+                f"run {run['run_id']} recorded {run['decisions']} decisions, its "
+                f"script has {NOTE_RUN_DECISIONS}"
+            )
         if run["proposals"] > 1:
             result.fail(f"run {run['run_id']} proposed {run['proposals']} times")
     return result
 
 
-def _tenants(ledger: Ledger, commands: dict[str, dict[str, Any]],
-             runs: dict[tuple[str, str], dict[str, Any]]) -> Check:
+def _tenants(
+    ledger: Ledger, commands: dict[str, dict[str, Any]], runs: dict[tuple[str, str], dict[str, Any]]
+) -> Check:
     """Both tenants were driven on every path, and what each sent is recorded as its own."""
     result = Check("every_tenant_driven_and_kept_apart")
     driven = ledger.by_tenant()
     for tenant in TENANTS:
         for kind in ("note", "run", "refund", "chat"):
             if not driven.get(tenant, {}).get(kind) and any(
-                    op.kind == kind for op in ledger.ops.values()):
+                op.kind == kind for op in ledger.ops.values()
+            ):
                 result.fail(f"tenant {tenant} had no accepted {kind}")
     for op in ledger.accepted():
         if op.kind in ("note", "refund"):
             result.examined += 1
             stored = commands.get(op.operation_key)
             if stored is not None and stored["tenant"] != op.tenant:
-                result.fail(f"{op.kind} {op.request_id} of {op.tenant} is recorded under "
-                            f"{stored['tenant']}")
+                result.fail(
+                    f"{op.kind} {op.request_id} of {op.tenant} is recorded under {stored['tenant']}"
+                )
         elif op.kind == "run":
             result.examined += 1
             if op.request_id in {rid for (t, rid) in runs if t != op.tenant}:
-                result.fail(f"run {op.request_id} of {op.tenant} is recorded under another "
-                            "tenant")
+                result.fail(f"run {op.request_id} of {op.tenant} is recorded under another tenant")
     result.note = f"accepted per tenant: {driven}"
     return result
 
@@ -267,14 +329,30 @@ async def _model_log(deployment: Deployment) -> list[dict[str, Any]]:
 
 def _audit(stack: Stack) -> Check:
     result = Check("audit_journal_intact")
-    done = subprocess.run([sys.executable, "-m", "writ.cli", "audit", "verify", "--home",
-                           str(stack.home), "--grace-s", "30"],
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "writ.cli",
+            "audit",
+            "verify",
+            "--home",
+            str(stack.home),
+            "--grace-s",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     result.examined = done.stdout.count("\n")
     result.note = done.stdout.strip()[-1500:]
     if done.returncode != 0:
-        result.fail(f"writ audit verify exited {done.returncode}: "
-                    f"{(done.stdout + done.stderr).strip()[-600:]}")
+        result.fail(
+            f"writ audit verify exited {done.returncode}: "
+            f"{(done.stdout + done.stderr).strip()[-600:]}"
+        )
     return result
 
 
@@ -301,8 +379,9 @@ async def _dead_letters(stack: Stack, ledger: Ledger) -> Check:
     # A body that is JSON names its request id: ingress must answer it (an error, as data).
     for op in hostile:
         if op.arguments.get("json") and not any(
-                isinstance(r, RunResult) and r.status == "rejected"
-                for r in ledger.results.get(op.request_id, [])):
+            isinstance(r, RunResult) and r.status == "rejected"
+            for r in ledger.results.get(op.request_id, [])
+        ):
             result.fail(f"hostile {op.request_id} was never answered with its error")
     return result
 
@@ -313,21 +392,28 @@ def outcomes(ledger: Ledger) -> dict[str, dict[str, int]]:
     out: dict[str, Counter[str]] = {}
     for op in ledger.ops.values():
         if op.kind == "chat":
-            state = ("turn started" if op.accepted else "SESSION_BUSY" if op.busy
-                     else op.error.split(":")[0] or "no answer")
+            state = (
+                "turn started"
+                if op.accepted
+                else "SESSION_BUSY"
+                if op.busy
+                else op.error.split(":")[0] or "no answer"
+            )
             out.setdefault(op.kind, Counter())[state] += 1
             continue
         if not op.accepted:
             continue
         final = ledger.final(op.request_id)
         if op.kind == "approval":
-            answers = [r for r in ledger.results.get(op.request_id, [])
-                       if isinstance(r, ApprovalResult)]
+            answers = [
+                r for r in ledger.results.get(op.request_id, []) if isinstance(r, ApprovalResult)
+            ]
             state = answers[0].status if answers else "no answer"
         elif op.kind == "open":
             state = "opened"
-        elif op.kind in ("note", "repeat") and final is None and ledger.results.get(
-                op.request_id):  # answered as a replay (a note: overtaken by its repeat)
+        elif (
+            op.kind in ("note", "repeat") and final is None and ledger.results.get(op.request_id)
+        ):  # answered as a replay (a note: overtaken by its repeat)
             state = f"replayed {ledger.results[op.request_id][0].status}"
         else:
             state = getattr(final, "status", None) or "no outcome"
@@ -338,12 +424,14 @@ def outcomes(ledger: Ledger) -> dict[str, dict[str, int]]:
 def stream_replicas(layout: dict[str, dict[str, Any]], expected: int) -> Check:
     """Every stream and bucket of Writ's at the topology's replicas (3 on the cluster: what
     survives one node lost), found from the servers' own stream info."""
-    result = Check("every_stream_at_the_topologys_replicas", examined=len(layout),
-                   note=f"expected {expected}")
+    result = Check(
+        "every_stream_at_the_topologys_replicas", examined=len(layout), note=f"expected {expected}"
+    )
     if not layout:
         result.fail("no stream was listed")
     for name, info in sorted(layout.items()):
         if info.get("replicas") != expected:
-            result.fail(f"{name} at {info.get('replicas')} replicas "
-                        f"{info.get('note', '')}".rstrip())
+            result.fail(
+                f"{name} at {info.get('replicas')} replicas {info.get('note', '')}".rstrip()
+            )
     return result

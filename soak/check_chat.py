@@ -27,40 +27,61 @@ _ENDED = ("succeeded", "failed", "cancelled")
 async def chat_in_flight(db: asyncpg.Connection) -> dict[str, int]:
     """Sessions still `processing` and turns still `running` (settling waits for none)."""
     sessions = await db.fetchval(
-        "SELECT count(*) FROM planner.sessions WHERE tenant = ANY($1) "
-        "AND state = 'processing'", list(TENANTS))
+        "SELECT count(*) FROM planner.sessions WHERE tenant = ANY($1) AND state = 'processing'",
+        list(TENANTS),
+    )
     turns = await db.fetchval(
         "SELECT count(*) FROM planner.session_turns t JOIN planner.sessions s USING "
-        "(session_id) WHERE s.tenant = ANY($1) AND t.status = 'running'", list(TENANTS))
+        "(session_id) WHERE s.tenant = ANY($1) AND t.status = 'running'",
+        list(TENANTS),
+    )
     return {"sessions_processing": sessions, "turns_running": turns}
 
 
-async def chat_checks(stack: Stack, ledger: Ledger, db: asyncpg.Connection,
-                      commands: dict[str, dict[str, Any]],
-                      notes: list[dict[str, Any]]) -> list[Check]:
+async def chat_checks(
+    stack: Stack,
+    ledger: Ledger,
+    db: asyncpg.Connection,
+    commands: dict[str, dict[str, Any]],
+    notes: list[dict[str, Any]],
+) -> list[Check]:
     """The three chat checks."""
     ids = list(ledger.sessions)
-    sessions = {r["session_id"]: dict(r) for r in await db.fetch(
-        "SELECT session_id, tenant, state, last_n, published_n FROM planner.sessions "
-        "WHERE session_id = ANY($1)", ids)}
-    runs = {r["run_id"]: r["status"] for r in await db.fetch(
-        "SELECT t.run_id, r.status FROM planner.session_turns t "
-        "LEFT JOIN planner.runs r USING (run_id) WHERE t.session_id = ANY($1)", ids)}
+    sessions = {
+        r["session_id"]: dict(r)
+        for r in await db.fetch(
+            "SELECT session_id, tenant, state, last_n, published_n FROM planner.sessions "
+            "WHERE session_id = ANY($1)",
+            ids,
+        )
+    }
+    runs = {
+        r["run_id"]: r["status"]
+        for r in await db.fetch(
+            "SELECT t.run_id, r.status FROM planner.session_turns t "
+            "LEFT JOIN planner.runs r USING (run_id) WHERE t.session_id = ANY($1)",
+            ids,
+        )
+    }
     accepted = ledger.accepted("chat")
 
     ended = Check("every_accepted_chat_message_ended_its_turn", examined=len(accepted))
     for op in accepted:
         status = runs.get(op.run_id)
         if status not in _ENDED:
-            ended.fail(f"message {op.request_id} on {op.session_id}: its turn {op.run_id} "
-                       f"is {status or 'not recorded'}")
+            ended.fail(
+                f"message {op.request_id} on {op.session_id}: its turn {op.run_id} "
+                f"is {status or 'not recorded'}"
+            )
     for session_id, row in sessions.items():
         if row["state"] == "processing":
             ended.fail(f"session {session_id} is still processing")
     busy = sum(op.busy for op in ledger.ops.values() if op.kind == "chat")
     statuses = Counter(str(runs.get(op.run_id)) for op in accepted)
-    ended.note = (f"{len(accepted)} turns started, {busy} messages refused SESSION_BUSY; "
-                  f"turns {dict(statuses)}")
+    ended.note = (
+        f"{len(accepted)} turns started, {busy} messages refused SESSION_BUSY; "
+        f"turns {dict(statuses)}"
+    )
 
     once = turn_notes(accepted, commands, notes)
     events = Check("session_events_numbered_without_gaps", examined=len(sessions))
@@ -70,8 +91,9 @@ async def chat_checks(stack: Stack, ledger: Ledger, db: asyncpg.Connection,
     return [ended, once, events]
 
 
-def turn_notes(accepted: list[Op], commands: dict[str, dict[str, Any]],
-               notes: list[dict[str, Any]]) -> Check:
+def turn_notes(
+    accepted: list[Op], commands: dict[str, dict[str, Any]], notes: list[dict[str, Any]]
+) -> Check:
     """At most one note per operation of a turn, and one note-writing operation a turn."""
     result = Check("at_most_one_crm_note_per_turn", examined=len(accepted))
     by_key = Counter(note["idempotency_key"] for note in notes)
@@ -85,11 +107,12 @@ def turn_notes(accepted: list[Op], commands: dict[str, dict[str, Any]],
             n = by_key.get(f"{command['tenant']}:{command['operation_id']}", 0)
             written += n > 0
             if n > 1:
-                result.fail(f"turn {op.run_id}: {n} notes for operation "
-                            f"{command['operation_id']}")
+                result.fail(f"turn {op.run_id}: {n} notes for operation {command['operation_id']}")
         if written > 1:
-            result.fail(f"turn {op.run_id} wrote {written} notes (operations "
-                        f"{[c['operation_id'] for c in by_run[op.run_id]]})")
+            result.fail(
+                f"turn {op.run_id} wrote {written} notes (operations "
+                f"{[c['operation_id'] for c in by_run[op.run_id]]})"
+            )
     return result
 
 
@@ -102,9 +125,11 @@ def event_gaps(sessions: dict[str, dict[str, Any]], seen: dict[str, list[int]]) 
         if numbers != expected:
             repeated = [n for n, k in Counter(numbers).items() if k > 1]
             missing = sorted(set(expected) - set(numbers))
-            problems.append(f"session {session_id}: {len(numbers)} events on the stream, "
-                            f"{row['last_n']} recorded; missing {missing[:10]}, repeated "
-                            f"{repeated[:10]}")
+            problems.append(
+                f"session {session_id}: {len(numbers)} events on the stream, "
+                f"{row['last_n']} recorded; missing {missing[:10]}, repeated "
+                f"{repeated[:10]}"
+            )
     return problems
 
 

@@ -1,4 +1,4 @@
-""""No run asked the model again for a step it had recorded", checked against the fake model's
+""" "No run asked the model again for a step it had recorded", checked against the fake model's
 own request log (fakes/llm.py), not the planner's word for it.
 
 Every answer of the fake model carries its serial number (`{{serial}}` in its rules), so the
@@ -57,8 +57,9 @@ def ask_of(body: Any) -> tuple[str, int] | None:
     return (user, observations) if user is not None and observations is not None else None
 
 
-def replayed(log: list[dict[str, Any]], inputs: dict[str, str],
-             steps: dict[str, list[tuple[str, Any]]]) -> Check:
+def replayed(
+    log: list[dict[str, Any]], inputs: dict[str, str], steps: dict[str, list[tuple[str, Any]]]
+) -> Check:
     """The check over the model's log, the runs' inputs (input -> run id) and each run's
     recorded steps in order ((kind, payload) each)."""
     result = Check("no_run_asked_the_model_again_for_a_recorded_step")
@@ -90,25 +91,32 @@ def replayed(log: list[dict[str, Any]], inputs: dict[str, str],
             mine = asks.get((run_id, observations), [])
             at = next((i for i, s in mine if s == serial), None)
             if at is None:
-                result.fail(f"run {run_id} step {observations} recorded answer {serial}, "
-                            "which the model's log does not show for that step")
+                result.fail(
+                    f"run {run_id} step {observations} recorded answer {serial}, "
+                    "which the model's log does not show for that step"
+                )
                 continue
             again = [i for i, _ in mine if i > at]
             if again:
-                result.fail(f"run {run_id} step {observations}: the model was asked again "
-                            f"{len(again)} time(s) after answer {serial} was recorded")
+                result.fail(
+                    f"run {run_id} step {observations}: the model was asked again "
+                    f"{len(again)} time(s) after answer {serial} was recorded"
+                )
     total = sum(len(v) for v in asks.values())
     result.examined = recorded
-    result.note = (f"{total} decision requests in the model's log for {recorded} recorded "
-                   f"decisions: {total - recorded} retries of steps not yet recorded"
-                   + (f"; {unmatched} requests of no soak run" if unmatched else ""))
+    result.note = (
+        f"{total} decision requests in the model's log for {recorded} recorded "
+        f"decisions: {total - recorded} retries of steps not yet recorded"
+        + (f"; {unmatched} requests of no soak run" if unmatched else "")
+    )
     return result
 
 
 async def model_asks(db: asyncpg.Connection, log: list[dict[str, Any]]) -> Check:
     """`replayed` over the registry's runs of both tenants."""
-    runs = await db.fetch("SELECT run_id, input FROM planner.runs WHERE tenant = ANY($1)",
-                          list(TENANTS))
+    runs = await db.fetch(
+        "SELECT run_id, input FROM planner.runs WHERE tenant = ANY($1)", list(TENANTS)
+    )
     inputs: dict[str, str] = {}
     shared: set[str] = set()
     for row in runs:
@@ -119,9 +127,12 @@ async def model_asks(db: asyncpg.Connection, log: list[dict[str, Any]]) -> Check
         del inputs[text]
     steps: dict[str, list[tuple[str, Any]]] = defaultdict(list)
     for row in await db.fetch(
-            "SELECT run_id, kind, payload FROM planner.steps WHERE run_id = ANY($1) "
-            "ORDER BY run_id, seq", list(inputs.values())):
+        "SELECT run_id, kind, payload FROM planner.steps WHERE run_id = ANY($1) "
+        "ORDER BY run_id, seq",
+        list(inputs.values()),
+    ):
         payload = row["payload"]
         steps[row["run_id"]].append(
-            (row["kind"], json.loads(payload) if isinstance(payload, str) else payload))
+            (row["kind"], json.loads(payload) if isinstance(payload, str) else payload)
+        )
     return replayed(log, inputs, dict(steps))

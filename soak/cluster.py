@@ -36,12 +36,19 @@ class NatsCluster:
         self.monitor_ports = [free_port() for _ in range(NODES)]
         routes = ", ".join(f'"nats://127.0.0.1:{p}"' for p in cluster_ports)
         self.nodes = [
-            EmbeddedNats(self.data_dir / f"n{i}", auth=auth, server_name=f"writ-n{i}",
-                         extra_conf=(f'http: "127.0.0.1:{self.monitor_ports[i]}"\n'
-                                     "cluster {\n  name: \"writ\"\n"
-                                     f'  listen: "127.0.0.1:{cluster_ports[i]}"\n'
-                                     f"  routes: [{routes}]\n}}\n"))
-            for i in range(NODES)]
+            EmbeddedNats(
+                self.data_dir / f"n{i}",
+                auth=auth,
+                server_name=f"writ-n{i}",
+                extra_conf=(
+                    f'http: "127.0.0.1:{self.monitor_ports[i]}"\n'
+                    'cluster {\n  name: "writ"\n'
+                    f'  listen: "127.0.0.1:{cluster_ports[i]}"\n'
+                    f"  routes: [{routes}]\n}}\n"
+                ),
+            )
+            for i in range(NODES)
+        ]
         self._busy = threading.Lock()  # one node faulted at a time
         self._frozen: set[int] = set()
 

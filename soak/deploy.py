@@ -29,8 +29,18 @@ from soak.settings import SoakSettings
 from writ.stack import SERVICES, Stack
 from writ.supervisor import Supervisor
 
-__all__ = ["FAKES", "MODEL_RULES", "NOTE", "REPLICAS", "TALK", "TENANTS", "Deployment",
-           "admin_connect", "approver", "principal"]
+__all__ = [
+    "FAKES",
+    "MODEL_RULES",
+    "NOTE",
+    "REPLICAS",
+    "TALK",
+    "TENANTS",
+    "Deployment",
+    "admin_connect",
+    "approver",
+    "principal",
+]
 
 TENANTS: Final = ("acme", "globex")  # both demo tenants (writ/stack.py)
 
@@ -65,22 +75,36 @@ def _decision(next_: dict[str, Any]) -> dict[str, Any]:
 
 # No observation yet: write the note (a talking session answers instead); after it: answer.
 MODEL_RULES: Final = [
-    {"when": ['"observations":[]', TALK],
-     "reply": _decision({"decision": "answer_directly",
-                         "answer": f"Happy to talk (model reply {SERIAL})."})},
-    {"when": ['"observations":[]'],
-     "reply": _decision({"decision": "select_capability", "capability": "crm.note.create",
-                         "arguments": json.dumps(NOTE)})},
-    {"reply": _decision({"decision": "answer_directly",
-                         "answer": f"I added the note (model reply {SERIAL})."})},
+    {
+        "when": ['"observations":[]', TALK],
+        "reply": _decision(
+            {"decision": "answer_directly", "answer": f"Happy to talk (model reply {SERIAL})."}
+        ),
+    },
+    {
+        "when": ['"observations":[]'],
+        "reply": _decision(
+            {
+                "decision": "select_capability",
+                "capability": "crm.note.create",
+                "arguments": json.dumps(NOTE),
+            }
+        ),
+    },
+    {
+        "reply": _decision(
+            {"decision": "answer_directly", "answer": f"I added the note (model reply {SERIAL})."}
+        )
+    },
 ]
 
 
 async def admin_connect(stack: Stack, **options: Any) -> nats.aio.client.Client:
     """The administrator's connection, credentials as options: a URL's own user and password
     would not go with the other cluster nodes the servers tell the client about."""
-    return await nats.connect(stack.public_nats_url, user=ADMIN,
-                              password=stack.nats_password(ADMIN), **options)
+    return await nats.connect(
+        stack.public_nats_url, user=ADMIN, password=stack.nats_password(ADMIN), **options
+    )
 
 
 class Deployment:
@@ -97,13 +121,20 @@ class Deployment:
         key.chmod(0o600)
         env = {
             "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
-            "dispatcher": {"WRIT_LEASE_S": str(settings.lease_s), "WRIT_SWEEP_EVERY_S": "1",
-                           "WRIT_PENDING_GRACE_S": "10",
-                           "WRIT_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S)},
-            "planner": {"WRIT_PROVIDER": "openai", "WRIT_MODEL_URL": f"{self.model.url}/v1",
-                        "WRIT_MODEL_NAME": "soak-model", "WRIT_MODEL_KEY_FILE": str(key),
-                        "WRIT_MODEL_TIMEOUT_S": str(MODEL_TIMEOUT_S),
-                        "WRIT_AGENTS_DIR": str(self._agents(home / "agents"))},
+            "dispatcher": {
+                "WRIT_LEASE_S": str(settings.lease_s),
+                "WRIT_SWEEP_EVERY_S": "1",
+                "WRIT_PENDING_GRACE_S": "10",
+                "WRIT_CALL_TIMEOUT_S": str(CALL_TIMEOUT_S),
+            },
+            "planner": {
+                "WRIT_PROVIDER": "openai",
+                "WRIT_MODEL_URL": f"{self.model.url}/v1",
+                "WRIT_MODEL_NAME": "soak-model",
+                "WRIT_MODEL_KEY_FILE": str(key),
+                "WRIT_MODEL_TIMEOUT_S": str(MODEL_TIMEOUT_S),
+                "WRIT_AGENTS_DIR": str(self._agents(home / "agents")),
+            },
         }
         nats_factory = None
         if settings.topology == "cluster":
@@ -112,8 +143,14 @@ class Deployment:
             env["*"]["WRIT_STREAM_REPLICAS"] = "3"
             nats_factory = NatsCluster
         # A fixed HTTP port: a restarted ingress serves the chat load where it was.
-        self.stack = Stack(home / "stack", database="soak", durable_pg=settings.durable_pg,
-                           extra_env=env, nats_factory=nats_factory, http_port=free_port())
+        self.stack = Stack(
+            home / "stack",
+            database="soak",
+            durable_pg=settings.durable_pg,
+            extra_env=env,
+            nats_factory=nats_factory,
+            http_port=free_port(),
+        )
         self.supervisor = Supervisor(self.stack, report=self.log, max_delay_s=5.0)
 
     @staticmethod
@@ -132,20 +169,26 @@ class Deployment:
 
     def model_client(self, timeout: float = 30) -> httpx.AsyncClient:
         """The fake model's control API (its rules, its modes, its request log)."""
-        return httpx.AsyncClient(base_url=self.model.url, timeout=timeout, headers={
-            "Authorization": f"Bearer {self.model_token}"})
+        return httpx.AsyncClient(
+            base_url=self.model.url,
+            timeout=timeout,
+            headers={"Authorization": f"Bearer {self.model_token}"},
+        )
 
     async def _prepare(self) -> None:
         async with self.model_client() as client:
-            (await client.post("/_control/rules", json={"rules": MODEL_RULES})
-             ).raise_for_status()
+            (await client.post("/_control/rules", json={"rules": MODEL_RULES})).raise_for_status()
         conn = await asyncpg.connect(self.stack.database_dsn)
         try:  # what the demo grants acme's note agents, globex's administrator grants too
             await conn.executemany(
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
                 "VALUES ($1, $2, 'write_delete', $3) ON CONFLICT DO NOTHING",
-                [(tenant, agent, f"admin@{tenant}.example") for tenant in TENANTS
-                 for agent in ("crm-assistant", "chat-assistant")])
+                [
+                    (tenant, agent, f"admin@{tenant}.example")
+                    for tenant in TENANTS
+                    for agent in ("crm-assistant", "chat-assistant")
+                ],
+            )
         finally:
             await conn.close()
 
@@ -175,8 +218,11 @@ class Deployment:
         service answers its ping."""
         with anyio.fail_after(timeout):
             while True:
-                down = [key for key in self.service_instances
-                        if (proc := self.stack.procs.get(key)) is None or proc.poll() is not None]
+                down = [
+                    key
+                    for key in self.service_instances
+                    if (proc := self.stack.procs.get(key)) is None or proc.poll() is not None
+                ]
                 if not down:
                     break
                 await anyio.sleep(0.2)

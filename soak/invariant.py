@@ -30,5 +30,11 @@ class Check:
         return self.broken == 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "held": self.held, "examined": self.examined,
-                "broken": self.broken, "examples": self.examples, "note": self.note}
+        return {
+            "name": self.name,
+            "held": self.held,
+            "examined": self.examined,
+            "broken": self.broken,
+            "examples": self.examples,
+            "note": self.note,
+        }

@@ -64,7 +64,10 @@ class Ledger:
         """The last result that ends the request (a command's, or a run's)."""
         for result in reversed(self.results.get(request_id, [])):
             if isinstance(result, CommandResult) and result.status not in (
-                    "pending", "dispatching", "awaiting_human"):
+                "pending",
+                "dispatching",
+                "awaiting_human",
+            ):
                 return result
             if isinstance(result, RunResult) and result.status != "awaiting_human":
                 return result

@@ -53,25 +53,52 @@ _RESULT = RunResult | CommandResult | ApprovalResult | DecisionResult | ReviewRe
 
 
 def _payment(payment_id: str) -> dict[str, Any]:
-    return {"payment_id": payment_id, "customer_id": "ACME-42", "currency": "EUR",
-            "status": "captured", "method": {"kind": "card", "last4": "4242", "usable": True},
-            "lines": [{"line_id": "L2", "product": "Junior programme", "participant": "Léo",
-                       "amount_cents": 12000,
-                       "discount": {"discount_id": "D-SIB", "name": "Sibling discount",
-                                    "amount_cents": 1500}}]}
+    return {
+        "payment_id": payment_id,
+        "customer_id": "ACME-42",
+        "currency": "EUR",
+        "status": "captured",
+        "method": {"kind": "card", "last4": "4242", "usable": True},
+        "lines": [
+            {
+                "line_id": "L2",
+                "product": "Junior programme",
+                "participant": "Léo",
+                "amount_cents": 12000,
+                "discount": {
+                    "discount_id": "D-SIB",
+                    "name": "Sibling discount",
+                    "amount_cents": 1500,
+                },
+            }
+        ],
+    }
 
 
 class Load:
     """Plays the host and the approver at fixed rates."""
 
-    def __init__(self, stack: Stack, *, rng: random.Random, command_rate: float,
-                 run_rate: float, refund_rate: float, repeat_fraction: float,
-                 conflict_fraction: float, hostile_every_s: float,
-                 chat_rate: float = 0.0) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        *,
+        rng: random.Random,
+        command_rate: float,
+        run_rate: float,
+        refund_rate: float,
+        repeat_fraction: float,
+        conflict_fraction: float,
+        hostile_every_s: float,
+        chat_rate: float = 0.0,
+    ) -> None:
         self.stack, self.rng = stack, rng
-        self.rates = {"command": command_rate, "run": run_rate, "refund": refund_rate,
-                      "hostile": 1.0 / hostile_every_s if hostile_every_s > 0 else 0.0,
-                      "chat": chat_rate}
+        self.rates = {
+            "command": command_rate,
+            "run": run_rate,
+            "refund": refund_rate,
+            "hostile": 1.0 / hostile_every_s if hostile_every_s > 0 else 0.0,
+            "chat": chat_rate,
+        }
         self.repeat_fraction, self.conflict_fraction = repeat_fraction, conflict_fraction
         self.ledger = Ledger()
         self.chat = Chat(stack, self.ledger, rng)
@@ -88,10 +115,15 @@ class Load:
     async def open(self) -> None:
         for tenant in TENANTS:
             self._hosts[tenant] = await self.stack.host_connection(
-                tenant, reconnect_time_wait=0.5, error_cb=self._nats_error)
+                tenant, reconnect_time_wait=0.5, error_cb=self._nats_error
+            )
         await self.chat.open()
-        self._admin = await admin_connect(self.stack, max_reconnect_attempts=-1,
-                                          reconnect_time_wait=0.5, error_cb=self._nats_error)
+        self._admin = await admin_connect(
+            self.stack,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=self._nats_error,
+        )
         self._payments = httpx.AsyncClient(base_url=self.stack.payments_url, timeout=10)
 
     async def _nats_error(self, exc: Exception) -> None:
@@ -115,11 +147,15 @@ class Load:
                 if rate > 0:
                     tg.start_soon(self._ticker, tg, path, rate, time.monotonic() + duration_s)
 
-    async def _ticker(self, tg: anyio.abc.TaskGroup, path: str, rate: float,
-                      until: float) -> None:
+    async def _ticker(self, tg: anyio.abc.TaskGroup, path: str, rate: float, until: float) -> None:
         step, due = 1.0 / rate, time.monotonic()
-        one = {"command": self._command, "run": self._run, "refund": self._refund,
-               "hostile": self._hostile, "chat": self.chat.one}[path]
+        one = {
+            "command": self._command,
+            "run": self._run,
+            "refund": self._refund,
+            "hostile": self._hostile,
+            "chat": self.chat.one,
+        }[path]
         while (now := time.monotonic()) < until:
             if due > now:
                 await anyio.sleep(due - now)
@@ -140,18 +176,36 @@ class Load:
         earlier = self._notes[self.rng.randrange(len(self._notes))] if self._notes else None
         request_id = f"cmd-{uuid.uuid4().hex}"
         if earlier is not None and draw < self.repeat_fraction:
-            op = Op("repeat", request_id, earlier.operation_key, earlier.request_id,
-                    earlier.arguments, tenant=earlier.tenant)
-        elif draw < self.repeat_fraction + self.conflict_fraction and (
-                earlier := self._answered(earlier)) is not None:
-            op = Op("conflict", request_id, earlier.operation_key, earlier.request_id,
-                    {**earlier.arguments, "body": earlier.arguments["body"] + " (changed)"},
-                    tenant=earlier.tenant)
+            op = Op(
+                "repeat",
+                request_id,
+                earlier.operation_key,
+                earlier.request_id,
+                earlier.arguments,
+                tenant=earlier.tenant,
+            )
+        elif (
+            draw < self.repeat_fraction + self.conflict_fraction
+            and (earlier := self._answered(earlier)) is not None
+        ):
+            op = Op(
+                "conflict",
+                request_id,
+                earlier.operation_key,
+                earlier.request_id,
+                {**earlier.arguments, "body": earlier.arguments["body"] + " (changed)"},
+                tenant=earlier.tenant,
+            )
         else:
             key = f"note-{uuid.uuid4().hex}"
-            op = Op("note", request_id, key, "",
-                    {"customer_id": "ACME-42", "body": f"Soak call note {key}."},
-                    tenant=self._tenant())
+            op = Op(
+                "note",
+                request_id,
+                key,
+                "",
+                {"customer_id": "ACME-42", "body": f"Soak call note {key}."},
+                tenant=self._tenant(),
+            )
         await self._submit_command(op, NOTE_AGENT)
         if op.kind == "note" and op.accepted:
             self._notes.append(op)
@@ -166,32 +220,51 @@ class Load:
         return None
 
     async def _submit_command(self, op: Op, agent: str) -> None:
-        command = SubmitCommand(request_id=op.request_id, token=self._token(op.tenant),
-                                agent=agent, operation_key=op.operation_key,
-                                action="payment.refund" if op.kind == "refund"
-                                else "crm.note.create", arguments=op.arguments)
-        await self._publish(self.ledger.add(op), subjects.command_request(op.tenant),
-                            self._encoder.encode(command))
+        command = SubmitCommand(
+            request_id=op.request_id,
+            token=self._token(op.tenant),
+            agent=agent,
+            operation_key=op.operation_key,
+            action="payment.refund" if op.kind == "refund" else "crm.note.create",
+            arguments=op.arguments,
+        )
+        await self._publish(
+            self.ledger.add(op), subjects.command_request(op.tenant), self._encoder.encode(command)
+        )
 
     async def _run(self) -> None:
         tenant = self._tenant()
         request_id = f"run-{uuid.uuid4().hex}"
         # Its own input (the request id in it): the model's request log names the run.
-        request = RunRequest(request_id=request_id, token=self._token(tenant), agent=NOTE_AGENT,
-                             input=f"{DEMO_INPUT} (soak {request_id})")
-        await self._publish(self.ledger.add(Op("run", request_id, tenant=tenant)),
-                            subjects.request(tenant), self._encoder.encode(request))
+        request = RunRequest(
+            request_id=request_id,
+            token=self._token(tenant),
+            agent=NOTE_AGENT,
+            input=f"{DEMO_INPUT} (soak {request_id})",
+        )
+        await self._publish(
+            self.ledger.add(Op("run", request_id, tenant=tenant)),
+            subjects.request(tenant),
+            self._encoder.encode(request),
+        )
 
     async def _refund(self) -> None:
         assert self._payments is not None
         payment_id = f"pay_{uuid.uuid4().hex[:16]}"
         request_id = f"refund-{uuid.uuid4().hex}"
-        op = Op("refund", request_id, f"refund-{payment_id}", "",
-                {"payment_id": payment_id, "line_id": "L2"}, payment_id=payment_id,
-                tenant=self._tenant())
+        op = Op(
+            "refund",
+            request_id,
+            f"refund-{payment_id}",
+            "",
+            {"payment_id": payment_id, "line_id": "L2"},
+            payment_id=payment_id,
+            tenant=self._tenant(),
+        )
         try:  # the provider's own record of the payment (its control API ignores fault modes)
-            (await self._payments.post("/_control/payments", json=_payment(payment_id))
-             ).raise_for_status()
+            (
+                await self._payments.post("/_control/payments", json=_payment(payment_id))
+            ).raise_for_status()
         except httpx.HTTPError as exc:
             op.error = f"seeding the payment: {exc!r}"
             self.ledger.add(op)
@@ -201,11 +274,23 @@ class Load:
     async def _hostile(self) -> None:
         """A request no host may send: an unknown field, or bytes that are not JSON."""
         request_id = f"hostile-{uuid.uuid4().hex}"
-        body = (b"\xff\xfe not json" if self.rng.random() < 0.5 else self._encoder.encode(
-            {"type": "RunRequest", "request_id": request_id, "token": "x", "agent": NOTE_AGENT,
-             "input": "hello", "unexpected": True}))
-        op = Op("hostile", request_id, arguments={"json": body.startswith(b"{")},
-                tenant=self._tenant())
+        body = (
+            b"\xff\xfe not json"
+            if self.rng.random() < 0.5
+            else self._encoder.encode(
+                {
+                    "type": "RunRequest",
+                    "request_id": request_id,
+                    "token": "x",
+                    "agent": NOTE_AGENT,
+                    "input": "hello",
+                    "unexpected": True,
+                }
+            )
+        )
+        op = Op(
+            "hostile", request_id, arguments={"json": body.startswith(b"{")}, tenant=self._tenant()
+        )
         await self._publish(self.ledger.add(op), subjects.request(op.tenant), body)
 
     async def _publish(self, op: Op, subject: str, data: bytes) -> None:
@@ -216,8 +301,9 @@ class Load:
         try:
             while time.monotonic() - op.sent_at < PUBLISH_GIVE_UP_S:
                 try:
-                    await js.publish(subject, data, headers={"Nats-Msg-Id": op.request_id},
-                                     timeout=5)
+                    await js.publish(
+                        subject, data, headers={"Nats-Msg-Id": op.request_id}, timeout=5
+                    )
                 except Exception as exc:  # an outage: wait and send the same message again
                     op.error = repr(exc)[:300]
                     await anyio.sleep(1.0)
@@ -250,9 +336,13 @@ class Load:
         assert self._admin is not None
         js = self._admin.jetstream()
         sub = await js.pull_subscribe(
-            subjects.result(tenant), durable="soak", stream=subjects.out_stream(tenant),
-            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT,
-                                  deliver_policy=DeliverPolicy.ALL, ack_wait=30))
+            subjects.result(tenant),
+            durable="soak",
+            stream=subjects.out_stream(tenant),
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=30
+            ),
+        )
         while not self.stopping.is_set():
             try:
                 msgs = await sub.fetch(256, timeout=1)
@@ -270,8 +360,13 @@ class Load:
     def _on_result(self, result: Any) -> None:
         self.ledger.results.setdefault(result.request_id, []).append(result)
         op = self.ledger.ops.get(result.request_id)
-        if (isinstance(result, CommandResult) and result.status == "awaiting_human"
-                and result.proposal is not None and op is not None and op.kind == "refund"):
+        if (
+            isinstance(result, CommandResult)
+            and result.status == "awaiting_human"
+            and result.proposal is not None
+            and op is not None
+            and op.kind == "refund"
+        ):
             if result.proposal.proposal_id not in self.ledger.approvals:
                 self.ledger.approvals[result.proposal.proposal_id] = op.request_id
 
@@ -291,9 +386,15 @@ class Load:
 
     async def _approve(self, proposal_id: str, tenant: str) -> None:
         request_id = f"approve-{uuid.uuid4().hex}"
-        message = ApproveProposal(request_id=request_id, proposal_id=proposal_id,
-                                  answer="approve", reason="soak: scripted approver",
-                                  token=self._token(tenant, approver(tenant),
-                                                    roles=["approver"]))
-        await self._publish(self.ledger.add(Op("approval", request_id, tenant=tenant)),
-                            subjects.approval(tenant), self._encoder.encode(message))
+        message = ApproveProposal(
+            request_id=request_id,
+            proposal_id=proposal_id,
+            answer="approve",
+            reason="soak: scripted approver",
+            token=self._token(tenant, approver(tenant), roles=["approver"]),
+        )
+        await self._publish(
+            self.ledger.add(Op("approval", request_id, tenant=tenant)),
+            subjects.approval(tenant),
+            self._encoder.encode(message),
+        )

@@ -45,23 +45,33 @@ class Fault:
     hold_s: float = 0.0  # how long a freeze, an outage or a provider fault lasts
 
     def describe(self) -> str:
-        what = {"kill": f"kill -9 {self.target}",
-                "freeze": f"SIGSTOP {self.target} for {self.hold_s:.1f}s",
-                "nats": f"restart NATS (down {self.hold_s:.1f}s)",
-                "postgres": f"kill -9 PostgreSQL (down {self.hold_s:.1f}s)",
-                "provider": f"{self.target} {self.mode} for {self.hold_s:.1f}s",
-                "node_kill": f"kill -9 NATS node {self.target} (down {self.hold_s:.1f}s)",
-                "node_freeze": f"SIGSTOP NATS node {self.target} for {self.hold_s:.1f}s",
-                "node_restart": f"restart NATS node {self.target}"}[self.kind]
+        what = {
+            "kill": f"kill -9 {self.target}",
+            "freeze": f"SIGSTOP {self.target} for {self.hold_s:.1f}s",
+            "nats": f"restart NATS (down {self.hold_s:.1f}s)",
+            "postgres": f"kill -9 PostgreSQL (down {self.hold_s:.1f}s)",
+            "provider": f"{self.target} {self.mode} for {self.hold_s:.1f}s",
+            "node_kill": f"kill -9 NATS node {self.target} (down {self.hold_s:.1f}s)",
+            "node_freeze": f"SIGSTOP NATS node {self.target} for {self.hold_s:.1f}s",
+            "node_restart": f"restart NATS node {self.target}",
+        }[self.kind]
         return f"t+{self.at_s:6.1f}s  {what}"
 
 
-def schedule(seed: int, *, duration_s: float, every: tuple[float, float], lease_s: float,
-             instances: list[str], cluster: bool) -> list[Fault]:
+def schedule(
+    seed: int,
+    *,
+    duration_s: float,
+    every: tuple[float, float],
+    lease_s: float,
+    instances: list[str],
+    cluster: bool,
+) -> list[Fault]:
     """The faults of a soak, from its seed alone (the same seed, the same faults)."""
     rng = random.Random(seed)
-    kinds = ([k for k in _KINDS if k[0] != "nats"] + list(_CLUSTER_KINDS) if cluster
-             else list(_KINDS))
+    kinds = (
+        [k for k in _KINDS if k[0] != "nats"] + list(_CLUSTER_KINDS) if cluster else list(_KINDS)
+    )
     names, weights = [k for k, _ in kinds], [w for _, w in kinds]
     faults, at = [], rng.uniform(*every)
     while at < duration_s:
@@ -69,13 +79,19 @@ def schedule(seed: int, *, duration_s: float, every: tuple[float, float], lease_
         if kind == "kill":
             fault = Fault(at, kind, rng.choice(instances))
         elif kind == "freeze":
-            fault = Fault(at, kind, rng.choice(instances),
-                          hold_s=round(lease_s + rng.uniform(1.0, 6.0), 1))
+            fault = Fault(
+                at, kind, rng.choice(instances), hold_s=round(lease_s + rng.uniform(1.0, 6.0), 1)
+            )
         elif kind in ("nats", "postgres"):
             fault = Fault(at, kind, hold_s=round(rng.uniform(0.5, 4.0), 1))
         elif kind == "provider":
-            fault = Fault(at, kind, rng.choice(PROVIDERS),
-                          rng.choice(PROVIDER_MODES), hold_s=round(rng.uniform(3.0, 15.0), 1))
+            fault = Fault(
+                at,
+                kind,
+                rng.choice(PROVIDERS),
+                rng.choice(PROVIDER_MODES),
+                hold_s=round(rng.uniform(3.0, 15.0), 1),
+            )
         else:
             node = rng.choice(("leader", "0", "1", "2"))
             fault = Fault(at, kind, node, hold_s=round(rng.uniform(1.0, 8.0), 1))
@@ -144,11 +160,9 @@ class Nemesis:
         """A node's index; "leader" is the leader of the stream the commands travel on."""
         if target != "leader":
             return int(target)
-        nc = await admin_connect(self.deployment.stack, connect_timeout=5,
-                                 max_reconnect_attempts=2)
+        nc = await admin_connect(self.deployment.stack, connect_timeout=5, max_reconnect_attempts=2)
         try:
-            info = await nc.jetstream().find_stream_name_by_subject(
-                subjects.command("acme"))
+            info = await nc.jetstream().find_stream_name_by_subject(subjects.command("acme"))
             stream = await nc.jetstream().stream_info(info)
             leader = stream.cluster.leader if stream.cluster else None
         finally:

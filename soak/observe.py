@@ -16,8 +16,15 @@ from writ.stack import Stack
 
 RETRIEVAL_POOL: Final = 10  # libs.db.connect_pool's default, which retrieval keeps
 
-__all__ = ["FD_SLACK", "PG_SLACK", "RSS_FACTOR", "RSS_SLACK_MB", "Observer", "dropped_requests",
-           "within"]
+__all__ = [
+    "FD_SLACK",
+    "PG_SLACK",
+    "RSS_FACTOR",
+    "RSS_SLACK_MB",
+    "Observer",
+    "dropped_requests",
+    "within",
+]
 
 # The stated bounds: at the end, after everything settled, each instance's RSS is at most
 # RSS_FACTOR x its warm-up value + RSS_SLACK_MB and it holds at most FD_SLACK more
@@ -30,8 +37,13 @@ RSS_SLACK_MB: Final = 64.0
 FD_SLACK: Final = 32
 PG_SLACK: Final = 2
 # Each service's pool size (its __main__'s `connect_pool(max_size=...)`).
-POOL_MAX: Final = {"admission": 20, "dispatcher": 20, "governance": 20,
-                   "planner": pool_size(), "retrieval": RETRIEVAL_POOL}
+POOL_MAX: Final = {
+    "admission": 20,
+    "dispatcher": 20,
+    "governance": 20,
+    "planner": pool_size(),
+    "retrieval": RETRIEVAL_POOL,
+}
 
 
 def _proc(pid: int) -> tuple[float, int] | None:
@@ -62,23 +74,27 @@ class Observer:
             proc = self.stack.procs.get(key)
             found = _proc(proc.pid) if proc is not None and proc.poll() is None else None
             if found is not None:
-                procs[key] = {"rss_mb": round(found[0], 1), "fds": found[1],
-                              "pid": proc.pid}  # type: ignore[union-attr]
+                procs[key] = {"rss_mb": round(found[0], 1), "fds": found[1], "pid": proc.pid}  # type: ignore[union-attr]
         connections: dict[str, int] = {}
         try:
             conn = await asyncpg.connect(self.stack.database_dsn, timeout=5)
             try:
                 for row in await conn.fetch(
-                        "SELECT usename, count(*) AS n FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                        "GROUP BY usename"):
+                    "SELECT usename, count(*) AS n FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "GROUP BY usename"
+                ):
                     connections[str(row["usename"])] = int(row["n"])
             finally:
                 await conn.close()
         except (OSError, asyncpg.PostgresError) as exc:
             connections = {"error": repr(exc)[:200]}  # type: ignore[dict-item]
-        sample = {"t": round(time.monotonic(), 1), "label": label, "processes": procs,
-                  "pg_connections": connections}
+        sample = {
+            "t": round(time.monotonic(), 1),
+            "label": label,
+            "processes": procs,
+            "pg_connections": connections,
+        }
         self.samples.append(sample)
         return sample
 
@@ -91,8 +107,12 @@ class Observer:
         minutes under load are part of the warm-up; a leak grows after them)."""
         assert self.baseline is not None
         window = [s for s in self.samples if self.baseline["t"] <= s["t"] <= until]
-        out: dict[str, Any] = {"t": self.baseline["t"], "label": "warm-up", "processes": {},
-                               "pg_connections": {}}
+        out: dict[str, Any] = {
+            "t": self.baseline["t"],
+            "label": "warm-up",
+            "processes": {},
+            "pg_connections": {},
+        }
         for sample in window:
             for key, proc in sample["processes"].items():
                 best = out["processes"].setdefault(key, dict(proc))
@@ -113,8 +133,9 @@ def ceiling(role: str, instances: dict[str, str]) -> int | None:
     return count * (POOL_MAX[service] + PG_SLACK) if count else None
 
 
-def within(baseline: dict[str, Any], end: dict[str, Any],
-           instances: dict[str, str] | None = None) -> list[str]:
+def within(
+    baseline: dict[str, Any], end: dict[str, Any], instances: dict[str, str] | None = None
+) -> list[str]:
     """What grew past the stated bounds from `baseline` to `end` (empty: nothing)."""
     broken = []
     for key, start in baseline["processes"].items():
@@ -123,15 +144,19 @@ def within(baseline: dict[str, Any], end: dict[str, Any],
             broken.append(f"{key} is not running at the end")
             continue
         if last["rss_mb"] > RSS_FACTOR * start["rss_mb"] + RSS_SLACK_MB:
-            broken.append(f"{key} RSS {start['rss_mb']} MiB after warm-up, {last['rss_mb']} "
-                          f"at the end (bound {RSS_FACTOR}x + {RSS_SLACK_MB:.0f} MiB)")
+            broken.append(
+                f"{key} RSS {start['rss_mb']} MiB after warm-up, {last['rss_mb']} "
+                f"at the end (bound {RSS_FACTOR}x + {RSS_SLACK_MB:.0f} MiB)"
+            )
         if last["fds"] > start["fds"] + FD_SLACK:
             broken.append(f"{key} fds {start['fds']} after warm-up, {last['fds']} at the end")
     for role, count in end["pg_connections"].items():
         most = ceiling(role, instances or {})
         if isinstance(count, int) and most is not None and count > most:
-            broken.append(f"Postgres connections of {role}: {count} at the end, more than its "
-                          f"pools hold ({most})")
+            broken.append(
+                f"Postgres connections of {role}: {count} at the end, more than its "
+                f"pools hold ({most})"
+            )
     return broken
 
 
@@ -142,15 +167,15 @@ def dropped_requests(stack: Stack, instances: list[str]) -> dict[str, dict[str, 
     out: dict[str, dict[str, float]] = {}
     for key in instances:
         try:
-            text = httpx.get(f"http://127.0.0.1:{stack.metrics_port(key)}/metrics",
-                             timeout=5).text
+            text = httpx.get(f"http://127.0.0.1:{stack.metrics_port(key)}/metrics", timeout=5).text
         except Exception:  # noqa: BLE001 - gone or not answering: nothing to report
             continue
         for line in text.splitlines():
             if "_requests_dropped_total{" in line and not line.startswith("#"):
                 labels, value = line.rsplit(" ", 1)
-                fields = dict(part.split("=", 1) for part in
-                              labels.split("{", 1)[1].rstrip("}").split(","))
+                fields = dict(
+                    part.split("=", 1) for part in labels.split("{", 1)[1].rstrip("}").split(",")
+                )
                 name = f"{fields['endpoint'].strip(chr(34))}/{fields['reason'].strip(chr(34))}"
                 if float(value):  # every endpoint exports both reasons from 0
                     out.setdefault(key, {})[name] = float(value)

@@ -57,38 +57,111 @@ from schemas.sessions import (
 
 __all__ = ["asyncapi_document"]
 
-_MSG_ID: Final = {"type": "object", "required": ["Nats-Msg-Id"], "properties": {
-    "Nats-Msg-Id": {"type": "string", "maxLength": 128,
-                    "description": "The message's request_id: JetStream drops a re-publish "
-                                   "under the same id (a duplicate, not a second act)"},
-    "traceparent": {"type": "string", "description": "W3C trace context (optional)"}}}
+_MSG_ID: Final = {
+    "type": "object",
+    "required": ["Nats-Msg-Id"],
+    "properties": {
+        "Nats-Msg-Id": {
+            "type": "string",
+            "maxLength": 128,
+            "description": "The message's request_id: JetStream drops a re-publish "
+            "under the same id (a duplicate, not a second act)",
+        },
+        "traceparent": {"type": "string", "description": "W3C trace context (optional)"},
+    },
+}
 # (channel, address, what it carries, the host's action, message types, operation id).
 _CHANNELS: Final = (
-    ("requests", "writ.in.requests.{tenant}", "Runs a host asks for", "send", (RunRequest,),
-     "startRun"),
-    ("commands", "writ.in.commands.{tenant}", "Exactly this, under the host's operation key",
-     "send", (SubmitCommand,), "submitCommand"),
-    ("decisions", "writ.in.decisions.{tenant}", "Approvers' answers to pending decisions",
-     "send", (HumanDecision,), "decide"),
-    ("approvals", "writ.in.approvals.{tenant}", "Approvers approve or reject a proposal by id",
-     "send", (ApproveProposal,), "answerProposal"),
-    ("reviews", "writ.in.reviews.{tenant}", "Approvers answer a run's review", "send",
-     (ReviewDecision,), "answerReview"),
+    (
+        "requests",
+        "writ.in.requests.{tenant}",
+        "Runs a host asks for",
+        "send",
+        (RunRequest,),
+        "startRun",
+    ),
+    (
+        "commands",
+        "writ.in.commands.{tenant}",
+        "Exactly this, under the host's operation key",
+        "send",
+        (SubmitCommand,),
+        "submitCommand",
+    ),
+    (
+        "decisions",
+        "writ.in.decisions.{tenant}",
+        "Approvers' answers to pending decisions",
+        "send",
+        (HumanDecision,),
+        "decide",
+    ),
+    (
+        "approvals",
+        "writ.in.approvals.{tenant}",
+        "Approvers approve or reject a proposal by id",
+        "send",
+        (ApproveProposal,),
+        "answerProposal",
+    ),
+    (
+        "reviews",
+        "writ.in.reviews.{tenant}",
+        "Approvers answer a run's review",
+        "send",
+        (ReviewDecision,),
+        "answerReview",
+    ),
     ("cancels", "writ.in.cancels.{tenant}", "Cancel a run", "send", (CancelRun,), "cancelRun"),
-    ("results", "writ.out.results.{tenant}",
-     "Every answer to a host (a JetStream stream: an offline host catches up)", "receive",
-     (RunResult, CommandResult, DecisionResult, ApprovalResult, ReviewResult), "readResults"),
-    ("progress", "writ.events.planner.{tenant}",
-     "A run's committed steps as they happen (core NATS, progress only: not stored)",
-     "receive", (StepRecorded,), "watchProgress"),
-    ("chat", "writ.chat.{tenant}.{session}",
-     "A chat session's numbered events (JetStream stream WRIT_CHAT, one subject per session; "
-     "hosts read it through `writ.api.{tenant}.session` op `events`, or over SSE)",
-     "receive", (SessionOpened, UserMessage, TurnStarted, TextDelta, TextReset,
-                 CapabilitySelected, Observed, PlanProposed, PlanDecided, DecisionAsked,
-                 DecisionTaken, ProposalMade, StepAdmitted, StepDispatched, StepOutcome,
-                 WriterNote, TurnEnded, SessionPaused, SessionResumed, SessionInjected,
-                 SessionClosed, SessionForked, ChildSession), "readSession"),
+    (
+        "results",
+        "writ.out.results.{tenant}",
+        "Every answer to a host (a JetStream stream: an offline host catches up)",
+        "receive",
+        (RunResult, CommandResult, DecisionResult, ApprovalResult, ReviewResult),
+        "readResults",
+    ),
+    (
+        "progress",
+        "writ.events.planner.{tenant}",
+        "A run's committed steps as they happen (core NATS, progress only: not stored)",
+        "receive",
+        (StepRecorded,),
+        "watchProgress",
+    ),
+    (
+        "chat",
+        "writ.chat.{tenant}.{session}",
+        "A chat session's numbered events (JetStream stream WRIT_CHAT, one subject per session; "
+        "hosts read it through `writ.api.{tenant}.session` op `events`, or over SSE)",
+        "receive",
+        (
+            SessionOpened,
+            UserMessage,
+            TurnStarted,
+            TextDelta,
+            TextReset,
+            CapabilitySelected,
+            Observed,
+            PlanProposed,
+            PlanDecided,
+            DecisionAsked,
+            DecisionTaken,
+            ProposalMade,
+            StepAdmitted,
+            StepDispatched,
+            StepOutcome,
+            WriterNote,
+            TurnEnded,
+            SessionPaused,
+            SessionResumed,
+            SessionInjected,
+            SessionClosed,
+            SessionForked,
+            ChildSession,
+        ),
+        "readSession",
+    ),
 )
 
 
@@ -99,121 +172,190 @@ def _doc(kind: type) -> str:
 def _document() -> dict[str, Any]:
     kinds = [k for *_, types, _ in _CHANNELS for k in types]
     _, components = msgspec.json.schema_components(
-        kinds, ref_template="#/components/schemas/{name}")
+        kinds, ref_template="#/components/schemas/{name}"
+    )
     messages, channels, operations = {}, {}, {}
     for channel, address, description, action, types, operation in _CHANNELS:
         for kind in types:
             name = kind.__name__
             message: dict[str, Any] = {
-                "name": name, "title": name, "summary": _doc(kind)[:300],
+                "name": name,
+                "title": name,
+                "summary": _doc(kind)[:300],
                 "contentType": "application/json",
-                "payload": {"$ref": f"#/components/schemas/{name}"}}
+                "payload": {"$ref": f"#/components/schemas/{name}"},
+            }
             if action == "send":
                 message["headers"] = _MSG_ID
             messages[name] = message
         channels[channel] = {
-            "address": address, "description": description,
-            "parameters": {"tenant": {"description": "The tenant (the token's `tenant` claim "
-                                                     "must name it)"}},
-            "messages": {k.__name__: {"$ref": f"#/components/messages/{k.__name__}"}
-                         for k in types}}
+            "address": address,
+            "description": description,
+            "parameters": {
+                "tenant": {"description": "The tenant (the token's `tenant` claim must name it)"}
+            },
+            "messages": {
+                k.__name__: {"$ref": f"#/components/messages/{k.__name__}"} for k in types
+            },
+        }
         operations[operation] = {
-            "action": action, "channel": {"$ref": f"#/channels/{channel}"},
+            "action": action,
+            "channel": {"$ref": f"#/channels/{channel}"},
             "summary": description,
-            "messages": [{"$ref": f"#/channels/{channel}/messages/{k.__name__}"}
-                         for k in types]}
+            "messages": [{"$ref": f"#/channels/{channel}/messages/{k.__name__}"} for k in types],
+        }
     channels["chat"]["parameters"]["session"] = {"description": "The session's id"}
     _reads(messages, channels, operations, components)
     _sessions(messages, channels, operations, components)
     return {
         "asyncapi": "3.0.0",
-        "info": {"title": "Writ host contract (NATS)", "version": subjects.HOST_API_VERSION,
-                 "description": "What a host publishes and reads on NATS JetStream. Every "
-                                "message a host sends carries an EdDSA JWT (`token`) whose "
-                                "`tenant` claim names the subject's tenant; unknown fields are "
-                                "refused. The same contract over HTTP: schemas/openapi.json."},
+        "info": {
+            "title": "Writ host contract (NATS)",
+            "version": subjects.HOST_API_VERSION,
+            "description": "What a host publishes and reads on NATS JetStream. Every "
+            "message a host sends carries an EdDSA JWT (`token`) whose "
+            "`tenant` claim names the subject's tenant; unknown fields are "
+            "refused. The same contract over HTTP: schemas/openapi.json.",
+        },
         "defaultContentType": "application/json",
-        "servers": {"local": {"host": "127.0.0.1:4222", "protocol": "nats",
-                              "description": "`make run`'s embedded nats-server (JetStream)"}},
-        "channels": channels, "operations": operations,
+        "servers": {
+            "local": {
+                "host": "127.0.0.1:4222",
+                "protocol": "nats",
+                "description": "`make run`'s embedded nats-server (JetStream)",
+            }
+        },
+        "channels": channels,
+        "operations": operations,
         "components": {"messages": messages, "schemas": components},
     }
 
 
-def _reads(messages: dict[str, Any], channels: dict[str, Any], operations: dict[str, Any],
-           components: dict[str, Any]) -> None:
+def _reads(
+    messages: dict[str, Any],
+    channels: dict[str, Any],
+    operations: dict[str, Any],
+    components: dict[str, Any],
+) -> None:
     """Host reads: request/reply on `writ.api.{tenant}.{read}`, answered on the requester's
     inbox with the Struct the HTTP GET answers."""
-    replies = (RunView, RunEvents, CommandResult, PendingDecisions, Proposals, ProposalDetail,
-               ReplayReport)
+    replies = (
+        RunView,
+        RunEvents,
+        CommandResult,
+        PendingDecisions,
+        Proposals,
+        ProposalDetail,
+        ReplayReport,
+    )
     _, extra = msgspec.json.schema_components(
-        (HostRead, *replies), ref_template="#/components/schemas/{name}")
+        (HostRead, *replies), ref_template="#/components/schemas/{name}"
+    )
     components.update(extra)
     for kind in (HostRead, *replies):
-        messages.setdefault(kind.__name__, {
-            "name": kind.__name__, "title": kind.__name__, "summary": _doc(kind)[:300],
-            "contentType": "application/json",
-            "payload": {"$ref": f"#/components/schemas/{kind.__name__}"}})
+        messages.setdefault(
+            kind.__name__,
+            {
+                "name": kind.__name__,
+                "title": kind.__name__,
+                "summary": _doc(kind)[:300],
+                "contentType": "application/json",
+                "payload": {"$ref": f"#/components/schemas/{kind.__name__}"},
+            },
+        )
     channels["reads"] = {
         "address": "writ.api.{tenant}.{read}",
         "description": "A host's reads, answered by ingress as the HTTP API's GETs",
-        "parameters": {"tenant": {"description": "The tenant (the token's `tenant` claim)"},
-                       "read": {"enum": list(HOST_READS), "description": "What is read"}},
-        "messages": {"HostRead": {"$ref": "#/components/messages/HostRead"}}}
+        "parameters": {
+            "tenant": {"description": "The tenant (the token's `tenant` claim)"},
+            "read": {"enum": list(HOST_READS), "description": "What is read"},
+        },
+        "messages": {"HostRead": {"$ref": "#/components/messages/HostRead"}},
+    }
     channels["readReplies"] = {
-        "address": None, "description": "The requester's inbox (NATS request/reply); an "
-                                        "error is a NATS micro error: Nats-Service-Error-Code "
-                                        "(the HTTP status) and Nats-Service-Error "
-                                        "(\"<CODE>: <detail>\")",
-        "messages": {k.__name__: {"$ref": f"#/components/messages/{k.__name__}"}
-                     for k in replies}}
+        "address": None,
+        "description": "The requester's inbox (NATS request/reply); an "
+        "error is a NATS micro error: Nats-Service-Error-Code "
+        "(the HTTP status) and Nats-Service-Error "
+        '("<CODE>: <detail>")',
+        "messages": {k.__name__: {"$ref": f"#/components/messages/{k.__name__}"} for k in replies},
+    }
     operations["read"] = {
-        "action": "send", "channel": {"$ref": "#/channels/reads"},
+        "action": "send",
+        "channel": {"$ref": "#/channels/reads"},
         "summary": "Read a run, its timeline, a command, pending decisions, proposals, replay",
         "messages": [{"$ref": "#/channels/reads/messages/HostRead"}],
-        "reply": {"channel": {"$ref": "#/channels/readReplies"},
-                  "messages": [{"$ref": f"#/channels/readReplies/messages/{k.__name__}"}
-                               for k in replies]}}
+        "reply": {
+            "channel": {"$ref": "#/channels/readReplies"},
+            "messages": [
+                {"$ref": f"#/channels/readReplies/messages/{k.__name__}"} for k in replies
+            ],
+        },
+    }
 
 
 def _discriminators(value: Any) -> Any:
     """msgspec writes a tagged union's discriminator as OpenAPI's object; AsyncAPI's schema
     object takes the property name alone."""
     if isinstance(value, dict):
-        return {k: (v["propertyName"] if k == "discriminator" and isinstance(v, dict)
-                    else _discriminators(v)) for k, v in value.items()}
+        return {
+            k: (
+                v["propertyName"]
+                if k == "discriminator" and isinstance(v, dict)
+                else _discriminators(v)
+            )
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_discriminators(v) for v in value]
     return value
 
 
-def _sessions(messages: dict[str, Any], channels: dict[str, Any], operations: dict[str, Any],
-              components: dict[str, Any]) -> None:
+def _sessions(
+    messages: dict[str, Any],
+    channels: dict[str, Any],
+    operations: dict[str, Any],
+    components: dict[str, Any],
+) -> None:
     """Chat sessions for hosts: request/reply on `writ.api.{tenant}.session`."""
     _, extra = msgspec.json.schema_components(
-        (HostSessionOp, SessionReply), ref_template="#/components/schemas/{name}")
+        (HostSessionOp, SessionReply), ref_template="#/components/schemas/{name}"
+    )
     components.update(_discriminators(extra))
     for kind in (HostSessionOp, SessionReply):
-        messages.setdefault(kind.__name__, {
-            "name": kind.__name__, "title": kind.__name__, "summary": _doc(kind)[:300],
-            "contentType": "application/json",
-            "payload": {"$ref": f"#/components/schemas/{kind.__name__}"}})
+        messages.setdefault(
+            kind.__name__,
+            {
+                "name": kind.__name__,
+                "title": kind.__name__,
+                "summary": _doc(kind)[:300],
+                "contentType": "application/json",
+                "payload": {"$ref": f"#/components/schemas/{kind.__name__}"},
+            },
+        )
     channels["sessions"] = {
         "address": "writ.api.{tenant}.session",
         "description": "Open, message, pause, resume, inject, close and fork a chat session, "
-                       "answer its plans, read it and its events (as the HTTP routes do)",
+        "answer its plans, read it and its events (as the HTTP routes do)",
         "parameters": {"tenant": {"description": "The tenant (the token's `tenant` claim)"}},
-        "messages": {"HostSessionOp": {"$ref": "#/components/messages/HostSessionOp"}}}
+        "messages": {"HostSessionOp": {"$ref": "#/components/messages/HostSessionOp"}},
+    }
     channels["sessionReplies"] = {
-        "address": None, "description": "The requester's inbox; an error is a NATS micro error "
-                                        "(\"<CODE>: <detail>\")",
-        "messages": {"SessionReply": {"$ref": "#/components/messages/SessionReply"}}}
+        "address": None,
+        "description": "The requester's inbox; an error is a NATS micro error "
+        '("<CODE>: <detail>")',
+        "messages": {"SessionReply": {"$ref": "#/components/messages/SessionReply"}},
+    }
     operations["session"] = {
-        "action": "send", "channel": {"$ref": "#/channels/sessions"},
+        "action": "send",
+        "channel": {"$ref": "#/channels/sessions"},
         "summary": "An operation on a chat session",
         "messages": [{"$ref": "#/channels/sessions/messages/HostSessionOp"}],
-        "reply": {"channel": {"$ref": "#/channels/sessionReplies"},
-                  "messages": [{"$ref": "#/channels/sessionReplies/messages/SessionReply"}]}}
+        "reply": {
+            "channel": {"$ref": "#/channels/sessionReplies"},
+            "messages": [{"$ref": "#/channels/sessionReplies/messages/SessionReply"}],
+        },
+    }
 
 
 def asyncapi_document() -> str:

@@ -51,11 +51,20 @@ from writ_client import Client, Issuer, Session, WritError
 
 __all__ = ["Action", "ChatView", "parse", "render", "run_chat"]
 
-HELP: Final = ("commands: /pause  /resume  /inject <text>  /fork [turn]  /close  /quit  /help; "
-               "anything else is a message")
+HELP: Final = (
+    "commands: /pause  /resume  /inject <text>  /fork [turn]  /close  /quit  /help; "
+    "anything else is a message"
+)
 _YES: Final = frozenset({"y", "yes", "/approve"})
-_DECISION_ANSWERS: Final = {"y": "once", "yes": "once", "once": "once", "always": "always",
-                            "n": "deny", "no": "deny", "deny": "deny"}
+_DECISION_ANSWERS: Final = {
+    "y": "once",
+    "yes": "once",
+    "once": "once",
+    "always": "always",
+    "n": "deny",
+    "no": "deny",
+    "deny": "deny",
+}
 
 
 @dataclass
@@ -91,8 +100,10 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
         return prefix + event.text
     if isinstance(event, TextReset):
         view.streamed = ""
-        return _line(view, f"[the model's answer was interrupted ({event.reason or 'retry'});"
-                           " it starts again]")
+        return _line(
+            view,
+            f"[the model's answer was interrupted ({event.reason or 'retry'}); it starts again]",
+        )
     if isinstance(event, SessionOpened):
         return _line(view, f"[session {event.session_id} with {event.agent}]")
     if isinstance(event, UserMessage):
@@ -109,8 +120,10 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
             return _line(view, f"  · proposes {event.action}")
         view.asking = ("proposal", event.proposal_id)
         preview = f" {_args(event.preview)}" if event.preview else ""
-        return _line(view, f"[proposal {event.proposal_id}: {event.action}{preview}]") + \
-            "approve this action? y to approve, anything else rejects it with that reason\n"
+        return (
+            _line(view, f"[proposal {event.proposal_id}: {event.action}{preview}]")
+            + "approve this action? y to approve, anything else rejects it with that reason\n"
+        )
     if isinstance(event, StepAdmitted):
         return _line(view, f"  · admitted (operation {event.operation_id})")
     if isinstance(event, StepDispatched):
@@ -121,20 +134,29 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
         return _line(view, f"writ: {event.text}")
     if isinstance(event, PlanProposed):
         view.asking = ("plan", event.plan.plan_id)
-        steps = "".join(f"    {s.index + 1}. {s.capability}"
-                        f"{' ' + _args(s.arguments) if s.arguments else ''}\n"
-                        for s in event.plan.steps)
-        return _line(view, f"[plan {event.plan.plan_id}]") + steps + \
-            "approve this plan? y to approve, anything else rejects it with that reason\n"
+        steps = "".join(
+            f"    {s.index + 1}. {s.capability}{' ' + _args(s.arguments) if s.arguments else ''}\n"
+            for s in event.plan.steps
+        )
+        return (
+            _line(view, f"[plan {event.plan.plan_id}]")
+            + steps
+            + "approve this plan? y to approve, anything else rejects it with that reason\n"
+        )
     if isinstance(event, PlanDecided):
         if view.asking == ("plan", event.plan_id):
             view.asking = None
         return _line(view, f"[plan {event.answer}{': ' + event.reason if event.reason else ''}]")
     if isinstance(event, DecisionAsked):
         view.asking = ("decision", event.pending_id)
-        return _line(view, f"[waiting for a person's decision {event.pending_id}"
-                           f"{': ' + event.message if event.message else ''}]") + \
-            "allow it? y (once), always, or n (deny)\n"
+        return (
+            _line(
+                view,
+                f"[waiting for a person's decision {event.pending_id}"
+                f"{': ' + event.message if event.message else ''}]",
+            )
+            + "allow it? y (once), always, or n (deny)\n"
+        )
     if isinstance(event, DecisionTaken):
         if view.asking == ("decision", event.pending_id):
             view.asking = None
@@ -142,8 +164,11 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
     if isinstance(event, TurnEnded):
         view.asking = None
         # An answer already streamed whole is not printed again.
-        answer = "" if not event.answer or event.answer == view.streamed else _line(
-            view, f"agent: {event.answer}")
+        answer = (
+            ""
+            if not event.answer or event.answer == view.streamed
+            else _line(view, f"agent: {event.answer}")
+        )
         status = f"[turn {event.turn} {event.status}"
         if event.code:
             status += f": {event.code}"
@@ -189,8 +214,9 @@ def parse(line: str, view: ChatView) -> Action:
     asking = view.asking[0] if view.asking else None
     if asking == "decision" and text.lower() in _DECISION_ANSWERS:
         return Action("decide", _DECISION_ANSWERS[text.lower()])
-    if asking in ("plan", "proposal") and (text.lower() in _YES or not text.startswith("/")
-                                           or text.startswith("/reject")):
+    if asking in ("plan", "proposal") and (
+        text.lower() in _YES or not text.startswith("/") or text.startswith("/reject")
+    ):
         if text.lower() in _YES:
             return Action("approve")
         reason = text.removeprefix("/reject").strip()
@@ -263,16 +289,21 @@ class _Chat:
     async def _answer(self, action: Action, kind: str, ask_id: str) -> None:
         c, s = self.client, self.session
         if kind == "plan":
-            await (s.approve_plan(ask_id) if action.kind == "approve"
-                   else s.reject_plan(ask_id, action.text))
+            await (
+                s.approve_plan(ask_id)
+                if action.kind == "approve"
+                else s.reject_plan(ask_id, action.text)
+            )
         elif kind == "proposal":
-            approval = await (c.approve(ask_id) if action.kind == "approve"
-                              else c.reject(ask_id, action.text))
+            approval = await (
+                c.approve(ask_id) if action.kind == "approve" else c.reject(ask_id, action.text)
+            )
             if approval.status == "not_approvable":
                 # Refused (the requester may not approve their own run's proposal, say):
                 # the question stays open for someone who may answer it.
-                self.say(f"[proposal {ask_id} not {action.kind}d: {approval.code}: "
-                         f"{approval.reason}]\n")
+                self.say(
+                    f"[proposal {ask_id} not {action.kind}d: {approval.code}: {approval.reason}]\n"
+                )
                 return
             self.say(f"[proposal {ask_id} {action.kind}d]\n")
             self.view.asking = None
@@ -285,15 +316,26 @@ class _Chat:
             self.view.asking = None
 
 
-async def run_chat(base_url: str, issuer: Issuer, principal: str, agent: str, *,
-                   plan_mode: bool = False, session_id: str | None = None,
-                   roles: tuple[str, ...] = (), stdin: TextIO = sys.stdin,
-                   out: TextIO = sys.stdout) -> int:
+async def run_chat(
+    base_url: str,
+    issuer: Issuer,
+    principal: str,
+    agent: str,
+    *,
+    plan_mode: bool = False,
+    session_id: str | None = None,
+    roles: tuple[str, ...] = (),
+    stdin: TextIO = sys.stdin,
+    out: TextIO = sys.stdout,
+) -> int:
     """Chat until `/quit`, `/close` or the end of input; 0 unless the session cannot open."""
     async with Client(base_url, issuer, principal, roles=roles) as client:
         try:
-            session = (client.session(session_id) if session_id else
-                       await client.open_session(agent, plan_mode=plan_mode))
+            session = (
+                client.session(session_id)
+                if session_id
+                else await client.open_session(agent, plan_mode=plan_mode)
+            )
             if session_id:
                 await session.history()  # the caller's, or NOT_FOUND now rather than later
         except WritError as exc:
@@ -332,9 +374,18 @@ def chat_main(args: Any) -> int:
         raise SystemExit(f"no host key at {key}: pass --key (and --issuer)")
     from writ.stack import Stack
 
-    issuer = Issuer.from_file(key, tenant=args.tenant,
-                              issuer=args.issuer or Stack(home).issuer(args.tenant))
+    issuer = Issuer.from_file(
+        key, tenant=args.tenant, issuer=args.issuer or Stack(home).issuer(args.tenant)
+    )
     roles = tuple(filter(None, args.roles.split(",")))
-    return anyio.run(lambda: run_chat(url, issuer, args.principal, args.agent,
-                                      plan_mode=args.plan_mode, session_id=args.session or None,
-                                      roles=roles))
+    return anyio.run(
+        lambda: run_chat(
+            url,
+            issuer,
+            args.principal,
+            args.agent,
+            plan_mode=args.plan_mode,
+            session_id=args.session or None,
+            roles=roles,
+        )
+    )

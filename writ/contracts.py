@@ -25,8 +25,10 @@ def _asyncapi() -> str:
     return asyncapi_document()
 
 
-CONTRACTS: Final[dict[str, Callable[[], str]]] = {"openapi.json": _openapi,
-                                                  "asyncapi.json": _asyncapi}
+CONTRACTS: Final[dict[str, Callable[[], str]]] = {
+    "openapi.json": _openapi,
+    "asyncapi.json": _asyncapi,
+}
 
 
 def write_contracts(folder: Path = FOLDER) -> list[Path]:

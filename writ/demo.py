@@ -39,8 +39,10 @@ __all__ = ["run_demo"]
 DEMO_AGENT = "research-assistant"
 CHAT_AGENT = "chat-assistant"
 CHAT_INPUT = "Please note that Acme wants the shipment update of order 7781 by Friday."
-DEMO_INPUT = ("Look up what our documents say about ACME-42's delayed shipment and add a note to "
-              "the customer's record summarising today's call.")
+DEMO_INPUT = (
+    "Look up what our documents say about ACME-42's delayed shipment and add a note to "
+    "the customer's record summarising today's call."
+)
 
 
 def _line(started: float, what: str, detail: str) -> None:
@@ -56,36 +58,49 @@ def _describe(subject: str, data: bytes) -> tuple[str, str] | None:
     if subject.startswith("writ.in.requests."):
         return "request", f"{body.get('request_id')} from the host on {subject}"
     if kind == "SearchEvidence":
-        return "verified", (f"tenant={body['tenant']} run={body['run_id']}: the host's token "
-                            f"verified, the run registered, its evidence asked of retrieval")
+        return "verified", (
+            f"tenant={body['tenant']} run={body['run_id']}: the host's token "
+            f"verified, the run registered, its evidence asked of retrieval"
+        )
     if kind == "EvidenceGathered":
         titles = ", ".join(e["title"] for e in body["evidence"]) or "none"
-        return "evidence", (f"principal={body['principal']}: {len(body['evidence'])} documents, "
-                            f"all untrusted: {titles}")
+        return "evidence", (
+            f"principal={body['principal']}: {len(body['evidence'])} documents, "
+            f"all untrusted: {titles}"
+        )
     if kind == "StepRecorded":
         return _step(body)
     if kind == "ReadCapability":
-        return "read", (f"retrieval reads {body['tool']} "
-                        f"{msgspec.json.encode(body['arguments']).decode()[:70]} "
-                        f"(governance decides first) on {subject}")
+        return "read", (
+            f"retrieval reads {body['tool']} "
+            f"{msgspec.json.encode(body['arguments']).decode()[:70]} "
+            f"(governance decides first) on {subject}"
+        )
     if kind == "ProposeCommand":
-        return "proposal", (f"to admission: {body['action']} "
-                            f"{msgspec.json.encode(body['arguments']).decode()[:80]}")
+        return "proposal", (
+            f"to admission: {body['action']} {msgspec.json.encode(body['arguments']).decode()[:80]}"
+        )
     if kind == "CommandAdmitted":
-        return "admitted", (f"operation {body['operation_id']} allowed by decide line "
-                            f"{body['decision_line']} (policy {body['policy_version']}), "
-                            f"hash {body['request_hash'][:12]}…")
+        return "admitted", (
+            f"operation {body['operation_id']} allowed by decide line "
+            f"{body['decision_line']} (policy {body['policy_version']}), "
+            f"hash {body['request_hash'][:12]}…"
+        )
     if kind == "ProposalRefused":
         return "refused", f"{body['verdict']}: {body['reason']}"
     if kind == "DispatchCommand":
         return "relayed", f"outbox -> {subject} (Nats-Msg-Id {body['tenant']}:…)"
     if kind == "CommandOutcome":
-        return "dispatched", (f"{body['state']} receipt={body.get('receipt')} "
-                              f"(Idempotency-Key {body['tenant']}:{body['operation_id']})")
+        return "dispatched", (
+            f"{body['state']} receipt={body.get('receipt')} "
+            f"(Idempotency-Key {body['tenant']}:{body['operation_id']})"
+        )
     if kind == "RunResult":
         error = body.get("error") or {}
-        return "result", (f"{body['status']} {body.get('answer') or ''}"
-                          f"{error.get('code', '')} {error.get('message', '')}").strip()
+        return "result", (
+            f"{body['status']} {body.get('answer') or ''}"
+            f"{error.get('code', '')} {error.get('message', '')}"
+        ).strip()
     return None
 
 
@@ -124,14 +139,19 @@ async def _demo(stack: Stack, started: float) -> int:
 
     sub = await nc.subscribe("writ.>", cb=watch)
     watching, chat_ok = True, False
-    issuer = Issuer.from_file(stack.secrets / "host-acme.pem", tenant="acme",
-                              issuer=stack.issuer("acme"))
+    issuer = Issuer.from_file(
+        stack.secrets / "host-acme.pem", tenant="acme", issuer=stack.issuer("acme")
+    )
     try:
         async with Client(stack.api_url, issuer, "alice@acme.example") as host:
             request_id = f"demo-{uuid.uuid4().hex[:8]}"
             print(f"\nTimeline of request {request_id}:")
-            _line(started, "request", f"{request_id} from the host: POST {stack.api_url}/runs "
-                                      "(writ_client, Idempotency-Key = the request id)")
+            _line(
+                started,
+                "request",
+                f"{request_id} from the host: POST {stack.api_url}/runs "
+                "(writ_client, Idempotency-Key = the request id)",
+            )
             accepted = await host.start_run(DEMO_AGENT, DEMO_INPUT, request_id=request_id)
             result = await host.wait(accepted.run_id, timeout_s=60)
             with anyio.fail_after(10):
@@ -154,8 +174,7 @@ async def _chat(host: Client, started: float) -> bool:
     its id, the step runs (still decided by governance) and Writ writes its outcome in."""
     print("\nA chat session (plan mode):")
     session = await host.open_session(CHAT_AGENT, plan_mode=True)
-    _line(started, "chat", f"session {session.session_id} with {CHAT_AGENT}: "
-                           f"POST /api/v1/sessions")
+    _line(started, "chat", f"session {session.session_id} with {CHAT_AGENT}: POST /api/v1/sessions")
     ended: TurnEnded | None = None
     approved = False
     with anyio.fail_after(60):
@@ -166,8 +185,12 @@ async def _chat(host: Client, started: float) -> bool:
             if isinstance(event, PlanProposed) and not approved:
                 approved = True
                 await session.approve_plan(event.plan.plan_id)
-                _line(started, "chat", f"the user approves plan {event.plan.plan_id} by its "
-                                       "id: POST /api/v1/plans/{id}/approve")
+                _line(
+                    started,
+                    "chat",
+                    f"the user approves plan {event.plan.plan_id} by its "
+                    "id: POST /api/v1/plans/{id}/approve",
+                )
             if isinstance(event, TurnEnded):
                 ended = event
     return ended is not None and ended.status == "succeeded" and approved
@@ -180,8 +203,14 @@ def _chat_line(event: Any) -> str:
         return f"#{event.n} plan proposed: {steps} (sha256 {event.plan.digest[:12]}…)"
     if isinstance(event, TurnEnded):
         return f"#{event.n} turn {event.turn} {event.status}: {event.answer}"
-    detail = next((str(getattr(event, f)) for f in ("text", "capability", "summary", "answer",
-                                                    "run_id") if getattr(event, f, None)), "")
+    detail = next(
+        (
+            str(getattr(event, f))
+            for f in ("text", "capability", "summary", "answer", "run_id")
+            if getattr(event, f, None)
+        ),
+        "",
+    )
     return f"#{event.n} {kind} {detail}"[:160]
 
 
@@ -191,12 +220,18 @@ async def _verify_journals(stack: Stack) -> bool:
     keys = load_verify_keys((stack.config / "journal-keys.json").read_text())
     conn = await asyncpg.connect(stack.database_dsn)
     try:
-        services = [r["table_schema"] for r in await conn.fetch(
-            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'journal' "
-            "ORDER BY table_schema")]
+        services = [
+            r["table_schema"]
+            for r in await conn.fetch(
+                "SELECT table_schema FROM information_schema.tables WHERE table_name = 'journal' "
+                "ORDER BY table_schema"
+            )
+        ]
         unsealed = " + ".join(
             f"(SELECT count(*) FROM {s}.journal j WHERE NOT EXISTS (SELECT 1 FROM "
-            f"{s}.journal_seals x WHERE x.entry_id = j.id))" for s in services)
+            f"{s}.journal_seals x WHERE x.entry_id = j.id))"
+            for s in services
+        )
         for _ in range(50):  # each sealer seals within a poll or two
             if not services or not await conn.fetchval(f"SELECT {unsealed}"):
                 break
@@ -207,8 +242,10 @@ async def _verify_journals(stack: Stack) -> bool:
             report = await verify(conn, service=service, keys=keys)
             ok = ok and report.ok
             verdict = "intact" if report.ok else f"FAILED at {report.problems[0]}"
-            print(f"  {service:<11} {verdict} ({report.entries} entries, "
-                  f"{report.checkpoints} signed checkpoints)")
+            print(
+                f"  {service:<11} {verdict} ({report.entries} entries, "
+                f"{report.checkpoints} signed checkpoints)"
+            )
         return ok
     finally:
         await conn.close()
@@ -216,13 +253,19 @@ async def _verify_journals(stack: Stack) -> bool:
 
 def run_demo(home: Path, *, serve: bool) -> int:
     """Start everything, run the demo, then keep serving until Ctrl-C if `serve`."""
-    stack = Stack(home, nats_url=os.environ.get("WRIT_NATS_URL") or None,
-                  admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None,
-                  http_port=int(os.environ.get("WRIT_HTTP_PORT") or 0))
+    stack = Stack(
+        home,
+        nats_url=os.environ.get("WRIT_NATS_URL") or None,
+        admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None,
+        http_port=int(os.environ.get("WRIT_HTTP_PORT") or 0),
+    )
     supervisor: Supervisor | None = None
     try:
-        print("Starting NATS, PostgreSQL, the simulated CRM, payment provider and helpdesk, and "
-              "ingress, retrieval, planner, governance, admission, dispatcher…", flush=True)
+        print(
+            "Starting NATS, PostgreSQL, the simulated CRM, payment provider and helpdesk, and "
+            "ingress, retrieval, planner, governance, admission, dispatcher…",
+            flush=True,
+        )
         stack.start_all()
         started = time.monotonic()
         # A service that dies shows in the timeline at once, and comes back with backoff.
@@ -237,14 +280,17 @@ def run_demo(home: Path, *, serve: bool) -> int:
             print("\nPrometheus can scrape:")
             for name in SERVICES:
                 print(f"  {name:<11} http://127.0.0.1:{stack.metrics_port(name)}/metrics")
-            print(f"\nServing. Hosts publish on writ.in.requests.<tenant> at "
-                  f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
-                  f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
-                  f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
-                  f"Approvers sign in to the console once with this link (the demo approver; "
-                  f"`writ console` prints a new one):\n  {stack.console_link()}\n"
-                  f"Operators run `writ pending`; logs in {stack.logs}. A service that dies is "
-                  "reported here and restarted. Ctrl-C stops everything.", flush=True)
+            print(
+                f"\nServing. Hosts publish on writ.in.requests.<tenant> at "
+                f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
+                f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
+                f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
+                f"Approvers sign in to the console once with this link (the demo approver; "
+                f"`writ console` prints a new one):\n  {stack.console_link()}\n"
+                f"Operators run `writ pending`; logs in {stack.logs}. A service that dies is "
+                "reported here and restarted. Ctrl-C stops everything.",
+                flush=True,
+            )
             stop = {signal.SIGINT, signal.SIGTERM}
             signal.pthread_sigmask(signal.SIG_BLOCK, stop)
             signal.sigwait(stop)

@@ -31,23 +31,34 @@ def _line(started: float, what: str, detail: str) -> None:
     print(f"  {time.monotonic() - started:7.3f}s  {what:<18} {detail}", flush=True)
 
 
-async def scenario_c(stack: Stack, started: float,
-                     describe: Callable[[str, bytes], tuple[str, str] | None]) -> bool:
+async def scenario_c(
+    stack: Stack, started: float, describe: Callable[[str, bytes], tuple[str, str] | None]
+) -> bool:
     """Play scenario C; True if the run succeeded and the host has exactly one comment."""
-    print(f"\nScenario C: the host product at {stack.host_url} federates with Writ "
-          "(reads over its MCP server, writes over its REST API)")
+    print(
+        f"\nScenario C: the host product at {stack.host_url} federates with Writ "
+        "(reads over its MCP server, writes over its REST API)"
+    )
     listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk", quiet=True)
     if not listing.ok:
         print(f"  the host's MCP server could not be listed: {listing.error}")
         return False
-    _line(started, "listed", f"operator: mcp:helpdesk lists {len(listing.tools)} tools, "
-                             f"listing {listing.digest[:12]}… journaled")
+    _line(
+        started,
+        "listed",
+        f"operator: mcp:helpdesk lists {len(listing.tools)} tools, "
+        f"listing {listing.digest[:12]}… journaled",
+    )
     for tool, family in (("ticket.get", "read"), ("customer.get", "read_personal")):
-        answer = await mcp.classify(stack.nats_url, "acme", "helpdesk", tool, family,
-                                    "ops@acme.example", quiet=True)
+        answer = await mcp.classify(
+            stack.nats_url, "acme", "helpdesk", tool, family, "ops@acme.example", quiet=True
+        )
         _line(started, "classified", f"operator: {answer.message}")
-    _line(started, "unclassified", "mcp:helpdesk/tickets.search: nobody classified it, so "
-                                   "it would be asked every time")
+    _line(
+        started,
+        "unclassified",
+        "mcp:helpdesk/tickets.search: nobody classified it, so it would be asked every time",
+    )
 
     nc = await nats.connect(stack.nats_url)
 
@@ -58,11 +69,20 @@ async def scenario_c(stack: Stack, started: float,
 
     sub = await nc.subscribe("writ.>", cb=watch)
     try:
-        _line(started, "host", f"the helpdesk asks Writ: POST {stack.api_url}/runs "
-                               f"(writ_client), agent {AGENT}")
-        result = await drive_run(stack.api_url, tenant="acme", issuer=stack.issuer("acme"),
-                                 private_key_pem=stack.host_key("acme"),
-                                 principal="alice@acme.example", agent=AGENT, text=INPUT)
+        _line(
+            started,
+            "host",
+            f"the helpdesk asks Writ: POST {stack.api_url}/runs (writ_client), agent {AGENT}",
+        )
+        result = await drive_run(
+            stack.api_url,
+            tenant="acme",
+            issuer=stack.issuer("acme"),
+            private_key_pem=stack.host_key("acme"),
+            principal="alice@acme.example",
+            agent=AGENT,
+            text=INPUT,
+        )
         await nc.flush()
     finally:
         await sub.unsubscribe()
@@ -71,9 +91,13 @@ async def scenario_c(stack: Stack, started: float,
         state = (await client.get("/_control/state")).json()
     comments = [c for c in state["comments"] if c["ticket_id"] == "T-1001"]
     for c in comments:
-        _line(started, "host record", f"ticket T-1001 has comment {c['comment_id']} "
-                                      f"(Idempotency-Key {c['idempotency_key'][:18]}…), "
-                                      f"revision {state['tickets']['T-1001']['revision']}")
+        _line(
+            started,
+            "host record",
+            f"ticket T-1001 has comment {c['comment_id']} "
+            f"(Idempotency-Key {c['idempotency_key'][:18]}…), "
+            f"revision {state['tickets']['T-1001']['revision']}",
+        )
     ok = result.status == "succeeded" and len(comments) == 1
     print(f"  scenario C: {'one comment at the host, as asked' if ok else 'FAILED'}")
     return ok
@@ -88,9 +112,12 @@ def _federation(subject: str, data: bytes) -> tuple[str, str] | None:
         return None
     kind = body.get("type")
     if kind == "RecordListing":
-        return "listing", (f"retrieval listed mcp:{body['server']} ({len(body['tools'])} "
-                           f"tools, {body['digest'][:12]}…): recorded in the journal")
+        return "listing", (
+            f"retrieval listed mcp:{body['server']} ({len(body['tools'])} "
+            f"tools, {body['digest'][:12]}…): recorded in the journal"
+        )
     if kind == "ReadFacts" and subject.endswith("retrieval.facts"):
-        return "facts", (f"admission reads {body['kind']} {body['id']} through retrieval "
-                         "(MCP) for the preview")
+        return "facts", (
+            f"admission reads {body['kind']} {body['id']} through retrieval (MCP) for the preview"
+        )
     return None

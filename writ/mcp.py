@@ -33,18 +33,36 @@ def servers_file(home: Path) -> Path:
     return home / "config" / "mcp-servers.json"
 
 
-def add_server(home: Path, tenant: str, server: str, *, url: str, credential_file: str,
-               tools: list[str], facts: dict[str, str] | None = None,
-               timeout_s: float = 10.0, transport: str = "auto",
-               auth: str = "bearer") -> None:
+def add_server(
+    home: Path,
+    tenant: str,
+    server: str,
+    *,
+    url: str,
+    credential_file: str,
+    tools: list[str],
+    facts: dict[str, str] | None = None,
+    timeout_s: float = 10.0,
+    transport: str = "auto",
+    auth: str = "bearer",
+) -> None:
     """Register (or replace) `server` for `tenant`.
 
     Raises:
         msgspec.ValidationError: the registration is not valid.
     """
-    entry = msgspec.convert({"url": url, "credential_file": credential_file, "tools": tools,
-                             "facts": facts or {}, "timeout_s": timeout_s,
-                             "transport": transport, "auth": auth}, ServerConfig)
+    entry = msgspec.convert(
+        {
+            "url": url,
+            "credential_file": credential_file,
+            "tools": tools,
+            "facts": facts or {},
+            "timeout_s": timeout_s,
+            "transport": transport,
+            "auth": auth,
+        },
+        ServerConfig,
+    )
     path = servers_file(home)
     current: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     current.setdefault(tenant, {})[server] = msgspec.to_builtins(entry)
@@ -54,23 +72,28 @@ def add_server(home: Path, tenant: str, server: str, *, url: str, credential_fil
     os.replace(tmp, path)  # retrieval never reads half a file
 
 
-async def _ask(nats_url: str, subject: str, message: msgspec.Struct, answer: type[Any],
-               timeout: float) -> Any:
+async def _ask(
+    nats_url: str, subject: str, message: msgspec.Struct, answer: type[Any], timeout: float
+) -> Any:
     nc = await nats.connect(nats_url)
     try:
-        reply = await timed_request(nc, subject, msgspec.json.encode(message),
-                                    timeout=timeout)
+        reply = await timed_request(nc, subject, msgspec.json.encode(message), timeout=timeout)
     finally:
         await nc.close()
     return msgspec.json.decode(reply.data, type=answer)
 
 
-async def list_server(nats_url: str, tenant: str, server: str, *, quiet: bool = False,
-                      timeout: float = 30.0) -> ServerListing:
+async def list_server(
+    nats_url: str, tenant: str, server: str, *, quiet: bool = False, timeout: float = 30.0
+) -> ServerListing:
     """Have retrieval list `server` now (journaled); print each tool unless `quiet`."""
-    listing: ServerListing = await _ask(nats_url, subjects.MCP_LIST,
-                                        ListServer(tenant=tenant, server=server),
-                                        ServerListing, timeout)
+    listing: ServerListing = await _ask(
+        nats_url,
+        subjects.MCP_LIST,
+        ListServer(tenant=tenant, server=server),
+        ServerListing,
+        timeout,
+    )
     if quiet:
         return listing
     if not listing.ok:
@@ -81,18 +104,32 @@ async def list_server(nats_url: str, tenant: str, server: str, *, quiet: bool = 
         exposed = "exposed" if tool.name in listing.exposed else "not exposed"
         family = f" as {tool.family}" if tool.family else ""
         hints = ", ".join(f"{k}={v}" for k, v in tool.hints.items() if v is not None)
-        print(f"  mcp:{server}/{tool.name}  {tool.state}{family}, {exposed}, "
-              f"digest {tool.digest[:12]}\n    server hints (untrusted): {hints or '-'}")
+        print(
+            f"  mcp:{server}/{tool.name}  {tool.state}{family}, {exposed}, "
+            f"digest {tool.digest[:12]}\n    server hints (untrusted): {hints or '-'}"
+        )
     return listing
 
 
-async def classify(nats_url: str, tenant: str, server: str, tool: str, family: str, by: str,
-                   *, quiet: bool = False, timeout: float = 10.0) -> ToolClassified:
+async def classify(
+    nats_url: str,
+    tenant: str,
+    server: str,
+    tool: str,
+    family: str,
+    by: str,
+    *,
+    quiet: bool = False,
+    timeout: float = 10.0,
+) -> ToolClassified:
     """Record `tool`'s family as the latest recorded listing describes it."""
     answer: ToolClassified = await _ask(
-        nats_url, subjects.MCP_CLASSIFY,
+        nats_url,
+        subjects.MCP_CLASSIFY,
         ClassifyTool(tenant=tenant, server=server, tool=tool, family=family, classified_by=by),
-        ToolClassified, timeout)
+        ToolClassified,
+        timeout,
+    )
     if not quiet:
         print(answer.message)
     return answer

@@ -42,8 +42,11 @@ _ROOT = Path(__file__).resolve().parent.parent / "services"
 
 def image_migrations() -> dict[str, list[Migration]]:
     """The migrations this image carries, per service, in migration order."""
-    return {name: load_migrations(name, _ROOT / name / "migrations") for name in SERVICES
-            if (_ROOT / name / "migrations").is_dir()}
+    return {
+        name: load_migrations(name, _ROOT / name / "migrations")
+        for name in SERVICES
+        if (_ROOT / name / "migrations").is_dir()
+    }
 
 
 def expected_versions(migrations: Mapping[str, list[Migration]] | None = None) -> dict[str, int]:
@@ -53,8 +56,11 @@ def expected_versions(migrations: Mapping[str, list[Migration]] | None = None) -
 
 def behind(current: Mapping[str, int], expected: Mapping[str, int]) -> list[str]:
     """What is missing, one line per service whose schema is older than the image's."""
-    return [f"{name}: at {current.get(name, 0)}, the image expects {version}"
-            for name, version in expected.items() if current.get(name, 0) < version]
+    return [
+        f"{name}: at {current.get(name, 0)}, the image expects {version}"
+        for name, version in expected.items()
+        if current.get(name, 0) < version
+    ]
 
 
 def _dsn(args: argparse.Namespace, *, admin: bool) -> tuple[str, str | None]:
@@ -63,13 +69,16 @@ def _dsn(args: argparse.Namespace, *, admin: bool) -> tuple[str, str | None]:
         dsn = args.dsn or env.get("WRIT_ADMIN_DATABASE_URL", "")
         password_file = args.password_file or env.get("WRIT_ADMIN_DATABASE_PASSWORD_FILE", "")
     else:  # a service's own settings, as its container has them
-        dsn = (args.dsn or env.get("WRIT_DATABASE_URL", "")
-               or env.get("WRIT_ADMIN_DATABASE_URL", ""))
-        password_file = (args.password_file or env.get("WRIT_DATABASE_PASSWORD_FILE", "")
-                         or env.get("WRIT_ADMIN_DATABASE_PASSWORD_FILE", ""))
+        dsn = args.dsn or env.get("WRIT_DATABASE_URL", "") or env.get("WRIT_ADMIN_DATABASE_URL", "")
+        password_file = (
+            args.password_file
+            or env.get("WRIT_DATABASE_PASSWORD_FILE", "")
+            or env.get("WRIT_ADMIN_DATABASE_PASSWORD_FILE", "")
+        )
     if not dsn:
-        raise SystemExit("no database: pass --dsn or set WRIT_ADMIN_DATABASE_URL "
-                         "(WRIT_DATABASE_URL for --check)")
+        raise SystemExit(
+            "no database: pass --dsn or set WRIT_ADMIN_DATABASE_URL (WRIT_DATABASE_URL for --check)"
+        )
     return dsn, read_secret(password_file) if password_file else None
 
 
@@ -90,8 +99,10 @@ async def _migrate(args: argparse.Namespace) -> int:
     if args.roles == "create" and args.passwords_dir:
         missing = sorted(set(migrations) - set(passwords))
         if missing:  # a role with a password nobody was given could never log in
-            print(f"no password file for {', '.join(missing)} under {args.passwords_dir}",
-                  file=sys.stderr)
+            print(
+                f"no password file for {', '.join(missing)} under {args.passwords_dir}",
+                file=sys.stderr,
+            )
             return 1
     # The password inside the DSN: provision opens two connections from it.
     admin = with_database(dsn, urlsplit(dsn).path.lstrip("/") or "postgres", password=password)
@@ -153,18 +164,35 @@ def _run(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `writ migrate` to the `writ` command."""
     p = sub.add_parser("migrate", help="provision roles and apply migrations, or --check them")
-    p.add_argument("--dsn", default="", help="administrator (database owner) DSN; default "
-                   "WRIT_ADMIN_DATABASE_URL (for --check: WRIT_DATABASE_URL)")
-    p.add_argument("--password-file", default="", help="that DSN's password, as a file "
-                   "(default WRIT_ADMIN_DATABASE_PASSWORD_FILE / WRIT_DATABASE_PASSWORD_FILE)")
+    p.add_argument(
+        "--dsn",
+        default="",
+        help="administrator (database owner) DSN; default "
+        "WRIT_ADMIN_DATABASE_URL (for --check: WRIT_DATABASE_URL)",
+    )
+    p.add_argument(
+        "--password-file",
+        default="",
+        help="that DSN's password, as a file "
+        "(default WRIT_ADMIN_DATABASE_PASSWORD_FILE / WRIT_DATABASE_PASSWORD_FILE)",
+    )
     p.add_argument("--database", default="", help="Writ's database (default: the DSN's)")
-    p.add_argument("--passwords-dir", default=os.environ.get("WRIT_ROLE_PASSWORDS_DIR", ""),
-                   help="<dir>/<service>/password: each service role's password")
-    p.add_argument("--roles", choices=["create", "managed"],
-                   default=os.environ.get("WRIT_MIGRATE_ROLES", "create"),
-                   help="create the service roles, or expect them (CloudNativePG managed roles)")
-    p.add_argument("--check", action="store_true",
-                   help="exit 0 if the schema is at this image's version, 1 if not")
+    p.add_argument(
+        "--passwords-dir",
+        default=os.environ.get("WRIT_ROLE_PASSWORDS_DIR", ""),
+        help="<dir>/<service>/password: each service role's password",
+    )
+    p.add_argument(
+        "--roles",
+        choices=["create", "managed"],
+        default=os.environ.get("WRIT_MIGRATE_ROLES", "create"),
+        help="create the service roles, or expect them (CloudNativePG managed roles)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 0 if the schema is at this image's version, 1 if not",
+    )
     p.add_argument("--wait", action="store_true", help="with --check: wait until it is")
     p.add_argument("--timeout", type=float, default=600.0, help="--wait gives up after this")
     p.add_argument("--interval", type=float, default=2.0, help="--wait polls this often")

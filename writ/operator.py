@@ -16,8 +16,14 @@ from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownComman
 from schemas.governance import ListPending, PendingDecisions
 from schemas.host import ApproveProposal, HumanDecision, ReviewDecision
 
-__all__ = ["answer_pending", "answer_proposal", "answer_review", "list_pending", "list_unknown",
-           "resolve"]
+__all__ = [
+    "answer_pending",
+    "answer_proposal",
+    "answer_review",
+    "list_pending",
+    "list_unknown",
+    "resolve",
+]
 
 T = TypeVar("T")
 
@@ -34,22 +40,38 @@ async def _ask(nats_url: str, subject: str, message: msgspec.Struct, answer: typ
 
 async def list_unknown(nats_url: str, tenant: str) -> int:
     """Print the tenant's `unknown` commands; exit status 0."""
-    answer = await _ask(nats_url, subjects.UNKNOWN_LIST, ListUnknown(tenant=tenant),
-                        UnknownCommands)
+    answer = await _ask(
+        nats_url, subjects.UNKNOWN_LIST, ListUnknown(tenant=tenant), UnknownCommands
+    )
     if not answer.commands:
         print(f"no unknown commands for {tenant}")
     for c in answer.commands:
-        print(f"{c.operation_id}  {c.action:<24} since {c.since}  by {c.principal}\n"
-              f"    arguments {msgspec.json.encode(c.arguments).decode()}\n"
-              f"    why       {c.reason or '-'}")
+        print(
+            f"{c.operation_id}  {c.action:<24} since {c.since}  by {c.principal}\n"
+            f"    arguments {msgspec.json.encode(c.arguments).decode()}\n"
+            f"    why       {c.reason or '-'}"
+        )
     return 0
 
 
-async def resolve(nats_url: str, tenant: str, operation_id: str, state: str,
-                  receipt: str | None, evidence: str, by: str) -> int:
+async def resolve(
+    nats_url: str,
+    tenant: str,
+    operation_id: str,
+    state: str,
+    receipt: str | None,
+    evidence: str,
+    by: str,
+) -> int:
     """Record a reconciliation; exit status 0 if it was recorded, 1 if refused."""
-    ask = Reconcile(tenant=tenant, operation_id=operation_id, state=state, receipt=receipt,
-                    evidence=evidence, resolved_by=by)
+    ask = Reconcile(
+        tenant=tenant,
+        operation_id=operation_id,
+        state=state,
+        receipt=receipt,
+        evidence=evidence,
+        resolved_by=by,
+    )
     answer = await _ask(nats_url, subjects.RECONCILE, ask, Reconciled)
     print(answer.message)
     return 0 if answer.ok else 1
@@ -57,76 +79,125 @@ async def resolve(nats_url: str, tenant: str, operation_id: str, state: str,
 
 async def list_pending(nats_url: str, tenant: str) -> int:
     """Print the tenant's decisions waiting for a person; exit status 0."""
-    answer = await _ask(nats_url, subjects.PENDING_LIST, ListPending(tenant=tenant),
-                        PendingDecisions)
+    answer = await _ask(
+        nats_url, subjects.PENDING_LIST, ListPending(tenant=tenant), PendingDecisions
+    )
     if not answer.decisions:
         print(f"no pending decisions for {tenant}")
     for d in answer.decisions:
         waits = f"deny at {d.deadline}" if d.deadline else "waits until answered"
-        print(f"{d.pending_id}  {d.tool} ({d.family}) for agent {d.agent}, run {d.run_id}\n"
-              f"    asked by  {d.principal}; {d.reason}\n"
-              f"    argument  {d.first_argument or '-'}\n"
-              f"    answers   {' | '.join(d.options)}; {waits}")
+        print(
+            f"{d.pending_id}  {d.tool} ({d.family}) for agent {d.agent}, run {d.run_id}\n"
+            f"    asked by  {d.principal}; {d.reason}\n"
+            f"    argument  {d.first_argument or '-'}\n"
+            f"    answers   {' | '.join(d.options)}; {waits}"
+        )
     return 0
 
 
-async def answer_pending(nats_url: str, tenant: str, pending_id: str, answer: str,
-                         reason: str, token: str, timeout: float = 10.0) -> int:
+async def answer_pending(
+    nats_url: str,
+    tenant: str,
+    pending_id: str,
+    answer: str,
+    reason: str,
+    token: str,
+    timeout: float = 10.0,
+) -> int:
     """Publish a `HumanDecision` as an approver and wait for governance's verdict on it."""
     request_id = f"decide-{uuid.uuid4().hex[:12]}"
-    decision = HumanDecision(request_id=request_id, token=token, pending_id=pending_id,
-                             answer=answer, reason=reason)
-    result = await _publish_and_wait(nats_url, subjects.human_decision(tenant), decision,
-                                     subjects.result(tenant), "DecisionResult", timeout)
+    decision = HumanDecision(
+        request_id=request_id, token=token, pending_id=pending_id, answer=answer, reason=reason
+    )
+    result = await _publish_and_wait(
+        nats_url,
+        subjects.human_decision(tenant),
+        decision,
+        subjects.result(tenant),
+        "DecisionResult",
+        timeout,
+    )
     if result is None:
         return 1
     print(result["message"])
     return 0 if result["accepted"] else 1
 
 
-async def answer_proposal(nats_url: str, tenant: str, proposal_id: str, answer: str,
-                          reason: str, token: str, timeout: float = 10.0) -> int:
+async def answer_proposal(
+    nats_url: str,
+    tenant: str,
+    proposal_id: str,
+    answer: str,
+    reason: str,
+    token: str,
+    timeout: float = 10.0,
+) -> int:
     """Approve or reject a proposal by its id (`writ approve` / `writ reject`) and print what
     became of it: nothing but the id is sent; what is approved is what Writ froze."""
     request_id = f"approve-{uuid.uuid4().hex[:12]}"
-    message = ApproveProposal(request_id=request_id, token=token, proposal_id=proposal_id,
-                              answer=answer, reason=reason)
-    result = await _publish_and_wait(nats_url, subjects.approval(tenant), message,
-                                     subjects.result(tenant), "ApprovalResult", timeout)
+    message = ApproveProposal(
+        request_id=request_id, token=token, proposal_id=proposal_id, answer=answer, reason=reason
+    )
+    result = await _publish_and_wait(
+        nats_url,
+        subjects.approval(tenant),
+        message,
+        subjects.result(tenant),
+        "ApprovalResult",
+        timeout,
+    )
     if result is None:
         return 1
-    details = [f"{k} {result[k]}" for k in ("outcome", "receipt", "reason", "correlation_id")
-               if result.get(k)]
+    details = [
+        f"{k} {result[k]}"
+        for k in ("outcome", "receipt", "reason", "correlation_id")
+        if result.get(k)
+    ]
     print(f"{proposal_id}: {result['status']}" + (f" ({'; '.join(details)})" if details else ""))
     return 0 if result["status"] in ("claimed", "rejected", "already_completed") else 1
 
 
-async def answer_review(nats_url: str, tenant: str, pending_id: str, answer: str,
-                        comment: str, token: str, timeout: float = 40.0) -> int:
+async def answer_review(
+    nats_url: str,
+    tenant: str,
+    pending_id: str,
+    answer: str,
+    comment: str,
+    token: str,
+    timeout: float = 40.0,
+) -> int:
     """Approve or reject the review a run asked for (`writ review`) and print whether the run
     took the answer; exit status 0 if it did. The default timeout outlasts ingress's wait for
     the planner, which resumes the run before it answers."""
     request_id = f"review-{uuid.uuid4().hex[:12]}"
-    message = ReviewDecision(request_id=request_id, token=token, pending_id=pending_id,
-                             answer=answer, comment=comment)
-    result = await _publish_and_wait(nats_url, subjects.review(tenant), message,
-                                     subjects.result(tenant), "ReviewResult", timeout)
+    message = ReviewDecision(
+        request_id=request_id, token=token, pending_id=pending_id, answer=answer, comment=comment
+    )
+    result = await _publish_and_wait(
+        nats_url, subjects.review(tenant), message, subjects.result(tenant), "ReviewResult", timeout
+    )
     if result is None:
         return 1
     print(f"{pending_id}: {result['message']}")
     return 0 if result["accepted"] else 1
 
 
-async def _publish_and_wait(nats_url: str, subject: str, message: msgspec.Struct,
-                            results_subject: str, result_type: str,
-                            timeout: float) -> dict[str, Any] | None:
+async def _publish_and_wait(
+    nats_url: str,
+    subject: str,
+    message: msgspec.Struct,
+    results_subject: str,
+    result_type: str,
+    timeout: float,
+) -> dict[str, Any] | None:
     """Publish a host message (request id = its `Nats-Msg-Id`) and wait for its result."""
     request_id = message.request_id  # type: ignore[attr-defined]
     nc = await nats.connect(nats_url)
     try:
         results = await nc.subscribe(results_subject)
-        await nc.jetstream().publish(subject, msgspec.json.encode(message),
-                                     headers={"Nats-Msg-Id": request_id})
+        await nc.jetstream().publish(
+            subject, msgspec.json.encode(message), headers={"Nats-Msg-Id": request_id}
+        )
         with anyio.fail_after(timeout):
             async for msg in results.messages:
                 result = msgspec.json.decode(msg.data)

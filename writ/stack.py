@@ -45,14 +45,29 @@ AUDIENCE: Final = "writ"
 POLICY_KEY_ID: Final = "org-1"
 
 
-def mint_token(private_key_pem: bytes, *, issuer: str, tenant: str, principal: str,
-               ttl_s: float = 300.0, audience: str = AUDIENCE, now: datetime | None = None,
-               **extra: object) -> str:
+def mint_token(
+    private_key_pem: bytes,
+    *,
+    issuer: str,
+    tenant: str,
+    principal: str,
+    ttl_s: float = 300.0,
+    audience: str = AUDIENCE,
+    now: datetime | None = None,
+    **extra: object,
+) -> str:
     """An EdDSA-signed JWT as a host would send it."""
     issued = now or datetime.now(UTC)
-    claims = {"iss": issuer, "aud": audience, "sub": principal, "tenant": tenant,
-              "iat": issued, "exp": issued + timedelta(seconds=ttl_s),
-              "jti": secrets.token_hex(8), **extra}
+    claims = {
+        "iss": issuer,
+        "aud": audience,
+        "sub": principal,
+        "tenant": tenant,
+        "iat": issued,
+        "exp": issued + timedelta(seconds=ttl_s),
+        "jti": secrets.token_hex(8),
+        **extra,
+    }
     return jwt.encode(claims, private_key_pem, algorithm="EdDSA")
 
 
@@ -64,12 +79,20 @@ def _migrations() -> dict[str, list]:
 class Stack:
     """Everything `make run` starts, under one home folder."""
 
-    def __init__(self, home: Path, *, nats_url: str | None = None, admin_dsn: str | None = None,
-                 database: str = "writ", decisions_file: Path | None = None,
-                 tenants: tuple[str, ...] = ("acme", "globex"), durable_pg: bool = True,
-                 extra_env: dict[str, dict[str, str]] | None = None,
-                 http_port: int = 0,
-                 nats_factory: Callable[..., EmbeddedNats] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        nats_url: str | None = None,
+        admin_dsn: str | None = None,
+        database: str = "writ",
+        decisions_file: Path | None = None,
+        tenants: tuple[str, ...] = ("acme", "globex"),
+        durable_pg: bool = True,
+        extra_env: dict[str, dict[str, str]] | None = None,
+        http_port: int = 0,
+        nats_factory: Callable[..., EmbeddedNats] | None = None,
+    ) -> None:
         self.home = Path(home).resolve()
         self.database = database
         self.tenants = tenants
@@ -127,14 +150,21 @@ class Stack:
         """`nats.connect` keyword arguments to connect as `user` (its own inbox prefix)."""
         if self.embedded_nats is None:
             return {}
-        return {"user": user, "password": self.nats_password(user),
-                "inbox_prefix": inbox_prefix(user)}
+        return {
+            "user": user,
+            "password": self.nats_password(user),
+            "inbox_prefix": inbox_prefix(user),
+        }
 
     async def host_connection(self, tenant: str, **options: Any) -> nats.aio.client.Client:
         """A connection as the tenant's host, with exactly the host's NATS permissions."""
         assert self._nats_url is not None
-        return await nats.connect(self._nats_url, max_reconnect_attempts=-1,
-                                  **self.nats_options(host_user(tenant)), **options)
+        return await nats.connect(
+            self._nats_url,
+            max_reconnect_attempts=-1,
+            **self.nats_options(host_user(tenant)),
+            **options,
+        )
 
     @property
     def admin_dsn(self) -> str:
@@ -198,12 +228,18 @@ class Stack:
             private = self.secrets / f"host-{tenant}.pem"
             if not private.exists():
                 key = Ed25519PrivateKey.generate()
-                _write_secret(private, key.private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption()).decode())
+                _write_secret(
+                    private,
+                    key.private_bytes(
+                        serialization.Encoding.PEM,
+                        serialization.PrivateFormat.PKCS8,
+                        serialization.NoEncryption(),
+                    ).decode(),
+                )
             key = serialization.load_pem_private_key(private.read_bytes(), password=None)
             public = key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
             keys[tenant] = {"issuer": self.issuer(tenant), "public_key": public.decode()}
         # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten.
         registered = self.config / "tenant-keys.json"
@@ -212,14 +248,26 @@ class Stack:
         # The organisation's policy signing key: governance holds the public half only.
         signing = self.secrets / "policy-signing.pem"
         if not signing.exists():
-            _write_secret(signing, Ed25519PrivateKey.generate().private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption()).decode())
-        public = serialization.load_pem_private_key(
-            signing.read_bytes(), password=None).public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+            _write_secret(
+                signing,
+                Ed25519PrivateKey.generate()
+                .private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+                .decode(),
+            )
+        public = (
+            serialization.load_pem_private_key(signing.read_bytes(), password=None)
+            .public_key()
+            .public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
         (self.config / "policy-keys.json").write_text(
-            json.dumps({POLICY_KEY_ID: public.decode()}, indent=2))
+            json.dumps({POLICY_KEY_ID: public.decode()}, indent=2)
+        )
         self.policies.mkdir(exist_ok=True)
         self._journal_keys()
         await self._seed_demo()
@@ -237,8 +285,11 @@ class Stack:
                 except nats.js.errors.NotFoundError:
                     continue
                 if list(info.config.subjects or []) == [subject]:
-                    print(f"retiring stream {name} ({info.state.messages} messages): "
-                          "each tenant has its own now", file=sys.stderr)
+                    print(
+                        f"retiring stream {name} ({info.state.messages} messages): "
+                        "each tenant has its own now",
+                        file=sys.stderr,
+                    )
                     await js.delete_stream(name)
         finally:
             await nc.close()
@@ -265,13 +316,21 @@ class Stack:
         the planner's record of runs that replay compares them with. Nothing else, no write."""
         path = self.secrets / "pg-auditor.password"
         password = await provision_auditor(
-            self.admin_dsn, self.database,
+            self.admin_dsn,
+            self.database,
             AUDITOR_TABLES,
-            path.read_text().strip() if path.exists() else None)
+            path.read_text().strip() if path.exists() else None,
+        )
         _write_secret(path, password)
-        _write_secret(self.secrets / "audit.dsn", with_database(
-            self.admin_dsn, self.database, user=role_name(self.database, "auditor"),
-            password=password))
+        _write_secret(
+            self.secrets / "audit.dsn",
+            with_database(
+                self.admin_dsn,
+                self.database,
+                user=role_name(self.database, "auditor"),
+                password=password,
+            ),
+        )
 
     async def _eval_recorder(self) -> None:
         """The role `writ eval record` journals a report's digest as: it may call one function
@@ -281,11 +340,18 @@ class Stack:
 
         path = self.secrets / "pg-eval.password"
         password = await provision_eval_recorder(
-            self.admin_dsn, self.database, path.read_text().strip() if path.exists() else None)
+            self.admin_dsn, self.database, path.read_text().strip() if path.exists() else None
+        )
         _write_secret(path, password)
-        _write_secret(self.secrets / "eval.dsn", with_database(
-            self.admin_dsn, self.database, user=role_name(self.database, "eval"),
-            password=password))
+        _write_secret(
+            self.secrets / "eval.dsn",
+            with_database(
+                self.admin_dsn,
+                self.database,
+                user=role_name(self.database, "eval"),
+                password=password,
+            ),
+        )
 
     def issuer(self, tenant: str) -> str:
         """The issuer name of a tenant's host."""
@@ -297,8 +363,13 @@ class Stack:
 
     def token(self, tenant: str, principal: str, **kwargs: object) -> str:
         """A token as the tenant's host would mint it."""
-        return mint_token(self.host_key(tenant), issuer=self.issuer(tenant), tenant=tenant,
-                          principal=principal, **kwargs)
+        return mint_token(
+            self.host_key(tenant),
+            issuer=self.issuer(tenant),
+            tenant=tenant,
+            principal=principal,
+            **kwargs,
+        )
 
     def write_policy(self, tenant: str, document: object, *, sign: bool = True) -> None:
         """Install an org policy file for `tenant`, signed with the organisation's key."""
@@ -306,7 +377,8 @@ class Stack:
 
         assert isinstance(document, PolicyDocument)
         key = serialization.load_pem_private_key(
-            (self.secrets / "policy-signing.pem").read_bytes(), password=None)
+            (self.secrets / "policy-signing.pem").read_bytes(), password=None
+        )
         assert isinstance(key, Ed25519PrivateKey)
         data = sign_policy(document, key, POLICY_KEY_ID) if sign else b"{}"
         tmp = self.policies / f".{tenant}.json.tmp"
@@ -320,40 +392,61 @@ class Stack:
             await conn.executemany(
                 "INSERT INTO retrieval.documents (tenant, document_id, kind, title, body) "
                 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                [(d["tenant"], d["document_id"], d["kind"], d["title"], d["body"])
-                 for d in documents])
+                [
+                    (d["tenant"], d["document_id"], d["kind"], d["title"], d["body"])
+                    for d in documents
+                ],
+            )
             # Customer records `crm.customer.get` reads (retrieval's own read-only copy).
             customers = json.loads((_DEMO / "customers.json").read_text())
             await conn.executemany(
                 "INSERT INTO retrieval.customers (tenant, customer_id, name, owner, email, "
                 "status, notes) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-                [(c["tenant"], c["customer_id"], c["name"], c["owner"], c["email"],
-                  c["status"], c["notes"]) for c in customers])
+                [
+                    (
+                        c["tenant"],
+                        c["customer_id"],
+                        c["name"],
+                        c["owner"],
+                        c["email"],
+                        c["status"],
+                        c["notes"],
+                    )
+                    for c in customers
+                ],
+            )
             # The demo agents may write to the CRM without asking: a standing grant for their
             # family, given by the tenant's administrator.
             await conn.executemany(
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
                 "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') "
-                "ON CONFLICT DO NOTHING", [("crm-assistant",), ("research-assistant",),
-                                           ("chat-assistant",)])
+                "ON CONFLICT DO NOTHING",
+                [("crm-assistant",), ("research-assistant",), ("chat-assistant",)],
+            )
             # Scenario C: the helpdesk agent may comment on the host's tickets and read its
             # customers (personal data) without asking.
             await conn.executemany(
                 "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
                 "VALUES ('acme', 'helpdesk-assistant', $1, 'admin@acme.example') "
-                "ON CONFLICT DO NOTHING", [("write_delete",), ("read_personal",)])
+                "ON CONFLICT DO NOTHING",
+                [("write_delete",), ("read_personal",)],
+            )
             # The host application's mail module: drafts and audiences `email.draft.apply`
             # reads (the dispatcher's role may read them, never change them).
             mail = json.loads((_DEMO / "mail.json").read_text())
             await conn.executemany(
                 "INSERT INTO dispatcher.mail_drafts (tenant, draft_id, subject, body, segment) "
                 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                [(d["tenant"], d["draft_id"], d["subject"], d["body"], d["segment"])
-                 for d in mail["drafts"]])
+                [
+                    (d["tenant"], d["draft_id"], d["subject"], d["body"], d["segment"])
+                    for d in mail["drafts"]
+                ],
+            )
             await conn.executemany(
                 "INSERT INTO dispatcher.mail_audience (tenant, segment, address) "
                 "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                [(a["tenant"], a["segment"], a["address"]) for a in mail["audience"]])
+                [(a["tenant"], a["segment"], a["address"]) for a in mail["audience"]],
+            )
         finally:
             await conn.close()
 
@@ -390,40 +483,76 @@ class Stack:
         clients = self.secrets / "host-oauth-clients.json"
         if not clients.exists():
             _write_secret(clients, json.dumps({"writ-retrieval": secrets.token_urlsafe(32)}))
-        self._spawn("host", [sys.executable, "-m", "fakes.host", "--port", str(port),
-                             "--mcp-token-file", str(self.secrets / "host-mcp.token"),
-                             "--rest-token-file", str(self.secrets / "host-rest.token"),
-                             "--oauth-clients-file", str(clients),
-                             "--ready-file", str(ready)], {})
+        self._spawn(
+            "host",
+            [
+                sys.executable,
+                "-m",
+                "fakes.host",
+                "--port",
+                str(port),
+                "--mcp-token-file",
+                str(self.secrets / "host-mcp.token"),
+                "--rest-token-file",
+                str(self.secrets / "host-rest.token"),
+                "--oauth-clients-file",
+                str(clients),
+                "--ready-file",
+                str(ready),
+            ],
+            {},
+        )
         self.host_url = _wait_file(ready, self.procs["host"], 20).strip()
-        add_server(self.home, "acme", "helpdesk", url=f"{self.host_url}/mcp",
-                   credential_file=str(self.secrets / "host-mcp.token"),
-                   tools=["tickets.search", "ticket.get", "customer.get"],
-                   facts={"host_ticket": "ticket.get"})
+        add_server(
+            self.home,
+            "acme",
+            "helpdesk",
+            url=f"{self.host_url}/mcp",
+            credential_file=str(self.secrets / "host-mcp.token"),
+            tools=["tickets.search", "ticket.get", "customer.get"],
+            facts={"host_ticket": "ticket.get"},
+        )
 
     def _start_fake(self, name: str) -> str:
         ready = self.home / f"{name}.url"
         ready.unlink(missing_ok=True)
-        self._spawn(name, [sys.executable, "-m", f"fakes.{name}", "--port", "0",
-                           "--token-file", str(self.secrets / f"{name}.token"),
-                           "--ready-file", str(ready)], {})
+        self._spawn(
+            name,
+            [
+                sys.executable,
+                "-m",
+                f"fakes.{name}",
+                "--port",
+                "0",
+                "--token-file",
+                str(self.secrets / f"{name}.token"),
+                "--ready-file",
+                str(ready),
+            ],
+            {},
+        )
         return _wait_file(ready, self.procs[name], 20).strip()
 
     def service_env(self, name: str) -> dict[str, str]:
         """Exactly what one service process is given; nothing is inherited from this process."""
-        env = {"WRIT_NATS_URL": self._nats_url or "", "WRIT_INSTANCE": f"{name}-0",
-               "WRIT_METRICS_PORT": "0",
-               "WRIT_METRICS_PORT_FILE": str(self.home / f"{name}.metrics-port")}
+        env = {
+            "WRIT_NATS_URL": self._nats_url or "",
+            "WRIT_INSTANCE": f"{name}-0",
+            "WRIT_METRICS_PORT": "0",
+            "WRIT_METRICS_PORT_FILE": str(self.home / f"{name}.metrics-port"),
+        }
         if self.embedded_nats is not None:
             # Each service connects as itself, held by the server to its own subjects.
             env["WRIT_NATS_USER"] = name
             env["WRIT_NATS_PASSWORD_FILE"] = str(self.secrets / f"nats-{name}.password")
         if name in _WITH_DATABASE:
             env["WRIT_DATABASE_URL"] = with_database(
-                self.admin_dsn, self.database, user=role_name(self.database, name), password="")
+                self.admin_dsn, self.database, user=role_name(self.database, name), password=""
+            )
             env["WRIT_DATABASE_PASSWORD_FILE"] = str(self.secrets / f"pg-{name}.password")
             env["WRIT_JOURNAL_SIGNING_KEY_FILE"] = str(
-                self.secrets / f"journal-{name}-signing.json")
+                self.secrets / f"journal-{name}-signing.json"
+            )
             env["WRIT_JOURNAL_DATA_KEYS_FILE"] = str(self.secrets / f"journal-{name}-data.json")
         if name == "ingress":
             env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
@@ -459,18 +588,30 @@ class Stack:
         port_file.unlink(missing_ok=True)
         if service == "ingress":
             (self.home / "ingress.http-port").unlink(missing_ok=True)
-        env = {**self.service_env(service), "WRIT_METRICS_PORT_FILE": str(port_file),
-               "WRIT_INSTANCE": key}
+        env = {
+            **self.service_env(service),
+            "WRIT_METRICS_PORT_FILE": str(port_file),
+            "WRIT_INSTANCE": key,
+        }
         with self.lock:
             self._spawn(key, [sys.executable, "-m", "writ.cli", "service", service], env)
             self.instances[key] = service
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        base = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TZ", "HOME",
-                                                 "WRIT_LOG_LEVEL") if key in os.environ}
+        base = {
+            key: os.environ[key]
+            for key in ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "WRIT_LOG_LEVEL")
+            if key in os.environ
+        }
         log = (self.logs / f"{name}.log").open("ab")
-        self.procs[name] = subprocess.Popen(argv, env={**base, **env}, stdout=log, stderr=log,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs[name] = subprocess.Popen(
+            argv,
+            env={**base, **env},
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
 
     async def wait_ready(self, names: tuple[str, ...] = SERVICES, timeout: float = 60) -> None:
@@ -483,8 +624,9 @@ class Stack:
             while time.monotonic() < deadline:
                 for name, proc in self.procs.items():
                     if proc.poll() is not None:
-                        raise RuntimeError(f"{name} exited with {proc.returncode}:\n"
-                                           + self.log_tail(name))
+                        raise RuntimeError(
+                            f"{name} exited with {proc.returncode}:\n" + self.log_tail(name)
+                        )
                 seen = set()
                 inbox = nc.new_inbox()
                 sub = await nc.subscribe(inbox)
@@ -511,9 +653,14 @@ class Stack:
         port = _wait_file(self.home / "ingress.http-port", self.procs["ingress"], 20)
         return f"http://127.0.0.1:{int(port)}/api/v1"
 
-    def console_link(self, *, tenant: str = "acme", principal: str = "ops@acme.example",
-                     roles: tuple[str, ...] = ("approver", "auditor"),
-                     ttl_s: float = 3600.0) -> str:
+    def console_link(
+        self,
+        *,
+        tenant: str = "acme",
+        principal: str = "ops@acme.example",
+        roles: tuple[str, ...] = ("approver", "auditor"),
+        ttl_s: float = 3600.0,
+    ) -> str:
         """A one-time sign-in link to the approval console (the demo approver by default):
         the token it carries is the session's, and its first use spends it."""
         port = (self.home / "ingress.http-port").read_text().strip()

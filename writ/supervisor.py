@@ -35,12 +35,23 @@ def describe_exit(status: int | None) -> str:
 class Supervisor:
     """Reports and restarts the service instances of `stack` that die."""
 
-    def __init__(self, stack: Stack, *, report: Callable[[str, str], None],
-                 poll_s: float = 0.2, first_delay_s: float = 1.0, max_delay_s: float = 30.0,
-                 stable_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        stack: Stack,
+        *,
+        report: Callable[[str, str], None],
+        poll_s: float = 0.2,
+        first_delay_s: float = 1.0,
+        max_delay_s: float = 30.0,
+        stable_s: float = 60.0,
+    ) -> None:
         self._stack, self._report = stack, report
-        self._poll_s, self._first, self._max, self._stable = (poll_s, first_delay_s,
-                                                              max_delay_s, stable_s)
+        self._poll_s, self._first, self._max, self._stable = (
+            poll_s,
+            first_delay_s,
+            max_delay_s,
+            stable_s,
+        )
         self._started: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._due: dict[str, tuple[float, str]] = {}  # key -> (restart at, service)
@@ -53,8 +64,7 @@ class Supervisor:
         now = time.monotonic()
         for key in self._stack.instances:
             self._started.setdefault(key, now)
-        self._thread = threading.Thread(target=self._watch, name="writ-supervisor",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="writ-supervisor", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -84,9 +94,12 @@ class Supervisor:
                 self._failures[key] = failures
                 delay = min(self._first * 2 ** (failures - 1), self._max)
                 self._due[key] = (now + delay, service)
-                self._report("died", f"{key} {describe_exit(proc.returncode)} after "
-                                     f"{up:.1f}s up; restarting in {delay:.0f}s "
-                                     f"(log {stack.logs / f'{key}.log'})")
+                self._report(
+                    "died",
+                    f"{key} {describe_exit(proc.returncode)} after "
+                    f"{up:.1f}s up; restarting in {delay:.0f}s "
+                    f"(log {stack.logs / f'{key}.log'})",
+                )
             for key, (at, service) in list(self._due.items()):
                 if at > now or self._stop.is_set():
                     continue
@@ -94,5 +107,7 @@ class Supervisor:
                 stack.start_instance(service, key)
                 self._started[key] = now
                 self.restarts += 1
-                self._report("restarted", f"{key} (pid {stack.procs[key].pid}, restart "
-                                          f"{self._failures.get(key, 1)})")
+                self._report(
+                    "restarted",
+                    f"{key} (pid {stack.procs[key].pid}, restart {self._failures.get(key, 1)})",
+                )

@@ -31,8 +31,11 @@ def control_routes(state: State) -> list[Route]:
         if face not in ("mcp", "rest") or name not in MODES:
             return problem(400, f"face is mcp or rest, mode one of {sorted(MODES)}")
         with state.lock:
-            state.modes[face] = {"mode": name, "count": req.get("count"),
-                                 "delay_s": float(req.get("delay_s", 0.0))}
+            state.modes[face] = {
+                "mode": name,
+                "count": req.get("count"),
+                "delay_s": float(req.get("delay_s", 0.0)),
+            }
         return JSONResponse(state.modes[face])
 
     async def rug_pull(request: Request) -> Response:
@@ -60,8 +63,9 @@ def control_routes(state: State) -> list[Route]:
         with state.lock:
             if ticket_id not in state.tickets:
                 return problem(404, "ticket not found")
-            state.tickets[ticket_id].update({k: str(v) for k, v in req.items()
-                                             if k in ("status", "priority", "subject")})
+            state.tickets[ticket_id].update(
+                {k: str(v) for k, v in req.items() if k in ("status", "priority", "subject")}
+            )
             state.revisions[ticket_id] += 1
             return JSONResponse(state.ticket(ticket_id))
 
@@ -71,14 +75,16 @@ def control_routes(state: State) -> list[Route]:
             state.access_tokens.clear()
         return JSONResponse({"revoked": revoked})
 
-    return [Route("/_control/state", get_state, methods=["GET"]),
-            Route("/_control/revoke_tokens", revoke_tokens, methods=["POST"]),
-            Route("/_control/reset", reset, methods=["POST"]),
-            Route("/_control/mode", mode, methods=["POST"]),
-            Route("/_control/rug_pull", rug_pull, methods=["POST"]),
-            Route("/_control/inject", inject, methods=["POST"]),
-            Route("/_control/tickets/{ticket_id}", change_ticket, methods=["POST"]),
-            Route("/healthz", lambda r: JSONResponse({"status": "ok"}), methods=["GET"])]
+    return [
+        Route("/_control/state", get_state, methods=["GET"]),
+        Route("/_control/revoke_tokens", revoke_tokens, methods=["POST"]),
+        Route("/_control/reset", reset, methods=["POST"]),
+        Route("/_control/mode", mode, methods=["POST"]),
+        Route("/_control/rug_pull", rug_pull, methods=["POST"]),
+        Route("/_control/inject", inject, methods=["POST"]),
+        Route("/_control/tickets/{ticket_id}", change_ticket, methods=["POST"]),
+        Route("/healthz", lambda r: JSONResponse({"status": "ok"}), methods=["GET"]),
+    ]
 
 
 class Guard:
@@ -94,9 +100,13 @@ class Guard:
             with self._state.lock:
                 issued = self._state.access_tokens.get(value, 0.0) > time.time()
             if scheme.lower() != "bearer" or not (
-                    issued or hmac.compare_digest(value.encode(), self._token)):
-                await JSONResponse({"error": "invalid_token"}, status_code=401, headers={
-                    "WWW-Authenticate": 'Bearer error="invalid_token"'})(scope, receive, send)
+                issued or hmac.compare_digest(value.encode(), self._token)
+            ):
+                await JSONResponse(
+                    {"error": "invalid_token"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                )(scope, receive, send)
                 return
             if scope["method"] == "POST":  # each JSON-RPC request is one POST
                 try:
@@ -108,5 +118,3 @@ class Guard:
             await self._app(scope, receive, send)
         except Lost:
             return  # the connection ends without an answer
-
-

@@ -20,11 +20,13 @@ __all__ = ["token_routes"]
 
 def token_routes(state: Any, clients: dict[str, str]) -> list[Route]:
     """`POST /oauth/token` for `clients` ({client id: secret}); `state` is the host's."""
+
     def refuse(status: int, error: str) -> JSONResponse:
         with state.lock:
             state.token_refusals += 1
-        return JSONResponse({"error": error}, status_code=status,
-                            headers={"Cache-Control": "no-store"})
+        return JSONResponse(
+            {"error": error}, status_code=status, headers={"Cache-Control": "no-store"}
+        )
 
     async def token(request: Request) -> Response:
         raw = await request.body()
@@ -47,7 +49,9 @@ def token_routes(state: Any, clients: dict[str, str]) -> list[Route]:
         with state.lock:
             state.access_tokens[issued] = time.time() + 3600
             state.tokens_issued += 1
-        return JSONResponse({"access_token": issued, "token_type": "Bearer",
-                             "expires_in": 3600}, headers={"Cache-Control": "no-store"})
+        return JSONResponse(
+            {"access_token": issued, "token_type": "Bearer", "expires_in": 3600},
+            headers={"Cache-Control": "no-store"},
+        )
 
     return [Route("/oauth/token", token, methods=["POST"])]

@@ -30,9 +30,17 @@ __all__ = ["FakeHost", "drive_run", "main"]
 class FakeHost:
     """The helpdesk on loopback: `url` is its base (`url + "/mcp"`, `url + "/api/v1"`)."""
 
-    def __init__(self, *, mcp_token: str, rest_token: str, host: str = "127.0.0.1",
-                 port: int = 0, data: dict[str, Any] | None = None,
-                 legacy_sse: bool = False, oauth_clients: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        mcp_token: str,
+        rest_token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        data: dict[str, Any] | None = None,
+        legacy_sse: bool = False,
+        oauth_clients: dict[str, str] | None = None,
+    ) -> None:
         if not mcp_token or not rest_token:
             raise ValueError("both tokens must be set")
         self.legacy_sse = legacy_sse
@@ -57,10 +65,14 @@ class FakeHost:
         if self.legacy_sse:
             return Guard(self._legacy_app(server), state=self.state, token=self._mcp_token)
         app = server.streamable_http_app(
-            stateless_http=True, json_response=True,
-            custom_starlette_routes=[*rest_routes(self.state, self._rest_token),
-                                     *token_routes(self.state, self._oauth_clients),
-                                     *control_routes(self.state)])
+            stateless_http=True,
+            json_response=True,
+            custom_starlette_routes=[
+                *rest_routes(self.state, self._rest_token),
+                *token_routes(self.state, self._oauth_clients),
+                *control_routes(self.state),
+            ],
+        )
         return Guard(app, state=self.state, token=self._mcp_token)
 
     def _legacy_app(self, server: Server[Any]) -> Any:
@@ -71,24 +83,32 @@ class FakeHost:
         async def connect(request: Request) -> Response:
             with state.lock:
                 state.sse_sessions += 1
-            async with sse.connect_sse(request.scope, request.receive,
-                                       request._send) as (read, write):  # noqa: SLF001
+            async with sse.connect_sse(request.scope, request.receive, request._send) as (
+                read,
+                write,
+            ):  # noqa: SLF001
                 await server.run(read, write, server.create_initialization_options())
             return Response()
 
-        return Starlette(routes=[
-            Route("/mcp", connect, methods=["GET"]),  # POST /mcp: 405, as an old server says
-            Mount("/mcp/messages/", app=sse.handle_post_message),
-            *rest_routes(self.state, self._rest_token),
-            *token_routes(self.state, self._oauth_clients), *control_routes(self.state)])
+        return Starlette(
+            routes=[
+                Route("/mcp", connect, methods=["GET"]),  # POST /mcp: 405, as an old server says
+                Mount("/mcp/messages/", app=sse.handle_post_message),
+                *rest_routes(self.state, self._rest_token),
+                *token_routes(self.state, self._oauth_clients),
+                *control_routes(self.state),
+            ]
+        )
 
     def start(self) -> None:
         """Serve in a thread until `stop`."""
-        config = uvicorn.Config(self._app(), log_level="critical", lifespan="on",
-                                timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            self._app(), log_level="critical", lifespan="on", timeout_graceful_shutdown=1
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -111,8 +131,17 @@ class FakeHost:
         self.stop()
 
 
-async def drive_run(api_url: str, *, tenant: str, issuer: str, private_key_pem: bytes,
-                    principal: str, agent: str, text: str, timeout_s: float = 60) -> Any:
+async def drive_run(
+    api_url: str,
+    *,
+    tenant: str,
+    issuer: str,
+    private_key_pem: bytes,
+    principal: str,
+    agent: str,
+    text: str,
+    timeout_s: float = 60,
+) -> Any:
     """What the host product does to ask Writ for work: start a run through the SDK over
     HTTP and wait for its result (the host's own `writ_client`, as any host would)."""
     from writ_client import Client, Issuer
@@ -133,24 +162,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mcp-token-file", type=Path, required=True)
     parser.add_argument("--rest-token-file", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path)
-    parser.add_argument("--oauth-clients-file", type=Path,
-                        help='JSON {"<client id>": "<secret>"}: the token endpoint\'s clients')
-    parser.add_argument("--legacy-sse", action="store_true",
-                        help="serve MCP over the legacy HTTP+SSE transport only")
+    parser.add_argument(
+        "--oauth-clients-file",
+        type=Path,
+        help='JSON {"<client id>": "<secret>"}: the token endpoint\'s clients',
+    )
+    parser.add_argument(
+        "--legacy-sse",
+        action="store_true",
+        help="serve MCP over the legacy HTTP+SSE transport only",
+    )
     args = parser.parse_args(argv)
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    with FakeHost(mcp_token=args.mcp_token_file.read_text().strip(),
-                  rest_token=args.rest_token_file.read_text().strip(),
-                  host=args.host, port=args.port, legacy_sse=args.legacy_sse,
-                  oauth_clients=json.loads(args.oauth_clients_file.read_text())
-                  if args.oauth_clients_file else None) as fake:
+    with FakeHost(
+        mcp_token=args.mcp_token_file.read_text().strip(),
+        rest_token=args.rest_token_file.read_text().strip(),
+        host=args.host,
+        port=args.port,
+        legacy_sse=args.legacy_sse,
+        oauth_clients=json.loads(args.oauth_clients_file.read_text())
+        if args.oauth_clients_file
+        else None,
+    ) as fake:
         if args.ready_file is not None:
             tmp = args.ready_file.with_name(f".{args.ready_file.name}.{os.getpid()}.tmp")
             tmp.write_text(fake.url)
             os.replace(tmp, args.ready_file)
         print(fake.url, flush=True)
         done.wait()
-
-

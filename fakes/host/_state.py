@@ -9,8 +9,17 @@ from typing import Any, Final
 
 from starlette.responses import JSONResponse
 
-__all__ = ["DEFAULT_DATA", "MAX_BODY_BYTES", "MAX_KEY_CHARS", "MODES", "State", "Unavailable",
-           "fault", "problem", "tool_definitions"]
+__all__ = [
+    "DEFAULT_DATA",
+    "MAX_BODY_BYTES",
+    "MAX_KEY_CHARS",
+    "MODES",
+    "State",
+    "Unavailable",
+    "fault",
+    "problem",
+    "tool_definitions",
+]
 
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_KEY_CHARS: Final = 255
@@ -18,28 +27,52 @@ MODES: Final = frozenset({"normal", "fail", "slow", "lose_response"})
 
 DEFAULT_DATA: Final[dict[str, Any]] = {
     "customers": {
-        "CUST-42": {"customer_id": "CUST-42", "name": "Acme Corporation",
-                    "email": "ops@acme.example", "plan": "enterprise"},
-        "CUST-7": {"customer_id": "CUST-7", "name": "Initech", "email": "it@initech.example",
-                   "plan": "starter"},
+        "CUST-42": {
+            "customer_id": "CUST-42",
+            "name": "Acme Corporation",
+            "email": "ops@acme.example",
+            "plan": "enterprise",
+        },
+        "CUST-7": {
+            "customer_id": "CUST-7",
+            "name": "Initech",
+            "email": "it@initech.example",
+            "plan": "starter",
+        },
     },
     "tickets": {
-        "T-1001": {"ticket_id": "T-1001", "customer_id": "CUST-42",
-                   "subject": "Order 7781 shipped late", "status": "open", "priority": "high",
-                   "body": "Our order 7781 arrived four days late. What happened?"},
-        "T-1002": {"ticket_id": "T-1002", "customer_id": "CUST-7",
-                   "subject": "Invoice address", "status": "pending", "priority": "low",
-                   "body": "Please change the invoice address."},
+        "T-1001": {
+            "ticket_id": "T-1001",
+            "customer_id": "CUST-42",
+            "subject": "Order 7781 shipped late",
+            "status": "open",
+            "priority": "high",
+            "body": "Our order 7781 arrived four days late. What happened?",
+        },
+        "T-1002": {
+            "ticket_id": "T-1002",
+            "customer_id": "CUST-7",
+            "subject": "Invoice address",
+            "status": "pending",
+            "priority": "low",
+            "body": "Please change the invoice address.",
+        },
     },
 }
 
 _ID: Final = {"type": "string", "pattern": "^[A-Z]+-[0-9]{1,8}$", "maxLength": 16}
 _TICKET_OUT: Final = {
     "type": "object",
-    "properties": {"ticket_id": {"type": "string"}, "customer_id": {"type": "string"},
-                   "subject": {"type": "string"}, "status": {"type": "string"},
-                   "priority": {"type": "string"}, "body": {"type": "string"},
-                   "revision": {"type": "string"}, "comments": {"type": "integer"}},
+    "properties": {
+        "ticket_id": {"type": "string"},
+        "customer_id": {"type": "string"},
+        "subject": {"type": "string"},
+        "status": {"type": "string"},
+        "priority": {"type": "string"},
+        "body": {"type": "string"},
+        "revision": {"type": "string"},
+        "comments": {"type": "integer"},
+    },
     "required": ["ticket_id", "customer_id", "subject", "status", "revision"],
 }
 
@@ -47,28 +80,56 @@ _TICKET_OUT: Final = {
 def tool_definitions() -> list[dict[str, Any]]:
     """The tools the host lists, as plain data (name, description, schemas, annotations)."""
     return [
-        {"name": "tickets.search",
-         "description": "Search the helpdesk's tickets by words of their subject or body.",
-         "input_schema": {"type": "object", "additionalProperties": False,
-                          "properties": {"query": {"type": "string", "minLength": 1,
-                                                   "maxLength": 200},
-                                         "limit": {"type": "integer", "minimum": 1,
-                                                   "maximum": 10}},
-                          "required": ["query"]},
-         "output_schema": {"type": "object", "properties": {
-             "tickets": {"type": "array", "items": _TICKET_OUT}}, "required": ["tickets"]}},
-        {"name": "ticket.get", "description": "Read one ticket: its subject, status, body, "
-                                              "revision and number of comments.",
-         "input_schema": {"type": "object", "additionalProperties": False,
-                          "properties": {"ticket_id": _ID}, "required": ["ticket_id"]},
-         "output_schema": _TICKET_OUT},
-        {"name": "customer.get", "description": "Read one customer: name, email and plan.",
-         "input_schema": {"type": "object", "additionalProperties": False,
-                          "properties": {"customer_id": _ID}, "required": ["customer_id"]},
-         "output_schema": {"type": "object", "properties": {
-             "customer_id": {"type": "string"}, "name": {"type": "string"},
-             "email": {"type": "string"}, "plan": {"type": "string"}},
-             "required": ["customer_id", "name"]}},
+        {
+            "name": "tickets.search",
+            "description": "Search the helpdesk's tickets by words of their subject or body.",
+            "input_schema": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "query": {"type": "string", "minLength": 1, "maxLength": 200},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 10},
+                },
+                "required": ["query"],
+            },
+            "output_schema": {
+                "type": "object",
+                "properties": {"tickets": {"type": "array", "items": _TICKET_OUT}},
+                "required": ["tickets"],
+            },
+        },
+        {
+            "name": "ticket.get",
+            "description": "Read one ticket: its subject, status, body, "
+            "revision and number of comments.",
+            "input_schema": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"ticket_id": _ID},
+                "required": ["ticket_id"],
+            },
+            "output_schema": _TICKET_OUT,
+        },
+        {
+            "name": "customer.get",
+            "description": "Read one customer: name, email and plan.",
+            "input_schema": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"customer_id": _ID},
+                "required": ["customer_id"],
+            },
+            "output_schema": {
+                "type": "object",
+                "properties": {
+                    "customer_id": {"type": "string"},
+                    "name": {"type": "string"},
+                    "email": {"type": "string"},
+                    "plan": {"type": "string"},
+                },
+                "required": ["customer_id", "name"],
+            },
+        },
     ]
 
 
@@ -90,8 +151,10 @@ class State:
             self.replies: dict[str, tuple[str, dict[str, Any], int, dict[str, Any]]] = {}
             self.tools = tool_definitions()
             self.injected: dict[str, str] = {}
-            self.modes: dict[str, dict[str, Any]] = {"mcp": {"mode": "normal"},
-                                                     "rest": {"mode": "normal"}}
+            self.modes: dict[str, dict[str, Any]] = {
+                "mcp": {"mode": "normal"},
+                "rest": {"mode": "normal"},
+            }
             self.tool_calls: dict[str, int] = {}
             self.listings = 0
             self.rest_calls = 0
@@ -113,18 +176,25 @@ class State:
         ticket = self.tickets.get(ticket_id)
         if ticket is None:
             return None
-        return {**ticket, "revision": f"r{self.revisions[ticket_id]}",
-                "comments": sum(c["ticket_id"] == ticket_id for c in self.comments)}
+        return {
+            **ticket,
+            "revision": f"r{self.revisions[ticket_id]}",
+            "comments": sum(c["ticket_id"] == ticket_id for c in self.comments),
+        }
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            return {"customers": copy.deepcopy(self.customers),
-                    "tickets": {t: self.ticket(t) for t in self.tickets},
-                    "comments": copy.deepcopy(self.comments),
-                    "tool_calls": dict(self.tool_calls), "listings": self.listings,
-                    "rest_calls": self.rest_calls, "sse_sessions": self.sse_sessions,
-                    "tokens_issued": self.tokens_issued,
-                    "token_refusals": self.token_refusals}
+            return {
+                "customers": copy.deepcopy(self.customers),
+                "tickets": {t: self.ticket(t) for t in self.tickets},
+                "comments": copy.deepcopy(self.comments),
+                "tool_calls": dict(self.tool_calls),
+                "listings": self.listings,
+                "rest_calls": self.rest_calls,
+                "sse_sessions": self.sse_sessions,
+                "tokens_issued": self.tokens_issued,
+                "token_refusals": self.token_refusals,
+            }
 
 
 async def fault(state: State, face: str) -> dict[str, Any]:
@@ -143,7 +213,8 @@ class Unavailable(Exception):
 
 def problem(status: int, detail: str, **extra: Any) -> JSONResponse:
     """An RFC 9457 problem answer."""
-    return JSONResponse({"title": detail, "status": status, **extra}, status_code=status,
-                        media_type="application/problem+json")
-
-
+    return JSONResponse(
+        {"title": detail, "status": status, **extra},
+        status_code=status,
+        media_type="application/problem+json",
+    )

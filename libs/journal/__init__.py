@@ -59,7 +59,10 @@ __all__ = [
 # What an auditor's read-only role may read ({schema: tables}): the four journals, and the
 # planner's record of runs that `writ audit replay` compares them with. Nothing else.
 _JOURNAL_TABLES: Final = ("journal", "journal_seals", "journal_checkpoints")
-AUDITOR_TABLES: Final = {"governance": _JOURNAL_TABLES, "admission": _JOURNAL_TABLES,
-                         "dispatcher": _JOURNAL_TABLES,
-                         # (plans: a plan-mode chat turn's replay compares them too)
-                         "planner": (*_JOURNAL_TABLES, "runs", "steps", "plans")}
+AUDITOR_TABLES: Final = {
+    "governance": _JOURNAL_TABLES,
+    "admission": _JOURNAL_TABLES,
+    "dispatcher": _JOURNAL_TABLES,
+    # (plans: a plan-mode chat turn's replay compares them too)
+    "planner": (*_JOURNAL_TABLES, "runs", "steps", "plans"),
+}

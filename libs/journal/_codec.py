@@ -15,8 +15,9 @@ VERSION: Final = 1
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-_FAST = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True,
-                         check_circular=False)
+_FAST = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), sort_keys=True, check_circular=False
+)
 
 
 _SAFE_INT = 2**53 - 1
@@ -61,10 +62,27 @@ def micros(at: datetime) -> int:
     return (at - _EPOCH) // timedelta(microseconds=1)
 
 
-def _aad(service: str, tenant: str, kind: str, subject: str, run_id: str, key_id: str,
-         recorded_at: datetime) -> bytes:
-    return canonical([f"writ-journal/{AAD_VERSION}", service, tenant, kind, subject, run_id,
-                      key_id, str(micros(recorded_at))])
+def _aad(
+    service: str,
+    tenant: str,
+    kind: str,
+    subject: str,
+    run_id: str,
+    key_id: str,
+    recorded_at: datetime,
+) -> bytes:
+    return canonical(
+        [
+            f"writ-journal/{AAD_VERSION}",
+            service,
+            tenant,
+            kind,
+            subject,
+            run_id,
+            key_id,
+            str(micros(recorded_at)),
+        ]
+    )
 
 
 def genesis_hash(service: str) -> bytes:
@@ -78,12 +96,21 @@ def entry_hash(prev: bytes, *, service: str, seq: int, row: Mapping[str, Any]) -
     A row the sealer rejected (`row["rejected"]`, the reason) has it in the hash too: the
     rejection is part of the signed chain, so it cannot be quietly undone.
     """
-    doc = {"v": VERSION, "service": service, "seq": str(seq), "id": str(row["id"]),
-           "xid": str(row["xid"]), "tenant": row["tenant"], "kind": row["kind"],
-           "subject": row["subject"], "run_id": row["run_id"],
-           "recorded_at": str(micros(row["recorded_at"])),
-           "key_id": row["key_id"], "nonce": base64.b64encode(row["nonce"]).decode(),
-           "ciphertext": base64.b64encode(row["ciphertext"]).decode()}
+    doc = {
+        "v": VERSION,
+        "service": service,
+        "seq": str(seq),
+        "id": str(row["id"]),
+        "xid": str(row["xid"]),
+        "tenant": row["tenant"],
+        "kind": row["kind"],
+        "subject": row["subject"],
+        "run_id": row["run_id"],
+        "recorded_at": str(micros(row["recorded_at"])),
+        "key_id": row["key_id"],
+        "nonce": base64.b64encode(row["nonce"]).decode(),
+        "ciphertext": base64.b64encode(row["ciphertext"]).decode(),
+    }
     rejected = row.get("rejected")
     if rejected:
         doc["rejected"] = rejected
@@ -92,6 +119,13 @@ def entry_hash(prev: bytes, *, service: str, seq: int, row: Mapping[str, Any]) -
 
 def checkpoint_message(service: str, seq: int, prev_seq: int, head: bytes, key_id: str) -> bytes:
     """What a checkpoint's Ed25519 signature covers (RFC 8785 JSON)."""
-    return canonical({"v": VERSION, "service": service, "seq": str(seq),
-                      "prev_seq": str(prev_seq), "head": head.hex(), "key_id": key_id})
-
+    return canonical(
+        {
+            "v": VERSION,
+            "service": service,
+            "seq": str(seq),
+            "prev_seq": str(prev_seq),
+            "head": head.hex(),
+            "key_id": key_id,
+        }
+    )

@@ -47,8 +47,10 @@ class DataKeys:
         """Parse a data key file."""
         try:
             doc = json.loads(text)
-            return cls({k: base64.b64decode(v, validate=True) for k, v in doc["keys"].items()},
-                       doc["active"])
+            return cls(
+                {k: base64.b64decode(v, validate=True) for k, v in doc["keys"].items()},
+                doc["active"],
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid journal data key file: {exc!r}") from None
 
@@ -106,15 +108,22 @@ class SigningKey:
 
     def to_json(self) -> str:
         """The key file's contents (a secret)."""
-        pem = self._key.private_bytes(serialization.Encoding.PEM,
-                                      serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption()).decode()
+        pem = self._key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode()
         return json.dumps({"key_id": self.key_id, "private_key": pem}, indent=2)
 
     def public_pem(self) -> str:
         """The public half, for verifiers."""
-        return self._key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        return (
+            self._key.public_key()
+            .public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            .decode()
+        )
 
     def public_key(self) -> Ed25519PublicKey:
         """The public half, to check what this key signed."""
@@ -140,4 +149,3 @@ def load_verify_keys(text: str | bytes) -> dict[str, dict[str, Ed25519PublicKey]
         return out
     except (ValueError, AttributeError, TypeError) as exc:
         raise ConfigError(f"invalid journal verification key file: {exc!r}") from None
-

@@ -46,14 +46,28 @@ class CheckpointRecord(Protocol):
         ...
 
 
-def signed_checkpoint(signing: SigningKey, *, service: str, seq: int, prev_seq: int,
-                      head: bytes, prev_head: bytes, signed_at: int) -> JournalCheckpoint:
+def signed_checkpoint(
+    signing: SigningKey,
+    *,
+    service: str,
+    seq: int,
+    prev_seq: int,
+    head: bytes,
+    prev_head: bytes,
+    signed_at: int,
+) -> JournalCheckpoint:
     """A checkpoint signed with the service's key, as recorded and as stored."""
     signature = signing.sign(checkpoint_message(service, seq, prev_seq, head, signing.key_id))
-    return JournalCheckpoint(service=service, seq=seq, prev_seq=prev_seq, head=head.hex(),
-                             prev_head=prev_head.hex(), key_id=signing.key_id,
-                             signature=base64.b64encode(signature).decode(),
-                             signed_at=signed_at)
+    return JournalCheckpoint(
+        service=service,
+        seq=seq,
+        prev_seq=prev_seq,
+        head=head.hex(),
+        prev_head=prev_head.hex(),
+        key_id=signing.key_id,
+        signature=base64.b64encode(signature).decode(),
+        signed_at=signed_at,
+    )
 
 
 def first_prev_head(service: str) -> str:
@@ -66,9 +80,14 @@ class JetStreamRecord:
 
     live = True
 
-    def __init__(self, js: JetStreamContext, *, stream: str = JOURNAL_RECORD_STREAM,
-                 subject: Callable[[str], str] = subjects.journal_checkpoints,
-                 timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        stream: str = JOURNAL_RECORD_STREAM,
+        subject: Callable[[str], str] = subjects.journal_checkpoints,
+        timeout: float = 5.0,
+    ) -> None:
         self._js, self.stream, self.subject, self._timeout = js, stream, subject, timeout
 
     def spec(self) -> StreamSpec:
@@ -92,12 +111,17 @@ class JetStreamRecord:
         sequence. Refused (RecordError) if anything else was recorded for the service since."""
         headers = {"Nats-Expected-Last-Subject-Sequence": str(after)}
         try:
-            ack = await self._js.publish(self.subject(checkpoint.service),
-                                         _ENCODER.encode(checkpoint), stream=self.stream,
-                                         headers=headers, timeout=self._timeout)
+            ack = await self._js.publish(
+                self.subject(checkpoint.service),
+                _ENCODER.encode(checkpoint),
+                stream=self.stream,
+                headers=headers,
+                timeout=self._timeout,
+            )
         except (nats.errors.Error, OSError) as exc:
-            raise RecordError(f"cannot record checkpoint {checkpoint.seq} of "
-                              f"{checkpoint.service}: {exc!r}") from exc
+            raise RecordError(
+                f"cannot record checkpoint {checkpoint.seq} of {checkpoint.service}: {exc!r}"
+            ) from exc
         return int(ack.seq)
 
     async def read(self, service: str) -> list[JournalCheckpoint]:
@@ -107,15 +131,19 @@ class JetStreamRecord:
             return []
         found: list[JournalCheckpoint] = []
         sub = await self._js.subscribe(
-            self.subject(service), stream=self.stream, ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+            self.subject(service),
+            stream=self.stream,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+        )
         try:
             while True:
                 try:
                     msg = await sub.next_msg(timeout=self._timeout)
                 except nats.errors.TimeoutError as exc:
-                    raise RecordError(f"the record of {service} stopped before stream "
-                                      f"sequence {last}") from exc
+                    raise RecordError(
+                        f"the record of {service} stopped before stream sequence {last}"
+                    ) from exc
                 found.append(_DECODER.decode(msg.data))
                 if msg.metadata.sequence.stream >= last:
                     return found
@@ -134,8 +162,9 @@ class FileRecord:
     def _all(self) -> list[JournalCheckpoint]:
         if not self.path.exists():
             return []
-        return [_DECODER.decode(line) for line in self.path.read_bytes().splitlines()
-                if line.strip()]
+        return [
+            _DECODER.decode(line) for line in self.path.read_bytes().splitlines() if line.strip()
+        ]
 
     async def read(self, service: str) -> list[JournalCheckpoint]:
         """The exported checkpoints of `service`, in the order they were recorded."""

@@ -51,10 +51,18 @@ class Sealer:
     (tests of other things) the last head it signed is only remembered in memory.
     """
 
-    def __init__(self, *, pool: asyncpg.Pool, journal: Journal, signing: SigningKey,
-                 record: JetStreamRecord | None = None,
-                 registry: CollectorRegistry | None = None, batch: int = 500,
-                 interval: float = 0.5, max_lag_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        journal: Journal,
+        signing: SigningKey,
+        record: JetStreamRecord | None = None,
+        registry: CollectorRegistry | None = None,
+        batch: int = 500,
+        interval: float = 0.5,
+        max_lag_s: float = 60.0,
+    ) -> None:
         self._pool, self._journal, self._signing = pool, journal, signing
         self._record = record
         self._batch, self._interval = batch, interval
@@ -64,28 +72,41 @@ class Sealer:
         self.service = service = journal.service
         s = journal.schema
         self._lock = int.from_bytes(
-            hashlib.sha256(f"writ-journal:{s}".encode()).digest()[:8], "big", signed=True)
-        self._head_sql = (f"SELECT seq, entry_id, xid::text AS xid, entry_hash "
-                          f"FROM {s}.journal_seals ORDER BY seq DESC LIMIT 1")
-        self._floor_sql = (f"SELECT j.recorded_at FROM {s}.journal_seals s "
-                           f"JOIN {s}.journal j ON j.id = s.entry_id WHERE s.rejected IS NULL "
-                           "ORDER BY s.seq DESC LIMIT 1")
-        self._last_checkpoint_sql = (f"SELECT seq, prev_seq, head_hash FROM "
-                                     f"{s}.journal_checkpoints ORDER BY seq DESC LIMIT 1")
+            hashlib.sha256(f"writ-journal:{s}".encode()).digest()[:8], "big", signed=True
+        )
+        self._head_sql = (
+            f"SELECT seq, entry_id, xid::text AS xid, entry_hash "
+            f"FROM {s}.journal_seals ORDER BY seq DESC LIMIT 1"
+        )
+        self._floor_sql = (
+            f"SELECT j.recorded_at FROM {s}.journal_seals s "
+            f"JOIN {s}.journal j ON j.id = s.entry_id WHERE s.rejected IS NULL "
+            "ORDER BY s.seq DESC LIMIT 1"
+        )
+        self._last_checkpoint_sql = (
+            f"SELECT seq, prev_seq, head_hash FROM "
+            f"{s}.journal_checkpoints ORDER BY seq DESC LIMIT 1"
+        )
         # The row comparison walks the (xid, id) index from the head; the snapshot's xmin is
         # the one of this very statement, so every row below it is visible here if committed.
         # (ORDER BY names the table's columns: a bare `xid` would be the text output column.)
-        self._next_sql = (f"SELECT {_ROW} FROM {s}.journal j "
-                          "WHERE (j.xid, j.id) > ($1::text::xid8, $2) "
-                          "AND j.xid < pg_snapshot_xmin(pg_current_snapshot()) "
-                          "ORDER BY j.xid, j.id LIMIT $3")
-        self._seal_sql = (f"INSERT INTO {s}.journal_seals "
-                          "(seq, entry_id, xid, prev_hash, entry_hash, rejected) "
-                          "SELECT * FROM unnest($1::bigint[], $2::bigint[], "
-                          "$3::text[]::xid8[], $4::bytea[], $5::bytea[], $6::text[])")
-        self._checkpoint_sql = (f"INSERT INTO {s}.journal_checkpoints "
-                                "(seq, prev_seq, head_hash, key_id, signature) "
-                                "VALUES ($1, $2, $3, $4, $5)")
+        self._next_sql = (
+            f"SELECT {_ROW} FROM {s}.journal j "
+            "WHERE (j.xid, j.id) > ($1::text::xid8, $2) "
+            "AND j.xid < pg_snapshot_xmin(pg_current_snapshot()) "
+            "ORDER BY j.xid, j.id LIMIT $3"
+        )
+        self._seal_sql = (
+            f"INSERT INTO {s}.journal_seals "
+            "(seq, entry_id, xid, prev_hash, entry_hash, rejected) "
+            "SELECT * FROM unnest($1::bigint[], $2::bigint[], "
+            "$3::text[]::xid8[], $4::bytea[], $5::bytea[], $6::text[])"
+        )
+        self._checkpoint_sql = (
+            f"INSERT INTO {s}.journal_checkpoints "
+            "(seq, prev_seq, head_hash, key_id, signature) "
+            "VALUES ($1, $2, $3, $4, $5)"
+        )
         # The newest recorded checkpoint and its stream sequence; `_known_ok` False: read it
         # from the record again before trusting it (start-up, another replica, a failed round).
         self._known: JournalCheckpoint | None = None
@@ -94,17 +115,27 @@ class Sealer:
         self.refused: str | None = None  # why the last round refused to seal, if it did
         registry = registry if registry is not None else CollectorRegistry()
         self._refusals = Counter(
-            f"writ_{service}_journal_seal_refusals", "Sealing rounds refused because the chain's "
-            "head is not the one this sealer signed last (tampering)", ["reason"],
-            registry=registry)
+            f"writ_{service}_journal_seal_refusals",
+            "Sealing rounds refused because the chain's "
+            "head is not the one this sealer signed last (tampering)",
+            ["reason"],
+            registry=registry,
+        )
         self._rejected = Counter(
-            f"writ_{service}_journal_rows_rejected", "Journal rows sealed as rejections: not "
-            "authentic, or recorded before the head they follow", ["reason"], registry=registry)
-        self._sealed = Counter(f"writ_{service}_journal_rows_sealed", "Journal rows sealed",
-                               registry=registry)
+            f"writ_{service}_journal_rows_rejected",
+            "Journal rows sealed as rejections: not "
+            "authentic, or recorded before the head they follow",
+            ["reason"],
+            registry=registry,
+        )
+        self._sealed = Counter(
+            f"writ_{service}_journal_rows_sealed", "Journal rows sealed", registry=registry
+        )
         self._alive = Gauge(
-            f"writ_{service}_journal_sealer_ok_timestamp_seconds", "When the sealer last "
-            "completed a round without refusing or failing", registry=registry)
+            f"writ_{service}_journal_sealer_ok_timestamp_seconds",
+            "When the sealer last completed a round without refusing or failing",
+            registry=registry,
+        )
         for reason in ("head_differs", "seal_past_checkpoint"):
             self._refusals.labels(reason=reason)
         for reason in ("unauthentic", "late"):
@@ -118,8 +149,9 @@ class Sealer:
         except _Refused as refusal:
             self._refusals.labels(reason=refusal.reason).inc()
             if self.refused != refusal.detail:
-                log.error("journal of %s: REFUSING TO SEAL (tampering?): %s", self.service,
-                          refusal.detail)
+                log.error(
+                    "journal of %s: REFUSING TO SEAL (tampering?): %s", self.service, refusal.detail
+                )
             self.refused = refusal.detail
             self._known_ok = False  # read the record again next round
             return 0
@@ -127,8 +159,9 @@ class Sealer:
             self._known_ok = False
             raise
         if self.refused is not None:
-            log.warning("journal of %s: sealing again: its head is the one last signed",
-                        self.service)
+            log.warning(
+                "journal of %s: sealing again: its head is the one last signed", self.service
+            )
         self.refused = None
         self._alive.set(time.time())
         return sealed
@@ -146,17 +179,23 @@ class Sealer:
             if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self._lock):
                 return 0  # another process of this service is sealing
             head = await conn.fetchrow(self._head_sql)
-            seq, prev = (head["seq"], bytes(head["entry_hash"])) if head else (
-                0, genesis_hash(service))
+            seq, prev = (
+                (head["seq"], bytes(head["entry_hash"])) if head else (0, genesis_hash(service))
+            )
             # The head is checked on every round, rows to seal or not: a cut tail is refused
             # (and alerted on) at once, not at the next request.
             last_cp = await conn.fetchrow(self._last_checkpoint_sql)
             if (last_cp["seq"] if last_cp else 0) != seq:
-                raise _Refused("seal_past_checkpoint", f"its last seal (seq {seq}) lies past "
-                               f"its last checkpoint (seq {last_cp['seq'] if last_cp else 0})")
+                raise _Refused(
+                    "seal_past_checkpoint",
+                    f"its last seal (seq {seq}) lies past "
+                    f"its last checkpoint (seq {last_cp['seq'] if last_cp else 0})",
+                )
             if last_cp is not None and bytes(last_cp["head_hash"]) != prev:
-                raise _Refused("seal_past_checkpoint", f"its last checkpoint (seq {seq}) "
-                               "names another head than its last seal's")
+                raise _Refused(
+                    "seal_past_checkpoint",
+                    f"its last checkpoint (seq {seq}) names another head than its last seal's",
+                )
             known = await self._recorded()
             if known is None and self._record is None and head is not None:
                 # No record: trust the head met first, and hold every later one to it.
@@ -165,8 +204,12 @@ class Sealer:
             if differs:
                 known = await self._reread()
                 differs = known is None or (known.seq, known.head) != (seq, prev.hex())
-            rows = await conn.fetch(self._next_sql, head["xid"] if head else "0",
-                                    head["entry_id"] if head else 0, self._batch)
+            rows = await conn.fetch(
+                self._next_sql,
+                head["xid"] if head else "0",
+                head["entry_id"] if head else 0,
+                self._batch,
+            )
             floor = await conn.fetchval(self._floor_sql) if rows else None
             if differs:
                 return await self._finish(conn, known, seq, prev, rows, floor)
@@ -174,13 +217,18 @@ class Sealer:
                 return 0
             if known is None and head is not None:
                 await self._adopt(conn, seq, prev, last_cp)
-            return await self._seal(conn, seq, prev, rows, floor,
-                                    last_cp["seq"] if last_cp else 0)
+            return await self._seal(conn, seq, prev, rows, floor, last_cp["seq"] if last_cp else 0)
 
     def _remember(self, service: str, seq: int, prev: bytes, last_cp: Any) -> JournalCheckpoint:
-        self._known = JournalCheckpoint(service=service, seq=seq,
-                                        prev_seq=last_cp["prev_seq"] if last_cp else 0,
-                                        head=prev.hex(), prev_head="", key_id="", signature="")
+        self._known = JournalCheckpoint(
+            service=service,
+            seq=seq,
+            prev_seq=last_cp["prev_seq"] if last_cp else 0,
+            head=prev.hex(),
+            prev_head="",
+            key_id="",
+            signature="",
+        )
         return self._known
 
     async def _reread(self) -> JournalCheckpoint | None:
@@ -189,8 +237,9 @@ class Sealer:
         self._known_ok = False
         return await self._recorded()
 
-    def _verdicts(self, seq: int, prev: bytes, rows: list[Any], floor: datetime | None
-                  ) -> tuple[list[Any], int, bytes]:
+    def _verdicts(
+        self, seq: int, prev: bytes, rows: list[Any], floor: datetime | None
+    ) -> tuple[list[Any], int, bytes]:
         """(seq, id, xid, prev hash, hash, rejection) of each row from `seq` + 1."""
         seals = []
         for row in rows:
@@ -201,22 +250,41 @@ class Sealer:
                 rejected = f"unauthentic: {str(exc).split(': ', 1)[-1]}"
             else:
                 if floor is not None and row["recorded_at"] < floor - self._max_lag:
-                    rejected = (f"late: recorded {(floor - row['recorded_at']).total_seconds():.0f}"
-                                " s before the head it follows (re-inserted)")
+                    rejected = (
+                        f"late: recorded {(floor - row['recorded_at']).total_seconds():.0f}"
+                        " s before the head it follows (re-inserted)"
+                    )
             seq += 1
-            digest = entry_hash(prev, service=self.service, seq=seq,
-                                row=row if rejected is None else {**row, "rejected": rejected})
+            digest = entry_hash(
+                prev,
+                service=self.service,
+                seq=seq,
+                row=row if rejected is None else {**row, "rejected": rejected},
+            )
             seals.append((seq, row["id"], row["xid"], prev, digest, rejected))
             prev = digest
         return seals, seq, prev
 
-    async def _seal(self, conn: asyncpg.Connection, seq: int, prev: bytes, rows: list[Any],
-                    floor: datetime | None, prev_seq: int) -> int:
+    async def _seal(
+        self,
+        conn: asyncpg.Connection,
+        seq: int,
+        prev: bytes,
+        rows: list[Any],
+        floor: datetime | None,
+        prev_seq: int,
+    ) -> int:
         service = self.service
         seals, head_seq, head = self._verdicts(seq, prev, rows, floor)
-        checkpoint = signed_checkpoint(self._signing, service=service, seq=head_seq,
-                                       prev_seq=prev_seq, head=head, prev_head=prev,
-                                       signed_at=micros(datetime.now(UTC)))
+        checkpoint = signed_checkpoint(
+            self._signing,
+            service=service,
+            seq=head_seq,
+            prev_seq=prev_seq,
+            head=head,
+            prev_head=prev,
+            signed_at=micros(datetime.now(UTC)),
+        )
         await self._store(conn, seals, checkpoint)
         if self._record is not None:
             # Recorded before the commit: the record never lacks a checkpoint the database
@@ -227,66 +295,110 @@ class Sealer:
             self._known = checkpoint
         return len(seals)
 
-    async def _store(self, conn: asyncpg.Connection, seals: list[Any],
-                     checkpoint: JournalCheckpoint) -> None:
+    async def _store(
+        self, conn: asyncpg.Connection, seals: list[Any], checkpoint: JournalCheckpoint
+    ) -> None:
         columns = list(zip(*seals, strict=True))
         await conn.execute(self._seal_sql, *columns)
-        await conn.execute(self._checkpoint_sql, checkpoint.seq, checkpoint.prev_seq,
-                           bytes.fromhex(checkpoint.head), checkpoint.key_id,
-                           base64.b64decode(checkpoint.signature))
+        await conn.execute(
+            self._checkpoint_sql,
+            checkpoint.seq,
+            checkpoint.prev_seq,
+            bytes.fromhex(checkpoint.head),
+            checkpoint.key_id,
+            base64.b64decode(checkpoint.signature),
+        )
         for s in seals:
             if s[5] is not None:
                 self._rejected.labels(reason=s[5].split(":", 1)[0]).inc()
-                log.error("journal of %s: row %s sealed as REJECTED at seq %s: %s",
-                          self.service, s[1], s[0], s[5])
+                log.error(
+                    "journal of %s: row %s sealed as REJECTED at seq %s: %s",
+                    self.service,
+                    s[1],
+                    s[0],
+                    s[5],
+                )
         self._sealed.inc(len(seals))
 
-    async def _finish(self, conn: asyncpg.Connection, known: JournalCheckpoint | None,
-                      seq: int, prev: bytes, rows: list[Any], floor: datetime | None) -> int:
+    async def _finish(
+        self,
+        conn: asyncpg.Connection,
+        known: JournalCheckpoint | None,
+        seq: int,
+        prev: bytes,
+        rows: list[Any],
+        floor: datetime | None,
+    ) -> int:
         """The record is ahead of the database by the checkpoint of a round whose commit did
         not happen: seal the same rows again, and only if they give the recorded head."""
         if known is None:
-            raise _Refused("head_differs", f"its head is seq {seq} but the record has no "
-                           "checkpoint of it (a checkpoint the record never saw)")
+            raise _Refused(
+                "head_differs",
+                f"its head is seq {seq} but the record has no "
+                "checkpoint of it (a checkpoint the record never saw)",
+            )
         wanted = f"(seq {known.seq}, {known.head[:16]}…)"
         have = f"seq {seq}, {prev.hex()[:16]}…"
         if known.seq < seq:
-            raise _Refused("head_differs", f"its head ({have}) is past the last checkpoint it "
-                           f"signed {wanted}: a checkpoint the record never saw")
-        if (known.prev_seq, known.prev_head) == (seq, prev.hex()) and \
-                len(rows) >= known.seq - seq:
-            seals, head_seq, head = self._verdicts(seq, prev, rows[:known.seq - seq], floor)
+            raise _Refused(
+                "head_differs",
+                f"its head ({have}) is past the last checkpoint it "
+                f"signed {wanted}: a checkpoint the record never saw",
+            )
+        if (known.prev_seq, known.prev_head) == (seq, prev.hex()) and len(rows) >= known.seq - seq:
+            seals, head_seq, head = self._verdicts(seq, prev, rows[: known.seq - seq], floor)
             if head.hex() == known.head:
                 await self._store(conn, seals, known)
-                log.warning("journal of %s: completed checkpoint %s (recorded, then not "
-                            "committed)", self.service, known.seq)
+                log.warning(
+                    "journal of %s: completed checkpoint %s (recorded, then not committed)",
+                    self.service,
+                    known.seq,
+                )
                 return len(seals)
-        raise _Refused("head_differs", f"its head ({have}) is not the last one it signed "
-                       f"{wanted}: the chain was cut, spliced or re-hashed")
+        raise _Refused(
+            "head_differs",
+            f"its head ({have}) is not the last one it signed "
+            f"{wanted}: the chain was cut, spliced or re-hashed",
+        )
 
-    async def _adopt(self, conn: asyncpg.Connection, seq: int, prev: bytes,
-                     last_cp: Any) -> None:
+    async def _adopt(self, conn: asyncpg.Connection, seq: int, prev: bytes, last_cp: Any) -> None:
         """A journal older than its record: record its current head as the record's start."""
         assert self._record is not None and last_cp is not None
         signature = await conn.fetchval(
-            f"SELECT signature FROM {self._journal.schema}.journal_checkpoints WHERE seq = $1",
-            seq)
+            f"SELECT signature FROM {self._journal.schema}.journal_checkpoints WHERE seq = $1", seq
+        )
         key_id = await conn.fetchval(
-            f"SELECT key_id FROM {self._journal.schema}.journal_checkpoints WHERE seq = $1", seq)
+            f"SELECT key_id FROM {self._journal.schema}.journal_checkpoints WHERE seq = $1", seq
+        )
         try:
-            self._signing.public_key().verify(bytes(signature), checkpoint_message(
-                self.service, seq, last_cp["prev_seq"], prev, key_id))
+            self._signing.public_key().verify(
+                bytes(signature),
+                checkpoint_message(self.service, seq, last_cp["prev_seq"], prev, key_id),
+            )
         except Exception:
-            raise _Refused("head_differs", f"its last checkpoint (seq {seq}) is not signed by "
-                           "this sealer's key and the record is empty") from None
+            raise _Refused(
+                "head_differs",
+                f"its last checkpoint (seq {seq}) is not signed by "
+                "this sealer's key and the record is empty",
+            ) from None
         checkpoint = JournalCheckpoint(
-            service=self.service, seq=seq, prev_seq=last_cp["prev_seq"], head=prev.hex(),
-            prev_head="", key_id=key_id, signature=base64.b64encode(bytes(signature)).decode(),
-            signed_at=micros(datetime.now(UTC)), adopted=True)
+            service=self.service,
+            seq=seq,
+            prev_seq=last_cp["prev_seq"],
+            head=prev.hex(),
+            prev_head="",
+            key_id=key_id,
+            signature=base64.b64encode(bytes(signature)).decode(),
+            signed_at=micros(datetime.now(UTC)),
+            adopted=True,
+        )
         self._known_at = await self._record.append(checkpoint, after=0)
         self._known = checkpoint
-        log.warning("journal of %s: its record starts at seq %s (the journal is older than "
-                    "its record)", self.service, seq)
+        log.warning(
+            "journal of %s: its record starts at seq %s (the journal is older than its record)",
+            self.service,
+            seq,
+        )
 
     async def seal_all(self) -> int:
         """Seal batches until nothing sealable is left; the number sealed."""
@@ -297,8 +409,9 @@ class Sealer:
                 break
         return total
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Seal every `interval` seconds until cancelled; a failed round is retried."""
         try:  # the last head it signed, before anything else
             await self._recorded()

@@ -37,9 +37,14 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
     def __str__(self) -> str:
-        where = " ".join(part for part in (
-            f"seq {self.seq}" if self.seq is not None else "",
-            f"row {self.entry_id}" if self.entry_id is not None else "") if part)
+        where = " ".join(
+            part
+            for part in (
+                f"seq {self.seq}" if self.seq is not None else "",
+                f"row {self.entry_id}" if self.entry_id is not None else "",
+            )
+            if part
+        )
         return f"{where}: {self.reason}"
 
 
@@ -67,11 +72,17 @@ class VerifyReport(msgspec.Struct, kw_only=True):
 _MAX_PROBLEMS: Final = 100
 
 
-async def verify(conn: asyncpg.Connection, *, service: str,
-                 keys: Mapping[str, Mapping[str, Ed25519PublicKey]], schema: str | None = None,
-                 tenant: str | None = None, grace: timedelta = GRACE,
-                 journal: Journal | None = None,
-                 record: CheckpointRecord | None = None) -> VerifyReport:
+async def verify(
+    conn: asyncpg.Connection,
+    *,
+    service: str,
+    keys: Mapping[str, Mapping[str, Ed25519PublicKey]],
+    schema: str | None = None,
+    tenant: str | None = None,
+    grace: timedelta = GRACE,
+    journal: Journal | None = None,
+    record: CheckpointRecord | None = None,
+) -> VerifyReport:
     """Walk one service's whole chain in one snapshot and report what does not check out.
 
     `keys` maps services to their checkpoint keys by id; only `service`'s own keys count.
@@ -90,15 +101,18 @@ async def verify(conn: asyncpg.Connection, *, service: str,
             report.problems.append(Problem(seq=seq, entry_id=entry_id, reason=reason))
 
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        checkpoints = {r["seq"]: r for r in await conn.fetch(
-            f"SELECT seq, prev_seq, head_hash, key_id, signature "
-            f"FROM {s}.journal_checkpoints ORDER BY seq")}
+        checkpoints = {
+            r["seq"]: r
+            for r in await conn.fetch(
+                f"SELECT seq, prev_seq, head_hash, key_id, signature "
+                f"FROM {s}.journal_checkpoints ORDER BY seq"
+            )
+        }
         report.checkpoints = len(checkpoints)
         recorded_cps: dict[int, JournalCheckpoint] = {}
         live = False
         if record is not None:
-            recorded_cps = _check_record(service, own, await record.read(service), report,
-                                         bad)
+            recorded_cps = _check_record(service, own, await record.read(service), report, bad)
             live = record.live
         record_from = report.record_from if report.record_from is not None else 0
         record_to = max(recorded_cps, default=0)
@@ -114,35 +128,50 @@ async def verify(conn: asyncpg.Connection, *, service: str,
             f"s.rejected, "
             f"j.id, j.xid::text AS xid, j.tenant, j.kind, j.subject, j.run_id, j.recorded_at, "
             f"j.key_id, j.nonce, j.ciphertext FROM {s}.journal_seals s "
-            f"LEFT JOIN {s}.journal j ON j.id = s.entry_id ORDER BY s.seq", prefetch=1000)
+            f"LEFT JOIN {s}.journal j ON j.id = s.entry_id ORDER BY s.seq",
+            prefetch=1000,
+        )
         async for r in cursor:
             seq, entry_id = r["seq"], r["entry_id"]
             recorded_prev, recorded = bytes(r["prev_hash"]), bytes(r["entry_hash"])
             report.entries += 1
             if seq != expected:
-                bad(expected, None, f"missing from the chain (deleted): the next seal is "
-                                    f"seq {seq}")
-            elif recorded_prev != prev and (r["id"] is None or entry_hash(
-                    recorded_prev, service=service, seq=seq, row=r) == recorded):
+                bad(expected, None, f"missing from the chain (deleted): the next seal is seq {seq}")
+            elif recorded_prev != prev and (
+                r["id"] is None
+                or entry_hash(recorded_prev, service=service, seq=seq, row=r) == recorded
+            ):
                 # This entry is whole (its hash covers its seq, so it was not moved here):
                 # the one before it was rewritten together with its seal.
-                bad(seq - 1, None, f"its sealed hash is not the one seq {seq} was chained to "
-                                   "(rewritten together with its seal)")
+                bad(
+                    seq - 1,
+                    None,
+                    f"its sealed hash is not the one seq {seq} was chained to "
+                    "(rewritten together with its seal)",
+                )
             expected = seq + 1
             prev = recorded
             outside = recorded_cps.get(seq)
             if outside is not None:
                 if not rewritten and bytes.fromhex(outside.head) != recorded:
                     rewritten = True
-                    bad(last_recorded + 1, None, f"the chain up to seq {seq} does not hash to "
+                    bad(
+                        last_recorded + 1,
+                        None,
+                        f"the chain up to seq {seq} does not hash to "
                         "the head recorded outside the database (an entry after seq "
                         f"{last_recorded} was rewritten, removed or replaced, with every "
-                        "later seal)")
+                        "later seal)",
+                    )
                 elif not rewritten:
                     last_recorded = seq
                 if seq not in checkpoints:
-                    bad(seq, None, "the checkpoint recorded outside the database at this seq "
-                                   "is missing from it (deleted)")
+                    bad(
+                        seq,
+                        None,
+                        "the checkpoint recorded outside the database at this seq "
+                        "is missing from it (deleted)",
+                    )
             if r["id"] is None:
                 bad(seq, entry_id, "the sealed row is missing (deleted)")
                 continue
@@ -150,12 +179,15 @@ async def verify(conn: asyncpg.Connection, *, service: str,
                 report.tenant_entries = (report.tenant_entries or 0) + 1
             key = (int(r["xid"]), r["id"])
             if r["xid"] != r["seal_xid"] or key <= last_key:
-                bad(seq, entry_id, "out of order (inserted or reordered): its (xid, id) does "
-                                   "not follow the previous entry's")
+                bad(
+                    seq,
+                    entry_id,
+                    "out of order (inserted or reordered): its (xid, id) does "
+                    "not follow the previous entry's",
+                )
             last_key = key
             if entry_hash(recorded_prev, service=service, seq=seq, row=r) != recorded:
-                bad(seq, entry_id, "does not match its sealed hash (edited, swapped or "
-                                   "inserted)")
+                bad(seq, entry_id, "does not match its sealed hash (edited, swapped or inserted)")
             nonce_key = (r["key_id"], bytes(r["nonce"]))
             if r["rejected"]:
                 bad(seq, entry_id, f"the sealer rejected this row ({r['rejected']})")
@@ -171,74 +203,128 @@ async def verify(conn: asyncpg.Connection, *, service: str,
             if cp is not None:
                 _check_checkpoint(service, own, cp, prev, last_cp, bad)
                 last_cp = seq
-                if record is not None and seq >= record_from and (live or seq <= record_to) \
-                        and not _same(cp, recorded_cps.get(seq)):
-                    bad(seq, None, "a checkpoint the record outside the database never saw "
-                                   "(forged, replaced or re-signed)")
+                if (
+                    record is not None
+                    and seq >= record_from
+                    and (live or seq <= record_to)
+                    and not _same(cp, recorded_cps.get(seq))
+                ):
+                    bad(
+                        seq,
+                        None,
+                        "a checkpoint the record outside the database never saw "
+                        "(forged, replaced or re-signed)",
+                    )
         head_seq = expected - 1
         if record_to > head_seq:
-            report.pending = await _pending(conn, s, service, recorded_cps, head_seq, prev,
-                                            last_key)
+            report.pending = await _pending(
+                conn, s, service, recorded_cps, head_seq, prev, last_key
+            )
             if report.pending is None:
-                bad(head_seq + 1, None, f"the chain ends at seq {head_seq}, but the record "
-                                        f"outside the database has a checkpoint at seq "
-                                        f"{record_to} (the tail was cut)")
+                bad(
+                    head_seq + 1,
+                    None,
+                    f"the chain ends at seq {head_seq}, but the record "
+                    f"outside the database has a checkpoint at seq "
+                    f"{record_to} (the tail was cut)",
+                )
         for seq in checkpoints:
             if seq > head_seq:
-                bad(seq, None, "a signed checkpoint names an entry the chain no longer has "
-                               "(deleted)")
+                bad(
+                    seq,
+                    None,
+                    "a signed checkpoint names an entry the chain no longer has (deleted)",
+                )
         if head_seq and last_cp != head_seq and report.pending is None:
-            bad(last_cp + 1, None, f"seq {last_cp + 1}..{head_seq} not covered by a signed "
-                                   "checkpoint (appended outside the sealer)")
+            bad(
+                last_cp + 1,
+                None,
+                f"seq {last_cp + 1}..{head_seq} not covered by a signed "
+                "checkpoint (appended outside the sealer)",
+            )
         now = await conn.fetchval("SELECT now()")
         for u in await conn.fetch(
-                f"SELECT j.id, j.xid::text AS xid, j.recorded_at FROM {s}.journal j "
-                f"WHERE NOT EXISTS (SELECT 1 FROM {s}.journal_seals s WHERE s.entry_id = j.id) "
-                "ORDER BY j.xid, j.id"):
+            f"SELECT j.id, j.xid::text AS xid, j.recorded_at FROM {s}.journal j "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {s}.journal_seals s WHERE s.entry_id = j.id) "
+            "ORDER BY j.xid, j.id"
+        ):
             report.unsealed += 1
             if (int(u["xid"]), u["id"]) < last_key:
                 before = await conn.fetchval(
                     f"SELECT min(seq) FROM {s}.journal_seals "
-                    "WHERE (xid, entry_id) > ($1::text::xid8, $2)", u["xid"], u["id"])
-                bad(before, u["id"], f"not in the chain, yet sorts before seq {before} "
-                                     "(inserted)")
+                    "WHERE (xid, entry_id) > ($1::text::xid8, $2)",
+                    u["xid"],
+                    u["id"],
+                )
+                bad(before, u["id"], f"not in the chain, yet sorts before seq {before} (inserted)")
             elif now - u["recorded_at"] > grace:
-                bad(None, u["id"], f"unsealed for more than {grace} (the sealer is stopped "
-                                   "or refuses to seal: see its log)")
+                bad(
+                    None,
+                    u["id"],
+                    f"unsealed for more than {grace} (the sealer is stopped "
+                    "or refuses to seal: see its log)",
+                )
     return report
 
 
-def _check_checkpoint(service: str, own: Mapping[str, Ed25519PublicKey], cp: Mapping[str, Any],
-                      head: bytes, last_cp: int, bad: Any) -> None:
+def _check_checkpoint(
+    service: str,
+    own: Mapping[str, Ed25519PublicKey],
+    cp: Mapping[str, Any],
+    head: bytes,
+    last_cp: int,
+    bad: Any,
+) -> None:
     seq = cp["seq"]
     key = own.get(cp["key_id"])
     if key is None:
         bad(seq, None, f"checkpoint signed with key {cp['key_id']!r}, unknown for {service}")
         return
     try:
-        key.verify(bytes(cp["signature"]), checkpoint_message(
-            service, seq, cp["prev_seq"], bytes(cp["head_hash"]), cp["key_id"]))
+        key.verify(
+            bytes(cp["signature"]),
+            checkpoint_message(service, seq, cp["prev_seq"], bytes(cp["head_hash"]), cp["key_id"]),
+        )
     except InvalidSignature:
         bad(seq, None, "checkpoint signature does not verify (checkpoint edited)")
         return
     if cp["prev_seq"] != last_cp:
-        bad(seq, None, f"checkpoint follows seq {cp['prev_seq']}, but the previous one is "
-                       f"{last_cp} (a checkpoint was deleted)")
+        bad(
+            seq,
+            None,
+            f"checkpoint follows seq {cp['prev_seq']}, but the previous one is "
+            f"{last_cp} (a checkpoint was deleted)",
+        )
     if bytes(cp["head_hash"]) != head:
-        bad(seq, None, f"the chain up to here differs from its signed checkpoint (an entry "
-                       f"after seq {last_cp} was rewritten together with every later seal)")
+        bad(
+            seq,
+            None,
+            f"the chain up to here differs from its signed checkpoint (an entry "
+            f"after seq {last_cp} was rewritten together with every later seal)",
+        )
 
 
 def _same(cp: Mapping[str, Any], outside: JournalCheckpoint | None) -> bool:
     return outside is not None and (
-        outside.prev_seq, outside.head, outside.key_id, outside.signature) == (
-        cp["prev_seq"], bytes(cp["head_hash"]).hex(), cp["key_id"],
-        base64.b64encode(bytes(cp["signature"])).decode())
+        outside.prev_seq,
+        outside.head,
+        outside.key_id,
+        outside.signature,
+    ) == (
+        cp["prev_seq"],
+        bytes(cp["head_hash"]).hex(),
+        cp["key_id"],
+        base64.b64encode(bytes(cp["signature"])).decode(),
+    )
 
 
-def _check_record(service: str, own: Mapping[str, Ed25519PublicKey],
-                  found: list[JournalCheckpoint], report: VerifyReport, bad: Any
-                  ) -> dict[int, JournalCheckpoint]:
+def _check_record(
+    service: str,
+    own: Mapping[str, Ed25519PublicKey],
+    found: list[JournalCheckpoint],
+    report: VerifyReport,
+    bad: Any,
+) -> dict[int, JournalCheckpoint]:
     """The record's checkpoints by seq, each signed and each extending the one before."""
     report.recorded = len(found)
     report.record_from = found[0].seq if found else None
@@ -249,24 +335,44 @@ def _check_record(service: str, own: Mapping[str, Ed25519PublicKey],
         try:
             if key is None or c.service != service:
                 raise InvalidSignature
-            key.verify(base64.b64decode(c.signature), checkpoint_message(
-                service, c.seq, c.prev_seq, bytes.fromhex(c.head), c.key_id))
+            key.verify(
+                base64.b64decode(c.signature),
+                checkpoint_message(service, c.seq, c.prev_seq, bytes.fromhex(c.head), c.key_id),
+            )
         except (InvalidSignature, ValueError):
-            bad(c.seq, None, "a checkpoint in the record outside the database does not verify "
-                             f"(key {c.key_id!r})")
+            bad(
+                c.seq,
+                None,
+                "a checkpoint in the record outside the database does not verify "
+                f"(key {c.key_id!r})",
+            )
             continue
-        if before is not None and (c.prev_seq, c.prev_head) != (before.seq, before.head) or \
-                before is None and not c.adopted and (c.prev_seq, c.prev_head) != (
-                    0, genesis_hash(service).hex()):
-            bad(c.seq, None, "the record outside the database does not follow on here "
-                             "(two sealers, or a record that was replaced)")
+        if (
+            before is not None
+            and (c.prev_seq, c.prev_head) != (before.seq, before.head)
+            or before is None
+            and not c.adopted
+            and (c.prev_seq, c.prev_head) != (0, genesis_hash(service).hex())
+        ):
+            bad(
+                c.seq,
+                None,
+                "the record outside the database does not follow on here "
+                "(two sealers, or a record that was replaced)",
+            )
         by_seq[c.seq] = before = c
     return by_seq
 
 
-async def _pending(conn: asyncpg.Connection, s: str, service: str,
-                   recorded: Mapping[int, JournalCheckpoint], head_seq: int, head: bytes,
-                   last_key: tuple[int, int]) -> int | None:
+async def _pending(
+    conn: asyncpg.Connection,
+    s: str,
+    service: str,
+    recorded: Mapping[int, JournalCheckpoint],
+    head_seq: int,
+    head: bytes,
+    last_key: tuple[int, int],
+) -> int | None:
     """The recorded checkpoint just past the chain's head, if the rows after the head give
     exactly its head hash: a sealer recorded it and has not committed it yet."""
     beyond = sorted(seq for seq in recorded if seq > head_seq)
@@ -276,7 +382,11 @@ async def _pending(conn: asyncpg.Connection, s: str, service: str,
     rows = await conn.fetch(
         f"SELECT id, xid::text AS xid, tenant, kind, subject, run_id, recorded_at, key_id, "
         f"nonce, ciphertext FROM {s}.journal j WHERE (j.xid, j.id) > ($1::text::xid8, $2) "
-        "ORDER BY j.xid, j.id LIMIT $3", str(last_key[0]), last_key[1], c.seq - head_seq)
+        "ORDER BY j.xid, j.id LIMIT $3",
+        str(last_key[0]),
+        last_key[1],
+        c.seq - head_seq,
+    )
     prev = head
     for seq, row in enumerate(rows, start=head_seq + 1):
         prev = entry_hash(prev, service=service, seq=seq, row=row)

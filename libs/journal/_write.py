@@ -41,8 +41,10 @@ class Journal:
     @property
     def insert_sql(self) -> str:
         """`INSERT` of one row; parameters $1..$8 are `Entry`'s fields in order."""
-        return (f"INSERT INTO {self.schema}.journal ({self.COLUMNS}) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+        return (
+            f"INSERT INTO {self.schema}.journal ({self.COLUMNS}) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        )
 
     def cte(self, first: int, name: str = "journal_row") -> str:
         """A data-modifying CTE writing one row from parameters $first..$first+7.
@@ -57,11 +59,21 @@ class Journal:
         """Like `cte`, but the row is written only if the CTE named `exists` returned a row:
         a redelivered statement that changed nothing journals nothing."""
         params = ", ".join(f"${first + i}" for i in range(8))
-        return (f"{name} AS (INSERT INTO {self.schema}.journal ({self.COLUMNS}) "
-                f"SELECT {params} WHERE EXISTS (SELECT 1 FROM {exists}))")
+        return (
+            f"{name} AS (INSERT INTO {self.schema}.journal ({self.COLUMNS}) "
+            f"SELECT {params} WHERE EXISTS (SELECT 1 FROM {exists}))"
+        )
 
-    def entry(self, *, tenant: str, kind: str, subject: str, payload: object,
-              run_id: str = "", at: datetime | None = None) -> Entry:
+    def entry(
+        self,
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        payload: object,
+        run_id: str = "",
+        at: datetime | None = None,
+    ) -> Entry:
         """Encrypt `payload` (anything msgspec encodes) into a row bound to its identifiers and
         to the time it is recorded (`at`, default now: the sealer rejects a row recorded well
         before the head it would follow)."""
@@ -71,29 +83,47 @@ class Journal:
         key_id, nonce, ciphertext = self.keys.encrypt(plaintext, aad)
         return Entry(tenant, kind, subject, run_id, key_id, nonce, ciphertext, at)
 
-    async def write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
-                    payload: object, run_id: str = "") -> None:
+    async def write(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        payload: object,
+        run_id: str = "",
+    ) -> None:
         """Insert one row on `conn` (inside the caller's transaction)."""
         e = self.entry(tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id)
         await conn.execute(self.insert_sql, *msgspec.structs.astuple(e))
 
     def open(self, row: Mapping[str, Any]) -> bytes:
         """The plaintext payload of a stored row (JournalError if it is not authentic)."""
-        aad = _aad(self.service, row["tenant"], row["kind"], row["subject"], row["run_id"],
-                   row["key_id"], row["recorded_at"])
+        aad = _aad(
+            self.service,
+            row["tenant"],
+            row["kind"],
+            row["subject"],
+            row["run_id"],
+            row["key_id"],
+            row["recorded_at"],
+        )
         try:
             return self.keys.decrypt(row["key_id"], row["nonce"], row["ciphertext"], aad)
         except JournalError as exc:
             raise JournalError(f"journal row {row['id']}: {exc}", entry_id=row["id"]) from None
 
 
-def open_journal(service: str, *, signing_key_file: str, data_keys_file: str
-                 ) -> tuple[Journal, SigningKey]:
+def open_journal(
+    service: str, *, signing_key_file: str, data_keys_file: str
+) -> tuple[Journal, SigningKey]:
     """A service's journal and its signing key, from its two secret files; refuses to start
     without them, because a governed change with no journal row is a change nobody can prove."""
     if not (signing_key_file and data_keys_file):
-        raise ConfigError(f"{service} records what it does in its audit journal: set "
-                          "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE")
+        raise ConfigError(
+            f"{service} records what it does in its audit journal: set "
+            "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE"
+        )
     journal = Journal(service=service, keys=DataKeys.from_json(read_secret(data_keys_file)))
     return journal, SigningKey.from_json(read_secret(signing_key_file))
 
@@ -101,9 +131,14 @@ def open_journal(service: str, *, signing_key_file: str, data_keys_file: str
 _ROW = "id, xid::text AS xid, tenant, kind, subject, run_id, recorded_at, key_id, nonce, ciphertext"
 
 
-async def read_entries(conn: asyncpg.Connection, journal: Journal, *, tenant: str,
-                       run_id: str | None = None, subject: str | None = None
-                       ) -> list[tuple[int, Mapping[str, Any], bytes]]:
+async def read_entries(
+    conn: asyncpg.Connection,
+    journal: Journal,
+    *,
+    tenant: str,
+    run_id: str | None = None,
+    subject: str | None = None,
+) -> list[tuple[int, Mapping[str, Any], bytes]]:
     """(seq, row, plaintext) of a tenant's sealed entries in chain order, for replay and audit.
 
     Only sealed entries are returned: what is not in the verified chain is not evidence, and
@@ -114,6 +149,9 @@ async def read_entries(conn: asyncpg.Connection, journal: Journal, *, tenant: st
         f"SELECT s.seq, {', '.join('j.' + c.strip() for c in _ROW.split(','))} "
         f"FROM {s}.journal_seals s JOIN {s}.journal j ON j.id = s.entry_id "
         "WHERE s.rejected IS NULL AND j.tenant = $1 AND ($2::text IS NULL OR j.run_id = $2) "
-        "AND ($3::text IS NULL OR j.subject = $3) ORDER BY s.seq", tenant, run_id, subject)
+        "AND ($3::text IS NULL OR j.subject = $3) ORDER BY s.seq",
+        tenant,
+        run_id,
+        subject,
+    )
     return [(r["seq"], r, journal.open(r)) for r in rows]
-

@@ -36,27 +36,48 @@ def main() -> None:
     """Start the admission process."""
     settings = load_settings(AdmissionSettings)
     password = read_secret(settings.database_password_file)
-    journal, signing = open_journal("admission",
-                                    signing_key_file=settings.journal_signing_key_file,
-                                    data_keys_file=settings.journal_data_keys_file)
+    journal, signing = open_journal(
+        "admission",
+        signing_key_file=settings.journal_signing_key_file,
+        data_keys_file=settings.journal_data_keys_file,
+    )
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with await connect_pool(settings.database_url, password=password, max_size=20,
-                                      application_name="writ-admission") as pool:
+        async with await connect_pool(
+            settings.database_url, password=password, max_size=20, application_name="writ-admission"
+        ) as pool:
             rt.health.watch_pool("postgres", pool)
             store = AdmissionStore(pool, journal=journal)
-            relay = OutboxRelay(store=store, js=rt.js, listen_dsn=settings.database_url,
-                                listen_password=password, poll_s=settings.relay_poll_s,
-                                faults=rt.faults, tracer=rt.tracer)
-            sealer = Sealer(pool=pool, journal=journal, signing=signing,
-                            record=JetStreamRecord(rt.js), registry=rt.registry,
-                            interval=settings.journal_seal_interval_s)
-            svc = AdmissionService(rt=rt, store=store, relay=relay,
-                                   command_ttl=timedelta(seconds=settings.command_ttl_s),
-                                   proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
-                                   sealer=sealer)
-            rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
-                service="admission", pool=pool, journal=journal, signing=signing).endpoint())
+            relay = OutboxRelay(
+                store=store,
+                js=rt.js,
+                listen_dsn=settings.database_url,
+                listen_password=password,
+                poll_s=settings.relay_poll_s,
+                faults=rt.faults,
+                tracer=rt.tracer,
+            )
+            sealer = Sealer(
+                pool=pool,
+                journal=journal,
+                signing=signing,
+                record=JetStreamRecord(rt.js),
+                registry=rt.registry,
+                interval=settings.journal_seal_interval_s,
+            )
+            svc = AdmissionService(
+                rt=rt,
+                store=store,
+                relay=relay,
+                command_ttl=timedelta(seconds=settings.command_ttl_s),
+                proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
+                sealer=sealer,
+            )
+            rt.endpoints.append(
+                JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                    service="admission", pool=pool, journal=journal, signing=signing
+                ).endpoint()
+            )
             rt.endpoints.extend(AdmissionReads(pool).endpoints())  # ingress's HTTP reads
             await svc.run(task_status=task_status)
 

@@ -45,14 +45,17 @@ class ProposalApprovals(_Base):
         time): admit the proposal, or reject it."""
         if answered.proposal_id is None:
             return
-        proposal = await self._store.proposal_row(answered.tenant,
-                                                  proposal_id=answered.proposal_id)
-        if proposal is None or proposal.state != "pending" or (
-                proposal.decision_id != answered.pending_id):
+        proposal = await self._store.proposal_row(answered.tenant, proposal_id=answered.proposal_id)
+        if (
+            proposal is None
+            or proposal.state != "pending"
+            or (proposal.decision_id != answered.pending_id)
+        ):
             return  # already acted on (a redelivery, or approved by its id), or not ours
         if answered.answer == "deny":
-            await self._reject(proposal, answered.answered_by, answered.reason,
-                               answered.decision_id)
+            await self._reject(
+                proposal, answered.answered_by, answered.reason, answered.decision_id
+            )
             return
         await self._claim(proposal, answered, answered.answered_by)
 
@@ -62,8 +65,9 @@ class ProposalApprovals(_Base):
         proposal = await self._store.proposal_row(ans.tenant, public_id=ans.proposal_id)
         if proposal is None:
             # Unknown, tampered, or another tenant's id: the same answer for all three.
-            await self._reply(ans, "not_approvable", reason="no such proposal",
-                              code="UNKNOWN_PROPOSAL")
+            await self._reply(
+                ans, "not_approvable", reason="no such proposal", code="UNKNOWN_PROPOSAL"
+            )
             return
         if not await self._still_approvable(ans, proposal):
             return
@@ -84,14 +88,17 @@ class ProposalApprovals(_Base):
         if ans.answer == "approve" and ans.approver == proposal.principal:
             # Separation of duties: whoever asked for the run cannot also approve what it
             # proposes (they may still reject it: that only stops their own request).
-            await self._reply(ans, "not_approvable", code="SEPARATION_OF_DUTIES",
-                              reason="the principal who requested the run cannot approve "
-                                     "its proposals; another approver must")
+            await self._reply(
+                ans,
+                "not_approvable",
+                code="SEPARATION_OF_DUTIES",
+                reason="the principal who requested the run cannot approve "
+                "its proposals; another approver must",
+            )
             return False
         if proposal.expires_at is not None and proposal.expires_at <= datetime.now(UTC):
             await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
-            await self._reply(ans, "not_approvable", reason="the proposal expired",
-                              code="EXPIRED")
+            await self._reply(ans, "not_approvable", reason="the proposal expired", code="EXPIRED")
             return False
         contract = ACTIONS.get(proposal.action)
         try:
@@ -101,26 +108,40 @@ class ProposalApprovals(_Base):
             contract.decode_preview(proposal.preview)
         except (ValueError, msgspec.ValidationError) as exc:
             # A stored contract that no longer decodes is Writ's fault, not the approver's.
-            log.error("proposal %s does not decode (%s): %r", proposal.proposal_id,
-                      ans.request_id, exc)
-            await self._reply(ans, "not_approvable", outcome="terminal_failure",
-                              reason="the stored proposal cannot be executed",
-                              code="TERMINAL_FAILURE",
-                              correlation_id=proposal.proposal_id)
+            log.error(
+                "proposal %s does not decode (%s): %r", proposal.proposal_id, ans.request_id, exc
+            )
+            await self._reply(
+                ans,
+                "not_approvable",
+                outcome="terminal_failure",
+                reason="the stored proposal cannot be executed",
+                code="TERMINAL_FAILURE",
+                correlation_id=proposal.proposal_id,
+            )
             return False
         return True
 
-    async def _answer_with_governance(self, ans: ProposalAnswer,
-                                      proposal: ProposalRow) -> DecisionAnswered | None:
+    async def _answer_with_governance(
+        self, ans: ProposalAnswer, proposal: ProposalRow
+    ) -> DecisionAnswered | None:
         """Approvals are governance's to record: it checks the approver (revoked, role,
         tenant) and answers the pending decision; None (after replying) if it refused."""
-        ask = AnswerDecision(tenant=ans.tenant, principal=ans.approver,
-                             request_id=ans.request_id, pending_id=proposal.decision_id or "",
-                             answer="once" if ans.answer == "approve" else "deny",
-                             reason=ans.reason)
+        ask = AnswerDecision(
+            tenant=ans.tenant,
+            principal=ans.approver,
+            request_id=ans.request_id,
+            pending_id=proposal.decision_id or "",
+            answer="once" if ans.answer == "approve" else "deny",
+            reason=ans.reason,
+        )
         try:
-            reply = await timed_request(self._rt.nc, subjects.ANSWER, self._encoder.encode(ask),
-                                        timeout=self._decide_timeout)
+            reply = await timed_request(
+                self._rt.nc,
+                subjects.ANSWER,
+                self._encoder.encode(ask),
+                timeout=self._decide_timeout,
+            )
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise RetryableError(f"governance did not answer: {exc!r}", delay=1.0) from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
@@ -133,84 +154,149 @@ class ProposalApprovals(_Base):
                     await self._reply_state(ans, fresh)
                     return None
             if code in ("403", "409", "410"):
-                await self._reply(ans, "not_approvable", reason=message[:500],
-                                  code={"403": "FORBIDDEN", "409": "ALREADY_ANSWERED",
-                                        "410": "UNKNOWN_PENDING"}[code])
+                await self._reply(
+                    ans,
+                    "not_approvable",
+                    reason=message[:500],
+                    code={"403": "FORBIDDEN", "409": "ALREADY_ANSWERED", "410": "UNKNOWN_PENDING"}[
+                        code
+                    ],
+                )
                 return None
             raise RetryableError(f"governance error {code}: {message}")
         return self._answered_decoder.decode(reply.data)
 
-    async def _claim(self, proposal: ProposalRow, answered: DecisionAnswered, approver: str,
-                     ans: ProposalAnswer | None = None) -> None:
-        decision = Decision(decision_id=answered.decision_id, verdict="allow",
-                            line=answered.line, family=ACTIONS[proposal.action].family,
-                            reason=f"approved {answered.answer} by {approver}"[:512],
-                            policy_version=answered.policy_version)
-        operation_id = operation_id_for(proposal.tenant, proposal.run_id, proposal.step,
-                                        proposal.operation_key)
+    async def _claim(
+        self,
+        proposal: ProposalRow,
+        answered: DecisionAnswered,
+        approver: str,
+        ans: ProposalAnswer | None = None,
+    ) -> None:
+        decision = Decision(
+            decision_id=answered.decision_id,
+            verdict="allow",
+            line=answered.line,
+            family=ACTIONS[proposal.action].family,
+            reason=f"approved {answered.answer} by {approver}"[:512],
+            policy_version=answered.policy_version,
+        )
+        operation_id = operation_id_for(
+            proposal.tenant, proposal.run_id, proposal.step, proposal.operation_key
+        )
         # The approval is its own trace (the approver's), linked to the run's: the command it
         # admits carries the approval's context onwards.
         with self._rt.tracer.start_as_current_span(
-                "admission approve", links=links_to(proposal.traceparent, "resumed")) as span:
+            "admission approve", links=links_to(proposal.traceparent, "resumed")
+        ) as span:
             span.set_attribute("writ.operation_id", operation_id)
             claimed = await self._store.approve_for_execution(
-                proposal, approver=approver, decision=decision, ttl=self._ttl,
-                operation_id=operation_id)
+                proposal,
+                approver=approver,
+                decision=decision,
+                ttl=self._ttl,
+                operation_id=operation_id,
+            )
         p = _proposal_message(proposal)
         if claimed:
-            await self._known(p, operation_id, proposal.request_hash, StoredCommand(
-                request_hash=proposal.request_hash, state="pending", receipt=None, reason=None,
-                decision_id=decision.decision_id, decision_line=decision.line,
-                policy_version=decision.policy_version,
-                origin="host" if proposal.operation_key else "run",
-                operation_key=proposal.operation_key, request_id=proposal.request_id),
-                replay=False)
+            await self._known(
+                p,
+                operation_id,
+                proposal.request_hash,
+                StoredCommand(
+                    request_hash=proposal.request_hash,
+                    state="pending",
+                    receipt=None,
+                    reason=None,
+                    decision_id=decision.decision_id,
+                    decision_line=decision.line,
+                    policy_version=decision.policy_version,
+                    origin="host" if proposal.operation_key else "run",
+                    operation_key=proposal.operation_key,
+                    request_id=proposal.request_id,
+                ),
+                replay=False,
+            )
             if ans is not None:
                 await self._reply(ans, "claimed", outcome="pending")
             return
         if ans is not None:
-            fresh = await self._store.proposal_row(proposal.tenant,
-                                                   proposal_id=proposal.proposal_id)
+            fresh = await self._store.proposal_row(
+                proposal.tenant, proposal_id=proposal.proposal_id
+            )
             assert fresh is not None
             await self._reply_state(ans, fresh)
 
-    async def _reject(self, proposal: ProposalRow, by: str, why: str,
-                      decision_id: str) -> None:
+    async def _reject(self, proposal: ProposalRow, by: str, why: str, decision_id: str) -> None:
         reason = f"rejected by {by}" + (f": {why}" if why else "")
         if await self._store.reject_proposal(proposal.tenant, proposal.proposal_id, reason):
-            await self._refuse(_proposal_message(proposal), "rejected", reason[:500],
-                               decision_id)
+            await self._refuse(_proposal_message(proposal), "rejected", reason[:500], decision_id)
 
     async def _reply_state(self, ans: ProposalAnswer, proposal: ProposalRow) -> None:
         """A proposal that is not pending: its recorded outcome, or why it cannot be approved."""
         if proposal.state in ("executing", "completed") and proposal.operation_id:
-            outcome = outcome_of(proposal.command_state or "pending", receipt=proposal.receipt,
-                                 reason=proposal.command_reason,
-                                 operation_id=proposal.operation_id)
-            await self._reply(ans, "already_completed", outcome=outcome.kind,
-                              receipt=outcome.receipt, reason=outcome.detail or None,
-                              correlation_id=outcome.correlation_id)
+            outcome = outcome_of(
+                proposal.command_state or "pending",
+                receipt=proposal.receipt,
+                reason=proposal.command_reason,
+                operation_id=proposal.operation_id,
+            )
+            await self._reply(
+                ans,
+                "already_completed",
+                outcome=outcome.kind,
+                receipt=outcome.receipt,
+                reason=outcome.detail or None,
+                correlation_id=outcome.correlation_id,
+            )
             return
-        await self._reply(ans, "not_approvable", code="NOT_PENDING",
-                          reason=f"the proposal is {proposal.state}"
-                                 + (f": {proposal.reason}" if proposal.reason else ""))
+        await self._reply(
+            ans,
+            "not_approvable",
+            code="NOT_PENDING",
+            reason=f"the proposal is {proposal.state}"
+            + (f": {proposal.reason}" if proposal.reason else ""),
+        )
 
-    async def _reply(self, ans: ProposalAnswer, status: str, *, outcome: str | None = None,
-                     receipt: str | None = None, reason: str | None = None,
-                     correlation_id: str | None = None, code: str | None = None) -> None:
+    async def _reply(
+        self,
+        ans: ProposalAnswer,
+        status: str,
+        *,
+        outcome: str | None = None,
+        receipt: str | None = None,
+        reason: str | None = None,
+        correlation_id: str | None = None,
+        code: str | None = None,
+    ) -> None:
         await publish(
-            self._rt.js, subjects.result(ans.tenant),
-            ApprovalResult(request_id=ans.request_id, proposal_id=ans.proposal_id, code=code,
-                           status=status, outcome=outcome,  # type: ignore[arg-type]
-                           receipt=receipt, reason=(reason or "")[:500] or None,
-                           correlation_id=correlation_id),
-            msg_id=f"approval-result:{ans.tenant}:{ans.request_id}")
+            self._rt.js,
+            subjects.result(ans.tenant),
+            ApprovalResult(
+                request_id=ans.request_id,
+                proposal_id=ans.proposal_id,
+                code=code,
+                status=status,
+                outcome=outcome,  # type: ignore[arg-type]
+                receipt=receipt,
+                reason=(reason or "")[:500] or None,
+                correlation_id=correlation_id,
+            ),
+            msg_id=f"approval-result:{ans.tenant}:{ans.request_id}",
+        )
 
 
 def _proposal_message(proposal: ProposalRow) -> ProposeCommand:
     """The proposal as the planner (or host) sent it, to answer them about it."""
-    return ProposeCommand(run_id=proposal.run_id, step=proposal.step, tenant=proposal.tenant,
-                          principal=proposal.principal, agent=proposal.agent,
-                          action=proposal.action, arguments=proposal.arguments,
-                          expected_revision=proposal.expected_revision,
-                          operation_key=proposal.operation_key, request_id=proposal.request_id)
+    return ProposeCommand(
+        run_id=proposal.run_id,
+        step=proposal.step,
+        tenant=proposal.tenant,
+        principal=proposal.principal,
+        agent=proposal.agent,
+        action=proposal.action,
+        arguments=proposal.arguments,
+        expected_revision=proposal.expected_revision,
+        operation_key=proposal.operation_key,
+        request_id=proposal.request_id,
+    )

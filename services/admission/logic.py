@@ -68,20 +68,35 @@ def _normalise(value: Any) -> Any:
     return value
 
 
-def canonical_hash(*, tenant: str, principal: str, action: str, version: int,
-                   arguments: dict[str, Any], target: str | None = None,
-                   expected_revision: str | None = None, agent: str | None = None) -> bytes:
+def canonical_hash(
+    *,
+    tenant: str,
+    principal: str,
+    action: str,
+    version: int,
+    arguments: dict[str, Any],
+    target: str | None = None,
+    expected_revision: str | None = None,
+    agent: str | None = None,
+) -> bytes:
     """SHA-256 over the RFC 8785 canonical JSON of the validated fields (seed 001 §2).
 
     It binds everything an operation key names: tenant, principal, agent, action, the
     validated arguments and the expected revision; any of them changed under the same key is
     a conflict. Key order, unicode normal form and number spelling cannot change it.
     """
-    document = _normalise({
-        "tenant": tenant, "principal": principal, "action": action, "version": version,
-        "arguments": arguments, "target": target, "expected_revision": expected_revision,
-        **({"agent": agent} if agent is not None else {}),
-    })
+    document = _normalise(
+        {
+            "tenant": tenant,
+            "principal": principal,
+            "action": action,
+            "version": version,
+            "arguments": arguments,
+            "target": target,
+            "expected_revision": expected_revision,
+            **({"agent": agent} if agent is not None else {}),
+        }
+    )
     return hashlib.sha256(rfc8785.dumps(document)).digest()
 
 
@@ -94,22 +109,30 @@ def validate(proposal: ProposeCommand) -> Validated:
     typed = contract.decode_request(_normalise(proposal.arguments))
     arguments = _normalise(msgspec.to_builtins(typed))
     return Validated(
-        contract=contract, arguments=arguments, request=typed,
-        request_hash=canonical_hash(tenant=proposal.tenant, principal=proposal.principal,
-                                    action=contract.name, version=contract.version,
-                                    arguments=arguments, agent=proposal.agent,
-                                    expected_revision=proposal.expected_revision),
+        contract=contract,
+        arguments=arguments,
+        request=typed,
+        request_hash=canonical_hash(
+            tenant=proposal.tenant,
+            principal=proposal.principal,
+            action=contract.name,
+            version=contract.version,
+            arguments=arguments,
+            agent=proposal.agent,
+            expected_revision=proposal.expected_revision,
+        ),
     )
 
 
 def plan_refusal(proposal: ProposeCommand, resolved: Resolved) -> str | None:
     """Why a plan's step may not be admitted: the preview resolved now is not the one the
     approved plan showed (None: it is, or the proposal is no plan's step)."""
-    if proposal.plan_preview is None or preview_digest(resolved.preview) == (
-            proposal.plan_preview):
+    if proposal.plan_preview is None or preview_digest(resolved.preview) == (proposal.plan_preview):
         return None
-    return ("the facts its preview stands on changed since the user approved the plan; "
-            "a revised plan is needed")
+    return (
+        "the facts its preview stands on changed since the user approved the plan; "
+        "a revised plan is needed"
+    )
 
 
 def resolve(validated: Validated, facts: Any) -> Resolved:
@@ -123,12 +146,13 @@ def resolve(validated: Validated, facts: Any) -> Resolved:
         except msgspec.ValidationError as exc:
             raise Invalid(f"the state {contract.name} depends on is unreadable: {exc}") from exc
     frozen = contract.resolve(validated.request, typed_facts)
-    return Resolved(arguments=_normalise(msgspec.to_builtins(frozen.arguments)),
-                    preview=msgspec.to_builtins(frozen.preview))
+    return Resolved(
+        arguments=_normalise(msgspec.to_builtins(frozen.arguments)),
+        preview=msgspec.to_builtins(frozen.preview),
+    )
 
 
-def operation_id_for(tenant: str, run_id: str, step: int,
-                     operation_key: str | None = None) -> str:
+def operation_id_for(tenant: str, run_id: str, step: int, operation_key: str | None = None) -> str:
     """The durable id of one business intent: chosen once, the same on every retry.
 
     A host's own operation key names its intent; otherwise the run's step does. Either way the

@@ -55,17 +55,28 @@ WHERE p.tenant = $1 AND p.public_id IS NOT NULL"""
 
 def _detail(row: Any) -> ProposalDetail:
     return ProposalDetail(
-        proposal_id=row["public_id"], run_id=row["run_id"], action=row["action"],
-        preview=json.loads(row["preview"]), request_hash=row["request_hash"],
-        state=row["state"], expires_at=row["expires_at"] and row["expires_at"].isoformat(),
-        decision_id=row["decision_id"], reason=row["reason"], approved_by=row["approved_by"],
-        operation_id=row["operation_id"], command_state=row["command_state"],
-        receipt=row["receipt"], command_reason=row["command_reason"] and
-        row["command_reason"][:512], requester=row["principal"], agent=row["agent"],
+        proposal_id=row["public_id"],
+        run_id=row["run_id"],
+        action=row["action"],
+        preview=json.loads(row["preview"]),
+        request_hash=row["request_hash"],
+        state=row["state"],
+        expires_at=row["expires_at"] and row["expires_at"].isoformat(),
+        decision_id=row["decision_id"],
+        reason=row["reason"],
+        approved_by=row["approved_by"],
+        operation_id=row["operation_id"],
+        command_state=row["command_state"],
+        receipt=row["receipt"],
+        command_reason=row["command_reason"] and row["command_reason"][:512],
+        requester=row["principal"],
+        agent=row["agent"],
         created_at=row["created_at"].isoformat(),
         facts=None if row["facts"] is None else json.loads(row["facts"]),
         facts_read_at=row["facts_read_at"] and row["facts_read_at"].isoformat(),
-        decision_line=row["decision_line"], policy_version=row["policy_version"])
+        decision_line=row["decision_line"],
+        policy_version=row["policy_version"],
+    )
 
 
 class AdmissionReads:
@@ -77,12 +88,15 @@ class AdmissionReads:
 
     def endpoints(self) -> list[Endpoint]:
         """The three read endpoints, to serve with the process's micro service."""
-        return [Endpoint("command", COMMAND_STATUS, self._serve(GetCommand, self.command)),
-                Endpoint("proposals", PROPOSALS_LIST, self._serve(ListProposals, self.list)),
-                Endpoint("proposal", PROPOSAL_GET, self._serve(GetProposal, self.proposal))]
+        return [
+            Endpoint("command", COMMAND_STATUS, self._serve(GetCommand, self.command)),
+            Endpoint("proposals", PROPOSALS_LIST, self._serve(ListProposals, self.list)),
+            Endpoint("proposal", PROPOSAL_GET, self._serve(GetProposal, self.proposal)),
+        ]
 
-    def _serve(self, kind: type[Any], answer: Callable[[Any], Awaitable[Any]]
-               ) -> Callable[[Request], Awaitable[None]]:
+    def _serve(
+        self, kind: type[Any], answer: Callable[[Any], Awaitable[Any]]
+    ) -> Callable[[Request], Awaitable[None]]:
         decoder = msgspec.json.Decoder(kind)
 
         async def serve(request: Request) -> None:
@@ -101,6 +115,7 @@ class AdmissionReads:
                 await request.respond_error("404", "none")
                 return
             await request.respond(self._encoder.encode(reply))
+
         return serve
 
     async def command(self, ask: GetCommand) -> CommandResult | None:
@@ -108,23 +123,34 @@ class AdmissionReads:
         row = await self._pool.fetchrow(_COMMAND, ask.tenant, ask.operation_key)
         if row is not None:
             return CommandResult(
-                request_id=row["request_id"] or "", operation_key=ask.operation_key,
-                status=row["state"], operation_id=row["operation_id"], receipt=row["receipt"])
+                request_id=row["request_id"] or "",
+                operation_key=ask.operation_key,
+                status=row["state"],
+                operation_id=row["operation_id"],
+                receipt=row["receipt"],
+            )
         row = await self._pool.fetchrow(_WAITING, ask.tenant, ask.operation_key)
         if row is None:
             return None
         if row["state"] == "pending":
             return CommandResult(
-                request_id=row["request_id"] or "", operation_key=ask.operation_key,
-                status="awaiting_human", pending_id=row["public_id"],
-                proposal=ProposalView(proposal_id=row["public_id"], action=row["action"],
-                                      preview=json.loads(row["preview"]),
-                                      expires_at=row["expires_at"] and
-                                      row["expires_at"].isoformat() or ""))
-        return CommandResult(request_id=row["request_id"] or "",
-                             operation_key=ask.operation_key, status="rejected",
-                             error=ErrorInfo(code="REJECTED",
-                                             message=(row["reason"] or row["state"])[:512]))
+                request_id=row["request_id"] or "",
+                operation_key=ask.operation_key,
+                status="awaiting_human",
+                pending_id=row["public_id"],
+                proposal=ProposalView(
+                    proposal_id=row["public_id"],
+                    action=row["action"],
+                    preview=json.loads(row["preview"]),
+                    expires_at=row["expires_at"] and row["expires_at"].isoformat() or "",
+                ),
+            )
+        return CommandResult(
+            request_id=row["request_id"] or "",
+            operation_key=ask.operation_key,
+            status="rejected",
+            error=ErrorInfo(code="REJECTED", message=(row["reason"] or row["state"])[:512]),
+        )
 
     async def list(self, ask: ListProposals) -> Proposals:
         """The tenant's proposals, newest first."""
@@ -133,11 +159,13 @@ class AdmissionReads:
             query += " AND p.state = $2"
             args.append(ask.state)
         rows = await self._pool.fetch(
-            f"{query} ORDER BY p.created_at DESC LIMIT {int(ask.limit)}", *args)
+            f"{query} ORDER BY p.created_at DESC LIMIT {int(ask.limit)}", *args
+        )
         return Proposals(proposals=[_detail(r) for r in rows])
 
     async def proposal(self, ask: GetProposal) -> ProposalDetail | None:
         """One proposal by its public id."""
-        row = await self._pool.fetchrow(_PROPOSALS + " AND p.public_id = $2", ask.tenant,
-                                        ask.proposal_id)
+        row = await self._pool.fetchrow(
+            _PROPOSALS + " AND p.public_id = $2", ask.tenant, ask.proposal_id
+        )
         return None if row is None else _detail(row)

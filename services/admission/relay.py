@@ -33,9 +33,18 @@ log = logging.getLogger("writ.admission.relay")
 class OutboxRelay:
     """Moves outbox rows onto the bus until stopped."""
 
-    def __init__(self, *, store: AdmissionStore, js: JetStreamContext, listen_dsn: str,
-                 listen_password: str | None, batch: int = 256, poll_s: float = 1.0,
-                 faults: Faults | None = None, tracer: Tracer | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: AdmissionStore,
+        js: JetStreamContext,
+        listen_dsn: str,
+        listen_password: str | None,
+        batch: int = 256,
+        poll_s: float = 1.0,
+        faults: Faults | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         self._store, self._js = store, js
         self._tracer = tracer or trace.get_tracer("writ.relay")
         self._faults = faults or Faults()
@@ -44,8 +53,12 @@ class OutboxRelay:
         self._wake = anyio.Event()
         self.published = 0
 
-    async def run(self, stopping: anyio.Event, *,
-                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        stopping: anyio.Event,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Relay until `stopping` is set."""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._listen)
@@ -82,12 +95,16 @@ class OutboxRelay:
         # A span of the run's trace (the admission's context was stored with the row), so the
         # dispatch that follows hangs off the relay's publish.
         parent = extract_context({"traceparent": row.traceparent} if row.traceparent else {})
-        with self._tracer.start_as_current_span("relay publish", context=parent,
-                                                kind=SpanKind.PRODUCER) as span:
+        with self._tracer.start_as_current_span(
+            "relay publish", context=parent, kind=SpanKind.PRODUCER
+        ) as span:
             span.set_attribute("writ.operation_id", row.operation_id)
-            await publish(self._js, subjects.command(row.tenant),
-                          DispatchCommand(tenant=row.tenant, operation_id=row.operation_id),
-                          msg_id=f"{row.tenant}:{row.operation_id}")
+            await publish(
+                self._js,
+                subjects.command(row.tenant),
+                DispatchCommand(tenant=row.tenant, operation_id=row.operation_id),
+                msg_id=f"{row.tenant}:{row.operation_id}",
+            )
 
     async def _listen(self) -> None:
         while True:

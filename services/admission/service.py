@@ -71,10 +71,20 @@ log = logging.getLogger("writ.admission")
 class AdmissionService(ProposalApprovals):
     """Judges proposals and relays admitted commands."""
 
-    def __init__(self, *, rt: Runtime, store: AdmissionStore, relay: OutboxRelay,
-                 command_ttl: timedelta, proposal_ttl: timedelta = timedelta(hours=24),
-                 sealer: Sealer | None = None, decide_timeout_s: float = 2.0,
-                 gauges_every_s: float = 5.0, batch_size: int = 64, batches: int = 4) -> None:
+    def __init__(
+        self,
+        *,
+        rt: Runtime,
+        store: AdmissionStore,
+        relay: OutboxRelay,
+        command_ttl: timedelta,
+        proposal_ttl: timedelta = timedelta(hours=24),
+        sealer: Sealer | None = None,
+        decide_timeout_s: float = 2.0,
+        gauges_every_s: float = 5.0,
+        batch_size: int = 64,
+        batches: int = 4,
+    ) -> None:
         self._rt, self._store, self._relay, self._sealer = rt, store, relay, sealer
         # Up to `batches` fetched batches of up to `batch_size` messages in flight, each
         # proposal batch admitted in one transaction.
@@ -86,34 +96,57 @@ class AdmissionService(ProposalApprovals):
         self._facts_decoder = msgspec.json.Decoder(FactsRead)
         self._answered_decoder = msgspec.json.Decoder(DecisionAnswered)
         self._encoder = msgspec.json.Encoder()
-        self._commands = Gauge("writ_admission_commands", "Admitted commands per state",
-                               ["state"], registry=rt.registry)
+        self._commands = Gauge(
+            "writ_admission_commands",
+            "Admitted commands per state",
+            ["state"],
+            registry=rt.registry,
+        )
         for state in COMMAND_STATES:
             self._commands.labels(state).set(0)
-        self._outbox_oldest = Gauge("writ_admission_outbox_oldest_seconds",
-                                    "Age of the oldest outbox row not yet relayed (0 when empty)",
-                                    registry=rt.registry)
-        self._proposals_pending = Gauge("writ_admission_proposals_pending",
-                                        "Proposals waiting for a person's answer",
-                                        registry=rt.registry)
+        self._outbox_oldest = Gauge(
+            "writ_admission_outbox_oldest_seconds",
+            "Age of the oldest outbox row not yet relayed (0 when empty)",
+            registry=rt.registry,
+        )
+        self._proposals_pending = Gauge(
+            "writ_admission_proposals_pending",
+            "Proposals waiting for a person's answer",
+            registry=rt.registry,
+        )
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Consume proposals and relay the outbox until stopped."""
         async with anyio.create_task_group() as tg:
             if self._sealer is not None:
                 await tg.start(self._sealer.run)  # chains and signs the audit journal
             await tg.start(self._relay.run, self._rt.stopping)
-            tg.start_soon(functools.partial(refresh_every, self._gauges_every_s,
-                                            self.refresh_gauges, stopping=self._rt.stopping,
-                                            what="admission gauges"))
-            await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
-                            handler=self.handle, batch_handler=self.handle_batch,
-                            batch_size=self._batch_size, concurrency=self._batches,
-                            metrics=self._rt.metrics,
-                            tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            health=self._rt.health, task_status=task_status,
-                            backoff_max_s=self._rt.retry_backoff_max_s)
+            tg.start_soon(
+                functools.partial(
+                    refresh_every,
+                    self._gauges_every_s,
+                    self.refresh_gauges,
+                    stopping=self._rt.stopping,
+                    what="admission gauges",
+                )
+            )
+            await run_actor(
+                js=self._rt.js,
+                spec=INBOX,
+                decoder=self._decoder,
+                handler=self.handle,
+                batch_handler=self.handle_batch,
+                batch_size=self._batch_size,
+                concurrency=self._batches,
+                metrics=self._rt.metrics,
+                tracer=self._rt.tracer,
+                stopping=self._rt.stopping,
+                health=self._rt.health,
+                task_status=task_status,
+                backoff_max_s=self._rt.retry_backoff_max_s,
+            )
             tg.cancel_scope.cancel()  # drained: the relay, the gauges and the sealer stop too
 
     async def refresh_gauges(self) -> None:
@@ -137,14 +170,16 @@ class AdmissionService(ProposalApprovals):
         else:
             await self._judge(message)
 
-    async def handle_batch(self, deliveries: list[Delivery[Inbound]]
-                           ) -> list[BaseException | None]:
+    async def handle_batch(self, deliveries: list[Delivery[Inbound]]) -> list[BaseException | None]:
         """A fetched batch: its proposals judged together (one known-read, one batched
         `decide`, one admission transaction), everything else one by one. Raises only if
         nothing of the batch's admissions committed; the actor then takes them one by one."""
         results: list[BaseException | None] = [None] * len(deliveries)
-        proposals = [(i, d.message, d.span) for i, d in enumerate(deliveries)
-                     if isinstance(d.message, ProposeCommand)]
+        proposals = [
+            (i, d.message, d.span)
+            for i, d in enumerate(deliveries)
+            if isinstance(d.message, ProposeCommand)
+        ]
         if proposals:
             await self._judge_batch(proposals, results)
 
@@ -174,8 +209,11 @@ class AdmissionService(ProposalApprovals):
         if results[0] is not None:
             raise results[0]
 
-    async def _judge_batch(self, proposals: list[tuple[int, ProposeCommand, trace.Span]],
-                           results: list[BaseException | None]) -> None:
+    async def _judge_batch(
+        self,
+        proposals: list[tuple[int, ProposeCommand, trace.Span]],
+        results: list[BaseException | None],
+    ) -> None:
         """Validate, decide and admit (or refuse) several proposals at once: one known-read,
         one batched `decide`, one admission transaction. Each proposal's failure is its own
         result (at `index`); raises only if the admission transaction failed (nothing of it
@@ -183,7 +221,8 @@ class AdmissionService(ProposalApprovals):
         pending: list[_Judging] = []
         for index, p, parent in proposals:
             span = self._rt.tracer.start_span(
-                "admission admit", context=trace.set_span_in_context(parent))
+                "admission admit", context=trace.set_span_in_context(parent)
+            )
             j = _Judging(index=index, p=p, span=span)
             try:
                 with trace.use_span(span, end_on_exit=False):
@@ -207,10 +246,12 @@ class AdmissionService(ProposalApprovals):
             for j in pending:
                 j.span.end()
 
-    async def _judge_known(self, pending: list[_Judging],
-                           results: list[BaseException | None]) -> None:
+    async def _judge_known(
+        self, pending: list[_Judging], results: list[BaseException | None]
+    ) -> None:
         knowns = await self._store.known_many(
-            [(j.p.tenant, j.operation_id, j.proposal_id) for j in pending])
+            [(j.p.tenant, j.operation_id, j.proposal_id) for j in pending]
+        )
         fresh: list[_Judging] = []
 
         async def step(j: _Judging, work: Awaitable[None]) -> None:
@@ -239,11 +280,19 @@ class AdmissionService(ProposalApprovals):
                 existing, recorded = known.command, known.proposal
                 assert j.valid is not None
                 if existing is not None:
-                    tg.start_soon(step, j, self._known(j.p, j.operation_id, j.valid.request_hash,
-                                                       existing, replay=True))
+                    tg.start_soon(
+                        step,
+                        j,
+                        self._known(
+                            j.p, j.operation_id, j.valid.request_hash, existing, replay=True
+                        ),
+                    )
                 elif recorded is not None and recorded[0] in ("pending", "rejected"):
-                    tg.start_soon(step, j, self._refuse_again(j.p, recorded, j.proposal_id,
-                                                              j.valid.request_hash))
+                    tg.start_soon(
+                        step,
+                        j,
+                        self._refuse_again(j.p, recorded, j.proposal_id, j.valid.request_hash),
+                    )
                 else:
                     fresh.append(j)
                     tg.start_soon(step, j, resolve_one(j))
@@ -268,37 +317,64 @@ class AdmissionService(ProposalApprovals):
             assert j.valid is not None and j.resolved is not None and j.known is not None
             with trace.use_span(j.span, end_on_exit=False):
                 traceparent = inject_context({}).get("traceparent")
-            admissions.append(Admission(
-                tenant=j.p.tenant, operation_id=j.operation_id, proposal_id=j.proposal_id,
-                run_id=j.p.run_id, step=j.p.step, principal=j.p.principal, agent=j.p.agent,
-                action=j.valid.contract.name, version=j.valid.contract.version,
-                arguments=j.resolved.arguments, request_hash=j.valid.request_hash,
-                decision=decision, ttl=self._ttl, preview=j.resolved.preview,
-                expected_revision=j.p.expected_revision, operation_key=j.p.operation_key,
-                request_id=j.p.request_id, policy_epoch=j.known.policy_epoch,
-                traceparent=traceparent))
+            admissions.append(
+                Admission(
+                    tenant=j.p.tenant,
+                    operation_id=j.operation_id,
+                    proposal_id=j.proposal_id,
+                    run_id=j.p.run_id,
+                    step=j.p.step,
+                    principal=j.p.principal,
+                    agent=j.p.agent,
+                    action=j.valid.contract.name,
+                    version=j.valid.contract.version,
+                    arguments=j.resolved.arguments,
+                    request_hash=j.valid.request_hash,
+                    decision=decision,
+                    ttl=self._ttl,
+                    preview=j.resolved.preview,
+                    expected_revision=j.p.expected_revision,
+                    operation_key=j.p.operation_key,
+                    request_id=j.p.request_id,
+                    policy_epoch=j.known.policy_epoch,
+                    traceparent=traceparent,
+                )
+            )
         # Raises if the transaction fails: nothing of it committed, the actor goes one by one.
         admitted = await self._store.admit_many(
-            admissions, before_commit=lambda: self._rt.faults.crash_if("admission.before_commit"))
+            admissions, before_commit=lambda: self._rt.faults.crash_if("admission.before_commit")
+        )
         async with anyio.create_task_group() as tg:
             for (j, _), done in zip(allowed, admitted, strict=True):
                 assert j.valid is not None
-                tg.start_soon(step, j, self._known(j.p, j.operation_id, j.valid.request_hash,
-                                                   done.command, replay=not done.created))
+                tg.start_soon(
+                    step,
+                    j,
+                    self._known(
+                        j.p,
+                        j.operation_id,
+                        j.valid.request_hash,
+                        done.command,
+                        replay=not done.created,
+                    ),
+                )
 
-    async def _decide_many(self, judging: list[_Judging], results: list[BaseException | None]
-                           ) -> list[Decision | None]:
+    async def _decide_many(
+        self, judging: list[_Judging], results: list[BaseException | None]
+    ) -> list[Decision | None]:
         """Governance's decisions, in one request/reply (`decide` for one proposal,
         `decide_batch` for more); each on its own if governance cannot answer the batch (None
         where that failed too: its result says why). No answer is not an allow:
         `DecideUnavailable` is that proposal's result, retried, and it stays unadmitted until
         governance answers."""
-        asks = [self._decide_request(j.p, j.resolved.arguments, j.proposal_id)
-                for j in judging if j.resolved is not None]
+        asks = [
+            self._decide_request(j.p, j.resolved.arguments, j.proposal_id)
+            for j in judging
+            if j.resolved is not None
+        ]
         if len(asks) > 1:
             try:
-                return list(await decide_batch(self._rt.nc, asks,
-                                               timeout=self._decide_timeout))
+                return list(await decide_batch(self._rt.nc, asks, timeout=self._decide_timeout))
             except DecideUnavailable as exc:
                 log.info("batched decide unavailable (%r): asking one by one", exc)
         decisions: list[Decision | None] = [None] * len(judging)
@@ -314,44 +390,78 @@ class AdmissionService(ProposalApprovals):
                 tg.start_soon(one, index, ask)
         return decisions
 
-    async def _refuse_again(self, p: ProposeCommand, recorded: tuple[str, str | None, str],
-                            proposal_id: str, request_hash: bytes) -> None:
+    async def _refuse_again(
+        self,
+        p: ProposeCommand,
+        recorded: tuple[str, str | None, str],
+        proposal_id: str,
+        request_hash: bytes,
+    ) -> None:
         """Proposed again (a redelivery, or a host's key sent again): the same answer, with
         what the first carried (the proposal to approve), never a second ask. A host's key
         sent with anything else changed is a conflict, as it is once the command exists."""
         state, decision_id, reason = recorded
         row = await self._store.proposal_row(p.tenant, proposal_id=proposal_id)
-        if p.operation_key is not None and row is not None and (
-                row.request_hash != request_hash):
-            await self._refuse(p, "conflict",
-                               f"operation key {p.operation_key} was already used with another "
-                               "payload; the stored proposal is unchanged")
+        if p.operation_key is not None and row is not None and (row.request_hash != request_hash):
+            await self._refuse(
+                p,
+                "conflict",
+                f"operation key {p.operation_key} was already used with another "
+                "payload; the stored proposal is unchanged",
+            )
             return
-        verdict = ("ask" if state == "pending" else
-                   "rejected" if reason.startswith("rejected by") else "deny")
-        await self._refuse(p, verdict, reason, decision_id,
-                           pending_id=decision_id if state == "pending" else None,
-                           proposal=_view(row) if row is not None and state == "pending"
-                           else None)
+        verdict = (
+            "ask"
+            if state == "pending"
+            else "rejected"
+            if reason.startswith("rejected by")
+            else "deny"
+        )
+        await self._refuse(
+            p,
+            verdict,
+            reason,
+            decision_id,
+            pending_id=decision_id if state == "pending" else None,
+            proposal=_view(row) if row is not None and state == "pending" else None,
+        )
 
     async def _not_allowed(self, j: _Judging, decision: Decision) -> None:
         """An ask or a deny: the proposal recorded, frozen as it will be shown, and refused."""
         assert j.valid is not None and j.resolved is not None
         p, valid, resolved = j.p, j.valid, j.resolved
         stored = await self._store.record_proposal(
-            tenant=p.tenant, proposal_id=j.proposal_id, run_id=p.run_id, step=p.step,
-            principal=p.principal, agent=p.agent, action=valid.contract.name,
-            version=valid.contract.version, arguments=resolved.arguments,
+            tenant=p.tenant,
+            proposal_id=j.proposal_id,
+            run_id=p.run_id,
+            step=p.step,
+            principal=p.principal,
+            agent=p.agent,
+            action=valid.contract.name,
+            version=valid.contract.version,
+            arguments=resolved.arguments,
             request_hash=valid.request_hash,
             state="pending" if decision.verdict == "ask" else "rejected",
-            decision_id=decision.decision_id, reason=decision.reason,
-            preview=resolved.preview, ttl=self._proposal_ttl,
-            expected_revision=p.expected_revision, operation_key=p.operation_key,
-            request_id=p.request_id, facts=j.facts, facts_read_at=j.facts_read_at,
-            decision_line=decision.line, policy_version=decision.policy_version)
-        await self._refuse(p, decision.verdict, decision.reason, decision.decision_id,
-                           pending_id=decision.pending_id,
-                           proposal=_view(stored) if decision.verdict == "ask" else None)
+            decision_id=decision.decision_id,
+            reason=decision.reason,
+            preview=resolved.preview,
+            ttl=self._proposal_ttl,
+            expected_revision=p.expected_revision,
+            operation_key=p.operation_key,
+            request_id=p.request_id,
+            facts=j.facts,
+            facts_read_at=j.facts_read_at,
+            decision_line=decision.line,
+            policy_version=decision.policy_version,
+        )
+        await self._refuse(
+            p,
+            decision.verdict,
+            decision.reason,
+            decision.decision_id,
+            pending_id=decision.pending_id,
+            proposal=_view(stored) if decision.verdict == "ask" else None,
+        )
 
     async def _read_facts(self, tenant: str, valid: Validated) -> dict[str, object] | None:
         """The state the preview stands on, read by the dispatcher (None: nothing to read, or
@@ -364,99 +474,188 @@ class AdmissionService(ProposalApprovals):
         # that credential); everything else by the dispatcher.
         subject = subjects.HOST_FACTS if ref.kind == "host_ticket" else subjects.FACTS
         try:
-            reply = await timed_request(self._rt.nc, subject, self._encoder.encode(ask),
-                                        timeout=self._decide_timeout)
+            reply = await timed_request(
+                self._rt.nc, subject, self._encoder.encode(ask), timeout=self._decide_timeout
+            )
         except (NatsTimeoutError, NoRespondersError) as exc:
-            raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}",
-                                 delay=1.0) from exc
+            raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}", delay=1.0) from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError(f"reading {ref.kind} failed: "
-                                 f"{reply.headers.get('Nats-Service-Error')}", delay=1.0)
+            raise RetryableError(
+                f"reading {ref.kind} failed: {reply.headers.get('Nats-Service-Error')}", delay=1.0
+            )
         read = self._facts_decoder.decode(reply.data)
         return read.facts if read.found else None
 
-    async def _known(self, p: ProposeCommand, operation_id: str, request_hash: bytes,
-                     stored: StoredCommand, *, replay: bool) -> None:
+    async def _known(
+        self,
+        p: ProposeCommand,
+        operation_id: str,
+        request_hash: bytes,
+        stored: StoredCommand,
+        *,
+        replay: bool,
+    ) -> None:
         """The key is registered: a replay returns the recorded state, a new payload conflicts."""
         if stored.request_hash != request_hash:
-            await self._refuse(p, "conflict",
-                               f"operation key {p.operation_key or operation_id} was already "
-                               "used with another payload; the stored command is unchanged")
+            await self._refuse(
+                p,
+                "conflict",
+                f"operation key {p.operation_key or operation_id} was already "
+                "used with another payload; the stored command is unchanged",
+            )
             return
         # A progress event for watchers (the timeline), not an obligation: a core publish on a
         # subject no stream stores (the journal row written with the admission is the record).
         await publish_now(
-            self._rt.nc, subjects.admitted(p.tenant),
-            CommandAdmitted(tenant=p.tenant, run_id=p.run_id, step=p.step, action=p.action,
-                            operation_id=operation_id, request_hash=request_hash.hex(),
-                            decision_id=stored.decision_id, decision_line=stored.decision_line,
-                            policy_version=stored.policy_version, replay=replay),
+            self._rt.nc,
+            subjects.admitted(p.tenant),
+            CommandAdmitted(
+                tenant=p.tenant,
+                run_id=p.run_id,
+                step=p.step,
+                action=p.action,
+                operation_id=operation_id,
+                request_hash=request_hash.hex(),
+                decision_id=stored.decision_id,
+                decision_line=stored.decision_line,
+                policy_version=stored.policy_version,
+                replay=replay,
+            ),
             msg_id=f"admitted:{p.tenant}:{operation_id}:{int(replay)}",
         )
         if p.operation_key is not None and replay:
             # A host replaying its key learns the recorded state (and outcome, if terminal).
-            await self._answer_host(p.tenant, p.request_id or "", p.operation_key, operation_id,
-                                    stored.state, stored.receipt, stored.reason)
+            await self._answer_host(
+                p.tenant,
+                p.request_id or "",
+                p.operation_key,
+                operation_id,
+                stored.state,
+                stored.receipt,
+                stored.reason,
+            )
 
     async def _answer_outcome(self, outcome: CommandOutcome) -> None:
         stored = await self._store.command(outcome.tenant, outcome.operation_id)
         if stored is None or stored.origin != "host" or stored.operation_key is None:
             return  # a run's command: the planner answers its host
-        await self._answer_host(outcome.tenant, stored.request_id or "", stored.operation_key,
-                                outcome.operation_id, outcome.state, outcome.receipt,
-                                outcome.reason)
+        await self._answer_host(
+            outcome.tenant,
+            stored.request_id or "",
+            stored.operation_key,
+            outcome.operation_id,
+            outcome.state,
+            outcome.receipt,
+            outcome.reason,
+        )
 
-    async def _answer_host(self, tenant: str, request_id: str, operation_key: str,
-                           operation_id: str | None, status: str, receipt: str | None,
-                           reason: str | None, code: str | None = None,
-                           pending_id: str | None = None,
-                           proposal: ProposalView | None = None) -> None:
+    async def _answer_host(
+        self,
+        tenant: str,
+        request_id: str,
+        operation_key: str,
+        operation_id: str | None,
+        status: str,
+        receipt: str | None,
+        reason: str | None,
+        code: str | None = None,
+        pending_id: str | None = None,
+        proposal: ProposalView | None = None,
+    ) -> None:
         error = None
         outcome: Outcome | None = None
         if operation_id is not None:
-            outcome = outcome_of(status, receipt=receipt, reason=reason,
-                                 operation_id=operation_id)
+            outcome = outcome_of(status, receipt=receipt, reason=reason, operation_id=operation_id)
             if outcome.kind == "terminal_failure":
                 reason = outcome.detail  # a correlation id, never the provider's words
         if status not in ("succeeded", "pending", "dispatching"):
             error = ErrorInfo(code=code or status.upper(), message=(reason or status)[:512])
         await publish(
-            self._rt.js, subjects.result(tenant),
-            CommandResult(request_id=request_id, operation_key=operation_key, status=status,
-                          operation_id=operation_id, receipt=receipt, error=error,
-                          pending_id=pending_id, proposal=proposal,
-                          outcome=outcome.kind if outcome else None,
-                          correlation_id=outcome.correlation_id if outcome else None),
+            self._rt.js,
+            subjects.result(tenant),
+            CommandResult(
+                request_id=request_id,
+                operation_key=operation_key,
+                status=status,
+                operation_id=operation_id,
+                receipt=receipt,
+                error=error,
+                pending_id=pending_id,
+                proposal=proposal,
+                outcome=outcome.kind if outcome else None,
+                correlation_id=outcome.correlation_id if outcome else None,
+            ),
             msg_id=f"command-result:{tenant}:{request_id}:{operation_id}:{status}",
         )
 
-    def _decide_request(self, p: ProposeCommand, arguments: dict[str, object],
-                        proposal_id: str) -> DecideRequest:
+    def _decide_request(
+        self, p: ProposeCommand, arguments: dict[str, object], proposal_id: str
+    ) -> DecideRequest:
         first = next(iter(arguments.values()), "")
-        return DecideRequest(tenant=p.tenant, principal=p.principal, agent=p.agent,
-                             run_id=p.run_id, tool=p.action,
-                             first_argument=first[:512] if isinstance(first, str) else "",
-                             proposal_id=proposal_id)
+        return DecideRequest(
+            tenant=p.tenant,
+            principal=p.principal,
+            agent=p.agent,
+            run_id=p.run_id,
+            tool=p.action,
+            first_argument=first[:512] if isinstance(first, str) else "",
+            proposal_id=proposal_id,
+        )
 
-    async def _refuse(self, p: ProposeCommand, verdict: str, reason: str,
-                      decision_id: str | None = None, *, pending_id: str | None = None,
-                      proposal: ProposalView | None = None) -> None:
+    async def _refuse(
+        self,
+        p: ProposeCommand,
+        verdict: str,
+        reason: str,
+        decision_id: str | None = None,
+        *,
+        pending_id: str | None = None,
+        proposal: ProposalView | None = None,
+    ) -> None:
         if p.operation_key is not None:
-            status = {"deny": "denied", "ask": "awaiting_human", "invalid": "rejected",
-                      "conflict": "conflict", "rejected": "rejected"}[verdict]
-            code = {"deny": "DENIED", "ask": "AWAITING_HUMAN", "invalid": "INVALID_COMMAND",
-                    "conflict": "CONFLICT", "rejected": "REJECTED"}[verdict]
-            await self._answer_host(p.tenant, p.request_id or "", p.operation_key, None, status,
-                                    None, reason, code, pending_id, proposal)
+            status = {
+                "deny": "denied",
+                "ask": "awaiting_human",
+                "invalid": "rejected",
+                "conflict": "conflict",
+                "rejected": "rejected",
+            }[verdict]
+            code = {
+                "deny": "DENIED",
+                "ask": "AWAITING_HUMAN",
+                "invalid": "INVALID_COMMAND",
+                "conflict": "CONFLICT",
+                "rejected": "REJECTED",
+            }[verdict]
+            await self._answer_host(
+                p.tenant,
+                p.request_id or "",
+                p.operation_key,
+                None,
+                status,
+                None,
+                reason,
+                code,
+                pending_id,
+                proposal,
+            )
             return
         await publish(
-            self._rt.js, subjects.refused(p.tenant),
-            ProposalRefused(tenant=p.tenant, run_id=p.run_id, step=p.step,
-                            action=p.action[:512], verdict=verdict, reason=reason,
-                            decision_id=decision_id, pending_id=pending_id,
-                            proposal_id=proposal.proposal_id if proposal else None,
-                            preview=proposal.preview if proposal else None,
-                            expires_at=proposal.expires_at if proposal else None),
+            self._rt.js,
+            subjects.refused(p.tenant),
+            ProposalRefused(
+                tenant=p.tenant,
+                run_id=p.run_id,
+                step=p.step,
+                action=p.action[:512],
+                verdict=verdict,
+                reason=reason,
+                decision_id=decision_id,
+                pending_id=pending_id,
+                proposal_id=proposal.proposal_id if proposal else None,
+                preview=proposal.preview if proposal else None,
+                expires_at=proposal.expires_at if proposal else None,
+            ),
             msg_id=f"refused:{p.tenant}:{p.run_id}:{p.step}:{verdict}",
         )
 
@@ -464,8 +663,18 @@ class AdmissionService(ProposalApprovals):
 class _Judging:
     """One proposal of a batch, as far as it got."""
 
-    __slots__ = ("facts", "facts_read_at", "index", "known", "operation_id", "p",
-                 "proposal_id", "resolved", "span", "valid")
+    __slots__ = (
+        "facts",
+        "facts_read_at",
+        "index",
+        "known",
+        "operation_id",
+        "p",
+        "proposal_id",
+        "resolved",
+        "span",
+        "valid",
+    )
 
     def __init__(self, *, index: int, p: ProposeCommand, span: trace.Span) -> None:
         self.index, self.p, self.span = index, p, span
@@ -480,5 +689,9 @@ class _Judging:
 
 def _view(proposal: ProposalRow) -> ProposalView:
     expires = proposal.expires_at.isoformat() if proposal.expires_at else ""
-    return ProposalView(proposal_id=proposal.public_id, action=proposal.action,
-                        preview=proposal.preview, expires_at=expires)
+    return ProposalView(
+        proposal_id=proposal.public_id,
+        action=proposal.action,
+        preview=proposal.preview,
+        expires_at=expires,
+    )

@@ -15,13 +15,31 @@ from libs.journal import Journal
 from libs.telemetry import inject_context
 from schemas.governance import Decision
 
-__all__ = ["COMMAND_STATES", "Admission", "AdmissionStore", "Admitted", "Backlog", "Known",
-           "OutboxRow", "ProposalRow", "StoredCommand", "new_public_id"]
+__all__ = [
+    "COMMAND_STATES",
+    "Admission",
+    "AdmissionStore",
+    "Admitted",
+    "Backlog",
+    "Known",
+    "OutboxRow",
+    "ProposalRow",
+    "StoredCommand",
+    "new_public_id",
+]
 
 OUTBOX_CHANNEL = "writ_outbox"
 # Every state a command can be in (the CHECK on admission.commands.state).
-COMMAND_STATES = ("pending", "dispatching", "succeeded", "denied", "expired",
-                  "revision_required", "unknown", "failed")
+COMMAND_STATES = (
+    "pending",
+    "dispatching",
+    "succeeded",
+    "denied",
+    "expired",
+    "revision_required",
+    "unknown",
+    "failed",
+)
 
 
 class StoredCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,8 +120,10 @@ class OutboxRow(msgspec.Struct, frozen=True, kw_only=True):
     traceparent: str | None = None  # the admitting span, so dispatch joins the run's trace
 
 
-_COMMAND_COLUMNS = ("request_hash, state, receipt, reason, decision_id::text AS decision_id, "
-                    "decision_line, policy_version, origin, operation_key, request_id")
+_COMMAND_COLUMNS = (
+    "request_hash, state, receipt, reason, decision_id::text AS decision_id, "
+    "decision_line, policy_version, origin, operation_key, request_id"
+)
 
 # `{journal}` in a statement is where its audit journal row goes (a CTE written only if the
 # CTE it names changed something), or nothing when the store has no journal.
@@ -296,93 +316,183 @@ class AdmissionStore:
         self._approve = self._journaled(_APPROVE, 11, "admitted")
         self._reject = self._journaled(_MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
         self._expire = self._journaled(
-            _MOVE_PROPOSAL.replace("{condition}", "AND expires_at <= now()"), 5, "moved")
+            _MOVE_PROPOSAL.replace("{condition}", "AND expires_at <= now()"), 5, "moved"
+        )
 
     def _journaled(self, statement: str, first: int, changed: str) -> str:
         """The statement with its journal row, written only if `changed` changed anything."""
         row = "" if self._journal is None else ", " + self._journal.cte_if(first, changed)
         return statement.replace("{journal}", row)
 
-    def _entry(self, tenant: str, kind: str, subject: str, run_id: str,
-               payload: dict[str, Any]) -> tuple[Any, ...]:
+    def _entry(
+        self, tenant: str, kind: str, subject: str, run_id: str, payload: dict[str, Any]
+    ) -> tuple[Any, ...]:
         """The journal row's parameters (none without a journal)."""
         if self._journal is None:
             return ()
-        return msgspec.structs.astuple(self._journal.entry(
-            tenant=tenant, kind=kind, subject=subject, run_id=run_id, payload=payload))
+        return msgspec.structs.astuple(
+            self._journal.entry(
+                tenant=tenant, kind=kind, subject=subject, run_id=run_id, payload=payload
+            )
+        )
 
     async def command(self, tenant: str, operation_id: str) -> StoredCommand | None:
         """The registered command for this key, if any."""
         row = await self._pool.fetchrow(
             f"SELECT {_COMMAND_COLUMNS} FROM admission.commands "
-            "WHERE tenant = $1 AND operation_id = $2", tenant, operation_id)
+            "WHERE tenant = $1 AND operation_id = $2",
+            tenant,
+            operation_id,
+        )
         return None if row is None else StoredCommand(**dict(row))
 
-    async def record_proposal(self, *, tenant: str, proposal_id: str, run_id: str, step: int,
-                              principal: str, agent: str, action: str, version: int,
-                              arguments: dict[str, Any], request_hash: bytes, state: str,
-                              decision_id: str | None, reason: str | None,
-                              preview: dict[str, Any], ttl: timedelta,
-                              expected_revision: str | None = None,
-                              operation_key: str | None = None,
-                              request_id: str | None = None, facts: Any = None,
-                              facts_read_at: datetime | None = None,
-                              decision_line: int | None = None,
-                              policy_version: str | None = None) -> ProposalRow:
+    async def record_proposal(
+        self,
+        *,
+        tenant: str,
+        proposal_id: str,
+        run_id: str,
+        step: int,
+        principal: str,
+        agent: str,
+        action: str,
+        version: int,
+        arguments: dict[str, Any],
+        request_hash: bytes,
+        state: str,
+        decision_id: str | None,
+        reason: str | None,
+        preview: dict[str, Any],
+        ttl: timedelta,
+        expected_revision: str | None = None,
+        operation_key: str | None = None,
+        request_id: str | None = None,
+        facts: Any = None,
+        facts_read_at: datetime | None = None,
+        decision_line: int | None = None,
+        policy_version: str | None = None,
+    ) -> ProposalRow:
         """Record a proposal that did not become a command (refused, or waiting for a person),
         under a new opaque public id; a redelivery gets the row recorded the first time."""
         public_id, expires_at = new_public_id(), datetime.now(UTC) + ttl
         await self._pool.execute(
-            self._insert_proposal, tenant, proposal_id, run_id, step, principal, agent, action,
-            version, json.dumps(arguments), request_hash, state, decision_id, reason,
-            expected_revision, operation_key, request_id, public_id, json.dumps(preview),
-            expires_at, inject_context({}).get("traceparent"),
-            None if facts is None else json.dumps(facts), facts_read_at, decision_line,
+            self._insert_proposal,
+            tenant,
+            proposal_id,
+            run_id,
+            step,
+            principal,
+            agent,
+            action,
+            version,
+            json.dumps(arguments),
+            request_hash,
+            state,
+            decision_id,
+            reason,
+            expected_revision,
+            operation_key,
+            request_id,
+            public_id,
+            json.dumps(preview),
+            expires_at,
+            inject_context({}).get("traceparent"),
+            None if facts is None else json.dumps(facts),
+            facts_read_at,
+            decision_line,
             policy_version,
-            *self._entry(tenant, f"proposal.{state}", public_id, run_id, {
-                "proposal_id": proposal_id, "public_id": public_id, "step": step,
-                "principal": principal, "agent": agent, "action": action, "version": version,
-                "arguments": arguments, "preview": preview, "request_hash": request_hash.hex(),
-                "decision_id": decision_id, "reason": reason, "expires_at": expires_at,
-                "operation_key": operation_key}))
+            *self._entry(
+                tenant,
+                f"proposal.{state}",
+                public_id,
+                run_id,
+                {
+                    "proposal_id": proposal_id,
+                    "public_id": public_id,
+                    "step": step,
+                    "principal": principal,
+                    "agent": agent,
+                    "action": action,
+                    "version": version,
+                    "arguments": arguments,
+                    "preview": preview,
+                    "request_hash": request_hash.hex(),
+                    "decision_id": decision_id,
+                    "reason": reason,
+                    "expires_at": expires_at,
+                    "operation_key": operation_key,
+                },
+            ),
+        )
         row = await self.proposal_row(tenant, proposal_id=proposal_id)
         assert row is not None
         return row
 
-    async def proposal_row(self, tenant: str, *, proposal_id: str | None = None,
-                           public_id: str | None = None) -> ProposalRow | None:
+    async def proposal_row(
+        self, tenant: str, *, proposal_id: str | None = None, public_id: str | None = None
+    ) -> ProposalRow | None:
         """A proposal by its internal or its public id, within the tenant, with the state of
         the command it became (if it did)."""
         row = await self._pool.fetchrow(
             _PROPOSAL_ROW + (" AND p.proposal_id = $2" if proposal_id else " AND p.public_id = $2"),
-            tenant, proposal_id or public_id)
+            tenant,
+            proposal_id or public_id,
+        )
         return None if row is None else _proposal_row(row)
 
     async def expire_proposal(self, tenant: str, proposal_id: str) -> bool:
         """pending -> expired once its time is over; False if it was not pending any more."""
         moved = await self._pool.fetchval(
-            self._expire, tenant, proposal_id, "expired", "expired",
-            *self._entry(tenant, "proposal.expired", proposal_id, "",
-                         {"proposal_id": proposal_id}))
+            self._expire,
+            tenant,
+            proposal_id,
+            "expired",
+            "expired",
+            *self._entry(tenant, "proposal.expired", proposal_id, "", {"proposal_id": proposal_id}),
+        )
         return bool(moved)
 
-    async def approve_for_execution(self, proposal: ProposalRow, *, approver: str,
-                                    decision: Decision, ttl: timedelta,
-                                    operation_id: str) -> bool:
+    async def approve_for_execution(
+        self,
+        proposal: ProposalRow,
+        *,
+        approver: str,
+        decision: Decision,
+        ttl: timedelta,
+        operation_id: str,
+    ) -> bool:
         """The one pending -> executing claim of seed 003, with the command and its outbox row,
         in one statement: True for exactly one approval of a pending, unexpired proposal."""
         expires_at = datetime.now(UTC) + ttl
         claimed = await self._pool.fetchval(
-            self._approve, proposal.tenant, proposal.proposal_id, approver,
-            decision.decision_id, decision.line, decision.policy_version, expires_at,
-            operation_id, OUTBOX_CHANNEL, inject_context({}).get("traceparent"),
-            *self._entry(proposal.tenant, "proposal.approved", proposal.public_id,
-                         proposal.run_id, {
-                             "proposal_id": proposal.proposal_id, "approved_by": approver,
-                             "decision_id": decision.decision_id, "line": decision.line,
-                             "policy_version": decision.policy_version,
-                             "operation_id": operation_id, "expires_at": expires_at,
-                             "request_hash": proposal.request_hash.hex()}))
+            self._approve,
+            proposal.tenant,
+            proposal.proposal_id,
+            approver,
+            decision.decision_id,
+            decision.line,
+            decision.policy_version,
+            expires_at,
+            operation_id,
+            OUTBOX_CHANNEL,
+            inject_context({}).get("traceparent"),
+            *self._entry(
+                proposal.tenant,
+                "proposal.approved",
+                proposal.public_id,
+                proposal.run_id,
+                {
+                    "proposal_id": proposal.proposal_id,
+                    "approved_by": approver,
+                    "decision_id": decision.decision_id,
+                    "line": decision.line,
+                    "policy_version": decision.policy_version,
+                    "operation_id": operation_id,
+                    "expires_at": expires_at,
+                    "request_hash": proposal.request_hash.hex(),
+                },
+            ),
+        )
         return bool(claimed)
 
     async def known(self, tenant: str, operation_id: str, proposal_id: str) -> Known:
@@ -398,8 +508,9 @@ class AdmissionStore:
 
     async def known_many(self, keys: list[tuple[str, str, str]]) -> list[Known]:
         """`known` for each (tenant, operation id, proposal id), in order, in one statement."""
-        rows = await self._pool.fetch(_KNOWN_MANY, [k[0] for k in keys], [k[1] for k in keys],
-                                      [k[2] for k in keys])
+        rows = await self._pool.fetch(
+            _KNOWN_MANY, [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]
+        )
         return [_known(row) for row in rows]
 
     async def proposal(self, tenant: str, proposal_id: str) -> tuple[str, str | None, str] | None:
@@ -407,19 +518,32 @@ class AdmissionStore:
         row = await self._pool.fetchrow(
             "SELECT state, decision_id::text AS decision_id, coalesce(reason, '') AS reason "
             "FROM admission.proposals WHERE tenant = $1 AND proposal_id = $2",
-            tenant, proposal_id)
+            tenant,
+            proposal_id,
+        )
         return None if row is None else (row["state"], row["decision_id"], row["reason"])
 
     async def reject_proposal(self, tenant: str, proposal_id: str, reason: str) -> bool:
         """pending -> rejected; False if it was not pending any more."""
         moved = await self._pool.fetchval(
-            self._reject, tenant, proposal_id, "rejected", reason,
-            *self._entry(tenant, "proposal.rejected", proposal_id, "",
-                         {"proposal_id": proposal_id, "reason": reason}))
+            self._reject,
+            tenant,
+            proposal_id,
+            "rejected",
+            reason,
+            *self._entry(
+                tenant,
+                "proposal.rejected",
+                proposal_id,
+                "",
+                {"proposal_id": proposal_id, "reason": reason},
+            ),
+        )
         return bool(moved)
 
-    async def admit(self, *, before_commit: Callable[[], None] | None = None,
-                    **admission: Any) -> Admitted:
+    async def admit(
+        self, *, before_commit: Callable[[], None] | None = None, **admission: Any
+    ) -> Admitted:
         """Proposal -> executing, command and outbox row, in one statement (seed 001 §4).
 
         `admission` is `Admission`'s fields. Its `policy_epoch` is governance's epoch read
@@ -434,14 +558,16 @@ class AdmissionStore:
             # (or the statement timeout) rolls all of it back.
             return await self._admit_on(conn, a, self._admit_args(a))
 
-    async def admit_many(self, admissions: list[Admission], *,
-                         before_commit: Callable[[], None] | None = None) -> list[Admitted]:
+    async def admit_many(
+        self, admissions: list[Admission], *, before_commit: Callable[[], None] | None = None
+    ) -> list[Admitted]:
         """`admit` for each, in order, in one transaction: one commit (and one wake-up of the
         relay) for all. Any failure rolls all of them back."""
         args = [self._admit_args(a) for a in admissions]  # encrypting is no work for Postgres
         async with self._pool.acquire() as conn, conn.transaction():
-            admitted = [await self._admit_on(conn, a, arg)
-                        for a, arg in zip(admissions, args, strict=True)]
+            admitted = [
+                await self._admit_on(conn, a, arg) for a, arg in zip(admissions, args, strict=True)
+            ]
             if before_commit is not None:
                 before_commit()  # the fault suite's "before the admission commit"
         return admitted
@@ -449,34 +575,85 @@ class AdmissionStore:
     def _admit_args(self, a: Admission) -> tuple[Any, ...]:
         expires_at = datetime.now(UTC) + a.ttl
         return (
-            a.tenant, a.operation_id, a.proposal_id, a.run_id, a.step, a.principal, a.agent,
-            a.action, a.version, json.dumps(a.arguments), a.request_hash,
-            a.decision.decision_id, a.decision.line, a.decision.policy_version, expires_at,
-            a.expected_revision, a.origin, a.operation_key, a.request_id, OUTBOX_CHANNEL,
-            a.traceparent, new_public_id(), json.dumps(a.preview), a.policy_epoch,
-            *self._entry(a.tenant, "command.admitted", a.operation_id, a.run_id, {
-                "operation_id": a.operation_id, "proposal_id": a.proposal_id, "step": a.step,
-                "principal": a.principal, "agent": a.agent, "action": a.action,
-                "version": a.version, "arguments": a.arguments, "preview": a.preview,
-                "request_hash": a.request_hash.hex(), "decision_id": a.decision.decision_id,
-                "line": a.decision.line, "policy_version": a.decision.policy_version,
-                "expires_at": expires_at, "origin": a.origin,
-                "operation_key": a.operation_key, "policy_epoch": a.policy_epoch}))
+            a.tenant,
+            a.operation_id,
+            a.proposal_id,
+            a.run_id,
+            a.step,
+            a.principal,
+            a.agent,
+            a.action,
+            a.version,
+            json.dumps(a.arguments),
+            a.request_hash,
+            a.decision.decision_id,
+            a.decision.line,
+            a.decision.policy_version,
+            expires_at,
+            a.expected_revision,
+            a.origin,
+            a.operation_key,
+            a.request_id,
+            OUTBOX_CHANNEL,
+            a.traceparent,
+            new_public_id(),
+            json.dumps(a.preview),
+            a.policy_epoch,
+            *self._entry(
+                a.tenant,
+                "command.admitted",
+                a.operation_id,
+                a.run_id,
+                {
+                    "operation_id": a.operation_id,
+                    "proposal_id": a.proposal_id,
+                    "step": a.step,
+                    "principal": a.principal,
+                    "agent": a.agent,
+                    "action": a.action,
+                    "version": a.version,
+                    "arguments": a.arguments,
+                    "preview": a.preview,
+                    "request_hash": a.request_hash.hex(),
+                    "decision_id": a.decision.decision_id,
+                    "line": a.decision.line,
+                    "policy_version": a.decision.policy_version,
+                    "expires_at": expires_at,
+                    "origin": a.origin,
+                    "operation_key": a.operation_key,
+                    "policy_epoch": a.policy_epoch,
+                },
+            ),
+        )
 
-    async def _admit_on(self, conn: asyncpg.Connection, a: Admission,
-                        args: tuple[Any, ...]) -> Admitted:
+    async def _admit_on(
+        self, conn: asyncpg.Connection, a: Admission, args: tuple[Any, ...]
+    ) -> Admitted:
         outbox_id = await conn.fetchval(self._admit, *args)
         if outbox_id is not None:
-            return Admitted(created=True, command=StoredCommand(
-                request_hash=a.request_hash, state="pending", receipt=None, reason=None,
-                decision_id=a.decision.decision_id, decision_line=a.decision.line,
-                policy_version=a.decision.policy_version, origin=a.origin,
-                operation_key=a.operation_key, request_id=a.request_id))
+            return Admitted(
+                created=True,
+                command=StoredCommand(
+                    request_hash=a.request_hash,
+                    state="pending",
+                    receipt=None,
+                    reason=None,
+                    decision_id=a.decision.decision_id,
+                    decision_line=a.decision.line,
+                    policy_version=a.decision.policy_version,
+                    origin=a.origin,
+                    operation_key=a.operation_key,
+                    request_id=a.request_id,
+                ),
+            )
         # Someone admitted this key first. Read Committed: this new statement sees their
         # committed row (the unique check waited for it), so comparing hashes is sound.
         row = await conn.fetchrow(
             f"SELECT {_COMMAND_COLUMNS} FROM admission.commands "
-            "WHERE tenant = $1 AND operation_id = $2", a.tenant, a.operation_id)
+            "WHERE tenant = $1 AND operation_id = $2",
+            a.tenant,
+            a.operation_id,
+        )
         return Admitted(created=False, command=StoredCommand(**dict(row)))
 
     async def claim_outbox(self, conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:
@@ -484,7 +661,9 @@ class AdmissionStore:
         rows = await conn.fetch(
             "SELECT id, tenant, operation_id::text AS operation_id, traceparent "
             "FROM admission.outbox "
-            "WHERE available_at <= now() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED", limit)
+            "WHERE available_at <= now() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+            limit,
+        )
         return [OutboxRow(**dict(r)) for r in rows]
 
     async def delete_outbox(self, conn: asyncpg.Connection, ids: list[int]) -> None:
@@ -494,19 +673,27 @@ class AdmissionStore:
     async def backlog(self) -> Backlog:
         """Commands per state (every state, 0 when none), the age of the oldest outbox row
         (0 when empty) and the proposals waiting for a person, read in one snapshot."""
-        async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read",
-                                                                  readonly=True):
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
             rows = await conn.fetch(
-                "SELECT state, count(*) AS n FROM admission.commands GROUP BY state")
+                "SELECT state, count(*) AS n FROM admission.commands GROUP BY state"
+            )
             oldest = await conn.fetchval(
                 "SELECT coalesce(extract(epoch FROM now() - min(available_at)), 0)::float8 "
-                "FROM admission.outbox")
+                "FROM admission.outbox"
+            )
             pending = await conn.fetchval(
-                "SELECT count(*) FROM admission.proposals WHERE state = 'pending'")
+                "SELECT count(*) FROM admission.proposals WHERE state = 'pending'"
+            )
         commands = dict.fromkeys(COMMAND_STATES, 0)
         commands.update({r["state"]: int(r["n"]) for r in rows if r["state"] in commands})
-        return Backlog(commands=commands, outbox_oldest_s=max(float(oldest), 0.0),
-                       proposals_pending=int(pending))
+        return Backlog(
+            commands=commands,
+            outbox_oldest_s=max(float(oldest), 0.0),
+            proposals_pending=int(pending),
+        )
 
     def acquire(self) -> Any:
         """A pooled connection, for the relay's claim-publish-delete transaction."""

@@ -54,43 +54,66 @@ def main() -> None:
     """Start the dispatcher process."""
     settings = load_settings(DispatcherSettings)
     password = read_secret(settings.database_password_file)
-    journal, signing = open_journal("dispatcher",
-                                    signing_key_file=settings.journal_signing_key_file,
-                                    data_keys_file=settings.journal_data_keys_file)
+    journal, signing = open_journal(
+        "dispatcher",
+        signing_key_file=settings.journal_signing_key_file,
+        data_keys_file=settings.journal_data_keys_file,
+    )
     crm_token = read_secret(settings.crm_token_file)
-    payments_token = (read_secret(settings.payments_token_file)
-                      if settings.payments_url else "")
+    payments_token = read_secret(settings.payments_token_file) if settings.payments_url else ""
     host_token = read_secret(settings.host_token_file) if settings.host_url else ""
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         connectors: dict[str, Connector] = {
-            "crm": CrmConnector(base_url=settings.crm_url, token=crm_token,
-                                timeout_s=settings.call_timeout_s)}
+            "crm": CrmConnector(
+                base_url=settings.crm_url, token=crm_token, timeout_s=settings.call_timeout_s
+            )
+        }
         if settings.noop_connector:
             connectors["noop"] = NoopConnector()
         if settings.payments_url:
             connectors["payments"] = PaymentConnector(
-                base_url=settings.payments_url, token=payments_token,
-                queryable=settings.payments_queryable, timeout_s=settings.call_timeout_s)
+                base_url=settings.payments_url,
+                token=payments_token,
+                queryable=settings.payments_queryable,
+                timeout_s=settings.call_timeout_s,
+            )
         if settings.host_url:
-            connectors["host"] = HostConnector(base_url=settings.host_url, token=host_token,
-                                               timeout_s=settings.call_timeout_s)
+            connectors["host"] = HostConnector(
+                base_url=settings.host_url, token=host_token, timeout_s=settings.call_timeout_s
+            )
         try:
-            async with await connect_pool(settings.database_url, password=password, max_size=20,
-                                          application_name="writ-dispatcher") as pool:
+            async with await connect_pool(
+                settings.database_url,
+                password=password,
+                max_size=20,
+                application_name="writ-dispatcher",
+            ) as pool:
                 rt.health.watch_pool("postgres", pool)
-                rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
-                    service="dispatcher", pool=pool, journal=journal, signing=signing).endpoint())
+                rt.endpoints.append(
+                    JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                        service="dispatcher", pool=pool, journal=journal, signing=signing
+                    ).endpoint()
+                )
                 svc = DispatcherService(
-                    rt=rt, store=DispatcherStore(pool, journal=journal), connectors=connectors,
-                    sealer=Sealer(pool=pool, journal=journal, signing=signing,
-                                  record=JetStreamRecord(rt.js), registry=rt.registry,
-                                  interval=settings.journal_seal_interval_s),
-                    lease_s=settings.lease_s, call_timeout_s=settings.call_timeout_s,
+                    rt=rt,
+                    store=DispatcherStore(pool, journal=journal),
+                    connectors=connectors,
+                    sealer=Sealer(
+                        pool=pool,
+                        journal=journal,
+                        signing=signing,
+                        record=JetStreamRecord(rt.js),
+                        registry=rt.registry,
+                        interval=settings.journal_seal_interval_s,
+                    ),
+                    lease_s=settings.lease_s,
+                    call_timeout_s=settings.call_timeout_s,
                     sweep_every_s=settings.sweep_every_s,
                     pending_grace_s=settings.pending_grace_s,
                     recheck_reuse_s=settings.recheck_reuse_s,
-                    worker=settings.instance or None)
+                    worker=settings.instance or None,
+                )
                 await svc.run(task_status=task_status)
         finally:
             for connector in connectors.values():

@@ -11,5 +11,12 @@ from libs.breaker import (
     outcome_of,
 )
 
-__all__ = ["STATE_VALUES", "Admission", "BreakerState", "Breakers", "CircuitBreaker",
-           "Outcome", "outcome_of"]
+__all__ = [
+    "STATE_VALUES",
+    "Admission",
+    "BreakerState",
+    "Breakers",
+    "CircuitBreaker",
+    "Outcome",
+    "outcome_of",
+]

@@ -64,5 +64,4 @@ class FactsReader:
             log.warning("reading %s %s failed: %r", ask.kind, ask.id, exc)
             await request.respond_error("503", f"cannot read the {ask.kind} now")
             return
-        await request.respond(self._encoder.encode(FactsRead(found=facts is not None,
-                                                             facts=facts)))
+        await request.respond(self._encoder.encode(FactsRead(found=facts is not None, facts=facts)))

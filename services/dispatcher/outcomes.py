@@ -19,15 +19,34 @@ class Outcomes:
     def __init__(self, js: JetStreamContext) -> None:
         self._js = js
 
-    async def publish(self, tenant: str, operation_id: str, run_id: str, step: int, action: str,
-                      state: str, receipt: str | None, reason: str | None, *, origin: str,
-                      suffix: str = "") -> None:
+    async def publish(
+        self,
+        tenant: str,
+        operation_id: str,
+        run_id: str,
+        step: int,
+        action: str,
+        state: str,
+        receipt: str | None,
+        reason: str | None,
+        *,
+        origin: str,
+        suffix: str = "",
+    ) -> None:
         """Publish the outcome recorded for `operation_id` (`suffix` names a later record of
         the same command, such as a reconciliation, so it is not taken for a duplicate)."""
         await publish(
-            self._js, subjects.outcome(tenant, origin),
-            CommandOutcome(tenant=tenant, operation_id=operation_id, run_id=run_id, step=step,
-                           action=action, state=state, receipt=receipt,
-                           reason=(reason or "")[:500] or None),
+            self._js,
+            subjects.outcome(tenant, origin),
+            CommandOutcome(
+                tenant=tenant,
+                operation_id=operation_id,
+                run_id=run_id,
+                step=step,
+                action=action,
+                state=state,
+                receipt=receipt,
+                reason=(reason or "")[:500] or None,
+            ),
             msg_id=f"outcome:{tenant}:{operation_id}{suffix}",
         )

@@ -30,10 +30,19 @@ class Reconciliation:
             await request.respond_error("400", f"invalid ListUnknown: {exc}")
             return
         rows = await self._store.unknown(ask.tenant)
-        answer = UnknownCommands(commands=[
-            UnknownCommand(operation_id=r.operation_id, action=r.action, principal=r.principal,
-                           arguments=r.arguments, reason=(r.reason or "")[:500] or None,
-                           since=r.updated_at.isoformat()) for r in rows])
+        answer = UnknownCommands(
+            commands=[
+                UnknownCommand(
+                    operation_id=r.operation_id,
+                    action=r.action,
+                    principal=r.principal,
+                    arguments=r.arguments,
+                    reason=(r.reason or "")[:500] or None,
+                    since=r.updated_at.isoformat(),
+                )
+                for r in rows
+            ]
+        )
         await request.respond(self._encoder.encode(answer))
 
     async def reconcile(self, request: Request) -> None:
@@ -43,17 +52,34 @@ class Reconciliation:
         except msgspec.DecodeError as exc:
             await request.respond_error("400", f"invalid Reconcile: {exc}")
             return
-        moved = await self._store.reconcile(ask.tenant, ask.operation_id, state=ask.state,
-                                            receipt=ask.receipt, evidence=ask.evidence,
-                                            resolved_by=ask.resolved_by)
+        moved = await self._store.reconcile(
+            ask.tenant,
+            ask.operation_id,
+            state=ask.state,
+            receipt=ask.receipt,
+            evidence=ask.evidence,
+            resolved_by=ask.resolved_by,
+        )
         if moved is None:
-            answer = Reconciled(operation_id=ask.operation_id, ok=False,
-                                message="no such command in state unknown")
+            answer = Reconciled(
+                operation_id=ask.operation_id, ok=False, message="no such command in state unknown"
+            )
         else:
-            await self._outcomes.publish(ask.tenant, ask.operation_id, moved.run_id, moved.step,
-                                         moved.action, moved.state, moved.receipt,
-                                         moved.reason, origin=moved.origin,
-                                         suffix=":reconciled")
-            answer = Reconciled(operation_id=ask.operation_id, ok=True,
-                                message=f"recorded {ask.state} with evidence")
+            await self._outcomes.publish(
+                ask.tenant,
+                ask.operation_id,
+                moved.run_id,
+                moved.step,
+                moved.action,
+                moved.state,
+                moved.receipt,
+                moved.reason,
+                origin=moved.origin,
+                suffix=":reconciled",
+            )
+            answer = Reconciled(
+                operation_id=ask.operation_id,
+                ok=True,
+                message=f"recorded {ask.state} with evidence",
+            )
         await request.respond(self._encoder.encode(answer))

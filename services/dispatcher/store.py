@@ -174,26 +174,53 @@ class DispatcherStore:
         """The journal row's parameters (none without a journal)."""
         if self._journal is None:
             return ()
-        return msgspec.structs.astuple(self._journal.entry(
-            tenant=claim.tenant, kind=kind, subject=claim.operation_id, run_id=claim.run_id,
-            payload={"operation_id": claim.operation_id, "lease_epoch": claim.lease_epoch,
-                     "action": claim.action, **payload}))
+        return msgspec.structs.astuple(
+            self._journal.entry(
+                tenant=claim.tenant,
+                kind=kind,
+                subject=claim.operation_id,
+                run_id=claim.run_id,
+                payload={
+                    "operation_id": claim.operation_id,
+                    "lease_epoch": claim.lease_epoch,
+                    "action": claim.action,
+                    **payload,
+                },
+            )
+        )
 
-    async def _write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
-                     run_id: str, payload: dict[str, Any]) -> None:
+    async def _write(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        run_id: str,
+        payload: dict[str, Any],
+    ) -> None:
         if self._journal is not None:
-            await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
-                                      run_id=run_id, payload=payload)
+            await self._journal.write(
+                conn, tenant=tenant, kind=kind, subject=subject, run_id=run_id, payload=payload
+            )
 
-    async def claim(self, tenant: str, operation_id: str, *, worker: str, lease_s: float,
-                    reuse_decision_s: float = 0.0) -> Claim | None:
+    async def claim(
+        self,
+        tenant: str,
+        operation_id: str,
+        *,
+        worker: str,
+        lease_s: float,
+        reuse_decision_s: float = 0.0,
+    ) -> Claim | None:
         """Take the lease if the command is pending or its holder's lease expired.
 
         `reuse_decision_s` > 0: say whether the admission's allow (at most that old, under the
         policy epoch that still stands) can be the re-check (`Claim.decision_current`).
         """
-        row = await self._pool.fetchrow(_CLAIM, tenant, operation_id, worker, lease_s,
-                                        reuse_decision_s)
+        row = await self._pool.fetchrow(
+            _CLAIM, tenant, operation_id, worker, lease_s, reuse_decision_s
+        )
         if row is None:
             return None
         values = dict(row)
@@ -201,14 +228,26 @@ class DispatcherStore:
         values["preview"] = json.loads(values["preview"])
         return Claim(**values)
 
-    async def claim_many(self, keys: list[tuple[str, str]], *, worker: str, lease_s: float,
-                         reuse_decision_s: float = 0.0) -> dict[tuple[str, str], Claim]:
+    async def claim_many(
+        self,
+        keys: list[tuple[str, str]],
+        *,
+        worker: str,
+        lease_s: float,
+        reuse_decision_s: float = 0.0,
+    ) -> dict[tuple[str, str], Claim]:
         """`claim` for each (tenant, operation id), in one statement: the claims taken, by key.
 
         Raises if the statement fails (nothing was claimed then).
         """
-        rows = await self._pool.fetch(_CLAIM_MANY, [k[0] for k in keys], [k[1] for k in keys],
-                                      worker, lease_s, reuse_decision_s)
+        rows = await self._pool.fetch(
+            _CLAIM_MANY,
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+            worker,
+            lease_s,
+            reuse_decision_s,
+        )
         claims = {}
         for row in rows:
             values = dict(row)
@@ -222,22 +261,34 @@ class DispatcherStore:
         row = await self._pool.fetchrow(
             "SELECT state, run_id, step, action, receipt, reason, lease_until, origin "
             "FROM admission.commands WHERE tenant = $1 AND operation_id = $2",
-            tenant, operation_id)
+            tenant,
+            operation_id,
+        )
         return None if row is None else Current(**dict(row))
 
     async def start_attempt(self, claim: Claim, *, worker: str, connector: str) -> int:
         """Record that this worker is about to call the connector under this epoch."""
         attempt = await self._pool.fetchval(
-            self._start_attempt, claim.tenant, claim.operation_id, claim.lease_epoch, worker,
-            connector, inject_context({}).get("traceparent"), *self._entry(
-                claim, "attempt.started",
-                {"worker": worker, "connector": connector, "recheck": claim.recheck}))
+            self._start_attempt,
+            claim.tenant,
+            claim.operation_id,
+            claim.lease_epoch,
+            worker,
+            connector,
+            inject_context({}).get("traceparent"),
+            *self._entry(
+                claim,
+                "attempt.started",
+                {"worker": worker, "connector": connector, "recheck": claim.recheck},
+            ),
+        )
         if attempt is None:
             raise Fenced("lease taken over", operation_id=claim.operation_id)
         return int(attempt)
 
-    async def start_attempts(self, starts: list[tuple[Claim, str, str | None]], *,
-                             worker: str) -> list[int | None]:
+    async def start_attempts(
+        self, starts: list[tuple[Claim, str, str | None]], *, worker: str
+    ) -> list[int | None]:
         """`start_attempt` for each (claim, connector, traceparent), in one transaction: each
         statement fenced on its own claim's epoch, one commit for all. None where fenced.
 
@@ -247,15 +298,25 @@ class DispatcherStore:
         async with self._pool.acquire() as conn, conn.transaction():
             for claim, connector, traceparent in starts:
                 attempt = await conn.fetchval(
-                    self._start_attempt, claim.tenant, claim.operation_id, claim.lease_epoch,
-                    worker, connector, traceparent, *self._entry(
-                        claim, "attempt.started",
-                        {"worker": worker, "connector": connector, "recheck": claim.recheck}))
+                    self._start_attempt,
+                    claim.tenant,
+                    claim.operation_id,
+                    claim.lease_epoch,
+                    worker,
+                    connector,
+                    traceparent,
+                    *self._entry(
+                        claim,
+                        "attempt.started",
+                        {"worker": worker, "connector": connector, "recheck": claim.recheck},
+                    ),
+                )
                 attempts.append(None if attempt is None else int(attempt))
         return attempts
 
-    async def finish_many(self, finishes: list[tuple[Claim, int, str, str, str | None,
-                                                     str | None]]) -> list[bool]:
+    async def finish_many(
+        self, finishes: list[tuple[Claim, int, str, str, str | None, str | None]]
+    ) -> list[bool]:
         """`finish` for each (claim, attempt id, state, result, receipt, reason), in one
         transaction: each statement fenced on its own claim's epoch, one commit for all.
         False where fenced (nothing of that one changed).
@@ -266,25 +327,60 @@ class DispatcherStore:
         async with self._pool.acquire() as conn, conn.transaction():
             for claim, attempt_id, state, result, receipt, reason in finishes:
                 changed = await conn.fetchval(
-                    self._finish, claim.tenant, claim.operation_id, claim.lease_epoch, state,
-                    receipt, reason, result, reason or receipt, attempt_id,
-                    *self._entry(claim, f"command.{state}", {
-                        "attempt_id": attempt_id, "result": result, "receipt": receipt,
-                        "reason": reason}))
+                    self._finish,
+                    claim.tenant,
+                    claim.operation_id,
+                    claim.lease_epoch,
+                    state,
+                    receipt,
+                    reason,
+                    result,
+                    reason or receipt,
+                    attempt_id,
+                    *self._entry(
+                        claim,
+                        f"command.{state}",
+                        {
+                            "attempt_id": attempt_id,
+                            "result": result,
+                            "receipt": receipt,
+                            "reason": reason,
+                        },
+                    ),
+                )
                 finished.append(changed == 1)
         return finished
 
-    async def finish(self, claim: Claim, attempt_id: int, *, state: str, result: str,
-                     receipt: str | None, reason: str | None,
-                     conn: asyncpg.Connection | None = None) -> None:
+    async def finish(
+        self,
+        claim: Claim,
+        attempt_id: int,
+        *,
+        state: str,
+        result: str,
+        receipt: str | None,
+        reason: str | None,
+        conn: asyncpg.Connection | None = None,
+    ) -> None:
         """Record the command's terminal state and the attempt's result: one fenced statement
         (inside `conn`'s transaction when given, so a local change commits with it)."""
         changed = await (conn or self._pool).fetchval(
-            self._finish, claim.tenant, claim.operation_id, claim.lease_epoch, state, receipt,
-            reason, result, reason or receipt, attempt_id,
-            *self._entry(claim, f"command.{state}", {
-                "attempt_id": attempt_id, "result": result, "receipt": receipt,
-                "reason": reason}))
+            self._finish,
+            claim.tenant,
+            claim.operation_id,
+            claim.lease_epoch,
+            state,
+            receipt,
+            reason,
+            result,
+            reason or receipt,
+            attempt_id,
+            *self._entry(
+                claim,
+                f"command.{state}",
+                {"attempt_id": attempt_id, "result": result, "receipt": receipt, "reason": reason},
+            ),
+        )
         if changed != 1:
             raise Fenced("lease taken over before finalising", operation_id=claim.operation_id)
 
@@ -294,8 +390,15 @@ class DispatcherStore:
         async with self._pool.acquire() as conn, conn.transaction():
             yield conn
 
-    async def release(self, claim: Claim, attempt_id: int | None, *, result: str,
-                      detail: str, not_before_s: float = 0.0) -> None:
+    async def release(
+        self,
+        claim: Claim,
+        attempt_id: int | None,
+        *,
+        result: str,
+        detail: str,
+        not_before_s: float = 0.0,
+    ) -> None:
         """Give the lease back after a transient failure so a later delivery can claim it.
 
         `not_before_s` keeps it unclaimable for that long (an open circuit's cooldown), so the
@@ -307,20 +410,36 @@ class DispatcherStore:
                 "SET lease_until = now() + make_interval(secs => $4), updated_at = now() "
                 "WHERE tenant = $1 AND operation_id = $2 "
                 "AND lease_epoch = $3 AND state = 'dispatching' RETURNING 1) "
-                "SELECT count(*) FROM moved", claim.tenant, claim.operation_id, claim.lease_epoch,
-                not_before_s)
+                "SELECT count(*) FROM moved",
+                claim.tenant,
+                claim.operation_id,
+                claim.lease_epoch,
+                not_before_s,
+            )
             if changed != 1:
                 raise Fenced("lease taken over before release", operation_id=claim.operation_id)
             if attempt_id is not None:
                 await conn.execute(
                     "UPDATE dispatcher.attempts SET finished_at = now(), result = $2, "
-                    "detail = $3 WHERE attempt_id = $1", attempt_id, result, detail)
-                await self._write(conn, tenant=claim.tenant, kind="attempt.released",
-                                  subject=claim.operation_id, run_id=claim.run_id, payload={
-                                      "operation_id": claim.operation_id,
-                                      "lease_epoch": claim.lease_epoch,
-                                      "attempt_id": attempt_id, "result": result,
-                                      "detail": detail})
+                    "detail = $3 WHERE attempt_id = $1",
+                    attempt_id,
+                    result,
+                    detail,
+                )
+                await self._write(
+                    conn,
+                    tenant=claim.tenant,
+                    kind="attempt.released",
+                    subject=claim.operation_id,
+                    run_id=claim.run_id,
+                    payload={
+                        "operation_id": claim.operation_id,
+                        "lease_epoch": claim.lease_epoch,
+                        "attempt_id": attempt_id,
+                        "result": result,
+                        "detail": detail,
+                    },
+                )
 
     async def renew(self, claim: Claim, lease_s: float) -> datetime:
         """Extend the lease, fenced: raises `Fenced` if another worker took it over."""
@@ -328,7 +447,11 @@ class DispatcherStore:
             "UPDATE admission.commands SET lease_until = now() + make_interval(secs => $4) "
             "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch = $3 "
             "AND state = 'dispatching' RETURNING lease_until",
-            claim.tenant, claim.operation_id, claim.lease_epoch, lease_s)
+            claim.tenant,
+            claim.operation_id,
+            claim.lease_epoch,
+            lease_s,
+        )
         if until is None:
             raise Fenced("lease taken over while renewing", operation_id=claim.operation_id)
         return until
@@ -339,7 +462,10 @@ class DispatcherStore:
             "SELECT lease_epoch, worker, result, traceparent FROM dispatcher.attempts "
             "WHERE tenant = $1 AND operation_id = $2 AND lease_epoch < $3 "
             "AND (result IS NULL OR result = 'lost') ORDER BY lease_epoch",
-            claim.tenant, claim.operation_id, claim.lease_epoch)
+            claim.tenant,
+            claim.operation_id,
+            claim.lease_epoch,
+        )
         return [PriorAttempt(**dict(r)) for r in rows]
 
     async def stale(self, *, pending_grace_s: float, limit: int = 100) -> list[Stale]:
@@ -348,24 +474,41 @@ class DispatcherStore:
             "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands "
             "WHERE (state = 'dispatching' AND lease_until < now()) "
             "   OR (state = 'pending' AND updated_at < now() - make_interval(secs => $1)) "
-            "ORDER BY updated_at LIMIT $2", pending_grace_s, limit)
+            "ORDER BY updated_at LIMIT $2",
+            pending_grace_s,
+            limit,
+        )
         return [Stale(**dict(r)) for r in rows]
 
     async def count_unknown(self) -> int:
         """How many commands, across tenants, wait in `unknown` for reconciliation."""
-        return int(await self._pool.fetchval(
-            "SELECT count(*) FROM admission.commands WHERE state = 'unknown'"))
+        return int(
+            await self._pool.fetchval(
+                "SELECT count(*) FROM admission.commands WHERE state = 'unknown'"
+            )
+        )
 
     async def unknown(self, tenant: str, limit: int = 500) -> list[Unknown]:
         """The tenant's commands in `unknown`, oldest first."""
         rows = await self._pool.fetch(
             "SELECT tenant, operation_id::text AS operation_id, action, principal, arguments, "
             "reason, updated_at FROM admission.commands WHERE tenant = $1 AND state = 'unknown' "
-            "ORDER BY updated_at LIMIT $2", tenant, limit)
+            "ORDER BY updated_at LIMIT $2",
+            tenant,
+            limit,
+        )
         return [Unknown(**{**dict(r), "arguments": json.loads(r["arguments"])}) for r in rows]
 
-    async def reconcile(self, tenant: str, operation_id: str, *, state: str,
-                        receipt: str | None, evidence: str, resolved_by: str) -> Current | None:
+    async def reconcile(
+        self,
+        tenant: str,
+        operation_id: str,
+        *,
+        state: str,
+        receipt: str | None,
+        evidence: str,
+        resolved_by: str,
+    ) -> Current | None:
         """Leave `unknown` with recorded evidence; None if the command is not `unknown`."""
         async with self._pool.acquire() as conn, conn.transaction():
             moved = await conn.fetchrow(
@@ -373,17 +516,36 @@ class DispatcherStore:
                 "reason = 'reconciled: ' || $5, updated_at = now() "
                 "WHERE tenant = $1 AND operation_id = $2 AND state = 'unknown' "
                 "RETURNING state, run_id, step, action, receipt, reason, lease_until, origin",
-                tenant, operation_id, state, receipt, evidence[:400])
+                tenant,
+                operation_id,
+                state,
+                receipt,
+                evidence[:400],
+            )
             if moved is None:
                 return None
             await conn.execute(
                 "INSERT INTO admission.reconciliations (tenant, operation_id, resolved_state, "
                 "receipt, evidence, resolved_by) VALUES ($1, $2, $3, $4, $5, $6)",
-                tenant, operation_id, state, receipt, evidence, resolved_by)
-            await self._write(conn, tenant=tenant, kind="command.reconciled",
-                              subject=operation_id, run_id=moved["run_id"], payload={
-                                  "operation_id": operation_id, "state": state,
-                                  "receipt": receipt, "evidence": evidence,
-                                  "resolved_by": resolved_by})
+                tenant,
+                operation_id,
+                state,
+                receipt,
+                evidence,
+                resolved_by,
+            )
+            await self._write(
+                conn,
+                tenant=tenant,
+                kind="command.reconciled",
+                subject=operation_id,
+                run_id=moved["run_id"],
+                payload={
+                    "operation_id": operation_id,
+                    "state": state,
+                    "receipt": receipt,
+                    "evidence": evidence,
+                    "resolved_by": resolved_by,
+                },
+            )
         return Current(**dict(moved))
-

@@ -51,34 +51,53 @@ def main() -> None:
     """Start the governance process."""
     settings = load_settings(GovernanceSettings)
     password = read_secret(settings.database_password_file)
-    keys = load_keys(msgspec.json.decode(read_secret(settings.policy_keys_file),
-                                         type=dict[str, str])
-                     if settings.policy_keys_file else {})
+    keys = load_keys(
+        msgspec.json.decode(read_secret(settings.policy_keys_file), type=dict[str, str])
+        if settings.policy_keys_file
+        else {}
+    )
     if not (settings.journal_signing_key_file and settings.journal_data_keys_file):
-        raise ConfigError("governance records every decision in its audit journal: set "
-                          "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE")
-    journal = Journal(service="governance",
-                      keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file)))
+        raise ConfigError(
+            "governance records every decision in its audit journal: set "
+            "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE"
+        )
+    journal = Journal(
+        service="governance", keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file))
+    )
     signing = SigningKey.from_json(read_secret(settings.journal_signing_key_file))
     budget_defaults = load_budget_defaults(settings.budgets_file)
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         # A short statement timeout: a slow store must turn into a denial, not a stuck caller.
-        async with await connect_pool(settings.database_url, password=password,
-                                      statement_timeout_ms=1000, max_size=20,
-                                      application_name="writ-governance") as pool:
+        async with await connect_pool(
+            settings.database_url,
+            password=password,
+            statement_timeout_ms=1000,
+            max_size=20,
+            application_name="writ-governance",
+        ) as pool:
             rt.health.watch_pool("postgres", pool)
-            rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
-                service="governance", pool=pool, journal=journal, signing=signing).endpoint())
+            rt.endpoints.append(
+                JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                    service="governance", pool=pool, journal=journal, signing=signing
+                ).endpoint()
+            )
             svc = GovernanceService(
-                rt=rt, store=GovernanceStore(pool, journal=journal),
+                rt=rt,
+                store=GovernanceStore(pool, journal=journal),
                 policy_dir=Path(settings.policy_dir) if settings.policy_dir else None,
                 policy_keys=keys,
-                sealer=Sealer(pool=pool, journal=journal, signing=signing,
-                              record=JetStreamRecord(rt.js), registry=rt.registry,
-                              interval=settings.journal_seal_interval_s),
+                sealer=Sealer(
+                    pool=pool,
+                    journal=journal,
+                    signing=signing,
+                    record=JetStreamRecord(rt.js),
+                    registry=rt.registry,
+                    interval=settings.journal_seal_interval_s,
+                ),
                 budget_defaults=budget_defaults,
-                mcp=McpRegistry(pool, journal=journal))
+                mcp=McpRegistry(pool, journal=journal),
+            )
             await svc.run(task_status=task_status)
 
     run_service("governance", settings, start, description="Decides every capability call")

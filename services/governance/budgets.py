@@ -28,8 +28,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         an agent's limits over the global ones)."""
         if budget is None:
             return self
-        given = {f: v for f in budget.__struct_fields__
-                 if (v := getattr(budget, f)) is not None}
+        given = {f: v for f in budget.__struct_fields__ if (v := getattr(budget, f)) is not None}
         return msgspec.structs.replace(self, **given)
 
     def lowered(self, budget: RunBudget | None) -> Limits:
@@ -37,8 +36,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         or a manifest asks: it can tighten a run's budget, never widen it)."""
         if budget is None:
             return self
-        lower = {f: v for f in budget.__struct_fields__
-                 if (v := getattr(budget, f)) is not None and v < getattr(self, f)}
+        lower = {
+            f: v
+            for f in budget.__struct_fields__
+            if (v := getattr(budget, f)) is not None and v < getattr(self, f)
+        }
         return msgspec.structs.replace(self, **lower) if lower else self
 
 
@@ -78,32 +80,45 @@ class BudgetState(msgspec.Struct, frozen=True, kw_only=True):
         return max(0.0, self.limits.wall_time_s - self.elapsed_s)
 
 
-def refusal(state: BudgetState, *, provider_calls: int, tokens: int, capability_calls: int
-            ) -> tuple[BudgetKind, str] | None:
+def refusal(
+    state: BudgetState, *, provider_calls: int, tokens: int, capability_calls: int
+) -> tuple[BudgetKind, str] | None:
     """Which budget a new step asking these amounts would exceed (and why), or None if it fits.
 
     A run out of time or at its concurrency cap schedules no step at all; a countable budget
     refuses a step only for what it asks (a step that needs no tokens is not refused tokens).
     """
     if state.elapsed_s >= state.limits.wall_time_s:
-        return ("wall_time", f"wall time exhausted: {state.elapsed_s:.1f}s of "
-                             f"{state.limits.wall_time_s}s used (waiting for people excluded)")
+        return (
+            "wall_time",
+            f"wall time exhausted: {state.elapsed_s:.1f}s of "
+            f"{state.limits.wall_time_s}s used (waiting for people excluded)",
+        )
     if state.open_steps >= state.limits.max_concurrent_steps:
-        return ("concurrent_steps", f"{state.open_steps} steps in flight, at most "
-                                    f"{state.limits.max_concurrent_steps}")
+        return (
+            "concurrent_steps",
+            f"{state.open_steps} steps in flight, at most {state.limits.max_concurrent_steps}",
+        )
     asked: tuple[tuple[BudgetKind, int], ...] = (
-        ("provider_calls", provider_calls), ("tokens", tokens),
-        ("capability_calls", capability_calls))
+        ("provider_calls", provider_calls),
+        ("tokens", tokens),
+        ("capability_calls", capability_calls),
+    )
     for kind, amount in asked:
         left = state.remaining(kind)
         if amount > 0 and amount > left:
-            return (kind, f"{kind.replace('_', ' ')} budget exhausted: asked {amount}, "
-                          f"{max(left, 0)} left of {getattr(state.limits, kind)}")
+            return (
+                kind,
+                f"{kind.replace('_', ' ')} budget exhausted: asked {amount}, "
+                f"{max(left, 0)} left of {getattr(state.limits, kind)}",
+            )
     return None
 
 
 def leased(state: BudgetState, asked: dict[str, int], up_to: dict[str, int]) -> dict[str, int]:
     """What a lease reserves once `asked` fits (`refusal` said None): each countable budget
     raised to what is left of it, up to `up_to`, and never below what was asked."""
-    return {kind: max(amount, min(up_to.get(kind, 0), state.remaining(kind)))
-            for kind, amount in asked.items()}
+    return {
+        kind: max(amount, min(up_to.get(kind, 0), state.remaining(kind)))
+        for kind, amount in asked.items()
+    }

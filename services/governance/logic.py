@@ -37,7 +37,8 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     def matches(self, call: Call) -> bool:
         """Does this rule name this call, first argument included (as a plain prefix)?"""
         return self.names(call) and (
-            self.arg_prefix is None or call.first_argument.startswith(self.arg_prefix))
+            self.arg_prefix is None or call.first_argument.startswith(self.arg_prefix)
+        )
 
 
 class Call(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,15 +178,20 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
         # Governance that cannot read what it decides on refuses everything sensitive.
         if _plain_read(call):
             return Ruling(verdict="allow", line=3, reason="plain read; policy unavailable")
-        reason = (SENSITIVE_UNREADABLE if facts is None
-                  else "the organisation policy was refused: sensitive calls are denied")
+        reason = (
+            SENSITIVE_UNREADABLE
+            if facts is None
+            else "the organisation policy was refused: sensitive calls are denied"
+        )
         return Ruling(verdict="deny", line=1, reason=reason)
     # 1. org policy, and the principal's access itself
     if facts.principal_revoked:
         return Ruling(verdict="deny", line=1, reason="the principal's access was revoked")
-    if (call.tool in facts.refused_tools
-            or (call.connector is not None and call.connector in facts.refused_connectors)
-            or (call.family is not None and call.family in facts.refused_families)):
+    if (
+        call.tool in facts.refused_tools
+        or (call.connector is not None and call.connector in facts.refused_connectors)
+        or (call.family is not None and call.family in facts.refused_families)
+    ):
         return Ruling(verdict="deny", line=1, reason="refused by organisation policy")
     # 2. fine deny rules
     if facts.index.denies(call):
@@ -195,27 +201,39 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
         return Ruling(verdict="allow", line=3, reason="reads, or acts only on its own context")
     # A person's answer to the ask for exactly this call is the grant the line below it lacked.
     if facts.approved:
-        return Ruling(verdict="allow", line=4 if call.family == "execute_code" else 5,
-                      reason="approved by a person for this call")
+        return Ruling(
+            verdict="allow",
+            line=4 if call.family == "execute_code" else 5,
+            reason="approved by a person for this call",
+        )
     # 4. code execution: a narrow allow, otherwise ask with once / deny only
     if call.family == "execute_code":
         if facts.developer_mode and facts.index.allows_command(call):
-            return Ruling(verdict="allow", line=4,
-                          reason="developer mode: an allow rule covers this simple command")
+            return Ruling(
+                verdict="allow",
+                line=4,
+                reason="developer mode: an allow rule covers this simple command",
+            )
         # "always" is offered only where it would write exactly one narrow rule.
         narrow = facts.developer_mode and simple_command(call.first_argument) is not None
-        return Ruling(verdict="ask", line=4, reason="code execution needs a person",
-                      options=_ALL if narrow else _NO_ALWAYS)
+        return Ruling(
+            verdict="ask",
+            line=4,
+            reason="code execution needs a person",
+            options=_ALL if narrow else _NO_ALWAYS,
+        )
     # 5. profile facts ask every time; everything else may rest on a grant
     if call.profile_fact:
-        return Ruling(verdict="ask", line=5, reason="a profile fact is asked every time",
-                      options=_NO_ALWAYS)
+        return Ruling(
+            verdict="ask", line=5, reason="a profile fact is asked every time", options=_NO_ALWAYS
+        )
     if call.family is not None and call.family in facts.standing_families:
         return Ruling(verdict="allow", line=5, reason=f"standing grant for {call.family}")
     if call.family is not None and call.family in facts.run_families:
         return Ruling(verdict="allow", line=5, reason=f"granted for this run: {call.family}")
     # 6. everything else asks
     if call.family is None:
-        return Ruling(verdict="ask", line=6, reason="unclassified tool: asked every time",
-                      options=_NO_ALWAYS)
+        return Ruling(
+            verdict="ask", line=6, reason="unclassified tool: asked every time", options=_NO_ALWAYS
+        )
     return Ruling(verdict="ask", line=6, reason="no grant covers the call", options=_ALL)

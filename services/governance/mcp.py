@@ -68,24 +68,39 @@ class McpRegistry:
             asyncpg.PostgresError: the store cannot be read (the caller fails closed).
         """
         row = await self._pool.fetchrow(_CLASSIFIED, tenant, [name])
-        return None if row is None else Classification(family=row["family"],
-                                                       digest=row["digest"])
+        return None if row is None else Classification(family=row["family"], digest=row["digest"])
 
     async def record_listing(self, listing: RecordListing) -> ListingRecorded:
         """Journal the listing (and keep it as the server's latest); each tool's standing."""
         names = [capability(listing.server, t.name) for t in listing.tools]
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_RECORD, listing.tenant, listing.server, listing.digest,
-                               self._encoder.encode(listing.tools).decode())
+            await conn.execute(
+                _RECORD,
+                listing.tenant,
+                listing.server,
+                listing.digest,
+                self._encoder.encode(listing.tools).decode(),
+            )
             if self._journal is not None:
                 await self._journal.write(
-                    conn, tenant=listing.tenant, kind="mcp_listing", subject=listing.server,
-                    payload={"server": listing.server, "digest": listing.digest,
-                             "tools": {t.name: t.digest for t in listing.tools}})
+                    conn,
+                    tenant=listing.tenant,
+                    kind="mcp_listing",
+                    subject=listing.server,
+                    payload={
+                        "server": listing.server,
+                        "digest": listing.digest,
+                        "tools": {t.name: t.digest for t in listing.tools},
+                    },
+                )
             rows = await conn.fetch(_CLASSIFIED, listing.tenant, names)
         known = {r["capability"]: r for r in rows}
-        return ListingRecorded(digest=listing.digest, tools=[
-            _status(t, known.get(capability(listing.server, t.name))) for t in listing.tools])
+        return ListingRecorded(
+            digest=listing.digest,
+            tools=[
+                _status(t, known.get(capability(listing.server, t.name))) for t in listing.tools
+            ],
+        )
 
     async def classify(self, ask: ClassifyTool) -> ToolClassified:
         """Classify the tool as the server's latest recorded listing describes it."""
@@ -93,32 +108,58 @@ class McpRegistry:
         async with self._pool.acquire() as conn, conn.transaction():
             latest = await conn.fetchrow(_LATEST, ask.tenant, ask.server)
             if latest is None:
-                return ToolClassified(ok=False, message=f"no listing of {ask.server} is "
-                                      "recorded for this tenant: list it first (writ mcp list)")
+                return ToolClassified(
+                    ok=False,
+                    message=f"no listing of {ask.server} is "
+                    "recorded for this tenant: list it first (writ mcp list)",
+                )
             tools = msgspec.json.decode(latest["tools"], type=list[ListedTool])
             tool = next((t for t in tools if t.name == ask.tool), None)
             if tool is None:
-                return ToolClassified(ok=False, message=f"{name} is not in the latest listing "
-                                      f"of {ask.server}: a tool never listed is never called")
-            await conn.execute(_CLASSIFY, ask.tenant, name, ask.family, tool.digest,
-                               tool.description, json.dumps(tool.input_schema),
-                               None if tool.output_schema is None
-                               else json.dumps(tool.output_schema), ask.classified_by)
+                return ToolClassified(
+                    ok=False,
+                    message=f"{name} is not in the latest listing "
+                    f"of {ask.server}: a tool never listed is never called",
+                )
+            await conn.execute(
+                _CLASSIFY,
+                ask.tenant,
+                name,
+                ask.family,
+                tool.digest,
+                tool.description,
+                json.dumps(tool.input_schema),
+                None if tool.output_schema is None else json.dumps(tool.output_schema),
+                ask.classified_by,
+            )
             if self._journal is not None:
                 await self._journal.write(
-                    conn, tenant=ask.tenant, kind="mcp_classified", subject=name,
-                    payload={"capability": name, "family": ask.family, "digest": tool.digest,
-                             "listing": latest["digest"], "by": ask.classified_by,
-                             "hints": tool.hints})
-        return ToolClassified(ok=True, digest=tool.digest,
-                              message=f"{name} classified {ask.family} "
-                                      f"(digest {tool.digest[:12]})")
+                    conn,
+                    tenant=ask.tenant,
+                    kind="mcp_classified",
+                    subject=name,
+                    payload={
+                        "capability": name,
+                        "family": ask.family,
+                        "digest": tool.digest,
+                        "listing": latest["digest"],
+                        "by": ask.classified_by,
+                        "hints": tool.hints,
+                    },
+                )
+        return ToolClassified(
+            ok=True,
+            digest=tool.digest,
+            message=f"{name} classified {ask.family} (digest {tool.digest[:12]})",
+        )
 
 
 def _status(tool: ListedTool, row: asyncpg.Record | None) -> ToolStatus:
     if row is None:
-        return ToolStatus(name=tool.name, digest=tool.digest, state="unclassified",
-                          hints=tool.hints)
+        return ToolStatus(
+            name=tool.name, digest=tool.digest, state="unclassified", hints=tool.hints
+        )
     state = "classified" if row["digest"] == tool.digest else "changed"
-    return ToolStatus(name=tool.name, digest=tool.digest, state=state, family=row["family"],
-                      hints=tool.hints)
+    return ToolStatus(
+        name=tool.name, digest=tool.digest, state=state, family=row["family"], hints=tool.hints
+    )

@@ -67,8 +67,7 @@ def load_policy(path: Path, tenant: str, keys: dict[str, Ed25519PublicKey]) -> P
         key = keys.get(signed.signature.key_id)
         if key is None:
             return _refused(tenant, f"unknown signing key {signed.signature.key_id!r}", digest)
-        key.verify(base64.b64decode(signed.signature.value, validate=True),
-                   rfc8785.dumps(body))
+        key.verify(base64.b64decode(signed.signature.value, validate=True), rfc8785.dumps(body))
         document = msgspec.convert(body, PolicyDocument)
     except InvalidSignature:
         return _refused(tenant, "the signature does not verify", digest)
@@ -76,20 +75,26 @@ def load_policy(path: Path, tenant: str, keys: dict[str, Ed25519PublicKey]) -> P
         return _refused(tenant, f"not a valid policy file: {exc}"[:500], digest)
     if document.tenant != tenant:
         return _refused(tenant, f"the file is signed for tenant {document.tenant!r}", digest)
-    return Policy(tenant=tenant, version=document.version,
-                  refused_tools=tuple(document.refused_tools),
-                  refused_connectors=tuple(document.refused_connectors),
-                  refused_families=tuple(document.refused_families),
-                  developer_mode=document.developer_mode, key_id=signed.signature.key_id,
-                  digest=digest)
+    return Policy(
+        tenant=tenant,
+        version=document.version,
+        refused_tools=tuple(document.refused_tools),
+        refused_connectors=tuple(document.refused_connectors),
+        refused_families=tuple(document.refused_families),
+        developer_mode=document.developer_mode,
+        key_id=signed.signature.key_id,
+        digest=digest,
+    )
 
 
 def sign_policy(document: PolicyDocument, key: Ed25519PrivateKey, key_id: str) -> bytes:
     """A signed policy file for `document` (what `writ policy sign` writes)."""
     body = msgspec.to_builtins(document)
     signature = base64.b64encode(key.sign(rfc8785.dumps(body))).decode()
-    return msgspec.json.format(msgspec.json.encode(
-        {"policy": body, "signature": {"key_id": key_id, "value": signature}}), indent=2)
+    return msgspec.json.format(
+        msgspec.json.encode({"policy": body, "signature": {"key_id": key_id, "value": signature}}),
+        indent=2,
+    )
 
 
 def load_keys(pems: dict[str, str]) -> dict[str, Ed25519PublicKey]:
@@ -104,5 +109,10 @@ def load_keys(pems: dict[str, str]) -> dict[str, Ed25519PublicKey]:
 
 
 def _refused(tenant: str, why: str, digest: str | None) -> Policy:
-    return Policy(tenant=tenant, version=f"refused:{(digest or 'unreadable')[:12]}",
-                  status="refused", refusal=why, digest=digest)
+    return Policy(
+        tenant=tenant,
+        version=f"refused:{(digest or 'unreadable')[:12]}",
+        status="refused",
+        refusal=why,
+        digest=digest,
+    )

@@ -62,8 +62,9 @@ from services.governance.store import (
 
 __all__ = ["GovernanceService"]
 
-INBOX = ConsumerSpec(stream="WRIT_INT", durable="governance",
-                     filter_subjects=subjects.GOVERNANCE_IN)
+INBOX = ConsumerSpec(
+    stream="WRIT_INT", durable="governance", filter_subjects=subjects.GOVERNANCE_IN
+)
 log = logging.getLogger("writ.governance")
 
 
@@ -75,13 +76,19 @@ class GovernanceService:
     """Decides capability calls; an unreadable store or a refused policy denies what is
     sensitive, and an unanswered ask is a deny."""
 
-    def __init__(self, *, rt: Runtime, store: GovernanceStore,
-                 policy_dir: Path | None = None,
-                 policy_keys: dict[str, Ed25519PublicKey] | None = None,
-                 policy_poll_s: float = 2.0, overdue_poll_s: float = 1.0,
-                 sealer: Sealer | None = None,
-                 budget_defaults: BudgetDefaults | None = None,
-                 mcp: McpRegistry | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rt: Runtime,
+        store: GovernanceStore,
+        policy_dir: Path | None = None,
+        policy_keys: dict[str, Ed25519PublicKey] | None = None,
+        policy_poll_s: float = 2.0,
+        overdue_poll_s: float = 1.0,
+        sealer: Sealer | None = None,
+        budget_defaults: BudgetDefaults | None = None,
+        mcp: McpRegistry | None = None,
+    ) -> None:
         self._rt, self._store, self._sealer, self._mcp = rt, store, sealer, mcp
         self._budget_defaults = budget_defaults or BudgetDefaults()
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
@@ -91,17 +98,25 @@ class GovernanceService:
         self._batch_decoder = msgspec.json.Decoder(DecideBatch)
         self._encoder = msgspec.json.Encoder()
         # `line` is one of decide's six lines and `verdict` one of three: 18 series at most.
-        self._decisions = Counter("writ_governance_decisions", "Decisions returned by decide",
-                                  ["line", "verdict"], registry=rt.registry)
+        self._decisions = Counter(
+            "writ_governance_decisions",
+            "Decisions returned by decide",
+            ["line", "verdict"],
+            registry=rt.registry,
+        )
         # `budget` is one of the five BudgetKind values. (The planner's own
         # writ_planner_budget_* counter counts what it stopped; this counts what governance
         # refused.)
-        self._exhausted = Counter("writ_governance_budget_exhausted",
-                                  "Budget reservations refused, by the budget that ran out",
-                                  ["budget"], registry=rt.registry)
+        self._exhausted = Counter(
+            "writ_governance_budget_exhausted",
+            "Budget reservations refused, by the budget that ran out",
+            ["budget"],
+            registry=rt.registry,
+        )
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve `decide`, run registration and pending decisions; take answers; until stopped."""
         await self.load_policies()  # before the first decision, not after
         self._rt.endpoints += self.endpoints()
@@ -110,12 +125,18 @@ class GovernanceService:
                 await tg.start(self._sealer.run)  # chains and signs the audit journal
             tg.start_soon(self._every, self._policy_poll_s, self.load_policies)
             tg.start_soon(self._every, self._overdue_poll_s, self.deny_overdue)
-            await run_actor(js=self._rt.js, spec=INBOX,
-                            decoder=msgspec.json.Decoder(AnswerDecision),
-                            handler=self._on_answer, metrics=self._rt.metrics,
-                            tracer=self._rt.tracer, stopping=self._rt.stopping,
-                            health=self._rt.health, task_status=task_status,
-                            backoff_max_s=self._rt.retry_backoff_max_s)
+            await run_actor(
+                js=self._rt.js,
+                spec=INBOX,
+                decoder=msgspec.json.Decoder(AnswerDecision),
+                handler=self._on_answer,
+                metrics=self._rt.metrics,
+                tracer=self._rt.tracer,
+                stopping=self._rt.stopping,
+                health=self._rt.health,
+                task_status=task_status,
+                backoff_max_s=self._rt.retry_backoff_max_s,
+            )
             tg.cancel_scope.cancel()
 
     # -- request/reply ----------------------------------------------------------------------
@@ -127,26 +148,47 @@ class GovernanceService:
             # allows and denies recorded in one transaction (per decision, far fewer round
             # trips, commits and tasks under load; alone, a batch of one goes at once).
             BatchEndpoint("decide", subjects.DECIDE, self._decide_requests),
-            BatchEndpoint("decide_batch", subjects.DECIDE_BATCH, self._decide_batches,
-                          max_batch=16),
-            Endpoint("register_run", subjects.REGISTER_RUN,
-                     self._endpoint("register_run", RegisterRun, self.register_run)),
-            Endpoint("pending", subjects.PENDING_LIST,
-                     self._endpoint("pending", ListPending, self.list_pending)),
+            BatchEndpoint(
+                "decide_batch", subjects.DECIDE_BATCH, self._decide_batches, max_batch=16
+            ),
+            Endpoint(
+                "register_run",
+                subjects.REGISTER_RUN,
+                self._endpoint("register_run", RegisterRun, self.register_run),
+            ),
+            Endpoint(
+                "pending",
+                subjects.PENDING_LIST,
+                self._endpoint("pending", ListPending, self.list_pending),
+            ),
             Endpoint("answer", subjects.ANSWER, self._answer_endpoint),
-            Endpoint("reserve", subjects.RESERVE,
-                     self._endpoint("reserve", ReserveBudget, self.reserve)),
-            Endpoint("settle", subjects.SETTLE,
-                     self._endpoint("settle", SettleBudget, self.settle)),
-            *([] if self._mcp is None else [
-                Endpoint("mcp_listing", subjects.MCP_LISTING,
-                         self._endpoint("mcp_listing", RecordListing, self._mcp.record_listing)),
-                Endpoint("mcp_classify", subjects.MCP_CLASSIFY,
-                         self._endpoint("mcp_classify", ClassifyTool, self._mcp.classify))]),
+            Endpoint(
+                "reserve", subjects.RESERVE, self._endpoint("reserve", ReserveBudget, self.reserve)
+            ),
+            Endpoint(
+                "settle", subjects.SETTLE, self._endpoint("settle", SettleBudget, self.settle)
+            ),
+            *(
+                []
+                if self._mcp is None
+                else [
+                    Endpoint(
+                        "mcp_listing",
+                        subjects.MCP_LISTING,
+                        self._endpoint("mcp_listing", RecordListing, self._mcp.record_listing),
+                    ),
+                    Endpoint(
+                        "mcp_classify",
+                        subjects.MCP_CLASSIFY,
+                        self._endpoint("mcp_classify", ClassifyTool, self._mcp.classify),
+                    ),
+                ]
+            ),
         ]
 
-    async def _decoded(self, name: str, kind: type, decoder: msgspec.json.Decoder[Any],
-                       request: Request) -> Any:
+    async def _decoded(
+        self, name: str, kind: type, decoder: msgspec.json.Decoder[Any], request: Request
+    ) -> Any:
         """The request's message, or None once it was answered 400 (it does not decode)."""
         try:
             return decoder.decode(request.data)
@@ -155,8 +197,9 @@ class GovernanceService:
             await request.respond_error("400", f"invalid {kind.__name__}: {exc}")
             return None
 
-    def _endpoint(self, name: str, kind: type, handle: Callable[..., Awaitable[msgspec.Struct]]
-                  ) -> Callable[[Request], Awaitable[None]]:
+    def _endpoint(
+        self, name: str, kind: type, handle: Callable[..., Awaitable[msgspec.Struct]]
+    ) -> Callable[[Request], Awaitable[None]]:
         decoder = msgspec.json.Decoder(kind)
         metrics = self._rt.metrics
 
@@ -168,8 +211,10 @@ class GovernanceService:
             try:
                 # Continue the caller's trace: one run is one trace, request/reply included.
                 with self._rt.tracer.start_as_current_span(
-                        f"governance {name}", context=extract_context(request.headers),
-                        kind=SpanKind.SERVER):
+                    f"governance {name}",
+                    context=extract_context(request.headers),
+                    kind=SpanKind.SERVER,
+                ):
                     answer = await handle(message)
             except NotFound as exc:
                 metrics.failed.labels(name, "not_found").inc()
@@ -195,13 +240,22 @@ class GovernanceService:
         # agent and runs nothing itself: each capability the callee uses is decided on its own.
         # So it is unclassified (no family, no grant names it) with the conversation's scope;
         # policy refusals and deny rules (lines 1-2) still come first.
-        scope = (contract.scope if contract
-                 else "conversation" if ask.tool.startswith(AGENT_CALL_PREFIX) else "external")
-        return Call(tool=ask.tool, family=family,
-                    connector=contract.connector if contract else None, agent=ask.agent,
-                    first_argument=ask.first_argument,
-                    scope=scope,
-                    profile_fact=contract.profile_fact if contract else False)
+        scope = (
+            contract.scope
+            if contract
+            else "conversation"
+            if ask.tool.startswith(AGENT_CALL_PREFIX)
+            else "external"
+        )
+        return Call(
+            tool=ask.tool,
+            family=family,
+            connector=contract.connector if contract else None,
+            agent=ask.agent,
+            first_argument=ask.first_argument,
+            scope=scope,
+            profile_fact=contract.profile_fact if contract else False,
+        )
 
     async def _mcp_family(self, ask: DecideRequest, call: Call) -> tuple[Call, str | None]:
         """An `mcp:` call with the family the operator classified (None: nobody did), and why
@@ -217,12 +271,16 @@ class GovernanceService:
             return call, None
         call = msgspec.structs.replace(call, family=found.family)
         if ask.tool_digest is None:
-            return call, f"{ask.tool} was not listed by its server: a tool never listed is " \
-                         "never called"
+            return (
+                call,
+                f"{ask.tool} was not listed by its server: a tool never listed is never called",
+            )
         if ask.tool_digest != found.digest:
-            return call, (f"{ask.tool} changed since it was classified (digest "
-                          f"{ask.tool_digest[:12]}, classified {found.digest[:12]}): an "
-                          "operator must classify it again (writ mcp classify)")
+            return call, (
+                f"{ask.tool} changed since it was classified (digest "
+                f"{ask.tool_digest[:12]}, classified {found.digest[:12]}): an "
+                "operator must classify it again (writ mcp classify)"
+            )
         return call, None
 
     async def _facts(self, reads: list[ToRead]) -> list[Facts | None]:
@@ -251,8 +309,9 @@ class GovernanceService:
         alone = [i for i, r in enumerate(ruled) if r.ruling.verdict == "ask"]
         if settled:
             try:
-                for i, decision_id in zip(settled, await self._store.record_many(
-                        [ruled[i] for i in settled]), strict=True):
+                for i, decision_id in zip(
+                    settled, await self._store.record_many([ruled[i] for i in settled]), strict=True
+                ):
                     ids[i] = decision_id
             except Exception as exc:
                 if len(settled) > 1:
@@ -264,53 +323,84 @@ class GovernanceService:
             r = ruled[i]
             try:
                 ids[i] = await self._store.record(
-                    tenant=r.tenant, run_id=r.run_id, principal=r.principal, call=r.call,
-                    ruling=r.ruling, policy_version=r.policy_version,
-                    proposal_id=r.proposal_id, attended=r.attended)
+                    tenant=r.tenant,
+                    run_id=r.run_id,
+                    principal=r.principal,
+                    call=r.call,
+                    ruling=r.ruling,
+                    policy_version=r.policy_version,
+                    proposal_id=r.proposal_id,
+                    attended=r.attended,
+                )
             except Exception as exc:
                 log.warning("cannot record decision: %r", exc)
         return ids
 
-    async def decide_all(self, asks: list[DecideRequest],
-                         parents: list[Span] | None = None) -> list[Decision]:
+    async def decide_all(
+        self, asks: list[DecideRequest], parents: list[Span] | None = None
+    ) -> list[Decision]:
         """Decide each call and record its decision (and its pending decision, for an ask):
         the facts of all of them read in one statement, their allows and denies recorded in
         one transaction. `parents`: each call's span (a `governance decide` span is its
         child)."""
-        spans = [self._rt.tracer.start_span(
-            "governance decide", context=None if parents is None
-            else trace.set_span_in_context(parents[i])) for i in range(len(asks))]
+        spans = [
+            self._rt.tracer.start_span(
+                "governance decide",
+                context=None if parents is None else trace.set_span_in_context(parents[i]),
+            )
+            for i in range(len(asks))
+        ]
         try:
             calls = [self._call(ask) for ask in asks]
             refusals: list[str | None] = [None] * len(asks)
             for i, ask in enumerate(asks):
                 if parse_capability(ask.tool) is not None:
                     calls[i], refusals[i] = await self._mcp_family(ask, calls[i])
-            facts = await self._facts([
-                ToRead(tenant=ask.tenant, call=call, principal=ask.principal,
-                       run_id=ask.run_id, approval_id=ask.approval_id)
-                for ask, call in zip(asks, calls, strict=True)])
+            facts = await self._facts(
+                [
+                    ToRead(
+                        tenant=ask.tenant,
+                        call=call,
+                        principal=ask.principal,
+                        run_id=ask.run_id,
+                        approval_id=ask.approval_id,
+                    )
+                    for ask, call in zip(asks, calls, strict=True)
+                ]
+            )
             ruled = []
             for ask, call, known, refusal in zip(asks, calls, facts, refusals, strict=True):
                 ruling = decide(call, known)
                 if refusal is not None:  # like an org refusal: before anything that allows
                     ruling = Ruling(verdict="deny", line=1, reason=refusal)
-                ruled.append(ToRecord(
-                    tenant=ask.tenant, run_id=ask.run_id, principal=ask.principal, call=call,
-                    ruling=ruling,
-                    policy_version=known.policy_version if known else "unreadable",
-                    proposal_id=ask.proposal_id, attended=known.attended if known else False))
+                ruled.append(
+                    ToRecord(
+                        tenant=ask.tenant,
+                        run_id=ask.run_id,
+                        principal=ask.principal,
+                        call=call,
+                        ruling=ruling,
+                        policy_version=known.policy_version if known else "unreadable",
+                        proposal_id=ask.proposal_id,
+                        attended=known.attended if known else False,
+                    )
+                )
             decisions = []
-            for r, decision_id, span in zip(ruled, await self._recorded(ruled), spans,
-                                            strict=True):
+            for r, decision_id, span in zip(ruled, await self._recorded(ruled), spans, strict=True):
                 if decision_id is None:
                     # An allow nobody can find later is not an allow, and an ask nobody can
                     # answer is a deny: deny what cannot be recorded (reads excepted).
                     decision_id = str(uuid.uuid4())
                     ruling = decide(r.call, None)
-                    r = msgspec.structs.replace(r, ruling=msgspec.structs.replace(
-                        ruling, reason=SENSITIVE_UNREADABLE if ruling.verdict == "deny"
-                        else ruling.reason))
+                    r = msgspec.structs.replace(
+                        r,
+                        ruling=msgspec.structs.replace(
+                            ruling,
+                            reason=SENSITIVE_UNREADABLE
+                            if ruling.verdict == "deny"
+                            else ruling.reason,
+                        ),
+                    )
                 span.set_attribute("writ.decision.verdict", r.ruling.verdict)
                 span.set_attribute("writ.decision.line", r.ruling.line)
                 decisions.append(self._decision(r, decision_id))
@@ -322,27 +412,48 @@ class GovernanceService:
     def _decision(self, ruled: ToRecord, decision_id: str) -> Decision:
         ruling, call = ruled.ruling, ruled.call
         self._decisions.labels(str(ruling.line), ruling.verdict).inc()
-        return Decision(decision_id=decision_id, verdict=ruling.verdict, line=ruling.line,
-                        family=call.family or "unclassified", reason=ruling.reason,
-                        policy_version=ruled.policy_version, options=list(ruling.options),
-                        pending_id=decision_id if ruling.verdict == "ask" else None)
+        return Decision(
+            decision_id=decision_id,
+            verdict=ruling.verdict,
+            line=ruling.line,
+            family=call.family or "unclassified",
+            reason=ruling.reason,
+            policy_version=ruled.policy_version,
+            options=list(ruling.options),
+            pending_id=decision_id if ruling.verdict == "ask" else None,
+        )
 
     async def _decide_requests(self, requests: list[Request]) -> None:
         """`decide` requests that arrived together, decided together (`decide_all`)."""
-        await self._together("decide", requests, DecideRequest, self._ask_decoder,
-                             lambda ask: [ask],
-                             lambda decisions: decisions[0])
+        await self._together(
+            "decide",
+            requests,
+            DecideRequest,
+            self._ask_decoder,
+            lambda ask: [ask],
+            lambda decisions: decisions[0],
+        )
 
     async def _decide_batches(self, requests: list[Request]) -> None:
         """`decide_batch` requests that arrived together, their calls decided together."""
-        await self._together("decide_batch", requests, DecideBatch, self._batch_decoder,
-                             lambda batch: batch.requests,
-                             lambda decisions: Decisions(decisions=decisions))
+        await self._together(
+            "decide_batch",
+            requests,
+            DecideBatch,
+            self._batch_decoder,
+            lambda batch: batch.requests,
+            lambda decisions: Decisions(decisions=decisions),
+        )
 
-    async def _together(self, name: str, requests: list[Request], kind: type,
-                        decoder: msgspec.json.Decoder[Any],
-                        asks_of: Callable[[Any], list[DecideRequest]],
-                        answer_of: Callable[[list[Decision]], msgspec.Struct]) -> None:
+    async def _together(
+        self,
+        name: str,
+        requests: list[Request],
+        kind: type,
+        decoder: msgspec.json.Decoder[Any],
+        asks_of: Callable[[Any], list[DecideRequest]],
+        answer_of: Callable[[list[Decision]], msgspec.Struct],
+    ) -> None:
         """Decode each request (400 for one that does not), decide all their calls at once
         (`decide_all`), answer each request with its own calls' decisions."""
         started = time.perf_counter()
@@ -358,8 +469,10 @@ class GovernanceService:
                     continue
                 # Continue the caller's trace: one run is one trace, request/reply included.
                 span = self._rt.tracer.start_span(
-                    f"governance {name}", context=extract_context(request.headers),
-                    kind=SpanKind.SERVER)
+                    f"governance {name}",
+                    context=extract_context(request.headers),
+                    kind=SpanKind.SERVER,
+                )
                 spans.append(span)
                 mine = asks_of(message)
                 taken.append((request, len(asks), len(mine)))
@@ -367,8 +480,9 @@ class GovernanceService:
                 parents += [span] * len(mine)
             decisions = await self.decide_all(asks, parents) if asks else []
             for request, first, count in taken:
-                await request.respond(self._encoder.encode(
-                    answer_of(decisions[first:first + count])))
+                await request.respond(
+                    self._encoder.encode(answer_of(decisions[first : first + count]))
+                )
                 metrics.handled.labels(name).inc()
                 metrics.latency.labels(name).observe(time.perf_counter() - started)
         finally:
@@ -377,8 +491,7 @@ class GovernanceService:
 
     async def register_run(self, run: RegisterRun) -> RunRegistered:
         """Record what ingress verified about a run before it starts, and its budget."""
-        await self._store.register_run(
-            run, self._budget_defaults.limits_for(run.agent, run.budget))
+        await self._store.register_run(run, self._budget_defaults.limits_for(run.agent, run.budget))
         return RunRegistered(run_id=run.run_id)
 
     async def reserve(self, ask: ReserveBudget) -> BudgetReserved | BudgetRefused:
@@ -386,25 +499,42 @@ class GovernanceService:
         reserves nothing (fail closed)."""
         try:
             answer = await self._store.reserve(
-                tenant=ask.tenant, run_id=ask.run_id, step_key=ask.step_key,
-                provider_calls=ask.provider_calls, tokens=ask.tokens,
-                capability_calls=ask.capability_calls, limit=ask.limit, settle=ask.settle,
-                up_to=ask.up_to)
+                tenant=ask.tenant,
+                run_id=ask.run_id,
+                step_key=ask.step_key,
+                provider_calls=ask.provider_calls,
+                tokens=ask.tokens,
+                capability_calls=ask.capability_calls,
+                limit=ask.limit,
+                settle=ask.settle,
+                up_to=ask.up_to,
+            )
         except Exception as exc:  # cannot know what is left: nothing is left (nor settled)
             log.warning("budget store unreadable: %r", exc)
-            return BudgetRefused(run_id=ask.run_id, step_key=ask.step_key, budget="unavailable",
-                                 reason="governance cannot read its budget store")
-        if isinstance(answer, BudgetRefused) and answer.budget not in ("unavailable",
-                                                                      "unknown_run"):
+            return BudgetRefused(
+                run_id=ask.run_id,
+                step_key=ask.step_key,
+                budget="unavailable",
+                reason="governance cannot read its budget store",
+            )
+        if isinstance(answer, BudgetRefused) and answer.budget not in (
+            "unavailable",
+            "unknown_run",
+        ):
             self._exhausted.labels(answer.budget).inc()
         return answer
 
     async def settle(self, ask: SettleBudget) -> BudgetSettled:
         """Close a reservation with what the step used (404: no such reservation)."""
         settled = await self._store.settle(
-            tenant=ask.tenant, run_id=ask.run_id, reservation_id=ask.reservation_id,
-            provider_calls=ask.provider_calls, tokens=ask.tokens,
-            capability_calls=ask.capability_calls, release=ask.release)
+            tenant=ask.tenant,
+            run_id=ask.run_id,
+            reservation_id=ask.reservation_id,
+            provider_calls=ask.provider_calls,
+            tokens=ask.tokens,
+            capability_calls=ask.capability_calls,
+            release=ask.release,
+        )
         if settled is None:
             raise NotFound("no such reservation for this run")
         return settled
@@ -418,18 +548,30 @@ class GovernanceService:
     async def _on_answer(self, delivery: Delivery[AnswerDecision]) -> None:
         answer = delivery.message
         outcome = await self._store.answer(
-            tenant=answer.tenant, pending_id=answer.pending_id, answer=answer.answer,
-            answered_by=answer.principal, reason=answer.reason)
+            tenant=answer.tenant,
+            pending_id=answer.pending_id,
+            answer=answer.answer,
+            answered_by=answer.principal,
+            reason=answer.reason,
+        )
         code: str | None = None
         if isinstance(outcome, Answered):
             await self._announce(outcome)
             accepted, message = True, f"answered {answer.answer}"
         else:
             accepted, message, code = False, outcome.reason, outcome.code
-        await publish(self._rt.js, subjects.result(answer.tenant),
-                      DecisionResult(request_id=answer.request_id, pending_id=answer.pending_id,
-                                     accepted=accepted, message=message[:512], code=code),
-                      msg_id=f"decision-result:{answer.tenant}:{answer.request_id}")
+        await publish(
+            self._rt.js,
+            subjects.result(answer.tenant),
+            DecisionResult(
+                request_id=answer.request_id,
+                pending_id=answer.pending_id,
+                accepted=accepted,
+                message=message[:512],
+                code=code,
+            ),
+            msg_id=f"decision-result:{answer.tenant}:{answer.request_id}",
+        )
 
     async def _answer_endpoint(self, request: Request) -> None:
         """Admission records an approval by proposal id here and waits for what it became.
@@ -444,35 +586,62 @@ class GovernanceService:
             return
         self._rt.faults.raise_if("governance.answer")
         with self._rt.tracer.start_as_current_span(
-                "governance answer", context=extract_context(request.headers),
-                kind=SpanKind.SERVER):
+            "governance answer", context=extract_context(request.headers), kind=SpanKind.SERVER
+        ):
             if await self._store.revoked(answer.tenant, answer.principal):
                 await request.respond_error("403", "the approver's access was revoked")
                 return
             outcome = await self._store.answer(
-                tenant=answer.tenant, pending_id=answer.pending_id, answer=answer.answer,
-                answered_by=answer.principal, reason=answer.reason, same_again=True)
+                tenant=answer.tenant,
+                pending_id=answer.pending_id,
+                answer=answer.answer,
+                answered_by=answer.principal,
+                reason=answer.reason,
+                same_again=True,
+            )
         if isinstance(outcome, NotAnswerable):
-            code = ("409" if outcome.reason.startswith("already answered") else
-                    "410" if outcome.reason.startswith("no such") else "403")
+            code = (
+                "409"
+                if outcome.reason.startswith("already answered")
+                else "410"
+                if outcome.reason.startswith("no such")
+                else "403"
+            )
             await request.respond_error(code, outcome.reason[:500])
             return
-        await request.respond(self._encoder.encode(DecisionAnswered(
-            tenant=outcome.tenant, pending_id=outcome.pending_id, run_id=outcome.run_id,
-            proposal_id=outcome.proposal_id, answer=outcome.answer,
-            reason=outcome.reason[:512], answered_by=outcome.answered_by[:512],
-            decision_id=outcome.decision_id, line=outcome.line,
-            policy_version=outcome.policy_version)))
+        await request.respond(
+            self._encoder.encode(
+                DecisionAnswered(
+                    tenant=outcome.tenant,
+                    pending_id=outcome.pending_id,
+                    run_id=outcome.run_id,
+                    proposal_id=outcome.proposal_id,
+                    answer=outcome.answer,
+                    reason=outcome.reason[:512],
+                    answered_by=outcome.answered_by[:512],
+                    decision_id=outcome.decision_id,
+                    line=outcome.line,
+                    policy_version=outcome.policy_version,
+                )
+            )
+        )
 
     async def _announce(self, answered: Answered) -> None:
         await publish(
-            self._rt.js, subjects.answered(answered.tenant),
-            DecisionAnswered(tenant=answered.tenant, pending_id=answered.pending_id,
-                             run_id=answered.run_id, proposal_id=answered.proposal_id,
-                             answer=answered.answer, reason=answered.reason[:512],
-                             answered_by=answered.answered_by[:512],
-                             decision_id=answered.decision_id, line=answered.line,
-                             policy_version=answered.policy_version),
+            self._rt.js,
+            subjects.answered(answered.tenant),
+            DecisionAnswered(
+                tenant=answered.tenant,
+                pending_id=answered.pending_id,
+                run_id=answered.run_id,
+                proposal_id=answered.proposal_id,
+                answer=answered.answer,
+                reason=answered.reason[:512],
+                answered_by=answered.answered_by[:512],
+                decision_id=answered.decision_id,
+                line=answered.line,
+                policy_version=answered.policy_version,
+            ),
             msg_id=f"answered:{answered.pending_id}",
         )
 
@@ -480,8 +649,12 @@ class GovernanceService:
         """An attended ask nobody answered within five minutes is a deny."""
         for tenant, pending_id in await self._store.overdue():
             outcome = await self._store.answer(
-                tenant=tenant, pending_id=pending_id, answer="deny", answered_by="nobody",
-                reason="no answer within 5 minutes")
+                tenant=tenant,
+                pending_id=pending_id,
+                answer="deny",
+                answered_by="nobody",
+                reason="no answer within 5 minutes",
+            )
             if isinstance(outcome, Answered):
                 await self._announce(outcome)
 
@@ -492,8 +665,9 @@ class GovernanceService:
         if self._policy_dir is None or not self._policy_dir.is_dir():
             return
         present = {path.stem for path in self._policy_dir.glob("*.json")}
-        known = set(self._policy_seen) if self._policy_seen else set(
-            await self._store.policy_tenants())  # on start: what an earlier process loaded
+        known = (
+            set(self._policy_seen) if self._policy_seen else set(await self._store.policy_tenants())
+        )  # on start: what an earlier process loaded
         for tenant in sorted(known - present):
             # The organisation withdrew the file: back to no org policy (the defaults).
             await self._store.drop_policy(tenant)
@@ -511,8 +685,9 @@ class GovernanceService:
             if policy.status == "valid":
                 log.info("policy %s loaded for %s", policy.version, tenant)
             else:
-                log.warning("policy for %s REFUSED (%s): sensitive calls denied", tenant,
-                            policy.refusal)
+                log.warning(
+                    "policy for %s REFUSED (%s): sensitive calls denied", tenant, policy.refusal
+                )
 
     async def _every(self, period: float, job: Callable[[], Awaitable[None]]) -> None:
         while True:

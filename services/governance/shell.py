@@ -102,7 +102,7 @@ def simple_command(text: str) -> SimpleCommand | None:
         if word is None or word != getattr(w, "word", None):
             return None
         argv.append(word)
-    if not argv[0] or _ASSIGNMENT.match(text[words[0].pos[0]:words[0].pos[1]]):
+    if not argv[0] or _ASSIGNMENT.match(text[words[0].pos[0] : words[0].pos[1]]):
         return None
     return SimpleCommand(argv=tuple(argv))
 
@@ -141,7 +141,7 @@ def _unquote(raw: str) -> str | None:
             end = raw.find("'", i + 1)
             if end < 0:
                 return None
-            out.append(raw[i + 1:end])
+            out.append(raw[i + 1 : end])
             i = end + 1
         elif c == '"':
             i += 1
@@ -169,7 +169,7 @@ def _unquote(raw: str) -> str | None:
             return None
         elif c == "{":
             # An empty pair is never brace-expanded; any other unquoted brace might be.
-            if raw[i + 1:i + 2] != "}":
+            if raw[i + 1 : i + 2] != "}":
                 return None
             out.append("{}")
             i += 2

@@ -41,8 +41,9 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     http_answer_timeout_s: float = 30.0
 
 
-async def _reload_keys(path: str, keys: dict[str, TenantKey], stopping: anyio.Event,
-                       every_s: float = 1.0) -> None:
+async def _reload_keys(
+    path: str, keys: dict[str, TenantKey], stopping: anyio.Event, every_s: float = 1.0
+) -> None:
     """Take tenants added (`writ tenant add`) or removed while running: the file is replaced
     whole, so a changed mtime is a complete new version. `keys` is changed in place (the
     service holds it); a file that does not decode leaves the keys as they were."""
@@ -53,8 +54,9 @@ async def _reload_keys(path: str, keys: dict[str, TenantKey], stopping: anyio.Ev
             mtime = (await anyio.Path(path).stat()).st_mtime_ns
             if mtime == seen:
                 continue
-            fresh = msgspec.json.decode(await anyio.Path(path).read_bytes(),
-                                        type=dict[str, TenantKey])
+            fresh = msgspec.json.decode(
+                await anyio.Path(path).read_bytes(), type=dict[str, TenantKey]
+            )
         except (OSError, msgspec.DecodeError) as exc:
             log.warning("tenant keys not reloaded: %r", exc)
             continue
@@ -71,21 +73,33 @@ def main() -> None:
     agents = declared_agents(Path(settings.agents_dir)) if settings.agents_dir else None
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        svc = IngressService(rt=rt, keys=keys, audience=settings.audience,
-                             max_request_bytes=settings.max_request_bytes,
-                             review_timeout_s=settings.review_timeout_s, agents=agents,
-                             max_token_ttl_s=settings.max_token_ttl_s)
+        svc = IngressService(
+            rt=rt,
+            keys=keys,
+            audience=settings.audience,
+            max_request_bytes=settings.max_request_bytes,
+            review_timeout_s=settings.review_timeout_s,
+            agents=agents,
+            max_token_ttl_s=settings.max_token_ttl_s,
+        )
         if not settings.http_enabled:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
                 await svc.run(task_status=task_status)
             return
-        http = HttpServer(door=svc, nc=rt.nc, js=rt.js, stopping=rt.stopping,
-                          host=settings.http_host, port=settings.http_port,
-                          port_file=settings.http_port_file,
-                          max_body_bytes=settings.max_request_bytes,
-                          answer_timeout_s=settings.http_answer_timeout_s,
-                          endpoints=rt.endpoints, stream_replicas=rt.stream_replicas)
+        http = HttpServer(
+            door=svc,
+            nc=rt.nc,
+            js=rt.js,
+            stopping=rt.stopping,
+            host=settings.http_host,
+            port=settings.http_port,
+            port_file=settings.http_port_file,
+            max_body_bytes=settings.max_request_bytes,
+            answer_timeout_s=settings.http_answer_timeout_s,
+            endpoints=rt.endpoints,
+            stream_replicas=rt.stream_replicas,
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)
             await tg.start(http.run)

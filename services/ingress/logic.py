@@ -54,9 +54,14 @@ APPROVAL_DECODER: Final = msgspec.json.Decoder(ApproveProposal)
 REVIEW_DECODER: Final = msgspec.json.Decoder(ReviewDecision)
 CANCEL_DECODER: Final = msgspec.json.Decoder(CancelRun)
 # The message type of each host subject, by its kind (`writ.in.<kind>.<tenant>`).
-DECODERS: Final = {"requests": REQUEST_DECODER, "commands": COMMAND_DECODER,
-                   "decisions": DECISION_DECODER, "approvals": APPROVAL_DECODER,
-                   "reviews": REVIEW_DECODER, "cancels": CANCEL_DECODER}
+DECODERS: Final = {
+    "requests": REQUEST_DECODER,
+    "commands": COMMAND_DECODER,
+    "decisions": DECISION_DECODER,
+    "approvals": APPROVAL_DECODER,
+    "reviews": REVIEW_DECODER,
+    "cancels": CANCEL_DECODER,
+}
 APPROVER_ROLE: Final = "approver"
 # Reads of the audit journal (replay, verify) need this role.
 AUDITOR_ROLE: Final = "auditor"
@@ -84,8 +89,9 @@ class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class Verified(msgspec.Struct, frozen=True, kw_only=True):
     """A request whose token checked out; tenant and principal come from the token."""
 
-    request: (RunRequest | SubmitCommand | HumanDecision | ApproveProposal | ReviewDecision
-              | CancelRun)
+    request: (
+        RunRequest | SubmitCommand | HumanDecision | ApproveProposal | ReviewDecision | CancelRun
+    )
     tenant: str
     principal: str
     run_id: str
@@ -117,11 +123,19 @@ def command_run_id(tenant: str, operation_key: str) -> str:
     return "cmd-" + str(uuid.uuid5(_RUN_NAMESPACE, f"{tenant}\x00key\x00{operation_key}"))
 
 
-def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str | None,
-                   keys: dict[str, TenantKey], audience: str, max_bytes: int,
-                   leeway_s: float = LEEWAY_S, max_ttl_s: float = MAX_TOKEN_TTL_S,
-                   now: float | None = None,
-                   decoder: msgspec.json.Decoder[Any] = REQUEST_DECODER) -> Verified | Rejection:
+def verify_request(
+    body: bytes,
+    *,
+    subject_tenant: str,
+    header_request_id: str | None,
+    keys: dict[str, TenantKey],
+    audience: str,
+    max_bytes: int,
+    leeway_s: float = LEEWAY_S,
+    max_ttl_s: float = MAX_TOKEN_TTL_S,
+    now: float | None = None,
+    decoder: msgspec.json.Decoder[Any] = REQUEST_DECODER,
+) -> Verified | Rejection:
     """Bound, decode and authenticate one host message published on a tenant's subject.
 
     `decoder` decodes the message type of the subject (`RunRequest` by default, or
@@ -130,37 +144,66 @@ def verify_request(body: bytes, *, subject_tenant: str, header_request_id: str |
     """
     fallback_id = (header_request_id or "")[:128]
     if len(body) > max_bytes:
-        return Rejection(code="TOO_LARGE", request_id=fallback_id,
-                         message=f"request is {len(body)} bytes; the limit is {max_bytes}")
+        return Rejection(
+            code="TOO_LARGE",
+            request_id=fallback_id,
+            message=f"request is {len(body)} bytes; the limit is {max_bytes}",
+        )
     try:
         request = decoder.decode(body)
         # msgspec checks a tag that is there; the host contract requires it there.
         tagged = _TAG_DECODER.decode(body).type is not None
     except msgspec.DecodeError as exc:
-        return Rejection(code="INVALID_REQUEST", message=storable(str(exc)[:500]),
-                         request_id=storable(fallback_id))
+        return Rejection(
+            code="INVALID_REQUEST",
+            message=storable(str(exc)[:500]),
+            request_id=storable(fallback_id),
+        )
     if not tagged:
-        return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
-                         message=f"Object missing required field `type` "
-                                 f"(\"{type(request).__name__}\" here)")
+        return Rejection(
+            code="INVALID_REQUEST",
+            request_id=request.request_id,
+            message=f'Object missing required field `type` ("{type(request).__name__}" here)',
+        )
     if header_request_id is not None and header_request_id != request.request_id:
-        return Rejection(code="INVALID_REQUEST", request_id=request.request_id,
-                         message="Nats-Msg-Id must equal request_id")
-    checked = verify_token(request.token, tenant=subject_tenant, keys=keys, audience=audience,
-                           request_id=request.request_id, leeway_s=leeway_s,
-                           max_ttl_s=max_ttl_s, now=now)
+        return Rejection(
+            code="INVALID_REQUEST",
+            request_id=request.request_id,
+            message="Nats-Msg-Id must equal request_id",
+        )
+    checked = verify_token(
+        request.token,
+        tenant=subject_tenant,
+        keys=keys,
+        audience=audience,
+        request_id=request.request_id,
+        leeway_s=leeway_s,
+        max_ttl_s=max_ttl_s,
+        now=now,
+    )
     if isinstance(checked, Rejection):
         return checked
     principal, roles = checked
-    return Verified(request=request, tenant=subject_tenant, principal=principal,
-                    run_id=run_id_for(subject_tenant, request.request_id),
-                    roles=frozenset(roles))
+    return Verified(
+        request=request,
+        tenant=subject_tenant,
+        principal=principal,
+        run_id=run_id_for(subject_tenant, request.request_id),
+        roles=frozenset(roles),
+    )
 
 
-def verify_token(token: str, *, tenant: str, keys: dict[str, TenantKey], audience: str,
-                 request_id: str, leeway_s: float = LEEWAY_S,
-                 max_ttl_s: float = MAX_TOKEN_TTL_S, now: float | None = None,
-                 ) -> tuple[str, list[str]] | Rejection:
+def verify_token(
+    token: str,
+    *,
+    tenant: str,
+    keys: dict[str, TenantKey],
+    audience: str,
+    request_id: str,
+    leeway_s: float = LEEWAY_S,
+    max_ttl_s: float = MAX_TOKEN_TTL_S,
+    now: float | None = None,
+) -> tuple[str, list[str]] | Rejection:
     """Check a host token for `tenant` (both doors): its (principal, roles), or why not.
 
     `exp`, `nbf` and `iat` must be NumericDates (JSON numbers, RFC 7519 §2; a numeric string is
@@ -168,48 +211,77 @@ def verify_token(token: str, *, tenant: str, keys: dict[str, TenantKey], audienc
     differ by `leeway_s`.
     """
     if _TENANT.fullmatch(tenant) is None:
-        return Rejection(code="UNKNOWN_TENANT", request_id=request_id,
-                         message="the request names no valid tenant")
+        return Rejection(
+            code="UNKNOWN_TENANT",
+            request_id=request_id,
+            message="the request names no valid tenant",
+        )
     key = keys.get(tenant)
     if key is None:
-        return Rejection(code="UNKNOWN_TENANT", request_id=request_id,
-                         message=f"no issuer is configured for tenant {tenant!r}")
+        return Rejection(
+            code="UNKNOWN_TENANT",
+            request_id=request_id,
+            message=f"no issuer is configured for tenant {tenant!r}",
+        )
     try:
         claims = jwt.decode(
-            token, key.public_key, algorithms=["EdDSA"], audience=audience,
-            issuer=key.issuer, leeway=leeway_s,
+            token,
+            key.public_key,
+            algorithms=["EdDSA"],
+            audience=audience,
+            issuer=key.issuer,
+            leeway=leeway_s,
             options={"require": ["exp", "iss", "aud", "sub", "tenant", "jti"]},
         )
     except jwt.ExpiredSignatureError:
-        return Rejection(code="TOKEN_EXPIRED", message="the token has expired",
-                         request_id=request_id)
+        return Rejection(
+            code="TOKEN_EXPIRED", message="the token has expired", request_id=request_id
+        )
     except jwt.InvalidSignatureError:
-        return Rejection(code="BAD_SIGNATURE", request_id=request_id,
-                         message="the token's signature does not verify with the tenant's key")
+        return Rejection(
+            code="BAD_SIGNATURE",
+            request_id=request_id,
+            message="the token's signature does not verify with the tenant's key",
+        )
     except jwt.InvalidTokenError as exc:
-        return Rejection(code="INVALID_TOKEN", message=f"invalid token: {exc}"[:500],
-                         request_id=request_id)
+        return Rejection(
+            code="INVALID_TOKEN", message=f"invalid token: {exc}"[:500], request_id=request_id
+        )
     wrong = next((c for c in _DATES if c in claims and not _numeric_date(claims[c])), None)
     if wrong is not None:
-        return Rejection(code="INVALID_TOKEN", request_id=request_id,
-                         message=f"the token's {wrong} is not a NumericDate (a JSON number)")
+        return Rejection(
+            code="INVALID_TOKEN",
+            request_id=request_id,
+            message=f"the token's {wrong} is not a NumericDate (a JSON number)",
+        )
     clock = time.time() if now is None else now
     lifetime = max(claims["exp"] - clock, claims["exp"] - claims.get("iat", claims["exp"]))
     if lifetime > max_ttl_s + leeway_s:
-        return Rejection(code="INVALID_TOKEN", request_id=request_id,
-                         message=f"the token lives {lifetime:.0f} s; at most {max_ttl_s:.0f} s "
-                                 "is accepted")
+        return Rejection(
+            code="INVALID_TOKEN",
+            request_id=request_id,
+            message=f"the token lives {lifetime:.0f} s; at most {max_ttl_s:.0f} s is accepted",
+        )
     if claims["tenant"] != tenant:
-        return Rejection(code="WRONG_TENANT", request_id=request_id,
-                         message="the token was issued for another tenant")
+        return Rejection(
+            code="WRONG_TENANT",
+            request_id=request_id,
+            message="the token was issued for another tenant",
+        )
     principal = claims["sub"]
     if not isinstance(principal, str) or _PRINCIPAL.fullmatch(principal) is None:
-        return Rejection(code="INVALID_TOKEN", message="the token's subject is not a principal id",
-                         request_id=request_id)
+        return Rejection(
+            code="INVALID_TOKEN",
+            message="the token's subject is not a principal id",
+            request_id=request_id,
+        )
     roles = claims.get("roles", [])
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-        return Rejection(code="INVALID_TOKEN", message="the token's roles are not a list of names",
-                         request_id=request_id)
+        return Rejection(
+            code="INVALID_TOKEN",
+            message="the token's roles are not a list of names",
+            request_id=request_id,
+        )
     return principal, roles
 
 
@@ -225,16 +297,21 @@ def token_tenant(token: str) -> str:
 
 
 def _numeric_date(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def authorize(outcome: Verified | Rejection, kind: str) -> Verified | Rejection:
     """Refuse (`FORBIDDEN`) a verified answer of an approver kind whose token lacks the role."""
-    if (isinstance(outcome, Verified) and kind in APPROVER_KINDS
-            and APPROVER_ROLE not in outcome.roles):
-        return Rejection(code="FORBIDDEN", request_id=outcome.request.request_id,
-                         message=f"answering {kind} needs the {APPROVER_ROLE} role")
+    if (
+        isinstance(outcome, Verified)
+        and kind in APPROVER_KINDS
+        and APPROVER_ROLE not in outcome.roles
+    ):
+        return Rejection(
+            code="FORBIDDEN",
+            request_id=outcome.request.request_id,
+            message=f"answering {kind} needs the {APPROVER_ROLE} role",
+        )
     return outcome
 
 
@@ -246,8 +323,13 @@ def review_target(pending_id: str) -> tuple[str, int] | None:
     return match[1], int(match[2])
 
 
-def review_verdict(error_code: str | None, description: str = "", *, answer: str = "approve",
-                   run_status: str | None = None) -> tuple[bool, str] | None:
+def review_verdict(
+    error_code: str | None,
+    description: str = "",
+    *,
+    answer: str = "approve",
+    run_status: str | None = None,
+) -> tuple[bool, str] | None:
     """What the planner's reply to a `ReviewAnswer` means for the approver: (accepted,
     message), or None when the planner failed and the answer must be retried.
 

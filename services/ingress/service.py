@@ -62,29 +62,42 @@ _REVIEW_TAKEN_DECODER = msgspec.json.Decoder(ReviewTaken)
 
 def inbox(tenant: str) -> ConsumerSpec:
     """Ingress's durable consumer on one tenant's host stream (`subjects.tenant_streams`)."""
-    return ConsumerSpec(stream=subjects.in_stream(tenant), durable="ingress",
-                        filter_subjects=subjects.host_subjects(tenant))
+    return ConsumerSpec(
+        stream=subjects.in_stream(tenant),
+        durable="ingress",
+        filter_subjects=subjects.host_subjects(tenant),
+    )
 
 
 class IngressService:
     """Verifies each `RunRequest` and starts its run (`libs/runstart.py`), or tells the host why
     not."""
 
-    def __init__(self, *, rt: Runtime, keys: dict[str, TenantKey], audience: str,
-                 max_request_bytes: int, review_timeout_s: float = 30.0,
-                 agents: frozenset[str] | None = None,
-                 max_token_ttl_s: float = MAX_TOKEN_TTL_S) -> None:
+    def __init__(
+        self,
+        *,
+        rt: Runtime,
+        keys: dict[str, TenantKey],
+        audience: str,
+        max_request_bytes: int,
+        review_timeout_s: float = 30.0,
+        agents: frozenset[str] | None = None,
+        max_token_ttl_s: float = MAX_TOKEN_TTL_S,
+    ) -> None:
         self._rt, self._keys, self._agents = rt, keys, agents
         self._max_ttl = max_token_ttl_s
         self._audience, self._max_bytes = audience, max_request_bytes
         # The planner resumes the run before it answers (its next model decision included).
         self._review_timeout = review_timeout_s
-        self._dropped = Counter("writ_ingress_dropped_total",
-                                "Host messages dropped unanswered: no known tenant to answer",
-                                registry=rt.registry)
+        self._dropped = Counter(
+            "writ_ingress_dropped_total",
+            "Host messages dropped unanswered: no known tenant to answer",
+            registry=rt.registry,
+        )
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Declare each known tenant's streams and consume their host messages until stopped.
 
         Only tenants with an issuer key get streams: a host message on any other tenant's
@@ -95,16 +108,27 @@ class IngressService:
         for tenant in tenants:
             if not subjects.valid_tenant(tenant):
                 raise ConfigError(f"tenant {tenant!r} cannot name a subject or a stream")
-        await ensure_streams(self._rt.js, [spec for tenant in tenants
-                                           for spec in subjects.tenant_streams(tenant)],
-                             replicas=self._rt.stream_replicas)
+        await ensure_streams(
+            self._rt.js,
+            [spec for tenant in tenants for spec in subjects.tenant_streams(tenant)],
+            replicas=self._rt.stream_replicas,
+        )
         async with anyio.create_task_group() as tg:
             for tenant in tenants:
-                await tg.start(functools.partial(
-                    run_actor, js=self._rt.js, spec=inbox(tenant), decoder=None,
-                    handler=self.handle, metrics=self._rt.metrics, tracer=self._rt.tracer,
-                    stopping=self._rt.stopping, health=self._rt.health,
-                    backoff_max_s=self._rt.retry_backoff_max_s))
+                await tg.start(
+                    functools.partial(
+                        run_actor,
+                        js=self._rt.js,
+                        spec=inbox(tenant),
+                        decoder=None,
+                        handler=self.handle,
+                        metrics=self._rt.metrics,
+                        tracer=self._rt.tracer,
+                        stopping=self._rt.stopping,
+                        health=self._rt.health,
+                        backoff_max_s=self._rt.retry_backoff_max_s,
+                    )
+                )
             task_status.started()
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
@@ -113,38 +137,66 @@ class IngressService:
         tenant = delivery.subject.rsplit(".", 1)[-1]
         # requests | commands | decisions | approvals | reviews
         kind = delivery.subject.split(".")[2]
-        outcome = self.verify(kind, delivery.message, tenant=tenant,
-                              request_id=delivery.headers.get("Nats-Msg-Id"))
+        outcome = self.verify(
+            kind, delivery.message, tenant=tenant, request_id=delivery.headers.get("Nats-Msg-Id")
+        )
         if isinstance(outcome, Rejection):
             await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
             return
         review = await self.hand_on(outcome)
         if review is not None:
-            await publish(self._rt.js, subjects.result(outcome.tenant), review,
-                          msg_id=f"review-result:{outcome.tenant}:{review.request_id}")
+            await publish(
+                self._rt.js,
+                subjects.result(outcome.tenant),
+                review,
+                msg_id=f"review-result:{outcome.tenant}:{review.request_id}",
+            )
 
-    def verify(self, kind: str, body: bytes, *, tenant: str,
-               request_id: str | None) -> Verified | Rejection:
+    def verify(
+        self, kind: str, body: bytes, *, tenant: str, request_id: str | None
+    ) -> Verified | Rejection:
         """Bound, decode, authenticate and authorize one host message of `kind` (either door:
         the HTTP API rebuilds the NATS message and verifies it here)."""
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
-            outcome = authorize(verify_request(
-                body, subject_tenant=tenant, header_request_id=request_id, keys=self._keys,
-                audience=self._audience, max_bytes=self._max_bytes, max_ttl_s=self._max_ttl,
-                decoder=DECODERS[kind]),
-                kind)
+            outcome = authorize(
+                verify_request(
+                    body,
+                    subject_tenant=tenant,
+                    header_request_id=request_id,
+                    keys=self._keys,
+                    audience=self._audience,
+                    max_bytes=self._max_bytes,
+                    max_ttl_s=self._max_ttl,
+                    decoder=DECODERS[kind],
+                ),
+                kind,
+            )
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
-        if (not isinstance(outcome, Rejection) and isinstance(outcome.request, SubmitCommand)
-                and self._agents is not None and outcome.request.agent not in self._agents):
-            outcome = Rejection(code="UNKNOWN_AGENT", request_id=outcome.request.request_id,
-                                message=f"no manifest declares agent {outcome.request.agent!r}")
+        if (
+            not isinstance(outcome, Rejection)
+            and isinstance(outcome.request, SubmitCommand)
+            and self._agents is not None
+            and outcome.request.agent not in self._agents
+        ):
+            outcome = Rejection(
+                code="UNKNOWN_AGENT",
+                request_id=outcome.request.request_id,
+                message=f"no manifest declares agent {outcome.request.agent!r}",
+            )
         return outcome
 
-    def check_token(self, token: str, *, tenant: str, request_id: str = ""
-                    ) -> tuple[str, list[str]] | Rejection:
+    def check_token(
+        self, token: str, *, tenant: str, request_id: str = ""
+    ) -> tuple[str, list[str]] | Rejection:
         """A token alone (the HTTP API's reads): its (principal, roles), or why not."""
-        return verify_token(token, tenant=tenant, keys=self._keys, audience=self._audience,
-                            request_id=request_id, max_ttl_s=self._max_ttl)
+        return verify_token(
+            token,
+            tenant=tenant,
+            keys=self._keys,
+            audience=self._audience,
+            request_id=request_id,
+            max_ttl_s=self._max_ttl,
+        )
 
     async def hand_on(self, outcome: Verified) -> ReviewResult | None:
         """Pass a verified message on, as both doors do; a review's answer comes back (the
@@ -159,30 +211,50 @@ class IngressService:
             await self._submit(outcome, request)
         elif isinstance(request, HumanDecision):
             await publish(
-                self._rt.js, subjects.answer(tenant),
-                AnswerDecision(tenant=tenant, principal=outcome.principal,
-                               request_id=request.request_id, pending_id=request.pending_id,
-                               answer=request.answer, reason=request.reason),
-                msg_id=f"answer:{tenant}:{request.request_id}")
+                self._rt.js,
+                subjects.answer(tenant),
+                AnswerDecision(
+                    tenant=tenant,
+                    principal=outcome.principal,
+                    request_id=request.request_id,
+                    pending_id=request.pending_id,
+                    answer=request.answer,
+                    reason=request.reason,
+                ),
+                msg_id=f"answer:{tenant}:{request.request_id}",
+            )
         elif isinstance(request, ApproveProposal):
             # The approver's identity comes from the verified token; the message names the
             # proposal and nothing else that was approved.
             await publish(
-                self._rt.js, subjects.proposal_answer(tenant),
-                ProposalAnswer(tenant=tenant, request_id=request.request_id,
-                               approver=outcome.principal, proposal_id=request.proposal_id,
-                               answer=request.answer, reason=request.reason),
-                msg_id=f"proposal-answer:{tenant}:{request.request_id}")
+                self._rt.js,
+                subjects.proposal_answer(tenant),
+                ProposalAnswer(
+                    tenant=tenant,
+                    request_id=request.request_id,
+                    approver=outcome.principal,
+                    proposal_id=request.proposal_id,
+                    answer=request.answer,
+                    reason=request.reason,
+                ),
+                msg_id=f"proposal-answer:{tenant}:{request.request_id}",
+            )
         elif isinstance(request, ReviewDecision):
             return await self._review(outcome, request)
         elif isinstance(request, CancelRun):
             # One cancellation per run whoever asks again: the planner answers with the run's
             # result either way.
-            await publish(self._rt.js, run_cancel(tenant),
-                          RunCancelRequested(tenant=tenant, run_id=request.run_id,
-                                             principal=outcome.principal,
-                                             request_id=request.request_id),
-                          msg_id=f"cancel:{tenant}:{request.run_id}")
+            await publish(
+                self._rt.js,
+                run_cancel(tenant),
+                RunCancelRequested(
+                    tenant=tenant,
+                    run_id=request.run_id,
+                    principal=outcome.principal,
+                    request_id=request.request_id,
+                ),
+                msg_id=f"cancel:{tenant}:{request.run_id}",
+            )
         else:
             await self._start(outcome, request)
         return None
@@ -195,45 +267,76 @@ class IngressService:
         error = ErrorInfo(code=rejection.code, message=rejection.message[:512])
         answer: RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
         if kind == "reviews":
-            answer = ReviewResult(request_id=rejection.request_id, pending_id="",
-                                  accepted=False, code=rejection.code,
-                                  message=f"{rejection.code}: {rejection.message}"[:512])
+            answer = ReviewResult(
+                request_id=rejection.request_id,
+                pending_id="",
+                accepted=False,
+                code=rejection.code,
+                message=f"{rejection.code}: {rejection.message}"[:512],
+            )
         elif kind == "approvals":
-            answer = ApprovalResult(request_id=rejection.request_id, proposal_id="",
-                                    status="not_approvable", code=rejection.code,
-                                    reason=f"{rejection.code}: {rejection.message}"[:500])
+            answer = ApprovalResult(
+                request_id=rejection.request_id,
+                proposal_id="",
+                status="not_approvable",
+                code=rejection.code,
+                reason=f"{rejection.code}: {rejection.message}"[:500],
+            )
         elif kind == "commands":
-            answer = CommandResult(request_id=rejection.request_id, operation_key="",
-                                   status="rejected", error=error)
+            answer = CommandResult(
+                request_id=rejection.request_id, operation_key="", status="rejected", error=error
+            )
         elif kind == "decisions":
-            answer = DecisionResult(request_id=rejection.request_id, pending_id="",
-                                    accepted=False, code=rejection.code,
-                                    message=f"{rejection.code}: {rejection.message}"[:512])
+            answer = DecisionResult(
+                request_id=rejection.request_id,
+                pending_id="",
+                accepted=False,
+                code=rejection.code,
+                message=f"{rejection.code}: {rejection.message}"[:512],
+            )
         else:
             answer = RunResult(request_id=rejection.request_id, status="rejected", error=error)
-        await publish(self._rt.js, subjects.result(tenant), answer,
-                      msg_id=f"rejected:{tenant}:{seq}")
+        await publish(
+            self._rt.js, subjects.result(tenant), answer, msg_id=f"rejected:{tenant}:{seq}"
+        )
 
     async def _start(self, outcome: Verified, request: RunRequest) -> None:
         # Governance learns from ingress, not from the planner, whether a person watches the
         # run and which families the host granted for it; the planner learns who the run is
         # for from ingress too, with the evidence retrieval found (`libs/runstart.py`).
-        await start_run(self._rt.nc, self._rt.js, RegisterRun(
-            tenant=outcome.tenant, run_id=outcome.run_id, principal=outcome.principal,
-            agent=request.agent, attended=request.attended, grants=request.grants,
-            budget=request.budget), request_id=request.request_id, text=request.input)
+        await start_run(
+            self._rt.nc,
+            self._rt.js,
+            RegisterRun(
+                tenant=outcome.tenant,
+                run_id=outcome.run_id,
+                principal=outcome.principal,
+                agent=request.agent,
+                attended=request.attended,
+                grants=request.grants,
+                budget=request.budget,
+            ),
+            request_id=request.request_id,
+            text=request.input,
+        )
 
     async def _submit(self, outcome: Verified, command: SubmitCommand) -> None:
         # A host's own command skips the planner: straight to admission's contract checks.
         await publish(
-            self._rt.js, subjects.proposal(outcome.tenant),
-            ProposeCommand(run_id=command_run_id(outcome.tenant, command.operation_key), step=0,
-                           tenant=outcome.tenant, principal=outcome.principal,
-                           agent=command.agent, action=command.action,
-                           arguments=command.arguments,
-                           expected_revision=command.expected_revision,
-                           operation_key=command.operation_key,
-                           request_id=command.request_id),
+            self._rt.js,
+            subjects.proposal(outcome.tenant),
+            ProposeCommand(
+                run_id=command_run_id(outcome.tenant, command.operation_key),
+                step=0,
+                tenant=outcome.tenant,
+                principal=outcome.principal,
+                agent=command.agent,
+                action=command.action,
+                arguments=command.arguments,
+                expected_revision=command.expected_revision,
+                operation_key=command.operation_key,
+                request_id=command.request_id,
+            ),
             msg_id=f"submitted:{outcome.tenant}:{command.request_id}",
         )
 
@@ -248,24 +351,37 @@ class IngressService:
         verdict: tuple[bool, str] | None = (False, NO_REVIEW)
         if target is not None:
             # Built from verified fields only: the tenant and reviewer come from the token.
-            answer = ReviewAnswer(tenant=outcome.tenant, run_id=target[0], step=target[1],
-                                  answer=decision.answer, reviewer=outcome.principal,
-                                  reason=decision.comment)
+            answer = ReviewAnswer(
+                tenant=outcome.tenant,
+                run_id=target[0],
+                step=target[1],
+                answer=decision.answer,
+                reviewer=outcome.principal,
+                reason=decision.comment,
+            )
             try:
-                reply = await timed_request(self._rt.nc, REVIEW, msgspec.json.encode(answer),
-                                            timeout=self._review_timeout)
+                reply = await timed_request(
+                    self._rt.nc, REVIEW, msgspec.json.encode(answer), timeout=self._review_timeout
+                )
             except (NatsTimeoutError, NoRespondersError) as exc:
-                raise RetryableError(f"the planner did not answer the review: {exc!r}"
-                                     ) from exc
+                raise RetryableError(f"the planner did not answer the review: {exc!r}") from exc
             headers = reply.headers or {}
             code = headers.get("Nats-Service-Error-Code")
             status = None if code else _REVIEW_TAKEN_DECODER.decode(reply.data).status
-            verdict = review_verdict(code, headers.get("Nats-Service-Error", ""),
-                                     answer=decision.answer, run_status=status)
+            verdict = review_verdict(
+                code,
+                headers.get("Nats-Service-Error", ""),
+                answer=decision.answer,
+                run_status=status,
+            )
             if verdict is None:
                 raise RetryableError(f"the planner failed to take the review ({code})")
         accepted, message = verdict
-        code = None if accepted else "UNKNOWN_REVIEW" if message == NO_REVIEW else \
-            "INVALID_REQUEST"
-        return ReviewResult(request_id=decision.request_id, code=code,
-                            pending_id=decision.pending_id, accepted=accepted, message=message)
+        code = None if accepted else "UNKNOWN_REVIEW" if message == NO_REVIEW else "INVALID_REQUEST"
+        return ReviewResult(
+            request_id=decision.request_id,
+            code=code,
+            pending_id=decision.pending_id,
+            accepted=accepted,
+            message=message,
+        )

@@ -77,50 +77,86 @@ def main() -> None:
             raise ConfigError("WRIT_DECISIONS_FILE is required with the scripted provider")
         scripted = ScriptedProvider.from_file(settings.decisions_file)
     elif not (settings.model_url and settings.model_name and settings.model_key_file):
-        raise ConfigError("the openai provider needs WRIT_MODEL_URL, WRIT_MODEL_NAME and "
-                          "WRIT_MODEL_KEY_FILE")
+        raise ConfigError(
+            "the openai provider needs WRIT_MODEL_URL, WRIT_MODEL_NAME and WRIT_MODEL_KEY_FILE"
+        )
     if not settings.agents_dir:
         raise ConfigError("WRIT_AGENTS_DIR is required: the folder of the agents' manifests")
     agents = AgentRegistry.from_folder(settings.agents_dir)
     # Read tools resolve against retrieval's catalog (`schemas.retrieval.READ_TOOLS`).
     agents.resolve(actions=ACTIONS, tools=READ_TOOLS, providers=(settings.provider,))
-    capabilities = (load_capabilities(settings.model_capabilities_file)
-                    if settings.model_capabilities_file else [])
+    capabilities = (
+        load_capabilities(settings.model_capabilities_file)
+        if settings.model_capabilities_file
+        else []
+    )
     if not (settings.journal_signing_key_file and settings.journal_data_keys_file):
-        raise ConfigError("the planner captures every model response and tool output in its "
-                          "audit journal: set WRIT_JOURNAL_SIGNING_KEY_FILE and "
-                          "WRIT_JOURNAL_DATA_KEYS_FILE")
-    journal = Journal(service="planner",
-                      keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file)))
+        raise ConfigError(
+            "the planner captures every model response and tool output in its "
+            "audit journal: set WRIT_JOURNAL_SIGNING_KEY_FILE and "
+            "WRIT_JOURNAL_DATA_KEYS_FILE"
+        )
+    journal = Journal(
+        service="planner", keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file))
+    )
     signing = SigningKey.from_json(read_secret(settings.journal_signing_key_file))
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with AsyncExitStack() as stack:
-            provider: DecisionProvider = scripted if scripted is not None else (
-                await stack.enter_async_context(OpenAIProvider(
-                    base_url=settings.model_url, model=settings.model_name,
-                    key_file=settings.model_key_file, mode=settings.model_mode,
-                    capabilities=capabilities, timeout_s=settings.model_timeout_s,
-                    max_attempts=settings.model_max_attempts,
-                    deadline_s=settings.model_deadline_s)))
-            pool = await stack.enter_async_context(await connect_pool(
-                settings.database_url, password=password, application_name="writ-planner",
-                max_size=pool_size(settings.concurrency)))
+            provider: DecisionProvider = (
+                scripted
+                if scripted is not None
+                else (
+                    await stack.enter_async_context(
+                        OpenAIProvider(
+                            base_url=settings.model_url,
+                            model=settings.model_name,
+                            key_file=settings.model_key_file,
+                            mode=settings.model_mode,
+                            capabilities=capabilities,
+                            timeout_s=settings.model_timeout_s,
+                            max_attempts=settings.model_max_attempts,
+                            deadline_s=settings.model_deadline_s,
+                        )
+                    )
+                )
+            )
+            pool = await stack.enter_async_context(
+                await connect_pool(
+                    settings.database_url,
+                    password=password,
+                    application_name="writ-planner",
+                    max_size=pool_size(settings.concurrency),
+                )
+            )
             rt.health.watch_pool("postgres", pool)
-            rt.endpoints.append(JournalVerifyEndpoint(  # the auditors' GET /audit/verify
-                service="planner", pool=pool, journal=journal, signing=signing).endpoint())
-            svc = PlannerService(rt=rt, store=PlannerStore(pool, journal=journal),
-                                 provider=provider, agents=agents,
-                                 max_decisions=settings.max_decisions,
-                                 concurrency=settings.concurrency,
-                                 reserve_tokens=settings.model_reserve_tokens,
-                                 lease_steps=settings.budget_lease_steps,
-                                 reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
-                                 sessions=SessionTurns(nc=rt.nc, js=rt.js, store=SessionStore(
-                                     pool, journal=journal)),
-                                 sealer=Sealer(pool=pool, journal=journal, signing=signing,
-                                               record=JetStreamRecord(rt.js), registry=rt.registry,
-                                               interval=settings.journal_seal_interval_s))
+            rt.endpoints.append(
+                JournalVerifyEndpoint(  # the auditors' GET /audit/verify
+                    service="planner", pool=pool, journal=journal, signing=signing
+                ).endpoint()
+            )
+            svc = PlannerService(
+                rt=rt,
+                store=PlannerStore(pool, journal=journal),
+                provider=provider,
+                agents=agents,
+                max_decisions=settings.max_decisions,
+                concurrency=settings.concurrency,
+                reserve_tokens=settings.model_reserve_tokens,
+                lease_steps=settings.budget_lease_steps,
+                reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
+                sessions=SessionTurns(
+                    nc=rt.nc, js=rt.js, store=SessionStore(pool, journal=journal)
+                ),
+                sealer=Sealer(
+                    pool=pool,
+                    journal=journal,
+                    signing=signing,
+                    record=JetStreamRecord(rt.js),
+                    registry=rt.registry,
+                    interval=settings.journal_seal_interval_s,
+                ),
+            )
             await svc.run(task_status=task_status)
 
     run_service("planner", settings, start, description="Plans runs with the model")

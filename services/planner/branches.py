@@ -36,7 +36,6 @@ from services.planner.store import RunRow
 __all__ = ["CallDecider", "DecideUnavailable", "branch_run"]
 
 
-
 class DecideUnavailable(RetryableError):
     """Governance gave no usable answer: no answer is not an allow, so the call is asked again
     (the delivery is retried; the caller's decision stays recorded)."""
@@ -58,29 +57,52 @@ class CallDecider:
         Raises:
             DecideUnavailable: no answer, an error, or an answer that does not decode.
         """
-        ask = DecideRequest(tenant=run.tenant, principal=run.principal, agent=run.agent,
-                            run_id=budget_run_id(run), tool=f"{AGENT_CALL_PREFIX}{callee}"[:512],
-                            first_argument=request[:512])
+        ask = DecideRequest(
+            tenant=run.tenant,
+            principal=run.principal,
+            agent=run.agent,
+            run_id=budget_run_id(run),
+            tool=f"{AGENT_CALL_PREFIX}{callee}"[:512],
+            first_argument=request[:512],
+        )
         try:
             return await decide(self._nc, ask, timeout=self._timeout)
         except GovernanceUnavailable as exc:
             raise DecideUnavailable(str(exc), run_id=run.run_id, agent=callee) from exc
 
 
-def branch_run(caller: RunRow, step: int, callee: AgentProcess,
-               arguments: dict[str, Any]) -> RunRow:
+def branch_run(
+    caller: RunRow, step: int, callee: AgentProcess, arguments: dict[str, Any]
+) -> RunRow:
     """The branch run a checked, allowed call of `callee` at `step` starts: the callee's
     snapshot, the request it was given and nothing else of the caller's."""
     above = branch_of(caller.manifest) or {}
     run_id = branch_run_id(caller.run_id, step)
-    snapshot = {"name": callee.name, "version": callee.manifest.version,
-                "responsibility": callee.manifest.responsibility, "catalog": callee.catalog,
-                "critic": callee.manifest.critic,
-                "branch": {"root_run_id": budget_run_id(caller), "parent_run_id": caller.run_id,
-                           "parent_step": step,
-                           "chain": [*above.get("chain", []), caller.agent]}}
-    return RunRow(run_id=run_id, tenant=caller.tenant, request_id=run_id,
-                  principal=caller.principal, agent=callee.name,
-                  input=str(arguments.get("request", "")), evidence=[], status="running",
-                  answer=None, error_code=None, error_message=None, manifest=snapshot,
-                  attended=caller.attended)
+    snapshot = {
+        "name": callee.name,
+        "version": callee.manifest.version,
+        "responsibility": callee.manifest.responsibility,
+        "catalog": callee.catalog,
+        "critic": callee.manifest.critic,
+        "branch": {
+            "root_run_id": budget_run_id(caller),
+            "parent_run_id": caller.run_id,
+            "parent_step": step,
+            "chain": [*above.get("chain", []), caller.agent],
+        },
+    }
+    return RunRow(
+        run_id=run_id,
+        tenant=caller.tenant,
+        request_id=run_id,
+        principal=caller.principal,
+        agent=callee.name,
+        input=str(arguments.get("request", "")),
+        evidence=[],
+        status="running",
+        answer=None,
+        error_code=None,
+        error_message=None,
+        manifest=snapshot,
+        attended=caller.attended,
+    )

@@ -101,12 +101,26 @@ class RunBudgets:
     on its own, as branches and steps outside a delivery always do).
     """
 
-    def __init__(self, *, nc: Client, store: PlannerStore, timeout: float = 2.0,
-                 lease: LeaseAmounts | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        nc: Client,
+        store: PlannerStore,
+        timeout: float = 2.0,
+        lease: LeaseAmounts | None = None,
+    ) -> None:
         self._nc, self._store, self._timeout, self._lease = nc, store, timeout, lease
 
-    async def reserve(self, conn: Any, run: RunRow, key: str, *, provider_calls: int = 0,
-                      tokens: int = 0, capability_calls: int = 0) -> tuple[str, bool]:
+    async def reserve(
+        self,
+        conn: Any,
+        run: RunRow,
+        key: str,
+        *,
+        provider_calls: int = 0,
+        tokens: int = 0,
+        capability_calls: int = 0,
+    ) -> tuple[str, bool]:
         """The step's reservation id, and whether the planner recorded it just now: the
         recorded one, else a draw on the run's lease, else a new (or governance's existing)
         reservation for this key (or a new lease and its first draw), recorded open in the
@@ -119,14 +133,16 @@ class RunBudgets:
         """
         delivery = _DELIVERY.get()
         known = None if delivery is None else delivery.held.get(run.run_id)
-        held = (known.get(key) if known is not None
-                else await self._store.reservation(conn, run.run_id, key))
+        held = (
+            known.get(key)
+            if known is not None
+            else await self._store.reservation(conn, run.run_id, key)
+        )
         if held is not None:
             return held.reservation_id, False
         need = (provider_calls, tokens, capability_calls)
         lease = None
-        if (known is not None and self._lease is not None
-                and budget_run_id(run) == run.run_id):
+        if known is not None and self._lease is not None and budget_run_id(run) == run.run_id:
             assert delivery is not None
             lease, fits = await self._lease_for(conn, run, known, need, delivery)
             if fits and lease is not None:  # drawn on: no round trip to governance
@@ -141,15 +157,26 @@ class RunBudgets:
         asked = key if lease is None else lease.step_key
         try:
             reserved = await budget.reserve(
-                self._nc, tenant=run.tenant, run_id=funds, step_key=asked,
-                provider_calls=provider_calls, tokens=tokens, capability_calls=capability_calls,
-                limit=manifest_limit(run.manifest), timeout=self._timeout,
+                self._nc,
+                tenant=run.tenant,
+                run_id=funds,
+                step_key=asked,
+                provider_calls=provider_calls,
+                tokens=tokens,
+                capability_calls=capability_calls,
+                limit=manifest_limit(run.manifest),
+                timeout=self._timeout,
                 up_to=None if lease is None else self._lease,
-                settle=[Settlement(reservation_id=d.reservation.reservation_id,
-                                   provider_calls=d.reservation.provider_calls,
-                                   tokens=d.reservation.tokens,
-                                   capability_calls=d.reservation.capability_calls)
-                        for d in carried])
+                settle=[
+                    Settlement(
+                        reservation_id=d.reservation.reservation_id,
+                        provider_calls=d.reservation.provider_calls,
+                        tokens=d.reservation.tokens,
+                        capability_calls=d.reservation.capability_calls,
+                    )
+                    for d in carried
+                ],
+            )
         except budget.NoBudget as exc:
             for run_id, keys in self._carried_keys(deferred, carried, exc.settled).items():
                 await self._close(conn, run_id, *keys)
@@ -162,11 +189,13 @@ class RunBudgets:
             assert delivery is not None
             now = delivery.runs[run.run_id][1]
             lease = msgspec.structs.replace(
-                lease, reservation_id=reserved.reservation_id,
+                lease,
+                reservation_id=reserved.reservation_id,
                 reserved_provider_calls=reserved.provider_calls,
                 reserved_tokens=reserved.tokens,
                 reserved_capability_calls=reserved.capability_calls,
-                expires_at=now + reserved.wall_time_left_s)
+                expires_at=now + reserved.wall_time_left_s,
+            )
             mine = _draw(key, lease, need)
             new = await self._hold(conn, run.run_id, lease, mine, closing=closing)
             if known is not None:
@@ -175,8 +204,13 @@ class RunBudgets:
             known[key] = mine
         return reserved.reservation_id, new
 
-    async def _hold(self, conn: Any, run_id: str, *rows: Reservation,
-                    closing: dict[str, list[str]] | None = None) -> bool:
+    async def _hold(
+        self,
+        conn: Any,
+        run_id: str,
+        *rows: Reservation,
+        closing: dict[str, list[str]] | None = None,
+    ) -> bool:
         """Record open reservations of the run (`store.hold`), and the step keys governance
         closed with them; a run locked now (`_locked`) has them written with the transaction's
         next statement instead. False if the first one's step key has one already."""
@@ -199,21 +233,39 @@ class RunBudgets:
         known = delivery.held.get(run_id)
         return known if known is not None and self._store.writes_behind() else None
 
-    async def _spend(self, conn: Any, run_id: str, key: str, *, provider_calls: int,
-                     tokens: int, capability_calls: int) -> Reservation | None:
+    async def _spend(
+        self,
+        conn: Any,
+        run_id: str,
+        key: str,
+        *,
+        provider_calls: int,
+        tokens: int,
+        capability_calls: int,
+    ) -> Reservation | None:
         """`store.spent`: the step is over, its use recorded once (a draw closed, anything
         else due); None if it is not open. A locked run's row is changed in memory and written
         behind."""
         known = self._locked(conn, run_id)
         if known is None:
-            return await self._store.spent(conn, run_id, key, provider_calls=provider_calls,
-                                           tokens=tokens, capability_calls=capability_calls)
+            return await self._store.spent(
+                conn,
+                run_id,
+                key,
+                provider_calls=provider_calls,
+                tokens=tokens,
+                capability_calls=capability_calls,
+            )
         row = known.get(key)
         if row is None or row.state != "open":
             return None
         due = msgspec.structs.replace(
-            row, provider_calls=provider_calls, tokens=tokens,
-            capability_calls=capability_calls, state="due" if row.lease is None else "closed")
+            row,
+            provider_calls=provider_calls,
+            tokens=tokens,
+            capability_calls=capability_calls,
+            state="due" if row.lease is None else "closed",
+        )
         self._store.write_behind(run_id, due)
         known[key] = due
         return due
@@ -234,9 +286,14 @@ class RunBudgets:
         """Write what this transaction kept to write behind; await it before each commit."""
         await self._store.flush(conn)
 
-    async def _lease_for(self, conn: Any, run: RunRow, known: dict[str, Reservation],
-                         need: tuple[int, int, int], delivery: _Delivery
-                         ) -> tuple[Reservation | None, bool]:
+    async def _lease_for(
+        self,
+        conn: Any,
+        run: RunRow,
+        known: dict[str, Reservation],
+        need: tuple[int, int, int],
+        delivery: _Delivery,
+    ) -> tuple[Reservation | None, bool]:
         """The run's lease for a step needing `need`, and whether the step can draw on it.
 
         A lease is drawn on by one step at a time: with a draw open (a command in flight),
@@ -251,21 +308,40 @@ class RunBudgets:
             used = _drawn(known, current)
             if used is None:
                 return None, False
-            left = (current.reserved_provider_calls - used[0], current.reserved_tokens - used[1],
-                    current.reserved_capability_calls - used[2])
+            left = (
+                current.reserved_provider_calls - used[0],
+                current.reserved_tokens - used[1],
+                current.reserved_capability_calls - used[2],
+            )
             now = delivery.runs[run.run_id][1]
-            if (all(n <= free for n, free in zip(need, left, strict=True))
-                    and current.expires_at is not None and now < current.expires_at):
+            if (
+                all(n <= free for n, free in zip(need, left, strict=True))
+                and current.expires_at is not None
+                and now < current.expires_at
+            ):
                 return current, True
             await self._close_lease(conn, run, current, used, known)
-        return Reservation(step_key=f"{_lease_prefix(run)}{len(leases) + 1}",
-                           reservation_id="", state="open"), False
+        return Reservation(
+            step_key=f"{_lease_prefix(run)}{len(leases) + 1}", reservation_id="", state="open"
+        ), False
 
-    async def _close_lease(self, conn: Any, run: RunRow, lease: Reservation,
-                           used: tuple[int, int, int], known: dict[str, Reservation]) -> None:
+    async def _close_lease(
+        self,
+        conn: Any,
+        run: RunRow,
+        lease: Reservation,
+        used: tuple[int, int, int],
+        known: dict[str, Reservation],
+    ) -> None:
         """Record the lease due with what its draws used, and defer its settlement."""
-        due = await self._spend(conn, run.run_id, lease.step_key, provider_calls=used[0],
-                                tokens=used[1], capability_calls=used[2])
+        due = await self._spend(
+            conn,
+            run.run_id,
+            lease.step_key,
+            provider_calls=used[0],
+            tokens=used[1],
+            capability_calls=used[2],
+        )
         if due is not None:
             known[lease.step_key] = due
             self._defer(run, due)
@@ -276,14 +352,22 @@ class RunBudgets:
         before: a lease governance closed is never drawn on again."""
         for run_id, known in delivery.held.items():
             run = delivery.runs[run_id][0]
-            for lease in [r for r in known.values()
-                          if r.state == "open" and r.step_key.startswith(_lease_prefix(run))]:
+            for lease in [
+                r
+                for r in known.values()
+                if r.state == "open" and r.step_key.startswith(_lease_prefix(run))
+            ]:
                 used = _drawn(known, lease)
                 if used is None:
                     continue  # a command in flight draws on it: its outcome's delivery ends it
-                due = await self._spend(conn, run_id, lease.step_key,
-                                        provider_calls=used[0], tokens=used[1],
-                                        capability_calls=used[2])
+                due = await self._spend(
+                    conn,
+                    run_id,
+                    lease.step_key,
+                    provider_calls=used[0],
+                    tokens=used[1],
+                    capability_calls=used[2],
+                )
                 if due is not None:
                     known[lease.step_key] = due
                     delivery.leases.append(_Due(run=run, reservation=due))
@@ -294,15 +378,18 @@ class RunBudgets:
         (in a `deferring` scope)."""
         delivery = _DELIVERY.get()
         if self._store.unwritten():
-            raise RuntimeError("reservation rows kept to write behind were never written: "
-                               "a transaction committed without `flush`")
+            raise RuntimeError(
+                "reservation rows kept to write behind were never written: "
+                "a transaction committed without `flush`"
+            )
         if delivery is not None:
             delivery.held[run.run_id] = {r.step_key: r for r in reservations}
             delivery.runs[run.run_id] = (run, now)
 
     @staticmethod
-    def _carried_keys(deferred: list[_Due] | None, carried: list[_Due],
-                      settled: list[str]) -> dict[str, list[str]]:
+    def _carried_keys(
+        deferred: list[_Due] | None, carried: list[_Due], settled: list[str]
+    ) -> dict[str, list[str]]:
         """Drop what governance closed from the delivery's deferred settlements; the step
         keys to record closed, by (planner) run id."""
         done = set(settled)
@@ -326,8 +413,10 @@ class RunBudgets:
             with self._store.writing_behind():
                 yield
                 if self._store.unwritten():
-                    raise RuntimeError("reservation rows kept to write behind were never "
-                                       "written: a transaction committed without `flush`")
+                    raise RuntimeError(
+                        "reservation rows kept to write behind were never "
+                        "written: a transaction committed without `flush`"
+                    )
             await self.settle_deferred(conn)
             for d in delivery.leases:  # committed due: settled now, or by `settle_due` later
                 await self._settle_logged(conn, d)
@@ -346,20 +435,38 @@ class RunBudgets:
 
     async def _settle_logged(self, conn: Any, d: _Due) -> None:
         try:
-            await self._settle(conn, d.run, d.reservation.step_key, d.reservation.reservation_id,
-                               provider_calls=d.reservation.provider_calls,
-                               tokens=d.reservation.tokens,
-                               capability_calls=d.reservation.capability_calls)
+            await self._settle(
+                conn,
+                d.run,
+                d.reservation.step_key,
+                d.reservation.reservation_id,
+                provider_calls=d.reservation.provider_calls,
+                tokens=d.reservation.tokens,
+                capability_calls=d.reservation.capability_calls,
+            )
         except budget.BudgetUnavailable as exc:
-            log.warning("run %s: settling %s later: %s", d.run.run_id,
-                        d.reservation.step_key, exc)
+            log.warning("run %s: settling %s later: %s", d.run.run_id, d.reservation.step_key, exc)
 
-    async def spent(self, conn: Any, run: RunRow, key: str, *, provider_calls: int = 0,
-                    tokens: int = 0, capability_calls: int = 0) -> None:
+    async def spent(
+        self,
+        conn: Any,
+        run: RunRow,
+        key: str,
+        *,
+        provider_calls: int = 0,
+        tokens: int = 0,
+        capability_calls: int = 0,
+    ) -> None:
         """The step is over: record what it used and settle it now if governance answers
         (otherwise `settle_due` does, before the run's next step)."""
-        due = await self._spend(conn, run.run_id, key, provider_calls=provider_calls,
-                                tokens=tokens, capability_calls=capability_calls)
+        due = await self._spend(
+            conn,
+            run.run_id,
+            key,
+            provider_calls=provider_calls,
+            tokens=tokens,
+            capability_calls=capability_calls,
+        )
         if due is None:
             return  # settled already (a redelivery), or never reserved
         delivery = _DELIVERY.get()
@@ -371,9 +478,15 @@ class RunBudgets:
         if self._defer(run, due):
             return
         try:
-            await self._settle(conn, run, due.step_key, due.reservation_id,
-                               provider_calls=provider_calls, tokens=tokens,
-                               capability_calls=capability_calls)
+            await self._settle(
+                conn,
+                run,
+                due.step_key,
+                due.reservation_id,
+                provider_calls=provider_calls,
+                tokens=tokens,
+                capability_calls=capability_calls,
+            )
         except budget.BudgetUnavailable as exc:
             log.warning("run %s: settling %s later: %s", run.run_id, key, exc)
 
@@ -396,14 +509,23 @@ class RunBudgets:
         """
         delivery = _DELIVERY.get()
         known = None if delivery is None else delivery.held.get(run.run_id)
-        dues = (sorted((r for r in known.values() if r.state == "due"), key=lambda r: r.step_key)
-                if known is not None else await self._store.due(conn, run.run_id))
+        dues = (
+            sorted((r for r in known.values() if r.state == "due"), key=lambda r: r.step_key)
+            if known is not None
+            else await self._store.due(conn, run.run_id)
+        )
         for due in dues:
             if self._defer(run, due):
                 continue
-            await self._settle(conn, run, due.step_key, due.reservation_id,
-                               provider_calls=due.provider_calls, tokens=due.tokens,
-                               capability_calls=due.capability_calls)
+            await self._settle(
+                conn,
+                run,
+                due.step_key,
+                due.reservation_id,
+                provider_calls=due.provider_calls,
+                tokens=due.tokens,
+                capability_calls=due.capability_calls,
+            )
 
     @staticmethod
     def _defer(run: RunRow, due: Reservation) -> bool:
@@ -412,21 +534,38 @@ class RunBudgets:
         if delivery is None:
             return False
         deferred = delivery.deferred
-        if all(d.reservation.step_key != due.step_key or d.run.run_id != run.run_id
-               for d in deferred):
+        if all(
+            d.reservation.step_key != due.step_key or d.run.run_id != run.run_id for d in deferred
+        ):
             deferred.append(_Due(run=run, reservation=due))
         return True
 
-    async def _settle(self, conn: Any, run: RunRow, key: str, reservation_id: str, *,
-                      provider_calls: int, tokens: int, capability_calls: int) -> None:
+    async def _settle(
+        self,
+        conn: Any,
+        run: RunRow,
+        key: str,
+        reservation_id: str,
+        *,
+        provider_calls: int,
+        tokens: int,
+        capability_calls: int,
+    ) -> None:
         try:
-            await budget.settle(self._nc, tenant=run.tenant, run_id=budget_run_id(run),
-                                reservation_id=reservation_id, provider_calls=provider_calls,
-                                tokens=tokens, capability_calls=capability_calls,
-                                timeout=self._timeout)
+            await budget.settle(
+                self._nc,
+                tenant=run.tenant,
+                run_id=budget_run_id(run),
+                reservation_id=reservation_id,
+                provider_calls=provider_calls,
+                tokens=tokens,
+                capability_calls=capability_calls,
+                timeout=self._timeout,
+            )
         except budget.NoSuchReservation:
-            log.warning("run %s: governance knows no reservation %s (%s)", run.run_id,
-                        reservation_id, key)
+            log.warning(
+                "run %s: governance knows no reservation %s (%s)", run.run_id, reservation_id, key
+            )
         await self._close(conn, run.run_id, key)
 
 
@@ -436,9 +575,15 @@ def _lease_prefix(run: RunRow) -> str:
 
 def _draw(key: str, lease: Reservation, need: tuple[int, int, int]) -> Reservation:
     """A step's draw on `lease`, holding what it needs of it."""
-    return Reservation(step_key=key, reservation_id=lease.reservation_id, state="open",
-                       lease=lease.step_key, reserved_provider_calls=need[0],
-                       reserved_tokens=need[1], reserved_capability_calls=need[2])
+    return Reservation(
+        step_key=key,
+        reservation_id=lease.reservation_id,
+        state="open",
+        lease=lease.step_key,
+        reserved_provider_calls=need[0],
+        reserved_tokens=need[1],
+        reserved_capability_calls=need[2],
+    )
 
 
 def _drawn(known: dict[str, Reservation], lease: Reservation) -> tuple[int, int, int] | None:
@@ -446,5 +591,8 @@ def _drawn(known: dict[str, Reservation], lease: Reservation) -> tuple[int, int,
     draws = [r for r in known.values() if r.lease == lease.step_key]
     if any(r.state == "open" for r in draws):
         return None
-    return (sum(r.provider_calls for r in draws), sum(r.tokens for r in draws),
-            sum(r.capability_calls for r in draws))
+    return (
+        sum(r.provider_calls for r in draws),
+        sum(r.tokens for r in draws),
+        sum(r.capability_calls for r in draws),
+    )

@@ -18,17 +18,25 @@ __all__ = ["cancelled_by", "in_flight", "record_cancel"]
 
 async def record_cancel(conn: Any, event: RunCancelRequested) -> bool:
     """Keep the request (the first one: asking again changes nothing)."""
-    return bool(await conn.fetchval(
-        "INSERT INTO planner.cancellations (run_id, tenant, principal, request_id) "
-        "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING true",
-        event.run_id, event.tenant, event.principal, event.request_id))
+    return bool(
+        await conn.fetchval(
+            "INSERT INTO planner.cancellations (run_id, tenant, principal, request_id) "
+            "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING true",
+            event.run_id,
+            event.tenant,
+            event.principal,
+            event.request_id,
+        )
+    )
 
 
 async def cancelled_by(conn: Any, run: RunRow) -> str | None:
     """Who asked to cancel the run (a principal of its own tenant), if anyone did."""
     return await conn.fetchval(
         "SELECT principal FROM planner.cancellations WHERE run_id = $1 AND tenant = $2",
-        run.run_id, run.tenant)
+        run.run_id,
+        run.tenant,
+    )
 
 
 def in_flight(steps: list[Step]) -> bool:
@@ -37,5 +45,8 @@ def in_flight(steps: list[Step]) -> bool:
     if not steps:
         return False
     last = steps[-1]
-    return (last.kind == "decision" and last.payload.get("decision") == "select_capability"
-            and not str(last.payload.get("capability", "")).startswith("tool:"))
+    return (
+        last.kind == "decision"
+        and last.payload.get("decision") == "select_capability"
+        and not str(last.payload.get("capability", "")).startswith("tool:")
+    )

@@ -9,5 +9,9 @@ __all__ = ["BUDGET_CODE", "REFUSAL_CODES", "REVIEW_CODE"]
 
 REVIEW_CODE: Final = "HUMAN_REVIEW"
 BUDGET_CODE: Final = "BUDGET_EXHAUSTED"
-REFUSAL_CODES: Final = {"deny": "DENIED", "invalid": "INVALID_PROPOSAL", "conflict": "CONFLICT",
-                        "rejected": "REJECTED"}
+REFUSAL_CODES: Final = {
+    "deny": "DENIED",
+    "invalid": "INVALID_PROPOSAL",
+    "conflict": "CONFLICT",
+    "rejected": "REJECTED",
+}

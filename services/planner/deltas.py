@@ -24,8 +24,7 @@ import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
-__all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_MAX_CHARS", "AttemptReset", "DeltaBatcher",
-           "TextBatch"]
+__all__ = ["DEFAULT_INTERVAL_S", "DEFAULT_MAX_CHARS", "AttemptReset", "DeltaBatcher", "TextBatch"]
 
 DEFAULT_INTERVAL_S: Final = 0.075
 DEFAULT_MAX_CHARS: Final = 256
@@ -55,9 +54,14 @@ class DeltaBatcher:
     Each published batch holds at most `max_chars` characters; attempts are numbered from 1.
     """
 
-    def __init__(self, publish: Publish, *, interval_s: float = DEFAULT_INTERVAL_S,
-                 max_chars: int = DEFAULT_MAX_CHARS,
-                 clock: Callable[[], float] = anyio.current_time) -> None:
+    def __init__(
+        self,
+        publish: Publish,
+        *,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        max_chars: int = DEFAULT_MAX_CHARS,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None:
         if interval_s <= 0 or max_chars < 1:
             raise ValueError("interval_s and max_chars must be positive")
         self._publish, self._interval_s, self._max_chars = publish, interval_s, max_chars
@@ -119,7 +123,12 @@ class DeltaBatcher:
             return
         text, self._pending, self._size = "".join(self._pending), [], 0
         for start in range(0, len(text), self._max_chars):
-            await self._publish(TextBatch(attempt=self._attempt, index=self._index,
-                                          text=text[start:start + self._max_chars]))
+            await self._publish(
+                TextBatch(
+                    attempt=self._attempt,
+                    index=self._index,
+                    text=text[start : start + self._max_chars],
+                )
+            )
             self._index += 1
         self._last = self._clock()

@@ -52,8 +52,8 @@ class ReplayEndpoint:
             return
         try:
             with self._rt.tracer.start_as_current_span(
-                    "planner replay", context=extract_context(request.headers),
-                    kind=SpanKind.SERVER):
+                "planner replay", context=extract_context(request.headers), kind=SpanKind.SERVER
+            ):
                 report = await self.replay(ask)
         except Exception as exc:
             metrics.failed.labels("replay", "error").inc()

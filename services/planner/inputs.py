@@ -49,10 +49,16 @@ CRITIC_INSTRUCTION: Final = (
 )
 
 
-def model_input(*, user: str, evidence: list[dict[str, Any]],
-                observations: list[dict[str, Any]], turn: int, agent: str,
-                manifest: dict[str, Any] | None = None,
-                catalog_requested: bool = False) -> ModelInput:
+def model_input(
+    *,
+    user: str,
+    evidence: list[dict[str, Any]],
+    observations: list[dict[str, Any]],
+    turn: int,
+    agent: str,
+    manifest: dict[str, Any] | None = None,
+    catalog_requested: bool = False,
+) -> ModelInput:
     """The model's input for one turn, from the request, the evidence, the observations and the
     agent snapshot (its responsibility joins the developer instruction; its catalog is shown as
     a summary until the model asked for it).
@@ -61,29 +67,55 @@ def model_input(*, user: str, evidence: list[dict[str, Any]],
         ValueError: a capability of the catalog has no description (the call is not made).
     """
     if manifest is None:  # a run from before agent manifests
-        return ModelInput(developer=DEVELOPER_INSTRUCTION, user=user, untrusted=evidence,
-                          observations=observations, turn=turn, agent=agent)
-    developer = (f"{DEVELOPER_INSTRUCTION}\n\nYour responsibility as agent {agent}: "
-                 f"{manifest.get('responsibility', '')}")
+        return ModelInput(
+            developer=DEVELOPER_INSTRUCTION,
+            user=user,
+            untrusted=evidence,
+            observations=observations,
+            turn=turn,
+            agent=agent,
+        )
+    developer = (
+        f"{DEVELOPER_INSTRUCTION}\n\nYour responsibility as agent {agent}: "
+        f"{manifest.get('responsibility', '')}"
+    )
     if manifest.get("chat_turn"):
         developer = f"{developer}\n\n{PLAN_MARK_INSTRUCTION}"
-    return ModelInput(developer=developer, user=user, untrusted=evidence,
-                      observations=observations, turn=turn, agent=agent,
-                      capabilities=capability_view(manifest.get("catalog", []),
-                                                   requested=catalog_requested))
+    return ModelInput(
+        developer=developer,
+        user=user,
+        untrusted=evidence,
+        observations=observations,
+        turn=turn,
+        agent=agent,
+        capabilities=capability_view(manifest.get("catalog", []), requested=catalog_requested),
+    )
 
 
-def critic_input(*, user: str, evidence: list[dict[str, Any]],
-                 observations: list[dict[str, Any]], answer: str, round: int, agent: str,
-                 manifest: dict[str, Any] | None) -> CriticInput:
+def critic_input(
+    *,
+    user: str,
+    evidence: list[dict[str, Any]],
+    observations: list[dict[str, Any]],
+    answer: str,
+    round: int,
+    agent: str,
+    manifest: dict[str, Any] | None,
+) -> CriticInput:
     """The critic's input for the answer of one round: the objective, the answer, and what the
     run saw and did."""
     developer = CRITIC_INSTRUCTION.format(
-        agent=agent, responsibility=(manifest or {}).get("responsibility", ""))
-    return CriticInput(developer=developer, objective=user, answer=answer, untrusted=evidence,
-                       observations=observations, round=round, agent=agent)
-
-
+        agent=agent, responsibility=(manifest or {}).get("responsibility", "")
+    )
+    return CriticInput(
+        developer=developer,
+        objective=user,
+        answer=answer,
+        untrusted=evidence,
+        observations=observations,
+        round=round,
+        agent=agent,
+    )
 
 
 def with_injected(user: str, injected: list[str]) -> str:

@@ -106,7 +106,6 @@ class ObservationEntry(msgspec.Struct, frozen=True, kw_only=True):
     observation: dict[str, Any]
 
 
-
 class StatusEntry(msgspec.Struct, frozen=True, kw_only=True):
     """A run's status change; `step` is the decision or proposal that caused it."""
 

@@ -29,8 +29,9 @@ _DESCRIPTION_CHARS: Final = 2000
 _DECODER: Final = msgspec.json.Decoder(ToolDescriptions)
 
 
-async def with_mcp_descriptions(nc: Client, tenant: str, manifest: dict[str, Any] | None,
-                                *, timeout: float = 2.0) -> dict[str, Any] | None:
+async def with_mcp_descriptions(
+    nc: Client, tenant: str, manifest: dict[str, Any] | None, *, timeout: float = 2.0
+) -> dict[str, Any] | None:
     """The snapshot with its `mcp:` entries described as classified (unchanged without any)."""
     if manifest is None:
         return None
@@ -39,8 +40,9 @@ async def with_mcp_descriptions(nc: Client, tenant: str, manifest: dict[str, Any
         return manifest
     ask = DescribeTools(tenant=tenant, capabilities=[e["name"] for e in entries][:64])
     try:
-        reply = await timed_request(nc, subjects.MCP_CATALOG, msgspec.json.encode(ask),
-                                    timeout=timeout)
+        reply = await timed_request(
+            nc, subjects.MCP_CATALOG, msgspec.json.encode(ask), timeout=timeout
+        )
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
             raise RuntimeError(reply.headers.get("Nats-Service-Error"))
         described = {t.capability: t for t in _DECODER.decode(reply.data).tools}
@@ -55,8 +57,9 @@ async def with_mcp_descriptions(nc: Client, tenant: str, manifest: dict[str, Any
             if tool is None:
                 entry["grants"]["family"] = "unclassified: a person is asked every time"
             else:
-                entry["description"] = (f"{entry['description']}\nAs classified: "
-                                        f"{tool.description}")[:_DESCRIPTION_CHARS]
+                entry["description"] = (
+                    f"{entry['description']}\nAs classified: {tool.description}"
+                )[:_DESCRIPTION_CHARS]
                 entry["inputs"] = tool.input_schema
                 entry["grants"]["family"] = tool.family
         catalog.append(entry)

@@ -92,9 +92,15 @@ class AgentObserved(msgspec.Struct, frozen=True, kw_only=True, tag_field="type",
     pending_id: str | None = None
 
 
-Output = (CommandOutcome | ProposalRefused | SelectionRefused | ReviewAnswered | CriticReplan
-          | ReadObserved | AgentObserved)
-
+Output = (
+    CommandOutcome
+    | ProposalRefused
+    | SelectionRefused
+    | ReviewAnswered
+    | CriticReplan
+    | ReadObserved
+    | AgentObserved
+)
 
 
 def observation_of(event: Output) -> dict[str, Any]:
@@ -104,14 +110,25 @@ def observation_of(event: Output) -> dict[str, Any]:
     revision context; a terminal failure carries only its correlation id.
     """
     if isinstance(event, CommandOutcome):
-        outcome = outcome_of(event.state, receipt=event.receipt, reason=event.reason,
-                             operation_id=event.operation_id)
-        return {"action": event.action, "operation_id": event.operation_id,
-                "state": event.state, "outcome": outcome.kind, "receipt": event.receipt,
-                "reason": outcome.detail or None, "correlation_id": outcome.correlation_id}
+        outcome = outcome_of(
+            event.state, receipt=event.receipt, reason=event.reason, operation_id=event.operation_id
+        )
+        return {
+            "action": event.action,
+            "operation_id": event.operation_id,
+            "state": event.state,
+            "outcome": outcome.kind,
+            "receipt": event.receipt,
+            "reason": outcome.detail or None,
+            "correlation_id": outcome.correlation_id,
+        }
     if isinstance(event, SelectionRefused):
-        return {"target": event.target, "refused": event.check, "reason": event.reason,
-                "executed": False}
+        return {
+            "target": event.target,
+            "refused": event.check,
+            "reason": event.reason,
+            "executed": False,
+        }
     if isinstance(event, ReviewAnswered):
         return {"review": event.answer, "reviewer": event.reviewer, "reason": event.reason}
     if isinstance(event, CriticReplan):
@@ -128,16 +145,25 @@ def _agent_observation(event: AgentObserved) -> dict[str, Any]:
     its branch ended without one, or why it never ran."""
     if event.outcome == "answered":
         answer = event.answer or ""
-        return {"agent": event.agent, "executed": True, "untrusted": True,
-                "answer": answer[:AGENT_ANSWER_CHARS],
-                "truncated": len(answer) > AGENT_ANSWER_CHARS}
-    observation: dict[str, Any] = {"agent": event.agent, "outcome": event.outcome,
-                                   "reason": event.reason[:512],
-                                   "executed": event.branch is not None}
+        return {
+            "agent": event.agent,
+            "executed": True,
+            "untrusted": True,
+            "answer": answer[:AGENT_ANSWER_CHARS],
+            "truncated": len(answer) > AGENT_ANSWER_CHARS,
+        }
+    observation: dict[str, Any] = {
+        "agent": event.agent,
+        "outcome": event.outcome,
+        "reason": event.reason[:512],
+        "executed": event.branch is not None,
+    }
     if event.outcome == "ask":
         observation["pending_id"] = event.pending_id
-        observation["note"] = ("a person must allow this call; this run does not wait for that "
-                               "answer, so the agent was not called")
+        observation["note"] = (
+            "a person must allow this call; this run does not wait for that "
+            "answer, so the agent was not called"
+        )
     return observation
 
 
@@ -146,23 +172,38 @@ def _read_observation(event: ReadObserved) -> dict[str, Any]:
     read did not run (nothing was executed)."""
     answer = event.answer
     if isinstance(answer, ReadRefused):
-        observation: dict[str, Any] = {"tool": event.tool, "refused": answer.code,
-                                       "reason": answer.reason, "executed": False}
+        observation: dict[str, Any] = {
+            "tool": event.tool,
+            "refused": answer.code,
+            "reason": answer.reason,
+            "executed": False,
+        }
         if answer.code == "ASK":
             # Reads a person must allow are not waited for: the run goes on without it.
             observation["pending_id"] = answer.pending_id
-            observation["note"] = ("a person must allow this read; this run does not wait for "
-                                   "that answer, so nothing was read")
+            observation["note"] = (
+                "a person must allow this read; this run does not wait for "
+                "that answer, so nothing was read"
+            )
         return observation
     items, cut = [], False
     for item in answer.items:
         cut = cut or len(item.text) > OBSERVED_TEXT_CHARS
-        observed: dict[str, Any] = {"id": item.id, "kind": item.kind, "title": item.title,
-                                    "text": item.text[:OBSERVED_TEXT_CHARS],
-                                    "rank": round(item.rank, 4), "trust": "untrusted"}
+        observed: dict[str, Any] = {
+            "id": item.id,
+            "kind": item.kind,
+            "title": item.title,
+            "text": item.text[:OBSERVED_TEXT_CHARS],
+            "rank": round(item.rank, 4),
+            "trust": "untrusted",
+        }
         if item.fields:
             observed["fields"] = dict(item.fields)
         items.append(observed)
-    return {"tool": event.tool, "executed": True, "untrusted": True, "items": items,
-            "truncated": answer.truncated or cut}
-
+    return {
+        "tool": event.tool,
+        "executed": True,
+        "untrusted": True,
+        "items": items,
+        "truncated": answer.truncated or cut,
+    }

@@ -25,6 +25,7 @@ __all__ = ["announce", "step_recorded"]
 log = logging.getLogger("writ.planner")
 _ENCODER = msgspec.json.Encoder()
 
+
 def _summary(payload: dict[str, Any]) -> str:
     if "tool" in payload:
         if payload.get("executed"):
@@ -49,14 +50,25 @@ def step_recorded(tenant: str, run_id: str, step: Step) -> StepRecorded:
     payload = step.payload
     if step.kind == "decision":
         target = payload.get("capability")
-        return StepRecorded(tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind,
-                            decision=str(payload.get("decision", ""))[:512],
-                            target=None if target is None else str(target)[:512])
+        return StepRecorded(
+            tenant=tenant,
+            run_id=run_id,
+            seq=step.seq,
+            kind=step.kind,
+            decision=str(payload.get("decision", ""))[:512],
+            target=None if target is None else str(target)[:512],
+        )
     if step.kind == "critic":
-        return StepRecorded(tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind,
-                            verdict=str(payload.get("verdict", ""))[:512])
-    return StepRecorded(tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind,
-                        summary=_summary(payload)[:512])
+        return StepRecorded(
+            tenant=tenant,
+            run_id=run_id,
+            seq=step.seq,
+            kind=step.kind,
+            verdict=str(payload.get("verdict", ""))[:512],
+        )
+    return StepRecorded(
+        tenant=tenant, run_id=run_id, seq=step.seq, kind=step.kind, summary=_summary(payload)[:512]
+    )
 
 
 async def announce(nc: Client, run: RunRow, steps: list[Step]) -> None:
@@ -64,7 +76,9 @@ async def announce(nc: Client, run: RunRow, steps: list[Step]) -> None:
     changes nothing."""
     for step in steps:
         try:
-            await nc.publish(subjects.planner_progress(run.tenant),
-                             _ENCODER.encode(step_recorded(run.tenant, run.run_id, step)))
+            await nc.publish(
+                subjects.planner_progress(run.tenant),
+                _ENCODER.encode(step_recorded(run.tenant, run.run_id, step)),
+            )
         except Exception as exc:
             log.debug("run %s: step %d not announced: %r", run.run_id, step.seq, exc)

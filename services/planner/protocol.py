@@ -60,11 +60,20 @@ def capability_view(catalog: list[dict[str, Any]], *, requested: bool) -> dict[s
         if not str(entry.get("description", "")).strip():
             raise ValueError(f"capability {entry.get('ref')} has no description")
     if requested:
-        return {"protocol": PROTOCOL, "mode": "catalog", "capabilities": catalog,
-                "input_keys": AGENT_INPUT_KEYS}
-    return {"protocol": PROTOCOL, "mode": "summary", "capability_count": len(catalog),
-            "capability_refs": [e["ref"] for e in catalog], "input_keys": AGENT_INPUT_KEYS,
-            "catalog_available_on_request": True}
+        return {
+            "protocol": PROTOCOL,
+            "mode": "catalog",
+            "capabilities": catalog,
+            "input_keys": AGENT_INPUT_KEYS,
+        }
+    return {
+        "protocol": PROTOCOL,
+        "mode": "summary",
+        "capability_count": len(catalog),
+        "capability_refs": [e["ref"] for e in catalog],
+        "input_keys": AGENT_INPUT_KEYS,
+        "catalog_available_on_request": True,
+    }
 
 
 def action_name(target: str) -> str:
@@ -95,26 +104,35 @@ def _inputs_refusal(inputs: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
     unknown = sorted(set(arguments) - set(inputs))
     if unknown:
         return f"unknown input(s): {', '.join(unknown)}"
-    missing = sorted(k for k, spec in inputs.items()
-                     if spec.get("required", True) and k not in arguments)
+    missing = sorted(
+        k for k, spec in inputs.items() if spec.get("required", True) and k not in arguments
+    )
     if missing:
         return f"missing input(s): {', '.join(missing)}"
     for key, value in arguments.items():
         spec = inputs[key]
         expected = _TYPES.get(spec.get("type", "string"), str)
-        if isinstance(value, bool) and spec.get("type") != "boolean" or not isinstance(
-                value, expected):
+        if (
+            isinstance(value, bool)
+            and spec.get("type") != "boolean"
+            or not isinstance(value, expected)
+        ):
             return f"input {key} must be a {spec.get('type', 'string')}"
         if isinstance(value, str) and len(value) > spec.get("max_length", 2048):
             return f"input {key} is too long"
     return None
 
 
-def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
-                    arguments: Mapping[str, Any], actions: Mapping[str, Any],
-                    tools: Mapping[str, ReadToolSpec] = READ_TOOLS,
-                    chain: Sequence[str] = ()
-                    ) -> tuple[dict[str, Any], None] | tuple[None, Refusal]:
+def check_selection(
+    catalog: list[dict[str, Any]],
+    *,
+    caller: str,
+    target: str,
+    arguments: Mapping[str, Any],
+    actions: Mapping[str, Any],
+    tools: Mapping[str, ReadToolSpec] = READ_TOOLS,
+    chain: Sequence[str] = (),
+) -> tuple[dict[str, Any], None] | tuple[None, Refusal]:
     """The runtime's checks before any handler: the target is in the caller's `uses`, the caller
     is in an agent target's `callable_by`, the arguments match the target's signature (an
     action's or a read tool's contract: the very type its executor decodes them into), and an
@@ -125,11 +143,13 @@ def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
     """
     entry = _find(catalog, target)
     if entry is None:
-        return None, Refusal(check="uses", reason=f"{target[:128]} is not among the "
-                                                  f"capabilities agent {caller} uses")
+        return None, Refusal(
+            check="uses", reason=f"{target[:128]} is not among the capabilities agent {caller} uses"
+        )
     if entry["kind"] == "agent" and caller not in entry.get("callable_by", []):
-        return None, Refusal(check="callable_by", reason=f"agent {entry['name']} may not be "
-                                                         f"called by agent {caller}")
+        return None, Refusal(
+            check="callable_by", reason=f"agent {entry['name']} may not be called by agent {caller}"
+        )
     if entry["kind"] == "action":
         contract = actions.get(entry["name"])
         if contract is None:
@@ -142,8 +162,7 @@ def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
     if entry["kind"] == "tool":
         spec = tools.get(entry["name"])
         if spec is None:
-            return None, Refusal(check="uses", reason=f"read tool {entry['name']} no longer "
-                                                      "exists")
+            return None, Refusal(check="uses", reason=f"read tool {entry['name']} no longer exists")
         try:
             msgspec.convert(dict(arguments), spec.arguments, strict=True)
         except msgspec.ValidationError as exc:
@@ -159,12 +178,17 @@ def check_selection(catalog: list[dict[str, Any]], *, caller: str, target: str,
     if reason is not None:
         return None, Refusal(check="arguments", reason=f"{entry['ref']}: {reason}"[:512])
     if entry["kind"] != "agent":
-        return None, Refusal(check="unsupported", reason=f"{entry['ref']}: this planner does not "
-                                                         f"execute {entry['kind']} capabilities")
+        return None, Refusal(
+            check="unsupported",
+            reason=f"{entry['ref']}: this planner does not execute {entry['kind']} capabilities",
+        )
     if len(chain) + 1 > MAX_BRANCH_DEPTH:
-        return None, Refusal(check="depth", reason=f"{entry['ref']}: agent calls go at most "
-                                                   f"{MAX_BRANCH_DEPTH} deep")
+        return None, Refusal(
+            check="depth", reason=f"{entry['ref']}: agent calls go at most {MAX_BRANCH_DEPTH} deep"
+        )
     if entry["name"] in (*chain, caller):
-        return None, Refusal(check="cycle", reason=f"{entry['ref']}: agent {entry['name']} is "
-                                                   "already on this call chain")
+        return None, Refusal(
+            check="cycle",
+            reason=f"{entry['ref']}: agent {entry['name']} is already on this call chain",
+        )
     return entry, None

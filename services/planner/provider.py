@@ -34,8 +34,9 @@ __all__ = [
 SCRIPT_CHUNK_CHARS = 12  # about what a model streams per chunk: a few words at a time
 
 
-class _Decision(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
-                tag_field="decision"):
+class _Decision(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="decision"
+):
     """What a model may answer; anything else is an error, never a guess (text the store
     cannot hold included: a `ValidationError`, so a malformed decision)."""
 
@@ -99,8 +100,9 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     capabilities: dict[str, Any] | None = None
 
 
-class _Verdict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
-               tag_field="verdict"):
+class _Verdict(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="verdict"
+):
     """What a critic may answer; anything else is an error, never a guess."""
 
     def __post_init__(self) -> None:
@@ -156,8 +158,9 @@ class DecisionProvider(Protocol):
 
     async def decide(self, model_input: ModelInput) -> ModelDecision: ...
 
-    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
-                                ) -> tuple[ModelDecision, int]: ...
+    async def decide_with_usage(
+        self, model_input: ModelInput, *, text: TextSink | None = None
+    ) -> tuple[ModelDecision, int]: ...
 
     async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]: ...
 
@@ -180,9 +183,12 @@ class ScriptedProvider:
     agent without any, it accepts.
     """
 
-    def __init__(self, decisions: list[ModelDecision],
-                 by_agent: dict[str, list[ModelDecision]] | None = None,
-                 critics: dict[str, list[CriticVerdict]] | None = None) -> None:
+    def __init__(
+        self,
+        decisions: list[ModelDecision],
+        by_agent: dict[str, list[ModelDecision]] | None = None,
+        critics: dict[str, list[CriticVerdict]] | None = None,
+    ) -> None:
         self._decisions = decisions
         self._by_agent = by_agent or {}
         self._critics = critics or {}
@@ -192,8 +198,11 @@ class ScriptedProvider:
         """Load and validate a script: `{"decisions": [...], "agents": {"<agent>": [...]},
         "critics": {"<agent>": [{"verdict": "replan", "reason": "..."}, ...]}}`."""
         script = msgspec.json.decode(Path(path).read_bytes(), type=_Script)
-        return cls(list(script.decisions), {k: list(v) for k, v in script.agents.items()},
-                   {k: list(v) for k, v in script.critics.items()})
+        return cls(
+            list(script.decisions),
+            {k: list(v) for k, v in script.agents.items()},
+            {k: list(v) for k, v in script.critics.items()},
+        )
 
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         """The scripted decision for this agent and turn."""
@@ -202,8 +211,9 @@ class ScriptedProvider:
             return decisions[model_input.turn]
         return AnswerDirectly(answer="The script has no further steps.")
 
-    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
-                                ) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(
+        self, model_input: ModelInput, *, text: TextSink | None = None
+    ) -> tuple[ModelDecision, int]:
         """The scripted decision, and 0 tokens: reading a script spends none, and the planner
         settles what was really used rather than a made-up count. With `text`, a direct
         answer is streamed to it in chunks of a few words, as a model would."""

@@ -52,27 +52,37 @@ class ReadClient:
             ReadUnavailable: no answer, retrieval failed, or a retryable refusal.
         """
         try:
-            reply = await timed_request(self._nc, subjects.READ, self._encoder.encode(ask),
-                                        timeout=self._timeout)
+            reply = await timed_request(
+                self._nc, subjects.READ, self._encoder.encode(ask), timeout=self._timeout
+            )
         except (NatsTimeoutError, NoRespondersError) as exc:
-            raise ReadUnavailable(f"retrieval did not answer: {type(exc).__name__}",
-                                  run_id=ask.run_id, tool=ask.tool) from exc
+            raise ReadUnavailable(
+                f"retrieval did not answer: {type(exc).__name__}", run_id=ask.run_id, tool=ask.tool
+            ) from exc
         code = (reply.headers or {}).get("Nats-Service-Error-Code")
         if code:
             error = (reply.headers or {}).get("Nats-Service-Error", "")
             if code.startswith("4"):
                 # Retrieval could not take the request as sent: asking again changes nothing.
-                return ReadRefused(run_id=ask.run_id, tool=ask.tool, code="INVALID_ARGUMENTS",
-                                   reason=f"retrieval refused the request ({code}): "
-                                          f"{error}"[:500])
-            raise ReadUnavailable(f"retrieval failed ({code}): {error}"[:500],
-                                  run_id=ask.run_id, tool=ask.tool)
+                return ReadRefused(
+                    run_id=ask.run_id,
+                    tool=ask.tool,
+                    code="INVALID_ARGUMENTS",
+                    reason=f"retrieval refused the request ({code}): {error}"[:500],
+                )
+            raise ReadUnavailable(
+                f"retrieval failed ({code}): {error}"[:500], run_id=ask.run_id, tool=ask.tool
+            )
         try:
             answer = _REPLY.decode(reply.data)
         except msgspec.DecodeError as exc:
-            raise ReadUnavailable("retrieval's answer did not decode", run_id=ask.run_id,
-                                  tool=ask.tool) from exc
+            raise ReadUnavailable(
+                "retrieval's answer did not decode", run_id=ask.run_id, tool=ask.tool
+            ) from exc
         if isinstance(answer, ReadRefused) and (answer.retryable or answer.code == "UNAVAILABLE"):
-            raise ReadUnavailable(f"{ask.tool} could not be read now: {answer.reason}",
-                                  run_id=ask.run_id, tool=ask.tool)
+            raise ReadUnavailable(
+                f"{ask.tool} could not be read now: {answer.reason}",
+                run_id=ask.run_id,
+                tool=ask.tool,
+            )
         return answer

@@ -16,30 +16,57 @@ from services.planner.store import RunRow, Step
 __all__ = ["result_effect"]
 
 
-def result_effect(run: RunRow, steps: list[Step], *, pending_id: str | None = None,
-                  proposal: ProposalView | None = None) -> Effect:
+def result_effect(
+    run: RunRow,
+    steps: list[Step],
+    *,
+    pending_id: str | None = None,
+    proposal: ProposalView | None = None,
+) -> Effect:
     """The message a run that ended or stopped where `run` says publishes."""
-    actions = [_action_result(s.payload)
-               for s in steps if s.kind == "observation" and "operation_id" in s.payload]
-    error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
-             if run.error_code else None)
-    status = (run.status if run.status in ("succeeded", "failed", "awaiting_human",
-                                           "cancelled") else "failed")
+    actions = [
+        _action_result(s.payload)
+        for s in steps
+        if s.kind == "observation" and "operation_id" in s.payload
+    ]
+    error = (
+        ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
+        if run.error_code
+        else None
+    )
+    status = (
+        run.status
+        if run.status in ("succeeded", "failed", "awaiting_human", "cancelled")
+        else "failed"
+    )
     if (branch := branch_of(run.manifest)) is not None:
         # A branch answers the run that called it, not the host: that run is woken to
         # observe how the branch ended (read from the store, so a duplicate changes nothing).
-        return (subjects.branch(run.tenant),
-                BranchChanged(tenant=run.tenant, run_id=branch["parent_run_id"]),
-                f"branch:{run.run_id}:{run.status}:{len(steps)}")
-    result = RunResult(request_id=run.request_id, run_id=run.run_id, status=status,
-                       error=error, answer=run.answer, actions=actions,
-                       pending_id=pending_id, proposal=proposal)
-    return (subjects.result(run.tenant), result,
-            f"result:{run.run_id}:{run.status}:{len(steps)}")
+        return (
+            subjects.branch(run.tenant),
+            BranchChanged(tenant=run.tenant, run_id=branch["parent_run_id"]),
+            f"branch:{run.run_id}:{run.status}:{len(steps)}",
+        )
+    result = RunResult(
+        request_id=run.request_id,
+        run_id=run.run_id,
+        status=status,
+        error=error,
+        answer=run.answer,
+        actions=actions,
+        pending_id=pending_id,
+        proposal=proposal,
+    )
+    return (subjects.result(run.tenant), result, f"result:{run.run_id}:{run.status}:{len(steps)}")
 
 
 def _action_result(payload: dict[str, Any]) -> ActionResult:
-    return ActionResult(action=payload["action"], operation_id=payload["operation_id"],
-                        state=payload["state"], receipt=payload.get("receipt"),
-                        reason=payload.get("reason"), outcome=payload.get("outcome"),
-                        correlation_id=payload.get("correlation_id"))
+    return ActionResult(
+        action=payload["action"],
+        operation_id=payload["operation_id"],
+        state=payload["state"],
+        receipt=payload.get("receipt"),
+        reason=payload.get("reason"),
+        outcome=payload.get("outcome"),
+        correlation_id=payload.get("correlation_id"),
+    )

@@ -34,22 +34,41 @@ def review_id(run_id: str, step: int) -> str:
     return f"review-{run_id}-{step}"[:128]
 
 
-async def await_review(store: PlannerStore, conn: Any, run: RunRow, seq: int,
-                       decision: RequestHumanReview, finished: Finished) -> RunRow:
+async def await_review(
+    store: PlannerStore,
+    conn: Any,
+    run: RunRow,
+    seq: int,
+    decision: RequestHumanReview,
+    finished: Finished,
+) -> RunRow:
     """The model asked for a person at step `seq`: the run waits for an explicit answer.
 
     Returns the run as it now stands (`awaiting_human`)."""
     pending_id = review_id(run.run_id, seq)
-    if await store.set_status(conn, run, "awaiting_human", step=seq, error_code=REVIEW_CODE,
-                              error_message=decision.review_prompt, pending_id=pending_id):
+    if await store.set_status(
+        conn,
+        run,
+        "awaiting_human",
+        step=seq,
+        error_code=REVIEW_CODE,
+        error_message=decision.review_prompt,
+        pending_id=pending_id,
+    ):
         if branch_of(run.manifest) is None:  # a branch's wait is counted as its caller's
             finished.append(("awaiting_human", REVIEW_CODE))
-    return msgspec.structs.replace(run, status="awaiting_human", error_code=REVIEW_CODE,
-                                   error_message=decision.review_prompt, pending_id=pending_id)
+    return msgspec.structs.replace(
+        run,
+        status="awaiting_human",
+        error_code=REVIEW_CODE,
+        error_message=decision.review_prompt,
+        pending_id=pending_id,
+    )
 
 
-async def record_answer(store: PlannerStore, conn: Any,
-                        answer: ReviewAnswer) -> tuple[RunRow, list[Step], int]:
+async def record_answer(
+    store: PlannerStore, conn: Any, answer: ReviewAnswer
+) -> tuple[RunRow, list[Step], int]:
     """Lock the run, check it waits for this review, and record the answer as the review
     step's observation; the run (locked), its steps (the answer's included) and how many steps
     it had before.
@@ -63,14 +82,29 @@ async def record_answer(store: PlannerStore, conn: Any,
     steps = await store.steps(conn, run.run_id)
     seen = len(steps)
     last = steps[-1] if steps else None
-    if (run.status != "awaiting_human" or run.error_code != REVIEW_CODE
-            or last is None or last.seq != answer.step
-            or last.payload.get("decision") != "request_human_review"):
+    if (
+        run.status != "awaiting_human"
+        or run.error_code != REVIEW_CODE
+        or last is None
+        or last.seq != answer.step
+        or last.payload.get("decision") != "request_human_review"
+    ):
         raise ReviewRefused("the run is not waiting for this review")
-    output = ReviewAnswered(run_id=run.run_id, step=answer.step, answer=answer.answer,
-                            reviewer=answer.reviewer, reason=answer.reason)
+    output = ReviewAnswered(
+        run_id=run.run_id,
+        step=answer.step,
+        answer=answer.answer,
+        reviewer=answer.reviewer,
+        reason=answer.reason,
+    )
     observation = observation_of(output)
-    await store.add_observation(conn, run, answer.step + 1, step=answer.step,
-                                output=msgspec.to_builtins(output), observation=observation)
+    await store.add_observation(
+        conn,
+        run,
+        answer.step + 1,
+        step=answer.step,
+        output=msgspec.to_builtins(output),
+        observation=observation,
+    )
     steps.append(Step(seq=answer.step + 1, kind="observation", payload=observation))
     return run, steps, seen

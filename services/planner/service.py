@@ -115,8 +115,15 @@ CONCURRENCY = 32
 # Connections beyond one per delivery in flight: the sealer, the review and replay endpoints.
 POOL_HEADROOM = 4 + 8  # and the chat sessions' endpoint and model-call counts
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
-Inbound = (EvidenceGathered | CommandOutcome | CommandAdmitted | ProposalRefused | BranchChanged
-           | DecisionAnswered | RunCancelRequested)
+Inbound = (
+    EvidenceGathered
+    | CommandOutcome
+    | CommandAdmitted
+    | ProposalRefused
+    | BranchChanged
+    | DecisionAnswered
+    | RunCancelRequested
+)
 log = logging.getLogger("writ.planner")
 _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
 
@@ -134,12 +141,22 @@ class _Undescribed(Exception):
 class PlannerService(PersonWaits):
     """Drives runs from evidence to a final answer, one recorded step at a time."""
 
-    def __init__(self, *, rt: Runtime, store: PlannerStore, provider: DecisionProvider,
-                 agents: AgentRegistry, max_decisions: int = 8,
-                 reserve_tokens: int = 4096, sealer: Sealer | None = None,
-                 reads: ReadClient | None = None, calls: CallDecider | None = None,
-                 concurrency: int = CONCURRENCY, sessions: SessionTurns | None = None,
-                 lease_steps: int = 8) -> None:
+    def __init__(
+        self,
+        *,
+        rt: Runtime,
+        store: PlannerStore,
+        provider: DecisionProvider,
+        agents: AgentRegistry,
+        max_decisions: int = 8,
+        reserve_tokens: int = 4096,
+        sealer: Sealer | None = None,
+        reads: ReadClient | None = None,
+        calls: CallDecider | None = None,
+        concurrency: int = CONCURRENCY,
+        sessions: SessionTurns | None = None,
+        lease_steps: int = 8,
+    ) -> None:
         self._rt, self._store, self._provider = rt, store, provider
         # Chat sessions (DESIGN.md §10): each turn is a run of this loop; None only in tests
         # of something else.
@@ -153,40 +170,67 @@ class PlannerService(PersonWaits):
         # what the provider reports it used).
         self._reserve_tokens = reserve_tokens
         # A root run leases its budgets for up to `lease_steps` steps at once (0: no lease).
-        self._budget = RunBudgets(nc=rt.nc, store=store, lease=LeaseAmounts(
-            provider_calls=lease_steps, tokens=lease_steps * reserve_tokens,
-            capability_calls=lease_steps) if lease_steps > 0 else None)
+        self._budget = RunBudgets(
+            nc=rt.nc,
+            store=store,
+            lease=LeaseAmounts(
+                provider_calls=lease_steps,
+                tokens=lease_steps * reserve_tokens,
+                capability_calls=lease_steps,
+            )
+            if lease_steps > 0
+            else None,
+        )
         self._max_decisions, self._sealer = max_decisions, sealer
         self._decoder = msgspec.json.Decoder(Inbound)
         self._metrics = PlannerMetrics(rt.registry)
         self._capabilities = Capabilities(
-            store=store, budget=self._budget,
+            store=store,
+            budget=self._budget,
             reads=reads if reads is not None else ReadClient(nc=rt.nc),
             calls=calls if calls is not None else CallDecider(nc=rt.nc),
-            agents=agents, tracer=rt.tracer, metrics=self._metrics)
-        self._critic = Critic(store=store, budget=self._budget, provider=provider,
-                              tracer=rt.tracer, reserve_tokens=reserve_tokens)
+            agents=agents,
+            tracer=rt.tracer,
+            metrics=self._metrics,
+        )
+        self._critic = Critic(
+            store=store,
+            budget=self._budget,
+            provider=provider,
+            tracer=rt.tracer,
+            reserve_tokens=reserve_tokens,
+        )
         self._replay = ReplayEndpoint(rt=rt, store=store)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Consume evidence and outcomes, seal the journal and serve replays until stopped."""
         if self._store.journal is not None:
-            self._rt.endpoints.append(Endpoint("replay", subjects.REPLAY, self._replay,
-                                               concurrency=8))
-        self._rt.endpoints.append(Endpoint("run", RUN_STATUS, RunStatusEndpoint(store=self._store),
-                                           concurrency=32))
-        self._rt.endpoints.append(Endpoint("events", RUN_EVENTS,
-                                           RunEventsEndpoint(store=self._store), concurrency=32))
-        self._rt.endpoints.append(Endpoint("reviews", REVIEWS_LIST,
-                                           ReviewsEndpoint(store=self._store), concurrency=8))
-        self._rt.endpoints.append(Endpoint("review", REVIEW,
-                                           ReviewEndpoint(answer=self.answer_review),
-                                           concurrency=8))
+            self._rt.endpoints.append(
+                Endpoint("replay", subjects.REPLAY, self._replay, concurrency=8)
+            )
+        self._rt.endpoints.append(
+            Endpoint("run", RUN_STATUS, RunStatusEndpoint(store=self._store), concurrency=32)
+        )
+        self._rt.endpoints.append(
+            Endpoint("events", RUN_EVENTS, RunEventsEndpoint(store=self._store), concurrency=32)
+        )
+        self._rt.endpoints.append(
+            Endpoint("reviews", REVIEWS_LIST, ReviewsEndpoint(store=self._store), concurrency=8)
+        )
+        self._rt.endpoints.append(
+            Endpoint("review", REVIEW, ReviewEndpoint(answer=self.answer_review), concurrency=8)
+        )
         if self._sessions is not None:
-            self._rt.endpoints.append(Endpoint(
-                "sessions", SESSION_OPS,
-                SessionOpsEndpoint(turns=self._sessions, agents=self._agents), concurrency=6))
+            self._rt.endpoints.append(
+                Endpoint(
+                    "sessions",
+                    SESSION_OPS,
+                    SessionOpsEndpoint(turns=self._sessions, agents=self._agents),
+                    concurrency=6,
+                )
+            )
         try:
             async with anyio.create_task_group() as tg:
                 if self._sealer is not None:
@@ -195,12 +239,19 @@ class PlannerService(PersonWaits):
                     tg.start_soon(self._sessions.sweep)  # what a crash left after a commit
                     tg.start_soon(self._sessions.follow_admitted)  # sessions' StepAdmitted
                     tg.start_soon(self._sessions.in_flight.follow)  # a close's cancelling
-                await run_actor(js=self._rt.js, spec=INBOX, decoder=self._decoder,
-                                handler=self.handle, metrics=self._rt.metrics,
-                                tracer=self._rt.tracer, stopping=self._rt.stopping,
-                                concurrency=self._concurrency,
-                                health=self._rt.health, task_status=task_status,
-                                backoff_max_s=self._rt.retry_backoff_max_s)
+                await run_actor(
+                    js=self._rt.js,
+                    spec=INBOX,
+                    decoder=self._decoder,
+                    handler=self.handle,
+                    metrics=self._rt.metrics,
+                    tracer=self._rt.tracer,
+                    stopping=self._rt.stopping,
+                    concurrency=self._concurrency,
+                    health=self._rt.health,
+                    task_status=task_status,
+                    backoff_max_s=self._rt.retry_backoff_max_s,
+                )
                 tg.cancel_scope.cancel()
         finally:
             self._agents.stop_all()
@@ -213,11 +264,19 @@ class PlannerService(PersonWaits):
         """Record what arrived and advance its run."""
         event = delivery.message
         if self._sessions is not None and isinstance(event, CommandAdmitted):
-            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
-                                          step=event.step, operation_id=event.operation_id)
+            await self._sessions.progress(
+                tenant=event.tenant,
+                run_id=event.run_id,
+                step=event.step,
+                operation_id=event.operation_id,
+            )
         elif self._sessions is not None and isinstance(event, DecisionAnswered):
-            await self._sessions.progress(tenant=event.tenant, run_id=event.run_id,
-                                          pending_id=event.pending_id, answer=event.answer)
+            await self._sessions.progress(
+                tenant=event.tenant,
+                run_id=event.run_id,
+                pending_id=event.pending_id,
+                answer=event.answer,
+            )
         if isinstance(event, CommandAdmitted):
             return  # progress, not a step: the outcome is what the model observes
         if isinstance(event, DecisionAnswered) and event.proposal_id is not None:
@@ -231,8 +290,12 @@ class PlannerService(PersonWaits):
                 span.set_attribute("writ.run_id", event.run_id)
                 if isinstance(event, EvidenceGathered):
                     manifest = await with_mcp_descriptions(  # mcp_catalog.py
-                        self._rt.nc, event.tenant, snapshot_of(
-                            self._agents.get(event.agent), chat_turn=is_turn_run(event.run_id)))
+                        self._rt.nc,
+                        event.tenant,
+                        snapshot_of(
+                            self._agents.get(event.agent), chat_turn=is_turn_run(event.run_id)
+                        ),
+                    )
                     await self._store.create_run(event, manifest=manifest, conn=conn)
                 elif isinstance(event, RunCancelRequested):
                     await record_cancel(conn, event)  # kept even before the run exists
@@ -267,8 +330,9 @@ class PlannerService(PersonWaits):
             self._budget.known(run, state.reservations, state.now)
             steps = state.steps
             seen = len(steps)
-            effects = await self._advance_run(conn, run, steps, event, finished,
-                                              cancelled=state.cancelled_by)
+            effects = await self._advance_run(
+                conn, run, steps, event, finished, cancelled=state.cancelled_by
+            )
             if effects is not AGAIN:  # the delivery's last transaction
                 await self._budget.settle_deferred(conn)
             if self._sessions is not None:
@@ -281,39 +345,68 @@ class PlannerService(PersonWaits):
             if self._sessions is not None:
                 await self._sessions.flush_run(run.run_id)
 
-    async def _advance_run(self, conn: Any, run: RunRow, steps: list[Step], event: Inbound,
-                           finished: Finished, *, cancelled: str | None) -> Effects | None:
+    async def _advance_run(
+        self,
+        conn: Any,
+        run: RunRow,
+        steps: list[Step],
+        event: Inbound,
+        finished: Finished,
+        *,
+        cancelled: str | None,
+    ) -> Effects | None:
         await self._budget.settle_due(conn, run)
         # An ask is not an observation: the step's observation is what the answer leads to.
         if isinstance(event, CommandOutcome) or (
-                isinstance(event, ProposalRefused) and event.verdict != "ask"):
+            isinstance(event, ProposalRefused) and event.verdict != "ask"
+        ):
             observation = observation_of(event)
             if await self._store.add_observation(
-                    conn, run, event.step + 1, step=event.step,
-                    output=msgspec.to_builtins(event), observation=observation):
-                steps.append(Step(seq=event.step + 1, kind="observation",
-                                  payload=observation))
+                conn,
+                run,
+                event.step + 1,
+                step=event.step,
+                output=msgspec.to_builtins(event),
+                observation=observation,
+            ):
+                steps.append(Step(seq=event.step + 1, kind="observation", payload=observation))
                 if self._sessions is not None and isinstance(event, CommandOutcome):
                     await self._sessions.observed(conn, run, event.step, observation)
                 elif self._sessions is not None:
                     await self._sessions.refused(conn, run, event.step, observation)
             # The capability call has its outcome (or its refusal): it is over.
-            await self._budget.spent(conn, run, step_key(run.run_id, event.step,
-                                                         "capability"), capability_calls=1)
+            await self._budget.spent(
+                conn, run, step_key(run.run_id, event.step, "capability"), capability_calls=1
+            )
         if run.status not in TERMINAL_RUN and (by := cancelled):
-            if (run.status == "running" and in_flight(steps)
-                    and not isinstance(event, ProposalRefused)):
+            if (
+                run.status == "running"
+                and in_flight(steps)
+                and not isinstance(event, ProposalRefused)
+            ):
                 return []  # an admitted command runs to its outcome, observed before the end
-            return [await self._finish(conn, run, steps, "cancelled", finished,
-                                       error=(CANCEL_CODE, f"cancelled by {by}"))]
+            return [
+                await self._finish(
+                    conn,
+                    run,
+                    steps,
+                    "cancelled",
+                    finished,
+                    error=(CANCEL_CODE, f"cancelled by {by}"),
+                )
+            ]
         if isinstance(event, DecisionAnswered):
             return await self._answered(conn, run, steps, event, finished)
         if run.status in TERMINAL_RUN:
             return [self._result(run, steps)]
         if isinstance(event, ProposalRefused):
             return await self._refused(conn, run, steps, event, finished)
-        if (run.status == "awaiting_human" and isinstance(event, BranchChanged)
-                and self._sessions is not None and (run.pending_id or "").startswith("plan-")):
+        if (
+            run.status == "awaiting_human"
+            and isinstance(event, BranchChanged)
+            and self._sessions is not None
+            and (run.pending_id or "").startswith("plan-")
+        ):
             return await self._plan_answered(conn, run, steps, finished)
         if run.status == "awaiting_human":
             if isinstance(event, BranchChanged):
@@ -326,23 +419,34 @@ class PlannerService(PersonWaits):
                 if branch.status == "awaiting_human":
                     waiting = waiting_on(branch)
                     return await self._wait_for_person(
-                        conn, run, steps, finished, step=steps[-1].seq,
-                        pending_id=waiting.pending_id, message=waiting.message)
+                        conn,
+                        run,
+                        steps,
+                        finished,
+                        step=steps[-1].seq,
+                        pending_id=waiting.pending_id,
+                        message=waiting.message,
+                    )
             elif not isinstance(event, CommandOutcome):
                 return []  # still waiting for the person
             # The person said yes (and the command ran, or the branch went on): the run goes on
             # from here.
             await self._store.set_status(
-                conn, run, "running",
-                step=event.step if isinstance(event, CommandOutcome) else steps[-1].seq)
-            run = msgspec.structs.replace(run, status="running", error_code=None,
-                                          error_message=None, pending_id=None)
+                conn,
+                run,
+                "running",
+                step=event.step if isinstance(event, CommandOutcome) else steps[-1].seq,
+            )
+            run = msgspec.structs.replace(
+                run, status="running", error_code=None, error_message=None, pending_id=None
+            )
         if not steps and (refusal := self._agent_refusal(run)) is not None:
             return [await self._finish(conn, run, steps, "failed", finished, error=refusal)]
         return await self._next(conn, run, steps, finished)
 
-    async def _continue(self, conn: Any, run_id: str, effects: Effects | None,
-                        finished: Finished) -> Effects:
+    async def _continue(
+        self, conn: Any, run_id: str, effects: Effects | None, finished: Finished
+    ) -> Effects:
         """Take the decisions the runtime answers itself, each in its own transaction, so each
         step is committed before the next decision is asked for."""
         while effects is AGAIN:
@@ -358,8 +462,16 @@ class PlannerService(PersonWaits):
                 steps = state.steps
                 seen = len(steps)
                 if by := state.cancelled_by:  # nothing more is scheduled
-                    effects = [await self._finish(conn, run, steps, "cancelled", finished,
-                                                  error=(CANCEL_CODE, f"cancelled by {by}"))]
+                    effects = [
+                        await self._finish(
+                            conn,
+                            run,
+                            steps,
+                            "cancelled",
+                            finished,
+                            error=(CANCEL_CODE, f"cancelled by {by}"),
+                        )
+                    ]
                     await self._budget.flush(conn)
                     break
                 effects = await self._next(conn, run, steps, finished)
@@ -383,52 +495,93 @@ class PlannerService(PersonWaits):
         reason = agent.accepts_work()
         return None if reason is None else ("AGENT_UNAVAILABLE", reason)
 
-    async def _next(self, conn: Any, run: RunRow, steps: list[Step],
-                    finished: Finished) -> Effects | None:
+    async def _next(
+        self, conn: Any, run: RunRow, steps: list[Step], finished: Finished
+    ) -> Effects | None:
         """Take (or reuse) the next decision and act on it; `AGAIN` if the runtime answered it
         itself (a catalog sent, a selection refused, a critic's replan) or committed it before
         acting on it (an answer before its critic, a read's or a branch's selection before the
         call; an action's proposal is recorded with its decision and sent after the commit)."""
         last = steps[-1] if steps else None
         fresh = False
-        if last is not None and last.kind == "decision" and (
-                last.payload.get("decision") != "request_capabilities"):
+        if (
+            last is not None
+            and last.kind == "decision"
+            and (last.payload.get("decision") != "request_capabilities")
+        ):
             decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
         else:
             if self._sessions is not None and not await self._sessions.gate(conn, run, steps):
                 return []  # its session is paused: no decision until it resumes
             decisions = sum(1 for s in steps if s.kind == "decision")
             if decisions >= self._max_decisions:
-                return [await self._finish(conn, run, steps, "failed", finished,
-                                           error=(BUDGET_CODE, f"{decisions} model decisions"))]
+                return [
+                    await self._finish(
+                        conn,
+                        run,
+                        steps,
+                        "failed",
+                        finished,
+                        error=(BUDGET_CODE, f"{decisions} model decisions"),
+                    )
+                ]
             try:
                 decision = await self._decide(conn, run, steps, turn=decisions)
             except _Undescribed as exc:  # a capability without a description: no model call
-                return [await self._finish(conn, run, steps, "failed", finished,
-                                           error=("CAPABILITY_UNDESCRIBED", str(exc)))]
+                return [
+                    await self._finish(
+                        conn,
+                        run,
+                        steps,
+                        "failed",
+                        finished,
+                        error=("CAPABILITY_UNDESCRIBED", str(exc)),
+                    )
+                ]
             except NoBudget as exc:
                 return [await self._out_of_budget(conn, run, steps, finished, exc)]
             except ModelCallAbandoned:  # its session closed mid-call: nothing more is asked
                 by = await cancelled_by(conn, run) or "the session's close"
-                return [await self._finish(conn, run, steps, "cancelled", finished,
-                                           error=(CANCEL_CODE, f"cancelled by {by}"))]
+                return [
+                    await self._finish(
+                        conn,
+                        run,
+                        steps,
+                        "cancelled",
+                        finished,
+                        error=(CANCEL_CODE, f"cancelled by {by}"),
+                    )
+                ]
             except PermanentError as exc:
                 return [await self._model_failed(conn, run, steps, finished, exc)]
             last, fresh = steps[-1], True
         if isinstance(decision, AnswerDirectly):
-            if fresh and self._sessions is not None and await self._sessions.plans.planning(
-                    conn, run, steps):
+            if (
+                fresh
+                and self._sessions is not None
+                and await self._sessions.plans.planning(conn, run, steps)
+            ):
                 # The answer is committed before its plan is frozen: the facts a plan's
                 # preview reads may fail to be read, and are then read again, not the model.
                 return AGAIN
             if self._sessions is not None and (
-                    plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)):
+                plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)
+            ):
                 return await self._wait_for_person(  # the plan waits for the user's answer
-                    conn, run, steps, finished, step=last.seq, pending_id=plan_id,
-                    message=PLAN_WAIT)
+                    conn, run, steps, finished, step=last.seq, pending_id=plan_id, message=PLAN_WAIT
+                )
             if not has_critic(run.manifest):
-                return [await self._finish(conn, run, steps, "succeeded", finished,
-                                           answer=decision.answer, step=last.seq)]
+                return [
+                    await self._finish(
+                        conn,
+                        run,
+                        steps,
+                        "succeeded",
+                        finished,
+                        answer=decision.answer,
+                        step=last.seq,
+                    )
+                ]
             if fresh:
                 return AGAIN  # the answer is committed before the critic is asked about it
             try:
@@ -439,21 +592,29 @@ class PlannerService(PersonWaits):
                 return [await self._model_failed(conn, run, steps, finished, exc)]
             if not accepted:
                 return AGAIN  # the critic's reason is the next decision's observation
-            return [await self._finish(conn, run, steps, "succeeded", finished,
-                                       answer=decision.answer, step=last.seq)]
+            return [
+                await self._finish(
+                    conn, run, steps, "succeeded", finished, answer=decision.answer, step=last.seq
+                )
+            ]
         if isinstance(decision, RequestCapabilities):
             return AGAIN  # the next model input carries the catalog
         if isinstance(decision, RequestHumanReview):
             run = await await_review(self._store, conn, run, last.seq, decision, finished)
             return [self._result(run, steps, pending_id=review_id(run.run_id, last.seq))]
-        refused = selection_outcome(run.manifest, agent=run.agent, target=decision.capability,
-                                    arguments=decision.arguments)
+        refused = selection_outcome(
+            run.manifest, agent=run.agent, target=decision.capability, arguments=decision.arguments
+        )
         plan_preview = None
         if refused is None and self._sessions is not None:  # a plan-mode turn's plan
-            planned = await self._sessions.plans.check(conn, run, steps, decision,
-                                                       read_facts=not fresh)
-            refused, decision, plan_preview = (planned.refused, planned.decision,
-                                               planned.plan_preview)
+            planned = await self._sessions.plans.check(
+                conn, run, steps, decision, read_facts=not fresh
+            )
+            refused, decision, plan_preview = (
+                planned.refused,
+                planned.decision,
+                planned.plan_preview,
+            )
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
             return AGAIN
@@ -464,28 +625,42 @@ class PlannerService(PersonWaits):
             # records it (and the decision) commits, so it is proposed in the same one.
             return AGAIN
         try:
-            acted = await self._capabilities.act(conn, run, steps, last.seq, decision,
-                                                 plan_preview=plan_preview)
+            acted = await self._capabilities.act(
+                conn, run, steps, last.seq, decision, plan_preview=plan_preview
+            )
         except NoBudget as exc:
             return [await self._out_of_budget(conn, run, steps, finished, exc)]
         if isinstance(acted, Waiting):
-            return await self._wait_for_person(conn, run, steps, finished, step=last.seq,
-                                               pending_id=acted.pending_id,
-                                               message=acted.message)
+            return await self._wait_for_person(
+                conn,
+                run,
+                steps,
+                finished,
+                step=last.seq,
+                pending_id=acted.pending_id,
+                message=acted.message,
+            )
         return acted
 
-    async def _model_failed(self, conn: Any, run: RunRow, steps: list[Step],
-                            finished: Finished, exc: PermanentError) -> Effect:
+    async def _model_failed(
+        self, conn: Any, run: RunRow, steps: list[Step], finished: Finished, exc: PermanentError
+    ) -> Effect:
         """The provider gave no decision (or verdict) and asking again will not give one: a
         malformed answer, a refusal, a rejected request. The run fails saying so; nothing is
         guessed at, and the run is never left running with nobody to drive it."""
         log.warning("run %s: the model call failed for good: %r", run.run_id, exc)
-        return await self._finish(conn, run, steps, "failed", finished,
-                                  error=("MODEL_FAILED", f"{type(exc).__name__}: {exc}"))
+        return await self._finish(
+            conn,
+            run,
+            steps,
+            "failed",
+            finished,
+            error=("MODEL_FAILED", f"{type(exc).__name__}: {exc}"),
+        )
 
-    async def _out_of_budget(self, conn: Any, run: RunRow, steps: list[Step],
-                             finished: Finished,
-                             exc: NoBudget) -> Effect:
+    async def _out_of_budget(
+        self, conn: Any, run: RunRow, steps: list[Step], finished: Finished, exc: NoBudget
+    ) -> Effect:
         """No step starts: the run fails naming the budget that ran out (the model is not asked
         whether to go on).
 
@@ -497,12 +672,17 @@ class PlannerService(PersonWaits):
             if exc.kind == "concurrent_steps":
                 raise RetryableError(f"run {run.run_id}: {exc}") from exc
             log.info("run %s: %s budget exhausted, no new step", run.run_id, exc.kind)
-            return await self._finish(conn, run, steps, "failed", finished,
-                                      error=(BUDGET_CODE, f"{exc.kind}: {exc}"))
-        return await self._finish(conn, run, steps, "failed", finished,
-                                  error=("NO_BUDGET", f"governance has no budget for the run: "
-                                                      f"{exc}"))
-
+            return await self._finish(
+                conn, run, steps, "failed", finished, error=(BUDGET_CODE, f"{exc.kind}: {exc}")
+            )
+        return await self._finish(
+            conn,
+            run,
+            steps,
+            "failed",
+            finished,
+            error=("NO_BUDGET", f"governance has no budget for the run: {exc}"),
+        )
 
     async def answer_review(self, answer: ReviewAnswer) -> ReviewTaken:
         """A person's explicit answer to the review a run waits for (`review.py`): approve
@@ -517,9 +697,17 @@ class PlannerService(PersonWaits):
             async with conn.transaction():
                 run, steps, seen = await record_answer(self._store, conn, answer)
                 if answer.answer == "reject":
-                    effects: Effects | None = [await self._finish(
-                        conn, run, steps, "failed", finished, step=answer.step,
-                        error=("REJECTED", answer.reason or "the reviewer rejected it"))]
+                    effects: Effects | None = [
+                        await self._finish(
+                            conn,
+                            run,
+                            steps,
+                            "failed",
+                            finished,
+                            step=answer.step,
+                            error=("REJECTED", answer.reason or "the reviewer rejected it"),
+                        )
+                    ]
                 else:
                     await self._store.set_status(conn, run, "running", step=answer.step)
                     effects = AGAIN  # committed before the next decision is asked for
@@ -534,17 +722,21 @@ class PlannerService(PersonWaits):
                 # governance did not answer). The run's inbox takes it from here, retried like
                 # any delivery, rather than leaving the run running with nobody driving it.
                 log.info("run %s: going on after the review in its inbox: %s", run.run_id, exc)
-                effects = [(subjects.branch(run.tenant),
-                            BranchChanged(tenant=run.tenant, run_id=run.run_id),
-                            f"wake:{run.run_id}:{answer.step}")]
+                effects = [
+                    (
+                        subjects.branch(run.tenant),
+                        BranchChanged(tenant=run.tenant, run_id=run.run_id),
+                        f"wake:{run.run_id}:{answer.step}",
+                    )
+                ]
         await self._committed(finished, effects)
         result = next((m for _, m, _ in effects if isinstance(m, RunResult)), None)
         # No result: the run goes on (a proposal's outcome, a branch, or its inbox's retry).
-        return ReviewTaken(run_id=run.run_id,
-                           status="running" if result is None else result.status)
+        return ReviewTaken(run_id=run.run_id, status="running" if result is None else result.status)
 
-    async def _decide(self, conn: Any, run: RunRow, steps: list[Step], *,
-                      turn: int) -> ModelDecision:
+    async def _decide(
+        self, conn: Any, run: RunRow, steps: list[Step], *, turn: int
+    ) -> ModelDecision:
         """Reserve the call, ask the model, settle, and record its response, journaled.
 
         Raises:
@@ -554,16 +746,24 @@ class PlannerService(PersonWaits):
                 its reservation, nothing recorded).
         """
         try:
-            injected = [text for s in steps if s.kind == "injected"
-                        for text in s.payload.get("injected", [])]
-            value = model_input(user=with_injected(run.input, injected), evidence=run.evidence,
-                                observations=[s.payload for s in steps
-                                              if s.kind == "observation"],
-                                turn=turn, agent=run.agent, manifest=run.manifest,
-                                catalog_requested=any(
-                                    s.kind == "decision"
-                                    and s.payload.get("decision") == "request_capabilities"
-                                    for s in steps))
+            injected = [
+                text
+                for s in steps
+                if s.kind == "injected"
+                for text in s.payload.get("injected", [])
+            ]
+            value = model_input(
+                user=with_injected(run.input, injected),
+                evidence=run.evidence,
+                observations=[s.payload for s in steps if s.kind == "observation"],
+                turn=turn,
+                agent=run.agent,
+                manifest=run.manifest,
+                catalog_requested=any(
+                    s.kind == "decision" and s.payload.get("decision") == "request_capabilities"
+                    for s in steps
+                ),
+            )
         except ValueError as exc:
             raise _Undescribed(str(exc)) from exc
         digest = input_digest(value)
@@ -575,21 +775,23 @@ class PlannerService(PersonWaits):
             try:
                 async with self._text_sink(run, seq) as sink:
                     decision, tokens = await self._budget.provider_call(
-                        conn, run, key, self._provider.decide_with_usage(value, text=sink))
+                        conn, run, key, self._provider.decide_with_usage(value, text=sink)
+                    )
             except ModelCallAbandoned:
                 # What the cut call used is unknown: it is settled as all it reserved.
-                await self._budget.spent(conn, run, key, provider_calls=1,
-                                         tokens=self._reserve_tokens)
+                await self._budget.spent(
+                    conn, run, key, provider_calls=1, tokens=self._reserve_tokens
+                )
                 raise
         await self._budget.spent(conn, run, key, provider_calls=1, tokens=tokens)
         payload = msgspec.to_builtins(decision)
         # A selection's proposal is journaled once its capability call is reserved
         # (`capabilities.py`).
-        await self._store.add_decision(conn, run, seq, payload, turn=turn, input_digest=digest,
-                                       proposal=None)
+        await self._store.add_decision(
+            conn, run, seq, payload, turn=turn, input_digest=digest, proposal=None
+        )
         steps.append(Step(seq=seq, kind="decision", payload=payload))
         return decision
-
 
     def _text_sink(self, run: RunRow, seq: int) -> Any:
         """Where the model call's text streams: a chat turn's session, else nowhere."""
@@ -597,24 +799,40 @@ class PlannerService(PersonWaits):
             return contextlib.nullcontext(None)
         return self._sessions.text_sink(run, seq)
 
-    async def _finish(self, conn: Any, run: RunRow, steps: list[Step], status: str,
-                      finished: Finished, *, answer: str | None = None,
-                      error: tuple[str, str] | None = None,
-                      step: int | None = None) -> Effect:
+    async def _finish(
+        self,
+        conn: Any,
+        run: RunRow,
+        steps: list[Step],
+        status: str,
+        finished: Finished,
+        *,
+        answer: str | None = None,
+        error: tuple[str, str] | None = None,
+        step: int | None = None,
+    ) -> Effect:
         code, message = error if error else (None, None)
         # The run's last transaction: what is still due (its lease) is recorded before the
         # status, so the status's statement writes it too (`PlannerStore.writing_behind`).
         await self._budget.settle_deferred(conn)
-        await self._store.set_status(conn, run, status, step=step, answer=answer,
-                                     error_code=code, error_message=message)
+        await self._store.set_status(
+            conn, run, status, step=step, answer=answer, error_code=code, error_message=message
+        )
         if self._sessions is not None:
             await self._sessions.ended(conn, run, status, answer=answer, code=code)
         if branch_of(run.manifest) is None:  # a branch's end is its caller's to observe
             finished.append((status, code))
-        run = msgspec.structs.replace(run, status=status, answer=answer, error_code=code,
-                                      error_message=message)
+        run = msgspec.structs.replace(
+            run, status=status, answer=answer, error_code=code, error_message=message
+        )
         return self._result(run, steps)
 
-    def _result(self, run: RunRow, steps: list[Step], *, pending_id: str | None = None,
-                proposal: ProposalView | None = None) -> Effect:
+    def _result(
+        self,
+        run: RunRow,
+        steps: list[Step],
+        *,
+        pending_id: str | None = None,
+        proposal: ProposalView | None = None,
+    ) -> Effect:
         return result_effect(run, steps, pending_id=pending_id, proposal=proposal)

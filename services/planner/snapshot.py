@@ -29,19 +29,22 @@ __all__ = [
 ]
 
 
-def snapshot_of(agent: AgentProcess | None, *, chat_turn: bool = False
-                ) -> dict[str, Any] | None:
+def snapshot_of(agent: AgentProcess | None, *, chat_turn: bool = False) -> dict[str, Any] | None:
     """The snapshot a run of `agent` starts with; None if no manifest declares the agent.
     `chat_turn`: the run is a chat session's turn, whose model may mark a selection
     consequential (plan-mode) and is told so (`inputs.PLAN_MARK_INSTRUCTION`); kept in the
     snapshot so the replay rebuilds the same model input."""
     if agent is None:
         return None
-    return {"name": agent.name, "version": agent.manifest.version,
-            "responsibility": agent.manifest.responsibility, "catalog": agent.catalog,
-            "critic": agent.manifest.critic,
-            "budgets": msgspec.to_builtins(agent.manifest.budgets),
-            **({"chat_turn": True} if chat_turn else {})}
+    return {
+        "name": agent.name,
+        "version": agent.manifest.version,
+        "responsibility": agent.manifest.responsibility,
+        "catalog": agent.catalog,
+        "critic": agent.manifest.critic,
+        "budgets": msgspec.to_builtins(agent.manifest.budgets),
+        **({"chat_turn": True} if chat_turn else {}),
+    }
 
 
 def has_critic(manifest: dict[str, Any] | None) -> bool:
@@ -56,10 +59,13 @@ def manifest_limit(manifest: dict[str, Any] | None) -> RunBudget | None:
     budgets = (manifest or {}).get("budgets")
     if budgets is None or branch_of(manifest) is not None:
         return None
-    return RunBudget(provider_calls=budgets["provider_calls"], tokens=budgets["tokens"],
-                     capability_calls=budgets["capability_calls"],
-                     wall_time_s=math.ceil(budgets["wall_time_s"]),
-                     max_concurrent_steps=budgets["concurrent_steps"])
+    return RunBudget(
+        provider_calls=budgets["provider_calls"],
+        tokens=budgets["tokens"],
+        capability_calls=budgets["capability_calls"],
+        wall_time_s=math.ceil(budgets["wall_time_s"]),
+        max_concurrent_steps=budgets["concurrent_steps"],
+    )
 
 
 def branch_of(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -69,8 +75,9 @@ def branch_of(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     return (manifest or {}).get("branch")
 
 
-def selection_outcome(manifest: dict[str, Any] | None, *, agent: str, target: str,
-                      arguments: dict[str, Any]) -> tuple[str, str] | None:
+def selection_outcome(
+    manifest: dict[str, Any] | None, *, agent: str, target: str, arguments: dict[str, Any]
+) -> tuple[str, str] | None:
     """(check, reason) if the runtime refuses this selection before any handler, else None.
 
     A run from before manifests (no snapshot) has no catalog to check against: admission's
@@ -79,9 +86,14 @@ def selection_outcome(manifest: dict[str, Any] | None, *, agent: str, target: st
     if manifest is None:
         return None
     branch = branch_of(manifest) or {}
-    _, refusal = check_selection(manifest.get("catalog", []), caller=agent, target=target,
-                                 arguments=arguments, actions=ACTIONS,
-                                 chain=tuple(branch.get("chain", ())))
+    _, refusal = check_selection(
+        manifest.get("catalog", []),
+        caller=agent,
+        target=target,
+        arguments=arguments,
+        actions=ACTIONS,
+        chain=tuple(branch.get("chain", ())),
+    )
     return None if refusal is None else (refusal.check, refusal.reason)
 
 

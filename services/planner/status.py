@@ -25,31 +25,55 @@ log = logging.getLogger("writ.planner")
 
 def run_view(run: Any, steps: list[Any]) -> RunView:
     """The host's view of a run row and its steps."""
-    actions = [ActionResult(action=p["action"], operation_id=p["operation_id"],
-                            state=p["state"], receipt=p.get("receipt"), reason=p.get("reason"),
-                            outcome=p.get("outcome"), correlation_id=p.get("correlation_id"))
-               for s in steps if s.kind == "observation"
-               and "operation_id" in (p := s.payload)]
-    error = (ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
-             if run.error_code else None)
-    evidence = [EvidenceRef(document_id=str(e.get("document_id", ""))[:512],
-                            kind=str(e.get("kind", ""))[:512], title=str(e.get("title", ""))[:512])
-                for e in (run.evidence or [])[:16] if isinstance(e, dict)]
-    return RunView(run_id=run.run_id, request_id=run.request_id, status=run.status,
-                   agent=run.agent, answer=run.answer, error=error, actions=actions,
-                   pending_id=run.pending_id if run.status == "awaiting_human" else None,
-                   evidence=evidence)
+    actions = [
+        ActionResult(
+            action=p["action"],
+            operation_id=p["operation_id"],
+            state=p["state"],
+            receipt=p.get("receipt"),
+            reason=p.get("reason"),
+            outcome=p.get("outcome"),
+            correlation_id=p.get("correlation_id"),
+        )
+        for s in steps
+        if s.kind == "observation" and "operation_id" in (p := s.payload)
+    ]
+    error = (
+        ErrorInfo(code=run.error_code, message=(run.error_message or "")[:512])
+        if run.error_code
+        else None
+    )
+    evidence = [
+        EvidenceRef(
+            document_id=str(e.get("document_id", ""))[:512],
+            kind=str(e.get("kind", ""))[:512],
+            title=str(e.get("title", ""))[:512],
+        )
+        for e in (run.evidence or [])[:16]
+        if isinstance(e, dict)
+    ]
+    return RunView(
+        run_id=run.run_id,
+        request_id=run.request_id,
+        status=run.status,
+        agent=run.agent,
+        answer=run.answer,
+        error=error,
+        actions=actions,
+        pending_id=run.pending_id if run.status == "awaiting_human" else None,
+        evidence=evidence,
+    )
 
 
-async def _tenant_run(store: PlannerStore, request: Request, tenant: str, run_id: str,
-                      what: str) -> tuple[RunRow, list[Step]] | None:
+async def _tenant_run(
+    store: PlannerStore, request: Request, tenant: str, run_id: str, what: str
+) -> tuple[RunRow, list[Step]] | None:
     """The tenant's run and its steps, or None once the request was answered 404 (no such run
     for this tenant) or 500 (the store failed)."""
     try:
         async with store.acquire() as conn:
             run = await store.run(conn, run_id)
-            steps = ([] if run is None or run.tenant != tenant
-                     else await store.steps(conn, run_id))
+            steps = [] if run is None or run.tenant != tenant else await store.steps(conn, run_id)
     except Exception as exc:
         log.warning("%s failed: %r", what, exc)
         await request.respond_error("500", f"{what} failed")
@@ -103,8 +127,9 @@ class RunEventsEndpoint:
             return
         run, steps = found
         after = [step_recorded(run.tenant, run.run_id, s) for s in steps if s.seq > ask.after]
-        await request.respond(self._encoder.encode(RunEvents(run=run_view(run, steps),
-                                                             steps=after)))
+        await request.respond(
+            self._encoder.encode(RunEvents(run=run_view(run, steps), steps=after))
+        )
 
 
 class ReviewsEndpoint:
@@ -129,7 +154,19 @@ class ReviewsEndpoint:
             log.warning("pending reviews failed: %r", exc)
             await request.respond_error("500", "pending reviews failed")
             return
-        await request.respond(self._encoder.encode(PendingReviews(reviews=[
-            PendingReview(pending_id=r["pending_id"], run_id=r["run_id"], agent=r["agent"],
-                          principal=r["principal"], since=r["updated_at"].isoformat())
-            for r in rows])))
+        await request.respond(
+            self._encoder.encode(
+                PendingReviews(
+                    reviews=[
+                        PendingReview(
+                            pending_id=r["pending_id"],
+                            run_id=r["run_id"],
+                            agent=r["agent"],
+                            principal=r["principal"],
+                            since=r["updated_at"].isoformat(),
+                        )
+                        for r in rows
+                    ]
+                )
+            )
+        )

@@ -38,8 +38,9 @@ _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
 class PersonWaits(_Base):
     """Where a run waits for a person, and what their answer leads to."""
 
-    async def _answered(self, conn: Any, run: RunRow, steps: list[Step],
-                        event: DecisionAnswered, finished: Finished) -> Effects | None:
+    async def _answered(
+        self, conn: Any, run: RunRow, steps: list[Step], event: DecisionAnswered, finished: Finished
+    ) -> Effects | None:
         """A person answered the read the run stopped for (`capabilities.Waiting`): allowed,
         the same read is made again with the answer as its approval, and its answer observed;
         refused, the refusal is the observation. Either way the agent decides next. An answer
@@ -50,66 +51,122 @@ class PersonWaits(_Base):
                 run still waits) and the answer's redelivery reads again.
         """
         last = steps[-1] if steps else None
-        if (run.status != "awaiting_human" or run.pending_id != event.pending_id
-                or last is None or last.kind != "decision"):
+        if (
+            run.status != "awaiting_human"
+            or run.pending_id != event.pending_id
+            or last is None
+            or last.kind != "decision"
+        ):
             return []
         decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
-        if not isinstance(decision, SelectCapability) or (
-                tool := read_target(run.manifest, decision.capability)) is None:
+        if (
+            not isinstance(decision, SelectCapability)
+            or (tool := read_target(run.manifest, decision.capability)) is None
+        ):
             return []
         await self._store.set_status(conn, run, "running", step=last.seq)
-        run = msgspec.structs.replace(run, status="running", error_code=None,
-                                      error_message=None, pending_id=None)
-        log.info("run %s step %d: %s answered %s by %s", run.run_id, last.seq, tool,
-                 event.answer, event.answered_by)
+        run = msgspec.structs.replace(
+            run, status="running", error_code=None, error_message=None, pending_id=None
+        )
+        log.info(
+            "run %s step %d: %s answered %s by %s",
+            run.run_id,
+            last.seq,
+            tool,
+            event.answer,
+            event.answered_by,
+        )
         if event.answer == "deny":
-            await self._capabilities.observe_read(conn, run, steps, last.seq, tool, decision,
-                                                  ReadRefused(
-                run_id=run.run_id, tool=tool, code="DENIED",
-                reason=f"a person refused the read: {event.reason}"[:500],
-                decision_id=event.decision_id, line=event.line))
+            await self._capabilities.observe_read(
+                conn,
+                run,
+                steps,
+                last.seq,
+                tool,
+                decision,
+                ReadRefused(
+                    run_id=run.run_id,
+                    tool=tool,
+                    code="DENIED",
+                    reason=f"a person refused the read: {event.reason}"[:500],
+                    decision_id=event.decision_id,
+                    line=event.line,
+                ),
+            )
             return AGAIN
-        acted = await self._capabilities.act(conn, run, steps, last.seq, decision,
-                                             approval_id=event.decision_id)
+        acted = await self._capabilities.act(
+            conn, run, steps, last.seq, decision, approval_id=event.decision_id
+        )
         if isinstance(acted, Waiting):  # asked again (the policy changed meanwhile)
-            return await self._wait_for_person(conn, run, steps, finished, step=last.seq,
-                                               pending_id=acted.pending_id,
-                                               message=acted.message)
+            return await self._wait_for_person(
+                conn,
+                run,
+                steps,
+                finished,
+                step=last.seq,
+                pending_id=acted.pending_id,
+                message=acted.message,
+            )
         return acted
 
     async def _waited_branch(self, conn: Any, run: RunRow, steps: list[Step]) -> RunRow | None:
         """The branch a waiting run's last decision called, if that is what it waits on."""
         last = steps[-1] if steps else None
-        if last is None or last.kind != "decision" or (
-                last.payload.get("decision") != "select_capability"):
+        if (
+            last is None
+            or last.kind != "decision"
+            or (last.payload.get("decision") != "select_capability")
+        ):
             return None
         if agent_call_target(run.manifest, str(last.payload.get("capability", ""))) is None:
             return None
         return await self._store.run(conn, branch_run_id(run.run_id, last.seq))
 
-    async def _wait_for_person(self, conn: Any, run: RunRow, steps: list[Step],
-                               finished: Finished, *, step: int, pending_id: str | None,
-                               message: str, proposal: ProposalView | None = None) -> Effects:
+    async def _wait_for_person(
+        self,
+        conn: Any,
+        run: RunRow,
+        steps: list[Step],
+        finished: Finished,
+        *,
+        step: int,
+        pending_id: str | None,
+        message: str,
+        proposal: ProposalView | None = None,
+    ) -> Effects:
         """The run stops for a person's decision (`pending_id`). Someone watching: it waits
         for their answer. Unattended: the run stops here and lists the pending decision."""
-        await self._store.set_status(conn, run, "awaiting_human", step=step,
-                                     error_code="AWAITING_HUMAN", error_message=message,
-                                     pending_id=pending_id)
+        await self._store.set_status(
+            conn,
+            run,
+            "awaiting_human",
+            step=step,
+            error_code="AWAITING_HUMAN",
+            error_message=message,
+            pending_id=pending_id,
+        )
         if self._sessions is not None:
             if proposal is not None:
-                await self._sessions.proposed(conn, run, step, proposal.action,
-                                              proposal.proposal_id, proposal.preview)
+                await self._sessions.proposed(
+                    conn, run, step, proposal.action, proposal.proposal_id, proposal.preview
+                )
             await self._sessions.waiting(conn, run, step, pending_id, message)
         if run.attended:
             return []  # someone is watching: the run waits for their answer
         if run.status != "awaiting_human" and branch_of(run.manifest) is None:
             finished.append(("awaiting_human", "AWAITING_HUMAN"))  # not the same wait again
-        run = msgspec.structs.replace(run, status="awaiting_human", error_code="AWAITING_HUMAN",
-                                      error_message=message, pending_id=pending_id)
+        run = msgspec.structs.replace(
+            run,
+            status="awaiting_human",
+            error_code="AWAITING_HUMAN",
+            error_message=message,
+            pending_id=pending_id,
+        )
         return [self._result(run, steps, pending_id=pending_id, proposal=proposal)]
 
-    async def _plan_answered(self, conn: Any, run: RunRow, steps: list[Step],
-                             finished: Finished) -> Effects | None:
+    async def _plan_answered(
+        self, conn: Any, run: RunRow, steps: list[Step], finished: Finished
+    ) -> Effects | None:
         """A plan-mode turn woken while its plan waits: approved, it acts (the approval is
         its next observation); rejected, it ends `REJECTED` with the user's reason."""
         assert self._sessions is not None
@@ -118,30 +175,58 @@ class PersonWaits(_Base):
             return []  # still proposed
         if answer == "rejected":
             reason = await self._sessions.plans.reason(conn, run.pending_id or "")
-            return [await self._finish(conn, run, steps, "failed", finished,
-                                       error=("REJECTED", reason or PLAN_REJECTED))]
+            return [
+                await self._finish(
+                    conn,
+                    run,
+                    steps,
+                    "failed",
+                    finished,
+                    error=("REJECTED", reason or PLAN_REJECTED),
+                )
+            ]
         await self._store.set_status(conn, run, "running", step=steps[-1].seq)
-        run = msgspec.structs.replace(run, status="running", error_code=None,
-                                      error_message=None, pending_id=None)
+        run = msgspec.structs.replace(
+            run, status="running", error_code=None, error_message=None, pending_id=None
+        )
         return await self._next(conn, run, steps, finished)
 
-    async def _refused(self, conn: Any, run: RunRow, steps: list[Step],
-                       event: ProposalRefused,
-                       finished: Finished) -> Effects:
+    async def _refused(
+        self, conn: Any, run: RunRow, steps: list[Step], event: ProposalRefused, finished: Finished
+    ) -> Effects:
         if event.verdict == "ask":
             # The run stops for a person: its capability call is over for the budget (the
             # reservation is not held across the wait; governance's clock pauses meanwhile).
-            await self._budget.spent(conn, run, step_key(run.run_id, event.step, "capability"),
-                                     capability_calls=1)
+            await self._budget.spent(
+                conn, run, step_key(run.run_id, event.step, "capability"), capability_calls=1
+            )
             proposal = None
             if event.proposal_id is not None:
-                proposal = ProposalView(proposal_id=event.proposal_id, action=event.action,
-                                        preview=event.preview or {},
-                                        expires_at=event.expires_at or "")
+                proposal = ProposalView(
+                    proposal_id=event.proposal_id,
+                    action=event.action,
+                    preview=event.preview or {},
+                    expires_at=event.expires_at or "",
+                )
             return await self._wait_for_person(
-                conn, run, steps, finished, step=event.step, pending_id=event.pending_id,
+                conn,
+                run,
+                steps,
+                finished,
+                step=event.step,
+                pending_id=event.pending_id,
                 message=f"{event.action} needs a person's decision: {event.reason}",
-                proposal=proposal)
+                proposal=proposal,
+            )
         # A refusal fails the run; the agent is not called again for it.
-        return [await self._finish(conn, run, steps, "failed", finished, step=event.step,
-                                   error=(REFUSAL_CODES[event.verdict], event.reason))]
+        return [
+            await self._finish(
+                conn,
+                run,
+                steps,
+                "failed",
+                finished,
+                step=event.step,
+                error=(REFUSAL_CODES[event.verdict], event.reason),
+            )
+        ]

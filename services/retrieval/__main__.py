@@ -31,21 +31,30 @@ def main() -> None:
     password = read_secret(settings.database_password_file)
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with await connect_pool(settings.database_url, password=password,
-                                      application_name="writ-retrieval") as pool:
+        async with await connect_pool(
+            settings.database_url, password=password, application_name="writ-retrieval"
+        ) as pool:
             rt.health.watch_pool("postgres", pool)
             store = RetrievalStore(pool)
-            mcp = McpReads(nc=rt.nc, servers=ServerRegistry(settings.mcp_servers_file or None),
-                           classified=store.classification,
-                           decide_timeout_s=settings.decide_timeout_s,
-                           listing_ttl_s=settings.mcp_listing_ttl_s,
-                           breaker_cooldown_s=settings.mcp_breaker_cooldown_s)
-            svc = RetrievalService(rt=rt, store=store,
-                                   decide_timeout_s=settings.decide_timeout_s, mcp=mcp)
+            mcp = McpReads(
+                nc=rt.nc,
+                servers=ServerRegistry(settings.mcp_servers_file or None),
+                classified=store.classification,
+                decide_timeout_s=settings.decide_timeout_s,
+                listing_ttl_s=settings.mcp_listing_ttl_s,
+                breaker_cooldown_s=settings.mcp_breaker_cooldown_s,
+            )
+            svc = RetrievalService(
+                rt=rt, store=store, decide_timeout_s=settings.decide_timeout_s, mcp=mcp
+            )
             await svc.run(task_status=task_status)
 
-    run_service("retrieval", settings, start,
-                description="Gathers tenant-scoped evidence and executes reads")
+    run_service(
+        "retrieval",
+        settings,
+        start,
+        description="Gathers tenant-scoped evidence and executes reads",
+    )
 
 
 if __name__ == "__main__":

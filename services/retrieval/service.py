@@ -47,8 +47,14 @@ class RetrievalService:
     """Request/reply only: a starting run's evidence (`SearchEvidence`), read capabilities
     (`ReadCapability`), and federation's listings and host facts."""
 
-    def __init__(self, *, rt: Runtime, store: RetrievalStore,
-                 decide_timeout_s: float = 2.0, mcp: McpReads | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rt: Runtime,
+        store: RetrievalStore,
+        decide_timeout_s: float = 2.0,
+        mcp: McpReads | None = None,
+    ) -> None:
         self._rt, self._store, self._decide_timeout = rt, store, decide_timeout_s
         self._mcp = mcp
         self._list_decoder = msgspec.json.Decoder(ListServer)
@@ -59,11 +65,16 @@ class RetrievalService:
         self._decision_decoder = msgspec.json.Decoder(Decision)
         self._encoder = msgspec.json.Encoder()
         # `tool` is a registered tool name or "unknown", `outcome` one of six: bounded.
-        self._reads = Counter("writ_retrieval_reads", "Read capabilities, by outcome",
-                              ["tool", "outcome"], registry=rt.registry)
+        self._reads = Counter(
+            "writ_retrieval_reads",
+            "Read capabilities, by outcome",
+            ["tool", "outcome"],
+            registry=rt.registry,
+        )
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve searches and reads until stopped (retrieval consumes no stream)."""
         self._rt.endpoints += self.endpoints()
         task_status.started()
@@ -71,12 +82,16 @@ class RetrievalService:
 
     def endpoints(self) -> list[Endpoint]:
         """The request/reply endpoints `run` serves (tests may serve them alone)."""
-        found = [Endpoint("search", subjects.SEARCH, self._on_search),
-                 Endpoint("read", subjects.READ, self._on_read)]
+        found = [
+            Endpoint("search", subjects.SEARCH, self._on_search),
+            Endpoint("read", subjects.READ, self._on_read),
+        ]
         if self._mcp is not None:
-            found += [Endpoint("mcp_list", subjects.MCP_LIST, self._on_list),
-                      Endpoint("mcp_catalog", subjects.MCP_CATALOG, self._on_catalog),
-                      Endpoint("host_facts", subjects.HOST_FACTS, self._on_facts)]
+            found += [
+                Endpoint("mcp_list", subjects.MCP_LIST, self._on_list),
+                Endpoint("mcp_catalog", subjects.MCP_CATALOG, self._on_catalog),
+                Endpoint("host_facts", subjects.HOST_FACTS, self._on_facts),
+            ]
         return found
 
     async def _on_search(self, request: Request) -> None:
@@ -88,8 +103,8 @@ class RetrievalService:
         if ask is None:
             return
         with self._rt.tracer.start_as_current_span(
-                "retrieval search", context=extract_context(request.headers),
-                kind=SpanKind.SERVER) as span:
+            "retrieval search", context=extract_context(request.headers), kind=SpanKind.SERVER
+        ) as span:
             try:
                 evidence = await self._store.search(ask.tenant, ask.input)
             except Exception as exc:
@@ -98,8 +113,9 @@ class RetrievalService:
                 await request.respond_error("503", "the documents cannot be searched now")
                 return
             span.set_attribute("writ.evidence.count", len(evidence))
-        await request.respond(self._encoder.encode(
-            EvidenceFound(run_id=ask.run_id, evidence=evidence)))
+        await request.respond(
+            self._encoder.encode(EvidenceFound(run_id=ask.run_id, evidence=evidence))
+        )
         metrics.handled.labels("search").inc()
         metrics.latency.labels("search").observe(time.perf_counter() - started)
 
@@ -113,8 +129,8 @@ class RetrievalService:
             return
         # Continue the caller's trace: one run is one trace, request/reply included.
         with self._rt.tracer.start_as_current_span(
-                "retrieval read", context=extract_context(request.headers),
-                kind=SpanKind.SERVER) as span:
+            "retrieval read", context=extract_context(request.headers), kind=SpanKind.SERVER
+        ) as span:
             span.set_attribute("writ.read.tool", _tool_label(ask.tool))
             answer = await self.read(ask)
             span.set_attribute("writ.read.outcome", _outcome(answer))
@@ -145,26 +161,45 @@ class RetrievalService:
         except _Unavailable as exc:
             return _refused(ask, "UNAVAILABLE", str(exc), retryable=True)
         if decision.verdict != "allow":
-            return _refused(ask, "DENIED" if decision.verdict == "deny" else "ASK",
-                            decision.reason, decision=decision)
+            return _refused(
+                ask,
+                "DENIED" if decision.verdict == "deny" else "ASK",
+                decision.reason,
+                decision=decision,
+            )
         try:
             output = await tool.execute(self._store, ask.tenant, arguments)
         except Exception as exc:  # the store's trouble is the caller's retry, never a result
             log.warning("read %s failed: %r", ask.tool, exc)
-            return _refused(ask, "UNAVAILABLE", f"{ask.tool} could not be read now",
-                            retryable=True, decision=decision)
-        return ReadResult(run_id=ask.run_id, tool=ask.tool, decision_id=decision.decision_id,
-                          items=output.items, truncated=output.truncated)
+            return _refused(
+                ask,
+                "UNAVAILABLE",
+                f"{ask.tool} could not be read now",
+                retryable=True,
+                decision=decision,
+            )
+        return ReadResult(
+            run_id=ask.run_id,
+            tool=ask.tool,
+            decision_id=decision.decision_id,
+            items=output.items,
+            truncated=output.truncated,
+        )
 
     async def _decide(self, ask: ReadCapability, first: str) -> Decision:
-        request = DecideRequest(tenant=ask.tenant, principal=ask.principal, agent=ask.agent,
-                                run_id=ask.run_id, tool=ask.tool, first_argument=first,
-                                approval_id=ask.approval_id)
+        request = DecideRequest(
+            tenant=ask.tenant,
+            principal=ask.principal,
+            agent=ask.agent,
+            run_id=ask.run_id,
+            tool=ask.tool,
+            first_argument=first,
+            approval_id=ask.approval_id,
+        )
         try:
             return await decide(self._rt.nc, request, timeout=self._decide_timeout)
         except DecideUnavailable as exc:  # no answer is not an allow
             raise _Unavailable(str(exc)) from exc
-
 
     # -- federation: operators' listings and admission's host facts --------------------------
 
@@ -217,21 +252,33 @@ class _Unavailable(Exception):
     """Governance gave no usable answer: the read is refused, and may be asked again."""
 
 
-def _refused(ask: ReadCapability, code: str, reason: str, *, retryable: bool = False,
-             decision: Decision | None = None) -> ReadRefused:
+def _refused(
+    ask: ReadCapability,
+    code: str,
+    reason: str,
+    *,
+    retryable: bool = False,
+    decision: Decision | None = None,
+) -> ReadRefused:
     return ReadRefused(
-        run_id=ask.run_id, tool=ask.tool, code=code, reason=reason[:500],  # type: ignore[arg-type]
-        retryable=retryable, decision_id=decision.decision_id if decision else None,
+        run_id=ask.run_id,
+        tool=ask.tool,
+        code=code,
+        reason=reason[:500],  # type: ignore[arg-type]
+        retryable=retryable,
+        decision_id=decision.decision_id if decision else None,
         pending_id=decision.pending_id if decision else None,
-        line=decision.line if decision else None)
+        line=decision.line if decision else None,
+    )
 
 
 def _outcome(answer: ReadResult | ReadRefused) -> str:
     return "allowed" if isinstance(answer, ReadResult) else answer.code.lower()
 
 
-async def _decoded(request: Request, decoder: msgspec.json.Decoder[T], metrics: ActorMetrics,
-                   endpoint: str) -> T | None:
+async def _decoded(
+    request: Request, decoder: msgspec.json.Decoder[T], metrics: ActorMetrics, endpoint: str
+) -> T | None:
     """The request's body as `decoder`'s type; None once it was answered 413 (over the bound)
     or 400 (not that type), the reason counted under `endpoint`."""
     what = decoder.type.__name__

@@ -66,21 +66,35 @@ class RetrievalStore:
         """The tenant's documents that best match `text`, marked untrusted."""
         return (await self.search_page(tenant, text, limit=limit)).evidence
 
-    async def search_page(self, tenant: str, text: str, *, limit: int = 5,
-                          snippet_chars: int = EVIDENCE_CHARS) -> SearchPage:
+    async def search_page(
+        self, tenant: str, text: str, *, limit: int = 5, snippet_chars: int = EVIDENCE_CHARS
+    ) -> SearchPage:
         """Up to `limit` of the tenant's best matches, each cut to `snippet_chars`."""
         rows = await self._pool.fetch(_SEARCH, tenant, text, limit, snippet_chars)
         return SearchPage(
-            evidence=[Evidence(document_id=r["document_id"], kind=r["kind"], title=r["title"],
-                               text=r["body"], rank=float(r["rank"])) for r in rows[:limit]],
-            truncated=len(rows) > limit or any(r["cut"] for r in rows[:limit]))
+            evidence=[
+                Evidence(
+                    document_id=r["document_id"],
+                    kind=r["kind"],
+                    title=r["title"],
+                    text=r["body"],
+                    rank=float(r["rank"]),
+                )
+                for r in rows[:limit]
+            ],
+            truncated=len(rows) > limit or any(r["cut"] for r in rows[:limit]),
+        )
 
-    async def classification(self, tenant: str, capability: str
-                             ) -> tuple[str, dict[str, Any]] | None:
+    async def classification(
+        self, tenant: str, capability: str
+    ) -> tuple[str, dict[str, Any]] | None:
         """(digest, input schema) an operator classified `capability` with (None: nobody)."""
         row = await self._pool.fetchrow(
             "SELECT digest, input_schema FROM retrieval.mcp_tools "
-            "WHERE tenant = $1 AND capability = $2", tenant, capability)
+            "WHERE tenant = $1 AND capability = $2",
+            tenant,
+            capability,
+        )
         return None if row is None else (row["digest"], json.loads(row["input_schema"]))
 
     async def described(self, tenant: str, capabilities: list[str]) -> list[dict[str, Any]]:
@@ -88,10 +102,19 @@ class RetrievalStore:
         the operator classified them."""
         rows = await self._pool.fetch(
             "SELECT capability, family, description, input_schema FROM retrieval.mcp_tools "
-            "WHERE tenant = $1 AND capability = ANY($2::text[])", tenant, capabilities)
-        return [{"capability": r["capability"], "family": r["family"],
-                 "description": r["description"],
-                 "input_schema": json.loads(r["input_schema"])} for r in rows]
+            "WHERE tenant = $1 AND capability = ANY($2::text[])",
+            tenant,
+            capabilities,
+        )
+        return [
+            {
+                "capability": r["capability"],
+                "family": r["family"],
+                "description": r["description"],
+                "input_schema": json.loads(r["input_schema"]),
+            }
+            for r in rows
+        ]
 
     async def customer(self, tenant: str, customer_id: str) -> CustomerRecord | None:
         """The tenant's customer `customer_id`; None if this tenant has no such customer."""

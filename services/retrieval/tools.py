@@ -26,8 +26,15 @@ from schemas.retrieval import (
 )
 from services.retrieval.store import RetrievalStore
 
-__all__ = ["SNIPPET_CHARS", "TOOLS", "InvalidArguments", "ReadTool", "ToolOutput",
-           "decode_arguments", "first_argument"]
+__all__ = [
+    "SNIPPET_CHARS",
+    "TOOLS",
+    "InvalidArguments",
+    "ReadTool",
+    "ToolOutput",
+    "decode_arguments",
+    "first_argument",
+]
 
 # A model reads excerpts, not whole documents: long bodies are cut (and the result says so).
 SNIPPET_CHARS: Final = 1200
@@ -70,13 +77,19 @@ def first_argument(arguments: msgspec.Struct) -> str:
     return str(values[0])[:512] if values else ""
 
 
-async def _documents_search(store: RetrievalStore, tenant: str,
-                            args: DocumentsSearch) -> ToolOutput:
-    page = await store.search_page(tenant, args.query, limit=min(args.limit, MAX_READ_ITEMS),
-                                   snippet_chars=SNIPPET_CHARS)
-    return ToolOutput(items=[ReadItem(id=e.document_id, kind=e.kind, title=e.title,
-                                      text=e.text, rank=e.rank) for e in page.evidence],
-                      truncated=page.truncated)
+async def _documents_search(
+    store: RetrievalStore, tenant: str, args: DocumentsSearch
+) -> ToolOutput:
+    page = await store.search_page(
+        tenant, args.query, limit=min(args.limit, MAX_READ_ITEMS), snippet_chars=SNIPPET_CHARS
+    )
+    return ToolOutput(
+        items=[
+            ReadItem(id=e.document_id, kind=e.kind, title=e.title, text=e.text, rank=e.rank)
+            for e in page.evidence
+        ],
+        truncated=page.truncated,
+    )
 
 
 async def _customer_get(store: RetrievalStore, tenant: str, args: CustomerGet) -> ToolOutput:
@@ -86,11 +99,18 @@ async def _customer_get(store: RetrievalStore, tenant: str, args: CustomerGet) -
         return ToolOutput(items=[])
     fields = {"owner": record.owner, "email": record.email, "status": record.status}
     return ToolOutput(
-        items=[ReadItem(id=record.customer_id, kind="customer_record",
-                        title=record.name[:_FIELD_CHARS], text=record.notes[:_NOTES_CHARS],
-                        fields={k: v[:_FIELD_CHARS] for k, v in fields.items()})],
+        items=[
+            ReadItem(
+                id=record.customer_id,
+                kind="customer_record",
+                title=record.name[:_FIELD_CHARS],
+                text=record.notes[:_NOTES_CHARS],
+                fields={k: v[:_FIELD_CHARS] for k, v in fields.items()},
+            )
+        ],
         truncated=len(record.notes) > _NOTES_CHARS
-        or any(len(v) > _FIELD_CHARS for v in (record.name, *fields.values())))
+        or any(len(v) > _FIELD_CHARS for v in (record.name, *fields.values())),
+    )
 
 
 _EXECUTORS: Final[dict[str, Executor]] = {

@@ -22,8 +22,10 @@ from writ.stack import Stack
 
 CHROMIUM = os.environ.get("WRIT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 MISSING = not Path(CHROMIUM).exists()
-WHY = (f"BROWSER TESTS DID NOT RUN: no Chromium at {CHROMIUM} "
-       "(install it with `apt-get install chromium`, as .ci/run does)")
+WHY = (
+    f"BROWSER TESTS DID NOT RUN: no Chromium at {CHROMIUM} "
+    "(install it with `apt-get install chromium`, as .ci/run does)"
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,8 +46,12 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
     """A deployment like the end-to-end tests' (the six services as real processes, every one
     as its own NATS user), for this module only: stopped before the next module starts."""
     with tempfile.TemporaryDirectory(prefix="writ-browser-") as home:
-        deployment = Stack(Path(home), nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
-                           admin_dsn=admin_dsn, database=f"browser_{uuid.uuid4().hex[:8]}")
+        deployment = Stack(
+            Path(home),
+            nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
+            admin_dsn=admin_dsn,
+            database=f"browser_{uuid.uuid4().hex[:8]}",
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -61,7 +67,8 @@ async def browser(stack: Stack) -> AsyncIterator[Any]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as pw:
-        launched = await pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                            args=["--no-sandbox", "--disable-gpu"])
+        launched = await pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
         yield launched
         await launched.close()

@@ -30,8 +30,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(300)]
 
 # The README's screenshots: rewritten in docs/ with WRIT_UPDATE_SCREENSHOTS=1, else taken
 # into a scratch folder (a test run leaves the work tree as it found it).
-DOCS = (Path(__file__).resolve().parents[2] / "docs" if os.environ.get("WRIT_UPDATE_SCREENSHOTS")
-        else Path(tempfile.mkdtemp(prefix="writ-console-shots-")))
+DOCS = (
+    Path(__file__).resolve().parents[2] / "docs"
+    if os.environ.get("WRIT_UPDATE_SCREENSHOTS")
+    else Path(tempfile.mkdtemp(prefix="writ-console-shots-"))
+)
 WAIT_MS = 60_000  # how long an effect may take to show, at most (not a speed assertion)
 # Every other expectation waits as long as a page may take to come on a loaded machine.
 expect.set_options(timeout=30_000)
@@ -41,32 +44,45 @@ def _api(stack: Stack) -> httpx.Client:
     return httpx.Client(base_url=stack.api_url, timeout=40)
 
 
-def _propose_refund(stack: Stack, payments: httpx.Client, *,
-                    principal: str = "alice@acme.example", **claims: Any) -> tuple[str, str]:
+def _propose_refund(
+    stack: Stack, payments: httpx.Client, *, principal: str = "alice@acme.example", **claims: Any
+) -> tuple[str, str]:
     """A host's refund of line L2 of a new payment, waiting for a person: (payment, proposal)."""
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
     with _api(stack) as api:
-        waiting = api.post("/commands", headers={**auth(stack, principal=principal, **claims),
-                                                 **key()}, json={
-            "agent": "refund-assistant", "operation_key": f"refund-{uuid.uuid4().hex[:12]}",
-            "action": "payment.refund",
-            "arguments": {"payment_id": payment_id, "line_id": "L2"}})
+        waiting = api.post(
+            "/commands",
+            headers={**auth(stack, principal=principal, **claims), **key()},
+            json={
+                "agent": "refund-assistant",
+                "operation_key": f"refund-{uuid.uuid4().hex[:12]}",
+                "action": "payment.refund",
+                "arguments": {"payment_id": payment_id, "line_id": "L2"},
+            },
+        )
     assert waiting.status_code == 200 and waiting.json()["status"] == "awaiting_human", waiting.text
     return payment_id, waiting.json()["proposal"]["proposal_id"]
 
 
 def _proposal(stack: Stack, proposal_id: str) -> dict[str, Any]:
     with _api(stack) as api:
-        got = api.get(f"/proposals/{proposal_id}",
-                      headers=auth(stack, principal="ops@acme.example", roles=["approver"]))
+        got = api.get(
+            f"/proposals/{proposal_id}",
+            headers=auth(stack, principal="ops@acme.example", roles=["approver"]),
+        )
     assert got.status_code == 200, got.text
     return got.json()  # type: ignore[no-any-return]
 
 
-async def _signed_in(browser: Any, stack: Stack, *, tenant: str = "acme",
-                     principal: str = "ops@acme.example",
-                     roles: tuple[str, ...] = ("approver", "auditor")) -> Page:
+async def _signed_in(
+    browser: Any,
+    stack: Stack,
+    *,
+    tenant: str = "acme",
+    principal: str = "ops@acme.example",
+    roles: tuple[str, ...] = ("approver", "auditor"),
+) -> Page:
     context = await browser.new_context(viewport={"width": 1100, "height": 900})
     page = await context.new_page()
     await page.goto(stack.console_link(tenant=tenant, principal=principal, roles=roles))
@@ -85,7 +101,8 @@ def _console(stack: Stack, path: str = "") -> str:
 
 
 async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_and_sees_it_done(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     payment_id, proposal_id = _propose_refund(stack, payments)
     link = stack.console_link()
     context = await browser.new_context(viewport={"width": 1100, "height": 900})
@@ -97,10 +114,10 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
     assert "script-src 'self'" in headers["content-security-policy"]
     assert "default-src 'none'" in headers["content-security-policy"]
     [cookie] = await context.cookies()
-    assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict",
-                                                                        "/console")
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"]) == (True, "Strict", "/console")
     token = link.split("token=")[1]
     import jwt
+
     exp = jwt.decode(token, options={"verify_signature": False})["exp"]
     assert abs(cookie["expires"] - exp) <= 5  # the session ends with its token
 
@@ -120,11 +137,18 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
 
     await row.locator("a").click()
     await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
-    fields = {"Participant": "Léo Martin", "Product": "Junior programme",
-              "Discount": "Sibling discount", "Payment": payment_id,
-              "Payment method": "card ending 4242", "Amount to refund": "15.00 EUR",
-              "Destination": "card ending 4242", "Current order total": "300.00 EUR",
-              "Resulting order total": "285.00 EUR", "Currency": "EUR"}
+    fields = {
+        "Participant": "Léo Martin",
+        "Product": "Junior programme",
+        "Discount": "Sibling discount",
+        "Payment": payment_id,
+        "Payment method": "card ending 4242",
+        "Amount to refund": "15.00 EUR",
+        "Destination": "card ending 4242",
+        "Current order total": "300.00 EUR",
+        "Resulting order total": "285.00 EUR",
+        "Currency": "EUR",
+    }
     for label, value in fields.items():
         await expect(page.locator(f'#preview td[data-field="{label}"]')).to_have_text(value)
     assert await page.locator("#preview tr").count() == len(fields)
@@ -133,7 +157,8 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
     await expect(page.locator("#requester")).to_have_text("alice@acme.example")
     await expect(page.locator("#outcome")).to_contain_text("waiting for an approver")
     await expect(page.locator("#decision")).to_have_text(
-        f"{detail['decision_id']} — line 6 of decide, policy {detail['policy_version']}")
+        f"{detail['decision_id']} — line 6 of decide, policy {detail['policy_version']}"
+    )
     await expect(page.locator("#facts-read")).to_contain_text(f"Read at {detail['facts_read_at']}")
     await expect(page.locator("#facts")).to_contain_text(payment_id)
     await expect(page.locator("#facts")).to_contain_text("captured")
@@ -141,10 +166,10 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
     await page.screenshot(path=str(DOCS / "console-refund.png"), full_page=True)
 
     await page.locator("#approve").click()
-    await expect(page.locator("#answered")).to_have_text(
-        "Approved: the one execution started.")
-    await expect(page.locator("#outcome-text")).to_contain_text("outcome: succeeded",
-                                                                timeout=WAIT_MS)
+    await expect(page.locator("#answered")).to_have_text("Approved: the one execution started.")
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
     [refund] = _refunds(payments, payment_id)
     assert refund["amount_cents"] == 1500
     await expect(page.locator("#outcome-text")).to_contain_text(refund["refund_id"])
@@ -153,11 +178,17 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
 
 
 async def test_a_rejection_with_its_reason_fails_the_run_rejected(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     with _api(stack) as api:
-        started = api.post("/runs", headers={**auth(stack), **key()}, json={
-            "agent": "refund-assistant",
-            "input": "Léo's sibling discount is missing; refund it."})
+        started = api.post(
+            "/runs",
+            headers={**auth(stack), **key()},
+            json={
+                "agent": "refund-assistant",
+                "input": "Léo's sibling discount is missing; refund it.",
+            },
+        )
         run_id = started.json()["run_id"]
         stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
     assert stopped["status"] == "awaiting_human", stopped
@@ -170,13 +201,15 @@ async def test_a_rejection_with_its_reason_fails_the_run_rejected(
     await page.locator("#reject").click()
     await expect(page.locator("#answered")).to_have_text("Rejected.")
     await expect(page.locator("#outcome")).to_contain_text(
-        "rejected by ops@acme.example: The discount was applied on the next invoice.")
+        "rejected by ops@acme.example: The discount was applied on the next invoice."
+    )
 
     await page.locator("#run-link").click()
     await expect(page.locator("#run-status")).to_contain_text("failed", timeout=WAIT_MS)
     await expect(page.locator("#run-error")).to_contain_text("REJECTED")
     await expect(page.locator("#run-error")).to_contain_text(
-        "The discount was applied on the next invoice.")
+        "The discount was applied on the next invoice."
+    )
     with _api(stack) as api:
         run = api.get(f"/runs/{run_id}", headers=auth(stack)).json()
     assert (run["status"], run["error"]["code"]) == ("failed", "REJECTED")
@@ -198,22 +231,24 @@ async def test_a_rejection_with_its_reason_fails_the_run_rejected(
 
 
 async def test_two_tabs_and_two_approvers_approving_at_once_execute_once_and_agree(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     payment_id, proposal_id = _propose_refund(stack, payments)
     first = await _signed_in(browser, stack)
     second = await first.context.new_page()  # a second tab of the same approver
-    third = await _signed_in(browser, stack, principal="lead@acme.example",
-                             roles=("approver",))
+    third = await _signed_in(browser, stack, principal="lead@acme.example", roles=("approver",))
     tabs = [first, second, third]
     for tab in tabs:
         await tab.goto(_console(stack, f"proposals/{proposal_id}"))
     # All three press Approve in the same instant (a click through the page's own button,
     # before any of them could learn of the others' answer).
-    await asyncio.gather(*(tab.evaluate("document.getElementById('approve').click()")
-                           for tab in tabs))
+    await asyncio.gather(
+        *(tab.evaluate("document.getElementById('approve').click()") for tab in tabs)
+    )
     for tab in tabs:
-        await expect(tab.locator("#outcome-text")).to_contain_text("outcome: succeeded",
-                                                                   timeout=WAIT_MS)
+        await expect(tab.locator("#outcome-text")).to_contain_text(
+            "outcome: succeeded", timeout=WAIT_MS
+        )
     [refund] = _refunds(payments, payment_id)
     texts = {await tab.locator("#outcome-text").inner_text() for tab in tabs}
     assert len(texts) == 1 and refund["refund_id"] in texts.pop()
@@ -224,18 +259,23 @@ async def test_two_tabs_and_two_approvers_approving_at_once_execute_once_and_agr
 
 
 async def test_an_expired_proposal_cannot_be_approved_and_says_why(
-        browser: Any, stack: Stack, payments: httpx.Client, db: asyncpg.Connection) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client, db: asyncpg.Connection
+) -> None:
     payment_id, proposal_id = _propose_refund(stack, payments)
     # Its day passes.
-    await db.execute("UPDATE admission.proposals SET expires_at = now() - interval '1 second' "
-                     "WHERE public_id = $1", proposal_id)
+    await db.execute(
+        "UPDATE admission.proposals SET expires_at = now() - interval '1 second' "
+        "WHERE public_id = $1",
+        proposal_id,
+    )
     page = await _signed_in(browser, stack)
     await page.goto(_console(stack, f"proposals/{proposal_id}"))
     await expect(page.locator("#expired")).to_contain_text("can no longer be approved")
     assert await page.locator("#approve").count() == 0
     # A hand-made POST (with the right CSRF token) is refused by the server all the same.
-    sent = await page.request.post(_console(stack, f"proposals/{proposal_id}/approve"),
-                                   form={"csrf": await _csrf(page)})
+    sent = await page.request.post(
+        _console(stack, f"proposals/{proposal_id}/approve"), form={"csrf": await _csrf(page)}
+    )
     assert "Not approved — EXPIRED" in await sent.text()
     assert _proposal(stack, proposal_id)["state"] == "expired"
     assert _refunds(payments, payment_id) == []
@@ -243,25 +283,29 @@ async def test_an_expired_proposal_cannot_be_approved_and_says_why(
 
 
 async def test_the_requester_cannot_approve_their_own_proposal(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
-    payment_id, proposal_id = _propose_refund(stack, payments, principal="lead@acme.example",
-                                              roles=["approver"])
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
+    payment_id, proposal_id = _propose_refund(
+        stack, payments, principal="lead@acme.example", roles=["approver"]
+    )
     page = await _signed_in(browser, stack, principal="lead@acme.example", roles=("approver",))
     await page.goto(_console(stack, f"proposals/{proposal_id}"))
     await expect(page.locator("#own-request")).to_contain_text("another approver must")
     assert await page.locator("#approve").count() == 0
-    sent = await page.request.post(_console(stack, f"proposals/{proposal_id}/approve"),
-                                   form={"csrf": await _csrf(page)})
+    sent = await page.request.post(
+        _console(stack, f"proposals/{proposal_id}/approve"), form={"csrf": await _csrf(page)}
+    )
     assert "Not approved — SEPARATION_OF_DUTIES" in await sent.text()
     # Nor through the other door, answering the decision that asked for the proposal.
     pending_id = _proposal(stack, proposal_id)["decision_id"]
     with _api(stack) as api:
-        answered = api.post("/pending-decisions/decide", json={
-            "pending_id": pending_id, "answer": "once"}, headers={
-            **auth(stack, principal="lead@acme.example", roles=["approver"]), **key()})
+        answered = api.post(
+            "/pending-decisions/decide",
+            json={"pending_id": pending_id, "answer": "once"},
+            headers={**auth(stack, principal="lead@acme.example", roles=["approver"]), **key()},
+        )
     assert answered.status_code == 200, answered.text
-    assert (answered.json()["accepted"], answered.json()["code"]) == (
-        False, "SEPARATION_OF_DUTIES")
+    assert (answered.json()["accepted"], answered.json()["code"]) == (False, "SEPARATION_OF_DUTIES")
     assert _proposal(stack, proposal_id)["state"] == "pending"
     assert _refunds(payments, payment_id) == []
     # Another approver may.
@@ -269,17 +313,20 @@ async def test_the_requester_cannot_approve_their_own_proposal(
     other = await _signed_in(browser, stack)
     await other.goto(_console(stack, f"proposals/{proposal_id}"))
     await other.locator("#approve").click()
-    await expect(other.locator("#outcome-text")).to_contain_text("outcome: succeeded",
-                                                                 timeout=WAIT_MS)
-    await expect(page.locator("#outcome-text")).to_contain_text("outcome: succeeded",
-                                                                timeout=WAIT_MS)
+    await expect(other.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
     assert len(_refunds(payments, payment_id)) == 1
     await page.context.close()
     await other.context.close()
 
 
 async def test_another_tenant_or_a_token_without_the_role_sees_nothing(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     _, proposal_id = _propose_refund(stack, payments)
     globex = await _signed_in(browser, stack, tenant="globex", principal="ops@globex.example")
     await expect(globex.locator("#inbox-rows")).to_be_visible()
@@ -301,12 +348,14 @@ async def test_another_tenant_or_a_token_without_the_role_sees_nothing(
 
 
 async def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothing(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     payment_id, proposal_id = _propose_refund(stack, payments)
     page = await _signed_in(browser, stack)
     for form in ({}, {"csrf": "0" * 64}):
-        sent = await page.request.post(_console(stack, f"proposals/{proposal_id}/approve"),
-                                       form=form)
+        sent = await page.request.post(
+            _console(stack, f"proposals/{proposal_id}/approve"), form=form
+        )
         assert sent.status == 403
         assert "CSRF token is missing or wrong" in await sent.text()
     assert _proposal(stack, proposal_id)["state"] == "pending"
@@ -320,8 +369,9 @@ def _attacker_site(pages: dict[str, str]) -> Iterator[int]:
     with tempfile.TemporaryDirectory(prefix="writ-attacker-") as root:
         for name, body in pages.items():
             (Path(root) / name).write_text(body)
-        server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
-            _QuietHandler, directory=root))
+        server = ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(_QuietHandler, directory=root)
+        )
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
@@ -337,11 +387,14 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 
 async def test_a_page_of_another_site_cannot_make_the_approvers_browser_approve(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     payment_id, proposal_id = _propose_refund(stack, payments)
     target = _console(stack, f"proposals/{proposal_id}/approve")
-    forged = (f'<form id="f" method="post" action="{target}"><input name="csrf" value="guess">'
-              '</form><script>document.getElementById("f").submit()</script>')
+    forged = (
+        f'<form id="f" method="post" action="{target}"><input name="csrf" value="guess">'
+        '</form><script>document.getElementById("f").submit()</script>'
+    )
     page = await _signed_in(browser, stack)
     with _attacker_site({"same-site.html": forged}) as port:
         # Another port of the same host is the same site: the cookie goes along, and the
@@ -359,7 +412,8 @@ async def test_a_page_of_another_site_cannot_make_the_approvers_browser_approve(
 
 
 async def test_behind_an_identity_aware_proxy_the_bearer_token_is_the_identity(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     _, proposal_id = _propose_refund(stack, payments)
     token = stack.token("acme", "ops@acme.example", roles=["approver"])
     context = await browser.new_context(extra_http_headers={"Authorization": f"Bearer {token}"})
@@ -372,7 +426,8 @@ async def test_behind_an_identity_aware_proxy_the_bearer_token_is_the_identity(
 
 
 async def test_a_proposal_id_tampered_in_the_url_is_not_found_like_any_unknown_id(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     _, proposal_id = _propose_refund(stack, payments)
     page = await _signed_in(browser, stack)
     tampered = proposal_id[:-1] + ("0" if proposal_id[-1] != "0" else "1")
@@ -386,7 +441,8 @@ async def test_a_proposal_id_tampered_in_the_url_is_not_found_like_any_unknown_i
 
 
 async def test_the_inbox_shows_a_new_proposal_without_a_reload(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     page = await _signed_in(browser, stack)
     navigations: list[str] = []
     page.on("framenavigated", lambda frame: navigations.append(frame.url))
@@ -398,22 +454,27 @@ async def test_the_inbox_shows_a_new_proposal_without_a_reload(
     # answer: the row goes by itself, and the proposal's page says nobody knows yet.
     payments.post("/_control/mode", json={"mode": "lose_response", "count": 1})
     with _api(stack) as api:
-        approved = api.post(f"/proposals/{proposal_id}/approve", json={}, headers={
-            **auth(stack, principal="lead@acme.example", roles=["approver"]), **key()})
+        approved = api.post(
+            f"/proposals/{proposal_id}/approve",
+            json={},
+            headers={**auth(stack, principal="lead@acme.example", roles=["approver"]), **key()},
+        )
     assert approved.json()["status"] == "claimed", approved.text
     await expect(row).to_have_count(0, timeout=WAIT_MS)
     assert navigations == []
     await page.goto(_console(stack, f"proposals/{proposal_id}"))
     await expect(page.locator("#outcome-text")).to_contain_text(
-        "outcome: needs_reconciliation", timeout=WAIT_MS)
+        "outcome: needs_reconciliation", timeout=WAIT_MS
+    )
     assert len(_refunds(payments, payment_id)) == 1  # it did happen; nobody was told
     await page.context.close()
 
 
 def _stopped_run(stack: Stack, agent: str, text: str) -> dict[str, Any]:
     with _api(stack) as api:
-        started = api.post("/runs", headers={**auth(stack), **key()},
-                           json={"agent": agent, "input": text})
+        started = api.post(
+            "/runs", headers={**auth(stack), **key()}, json={"agent": agent, "input": text}
+        )
         run_id = started.json()["run_id"]
         stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
     assert stopped["status"] == "awaiting_human", stopped
@@ -421,12 +482,15 @@ def _stopped_run(stack: Stack, agent: str, text: str) -> dict[str, Any]:
 
 
 async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer_resumes_the_run(
-        browser: Any, stack: Stack, payments: httpx.Client) -> None:
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
     stopped = _stopped_run(stack, "billing-assistant", "Refund order 7781")
     pending_id, run_id = stopped["pending_id"], stopped["run_id"]
     with _api(stack) as api:
-        listed = api.get("/pending-decisions", headers=auth(
-            stack, principal="ops@acme.example", roles=["approver"])).json()["decisions"]
+        listed = api.get(
+            "/pending-decisions",
+            headers=auth(stack, principal="ops@acme.example", roles=["approver"]),
+        ).json()["decisions"]
     [offered] = [d["options"] for d in listed if d["pending_id"] == pending_id]
     _propose_refund(stack, payments)  # another agent's proposal, for the filters
     page = await _signed_in(browser, stack)
@@ -435,8 +499,10 @@ async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer
     await page.locator("#agent").select_option("billing-assistant")
     await page.locator("#filter").click()
     await expect(page.locator(f'tr[data-id="{proposal_id}"]')).to_be_visible()
-    agents = {await r.locator("td").nth(1).inner_text()
-              for r in await page.locator("#inbox-rows tr").all()}
+    agents = {
+        await r.locator("td").nth(1).inner_text()
+        for r in await page.locator("#inbox-rows tr").all()
+    }
     assert agents == {"billing-assistant"}
     await page.locator("#kind").select_option("decision")
     await page.locator("#filter").click()
@@ -453,7 +519,8 @@ async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer
 
 
 async def test_a_review_is_answered_with_a_comment_from_its_run_page(
-        browser: Any, stack: Stack) -> None:
+    browser: Any, stack: Stack
+) -> None:
     stopped = _stopped_run(stack, "review-assistant", "Note the call about order 7781's delay.")
     run_id = stopped["run_id"]
     page = await _signed_in(browser, stack)

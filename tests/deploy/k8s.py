@@ -29,12 +29,18 @@ PRODUCTION = ROOT / "deploy" / "helm" / "values-production.yaml"
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 
 
-def render(values: Mapping[str, Any] | None = None, *, name: str = "writ",
-           namespace: str = "writ", revision: int = 1) -> list[dict[str, Any]]:
+def render(
+    values: Mapping[str, Any] | None = None,
+    *,
+    name: str = "writ",
+    namespace: str = "writ",
+    revision: int = 1,
+) -> list[dict[str, Any]]:
     """Every object the chart renders with `values` over its defaults."""
     chart = helm_python.Chart.load(CHART)
-    manifests = chart.render(dict(values or {}), name=name, namespace=namespace,
-                             revision=revision, is_install=True)
+    manifests = chart.render(
+        dict(values or {}), name=name, namespace=namespace, revision=revision, is_install=True
+    )
     return [doc for text in manifests.values() for doc in yaml.safe_load_all(text) if doc]
 
 
@@ -62,14 +68,18 @@ def component(obj: Mapping[str, Any]) -> str:
 
 # -- schemas ---------------------------------------------------------------------------------
 
+
 def _strict(schema: Any) -> Any:
     if isinstance(schema, dict):
         schema = {k: _strict(v) for k, v in schema.items()}
         pattern = schema.get("pattern")
         if isinstance(pattern, str) and pattern.startswith("^(?i)"):
             schema["pattern"] = "(?i)^" + pattern[5:]  # Go's regexp takes flags anywhere
-        if ("properties" in schema and "additionalProperties" not in schema
-                and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             schema["additionalProperties"] = False
         return schema
     if isinstance(schema, list):
@@ -100,26 +110,55 @@ def validate(obj: Mapping[str, Any]) -> None:
 
 # -- Pod Security "restricted" ---------------------------------------------------------------
 
-_RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-                       "persistentVolumeClaim", "projected", "secret"}
-_BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL",
-                          "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID",
-                          "SYS_CHROOT"}
-_SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
-                 "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
-                 "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-                 "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
-                 "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
-_SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t",
-                  "container_engine_t"}
+_RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+_BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
+_SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}
+_SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
 
 
 def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
     """Why the Pod Security "restricted" profile would refuse a pod with this spec ([] if not)."""
     spec = pod["spec"] if "spec" in pod else pod
     psc = spec.get("securityContext") or {}
-    containers = [*spec.get("initContainers", []), *spec.get("containers", []),
-                  *spec.get("ephemeralContainers", [])]
+    containers = [
+        *spec.get("initContainers", []),
+        *spec.get("containers", []),
+        *spec.get("ephemeralContainers", []),
+    ]
     found: list[str] = []
     for key in ("hostNetwork", "hostPID", "hostIPC"):
         if spec.get(key):
@@ -133,8 +172,12 @@ def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
             found.append(f"sysctl {sysctl['name']} is not safe")
     found += _context_violations("pod", psc)
     if (psc.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
-        unset = [c["name"] for c in containers if (c.get("securityContext") or {}).get(
-            "seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost")]
+        unset = [
+            c["name"]
+            for c in containers
+            if (c.get("securityContext") or {}).get("seccompProfile", {}).get("type")
+            not in ("RuntimeDefault", "Localhost")
+        ]
         if unset:
             found.append(f"seccompProfile not RuntimeDefault/Localhost for {unset}")
     for c in containers:
@@ -177,13 +220,13 @@ def _context_violations(where: str, sc: Mapping[str, Any]) -> list[str]:
     if apparmor not in (None, "RuntimeDefault", "Localhost"):
         found.append(f"{where} has appArmorProfile {apparmor}")
     selinux = sc.get("seLinuxOptions") or {}
-    if selinux.get("type", "") not in _SELINUX_TYPES or selinux.get("user") or \
-            selinux.get("role"):
+    if selinux.get("type", "") not in _SELINUX_TYPES or selinux.get("user") or selinux.get("role"):
         found.append(f"{where} has seLinuxOptions {selinux}")
     return found
 
 
 # -- NetworkPolicies -------------------------------------------------------------------------
+
 
 def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     """Whether a label selector (matchLabels and matchExpressions) matches `labels`."""
@@ -203,11 +246,11 @@ def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     return True
 
 
-def policies_for(objects: list[dict[str, Any]], labels: Mapping[str, str]
-                 ) -> list[dict[str, Any]]:
+def policies_for(objects: list[dict[str, Any]], labels: Mapping[str, str]) -> list[dict[str, Any]]:
     """The NetworkPolicies that select a pod with `labels`."""
-    return [p for p in by_kind(objects, "NetworkPolicy")
-            if selects(p["spec"]["podSelector"], labels)]
+    return [
+        p for p in by_kind(objects, "NetworkPolicy") if selects(p["spec"]["podSelector"], labels)
+    ]
 
 
 def egress_cidrs(objects: list[dict[str, Any]], labels: Mapping[str, str]) -> set[str]:

@@ -53,28 +53,30 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 
 
 def _secrets(template: dict[str, Any]) -> set[str]:
-    return {v["secret"]["secretName"] for v in template["spec"].get("volumes", [])
-            if "secret" in v}
+    return {v["secret"]["secretName"] for v in template["spec"].get("volumes", []) if "secret" in v}
 
 
 # -- the chart as Helm sees it ---------------------------------------------------------------
 
+
 def test_helm_lint_is_clean() -> None:
     for values in (None, production_values()):
-        report = helm_python.lint(CHART, values, strict=True,
-                                  kube_version=f"v{KUBERNETES_VERSION}")
+        report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
         assert report["errors"] == [] and report["messages"] == [], report
 
 
-@pytest.mark.parametrize("bad", [
-    {"nats": {"streamReplicas": 2}},
-    {"services": {"dispatcher": {"bogus": True}}},
-    {"postgres": {"roles": "superuser"}},
-    {"networkPolicy": {"connectors": {"cidrs": ["not-a-cidr"], "ports": [443]}}},
-    {"networkPolicy": {"hostApi": {"cidrs": ["0.0.0.0"], "ports": [443]}}},
-    {"networkPolicy": {"mcpServers": {"cidrs": ["192.0.2.0/24"], "ports": [0]}}},
-    {"networkPolicy": {"hostApi": {"cidrs": [], "ports": [443], "any": True}}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"nats": {"streamReplicas": 2}},
+        {"services": {"dispatcher": {"bogus": True}}},
+        {"postgres": {"roles": "superuser"}},
+        {"networkPolicy": {"connectors": {"cidrs": ["not-a-cidr"], "ports": [443]}}},
+        {"networkPolicy": {"hostApi": {"cidrs": ["0.0.0.0"], "ports": [443]}}},
+        {"networkPolicy": {"mcpServers": {"cidrs": ["192.0.2.0/24"], "ports": [0]}}},
+        {"networkPolicy": {"hostApi": {"cidrs": [], "ports": [443], "any": True}}},
+    ],
+)
 def test_values_schema_rejects_what_would_misconfigure(bad: dict[str, Any]) -> None:
     with pytest.raises(helm_python.HelmValuesError):
         render(bad)
@@ -82,14 +84,14 @@ def test_values_schema_rejects_what_would_misconfigure(bad: dict[str, Any]) -> N
 
 def test_every_object_is_valid_for_its_kind(rendered: list[dict[str, Any]]) -> None:
     kinds = {o["kind"] for o in rendered}
-    assert {"Deployment", "PodDisruptionBudget", "Job", "NetworkPolicy",
-            "ServiceAccount"} <= kinds
+    assert {"Deployment", "PodDisruptionBudget", "Job", "NetworkPolicy", "ServiceAccount"} <= kinds
     for obj in rendered:
         validate(obj)
 
 
 def test_validation_is_strict_for_built_in_and_custom_kinds(
-        production: list[dict[str, Any]]) -> None:
+    production: list[dict[str, Any]],
+) -> None:
     deployment = copy.deepcopy(_deployment(production, "planner"))
     deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -109,6 +111,7 @@ def test_production_renders_every_custom_resource(production: list[dict[str, Any
 
 # -- Pod Security "restricted" ---------------------------------------------------------------
 
+
 def test_every_pod_passes_restricted(rendered: list[dict[str, Any]]) -> None:
     templates = list(pod_templates(rendered))
     assert len(templates) == len(SERVICES) + 1  # the services and the migrate Job
@@ -116,26 +119,44 @@ def test_every_pod_passes_restricted(rendered: list[dict[str, Any]]) -> None:
         assert restricted_violations(template) == [], obj["metadata"]["name"]
 
 
-@pytest.mark.parametrize("change, why", [
-    (lambda s: s["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
-     "allowPrivilegeEscalation"),
-    (lambda s: s["securityContext"].pop("seccompProfile") and
-     [c["securityContext"].pop("seccompProfile") for c in
-      s["containers"] + s.get("initContainers", [])], "seccompProfile"),
-    (lambda s: s["containers"][0]["securityContext"]["capabilities"].update(add=["NET_ADMIN"]),
-     "adds capabilities"),
-    (lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "volume h"),
-    (lambda s: s["containers"][0]["securityContext"].update(runAsUser=0), "uid 0"),
-    (lambda s: s.update(hostNetwork=True), "hostNetwork"),
-])
-def test_the_restricted_check_catches_violations(production: list[dict[str, Any]],
-                                                 change: Any, why: str) -> None:
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (
+            lambda s: s["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+            "allowPrivilegeEscalation",
+        ),
+        (
+            lambda s: (
+                s["securityContext"].pop("seccompProfile")
+                and [
+                    c["securityContext"].pop("seccompProfile")
+                    for c in s["containers"] + s.get("initContainers", [])
+                ]
+            ),
+            "seccompProfile",
+        ),
+        (
+            lambda s: s["containers"][0]["securityContext"]["capabilities"].update(
+                add=["NET_ADMIN"]
+            ),
+            "adds capabilities",
+        ),
+        (lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "volume h"),
+        (lambda s: s["containers"][0]["securityContext"].update(runAsUser=0), "uid 0"),
+        (lambda s: s.update(hostNetwork=True), "hostNetwork"),
+    ],
+)
+def test_the_restricted_check_catches_violations(
+    production: list[dict[str, Any]], change: Any, why: str
+) -> None:
     template = copy.deepcopy(_deployment(production, "dispatcher")["spec"]["template"])
     change(template["spec"])
     assert any(why in v for v in restricted_violations(template))
 
 
 # -- the Deployments -------------------------------------------------------------------------
+
 
 def test_each_service_has_probes_resources_and_a_pdb(rendered: list[dict[str, Any]]) -> None:
     pdbs = {component(p): p for p in by_kind(rendered, "PodDisruptionBudget")}
@@ -149,8 +170,10 @@ def test_each_service_has_probes_resources_and_a_pdb(rendered: list[dict[str, An
         assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
         assert container["startupProbe"]["httpGet"]["path"] == "/livez"
         assert container["resources"]["requests"] and container["resources"]["limits"]
-        assert pdbs[name]["spec"]["selector"]["matchLabels"] == \
-            deployment["spec"]["selector"]["matchLabels"]
+        assert (
+            pdbs[name]["spec"]["selector"]["matchLabels"]
+            == deployment["spec"]["selector"]["matchLabels"]
+        )
 
 
 def test_grace_period_outlasts_drain_and_span_flush(rendered: list[dict[str, Any]]) -> None:
@@ -178,19 +201,27 @@ def test_services_with_a_database_wait_for_migrations(rendered: list[dict[str, A
 
 
 def test_every_setting_the_chart_gives_a_service_is_one_it_reads(
-        rendered: list[dict[str, Any]]) -> None:
+    rendered: list[dict[str, Any]],
+) -> None:
     import importlib
 
     every: set[str] = set()
     pending: dict[str, set[str]] = {}
     for name in SERVICES:
         module = importlib.import_module(f"services.{name}.__main__")
-        [settings] = [v for k, v in vars(module).items() if k.endswith("Settings")
-                      and isinstance(v, type) and v.__module__ == module.__name__]
+        [settings] = [
+            v
+            for k, v in vars(module).items()
+            if k.endswith("Settings") and isinstance(v, type) and v.__module__ == module.__name__
+        ]
         fields = {f"WRIT_{f.encode_name.upper()}" for f in msgspec.structs.fields(settings)}
         container = _deployment(rendered, name)["spec"]["template"]["spec"]["containers"][0]
-        unknown = ({k for k in _env(container) if k.startswith("WRIT_")} - fields - every
-                   - pending.get(name, set()))
+        unknown = (
+            {k for k in _env(container) if k.startswith("WRIT_")}
+            - fields
+            - every
+            - pending.get(name, set())
+        )
         assert not unknown, f"{name} has no setting for {unknown}"
 
 
@@ -200,21 +231,30 @@ def test_keda_consumers_are_the_services_own() -> None:
     from services.governance.service import INBOX as governance
     from services.planner.service import INBOX as planner
 
-    specs = {"admission": admission, "governance": governance,
-             "planner": planner, "dispatcher": inbox(30.0)}
+    specs = {
+        "admission": admission,
+        "governance": governance,
+        "planner": planner,
+        "dispatcher": inbox(30.0),
+    }
     objects = render(production_values())
     scaled = {component(o): o for o in by_kind(objects, "ScaledObject")}
     # Retrieval consumes no stream (it answers requests only): KEDA scales it on its CPU.
     assert scaled["retrieval"]["spec"]["triggers"] == [
-        {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "70"}}]
+        {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "70"}}
+    ]
     assert "replicas" not in _deployment(objects, "retrieval")["spec"]
     for name, spec in specs.items():
         [trigger] = scaled[name]["spec"]["triggers"]
         assert trigger["type"] == "nats-jetstream"
-        assert (trigger["metadata"]["stream"], trigger["metadata"]["consumer"]) == \
-            (spec.stream, spec.durable)
-        assert scaled[name]["spec"]["scaleTargetRef"]["name"] == \
-            _deployment(objects, name)["metadata"]["name"]
+        assert (trigger["metadata"]["stream"], trigger["metadata"]["consumer"]) == (
+            spec.stream,
+            spec.durable,
+        )
+        assert (
+            scaled[name]["spec"]["scaleTargetRef"]["name"]
+            == _deployment(objects, name)["metadata"]["name"]
+        )
         # KEDA owns the replica count: the Deployment must not fight it.
         assert "replicas" not in _deployment(objects, name)["spec"]
 
@@ -224,9 +264,9 @@ def test_keda_watches_each_tenants_stream_of_a_per_tenant_consumer() -> None:
 
     objects = render({"keda": {"enabled": True}, "tenants": ["acme", "globex"]})
     [ingress] = [o for o in by_kind(objects, "ScaledObject") if component(o) == "ingress"]
-    assert [(t["metadata"]["stream"], t["metadata"]["consumer"])
-            for t in ingress["spec"]["triggers"]] == \
-        [(inbox(t).stream, inbox(t).durable) for t in ("acme", "globex")]
+    assert [
+        (t["metadata"]["stream"], t["metadata"]["consumer"]) for t in ingress["spec"]["triggers"]
+    ] == [(inbox(t).stream, inbox(t).durable) for t in ("acme", "globex")]
     for obj in objects:
         validate(obj)
 
@@ -239,6 +279,7 @@ def test_keda_is_off_by_default() -> None:
 
 # -- the migrate Job -------------------------------------------------------------------------
 
+
 def test_migrate_is_a_hook_by_default_and_a_plain_job_on_request() -> None:
     [hook] = by_kind(render(), "Job")
     assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
@@ -247,8 +288,7 @@ def test_migrate_is_a_hook_by_default_and_a_plain_job_on_request() -> None:
     assert plain["metadata"]["name"].endswith("-migrate-7")
 
 
-def test_migrate_runs_as_the_owner_with_every_role_password(
-        rendered: list[dict[str, Any]]) -> None:
+def test_migrate_runs_as_the_owner_with_every_role_password(rendered: list[dict[str, Any]]) -> None:
     [job] = by_kind(rendered, "Job")
     spec = job["spec"]["template"]["spec"]
     [container] = spec["containers"]
@@ -259,11 +299,13 @@ def test_migrate_runs_as_the_owner_with_every_role_password(
     roles_dir = env["WRIT_ROLE_PASSWORDS_DIR"]["value"]
     assert {f"{roles_dir}/{name}" for name in WITH_DATABASE} <= mounted
     # It mounts database credentials only: no journal key, no connector or model secret.
-    assert all(s == "writ-db-app" or s.startswith("writ-pg-") for s in _secrets(job["spec"][
-        "template"]))
+    assert all(
+        s == "writ-db-app" or s.startswith("writ-pg-") for s in _secrets(job["spec"]["template"])
+    )
 
 
 # -- isolation -------------------------------------------------------------------------------
+
 
 def test_only_the_dispatcher_mounts_connector_secrets(rendered: list[dict[str, Any]]) -> None:
     for obj, template in pod_templates(rendered):
@@ -274,30 +316,27 @@ def test_only_the_dispatcher_mounts_connector_secrets(rendered: list[dict[str, A
             assert not connectors, component(obj)
 
 
-def test_the_planner_mounts_no_credential_but_the_model_key(
-        rendered: list[dict[str, Any]]) -> None:
+def test_the_planner_mounts_no_credential_but_the_model_key(rendered: list[dict[str, Any]]) -> None:
     template = _deployment(rendered, "planner")["spec"]["template"]
-    allowed = {"writ-pg-planner", "writ-journal-planner", "writ-model-key",
-               "writ-nats-planner"}
+    allowed = {"writ-pg-planner", "writ-journal-planner", "writ-model-key", "writ-nats-planner"}
     assert _secrets(template) <= allowed
     assert "writ-model-key" in _secrets(template)
 
 
 def test_each_service_mounts_only_its_own_database_and_journal_secrets(
-        rendered: list[dict[str, Any]]) -> None:
+    rendered: list[dict[str, Any]],
+) -> None:
     for name in SERVICES:
         secrets = _secrets(_deployment(rendered, name)["spec"]["template"])
         for other in set(SERVICES) - {name}:
-            assert not {f"writ-pg-{other}", f"writ-journal-{other}",
-                        f"writ-nats-{other}"} & secrets
+            assert not {f"writ-pg-{other}", f"writ-journal-{other}", f"writ-nats-{other}"} & secrets
 
 
 def test_default_deny_covers_every_pod(rendered: list[dict[str, Any]]) -> None:
     for _, template in pod_templates(rendered):
         labels = template["metadata"]["labels"]
         policies = policies_for(rendered, labels)
-        deny = [p for p in policies if "ingress" not in p["spec"] and
-                "egress" not in p["spec"]]
+        deny = [p for p in policies if "ingress" not in p["spec"] and "egress" not in p["spec"]]
         assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
         for policy in policies:  # no rule that opens everything
             for rule in policy["spec"].get("egress", []):
@@ -308,9 +347,11 @@ def test_default_deny_covers_every_pod(rendered: list[dict[str, Any]]) -> None:
 
 def test_external_egress_is_each_services_own(production: list[dict[str, Any]]) -> None:
     values = production_values()["networkPolicy"]
-    owners = {"dispatcher": set(values["connectors"]["cidrs"]) | set(values["hostApi"]["cidrs"]),
-              "planner": set(values["modelProvider"]["cidrs"]),
-              "retrieval": set(values["mcpServers"]["cidrs"])}
+    owners = {
+        "dispatcher": set(values["connectors"]["cidrs"]) | set(values["hostApi"]["cidrs"]),
+        "planner": set(values["modelProvider"]["cidrs"]),
+        "retrieval": set(values["mcpServers"]["cidrs"]),
+    }
     assert all(owners.values())
     for obj, template in pod_templates(production):
         reachable = egress_cidrs(production, template["metadata"]["labels"])
@@ -319,23 +360,29 @@ def test_external_egress_is_each_services_own(production: list[dict[str, Any]]) 
 
 def _destinations(objects: list[dict[str, Any]], labels: dict[str, str]) -> set[tuple[str, int]]:
     """Every (CIDR, TCP port) outside the cluster a pod with `labels` may send to."""
-    return {(peer["ipBlock"]["cidr"], port["port"])
-            for policy in policies_for(objects, labels)
-            for rule in policy["spec"].get("egress", [])
-            for peer in rule.get("to", []) if "ipBlock" in peer
-            for port in rule.get("ports", []) if port["protocol"] == "TCP"}
+    return {
+        (peer["ipBlock"]["cidr"], port["port"])
+        for policy in policies_for(objects, labels)
+        for rule in policy["spec"].get("egress", [])
+        for peer in rule.get("to", [])
+        if "ipBlock" in peer
+        for port in rule.get("ports", [])
+        if port["protocol"] == "TCP"
+    }
 
 
 def test_federation_egress_is_the_registered_servers_and_the_host_api_only(
-        production: list[dict[str, Any]]) -> None:
+    production: list[dict[str, Any]],
+) -> None:
     """Retrieval reaches the MCP servers' CIDRs on their ports and nothing of the host's REST
     API; the dispatcher the REST API's CIDRs on its port (besides the connectors), never the
     MCP servers' ports; a CIDR both list opens each service only its own ports."""
     values = production_values()["networkPolicy"]
     mcp = {(c, p) for c in values["mcpServers"]["cidrs"] for p in values["mcpServers"]["ports"]}
     rest = {(c, p) for c in values["hostApi"]["cidrs"] for p in values["hostApi"]["ports"]}
-    connectors = {(c, p) for c in values["connectors"]["cidrs"]
-                  for p in values["connectors"]["ports"]}
+    connectors = {
+        (c, p) for c in values["connectors"]["cidrs"] for p in values["connectors"]["ports"]
+    }
     assert mcp and rest and not mcp & rest
     for obj, template in pod_templates(production):
         seen = _destinations(production, template["metadata"]["labels"])
@@ -360,15 +407,20 @@ def test_default_values_open_no_federation_egress() -> None:
     objects = render(values)
     for obj, template in pod_templates(objects):
         seen = _destinations(objects, template["metadata"]["labels"])
-        assert seen == ({("198.18.0.0/15", 8443)} if component(obj) == "dispatcher"
-                        else set()), component(obj)
+        assert seen == ({("198.18.0.0/15", 8443)} if component(obj) == "dispatcher" else set()), (
+            component(obj)
+        )
 
 
 def test_only_ingress_accepts_hosts(production: list[dict[str, Any]]) -> None:
     hosts = production_values()["networkPolicy"]["hosts"]
     for obj, template in pod_templates(production):
-        peers = [peer for p in policies_for(production, template["metadata"]["labels"])
-                 for rule in p["spec"].get("ingress", []) for peer in rule["from"]]
+        peers = [
+            peer
+            for p in policies_for(production, template["metadata"]["labels"])
+            for rule in p["spec"].get("ingress", [])
+            for peer in rule["from"]
+        ]
         assert (all(h in peers for h in hosts)) == (component(obj) == "ingress")
     [service] = by_kind(production, "Service")
     assert component(service) == "ingress"
@@ -377,13 +429,19 @@ def test_only_ingress_accepts_hosts(production: list[dict[str, Any]]) -> None:
 
 # -- monitoring ------------------------------------------------------------------------------
 
+
 def test_prometheus_rule_is_the_alerts_file(production: list[dict[str, Any]]) -> None:
     alerts = yaml.safe_load((ROOT / "deploy/observability/writ-alerts.yaml").read_text())
     [rule] = by_kind(production, "PrometheusRule")
     assert rule["spec"] == alerts
     [monitor] = by_kind(production, "PodMonitor")
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
-    [dashboard] = [c for c in by_kind(production, "ConfigMap")
-                   if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
-    assert dashboard["data"]["writ-dashboard.json"] == \
-        (ROOT / "deploy/observability/writ-dashboard.json").read_text()
+    [dashboard] = [
+        c
+        for c in by_kind(production, "ConfigMap")
+        if c["metadata"]["labels"].get("grafana_dashboard") == "1"
+    ]
+    assert (
+        dashboard["data"]["writ-dashboard.json"]
+        == (ROOT / "deploy/observability/writ-dashboard.json").read_text()
+    )

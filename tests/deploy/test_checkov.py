@@ -28,8 +28,10 @@ def _checkov() -> str:
 
 def _nats() -> list[dict]:
     rendered = helm_python.Chart.load(NATS_CHART).render(
-        yaml.safe_load((ROOT / "deploy" / "nats" / "values.yaml").read_text()), name="nats",
-        namespace="nats")
+        yaml.safe_load((ROOT / "deploy" / "nats" / "values.yaml").read_text()),
+        name="nats",
+        namespace="nats",
+    )
     return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
 
 
@@ -38,14 +40,27 @@ def _nats() -> list[dict]:
 def test_checkov_fails_nothing_but_the_listed_exceptions(tmp_path: Path, what: str) -> None:
     if what == "writ":
         (tmp_path / "default.yaml").write_text(yaml.safe_dump_all(render()))
-        (tmp_path / "production.yaml").write_text(
-            yaml.safe_dump_all(render(production_values())))
+        (tmp_path / "production.yaml").write_text(yaml.safe_dump_all(render(production_values())))
     else:
         (tmp_path / "nats.yaml").write_text(yaml.safe_dump_all(_nats()))
     result = subprocess.run(
-        [_checkov(), "-d", str(tmp_path), "--framework", "kubernetes", "--skip-download",
-         "--quiet", "--compact", "-o", "json"],
-        capture_output=True, text=True, timeout=280, check=False)
+        [
+            _checkov(),
+            "-d",
+            str(tmp_path),
+            "--framework",
+            "kubernetes",
+            "--skip-download",
+            "--quiet",
+            "--compact",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
     report = json.loads(result.stdout)
     report = report[0] if isinstance(report, list) else report
     assert report["summary"]["resource_count"] > 5, report["summary"]

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"][
-    "targets"]["wheel"]["packages"]
+    "targets"
+]["wheel"]["packages"]
 
 
 def _hadolint() -> str:
@@ -25,8 +26,13 @@ def _hadolint() -> str:
 
 
 def _lint(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_hadolint(), "--no-color", "--failure-threshold", "style", str(path)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "style", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_hadolint_passes() -> None:

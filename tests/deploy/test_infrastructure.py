@@ -40,8 +40,7 @@ def cnpg() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def nats() -> list[dict[str, Any]]:
     chart = helm_python.Chart.load(NATS_CHART)
-    rendered = chart.render(yaml.safe_load(NATS_VALUES.read_text()), name="nats",
-                            namespace="nats")
+    rendered = chart.render(yaml.safe_load(NATS_VALUES.read_text()), name="nats", namespace="nats")
     return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
 
 
@@ -52,7 +51,8 @@ def test_cloudnative_pg_objects_are_valid(cnpg: list[dict[str, Any]]) -> None:
 
 
 def test_postgres_is_three_instances_with_required_synchronous_replication(
-        cnpg: list[dict[str, Any]]) -> None:
+    cnpg: list[dict[str, Any]],
+) -> None:
     [cluster] = by_kind(cnpg, "Cluster")
     spec = cluster["spec"]
     assert spec["instances"] == 3
@@ -62,7 +62,8 @@ def test_postgres_is_three_instances_with_required_synchronous_replication(
 
 
 def test_managed_roles_are_the_services_roles_with_their_secrets(
-        cnpg: list[dict[str, Any]]) -> None:
+    cnpg: list[dict[str, Any]],
+) -> None:
     [cluster] = by_kind(cnpg, "Cluster")
     pg = _chart_defaults()["postgres"]
     assert cluster["spec"]["bootstrap"]["initdb"]["database"] == pg["database"]
@@ -83,19 +84,21 @@ def test_writ_chart_finds_the_cluster(cnpg: list[dict[str, Any]]) -> None:
         pg = values["postgres"]
         assert pg["host"].split(".")[0] == f"{name}-rw"  # CloudNativePG's read-write Service
         assert pg["roles"] == "managed"
-    assert selects({"matchLabels": _chart_defaults()["postgres"]["podLabels"]},
-                   {"cnpg.io/cluster": name, "cnpg.io/podRole": "instance"})
+    assert selects(
+        {"matchLabels": _chart_defaults()["postgres"]["podLabels"]},
+        {"cnpg.io/cluster": name, "cnpg.io/podRole": "instance"},
+    )
 
 
 def test_nats_objects_are_valid(nats: list[dict[str, Any]]) -> None:
     assert {"StatefulSet", "ConfigMap", "Service", "PodDisruptionBudget", "PodMonitor"} <= {
-        o["kind"] for o in nats}
+        o["kind"] for o in nats
+    }
     for obj in nats:
         validate(obj)
 
 
-def test_nats_is_a_three_node_jetstream_cluster_syncing_always(
-        nats: list[dict[str, Any]]) -> None:
+def test_nats_is_a_three_node_jetstream_cluster_syncing_always(nats: list[dict[str, Any]]) -> None:
     [statefulset] = by_kind(nats, "StatefulSet")
     assert statefulset["spec"]["replicas"] == 3
     [config] = by_kind(nats, "ConfigMap")
@@ -112,8 +115,9 @@ def test_writ_streams_are_replicated_on_every_node(nats: list[dict[str, Any]]) -
     # The NetworkPolicies let Writ's pods reach exactly these pods.
     labels = statefulset["spec"]["template"]["metadata"]["labels"]
     assert selects({"matchLabels": _chart_defaults()["nats"]["podLabels"]}, labels)
-    monitor = [s for s in by_kind(nats, "Service")
-               if any(p["port"] == 8222 for p in s["spec"]["ports"])]
+    monitor = [
+        s for s in by_kind(nats, "Service") if any(p["port"] == 8222 for p in s["spec"]["ports"])
+    ]
     assert monitor, "KEDA reads consumer lag from the monitoring port"
 
 
@@ -121,9 +125,15 @@ def test_nats_pods_pass_restricted_and_admit_writs_pods(nats: list[dict[str, Any
     [statefulset] = by_kind(nats, "StatefulSet")
     assert restricted_violations(statefulset["spec"]["template"]) == []
     [policy] = by_kind(nats, "NetworkPolicy")
-    assert selects(policy["spec"]["podSelector"], statefulset["spec"]["template"]["metadata"][
-        "labels"])
-    clients = [peer for rule in policy["spec"]["ingress"]
-               if {"port": 4222, "protocol": "TCP"} in rule["ports"] for peer in rule["from"]]
-    assert any(selects(peer.get("podSelector", {}), {"app.kubernetes.io/name": "writ"})
-               for peer in clients)
+    assert selects(
+        policy["spec"]["podSelector"], statefulset["spec"]["template"]["metadata"]["labels"]
+    )
+    clients = [
+        peer
+        for rule in policy["spec"]["ingress"]
+        if {"port": 4222, "protocol": "TCP"} in rule["ports"]
+        for peer in rule["from"]
+    ]
+    assert any(
+        selects(peer.get("podSelector", {}), {"app.kubernetes.io/name": "writ"}) for peer in clients
+    )

@@ -51,9 +51,12 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
     as its tenant's host, so the suite proves those permissions are enough.
     """
     with tempfile.TemporaryDirectory(prefix="writ-e2e-") as home:
-        deployment = Stack(Path(home), nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
-                           admin_dsn=admin_dsn,
-                           database=f"e2e_{uuid.uuid4().hex[:8]}")
+        deployment = Stack(
+            Path(home),
+            nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
+            admin_dsn=admin_dsn,
+            database=f"e2e_{uuid.uuid4().hex[:8]}",
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -134,58 +137,90 @@ class Host:
             await client.close()
         await self.nc.close()
 
-    def request(self, *, tenant: str = "acme", principal: str = "alice@acme.example",
-                agent: str = "crm-assistant", text: str = "Note the delayed shipment call",
-                request_id: str | None = None, token: str | None = None,
-                attended: bool = False, budget: RunBudget | None = None) -> RunRequest:
-        return RunRequest(request_id=request_id or f"req-{uuid.uuid4().hex[:12]}",
-                          token=token or self.stack.token(tenant, principal), agent=agent,
-                          input=text, attended=attended, budget=budget)
+    def request(
+        self,
+        *,
+        tenant: str = "acme",
+        principal: str = "alice@acme.example",
+        agent: str = "crm-assistant",
+        text: str = "Note the delayed shipment call",
+        request_id: str | None = None,
+        token: str | None = None,
+        attended: bool = False,
+        budget: RunBudget | None = None,
+    ) -> RunRequest:
+        return RunRequest(
+            request_id=request_id or f"req-{uuid.uuid4().hex[:12]}",
+            token=token or self.stack.token(tenant, principal),
+            agent=agent,
+            input=text,
+            attended=attended,
+            budget=budget,
+        )
 
-    async def publish(self, body: bytes | RunRequest, *, tenant: str = "acme",
-                      msg_id: str | None = None) -> None:
+    async def publish(
+        self, body: bytes | RunRequest, *, tenant: str = "acme", msg_id: str | None = None
+    ) -> None:
         data = body if isinstance(body, bytes) else msgspec.json.encode(body)
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
         js = await self.tenant_js(tenant)
         await js.publish(subjects.request(tenant), data, headers=headers)
 
-    def command(self, *, operation_key: str | None = None, action: str = "crm.note.create",
-                arguments: dict[str, Any] | None = None, tenant: str = "acme",
-                principal: str = "alice@acme.example", agent: str = "crm-assistant",
-                expected_revision: str | None = None,
-                request_id: str | None = None) -> SubmitCommand:
+    def command(
+        self,
+        *,
+        operation_key: str | None = None,
+        action: str = "crm.note.create",
+        arguments: dict[str, Any] | None = None,
+        tenant: str = "acme",
+        principal: str = "alice@acme.example",
+        agent: str = "crm-assistant",
+        expected_revision: str | None = None,
+        request_id: str | None = None,
+    ) -> SubmitCommand:
         return SubmitCommand(
             request_id=request_id or f"cmd-{uuid.uuid4().hex[:12]}",
-            token=self.stack.token(tenant, principal), agent=agent,
-            operation_key=operation_key or f"op-{uuid.uuid4().hex[:12]}", action=action,
-            arguments=arguments if arguments is not None else {
-                "customer_id": "ACME-42", "body": "Called back about order 7781."},
-            expected_revision=expected_revision)
+            token=self.stack.token(tenant, principal),
+            agent=agent,
+            operation_key=operation_key or f"op-{uuid.uuid4().hex[:12]}",
+            action=action,
+            arguments=arguments
+            if arguments is not None
+            else {"customer_id": "ACME-42", "body": "Called back about order 7781."},
+            expected_revision=expected_revision,
+        )
 
     async def submit(self, command: SubmitCommand, *, tenant: str = "acme") -> None:
         js = await self.tenant_js(tenant)
-        await js.publish(subjects.command_request(tenant), msgspec.json.encode(command),
-                         headers={"Nats-Msg-Id": command.request_id})
+        await js.publish(
+            subjects.command_request(tenant),
+            msgspec.json.encode(command),
+            headers={"Nats-Msg-Id": command.request_id},
+        )
 
-    async def wait_command(self, request_id: str, *, tenant: str = "acme",
-                           final: bool = True, timeout: float = 30) -> CommandResult:
+    async def wait_command(
+        self, request_id: str, *, tenant: str = "acme", final: bool = True, timeout: float = 30
+    ) -> CommandResult:
         """The first result for this submission (the first terminal one if `final`)."""
         with anyio.fail_after(timeout):
             while True:
                 for result in await self.results(request_id, tenant=tenant):
                     if isinstance(result, CommandResult) and (
-                            not final or result.status not in ("pending", "dispatching")):
+                        not final or result.status not in ("pending", "dispatching")
+                    ):
                         return result
                 await anyio.sleep(0.1)
 
-    async def results(self, request_id: str, *,
-                      tenant: str = "acme") -> list[Any]:
+    async def results(self, request_id: str, *, tenant: str = "acme") -> list[Any]:
         """Every result on the host's stream for this request, read from the start."""
         found = []
         js = await self.tenant_js(tenant)
         sub = await js.subscribe(
-            subjects.result(tenant), stream=subjects.out_stream(tenant), ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+            subjects.result(tenant),
+            stream=subjects.out_stream(tenant),
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+        )
         try:
             while True:
                 try:
@@ -193,8 +228,9 @@ class Host:
                 except nats.errors.TimeoutError:
                     break  # nothing (more) for this tenant
                 result = msgspec.json.decode(
-                    msg.data, type=RunResult | CommandResult | DecisionResult | ApprovalResult
-                    | ReviewResult)
+                    msg.data,
+                    type=RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult,
+                )
                 if result.request_id == request_id:
                     found.append(result)
                 if msg.metadata.num_pending == 0:
@@ -203,21 +239,37 @@ class Host:
             await sub.unsubscribe()
         return found
 
-    async def approve(self, proposal_id: str, *, answer: str = "approve", tenant: str = "acme",
-                      principal: str = "ops@acme.example", reason: str = "",
-                      token: str | None = None, request_id: str | None = None) -> str:
+    async def approve(
+        self,
+        proposal_id: str,
+        *,
+        answer: str = "approve",
+        tenant: str = "acme",
+        principal: str = "ops@acme.example",
+        reason: str = "",
+        token: str | None = None,
+        request_id: str | None = None,
+    ) -> str:
         """Publish an `ApproveProposal` as an approver; returns its request id."""
         request_id = request_id or f"approve-{uuid.uuid4().hex[:12]}"
         message = ApproveProposal(
-            request_id=request_id, proposal_id=proposal_id, answer=answer, reason=reason,
-            token=token or self.stack.token(tenant, principal, roles=["approver"]))
+            request_id=request_id,
+            proposal_id=proposal_id,
+            answer=answer,
+            reason=reason,
+            token=token or self.stack.token(tenant, principal, roles=["approver"]),
+        )
         js = await self.tenant_js(tenant)
-        await js.publish(subjects.approval(tenant), msgspec.json.encode(message),
-                         headers={"Nats-Msg-Id": request_id})
+        await js.publish(
+            subjects.approval(tenant),
+            msgspec.json.encode(message),
+            headers={"Nats-Msg-Id": request_id},
+        )
         return request_id
 
-    async def first(self, request_id: str, kind: type[T], *, tenant: str = "acme",
-                    timeout: float = 30) -> T:
+    async def first(
+        self, request_id: str, kind: type[T], *, tenant: str = "acme", timeout: float = 30
+    ) -> T:
         """The first result of type `kind` for this request."""
         with anyio.fail_after(timeout):
             while True:
@@ -226,33 +278,57 @@ class Host:
                         return result
                 await anyio.sleep(0.1)
 
-    async def wait_approval(self, request_id: str, *, tenant: str = "acme",
-                            timeout: float = 30) -> ApprovalResult:
+    async def wait_approval(
+        self, request_id: str, *, tenant: str = "acme", timeout: float = 30
+    ) -> ApprovalResult:
         return await self.first(request_id, ApprovalResult, tenant=tenant, timeout=timeout)
 
-    async def wait_result(self, request_id: str, *, tenant: str = "acme",
-                          timeout: float = 30, status: str | None = None) -> RunResult:
+    async def wait_result(
+        self,
+        request_id: str,
+        *,
+        tenant: str = "acme",
+        timeout: float = 30,
+        status: str | None = None,
+    ) -> RunResult:
         """The run's first result (its first with `status`, if given)."""
         with anyio.fail_after(timeout):
             while True:
-                found = [r for r in await self.results(request_id, tenant=tenant)
-                         if isinstance(r, RunResult) and status in (None, r.status)]
+                found = [
+                    r
+                    for r in await self.results(request_id, tenant=tenant)
+                    if isinstance(r, RunResult) and status in (None, r.status)
+                ]
                 if found:
                     return found[0]
                 await anyio.sleep(0.1)
 
-    async def decide(self, pending_id: str, answer: str = "once", *, tenant: str = "acme",
-                     principal: str = "ops@acme.example", reason: str = "",
-                     token: str | None = None) -> DecisionResult:
+    async def decide(
+        self,
+        pending_id: str,
+        answer: str = "once",
+        *,
+        tenant: str = "acme",
+        principal: str = "ops@acme.example",
+        reason: str = "",
+        token: str | None = None,
+    ) -> DecisionResult:
         """Answer a pending decision (`HumanDecision`; an approver of the tenant unless `token`
         says otherwise) and wait for its `DecisionResult`."""
         request_id = f"decide-{uuid.uuid4().hex[:12]}"
         message = HumanDecision(
-            request_id=request_id, pending_id=pending_id, answer=answer, reason=reason,
-            token=token or self.stack.token(tenant, principal, roles=["approver"]))
+            request_id=request_id,
+            pending_id=pending_id,
+            answer=answer,
+            reason=reason,
+            token=token or self.stack.token(tenant, principal, roles=["approver"]),
+        )
         js = await self.tenant_js(tenant)
-        await js.publish(subjects.human_decision(tenant), msgspec.json.encode(message),
-                         headers={"Nats-Msg-Id": request_id})
+        await js.publish(
+            subjects.human_decision(tenant),
+            msgspec.json.encode(message),
+            headers={"Nats-Msg-Id": request_id},
+        )
         return await self.first(request_id, DecisionResult, tenant=tenant)
 
 
@@ -269,17 +345,21 @@ async def sealed(db: asyncpg.Connection, run_id: str, timeout: float = 20) -> No
     two)."""
     with anyio.fail_after(timeout):
         while await db.fetchval(
-                "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
-                "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)", run_id):
+            "SELECT count(*) FROM planner.journal j WHERE run_id = $1 AND NOT EXISTS "
+            "(SELECT 1 FROM planner.journal_seals s WHERE s.entry_id = j.id)",
+            run_id,
+        ):
             await anyio.sleep(0.1)
 
 
-async def replayed(host: Host, db: asyncpg.Connection, run_id: str,
-                   tenant: str = "acme") -> ReplayReport:
+async def replayed(
+    host: Host, db: asyncpg.Connection, run_id: str, tenant: str = "acme"
+) -> ReplayReport:
     """The planner's offline replay of the run (`writ.int.planner.replay`), once sealed."""
     await sealed(db, run_id)
-    reply = await host.nc.request(subjects.REPLAY, msgspec.json.encode(
-        ReplayRun(tenant=tenant, run_id=run_id)), timeout=10)
+    reply = await host.nc.request(
+        subjects.REPLAY, msgspec.json.encode(ReplayRun(tenant=tenant, run_id=run_id)), timeout=10
+    )
     return msgspec.json.decode(reply.data, type=ReplayReport)
 
 
@@ -291,5 +371,8 @@ def notes_for(crm: httpx.Client, key_prefix: str = "") -> list[dict[str, Any]]:
 def recorded_spans(stack: Stack) -> list[dict[str, Any]]:
     """Every span the deployment's processes exported to their JSON-lines files so far
     (`WRIT_OTEL_SPANS_FILE`)."""
-    return [json.loads(line) for path in stack.home.glob("spans.*")
-            for line in path.read_text().splitlines()]
+    return [
+        json.loads(line)
+        for path in stack.home.glob("spans.*")
+        for line in path.read_text().splitlines()
+    ]

@@ -36,8 +36,9 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
     """A deployment of its own (its own nats-server, its own database): what the examples
     create, and anything they might break, stays out of the other tests' way."""
     with tempfile.TemporaryDirectory(prefix="writ-e2e-api-") as home:
-        deployment = Stack(Path(home), admin_dsn=admin_dsn,
-                           database=f"e2e_api_{uuid.uuid4().hex[:8]}")
+        deployment = Stack(
+            Path(home), admin_dsn=admin_dsn, database=f"e2e_api_{uuid.uuid4().hex[:8]}"
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -46,12 +47,17 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
 
 
 @schema.parametrize()
-@settings(max_examples=8, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_example_breaks_the_document(case: schemathesis.Case, stack: Stack) -> None:
     token = stack.token("acme", "ops@acme.example", roles=["approver", "auditor"])
     case.call_and_validate(
-        base_url=stack.api_url.removesuffix("/api/v1"), timeout=60,
+        base_url=stack.api_url.removesuffix("/api/v1"),
+        timeout=60,
         headers={"Authorization": f"Bearer {token}"},
-        checks=[not_a_server_error, status_code_conformance, content_type_conformance,
-                response_schema_conformance])
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+        ],
+    )

@@ -18,26 +18,34 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 def audit_verify(stack: Stack, *options: str) -> subprocess.CompletedProcess[str]:
     options = options or ("--service", "governance", "--tenant", "acme")
-    return subprocess.run([sys.executable, "-m", "writ.cli", "audit", "verify", "--home",
-                           str(stack.home), *options],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "writ.cli", "audit", "verify", "--home", str(stack.home), *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 async def test_writ_audit_verify_passes_after_a_run_and_names_a_one_byte_edit(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     request = host.request()
     await host.publish(request, msg_id=request.request_id)
     assert (await host.wait_result(request.request_id)).status == "succeeded"
     decisions = await db.fetchval("SELECT count(*) FROM governance.decisions")
     # One journal row per decision (an answer's decision is journaled as the answer).
-    journaled = await db.fetchval("SELECT count(*) FROM governance.journal "
-                                  "WHERE kind IN ('decision', 'pending.answered')")
+    journaled = await db.fetchval(
+        "SELECT count(*) FROM governance.journal WHERE kind IN ('decision', 'pending.answered')"
+    )
     assert journaled == decisions
     try:
         with anyio.fail_after(20):  # sealed within a poll or two
-            while await db.fetchval("SELECT count(*) FROM governance.journal WHERE NOT EXISTS "
-                                    "(SELECT 1 FROM governance.journal_seals s "
-                                    "WHERE s.entry_id = journal.id)"):
+            while await db.fetchval(
+                "SELECT count(*) FROM governance.journal WHERE NOT EXISTS "
+                "(SELECT 1 FROM governance.journal_seals s "
+                "WHERE s.entry_id = journal.id)"
+            ):
                 await anyio.sleep(0.1)
     except TimeoutError:
         raise AssertionError(stack.log_tail("governance")) from None
@@ -45,13 +53,18 @@ async def test_writ_audit_verify_passes_after_a_run_and_names_a_one_byte_edit(
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert ok.stdout.startswith("governance: intact")
     # Nothing readable at rest.
-    assert not await db.fetchval("SELECT count(*) FROM governance.journal "
-                                 "WHERE position('crm-assistant'::bytea IN ciphertext) > 0")
+    assert not await db.fetchval(
+        "SELECT count(*) FROM governance.journal "
+        "WHERE position('crm-assistant'::bytea IN ciphertext) > 0"
+    )
 
-    seq, entry_id = await db.fetchrow("SELECT seq, entry_id FROM governance.journal_seals "
-                                      "ORDER BY seq DESC LIMIT 1")
-    flip = ("UPDATE governance.journal SET ciphertext = set_byte(ciphertext, 3, "
-            "get_byte(ciphertext, 3) # 1) WHERE id = $1")
+    seq, entry_id = await db.fetchrow(
+        "SELECT seq, entry_id FROM governance.journal_seals ORDER BY seq DESC LIMIT 1"
+    )
+    flip = (
+        "UPDATE governance.journal SET ciphertext = set_byte(ciphertext, 3, "
+        "get_byte(ciphertext, 3) # 1) WHERE id = $1"
+    )
     await db.execute(flip, entry_id)
     try:
         bad = audit_verify(stack)
@@ -64,23 +77,28 @@ async def test_writ_audit_verify_passes_after_a_run_and_names_a_one_byte_edit(
 
 async def _sealed(db: asyncpg.Connection, service: str) -> None:
     with anyio.fail_after(20):
-        while await db.fetchval(f"SELECT count(*) FROM {service}.journal j WHERE NOT EXISTS "
-                                f"(SELECT 1 FROM {service}.journal_seals s "
-                                "WHERE s.entry_id = j.id)"):
+        while await db.fetchval(
+            f"SELECT count(*) FROM {service}.journal j WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {service}.journal_seals s "
+            "WHERE s.entry_id = j.id)"
+        ):
             await anyio.sleep(0.1)
 
 
 async def test_each_step_of_a_command_is_journaled_where_it_happened(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     command = host.command()
     await host.submit(command)
     result = await host.wait_command(command.request_id)
     assert result.status == "succeeded" and result.operation_id is not None
 
-    admitted = await db.fetch("SELECT kind FROM admission.journal WHERE subject = $1",
-                              result.operation_id)
-    dispatched = await db.fetch("SELECT kind FROM dispatcher.journal WHERE subject = $1 "
-                                "ORDER BY id", result.operation_id)
+    admitted = await db.fetch(
+        "SELECT kind FROM admission.journal WHERE subject = $1", result.operation_id
+    )
+    dispatched = await db.fetch(
+        "SELECT kind FROM dispatcher.journal WHERE subject = $1 ORDER BY id", result.operation_id
+    )
     assert [r["kind"] for r in admitted] == ["command.admitted"]
     assert [r["kind"] for r in dispatched] == ["attempt.started", "command.succeeded"]
     for service in ("admission", "dispatcher"):
@@ -90,10 +108,14 @@ async def test_each_step_of_a_command_is_journaled_where_it_happened(
     for service in ("admission", "dispatcher", "governance"):
         assert f"{service}: intact" in everything.stdout
 
-    entry_id = await db.fetchval("SELECT id FROM dispatcher.journal WHERE subject = $1 "
-                                 "AND kind = 'command.succeeded'", result.operation_id)
-    flip = ("UPDATE dispatcher.journal SET ciphertext = set_byte(ciphertext, 0, "
-            "get_byte(ciphertext, 0) # 1) WHERE id = $1")
+    entry_id = await db.fetchval(
+        "SELECT id FROM dispatcher.journal WHERE subject = $1 AND kind = 'command.succeeded'",
+        result.operation_id,
+    )
+    flip = (
+        "UPDATE dispatcher.journal SET ciphertext = set_byte(ciphertext, 0, "
+        "get_byte(ciphertext, 0) # 1) WHERE id = $1"
+    )
     await db.execute(flip, entry_id)
     try:
         bad = audit_verify(stack, "--service", "dispatcher")
@@ -107,8 +129,7 @@ async def test_the_auditor_reads_the_journals_and_can_change_nothing(stack: Stac
     conn = await asyncpg.connect((stack.home / "secrets" / "audit.dsn").read_text())
     try:
         assert await conn.fetchval("SELECT current_user") == f"{stack.database}_auditor"
-        assert not await conn.fetchval("SELECT rolsuper FROM pg_roles "
-                                       "WHERE rolname = current_user")
+        assert not await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
         for service in ("governance", "planner", "admission", "dispatcher"):
             await conn.fetchval(f"SELECT count(*) FROM {service}.journal_checkpoints")
         with pytest.raises(asyncpg.ReadOnlySQLTransactionError):

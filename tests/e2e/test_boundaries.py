@@ -39,7 +39,8 @@ def test_every_service_runs_on_uvloop(stack: Stack, name: str) -> None:
     maps = Path(f"/proc/{pid}/maps").read_text()
     assert "/uvloop/loop." in maps, f"{name} has no uvloop loaded"
     assert f"writ-{name} starting on uvloop" in (stack.logs / f"{name}.log").read_text(
-        errors="replace")
+        errors="replace"
+    )
 
 
 @pytest.mark.parametrize("name", NOT_DISPATCHER)
@@ -55,13 +56,20 @@ def test_only_the_dispatcher_is_given_the_crm_credential(stack: Stack, name: str
     assert dispatcher["WRIT_CRM_TOKEN_FILE"].endswith("crm.token")
 
 
-@pytest.mark.parametrize("settings_type", [IngressSettings, RetrievalSettings, PlannerSettings,
-                                           GovernanceSettings, AdmissionSettings])
+@pytest.mark.parametrize(
+    "settings_type",
+    [IngressSettings, RetrievalSettings, PlannerSettings, GovernanceSettings, AdmissionSettings],
+)
 def test_no_other_service_has_a_setting_that_could_hold_it(settings_type: type) -> None:
-    env = {"WRIT_NATS_URL": "nats://x", "WRIT_DATABASE_URL": "postgresql://x",
-           "WRIT_DATABASE_PASSWORD_FILE": "/p", "WRIT_TENANT_KEYS_FILE": "/k",
-           "WRIT_DECISIONS_FILE": "/d", "WRIT_CRM_URL": "http://crm",
-           "WRIT_CRM_TOKEN_FILE": "/secrets/crm.token"}
+    env = {
+        "WRIT_NATS_URL": "nats://x",
+        "WRIT_DATABASE_URL": "postgresql://x",
+        "WRIT_DATABASE_PASSWORD_FILE": "/p",
+        "WRIT_TENANT_KEYS_FILE": "/k",
+        "WRIT_DECISIONS_FILE": "/d",
+        "WRIT_CRM_URL": "http://crm",
+        "WRIT_CRM_TOKEN_FILE": "/secrets/crm.token",
+    }
     settings = load_settings(settings_type, env)
     assert "crm.token" not in repr(settings)
     assert "crm" in repr(load_settings(DispatcherSettings, env))
@@ -69,40 +77,51 @@ def test_no_other_service_has_a_setting_that_could_hold_it(settings_type: type) 
 
 async def test_the_crm_refuses_calls_without_the_credential(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.crm_url) as client:
-        response = await client.post("/v1/customers/ACME-42/notes", json={"body": "x"},
-                                     headers={"Idempotency-Key": "k-no-credential"})
+        response = await client.post(
+            "/v1/customers/ACME-42/notes",
+            json={"body": "x"},
+            headers={"Idempotency-Key": "k-no-credential"},
+        )
     assert response.status_code == 401
 
 
 async def _connect_as(stack: Stack, service: str) -> asyncpg.Connection:
     password = (stack.secrets / f"pg-{service}.password").read_text().strip()
-    dsn = with_database(stack.admin_dsn, stack.database,
-                        user=role_name(stack.database, service), password=password)
+    dsn = with_database(
+        stack.admin_dsn, stack.database, user=role_name(stack.database, service), password=password
+    )
     return await asyncpg.connect(dsn)
 
 
 WRITES = {
     "admission.commands": "INSERT INTO admission.commands (tenant, operation_id) VALUES ('a', "
-                          "gen_random_uuid())",
+    "gen_random_uuid())",
     "admission.outbox": "DELETE FROM admission.outbox",
     "planner.runs": "UPDATE planner.runs SET status = 'failed'",
     "governance.standing_grants": "INSERT INTO governance.standing_grants "
-                                  "(tenant, agent, family, granted_by) VALUES "
-                                  "('acme', 'x', 'write_delete', 'me')",
+    "(tenant, agent, family, granted_by) VALUES "
+    "('acme', 'x', 'write_delete', 'me')",
     "governance.rules": "DELETE FROM governance.rules",
     "retrieval.documents": "DELETE FROM retrieval.documents",
     "dispatcher.attempts": "DELETE FROM dispatcher.attempts",
 }
-OWNER = {"admission.commands": "admission", "admission.outbox": "admission",
-         "planner.runs": "planner", "governance.standing_grants": "governance",
-         "governance.rules": "governance", "retrieval.documents": "retrieval",
-         "dispatcher.attempts": "dispatcher"}
+OWNER = {
+    "admission.commands": "admission",
+    "admission.outbox": "admission",
+    "planner.runs": "planner",
+    "governance.standing_grants": "governance",
+    "governance.rules": "governance",
+    "retrieval.documents": "retrieval",
+    "dispatcher.attempts": "dispatcher",
+}
 
 
-@pytest.mark.parametrize("service", ["retrieval", "planner", "governance", "admission",
-                                     "dispatcher"])
-async def test_a_service_role_cannot_write_another_services_tables(stack: Stack,
-                                                                  service: str) -> None:
+@pytest.mark.parametrize(
+    "service", ["retrieval", "planner", "governance", "admission", "dispatcher"]
+)
+async def test_a_service_role_cannot_write_another_services_tables(
+    stack: Stack, service: str
+) -> None:
     conn = await _connect_as(stack, service)
     try:
         for table, sql in WRITES.items():
@@ -117,7 +136,8 @@ async def test_a_service_role_cannot_write_another_services_tables(stack: Stack,
 
 
 async def test_the_dispatcher_moves_state_but_cannot_change_what_was_approved(
-        stack: Stack, host: Host) -> None:
+    stack: Stack, host: Host
+) -> None:
     request = host.request()
     await host.publish(request, msg_id=request.request_id)
     result = await host.wait_result(request.request_id)
@@ -125,14 +145,19 @@ async def test_the_dispatcher_moves_state_but_cannot_change_what_was_approved(
     try:
         operation_id = result.actions[0].operation_id
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.execute("UPDATE admission.commands SET arguments = '{}' "
-                               "WHERE operation_id = $1", operation_id)
+            await conn.execute(
+                "UPDATE admission.commands SET arguments = '{}' WHERE operation_id = $1",
+                operation_id,
+            )
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.execute("UPDATE admission.commands SET request_hash = '\\x00' "
-                               "WHERE operation_id = $1", operation_id)
+            await conn.execute(
+                "UPDATE admission.commands SET request_hash = '\\x00' WHERE operation_id = $1",
+                operation_id,
+            )
         # Its state columns are its own to move (here: a no-op update of the same value).
-        changed = await conn.execute("UPDATE admission.commands SET state = state "
-                                     "WHERE operation_id = $1", operation_id)
+        changed = await conn.execute(
+            "UPDATE admission.commands SET state = state WHERE operation_id = $1", operation_id
+        )
         assert changed == "UPDATE 1"
     finally:
         await conn.close()
@@ -140,8 +165,12 @@ async def test_the_dispatcher_moves_state_but_cannot_change_what_was_approved(
 
 async def test_a_role_cannot_log_in_with_another_roles_password(stack: Stack) -> None:
     password = (stack.secrets / "pg-planner.password").read_text().strip()
-    dsn = with_database(stack.admin_dsn, stack.database,
-                        user=role_name(stack.database, "admission"), password=password)
+    dsn = with_database(
+        stack.admin_dsn,
+        stack.database,
+        user=role_name(stack.database, "admission"),
+        password=password,
+    )
     with pytest.raises(asyncpg.InvalidPasswordError):
         await asyncpg.connect(dsn)
 
@@ -173,8 +202,11 @@ async def test_every_service_exposes_its_metrics(stack: Stack, host: Host, name:
     port = stack.metrics_port(name)
     async with httpx.AsyncClient() as client:
         text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    handled = [line for line in text.splitlines()
-               if line.startswith(f"writ_{name}_messages_handled_total{{")]
+    handled = [
+        line
+        for line in text.splitlines()
+        if line.startswith(f"writ_{name}_messages_handled_total{{")
+    ]
     assert handled and all(float(line.rsplit(" ", 1)[1]) >= 1 for line in handled), text
     assert f"# TYPE writ_{name}_handler_seconds histogram" in text
     assert f"# TYPE writ_{name}_messages_failed_total counter" in text

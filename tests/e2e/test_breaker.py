@@ -34,9 +34,14 @@ CLOSED, OPEN = 0.0, 2.0
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-breaker-") as home:
-        deployment = Stack(Path(home), database="breaker", durable_pg=False, extra_env={
-            "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
-        })
+        deployment = Stack(
+            Path(home),
+            database="breaker",
+            durable_pg=False,
+            extra_env={
+                "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
+            },
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -57,34 +62,46 @@ def calls(crm: httpx.Client) -> int:
 
 
 def notes(crm: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
-    return [n for n in crm.get("/_control/notes").json()
-            if n["idempotency_key"] == f"acme:{operation_id}"]
+    return [
+        n
+        for n in crm.get("/_control/notes").json()
+        if n["idempotency_key"] == f"acme:{operation_id}"
+    ]
 
 
-async def command_rows(db: asyncpg.Connection, commands: list[SubmitCommand],
-                       timeout: float = 20) -> list[asyncpg.Record]:
+async def command_rows(
+    db: asyncpg.Connection, commands: list[SubmitCommand], timeout: float = 20
+) -> list[asyncpg.Record]:
     keys = [c.operation_key for c in commands]
     with anyio.fail_after(timeout):
         while True:
-            rows = await db.fetch("SELECT * FROM admission.commands "
-                                  "WHERE operation_key = ANY($1::text[])", keys)
+            rows = await db.fetch(
+                "SELECT * FROM admission.commands WHERE operation_key = ANY($1::text[])", keys
+            )
             if len(rows) == len(keys):
                 return sorted(rows, key=lambda r: keys.index(r["operation_key"]))
             await anyio.sleep(0.05)
 
 
 async def attempts(db: asyncpg.Connection, operation_id: Any) -> list[str | None]:
-    return [r["result"] for r in await db.fetch(
-        "SELECT result FROM dispatcher.attempts WHERE operation_id = $1 ORDER BY attempt_id",
-        operation_id)]
+    return [
+        r["result"]
+        for r in await db.fetch(
+            "SELECT result FROM dispatcher.attempts WHERE operation_id = $1 ORDER BY attempt_id",
+            operation_id,
+        )
+    ]
 
 
 async def test_rejected_calls_do_not_open_the_breaker(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     refused_before, calls_before = metric(stack, REFUSED), calls(crm)
     # An unknown customer: the CRM answers 404, which the connector reports as `rejected`.
-    unknown = [host.command(arguments={"customer_id": "NOPE-404", "body": "Nobody home."})
-               for _ in range(THRESHOLD + 2)]
+    unknown = [
+        host.command(arguments={"customer_id": "NOPE-404", "body": "Nobody home."})
+        for _ in range(THRESHOLD + 2)
+    ]
     for command in unknown:
         await host.submit(command)
         assert (await host.wait_command(command.request_id)).status == "failed"
@@ -102,7 +119,8 @@ async def test_rejected_calls_do_not_open_the_breaker(
 
 
 async def test_transient_failures_open_the_breaker_and_it_delays_without_calling(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     assert metric(stack, STATE) == CLOSED
     refused_before = metric(stack, REFUSED)
     crm.post("/_control/mode", json={"mode": "fail"})  # 503 on every note: transient
@@ -119,9 +137,11 @@ async def test_transient_failures_open_the_breaker_and_it_delays_without_calling
     # calls finish, so the count below is of calls made while it was open.
     failing_ids = [row["operation_id"] for row in await command_rows(db, failing)]
     with anyio.fail_after(20):
-        while await db.fetchval("SELECT count(*) FROM dispatcher.attempts "
-                                "WHERE operation_id = ANY($1) AND finished_at IS NULL",
-                                failing_ids):
+        while await db.fetchval(
+            "SELECT count(*) FROM dispatcher.attempts "
+            "WHERE operation_id = ANY($1) AND finished_at IS NULL",
+            failing_ids,
+        ):
             await anyio.sleep(0.05)
 
     # While it is open, new commands are refused before the connector: no call, no attempt.
@@ -150,8 +170,9 @@ async def test_transient_failures_open_the_breaker_and_it_delays_without_calling
     assert all(r.status in ("pending", "dispatching") for found in early_results for r in found)
 
     # The CRM is back; after the cooldown the next call half-opens the breaker and closes it.
-    results = [await host.wait_command(c.request_id, timeout=COOLDOWN_S + 30)
-               for c in failing + delayed]
+    results = [
+        await host.wait_command(c.request_id, timeout=COOLDOWN_S + 30) for c in failing + delayed
+    ]
     assert [r.status for r in results] == ["succeeded"] * len(results)
     for result in results:
         assert result.operation_id is not None
@@ -166,6 +187,9 @@ async def test_transient_failures_open_the_breaker_and_it_delays_without_calling
 
 
 async def _held_back(db: asyncpg.Connection, operation_id: Any) -> bool:
-    row = await db.fetchrow("SELECT state, lease_until > now() + interval '10 seconds' AS held "
-                            "FROM admission.commands WHERE operation_id = $1", operation_id)
+    row = await db.fetchrow(
+        "SELECT state, lease_until > now() + interval '10 seconds' AS held "
+        "FROM admission.commands WHERE operation_id = $1",
+        operation_id,
+    )
     return row is not None and row["state"] == "dispatching" and bool(row["held"])

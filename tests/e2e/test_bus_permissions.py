@@ -38,8 +38,10 @@ class Violations:
         """Until the server has refused `kind` (publish | subscription) on `subject`."""
         with anyio.fail_after(10):
             # nats-py lowercases the server's error line.
-            while not any("permissions violation" in s and kind in s
-                          and f'"{subject.lower()}"' in s.lower() for s in self.seen):
+            while not any(
+                "permissions violation" in s and kind in s and f'"{subject.lower()}"' in s.lower()
+                for s in self.seen
+            ):
                 await anyio.sleep(0.05)
 
 
@@ -72,11 +74,12 @@ async def test_a_host_cannot_read_another_tenants_results(acme, host: Host) -> N
     await violations.refused("subscription", "writ.out.>")
     await _nothing_arrives(wide)
     # Nor through JetStream: a consumer on globex's stream is never created.
-    with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                        nats.js.errors.Error)):
-        await nc.jetstream().subscribe(subjects.result("globex"),
-                                       stream=subjects.out_stream("globex"),
-                                       ordered_consumer=True)
+    with pytest.raises(
+        (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.Error)
+    ):
+        await nc.jetstream().subscribe(
+            subjects.result("globex"), stream=subjects.out_stream("globex"), ordered_consumer=True
+        )
     await violations.refused("publish", f"$JS.API.CONSUMER.CREATE.{subjects.out_stream('globex')}")
     # Nor the replies meant for others.
     inboxes = await nc.subscribe("_INBOX.>")
@@ -96,14 +99,23 @@ async def test_a_host_reads_its_own_results_and_events(acme, host: Host) -> None
 
 async def test_a_host_cannot_call_internal_endpoints(acme) -> None:
     nc, violations = acme
-    ask = ReadCapability(tenant="globex", run_id="r", tool="documents.search",
-                         arguments={"query": "invoice", "limit": 3}, principal="bob",
-                         agent="crm-assistant")
+    ask = ReadCapability(
+        tenant="globex",
+        run_id="r",
+        tool="documents.search",
+        arguments={"query": "invoice", "limit": 3},
+        principal="bob",
+        agent="crm-assistant",
+    )
     with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
         await nc.request(subjects.READ, msgspec.json.encode(ask), timeout=1)
     await violations.refused("publish", subjects.READ)
-    for subject in ("writ.int.>", "writ.cmd.>", "writ.events.planner.>",
-                    subjects.planner_progress("globex")):
+    for subject in (
+        "writ.int.>",
+        "writ.cmd.>",
+        "writ.events.planner.>",
+        subjects.planner_progress("globex"),
+    ):
         sub = await nc.subscribe(subject)
         await violations.refused("subscription", subject)
         await _nothing_arrives(sub)
@@ -114,8 +126,12 @@ async def test_a_host_cannot_publish_for_another_tenant(acme, host: Host) -> Non
     stream = subjects.in_stream("globex")
     before = (await host.js.stream_info(stream)).state.messages
     request = host.request(tenant="acme")
-    for subject in (subjects.request("globex"), subjects.command("acme"),
-                    subjects.proposal("acme"), subjects.request("acme") + ".more"):
+    for subject in (
+        subjects.request("globex"),
+        subjects.command("acme"),
+        subjects.proposal("acme"),
+        subjects.request("acme") + ".more",
+    ):
         await nc.publish(subject, msgspec.json.encode(request))
         await violations.refused("publish", subject)
     await nc.flush()
@@ -127,8 +143,9 @@ async def test_one_tenants_request_ids_never_collide_with_anothers(host: Host) -
     shared = f"req-{uuid.uuid4().hex[:12]}"
     acme = host.request(request_id=shared)
     await host.publish(acme, msg_id=shared)
-    globex = host.request(tenant="globex", principal="bob@globex.example", request_id=shared,
-                          token="not-a-jwt")
+    globex = host.request(
+        tenant="globex", principal="bob@globex.example", request_id=shared, token="not-a-jwt"
+    )
     await host.publish(globex, tenant="globex", msg_id=shared)
     assert (await host.wait_result(shared, tenant="globex")).status == "rejected"
     assert (await host.wait_result(shared)).status == "succeeded"
@@ -137,8 +154,12 @@ async def test_one_tenants_request_ids_never_collide_with_anothers(host: Host) -
 async def test_nothing_is_stored_for_unknown_tenants_or_deeper_subjects(host: Host) -> None:
     # Defect 11, even for the administrator: no stream holds these subjects.
     request = msgspec.json.encode(host.request())
-    for subject in ("writ.in.requests.nobody", subjects.request("acme") + ".more",
-                    "writ.in.other.acme", "writ.out.results.nobody"):
+    for subject in (
+        "writ.in.requests.nobody",
+        subjects.request("acme") + ".more",
+        "writ.in.other.acme",
+        "writ.out.results.nobody",
+    ):
         with pytest.raises((nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError)):
             await host.js.publish(subject, request, timeout=2)
     names = [name async for name in _stream_names(host)]
@@ -161,8 +182,9 @@ async def test_services_run_within_their_permissions(host: Host, stack: Stack) -
     # A service cannot do what another does: retrieval cannot put a command on the bus, nor
     # start a run (it reads untrusted content: who a run is for never passes through it).
     violations = Violations()
-    retrieval = await nats.connect(stack.embedded_nats.url, error_cb=violations.record,
-                                   **stack.nats_options("retrieval"))
+    retrieval = await nats.connect(
+        stack.embedded_nats.url, error_cb=violations.record, **stack.nats_options("retrieval")
+    )
     try:
         await retrieval.publish(subjects.command(PROBE), b"{}")
         await violations.refused("publish", subjects.command(PROBE))

@@ -52,14 +52,24 @@ class Terminal:
                     self._buffer += await self._out.receive()
         except TimeoutError:
             shown = "\n".join(self.lines[-30:])
-            raise AssertionError(f"no line matched {pattern!r}; the chat showed:\n"
-                                 f"{shown}\n{self._buffer}") from None
+            raise AssertionError(
+                f"no line matched {pattern!r}; the chat showed:\n{shown}\n{self._buffer}"
+            ) from None
 
 
 @asynccontextmanager
 async def chat(stack: Stack, *args: str) -> AsyncIterator[Terminal]:
-    command = [sys.executable, "-m", "writ.cli", "chat", *args, "--home", str(stack.home),
-               "--url", stack.api_url]
+    command = [
+        sys.executable,
+        "-m",
+        "writ.cli",
+        "chat",
+        *args,
+        "--home",
+        str(stack.home),
+        "--url",
+        stack.api_url,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     async with await anyio.open_process(command, env=env) as process:
         try:
@@ -69,8 +79,9 @@ async def chat(stack: Stack, *args: str) -> AsyncIterator[Terminal]:
                 process.terminate()
 
 
-async def test_a_chat_in_the_terminal(stack: Stack, crm: httpx.Client,
-                                      db: asyncpg.Connection) -> None:
+async def test_a_chat_in_the_terminal(
+    stack: Stack, crm: httpx.Client, db: asyncpg.Connection
+) -> None:
     async with chat(stack, "crm-assistant") as term:
         session_id = (await term.expect(r"^\[session (\S+) with crm-assistant\]$"))[1]
         await term.type(ASK)
@@ -101,8 +112,9 @@ async def test_a_chat_in_the_terminal(stack: Stack, crm: httpx.Client,
         with anyio.fail_after(30):
             assert await term.process.wait() == 0
     assert fork_id != session_id
-    issuer = Issuer.from_file(stack.secrets / "host-acme.pem", tenant="acme",
-                              issuer=stack.issuer("acme"))
+    issuer = Issuer.from_file(
+        stack.secrets / "host-acme.pem", tenant="acme", issuer=stack.issuer("acme")
+    )
     async with Client(stack.api_url, issuer, "alice@acme.example") as client:
         parent = await client.session(session_id).history()
         fork = await client.session(fork_id).history()
@@ -111,11 +123,16 @@ async def test_a_chat_in_the_terminal(stack: Stack, crm: httpx.Client,
     assert ("injected", "Mention order 7781") in [(m.role, m.text) for m in parent.messages]
     assert (fork.state, fork.parent_session_id) == ("closed", session_id)
     # One note for the one turn that made it: the fork executed nothing again.
-    [row] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                           parent.run_id)
+    [row] = await db.fetch(
+        "SELECT operation_id FROM admission.commands WHERE run_id = $1", parent.run_id
+    )
     assert len(notes_for(crm, f"acme:{row[0]}")) == 1
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id LIKE $1",
-                             f"{fork_id}%") == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE run_id LIKE $1", f"{fork_id}%"
+        )
+        == 0
+    )
 
 
 async def test_end_of_input_leaves_the_session_as_it_is(stack: Stack) -> None:
@@ -137,9 +154,9 @@ async def test_end_of_input_leaves_the_session_as_it_is(stack: Stack) -> None:
             assert await term.process.wait() == 1
 
 
-
 async def test_a_decision_asked_in_the_chat_is_answered_in_place(
-        stack: Stack, payments: httpx.Client, db: asyncpg.Connection) -> None:
+    stack: Stack, payments: httpx.Client, db: asyncpg.Connection
+) -> None:
     async with chat(stack, "billing-assistant", "--roles", "approver") as term:
         session_id = (await term.expect(r"^\[session (\S+) with billing-assistant\]$"))[1]
         await term.type("Charge the expedited shipping")
@@ -150,26 +167,28 @@ async def test_a_decision_asked_in_the_chat_is_answered_in_place(
         # Separation of duties: the person chatting asked for this charge, so their own
         # approval is refused in place and the question stays open for another approver.
         await term.expect(rf"^\[decision {pending} not taken: SEPARATION_OF_DUTIES: ")
-        issuer = Issuer.from_file(stack.secrets / "host-acme.pem", tenant="acme",
-                                  issuer=stack.issuer("acme"))
-        async with Client(stack.api_url, issuer, "bob@acme.example",
-                          roles=("approver",)) as bob:
+        issuer = Issuer.from_file(
+            stack.secrets / "host-acme.pem", tenant="acme", issuer=stack.issuer("acme")
+        )
+        async with Client(stack.api_url, issuer, "bob@acme.example", roles=("approver",)) as bob:
             assert (await bob.decide(pending, "once")).accepted
         await term.expect(r"^  · payment\.charge\.create: succeeded$")
         await term.expect(r"^\[turn 1 succeeded\]$")
         await term.type("/quit")
         with anyio.fail_after(30):
             assert await term.process.wait() == 0
-    [row] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                           f"{session_id}-t1")
-    charges = [c for c in payments.get("/_control/charges").json()
-               if c["reference"].endswith(f":{row[0]}")]
+    [row] = await db.fetch(
+        "SELECT operation_id FROM admission.commands WHERE run_id = $1", f"{session_id}-t1"
+    )
+    charges = [
+        c for c in payments.get("/_control/charges").json() if c["reference"].endswith(f":{row[0]}")
+    ]
     assert len(charges) == 1 and charges[0]["amount_cents"] == 4900
 
 
-
 async def test_a_plan_shown_and_approved_in_place_then_the_answer_streamed(
-        stack: Stack, crm: httpx.Client, db: asyncpg.Connection) -> None:
+    stack: Stack, crm: httpx.Client, db: asyncpg.Connection
+) -> None:
     async with chat(stack, "chat-assistant", "--plan-mode") as term:
         session_id = (await term.expect(r"^\[session (\S+) with chat-assistant\]$"))[1]
         await term.type("Please note the shipment update")
@@ -178,14 +197,21 @@ async def test_a_plan_shown_and_approved_in_place_then_the_answer_streamed(
         await term.expect(r"^approve this plan\? y to approve")
         await term.type("y")
         await term.expect(r"^\[plan approved\]$")
-        await term.expect(r"^agent: Done: the note about order 7781 is on Acme Corporation's "
-                          r"record\.$")
+        await term.expect(
+            r"^agent: Done: the note about order 7781 is on Acme Corporation's "
+            r"record\.$"
+        )
         await term.expect(r"^\[turn 1 succeeded\]$")
         await term.type("/quit")
         with anyio.fail_after(30):
             assert await term.process.wait() == 0
-    assert await db.fetchval("SELECT count(*) FROM planner.plans WHERE plan_id = $1 AND "
-                             "state = 'approved'", plan_id) == 1
-    [row] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                           f"{session_id}-t1")
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM planner.plans WHERE plan_id = $1 AND state = 'approved'", plan_id
+        )
+        == 1
+    )
+    [row] = await db.fetch(
+        "SELECT operation_id FROM admission.commands WHERE run_id = $1", f"{session_id}-t1"
+    )
     assert len(notes_for(crm, f"acme:{row[0]}")) == 1

@@ -46,14 +46,25 @@ def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-faults-") as home:
         faults = Path(home) / "faults"
         faults.write_text("")
-        deployment = Stack(Path(home), database="faults", durable_pg=False, extra_env={
-            "*": {"WRIT_FAULTS_FILE": str(faults),
-                  "WRIT_DUPLICATE_WINDOW_S": str(DUPLICATE_WINDOW_S),
-                  "WRIT_DRAIN_TIMEOUT_S": "2",
-                  "WRIT_OTEL_SPANS_FILE": str(Path(home) / "spans")},
-            "dispatcher": {"WRIT_LEASE_S": str(LEASE_S), "WRIT_SWEEP_EVERY_S": "1",
-                           "WRIT_PENDING_GRACE_S": "5", "WRIT_CALL_TIMEOUT_S": "1.5"},
-        })
+        deployment = Stack(
+            Path(home),
+            database="faults",
+            durable_pg=False,
+            extra_env={
+                "*": {
+                    "WRIT_FAULTS_FILE": str(faults),
+                    "WRIT_DUPLICATE_WINDOW_S": str(DUPLICATE_WINDOW_S),
+                    "WRIT_DRAIN_TIMEOUT_S": "2",
+                    "WRIT_OTEL_SPANS_FILE": str(Path(home) / "spans"),
+                },
+                "dispatcher": {
+                    "WRIT_LEASE_S": str(LEASE_S),
+                    "WRIT_SWEEP_EVERY_S": "1",
+                    "WRIT_PENDING_GRACE_S": "5",
+                    "WRIT_CALL_TIMEOUT_S": "1.5",
+                },
+            },
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -107,55 +118,80 @@ def faults(stack: Stack) -> Iterator[Faults]:
 
 
 def notes(crm: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
-    return [n for n in crm.get("/_control/notes").json()
-            if n["idempotency_key"] == f"acme:{operation_id}"]
+    return [
+        n
+        for n in crm.get("/_control/notes").json()
+        if n["idempotency_key"] == f"acme:{operation_id}"
+    ]
 
 
 def charges(payments: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
-    return [c for c in payments.get("/_control/charges").json()
-            if c["reference"] == f"acme:{operation_id}"]
+    return [
+        c
+        for c in payments.get("/_control/charges").json()
+        if c["reference"] == f"acme:{operation_id}"
+    ]
 
 
-async def command_row(db: asyncpg.Connection, operation_key: str,
-                      timeout: float = 20) -> asyncpg.Record:
+async def command_row(
+    db: asyncpg.Connection, operation_key: str, timeout: float = 20
+) -> asyncpg.Record:
     with anyio.fail_after(timeout):
         while True:
-            row = await db.fetchrow("SELECT * FROM admission.commands WHERE operation_key = $1",
-                                    operation_key)
+            row = await db.fetchrow(
+                "SELECT * FROM admission.commands WHERE operation_key = $1", operation_key
+            )
             if row is not None:
                 return row
             await anyio.sleep(0.05)
 
 
-async def until_state(db: asyncpg.Connection, operation_key: str, state: str,
-                      timeout: float = 30) -> None:
+async def until_state(
+    db: asyncpg.Connection, operation_key: str, state: str, timeout: float = 30
+) -> None:
     with anyio.fail_after(timeout):
         while (await command_row(db, operation_key))["state"] != state:
             await anyio.sleep(0.05)
 
 
 async def attempts(db: asyncpg.Connection, operation_id: Any) -> list[tuple[int, str | None]]:
-    rows = await db.fetch("SELECT lease_epoch, result FROM dispatcher.attempts "
-                          "WHERE operation_id = $1 ORDER BY attempt_id", operation_id)
+    rows = await db.fetch(
+        "SELECT lease_epoch, result FROM dispatcher.attempts "
+        "WHERE operation_id = $1 ORDER BY attempt_id",
+        operation_id,
+    )
     return [(r["lease_epoch"], r["result"]) for r in rows]
 
 
 def charge(host: Host) -> Any:
-    return host.command(action="payment.charge.create", arguments={
-        "customer_id": "ACME-42", "amount_cents": 12_500, "currency": "EUR",
-        "description": "Expedited shipping for order 7781"})
+    return host.command(
+        action="payment.charge.create",
+        arguments={
+            "customer_id": "ACME-42",
+            "amount_cents": 12_500,
+            "currency": "EUR",
+            "description": "Expedited shipping for order 7781",
+        },
+    )
 
 
 # -- crashes at the admission and relay boundaries -------------------------------------------
 
+
 async def test_crash_before_the_admission_commit_admits_nothing_until_the_retry(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("admission.before_commit")
     command = host.command()
     await host.submit(command)
     await faults.crashed("admission")
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE operation_key = $1",
-                             command.operation_key) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE operation_key = $1",
+            command.operation_key,
+        )
+        == 0
+    )
 
     await faults.restart("admission")
     result = await host.wait_command(command.request_id)
@@ -165,27 +201,37 @@ async def test_crash_before_the_admission_commit_admits_nothing_until_the_retry(
 
 
 async def test_crash_after_commit_before_publish_keeps_the_obligation(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("relay.before_publish")
     command = host.command()
     await host.submit(command)
     await faults.crashed("admission")
     row = await command_row(db, command.operation_key)
     assert row["state"] == "pending"
-    assert await db.fetchval("SELECT count(*) FROM admission.outbox WHERE operation_id = $1",
-                             row["operation_id"]) == 1
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.outbox WHERE operation_id = $1", row["operation_id"]
+        )
+        == 1
+    )
 
     await faults.restart("admission")
     result = await host.wait_command(command.request_id)
 
     assert result.status == "succeeded"
     assert len(notes(crm, result.operation_id)) == 1
-    assert await db.fetchval("SELECT count(*) FROM admission.outbox WHERE operation_id = $1",
-                             row["operation_id"]) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.outbox WHERE operation_id = $1", row["operation_id"]
+        )
+        == 0
+    )
 
 
 async def test_crash_after_publish_before_the_outbox_row_is_cleared_dispatches_once(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("relay.after_publish")
     command = host.command()
     await host.submit(command)
@@ -202,7 +248,8 @@ async def test_crash_after_publish_before_the_outbox_row_is_cleared_dispatches_o
 
 
 async def test_relay_down_longer_than_the_duplicate_window_still_makes_one_effect(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("relay.after_publish")
     command = host.command()
     await host.submit(command)
@@ -224,8 +271,11 @@ async def _dispatch_messages(host: Host, operation_id: str, *, expect: int) -> i
     with anyio.fail_after(20):
         while True:
             count = 0
-            sub = await host.js.subscribe(subjects.command("acme"), ordered_consumer=True,
-                                          config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+            sub = await host.js.subscribe(
+                subjects.command("acme"),
+                ordered_consumer=True,
+                config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
+            )
             try:
                 while True:
                     try:
@@ -245,8 +295,10 @@ async def _dispatch_messages(host: Host, operation_id: str, *, expect: int) -> i
 
 # -- crashes at the dispatcher's boundaries --------------------------------------------------
 
+
 async def test_crash_after_publish_before_dispatch(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("dispatcher.before_claim")
     command = host.command()
     await host.submit(command)
@@ -263,7 +315,8 @@ async def test_crash_after_publish_before_dispatch(
 
 
 async def test_crash_after_the_remote_write_replays_the_key_at_an_idempotent_provider(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("dispatcher.after_remote_write")
     command = host.command()
     await host.submit(command)
@@ -281,23 +334,32 @@ async def test_crash_after_the_remote_write_replays_the_key_at_an_idempotent_pro
     assert len(written) == 1 and result.receipt == written[0]["note_id"]
     assert await attempts(db, row["operation_id"]) == [(1, None), (2, "succeeded")]
     # The new holder's dispatch span links to the crashed attempt's, whatever trace it was in.
-    first = await db.fetchval("SELECT traceparent FROM dispatcher.attempts "
-                              "WHERE operation_id = $1 AND lease_epoch = 1", row["operation_id"])
+    first = await db.fetchval(
+        "SELECT traceparent FROM dispatcher.attempts WHERE operation_id = $1 AND lease_epoch = 1",
+        row["operation_id"],
+    )
     _, trace_id, span_id, _ = first.split("-")
     with anyio.fail_after(10):
-        while not (linked := [
-                s for s in recorded_spans(host.stack)
+        while not (
+            linked := [
+                s
+                for s in recorded_spans(host.stack)
                 if s["name"] in ("dispatch", "dispatch (re-driven)")
-                and {"trace_id": trace_id, "span_id": span_id,
-                     "attributes": {"writ.link": "earlier attempt"}} in s["links"]]):
+                and {
+                    "trace_id": trace_id,
+                    "span_id": span_id,
+                    "attributes": {"writ.link": "earlier attempt"},
+                }
+                in s["links"]
+            ]
+        ):
             await anyio.sleep(0.1)
     assert linked[0]["attributes"]["writ.operation_id"] == operation_id
 
 
-
 async def test_a_batch_crashed_after_its_remote_writes_replays_each_key_once(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
-        faults: Faults) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     """Commands waiting in the stream are fetched as one batch: claimed together, their
     intents recorded together before any connector call, called, then the process dies before
     any outcome is recorded. The next holder replays each key: one note per command."""
@@ -307,8 +369,10 @@ async def test_a_batch_crashed_after_its_remote_writes_replays_each_key_once(
         await host.submit(command)
     rows = [await command_row(db, c.operation_key) for c in commands]
     with anyio.fail_after(20):  # relayed: all five wait in the stream for the dispatcher
-        while await db.fetchval("SELECT count(*) FROM admission.outbox WHERE operation_id "
-                                "= ANY($1::uuid[])", [r["operation_id"] for r in rows]):
+        while await db.fetchval(
+            "SELECT count(*) FROM admission.outbox WHERE operation_id = ANY($1::uuid[])",
+            [r["operation_id"] for r in rows],
+        ):
             await anyio.sleep(0.05)
     faults.arm("dispatcher.after_remote_write")
     stack.start_instance("dispatcher", "dispatcher")
@@ -331,7 +395,8 @@ async def test_a_batch_crashed_after_its_remote_writes_replays_each_key_once(
 
 
 async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_unknown(
-        host: Host, db: asyncpg.Connection, payments: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, payments: httpx.Client, faults: Faults
+) -> None:
     faults.arm("dispatcher.after_remote_write")
     command = charge(host)
     await host.submit(command)
@@ -348,33 +413,60 @@ async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_
     listed = _writ(host.stack, "reconcile", "list")
     assert listed.returncode == 0 and result.operation_id in listed.stdout
     charge_id = charges(payments, result.operation_id)[0]["charge_id"]
-    resolved = _writ(host.stack, "reconcile", "resolve", result.operation_id,
-                     "--state", "succeeded", "--receipt", charge_id,
-                     "--evidence", f"provider dashboard shows {charge_id} captured",
-                     "--by", "ops@acme")
+    resolved = _writ(
+        host.stack,
+        "reconcile",
+        "resolve",
+        result.operation_id,
+        "--state",
+        "succeeded",
+        "--receipt",
+        charge_id,
+        "--evidence",
+        f"provider dashboard shows {charge_id} captured",
+        "--by",
+        "ops@acme",
+    )
     assert resolved.returncode == 0, resolved.stdout + resolved.stderr
     row = await command_row(db, command.operation_key)
     assert (row["state"], row["receipt"]) == ("succeeded", charge_id)
-    evidence = await db.fetchrow("SELECT * FROM admission.reconciliations "
-                                 "WHERE operation_id = $1", row["operation_id"])
+    evidence = await db.fetchrow(
+        "SELECT * FROM admission.reconciliations WHERE operation_id = $1", row["operation_id"]
+    )
     assert evidence["resolved_by"] == "ops@acme" and charge_id in evidence["evidence"]
-    again = await _request(host, subjects.RECONCILE, Reconcile(
-        tenant="acme", operation_id=result.operation_id, state="failed",
-        evidence="second thoughts", resolved_by="ops@acme"), Reconciled)
+    again = await _request(
+        host,
+        subjects.RECONCILE,
+        Reconcile(
+            tenant="acme",
+            operation_id=result.operation_id,
+            state="failed",
+            evidence="second thoughts",
+            resolved_by="ops@acme",
+        ),
+        Reconciled,
+    )
     assert not again.ok  # unknown is left once; a reconciled command stays reconciled
     assert result.operation_id not in _writ(host.stack, "reconcile", "list").stdout
     assert len(charges(payments, result.operation_id)) == 1
     # The host hears the reconciled outcome too.
     with anyio.fail_after(20):
-        while not any(r.status == "succeeded" for r in await host.results(command.request_id)
-                      if isinstance(r, CommandResult)):
+        while not any(
+            r.status == "succeeded"
+            for r in await host.results(command.request_id)
+            if isinstance(r, CommandResult)
+        ):
             await anyio.sleep(0.1)
 
 
 def _writ(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "writ.cli", args[0], "--nats-url",
-                           stack.nats_url, *args[1:]], capture_output=True, text=True,
-                          timeout=30, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "writ.cli", args[0], "--nats-url", stack.nats_url, *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 async def _request(host: Host, subject: str, message: msgspec.Struct, answer: type) -> Any:
@@ -383,8 +475,8 @@ async def _request(host: Host, subject: str, message: msgspec.Struct, answer: ty
 
 
 async def test_a_queryable_provider_is_asked_instead_of_charged_twice(
-        stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client,
-        faults: Faults) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client, faults: Faults
+) -> None:
     stack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"] = "true"
     payments.post("/_control/queryable", json={"queryable": True})
     try:
@@ -408,7 +500,8 @@ async def test_a_queryable_provider_is_asked_instead_of_charged_twice(
 
 
 async def test_crash_after_persistence_before_the_ack_does_nothing_more(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("dispatcher.before_ack")
     command = host.command()
     await host.submit(command)
@@ -429,8 +522,10 @@ async def test_crash_after_persistence_before_the_ack_does_nothing_more(
 
 # -- lost responses ---------------------------------------------------------------------------
 
+
 async def test_a_lost_response_at_the_idempotent_crm_is_replayed_to_one_note(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     crm.post("/_control/mode", json={"mode": "lose_response", "count": 1})
     command = host.command()
     await host.submit(command)
@@ -443,7 +538,8 @@ async def test_a_lost_response_at_the_idempotent_crm_is_replayed_to_one_note(
 
 
 async def test_a_lost_response_at_the_non_idempotent_provider_ends_unknown(
-        host: Host, db: asyncpg.Connection, payments: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
     payments.post("/_control/mode", json={"mode": "lose_response", "count": 1})
     command = charge(host)
     await host.submit(command)
@@ -457,9 +553,10 @@ async def test_a_lost_response_at_the_non_idempotent_provider_ends_unknown(
 
 # -- racing and paused workers ----------------------------------------------------------------
 
+
 async def test_two_dispatchers_racing_make_one_effect_per_command(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
-        faults: Faults) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     stack.start_instance("dispatcher", "dispatcher-2")
     try:
         await stack.wait_ready(("dispatcher",))
@@ -469,9 +566,13 @@ async def test_two_dispatchers_racing_make_one_effect_per_command(
         rows = [await command_row(db, c.operation_key) for c in commands]
         for row in rows:  # every command delivered twice more, past the dedupe window
             for _ in range(2):
-                await host.js.publish(subjects.command("acme"), msgspec.json.encode(
-                    DispatchCommand(tenant="acme", operation_id=str(row["operation_id"]))),
-                    headers={"Nats-Msg-Id": uuid.uuid4().hex})
+                await host.js.publish(
+                    subjects.command("acme"),
+                    msgspec.json.encode(
+                        DispatchCommand(tenant="acme", operation_id=str(row["operation_id"]))
+                    ),
+                    headers={"Nats-Msg-Id": uuid.uuid4().hex},
+                )
         results = [await host.wait_command(c.request_id) for c in commands]
         await anyio.sleep(1.0)
     finally:
@@ -484,7 +585,8 @@ async def test_two_dispatchers_racing_make_one_effect_per_command(
 
 
 async def test_a_worker_paused_past_its_lease_is_fenced_and_never_acks(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     crm.post("/_control/mode", json={"mode": "slow", "delay_s": 4.0, "count": 1})
     first = stack.procs["dispatcher"]
     calls = crm.get("/_control/calls").json()["calls"]  # the count runs over the module
@@ -492,9 +594,16 @@ async def test_a_worker_paused_past_its_lease_is_fenced_and_never_acks(
     await host.submit(command)
     row = await command_row(db, command.operation_key)
     with anyio.fail_after(10):
-        while crm.get("/_control/calls").json()["calls"] == calls or (
-                await db.fetchval("SELECT state FROM admission.commands WHERE operation_id = $1",
-                                  row["operation_id"])) != "dispatching":
+        while (
+            crm.get("/_control/calls").json()["calls"] == calls
+            or (
+                await db.fetchval(
+                    "SELECT state FROM admission.commands WHERE operation_id = $1",
+                    row["operation_id"],
+                )
+            )
+            != "dispatching"
+        ):
             await anyio.sleep(0.05)
     first.send_signal(signal.SIGSTOP)  # the holder freezes mid-call, lease and all
     try:
@@ -504,15 +613,21 @@ async def test_a_worker_paused_past_its_lease_is_fenced_and_never_acks(
         first.send_signal(signal.SIGCONT)
     await anyio.sleep(5.0)  # the old holder wakes, its call returns, and it finds itself fenced
     try:
-        fenced = _metric(stack, "dispatcher", 'writ_dispatcher_messages_failed_total'
-                                               '{consumer="dispatcher",outcome="fenced"}')
+        fenced = _metric(
+            stack,
+            "dispatcher",
+            'writ_dispatcher_messages_failed_total{consumer="dispatcher",outcome="fenced"}',
+        )
     finally:
         stack.stop_process("dispatcher-2")
 
     final = await command_row(db, command.operation_key)
     assert result.status == "succeeded"
     assert (final["state"], final["lease_epoch"], final["lease_owner"]) == (
-        "succeeded", 2, "dispatcher-2")
+        "succeeded",
+        2,
+        "dispatcher-2",
+    )
     assert len(notes(crm, result.operation_id)) == 1
     assert await attempts(db, row["operation_id"]) == [(1, None), (2, "succeeded")]
     assert fenced == 1.0
@@ -528,8 +643,10 @@ def _metric(stack: Stack, name: str, sample: str) -> float:
 
 # -- the bus losing a message, and several relays ---------------------------------------------
 
+
 async def test_a_command_whose_message_was_lost_is_re_driven_from_postgres(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("dispatcher.before_claim")
     command = host.command()
     await host.submit(command)
@@ -548,7 +665,8 @@ async def test_a_command_whose_message_was_lost_is_re_driven_from_postgres(
 
 
 async def test_several_relays_publish_each_outbox_row_once(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     stack.start_instance("admission", "admission-2")
     try:
         await stack.wait_ready(("admission",))
@@ -568,8 +686,8 @@ async def test_several_relays_publish_each_outbox_row_once(
 
 
 async def test_sigterm_drains_in_flight_work_and_exits_cleanly(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client,
-        faults: Faults) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     crm.post("/_control/mode", json={"mode": "slow", "delay_s": 1.0, "count": 1})
     calls = crm.get("/_control/calls").json()["calls"]  # the count runs over the module
     command = host.command()
@@ -592,7 +710,8 @@ async def test_sigterm_drains_in_flight_work_and_exits_cleanly(
 
 
 async def test_a_retried_run_command_replays_the_persisted_command_never_the_planner(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, faults: Faults
+) -> None:
     faults.arm("dispatcher.after_remote_write")
     request = host.request()
     await host.publish(request, msg_id=request.request_id)
@@ -602,13 +721,18 @@ async def test_a_retried_run_command_replays_the_persisted_command_never_the_pla
     result = await host.wait_result(request.request_id)
 
     assert result.status == "succeeded"
-    steps = await db.fetch("SELECT seq, kind FROM planner.steps WHERE run_id = $1 ORDER BY seq",
-                           result.run_id)
+    steps = await db.fetch(
+        "SELECT seq, kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", result.run_id
+    )
     # One model decision proposed the note, one answered: the retry asked the model nothing.
     assert [(s["seq"], s["kind"]) for s in steps] == [
-        (0, "decision"), (1, "observation"), (2, "decision")]
-    commands = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                              result.run_id)
+        (0, "decision"),
+        (1, "observation"),
+        (2, "decision"),
+    ]
+    commands = await db.fetch(
+        "SELECT operation_id FROM admission.commands WHERE run_id = $1", result.run_id
+    )
     assert len(commands) == 1
     assert len(notes(crm, str(commands[0]["operation_id"]))) == 1
     assert await attempts(db, commands[0]["operation_id"]) == [(1, None), (2, "succeeded")]

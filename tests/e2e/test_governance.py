@@ -34,19 +34,37 @@ def payments(stack: Stack) -> Any:
 
 
 def charges_for(payments: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
-    return [c for c in payments.get("/_control/charges").json()
-            if c["reference"].endswith(f":{operation_id}")]
+    return [
+        c
+        for c in payments.get("/_control/charges").json()
+        if c["reference"].endswith(f":{operation_id}")
+    ]
 
 
 def writ(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "writ.cli", args[0], "--home", str(stack.home),
-                           "--nats-url", stack.nats_url, *args[1:]], capture_output=True,
-                          text=True, timeout=60, check=False)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "writ.cli",
+            args[0],
+            "--home",
+            str(stack.home),
+            "--nats-url",
+            stack.nats_url,
+            *args[1:],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 async def _stopped_at_ask(host: Host, tenant: str = "acme", **kwargs: Any) -> Any:
-    request = host.request(agent="billing-assistant", tenant=tenant,
-                           principal=f"alice@{tenant}.example", **kwargs)
+    request = host.request(
+        agent="billing-assistant", tenant=tenant, principal=f"alice@{tenant}.example", **kwargs
+    )
     await host.publish(request, tenant=tenant, msg_id=request.request_id)
     result = await host.wait_result(request.request_id, tenant=tenant)
     return request, result
@@ -62,14 +80,19 @@ async def _final(host: Host, request_id: str, tenant: str = "acme") -> Any:
 
 
 async def test_an_unattended_run_stops_at_an_ask_and_resumes_once_when_answered(
-        stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
     request, result = await _stopped_at_ask(host)
     assert result.status == "awaiting_human"
     assert result.error is not None and result.error.code == "AWAITING_HUMAN"
     pending_id = result.pending_id
     assert pending_id is not None
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             result.run_id) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE run_id = $1", result.run_id
+        )
+        == 0
+    )
 
     listed = writ(stack, "pending")
     assert listed.returncode == 0 and pending_id in listed.stdout
@@ -83,10 +106,10 @@ async def test_an_unattended_run_stops_at_an_ask_and_resumes_once_when_answered(
     [action] = final.actions
     assert action.state == "succeeded"
     assert len(charges_for(payments, action.operation_id)) == 1
-    command = await db.fetchrow("SELECT * FROM admission.commands WHERE run_id = $1",
-                                result.run_id)
-    answer = await db.fetchrow("SELECT * FROM governance.pending WHERE pending_id = $1",
-                               uuid.UUID(pending_id))
+    command = await db.fetchrow("SELECT * FROM admission.commands WHERE run_id = $1", result.run_id)
+    answer = await db.fetchrow(
+        "SELECT * FROM governance.pending WHERE pending_id = $1", uuid.UUID(pending_id)
+    )
     assert (answer["answer"], answer["answered_by"]) == ("once", "ops@acme.example")
     assert command["decision_id"] == answer["answer_decision_id"]
 
@@ -102,7 +125,8 @@ async def test_an_unattended_run_stops_at_an_ask_and_resumes_once_when_answered(
 
 
 async def test_deny_fails_the_run_with_rejected_and_the_reason(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     request, result = await _stopped_at_ask(host)
     denied = writ(stack, "decide", result.pending_id, "deny", "--reason", "not this month")
     assert denied.returncode == 0, denied.stdout + denied.stderr
@@ -112,95 +136,132 @@ async def test_deny_fails_the_run_with_rejected_and_the_reason(
     assert final.status == "failed"
     assert final.error is not None and final.error.code == "REJECTED"
     assert "not this month" in final.error.message
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             result.run_id) == 0
-    proposal = await db.fetchrow("SELECT state FROM admission.proposals WHERE run_id = $1",
-                                 result.run_id)
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE run_id = $1", result.run_id
+        )
+        == 0
+    )
+    proposal = await db.fetchrow(
+        "SELECT state FROM admission.proposals WHERE run_id = $1", result.run_id
+    )
     assert proposal["state"] == "rejected"
 
 
 async def test_always_writes_a_standing_grant_for_the_family_not_the_tool(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     request, result = await _stopped_at_ask(host, tenant="globex")
-    answered = writ(stack, "decide", "--tenant", "globex", "--principal", "ops@globex.example",
-                    result.pending_id, "always")
+    answered = writ(
+        stack,
+        "decide",
+        "--tenant",
+        "globex",
+        "--principal",
+        "ops@globex.example",
+        result.pending_id,
+        "always",
+    )
     assert answered.returncode == 0, answered.stdout + answered.stderr
     assert (await _final(host, request.request_id, "globex")).status == "succeeded"
 
-    grants = await db.fetch("SELECT agent, family FROM governance.standing_grants "
-                            "WHERE tenant = 'globex'")
-    assert [(g["agent"], g["family"]) for g in grants] == [("billing-assistant",
-                                                             "write_delete")]
+    grants = await db.fetch(
+        "SELECT agent, family FROM governance.standing_grants WHERE tenant = 'globex'"
+    )
+    assert [(g["agent"], g["family"]) for g in grants] == [("billing-assistant", "write_delete")]
     # The next run is allowed by the grant, at line 5, without asking anyone.
-    second = host.request(agent="billing-assistant", tenant="globex",
-                          principal="alice@globex.example")
+    second = host.request(
+        agent="billing-assistant", tenant="globex", principal="alice@globex.example"
+    )
     await host.publish(second, tenant="globex", msg_id=second.request_id)
     result2 = await _final(host, second.request_id, "globex")
     assert result2.status == "succeeded"
-    line = await db.fetchval("SELECT decision_line FROM admission.commands WHERE run_id = $1",
-                             result2.run_id)
+    line = await db.fetchval(
+        "SELECT decision_line FROM admission.commands WHERE run_id = $1", result2.run_id
+    )
     assert line == 5
 
 
-async def _publish_decision(host: Host, tenant: str, token: str, pending_id: str,
-                            answer: str = "once") -> DecisionResult:
+async def _publish_decision(
+    host: Host, tenant: str, token: str, pending_id: str, answer: str = "once"
+) -> DecisionResult:
     return await host.decide(pending_id, answer, tenant=tenant, token=token)
 
 
 async def test_only_approvers_of_the_same_tenant_may_answer(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     _, result = await _stopped_at_ask(host)
     pending_id = result.pending_id
 
-    no_role = await _publish_decision(host, "acme", stack.token("acme", "bob@acme.example"),
-                                      pending_id)
+    no_role = await _publish_decision(
+        host, "acme", stack.token("acme", "bob@acme.example"), pending_id
+    )
     assert not no_role.accepted and "FORBIDDEN" in no_role.message
     other_tenant = await _publish_decision(
-        host, "globex", stack.token("globex", "eve@globex.example", roles=["approver"]),
-        pending_id)
+        host, "globex", stack.token("globex", "eve@globex.example", roles=["approver"]), pending_id
+    )
     assert not other_tenant.accepted and "no such pending decision" in other_tenant.message
     forged = await _publish_decision(
-        host, "acme", stack.token("globex", "eve@globex.example", roles=["approver"]),
-        pending_id)
+        host, "acme", stack.token("globex", "eve@globex.example", roles=["approver"]), pending_id
+    )
     assert not forged.accepted and "BAD_SIGNATURE" in forged.message
     not_offered = await _publish_decision(
-        host, "acme", stack.token("acme", "ops@acme.example", roles=["approver"]),
-        str(uuid.uuid4()))
+        host, "acme", stack.token("acme", "ops@acme.example", roles=["approver"]), str(uuid.uuid4())
+    )
     assert not not_offered.accepted
 
-    row = await db.fetchrow("SELECT answer FROM governance.pending WHERE pending_id = $1",
-                            uuid.UUID(pending_id))
+    row = await db.fetchrow(
+        "SELECT answer FROM governance.pending WHERE pending_id = $1", uuid.UUID(pending_id)
+    )
     assert row["answer"] is None  # still waiting for a rightful answer
 
 
 async def test_an_attended_ask_unanswered_for_five_minutes_is_a_deny(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     request = host.request(agent="billing-assistant", attended=True)
     await host.publish(request, msg_id=request.request_id)
     with anyio.fail_after(20):
-        while (row := await db.fetchrow(
+        while (
+            row := await db.fetchrow(
                 "SELECT p.* FROM governance.pending p JOIN planner.runs r "
-                "ON r.run_id = p.run_id WHERE r.request_id = $1", request.request_id)) is None:
+                "ON r.run_id = p.run_id WHERE r.request_id = $1",
+                request.request_id,
+            )
+        ) is None:
             await anyio.sleep(0.05)
     assert row["attended"] and row["deadline"] is not None
     assert 290 <= (row["deadline"] - row["created_at"]).total_seconds() <= 310
     assert await host.results(request.request_id) == []  # attended: the run waits, silently
 
     # Five minutes pass.
-    await db.execute("UPDATE governance.pending SET deadline = now() - interval '1 second' "
-                     "WHERE pending_id = $1", row["pending_id"])
+    await db.execute(
+        "UPDATE governance.pending SET deadline = now() - interval '1 second' "
+        "WHERE pending_id = $1",
+        row["pending_id"],
+    )
     final = await _final(host, request.request_id)
 
     assert final.status == "failed" and final.error.code == "REJECTED"
     assert "no answer within 5 minutes" in final.error.message
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             row["run_id"]) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE run_id = $1", row["run_id"]
+        )
+        == 0
+    )
 
 
 async def _decide(nc: Any, **fields: Any) -> Decision:
-    ask = DecideRequest(tenant="acme", principal="alice@acme.example", agent="crm-assistant",
-                        run_id=f"run-{uuid.uuid4().hex[:8]}", tool="crm.note.create",
-                        **fields)
+    ask = DecideRequest(
+        tenant="acme",
+        principal="alice@acme.example",
+        agent="crm-assistant",
+        run_id=f"run-{uuid.uuid4().hex[:8]}",
+        tool="crm.note.create",
+        **fields,
+    )
     reply = await nc.request(subjects.DECIDE, msgspec.json.encode(ask), timeout=5)
     return msgspec.json.decode(reply.data, type=Decision)
 
@@ -209,24 +270,35 @@ async def _until_policy(db: asyncpg.Connection, version_prefix: str | None) -> N
     with anyio.fail_after(20):
         while True:
             version = await db.fetchval(
-                "SELECT version FROM governance.policy WHERE tenant = 'acme'")
+                "SELECT version FROM governance.policy WHERE tenant = 'acme'"
+            )
             if (version is None and version_prefix is None) or (
-                    version is not None and version_prefix is not None
-                    and version.startswith(version_prefix)):
+                version is not None
+                and version_prefix is not None
+                and version.startswith(version_prefix)
+            ):
                 return
             await anyio.sleep(0.1)
 
 
 async def test_a_signed_org_policy_outranks_a_standing_grant_and_a_bad_one_denies_all(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     assert (await _decide(host.nc)).verdict == "allow"  # the demo agent's standing grant
     try:
-        stack.write_policy("acme", PolicyDocument(tenant="acme", version="2026-11-29.1",
-                                                  refused_tools=["crm.note.create"]))
+        stack.write_policy(
+            "acme",
+            PolicyDocument(
+                tenant="acme", version="2026-11-29.1", refused_tools=["crm.note.create"]
+            ),
+        )
         await _until_policy(db, "2026-11-29.1")
         refused = await _decide(host.nc)
         assert (refused.verdict, refused.line, refused.policy_version) == (
-            "deny", 1, "2026-11-29.1")
+            "deny",
+            1,
+            "2026-11-29.1",
+        )
 
         # A tampered file: the signature no longer matches what it says.
         path = stack.policies / "acme.json"
@@ -235,8 +307,9 @@ async def test_a_signed_org_policy_outranks_a_standing_grant_and_a_bad_one_denie
         tampered = await _decide(host.nc)
         assert (tampered.verdict, tampered.line) == ("deny", 1)
         assert "refused" in tampered.reason
-        status = await db.fetchrow("SELECT status, refusal FROM governance.policy "
-                                   "WHERE tenant = 'acme'")
+        status = await db.fetchrow(
+            "SELECT status, refusal FROM governance.policy WHERE tenant = 'acme'"
+        )
         assert status["status"] == "refused" and "signature" in status["refusal"]
     finally:
         (stack.policies / "acme.json").unlink(missing_ok=True)
@@ -245,7 +318,8 @@ async def test_a_signed_org_policy_outranks_a_standing_grant_and_a_bad_one_denie
 
 
 async def test_governance_that_cannot_read_its_store_denies_every_sensitive_call(
-        stack: Stack, db: asyncpg.Connection) -> None:
+    stack: Stack, db: asyncpg.Connection
+) -> None:
     role = role_name(stack.database, "governance")
     nc = await nats.connect(stack.nats_url)
     verdicts: list[str] = []
@@ -263,8 +337,9 @@ async def test_governance_that_cannot_read_its_store_denies_every_sensitive_call
             assert verdicts and set(verdicts) == {"allow"}
             # Cut the store: governance's role can no longer log in, its sessions are killed.
             await db.execute(f'ALTER ROLE "{role}" NOLOGIN')
-            await db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                             "WHERE usename = $1", role)
+            await db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
+            )
             await anyio.sleep(0.5)  # in-flight answers from before the cut drain away
             verdicts.clear()
             await anyio.sleep(2.0)

@@ -21,12 +21,14 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 
 async def _command_rows(db: asyncpg.Connection, operation_key: str) -> list[asyncpg.Record]:
-    return await db.fetch("SELECT * FROM admission.commands WHERE operation_key = $1",
-                          operation_key)
+    return await db.fetch(
+        "SELECT * FROM admission.commands WHERE operation_key = $1", operation_key
+    )
 
 
 async def test_a_host_command_executes_once_and_answers_with_its_receipt(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     command = host.command()
     await host.submit(command)
 
@@ -39,40 +41,53 @@ async def test_a_host_command_executes_once_and_answers_with_its_receipt(
     notes = notes_for(crm, f"acme:{result.operation_id}")
     assert [n["note_id"] for n in notes] == [result.receipt]
     # No run and no planner step was involved.
-    assert await db.fetchval("SELECT count(*) FROM planner.runs WHERE run_id = $1",
-                             rows[0]["run_id"]) == 0
+    assert (
+        await db.fetchval("SELECT count(*) FROM planner.runs WHERE run_id = $1", rows[0]["run_id"])
+        == 0
+    )
 
 
 async def test_same_key_same_payload_is_a_replay_of_the_recorded_outcome(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     first = host.command()
     await host.submit(first)
     done = await host.wait_command(first.request_id)
 
-    again = msgspec.structs.replace(first, request_id=f"cmd-{uuid.uuid4().hex[:12]}",
-                                    token=host.stack.token("acme", "alice@acme.example"))
+    again = msgspec.structs.replace(
+        first,
+        request_id=f"cmd-{uuid.uuid4().hex[:12]}",
+        token=host.stack.token("acme", "alice@acme.example"),
+    )
     await host.submit(again)
     replay = await host.wait_command(again.request_id)
 
     assert (replay.status, replay.operation_id, replay.receipt) == (
-        "succeeded", done.operation_id, done.receipt)
+        "succeeded",
+        done.operation_id,
+        done.receipt,
+    )
     assert len(await _command_rows(db, first.operation_key)) == 1
     assert len(notes_for(crm, f"acme:{done.operation_id}")) == 1
     attempts = await db.fetchval(
         "SELECT count(*) FROM dispatcher.attempts WHERE operation_id = $1",
-        uuid.UUID(done.operation_id))
+        uuid.UUID(done.operation_id),
+    )
     assert attempts == 1
 
 
 async def test_same_key_other_payload_is_a_conflict_and_the_stored_command_is_untouched(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     first = host.command()
     await host.submit(first)
     done = await host.wait_command(first.request_id)
     stored = (await _command_rows(db, first.operation_key))[0]
 
-    other = host.command(operation_key=first.operation_key,
-                         arguments={"customer_id": "ACME-42", "body": "A different note"})
+    other = host.command(
+        operation_key=first.operation_key,
+        arguments={"customer_id": "ACME-42", "body": "A different note"},
+    )
     await host.submit(other)
     conflict = await host.wait_command(other.request_id)
 
@@ -81,16 +96,20 @@ async def test_same_key_other_payload_is_a_conflict_and_the_stored_command_is_un
     after = await _command_rows(db, first.operation_key)
     assert len(after) == 1
     assert (after[0]["arguments"], after[0]["request_hash"], after[0]["state"]) == (
-        stored["arguments"], stored["request_hash"], "succeeded")
+        stored["arguments"],
+        stored["request_hash"],
+        "succeeded",
+    )
     assert len(notes_for(crm, f"acme:{done.operation_id}")) == 1
 
 
 async def test_concurrent_retries_with_one_key_admit_one_command_and_one_effect(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     first = host.command()
     retries = [first] + [
-        msgspec.structs.replace(first, request_id=f"cmd-{uuid.uuid4().hex[:12]}")
-        for _ in range(9)]
+        msgspec.structs.replace(first, request_id=f"cmd-{uuid.uuid4().hex[:12]}") for _ in range(9)
+    ]
     async with anyio.create_task_group() as tg:
         for command in retries:
             tg.start_soon(host.submit, command)
@@ -108,29 +127,31 @@ async def test_concurrent_retries_with_one_key_admit_one_command_and_one_effect(
 
 
 async def test_a_burst_of_new_replayed_conflicting_and_invalid_commands_each_get_their_answer(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     # Submitted at once, so admission takes many of them in one fetched batch (one decide
     # request, one transaction): each still gets the answer it would get alone.
     fresh = [host.command() for _ in range(6)]
-    replays = [msgspec.structs.replace(c, request_id=f"cmd-{uuid.uuid4().hex[:12]}")
-               for c in fresh[:3]]
-    conflict = host.command(operation_key=fresh[3].operation_key,
-                            arguments={"customer_id": "ACME-42", "body": "Another note"})
+    replays = [
+        msgspec.structs.replace(c, request_id=f"cmd-{uuid.uuid4().hex[:12]}") for c in fresh[:3]
+    ]
+    conflict = host.command(
+        operation_key=fresh[3].operation_key,
+        arguments={"customer_id": "ACME-42", "body": "Another note"},
+    )
     invalid = host.command(arguments={"customer_id": "ACME-42"})  # no body
     burst = [*fresh, *replays, conflict, invalid]
     async with anyio.create_task_group() as tg:
         for command in burst:
             tg.start_soon(host.submit, command)
-    answers = {c.request_id: await host.wait_command(c.request_id, final=False)
-               for c in burst}
+    answers = {c.request_id: await host.wait_command(c.request_id, final=False) for c in burst}
 
     assert answers[invalid.request_id].status == "rejected"
     assert await _command_rows(db, invalid.operation_key) == []
     # The conflict and the first of its key may arrive in either order: one of them admitted
     # the key, the other is the conflict, and the stored payload is the admitted one's.
     pair = {answers[fresh[3].request_id].status, answers[conflict.request_id].status}
-    assert "conflict" in pair and pair - {"conflict"} <= {"pending", "dispatching",
-                                                           "succeeded"}
+    assert "conflict" in pair and pair - {"conflict"} <= {"pending", "dispatching", "succeeded"}
     for command in fresh:
         rows = await _command_rows(db, command.operation_key)
         assert len(rows) == 1
@@ -138,35 +159,46 @@ async def test_a_burst_of_new_replayed_conflicting_and_invalid_commands_each_get
         assert admitting.status == "succeeded", admitting
         assert len(notes_for(crm, f"acme:{rows[0]['operation_id']}")) == 1
     for replay, first in zip(replays, fresh[:3], strict=True):
-        assert answers[replay.request_id].operation_id == (
-            answers[first.request_id].operation_id)
+        assert answers[replay.request_id].operation_id == (answers[first.request_id].operation_id)
         assert answers[replay.request_id].status in ("pending", "dispatching", "succeeded")
 
 
 async def test_a_terminal_command_delivered_again_returns_its_outcome_and_does_nothing(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     command = host.command()
     await host.submit(command)
     done = await host.wait_command(command.request_id)
     operation_id = uuid.UUID(done.operation_id)
 
     # A late duplicate beyond the stream's duplicate window: a new Nats-Msg-Id.
-    await host.js.publish(subjects.command("acme"), msgspec.json.encode(
-        DispatchCommand(tenant="acme", operation_id=done.operation_id)),
-        headers={"Nats-Msg-Id": f"late-{uuid.uuid4().hex}"})
+    await host.js.publish(
+        subjects.command("acme"),
+        msgspec.json.encode(DispatchCommand(tenant="acme", operation_id=done.operation_id)),
+        headers={"Nats-Msg-Id": f"late-{uuid.uuid4().hex}"},
+    )
     await anyio.sleep(1.0)
 
     row = (await _command_rows(db, command.operation_key))[0]
     assert (row["state"], row["receipt"], row["lease_epoch"]) == ("succeeded", done.receipt, 1)
-    assert await db.fetchval("SELECT count(*) FROM dispatcher.attempts WHERE operation_id = $1",
-                             operation_id) == 1
-    assert await db.fetchval("SELECT count(*) FROM admission.outbox WHERE operation_id = $1",
-                             operation_id) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM dispatcher.attempts WHERE operation_id = $1", operation_id
+        )
+        == 1
+    )
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.outbox WHERE operation_id = $1", operation_id
+        )
+        == 0
+    )
     assert len(notes_for(crm, f"acme:{done.operation_id}")) == 1
 
 
 async def test_an_invalid_command_is_rejected_before_anything_happens(
-        host: Host, db: asyncpg.Connection) -> None:
+    host: Host, db: asyncpg.Connection
+) -> None:
     command = host.command(arguments={"customer_id": "ACME-42", "body": "x", "cc": "evil"})
     await host.submit(command)
     result = await host.wait_command(command.request_id)
@@ -176,16 +208,19 @@ async def test_an_invalid_command_is_rejected_before_anything_happens(
 
 
 async def test_the_resource_revision_changed_ends_revision_required(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     customer = f"REV-{uuid.uuid4().hex[:6].upper()}"
     crm.post("/_control/customers", json={"customer_id": customer, "name": "Rev Co"})
-    first = host.command(arguments={"customer_id": customer, "body": "first"},
-                         expected_revision="r1")
+    first = host.command(
+        arguments={"customer_id": customer, "body": "first"}, expected_revision="r1"
+    )
     await host.submit(first)
     assert (await host.wait_command(first.request_id)).status == "succeeded"  # now at r2
 
-    stale = host.command(arguments={"customer_id": customer, "body": "second"},
-                         expected_revision="r1")
+    stale = host.command(
+        arguments={"customer_id": customer, "body": "second"}, expected_revision="r1"
+    )
     await host.submit(stale)
     result = await host.wait_command(stale.request_id)
 
@@ -219,13 +254,17 @@ async def _admitted(db: asyncpg.Connection, operation_key: str) -> asyncpg.Recor
 
 
 async def test_access_revoked_before_dispatch_stops_the_queued_action(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused) -> None:  # type: ignore[no-untyped-def]
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused
+) -> None:  # type: ignore[no-untyped-def]
     principal = f"bob-{uuid.uuid4().hex[:6]}@acme.example"
     command = host.command(principal=principal)
     await host.submit(command)
     row = await _admitted(db, command.operation_key)
-    await db.execute("INSERT INTO governance.revocations (tenant, principal, revoked_by) "
-                     "VALUES ('acme', $1, 'security@acme.example')", principal)
+    await db.execute(
+        "INSERT INTO governance.revocations (tenant, principal, revoked_by) "
+        "VALUES ('acme', $1, 'security@acme.example')",
+        principal,
+    )
 
     await dispatcher_paused()
     result = await host.wait_command(command.request_id)
@@ -236,7 +275,8 @@ async def test_access_revoked_before_dispatch_stops_the_queued_action(
 
 
 async def test_an_unchanged_policy_lets_the_admission_allow_stand_as_the_recheck(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     command = host.command()
     await host.submit(command)
     result = await host.wait_command(command.request_id)
@@ -245,20 +285,27 @@ async def test_an_unchanged_policy_lets_the_admission_allow_stand_as_the_recheck
     row = (await _command_rows(db, command.operation_key))[0]
     assert row["policy_epoch"] is not None
     # One decision for the command: the admission's; the dispatcher asked no second one.
-    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
-                             row["run_id"]) == 1
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM governance.decisions WHERE run_id = $1", row["run_id"]
+        )
+        == 1
+    )
     assert len(notes_for(crm, f"acme:{result.operation_id}")) == 1
 
 
 async def test_a_deny_rule_added_while_queued_stops_the_admitted_action(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused) -> None:  # type: ignore[no-untyped-def]
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused
+) -> None:  # type: ignore[no-untyped-def]
     customer = f"DENY-{uuid.uuid4().hex[:6].upper()}"
     command = host.command(arguments={"customer_id": customer, "body": "Queued, then denied."})
     await host.submit(command)
     row = await _admitted(db, command.operation_key)
     rule = await db.fetchval(
         "INSERT INTO governance.rules (tenant, tool, arg_prefix, effect) "
-        "VALUES ('acme', 'crm.note.create', $1, 'deny') RETURNING rule_id", customer)
+        "VALUES ('acme', 'crm.note.create', $1, 'deny') RETURNING rule_id",
+        customer,
+    )
     try:
         await dispatcher_paused()
         result = await host.wait_command(command.request_id)
@@ -269,19 +316,25 @@ async def test_a_deny_rule_added_while_queued_stops_the_admitted_action(
     assert result.error is not None and "deny rule" in result.error.message
     assert notes_for(crm, f"acme:{row['operation_id']}") == []
     # The re-check asked decide again: the admission's allow and the dispatcher's deny.
-    verdicts = await db.fetch("SELECT verdict FROM governance.decisions WHERE run_id = $1 "
-                              "ORDER BY decided_at", row["run_id"])
+    verdicts = await db.fetch(
+        "SELECT verdict FROM governance.decisions WHERE run_id = $1 ORDER BY decided_at",
+        row["run_id"],
+    )
     assert [v["verdict"] for v in verdicts] == ["allow", "deny"]
 
 
 async def test_an_approval_that_expires_while_queued_is_not_executed(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused) -> None:  # type: ignore[no-untyped-def]
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused
+) -> None:  # type: ignore[no-untyped-def]
     command = host.command()
     await host.submit(command)
     row = await _admitted(db, command.operation_key)
     # Time passes while the command waits: its approval's expiry is now behind us.
-    await db.execute("UPDATE admission.commands SET expires_at = now() - interval '1 second' "
-                     "WHERE operation_id = $1", row["operation_id"])
+    await db.execute(
+        "UPDATE admission.commands SET expires_at = now() - interval '1 second' "
+        "WHERE operation_id = $1",
+        row["operation_id"],
+    )
 
     await dispatcher_paused()
     result = await host.wait_command(command.request_id)

@@ -44,16 +44,30 @@ SEED = 12
 COUNT = 2_400
 TENANT = "acme"
 KINDS = ("requests", "commands", "decisions", "approvals", "reviews")
-TYPES = {"requests": "RunRequest", "commands": "SubmitCommand", "decisions": "HumanDecision",
-         "approvals": "ApproveProposal", "reviews": "ReviewDecision"}
+TYPES = {
+    "requests": "RunRequest",
+    "commands": "SubmitCommand",
+    "decisions": "HumanDecision",
+    "approvals": "ApproveProposal",
+    "reviews": "ReviewDecision",
+}
 # The text fields an outside party fills, per kind (request_id is every kind's too).
-TEXT = {"requests": ("input", "agent"),
-        "commands": ("agent", "operation_key", "action", "expected_revision",
-                     "arguments.body", "arguments.customer_id", "arguments.<key>"),
-        "decisions": ("pending_id", "reason"),
-        "approvals": ("proposal_id", "reason"),
-        "reviews": ("pending_id", "comment")}
-RESULT = (RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult)
+TEXT = {
+    "requests": ("input", "agent"),
+    "commands": (
+        "agent",
+        "operation_key",
+        "action",
+        "expected_revision",
+        "arguments.body",
+        "arguments.customer_id",
+        "arguments.<key>",
+    ),
+    "decisions": ("pending_id", "reason"),
+    "approvals": ("proposal_id", "reason"),
+    "reviews": ("pending_id", "comment"),
+}
+RESULT = RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
 
 
 @dataclass
@@ -79,9 +93,17 @@ class Tokens:
 
     def claims(self, **overrides: Any) -> dict[str, Any]:
         now = int(datetime.now(UTC).timestamp())
-        claims = {"iss": self.issuer, "aud": "writ", "sub": "mallory@acme.example",
-                  "tenant": TENANT, "iat": now, "exp": now + 300, "jti": secrets.token_hex(8),
-                  "roles": ["approver"], **overrides}
+        claims = {
+            "iss": self.issuer,
+            "aud": "writ",
+            "sub": "mallory@acme.example",
+            "tenant": TENANT,
+            "iat": now,
+            "exp": now + 300,
+            "jti": secrets.token_hex(8),
+            "roles": ["approver"],
+            **overrides,
+        }
         return {k: v for k, v in claims.items() if v is not None}
 
     def signed(self, key: bytes | None = None, **overrides: Any) -> str:
@@ -93,17 +115,27 @@ def _valid(kind: str, request_id: str, tokens: Tokens) -> dict[str, Any]:
     if kind == "requests":
         body |= {"token": tokens.user, "agent": "crm-assistant", "input": "Note the call."}
     elif kind == "commands":
-        body |= {"token": tokens.user, "agent": "crm-assistant",
-                 "operation_key": f"hostile-{request_id}", "action": "crm.note.create",
-                 "arguments": {"customer_id": "ACME-42", "body": "Called back."}}
+        body |= {
+            "token": tokens.user,
+            "agent": "crm-assistant",
+            "operation_key": f"hostile-{request_id}",
+            "action": "crm.note.create",
+            "arguments": {"customer_id": "ACME-42", "body": "Called back."},
+        }
     elif kind == "decisions":
         body |= {"token": tokens.approver, "pending_id": str(uuid.uuid4()), "answer": "once"}
     elif kind == "approvals":
-        body |= {"token": tokens.approver, "proposal_id": f"prop_{uuid.uuid4().hex}",
-                 "answer": "approve"}
+        body |= {
+            "token": tokens.approver,
+            "proposal_id": f"prop_{uuid.uuid4().hex}",
+            "answer": "approve",
+        }
     else:
-        body |= {"token": tokens.approver, "pending_id": f"review-{uuid.uuid4()}-1",
-                 "answer": "approve"}
+        body |= {
+            "token": tokens.approver,
+            "pending_id": f"review-{uuid.uuid4()}-1",
+            "answer": "approve",
+        }
     return body
 
 
@@ -123,49 +155,57 @@ def _unstorable(rng: random.Random) -> str:
 Mutation = Callable[[random.Random, str, dict[str, Any], Tokens], tuple[Any, str, str]]
 
 
-def m_nul(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-          ) -> tuple[Any, str, str]:
+def m_nul(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     field = rng.choice(TEXT[kind])
     _set(body, field, _unstorable(rng))
     return body, "INVALID_REQUEST", f"U+0000 in {field}"
 
 
-def m_nul_request_id(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-                     ) -> tuple[Any, str, str]:
+def m_nul_request_id(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     body["request_id"] += "\u0000"  # the header's id is what the answer comes under
     return body, "INVALID_REQUEST", "U+0000 in request_id"
 
 
-def m_surrogate(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-                ) -> tuple[Any, str, str]:
+def m_surrogate(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     field = rng.choice(TEXT[kind])
     marker = "SURROGATE-MARK"
     _set(body, field, marker)
     raw = msgspec.json.encode(body).replace(
-        marker.encode(), rng.choice([b"\\ud800", b"x\\udfff", b"\xed\xa0\x80", b"\xff"]))
+        marker.encode(), rng.choice([b"\\ud800", b"x\\udfff", b"\xed\xa0\x80", b"\xff"])
+    )
     return raw, "INVALID_REQUEST", f"lone surrogate or invalid UTF-8 in {field}"
 
 
-def m_no_type(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-              ) -> tuple[Any, str, str]:
+def m_no_type(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     del body["type"]
     return body, "INVALID_REQUEST", "no type"
 
 
-def m_wrong_type(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-                 ) -> tuple[Any, str, str]:
+def m_wrong_type(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     body["type"] = rng.choice([t for k, t in TYPES.items() if k != kind] + ["Nope", "", 7])
     return body, "INVALID_REQUEST", f"type {body['type']!r}"
 
 
-def m_unknown_field(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-                    ) -> tuple[Any, str, str]:
+def m_unknown_field(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     body[rng.choice(["tenant", "principal", "admin", "__proto__", "run_id"])] = "globex"
     return body, "INVALID_REQUEST", "unknown field"
 
 
-def m_wrong_shape(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-                  ) -> tuple[Any, str, str]:
+def m_wrong_shape(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     field = rng.choice([f for f in TEXT[kind] if not f.startswith("arguments.")] or ["token"])
     optional = field == "expected_revision"
     body[field] = rng.choice([1, 1.5, True, [], {"$gt": ""}, ["a"]] + [None] * (not optional))
@@ -174,8 +214,9 @@ def m_wrong_shape(rng: random.Random, kind: str, body: dict[str, Any], tokens: T
     return body, "INVALID_REQUEST", f"{field} of the wrong type"
 
 
-def m_too_long(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-               ) -> tuple[Any, str, str]:
+def m_too_long(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     # The fields ingress bounds itself (an action's arguments are bounded by its contract,
     # in admission).
     field = rng.choice([f for f in TEXT[kind] if not f.startswith("arguments.")])
@@ -183,52 +224,70 @@ def m_too_long(rng: random.Random, kind: str, body: dict[str, Any], tokens: Toke
     return body, "INVALID_REQUEST", f"{field} too long"
 
 
-def m_too_large(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-                ) -> tuple[Any, str, str]:
+def m_too_large(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     body["padding"] = "p" * (70 * 1024)
     return body, "TOO_LARGE", "over 64 KiB"
 
 
-def m_not_json(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-               ) -> tuple[Any, str, str]:
-    raw = rng.choice([b"", b"null", b"[]", b"{", b"\x00\x00", b"<xml/>", rng.randbytes(40),
-                      msgspec.json.encode(body)[:-3], b'{"type": "RunRequest"}'])
+def m_not_json(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
+    raw = rng.choice(
+        [
+            b"",
+            b"null",
+            b"[]",
+            b"{",
+            b"\x00\x00",
+            b"<xml/>",
+            rng.randbytes(40),
+            msgspec.json.encode(body)[:-3],
+            b'{"type": "RunRequest"}',
+        ]
+    )
     return raw, "INVALID_REQUEST", "not a message"
 
 
-def m_token(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-            ) -> tuple[Any, str, str]:
+def m_token(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     now = int(datetime.now(UTC).timestamp())
-    token, code, what = rng.choice([
-        (tokens.signed(exp=str(now + 300)), "INVALID_TOKEN", "exp a numeric string"),
-        (tokens.signed(iat=str(now)), "INVALID_TOKEN", "iat a numeric string"),
-        (tokens.signed(nbf=str(now)), "INVALID_TOKEN", "nbf a numeric string"),
-        (tokens.signed(exp=now + 86_400), "INVALID_TOKEN", "a token for a day"),
-        (tokens.signed(iat=now - 7_000, exp=now + 100), "INVALID_TOKEN", "lived two hours"),
-        (tokens.signed(exp=now - 600, iat=now - 900), "TOKEN_EXPIRED", "expired"),
-        (tokens.signed(nbf=now + 600), "INVALID_TOKEN", "not valid yet"),
-        (tokens.signed(key=tokens.other_key), "BAD_SIGNATURE", "globex's key"),
-        (tokens.signed(tenant="globex"), "WRONG_TENANT", "another tenant's claim"),
-        (tokens.signed(aud="someone-else"), "INVALID_TOKEN", "wrong audience"),
-        (tokens.signed(sub="alice smith"), "INVALID_TOKEN", "sub not a principal"),
-        (tokens.signed(roles="approver"), "INVALID_TOKEN", "roles not a list"),
-        ("not-a-jwt", "INVALID_TOKEN", "garbage"),
-        (_alg_none(tokens.claims()), "INVALID_TOKEN", "alg none"),
-    ])
+    token, code, what = rng.choice(
+        [
+            (tokens.signed(exp=str(now + 300)), "INVALID_TOKEN", "exp a numeric string"),
+            (tokens.signed(iat=str(now)), "INVALID_TOKEN", "iat a numeric string"),
+            (tokens.signed(nbf=str(now)), "INVALID_TOKEN", "nbf a numeric string"),
+            (tokens.signed(exp=now + 86_400), "INVALID_TOKEN", "a token for a day"),
+            (tokens.signed(iat=now - 7_000, exp=now + 100), "INVALID_TOKEN", "lived two hours"),
+            (tokens.signed(exp=now - 600, iat=now - 900), "TOKEN_EXPIRED", "expired"),
+            (tokens.signed(nbf=now + 600), "INVALID_TOKEN", "not valid yet"),
+            (tokens.signed(key=tokens.other_key), "BAD_SIGNATURE", "globex's key"),
+            (tokens.signed(tenant="globex"), "WRONG_TENANT", "another tenant's claim"),
+            (tokens.signed(aud="someone-else"), "INVALID_TOKEN", "wrong audience"),
+            (tokens.signed(sub="alice smith"), "INVALID_TOKEN", "sub not a principal"),
+            (tokens.signed(roles="approver"), "INVALID_TOKEN", "roles not a list"),
+            ("not-a-jwt", "INVALID_TOKEN", "garbage"),
+            (_alg_none(tokens.claims()), "INVALID_TOKEN", "alg none"),
+        ]
+    )
     body["token"] = token
     return body, code, f"token: {what}"
 
 
-def m_no_role(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-              ) -> tuple[Any, str, str]:
+def m_no_role(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     if kind == "requests" or kind == "commands":  # not an approver kind: a wrong header
         return m_header(rng, kind, body, tokens)
     body["token"] = tokens.user
     return body, "FORBIDDEN", "an approver's answer without the role"
 
 
-def m_header(rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-             ) -> tuple[Any, str, str]:
+def m_header(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
     return body, "INVALID_REQUEST", "Nats-Msg-Id other than request_id"
 
 
@@ -239,14 +298,27 @@ def _alg_none(claims: dict[str, Any]) -> str:
     def b64(data: bytes) -> str:
         return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
-    return (f"{b64(json.dumps({'alg': 'none', 'typ': 'JWT'}).encode())}."
-            f"{b64(json.dumps(claims).encode())}.")
+    return (
+        f"{b64(json.dumps({'alg': 'none', 'typ': 'JWT'}).encode())}."
+        f"{b64(json.dumps(claims).encode())}."
+    )
 
 
 MUTATIONS: list[tuple[Mutation, int]] = [
-    (m_nul, 6), (m_nul_request_id, 1), (m_surrogate, 2), (m_no_type, 2), (m_wrong_type, 2),
-    (m_unknown_field, 2), (m_wrong_shape, 2), (m_too_long, 2), (m_too_large, 1),
-    (m_not_json, 2), (m_token, 4), (m_no_role, 2), (m_header, 1)]
+    (m_nul, 6),
+    (m_nul_request_id, 1),
+    (m_surrogate, 2),
+    (m_no_type, 2),
+    (m_wrong_type, 2),
+    (m_unknown_field, 2),
+    (m_wrong_shape, 2),
+    (m_too_long, 2),
+    (m_too_large, 1),
+    (m_not_json, 2),
+    (m_token, 4),
+    (m_no_role, 2),
+    (m_header, 1),
+]
 
 
 def hostile_messages(tokens: Tokens, count: int = COUNT, seed: int = SEED) -> Iterator[Hostile]:
@@ -262,8 +334,14 @@ def hostile_messages(tokens: Tokens, count: int = COUNT, seed: int = SEED) -> It
         if mutate is m_header or (mutate is m_no_role and kind in ("requests", "commands")):
             header_id = f"{request_id}-other"
         raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
-        yield Hostile(kind=kind, request_id=request_id, header_id=header_id, body=raw,
-                      code=code, what=f"{mutate.__name__}: {what}")
+        yield Hostile(
+            kind=kind,
+            request_id=request_id,
+            header_id=header_id,
+            body=raw,
+            code=code,
+            what=f"{mutate.__name__}: {what}",
+        )
 
 
 def code_of(result: Any) -> str | None:
@@ -273,9 +351,16 @@ def code_of(result: Any) -> str | None:
 
 
 async def _counts(db: asyncpg.Connection) -> dict[str, int]:
-    tables = ("planner.runs", "planner.steps", "admission.proposals", "admission.commands",
-              "admission.outbox", "governance.pending", "governance.decisions",
-              "governance.runs")
+    tables = (
+        "planner.runs",
+        "planner.steps",
+        "admission.proposals",
+        "admission.commands",
+        "admission.outbox",
+        "governance.pending",
+        "governance.decisions",
+        "governance.runs",
+    )
     return {t: await db.fetchval(f"SELECT count(*) FROM {t}") for t in tables}  # noqa: S608
 
 
@@ -298,12 +383,16 @@ async def _alive(stack: Stack) -> set[str]:
 
 
 async def test_thousands_of_hostile_messages_each_get_their_error_and_change_nothing(
-        stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
     # A real proposal, waiting for a person: defect 1 approved it with "ok\u0000".
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
-    refund = host.command(action="payment.refund", agent="refund-assistant",
-                          arguments={"payment_id": payment_id, "line_id": "L2"})
+    refund = host.command(
+        action="payment.refund",
+        agent="refund-assistant",
+        arguments={"payment_id": payment_id, "line_id": "L2"},
+    )
     await host.submit(refund)
     waiting = await host.wait_command(refund.request_id)
     assert waiting.status == "awaiting_human" and waiting.proposal is not None, waiting
@@ -312,12 +401,25 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
     tokens = Tokens(stack)
     messages = list(hostile_messages(tokens))
     poisoned = f"nul-approval-{uuid.uuid4().hex[:8]}"
-    messages.append(Hostile(
-        kind="approvals", request_id=poisoned, header_id=poisoned, code="INVALID_REQUEST",
-        what="defect 1: a real proposal approved with a NUL in its reason",
-        body=msgspec.json.encode({"type": "ApproveProposal", "request_id": poisoned,
-                                  "token": tokens.approver, "proposal_id": proposal_id,
-                                  "answer": "approve", "reason": "ok\u0000"})))
+    messages.append(
+        Hostile(
+            kind="approvals",
+            request_id=poisoned,
+            header_id=poisoned,
+            code="INVALID_REQUEST",
+            what="defect 1: a real proposal approved with a NUL in its reason",
+            body=msgspec.json.encode(
+                {
+                    "type": "ApproveProposal",
+                    "request_id": poisoned,
+                    "token": tokens.approver,
+                    "proposal_id": proposal_id,
+                    "answer": "approve",
+                    "reason": "ok\u0000",
+                }
+            ),
+        )
+    )
     assert len({m.request_id for m in messages}) == len(messages)
 
     before = await _counts(db)
@@ -326,15 +428,21 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
 
     tenant_js = await host.tenant_js(TENANT)  # as the tenant's host, with its permissions
     for message in messages:
-        await tenant_js.publish(f"writ.in.{message.kind}.{TENANT}", message.body,
-                                headers={"Nats-Msg-Id": message.header_id})
+        await tenant_js.publish(
+            f"writ.in.{message.kind}.{TENANT}",
+            message.body,
+            headers={"Nats-Msg-Id": message.header_id},
+        )
 
     wanted = {m.request_id: m for m in messages}
     answers: dict[str, Any] = {}
     sub = await host.js.subscribe(
-        subjects.result(TENANT), ordered_consumer=True,
-        config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                              opt_start_seq=results_from))
+        subjects.result(TENANT),
+        ordered_consumer=True,
+        config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=results_from
+        ),
+    )
     try:
         with anyio.fail_after(240):
             while len(answers) < len(wanted):
@@ -346,12 +454,25 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
     finally:
         await sub.unsubscribe()
 
-    wrong = [(m.what, m.code, code_of(answers[m.request_id]), answers[m.request_id])
-             for m in messages if code_of(answers[m.request_id]) != m.code]
+    wrong = [
+        (m.what, m.code, code_of(answers[m.request_id]), answers[m.request_id])
+        for m in messages
+        if code_of(answers[m.request_id]) != m.code
+    ]
     assert not wrong, f"{len(wrong)} answered with another code, e.g. {wrong[:5]}"
-    assert all(isinstance(answers[m.request_id], {
-        "requests": RunResult, "commands": CommandResult, "decisions": DecisionResult,
-        "approvals": ApprovalResult, "reviews": ReviewResult}[m.kind]) for m in messages)
+    assert all(
+        isinstance(
+            answers[m.request_id],
+            {
+                "requests": RunResult,
+                "commands": CommandResult,
+                "decisions": DecisionResult,
+                "approvals": ApprovalResult,
+                "reviews": ReviewResult,
+            }[m.kind],
+        )
+        for m in messages
+    )
     # Nothing stored, nothing forwarded, nothing dead-lettered, every service alive.
     assert await _counts(db) == before
     assert (await host.js.stream_info("WRIT_DLQ")).state.messages == dlq_before
@@ -362,6 +483,9 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
     approved = await host.wait_approval(await host.approve(proposal_id))
     assert approved.status == "claimed", approved
     with anyio.fail_after(60):
-        while not [r for r in await host.results(refund.request_id)
-                   if isinstance(r, CommandResult) and r.status == "succeeded"]:
+        while not [
+            r
+            for r in await host.results(refund.request_id)
+            if isinstance(r, CommandResult) and r.status == "succeeded"
+        ]:
             await anyio.sleep(0.2)

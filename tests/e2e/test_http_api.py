@@ -28,8 +28,9 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
         yield client
 
 
-def auth(stack: Stack, tenant: str = "acme", principal: str = "alice@acme.example",
-         **claims: object) -> dict[str, str]:
+def auth(
+    stack: Stack, tenant: str = "acme", principal: str = "alice@acme.example", **claims: object
+) -> dict[str, str]:
     return {"Authorization": f"Bearer {stack.token(tenant, principal, **claims)}"}
 
 
@@ -38,13 +39,12 @@ def key() -> dict[str, str]:
 
 
 async def runs_of(db: asyncpg.Connection, request_id: str) -> int:
-    return await db.fetchval("SELECT count(*) FROM planner.runs WHERE request_id = $1",
-                             request_id)
+    return await db.fetchval("SELECT count(*) FROM planner.runs WHERE request_id = $1", request_id)
 
 
 async def test_a_run_over_http_reaches_the_same_state_and_effects_as_over_nats(
-        stack: Stack, api: httpx.Client, host: Host, db: asyncpg.Connection,
-        crm: httpx.Client) -> None:
+    stack: Stack, api: httpx.Client, host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     headers = {**auth(stack), **key()}
     started = api.post("/runs", json=BODY, headers=headers)
     assert started.status_code == 202, started.text
@@ -66,10 +66,16 @@ async def test_a_run_over_http_reaches_the_same_state_and_effects_as_over_nats(
     assert over_nats.status == "succeeded"
     steps = "SELECT kind, payload->>'decision' FROM planner.steps WHERE run_id = $1 ORDER BY seq"
     assert [tuple(r) for r in await db.fetch(steps, run_id)] == [
-        tuple(r) for r in await db.fetch(steps, over_nats.run_id)]
+        tuple(r) for r in await db.fetch(steps, over_nats.run_id)
+    ]
     for rid in (run_id, over_nats.run_id):
-        assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1 "
-                                 "AND state = 'succeeded'", rid) == 1
+        assert (
+            await db.fetchval(
+                "SELECT count(*) FROM admission.commands WHERE run_id = $1 AND state = 'succeeded'",
+                rid,
+            )
+            == 1
+        )
 
     view = api.get(f"/runs/{run_id}", headers=auth(stack)).json()
     assert (view["status"], view["answer"]) == ("succeeded", result["answer"])
@@ -80,12 +86,16 @@ async def test_a_run_over_http_reaches_the_same_state_and_effects_as_over_nats(
 
 
 async def test_the_same_key_twice_is_one_run_and_another_body_under_it_is_409(
-        stack: Stack, api: httpx.Client, db: asyncpg.Connection) -> None:
+    stack: Stack, api: httpx.Client, db: asyncpg.Connection
+) -> None:
     headers = {**auth(stack), **key()}
     first = api.post("/runs", json=BODY, headers=headers)
     # A retry after a lost response, with a fresh token and its keys in another order.
-    again = api.post("/runs", json={"input": BODY["input"], "agent": BODY["agent"]},
-                     headers={**headers, **auth(stack)})
+    again = api.post(
+        "/runs",
+        json={"input": BODY["input"], "agent": BODY["agent"]},
+        headers={**headers, **auth(stack)},
+    )
     assert (first.status_code, again.status_code) == (202, 202)
     assert again.json() == first.json()
     assert again.headers.get("idempotent-replayed") == "true"
@@ -94,32 +104,41 @@ async def test_the_same_key_twice_is_one_run_and_another_body_under_it_is_409(
     run_id = first.json()["run_id"]
     assert api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()["status"] == "succeeded"
     assert await runs_of(db, headers["Idempotency-Key"]) == 1
-    assert await db.fetchval("SELECT input FROM planner.runs WHERE run_id = $1",
-                             run_id) == BODY["input"]
+    assert (
+        await db.fetchval("SELECT input FROM planner.runs WHERE run_id = $1", run_id)
+        == BODY["input"]
+    )
 
 
 def _foreign_token(tenant: str = "acme") -> str:
     key = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption())
-    return mint_token(key, issuer=f"https://{tenant}.example/host", tenant=tenant,
-                      principal="mallory@acme.example")
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return mint_token(
+        key,
+        issuer=f"https://{tenant}.example/host",
+        tenant=tenant,
+        principal="mallory@acme.example",
+    )
 
 
-@pytest.mark.parametrize(("case", "status", "code"), [
-    ("no token", 401, "UNAUTHENTICATED"),
-    ("bad signature", 401, "BAD_SIGNATURE"),
-    ("expired token", 401, "TOKEN_EXPIRED"),
-    ("unknown tenant", 401, "UNKNOWN_TENANT"),
-    ("unknown field", 400, "INVALID_REQUEST"),
-    ("too long input", 400, "INVALID_REQUEST"),
-    ("oversized body", 413, "TOO_LARGE"),
-    ("no idempotency key", 400, "INVALID_REQUEST"),
-    ("malformed key", 400, "INVALID_REQUEST"),
-])
+@pytest.mark.parametrize(
+    ("case", "status", "code"),
+    [
+        ("no token", 401, "UNAUTHENTICATED"),
+        ("bad signature", 401, "BAD_SIGNATURE"),
+        ("expired token", 401, "TOKEN_EXPIRED"),
+        ("unknown tenant", 401, "UNKNOWN_TENANT"),
+        ("unknown field", 400, "INVALID_REQUEST"),
+        ("too long input", 400, "INVALID_REQUEST"),
+        ("oversized body", 413, "TOO_LARGE"),
+        ("no idempotency key", 400, "INVALID_REQUEST"),
+        ("malformed key", 400, "INVALID_REQUEST"),
+    ],
+)
 async def test_each_bad_input_gets_its_code_and_changes_nothing(
-        stack: Stack, api: httpx.Client, db: asyncpg.Connection, case: str, status: int,
-        code: str) -> None:
+    stack: Stack, api: httpx.Client, db: asyncpg.Connection, case: str, status: int, code: str
+) -> None:
     request_id = f"bad-{uuid.uuid4().hex[:12]}"
     headers = {**auth(stack), "Idempotency-Key": request_id}
     body: dict[str, object] = dict(BODY)
@@ -149,14 +168,16 @@ async def test_each_bad_input_gets_its_code_and_changes_nothing(
 
 
 async def test_answers_need_the_approver_role_and_reads_the_auditor_role(
-        stack: Stack, api: httpx.Client) -> None:
+    stack: Stack, api: httpx.Client
+) -> None:
     for method, path, body in (
-            ("GET", "/pending-decisions", None),
-            ("POST", "/pending-decisions/decide", {"pending_id": "p-1", "answer": "once"}),
-            ("POST", f"/proposals/{uuid.uuid4()}/approve", {}),
-            ("POST", f"/proposals/{uuid.uuid4()}/reject", {"reason": "no"}),
-            ("POST", "/reviews/review-x-1", {"answer": "approve"}),
-            ("POST", f"/audit/replay/{uuid.uuid4()}", None)):
+        ("GET", "/pending-decisions", None),
+        ("POST", "/pending-decisions/decide", {"pending_id": "p-1", "answer": "once"}),
+        ("POST", f"/proposals/{uuid.uuid4()}/approve", {}),
+        ("POST", f"/proposals/{uuid.uuid4()}/reject", {"reason": "no"}),
+        ("POST", "/reviews/review-x-1", {"answer": "approve"}),
+        ("POST", f"/audit/replay/{uuid.uuid4()}", None),
+    ):
         response = api.request(method, path, json=body, headers={**auth(stack), **key()})
         assert (response.status_code, response.json()["code"]) == (403, "FORBIDDEN"), path
     listed = api.get("/pending-decisions", headers=auth(stack, roles=["approver"]))
@@ -173,7 +194,8 @@ def test_openapi_and_healthz(stack: Stack, api: httpx.Client) -> None:
 
 
 async def test_a_body_without_a_length_is_cut_off_at_the_limit(
-        stack: Stack, api: httpx.Client, db: asyncpg.Connection) -> None:
+    stack: Stack, api: httpx.Client, db: asyncpg.Connection
+) -> None:
     """Chunked, so nothing announces its size: the server stops reading past the limit."""
     request_id = f"chunked-{uuid.uuid4().hex[:12]}"
 
@@ -184,9 +206,15 @@ async def test_a_body_without_a_length_is_cut_off_at_the_limit(
         yield b'"}'
 
     try:
-        response = api.post("/runs", content=chunks(),
-                            headers={**auth(stack), "Idempotency-Key": request_id,
-                                     "Content-Type": "application/json"})
+        response = api.post(
+            "/runs",
+            content=chunks(),
+            headers={
+                **auth(stack),
+                "Idempotency-Key": request_id,
+                "Content-Type": "application/json",
+            },
+        )
     except httpx.WriteError:
         pass  # the server answered and closed before the client finished sending
     else:

@@ -43,7 +43,8 @@ def _events(api: httpx.Client, path: str, headers: dict[str, str]) -> list[dict[
 
 
 def test_the_timeline_streams_each_step_then_the_result_and_resumes_exactly(
-        stack: Stack, api: httpx.Client) -> None:
+    stack: Stack, api: httpx.Client
+) -> None:
     run_id = api.post("/runs", json=BODY, headers={**auth(stack), **key()}).json()["run_id"]
     everything = _events(api, f"/runs/{run_id}/events", auth(stack))
     steps, result = everything[:-1], everything[-1]
@@ -54,18 +55,17 @@ def test_the_timeline_streams_each_step_then_the_result_and_resumes_exactly(
     kinds = [json.loads(e["data"])["kind"] for e in steps]
     assert kinds[0] == "decision" and "observation" in kinds
     # A client that saw up to the second step reconnects: the rest, exactly once each.
-    resumed = _events(api, f"/runs/{run_id}/events",
-                      {**auth(stack), "Last-Event-ID": str(ids[1])})
+    resumed = _events(api, f"/runs/{run_id}/events", {**auth(stack), "Last-Event-ID": str(ids[1])})
     assert [int(e["id"]) for e in resumed[:-1]] == ids[2:]
     assert [e["data"] for e in resumed[:-1]] == [e["data"] for e in steps[2:]]
     assert resumed[-1]["event"] == "result"
-    other = api.get(f"/runs/{run_id}/events", headers=auth(stack, "globex",
-                                                           "bob@globex.example"))
+    other = api.get(f"/runs/{run_id}/events", headers=auth(stack, "globex", "bob@globex.example"))
     assert (other.status_code, other.json()["code"]) == (404, "NOT_FOUND")
 
 
 def test_reconciliation_needs_an_operator_and_names_the_command(
-        stack: Stack, api: httpx.Client) -> None:
+    stack: Stack, api: httpx.Client
+) -> None:
     assert api.get("/reconciliation", headers=auth(stack)).json()["code"] == "FORBIDDEN"
     operator = auth(stack, principal="ops@acme.example", roles=["approver"])
     listed = api.get("/reconciliation", headers=operator)
@@ -77,12 +77,13 @@ def test_reconciliation_needs_an_operator_and_names_the_command(
     assert first.status_code == 200, first.text
     assert first.json()["ok"] is False  # no such unknown command of the tenant
     assert api.post(path, json=body, headers=headers).json() == first.json()
-    assert api.post(path, json={**body, "state": "succeeded"},
-                    headers=headers).json()["code"] == "CONFLICT"
+    assert (
+        api.post(path, json={**body, "state": "succeeded"}, headers=headers).json()["code"]
+        == "CONFLICT"
+    )
 
 
-def test_audit_verify_reports_every_journal_for_an_auditor(stack: Stack,
-                                                           api: httpx.Client) -> None:
+def test_audit_verify_reports_every_journal_for_an_auditor(stack: Stack, api: httpx.Client) -> None:
     run_id = api.post("/runs", json=BODY, headers={**auth(stack), **key()}).json()["run_id"]
     assert api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()["status"] == "succeeded"
     assert api.get("/audit/verify", headers=auth(stack)).json()["code"] == "FORBIDDEN"
@@ -92,7 +93,11 @@ def test_audit_verify_reports_every_journal_for_an_auditor(stack: Stack,
     document = states.json()
     assert document["ok"] is True, document
     assert [j["service"] for j in document["journals"]] == [
-        "admission", "dispatcher", "governance", "planner"]
+        "admission",
+        "dispatcher",
+        "governance",
+        "planner",
+    ]
     assert all(j["entries"] + j["unsealed"] > 0 for j in document["journals"]), document
     replay = api.post(f"/audit/replay/{run_id}", headers=auditor)
     assert replay.status_code == 200, replay.text

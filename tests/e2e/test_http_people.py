@@ -28,8 +28,14 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
         yield client
 
 
-async def _until(api: httpx.Client, path: str, headers: dict[str, str], field: str,
-                 value: Any, timeout: float = 30) -> dict[str, Any]:
+async def _until(
+    api: httpx.Client,
+    path: str,
+    headers: dict[str, str],
+    field: str,
+    value: Any,
+    timeout: float = 30,
+) -> dict[str, Any]:
     with anyio.fail_after(timeout):
         while True:
             response = api.get(path, headers=headers)
@@ -39,11 +45,15 @@ async def _until(api: httpx.Client, path: str, headers: dict[str, str], field: s
 
 
 async def test_a_command_over_http_runs_once_and_its_key_reads_it_back(
-        stack: Stack, api: httpx.Client, crm: httpx.Client) -> None:
+    stack: Stack, api: httpx.Client, crm: httpx.Client
+) -> None:
     operation_key = f"op-{uuid.uuid4().hex[:12]}"
-    body = {"agent": "crm-assistant", "operation_key": operation_key,
-            "action": "crm.note.create",
-            "arguments": {"customer_id": "ACME-42", "body": "Called back about order 7781."}}
+    body = {
+        "agent": "crm-assistant",
+        "operation_key": operation_key,
+        "action": "crm.note.create",
+        "arguments": {"customer_id": "ACME-42", "body": "Called back about order 7781."},
+    }
     headers = {**auth(stack), **key()}
     done = api.post("/commands", json=body, headers=headers)
     assert done.status_code == 200, done.text
@@ -51,27 +61,41 @@ async def test_a_command_over_http_runs_once_and_its_key_reads_it_back(
     assert (result["status"], result["operation_key"]) == ("succeeded", operation_key)
     again = api.post("/commands", json=body, headers=headers)
     assert again.json() == result
-    other = api.post("/commands", json={**body, "arguments": {"customer_id": "ACME-42",
-                                                              "body": "Something else."}},
-                     headers=headers)
+    other = api.post(
+        "/commands",
+        json={**body, "arguments": {"customer_id": "ACME-42", "body": "Something else."}},
+        headers=headers,
+    )
     assert (other.status_code, other.json()["code"]) == (409, "CONFLICT")
     read = api.get(f"/commands/{operation_key}", headers=auth(stack)).json()
     assert (read["status"], read["operation_id"], read["receipt"]) == (
-        "succeeded", result["operation_id"], result["receipt"])
+        "succeeded",
+        result["operation_id"],
+        result["receipt"],
+    )
     assert len(notes_for(crm, f"acme:{result['operation_id']}")) == 1
-    unknown = api.get(f"/commands/{operation_key}",
-                      headers=auth(stack, "globex", "bob@globex.example"))
+    unknown = api.get(
+        f"/commands/{operation_key}", headers=auth(stack, "globex", "bob@globex.example")
+    )
     assert (unknown.status_code, unknown.json()["code"]) == (404, "NOT_FOUND")
 
 
 async def test_a_refund_waits_for_a_person_who_approves_it_by_id_over_http(
-        stack: Stack, api: httpx.Client, payments: httpx.Client) -> None:
+    stack: Stack, api: httpx.Client, payments: httpx.Client
+) -> None:
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
     operation_key = f"refund-{uuid.uuid4().hex[:12]}"
-    waiting = api.post("/commands", headers={**auth(stack), **key()}, json={
-        "agent": "refund-assistant", "operation_key": operation_key,
-        "action": "payment.refund", "arguments": {"payment_id": payment_id, "line_id": "L2"}})
+    waiting = api.post(
+        "/commands",
+        headers={**auth(stack), **key()},
+        json={
+            "agent": "refund-assistant",
+            "operation_key": operation_key,
+            "action": "payment.refund",
+            "arguments": {"payment_id": payment_id, "line_id": "L2"},
+        },
+    )
     assert waiting.status_code == 200, waiting.text
     assert waiting.json()["status"] == "awaiting_human"
     proposal_id = waiting.json()["proposal"]["proposal_id"]
@@ -84,27 +108,32 @@ async def test_a_refund_waits_for_a_person_who_approves_it_by_id_over_http(
     assert len(detail["request_hash"]) == 64 and detail["preview"] and detail["expires_at"]
     assert api.get(f"/proposals/{proposal_id}", headers=auth(stack)).status_code == 403
 
-    no_role = api.post(f"/proposals/{proposal_id}/approve", json={},
-                       headers={**auth(stack), **key()})
+    no_role = api.post(
+        f"/proposals/{proposal_id}/approve", json={}, headers={**auth(stack), **key()}
+    )
     assert (no_role.status_code, no_role.json()["code"]) == (403, "FORBIDDEN")
-    no_reason = api.post(f"/proposals/{proposal_id}/reject", json={},
-                         headers={**approver, **key()})
+    no_reason = api.post(f"/proposals/{proposal_id}/reject", json={}, headers={**approver, **key()})
     assert (no_reason.status_code, no_reason.json()["code"]) == (400, "INVALID_REQUEST")
     headers = {**approver, **key()}
     approved = api.post(f"/proposals/{proposal_id}/approve", json={}, headers=headers)
     assert approved.status_code == 200, approved.text
     assert approved.json()["status"] == "claimed"
-    assert api.post(f"/proposals/{proposal_id}/approve", json={},
-                    headers=headers).json() == approved.json()
+    assert (
+        api.post(f"/proposals/{proposal_id}/approve", json={}, headers=headers).json()
+        == approved.json()
+    )
     await _until(api, f"/commands/{operation_key}", auth(stack), "status", "succeeded")
     assert len(_refunds(payments, payment_id)) == 1
 
 
 async def test_a_run_stopped_at_an_ask_is_answered_over_http(
-        stack: Stack, api: httpx.Client, db: asyncpg.Connection,
-        payments: httpx.Client) -> None:
-    started = api.post("/runs", headers={**auth(stack), **key()},
-                       json={"agent": "billing-assistant", "input": "Refund order 7781"})
+    stack: Stack, api: httpx.Client, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
+    started = api.post(
+        "/runs",
+        headers={**auth(stack), **key()},
+        json={"agent": "billing-assistant", "input": "Refund order 7781"},
+    )
     run_id = started.json()["run_id"]
     stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
     assert stopped["status"] == "awaiting_human", stopped
@@ -112,27 +141,40 @@ async def test_a_run_stopped_at_an_ask_is_answered_over_http(
     approver = auth(stack, **APPROVER)
     listed = api.get("/pending-decisions", headers=approver).json()["decisions"]
     assert pending_id in [d["pending_id"] for d in listed]
-    decided = api.post("/pending-decisions/decide", headers={**approver, **key()},
-                       json={"pending_id": pending_id, "answer": "once", "reason": "ok"})
+    decided = api.post(
+        "/pending-decisions/decide",
+        headers={**approver, **key()},
+        json={"pending_id": pending_id, "answer": "once", "reason": "ok"},
+    )
     assert decided.status_code == 200, decided.text
     assert decided.json()["accepted"] is True
     await _until(api, f"/runs/{run_id}", auth(stack), "status", "succeeded")
-    answered = await db.fetchval("SELECT answer FROM governance.pending WHERE pending_id = $1",
-                                 uuid.UUID(pending_id))
+    answered = await db.fetchval(
+        "SELECT answer FROM governance.pending WHERE pending_id = $1", uuid.UUID(pending_id)
+    )
     assert answered == "once"
 
 
 async def test_a_review_is_answered_over_http(stack: Stack, api: httpx.Client) -> None:
-    started = api.post("/runs", headers={**auth(stack), **key()}, json={
-        "agent": "review-assistant", "input": "Note the call about order 7781's delay."})
+    started = api.post(
+        "/runs",
+        headers={**auth(stack), **key()},
+        json={"agent": "review-assistant", "input": "Note the call about order 7781's delay."},
+    )
     run_id = started.json()["run_id"]
     stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
     assert stopped["pending_id"] == f"review-{run_id}-0", stopped
-    answered = api.post(f"/reviews/review-{run_id}-0", json={"answer": "approve"},
-                        headers={**auth(stack, **APPROVER), **key()})
+    answered = api.post(
+        f"/reviews/review-{run_id}-0",
+        json={"answer": "approve"},
+        headers={**auth(stack, **APPROVER), **key()},
+    )
     assert answered.status_code == 200, answered.text
     assert answered.json()["accepted"] is True
     await _until(api, f"/runs/{run_id}", auth(stack), "status", "succeeded")
-    unknown = api.post(f"/reviews/review-{run_id}-0", json={"answer": "approve"},
-                       headers={**auth(stack, **APPROVER), **key()})
+    unknown = api.post(
+        f"/reviews/review-{run_id}-0",
+        json={"answer": "approve"},
+        headers={**auth(stack, **APPROVER), **key()},
+    )
     assert unknown.json()["accepted"] is False

@@ -26,15 +26,18 @@ from writ.stack import JOURNALS, Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
-_ROW = ("id, xid::text AS xid, tenant, kind, subject, run_id, recorded_at, key_id, nonce, "
-        "ciphertext")
+_ROW = "id, xid::text AS xid, tenant, kind, subject, run_id, recorded_at, key_id, nonce, ciphertext"
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-attacks-") as home:
-        deployment = Stack(Path(home), database="attacks", durable_pg=False,
-                           extra_env={"*": {"WRIT_DRAIN_TIMEOUT_S": "2"}})
+        deployment = Stack(
+            Path(home),
+            database="attacks",
+            durable_pg=False,
+            extra_env={"*": {"WRIT_DRAIN_TIMEOUT_S": "2"}},
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -44,8 +47,9 @@ def stack() -> Iterator[Stack]:
 
 def metric(stack: Stack, service: str, sample: str) -> float:
     text = httpx.get(f"http://127.0.0.1:{stack.metrics_port(service)}/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(sample))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(sample)
+    )
 
 
 async def traffic(host: Host) -> None:
@@ -60,45 +64,59 @@ async def traffic(host: Host) -> None:
 
 async def sealed(db: asyncpg.Connection, service: str) -> None:
     with anyio.fail_after(20):
-        while await db.fetchval(f"SELECT count(*) FROM {service}.journal j WHERE NOT EXISTS "
-                                f"(SELECT 1 FROM {service}.journal_seals s "
-                                "WHERE s.entry_id = j.id)"):
+        while await db.fetchval(
+            f"SELECT count(*) FROM {service}.journal j WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {service}.journal_seals s "
+            "WHERE s.entry_id = j.id)"
+        ):
             await anyio.sleep(0.1)
 
 
 async def last_batch(db: asyncpg.Connection, service: str) -> int:
     """The first seq of the newest checkpoint's batch."""
-    return await db.fetchval(f"SELECT prev_seq + 1 FROM {service}.journal_checkpoints "
-                             "ORDER BY seq DESC LIMIT 1")
+    return await db.fetchval(
+        f"SELECT prev_seq + 1 FROM {service}.journal_checkpoints ORDER BY seq DESC LIMIT 1"
+    )
 
 
 async def cut(db: asyncpg.Connection, s: str, start: int) -> list[asyncpg.Record]:
     rows = await db.fetch(
         f"SELECT {', '.join('j.' + c.strip() for c in _ROW.split(','))} FROM {s}.journal j "
-        f"JOIN {s}.journal_seals x ON x.entry_id = j.id WHERE x.seq >= $1 ORDER BY x.seq", start)
+        f"JOIN {s}.journal_seals x ON x.entry_id = j.id WHERE x.seq >= $1 ORDER BY x.seq",
+        start,
+    )
     async with db.transaction():
-        await db.execute(f"DELETE FROM {s}.journal WHERE id IN (SELECT entry_id FROM "
-                         f"{s}.journal_seals WHERE seq >= $1)", start)
+        await db.execute(
+            f"DELETE FROM {s}.journal WHERE id IN (SELECT entry_id FROM "
+            f"{s}.journal_seals WHERE seq >= $1)",
+            start,
+        )
         await db.execute(f"DELETE FROM {s}.journal_seals WHERE seq >= $1", start)
         await db.execute(f"DELETE FROM {s}.journal_checkpoints WHERE seq >= $1", start)
     return rows
 
 
 async def rehash(db: asyncpg.Connection, s: str, start: int) -> None:
-    prev = bytes(await db.fetchval(f"SELECT prev_hash FROM {s}.journal_seals WHERE seq = $1",
-                                   start))
-    for seal in await db.fetch(f"SELECT seq, entry_id FROM {s}.journal_seals WHERE seq >= $1 "
-                               "ORDER BY seq", start):
-        row = await db.fetchrow(f"SELECT {_ROW} FROM {s}.journal WHERE id = $1",
-                                seal["entry_id"])
+    prev = bytes(
+        await db.fetchval(f"SELECT prev_hash FROM {s}.journal_seals WHERE seq = $1", start)
+    )
+    for seal in await db.fetch(
+        f"SELECT seq, entry_id FROM {s}.journal_seals WHERE seq >= $1 ORDER BY seq", start
+    ):
+        row = await db.fetchrow(f"SELECT {_ROW} FROM {s}.journal WHERE id = $1", seal["entry_id"])
         digest = entry_hash(prev, service=s, seq=seal["seq"], row=row)
-        await db.execute(f"UPDATE {s}.journal_seals SET prev_hash = $2, entry_hash = $3 "
-                         "WHERE seq = $1", seal["seq"], prev, digest)
+        await db.execute(
+            f"UPDATE {s}.journal_seals SET prev_hash = $2, entry_hash = $3 WHERE seq = $1",
+            seal["seq"],
+            prev,
+            digest,
+        )
         prev = digest
 
 
 async def test_each_attack_is_refused_by_the_sealer_and_named_by_verify(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     for _ in range(2):
         await traffic(host)
         for service in JOURNALS:
@@ -119,44 +137,66 @@ async def test_each_attack_is_refused_by_the_sealer_and_named_by_verify(
         await db.execute(
             "INSERT INTO planner.journal (tenant, kind, subject, run_id, key_id, nonce, "
             "ciphertext, recorded_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            r["tenant"], r["kind"], r["subject"], r["run_id"], r["key_id"], r["nonce"],
-            r["ciphertext"], r["recorded_at"])
+            r["tenant"],
+            r["kind"],
+            r["subject"],
+            r["run_id"],
+            r["key_id"],
+            r["nonce"],
+            r["ciphertext"],
+            r["recorded_at"],
+        )
     # 3. admission: edit a row, re-hash every later seal, drop the checkpoints from there.
     expected["admission"] = start = await last_batch(db, "admission")
-    await db.execute("UPDATE admission.journal SET ciphertext = set_byte(ciphertext, 0, "
-                     "get_byte(ciphertext, 0) # 1) WHERE id = (SELECT entry_id FROM "
-                     "admission.journal_seals WHERE seq = $1)", start)
+    await db.execute(
+        "UPDATE admission.journal SET ciphertext = set_byte(ciphertext, 0, "
+        "get_byte(ciphertext, 0) # 1) WHERE id = (SELECT entry_id FROM "
+        "admission.journal_seals WHERE seq = $1)",
+        start,
+    )
     await rehash(db, "admission", start)
     await db.execute("DELETE FROM admission.journal_checkpoints WHERE seq >= $1", start)
     # 4. dispatcher: forge a row, let rows pile up behind it, delete one of them and it.
     forged = await db.fetchval(
         "INSERT INTO dispatcher.journal (tenant, kind, subject, key_id, nonce, ciphertext) "
         "VALUES ('acme', 'attempt.started', 'x', 'dispatcher-data-1', $1, $2) RETURNING id",
-        b"\1" * 12, b"\1" * 24)
+        b"\1" * 12,
+        b"\1" * 24,
+    )
     await sealed(db, "dispatcher")
     expected["dispatcher"] = await db.fetchval(
-        "SELECT seq FROM dispatcher.journal_seals WHERE entry_id = $1", forged)
+        "SELECT seq FROM dispatcher.journal_seals WHERE entry_id = $1", forged
+    )
 
     await traffic(host)  # the next request, on every journal
     await sealed(db, "dispatcher")
-    await db.execute("DELETE FROM dispatcher.journal WHERE id IN ($1, (SELECT max(id) FROM "
-                     "dispatcher.journal))", forged)
+    await db.execute(
+        "DELETE FROM dispatcher.journal WHERE id IN ($1, (SELECT max(id) FROM dispatcher.journal))",
+        forged,
+    )
 
     # The sealers said so at once, in the metrics the shipped alerts watch.
     with anyio.fail_after(20):
-        while not all(metric(stack, s, f"writ_{s}_journal_seal_refusals_total") > 0
-                      for s in ("governance", "planner", "admission")):
+        while not all(
+            metric(stack, s, f"writ_{s}_journal_seal_refusals_total") > 0
+            for s in ("governance", "planner", "admission")
+        ):
             await anyio.sleep(0.2)
-    assert metric(stack, "dispatcher",
-                  'writ_dispatcher_journal_rows_rejected_total{reason="unauthentic"}') == 1
+    assert (
+        metric(
+            stack, "dispatcher", 'writ_dispatcher_journal_rows_rejected_total{reason="unauthentic"}'
+        )
+        == 1
+    )
     for service in ("governance", "planner", "admission"):
         assert "REFUSING TO SEAL" in stack.log_tail(service, 20000)
 
     result = await anyio.run_process(_verify(stack), check=False)
     stdout = result.stdout.decode()
     assert result.returncode == 1, stdout + result.stderr.decode()
-    found = {line.split(":", 1)[0]: line for line in stdout.splitlines()
-             if not line.startswith(" ")}
+    found = {
+        line.split(":", 1)[0]: line for line in stdout.splitlines() if not line.startswith(" ")
+    }
     for service, seq in expected.items():
         assert f"FAILED at seq {seq}" in found[service], (service, seq, stdout)
     assert "the tail was cut" in found["governance"]
@@ -165,8 +205,7 @@ async def test_each_attack_is_refused_by_the_sealer_and_named_by_verify(
     assert "missing" in found["dispatcher"]
 
     # The auditor's own export, taken before the attacks, names the same seqs.
-    offline = await anyio.run_process([*_verify(stack), "--record-file", str(export)],
-                                      check=False)
+    offline = await anyio.run_process([*_verify(stack), "--record-file", str(export)], check=False)
     assert offline.returncode == 1
     for service, seq in expected.items():
         assert f"{service}: FAILED at seq {seq}" in offline.stdout.decode(), offline.stdout

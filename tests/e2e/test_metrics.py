@@ -28,15 +28,39 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 REFRESH_WAIT_S = 15.0
 
 # (`endpoint`: a request/reply endpoint's name, fixed in code.)
-ALLOWED_LABELS = frozenset({"consumer", "outcome", "line", "verdict", "state", "connector",
-                            "result", "tool", "status", "check", "budget", "le", "quantile",
-                            "reason", "endpoint"})
+ALLOWED_LABELS = frozenset(
+    {
+        "consumer",
+        "outcome",
+        "line",
+        "verdict",
+        "state",
+        "connector",
+        "result",
+        "tool",
+        "status",
+        "check",
+        "budget",
+        "le",
+        "quantile",
+        "reason",
+        "endpoint",
+    }
+)
 TENANTS = ("acme", "globex", "initech")
 PRINCIPALS = ("alice@acme.example",)
 UUID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.I)
 LONG_HEX = re.compile(r"[0-9a-f]{12,}", re.I)  # request ids, digests, hex-encoded ids
-COMMAND_STATES = ("pending", "dispatching", "succeeded", "denied", "expired",
-                  "revision_required", "unknown", "failed")
+COMMAND_STATES = (
+    "pending",
+    "dispatching",
+    "succeeded",
+    "denied",
+    "expired",
+    "revision_required",
+    "unknown",
+    "failed",
+)
 ATTEMPT_RESULTS = ("succeeded", "failed", "transient", "lost", "revision_required")
 
 Samples = dict[str, list[Sample]]
@@ -69,8 +93,9 @@ def labelsets(samples: Samples, name: str) -> list[dict[str, str]]:
     return [s.labels for s in samples.get(name, [])]
 
 
-async def eventually(stack: Stack, check: Callable[[dict[str, Samples]], bool]
-                     ) -> dict[str, Samples]:
+async def eventually(
+    stack: Stack, check: Callable[[dict[str, Samples]], bool]
+) -> dict[str, Samples]:
     """Scrape until `check` holds (gauges refresh every few seconds), then return the scrape."""
     with anyio.fail_after(REFRESH_WAIT_S):
         while True:
@@ -112,8 +137,9 @@ async def driven(stack: Stack, host: Host) -> None:
 
 
 async def test_every_service_exports_what_operators_alert_on(stack: Stack, driven: None) -> None:
-    scraped = await eventually(stack, lambda s: value(
-        s["admission"], "writ_admission_commands", state="succeeded") >= 1)
+    scraped = await eventually(
+        stack, lambda s: value(s["admission"], "writ_admission_commands", state="succeeded") >= 1
+    )
 
     # The actor loop, in every service with an inbox (the durable is named after the service);
     # retrieval has none and answers requests only, a run's evidence search among them.
@@ -122,15 +148,14 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
             assert not labelsets(scraped[name], f"writ_{name}_consumer_pending")
             continue
         samples, consumer = scraped[name], name
-        assert value(samples, f"writ_{name}_messages_redelivered_total",
-                     consumer=consumer) >= 0
-        assert value(samples, f"writ_{name}_messages_dead_lettered_total",
-                     consumer=consumer) >= 0
+        assert value(samples, f"writ_{name}_messages_redelivered_total", consumer=consumer) >= 0
+        assert value(samples, f"writ_{name}_messages_dead_lettered_total", consumer=consumer) >= 0
         assert value(samples, f"writ_{name}_consumer_pending", consumer=consumer) >= 0
         assert value(samples, f"writ_{name}_consumer_ack_pending", consumer=consumer) >= 0
 
-    assert value(scraped["retrieval"], "writ_retrieval_messages_handled_total",
-                 consumer="search") >= 1
+    assert (
+        value(scraped["retrieval"], "writ_retrieval_messages_handled_total", consumer="search") >= 1
+    )
 
     governance = scraped["governance"]
     assert value(governance, "writ_governance_decisions_total", line="5", verdict="allow") >= 1
@@ -142,16 +167,19 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
     admission = scraped["admission"]
     states = sorted(ls["state"] for ls in labelsets(admission, "writ_admission_commands"))
     assert states == sorted(COMMAND_STATES)
-    assert all(value(admission, "writ_admission_commands", state=state) >= 0
-               for state in COMMAND_STATES)
+    assert all(
+        value(admission, "writ_admission_commands", state=state) >= 0 for state in COMMAND_STATES
+    )
     assert value(admission, "writ_admission_commands", state="succeeded") >= 2
     assert value(admission, "writ_admission_outbox_oldest_seconds") >= 0
     assert value(admission, "writ_admission_proposals_pending") >= 0
 
     dispatcher = scraped["dispatcher"]
     assert value(dispatcher, "writ_dispatcher_unknown_commands") >= 0
-    assert value(dispatcher, "writ_dispatcher_attempts_total",
-                 connector="crm", result="succeeded") >= 2
+    assert (
+        value(dispatcher, "writ_dispatcher_attempts_total", connector="crm", result="succeeded")
+        >= 2
+    )
     for labels in labelsets(dispatcher, "writ_dispatcher_attempts_total"):
         assert set(labels) == {"connector", "result"}
         assert labels["connector"] in {"crm", "payments", "host", "noop", "local", "none"}
@@ -169,28 +197,32 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
     for name in ("governance", "planner", "admission", "dispatcher"):
         samples = scraped[name]
         for reason in ("head_differs", "seal_past_checkpoint"):
-            assert value(samples, f"writ_{name}_journal_seal_refusals_total",
-                         reason=reason) == 0
+            assert value(samples, f"writ_{name}_journal_seal_refusals_total", reason=reason) == 0
         for reason in ("unauthentic", "late"):
-            assert value(samples, f"writ_{name}_journal_rows_rejected_total",
-                         reason=reason) == 0
+            assert value(samples, f"writ_{name}_journal_rows_rejected_total", reason=reason) == 0
         assert value(samples, f"writ_{name}_journal_sealer_ok_timestamp_seconds") > 0
 
 
-async def test_backlog_gauges_follow_postgres(stack: Stack, driven: None,
-                                             db: asyncpg.Connection) -> None:
+async def test_backlog_gauges_follow_postgres(
+    stack: Stack, driven: None, db: asyncpg.Connection
+) -> None:
     """The admission and dispatcher gauges say what the tables say (once refreshed)."""
-    states = {r["state"]: r["n"] for r in await db.fetch(
-        "SELECT state, count(*) AS n FROM admission.commands GROUP BY state")}
+    states = {
+        r["state"]: r["n"]
+        for r in await db.fetch(
+            "SELECT state, count(*) AS n FROM admission.commands GROUP BY state"
+        )
+    }
 
     def caught_up(s: dict[str, Samples]) -> bool:
         # Only commands that have stopped moving: the other states may change meanwhile.
-        return all(value(s["admission"], "writ_admission_commands", state=state)
-                   >= states.get(state, 0) for state in ("succeeded", "failed", "denied"))
+        return all(
+            value(s["admission"], "writ_admission_commands", state=state) >= states.get(state, 0)
+            for state in ("succeeded", "failed", "denied")
+        )
 
     scraped = await eventually(stack, caught_up)
-    unknown = await db.fetchval(
-        "SELECT count(*) FROM admission.commands WHERE state = 'unknown'")
+    unknown = await db.fetchval("SELECT count(*) FROM admission.commands WHERE state = 'unknown'")
     # `unknown` only leaves through reconciliation, which nothing here does.
     assert value(scraped["dispatcher"], "writ_dispatcher_unknown_commands") >= unknown
 

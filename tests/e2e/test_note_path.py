@@ -22,8 +22,9 @@ async def _commands(db: asyncpg.Connection, run_id: str) -> list[asyncpg.Record]
     return await db.fetch("SELECT * FROM admission.commands WHERE run_id = $1", run_id)
 
 
-async def test_a_request_adds_exactly_one_note(host: Host, db: asyncpg.Connection,
-                                               crm: httpx.Client) -> None:
+async def test_a_request_adds_exactly_one_note(
+    host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     request = host.request()
     await host.publish(request, msg_id=request.request_id)
 
@@ -33,7 +34,8 @@ async def test_a_request_adds_exactly_one_note(host: Host, db: asyncpg.Connectio
     assert result.answer and "note" in result.answer
     runs = await _run_rows(db, request.request_id)
     assert [(r["tenant"], r["principal"], r["status"]) for r in runs] == [
-        ("acme", "alice@acme.example", "succeeded")]
+        ("acme", "alice@acme.example", "succeeded")
+    ]
     commands = await _commands(db, result.run_id)
     assert len(commands) == 1
     command = commands[0]
@@ -46,13 +48,16 @@ async def test_a_request_adds_exactly_one_note(host: Host, db: asyncpg.Connectio
     assert notes[0]["customer_id"] == "ACME-42"
     assert command["receipt"] == notes[0]["note_id"]
     assert [(a.operation_id, a.state, a.receipt) for a in result.actions] == [
-        (str(command["operation_id"]), "succeeded", notes[0]["note_id"])]
-    attempts = await db.fetch("SELECT * FROM dispatcher.attempts WHERE operation_id = $1",
-                              command["operation_id"])
+        (str(command["operation_id"]), "succeeded", notes[0]["note_id"])
+    ]
+    attempts = await db.fetch(
+        "SELECT * FROM dispatcher.attempts WHERE operation_id = $1", command["operation_id"]
+    )
     assert [(a["result"], a["lease_epoch"]) for a in attempts] == [("succeeded", 1)]
     # Evidence came from the run's own tenant only, marked untrusted.
-    steps = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq",
-                           result.run_id)
+    steps = await db.fetch(
+        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", result.run_id
+    )
     assert [s["kind"] for s in steps] == ["decision", "observation", "decision"]
     evidence = msgspec.json.decode(runs[0]["evidence"])
     assert evidence and all(e["trust"] == "untrusted" for e in evidence)
@@ -64,7 +69,8 @@ async def test_a_request_adds_exactly_one_note(host: Host, db: asyncpg.Connectio
 
 @pytest.mark.parametrize("with_msg_id", [True, False], ids=["same-msg-id", "no-msg-id"])
 async def test_the_same_request_twice_is_one_run_and_one_note(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, with_msg_id: bool) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, with_msg_id: bool
+) -> None:
     request = host.request()
     msg_id = request.request_id if with_msg_id else None
     await host.publish(request, msg_id=msg_id)
@@ -95,8 +101,10 @@ def _unknown_field(host: Host) -> bytes:
 
 BAD_INPUTS = {
     "bad-signature": ("BAD_SIGNATURE", lambda h: h.request(token=_forged(h))),
-    "expired": ("TOKEN_EXPIRED", lambda h: h.request(
-        token=h.stack.token("acme", "alice@acme.example", ttl_s=-60))),
+    "expired": (
+        "TOKEN_EXPIRED",
+        lambda h: h.request(token=h.stack.token("acme", "alice@acme.example", ttl_s=-60)),
+    ),
     "other-tenant": ("WRONG_TENANT", lambda h: h.request(token=_other_tenant(h))),
     "unknown-field": ("INVALID_REQUEST", _unknown_field),
     "oversized": ("TOO_LARGE", _too_large),
@@ -107,21 +115,30 @@ def _forged(h: Host) -> str:
     """A token claiming tenant acme, signed with globex's key."""
     from writ.stack import mint_token
 
-    return mint_token(h.stack.host_key("globex"), issuer=h.stack.issuer("acme"),
-                      tenant="acme", principal="mallory@globex.example")
+    return mint_token(
+        h.stack.host_key("globex"),
+        issuer=h.stack.issuer("acme"),
+        tenant="acme",
+        principal="mallory@globex.example",
+    )
 
 
 def _other_tenant(h: Host) -> str:
     """A token validly signed by acme's key but issued for tenant globex."""
     from writ.stack import mint_token
 
-    return mint_token(h.stack.host_key("acme"), issuer=h.stack.issuer("acme"),
-                      tenant="globex", principal="alice@acme.example")
+    return mint_token(
+        h.stack.host_key("acme"),
+        issuer=h.stack.issuer("acme"),
+        tenant="globex",
+        principal="alice@acme.example",
+    )
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 async def test_bad_input_gets_its_error_and_changes_nothing(
-        host: Host, db: asyncpg.Connection, crm: httpx.Client, case: str) -> None:
+    host: Host, db: asyncpg.Connection, crm: httpx.Client, case: str
+) -> None:
     code, make = BAD_INPUTS[case]
     body = make(host)
     if isinstance(body, RunRequest):

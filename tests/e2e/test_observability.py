@@ -31,8 +31,9 @@ DASHBOARD = OBSERVABILITY / "writ-dashboard.json"
 ALERTS = OBSERVABILITY / "writ-alerts.yaml"
 
 # The services with a durable consumer (retrieval answers requests only).
-CONSUMING = {name for name, (stream, _, _) in SERVICE_SUBJECTS.items()
-             if name in SERVICES and stream != ""}
+CONSUMING = {
+    name for name, (stream, _, _) in SERVICE_SUBJECTS.items() if name in SERVICES and stream != ""
+}
 
 # Gauges read from JetStream and Postgres are refreshed every ~5 s.
 REFRESH_WAIT_S = 15.0
@@ -44,8 +45,12 @@ DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 SEVERITIES = frozenset({"page", "ticket"})
 # The sample names each metric type exposes, given a family's name (the parser strips
 # `_total` from counters).
-SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
-            "summary": ("_sum", "_count"), "gaugehistogram": ("_bucket", "_gsum", "_gcount")}
+SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("_sum", "_count"),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+}
 
 
 def dashboard() -> dict[str, Any]:
@@ -76,12 +81,16 @@ def rules() -> list[dict[str, Any]]:
 
 def expressions() -> list[tuple[str, str]]:
     """(where, expr) for every dashboard query and every alert expression."""
-    found = [(f"dashboard panel {panel.get('title')!r} target {target.get('refId')}",
-              target["expr"])
-             for panel in data_panels(dashboard()["panels"])
-             for target in panel.get("targets", []) if "expr" in target]
-    found += [(f"alert {rule['alert']} ({rule.get('labels', {}).get('service', 'writ')})",
-               rule["expr"]) for rule in rules()]
+    found = [
+        (f"dashboard panel {panel.get('title')!r} target {target.get('refId')}", target["expr"])
+        for panel in data_panels(dashboard()["panels"])
+        for target in panel.get("targets", [])
+        if "expr" in target
+    ]
+    found += [
+        (f"alert {rule['alert']} ({rule.get('labels', {}).get('service', 'writ')})", rule["expr"])
+        for rule in rules()
+    ]
     return found
 
 
@@ -174,14 +183,21 @@ def test_alerts_are_a_prometheus_rule_file() -> None:
     assert [(r["for"], r["labels"]["severity"]) for r in unknown] == [("10m", "page")]
     assert "writ_dispatcher_unknown_commands" in unknown[0]["expr"]
     assert by_name["WritProposalsAwaitingPerson"][0]["labels"]["severity"] == "ticket"
-    for per_service in ("WritDeadLetters", "WritConsumerBacklog",
-                        "WritConsumerAckPendingGrowing", "WritHandlerErrors"):
+    for per_service in (
+        "WritDeadLetters",
+        "WritConsumerBacklog",
+        "WritConsumerAckPendingGrowing",
+        "WritHandlerErrors",
+    ):
         services = {r["labels"].get("service") for r in by_name[per_service]}
         assert services == CONSUMING, f"{per_service} covers {sorted(services)}"
     endpoints = {r["labels"].get("service") for r in by_name["WritEndpointFallingBehind"]}
     assert endpoints == set(SERVICES), f"WritEndpointFallingBehind covers {sorted(endpoints)}"
-    for per_journal in ("WritJournalSealRefused", "WritJournalRowRejected",
-                        "WritJournalSealerStalled"):
+    for per_journal in (
+        "WritJournalSealRefused",
+        "WritJournalRowRejected",
+        "WritJournalSealerStalled",
+    ):
         services = {r["labels"].get("service") for r in by_name[per_journal]}
         assert services == set(JOURNALS), f"{per_journal} covers {sorted(services)}"
         assert {r["labels"]["severity"] for r in by_name[per_journal]} == {"page"}
@@ -248,16 +264,21 @@ async def test_every_queried_metric_is_exported(stack: Stack, host: Host) -> Non
         users = wanted[name]
         more = f" (+{len(users) - 3} more)" if len(users) > 3 else ""
         lines.append(f"  {name}: used by {'; '.join(users[:3])}{more}")
-    exported_writ = {s: sorted(n for n in names if n.startswith("writ_"))
-                     for s, names in exported.items()}
+    exported_writ = {
+        s: sorted(n for n in names if n.startswith("writ_")) for s, names in exported.items()
+    }
     assert not missing, (
         f"{len(missing)} metric name(s) used in deploy/observability/ are not exported by "
-        f"any service after {REFRESH_WAIT_S:.0f} s:\n" + "\n".join(lines)
+        f"any service after {REFRESH_WAIT_S:.0f} s:\n"
+        + "\n".join(lines)
         + "\nexported writ_ names by service:\n"
-        + "\n".join(f"  {s}: {', '.join(n) or '(none)'}" for s, n in exported_writ.items()))
+        + "\n".join(f"  {s}: {', '.join(n) or '(none)'}" for s, n in exported_writ.items())
+    )
 
     # The name also belongs to the service it is named after, not just to some service.
-    misplaced = [f"  {name} is not exported by {name.split('_')[1]}"
-                 for name in sorted(wanted)
-                 if name.split("_")[1] in exported and name not in exported[name.split("_")[1]]]
+    misplaced = [
+        f"  {name} is not exported by {name.split('_')[1]}"
+        for name in sorted(wanted)
+        if name.split("_")[1] in exported and name not in exported[name.split("_")[1]]
+    ]
     assert not misplaced, "metric names exported by the wrong service:\n" + "\n".join(misplaced)

@@ -26,25 +26,45 @@ AGENT = "refund-assistant"  # no grant: every refund asks a person
 
 def _refund(host: Host, payments: httpx.Client, **fields: object):
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
-    payments.post("/_control/payments", json={
-        "payment_id": payment_id, "customer_id": "ACME-42", "currency": "EUR",
-        "status": "captured", "method": {"kind": "card", "last4": "4242", "usable": True},
-        "lines": [{"line_id": "L2", "product": "Junior programme", "participant": "Léo Martin",
-                   "amount_cents": 12000,
-                   "discount": {"discount_id": "D-SIB", "name": "Sibling discount",
-                                "amount_cents": 1500}}]}).raise_for_status()
-    return host.command(action="payment.refund", agent=AGENT,
-                        arguments={"payment_id": payment_id, "line_id": "L2"}, **fields)
+    payments.post(
+        "/_control/payments",
+        json={
+            "payment_id": payment_id,
+            "customer_id": "ACME-42",
+            "currency": "EUR",
+            "status": "captured",
+            "method": {"kind": "card", "last4": "4242", "usable": True},
+            "lines": [
+                {
+                    "line_id": "L2",
+                    "product": "Junior programme",
+                    "participant": "Léo Martin",
+                    "amount_cents": 12000,
+                    "discount": {
+                        "discount_id": "D-SIB",
+                        "name": "Sibling discount",
+                        "amount_cents": 1500,
+                    },
+                }
+            ],
+        },
+    ).raise_for_status()
+    return host.command(
+        action="payment.refund",
+        agent=AGENT,
+        arguments={"payment_id": payment_id, "line_id": "L2"},
+        **fields,
+    )
 
 
 def _again(command, **changes: object):
     """The same key (and whatever is not changed), under a new request id."""
-    return msgspec.structs.replace(command, request_id=f"cmd-{uuid.uuid4().hex[:12]}",
-                                   **changes)
+    return msgspec.structs.replace(command, request_id=f"cmd-{uuid.uuid4().hex[:12]}", **changes)
 
 
 async def test_a_replayed_awaiting_human_answer_carries_its_proposal(
-        host: Host, payments: httpx.Client) -> None:
+    host: Host, payments: httpx.Client
+) -> None:
     command = _refund(host, payments)
     await host.submit(command)
     first = await host.wait_command(command.request_id)
@@ -53,11 +73,15 @@ async def test_a_replayed_awaiting_human_answer_carries_its_proposal(
     await host.submit(replay)
     again = await host.wait_command(replay.request_id)
     assert (again.status, again.pending_id, again.proposal) == (
-        "awaiting_human", first.pending_id, first.proposal)
+        "awaiting_human",
+        first.pending_id,
+        first.proposal,
+    )
 
 
 async def test_anything_a_key_binds_changed_while_it_waits_is_a_conflict(
-        host: Host, payments: httpx.Client) -> None:
+    host: Host, payments: httpx.Client
+) -> None:
     command = _refund(host, payments)
     await host.submit(command)
     assert (await host.wait_command(command.request_id)).status == "awaiting_human"
@@ -91,7 +115,8 @@ async def test_anything_a_key_binds_changed_after_it_ran_is_a_conflict(host: Hos
 
 
 async def test_one_key_sent_at_once_asks_a_person_once(
-        host: Host, payments: httpx.Client, db: asyncpg.Connection) -> None:
+    host: Host, payments: httpx.Client, db: asyncpg.Connection
+) -> None:
     command = _refund(host, payments)
     copies = [_again(command) for _ in range(8)]
     async with anyio.create_task_group() as tg:
@@ -103,11 +128,14 @@ async def test_one_key_sent_at_once_asks_a_person_once(
     assert all(a.proposal is not None for a in answers)
     proposals = await db.fetch(
         "SELECT proposal_id::text FROM admission.proposals WHERE tenant = 'acme' "
-        "AND operation_key = $1", command.operation_key)
+        "AND operation_key = $1",
+        command.operation_key,
+    )
     assert len(proposals) == 1
     pending = await db.fetchval(
         "SELECT count(*) FROM governance.pending WHERE tenant = 'acme' AND proposal_id = $1",
-        proposals[0]["proposal_id"])
+        proposals[0]["proposal_id"],
+    )
     assert pending == 1
 
 

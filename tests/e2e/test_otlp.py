@@ -33,10 +33,18 @@ def stack(request: pytest.FixtureRequest, collector: FakeOtlpCollector) -> Itera
     """A deployment of its own whose services export to `collector`, batching for
     `request.param` milliseconds."""
     with tempfile.TemporaryDirectory(prefix="writ-otlp-") as home:
-        deployment = Stack(Path(home), database="otlp", durable_pg=False, extra_env={"*": {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
-            "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer%20{TOKEN}",
-            "OTEL_BSP_SCHEDULE_DELAY": str(request.param)}})
+        deployment = Stack(
+            Path(home),
+            database="otlp",
+            durable_pg=False,
+            extra_env={
+                "*": {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+                    "OTEL_EXPORTER_OTLP_HEADERS": f"Authorization=Bearer%20{TOKEN}",
+                    "OTEL_BSP_SCHEDULE_DELAY": str(request.param),
+                }
+            },
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -49,15 +57,17 @@ def received(collector: FakeOtlpCollector) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("stack", [SOON_MS], indirect=True)
-async def test_a_run_is_one_trace_in_the_collector(stack: Stack, host: Host,
-                                                   collector: FakeOtlpCollector) -> None:
+async def test_a_run_is_one_trace_in_the_collector(
+    stack: Stack, host: Host, collector: FakeOtlpCollector
+) -> None:
     run = await start_traced_run(host)
     assert_run_tree(await wait_for_tree(lambda: received(collector), run), run)
 
 
 @pytest.mark.parametrize("stack", [NEVER_MS], indirect=True)
-async def test_a_service_stopping_sends_the_spans_it_holds(stack: Stack, host: Host,
-                                                           collector: FakeOtlpCollector) -> None:
+async def test_a_service_stopping_sends_the_spans_it_holds(
+    stack: Stack, host: Host, collector: FakeOtlpCollector
+) -> None:
     run = await start_traced_run(host)
     assert [s for s in received(collector) if s["trace_id"] == run.trace_id] == []
     for name in SERVICES:

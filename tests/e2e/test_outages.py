@@ -51,7 +51,8 @@ def _last_try_at(deliveries: int) -> float:
 # The first messages of the outage must reach their max_deliver-th delivery (with a margin
 # for a loaded machine), or the test would not show they are waited out past it.
 assert _last_try_at(MAX_DELIVER) + 10 < OUTAGE_S, (
-    f"an outage of {OUTAGE_S} s is too short for a backoff capped at {BACKOFF_MAX_S} s")
+    f"an outage of {OUTAGE_S} s is too short for a backoff capped at {BACKOFF_MAX_S} s"
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +60,20 @@ def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-outages-") as home:
         faults = Path(home) / "faults"
         faults.write_text("")
-        deployment = Stack(Path(home), database="outages", durable_pg=False, extra_env={
-            "*": {"WRIT_FAULTS_FILE": str(faults), "WRIT_DRAIN_TIMEOUT_S": "2",
-                  "WRIT_RETRY_BACKOFF_MAX_S": str(BACKOFF_MAX_S),
-                  # The actors log each delivery they wait on, with its number (INFO).
-                  "WRIT_LOG_LEVEL": "INFO"}})
+        deployment = Stack(
+            Path(home),
+            database="outages",
+            durable_pg=False,
+            extra_env={
+                "*": {
+                    "WRIT_FAULTS_FILE": str(faults),
+                    "WRIT_DRAIN_TIMEOUT_S": "2",
+                    "WRIT_RETRY_BACKOFF_MAX_S": str(BACKOFF_MAX_S),
+                    # The actors log each delivery they wait on, with its number (INFO).
+                    "WRIT_LOG_LEVEL": "INFO",
+                }
+            },
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -86,13 +96,17 @@ async def dead_letters(host: Host) -> int:
 
 def alive(stack: Stack) -> dict[str, int | None]:
     """Each service process's exit status (None: running)."""
-    return {name: proc.poll() for name, proc in stack.procs.items()
-            if name not in ("crm", "payments", "host")}
+    return {
+        name: proc.poll()
+        for name, proc in stack.procs.items()
+        if name not in ("crm", "payments", "host")
+    }
 
 
 @pytest.mark.timeout(OUTAGE_S + 600)
 async def test_governance_down_past_the_retry_budget_under_load_loses_nothing(
-        stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     before = await dead_letters(host)
     stack.stop_process("governance", kill=True)
     commands, runs = [], []
@@ -108,8 +122,13 @@ async def test_governance_down_past_the_retry_budget_under_load_loses_nothing(
             runs.append(request)
         await anyio.sleep(2.0)
     # Nothing could be decided meanwhile, and nothing was given up on.
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE operation_key = "
-                             "ANY($1)", [c.operation_key for c in commands]) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE operation_key = ANY($1)",
+            [c.operation_key for c in commands],
+        )
+        == 0
+    )
     assert await dead_letters(host) == before
     stack.start_instance("governance", "governance")
     await stack.wait_ready(("governance",))
@@ -134,8 +153,11 @@ def furthest_wait(stack: Stack, consumer: str) -> int:
     """The highest delivery number `consumer` logged as waiting out an unavailable dependency
     (and not dead-lettered: the test checks the dead-letter stream)."""
     pattern = re.compile(rf" {re.escape(consumer)}: waiting for a dependency \(delivery (\d+)\)")
-    found = [int(m.group(1)) for path in stack.logs.glob("*.log")
-             for m in pattern.finditer(path.read_text(errors="replace"))]
+    found = [
+        int(m.group(1))
+        for path in stack.logs.glob("*.log")
+        for m in pattern.finditer(path.read_text(errors="replace"))
+    ]
     return max(found, default=0)
 
 
@@ -145,21 +167,28 @@ async def waited(stack: Stack, service: str) -> float:
 
     async with httpx.AsyncClient(timeout=5) as client:
         page = await client.get(f"http://127.0.0.1:{stack.metrics_port(service)}/metrics")
-    return sum(sample.value for family in text_string_to_metric_families(page.text)
-               for sample in family.samples
-               if sample.name == f"writ_{service}_messages_waiting_total")
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page.text)
+        for sample in family.samples
+        if sample.name == f"writ_{service}_messages_waiting_total"
+    )
 
 
 async def test_a_raising_endpoint_and_handler_fail_one_delivery_and_serve_on(
-        stack: Stack, host: Host, payments: httpx.Client) -> None:
+    stack: Stack, host: Host, payments: httpx.Client
+) -> None:
     """governance's answer endpoint (the one a NUL in a reason used to kill) and ingress's
     handler raise an error of no type Writ knows: the request is answered 500, the delivery
     retried; both processes keep serving, and the approval and the run go through."""
     faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
-    refund = host.command(action="payment.refund", agent="refund-assistant",
-                          arguments={"payment_id": payment_id, "line_id": "L2"})
+    refund = host.command(
+        action="payment.refund",
+        agent="refund-assistant",
+        arguments={"payment_id": payment_id, "line_id": "L2"},
+    )
     await host.submit(refund)
     waiting = await host.wait_command(refund.request_id)
     assert waiting.status == "awaiting_human" and waiting.proposal is not None, waiting
@@ -171,11 +200,15 @@ async def test_a_raising_endpoint_and_handler_fail_one_delivery_and_serve_on(
     assert _armed(faults) == "", "the fault points were not taken"
     # Claimed: the one execution has started; its outcome comes to the host.
     with anyio.fail_after(60):
-        while not [r for r in await host.results(refund.request_id)
-                   if isinstance(r, CommandResult) and r.status == "succeeded"]:
+        while not [
+            r
+            for r in await host.results(refund.request_id)
+            if isinstance(r, CommandResult) and r.status == "succeeded"
+        ]:
             await anyio.sleep(0.2)
-    refunded = [r for r in payments.get("/_control/refunds").json()
-                if r["payment_id"] == payment_id]
+    refunded = [
+        r for r in payments.get("/_control/refunds").json() if r["payment_id"] == payment_id
+    ]
     assert len(refunded) == 1
     assert all(status is None for status in alive(stack).values()), alive(stack)
     assert CRASH_STATUS not in alive(stack).values()

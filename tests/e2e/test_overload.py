@@ -30,8 +30,13 @@ ABANDONED = 20
 
 
 def _ask(run_id: str) -> DecideRequest:
-    return DecideRequest(tenant="acme", principal="alice@acme.example", agent="crm-assistant",
-                         run_id=run_id, tool="crm.note.create")
+    return DecideRequest(
+        tenant="acme",
+        principal="alice@acme.example",
+        agent="crm-assistant",
+        run_id=run_id,
+        tool="crm.note.create",
+    )
 
 
 def _expired(stack: Stack) -> float:
@@ -44,7 +49,8 @@ def _expired(stack: Stack) -> float:
 
 
 async def test_decides_abandoned_while_governance_was_frozen_are_dropped_unrecorded(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     prefix = f"overload-{uuid.uuid4().hex[:8]}"
     before = _expired(stack)
     governance = stack.procs["governance"]
@@ -65,8 +71,9 @@ async def test_decides_abandoned_while_governance_was_frozen_are_dropped_unrecor
     # Every caller has given up; governance wakes to their requests first, then this one.
     fresh = await decide(host.nc, _ask(f"{prefix}-fresh"), timeout=30)
 
-    recorded = await db.fetch("SELECT run_id, verdict FROM governance.decisions "
-                              "WHERE run_id LIKE $1", f"{prefix}-%")
+    recorded = await db.fetch(
+        "SELECT run_id, verdict FROM governance.decisions WHERE run_id LIKE $1", f"{prefix}-%"
+    )
     assert len(abandoned) == ABANDONED
     assert fresh.verdict == "allow"  # the demo agent's standing grant
     # The abandoned ones were dropped on arrival, before the fresh one was even dispatched:

@@ -42,17 +42,24 @@ async def _budget_settled(db: asyncpg.Connection, run_id: str, timeout: float = 
     after its result goes out (`budgeting.py`, `deferring`), not before it."""
     with anyio.fail_after(timeout):
         while await db.fetchval(
-                "SELECT count(*) FROM governance.reservations WHERE run_id = $1 "
-                "AND status = 'open'", run_id) or await db.fetchval(
-                "SELECT count(*) FROM planner.reservations WHERE run_id = $1 "
-                "AND state <> 'closed'", run_id):
+            "SELECT count(*) FROM governance.reservations WHERE run_id = $1 AND status = 'open'",
+            run_id,
+        ) or await db.fetchval(
+            "SELECT count(*) FROM planner.reservations WHERE run_id = $1 AND state <> 'closed'",
+            run_id,
+        ):
             await anyio.sleep(0.05)
 
 
 def _manifest(name: str, *, critic: bool = False) -> dict[str, Any]:
-    return {"name": name, "version": "1.0.0", "provider": "openai", "critic": critic,
-            "responsibility": "Record customer calls as CRM notes on the customer's record.",
-            "uses": [{"kind": "action", "name": "crm.note.create"}]}
+    return {
+        "name": name,
+        "version": "1.0.0",
+        "provider": "openai",
+        "critic": critic,
+        "responsibility": "Record customer calls as CRM notes on the customer's record.",
+        "uses": [{"kind": "action", "name": "crm.note.create"}],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -71,29 +78,50 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
         root = Path(home)
         agents = root / "agents"
         agents.mkdir()
-        lookup = {**_manifest("lookup-assistant"),
-                  "uses": [{"kind": "tool", "name": "crm.customer.get"}],
-                  "budgets": {"provider_calls": 5, "capability_calls": 3}}
-        desk = {**_manifest("desk-assistant"), "uses": [
-            {"kind": "agent", "name": "notes-assistant", "description": "Writes CRM notes."}]}
+        lookup = {
+            **_manifest("lookup-assistant"),
+            "uses": [{"kind": "tool", "name": "crm.customer.get"}],
+            "budgets": {"provider_calls": 5, "capability_calls": 3},
+        }
+        desk = {
+            **_manifest("desk-assistant"),
+            "uses": [
+                {"kind": "agent", "name": "notes-assistant", "description": "Writes CRM notes."}
+            ],
+        }
         notes = {**_manifest("notes-assistant"), "callable_by": ["desk-assistant"]}
-        for manifest in (_manifest("crm-assistant"),
-                         _manifest("frugal-assistant", critic=True), lookup, desk, notes):
+        for manifest in (
+            _manifest("crm-assistant"),
+            _manifest("frugal-assistant", critic=True),
+            lookup,
+            desk,
+            notes,
+        ):
             (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
         key = root / "model.key"
         key.write_text(token)
         budgets = root / "budgets.json"
-        budgets.write_text(json.dumps(
-            {"agents": {"frugal-assistant": {"provider_calls": FRUGAL_CALLS}}}))
+        budgets.write_text(
+            json.dumps({"agents": {"frugal-assistant": {"provider_calls": FRUGAL_CALLS}}})
+        )
         faults = root / "faults"
         faults.write_text("")
-        deployment = Stack(root / "stack", database="resume", durable_pg=False, extra_env={
-            "*": {"WRIT_FAULTS_FILE": str(faults), "WRIT_DRAIN_TIMEOUT_S": "2"},
-            "governance": {"WRIT_BUDGETS_FILE": str(budgets)},
-            "planner": {"WRIT_PROVIDER": "openai", "WRIT_MODEL_URL": f"{fake.url}/v1",
-                        "WRIT_MODEL_NAME": "fake-model", "WRIT_MODEL_KEY_FILE": str(key),
-                        "WRIT_AGENTS_DIR": str(agents)},
-        })
+        deployment = Stack(
+            root / "stack",
+            database="resume",
+            durable_pg=False,
+            extra_env={
+                "*": {"WRIT_FAULTS_FILE": str(faults), "WRIT_DRAIN_TIMEOUT_S": "2"},
+                "governance": {"WRIT_BUDGETS_FILE": str(budgets)},
+                "planner": {
+                    "WRIT_PROVIDER": "openai",
+                    "WRIT_MODEL_URL": f"{fake.url}/v1",
+                    "WRIT_MODEL_NAME": "fake-model",
+                    "WRIT_MODEL_KEY_FILE": str(key),
+                    "WRIT_AGENTS_DIR": str(agents),
+                },
+            },
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -104,8 +132,9 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
 @pytest.fixture
 def model(llm: tuple[FakeLlm, str]) -> Iterator[httpx.Client]:
     fake, token = llm
-    with httpx.Client(base_url=fake.url, timeout=5,
-                      headers={"Authorization": f"Bearer {token}"}) as client:
+    with httpx.Client(
+        base_url=fake.url, timeout=5, headers={"Authorization": f"Bearer {token}"}
+    ) as client:
         yield client
 
 
@@ -117,8 +146,9 @@ async def db(stack: Stack) -> AsyncIterator[asyncpg.Connection]:
 
 
 def script(model: httpx.Client, *contents: dict[str, Any]) -> None:
-    model.post("/_control/replies", json={"replies": [
-        {"content": json.dumps(c)} for c in contents]}).raise_for_status()
+    model.post(
+        "/_control/replies", json={"replies": [{"content": json.dumps(c)} for c in contents]}
+    ).raise_for_status()
 
 
 def arm(faults: Path, point: str) -> None:
@@ -134,15 +164,19 @@ def calls(model: httpx.Client) -> int:
 
 
 async def steps(db: asyncpg.Connection, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-    rows = await db.fetch("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
-                          "ORDER BY seq", run_id)
+    rows = await db.fetch(
+        "SELECT kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+    )
     return [(r["kind"], json.loads(r["payload"])) for r in rows]
 
 
 async def run_id_of(db: asyncpg.Connection, request_id: str, timeout: float = 30) -> str:
     with anyio.fail_after(timeout):
-        while (run_id := await db.fetchval(
-                "SELECT run_id FROM planner.runs WHERE request_id = $1", request_id)) is None:
+        while (
+            run_id := await db.fetchval(
+                "SELECT run_id FROM planner.runs WHERE request_id = $1", request_id
+            )
+        ) is None:
             await anyio.sleep(0.05)
     return str(run_id)
 
@@ -164,13 +198,22 @@ async def _restarted(stack: Stack) -> None:
 
 
 async def test_a_planner_killed_before_publishing_a_proposal_resumes_without_asking_again(
-        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     before = calls(model)
-    script(model,
-           {"next": {"decision": "select_capability", "capability": "crm.note.create",
-                     "arguments": json.dumps({"customer_id": "ACME-42",
-                                              "body": "Called back about order 7781."})}},
-           {"next": {"decision": "answer_directly", "answer": "Noted the call on ACME-42."}})
+    script(
+        model,
+        {
+            "next": {
+                "decision": "select_capability",
+                "capability": "crm.note.create",
+                "arguments": json.dumps(
+                    {"customer_id": "ACME-42", "body": "Called back about order 7781."}
+                ),
+            }
+        },
+        {"next": {"decision": "answer_directly", "answer": "Noted the call on ACME-42."}},
+    )
     faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
     # The decision and the proposal it became are committed in one transaction, and the
     # proposal is published only after it.
@@ -182,10 +225,17 @@ async def test_a_planner_killed_before_publishing_a_proposal_resumes_without_ask
     run_id = await run_id_of(db, request.request_id)
     # Killed with the decision and its proposal recorded and nothing sent.
     assert [k for k, _ in await steps(db, run_id)] == ["decision"]
-    assert await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1",
-                             run_id) == 0
-    assert await db.fetchval("SELECT state FROM planner.reservations WHERE run_id = $1 "
-                             "AND step_key = $2", run_id, f"{run_id}:0:capability") == "open"
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1", run_id) == 0
+    )
+    assert (
+        await db.fetchval(
+            "SELECT state FROM planner.reservations WHERE run_id = $1 AND step_key = $2",
+            run_id,
+            f"{run_id}:0:capability",
+        )
+        == "open"
+    )
     assert calls(model) - before == 1
 
     await _restarted(stack)
@@ -196,27 +246,38 @@ async def test_a_planner_killed_before_publishing_a_proposal_resumes_without_ask
     recorded = await steps(db, run_id)
     assert [k for k, _ in recorded] == ["decision", "observation", "decision"]
     assert calls(model) - before == 2  # once per recorded decision, never again for one
-    commands = await db.fetch("SELECT operation_id, state FROM admission.commands "
-                              "WHERE run_id = $1", run_id)
+    commands = await db.fetch(
+        "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+    )
     assert [c["state"] for c in commands] == ["succeeded"]  # one command, one operation id
     assert recorded[1][1]["operation_id"] == str(commands[0]["operation_id"])
     await _budget_settled(db, run_id)
-    reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
-                                  "WHERE run_id = $1 ORDER BY reserved_at", run_id)
+    reservations = await db.fetch(
+        "SELECT step_key, status FROM governance.reservations "
+        "WHERE run_id = $1 ORDER BY reserved_at",
+        run_id,
+    )
     # The run's three steps drew on one lease, settled once (`budgeting.py`).
     assert [(r["step_key"].removeprefix(f"{run_id}:"), r["status"]) for r in reservations] == [
-        ("lease:1", "settled")]
-    draws = await db.fetch("SELECT step_key, state FROM planner.reservations "
-                           "WHERE run_id = $1 AND lease IS NOT NULL ORDER BY step_key", run_id)
+        ("lease:1", "settled")
+    ]
+    draws = await db.fetch(
+        "SELECT step_key, state FROM planner.reservations "
+        "WHERE run_id = $1 AND lease IS NOT NULL ORDER BY step_key",
+        run_id,
+    )
     assert [(r["step_key"].removeprefix(f"{run_id}:"), r["state"]) for r in draws] == [
-        ("0:capability", "closed"), ("0:model", "closed"), ("2:model", "closed")]
+        ("0:capability", "closed"),
+        ("0:model", "closed"),
+        ("2:model", "closed"),
+    ]
 
 
 async def test_a_planner_killed_after_a_read_decision_resumes_without_asking_again(
-        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     before = calls(model)
-    script(model, LOOKUP, {"next": {"decision": "answer_directly",
-                                    "answer": "ACME-42 is active."}})
+    script(model, LOOKUP, {"next": {"decision": "answer_directly", "answer": "ACME-42 is active."}})
     faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
     # A read is made after the transaction that records its decision: a read that fails, or
     # a planner killed before it, reads again without asking the model again.
@@ -227,8 +288,10 @@ async def test_a_planner_killed_after_a_read_decision_resumes_without_asking_aga
     await _killed(stack, faults)
     run_id = await run_id_of(db, request.request_id)
     assert [k for k, _ in await steps(db, run_id)] == ["decision"]
-    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
-                             run_id) == 0  # nothing asked about the read yet
+    assert (
+        await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1", run_id)
+        == 0
+    )  # nothing asked about the read yet
     assert calls(model) - before == 1
 
     await _restarted(stack)
@@ -245,12 +308,14 @@ async def test_a_planner_killed_after_a_read_decision_resumes_without_asking_aga
 
 
 async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(
-        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     before = calls(model)
-    script(model,
-           {"next": {"decision": "answer_directly", "answer": "Done."}},
-           {"critic": {"verdict": "replan",
-                       "reason": "The answer does not say what was recorded."}})
+    script(
+        model,
+        {"next": {"decision": "answer_directly", "answer": "Done."}},
+        {"critic": {"verdict": "replan", "reason": "The answer does not say what was recorded."}},
+    )
     request = host.request(agent="frugal-assistant")
     await host.publish(request, msg_id=request.request_id)
     result = await host.wait_result(request.request_id, timeout=60)
@@ -260,8 +325,7 @@ async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(
     assert result.error.message.startswith("provider_calls: ")
     assert calls(model) - before == FRUGAL_CALLS  # the model was not asked to go on
     assert result.run_id is not None
-    assert [k for k, _ in await steps(db, result.run_id)] == [
-        "decision", "critic", "observation"]
+    assert [k for k, _ in await steps(db, result.run_id)] == ["decision", "critic", "observation"]
     # The critic input carried no tool and asked for a verdict under a strict schema.
     critic_request = model.get("/_control/requests").json()[-1]["body"]
     assert "tools" not in critic_request
@@ -271,28 +335,39 @@ async def test_a_critic_replan_past_the_budget_fails_the_run_naming_it(
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
 
 
-LOOKUP = {"next": {"decision": "select_capability", "capability": "tool:crm.customer.get",
-                   "arguments": json.dumps({"customer_id": "ACME-42"})}}
+LOOKUP = {
+    "next": {
+        "decision": "select_capability",
+        "capability": "tool:crm.customer.get",
+        "arguments": json.dumps({"customer_id": "ACME-42"}),
+    }
+}
 
 
 async def test_a_read_a_person_must_allow_stops_the_run_until_an_approver_allows_it(
-        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
-    script(model, LOOKUP, {"next": {"decision": "answer_directly",
-                                    "answer": "ACME-42 is active."}})
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    script(model, LOOKUP, {"next": {"decision": "answer_directly", "answer": "ACME-42 is active."}})
     request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?")
     await host.publish(request, msg_id=request.request_id)
     try:
-        stopped = await host.wait_result(request.request_id, status="awaiting_human",
-                                         timeout=60)
+        stopped = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
     except TimeoutError:
-        raise AssertionError((await host.results(request.request_id),
-                              stack.log_tail("planner"), stack.log_tail("ingress"))) from None
+        raise AssertionError(
+            (
+                await host.results(request.request_id),
+                stack.log_tail("planner"),
+                stack.log_tail("ingress"),
+            )
+        ) from None
 
     assert stopped.error is not None and stopped.error.code == "AWAITING_HUMAN", stopped
     assert stopped.pending_id is not None and stopped.run_id is not None
     assert [k for k, _ in await steps(db, stopped.run_id)] == ["decision"]  # nothing read yet
-    pending = await db.fetchrow("SELECT tool, first_argument, run_id FROM governance.pending "
-                                "WHERE pending_id::text = $1", stopped.pending_id)
+    pending = await db.fetchrow(
+        "SELECT tool, first_argument, run_id FROM governance.pending WHERE pending_id::text = $1",
+        stopped.pending_id,
+    )
     assert tuple(pending) == ("crm.customer.get", "ACME-42", stopped.run_id)
 
     taken = await host.decide(stopped.pending_id, "once")
@@ -302,21 +377,30 @@ async def test_a_read_a_person_must_allow_stops_the_run_until_an_approver_allows
     recorded = await steps(db, stopped.run_id)
     assert [k for k, _ in recorded] == ["decision", "observation", "decision"]
     assert [i["id"] for i in recorded[1][1]["items"]] == ["ACME-42"]
-    decided = await db.fetch("SELECT tool, verdict, line FROM governance.decisions "
-                             "WHERE run_id = $1 ORDER BY decided_at", stopped.run_id)
+    decided = await db.fetch(
+        "SELECT tool, verdict, line FROM governance.decisions "
+        "WHERE run_id = $1 ORDER BY decided_at",
+        stopped.run_id,
+    )
     assert [(d["tool"], d["verdict"]) for d in decided] == [
-        ("crm.customer.get", "ask"), ("crm.customer.get", "allow"),
-        ("crm.customer.get", "allow")]
+        ("crm.customer.get", "ask"),
+        ("crm.customer.get", "allow"),
+        ("crm.customer.get", "allow"),
+    ]
 
 
 async def test_the_tightest_of_governance_the_host_and_the_manifest_is_the_runs_budget(
-        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     before = calls(model)
     script(model, LOOKUP)
     # The host asks fewer capability calls than anyone else and more provider calls than the
     # manifest's 5: it gets its own 0 and the manifest's 5.
-    request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?",
-                           budget=RunBudget(capability_calls=0, provider_calls=40))
+    request = host.request(
+        agent="lookup-assistant",
+        text="Is ACME-42 still a customer?",
+        budget=RunBudget(capability_calls=0, provider_calls=40),
+    )
     await host.publish(request, msg_id=request.request_id)
     result = await host.wait_result(request.request_id, timeout=60)
 
@@ -324,19 +408,34 @@ async def test_the_tightest_of_governance_the_host_and_the_manifest_is_the_runs_
     assert result.error is not None and result.error.code == "BUDGET_EXHAUSTED"
     assert result.error.message.startswith("capability_calls: "), result.error
     assert calls(model) - before == 1  # the model chose the read; nothing was read
-    limits = await db.fetchrow("SELECT provider_calls, capability_calls, wall_time_s "
-                               "FROM governance.budgets WHERE run_id = $1", result.run_id)
+    limits = await db.fetchrow(
+        "SELECT provider_calls, capability_calls, wall_time_s "
+        "FROM governance.budgets WHERE run_id = $1",
+        result.run_id,
+    )
     assert tuple(limits) == (5, 0, 300)  # manifest, host, manifest (the default 300 s)
-    assert await db.fetchval("SELECT count(*) FROM governance.pending WHERE run_id = $1",
-                             result.run_id) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM governance.pending WHERE run_id = $1", result.run_id
+        )
+        == 0
+    )
 
 
 async def test_a_model_answer_that_is_no_decision_fails_the_run_saying_so(
-        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     # Arguments as an object where the strict schema has a JSON string: never guessed at.
-    script(model, {"next": {"decision": "select_capability",
-                            "capability": "tool:crm.customer.get",
-                            "arguments": {"customer_id": "ACME-42"}}})
+    script(
+        model,
+        {
+            "next": {
+                "decision": "select_capability",
+                "capability": "tool:crm.customer.get",
+                "arguments": {"customer_id": "ACME-42"},
+            }
+        },
+    )
     request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?")
     await host.publish(request, msg_id=request.request_id)
     result = await host.wait_result(request.request_id, timeout=60)
@@ -346,43 +445,61 @@ async def test_a_model_answer_that_is_no_decision_fails_the_run_saying_so(
     assert result.error.message.startswith("MalformedDecision: ")
     assert result.run_id is not None
     assert await steps(db, result.run_id) == []  # nothing of it was taken as a decision
-    run = await db.fetchrow("SELECT status, error_code FROM planner.runs WHERE run_id = $1",
-                            result.run_id)
+    run = await db.fetchrow(
+        "SELECT status, error_code FROM planner.runs WHERE run_id = $1", result.run_id
+    )
     assert tuple(run) == ("failed", "MODEL_FAILED")
     # The model call is paid for, and nothing else is held.
     await _budget_settled(db, result.run_id)
-    reservations = await db.fetch("SELECT step_key, status FROM governance.reservations "
-                                  "WHERE run_id = $1", result.run_id)
-    assert [(r["step_key"].removeprefix(f"{result.run_id}:"), r["status"])
-            for r in reservations] == [("lease:1", "settled")]
+    reservations = await db.fetch(
+        "SELECT step_key, status FROM governance.reservations WHERE run_id = $1", result.run_id
+    )
+    assert [
+        (r["step_key"].removeprefix(f"{result.run_id}:"), r["status"]) for r in reservations
+    ] == [("lease:1", "settled")]
 
 
 async def test_a_branch_proposes_under_the_root_runs_grant_and_observes_the_outcome(
-        stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     note = {"customer_id": "ACME-42", "body": "Called back about order 7781."}
     # In call order: the caller picks the other agent; the branch proposes the note, then
     # answers once it observed the outcome; the caller answers with what it observed.
-    script(model,
-           {"next": {"decision": "select_capability", "capability": "agent:notes-assistant",
-                     "arguments": json.dumps({"request": "Note the call back on ACME-42"})}},
-           {"next": {"decision": "select_capability",
-                     "capability": "action:crm.note.create", "arguments": json.dumps(note)}},
-           {"next": {"decision": "answer_directly", "answer": "Noted on ACME-42."}},
-           {"next": {"decision": "answer_directly", "answer": "The call back is noted."}})
+    script(
+        model,
+        {
+            "next": {
+                "decision": "select_capability",
+                "capability": "agent:notes-assistant",
+                "arguments": json.dumps({"request": "Note the call back on ACME-42"}),
+            }
+        },
+        {
+            "next": {
+                "decision": "select_capability",
+                "capability": "action:crm.note.create",
+                "arguments": json.dumps(note),
+            }
+        },
+        {"next": {"decision": "answer_directly", "answer": "Noted on ACME-42."}},
+        {"next": {"decision": "answer_directly", "answer": "The call back is noted."}},
+    )
     request = msgspec.structs.replace(
-        host.request(agent="desk-assistant", text="Note today's call back"),
-        grants=["write_delete"])  # the host grants writes for this run: its branches included
+        host.request(agent="desk-assistant", text="Note today's call back"), grants=["write_delete"]
+    )  # the host grants writes for this run: its branches included
     await host.publish(request, msg_id=request.request_id)
     result = await host.wait_result(request.request_id, timeout=60)
 
     assert result.status == "succeeded", (result, stack.log_tail("planner"))
     assert result.answer == "The call back is noted." and result.run_id is not None
     branch_id = f"{result.run_id}.b0"
-    command = await db.fetchrow("SELECT run_id, agent, action, state FROM admission.commands "
-                                "WHERE run_id = $1", branch_id)
+    command = await db.fetchrow(
+        "SELECT run_id, agent, action, state FROM admission.commands WHERE run_id = $1", branch_id
+    )
     assert tuple(command) == (branch_id, "notes-assistant", "crm.note.create", "succeeded")
-    decided = await db.fetch("SELECT tool, verdict, line FROM governance.decisions "
-                             "WHERE run_id = $1", branch_id)
+    decided = await db.fetch(
+        "SELECT tool, verdict, line FROM governance.decisions WHERE run_id = $1", branch_id
+    )
     assert [(d["tool"], d["verdict"]) for d in decided] == [("crm.note.create", "allow")]
     branch_steps = await steps(db, branch_id)
     assert [k for k, _ in branch_steps] == ["decision", "observation", "decision"]
@@ -391,6 +508,11 @@ async def test_a_branch_proposes_under_the_root_runs_grant_and_observes_the_outc
     assert caller[1][1]["answer"] == "Noted on ACME-42."
     # The branch's capability call is the root run's to pay, and it was paid.
     await _budget_settled(db, result.run_id)
-    assert await db.fetchval("SELECT status FROM governance.reservations "
-                             "WHERE run_id = $1 AND step_key = $2", result.run_id,
-                             f"{branch_id}:0:capability") == "settled"
+    assert (
+        await db.fetchval(
+            "SELECT status FROM governance.reservations WHERE run_id = $1 AND step_key = $2",
+            result.run_id,
+            f"{branch_id}:0:capability",
+        )
+        == "settled"
+    )

@@ -30,9 +30,12 @@ WITH_DATABASE = tuple(s for s in SERVICES if s != "ingress")
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-readiness-") as home:
-        deployment = Stack(Path(home), database="readiness", durable_pg=False,
-                           extra_env={"*": {"WRIT_DRAIN_TIMEOUT_S": "2",
-                                            "WRIT_HEALTH_EVERY_S": "0.5"}})
+        deployment = Stack(
+            Path(home),
+            database="readiness",
+            durable_pg=False,
+            extra_env={"*": {"WRIT_DRAIN_TIMEOUT_S": "2", "WRIT_HEALTH_EVERY_S": "0.5"}},
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -62,7 +65,8 @@ async def _dead_letters(host: Host) -> int:
 
 
 async def test_postgres_stopped_makes_services_unready_and_dead_letters_nothing(
-        stack: Stack, host: Host, crm: httpx.Client) -> None:
+    stack: Stack, host: Host, crm: httpx.Client
+) -> None:
     assert stack.embedded_pg is not None
     ports = {name: stack.metrics_port(name) for name in SERVICES}
     for port in ports.values():

@@ -27,11 +27,19 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 @pytest.fixture
 def stack() -> Iterator[Stack]:
     with tempfile.TemporaryDirectory(prefix="writ-restarts-") as home:
-        deployment = Stack(Path(home), database="restarts", durable_pg=False,
-                           extra_env={"*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
-                                      "dispatcher": {"WRIT_LEASE_S": "3",
-                                                     "WRIT_SWEEP_EVERY_S": "1",
-                                                     "WRIT_PENDING_GRACE_S": "5"}})
+        deployment = Stack(
+            Path(home),
+            database="restarts",
+            durable_pg=False,
+            extra_env={
+                "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
+                "dispatcher": {
+                    "WRIT_LEASE_S": "3",
+                    "WRIT_SWEEP_EVERY_S": "1",
+                    "WRIT_PENDING_GRACE_S": "5",
+                },
+            },
+        )
         try:
             deployment.start_all()
             yield deployment
@@ -46,8 +54,7 @@ async def _crash_and_restart(server: EmbeddedNats | EmbeddedPostgres | None) -> 
     server.start()
 
 
-async def _all_succeed_once(host: Host, crm: httpx.Client,
-                            commands: list[SubmitCommand]) -> None:
+async def _all_succeed_once(host: Host, crm: httpx.Client, commands: list[SubmitCommand]) -> None:
     # Generous: every pooled connection fails once and its message backs off before retrying.
     results = [await host.wait_command(c.request_id, timeout=120) for c in commands]
     assert {r.status for r in results} == {"succeeded"}
@@ -55,10 +62,12 @@ async def _all_succeed_once(host: Host, crm: httpx.Client,
         assert len(notes_for(crm, f"acme:{result.operation_id}")) == 1
 
 
-@pytest.mark.parametrize("servers", [["nats"], ["postgres"], ["nats", "postgres"]],
-                         ids="-then-".join)
+@pytest.mark.parametrize(
+    "servers", [["nats"], ["postgres"], ["nats", "postgres"]], ids="-then-".join
+)
 async def test_a_server_restarted_mid_flow_loses_nothing(
-        stack: Stack, host: Host, crm: httpx.Client, servers: list[str]) -> None:
+    stack: Stack, host: Host, crm: httpx.Client, servers: list[str]
+) -> None:
     for server in servers:
         commands = [host.command() for _ in range(10)]
         for command in commands:

@@ -38,16 +38,28 @@ async def _waiting(stack: Stack, host: Host) -> RunResult:
     return waiting
 
 
-async def _review(host: Host, pending_id: str, answer: str = "approve", *, comment: str = "",
-                  tenant: str = "acme", token: str | None = None) -> ReviewResult:
+async def _review(
+    host: Host,
+    pending_id: str,
+    answer: str = "approve",
+    *,
+    comment: str = "",
+    tenant: str = "acme",
+    token: str | None = None,
+) -> ReviewResult:
     """Publish a `ReviewDecision` on the tenant's subject; the `ReviewResult` it gets."""
     request_id = f"review-{uuid.uuid4().hex[:12]}"
     message = ReviewDecision(
-        request_id=request_id, pending_id=pending_id, answer=answer, comment=comment,
-        token=token or host.stack.token(tenant, "ops@acme.example", roles=["approver"]))
+        request_id=request_id,
+        pending_id=pending_id,
+        answer=answer,
+        comment=comment,
+        token=token or host.stack.token(tenant, "ops@acme.example", roles=["approver"]),
+    )
     js = await host.tenant_js(tenant)  # as the tenant's host, with its permissions
-    await js.publish(subjects.review(tenant), msgspec.json.encode(message),
-                     headers={"Nats-Msg-Id": request_id})
+    await js.publish(
+        subjects.review(tenant), msgspec.json.encode(message), headers={"Nats-Msg-Id": request_id}
+    )
     return await host.first(request_id, ReviewResult, tenant=tenant, timeout=40)
 
 
@@ -63,8 +75,9 @@ async def _final(host: Host, request_id: str) -> RunResult:
 
 async def _run(db: asyncpg.Connection, run_id: str) -> tuple[str, list[tuple[str, dict]]]:
     status = await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id)
-    rows = await db.fetch("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
-                          "ORDER BY seq", run_id)
+    rows = await db.fetch(
+        "SELECT kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+    )
     return status, [(r["kind"], msgspec.json.decode(r["payload"])) for r in rows]
 
 
@@ -72,13 +85,25 @@ async def _writ(stack: Stack, *args: str) -> tuple[int, str]:
     """Run the `writ` command as an operator would: its exit status and output."""
     with anyio.fail_after(60):
         done = await anyio.run_process(
-            [sys.executable, "-m", "writ.cli", args[0], "--home", str(stack.home),
-             "--nats-url", stack.nats_url, *args[1:]], check=False)
+            [
+                sys.executable,
+                "-m",
+                "writ.cli",
+                args[0],
+                "--home",
+                str(stack.home),
+                "--nats-url",
+                stack.nats_url,
+                *args[1:],
+            ],
+            check=False,
+        )
     return done.returncode, done.stdout.decode() + done.stderr.decode()
 
 
 async def test_only_an_approver_of_the_runs_tenant_resumes_a_review(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     waiting = await _waiting(stack, host)
     assert waiting.run_id is not None and waiting.pending_id is not None
     pending_id, run_id = waiting.pending_id, waiting.run_id
@@ -86,8 +111,7 @@ async def test_only_an_approver_of_the_runs_tenant_resumes_a_review(
     assert before[0] == "awaiting_human" and len(before[1]) == 1
 
     # The run's own principal, without the approver role: refused, and nothing reaches the run.
-    forbidden = await _review(host, pending_id,
-                              token=stack.token("acme", "alice@acme.example"))
+    forbidden = await _review(host, pending_id, token=stack.token("acme", "alice@acme.example"))
     assert not forbidden.accepted and forbidden.message.startswith("FORBIDDEN"), forbidden
     # Another tenant's approver: on acme's subject its token does not verify; on its own
     # tenant's subject the id names no review that tenant has.
@@ -101,18 +125,27 @@ async def test_only_an_approver_of_the_runs_tenant_resumes_a_review(
     assert not tampered.accepted and "no review is waiting" in tampered.message
     assert await _run(db, run_id) == before  # still waiting, untouched
 
-    status, output = await _writ(stack, "review", pending_id, "approve",
-                                 "--comment", "Order 7781, yes: write it.")
+    status, output = await _writ(
+        stack, "review", pending_id, "approve", "--comment", "Order 7781, yes: write it."
+    )
     assert status == 0, output
     assert f"{pending_id}: approved; the run is succeeded" in output, output
     done = await _final(host, waiting.request_id)
     assert (done.status, done.answer) == (
-        "succeeded", "The reviewer confirmed; the note can be written."), done
+        "succeeded",
+        "The reviewer confirmed; the note can be written.",
+    ), done
     status_after, steps = await _run(db, run_id)
     assert status_after == "succeeded"
     # The comment reached the run as the observation the model decided on next.
-    assert steps[1] == ("observation", {"review": "approve", "reviewer": "ops@acme.example",
-                                        "reason": "Order 7781, yes: write it."})
+    assert steps[1] == (
+        "observation",
+        {
+            "review": "approve",
+            "reviewer": "ops@acme.example",
+            "reason": "Order 7781, yes: write it.",
+        },
+    )
 
     # Answered once: the same answer again finds no review waiting (exit status 1).
     status, output = await _writ(stack, "review", pending_id, "approve")
@@ -120,18 +153,28 @@ async def test_only_an_approver_of_the_runs_tenant_resumes_a_review(
 
 
 async def test_a_rejected_review_fails_the_run(
-        stack: Stack, host: Host, db: asyncpg.Connection) -> None:
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
     waiting = await _waiting(stack, host)
     assert waiting.run_id is not None and waiting.pending_id is not None
-    result = await _review(host, waiting.pending_id, "reject",
-                           comment="That order was never delayed.")
+    result = await _review(
+        host, waiting.pending_id, "reject", comment="That order was never delayed."
+    )
     assert result.accepted and result.message == "rejected; the run is failed", result
     assert result.pending_id == waiting.pending_id
     failed = await _final(host, waiting.request_id)
     assert failed.status == "failed" and failed.error is not None
     assert (failed.error.code, failed.error.message) == (
-        "REJECTED", "That order was never delayed."), failed
+        "REJECTED",
+        "That order was never delayed.",
+    ), failed
     status, steps = await _run(db, waiting.run_id)
     assert status == "failed"
-    assert steps[-1] == ("observation", {"review": "reject", "reviewer": "ops@acme.example",
-                                         "reason": "That order was never delayed."})
+    assert steps[-1] == (
+        "observation",
+        {
+            "review": "reject",
+            "reviewer": "ops@acme.example",
+            "reason": "That order was never delayed.",
+        },
+    )

@@ -16,16 +16,35 @@ pytestmark = pytest.mark.e2e
 
 # Issue 6's demo path: the catalog, a read, its observation, a proposal, its outcome observed,
 # the answer and the critic's verdict, then the result.
-STEPS = ("verified", "evidence", "capabilities", "select", "read", "observation", "select",
-         "proposal", "admitted", "relayed", "dispatched", "observation", "answer", "critic",
-         "result")
+STEPS = (
+    "verified",
+    "evidence",
+    "capabilities",
+    "select",
+    "read",
+    "observation",
+    "select",
+    "proposal",
+    "admitted",
+    "relayed",
+    "dispatched",
+    "observation",
+    "answer",
+    "critic",
+    "result",
+)
 
 
 def _run(home: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("WRIT_")}
-    return subprocess.run([sys.executable, "-m", "writ.cli", "run", "--once", "--home",
-                           str(home)], env={**base, **env}, capture_output=True, text=True,
-                          timeout=180, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "writ.cli", "run", "--once", "--home", str(home)],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def _section(output: str, heading: str) -> list[str]:
@@ -40,11 +59,14 @@ def _timeline(output: str) -> list[str]:
     (`relayed`) once the same commit is done, concurrently: either may be seen first, so the
     pair is read in the order the path defines."""
     lines = _section(output, "Timeline of request")
-    steps = [line.split()[1] for line in lines if line.startswith("  ")
-             and len(line.split()) > 1 and line.split()[1] in STEPS]
+    steps = [
+        line.split()[1]
+        for line in lines
+        if line.startswith("  ") and len(line.split()) > 1 and line.split()[1] in STEPS
+    ]
     for i in range(len(steps) - 1):
-        if steps[i:i + 2] == ["relayed", "admitted"]:
-            steps[i:i + 2] = ["admitted", "relayed"]
+        if steps[i : i + 2] == ["relayed", "admitted"]:
+            steps[i : i + 2] = ["admitted", "relayed"]
     return steps
 
 
@@ -56,7 +78,8 @@ def test_writ_run_starts_its_own_servers_and_completes_the_demo(tmp_path: Path) 
     # Every service that journals says its chain is intact after the demo.
     journals = _section(done.stdout, "Audit journal")
     assert {line.split()[0]: line.split()[1] for line in journals if line.strip()} == {
-        service: "intact" for service in ("admission", "dispatcher", "governance", "planner")}
+        service: "intact" for service in ("admission", "dispatcher", "governance", "planner")
+    }
     # The chat: a plan proposed, approved by its id, then the turn's note and its end.
     chat = "\n".join(_section(done.stdout, "A chat session (plan mode):"))
     assert "plan proposed: crm.note.create" in chat and "PlanDecided approved" in chat, chat
@@ -74,11 +97,11 @@ def test_writ_run_starts_its_own_servers_and_completes_the_demo(tmp_path: Path) 
     assert _timeline(again.stdout) == list(STEPS)
 
 
-def test_writ_run_uses_the_servers_the_environment_names(tmp_path: Path,
-                                                         admin_dsn: str) -> None:
+def test_writ_run_uses_the_servers_the_environment_names(tmp_path: Path, admin_dsn: str) -> None:
     with EmbeddedNats(tmp_path / "their-nats") as theirs:
-        done = _run(tmp_path / "home", {"WRIT_NATS_URL": theirs.url,
-                                         "WRIT_DATABASE_URL": admin_dsn})
+        done = _run(
+            tmp_path / "home", {"WRIT_NATS_URL": theirs.url, "WRIT_DATABASE_URL": admin_dsn}
+        )
     assert done.returncode == 0, done.stdout + done.stderr
     assert _timeline(done.stdout) == list(STEPS)
     assert not (tmp_path / "home" / "nats").exists()
@@ -96,9 +119,13 @@ def test_writ_run_serves_the_http_api_on_the_port_asked_for(tmp_path: Path) -> N
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     base = {k: v for k, v in os.environ.items() if not k.startswith("WRIT_")}
-    proc = subprocess.Popen([sys.executable, "-m", "writ.cli", "run", "--home", str(tmp_path)],
-                            env={**base, "WRIT_HTTP_PORT": str(port)}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "writ.cli", "run", "--home", str(tmp_path)],
+        env={**base, "WRIT_HTTP_PORT": str(port)},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         assert proc.stdout is not None
         lines = []
@@ -127,8 +154,9 @@ def _children(parent: int) -> dict[int, str]:
             stat = (entry / "stat").read_text()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             if ppid == parent:
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(
-                    b"\0", b" ").decode().strip()
+                found[int(entry.name)] = (
+                    (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                )
         except (OSError, ValueError, IndexError):
             continue
     return found
@@ -142,12 +170,18 @@ def test_writ_run_reports_a_dead_service_at_once_and_restarts_it(tmp_path: Path)
     import time
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("WRIT_")}
-    proc = subprocess.Popen([sys.executable, "-m", "writ.cli", "run", "--home", str(tmp_path)],
-                            env=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "writ.cli", "run", "--home", str(tmp_path)],
+        env=base,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: lines.extend(iter(proc.stdout.readline, "")),  # type: ignore[union-attr]
+        daemon=True,
+    )
     reader.start()
 
     def wait_for(text: str, timeout: float) -> str:
@@ -156,8 +190,7 @@ def test_writ_run_reports_a_dead_service_at_once_and_restarts_it(tmp_path: Path)
         while time.monotonic() < deadline:
             for line in list(lines):
                 words = line.split()
-                if (len(words) > 1 and words[1] == text) or (
-                        text.endswith(".") and text in line):
+                if (len(words) > 1 and words[1] == text) or (text.endswith(".") and text in line):
                     return line
             assert proc.poll() is None, "".join(lines)
             time.sleep(0.1)
@@ -165,16 +198,22 @@ def test_writ_run_reports_a_dead_service_at_once_and_restarts_it(tmp_path: Path)
 
     try:
         wait_for("Serving.", 180)
-        [(victim, _)] = [(pid, cmd) for pid, cmd in _children(proc.pid).items()
-                         if cmd.endswith("service retrieval")]
+        [(victim, _)] = [
+            (pid, cmd)
+            for pid, cmd in _children(proc.pid).items()
+            if cmd.endswith("service retrieval")
+        ]
         os.kill(victim, signal.SIGKILL)
         died = wait_for("died", 10)
         assert "retrieval killed by SIGKILL" in died
         restarted = wait_for("restarted", 20)
         assert "retrieval" in restarted
         deadline = time.monotonic() + 20
-        while not [pid for pid, cmd in _children(proc.pid).items()
-                   if cmd.endswith("service retrieval") and pid != victim]:
+        while not [
+            pid
+            for pid, cmd in _children(proc.pid).items()
+            if cmd.endswith("service retrieval") and pid != victim
+        ]:
             assert time.monotonic() < deadline, "retrieval was not started again"
             time.sleep(0.1)
     finally:

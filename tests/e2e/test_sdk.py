@@ -23,12 +23,14 @@ INPUT = "Note the delayed shipment call"
 
 
 def issuer(stack: Stack, tenant: str = "acme") -> Issuer:
-    return Issuer.from_file(stack.secrets / f"host-{tenant}.pem", tenant=tenant,
-                            issuer=stack.issuer(tenant))
+    return Issuer.from_file(
+        stack.secrets / f"host-{tenant}.pem", tenant=tenant, issuer=stack.issuer(tenant)
+    )
 
 
 async def test_a_run_through_the_async_client_and_a_retry_under_its_key(
-        stack: Stack, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack: Stack, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     async with Client(stack.api_url, issuer(stack), "alice@acme.example") as client:
         request_id = f"sdk-{uuid.uuid4().hex[:12]}"
         accepted = await client.start_run("crm-assistant", INPUT, request_id=request_id)
@@ -51,8 +53,10 @@ async def test_a_run_through_the_async_client_and_a_retry_under_its_key(
         with pytest.raises(WritError) as forbidden:
             await client.pending()
         assert forbidden.value.code == "FORBIDDEN"
-    assert await db.fetchval("SELECT count(*) FROM planner.runs WHERE request_id = $1",
-                             request_id) == 1
+    assert (
+        await db.fetchval("SELECT count(*) FROM planner.runs WHERE request_id = $1", request_id)
+        == 1
+    )
     [action] = result.actions
     assert len(notes_for(crm, f"acme:{action.operation_id}")) == 1
 
@@ -79,13 +83,17 @@ async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> No
             await client.pending()
         assert (forbidden.value.code, forbidden.value.status) == ("FORBIDDEN", 403)
         command = await client.submit_command(
-            "crm-assistant", f"op-{uuid.uuid4().hex[:12]}", "crm.note.create",
-            {"customer_id": "ACME-42", "body": "Called back about order 7781."})
+            "crm-assistant",
+            f"op-{uuid.uuid4().hex[:12]}",
+            "crm.note.create",
+            {"customer_id": "ACME-42", "body": "Called back about order 7781."},
+        )
         assert command.status == "succeeded"
     finally:
         await client.aclose()
-    auditor = await NatsClient.connect(stack.nats_url, issuer(stack), "audit@acme.example",
-                                       roles=["auditor", "approver"])
+    auditor = await NatsClient.connect(
+        stack.nats_url, issuer(stack), "audit@acme.example", roles=["auditor", "approver"]
+    )
     try:
         assert (await auditor.replay(result.run_id)).run_id == result.run_id
         assert isinstance((await auditor.pending()).decisions, list)
@@ -94,10 +102,15 @@ async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> No
         assert missing.value.code == "NOT_FOUND"
     finally:
         await auditor.aclose()
-    foreign = Issuer(tenant="acme", issuer=stack.issuer("acme"),
-                     private_key_pem=Ed25519PrivateKey.generate().private_bytes(
-                         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                         serialization.NoEncryption()))
+    foreign = Issuer(
+        tenant="acme",
+        issuer=stack.issuer("acme"),
+        private_key_pem=Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ),
+    )
     client = await NatsClient.connect(stack.nats_url, foreign, "mallory@acme.example")
     try:
         with pytest.raises(WritError) as refused:
@@ -112,12 +125,16 @@ async def test_approvals_through_the_client(stack: Stack, payments: httpx.Client
 
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
-    async with Client(stack.api_url, issuer(stack), "alice@acme.example") as host, \
-            Client(stack.api_url, issuer(stack), "ops@acme.example",
-                   roles=["approver"]) as approver:
+    async with (
+        Client(stack.api_url, issuer(stack), "alice@acme.example") as host,
+        Client(stack.api_url, issuer(stack), "ops@acme.example", roles=["approver"]) as approver,
+    ):
         waiting = await host.submit_command(
-            "refund-assistant", f"refund-{uuid.uuid4().hex[:12]}", "payment.refund",
-            {"payment_id": payment_id, "line_id": "L2"})
+            "refund-assistant",
+            f"refund-{uuid.uuid4().hex[:12]}",
+            "payment.refund",
+            {"payment_id": payment_id, "line_id": "L2"},
+        )
         assert waiting.status == "awaiting_human" and waiting.proposal is not None
         proposal_id = waiting.proposal.proposal_id
         assert (await approver.proposal(proposal_id)).state == "pending"
@@ -128,12 +145,13 @@ async def test_approvals_through_the_client(stack: Stack, payments: httpx.Client
 
 
 def test_the_sdk_imports_none_of_the_services_dependencies() -> None:
-    probe = ("import sys, writ_client; "
-             "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'asyncpg', "
-             "'litestar', 'uvicorn', 'services', 'libs', 'prometheus_client', "
-             "'opentelemetry', 'nats'}); print(bad)")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                         check=True)
+    probe = (
+        "import sys, writ_client; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'asyncpg', "
+        "'litestar', 'uvicorn', 'services', 'libs', 'prometheus_client', "
+        "'opentelemetry', 'nats'}); print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
@@ -148,8 +166,7 @@ class _LosesFirstResponse(httpx.AsyncBaseTransport):
         if request.method == "POST" and not self.lost:
             await response.aread()
             self.lost += 1
-            raise httpx.ReadError("connection reset after the server answered",
-                                  request=request)
+            raise httpx.ReadError("connection reset after the server answered", request=request)
         return response
 
     async def aclose(self) -> None:
@@ -157,12 +174,17 @@ class _LosesFirstResponse(httpx.AsyncBaseTransport):
 
 
 async def test_a_retry_after_a_lost_response_is_the_same_run(
-        stack: Stack, db: asyncpg.Connection) -> None:
+    stack: Stack, db: asyncpg.Connection
+) -> None:
     transport = _LosesFirstResponse()
     http = httpx.AsyncClient(base_url=stack.api_url, transport=transport, timeout=30)
     async with Client(stack.api_url, issuer(stack), "alice@acme.example", http=http) as client:
         accepted = await client.start_run("crm-assistant", INPUT)  # retried under its key
         assert transport.lost == 1
         assert (await client.wait(accepted.run_id)).status == "succeeded"
-    assert await db.fetchval("SELECT count(*) FROM planner.runs WHERE request_id = $1",
-                             accepted.request_id) == 1
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM planner.runs WHERE request_id = $1", accepted.request_id
+        )
+        == 1
+    )

@@ -33,12 +33,14 @@ ASK = "Note the delayed shipment call"
 
 
 def issuer(stack: Stack, tenant: str = "acme") -> Issuer:
-    return Issuer.from_file(stack.secrets / f"host-{tenant}.pem", tenant=tenant,
-                            issuer=stack.issuer(tenant))
+    return Issuer.from_file(
+        stack.secrets / f"host-{tenant}.pem", tenant=tenant, issuer=stack.issuer(tenant)
+    )
 
 
-async def collect(session: Session, *, until: type, after: int | None = None,
-                  timeout_s: float = 60) -> list[AnySessionEvent]:
+async def collect(
+    session: Session, *, until: type, after: int | None = None, timeout_s: float = 60
+) -> list[AnySessionEvent]:
     """The session's events up to the first `until` one."""
     seen: list[AnySessionEvent] = []
     with anyio.fail_after(timeout_s):
@@ -50,7 +52,8 @@ async def collect(session: Session, *, until: type, after: int | None = None,
 
 
 async def test_a_turn_through_the_session_its_history_and_a_resumed_stream(
-        stack: Stack, db: asyncpg.Connection, crm: httpx.Client) -> None:
+    stack: Stack, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
     async with Client(stack.api_url, issuer(stack), "alice@acme.example") as client:
         key = f"sdk-session-{uuid.uuid4().hex[:12]}"
         session = await client.open_session("crm-assistant", request_id=key)
@@ -79,13 +82,14 @@ async def test_a_turn_through_the_session_its_history_and_a_resumed_stream(
         [outcome] = [e for e in turn if isinstance(e, StepOutcome)]
         assert (outcome.action, outcome.state) == ("crm.note.create", "succeeded")
         [operation_id] = await db.fetch(
-            "SELECT operation_id FROM admission.commands WHERE run_id = $1", ended.run_id)
+            "SELECT operation_id FROM admission.commands WHERE run_id = $1", ended.run_id
+        )
         assert len(notes_for(crm, f"acme:{operation_id[0]}")) == 1
         # Resuming from any event id gives exactly the events after it: no gap, no duplicate.
         middle = len(turn) // 2
         fresh = client.session(session.session_id)
         resumed = await collect(fresh, until=TurnEnded, after=ids[middle])
-        assert resumed == turn[middle + 1:]
+        assert resumed == turn[middle + 1 :]
         # A busy-free second message on the same session is the next turn.
         with anyio.fail_after(60):
             second = [event async for event in session.turn("And again, please")]
@@ -97,7 +101,8 @@ async def test_a_turn_through_the_session_its_history_and_a_resumed_stream(
         assert forked.session_id != session.session_id
         assert (fork_view.parent_session_id, fork_view.fork_turn) == (session.session_id, 1)
         assert [(m.role, m.text) for m in fork_view.messages] == [
-            (m.role, m.text) for m in view.messages]
+            (m.role, m.text) for m in view.messages
+        ]
         assert len(notes_for(crm, f"acme:{operation_id[0]}")) == 1
         with pytest.raises(WritError) as missing:
             await session.approve_plan("plan-unknown")
@@ -129,8 +134,9 @@ async def test_pause_resume_inject_close_and_refusals(stack: Stack) -> None:
         assert hidden.value.code == "NOT_FOUND"
 
 
-async def turn_events(session: Session, text: str, *, until: type = TurnEnded
-                      ) -> list[AnySessionEvent]:
+async def turn_events(
+    session: Session, text: str, *, until: type = TurnEnded
+) -> list[AnySessionEvent]:
     await session.send(text)
     return await collect(session, until=until)
 
@@ -147,11 +153,11 @@ def streamed(events: list[AnySessionEvent]) -> list[str]:
 
 
 async def test_a_plan_approved_and_one_rejected_through_the_sdk_with_streamed_text(
-        stack: Stack, db: asyncpg.Connection) -> None:
+    stack: Stack, db: asyncpg.Connection
+) -> None:
     async with Client(stack.api_url, issuer(stack), "alice@acme.example") as client:
         session = await client.open_session("chat-assistant", plan_mode=True)
-        first = await turn_events(session, "Please note the shipment update",
-                                  until=PlanProposed)
+        first = await turn_events(session, "Please note the shipment update", until=PlanProposed)
         [proposed] = [e for e in first if isinstance(e, PlanProposed)]
         assert [s.capability for s in proposed.plan.steps] == ["crm.note.create"]
         assert (await session.history()).waiting_for.kind == "plan"  # type: ignore[union-attr]
@@ -176,19 +182,24 @@ async def test_a_plan_approved_and_one_rejected_through_the_sdk_with_streamed_te
         assert rejected.state == "rejected"
         ended = (await collect(other, until=TurnEnded))[-1]
         assert isinstance(ended, TurnEnded) and ended.status != "succeeded"
-        assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                                 ended.run_id) == 0
+        assert (
+            await db.fetchval(
+                "SELECT count(*) FROM admission.commands WHERE run_id = $1", ended.run_id
+            )
+            == 0
+        )
 
 
 async def test_the_same_session_methods_over_nats_as_the_tenants_host(
-        stack: Stack, db: asyncpg.Connection, crm: httpx.Client) -> None:
-    client = NatsClient(await stack.host_connection("acme"), issuer(stack),
-                        "alice@acme.example")
+    stack: Stack, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
+    client = NatsClient(await stack.host_connection("acme"), issuer(stack), "alice@acme.example")
     try:
         key = f"sdk-nats-session-{uuid.uuid4().hex[:12]}"
         session = await client.open_session("crm-assistant", request_id=key)
-        assert (await client.open_session("crm-assistant", request_id=key)).session_id == \
-            session.session_id
+        assert (
+            await client.open_session("crm-assistant", request_id=key)
+        ).session_id == session.session_id
         turn, ids = [], []
         with anyio.fail_after(60):
             async for event in session.turn(ASK):
@@ -196,12 +207,12 @@ async def test_the_same_session_methods_over_nats_as_the_tenants_host(
                 ids.append(session.last_event_id)
         assert isinstance(turn[0], SessionOpened) and isinstance(turn[-1], TurnEnded)
         assert turn[-1].status == "succeeded" and ids == sorted(set(ids))
-        [row] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                               turn[-1].run_id)
+        [row] = await db.fetch(
+            "SELECT operation_id FROM admission.commands WHERE run_id = $1", turn[-1].run_id
+        )
         assert len(notes_for(crm, f"acme:{row[0]}")) == 1
         # Resumed after any sequence: exactly the events after it, as over SSE.
-        resumed = await collect(client.session(session.session_id), until=TurnEnded,
-                                after=ids[1])
+        resumed = await collect(client.session(session.session_id), until=TurnEnded, after=ids[1])
         assert resumed == turn[2:]
         view = await session.history()
         assert (view.state, view.turn) == ("active", 1)

@@ -42,8 +42,7 @@ def client(stack: Stack) -> Iterator[SyncClient]:
         yield sync
 
 
-def until(session: SyncSession, kind: type, *, after: int | None = None
-          ) -> list[AnySessionEvent]:
+def until(session: SyncSession, kind: type, *, after: int | None = None) -> list[AnySessionEvent]:
     """The session's events up to the first `kind` one (the test's timeout bounds it)."""
     seen: list[AnySessionEvent] = []
     for event in session.events(after=after):
@@ -57,20 +56,27 @@ def commands_of(stack: Stack, run_id: str) -> list[Any]:
     async def read() -> list[Any]:
         conn = await asyncpg.connect(stack.database_dsn)
         try:
-            return [r["operation_id"] for r in await conn.fetch(
-                "SELECT operation_id FROM admission.commands WHERE run_id = $1", run_id)]
+            return [
+                r["operation_id"]
+                for r in await conn.fetch(
+                    "SELECT operation_id FROM admission.commands WHERE run_id = $1", run_id
+                )
+            ]
         finally:
             await conn.close()
+
     return anyio.run(read)
 
 
 def test_a_turn_its_history_a_resumed_stream_and_a_fork_through_the_sync_client(
-        stack: Stack, client: SyncClient, crm: httpx.Client) -> None:
+    stack: Stack, client: SyncClient, crm: httpx.Client
+) -> None:
     key = f"sync-session-{uuid.uuid4().hex[:12]}"
     session = client.open_session("crm-assistant", request_id=key)
     assert isinstance(session, SyncSession)
-    assert client.open_session("crm-assistant", request_id=key).session_id == \
-        session.session_id  # one key, one session
+    assert (
+        client.open_session("crm-assistant", request_id=key).session_id == session.session_id
+    )  # one key, one session
     turn, ids = [], []
     for event in session.turn(ASK):
         turn.append(event)
@@ -88,19 +94,23 @@ def test_a_turn_its_history_a_resumed_stream_and_a_fork_through_the_sync_client(
     assert any(m.role == "agent" and m.text == turn[-1].answer for m in view.messages)
     # Another object for the same session resumes after any event: exactly what follows.
     middle = len(turn) // 2
-    assert until(client.session(session.session_id), TurnEnded, after=ids[middle]) == \
-        turn[middle + 1:]
+    assert (
+        until(client.session(session.session_id), TurnEnded, after=ids[middle])
+        == turn[middle + 1 :]
+    )
     forked = session.fork(1)
     assert isinstance(forked, SyncSession) and forked.session_id != session.session_id
     fork_view = forked.history()
     assert (fork_view.parent_session_id, fork_view.fork_turn) == (session.session_id, 1)
     assert [(m.role, m.text) for m in fork_view.messages] == [
-        (m.role, m.text) for m in view.messages]
+        (m.role, m.text) for m in view.messages
+    ]
     assert len(notes_for(crm, f"acme:{operation_id}")) == 1  # history, not run again
 
 
 def test_pause_inject_resume_close_and_refusals_through_the_sync_client(
-        stack: Stack, client: SyncClient) -> None:
+    stack: Stack, client: SyncClient
+) -> None:
     session = client.open_session("crm-assistant")
     assert session.pause().state == "paused"
     with pytest.raises(WritError) as refused:
@@ -110,8 +120,12 @@ def test_pause_inject_resume_close_and_refusals_through_the_sync_client(
     assert session.resume().state == "active"
     assert session.close().state == "closed"
     events = until(session, SessionClosed, after=0)
-    assert [type(e) for e in events[1:]] == [SessionPaused, SessionInjected, SessionResumed,
-                                             SessionClosed]
+    assert [type(e) for e in events[1:]] == [
+        SessionPaused,
+        SessionInjected,
+        SessionResumed,
+        SessionClosed,
+    ]
     with pytest.raises(WritError) as closed:
         session.send("after close")
     assert (closed.value.code, closed.value.status) == ("SESSION_CLOSED", 409)
@@ -123,7 +137,8 @@ def test_pause_inject_resume_close_and_refusals_through_the_sync_client(
 
 
 def test_a_plan_approved_and_one_rejected_through_the_sync_client(
-        stack: Stack, client: SyncClient) -> None:
+    stack: Stack, client: SyncClient
+) -> None:
     session = client.open_session("chat-assistant", plan_mode=True)
     session.send("Please note the shipment update")
     first = until(session, PlanProposed)

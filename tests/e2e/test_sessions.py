@@ -38,9 +38,14 @@ NOTE = {"customer_id": "ACME-42", "body": "Chat: the customer asked about order 
 
 
 def _manifest(name: str, uses: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"name": name, "version": "1.0.0", "provider": "openai",
-            "responsibility": "Talk with the user and keep the CRM's notes up to date.",
-            "uses": uses, **extra}
+    return {
+        "name": name,
+        "version": "1.0.0",
+        "provider": "openai",
+        "responsibility": "Talk with the user and keep the CRM's notes up to date.",
+        "uses": uses,
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -61,23 +66,35 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
         agents.mkdir()
         note = [{"kind": "action", "name": "crm.note.create"}]
         for manifest in (
-                _manifest("chat-assistant", note),  # granted below: notes without asking
-                _manifest("careful-chat", note),  # no grant: every note is asked
-                _manifest("desk-chat", [{"kind": "agent", "name": "notes-chat",
-                                         "description": "Writes CRM notes."}]),
-                _manifest("notes-chat", note, callable_by=["desk-chat"]),
-                _manifest("planning-chat", note, plan_mode=True),  # its manifest asks
-                # granted below: refunds run without a person once a plan is approved
-                _manifest("refund-chat", [{"kind": "action", "name": "payment.refund"}])):
+            _manifest("chat-assistant", note),  # granted below: notes without asking
+            _manifest("careful-chat", note),  # no grant: every note is asked
+            _manifest(
+                "desk-chat",
+                [{"kind": "agent", "name": "notes-chat", "description": "Writes CRM notes."}],
+            ),
+            _manifest("notes-chat", note, callable_by=["desk-chat"]),
+            _manifest("planning-chat", note, plan_mode=True),  # its manifest asks
+            # granted below: refunds run without a person once a plan is approved
+            _manifest("refund-chat", [{"kind": "action", "name": "payment.refund"}]),
+        ):
             (agents / f"{manifest['name']}.json").write_text(json.dumps(manifest))
         key = root / "model.key"
         key.write_text(token)
-        deployment = Stack(root / "stack", database="sessions", durable_pg=False, extra_env={
-            "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
-            "planner": {"WRIT_PROVIDER": "openai", "WRIT_MODEL_URL": f"{fake.url}/v1",
-                        "WRIT_MODEL_NAME": "fake-model", "WRIT_MODEL_KEY_FILE": str(key),
-                        "WRIT_AGENTS_DIR": str(agents)},
-        })
+        deployment = Stack(
+            root / "stack",
+            database="sessions",
+            durable_pg=False,
+            extra_env={
+                "*": {"WRIT_DRAIN_TIMEOUT_S": "2"},
+                "planner": {
+                    "WRIT_PROVIDER": "openai",
+                    "WRIT_MODEL_URL": f"{fake.url}/v1",
+                    "WRIT_MODEL_NAME": "fake-model",
+                    "WRIT_MODEL_KEY_FILE": str(key),
+                    "WRIT_AGENTS_DIR": str(agents),
+                },
+            },
+        )
         try:
             deployment.start_all()
             anyio.run(_grant, deployment)
@@ -92,7 +109,8 @@ async def _grant(stack: Stack) -> None:
         await conn.executemany(
             "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
             "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
-            [("chat-assistant",), ("notes-chat",), ("planning-chat",), ("refund-chat",)])
+            [("chat-assistant",), ("notes-chat",), ("planning-chat",), ("refund-chat",)],
+        )
     finally:
         await conn.close()
 
@@ -100,8 +118,9 @@ async def _grant(stack: Stack) -> None:
 @pytest.fixture
 def model(llm: tuple[FakeLlm, str]) -> Iterator[httpx.Client]:
     fake, token = llm
-    with httpx.Client(base_url=fake.url, timeout=5,
-                      headers={"Authorization": f"Bearer {token}"}) as client:
+    with httpx.Client(
+        base_url=fake.url, timeout=5, headers={"Authorization": f"Bearer {token}"}
+    ) as client:
         yield client
 
 
@@ -120,18 +139,23 @@ async def api(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def script(model: httpx.Client, *contents: dict[str, Any]) -> None:
-    model.post("/_control/replies", json={"replies": [
-        {"content": json.dumps(c)} for c in contents]}).raise_for_status()
+    model.post(
+        "/_control/replies", json={"replies": [{"content": json.dumps(c)} for c in contents]}
+    ).raise_for_status()
 
 
 def answer(text: str) -> dict[str, Any]:
     return {"next": {"decision": "answer_directly", "answer": text}}
 
 
-def select(capability: str, arguments: dict[str, Any], *,
-           consequential: bool | None = None) -> dict[str, Any]:
-    decision = {"decision": "select_capability", "capability": capability,
-                "arguments": json.dumps(arguments)}
+def select(
+    capability: str, arguments: dict[str, Any], *, consequential: bool | None = None
+) -> dict[str, Any]:
+    decision = {
+        "decision": "select_capability",
+        "capability": capability,
+        "arguments": json.dumps(arguments),
+    }
     if consequential is not None:
         decision["consequential"] = consequential
     return {"next": decision}
@@ -160,10 +184,12 @@ async def open_session(api: httpx.AsyncClient, agent: str) -> str:
     return str(opened.json()["session_id"])
 
 
-async def send(api: httpx.AsyncClient, sid: str, text: str,
-               headers: dict[str, str] | None = None) -> httpx.Response:
-    return await api.post(f"/sessions/{sid}/messages", json={"text": text},
-                          headers=headers or key())
+async def send(
+    api: httpx.AsyncClient, sid: str, text: str, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    return await api.post(
+        f"/sessions/{sid}/messages", json={"text": text}, headers=headers or key()
+    )
 
 
 async def act(api: httpx.AsyncClient, sid: str, what: str, **body: Any) -> httpx.Response:
@@ -176,8 +202,9 @@ async def view(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
     return dict(got.json())
 
 
-async def until(api: httpx.AsyncClient, sid: str, check: Callable[[dict[str, Any]], bool],
-                timeout: float = 40) -> dict[str, Any]:
+async def until(
+    api: httpx.AsyncClient, sid: str, check: Callable[[dict[str, Any]], bool], timeout: float = 40
+) -> dict[str, Any]:
     with anyio.fail_after(timeout):
         while not check(seen := await view(api, sid)):
             await anyio.sleep(0.1)
@@ -185,14 +212,22 @@ async def until(api: httpx.AsyncClient, sid: str, check: Callable[[dict[str, Any
 
 
 def turn_ended(turn: int) -> Callable[[dict[str, Any]], bool]:
-    return lambda v: v["turn"] == turn and v["state"] != "processing" and any(
-        m["role"] in ("agent",) and m["turn"] == turn for m in v["messages"]) or (
-        v["state"] == "closed")
+    return lambda v: (
+        v["turn"] == turn
+        and v["state"] != "processing"
+        and any(m["role"] in ("agent",) and m["turn"] == turn for m in v["messages"])
+        or (v["state"] == "closed")
+    )
 
 
-async def events(api: httpx.AsyncClient, sid: str, *, last_event_id: int | None = None,
-                 stop: Callable[[dict[str, Any]], bool], timeout: float = 40
-                 ) -> list[tuple[int, dict[str, Any]]]:
+async def events(
+    api: httpx.AsyncClient,
+    sid: str,
+    *,
+    last_event_id: int | None = None,
+    stop: Callable[[dict[str, Any]], bool],
+    timeout: float = 40,
+) -> list[tuple[int, dict[str, Any]]]:
     """(stream sequence, event) from the session's SSE until `stop(event)` is true."""
     headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
     got: list[tuple[int, dict[str, Any]]] = []
@@ -218,13 +253,17 @@ async def events(api: httpx.AsyncClient, sid: str, *, last_event_id: int | None 
 
 
 async def session_events(db: asyncpg.Connection, sid: str) -> list[str]:
-    return [r["type"] for r in await db.fetch(
-        "SELECT type FROM planner.session_events WHERE session_id = $1 ORDER BY n", sid)]
+    return [
+        r["type"]
+        for r in await db.fetch(
+            "SELECT type FROM planner.session_events WHERE session_id = $1 ORDER BY n", sid
+        )
+    ]
 
 
 async def test_a_turn_is_a_run_and_the_next_turn_sees_the_conversation_as_user_data(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
     sid = await open_session(api, "chat-assistant")
     script(model, select("crm.note.create", NOTE), answer("I noted the call on ACME-42."))
     sent = await send(api, sid, "Please note that ACME called about order 7781.")
@@ -234,24 +273,45 @@ async def test_a_turn_is_a_run_and_the_next_turn_sees_the_conversation_as_user_d
     seen = await until(api, sid, turn_ended(1))
     assert seen["state"] == "active"
     assert [(m["role"], m["turn"]) for m in seen["messages"]] == [
-        ("user", 1), ("writ", 1), ("agent", 1)]
+        ("user", 1),
+        ("writ", 1),
+        ("agent", 1),
+    ]
     writ_note = seen["messages"][1]["text"]
     assert writ_note.startswith("crm.note.create succeeded")  # written by Writ, no model call
 
     # The turn is a run of the planner's loop: its steps, its command, one note.
-    run = await db.fetchrow("SELECT status, answer, attended FROM planner.runs "
-                            "WHERE run_id = $1", run_id)
+    run = await db.fetchrow(
+        "SELECT status, answer, attended FROM planner.runs WHERE run_id = $1", run_id
+    )
     assert (run["status"], run["answer"], run["attended"]) == (
-        "succeeded", "I noted the call on ACME-42.", True)
-    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1 "
-                          "AND state = 'succeeded'", run_id)
+        "succeeded",
+        "I noted the call on ACME-42.",
+        True,
+    )
+    [op] = await db.fetch(
+        "SELECT operation_id FROM admission.commands WHERE run_id = $1 AND state = 'succeeded'",
+        run_id,
+    )
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
     assert await session_events(db, sid) == [
-        "SessionOpened", "UserMessage", "TurnStarted", "CapabilitySelected", "StepAdmitted",
-        "StepDispatched", "StepOutcome", "WriterNote", "TurnEnded"]
+        "SessionOpened",
+        "UserMessage",
+        "TurnStarted",
+        "CapabilitySelected",
+        "StepAdmitted",
+        "StepDispatched",
+        "StepOutcome",
+        "WriterNote",
+        "TurnEnded",
+    ]
     # Each session event is journaled under the session, with the state it records.
-    kinds = [r["kind"] for r in await db.fetch(
-        "SELECT kind FROM planner.journal WHERE run_id = $1 ORDER BY id", sid)]
+    kinds = [
+        r["kind"]
+        for r in await db.fetch(
+            "SELECT kind FROM planner.journal WHERE run_id = $1 ORDER BY id", sid
+        )
+    ]
     assert kinds[:3] == ["session.SessionOpened", "session.UserMessage", "session.TurnStarted"]
     assert kinds[-1] == "session.TurnEnded"
 
@@ -272,7 +332,8 @@ async def test_a_turn_is_a_run_and_the_next_turn_sees_the_conversation_as_user_d
 
 
 async def test_concurrent_sends_one_accepted_then_close_cancels_the_turn_in_flight(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     sid = await open_session(api, "careful-chat")  # its note is asked: the turn waits
     script(model, select("crm.note.create", NOTE))
     answers: list[httpx.Response] = []
@@ -293,8 +354,10 @@ async def test_concurrent_sends_one_accepted_then_close_cancels_the_turn_in_flig
     assert {(a.status_code, a.json()["code"]) for a in refused} == {(409, "SESSION_BUSY")}
     assert refused[0].headers["content-type"] == "application/problem+json"
     # Nothing of the refused ones was applied: one turn, one message.
-    assert await db.fetchval("SELECT count(*) FROM planner.session_turns "
-                             "WHERE session_id = $1", sid) == 1
+    assert (
+        await db.fetchval("SELECT count(*) FROM planner.session_turns WHERE session_id = $1", sid)
+        == 1
+    )
     assert (await session_events(db, sid)).count("UserMessage") == 1
     # The accepted message re-sent under its key: its first acceptance, nothing new.
     accepted_key = sent_with[id(accepted[0])]
@@ -309,27 +372,40 @@ async def test_concurrent_sends_one_accepted_then_close_cancels_the_turn_in_flig
     closed = await act(api, sid, "close")
     assert (closed.status_code, closed.json()["state"]) == (202, "closed")
     with anyio.fail_after(30):
-        while await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1",
-                                run_id) != "cancelled":
+        while (
+            await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id)
+            != "cancelled"
+        ):
             await anyio.sleep(0.1)
     with anyio.fail_after(30):
         while "TurnEnded" not in await session_events(db, sid):
             await anyio.sleep(0.1)
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             run_id) == 0
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
     # Closed is terminal: nothing new is accepted, the history stays readable.
-    for what, body in (("messages", {"text": "one more"}), ("pause", None), ("resume", None),
-                       ("inject", {"text": "x"}), ("close", None)):
+    for what, body in (
+        ("messages", {"text": "one more"}),
+        ("pause", None),
+        ("resume", None),
+        ("inject", {"text": "x"}),
+        ("close", None),
+    ):
         refused_now = await api.post(f"/sessions/{sid}/{what}", json=body, headers=key())
-        assert (refused_now.status_code, refused_now.json()["code"]) == (
-            409, "SESSION_CLOSED"), what
+        assert (refused_now.status_code, refused_now.json()["code"]) == (409, "SESSION_CLOSED"), (
+            what
+        )
     final = await view(api, sid)
     assert final["state"] == "closed" and final["messages"][0]["role"] == "user"
 
 
 async def test_close_after_a_command_is_admitted_runs_it_to_its_outcome_and_nothing_more(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client) -> None:
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+) -> None:
     # The dispatcher is down: the note is admitted (a command with its operation id) and
     # cannot run yet, so the session's `StepAdmitted` can only be the admitted event heard
     # live, not one derived from the outcome.
@@ -344,11 +420,16 @@ async def test_close_after_a_command_is_admitted_runs_it_to_its_outcome_and_noth
             while "StepAdmitted" not in (types := await session_events(db, sid)):
                 await anyio.sleep(0.1)
         assert "StepDispatched" not in types and "StepOutcome" not in types
-        [op] = await db.fetch("SELECT operation_id, state FROM admission.commands "
-                              "WHERE run_id = $1", run_id)
-        admitted = json.loads(await db.fetchval(
-            "SELECT body FROM planner.session_events WHERE session_id = $1 "
-            "AND type = 'StepAdmitted'", sid))
+        [op] = await db.fetch(
+            "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+        )
+        admitted = json.loads(
+            await db.fetchval(
+                "SELECT body FROM planner.session_events WHERE session_id = $1 "
+                "AND type = 'StepAdmitted'",
+                sid,
+            )
+        )
         assert admitted["operation_id"] == str(op["operation_id"])
         assert notes_for(crm, f"acme:{op['operation_id']}") == []
         closed = await act(api, sid, "close")
@@ -362,9 +443,13 @@ async def test_close_after_a_command_is_admitted_runs_it_to_its_outcome_and_noth
             await anyio.sleep(0.1)
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
     assert types.count("StepAdmitted") == 1 and types.count("StepDispatched") == 1
-    assert (types.index("StepAdmitted") < types.index("SessionClosed")
-            < types.index("StepDispatched")
-            < types.index("StepOutcome") < types.index("TurnEnded"))
+    assert (
+        types.index("StepAdmitted")
+        < types.index("SessionClosed")
+        < types.index("StepDispatched")
+        < types.index("StepOutcome")
+        < types.index("TurnEnded")
+    )
     final = await view(api, sid)
     assert final["state"] == "closed"
     assert [m["role"] for m in final["messages"]] == ["user", "writ"]
@@ -372,18 +457,19 @@ async def test_close_after_a_command_is_admitted_runs_it_to_its_outcome_and_noth
     # Nothing more was scheduled: the model was asked for step 0 only, the run was cancelled
     # after the outcome, and no step follows the outcome's observation.
     assert len(model_requests(model)) - before == 1
-    run = await db.fetchrow("SELECT status, error_code FROM planner.runs WHERE run_id = $1",
-                            run_id)
+    run = await db.fetchrow("SELECT status, error_code FROM planner.runs WHERE run_id = $1", run_id)
     assert run["status"] == "cancelled"
-    last = await db.fetchrow("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
-                             "ORDER BY seq DESC LIMIT 1", run_id)
+    last = await db.fetchrow(
+        "SELECT kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq DESC LIMIT 1",
+        run_id,
+    )
     assert last["kind"] == "observation"
     assert json.loads(last["payload"])["operation_id"] == str(op["operation_id"])
 
 
 async def test_pause_inject_resume_reaches_the_next_model_input(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        host: Host) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, host: Host
+) -> None:
     sid = await open_session(api, "careful-chat")
     script(model, select("crm.note.create", NOTE), answer("Noted, and I mentioned Friday."))
     sent = await send(api, sid, "Note the call.")
@@ -398,14 +484,21 @@ async def test_pause_inject_resume_reaches_the_next_model_input(
     # The session shows the proposal it waits on, with the id an approver answers.
     proposal_id = await db.fetchval(
         "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
-        "AND type = 'ProposalMade'", sid)
+        "AND type = 'ProposalMade'",
+        sid,
+    )
     assert proposal_id is not None, waiting
     calls = len(model_requests(model))
     approval = await host.approve(str(proposal_id))
     assert (await host.wait_approval(approval)).status in ("claimed", "succeeded")
     with anyio.fail_after(30):
-        while await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1 "
-                                "AND kind = 'observation'", run_id) == 0:
+        while (
+            await db.fetchval(
+                "SELECT count(*) FROM planner.steps WHERE run_id = $1 AND kind = 'observation'",
+                run_id,
+            )
+            == 0
+        ):
             await anyio.sleep(0.1)
     injected = await act(api, sid, "inject", text="Also say the update comes on Friday.")
     assert (injected.status_code, injected.json()["state"]) == (202, "paused")
@@ -417,42 +510,57 @@ async def test_pause_inject_resume_reaches_the_next_model_input(
     await until(api, sid, turn_ended(1))
     [request] = model_requests(model)[calls:]
     asked = asked_of(request)
-    assert asked.endswith("Injected by the user during this turn:\n"
-                          "- Also say the update comes on Friday.")
-    kinds = [r["kind"] for r in await db.fetch(
-        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)]
+    assert asked.endswith(
+        "Injected by the user during this turn:\n- Also say the update comes on Friday."
+    )
+    kinds = [
+        r["kind"]
+        for r in await db.fetch(
+            "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+        )
+    ]
     assert kinds == ["decision", "observation", "injected", "decision"]
     types = await session_events(db, sid)
-    assert types.index("SessionPaused") < types.index("SessionInjected") < types.index(
-        "SessionResumed") < types.index("TurnEnded")
+    assert (
+        types.index("SessionPaused")
+        < types.index("SessionInjected")
+        < types.index("SessionResumed")
+        < types.index("TurnEnded")
+    )
     # The ask and its answer are in the session: what it waited for, and who answered.
-    assert types.index("ProposalMade") < types.index("DecisionAsked") < types.index(
-        "DecisionTaken")
+    assert types.index("ProposalMade") < types.index("DecisionAsked") < types.index("DecisionTaken")
     # `writ audit replay <session>` walks each turn offline: the injected step included.
     await sealed(db, run_id)
     replay = writ_audit(host.stack, "replay", sid)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert f"run {run_id}: IDENTICAL" in replay.stdout
     assert (await view(api, sid))["messages"][2] == {
-        "n": types.index("SessionInjected") + 1, "turn": 1, "role": "injected",
-        "text": "Also say the update comes on Friday."}
+        "n": types.index("SessionInjected") + 1,
+        "turn": 1,
+        "role": "injected",
+        "text": "Also say the update comes on Friday.",
+    }
 
 
 async def test_a_fork_keeps_the_parents_note_as_history_and_never_runs_it_again(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
     sid = await open_session(api, "chat-assistant")
     script(model, select("crm.note.create", NOTE), answer("Noted."))
     first = await send(api, sid, "Note the call.")
     await until(api, sid, turn_ended(1))
-    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                          first.json()["run_id"])
+    [op] = await db.fetch(
+        "SELECT operation_id FROM admission.commands WHERE run_id = $1", first.json()["run_id"]
+    )
     forked = await act(api, sid, "fork", turn=1)
     assert forked.status_code == 201, forked.text
     fork = forked.json()["session_id"]
     fork_view = await view(api, fork)
     assert (fork_view["parent_session_id"], fork_view["fork_turn"], fork_view["state"]) == (
-        sid, 1, "active")
+        sid,
+        1,
+        "active",
+    )
     assert [m["role"] for m in fork_view["messages"]] == ["user", "writ", "agent"]
     assert fork in (await view(api, sid))["children"]
     assert "SessionForked" in await session_events(db, sid)
@@ -470,24 +578,37 @@ async def test_a_fork_keeps_the_parents_note_as_history_and_never_runs_it_again(
     await until(api, fork, turn_ended(2))
     # The parent's committed note is history in the fork: one note, no command of the fork.
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id LIKE $1",
-                             f"{fork}%") == 0
-    assert await db.fetchval("SELECT count(*) FROM planner.runs WHERE run_id LIKE $1",
-                             f"{fork}%") == 1
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands WHERE run_id LIKE $1", f"{fork}%"
+        )
+        == 0
+    )
+    assert (
+        await db.fetchval("SELECT count(*) FROM planner.runs WHERE run_id LIKE $1", f"{fork}%") == 1
+    )
 
 
 async def test_an_agent_call_shows_as_a_child_session(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     sid = await open_session(api, "desk-chat")
-    script(model, select("agent:notes-chat", {"request": "Note the call on ACME-42."}),
-           select("crm.note.create", NOTE), answer("Noted on ACME-42."),
-           answer("The notes agent noted it."))
+    script(
+        model,
+        select("agent:notes-chat", {"request": "Note the call on ACME-42."}),
+        select("crm.note.create", NOTE),
+        answer("Noted on ACME-42."),
+        answer("The notes agent noted it."),
+    )
     await send(api, sid, "Have the notes agent note the call.")
     seen = await until(api, sid, turn_ended(1), timeout=60)
     [child] = seen["children"]
     child_view = await view(api, child)
     assert (child_view["parent_session_id"], child_view["agent"], child_view["state"]) == (
-        sid, "notes-chat", "closed")
+        sid,
+        "notes-chat",
+        "closed",
+    )
     assert child_view["run_id"] == f"{sid}-t1.b0"
     child_types = await session_events(db, child)
     assert child_types[0] == "SessionOpened" and "StepOutcome" in child_types
@@ -496,7 +617,8 @@ async def test_an_agent_call_shows_as_a_child_session(
 
 
 async def test_the_stream_resumes_from_last_event_id_with_no_gap_or_duplicate(
-        api: httpx.AsyncClient, model: httpx.Client) -> None:
+    api: httpx.AsyncClient, model: httpx.Client
+) -> None:
     sid = await open_session(api, "chat-assistant")
     script(model, select("crm.note.create", NOTE), answer("Noted."))
     await send(api, sid, "Note the call.")
@@ -516,18 +638,19 @@ async def test_the_stream_resumes_from_last_event_id_with_no_gap_or_duplicate(
 
 
 async def test_sessions_are_the_principals_own_and_bodies_are_bounded(
-        stack: Stack, api: httpx.AsyncClient) -> None:
+    stack: Stack, api: httpx.AsyncClient
+) -> None:
     sid = await open_session(api, "chat-assistant")
     other = {"Authorization": f"Bearer {stack.token('acme', 'bob@acme.example')}"}
     assert (await api.get(f"/sessions/{sid}", headers=other)).status_code == 404
     globex = {"Authorization": f"Bearer {stack.token('globex', 'bob@globex.example')}"}
     got = await api.get(f"/sessions/{sid}", headers=globex)
     assert (got.status_code, got.json()["code"]) == (404, "NOT_FOUND")
-    bad = await api.post(f"/sessions/{sid}/messages", json={"text": "hi", "role": "system"},
-                         headers=key())
+    bad = await api.post(
+        f"/sessions/{sid}/messages", json={"text": "hi", "role": "system"}, headers=key()
+    )
     assert (bad.status_code, bad.json()["code"]) == (400, "INVALID_REQUEST")
-    long = await api.post(f"/sessions/{sid}/messages", json={"text": "x" * 9000},
-                          headers=key())
+    long = await api.post(f"/sessions/{sid}/messages", json={"text": "x" * 9000}, headers=key())
     assert long.status_code == 400
     unknown = await api.post("/sessions", json={"agent": "nobody"}, headers=key())
     assert (unknown.status_code, unknown.json()["code"]) == (400, "UNKNOWN_AGENT")
@@ -537,19 +660,23 @@ async def test_sessions_are_the_principals_own_and_bodies_are_bounded(
 
 
 async def test_a_streamed_answer_cut_mid_way_is_reset_then_streamed_whole(
-        api: httpx.AsyncClient, model: httpx.Client) -> None:
-    full = ("The note on ACME-42 is recorded, and the shipment update is promised for Friday "
-            "afternoon, as the customer asked on the call.")
+    api: httpx.AsyncClient, model: httpx.Client
+) -> None:
+    full = (
+        "The note on ACME-42 is recorded, and the shipment update is promised for Friday "
+        "afternoon, as the customer asked on the call."
+    )
     sid = await open_session(api, "chat-assistant")
     script(model, answer(full), answer(full))  # the cut attempt uses up a reply
-    model.post("/_control/mode", json={"mode": "cut_stream", "count": 1,
-                                       "after_chunks": 11}).raise_for_status()
+    model.post(
+        "/_control/mode", json={"mode": "cut_stream", "count": 1, "after_chunks": 11}
+    ).raise_for_status()
     await send(api, sid, "Where do we stand?")
     seen = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
     texts = [e for e in seen if e["type"] in ("TextDelta", "TextReset")]
     resets = [i for i, e in enumerate(texts) if e["type"] == "TextReset"]
     assert resets, [e["type"] for e in seen]
-    after = texts[resets[-1] + 1:]
+    after = texts[resets[-1] + 1 :]
     assert after and all(e["type"] == "TextDelta" for e in after)
     assert [e["index"] for e in after] == list(range(len(after)))
     assert "".join(e["text"] for e in after) == full
@@ -563,15 +690,20 @@ def restart_planner(stack: Stack) -> None:
 
 
 async def test_a_planner_killed_during_a_model_call_continues_the_turn_after_restart(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client) -> None:
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+) -> None:
     sid = await open_session(api, "chat-assistant")
     before = len(model_requests(model))
     script(model, select("crm.note.create", NOTE))
     # The answer is used up and streams so slowly that the planner is killed mid-call (a
     # lost response would be retried at once, sometimes before the kill).
-    model.post("/_control/mode", json={"mode": "slow_stream", "delay_s": 5,
-                                       "count": 1}).raise_for_status()
+    model.post(
+        "/_control/mode", json={"mode": "slow_stream", "delay_s": 5, "count": 1}
+    ).raise_for_status()
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
     with anyio.fail_after(30):  # the model was asked; its answer never comes back whole
@@ -585,20 +717,27 @@ async def test_a_planner_killed_during_a_model_call_continues_the_turn_after_res
     assert seen["messages"][-1]["text"] == "Noted after the restart."
     # Asked again only for the step it had not answered: one lost call, then one per step.
     assert len(model_requests(model)) - before == 3
-    kinds = [r["kind"] for r in await db.fetch(
-        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)]
+    kinds = [
+        r["kind"]
+        for r in await db.fetch(
+            "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+        )
+    ]
     assert kinds == ["decision", "observation", "decision"]
-    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                          run_id)
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1", run_id)
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
     streamed = [e for _, e in await events(api, sid, stop=lambda e: e["type"] == "TurnEnded")]
-    assert any(e["type"] == "TextReset" and e["attempt"] == 0 and e["step"] == 0
-               for e in streamed)
+    assert any(e["type"] == "TextReset" and e["attempt"] == 0 and e["step"] == 0 for e in streamed)
 
 
 async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_asking_again(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client, host: Host) -> None:
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+    host: Host,
+) -> None:
     sid = await open_session(api, "careful-chat")
     before = len(model_requests(model))
     script(model, select("crm.note.create", NOTE))
@@ -607,14 +746,18 @@ async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_a
     await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "person")
     proposal_id = await db.fetchval(
         "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
-        "AND type = 'ProposalMade'", sid)
+        "AND type = 'ProposalMade'",
+        sid,
+    )
     stack.stop_process("planner", kill=True)
     # Admitted and executed while the planner is down: its outcome waits in the planner's inbox.
     approval = await host.approve(str(proposal_id))
     assert (await host.wait_approval(approval)).status in ("claimed", "succeeded")
     with anyio.fail_after(30):
-        while await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1",
-                                run_id) != "succeeded":
+        while (
+            await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+            != "succeeded"
+        ):
             await anyio.sleep(0.1)
     script(model, answer("Noted once."))
     stack.start_instance("planner", "planner")
@@ -622,21 +765,20 @@ async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_a
     seen = await until(api, sid, turn_ended(1), timeout=60)
     assert (seen["state"], seen["messages"][-1]["text"]) == ("active", "Noted once.")
     assert len(model_requests(model)) - before == 2  # step 0 once, the answer once
-    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1",
-                          run_id)
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1", run_id)
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
     assert [m["role"] for m in seen["messages"]] == ["user", "writ", "agent"]
     # Admitted while the planner was down (admission's live event was lost to it): the
     # session shows the admission and the dispatch once, from the command's outcome.
     types = await session_events(db, sid)
     assert (types.count("StepAdmitted"), types.count("StepDispatched")) == (1, 1)
-    assert (types.index("StepAdmitted") < types.index("StepDispatched")
-            < types.index("StepOutcome"))
+    assert types.index("StepAdmitted") < types.index("StepDispatched") < types.index("StepOutcome")
 
 
 async def open_planning(api: httpx.AsyncClient) -> str:
-    opened = await api.post("/sessions", json={"agent": "chat-assistant", "plan_mode": True},
-                            headers=key())
+    opened = await api.post(
+        "/sessions", json={"agent": "chat-assistant", "plan_mode": True}, headers=key()
+    )
     assert opened.status_code == 201, opened.text
     return str(opened.json()["session_id"])
 
@@ -650,22 +792,27 @@ async def proposed_plan(api: httpx.AsyncClient, sid: str) -> dict[str, Any]:
 
 
 async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
     # An agent whose manifest asks for plan-mode: every session with it plans first.
     sid = await open_session(api, "planning-chat")
     assert (await view(api, sid))["plan_mode"] is True
-    script(model, select("crm.note.create", NOTE), answer("My plan: one note on ACME-42."),
-           select("crm.note.create", NOTE), answer("Done as planned."))
+    script(
+        model,
+        select("crm.note.create", NOTE),
+        answer("My plan: one note on ACME-42."),
+        select("crm.note.create", NOTE),
+        answer("Done as planned."),
+    )
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
     plan = await proposed_plan(api, sid)
-    assert [(s["capability"], s["arguments"]) for s in plan["steps"]] == [
-        ("crm.note.create", NOTE)]
+    assert [(s["capability"], s["arguments"]) for s in plan["steps"]] == [("crm.note.create", NOTE)]
     assert len(plan["digest"]) == 64
     # Nothing ran while planning: no proposal reached admission.
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             run_id) == 0
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
     wrong = await api.post(f"/plans/plan-{uuid.uuid4()}/approve", json={}, headers=key())
     assert (wrong.status_code, wrong.json()["code"]) == (404, "NOT_FOUND")
     approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
@@ -674,33 +821,47 @@ async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
     assert seen["messages"][-1]["text"] == "Done as planned."
     assert seen["plans"][0]["state"] == "approved"
     # The step still went through governance and admission: one command, one note.
-    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1 "
-                          "AND state = 'succeeded'", run_id)
+    [op] = await db.fetch(
+        "SELECT operation_id FROM admission.commands WHERE run_id = $1 AND state = 'succeeded'",
+        run_id,
+    )
     assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
-    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
-                             run_id) >= 1
+    assert (
+        await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1", run_id)
+        >= 1
+    )
     types = await session_events(db, sid)
-    assert (types.index("PlanProposed") < types.index("PlanDecided")
-            < types.index("StepAdmitted") < types.index("StepDispatched")
-            < types.index("StepOutcome"))
+    assert (
+        types.index("PlanProposed")
+        < types.index("PlanDecided")
+        < types.index("StepAdmitted")
+        < types.index("StepDispatched")
+        < types.index("StepOutcome")
+    )
     again = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
     assert (again.status_code, again.json()["code"]) == (409, "PLAN_ANSWERED")
 
 
 async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_context(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     sid = await open_planning(api)
     script(model, select("crm.note.create", NOTE), answer("My plan: one note."))
     sent = await send(api, sid, "Note the call.")
     plan = await proposed_plan(api, sid)
-    rejected = await api.post(f"/plans/{plan['plan_id']}/reject",
-                              json={"reason": "Wrong customer: it was ACME-43."}, headers=key())
+    rejected = await api.post(
+        f"/plans/{plan['plan_id']}/reject",
+        json={"reason": "Wrong customer: it was ACME-43."},
+        headers=key(),
+    )
     assert (rejected.status_code, rejected.json()["state"]) == (200, "rejected")
     with anyio.fail_after(30):
         while (await view(api, sid))["state"] != "active":
             await anyio.sleep(0.1)
-    run = await db.fetchrow("SELECT status, error_code, error_message FROM planner.runs "
-                            "WHERE run_id = $1", sent.json()["run_id"])
+    run = await db.fetchrow(
+        "SELECT status, error_code, error_message FROM planner.runs WHERE run_id = $1",
+        sent.json()["run_id"],
+    )
     assert tuple(run) == ("failed", "REJECTED", "Wrong customer: it was ACME-43.")
     before = len(model_requests(model))
     script(model, answer("Understood."))
@@ -708,62 +869,84 @@ async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_co
     await until(api, sid, turn_ended(2))
     [request] = model_requests(model)[before:]
     assert "[turn 1] writ: The user rejected the plan: Wrong customer: it was ACME-43." in (
-        asked_of(request))
+        asked_of(request)
+    )
 
 
 async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_is_approved(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
     # The plan freezes what the contract resolves; a step whose arguments resolve the same
     # (keys in another order, "é" decomposed) is the plan's, one that resolves otherwise is not.
     sid = await open_planning(api)
     first = {"customer_id": "ACME-42", "body": "Chat: le client a payé."}
     second = {"customer_id": "ACME-42", "body": "Chat: follow up on Friday."}
-    written_otherwise = {"body": unicodedata.normalize("NFD", first["body"]),
-                         "customer_id": "ACME-42"}
+    written_otherwise = {
+        "body": unicodedata.normalize("NFD", first["body"]),
+        "customer_id": "ACME-42",
+    }
     other = {**second, "body": "Something the user never approved."}
-    script(model, select("crm.note.create", first), select("crm.note.create", second),
-           answer("Plan: two notes."),
-           select("crm.note.create", written_otherwise), select("crm.note.create", other),
-           answer("Revised plan: the other note instead."))
+    script(
+        model,
+        select("crm.note.create", first),
+        select("crm.note.create", second),
+        answer("Plan: two notes."),
+        select("crm.note.create", written_otherwise),
+        select("crm.note.create", other),
+        answer("Revised plan: the other note instead."),
+    )
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
     plan = await proposed_plan(api, sid)
     assert [(s["arguments"], s["preview"]) for s in plan["steps"]] == [
-        (first, first), (second, second)]  # the contract's resolution and its preview
+        (first, first),
+        (second, second),
+    ]  # the contract's resolution and its preview
     await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
     # The deviation is refused, and the agent's answer proposes it as a revised plan: the
     # turn waits for the user again, under a new plan id.
-    revised = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan"
-                          and v["waiting_for"]["plan_id"] != plan["plan_id"])
+    revised = await until(
+        api,
+        sid,
+        lambda v: (
+            (v["waiting_for"] or {}).get("kind") == "plan"
+            and v["waiting_for"]["plan_id"] != plan["plan_id"]
+        ),
+    )
     assert revised["state"] == "processing"
     old, new = revised["plans"]
-    assert (old["plan_id"], old["state"], new["state"]) == (
-        plan["plan_id"], "approved", "proposed")
+    assert (old["plan_id"], old["state"], new["state"]) == (plan["plan_id"], "approved", "proposed")
     assert new["plan_id"] == revised["waiting_for"]["plan_id"]
-    assert [(s["capability"], s["arguments"]) for s in new["steps"]] == [
-        ("crm.note.create", other)]
+    assert [(s["capability"], s["arguments"]) for s in new["steps"]] == [("crm.note.create", other)]
     assert new["digest"] != old["digest"]
     # The approved plan cannot be answered again, either way: 409, and it stays approved.
     for again in ("approve", "reject"):
         answered = await api.post(f"/plans/{plan['plan_id']}/{again}", json={}, headers=key())
         assert (answered.status_code, answered.json()["code"]) == (409, "PLAN_ANSWERED")
-    assert await db.fetchval("SELECT state FROM planner.plans WHERE plan_id = $1",
-                             plan["plan_id"]) == "approved"
-    refusals = [json.loads(r["payload"]) for r in await db.fetch(
-        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
-        "ORDER BY seq", run_id)]
+    assert (
+        await db.fetchval("SELECT state FROM planner.plans WHERE plan_id = $1", plan["plan_id"])
+        == "approved"
+    )
+    refusals = [
+        json.loads(r["payload"])
+        for r in await db.fetch(
+            "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+            "ORDER BY seq",
+            run_id,
+        )
+    ]
     # planned, planned, the approval, the first step's outcome, the deviation refused
-    assert [r.get("refused") for r in refusals] == [
-        "PLANNED", "PLANNED", None, None, "NOT_IN_PLAN"]
+    assert [r.get("refused") for r in refusals] == ["PLANNED", "PLANNED", None, None, "NOT_IN_PLAN"]
     assert refusals[3]["state"] == "succeeded"
     assert "step 2 of the approved plan" in json.dumps(refusals[4])  # the reason the model saw
-    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
-                              "AND type = 'Observed'", sid)
+    observed = await db.fetch(
+        "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'Observed'", sid
+    )
     assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
     # The step written otherwise ran, as the plan froze it; the deviating one has not.
-    [op] = await db.fetch("SELECT operation_id, arguments FROM admission.commands "
-                          "WHERE run_id = $1", run_id)
+    [op] = await db.fetch(
+        "SELECT operation_id, arguments FROM admission.commands WHERE run_id = $1", run_id
+    )
     assert json.loads(op["arguments"]) == first
     assert [n["body"] for n in notes_for(crm, f"acme:{op['operation_id']}")] == [first["body"]]
     # The first approval does not cover the revision; the revised plan's own approval does.
@@ -774,21 +957,28 @@ async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_i
     assert (approved.status_code, approved.json()["state"]) == (200, "approved")
     seen = await until(api, sid, turn_ended(1))
     assert (seen["state"], seen["messages"][-1]["text"]) == ("active", "Done as revised.")
-    commands = await db.fetch("SELECT arguments FROM admission.commands WHERE run_id = $1 "
-                              "AND state = 'succeeded' ORDER BY created_at", run_id)
+    commands = await db.fetch(
+        "SELECT arguments FROM admission.commands WHERE run_id = $1 "
+        "AND state = 'succeeded' ORDER BY created_at",
+        run_id,
+    )
     assert [json.loads(c["arguments"]) for c in commands] == [first, other]
     types = await session_events(db, sid)
     assert (types.count("PlanProposed"), types.count("PlanDecided")) == (2, 2)
 
 
 async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_sequence(
-        stack: Stack, host: Host, model: httpx.Client) -> None:
+    stack: Stack, host: Host, model: httpx.Client
+) -> None:
     nc = await host.tenant_nc("acme")
     token = stack.token("acme", "alice@acme.example")
 
     async def ask(tenant: str = "acme", **fields: Any) -> Any:
-        reply = await nc.request(f"writ.api.{tenant}.session", msgspec.json.encode(
-            HostSessionOp(token=token, **fields)), timeout=20)
+        reply = await nc.request(
+            f"writ.api.{tenant}.session",
+            msgspec.json.encode(HostSessionOp(token=token, **fields)),
+            timeout=20,
+        )
         if (reply.headers or {}).get("Nats-Service-Error-Code"):
             return reply.headers
         return msgspec.json.decode(reply.data, type=SessionReply)
@@ -811,18 +1001,31 @@ async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_se
     assert type(rest.events[-1].event).__name__ == "TurnEnded"
     assert rest.events[-1].event.answer == "Hello over NATS."
     # A token of another tenant is refused on this tenant's subject.
-    refused = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
-        token=stack.token("globex", "bob@globex.example"), op="get", session_id=sid)),
-        timeout=10)
+    refused = await nc.request(
+        "writ.api.acme.session",
+        msgspec.json.encode(
+            HostSessionOp(
+                token=stack.token("globex", "bob@globex.example"), op="get", session_id=sid
+            )
+        ),
+        timeout=10,
+    )
     assert refused.headers["Nats-Service-Error-Code"] == "401"
     # Another principal of the tenant does not see it, not even that it exists.
-    bob = await nc.request("writ.api.acme.session", msgspec.json.encode(HostSessionOp(
-        token=stack.token("acme", "bob@acme.example"), op="events", session_id=sid)),
-        timeout=10)
+    bob = await nc.request(
+        "writ.api.acme.session",
+        msgspec.json.encode(
+            HostSessionOp(
+                token=stack.token("acme", "bob@acme.example"), op="events", session_id=sid
+            )
+        ),
+        timeout=10,
+    )
     assert bob.headers["Nats-Service-Error"].startswith("NOT_FOUND")
 
 
 # --- plan-mode: the model's mark, facts-bound previews, the frozen request -------------------
+
 
 class Proposals:
     """What the planner sends admission (`writ.int.proposals.acme`), heard as the
@@ -839,26 +1042,38 @@ class Proposals:
 
 
 async def observations(db: asyncpg.Connection, run_id: str) -> list[dict[str, Any]]:
-    return [json.loads(r["payload"]) for r in await db.fetch(
-        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
-        "ORDER BY seq", run_id)]
+    return [
+        json.loads(r["payload"])
+        for r in await db.fetch(
+            "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+            "ORDER BY seq",
+            run_id,
+        )
+    ]
 
 
 async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_approved(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        payments: httpx.Client, host: Host) -> None:
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+    host: Host,
+) -> None:
     # Neither the session nor the agent's manifest asks for plan-mode: the model's mark does.
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
     sid = await open_session(api, "refund-chat")
     assert (await view(api, sid))["plan_mode"] is False
     asked = {"payment_id": payment_id, "line_id": "L2"}
-    script(model, select("payment.refund", asked, consequential=True),
-           answer("Plan: refund Léo's sibling discount."),
-           # after the approval, the same request spelled otherwise (keys reordered, the
-           # default left out) and without the mark: the plan, not the mark, governs now
-           select("payment.refund", {"line_id": "L2", "payment_id": payment_id}),
-           answer("Refunded as planned."))
+    script(
+        model,
+        select("payment.refund", asked, consequential=True),
+        answer("Plan: refund Léo's sibling discount."),
+        # after the approval, the same request spelled otherwise (keys reordered, the
+        # default left out) and without the mark: the plan, not the mark, governs now
+        select("payment.refund", {"line_id": "L2", "payment_id": payment_id}),
+        answer("Refunded as planned."),
+    )
     heard = Proposals()
     sub = await host.nc.subscribe("writ.int.proposals.acme", cb=heard.hear)
     try:
@@ -877,14 +1092,20 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
         assert (frozen["amount_cents"], frozen["currency"]) == (1500, "EUR")
         assert frozen["destination"] == {"kind": "original_method", "last4": "4242"}
         preview = step["preview"]
-        assert (preview["amount_cents"], preview["payment"], preview["payment_method"],
-                preview["participant"], preview["resulting_total_cents"]) == (
-            1500, payment_id, "card ending 4242", "Léo Martin", 30000 - 1500)
+        assert (
+            preview["amount_cents"],
+            preview["payment"],
+            preview["payment_method"],
+            preview["participant"],
+            preview["resulting_total_cents"],
+        ) == (1500, payment_id, "card ending 4242", "Léo Martin", 30000 - 1500)
         # Nothing ran before the approval: no proposal sent, no command, no refund.
         assert [o.get("refused") for o in await observations(db, run_id)] == ["PLANNED"]
         assert heard.of(run_id) == []
-        assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                                 run_id) == 0
+        assert (
+            await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id)
+            == 0
+        )
         assert _refunds(payments, payment_id) == []
 
         approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
@@ -898,24 +1119,30 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
     [proposal] = heard.of(run_id)
     assert proposal["arguments"] == step["request"]
     assert proposal["arguments"]["destination"] == "original_method"
-    [command] = await db.fetch("SELECT operation_id, state, arguments, preview "
-                               "FROM admission.commands WHERE run_id = $1", run_id)
+    [command] = await db.fetch(
+        "SELECT operation_id, state, arguments, preview FROM admission.commands WHERE run_id = $1",
+        run_id,
+    )
     assert command["state"] == "succeeded"
     assert json.loads(command["arguments"]) == step["arguments"]
     assert json.loads(command["preview"]) == step["preview"]
-    assert await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1",
-                             run_id) >= 1
+    assert (
+        await db.fetchval("SELECT count(*) FROM governance.decisions WHERE run_id = $1", run_id)
+        >= 1
+    )
     [refund] = _refunds(payments, payment_id)
     assert (refund["line_id"], refund["amount_cents"]) == ("L2", 1500)
 
 
-async def refund_planning(api: httpx.AsyncClient,
-                          payments: httpx.Client) -> tuple[str, str, dict[str, str]]:
+async def refund_planning(
+    api: httpx.AsyncClient, payments: httpx.Client
+) -> tuple[str, str, dict[str, str]]:
     """A planning session of `refund-chat`, a seeded payment, and the refund to ask for."""
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
-    opened = await api.post("/sessions", json={"agent": "refund-chat", "plan_mode": True},
-                            headers=key())
+    opened = await api.post(
+        "/sessions", json={"agent": "refund-chat", "plan_mode": True}, headers=key()
+    )
     return opened.json()["session_id"], payment_id, {"payment_id": payment_id, "line_id": "L2"}
 
 
@@ -930,32 +1157,50 @@ async def dispatcher_down(stack: Stack) -> AsyncIterator[None]:
 
 
 async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_nothing(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        payments: httpx.Client) -> None:
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
     sid, payment_id, asked = await refund_planning(api, payments)
     # planning; after the approval the step, refused as stale; the revised plan
-    script(model, select("payment.refund", asked), answer("Plan: refund 15.00 EUR."),
-           select("payment.refund", asked), answer("Revised plan: the discount changed."))
+    script(
+        model,
+        select("payment.refund", asked),
+        answer("Plan: refund 15.00 EUR."),
+        select("payment.refund", asked),
+        answer("Revised plan: the discount changed."),
+    )
     sent = await send(api, sid, "Refund the missing sibling discount.")
     run_id = sent.json()["run_id"]
     plan = await proposed_plan(api, sid)
     assert plan["steps"][0]["preview"]["amount_cents"] == 1500
     # The discount changes after the plan was shown (and before it is approved: the
     # approval consents to the 15.00 EUR it showed, not to what the facts became).
-    payments.post("/_control/payments",
-                  json=_payment(payment_id, discount_cents=2000)).raise_for_status()
+    payments.post(
+        "/_control/payments", json=_payment(payment_id, discount_cents=2000)
+    ).raise_for_status()
     await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-    revised = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan"
-                          and v["waiting_for"]["plan_id"] != plan["plan_id"])
+    revised = await until(
+        api,
+        sid,
+        lambda v: (
+            (v["waiting_for"] or {}).get("kind") == "plan"
+            and v["waiting_for"]["plan_id"] != plan["plan_id"]
+        ),
+    )
     # Refused and observed as stale, fail closed: nothing reached admission or the provider.
     seen = await observations(db, run_id)
     assert [o.get("refused") for o in seen] == ["PLANNED", None, "PLAN_STALE"]
     assert "amount_cents" in json.dumps(seen[-1])  # what changed, as the model was told
-    observed = await db.fetch("SELECT body FROM planner.session_events WHERE session_id = $1 "
-                              "AND type = 'Observed'", sid)
+    observed = await db.fetch(
+        "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'Observed'", sid
+    )
     assert any("PLAN_STALE" in json.loads(r["body"])["summary"] for r in observed)
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             run_id) == 0
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
     assert _refunds(payments, payment_id) == []
     # The agent proposed a revised plan, resolved from the facts now; it needs its own
     # approval, and once given, the refund is the revised plan's.
@@ -979,13 +1224,20 @@ async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_no
 
 
 async def decisions_of(db: asyncpg.Connection, run_id: str) -> int:
-    return int(await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1 "
-                                 "AND kind = 'decision'", run_id))
+    return int(
+        await db.fetchval(
+            "SELECT count(*) FROM planner.steps WHERE run_id = $1 AND kind = 'decision'", run_id
+        )
+    )
 
 
 async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_again(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        payments: httpx.Client) -> None:
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
     # The dispatcher, the only reader of a payment, is down while the plan is frozen and
     # again while its approved step is taken: each model answer is committed first, and the
     # facts are read again once it is back; the model is asked once per step, no more.
@@ -1013,8 +1265,10 @@ async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_agai
         approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
         assert approved.status_code == 200, approved.text
         await down_until(3)
-        assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                                 run_id) == 0
+        assert (
+            await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id)
+            == 0
+        )
     done = await until(api, sid, turn_ended(1), timeout=90)
     assert done["messages"][-1]["text"] == "Refunded 15.00 EUR."
     assert len(model_requests(model)) - before == 4
@@ -1024,15 +1278,24 @@ async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_agai
 
 
 async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client, host: Host) -> None:
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+    host: Host,
+) -> None:
     sid = await open_planning(api)
     planned = {"customer_id": "ACME-42", "body": "Chat: le client a payé."}
     # After the approval the model writes the same note otherwise: keys in another order,
     # "é" decomposed. It normalises equal, so it is the plan's step; what is sent is the plan's.
     spelled = {"body": unicodedata.normalize("NFD", planned["body"]), "customer_id": "ACME-42"}
-    script(model, select("crm.note.create", planned), answer("Plan: one note."),
-           select("crm.note.create", spelled), answer("Noted."))
+    script(
+        model,
+        select("crm.note.create", planned),
+        answer("Plan: one note."),
+        select("crm.note.create", spelled),
+        answer("Noted."),
+    )
     heard = Proposals()
     sub = await host.nc.subscribe("writ.int.proposals.acme", cb=heard.hear)
     try:
@@ -1046,23 +1309,32 @@ async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling
     finally:
         await sub.unsubscribe()
     # The model's own decision is kept as it answered (the captured response) ...
-    decisions = [json.loads(r["payload"]) for r in await db.fetch(
-        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'decision' "
-        "ORDER BY seq", run_id)]
+    decisions = [
+        json.loads(r["payload"])
+        for r in await db.fetch(
+            "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'decision' "
+            "ORDER BY seq",
+            run_id,
+        )
+    ]
     assert decisions[2]["arguments"] == spelled
     # ... but admission received the plan's frozen request, code point for code point, and
     # the CRM got the plan's note.
     [proposal] = heard.of(run_id)
     assert proposal["arguments"] == planned and proposal["arguments"] != spelled
-    [command] = await db.fetch("SELECT operation_id, arguments FROM admission.commands "
-                               "WHERE run_id = $1 AND state = 'succeeded'", run_id)
+    [command] = await db.fetch(
+        "SELECT operation_id, arguments FROM admission.commands "
+        "WHERE run_id = $1 AND state = 'succeeded'",
+        run_id,
+    )
     assert json.loads(command["arguments"]) == step["arguments"]
     [note] = notes_for(crm, f"acme:{command['operation_id']}")
     assert note["body"] == planned["body"]
 
 
 async def test_admission_holds_a_plans_step_to_the_preview_the_plan_showed(
-        db: asyncpg.Connection, payments: httpx.Client, host: Host) -> None:
+    db: asyncpg.Connection, payments: httpx.Client, host: Host
+) -> None:
     # The planner checks a facts-bound step's facts as the model takes it; admission reads
     # them again a moment later. Should they change in between (or while a planner that took
     # the step was down), admission refuses: what it resolves now is not what was approved.
@@ -1077,11 +1349,22 @@ async def test_admission_holds_a_plans_step_to_the_preview_the_plan_showed(
 
     sub = await host.nc.subscribe("writ.int.refused.acme", cb=hear)
     try:
-        await host.js.publish("writ.int.proposals.acme", msgspec.json.encode(ProposeCommand(
-            run_id=run_id, step=3, tenant="acme", principal="alice@acme.example",
-            agent="refund-chat", action="payment.refund",
-            arguments={"payment_id": payment_id, "line_id": "L2"},
-            plan_preview=preview_digest(shown))), headers={"Nats-Msg-Id": f"p:{run_id}"})
+        await host.js.publish(
+            "writ.int.proposals.acme",
+            msgspec.json.encode(
+                ProposeCommand(
+                    run_id=run_id,
+                    step=3,
+                    tenant="acme",
+                    principal="alice@acme.example",
+                    agent="refund-chat",
+                    action="payment.refund",
+                    arguments={"payment_id": payment_id, "line_id": "L2"},
+                    plan_preview=preview_digest(shown),
+                )
+            ),
+            headers={"Nats-Msg-Id": f"p:{run_id}"},
+        )
         with anyio.fail_after(30):
             while not [r for r in refusals if r["run_id"] == run_id]:
                 await anyio.sleep(0.1)
@@ -1090,6 +1373,7 @@ async def test_admission_holds_a_plans_step_to_the_preview_the_plan_showed(
     [refused] = [r for r in refusals if r["run_id"] == run_id]
     assert refused["verdict"] == "invalid"
     assert "changed since the user approved the plan" in refused["reason"]
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             run_id) == 0
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
     assert _refunds(payments, payment_id) == []

@@ -46,13 +46,17 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 
 async def journal_kinds(db: asyncpg.Connection, schema: str, run_id: str) -> list[str]:
-    return [r["kind"] for r in await db.fetch(
-        f"SELECT kind FROM {schema}.journal WHERE run_id = $1 ORDER BY id", run_id)]
+    return [
+        r["kind"]
+        for r in await db.fetch(
+            f"SELECT kind FROM {schema}.journal WHERE run_id = $1 ORDER BY id", run_id
+        )
+    ]
 
 
 async def test_an_attended_ask_in_a_turn_is_denied_after_five_minutes_by_governance(
-        api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client,
-        crm: httpx.Client) -> None:
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
     sid = await open_session(api, "careful-chat")  # no grant: its note is asked
     before, notes = len(model_requests(model)), len(notes_for(crm))
     script(model, select("crm.note.create", NOTE))
@@ -62,69 +66,112 @@ async def test_an_attended_ask_in_a_turn_is_denied_after_five_minutes_by_governa
     pending_id = waiting["waiting_for"]["pending_id"]
     assert waiting["state"] == "processing"
     # The ask is attended (a person is in the chat): its deadline is 5 minutes after it.
-    row = await db.fetchrow("SELECT attended, deadline, created_at, answer "
-                            "FROM governance.pending WHERE run_id = $1", run_id)
+    row = await db.fetchrow(
+        "SELECT attended, deadline, created_at, answer FROM governance.pending WHERE run_id = $1",
+        run_id,
+    )
     assert row["attended"] is True and row["answer"] is None
-    assert abs((row["deadline"] - row["created_at"]) - timedelta(minutes=5)) < timedelta(
-        seconds=2)
-    asked = [json.loads(r["body"]) for r in await db.fetch(
-        "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = "
-        "'DecisionAsked'", sid)]
+    assert abs((row["deadline"] - row["created_at"]) - timedelta(minutes=5)) < timedelta(seconds=2)
+    asked = [
+        json.loads(r["body"])
+        for r in await db.fetch(
+            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = "
+            "'DecisionAsked'",
+            sid,
+        )
+    ]
     assert [a["pending_id"] for a in asked] == [pending_id]  # what the session waits for
 
     # Five minutes pass (the administrator moves the deadline; nothing in Writ is told):
     # governance's own sweep finds the ask overdue and answers it deny, by nobody.
-    await db.execute("UPDATE governance.pending SET deadline = now() - interval '1 second' "
-                     "WHERE run_id = $1 AND answer IS NULL", run_id)
+    await db.execute(
+        "UPDATE governance.pending SET deadline = now() - interval '1 second' "
+        "WHERE run_id = $1 AND answer IS NULL",
+        run_id,
+    )
     seen = await until(api, sid, lambda v: v["state"] == "active")
-    assert await db.fetchval("SELECT answered_by FROM governance.pending WHERE run_id = $1",
-                             run_id) == "nobody"
-    run = await db.fetchrow("SELECT status, error_code, error_message FROM planner.runs "
-                            "WHERE run_id = $1", run_id)
+    assert (
+        await db.fetchval("SELECT answered_by FROM governance.pending WHERE run_id = $1", run_id)
+        == "nobody"
+    )
+    run = await db.fetchrow(
+        "SELECT status, error_code, error_message FROM planner.runs WHERE run_id = $1", run_id
+    )
     assert (run["status"], run["error_code"]) == ("failed", "REJECTED")
     assert "no answer within 5 minutes" in run["error_message"]
     # The turn went on from its recorded step (the model was not asked again) and ended
     # with the denial written into the session by Writ.
     assert len(model_requests(model)) - before == 1
-    kinds = [r["kind"] for r in await db.fetch(
-        "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)]
+    kinds = [
+        r["kind"]
+        for r in await db.fetch(
+            "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+        )
+    ]
     assert kinds == ["decision", "observation"]
     writ = [m for m in seen["messages"] if m["role"] == "writ"]
     assert len(writ) == 1 and "no answer within 5 minutes" in writ[0]["text"], seen["messages"]
     types = await session_events(db, sid)
-    assert (types.index("DecisionAsked") < types.index("DecisionTaken")
-            < types.index("WriterNote") < types.index("TurnEnded"))
-    taken = json.loads(await db.fetchval(
-        "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = "
-        "'DecisionTaken'", sid))
+    assert (
+        types.index("DecisionAsked")
+        < types.index("DecisionTaken")
+        < types.index("WriterNote")
+        < types.index("TurnEnded")
+    )
+    taken = json.loads(
+        await db.fetchval(
+            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = "
+            "'DecisionTaken'",
+            sid,
+        )
+    )
     assert (taken["pending_id"], taken["answer"]) == (pending_id, "deny")
-    ended = json.loads(await db.fetchval(
-        "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = "
-        "'TurnEnded'", sid))
+    ended = json.loads(
+        await db.fetchval(
+            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'TurnEnded'",
+            sid,
+        )
+    )
     assert (ended["status"], ended["code"]) == ("failed", "REJECTED")
     # Nothing reached the CRM: no command, no note.
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1",
-                             run_id) == 0
-    assert await db.fetchval("SELECT state FROM admission.proposals WHERE run_id = $1",
-                             run_id) == "rejected"
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
+    assert (
+        await db.fetchval("SELECT state FROM admission.proposals WHERE run_id = $1", run_id)
+        == "rejected"
+    )
     assert len(notes_for(crm)) == notes
     # The journals show it: governance's answer by nobody, and the session's record of it.
     assert "pending.answered" in await journal_kinds(db, "governance", run_id)
     session_kinds = await journal_kinds(db, "planner", sid)
-    assert ["session.DecisionAsked", "session.DecisionTaken", "session.WriterNote",
-            "session.TurnEnded"] == [k for k in session_kinds if k in (
-                "session.DecisionAsked", "session.DecisionTaken", "session.WriterNote",
-                "session.TurnEnded")]
+    assert [
+        "session.DecisionAsked",
+        "session.DecisionTaken",
+        "session.WriterNote",
+        "session.TurnEnded",
+    ] == [
+        k
+        for k in session_kinds
+        if k
+        in (
+            "session.DecisionAsked",
+            "session.DecisionTaken",
+            "session.WriterNote",
+            "session.TurnEnded",
+        )
+    ]
 
 
 async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its_text(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection,
-        model: httpx.Client) -> None:
+    stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     text = " ".join(f"Word{i} of a long answer the model is still writing." for i in range(12))
     sid = await open_session(api, "chat-assistant")
     script(model, answer(text))
-    model.post("/_control/mode", json={"mode": "slow_stream", "count": 1,
-                                       "delay_s": 0.25}).raise_for_status()
+    model.post(
+        "/_control/mode", json={"mode": "slow_stream", "count": 1, "delay_s": 0.25}
+    ).raise_for_status()
     before = len(model_requests(model))
     sent = await send(api, sid, "Tell me everything.")
     run_id = sent.json()["run_id"]
@@ -153,7 +200,7 @@ async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its
     assert all(d["step"] == reset["step"] == 0 for d in deltas)
     assert types.index("TextDelta") < types.index("TextReset") < types.index("TurnEnded")
     assert types.index("TextDelta") < types.index("SessionClosed") < types.index("TurnEnded")
-    assert "TextDelta" not in types[types.index("TextReset"):]
+    assert "TextDelta" not in types[types.index("TextReset") :]
     assert "".join(d["text"] for d in deltas) != text  # cut short: the model never finished
     assert text.startswith("".join(d["text"] for d in deltas))
     ended = seen[-1][1]
@@ -162,19 +209,29 @@ async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its
     # was settled (nothing of the turn is left open in governance).
     run = await db.fetchrow("SELECT status, answer FROM planner.runs WHERE run_id = $1", run_id)
     assert (run["status"], run["answer"]) == ("cancelled", None)
-    assert await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1",
-                             run_id) == 0
-    held = await db.fetch("SELECT lease, state, provider_calls, tokens "
-                          "FROM planner.reservations WHERE run_id = $1", run_id)
+    assert await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1", run_id) == 0
+    held = await db.fetch(
+        "SELECT lease, state, provider_calls, tokens FROM planner.reservations WHERE run_id = $1",
+        run_id,
+    )
     [draw] = [r for r in held if r["lease"] is not None]  # the model call, on the turn's lease
     assert (draw["state"], draw["provider_calls"]) == ("closed", 1) and draw["tokens"] > 0
     # The lease is settled once the turn's end committed (its events may be seen first).
     with anyio.fail_after(10):
-        while await db.fetchval("SELECT state FROM planner.reservations WHERE run_id = $1 "
-                                "AND lease IS NULL", run_id) != "closed":
+        while (
+            await db.fetchval(
+                "SELECT state FROM planner.reservations WHERE run_id = $1 AND lease IS NULL", run_id
+            )
+            != "closed"
+        ):
             await anyio.sleep(0.05)
-    assert await db.fetchval("SELECT count(*) FROM governance.reservations WHERE run_id = $1 "
-                             "AND status = 'open'", run_id) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM governance.reservations WHERE run_id = $1 AND status = 'open'",
+            run_id,
+        )
+        == 0
+    )
     assert len(model_requests(model)) - before == 1  # asked once, never asked again
     final = await view(api, sid)
     assert final["state"] == "closed"
@@ -182,20 +239,26 @@ async def test_a_close_during_a_streamed_answer_abandons_the_call_and_resets_its
 
 
 async def open_planning(api: httpx.AsyncClient) -> str:
-    opened = await api.post("/sessions", json={"agent": "chat-assistant", "plan_mode": True},
-                            headers=key())
+    opened = await api.post(
+        "/sessions", json={"agent": "chat-assistant", "plan_mode": True}, headers=key()
+    )
     assert opened.status_code == 201, opened.text
     return str(opened.json()["session_id"])
 
 
 async def plan_waiting(api: httpx.AsyncClient, sid: str, other_than: str = "") -> str:
-    seen = await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "plan"
-                       and v["waiting_for"]["plan_id"] != other_than)
+    seen = await until(
+        api,
+        sid,
+        lambda v: (
+            (v["waiting_for"] or {}).get("kind") == "plan"
+            and v["waiting_for"]["plan_id"] != other_than
+        ),
+    )
     return str(seen["waiting_for"]["plan_id"])
 
 
-async def replay_of(db: asyncpg.Connection, stack: Stack, sid: str, *runs: str
-                    ) -> tuple[int, str]:
+async def replay_of(db: asyncpg.Connection, stack: Stack, sid: str, *runs: str) -> tuple[int, str]:
     for run_id in (sid, *runs):
         await sealed(db, run_id)
     done = writ_audit(stack, "replay", sid)
@@ -203,31 +266,47 @@ async def replay_of(db: asyncpg.Connection, stack: Stack, sid: str, *runs: str
 
 
 async def test_replay_of_plan_mode_turns_is_identical_and_sees_a_tampered_plan(
-        stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection,
-        model: httpx.Client) -> None:
+    stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
     sid = await open_planning(api)
     first = {"customer_id": "ACME-42", "body": "Chat: the customer called."}
     other = {"customer_id": "ACME-42", "body": "Chat: something never planned."}
     # Turn 1: planned, approved, carried out.
-    script(model, select("crm.note.create", first), answer("Plan: one note."),
-           select("crm.note.create", first), answer("Done as planned."))
+    script(
+        model,
+        select("crm.note.create", first),
+        answer("Plan: one note."),
+        select("crm.note.create", first),
+        answer("Done as planned."),
+    )
     t1 = (await send(api, sid, "Note the call.")).json()["run_id"]
     plan = await plan_waiting(api, sid)
     assert (await api.post(f"/plans/{plan}/approve", json={}, headers=key())).status_code == 200
     await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
     # Turn 2: approved, then a step outside it (NOT_IN_PLAN), revised, the revision approved.
-    script(model, select("crm.note.create", first), answer("Plan: the note again."),
-           select("crm.note.create", other), answer("Revised: the other note."),
-           select("crm.note.create", other), answer("Done as revised."))
+    script(
+        model,
+        select("crm.note.create", first),
+        answer("Plan: the note again."),
+        select("crm.note.create", other),
+        answer("Revised: the other note."),
+        select("crm.note.create", other),
+        answer("Done as revised."),
+    )
     t2 = (await send(api, sid, "Note it again.")).json()["run_id"]
     plan2 = await plan_waiting(api, sid)
     await api.post(f"/plans/{plan2}/approve", json={}, headers=key())
     revised = await plan_waiting(api, sid, other_than=plan2)
     await api.post(f"/plans/{revised}/approve", json={}, headers=key())
     await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 2)
-    refused = [json.loads(r["payload"]).get("refused") for r in await db.fetch(
-        "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
-        "ORDER BY seq", t2)]
+    refused = [
+        json.loads(r["payload"]).get("refused")
+        for r in await db.fetch(
+            "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
+            "ORDER BY seq",
+            t2,
+        )
+    ]
     assert "NOT_IN_PLAN" in refused
     # Turn 3: the plan rejected.
     script(model, select("crm.note.create", other), answer("Plan: the other note."))
@@ -242,8 +321,11 @@ async def test_replay_of_plan_mode_turns_is_identical_and_sees_a_tampered_plan(
         assert f"run {run_id}: IDENTICAL" in out, out
 
     # The runtime's record of an approved plan edited afterwards: the replay says so.
-    await db.execute("UPDATE planner.plans SET steps = jsonb_set(steps, '{0,arguments,body}', "
-                     "'\"Chat: edited after the approval.\"') WHERE plan_id = $1", plan)
+    await db.execute(
+        "UPDATE planner.plans SET steps = jsonb_set(steps, '{0,arguments,body}', "
+        "'\"Chat: edited after the approval.\"') WHERE plan_id = $1",
+        plan,
+    )
     code, out = await replay_of(db, stack, sid)
     assert code == 1, out
     assert f"run {t1}: DIVERGENT" in out and plan in out, out

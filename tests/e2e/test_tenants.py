@@ -21,39 +21,61 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 
 def writ(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "writ.cli", args[0], "--home",
-                           str(stack.home), *args[1:]],
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "writ.cli", args[0], "--home", str(stack.home), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 async def _code(stack: Stack, token: str) -> str:
     async with httpx.AsyncClient(base_url=stack.api_url, timeout=10) as api:
-        response = await api.get(f"/runs/{uuid.uuid4()}",
-                                 headers={"Authorization": f"Bearer {token}"})
+        response = await api.get(
+            f"/runs/{uuid.uuid4()}", headers={"Authorization": f"Bearer {token}"}
+        )
         return response.json()["code"]
 
 
 async def test_a_tenant_added_at_run_time_is_served_then_removed(
-        stack: Stack, tmp_path: Path) -> None:
+    stack: Stack, tmp_path: Path
+) -> None:
     tenant = f"t{uuid.uuid4().hex[:8]}"
     key = Ed25519PrivateKey.generate()
     private, public = tmp_path / "host.pem", tmp_path / "host.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     issuer = f"https://{tenant}.example.org/idp"
 
     def token() -> str:
-        minted = writ(stack, "token", "--tenant", tenant, "--principal", "carol@x.example",
-                      "--key", str(private), "--issuer", issuer)
+        minted = writ(
+            stack,
+            "token",
+            "--tenant",
+            tenant,
+            "--principal",
+            "carol@x.example",
+            "--key",
+            str(private),
+            "--issuer",
+            issuer,
+        )
         assert minted.returncode == 0, minted.stderr
         return minted.stdout.strip()
 
     assert await _code(stack, token()) == "UNKNOWN_TENANT"
-    added = writ(stack, "tenant", "add", tenant, "--public-key", str(public),
-                 "--issuer", issuer)
+    added = writ(stack, "tenant", "add", tenant, "--public-key", str(public), "--issuer", issuer)
     assert added.returncode == 0, added.stderr
     with anyio.fail_after(15):
         while await _code(stack, token()) != "NOT_FOUND":  # known now: its run is not

@@ -34,15 +34,20 @@ async def private_nc(private_nats: EmbeddedNats) -> AsyncIterator[Client]:
     await client.drain()
 
 
-async def serve(nc: Client, name: str, endpoints: Iterable[Endpoint | BatchEndpoint],
-                unique: str) -> Service:
+async def serve(
+    nc: Client, name: str, endpoints: Iterable[Endpoint | BatchEndpoint], unique: str
+) -> Service:
     """A service's request/reply endpoints, served on `nc` as the service would serve them
     (without its inbox actor or sealer; a request at a time, a batch endpoint's in a batch of
     one); stop it with `.stop()`."""
     micro = await add_service(nc, name=f"writ-{name}-{unique}", version="0.1.0")
     for endpoint in endpoints:
-        await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                 handler=_one_at_a_time(endpoint), queue_group=f"test-{unique}")
+        await micro.add_endpoint(
+            name=endpoint.name,
+            subject=endpoint.subject,
+            handler=_one_at_a_time(endpoint),
+            queue_group=f"test-{unique}",
+        )
     return micro
 
 

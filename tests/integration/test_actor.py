@@ -61,8 +61,12 @@ class Bed:
         self.metrics = ActorMetrics(service=f"t{unique}", registry=self.registry)
 
     def spec(self, **overrides: Any) -> ConsumerSpec:
-        return ConsumerSpec(stream=self.stream, durable=self.durable,
-                            filter_subjects=(f"t.{self.unique}.>",), **overrides)
+        return ConsumerSpec(
+            stream=self.stream,
+            durable=self.durable,
+            filter_subjects=(f"t.{self.unique}.>",),
+            **overrides,
+        )
 
     async def publish_raw(self, data: bytes) -> int:
         return int((await self.js.publish(self.subject, data)).seq)
@@ -78,16 +82,18 @@ class Bed:
         seq = 1
         while True:
             try:
-                msg = await self.js.get_msg(self.dlq_stream, seq=seq, subject=self.dlq_subject,
-                                            next=True)
+                msg = await self.js.get_msg(
+                    self.dlq_stream, seq=seq, subject=self.dlq_subject, next=True
+                )
             except NotFoundError:
                 return found
             found.append(msg)
             seq = int(msg.seq or 0) + 1
 
     def sample(self, name: str, **labels: str) -> float:
-        value = self.registry.get_sample_value(f"writ_t{self.unique}_{name}",
-                                               {"consumer": self.durable, **labels})
+        value = self.registry.get_sample_value(
+            f"writ_t{self.unique}_{name}", {"consumer": self.durable, **labels}
+        )
         return value or 0.0
 
 
@@ -98,8 +104,7 @@ async def bed(nc: Client, unique: str) -> AsyncIterator[Bed]:
     await js.add_stream(name=b.stream, subjects=[f"t.{unique}.>"], storage=StorageType.MEMORY)
     owns_dlq = True
     try:
-        await js.add_stream(name=b.dlq_stream, subjects=[b.dlq_subject],
-                            storage=StorageType.MEMORY)
+        await js.add_stream(name=b.dlq_stream, subjects=[b.dlq_subject], storage=StorageType.MEMORY)
     except BadRequestError as exc:
         # Another suite's `writ.dlq.>` stream (WRIT_DLQ) already captures it: read from that.
         if exc.err_code != _SUBJECT_OVERLAP:
@@ -115,8 +120,9 @@ async def bed(nc: Client, unique: str) -> AsyncIterator[Bed]:
                 await js.delete_stream(b.dlq_stream)
 
 
-async def eventually(check: Callable[[], Awaitable[R | None] | R | None],
-                     timeout: float = 10.0) -> R:
+async def eventually(
+    check: Callable[[], Awaitable[R | None] | R | None], timeout: float = 10.0
+) -> R:
     """Poll `check` (sync or async) until it returns something truthy, and return that."""
     with anyio.fail_after(timeout):
         while True:
@@ -135,13 +141,18 @@ async def settled(b: Bed, *, delivered: int, pending: int = 0) -> ConsumerInfo:
     Consumer info is eventually consistent: an ack published just before the request, or a
     message just stored, may not be counted yet, so it is polled, never read once.
     """
+
     async def check() -> ConsumerInfo | None:
         info = await b.consumer()
         assert info.delivered is not None
-        if (info.delivered.consumer_seq >= delivered and info.num_ack_pending == 0
-                and info.num_pending == pending):
+        if (
+            info.delivered.consumer_seq >= delivered
+            and info.num_ack_pending == 0
+            and info.num_pending == pending
+        ):
             return info
         return None
+
     return await eventually(check)
 
 
@@ -152,11 +163,25 @@ async def one_dead_letter(b: Bed) -> RawStreamMsg:
 
 
 @asynccontextmanager
-async def running(b: Bed, handler: Callable[[Delivery[Any]], Awaitable[None]], *,
-                  spec: ConsumerSpec | None = None, **kwargs: Any) -> AsyncIterator[None]:
+async def running(
+    b: Bed,
+    handler: Callable[[Delivery[Any]], Awaitable[None]],
+    *,
+    spec: ConsumerSpec | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[None]:
     async with anyio.create_task_group() as tg:
-        await tg.start(partial(run_actor, js=b.js, spec=spec or b.spec(), decoder=DECODER,
-                               handler=handler, metrics=b.metrics, **kwargs))
+        await tg.start(
+            partial(
+                run_actor,
+                js=b.js,
+                spec=spec or b.spec(),
+                decoder=DECODER,
+                handler=handler,
+                metrics=b.metrics,
+                **kwargs,
+            )
+        )
         try:
             yield
         finally:
@@ -183,8 +208,9 @@ async def test_decodable_message_is_handled_once_and_acked(bed: Bed) -> None:
     assert await bed.dead_letters() == []
 
 
-@pytest.mark.parametrize("data", [b"\x00not json", b'{"n": "seven"}'],
-                         ids=["malformed", "wrong-type"])
+@pytest.mark.parametrize(
+    "data", [b"\x00not json", b'{"n": "seven"}'], ids=["malformed", "wrong-type"]
+)
 async def test_undecodable_message_is_dead_lettered_and_terminated(bed: Bed, data: bytes) -> None:
     calls = 0
 
@@ -210,11 +236,12 @@ async def test_undecodable_message_is_dead_lettered_and_terminated(bed: Bed, dat
     assert bed.sample("messages_handled_total") == 0
 
 
-@pytest.mark.parametrize("error", [PermanentError("no such tenant"),
-                                   msgspec.ValidationError("bad field")],
-                         ids=["PermanentError", "ValidationError"])
-async def test_permanent_error_is_dead_lettered_after_one_call(bed: Bed,
-                                                               error: Exception) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [PermanentError("no such tenant"), msgspec.ValidationError("bad field")],
+    ids=["PermanentError", "ValidationError"],
+)
+async def test_permanent_error_is_dead_lettered_after_one_call(bed: Bed, error: Exception) -> None:
     calls = 0
 
     async def handler(d: Delivery[Note]) -> None:
@@ -343,7 +370,8 @@ async def test_heartbeat_keeps_a_long_handler_s_delivery(bed: Bed) -> None:
 
 @pytest.mark.parametrize("reports_progress", [True, False], ids=["progress", "silent"])
 async def test_without_heartbeat_the_handler_reports_progress_itself(
-        bed: Bed, reports_progress: bool) -> None:
+    bed: Bed, reports_progress: bool
+) -> None:
     calls: list[int] = []
 
     async def handler(d: Delivery[Note]) -> None:
@@ -380,8 +408,15 @@ async def test_stopping_drains_the_handler_in_flight(bed: Bed) -> None:
     stopping = anyio.Event()
 
     async def actor(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        await run_actor(js=bed.js, spec=bed.spec(), decoder=DECODER, handler=handler,
-                        metrics=bed.metrics, stopping=stopping, task_status=task_status)
+        await run_actor(
+            js=bed.js,
+            spec=bed.spec(),
+            decoder=DECODER,
+            handler=handler,
+            metrics=bed.metrics,
+            stopping=stopping,
+            task_status=task_status,
+        )
         returned.set()
 
     await bed.publish(1)
@@ -418,9 +453,16 @@ async def test_stopping_with_all_slots_busy_fetches_nothing_more(bed: Bed) -> No
     stopping = anyio.Event()
 
     async def actor(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        await run_actor(js=bed.js, spec=bed.spec(), decoder=DECODER, handler=handler,
-                        metrics=bed.metrics, stopping=stopping, concurrency=1,
-                        task_status=task_status)
+        await run_actor(
+            js=bed.js,
+            spec=bed.spec(),
+            decoder=DECODER,
+            handler=handler,
+            metrics=bed.metrics,
+            stopping=stopping,
+            concurrency=1,
+            task_status=task_status,
+        )
         returned.set()
 
     await bed.publish(1)
@@ -440,8 +482,9 @@ async def test_stopping_with_all_slots_busy_fetches_nothing_more(bed: Bed) -> No
 
 
 @pytest.mark.parametrize(("concurrency", "count"), [(4, 6), (1, 3)])
-async def test_concurrency_bounds_handlers_in_flight(bed: Bed, concurrency: int,
-                                                     count: int) -> None:
+async def test_concurrency_bounds_handlers_in_flight(
+    bed: Bed, concurrency: int, count: int
+) -> None:
     in_flight = peak = 0
     full = anyio.Event()
     seen: list[int] = []
@@ -504,8 +547,7 @@ async def test_handler_span_continues_the_publisher_s_trace(bed: Bed) -> None:
     assert span.attributes["messaging.message.delivery_count"] == 1
 
 
-async def test_a_batch_that_fails_is_handled_one_by_one_and_only_the_poison_fails(
-        bed: Bed) -> None:
+async def test_a_batch_that_fails_is_handled_one_by_one_and_only_the_poison_fails(bed: Bed) -> None:
     batches: list[list[int]] = []
     singles: list[int] = []
 
@@ -521,8 +563,9 @@ async def test_a_batch_that_fails_is_handled_one_by_one_and_only_the_poison_fail
         singles.append(d.message.n)
 
     seqs = [await bed.publish(n) for n in range(1, 6)]  # all stored before the first fetch
-    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
-                       spec=bed.spec(max_deliver=3)):
+    async with running(
+        bed, handler, batch_handler=batch_handler, batch_size=10, spec=bed.spec(max_deliver=3)
+    ):
         letter = await one_dead_letter(bed)
         info = await settled(bed, delivered=5)
         await eventually(lambda: bed.sample("messages_handled_total") == 4)
@@ -542,16 +585,23 @@ async def test_a_batch_settles_each_delivery_by_its_own_result(bed: Bed) -> None
 
     async def batch_handler(ds: list[Delivery[Note]]) -> list[BaseException | None]:
         batches.append([(d.message.n, d.num_delivered) for d in ds])
-        return [RetryableError("not yet", delay=0.05) if d.message.n == 2
-                else PermanentError("never") if d.message.n == 4 else None for d in ds]
+        return [
+            RetryableError("not yet", delay=0.05)
+            if d.message.n == 2
+            else PermanentError("never")
+            if d.message.n == 4
+            else None
+            for d in ds
+        ]
 
     async def handler(d: Delivery[Note]) -> None:
         singles.append((d.message.n, d.num_delivered))  # a batch of one comes here
 
     for n in range(1, 5):
         await bed.publish(n)
-    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
-                       spec=bed.spec(max_deliver=3)):
+    async with running(
+        bed, handler, batch_handler=batch_handler, batch_size=10, spec=bed.spec(max_deliver=3)
+    ):
         letter = await one_dead_letter(bed)
         info = await settled(bed, delivered=5)
         await eventually(lambda: bed.sample("messages_handled_total") == 3)
@@ -564,8 +614,7 @@ async def test_a_batch_settles_each_delivery_by_its_own_result(bed: Bed) -> None
     assert bed.sample("messages_failed_total", outcome="batch") == 0
 
 
-async def test_an_idle_inbox_keeps_every_slot_for_the_messages_that_come_later(
-        bed: Bed) -> None:
+async def test_an_idle_inbox_keeps_every_slot_for_the_messages_that_come_later(bed: Bed) -> None:
     """An idle inbox's fetches end without a message, most with a timeout and some (a pull
     request's 408 or a stale 404 arriving first) with an empty batch: neither may cost a slot.
     After many idle fetches, `concurrency` messages are still handled at once (a leak left
@@ -587,9 +636,18 @@ async def test_an_idle_inbox_keeps_every_slot_for_the_messages_that_come_later(
             in_flight -= 1
 
     async with anyio.create_task_group() as tg:
-        await tg.start(partial(run_actor, js=bed.js, spec=bed.spec(), decoder=DECODER,
-                               handler=handler, metrics=bed.metrics, concurrency=width,
-                               fetch_timeout_s=0.02))
+        await tg.start(
+            partial(
+                run_actor,
+                js=bed.js,
+                spec=bed.spec(),
+                decoder=DECODER,
+                handler=handler,
+                metrics=bed.metrics,
+                concurrency=width,
+                fetch_timeout_s=0.02,
+            )
+        )
         await anyio.sleep(6)  # about 300 idle fetches
         for n in range(width):
             await bed.publish(n)

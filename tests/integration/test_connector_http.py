@@ -46,6 +46,7 @@ def serve() -> Iterator[Callable[[Callable[[socket.socket], None]], str]]:
                     answer(conn)
             except OSError:
                 return  # closed at teardown
+
         thread = threading.Thread(target=loop, daemon=True)
         thread.start()
         threads.append(thread)
@@ -72,8 +73,9 @@ def _read_request(conn: socket.socket) -> bytes:
     return data
 
 
-async def _post_raises(url: str, error: type[Exception], *, timeout_s: float = 2,
-                       connect_s: float = 2.0) -> None:
+async def _post_raises(
+    url: str, error: type[Exception], *, timeout_s: float = 2, connect_s: float = 2.0
+) -> None:
     """A POST to `url` fails with `error`."""
     client = HttpClient(base_url=url, token="t", timeout_s=timeout_s, connect_s=connect_s)
     try:
@@ -89,13 +91,16 @@ async def test_a_response_is_read_whole_with_the_credential_sent(serve) -> None:
     def answer(conn: socket.socket) -> None:
         seen.append(_read_request(conn))
         body = b'{"note_id": "n1"}'
-        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        conn.sendall(
+            b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
 
     client = HttpClient(base_url=serve(answer), token="t0k", timeout_s=2)
     try:
-        response = await client.request("POST", "/v1/notes", json={"body": "x"},
-                                        headers={"Idempotency-Key": "k1"})
+        response = await client.request(
+            "POST", "/v1/notes", json={"body": "x"}, headers={"Idempotency-Key": "k1"}
+        )
     finally:
         await client.aclose()
     assert (response.status_code, response.json()) == (201, {"note_id": "n1"})
@@ -146,7 +151,7 @@ async def test_a_server_that_keeps_quiet_is_no_answer(serve) -> None:  # type: i
 async def test_a_response_cut_short_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
     def answer(conn: socket.socket) -> None:
         _read_request(conn)
-        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{\"note")
+        conn.sendall(b'HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{"note')
         conn.close()
 
     await _post_raises(serve(answer), NoAnswer)

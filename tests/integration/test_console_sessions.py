@@ -21,20 +21,30 @@ from writ.stack import mint_token
 pytestmark = pytest.mark.anyio
 
 _KEY = Ed25519PrivateKey.generate()
-_PRIVATE = _KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption())
-_PUBLIC = _KEY.public_key().public_bytes(serialization.Encoding.PEM,
-                                         serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+_PRIVATE = _KEY.private_bytes(
+    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+)
+_PUBLIC = (
+    _KEY.public_key()
+    .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    .decode()
+)
 _ISSUER = "https://idp.acme.example"
 
 
 class _Door:
     """The ingress door's token check, over one tenant's real key."""
 
-    def check_token(self, token: str, *, tenant: str, request_id: str = ""
-                    ) -> tuple[str, list[str]] | Rejection:
-        return verify_token(token, tenant=tenant, audience="writ", request_id=request_id,
-                            keys={"acme": TenantKey(issuer=_ISSUER, public_key=_PUBLIC)})
+    def check_token(
+        self, token: str, *, tenant: str, request_id: str = ""
+    ) -> tuple[str, list[str]] | Rejection:
+        return verify_token(
+            token,
+            tenant=tenant,
+            audience="writ",
+            request_id=request_id,
+            keys={"acme": TenantKey(issuer=_ISSUER, public_key=_PUBLIC)},
+        )
 
 
 class _Request:
@@ -46,8 +56,9 @@ class _Request:
 
 
 def _token(principal: str = "ops@acme.example", **claims: Any) -> str:
-    return mint_token(_PRIVATE, issuer=_ISSUER, tenant="acme", principal=principal,
-                      ttl_s=600, **claims)
+    return mint_token(
+        _PRIVATE, issuer=_ISSUER, tenant="acme", principal=principal, ttl_s=600, **claims
+    )
 
 
 @pytest.fixture
@@ -58,11 +69,15 @@ async def sessions(nc: Client, unique: str) -> AsyncIterator[Sessions]:
 
 
 async def test_a_sign_in_link_opens_one_session_and_is_refused_the_second_time(
-        sessions: Sessions) -> None:
+    sessions: Sessions,
+) -> None:
     token = _token(roles=["approver"])
     session_id, viewer = await sessions.sign_in(token)
     assert (viewer.tenant, viewer.principal, viewer.roles) == (
-        "acme", "ops@acme.example", frozenset({"approver"}))
+        "acme",
+        "ops@acme.example",
+        frozenset({"approver"}),
+    )
     assert abs(viewer.expires - (time.time() + 600)) < 10
     seen = await sessions.viewer(_Request(cookie=session_id))  # type: ignore[arg-type]
     assert seen == viewer
@@ -73,29 +88,30 @@ async def test_a_sign_in_link_opens_one_session_and_is_refused_the_second_time(
         await sessions.viewer(_Request(cookie=session_id))  # type: ignore[arg-type]
 
 
-async def test_a_session_ends_with_its_token(sessions: Sessions, nc: Client,
-                                             unique: str) -> None:
+async def test_a_session_ends_with_its_token(sessions: Sessions, nc: Client, unique: str) -> None:
     session_id, _ = await sessions.sign_in(_token(roles=["approver"]))
     kv = await nc.jetstream().key_value(f"CONSOLE_{unique}")
     entry = await kv.get(f"session.{_digest(session_id)}")
     held = msgspec.json.decode(entry.value or b"", type=_Session)
     # The token's hour passes.
-    await kv.put(f"session.{_digest(session_id)}", msgspec.json.encode(
-        _Session(token=held.token, expires=datetime.now(UTC).timestamp() - 1)))
+    await kv.put(
+        f"session.{_digest(session_id)}",
+        msgspec.json.encode(_Session(token=held.token, expires=datetime.now(UTC).timestamp() - 1)),
+    )
     with pytest.raises(Refused, match="ended with its token"):
         await sessions.viewer(_Request(cookie=session_id))  # type: ignore[arg-type]
 
 
-async def test_only_approvers_and_auditors_of_a_known_issuer_get_in(
-        sessions: Sessions) -> None:
+async def test_only_approvers_and_auditors_of_a_known_issuer_get_in(sessions: Sessions) -> None:
     with pytest.raises(Refused, match="approvers and auditors") as no_role:
         await sessions.sign_in(_token())
     assert no_role.value.status == 403
     other = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption())
-    forged = mint_token(other, issuer=_ISSUER, tenant="acme", principal="ops@acme.example",
-                        roles=["approver"])
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    forged = mint_token(
+        other, issuer=_ISSUER, tenant="acme", principal="ops@acme.example", roles=["approver"]
+    )
     with pytest.raises(Refused) as bad:
         await sessions.sign_in(forged)
     assert bad.value.status == 401 and "BAD_SIGNATURE" in bad.value.reason

@@ -55,7 +55,9 @@ ERRORS: list[Callable[[], Exception]] = [
 
 @pytest.mark.parametrize("make", ERRORS, ids=lambda m: type(m()).__name__)
 async def test_a_raising_handler_fails_its_delivery_and_the_loop_serves_on(
-        bed: Bed, make: Callable[[], Exception]) -> None:  # noqa: F811
+    bed: Bed,  # noqa: F811
+    make: Callable[[], Exception],
+) -> None:
     handled: list[int] = []
 
     async def handler(d: Delivery[Note]) -> None:
@@ -81,8 +83,9 @@ class _Exploding:
         self.real = trace.get_tracer("test")
         self.exploded = 0
 
-    def start_as_current_span(self, name: str, *, context: Any = None, **kw: Any
-                              ) -> AbstractContextManager[Any]:
+    def start_as_current_span(
+        self, name: str, *, context: Any = None, **kw: Any
+    ) -> AbstractContextManager[Any]:
         if self.exploded < 2:
             self.exploded += 1
             raise Odd("tracing broke")
@@ -92,8 +95,9 @@ class _Exploding:
         return self.real.start_span(*args, **kw)
 
 
-async def test_an_error_outside_the_handler_naks_and_the_loop_serves_on(bed: Bed  # noqa: F811
-                                                                       ) -> None:
+async def test_an_error_outside_the_handler_naks_and_the_loop_serves_on(
+    bed: Bed,  # noqa: F811
+) -> None:
     handled: list[tuple[int, int]] = []
 
     async def handler(d: Delivery[Note]) -> None:
@@ -110,15 +114,21 @@ async def test_an_error_outside_the_handler_naks_and_the_loop_serves_on(bed: Bed
     assert await bed.dead_letters() == []
 
 
-@pytest.mark.parametrize("make", [
-    lambda: nats.errors.NoRespondersError(),
-    lambda: nats.errors.TimeoutError(),
-    lambda: asyncpg.CannotConnectNowError("the database system is starting up"),
-    lambda: ConnectionRefusedError(111, "refused"),
-    lambda: RetryableError("governance did not answer", delay=0.05),
-], ids=["no_responders", "nats_timeout", "pg_starting", "refused", "retryable"])
-async def test_an_outage_is_waited_out_past_max_deliver(bed: Bed,  # noqa: F811
-                                                        make: Callable[[], Exception]) -> None:
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: nats.errors.NoRespondersError(),
+        lambda: nats.errors.TimeoutError(),
+        lambda: asyncpg.CannotConnectNowError("the database system is starting up"),
+        lambda: ConnectionRefusedError(111, "refused"),
+        lambda: RetryableError("governance did not answer", delay=0.05),
+    ],
+    ids=["no_responders", "nats_timeout", "pg_starting", "refused", "retryable"],
+)
+async def test_an_outage_is_waited_out_past_max_deliver(
+    bed: Bed,  # noqa: F811
+    make: Callable[[], Exception],
+) -> None:
     calls: list[int] = []
 
     async def handler(d: Delivery[Note]) -> None:
@@ -135,8 +145,7 @@ async def test_an_outage_is_waited_out_past_max_deliver(bed: Bed,  # noqa: F811
     assert bed.sample("messages_waiting_total") == 4
 
 
-async def test_an_outage_longer_than_the_limit_is_dead_lettered_saying_so(
-        bed: Bed) -> None:  # noqa: F811
+async def test_an_outage_longer_than_the_limit_is_dead_lettered_saying_so(bed: Bed) -> None:  # noqa: F811
     calls: list[int] = []
 
     async def handler(d: Delivery[Note]) -> None:
@@ -152,12 +161,13 @@ async def test_an_outage_longer_than_the_limit_is_dead_lettered_saying_so(
     # older than the limit.
     assert len(calls) > 2
     assert "still unavailable after" in reason or "exhausted" in reason, reason
-    assert (bed.sample("messages_failed_total", outcome="outage_exhausted")
-            + bed.sample("messages_failed_total", outcome="exhausted")) == 1
+    assert (
+        bed.sample("messages_failed_total", outcome="outage_exhausted")
+        + bed.sample("messages_failed_total", outcome="exhausted")
+    ) == 1
 
 
-async def test_a_delivery_that_never_settles_is_dead_lettered_past_both_limits(
-        bed: Bed) -> None:  # noqa: F811
+async def test_a_delivery_that_never_settles_is_dead_lettered_past_both_limits(bed: Bed) -> None:  # noqa: F811
     """As if its handler killed the process every time: JetStream redelivers without a limit,
     and the actor dead-letters it before handling it again."""
     calls: list[int] = []
@@ -167,8 +177,9 @@ async def test_a_delivery_that_never_settles_is_dead_lettered_past_both_limits(
         raise Fenced("gone", operation_id="x")  # leaves the delivery alone, like a crash
 
     await bed.publish(1)
-    async with running(bed, handler,
-                       spec=bed.spec(max_deliver=2, outage_limit_s=1.0, ack_wait_s=1.0)):
+    async with running(
+        bed, handler, spec=bed.spec(max_deliver=2, outage_limit_s=1.0, ack_wait_s=1.0)
+    ):
         letter = await one_dead_letter(bed)
     assert letter.headers is not None
     assert "exhausted" in letter.headers["Writ-Dlq-Reason"]
@@ -211,7 +222,8 @@ async def _ask(nc: Client, subject: str, data: bytes) -> tuple[bytes, dict[str, 
 
 @pytest.mark.parametrize("make", ERRORS, ids=lambda m: type(m()).__name__)
 async def test_a_raising_endpoint_answers_500_and_its_process_serves_on(
-        nc: Client, unique: str, make: Callable[[], Exception]) -> None:
+    nc: Client, unique: str, make: Callable[[], Exception]
+) -> None:
     """As `libs.runtime.serve` runs endpoints: each request a task of the service's task
     group, where an escaping error would end the process."""
     subject = f"t.{unique}.probe"
@@ -233,11 +245,11 @@ async def test_a_raising_endpoint_answers_500_and_its_process_serves_on(
 def _as_request(handler: Callable[[Request], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
     async def cb(msg: Any) -> None:
         await handler(Request(msg))
+
     return cb
 
 
-async def test_a_raising_micro_endpoint_answers_500_and_serves_on(nc: Client,
-                                                                 unique: str) -> None:
+async def test_a_raising_micro_endpoint_answers_500_and_serves_on(nc: Client, unique: str) -> None:
     """The same through a NATS micro service, as the integration tests serve endpoints."""
     subject = f"t.{unique}.micro"
     micro = await serve(nc, "probe", [_endpoint(subject, lambda: Odd("x"))], unique)
@@ -250,8 +262,7 @@ async def test_a_raising_micro_endpoint_answers_500_and_serves_on(nc: Client,
         await micro.stop()
 
 
-async def test_an_existing_consumer_with_a_redelivery_limit_is_updated_to_none(
-        bed: Bed) -> None:  # noqa: F811
+async def test_an_existing_consumer_with_a_redelivery_limit_is_updated_to_none(bed: Bed) -> None:  # noqa: F811
     """A deployment upgraded in place: its consumers were created with JetStream's own
     max_deliver (10), which would leave a message undelivered, not dead-lettered."""
     from nats.js.api import AckPolicy, ConsumerConfig
@@ -259,9 +270,16 @@ async def test_an_existing_consumer_with_a_redelivery_limit_is_updated_to_none(
     from libs.bus import ensure_consumer
 
     spec = bed.spec()
-    await bed.js.add_consumer(bed.stream, ConsumerConfig(
-        durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT, max_deliver=10,
-        filter_subjects=list(spec.filter_subjects), ack_wait=spec.ack_wait_s))
+    await bed.js.add_consumer(
+        bed.stream,
+        ConsumerConfig(
+            durable_name=spec.durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            max_deliver=10,
+            filter_subjects=list(spec.filter_subjects),
+            ack_wait=spec.ack_wait_s,
+        ),
+    )
     await ensure_consumer(bed.js, spec)
     assert (await bed.consumer()).config.max_deliver == -1
 
@@ -275,11 +293,13 @@ class _BrokenStore:
     def __getattr__(self, name: str) -> Any:
         async def fail(*args: Any, **kwargs: Any) -> Any:
             raise asyncpg.CharacterNotInRepertoireError("invalid byte sequence")
+
         return fail
 
 
 async def test_every_governance_endpoint_with_a_failing_store_answers_and_serves_on(
-        private_nc: Client) -> None:
+    private_nc: Client,
+) -> None:
     """governance's endpoints as `serve` runs them (tasks of the process's task group), with a
     store that raises: each request gets an answer (a reply or an error), never a dead
     process; `answer` (the endpoint a NUL in a reason killed) included."""
@@ -291,20 +311,32 @@ async def test_every_governance_endpoint_with_a_failing_store_answers_and_serves
     from services.governance.service import GovernanceService
     from tests.unit.test_text_safety import example
 
-    rt = Runtime(name="governance", nc=private_nc, js=private_nc.jetstream(),
-                 registry=CollectorRegistry(),
-                 tracer_provider=make_tracer_provider("governance"))
+    rt = Runtime(
+        name="governance",
+        nc=private_nc,
+        js=private_nc.jetstream(),
+        registry=CollectorRegistry(),
+        tracer_provider=make_tracer_provider("governance"),
+    )
     svc = GovernanceService(rt=rt, store=_BrokenStore())  # type: ignore[arg-type]
     endpoints = svc.endpoints()
-    kinds = {"decide": "DecideRequest", "decide_batch": "DecideBatch",
-             "register_run": "RegisterRun", "pending": "ListPending",
-             "answer": "AnswerDecision", "reserve": "ReserveBudget", "settle": "SettleBudget"}
+    kinds = {
+        "decide": "DecideRequest",
+        "decide_batch": "DecideBatch",
+        "register_run": "RegisterRun",
+        "pending": "ListPending",
+        "answer": "AnswerDecision",
+        "reserve": "ReserveBudget",
+        "settle": "SettleBudget",
+    }
     assert {e.name for e in endpoints} == set(kinds)
     import schemas.governance as g
 
     async with anyio.create_task_group() as tg:
-        subs = [await private_nc.subscribe(e.subject, cb=_as_request(in_tasks(e, tg, _metrics())))
-                for e in endpoints]
+        subs = [
+            await private_nc.subscribe(e.subject, cb=_as_request(in_tasks(e, tg, _metrics())))
+            for e in endpoints
+        ]
         try:
             for _ in range(2):  # and again: still there
                 for endpoint in endpoints:
@@ -315,8 +347,11 @@ async def test_every_governance_endpoint_with_a_failing_store_answers_and_serves
                     assert code in (None, "500"), (endpoint.name, reply.headers)
             # The one that used to kill the process: an error reply, not silence.
             answer = next(e for e in endpoints if e.name == "answer")
-            reply = await private_nc.request(answer.subject, msgspec.json.encode(
-                example(mi.type_info(g.AnswerDecision))), timeout=5)
+            reply = await private_nc.request(
+                answer.subject,
+                msgspec.json.encode(example(mi.type_info(g.AnswerDecision))),
+                timeout=5,
+            )
             assert (reply.headers or {}).get("Nats-Service-Error-Code") == "500"
         finally:
             for sub in subs:
@@ -324,8 +359,7 @@ async def test_every_governance_endpoint_with_a_failing_store_answers_and_serves
             tg.cancel_scope.cancel()
 
 
-async def test_a_batch_handler_raising_or_answering_odd_errors_fails_only_those(
-        bed: Bed) -> None:  # noqa: F811
+async def test_a_batch_handler_raising_or_answering_odd_errors_fails_only_those(bed: Bed) -> None:  # noqa: F811
     """The batch handler raises an error nobody anticipated: the batch is handled one by
     one; one of those raises too (a poison message, dead-lettered); a later batch's odd
     per-delivery error fails that delivery alone. The loop serves on throughout."""
@@ -345,16 +379,18 @@ async def test_a_batch_handler_raising_or_answering_odd_errors_fails_only_those(
 
     for n in range(1, 5):
         await bed.publish(n)
-    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
-                       spec=bed.spec(max_deliver=1)):
+    async with running(
+        bed, handler, batch_handler=batch_handler, batch_size=10, spec=bed.spec(max_deliver=1)
+    ):
         letter = await one_dead_letter(bed)
         assert letter.data == msgspec.json.encode(Note(3))
         assert sorted(singles) == [1, 2, 4]
     # A batch of several, one of them failing oddly: only that one comes back.
     for n in (5, 6, 7):
         await bed.publish(n)
-    async with running(bed, handler, batch_handler=batch_handler, batch_size=10,
-                       spec=bed.spec(max_deliver=1)):
+    async with running(
+        bed, handler, batch_handler=batch_handler, batch_size=10, spec=bed.spec(max_deliver=1)
+    ):
         await eventually(lambda: len(batches) >= 2)
         letters = await eventually(lambda: _two(bed))
     assert [letter.data for letter in letters][-1] == msgspec.json.encode(Note(6))

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_commits_are_synchronous_even_where_the_server_says_otherwise(
-        scratch_db: str) -> None:
+    scratch_db: str,
+) -> None:
     name = scratch_db.rsplit("/", 1)[1]
     admin = await asyncpg.connect(scratch_db)
     try:
@@ -39,7 +40,8 @@ async def test_commits_are_synchronous_even_where_the_server_says_otherwise(
 
 
 async def test_backends_terminated_mid_transaction_never_leave_a_stuck_connection_pooled(
-        scratch_db: str) -> None:
+    scratch_db: str,
+) -> None:
     # Backends are terminated at random under transactions in flight (what a Postgres restart
     # does to a service). asyncpg now and then reports it as `InternalClientError: cannot
     # switch to state 15; another operation (2) is in progress` (the soak saw 10-21 per
@@ -69,7 +71,8 @@ async def test_backends_terminated_mid_transaction_never_leave_a_stuck_connectio
         for _ in range(400):
             await admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-                "pid <> pg_backend_pid() AND datname = current_database() AND random() < 0.3")
+                "pid <> pg_backend_pid() AND datname = current_database() AND random() < 0.3"
+            )
             await anyio.sleep(rng.random() * 0.01)
         done.set()
 

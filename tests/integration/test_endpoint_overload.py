@@ -44,20 +44,30 @@ class Busy:
 
 
 @pytest.fixture
-async def served(private_nc: Client, unique: str
-                 ) -> AsyncIterator[tuple[anyio.abc.TaskGroup, CollectorRegistry, str]]:
+async def served(
+    private_nc: Client, unique: str
+) -> AsyncIterator[tuple[anyio.abc.TaskGroup, CollectorRegistry, str]]:
     async with anyio.create_task_group() as tg:
         yield tg, CollectorRegistry(), f"test.{unique}.probe"
         tg.cancel_scope.cancel()
 
 
-async def _serve(nc: Client, tg: anyio.abc.TaskGroup, registry: CollectorRegistry,
-                 endpoint: Endpoint | BatchEndpoint) -> None:
-    micro = await add_service(nc, name=f"writ-probe-{endpoint.subject.split('.')[1]}",
-                              version="0.1.0")
+async def _serve(
+    nc: Client,
+    tg: anyio.abc.TaskGroup,
+    registry: CollectorRegistry,
+    endpoint: Endpoint | BatchEndpoint,
+) -> None:
+    micro = await add_service(
+        nc, name=f"writ-probe-{endpoint.subject.split('.')[1]}", version="0.1.0"
+    )
     metrics = ActorMetrics(service="probe", registry=registry)
-    await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                             handler=in_tasks(endpoint, tg, metrics), queue_group="probe")
+    await micro.add_endpoint(
+        name=endpoint.name,
+        subject=endpoint.subject,
+        handler=in_tasks(endpoint, tg, metrics),
+        queue_group="probe",
+    )
 
 
 async def _sent(nc: Client, count: int) -> None:
@@ -75,9 +85,11 @@ async def _answered(answers: dict[bytes, Any], count: int) -> None:
             await anyio.sleep(0.01)
 
 
-def _asker(nc: Client, subject: str, answers: dict[bytes, bytes]
-           ) -> Callable[[bytes], Awaitable[None]]:
+def _asker(
+    nc: Client, subject: str, answers: dict[bytes, bytes]
+) -> Callable[[bytes], Awaitable[None]]:
     """A request with `data` whose answer goes into `answers[data]`."""
+
     async def ask(data: bytes) -> None:
         answers[data] = (await timed_request(nc, subject, data, timeout=60)).data
 
@@ -92,12 +104,16 @@ def _assert_overloaded(reply: Msg) -> None:
 
 
 def _dropped(registry: CollectorRegistry, reason: str) -> float:
-    return registry.get_sample_value("writ_probe_requests_dropped_total",
-                                     {"endpoint": "probe", "reason": reason}) or 0.0
+    return (
+        registry.get_sample_value(
+            "writ_probe_requests_dropped_total", {"endpoint": "probe", "reason": reason}
+        )
+        or 0.0
+    )
 
 
 async def test_requests_whose_callers_gave_up_are_dropped_and_the_next_one_is_answered(
-        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+    private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
 ) -> None:
     tg, registry, subject = served
     busy = Busy()
@@ -115,8 +131,9 @@ async def test_requests_whose_callers_gave_up_are_dropped_and_the_next_one_is_an
             await timed_request(private_nc, subject, f"late-{i}".encode(), timeout=0.2)
     # One that arrives already past its deadline (it waited in a frozen process's socket).
     with pytest.raises(NatsTimeoutError):
-        await private_nc.request(subject, b"stale", timeout=0.5,
-                                 headers={HEADER: f"{time.time() - 1:.3f}"})
+        await private_nc.request(
+            subject, b"stale", timeout=0.5, headers={HEADER: f"{time.time() - 1:.3f}"}
+        )
     busy.release.set()
     fresh = await timed_request(private_nc, subject, b"fresh", timeout=30)
     # A request without a deadline (an operator's tool) is served as before.
@@ -129,12 +146,13 @@ async def test_requests_whose_callers_gave_up_are_dropped_and_the_next_one_is_an
 
 
 async def test_beyond_max_pending_a_request_is_refused_at_once_with_a_retryable_503(
-        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+    private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
 ) -> None:
     tg, registry, subject = served
     busy = Busy()
-    await _serve(private_nc, tg, registry,
-                 Endpoint("probe", subject, busy, concurrency=1, max_pending=2))
+    await _serve(
+        private_nc, tg, registry, Endpoint("probe", subject, busy, concurrency=1, max_pending=2)
+    )
     answers: dict[bytes, bytes] = {}
     ask = _asker(private_nc, subject, answers)
 
@@ -175,12 +193,13 @@ class BusyBatches:
 
 
 async def test_requests_that_arrive_while_a_batch_is_busy_go_together_in_the_next(
-        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+    private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
 ) -> None:
     tg, registry, subject = served
     busy = BusyBatches()
-    await _serve(private_nc, tg, registry,
-                 BatchEndpoint("probe", subject, busy, concurrency=1, max_batch=4))
+    await _serve(
+        private_nc, tg, registry, BatchEndpoint("probe", subject, busy, concurrency=1, max_batch=4)
+    )
     answers: dict[bytes, bytes] = {}
     ask = _asker(private_nc, subject, answers)
 
@@ -201,12 +220,16 @@ async def test_requests_that_arrive_while_a_batch_is_busy_go_together_in_the_nex
 
 
 async def test_a_batch_drops_requests_whose_callers_gave_up_and_sheds_beyond_max_pending(
-        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+    private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
 ) -> None:
     tg, registry, subject = served
     busy = BusyBatches()
-    await _serve(private_nc, tg, registry,
-                 BatchEndpoint("probe", subject, busy, concurrency=1, max_pending=4))
+    await _serve(
+        private_nc,
+        tg,
+        registry,
+        BatchEndpoint("probe", subject, busy, concurrency=1, max_pending=4),
+    )
     answers: dict[bytes, bytes] = {}
     ask = _asker(private_nc, subject, answers)
 
@@ -228,7 +251,7 @@ async def test_a_batch_drops_requests_whose_callers_gave_up_and_sheds_beyond_max
 
 
 async def test_a_batch_that_raises_is_handled_one_by_one_and_only_the_poison_one_fails(
-        private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
+    private_nc: Client, served: tuple[anyio.abc.TaskGroup, CollectorRegistry, str]
 ) -> None:
     tg, registry, subject = served
     busy = BusyBatches()
@@ -250,10 +273,20 @@ async def test_a_batch_that_raises_is_handled_one_by_one_and_only_the_poison_one
 
     failed = replies.pop(b"boom")
     assert failed.headers is not None
-    assert (failed.headers["Nats-Service-Error-Code"],
-            failed.headers["Nats-Service-Error"]) == ("500", "probe failed")
+    assert (failed.headers["Nats-Service-Error-Code"], failed.headers["Nats-Service-Error"]) == (
+        "500",
+        "probe failed",
+    )
     assert {data: r.data for data, r in replies.items()} == {
-        b"first": b"first", b"before": b"before", b"beside": b"beside"}
-    assert busy.batches[1:] == [[b"before", b"boom", b"beside"], [b"before"], [b"boom"],
-                                [b"beside"], [b"after"]]
+        b"first": b"first",
+        b"before": b"before",
+        b"beside": b"beside",
+    }
+    assert busy.batches[1:] == [
+        [b"before", b"boom", b"beside"],
+        [b"before"],
+        [b"boom"],
+        [b"beside"],
+        [b"after"],
+    ]
     assert after.data == b"after"

@@ -51,16 +51,25 @@ def nc(private_nc: Client) -> Client:
 @pytest.fixture
 async def env(scratch_db: str, nc: Client, unique: str) -> AsyncIterator[Env]:
     database = scratch_db.rsplit("/", 1)[1]
-    passwords = await provision(scratch_db, database,
-                                {"governance": load_migrations("governance", MIGRATIONS)})
+    passwords = await provision(
+        scratch_db, database, {"governance": load_migrations("governance", MIGRATIONS)}
+    )
     role = role_name(database, "governance")
-    pool = await connect_pool(with_database(scratch_db, database, user=role,
-                                            password=passwords["governance"]), max_size=4)
+    pool = await connect_pool(
+        with_database(scratch_db, database, user=role, password=passwords["governance"]), max_size=4
+    )
     admin = await asyncpg.connect(scratch_db)
-    await admin.execute("INSERT INTO governance.standing_grants (tenant, agent, family, "
-                        "granted_by) VALUES ('acme', 'billing', 'write_delete', 'ops')")
-    rt = Runtime(name="governance", nc=nc, js=nc.jetstream(), registry=CollectorRegistry(),
-                 tracer_provider=make_tracer_provider("governance"))
+    await admin.execute(
+        "INSERT INTO governance.standing_grants (tenant, agent, family, "
+        "granted_by) VALUES ('acme', 'billing', 'write_delete', 'ops')"
+    )
+    rt = Runtime(
+        name="governance",
+        nc=nc,
+        js=nc.jetstream(),
+        registry=CollectorRegistry(),
+        tracer_provider=make_tracer_provider("governance"),
+    )
     journal = Journal(service="governance", keys=DataKeys.from_json(DataKeys.generate("d1")))
     svc = GovernanceService(rt=rt, store=GovernanceStore(pool, journal=journal))
     async with anyio.create_task_group() as tg:
@@ -69,9 +78,12 @@ async def env(scratch_db: str, nc: Client, unique: str) -> AsyncIterator[Env]:
         handlers = {}
         for endpoint in svc.endpoints():
             handlers[endpoint.name] = in_tasks(endpoint, tg, rt.metrics)
-            await micro.add_endpoint(name=endpoint.name, subject=endpoint.subject,
-                                     handler=handlers[endpoint.name],
-                                     queue_group=f"test-{unique}")
+            await micro.add_endpoint(
+                name=endpoint.name,
+                subject=endpoint.subject,
+                handler=handlers[endpoint.name],
+                queue_group=f"test-{unique}",
+            )
         assert isinstance(handlers["decide"], Batches)
         yield Env(nc=nc, svc=svc, admin=admin, role=role, decides=handlers["decide"])
         await micro.stop()
@@ -80,10 +92,16 @@ async def env(scratch_db: str, nc: Client, unique: str) -> AsyncIterator[Env]:
     await pool.close()
 
 
-async def _decide(nc: Client, *, tool: str = "crm.note.create", run_id: str = "",
-                  agent: str = "billing") -> Decision:
-    ask = DecideRequest(tenant="acme", principal="alice@acme", agent=agent,
-                        run_id=run_id or f"run-{uuid.uuid4().hex[:8]}", tool=tool)
+async def _decide(
+    nc: Client, *, tool: str = "crm.note.create", run_id: str = "", agent: str = "billing"
+) -> Decision:
+    ask = DecideRequest(
+        tenant="acme",
+        principal="alice@acme",
+        agent=agent,
+        run_id=run_id or f"run-{uuid.uuid4().hex[:8]}",
+        tool=tool,
+    )
     reply = await nc.request(subjects.DECIDE, msgspec.json.encode(ask), timeout=10)
     return msgspec.json.decode(reply.data, type=Decision)
 
@@ -103,9 +121,14 @@ async def _concurrently(env: Env, asks: list[dict[str, str]]) -> list[Decision]:
             for i in range(len(asks)):
                 tg.start_soon(one, i)
             with anyio.fail_after(10):
-                while env.decides.in_hand < len(asks) or await env.admin.fetchval(
+                while (
+                    env.decides.in_hand < len(asks)
+                    or await env.admin.fetchval(
                         "SELECT count(*) FROM pg_locks WHERE NOT granted "
-                        "AND relation = 'governance.decisions'::regclass") == 0:
+                        "AND relation = 'governance.decisions'::regclass"
+                    )
+                    == 0
+                ):
                     await anyio.sleep(0.01)
             await env.admin.execute("ROLLBACK")
     finally:
@@ -115,14 +138,14 @@ async def _concurrently(env: Env, asks: list[dict[str, str]]) -> list[Decision]:
     return [a for a in answers if a is not None]
 
 
-async def test_concurrent_decides_are_recorded_together_each_with_its_journal_row(
-        env: Env) -> None:
+async def test_concurrent_decides_are_recorded_together_each_with_its_journal_row(env: Env) -> None:
     decisions = await _concurrently(env, [{} for _ in range(CALLS)])
     assert [(d.verdict, d.line) for d in decisions] == [("allow", 5)] * CALLS
     ids = [d.decision_id for d in decisions]
     assert len(set(ids)) == CALLS
     rows = await env.admin.fetch(
-        "SELECT decision_id::text AS id, verdict, xmin::text AS tx FROM governance.decisions")
+        "SELECT decision_id::text AS id, verdict, xmin::text AS tx FROM governance.decisions"
+    )
     assert sorted(r["id"] for r in rows) == sorted(ids)
     assert {r["verdict"] for r in rows} == {"allow"}
     # Together: the batches that went first (at most two), and one holding everything that
@@ -130,35 +153,41 @@ async def test_concurrent_decides_are_recorded_together_each_with_its_journal_ro
     assert len({r["tx"] for r in rows}) <= 3
     assert env.decides.batches <= 3 and env.decides.requests == CALLS
     journal = await env.admin.fetch(
-        "SELECT subject, xmin::text AS tx FROM governance.journal WHERE kind = 'decision'")
+        "SELECT subject, xmin::text AS tx FROM governance.journal WHERE kind = 'decision'"
+    )
     assert sorted(j["subject"] for j in journal) == sorted(ids)
     # Each journal row was written in its decision's transaction.
     assert {(j["subject"], j["tx"]) for j in journal} == {(r["id"], r["tx"]) for r in rows}
 
 
-async def test_one_call_that_cannot_be_recorded_is_denied_and_the_others_recorded(
-        env: Env) -> None:
+async def test_one_call_that_cannot_be_recorded_is_denied_and_the_others_recorded(env: Env) -> None:
     """A row Postgres refuses (here: a constraint against its run id) fails the transaction it
     is grouped in: each of the others is recorded again on its own, and that one is denied."""
     bad = "run-refused"
-    await env.admin.execute("ALTER TABLE governance.decisions ADD CONSTRAINT refused "
-                            f"CHECK (run_id <> '{bad}')")
+    await env.admin.execute(
+        f"ALTER TABLE governance.decisions ADD CONSTRAINT refused CHECK (run_id <> '{bad}')"
+    )
     asks = [{} for _ in range(CALLS - 1)] + [{"run_id": bad}]
     decisions = await _concurrently(env, asks)
     assert [(d.verdict, d.line) for d in decisions[:-1]] == [("allow", 5)] * (CALLS - 1)
     assert (decisions[-1].verdict, decisions[-1].reason) == ("deny", SENSITIVE_UNREADABLE)
-    recorded = {r["id"] for r in await env.admin.fetch(
-        "SELECT decision_id::text AS id FROM governance.decisions")}
-    journaled = {r["subject"] for r in await env.admin.fetch(
-        "SELECT subject FROM governance.journal WHERE kind = 'decision'")}
+    recorded = {
+        r["id"]
+        for r in await env.admin.fetch("SELECT decision_id::text AS id FROM governance.decisions")
+    }
+    journaled = {
+        r["subject"]
+        for r in await env.admin.fetch(
+            "SELECT subject FROM governance.journal WHERE kind = 'decision'"
+        )
+    }
     assert recorded == journaled == {d.decision_id for d in decisions[:-1]}
 
 
 async def test_decisions_that_cannot_be_recorded_are_denied_reads_excepted(env: Env) -> None:
     await env.admin.execute(f'REVOKE INSERT ON governance.decisions FROM "{env.role}"')
     decisions = await _concurrently(env, [{} for _ in range(CALLS)])
-    assert {(d.verdict, d.line, d.reason) for d in decisions} == {
-        ("deny", 1, SENSITIVE_UNREADABLE)}
+    assert {(d.verdict, d.line, d.reason) for d in decisions} == {("deny", 1, SENSITIVE_UNREADABLE)}
     read = await _decide(env.nc, tool="documents.search")  # a plain read is still allowed
     assert (read.verdict, read.line) == ("allow", 3)
     assert await env.admin.fetchval("SELECT count(*) FROM governance.decisions") == 0

@@ -47,8 +47,7 @@ def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
         return exc.code, json.loads(exc.read())
 
 
-async def _until(port: int, path: str, status: int, *, timeout: float = 20.0
-                 ) -> dict[str, Any]:
+async def _until(port: int, path: str, status: int, *, timeout: float = 20.0) -> dict[str, Any]:
     with anyio.fail_after(timeout):
         while True:
             code, body = await anyio.to_thread.run_sync(_probe, port, path)
@@ -63,34 +62,51 @@ class _Deployment:
     def __init__(self, nc: Any, pool: asyncpg.Pool, unique: str) -> None:
         self.js = nc.jetstream()
         self.stream, self.subject = f"H_{unique}", f"health.{unique}"
-        self.spec = ConsumerSpec(stream=self.stream, durable=f"health-{unique}",
-                                 filter_subjects=(self.subject,), ack_wait_s=2.0, max_deliver=3)
+        self.spec = ConsumerSpec(
+            stream=self.stream,
+            durable=f"health-{unique}",
+            filter_subjects=(self.subject,),
+            ack_wait_s=2.0,
+            max_deliver=3,
+        )
         self.pool = pool
         self.health = Health(nc=nc, js=self.js, every_s=0.2, timeout_s=1.0, stale_s=5.0)
         self.health.watch_pool("postgres", pool)
         self.registry = CollectorRegistry()
         self.metrics = ActorMetrics(service="health", registry=self.registry)
-        self.server = MetricsServer(registry=self.registry, host="127.0.0.1", port=0,
-                                    health=self.health)
+        self.server = MetricsServer(
+            registry=self.registry, host="127.0.0.1", port=0, health=self.health
+        )
         self.stopping = anyio.Event()
 
     async def setup(self) -> None:
         await self.js.add_stream(StreamConfig(name=self.stream, subjects=[self.subject]))
-        await self.js.add_stream(StreamConfig(name=f"{self.stream}_DLQ",
-                                              subjects=[dead_letter(self.spec.durable)]))
+        await self.js.add_stream(
+            StreamConfig(name=f"{self.stream}_DLQ", subjects=[dead_letter(self.spec.durable)])
+        )
         await self.pool.execute("CREATE TABLE IF NOT EXISTS handled (n int PRIMARY KEY)")
 
     async def handle(self, delivery: Delivery[Any]) -> None:
-        await self.pool.execute("INSERT INTO handled VALUES ($1) ON CONFLICT DO NOTHING",
-                                int(delivery.message))
+        await self.pool.execute(
+            "INSERT INTO handled VALUES ($1) ON CONFLICT DO NOTHING", int(delivery.message)
+        )
 
     async def run(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(self.health.run)
-            await tg.start(lambda task_status: run_actor(
-                js=self.js, spec=self.spec, decoder=None, handler=self.handle,
-                metrics=self.metrics, stopping=self.stopping, health=self.health,
-                lag_every_s=0.5, task_status=task_status))
+            await tg.start(
+                lambda task_status: run_actor(
+                    js=self.js,
+                    spec=self.spec,
+                    decoder=None,
+                    handler=self.handle,
+                    metrics=self.metrics,
+                    stopping=self.stopping,
+                    health=self.health,
+                    lag_every_s=0.5,
+                    task_status=task_status,
+                )
+            )
             self.server.start()
             task_status.started()
 
@@ -101,14 +117,16 @@ class _Deployment:
 
 @pytest.fixture
 async def nc_private(private_nats: EmbeddedNats) -> AsyncIterator[Any]:
-    client = await nats.connect(private_nats.url, max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.2)
+    client = await nats.connect(
+        private_nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+    )
     yield client
     await client.close()
 
 
 async def test_postgres_outage_stops_fetching_and_nothing_is_dead_lettered(
-        own_pg: EmbeddedPostgres, nc_private: Any, unique: str) -> None:
+    own_pg: EmbeddedPostgres, nc_private: Any, unique: str
+) -> None:
     pool = await connect_pool(own_pg.admin_url, min_size=1, max_size=4)
     deployment = _Deployment(nc_private, pool, unique)
     await deployment.setup()
@@ -155,8 +173,8 @@ async def test_postgres_outage_stops_fetching_and_nothing_is_dead_lettered(
 
 
 async def test_nats_outage_fails_readiness_until_it_returns(
-        own_pg: EmbeddedPostgres, private_nats: EmbeddedNats, nc_private: Any,
-        unique: str) -> None:
+    own_pg: EmbeddedPostgres, private_nats: EmbeddedNats, nc_private: Any, unique: str
+) -> None:
     pool = await connect_pool(own_pg.admin_url, min_size=1, max_size=2)
     deployment = _Deployment(nc_private, pool, unique)
     await deployment.setup()

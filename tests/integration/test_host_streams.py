@@ -31,15 +31,19 @@ async def test_one_tenants_message_id_is_not_anothers_duplicate(private_nc: Clie
 async def test_only_known_kinds_of_known_tenants_are_stored(private_nc: Client) -> None:
     js = private_nc.jetstream()
     await ensure_streams(js, subjects.tenant_streams("t-one"))
-    for subject in ("writ.in.requests.t-one.more", "writ.in.other.t-one",
-                    "writ.in.requests.t-nobody", "writ.out.results.t-nobody"):
-        with pytest.raises((nats.errors.NoRespondersError,
-                            nats.js.errors.NoStreamResponseError)):
+    for subject in (
+        "writ.in.requests.t-one.more",
+        "writ.in.other.t-one",
+        "writ.in.requests.t-nobody",
+        "writ.out.results.t-nobody",
+    ):
+        with pytest.raises((nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError)):
             await js.publish(subject, b"{}", timeout=2)
 
 
 async def test_an_old_deployments_shared_host_streams_are_retired(
-        private_nats: EmbeddedNats, private_nc: Client, tmp_path: Path) -> None:
+    private_nats: EmbeddedNats, private_nc: Client, tmp_path: Path
+) -> None:
     js = private_nc.jetstream()
     for name in ("t-one", "t-two"):
         for spec in subjects.tenant_streams(name):

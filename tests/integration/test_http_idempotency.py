@@ -16,8 +16,7 @@ from services.ingress.http._results import Results
 pytestmark = pytest.mark.anyio
 
 
-async def test_the_first_answer_is_kept_and_another_body_is_a_conflict(
-        private_nc: Client) -> None:
+async def test_the_first_answer_is_kept_and_another_body_is_a_conflict(private_nc: Client) -> None:
     store = await Idempotency.open(private_nc.jetstream())
     again = await Idempotency.open(private_nc.jetstream())  # the bucket exists: reused
     body = StartRun(agent="crm-assistant", input="x")
@@ -35,14 +34,15 @@ async def test_the_first_answer_is_kept_and_another_body_is_a_conflict(
     assert await store.claim("globex", "key-1", other) is None
 
 
-async def test_results_reach_who_waits_for_them_by_request_or_run_id(
-        private_nc: Client) -> None:
+async def test_results_reach_who_waits_for_them_by_request_or_run_id(private_nc: Client) -> None:
     results = Results(private_nc)
     await results.start()
     try:
-        async with results.watch("acme", "req-1") as by_request, \
-                results.watch("acme", "run-1") as by_run, \
-                results.watch("globex", "req-1") as elsewhere:
+        async with (
+            results.watch("acme", "req-1") as by_request,
+            results.watch("acme", "run-1") as by_run,
+            results.watch("globex", "req-1") as elsewhere,
+        ):
             result = RunResult(request_id="req-1", status="succeeded", run_id="run-1")
             await private_nc.publish("writ.out.results.acme", msgspec.json.encode(result))
             assert await by_request.next(5) == result

@@ -44,8 +44,7 @@ from libs.journal._record import signed_checkpoint
 pytestmark = pytest.mark.anyio
 
 JOURNALS = ("governance", "planner", "admission", "dispatcher")
-_ROW = ("id, xid::text AS xid, tenant, kind, subject, run_id, recorded_at, key_id, nonce, "
-        "ciphertext")
+_ROW = "id, xid::text AS xid, tenant, kind, subject, run_id, recorded_at, key_id, nonce, ciphertext"
 
 
 class Env(msgspec.Struct, kw_only=True):
@@ -75,9 +74,14 @@ class Env(msgspec.Struct, kw_only=True):
         async with self.pool.acquire() as conn, conn.transaction():
             for _ in range(rows):
                 self.written += 1
-                await self.journal.write(conn, tenant="acme", kind="test",
-                                         subject=f"s-{self.written}", run_id="run-1",
-                                         payload={"n": self.written})
+                await self.journal.write(
+                    conn,
+                    tenant="acme",
+                    kind="test",
+                    subject=f"s-{self.written}",
+                    run_id="run-1",
+                    payload={"n": self.written},
+                )
 
     async def seals(self) -> int:
         return await self.admin.fetchval(f"SELECT count(*) FROM {self.s}.journal_seals")
@@ -86,10 +90,11 @@ class Env(msgspec.Struct, kw_only=True):
         """Until the sealer has sealed everything after its head, or refused to."""
         with anyio.fail_after(10):
             while self.sealer.refused is None and await self.admin.fetchval(
-                    f"SELECT count(*) FROM {self.s}.journal j WHERE NOT EXISTS (SELECT 1 "
-                    f"FROM {self.s}.journal_seals s WHERE s.entry_id = j.id) AND (j.xid, j.id) "
-                    f"> coalesce((SELECT (xid, entry_id) FROM {self.s}.journal_seals ORDER BY seq "
-                    "DESC LIMIT 1), ('0'::xid8, 0::bigint))"):
+                f"SELECT count(*) FROM {self.s}.journal j WHERE NOT EXISTS (SELECT 1 "
+                f"FROM {self.s}.journal_seals s WHERE s.entry_id = j.id) AND (j.xid, j.id) "
+                f"> coalesce((SELECT (xid, entry_id) FROM {self.s}.journal_seals ORDER BY seq "
+                "DESC LIMIT 1), ('0'::xid8, 0::bigint))"
+            ):
                 await anyio.sleep(0.02)
 
     async def batches(self, count: int = 4, rows: int = 3) -> list[list[tuple[int, int]]]:
@@ -97,12 +102,22 @@ class Env(msgspec.Struct, kw_only=True):
         for _ in range(count):
             await self.request(rows)
             await self.settled()
-        seals = await self.admin.fetch(f"SELECT seq, entry_id FROM {self.s}.journal_seals "
-                                       "ORDER BY seq")
-        cps = [0, *[r["seq"] for r in await self.admin.fetch(
-            f"SELECT seq FROM {self.s}.journal_checkpoints ORDER BY seq")]]
-        return [[(r["seq"], r["entry_id"]) for r in seals if a < r["seq"] <= b]
-                for a, b in zip(cps, cps[1:], strict=False)]
+        seals = await self.admin.fetch(
+            f"SELECT seq, entry_id FROM {self.s}.journal_seals ORDER BY seq"
+        )
+        cps = [
+            0,
+            *[
+                r["seq"]
+                for r in await self.admin.fetch(
+                    f"SELECT seq FROM {self.s}.journal_checkpoints ORDER BY seq"
+                )
+            ],
+        ]
+        return [
+            [(r["seq"], r["entry_id"]) for r in seals if a < r["seq"] <= b]
+            for a, b in zip(cps, cps[1:], strict=False)
+        ]
 
 
 def on(*journals: str) -> pytest.MarkDecorator:
@@ -111,33 +126,51 @@ def on(*journals: str) -> pytest.MarkDecorator:
 
 
 @pytest.fixture
-async def env(request: pytest.FixtureRequest, scratch_db: str, nc: Client, unique: str,
-              tmp_path: Path) -> AsyncIterator[Env]:
+async def env(
+    request: pytest.FixtureRequest, scratch_db: str, nc: Client, unique: str, tmp_path: Path
+) -> AsyncIterator[Env]:
     service = getattr(request, "param", "governance")
     folder = tmp_path / "migrations"
     folder.mkdir()
     (folder / "001_journal.sql").write_text(
         f"CREATE SCHEMA {service};\nGRANT USAGE ON SCHEMA {service} TO {{role:{service}}};\n"
-        "{include:journal}\n{include:journal_rejected}\n")
+        "{include:journal}\n{include:journal_rejected}\n"
+    )
     database = scratch_db.rsplit("/", 1)[1]
-    passwords = await provision(scratch_db, database,
-                                {service: load_migrations(service, folder)})
-    pool = await connect_pool(with_database(scratch_db, database,
-                                            user=role_name(database, service),
-                                            password=passwords[service]), max_size=8)
+    passwords = await provision(scratch_db, database, {service: load_migrations(service, folder)})
+    pool = await connect_pool(
+        with_database(
+            scratch_db, database, user=role_name(database, service), password=passwords[service]
+        ),
+        max_size=8,
+    )
     admin = await asyncpg.connect(scratch_db)
     js = nc.jetstream()
-    record = JetStreamRecord(js, stream=f"AUDIT_{unique}",
-                             subject=lambda s: f"t{unique}.audit.checkpoints.{s}")
+    record = JetStreamRecord(
+        js, stream=f"AUDIT_{unique}", subject=lambda s: f"t{unique}.audit.checkpoints.{s}"
+    )
     await ensure_streams(js, [record.spec()])
     journal = Journal(service=service, keys=DataKeys.from_json(DataKeys.generate("d1")))
     signing = SigningKey.generate(f"{service}-1")
     registry = CollectorRegistry()
-    env = Env(service=service, pool=pool, admin=admin, journal=journal, signing=signing,
-              record=record, public={service: {signing.key_id: signing.public_pem()}},
-              registry=registry,
-              sealer=Sealer(pool=pool, journal=journal, signing=signing, record=record,
-                            registry=registry, interval=0.02))
+    env = Env(
+        service=service,
+        pool=pool,
+        admin=admin,
+        journal=journal,
+        signing=signing,
+        record=record,
+        public={service: {signing.key_id: signing.public_pem()}},
+        registry=registry,
+        sealer=Sealer(
+            pool=pool,
+            journal=journal,
+            signing=signing,
+            record=record,
+            registry=registry,
+            interval=0.02,
+        ),
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(_sealing, env)
         yield env
@@ -168,8 +201,7 @@ async def attacked(env: Env, attack: Callable[[], Awaitable[None]]) -> VerifyRep
 
 
 async def row(env: Env, entry_id: int) -> asyncpg.Record:
-    return await env.admin.fetchrow(f"SELECT {_ROW} FROM {env.s}.journal WHERE id = $1",
-                                    entry_id)
+    return await env.admin.fetchrow(f"SELECT {_ROW} FROM {env.s}.journal WHERE id = $1", entry_id)
 
 
 # -- a chain nobody touched -------------------------------------------------------------------
@@ -186,7 +218,8 @@ async def test_an_untouched_chain_is_intact_and_every_checkpoint_is_recorded(env
 
 @on("governance")
 async def test_the_record_stream_refuses_a_delete_a_purge_and_lifting_either_denial(
-        env: Env, nc: Client) -> None:
+    env: Env, nc: Client
+) -> None:
     await env.batches(1)
     js = nc.jetstream()
     with pytest.raises(APIError, match="delete not permitted"):
@@ -218,17 +251,23 @@ async def test_the_record_stream_refuses_a_delete_a_purge_and_lifting_either_den
 @on("planner")
 async def test_edit(env: Env) -> None:
     victim = (await env.batches())[1][1]
-    report = await attacked(env, lambda: env.admin.execute(
-        f"UPDATE {env.s}.journal SET ciphertext = set_byte(ciphertext, 2, "
-        "get_byte(ciphertext, 2) # 1) WHERE id = $1", victim[1]))
+    report = await attacked(
+        env,
+        lambda: env.admin.execute(
+            f"UPDATE {env.s}.journal SET ciphertext = set_byte(ciphertext, 2, "
+            "get_byte(ciphertext, 2) # 1) WHERE id = $1",
+            victim[1],
+        ),
+    )
     assert first(report)[:2] == victim and "edited" in first(report)[2]
 
 
 @on("admission")
 async def test_delete(env: Env) -> None:
     victim = (await env.batches())[2][0]
-    report = await attacked(env, lambda: env.admin.execute(
-        f"DELETE FROM {env.s}.journal WHERE id = $1", victim[1]))
+    report = await attacked(
+        env, lambda: env.admin.execute(f"DELETE FROM {env.s}.journal WHERE id = $1", victim[1])
+    )
     assert first(report)[:2] == victim and "deleted" in first(report)[2]
 
 
@@ -242,7 +281,10 @@ async def test_insert(env: Env) -> None:
             f"INSERT INTO {env.s}.journal (id, xid, tenant, kind, subject, run_id, "
             "recorded_at, key_id, nonce, ciphertext) OVERRIDING SYSTEM VALUE VALUES "
             "(-1, $1::text::xid8, 'acme', 'test', 'forged', '', now(), 'd1', $2, $3)",
-            original["xid"], b"\0" * 12, b"\0" * 20)
+            original["xid"],
+            b"\0" * 12,
+            b"\0" * 20,
+        )
 
     report = await attacked(env, attack)
     assert first(report)[:2] == (victim[0], -1) and "inserted" in first(report)[2]
@@ -256,7 +298,9 @@ async def test_copy(env: Env) -> None:
         await env.admin.execute(
             f"INSERT INTO {env.s}.journal (tenant, kind, subject, run_id, recorded_at, key_id, "
             f"nonce, ciphertext) SELECT tenant, kind, subject, run_id, recorded_at, key_id, "
-            f"nonce, ciphertext FROM {env.s}.journal WHERE id = $1", victim[1])
+            f"nonce, ciphertext FROM {env.s}.journal WHERE id = $1",
+            victim[1],
+        )
 
     head = await env.seals()
     report = await attacked(env, attack)
@@ -266,11 +310,17 @@ async def test_copy(env: Env) -> None:
 @on("planner")
 async def test_a_row_recorded_well_before_the_head_is_rejected(env: Env) -> None:
     await env.batches(2)
-    entry = env.journal.entry(tenant="acme", kind="test", subject="old", payload={},
-                              at=datetime.now(UTC) - timedelta(hours=1))
+    entry = env.journal.entry(
+        tenant="acme",
+        kind="test",
+        subject="old",
+        payload={},
+        at=datetime.now(UTC) - timedelta(hours=1),
+    )
     head = await env.seals()
-    report = await attacked(env, lambda: env.admin.execute(
-        env.journal.insert_sql, *msgspec.structs.astuple(entry)))
+    report = await attacked(
+        env, lambda: env.admin.execute(env.journal.insert_sql, *msgspec.structs.astuple(entry))
+    )
     seq, _, reason = first(report)
     assert seq == head + 1 and "rejected" in reason and "late" in reason
     assert env.sealer.refused is None  # the chain went on: the next request is sealed
@@ -281,11 +331,17 @@ async def test_a_row_recorded_well_before_the_head_is_rejected(env: Env) -> None
 async def test_swap(env: Env) -> None:
     batches = await env.batches()
     a, b = batches[0][1], batches[2][2]
-    report = await attacked(env, lambda: env.admin.execute(
-        f"UPDATE {env.s}.journal j SET xid = o.xid, tenant = o.tenant, kind = o.kind, "
-        "subject = o.subject, run_id = o.run_id, recorded_at = o.recorded_at, "
-        "key_id = o.key_id, nonce = o.nonce, ciphertext = o.ciphertext "
-        f"FROM {env.s}.journal o WHERE (j.id, o.id) IN (($1, $2), ($2, $1))", a[1], b[1]))
+    report = await attacked(
+        env,
+        lambda: env.admin.execute(
+            f"UPDATE {env.s}.journal j SET xid = o.xid, tenant = o.tenant, kind = o.kind, "
+            "subject = o.subject, run_id = o.run_id, recorded_at = o.recorded_at, "
+            "key_id = o.key_id, nonce = o.nonce, ciphertext = o.ciphertext "
+            f"FROM {env.s}.journal o WHERE (j.id, o.id) IN (($1, $2), ($2, $1))",
+            a[1],
+            b[1],
+        ),
+    )
     assert first(report)[:2] == a
 
 
@@ -298,18 +354,30 @@ async def test_replace_or_re_sign_a_checkpoint(env: Env, how: str) -> None:
         sql, args = "SET prev_seq = 0", ()
     elif how == "re-sign":  # a key of the attacker's, under the service's key id
         forger = SigningKey.generate(env.signing.key_id)
-        cp = await env.admin.fetchrow(f"SELECT * FROM {env.s}.journal_checkpoints "
-                                      "WHERE seq = $1", seq)
-        forged = signed_checkpoint(forger, service=env.service, seq=seq,
-                                   prev_seq=cp["prev_seq"], head=bytes(cp["head_hash"]),
-                                   prev_head=b"", signed_at=0)
+        cp = await env.admin.fetchrow(
+            f"SELECT * FROM {env.s}.journal_checkpoints WHERE seq = $1", seq
+        )
+        forged = signed_checkpoint(
+            forger,
+            service=env.service,
+            seq=seq,
+            prev_seq=cp["prev_seq"],
+            head=bytes(cp["head_hash"]),
+            prev_head=b"",
+            signed_at=0,
+        )
         sql, args = "SET signature = $2", (base64.b64decode(forged.signature),)
     else:  # another genuine checkpoint's signature
-        other = await env.admin.fetchval(f"SELECT signature FROM {env.s}.journal_checkpoints "
-                                         "WHERE seq = $1", batches[0][-1][0])
+        other = await env.admin.fetchval(
+            f"SELECT signature FROM {env.s}.journal_checkpoints WHERE seq = $1", batches[0][-1][0]
+        )
         sql, args = "SET signature = $2", (other,)
-    report = await attacked(env, lambda: env.admin.execute(
-        f"UPDATE {env.s}.journal_checkpoints {sql} WHERE seq = $1", seq, *args))
+    report = await attacked(
+        env,
+        lambda: env.admin.execute(
+            f"UPDATE {env.s}.journal_checkpoints {sql} WHERE seq = $1", seq, *args
+        ),
+    )
     assert first(report)[0] == seq and "signature" in first(report)[2]
     assert any(p.seq == seq and "never saw" in p.reason for p in report.problems)
 
@@ -322,13 +390,18 @@ async def cut(env: Env, from_seq: int) -> list[asyncpg.Record]:
     rows = await env.admin.fetch(
         f"SELECT {', '.join('j.' + c.strip() for c in _ROW.split(','))} FROM {env.s}.journal j "
         f"JOIN {env.s}.journal_seals s ON s.entry_id = j.id WHERE s.seq >= $1 ORDER BY s.seq",
-        from_seq)
+        from_seq,
+    )
     async with env.admin.transaction():
-        await env.admin.execute(f"DELETE FROM {env.s}.journal WHERE id IN (SELECT entry_id "
-                                f"FROM {env.s}.journal_seals WHERE seq >= $1)", from_seq)
+        await env.admin.execute(
+            f"DELETE FROM {env.s}.journal WHERE id IN (SELECT entry_id "
+            f"FROM {env.s}.journal_seals WHERE seq >= $1)",
+            from_seq,
+        )
         await env.admin.execute(f"DELETE FROM {env.s}.journal_seals WHERE seq >= $1", from_seq)
-        await env.admin.execute(f"DELETE FROM {env.s}.journal_checkpoints WHERE seq >= $1",
-                                from_seq)
+        await env.admin.execute(
+            f"DELETE FROM {env.s}.journal_checkpoints WHERE seq >= $1", from_seq
+        )
     return rows
 
 
@@ -360,8 +433,16 @@ async def test_splice_and_re_insert(env: Env) -> None:
         for r in await cut(env, start):
             if r["id"] != victim:
                 await env.admin.execute(
-                    env.journal.insert_sql, r["tenant"], r["kind"], r["subject"], r["run_id"],
-                    r["key_id"], r["nonce"], r["ciphertext"], r["recorded_at"])
+                    env.journal.insert_sql,
+                    r["tenant"],
+                    r["kind"],
+                    r["subject"],
+                    r["run_id"],
+                    r["key_id"],
+                    r["nonce"],
+                    r["ciphertext"],
+                    r["recorded_at"],
+                )
 
     report = await attacked(env, attack)
     seq, _, reason = first(report)
@@ -373,14 +454,23 @@ async def test_splice_and_re_insert(env: Env) -> None:
 
 async def rehash(env: Env, from_seq: int) -> None:
     """Recompute every seal from `from_seq` (the chain is unkeyed sha256 over public fields)."""
-    prev = bytes(await env.admin.fetchval(
-        f"SELECT prev_hash FROM {env.s}.journal_seals WHERE seq = $1", from_seq))
-    for s in await env.admin.fetch(f"SELECT seq, entry_id FROM {env.s}.journal_seals "
-                                   "WHERE seq >= $1 ORDER BY seq", from_seq):
-        digest = entry_hash(prev, service=env.service, seq=s["seq"],
-                            row=await row(env, s["entry_id"]))
-        await env.admin.execute(f"UPDATE {env.s}.journal_seals SET prev_hash = $2, "
-                                "entry_hash = $3 WHERE seq = $1", s["seq"], prev, digest)
+    prev = bytes(
+        await env.admin.fetchval(
+            f"SELECT prev_hash FROM {env.s}.journal_seals WHERE seq = $1", from_seq
+        )
+    )
+    for s in await env.admin.fetch(
+        f"SELECT seq, entry_id FROM {env.s}.journal_seals WHERE seq >= $1 ORDER BY seq", from_seq
+    ):
+        digest = entry_hash(
+            prev, service=env.service, seq=s["seq"], row=await row(env, s["entry_id"])
+        )
+        await env.admin.execute(
+            f"UPDATE {env.s}.journal_seals SET prev_hash = $2, entry_hash = $3 WHERE seq = $1",
+            s["seq"],
+            prev,
+            digest,
+        )
         prev = digest
 
 
@@ -391,12 +481,15 @@ async def test_rehash_and_drop_checkpoints(env: Env, where: str) -> None:
     victim = batches[1][0 if where == "first" else 1]
 
     async def attack() -> None:
-        await env.admin.execute(f"UPDATE {env.s}.journal SET ciphertext = set_byte("
-                                "ciphertext, 0, get_byte(ciphertext, 0) # 1) WHERE id = $1",
-                                victim[1])
+        await env.admin.execute(
+            f"UPDATE {env.s}.journal SET ciphertext = set_byte("
+            "ciphertext, 0, get_byte(ciphertext, 0) # 1) WHERE id = $1",
+            victim[1],
+        )
         await rehash(env, victim[0])
-        await env.admin.execute(f"DELETE FROM {env.s}.journal_checkpoints WHERE seq >= $1",
-                                victim[0])
+        await env.admin.execute(
+            f"DELETE FROM {env.s}.journal_checkpoints WHERE seq >= $1", victim[0]
+        )
 
     report = await attacked(env, attack)
     assert env.sealer.refused is not None
@@ -414,12 +507,14 @@ async def test_forge_a_row_and_delete_behind_it(env: Env) -> None:
     async def attack() -> None:
         forged = await env.admin.fetchval(
             f"INSERT INTO {env.s}.journal (tenant, kind, subject, key_id, nonce, ciphertext) "
-            "VALUES ('acme', 'test', 'x', 'd1', $1, $2) RETURNING id", b"\1" * 12, b"\1" * 20)
+            "VALUES ('acme', 'test', 'x', 'd1', $1, $2) RETURNING id",
+            b"\1" * 12,
+            b"\1" * 20,
+        )
         await env.request()  # genuine rows behind it
         await env.settled()
         behind = await env.admin.fetchval(f"SELECT max(id) FROM {env.s}.journal")
-        await env.admin.execute(f"DELETE FROM {env.s}.journal WHERE id IN ($1, $2)",
-                                behind, forged)
+        await env.admin.execute(f"DELETE FROM {env.s}.journal WHERE id IN ($1, $2)", behind, forged)
 
     report = await attacked(env, attack)
     seq, _, reason = first(report)
@@ -442,8 +537,7 @@ class Crashing(Sealer):
 async def test_a_checkpoint_recorded_but_not_committed_is_completed(env: Env) -> None:
     await env.batches(2)
     env.stop()
-    crashing = Crashing(pool=env.pool, journal=env.journal, signing=env.signing,
-                        record=env.record)
+    crashing = Crashing(pool=env.pool, journal=env.journal, signing=env.signing, record=env.record)
     await env.request()
     with pytest.raises(ConnectionError):
         await crashing.seal_once()
@@ -451,8 +545,7 @@ async def test_a_checkpoint_recorded_but_not_committed_is_completed(env: Env) ->
     assert recorded == [3, 6, 9] and await env.seals() == 6
     report = await env.verify()  # its rows are all there: not tampering
     assert report.ok and report.pending == 9, report.problems
-    restarted = Sealer(pool=env.pool, journal=env.journal, signing=env.signing,
-                       record=env.record)
+    restarted = Sealer(pool=env.pool, journal=env.journal, signing=env.signing, record=env.record)
     await env.request()
     assert await restarted.seal_once() == 3  # the recorded batch, as recorded
     assert await restarted.seal_all() == 3  # then the new request
@@ -467,12 +560,13 @@ async def test_a_recorded_checkpoint_whose_rows_were_then_deleted_is_refused(env
     env.stop()
     await env.request()
     with pytest.raises(ConnectionError):
-        await Crashing(pool=env.pool, journal=env.journal, signing=env.signing,
-                       record=env.record).seal_once()
-    await env.admin.execute(f"DELETE FROM {env.s}.journal WHERE id = (SELECT max(id) "
-                            f"FROM {env.s}.journal)")
-    restarted = Sealer(pool=env.pool, journal=env.journal, signing=env.signing,
-                       record=env.record)
+        await Crashing(
+            pool=env.pool, journal=env.journal, signing=env.signing, record=env.record
+        ).seal_once()
+    await env.admin.execute(
+        f"DELETE FROM {env.s}.journal WHERE id = (SELECT max(id) FROM {env.s}.journal)"
+    )
+    restarted = Sealer(pool=env.pool, journal=env.journal, signing=env.signing, record=env.record)
     await env.request()
     assert await restarted.seal_all() == 0 and "cut" in (restarted.refused or "")
     seq, _, reason = first(await env.verify())
@@ -481,8 +575,9 @@ async def test_a_recorded_checkpoint_whose_rows_were_then_deleted_is_refused(env
 
 @on("planner")
 async def test_two_sealers_of_one_service_take_turns(env: Env) -> None:
-    other = Sealer(pool=env.pool, journal=env.journal, signing=env.signing,
-                   record=env.record, interval=0.01)
+    other = Sealer(
+        pool=env.pool, journal=env.journal, signing=env.signing, record=env.record, interval=0.01
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(other.run)
         await env.batches(12, rows=2)

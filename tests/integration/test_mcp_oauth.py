@@ -24,9 +24,12 @@ CLIENT_ID, SECRET = "writ-retrieval", "s3cret-of-the-client"
 
 @pytest.fixture(scope="module", params=["streamable_http", "sse"])
 def host(request: pytest.FixtureRequest) -> Iterator[FakeHost]:
-    with FakeHost(mcp_token="static-token-not-given-to-writ", rest_token="rest",
-                  legacy_sse=request.param == "sse",
-                  oauth_clients={CLIENT_ID: SECRET}) as fake:
+    with FakeHost(
+        mcp_token="static-token-not-given-to-writ",
+        rest_token="rest",
+        legacy_sse=request.param == "sse",
+        oauth_clients={CLIENT_ID: SECRET},
+    ) as fake:
         yield fake
 
 
@@ -38,10 +41,23 @@ def _fresh(host: FakeHost) -> None:
 
 def _server(host: FakeHost, tmp_path: Path, **credentials: Any) -> ServerConfig:
     path = tmp_path / "mcp-client.json"
-    path.write_text(json.dumps({"client_id": CLIENT_ID, "client_secret": SECRET,
-                                "token_url": f"{host.url}/oauth/token", **credentials}))
-    return ServerConfig(url=f"{host.url}/mcp", credential_file=str(path), tools=["ticket.get"],
-                        timeout_s=5.0, auth="client_credentials")
+    path.write_text(
+        json.dumps(
+            {
+                "client_id": CLIENT_ID,
+                "client_secret": SECRET,
+                "token_url": f"{host.url}/oauth/token",
+                **credentials,
+            }
+        )
+    )
+    return ServerConfig(
+        url=f"{host.url}/mcp",
+        credential_file=str(path),
+        tools=["ticket.get"],
+        timeout_s=5.0,
+        auth="client_credentials",
+    )
 
 
 def _seen(host: FakeHost) -> dict[str, Any]:
@@ -56,7 +72,8 @@ async def _read_ticket(session: McpSession) -> str:
 
 
 async def test_a_read_works_with_client_credentials_and_reuses_the_token(
-        host: FakeHost, tmp_path: Path) -> None:
+    host: FakeHost, tmp_path: Path
+) -> None:
     client, server = McpClient(), _server(host, tmp_path)
     assert await client.session(server, _read_ticket) == "Invoice address"
     assert await client.session(server, _read_ticket) == "Invoice address"
@@ -66,10 +83,12 @@ async def test_a_read_works_with_client_credentials_and_reuses_the_token(
 
 
 async def test_wrong_client_credentials_fail_clearly_and_nothing_is_read(
-        host: FakeHost, tmp_path: Path) -> None:
+    host: FakeHost, tmp_path: Path
+) -> None:
     server = _server(host, tmp_path, client_secret="not-the-secret")
-    with pytest.raises(McpCredentialRefused,
-                       match=r"token endpoint refused .* \(HTTP 401: invalid_client\)"):
+    with pytest.raises(
+        McpCredentialRefused, match=r"token endpoint refused .* \(HTTP 401: invalid_client\)"
+    ):
         await McpClient().session(server, _read_ticket)
     seen = _seen(host)
     assert seen["token_refusals"] == 1 and seen["tokens_issued"] == 0
@@ -77,7 +96,8 @@ async def test_wrong_client_credentials_fail_clearly_and_nothing_is_read(
 
 
 async def test_a_revoked_token_is_replaced_once_before_anything_is_called(
-        host: FakeHost, tmp_path: Path) -> None:
+    host: FakeHost, tmp_path: Path
+) -> None:
     client, server = McpClient(), _server(host, tmp_path)
     assert await client.session(server, _read_ticket) == "Invoice address"
     async with httpx.AsyncClient() as control:
@@ -89,7 +109,8 @@ async def test_a_revoked_token_is_replaced_once_before_anything_is_called(
 
 
 async def test_a_credential_file_that_is_not_client_credentials_is_refused(
-        host: FakeHost, tmp_path: Path) -> None:
+    host: FakeHost, tmp_path: Path
+) -> None:
     server = _server(host, tmp_path, audience="extra")  # an unknown field
     with pytest.raises(McpCredentialRefused, match="not client credentials.*audience"):
         await McpClient().session(server, _read_ticket)

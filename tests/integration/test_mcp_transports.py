@@ -48,9 +48,13 @@ def _snapshot(host: FakeHost) -> dict[str, Any]:
 
 
 def _server(host: FakeHost, credential: Path, transport: str) -> ServerConfig:
-    return ServerConfig(url=f"{host.url}/mcp", credential_file=str(credential),
-                        tools=["ticket.get"], timeout_s=5.0,
-                        transport=transport)  # type: ignore[arg-type]
+    return ServerConfig(
+        url=f"{host.url}/mcp",
+        credential_file=str(credential),
+        tools=["ticket.get"],
+        timeout_s=5.0,
+        transport=transport,
+    )  # type: ignore[arg-type]
 
 
 async def _read_ticket(session: McpSession) -> dict[str, Any]:
@@ -64,10 +68,10 @@ async def _read_ticket(session: McpSession) -> dict[str, Any]:
 
 @pytest.mark.parametrize("transport", ["auto", "sse"])
 async def test_a_ticket_is_read_through_a_legacy_sse_only_server(
-        legacy_host: FakeHost, credential: Path, transport: str) -> None:
+    legacy_host: FakeHost, credential: Path, transport: str
+) -> None:
     _reset(legacy_host)
-    ticket = await McpClient().session(_server(legacy_host, credential, transport),
-                                       _read_ticket)
+    ticket = await McpClient().session(_server(legacy_host, credential, transport), _read_ticket)
     assert ticket["ticket_id"] == "T-1001"
     assert ticket["subject"] == "Order 7781 shipped late"
     host = _snapshot(legacy_host)
@@ -79,11 +83,11 @@ async def test_a_ticket_is_read_through_a_legacy_sse_only_server(
 
 
 async def test_a_registration_pinned_to_streamable_http_does_not_fall_back(
-        legacy_host: FakeHost, credential: Path) -> None:
+    legacy_host: FakeHost, credential: Path
+) -> None:
     _reset(legacy_host)
     with pytest.raises(McpUnavailable) as caught:
-        await McpClient().session(_server(legacy_host, credential, "streamable_http"),
-                                  _read_ticket)
+        await McpClient().session(_server(legacy_host, credential, "streamable_http"), _read_ticket)
     assert not isinstance(caught.value, McpCredentialRefused)
     host = _snapshot(legacy_host)
     assert host["sse_sessions"] == 0
@@ -91,11 +95,11 @@ async def test_a_registration_pinned_to_streamable_http_does_not_fall_back(
 
 
 async def test_a_refused_credential_is_not_taken_for_a_legacy_server(
-        legacy_host: FakeHost, modern_host: FakeHost, tmp_path: Path) -> None:
+    legacy_host: FakeHost, modern_host: FakeHost, tmp_path: Path
+) -> None:
     wrong = tmp_path / "wrong.token"
     wrong.write_text("not-the-token")
-    for host, transport in ((modern_host, "auto"), (legacy_host, "auto"),
-                            (legacy_host, "sse")):
+    for host, transport in ((modern_host, "auto"), (legacy_host, "auto"), (legacy_host, "sse")):
         _reset(host)
         with pytest.raises(McpCredentialRefused, match="HTTP 401"):
             await McpClient().session(_server(host, wrong, transport), _read_ticket)
@@ -105,7 +109,8 @@ async def test_a_refused_credential_is_not_taken_for_a_legacy_server(
 
 
 async def test_auto_stays_on_streamable_http_when_the_server_speaks_it(
-        modern_host: FakeHost, credential: Path) -> None:
+    modern_host: FakeHost, credential: Path
+) -> None:
     _reset(modern_host)
     ticket = await McpClient().session(_server(modern_host, credential, "auto"), _read_ticket)
     assert ticket["ticket_id"] == "T-1001"

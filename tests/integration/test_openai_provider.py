@@ -49,16 +49,21 @@ MODEL_INPUT = ModelInput(
     developer="You act for the principal through Writ's capabilities only.",
     user=REQUEST,
     untrusted=[{"doc_id": "d1", "snippet": INJECTION}],
-    observations=[{"action": "crm.customer.read", "state": "succeeded",
-                   "receipt": {"note": INJECTION}}],
+    observations=[
+        {"action": "crm.customer.read", "state": "succeeded", "receipt": {"note": INJECTION}}
+    ],
     turn=1,
     agent="support",
 )
-NOTE = Capability(name="crm.note.create", description="Add a note to a customer's record",
-                  parameters={"type": "object",
-                              "properties": {"customer_id": {"type": "string"},
-                                             "body": {"type": "string"}},
-                              "required": ["customer_id", "body"]})
+NOTE = Capability(
+    name="crm.note.create",
+    description="Add a note to a customer's record",
+    parameters={
+        "type": "object",
+        "properties": {"customer_id": {"type": "string"}, "body": {"type": "string"}},
+        "required": ["customer_id", "body"],
+    },
+)
 MakeProvider = Callable[..., OpenAIProvider]
 
 
@@ -86,9 +91,15 @@ async def make(llm: FakeLlm, key_file: Path) -> AsyncIterator[MakeProvider]:
     made: list[OpenAIProvider] = []
 
     def make(**overrides: Any) -> OpenAIProvider:
-        kwargs: dict[str, Any] = {"base_url": f"{llm.url}/v1", "model": "fake-1",
-                                  "key_file": key_file, "capabilities": [NOTE],
-                                  "backoff_s": 0.0, "timeout_s": 5.0, **overrides}
+        kwargs: dict[str, Any] = {
+            "base_url": f"{llm.url}/v1",
+            "model": "fake-1",
+            "key_file": key_file,
+            "capabilities": [NOTE],
+            "backoff_s": 0.0,
+            "timeout_s": 5.0,
+            **overrides,
+        }
         made.append(OpenAIProvider(**kwargs))
         return made[-1]
 
@@ -102,8 +113,9 @@ async def script(ctl: httpx.AsyncClient, *replies: dict[str, Any]) -> None:
     assert r.status_code == 200, r.text
 
 
-async def set_mode(ctl: httpx.AsyncClient, mode: str, count: int | None = None,
-                   delay_s: float = 0.0) -> None:
+async def set_mode(
+    ctl: httpx.AsyncClient, mode: str, count: int | None = None, delay_s: float = 0.0
+) -> None:
     r = await ctl.post("/_control/mode", json={"mode": mode, "count": count, "delay_s": delay_s})
     assert r.status_code == 200, r.text
 
@@ -130,15 +142,24 @@ async def test_structured_answer_directly(make: MakeProvider, ctl: httpx.AsyncCl
 
 async def test_structured_select_capability(make: MakeProvider, ctl: httpx.AsyncClient) -> None:
     arguments = {"customer_id": "ACME-42", "body": "Shipment delayed."}
-    await script(ctl, structured({"decision": "select_capability",
-                                  "capability": "crm.note.create",
-                                  "arguments": json.dumps(arguments)}))
-    assert await make().decide(MODEL_INPUT) == SelectCapability(capability="crm.note.create",
-                                                                arguments=arguments)
+    await script(
+        ctl,
+        structured(
+            {
+                "decision": "select_capability",
+                "capability": "crm.note.create",
+                "arguments": json.dumps(arguments),
+            }
+        ),
+    )
+    assert await make().decide(MODEL_INPUT) == SelectCapability(
+        capability="crm.note.create", arguments=arguments
+    )
 
 
 async def test_structured_request_asks_for_the_strict_decision_schema(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER)
     await make().decide(MODEL_INPUT)
     [sent] = await requests(ctl)
@@ -147,8 +168,11 @@ async def test_structured_request_asks_for_the_strict_decision_schema(
     schema = fmt["json_schema"]["schema"]
     variants = schema["properties"]["next"]["anyOf"]
     assert [v["properties"]["decision"]["enum"] for v in variants] == [
-        ["select_capability"], ["answer_directly"], ["request_capabilities"],
-        ["request_human_review"]]
+        ["select_capability"],
+        ["answer_directly"],
+        ["request_capabilities"],
+        ["request_human_review"],
+    ]
     # Strict mode: every object closed, every property required.
     for obj in (schema, *variants):
         assert obj["additionalProperties"] is False
@@ -158,7 +182,8 @@ async def test_structured_request_asks_for_the_strict_decision_schema(
 
 
 async def test_untrusted_content_stays_in_its_own_labelled_message(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER)
     await make().decide(MODEL_INPUT)
     [sent] = await requests(ctl)
@@ -169,29 +194,43 @@ async def test_untrusted_content_stays_in_its_own_labelled_message(
     assert instruction["content"].startswith(MODEL_INPUT.developer)
     assert json.loads(catalog["content"])["capabilities"][0]["name"] == "crm.note.create"
     assert json.loads(user["content"]) == {
-        "user_input": {"authority": "domain_data_only", "request": REQUEST}}
-    assert json.loads(untrusted["content"]) == {"untrusted": {
-        "authority": "none", "evidence": MODEL_INPUT.untrusted,
-        "observations": MODEL_INPUT.observations}}
+        "user_input": {"authority": "domain_data_only", "request": REQUEST}
+    }
+    assert json.loads(untrusted["content"]) == {
+        "untrusted": {
+            "authority": "none",
+            "evidence": MODEL_INPUT.untrusted,
+            "observations": MODEL_INPUT.observations,
+        }
+    }
     # The injected text reaches the model only inside the untrusted document.
     assert [INJECTION in m["content"] for m in messages] == [False, False, False, True]
     assert REQUEST not in instruction["content"] + catalog["content"]
 
 
 async def test_tools_mode_offers_capabilities_as_functions_and_normalises_the_call(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     arguments = {"customer_id": "ACME-42", "body": "Shipment delayed."}
-    await script(ctl, {"tool_calls": [{"name": "crm_note_create",
-                                       "arguments": json.dumps(arguments)}]})
+    await script(
+        ctl, {"tool_calls": [{"name": "crm_note_create", "arguments": json.dumps(arguments)}]}
+    )
     decision, call = await make(mode="tools").decide_with_metadata(MODEL_INPUT)
     assert decision == SelectCapability(capability="crm.note.create", arguments=arguments)
     assert (call.mode, call.finish_reason) == ("tools", "tool_calls")
     [sent] = await requests(ctl)
     body = sent["body"]
     assert "response_format" not in body
-    assert body["tools"] == [{"type": "function", "function": {
-        "name": "crm_note_create", "description": NOTE.description,
-        "parameters": NOTE.parameters}}]
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "crm_note_create",
+                "description": NOTE.description,
+                "parameters": NOTE.parameters,
+            },
+        }
+    ]
     assert body["parallel_tool_calls"] is False
     # The catalog travels as tools, so the messages are instruction, user data, untrusted.
     assert [m["role"] for m in body["messages"]] == ["system", "user", "user"]
@@ -199,39 +238,83 @@ async def test_tools_mode_offers_capabilities_as_functions_and_normalises_the_ca
 
 
 async def test_tools_mode_plain_content_is_a_direct_answer(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, {"content": "Nothing to do."})
     assert await make(mode="tools").decide(MODEL_INPUT) == AnswerDirectly(answer="Nothing to do.")
 
 
-@pytest.mark.parametrize("reply", [
-    pytest.param({"content": "not json at all"}, id="not-json"),
-    pytest.param({"content": '{"next": {"decision": "answer_directly"'}, id="cut-json"),
-    pytest.param(structured({"decision": "answer_directly", "answer": "x", "extra": 1}),
-                 id="unknown-field"),
-    pytest.param({"content": json.dumps({"next": {"decision": "answer_directly", "answer": "x"},
-                                         "why": "y"})}, id="unknown-top-field"),
-    pytest.param(structured({"decision": "delegate_everything", "reason": "x"}),
-                 id="unknown-kind"),
-    pytest.param(structured({"decision": "request_capabilities"}), id="catalog-without-reason"),
-    pytest.param(structured({"decision": "request_human_review", "review_prompt": "",
-                             "reason": ""}), id="empty-review-prompt"),
-    pytest.param(structured({"decision": "answer_directly", "answer": "x" * 16385}),
-                 id="too-long-answer"),
-    pytest.param(structured({"decision": "select_capability", "capability": "c" * 129,
-                             "arguments": "{}"}), id="too-long-capability"),
-    pytest.param(structured({"decision": "select_capability", "capability": "crm.note.create",
-                             "arguments": "[1, 2]"}), id="arguments-not-object"),
-    pytest.param(structured({"decision": "select_capability", "capability": "crm.note.create",
-                             "arguments": json.dumps({f"k{i}": i for i in range(33)})}),
-                 id="too-many-arguments"),
-    pytest.param(structured({"decision": "select_capability", "capability": "crm.note.create",
-                             "arguments": {"customer_id": "x"}}), id="arguments-not-string"),
-    pytest.param({"content": None}, id="no-content"),
-    pytest.param({**ANSWER, "finish_reason": "length"}, id="cut-short"),
-])
-async def test_malformed_structured_output(make: MakeProvider, ctl: httpx.AsyncClient,
-                                           reply: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param({"content": "not json at all"}, id="not-json"),
+        pytest.param({"content": '{"next": {"decision": "answer_directly"'}, id="cut-json"),
+        pytest.param(
+            structured({"decision": "answer_directly", "answer": "x", "extra": 1}),
+            id="unknown-field",
+        ),
+        pytest.param(
+            {
+                "content": json.dumps(
+                    {"next": {"decision": "answer_directly", "answer": "x"}, "why": "y"}
+                )
+            },
+            id="unknown-top-field",
+        ),
+        pytest.param(
+            structured({"decision": "delegate_everything", "reason": "x"}), id="unknown-kind"
+        ),
+        pytest.param(structured({"decision": "request_capabilities"}), id="catalog-without-reason"),
+        pytest.param(
+            structured({"decision": "request_human_review", "review_prompt": "", "reason": ""}),
+            id="empty-review-prompt",
+        ),
+        pytest.param(
+            structured({"decision": "answer_directly", "answer": "x" * 16385}), id="too-long-answer"
+        ),
+        pytest.param(
+            structured(
+                {"decision": "select_capability", "capability": "c" * 129, "arguments": "{}"}
+            ),
+            id="too-long-capability",
+        ),
+        pytest.param(
+            structured(
+                {
+                    "decision": "select_capability",
+                    "capability": "crm.note.create",
+                    "arguments": "[1, 2]",
+                }
+            ),
+            id="arguments-not-object",
+        ),
+        pytest.param(
+            structured(
+                {
+                    "decision": "select_capability",
+                    "capability": "crm.note.create",
+                    "arguments": json.dumps({f"k{i}": i for i in range(33)}),
+                }
+            ),
+            id="too-many-arguments",
+        ),
+        pytest.param(
+            structured(
+                {
+                    "decision": "select_capability",
+                    "capability": "crm.note.create",
+                    "arguments": {"customer_id": "x"},
+                }
+            ),
+            id="arguments-not-string",
+        ),
+        pytest.param({"content": None}, id="no-content"),
+        pytest.param({**ANSWER, "finish_reason": "length"}, id="cut-short"),
+    ],
+)
+async def test_malformed_structured_output(
+    make: MakeProvider, ctl: httpx.AsyncClient, reply: dict[str, Any]
+) -> None:
     await script(ctl, reply)
     with pytest.raises(MalformedDecision) as info:
         await make().decide(MODEL_INPUT)
@@ -240,16 +323,22 @@ async def test_malformed_structured_output(make: MakeProvider, ctl: httpx.AsyncC
     assert len(await requests(ctl)) == 1  # a malformed answer is not asked again
 
 
-@pytest.mark.parametrize("reply", [
-    pytest.param({"tool_calls": [{"name": "shell_exec", "arguments": "{}"}]}, id="unoffered"),
-    pytest.param({"tool_calls": [{"name": "crm_note_create", "arguments": "{}"}] * 2},
-                 id="two-calls"),
-    pytest.param({"tool_calls": [{"name": "crm_note_create", "arguments": "{oops"}]},
-                 id="bad-arguments"),
-    pytest.param({"content": ""}, id="empty"),
-])
-async def test_malformed_tool_calls(make: MakeProvider, ctl: httpx.AsyncClient,
-                                    reply: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "reply",
+    [
+        pytest.param({"tool_calls": [{"name": "shell_exec", "arguments": "{}"}]}, id="unoffered"),
+        pytest.param(
+            {"tool_calls": [{"name": "crm_note_create", "arguments": "{}"}] * 2}, id="two-calls"
+        ),
+        pytest.param(
+            {"tool_calls": [{"name": "crm_note_create", "arguments": "{oops"}]}, id="bad-arguments"
+        ),
+        pytest.param({"content": ""}, id="empty"),
+    ],
+)
+async def test_malformed_tool_calls(
+    make: MakeProvider, ctl: httpx.AsyncClient, reply: dict[str, Any]
+) -> None:
     await script(ctl, reply)
     with pytest.raises(MalformedDecision):
         await make(mode="tools").decide(MODEL_INPUT)
@@ -280,7 +369,8 @@ async def test_content_filter_is_a_refusal(make: MakeProvider, ctl: httpx.AsyncC
 
 
 async def test_429_waits_out_retry_after_then_succeeds(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await set_mode(ctl, "rate_limit", count=1, delay_s=1)
     await script(ctl, ANSWER)
     started = time.monotonic()
@@ -291,7 +381,8 @@ async def test_429_waits_out_retry_after_then_succeeds(
 
 
 async def test_429_beyond_max_wait_is_left_to_the_run(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await set_mode(ctl, "rate_limit", delay_s=120)
     started = time.monotonic()
     with pytest.raises(ProviderUnavailable) as info:
@@ -302,8 +393,9 @@ async def test_429_beyond_max_wait_is_left_to_the_run(
 
 
 @pytest.mark.parametrize("mode,status", [("error", 500), ("fail", 503)])
-async def test_5xx_retries_exhausted(make: MakeProvider, ctl: httpx.AsyncClient,
-                                     mode: str, status: int) -> None:
+async def test_5xx_retries_exhausted(
+    make: MakeProvider, ctl: httpx.AsyncClient, mode: str, status: int
+) -> None:
     await set_mode(ctl, mode)
     with pytest.raises(ProviderUnavailable) as info:
         await make(max_attempts=3).decide(MODEL_INPUT)
@@ -320,7 +412,8 @@ async def test_5xx_then_success(make: MakeProvider, ctl: httpx.AsyncClient) -> N
 
 
 async def test_slow_answer_times_out_then_retry_succeeds(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await set_mode(ctl, "slow", count=1, delay_s=3)
     await script(ctl, ANSWER, ANSWER)
     started = time.monotonic()
@@ -329,8 +422,9 @@ async def test_slow_answer_times_out_then_retry_succeeds(
     assert time.monotonic() - started < 2
 
 
-async def test_slow_answers_exhaust_the_attempts(make: MakeProvider,
-                                                 ctl: httpx.AsyncClient) -> None:
+async def test_slow_answers_exhaust_the_attempts(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await set_mode(ctl, "slow", delay_s=5)
     started = time.monotonic()
     with pytest.raises(ProviderUnavailable) as info:
@@ -340,8 +434,9 @@ async def test_slow_answers_exhaust_the_attempts(make: MakeProvider,
     assert len(await requests(ctl)) == 2
 
 
-async def test_deadline_bounds_the_whole_decision(make: MakeProvider,
-                                                  ctl: httpx.AsyncClient) -> None:
+async def test_deadline_bounds_the_whole_decision(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await set_mode(ctl, "slow", delay_s=5)
     started = time.monotonic()
     with pytest.raises(ProviderUnavailable):
@@ -358,15 +453,21 @@ async def test_lost_response_is_retried(make: MakeProvider, ctl: httpx.AsyncClie
 
 
 async def test_unreachable_provider_is_unavailable(key_file: Path) -> None:
-    async with OpenAIProvider(base_url="http://127.0.0.1:9/v1", model="m", key_file=key_file,
-                              max_attempts=2, backoff_s=0.0) as provider:
+    async with OpenAIProvider(
+        base_url="http://127.0.0.1:9/v1",
+        model="m",
+        key_file=key_file,
+        max_attempts=2,
+        backoff_s=0.0,
+    ) as provider:
         with pytest.raises(ProviderUnavailable) as info:
             await provider.decide(MODEL_INPUT)
     assert info.value.call is not None and info.value.call.attempts == 2
 
 
-async def test_bad_key_is_rejected_once(make: MakeProvider, ctl: httpx.AsyncClient,
-                                        tmp_path: Path) -> None:
+async def test_bad_key_is_rejected_once(
+    make: MakeProvider, ctl: httpx.AsyncClient, tmp_path: Path
+) -> None:
     wrong = tmp_path / "wrong.key"
     wrong.write_text("sk-wrong")
     with pytest.raises(ProviderRejected) as info:
@@ -387,7 +488,8 @@ async def test_max_calls_caps_the_instance(make: MakeProvider, ctl: httpx.AsyncC
 
 
 async def test_metadata_digest_logs_and_span_hold_no_secret_or_prompt(
-        make: MakeProvider, ctl: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
     await set_mode(ctl, "error", count=1)
     await script(ctl, ANSWER)
     provider = make()
@@ -413,8 +515,9 @@ async def test_metadata_digest_logs_and_span_hold_no_secret_or_prompt(
             assert secret not in text
 
 
-async def test_errors_carry_metadata_without_the_key(make: MakeProvider,
-                                                     ctl: httpx.AsyncClient) -> None:
+async def test_errors_carry_metadata_without_the_key(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await set_mode(ctl, "error")
     with pytest.raises(ProviderUnavailable) as info:
         await make(max_attempts=2).decide(MODEL_INPUT)
@@ -431,107 +534,184 @@ def test_empty_key_file_is_a_config_error(tmp_path: Path) -> None:
 def test_colliding_tool_names_are_a_config_error(key_file: Path) -> None:
     twins = [Capability(name="a.b", description="x"), Capability(name="a_b", description="y")]
     with pytest.raises(ConfigError):
-        OpenAIProvider(base_url="http://127.0.0.1:9/v1", model="m", key_file=key_file,
-                       mode="tools", capabilities=twins)
+        OpenAIProvider(
+            base_url="http://127.0.0.1:9/v1",
+            model="m",
+            key_file=key_file,
+            mode="tools",
+            capabilities=twins,
+        )
 
 
 # -- the decision protocol: summary first, the catalog on request (seed 004) -------------------
 
-CATALOG = [{"ref": "action:crm.note.create", "kind": "action", "name": "crm.note.create",
-            "description": "Add a note to a customer record.",
-            "inputs": NOTE.parameters, "grants": {"family": "write_delete"}},
-           {"ref": "tool:crm.customer.read", "kind": "tool", "name": "crm.customer.read",
-            "description": "Read a customer record.",
-            "inputs": {"customer_id": {"type": "string", "required": True}}}]
+CATALOG = [
+    {
+        "ref": "action:crm.note.create",
+        "kind": "action",
+        "name": "crm.note.create",
+        "description": "Add a note to a customer record.",
+        "inputs": NOTE.parameters,
+        "grants": {"family": "write_delete"},
+    },
+    {
+        "ref": "tool:crm.customer.read",
+        "kind": "tool",
+        "name": "crm.customer.read",
+        "description": "Read a customer record.",
+        "inputs": {"customer_id": {"type": "string", "required": True}},
+    },
+]
 
 
 def with_view(*, requested: bool) -> ModelInput:
-    return msgspec.structs.replace(MODEL_INPUT,
-                                   capabilities=capability_view(CATALOG, requested=requested))
+    return msgspec.structs.replace(
+        MODEL_INPUT, capabilities=capability_view(CATALOG, requested=requested)
+    )
 
 
-@pytest.mark.parametrize("decision,expected", [
-    ({"decision": "request_capabilities", "reason": "I need the signatures."},
-     RequestCapabilities(reason="I need the signatures.")),
-    ({"decision": "request_human_review", "review_prompt": "Confirm the note.", "reason": "r"},
-     RequestHumanReview(review_prompt="Confirm the note.", reason="r")),
-], ids=["request-capabilities", "request-human-review"])
-async def test_structured_protocol_decisions(make: MakeProvider, ctl: httpx.AsyncClient,
-                                             decision: dict[str, Any], expected: Any) -> None:
+@pytest.mark.parametrize(
+    "decision,expected",
+    [
+        (
+            {"decision": "request_capabilities", "reason": "I need the signatures."},
+            RequestCapabilities(reason="I need the signatures."),
+        ),
+        (
+            {
+                "decision": "request_human_review",
+                "review_prompt": "Confirm the note.",
+                "reason": "r",
+            },
+            RequestHumanReview(review_prompt="Confirm the note.", reason="r"),
+        ),
+    ],
+    ids=["request-capabilities", "request-human-review"],
+)
+async def test_structured_protocol_decisions(
+    make: MakeProvider, ctl: httpx.AsyncClient, decision: dict[str, Any], expected: Any
+) -> None:
     await script(ctl, structured(decision))
     assert await make().decide(with_view(requested=False)) == expected
 
 
 async def test_structured_first_exchange_sends_the_summary_only(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER)
     await make().decide(with_view(requested=False))
     [sent] = await requests(ctl)
     shown = json.loads(sent["body"]["messages"][1]["content"])["capabilities"]
-    assert shown == {"protocol": "writ-agent-decision-v1", "mode": "summary",
-                     "capability_count": 2,
-                     "capability_refs": ["action:crm.note.create", "tool:crm.customer.read"],
-                     "input_keys": ["request"], "catalog_available_on_request": True}
+    assert shown == {
+        "protocol": "writ-agent-decision-v1",
+        "mode": "summary",
+        "capability_count": 2,
+        "capability_refs": ["action:crm.note.create", "tool:crm.customer.read"],
+        "input_keys": ["request"],
+        "catalog_available_on_request": True,
+    }
     # No signature, type or description travels before the model asked for them.
     assert "customer_id" not in sent["body"]["messages"][1]["content"]
     schema = sent["body"]["response_format"]["json_schema"]["schema"]
     assert schema["properties"]["next"]["anyOf"][0]["properties"]["capability"]["enum"] == [
-        "action:crm.note.create", "tool:crm.customer.read"]
+        "action:crm.note.create",
+        "tool:crm.customer.read",
+    ]
 
 
-async def test_structured_catalog_after_the_request(make: MakeProvider,
-                                                    ctl: httpx.AsyncClient) -> None:
-    await script(ctl, structured({"decision": "select_capability",
-                                  "capability": "action:crm.note.create",
-                                  "arguments": json.dumps({"customer_id": "ACME-42",
-                                                           "body": "b"})}))
+async def test_structured_catalog_after_the_request(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
+    await script(
+        ctl,
+        structured(
+            {
+                "decision": "select_capability",
+                "capability": "action:crm.note.create",
+                "arguments": json.dumps({"customer_id": "ACME-42", "body": "b"}),
+            }
+        ),
+    )
     decision = await make().decide(with_view(requested=True))
-    assert decision == SelectCapability(capability="action:crm.note.create",
-                                        arguments={"customer_id": "ACME-42", "body": "b"})
+    assert decision == SelectCapability(
+        capability="action:crm.note.create", arguments={"customer_id": "ACME-42", "body": "b"}
+    )
     [sent] = await requests(ctl)
     shown = json.loads(sent["body"]["messages"][1]["content"])["capabilities"]
     assert shown["mode"] == "catalog" and shown["capabilities"] == CATALOG
 
 
 async def test_tools_mode_summary_offers_the_catalog_request_and_review(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
-    await script(ctl, {"tool_calls": [{"name": "writ__request_capabilities", "arguments": "{}"}]},
-                 {"tool_calls": [{"name": "writ__request_human_review",
-                                  "arguments": json.dumps({"review_prompt": "Check it."})}]})
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
+    await script(
+        ctl,
+        {"tool_calls": [{"name": "writ__request_capabilities", "arguments": "{}"}]},
+        {
+            "tool_calls": [
+                {
+                    "name": "writ__request_human_review",
+                    "arguments": json.dumps({"review_prompt": "Check it."}),
+                }
+            ]
+        },
+    )
     provider = make(mode="tools")
     assert await provider.decide(with_view(requested=False)) == RequestCapabilities()
     assert await provider.decide(with_view(requested=False)) == RequestHumanReview(
-        review_prompt="Check it.")
+        review_prompt="Check it."
+    )
     first, _ = await requests(ctl)
     names = [t["function"]["name"] for t in first["body"]["tools"]]
     assert names == ["writ__request_capabilities", "writ__request_human_review"]
 
 
 async def test_tools_mode_catalog_offers_each_capability_by_reference(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
-    await script(ctl, {"tool_calls": [{"name": "tool_crm_customer_read",
-                                       "arguments": json.dumps({"customer_id": "ACME-42"})}]})
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
+    await script(
+        ctl,
+        {
+            "tool_calls": [
+                {
+                    "name": "tool_crm_customer_read",
+                    "arguments": json.dumps({"customer_id": "ACME-42"}),
+                }
+            ]
+        },
+    )
     decision = await make(mode="tools").decide(with_view(requested=True))
     # Normalised into the same decision; the runtime checks it like a structured one.
-    assert decision == SelectCapability(capability="tool:crm.customer.read",
-                                        arguments={"customer_id": "ACME-42"})
+    assert decision == SelectCapability(
+        capability="tool:crm.customer.read", arguments={"customer_id": "ACME-42"}
+    )
     [sent] = await requests(ctl)
     tools = {t["function"]["name"]: t["function"] for t in sent["body"]["tools"]}
-    assert list(tools) == ["action_crm_note_create", "tool_crm_customer_read",
-                           "writ__request_human_review"]
+    assert list(tools) == [
+        "action_crm_note_create",
+        "tool_crm_customer_read",
+        "writ__request_human_review",
+    ]
     assert tools["tool_crm_customer_read"]["parameters"] == {
-        "type": "object", "additionalProperties": False, "required": ["customer_id"],
-        "properties": {"customer_id": {"type": "string", "description": ""}}}
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["customer_id"],
+        "properties": {"customer_id": {"type": "string", "description": ""}},
+    }
     assert tools["action_crm_note_create"]["parameters"] == NOTE.parameters
 
 
 # -- the critic ---------------------------------------------------------------------------------
 
 CRITIC_INPUT = CriticInput(
-    developer="You are the critic of Writ agent support.", objective=REQUEST,
-    answer=f"Done. {INJECTION}", untrusted=[{"doc_id": "d1", "snippet": INJECTION}],
-    observations=[{"action": "crm.note.create", "state": "succeeded"}], round=0,
-    agent="support")
+    developer="You are the critic of Writ agent support.",
+    objective=REQUEST,
+    answer=f"Done. {INJECTION}",
+    untrusted=[{"doc_id": "d1", "snippet": INJECTION}],
+    observations=[{"action": "crm.note.create", "state": "succeeded"}],
+    round=0,
+    agent="support",
+)
 
 
 def verdict(value: dict[str, Any]) -> dict[str, Any]:
@@ -540,9 +720,13 @@ def verdict(value: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", ["structured", "tools"])
 async def test_the_critic_answers_under_a_strict_verdict_schema_and_reports_its_tokens(
-        make: MakeProvider, ctl: httpx.AsyncClient, mode: str) -> None:
-    await script(ctl, verdict({"verdict": "accept"}),
-                 verdict({"verdict": "replan", "reason": "Say which record."}))
+    make: MakeProvider, ctl: httpx.AsyncClient, mode: str
+) -> None:
+    await script(
+        ctl,
+        verdict({"verdict": "accept"}),
+        verdict({"verdict": "replan", "reason": "Say which record."}),
+    )
     provider = make(mode=mode)
     accepted, tokens = await provider.verify(CRITIC_INPUT)
     assert accepted == Accept() and tokens > 0
@@ -563,22 +747,28 @@ async def test_the_critic_answers_under_a_strict_verdict_schema_and_reports_its_
     assert json.loads(sent["messages"][1]["content"])["user_input"]["objective"] == REQUEST
 
 
-@pytest.mark.parametrize("reply", [
-    {"content": json.dumps({"critic": {"verdict": "maybe"}})},
-    {"content": json.dumps({"critic": {"verdict": "replan", "reason": ""}})},
-    {"content": json.dumps({"critic": {"verdict": "accept", "score": 3}})},
-    {"content": json.dumps({"next": {"decision": "answer_directly", "answer": "x"}})},
-    {"content": None},
-], ids=["unknown", "empty-reason", "extra-field", "a-decision", "no-content"])
-async def test_a_malformed_verdict_is_never_guessed(make: MakeProvider, ctl: httpx.AsyncClient,
-                                                    reply: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"content": json.dumps({"critic": {"verdict": "maybe"}})},
+        {"content": json.dumps({"critic": {"verdict": "replan", "reason": ""}})},
+        {"content": json.dumps({"critic": {"verdict": "accept", "score": 3}})},
+        {"content": json.dumps({"next": {"decision": "answer_directly", "answer": "x"}})},
+        {"content": None},
+    ],
+    ids=["unknown", "empty-reason", "extra-field", "a-decision", "no-content"],
+)
+async def test_a_malformed_verdict_is_never_guessed(
+    make: MakeProvider, ctl: httpx.AsyncClient, reply: dict[str, Any]
+) -> None:
     await script(ctl, reply)
     with pytest.raises(MalformedDecision):
         await make().verify(CRITIC_INPUT)
 
 
 async def test_decide_with_usage_reports_the_providers_tokens(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER)
     decision, tokens = await make().decide_with_usage(MODEL_INPUT)
     assert decision == AnswerDirectly(answer="Done.") and tokens > 0

@@ -36,8 +36,10 @@ from tests.integration.test_openai_provider import (  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.anyio
 
-ANSWER_TEXT = ("The shipment for ACME-42 left the warehouse on Monday; the carrier expects it "
-               "on Friday. A note \"delayed\" is on the record.\nAnything else?")
+ANSWER_TEXT = (
+    "The shipment for ACME-42 left the warehouse on Monday; the carrier expects it "
+    'on Friday. A note "delayed" is on the record.\nAnything else?'
+)
 ANSWER = structured({"decision": "answer_directly", "answer": ANSWER_TEXT})
 # What precedes the answer's first character in the structured content.
 PREFIX = len('{"next": {"decision": "answer_directly", "answer": "')
@@ -70,22 +72,25 @@ class Sink:
 
 
 async def cut_after(ctl: httpx.AsyncClient, chunks: int, count: int | None = 1) -> None:
-    r = await ctl.post("/_control/mode", json={"mode": "cut_stream", "count": count,
-                                               "after_chunks": chunks})
+    r = await ctl.post(
+        "/_control/mode", json={"mode": "cut_stream", "count": count, "after_chunks": chunks}
+    )
     assert r.status_code == 200 and r.json()["after_chunks"] == chunks, r.text
 
 
 def expected_tokens(provider: OpenAIProvider, content: str) -> int:
     """The fake's usage for one streamed answer of `content` to MODEL_INPUT (four bytes a
     token of the exact request body and of the message)."""
-    body = msgspec.json.encode({**provider.request(MODEL_INPUT), "stream": True,
-                                "stream_options": {"include_usage": True}})
+    body = msgspec.json.encode(
+        {**provider.request(MODEL_INPUT), "stream": True, "stream_options": {"include_usage": True}}
+    )
     message = {"role": "assistant", "content": content, "refusal": None}
     return len(body) // 4 + len(json.dumps(message)) // 4
 
 
 async def test_a_structured_answer_streams_its_text_only_in_deltas(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER)
     provider, sink = make(), Sink()
     decision, call = await provider.decide_with_metadata(MODEL_INPUT, text=sink)
@@ -101,12 +106,18 @@ async def test_a_structured_answer_streams_its_text_only_in_deltas(
     assert sent["body"]["stream_options"] == {"include_usage": True}
     assert sent["body"]["response_format"]["json_schema"]["strict"] is True
     assert (call.attempts, call.status, call.model, call.finish_reason, call.request_id) == (
-        1, 200, "fake-1", "stop", "req_fake_1")
+        1,
+        200,
+        "fake-1",
+        "stop",
+        "req_fake_1",
+    )
     assert call.total_tokens == expected_tokens(provider, ANSWER["content"]) > 0
 
 
 async def test_a_cut_stream_is_reset_then_retried_to_the_full_answer_with_usage_counted_once(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER, ANSWER)
     # The role chunk, then enough content chunks to be well into the answer's text.
     chunks = 1 + math.ceil((PREFIX + 40) / STREAM_CHUNK_CHARS)
@@ -124,7 +135,8 @@ async def test_a_cut_stream_is_reset_then_retried_to_the_full_answer_with_usage_
 
 
 async def test_batched_deltas_of_a_cut_stream_read_reset_then_the_full_answer(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER, ANSWER)
     await cut_after(ctl, 1 + math.ceil((PREFIX + 40) / STREAM_CHUNK_CHARS))
     published: list[TextBatch | AttemptReset] = []
@@ -136,8 +148,8 @@ async def test_batched_deltas_of_a_cut_stream_read_reset_then_the_full_answer(
     decision, _ = await make().decide_with_usage(MODEL_INPUT, text=batcher)
     await batcher.flush()
     [reset] = [e for e in published if isinstance(e, AttemptReset)]
-    before = [e for e in published[:published.index(reset)] if isinstance(e, TextBatch)]
-    after = [e for e in published[published.index(reset) + 1:] if isinstance(e, TextBatch)]
+    before = [e for e in published[: published.index(reset)] if isinstance(e, TextBatch)]
+    after = [e for e in published[published.index(reset) + 1 :] if isinstance(e, TextBatch)]
     assert reset.attempt == 1 and before and all(e.attempt == 1 for e in before)
     assert all(e.attempt == 2 for e in after)
     assert [e.index for e in after] == list(range(len(after)))
@@ -147,7 +159,8 @@ async def test_batched_deltas_of_a_cut_stream_read_reset_then_the_full_answer(
 
 
 async def test_a_lost_stream_showed_nothing_so_the_retry_needs_no_reset(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER, ANSWER)
     await set_mode(ctl, "lose_response", count=1)
     sink = Sink()
@@ -157,7 +170,8 @@ async def test_a_lost_stream_showed_nothing_so_the_retry_needs_no_reset(
 
 
 async def test_a_stream_cut_on_every_attempt_is_unavailable_and_reset_each_time(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER, ANSWER)
     await cut_after(ctl, 1 + math.ceil((PREFIX + 10) / STREAM_CHUNK_CHARS), count=None)
     sink = Sink()
@@ -168,7 +182,8 @@ async def test_a_stream_cut_on_every_attempt_is_unavailable_and_reset_each_time(
 
 
 async def test_a_stream_past_the_size_bound_is_refused_and_its_text_reset(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, structured({"decision": "answer_directly", "answer": "x" * 4000}))
     sink = Sink()
     with pytest.raises(MalformedDecision, match="too large"):
@@ -178,9 +193,13 @@ async def test_a_stream_past_the_size_bound_is_refused_and_its_text_reset(
 
 
 async def test_a_streamed_answer_is_validated_like_an_unstreamed_one(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
-    await script(ctl, structured({"decision": "answer_directly", "answer": "x" * 16385}),
-                 {**ANSWER, "finish_reason": "length"})
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
+    await script(
+        ctl,
+        structured({"decision": "answer_directly", "answer": "x" * 16385}),
+        {**ANSWER, "finish_reason": "length"},
+    )
     for _ in range(2):
         sink = Sink()
         with pytest.raises(MalformedDecision):
@@ -188,8 +207,7 @@ async def test_a_streamed_answer_is_validated_like_an_unstreamed_one(
         assert len(sink.resets()) == 1 and sink.attempts()[-1] == ""
 
 
-async def test_a_streamed_refusal_is_a_refusal(make: MakeProvider,
-                                               ctl: httpx.AsyncClient) -> None:
+async def test_a_streamed_refusal_is_a_refusal(make: MakeProvider, ctl: httpx.AsyncClient) -> None:
     await set_mode(ctl, "refuse", count=1)
     sink = Sink()
     with pytest.raises(ModelRefused):
@@ -197,31 +215,46 @@ async def test_a_streamed_refusal_is_a_refusal(make: MakeProvider,
     assert sink.events == []
 
 
-async def test_other_structured_decisions_stream_no_text(make: MakeProvider,
-                                                         ctl: httpx.AsyncClient) -> None:
+async def test_other_structured_decisions_stream_no_text(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     arguments = {"customer_id": "ACME-42", "body": "Shipment delayed.", "answer": "no"}
-    await script(ctl, structured({"decision": "select_capability",
-                                  "capability": "crm.note.create",
-                                  "arguments": json.dumps(arguments)}),
-                 structured({"decision": "request_human_review", "review_prompt": "Check it",
-                             "reason": "unsure"}))
+    await script(
+        ctl,
+        structured(
+            {
+                "decision": "select_capability",
+                "capability": "crm.note.create",
+                "arguments": json.dumps(arguments),
+            }
+        ),
+        structured(
+            {"decision": "request_human_review", "review_prompt": "Check it", "reason": "unsure"}
+        ),
+    )
     sink, provider = Sink(), make()
     assert (await provider.decide_with_usage(MODEL_INPUT, text=sink))[0] == SelectCapability(
-        capability="crm.note.create", arguments=arguments)
+        capability="crm.note.create", arguments=arguments
+    )
     assert (await provider.decide_with_usage(MODEL_INPUT, text=sink))[0] == RequestHumanReview(
-        review_prompt="Check it", reason="unsure")
+        review_prompt="Check it", reason="unsure"
+    )
     assert sink.events == []
 
 
 async def test_tools_mode_streams_content_and_assembles_a_streamed_tool_call(
-        make: MakeProvider, ctl: httpx.AsyncClient) -> None:
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     arguments = {"customer_id": "ACME-42", "body": "Shipment delayed by the carrier."}
-    await script(ctl, {"content": ANSWER_TEXT},
-                 {"tool_calls": [{"name": "crm_note_create",
-                                  "arguments": json.dumps(arguments)}]},
-                 {"content": "Let me add that note.",
-                  "tool_calls": [{"name": "crm_note_create",
-                                  "arguments": json.dumps(arguments)}]})
+    await script(
+        ctl,
+        {"content": ANSWER_TEXT},
+        {"tool_calls": [{"name": "crm_note_create", "arguments": json.dumps(arguments)}]},
+        {
+            "content": "Let me add that note.",
+            "tool_calls": [{"name": "crm_note_create", "arguments": json.dumps(arguments)}],
+        },
+    )
     provider = make(mode="tools")
     sink = Sink()
     decision, call = await provider.decide_with_metadata(MODEL_INPUT, text=sink)
@@ -239,8 +272,9 @@ async def test_tools_mode_streams_content_and_assembles_a_streamed_tool_call(
     assert sink.resets() == ["the streamed text is not the decision's answer"]
 
 
-async def test_without_a_sink_nothing_is_streamed(make: MakeProvider,
-                                                  ctl: httpx.AsyncClient) -> None:
+async def test_without_a_sink_nothing_is_streamed(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
     await script(ctl, ANSWER)
     assert await make().decide(MODEL_INPUT) == AnswerDirectly(answer=ANSWER_TEXT)
     [sent] = await requests(ctl)

@@ -49,16 +49,17 @@ async def charges(control: httpx.AsyncClient) -> list[dict[str, Any]]:
     return (await control.get("/_control/charges")).json()
 
 
-async def set_mode(control: httpx.AsyncClient, mode: str, count: int | None = 1,
-                   delay_s: float = 0.0) -> None:
-    r = await control.post("/_control/mode",
-                           json={"mode": mode, "count": count, "delay_s": delay_s})
+async def set_mode(
+    control: httpx.AsyncClient, mode: str, count: int | None = 1, delay_s: float = 0.0
+) -> None:
+    r = await control.post(
+        "/_control/mode", json={"mode": mode, "count": count, "delay_s": delay_s}
+    )
     assert r.status_code == 200, r.text
 
 
 async def charge(connector: PaymentConnector, key: str, **overrides: Any) -> Result:
-    return await connector.execute(ACTION, {**ARGS, **overrides}, key=key,
-                                   expected_revision=None)
+    return await connector.execute(ACTION, {**ARGS, **overrides}, key=key, expected_revision=None)
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 5.0) -> Any:
@@ -76,7 +77,9 @@ async def test_declares_its_contract_per_instance(provider: FakePayments) -> Non
     try:
         conns: list[Connector] = [queryable, blind]
         assert [(c.name, c.contract) for c in conns] == [
-            ("payments", "queryable"), ("payments", "none")]
+            ("payments", "queryable"),
+            ("payments", "none"),
+        ]
     finally:
         await queryable.aclose()
         await blind.aclose()
@@ -180,8 +183,12 @@ async def test_arguments_outside_the_contract_are_rejected_before_the_provider_s
 
 
 async def test_another_systems_action_is_rejected(connector: PaymentConnector) -> None:
-    result = await connector.execute("crm.note.create", {"customer_id": "ACME-42", "body": "x"},
-                                     key="t1:op1", expected_revision=None)
+    result = await connector.execute(
+        "crm.note.create",
+        {"customer_id": "ACME-42", "body": "x"},
+        key="t1:op1",
+        expected_revision=None,
+    )
     assert (result.kind, result.detail) == ("rejected", "payments cannot perform crm.note.create")
 
 
@@ -212,13 +219,15 @@ PAYMENT: dict[str, Any] = {
     "currency": "EUR",
     "status": "captured",
     "method": {"kind": "card", "last4": "4242", "usable": True},
-    "lines": [{
-        "line_id": "L1",
-        "product": "Winter league",
-        "participant": "Ada Lovelace",
-        "amount_cents": 12000,
-        "discount": {"discount_id": "D1", "name": "Junior", "amount_cents": 1500},
-    }],
+    "lines": [
+        {
+            "line_id": "L1",
+            "product": "Winter league",
+            "participant": "Ada Lovelace",
+            "amount_cents": 12000,
+            "discount": {"discount_id": "D1", "name": "Junior", "amount_cents": 1500},
+        }
+    ],
 }
 REFUND_ARGS: dict[str, Any] = {
     "payment_id": "pay_7",
@@ -241,8 +250,7 @@ async def refunds(control: httpx.AsyncClient) -> list[dict[str, Any]]:
 
 
 async def refund(connector: PaymentConnector, key: str, **overrides: Any) -> Result:
-    return await connector.execute(REFUND, {**FROZEN, **overrides}, key=key,
-                                   expected_revision=None)
+    return await connector.execute(REFUND, {**FROZEN, **overrides}, key=key, expected_revision=None)
 
 
 @pytest.mark.usefixtures("paid")
@@ -250,7 +258,10 @@ async def test_read_payment_shows_its_facts_and_refunds(connector: PaymentConnec
     payment = await connector.read_payment("pay_7")
     assert payment is not None
     assert (payment["amount_cents"], payment["refunded_cents"], payment["refunds"]) == (
-        12000, 0, [])
+        12000,
+        0,
+        [],
+    )
     assert payment["method"] == PAYMENT["method"]
     assert (await refund(connector, "t1:op1")).kind == "succeeded"
     after = await connector.read_payment("pay_7")
@@ -308,8 +319,9 @@ async def test_over_refund_is_rejected_with_the_providers_reason(
 async def test_wrong_destination_is_rejected(
     connector: PaymentConnector, control: httpx.AsyncClient
 ) -> None:
-    result = await refund(connector, "t1:op1",
-                          destination={"kind": "original_method", "last4": "1881"})
+    result = await refund(
+        connector, "t1:op1", destination={"kind": "original_method", "last4": "1881"}
+    )
     assert result.kind == "rejected" and "does not match" in result.detail
     assert await refunds(control) == []
 

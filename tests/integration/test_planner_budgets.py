@@ -59,25 +59,35 @@ from tests.integration.readings import planner_draws
 pytestmark = pytest.mark.anyio
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
-NOTE = SelectCapability(capability="crm.note.create",
-                        arguments={"customer_id": "ACME-42", "body": "Called back."})
+NOTE = SelectCapability(
+    capability="crm.note.create", arguments={"customer_id": "ACME-42", "body": "Called back."}
+)
 FIRST = AnswerDirectly(answer="Done.")
 SECOND = AnswerDirectly(answer="Added a note on ACME-42 about the call back.")
 REPLAN = Replan(reason="The answer does not say what was recorded, or where.")
 
 
 def manifest(name: str, *, critic: bool = False) -> bytes:
-    return msgspec.json.encode({
-        "name": name, "version": "1.0.0", "responsibility": "Record calls as CRM notes.",
-        "uses": [{"kind": "action", "name": "crm.note.create"}], "critic": critic})
+    return msgspec.json.encode(
+        {
+            "name": name,
+            "version": "1.0.0",
+            "responsibility": "Record calls as CRM notes.",
+            "uses": [{"kind": "action", "name": "crm.note.create"}],
+            "critic": critic,
+        }
+    )
 
 
 class Counting:
     """The scripted provider, counting its calls; `fail_next` makes the next decision fail as
     a model that did not answer would (retryable)."""
 
-    def __init__(self, decisions: dict[str, list[ModelDecision]],
-                 critics: dict[str, list[CriticVerdict]] | None = None) -> None:
+    def __init__(
+        self,
+        decisions: dict[str, list[ModelDecision]],
+        critics: dict[str, list[CriticVerdict]] | None = None,
+    ) -> None:
         self._inner = ScriptedProvider([FIRST], decisions, critics)
         self.decisions = 0
         self.verdicts = 0
@@ -86,8 +96,9 @@ class Counting:
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         return (await self.decide_with_usage(model_input))[0]
 
-    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
-                                ) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(
+        self, model_input: ModelInput, *, text: TextSink | None = None
+    ) -> tuple[ModelDecision, int]:
         self.decisions += 1
         if self.fail_next:
             self.fail_next = False
@@ -115,30 +126,54 @@ class Env(msgspec.Struct, kw_only=True):
 
     def service(self, provider: Counting, *, lease_steps: int = 8) -> PlannerService:
         self.provider = provider
-        agents = AgentRegistry([load_manifest(manifest("note-assistant")),
-                                load_manifest(manifest("checked-assistant", critic=True))])
+        agents = AgentRegistry(
+            [
+                load_manifest(manifest("note-assistant")),
+                load_manifest(manifest("checked-assistant", critic=True)),
+            ]
+        )
         agents.resolve(actions=ACTIONS)
-        rt = Runtime(name="planner", nc=self.nc, js=self.nc.jetstream(),
-                     registry=self.registry, tracer_provider=make_tracer_provider("planner"))
-        return PlannerService(rt=rt, store=PlannerStore(self.planner_pool, journal=self.journal),
-                              provider=provider, agents=agents, reserve_tokens=100,
-                              lease_steps=lease_steps)
+        rt = Runtime(
+            name="planner",
+            nc=self.nc,
+            js=self.nc.jetstream(),
+            registry=self.registry,
+            tracer_provider=make_tracer_provider("planner"),
+        )
+        return PlannerService(
+            rt=rt,
+            store=PlannerStore(self.planner_pool, journal=self.journal),
+            provider=provider,
+            agents=agents,
+            reserve_tokens=100,
+            lease_steps=lease_steps,
+        )
 
     async def run(self, run_id: str) -> Any:
         return await self.db.fetchrow("SELECT * FROM planner.runs WHERE run_id = $1", run_id)
 
     async def steps(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-        rows = await self.db.fetch("SELECT kind, payload FROM planner.steps WHERE run_id = $1 "
-                                   "ORDER BY seq", run_id)
+        rows = await self.db.fetch(
+            "SELECT kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+        )
         return [(r["kind"], msgspec.json.decode(r["payload"])) for r in rows]
 
     async def reservations(self, run_id: str) -> list[tuple[str, str, int, int, int]]:
         rows = await self.db.fetch(
             "SELECT step_key, status, used_provider_calls, used_tokens, used_capability_calls "
-            "FROM governance.reservations WHERE run_id = $1 ORDER BY reserved_at", run_id)
-        return [(r["step_key"].removeprefix(f"{run_id}:"), r["status"],
-                 r["used_provider_calls"], r["used_tokens"], r["used_capability_calls"])
-                for r in rows]
+            "FROM governance.reservations WHERE run_id = $1 ORDER BY reserved_at",
+            run_id,
+        )
+        return [
+            (
+                r["step_key"].removeprefix(f"{run_id}:"),
+                r["status"],
+                r["used_provider_calls"],
+                r["used_tokens"],
+                r["used_capability_calls"],
+            )
+            for r in rows
+        ]
 
     async def draws(self, run_id: str) -> list[tuple[str, str | None, str]]:
         """The planner's own record: each step key, the lease it drew on, its state."""
@@ -154,23 +189,47 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
     # Writ's streams, and the results stream of the tenant these runs belong to.
     await ensure_streams(nc.jetstream(), [*subjects.STREAMS, *subjects.tenant_streams("acme")])
     database = scratch_db.rsplit("/", 1)[1]
-    passwords = await provision(scratch_db, database, {
-        name: load_migrations(name, SERVICES / name / "migrations")
-        for name in ("planner", "governance")})
-    pools = {name: await connect_pool(with_database(
-        scratch_db, database, user=role_name(database, name), password=passwords[name]))
-        for name in ("planner", "governance")}
+    passwords = await provision(
+        scratch_db,
+        database,
+        {
+            name: load_migrations(name, SERVICES / name / "migrations")
+            for name in ("planner", "governance")
+        },
+    )
+    pools = {
+        name: await connect_pool(
+            with_database(
+                scratch_db, database, user=role_name(database, name), password=passwords[name]
+            )
+        )
+        for name in ("planner", "governance")
+    }
     registry = CollectorRegistry()
     governance = GovernanceService(
-        rt=Runtime(name="governance", nc=nc, js=nc.jetstream(), registry=CollectorRegistry(),
-                   tracer_provider=make_tracer_provider("governance")),
-        store=GovernanceStore(pools["governance"], journal=Journal(
-            service="governance", keys=DataKeys.from_json(DataKeys.generate("g1")))))
+        rt=Runtime(
+            name="governance",
+            nc=nc,
+            js=nc.jetstream(),
+            registry=CollectorRegistry(),
+            tracer_provider=make_tracer_provider("governance"),
+        ),
+        store=GovernanceStore(
+            pools["governance"],
+            journal=Journal(service="governance", keys=DataKeys.from_json(DataKeys.generate("g1"))),
+        ),
+    )
     micro = await serve(nc, "governance", governance.endpoints(), unique)
     admin = await asyncpg.connect(scratch_db)
     journal = Journal(service="planner", keys=DataKeys.from_json(DataKeys.generate("p1")))
-    yield Env(nc=nc, db=admin, planner_pool=pools["planner"], journal=journal,
-              registry=registry, micro=micro)
+    yield Env(
+        nc=nc,
+        db=admin,
+        planner_pool=pools["planner"],
+        journal=journal,
+        registry=registry,
+        micro=micro,
+    )
     await admin.close()
     await micro.stop()  # idempotent: a test may have stopped it
     for pool in pools.values():
@@ -179,22 +238,41 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
 
 
 async def register(env: Env, run_id: str, agent: str, **limits: int) -> EvidenceGathered:
-    run = RegisterRun(tenant="acme", run_id=run_id, principal="alice@acme", agent=agent,
-                      budget=RunBudget(**limits) if limits else None)
+    run = RegisterRun(
+        tenant="acme",
+        run_id=run_id,
+        principal="alice@acme",
+        agent=agent,
+        budget=RunBudget(**limits) if limits else None,
+    )
     reply = await env.nc.request(subjects.REGISTER_RUN, msgspec.json.encode(run), timeout=5)
     assert msgspec.json.decode(reply.data, type=RunRegistered).run_id == run_id
-    return EvidenceGathered(run_id=run_id, request_id=f"req-{run_id}", tenant="acme",
-                            principal="alice@acme", agent=agent,
-                            input="Note that I called ACME back", evidence=[])
+    return EvidenceGathered(
+        run_id=run_id,
+        request_id=f"req-{run_id}",
+        tenant="acme",
+        principal="alice@acme",
+        agent=agent,
+        input="Note that I called ACME back",
+        evidence=[],
+    )
 
 
 def outcome(run_id: str, step: int) -> CommandOutcome:
-    return CommandOutcome(tenant="acme", operation_id=f"op-{run_id}", run_id=run_id, step=step,
-                          action="crm.note.create", state="succeeded", receipt="note-1")
+    return CommandOutcome(
+        tenant="acme",
+        operation_id=f"op-{run_id}",
+        run_id=run_id,
+        step=step,
+        action="crm.note.create",
+        state="succeeded",
+        receipt="note-1",
+    )
 
 
 async def test_an_exhausted_budget_fails_the_run_naming_it_without_asking_the_model(
-        env: Env) -> None:
+    env: Env,
+) -> None:
     provider = Counting({"note-assistant": [NOTE, FIRST]})
     svc = env.service(provider)
     started = await register(env, "run-b1", "note-assistant", provider_calls=1)
@@ -211,12 +289,15 @@ async def test_an_exhausted_budget_fails_the_run_naming_it_without_asking_the_mo
     # Both steps drew on the run's lease, settled with what they used; the second lease
     # (the next model call) was refused: nothing is left open.
     assert await env.reservations("run-b1") == [("lease:1", "settled", 1, 0, 1)]
-    assert await env.draws("run-b1") == [("0:capability", "lease:1", "closed"),
-                                         ("0:model", "lease:1", "closed"),
-                                         ("lease:1", None, "closed")]
+    assert await env.draws("run-b1") == [
+        ("0:capability", "lease:1", "closed"),
+        ("0:model", "lease:1", "closed"),
+        ("lease:1", None, "closed"),
+    ]
     exhausted = await env.db.fetchrow(
         "SELECT b.used_provider_calls, b.reserved_provider_calls, b.open_steps "
-        "FROM governance.budgets b WHERE run_id = 'run-b1'")
+        "FROM governance.budgets b WHERE run_id = 'run-b1'"
+    )
     assert tuple(exhausted) == (1, 0, 0)
 
 
@@ -230,8 +311,12 @@ async def test_a_capability_budget_that_ran_out_proposes_nothing(env: Env) -> No
     assert run["error_message"].startswith("capability_calls: ")
     # The lease got no capability call (none was left); the one the step asked was refused.
     assert await env.reservations("run-b2") == [("lease:1", "settled", 1, 0, 0)]
-    kinds = [r["kind"] for r in await env.db.fetch(
-        "SELECT kind FROM planner.journal WHERE run_id = 'run-b2' ORDER BY id")]
+    kinds = [
+        r["kind"]
+        for r in await env.db.fetch(
+            "SELECT kind FROM planner.journal WHERE run_id = 'run-b2' ORDER BY id"
+        )
+    ]
     assert "proposal" not in kinds  # journaled only once its capability call was reserved
 
 
@@ -248,9 +333,11 @@ async def test_a_redelivered_step_reuses_its_reservation(env: Env) -> None:
     await svc.handle(_Delivery(started))  # and again, after the proposal: nothing new
     # The lease stays open while the proposal's capability call (a draw) is in flight.
     assert await env.reservations("run-b3") == [("lease:1", "open", None, None, None)]
-    assert await env.draws("run-b3") == [("0:capability", "lease:1", "open"),
-                                         ("0:model", "lease:1", "closed"),
-                                         ("lease:1", None, "open")]
+    assert await env.draws("run-b3") == [
+        ("0:capability", "lease:1", "open"),
+        ("0:model", "lease:1", "closed"),
+        ("lease:1", None, "open"),
+    ]
     assert provider.decisions == 2  # the failed call and the one recorded; never a third
     await svc.handle(_Delivery(outcome("run-b3", 0)))
     run = await env.run("run-b3")
@@ -278,12 +365,16 @@ async def test_a_runs_steps_draw_on_one_lease_in_two_round_trips(env: Env) -> No
     assert (run["status"], run["answer"]) == ("succeeded", FIRST.answer)
     assert await env.reservations("run-b12") == [("lease:1", "settled", 2, 0, 1)]
     assert await env.draws("run-b12") == [
-        ("0:capability", "lease:1", "closed"), ("0:model", "lease:1", "closed"),
-        ("2:model", "lease:1", "closed"), ("lease:1", None, "closed")]
+        ("0:capability", "lease:1", "closed"),
+        ("0:model", "lease:1", "closed"),
+        ("2:model", "lease:1", "closed"),
+        ("lease:1", None, "closed"),
+    ]
     budget_row = await env.db.fetchrow(
         "SELECT used_provider_calls, used_capability_calls, reserved_provider_calls, "
         "reserved_tokens, reserved_capability_calls, open_steps FROM governance.budgets "
-        "WHERE run_id = 'run-b12'")
+        "WHERE run_id = 'run-b12'"
+    )
     assert tuple(budget_row) == (2, 1, 0, 0, 0, 0)
     await env.nc.flush()
     await reserves.unsubscribe()
@@ -291,20 +382,29 @@ async def test_a_runs_steps_draw_on_one_lease_in_two_round_trips(env: Env) -> No
     assert [subject for subject, _ in seen] == [subjects.RESERVE, subjects.SETTLE]
     ask = msgspec.json.decode(seen[0][1], type=ReserveBudget)
     assert (ask.step_key, ask.provider_calls, ask.tokens, ask.up_to) == (
-        "run-b12:lease:1", 1, 100, LeaseAmounts(provider_calls=8, tokens=800,
-                                                capability_calls=8))
+        "run-b12:lease:1",
+        1,
+        100,
+        LeaseAmounts(provider_calls=8, tokens=800, capability_calls=8),
+    )
     granted = await env.db.fetchrow(
         "SELECT provider_calls, tokens, capability_calls FROM governance.reservations "
-        "WHERE run_id = 'run-b12'")
+        "WHERE run_id = 'run-b12'"
+    )
     assert tuple(granted) == (8, 800, 8)  # all of it was left
 
 
 async def test_a_lease_that_does_not_cover_the_next_step_is_settled_with_the_next_one(
-        env: Env) -> None:
+    env: Env,
+) -> None:
     """A lease covering two provider calls: the third model call settles it (carried by the
     next lease's reserve, as a step's settlement is) and draws on a new one."""
-    svc = env.service(Counting({"checked-assistant": [NOTE, FIRST, SECOND]},
-                               {"checked-assistant": [REPLAN, Accept()]}), lease_steps=2)
+    svc = env.service(
+        Counting(
+            {"checked-assistant": [NOTE, FIRST, SECOND]}, {"checked-assistant": [REPLAN, Accept()]}
+        ),
+        lease_steps=2,
+    )
     await svc.handle(_Delivery(await register(env, "run-b13", "checked-assistant")))
     await svc.handle(_Delivery(outcome("run-b13", 0)))
     run = await env.run("run-b13")
@@ -312,15 +412,25 @@ async def test_a_lease_that_does_not_cover_the_next_step_is_settled_with_the_nex
     # model, capability, model, critic (2 provider calls, then the lease is spent) ...
     # ... then the critic and the replanned model call, then the last critic.
     assert await env.reservations("run-b13") == [
-        ("lease:1", "settled", 2, 0, 1), ("lease:2", "settled", 2, 0, 0),
-        ("lease:3", "settled", 1, 0, 0)]
+        ("lease:1", "settled", 2, 0, 1),
+        ("lease:2", "settled", 2, 0, 0),
+        ("lease:3", "settled", 1, 0, 0),
+    ]
     assert await env.draws("run-b13") == [
-        ("0:capability", "lease:1", "closed"), ("0:model", "lease:1", "closed"),
-        ("2:model", "lease:1", "closed"), ("3:critic", "lease:2", "closed"),
-        ("5:model", "lease:2", "closed"), ("6:critic", "lease:3", "closed"),
-        ("lease:1", None, "closed"), ("lease:2", None, "closed"), ("lease:3", None, "closed")]
-    used = await env.db.fetchrow("SELECT used_provider_calls, used_capability_calls, "
-                                 "open_steps FROM governance.budgets WHERE run_id = 'run-b13'")
+        ("0:capability", "lease:1", "closed"),
+        ("0:model", "lease:1", "closed"),
+        ("2:model", "lease:1", "closed"),
+        ("3:critic", "lease:2", "closed"),
+        ("5:model", "lease:2", "closed"),
+        ("6:critic", "lease:3", "closed"),
+        ("lease:1", None, "closed"),
+        ("lease:2", None, "closed"),
+        ("lease:3", None, "closed"),
+    ]
+    used = await env.db.fetchrow(
+        "SELECT used_provider_calls, used_capability_calls, "
+        "open_steps FROM governance.budgets WHERE run_id = 'run-b13'"
+    )
     assert tuple(used) == (5, 1, 0)
 
 
@@ -342,16 +452,26 @@ async def test_a_steps_settlement_travels_with_the_next_reservation(env: Env) ->
     run = await env.run("run-b11")
     assert (run["status"], run["answer"]) == ("succeeded", FIRST.answer)
     assert await env.reservations("run-b11") == [
-        ("0:model", "settled", 1, 0, 0), ("0:capability", "settled", 0, 0, 1),
-        ("2:model", "settled", 1, 0, 0)]
-    assert await env.db.fetchval("SELECT count(*) FROM planner.reservations WHERE run_id = $1 "
-                                 "AND state <> 'closed'", "run-b11") == 0
+        ("0:model", "settled", 1, 0, 0),
+        ("0:capability", "settled", 0, 0, 1),
+        ("2:model", "settled", 1, 0, 0),
+    ]
+    assert (
+        await env.db.fetchval(
+            "SELECT count(*) FROM planner.reservations WHERE run_id = $1 AND state <> 'closed'",
+            "run-b11",
+        )
+        == 0
+    )
     await env.nc.flush()
     await reserves.unsubscribe()
     await settles.unsubscribe()
     assert [subject for subject, _ in seen] == [subjects.RESERVE] * 3 + [subjects.SETTLE]
-    asks = [msgspec.json.decode(data, type=ReserveBudget) for subject, data in seen
-            if subject == subjects.RESERVE]
+    asks = [
+        msgspec.json.decode(data, type=ReserveBudget)
+        for subject, data in seen
+        if subject == subjects.RESERVE
+    ]
     assert [len(ask.settle) for ask in asks] == [0, 1, 1]
     assert [ask.settle[0].provider_calls for ask in asks[1:]] == [1, 0]
     assert [ask.settle[0].capability_calls for ask in asks[1:]] == [0, 1]
@@ -375,19 +495,32 @@ async def test_a_run_that_stops_for_a_person_holds_no_reservation(env: Env) -> N
     svc = env.service(provider)
     started = await register(env, "run-b5", "note-assistant")
     await svc.handle(_Delivery(started))
-    await svc.handle(_Delivery(ProposalRefused(
-        tenant="acme", run_id="run-b5", step=0, action="crm.note.create", verdict="ask",
-        reason="needs a person", pending_id="p-1")))
+    await svc.handle(
+        _Delivery(
+            ProposalRefused(
+                tenant="acme",
+                run_id="run-b5",
+                step=0,
+                action="crm.note.create",
+                verdict="ask",
+                reason="needs a person",
+                pending_id="p-1",
+            )
+        )
+    )
     assert (await env.run("run-b5"))["status"] == "awaiting_human"
     # The lease ends with the delivery: nothing is held while the run waits for a person.
     assert await env.reservations("run-b5") == [("lease:1", "settled", 1, 0, 1)]
-    assert await env.db.fetchval("SELECT open_steps FROM governance.budgets "
-                                 "WHERE run_id = 'run-b5'") == 0
+    assert (
+        await env.db.fetchval("SELECT open_steps FROM governance.budgets WHERE run_id = 'run-b5'")
+        == 0
+    )
 
 
 async def test_a_critic_replan_then_accept_ends_with_the_second_answer(env: Env) -> None:
-    provider = Counting({"checked-assistant": [NOTE, FIRST, SECOND]},
-                        {"checked-assistant": [REPLAN, Accept()]})
+    provider = Counting(
+        {"checked-assistant": [NOTE, FIRST, SECOND]}, {"checked-assistant": [REPLAN, Accept()]}
+    )
     svc = env.service(provider)
     started = await register(env, "run-c1", "checked-assistant")
     await svc.handle(_Delivery(started))
@@ -396,32 +529,41 @@ async def test_a_critic_replan_then_accept_ends_with_the_second_answer(env: Env)
     run = await env.run("run-c1")
     assert (run["status"], run["answer"]) == ("succeeded", SECOND.answer)
     steps = await env.steps("run-c1")
-    assert [(k, p.get("decision") or p.get("verdict") or p.get("critic") or p.get("state"))
-            for k, p in steps] == [
-        ("decision", "select_capability"), ("observation", "succeeded"),
-        ("decision", "answer_directly"), ("critic", "replan"), ("observation", "replan"),
-        ("decision", "answer_directly"), ("critic", "accept")]
+    assert [
+        (k, p.get("decision") or p.get("verdict") or p.get("critic") or p.get("state"))
+        for k, p in steps
+    ] == [
+        ("decision", "select_capability"),
+        ("observation", "succeeded"),
+        ("decision", "answer_directly"),
+        ("critic", "replan"),
+        ("observation", "replan"),
+        ("decision", "answer_directly"),
+        ("critic", "accept"),
+    ]
     assert [p["answer"] for k, p in steps if p.get("decision") == "answer_directly"] == [
-        FIRST.answer, SECOND.answer]
-    assert steps[4][1] == {"critic": "replan", "reason": REPLAN.reason,
-                           "answer_accepted": False}
+        FIRST.answer,
+        SECOND.answer,
+    ]
+    assert steps[4][1] == {"critic": "replan", "reason": REPLAN.reason, "answer_accepted": False}
     assert (provider.decisions, provider.verdicts) == (3, 2)
     keys = [k for k, lease, _ in await env.draws("run-c1") if lease is not None]
     assert keys == ["0:capability", "0:model", "2:model", "3:critic", "5:model", "6:critic"]
     assert await env.reservations("run-c1") == [("lease:1", "settled", 5, 0, 1)]
     # Sealed, the journal replays the run identical, critic verdicts included.
-    sealer = Sealer(pool=env.planner_pool, journal=env.journal,
-                    signing=SigningKey.generate("p-1"))
+    sealer = Sealer(pool=env.planner_pool, journal=env.journal, signing=SigningKey.generate("p-1"))
     await sealer.seal_all()
     entries, record, unsealed = await PlannerStore(
-        env.planner_pool, journal=env.journal).read_replay("acme", "run-c1")
+        env.planner_pool, journal=env.journal
+    ).read_replay("acme", "run-c1")
     report = replay_run("run-c1", entries, record=record, unsealed=unsealed)
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
 
 
 async def test_a_replan_that_runs_out_of_budget_ends_budget_exhausted(env: Env) -> None:
-    provider = Counting({"checked-assistant": [FIRST, SECOND]},
-                        {"checked-assistant": [REPLAN, Accept()]})
+    provider = Counting(
+        {"checked-assistant": [FIRST, SECOND]}, {"checked-assistant": [REPLAN, Accept()]}
+    )
     svc = env.service(provider)
     started = await register(env, "run-c2", "checked-assistant", provider_calls=3)
     await svc.handle(_Delivery(started))
@@ -430,13 +572,18 @@ async def test_a_replan_that_runs_out_of_budget_ends_budget_exhausted(env: Env) 
     assert (run["status"], run["error_code"]) == ("failed", "BUDGET_EXHAUSTED")
     assert run["error_message"].startswith("provider_calls: ")
     assert [k for k, _ in await env.steps("run-c2")] == [
-        "decision", "critic", "observation", "decision"]
+        "decision",
+        "critic",
+        "observation",
+        "decision",
+    ]
     assert (provider.decisions, provider.verdicts) == (2, 1)  # the second critic never ran
     assert env.exhausted() == 1.0
 
 
 async def test_parallel_steps_in_flight_hold_the_next_one_back_at_the_concurrency_cap(
-        env: Env) -> None:
+    env: Env,
+) -> None:
     """Steps of one run in flight at once (its branches, another replica's): governance admits
     no more of them than the cap, and the planner's next step waits for one to settle — the
     run is retried, neither failed nor the model asked."""
@@ -447,9 +594,16 @@ async def test_parallel_steps_in_flight_hold_the_next_one_back_at_the_concurrenc
 
     async def step(i: int) -> None:
         try:
-            granted.append(await budget.reserve(env.nc, tenant="acme", run_id="run-b10",
-                                                step_key=f"run-b10.b{i}:0:model",
-                                                provider_calls=1, tokens=10))
+            granted.append(
+                await budget.reserve(
+                    env.nc,
+                    tenant="acme",
+                    run_id="run-b10",
+                    step_key=f"run-b10.b{i}:0:model",
+                    provider_calls=1,
+                    tokens=10,
+                )
+            )
         except budget.BudgetExhausted as exc:
             refused.append(exc.kind)
 
@@ -463,15 +617,26 @@ async def test_parallel_steps_in_flight_hold_the_next_one_back_at_the_concurrenc
         await svc.handle(_Delivery(started))
     assert provider.decisions == 0 and await env.steps("run-b10") == []
     assert (await env.run("run-b10"))["status"] == "running"
-    assert await env.db.fetchval("SELECT max_concurrent_steps FROM governance.budgets "
-                                 "WHERE run_id = 'run-b10'") == 1
+    assert (
+        await env.db.fetchval(
+            "SELECT max_concurrent_steps FROM governance.budgets WHERE run_id = 'run-b10'"
+        )
+        == 1
+    )
 
     for held in granted:  # the steps in flight end
-        await budget.settle(env.nc, tenant="acme", run_id="run-b10",
-                            reservation_id=held.reservation_id, provider_calls=1, tokens=10)
+        await budget.settle(
+            env.nc,
+            tenant="acme",
+            run_id="run-b10",
+            reservation_id=held.reservation_id,
+            provider_calls=1,
+            tokens=10,
+        )
     await svc.handle(_Delivery(started))  # the retry takes the step
     assert provider.decisions == 1
     assert [k for k, _ in await env.steps("run-b10")] == ["decision"]
-    open_steps = await env.db.fetchval("SELECT open_steps FROM governance.budgets "
-                                       "WHERE run_id = 'run-b10'")
+    open_steps = await env.db.fetchval(
+        "SELECT open_steps FROM governance.budgets WHERE run_id = 'run-b10'"
+    )
     assert open_steps == 1  # the proposal's capability call, until its outcome

@@ -62,8 +62,9 @@ class Overlapping:
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         return (await self.decide_with_usage(model_input))[0]
 
-    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
-                                ) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(
+        self, model_input: ModelInput, *, text: TextSink | None = None
+    ) -> tuple[ModelDecision, int]:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
         try:
@@ -81,15 +82,20 @@ class Overlapping:
 @pytest.fixture
 async def planner_db(scratch_db: str) -> AsyncIterator[tuple[str, dict[str, str]]]:
     database = scratch_db.rsplit("/", 1)[1]
-    passwords = await provision(scratch_db, database, {
-        name: load_migrations(name, SERVICES / name / "migrations")
-        for name in ("planner", "governance")})
+    passwords = await provision(
+        scratch_db,
+        database,
+        {
+            name: load_migrations(name, SERVICES / name / "migrations")
+            for name in ("planner", "governance")
+        },
+    )
     yield scratch_db, passwords
 
 
 async def test_one_planner_handles_its_runs_deliveries_at_once(
-        planner_db: tuple[str, dict[str, str]], private_nats: EmbeddedNats,
-        unique: str) -> None:
+    planner_db: tuple[str, dict[str, str]], private_nats: EmbeddedNats, unique: str
+) -> None:
     dsn, passwords = planner_db
     database = dsn.rsplit("/", 1)[1]
     nc = await nats.connect(private_nats.url)
@@ -97,60 +103,115 @@ async def test_one_planner_handles_its_runs_deliveries_at_once(
     await ensure_streams(js, [*subjects.STREAMS, *subjects.tenant_streams("acme")])
 
     def role_dsn(name: str) -> str:
-        return with_database(dsn, database, user=role_name(database, name),
-                             password=passwords[name])
+        return with_database(
+            dsn, database, user=role_name(database, name), password=passwords[name]
+        )
 
     # The planner's pool as its composition root sizes it for its concurrency.
     planner_pool = await connect_pool(role_dsn("planner"), max_size=pool_size(CONCURRENCY))
     governance_pool = await connect_pool(role_dsn("governance"))
     governance = GovernanceService(
-        rt=Runtime(name="governance", nc=nc, js=js, registry=CollectorRegistry(),
-                   tracer_provider=make_tracer_provider("governance")),
-        store=GovernanceStore(governance_pool, journal=Journal(
-            service="governance", keys=DataKeys.from_json(DataKeys.generate("g1")))))
+        rt=Runtime(
+            name="governance",
+            nc=nc,
+            js=js,
+            registry=CollectorRegistry(),
+            tracer_provider=make_tracer_provider("governance"),
+        ),
+        store=GovernanceStore(
+            governance_pool,
+            journal=Journal(service="governance", keys=DataKeys.from_json(DataKeys.generate("g1"))),
+        ),
+    )
     micro = await serve(nc, "governance", governance.endpoints(), unique)
-    agents = AgentRegistry([load_manifest(msgspec.json.encode({
-        "name": "note-assistant", "version": "1.0.0", "responsibility": "Record calls.",
-        "uses": [{"kind": "action", "name": "crm.note.create"}]}))])
+    agents = AgentRegistry(
+        [
+            load_manifest(
+                msgspec.json.encode(
+                    {
+                        "name": "note-assistant",
+                        "version": "1.0.0",
+                        "responsibility": "Record calls.",
+                        "uses": [{"kind": "action", "name": "crm.note.create"}],
+                    }
+                )
+            )
+        ]
+    )
     agents.resolve(actions=ACTIONS)
     model = Overlapping(CONCURRENCY)
-    rt = Runtime(name="planner", nc=nc, js=js, registry=CollectorRegistry(),
-                 tracer_provider=make_tracer_provider("planner"))
-    svc = PlannerService(rt=rt, store=PlannerStore(planner_pool), provider=model,
-                         agents=agents, reserve_tokens=100)
+    rt = Runtime(
+        name="planner",
+        nc=nc,
+        js=js,
+        registry=CollectorRegistry(),
+        tracer_provider=make_tracer_provider("planner"),
+    )
+    svc = PlannerService(
+        rt=rt, store=PlannerStore(planner_pool), provider=model, agents=agents, reserve_tokens=100
+    )
     run_ids = [f"run-{unique}-{i}" for i in range(CONCURRENCY)]
     try:
         for run_id in run_ids:
-            reply = await nc.request(subjects.REGISTER_RUN, msgspec.json.encode(RegisterRun(
-                tenant="acme", run_id=run_id, principal="alice@acme",
-                agent="note-assistant")), timeout=5)
+            reply = await nc.request(
+                subjects.REGISTER_RUN,
+                msgspec.json.encode(
+                    RegisterRun(
+                        tenant="acme", run_id=run_id, principal="alice@acme", agent="note-assistant"
+                    )
+                ),
+                timeout=5,
+            )
             assert msgspec.json.decode(reply.data, type=RunRegistered).run_id == run_id
         async with anyio.create_task_group() as tg:
             await tg.start(svc.run)
             for run_id in run_ids:
-                await publish(js, subjects.evidence("acme"), EvidenceGathered(
-                    run_id=run_id, request_id=f"req-{run_id}", tenant="acme",
-                    principal="alice@acme", agent="note-assistant",
-                    input="Note that I called ACME back", evidence=[]), msg_id=run_id)
+                await publish(
+                    js,
+                    subjects.evidence("acme"),
+                    EvidenceGathered(
+                        run_id=run_id,
+                        request_id=f"req-{run_id}",
+                        tenant="acme",
+                        principal="alice@acme",
+                        agent="note-assistant",
+                        input="Note that I called ACME back",
+                        evidence=[],
+                    ),
+                    msg_id=run_id,
+                )
             with anyio.fail_after(60):
                 await model.overlapped.wait()
                 while await planner_pool.fetchval(
-                        "SELECT count(*) FROM planner.runs WHERE run_id = any($1) "
-                        "AND status = 'succeeded'", run_ids) < len(run_ids):
+                    "SELECT count(*) FROM planner.runs WHERE run_id = any($1) "
+                    "AND status = 'succeeded'",
+                    run_ids,
+                ) < len(run_ids):
                     await anyio.sleep(0.05)
                 # A run's lease is settled once its end is committed and its result is out.
                 while await planner_pool.fetchval(
-                        "SELECT count(*) FROM planner.reservations WHERE run_id = any($1) "
-                        "AND state <> 'closed'", run_ids):
+                    "SELECT count(*) FROM planner.reservations WHERE run_id = any($1) "
+                    "AND state <> 'closed'",
+                    run_ids,
+                ):
                     await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
         assert model.peak == CONCURRENCY
         # Each run decided once, and every reservation it made is settled.
-        assert await planner_pool.fetchval(
-            "SELECT count(*) FROM planner.steps WHERE run_id = any($1)", run_ids) == CONCURRENCY
-        assert await governance_pool.fetchval(
-            "SELECT count(*) FROM governance.reservations WHERE run_id = any($1) "
-            "AND status <> 'settled'", run_ids) == 0
+        assert (
+            await planner_pool.fetchval(
+                "SELECT count(*) FROM planner.steps WHERE run_id = any($1)", run_ids
+            )
+            == CONCURRENCY
+        )
+        assert (
+            await governance_pool.fetchval(
+                "SELECT count(*) FROM governance.reservations WHERE run_id = any($1) "
+                "AND status <> 'settled'",
+                run_ids,
+            )
+            == 0
+        )
     finally:
         model.overlapped.set()
         await micro.stop()

@@ -24,8 +24,12 @@ pytestmark = pytest.mark.anyio
 async def puller(nc: Client, unique: str) -> AsyncIterator[Puller]:
     js = nc.jetstream()
     await js.add_stream(name=f"P_{unique}", subjects=[f"p.{unique}.>"])
-    await js.add_consumer(f"P_{unique}", ConsumerConfig(
-        durable_name="d", ack_policy=AckPolicy.EXPLICIT, filter_subject=f"p.{unique}.a"))
+    await js.add_consumer(
+        f"P_{unique}",
+        ConsumerConfig(
+            durable_name="d", ack_policy=AckPolicy.EXPLICIT, filter_subject=f"p.{unique}.a"
+        ),
+    )
     puller = Puller(nc, f"P_{unique}", "d")
     await puller.start()
     yield puller
@@ -39,14 +43,18 @@ async def _publish_soon(nc: Client, subject: str, data: bytes, delay: float = 0.
 
 
 async def test_a_message_taken_by_a_request_left_behind_is_handed_over_at_once(
-        nc: Client, puller: Puller, unique: str) -> None:
+    nc: Client, puller: Puller, unique: str
+) -> None:
     # A lingering request (no no_wait, 30 s) left on the puller's inbox: the server gives it
     # the next message and does not end it. nats-py's fetch would wait for the rest of its
     # batch until that request expired; the puller returns the message with its own 404 / 408
     # or a moment after (fail_after: far longer than that, far shorter than either expiry).
     orphan = {"batch": 64, "expires": 30_000_000_000}
-    await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.P_{unique}.d", json.dumps(orphan).encode(),
-                     reply=f"{puller._prefix}.orphan")
+    await nc.publish(
+        f"$JS.API.CONSUMER.MSG.NEXT.P_{unique}.d",
+        json.dumps(orphan).encode(),
+        reply=f"{puller._prefix}.orphan",
+    )
     await nc.flush()
     async with anyio.create_task_group() as tg:
         tg.start_soon(_publish_soon, nc, f"p.{unique}.a", b"one")
@@ -64,15 +72,20 @@ async def test_a_message_taken_by_a_request_left_behind_is_handed_over_at_once(
 
 
 async def test_a_late_status_of_an_earlier_request_does_not_end_this_fetch(
-        nc: Client, puller: Puller, unique: str) -> None:
+    nc: Client, puller: Puller, unique: str
+) -> None:
     with anyio.fail_after(5):
         assert await puller.fetch(8, timeout=0.3) == []  # request 1 ends with its 408
     async with anyio.create_task_group() as tg:
         # Request 2 is waiting when a 408 comes for request 1 (as a late one does): ignored.
         async def late_status() -> None:
             await anyio.sleep(0.1)
-            await nc.publish(f"{puller._prefix}.1", b"",
-                             headers={"Status": "408", "Description": "Request Timeout"})
+            await nc.publish(
+                f"{puller._prefix}.1",
+                b"",
+                headers={"Status": "408", "Description": "Request Timeout"},
+            )
+
         tg.start_soon(late_status)
         tg.start_soon(_publish_soon, nc, f"p.{unique}.a", b"after", 0.4)
         with anyio.fail_after(5):
@@ -81,7 +94,8 @@ async def test_a_late_status_of_an_earlier_request_does_not_end_this_fetch(
 
 
 async def test_a_delivery_whose_headers_say_status_is_still_a_delivery(
-        nc: Client, puller: Puller, unique: str) -> None:
+    nc: Client, puller: Puller, unique: str
+) -> None:
     # A publisher's headers travel with the message: one saying "Status: 404" must not pass
     # for the server's end of the request (it would be dropped, unacked, forever).
     await nc.jetstream().publish(f"p.{unique}.a", b"tricky", headers={"Status": "404"})
@@ -91,7 +105,8 @@ async def test_a_delivery_whose_headers_say_status_is_still_a_delivery(
 
 
 async def test_messages_already_waiting_come_in_one_batch_bounded_by_its_size(
-        nc: Client, puller: Puller, unique: str) -> None:
+    nc: Client, puller: Puller, unique: str
+) -> None:
     js = nc.jetstream()
     for i in range(5):
         await js.publish(f"p.{unique}.a", str(i).encode())
@@ -104,7 +119,8 @@ async def test_messages_already_waiting_come_in_one_batch_bounded_by_its_size(
 
 
 async def test_an_idle_fetch_ends_empty_and_a_refused_request_raises(
-        nc: Client, puller: Puller, unique: str) -> None:
+    nc: Client, puller: Puller, unique: str
+) -> None:
     assert await puller.fetch(4, timeout=0.3) == []
     await nc.jetstream().delete_consumer(f"P_{unique}", "d")
     # No consumer answers the request any more: the server says so (503), and the actor

@@ -26,19 +26,27 @@ pytestmark = pytest.mark.anyio
 
 
 def _issuer() -> Issuer:
-    pem = Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.PKCS8,
-                                                     NoEncryption())
+    pem = Ed25519PrivateKey.generate().private_bytes(
+        Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
+    )
     return Issuer(tenant="acme", issuer="https://acme.example/host", private_key_pem=pem)
 
 
 async def test_a_read_and_a_session_operation_carry_the_sdks_deadline(
-        private_nats: EmbeddedNats, private_nc: Client) -> None:
+    private_nats: EmbeddedNats, private_nc: Client
+) -> None:
     received: dict[str, dict[str, str]] = {}
 
     async def refuse(msg: Msg) -> None:
         received[msg.subject] = dict(msg.headers or {})
-        await private_nc.publish(msg.reply, b"", headers={
-            "Nats-Service-Error-Code": "404", "Nats-Service-Error": "NOT_FOUND: nothing here"})
+        await private_nc.publish(
+            msg.reply,
+            b"",
+            headers={
+                "Nats-Service-Error-Code": "404",
+                "Nats-Service-Error": "NOT_FOUND: nothing here",
+            },
+        )
 
     await private_nc.subscribe(host_read("acme", ">"), cb=refuse)
     await private_nc.flush()
@@ -60,8 +68,8 @@ async def test_a_read_and_a_session_operation_carry_the_sdks_deadline(
 
 
 async def test_an_operator_command_carries_its_deadline(
-        private_nats: EmbeddedNats, private_nc: Client,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    private_nats: EmbeddedNats, private_nc: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
     received: list[dict[str, str]] = []
 
     async def answer(msg: Msg) -> None:

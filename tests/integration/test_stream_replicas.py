@@ -21,8 +21,9 @@ async def _main(rt: Any, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> Non
 
 
 async def test_a_single_server_refuses_three_replicas(private_nats: EmbeddedNats) -> None:
-    settings = load_settings(BaseSettings, {"WRIT_NATS_URL": private_nats.url,
-                                            "WRIT_STREAM_REPLICAS": "3"})
+    settings = load_settings(
+        BaseSettings, {"WRIT_NATS_URL": private_nats.url, "WRIT_STREAM_REPLICAS": "3"}
+    )
     assert settings.stream_replicas == 3
     # One nats-server cannot hold three replicas: that it refuses shows the number reached
     # the stream declaration (a cluster of three accepts it).
@@ -43,17 +44,22 @@ def _console(js: Any, replicas: int) -> Any:
     return Sessions.open(js, None, replicas=replicas)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("bucket", "open_"), [
-    # The soak's cluster topology found the HTTP door's Idempotency-Key bucket at one replica
-    # on a three-node cluster (nats-py's default for KV), whatever the setting said; then the
-    # 60-minute cluster soak found the approval console's session bucket the same (streams 11
-    # at [1, 3] replicas): losing its node would sign every approver out and forget which
-    # sign-in links were used.
-    ("WRIT_IDEMPOTENCY", _idempotency),
-    ("WRIT_CONSOLE", _console),
-], ids=["idempotency", "console"])
+@pytest.mark.parametrize(
+    ("bucket", "open_"),
+    [
+        # The soak's cluster topology found the HTTP door's Idempotency-Key bucket at one replica
+        # on a three-node cluster (nats-py's default for KV), whatever the setting said; then the
+        # 60-minute cluster soak found the approval console's session bucket the same (streams 11
+        # at [1, 3] replicas): losing its node would sign every approver out and forget which
+        # sign-in links were used.
+        ("WRIT_IDEMPOTENCY", _idempotency),
+        ("WRIT_CONSOLE", _console),
+    ],
+    ids=["idempotency", "console"],
+)
 async def test_the_buckets_take_the_replicas_setting_too(
-        private_nats: EmbeddedNats, bucket: str, open_: Any) -> None:
+    private_nats: EmbeddedNats, bucket: str, open_: Any
+) -> None:
     import nats
 
     nc = await nats.connect(private_nats.url)

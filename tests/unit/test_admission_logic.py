@@ -24,14 +24,21 @@ from services.admission.logic import (
 )
 
 BASE: dict[str, Any] = {
-    "tenant": "acme", "principal": "alice@acme", "action": "crm.note.create", "version": 1,
+    "tenant": "acme",
+    "principal": "alice@acme",
+    "action": "crm.note.create",
+    "version": 1,
     "agent": "assistant",
     "arguments": {"customer_id": "ACME-42", "body": "Called back about the invoice."},
 }
 
 
-PAYMENT: dict[str, Any] = {"customer_id": "ACME-42", "amount_cents": 12_50, "currency": "EUR",
-                           "description": "Invoice 7"}
+PAYMENT: dict[str, Any] = {
+    "customer_id": "ACME-42",
+    "amount_cents": 12_50,
+    "currency": "EUR",
+    "description": "Invoice 7",
+}
 
 
 def h(**changes: Any) -> bytes:
@@ -40,8 +47,12 @@ def h(**changes: Any) -> bytes:
 
 def proposal(arguments: dict[str, Any] | None = None, **fields: Any) -> ProposeCommand:
     values: dict[str, Any] = {
-        "run_id": "run-1", "step": 3, "tenant": "acme", "principal": "alice@acme",
-        "agent": "assistant", "action": "crm.note.create",
+        "run_id": "run-1",
+        "step": 3,
+        "tenant": "acme",
+        "principal": "alice@acme",
+        "agent": "assistant",
+        "action": "crm.note.create",
         "arguments": dict(BASE["arguments"]) if arguments is None else arguments,
     }
     values.update(fields)
@@ -82,20 +93,29 @@ def test_hash_ignores_number_spelling(a: Any, b: Any) -> None:
     assert h(arguments={"n": a}) == h(arguments={"n": b})
 
 
-@pytest.mark.parametrize("change", [
-    {"tenant": "globex"},
-    {"principal": "bob@acme"},
-    {"action": "crm.note.delete"},
-    {"version": 2},
-    {"target": "ACME-42"},
-    {"expected_revision": "r7"},
-    {"arguments": {"customer_id": "ACME-43", "body": "Called back about the invoice."}},
-    {"arguments": {"customer_id": "ACME-42", "body": "Called back about the invoice!"}},
-    {"arguments": {"customer_id": "ACME-42"}},
-    {"arguments": {"customer_id": "ACME-42", "body": "Called back about the invoice.",
-                   "extra": None}},
-    {"arguments": {"customer_id": "ACME-42", "body": ["Called back about the invoice."]}},
-], ids=lambda c: next(iter(c)))
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tenant": "globex"},
+        {"principal": "bob@acme"},
+        {"action": "crm.note.delete"},
+        {"version": 2},
+        {"target": "ACME-42"},
+        {"expected_revision": "r7"},
+        {"arguments": {"customer_id": "ACME-43", "body": "Called back about the invoice."}},
+        {"arguments": {"customer_id": "ACME-42", "body": "Called back about the invoice!"}},
+        {"arguments": {"customer_id": "ACME-42"}},
+        {
+            "arguments": {
+                "customer_id": "ACME-42",
+                "body": "Called back about the invoice.",
+                "extra": None,
+            }
+        },
+        {"arguments": {"customer_id": "ACME-42", "body": ["Called back about the invoice."]}},
+    ],
+    ids=lambda c: next(iter(c)),
+)
 def test_hash_changes_with_any_field(change: dict[str, Any]) -> None:
     assert h(**change) != h()
 
@@ -110,10 +130,13 @@ _plain_text = st.text(max_size=20)
 
 
 @settings(max_examples=200, deadline=None)
-@given(items=st.dictionaries(_plain_text, _plain_text, max_size=12).map(lambda d: list(d.items())),
-       data=st.data())
-def test_key_order_never_changes_the_hash(items: list[tuple[str, str]],
-                                          data: st.DataObject) -> None:
+@given(
+    items=st.dictionaries(_plain_text, _plain_text, max_size=12).map(lambda d: list(d.items())),
+    data=st.data(),
+)
+def test_key_order_never_changes_the_hash(
+    items: list[tuple[str, str]], data: st.DataObject
+) -> None:
     # Keys that are distinct only up to unicode normalisation are the separate case below.
     keys = [unicodedata.normalize("NFC", k) for k, _ in items]
     assume(len(set(keys)) == len(keys))
@@ -135,8 +158,10 @@ def test_valid_proposal_gets_typed_arguments_and_its_hash() -> None:
     validated = validate(proposal())
     assert isinstance(validated, Validated)
     assert validated.contract is ACTIONS["crm.note.create"]
-    assert validated.arguments == {"customer_id": "ACME-42",
-                                   "body": "Called back about the invoice."}
+    assert validated.arguments == {
+        "customer_id": "ACME-42",
+        "body": "Called back about the invoice.",
+    }
     assert len(validated.request_hash) == 32
     assert validated.request_hash == h()
 
@@ -160,48 +185,74 @@ def test_validated_hash_covers_the_expected_revision() -> None:
 
 def test_host_key_and_request_id_are_not_part_of_the_hash() -> None:
     # A host's retry under the same key must hash the same as its first submission.
-    assert (validate(proposal(operation_key="k1", request_id="req-1")).request_hash
-            == validate(proposal(operation_key="k1", request_id="req-2")).request_hash)
+    assert (
+        validate(proposal(operation_key="k1", request_id="req-1")).request_hash
+        == validate(proposal(operation_key="k1", request_id="req-2")).request_hash
+    )
 
 
 def test_validate_normalises_unicode() -> None:
     nfd = unicodedata.normalize("NFD", "Rappel: café livré")
     validated = validate(proposal({"customer_id": "ACME-42", "body": nfd}))
     assert validated.arguments["body"] == unicodedata.normalize("NFC", nfd)
-    assert validated.request_hash == validate(proposal(
-        {"customer_id": "ACME-42", "body": unicodedata.normalize("NFC", nfd)})).request_hash
+    assert (
+        validated.request_hash
+        == validate(
+            proposal({"customer_id": "ACME-42", "body": unicodedata.normalize("NFC", nfd)})
+        ).request_hash
+    )
 
 
 def test_body_at_the_limit_is_valid() -> None:
     validate(proposal({"customer_id": "ACME-42", "body": "x" * 2000}))
 
 
-@pytest.mark.parametrize(("arguments", "mentions"), [
-    ({"customer_id": "ACME-42", "body": "hi", "priority": "high"}, "priority"),
-    ({"customer_id": "ACME-42", "body": "x" * 2001}, "body"),
-    ({"customer_id": "ACME-42", "body": ""}, "body"),
-    ({"customer_id": "acme-42", "body": "hi"}, "customer_id"),
-    ({"customer_id": "ACME/42", "body": "hi"}, "customer_id"),
-    ({"customer_id": "-ACME", "body": "hi"}, "customer_id"),
-    ({"customer_id": "A" * 65, "body": "hi"}, "customer_id"),
-    ({"customer_id": 42, "body": "hi"}, "customer_id"),
-    ({"body": "hi"}, "customer_id"),
-    ({"customer_id": "ACME-42"}, "body"),
-], ids=["unknown-argument", "body-too-long", "body-empty", "lowercase-id", "slash-in-id",
-        "leading-dash", "id-too-long", "id-not-a-string", "missing-id", "missing-body"])
-def test_arguments_outside_the_contract_are_invalid(arguments: dict[str, Any],
-                                                    mentions: str) -> None:
+@pytest.mark.parametrize(
+    ("arguments", "mentions"),
+    [
+        ({"customer_id": "ACME-42", "body": "hi", "priority": "high"}, "priority"),
+        ({"customer_id": "ACME-42", "body": "x" * 2001}, "body"),
+        ({"customer_id": "ACME-42", "body": ""}, "body"),
+        ({"customer_id": "acme-42", "body": "hi"}, "customer_id"),
+        ({"customer_id": "ACME/42", "body": "hi"}, "customer_id"),
+        ({"customer_id": "-ACME", "body": "hi"}, "customer_id"),
+        ({"customer_id": "A" * 65, "body": "hi"}, "customer_id"),
+        ({"customer_id": 42, "body": "hi"}, "customer_id"),
+        ({"body": "hi"}, "customer_id"),
+        ({"customer_id": "ACME-42"}, "body"),
+    ],
+    ids=[
+        "unknown-argument",
+        "body-too-long",
+        "body-empty",
+        "lowercase-id",
+        "slash-in-id",
+        "leading-dash",
+        "id-too-long",
+        "id-not-a-string",
+        "missing-id",
+        "missing-body",
+    ],
+)
+def test_arguments_outside_the_contract_are_invalid(
+    arguments: dict[str, Any], mentions: str
+) -> None:
     with pytest.raises(Invalid, match=mentions):
         validate(proposal(arguments))
 
 
-@pytest.mark.parametrize(("action", "arguments"), [
-    ("crm.note.create", {"customer_id": "ACME-42\n", "body": "hi"}),
-    ("payment.charge.create", {**PAYMENT, "customer_id": "ACME-42\n"}),
-    ("payment.charge.create", {**PAYMENT, "currency": "EUR\n"}),
-], ids=["crm-customer-id", "payment-customer-id", "payment-currency"])
-def test_pattern_fields_with_a_trailing_newline_are_invalid(action: str,
-                                                            arguments: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("action", "arguments"),
+    [
+        ("crm.note.create", {"customer_id": "ACME-42\n", "body": "hi"}),
+        ("payment.charge.create", {**PAYMENT, "customer_id": "ACME-42\n"}),
+        ("payment.charge.create", {**PAYMENT, "currency": "EUR\n"}),
+    ],
+    ids=["crm-customer-id", "payment-customer-id", "payment-currency"],
+)
+def test_pattern_fields_with_a_trailing_newline_are_invalid(
+    action: str, arguments: dict[str, Any]
+) -> None:
     with pytest.raises(Invalid):
         validate(proposal(arguments, action=action))
 
@@ -213,19 +264,22 @@ def test_valid_payment_charge() -> None:
     assert validated.request_hash == h(action="payment.charge.create", arguments=PAYMENT)
 
 
-@pytest.mark.parametrize(("changes", "mentions"), [
-    ({"amount_cents": 0}, "amount_cents"),
-    ({"amount_cents": 100_000_001}, "amount_cents"),
-    ({"amount_cents": 10.5}, "amount_cents"),
-    ({"amount_cents": 1000.0}, "amount_cents"),  # typed int: no float spelling at all
-    ({"amount_cents": "1000"}, "amount_cents"),
-    ({"amount_cents": True}, "amount_cents"),
-    ({"currency": "eur"}, "currency"),
-    ({"currency": "EURO"}, "currency"),
-    ({"description": ""}, "description"),
-    ({"description": "x" * 501}, "description"),
-    ({"refund": True}, "refund"),
-])
+@pytest.mark.parametrize(
+    ("changes", "mentions"),
+    [
+        ({"amount_cents": 0}, "amount_cents"),
+        ({"amount_cents": 100_000_001}, "amount_cents"),
+        ({"amount_cents": 10.5}, "amount_cents"),
+        ({"amount_cents": 1000.0}, "amount_cents"),  # typed int: no float spelling at all
+        ({"amount_cents": "1000"}, "amount_cents"),
+        ({"amount_cents": True}, "amount_cents"),
+        ({"currency": "eur"}, "currency"),
+        ({"currency": "EURO"}, "currency"),
+        ({"description": ""}, "description"),
+        ({"description": "x" * 501}, "description"),
+        ({"refund": True}, "refund"),
+    ],
+)
 def test_payment_charge_outside_the_contract(changes: dict[str, Any], mentions: str) -> None:
     with pytest.raises(Invalid, match=mentions):
         validate(proposal({**PAYMENT, **changes}, action="payment.charge.create"))
@@ -239,7 +293,8 @@ def test_unknown_action_is_invalid() -> None:
 def test_frozen_arguments_fit_the_contract() -> None:
     validated = validate(proposal({"customer_id": "ACME-42", "body": "Zoë"}))
     assert msgspec.convert(validated.arguments, NoteArguments) == NoteArguments(
-        customer_id="ACME-42", body="Zoë")
+        customer_id="ACME-42", body="Zoë"
+    )
 
 
 def test_bounds_are_checked_on_the_normalised_arguments_that_get_frozen() -> None:
@@ -282,13 +337,21 @@ def test_a_plans_step_is_admitted_only_with_the_preview_the_plan_showed() -> Non
 
     shown = {"customer_id": "ACME-42", "body": "Le client a payé."}
     resolved = Resolved(arguments=shown, preview=dict(reversed(shown.items())))
-    base = ProposeCommand(run_id="ses-1-t1", step=2, tenant="acme", principal="alice",
-                          agent="a", action="crm.note.create", arguments=shown)
+    base = ProposeCommand(
+        run_id="ses-1-t1",
+        step=2,
+        tenant="acme",
+        principal="alice",
+        agent="a",
+        action="crm.note.create",
+        arguments=shown,
+    )
     assert plan_refusal(base, resolved) is None  # no plan's step: nothing to hold it to
     held = msgspec.structs.replace(base, plan_preview=preview_digest(shown))
     assert plan_refusal(held, resolved) is None  # the same preview, whatever its key order
     moved = Resolved(arguments=shown, preview={**shown, "body": "Autre chose."})
     assert "changed since the user approved the plan" in (plan_refusal(held, moved) or "")
     with pytest.raises(msgspec.ValidationError):  # a digest, or nothing
-        msgspec.convert({**msgspec.to_builtins(base), "plan_preview": "not-a-digest"},
-                        ProposeCommand)
+        msgspec.convert(
+            {**msgspec.to_builtins(base), "plan_preview": "not-a-digest"}, ProposeCommand
+        )

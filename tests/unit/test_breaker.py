@@ -49,67 +49,169 @@ OPENED = _fail("f1", "f2", "f3")  # threshold reached: open since t=0 of the sce
 
 SCENARIOS: dict[str, list[Step]] = {
     "starts closed": [("state", "closed"), ("admit", "a"), ("state", "closed")],
-    "below the threshold stays closed": [
-        *_fail("f1", "f2"), ("state", "closed"), ("admit", "a")],
+    "below the threshold stays closed": [*_fail("f1", "f2"), ("state", "closed"), ("admit", "a")],
     "three consecutive transient failures open it": [*OPENED, ("state", "open")],
     "a lost response counts as a transient failure": [
-        ("admit", "a"), ("record", "a", outcome_of("lost")), *_fail("b", "c"),
-        ("state", "open")],
+        ("admit", "a"),
+        ("record", "a", outcome_of("lost")),
+        *_fail("b", "c"),
+        ("state", "open"),
+    ],
     "a success resets the count": [
-        *_fail("f1", "f2"), ("admit", "s"), ("record", "s", "success"),
-        *_fail("f3", "f4"), ("state", "closed"), *_fail("f5"), ("state", "open")],
-    "neutral outcomes neither count nor reset": [
-        ("admit", "n1"), ("record", "n1", "neutral"), ("admit", "n2"),
-        ("record", "n2", "neutral"), ("admit", "n3"), ("record", "n3", "neutral"),
+        *_fail("f1", "f2"),
+        ("admit", "s"),
+        ("record", "s", "success"),
+        *_fail("f3", "f4"),
         ("state", "closed"),
-        *_fail("f1", "f2"), ("admit", "n4"), ("record", "n4", "neutral"), ("state", "closed"),
-        *_fail("f3"), ("state", "open")],
+        *_fail("f5"),
+        ("state", "open"),
+    ],
+    "neutral outcomes neither count nor reset": [
+        ("admit", "n1"),
+        ("record", "n1", "neutral"),
+        ("admit", "n2"),
+        ("record", "n2", "neutral"),
+        ("admit", "n3"),
+        ("record", "n3", "neutral"),
+        ("state", "closed"),
+        *_fail("f1", "f2"),
+        ("admit", "n4"),
+        ("record", "n4", "neutral"),
+        ("state", "closed"),
+        *_fail("f3"),
+        ("state", "open"),
+    ],
     "concurrent closed calls failing together open it": [
-        ("admit", "a"), ("admit", "b"), ("admit", "c"), ("record", "a", "transient"),
-        ("record", "b", "transient"), ("record", "c", "transient"), ("state", "open")],
+        ("admit", "a"),
+        ("admit", "b"),
+        ("admit", "c"),
+        ("record", "a", "transient"),
+        ("record", "b", "transient"),
+        ("record", "c", "transient"),
+        ("state", "open"),
+    ],
     "open refuses with the remaining cooldown": [
-        *OPENED, ("refused", 30.0), ("wait", 10.0), ("refused", 20.0), ("wait", 19.5),
-        ("refused", 0.5), ("state", "open")],
+        *OPENED,
+        ("refused", 30.0),
+        ("wait", 10.0),
+        ("refused", 20.0),
+        ("wait", 19.5),
+        ("refused", 0.5),
+        ("state", "open"),
+    ],
     "no timer: an unused tool stays open after the cooldown": [
-        *OPENED, ("wait", 3600.0), ("state", "open")],
+        *OPENED,
+        ("wait", 3600.0),
+        ("state", "open"),
+    ],
     "the first call after the cooldown turns it half-open": [
-        *OPENED, ("wait", 30.0), ("admit", "p"), ("state", "half_open")],
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p"),
+        ("state", "half_open"),
+    ],
     "half-open admits concurrent calls": [
-        *OPENED, ("wait", 31.0), ("admit", "p1"), ("admit", "p2"), ("admit", "p3"),
-        ("state", "half_open")],
+        *OPENED,
+        ("wait", 31.0),
+        ("admit", "p1"),
+        ("admit", "p2"),
+        ("admit", "p3"),
+        ("state", "half_open"),
+    ],
     "half-open: a success closes it": [
-        *OPENED, ("wait", 30.0), ("admit", "p"), ("record", "p", "success"),
-        ("state", "closed"), ("admit", "a")],
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p"),
+        ("record", "p", "success"),
+        ("state", "closed"),
+        ("admit", "a"),
+    ],
     "half-open: a transient failure re-opens it with a fresh cooldown": [
-        *OPENED, ("wait", 45.0), ("admit", "p"), ("wait", 2.0), ("record", "p", "transient"),
-        ("state", "open"), ("refused", 30.0), ("wait", 29.0), ("refused", 1.0),
-        ("wait", 1.0), ("admit", "q"), ("state", "half_open")],
+        *OPENED,
+        ("wait", 45.0),
+        ("admit", "p"),
+        ("wait", 2.0),
+        ("record", "p", "transient"),
+        ("state", "open"),
+        ("refused", 30.0),
+        ("wait", 29.0),
+        ("refused", 1.0),
+        ("wait", 1.0),
+        ("admit", "q"),
+        ("state", "half_open"),
+    ],
     "half-open: the first result decides, a later failure is ignored": [
-        *OPENED, ("wait", 30.0), ("admit", "p1"), ("admit", "p2"), ("admit", "p3"),
-        ("record", "p2", "success"), ("record", "p1", "transient"),
-        ("record", "p3", "transient"), ("state", "closed"), ("admit", "a")],
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p1"),
+        ("admit", "p2"),
+        ("admit", "p3"),
+        ("record", "p2", "success"),
+        ("record", "p1", "transient"),
+        ("record", "p3", "transient"),
+        ("state", "closed"),
+        ("admit", "a"),
+    ],
     "half-open: the first result decides, a later success is ignored": [
-        *OPENED, ("wait", 30.0), ("admit", "p1"), ("admit", "p2"),
-        ("record", "p1", "transient"), ("record", "p2", "success"), ("state", "open"),
-        ("refused", 30.0)],
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p1"),
+        ("admit", "p2"),
+        ("record", "p1", "transient"),
+        ("record", "p2", "success"),
+        ("state", "open"),
+        ("refused", 30.0),
+    ],
     "half-open: a neutral result decides nothing": [
-        *OPENED, ("wait", 30.0), ("admit", "p1"), ("admit", "p2"),
-        ("record", "p1", "neutral"), ("state", "half_open"), ("admit", "p3"),
-        ("record", "p2", "success"), ("state", "closed")],
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p1"),
+        ("admit", "p2"),
+        ("record", "p1", "neutral"),
+        ("state", "half_open"),
+        ("admit", "p3"),
+        ("record", "p2", "success"),
+        ("state", "closed"),
+    ],
     "after closing from half-open the count starts at zero": [
-        *OPENED, ("wait", 30.0), ("admit", "p"), ("record", "p", "success"),
-        *_fail("f4", "f5"), ("state", "closed"), *_fail("f6"), ("state", "open")],
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p"),
+        ("record", "p", "success"),
+        *_fail("f4", "f5"),
+        ("state", "closed"),
+        *_fail("f6"),
+        ("state", "open"),
+    ],
     "a closed call ending after the breaker opened is ignored": [
-        ("admit", "slow"), *OPENED, ("record", "slow", "success"), ("state", "open"),
-        ("refused", 30.0)],
+        ("admit", "slow"),
+        *OPENED,
+        ("record", "slow", "success"),
+        ("state", "open"),
+        ("refused", 30.0),
+    ],
     "a half-open batch's late failure does not count against the new closed period": [
-        *OPENED, ("wait", 30.0), ("admit", "p1"), ("admit", "p2"), ("admit", "p3"),
-        ("record", "p1", "success"), *_fail("f4", "f5"), ("record", "p2", "transient"),
-        ("record", "p3", "transient"), ("state", "closed")],
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p1"),
+        ("admit", "p2"),
+        ("admit", "p3"),
+        ("record", "p1", "success"),
+        *_fail("f4", "f5"),
+        ("record", "p2", "transient"),
+        ("record", "p3", "transient"),
+        ("state", "closed"),
+    ],
     "an open period's stale results cannot close it": [
-        ("admit", "old"), *OPENED, ("wait", 30.0), ("admit", "p"),
-        ("record", "old", "success"), ("state", "half_open"), ("record", "p", "transient"),
-        ("state", "open")],
+        ("admit", "old"),
+        *OPENED,
+        ("wait", 30.0),
+        ("admit", "p"),
+        ("record", "old", "success"),
+        ("state", "half_open"),
+        ("record", "p", "transient"),
+        ("state", "open"),
+    ],
 }
 
 
@@ -139,16 +241,19 @@ def test_state_machine(steps: list[Step]) -> None:
                 raise AssertionError(f"bad step {step}")
 
 
-@pytest.mark.parametrize(("kind", "outcome"), [
-    ("succeeded", "success"),
-    ("transient", "transient"),
-    ("lost", "transient"),
-    ("rejected", "neutral"),
-    ("revision_mismatch", "neutral"),
-    ("not_found", "neutral"),
-    ("expired", "neutral"),
-    ("denied", "neutral"),
-])
+@pytest.mark.parametrize(
+    ("kind", "outcome"),
+    [
+        ("succeeded", "success"),
+        ("transient", "transient"),
+        ("lost", "transient"),
+        ("rejected", "neutral"),
+        ("revision_mismatch", "neutral"),
+        ("not_found", "neutral"),
+        ("expired", "neutral"),
+        ("denied", "neutral"),
+    ],
+)
 def test_only_transient_and_lost_results_count_as_failures(kind: str, outcome: str) -> None:
     assert outcome_of(kind) == outcome
 
@@ -191,8 +296,12 @@ def test_the_default_clock_is_monotonic_time() -> None:
 def test_breakers_are_per_tool_and_report_every_move() -> None:
     clock = FakeClock()
     moves: list[tuple[str, BreakerState]] = []
-    breakers = Breakers(threshold=2, cooldown_s=5.0, clock=clock,
-                        on_change=lambda tool, state: moves.append((tool, state)))
+    breakers = Breakers(
+        threshold=2,
+        cooldown_s=5.0,
+        clock=clock,
+        on_change=lambda tool, state: moves.append((tool, state)),
+    )
     crm = breakers.for_tool("crm.note.create")
     assert breakers.for_tool("crm.note.create") is crm
     assert moves == []  # a new breaker is closed; only moves are reported
@@ -206,8 +315,11 @@ def test_breakers_are_per_tool_and_report_every_move() -> None:
     clock.now += 5.0
     probe = crm.admit()
     crm.record(probe, "success")
-    assert moves == [("crm.note.create", "open"), ("crm.note.create", "half_open"),
-                     ("crm.note.create", "closed")]
+    assert moves == [
+        ("crm.note.create", "open"),
+        ("crm.note.create", "half_open"),
+        ("crm.note.create", "closed"),
+    ]
 
 
 def test_gauge_values_order_states_by_severity() -> None:

@@ -21,18 +21,30 @@ from services.ingress.console._session import Viewer
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
-def viewer(principal: str = "ops@acme.example", token: str = "t1",
-           roles: frozenset[str] = frozenset({"approver"})) -> Viewer:
-    return Viewer(tenant="acme", principal=principal, roles=roles, token=token,
-                  expires=NOW.timestamp() + 600)
+def viewer(
+    principal: str = "ops@acme.example",
+    token: str = "t1",
+    roles: frozenset[str] = frozenset({"approver"}),
+) -> Viewer:
+    return Viewer(
+        tenant="acme", principal=principal, roles=roles, token=token, expires=NOW.timestamp() + 600
+    )
 
 
 def proposal(**fields: object) -> dict[str, object]:
-    return {"proposal_id": "prop_1", "run_id": "run-1", "action": "crm.note.create",
-            "preview": {"customer_id": "ACME-42", "body": "<script>alert(1)</script> & more"},
-            "request_hash": "ab" * 32, "state": "pending", "requester": "alice@acme.example",
-            "agent": "crm-assistant", "created_at": NOW.isoformat(),
-            "expires_at": (NOW + timedelta(hours=1)).isoformat(), **fields}
+    return {
+        "proposal_id": "prop_1",
+        "run_id": "run-1",
+        "action": "crm.note.create",
+        "preview": {"customer_id": "ACME-42", "body": "<script>alert(1)</script> & more"},
+        "request_hash": "ab" * 32,
+        "state": "pending",
+        "requester": "alice@acme.example",
+        "agent": "crm-assistant",
+        "created_at": NOW.isoformat(),
+        "expires_at": (NOW + timedelta(hours=1)).isoformat(),
+        **fields,
+    }
 
 
 def test_a_preview_is_shown_in_words_escaped_never_as_json() -> None:
@@ -56,8 +68,9 @@ def test_the_requester_is_offered_no_approve_button_and_told_why() -> None:
 
 
 def test_an_expired_proposal_offers_no_answer() -> None:
-    page = proposal_page(viewer(), proposal(expires_at=(NOW - timedelta(seconds=1)).isoformat()),
-                         now=NOW)
+    page = proposal_page(
+        viewer(), proposal(expires_at=(NOW - timedelta(seconds=1)).isoformat()), now=NOW
+    )
     assert 'id="approve"' not in page and 'id="reject"' not in page
     assert "can no longer be approved" in page
     assert time_left((NOW - timedelta(seconds=1)).isoformat(), NOW) == "expired"
@@ -69,14 +82,17 @@ def test_an_auditor_without_the_approver_role_cannot_answer() -> None:
     assert 'id="approve"' not in page and "Only approvers" in page
 
 
-@pytest.mark.parametrize(("command", "final", "said"), [
-    ("pending", False, "outcome: pending"), ("dispatching", False, "outcome: pending"),
-    ("succeeded", True, "outcome: succeeded (receipt re_1)"),
-    ("unknown", True, "outcome: needs_reconciliation"),
-    ("revision_required", True, "outcome: revision_required"),
-])
-def test_the_page_follows_a_command_until_its_outcome(command: str, final: bool,
-                                                      said: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "final", "said"),
+    [
+        ("pending", False, "outcome: pending"),
+        ("dispatching", False, "outcome: pending"),
+        ("succeeded", True, "outcome: succeeded (receipt re_1)"),
+        ("unknown", True, "outcome: needs_reconciliation"),
+        ("revision_required", True, "outcome: revision_required"),
+    ],
+)
+def test_the_page_follows_a_command_until_its_outcome(command: str, final: bool, said: str) -> None:
     p = proposal(state="executing", command_state=command, receipt="re_1", approved_by="ops")
     assert proposal_final(p) is final
     box = outcome_box(p, NOW)
@@ -84,17 +100,32 @@ def test_the_page_follows_a_command_until_its_outcome(command: str, final: bool,
 
 
 def test_a_revision_required_says_why() -> None:
-    p = proposal(state="executing", command_state="revision_required", approved_by="ops",
-                 command_reason="the line's discount changed since it was proposed")
-    assert ("outcome: revision_required: the line&#x27;s discount changed since it was "
-            "proposed") in outcome_box(p, NOW)
+    p = proposal(
+        state="executing",
+        command_state="revision_required",
+        approved_by="ops",
+        command_reason="the line's discount changed since it was proposed",
+    )
+    assert (
+        "outcome: revision_required: the line&#x27;s discount changed since it was proposed"
+    ) in outcome_box(p, NOW)
 
 
 def test_a_decision_offers_only_the_answers_its_case_allows() -> None:
-    decision = {"pending_id": "p1", "run_id": "r1", "agent": "a", "principal": "alice",
-                "tool": "tool:shell.run", "family": "execute_code", "first_argument": "ls",
-                "reason": "code", "options": ["once", "deny"], "attended": False,
-                "deadline": None, "created_at": NOW.isoformat()}
+    decision = {
+        "pending_id": "p1",
+        "run_id": "r1",
+        "agent": "a",
+        "principal": "alice",
+        "tool": "tool:shell.run",
+        "family": "execute_code",
+        "first_argument": "ls",
+        "reason": "code",
+        "options": ["once", "deny"],
+        "attended": False,
+        "deadline": None,
+        "created_at": NOW.isoformat(),
+    }
     page = decision_page(viewer(), decision, now=NOW)
     assert 'value="once"' in page and 'value="deny"' in page and 'value="always"' not in page
 
@@ -118,13 +149,25 @@ def test_forms_are_closed_and_bounded() -> None:
 
 def test_every_action_describes_its_preview_in_plain_text_lines() -> None:
     email = ACTIONS["email.draft.apply"]
-    lines = email.describe(email.decode_preview(
-        {"subject": "Hi", "segment": "juniors", "recipients": 12, "body": "Hello"}))
-    assert lines == [("Audience", "12 recipients (juniors)"), ("Subject", "Hi"),
-                     ("Body", "Hello")]
+    lines = email.describe(
+        email.decode_preview(
+            {"subject": "Hi", "segment": "juniors", "recipients": 12, "body": "Hello"}
+        )
+    )
+    assert lines == [("Audience", "12 recipients (juniors)"), ("Subject", "Hi"), ("Body", "Hello")]
     charge = ACTIONS["payment.charge.create"]  # no describe of its own: one line a field
-    assert charge.describe(charge.decode_preview(
-        {"customer_id": "ACME-42", "amount_cents": 1200, "currency": "EUR",
-         "description": "Fee"})) == [
-        ("Customer id", "ACME-42"), ("Amount cents", "1200"), ("Currency", "EUR"),
-        ("Description", "Fee")]
+    assert charge.describe(
+        charge.decode_preview(
+            {
+                "customer_id": "ACME-42",
+                "amount_cents": 1200,
+                "currency": "EUR",
+                "description": "Fee",
+            }
+        )
+    ) == [
+        ("Customer id", "ACME-42"),
+        ("Amount cents", "1200"),
+        ("Currency", "EUR"),
+        ("Description", "Fee"),
+    ]

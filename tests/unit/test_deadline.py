@@ -18,6 +18,13 @@ def test_a_deadline_in_the_past_is_expired_and_one_ahead_is_not() -> None:
 
 
 def test_a_request_without_a_usable_deadline_never_expires() -> None:
-    for headers in (None, {}, {HEADER: ""}, {HEADER: "soon"}, {HEADER: "nan"},
-                    {HEADER: "-inf"}, {"traceparent": "00-x"}):
+    for headers in (
+        None,
+        {},
+        {HEADER: ""},
+        {HEADER: "soon"},
+        {HEADER: "nan"},
+        {HEADER: "-inf"},
+        {"traceparent": "00-x"},
+    ):
         assert not expired(headers, now=time.time() + 1e9), headers

@@ -313,6 +313,7 @@ def test_stop_hangs_up_idle_and_cuts_slow_requests_short() -> None:
     with httpx.Client(base_url=crm.url, headers={"Authorization": f"Bearer {TOKEN}"}) as client:
         assert client.get("/healthz").status_code == 200  # leaves an idle keep-alive connection
         set_mode(client, "slow", delay_s=60)
+
         # Whether the slow request gets its answer or a hang-up is a race; either is fine
         # (a hang-up must not end the thread with an exception pytest reports).
         def post() -> None:

@@ -42,8 +42,9 @@ def script(client: httpx.Client, *replies: dict[str, Any]) -> httpx.Response:
     return client.post("/_control/replies", json={"replies": list(replies)})
 
 
-def set_mode(client: httpx.Client, mode: str, count: int | None = None,
-             delay_s: float = 0.0) -> None:
+def set_mode(
+    client: httpx.Client, mode: str, count: int | None = None, delay_s: float = 0.0
+) -> None:
     r = client.post("/_control/mode", json={"mode": mode, "count": count, "delay_s": delay_s})
     assert r.status_code == 200, r.text
 
@@ -71,8 +72,14 @@ def test_scripted_reply_has_the_openai_shape(client: httpx.Client) -> None:
     body = r.json()
     assert body["id"] == "chatcmpl-fake-1" and body["object"] == "chat.completion"
     assert isinstance(body["created"], int) and body["model"] == "fake-1"
-    assert body["choices"] == [{"index": 0, "logprobs": None, "finish_reason": "stop", "message": {
-        "role": "assistant", "content": "hello", "refusal": None}}]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "hello", "refusal": None},
+        }
+    ]
     usage = body["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
 
@@ -88,12 +95,16 @@ def test_tool_calls_reply(client: httpx.Client) -> None:
     script(client, {"tool_calls": [{"name": "crm_note_create", "arguments": '{"a": 1}'}]})
     r = complete(client)
     assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
-    assert message(r)["tool_calls"] == [{"id": "call_1_0", "type": "function", "function": {
-        "name": "crm_note_create", "arguments": '{"a": 1}'}}]
+    assert message(r)["tool_calls"] == [
+        {
+            "id": "call_1_0",
+            "type": "function",
+            "function": {"name": "crm_note_create", "arguments": '{"a": 1}'},
+        }
+    ]
 
 
-def test_requests_are_recorded_with_their_authorization(llm: FakeLlm,
-                                                        client: httpx.Client) -> None:
+def test_requests_are_recorded_with_their_authorization(llm: FakeLlm, client: httpx.Client) -> None:
     script(client, {"content": "x"})
     complete(client)
     with httpx.Client(base_url=llm.url) as anon:
@@ -114,8 +125,9 @@ def test_bad_token_uses_up_neither_reply_nor_mode(llm: FakeLlm, client: httpx.Cl
     assert message(complete(client))["content"] == "kept"
 
 
-@pytest.mark.parametrize("body", [{"messages": [{"role": "user"}]}, {"model": "m"},
-                                  {"model": "m", "messages": []}, [1]])
+@pytest.mark.parametrize(
+    "body", [{"messages": [{"role": "user"}]}, {"model": "m"}, {"model": "m", "messages": []}, [1]]
+)
 def test_bad_request_is_400(client: httpx.Client, body: Any) -> None:
     script(client, {"content": "kept"})
     assert complete(client, body).status_code == 400
@@ -162,14 +174,19 @@ def test_lose_response_uses_up_the_reply_and_hangs_up(client: httpx.Client) -> N
 
 
 def _asking(text: str) -> dict[str, Any]:
-    return {"model": "fake-1", "messages": [{"role": "system", "content": "be brief"},
-                                            {"role": "user", "content": text}]}
+    return {
+        "model": "fake-1",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}],
+    }
 
 
 def test_rules_answer_by_what_the_messages_hold_once_the_script_is_used_up(
-        client: httpx.Client) -> None:
-    rules = [{"when": ["note", "first"], "reply": {"content": "write it ({{serial}})"}},
-             {"when": ["note"], "unless": ["first"], "reply": {"content": "done {{serial}}"}}]
+    client: httpx.Client,
+) -> None:
+    rules = [
+        {"when": ["note", "first"], "reply": {"content": "write it ({{serial}})"}},
+        {"when": ["note"], "unless": ["first"], "reply": {"content": "done {{serial}}"}},
+    ]
     assert client.post("/_control/rules", json={"rules": rules}).json() == {"rules": 2}
     script(client, {"content": "scripted"})
     assert message(complete(client, _asking("a first note")))["content"] == "scripted"
@@ -194,15 +211,24 @@ def test_a_lost_answer_is_logged_without_a_serial(client: httpx.Client) -> None:
     assert [r["serial"] for r in recorded(client)] == [None, 2]
 
 
-@pytest.mark.parametrize("rules", [
-    "nope", [{"when": ["x"]}], [{"reply": {"content": 1}}], [{"when": "x", "reply": {}}],
-    [{"reply": {}, "extra": 1}], [{"reply": {}}] * 33])
+@pytest.mark.parametrize(
+    "rules",
+    [
+        "nope",
+        [{"when": ["x"]}],
+        [{"reply": {"content": 1}}],
+        [{"when": "x", "reply": {}}],
+        [{"reply": {}, "extra": 1}],
+        [{"reply": {}}] * 33,
+    ],
+)
 def test_bad_rules_are_rejected(client: httpx.Client, rules: Any) -> None:
     assert client.post("/_control/rules", json={"rules": rules}).status_code == 400
 
 
-@pytest.mark.parametrize("replies", [
-    "nope", [{"content": 1}], [{"tool_calls": [{"name": "x"}]}], [{"text": "x"}]])
+@pytest.mark.parametrize(
+    "replies", ["nope", [{"content": 1}], [{"tool_calls": [{"name": "x"}]}], [{"text": "x"}]]
+)
 def test_bad_replies_are_rejected(client: httpx.Client, replies: Any) -> None:
     assert client.post("/_control/replies", json={"replies": replies}).status_code == 400
 
@@ -230,8 +256,17 @@ def test_empty_token_is_refused() -> None:
 def test_main_serves_until_sigterm(tmp_path: Path) -> None:
     token_file, ready = tmp_path / "token", tmp_path / "ready"
     token_file.write_text(TOKEN + "\n")
-    cmd = [sys.executable, "-m", "fakes.llm", "--port", "0", "--token-file", str(token_file),
-           "--ready-file", str(ready)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fakes.llm",
+        "--port",
+        "0",
+        "--token-file",
+        str(token_file),
+        "--ready-file",
+        str(ready),
+    ]
     with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True) as proc:
         try:
             wait_for(ready.exists, timeout=20)
@@ -256,8 +291,11 @@ def stream_events(r: httpx.Response) -> list[Any]:
 
 
 def test_a_streamed_reply_has_openais_chunk_shape_and_usage_last(client: httpx.Client) -> None:
-    script(client, {"content": "Hello there, world!"},
-           {"tool_calls": [{"name": "lookup", "arguments": '{"id": "ACME-42"}'}]})
+    script(
+        client,
+        {"content": "Hello there, world!"},
+        {"tool_calls": [{"name": "lookup", "arguments": '{"id": "ACME-42"}'}]},
+    )
     body = {**REQUEST, "stream": True, "stream_options": {"include_usage": True}}
     events = stream_events(complete(client, body))
     assert all(e["object"] == "chat.completion.chunk" for e in events)
@@ -276,21 +314,22 @@ def test_a_streamed_reply_has_openais_chunk_shape_and_usage_last(client: httpx.C
 
 
 def test_cut_stream_mode_hangs_up_after_its_chunks_and_uses_up_the_reply(
-        client: httpx.Client) -> None:
+    client: httpx.Client,
+) -> None:
     script(client, {"content": "one two three four five"}, {"content": "again"})
-    r = client.post("/_control/mode", json={"mode": "cut_stream", "count": 1,
-                                            "after_chunks": 2})
+    r = client.post("/_control/mode", json={"mode": "cut_stream", "count": 1, "after_chunks": 2})
     assert r.json() == {"mode": "cut_stream", "count": 1, "delay_s": 0.0, "after_chunks": 2}
     received: list[str] = []
     with pytest.raises(httpx.RemoteProtocolError):
-        with client.stream("POST", "/v1/chat/completions",
-                           json={**REQUEST, "stream": True}) as r:
+        with client.stream("POST", "/v1/chat/completions", json={**REQUEST, "stream": True}) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 received.append(line)
     assert len([line for line in received if line.startswith("data: ")]) == 2
-    assert [e["choices"][0]["delta"].get("content") for e in stream_events(
-        complete(client, {**REQUEST, "stream": True}))][1:-1] == ["again"]
+    assert [
+        e["choices"][0]["delta"].get("content")
+        for e in stream_events(complete(client, {**REQUEST, "stream": True}))
+    ][1:-1] == ["again"]
 
 
 @pytest.mark.parametrize("after", [-1, 1.5, "2", 10_001])
@@ -300,17 +339,27 @@ def test_bad_after_chunks_is_rejected(client: httpx.Client, after: Any) -> None:
 
 
 def test_slow_stream_mode_streams_the_same_chunks_and_survives_a_client_hanging_up(
-        client: httpx.Client) -> None:
-    script(client, {"content": "one two three four five"}, {"content": "one two three four five"},
-           {"content": "after"})
+    client: httpx.Client,
+) -> None:
+    script(
+        client,
+        {"content": "one two three four five"},
+        {"content": "one two three four five"},
+        {"content": "after"},
+    )
     r = client.post("/_control/mode", json={"mode": "slow_stream", "count": 2, "delay_s": 0.05})
     assert r.json()["mode"] == "slow_stream"
     slow = stream_events(complete(client, {**REQUEST, "stream": True}))
     assert [e["choices"][0]["delta"].get("content") for e in slow][1:-1] == [
-        "one two ", "three fo", "ur five"]
+        "one two ",
+        "three fo",
+        "ur five",
+    ]
     # A client that gives up mid-stream: the fake stops sending, and serves the next one.
     with client.stream("POST", "/v1/chat/completions", json={**REQUEST, "stream": True}) as r:
         first = next(line for line in r.iter_lines() if line.startswith("data: "))
     assert json.loads(first[6:])["object"] == "chat.completion.chunk"
-    assert [e["choices"][0]["delta"].get("content") for e in stream_events(
-        complete(client, {**REQUEST, "stream": True}))][1:-1] == ["after"]
+    assert [
+        e["choices"][0]["delta"].get("content")
+        for e in stream_events(complete(client, {**REQUEST, "stream": True}))
+    ][1:-1] == ["after"]

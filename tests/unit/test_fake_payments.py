@@ -45,8 +45,7 @@ async def charge(
 ) -> httpx.Response:
     if reference is not None:
         headers["Reference"] = reference
-    return await client.post("/v1/charges", json=CHARGE if body is None else body,
-                             headers=headers)
+    return await client.post("/v1/charges", json=CHARGE if body is None else body, headers=headers)
 
 
 async def stored_charges(client: httpx.AsyncClient) -> list[dict[str, Any]]:
@@ -147,8 +146,9 @@ async def test_bad_reference_is_400_without_effect(
 async def test_malformed_json_is_400_without_effect(
     client: httpx.AsyncClient, content: bytes
 ) -> None:
-    r = await client.post("/v1/charges", content=content,
-                          headers={"Content-Type": "application/json"})
+    r = await client.post(
+        "/v1/charges", content=content, headers={"Content-Type": "application/json"}
+    )
     assert (r.status_code, r.json()) == (400, {"error": "malformed JSON"})
     assert await stored_charges(client) == []
 
@@ -318,8 +318,18 @@ async def test_empty_token_is_refused() -> None:
 async def test_main_serves_until_sigterm(tmp_path: Path) -> None:
     token_file, ready = anyio.Path(tmp_path / "token"), anyio.Path(tmp_path / "ready")
     await token_file.write_text(TOKEN + "\n")
-    cmd = [sys.executable, "-m", "fakes.payments", "--port", "0", "--token-file",
-           str(token_file), "--ready-file", str(ready), "--queryable"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fakes.payments",
+        "--port",
+        "0",
+        "--token-file",
+        str(token_file),
+        "--ready-file",
+        str(ready),
+        "--queryable",
+    ]
     async with await anyio.open_process(cmd, cwd=ROOT) as proc:
         try:
             await eventually(ready.exists, timeout=20)
@@ -373,8 +383,9 @@ async def refund(
     client: httpx.AsyncClient, reference: str | None = "t1:op1", body: Any = None, **overrides: Any
 ) -> httpx.Response:
     headers = {} if reference is None else {"Reference": reference}
-    return await client.post("/v1/refunds", json={**REFUND, **overrides} if body is None else body,
-                             headers=headers)
+    return await client.post(
+        "/v1/refunds", json={**REFUND, **overrides} if body is None else body, headers=headers
+    )
 
 
 async def stored_refunds(client: httpx.AsyncClient) -> list[dict[str, Any]]:
@@ -484,14 +495,18 @@ async def test_refunds_are_refused_beyond_what_is_left(client: httpx.AsyncClient
     over_line = await refund(client, amount_cents=1)
     assert over_line.status_code == 409
     assert over_line.json() == {
-        "error": "amount exceeds what is left to refund on the line", "refundable_cents": 0}
+        "error": "amount exceeds what is left to refund on the line",
+        "refundable_cents": 0,
+    }
     # L1 is replaced by L3 "in another tab": L3 has nothing refunded, but the payment's total
     # is no more than what was already refunded, and the payment's balance is what binds.
     l3 = {**LINE, "line_id": "L3", "amount_cents": 9000}
     await upsert(client, {**PAYMENT, "lines": [PAYMENT["lines"][1], l3]})
     over_payment = await refund(client, line_id="L3", amount_cents=1)
-    assert (over_payment.status_code, over_payment.json()) == (409, {
-        "error": "amount exceeds what is left to refund on the payment", "refundable_cents": 0})
+    assert (over_payment.status_code, over_payment.json()) == (
+        409,
+        {"error": "amount exceeds what is left to refund on the payment", "refundable_cents": 0},
+    )
     assert len(await stored_refunds(client)) == 1
     payment = await read(client)
     assert (payment["amount_cents"], payment["refunded_cents"]) == (12000, 12000)
@@ -514,10 +529,14 @@ async def test_upsert_replaces_facts_but_keeps_refunds(client: httpx.AsyncClient
     [
         ({"status": "authorized"}, "payment is authorized, not captured"),
         ({"status": "voided"}, "payment is voided, not captured"),
-        ({"method": {"kind": "card", "last4": "4242", "usable": False}},
-         "the payment's method can no longer receive refunds"),
-        ({"method": {"kind": "card", "last4": "1881", "usable": True}},
-         "destination does not match the payment's method"),
+        (
+            {"method": {"kind": "card", "last4": "4242", "usable": False}},
+            "the payment's method can no longer receive refunds",
+        ),
+        (
+            {"method": {"kind": "card", "last4": "1881", "usable": True}},
+            "destination does not match the payment's method",
+        ),
     ],
 )
 async def test_refund_is_409_when_the_payment_cannot_take_it(
@@ -575,8 +594,9 @@ async def test_bad_refund_reference_is_400(client: httpx.AsyncClient, reference:
 
 async def test_refund_lookup_only_when_queryable(client: httpx.AsyncClient) -> None:
     await upsert(client)
-    first, _, third = [(await refund(client, ref, amount_cents=100)).json()
-                       for ref in ("k1", "k2", "k1")]
+    first, _, third = [
+        (await refund(client, ref, amount_cents=100)).json() for ref in ("k1", "k2", "k1")
+    ]
     r = await client.get("/v1/refunds", params={"reference": "k1"})
     assert (r.status_code, r.json()) == (404, {"error": "lookup not supported"})
     await set_queryable(client, True)

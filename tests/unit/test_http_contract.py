@@ -30,15 +30,24 @@ def test_a_changed_contract_is_drift(tmp_path: Path) -> None:
 def test_the_document_is_openapi_3_1_with_the_routes_of_the_issue() -> None:
     document = json.loads((Path(__file__).parents[2] / "schemas" / "openapi.json").read_text())
     assert document["openapi"] == "3.1.0"
-    assert {"/api/v1/runs", "/api/v1/runs/{run_id}", "/api/v1/runs/{run_id}/wait",
-            "/api/v1/commands", "/api/v1/pending-decisions", "/api/v1/pending-decisions/decide",
-            "/api/v1/proposals/{proposal_id}/approve", "/api/v1/proposals/{proposal_id}/reject",
-            "/api/v1/reviews/{pending_id}", "/api/v1/audit/replay/{run_id}",
-            "/healthz"} <= set(document["paths"])
+    assert {
+        "/api/v1/runs",
+        "/api/v1/runs/{run_id}",
+        "/api/v1/runs/{run_id}/wait",
+        "/api/v1/commands",
+        "/api/v1/pending-decisions",
+        "/api/v1/pending-decisions/decide",
+        "/api/v1/proposals/{proposal_id}/approve",
+        "/api/v1/proposals/{proposal_id}/reject",
+        "/api/v1/reviews/{pending_id}",
+        "/api/v1/audit/replay/{run_id}",
+        "/healthz",
+    } <= set(document["paths"])
     post = document["paths"]["/api/v1/runs"]["post"]
     assert [p["name"] for p in post["parameters"]] == ["Idempotency-Key"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
-        "$ref": "#/components/schemas/StartRun"}
+        "$ref": "#/components/schemas/StartRun"
+    }
     assert "application/problem+json" in post["responses"]["409"]["content"]
     assert document["security"] == [{"bearer": []}]
 
@@ -49,28 +58,47 @@ def test_bodies_refuse_unknown_fields() -> None:
 
 
 def test_the_fingerprint_ignores_key_order_and_spacing_but_not_values() -> None:
-    one = msgspec.json.decode(b'{"agent":"a","operation_key":"k","action":"x",'
-                              b'"arguments":{"b":1,"a":2}}', type=CommandBody)
-    two = msgspec.json.decode(b'{ "arguments": {"a": 2, "b": 1}, "action": "x", '
-                              b'"operation_key": "k", "agent": "a" }', type=CommandBody)
+    one = msgspec.json.decode(
+        b'{"agent":"a","operation_key":"k","action":"x","arguments":{"b":1,"a":2}}',
+        type=CommandBody,
+    )
+    two = msgspec.json.decode(
+        b'{ "arguments": {"a": 2, "b": 1}, "action": "x", "operation_key": "k", "agent": "a" }',
+        type=CommandBody,
+    )
     other = msgspec.structs.replace(one, arguments={"a": 2, "b": 3})
     assert fingerprint("POST /commands", one) == fingerprint("POST /commands", two)
     assert fingerprint("POST /commands", one) != fingerprint("POST /commands", other)
     assert fingerprint("POST /commands", one) != fingerprint("POST /runs", one)
 
 
-@pytest.mark.parametrize(("code", "status"), [
-    ("TOO_LARGE", 413), ("INVALID_REQUEST", 400), ("BAD_SIGNATURE", 401),
-    ("TOKEN_EXPIRED", 401), ("WRONG_TENANT", 403), ("FORBIDDEN", 403), ("CONFLICT", 409),
-    ("NOT_FOUND", 404), ("UNAVAILABLE", 503)])
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [
+        ("TOO_LARGE", 413),
+        ("INVALID_REQUEST", 400),
+        ("BAD_SIGNATURE", 401),
+        ("TOKEN_EXPIRED", 401),
+        ("WRONG_TENANT", 403),
+        ("FORBIDDEN", 403),
+        ("CONFLICT", 409),
+        ("NOT_FOUND", 404),
+        ("UNAVAILABLE", 503),
+    ],
+)
 def test_each_code_has_its_status_and_a_problem_document(code: str, status: int) -> None:
     assert ApiError(code).status == STATUS[code] == status
     response = problem(code, "why", instance="/api/v1/runs")
     assert response.status_code == status
     assert response.media_type == "application/problem+json"
     assert msgspec.json.decode(response.content) == {
-        "type": "about:blank", "title": code.replace("_", " ").lower(), "status": status,
-        "code": code, "detail": "why", "instance": "/api/v1/runs"}
+        "type": "about:blank",
+        "title": code.replace("_", " ").lower(),
+        "status": status,
+        "code": code,
+        "detail": "why",
+        "instance": "/api/v1/runs",
+    }
 
 
 def test_the_asyncapi_document_is_valid_by_the_official_asyncapi_3_0_schema() -> None:
@@ -84,9 +112,13 @@ def test_the_asyncapi_document_is_valid_by_the_official_asyncapi_3_0_schema() ->
     jsonschema.Draft7Validator(schema).validate(document)
     assert document["channels"]["requests"]["address"] == "writ.in.requests.{tenant}"
     assert set(document["channels"]["results"]["messages"]) == {
-        "RunResult", "CommandResult", "DecisionResult", "ApprovalResult", "ReviewResult"}
-    assert "Nats-Msg-Id" in document["components"]["messages"]["RunRequest"]["headers"][
-        "required"]
+        "RunResult",
+        "CommandResult",
+        "DecisionResult",
+        "ApprovalResult",
+        "ReviewResult",
+    }
+    assert "Nats-Msg-Id" in document["components"]["messages"]["RunRequest"]["headers"]["required"]
 
 
 def test_a_broken_asyncapi_document_is_refused_by_that_schema() -> None:

@@ -41,10 +41,12 @@ MAX_BYTES = 64 * 1024
 
 def _keypair() -> tuple[bytes, str]:
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     return private, public.decode()
 
 
@@ -61,8 +63,13 @@ def claims_for(host: str = "acme", /, **overrides: Any) -> dict[str, Any]:
     """The claims a well-behaved host of tenant `host` signs; `None` overrides drop a claim."""
     now = datetime.now(UTC)
     claims: dict[str, Any] = {
-        "iss": KEYS[host].issuer, "aud": AUDIENCE, "sub": "alice@acme", "tenant": host,
-        "iat": now, "exp": now + timedelta(minutes=5), "jti": uuid.uuid4().hex,
+        "iss": KEYS[host].issuer,
+        "aud": AUDIENCE,
+        "sub": "alice@acme",
+        "tenant": host,
+        "iat": now,
+        "exp": now + timedelta(minutes=5),
+        "jti": uuid.uuid4().hex,
     }
     claims.update(overrides)
     return {k: v for k, v in claims.items() if v is not None}
@@ -73,17 +80,34 @@ def token(claims: dict[str, Any] | None = None, key: bytes = ACME_PRIVATE) -> st
 
 
 def body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"type": "RunRequest", "request_id": "req-1",
-                "token": token() if tok is None else tok,
-                "agent": "assistant", "input": "Summarise ACME-42's last ticket."}
+    document = {
+        "type": "RunRequest",
+        "request_id": "req-1",
+        "token": token() if tok is None else tok,
+        "agent": "assistant",
+        "input": "Summarise ACME-42's last ticket.",
+    }
     document.update(fields)
     return json.dumps(document).encode()
 
 
-def verify(raw: bytes, *, tenant: str = "acme", header: str | None = "req-1",
-           max_bytes: int = MAX_BYTES, **options: Any) -> Verified | Rejection:
-    return verify_request(raw, subject_tenant=tenant, header_request_id=header, keys=KEYS,
-                          audience=AUDIENCE, max_bytes=max_bytes, **options)
+def verify(
+    raw: bytes,
+    *,
+    tenant: str = "acme",
+    header: str | None = "req-1",
+    max_bytes: int = MAX_BYTES,
+    **options: Any,
+) -> Verified | Rejection:
+    return verify_request(
+        raw,
+        subject_tenant=tenant,
+        header_request_id=header,
+        keys=KEYS,
+        audience=AUDIENCE,
+        max_bytes=max_bytes,
+        **options,
+    )
 
 
 def rejected(outcome: Verified | Rejection, code: str) -> Rejection:
@@ -91,8 +115,11 @@ def rejected(outcome: Verified | Rejection, code: str) -> Rejection:
     assert isinstance(outcome, Rejection), outcome
     assert outcome.code == code, outcome
     # The service copies the rejection into a RunResult: it must decode on the host's side.
-    result = RunResult(request_id=outcome.request_id, status="rejected",
-                       error=ErrorInfo(code=outcome.code, message=outcome.message))
+    result = RunResult(
+        request_id=outcome.request_id,
+        status="rejected",
+        error=ErrorInfo(code=outcome.code, message=outcome.message),
+    )
     assert msgspec.json.decode(msgspec.json.encode(result), type=RunResult) == result
     return outcome
 
@@ -116,14 +143,18 @@ def test_valid_token_is_verified_with_tenant_and_principal_from_the_token() -> N
     assert outcome.tenant == "acme"
     assert outcome.principal == "bob.smith@acme"
     assert outcome.run_id == run_id_for("acme", "req-1")
-    assert outcome.request == RunRequest(request_id="req-1", token=outcome.request.token,
-                                         agent="assistant",
-                                         input="Summarise ACME-42's last ticket.")
+    assert outcome.request == RunRequest(
+        request_id="req-1",
+        token=outcome.request.token,
+        agent="assistant",
+        input="Summarise ACME-42's last ticket.",
+    )
 
 
 def test_each_tenant_is_verified_with_its_own_key() -> None:
-    outcome = verify(body(token(claims_for("globex", sub="carol"), GLOBEX_PRIVATE)),
-                     tenant="globex")
+    outcome = verify(
+        body(token(claims_for("globex", sub="carol"), GLOBEX_PRIVATE)), tenant="globex"
+    )
     assert isinstance(outcome, Verified)
     assert (outcome.tenant, outcome.principal) == ("globex", "carol")
     assert outcome.run_id == run_id_for("globex", "req-1")
@@ -175,18 +206,21 @@ def test_tenant_claim_other_than_the_subject_tenant() -> None:
     rejected(verify(body(token(claims))), "WRONG_TENANT")
 
 
-@pytest.mark.parametrize("overrides", [
-    pytest.param({"aud": "someone-else"}, id="wrong-audience"),
-    pytest.param({"iss": "https://idp.globex.example"}, id="wrong-issuer"),
-    pytest.param({"jti": None}, id="missing-jti"),
-    pytest.param({"exp": None}, id="missing-exp"),
-    pytest.param({"aud": None}, id="missing-aud"),
-    pytest.param({"sub": None}, id="missing-sub"),
-    pytest.param({"tenant": None}, id="missing-tenant"),
-    pytest.param({"sub": "alice smith"}, id="sub-not-a-principal-id"),
-    pytest.param({"sub": "alice\n"}, id="sub-with-trailing-newline"),
-    pytest.param({"sub": "x" * 129}, id="sub-too-long"),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"aud": "someone-else"}, id="wrong-audience"),
+        pytest.param({"iss": "https://idp.globex.example"}, id="wrong-issuer"),
+        pytest.param({"jti": None}, id="missing-jti"),
+        pytest.param({"exp": None}, id="missing-exp"),
+        pytest.param({"aud": None}, id="missing-aud"),
+        pytest.param({"sub": None}, id="missing-sub"),
+        pytest.param({"tenant": None}, id="missing-tenant"),
+        pytest.param({"sub": "alice smith"}, id="sub-not-a-principal-id"),
+        pytest.param({"sub": "alice\n"}, id="sub-with-trailing-newline"),
+        pytest.param({"sub": "x" * 129}, id="sub-too-long"),
+    ],
+)
 def test_invalid_claims(overrides: dict[str, Any]) -> None:
     rejected(verify(body(token(claims_for(**overrides)))), "INVALID_TOKEN")
 
@@ -215,8 +249,7 @@ def test_unknown_tenant() -> None:
 
 
 @pytest.mark.parametrize("tenant", ["t" * 600, "ACME", "acme\n", "acme.eu", "*", ""])
-def test_unknown_tenant_message_fits_the_host_contract_whatever_the_subject(
-        tenant: str) -> None:
+def test_unknown_tenant_message_fits_the_host_contract_whatever_the_subject(tenant: str) -> None:
     # The subject's last token is host-controlled; the rejection must still be a valid RunResult.
     rejected(verify(body(), tenant=tenant), "UNKNOWN_TENANT")
 
@@ -251,8 +284,16 @@ def test_input_length_bounds(length: int, accepted: bool) -> None:
         assert "input" in rejected(outcome, "INVALID_REQUEST").message
 
 
-@pytest.mark.parametrize("raw", [b"", b"not json", b"[]", b'{"request_id": "req-1"}',
-                                 b'{"request_id": 5, "token": "t", "agent": "a", "input": "i"}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"request_id": "req-1"}',
+        b'{"request_id": 5, "token": "t", "agent": "a", "input": "i"}',
+    ],
+)
 def test_undecodable_or_incomplete_body(raw: bytes) -> None:
     rejected(verify(raw), "INVALID_REQUEST")
 
@@ -293,11 +334,15 @@ def test_resent_request_names_the_same_run() -> None:
 
 
 def command_body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"type": "SubmitCommand", "request_id": "req-1",
-                "token": token() if tok is None else tok,
-                "agent": "assistant", "operation_key": "invoice-7-note",
-                "action": "crm.note.create",
-                "arguments": {"customer_id": "ACME-42", "body": "Paid."}}
+    document = {
+        "type": "SubmitCommand",
+        "request_id": "req-1",
+        "token": token() if tok is None else tok,
+        "agent": "assistant",
+        "operation_key": "invoice-7-note",
+        "action": "crm.note.create",
+        "arguments": {"customer_id": "ACME-42", "body": "Paid."},
+    }
     document.update(fields)
     return json.dumps(document).encode()
 
@@ -312,16 +357,20 @@ def test_host_command_is_verified_like_a_request() -> None:
 
 @pytest.mark.parametrize("field", ["principal", "tenant", "operation_id"])
 def test_host_command_rejects_unknown_fields(field: str) -> None:
-    outcome = rejected(verify(command_body(**{field: "x"}), decoder=COMMAND_DECODER),
-                       "INVALID_REQUEST")
+    outcome = rejected(
+        verify(command_body(**{field: "x"}), decoder=COMMAND_DECODER), "INVALID_REQUEST"
+    )
     assert field in outcome.message
 
 
 def test_host_command_token_is_checked() -> None:
-    rejected(verify(command_body(token(key=STRANGER_PRIVATE)), decoder=COMMAND_DECODER),
-             "BAD_SIGNATURE")
-    rejected(verify(command_body(token(claims_for(tenant="globex"))), decoder=COMMAND_DECODER),
-             "WRONG_TENANT")
+    rejected(
+        verify(command_body(token(key=STRANGER_PRIVATE)), decoder=COMMAND_DECODER), "BAD_SIGNATURE"
+    )
+    rejected(
+        verify(command_body(token(claims_for(tenant="globex"))), decoder=COMMAND_DECODER),
+        "WRONG_TENANT",
+    )
 
 
 def test_a_run_request_is_not_a_host_command() -> None:
@@ -345,10 +394,14 @@ def test_run_ids_are_valid_ids() -> None:
 
 
 def review_body(tok: str | None = None, **fields: Any) -> bytes:
-    document = {"type": "ReviewDecision", "request_id": "req-1",
-                "token": token(claims_for(roles=["approver"])) if tok is None else tok,
-                "pending_id": "review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-3",
-                "answer": "approve", "comment": "The order number is right."}
+    document = {
+        "type": "ReviewDecision",
+        "request_id": "req-1",
+        "token": token(claims_for(roles=["approver"])) if tok is None else tok,
+        "pending_id": "review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-3",
+        "answer": "approve",
+        "comment": "The order number is right.",
+    }
     document.update(fields)
     return json.dumps(document).encode()
 
@@ -379,14 +432,17 @@ def test_review_answer_rejects_unknown_fields(field: str) -> None:
     assert field in outcome.message
 
 
-@pytest.mark.parametrize(("changes", "field"), [
-    ({"answer": "once"}, "answer"),
-    ({"answer": "always"}, "answer"),
-    ({"comment": "c" * 513}, "comment"),
-    ({"pending_id": "p" * 129}, "pending_id"),
-    ({"pending_id": "review run 1"}, "pending_id"),
-    ({"pending_id": ""}, "pending_id"),
-])
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"answer": "once"}, "answer"),
+        ({"answer": "always"}, "answer"),
+        ({"comment": "c" * 513}, "comment"),
+        ({"pending_id": "p" * 129}, "pending_id"),
+        ({"pending_id": "review run 1"}, "pending_id"),
+        ({"pending_id": ""}, "pending_id"),
+    ],
+)
 def test_review_answer_bounds(changes: dict[str, Any], field: str) -> None:
     outcome = rejected(verify_review(review_body(**changes)), "INVALID_REQUEST")
     assert field in outcome.message
@@ -411,14 +467,21 @@ def test_review_answer_needs_the_approver_role(roles: list[str] | None) -> None:
 def test_another_tenants_approver_is_refused_before_the_role_counts() -> None:
     globex = token(claims_for("globex", roles=["approver"]), key=GLOBEX_PRIVATE)
     rejected(verify_review(review_body(globex)), "BAD_SIGNATURE")  # on acme's subject
-    rejected(verify_review(review_body(token(claims_for(tenant="globex", roles=["approver"])))),
-             "WRONG_TENANT")
+    rejected(
+        verify_review(review_body(token(claims_for(tenant="globex", roles=["approver"])))),
+        "WRONG_TENANT",
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(APPROVER_KINDS))
 def test_every_approver_kind_needs_the_role(kind: str) -> None:
-    outcome = Verified(request=msgspec.json.decode(review_body(), type=ReviewDecision),
-                       tenant="acme", principal="alice@acme", run_id="r", roles=frozenset())
+    outcome = Verified(
+        request=msgspec.json.decode(review_body(), type=ReviewDecision),
+        tenant="acme",
+        principal="alice@acme",
+        run_id="r",
+        roles=frozenset(),
+    )
     rejected(authorize(outcome, kind), "FORBIDDEN")
     approver = msgspec.structs.replace(outcome, roles=frozenset({"approver", "viewer"}))
     assert authorize(approver, kind) is approver
@@ -426,8 +489,12 @@ def test_every_approver_kind_needs_the_role(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["requests", "commands"])
 def test_host_kinds_need_no_role(kind: str) -> None:
-    outcome = Verified(request=msgspec.json.decode(body(), type=RunRequest), tenant="acme",
-                       principal="alice@acme", run_id="r")
+    outcome = Verified(
+        request=msgspec.json.decode(body(), type=RunRequest),
+        tenant="acme",
+        principal="alice@acme",
+        run_id="r",
+    )
     assert authorize(outcome, kind) is outcome
 
 
@@ -437,35 +504,54 @@ def test_a_rejection_passes_authorize_unchanged() -> None:
 
 
 def test_every_host_subject_kind_has_a_decoder() -> None:
-    assert set(DECODERS) == {"requests", "commands", "decisions", "approvals", "reviews",
-                             "cancels"}
+    assert set(DECODERS) == {"requests", "commands", "decisions", "approvals", "reviews", "cancels"}
     assert APPROVER_KINDS < set(DECODERS)
 
 
-@pytest.mark.parametrize(("pending_id", "target"), [
-    ("review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-0",
-     ("6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10", 0)),
-    ("review-run-1-12", ("run-1", 12)),
-    ("review-r-1000", ("r", 1000)),
-    ("review-cmd-x.y:z-7", ("cmd-x.y:z", 7)),
-])
+@pytest.mark.parametrize(
+    ("pending_id", "target"),
+    [
+        (
+            "review-6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10-0",
+            ("6f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10", 0),
+        ),
+        ("review-run-1-12", ("run-1", 12)),
+        ("review-r-1000", ("r", 1000)),
+        ("review-cmd-x.y:z-7", ("cmd-x.y:z", 7)),
+    ],
+)
 def test_review_target_names_the_run_and_step(pending_id: str, target: tuple[str, int]) -> None:
     assert review_target(pending_id) == target
 
 
-@pytest.mark.parametrize("pending_id", [
-    "review-1", "review--3", "review-run-1-1001", "review-run-1-12345", "prop_abc",
-    "pd-1", "review-run-1-x", "Review-run-1-0", "review-run-1-0\n", "xreview-run-1-0",
-])
+@pytest.mark.parametrize(
+    "pending_id",
+    [
+        "review-1",
+        "review--3",
+        "review-run-1-1001",
+        "review-run-1-12345",
+        "prop_abc",
+        "pd-1",
+        "review-run-1-x",
+        "Review-run-1-0",
+        "review-run-1-0\n",
+        "xreview-run-1-0",
+    ],
+)
 def test_review_target_of_an_id_that_names_no_review(pending_id: str) -> None:
     assert review_target(pending_id) is None
 
 
 def test_review_verdicts() -> None:
     assert review_verdict(None, answer="approve", run_status="succeeded") == (
-        True, "approved; the run is succeeded")
+        True,
+        "approved; the run is succeeded",
+    )
     assert review_verdict(None, answer="reject", run_status="failed") == (
-        True, "rejected; the run is failed")
+        True,
+        "rejected; the run is failed",
+    )
     assert review_verdict("404", "no such run") == (False, NO_REVIEW)
     assert "no such run" not in NO_REVIEW  # another tenant's run looks like no run at all
     accepted, message = review_verdict("400", "x" * 600) or (True, "")
@@ -487,8 +573,9 @@ def _raw_token(claims: dict[str, Any]) -> str:
 
 def _epoch_claims(**overrides: Any) -> dict[str, Any]:
     now = int(datetime.now(UTC).timestamp())
-    claims = {k: (int(v.timestamp()) if isinstance(v, datetime) else v)
-              for k, v in claims_for().items()}
+    claims = {
+        k: (int(v.timestamp()) if isinstance(v, datetime) else v) for k, v in claims_for().items()
+    }
     claims.update({"iat": now, "exp": now + 300}, **overrides)
     return {k: v for k, v in claims.items() if v is not None}
 
@@ -497,8 +584,9 @@ def _epoch_claims(**overrides: Any) -> dict[str, Any]:
 def test_a_numeric_string_date_is_refused(claim: str) -> None:
     now = int(datetime.now(UTC).timestamp())
     value = {"exp": now + 300, "nbf": now - 10, "iat": now - 10}[claim]
-    outcome = rejected(verify(body(_raw_token(_epoch_claims(**{claim: str(value)})))),
-                       "INVALID_TOKEN")
+    outcome = rejected(
+        verify(body(_raw_token(_epoch_claims(**{claim: str(value)})))), "INVALID_TOKEN"
+    )
     assert claim in outcome.message
 
 
@@ -518,11 +606,11 @@ def test_a_token_living_longer_than_the_maximum_is_refused() -> None:
     long_lived = _raw_token(_epoch_claims(iat=now, exp=now + 3600 + 60))
     assert "at most 3600" in rejected(verify(body(long_lived)), "INVALID_TOKEN").message
     # Without iat, the lifetime left counts.
-    rejected(verify(body(_raw_token(_epoch_claims(iat=None, exp=now + 7200)))),
-             "INVALID_TOKEN")
+    rejected(verify(body(_raw_token(_epoch_claims(iat=None, exp=now + 7200)))), "INVALID_TOKEN")
     # An old iat with a far exp is as long-lived, whatever is left.
-    rejected(verify(body(_raw_token(_epoch_claims(iat=now - 3000, exp=now + 1000)))),
-             "INVALID_TOKEN")
+    rejected(
+        verify(body(_raw_token(_epoch_claims(iat=now - 3000, exp=now + 1000)))), "INVALID_TOKEN"
+    )
 
 
 def test_the_maximum_lifetime_is_a_setting_and_an_hour_is_accepted() -> None:
@@ -567,5 +655,7 @@ def test_the_maximum_token_lifetime_is_read_from_writ_max_token_ttl_s() -> None:
 
     base = {"WRIT_NATS_URL": "nats://x", "WRIT_TENANT_KEYS_FILE": "keys.json"}
     assert load_settings(IngressSettings, base).max_token_ttl_s == 3600.0
-    assert load_settings(IngressSettings, {**base, "WRIT_MAX_TOKEN_TTL_S": "600"}
-                         ).max_token_ttl_s == 600.0
+    assert (
+        load_settings(IngressSettings, {**base, "WRIT_MAX_TOKEN_TTL_S": "600"}).max_token_ttl_s
+        == 600.0
+    )

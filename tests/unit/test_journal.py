@@ -26,9 +26,16 @@ from libs.journal import (
 )
 
 ROW: dict[str, Any] = {
-    "id": 7, "xid": "745", "tenant": "acme", "kind": "decision", "subject": "d-1",
-    "run_id": "run-1", "recorded_at": datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
-    "key_id": "d1", "nonce": bytes(range(12)), "ciphertext": b"\x00\xffsecret",
+    "id": 7,
+    "xid": "745",
+    "tenant": "acme",
+    "kind": "decision",
+    "subject": "d-1",
+    "run_id": "run-1",
+    "recorded_at": datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+    "key_id": "d1",
+    "nonce": bytes(range(12)),
+    "ciphertext": b"\x00\xffsecret",
 }
 
 
@@ -45,29 +52,45 @@ def test_the_entry_hash_is_sha256_over_the_rfc8785_encoding() -> None:
     canonical = (
         '{"ciphertext":"AP9zZWNyZXQ=","id":"7","key_id":"d1","kind":"decision",'
         '"nonce":"AAECAwQFBgcICQoL","recorded_at":"1735787045678901","run_id":"run-1",'
-        '"seq":"3","service":"governance","subject":"d-1","tenant":"acme","v":1,"xid":"745"}')
+        '"seq":"3","service":"governance","subject":"d-1","tenant":"acme","v":1,"xid":"745"}'
+    )
     prev = b"\x01" * 32
-    assert entry_hash(prev, service="governance", seq=3, row=ROW) == \
-        hashlib.sha256(prev + canonical.encode()).digest()
+    assert (
+        entry_hash(prev, service="governance", seq=3, row=ROW)
+        == hashlib.sha256(prev + canonical.encode()).digest()
+    )
     assert genesis_hash("governance") == hashlib.sha256(b"writ-journal/1:governance").digest()
 
 
-@pytest.mark.parametrize("field,value", [
-    ("id", 8), ("xid", "746"), ("tenant", "globex"), ("kind", "x"), ("subject", "d-2"),
-    ("run_id", ""), ("recorded_at", datetime(2025, 1, 2, 3, 4, 5, 678902, tzinfo=UTC)),
-    ("key_id", "d2"), ("nonce", bytes(12)), ("ciphertext", b"\x01\xffsecret")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("id", 8),
+        ("xid", "746"),
+        ("tenant", "globex"),
+        ("kind", "x"),
+        ("subject", "d-2"),
+        ("run_id", ""),
+        ("recorded_at", datetime(2025, 1, 2, 3, 4, 5, 678902, tzinfo=UTC)),
+        ("key_id", "d2"),
+        ("nonce", bytes(12)),
+        ("ciphertext", b"\x01\xffsecret"),
+    ],
+)
 def test_every_stored_column_is_in_the_hash(field: str, value: object) -> None:
     before = entry_hash(bytes(32), service="governance", seq=1, row=ROW)
-    assert entry_hash(bytes(32), service="governance", seq=1, row={**ROW, field: value}) \
-        != before
+    assert entry_hash(bytes(32), service="governance", seq=1, row={**ROW, field: value}) != before
 
 
 def test_a_rejection_is_in_the_hash_and_an_accepted_row_hashes_as_before() -> None:
     base = entry_hash(bytes(32), service="governance", seq=1, row=ROW)
-    assert entry_hash(bytes(32), service="governance", seq=1, row={**ROW, "rejected": None}) \
-        == base
-    assert entry_hash(bytes(32), service="governance", seq=1,
-                      row={**ROW, "rejected": "unauthentic: forged"}) != base
+    assert entry_hash(bytes(32), service="governance", seq=1, row={**ROW, "rejected": None}) == base
+    assert (
+        entry_hash(
+            bytes(32), service="governance", seq=1, row={**ROW, "rejected": "unauthentic: forged"}
+        )
+        != base
+    )
 
 
 def test_the_place_in_the_chain_and_the_service_are_in_the_hash() -> None:
@@ -82,16 +105,22 @@ def test_the_hash_does_not_depend_on_the_timestamp_zone() -> None:
     from datetime import timedelta, timezone
 
     paris = ROW["recorded_at"].astimezone(timezone(timedelta(hours=1)))
-    assert entry_hash(bytes(32), service="g", seq=1, row={**ROW, "recorded_at": paris}) == \
-        entry_hash(bytes(32), service="g", seq=1, row=ROW)
+    assert entry_hash(
+        bytes(32), service="g", seq=1, row={**ROW, "recorded_at": paris}
+    ) == entry_hash(bytes(32), service="g", seq=1, row=ROW)
 
 
 # -- encryption -------------------------------------------------------------------------------
 
 
 def stored(j: Journal, **kwargs: Any) -> dict[str, Any]:
-    entry = j.entry(tenant="acme", kind="decision", subject="d-1", run_id="run-1",
-                    payload={"verdict": "allow", "reason": "standing grant"})
+    entry = j.entry(
+        tenant="acme",
+        kind="decision",
+        subject="d-1",
+        run_id="run-1",
+        payload={"verdict": "allow", "reason": "standing grant"},
+    )
     return {"id": 1, **msgspec.structs.asdict(entry), **kwargs}
 
 
@@ -104,9 +133,16 @@ def test_payloads_round_trip_and_are_not_stored_in_clear() -> None:
     assert stored(j)["nonce"] != row["nonce"]  # a fresh nonce every time
 
 
-@pytest.mark.parametrize("field,value", [
-    ("tenant", "globex"), ("kind", "grant.standing"), ("subject", "d-2"), ("run_id", "run-2"),
-    ("recorded_at", datetime(2025, 1, 2, 3, 4, 5, 678902, tzinfo=UTC))])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("tenant", "globex"),
+        ("kind", "grant.standing"),
+        ("subject", "d-2"),
+        ("run_id", "run-2"),
+        ("recorded_at", datetime(2025, 1, 2, 3, 4, 5, 678902, tzinfo=UTC)),
+    ],
+)
 def test_the_associated_data_binds_the_row_to_its_identifiers(field: str, value: object) -> None:
     j, _ = journal()
     with pytest.raises(JournalError, match="not authentic"):
@@ -143,8 +179,16 @@ def test_rotated_data_keys_still_open_old_rows_and_unknown_keys_do_not() -> None
 
 def test_checkpoints_verify_across_a_signing_key_rotation() -> None:
     first, second = SigningKey.generate("governance-1"), SigningKey.generate("governance-2")
-    keys = load_verify_keys(json.dumps({"governance": {
-        "governance-1": first.public_pem(), "governance-2": second.public_pem()}}))["governance"]
+    keys = load_verify_keys(
+        json.dumps(
+            {
+                "governance": {
+                    "governance-1": first.public_pem(),
+                    "governance-2": second.public_pem(),
+                }
+            }
+        )
+    )["governance"]
     old = checkpoint_message("governance", 10, 0, b"\x01" * 32, "governance-1")
     new = checkpoint_message("governance", 20, 10, b"\x02" * 32, "governance-2")
     old_sig, new_sig = first.sign(old), second.sign(new)
@@ -158,11 +202,13 @@ def test_a_checkpoint_signature_covers_service_seq_head_and_key() -> None:
     key = SigningKey.generate("k")
     public = load_verify_keys(json.dumps({"g": {"k": key.public_pem()}}))["g"]["k"]
     signature = key.sign(checkpoint_message("g", 5, 4, b"\x01" * 32, "k"))
-    for other in (checkpoint_message("a", 5, 4, b"\x01" * 32, "k"),
-                  checkpoint_message("g", 6, 4, b"\x01" * 32, "k"),
-                  checkpoint_message("g", 5, 3, b"\x01" * 32, "k"),
-                  checkpoint_message("g", 5, 4, b"\x02" * 32, "k"),
-                  checkpoint_message("g", 5, 4, b"\x01" * 32, "k2")):
+    for other in (
+        checkpoint_message("a", 5, 4, b"\x01" * 32, "k"),
+        checkpoint_message("g", 6, 4, b"\x01" * 32, "k"),
+        checkpoint_message("g", 5, 3, b"\x01" * 32, "k"),
+        checkpoint_message("g", 5, 4, b"\x02" * 32, "k"),
+        checkpoint_message("g", 5, 4, b"\x01" * 32, "k2"),
+    ):
         with pytest.raises(InvalidSignature):
             public.verify(signature, other)
 
@@ -178,9 +224,14 @@ def test_key_files_round_trip() -> None:
     assert doc["active"] == "d2" and set(doc["keys"]) == {"d1", "d2"}
 
 
-@pytest.mark.parametrize("text", [
-    "not json", '{"active": "d1", "keys": {}}',
-    json.dumps({"active": "d1", "keys": {"d1": base64.b64encode(b"short").decode()}})])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        '{"active": "d1", "keys": {}}',
+        json.dumps({"active": "d1", "keys": {"d1": base64.b64encode(b"short").decode()}}),
+    ],
+)
 def test_bad_data_key_files_are_config_errors(text: str) -> None:
     with pytest.raises(ConfigError):
         DataKeys.from_json(text)

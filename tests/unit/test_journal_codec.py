@@ -13,8 +13,31 @@ from libs.journal._codec import canonical
 
 # Every character class JCS treats apart: controls (short and \u forms), quote, backslash,
 # slash, DEL, Latin-1, the JS line separators, BMP beyond, astral, and the largest code points.
-SPECIAL = ['"', "\\", "/", "\b", "\f", "\n", "\r", "\t", "\x00", "\x1f", "\x7f", "\x80", "é",
-           "\u2028", "\u2029", "\ufeff", "\uffff", "€", "𝄞", "\U0010ffff", " ", "'", "<>&"]
+SPECIAL = [
+    '"',
+    "\\",
+    "/",
+    "\b",
+    "\f",
+    "\n",
+    "\r",
+    "\t",
+    "\x00",
+    "\x1f",
+    "\x7f",
+    "\x80",
+    "é",
+    "\u2028",
+    "\u2029",
+    "\ufeff",
+    "\uffff",
+    "€",
+    "𝄞",
+    "\U0010ffff",
+    " ",
+    "'",
+    "<>&",
+]
 
 
 def _text(rng: random.Random) -> str:
@@ -24,12 +47,11 @@ def _text(rng: random.Random) -> str:
         if roll < 0.4:
             pieces.append(rng.choice(SPECIAL))
         elif roll < 0.7:
-            pieces.append(chr(rng.randint(0, 0x7f)))
+            pieces.append(chr(rng.randint(0, 0x7F)))
         elif roll < 0.9:
-            pieces.append(chr(rng.choice([rng.randint(0x80, 0xd7ff),
-                                          rng.randint(0xe000, 0xffff)])))
+            pieces.append(chr(rng.choice([rng.randint(0x80, 0xD7FF), rng.randint(0xE000, 0xFFFF)])))
         else:
-            pieces.append(chr(rng.randint(0x10000, 0x10ffff)))
+            pieces.append(chr(rng.randint(0x10000, 0x10FFFF)))
     return "".join(pieces)
 
 
@@ -37,31 +59,60 @@ def _text(rng: random.Random) -> str:
 def test_lists_and_dicts_of_text_and_integers_encode_as_rfc8785(seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(250):
-        items = [_text(rng) if rng.random() < 0.8 else rng.randint(-2**53 + 1, 2**53 - 1)
-                 for _ in range(rng.randint(0, 10))]
+        items = [
+            _text(rng) if rng.random() < 0.8 else rng.randint(-(2**53) + 1, 2**53 - 1)
+            for _ in range(rng.randint(0, 10))
+        ]
         assert canonical(items) == rfc8785.dumps(items)
-        keys = ["".join(chr(rng.randint(0x20, 0x7e)) for _ in range(rng.randint(0, 6)))
-                for _ in items]
+        keys = [
+            "".join(chr(rng.randint(0x20, 0x7E)) for _ in range(rng.randint(0, 6))) for _ in items
+        ]
         doc = dict(zip(keys, items, strict=True))
         assert canonical(doc) == rfc8785.dumps(doc)
 
 
 def test_the_journals_own_documents_encode_as_rfc8785() -> None:
-    aad = ["writ-journal/2", "planner", "acme", "step.decision", "run-1/0", "run-1", "k1",
-           "1764633600123456"]
+    aad = [
+        "writ-journal/2",
+        "planner",
+        "acme",
+        "step.decision",
+        "run-1/0",
+        "run-1",
+        "k1",
+        "1764633600123456",
+    ]
     assert canonical(aad) == rfc8785.dumps(aad)
-    entry = {"v": 1, "service": "governance", "seq": "42", "id": "7", "xid": "812",
-             "tenant": "acme", "kind": "budget.reserved", "subject": "3f2a", "run_id": "run-1",
-             "recorded_at": "1764633600123456", "key_id": "g1", "nonce": "AAEC",
-             "ciphertext": "q+/=", "rejected": "payload does not authenticate\n"}
+    entry = {
+        "v": 1,
+        "service": "governance",
+        "seq": "42",
+        "id": "7",
+        "xid": "812",
+        "tenant": "acme",
+        "kind": "budget.reserved",
+        "subject": "3f2a",
+        "run_id": "run-1",
+        "recorded_at": "1764633600123456",
+        "key_id": "g1",
+        "nonce": "AAEC",
+        "ciphertext": "q+/=",
+        "rejected": "payload does not authenticate\n",
+    }
     assert canonical(entry) == rfc8785.dumps(entry)
 
 
-@pytest.mark.parametrize("value", [
-    {"é": "a", "e": "b"},            # a key outside ASCII: JCS sorts by UTF-16 code units
-    {"\U0001d11e": "x", "\uffff": "y"},
-    ["a", 1.5], ["a", True], ["a", None], ["a", ["nested"]],
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"é": "a", "e": "b"},  # a key outside ASCII: JCS sorts by UTF-16 code units
+        {"\U0001d11e": "x", "\uffff": "y"},
+        ["a", 1.5],
+        ["a", True],
+        ["a", None],
+        ["a", ["nested"]],
+    ],
+)
 def test_other_shapes_are_rfc8785s_own(value: object) -> None:
     assert canonical(value) == rfc8785.dumps(value)  # type: ignore[arg-type]
 

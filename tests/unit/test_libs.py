@@ -15,16 +15,19 @@ from libs.settings import BaseSettings, load_settings, read_secret
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every public module on disk, so a new one is checked the day it lands.
-LIBS = sorted([p.stem for p in (ROOT / "libs").glob("*.py") if not p.stem.startswith("_")]
-              + [p.parent.name for p in (ROOT / "libs").glob("*/__init__.py")])
+LIBS = sorted(
+    [p.stem for p in (ROOT / "libs").glob("*.py") if not p.stem.startswith("_")]
+    + [p.parent.name for p in (ROOT / "libs").glob("*/__init__.py")]
+)
 
 
 # -- public surface (anyio's test_all_attributes) ------------------------------------------
 
 
 def test_the_known_libs_are_all_there() -> None:
-    assert {"actor", "bus", "db", "embedded", "errors", "runtime", "settings",
-            "telemetry"} <= set(LIBS)
+    assert {"actor", "bus", "db", "embedded", "errors", "runtime", "settings", "telemetry"} <= set(
+        LIBS
+    )
 
 
 @pytest.mark.parametrize("name", LIBS)
@@ -50,21 +53,34 @@ class ExampleSettings(BaseSettings, frozen=True, kw_only=True):
 
 
 def test_settings_map_prefixed_variables_to_fields() -> None:
-    settings = load_settings(ExampleSettings, {
-        "WRIT_NATS_URL": "nats://bus:4222", "WRIT_FOO_BAR": "7", "WRIT_FLAG": "true",
-        "WRIT_RATIO": "1.5", "WRIT_METRICS_PORT": "9100",
-    })
-    assert settings == ExampleSettings(nats_url="nats://bus:4222", foo_bar=7, flag=True,
-                                       ratio=1.5, metrics_port=9100)
+    settings = load_settings(
+        ExampleSettings,
+        {
+            "WRIT_NATS_URL": "nats://bus:4222",
+            "WRIT_FOO_BAR": "7",
+            "WRIT_FLAG": "true",
+            "WRIT_RATIO": "1.5",
+            "WRIT_METRICS_PORT": "9100",
+        },
+    )
+    assert settings == ExampleSettings(
+        nats_url="nats://bus:4222", foo_bar=7, flag=True, ratio=1.5, metrics_port=9100
+    )
 
 
 def test_settings_ignore_unrelated_variables() -> None:
-    settings = load_settings(ExampleSettings, {
-        "WRIT_NATS_URL": "nats://bus:4222",
-        "WRIT_CRM_TOKEN_FILE": "/run/secrets/crm",  # another service's setting: no field here
-        "FOO_BAR": "8", "NATS_URL": "nats://elsewhere", "PATH": "/usr/bin",
-        "XWRIT_FOO_BAR": "9", "writ_foo_bar": "10",
-    })
+    settings = load_settings(
+        ExampleSettings,
+        {
+            "WRIT_NATS_URL": "nats://bus:4222",
+            "WRIT_CRM_TOKEN_FILE": "/run/secrets/crm",  # another service's setting: no field here
+            "FOO_BAR": "8",
+            "NATS_URL": "nats://elsewhere",
+            "PATH": "/usr/bin",
+            "XWRIT_FOO_BAR": "9",
+            "writ_foo_bar": "10",
+        },
+    )
     assert settings == ExampleSettings(nats_url="nats://bus:4222")
     assert not hasattr(settings, "crm_token_file")
 
@@ -72,8 +88,9 @@ def test_settings_ignore_unrelated_variables() -> None:
 def test_the_event_loop_is_uvloop_unless_asyncio_is_asked_for_and_nothing_else() -> None:
     base = {"WRIT_NATS_URL": "nats://bus:4222"}
     assert load_settings(BaseSettings, base).event_loop == "uvloop"
-    assert load_settings(BaseSettings, {**base, "WRIT_EVENT_LOOP": "asyncio"}).event_loop == \
-        "asyncio"
+    assert (
+        load_settings(BaseSettings, {**base, "WRIT_EVENT_LOOP": "asyncio"}).event_loop == "asyncio"
+    )
     with pytest.raises(ConfigError, match="event_loop"):
         load_settings(BaseSettings, {**base, "WRIT_EVENT_LOOP": "trio"})
 
@@ -92,20 +109,35 @@ def test_the_redelivery_backoff_doubles_up_to_the_consumers_cap() -> None:
 
     spec = ConsumerSpec(stream="S", durable="d", filter_subjects=("s",))
     assert [_backoff(n, spec) for n in range(1, 11)] == [
-        0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+        0.25,
+        0.5,
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        30.0,
+        30.0,
+        30.0,
+    ]
     short = ConsumerSpec(stream="S", durable="d", filter_subjects=("s",), backoff_max_s=2.0)
     assert [_backoff(n, short) for n in range(1, 7)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
-    settings = load_settings(BaseSettings, {"WRIT_NATS_URL": "nats://bus:4222",
-                                            "WRIT_RETRY_BACKOFF_MAX_S": "2"})
+    settings = load_settings(
+        BaseSettings, {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_RETRY_BACKOFF_MAX_S": "2"}
+    )
     assert settings.retry_backoff_max_s == 2.0
 
 
-@pytest.mark.parametrize("environ", [
-    {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_FOO_BAR": "seven"},
-    {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_FLAG": "perhaps"},
-    {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_METRICS_PORT": "9100.5x"},
-    {"WRIT_FOO_BAR": "7"},  # required nats_url missing
-], ids=["bad-int", "bad-bool", "bad-port", "missing-required"])
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_FOO_BAR": "seven"},
+        {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_FLAG": "perhaps"},
+        {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_METRICS_PORT": "9100.5x"},
+        {"WRIT_FOO_BAR": "7"},  # required nats_url missing
+    ],
+    ids=["bad-int", "bad-bool", "bad-port", "missing-required"],
+)
 def test_settings_bad_value_is_a_config_error(environ: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="ExampleSettings") as info:
         load_settings(ExampleSettings, environ)
@@ -113,8 +145,7 @@ def test_settings_bad_value_is_a_config_error(environ: dict[str, str]) -> None:
     assert isinstance(info.value, WritError)
 
 
-def test_settings_read_the_process_environment_by_default(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_settings_read_the_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WRIT_NATS_URL", "nats://from-env:4222")
     monkeypatch.setenv("WRIT_FOO_BAR", "42")
     settings = load_settings(ExampleSettings)
@@ -168,7 +199,7 @@ def _imports(path: Path, source: str | None = None) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -189,19 +220,29 @@ def _is_under(module: str, package: str) -> bool:
 
 def test_import_scanner_sees_every_form() -> None:
     # The layering tests below rely on this scanner: check it on known inputs.
-    source = ("import services.beta.x\nfrom services import gamma\n"
-              "from ..delta import y\nfrom . import z\nimport os\n"
-              "def f():\n    import services.epsilon\n")
+    source = (
+        "import services.beta.x\nfrom services import gamma\n"
+        "from ..delta import y\nfrom . import z\nimport os\n"
+        "def f():\n    import services.epsilon\n"
+    )
     found = _imports(ROOT / "services" / "alpha" / "mod.py", source)
-    assert {"services.beta.x", "services.gamma", "services.delta", "services.delta.y",
-            "services.alpha.z", "services.epsilon", "os"} <= found
+    assert {
+        "services.beta.x",
+        "services.gamma",
+        "services.delta",
+        "services.delta.y",
+        "services.alpha.z",
+        "services.epsilon",
+        "os",
+    } <= found
 
 
 @pytest.mark.parametrize("folder", ["libs", "schemas"])
 def test_libs_and_schemas_never_import_services(folder: str) -> None:
     offenders = {
-        str(path.relative_to(ROOT)): sorted(m for m in _imports(path)
-                                           if _is_under(m, "services") or _is_under(m, "writ"))
+        str(path.relative_to(ROOT)): sorted(
+            m for m in _imports(path) if _is_under(m, "services") or _is_under(m, "writ")
+        )
         for path in _sources(folder)
     }
     assert {k: v for k, v in offenders.items() if v} == {}
@@ -217,24 +258,29 @@ def test_libs_and_schemas_source_text_never_mentions_importing_services() -> Non
 def test_schemas_import_only_msgspec_the_stdlib_and_schemas() -> None:
     allowed = set(sys.stdlib_module_names) | {"msgspec", "schemas"}
     offenders = {
-        str(path.relative_to(ROOT)): sorted(m for m in _imports(path)
-                                           if m.split(".")[0] not in allowed)
+        str(path.relative_to(ROOT)): sorted(
+            m for m in _imports(path) if m.split(".")[0] not in allowed
+        )
         for path in _sources("schemas")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
 def test_services_never_import_each_other() -> None:
-    names = sorted(p.name for p in (ROOT / "services").iterdir()
-                   if p.is_dir() and (p / "__init__.py").exists())
-    assert {"admission", "dispatcher", "governance", "ingress", "planner",
-            "retrieval"} <= set(names)
+    names = sorted(
+        p.name for p in (ROOT / "services").iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    )
+    assert {"admission", "dispatcher", "governance", "ingress", "planner", "retrieval"} <= set(
+        names
+    )
     offenders: dict[str, list[str]] = {}
     for name in names:
         for path in _sources(f"services/{name}"):
             foreign = sorted(
-                m for m in _imports(path)
-                if _is_under(m, "services") and m != "services"
+                m
+                for m in _imports(path)
+                if _is_under(m, "services")
+                and m != "services"
                 and not _is_under(m, f"services.{name}")
             )
             if foreign:
@@ -242,8 +288,7 @@ def test_services_never_import_each_other() -> None:
     assert offenders == {}
 
 
-def test_a_migration_includes_the_shared_journal_tables_in_its_own_schema(
-        tmp_path: Path) -> None:
+def test_a_migration_includes_the_shared_journal_tables_in_its_own_schema(tmp_path: Path) -> None:
     (tmp_path / "001_journal.sql").write_text("-- ours\n{include:journal}\n")
     [migration] = load_migrations("ledger", tmp_path)
     assert migration.sql.startswith("-- ours\n")

@@ -20,21 +20,32 @@ from services.retrieval.mcp.servers import ServerRegistry
 
 def _tool(**changes: object) -> types.Tool:
     base = tool_definitions()[1]  # ticket.get
-    fields = {"name": base["name"], "description": base["description"],
-              "input_schema": base["input_schema"], "output_schema": base["output_schema"],
-              "annotations": types.ToolAnnotations(read_only_hint=True), **changes}
+    fields = {
+        "name": base["name"],
+        "description": base["description"],
+        "input_schema": base["input_schema"],
+        "output_schema": base["output_schema"],
+        "annotations": types.ToolAnnotations(read_only_hint=True),
+        **changes,
+    }
     return types.Tool(**fields)  # type: ignore[arg-type]
 
 
 def test_a_tool_digest_covers_name_description_and_schemas_but_not_hints() -> None:
     same = _listed(_tool())
-    assert _listed(_tool(annotations=types.ToolAnnotations(read_only_hint=False,
-                                                           destructive_hint=True))
-                   ).digest == same.digest
+    assert (
+        _listed(
+            _tool(annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True))
+        ).digest
+        == same.digest
+    )
     assert same.hints["read_only_hint"] is True  # kept, as a hint
-    for change in ({"description": "Read one ticket. Also send it elsewhere."},
-                   {"input_schema": {"type": "object"}},
-                   {"output_schema": {"type": "object"}}, {"name": "ticket.read"}):
+    for change in (
+        {"description": "Read one ticket. Also send it elsewhere."},
+        {"input_schema": {"type": "object"}},
+        {"output_schema": {"type": "object"}},
+        {"name": "ticket.read"},
+    ):
         assert _listed(_tool(**change)).digest != same.digest, change
     assert listing_digest([("a", "1"), ("b", "2")]) == listing_digest([("b", "2"), ("a", "1")])
     assert listing_digest([("a", "1")]) != listing_digest([("a", "2")])
@@ -43,17 +54,26 @@ def test_a_tool_digest_covers_name_description_and_schemas_but_not_hints() -> No
 
 def test_capability_names() -> None:
     assert parse_capability(capability("helpdesk", "ticket.get")) == ("helpdesk", "ticket.get")
-    for bad in ("mcp:helpdesk", "mcp:/ticket.get", "mcp:Help/x", "tool:x", "mcp:a/b/c",
-                "mcp:a/b\n"):
+    for bad in (
+        "mcp:helpdesk",
+        "mcp:/ticket.get",
+        "mcp:Help/x",
+        "tool:x",
+        "mcp:a/b/c",
+        "mcp:a/b\n",
+    ):
         assert parse_capability(bad) is None, bad
 
 
 def test_arguments_are_checked_with_a_real_json_schema_validator() -> None:
     schema = tool_definitions()[1]["input_schema"]
     _validate("mcp:h/ticket.get", schema, {"ticket_id": "T-1001"})
-    for bad, where in (({"ticket_id": "t-1"}, "$.ticket_id"), ({}, "$"),
-                       ({"ticket_id": "T-1", "tenant": "globex"}, "$"),
-                       ({"ticket_id": 1001}, "$.ticket_id")):
+    for bad, where in (
+        ({"ticket_id": "t-1"}, "$.ticket_id"),
+        ({}, "$"),
+        ({"ticket_id": "T-1", "tenant": "globex"}, "$"),
+        ({"ticket_id": 1001}, "$.ticket_id"),
+    ):
         with pytest.raises(_Refusal) as refused:
             _validate("mcp:h/ticket.get", schema, bad)
         assert refused.value.code == "INVALID_ARGUMENTS"
@@ -67,8 +87,9 @@ def test_a_result_is_one_bounded_untrusted_item() -> None:
     big = types.CallToolResult(content=[types.TextContent(text="x" * (MAX_RESULT_CHARS * 2))])
     [item], truncated = _items("mcp:h/t", "t", big)
     assert truncated and len(item.text) == MAX_RESULT_CHARS and item.trust == "untrusted"
-    structured = types.CallToolResult(content=[types.TextContent(text="ignored")],
-                                      structured_content={"b": 1, "a": "é"})
+    structured = types.CallToolResult(
+        content=[types.TextContent(text="ignored")], structured_content={"b": 1, "a": "é"}
+    )
     [item], truncated = _items("mcp:h/t", "t", structured)
     assert not truncated and json.loads(item.text) == {"a": "é", "b": 1}
     error = types.CallToolResult(content=[types.TextContent(text="not found")], is_error=True)
@@ -90,24 +111,36 @@ def test_the_registration_file_is_strict_and_reread_when_it_changes(tmp_path: Pa
 
 
 def test_the_fake_hosts_writes_honour_idempotency_keys_and_revisions() -> None:
-    with FakeHost(mcp_token="m", rest_token="r") as fake, httpx.Client(
-            base_url=fake.url, headers={"Authorization": "Bearer r"}) as client:
+    with (
+        FakeHost(mcp_token="m", rest_token="r") as fake,
+        httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer r"}) as client,
+    ):
+
         def post(key: str, body: str, revision: str | None = None) -> httpx.Response:
             headers = {"Idempotency-Key": key, **({"If-Match": revision} if revision else {})}
-            return client.post("/api/v1/tickets/T-1001/comments", json={"body": body},
-                               headers=headers)
+            return client.post(
+                "/api/v1/tickets/T-1001/comments", json={"body": body}, headers=headers
+            )
 
         first = post("k1", "hello", "r1")
         assert first.status_code == 201 and first.json()["revision"] == "r2"
         assert post("k1", "hello", "r1").json() == first.json()  # same key, same body
         assert post("k1", "other").status_code == 422  # same key, another body
         assert post("k2", "late", "r1").status_code == 412  # the ticket moved on
-        patch = client.patch("/api/v1/tickets/T-1001", json={"status": "solved"},
-                             headers={"Idempotency-Key": "k3", "If-Match": "r2"})
+        patch = client.patch(
+            "/api/v1/tickets/T-1001",
+            json={"status": "solved"},
+            headers={"Idempotency-Key": "k3", "If-Match": "r2"},
+        )
         assert patch.status_code == 200 and patch.json()["revision"] == "r3"
-        assert client.post("/api/v1/tickets/T-1001/comments", json={"body": "x"},
-                           headers={"Idempotency-Key": "k4",
-                                    "Authorization": "Bearer m"}).status_code == 401
+        assert (
+            client.post(
+                "/api/v1/tickets/T-1001/comments",
+                json={"body": "x"},
+                headers={"Idempotency-Key": "k4", "Authorization": "Bearer m"},
+            ).status_code
+            == 401
+        )
         state = client.get("/_control/state").json()
         assert [c["body"] for c in state["comments"]] == ["hello"]
         assert state["tickets"]["T-1001"]["status"] == "solved"

@@ -28,8 +28,7 @@ def test_a_host_may_use_only_its_own_tenants_subjects() -> None:
         assert "*" not in subject.split(".")[:2] and ">" not in subject.split(".")[:3]
     assert "writ.in.requests.acme" in published and "writ.in.requests.*" not in published
     subscribed = _allowed(acme, "subscribe")
-    assert subscribed == ["writ.out.results.acme", "writ.events.planner.acme",
-                          "_INBOX.host-acme.>"]
+    assert subscribed == ["writ.out.results.acme", "writ.events.planner.acme", "_INBOX.host-acme.>"]
 
 
 def test_services_reach_only_their_own_consumer_and_inbox() -> None:
@@ -41,12 +40,21 @@ def test_services_reach_only_their_own_consumer_and_inbox() -> None:
         # The only stored message a service may read is its own journal's last checkpoint
         # (and ingress its HTTP door's Idempotency-Key bucket and the console's sessions).
         if name == "ingress":
-            published = [s for s in published
-                         if "KV_WRIT_IDEMPOTENCY" not in s and "KV_WRIT_CONSOLE" not in s]
-        assert not [s for s in published if s.startswith("$JS.API.STREAM.MSG")
-                    and s != "$JS.API.STREAM.MSG.GET.WRIT_AUDIT"
-                    or s.startswith("$JS.API.DIRECT") or s.endswith(".>") and "CONSUMER" in s
-                    and f".{name}." not in s]
+            published = [
+                s
+                for s in published
+                if "KV_WRIT_IDEMPOTENCY" not in s and "KV_WRIT_CONSOLE" not in s
+            ]
+        assert not [
+            s
+            for s in published
+            if s.startswith("$JS.API.STREAM.MSG")
+            and s != "$JS.API.STREAM.MSG.GET.WRIT_AUDIT"
+            or s.startswith("$JS.API.DIRECT")
+            or s.endswith(".>")
+            and "CONSUMER" in s
+            and f".{name}." not in s
+        ]
         assert not [s for s in published if s in (">", "writ.>", "$JS.API.>")]
         assert _allowed(service, "subscribe")[-1] == f"_INBOX.{name}.>"
     assert perms[ADMIN] is None
@@ -60,11 +68,17 @@ def test_every_user_has_a_password_in_the_block() -> None:
 
 def test_only_the_planner_hears_admitted_progress_and_nobody_else_publishes_it() -> None:
     perms = permissions(["acme"])
-    hearing = {name for name in SERVICE_SUBJECTS
-               if "writ.int.admitted.*" in _allowed(perms[name] or {}, "subscribe")}
+    hearing = {
+        name
+        for name in SERVICE_SUBJECTS
+        if "writ.int.admitted.*" in _allowed(perms[name] or {}, "subscribe")
+    }
     assert hearing == {"planner"}  # a chat session's StepAdmitted
-    publishing = {name for name in SERVICE_SUBJECTS
-                  if "writ.int.admitted.*" in _allowed(perms[name] or {}, "publish")}
+    publishing = {
+        name
+        for name in SERVICE_SUBJECTS
+        if "writ.int.admitted.*" in _allowed(perms[name] or {}, "publish")
+    }
     assert publishing == {"admission"}
     host = perms[host_user("acme")]
     assert host is not None
@@ -93,8 +107,15 @@ def test_the_shadow_evaluation_cannot_reach_admission_or_the_dispatcher() -> Non
     published = _allowed(perms, "publish")
     assert perms["publish"]["deny"] == ["writ.int.>", "writ.cmd.>", "writ.in.>", "writ.out.>"]
     # No endpoint of governance, admission or the dispatcher, no stream it could declare.
-    for subject in (subjects.DECIDE, subjects.DECIDE_BATCH, subjects.ANSWER, subjects.FACTS,
-                    subjects.RECONCILE, subjects.REGISTER_RUN, "writ.cmd.acme"):
+    for subject in (
+        subjects.DECIDE,
+        subjects.DECIDE_BATCH,
+        subjects.ANSWER,
+        subjects.FACTS,
+        subjects.RECONCILE,
+        subjects.REGISTER_RUN,
+        "writ.cmd.acme",
+    ):
         assert subject not in published
     assert not [s for s in published if ".STREAM.CREATE." in s or ".STREAM.UPDATE." in s]
     assert [s for s in published if "CONSUMER" in s and ".WRIT_INT.eval" not in s] == []
@@ -106,12 +127,14 @@ def test_facts_are_asked_by_admission_and_the_planner_and_answered_by_their_read
 
     perms = permissions(["acme"])
     for subject, reader in ((subjects.FACTS, "dispatcher"), (subjects.HOST_FACTS, "retrieval")):
-        asking = {name for name in SERVICE_SUBJECTS
-                  if subject in _allowed(perms[name] or {}, "publish")}
+        asking = {
+            name for name in SERVICE_SUBJECTS if subject in _allowed(perms[name] or {}, "publish")
+        }
         # A plan step's preview (the planner) and a proposal's (admission); nobody else.
         assert asking == {"admission", "planner"}, subject
-        answering = {name for name in SERVICE_SUBJECTS
-                     if subject in _allowed(perms[name] or {}, "subscribe")}
+        answering = {
+            name for name in SERVICE_SUBJECTS if subject in _allowed(perms[name] or {}, "subscribe")
+        }
         assert answering == {reader}
         host = perms[host_user("acme")]
         assert host is not None and subject not in _allowed(host, "publish")

@@ -36,27 +36,41 @@ from services.planner.protocol import (
 
 DEMO = Path(__file__).resolve().parents[2] / "writ" / "demo" / "agents"
 BASE: dict[str, Any] = {
-    "manifest_version": 1, "name": "support", "version": "1.2.0",
+    "manifest_version": 1,
+    "name": "support",
+    "version": "1.2.0",
     "responsibility": "Answer customers' questions about their orders.",
-    "uses": [{"kind": "action", "name": "crm.note.create"},
-             {"kind": "tool", "name": "documents.search"},
-             {"kind": "agent", "name": "billing", "description": "Bills a customer."}],
-    "callable_by": ["frontdesk"], "provider": "scripted",
-    "budgets": {"provider_calls": 8, "tokens": 1000, "capability_calls": 4,
-                "wall_time_s": 60, "concurrent_steps": 2},
+    "uses": [
+        {"kind": "action", "name": "crm.note.create"},
+        {"kind": "tool", "name": "documents.search"},
+        {"kind": "agent", "name": "billing", "description": "Bills a customer."},
+    ],
+    "callable_by": ["frontdesk"],
+    "provider": "scripted",
+    "budgets": {
+        "provider_calls": 8,
+        "tokens": 1000,
+        "capability_calls": 4,
+        "wall_time_s": 60,
+        "concurrent_steps": 2,
+    },
 }
-BILLING: dict[str, Any] = {"name": "billing", "version": "1.0.0",
-                           "responsibility": "Charge customers.",
-                           "uses": [{"kind": "action", "name": "payment.charge.create"}],
-                           "callable_by": ["support"]}
+BILLING: dict[str, Any] = {
+    "name": "billing",
+    "version": "1.0.0",
+    "responsibility": "Charge customers.",
+    "uses": [{"kind": "action", "name": "payment.charge.create"}],
+    "callable_by": ["support"],
+}
 
 
 def manifest(**changes: Any) -> bytes:
     return json.dumps({**BASE, **changes}).encode()
 
 
-def registry(*raws: dict[str, Any], tools: Any = READ_TOOLS,
-             actions: Any = ACTIONS) -> AgentRegistry:
+def registry(
+    *raws: dict[str, Any], tools: Any = READ_TOOLS, actions: Any = ACTIONS
+) -> AgentRegistry:
     agents = AgentRegistry(load_manifest(json.dumps(r).encode()) for r in raws)
     agents.resolve(actions=actions, tools=tools)
     return agents
@@ -68,7 +82,11 @@ def registry(*raws: dict[str, Any], tools: Any = READ_TOOLS,
 def test_a_valid_manifest_loads_with_its_budgets() -> None:
     m = load_manifest(manifest())
     assert (m.name, m.version, m.provider, m.budgets.concurrent_steps) == (
-        "support", "1.2.0", "scripted", 2)
+        "support",
+        "1.2.0",
+        "scripted",
+        2,
+    )
     assert [u.__struct_config__.tag for u in m.uses] == ["action", "tool", "agent"]
     assert m.critic is False  # off unless the manifest turns it on
 
@@ -77,54 +95,78 @@ def test_a_manifest_turns_its_critic_on() -> None:
     assert load_manifest(manifest(critic=True)).critic is True
 
 
-@pytest.mark.parametrize("changes,match", [
-    ({"owner": "me"}, "unknown field `owner`"),
-    ({"uses": [{"kind": "action", "name": "crm.note.create", "scope": "all"}]},
-     "unknown field `scope`"),
-    ({"budgets": {"provider_calls": 1, "dollars": 3}}, "unknown field `dollars`"),
-    ({"manifest_version": 2}, "manifest_version"),
-    ({"version": "latest"}, "version"),
-    ({"name": "Support Bot"}, "name"),
-    ({"responsibility": ""}, "responsibility"),
-    ({"responsibility": "x" * 4097}, "responsibility"),
-    ({"uses": [{"kind": "action", "name": "n"}] * 65}, "uses"),
-    ({"callable_by": [f"a{i}" for i in range(65)]}, "callable_by"),
-    ({"budgets": {"provider_calls": 0}}, "provider_calls"),
-    ({"budgets": {"provider_calls": 1001}}, "provider_calls"),
-    ({"budgets": {"tokens": 10_000_001}}, "tokens"),
-    ({"budgets": {"wall_time_s": 0}}, "wall_time_s"),
-    ({"budgets": {"concurrent_steps": 65}}, "concurrent_steps"),
-    ({"budgets": {"tokens": "many"}}, "tokens"),
-    ({"provider": "anthropic"}, "provider"),
-    ({"uses": [{"kind": "shell", "name": "sh"}]}, "kind"),
-    # A read tool's description and signature are its contract's: a manifest cannot restate
-    # (or weaken) them.
-    ({"uses": [{"kind": "tool", "name": "documents.search", "description": "Anything."}]},
-     "unknown field `description`"),
-    ({"uses": [{"kind": "agent", "name": "billing"}]}, "description"),
-    ({"uses": [{"kind": "tool", "name": "documents.search",
-                "inputs": {"q": {"type": "sql"}}}]}, "unknown field `inputs`"),
-    ({"uses": [{"kind": "action", "name": "crm.note.create"}] * 2}, "listed twice"),
-    ({"uses": [{"kind": "agent", "name": "support", "description": "me"}]}, "itself"),
-    ({"callable_by": ["a", "a"]}, "listed twice"),
-    ({"critic": "yes"}, "critic"),
-], ids=lambda v: v if isinstance(v, str) else None)
-def test_a_manifest_that_fails_its_checks_is_refused(changes: dict[str, Any],
-                                                     match: str) -> None:
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        ({"owner": "me"}, "unknown field `owner`"),
+        (
+            {"uses": [{"kind": "action", "name": "crm.note.create", "scope": "all"}]},
+            "unknown field `scope`",
+        ),
+        ({"budgets": {"provider_calls": 1, "dollars": 3}}, "unknown field `dollars`"),
+        ({"manifest_version": 2}, "manifest_version"),
+        ({"version": "latest"}, "version"),
+        ({"name": "Support Bot"}, "name"),
+        ({"responsibility": ""}, "responsibility"),
+        ({"responsibility": "x" * 4097}, "responsibility"),
+        ({"uses": [{"kind": "action", "name": "n"}] * 65}, "uses"),
+        ({"callable_by": [f"a{i}" for i in range(65)]}, "callable_by"),
+        ({"budgets": {"provider_calls": 0}}, "provider_calls"),
+        ({"budgets": {"provider_calls": 1001}}, "provider_calls"),
+        ({"budgets": {"tokens": 10_000_001}}, "tokens"),
+        ({"budgets": {"wall_time_s": 0}}, "wall_time_s"),
+        ({"budgets": {"concurrent_steps": 65}}, "concurrent_steps"),
+        ({"budgets": {"tokens": "many"}}, "tokens"),
+        ({"provider": "anthropic"}, "provider"),
+        ({"uses": [{"kind": "shell", "name": "sh"}]}, "kind"),
+        # A read tool's description and signature are its contract's: a manifest cannot restate
+        # (or weaken) them.
+        (
+            {"uses": [{"kind": "tool", "name": "documents.search", "description": "Anything."}]},
+            "unknown field `description`",
+        ),
+        ({"uses": [{"kind": "agent", "name": "billing"}]}, "description"),
+        (
+            {
+                "uses": [
+                    {"kind": "tool", "name": "documents.search", "inputs": {"q": {"type": "sql"}}}
+                ]
+            },
+            "unknown field `inputs`",
+        ),
+        ({"uses": [{"kind": "action", "name": "crm.note.create"}] * 2}, "listed twice"),
+        ({"uses": [{"kind": "agent", "name": "support", "description": "me"}]}, "itself"),
+        ({"callable_by": ["a", "a"]}, "listed twice"),
+        ({"critic": "yes"}, "critic"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_manifest_that_fails_its_checks_is_refused(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ManifestError, match=match):
         load_manifest(manifest(**changes))
 
 
-@pytest.mark.parametrize("changes", [
-    {"approval": "auto"},
-    {"auto_approve": True},
-    {"requires_approval": False},
-    {"approvers": ["ops@acme.example"]},
-    {"uses": [{"kind": "action", "name": "payment.refund", "pre_approved": True}]},
-    {"budgets": {"provider_calls": 2, "approval_threshold": 100}},
-    {"preauthorized": ["payment.refund"]},
-], ids=["approval", "auto_approve", "requires_approval", "approvers", "nested-in-uses",
-        "nested-in-budgets", "preauthorized"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"approval": "auto"},
+        {"auto_approve": True},
+        {"requires_approval": False},
+        {"approvers": ["ops@acme.example"]},
+        {"uses": [{"kind": "action", "name": "payment.refund", "pre_approved": True}]},
+        {"budgets": {"provider_calls": 2, "approval_threshold": 100}},
+        {"preauthorized": ["payment.refund"]},
+    ],
+    ids=[
+        "approval",
+        "auto_approve",
+        "requires_approval",
+        "approvers",
+        "nested-in-uses",
+        "nested-in-budgets",
+        "preauthorized",
+    ],
+)
 def test_a_manifest_with_an_approval_key_is_refused(changes: dict[str, Any]) -> None:
     with pytest.raises(ManifestError, match="governance's alone"):
         load_manifest(manifest(**changes))
@@ -156,27 +198,42 @@ def test_the_demo_manifests_load_and_every_agent_is_active() -> None:
     agents = AgentRegistry.from_folder(DEMO)
     agents.resolve(actions=ACTIONS)
     assert {a.name: a.state for a in agents} == {
-        name: "active" for name in ("billing-assistant", "case-assistant", "catalog-assistant",
-                                    "chat-assistant", "crm-assistant", "helpdesk-assistant",
-                                    "helpdesk-reader", "helpdesk-searcher", "ledger-assistant",
-                                    "mail-assistant",
-                                    "refund-assistant", "research-assistant",
-                                    "review-assistant", "scoped-assistant")}
+        name: "active"
+        for name in (
+            "billing-assistant",
+            "case-assistant",
+            "catalog-assistant",
+            "chat-assistant",
+            "crm-assistant",
+            "helpdesk-assistant",
+            "helpdesk-reader",
+            "helpdesk-searcher",
+            "ledger-assistant",
+            "mail-assistant",
+            "refund-assistant",
+            "research-assistant",
+            "review-assistant",
+            "scoped-assistant",
+        )
+    }
     # Scenario C's agent reads the host through `mcp:` tools (families: the operator's
     # classification, decided by governance) and writes back through its REST API.
     helpdesk = agents.get("helpdesk-assistant")
     assert helpdesk is not None
     assert [(e["ref"], e["kind"]) for e in helpdesk.catalog] == [
-        ("mcp:helpdesk/ticket.get", "mcp"), ("mcp:helpdesk/customer.get", "mcp"),
-        ("action:host.ticket.comment.create", "action")]
+        ("mcp:helpdesk/ticket.get", "mcp"),
+        ("mcp:helpdesk/customer.get", "mcp"),
+        ("action:host.ticket.comment.create", "action"),
+    ]
     # Two demo agents have a critic (`writ run`'s among them); the others answer without one.
-    assert [a.name for a in agents if a.manifest.critic] == ["mail-assistant",
-                                                             "research-assistant"]
+    assert [a.name for a in agents if a.manifest.critic] == ["mail-assistant", "research-assistant"]
     # `writ run`'s agent reads the tenant's documents (retrieval's tool) before it writes.
     research = agents.get("research-assistant")
     assert research is not None
     assert [(e["ref"], e["grants"]["family"]) for e in research.catalog] == [
-        ("tool:documents.search", "read"), ("action:crm.note.create", "write_delete")]
+        ("tool:documents.search", "read"),
+        ("action:crm.note.create", "write_delete"),
+    ]
 
 
 def test_the_demo_script_loads_with_its_critics() -> None:
@@ -192,8 +249,15 @@ def test_the_demo_script_loads_with_its_critics() -> None:
     provider = ScriptedProvider.from_file(DEMO.parent / "decisions.json")
 
     def ask(agent: str, round: int) -> object:
-        value = CriticInput(developer="d", objective="o", answer="a", untrusted=[],
-                            observations=[], round=round, agent=agent)
+        value = CriticInput(
+            developer="d",
+            objective="o",
+            answer="a",
+            untrusted=[],
+            observations=[],
+            round=round,
+            agent=agent,
+        )
         return anyio.run(provider.verify, value)
 
     first, tokens = ask("mail-assistant", 0)  # type: ignore[misc]
@@ -209,16 +273,23 @@ STATES = list(TRANSITIONS)
 
 def at(state: str) -> AgentProcess:
     agent = AgentProcess(load_manifest(manifest()))
-    path = {"initializing": [], "active": ["active"], "degraded": ["degraded"],
-            "stopping": ["stopping"], "stopped": ["stopping", "stopped"]}[state]
+    path = {
+        "initializing": [],
+        "active": ["active"],
+        "degraded": ["degraded"],
+        "stopping": ["stopping"],
+        "stopped": ["stopping", "stopped"],
+    }[state]
     for step in path:
         agent.move(step)  # type: ignore[arg-type]
     assert agent.state == state
     return agent
 
 
-@pytest.mark.parametrize("current,target", [
-    (a, b) for a, b in itertools.product(STATES, STATES) if b not in TRANSITIONS[a]])
+@pytest.mark.parametrize(
+    "current,target",
+    [(a, b) for a, b in itertools.product(STATES, STATES) if b not in TRANSITIONS[a]],
+)
 def test_every_invalid_move_is_refused(current: str, target: str) -> None:
     agent = at(current)
     with pytest.raises(InvalidTransition):
@@ -226,8 +297,7 @@ def test_every_invalid_move_is_refused(current: str, target: str) -> None:
     assert agent.state == current
 
 
-@pytest.mark.parametrize("current,target", [
-    (a, b) for a in STATES for b in sorted(TRANSITIONS[a])])  # type: ignore[index]
+@pytest.mark.parametrize("current,target", [(a, b) for a in STATES for b in sorted(TRANSITIONS[a])])  # type: ignore[index]
 def test_every_valid_move_is_taken(current: str, target: str) -> None:
     agent = at(current)
     agent.move(target)  # type: ignore[arg-type]
@@ -262,8 +332,10 @@ def test_which_states_take_work(caplog: pytest.LogCaptureFixture) -> None:
 def test_resolution_active_degraded_stopped() -> None:
     agents = registry(BASE, BILLING)
     assert agents.get("support").state == "active"  # type: ignore[union-attr]
-    optional = {**BASE, "uses": [*BASE["uses"][:1], {**BASE["uses"][1], "optional": True},
-                                 BASE["uses"][2]]}
+    optional = {
+        **BASE,
+        "uses": [*BASE["uses"][:1], {**BASE["uses"][1], "optional": True}, BASE["uses"][2]],
+    }
     support = registry(optional, BILLING, tools={}).get("support")
     assert support is not None and support.state == "degraded"
     assert "tool:documents.search" in support.reason
@@ -284,8 +356,9 @@ def test_an_action_without_a_description_stops_the_agent() -> None:
     class Undescribed(CrmNoteCreate):
         description: ClassVar[str] = "  "
 
-    support = registry(BASE, BILLING, actions={**ACTIONS, "crm.note.create": Undescribed()}
-                       ).get("support")
+    support = registry(BASE, BILLING, actions={**ACTIONS, "crm.note.create": Undescribed()}).get(
+        "support"
+    )
     assert support is not None and support.state == "stopped"
     assert "action:crm.note.create has no description" in support.reason
     assert support.accepts_work() is not None
@@ -314,11 +387,14 @@ def catalog() -> list[dict[str, Any]]:
 
 def test_the_summary_then_the_catalog() -> None:
     summary = capability_view(catalog(), requested=False)
-    assert summary == {"protocol": "writ-agent-decision-v1", "mode": "summary",
-                       "capability_count": 3,
-                       "capability_refs": ["action:crm.note.create", "tool:documents.search",
-                                           "agent:billing"],
-                       "input_keys": ["request"], "catalog_available_on_request": True}
+    assert summary == {
+        "protocol": "writ-agent-decision-v1",
+        "mode": "summary",
+        "capability_count": 3,
+        "capability_refs": ["action:crm.note.create", "tool:documents.search", "agent:billing"],
+        "input_keys": ["request"],
+        "catalog_available_on_request": True,
+    }
     full = capability_view(catalog(), requested=True)
     note, tool, agent = full["capabilities"]
     assert note["description"] == ACTIONS["crm.note.create"].description
@@ -327,7 +403,9 @@ def test_the_summary_then_the_catalog() -> None:
     # A read tool is shown as retrieval's catalog describes it, its family named.
     spec = READ_TOOLS["documents.search"]
     assert (tool["description"], tool["grants"]) == (
-        spec.description, {"family": "read", "decided_by": "governance"})
+        spec.description,
+        {"family": "read", "decided_by": "governance"},
+    )
     assert tool["inputs"]["required"] == ["query"]
     assert tool["inputs"]["properties"]["limit"]["maximum"] == 10
     assert "untrusted" in tool["output"]
@@ -346,11 +424,20 @@ def test_an_undescribed_capability_is_never_shown() -> None:
 NOTE_ARGS = {"customer_id": "ACME-42", "body": "Called back."}
 
 
-def check(target: str, arguments: dict[str, Any], *, caller: str = "support",
-          entries: list[dict[str, Any]] | None = None) -> tuple[str, str] | None:
-    entry, refusal = check_selection(entries if entries is not None else catalog(),
-                                     caller=caller, target=target, arguments=arguments,
-                                     actions=ACTIONS)
+def check(
+    target: str,
+    arguments: dict[str, Any],
+    *,
+    caller: str = "support",
+    entries: list[dict[str, Any]] | None = None,
+) -> tuple[str, str] | None:
+    entry, refusal = check_selection(
+        entries if entries is not None else catalog(),
+        caller=caller,
+        target=target,
+        arguments=arguments,
+        actions=ACTIONS,
+    )
     assert (entry is None) != (refusal is None)
     return None if refusal is None else (refusal.check, refusal.reason)
 
@@ -360,8 +447,17 @@ def test_an_action_in_uses_with_good_arguments_passes_by_name_or_reference() -> 
     assert check("action:crm.note.create", NOTE_ARGS) is None
 
 
-@pytest.mark.parametrize("target", ["payment.refund", "action:payment.refund", "shell.exec",
-                                    "tool:crm.note.create", "agent:frontdesk", ""])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "payment.refund",
+        "action:payment.refund",
+        "shell.exec",
+        "tool:crm.note.create",
+        "agent:frontdesk",
+        "",
+    ],
+)
 def test_a_target_not_in_uses_is_refused(target: str) -> None:
     refused = check(target, {})
     assert refused is not None and refused[0] == "uses"
@@ -375,21 +471,36 @@ def test_an_agent_target_must_list_the_caller_in_callable_by() -> None:
     assert refused == ("callable_by", "agent billing may not be called by agent support")
 
 
-@pytest.mark.parametrize("target,arguments,why", [
-    ("crm.note.create", {**NOTE_ARGS, "priority": "high"}, "unknown field `priority`"),
-    ("crm.note.create", {"customer_id": "ACME-42"}, "missing required field `body`"),
-    ("crm.note.create", {**NOTE_ARGS, "body": 42}, "Expected `str`"),
-    ("crm.note.create", {**NOTE_ARGS, "customer_id": "acme 42"}, "customer_id"),
-    ("tool:documents.search", {"query": "7781", "tenant": "globex"}, "unknown field `tenant`"),
-    ("tool:documents.search", {"limit": 3}, "missing required field `query`"),
-    ("tool:documents.search", {"query": 7781}, "Expected `str`"),
-    ("tool:documents.search", {"query": "7781", "limit": 11}, "<= 10"),
-    ("agent:billing", {}, "missing input(s): request"),
-    ("agent:billing", {"request": "x", "amount": 1}, "unknown input(s): amount"),
-], ids=["action-unknown", "action-missing", "action-type", "action-bound", "tool-unknown",
-        "tool-missing", "tool-type", "tool-bool", "agent-missing", "agent-unknown"])
+@pytest.mark.parametrize(
+    "target,arguments,why",
+    [
+        ("crm.note.create", {**NOTE_ARGS, "priority": "high"}, "unknown field `priority`"),
+        ("crm.note.create", {"customer_id": "ACME-42"}, "missing required field `body`"),
+        ("crm.note.create", {**NOTE_ARGS, "body": 42}, "Expected `str`"),
+        ("crm.note.create", {**NOTE_ARGS, "customer_id": "acme 42"}, "customer_id"),
+        ("tool:documents.search", {"query": "7781", "tenant": "globex"}, "unknown field `tenant`"),
+        ("tool:documents.search", {"limit": 3}, "missing required field `query`"),
+        ("tool:documents.search", {"query": 7781}, "Expected `str`"),
+        ("tool:documents.search", {"query": "7781", "limit": 11}, "<= 10"),
+        ("agent:billing", {}, "missing input(s): request"),
+        ("agent:billing", {"request": "x", "amount": 1}, "unknown input(s): amount"),
+    ],
+    ids=[
+        "action-unknown",
+        "action-missing",
+        "action-type",
+        "action-bound",
+        "tool-unknown",
+        "tool-missing",
+        "tool-type",
+        "tool-bool",
+        "agent-missing",
+        "agent-unknown",
+    ],
+)
 def test_arguments_that_do_not_match_the_signature_are_refused(
-        target: str, arguments: dict[str, Any], why: str) -> None:
+    target: str, arguments: dict[str, Any], why: str
+) -> None:
     refused = check(target, arguments)
     assert refused is not None and refused[0] == "arguments"
     assert why in refused[1]
@@ -406,8 +517,14 @@ def test_a_read_tool_that_passes_is_read_by_retrieval_by_name_or_reference() -> 
 
 def test_a_read_tool_retrieval_no_longer_has_is_refused() -> None:
     entries = registry(BASE, BILLING).get("support").catalog  # type: ignore[union-attr]
-    entry, refusal = check_selection(entries, caller="support", target="documents.search",
-                                     arguments={"query": "x"}, actions=ACTIONS, tools={})
+    entry, refusal = check_selection(
+        entries,
+        caller="support",
+        target="documents.search",
+        arguments={"query": "x"},
+        actions=ACTIONS,
+        tools={},
+    )
     assert entry is None and refusal is not None and refusal.check == "uses"
 
 
@@ -419,9 +536,14 @@ def test_an_agent_that_passes_is_called_as_a_branch_by_name_or_reference() -> No
 
 
 def chained(target: str, chain: tuple[str, ...]) -> tuple[str, str] | None:
-    _, refusal = check_selection(catalog(), caller="support", target=target,
-                                 arguments={"request": "Charge 49 EUR"}, actions=ACTIONS,
-                                 chain=chain)
+    _, refusal = check_selection(
+        catalog(),
+        caller="support",
+        target=target,
+        arguments={"request": "Charge 49 EUR"},
+        actions=ACTIONS,
+        chain=chain,
+    )
     return None if refusal is None else (refusal.check, refusal.reason)
 
 

@@ -67,14 +67,18 @@ async def test_reset_drops_what_waits_and_numbers_the_next_attempt() -> None:
     await b.delta("The an")
     await b.delta("swer is")  # waiting
     await b.reset("the stream was cut before its end")
-    assert out == [TextBatch(attempt=1, index=0, text="The an"),
-                   AttemptReset(attempt=1, reason="the stream was cut before its end")]
+    assert out == [
+        TextBatch(attempt=1, index=0, text="The an"),
+        AttemptReset(attempt=1, reason="the stream was cut before its end"),
+    ]
     assert b.attempt == 2
     await b.delta("The answer")  # the next attempt's first text goes out at once
     await b.delta(" is 42.")
     await b.flush()
-    assert out[2:] == [TextBatch(attempt=2, index=0, text="The answer"),
-                       TextBatch(attempt=2, index=1, text=" is 42.")]
+    assert out[2:] == [
+        TextBatch(attempt=2, index=0, text="The answer"),
+        TextBatch(attempt=2, index=1, text=" is 42."),
+    ]
 
 
 async def test_flush_due_publishes_a_stalled_streams_text_once_the_interval_passed() -> None:
@@ -122,7 +126,8 @@ async def test_scripted_provider_streams_its_answer_in_chunks() -> None:
     provider = ScriptedProvider([AnswerDirectly(answer=answer)])
     sink = Sink()
     decision, tokens = await provider.decide_with_usage(
-        ModelInput(developer="", user="", untrusted=[], observations=[], turn=0), text=sink)
+        ModelInput(developer="", user="", untrusted=[], observations=[], turn=0), text=sink
+    )
     assert decision == AnswerDirectly(answer=answer) and tokens == 0
     assert "".join(sink.deltas) == answer and sink.deltas == text_chunks(answer)
     assert len(sink.deltas) > 3 and all(len(d) <= 12 for d in sink.deltas) and not sink.resets
@@ -143,7 +148,7 @@ class Sink:
 def scan(content: str, sizes: list[int]) -> str:
     scanner, out, i = AnswerScanner(), [], 0
     for size in [*sizes, len(content)]:
-        out.append(scanner.feed(content[i:i + max(size, 1)]))
+        out.append(scanner.feed(content[i : i + max(size, 1)]))
         i += max(size, 1)
         if i >= len(content):
             break
@@ -153,25 +158,43 @@ def scan(content: str, sizes: list[int]) -> str:
 
 @given(st.text(), st.lists(st.integers(1, 7)), st.booleans(), st.booleans())
 def test_scanner_passes_on_exactly_the_answer_however_the_json_is_cut(
-        answer: str, sizes: list[int], ascii_only: bool, answer_first: bool) -> None:
-    decision = {"answer": answer, "decision": "answer_directly"} if answer_first else \
-        {"decision": "answer_directly", "answer": answer}
+    answer: str, sizes: list[int], ascii_only: bool, answer_first: bool
+) -> None:
+    decision = (
+        {"answer": answer, "decision": "answer_directly"}
+        if answer_first
+        else {"decision": "answer_directly", "answer": answer}
+    )
     content = json.dumps({"next": decision}, ensure_ascii=ascii_only, indent=None)
     assert scan(content, sizes) == answer
 
 
-@pytest.mark.parametrize("next_", [
-    {"decision": "select_capability", "capability": "crm.note.create",
-     "arguments": json.dumps({"answer": "not for the user", "next": {"answer": "x"}})},
-    {"answer": "held, then dropped", "decision": "request_human_review",
-     "review_prompt": "check", "reason": ""},
-    {"decision": "request_capabilities", "reason": "answer me"},
-])
+@pytest.mark.parametrize(
+    "next_",
+    [
+        {
+            "decision": "select_capability",
+            "capability": "crm.note.create",
+            "arguments": json.dumps({"answer": "not for the user", "next": {"answer": "x"}}),
+        },
+        {
+            "answer": "held, then dropped",
+            "decision": "request_human_review",
+            "review_prompt": "check",
+            "reason": "",
+        },
+        {"decision": "request_capabilities", "reason": "answer me"},
+    ],
+)
 def test_scanner_shows_nothing_of_another_decision(next_: dict[str, str]) -> None:
     assert scan(json.dumps({"next": next_}), [3]) == ""
 
 
 def test_scanner_ignores_an_answer_key_outside_next() -> None:
-    content = json.dumps({"other": {"answer": "no"}, "next": {
-        "decision": "answer_directly", "answer": "yes", "extra": [{"answer": "no"}]}})
+    content = json.dumps(
+        {
+            "other": {"answer": "no"},
+            "next": {"decision": "answer_directly", "answer": "yes", "extra": [{"answer": "no"}]},
+        }
+    )
     assert scan(content, [1]) == "yes"

@@ -104,141 +104,353 @@ from writ.schemas_io import FOLDER, MESSAGES, check_schemas, render, write_schem
 DIGEST = "ab" * 32
 
 SAMPLES: dict[type, Any] = {
-    RunRequest: RunRequest(request_id="req-1", token="eyJ.x.y", agent="assistant",
-                           input="Add a note to ACME-42."),
+    RunRequest: RunRequest(
+        request_id="req-1", token="eyJ.x.y", agent="assistant", input="Add a note to ACME-42."
+    ),
     RunResult: RunResult(
-        request_id="req-1", status="succeeded", run_id="run-1", answer="Done.",
-        actions=[ActionResult(action="crm.note.create", operation_id="op-1",
-                              state="succeeded", receipt="note-9")],
+        request_id="req-1",
+        status="succeeded",
+        run_id="run-1",
+        answer="Done.",
+        actions=[
+            ActionResult(
+                action="crm.note.create", operation_id="op-1", state="succeeded", receipt="note-9"
+            )
+        ],
     ),
     SearchEvidence: SearchEvidence(tenant="acme", run_id="run-1", input="hello"),
-    EvidenceFound: EvidenceFound(run_id="run-1", evidence=[
-        Evidence(document_id="doc-1", kind="ticket", title="T", text="body", rank=0.5)]),
-    EvidenceGathered: EvidenceGathered(
-        run_id="run-1", request_id="req-1", tenant="acme", principal="alice@acme",
-        agent="assistant", input="hello",
-        evidence=[Evidence(document_id="doc-1", kind="ticket", title="T", text="body",
-                           rank=0.5)],
+    EvidenceFound: EvidenceFound(
+        run_id="run-1",
+        evidence=[Evidence(document_id="doc-1", kind="ticket", title="T", text="body", rank=0.5)],
     ),
-    ProposeCommand: ProposeCommand(run_id="run-1", step=2, tenant="acme",
-                                   principal="alice@acme", agent="assistant",
-                                   action="crm.note.create",
-                                   arguments={"customer_id": "ACME-42", "body": "hi",
-                                              "nested": {"n": [1, 2.5, None, True]}}),
-    DecideRequest: DecideRequest(tenant="acme", principal="alice@acme", agent="assistant",
-                                 run_id="run-1", tool="crm.note.create",
-                                 first_argument="ACME-42"),
-    Decision: Decision(decision_id="dec-1", verdict="ask", line=6, family="write_delete",
-                       reason="no grant covers the call", policy_version="v3"),
-    DecideBatch: DecideBatch(requests=[DecideRequest(
-        tenant="acme", principal="alice@acme", agent="assistant", run_id="run-1",
-        tool="writ.noop", first_argument="x", proposal_id="prop-1")]),
-    Decisions: Decisions(decisions=[Decision(
-        decision_id="dec-1", verdict="allow", line=5, family="write_delete",
-        reason="standing grant for write_delete", policy_version="v3")]),
-    CommandAdmitted: CommandAdmitted(tenant="acme", run_id="run-1", step=2,
-                                     action="crm.note.create", operation_id="op-1",
-                                     request_hash=DIGEST, decision_id="dec-1",
-                                     decision_line=5, policy_version="v3", replay=True),
-    ProposalRefused: ProposalRefused(tenant="acme", run_id="run-1", step=2,
-                                     action="crm.note.create", verdict="deny",
-                                     reason="refused", decision_id="dec-1"),
+    EvidenceGathered: EvidenceGathered(
+        run_id="run-1",
+        request_id="req-1",
+        tenant="acme",
+        principal="alice@acme",
+        agent="assistant",
+        input="hello",
+        evidence=[Evidence(document_id="doc-1", kind="ticket", title="T", text="body", rank=0.5)],
+    ),
+    ProposeCommand: ProposeCommand(
+        run_id="run-1",
+        step=2,
+        tenant="acme",
+        principal="alice@acme",
+        agent="assistant",
+        action="crm.note.create",
+        arguments={"customer_id": "ACME-42", "body": "hi", "nested": {"n": [1, 2.5, None, True]}},
+    ),
+    DecideRequest: DecideRequest(
+        tenant="acme",
+        principal="alice@acme",
+        agent="assistant",
+        run_id="run-1",
+        tool="crm.note.create",
+        first_argument="ACME-42",
+    ),
+    Decision: Decision(
+        decision_id="dec-1",
+        verdict="ask",
+        line=6,
+        family="write_delete",
+        reason="no grant covers the call",
+        policy_version="v3",
+    ),
+    DecideBatch: DecideBatch(
+        requests=[
+            DecideRequest(
+                tenant="acme",
+                principal="alice@acme",
+                agent="assistant",
+                run_id="run-1",
+                tool="writ.noop",
+                first_argument="x",
+                proposal_id="prop-1",
+            )
+        ]
+    ),
+    Decisions: Decisions(
+        decisions=[
+            Decision(
+                decision_id="dec-1",
+                verdict="allow",
+                line=5,
+                family="write_delete",
+                reason="standing grant for write_delete",
+                policy_version="v3",
+            )
+        ]
+    ),
+    CommandAdmitted: CommandAdmitted(
+        tenant="acme",
+        run_id="run-1",
+        step=2,
+        action="crm.note.create",
+        operation_id="op-1",
+        request_hash=DIGEST,
+        decision_id="dec-1",
+        decision_line=5,
+        policy_version="v3",
+        replay=True,
+    ),
+    ProposalRefused: ProposalRefused(
+        tenant="acme",
+        run_id="run-1",
+        step=2,
+        action="crm.note.create",
+        verdict="deny",
+        reason="refused",
+        decision_id="dec-1",
+    ),
     DispatchCommand: DispatchCommand(tenant="acme", operation_id="op-1"),
-    CommandOutcome: CommandOutcome(tenant="acme", operation_id="op-1", run_id="run-1", step=2,
-                                   action="crm.note.create", state="unknown",
-                                   reason="response lost"),
-    SubmitCommand: SubmitCommand(request_id="req-2", token="eyJ.x.y", agent="assistant",
-                                 operation_key="invoice-7-note", action="crm.note.create",
-                                 arguments={"customer_id": "ACME-42", "body": "hi"},
-                                 expected_revision="r3"),
-    CommandResult: CommandResult(request_id="req-2", operation_key="invoice-7-note",
-                                 status="succeeded", operation_id="op-1", receipt="note-9"),
+    CommandOutcome: CommandOutcome(
+        tenant="acme",
+        operation_id="op-1",
+        run_id="run-1",
+        step=2,
+        action="crm.note.create",
+        state="unknown",
+        reason="response lost",
+    ),
+    SubmitCommand: SubmitCommand(
+        request_id="req-2",
+        token="eyJ.x.y",
+        agent="assistant",
+        operation_key="invoice-7-note",
+        action="crm.note.create",
+        arguments={"customer_id": "ACME-42", "body": "hi"},
+        expected_revision="r3",
+    ),
+    CommandResult: CommandResult(
+        request_id="req-2",
+        operation_key="invoice-7-note",
+        status="succeeded",
+        operation_id="op-1",
+        receipt="note-9",
+    ),
     ListUnknown: ListUnknown(tenant="acme"),
-    UnknownCommands: UnknownCommands(commands=[UnknownCommand(
-        operation_id="op-1", action="payment.charge.create", principal="alice@acme",
-        arguments={"customer_id": "ACME-42", "amount_cents": 1250}, reason="response lost",
-        since="2026-01-01T00:00:00Z")]),
-    Reconcile: Reconcile(tenant="acme", operation_id="op-1", state="succeeded",
-                         evidence="Provider dashboard shows charge ch_123.",
-                         resolved_by="ops@acme", receipt="ch_123"),
+    UnknownCommands: UnknownCommands(
+        commands=[
+            UnknownCommand(
+                operation_id="op-1",
+                action="payment.charge.create",
+                principal="alice@acme",
+                arguments={"customer_id": "ACME-42", "amount_cents": 1250},
+                reason="response lost",
+                since="2026-01-01T00:00:00Z",
+            )
+        ]
+    ),
+    Reconcile: Reconcile(
+        tenant="acme",
+        operation_id="op-1",
+        state="succeeded",
+        evidence="Provider dashboard shows charge ch_123.",
+        resolved_by="ops@acme",
+        receipt="ch_123",
+    ),
     Reconciled: Reconciled(operation_id="op-1", ok=True, message="recorded"),
-    HumanDecision: HumanDecision(request_id="dec-1", token="eyJ.x.y", pending_id="p-1",
-                                 answer="once", reason="looks right"),
-    DecisionResult: DecisionResult(request_id="dec-1", pending_id="p-1", accepted=True,
-                                   message="answered once"),
-    RegisterRun: RegisterRun(tenant="acme", run_id="run-1", principal="alice@acme",
-                             agent="assistant", attended=True, grants=["send_external"],
-                             budget=RunBudget(tokens=20_000, max_concurrent_steps=2)),
+    HumanDecision: HumanDecision(
+        request_id="dec-1", token="eyJ.x.y", pending_id="p-1", answer="once", reason="looks right"
+    ),
+    DecisionResult: DecisionResult(
+        request_id="dec-1", pending_id="p-1", accepted=True, message="answered once"
+    ),
+    RegisterRun: RegisterRun(
+        tenant="acme",
+        run_id="run-1",
+        principal="alice@acme",
+        agent="assistant",
+        attended=True,
+        grants=["send_external"],
+        budget=RunBudget(tokens=20_000, max_concurrent_steps=2),
+    ),
     RunRegistered: RunRegistered(run_id="run-1"),
-    ReserveBudget: ReserveBudget(tenant="acme", run_id="run-1", step_key="run-1:3:model",
-                                 provider_calls=1, tokens=4096),
-    BudgetReserved: BudgetReserved(reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
-                                   run_id="run-1", step_key="run-1:3:model", status="open",
-                                   provider_calls=1, tokens=4096, capability_calls=0,
-                                   wall_time_left_s=812.5),
-    BudgetRefused: BudgetRefused(run_id="run-1", step_key="run-1:4:model", budget="tokens",
-                                 reason="tokens budget exhausted: asked 4096, 1200 left of "
-                                        "20000"),
-    SettleBudget: SettleBudget(tenant="acme", run_id="run-1",
-                               reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
-                               provider_calls=1, tokens=5120),
-    BudgetSettled: BudgetSettled(reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
-                                 run_id="run-1", status="settled", provider_calls=1,
-                                 tokens=5120, capability_calls=0),
-    AnswerDecision: AnswerDecision(tenant="acme", principal="ops@acme", request_id="dec-1",
-                                   pending_id="p-1", answer="deny", reason="no"),
+    ReserveBudget: ReserveBudget(
+        tenant="acme", run_id="run-1", step_key="run-1:3:model", provider_calls=1, tokens=4096
+    ),
+    BudgetReserved: BudgetReserved(
+        reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
+        run_id="run-1",
+        step_key="run-1:3:model",
+        status="open",
+        provider_calls=1,
+        tokens=4096,
+        capability_calls=0,
+        wall_time_left_s=812.5,
+    ),
+    BudgetRefused: BudgetRefused(
+        run_id="run-1",
+        step_key="run-1:4:model",
+        budget="tokens",
+        reason="tokens budget exhausted: asked 4096, 1200 left of 20000",
+    ),
+    SettleBudget: SettleBudget(
+        tenant="acme",
+        run_id="run-1",
+        reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
+        provider_calls=1,
+        tokens=5120,
+    ),
+    BudgetSettled: BudgetSettled(
+        reservation_id="5f0c6a9e-0000-4000-8000-000000000001",
+        run_id="run-1",
+        status="settled",
+        provider_calls=1,
+        tokens=5120,
+        capability_calls=0,
+    ),
+    AnswerDecision: AnswerDecision(
+        tenant="acme",
+        principal="ops@acme",
+        request_id="dec-1",
+        pending_id="p-1",
+        answer="deny",
+        reason="no",
+    ),
     DecisionAnswered: DecisionAnswered(
-        tenant="acme", pending_id="p-1", run_id="run-1", proposal_id="prop-1", answer="once",
-        reason="", answered_by="ops@acme", decision_id="d-2", line=6, policy_version="v1"),
+        tenant="acme",
+        pending_id="p-1",
+        run_id="run-1",
+        proposal_id="prop-1",
+        answer="once",
+        reason="",
+        answered_by="ops@acme",
+        decision_id="d-2",
+        line=6,
+        policy_version="v1",
+    ),
     ListPending: ListPending(tenant="acme"),
-    PendingDecisions: PendingDecisions(decisions=[PendingDecision(
-        pending_id="p-1", run_id="run-1", agent="assistant", principal="alice@acme",
-        tool="payment.charge.create", family="write_delete", first_argument="ACME-42",
-        reason="no grant covers the call", options=["once", "always", "deny"], attended=False,
-        deadline=None, created_at="2026-01-01T00:00:00Z")]),
-    ApproveProposal: ApproveProposal(request_id="apr-1", token="eyJ.x.y",
-                                     proposal_id="prop_abc", answer="approve"),
-    ApprovalResult: ApprovalResult(request_id="apr-1", proposal_id="prop_abc",
-                                   status="already_completed", outcome="succeeded",
-                                   receipt="re_1"),
-    ProposalAnswer: ProposalAnswer(tenant="acme", request_id="apr-1", approver="ops@acme",
-                                   proposal_id="prop_abc", answer="reject",
-                                   reason="wrong line"),
+    PendingDecisions: PendingDecisions(
+        decisions=[
+            PendingDecision(
+                pending_id="p-1",
+                run_id="run-1",
+                agent="assistant",
+                principal="alice@acme",
+                tool="payment.charge.create",
+                family="write_delete",
+                first_argument="ACME-42",
+                reason="no grant covers the call",
+                options=["once", "always", "deny"],
+                attended=False,
+                deadline=None,
+                created_at="2026-01-01T00:00:00Z",
+            )
+        ]
+    ),
+    ApproveProposal: ApproveProposal(
+        request_id="apr-1", token="eyJ.x.y", proposal_id="prop_abc", answer="approve"
+    ),
+    ApprovalResult: ApprovalResult(
+        request_id="apr-1",
+        proposal_id="prop_abc",
+        status="already_completed",
+        outcome="succeeded",
+        receipt="re_1",
+    ),
+    ProposalAnswer: ProposalAnswer(
+        tenant="acme",
+        request_id="apr-1",
+        approver="ops@acme",
+        proposal_id="prop_abc",
+        answer="reject",
+        reason="wrong line",
+    ),
     ReadFacts: ReadFacts(tenant="acme", kind="payment", id="pay_7781"),
     FactsRead: FactsRead(found=True, facts={"payment_id": "pay_7781", "status": "captured"}),
     ReplayRun: ReplayRun(tenant="acme", run_id="run-1"),
     BranchChanged: BranchChanged(tenant="acme", run_id="run-1.b2"),
-    JournalCheckpoint: JournalCheckpoint(service="governance", seq=9, prev_seq=6,
-                                         head="ab" * 32, prev_head="cd" * 32,
-                                         key_id="governance-1", signature="c2ln",
-                                         signed_at=1764633600000000),
-    StepRecorded: StepRecorded(tenant="acme", run_id="run-1", seq=3, kind="decision",
-                               decision="select_capability", target="documents.search"),
-    ReplayReport: ReplayReport(run_id="run-1", verdict="divergent", entries=6, divergences=[
-        Divergence(step=2, expected="the run to succeed with answer \"Done.\"",
-                   found="the run succeeded with answer \"Refunded.\"")],
-        missing=["step 1 (the tool output of step 0) was never captured"]),
-    ReviewAnswer: ReviewAnswer(tenant="acme", run_id="run-1", step=0, answer="approve",
-                               reviewer="ops@acme", reason="the note is right"),
+    JournalCheckpoint: JournalCheckpoint(
+        service="governance",
+        seq=9,
+        prev_seq=6,
+        head="ab" * 32,
+        prev_head="cd" * 32,
+        key_id="governance-1",
+        signature="c2ln",
+        signed_at=1764633600000000,
+    ),
+    StepRecorded: StepRecorded(
+        tenant="acme",
+        run_id="run-1",
+        seq=3,
+        kind="decision",
+        decision="select_capability",
+        target="documents.search",
+    ),
+    ReplayReport: ReplayReport(
+        run_id="run-1",
+        verdict="divergent",
+        entries=6,
+        divergences=[
+            Divergence(
+                step=2,
+                expected='the run to succeed with answer "Done."',
+                found='the run succeeded with answer "Refunded."',
+            )
+        ],
+        missing=["step 1 (the tool output of step 0) was never captured"],
+    ),
+    ReviewAnswer: ReviewAnswer(
+        tenant="acme",
+        run_id="run-1",
+        step=0,
+        answer="approve",
+        reviewer="ops@acme",
+        reason="the note is right",
+    ),
     ReviewTaken: ReviewTaken(run_id="run-1", status="running"),
-    ReviewDecision: ReviewDecision(request_id="rev-1", token="eyJ.x.y",
-                                   pending_id="review-run-1-0", answer="reject",
-                                   comment="wrong order number"),
-    ReviewResult: ReviewResult(request_id="rev-1", pending_id="review-run-1-0", accepted=True,
-                               message="approved; the run is succeeded"),
-    ReadCapability: ReadCapability(tenant="acme", run_id="run-1", principal="alice@acme",
-                                   agent="assistant", tool="documents.search",
-                                   arguments={"query": "order 7781", "limit": 3}),
+    ReviewDecision: ReviewDecision(
+        request_id="rev-1",
+        token="eyJ.x.y",
+        pending_id="review-run-1-0",
+        answer="reject",
+        comment="wrong order number",
+    ),
+    ReviewResult: ReviewResult(
+        request_id="rev-1",
+        pending_id="review-run-1-0",
+        accepted=True,
+        message="approved; the run is succeeded",
+    ),
+    ReadCapability: ReadCapability(
+        tenant="acme",
+        run_id="run-1",
+        principal="alice@acme",
+        agent="assistant",
+        tool="documents.search",
+        arguments={"query": "order 7781", "limit": 3},
+    ),
     ReadResult: ReadResult(
-        run_id="run-1", tool="crm.customer.get", decision_id="dec-1", truncated=False,
-        items=[ReadItem(id="ACME-42", kind="customer_record", title="Acme Corporation",
-                        text="Prefers email.", fields={"owner": "Alice Martin"})]),
-    ReadRefused: ReadRefused(run_id="run-1", tool="crm.customer.get", code="ASK",
-                             reason="no grant covers the call", decision_id="dec-2",
-                             pending_id="dec-2", line=6),
+        run_id="run-1",
+        tool="crm.customer.get",
+        decision_id="dec-1",
+        truncated=False,
+        items=[
+            ReadItem(
+                id="ACME-42",
+                kind="customer_record",
+                title="Acme Corporation",
+                text="Prefers email.",
+                fields={"owner": "Alice Martin"},
+            )
+        ],
+    ),
+    ReadRefused: ReadRefused(
+        run_id="run-1",
+        tool="crm.customer.get",
+        code="ASK",
+        reason="no grant covers the call",
+        decision_id="dec-2",
+        pending_id="dec-2",
+        line=6,
+    ),
     CancelRun: CancelRun(request_id="cancel-1", token="eyJ.x.y", run_id="run-1"),
-    RunCancelRequested: RunCancelRequested(tenant="acme", run_id="run-1",
-                                           principal="alice@acme", request_id="cancel-1"),
+    RunCancelRequested: RunCancelRequested(
+        tenant="acme", run_id="run-1", principal="alice@acme", request_id="cancel-1"
+    ),
     GetRun: GetRun(tenant="acme", run_id="run-1"),
     GetCommand: GetCommand(tenant="acme", operation_key="op-1"),
     ListProposals: ListProposals(tenant="acme", state="pending", limit=10),
@@ -246,30 +458,67 @@ SAMPLES: dict[type, Any] = {
     GetRunEvents: GetRunEvents(tenant="acme", run_id="run-1", after=3),
     VerifyJournal: VerifyJournal(tenant="acme"),
     HostRead: HostRead(token="eyJ.x.y", run_id="run-1"),
-    RecordListing: RecordListing(tenant="acme", server="helpdesk", digest="a" * 64, tools=[
-        ListedTool(name="ticket.get", description="Read one ticket.",
-                   input_schema={"type": "object"}, digest="b" * 64,
-                   hints={"read_only_hint": True})]),
-    ListingRecorded: ListingRecorded(digest="a" * 64, tools=[
-        ToolStatus(name="ticket.get", digest="b" * 64, state="changed", family="read")]),
+    RecordListing: RecordListing(
+        tenant="acme",
+        server="helpdesk",
+        digest="a" * 64,
+        tools=[
+            ListedTool(
+                name="ticket.get",
+                description="Read one ticket.",
+                input_schema={"type": "object"},
+                digest="b" * 64,
+                hints={"read_only_hint": True},
+            )
+        ],
+    ),
+    ListingRecorded: ListingRecorded(
+        digest="a" * 64,
+        tools=[ToolStatus(name="ticket.get", digest="b" * 64, state="changed", family="read")],
+    ),
     ListServer: ListServer(tenant="acme", server="helpdesk"),
     ServerListing: ServerListing(ok=True, digest="a" * 64, exposed=["ticket.get"]),
-    ClassifyTool: ClassifyTool(tenant="acme", server="helpdesk", tool="ticket.get",
-                               family="read", classified_by="ops@acme.example"),
+    ClassifyTool: ClassifyTool(
+        tenant="acme",
+        server="helpdesk",
+        tool="ticket.get",
+        family="read",
+        classified_by="ops@acme.example",
+    ),
     ToolClassified: ToolClassified(ok=True, message="classified", digest="b" * 64),
     DescribeTools: DescribeTools(tenant="acme", capabilities=["mcp:helpdesk/ticket.get"]),
-    ToolDescriptions: ToolDescriptions(tools=[DescribedTool(
-        capability="mcp:helpdesk/ticket.get", family="read", description="Read one ticket.",
-        input_schema={"type": "object"})]),
+    ToolDescriptions: ToolDescriptions(
+        tools=[
+            DescribedTool(
+                capability="mcp:helpdesk/ticket.get",
+                family="read",
+                description="Read one ticket.",
+                input_schema={"type": "object"},
+            )
+        ]
+    ),
     TurnCancelling: TurnCancelling(tenant="acme", run_id="ses-abc-t1"),
 }
 # Host-sent and inbox commands, whether or not they are in MESSAGES yet.
-HOST_AND_INBOX_COMMANDS = tuple(dict.fromkeys(
-    [RunRequest, SubmitCommand, ProposeCommand, DecideRequest, DispatchCommand, HumanDecision,
-     ApproveProposal]
-    + [m for m in MESSAGES if issubclass(m, Command)]))
-EVENTS = tuple(dict.fromkeys([RunResult, CommandResult, CommandOutcome]
-                             + [m for m in MESSAGES if issubclass(m, Event)]))
+HOST_AND_INBOX_COMMANDS = tuple(
+    dict.fromkeys(
+        [
+            RunRequest,
+            SubmitCommand,
+            ProposeCommand,
+            DecideRequest,
+            DispatchCommand,
+            HumanDecision,
+            ApproveProposal,
+        ]
+        + [m for m in MESSAGES if issubclass(m, Command)]
+    )
+)
+EVENTS = tuple(
+    dict.fromkeys(
+        [RunResult, CommandResult, CommandOutcome] + [m for m in MESSAGES if issubclass(m, Event)]
+    )
+)
 ALL = tuple(dict.fromkeys(list(MESSAGES) + list(SAMPLES)))
 
 
@@ -328,12 +577,23 @@ def test_event_nested_structs_skip_unknown_fields() -> None:
     assert decode(EvidenceGathered, gathered) == SAMPLES[EvidenceGathered]
 
 
-@pytest.mark.parametrize("result", [
-    RunResult(request_id="req-1", status="rejected",
-              error=ErrorInfo(code="TOO_LARGE", message="too large")),
-    CommandResult(request_id="req-2", operation_key="k", status="rejected",
-                  error=ErrorInfo(code="TOO_LARGE", message="too large")),
-], ids=["RunResult", "CommandResult"])
+@pytest.mark.parametrize(
+    "result",
+    [
+        RunResult(
+            request_id="req-1",
+            status="rejected",
+            error=ErrorInfo(code="TOO_LARGE", message="too large"),
+        ),
+        CommandResult(
+            request_id="req-2",
+            operation_key="k",
+            status="rejected",
+            error=ErrorInfo(code="TOO_LARGE", message="too large"),
+        ),
+    ],
+    ids=["RunResult", "CommandResult"],
+)
 def test_result_error_skips_unknown_fields(result: Any) -> None:
     document = as_dict(result)
     document["error"]["retryable"] = False
@@ -347,31 +607,49 @@ def run_request(**changes: Any) -> dict[str, Any]:
     return {**as_dict(SAMPLES[RunRequest]), **changes}
 
 
-@pytest.mark.parametrize("changes", [
-    {"input": "x" * 8192}, {"input": "x"}, {"token": "t" * 8192}, {"request_id": "r" * 128},
-    {"request_id": "tenant:req.1_a-b"}, {"agent": "a" * 63},
-], ids=["input-max", "input-min", "token-max", "request-id-max", "request-id-alphabet",
-        "agent-max"])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"input": "x" * 8192},
+        {"input": "x"},
+        {"token": "t" * 8192},
+        {"request_id": "r" * 128},
+        {"request_id": "tenant:req.1_a-b"},
+        {"agent": "a" * 63},
+    ],
+    ids=[
+        "input-max",
+        "input-min",
+        "token-max",
+        "request-id-max",
+        "request-id-alphabet",
+        "agent-max",
+    ],
+)
 def test_run_request_within_bounds(changes: dict[str, Any]) -> None:
     decode(RunRequest, run_request(**changes))
 
 
-@pytest.mark.parametrize(("changes", "field"), [
-    ({"input": "x" * 8193}, "input"),
-    ({"input": ""}, "input"),
-    ({"token": "t" * 8193}, "token"),
-    ({"token": ""}, "token"),
-    ({"request_id": "r" * 129}, "request_id"),
-    ({"request_id": ""}, "request_id"),
-    ({"request_id": "req 1"}, "request_id"),
-    ({"request_id": "req/1"}, "request_id"),
-    ({"request_id": ".req"}, "request_id"),
-    ({"request_id": "req>"}, "request_id"),
-    ({"agent": "Assistant"}, "agent"),
-    ({"agent": "a" * 64}, "agent"),
-    ({"agent": "a*"}, "agent"),
-    ({"input": 5}, "input"),
-], ids=lambda v: repr(v)[:30] if isinstance(v, dict) else v)
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"input": "x" * 8193}, "input"),
+        ({"input": ""}, "input"),
+        ({"token": "t" * 8193}, "token"),
+        ({"token": ""}, "token"),
+        ({"request_id": "r" * 129}, "request_id"),
+        ({"request_id": ""}, "request_id"),
+        ({"request_id": "req 1"}, "request_id"),
+        ({"request_id": "req/1"}, "request_id"),
+        ({"request_id": ".req"}, "request_id"),
+        ({"request_id": "req>"}, "request_id"),
+        ({"agent": "Assistant"}, "agent"),
+        ({"agent": "a" * 64}, "agent"),
+        ({"agent": "a*"}, "agent"),
+        ({"input": 5}, "input"),
+    ],
+    ids=lambda v: repr(v)[:30] if isinstance(v, dict) else v,
+)
 def test_run_request_out_of_bounds(changes: dict[str, Any], field: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=field):
         decode(RunRequest, run_request(**changes))
@@ -383,10 +661,24 @@ def test_tenant_pattern_accepts(tenant: str) -> None:
     decode(DispatchCommand, {"tenant": tenant, "operation_id": "op-1"})
 
 
-@pytest.mark.parametrize("tenant", [
-    "acme.*", "a>b", "acme.eu", "*", ">", "acme globex", "ACME", "-acme", "", "a" * 64,
-    "acme_eu", "acmé", "acme\tx",
-])
+@pytest.mark.parametrize(
+    "tenant",
+    [
+        "acme.*",
+        "a>b",
+        "acme.eu",
+        "*",
+        ">",
+        "acme globex",
+        "ACME",
+        "-acme",
+        "",
+        "a" * 64,
+        "acme_eu",
+        "acmé",
+        "acme\tx",
+    ],
+)
 def test_tenant_pattern_refuses_subject_syntax_and_other_alphabets(tenant: str) -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert(tenant, Tenant)
@@ -404,10 +696,14 @@ def test_tenant_pattern_refuses_a_trailing_newline(cls: type) -> None:
 def test_propose_command_bounds() -> None:
     base = as_dict(SAMPLES[ProposeCommand])
     decode(ProposeCommand, {**base, "step": 1000, "arguments": {str(i): i for i in range(32)}})
-    for changes, field in [({"step": -1}, "step"), ({"step": 1001}, "step"),
-                           ({"arguments": {str(i): i for i in range(33)}}, "arguments"),
-                           ({"action": "a" * 513}, "action"), ({"tenant": "a.b"}, "tenant"),
-                           ({"principal": "al ice"}, "principal")]:
+    for changes, field in [
+        ({"step": -1}, "step"),
+        ({"step": 1001}, "step"),
+        ({"arguments": {str(i): i for i in range(33)}}, "arguments"),
+        ({"action": "a" * 513}, "action"),
+        ({"tenant": "a.b"}, "tenant"),
+        ({"principal": "al ice"}, "principal"),
+    ]:
         with pytest.raises(msgspec.ValidationError, match=field):
             decode(ProposeCommand, {**base, **changes})
 
@@ -438,10 +734,14 @@ def test_event_bounds() -> None:
 def test_reconcile_bounds() -> None:
     base = as_dict(SAMPLES[Reconcile])
     decode(Reconcile, {**base, "evidence": "e" * 4000, "resolved_by": "r" * 128})
-    for changes, field in [({"evidence": ""}, "evidence"), ({"evidence": "e" * 4001}, "evidence"),
-                           ({"resolved_by": ""}, "resolved_by"),
-                           ({"resolved_by": "r" * 129}, "resolved_by"),
-                           ({"state": "unknown"}, "state"), ({"tenant": "acme.*"}, "tenant")]:
+    for changes, field in [
+        ({"evidence": ""}, "evidence"),
+        ({"evidence": "e" * 4001}, "evidence"),
+        ({"resolved_by": ""}, "resolved_by"),
+        ({"resolved_by": "r" * 129}, "resolved_by"),
+        ({"state": "unknown"}, "state"),
+        ({"tenant": "acme.*"}, "tenant"),
+    ]:
         with pytest.raises(msgspec.ValidationError, match=field):
             decode(Reconcile, {**base, **changes})
 
@@ -520,12 +820,29 @@ def test_write_schemas_then_check_is_clean(tmp_path: Path) -> None:
 def test_decision_approval_and_review_results_carry_their_code_as_a_field() -> None:
     from schemas.host import ApprovalResult, DecisionResult, ReviewResult
 
-    for result in (DecisionResult(request_id="r", pending_id="p", accepted=False,
-                                  message="no such pending decision", code="UNKNOWN_PENDING"),
-                   ReviewResult(request_id="r", pending_id="p", accepted=False,
-                                message="no review", code="UNKNOWN_REVIEW"),
-                   ApprovalResult(request_id="r", proposal_id="p", status="not_approvable",
-                                  reason="no such proposal", code="UNKNOWN_PROPOSAL")):
+    for result in (
+        DecisionResult(
+            request_id="r",
+            pending_id="p",
+            accepted=False,
+            message="no such pending decision",
+            code="UNKNOWN_PENDING",
+        ),
+        ReviewResult(
+            request_id="r",
+            pending_id="p",
+            accepted=False,
+            message="no review",
+            code="UNKNOWN_REVIEW",
+        ),
+        ApprovalResult(
+            request_id="r",
+            proposal_id="p",
+            status="not_approvable",
+            reason="no such proposal",
+            code="UNKNOWN_PROPOSAL",
+        ),
+    ):
         raw = msgspec.json.encode(result)
         assert msgspec.json.decode(raw)["code"] == result.code
         assert msgspec.json.decode(raw, type=type(result)) == result
@@ -535,6 +852,8 @@ def test_a_result_from_before_the_code_field_still_decodes() -> None:
     """Schema evolution: the new field has a default, so old producers' results decode."""
     from schemas.host import DecisionResult
 
-    old = b'{"type":"DecisionResult","request_id":"r","pending_id":"p","accepted":true,' \
-          b'"message":"answered once","api_version":"1"}'
+    old = (
+        b'{"type":"DecisionResult","request_id":"r","pending_id":"p","accepted":true,'
+        b'"message":"answered once","api_version":"1"}'
+    )
     assert msgspec.json.decode(old, type=DecisionResult).code is None

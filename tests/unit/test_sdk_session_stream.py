@@ -19,8 +19,10 @@ async def events(body: bytes) -> list[tuple[int, bytes]]:
 
 
 async def test_events_with_ids_comments_skipped_and_multi_line_data() -> None:
-    body = (b": keep-alive\n\nevent: TurnStarted\nid: 7\ndata: {\"a\":\ndata:  1}\n\n"
-            b"id: 8\ndata: x\r\n\r\ndata: no id, not an event of the stream\n\n")
+    body = (
+        b': keep-alive\n\nevent: TurnStarted\nid: 7\ndata: {"a":\ndata:  1}\n\n'
+        b"id: 8\ndata: x\r\n\r\ndata: no id, not an event of the stream\n\n"
+    )
     assert await events(body) == [(7, b'{"a":\n 1}'), (8, b"x")]
 
 

@@ -61,13 +61,17 @@ ALLOWED = {
 }
 
 
-@pytest.mark.parametrize(("state", "happening", "turn_open"),
-                         list(itertools.product(SESSION_STATES, HAPPENINGS, (False, True))))
+@pytest.mark.parametrize(
+    ("state", "happening", "turn_open"),
+    list(itertools.product(SESSION_STATES, HAPPENINGS, (False, True))),
+)
 def test_every_pair_is_allowed_by_the_table_or_refused_with_a_code(
-        state: str, happening: str, turn_open: bool) -> None:
+    state: str, happening: str, turn_open: bool
+) -> None:
     if happening == "resume" and state == "paused":
         assert transition(state, happening, turn_open=turn_open) == (
-            "processing" if turn_open else "active")
+            "processing" if turn_open else "active"
+        )
         return
     expected = ALLOWED.get((state, happening))
     if expected is None:
@@ -107,8 +111,10 @@ def test_ids_are_derived_and_turn_runs_are_recognised() -> None:
 
 def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_budget() -> None:
     assert conversation([], "hello") == "hello"
-    history = [Entry(turn=i, role="user" if i % 2 else "agent", text=f"entry {i} " + "x" * 400)
-               for i in range(1, 60)]
+    history = [
+        Entry(turn=i, role="user" if i % 2 else "agent", text=f"entry {i} " + "x" * 400)
+        for i in range(1, 60)
+    ]
     text = conversation(history, "now this")
     assert text.endswith("The user's message now:\nnow this")
     kept = [line for line in text.splitlines() if line.startswith("[turn ")]
@@ -122,13 +128,27 @@ def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_bu
 
 
 def test_outcome_notes_come_from_the_typed_outcome() -> None:
-    assert outcome_note({"action": "crm.note.create", "state": "succeeded",
-                         "receipt": "n-1"}) == "crm.note.create succeeded (receipt n-1)"
-    assert outcome_note({"action": "a", "state": "failed", "outcome": "terminal_failure",
-                         "correlation_id": "c-9", "reason": "secret detail"}) == (
-        "a failed; correlation id c-9")
-    assert "stale" in outcome_note({"action": "a", "state": "revision_required",
-                                    "outcome": "revision_required", "reason": "stale"})
+    assert (
+        outcome_note({"action": "crm.note.create", "state": "succeeded", "receipt": "n-1"})
+        == "crm.note.create succeeded (receipt n-1)"
+    )
+    assert outcome_note(
+        {
+            "action": "a",
+            "state": "failed",
+            "outcome": "terminal_failure",
+            "correlation_id": "c-9",
+            "reason": "secret detail",
+        }
+    ) == ("a failed; correlation id c-9")
+    assert "stale" in outcome_note(
+        {
+            "action": "a",
+            "state": "revision_required",
+            "outcome": "revision_required",
+            "reason": "stale",
+        }
+    )
 
 
 def test_session_bodies_refuse_unknown_fields_and_bound_sizes() -> None:
@@ -139,22 +159,24 @@ def test_session_bodies_refuse_unknown_fields_and_bound_sizes() -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.json.decode(b'{"text": ""}', type=MessageBody)
     with pytest.raises(msgspec.ValidationError):
-        msgspec.json.decode(b'{"type": "SessionOp", "op": "explode", "tenant": "acme", '
-                            b'"principal": "a"}', type=SessionOp)
+        msgspec.json.decode(
+            b'{"type": "SessionOp", "op": "explode", "tenant": "acme", "principal": "a"}',
+            type=SessionOp,
+        )
     event = TurnStarted(session_id="ses-1", n=2, turn=1, run_id="ses-1-t1")
     assert msgspec.json.decode(msgspec.json.encode(event), type=AnySessionEvent) == event
 
 
-def _resolved(capability: str, arguments: dict[str, object],
-              read: FactsReader | None = None) -> tuple[dict[str, object], dict[str, object]]:
+def _resolved(
+    capability: str, arguments: dict[str, object], read: FactsReader | None = None
+) -> tuple[dict[str, object], dict[str, object]]:
     got = anyio.run(resolve, capability, arguments, read)
     return got.arguments, got.preview
 
 
 def test_a_plan_step_freezes_what_the_contract_resolves_not_what_the_model_wrote() -> None:
     composed = {"customer_id": "ACME-42", "body": "Le client a payé."}
-    decomposed = {"body": unicodedata.normalize("NFD", composed["body"]),
-                  "customer_id": "ACME-42"}
+    decomposed = {"body": unicodedata.normalize("NFD", composed["body"]), "customer_id": "ACME-42"}
     assert decomposed["body"] != composed["body"]
     args, preview = _resolved("crm.note.create", decomposed)
     assert args == composed and preview == composed  # the contract's preview of the note
@@ -165,32 +187,51 @@ def test_a_plan_step_freezes_what_the_contract_resolves_not_what_the_model_wrote
     assert list(request) == ["customer_id", "body"] and request == composed
     # The same resolution, the same hash; another body, another.
     step = PlanStep(index=0, capability="crm.note.create", arguments=args, preview=preview)
-    again = PlanStep(index=0, capability="crm.note.create",
-                     **dict(zip(("arguments", "preview"), _resolved("crm.note.create",
-                                                                    decomposed), strict=True)))
+    again = PlanStep(
+        index=0,
+        capability="crm.note.create",
+        **dict(
+            zip(("arguments", "preview"), _resolved("crm.note.create", decomposed), strict=True)
+        ),
+    )
     assert plan_digest([step]) == plan_digest([again])
     other = _resolved("crm.note.create", {**composed, "body": "Autre chose."})
     assert other[0] != args
-    assert plan_digest([PlanStep(index=0, capability="crm.note.create", arguments=other[0],
-                                 preview=other[1])]) != plan_digest([step])
+    assert plan_digest(
+        [PlanStep(index=0, capability="crm.note.create", arguments=other[0], preview=other[1])]
+    ) != plan_digest([step])
     # A request the contract refuses stays as written (admission refuses it too); a read's
     # arguments are only normalised; a facts-bound action without a reader keeps its decoded
     # request and no preview.
     assert _resolved("crm.note.create", {"oops": 1}) == ({"oops": 1}, {})
     assert _resolved("kb.search", {"q": "cafe\u0301"}) == ({"q": "café"}, {})
     refund = {"payment_id": "pay_1", "line_id": "L2"}
-    assert _resolved("payment.refund", refund) == (
-        {**refund, "destination": "original_method"}, {})
+    assert _resolved("payment.refund", refund) == ({**refund, "destination": "original_method"}, {})
 
 
 def _payment(discount_cents: int) -> dict[str, object]:
-    return {"payment_id": "pay_1", "currency": "EUR", "status": "captured",
-            "method": {"kind": "card", "last4": "4242", "usable": True},
-            "amount_cents": 12000, "refunded_cents": 0, "refunds": [],
-            "lines": [{"line_id": "L2", "product": "Junior programme",
-                       "participant": "Léo Martin", "amount_cents": 12000,
-                       "discount": {"discount_id": "D-SIB", "name": "Sibling discount",
-                                    "amount_cents": discount_cents}}]}
+    return {
+        "payment_id": "pay_1",
+        "currency": "EUR",
+        "status": "captured",
+        "method": {"kind": "card", "last4": "4242", "usable": True},
+        "amount_cents": 12000,
+        "refunded_cents": 0,
+        "refunds": [],
+        "lines": [
+            {
+                "line_id": "L2",
+                "product": "Junior programme",
+                "participant": "Léo Martin",
+                "amount_cents": 12000,
+                "discount": {
+                    "discount_id": "D-SIB",
+                    "name": "Sibling discount",
+                    "amount_cents": discount_cents,
+                },
+            }
+        ],
+    }
 
 
 def test_a_facts_bound_step_resolves_from_its_facts_and_a_change_is_named() -> None:
@@ -205,7 +246,10 @@ def test_a_facts_bound_step_resolves_from_its_facts_and_a_change_is_named() -> N
     args, preview = _resolved("payment.refund", refund, read)
     assert reads == [FactsRef(kind="payment", id="pay_1")]
     assert (args["amount_cents"], preview["amount_cents"], preview["payment"]) == (
-        1500, 1500, "pay_1")
+        1500,
+        1500,
+        "pay_1",
+    )
     assert preview["payment_method"] == "card ending 4242"
     same = anyio.run(resolve, "payment.refund", refund, read)
     assert changed(args, preview, same) is None
@@ -225,8 +269,7 @@ def test_the_consequential_mark_is_a_strict_bool_that_only_adds_a_plan() -> None
     from services.planner.sessions._plans import marked
     from services.planner.store import Step
 
-    plain = {"decision": "select_capability", "capability": "crm.note.create",
-             "arguments": {}}
+    plain = {"decision": "select_capability", "capability": "crm.note.create", "arguments": {}}
     # Unmarked, a decision keeps the bytes it had before the mark existed.
     decoded = msgspec.convert(plain, ModelDecision)
     assert msgspec.json.decode(msgspec.json.encode(decoded)) == plain
@@ -235,15 +278,22 @@ def test_the_consequential_mark_is_a_strict_bool_that_only_adds_a_plan() -> None
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**plain, "consequential": "yes"}, ModelDecision)
     # The structured wire carries it, and its strict schema asks for it.
-    wire = _from_structured('{"next": {"decision": "select_capability", "capability": "a", '
-                            '"arguments": "{}", "consequential": true}}')
+    wire = _from_structured(
+        '{"next": {"decision": "select_capability", "capability": "a", '
+        '"arguments": "{}", "consequential": true}}'
+    )
     assert isinstance(wire, SelectCapability) and wire.consequential
-    [select] = [v for v in _decision_schema(["a"])["properties"]["next"]["anyOf"]
-                if v["properties"]["decision"]["enum"] == ["select_capability"]]
+    [select] = [
+        v
+        for v in _decision_schema(["a"])["properties"]["next"]["anyOf"]
+        if v["properties"]["decision"]["enum"] == ["select_capability"]
+    ]
     assert "consequential" in select["required"]
     assert select["properties"]["consequential"]["type"] == "boolean"
     # A run plans once any of its selections was marked; a later `false` does not undo it.
-    steps = [Step(seq=0, kind="decision", payload=msgspec.to_builtins(mark)),
-             Step(seq=1, kind="observation", payload={"refused": "PLANNED"}),
-             Step(seq=2, kind="decision", payload={**plain, "consequential": False})]
+    steps = [
+        Step(seq=0, kind="decision", payload=msgspec.to_builtins(mark)),
+        Step(seq=1, kind="observation", payload={"refused": "PLANNED"}),
+        Step(seq=2, kind="decision", payload={**plain, "consequential": False}),
+    ]
     assert marked(steps) and not marked(steps[2:])

@@ -12,8 +12,9 @@ from services.planner.store._replay import _of_turn
 
 
 def _plan(seq: int, plan_id: str, turn: int) -> Captured:
-    return Captured(seq=seq, kind="session.PlanProposed",
-                    payload={"plan": {"plan_id": plan_id, "turn": turn}})
+    return Captured(
+        seq=seq, kind="session.PlanProposed", payload={"plan": {"plan_id": plan_id, "turn": turn}}
+    )
 
 
 def _decided(seq: int, plan_id: str) -> Captured:
@@ -24,17 +25,23 @@ def test_a_turn_reads_its_own_plans_and_whether_the_session_plans_nothing_else()
     run = "ses-abc-t3"
     entries = [
         Captured(seq=1, kind="session.SessionOpened", payload={"plan_mode": True}),
-        _plan(2, "plan-copied", 1), _decided(3, "plan-copied"),  # a fork's copy: turn 1
+        _plan(2, "plan-copied", 1),
+        _decided(3, "plan-copied"),  # a fork's copy: turn 1
         Captured(seq=9, kind="run.started", payload={}),
-        _plan(11, "plan-mine", 3), _decided(14, "plan-mine"),
+        _plan(11, "plan-mine", 3),
+        _decided(14, "plan-mine"),
         _plan(12, "plan-later", 4),  # the next turn's
         Captured(seq=10, kind="session.UserMessage", payload={"turn": 3}),
         Captured(seq=13, kind="step.decision", payload={}),
     ]
     kept = _of_turn(entries, run)
     assert [(c.seq, c.kind) for c in kept] == [
-        (1, "session.SessionOpened"), (9, "run.started"), (11, "session.PlanProposed"),
-        (13, "step.decision"), (14, "session.PlanDecided")]
+        (1, "session.SessionOpened"),
+        (9, "run.started"),
+        (11, "session.PlanProposed"),
+        (13, "step.decision"),
+        (14, "session.PlanDecided"),
+    ]
 
 
 @pytest.mark.anyio

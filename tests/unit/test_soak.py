@@ -12,13 +12,22 @@ from soak.ledger import Ledger, Op
 from soak.nemesis import schedule
 from soak.observe import within
 
-INSTANCES = ["admission", "admission-2", "dispatcher", "dispatcher-2", "governance", "ingress",
-             "planner", "retrieval"]
+INSTANCES = [
+    "admission",
+    "admission-2",
+    "dispatcher",
+    "dispatcher-2",
+    "governance",
+    "ingress",
+    "planner",
+    "retrieval",
+]
 
 
 def _schedule(seed: int, *, cluster: bool = False) -> list:
-    return schedule(seed, duration_s=3600, every=(20, 60), lease_s=4, instances=INSTANCES,
-                    cluster=cluster)
+    return schedule(
+        seed, duration_s=3600, every=(20, 60), lease_s=4, instances=INSTANCES, cluster=cluster
+    )
 
 
 def test_the_same_seed_gives_the_same_faults_and_another_seed_others() -> None:
@@ -42,20 +51,38 @@ def test_the_cluster_faults_one_node_and_never_all_of_nats() -> None:
     assert {"node_kill", "node_freeze", "node_restart"} <= kinds and "nats" not in kinds
 
 
-def _result(request_id: str, status: str, *, operation_id: str = "op-1",
-            receipt: str | None = None) -> CommandResult:
-    return CommandResult(request_id=request_id, operation_key="k", status=status,
-                         operation_id=operation_id, receipt=receipt)
+def _result(
+    request_id: str, status: str, *, operation_id: str = "op-1", receipt: str | None = None
+) -> CommandResult:
+    return CommandResult(
+        request_id=request_id,
+        operation_key="k",
+        status=status,
+        operation_id=operation_id,
+        receipt=receipt,
+    )
 
 
 def test_the_checker_finds_a_second_effect_and_a_success_without_one() -> None:
-    commands = {"k1": {"tenant": "acme", "operation_id": "a", "action": "crm.note.create",
-                       "state": "succeeded"},
-                "k2": {"tenant": "acme", "operation_id": "b", "action": "payment.refund",
-                       "state": "succeeded"}}
+    commands = {
+        "k1": {
+            "tenant": "acme",
+            "operation_id": "a",
+            "action": "crm.note.create",
+            "state": "succeeded",
+        },
+        "k2": {
+            "tenant": "acme",
+            "operation_id": "b",
+            "action": "payment.refund",
+            "state": "succeeded",
+        },
+    }
     notes = [{"idempotency_key": "acme:a"}, {"idempotency_key": "acme:a"}]
-    refunds = [{"reference": "acme:x", "payment_id": "p", "line_id": "L2"},
-               {"reference": "acme:y", "payment_id": "p", "line_id": "L2"}]
+    refunds = [
+        {"reference": "acme:x", "payment_id": "p", "line_id": "L2"},
+        {"reference": "acme:y", "payment_id": "p", "line_id": "L2"},
+    ]
     crm, pay, real = _effects(commands, notes, refunds)
     assert crm.broken == 1 and "2 notes" in crm.examples[0]
     assert pay.broken == 1 and "refunds of p" in pay.examples[0]
@@ -69,8 +96,11 @@ def test_the_checker_finds_a_replay_that_differs_and_a_conflict_that_changed_the
     first = ledger.add(Op("note", "r1", "k", arguments={"body": "one"}, accepted=True))
     ledger.add(Op("repeat", "r2", "k", "r1", first.arguments, accepted=True))
     ledger.add(Op("conflict", "r3", "k", "r1", {"body": "two"}, accepted=True))
-    ledger.results = {"r1": [_result("r1", "succeeded", receipt="n1")],
-                      "r2": [_result("r2", "failed")], "r3": [_result("r3", "succeeded")]}
+    ledger.results = {
+        "r1": [_result("r1", "succeeded", receipt="n1")],
+        "r2": [_result("r2", "failed")],
+        "r3": [_result("r3", "succeeded")],
+    }
     stored = {"k": {"operation_id": "op-1", "arguments": json.dumps({"body": "two"})}}
     found = _keys(ledger, stored)
     assert found.broken == 3, found.examples
@@ -83,8 +113,10 @@ def test_the_checker_finds_a_request_without_an_outcome_and_work_left_in_flight(
     ledger = Ledger()
     ledger.add(Op("note", "r1", "k", accepted=True))
     ledger.add(Op("note", "r2", "k2", accepted=True))
-    ledger.results = {"r1": [_result("r1", "dispatching")],
-                      "r2": [_result("r2", "dispatching"), _result("r2", "unknown")]}
+    ledger.results = {
+        "r1": [_result("r1", "dispatching")],
+        "r2": [_result("r2", "dispatching"), _result("r2", "unknown")],
+    }
     ops = ledger.accepted()
     quiet = {"commands_in_flight": 0, "runs_in_flight": 0}
     found = _outcomes(ledger, ops, quiet, 0)
@@ -99,8 +131,10 @@ def test_a_repeat_that_overtook_its_note_carries_the_outcome_for_both() -> None:
     ledger = Ledger()
     ledger.add(Op("note", "n1", "k", accepted=True))
     ledger.add(Op("repeat", "r1", "k", "n1", accepted=True))
-    ledger.results = {"n1": [_result("n1", "dispatching")],
-                      "r1": [_result("r1", "pending"), _result("r1", "succeeded")]}
+    ledger.results = {
+        "n1": [_result("n1", "dispatching")],
+        "r1": [_result("r1", "pending"), _result("r1", "succeeded")],
+    }
     quiet = {"commands_in_flight": 0, "runs_in_flight": 0}
     assert _outcomes(ledger, ledger.accepted(), quiet, 0).held
     # Neither got the outcome: both are named.
@@ -113,10 +147,14 @@ def test_a_repeat_that_overtook_its_note_carries_the_outcome_for_both() -> None:
 
 
 def test_resources_past_their_bound_are_named() -> None:
-    start = {"processes": {"planner": {"rss_mb": 80.0, "fds": 20}},
-             "pg_connections": {"writ_planner": 10}}
-    end = {"processes": {"planner": {"rss_mb": 250.0, "fds": 90}},
-           "pg_connections": {"writ_planner": 60}}
+    start = {
+        "processes": {"planner": {"rss_mb": 80.0, "fds": 20}},
+        "pg_connections": {"writ_planner": 10},
+    }
+    end = {
+        "processes": {"planner": {"rss_mb": 250.0, "fds": 90}},
+        "pg_connections": {"writ_planner": 60},
+    }
     two = {"planner": "planner", "planner-2": "planner"}
     assert len(within(start, end, {"planner": "planner"})) == 3
     assert len(within(start, end, two)) == 2  # two pools hold 60
@@ -126,12 +164,21 @@ def test_resources_past_their_bound_are_named() -> None:
 
 def _ask(run_input: str, observations: int, serial: int | None) -> dict:
     """A model request of the planner's shape (structured mode), as the fake model logs it."""
-    untrusted = {"untrusted": {"authority": "none", "evidence": [],
-                               "observations": [{"ok": True}] * observations}}
-    body = {"model": "soak-model", "messages": [
-        {"role": "system", "content": "Answer with one decision under the `next` key"},
-        {"role": "user", "content": json.dumps({"user_input": {"request": run_input}})},
-        {"role": "user", "content": json.dumps(untrusted)}]}
+    untrusted = {
+        "untrusted": {
+            "authority": "none",
+            "evidence": [],
+            "observations": [{"ok": True}] * observations,
+        }
+    }
+    body = {
+        "model": "soak-model",
+        "messages": [
+            {"role": "system", "content": "Answer with one decision under the `next` key"},
+            {"role": "user", "content": json.dumps({"user_input": {"request": run_input}})},
+            {"role": "user", "content": json.dumps(untrusted)},
+        ],
+    }
     return {"body": body, "serial": serial, "at": 0.0}
 
 
@@ -143,11 +190,17 @@ def test_the_checker_finds_a_model_asked_again_for_a_step_its_run_had_recorded()
     inputs = {"note for ACME (soak run-1)": "run-1", "note for ACME (soak run-2)": "run-2"}
     # run-1: step 0's first answer was lost (no serial), the retry answered 2 and was
     # recorded; step 1 answered 4. run-2: step 0 answered 3, recorded.
-    log = [_ask("note for ACME (soak run-1)", 0, None), _ask("note for ACME (soak run-1)", 0, 2),
-           _ask("note for ACME (soak run-2)", 0, 3), _ask("note for ACME (soak run-1)", 1, 4),
-           _ask("something else", 0, 5)]
-    steps = {"run-1": [_decision(2), ("observation", {"ok": True}), _decision(4)],
-             "run-2": [_decision(3)]}
+    log = [
+        _ask("note for ACME (soak run-1)", 0, None),
+        _ask("note for ACME (soak run-1)", 0, 2),
+        _ask("note for ACME (soak run-2)", 0, 3),
+        _ask("note for ACME (soak run-1)", 1, 4),
+        _ask("something else", 0, 5),
+    ]
+    steps = {
+        "run-1": [_decision(2), ("observation", {"ok": True}), _decision(4)],
+        "run-2": [_decision(3)],
+    }
     held = replayed(log, inputs, steps)
     assert held.held and held.examined == 3, held.examples
     assert "1 retries" in held.note and "1 requests of no soak run" in held.note
@@ -169,12 +222,14 @@ def test_the_checker_finds_a_gap_or_a_repeat_in_a_sessions_events() -> None:
 
 
 def test_the_checker_finds_a_turn_that_wrote_twice() -> None:
-    turns = [Op("chat", "m1", accepted=True, run_id="t1"),
-             Op("chat", "m2", accepted=True, run_id="t2")]
-    commands = {"o1": {"tenant": "acme", "operation_id": "o1", "run_id": "t1",
-                       "action": "crm.note.create"},
-                "o2": {"tenant": "acme", "operation_id": "o2", "run_id": "t2",
-                       "action": "crm.note.create"}}
+    turns = [
+        Op("chat", "m1", accepted=True, run_id="t1"),
+        Op("chat", "m2", accepted=True, run_id="t2"),
+    ]
+    commands = {
+        "o1": {"tenant": "acme", "operation_id": "o1", "run_id": "t1", "action": "crm.note.create"},
+        "o2": {"tenant": "acme", "operation_id": "o2", "run_id": "t2", "action": "crm.note.create"},
+    }
     notes = [{"idempotency_key": "acme:o1"}, {"idempotency_key": "acme:o2"}]
     assert turn_notes(turns, commands, notes).held
     twice = turn_notes(turns, commands, [*notes, {"idempotency_key": "acme:o2"}])
@@ -188,10 +243,12 @@ def test_the_checker_finds_a_tenant_left_undriven_or_a_command_under_another_ten
     ledger = Ledger()
     for tenant in ("acme", "globex"):
         for kind in ("note", "run", "refund", "chat"):
-            ledger.add(Op(kind, f"{tenant}-{kind}", f"key-{tenant}-{kind}", accepted=True,
-                          tenant=tenant))
-    commands = {f"key-{t}-{k}": {"tenant": t} for t in ("acme", "globex")
-                for k in ("note", "refund")}
+            ledger.add(
+                Op(kind, f"{tenant}-{kind}", f"key-{tenant}-{kind}", accepted=True, tenant=tenant)
+            )
+    commands = {
+        f"key-{t}-{k}": {"tenant": t} for t in ("acme", "globex") for k in ("note", "refund")
+    }
     runs = {("acme", "acme-run"): {}, ("globex", "globex-run"): {}}
     assert _tenants(ledger, commands, runs).held
     moved = {**commands, "key-globex-note": {"tenant": "acme"}}
@@ -202,11 +259,17 @@ def test_the_checker_finds_a_tenant_left_undriven_or_a_command_under_another_ten
 
 
 def test_the_checker_finds_a_stream_or_bucket_below_the_topologys_replicas() -> None:
-    layout = {"WRIT_CMD": {"replicas": 3}, "KV_WRIT_IDEMPOTENCY": {"replicas": 3},
-              "KV_WRIT_CONSOLE": {"replicas": 1}}
+    layout = {
+        "WRIT_CMD": {"replicas": 3},
+        "KV_WRIT_IDEMPOTENCY": {"replicas": 3},
+        "KV_WRIT_CONSOLE": {"replicas": 1},
+    }
     broken = stream_replicas(layout, 3)
     assert (broken.held, broken.examined, broken.examples) == (
-        False, 3, ["KV_WRIT_CONSOLE at 1 replicas"])
+        False,
+        3,
+        ["KV_WRIT_CONSOLE at 1 replicas"],
+    )
     assert stream_replicas({k: {"replicas": 3} for k in layout}, 3).held
     assert stream_replicas({"WRIT_CMD": {"replicas": 1}}, 1).held
     assert not stream_replicas({}, 3).held  # nothing listed is not evidence of anything

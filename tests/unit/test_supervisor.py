@@ -46,7 +46,8 @@ def _kill(stack: _Stack, key: str) -> None:
 
 
 def test_a_dead_instance_is_reported_at_once_and_restarted_with_growing_backoff(
-        stack: _Stack) -> None:
+    stack: _Stack,
+) -> None:
     reports: list[tuple[str, str]] = []
     stack.start_instance("governance", "governance")
     supervisor = Supervisor(stack, report=lambda what, detail: reports.append((what, detail)))  # type: ignore[arg-type]

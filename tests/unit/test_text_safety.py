@@ -33,8 +33,7 @@ def inbound_types() -> list[Any]:
     for info in pkgutil.iter_modules(schemas.__path__):
         module = importlib.import_module(f"schemas.{info.name}")
         for value in vars(module).values():
-            if (isinstance(value, type) and issubclass(value, Command)
-                    and value is not Command):
+            if isinstance(value, type) and issubclass(value, Command) and value is not Command:
                 found[f"{value.__module__}.{value.__qualname__}"] = value
     return [*found.values(), ModelDecision, CriticVerdict]
 
@@ -120,8 +119,7 @@ def cases() -> Iterator[Any]:
         for struct in structs:
             assert isinstance(struct, mi.StructType)
             for value, where in mutants(struct, example(struct), "$"):
-                yield pytest.param(kind, value, where,
-                                   id=f"{struct.cls.__name__}:{where}")
+                yield pytest.param(kind, value, where, id=f"{struct.cls.__name__}:{where}")
 
 
 @pytest.mark.parametrize("kind", inbound_types(), ids=lambda k: getattr(k, "__name__", str(k)))
@@ -133,7 +131,8 @@ def test_the_example_of_every_inbound_type_decodes(kind: Any) -> None:
 
 @pytest.mark.parametrize(("kind", "value", "where"), list(cases()))
 def test_every_string_field_refuses_unstorable_text_naming_the_field(
-        kind: Any, value: Any, where: str) -> None:
+    kind: Any, value: Any, where: str
+) -> None:
     raw = msgspec.json.encode(value)
     assert b"\\u0000" in raw
     with pytest.raises(msgspec.ValidationError) as caught:
@@ -147,12 +146,19 @@ def test_every_string_field_refuses_unstorable_text_naming_the_field(
 def test_the_walk_covers_every_host_field() -> None:
     """The host contract's text fields are all among the cases (the walk is not vacuous)."""
     ids = {c.id for c in cases()}
-    for expected in ("RunRequest:$.input", "SubmitCommand:$.arguments.k",
-                     "SubmitCommand:$.expected_revision", "HumanDecision:$.reason",
-                     "ApproveProposal:$.reason", "ReviewDecision:$.comment",
-                     "AnswerDecision:$.reason", "ProposeCommand:$.arguments.k",
-                     "AnswerDirectly:$.answer", "SelectCapability:$.arguments.k",
-                     "Replan:$.reason"):
+    for expected in (
+        "RunRequest:$.input",
+        "SubmitCommand:$.arguments.k",
+        "SubmitCommand:$.expected_revision",
+        "HumanDecision:$.reason",
+        "ApproveProposal:$.reason",
+        "ReviewDecision:$.comment",
+        "AnswerDecision:$.reason",
+        "ProposeCommand:$.arguments.k",
+        "AnswerDirectly:$.answer",
+        "SelectCapability:$.arguments.k",
+        "Replan:$.reason",
+    ):
         assert expected in ids, expected
 
 
@@ -167,8 +173,10 @@ def test_a_surrogate_from_elsewhere_is_refused_too() -> None:
     assert unstorable_at({"a": ["fine", "x\ud800"]}) == "$.a[1]"
     assert unstorable_at({"k\x00": 1}) == "$ (a key)"
     with pytest.raises(msgspec.ValidationError, match="arguments"):
-        msgspec.convert({"decision": "select_capability", "capability": "x",
-                         "arguments": {"q": "\udfff"}}, ModelDecision)
+        msgspec.convert(
+            {"decision": "select_capability", "capability": "x", "arguments": {"q": "\udfff"}},
+            ModelDecision,
+        )
 
 
 def test_refusing_a_struct_names_its_field() -> None:

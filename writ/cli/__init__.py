@@ -1,24 +1,24 @@
 """`writ`: the command-line tool of operators and developers.
 
-    writ run                  start everything locally and run the demo (what `make run` does)
-    writ service <name>       run one service process (what a Kubernetes Deployment runs)
-    writ migrate              provision the service roles and apply migrations (--check [--wait])
-    writ schemas --write      regenerate the committed JSON Schemas and the OpenAPI/AsyncAPI files
-    writ token ...            mint a host token with a tenant's demo key (or --key)
-    writ tenant add T --public-key PEM   register a tenant and its issuer's key
-    writ reconcile list       commands whose outcome nobody knows (`unknown`)
-    writ reconcile resolve    record what an operator established, with its evidence
-    writ pending              decisions waiting for a person
-    writ decide <id> <answer> answer one: once | always | deny
-    writ approve <proposal>   approve a proposal by its id (what it does is what was shown)
-    writ reject <proposal>    reject it, with --reason
-    writ review <id> <answer> answer a review a run asked for: approve | reject
-    writ policy sign          sign an organisation policy file
-    writ audit verify         check every service's audit journal: chain, checkpoints, signatures
-    writ audit export         append the checkpoints recorded outside the database to a file
-    writ eval build|run|record  score a candidate model on a versioned set (writ/eval/)
-    writ audit replay RUN     walk a run's (or a chat session's turns') captured model responses
-                              and tool outputs offline
+writ run                  start everything locally and run the demo (what `make run` does)
+writ service <name>       run one service process (what a Kubernetes Deployment runs)
+writ migrate              provision the service roles and apply migrations (--check [--wait])
+writ schemas --write      regenerate the committed JSON Schemas and the OpenAPI/AsyncAPI files
+writ token ...            mint a host token with a tenant's demo key (or --key)
+writ tenant add T --public-key PEM   register a tenant and its issuer's key
+writ reconcile list       commands whose outcome nobody knows (`unknown`)
+writ reconcile resolve    record what an operator established, with its evidence
+writ pending              decisions waiting for a person
+writ decide <id> <answer> answer one: once | always | deny
+writ approve <proposal>   approve a proposal by its id (what it does is what was shown)
+writ reject <proposal>    reject it, with --reason
+writ review <id> <answer> answer a review a run asked for: approve | reject
+writ policy sign          sign an organisation policy file
+writ audit verify         check every service's audit journal: chain, checkpoints, signatures
+writ audit export         append the checkpoints recorded outside the database to a file
+writ eval build|run|record  score a candidate model on a versioned set (writ/eval/)
+writ audit replay RUN     walk a run's (or a chat session's turns') captured model responses
+                          and tool outputs offline
 """
 
 from __future__ import annotations

@@ -17,16 +17,23 @@ async def _ignore(_exc: Exception) -> None:
 
 
 # Connect once, fail fast (nats-py's 0 attempts means "retry forever").
-_ONCE: dict[str, Any] = {"allow_reconnect": False, "max_reconnect_attempts": 1,
-                         "connect_timeout": 5, "error_cb": _ignore}
+_ONCE: dict[str, Any] = {
+    "allow_reconnect": False,
+    "max_reconnect_attempts": 1,
+    "connect_timeout": 5,
+    "error_cb": _ignore,
+}
 
 
 def _audit_dsn(args: argparse.Namespace) -> str:
     import os
 
     dsn_file = Path(args.home) / "secrets" / "audit.dsn"  # written by `writ run`
-    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
-        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    dsn = (
+        args.dsn
+        or os.environ.get("WRIT_AUDIT_DATABASE_URL")
+        or (dsn_file.read_text().strip() if dsn_file.exists() else "")
+    )
     if not dsn:
         raise SystemExit("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`")
     return dsn
@@ -36,8 +43,11 @@ def _audit_nats_url(args: argparse.Namespace) -> str:
     import os
 
     url_file = Path(args.home) / "nats.url"  # written by `writ run`
-    return args.nats_url or os.environ.get("WRIT_NATS_URL") or (
-        url_file.read_text().strip() if url_file.exists() else "")
+    return (
+        args.nats_url
+        or os.environ.get("WRIT_NATS_URL")
+        or (url_file.read_text().strip() if url_file.exists() else "")
+    )
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -50,25 +60,32 @@ def _audit(args: argparse.Namespace) -> int:
 
     home = Path(args.home)
     dsn = _audit_dsn(args)
-    keys_file = Path(args.keys or os.environ.get("WRIT_JOURNAL_VERIFY_KEYS_FILE")
-                     or home / "config" / "journal-keys.json")
+    keys_file = Path(
+        args.keys
+        or os.environ.get("WRIT_JOURNAL_VERIFY_KEYS_FILE")
+        or home / "config" / "journal-keys.json"
+    )
     keys = load_verify_keys(keys_file.read_text())
     data_keys = None
     if args.data_keys:
         if len(args.service or []) != 1:
-            raise SystemExit("--data-keys authenticates one service's payloads: name it with "
-                             "--service")
+            raise SystemExit(
+                "--data-keys authenticates one service's payloads: name it with --service"
+            )
         data_keys = DataKeys.from_json(Path(args.data_keys).read_text())
     nats_url = "" if args.no_record or args.record_file else _audit_nats_url(args)
     if not (nats_url or args.record_file or args.no_record):
-        raise SystemExit("no record of the checkpoints to hold the database against: pass "
-                         "--nats-url (or set WRIT_NATS_URL), --record-file, or --no-record "
-                         "(then a cut tail or a re-hashed chain is not detected)")
+        raise SystemExit(
+            "no record of the checkpoints to hold the database against: pass "
+            "--nats-url (or set WRIT_NATS_URL), --record-file, or --no-record "
+            "(then a cut tail or a re-hashed chain is not detected)"
+        )
     return anyio.run(functools.partial(_audit_verify, args, dsn, keys, data_keys, nats_url))
 
 
-async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys: Any,
-                        nats_url: str) -> int:
+async def _audit_verify(
+    args: argparse.Namespace, dsn: str, keys: Any, data_keys: Any, nats_url: str
+) -> int:
     """Verify each service's journal; 0 if all check out, 1 naming the first bad entry."""
     from datetime import timedelta
 
@@ -79,34 +96,53 @@ async def _audit_verify(args: argparse.Namespace, dsn: str, keys: Any, data_keys
     from libs.journal import FileRecord, JetStreamRecord, Journal, RecordError, verify
 
     try:
-        nc = await nats.connect(nats_url, **_ONCE) \
-            if nats_url else None
+        nc = await nats.connect(nats_url, **_ONCE) if nats_url else None
     except (OSError, nats.errors.Error) as exc:
-        print(f"cannot reach the record of checkpoints at {nats_url}: {exc!r} (pass "
-              "--record-file <export> or, knowingly, --no-record)", file=sys.stderr)
+        print(
+            f"cannot reach the record of checkpoints at {nats_url}: {exc!r} (pass "
+            "--record-file <export> or, knowingly, --no-record)",
+            file=sys.stderr,
+        )
         return 2
-    record: Any = (JetStreamRecord(nc.jetstream()) if nc is not None
-                   else FileRecord(args.record_file) if args.record_file else None)
+    record: Any = (
+        JetStreamRecord(nc.jetstream())
+        if nc is not None
+        else FileRecord(args.record_file)
+        if args.record_file
+        else None
+    )
     conn = await asyncpg.connect(dsn)
     try:
-        services = args.service or [r["table_schema"] for r in await conn.fetch(
-            "SELECT table_schema FROM information_schema.tables WHERE table_name = 'journal' "
-            "ORDER BY table_schema")]
+        services = args.service or [
+            r["table_schema"]
+            for r in await conn.fetch(
+                "SELECT table_schema FROM information_schema.tables WHERE table_name = 'journal' "
+                "ORDER BY table_schema"
+            )
+        ]
         if not services:
             print("no audit journal in this database", file=sys.stderr)
             return 1
         failed = False
         for service in services:
-            journal = (Journal(service=service, keys=data_keys) if data_keys else None)
+            journal = Journal(service=service, keys=data_keys) if data_keys else None
             try:
-                report = await verify(conn, service=service, keys=keys, tenant=args.tenant,
-                                      grace=timedelta(seconds=args.grace_s), journal=journal,
-                                      record=record)
+                report = await verify(
+                    conn,
+                    service=service,
+                    keys=keys,
+                    tenant=args.tenant,
+                    grace=timedelta(seconds=args.grace_s),
+                    journal=journal,
+                    record=record,
+                )
             except RecordError as exc:
                 print(f"{service}: cannot read its record: {exc}", file=sys.stderr)
                 return 2
-            counts = (f"{report.entries} entries, {report.checkpoints} signed checkpoints, "
-                      f"{report.unsealed} not sealed yet")
+            counts = (
+                f"{report.entries} entries, {report.checkpoints} signed checkpoints, "
+                f"{report.unsealed} not sealed yet"
+            )
             if report.recorded is not None:
                 counts += f", {report.recorded} recorded outside the database"
             else:
@@ -148,8 +184,9 @@ async def _audit_export_run(args: argparse.Namespace, nats_url: str) -> int:
 
     nc = await nats.connect(nats_url, **_ONCE)
     try:
-        added = await FileRecord(args.out).export(JetStreamRecord(nc.jetstream()),
-                                                  args.service or JOURNALS)
+        added = await FileRecord(args.out).export(
+            JetStreamRecord(nc.jetstream()), args.service or JOURNALS
+        )
     finally:
         await nc.close()
     print(f"{added} checkpoint(s) appended to {args.out}")
@@ -169,12 +206,17 @@ def _audit_replay(args: argparse.Namespace) -> int:
 
     home = Path(args.home)
     dsn_file = home / "secrets" / "audit.dsn"  # written by `writ run`
-    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
-        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    dsn = (
+        args.dsn
+        or os.environ.get("WRIT_AUDIT_DATABASE_URL")
+        or (dsn_file.read_text().strip() if dsn_file.exists() else "")
+    )
     keys_file = Path(args.data_keys or home / "secrets" / "journal-planner-data.json")
     if not dsn:
-        print("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`",
-              file=sys.stderr)
+        print(
+            "no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`",
+            file=sys.stderr,
+        )
         return 3
     try:
         data_keys = DataKeys.from_json(keys_file.read_text())
@@ -197,26 +239,44 @@ async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) 
         # A chat session (`ses-...`): each of its turns is a run, replayed in turn order.
         runs = [args.run_id]
         if args.run_id.startswith("ses-") and "-t" not in args.run_id.removeprefix("ses-"):
-            runs = sorted({r["run_id"] for r in await conn.fetch(
-                "SELECT DISTINCT run_id FROM planner.journal WHERE run_id LIKE $1 "
-                "AND run_id NOT LIKE '%.%'", f"{args.run_id}-t%")},
-                key=lambda r: int(r.rpartition("-t")[2]))
+            runs = sorted(
+                {
+                    r["run_id"]
+                    for r in await conn.fetch(
+                        "SELECT DISTINCT run_id FROM planner.journal WHERE run_id LIKE $1 "
+                        "AND run_id NOT LIKE '%.%'",
+                        f"{args.run_id}-t%",
+                    )
+                },
+                key=lambda r: int(r.rpartition("-t")[2]),
+            )
             if not runs:
-                print(f"session {args.run_id}: no turn in the planner's journal",
-                      file=sys.stderr)
+                print(f"session {args.run_id}: no turn in the planner's journal", file=sys.stderr)
                 return 3
         tenant = args.tenant
         if tenant is None:  # the run's tenant, from the ids in clear in the journal
-            tenants = [r["tenant"] for r in await conn.fetch(
-                "SELECT DISTINCT tenant FROM planner.journal WHERE run_id = $1", runs[0])]
+            tenants = [
+                r["tenant"]
+                for r in await conn.fetch(
+                    "SELECT DISTINCT tenant FROM planner.journal WHERE run_id = $1", runs[0]
+                )
+            ]
             if len(tenants) != 1:
-                print(f"run {runs[0]}: " + ("not in the planner's journal" if not tenants
-                      else f"journaled for several tenants ({', '.join(tenants)}): "
-                           "pass --tenant"), file=sys.stderr)
+                print(
+                    f"run {runs[0]}: "
+                    + (
+                        "not in the planner's journal"
+                        if not tenants
+                        else f"journaled for several tenants ({', '.join(tenants)}): pass --tenant"
+                    ),
+                    file=sys.stderr,
+                )
                 return 3
             tenant = tenants[0]
-        read = [(run_id, await read_replay(conn, journal, tenant=tenant, run_id=run_id))
-                for run_id in runs]
+        read = [
+            (run_id, await read_replay(conn, journal, tenant=tenant, run_id=run_id))
+            for run_id in runs
+        ]
     finally:
         await conn.close()
     worst = 0
@@ -230,51 +290,101 @@ async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) 
     return worst
 
 
-
 def add_parsers(sub: Any) -> None:
     """`writ audit` and its subcommands."""
     p = sub.add_parser("audit", help="the audit journal")
     aud = p.add_subparsers(dest="action", required=True)
-    v = aud.add_parser("verify", help="check the whole chain, every checkpoint and signature, "
-                                      "against the record outside the database; exit 1 naming "
-                                      "the first bad entry, 2 if the record cannot be read")
+    v = aud.add_parser(
+        "verify",
+        help="check the whole chain, every checkpoint and signature, "
+        "against the record outside the database; exit 1 naming "
+        "the first bad entry, 2 if the record cannot be read",
+    )
     v.add_argument("--home", default=".writ")
-    v.add_argument("--dsn", default="", help="an auditor's (read-only) DSN of Writ's database "
-                                             "(default: WRIT_AUDIT_DATABASE_URL, or writ run's)")
-    v.add_argument("--service", action="append", choices=SERVICES,
-                   help="verify this service's journal (repeatable; default: every journal)")
-    v.add_argument("--tenant", default=None, help="also count this tenant's entries (the "
-                                                  "chain is always verified whole)")
-    v.add_argument("--keys", default="", help="public keys, {service: {key id: PEM}} (default: "
-                                              "WRIT_JOURNAL_VERIFY_KEYS_FILE, or writ run's)")
-    v.add_argument("--data-keys", default="", help="the service's data key file: also "
-                                                   "authenticate every payload")
-    v.add_argument("--grace-s", type=float, default=10.0,
-                   help="how long a committed row may wait to be sealed (default 10 s)")
-    v.add_argument("--nats-url", default="", help="the NATS holding the record of checkpoints "
-                                                  "(default: WRIT_NATS_URL, or writ run's)")
-    v.add_argument("--record-file", default="", help="hold the database against this export "
-                                                     "of the record instead (writ audit export)")
-    v.add_argument("--no-record", action="store_true",
-                   help="check the database alone (a cut tail is then not detected)")
+    v.add_argument(
+        "--dsn",
+        default="",
+        help="an auditor's (read-only) DSN of Writ's database "
+        "(default: WRIT_AUDIT_DATABASE_URL, or writ run's)",
+    )
+    v.add_argument(
+        "--service",
+        action="append",
+        choices=SERVICES,
+        help="verify this service's journal (repeatable; default: every journal)",
+    )
+    v.add_argument(
+        "--tenant",
+        default=None,
+        help="also count this tenant's entries (the chain is always verified whole)",
+    )
+    v.add_argument(
+        "--keys",
+        default="",
+        help="public keys, {service: {key id: PEM}} (default: "
+        "WRIT_JOURNAL_VERIFY_KEYS_FILE, or writ run's)",
+    )
+    v.add_argument(
+        "--data-keys",
+        default="",
+        help="the service's data key file: also authenticate every payload",
+    )
+    v.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="how long a committed row may wait to be sealed (default 10 s)",
+    )
+    v.add_argument(
+        "--nats-url",
+        default="",
+        help="the NATS holding the record of checkpoints (default: WRIT_NATS_URL, or writ run's)",
+    )
+    v.add_argument(
+        "--record-file",
+        default="",
+        help="hold the database against this export of the record instead (writ audit export)",
+    )
+    v.add_argument(
+        "--no-record",
+        action="store_true",
+        help="check the database alone (a cut tail is then not detected)",
+    )
     v.set_defaults(func=_audit)
-    x = aud.add_parser("export", help="append the checkpoints recorded since the last export "
-                                      "to a file an auditor keeps")
+    x = aud.add_parser(
+        "export",
+        help="append the checkpoints recorded since the last export to a file an auditor keeps",
+    )
     x.add_argument("--out", required=True, help="the export (JSON lines), appended to")
     x.add_argument("--home", default=".writ")
     x.add_argument("--nats-url", default="", help="default: WRIT_NATS_URL, or writ run's")
-    x.add_argument("--service", action="append", choices=JOURNALS,
-                   help="this service's checkpoints (repeatable; default: every journal)")
+    x.add_argument(
+        "--service",
+        action="append",
+        choices=JOURNALS,
+        help="this service's checkpoints (repeatable; default: every journal)",
+    )
     x.set_defaults(func=_audit_export)
-    r = aud.add_parser("replay", help="walk a run's captured model responses and tool outputs "
-                                      "offline (no model, no tool); exit 0 identical, "
-                                      "1 divergent, 2 incomplete")
+    r = aud.add_parser(
+        "replay",
+        help="walk a run's captured model responses and tool outputs "
+        "offline (no model, no tool); exit 0 identical, "
+        "1 divergent, 2 incomplete",
+    )
     r.add_argument("run_id")
-    r.add_argument("--tenant", default=None, help="the run's tenant (default: the one its "
-                                                  "journal entries name)")
+    r.add_argument(
+        "--tenant",
+        default=None,
+        help="the run's tenant (default: the one its journal entries name)",
+    )
     r.add_argument("--home", default=".writ")
-    r.add_argument("--dsn", default="", help="an auditor's DSN of Writ's database (default: "
-                                             "WRIT_AUDIT_DATABASE_URL, or writ run's)")
-    r.add_argument("--data-keys", default="", help="the planner's journal data key file "
-                                                   "(default: writ run's)")
+    r.add_argument(
+        "--dsn",
+        default="",
+        help="an auditor's DSN of Writ's database (default: "
+        "WRIT_AUDIT_DATABASE_URL, or writ run's)",
+    )
+    r.add_argument(
+        "--data-keys", default="", help="the planner's journal data key file (default: writ run's)"
+    )
     r.set_defaults(func=_audit_replay)

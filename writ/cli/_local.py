@@ -52,9 +52,16 @@ def _token(args: argparse.Namespace) -> int:
     stack = Stack(Path(args.home))
     roles = {"roles": args.roles.split(",")} if args.roles else {}
     if args.key:  # a tenant registered with `writ tenant add`, signing with its own key
-        print(mint_token(Path(args.key).read_bytes(), tenant=args.tenant,
-                         principal=args.principal, ttl_s=args.ttl,
-                         issuer=args.issuer or stack.issuer(args.tenant), **roles))
+        print(
+            mint_token(
+                Path(args.key).read_bytes(),
+                tenant=args.tenant,
+                principal=args.principal,
+                ttl_s=args.ttl,
+                issuer=args.issuer or stack.issuer(args.tenant),
+                **roles,
+            )
+        )
         return 0
     print(stack.token(args.tenant, args.principal, ttl_s=args.ttl, **roles))
     return 0
@@ -65,14 +72,19 @@ def _console(args: argparse.Namespace) -> int:
 
     stack = Stack(Path(args.home))
     try:
-        link = stack.console_link(tenant=args.tenant, principal=args.principal,
-                                  roles=tuple(r for r in args.roles.split(",") if r),
-                                  ttl_s=args.ttl)
+        link = stack.console_link(
+            tenant=args.tenant,
+            principal=args.principal,
+            roles=tuple(r for r in args.roles.split(",") if r),
+            ttl_s=args.ttl,
+        )
     except FileNotFoundError:
         print(f"no running Writ under {args.home} (start it with `make run`)", file=sys.stderr)
         return 1
-    print("Open this link once to sign in to the approval console (a second use is refused; "
-          f"the session ends with the token, in {int(args.ttl)} s):\n{link}")
+    print(
+        "Open this link once to sign in to the approval console (a second use is refused; "
+        f"the session ends with the token, in {int(args.ttl)} s):\n{link}"
+    )
     return 0
 
 
@@ -81,10 +93,13 @@ def _tenant(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "add":
-            issuer = add_tenant(Path(args.home), args.tenant, Path(args.public_key).read_text(),
-                                issuer=args.issuer)
-            print(f"tenant {args.tenant} added (issuer {issuer}); ingress picks it up within "
-                  "seconds, no restart")
+            issuer = add_tenant(
+                Path(args.home), args.tenant, Path(args.public_key).read_text(), issuer=args.issuer
+            )
+            print(
+                f"tenant {args.tenant} added (issuer {issuer}); ingress picks it up within "
+                "seconds, no restart"
+            )
         else:
             remove_tenant(Path(args.home), args.tenant)
             print(f"tenant {args.tenant} removed")
@@ -92,7 +107,6 @@ def _tenant(args: argparse.Namespace) -> int:
         print(f"writ tenant: {exc}", file=sys.stderr)
         return 1
     return 0
-
 
 
 def _nats_auth(args: argparse.Namespace) -> int:
@@ -105,7 +119,6 @@ def _nats_auth(args: argparse.Namespace) -> int:
     tenants = args.tenant or ["acme"]
     print(auth_config(ensure_passwords(folder, tenants), tenants), end="")
     return 0
-
 
 
 def add_service_parser(sub: Any) -> None:
@@ -125,16 +138,20 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("chat", help="chat with an agent in the terminal (a session over HTTP)")
     p.add_argument("agent")
     p.add_argument("--home", default=".writ", help="writ run's folder: API port, demo keys")
-    p.add_argument("--url", default="", help="the API's base URL (default: WRIT_API_URL, or "
-                                             "writ run's)")
+    p.add_argument(
+        "--url", default="", help="the API's base URL (default: WRIT_API_URL, or writ run's)"
+    )
     p.add_argument("--tenant", default="acme")
     p.add_argument("--principal", default="alice@acme.example")
     p.add_argument("--key", default="", help="the tenant's host key (PEM) if not a demo one")
     p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
     p.add_argument("--plan-mode", action="store_true", help="plans first, for your approval")
     p.add_argument("--session", default="", help="go on with this session instead")
-    p.add_argument("--roles", default="", help="comma-separated roles of the token (approver: "
-                                               "answer the decisions the chat asks)")
+    p.add_argument(
+        "--roles",
+        default="",
+        help="comma-separated roles of the token (approver: answer the decisions the chat asks)",
+    )
     p.set_defaults(func=_chat)
 
     p = sub.add_parser("schemas", help="check (default) or --write the committed JSON Schemas")
@@ -143,8 +160,11 @@ def add_parsers(sub: Any) -> None:
 
     p = sub.add_parser("nats-auth", help="print NATS users and permissions for a deployment")
     p.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
-    p.add_argument("--passwords", required=True,
-                   help="folder of the users' password files (missing ones are generated)")
+    p.add_argument(
+        "--passwords",
+        required=True,
+        help="folder of the users' password files (missing ones are generated)",
+    )
     p.set_defaults(func=_nats_auth)
 
     p = sub.add_parser("token", help="mint a host token with a tenant's demo key")
@@ -171,8 +191,11 @@ def add_parsers(sub: Any) -> None:
     add = ten.add_parser("add", help="a tenant and its issuer's Ed25519 public key (PEM)")
     add.add_argument("tenant")
     add.add_argument("--public-key", required=True, help="a file holding the PEM public key")
-    add.add_argument("--issuer", default="", help="the `iss` its tokens carry "
-                                                  "(default https://<tenant>.example/host)")
+    add.add_argument(
+        "--issuer",
+        default="",
+        help="the `iss` its tokens carry (default https://<tenant>.example/host)",
+    )
     rm = ten.add_parser("remove", help="forget a tenant: its tokens are refused from then on")
     rm.add_argument("tenant")
     p.set_defaults(func=_tenant)

@@ -30,8 +30,16 @@ def _reconcile(args: argparse.Namespace) -> int:
     url = _nats_url(args)
     if args.action == "list":
         return anyio.run(list_unknown, url, args.tenant)
-    return anyio.run(resolve, url, args.tenant, args.operation_id, args.state, args.receipt,
-                     args.evidence, args.by)
+    return anyio.run(
+        resolve,
+        url,
+        args.tenant,
+        args.operation_id,
+        args.state,
+        args.receipt,
+        args.evidence,
+        args.by,
+    )
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -41,17 +49,25 @@ def _mcp(args: argparse.Namespace) -> int:
     from writ import mcp
 
     if args.action == "add":
-        mcp.add_server(Path(args.home), args.tenant, args.server, url=args.url,
-                       credential_file=str(Path(args.credential_file).resolve()),
-                       tools=args.tool, facts=dict(f.split("=", 1) for f in args.facts),
-                       transport=args.transport, auth=args.auth)
+        mcp.add_server(
+            Path(args.home),
+            args.tenant,
+            args.server,
+            url=args.url,
+            credential_file=str(Path(args.credential_file).resolve()),
+            tools=args.tool,
+            facts=dict(f.split("=", 1) for f in args.facts),
+            transport=args.transport,
+            auth=args.auth,
+        )
         print(f"{args.server} registered for {args.tenant}; retrieval picks it up, no restart")
         return 0
     if args.action == "list":
         listing = anyio.run(mcp.list_server, _nats_url(args), args.tenant, args.server)
         return 0 if listing.ok else 1
-    answer = anyio.run(mcp.classify, _nats_url(args), args.tenant, args.server, args.tool,
-                       args.family, args.by)
+    answer = anyio.run(
+        mcp.classify, _nats_url(args), args.tenant, args.server, args.tool, args.family, args.by
+    )
     return 0 if answer.ok else 1
 
 
@@ -77,8 +93,15 @@ def _decide(args: argparse.Namespace) -> int:
 
     from writ.operator import answer_pending
 
-    return anyio.run(answer_pending, _nats_url(args), args.tenant, args.pending_id,
-                     args.answer, args.reason, _approver_token(args))
+    return anyio.run(
+        answer_pending,
+        _nats_url(args),
+        args.tenant,
+        args.pending_id,
+        args.answer,
+        args.reason,
+        _approver_token(args),
+    )
 
 
 def _approve(args: argparse.Namespace) -> int:
@@ -86,8 +109,15 @@ def _approve(args: argparse.Namespace) -> int:
 
     from writ.operator import answer_proposal
 
-    return anyio.run(answer_proposal, _nats_url(args), args.tenant, args.proposal_id,
-                     args.answer, args.reason, _approver_token(args))
+    return anyio.run(
+        answer_proposal,
+        _nats_url(args),
+        args.tenant,
+        args.proposal_id,
+        args.answer,
+        args.reason,
+        _approver_token(args),
+    )
 
 
 def _review(args: argparse.Namespace) -> int:
@@ -95,8 +125,15 @@ def _review(args: argparse.Namespace) -> int:
 
     from writ.operator import answer_review
 
-    return anyio.run(answer_review, _nats_url(args), args.tenant, args.pending_id,
-                     args.answer, args.comment, _approver_token(args))
+    return anyio.run(
+        answer_review,
+        _nats_url(args),
+        args.tenant,
+        args.pending_id,
+        args.answer,
+        args.comment,
+        _approver_token(args),
+    )
 
 
 def _policy_sign(args: argparse.Namespace) -> int:
@@ -115,12 +152,10 @@ def _policy_sign(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _operator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=".writ")
     p.add_argument("--nats-url", default="")
     p.add_argument("--tenant", default="acme")
-
 
 
 def add_parsers(sub: Any) -> None:
@@ -149,22 +184,39 @@ def add_parsers(sub: Any) -> None:
     a.add_argument("--url", required=True)
     a.add_argument("--credential-file", required=True, help="a secret only retrieval reads")
     a.add_argument("--tool", action="append", default=[], help="a tool Writ exposes")
-    a.add_argument("--facts", action="append", default=[],
-                   help="KIND=TOOL: the tool previews read a host record with")
-    a.add_argument("--transport", default="auto", choices=["auto", "streamable_http", "sse"],
-                   help="auto: Streamable HTTP, falling back to legacy HTTP+SSE on a 4xx")
-    a.add_argument("--auth", default="bearer", choices=["bearer", "client_credentials"],
-                   help="client_credentials: the credential file is JSON {client_id, "
-                        "client_secret, token_url[, scope]}")
-    m2 = m.add_parser("list", help="list the server's tools now (journaled), with each one's "
-                                   "standing and the server's hints")
+    a.add_argument(
+        "--facts",
+        action="append",
+        default=[],
+        help="KIND=TOOL: the tool previews read a host record with",
+    )
+    a.add_argument(
+        "--transport",
+        default="auto",
+        choices=["auto", "streamable_http", "sse"],
+        help="auto: Streamable HTTP, falling back to legacy HTTP+SSE on a 4xx",
+    )
+    a.add_argument(
+        "--auth",
+        default="bearer",
+        choices=["bearer", "client_credentials"],
+        help="client_credentials: the credential file is JSON {client_id, "
+        "client_secret, token_url[, scope]}",
+    )
+    m2 = m.add_parser(
+        "list",
+        help="list the server's tools now (journaled), with each one's "
+        "standing and the server's hints",
+    )
     m2.add_argument("server")
     c = m.add_parser("classify", help="classify a tool's family as last listed")
     c.add_argument("server")
     c.add_argument("tool")
-    c.add_argument("--family", required=True,
-                   choices=["read", "read_personal", "write_delete", "send_external",
-                            "execute_code"])
+    c.add_argument(
+        "--family",
+        required=True,
+        choices=["read", "read_personal", "write_delete", "send_external", "execute_code"],
+    )
     c.add_argument("--by", required=True, help="the operator who classified it")
     p.set_defaults(func=_mcp)
 
@@ -181,14 +233,15 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--principal", default="ops@acme.example")
     p.set_defaults(func=_decide)
 
-    for verb, answer, helptext in (("approve", "approve", "approve a proposal by its id"),
-                                   ("reject", "reject", "reject a proposal by its id")):
+    for verb, answer, helptext in (
+        ("approve", "approve", "approve a proposal by its id"),
+        ("reject", "reject", "reject a proposal by its id"),
+    ):
         p = sub.add_parser(verb, help=helptext)
         _operator_args(p)
         p.add_argument("proposal_id")
         p.add_argument("--reason", default="", required=answer == "reject")
-        p.add_argument("--token", default="",
-                       help="the approver's token (default: local demo key)")
+        p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
         p.add_argument("--principal", default="ops@acme.example")
         p.set_defaults(func=_approve, answer=answer)
 

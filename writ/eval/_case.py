@@ -47,8 +47,9 @@ __all__ = [
 ]
 
 SET_FORMAT: Final = "writ-eval-set/1"
-DecisionKind = Literal["select_capability", "answer_directly", "request_capabilities",
-                       "request_human_review"]
+DecisionKind = Literal[
+    "select_capability", "answer_directly", "request_capabilities", "request_human_review"
+]
 
 
 class CaseError(ConfigError):
@@ -116,9 +117,13 @@ def make_set(tenant: str, cases: list[EvalCase]) -> EvalSet:
     return EvalSet(tenant=tenant, version=version, cases=ordered)
 
 
-def cases_from_run(run_id: str, entries: list[Captured], *,
-                   facts: dict[str, Any] | None = None,
-                   policy: dict[str, Any] | None = None) -> list[EvalCase]:
+def cases_from_run(
+    run_id: str,
+    entries: list[Captured],
+    *,
+    facts: dict[str, Any] | None = None,
+    policy: dict[str, Any] | None = None,
+) -> list[EvalCase]:
     """The decision points of one journaled run, each with its model input rebuilt as the planner
     builds it and the recorded decision as the expected one.
 
@@ -141,24 +146,43 @@ def cases_from_run(run_id: str, entries: list[Captured], *,
             if started is None:
                 raise CaseError(f"run {run_id}: a decision before the run's start")
             d = msgspec.convert(captured.payload, DecisionEntry)
-            built = model_input(user=started.input, evidence=started.evidence,
-                                observations=list(observations), turn=d.turn,
-                                agent=started.agent, manifest=started.manifest,
-                                catalog_requested=catalog_requested)
+            built = model_input(
+                user=started.input,
+                evidence=started.evidence,
+                observations=list(observations),
+                turn=d.turn,
+                agent=started.agent,
+                manifest=started.manifest,
+                catalog_requested=catalog_requested,
+            )
             digest = input_digest(built)
             if digest != d.input_digest:
-                raise CaseError(f"run {run_id} step {d.seq}: the rebuilt model input has "
-                                f"sha256 {digest}, the journal {d.input_digest}")
+                raise CaseError(
+                    f"run {run_id} step {d.seq}: the rebuilt model input has "
+                    f"sha256 {digest}, the journal {d.input_digest}"
+                )
             kind = d.response.get("decision")
             # The recorded escalation is one the candidate must make too; refusals are for the
             # hand-written cases to say (an answer is not a refusal to act).
-            expected = Expected(kind=kind, capability=d.response.get("capability"),
-                                arguments=d.response.get("arguments"),
-                                must_escalate=kind == "request_human_review")
-            cases.append(EvalCase(case_id=f"{run_id}@{d.seq}", agent=started.agent,
-                                  input=built, input_digest=digest, expected=expected,
-                                  manifest=started.manifest, facts=facts or {},
-                                  policy=policy, source=f"journal:{run_id}@{d.seq}"))
+            expected = Expected(
+                kind=kind,
+                capability=d.response.get("capability"),
+                arguments=d.response.get("arguments"),
+                must_escalate=kind == "request_human_review",
+            )
+            cases.append(
+                EvalCase(
+                    case_id=f"{run_id}@{d.seq}",
+                    agent=started.agent,
+                    input=built,
+                    input_digest=digest,
+                    expected=expected,
+                    manifest=started.manifest,
+                    facts=facts or {},
+                    policy=policy,
+                    source=f"journal:{run_id}@{d.seq}",
+                )
+            )
             if kind == "request_capabilities":
                 catalog_requested = True
     return cases
@@ -200,15 +224,30 @@ def load_case_file(path: str | Path) -> list[EvalCase]:
         if h.input is not None:
             built = h.input
         elif h.user is not None:
-            built = model_input(user=h.user, evidence=h.evidence, observations=h.observations,
-                                turn=h.turn, agent=h.agent, manifest=h.manifest,
-                                catalog_requested=h.catalog_requested)
+            built = model_input(
+                user=h.user,
+                evidence=h.evidence,
+                observations=h.observations,
+                turn=h.turn,
+                agent=h.agent,
+                manifest=h.manifest,
+                catalog_requested=h.catalog_requested,
+            )
         else:
             raise CaseError(f"{path}: case {h.case_id} gives neither `input` nor `user`")
-        cases.append(EvalCase(case_id=h.case_id, agent=h.agent, input=built,
-                              input_digest=input_digest(built), expected=h.expected,
-                              manifest=h.manifest, facts=h.facts, policy=h.policy,
-                              source=f"file:{Path(path).name}"))
+        cases.append(
+            EvalCase(
+                case_id=h.case_id,
+                agent=h.agent,
+                input=built,
+                input_digest=input_digest(built),
+                expected=h.expected,
+                manifest=h.manifest,
+                facts=h.facts,
+                policy=h.policy,
+                source=f"file:{Path(path).name}",
+            )
+        )
     return cases
 
 
@@ -219,12 +258,19 @@ def _aad(tenant: str, version: str) -> bytes:
 def seal_set(eval_set: EvalSet, keys: DataKeys) -> bytes:
     """The set as stored: its tenant and version in clear (bound as associated data), its cases
     encrypted under the active data key."""
-    key_id, nonce, ciphertext = keys.encrypt(_canon(eval_set), _aad(eval_set.tenant,
-                                                                    eval_set.version))
-    return msgspec.json.encode({"format": SET_FORMAT, "tenant": eval_set.tenant,
-                                "version": eval_set.version, "key_id": key_id,
-                                "nonce": base64.b64encode(nonce).decode(),
-                                "ciphertext": base64.b64encode(ciphertext).decode()})
+    key_id, nonce, ciphertext = keys.encrypt(
+        _canon(eval_set), _aad(eval_set.tenant, eval_set.version)
+    )
+    return msgspec.json.encode(
+        {
+            "format": SET_FORMAT,
+            "tenant": eval_set.tenant,
+            "version": eval_set.version,
+            "key_id": key_id,
+            "nonce": base64.b64encode(nonce).decode(),
+            "ciphertext": base64.b64encode(ciphertext).decode(),
+        }
+    )
 
 
 def open_set(stored: bytes, keys: DataKeys, *, tenant: str | None = None) -> EvalSet:
@@ -237,9 +283,12 @@ def open_set(stored: bytes, keys: DataKeys, *, tenant: str | None = None) -> Eva
         doc = json.loads(stored)
         if doc.get("format") != SET_FORMAT:
             raise CaseError(f"not a {SET_FORMAT} file")
-        plain = keys.decrypt(doc["key_id"], base64.b64decode(doc["nonce"]),
-                             base64.b64decode(doc["ciphertext"]),
-                             _aad(doc["tenant"], doc["version"]))
+        plain = keys.decrypt(
+            doc["key_id"],
+            base64.b64decode(doc["nonce"]),
+            base64.b64decode(doc["ciphertext"]),
+            _aad(doc["tenant"], doc["version"]),
+        )
         eval_set = msgspec.json.decode(plain, type=EvalSet)
     except (ValueError, KeyError, TypeError, JournalError, msgspec.DecodeError) as exc:
         raise CaseError(f"cannot open the set: {exc}") from exc

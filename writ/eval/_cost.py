@@ -21,8 +21,7 @@ import msgspec
 if TYPE_CHECKING:
     from writ.eval._report import CaseResult, Report
 
-__all__ = ["METRICS", "CostComparison", "CostLimit", "Finding", "compare_cost",
-           "parse_cost_limit"]
+__all__ = ["METRICS", "CostComparison", "CostLimit", "Finding", "compare_cost", "parse_cost_limit"]
 
 Metric = Literal["calls", "tokens", "steps"]
 METRICS: Final = ("calls", "tokens", "steps")
@@ -47,13 +46,19 @@ def parse_cost_limit(text: str, *, scope: Literal["total", "case"]) -> CostLimit
     """
     match = _LIMIT.match(text.strip())
     if match is None:
-        raise ValueError(f"a cost limit is METRIC=RATIO[:warn|:fail] with METRIC one of "
-                         f"{', '.join(METRICS)}, not {text!r}")
+        raise ValueError(
+            f"a cost limit is METRIC=RATIO[:warn|:fail] with METRIC one of "
+            f"{', '.join(METRICS)}, not {text!r}"
+        )
     ratio = float(match.group(2))
     if ratio <= 0:
         raise ValueError(f"a cost ratio must be above 0, not {ratio}")
-    return CostLimit(metric=match.group(1), ratio=ratio, scope=scope,  # type: ignore[arg-type]
-                     fails=match.group(3) == "fail")
+    return CostLimit(
+        metric=match.group(1),
+        ratio=ratio,
+        scope=scope,  # type: ignore[arg-type]
+        fails=match.group(3) == "fail",
+    )
 
 
 class Finding(msgspec.Struct, frozen=True, kw_only=True):
@@ -80,9 +85,11 @@ class CostComparison(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _cost(results: list[CaseResult], k: int) -> dict[str, float]:
-    return {"calls": sum(s.calls for r in results for s in r.samples) / k,
-            "tokens": sum(s.tokens for r in results for s in r.samples) / k,
-            "steps": sum(len(r.judged) for r in results) / k}
+    return {
+        "calls": sum(s.calls for r in results for s in r.samples) / k,
+        "tokens": sum(s.tokens for r in results for s in r.samples) / k,
+        "steps": sum(len(r.judged) for r in results) / k,
+    }
 
 
 def _ratio(candidate: float, baseline: float) -> float | None:
@@ -99,8 +106,9 @@ def _text(ratio: float) -> str:
     return "inf" if math.isinf(ratio) else f"{ratio:.2f}"
 
 
-def compare_cost(results: list[CaseResult], k: int, baseline: Report,
-                 limits: list[CostLimit]) -> CostComparison:
+def compare_cost(
+    results: list[CaseResult], k: int, baseline: Report, limits: list[CostLimit]
+) -> CostComparison:
     """The candidate's cost over the baseline's, and each limit it exceeds (per case: every
     case of either report)."""
     mine, theirs = _cost(results, k), _cost(baseline.cases, baseline.k)
@@ -110,12 +118,20 @@ def compare_cost(results: list[CaseResult], k: int, baseline: Report,
         if limit.scope == "total":
             ratio = ratios[limit.metric]
             if ratio is not None and ratio > limit.ratio:
-                findings.append(Finding(
-                    case_id="", metric=limit.metric, ratio=_finite(ratio), limit=limit.ratio,
-                    fails=limit.fails, message=(
-                        f"cost: {limit.metric} {mine[limit.metric]:g} per pass, "
-                        f"{_text(ratio)}x the baseline's {theirs[limit.metric]:g} "
-                        f"(limit {limit.ratio:g}x)")))
+                findings.append(
+                    Finding(
+                        case_id="",
+                        metric=limit.metric,
+                        ratio=_finite(ratio),
+                        limit=limit.ratio,
+                        fails=limit.fails,
+                        message=(
+                            f"cost: {limit.metric} {mine[limit.metric]:g} per pass, "
+                            f"{_text(ratio)}x the baseline's {theirs[limit.metric]:g} "
+                            f"(limit {limit.ratio:g}x)"
+                        ),
+                    )
+                )
             continue
         base = {r.case_id: _cost([r], baseline.k) for r in baseline.cases}
         now = {r.case_id: _cost([r], k) for r in results}
@@ -124,12 +140,23 @@ def compare_cost(results: list[CaseResult], k: int, baseline: Report,
             b = base.get(case_id, dict.fromkeys(METRICS, 0.0))[limit.metric]
             ratio = _ratio(a, b)
             if ratio is not None and ratio > limit.ratio:
-                findings.append(Finding(
-                    case_id=case_id, metric=limit.metric, ratio=_finite(ratio),
-                    limit=limit.ratio,
-                    fails=limit.fails, message=(
-                        f"cost of {case_id}: {limit.metric} {a:g} per pass, {_text(ratio)}x "
-                        f"the baseline's {b:g} (limit {limit.ratio:g}x)")))
-    return CostComparison(candidate=mine, baseline=theirs,
-                          ratios={m: _finite(r) for m, r in ratios.items()},
-                          limits=list(limits), findings=findings)
+                findings.append(
+                    Finding(
+                        case_id=case_id,
+                        metric=limit.metric,
+                        ratio=_finite(ratio),
+                        limit=limit.ratio,
+                        fails=limit.fails,
+                        message=(
+                            f"cost of {case_id}: {limit.metric} {a:g} per pass, {_text(ratio)}x "
+                            f"the baseline's {b:g} (limit {limit.ratio:g}x)"
+                        ),
+                    )
+                )
+    return CostComparison(
+        candidate=mine,
+        baseline=theirs,
+        ratios={m: _finite(r) for m, r in ratios.items()},
+        limits=list(limits),
+        findings=findings,
+    )

@@ -35,8 +35,9 @@ def origin(url: str) -> tuple[str, str, int]:
 class AllowList(httpx.AsyncBaseTransport):
     """An httpx transport that sends only to the allowed origins."""
 
-    def __init__(self, allowed: Iterable[str], *,
-                 inner: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, allowed: Iterable[str], *, inner: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.allowed = frozenset(origin(u) for u in allowed)
         self.refused: list[str] = []
         self._inner = inner or httpx.AsyncHTTPTransport()

@@ -59,8 +59,9 @@ def _function_sql(planner: str, recorder: str) -> list[str]:
     ]
 
 
-async def provision_eval_recorder(admin_dsn: str, database: str,
-                                  password: str | None = None) -> str:
+async def provision_eval_recorder(
+    admin_dsn: str, database: str, password: str | None = None
+) -> str:
     """The login role `<database>_eval` and the one function it may call; its password (the
     given one, or a new one). Idempotent; the planner's schema must be migrated."""
     role = role_name(database, "eval")
@@ -69,10 +70,15 @@ async def provision_eval_recorder(admin_dsn: str, database: str,
         raise ValueError("password contains quote characters")
     admin = await asyncpg.connect(admin_dsn)
     try:
-        verb = "ALTER" if await admin.fetchval(
-            "SELECT 1 FROM pg_roles WHERE rolname = $1", role) else "CREATE"
-        await admin.execute(f"{verb} ROLE \"{role}\" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
-                            f"NOINHERIT NOREPLICATION PASSWORD '{password}'")
+        verb = (
+            "ALTER"
+            if await admin.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
+            else "CREATE"
+        )
+        await admin.execute(
+            f'{verb} ROLE "{role}" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE '
+            f"NOINHERIT NOREPLICATION PASSWORD '{password}'"
+        )
         await admin.execute(f'GRANT CONNECT ON DATABASE "{database}" TO "{role}"')
     finally:
         await admin.close()
@@ -88,17 +94,34 @@ async def provision_eval_recorder(admin_dsn: str, database: str,
 
 def report_entry(report: Any, digest: str) -> dict[str, Any]:
     """What the journal row says: the digest, the set version, the candidate and the verdict."""
-    return {"digest": digest, "set_version": report.set_version,
-            "candidate": report.candidate, "mode": report.mode, "k": report.k,
-            "verdict": report.gate.verdict, "exit_code": report.gate.exit_code}
+    return {
+        "digest": digest,
+        "set_version": report.set_version,
+        "candidate": report.candidate,
+        "mode": report.mode,
+        "k": report.k,
+        "verdict": report.gate.verdict,
+        "exit_code": report.gate.exit_code,
+    }
 
 
-async def record_report(conn: asyncpg.Connection, journal: Journal, report: Any,
-                        digest: str) -> int:
+async def record_report(
+    conn: asyncpg.Connection, journal: Journal, report: Any, digest: str
+) -> int:
     """One `eval.report` row of the report's tenant, subject its set version; its id."""
-    e = journal.entry(tenant=report.tenant, kind=RECORD_KIND, subject=report.set_version,
-                      payload=report_entry(report, digest))
+    e = journal.entry(
+        tenant=report.tenant,
+        kind=RECORD_KIND,
+        subject=report.set_version,
+        payload=report_entry(report, digest),
+    )
     row_id = await conn.fetchval(
         "SELECT planner.record_eval_report($1, $2, $3, $4, $5, $6)",
-        e.tenant, e.subject, e.key_id, e.nonce, e.ciphertext, e.recorded_at)
+        e.tenant,
+        e.subject,
+        e.key_id,
+        e.nonce,
+        e.ciphertext,
+        e.recorded_at,
+    )
     return int(row_id)

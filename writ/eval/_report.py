@@ -21,8 +21,17 @@ from writ.eval._case import EvalSet
 from writ.eval._cost import CostComparison, CostLimit, compare_cost
 from writ.eval._score import Judged, Sample
 
-__all__ = ["REPORT_SCHEMA", "CaseResult", "Gate", "Report", "junit_xml", "mcnemar_exact",
-           "render", "report_digest", "summarize"]
+__all__ = [
+    "REPORT_SCHEMA",
+    "CaseResult",
+    "Gate",
+    "Report",
+    "junit_xml",
+    "mcnemar_exact",
+    "render",
+    "report_digest",
+    "summarize",
+]
 
 REPORT_SCHEMA: Final = "writ-eval-report/1"
 ALPHA: Final = 0.05
@@ -103,21 +112,31 @@ def mcnemar_exact(b: int, c: int) -> float:
     n = b + c
     if n == 0:
         return 1.0
-    return sum(math.comb(n, i) for i in range(b, n + 1)) / 2 ** n
+    return sum(math.comb(n, i) for i in range(b, n + 1)) / 2**n
 
 
 def _pr(judged: list[tuple[bool, bool]]) -> PrecisionRecall:
     """(did, should) pairs -> true positives, false positives, false negatives."""
-    return PrecisionRecall(tp=sum(d and s for d, s in judged),
-                           fp=sum(d and not s for d, s in judged),
-                           fn=sum(s and not d for d, s in judged))
+    return PrecisionRecall(
+        tp=sum(d and s for d, s in judged),
+        fp=sum(d and not s for d, s in judged),
+        fn=sum(s and not d for d, s in judged),
+    )
 
 
-def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k: int,
-              mode: str = "step", baseline: Report | None = None,
-              max_tokens: int | None = None, cost_fails: bool = False,
-              cost_limits: list[CostLimit] | None = None,
-              runs: dict[str, list[str]] | None = None) -> Report:
+def summarize(
+    eval_set: EvalSet,
+    candidate: str,
+    results: list[CaseResult],
+    *,
+    k: int,
+    mode: str = "step",
+    baseline: Report | None = None,
+    max_tokens: int | None = None,
+    cost_fails: bool = False,
+    cost_limits: list[CostLimit] | None = None,
+    runs: dict[str, list[str]] | None = None,
+) -> Report:
     """The aggregate scores and the gate of these per-case results.
 
     `max_tokens` is an absolute threshold on the tokens of the whole report; `cost_limits`
@@ -129,12 +148,13 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
             limits relative to a baseline were given without one.
     """
     if cost_limits and baseline is None:
-        raise ValueError("cost limits relative to the baseline need a baseline report "
-                         "(--baseline)")
+        raise ValueError("cost limits relative to the baseline need a baseline report (--baseline)")
     if baseline is not None and baseline.set_version != eval_set.version:
-        raise ValueError(f"the baseline ran on set {baseline.set_version[:12]}, this on "
-                         f"{eval_set.version[:12]}: reports on different versions are not "
-                         "compared")
+        raise ValueError(
+            f"the baseline ran on set {baseline.set_version[:12]}, this on "
+            f"{eval_set.version[:12]}: reports on different versions are not "
+            "compared"
+        )
     flat = [(r, j) for r in results for j in r.judged]
     scored = [(r, j) for r, j in flat if not j.incomplete]
     fields: dict[str, list[int]] = {}
@@ -146,11 +166,10 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
     expected = {r.case_id: r.expected for r in results}
     # Each finding once per case, however many of its k samples made it.
     widening = list(dict.fromkeys(f"{r.case_id}: {w}" for r, j in scored for w in j.widening))
-    violations = list(dict.fromkeys(f"{r.case_id}: {v}" for r, j in scored
-                                    for v in j.violations))
+    violations = list(dict.fromkeys(f"{r.case_id}: {v}" for r, j in scored for v in j.violations))
     incomplete = sum(j.incomplete for _, j in flat)
     # Paired per case: the baseline's pass against the candidate's (all k samples).
-    base = ({c.case_id: c.passed_all for c in baseline.cases} if baseline is not None else {})
+    base = {c.case_id: c.passed_all for c in baseline.cases} if baseline is not None else {}
     b = sum(base.get(r.case_id, True) and not r.passed_all for r in results)
     c = sum(not base.get(r.case_id, True) and r.passed_all for r in results)
     agreement_p = mcnemar_exact(b, c)
@@ -164,15 +183,22 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
     if violations:
         reasons.append(f"{len(violations)} must_refuse/must_escalate violation(s)")
     if agreement_p < ALPHA:
-        reasons.append(f"decision agreement dropped (exact McNemar, b={b} c={c}, "
-                       f"p={agreement_p:.4f} < {ALPHA})")
-    reasons += [f"accuracy of {n} dropped (exact McNemar, p={p:.4f} < {ALPHA})"
-                for n, p in field_p.items() if p < ALPHA]
+        reasons.append(
+            f"decision agreement dropped (exact McNemar, b={b} c={c}, "
+            f"p={agreement_p:.4f} < {ALPHA})"
+        )
+    reasons += [
+        f"accuracy of {n} dropped (exact McNemar, p={p:.4f} < {ALPHA})"
+        for n, p in field_p.items()
+        if p < ALPHA
+    ]
     if max_tokens is not None and tokens > max_tokens:
         (reasons if cost_fails else warnings).append(
-            f"cost: {tokens} tokens above the threshold of {max_tokens}")
-    relative = (compare_cost(results, k, baseline, cost_limits or [])
-                if baseline is not None else None)
+            f"cost: {tokens} tokens above the threshold of {max_tokens}"
+        )
+    relative = (
+        compare_cost(results, k, baseline, cost_limits or []) if baseline is not None else None
+    )
     for finding in relative.findings if relative is not None else ():
         (reasons if finding.fails else warnings).append(finding.message)
     if incomplete:
@@ -182,34 +208,51 @@ def summarize(eval_set: EvalSet, candidate: str, results: list[CaseResult], *, k
     else:
         gate = Gate(verdict="pass", exit_code=0, reasons=[], warnings=warnings)
     return Report(
-        tenant=eval_set.tenant, set_version=eval_set.version, candidate=candidate, mode=mode,
-        k=k, cases=results,
+        tenant=eval_set.tenant,
+        set_version=eval_set.version,
+        candidate=candidate,
+        mode=mode,
+        k=k,
+        cases=results,
         agreement=Rate(hits=sum(j.agrees for _, j in scored), total=len(scored)),
         validity=Rate(hits=sum(j.valid for _, j in scored), total=len(scored)),
-        governance_agreement=Rate(hits=sum(j.governance_agrees for _, j in scored),
-                                  total=len(scored)),
+        governance_agreement=Rate(
+            hits=sum(j.governance_agrees for _, j in scored), total=len(scored)
+        ),
         fields={n: Rate(hits=h, total=t) for n, (h, t) in sorted(fields.items())},
         # Over the cases where declining to act is a choice: an action was expected, or a
         # refusal was (an answer where an answer was expected is not a refusal).
-        refusal=_pr([(j.refused, bool(expected[r.case_id].get("must_refuse")))
-                     for r, j in scored
-                     if expected[r.case_id].get("must_refuse")
-                     or expected[r.case_id].get("kind") == "select_capability"]),
-        escalation=_pr([(j.escalated, bool(expected[r.case_id].get("must_escalate")))
-                        for r, j in scored]),
+        refusal=_pr(
+            [
+                (j.refused, bool(expected[r.case_id].get("must_refuse")))
+                for r, j in scored
+                if expected[r.case_id].get("must_refuse")
+                or expected[r.case_id].get("kind") == "select_capability"
+            ]
+        ),
+        escalation=_pr(
+            [(j.escalated, bool(expected[r.case_id].get("must_escalate"))) for r, j in scored]
+        ),
         pass_k=Rate(hits=sum(r.passed_all for r in results), total=len(results)),
         flip=Rate(hits=sum(r.flipped for r in results), total=len(results)),
-        provider_calls=sum(s.calls for r in results for s in r.samples), tokens=tokens,
-        steps=len(flat), widening=widening, violations=violations, incomplete=incomplete,
-        agreement_p=agreement_p, field_p=field_p, gate=gate, runs=runs or {},
-        cost_vs_baseline=relative)
+        provider_calls=sum(s.calls for r in results for s in r.samples),
+        tokens=tokens,
+        steps=len(flat),
+        widening=widening,
+        violations=violations,
+        incomplete=incomplete,
+        agreement_p=agreement_p,
+        field_p=field_p,
+        gate=gate,
+        runs=runs or {},
+        cost_vs_baseline=relative,
+    )
 
 
 def _field_ok(result: CaseResult, name: str) -> bool | None:
     """Whether every sample of the case got field `name` ("<action>.<field>") right; None if
     no sample compared it."""
-    oks = [ok for j in result.judged for f, ok in j.fields.items()
-           if f"{j.capability}.{f}" == name]
+    oks = [ok for j in result.judged for f, ok in j.fields.items() if f"{j.capability}.{f}" == name]
     return None if not oks else all(oks)
 
 
@@ -227,12 +270,18 @@ def _paired(results: list[CaseResult], baseline: Report | None, name: str) -> tu
     return b, c
 
 
-def case_result(case_id: str, expected: dict[str, Any], samples: list[Sample],
-                judged: list[Judged]) -> CaseResult:
+def case_result(
+    case_id: str, expected: dict[str, Any], samples: list[Sample], judged: list[Judged]
+) -> CaseResult:
     """One case's result: passed on every sample, and whether its samples disagreed."""
-    return CaseResult(case_id=case_id, expected=expected, samples=samples, judged=judged,
-                      passed_all=bool(judged) and all(j.passed for j in judged),
-                      flipped=len({j.canonical for j in judged}) > 1)
+    return CaseResult(
+        case_id=case_id,
+        expected=expected,
+        samples=samples,
+        judged=judged,
+        passed_all=bool(judged) and all(j.passed for j in judged),
+        flipped=len({j.canonical for j in judged}) > 1,
+    )
 
 
 def report_digest(report: Report) -> str:
@@ -255,27 +304,40 @@ def render(report: Report) -> str:
     rows = [("case", "expected", "candidate (k samples)", "pass^k", "flags")]
     for r in report.cases:
         exp = r.expected.get("capability") or r.expected.get("kind", "")
-        got = ", ".join(sorted({(j.capability or j.kind or "invalid") if not j.incomplete
-                                else "no answer" for j in r.judged}))
-        flags = sorted({"widening" for j in r.judged if j.widening}
-                       | {"violation" for j in r.judged if j.violations}
-                       | {"invalid" for j in r.judged if not j.valid and not j.incomplete}
-                       | {"flip" for _ in [0] if r.flipped})
-        rows.append((r.case_id, str(exp), got, "yes" if r.passed_all else "no",
-                     ",".join(flags) or "-"))
+        got = ", ".join(
+            sorted(
+                {
+                    (j.capability or j.kind or "invalid") if not j.incomplete else "no answer"
+                    for j in r.judged
+                }
+            )
+        )
+        flags = sorted(
+            {"widening" for j in r.judged if j.widening}
+            | {"violation" for j in r.judged if j.violations}
+            | {"invalid" for j in r.judged if not j.valid and not j.incomplete}
+            | {"flip" for _ in [0] if r.flipped}
+        )
+        rows.append(
+            (r.case_id, str(exp), got, "yes" if r.passed_all else "no", ",".join(flags) or "-")
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = [f"writ eval · set {report.set_version[:12]} · tenant {report.tenant} · "
-             f"candidate {report.candidate} · {report.mode} · k={report.k}"]
+    lines = [
+        f"writ eval · set {report.set_version[:12]} · tenant {report.tenant} · "
+        f"candidate {report.candidate} · {report.mode} · k={report.k}"
+    ]
     for n, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
-                     .rstrip())
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines += [
         "",
         f"decision agreement   {_pct(report.agreement)}"
-        + (f"  (exact McNemar p={report.agreement_p:.3f})"
-           if report.agreement_p is not None else ""),
+        + (
+            f"  (exact McNemar p={report.agreement_p:.3f})"
+            if report.agreement_p is not None
+            else ""
+        ),
         f"validity             {_pct(report.validity)}",
         f"governance agreement {_pct(report.governance_agreement)}",
         *[f"field {n}  {_pct(rate)}" for n, rate in report.fields.items()],
@@ -287,15 +349,19 @@ def render(report: Report) -> str:
         f"{report.steps} steps",
     ]
     if (cost := report.cost_vs_baseline) is not None:
-        lines.append("vs baseline          " + ", ".join(
-            f"{m} {'-' if r is None else f'{r:.2f}x'}" for m, r in cost.ratios.items())
-            + " (per pass)")
+        lines.append(
+            "vs baseline          "
+            + ", ".join(f"{m} {'-' if r is None else f'{r:.2f}x'}" for m, r in cost.ratios.items())
+            + " (per pass)"
+        )
     lines += [f"run {run_id:<16} {', '.join(v)}" for run_id, v in report.runs.items()]
     lines += [f"WIDENING   {w}" for w in report.widening]
     lines += [f"VIOLATION  {v}" for v in report.violations]
     lines += [f"warning    {w}" for w in report.gate.warnings]
-    lines.append(f"gate: {report.gate.verdict.upper()} (exit {report.gate.exit_code})"
-                 + "".join(f"\n  - {r}" for r in report.gate.reasons))
+    lines.append(
+        f"gate: {report.gate.verdict.upper()} (exit {report.gate.exit_code})"
+        + "".join(f"\n  - {r}" for r in report.gate.reasons)
+    )
     return "\n".join(lines)
 
 
@@ -306,24 +372,29 @@ def junit_xml(report: Report) -> bytes:
     for f in report.cost_vs_baseline.findings if report.cost_vs_baseline else ():
         if f.fails and f.case_id:
             costly.setdefault(f.case_id, set()).add(f.message)
-    suite = ET.Element("testsuite", name=f"writ-eval {report.candidate}",
-                       tests=str(len(report.cases)),
-                       failures=str(sum(not r.passed_all or r.case_id in costly
-                                        for r in report.cases)))
-    ET.SubElement(ET.SubElement(suite, "properties"), "property", name="set_version",
-                  value=report.set_version)
+    suite = ET.Element(
+        "testsuite",
+        name=f"writ-eval {report.candidate}",
+        tests=str(len(report.cases)),
+        failures=str(sum(not r.passed_all or r.case_id in costly for r in report.cases)),
+    )
+    ET.SubElement(
+        ET.SubElement(suite, "properties"), "property", name="set_version", value=report.set_version
+    )
     for r in report.cases:
-        tc = ET.SubElement(suite, "testcase", classname=f"writ.eval.{report.tenant}",
-                           name=r.case_id)
+        tc = ET.SubElement(
+            suite, "testcase", classname=f"writ.eval.{report.tenant}", name=r.case_id
+        )
         if r.passed_all and r.case_id not in costly:
             continue
         if any(j.incomplete for j in r.judged):
             ET.SubElement(tc, "error", message="no answer from the candidate")
             continue
-        why = sorted({w for j in r.judged for w in [*j.widening, *j.violations]}
-                     | costly.get(r.case_id, set())
-                     | {j.invalid for j in r.judged if j.invalid}
-                     | {"disagrees with the expected decision" for j in r.judged
-                        if not j.agrees})
+        why = sorted(
+            {w for j in r.judged for w in [*j.widening, *j.violations]}
+            | costly.get(r.case_id, set())
+            | {j.invalid for j in r.judged if j.invalid}
+            | {"disagrees with the expected decision" for j in r.judged if not j.agrees}
+        )
         ET.SubElement(tc, "failure", message="; ".join(why)[:1000])
     return ET.tostring(suite, encoding="utf-8", xml_declaration=True)

@@ -72,28 +72,42 @@ def load_candidate(path: str | Path) -> CandidateConfig:
     """A candidate config file, its relative paths made the file's."""
     path = Path(path)
     config = msgspec.json.decode(path.read_bytes(), type=CandidateConfig)
+
     def near(p: str) -> str:
         return str(path.parent / p) if p and not Path(p).is_absolute() else p
-    return msgspec.structs.replace(config, script=near(config.script),
-                                   key_file=near(config.key_file),
-                                   capabilities_file=near(config.capabilities_file))
+
+    return msgspec.structs.replace(
+        config,
+        script=near(config.script),
+        key_file=near(config.key_file),
+        capabilities_file=near(config.capabilities_file),
+    )
 
 
 @contextlib.asynccontextmanager
-async def candidate_provider(config: CandidateConfig, *, allow: tuple[str, ...] = ()
-                             ) -> AsyncIterator[DecisionProvider]:
+async def candidate_provider(
+    config: CandidateConfig, *, allow: tuple[str, ...] = ()
+) -> AsyncIterator[DecisionProvider]:
     """The candidate's provider; an HTTP one may reach its base URL (and `allow`) only."""
     if config.provider == "scripted":
         yield ScriptedProvider.from_file(config.script)
         return
     transport = AllowList((config.base_url, *allow))
     async with OpenAIProvider(
-            base_url=config.base_url, model=config.model, key_file=config.key_file,
-            mode=config.mode, timeout_s=config.timeout_s, max_attempts=config.max_attempts,
-            backoff_s=0.05, max_backoff_s=0.2, max_wait_s=1.0,
-            capabilities=(load_capabilities(config.capabilities_file)
-                          if config.capabilities_file else ()),
-            transport=transport) as provider:
+        base_url=config.base_url,
+        model=config.model,
+        key_file=config.key_file,
+        mode=config.mode,
+        timeout_s=config.timeout_s,
+        max_attempts=config.max_attempts,
+        backoff_s=0.05,
+        max_backoff_s=0.2,
+        max_wait_s=1.0,
+        capabilities=(
+            load_capabilities(config.capabilities_file) if config.capabilities_file else ()
+        ),
+        transport=transport,
+    ) as provider:
         yield provider
 
 
@@ -104,10 +118,10 @@ async def _ask(provider: DecisionProvider, case_input: Any) -> Sample:
     except (MalformedDecision, ModelRefused) as exc:
         return Sample(error="invalid", detail=str(exc)[:500], calls=_calls(provider, before))
     except ProviderError as exc:
-        return Sample(error="unavailable", detail=str(exc)[:500],
-                      calls=_calls(provider, before))
-    return Sample(decision=msgspec.to_builtins(decision), tokens=tokens,
-                  calls=_calls(provider, before))
+        return Sample(error="unavailable", detail=str(exc)[:500], calls=_calls(provider, before))
+    return Sample(
+        decision=msgspec.to_builtins(decision), tokens=tokens, calls=_calls(provider, before)
+    )
 
 
 def _calls(provider: DecisionProvider, before: int | None) -> int:
@@ -122,30 +136,51 @@ async def _ask_case(provider: DecisionProvider, case: EvalCase) -> tuple[Sample,
     judged: a catalog request that ends in a new capability is a widening."""
     sample = await _ask(provider, case.input)
     decision = sample.decision or {}
-    if (decision.get("decision") != "request_capabilities"
-            or case.expected.kind == "request_capabilities" or case.manifest is None):
+    if (
+        decision.get("decision") != "request_capabilities"
+        or case.expected.kind == "request_capabilities"
+        or case.manifest is None
+    ):
         return sample, judge(case, sample)
-    follow = await _ask(provider, model_input(
-        user=case.input.user, evidence=case.input.untrusted,
-        observations=case.input.observations, turn=case.input.turn + 1, agent=case.agent,
-        manifest=case.manifest, catalog_requested=True))
-    sample = msgspec.structs.replace(follow, via_catalog=True, calls=sample.calls + follow.calls,
-                                     tokens=sample.tokens + follow.tokens)
+    follow = await _ask(
+        provider,
+        model_input(
+            user=case.input.user,
+            evidence=case.input.untrusted,
+            observations=case.input.observations,
+            turn=case.input.turn + 1,
+            agent=case.agent,
+            manifest=case.manifest,
+            catalog_requested=True,
+        ),
+    )
+    sample = msgspec.structs.replace(
+        follow,
+        via_catalog=True,
+        calls=sample.calls + follow.calls,
+        tokens=sample.tokens + follow.tokens,
+    )
     judged = judge(case, sample)
     return sample, msgspec.structs.replace(
-        judged, widening=[f"after a catalog request: {w}" for w in judged.widening])
+        judged, widening=[f"after a catalog request: {w}" for w in judged.widening]
+    )
 
 
-async def run_step(eval_set: EvalSet, provider: DecisionProvider, *, k: int
-                   ) -> list[CaseResult]:
+async def run_step(eval_set: EvalSet, provider: DecisionProvider, *, k: int) -> list[CaseResult]:
     """Ask each case of the set k times and judge every answer."""
     if k < 1:
         raise ValueError("k must be at least 1")
     results = []
     for case in eval_set.cases:
         asked = [await _ask_case(provider, case) for _ in range(k)]
-        results.append(case_result(case.case_id, msgspec.to_builtins(case.expected),
-                                   [s for s, _ in asked], [j for _, j in asked]))
+        results.append(
+            case_result(
+                case.case_id,
+                msgspec.to_builtins(case.expected),
+                [s for s, _ in asked],
+                [j for _, j in asked],
+            )
+        )
     return results
 
 
@@ -157,8 +192,9 @@ def _run_of(source: str) -> tuple[str, int] | None:
     return run_id, int(step)
 
 
-async def run_rollout(eval_set: EvalSet, provider: DecisionProvider, *, k: int
-                      ) -> tuple[list[CaseResult], dict[str, list[str]]]:
+async def run_rollout(
+    eval_set: EvalSet, provider: DecisionProvider, *, k: int
+) -> tuple[list[CaseResult], dict[str, list[str]]]:
     """Roll each journaled run of the set out k times; the per-case results of the steps the
     rollouts reached, and each run's verdicts (`completed` or `diverged@<step>`)."""
     if k < 1:
@@ -184,6 +220,12 @@ async def run_rollout(eval_set: EvalSet, provider: DecisionProvider, *, k: int
     for case in eval_set.cases:
         if case.case_id in samples:
             got = samples[case.case_id]
-            results.append(case_result(case.case_id, msgspec.to_builtins(case.expected), got,
-                                       [judge(case, s) for s in got]))
+            results.append(
+                case_result(
+                    case.case_id,
+                    msgspec.to_builtins(case.expected),
+                    got,
+                    [judge(case, s) for s in got],
+                )
+            )
     return results, verdicts

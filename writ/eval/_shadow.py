@@ -38,8 +38,15 @@ from writ.eval._report import Report, case_result, summarize
 from writ.eval._run import _ask
 from writ.eval._score import Judged, Sample, _call, judge
 
-__all__ = ["EVIDENCE_COPY", "ShadowRecord", "Shadowed", "shadow", "shadow_reports",
-           "shadow_run", "shadow_subject"]
+__all__ = [
+    "EVIDENCE_COPY",
+    "ShadowRecord",
+    "Shadowed",
+    "shadow",
+    "shadow_reports",
+    "shadow_run",
+    "shadow_subject",
+]
 
 # What the shadow reads: the evidence of every run that starts (one stream, its own durable).
 EVIDENCE_COPY: Final = "writ.int.evidence.*"
@@ -81,31 +88,50 @@ class ShadowRecord(msgspec.Struct, frozen=True, kw_only=True):
     violations: list[str] = []
 
 
-def _record(case: EvalCase, run_id: str, tenant: str, step: int, sample: Sample,
-            judged: Judged) -> ShadowRecord:
+def _record(
+    case: EvalCase, run_id: str, tenant: str, step: int, sample: Sample, judged: Judged
+) -> ShadowRecord:
     common: dict[str, Any] = {
-        "run_id": run_id, "tenant": tenant, "agent": case.agent, "step": step,
-        "input_digest": case.input_digest, "decision": sample.decision,
-        "tokens": sample.tokens, "production": msgspec.to_builtins(case.expected),
-        "follows": judged.agrees, "widening": judged.widening,
-        "violations": judged.violations}
+        "run_id": run_id,
+        "tenant": tenant,
+        "agent": case.agent,
+        "step": step,
+        "input_digest": case.input_digest,
+        "decision": sample.decision,
+        "tokens": sample.tokens,
+        "production": msgspec.to_builtins(case.expected),
+        "follows": judged.agrees,
+        "widening": judged.widening,
+        "violations": judged.violations,
+    }
     decision = sample.decision
     if decision is None or judged.kind is None:
-        return ShadowRecord(**common, would="nothing", valid=False,
-                            invalid=judged.invalid or sample.detail)
+        return ShadowRecord(
+            **common, would="nothing", valid=False, invalid=judged.invalid or sample.detail
+        )
     kind = decision.get("decision")
     if kind != "select_capability":
-        would = {"request_human_review": "ask", "answer_directly": "answer",
-                 "request_capabilities": "catalog"}.get(str(kind), "nothing")
+        would = {
+            "request_human_review": "ask",
+            "answer_directly": "answer",
+            "request_capabilities": "catalog",
+        }.get(str(kind), "nothing")
         return ShadowRecord(**common, would=would)
     got = _call(case, msgspec.convert(decision, SelectCapability))
     # A call the runtime refuses (not in the catalog, a bad signature) is never proposed.
     would = {"read": "read", "agent": "call", "refused": "be refused"}.get(
-        got.kind, "ask" if got.ruling == "ask" else "propose")
-    return ShadowRecord(**common, would=would, capability=got.action or got.target,
-                        arguments=got.arguments or decision.get("arguments"),
-                        preview=got.preview or None, ruling=got.ruling,
-                        valid=not got.invalid, invalid=got.invalid)
+        got.kind, "ask" if got.ruling == "ask" else "propose"
+    )
+    return ShadowRecord(
+        **common,
+        would=would,
+        capability=got.action or got.target,
+        arguments=got.arguments or decision.get("arguments"),
+        preview=got.preview or None,
+        ruling=got.ruling,
+        valid=not got.invalid,
+        invalid=got.invalid,
+    )
 
 
 class Shadowed(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,10 +143,17 @@ class Shadowed(msgspec.Struct, frozen=True, kw_only=True):
     judged: Judged
 
 
-async def shadow_run(provider: Any, run_id: str, tenant: str, entries: list[Captured], *,
-                     asked: set[int], policy: dict[str, Any] | None = None,
-                     facts: dict[str, Any] | None = None,
-                     scored: list[Shadowed] | None = None) -> list[ShadowRecord]:
+async def shadow_run(
+    provider: Any,
+    run_id: str,
+    tenant: str,
+    entries: list[Captured],
+    *,
+    asked: set[int],
+    policy: dict[str, Any] | None = None,
+    facts: dict[str, Any] | None = None,
+    scored: list[Shadowed] | None = None,
+) -> list[ShadowRecord]:
     """Ask the candidate at each of the run's journaled decision points not in `asked` (which
     it extends) and judge it against production's decision there; each one also appended to
     `scored`, if given."""
@@ -132,8 +165,18 @@ async def shadow_run(provider: Any, run_id: str, tenant: str, entries: list[Capt
         # The journal does not rebuild the input production was given: nothing to ask, said
         # once.
         asked.add(-1)
-        return [ShadowRecord(run_id=run_id, tenant=tenant, agent="", step=-1, input_digest="",
-                             would="nothing", valid=False, invalid=str(exc)[:500])]
+        return [
+            ShadowRecord(
+                run_id=run_id,
+                tenant=tenant,
+                agent="",
+                step=-1,
+                input_digest="",
+                would="nothing",
+                valid=False,
+                invalid=str(exc)[:500],
+            )
+        ]
     records = []
     for case in cases:
         step = int(case.case_id.rpartition("@")[2])
@@ -155,9 +198,15 @@ def shadow_reports(scored: list[Shadowed], candidate: str) -> dict[str, Report]:
     for tenant in sorted({s.tenant for s in scored}):
         mine = {s.case.case_id: s for s in scored if s.tenant == tenant}
         eval_set = make_set(tenant, [s.case for s in mine.values()])
-        results = [case_result(c.case_id, msgspec.to_builtins(c.expected),
-                               [mine[c.case_id].sample], [mine[c.case_id].judged])
-                   for c in eval_set.cases]
+        results = [
+            case_result(
+                c.case_id,
+                msgspec.to_builtins(c.expected),
+                [mine[c.case_id].sample],
+                [mine[c.case_id].judged],
+            )
+            for c in eval_set.cases
+        ]
         reports[tenant] = summarize(eval_set, candidate, results, k=1, mode="shadow")
     return reports
 
@@ -179,19 +228,30 @@ class _Followed(msgspec.Struct, kw_only=True):
 _WAITING_EVERY: Final = 20
 
 
-async def shadow(nc: Client, provider: Any, *, replay: Replay,
-                 policy: dict[str, Any] | None = None, facts: dict[str, Any] | None = None,
-                 count: int | None = None, poll_s: float = 0.5,
-                 on_record: Callable[[ShadowRecord], None] | None = None,
-                 on_ready: Callable[[], None] | None = None,
-                 scored: list[Shadowed] | None = None) -> list[ShadowRecord]:
+async def shadow(
+    nc: Client,
+    provider: Any,
+    *,
+    replay: Replay,
+    policy: dict[str, Any] | None = None,
+    facts: dict[str, Any] | None = None,
+    count: int | None = None,
+    poll_s: float = 0.5,
+    on_record: Callable[[ShadowRecord], None] | None = None,
+    on_ready: Callable[[], None] | None = None,
+    scored: list[Shadowed] | None = None,
+) -> list[ShadowRecord]:
     """Shadow the runs that start from now until `count` of them settled (ended, or stopped
     for a person), or until cancelled. `replay(tenant, run_id)` is the run's sealed journal
     entries (read-only). A run that ended is dropped; one waiting for a person is read again
     every `_WAITING_EVERY` polls, since it may go on once answered."""
     js = nc.jetstream()
-    sub = await js.pull_subscribe(EVIDENCE_COPY, durable=EVAL, stream="WRIT_INT",
-                                  config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW))
+    sub = await js.pull_subscribe(
+        EVIDENCE_COPY,
+        durable=EVAL,
+        stream="WRIT_INT",
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.NEW),
+    )
     decoder = msgspec.json.Decoder(EvidenceGathered)
     # The durable outlives a shadow: what it holds from before this one started is not a run
     # that starts beside it.
@@ -211,8 +271,11 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
                 event = decoder.decode(msg.data)
             except msgspec.DecodeError:
                 event = None  # not a run to follow; never the shadow's to stop over
-            if (event is not None and msg.metadata.timestamp >= since
-                    and len(followed) < _MAX_FOLLOWED):
+            if (
+                event is not None
+                and msg.metadata.timestamp >= since
+                and len(followed) < _MAX_FOLLOWED
+            ):
                 followed.setdefault(event.run_id, _Followed(tenant=event.tenant))
             await msg.ack()
         for run_id, run in list(followed.items()):
@@ -220,9 +283,16 @@ async def shadow(nc: Client, provider: Any, *, replay: Replay,
                 run.skip -= 1
                 continue
             entries = await replay(run.tenant, run_id)
-            for record in await shadow_run(provider, run_id, run.tenant, entries,
-                                           asked=run.asked, policy=policy, facts=facts,
-                                           scored=scored):
+            for record in await shadow_run(
+                provider,
+                run_id,
+                run.tenant,
+                entries,
+                asked=run.asked,
+                policy=policy,
+                facts=facts,
+                scored=scored,
+            ):
                 await nc.publish(shadow_subject(run.tenant), msgspec.json.encode(record))
                 records.append(record)
                 if on_record is not None:

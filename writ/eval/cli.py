@@ -33,8 +33,9 @@ def _keys(path: Path, *, create: bool) -> Any:
 
 
 def _set_keys(args: argparse.Namespace, *, create: bool = False) -> Any:
-    return _keys(Path(args.set_keys or Path(args.home) / "secrets" / "eval-data.json"),
-                 create=create)
+    return _keys(
+        Path(args.set_keys or Path(args.home) / "secrets" / "eval-data.json"), create=create
+    )
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -52,8 +53,9 @@ def _build(args: argparse.Namespace) -> int:
             cases += load_case_file(path)
         if args.from_journal:
             dsn, journal = _journal_source(args)
-            found, skipped = anyio.run(functools.partial(_journal_cases, args, dsn, journal,
-                                                         facts, policy))
+            found, skipped = anyio.run(
+                functools.partial(_journal_cases, args, dsn, journal, facts, policy)
+            )
             cases += found
         eval_set = make_set(args.tenant, cases)
         stored = seal_set(eval_set, _set_keys(args, create=True))
@@ -66,8 +68,10 @@ def _build(args: argparse.Namespace) -> int:
     Path(args.out).write_bytes(stored)
     for why in skipped:
         print(f"skipped: {why}", file=sys.stderr)
-    print(f"set {eval_set.version} (tenant {eval_set.tenant}): {len(eval_set.cases)} cases "
-          f"written to {args.out}, encrypted")
+    print(
+        f"set {eval_set.version} (tenant {eval_set.tenant}): {len(eval_set.cases)} cases "
+        f"written to {args.out}, encrypted"
+    )
     return 1 if skipped else 0
 
 
@@ -84,18 +88,24 @@ def _journal_source(args: argparse.Namespace) -> tuple[str, Any]:
 
     home = Path(args.home)
     dsn_file = home / "secrets" / "audit.dsn"
-    dsn = args.dsn or os.environ.get("WRIT_AUDIT_DATABASE_URL") or (
-        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    dsn = (
+        args.dsn
+        or os.environ.get("WRIT_AUDIT_DATABASE_URL")
+        or (dsn_file.read_text().strip() if dsn_file.exists() else "")
+    )
     if not dsn:
-        raise ConfigError("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run "
-                          "`writ run`")
+        raise ConfigError("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`")
     keys_file = Path(args.data_keys or home / "secrets" / "journal-planner-data.json")
     return dsn, Journal(service="planner", keys=DataKeys.from_json(keys_file.read_text()))
 
 
-async def _journal_cases(args: argparse.Namespace, dsn: str, journal: Any,
-                         facts: dict[str, Any], policy: dict[str, Any] | None
-                         ) -> tuple[list[Any], list[str]]:
+async def _journal_cases(
+    args: argparse.Namespace,
+    dsn: str,
+    journal: Any,
+    facts: dict[str, Any],
+    policy: dict[str, Any] | None,
+) -> tuple[list[Any], list[str]]:
     import asyncpg
 
     from services.planner.store import read_replay
@@ -108,13 +118,17 @@ async def _journal_cases(args: argparse.Namespace, dsn: str, journal: Any,
             "AND ($2::text IS NULL OR agent = $2) AND ($3::text IS NULL OR status = $3) "
             "AND ($4::timestamptz IS NULL OR created_at >= $4) "
             "AND ($5::timestamptz IS NULL OR created_at < $5) ORDER BY created_at, run_id",
-            args.tenant, args.agent, args.outcome,
+            args.tenant,
+            args.agent,
+            args.outcome,
             datetime.fromisoformat(args.since) if args.since else None,
-            datetime.fromisoformat(args.until) if args.until else None)
+            datetime.fromisoformat(args.until) if args.until else None,
+        )
         cases, skipped = [], []
         for row in runs:
-            entries, _, unsealed = await read_replay(conn, journal, tenant=args.tenant,
-                                                     run_id=row["run_id"])
+            entries, _, unsealed = await read_replay(
+                conn, journal, tenant=args.tenant, run_id=row["run_id"]
+            )
             if unsealed:
                 skipped.append(f"run {row['run_id']}: {unsealed} journal rows not sealed yet")
                 continue
@@ -139,25 +153,39 @@ def _run(args: argparse.Namespace) -> int:
     from writ.eval._run import load_candidate
 
     try:
-        limits = ([parse_cost_limit(t, scope="total") for t in args.cost_ratio or ()]
-                  + [parse_cost_limit(t, scope="case") for t in args.case_cost_ratio or ()])
+        limits = [parse_cost_limit(t, scope="total") for t in args.cost_ratio or ()] + [
+            parse_cost_limit(t, scope="case") for t in args.case_cost_ratio or ()
+        ]
         if limits and not args.baseline:
-            raise ConfigError("--cost-ratio and --case-cost-ratio compare with a baseline "
-                              "report: pass --baseline")
-        eval_set = open_set(Path(args.set).read_bytes(), _set_keys(args),
-                            tenant=args.tenant)
+            raise ConfigError(
+                "--cost-ratio and --case-cost-ratio compare with a baseline report: pass --baseline"
+            )
+        eval_set = open_set(Path(args.set).read_bytes(), _set_keys(args), tenant=args.tenant)
         candidate = load_candidate(args.candidate)
-        baseline = (msgspec.json.decode(Path(args.baseline).read_bytes(), type=Report)
-                    if args.baseline else None)
+        baseline = (
+            msgspec.json.decode(Path(args.baseline).read_bytes(), type=Report)
+            if args.baseline
+            else None
+        )
     except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
         print(f"cannot run: {exc}", file=sys.stderr)
         return 3
-    results, runs = anyio.run(functools.partial(_ask_all, eval_set, candidate, args.k,
-                                                tuple(args.allow or ()), args.mode))
+    results, runs = anyio.run(
+        functools.partial(_ask_all, eval_set, candidate, args.k, tuple(args.allow or ()), args.mode)
+    )
     try:
-        report = summarize(eval_set, candidate.name, results, k=args.k, baseline=baseline,
-                           max_tokens=args.max_tokens, cost_fails=args.cost_fails,
-                           cost_limits=limits, mode=args.mode, runs=runs)
+        report = summarize(
+            eval_set,
+            candidate.name,
+            results,
+            k=args.k,
+            baseline=baseline,
+            max_tokens=args.max_tokens,
+            cost_fails=args.cost_fails,
+            cost_limits=limits,
+            mode=args.mode,
+            runs=runs,
+        )
     except ValueError as exc:
         print(f"cannot compare: {exc}", file=sys.stderr)
         return 3
@@ -171,8 +199,7 @@ def _run(args: argparse.Namespace) -> int:
     return report.gate.exit_code
 
 
-async def _ask_all(eval_set: Any, candidate: Any, k: int, allow: tuple[str, ...],
-                   mode: str) -> Any:
+async def _ask_all(eval_set: Any, candidate: Any, k: int, allow: tuple[str, ...], mode: str) -> Any:
     from writ.eval._run import candidate_provider, run_rollout, run_step
 
     async with candidate_provider(candidate, allow=allow) as provider:
@@ -193,29 +220,40 @@ def _record(args: argparse.Namespace) -> int:
     home = Path(args.home)
     try:
         report = msgspec.json.decode(Path(args.report).read_bytes(), type=Report)
-        keys = DataKeys.from_json(Path(
-            args.data_keys or home / "secrets" / "journal-planner-data.json").read_text())
+        keys = DataKeys.from_json(
+            Path(args.data_keys or home / "secrets" / "journal-planner-data.json").read_text()
+        )
     except (OSError, ValueError, msgspec.DecodeError) as exc:
         print(f"cannot record: {exc}", file=sys.stderr)
         return 3
     dsn_file = home / "secrets" / "eval.dsn"
-    dsn = args.dsn or os.environ.get("WRIT_EVAL_DATABASE_URL") or (
-        dsn_file.read_text().strip() if dsn_file.exists() else "")
+    dsn = (
+        args.dsn
+        or os.environ.get("WRIT_EVAL_DATABASE_URL")
+        or (dsn_file.read_text().strip() if dsn_file.exists() else "")
+    )
     if not dsn:
-        print("no database: pass --dsn (the eval role's), set WRIT_EVAL_DATABASE_URL or run "
-              "`writ run`", file=sys.stderr)
+        print(
+            "no database: pass --dsn (the eval role's), set WRIT_EVAL_DATABASE_URL or run "
+            "`writ run`",
+            file=sys.stderr,
+        )
         return 3
     digest = report_digest(report)
     try:
-        row_id = anyio.run(functools.partial(_journal_report, dsn,
-                                             Journal(service="planner", keys=keys), report,
-                                             digest))
+        row_id = anyio.run(
+            functools.partial(
+                _journal_report, dsn, Journal(service="planner", keys=keys), report, digest
+            )
+        )
     except (OSError, ValueError, asyncpg.PostgresError) as exc:
         print(f"cannot record: {exc}", file=sys.stderr)
         return 3
-    print(f"report {digest} of {report.candidate} on set {report.set_version} "
-          f"({report.gate.verdict}) journaled as planner journal row {row_id}; the planner's "
-          "sealer signs it")
+    print(
+        f"report {digest} of {report.candidate} on set {report.set_version} "
+        f"({report.gate.verdict}) journaled as planner journal row {row_id}; the planner's "
+        "sealer signs it"
+    )
     return 0
 
 
@@ -249,12 +287,17 @@ def _verify(args: argparse.Namespace) -> int:
     digest = report_digest(report)
     seq = anyio.run(functools.partial(_sealed_report, dsn, journal, report, digest))
     if seq is None:
-        print(f"report {digest} of {report.candidate} on set {report.set_version} is NOT in "
-              f"tenant {report.tenant}'s sealed planner journal", file=sys.stderr)
+        print(
+            f"report {digest} of {report.candidate} on set {report.set_version} is NOT in "
+            f"tenant {report.tenant}'s sealed planner journal",
+            file=sys.stderr,
+        )
         return 1
-    print(f"report {digest} of {report.candidate} on set {report.set_version} "
-          f"({report.gate.verdict}) is sealed at planner journal seq {seq}; "
-          "`writ audit verify --service planner` proves the chain and its signatures")
+    print(
+        f"report {digest} of {report.candidate} on set {report.set_version} "
+        f"({report.gate.verdict}) is sealed at planner journal seq {seq}; "
+        "`writ audit verify --service planner` proves the chain and its signatures"
+    )
     return 0
 
 
@@ -268,8 +311,9 @@ async def _sealed_report(dsn: str, journal: Any, report: Any, digest: str) -> in
 
     conn = await asyncpg.connect(dsn)
     try:
-        for seq, row, plaintext in await read_entries(conn, journal, tenant=report.tenant,
-                                                      subject=report.set_version):
+        for seq, row, plaintext in await read_entries(
+            conn, journal, tenant=report.tenant, subject=report.set_version
+        ):
             if row["kind"] == RECORD_KIND and json.loads(plaintext).get("digest") == digest:
                 return int(seq)
     finally:
@@ -306,15 +350,31 @@ def _shadow(args: argparse.Namespace) -> int:
         if out is not None:
             out.write(msgspec.json.encode(record) + b"\n")
             out.flush()
-        print(f"{record.run_id}@{record.step} {record.agent}: would {record.would} "
-              f"{record.capability or ''} {record.ruling or ''}".rstrip()
-              + ("" if record.follows else " (not production's)")
-              + (" WIDENING" if record.widening else ""), flush=True)
+        print(
+            f"{record.run_id}@{record.step} {record.agent}: would {record.would} "
+            f"{record.capability or ''} {record.ruling or ''}".rstrip()
+            + ("" if record.follows else " (not production's)")
+            + (" WIDENING" if record.widening else ""),
+            flush=True,
+        )
 
     scored: list[Any] = []
     try:
-        anyio.run(functools.partial(_shadow_run, nats_url, password, candidate, dsn, journal,
-                                    policy, facts, args.count, write, scored))
+        anyio.run(
+            functools.partial(
+                _shadow_run,
+                nats_url,
+                password,
+                candidate,
+                dsn,
+                journal,
+                policy,
+                facts,
+                args.count,
+                write,
+                scored,
+            )
+        )
     except KeyboardInterrupt:
         pass
     finally:
@@ -337,14 +397,24 @@ def _shadow_summary(scored: list[Any], candidate: str, json_path: str) -> int:
             path = Path(json_path)
             if len(reports) > 1:
                 path = path.with_name(f"{path.stem}.{tenant}{path.suffix}")
-            path.write_bytes(msgspec.json.format(msgspec.json.encode(report, order="sorted"),
-                                                 indent=2))
+            path.write_bytes(
+                msgspec.json.format(msgspec.json.encode(report, order="sorted"), indent=2)
+            )
     return max((r.gate.exit_code for r in reports.values()), default=0)
 
 
-async def _shadow_run(nats_url: str, password: str, candidate: Any, dsn: str, journal: Any,
-                      policy: Any, facts: Any, count: int | None, write: Any,
-                      scored: list[Any]) -> None:
+async def _shadow_run(
+    nats_url: str,
+    password: str,
+    candidate: Any,
+    dsn: str,
+    journal: Any,
+    policy: Any,
+    facts: Any,
+    count: int | None,
+    write: Any,
+    scored: list[Any],
+) -> None:
     import asyncpg
     import nats
 
@@ -354,8 +424,13 @@ async def _shadow_run(nats_url: str, password: str, candidate: Any, dsn: str, jo
     from writ.eval._shadow import shadow
 
     conn = await asyncpg.connect(dsn)
-    nc = await nats.connect(nats_url, user=EVAL, password=password,
-                            inbox_prefix=inbox_prefix(EVAL), max_reconnect_attempts=-1)
+    nc = await nats.connect(
+        nats_url,
+        user=EVAL,
+        password=password,
+        inbox_prefix=inbox_prefix(EVAL),
+        max_reconnect_attempts=-1,
+    )
 
     async def replay(tenant: str, run_id: str) -> Any:
         entries, _, _ = await read_replay(conn, journal, tenant=tenant, run_id=run_id)
@@ -363,9 +438,17 @@ async def _shadow_run(nats_url: str, password: str, candidate: Any, dsn: str, jo
 
     try:
         async with candidate_provider(candidate) as provider:
-            await shadow(nc, provider, replay=replay, policy=policy, facts=facts, count=count,
-                         on_record=write, scored=scored,
-                         on_ready=lambda: print("shadowing as NATS user eval", flush=True))
+            await shadow(
+                nc,
+                provider,
+                replay=replay,
+                policy=policy,
+                facts=facts,
+                count=count,
+                on_record=write,
+                scored=scored,
+                on_ready=lambda: print("shadowing as NATS user eval", flush=True),
+            )
     finally:
         await nc.close()
         await conn.close()
@@ -373,81 +456,126 @@ async def _shadow_run(nats_url: str, password: str, candidate: Any, dsn: str, jo
 
 def add_parser(sub: Any) -> None:
     """`writ eval` and its subcommands."""
-    p = sub.add_parser("eval", help="score a candidate model on a versioned set of decision "
-                                    "points (no write can leave)")
+    p = sub.add_parser(
+        "eval",
+        help="score a candidate model on a versioned set of decision points (no write can leave)",
+    )
     ev = p.add_subparsers(dest="action", required=True)
     b = ev.add_parser("build", help="build an encrypted set from journaled runs and case files")
     b.add_argument("--tenant", required=True)
     b.add_argument("--out", required=True)
     b.add_argument("--cases", action="append", help="a hand-written case file (repeatable)")
-    b.add_argument("--from-journal", action="store_true",
-                   help="add the decision points of the tenant's journaled runs")
+    b.add_argument(
+        "--from-journal",
+        action="store_true",
+        help="add the decision points of the tenant's journaled runs",
+    )
     b.add_argument("--agent", default=None)
     b.add_argument("--outcome", default=None, help="runs that ended so (e.g. succeeded)")
     b.add_argument("--since", default=None, help="ISO time, inclusive")
     b.add_argument("--until", default=None, help="ISO time, exclusive")
-    b.add_argument("--facts", default="", help="JSON {\"<kind>:<id>\": facts} the contracts "
-                                               "resolve against")
+    b.add_argument(
+        "--facts", default="", help='JSON {"<kind>:<id>": facts} the contracts resolve against'
+    )
     b.add_argument("--policy", default="", help="JSON of governance facts for every case")
     b.add_argument("--dsn", default="", help="an auditor's DSN (default: writ run's)")
     b.add_argument("--data-keys", default="", help="the planner's journal data key file")
     for q in (b,):
         q.add_argument("--home", default=".writ")
-        q.add_argument("--set-keys", default="", help="the sets' data key file (default: "
-                                                      "<home>/secrets/eval-data.json)")
+        q.add_argument(
+            "--set-keys",
+            default="",
+            help="the sets' data key file (default: <home>/secrets/eval-data.json)",
+        )
     b.set_defaults(func=_build)
-    r = ev.add_parser("run", help="ask a candidate every case k times; exit 0 pass, "
-                                  "1 regression, 2 incomplete")
+    r = ev.add_parser(
+        "run", help="ask a candidate every case k times; exit 0 pass, 1 regression, 2 incomplete"
+    )
     r.add_argument("--set", required=True)
     r.add_argument("--candidate", required=True, help="a candidate provider config (JSON)")
     r.add_argument("-k", type=int, default=1)
-    r.add_argument("--mode", choices=("step", "rollout"), default="step",
-                   help="step: each decision point k times; rollout: the candidate drives "
-                        "each journaled run k times, served from the recording")
+    r.add_argument(
+        "--mode",
+        choices=("step", "rollout"),
+        default="step",
+        help="step: each decision point k times; rollout: the candidate drives "
+        "each journaled run k times, served from the recording",
+    )
     r.add_argument("--tenant", default=None, help="refuse a set of another tenant")
     r.add_argument("--baseline", default="", help="an earlier report on the same set version")
     r.add_argument("--json", default="", help="write the JSON report here")
     r.add_argument("--junit", default="", help="write JUnit XML here")
     r.add_argument("--max-tokens", type=int, default=None, help="cost threshold")
     r.add_argument("--cost-fails", action="store_true", help="above it fail, not warn")
-    r.add_argument("--cost-ratio", action="append", metavar="METRIC=RATIO[:fail]",
-                   help="at most RATIO times the baseline's calls, tokens or steps per pass "
-                        "over the set; above it warns, or fails with :fail (repeatable; "
-                        "needs --baseline)")
-    r.add_argument("--case-cost-ratio", action="append", metavar="METRIC=RATIO[:fail]",
-                   help="the same limit on every case (repeatable; needs --baseline)")
-    r.add_argument("--allow", action="append", help="another origin the candidate's client may "
-                                                    "reach (a loopback fake)")
+    r.add_argument(
+        "--cost-ratio",
+        action="append",
+        metavar="METRIC=RATIO[:fail]",
+        help="at most RATIO times the baseline's calls, tokens or steps per pass "
+        "over the set; above it warns, or fails with :fail (repeatable; "
+        "needs --baseline)",
+    )
+    r.add_argument(
+        "--case-cost-ratio",
+        action="append",
+        metavar="METRIC=RATIO[:fail]",
+        help="the same limit on every case (repeatable; needs --baseline)",
+    )
+    r.add_argument(
+        "--allow",
+        action="append",
+        help="another origin the candidate's client may reach (a loopback fake)",
+    )
     r.add_argument("--home", default=".writ")
     r.add_argument("--set-keys", default="")
     r.set_defaults(func=_run)
-    sh = ev.add_parser("shadow", help="run a candidate beside the deployment on a copy of the "
-                                      "runs that start; its asks and proposals are recorded, "
-                                      "never sent or admitted")
+    sh = ev.add_parser(
+        "shadow",
+        help="run a candidate beside the deployment on a copy of the "
+        "runs that start; its asks and proposals are recorded, "
+        "never sent or admitted",
+    )
     sh.add_argument("--candidate", required=True)
     sh.add_argument("--out", default="", help="append the would-be decisions here (JSON lines)")
-    sh.add_argument("--json", default="", help="write the report of what was shadowed here "
-                                               "(one file per tenant if several)")
-    sh.add_argument("--count", type=int, default=None,
-                    help="stop once this many runs settled (ended, or stopped for a person)")
+    sh.add_argument(
+        "--json",
+        default="",
+        help="write the report of what was shadowed here (one file per tenant if several)",
+    )
+    sh.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        help="stop once this many runs settled (ended, or stopped for a person)",
+    )
     sh.add_argument("--policy", default="")
-    sh.add_argument("--facts", default="", help="JSON {\"<kind>:<id>\": facts} the contracts "
-                                                "resolve and preview against (read-only)")
+    sh.add_argument(
+        "--facts",
+        default="",
+        help='JSON {"<kind>:<id>": facts} the contracts resolve and preview against (read-only)',
+    )
     sh.add_argument("--nats-url", default="")
     sh.add_argument("--dsn", default="", help="an auditor's DSN (default: writ run's)")
     sh.add_argument("--data-keys", default="", help="the planner's journal data key file")
     sh.add_argument("--home", default=".writ")
     sh.set_defaults(func=_shadow)
-    c = ev.add_parser("record", help="journal a report's digest (sealed and signed with the "
-                                     "planner's chain)")
+    c = ev.add_parser(
+        "record", help="journal a report's digest (sealed and signed with the planner's chain)"
+    )
     c.add_argument("report")
-    c.add_argument("--dsn", default="", help="the eval role's DSN (default: "
-                                              "WRIT_EVAL_DATABASE_URL, or writ run's)")
+    c.add_argument(
+        "--dsn",
+        default="",
+        help="the eval role's DSN (default: WRIT_EVAL_DATABASE_URL, or writ run's)",
+    )
     c.add_argument("--data-keys", default="")
     c.add_argument("--home", default=".writ")
     c.set_defaults(func=_record)
-    v = ev.add_parser("verify", help="check that a report is the one sealed in the planner's "
-                                     "journal (exit 0 it is, 1 it is not)")
+    v = ev.add_parser(
+        "verify",
+        help="check that a report is the one sealed in the planner's "
+        "journal (exit 0 it is, 1 it is not)",
+    )
     v.add_argument("report")
     v.add_argument("--dsn", default="", help="an auditor's DSN (default: writ run's)")
     v.add_argument("--data-keys", default="", help="the planner's journal data key file")

@@ -10,6 +10,20 @@ from writ_client._session import Session, SyncSession
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
 
-__all__ = ["ApprovalResult", "Client", "CommandResult", "DecisionResult", "Issuer",
-           "NatsClient", "ReviewResult", "RunAccepted", "RunResult", "RunView", "Session",
-           "SyncClient", "SyncSession", "WritError", "new_key"]
+__all__ = [
+    "ApprovalResult",
+    "Client",
+    "CommandResult",
+    "DecisionResult",
+    "Issuer",
+    "NatsClient",
+    "ReviewResult",
+    "RunAccepted",
+    "RunResult",
+    "RunView",
+    "Session",
+    "SyncClient",
+    "SyncSession",
+    "WritError",
+    "new_key",
+]

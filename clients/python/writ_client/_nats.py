@@ -47,7 +47,8 @@ __all__ = ["NatsClient"]
 
 T = TypeVar("T")
 _RESULTS: Final = msgspec.json.Decoder(
-    RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult)
+    RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
+)
 _ENCODER: Final = msgspec.json.Encoder()
 _ASK_S: Final = 30.0  # how long a read or a session operation waits for ingress
 
@@ -65,20 +66,19 @@ class NatsClient:
     `writ.api.<tenant>.<read>`, answered by ingress as the HTTP API's GETs are.
     """
 
-    def __init__(self, nc: Any, issuer: Issuer, principal: str, *,
-                 roles: Sequence[str] = ()) -> None:
+    def __init__(
+        self, nc: Any, issuer: Issuer, principal: str, *, roles: Sequence[str] = ()
+    ) -> None:
         self._nc, self._js = nc, nc.jetstream()
         self._issuer, self._principal, self._roles = issuer, principal, tuple(roles)
         self._tenant = issuer.tenant
 
     @classmethod
-    async def connect(cls, url: str, issuer: Issuer, principal: str, **options: Any
-                      ) -> NatsClient:
+    async def connect(cls, url: str, issuer: Issuer, principal: str, **options: Any) -> NatsClient:
         """Connect to NATS and return a client on that connection."""
         import nats
 
-        return cls(await nats.connect(url, max_reconnect_attempts=-1), issuer, principal,
-                   **options)
+        return cls(await nats.connect(url, max_reconnect_attempts=-1), issuer, principal, **options)
 
     async def aclose(self) -> None:
         await self._nc.close()
@@ -86,17 +86,26 @@ class NatsClient:
     def _token(self) -> str:
         return self._issuer.token(self._principal, roles=self._roles)
 
-    async def _send(self, subject: str, message: msgspec.Struct, request_id: str,
-                    kind: type[T], *, key: str | None = None, timeout_s: float = 60.0,
-                    final: Any = None) -> T:
+    async def _send(
+        self,
+        subject: str,
+        message: msgspec.Struct,
+        request_id: str,
+        kind: type[T],
+        *,
+        key: str | None = None,
+        timeout_s: float = 60.0,
+        final: Any = None,
+    ) -> T:
         """Publish (retrying the same id on an outage) and wait for its first answer."""
         sub = await self._nc.subscribe(subjects.result(self._tenant))
         try:
             delay = 0.2
             for attempt in range(4):
                 try:
-                    await self._js.publish(subject, _ENCODER.encode(message),
-                                           headers={"Nats-Msg-Id": request_id})
+                    await self._js.publish(
+                        subject, _ENCODER.encode(message), headers={"Nats-Msg-Id": request_id}
+                    )
                     break
                 except Exception as exc:  # a lost ack: the same id again is a duplicate
                     if attempt == 3:
@@ -115,8 +124,11 @@ class NatsClient:
                     continue
                 if result.request_id != (key or request_id):
                     continue
-                if isinstance(result, RunResult | CommandResult) and result.status == "rejected" \
-                        and result.error is not None:
+                if (
+                    isinstance(result, RunResult | CommandResult)
+                    and result.status == "rejected"
+                    and result.error is not None
+                ):
                     raise WritError(result.error.code, result.error.message)
                 if isinstance(result, kind) and (final is None or final(result)):
                     return result
@@ -124,101 +136,185 @@ class NatsClient:
             await sub.unsubscribe()
         raise WritError("TIMEOUT", f"no answer to {request_id} within {timeout_s}s")
 
-    async def start_run(self, agent: str, input: str, *, attended: bool = False,
-                        grants: Sequence[str] = (), budget: RunBudget | None = None,
-                        request_id: str | None = None) -> RunAccepted:
+    async def start_run(
+        self,
+        agent: str,
+        input: str,
+        *,
+        attended: bool = False,
+        grants: Sequence[str] = (),
+        budget: RunBudget | None = None,
+        request_id: str | None = None,
+    ) -> RunAccepted:
         """Publish a `RunRequest`. Its run id comes with its result (`run`)."""
         request_id = request_id or new_key()
-        message = RunRequest(request_id=request_id, token=self._token(), agent=agent,
-                             input=input, attended=attended, grants=list(grants),
-                             budget=budget)
-        await self._js.publish(subjects.request(self._tenant), _ENCODER.encode(message),
-                               headers={"Nats-Msg-Id": request_id})
+        message = RunRequest(
+            request_id=request_id,
+            token=self._token(),
+            agent=agent,
+            input=input,
+            attended=attended,
+            grants=list(grants),
+            budget=budget,
+        )
+        await self._js.publish(
+            subjects.request(self._tenant),
+            _ENCODER.encode(message),
+            headers={"Nats-Msg-Id": request_id},
+        )
         return RunAccepted(run_id="", request_id=request_id, links={})
 
-    async def run(self, agent: str, input: str, *, timeout_s: float = 60.0,
-                  attended: bool = False, grants: Sequence[str] = (),
-                  budget: RunBudget | None = None, request_id: str | None = None) -> RunResult:
+    async def run(
+        self,
+        agent: str,
+        input: str,
+        *,
+        timeout_s: float = 60.0,
+        attended: bool = False,
+        grants: Sequence[str] = (),
+        budget: RunBudget | None = None,
+        request_id: str | None = None,
+    ) -> RunResult:
         """Publish a `RunRequest` and wait for its `RunResult`."""
         request_id = request_id or new_key()
-        message = RunRequest(request_id=request_id, token=self._token(), agent=agent,
-                             input=input, attended=attended, grants=list(grants),
-                             budget=budget)
-        return await self._send(subjects.request(self._tenant), message, request_id,
-                                RunResult, timeout_s=timeout_s)
+        message = RunRequest(
+            request_id=request_id,
+            token=self._token(),
+            agent=agent,
+            input=input,
+            attended=attended,
+            grants=list(grants),
+            budget=budget,
+        )
+        return await self._send(
+            subjects.request(self._tenant), message, request_id, RunResult, timeout_s=timeout_s
+        )
 
     async def cancel(self, run_id: str, *, request_id: str | None = None) -> None:
         """Publish a `CancelRun`; the run's `RunResult` (`cancelled`, or how it had ended)
         follows on the results stream under the run's own request id."""
         request_id = request_id or new_key("cancel")
         message = CancelRun(request_id=request_id, token=self._token(), run_id=run_id)
-        await self._js.publish(cancel(self._tenant), _ENCODER.encode(message),
-                               headers={"Nats-Msg-Id": request_id})
+        await self._js.publish(
+            cancel(self._tenant), _ENCODER.encode(message), headers={"Nats-Msg-Id": request_id}
+        )
 
-    async def submit_command(self, agent: str, operation_key: str, action: str,
-                             arguments: dict[str, Any], *,
-                             expected_revision: str | None = None,
-                             request_id: str | None = None,
-                             timeout_s: float = 60.0) -> CommandResult:
+    async def submit_command(
+        self,
+        agent: str,
+        operation_key: str,
+        action: str,
+        arguments: dict[str, Any],
+        *,
+        expected_revision: str | None = None,
+        request_id: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> CommandResult:
         """Publish a `SubmitCommand`; its first settled `CommandResult`."""
         request_id = request_id or new_key("cmd")
-        message = SubmitCommand(request_id=request_id, token=self._token(), agent=agent,
-                                operation_key=operation_key, action=action,
-                                arguments=arguments, expected_revision=expected_revision)
+        message = SubmitCommand(
+            request_id=request_id,
+            token=self._token(),
+            agent=agent,
+            operation_key=operation_key,
+            action=action,
+            arguments=arguments,
+            expected_revision=expected_revision,
+        )
         return await self._send(
-            subjects.command_request(self._tenant), message, request_id, CommandResult,
+            subjects.command_request(self._tenant),
+            message,
+            request_id,
+            CommandResult,
             timeout_s=timeout_s,
-            final=lambda r: r.status not in ("pending", "dispatching"))
+            final=lambda r: r.status not in ("pending", "dispatching"),
+        )
 
-    async def decide(self, pending_id: str, answer: str = "once", *, reason: str = "",
-                     request_id: str | None = None) -> DecisionResult:
+    async def decide(
+        self,
+        pending_id: str,
+        answer: str = "once",
+        *,
+        reason: str = "",
+        request_id: str | None = None,
+    ) -> DecisionResult:
         """Publish a `HumanDecision`; whether governance took it."""
         request_id = request_id or new_key("decide")
-        message = HumanDecision(request_id=request_id, token=self._token(),
-                                pending_id=pending_id, answer=answer, reason=reason)
-        return await self._send(subjects.human_decision(self._tenant), message, request_id,
-                                DecisionResult)
+        message = HumanDecision(
+            request_id=request_id,
+            token=self._token(),
+            pending_id=pending_id,
+            answer=answer,
+            reason=reason,
+        )
+        return await self._send(
+            subjects.human_decision(self._tenant), message, request_id, DecisionResult
+        )
 
-    async def _proposal(self, proposal_id: str, answer: str, reason: str,
-                        request_id: str | None) -> ApprovalResult:
+    async def _proposal(
+        self, proposal_id: str, answer: str, reason: str, request_id: str | None
+    ) -> ApprovalResult:
         request_id = request_id or new_key(answer)
-        message = ApproveProposal(request_id=request_id, token=self._token(),
-                                  proposal_id=proposal_id, answer=answer, reason=reason)
-        return await self._send(subjects.approval(self._tenant), message, request_id,
-                                ApprovalResult)
+        message = ApproveProposal(
+            request_id=request_id,
+            token=self._token(),
+            proposal_id=proposal_id,
+            answer=answer,
+            reason=reason,
+        )
+        return await self._send(
+            subjects.approval(self._tenant), message, request_id, ApprovalResult
+        )
 
-    async def approve(self, proposal_id: str, *, reason: str = "",
-                      request_id: str | None = None) -> ApprovalResult:
+    async def approve(
+        self, proposal_id: str, *, reason: str = "", request_id: str | None = None
+    ) -> ApprovalResult:
         """Publish an `ApproveProposal` (approve)."""
         return await self._proposal(proposal_id, "approve", reason, request_id)
 
-    async def reject(self, proposal_id: str, reason: str, *,
-                     request_id: str | None = None) -> ApprovalResult:
+    async def reject(
+        self, proposal_id: str, reason: str, *, request_id: str | None = None
+    ) -> ApprovalResult:
         """Publish an `ApproveProposal` (reject)."""
         return await self._proposal(proposal_id, "reject", reason, request_id)
 
-    async def review(self, pending_id: str, answer: str = "approve", *, comment: str = "",
-                     request_id: str | None = None) -> ReviewResult:
+    async def review(
+        self,
+        pending_id: str,
+        answer: str = "approve",
+        *,
+        comment: str = "",
+        request_id: str | None = None,
+    ) -> ReviewResult:
         """Publish a `ReviewDecision`; whether the run took it."""
         request_id = request_id or new_key("review")
-        message = ReviewDecision(request_id=request_id, token=self._token(),
-                                 pending_id=pending_id, answer=answer, comment=comment)
-        return await self._send(subjects.review(self._tenant), message, request_id,
-                                ReviewResult)
+        message = ReviewDecision(
+            request_id=request_id,
+            token=self._token(),
+            pending_id=pending_id,
+            answer=answer,
+            comment=comment,
+        )
+        return await self._send(subjects.review(self._tenant), message, request_id, ReviewResult)
 
     async def _read(self, read: str, reply: type[T], **fields: Any) -> T:
         """One host read (`writ.api.<tenant>.<read>`), as the HTTP API's GETs answer it."""
         ask = HostRead(token=self._token(), **fields)
         try:
-            msg = await self._nc.request(host_read(self._tenant, read), _ENCODER.encode(ask),
-                                         timeout=_ASK_S, headers=_deadline())
+            msg = await self._nc.request(
+                host_read(self._tenant, read),
+                _ENCODER.encode(ask),
+                timeout=_ASK_S,
+                headers=_deadline(),
+            )
         except Exception as exc:
             raise WritError("UNAVAILABLE", repr(exc)) from exc
         headers = msg.headers or {}
         if headers.get("Nats-Service-Error-Code"):
             code, _, detail = headers.get("Nats-Service-Error", "").partition(": ")
-            raise WritError(code or "INTERNAL", detail,
-                            status=int(headers["Nats-Service-Error-Code"]))
+            raise WritError(
+                code or "INTERNAL", detail, status=int(headers["Nats-Service-Error-Code"])
+            )
         return msgspec.json.decode(msg.data, type=reply)
 
     async def get_run(self, run_id: str) -> RunView:
@@ -245,8 +341,9 @@ class NatsClient:
         """Replay a run offline from the journal (needs the auditor role)."""
         return await self._read("replay", ReplayReport, run_id=run_id)
 
-    async def events(self, run_id: str, *, after: int = -1, poll_s: float = 0.25
-                     ) -> AsyncIterator[StepRecorded | RunResult]:
+    async def events(
+        self, run_id: str, *, after: int = -1, poll_s: float = 0.25
+    ) -> AsyncIterator[StepRecorded | RunResult]:
         """The run's committed steps after `after`, then its `RunResult`: read in turns, so a
         lost connection resumes right after the last step seen."""
         final = {"succeeded", "failed", "awaiting_human", "cancelled"}
@@ -263,19 +360,27 @@ class NatsClient:
                 yield step
             if batch.run.status in final:
                 view = batch.run
-                yield RunResult(request_id=view.request_id, status=view.status,
-                                run_id=view.run_id, error=view.error, answer=view.answer,
-                                actions=view.actions, pending_id=view.pending_id)
+                yield RunResult(
+                    request_id=view.request_id,
+                    status=view.status,
+                    run_id=view.run_id,
+                    error=view.error,
+                    answer=view.answer,
+                    actions=view.actions,
+                    pending_id=view.pending_id,
+                )
                 return
             await anyio.sleep(poll_s)
 
     # -- chat sessions (`writ.api.<tenant>.session`, request/reply) ------------------------
 
-    async def open_session(self, agent: str, *, plan_mode: bool = False,
-                           request_id: str | None = None) -> Session:
+    async def open_session(
+        self, agent: str, *, plan_mode: bool = False, request_id: str | None = None
+    ) -> Session:
         """Open a chat session with `agent`; the same `request_id`, the same session."""
-        reply = await self._session_ask("open", request_id or new_key("session"), agent=agent,
-                                        plan_mode=plan_mode)
+        reply = await self._session_ask(
+            "open", request_id or new_key("session"), agent=agent, plan_mode=plan_mode
+        )
         assert reply.accepted is not None
         return Session(self, reply.accepted.session_id)
 
@@ -283,26 +388,32 @@ class NatsClient:
         """An existing session of this principal (its events read after `last_event_id`)."""
         return Session(self, session_id, last_event_id=last_event_id)
 
-    async def approve_plan(self, plan_id: str, *, reason: str = "",
-                           request_id: str | None = None) -> PlanAnswered:
+    async def approve_plan(
+        self, plan_id: str, *, reason: str = "", request_id: str | None = None
+    ) -> PlanAnswered:
         """Approve a session's proposed plan by its id."""
-        reply = await self._session_ask("approve_plan", request_id or new_key("plan"),
-                                        plan_id=plan_id, reason=reason)
+        reply = await self._session_ask(
+            "approve_plan", request_id or new_key("plan"), plan_id=plan_id, reason=reason
+        )
         assert reply.plan is not None
         return reply.plan
 
-    async def reject_plan(self, plan_id: str, reason: str, *,
-                          request_id: str | None = None) -> PlanAnswered:
+    async def reject_plan(
+        self, plan_id: str, reason: str, *, request_id: str | None = None
+    ) -> PlanAnswered:
         """Reject a session's proposed plan, saying why."""
-        reply = await self._session_ask("reject_plan", request_id or new_key("plan"),
-                                        plan_id=plan_id, reason=reason)
+        reply = await self._session_ask(
+            "reject_plan", request_id or new_key("plan"), plan_id=plan_id, reason=reason
+        )
         assert reply.plan is not None
         return reply.plan
 
-    async def _session_write(self, op: str, session_id: str, request_id: str | None,
-                             **fields: Any) -> SessionAccepted:
-        reply = await self._session_ask(op, request_id or new_key(op), session_id=session_id,
-                                        **fields)
+    async def _session_write(
+        self, op: str, session_id: str, request_id: str | None, **fields: Any
+    ) -> SessionAccepted:
+        reply = await self._session_ask(
+            op, request_id or new_key(op), session_id=session_id, **fields
+        )
         assert reply.accepted is not None
         return reply.accepted
 
@@ -311,13 +422,15 @@ class NatsClient:
         assert reply.view is not None
         return reply.view
 
-    async def _session_events(self, session_id: str, after: int, *, poll_s: float = 0.2
-                              ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]:
+    async def _session_events(
+        self, session_id: str, after: int, *, poll_s: float = 0.2
+    ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]:
         """The session's events after stream sequence `after`, read in batches."""
         while True:
             try:
-                reply = await self._session_ask("events", None, session_id=session_id,
-                                                after=after, retries=0)
+                reply = await self._session_ask(
+                    "events", None, session_id=session_id, after=after, retries=0
+                )
             except WritError as exc:
                 if exc.code == "UNAVAILABLE":
                     raise StreamLost(exc.code, exc.message) from exc
@@ -329,17 +442,25 @@ class NatsClient:
             if not reply.events.events:
                 await anyio.sleep(poll_s)
 
-    async def _session_ask(self, op: str, key: str | None, *, retries: int = 3,
-                           **fields: Any) -> SessionReply:
+    async def _session_ask(
+        self, op: str, key: str | None, *, retries: int = 3, **fields: Any
+    ) -> SessionReply:
         """One session operation; a write is retried under its key on an outage."""
         delay = 0.2
         for attempt in range(retries + 1):
-            ask = HostSessionOp(token=self._token(), op=op, key=key,  # type: ignore[arg-type]
-                                **fields)
+            ask = HostSessionOp(
+                token=self._token(),
+                op=op,
+                key=key,  # type: ignore[arg-type]
+                **fields,
+            )
             try:
-                msg = await self._nc.request(host_read(self._tenant, HOST_SESSION),
-                                             _ENCODER.encode(ask), timeout=_ASK_S,
-                                             headers=_deadline())
+                msg = await self._nc.request(
+                    host_read(self._tenant, HOST_SESSION),
+                    _ENCODER.encode(ask),
+                    timeout=_ASK_S,
+                    headers=_deadline(),
+                )
             except Exception as exc:
                 error = WritError("UNAVAILABLE", repr(exc))
             else:
@@ -347,8 +468,9 @@ class NatsClient:
                 if not headers.get("Nats-Service-Error-Code"):
                     return msgspec.json.decode(msg.data, type=SessionReply)
                 code, _, detail = headers.get("Nats-Service-Error", "").partition(": ")
-                error = WritError(code or "INTERNAL", detail,
-                                  status=int(headers["Nats-Service-Error-Code"]))
+                error = WritError(
+                    code or "INTERNAL", detail, status=int(headers["Nats-Service-Error-Code"])
+                )
             if not error.retryable or attempt == retries:
                 raise error
             await anyio.sleep(delay)

@@ -24,8 +24,16 @@ from schemas.sessions import (
 )
 from writ_client.errors import WritError
 
-__all__ = ["Session", "SessionTransport", "StreamLost", "SyncSession", "blocking",
-           "blocking_method", "decode_event", "read_sse"]
+__all__ = [
+    "Session",
+    "SessionTransport",
+    "StreamLost",
+    "SyncSession",
+    "blocking",
+    "blocking_method",
+    "decode_event",
+    "read_sse",
+]
 
 _EVENT: Final = msgspec.json.Decoder(AnySessionEvent)
 
@@ -33,19 +41,23 @@ _EVENT: Final = msgspec.json.Decoder(AnySessionEvent)
 class SessionTransport(Protocol):
     """What a `Session` needs of its client (`Client` or `NatsClient`)."""
 
-    async def _session_write(self, op: str, session_id: str, request_id: str | None,
-                             **fields: Any) -> SessionAccepted: ...
+    async def _session_write(
+        self, op: str, session_id: str, request_id: str | None, **fields: Any
+    ) -> SessionAccepted: ...
 
     async def _session_view(self, session_id: str) -> SessionView: ...
 
-    def _session_events(self, session_id: str, after: int
-                        ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]: ...
+    def _session_events(
+        self, session_id: str, after: int
+    ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]: ...
 
-    async def approve_plan(self, plan_id: str, *, reason: str = "",
-                           request_id: str | None = None) -> PlanAnswered: ...
+    async def approve_plan(
+        self, plan_id: str, *, reason: str = "", request_id: str | None = None
+    ) -> PlanAnswered: ...
 
-    async def reject_plan(self, plan_id: str, reason: str, *,
-                          request_id: str | None = None) -> PlanAnswered: ...
+    async def reject_plan(
+        self, plan_id: str, reason: str, *, request_id: str | None = None
+    ) -> PlanAnswered: ...
 
 
 def decode_event(data: bytes) -> AnySessionEvent | None:
@@ -54,6 +66,8 @@ def decode_event(data: bytes) -> AnySessionEvent | None:
         return _EVENT.decode(data)
     except msgspec.ValidationError:
         return None
+
+
 # One SSE event's data is one session event; anything longer is not Writ's.
 MAX_EVENT_BYTES: Final = 256 * 1024
 
@@ -67,8 +81,9 @@ class Session:
     connection, resumes right after it: no gap, no duplicate.
     """
 
-    def __init__(self, client: SessionTransport, session_id: str, *,
-                 last_event_id: int = 0) -> None:
+    def __init__(
+        self, client: SessionTransport, session_id: str, *, last_event_id: int = 0
+    ) -> None:
         self._client, self.session_id = client, session_id
         self.last_event_id = last_event_id
 
@@ -78,8 +93,7 @@ class Session:
     async def send(self, text: str, *, request_id: str | None = None) -> SessionAccepted:
         """Send the next message: it starts a turn (`WritError` `SESSION_BUSY` while one is
         in flight, and nothing is applied)."""
-        return await self._client._session_write("message", self.session_id, request_id,
-                                                 text=text)
+        return await self._client._session_write("message", self.session_id, request_id, text=text)
 
     async def history(self) -> SessionView:
         """Where the session stands: state, what it waits for, messages, plans, forks."""
@@ -95,27 +109,30 @@ class Session:
 
     async def inject(self, text: str, *, request_id: str | None = None) -> SessionAccepted:
         """A message the model sees at its next decision, marked as injected."""
-        return await self._client._session_write("inject", self.session_id, request_id,
-                                                 text=text)
+        return await self._client._session_write("inject", self.session_id, request_id, text=text)
 
     async def close(self, *, request_id: str | None = None) -> SessionAccepted:
         """Close the session (terminal; its history stays readable)."""
         return await self._client._session_write("close", self.session_id, request_id)
 
-    async def fork(self, turn: int, step: int | None = None, *,
-                   request_id: str | None = None) -> Session:
+    async def fork(
+        self, turn: int, step: int | None = None, *, request_id: str | None = None
+    ) -> Session:
         """A new session whose history is this one's up to `turn` (or its `step`)."""
-        accepted = await self._client._session_write("fork", self.session_id, request_id,
-                                                     turn=turn, step=step)
+        accepted = await self._client._session_write(
+            "fork", self.session_id, request_id, turn=turn, step=step
+        )
         return Session(self._client, accepted.session_id)
 
-    async def approve_plan(self, plan_id: str, *, reason: str = "",
-                           request_id: str | None = None) -> PlanAnswered:
+    async def approve_plan(
+        self, plan_id: str, *, reason: str = "", request_id: str | None = None
+    ) -> PlanAnswered:
         """Consent to a proposed plan, by its id (each step is still decided when made)."""
         return await self._client.approve_plan(plan_id, reason=reason, request_id=request_id)
 
-    async def reject_plan(self, plan_id: str, reason: str, *,
-                          request_id: str | None = None) -> PlanAnswered:
+    async def reject_plan(
+        self, plan_id: str, reason: str, *, request_id: str | None = None
+    ) -> PlanAnswered:
         """Reject a proposed plan; `reason` is the next turn's context."""
         return await self._client.reject_plan(plan_id, reason, request_id=request_id)
 
@@ -129,8 +146,9 @@ class Session:
         delay = 0.2
         while True:
             try:
-                async for seq, event in self._client._session_events(self.session_id,
-                                                                      self.last_event_id):
+                async for seq, event in self._client._session_events(
+                    self.session_id, self.last_event_id
+                ):
                     delay = 0.2
                     self.last_event_id = seq
                     if event is not None:  # None: a newer server's event type, skipped
@@ -139,15 +157,17 @@ class Session:
                 await anyio.sleep(delay)  # resumes after last_event_id
                 delay = min(delay * 2, 5.0)
 
-    async def turn(self, text: str, *, request_id: str | None = None
-                   ) -> AsyncIterator[AnySessionEvent]:
+    async def turn(
+        self, text: str, *, request_id: str | None = None
+    ) -> AsyncIterator[AnySessionEvent]:
         """Send `text`, then the session's events up to and including that turn's
         `TurnEnded` (or the session's `SessionClosed`)."""
         accepted = await self.send(text, request_id=request_id)
         async for event in self.events():
             yield event
             if isinstance(event, SessionClosed) or (
-                    isinstance(event, TurnEnded) and event.turn >= accepted.turn):
+                isinstance(event, TurnEnded) and event.turn >= accepted.turn
+            ):
                 return
 
 
@@ -180,8 +200,7 @@ class SyncSession:
         """`Session.events`, as an iterator (it does not end by itself: stop iterating)."""
         return self._iterate(self._session.events(after=after))
 
-    def turn(self, text: str, *, request_id: str | None = None
-             ) -> Iterator[AnySessionEvent]:
+    def turn(self, text: str, *, request_id: str | None = None) -> Iterator[AnySessionEvent]:
         """`Session.turn`: send `text`, then the events up to that turn's end."""
         return self._iterate(self._session.turn(text, request_id=request_id))
 
@@ -209,6 +228,7 @@ def blocking_method(portal: BlockingPortal, target: Any, name: str) -> Any:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return blocking(portal, portal.call(lambda: method(*args, **kwargs)))
+
     return call
 
 
@@ -243,5 +263,6 @@ async def read_sse(response: httpx.Response) -> AsyncIterator[tuple[int, bytes]]
             try:
                 seq = int(line[3:].strip())
             except ValueError:
-                raise WritError("INVALID_RESPONSE", "a server-sent event id is not a "
-                                "number") from None
+                raise WritError(
+                    "INVALID_RESPONSE", "a server-sent event id is not a number"
+                ) from None

@@ -27,8 +27,7 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
     `not_found` (lookups only) means the provider has no operation under that key.
     """
 
-    kind: Literal["succeeded", "rejected", "revision_mismatch", "transient", "lost",
-                  "not_found"]
+    kind: Literal["succeeded", "rejected", "revision_mismatch", "transient", "lost", "not_found"]
     receipt: str | None = None
     detail: str = ""
 
@@ -46,8 +45,9 @@ class Connector(Protocol):
     name: str
     contract: Contract
 
-    async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
-                      expected_revision: str | None) -> Result:
+    async def execute(
+        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+    ) -> Result:
         """Perform the action with `key` as the provider's idempotency key."""
         ...
 
@@ -75,8 +75,11 @@ def call_for(connector: str, action: str, arguments: dict[str, Any]) -> Provider
 def lookup_for(connector: str, action: str, key: str) -> ProviderLookup | Result:
     """How to find what `action` made under `key`, or a `rejected` Result if nobody can."""
     contract = ACTIONS.get(action)
-    lookup = None if contract is None or contract.connector != connector else (
-        contract.provider_lookup(key))
+    lookup = (
+        None
+        if contract is None or contract.connector != connector
+        else (contract.provider_lookup(key))
+    )
     if lookup is None:
         return Result(kind="rejected", detail=f"{connector} cannot look up {action}")
     return lookup

@@ -19,8 +19,9 @@ class CrmConnector:
     def __init__(self, *, base_url: str, token: str, timeout_s: float = 10.0) -> None:
         self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
-    async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
-                      expected_revision: str | None) -> Result:
+    async def execute(
+        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+    ) -> Result:
         """Perform `action` (its contract says how) with `key` as the idempotency key."""
         call = call_for(self.name, action, arguments)
         if isinstance(call, Result):
@@ -29,8 +30,9 @@ class CrmConnector:
         if expected_revision is not None:
             headers["If-Match"] = expected_revision
         try:
-            response = await self._client.request("POST", call.path, json=call.body,
-                                                  headers=headers)
+            response = await self._client.request(
+                "POST", call.path, json=call.body, headers=headers
+            )
         except NotSent as exc:
             return Result(kind="transient", detail=f"connect failed: {exc}"[:500])
         except NoAnswer as exc:

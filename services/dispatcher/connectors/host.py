@@ -26,8 +26,9 @@ class HostConnector:
     def __init__(self, *, base_url: str, token: str, timeout_s: float = 10.0) -> None:
         self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
-    async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
-                      expected_revision: str | None) -> Result:
+    async def execute(
+        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+    ) -> Result:
         """Perform `action` as its contract builds the request, under `key`."""
         call = call_for(self.name, action, arguments)
         if isinstance(call, Result):
@@ -36,8 +37,9 @@ class HostConnector:
         if (revision := expected_revision or call.if_match) is not None:
             headers["If-Match"] = revision
         try:
-            response = await self._client.request(call.method, call.path, json=call.body,
-                                                  headers=headers)
+            response = await self._client.request(
+                call.method, call.path, json=call.body, headers=headers
+            )
         except NotSent as exc:
             return Result(kind="transient", detail=f"connect failed: {exc}"[:500])
         except NoAnswer as exc:
@@ -47,15 +49,13 @@ class HostConnector:
             try:
                 receipt = response.json()[call.receipt]
             except (ValueError, KeyError, TypeError):
-                return Result(kind="lost", detail="the host's answer names no "
-                                                  f"{call.receipt}")
+                return Result(kind="lost", detail=f"the host's answer names no {call.receipt}")
             return Result(kind="succeeded", receipt=str(receipt)[:256])
         if response.status_code == 412:
             return Result(kind="revision_mismatch", detail=response.text[:500])
         if response.status_code in (429, 502, 503, 504):
             return Result(kind="transient", detail=f"HTTP {response.status_code}")
-        return Result(kind="rejected",
-                      detail=f"HTTP {response.status_code}: {response.text}"[:500])
+        return Result(kind="rejected", detail=f"HTTP {response.status_code}: {response.text}"[:500])
 
     async def lookup(self, action: str, *, key: str) -> Result:
         """The host is idempotent, not queryable: replaying the key is how to find out."""

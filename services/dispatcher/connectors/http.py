@@ -53,14 +53,20 @@ class Response:
 class HttpClient:
     """One connector's connections to its system, with the credential it sends."""
 
-    def __init__(self, *, base_url: str, token: str, timeout_s: float,
-                 connect_s: float = 2.0, keep_alive_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str,
+        timeout_s: float,
+        connect_s: float = 2.0,
+        keep_alive_s: float = 5.0,
+    ) -> None:
         self._base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         # `connect` covers waiting for a pooled connection and opening one; `sock_read` each
         # wait for the response once the request is sent.
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_s,
-                                              sock_read=timeout_s)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_s, sock_read=timeout_s)
         self._keep_alive_s = keep_alive_s
         self._session: aiohttp.ClientSession | None = None
 
@@ -70,13 +76,21 @@ class HttpClient:
             # At most 100 connections, and one idle for `keep_alive_s` is closed (httpx's
             # defaults: aiohttp's own 15 s kept a burst's connections open long after it).
             self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=100, keepalive_timeout=self._keep_alive_s))
+                headers=self._headers,
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=100, keepalive_timeout=self._keep_alive_s),
+            )
         return self._session
 
-    async def request(self, method: str, path: str, *, json: Any = None,
-                      headers: Mapping[str, str] | None = None,
-                      params: Mapping[str, str] | None = None) -> Response:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Response:
         """Send one request and read its whole response.
 
         Raises:
@@ -84,8 +98,9 @@ class HttpClient:
             NoAnswer: it may have been received; no whole response came back.
         """
         try:
-            async with self._opened().request(method, self._base_url + path, json=json,
-                                              headers=headers, params=params) as response:
+            async with self._opened().request(
+                method, self._base_url + path, json=json, headers=headers, params=params
+            ) as response:
                 return Response(response.status, await response.read())
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise NotSent(repr(exc)) from exc

@@ -15,8 +15,9 @@ class NoopConnector:
     name = "noop"
     contract: Contract = "idempotent"
 
-    async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
-                      expected_revision: str | None) -> Result:
+    async def execute(
+        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+    ) -> Result:
         """Do nothing, and say so with a receipt naming the key."""
         return Result(kind="succeeded", receipt=f"noop:{key}"[:500])
 

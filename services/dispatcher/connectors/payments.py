@@ -17,6 +17,7 @@ from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["PaymentConnector", "ReadFailed", "ReadRefused"]
 
+
 class ReadFailed(RetryableError):
     """The payment could not be read now (no connection, a timeout, 429 or 5xx): try later."""
 
@@ -38,8 +39,9 @@ class PaymentConnector:
 
     name = "payments"
 
-    def __init__(self, *, base_url: str, token: str, queryable: bool,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, *, base_url: str, token: str, queryable: bool, timeout_s: float = 10.0
+    ) -> None:
         self.contract: Contract = "queryable" if queryable else "none"
         self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
@@ -55,10 +57,12 @@ class PaymentConnector:
         """
         try:
             response = await self._client.request(
-                "GET", f"/v1/payments/{quote(payment_id, safe='')}")
+                "GET", f"/v1/payments/{quote(payment_id, safe='')}"
+            )
         except (NotSent, NoAnswer) as exc:
-            raise ReadFailed(f"reading payment {payment_id} failed: {exc}"[:500],
-                             payment_id=payment_id) from exc
+            raise ReadFailed(
+                f"reading payment {payment_id} failed: {exc}"[:500], payment_id=payment_id
+            ) from exc
         status = response.status_code
         if status == 404:
             return None
@@ -69,16 +73,24 @@ class PaymentConnector:
                 payment = None
             if isinstance(payment, dict):
                 return payment
-            raise ReadFailed(f"payment {payment_id} unreadable: {response.text}"[:500],
-                             payment_id=payment_id, status=status)
+            raise ReadFailed(
+                f"payment {payment_id} unreadable: {response.text}"[:500],
+                payment_id=payment_id,
+                status=status,
+            )
         if status == 429 or status >= 500:
-            raise ReadFailed(f"reading payment {payment_id}: HTTP {status}", payment_id=payment_id,
-                             status=status)
-        raise ReadRefused(f"reading payment {payment_id}: HTTP {status}: {response.text}"[:500],
-                          payment_id=payment_id, status=status)
+            raise ReadFailed(
+                f"reading payment {payment_id}: HTTP {status}", payment_id=payment_id, status=status
+            )
+        raise ReadRefused(
+            f"reading payment {payment_id}: HTTP {status}: {response.text}"[:500],
+            payment_id=payment_id,
+            status=status,
+        )
 
-    async def execute(self, action: str, arguments: dict[str, Any], *, key: str,
-                      expected_revision: str | None) -> Result:
+    async def execute(
+        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+    ) -> Result:
         """Charge or refund once, sending `key` as the (never deduped) `Reference`."""
         if expected_revision is not None:
             return Result(kind="rejected", detail="payments have no revisions to match")
@@ -86,8 +98,9 @@ class PaymentConnector:
         if isinstance(op, Result):
             return op
         try:
-            response = await self._client.request("POST", op.path, json=op.body,
-                                                  headers={"Reference": key})
+            response = await self._client.request(
+                "POST", op.path, json=op.body, headers={"Reference": key}
+            )
         except NotSent as exc:
             # No connection was ever given the request, so nothing can have been applied.
             return Result(kind="transient", detail=f"connect failed: {exc}"[:500])
@@ -100,8 +113,9 @@ class PaymentConnector:
                 return Result(kind="succeeded", receipt=str(response.json()[op.receipt]))
             except (ValueError, KeyError, TypeError):
                 # Applied for certain; a missing receipt must not turn into a second one.
-                return Result(kind="succeeded", detail=f"201 without a {op.receipt}: "
-                                                       f"{response.text}"[:500])
+                return Result(
+                    kind="succeeded", detail=f"201 without a {op.receipt}: {response.text}"[:500]
+                )
         if status in (429, 503):
             return Result(kind="transient", detail=f"HTTP {status}")
         if 400 <= status < 500:
@@ -122,8 +136,10 @@ class PaymentConnector:
         except (NotSent, NoAnswer) as exc:
             return Result(kind="transient", detail=f"lookup failed: {exc}"[:500])
         if response.status_code != 200:
-            return Result(kind="transient",
-                          detail=f"lookup HTTP {response.status_code}: {response.text}"[:500])
+            return Result(
+                kind="transient",
+                detail=f"lookup HTTP {response.status_code}: {response.text}"[:500],
+            )
         try:
             ids = [str(made[op.receipt]) for made in response.json()[op.listed_as]]
         except (ValueError, KeyError, TypeError):
@@ -131,9 +147,10 @@ class PaymentConnector:
         if not ids:
             return Result(kind="not_found")
         if len(ids) > 1:
-            return Result(kind="rejected",
-                          detail=f"duplicate {op.listed_as} exist for {key}: "
-                                 f"{', '.join(ids)}"[:500])
+            return Result(
+                kind="rejected",
+                detail=f"duplicate {op.listed_as} exist for {key}: {', '.join(ids)}"[:500],
+            )
         return Result(kind="succeeded", receipt=ids[0])
 
     async def aclose(self) -> None:

@@ -11,5 +11,12 @@ from services.governance.store._records import (
 )
 from services.governance.store._store import GovernanceStore
 
-__all__ = ["ATTENDED_ASK_TIMEOUT", "Answered", "GovernanceStore", "NotAnswerable", "Policy",
-           "ToRead", "ToRecord"]
+__all__ = [
+    "ATTENDED_ASK_TIMEOUT",
+    "Answered",
+    "GovernanceStore",
+    "NotAnswerable",
+    "Policy",
+    "ToRead",
+    "ToRecord",
+]

@@ -41,8 +41,7 @@ __all__ = ["BudgetStore"]
 _ELAPSED = """(extract(epoch FROM now() - b.started_at) - b.paused_s
              - CASE WHEN b.waiting > 0 THEN extract(epoch FROM now() - b.paused_since)
                     ELSE 0 END)::float8 AS elapsed_s"""
-_BUDGET = f"SELECT b.*, {_ELAPSED} FROM governance.budgets b " \
-          "WHERE b.tenant = $1 AND b.run_id = $2"
+_BUDGET = f"SELECT b.*, {_ELAPSED} FROM governance.budgets b WHERE b.tenant = $1 AND b.run_id = $2"
 # The budget row locked, with the reservation this step key already has (a redelivery). The
 # reservation is read in the statement's snapshot, taken before the lock was granted: one that
 # a concurrent reserve of the same key committed meanwhile is not seen here, but the insert's
@@ -56,10 +55,12 @@ LEFT JOIN governance.reservations k
        ON k.tenant = b.tenant AND k.run_id = b.run_id AND k.step_key = $3
 WHERE b.tenant = $1 AND b.run_id = $2 FOR UPDATE OF b
 """
-_KNOWN = ("SELECT reservation_id::text AS known_id, status AS known_status, "
-          "provider_calls AS known_provider_calls, tokens AS known_tokens, "
-          "capability_calls AS known_capability_calls FROM governance.reservations "
-          "WHERE tenant = $1 AND run_id = $2 AND step_key = $3")
+_KNOWN = (
+    "SELECT reservation_id::text AS known_id, status AS known_status, "
+    "provider_calls AS known_provider_calls, tokens AS known_tokens, "
+    "capability_calls AS known_capability_calls FROM governance.reservations "
+    "WHERE tenant = $1 AND run_id = $2 AND step_key = $3"
+)
 # The budget row and the reservation being settled, both locked (no row: no such budget or
 # no such reservation). Both are locked so that a settle that waited for a concurrent one of
 # the same reservation reads the status it left.
@@ -73,47 +74,60 @@ WHERE b.tenant = $1 AND b.run_id = $2 FOR UPDATE OF b, r
 """
 # $1 tenant, $2 run, $3 reservation, $4 step key, $5-$7 amounts. Inserts nothing (and moves
 # no total) if a concurrent reserve of the same step key committed first.
-_RESERVATION = ("reservation AS (INSERT INTO governance.reservations (reservation_id, tenant, "
-                "run_id, step_key, provider_calls, tokens, capability_calls) "
-                "VALUES ($3, $1, $2, $4, $5, $6, $7) ON CONFLICT (tenant, run_id, step_key) "
-                "DO NOTHING RETURNING 1)")
-_RESERVED = ("UPDATE governance.budgets SET "
-             "reserved_provider_calls = reserved_provider_calls + $5, "
-             "reserved_tokens = reserved_tokens + $6, "
-             "reserved_capability_calls = reserved_capability_calls + $7, "
-             "open_steps = open_steps + 1 WHERE tenant = $1 AND run_id = $2 "
-             "AND EXISTS (SELECT 1 FROM reservation) RETURNING true")
+_RESERVATION = (
+    "reservation AS (INSERT INTO governance.reservations (reservation_id, tenant, "
+    "run_id, step_key, provider_calls, tokens, capability_calls) "
+    "VALUES ($3, $1, $2, $4, $5, $6, $7) ON CONFLICT (tenant, run_id, step_key) "
+    "DO NOTHING RETURNING 1)"
+)
+_RESERVED = (
+    "UPDATE governance.budgets SET "
+    "reserved_provider_calls = reserved_provider_calls + $5, "
+    "reserved_tokens = reserved_tokens + $6, "
+    "reserved_capability_calls = reserved_capability_calls + $7, "
+    "open_steps = open_steps + 1 WHERE tenant = $1 AND run_id = $2 "
+    "AND EXISTS (SELECT 1 FROM reservation) RETURNING true"
+)
 # $1 tenant, $2 run, $3 reservation, $4 status, $5-$7 used, $8-$10 what it had reserved.
-_CLOSE = ("reservation AS (UPDATE governance.reservations SET status = $4, "
-          "used_provider_calls = $5, used_tokens = $6, used_capability_calls = $7, "
-          "closed_at = now() WHERE reservation_id = $3::uuid)")
-_SETTLED = ("UPDATE governance.budgets SET "
-            "reserved_provider_calls = reserved_provider_calls - $8, "
-            "reserved_tokens = reserved_tokens - $9, "
-            "reserved_capability_calls = reserved_capability_calls - $10, "
-            "used_provider_calls = used_provider_calls + $5, "
-            "used_tokens = used_tokens + $6, "
-            "used_capability_calls = used_capability_calls + $7, "
-            "open_steps = open_steps - 1 WHERE tenant = $1 AND run_id = $2")
+_CLOSE = (
+    "reservation AS (UPDATE governance.reservations SET status = $4, "
+    "used_provider_calls = $5, used_tokens = $6, used_capability_calls = $7, "
+    "closed_at = now() WHERE reservation_id = $3::uuid)"
+)
+_SETTLED = (
+    "UPDATE governance.budgets SET "
+    "reserved_provider_calls = reserved_provider_calls - $8, "
+    "reserved_tokens = reserved_tokens - $9, "
+    "reserved_capability_calls = reserved_capability_calls - $10, "
+    "used_provider_calls = used_provider_calls + $5, "
+    "used_tokens = used_tokens + $6, "
+    "used_capability_calls = used_capability_calls + $7, "
+    "open_steps = open_steps - 1 WHERE tenant = $1 AND run_id = $2"
+)
 # The settlement in one statement, no transaction of its own, for a reservation whose step key
 # and amounts this process knows (it made it): $1-$10 as `_CLOSE` and `_SETTLED`, $11 the step
 # key. The budget row is locked first, as everywhere; the reservation is closed only if it is
 # still open and is the one known (else nothing is written, and the locked path answers).
-_FAST_LOCK = ("budget AS (SELECT 1 FROM governance.budgets WHERE tenant = $1 AND run_id = $2 "
-              "FOR UPDATE)")
-_FAST_CLOSE = ("reservation AS (UPDATE governance.reservations SET status = $4, "
-               "used_provider_calls = $5, used_tokens = $6, used_capability_calls = $7, "
-               "closed_at = now() WHERE reservation_id = $3::uuid AND tenant = $1 "
-               "AND run_id = $2 AND status = 'open' AND step_key = $11 "
-               "AND provider_calls = $8 AND tokens = $9 AND capability_calls = $10 "
-               "AND EXISTS (SELECT 1 FROM budget) RETURNING 1)")
+_FAST_LOCK = (
+    "budget AS (SELECT 1 FROM governance.budgets WHERE tenant = $1 AND run_id = $2 FOR UPDATE)"
+)
+_FAST_CLOSE = (
+    "reservation AS (UPDATE governance.reservations SET status = $4, "
+    "used_provider_calls = $5, used_tokens = $6, used_capability_calls = $7, "
+    "closed_at = now() WHERE reservation_id = $3::uuid AND tenant = $1 "
+    "AND run_id = $2 AND status = 'open' AND step_key = $11 "
+    "AND provider_calls = $8 AND tokens = $9 AND capability_calls = $10 "
+    "AND EXISTS (SELECT 1 FROM budget) RETURNING 1)"
+)
 _FAST_SETTLED = f"{_SETTLED} AND EXISTS (SELECT 1 FROM reservation) RETURNING true"
 # Reservations this process made and has not seen settled (`_made`), at most this many.
 _MADE_KEPT = 4096
 # $1 tenant, $2 run, $3-$7 the lowered limits.
-_LOWER = ("UPDATE governance.budgets SET provider_calls = $3, tokens = $4, "
-          "capability_calls = $5, wall_time_s = $6, max_concurrent_steps = $7 "
-          "WHERE tenant = $1 AND run_id = $2")
+_LOWER = (
+    "UPDATE governance.budgets SET provider_calls = $3, tokens = $4, "
+    "capability_calls = $5, wall_time_s = $6, max_concurrent_steps = $7 "
+    "WHERE tenant = $1 AND run_id = $2"
+)
 
 # Overlapping waits (two asks at once) stop the clock once: it stops when the first opens and
 # runs again when the last closes. The wait row makes both statements idempotent.
@@ -141,24 +155,35 @@ WHERE tenant = $1 AND run_id = $2 AND EXISTS (SELECT 1 FROM wait) RETURNING true
 
 def _state(row: asyncpg.Record) -> BudgetState:
     return BudgetState(
-        limits=Limits(provider_calls=row["provider_calls"], tokens=row["tokens"],
-                      capability_calls=row["capability_calls"], wall_time_s=row["wall_time_s"],
-                      max_concurrent_steps=row["max_concurrent_steps"]),
+        limits=Limits(
+            provider_calls=row["provider_calls"],
+            tokens=row["tokens"],
+            capability_calls=row["capability_calls"],
+            wall_time_s=row["wall_time_s"],
+            max_concurrent_steps=row["max_concurrent_steps"],
+        ),
         reserved_provider_calls=row["reserved_provider_calls"],
         reserved_tokens=row["reserved_tokens"],
         reserved_capability_calls=row["reserved_capability_calls"],
-        used_provider_calls=row["used_provider_calls"], used_tokens=row["used_tokens"],
-        used_capability_calls=row["used_capability_calls"], open_steps=row["open_steps"],
-        elapsed_s=row["elapsed_s"])
+        used_provider_calls=row["used_provider_calls"],
+        used_tokens=row["used_tokens"],
+        used_capability_calls=row["used_capability_calls"],
+        open_steps=row["open_steps"],
+        elapsed_s=row["elapsed_s"],
+    )
 
 
-def _settled_entry(reservation_id: str, step_key: str, reserved: Sequence[int],
-                   used: Sequence[int]) -> dict[str, object]:
+def _settled_entry(
+    reservation_id: str, step_key: str, reserved: Sequence[int], used: Sequence[int]
+) -> dict[str, object]:
     """The journal's record of a closed reservation."""
     kinds = ("provider_calls", "tokens", "capability_calls")
-    return {"reservation_id": reservation_id, "step_key": step_key,
-            "reserved": dict(zip(kinds, reserved, strict=True)),
-            "used": dict(zip(kinds, used, strict=True))}
+    return {
+        "reservation_id": reservation_id,
+        "step_key": step_key,
+        "reserved": dict(zip(kinds, reserved, strict=True)),
+        "used": dict(zip(kinds, used, strict=True)),
+    }
 
 
 class BudgetStore:
@@ -173,21 +198,47 @@ class BudgetStore:
         # reservations this process made: their settlement needs no read first (`settle`).
         self._made: dict[str, tuple[str, int, int, int]] = {}
 
-    def _remember(self, reservation_id: str, step_key: str, provider_calls: int, tokens: int,
-                  capability_calls: int) -> None:
+    def _remember(
+        self,
+        reservation_id: str,
+        step_key: str,
+        provider_calls: int,
+        tokens: int,
+        capability_calls: int,
+    ) -> None:
         if len(self._made) >= _MADE_KEPT:  # the oldest first: dicts keep insertion order
             del self._made[next(iter(self._made))]
         self._made[reservation_id] = (step_key, provider_calls, tokens, capability_calls)
 
-    async def _write(self, conn: asyncpg.Connection, *, tenant: str, kind: str, subject: str,
-                     payload: dict[str, object], run_id: str = "") -> None:
+    async def _write(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        payload: dict[str, object],
+        run_id: str = "",
+    ) -> None:
         if self._journal is not None:
-            await self._journal.write(conn, tenant=tenant, kind=kind, subject=subject,
-                                      payload=payload, run_id=run_id)
+            await self._journal.write(
+                conn, tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
+            )
 
-    async def _journaled(self, conn: asyncpg.Connection, cte: str, statement: str,
-                         args: Sequence[object], *, tenant: str, kind: str, subject: str,
-                         run_id: str, payload: dict[str, object], only_if: str = "") -> Any:
+    async def _journaled(
+        self,
+        conn: asyncpg.Connection,
+        cte: str,
+        statement: str,
+        args: Sequence[object],
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        run_id: str,
+        payload: dict[str, object],
+        only_if: str = "",
+    ) -> Any:
         """`statement` and its journal row in one statement (`cte`, if any, before the
         journal's CTE), its value; the journal row's parameters follow `args`. `only_if`:
         the CTE that must return a row for the journal row to be written."""
@@ -197,12 +248,14 @@ class BudgetStore:
         sql = self._with_journal.get(key)
         if sql is None:
             first = len(args) + 1
-            journal_cte = (self._journal.cte_if(first, only_if) if only_if
-                           else self._journal.cte(first))
+            journal_cte = (
+                self._journal.cte_if(first, only_if) if only_if else self._journal.cte(first)
+            )
             sql = f"WITH {cte + ', ' if cte else ''}{journal_cte} {statement}"
             self._with_journal[key] = sql
-        entry = self._journal.entry(tenant=tenant, kind=kind, subject=subject, payload=payload,
-                                    run_id=run_id)
+        entry = self._journal.entry(
+            tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
+        )
         return await conn.fetchval(sql, *args, *msgspec.structs.astuple(entry))
 
     async def budget(self, tenant: str, run_id: str) -> BudgetState | None:
@@ -210,11 +263,19 @@ class BudgetStore:
         row = await self._pool.fetchrow(_BUDGET, tenant, run_id)
         return _state(row) if row is not None else None
 
-    async def reserve(self, *, tenant: str, run_id: str, step_key: str, provider_calls: int = 0,
-                      tokens: int = 0, capability_calls: int = 0,
-                      limit: RunBudget | None = None,
-                      settle: Sequence[Settlement] = (),
-                      up_to: LeaseAmounts | None = None) -> BudgetReserved | BudgetRefused:
+    async def reserve(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        step_key: str,
+        provider_calls: int = 0,
+        tokens: int = 0,
+        capability_calls: int = 0,
+        limit: RunBudget | None = None,
+        settle: Sequence[Settlement] = (),
+        up_to: LeaseAmounts | None = None,
+    ) -> BudgetReserved | BudgetRefused:
         """Reserve a step's amounts if they fit what is left, or refuse naming the budget.
 
         One short transaction that first locks the run's budget row: parallel steps of a run
@@ -228,81 +289,159 @@ class BudgetStore:
         async with self._pool.acquire() as conn, conn.transaction():
             settled = []
             for done in settle:  # closed, found closed, or unknown here: the caller is done
-                await self._settle(conn, tenant, run_id, done.reservation_id,
-                                   used=(done.provider_calls, done.tokens,
-                                         done.capability_calls))
+                await self._settle(
+                    conn,
+                    tenant,
+                    run_id,
+                    done.reservation_id,
+                    used=(done.provider_calls, done.tokens, done.capability_calls),
+                )
                 settled.append(done.reservation_id)
             row = await conn.fetchrow(_LOCK_FOR_RESERVE, tenant, run_id, step_key)
             if row is None:
-                return BudgetRefused(run_id=run_id, step_key=step_key, budget="unknown_run",
-                                     reason="no budget recorded for this run", settled=settled)
+                return BudgetRefused(
+                    run_id=run_id,
+                    step_key=step_key,
+                    budget="unknown_run",
+                    reason="no budget recorded for this run",
+                    settled=settled,
+                )
             state = _state(row)
             if limit is not None and (lowered := state.limits.lowered(limit)) != state.limits:
                 await self._journaled(
-                    conn, "", _LOWER, (tenant, run_id, lowered.provider_calls, lowered.tokens,
-                                       lowered.capability_calls, lowered.wall_time_s,
-                                       lowered.max_concurrent_steps),
-                    tenant=tenant, kind="budget.lowered", subject=run_id, run_id=run_id,
-                    payload={"step_key": step_key, "asked": msgspec.to_builtins(limit),
-                             **msgspec.to_builtins(lowered)})
+                    conn,
+                    "",
+                    _LOWER,
+                    (
+                        tenant,
+                        run_id,
+                        lowered.provider_calls,
+                        lowered.tokens,
+                        lowered.capability_calls,
+                        lowered.wall_time_s,
+                        lowered.max_concurrent_steps,
+                    ),
+                    tenant=tenant,
+                    kind="budget.lowered",
+                    subject=run_id,
+                    run_id=run_id,
+                    payload={
+                        "step_key": step_key,
+                        "asked": msgspec.to_builtins(limit),
+                        **msgspec.to_builtins(lowered),
+                    },
+                )
                 state = msgspec.structs.replace(state, limits=lowered)
             if row["known_id"] is not None:  # a redelivery: the reservation this step has
-                return self._known(row, state, settled, run_id=run_id,
-                                   step_key=step_key)
-            asked = {"provider_calls": provider_calls, "tokens": tokens,
-                     "capability_calls": capability_calls}
+                return self._known(row, state, settled, run_id=run_id, step_key=step_key)
+            asked = {
+                "provider_calls": provider_calls,
+                "tokens": tokens,
+                "capability_calls": capability_calls,
+            }
             refused = refusal(state, **asked)
-            if refused is not None and (known := await conn.fetchrow(
-                    _KNOWN, tenant, run_id, step_key)) is not None:
+            if (
+                refused is not None
+                and (known := await conn.fetchrow(_KNOWN, tenant, run_id, step_key)) is not None
+            ):
                 # A concurrent reserve of this step key committed while this one waited for
                 # the lock: its reservation (which the totals count) is this step's.
-                return self._known(known, state, settled, run_id=run_id,
-                                   step_key=step_key)
+                return self._known(known, state, settled, run_id=run_id, step_key=step_key)
             if refused is not None:
                 kind, reason = refused
                 # Not a state change, but why a run stopped belongs in its record.
-                await self._write(conn, tenant=tenant, kind="budget.exhausted", subject=step_key,
-                                  run_id=run_id, payload={
-                                      "step_key": step_key, "budget": kind, "reason": reason,
-                                      "asked": asked, "elapsed_s": state.elapsed_s})
-                return BudgetRefused(run_id=run_id, step_key=step_key, budget=kind,
-                                     reason=reason, settled=settled)
+                await self._write(
+                    conn,
+                    tenant=tenant,
+                    kind="budget.exhausted",
+                    subject=step_key,
+                    run_id=run_id,
+                    payload={
+                        "step_key": step_key,
+                        "budget": kind,
+                        "reason": reason,
+                        "asked": asked,
+                        "elapsed_s": state.elapsed_s,
+                    },
+                )
+                return BudgetRefused(
+                    run_id=run_id, step_key=step_key, budget=kind, reason=reason, settled=settled
+                )
             if up_to is not None:
                 asked = leased(state, asked, msgspec.structs.asdict(up_to))
                 provider_calls, tokens, capability_calls = (
-                    asked["provider_calls"], asked["tokens"], asked["capability_calls"])
+                    asked["provider_calls"],
+                    asked["tokens"],
+                    asked["capability_calls"],
+                )
             reservation_id = str(uuid.uuid4())
             if not await self._journaled(
-                    conn, _RESERVATION, _RESERVED,
-                    (tenant, run_id, reservation_id, step_key, provider_calls, tokens,
-                     capability_calls),
-                    tenant=tenant, kind="budget.reserved", subject=reservation_id,
-                    run_id=run_id, only_if="reservation",
-                    payload={"reservation_id": reservation_id, "step_key": step_key, **asked,
-                             "elapsed_s": state.elapsed_s}):
+                conn,
+                _RESERVATION,
+                _RESERVED,
+                (
+                    tenant,
+                    run_id,
+                    reservation_id,
+                    step_key,
+                    provider_calls,
+                    tokens,
+                    capability_calls,
+                ),
+                tenant=tenant,
+                kind="budget.reserved",
+                subject=reservation_id,
+                run_id=run_id,
+                only_if="reservation",
+                payload={
+                    "reservation_id": reservation_id,
+                    "step_key": step_key,
+                    **asked,
+                    "elapsed_s": state.elapsed_s,
+                },
+            ):
                 # Inserted nothing: a concurrent reserve of this step key committed first.
                 known = await conn.fetchrow(_KNOWN, tenant, run_id, step_key)
-                return self._known(known, state, settled, run_id=run_id,
-                                   step_key=step_key)
+                return self._known(known, state, settled, run_id=run_id, step_key=step_key)
         self._remember(reservation_id, step_key, provider_calls, tokens, capability_calls)
-        return BudgetReserved(reservation_id=reservation_id, run_id=run_id, step_key=step_key,
-                              status="open", wall_time_left_s=state.wall_time_left_s,
-                              settled=settled, **asked)
+        return BudgetReserved(
+            reservation_id=reservation_id,
+            run_id=run_id,
+            step_key=step_key,
+            status="open",
+            wall_time_left_s=state.wall_time_left_s,
+            settled=settled,
+            **asked,
+        )
 
     @staticmethod
-    def _known(row: Any, state: BudgetState, settled: list[str], *, run_id: str,
-               step_key: str) -> BudgetReserved:
+    def _known(
+        row: Any, state: BudgetState, settled: list[str], *, run_id: str, step_key: str
+    ) -> BudgetReserved:
         """The reservation a step key already has, as `reserve` answers it."""
         return BudgetReserved(
-            run_id=run_id, step_key=step_key, wall_time_left_s=state.wall_time_left_s,
+            run_id=run_id,
+            step_key=step_key,
+            wall_time_left_s=state.wall_time_left_s,
             reservation_id=row["known_id"],
-            status=row["known_status"], provider_calls=row["known_provider_calls"],
-            tokens=row["known_tokens"], capability_calls=row["known_capability_calls"],
-            settled=settled)
+            status=row["known_status"],
+            provider_calls=row["known_provider_calls"],
+            tokens=row["known_tokens"],
+            capability_calls=row["known_capability_calls"],
+            settled=settled,
+        )
 
-    async def settle(self, *, tenant: str, run_id: str, reservation_id: str,
-                     provider_calls: int = 0, tokens: int = 0, capability_calls: int = 0,
-                     release: bool = False) -> BudgetSettled | None:
+    async def settle(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        reservation_id: str,
+        provider_calls: int = 0,
+        tokens: int = 0,
+        capability_calls: int = 0,
+        release: bool = False,
+    ) -> BudgetSettled | None:
         """Close a reservation with what the step used (recorded as reported, even above what
         was reserved): its reserved amounts return, its use counts. None: no such reservation.
 
@@ -313,36 +452,66 @@ class BudgetStore:
         used = (provider_calls, tokens, capability_calls)
         async with self._pool.acquire() as conn:
             made = self._made.pop(reservation_id, None)
-            if made is not None and (settled := await self._settle_made(
-                    conn, tenant, run_id, reservation_id, made, used=used, release=release)):
+            if made is not None and (
+                settled := await self._settle_made(
+                    conn, tenant, run_id, reservation_id, made, used=used, release=release
+                )
+            ):
                 return settled
             async with conn.transaction():
-                return await self._settle(conn, tenant, run_id, reservation_id, used=used,
-                                          release=release)
+                return await self._settle(
+                    conn, tenant, run_id, reservation_id, used=used, release=release
+                )
 
-    async def _settle_made(self, conn: asyncpg.Connection, tenant: str, run_id: str,
-                           reservation_id: str, made: tuple[str, int, int, int], *,
-                           used: tuple[int, int, int], release: bool) -> BudgetSettled | None:
+    async def _settle_made(
+        self,
+        conn: asyncpg.Connection,
+        tenant: str,
+        run_id: str,
+        reservation_id: str,
+        made: tuple[str, int, int, int],
+        *,
+        used: tuple[int, int, int],
+        release: bool,
+    ) -> BudgetSettled | None:
         """Close a reservation this process made as `_settle` does, in one statement: its
         step key and reserved amounts are known, so nothing is read first. None if it
         changed nothing (no longer open, or not as made): `_settle` then answers."""
         step_key, *reserved = made
         status = "released" if release else "settled"
         if not await self._journaled(
-            conn, f"{_FAST_LOCK}, {_FAST_CLOSE}", _FAST_SETTLED,
+            conn,
+            f"{_FAST_LOCK}, {_FAST_CLOSE}",
+            _FAST_SETTLED,
             (tenant, run_id, reservation_id, status, *used, *reserved, step_key),
-            tenant=tenant, kind=f"budget.{status}", subject=reservation_id, run_id=run_id,
-            only_if="reservation", payload=_settled_entry(reservation_id, step_key, reserved,
-                                                          used)):
+            tenant=tenant,
+            kind=f"budget.{status}",
+            subject=reservation_id,
+            run_id=run_id,
+            only_if="reservation",
+            payload=_settled_entry(reservation_id, step_key, reserved, used),
+        ):
             return None
         provider_calls, tokens, capability_calls = used
-        return BudgetSettled(reservation_id=reservation_id, run_id=run_id, status=status,
-                             provider_calls=provider_calls, tokens=tokens,
-                             capability_calls=capability_calls)
+        return BudgetSettled(
+            reservation_id=reservation_id,
+            run_id=run_id,
+            status=status,
+            provider_calls=provider_calls,
+            tokens=tokens,
+            capability_calls=capability_calls,
+        )
 
-    async def _settle(self, conn: asyncpg.Connection, tenant: str, run_id: str,
-                      reservation_id: str, *, used: tuple[int, int, int],
-                      release: bool = False) -> BudgetSettled | None:
+    async def _settle(
+        self,
+        conn: asyncpg.Connection,
+        tenant: str,
+        run_id: str,
+        reservation_id: str,
+        *,
+        used: tuple[int, int, int],
+        release: bool = False,
+    ) -> BudgetSettled | None:
         if not is_uuid(reservation_id):
             return None
         self._made.pop(reservation_id, None)
@@ -352,33 +521,76 @@ class BudgetStore:
             return None
         if r["status"] != "open":
             return BudgetSettled(
-                reservation_id=reservation_id, run_id=run_id, status=r["status"],
-                provider_calls=r["used_provider_calls"], tokens=r["used_tokens"],
-                capability_calls=r["used_capability_calls"])
+                reservation_id=reservation_id,
+                run_id=run_id,
+                status=r["status"],
+                provider_calls=r["used_provider_calls"],
+                tokens=r["used_tokens"],
+                capability_calls=r["used_capability_calls"],
+            )
         status = "released" if release else "settled"
         provider_calls, tokens, capability_calls = used
         await self._journaled(
-            conn, _CLOSE, _SETTLED,
-            (tenant, run_id, reservation_id, status, provider_calls, tokens, capability_calls,
-             r["provider_calls"], r["tokens"], r["capability_calls"]),
-            tenant=tenant, kind=f"budget.{status}", subject=reservation_id, run_id=run_id,
-            payload=_settled_entry(reservation_id, r["step_key"], (
-                r["provider_calls"], r["tokens"], r["capability_calls"]), used))
-        return BudgetSettled(reservation_id=reservation_id, run_id=run_id, status=status,
-                             provider_calls=provider_calls, tokens=tokens,
-                             capability_calls=capability_calls)
+            conn,
+            _CLOSE,
+            _SETTLED,
+            (
+                tenant,
+                run_id,
+                reservation_id,
+                status,
+                provider_calls,
+                tokens,
+                capability_calls,
+                r["provider_calls"],
+                r["tokens"],
+                r["capability_calls"],
+            ),
+            tenant=tenant,
+            kind=f"budget.{status}",
+            subject=reservation_id,
+            run_id=run_id,
+            payload=_settled_entry(
+                reservation_id,
+                r["step_key"],
+                (r["provider_calls"], r["tokens"], r["capability_calls"]),
+                used,
+            ),
+        )
+        return BudgetSettled(
+            reservation_id=reservation_id,
+            run_id=run_id,
+            status=status,
+            provider_calls=provider_calls,
+            tokens=tokens,
+            capability_calls=capability_calls,
+        )
 
-    async def _pause(self, conn: asyncpg.Connection, tenant: str, run_id: str,
-                     wait_key: str) -> None:
+    async def _pause(
+        self, conn: asyncpg.Connection, tenant: str, run_id: str, wait_key: str
+    ) -> None:
         """Stop the run's clock for this wait (idempotent; runs without a budget: nothing). A
         branch's wait stops its root's clock: the budget is the root's."""
         if await conn.fetchval(_PAUSE, tenant, root_run_id(run_id), wait_key):
-            await self._write(conn, tenant=tenant, kind="budget.paused", subject=wait_key,
-                              run_id=run_id, payload={"wait_key": wait_key})
+            await self._write(
+                conn,
+                tenant=tenant,
+                kind="budget.paused",
+                subject=wait_key,
+                run_id=run_id,
+                payload={"wait_key": wait_key},
+            )
 
-    async def _resume(self, conn: asyncpg.Connection, tenant: str, run_id: str,
-                      wait_key: str) -> None:
+    async def _resume(
+        self, conn: asyncpg.Connection, tenant: str, run_id: str, wait_key: str
+    ) -> None:
         """End this wait; the clock runs again once no other wait of the run is open."""
         if await conn.fetchval(_RESUME, tenant, root_run_id(run_id), wait_key):
-            await self._write(conn, tenant=tenant, kind="budget.resumed", subject=wait_key,
-                              run_id=run_id, payload={"wait_key": wait_key})
+            await self._write(
+                conn,
+                tenant=tenant,
+                kind="budget.resumed",
+                subject=wait_key,
+                run_id=run_id,
+                payload={"wait_key": wait_key},
+            )

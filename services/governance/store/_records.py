@@ -10,8 +10,17 @@ import msgspec
 
 from services.governance.logic import Call, Ruling
 
-__all__ = ["ATTENDED_ASK_TIMEOUT", "DEFAULT_POLICY_VERSION", "Answered", "NotAnswerable",
-           "Policy", "ToRead", "ToRecord", "decision_row", "is_uuid"]
+__all__ = [
+    "ATTENDED_ASK_TIMEOUT",
+    "DEFAULT_POLICY_VERSION",
+    "Answered",
+    "NotAnswerable",
+    "Policy",
+    "ToRead",
+    "ToRecord",
+    "decision_row",
+    "is_uuid",
+]
 
 DEFAULT_POLICY_VERSION: Final = "default"
 # Seed 000: an unanswered ask in an attended conversation is a deny after five minutes, fixed.
@@ -52,8 +61,9 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
     """Why an answer was not taken: `code` is the host contract's stable code."""
 
     reason: str
-    code: Literal["UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER",
-                  "SEPARATION_OF_DUTIES"] = "UNKNOWN_PENDING"
+    code: Literal[
+        "UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER", "SEPARATION_OF_DUTIES"
+    ] = "UNKNOWN_PENDING"
 
 
 class ToRead(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,20 +89,48 @@ class ToRecord(msgspec.Struct, frozen=True, kw_only=True):
     attended: bool = False
 
 
-def decision_row(*, tenant: str, run_id: str, principal: str, call: Call, ruling: Ruling,
-                  policy_version: str, proposal_id: str | None, attended: bool
-                  ) -> tuple[str, tuple[object, ...], dict[str, object]]:
+def decision_row(
+    *,
+    tenant: str,
+    run_id: str,
+    principal: str,
+    call: Call,
+    ruling: Ruling,
+    policy_version: str,
+    proposal_id: str | None,
+    attended: bool,
+) -> tuple[str, tuple[object, ...], dict[str, object]]:
     """A new decision's id, its `governance.decisions` row and its journal event."""
     decision_id = str(uuid.uuid4())
-    decision = (decision_id, tenant, run_id, call.agent, principal, call.tool,
-                call.family or "unclassified", ruling.verdict, ruling.line, ruling.reason,
-                policy_version)
+    decision = (
+        decision_id,
+        tenant,
+        run_id,
+        call.agent,
+        principal,
+        call.tool,
+        call.family or "unclassified",
+        ruling.verdict,
+        ruling.line,
+        ruling.reason,
+        policy_version,
+    )
     event: dict[str, object] = {
-        "decision_id": decision_id, "tenant": tenant, "run_id": run_id, "agent": call.agent,
-        "principal": principal, "tool": call.tool, "family": call.family or "unclassified",
-        "first_argument": call.first_argument, "verdict": ruling.verdict,
-        "line": ruling.line, "reason": ruling.reason, "policy_version": policy_version,
-        "proposal_id": proposal_id, "attended": attended}
+        "decision_id": decision_id,
+        "tenant": tenant,
+        "run_id": run_id,
+        "agent": call.agent,
+        "principal": principal,
+        "tool": call.tool,
+        "family": call.family or "unclassified",
+        "first_argument": call.first_argument,
+        "verdict": ruling.verdict,
+        "line": ruling.line,
+        "reason": ruling.reason,
+        "policy_version": policy_version,
+        "proposal_id": proposal_id,
+        "attended": attended,
+    }
     return decision_id, decision, event
 
 

@@ -89,36 +89,62 @@ class GovernanceStore(BudgetStore):
         super().__init__()
         self._pool, self._journal = pool, journal
         self._insert_decision_statement = (
-            f"WITH {journal.cte(12)} {_INSERT_DECISION}" if journal is not None
-            else _INSERT_DECISION)
+            f"WITH {journal.cte(12)} {_INSERT_DECISION}"
+            if journal is not None
+            else _INSERT_DECISION
+        )
 
-    async def facts(self, tenant: str, call: Call, principal: str, run_id: str,
-                    approval_id: str | None = None) -> Facts:
+    async def facts(
+        self, tenant: str, call: Call, principal: str, run_id: str, approval_id: str | None = None
+    ) -> Facts:
         """Everything `decide` needs for this call, read in one statement (one snapshot)."""
-        return (await self.facts_many([ToRead(tenant=tenant, call=call, principal=principal,
-                                              run_id=run_id, approval_id=approval_id)]))[0]
+        return (
+            await self.facts_many(
+                [
+                    ToRead(
+                        tenant=tenant,
+                        call=call,
+                        principal=principal,
+                        run_id=run_id,
+                        approval_id=approval_id,
+                    )
+                ]
+            )
+        )[0]
 
     async def facts_many(self, reads: list[ToRead]) -> list[Facts]:
         """`facts` for several calls, in order, read in one statement (one snapshot)."""
         rows = await self._pool.fetch(
-            _FACTS, [r.tenant for r in reads], [r.call.tool for r in reads],
-            [r.call.agent for r in reads], [r.principal for r in reads],
+            _FACTS,
+            [r.tenant for r in reads],
+            [r.call.tool for r in reads],
+            [r.call.agent for r in reads],
+            [r.principal for r in reads],
             [r.run_id for r in reads],
-            [r.approval_id if r.approval_id is not None and is_uuid(r.approval_id) else None
-             for r in reads],
-            [root_run_id(r.run_id) for r in reads], [r.call.first_argument for r in reads])
+            [
+                r.approval_id if r.approval_id is not None and is_uuid(r.approval_id) else None
+                for r in reads
+            ],
+            [root_run_id(r.run_id) for r in reads],
+            [r.call.first_argument for r in reads],
+        )
         if len(rows) != len(reads):
             raise RuntimeError(f"facts for {len(reads)} calls read {len(rows)} rows")
         return [_facts(row) for row in rows]
 
-    def _decision_args(self, decision: tuple[object, ...], event: dict[str, object]
-                       ) -> tuple[object, ...]:
+    def _decision_args(
+        self, decision: tuple[object, ...], event: dict[str, object]
+    ) -> tuple[object, ...]:
         """The parameters of `_insert_decision_statement`: the row and its journal row."""
         if self._journal is None:
             return decision
-        entry = self._journal.entry(tenant=str(decision[1]), kind="decision",
-                                    subject=str(decision[0]), run_id=str(decision[2]),
-                                    payload=event)
+        entry = self._journal.entry(
+            tenant=str(decision[1]),
+            kind="decision",
+            subject=str(decision[0]),
+            run_id=str(decision[2]),
+            payload=event,
+        )
         return (*decision, *msgspec.structs.astuple(entry))
 
     async def record_many(self, decisions: list[ToRecord]) -> list[str]:
@@ -129,9 +155,15 @@ class GovernanceStore(BudgetStore):
             if d.ruling.verdict == "ask":
                 raise ValueError("an ask is recorded with its pending decision, by record()")
             decision_id, decision, event = decision_row(
-                tenant=d.tenant, run_id=d.run_id, principal=d.principal, call=d.call,
-                ruling=d.ruling, policy_version=d.policy_version, proposal_id=d.proposal_id,
-                attended=d.attended)
+                tenant=d.tenant,
+                run_id=d.run_id,
+                principal=d.principal,
+                call=d.call,
+                ruling=d.ruling,
+                policy_version=d.policy_version,
+                proposal_id=d.proposal_id,
+                attended=d.attended,
+            )
             ids.append(decision_id)
             rows.append(self._decision_args(decision, event))
         # One round trip and one implicit transaction (asyncpg's executemany is atomic): no
@@ -139,31 +171,64 @@ class GovernanceStore(BudgetStore):
         await self._pool.executemany(self._insert_decision_statement, rows)
         return ids
 
-    async def record(self, *, tenant: str, run_id: str, principal: str, call: Call,
-                     ruling: Ruling, policy_version: str, proposal_id: str | None = None,
-                     attended: bool = False) -> str:
+    async def record(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        principal: str,
+        call: Call,
+        ruling: Ruling,
+        policy_version: str,
+        proposal_id: str | None = None,
+        attended: bool = False,
+    ) -> str:
         """Persist the decision (and, for an ask, its pending decision) in one transaction."""
         decision_id, decision, event = decision_row(
-            tenant=tenant, run_id=run_id, principal=principal, call=call, ruling=ruling,
-            policy_version=policy_version, proposal_id=proposal_id, attended=attended)
+            tenant=tenant,
+            run_id=run_id,
+            principal=principal,
+            call=call,
+            ruling=ruling,
+            policy_version=policy_version,
+            proposal_id=proposal_id,
+            attended=attended,
+        )
         if ruling.verdict != "ask":
             # One statement (no BEGIN/COMMIT round trips): the decision and its journal row.
-            await self._pool.execute(self._insert_decision_statement,
-                                     *self._decision_args(decision, event))
+            await self._pool.execute(
+                self._insert_decision_statement, *self._decision_args(decision, event)
+            )
             return decision_id
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(_INSERT_DECISION, *decision)
-                deadline = (datetime.now(UTC) + ATTENDED_ASK_TIMEOUT
-                            if attended else None)
+                deadline = datetime.now(UTC) + ATTENDED_ASK_TIMEOUT if attended else None
                 event.update(options=list(ruling.options), deadline=deadline)
-                await self._write(conn, tenant=tenant, kind="decision", subject=decision_id,
-                                  run_id=run_id, payload=event)
-                inserted = await conn.fetchval(_INSERT_PENDING, decision_id, tenant, run_id,
-                                               proposal_id, call.agent, principal, call.tool,
-                                               call.family or "unclassified",
-                                               call.first_argument, ruling.reason,
-                                               list(ruling.options), attended, deadline)
+                await self._write(
+                    conn,
+                    tenant=tenant,
+                    kind="decision",
+                    subject=decision_id,
+                    run_id=run_id,
+                    payload=event,
+                )
+                inserted = await conn.fetchval(
+                    _INSERT_PENDING,
+                    decision_id,
+                    tenant,
+                    run_id,
+                    proposal_id,
+                    call.agent,
+                    principal,
+                    call.tool,
+                    call.family or "unclassified",
+                    call.first_argument,
+                    ruling.reason,
+                    list(ruling.options),
+                    attended,
+                    deadline,
+                )
                 if inserted is None:
                     raise _AlreadyPending  # rolls back this decision and its journal row
                 # The run now waits for a person: its budget clock stops until the answer.
@@ -173,12 +238,21 @@ class GovernanceStore(BudgetStore):
             # once): it waits as the pending decision recorded first, not as a second one.
             existing = await self._pool.fetchval(
                 "SELECT pending_id::text FROM governance.pending WHERE tenant = $1 "
-                "AND proposal_id = $2 AND answer IS NULL", tenant, proposal_id)
+                "AND proposal_id = $2 AND answer IS NULL",
+                tenant,
+                proposal_id,
+            )
             if existing is None:  # answered in the meantime: ask again, as a new question
-                return await self.record(tenant=tenant, run_id=run_id, principal=principal,
-                                         call=call, ruling=ruling,
-                                         policy_version=policy_version,
-                                         proposal_id=proposal_id, attended=attended)
+                return await self.record(
+                    tenant=tenant,
+                    run_id=run_id,
+                    principal=principal,
+                    call=call,
+                    ruling=ruling,
+                    policy_version=policy_version,
+                    proposal_id=proposal_id,
+                    attended=attended,
+                )
             return str(existing)
         return decision_id
 
@@ -186,29 +260,49 @@ class GovernanceStore(BudgetStore):
         """Record a run, its run grants and its budget (`limits`, or the built-in defaults
         under the run's own budget); idempotent: a redelivery changes nothing."""
         limits = limits if limits is not None else Limits().lowered(run.budget)
-        args = (run.tenant, run.run_id, run.principal, run.agent, run.attended,
-                list(run.grants), limits.provider_calls, limits.tokens, limits.capability_calls,
-                limits.wall_time_s, limits.max_concurrent_steps)
+        args = (
+            run.tenant,
+            run.run_id,
+            run.principal,
+            run.agent,
+            run.attended,
+            list(run.grants),
+            limits.provider_calls,
+            limits.tokens,
+            limits.capability_calls,
+            limits.wall_time_s,
+            limits.max_concurrent_steps,
+        )
         # One statement, hence one transaction, without BEGIN and COMMIT round trips: the run,
         # its grants and its budget, each journaled only if it recorded something. The budget
         # stands apart from the run: a run registered before budgets existed gets one when its
         # registration is delivered again.
         if self._journal is None:
-            await self._pool.execute(f"WITH {_RUN}, {_RUN_GRANTS}, {_RUN_BUDGET} SELECT 1",
-                                     *args)
+            await self._pool.execute(f"WITH {_RUN}, {_RUN_GRANTS}, {_RUN_BUDGET} SELECT 1", *args)
             return
         registered = self._journal.entry(
-            tenant=run.tenant, kind="run.registered", subject=run.run_id, run_id=run.run_id,
-            payload=msgspec.to_builtins(run))
+            tenant=run.tenant,
+            kind="run.registered",
+            subject=run.run_id,
+            run_id=run.run_id,
+            payload=msgspec.to_builtins(run),
+        )
         budgeted = self._journal.entry(
-            tenant=run.tenant, kind="budget.set", subject=run.run_id, run_id=run.run_id,
-            payload={"agent": run.agent, **msgspec.to_builtins(limits)})
+            tenant=run.tenant,
+            kind="budget.set",
+            subject=run.run_id,
+            run_id=run.run_id,
+            payload={"agent": run.agent, **msgspec.to_builtins(limits)},
+        )
         first = len(args) + 1
         await self._pool.execute(
             f"WITH {_RUN}, {_RUN_GRANTS}, {_RUN_BUDGET}, "
             f"{self._journal.cte_if(first, 'run', name='run_row')}, "
             f"{self._journal.cte_if(first + 8, 'budget', name='budget_row')} SELECT 1",
-            *args, *msgspec.structs.astuple(registered), *msgspec.structs.astuple(budgeted))
+            *args,
+            *msgspec.structs.astuple(registered),
+            *msgspec.structs.astuple(budgeted),
+        )
 
     async def pending(self, tenant: str, limit: int = 500) -> list[PendingDecision]:
         """The tenant's unanswered decisions, oldest first."""
@@ -216,23 +310,49 @@ class GovernanceStore(BudgetStore):
             "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
             "first_argument, reason, options, attended, deadline, created_at "
             "FROM governance.pending WHERE tenant = $1 AND answer IS NULL "
-            "ORDER BY created_at LIMIT $2", tenant, limit)
-        return [PendingDecision(
-            pending_id=r["pending_id"], run_id=r["run_id"], agent=r["agent"],
-            principal=r["principal"], tool=r["tool"], family=r["family"],
-            first_argument=r["first_argument"][:512], reason=r["reason"][:512],
-            options=list(r["options"]), attended=r["attended"],
-            deadline=r["deadline"].isoformat() if r["deadline"] else None,
-            created_at=r["created_at"].isoformat()) for r in rows]
+            "ORDER BY created_at LIMIT $2",
+            tenant,
+            limit,
+        )
+        return [
+            PendingDecision(
+                pending_id=r["pending_id"],
+                run_id=r["run_id"],
+                agent=r["agent"],
+                principal=r["principal"],
+                tool=r["tool"],
+                family=r["family"],
+                first_argument=r["first_argument"][:512],
+                reason=r["reason"][:512],
+                options=list(r["options"]),
+                attended=r["attended"],
+                deadline=r["deadline"].isoformat() if r["deadline"] else None,
+                created_at=r["created_at"].isoformat(),
+            )
+            for r in rows
+        ]
 
     async def revoked(self, tenant: str, principal: str) -> bool:
         """Whether this principal's access to the tenant was revoked."""
-        return bool(await self._pool.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM governance.revocations "
-            "WHERE tenant = $1 AND principal = $2)", tenant, principal))
+        return bool(
+            await self._pool.fetchval(
+                "SELECT EXISTS (SELECT 1 FROM governance.revocations "
+                "WHERE tenant = $1 AND principal = $2)",
+                tenant,
+                principal,
+            )
+        )
 
-    async def answer(self, *, tenant: str, pending_id: str, answer: str, answered_by: str,
-                     reason: str, same_again: bool = False) -> Answered | NotAnswerable:
+    async def answer(
+        self,
+        *,
+        tenant: str,
+        pending_id: str,
+        answer: str,
+        answered_by: str,
+        reason: str,
+        same_again: bool = False,
+    ) -> Answered | NotAnswerable:
         """Take a person's (or the clock's) answer, once; `always` writes its grant or rule.
 
         `same_again`: the same answer given again gets the recorded one back (who gave it, and
@@ -245,30 +365,45 @@ class GovernanceStore(BudgetStore):
             row = await conn.fetchrow(
                 "SELECT p.*, d.line, d.policy_version FROM governance.pending p "
                 "JOIN governance.decisions d ON d.decision_id = p.pending_id "
-                "WHERE p.pending_id = $1 AND p.tenant = $2 FOR UPDATE OF p", pending_id, tenant)
+                "WHERE p.pending_id = $1 AND p.tenant = $2 FOR UPDATE OF p",
+                pending_id,
+                tenant,
+            )
             if row is None:
                 return NotAnswerable(reason="no such pending decision")
             if row["answer"] is not None:
                 if same_again and row["answer"] == answer:
                     return Answered(
-                        pending_id=pending_id, tenant=tenant, run_id=row["run_id"],
-                        proposal_id=row["proposal_id"], answer=answer,
-                        reason=row["answer_reason"] or "", answered_by=row["answered_by"],
-                        decision_id=str(row["answer_decision_id"]), line=row["line"],
-                        policy_version=row["policy_version"])
-                return NotAnswerable(reason=f"already answered {row['answer']}",
-                                     code="ALREADY_ANSWERED")
-            if row["proposal_id"] is not None and answer != "deny" and (
-                    answered_by == row["principal"]):
+                        pending_id=pending_id,
+                        tenant=tenant,
+                        run_id=row["run_id"],
+                        proposal_id=row["proposal_id"],
+                        answer=answer,
+                        reason=row["answer_reason"] or "",
+                        answered_by=row["answered_by"],
+                        decision_id=str(row["answer_decision_id"]),
+                        line=row["line"],
+                        policy_version=row["policy_version"],
+                    )
+                return NotAnswerable(
+                    reason=f"already answered {row['answer']}", code="ALREADY_ANSWERED"
+                )
+            if (
+                row["proposal_id"] is not None
+                and answer != "deny"
+                and (answered_by == row["principal"])
+            ):
                 # Separation of duties: a proposal is approved by someone else than the
                 # principal who asked for it, whichever door the answer came through.
-                return NotAnswerable(reason="the principal who requested the run cannot "
-                                            "approve its proposals",
-                                     code="SEPARATION_OF_DUTIES")
+                return NotAnswerable(
+                    reason="the principal who requested the run cannot approve its proposals",
+                    code="SEPARATION_OF_DUTIES",
+                )
             if answer not in row["options"]:
-                return NotAnswerable(reason=f"{answer!r} is not offered here: "
-                                            f"{', '.join(row['options'])}",
-                                     code="INVALID_ANSWER")
+                return NotAnswerable(
+                    reason=f"{answer!r} is not offered here: {', '.join(row['options'])}",
+                    code="INVALID_ANSWER",
+                )
             decision_id = str(uuid.uuid4())
             verdict = "deny" if answer == "deny" else "allow"
             text = f"answered {answer} by {answered_by}" + (f": {reason}" if reason else "")
@@ -276,58 +411,123 @@ class GovernanceStore(BudgetStore):
                 "INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, "
                 "principal, tool, family, verdict, line, reason, policy_version) "
                 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                decision_id, tenant, row["run_id"], row["agent"], row["principal"], row["tool"],
-                row["family"], verdict, row["line"], text[:1000], row["policy_version"])
+                decision_id,
+                tenant,
+                row["run_id"],
+                row["agent"],
+                row["principal"],
+                row["tool"],
+                row["family"],
+                verdict,
+                row["line"],
+                text[:1000],
+                row["policy_version"],
+            )
             await conn.execute(
                 "UPDATE governance.pending SET answer = $2, answered_by = $3, "
                 "answered_at = now(), answer_reason = $4, answer_decision_id = $5 "
-                "WHERE pending_id = $1", pending_id, answer, answered_by, reason,
-                decision_id)
+                "WHERE pending_id = $1",
+                pending_id,
+                answer,
+                answered_by,
+                reason,
+                decision_id,
+            )
             await self._resume(conn, tenant, row["run_id"], f"pending:{pending_id}")
-            await self._write(conn, tenant=tenant, kind="pending.answered", subject=pending_id,
-                              run_id=row["run_id"], payload={
-                                  "pending_id": pending_id, "decision_id": decision_id,
-                                  "run_id": row["run_id"], "proposal_id": row["proposal_id"],
-                                  "agent": row["agent"], "principal": row["principal"],
-                                  "tool": row["tool"], "family": row["family"],
-                                  "answer": answer, "verdict": verdict,
-                                  "answered_by": answered_by, "reason": reason,
-                                  "line": row["line"], "policy_version": row["policy_version"]})
+            await self._write(
+                conn,
+                tenant=tenant,
+                kind="pending.answered",
+                subject=pending_id,
+                run_id=row["run_id"],
+                payload={
+                    "pending_id": pending_id,
+                    "decision_id": decision_id,
+                    "run_id": row["run_id"],
+                    "proposal_id": row["proposal_id"],
+                    "agent": row["agent"],
+                    "principal": row["principal"],
+                    "tool": row["tool"],
+                    "family": row["family"],
+                    "answer": answer,
+                    "verdict": verdict,
+                    "answered_by": answered_by,
+                    "reason": reason,
+                    "line": row["line"],
+                    "policy_version": row["policy_version"],
+                },
+            )
             if answer == "always":
                 if row["family"] == "execute_code":
                     # Exactly the rule for this simple command, for this agent.
                     rule_id = await conn.fetchval(
                         "INSERT INTO governance.rules (tenant, tool, arg_prefix, agent, effect) "
                         "VALUES ($1, $2, $3, $4, 'allow') RETURNING rule_id",
-                        tenant, row["tool"], row["first_argument"], row["agent"])
-                    await self._write(conn, tenant=tenant, kind="rule.added",
-                                      subject=str(rule_id), run_id=row["run_id"], payload={
-                                          "rule_id": rule_id, "tool": row["tool"],
-                                          "arg_prefix": row["first_argument"],
-                                          "agent": row["agent"], "effect": "allow",
-                                          "by": answered_by, "pending_id": pending_id})
+                        tenant,
+                        row["tool"],
+                        row["first_argument"],
+                        row["agent"],
+                    )
+                    await self._write(
+                        conn,
+                        tenant=tenant,
+                        kind="rule.added",
+                        subject=str(rule_id),
+                        run_id=row["run_id"],
+                        payload={
+                            "rule_id": rule_id,
+                            "tool": row["tool"],
+                            "arg_prefix": row["first_argument"],
+                            "agent": row["agent"],
+                            "effect": "allow",
+                            "by": answered_by,
+                            "pending_id": pending_id,
+                        },
+                    )
                 else:
                     # For the agent and the tool's family, never for a tool name.
                     status = await conn.execute(
                         "INSERT INTO governance.standing_grants (tenant, agent, family, "
                         "granted_by) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                        tenant, row["agent"], row["family"], answered_by)
+                        tenant,
+                        row["agent"],
+                        row["family"],
+                        answered_by,
+                    )
                     if status != "INSERT 0 0":
                         await self._write(
-                            conn, tenant=tenant, kind="grant.standing",
-                            subject=f"{row['agent']}/{row['family']}", run_id=row["run_id"],
-                            payload={"agent": row["agent"], "family": row["family"],
-                                     "granted_by": answered_by, "pending_id": pending_id})
-        return Answered(pending_id=pending_id, tenant=tenant, run_id=row["run_id"],
-                        proposal_id=row["proposal_id"], answer=answer, reason=reason,
-                        answered_by=answered_by, decision_id=decision_id, line=row["line"],
-                        policy_version=row["policy_version"])
+                            conn,
+                            tenant=tenant,
+                            kind="grant.standing",
+                            subject=f"{row['agent']}/{row['family']}",
+                            run_id=row["run_id"],
+                            payload={
+                                "agent": row["agent"],
+                                "family": row["family"],
+                                "granted_by": answered_by,
+                                "pending_id": pending_id,
+                            },
+                        )
+        return Answered(
+            pending_id=pending_id,
+            tenant=tenant,
+            run_id=row["run_id"],
+            proposal_id=row["proposal_id"],
+            answer=answer,
+            reason=reason,
+            answered_by=answered_by,
+            decision_id=decision_id,
+            line=row["line"],
+            policy_version=row["policy_version"],
+        )
 
     async def overdue(self, limit: int = 100) -> list[tuple[str, str]]:
         """(tenant, pending id) of attended asks nobody answered in time."""
         rows = await self._pool.fetch(
             "SELECT tenant, pending_id::text AS pending_id FROM governance.pending "
-            "WHERE answer IS NULL AND deadline < now() ORDER BY deadline LIMIT $1", limit)
+            "WHERE answer IS NULL AND deadline < now() ORDER BY deadline LIMIT $1",
+            limit,
+        )
         return [(r["tenant"], r["pending_id"]) for r in rows]
 
     async def policy_tenants(self) -> list[str]:
@@ -338,10 +538,16 @@ class GovernanceStore(BudgetStore):
         """Forget a tenant's org policy (its file was withdrawn)."""
         async with self._pool.acquire() as conn, conn.transaction():
             version = await conn.fetchval(
-                "DELETE FROM governance.policy WHERE tenant = $1 RETURNING version", tenant)
+                "DELETE FROM governance.policy WHERE tenant = $1 RETURNING version", tenant
+            )
             if version is not None:
-                await self._write(conn, tenant=tenant, kind="policy.withdrawn", subject=version,
-                                  payload={"tenant": tenant, "version": version})
+                await self._write(
+                    conn,
+                    tenant=tenant,
+                    kind="policy.withdrawn",
+                    subject=version,
+                    payload={"tenant": tenant, "version": version},
+                )
 
     async def save_policy(self, policy: Policy) -> None:
         """Record a loaded (or refused) organisation policy for its tenant, if it changed."""
@@ -359,41 +565,66 @@ class GovernanceStore(BudgetStore):
                 "policy.refused_connectors, policy.refused_families, policy.developer_mode, "
                 "policy.key_id, policy.digest) IS DISTINCT FROM ($2, $3, $4, $5::text[], "
                 "$6::text[], $7::text[], $8, $9, $10) RETURNING true",
-                policy.tenant, policy.version, policy.status, policy.refusal,
-                list(policy.refused_tools), list(policy.refused_connectors),
-                list(policy.refused_families), policy.developer_mode, policy.key_id,
-                policy.digest)
+                policy.tenant,
+                policy.version,
+                policy.status,
+                policy.refusal,
+                list(policy.refused_tools),
+                list(policy.refused_connectors),
+                list(policy.refused_families),
+                policy.developer_mode,
+                policy.key_id,
+                policy.digest,
+            )
             if changed:
-                await self._write(conn, tenant=policy.tenant, kind="policy.loaded",
-                                  subject=policy.version, payload=msgspec.to_builtins(policy))
+                await self._write(
+                    conn,
+                    tenant=policy.tenant,
+                    kind="policy.loaded",
+                    subject=policy.version,
+                    payload=msgspec.to_builtins(policy),
+                )
 
 
 # A run, once (a redelivery inserts nothing), and its run grants with it ($6: the families).
-_RUN = ("run AS (INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
-        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING 1)")
-_RUN_GRANTS = ("grants AS (INSERT INTO governance.run_grants (tenant, run_id, family, "
-               "granted_by) SELECT $1, $2, family, $3 FROM unnest($6::text[]) AS family "
-               "WHERE EXISTS (SELECT 1 FROM run) ON CONFLICT DO NOTHING)")
+_RUN = (
+    "run AS (INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
+    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING 1)"
+)
+_RUN_GRANTS = (
+    "grants AS (INSERT INTO governance.run_grants (tenant, run_id, family, "
+    "granted_by) SELECT $1, $2, family, $3 FROM unnest($6::text[]) AS family "
+    "WHERE EXISTS (SELECT 1 FROM run) ON CONFLICT DO NOTHING)"
+)
 # $1 tenant, $2 run, $4 agent, $7-$11 the limits (register_run's parameters).
-_RUN_BUDGET = ("budget AS (INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, "
-               "tokens, capability_calls, wall_time_s, max_concurrent_steps) "
-               "VALUES ($1, $2, $4, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING RETURNING 1)")
+_RUN_BUDGET = (
+    "budget AS (INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, "
+    "tokens, capability_calls, wall_time_s, max_concurrent_steps) "
+    "VALUES ($1, $2, $4, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING RETURNING 1)"
+)
 
 
 def _facts(row: asyncpg.Record) -> Facts:
     rules = tuple(msgspec.json.decode(row["rules"], type=list[Rule]))
-    common = {"rules": rules, "standing_families": frozenset(row["standing"]),
-              "run_families": frozenset(row["run_families"]),
-              "principal_revoked": row["revoked"], "approved": row["approved"],
-              "attended": row["attended"]}
+    common = {
+        "rules": rules,
+        "standing_families": frozenset(row["standing"]),
+        "run_families": frozenset(row["run_families"]),
+        "principal_revoked": row["revoked"],
+        "approved": row["approved"],
+        "attended": row["attended"],
+    }
     if row["version"] is None:
         return Facts(policy_version=DEFAULT_POLICY_VERSION, **common)
     return Facts(
-        policy_version=row["version"], policy_refused=row["status"] != "valid",
+        policy_version=row["version"],
+        policy_refused=row["status"] != "valid",
         refused_tools=frozenset(row["refused_tools"]),
         refused_connectors=frozenset(row["refused_connectors"]),
         refused_families=frozenset(row["refused_families"]),
-        developer_mode=row["developer_mode"], **common)
+        developer_mode=row["developer_mode"],
+        **common,
+    )
 
 
 class _AlreadyPending(Exception):
@@ -407,4 +638,5 @@ _INSERT_PENDING = (
     "tool, family, first_argument, reason, options, attended, deadline) "
     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
     "ON CONFLICT (tenant, proposal_id) WHERE proposal_id IS NOT NULL AND answer IS NULL "
-    "DO NOTHING RETURNING pending_id")
+    "DO NOTHING RETURNING pending_id"
+)

@@ -49,13 +49,16 @@ class ApiClient:
 
     async def get(self, viewer: Viewer, path: str, **params: Any) -> Answer:
         """A read."""
-        response = await self._http.get(path, headers=self._auth(viewer),
-                                        params={k: v for k, v in params.items()
-                                                if v is not None})
+        response = await self._http.get(
+            path,
+            headers=self._auth(viewer),
+            params={k: v for k, v in params.items() if v is not None},
+        )
         return Answer(response.status_code, _json(response))
 
-    async def post(self, viewer: Viewer, path: str, body: dict[str, Any] | None, *,
-                   key: str | None = None) -> Answer:
+    async def post(
+        self, viewer: Viewer, path: str, body: dict[str, Any] | None, *, key: str | None = None
+    ) -> Answer:
         """A write. `key` names the person's one intent (the Idempotency-Key): a second click,
         a second tab or a reload of the same answer gets the first answer back."""
         headers = self._auth(viewer)
@@ -67,9 +70,12 @@ class ApiClient:
 
     def stream(self, viewer: Viewer, path: str) -> Any:
         """A Server-Sent Events stream, as the viewer (`async with`)."""
-        return self._http.stream("GET", path, headers={**self._auth(viewer),
-                                                        "Accept": "text/event-stream"},
-                                 timeout=httpx.Timeout(10.0, read=None))
+        return self._http.stream(
+            "GET",
+            path,
+            headers={**self._auth(viewer), "Accept": "text/event-stream"},
+            timeout=httpx.Timeout(10.0, read=None),
+        )
 
 
 def _json(response: httpx.Response) -> Any:

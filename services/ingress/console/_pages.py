@@ -12,17 +12,38 @@ import msgspec
 from actions import ACTIONS
 from services.ingress.console._session import Viewer
 
-__all__ = ["FINAL_COMMAND", "ago", "decision_page", "evidence_list", "inbox_page", "inbox_rows",
-           "layout", "message_page", "outcome_box", "proposal_final", "proposal_page",
-           "review_page", "run_page", "run_status", "time_left"]
+__all__ = [
+    "FINAL_COMMAND",
+    "ago",
+    "decision_page",
+    "evidence_list",
+    "inbox_page",
+    "inbox_rows",
+    "layout",
+    "message_page",
+    "outcome_box",
+    "proposal_final",
+    "proposal_page",
+    "review_page",
+    "run_page",
+    "run_status",
+    "time_left",
+]
 
 # A command in one of these states has its outcome: the page stops following it.
-FINAL_COMMAND: Final = frozenset({"succeeded", "failed", "denied", "expired",
-                                  "revision_required", "unknown"})
-_OUTCOME: Final = {"succeeded": "succeeded", "unknown": "needs_reconciliation",
-                   "revision_required": "revision_required", "denied": "denied",
-                   "expired": "expired", "failed": "terminal_failure",
-                   "pending": "pending", "dispatching": "pending"}
+FINAL_COMMAND: Final = frozenset(
+    {"succeeded", "failed", "denied", "expired", "revision_required", "unknown"}
+)
+_OUTCOME: Final = {
+    "succeeded": "succeeded",
+    "unknown": "needs_reconciliation",
+    "revision_required": "revision_required",
+    "denied": "denied",
+    "expired": "expired",
+    "failed": "terminal_failure",
+    "pending": "pending",
+    "dispatching": "pending",
+}
 
 
 def h(value: Any) -> str:
@@ -69,16 +90,20 @@ def layout(title: str, body: str, viewer: Viewer | None = None) -> str:
     who = ""
     if viewer is not None:
         roles = ", ".join(sorted(viewer.roles))
-        who = (f'<span class="who" id="who">{h(viewer.principal)} · {h(viewer.tenant)} · '
-               f'{h(roles)}</span><form method="post" action="/console/sign-out" '
-               f'class="inline">{_csrf(viewer)}<button type="submit">Sign out</button></form>')
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<title>{h(title)} · Writ console</title>'
-            f'<link rel="stylesheet" href="/console/static/console.css">'
-            f'<script src="/console/static/console.js" defer></script></head><body>'
-            f'<header><a href="/console/" class="brand">Writ · approvals</a>{who}</header>'
-            f'<main>{body}</main></body></html>')
+        who = (
+            f'<span class="who" id="who">{h(viewer.principal)} · {h(viewer.tenant)} · '
+            f'{h(roles)}</span><form method="post" action="/console/sign-out" '
+            f'class="inline">{_csrf(viewer)}<button type="submit">Sign out</button></form>'
+        )
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{h(title)} · Writ console</title>"
+        f'<link rel="stylesheet" href="/console/static/console.css">'
+        f'<script src="/console/static/console.js" defer></script></head><body>'
+        f'<header><a href="/console/" class="brand">Writ · approvals</a>{who}</header>'
+        f"<main>{body}</main></body></html>"
+    )
 
 
 def _csrf(viewer: Viewer) -> str:
@@ -87,8 +112,9 @@ def _csrf(viewer: Viewer) -> str:
 
 def message_page(title: str, text: str, viewer: Viewer | None = None) -> str:
     """A page that only says something (a refusal, a sign-in problem, not found)."""
-    return layout(title, f'<h1>{h(title)}</h1><p class="message" id="message">{h(text)}</p>',
-                  viewer)
+    return layout(
+        title, f'<h1>{h(title)}</h1><p class="message" id="message">{h(text)}</p>', viewer
+    )
 
 
 def inbox_rows(items: list[dict[str, Any]], now: datetime) -> str:
@@ -99,37 +125,55 @@ def inbox_rows(items: list[dict[str, Any]], now: datetime) -> str:
     for item in items:
         rows.append(
             f'<tr data-kind="{h(item["kind"])}" data-id="{h(item["id"])}">'
-            f'<td>{h(item["kind"])}</td><td>{h(item["agent"])}</td>'
+            f"<td>{h(item['kind'])}</td><td>{h(item['agent'])}</td>"
             f'<td><a href="{h(item["href"])}">{h(item["what"])}</a></td>'
-            f'<td>{h(item["requester"])}</td><td>{h(ago(item["created_at"], now))}</td>'
-            f'<td class="left">{h(time_left(item["expires_at"], now))}</td></tr>')
+            f"<td>{h(item['requester'])}</td><td>{h(ago(item['created_at'], now))}</td>"
+            f'<td class="left">{h(time_left(item["expires_at"], now))}</td></tr>'
+        )
     return "".join(rows)
 
 
-def inbox_page(viewer: Viewer, items: list[dict[str, Any]], *, kind: str, agent: str,
-               agents: list[str], problems: list[str], now: datetime) -> str:
+def inbox_page(
+    viewer: Viewer,
+    items: list[dict[str, Any]],
+    *,
+    kind: str,
+    agent: str,
+    agents: list[str],
+    problems: list[str],
+    now: datetime,
+) -> str:
     """Everything waiting for the viewer, newest first, with its filters."""
     kinds = "".join(
         f'<option value="{k}"{" selected" if k == kind else ""}>{label}</option>'
-        for k, label in (("", "everything"), ("proposal", "proposals"),
-                         ("decision", "decisions"), ("review", "reviews")))
+        for k, label in (
+            ("", "everything"),
+            ("proposal", "proposals"),
+            ("decision", "decisions"),
+            ("review", "reviews"),
+        )
+    )
     agent_options = '<option value="">all agents</option>' + "".join(
-        f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>'
-        for a in agents)
+        f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>' for a in agents
+    )
     src = f"/console/inbox/rows?kind={h(kind)}&amp;agent={h(agent)}"
     notes = "".join(f'<p class="problem">{h(p)}</p>' for p in problems)
     if "auditor" in viewer.roles:
-        notes += ('<form method="get" action="/console/runs" class="find-run" id="find-run">'
-                  '<label>Open a run <input name="run_id" id="run-id" maxlength="128" '
-                  'required></label><button type="submit">Open</button></form>')
-    body = (f'<h1>Inbox</h1>{notes}<form method="get" action="/console/" class="filters">'
-            f'<label>Kind <select name="kind" id="kind">{kinds}</select></label>'
-            f'<label>Agent <select name="agent" id="agent">{agent_options}</select></label>'
-            f'<button type="submit" id="filter">Filter</button></form>'
-            f'<table class="inbox"><thead><tr><th>Kind</th><th>Agent</th><th>Action or tool'
-            f'</th><th>Requester</th><th>Age</th><th>Time left</th></tr></thead>'
-            f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now)}</tbody>'
-            f'</table>')
+        notes += (
+            '<form method="get" action="/console/runs" class="find-run" id="find-run">'
+            '<label>Open a run <input name="run_id" id="run-id" maxlength="128" '
+            'required></label><button type="submit">Open</button></form>'
+        )
+    body = (
+        f'<h1>Inbox</h1>{notes}<form method="get" action="/console/" class="filters">'
+        f'<label>Kind <select name="kind" id="kind">{kinds}</select></label>'
+        f'<label>Agent <select name="agent" id="agent">{agent_options}</select></label>'
+        f'<button type="submit" id="filter">Filter</button></form>'
+        f'<table class="inbox"><thead><tr><th>Kind</th><th>Agent</th><th>Action or tool'
+        f"</th><th>Requester</th><th>Age</th><th>Time left</th></tr></thead>"
+        f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now)}</tbody>'
+        f"</table>"
+    )
     return layout("Inbox", body, viewer)
 
 
@@ -140,10 +184,14 @@ def _preview_lines(action: str, preview: dict[str, Any]) -> str:
             raise ValueError(action)
         lines = contract.describe(contract.decode_preview(preview))
     except (ValueError, msgspec.ValidationError):
-        return ('<p class="problem">This proposal\'s preview does not match the contract '
-                f'{h(action)} as this console knows it; it cannot be shown.</p>')
-    rows = "".join(f'<tr><th scope="row">{h(label)}</th><td data-field="{h(label)}">'
-                   f'{h(value)}</td></tr>' for label, value in lines)
+        return (
+            '<p class="problem">This proposal\'s preview does not match the contract '
+            f"{h(action)} as this console knows it; it cannot be shown.</p>"
+        )
+    rows = "".join(
+        f'<tr><th scope="row">{h(label)}</th><td data-field="{h(label)}">{h(value)}</td></tr>'
+        for label, value in lines
+    )
     return f'<table class="preview" id="preview">{rows}</table>'
 
 
@@ -159,8 +207,11 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
     state, command = p["state"], p.get("command_state")
     if state == "pending":
         left = time_left(p.get("expires_at"), now)
-        text = ("expired: it can no longer be approved; the agent must propose it again"
-                if left == "expired" else f"waiting for an approver ({left} left)")
+        text = (
+            "expired: it can no longer be approved; the agent must propose it again"
+            if left == "expired"
+            else f"waiting for an approver ({left} left)"
+        )
     elif state in ("executing", "completed"):
         outcome = _OUTCOME.get(command or "pending", command or "pending")
         text = f"approved by {p.get('approved_by') or '?'}; outcome: {outcome}"
@@ -173,9 +224,11 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
     else:
         text = f"{state}" + (f": {p['reason']}" if p.get("reason") else "")
     final = "true" if proposal_final(p) else "false"
-    return (f'<div id="outcome" class="outcome state-{h(state)}" data-final="{final}" '
-            f'data-poll="/console/proposals/{h(p["proposal_id"])}/outcome">'
-            f'<strong>{h(state)}</strong> — <span id="outcome-text">{h(text)}</span></div>')
+    return (
+        f'<div id="outcome" class="outcome state-{h(state)}" data-final="{final}" '
+        f'data-poll="/console/proposals/{h(p["proposal_id"])}/outcome">'
+        f'<strong>{h(state)}</strong> — <span id="outcome-text">{h(text)}</span></div>'
+    )
 
 
 def _decision_text(p: dict[str, Any]) -> str:
@@ -199,23 +252,35 @@ def _facts(p: dict[str, Any]) -> str:
     """The state the preview was computed from, as read then (not now)."""
     facts = p.get("facts")
     if not isinstance(facts, dict):
-        return ('<h2>What it stands on</h2><p id="facts-read">This action reads no outside '
-                'state: the preview is its arguments.</p>')
-    rows = "".join(f'<tr><th scope="row">{h(str(k).replace("_", " "))}</th>'
-                   f'<td>{h(_plain(v))}</td></tr>' for k, v in facts.items())
-    return (f'<h2>What it stands on</h2><p id="facts-read">Read at '
-            f'{h(p.get("facts_read_at"))}; the dispatcher reads it again before executing and '
-            f'stops if anything shown changed.</p><table class="facts" id="facts">{rows}'
-            '</table>')
+        return (
+            '<h2>What it stands on</h2><p id="facts-read">This action reads no outside '
+            "state: the preview is its arguments.</p>"
+        )
+    rows = "".join(
+        f'<tr><th scope="row">{h(str(k).replace("_", " "))}</th><td>{h(_plain(v))}</td></tr>'
+        for k, v in facts.items()
+    )
+    return (
+        f'<h2>What it stands on</h2><p id="facts-read">Read at '
+        f"{h(p.get('facts_read_at'))}; the dispatcher reads it again before executing and "
+        f'stops if anything shown changed.</p><table class="facts" id="facts">{rows}'
+        "</table>"
+    )
 
 
-def proposal_page(viewer: Viewer, p: dict[str, Any], *, now: datetime,
-                  answered: str = "", run: dict[str, Any] | None = None) -> str:
+def proposal_page(
+    viewer: Viewer,
+    p: dict[str, Any],
+    *,
+    now: datetime,
+    answered: str = "",
+    run: dict[str, Any] | None = None,
+) -> str:
     """One proposal: what approving it does, in words; what it stands on; the answer."""
     pid = h(p["proposal_id"])
     own = p.get("requester") == viewer.principal
     expired = p["state"] == "pending" and time_left(p.get("expires_at"), now) == "expired"
-    parts = [f'<h1>{h(p["action"])}</h1>']
+    parts = [f"<h1>{h(p['action'])}</h1>"]
     if answered:
         parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
     parts.append(outcome_box(p, now))
@@ -225,18 +290,19 @@ def proposal_page(viewer: Viewer, p: dict[str, Any], *, now: datetime,
         '<h2>Where it comes from</h2><table class="facts">'
         f'<tr><th scope="row">Proposal</th><td id="proposal-id">{pid}</td></tr>'
         f'<tr><th scope="row">Request hash</th><td id="request-hash"><code>'
-        f'{h(p["request_hash"])}</code></td></tr>'
+        f"{h(p['request_hash'])}</code></td></tr>"
         f'<tr><th scope="row">Agent</th><td>{h(p.get("agent"))}</td></tr>'
         f'<tr><th scope="row">Requested by</th><td id="requester">{h(p.get("requester"))}'
-        f'</td></tr>'
+        f"</td></tr>"
         f'<tr><th scope="row">Proposed</th><td>{h(p.get("created_at"))} '
-        f'({h(ago(p.get("created_at"), now))} ago)</td></tr>'
+        f"({h(ago(p.get('created_at'), now))} ago)</td></tr>"
         f'<tr><th scope="row">Expires</th><td id="expires">{h(p.get("expires_at"))} '
-        f'({h(time_left(p.get("expires_at"), now))})</td></tr>'
+        f"({h(time_left(p.get('expires_at'), now))})</td></tr>"
         f'<tr><th scope="row">Decision that asked</th><td id="decision">'
-        f'{h(_decision_text(p))}</td></tr>'
+        f"{h(_decision_text(p))}</td></tr>"
         f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
-        f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>')
+        f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>'
+    )
     parts.append(_facts(p))
     if run is not None:
         parts.append(f'<p id="run-state">The run is {h(run["status"])}.</p>')
@@ -245,33 +311,41 @@ def proposal_page(viewer: Viewer, p: dict[str, Any], *, now: datetime,
         if "approver" not in viewer.roles:
             parts.append('<p class="notice">Only approvers answer proposals.</p>')
         elif expired:
-            parts.append('<p class="notice" id="expired">This proposal expired: it can no '
-                         'longer be approved.</p>')
+            parts.append(
+                '<p class="notice" id="expired">This proposal expired: it can no '
+                "longer be approved.</p>"
+            )
         else:
             if own:
-                parts.append('<p class="notice" id="own-request">You requested this run: '
-                             'separation of duties says another approver must approve it. '
-                             'Writ refuses your approval; you may still reject it.</p>')
+                parts.append(
+                    '<p class="notice" id="own-request">You requested this run: '
+                    "separation of duties says another approver must approve it. "
+                    "Writ refuses your approval; you may still reject it.</p>"
+                )
             else:
                 parts.append(
                     f'<form method="post" action="/console/proposals/{pid}/approve" '
                     f'class="answer" data-once="true">{_csrf(viewer)}'
-                    f'<button type="submit" id="approve">Approve exactly this</button></form>')
+                    f'<button type="submit" id="approve">Approve exactly this</button></form>'
+                )
             parts.append(
                 f'<form method="post" action="/console/proposals/{pid}/reject" '
                 f'class="answer" data-once="true">{_csrf(viewer)}'
                 f'<label>Reason (required) <textarea name="reason" id="reason" required '
                 f'maxlength="500"></textarea></label>'
-                f'<button type="submit" id="reject">Reject</button></form>')
+                f'<button type="submit" id="reject">Reject</button></form>'
+            )
     return layout(f"Proposal {p['action']}", "".join(parts), viewer)
 
 
-def decision_page(viewer: Viewer, d: dict[str, Any], *, now: datetime,
-                  answered: str = "") -> str:
+def decision_page(viewer: Viewer, d: dict[str, Any], *, now: datetime, answered: str = "") -> str:
     """A decision waiting for a person, with only the answers its case allows."""
-    labels = {"once": "Allow once", "always": "Always allow (this agent, this family)",
-              "deny": "Deny"}
-    parts = [f'<h1>Decision: {h(d["tool"])}</h1>']
+    labels = {
+        "once": "Allow once",
+        "always": "Always allow (this agent, this family)",
+        "deny": "Deny",
+    }
+    parts = [f"<h1>Decision: {h(d['tool'])}</h1>"]
     if answered:
         parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
     parts.append(
@@ -284,44 +358,62 @@ def decision_page(viewer: Viewer, d: dict[str, Any], *, now: datetime,
         f'<tr><th scope="row">Asked</th><td>{h(ago(d["created_at"], now))} ago</td></tr>'
         f'<tr><th scope="row">Time left</th><td>{h(time_left(d.get("deadline"), now))}</td>'
         f'</tr><tr><th scope="row">Run</th><td><a href="/console/runs/{h(d["run_id"])}">'
-        f'{h(d["run_id"])}</a></td></tr></table>')
+        f"{h(d['run_id'])}</a></td></tr></table>"
+    )
     if "approver" in viewer.roles and not answered:
         buttons = "".join(
             f'<button type="submit" name="answer" value="{h(o)}" id="answer-{h(o)}">'
-            f'{h(labels.get(o, o))}</button>' for o in d["options"])
+            f"{h(labels.get(o, o))}</button>"
+            for o in d["options"]
+        )
         parts.append(
             f'<form method="post" action="/console/decisions/{h(d["pending_id"])}" '
             f'class="answer" data-once="true">{_csrf(viewer)}'
-            f'<label>Reason <input name="reason" maxlength="500"></label>{buttons}</form>')
+            f'<label>Reason <input name="reason" maxlength="500"></label>{buttons}</form>'
+        )
     return layout(f"Decision {d['tool']}", "".join(parts), viewer)
 
 
 def evidence_list(run: dict[str, Any] | None) -> str:
     """The documents the run was given, marked untrusted (titles only)."""
     if run is None:
-        return ('<h2>Evidence</h2><p id="evidence">A host\'s own command: no run of an agent, '
-                'no evidence.</p>')
-    items = "".join(f'<li>{h(e["title"])} <small>({h(e["kind"])} {h(e["document_id"])}, '
-                    f'{h(e.get("trust", "untrusted"))})</small></li>'
-                    for e in run.get("evidence") or [])
-    return (f'<h2>Evidence</h2><ul id="evidence">{items or "<li>none</li>"}</ul>')
+        return (
+            '<h2>Evidence</h2><p id="evidence">A host\'s own command: no run of an agent, '
+            "no evidence.</p>"
+        )
+    items = "".join(
+        f"<li>{h(e['title'])} <small>({h(e['kind'])} {h(e['document_id'])}, "
+        f"{h(e.get('trust', 'untrusted'))})</small></li>"
+        for e in run.get("evidence") or []
+    )
+    return f'<h2>Evidence</h2><ul id="evidence">{items or "<li>none</li>"}</ul>'
 
 
 def run_status(run: dict[str, Any]) -> str:
     """The run's state; the page polls it and reloads when it moves."""
-    return (f'<p id="run-status" class="state-{h(run["status"])}" '
-            f'data-status="{h(run["status"])}" data-poll="/console/runs/{h(run["run_id"])}'
-            f'/status">{h(run["agent"])} · <strong>{h(run["status"])}</strong></p>')
+    return (
+        f'<p id="run-status" class="state-{h(run["status"])}" '
+        f'data-status="{h(run["status"])}" data-poll="/console/runs/{h(run["run_id"])}'
+        f'/status">{h(run["agent"])} · <strong>{h(run["status"])}</strong></p>'
+    )
 
 
-def run_page(viewer: Viewer, run: dict[str, Any], steps: list[dict[str, Any]], *,
-             journals: dict[str, Any] | None, replay: dict[str, Any] | None) -> str:
+def run_page(
+    viewer: Viewer,
+    run: dict[str, Any],
+    steps: list[dict[str, Any]],
+    *,
+    journals: dict[str, Any] | None,
+    replay: dict[str, Any] | None,
+) -> str:
     """A run: its timeline, its actions and outcomes, and (for auditors) the journal."""
     rid = h(run["run_id"])
-    parts = [f'<h1>Run {rid}</h1>{run_status(run)}']
+    parts = [f"<h1>Run {rid}</h1>{run_status(run)}"]
     if run.get("error"):
-        parts.append(f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
-                     f'{h(run["error"]["message"])}</p>')
+        parts.append(
+            f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
+            f"{h(run['error']['message'])}</p>"
+        )
     if run.get("answer"):
         parts.append(f'<p id="run-answer">{h(run["answer"])}</p>')
     if run.get("pending_id"):
@@ -335,49 +427,65 @@ def run_page(viewer: Viewer, run: dict[str, Any], steps: list[dict[str, Any]], *
         parts.append(f'<p>Waiting for a person: <a href="{pending_href}">{h(pending)}</a></p>')
     parts.append(evidence_list(run))
     rows = "".join(
-        f'<tr><td>{h(s["seq"])}</td><td>{h(s["kind"])}</td><td>{h(s.get("decision"))}</td>'
-        f'<td>{h(s.get("target"))}</td><td>{h(s.get("verdict"))}</td>'
-        f'<td>{h(s.get("summary"))}</td></tr>' for s in steps)
-    parts.append('<h2>Timeline</h2><table class="timeline" id="timeline"><thead><tr><th>#</th>'
-                 '<th>Step</th><th>Decision</th><th>Target</th><th>Verdict</th><th>Summary'
-                 f'</th></tr></thead><tbody>{rows}</tbody></table>')
+        f"<tr><td>{h(s['seq'])}</td><td>{h(s['kind'])}</td><td>{h(s.get('decision'))}</td>"
+        f"<td>{h(s.get('target'))}</td><td>{h(s.get('verdict'))}</td>"
+        f"<td>{h(s.get('summary'))}</td></tr>"
+        for s in steps
+    )
+    parts.append(
+        '<h2>Timeline</h2><table class="timeline" id="timeline"><thead><tr><th>#</th>'
+        "<th>Step</th><th>Decision</th><th>Target</th><th>Verdict</th><th>Summary"
+        f"</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
     actions = "".join(
-        f'<tr><td>{h(a["action"])}</td><td>{h(a["operation_id"])}</td><td>{h(a["state"])}'
-        f'</td><td>{h(a.get("outcome"))}</td><td>{h(a.get("receipt"))}</td>'
-        f'<td>{h(a.get("reason") or a.get("correlation_id"))}</td></tr>'
-        for a in run.get("actions") or [])
-    parts.append('<h2>Actions</h2><table class="actions" id="actions"><thead><tr><th>Action'
-                 '</th><th>Operation</th><th>State</th><th>Outcome</th><th>Receipt</th>'
-                 f'<th>Why</th></tr></thead><tbody>{actions}</tbody></table>')
+        f"<tr><td>{h(a['action'])}</td><td>{h(a['operation_id'])}</td><td>{h(a['state'])}"
+        f"</td><td>{h(a.get('outcome'))}</td><td>{h(a.get('receipt'))}</td>"
+        f"<td>{h(a.get('reason') or a.get('correlation_id'))}</td></tr>"
+        for a in run.get("actions") or []
+    )
+    parts.append(
+        '<h2>Actions</h2><table class="actions" id="actions"><thead><tr><th>Action'
+        "</th><th>Operation</th><th>State</th><th>Outcome</th><th>Receipt</th>"
+        f"<th>Why</th></tr></thead><tbody>{actions}</tbody></table>"
+    )
     if journals is not None:
         lines = "".join(
-            f'<li>{h(j["service"])}: {"ok" if j["ok"] else "NOT OK"} ({h(j.get("entries"))} '
-            f'entries{", " + h(j["first_problem"]) if j.get("first_problem") else ""})</li>'
-            for j in journals.get("journals", []))
+            f"<li>{h(j['service'])}: {'ok' if j['ok'] else 'NOT OK'} ({h(j.get('entries'))} "
+            f"entries{', ' + h(j['first_problem']) if j.get('first_problem') else ''})</li>"
+            for j in journals.get("journals", [])
+        )
         verdict = "verified" if journals.get("ok") else "NOT verified"
-        parts.append(f'<h2>Audit journal</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
-                     f'<form method="post" action="/console/runs/{rid}/replay">'
-                     f'{_csrf(viewer)}<button type="submit" id="replay">Replay this run'
-                     f'</button></form>')
+        parts.append(
+            f'<h2>Audit journal</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
+            f'<form method="post" action="/console/runs/{rid}/replay">'
+            f'{_csrf(viewer)}<button type="submit" id="replay">Replay this run'
+            f"</button></form>"
+        )
     if replay is not None:
-        found = "".join(f'<li>step {h(d.get("step"))}: expected {h(d["expected"])}, found '
-                        f'{h(d["found"])}</li>' for d in replay.get("divergences", []))
+        found = "".join(
+            f"<li>step {h(d.get('step'))}: expected {h(d['expected'])}, found {h(d['found'])}</li>"
+            for d in replay.get("divergences", [])
+        )
         missing = "".join(f"<li>missing {h(m)}</li>" for m in replay.get("missing", []))
-        parts.append(f'<h2>Replay</h2><p id="replay-verdict">{h(replay["verdict"])} '
-                     f'({h(replay.get("entries"))} entries replayed)</p>'
-                     f'<ul>{found}{missing}</ul>')
+        parts.append(
+            f'<h2>Replay</h2><p id="replay-verdict">{h(replay["verdict"])} '
+            f"({h(replay.get('entries'))} entries replayed)</p>"
+            f"<ul>{found}{missing}</ul>"
+        )
     return layout(f"Run {run['run_id']}", "".join(parts), viewer)
 
 
 def review_page(viewer: Viewer, pending_id: str, *, answered: str = "") -> str:
     """A review the run's agent asked for: approve or reject it, with a comment the run reads
     as an observation."""
-    parts = [f'<h1>Review {h(pending_id)}</h1>']
+    parts = [f"<h1>Review {h(pending_id)}</h1>"]
     if answered:
         parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
     run_id = pending_id.removeprefix("review-").rsplit("-", 1)[0]
-    parts.append(f'<p>The agent of run <a href="/console/runs/{h(run_id)}">{h(run_id)}</a> '
-                 'asks a person to review its work before it goes on.</p>')
+    parts.append(
+        f'<p>The agent of run <a href="/console/runs/{h(run_id)}">{h(run_id)}</a> '
+        "asks a person to review its work before it goes on.</p>"
+    )
     if "approver" in viewer.roles and not answered:
         parts.append(
             f'<form method="post" action="/console/reviews/{h(pending_id)}" class="answer" '
@@ -385,5 +493,6 @@ def review_page(viewer: Viewer, pending_id: str, *, answered: str = "") -> str:
             f'maxlength="500"></textarea></label>'
             '<button type="submit" name="answer" value="approve" id="review-approve">Approve'
             '</button><button type="submit" name="answer" value="reject" id="review-reject">'
-            'Reject</button></form>')
+            "Reject</button></form>"
+        )
     return layout(f"Review {pending_id}", "".join(parts), viewer)

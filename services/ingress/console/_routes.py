@@ -23,15 +23,23 @@ from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE
 __all__ = ["CSP", "console_router"]
 
 # No inline script or style, nothing from elsewhere, no framing, forms only to the console.
-CSP: Final = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-              "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
-              "base-uri 'none'")
-_HEADERS: Final = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
-                   "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY",
-                   "Cache-Control": "no-store"}
+CSP: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'"
+)
+_HEADERS: Final = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
 _STATIC: Final = Path(__file__).parent / "static"
-_TYPES: Final = {"console.js": "text/javascript; charset=utf-8",
-                 "console.css": "text/css; charset=utf-8"}
+_TYPES: Final = {
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+}
 _MAX_TOKEN: Final = 8192
 _ANSWERED: Final = {
     "claimed": "Approved: the one execution started.",
@@ -65,10 +73,20 @@ class _Bad(Exception):
         self.status, self.title, self.text = status, title, text
 
 
-def _html(body: str, status: int = 200, *, cookies: list[Cookie] | None = None,
-          headers: dict[str, str] | None = None) -> Response[str]:
-    return Response(body, status_code=status, media_type="text/html; charset=utf-8",
-                    headers={**_HEADERS, **(headers or {})}, cookies=cookies or [])
+def _html(
+    body: str,
+    status: int = 200,
+    *,
+    cookies: list[Cookie] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response[str]:
+    return Response(
+        body,
+        status_code=status,
+        media_type="text/html; charset=utf-8",
+        headers={**_HEADERS, **(headers or {})},
+        cookies=cookies or [],
+    )
 
 
 def console_router(sessions: Sessions, client: ApiClient) -> Router:
@@ -79,16 +97,23 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         try:
             return await sessions.viewer(request)
         except Refused as exc:
-            raise _Bad(exc.status, "Not signed in" if exc.status == 401 else "Not allowed",
-                       f"{exc.reason}. The console takes your identity from your organisation's "
-                       "sign-in proxy; locally, `writ console` prints a one-time link.") from exc
+            raise _Bad(
+                exc.status,
+                "Not signed in" if exc.status == 401 else "Not allowed",
+                f"{exc.reason}. The console takes your identity from your organisation's "
+                "sign-in proxy; locally, `writ console` prints a one-time link.",
+            ) from exc
 
     async def _form(request: Request[Any, Any, Any], viewer: Viewer, kind: type[Any]) -> Any:
         raw = dict(await request.form())
         sent = raw.get("csrf")
         if not isinstance(sent, str) or not viewer.csrf_ok(sent):
-            raise _Bad(403, "Refused", "this form's CSRF token is missing or wrong: nothing "
-                                       "was done. Reload the page and answer again.")
+            raise _Bad(
+                403,
+                "Refused",
+                "this form's CSRF token is missing or wrong: nothing "
+                "was done. Reload the page and answer again.",
+            )
         try:
             return msgspec.convert(raw, kind, strict=False)
         except msgspec.ValidationError as exc:
@@ -96,6 +121,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     def _page(handler: Any) -> Any:
         """Render refusals as pages (the wrapped handler returns a page's HTML)."""
+
         async def wrapped(request: Request[Any, Any, Any], **kw: Any) -> Response[str]:
             viewer: Viewer | None = None
             try:
@@ -103,13 +129,16 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 return await handler(request, viewer, **kw)
             except _Bad as exc:
                 return _html(pages.message_page(exc.title, exc.text, viewer), exc.status)
+
         # Litestar reads the route's parameters from the signature: the handler's, without
         # the viewer this wrapper supplies.
         signature = inspect.signature(handler)
         wrapped.__signature__ = signature.replace(  # type: ignore[attr-defined]
-            parameters=[v for k, v in signature.parameters.items() if k != "viewer"])
-        wrapped.__annotations__ = {k: v for k, v in handler.__annotations__.items()
-                                   if k != "viewer"}
+            parameters=[v for k, v in signature.parameters.items() if k != "viewer"]
+        )
+        wrapped.__annotations__ = {
+            k: v for k, v in handler.__annotations__.items() if k != "viewer"
+        }
         wrapped.__name__, wrapped.__doc__ = handler.__name__, handler.__doc__
         return wrapped
 
@@ -119,8 +148,9 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             return _Bad(404, "Not found", f"no {what} of your tenant under this id")
         return _Bad(answer.status, "Refused", answer.problem)
 
-    async def _inbox_items(viewer: Viewer, kind: str, agent: str
-                           ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    async def _inbox_items(
+        viewer: Viewer, kind: str, agent: str
+    ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
         items: list[dict[str, Any]] = []
         problems: list[str] = []
         if APPROVER_ROLE not in viewer.roles:
@@ -131,30 +161,53 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         if got_p.ok:
             for p in got_p.body["proposals"]:
                 asked_by_proposal.add(p.get("decision_id") or "")
-                items.append({"kind": "proposal", "id": p["proposal_id"], "agent": p.get("agent"),
-                              "what": p["action"], "requester": p.get("requester"),
-                              "created_at": p.get("created_at"),
-                              "expires_at": p.get("expires_at"),
-                              "href": f"/console/proposals/{p['proposal_id']}"})
+                items.append(
+                    {
+                        "kind": "proposal",
+                        "id": p["proposal_id"],
+                        "agent": p.get("agent"),
+                        "what": p["action"],
+                        "requester": p.get("requester"),
+                        "created_at": p.get("created_at"),
+                        "expires_at": p.get("expires_at"),
+                        "href": f"/console/proposals/{p['proposal_id']}",
+                    }
+                )
         else:
             problems.append(f"proposals: {got_p.problem}")
         if got_d.ok:
             for d in got_d.body["decisions"]:
                 if d["pending_id"] in asked_by_proposal:
                     continue  # shown as its proposal: approved by the proposal's id
-                items.append({"kind": "decision", "id": d["pending_id"], "agent": d["agent"],
-                              "what": d["tool"], "requester": d["principal"],
-                              "created_at": d["created_at"], "expires_at": d.get("deadline"),
-                              "href": f"/console/decisions/{d['pending_id']}"})
+                items.append(
+                    {
+                        "kind": "decision",
+                        "id": d["pending_id"],
+                        "agent": d["agent"],
+                        "what": d["tool"],
+                        "requester": d["principal"],
+                        "created_at": d["created_at"],
+                        "expires_at": d.get("deadline"),
+                        "href": f"/console/decisions/{d['pending_id']}",
+                    }
+                )
         else:
             problems.append(f"decisions: {got_d.problem}")
         got_r = await client.get(viewer, "/reviews")
         if got_r.ok:
             for r in got_r.body["reviews"]:
-                items.append({"kind": "review", "id": r["pending_id"], "agent": r["agent"],
-                              "what": "review of its work", "requester": r["principal"],
-                              "created_at": r["since"], "expires_at": None,
-                              "href": f"/console/reviews/{r['pending_id']}"})
+                items.append(
+                    {
+                        "kind": "review",
+                        "id": r["pending_id"],
+                        "agent": r["agent"],
+                        "what": "review of its work",
+                        "requester": r["principal"],
+                        "created_at": r["since"],
+                        "expires_at": None,
+                        "href": f"/console/reviews/{r['pending_id']}",
+                    }
+                )
         else:
             problems.append(f"reviews: {got_r.problem}")
         agents = sorted({str(i["agent"]) for i in items if i["agent"]})
@@ -168,8 +221,17 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         """Everything waiting for the viewer."""
         kind, agent = _filters(request)
         items, agents, problems = await _inbox_items(viewer, kind, agent)
-        return _html(pages.inbox_page(viewer, items, kind=kind, agent=agent, agents=agents,
-                                      problems=problems, now=datetime.now(UTC)))
+        return _html(
+            pages.inbox_page(
+                viewer,
+                items,
+                kind=kind,
+                agent=agent,
+                agents=agents,
+                problems=problems,
+                now=datetime.now(UTC),
+            )
+        )
 
     @get("/inbox/rows", include_in_schema=False)
     @_page
@@ -192,23 +254,27 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     @get("/proposals/{proposal_id:str}", include_in_schema=False)
     @_page
-    async def proposal(request: Request[Any, Any, Any], viewer: Viewer,
-                       proposal_id: str) -> Response[str]:
+    async def proposal(
+        request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str
+    ) -> Response[str]:
         """One proposal, in words."""
         p = await _proposal(viewer, proposal_id)
-        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC),
-                                         run=await _run_of(viewer, p)))
+        return _html(
+            pages.proposal_page(viewer, p, now=datetime.now(UTC), run=await _run_of(viewer, p))
+        )
 
     @get("/proposals/{proposal_id:str}/outcome", include_in_schema=False)
     @_page
-    async def outcome(request: Request[Any, Any, Any], viewer: Viewer,
-                      proposal_id: str) -> Response[str]:
+    async def outcome(
+        request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str
+    ) -> Response[str]:
         """Where the proposal stands, for the page to follow."""
         p = await _proposal(viewer, proposal_id)
         return _html(pages.outcome_box(p, datetime.now(UTC)))
 
-    async def _answer_proposal(request: Request[Any, Any, Any], viewer: Viewer,
-                               proposal_id: str, answer: str) -> Response[str]:
+    async def _answer_proposal(
+        request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str, answer: str
+    ) -> Response[str]:
         if answer == "approve":
             await _form(request, viewer, _Form)
             body: dict[str, Any] = {}
@@ -216,33 +282,41 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             body = {"reason": (await _form(request, viewer, _RejectForm)).reason}
         # The proposal's id and, to reject, a reason: nothing that was approved is sent
         # again. A fresh key per click: admission's one claim says which click executes.
-        got = await client.post(viewer, f"/proposals/{proposal_id}/{answer}", body,
-                                key=str(uuid.uuid4()))
+        got = await client.post(
+            viewer, f"/proposals/{proposal_id}/{answer}", body, key=str(uuid.uuid4())
+        )
         if not got.ok:
-            if got.status in (400, 404) and isinstance(got.body, dict) and (
-                    got.body.get("code") in ("NOT_FOUND", None)):
+            if (
+                got.status in (400, 404)
+                and isinstance(got.body, dict)
+                and (got.body.get("code") in ("NOT_FOUND", None))
+            ):
                 raise _not_found(got, "proposal")
             said = f"Nothing was done — {got.problem}"
         elif got.body["status"] == "not_approvable":
-            said = (f"Not {answer}d — {got.body.get('code')}: "
-                    f"{got.body.get('reason') or ''}")
+            said = f"Not {answer}d — {got.body.get('code')}: {got.body.get('reason') or ''}"
         else:
             said = _ANSWERED[got.body["status"]]
         p = await _proposal(viewer, proposal_id)
-        return _html(pages.proposal_page(viewer, p, now=datetime.now(UTC), answered=said,
-                                         run=await _run_of(viewer, p)))
+        return _html(
+            pages.proposal_page(
+                viewer, p, now=datetime.now(UTC), answered=said, run=await _run_of(viewer, p)
+            )
+        )
 
     @post("/proposals/{proposal_id:str}/approve", include_in_schema=False, status_code=200)
     @_page
-    async def approve(request: Request[Any, Any, Any], viewer: Viewer,
-                      proposal_id: str) -> Response[str]:
+    async def approve(
+        request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str
+    ) -> Response[str]:
         """Approve exactly the frozen proposal, by its id."""
         return await _answer_proposal(request, viewer, proposal_id, "approve")
 
     @post("/proposals/{proposal_id:str}/reject", include_in_schema=False, status_code=200)
     @_page
-    async def reject(request: Request[Any, Any, Any], viewer: Viewer,
-                     proposal_id: str) -> Response[str]:
+    async def reject(
+        request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str
+    ) -> Response[str]:
         """Reject a proposal, with a reason."""
         return await _answer_proposal(request, viewer, proposal_id, "reject")
 
@@ -254,8 +328,9 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     @get("/decisions/{pending_id:str}", include_in_schema=False)
     @_page
-    async def decision(request: Request[Any, Any, Any], viewer: Viewer,
-                       pending_id: str) -> Response[str]:
+    async def decision(
+        request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
+    ) -> Response[str]:
         """A pending decision and the answers its case allows."""
         d = await _decision(viewer, pending_id)
         if d is None:
@@ -264,47 +339,67 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
     @_page
-    async def decide(request: Request[Any, Any, Any], viewer: Viewer,
-                     pending_id: str) -> Response[str]:
+    async def decide(
+        request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
+    ) -> Response[str]:
         """Answer a pending decision."""
         form = await _form(request, viewer, _DecideForm)
         d = await _decision(viewer, pending_id)
         if d is None:
             raise _Bad(404, "Not found", "no decision of your tenant is waiting under this id")
-        got = await client.post(viewer, "/pending-decisions/decide", {
-            "pending_id": pending_id, "answer": form.answer, "reason": form.reason},
-            key=str(uuid.uuid4()))
+        got = await client.post(
+            viewer,
+            "/pending-decisions/decide",
+            {"pending_id": pending_id, "answer": form.answer, "reason": form.reason},
+            key=str(uuid.uuid4()),
+        )
         if got.ok:
-            said = (f"Answered {form.answer}." if got.body.get("accepted") else
-                    f"Not taken — {got.body.get('code')}: {got.body.get('message')}")
+            said = (
+                f"Answered {form.answer}."
+                if got.body.get("accepted")
+                else f"Not taken — {got.body.get('code')}: {got.body.get('message')}"
+            )
         else:
             said = f"Nothing was done — {got.problem}"
         return _html(pages.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
 
     @get("/reviews/{pending_id:str}", include_in_schema=False)
     @_page
-    async def review(request: Request[Any, Any, Any], viewer: Viewer,
-                     pending_id: str) -> Response[str]:
+    async def review(
+        request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
+    ) -> Response[str]:
         """A review the run's agent asked for."""
         return _html(pages.review_page(viewer, pending_id))
 
     @post("/reviews/{pending_id:str}", include_in_schema=False, status_code=200)
     @_page
-    async def answer_review(request: Request[Any, Any, Any], viewer: Viewer,
-                            pending_id: str) -> Response[str]:
+    async def answer_review(
+        request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
+    ) -> Response[str]:
         """Approve or reject a review, with a comment."""
         form = await _form(request, viewer, _ReviewForm)
-        got = await client.post(viewer, f"/reviews/{pending_id}", {
-            "answer": form.answer, "comment": form.comment}, key=str(uuid.uuid4()))
+        got = await client.post(
+            viewer,
+            f"/reviews/{pending_id}",
+            {"answer": form.answer, "comment": form.comment},
+            key=str(uuid.uuid4()),
+        )
         if got.ok:
-            said = (f"Answered {form.answer}." if got.body.get("accepted") else
-                    f"Not taken — {got.body.get('code')}: {got.body.get('message', '')}")
+            said = (
+                f"Answered {form.answer}."
+                if got.body.get("accepted")
+                else f"Not taken — {got.body.get('code')}: {got.body.get('message', '')}"
+            )
         else:
             said = f"Nothing was done — {got.problem}"
         return _html(pages.review_page(viewer, pending_id, answered=said))
 
-    async def _run(request: Request[Any, Any, Any], viewer: Viewer, run_id: str,
-                   replay: dict[str, Any] | None = None) -> Response[str]:
+    async def _run(
+        request: Request[Any, Any, Any],
+        viewer: Viewer,
+        run_id: str,
+        replay: dict[str, Any] | None = None,
+    ) -> Response[str]:
         got = await client.get(viewer, f"/runs/{run_id}")
         if not got.ok:
             raise _not_found(got, "run")
@@ -313,14 +408,15 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         if AUDITOR_ROLE in viewer.roles:
             verified = await client.get(viewer, "/audit/verify")
             journals = verified.body if verified.ok else {"ok": False, "journals": []}
-        return _html(pages.run_page(viewer, got.body, steps, journals=journals,
-                                    replay=replay))
+        return _html(pages.run_page(viewer, got.body, steps, journals=journals, replay=replay))
 
     @get("/runs", include_in_schema=False)
     @_page
-    async def find_run(request: Request[Any, Any, Any], viewer: Viewer,
-                       run_id: Annotated[str, QueryParameter(max_length=128)] = ""
-                       ) -> Response[str]:
+    async def find_run(
+        request: Request[Any, Any, Any],
+        viewer: Viewer,
+        run_id: Annotated[str, QueryParameter(max_length=128)] = "",
+    ) -> Response[str]:
         """A run by its id (the inbox's form): its page."""
         if not run_id:
             raise _Bad(404, "Not found", "no run of your tenant under this id")
@@ -328,15 +424,15 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     @get("/runs/{run_id:str}", include_in_schema=False)
     @_page
-    async def run(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
-                  ) -> Response[str]:
+    async def run(request: Request[Any, Any, Any], viewer: Viewer, run_id: str) -> Response[str]:
         """A run's timeline, actions and outcomes; the journal for auditors."""
         return await _run(request, viewer, run_id)
 
     @get("/runs/{run_id:str}/status", include_in_schema=False)
     @_page
-    async def run_state(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
-                        ) -> Response[str]:
+    async def run_state(
+        request: Request[Any, Any, Any], viewer: Viewer, run_id: str
+    ) -> Response[str]:
         """Where the run stands, for its page to follow."""
         got = await client.get(viewer, f"/runs/{run_id}")
         if not got.ok:
@@ -345,8 +441,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
 
     @post("/runs/{run_id:str}/replay", include_in_schema=False, status_code=200)
     @_page
-    async def replay(request: Request[Any, Any, Any], viewer: Viewer, run_id: str
-                     ) -> Response[str]:
+    async def replay(request: Request[Any, Any, Any], viewer: Viewer, run_id: str) -> Response[str]:
         """Replay the run offline from the journal (auditors)."""
         await _form(request, viewer, _Form)
         got = await client.post(viewer, f"/audit/replay/{run_id}", None)
@@ -355,9 +450,10 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         return await _run(request, viewer, run_id, replay=got.body)
 
     @get("/sign-in", include_in_schema=False)
-    async def sign_in(request: Request[Any, Any, Any],
-                      token: Annotated[str, QueryParameter(max_length=_MAX_TOKEN)] = ""
-                      ) -> Response[str]:
+    async def sign_in(
+        request: Request[Any, Any, Any],
+        token: Annotated[str, QueryParameter(max_length=_MAX_TOKEN)] = "",
+    ) -> Response[str]:
         """Use a one-time sign-in link: a session bound to the token's expiry."""
         try:
             session_id, viewer = await sessions.sign_in(token)
@@ -365,11 +461,23 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             return _html(pages.message_page("Sign-in refused", exc.reason), exc.status)
         max_age = max(1, int(viewer.expires - datetime.now(UTC).timestamp()))
         secure = request.url.scheme == "https" or (
-            request.headers.get("x-forwarded-proto", "") == "https")
-        cookie = Cookie(key=COOKIE, value=session_id, path="/console", max_age=max_age,
-                        httponly=True, samesite="strict", secure=secure)
-        return _html(pages.message_page("Signed in", "Opening your inbox…"), 303,
-                     cookies=[cookie], headers={"Location": "/console/"})
+            request.headers.get("x-forwarded-proto", "") == "https"
+        )
+        cookie = Cookie(
+            key=COOKIE,
+            value=session_id,
+            path="/console",
+            max_age=max_age,
+            httponly=True,
+            samesite="strict",
+            secure=secure,
+        )
+        return _html(
+            pages.message_page("Signed in", "Opening your inbox…"),
+            303,
+            cookies=[cookie],
+            headers={"Location": "/console/"},
+        )
 
     @post("/sign-out", include_in_schema=False, status_code=200)
     @_page
@@ -377,22 +485,44 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         """End the session."""
         await _form(request, viewer, _Form)
         await sessions.sign_out(request)
-        gone = Cookie(key=COOKIE, value="", path="/console", max_age=0, httponly=True,
-                      samesite="strict")
+        gone = Cookie(
+            key=COOKIE, value="", path="/console", max_age=0, httponly=True, samesite="strict"
+        )
         return _html(pages.message_page("Signed out", "Your session ended."), cookies=[gone])
 
     @get("/static/{name:str}", include_in_schema=False)
     async def asset(name: FromPath[str]) -> Response[bytes]:
         """The console's script and style sheet."""
         if name not in static:
-            return Response(b"not found", status_code=404, media_type="text/plain",
-                            headers=_HEADERS)
-        return Response(static[name], media_type=_TYPES[name],
-                        headers={**_HEADERS, "Cache-Control": "no-cache"})
+            return Response(
+                b"not found", status_code=404, media_type="text/plain", headers=_HEADERS
+            )
+        return Response(
+            static[name], media_type=_TYPES[name], headers={**_HEADERS, "Cache-Control": "no-cache"}
+        )
 
-    return Router("/console", route_handlers=[
-        inbox, inbox_rows, proposal, outcome, approve, reject, decision, decide, review,
-        answer_review, find_run, run, run_state, replay, sign_in, sign_out, asset])
+    return Router(
+        "/console",
+        route_handlers=[
+            inbox,
+            inbox_rows,
+            proposal,
+            outcome,
+            approve,
+            reject,
+            decision,
+            decide,
+            review,
+            answer_review,
+            find_run,
+            run,
+            run_state,
+            replay,
+            sign_in,
+            sign_out,
+            asset,
+        ],
+    )
 
 
 def _filters(request: Request[Any, Any, Any]) -> tuple[str, str]:

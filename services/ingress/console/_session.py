@@ -91,14 +91,25 @@ class Sessions:
         self._decoder = msgspec.json.Decoder(_Session)
 
     @classmethod
-    async def open(cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET,
-                   replicas: int = 1) -> Sessions:
+    async def open(
+        cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET, replicas: int = 1
+    ) -> Sessions:
         """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS, as the
         Idempotency-Key bucket); entries outlive the longest token a little."""
-        return cls(await open_bucket(js, KeyValueConfig(
-            bucket=bucket, history=1, ttl=MAX_TOKEN_TTL_S + 300, max_value_size=16 * 1024,
-            description="The approval console's sessions and used sign-in links"),
-            replicas=replicas), door)
+        return cls(
+            await open_bucket(
+                js,
+                KeyValueConfig(
+                    bucket=bucket,
+                    history=1,
+                    ttl=MAX_TOKEN_TTL_S + 300,
+                    max_value_size=16 * 1024,
+                    description="The approval console's sessions and used sign-in links",
+                ),
+                replicas=replicas,
+            ),
+            door,
+        )
 
     def verify(self, token: str) -> Viewer:
         """The viewer a token names (signature, audience, expiry and lifetime checked as the
@@ -109,11 +120,17 @@ class Sessions:
             raise Refused(f"{checked.code}: {checked.message}"[:300])
         principal, roles = checked
         if not CONSOLE_ROLES & set(roles):
-            raise Refused("this console is for approvers and auditors: the token has neither "
-                          "role", status=403)
+            raise Refused(
+                "this console is for approvers and auditors: the token has neither role", status=403
+            )
         claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
-        return Viewer(tenant=tenant, principal=principal, roles=frozenset(roles), token=token,
-                      expires=float(claims["exp"]))
+        return Viewer(
+            tenant=tenant,
+            principal=principal,
+            roles=frozenset(roles),
+            token=token,
+            expires=float(claims["exp"]),
+        )
 
     async def sign_in(self, token: str) -> tuple[str, Viewer]:
         """Use a one-time sign-in link: a new session's id and its viewer.
@@ -127,8 +144,10 @@ class Sessions:
         except KeyWrongLastSequenceError:
             raise Refused("this sign-in link was used already; ask for a new one") from None
         session_id = secrets.token_urlsafe(32)
-        await self._kv.put(f"session.{_digest(session_id)}", msgspec.json.encode(
-            _Session(token=token, expires=viewer.expires)))
+        await self._kv.put(
+            f"session.{_digest(session_id)}",
+            msgspec.json.encode(_Session(token=token, expires=viewer.expires)),
+        )
         return session_id, viewer
 
     async def viewer(self, request: Request[Any, Any, Any]) -> Viewer:

@@ -7,5 +7,13 @@ from services.ingress.http._app import PREFIX, build_app, openapi_document
 from services.ingress.http._problems import ApiError
 from services.ingress.http._server import HttpServer
 
-__all__ = ["PREFIX", "Api", "ApiError", "Caller", "Door", "HttpServer", "build_app",
-           "openapi_document"]
+__all__ = [
+    "PREFIX",
+    "Api",
+    "ApiError",
+    "Caller",
+    "Door",
+    "HttpServer",
+    "build_app",
+    "openapi_document",
+]

@@ -28,11 +28,13 @@ _REPLY_CODES: Final = {"400": "INVALID_REQUEST", "404": "NOT_FOUND", "409": "CON
 class Door(Protocol):
     """What the HTTP API needs of the ingress service: the NATS door's own steps."""
 
-    def verify(self, kind: str, body: bytes, *, tenant: str,
-               request_id: str | None) -> Verified | Rejection: ...
+    def verify(
+        self, kind: str, body: bytes, *, tenant: str, request_id: str | None
+    ) -> Verified | Rejection: ...
 
-    def check_token(self, token: str, *, tenant: str, request_id: str = ""
-                    ) -> tuple[str, list[str]] | Rejection: ...
+    def check_token(
+        self, token: str, *, tenant: str, request_id: str = ""
+    ) -> tuple[str, list[str]] | Rejection: ...
 
     async def hand_on(self, outcome: Verified) -> Any: ...
 
@@ -56,8 +58,15 @@ def _bearer(request: Request[Any, Any, Any]) -> str:
 class Api:
     """The HTTP door's shared steps, over the ingress service's own."""
 
-    def __init__(self, *, door: Door, nc: Client, idempotency: Idempotency,
-                 results: Results, read_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        door: Door,
+        nc: Client,
+        idempotency: Idempotency,
+        results: Results,
+        read_timeout_s: float = 10.0,
+    ) -> None:
         self.door, self.nc, self.idempotency, self.results = door, nc, idempotency, results
         self._read_timeout = read_timeout_s
 
@@ -73,10 +82,15 @@ class Api:
             raise ApiError("FORBIDDEN", f"this needs the {role} role")
         return Caller(tenant=tenant, principal=principal, roles=frozenset(roles))
 
-    async def post(self, request: Request[Any, Any, Any], *, kind: str, body: msgspec.Struct,
-                   build: Callable[[str, str], msgspec.Struct],
-                   answer: Callable[[Verified], Awaitable[tuple[int, msgspec.Struct]]]
-                   ) -> Response[bytes]:
+    async def post(
+        self,
+        request: Request[Any, Any, Any],
+        *,
+        kind: str,
+        body: msgspec.Struct,
+        build: Callable[[str, str], msgspec.Struct],
+        answer: Callable[[Verified], Awaitable[tuple[int, msgspec.Struct]]],
+    ) -> Response[bytes]:
         """One write: rebuild the NATS message (`build(request_id, token)`), verify it as the
         NATS door does, then answer once per Idempotency-Key."""
         token = _bearer(request)
@@ -84,24 +98,33 @@ class Api:
         if not key:
             raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
         message = build(key, token)
-        outcome = self.door.verify(kind, _ENCODER.encode(message), tenant=token_tenant(token),
-                                   request_id=key)
+        outcome = self.door.verify(
+            kind, _ENCODER.encode(message), tenant=token_tenant(token), request_id=key
+        )
         if isinstance(outcome, Rejection):
             raise ApiError(outcome.code, outcome.message)
         print_ = fingerprint(f"{request.method} {request.url.path}", body)
         held = await self.idempotency.claim(outcome.tenant, key, print_)
         if held is not None:
-            return Response(held.body, status_code=held.status, media_type="application/json",
-                            headers={"Idempotent-Replayed": "true"})
+            return Response(
+                held.body,
+                status_code=held.status,
+                media_type="application/json",
+                headers={"Idempotent-Replayed": "true"},
+            )
         status, result = await answer(outcome)
         encoded = _ENCODER.encode(result)
         await self.idempotency.remember(outcome.tenant, key, print_, status, encoded)
         return Response(encoded, status_code=status, media_type="application/json")
 
-    async def write(self, request: Request[Any, Any, Any], *, caller: Caller,
-                    body: msgspec.Struct,
-                    answer: Callable[[], Awaitable[tuple[int, msgspec.Struct]]]
-                    ) -> Response[bytes]:
+    async def write(
+        self,
+        request: Request[Any, Any, Any],
+        *,
+        caller: Caller,
+        body: msgspec.Struct,
+        answer: Callable[[], Awaitable[tuple[int, msgspec.Struct]]],
+    ) -> Response[bytes]:
         """A write with no NATS host message of its own (an operator's): the caller is
         authenticated already; the Idempotency-Key gives the first answer again."""
         key = request.headers.get("idempotency-key")
@@ -110,15 +133,25 @@ class Api:
         print_ = fingerprint(f"{request.method} {request.url.path}", body)
         held = await self.idempotency.claim(caller.tenant, key, print_)
         if held is not None:
-            return Response(held.body, status_code=held.status, media_type="application/json",
-                            headers={"Idempotent-Replayed": "true"})
+            return Response(
+                held.body,
+                status_code=held.status,
+                media_type="application/json",
+                headers={"Idempotent-Replayed": "true"},
+            )
         status, result = await answer()
         encoded = _ENCODER.encode(result)
         await self.idempotency.remember(caller.tenant, key, print_, status, encoded)
         return Response(encoded, status_code=status, media_type="application/json")
 
-    async def ask(self, subject: str, question: msgspec.Struct, reply: type[Any],
-                  *, timeout: float | None = None) -> Any:
+    async def ask(
+        self,
+        subject: str,
+        question: msgspec.Struct,
+        reply: type[Any],
+        *,
+        timeout: float | None = None,
+    ) -> Any:
         """Request/reply to the service that owns the answer.
 
         Raises:
@@ -126,12 +159,15 @@ class Api:
                 nobody answered.
         """
         try:
-            msg = await timed_request(self.nc, subject, _ENCODER.encode(question),
-                                      timeout=timeout or self._read_timeout)
+            msg = await timed_request(
+                self.nc, subject, _ENCODER.encode(question), timeout=timeout or self._read_timeout
+            )
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise ApiError("UNAVAILABLE", f"no answer on {subject}") from exc
         code = (msg.headers or {}).get("Nats-Service-Error-Code")
         if code:
-            raise ApiError(_REPLY_CODES.get(code, "UNAVAILABLE"),
-                           (msg.headers or {}).get("Nats-Service-Error", "")[:300])
+            raise ApiError(
+                _REPLY_CODES.get(code, "UNAVAILABLE"),
+                (msg.headers or {}).get("Nats-Service-Error", "")[:300],
+            )
         return msgspec.json.decode(msg.data, type=reply)

@@ -22,37 +22,67 @@ __all__ = ["PREFIX", "build_app", "openapi_document"]
 PREFIX: Final = "/api/v1"
 
 
-def build_app(api: Api, *, max_body_bytes: int = 64 * 1024,
-              answer_timeout_s: float = 30.0, console: Router | None = None) -> Litestar:
+def build_app(
+    api: Api,
+    *,
+    max_body_bytes: int = 64 * 1024,
+    answer_timeout_s: float = 30.0,
+    console: Router | None = None,
+) -> Litestar:
     """The HTTP door over `api` (building it touches nothing: `make schemas` builds one), and
     the approval console (`/console`, outside the API's contract) when one is given."""
 
     @get("/openapi.json", include_in_schema=False, media_type="application/json")
     async def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
-        return Response(json.dumps(request.app.openapi_schema.to_schema()).encode(),
-                        media_type="application/json")
+        return Response(
+            json.dumps(request.app.openapi_schema.to_schema()).encode(),
+            media_type="application/json",
+        )
 
     @get("/healthz", tags=["operations"], summary="The HTTP door is up")
     async def healthz() -> dict[str, str]:
         """Serving (the bus connection is the process's own readiness, `/readyz`)."""
         return {"status": "ok"}
 
-    router = Router(PREFIX, route_handlers=[
-        openapi, *run_handlers(api, answer_timeout_s=answer_timeout_s),
-        *people_handlers(api, answer_timeout_s=answer_timeout_s), *ops_handlers(api),
-        *session_handlers(api)])
+    router = Router(
+        PREFIX,
+        route_handlers=[
+            openapi,
+            *run_handlers(api, answer_timeout_s=answer_timeout_s),
+            *people_handlers(api, answer_timeout_s=answer_timeout_s),
+            *ops_handlers(api),
+            *session_handlers(api),
+        ],
+    )
     config = OpenAPIConfig(
-        title="Writ host API", version=subjects.HOST_API_VERSION, path=f"{PREFIX}/docs",
+        title="Writ host API",
+        version=subjects.HOST_API_VERSION,
+        path=f"{PREFIX}/docs",
         description="The front door of Writ over HTTP: the same tokens, bounds and code path "
-                    "as the NATS subjects `writ.in.*`. Errors are RFC 9457 problem documents "
-                    "with a stable `code`.",
-        components=Components(security_schemes={
-            "bearer": SecurityScheme(type="http", scheme="bearer", bearer_format="JWT",
-                                     description="The tenant issuer's EdDSA token")}),
-        security=[{"bearer": []}], render_plugins=[], use_handler_docstrings=True)
+        "as the NATS subjects `writ.in.*`. Errors are RFC 9457 problem documents "
+        "with a stable `code`.",
+        components=Components(
+            security_schemes={
+                "bearer": SecurityScheme(
+                    type="http",
+                    scheme="bearer",
+                    bearer_format="JWT",
+                    description="The tenant issuer's EdDSA token",
+                )
+            }
+        ),
+        security=[{"bearer": []}],
+        render_plugins=[],
+        use_handler_docstrings=True,
+    )
     pages = [] if console is None else [console]
-    return Litestar(route_handlers=[router, healthz, *pages], exception_handlers=EXCEPTION_HANDLERS,
-                    openapi_config=config, request_max_body_size=max_body_bytes, debug=False)
+    return Litestar(
+        route_handlers=[router, healthz, *pages],
+        exception_handlers=EXCEPTION_HANDLERS,
+        openapi_config=config,
+        request_max_body_size=max_body_bytes,
+        debug=False,
+    )
 
 
 def openapi_document() -> str:

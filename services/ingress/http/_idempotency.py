@@ -54,9 +54,19 @@ class Idempotency:
     @classmethod
     async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Idempotency:
         """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS)."""
-        return cls(await open_bucket(js, KeyValueConfig(
-            bucket=BUCKET, history=1, ttl=TTL_S, max_value_size=256 * 1024,
-            description="HTTP Idempotency-Key: fingerprint and first answer"), replicas=replicas))
+        return cls(
+            await open_bucket(
+                js,
+                KeyValueConfig(
+                    bucket=BUCKET,
+                    history=1,
+                    ttl=TTL_S,
+                    max_value_size=256 * 1024,
+                    description="HTTP Idempotency-Key: fingerprint and first answer",
+                ),
+                replicas=replicas,
+            )
+        )
 
     @staticmethod
     def _key(tenant: str, key: str) -> str:
@@ -80,14 +90,15 @@ class Idempotency:
             return None  # expired in between: a new first use
         held = self._decoder.decode(entry.value or b"")
         if held.fingerprint != print_:
-            raise ApiError("CONFLICT", "this Idempotency-Key was used with another request; "
-                                       "the first one is untouched")
+            raise ApiError(
+                "CONFLICT",
+                "this Idempotency-Key was used with another request; the first one is untouched",
+            )
         return held if held.status else None
 
-    async def remember(self, tenant: str, key: str, print_: str, status: int,
-                       body: bytes) -> None:
+    async def remember(self, tenant: str, key: str, print_: str, status: int, body: bytes) -> None:
         """Keep the first answer under the key."""
-        await self._kv.put(self._key(tenant, key), self._encoder.encode(
-            Answer(fingerprint=print_, status=status, body=body)))
-
-
+        await self._kv.put(
+            self._key(tenant, key),
+            self._encoder.encode(Answer(fingerprint=print_, status=status, body=body)),
+        )

@@ -41,8 +41,12 @@ log = logging.getLogger("writ.ingress")
 _DECODER: Final = msgspec.json.Decoder(HostRead)
 _ENCODER: Final = msgspec.json.Encoder()
 # The role each read needs, as over HTTP.
-_ROLES: Final = {"pending": APPROVER_ROLE, "proposals": APPROVER_ROLE,
-                 "proposal": APPROVER_ROLE, "replay": AUDITOR_ROLE}
+_ROLES: Final = {
+    "pending": APPROVER_ROLE,
+    "proposals": APPROVER_ROLE,
+    "proposal": APPROVER_ROLE,
+    "replay": AUDITOR_ROLE,
+}
 
 
 def _need(value: str | None, name: str) -> str:
@@ -59,29 +63,44 @@ async def _answer(api: Api, read: str, tenant: str, ask: HostRead) -> msgspec.St
     if role is not None and role not in checked[1]:
         raise ApiError("FORBIDDEN", f"this needs the {role} role")
     if read == "run":
-        return await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=_need(
-            ask.run_id, "run_id")), RunView)
+        return await api.ask(
+            RUN_STATUS, GetRun(tenant=tenant, run_id=_need(ask.run_id, "run_id")), RunView
+        )
     if read == "events":
-        return await api.ask(RUN_EVENTS, GetRunEvents(
-            tenant=tenant, run_id=_need(ask.run_id, "run_id"), after=ask.after), RunEvents)
+        return await api.ask(
+            RUN_EVENTS,
+            GetRunEvents(tenant=tenant, run_id=_need(ask.run_id, "run_id"), after=ask.after),
+            RunEvents,
+        )
     if read == "command":
-        return await api.ask(COMMAND_STATUS, GetCommand(tenant=tenant, operation_key=_need(
-            ask.operation_key, "operation_key")), CommandResult)
+        return await api.ask(
+            COMMAND_STATUS,
+            GetCommand(tenant=tenant, operation_key=_need(ask.operation_key, "operation_key")),
+            CommandResult,
+        )
     if read == "pending":
-        return await api.ask(subjects.PENDING_LIST, ListPending(tenant=tenant),
-                             PendingDecisions)
+        return await api.ask(subjects.PENDING_LIST, ListPending(tenant=tenant), PendingDecisions)
     if read == "proposals":
-        return await api.ask(PROPOSALS_LIST, ListProposals(tenant=tenant, state=ask.state),
-                             Proposals)
+        return await api.ask(
+            PROPOSALS_LIST, ListProposals(tenant=tenant, state=ask.state), Proposals
+        )
     if read == "proposal":
-        return await api.ask(PROPOSAL_GET, GetProposal(tenant=tenant, proposal_id=_need(
-            ask.proposal_id, "proposal_id")), ProposalDetail)
-    return await api.ask(subjects.REPLAY, ReplayRun(tenant=tenant, run_id=_need(
-        ask.run_id, "run_id")), ReplayReport, timeout=30.0)
+        return await api.ask(
+            PROPOSAL_GET,
+            GetProposal(tenant=tenant, proposal_id=_need(ask.proposal_id, "proposal_id")),
+            ProposalDetail,
+        )
+    return await api.ask(
+        subjects.REPLAY,
+        ReplayRun(tenant=tenant, run_id=_need(ask.run_id, "run_id")),
+        ReplayReport,
+        timeout=30.0,
+    )
 
 
-async def answer_host(request: Request, what: str,
-                      answer: Callable[[str], Awaitable[bytes]]) -> None:
+async def answer_host(
+    request: Request, what: str, answer: Callable[[str], Awaitable[bytes]]
+) -> None:
     """Answer a host's request on `writ.api.<tenant>.*` with what `answer(tenant)` encodes,
     or with its error as the HTTP door would say it: 400 undecodable, the ApiError's status
     and code, 500 for anything else (logged, never shown)."""
@@ -90,8 +109,9 @@ async def answer_host(request: Request, what: str,
     except msgspec.DecodeError as exc:
         await request.respond_error("400", f"INVALID_REQUEST: {exc}"[:500])
     except ApiError as exc:
-        await request.respond_error(str(STATUS.get(exc.code, 400)),
-                                    f"{exc.code}: {exc.detail}"[:500])
+        await request.respond_error(
+            str(STATUS.get(exc.code, 400)), f"{exc.code}: {exc.detail}"[:500]
+        )
     except Exception as exc:
         log.warning("host %s failed: %r", what, exc)
         await request.respond_error("500", f"INTERNAL: the {what.split()[0]} failed")
@@ -105,10 +125,15 @@ def nats_read_endpoints(api: Api) -> list[Endpoint]:
     def serve(read: str) -> Any:
         async def handle(request: Request) -> None:
             async def answer(tenant: str) -> bytes:
-                return _ENCODER.encode(await _answer(api, read, tenant,
-                                                     _DECODER.decode(request.data)))
+                return _ENCODER.encode(
+                    await _answer(api, read, tenant, _DECODER.decode(request.data))
+                )
+
             await answer_host(request, f"read {read}", answer)
+
         return handle
 
-    return [Endpoint(f"read_{read}", host_read("*", read), serve(read), concurrency=32)
-            for read in HOST_READS]
+    return [
+        Endpoint(f"read_{read}", host_read("*", read), serve(read), concurrency=32)
+        for read in HOST_READS
+    ]

@@ -43,16 +43,19 @@ _ENCODER: Final = msgspec.json.Encoder()
 _READS: Final = frozenset({"get", "events"})
 
 
-async def read_events(api: Api, tenant: str, session_id: str, *, after: int,
-                      limit: int, wait_s: float = 0.5) -> SessionEventBatch:
+async def read_events(
+    api: Api, tenant: str, session_id: str, *, after: int, limit: int, wait_s: float = 0.5
+) -> SessionEventBatch:
     """The session's events after stream sequence `after` that are there now (at most
     `limit`): read with an ordered consumer until it has nothing pending."""
-    config = (ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                             opt_start_seq=after + 1) if after
-              else ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-    sub = await api.nc.jetstream().subscribe(chat_subject(tenant, session_id),
-                                             stream=CHAT_STREAM, ordered_consumer=True,
-                                             config=config)
+    config = (
+        ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
+        if after
+        else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    )
+    sub = await api.nc.jetstream().subscribe(
+        chat_subject(tenant, session_id), stream=CHAT_STREAM, ordered_consumer=True, config=config
+    )
     events: list[SequencedEvent] = []
     try:
         while len(events) < limit:
@@ -60,24 +63,30 @@ async def read_events(api: Api, tenant: str, session_id: str, *, after: int,
                 msg = await sub.next_msg(timeout=wait_s)
             except (NatsTimeoutError, TimeoutError):
                 break  # nothing there (yet)
-            events.append(SequencedEvent(seq=msg.metadata.sequence.stream,
-                                         event=_EVENT.decode(msg.data)))
+            events.append(
+                SequencedEvent(seq=msg.metadata.sequence.stream, event=_EVENT.decode(msg.data))
+            )
             if msg.metadata.num_pending == 0:
                 break
     finally:
         await sub.unsubscribe()
-    return SessionEventBatch(session_id=session_id, events=events,
-                             last=events[-1].seq if events else after)
+    return SessionEventBatch(
+        session_id=session_id, events=events, last=events[-1].seq if events else after
+    )
 
 
 async def _answer(api: Api, tenant: str, ask: HostSessionOp) -> bytes:
     checked = api.door.check_token(ask.token, tenant=tenant)
     if isinstance(checked, Rejection):
         raise ApiError(checked.code, checked.message)
-    fields = {f: getattr(ask, f) for f in ask.__struct_fields__
-              if f not in ("token", "op", "after", "limit")}
-    op = SessionOp(op="get" if ask.op == "events" else ask.op, tenant=tenant,
-                   principal=checked[0], **fields)
+    fields = {
+        f: getattr(ask, f)
+        for f in ask.__struct_fields__
+        if f not in ("token", "op", "after", "limit")
+    }
+    op = SessionOp(
+        op="get" if ask.op == "events" else ask.op, tenant=tenant, principal=checked[0], **fields
+    )
 
     async def planner() -> SessionReply:
         reply: SessionReply = await api.ask(SESSION_OPS, op, SessionReply)
@@ -89,8 +98,12 @@ async def _answer(api: Api, tenant: str, ask: HostSessionOp) -> bytes:
         reply = await planner()  # the caller's session, or NOT_FOUND
         if ask.op == "events":
             assert ask.session_id is not None
-            reply = SessionReply(ok=True, events=await read_events(
-                api, tenant, ask.session_id, after=ask.after, limit=ask.limit))
+            reply = SessionReply(
+                ok=True,
+                events=await read_events(
+                    api, tenant, ask.session_id, after=ask.after, limit=ask.limit
+                ),
+            )
         return _ENCODER.encode(reply)
     if not ask.key:
         raise ApiError("INVALID_REQUEST", "a write carries its Idempotency-Key as `key`")
@@ -107,7 +120,10 @@ def session_endpoint(api: Api) -> Endpoint:
     """The micro endpoint on `writ.api.*.session`."""
 
     async def handle(request: Request) -> None:
-        await answer_host(request, "operation on a session",
-                          lambda tenant: _answer(api, tenant, _DECODER.decode(request.data)))
+        await answer_host(
+            request,
+            "operation on a session",
+            lambda tenant: _answer(api, tenant, _DECODER.decode(request.data)),
+        )
 
     return Endpoint("session", host_read("*", HOST_SESSION), handle, concurrency=32)

@@ -28,18 +28,26 @@ _ENCODER: Final = msgspec.json.Encoder()
 _AUTH: Final = "UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ..."
 
 
-def ops_handlers(api: Api, *, poll_s: float = 0.25, keepalive_s: float = 15.0,
-                 start_grace_s: float = 5.0) -> list[HTTPRouteHandler]:
+def ops_handlers(
+    api: Api, *, poll_s: float = 0.25, keepalive_s: float = 15.0, start_grace_s: float = 5.0
+) -> list[HTTPRouteHandler]:
     """The timeline and reconciliation routes over `api`."""
 
-    @get("/runs/{run_id:str}/events", summary="A run's timeline (Server-Sent Events)",
-         tags=["runs"], media_type="text/event-stream",
-         responses=problems(s401=_AUTH, s404="NOT_FOUND: no such run of the tenant"))
-    async def events(request: Request[Any, Any, Any], run_id: FromPath[str],
-                     last_event_id: Annotated[int | None, HeaderParameter(
-                         name="Last-Event-ID", ge=-1, required=False)] = None,
-                     after: Annotated[int | None, QueryParameter(ge=-1)] = None
-                     ) -> ServerSentEvent:
+    @get(
+        "/runs/{run_id:str}/events",
+        summary="A run's timeline (Server-Sent Events)",
+        tags=["runs"],
+        media_type="text/event-stream",
+        responses=problems(s401=_AUTH, s404="NOT_FOUND: no such run of the tenant"),
+    )
+    async def events(
+        request: Request[Any, Any, Any],
+        run_id: FromPath[str],
+        last_event_id: Annotated[
+            int | None, HeaderParameter(name="Last-Event-ID", ge=-1, required=False)
+        ] = None,
+        after: Annotated[int | None, QueryParameter(ge=-1)] = None,
+    ) -> ServerSentEvent:
         """Each committed step as `event: step` with `id:` its sequence (`StepRecorded`), then
         `event: result` (the `RunResult`) once the run has one. `Last-Event-ID` (or `after`)
         resumes right after that step: no gap, no duplicate."""
@@ -67,40 +75,59 @@ def ops_handlers(api: Api, *, poll_s: float = 0.25, keepalive_s: float = 15.0,
                     for step in batch.steps:
                         if step.seq > seen:
                             seen = step.seq
-                            yield ServerSentEventMessage(data=_ENCODER.encode(step).decode(),
-                                                         event="step", id=step.seq)
+                            yield ServerSentEventMessage(
+                                data=_ENCODER.encode(step).decode(), event="step", id=step.seq
+                            )
                     if batch.run.status in FINAL_RUN:
                         yield ServerSentEventMessage(
-                            data=_ENCODER.encode(run_result(batch.run)).decode(),
-                            event="result")
+                            data=_ENCODER.encode(run_result(batch.run)).decode(), event="result"
+                        )
                         return
                     got = await waiter.next(poll_s)  # a result wakes it at once
                     quiet = 0.0 if batch.steps or got is not None else quiet + poll_s
                     if quiet >= keepalive_s:
                         quiet = 0.0
                         yield ServerSentEventMessage(comment="keep-alive")
-                    batch = await api.ask(RUN_EVENTS, GetRunEvents(
-                        tenant=caller.tenant, run_id=run_id, after=seen), RunEvents)
+                    batch = await api.ask(
+                        RUN_EVENTS,
+                        GetRunEvents(tenant=caller.tenant, run_id=run_id, after=seen),
+                        RunEvents,
+                    )
 
         return ServerSentEvent(stream(), headers={"Cache-Control": "no-store"})
 
-    @get("/reconciliation", summary="Commands whose outcome nobody knows", tags=["operations"],
-         responses=problems(s401=_AUTH, s403="FORBIDDEN: the approver role is missing"))
+    @get(
+        "/reconciliation",
+        summary="Commands whose outcome nobody knows",
+        tags=["operations"],
+        responses=problems(s401=_AUTH, s403="FORBIDDEN: the approver role is missing"),
+    )
     async def unknown(request: Request[Any, Any, Any]) -> UnknownCommands:
         """The tenant's commands in `unknown` (the dispatcher's), waiting for an operator."""
         caller = api.caller(request, role=APPROVER_ROLE)
-        return await api.ask(subjects.UNKNOWN_LIST, ListUnknown(tenant=caller.tenant),
-                             UnknownCommands)
+        return await api.ask(
+            subjects.UNKNOWN_LIST, ListUnknown(tenant=caller.tenant), UnknownCommands
+        )
 
-    @post("/reconciliation/{operation_id:str}/resolve", status_code=200, tags=["operations"],
-          summary="Record what an operator established about an unknown command",
-          responses=problems(s400="INVALID_REQUEST", s401=_AUTH,
-                             s403="FORBIDDEN: the approver role is missing",
-                             s404="NOT_FOUND: no command under this operation id",
-                             s409="CONFLICT: the Idempotency-Key was used with another body"))
-    async def resolve(request: Request[Any, Any, Any], operation_id: FromPath[str],
-                      data: JSONBody[ResolveBody],
-                      idempotency_key: IdempotencyKey) -> Reconciled:
+    @post(
+        "/reconciliation/{operation_id:str}/resolve",
+        status_code=200,
+        tags=["operations"],
+        summary="Record what an operator established about an unknown command",
+        responses=problems(
+            s400="INVALID_REQUEST",
+            s401=_AUTH,
+            s403="FORBIDDEN: the approver role is missing",
+            s404="NOT_FOUND: no command under this operation id",
+            s409="CONFLICT: the Idempotency-Key was used with another body",
+        ),
+    )
+    async def resolve(
+        request: Request[Any, Any, Any],
+        operation_id: FromPath[str],
+        data: JSONBody[ResolveBody],
+        idempotency_key: IdempotencyKey,
+    ) -> Reconciled:
         """The command keeps its operation id whatever is decided (`Reconciled`)."""
         caller = api.caller(request, role=APPROVER_ROLE)
         try:
@@ -109,14 +136,25 @@ def ops_handlers(api: Api, *, poll_s: float = 0.25, keepalive_s: float = 15.0,
             raise ApiError("NOT_FOUND", "no command under this operation id") from None
 
         async def answer() -> tuple[int, msgspec.Struct]:
-            return 200, await api.ask(subjects.RECONCILE, Reconcile(
-                tenant=caller.tenant, operation_id=operation_id, state=data.state,
-                evidence=data.evidence, resolved_by=caller.principal, receipt=data.receipt),
-                Reconciled, timeout=15.0)
+            return 200, await api.ask(
+                subjects.RECONCILE,
+                Reconcile(
+                    tenant=caller.tenant,
+                    operation_id=operation_id,
+                    state=data.state,
+                    evidence=data.evidence,
+                    resolved_by=caller.principal,
+                    receipt=data.receipt,
+                ),
+                Reconciled,
+                timeout=15.0,
+            )
 
-        return await api.write(request, caller=caller, body=data,  # type: ignore[return-value]
-                               answer=answer)
+        return await api.write(
+            request,
+            caller=caller,
+            body=data,  # type: ignore[return-value]
+            answer=answer,
+        )
 
     return [events, unknown, resolve]
-
-

@@ -51,7 +51,9 @@ _ERRORS: Final = problems(
     s401="UNAUTHENTICATED, UNKNOWN_TENANT, BAD_SIGNATURE, TOKEN_EXPIRED or INVALID_TOKEN",
     s403="FORBIDDEN: the approver role is missing",
     s409="CONFLICT: the Idempotency-Key was used with another body",
-    s413="TOO_LARGE", s504="TIMEOUT: no answer in time; ask again, same Idempotency-Key")
+    s413="TOO_LARGE",
+    s504="TIMEOUT: no answer in time; ask again, same Idempotency-Key",
+)
 
 
 def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteHandler]:
@@ -66,130 +68,234 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 got = await waiter.next(remaining)
                 if isinstance(got, kind):
                     return 200, got
-        raise ApiError("TIMEOUT", "no answer came in time; ask again with the same "
-                                  "Idempotency-Key")
+        raise ApiError("TIMEOUT", "no answer came in time; ask again with the same Idempotency-Key")
 
-    @get("/pending-decisions", summary="Decisions waiting for a person", tags=["people"],
-         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                            s403="FORBIDDEN: the approver role is missing"))
+    @get(
+        "/pending-decisions",
+        summary="Decisions waiting for a person",
+        tags=["people"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: the approver role is missing",
+        ),
+    )
     async def pending(request: Request[Any, Any, Any]) -> PendingDecisions:
         """The tenant's unanswered decisions (governance's), for an approver."""
         caller = api.caller(request, role=APPROVER_ROLE)
-        return await api.ask(subjects.PENDING_LIST, ListPending(tenant=caller.tenant),
-                             PendingDecisions)
+        return await api.ask(
+            subjects.PENDING_LIST, ListPending(tenant=caller.tenant), PendingDecisions
+        )
 
-    @post("/pending-decisions/decide", status_code=200, summary="Answer a pending decision",
-          tags=["people"], responses=_ERRORS)
-    async def decide(request: Request[Any, Any, Any], data: JSONBody[DecideBody],
-                     idempotency_key: IdempotencyKey) -> DecisionResult:
+    @post(
+        "/pending-decisions/decide",
+        status_code=200,
+        summary="Answer a pending decision",
+        tags=["people"],
+        responses=_ERRORS,
+    )
+    async def decide(
+        request: Request[Any, Any, Any], data: JSONBody[DecideBody], idempotency_key: IdempotencyKey
+    ) -> DecisionResult:
         """A `HumanDecision`: whether governance took the answer."""
 
         def build(request_id: str, token: str) -> HumanDecision:
-            return HumanDecision(request_id=request_id, token=token, pending_id=data.pending_id,
-                                 answer=data.answer, reason=data.reason)
+            return HumanDecision(
+                request_id=request_id,
+                token=token,
+                pending_id=data.pending_id,
+                answer=data.answer,
+                reason=data.reason,
+            )
 
         return await api.post(  # type: ignore[return-value]
-            request, kind="decisions", body=data, build=build,
-            answer=lambda outcome: _handed_on(outcome, DecisionResult))
+            request,
+            kind="decisions",
+            body=data,
+            build=build,
+            answer=lambda outcome: _handed_on(outcome, DecisionResult),
+        )
 
     def _proposal_answer(answer: str) -> Any:
-        async def handle(request: Request[Any, Any, Any], proposal_id: str, data: Any,
-                         idempotency_key: str) -> ApprovalResult:
+        async def handle(
+            request: Request[Any, Any, Any], proposal_id: str, data: Any, idempotency_key: str
+        ) -> ApprovalResult:
             def build(request_id: str, token: str) -> ApproveProposal:
-                return ApproveProposal(request_id=request_id, token=token,
-                                       proposal_id=proposal_id, answer=answer,
-                                       reason=data.reason)
+                return ApproveProposal(
+                    request_id=request_id,
+                    token=token,
+                    proposal_id=proposal_id,
+                    answer=answer,
+                    reason=data.reason,
+                )
 
             return await api.post(  # type: ignore[return-value]
-                request, kind="approvals", body=data, build=build,
-                answer=lambda outcome: _handed_on(outcome, ApprovalResult))
+                request,
+                kind="approvals",
+                body=data,
+                build=build,
+                answer=lambda outcome: _handed_on(outcome, ApprovalResult),
+            )
+
         return handle
 
     _approve, _reject = _proposal_answer("approve"), _proposal_answer("reject")
 
-    @post("/proposals/{proposal_id:str}/approve", status_code=200, tags=["people"],
-          summary="Approve exactly the frozen proposal", responses=_ERRORS)
-    async def approve(request: Request[Any, Any, Any], proposal_id: FromPath[str],
-                      data: JSONBody[ApproveBody],
-                      idempotency_key: IdempotencyKey) -> ApprovalResult:
+    @post(
+        "/proposals/{proposal_id:str}/approve",
+        status_code=200,
+        tags=["people"],
+        summary="Approve exactly the frozen proposal",
+        responses=_ERRORS,
+    )
+    async def approve(
+        request: Request[Any, Any, Any],
+        proposal_id: FromPath[str],
+        data: JSONBody[ApproveBody],
+        idempotency_key: IdempotencyKey,
+    ) -> ApprovalResult:
         """An `ApproveProposal` (approve): `claimed` starts the one execution."""
         return await _approve(request, proposal_id, data, idempotency_key)
 
-    @post("/proposals/{proposal_id:str}/reject", status_code=200, tags=["people"],
-          summary="Reject a proposal (a reason is required)", responses=_ERRORS)
-    async def reject(request: Request[Any, Any, Any], proposal_id: FromPath[str],
-                     data: JSONBody[RejectBody],
-                     idempotency_key: IdempotencyKey) -> ApprovalResult:
+    @post(
+        "/proposals/{proposal_id:str}/reject",
+        status_code=200,
+        tags=["people"],
+        summary="Reject a proposal (a reason is required)",
+        responses=_ERRORS,
+    )
+    async def reject(
+        request: Request[Any, Any, Any],
+        proposal_id: FromPath[str],
+        data: JSONBody[RejectBody],
+        idempotency_key: IdempotencyKey,
+    ) -> ApprovalResult:
         """An `ApproveProposal` (reject)."""
         return await _reject(request, proposal_id, data, idempotency_key)
 
-    @get("/reviews", summary="Reviews waiting for a person, newest first", tags=["people"],
-         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                            s403="FORBIDDEN: the approver role is missing"))
-    async def reviews(request: Request[Any, Any, Any],
-                      limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100
-                      ) -> PendingReviews:
+    @get(
+        "/reviews",
+        summary="Reviews waiting for a person, newest first",
+        tags=["people"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: the approver role is missing",
+        ),
+    )
+    async def reviews(
+        request: Request[Any, Any, Any], limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100
+    ) -> PendingReviews:
         """The tenant's runs stopped at the review their agent asked for (the planner's)."""
         caller = api.caller(request, role=APPROVER_ROLE)
-        return await api.ask(REVIEWS_LIST, ListReviews(tenant=caller.tenant, limit=limit),
-                             PendingReviews)
+        return await api.ask(
+            REVIEWS_LIST, ListReviews(tenant=caller.tenant, limit=limit), PendingReviews
+        )
 
-    @post("/reviews/{pending_id:str}", status_code=200, tags=["people"],
-          summary="Answer the review a run's agent asked for", responses=_ERRORS)
-    async def review(request: Request[Any, Any, Any], pending_id: FromPath[str],
-                     data: JSONBody[ReviewBody],
-                     idempotency_key: IdempotencyKey) -> ReviewResult:
+    @post(
+        "/reviews/{pending_id:str}",
+        status_code=200,
+        tags=["people"],
+        summary="Answer the review a run's agent asked for",
+        responses=_ERRORS,
+    )
+    async def review(
+        request: Request[Any, Any, Any],
+        pending_id: FromPath[str],
+        data: JSONBody[ReviewBody],
+        idempotency_key: IdempotencyKey,
+    ) -> ReviewResult:
         """A `ReviewDecision`: whether the run took it (the planner says at once)."""
 
         def build(request_id: str, token: str) -> ReviewDecision:
-            return ReviewDecision(request_id=request_id, token=token, pending_id=pending_id,
-                                  answer=data.answer, comment=data.comment)
+            return ReviewDecision(
+                request_id=request_id,
+                token=token,
+                pending_id=pending_id,
+                answer=data.answer,
+                comment=data.comment,
+            )
 
         async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
             return 200, await api.door.hand_on(outcome)
 
-        return await api.post(request, kind="reviews", body=data,  # type: ignore[return-value]
-                              build=build, answer=answer)
+        return await api.post(
+            request,
+            kind="reviews",
+            body=data,  # type: ignore[return-value]
+            build=build,
+            answer=answer,
+        )
 
-    @post("/audit/replay/{run_id:str}", status_code=200, tags=["audit"],
-          summary="Replay a run offline from the journal",
-          responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                             s403="FORBIDDEN: the auditor role is missing",
-                             s404="NOT_FOUND: no such run of the tenant"))
+    @post(
+        "/audit/replay/{run_id:str}",
+        status_code=200,
+        tags=["audit"],
+        summary="Replay a run offline from the journal",
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: the auditor role is missing",
+            s404="NOT_FOUND: no such run of the tenant",
+        ),
+    )
     async def replay(request: Request[Any, Any, Any], run_id: FromPath[str]) -> ReplayReport:
         """The planner's `ReplayReport` (a read: it changes nothing, so it needs no key)."""
         caller = api.caller(request, role=AUDITOR_ROLE)
-        return await api.ask(subjects.REPLAY, ReplayRun(tenant=caller.tenant, run_id=run_id),
-                             ReplayReport, timeout=30.0)
+        return await api.ask(
+            subjects.REPLAY,
+            ReplayRun(tenant=caller.tenant, run_id=run_id),
+            ReplayReport,
+            timeout=30.0,
+        )
 
-    @get("/proposals", summary="Proposals, newest first", tags=["people"],
-         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                            s403="FORBIDDEN: the approver role is missing"))
-    async def proposals(request: Request[Any, Any, Any],
-                        wanted: Annotated[ProposalState | None,
-                                          QueryParameter(name="state")] = None,
-                        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100
-                        ) -> Proposals:
+    @get(
+        "/proposals",
+        summary="Proposals, newest first",
+        tags=["people"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: the approver role is missing",
+        ),
+    )
+    async def proposals(
+        request: Request[Any, Any, Any],
+        wanted: Annotated[ProposalState | None, QueryParameter(name="state")] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100,
+    ) -> Proposals:
         """The tenant's proposals (those in `state`), each with its frozen preview."""
         caller = api.caller(request, role=APPROVER_ROLE)
-        return await api.ask(PROPOSALS_LIST, ListProposals(tenant=caller.tenant, state=wanted,
-                                                           limit=limit), Proposals)
+        return await api.ask(
+            PROPOSALS_LIST,
+            ListProposals(tenant=caller.tenant, state=wanted, limit=limit),
+            Proposals,
+        )
 
-    @get("/proposals/{proposal_id:str}", summary="One proposal", tags=["people"],
-         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                            s403="FORBIDDEN: the approver role is missing",
-                            s404="NOT_FOUND: no proposal of the tenant under this id"))
-    async def proposal(request: Request[Any, Any, Any],
-                       proposal_id: FromPath[str]) -> ProposalDetail:
+    @get(
+        "/proposals/{proposal_id:str}",
+        summary="One proposal",
+        tags=["people"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: the approver role is missing",
+            s404="NOT_FOUND: no proposal of the tenant under this id",
+        ),
+    )
+    async def proposal(
+        request: Request[Any, Any, Any], proposal_id: FromPath[str]
+    ) -> ProposalDetail:
         """The frozen preview, the request hash, the expiry, the decision that asked."""
         caller = api.caller(request, role=APPROVER_ROLE)
-        return await api.ask(PROPOSAL_GET, GetProposal(tenant=caller.tenant,
-                                                       proposal_id=proposal_id),
-                             ProposalDetail)
+        return await api.ask(
+            PROPOSAL_GET, GetProposal(tenant=caller.tenant, proposal_id=proposal_id), ProposalDetail
+        )
 
-    @get("/audit/verify", summary="Each audit journal's state", tags=["audit"],
-         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                            s403="FORBIDDEN: the auditor role is missing"))
+    @get(
+        "/audit/verify",
+        summary="Each audit journal's state",
+        tags=["audit"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: the auditor role is missing",
+        ),
+    )
     async def verify(request: Request[Any, Any, Any]) -> JournalStates:
         """Each journaling service verifies its own chain, checkpoints and signatures (and
         counts the tenant's entries); a service that does not answer is reported not ok."""
@@ -198,12 +304,16 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
 
         async def one(service: str) -> None:
             try:
-                states[service] = await api.ask(journal_verify(service),
-                                                VerifyJournal(tenant=caller.tenant),
-                                                JournalState, timeout=30.0)
+                states[service] = await api.ask(
+                    journal_verify(service),
+                    VerifyJournal(tenant=caller.tenant),
+                    JournalState,
+                    timeout=30.0,
+                )
             except ApiError as exc:
-                states[service] = JournalState(service=service, ok=False,
-                                               first_problem=f"{exc.code}: {exc.detail}"[:512])
+                states[service] = JournalState(
+                    service=service, ok=False, first_problem=f"{exc.code}: {exc.detail}"[:512]
+                )
 
         async with anyio.create_task_group() as tg:
             for service in JOURNALED:
@@ -211,5 +321,4 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         journals = [states[s] for s in JOURNALED]
         return JournalStates(ok=all(j.ok for j in journals), journals=journals)
 
-    return [pending, decide, proposals, proposal, approve, reject, reviews, review, replay,
-            verify]
+    return [pending, decide, proposals, proposal, approve, reject, reviews, review, replay, verify]

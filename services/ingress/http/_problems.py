@@ -25,34 +25,67 @@ log = logging.getLogger("writ.ingress.http")
 PROBLEM_JSON: Final = "application/problem+json"
 # The HTTP status of each stable code (README, "The host contract").
 STATUS: Final = {
-    "INVALID_REQUEST": 400, "UNAUTHENTICATED": 401, "UNKNOWN_TENANT": 401,
-    "BAD_SIGNATURE": 401, "TOKEN_EXPIRED": 401, "INVALID_TOKEN": 401, "WRONG_TENANT": 403,
-    "FORBIDDEN": 403, "NOT_FOUND": 404, "METHOD_NOT_ALLOWED": 405, "CONFLICT": 409,
-    "TOO_LARGE": 413, "UNSUPPORTED_MEDIA_TYPE": 415, "INTERNAL": 500, "UNAVAILABLE": 503,
+    "INVALID_REQUEST": 400,
+    "UNAUTHENTICATED": 401,
+    "UNKNOWN_TENANT": 401,
+    "BAD_SIGNATURE": 401,
+    "TOKEN_EXPIRED": 401,
+    "INVALID_TOKEN": 401,
+    "WRONG_TENANT": 403,
+    "FORBIDDEN": 403,
+    "NOT_FOUND": 404,
+    "METHOD_NOT_ALLOWED": 405,
+    "CONFLICT": 409,
+    "TOO_LARGE": 413,
+    "UNSUPPORTED_MEDIA_TYPE": 415,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
     "TIMEOUT": 504,
     # Chat sessions (the planner's refusals): the session's state does not take it.
-    "SESSION_BUSY": 409, "SESSION_PAUSED": 409, "SESSION_CLOSED": 409, "PLAN_ANSWERED": 409,
-    "INVALID_TRANSITION": 409, "UNKNOWN_AGENT": 400,
+    "SESSION_BUSY": 409,
+    "SESSION_PAUSED": 409,
+    "SESSION_CLOSED": 409,
+    "PLAN_ANSWERED": 409,
+    "INVALID_TRANSITION": 409,
+    "UNKNOWN_AGENT": 400,
 }
-_CODE_OF_STATUS: Final = {400: "INVALID_REQUEST", 401: "UNAUTHENTICATED", 403: "FORBIDDEN",
-                          404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 409: "CONFLICT",
-                          413: "TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE", 503: "UNAVAILABLE"}
+_CODE_OF_STATUS: Final = {
+    400: "INVALID_REQUEST",
+    401: "UNAUTHENTICATED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    409: "CONFLICT",
+    413: "TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    503: "UNAVAILABLE",
+}
 _ENCODER: Final = msgspec.json.Encoder()
-IdempotencyKey = Annotated[str, HeaderParameter(
-    name="Idempotency-Key", max_length=128,
-    description="The request id: the same key and body again returns the first answer; "
-                "another body under it is 409 CONFLICT")]
+IdempotencyKey = Annotated[
+    str,
+    HeaderParameter(
+        name="Idempotency-Key",
+        max_length=128,
+        description="The request id: the same key and body again returns the first answer; "
+        "another body under it is 409 CONFLICT",
+    ),
+]
 
 
 def problems(**described: str) -> dict[int, ResponseSpec]:
     """OpenAPI responses for problem documents, by status (`problems(s404="NOT_FOUND")`)."""
     # Every route may refuse what does not decode, and answer 503 while a service is away.
-    described = {"s400": "INVALID_REQUEST: undecodable, an unknown field, a bound exceeded",
-                 "s503": "UNAVAILABLE: the service that answers this is away; retry",
-                 **described}
-    return {int(name[1:]): ResponseSpec(Problem, description=text, generate_examples=False,
-                                        media_type=PROBLEM_JSON)
-            for name, text in described.items()}
+    described = {
+        "s400": "INVALID_REQUEST: undecodable, an unknown field, a bound exceeded",
+        "s503": "UNAVAILABLE: the service that answers this is away; retry",
+        **described,
+    }
+    return {
+        int(name[1:]): ResponseSpec(
+            Problem, description=text, generate_examples=False, media_type=PROBLEM_JSON
+        )
+        for name, text in described.items()
+    }
 
 
 class ApiError(Exception):
@@ -64,14 +97,22 @@ class ApiError(Exception):
         self.status = STATUS.get(code, 400)
 
 
-def problem(code: str, detail: str, *, instance: str | None = None,
-            headers: dict[str, str] | None = None) -> Response[bytes]:
+def problem(
+    code: str, detail: str, *, instance: str | None = None, headers: dict[str, str] | None = None
+) -> Response[bytes]:
     """The problem+json response of a code."""
     status = STATUS.get(code, 400)
-    body = Problem(type="about:blank", title=code.replace("_", " ").lower(), status=status,
-                   code=code, detail=detail[:1000], instance=instance)
-    return Response(_ENCODER.encode(body), status_code=status, media_type=PROBLEM_JSON,
-                    headers=headers)
+    body = Problem(
+        type="about:blank",
+        title=code.replace("_", " ").lower(),
+        status=status,
+        code=code,
+        detail=detail[:1000],
+        instance=instance,
+    )
+    return Response(
+        _ENCODER.encode(body), status_code=status, media_type=PROBLEM_JSON, headers=headers
+    )
 
 
 def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
@@ -80,20 +121,27 @@ def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes
 
 def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
     extra = exc.extra if isinstance(exc.extra, list) else []
-    detail = "; ".join(str(e.get("message", e)) if isinstance(e, dict) else str(e)
-                       for e in extra) or exc.detail
+    detail = (
+        "; ".join(str(e.get("message", e)) if isinstance(e, dict) else str(e) for e in extra)
+        or exc.detail
+    )
     return problem("INVALID_REQUEST", detail, instance=request.url.path)
 
 
 def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
-    code = _CODE_OF_STATUS.get(exc.status_code, "INTERNAL" if exc.status_code >= 500
-                               else "INVALID_REQUEST")
+    code = _CODE_OF_STATUS.get(
+        exc.status_code, "INTERNAL" if exc.status_code >= 500 else "INVALID_REQUEST"
+    )
     return problem(code, exc.detail, instance=request.url.path)
 
 
 def _retryable(request: Request[Any, Any, Any], exc: RetryableError) -> Response[bytes]:
-    return problem("UNAVAILABLE", str(exc)[:300], instance=request.url.path,
-                   headers={"Retry-After": str(max(1, round(exc.delay)))})
+    return problem(
+        "UNAVAILABLE",
+        str(exc)[:300],
+        instance=request.url.path,
+        headers={"Retry-After": str(max(1, round(exc.delay)))},
+    )
 
 
 def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
@@ -102,7 +150,11 @@ def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes
 
 
 EXCEPTION_HANDLERS: Final = {
-    ApiError: _api_error, ValidationException: _validation, NotFoundException: _http,
-    MethodNotAllowedException: _http, HTTPException: _http, RetryableError: _retryable,
+    ApiError: _api_error,
+    ValidationException: _validation,
+    NotFoundException: _http,
+    MethodNotAllowedException: _http,
+    HTTPException: _http,
+    RetryableError: _retryable,
     Exception: _internal,
 }

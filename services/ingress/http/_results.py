@@ -70,7 +70,8 @@ class Results:
             async with self._lock:
                 if tenant not in self._subs:
                     self._subs[tenant] = await self._nc.subscribe(
-                        f"writ.out.results.{tenant}", cb=self._on)
+                        f"writ.out.results.{tenant}", cb=self._on
+                    )
                     await self._nc.flush()
         waiter, slot = Waiter(), (tenant, key)
         self._waiters.setdefault(slot, []).append(waiter)

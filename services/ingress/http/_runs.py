@@ -29,7 +29,8 @@ _ERRORS: Final = problems(
     s401="UNAUTHENTICATED, UNKNOWN_TENANT, BAD_SIGNATURE, TOKEN_EXPIRED or INVALID_TOKEN",
     s403="WRONG_TENANT or FORBIDDEN (a role is missing)",
     s409="CONFLICT: the Idempotency-Key was used with another body",
-    s413="TOO_LARGE: refused before it was read whole")
+    s413="TOO_LARGE: refused before it was read whole",
+)
 
 
 class _NoBody(msgspec.Struct, frozen=True):
@@ -41,9 +42,16 @@ _NO_BODY: Final = _NoBody()
 
 def run_result(view: RunView) -> RunResult:
     """The `RunResult` a host got (or gets) for a run that stands where `view` says."""
-    return RunResult(request_id=view.request_id, status=view.status, run_id=view.run_id,
-                     error=view.error, answer=view.answer, actions=view.actions,
-                     pending_id=view.pending_id, proposal=view.proposal)
+    return RunResult(
+        request_id=view.request_id,
+        status=view.status,
+        run_id=view.run_id,
+        error=view.error,
+        answer=view.answer,
+        actions=view.actions,
+        pending_id=view.pending_id,
+        proposal=view.proposal,
+    )
 
 
 def _json(value: msgspec.Struct, status: int = 200) -> Response[bytes]:
@@ -56,43 +64,67 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
     async def _view(tenant: str, run_id: str) -> RunView:
         return await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=run_id), RunView)
 
-    @post("/runs", status_code=202, summary="Start a run", tags=["runs"],
-          responses=_ERRORS)
-    async def start_run(request: Request[Any, Any, Any], data: JSONBody[StartRun],
-                        idempotency_key: IdempotencyKey) -> Response[RunAccepted]:
+    @post("/runs", status_code=202, summary="Start a run", tags=["runs"], responses=_ERRORS)
+    async def start_run(
+        request: Request[Any, Any, Any], data: JSONBody[StartRun], idempotency_key: IdempotencyKey
+    ) -> Response[RunAccepted]:
         """A `RunRequest` without its token: `202` with the run's id and where to follow it."""
 
         def build(request_id: str, token: str) -> RunRequest:
-            return RunRequest(request_id=request_id, token=token, agent=data.agent,
-                              input=data.input, attended=data.attended, grants=data.grants,
-                              budget=data.budget)
+            return RunRequest(
+                request_id=request_id,
+                token=token,
+                agent=data.agent,
+                input=data.input,
+                attended=data.attended,
+                grants=data.grants,
+                budget=data.budget,
+            )
 
         async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
             await api.door.hand_on(outcome)
             base = f"/api/v1/runs/{outcome.run_id}"
-            return 202, RunAccepted(run_id=outcome.run_id,
-                                    request_id=outcome.request.request_id,
-                                    links={"self": base, "wait": f"{base}/wait",
-                                           "events": f"{base}/events",
-                                           "cancel": f"{base}/cancel"})
+            return 202, RunAccepted(
+                run_id=outcome.run_id,
+                request_id=outcome.request.request_id,
+                links={
+                    "self": base,
+                    "wait": f"{base}/wait",
+                    "events": f"{base}/events",
+                    "cancel": f"{base}/cancel",
+                },
+            )
 
         return await api.post(request, kind="requests", body=data, build=build, answer=answer)
 
-    @get("/runs/{run_id:str}", summary="Where a run stands", tags=["runs"],
-         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                            s404="NOT_FOUND: no such run of the tenant (or not started yet)"))
+    @get(
+        "/runs/{run_id:str}",
+        summary="Where a run stands",
+        tags=["runs"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s404="NOT_FOUND: no such run of the tenant (or not started yet)",
+        ),
+    )
     async def get_run(request: Request[Any, Any, Any], run_id: FromPath[str]) -> RunView:
         """Status, answer, actions and their outcomes, from the planner."""
         caller = api.caller(request)
         return await _view(caller.tenant, run_id)
 
-    @get("/runs/{run_id:str}/wait", summary="Wait for a run's result", tags=["runs"],
-         responses={202: ResponseSpec(RunView, description="Not finished within timeout_s"),
-                    **problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                               s404="NOT_FOUND")})
-    async def wait_run(request: Request[Any, Any, Any], run_id: FromPath[str],
-                       timeout_s: Annotated[float, QueryParameter(ge=0, le=60)] = 30.0
-                       ) -> RunResult:
+    @get(
+        "/runs/{run_id:str}/wait",
+        summary="Wait for a run's result",
+        tags=["runs"],
+        responses={
+            202: ResponseSpec(RunView, description="Not finished within timeout_s"),
+            **problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...", s404="NOT_FOUND"),
+        },
+    )
+    async def wait_run(
+        request: Request[Any, Any, Any],
+        run_id: FromPath[str],
+        timeout_s: Annotated[float, QueryParameter(ge=0, le=60)] = 30.0,
+    ) -> RunResult:
         """Long-poll for the run's `RunResult` (`awaiting_human` counts: the run stopped)."""
         caller = api.caller(request)
         deadline = time.monotonic() + timeout_s
@@ -117,18 +149,30 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
             raise ApiError("NOT_FOUND", "no such run")
         return _json(view, 202)  # type: ignore[return-value]
 
-    @post("/commands", status_code=200, summary="Do exactly this, under my operation key",
-          tags=["commands"],
-          responses={**_ERRORS, **problems(s504="TIMEOUT: ask again, same Idempotency-Key")})
-    async def submit_command(request: Request[Any, Any, Any], data: JSONBody[CommandBody],
-                             idempotency_key: IdempotencyKey) -> CommandResult:
+    @post(
+        "/commands",
+        status_code=200,
+        summary="Do exactly this, under my operation key",
+        tags=["commands"],
+        responses={**_ERRORS, **problems(s504="TIMEOUT: ask again, same Idempotency-Key")},
+    )
+    async def submit_command(
+        request: Request[Any, Any, Any],
+        data: JSONBody[CommandBody],
+        idempotency_key: IdempotencyKey,
+    ) -> CommandResult:
         """A `SubmitCommand` without its token: its `CommandResult` once it is decided."""
 
         def build(request_id: str, token: str) -> SubmitCommand:
-            return SubmitCommand(request_id=request_id, token=token, agent=data.agent,
-                                 operation_key=data.operation_key, action=data.action,
-                                 arguments=data.arguments,
-                                 expected_revision=data.expected_revision)
+            return SubmitCommand(
+                request_id=request_id,
+                token=token,
+                agent=data.agent,
+                operation_key=data.operation_key,
+                action=data.action,
+                arguments=data.arguments,
+                expected_revision=data.expected_revision,
+            )
 
         async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
             request_id = outcome.request.request_id
@@ -138,27 +182,40 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
                 while (remaining := deadline - time.monotonic()) > 0:
                     got = await waiter.next(remaining)
                     if isinstance(got, CommandResult) and got.status not in (
-                            "pending", "dispatching"):
+                        "pending",
+                        "dispatching",
+                    ):
                         return 200, got
             # No result came: a retry whose first try's result was published already (the
             # hand-on was a duplicate), or a slow command. Admission knows where it stands.
             try:
-                known = await api.ask(COMMAND_STATUS, GetCommand(
-                    tenant=outcome.tenant, operation_key=data.operation_key), CommandResult)
+                known = await api.ask(
+                    COMMAND_STATUS,
+                    GetCommand(tenant=outcome.tenant, operation_key=data.operation_key),
+                    CommandResult,
+                )
             except ApiError:
                 known = None
             if known is not None and known.status not in ("pending", "dispatching"):
                 return 200, known
-            raise ApiError("TIMEOUT", "the command's result did not come in time; ask again "
-                                      "with the same Idempotency-Key")
+            raise ApiError(
+                "TIMEOUT",
+                "the command's result did not come in time; ask again "
+                "with the same Idempotency-Key",
+            )
 
-        return await api.post(request, kind="commands", body=data, build=build,
-                              answer=answer)  # type: ignore[return-value]
+        return await api.post(request, kind="commands", body=data, build=build, answer=answer)  # type: ignore[return-value]
 
-    @post("/runs/{run_id:str}/cancel", status_code=202, summary="Cancel a run", tags=["runs"],
-          responses=_ERRORS)
-    async def cancel_run(request: Request[Any, Any, Any], run_id: FromPath[str],
-                         idempotency_key: IdempotencyKey) -> Response[RunAccepted]:
+    @post(
+        "/runs/{run_id:str}/cancel",
+        status_code=202,
+        summary="Cancel a run",
+        tags=["runs"],
+        responses=_ERRORS,
+    )
+    async def cancel_run(
+        request: Request[Any, Any, Any], run_id: FromPath[str], idempotency_key: IdempotencyKey
+    ) -> Response[RunAccepted]:
         """Idempotent, accepted even while the run is being started: nothing more is
         scheduled, an admitted command runs to its outcome, the run ends `cancelled` (its
         `RunResult` through `wait`, and on the host's results stream)."""
@@ -169,21 +226,32 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
         async def answer(outcome: Verified) -> tuple[int, msgspec.Struct]:
             await api.door.hand_on(outcome)
             base = f"/api/v1/runs/{run_id}"
-            return 202, RunAccepted(run_id=run_id, request_id=outcome.request.request_id,
-                                    links={"self": base, "wait": f"{base}/wait"})
+            return 202, RunAccepted(
+                run_id=run_id,
+                request_id=outcome.request.request_id,
+                links={"self": base, "wait": f"{base}/wait"},
+            )
 
-        return await api.post(request, kind="cancels", body=_NO_BODY, build=build,
-                              answer=answer)
+        return await api.post(request, kind="cancels", body=_NO_BODY, build=build, answer=answer)
 
-    @get("/commands/{operation_key:str}", summary="What became of my command", tags=["commands"],
-         responses=problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-                            s404="NOT_FOUND: no command of the tenant under this key"))
-    async def get_command(request: Request[Any, Any, Any],
-                          operation_key: FromPath[str]) -> CommandResult:
+    @get(
+        "/commands/{operation_key:str}",
+        summary="What became of my command",
+        tags=["commands"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s404="NOT_FOUND: no command of the tenant under this key",
+        ),
+    )
+    async def get_command(
+        request: Request[Any, Any, Any], operation_key: FromPath[str]
+    ) -> CommandResult:
         """The recorded state of the host's command under its operation key (admission's)."""
         caller = api.caller(request)
-        return await api.ask(COMMAND_STATUS, GetCommand(tenant=caller.tenant,
-                                                        operation_key=operation_key),
-                             CommandResult)
+        return await api.ask(
+            COMMAND_STATUS,
+            GetCommand(tenant=caller.tenant, operation_key=operation_key),
+            CommandResult,
+        )
 
     return [start_run, get_run, wait_run, cancel_run, submit_command, get_command]

@@ -41,10 +41,21 @@ class _Server(uvicorn.Server):
 class HttpServer:
     """The HTTP door of one ingress process."""
 
-    def __init__(self, *, door: Door, nc: Client, js: JetStreamContext, stopping: anyio.Event,
-                 host: str = "127.0.0.1", port: int = 0, port_file: str = "",
-                 max_body_bytes: int = 64 * 1024, answer_timeout_s: float = 30.0,
-                 endpoints: list[Endpoint] | None = None, stream_replicas: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        door: Door,
+        nc: Client,
+        js: JetStreamContext,
+        stopping: anyio.Event,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        port_file: str = "",
+        max_body_bytes: int = 64 * 1024,
+        answer_timeout_s: float = 30.0,
+        endpoints: list[Endpoint] | None = None,
+        stream_replicas: int = 1,
+    ) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
         self._host, self._port, self._port_file = host, port, port_file
         self._max_body, self._answer_timeout = max_body_bytes, answer_timeout_s
@@ -53,14 +64,18 @@ class HttpServer:
         self._endpoints = endpoints
         self._replicas = stream_replicas  # the door's two buckets', like every stream's
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                  ) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Serve until the process stops; started once the socket listens."""
         results = Results(self._nc)
         await results.start()
-        api = Api(door=self._door, nc=self._nc, idempotency=await Idempotency.open(
-                      self._js, replicas=self._replicas),
-                  results=results)
+        api = Api(
+            door=self._door,
+            nc=self._nc,
+            idempotency=await Idempotency.open(self._js, replicas=self._replicas),
+            results=results,
+        )
         if self._endpoints is not None:
             self._endpoints.extend([*nats_read_endpoints(api), session_endpoint(api)])
         sock = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
@@ -72,19 +87,32 @@ class HttpServer:
         loopback = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
         client = ApiClient(f"http://{_netloc(loopback, self.port)}{PREFIX}")
         console = console_router(
-            await Sessions.open(self._js, self._door, replicas=self._replicas), client)
-        app = build_app(api, max_body_bytes=self._max_body,
-                        answer_timeout_s=self._answer_timeout, console=console)
-        server = _Server(uvicorn.Config(app, lifespan="off", log_level="warning",
-                                        access_log=False, timeout_graceful_shutdown=5))
+            await Sessions.open(self._js, self._door, replicas=self._replicas), client
+        )
+        app = build_app(
+            api,
+            max_body_bytes=self._max_body,
+            answer_timeout_s=self._answer_timeout,
+            console=console,
+        )
+        server = _Server(
+            uvicorn.Config(
+                app,
+                lifespan="off",
+                log_level="warning",
+                access_log=False,
+                timeout_graceful_shutdown=5,
+            )
+        )
         try:
             async with anyio.create_task_group() as tg:
                 # The socket listens already: a connection made now waits in its backlog.
                 tg.start_soon(server.serve, [sock])
                 if self._port_file:
                     _write_port(self._port_file, self.port)
-                log.info("HTTP API on http://%s:%s/api/v1, console on /console/", self._host,
-                         self.port)
+                log.info(
+                    "HTTP API on http://%s:%s/api/v1, console on /console/", self._host, self.port
+                )
                 task_status.started()
                 await self._stopping.wait()
                 server.should_exit = True

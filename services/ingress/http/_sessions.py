@@ -44,11 +44,13 @@ __all__ = ["session_handlers"]
 _TAG: Final = msgspec.json.Decoder(dict[str, Any])
 _AUTH: Final = "UNAUTHENTICATED, UNKNOWN_TENANT, BAD_SIGNATURE, TOKEN_EXPIRED or INVALID_TOKEN"
 _WRITE_ERRORS: Final = problems(
-    s401=_AUTH, s404="NOT_FOUND: no such session of the caller",
+    s401=_AUTH,
+    s404="NOT_FOUND: no such session of the caller",
     s409="SESSION_BUSY (a turn is in flight: nothing applied), SESSION_PAUSED, "
-         "SESSION_CLOSED, INVALID_TRANSITION, PLAN_ANSWERED (the plan was approved or "
-         "rejected already), or CONFLICT (the Idempotency-Key was used with another body)",
-    s413="TOO_LARGE")
+    "SESSION_CLOSED, INVALID_TRANSITION, PLAN_ANSWERED (the plan was approved or "
+    "rejected already), or CONFLICT (the Idempotency-Key was used with another body)",
+    s413="TOO_LARGE",
+)
 
 
 class _NoBody(msgspec.Struct, frozen=True):
@@ -65,11 +67,16 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         return reply
 
     def _op(caller: Caller, op: str, **fields: Any) -> SessionOp:
-        return SessionOp(op=op, tenant=caller.tenant,  # type: ignore[arg-type]
-                         principal=caller.principal, **fields)
+        return SessionOp(
+            op=op,
+            tenant=caller.tenant,  # type: ignore[arg-type]
+            principal=caller.principal,
+            **fields,
+        )
 
-    async def _write(request: Request[Any, Any, Any], body: msgspec.Struct, op: str,
-                     status: int, **fields: Any) -> Response[bytes]:
+    async def _write(
+        request: Request[Any, Any, Any], body: msgspec.Struct, op: str, status: int, **fields: Any
+    ) -> Response[bytes]:
         caller = api.caller(request)
         key = request.headers.get("idempotency-key", "")
 
@@ -82,27 +89,45 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
 
         return await api.write(request, caller=caller, body=body, answer=answer)
 
-    @post("/sessions", status_code=201, summary="Open a chat session", tags=["sessions"],
-          responses=_WRITE_ERRORS)
-    async def open_session(request: Request[Any, Any, Any], data: JSONBody[OpenSession],
-                           idempotency_key: IdempotencyKey) -> Response[SessionAccepted]:
+    @post(
+        "/sessions",
+        status_code=201,
+        summary="Open a chat session",
+        tags=["sessions"],
+        responses=_WRITE_ERRORS,
+    )
+    async def open_session(
+        request: Request[Any, Any, Any],
+        data: JSONBody[OpenSession],
+        idempotency_key: IdempotencyKey,
+    ) -> Response[SessionAccepted]:
         """A conversation of the token's principal with one agent; the same key opens the
         same session."""
-        return await _write(request, data, "open", 201, agent=data.agent,
-                            plan_mode=data.plan_mode)
+        return await _write(request, data, "open", 201, agent=data.agent, plan_mode=data.plan_mode)
 
-    @post("/sessions/{session_id:str}/messages", status_code=202, summary="Send a message",
-          tags=["sessions"], responses=_WRITE_ERRORS)
-    async def send(request: Request[Any, Any, Any], session_id: FromPath[str],
-                   data: JSONBody[MessageBody], idempotency_key: IdempotencyKey
-                   ) -> Response[SessionAccepted]:
+    @post(
+        "/sessions/{session_id:str}/messages",
+        status_code=202,
+        summary="Send a message",
+        tags=["sessions"],
+        responses=_WRITE_ERRORS,
+    )
+    async def send(
+        request: Request[Any, Any, Any],
+        session_id: FromPath[str],
+        data: JSONBody[MessageBody],
+        idempotency_key: IdempotencyKey,
+    ) -> Response[SessionAccepted]:
         """Starts a turn on an `active` session (it is `processing` until the turn ends); a
         second message meanwhile is `409 SESSION_BUSY` and changes nothing."""
-        return await _write(request, data, "message", 202, session_id=session_id,
-                            text=data.text)
+        return await _write(request, data, "message", 202, session_id=session_id, text=data.text)
 
-    @get("/sessions/{session_id:str}", summary="A session and its history", tags=["sessions"],
-         responses=problems(s401=_AUTH, s404="NOT_FOUND: no such session of the caller"))
+    @get(
+        "/sessions/{session_id:str}",
+        summary="A session and its history",
+        tags=["sessions"],
+        responses=problems(s401=_AUTH, s404="NOT_FOUND: no such session of the caller"),
+    )
     async def view(request: Request[Any, Any, Any], session_id: FromPath[str]) -> SessionView:
         """State, what it waits for, the conversation, forks and children."""
         caller = api.caller(request)
@@ -111,66 +136,114 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         return reply.view
 
     def _simple(name: str, summary: str, doc: str) -> HTTPRouteHandler:
-        async def handler(request: Request[Any, Any, Any], session_id: FromPath[str],
-                          idempotency_key: IdempotencyKey) -> Response[SessionAccepted]:
+        async def handler(
+            request: Request[Any, Any, Any],
+            session_id: FromPath[str],
+            idempotency_key: IdempotencyKey,
+        ) -> Response[SessionAccepted]:
             return await _write(request, _NoBody(), name, 202, session_id=session_id)
 
         handler.__doc__ = doc
         handler.__name__ = f"{name}_session"
-        return post(f"/sessions/{{session_id:str}}/{name}", status_code=202, summary=summary,
-                    tags=["sessions"], responses=_WRITE_ERRORS)(handler)
+        return post(
+            f"/sessions/{{session_id:str}}/{name}",
+            status_code=202,
+            summary=summary,
+            tags=["sessions"],
+            responses=_WRITE_ERRORS,
+        )(handler)
 
-    pause = _simple("pause", "Pause a session",
-                    "The turn stops before its next model decision (a call in flight "
-                    "completes and is recorded); durable across restarts.")
-    resume = _simple("resume", "Resume a paused session",
-                     "The turn goes on from its recorded step.")
-    close = _simple("close", "Close a session",
-                    "Terminal: the turn in flight is cancelled (an admitted command runs to "
-                    "its recorded outcome); the history stays readable.")
+    pause = _simple(
+        "pause",
+        "Pause a session",
+        "The turn stops before its next model decision (a call in flight "
+        "completes and is recorded); durable across restarts.",
+    )
+    resume = _simple(
+        "resume", "Resume a paused session", "The turn goes on from its recorded step."
+    )
+    close = _simple(
+        "close",
+        "Close a session",
+        "Terminal: the turn in flight is cancelled (an admitted command runs to "
+        "its recorded outcome); the history stays readable.",
+    )
 
-    @post("/sessions/{session_id:str}/inject", status_code=202, summary="Inject a message",
-          tags=["sessions"], responses=_WRITE_ERRORS)
-    async def inject(request: Request[Any, Any, Any], session_id: FromPath[str],
-                     data: JSONBody[InjectBody], idempotency_key: IdempotencyKey
-                     ) -> Response[SessionAccepted]:
+    @post(
+        "/sessions/{session_id:str}/inject",
+        status_code=202,
+        summary="Inject a message",
+        tags=["sessions"],
+        responses=_WRITE_ERRORS,
+    )
+    async def inject(
+        request: Request[Any, Any, Any],
+        session_id: FromPath[str],
+        data: JSONBody[InjectBody],
+        idempotency_key: IdempotencyKey,
+    ) -> Response[SessionAccepted]:
         """A user message the model sees at its next decision, marked as injected."""
-        return await _write(request, data, "inject", 202, session_id=session_id,
-                            text=data.text)
+        return await _write(request, data, "inject", 202, session_id=session_id, text=data.text)
 
-    @post("/sessions/{session_id:str}/fork", status_code=201, summary="Fork a session",
-          tags=["sessions"], responses=_WRITE_ERRORS)
-    async def fork(request: Request[Any, Any, Any], session_id: FromPath[str],
-                   data: JSONBody[ForkBody], idempotency_key: IdempotencyKey
-                   ) -> Response[SessionAccepted]:
+    @post(
+        "/sessions/{session_id:str}/fork",
+        status_code=201,
+        summary="Fork a session",
+        tags=["sessions"],
+        responses=_WRITE_ERRORS,
+    )
+    async def fork(
+        request: Request[Any, Any, Any],
+        session_id: FromPath[str],
+        data: JSONBody[ForkBody],
+        idempotency_key: IdempotencyKey,
+    ) -> Response[SessionAccepted]:
         """A new session whose history is this one's up to a recorded turn (or step): what
         the parent committed is history there, never executed again."""
-        return await _write(request, data, "fork", 201, session_id=session_id,
-                            turn=data.turn, step=data.step)
+        return await _write(
+            request, data, "fork", 201, session_id=session_id, turn=data.turn, step=data.step
+        )
 
     def _plan(answer: str) -> HTTPRouteHandler:
-        async def handler(request: Request[Any, Any, Any], plan_id: FromPath[str],
-                          data: JSONBody[PlanBody], idempotency_key: IdempotencyKey
-                          ) -> Response[PlanAnswered]:
-            return await _write(request, data, f"{answer}_plan", 200, plan_id=plan_id,
-                                reason=data.reason)
+        async def handler(
+            request: Request[Any, Any, Any],
+            plan_id: FromPath[str],
+            data: JSONBody[PlanBody],
+            idempotency_key: IdempotencyKey,
+        ) -> Response[PlanAnswered]:
+            return await _write(
+                request, data, f"{answer}_plan", 200, plan_id=plan_id, reason=data.reason
+            )
 
-        handler.__doc__ = (f"{answer.capitalize()} a proposed plan by its id only. Approving "
-                           "is consent to proceed, not an authorisation: every call of every "
-                           "step is still decided where it is made.")
+        handler.__doc__ = (
+            f"{answer.capitalize()} a proposed plan by its id only. Approving "
+            "is consent to proceed, not an authorisation: every call of every "
+            "step is still decided where it is made."
+        )
         handler.__name__ = f"{answer}_plan"
-        return post(f"/plans/{{plan_id:str}}/{answer}", status_code=200,
-                    summary=f"{answer.capitalize()} a plan", tags=["sessions"],
-                    responses=_WRITE_ERRORS)(handler)
+        return post(
+            f"/plans/{{plan_id:str}}/{answer}",
+            status_code=200,
+            summary=f"{answer.capitalize()} a plan",
+            tags=["sessions"],
+            responses=_WRITE_ERRORS,
+        )(handler)
 
-    @get("/sessions/{session_id:str}/events", summary="A session's events (Server-Sent Events)",
-         tags=["sessions"], media_type="text/event-stream",
-         responses=problems(s401=_AUTH, s404="NOT_FOUND: no such session of the caller"))
-    async def events(request: Request[Any, Any, Any], session_id: FromPath[str],
-                     last_event_id: Annotated[int | None, HeaderParameter(
-                         name="Last-Event-ID", ge=0, required=False)] = None,
-                     after: Annotated[int | None, QueryParameter(ge=0)] = None
-                     ) -> ServerSentEvent:
+    @get(
+        "/sessions/{session_id:str}/events",
+        summary="A session's events (Server-Sent Events)",
+        tags=["sessions"],
+        media_type="text/event-stream",
+        responses=problems(s401=_AUTH, s404="NOT_FOUND: no such session of the caller"),
+    )
+    async def events(
+        request: Request[Any, Any, Any],
+        session_id: FromPath[str],
+        last_event_id: Annotated[
+            int | None, HeaderParameter(name="Last-Event-ID", ge=0, required=False)
+        ] = None,
+        after: Annotated[int | None, QueryParameter(ge=0)] = None,
+    ) -> ServerSentEvent:
         """Each event as `event: <type>` with `id:` its stream sequence and the event (with
         its number `n` in the session) as data; `Last-Event-ID` (or `after`) resumes right
         after that event: no gap, no duplicate."""
@@ -178,11 +251,18 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         await _ask(_op(caller, "get", session_id=session_id))  # the caller's, or 404
         start = last_event_id if last_event_id is not None else (after or 0)
         js = api.nc.jetstream()
-        config = (ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                                 opt_start_seq=start + 1) if start
-                  else ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-        sub = await js.subscribe(chat_subject(caller.tenant, session_id), stream=CHAT_STREAM,
-                                 ordered_consumer=True, config=config, idle_heartbeat=5.0)
+        config = (
+            ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1)
+            if start
+            else ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        )
+        sub = await js.subscribe(
+            chat_subject(caller.tenant, session_id),
+            stream=CHAT_STREAM,
+            ordered_consumer=True,
+            config=config,
+            idle_heartbeat=5.0,
+        )
 
         async def stream() -> AsyncIterator[ServerSentEventMessage]:
             try:
@@ -193,12 +273,24 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
                         yield ServerSentEventMessage(comment="keep-alive")
                         continue
                     kind = str(_TAG.decode(msg.data).get("type", "event"))
-                    yield ServerSentEventMessage(data=msg.data.decode(), event=kind,
-                                                 id=msg.metadata.sequence.stream)
+                    yield ServerSentEventMessage(
+                        data=msg.data.decode(), event=kind, id=msg.metadata.sequence.stream
+                    )
             finally:
                 await sub.unsubscribe()
 
         return ServerSentEvent(stream(), headers={"Cache-Control": "no-store"})
 
-    return [open_session, send, view, pause, resume, close, inject, fork, events,
-            _plan("approve"), _plan("reject")]
+    return [
+        open_session,
+        send,
+        view,
+        pause,
+        resume,
+        close,
+        inject,
+        fork,
+        events,
+        _plan("approve"),
+        _plan("reject"),
+    ]

@@ -93,8 +93,12 @@ class OpenAIProvider:
     ) -> None:
         if mode not in ("structured", "tools"):
             raise ConfigError(f"provider mode must be structured or tools, not {mode!r}")
-        if max_attempts < 1 or timeout_s <= 0 or (max_calls is not None and max_calls < 1) or (
-                deadline_s is not None and deadline_s <= 0):
+        if (
+            max_attempts < 1
+            or timeout_s <= 0
+            or (max_calls is not None and max_calls < 1)
+            or (deadline_s is not None and deadline_s <= 0)
+        ):
             raise ConfigError("max_attempts, timeout_s, deadline_s and max_calls must be positive")
         if not (key := read_secret(key_file)):
             raise ConfigError(f"the model key file {key_file} is empty")
@@ -122,8 +126,12 @@ class OpenAIProvider:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -135,8 +143,9 @@ class OpenAIProvider:
         decision, _ = await self.decide_with_metadata(model_input)
         return decision
 
-    async def decide_with_metadata(self, model_input: ModelInput, *, text: TextSink | None = None
-                                   ) -> tuple[ModelDecision, ProviderCall]:
+    async def decide_with_metadata(
+        self, model_input: ModelInput, *, text: TextSink | None = None
+    ) -> tuple[ModelDecision, ProviderCall]:
         """The model's next decision and the non-secret facts of the call that made it.
 
         With `text`, the answer is streamed (`stream: true`) and its user-visible text goes to
@@ -151,10 +160,13 @@ class OpenAIProvider:
         tools = self._tool_table(model_input)
         return await self._exchange(
             self._body(model_input, tools),
-            lambda completion, call: self._decoded(completion, call, tools), text=text)
+            lambda completion, call: self._decoded(completion, call, tools),
+            text=text,
+        )
 
-    async def decide_with_usage(self, model_input: ModelInput, *, text: TextSink | None = None
-                                ) -> tuple[ModelDecision, int]:
+    async def decide_with_usage(
+        self, model_input: ModelInput, *, text: TextSink | None = None
+    ) -> tuple[ModelDecision, int]:
         """The model's next decision and the tokens the provider reported for it (streamed
         to `text` when given: usage then comes from the stream's last chunk)."""
         decision, call = await self.decide_with_metadata(model_input, text=text)
@@ -173,20 +185,52 @@ class OpenAIProvider:
 
     def critic_request(self, critic_input: CriticInput) -> dict[str, Any]:
         """The chat-completions request body of a critic call (it holds no secret)."""
-        return {"model": self._model, "messages": [
-            {"role": "system", "content": f"{critic_input.developer}\n\n{CRITIC_BOUNDARY}"},
-            {"role": "user", "content": _json({"user_input": {
-                "authority": "domain_data_only", "objective": critic_input.objective}})},
-            {"role": "user", "content": _json({"untrusted": {
-                "authority": "none", "answer": critic_input.answer,
-                "evidence": critic_input.untrusted,
-                "observations": critic_input.observations}})},
-        ], "response_format": {"type": "json_schema", "json_schema": {
-            "name": "writ_critic_verdict", "strict": True, "schema": _VERDICT_SCHEMA}}}
+        return {
+            "model": self._model,
+            "messages": [
+                {"role": "system", "content": f"{critic_input.developer}\n\n{CRITIC_BOUNDARY}"},
+                {
+                    "role": "user",
+                    "content": _json(
+                        {
+                            "user_input": {
+                                "authority": "domain_data_only",
+                                "objective": critic_input.objective,
+                            }
+                        }
+                    ),
+                },
+                {
+                    "role": "user",
+                    "content": _json(
+                        {
+                            "untrusted": {
+                                "authority": "none",
+                                "answer": critic_input.answer,
+                                "evidence": critic_input.untrusted,
+                                "observations": critic_input.observations,
+                            }
+                        }
+                    ),
+                },
+            ],
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "writ_critic_verdict",
+                    "strict": True,
+                    "schema": _VERDICT_SCHEMA,
+                },
+            },
+        }
 
-    async def _exchange(self, body: dict[str, Any],
-                        decoded: Callable[[_Completion, ProviderCall], _T], *,
-                        text: TextSink | None = None) -> tuple[_T, ProviderCall]:
+    async def _exchange(
+        self,
+        body: dict[str, Any],
+        decoded: Callable[[_Completion, ProviderCall], _T],
+        *,
+        text: TextSink | None = None,
+    ) -> tuple[_T, ProviderCall]:
         """POST `body` with bounded retries (streamed to `text` when given); `decoded` reads
         a 200 answer's completion."""
         if text is not None:
@@ -199,7 +243,8 @@ class OpenAIProvider:
             if self._max_calls is not None and self._calls >= self._max_calls:
                 raise ProviderCallsExhausted(
                     f"the provider has made its {self._max_calls} calls",
-                    call=self._call(digest, attempts, status))
+                    call=self._call(digest, attempts, status),
+                )
             self._calls += 1
             attempts += 1
             retry_after: float | None = None
@@ -220,8 +265,9 @@ class OpenAIProvider:
                 status = response.status_code
                 if completion is not None:
                     try:
-                        result, call = decoded(*self._completion(completion, digest, attempts,
-                                                                 response))
+                        result, call = decoded(
+                            *self._completion(completion, digest, attempts, response)
+                        )
                     except MalformedDecision:
                         await shown.discard("the model's answer was malformed")
                         raise
@@ -237,42 +283,61 @@ class OpenAIProvider:
                 else:
                     call = self._call(digest, attempts, status, response)
                     _record(call)
-                    raise ProviderRejected(f"the model provider refused the request: HTTP "
-                                           f"{status}", status=status, call=call)
+                    raise ProviderRejected(
+                        f"the model provider refused the request: HTTP {status}",
+                        status=status,
+                        call=call,
+                    )
             # A client discards this attempt's text before anything else it is told.
             await shown.discard(failure)
             call = self._call(digest, attempts, status)
             wait = retry_after if retry_after is not None else self._backoff(attempts)
-            if (attempts >= self._max_attempts or wait > self._max_wait_s
-                    or anyio.current_time() + wait >= deadline):
+            if (
+                attempts >= self._max_attempts
+                or wait > self._max_wait_s
+                or anyio.current_time() + wait >= deadline
+            ):
                 _record(call)
                 # A Retry-After we will not wait out here is the delay for the run's retry.
                 raise ProviderUnavailable(
                     f"the model provider failed {attempts} attempt(s), last: {failure}",
-                    call=call, delay=retry_after)
-            log.warning("model call attempt %d failed (%s); retrying in %.2f s [sha256 %s]",
-                        attempts, failure, wait, digest[:16])
+                    call=call,
+                    delay=retry_after,
+                )
+            log.warning(
+                "model call attempt %d failed (%s); retrying in %.2f s [sha256 %s]",
+                attempts,
+                failure,
+                wait,
+                digest[:16],
+            )
             await anyio.sleep(wait)
 
-    async def _attempt(self, content: bytes, digest: str, attempts: int, shown: _Shown
-                       ) -> tuple[httpx.Response, _Completion | None]:
+    async def _attempt(
+        self, content: bytes, digest: str, attempts: int, shown: _Shown
+    ) -> tuple[httpx.Response, _Completion | None]:
         """One POST: the response, and its completion when it answered 200."""
         response: httpx.Response | None = None
         try:
             if shown.sink is None:
-                response = await self._client.post(self._url, content=content,
-                                                   headers=self._headers)
+                response = await self._client.post(
+                    self._url, content=content, headers=self._headers
+                )
                 return response, _read(response) if response.status_code == 200 else None
-            async with self._client.stream("POST", self._url, content=content,
-                                           headers=self._headers) as response:
+            async with self._client.stream(
+                "POST", self._url, content=content, headers=self._headers
+            ) as response:
                 if response.status_code != 200:
                     await _drain(response)
                     return response, None
                 try:
                     return response, await read_stream(
-                        response, structured=self._mode == "structured",
-                        limit=self._max_stream_bytes, max_content=MAX_CONTENT_CHARS,
-                        visible=shown.delta)
+                        response,
+                        structured=self._mode == "structured",
+                        limit=self._max_stream_bytes,
+                        max_content=MAX_CONTENT_CHARS,
+                        visible=shown.delta,
+                    )
                 except httpx.TimeoutException:
                     raise
                 except httpx.TransportError as exc:  # after the 200: the stream was cut
@@ -292,20 +357,36 @@ class OpenAIProvider:
             return self._tools
         offered: list[Capability] = []
         if view.get("mode") == "catalog":
-            offered += [Capability(name=e["ref"], description=e["description"],
-                                   parameters=_parameters(e.get("inputs", {})))
-                        for e in view.get("capabilities", [])]
+            offered += [
+                Capability(
+                    name=e["ref"],
+                    description=e["description"],
+                    parameters=_parameters(e.get("inputs", {})),
+                )
+                for e in view.get("capabilities", [])
+            ]
         else:
-            offered.append(Capability(
-                name=CATALOG_FUNCTION, description="Receive the full catalog of the "
-                f"{view.get('capability_count', 0)} capabilities you may use "
-                f"({', '.join(view.get('capability_refs', []))}) before choosing one."))
-        offered.append(Capability(
-            name=REVIEW_FUNCTION, description="Ask a person to review something before the "
-            "run goes on; the run waits for their explicit answer.",
-            parameters={"type": "object", "additionalProperties": False,
-                        "required": ["review_prompt"],
-                        "properties": {"review_prompt": {"type": "string"}}}))
+            offered.append(
+                Capability(
+                    name=CATALOG_FUNCTION,
+                    description="Receive the full catalog of the "
+                    f"{view.get('capability_count', 0)} capabilities you may use "
+                    f"({', '.join(view.get('capability_refs', []))}) before choosing one.",
+                )
+            )
+        offered.append(
+            Capability(
+                name=REVIEW_FUNCTION,
+                description="Ask a person to review something before the "
+                "run goes on; the run waits for their explicit answer.",
+                parameters={
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["review_prompt"],
+                    "properties": {"review_prompt": {"type": "string"}},
+                },
+            )
+        )
         tools: dict[str, Capability] = {}
         for c in offered:
             tools.setdefault(_TOOL_NAME.sub("_", c.name)[:64], c)
@@ -324,29 +405,63 @@ class OpenAIProvider:
                 names = [c.name for c in self._capabilities]
             else:
                 shown = view
-                names = (view.get("capability_refs") if view.get("mode") == "summary" else
-                         [e["ref"] for e in view.get("capabilities", [])]) or []
+                names = (
+                    view.get("capability_refs")
+                    if view.get("mode") == "summary"
+                    else [e["ref"] for e in view.get("capabilities", [])]
+                ) or []
             messages.append({"role": "system", "content": _json({"capabilities": shown})})
-            body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "writ_decision", "strict": True, "schema": _decision_schema(names)}}
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "writ_decision",
+                    "strict": True,
+                    "schema": _decision_schema(names),
+                },
+            }
         else:
             messages.append({"role": "system", "content": system})
             if tools:  # some providers refuse an empty tool list
                 body["tools"] = [
-                    {"type": "function", "function": {
-                        "name": tool, "description": c.description, "parameters": c.parameters}}
-                    for tool, c in tools.items()]
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": tool,
+                            "description": c.description,
+                            "parameters": c.parameters,
+                        },
+                    }
+                    for tool, c in tools.items()
+                ]
                 body["tool_choice"] = "auto"
                 body["parallel_tool_calls"] = False
-        messages.append({"role": "user", "content": _json(
-            {"user_input": {"authority": "domain_data_only", "request": model_input.user}})})
-        messages.append({"role": "user", "content": _json(
-            {"untrusted": {"authority": "none", "evidence": model_input.untrusted,
-                           "observations": model_input.observations}})})
+        messages.append(
+            {
+                "role": "user",
+                "content": _json(
+                    {"user_input": {"authority": "domain_data_only", "request": model_input.user}}
+                ),
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": _json(
+                    {
+                        "untrusted": {
+                            "authority": "none",
+                            "evidence": model_input.untrusted,
+                            "observations": model_input.observations,
+                        }
+                    }
+                ),
+            }
+        )
         return body
 
-    def _completion(self, completion: _Completion, digest: str, attempts: int,
-                    response: httpx.Response) -> tuple[_Completion, ProviderCall]:
+    def _completion(
+        self, completion: _Completion, digest: str, attempts: int, response: httpx.Response
+    ) -> tuple[_Completion, ProviderCall]:
         """A 200 answer's completion, with a first choice that is neither refused nor cut."""
         call = self._call(digest, attempts, 200, response, completion)
         _record(call)
@@ -359,8 +474,9 @@ class OpenAIProvider:
             raise MalformedDecision("the model's answer was cut short", call=call)
         return completion, call
 
-    def _decoded(self, completion: _Completion, call: ProviderCall,
-                 tools: dict[str, Capability]) -> tuple[ModelDecision, ProviderCall]:
+    def _decoded(
+        self, completion: _Completion, call: ProviderCall, tools: dict[str, Capability]
+    ) -> tuple[ModelDecision, ProviderCall]:
         choice = completion.choices[0]
         try:
             if self._mode == "tools":
@@ -370,16 +486,18 @@ class OpenAIProvider:
             exc.call = call
             raise
 
-    def _verdict(self, completion: _Completion,
-                 call: ProviderCall) -> tuple[CriticVerdict, ProviderCall]:
+    def _verdict(
+        self, completion: _Completion, call: ProviderCall
+    ) -> tuple[CriticVerdict, ProviderCall]:
         content = completion.choices[0].message.content
         if content is None or len(content) > MAX_CONTENT_CHARS:
             raise MalformedDecision("the critic answered without a verdict", call=call)
         try:
             wire = _CRITIC.decode(content).critic
         except msgspec.DecodeError as exc:
-            raise MalformedDecision(f"the critic's answer is not a verdict: {exc}",
-                                    call=call) from None
+            raise MalformedDecision(
+                f"the critic's answer is not a verdict: {exc}", call=call
+            ) from None
         try:
             return msgspec.convert(msgspec.to_builtins(wire), CriticVerdict), call
         except msgspec.ValidationError as exc:
@@ -389,20 +507,31 @@ class OpenAIProvider:
         # Full jitter, so replicas retrying the same outage do not arrive together.
         return random.uniform(0, min(self._max_backoff_s, self._backoff_s * 2 ** (attempts - 1)))
 
-    def _call(self, digest: str, attempts: int, status: int,
-              response: httpx.Response | None = None,
-              completion: _Completion | None = None) -> ProviderCall:
+    def _call(
+        self,
+        digest: str,
+        attempts: int,
+        status: int,
+        response: httpx.Response | None = None,
+        completion: _Completion | None = None,
+    ) -> ProviderCall:
         usage = completion.usage if completion and completion.usage else _Usage()
         finish = completion.choices[0].finish_reason if completion and completion.choices else ""
         return ProviderCall(
-            request_sha256=digest, mode=self._mode, attempts=attempts, status=status,
+            request_sha256=digest,
+            mode=self._mode,
+            attempts=attempts,
+            status=status,
             # The provider's words, kept where Writ stores them: storable text only.
             model=storable(completion.model) if completion else "",
             finish_reason=storable(finish or ""),
             request_id=storable(
-                (response.headers.get("x-request-id", "") if response else "")[:128]),
-            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-            total_tokens=usage.total_tokens)
+                (response.headers.get("x-request-id", "") if response else "")[:128]
+            ),
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            total_tokens=usage.total_tokens,
+        )
 
 
 class _Shown:
@@ -473,5 +602,6 @@ def _retry_after(value: str | None) -> float | None:
 def _record(call: ProviderCall) -> None:
     """Put the call's facts on the current span and in the log; never the prompt or the key."""
     trace.get_current_span().set_attributes(
-        {f"writ.provider.{k}": v for k, v in msgspec.structs.asdict(call).items() if v != ""})
+        {f"writ.provider.{k}": v for k, v in msgspec.structs.asdict(call).items() if v != ""}
+    )
     log.info("model call: %s", msgspec.json.encode(call).decode())

@@ -67,9 +67,14 @@ _CHUNK = msgspec.json.Decoder(_Chunk)
 _MAX_TOOL_CALLS = 8  # a decision is one call; a few more are kept only to refuse them
 
 
-async def read_stream(response: httpx.Response, *, structured: bool, limit: int,
-                      max_content: int, visible: Callable[[str], Awaitable[None]]
-                      ) -> _Completion:
+async def read_stream(
+    response: httpx.Response,
+    *,
+    structured: bool,
+    limit: int,
+    max_content: int,
+    visible: Callable[[str], Awaitable[None]],
+) -> _Completion:
     """The completion a stream assembles to; `visible` gets user-visible text as it arrives.
 
     Raises:
@@ -88,8 +93,12 @@ async def read_stream(response: httpx.Response, *, structured: bool, limit: int,
             message = _Message(
                 content="".join(content) if content else None,
                 refusal="".join(refusal) if refusal else None,
-                tool_calls=[_ToolCall(function=_Function(name="".join(n), arguments="".join(a)))
-                            for _, (n, a) in sorted(calls.items())] or None)
+                tool_calls=[
+                    _ToolCall(function=_Function(name="".join(n), arguments="".join(a)))
+                    for _, (n, a) in sorted(calls.items())
+                ]
+                or None,
+            )
             choices = [_Choice(message=message, finish_reason=finish)] if chosen else []
             return _Completion(choices=choices, model=model, usage=usage)
         try:
@@ -150,8 +159,7 @@ async def _events(response: httpx.Response, limit: int) -> AsyncIterator[str]:
         yield "\n".join(data)
 
 
-_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r",
-            "t": "\t"}
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 
 
 class AnswerScanner:
@@ -200,8 +208,13 @@ class AnswerScanner:
             self._is_key = bool(top is not None and top[0] and top[2])
             path = [entry[1] for entry in self._stack]
             self._target = ""
-            if not self._is_key and len(path) == 2 and all(e[0] for e in self._stack) \
-                    and path[0] == "next" and path[1] in ("answer", "decision"):
+            if (
+                not self._is_key
+                and len(path) == 2
+                and all(e[0] for e in self._stack)
+                and path[0] == "next"
+                and path[1] in ("answer", "decision")
+            ):
                 self._target = str(path[1])
 
     def _string_char(self, ch: str) -> None:

@@ -97,7 +97,8 @@ class Capability(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
     description: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
     parameters: dict[str, Any] = msgspec.field(
-        default_factory=lambda: {"type": "object", "properties": {}})
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
 
 
 def load_capabilities(path: str | Path) -> list[Capability]:
@@ -137,8 +138,7 @@ class _Structured(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     next: _WireSelect | _WireAnswer | _WireCatalog | _WireReview
 
 
-class _WireVerdict(msgspec.Struct, frozen=True, forbid_unknown_fields=True,
-                   tag_field="verdict"):
+class _WireVerdict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="verdict"):
     pass
 
 
@@ -155,14 +155,31 @@ class _Critic(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 _VERDICT_SCHEMA: Final = {
-    "type": "object", "additionalProperties": False, "required": ["critic"],
-    "properties": {"critic": {"anyOf": [
-        {"type": "object", "additionalProperties": False, "required": ["verdict"],
-         "properties": {"verdict": {"type": "string", "enum": ["accept"]}}},
-        {"type": "object", "additionalProperties": False, "required": ["verdict", "reason"],
-         "properties": {"verdict": {"type": "string", "enum": ["replan"]},
-                        "reason": {"type": "string"}}},
-    ]}}}
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["critic"],
+    "properties": {
+        "critic": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["verdict"],
+                    "properties": {"verdict": {"type": "string", "enum": ["accept"]}},
+                },
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["verdict", "reason"],
+                    "properties": {
+                        "verdict": {"type": "string", "enum": ["replan"]},
+                        "reason": {"type": "string"},
+                    },
+                },
+            ]
+        }
+    },
+}
 
 
 # The response envelope is read leniently (providers add fields); the decision inside is not.
@@ -216,8 +233,9 @@ def _from_tools(message: _Message, tools: dict[str, Capability]) -> ModelDecisio
             return _checked({"decision": "request_capabilities"})
         if capability.name == REVIEW_FUNCTION:
             args = _arguments(function.arguments)
-            return _checked({"decision": "request_human_review",
-                             "review_prompt": args.get("review_prompt")})
+            return _checked(
+                {"decision": "request_human_review", "review_prompt": args.get("review_prompt")}
+            )
         return _select(capability.name, function.arguments)
     if not message.content:
         raise MalformedDecision("the model answered with neither a tool call nor content")
@@ -238,8 +256,13 @@ def _from_structured(content: str | None) -> ModelDecision:
     if isinstance(wire, _WireCatalog):
         return _checked({"decision": "request_capabilities", "reason": wire.reason})
     if isinstance(wire, _WireReview):
-        return _checked({"decision": "request_human_review",
-                         "review_prompt": wire.review_prompt, "reason": wire.reason})
+        return _checked(
+            {
+                "decision": "request_human_review",
+                "review_prompt": wire.review_prompt,
+                "reason": wire.reason,
+            }
+        )
     return _select(wire.capability, wire.arguments, consequential=wire.consequential)
 
 
@@ -254,9 +277,14 @@ def _arguments(arguments: str) -> dict[str, Any]:
 
 def _select(capability: str, arguments: str, *, consequential: bool = False) -> ModelDecision:
     # (tools mode has no place for the mark: a native tool call carries only the arguments)
-    return _checked({"decision": "select_capability", "capability": capability,
-                     "arguments": _arguments(arguments),
-                     **({"consequential": True} if consequential else {})})
+    return _checked(
+        {
+            "decision": "select_capability",
+            "capability": capability,
+            "arguments": _arguments(arguments),
+            **({"consequential": True} if consequential else {}),
+        }
+    )
 
 
 def _parameters(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -264,11 +292,15 @@ def _parameters(inputs: dict[str, Any]) -> dict[str, Any]:
     is, a tool's or an agent's input table as an object schema."""
     if inputs.get("type") == "object" or "$ref" in inputs:
         return inputs
-    return {"type": "object", "additionalProperties": False,
-            "required": [k for k, v in inputs.items() if v.get("required", True)],
-            "properties": {k: {"type": v.get("type", "string"),
-                               "description": v.get("description", "")}
-                           for k, v in inputs.items()}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": [k for k, v in inputs.items() if v.get("required", True)],
+        "properties": {
+            k: {"type": v.get("type", "string"), "description": v.get("description", "")}
+            for k, v in inputs.items()
+        },
+    }
 
 
 def _checked(raw: dict[str, Any]) -> ModelDecision:
@@ -286,21 +318,45 @@ def _decision_schema(names: list[str]) -> dict[str, Any]:
         capability["enum"] = names
 
     def variant(kind: str, **props: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "object", "additionalProperties": False,
-                "required": ["decision", *props],
-                "properties": {"decision": {"type": "string", "enum": [kind]}, **props}}
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["decision", *props],
+            "properties": {"decision": {"type": "string", "enum": [kind]}, **props},
+        }
 
-    return {"type": "object", "additionalProperties": False, "required": ["next"],
-            "properties": {"next": {"anyOf": [
-                variant("select_capability", capability=capability, arguments={
-                    "type": "string", "description": "the arguments: a JSON object, encoded"},
-                    consequential={"type": "boolean", "description": (
-                        "true asks the user to approve a plan first (a chat turn)")}),
-                variant("answer_directly", answer={"type": "string"}),
-                variant("request_capabilities", reason={"type": "string"}),
-                variant("request_human_review", review_prompt={"type": "string"},
-                        reason={"type": "string"}),
-            ]}}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["next"],
+        "properties": {
+            "next": {
+                "anyOf": [
+                    variant(
+                        "select_capability",
+                        capability=capability,
+                        arguments={
+                            "type": "string",
+                            "description": "the arguments: a JSON object, encoded",
+                        },
+                        consequential={
+                            "type": "boolean",
+                            "description": (
+                                "true asks the user to approve a plan first (a chat turn)"
+                            ),
+                        },
+                    ),
+                    variant("answer_directly", answer={"type": "string"}),
+                    variant("request_capabilities", reason={"type": "string"}),
+                    variant(
+                        "request_human_review",
+                        review_prompt={"type": "string"},
+                        reason={"type": "string"},
+                    ),
+                ]
+            }
+        },
+    }
 
 
 def _tool_names(capabilities: list[Capability]) -> dict[str, Capability]:
@@ -309,13 +365,12 @@ def _tool_names(capabilities: list[Capability]) -> dict[str, Capability]:
     for c in capabilities:
         tool = _TOOL_NAME.sub("_", c.name)[:64]
         if tool in tools:
-            raise ConfigError(f"capabilities {tools[tool].name!r} and {c.name!r} share the "
-                              f"tool name {tool!r}")
+            raise ConfigError(
+                f"capabilities {tools[tool].name!r} and {c.name!r} share the tool name {tool!r}"
+            )
         tools[tool] = c
     return tools
 
 
 def _json(value: Any) -> str:
     return msgspec.json.encode(value).decode()
-
-

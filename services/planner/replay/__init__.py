@@ -29,8 +29,9 @@ from services.planner.replay._walk import Walk, canon, show
 __all__ = ["render", "replay_run"]
 
 
-def replay_run(run_id: str, entries: list[Captured], *, record: RunRecord | None = None,
-               unsealed: int = 0) -> ReplayReport:
+def replay_run(
+    run_id: str, entries: list[Captured], *, record: RunRecord | None = None, unsealed: int = 0
+) -> ReplayReport:
     """Walk a run's captured entries (in chain order) offline and say what the walk found.
 
     `record` is the runtime's own record of the run, compared with what was captured; `unsealed`
@@ -42,10 +43,14 @@ def replay_run(run_id: str, entries: list[Captured], *, record: RunRecord | None
     walk.end()
     if record is not None:
         _compare(walk, record)
-    verdict = ("divergent" if walk.divergences else "incomplete" if walk.missing
-               else "identical")
-    return ReplayReport(run_id=run_id, verdict=verdict, divergences=walk.divergences,
-                        missing=walk.missing, entries=len(entries))
+    verdict = "divergent" if walk.divergences else "incomplete" if walk.missing else "identical"
+    return ReplayReport(
+        run_id=run_id,
+        verdict=verdict,
+        divergences=walk.divergences,
+        missing=walk.missing,
+        entries=len(entries),
+    )
 
 
 def _compare(walk: Walk, record: RunRecord) -> None:
@@ -62,34 +67,52 @@ def _compare(walk: Walk, record: RunRecord) -> None:
         captured, row = walk.steps.get(seq), recorded.get(seq)
         if row is None:
             assert captured is not None
-            differs(seq, f"the captured {captured.kind} in planner.steps",
-                    "no such step in the runtime's record")
+            differs(
+                seq,
+                f"the captured {captured.kind} in planner.steps",
+                "no such step in the runtime's record",
+            )
         elif captured is None:
-            differs(seq, "a journal entry for every recorded step",
-                    f"a recorded {row.kind} the journal never captured")
+            differs(
+                seq,
+                "a journal entry for every recorded step",
+                f"a recorded {row.kind} the journal never captured",
+            )
         elif row.kind != captured.kind or canon(row.payload) != canon(captured.payload):
-            walk.diverged(seq, f"{captured.kind} {show(captured.payload)} (captured)",
-                          f"{row.kind} {show(row.payload)} (planner.steps)")
+            walk.diverged(
+                seq,
+                f"{captured.kind} {show(captured.payload)} (captured)",
+                f"{row.kind} {show(row.payload)} (planner.steps)",
+            )
         elif captured.input_digest is not None and row.input_digest != captured.input_digest:
-            walk.diverged(seq, f"model input sha256 {captured.input_digest} (captured)",
-                          f"sha256 {row.input_digest} (planner.steps)")
+            walk.diverged(
+                seq,
+                f"model input sha256 {captured.input_digest} (captured)",
+                f"sha256 {row.input_digest} (planner.steps)",
+            )
     last = walk.last_status or StatusEntry(status="running")
     want = (last.status, last.answer, last.error_code, last.error_message)
     have = (record.status, record.answer, record.error_code, record.error_message)
     if want != have:
-        differs(None, f"the run {show(list(want))} (captured)",
-                f"{show(list(have))} (planner.runs)")
+        differs(
+            None, f"the run {show(list(want))} (captured)", f"{show(list(have))} (planner.runs)"
+        )
     for expected, found in walk.plans.compare(record.plans):
         differs(None, expected, found)
     if walk.started is not None and canon(record.evidence) != canon(walk.started.evidence):
-        walk.diverged(None, f"the evidence the model saw: {show(walk.started.evidence)}",
-                      f"{show(record.evidence)} (planner.runs)")
+        walk.diverged(
+            None,
+            f"the evidence the model saw: {show(walk.started.evidence)}",
+            f"{show(record.evidence)} (planner.runs)",
+        )
 
 
 def render(report: ReplayReport) -> str:
     """A readable report (`writ audit replay`)."""
-    lines = [f"run {report.run_id}: {report.verdict.upper()} ({report.entries} captured "
-             "entries replayed; no model called, no tool run)"]
+    lines = [
+        f"run {report.run_id}: {report.verdict.upper()} ({report.entries} captured "
+        "entries replayed; no model called, no tool run)"
+    ]
     for d in report.divergences:
         where = f"step {d.step}" if d.step is not None else "run"
         lines += [f"  {where}:", f"    expected {d.expected}", f"    found    {d.found}"]

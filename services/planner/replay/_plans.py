@@ -35,8 +35,7 @@ __all__ = ["PLAN_STALE", "PlanTrack"]
 
 
 def _steps(recorded: dict[int, StepRecord]) -> list[Step]:
-    return [Step(seq=r.seq, kind=r.kind, payload=r.payload) for _, r in sorted(
-        recorded.items())]
+    return [Step(seq=r.seq, kind=r.kind, payload=r.payload) for _, r in sorted(recorded.items())]
 
 
 class PlanTrack:
@@ -53,16 +52,18 @@ class PlanTrack:
         # The turn plans if its session does, or the model marked a selection consequential.
         return self.planning or marked(_steps(recorded))
 
-    def refusal(self, recorded: dict[int, StepRecord],
-                decision: SelectCapability) -> tuple[str, str] | None:
+    def refusal(
+        self, recorded: dict[int, StepRecord], decision: SelectCapability
+    ) -> tuple[str, str] | None:
         """The refusal the loop's plan check gives the selection just recorded, if any."""
         if not self._plans(recorded):
             return None
         taken = plan_refusal(_steps(recorded), self.approved, decision)
         return None if isinstance(taken, PlanStep) else taken
 
-    def request(self, recorded: dict[int, StepRecord],
-                decision: SelectCapability) -> dict[str, Any] | None:
+    def request(
+        self, recorded: dict[int, StepRecord], decision: SelectCapability
+    ) -> dict[str, Any] | None:
         """The plan's frozen request an approved step sends in place of the model's spelling
         (None: no plan governs the selection, or it was frozen before requests were kept)."""
         if not self._plans(recorded) or self.approved is None:
@@ -74,23 +75,28 @@ class PlanTrack:
         """Whether the loop may have refused this approved step `PLAN_STALE` (its facts are
         read again when it is taken; replay reads none, so it accepts either)."""
         return self.request(recorded, decision) is not None and facts_bound(
-            decision.capability, decision.arguments)
+            decision.capability, decision.arguments
+        )
 
     def drafts(self, recorded: dict[int, StepRecord]) -> list[tuple[str, dict[str, Any]]]:
         """The plan an answer just recorded freezes (empty: the answer ends the turn)."""
         if not self._plans(recorded):
             return []
-        return plan_drafts(_steps(recorded), None if self.approved is None
-                           else self.approved[1])
+        return plan_drafts(_steps(recorded), None if self.approved is None else self.approved[1])
 
-    def proposal_differs(self, entry: PlanProposed, step: int,
-                         expected: list[tuple[str, dict[str, Any]]]) -> str | None:
+    def proposal_differs(
+        self, entry: PlanProposed, step: int, expected: list[tuple[str, dict[str, Any]]]
+    ) -> str | None:
         """Record a captured plan; what in it differs from the selections it froze, if
         anything."""
         plan = entry.plan
         self.proposed[plan.plan_id] = (entry, step)
-        held = _canon([[s.capability, s.request if s.request is not None else s.arguments]
-                       for s in plan.steps])
+        held = _canon(
+            [
+                [s.capability, s.request if s.request is not None else s.arguments]
+                for s in plan.steps
+            ]
+        )
         if held != plan_outline(expected):
             return f"plan {plan.plan_id} with steps {held.decode()}"
         if plan.digest != plan_digest(list(plan.steps)):
@@ -122,11 +128,11 @@ class PlanTrack:
             captured = _captured(entry.plan.digest, entry.plan.steps, state)
             held = _captured(row.digest, row.steps, row.state)
             if captured != held:
-                found.append((f"plan {plan_id} {captured} (captured)",
-                              f"{held} (planner.plans)"))
+                found.append((f"plan {plan_id} {captured} (captured)", f"{held} (planner.plans)"))
         for plan_id in recorded.keys() - self.proposed.keys():
-            found.append(("a journal entry for every plan",
-                          f"plan {plan_id} the journal never captured"))
+            found.append(
+                ("a journal entry for every plan", f"plan {plan_id} the journal never captured")
+            )
         return found
 
 

@@ -61,8 +61,9 @@ from services.planner.snapshot import (
 __all__ = ["Walk", "canon", "show"]
 
 _TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
-_BUDGET_KINDS: Final = frozenset({"provider_calls", "tokens", "capability_calls", "wall_time",
-                                  "concurrent_steps"})
+_BUDGET_KINDS: Final = frozenset(
+    {"provider_calls", "tokens", "capability_calls", "wall_time", "concurrent_steps"}
+)
 _MAX_FINDINGS: Final = 100  # ReplayReport's bound
 
 
@@ -74,7 +75,7 @@ def canon(value: Any) -> bytes:
 def show(value: Any, limit: int = 160) -> str:
     """`value` as a finding shows it: canonical JSON, cut to `limit` characters."""
     text = canon(value).decode()
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class _Expect(msgspec.Struct, kw_only=True):
@@ -98,9 +99,9 @@ class _Expect(msgspec.Struct, kw_only=True):
             "propose": f"a proposal of {self.action} with arguments {show(self.arguments)}",
             "refuse": f"the runtime to refuse {self.action} ({self.code}: {show(self.reason)})",
             "read": f"a read of {self.action} with arguments {show(self.arguments)} observed "
-                    f"(step {self.step})",
+            f"(step {self.step})",
             "call": f"a call of agent {self.action} with arguments {show(self.arguments)} "
-                    f"observed (step {self.step})",
+            f"observed (step {self.step})",
             "output": f"the captured output of {self.action} (step {self.step})",
             "review": f"the run to wait for a person's review of step {self.step}",
             "reviewing": f"a person's answer to the review of step {self.step}",
@@ -111,19 +112,23 @@ class _Expect(msgspec.Struct, kw_only=True):
             "resume": "the run to resume once the approved command's outcome arrived",
             "ended": "nothing more (the run had ended)",
             "plan": f"the plan of steps {show(self.plan)} proposed (step {self.step})",
-            "plan-wait": f"the run to wait for the user's answer to the plan of step "
-                         f"{self.step}",
+            "plan-wait": f"the run to wait for the user's answer to the plan of step {self.step}",
             "plan-answer": f"the user's answer to the plan of step {self.step}",
             "plan-approved": f"the plan's approval observed (step {self.step})",
         }.get(self.what, "an entry the walk cannot predict")
 
 
 _DECODERS: Final[dict[str, type]] = {
-    RUN_STARTED: RunStartedEntry, DECISION: DecisionEntry, PROPOSAL: ProposalEntry,
-    OBSERVATION: ObservationEntry, RUN_STATUS: StatusEntry, CRITIC: CriticEntry,
+    RUN_STARTED: RunStartedEntry,
+    DECISION: DecisionEntry,
+    PROPOSAL: ProposalEntry,
+    OBSERVATION: ObservationEntry,
+    RUN_STATUS: StatusEntry,
+    CRITIC: CriticEntry,
     INJECTED: InjectedEntry,
     # A chat turn's session: whether it plans first, its plans and their answers.
-    "session.SessionOpened": SessionOpened, "session.PlanProposed": PlanProposed,
+    "session.SessionOpened": SessionOpened,
+    "session.PlanProposed": PlanProposed,
     "session.PlanDecided": PlanDecided,
 }
 
@@ -152,8 +157,9 @@ class Walk:
 
     def diverged(self, step: int | None, expected: str, found: str) -> None:
         if len(self.divergences) < _MAX_FINDINGS:
-            self.divergences.append(Divergence(step=step, expected=expected[:512],
-                                               found=found[:512]))
+            self.divergences.append(
+                Divergence(step=step, expected=expected[:512], found=found[:512])
+            )
 
     def lacks(self, what: str) -> None:
         if len(self.missing) < _MAX_FINDINGS:
@@ -162,22 +168,31 @@ class Walk:
     def entry(self, captured: Captured) -> None:
         kind = _DECODERS.get(captured.kind)
         if kind is None:
-            self.diverged(None, "a planner journal entry", f"kind {captured.kind!r} "
-                                                           f"(chain seq {captured.seq})")
+            self.diverged(
+                None,
+                "a planner journal entry",
+                f"kind {captured.kind!r} (chain seq {captured.seq})",
+            )
             return
         try:
             entry = msgspec.convert(captured.payload, kind)
         except msgspec.ValidationError as exc:
-            self.diverged(None, f"a {captured.kind} entry", f"an unreadable one (chain seq "
-                                                             f"{captured.seq}): {exc}")
+            self.diverged(
+                None,
+                f"a {captured.kind} entry",
+                f"an unreadable one (chain seq {captured.seq}): {exc}",
+            )
             self.expect = _Expect(what="unknown")
             return
         if isinstance(entry, SessionOpened | PlanProposed | PlanDecided):
             self.session_entry(entry)
             return
         if self.status in _TERMINAL:
-            self.diverged(getattr(entry, "step", getattr(entry, "seq", None)),
-                          str(self.expect), f"a {captured.kind} entry after the run ended")
+            self.diverged(
+                getattr(entry, "step", getattr(entry, "seq", None)),
+                str(self.expect),
+                f"a {captured.kind} entry after the run ended",
+            )
         if isinstance(entry, RunStartedEntry):
             if self.started is not None:
                 self.diverged(None, "one start of the run", "a second run.started entry")
@@ -185,8 +200,9 @@ class Walk:
                 self.started = entry
         elif self.started is None:
             self.lacks("the run's start (the evidence its model saw) was never captured")
-            self.started = RunStartedEntry(request_id="", principal="", agent="", input="",
-                                           evidence=[])
+            self.started = RunStartedEntry(
+                request_id="", principal="", agent="", input="", evidence=[]
+            )
             self.inputs_known = False
         if isinstance(entry, DecisionEntry):
             self.decision(entry)
@@ -218,8 +234,11 @@ class Walk:
         else:
             answered = self.plans.answered(entry)
             if answered is None:
-                self.diverged(ex.step, str(ex), f"an answer to plan {entry.plan_id}, which "
-                                                "this turn never proposed")
+                self.diverged(
+                    ex.step,
+                    str(ex),
+                    f"an answer to plan {entry.plan_id}, which this turn never proposed",
+                )
                 return
             step, answer = answered
             if ex.what != "plan-answer" or ex.step != step:
@@ -227,27 +246,33 @@ class Walk:
             elif answer == "approved":
                 self.expect = _Expect(what="plan-approved", step=step)
             else:  # the loop's `_plan_answered`
-                self.expect = _Expect(what="fail", step=step, code="REJECTED",
-                                      reason=entry.reason or PLAN_REJECTED)
+                self.expect = _Expect(
+                    what="fail", step=step, code="REJECTED", reason=entry.reason or PLAN_REJECTED
+                )
 
     def injected_step(self, i: InjectedEntry) -> None:
         """A chat session's injected messages: the next decision's input carries them."""
         gap = self.at_step(i.seq, "injected message")
         if not gap and self.expect.what not in ("decide", "unknown"):
-            self.diverged(self.expect.step, str(self.expect), f"an injected message at step "
-                                                              f"{i.seq}")
+            self.diverged(
+                self.expect.step, str(self.expect), f"an injected message at step {i.seq}"
+            )
         self.injected.extend(i.texts)
         self.next_seq = i.seq + 1
-        self.steps[i.seq] = StepRecord(seq=i.seq, kind="injected",
-                                       payload={"injected": list(i.texts)})
+        self.steps[i.seq] = StepRecord(
+            seq=i.seq, kind="injected", payload={"injected": list(i.texts)}
+        )
 
     def at_step(self, seq: int, kind: str) -> bool:
         """Check a step's position; True if steps before it were never captured."""
         if seq in self.steps:
             self.diverged(seq, "each step recorded once", f"a second {kind} at step {seq}")
         if seq > self.next_seq:
-            lost = (f"step {self.next_seq}" if seq == self.next_seq + 1
-                    else f"steps {self.next_seq}..{seq - 1}")
+            lost = (
+                f"step {self.next_seq}"
+                if seq == self.next_seq + 1
+                else f"steps {self.next_seq}..{seq - 1}"
+            )
             if self.expect.what in ("output", "read"):
                 lost += f" (the tool output of step {self.expect.step})"
             elif self.expect.what == "decide":
@@ -267,26 +292,37 @@ class Walk:
             if d.turn != self.decisions:
                 self.diverged(d.seq, f"decision turn {self.decisions}", f"turn {d.turn}")
             try:
-                digest = input_digest(model_input(
-                    user=with_injected(self.started.input, self.injected),
-                    evidence=self.started.evidence,
-                    observations=self.observations, turn=self.decisions,
-                    agent=self.started.agent, manifest=self.started.manifest,
-                    catalog_requested=self.catalog_requested))
+                digest = input_digest(
+                    model_input(
+                        user=with_injected(self.started.input, self.injected),
+                        evidence=self.started.evidence,
+                        observations=self.observations,
+                        turn=self.decisions,
+                        agent=self.started.agent,
+                        manifest=self.started.manifest,
+                        catalog_requested=self.catalog_requested,
+                    )
+                )
             except ValueError as exc:
                 digest = f"none ({exc})"
             if digest != d.input_digest:
-                self.diverged(d.seq, f"a model input of sha256 {digest} (from the captured "
-                                     "evidence and tool outputs)", f"sha256 {d.input_digest}")
+                self.diverged(
+                    d.seq,
+                    f"a model input of sha256 {digest} (from the captured "
+                    "evidence and tool outputs)",
+                    f"sha256 {d.input_digest}",
+                )
         self.decisions = d.turn + 1 if not self.inputs_known else self.decisions + 1
         self.next_seq = d.seq + 1
-        self.steps[d.seq] = StepRecord(seq=d.seq, kind="decision", payload=d.response,
-                                       input_digest=d.input_digest)
+        self.steps[d.seq] = StepRecord(
+            seq=d.seq, kind="decision", payload=d.response, input_digest=d.input_digest
+        )
         try:
             decision = msgspec.convert(d.response, ModelDecision)
         except msgspec.ValidationError as exc:
-            self.diverged(d.seq, "a model response that decodes as a decision",
-                          f"{show(d.response)}: {exc}")
+            self.diverged(
+                d.seq, "a model response that decodes as a decision", f"{show(d.response)}: {exc}"
+            )
             self.expect = _Expect(what="unknown")
             return
         if isinstance(decision, AnswerDirectly):
@@ -294,8 +330,9 @@ class Walk:
             if drafts := self.plans.drafts(self.steps):  # a planning turn's answer: its plan
                 self.expect = _Expect(what="plan", step=d.seq, plan=drafts)
                 return
-            self.expect = _Expect(what="critic" if verified else "succeed", step=d.seq,
-                                  answer=decision.answer)
+            self.expect = _Expect(
+                what="critic" if verified else "succeed", step=d.seq, answer=decision.answer
+            )
         elif isinstance(decision, RequestCapabilities):
             self.catalog_requested = True
             self.expect = _Expect(what="decide")
@@ -305,58 +342,82 @@ class Walk:
             refused = selection_outcome(
                 self.started.manifest if self.started is not None else None,
                 agent=self.started.agent if self.started is not None else "",
-                target=decision.capability, arguments=decision.arguments)
+                target=decision.capability,
+                arguments=decision.arguments,
+            )
             if refused is None:  # a plan-mode turn's plan check, after the runtime's own
                 refused = self.plans.refusal(self.steps, decision)
             manifest = self.started.manifest if self.started is not None else None
             tool = read_target(manifest, decision.capability)
             callee = agent_call_target(manifest, decision.capability)
             if refused is not None:
-                self.expect = _Expect(what="refuse", step=d.seq,
-                                      action=decision.capability[:512], code=refused[0],
-                                      reason=refused[1])
+                self.expect = _Expect(
+                    what="refuse",
+                    step=d.seq,
+                    action=decision.capability[:512],
+                    code=refused[0],
+                    reason=refused[1],
+                )
             elif tool is not None:
-                self.expect = _Expect(what="read", step=d.seq, action=tool,
-                                      arguments=decision.arguments)
+                self.expect = _Expect(
+                    what="read", step=d.seq, action=tool, arguments=decision.arguments
+                )
             elif callee is not None:
-                self.expect = _Expect(what="call", step=d.seq, action=callee,
-                                      arguments=decision.arguments)
+                self.expect = _Expect(
+                    what="call", step=d.seq, action=callee, arguments=decision.arguments
+                )
             else:  # an approved plan's step sends the plan's frozen request
                 planned = self.plans.request(self.steps, decision)
-                self.expect = _Expect(what="propose", step=d.seq,
-                                      action=action_name(decision.capability)[:512],
-                                      arguments=decision.arguments if planned is None
-                                      else planned,
-                                      code=PLAN_STALE if self.plans.may_be_stale(
-                                          self.steps, decision) else None)
+                self.expect = _Expect(
+                    what="propose",
+                    step=d.seq,
+                    action=action_name(decision.capability)[:512],
+                    arguments=decision.arguments if planned is None else planned,
+                    code=PLAN_STALE if self.plans.may_be_stale(self.steps, decision) else None,
+                )
 
     def critic(self, c: CriticEntry) -> None:
         ex = self.expect
         gap = self.at_step(c.seq, "critic verdict")
-        if not gap and ex.what not in ("critic", "unknown") or (
-                ex.what == "critic" and c.step != ex.step):
+        if (
+            not gap
+            and ex.what not in ("critic", "unknown")
+            or (ex.what == "critic" and c.step != ex.step)
+        ):
             self.diverged(c.step, str(ex), f"a critic verdict at step {c.seq}")
         answer = ex.answer if ex.what == "critic" else None
         if self.inputs_known and self.started is not None and answer is not None:
             if c.round != self.critics:
                 self.diverged(c.seq, f"critic round {self.critics}", f"round {c.round}")
-            digest = input_digest(critic_input(
-                user=self.started.input, evidence=self.started.evidence,
-                observations=self.observations, answer=answer, round=self.critics,
-                agent=self.started.agent, manifest=self.started.manifest))
+            digest = input_digest(
+                critic_input(
+                    user=self.started.input,
+                    evidence=self.started.evidence,
+                    observations=self.observations,
+                    answer=answer,
+                    round=self.critics,
+                    agent=self.started.agent,
+                    manifest=self.started.manifest,
+                )
+            )
             if digest != c.input_digest:
-                self.diverged(c.seq, f"a critic input of sha256 {digest} (from the captured "
-                                     "answer, evidence and tool outputs)",
-                              f"sha256 {c.input_digest}")
+                self.diverged(
+                    c.seq,
+                    f"a critic input of sha256 {digest} (from the captured "
+                    "answer, evidence and tool outputs)",
+                    f"sha256 {c.input_digest}",
+                )
         self.critics = c.round + 1 if not self.inputs_known else self.critics + 1
         self.next_seq = c.seq + 1
-        self.steps[c.seq] = StepRecord(seq=c.seq, kind="critic", payload=c.verdict,
-                                       input_digest=c.input_digest)
+        self.steps[c.seq] = StepRecord(
+            seq=c.seq, kind="critic", payload=c.verdict, input_digest=c.input_digest
+        )
         try:
             verdict = msgspec.convert(c.verdict, CriticVerdict)
         except msgspec.ValidationError as exc:
-            self.diverged(c.seq, "a critic response that decodes as a verdict",
-                          f"{show(c.verdict)}: {exc}")
+            self.diverged(
+                c.seq, "a critic response that decodes as a verdict", f"{show(c.verdict)}: {exc}"
+            )
             self.expect = _Expect(what="unknown")
             return
         if isinstance(verdict, Replan):
@@ -372,50 +433,80 @@ class Walk:
             if p.action != ex.action:
                 self.diverged(p.step, f"a proposal of {ex.action}", f"a proposal of {p.action}")
             if canon(p.arguments) != canon(ex.arguments):
-                self.diverged(p.step, f"{ex.action} with arguments {show(ex.arguments)}",
-                              f"arguments {show(p.arguments)}")
+                self.diverged(
+                    p.step,
+                    f"{ex.action} with arguments {show(ex.arguments)}",
+                    f"arguments {show(p.arguments)}",
+                )
         self.expect = _Expect(what="output", step=p.step, action=p.action)
 
     def observation(self, o: ObservationEntry) -> None:
         ex = self.expect
         gap = self.at_step(o.seq, "observation")
         stale = ex.what == "propose" and ex.code == PLAN_STALE  # may be refused instead
-        if not gap and ex.what != "unknown" and not (
-                (stale or ex.what in ("output", "read", "call", "refuse", "reviewing", "replan",
-                                      "plan-approved")) and o.step == ex.step):
-            self.diverged(ex.step if ex.step is not None else o.step, str(ex),
-                          f"a tool output of step {o.step}")
+        if (
+            not gap
+            and ex.what != "unknown"
+            and not (
+                (
+                    stale
+                    or ex.what
+                    in ("output", "read", "call", "refuse", "reviewing", "replan", "plan-approved")
+                )
+                and o.step == ex.step
+            )
+        ):
+            self.diverged(
+                ex.step if ex.step is not None else o.step,
+                str(ex),
+                f"a tool output of step {o.step}",
+            )
         self.next_seq = o.seq + 1
         self.steps[o.seq] = StepRecord(seq=o.seq, kind="observation", payload=o.observation)
         self.observations.append(o.observation)
         try:
             output = msgspec.convert(o.output, Output)
         except msgspec.ValidationError as exc:
-            self.diverged(o.seq, "a captured tool output (an outcome or a refusal)",
-                          f"{show(o.output)}: {exc}")
+            self.diverged(
+                o.seq,
+                "a captured tool output (an outcome or a refusal)",
+                f"{show(o.output)}: {exc}",
+            )
             self.expect = _Expect(what="unknown")
             return
         if output.run_id != self.run_id or output.step != o.step:
-            self.diverged(o.seq, f"the output of run {self.run_id} step {o.step}",
-                          f"the output of run {output.run_id} step {output.step}")
+            self.diverged(
+                o.seq,
+                f"the output of run {self.run_id} step {o.step}",
+                f"the output of run {output.run_id} step {output.step}",
+            )
         derived = observation_of(output)
         if canon(derived) != canon(o.observation):
-            self.diverged(o.seq, f"the observation {show(derived)} (from the captured output)",
-                          f"{show(o.observation)}")
+            self.diverged(
+                o.seq,
+                f"the observation {show(derived)} (from the captured output)",
+                f"{show(o.observation)}",
+            )
         if isinstance(output, ReadObserved):
             if ex.what != "read":
                 self.diverged(o.step, str(ex), f"a read of {output.tool} at step {output.step}")
             elif output.tool != ex.action or canon(output.arguments) != canon(ex.arguments):
-                self.diverged(o.step, str(ex), f"a read of {output.tool} with arguments "
-                                               f"{show(output.arguments)}")
+                self.diverged(
+                    o.step,
+                    str(ex),
+                    f"a read of {output.tool} with arguments {show(output.arguments)}",
+                )
             self.expect = _Expect(what="decide")
             return
         if isinstance(output, AgentObserved):
             if ex.what != "call":
                 self.diverged(o.step, str(ex), f"a call of {output.agent} at step {output.step}")
             elif output.agent != ex.action or canon(output.arguments) != canon(ex.arguments):
-                self.diverged(o.step, str(ex), f"a call of {output.agent} with arguments "
-                                               f"{show(output.arguments)}")
+                self.diverged(
+                    o.step,
+                    str(ex),
+                    f"a call of {output.agent} with arguments {show(output.arguments)}",
+                )
             self.expect = _Expect(what="decide")
             return
         if ex.what in ("read", "call"):
@@ -424,10 +515,14 @@ class Walk:
             return
         if isinstance(output, SelectionRefused):
             if ex.what == "refuse" and (output.check, output.reason) != (ex.code, ex.reason):
-                self.diverged(o.step, str(ex), f"the runtime refused {output.target} "
-                                               f"({output.check}: {show(output.reason)})")
+                self.diverged(
+                    o.step,
+                    str(ex),
+                    f"the runtime refused {output.target} ({output.check}: {show(output.reason)})",
+                )
             elif ex.what in ("propose", "output") and not (
-                    ex.what == "propose" and ex.code == PLAN_STALE == output.check):
+                ex.what == "propose" and ex.code == PLAN_STALE == output.check
+            ):
                 self.diverged(o.step, str(ex), f"the runtime refused {output.target}")
             self.expect = _Expect(what="decide")
             return
@@ -444,18 +539,25 @@ class Walk:
             if output.answer == "approve":
                 self.expect = _Expect(what="resume", step=o.step)
             else:
-                self.expect = _Expect(what="fail", step=o.step, code="REJECTED",
-                                      reason=output.reason)
+                self.expect = _Expect(
+                    what="fail", step=o.step, code="REJECTED", reason=output.reason
+                )
             return
         if ex.what == "output" and output.action != ex.action:
             self.diverged(o.step, f"the output of {ex.action}", f"the output of {output.action}")
         if isinstance(output, ProposalRefused):
             if output.verdict == "ask":
-                self.diverged(o.seq, "an ask to stop the run for a person, not an observation",
-                              "an ask observed")
-            self.expect = _Expect(what="fail", step=o.step,
-                                  code=REFUSAL_CODES.get(output.verdict, "?"),
-                                  reason=output.reason)
+                self.diverged(
+                    o.seq,
+                    "an ask to stop the run for a person, not an observation",
+                    "an ask observed",
+                )
+            self.expect = _Expect(
+                what="fail",
+                step=o.step,
+                code=REFUSAL_CODES.get(output.verdict, "?"),
+                reason=output.reason,
+            )
         elif self.status == "awaiting_human":
             self.expect = _Expect(what="resume", step=o.step)
         else:
@@ -465,13 +567,15 @@ class Walk:
         ex = self.expect
         if s.status == "awaiting_human" and ex.what == "review":
             if s.step != ex.step or (s.error_code, s.error_message) != (REVIEW_CODE, ex.reason):
-                self.diverged(s.step, str(ex), f"the run waiting with {s.error_code}: "
-                                               f"{show(s.error_message)}")
+                self.diverged(
+                    s.step, str(ex), f"the run waiting with {s.error_code}: {show(s.error_message)}"
+                )
             self.expect = _Expect(what="reviewing", step=ex.step)
         elif s.status == "awaiting_human" and ex.what == "plan-wait":
             if s.step != ex.step or s.error_message != PLAN_WAIT:
-                self.diverged(s.step, str(ex), f"the run waiting with {s.error_code}: "
-                                               f"{show(s.error_message)}")
+                self.diverged(
+                    s.step, str(ex), f"the run waiting with {s.error_code}: {show(s.error_message)}"
+                )
             self.expect = _Expect(what="plan-answer", step=ex.step)
         elif s.status == "awaiting_human":
             if ex.what != "output" or (s.step is not None and s.step != ex.step):
@@ -482,8 +586,11 @@ class Walk:
             self.expect = _Expect(what="decide")
         elif s.status == "succeeded":
             if ex.what != "succeed":
-                self.diverged(s.step if s.step is not None else ex.step, str(ex),
-                              f"the run succeeded with answer {show(s.answer)}")
+                self.diverged(
+                    s.step if s.step is not None else ex.step,
+                    str(ex),
+                    f"the run succeeded with answer {show(s.answer)}",
+                )
             elif s.answer != ex.answer:
                 self.diverged(ex.step, str(ex), f"the run succeeded with answer {show(s.answer)}")
         elif s.status == "failed":
@@ -491,18 +598,23 @@ class Walk:
             if ex.what == "fail":
                 if (s.error_code, s.error_message) != (ex.code, ex.reason):
                     self.diverged(ex.step, str(ex), found)
-            elif s.error_code == BUDGET_CODE and ex.what in ("decide", "critic", "propose",
-                                                              "read", "call"):
+            elif s.error_code == BUDGET_CODE and ex.what in (
+                "decide",
+                "critic",
+                "propose",
+                "read",
+                "call",
+            ):
                 # The planner's own cap says how many decisions it took; a budget governance
                 # refused names its kind (the rest is governance's to record).
                 message = s.error_message or ""
                 if message.endswith(" model decisions"):
                     if message != f"{self.decisions} model decisions":
-                        self.diverged(None, f"the run to fail after {self.decisions} model "
-                                            "decisions", found)
+                        self.diverged(
+                            None, f"the run to fail after {self.decisions} model decisions", found
+                        )
                 elif message.split(":", 1)[0] not in _BUDGET_KINDS:
-                    self.diverged(s.step, "the run to fail naming the budget that ran out",
-                                  found)
+                    self.diverged(s.step, "the run to fail naming the budget that ran out", found)
             else:
                 self.diverged(s.step if s.step is not None else ex.step, str(ex), found)
         elif s.status != "cancelled":
@@ -515,41 +627,52 @@ class Walk:
         if self.started is None:
             self.lacks("nothing of the run was captured")
         ex, waiting = self.expect, self.unsealed_note()
-        if ex.what in ("refuse", "review", "succeed", "fail", "replan", "plan", "plan-wait"
-                       ) and not self.unsealed:
+        if (
+            ex.what in ("refuse", "review", "succeed", "fail", "replan", "plan", "plan-wait")
+            and not self.unsealed
+        ):
             # Written in the same transaction as the decision or output that implies it.
             self.diverged(ex.step, str(ex), "nothing")
         elif ex.what == "propose" and self.status not in _TERMINAL:
             # Proposed in the transaction after the decision's, once its capability call was
             # reserved: a planner that stopped in between proposes it when the run resumes.
-            self.lacks(f"the proposal of step {ex.step} was never captured (the run is "
-                       f"{self.status}){waiting}")
+            self.lacks(
+                f"the proposal of step {ex.step} was never captured (the run is "
+                f"{self.status}){waiting}"
+            )
         elif ex.what == "propose" and not self.unsealed:
             self.diverged(ex.step, str(ex), "nothing")
         elif ex.what == "read" and self.status not in _TERMINAL:
             # Read after the decision's transaction: a planner that stopped in between (or a
             # retrieval that did not answer) reads it when the run resumes.
-            self.lacks(f"the read of step {ex.step} was never captured (the run is "
-                       f"{self.status}){waiting}")
+            self.lacks(
+                f"the read of step {ex.step} was never captured (the run is {self.status}){waiting}"
+            )
         elif ex.what == "read" and not self.unsealed:
             self.diverged(ex.step, str(ex), "nothing")
         elif ex.what == "call":
             # The called agent's branch is a run of its own; its end is observed when it ends.
-            self.lacks(f"the end of the agent call of step {ex.step} was never captured (the "
-                       f"run is {self.status}){waiting}")
+            self.lacks(
+                f"the end of the agent call of step {ex.step} was never captured (the "
+                f"run is {self.status}){waiting}"
+            )
         elif ex.what == "output":
-            self.lacks(f"the tool output of step {ex.step} was never captured (the run is "
-                       f"{self.status}){waiting}")
+            self.lacks(
+                f"the tool output of step {ex.step} was never captured (the run is "
+                f"{self.status}){waiting}"
+            )
         elif ex.what == "plan-approved":
-            self.lacks(f"the approval of the plan of step {ex.step} was never observed (the "
-                       f"run is {self.status}){waiting}")
+            self.lacks(
+                f"the approval of the plan of step {ex.step} was never observed (the "
+                f"run is {self.status}){waiting}"
+            )
         elif ex.what == "critic":
-            self.lacks(f"the critic's verdict on the answer of step {ex.step} was never "
-                       f"captured (the run is {self.status}){waiting}")
+            self.lacks(
+                f"the critic's verdict on the answer of step {ex.step} was never "
+                f"captured (the run is {self.status}){waiting}"
+            )
         elif self.status not in _TERMINAL:
             self.lacks(f"the run has not ended (it is {self.status}){waiting}")
 
     def unsealed_note(self) -> str:
-        return (f"; {self.unsealed} entries of the run are not sealed yet" if self.unsealed
-                else "")
-
+        return f"; {self.unsealed} entries of the run are not sealed yet" if self.unsealed else ""

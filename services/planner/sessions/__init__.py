@@ -8,5 +8,12 @@ from services.planner.sessions._ops import SessionOpsEndpoint
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions._turns import SessionTurns, outcome_note
 
-__all__ = ["ModelCallAbandoned", "SessionOpsEndpoint", "SessionRow", "SessionStore",
-           "SessionTurns", "TurnRow", "outcome_note"]
+__all__ = [
+    "ModelCallAbandoned",
+    "SessionOpsEndpoint",
+    "SessionRow",
+    "SessionStore",
+    "SessionTurns",
+    "TurnRow",
+    "outcome_note",
+]

@@ -80,13 +80,16 @@ class InFlightCalls:
         """Tell every planner replica that the turn `run_id` was cancelled (after the commit
         that recorded it); a failure to tell is logged, the run still ends cancelled."""
         try:
-            await self._nc.publish(turn_cancelling(tenant), _ENCODER.encode(
-                TurnCancelling(tenant=tenant, run_id=run_id)))
+            await self._nc.publish(
+                turn_cancelling(tenant),
+                _ENCODER.encode(TurnCancelling(tenant=tenant, run_id=run_id)),
+            )
         except Exception as exc:
             log.warning("turn %s: cancellation not told to the planners: %r", run_id, exc)
 
     async def follow(self) -> None:
         """Hear the turns cancelled (by any replica) and cancel their model calls here."""
+
         async def heard(notice: TurnCancelling) -> None:
             if self.cancel(notice.run_id):
                 log.info("turn %s: model call abandoned (the session closed)", notice.run_id)
@@ -97,5 +100,8 @@ class InFlightCalls:
 async def cancelled_before(conn: Any, run_id: str) -> bool:
     """Whether the run's cancellation was recorded already (a close that came before the call
     registered its scope, whose notice this process could not have heard)."""
-    return bool(await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM planner.cancellations WHERE run_id = $1)", run_id))
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM planner.cancellations WHERE run_id = $1)", run_id
+        )
+    )

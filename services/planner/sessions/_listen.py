@@ -17,9 +17,15 @@ __all__ = ["listen"]
 log = logging.getLogger("writ.planner.sessions")
 
 
-async def listen(nc: Client, pattern: str, decoder: msgspec.json.Decoder[Any],
-                 subject_of: Callable[[str], str], handle: Callable[[Any], Awaitable[None]],
-                 *, queue: str = "") -> None:
+async def listen(
+    nc: Client,
+    pattern: str,
+    decoder: msgspec.json.Decoder[Any],
+    subject_of: Callable[[str], str],
+    handle: Callable[[Any], Awaitable[None]],
+    *,
+    queue: str = "",
+) -> None:
     """Hand each message on `pattern` to `handle`, decoded, until cancelled; a message that
     does not decode, or came on another subject than its tenant's own (`subject_of(tenant)`),
     is skipped."""

@@ -54,10 +54,26 @@ _DECODER: Final = msgspec.json.Decoder(SessionOp)
 _ENCODER: Final = msgspec.json.Encoder()
 # Events a fork copies from its parent: the conversation and what the turns did, not the
 # parent's own pauses, closes or forks.
-_COPIED: Final = frozenset({"UserMessage", "TurnStarted", "CapabilitySelected", "Observed",
-                            "ProposalMade", "StepAdmitted", "StepDispatched", "StepOutcome",
-                            "WriterNote", "TurnEnded", "SessionInjected", "PlanProposed",
-                            "PlanDecided", "DecisionAsked", "DecisionTaken", "ChildSession"})
+_COPIED: Final = frozenset(
+    {
+        "UserMessage",
+        "TurnStarted",
+        "CapabilitySelected",
+        "Observed",
+        "ProposalMade",
+        "StepAdmitted",
+        "StepDispatched",
+        "StepOutcome",
+        "WriterNote",
+        "TurnEnded",
+        "SessionInjected",
+        "PlanProposed",
+        "PlanDecided",
+        "DecisionAsked",
+        "DecisionTaken",
+        "ChildSession",
+    }
+)
 
 
 class _Refused(Exception):
@@ -71,11 +87,14 @@ def _links(session_id: str) -> dict[str, str]:
     return {"self": base, "events": f"{base}/events", "messages": f"{base}/messages"}
 
 
-def _accepted(session: SessionRow, *, turn: int = 0, run_id: str | None = None
-              ) -> SessionAccepted:
-    return SessionAccepted(session_id=session.session_id, state=session.state,  # type: ignore[arg-type]
-                           turn=turn or session.turn, run_id=run_id,
-                           links=_links(session.session_id))
+def _accepted(session: SessionRow, *, turn: int = 0, run_id: str | None = None) -> SessionAccepted:
+    return SessionAccepted(
+        session_id=session.session_id,
+        state=session.state,  # type: ignore[arg-type]
+        turn=turn or session.turn,
+        run_id=run_id,
+        links=_links(session.session_id),
+    )
 
 
 class SessionOpsEndpoint:
@@ -115,8 +134,9 @@ class SessionOpsEndpoint:
     async def _mine(self, conn: Any, op: SessionOp, *, lock: bool) -> SessionRow:
         if not op.session_id:
             raise _Refused("INVALID_REQUEST", "this operation names a session")
-        session = await (self._store.lock(conn, op.session_id) if lock
-                         else self._store.get(conn, op.session_id))
+        session = await (
+            self._store.lock(conn, op.session_id) if lock else self._store.get(conn, op.session_id)
+        )
         # Another tenant's or principal's session is not told apart from none.
         if session is None or (session.tenant, session.principal) != (op.tenant, op.principal):
             raise _Refused("NOT_FOUND", "no such session")
@@ -132,16 +152,32 @@ class SessionOpsEndpoint:
         op = msgspec.structs.replace(op, plan_mode=op.plan_mode or agent.manifest.plan_mode)
         session_id = session_id_for(op.tenant, op.key)
         async with self._store.acquire() as conn, conn.transaction():
-            if await self._store.create(conn, session_id=session_id, tenant=op.tenant,
-                                        principal=op.principal, agent=op.agent,
-                                        plan_mode=op.plan_mode, open_key=op.key):
+            if await self._store.create(
+                conn,
+                session_id=session_id,
+                tenant=op.tenant,
+                principal=op.principal,
+                agent=op.agent,
+                plan_mode=op.plan_mode,
+                open_key=op.key,
+            ):
                 session = await self._store.lock(conn, session_id)
                 assert session is not None
-                await self._store.add_event(conn, session, "opened", lambda n: SessionOpened(
-                    session_id=session_id, n=n, agent=op.agent or "", principal=op.principal,
-                    plan_mode=op.plan_mode))
-            session = await self._mine(conn, msgspec.structs.replace(op, session_id=session_id),
-                                       lock=False)
+                await self._store.add_event(
+                    conn,
+                    session,
+                    "opened",
+                    lambda n: SessionOpened(
+                        session_id=session_id,
+                        n=n,
+                        agent=op.agent or "",
+                        principal=op.principal,
+                        plan_mode=op.plan_mode,
+                    ),
+                )
+            session = await self._mine(
+                conn, msgspec.structs.replace(op, session_id=session_id), lock=False
+            )
         await self._turns.flush(session_id)
         return SessionReply(ok=True, accepted=_accepted(session))
 
@@ -170,15 +206,23 @@ class SessionOpsEndpoint:
         await self._turns.flush(session.session_id)
         return reply
 
-    async def _message(self, conn: Any, session: SessionRow, op: SessionOp) -> tuple[
-            SessionReply, Any]:
+    async def _message(
+        self, conn: Any, session: SessionRow, op: SessionOp
+    ) -> tuple[SessionReply, Any]:
         if not op.key or op.text is None:
             raise _Refused("INVALID_REQUEST", "a message has a text and a key")
         first = await self._store.turn_by_key(conn, session.session_id, op.key)
         if first is not None:  # the same message again: its first acceptance
-            return SessionReply(ok=True, accepted=SessionAccepted(
-                session_id=session.session_id, state="processing", turn=first.turn,
-                run_id=first.run_id, links=_links(session.session_id))), None
+            return SessionReply(
+                ok=True,
+                accepted=SessionAccepted(
+                    session_id=session.session_id,
+                    state="processing",
+                    turn=first.turn,
+                    run_id=first.run_id,
+                    links=_links(session.session_id),
+                ),
+            ), None
         state = transition(session.state, "message")
         turn = session.turn + 1
         run_id = turn_run_id(session.session_id, turn)
@@ -190,17 +234,25 @@ class SessionOpsEndpoint:
         await self._store.add_turn(conn, session.session_id, turn, run_id, op.key, run_input)
         text = op.text
         session, _ = await self._store.add_event(
-            conn, session, f"message:{op.key}", lambda n: UserMessage(
-                session_id=session.session_id, n=n, turn=turn, text=text))
+            conn,
+            session,
+            f"message:{op.key}",
+            lambda n: UserMessage(session_id=session.session_id, n=n, turn=turn, text=text),
+        )
         session, _ = await self._store.add_event(
-            conn, session, f"turn:{turn}", lambda n: TurnStarted(
-                session_id=session.session_id, n=n, turn=turn, run_id=run_id))
+            conn,
+            session,
+            f"turn:{turn}",
+            lambda n: TurnStarted(session_id=session.session_id, n=n, turn=turn, run_id=run_id),
+        )
         turn_row = await self._store.turn_by_key(conn, session.session_id, op.key)
-        return SessionReply(ok=True, accepted=_accepted(session, turn=turn, run_id=run_id)), \
-            turn_row
+        return SessionReply(
+            ok=True, accepted=_accepted(session, turn=turn, run_id=run_id)
+        ), turn_row
 
-    async def _move(self, conn: Any, session: SessionRow, op: SessionOp
-                    ) -> tuple[SessionRow, tuple[str, str] | None]:
+    async def _move(
+        self, conn: Any, session: SessionRow, op: SessionOp
+    ) -> tuple[SessionRow, tuple[str, str] | None]:
         """pause | resume | inject | close: the table's next state and its event."""
         source = f"{op.op}:{op.key or ''}:{session.last_n}"
         state = transition(session.state, op.op, turn_open=session.turn_open)
@@ -212,30 +264,48 @@ class SessionOpsEndpoint:
             text = op.text
             turn = session.turn if session.turn_open else session.turn + 1
             session, n = await self._store.add_event(
-                conn, session, source, lambda n: SessionInjected(
-                    session_id=session.session_id, n=n, turn=turn, text=text))
+                conn,
+                session,
+                source,
+                lambda n: SessionInjected(session_id=session.session_id, n=n, turn=turn, text=text),
+            )
             if n is not None:
                 await self._store.inject(conn, session.session_id, n, text)
             return session, None
         if state != session.state:
             session = await self._store.move(conn, session, state)
         if op.op == "pause":
-            session, _ = await self._store.add_event(conn, session, source, lambda n: (
-                SessionPaused(session_id=session.session_id, n=n, reason=op.reason)))
+            session, _ = await self._store.add_event(
+                conn,
+                session,
+                source,
+                lambda n: SessionPaused(session_id=session.session_id, n=n, reason=op.reason),
+            )
         elif op.op == "resume":
-            session, n = await self._store.add_event(conn, session, source, lambda n: (
-                SessionResumed(session_id=session.session_id, n=n)))
+            session, n = await self._store.add_event(
+                conn, session, source, lambda n: SessionResumed(session_id=session.session_id, n=n)
+            )
             if session.turn_open and run_id is not None:
                 wake = (run_id, f"resume-{n}")
         elif op.op == "close":
-            session, n = await self._store.add_event(conn, session, source, lambda n: (
-                SessionClosed(session_id=session.session_id, n=n, reason=op.reason)))
+            session, n = await self._store.add_event(
+                conn,
+                session,
+                source,
+                lambda n: SessionClosed(session_id=session.session_id, n=n, reason=op.reason),
+            )
             if session.turn_open and run_id is not None:
                 # The turn in flight is cancelled by the runs' own machinery: nothing more is
                 # scheduled, a command already admitted runs to its recorded outcome.
-                await record_cancel(conn, RunCancelRequested(
-                    tenant=session.tenant, run_id=run_id, principal=op.principal,
-                    request_id=op.key or f"close-{session.session_id}"))
+                await record_cancel(
+                    conn,
+                    RunCancelRequested(
+                        tenant=session.tenant,
+                        run_id=run_id,
+                        principal=op.principal,
+                        request_id=op.key or f"close-{session.session_id}",
+                    ),
+                )
                 wake = (run_id, f"close-{n}")
         return session, wake
 
@@ -246,17 +316,26 @@ class SessionOpsEndpoint:
             async with conn.transaction():
                 try:
                     session, plan, run_id = await self._turns.plans.answer(
-                        conn, self._store, tenant=op.tenant, principal=op.principal,
-                        plan_id=op.plan_id, approve=op.op == "approve_plan", reason=op.reason)
+                        conn,
+                        self._store,
+                        tenant=op.tenant,
+                        principal=op.principal,
+                        plan_id=op.plan_id,
+                        approve=op.op == "approve_plan",
+                        reason=op.reason,
+                    )
                 except LookupError as exc:
                     raise _Refused("NOT_FOUND", str(exc)) from exc
                 except PlanAnsweredAlready as exc:
                     raise _Refused("PLAN_ANSWERED", str(exc)) from exc
         await self._turns.wake(session.tenant, run_id, f"plan-{plan.plan_id}")
         await self._turns.flush(session.session_id)
-        return SessionReply(ok=True, plan=PlanAnswered(plan_id=plan.plan_id,
-                                                       session_id=session.session_id,
-                                                       state=plan.state))
+        return SessionReply(
+            ok=True,
+            plan=PlanAnswered(
+                plan_id=plan.plan_id, session_id=session.session_id, state=plan.state
+            ),
+        )
 
     async def _fork(self, op: SessionOp) -> SessionReply:
         if not op.key or op.turn is None:
@@ -268,31 +347,59 @@ class SessionOpsEndpoint:
                 raise _Refused("INVALID_REQUEST", f"the session has {parent.turn} turns")
             cut = await self._cut(conn, parent, op.turn, op.step)
             fork_id = fork_id_for(parent.session_id, op.key)
-            if await self._store.create(conn, session_id=fork_id, tenant=parent.tenant,
-                                        principal=parent.principal, agent=parent.agent,
-                                        plan_mode=parent.plan_mode, open_key=f"fork:{fork_id}",
-                                        parent=parent, fork_turn=op.turn, fork_step=op.step):
+            if await self._store.create(
+                conn,
+                session_id=fork_id,
+                tenant=parent.tenant,
+                principal=parent.principal,
+                agent=parent.agent,
+                plan_mode=parent.plan_mode,
+                open_key=f"fork:{fork_id}",
+                parent=parent,
+                fork_turn=op.turn,
+                fork_step=op.step,
+            ):
                 fork = await self._store.lock(conn, fork_id)
                 assert fork is not None
-                fork = await self._store.move(conn, fork, "active", turn=op.turn,
-                                              turn_open=False)
-                fork, _ = await self._store.add_event(conn, fork, "opened", lambda n: (
-                    SessionOpened(session_id=fork_id, n=n, agent=parent.agent,
-                                  principal=parent.principal, plan_mode=parent.plan_mode,
-                                  parent_session_id=parent.session_id)))
+                fork = await self._store.move(conn, fork, "active", turn=op.turn, turn_open=False)
+                fork, _ = await self._store.add_event(
+                    conn,
+                    fork,
+                    "opened",
+                    lambda n: SessionOpened(
+                        session_id=fork_id,
+                        n=n,
+                        agent=parent.agent,
+                        principal=parent.principal,
+                        plan_mode=parent.plan_mode,
+                        parent_session_id=parent.session_id,
+                    ),
+                )
                 # The parent's history up to the fork point, as history: nothing in it runs
                 # again (a turn of the fork is a run of its own, with its own operation ids).
                 for event in await self._store.events(conn, parent.session_id, upto=cut):
                     if type(event).__name__ not in _COPIED:
                         continue
                     fork, _ = await self._store.add_event(
-                        conn, fork, f"copy:{parent.session_id}:{event.n}",
-                        lambda n, e=event: msgspec.structs.replace(e, session_id=fork_id, n=n))
+                        conn,
+                        fork,
+                        f"copy:{parent.session_id}:{event.n}",
+                        lambda n, e=event: msgspec.structs.replace(e, session_id=fork_id, n=n),
+                    )
                 for target in (parent, fork):
                     target, _ = await self._store.add_event(
-                        conn, target, f"fork:{fork_id}", lambda n, t=target: SessionForked(
-                            session_id=t.session_id, n=n, parent_session_id=parent.session_id,
-                            fork_session_id=fork_id, turn=op.turn or 0, step=op.step))
+                        conn,
+                        target,
+                        f"fork:{fork_id}",
+                        lambda n, t=target: SessionForked(
+                            session_id=t.session_id,
+                            n=n,
+                            parent_session_id=parent.session_id,
+                            fork_session_id=fork_id,
+                            turn=op.turn or 0,
+                            step=op.step,
+                        ),
+                    )
             fork_row = await self._store.get(conn, fork_id)
             assert fork_row is not None
         await self._turns.flush(parent.session_id)
@@ -314,30 +421,45 @@ class SessionOpsEndpoint:
                 cut = event.n
             elif getattr(event, "step", None) is not None and event.step <= step:
                 cut = event.n
-        if step is None and not any(type(e).__name__ == "TurnEnded"
-                                    and getattr(e, "turn", None) == turn for e in events):
-            raise _Refused("INVALID_REQUEST", f"turn {turn} has not ended: fork at one of "
-                                              "its recorded steps")
+        if step is None and not any(
+            type(e).__name__ == "TurnEnded" and getattr(e, "turn", None) == turn for e in events
+        ):
+            raise _Refused(
+                "INVALID_REQUEST", f"turn {turn} has not ended: fork at one of its recorded steps"
+            )
         return cut
 
     async def view(self, conn: Any, op: SessionOp) -> SessionView:
         """Where the session stands, and its history."""
         session = await self._mine(conn, op, lock=False)
-        messages = [SessionMessage(n=n, turn=e.turn, role=e.role,  # type: ignore[arg-type]
-                                   text=e.text)
-                    for n, e in await self._history_numbered(conn, session.session_id)]
+        messages = [
+            SessionMessage(
+                n=n,
+                turn=e.turn,
+                role=e.role,  # type: ignore[arg-type]
+                text=e.text,
+            )
+            for n, e in await self._history_numbered(conn, session.session_id)
+        ]
         waiting = await self._waiting(conn, session)
         return SessionView(
-            session_id=session.session_id, agent=session.agent, principal=session.principal,
+            session_id=session.session_id,
+            agent=session.agent,
+            principal=session.principal,
             state=session.state,  # type: ignore[arg-type]
-            plan_mode=session.plan_mode, turn=session.turn,
-            run_id=session.branch_run_id or (
-                turn_run_id(session.session_id, session.turn) if session.turn else None),
-            waiting_for=waiting, parent_session_id=session.parent_session_id,
-            fork_turn=session.fork_turn, fork_step=session.fork_step,
+            plan_mode=session.plan_mode,
+            turn=session.turn,
+            run_id=session.branch_run_id
+            or (turn_run_id(session.session_id, session.turn) if session.turn else None),
+            waiting_for=waiting,
+            parent_session_id=session.parent_session_id,
+            fork_turn=session.fork_turn,
+            fork_step=session.fork_step,
             children=await self._store.children(conn, session.session_id),
-            messages=messages, plans=await self._turns.plans.of_session(conn, session.session_id),
-            last_event=session.last_n)
+            messages=messages,
+            plans=await self._turns.plans.of_session(conn, session.session_id),
+            last_event=session.last_n,
+        )
 
     async def _history_numbered(self, conn: Any, session_id: str) -> list[tuple[int, Any]]:
         out = []
@@ -352,14 +474,20 @@ class SessionOpsEndpoint:
             return WaitingFor(kind="resume", message="paused: resume to go on")
         if session.state != "processing" or not session.turn:
             return None
-        run = await conn.fetchrow("SELECT status, pending_id, error_message FROM planner.runs "
-                                  "WHERE run_id = $1",
-                                  turn_run_id(session.session_id, session.turn))
-        if run is not None and run["status"] == "awaiting_human" and (
-                run["pending_id"] or "").startswith("plan-"):
-            return WaitingFor(kind="plan", plan_id=run["pending_id"],
-                              message=PLAN_WAIT)
+        run = await conn.fetchrow(
+            "SELECT status, pending_id, error_message FROM planner.runs WHERE run_id = $1",
+            turn_run_id(session.session_id, session.turn),
+        )
+        if (
+            run is not None
+            and run["status"] == "awaiting_human"
+            and (run["pending_id"] or "").startswith("plan-")
+        ):
+            return WaitingFor(kind="plan", plan_id=run["pending_id"], message=PLAN_WAIT)
         if run is not None and run["status"] == "awaiting_human":
-            return WaitingFor(kind="person", pending_id=run["pending_id"],
-                              message=(run["error_message"] or "")[:512])
+            return WaitingFor(
+                kind="person",
+                pending_id=run["pending_id"],
+                message=(run["error_message"] or "")[:512],
+            )
         return WaitingFor(kind="model", message="the turn is in flight")

@@ -56,9 +56,23 @@ from services.planner.sessions._store import SessionRow, SessionStore
 from services.planner.sessions.logic import is_turn_run, turn_of
 from services.planner.store import PlannerStore, RunRow, Step
 
-__all__ = ["NOT_IN_PLAN", "PLANNED", "PLAN_PREFIX", "PLAN_REJECTED", "PLAN_STALE", "PLAN_WAIT",
-           "PlanAnsweredAlready", "PlanCheck", "Plans", "facts_bound", "marked", "plan_digest",
-           "plan_drafts", "plan_outline", "plan_refusal"]
+__all__ = [
+    "NOT_IN_PLAN",
+    "PLANNED",
+    "PLAN_PREFIX",
+    "PLAN_REJECTED",
+    "PLAN_STALE",
+    "PLAN_WAIT",
+    "PlanAnsweredAlready",
+    "PlanCheck",
+    "Plans",
+    "facts_bound",
+    "marked",
+    "plan_digest",
+    "plan_drafts",
+    "plan_outline",
+    "plan_refusal",
+]
 
 PLAN_PREFIX: Final = "plan-"
 # What a turn says while its plan waits for the user, and a rejection's reason when none given.
@@ -92,35 +106,54 @@ def marked(steps: list[Step]) -> bool:
 
 
 def _view(row: Any) -> PlanView:
-    return PlanView(plan_id=row["plan_id"], session_id=row["session_id"], turn=row["turn"],
-                    state=row["state"], digest=row["digest"],
-                    steps=msgspec.convert(json.loads(row["steps"]), list[PlanStep]),
-                    reason=row["reason"])
+    return PlanView(
+        plan_id=row["plan_id"],
+        session_id=row["session_id"],
+        turn=row["turn"],
+        state=row["state"],
+        digest=row["digest"],
+        steps=msgspec.convert(json.loads(row["steps"]), list[PlanStep]),
+        reason=row["reason"],
+    )
 
 
 def _selections(steps: list[Step], *checks: str, after: int = -1) -> list[Step]:
     """The decisions after `after` whose observation was one of the runtime's `checks`
     refusals."""
     by_seq = {s.seq: s for s in steps}
-    return [by_seq[s.seq - 1] for s in steps
-            if s.seq > after and s.kind == "observation" and s.payload.get("refused") in checks
-            and by_seq.get(s.seq - 1) is not None]
+    return [
+        by_seq[s.seq - 1]
+        for s in steps
+        if s.seq > after
+        and s.kind == "observation"
+        and s.payload.get("refused") in checks
+        and by_seq.get(s.seq - 1) is not None
+    ]
 
 
 def _progress(steps: list[Step], plan_step: int) -> tuple[list[Step], list[Step]]:
     """Under the approved plan frozen at `plan_step`: (the observations of its steps taken
     since it was approved, the deviations recorded since the last step taken — a revised
     plan's drafts)."""
-    approved_at = max((s.seq for s in steps if s.kind == "observation"
-                       and s.payload.get("review") == "approve"), default=plan_step)
-    done = [s for s in steps if s.seq > approved_at and s.kind == "observation"
-            and s.payload.get("refused") is None and s.payload.get("review") is None]
+    approved_at = max(
+        (s.seq for s in steps if s.kind == "observation" and s.payload.get("review") == "approve"),
+        default=plan_step,
+    )
+    done = [
+        s
+        for s in steps
+        if s.seq > approved_at
+        and s.kind == "observation"
+        and s.payload.get("refused") is None
+        and s.payload.get("review") is None
+    ]
     since = done[-1].seq if done else approved_at
     return done, _selections(steps, *_DEVIATIONS, after=since)
 
 
-def plan_refusal(steps: list[Step], approved: tuple[list[PlanStep], int] | None,
-                 decision: SelectCapability) -> tuple[str, str] | PlanStep | None:
+def plan_refusal(
+    steps: list[Step], approved: tuple[list[PlanStep], int] | None, decision: SelectCapability
+) -> tuple[str, str] | PlanStep | None:
     """A planning turn's selection at the end of `steps`, given the plan approved for the
     turn (its steps and the step it was frozen at) if any: refused `PLANNED` while planning,
     `NOT_IN_PLAN` if it is not the approved plan's next step (same capability, a request that
@@ -129,24 +162,30 @@ def plan_refusal(steps: list[Step], approved: tuple[list[PlanStep], int] | None,
     again, which replay cannot)."""
     if approved is None:
         index = len(_selections(steps, PLANNED)) + 1
-        return PLANNED, (f"recorded as step {index} of the plan; nothing runs before the "
-                         "user approves the plan")
+        return PLANNED, (
+            f"recorded as step {index} of the plan; nothing runs before the user approves the plan"
+        )
     planned, plan_step = approved
     done, drafts = _progress(steps, plan_step)
     index = len(done)
-    revision = (f"; recorded as step {len(drafts) + 1} of a revised plan, which runs only "
-                "once the user approves it (answer to propose it)")
+    revision = (
+        f"; recorded as step {len(drafts) + 1} of a revised plan, which runs only "
+        "once the user approves it (answer to propose it)"
+    )
     if index >= len(planned):
-        return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken"
-                             + revision)[:512]
+        return NOT_IN_PLAN, (f"the approved plan has {len(planned)} steps, all taken" + revision)[
+            :512
+        ]
     expected = planned[index]
     request, _ = request_of(decision.capability, decision.arguments)
     if expected.capability != decision.capability or (
-            canonical(expected.request if expected.request is not None
-                      else expected.arguments) != canonical(request)):
-        return NOT_IN_PLAN, (f"step {index + 1} of the approved plan is {expected.capability} "
-                             "with its own arguments; this call is not in the plan"
-                             + revision)[:512]
+        canonical(expected.request if expected.request is not None else expected.arguments)
+        != canonical(request)
+    ):
+        return NOT_IN_PLAN, (
+            f"step {index + 1} of the approved plan is {expected.capability} "
+            "with its own arguments; this call is not in the plan" + revision
+        )[:512]
     return expected
 
 
@@ -154,10 +193,13 @@ def plan_drafts(steps: list[Step], approved_step: int | None) -> list[tuple[str,
     """(capability, arguments as the model wrote them) of each step a planning turn's answer
     freezes as a plan (empty: it planned nothing): its `PLANNED` selections, or under the plan
     approved at `approved_step` the revised plan's drafts (pure, like `plan_refusal`)."""
-    chosen = (_selections(steps, PLANNED) if approved_step is None
-              else _progress(steps, approved_step)[1])
-    return [(str(s.payload.get("capability", ""))[:512], dict(s.payload.get("arguments") or {}))
-            for s in chosen]
+    chosen = (
+        _selections(steps, PLANNED) if approved_step is None else _progress(steps, approved_step)[1]
+    )
+    return [
+        (str(s.payload.get("capability", ""))[:512], dict(s.payload.get("arguments") or {}))
+        for s in chosen
+    ]
 
 
 class PlanAnsweredAlready(Exception):
@@ -186,8 +228,9 @@ class Plans:
     def __init__(self, *, sessions: SessionStore, facts: PlanFacts | None = None) -> None:
         self._sessions, self._facts = sessions, facts
 
-    async def _planning_session(self, conn: Any, run: RunRow,
-                                steps: list[Step]) -> SessionRow | None:
+    async def _planning_session(
+        self, conn: Any, run: RunRow, steps: list[Step]
+    ) -> SessionRow | None:
         """The session whose turn this run is, if the turn plans: the session (or its agent's
         manifest) asks for plan-mode, or the model marked a selection of the turn
         consequential (a mark can only add a plan, never skip one)."""
@@ -203,17 +246,27 @@ class Plans:
         return await self._planning_session(conn, run, steps) is not None
 
     async def _resolve(self, tenant: str, capability: str, arguments: dict[str, Any]) -> Any:
-        return await resolve(capability, arguments,
-                             None if self._facts is None else self._facts.reader(tenant))
+        return await resolve(
+            capability, arguments, None if self._facts is None else self._facts.reader(tenant)
+        )
 
     async def approved(self, conn: Any, run_id: str) -> Any:
         """The plan approved for this turn's run, if any."""
-        return await conn.fetchrow(f"SELECT {_COLUMNS} FROM planner.plans WHERE run_id = $1 "
-                                   "AND state = 'approved' ORDER BY created_at DESC LIMIT 1",
-                                   run_id)
+        return await conn.fetchrow(
+            f"SELECT {_COLUMNS} FROM planner.plans WHERE run_id = $1 "
+            "AND state = 'approved' ORDER BY created_at DESC LIMIT 1",
+            run_id,
+        )
 
-    async def check(self, conn: Any, run: RunRow, steps: list[Step],
-                    decision: SelectCapability, *, read_facts: bool) -> PlanCheck:
+    async def check(
+        self,
+        conn: Any,
+        run: RunRow,
+        steps: list[Step],
+        decision: SelectCapability,
+        *,
+        read_facts: bool,
+    ) -> PlanCheck:
         """A plan-mode turn's selection: recorded as a step while planning, refused if it is
         not the approved plan's next step or, for a facts-bound step about to be taken
         (`read_facts`: its selection is committed, so a failed read is retried without asking
@@ -223,8 +276,11 @@ class Plans:
         if await self._planning_session(conn, run, steps) is None:
             return PlanCheck(decision=decision)
         plan = await self.approved(conn, run.run_id)
-        approved = None if plan is None else (
-            msgspec.convert(json.loads(plan["steps"]), list[PlanStep]), int(plan["step"]))
+        approved = (
+            None
+            if plan is None
+            else (msgspec.convert(json.loads(plan["steps"]), list[PlanStep]), int(plan["step"]))
+        )
         taken = plan_refusal(steps, approved, decision)
         if not isinstance(taken, PlanStep):
             return PlanCheck(decision=decision, refused=taken)
@@ -237,14 +293,24 @@ class Plans:
             stale = changed(expected.arguments, expected.preview, now)
             if stale is not None:
                 _, drafts = _progress(steps, int(plan["step"]))
-                return PlanCheck(decision=decision, refused=(
-                    PLAN_STALE, (f"step {expected.index + 1} of the approved plan is stale: "
-                                 f"{stale}; nothing runs; recorded as step {len(drafts) + 1} "
-                                 "of a revised plan, which runs only once the user approves "
-                                 "it (answer to propose it)")[:512]))
-        return PlanCheck(decision=msgspec.structs.replace(decision, arguments=expected.request),
-                         plan_preview=preview_digest(expected.preview)
-                         if contract is not None and expected.preview else None)
+                return PlanCheck(
+                    decision=decision,
+                    refused=(
+                        PLAN_STALE,
+                        (
+                            f"step {expected.index + 1} of the approved plan is stale: "
+                            f"{stale}; nothing runs; recorded as step {len(drafts) + 1} "
+                            "of a revised plan, which runs only once the user approves "
+                            "it (answer to propose it)"
+                        )[:512],
+                    ),
+                )
+        return PlanCheck(
+            decision=msgspec.structs.replace(decision, arguments=expected.request),
+            plan_preview=preview_digest(expected.preview)
+            if contract is not None and expected.preview
+            else None,
+        )
 
     async def freeze(self, conn: Any, run: RunRow, steps: list[Step], seq: int) -> str | None:
         """A planning turn's answer: its recorded steps frozen as a plan (its id), or None if
@@ -252,8 +318,9 @@ class Plans:
         session = await self._planning_session(conn, run, steps)
         if session is None:
             return None
-        frozen = await conn.fetchval("SELECT plan_id FROM planner.plans WHERE run_id = $1 "
-                                     "AND step = $2", run.run_id, seq)
+        frozen = await conn.fetchval(
+            "SELECT plan_id FROM planner.plans WHERE run_id = $1 AND step = $2", run.run_id, seq
+        )
         if frozen is not None:  # frozen already (a redelivery): its facts are not read again
             return str(frozen)
         approved = await self.approved(conn, run.run_id)
@@ -263,60 +330,108 @@ class Plans:
         plan_steps = []
         for i, (capability, arguments) in enumerate(drafts):
             step = await self._resolve(run.tenant, capability, arguments)
-            plan_steps.append(PlanStep(index=i, capability=capability, arguments=step.arguments,
-                                       preview=step.preview, request=step.request))
+            plan_steps.append(
+                PlanStep(
+                    index=i,
+                    capability=capability,
+                    arguments=step.arguments,
+                    preview=step.preview,
+                    request=step.request,
+                )
+            )
         digest = plan_digest(plan_steps)
         plan_id = await conn.fetchval(
             "INSERT INTO planner.plans (plan_id, session_id, tenant, turn, run_id, step, state, "
             "digest, steps) VALUES ($1, $2, $3, $4, $5, $6, 'proposed', $7, $8::jsonb) "
             "ON CONFLICT (run_id, step) DO NOTHING RETURNING plan_id",
-            PLAN_PREFIX + str(uuid.uuid4()), session.session_id, run.tenant,
-            turn_of(run.run_id)[1], run.run_id, seq, digest,
-            msgspec.json.encode(plan_steps).decode())
+            PLAN_PREFIX + str(uuid.uuid4()),
+            session.session_id,
+            run.tenant,
+            turn_of(run.run_id)[1],
+            run.run_id,
+            seq,
+            digest,
+            msgspec.json.encode(plan_steps).decode(),
+        )
         if plan_id is None:  # frozen already (a redelivery)
-            return str(await conn.fetchval("SELECT plan_id FROM planner.plans WHERE run_id = $1 "
-                                           "AND step = $2", run.run_id, seq))
-        row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM planner.plans WHERE plan_id = $1",
-                                  plan_id)
+            return str(
+                await conn.fetchval(
+                    "SELECT plan_id FROM planner.plans WHERE run_id = $1 AND step = $2",
+                    run.run_id,
+                    seq,
+                )
+            )
+        row = await conn.fetchrow(
+            f"SELECT {_COLUMNS} FROM planner.plans WHERE plan_id = $1", plan_id
+        )
         locked = await self._sessions.lock(conn, session.session_id)
         assert locked is not None
-        await self._sessions.add_event(conn, locked, f"plan:{plan_id}", lambda n: PlanProposed(
-            session_id=session.session_id, n=n, turn=row["turn"], plan=_view(row)))
+        await self._sessions.add_event(
+            conn,
+            locked,
+            f"plan:{plan_id}",
+            lambda n: PlanProposed(
+                session_id=session.session_id, n=n, turn=row["turn"], plan=_view(row)
+            ),
+        )
         return str(plan_id)
 
-    async def answered(self, conn: Any, store: PlannerStore, run: RunRow,
-                       steps: list[Step]) -> str | None:
+    async def answered(
+        self, conn: Any, store: PlannerStore, run: RunRow, steps: list[Step]
+    ) -> str | None:
         """A turn waiting on its plan was woken: `approved` (the approval is recorded as the
         model's next observation), `rejected` (with `reason` in the plan), or None (still
         proposed, or not a plan's wait)."""
         if not (run.pending_id or "").startswith(PLAN_PREFIX):
             return None
-        plan = await conn.fetchrow("SELECT state, reason, answered_by, step FROM planner.plans "
-                                   "WHERE plan_id = $1 AND run_id = $2", run.pending_id,
-                                   run.run_id)
+        plan = await conn.fetchrow(
+            "SELECT state, reason, answered_by, step FROM planner.plans "
+            "WHERE plan_id = $1 AND run_id = $2",
+            run.pending_id,
+            run.run_id,
+        )
         if plan is None or plan["state"] == "proposed":
             return None
         if plan["state"] == "approved":
             seq = steps[-1].seq + 1
-            output = ReviewAnswered(run_id=run.run_id, step=plan["step"], answer="approve",
-                                    reviewer=plan["answered_by"] or "",
-                                    reason="the user approved the plan: take its steps, in "
-                                           "order, with the planned arguments")
+            output = ReviewAnswered(
+                run_id=run.run_id,
+                step=plan["step"],
+                answer="approve",
+                reviewer=plan["answered_by"] or "",
+                reason="the user approved the plan: take its steps, in "
+                "order, with the planned arguments",
+            )
             observation = observation_of(output)
-            if await store.add_observation(conn, run, seq, step=plan["step"],
-                                           output=msgspec.to_builtins(output),
-                                           observation=observation):
+            if await store.add_observation(
+                conn,
+                run,
+                seq,
+                step=plan["step"],
+                output=msgspec.to_builtins(output),
+                observation=observation,
+            ):
                 steps.append(Step(seq=seq, kind="observation", payload=observation))
         return str(plan["state"])
 
     async def reason(self, conn: Any, plan_id: str) -> str:
         """The user's reason for rejecting a plan."""
-        return str(await conn.fetchval("SELECT reason FROM planner.plans WHERE plan_id = $1",
-                                       plan_id) or "")
+        return str(
+            await conn.fetchval("SELECT reason FROM planner.plans WHERE plan_id = $1", plan_id)
+            or ""
+        )
 
-    async def answer(self, conn: Any, session_store: SessionStore, *, tenant: str,
-                     principal: str, plan_id: str, approve: bool, reason: str
-                     ) -> tuple[SessionRow, PlanView, str]:
+    async def answer(
+        self,
+        conn: Any,
+        session_store: SessionStore,
+        *,
+        tenant: str,
+        principal: str,
+        plan_id: str,
+        approve: bool,
+        reason: str,
+    ) -> tuple[SessionRow, PlanView, str]:
         """The user's answer to a proposed plan, by its id only, in the session's
         transaction: (the session, the plan as answered, the run to wake).
 
@@ -324,8 +439,9 @@ class Plans:
             LookupError: no plan of this principal has this id.
             PlanAnsweredAlready: it has, and it was answered already (nothing changes).
         """
-        row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM planner.plans WHERE plan_id = $1",
-                                  plan_id)
+        row = await conn.fetchrow(
+            f"SELECT {_COLUMNS} FROM planner.plans WHERE plan_id = $1", plan_id
+        )
         if row is None or row["tenant"] != tenant:
             raise LookupError("no plan waits under this id")
         session = await session_store.lock(conn, row["session_id"])
@@ -334,23 +450,39 @@ class Plans:
         if row["state"] != "proposed":
             raise PlanAnsweredAlready(f"the plan was {row['state']} already")
         state = "approved" if approve else "rejected"
-        await conn.execute("UPDATE planner.plans SET state = $2, reason = $3, answered_by = $4 "
-                           "WHERE plan_id = $1 AND state = 'proposed'", plan_id, state,
-                           reason, principal)
+        await conn.execute(
+            "UPDATE planner.plans SET state = $2, reason = $3, answered_by = $4 "
+            "WHERE plan_id = $1 AND state = 'proposed'",
+            plan_id,
+            state,
+            reason,
+            principal,
+        )
         session, _ = await session_store.add_event(
-            conn, session, f"plan-answer:{plan_id}", lambda n: PlanDecided(
-                session_id=session.session_id, n=n, plan_id=plan_id, answer=state,
-                reason=reason))
+            conn,
+            session,
+            f"plan-answer:{plan_id}",
+            lambda n: PlanDecided(
+                session_id=session.session_id, n=n, plan_id=plan_id, answer=state, reason=reason
+            ),
+        )
         if not approve:  # the next turn's context, written by Writ
             text = f"The user rejected the plan: {reason or 'no reason given'}"[:512]
             session, _ = await session_store.add_event(
-                conn, session, f"plan-note:{plan_id}", lambda n: WriterNote(
-                    session_id=session.session_id, n=n, turn=row["turn"], text=text))
+                conn,
+                session,
+                f"plan-note:{plan_id}",
+                lambda n: WriterNote(
+                    session_id=session.session_id, n=n, turn=row["turn"], text=text
+                ),
+            )
         view = msgspec.structs.replace(_view(row), state=state, reason=reason)
         return session, view, str(row["run_id"])
 
     async def of_session(self, conn: Any, session_id: str) -> list[PlanView]:
         """The session's plans, oldest first."""
-        rows = await conn.fetch(f"SELECT {_COLUMNS} FROM planner.plans WHERE session_id = $1 "
-                                "ORDER BY created_at", session_id)
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM planner.plans WHERE session_id = $1 ORDER BY created_at",
+            session_id,
+        )
         return [_view(r) for r in rows]

@@ -33,8 +33,17 @@ from libs.errors import RetryableError
 from schemas import subjects
 from schemas.dispatcher import FactsRead, ReadFacts
 
-__all__ = ["FactsReader", "PlanFacts", "Resolution", "canonical", "changed", "contract_of",
-           "nfc", "request_of", "resolve"]
+__all__ = [
+    "FactsReader",
+    "PlanFacts",
+    "Resolution",
+    "canonical",
+    "changed",
+    "contract_of",
+    "nfc",
+    "request_of",
+    "resolve",
+]
 
 FactsReader = Callable[[FactsRef], Awaitable[dict[str, Any] | None]]
 _MAX_CHANGED: Final = 6  # preview fields named in a stale step's reason
@@ -87,8 +96,9 @@ def request_of(capability: str, arguments: dict[str, Any]) -> tuple[dict[str, An
     return nfc(msgspec.to_builtins(typed)), typed
 
 
-async def resolve(capability: str, arguments: dict[str, Any],
-                  read: FactsReader | None = None) -> Resolution:
+async def resolve(
+    capability: str, arguments: dict[str, Any], read: FactsReader | None = None
+) -> Resolution:
     """What a plan step freezes for this selection; `read` gives the facts a facts-bound
     action's preview stands on (None: such an action's preview is left empty).
 
@@ -109,23 +119,31 @@ async def resolve(capability: str, arguments: dict[str, Any],
             facts = None if raw is None else contract.decode_facts(raw)
         frozen = contract.checked(contract.resolve(typed, facts))
     except (Invalid, msgspec.ValidationError) as exc:
-        return Resolution(request=request, arguments=request, facts=ref,
-                          unresolved=str(exc)[:256])
+        return Resolution(request=request, arguments=request, facts=ref, unresolved=str(exc)[:256])
     # The preview as admission keeps it (not normalised: it is compared with admission's).
-    return Resolution(request=request, arguments=nfc(msgspec.to_builtins(frozen.arguments)),
-                      preview=msgspec.to_builtins(frozen.preview), facts=ref)
+    return Resolution(
+        request=request,
+        arguments=nfc(msgspec.to_builtins(frozen.arguments)),
+        preview=msgspec.to_builtins(frozen.preview),
+        facts=ref,
+    )
 
 
-def changed(planned_arguments: dict[str, Any], planned_preview: dict[str, Any],
-            now: Resolution) -> str | None:
+def changed(
+    planned_arguments: dict[str, Any], planned_preview: dict[str, Any], now: Resolution
+) -> str | None:
     """What differs between an approved step and its resolution now (None: nothing)."""
     if now.unresolved:
         return f"it no longer resolves: {now.unresolved}"
     if canonical(planned_arguments) == canonical(now.arguments) and (
-            canonical(planned_preview) == canonical(now.preview)):
+        canonical(planned_preview) == canonical(now.preview)
+    ):
         return None
-    fields = sorted(k for k in {*planned_preview, *now.preview}
-                    if canonical(planned_preview.get(k)) != canonical(now.preview.get(k)))
+    fields = sorted(
+        k
+        for k in {*planned_preview, *now.preview}
+        if canonical(planned_preview.get(k)) != canonical(now.preview.get(k))
+    )
     shown = ", ".join(fields[:_MAX_CHANGED]) or "its arguments"
     return f"{shown} changed since the plan was approved"
 
@@ -140,8 +158,10 @@ class PlanFacts:
 
     def reader(self, tenant: str) -> FactsReader:
         """A `FactsReader` of this tenant's resources."""
+
         async def read(ref: FactsRef) -> dict[str, Any] | None:
             return await self.read(tenant, ref)
+
         return read
 
     async def read(self, tenant: str, ref: FactsRef) -> dict[str, Any] | None:
@@ -155,12 +175,14 @@ class PlanFacts:
         subject = subjects.HOST_FACTS if ref.kind == "host_ticket" else subjects.FACTS
         ask = ReadFacts(tenant=tenant, kind=ref.kind, id=ref.id)
         try:
-            reply = await timed_request(self._nc, subject, self._encoder.encode(ask),
-                                        timeout=self._timeout)
+            reply = await timed_request(
+                self._nc, subject, self._encoder.encode(ask), timeout=self._timeout
+            )
         except (NatsTimeoutError, NoRespondersError) as exc:
             raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}") from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError(f"reading {ref.kind} for a plan failed: "
-                                 f"{reply.headers.get('Nats-Service-Error')}")
+            raise RetryableError(
+                f"reading {ref.kind} for a plan failed: {reply.headers.get('Nats-Service-Error')}"
+            )
         read = self._decoder.decode(reply.data)
         return read.facts if read.found else None

@@ -20,9 +20,11 @@ from services.planner.sessions.logic import Entry
 __all__ = ["SessionRow", "SessionStore", "TurnRow", "entry_of"]
 
 _EVENT_DECODER: Final = msgspec.json.Decoder(AnySessionEvent)
-_COLUMNS: Final = ("session_id, tenant, principal, agent, plan_mode, state, turn, turn_open, "
-                   "parent_session_id, fork_turn, fork_step, branch_run_id, last_n, "
-                   "published_n")
+_COLUMNS: Final = (
+    "session_id, tenant, principal, agent, plan_mode, state, turn, turn_open, "
+    "parent_session_id, fork_turn, fork_step, branch_run_id, last_n, "
+    "published_n"
+)
 
 
 class SessionRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,41 +81,78 @@ class SessionStore:
         """A pooled connection, or TimeoutError if none frees up within `timeout`."""
         return self._pool.acquire(timeout=timeout)
 
-    async def create(self, conn: asyncpg.Connection, *, session_id: str, tenant: str,
-                     principal: str, agent: str, plan_mode: bool, open_key: str,
-                     state: str = "active", parent: SessionRow | None = None,
-                     fork_turn: int | None = None, fork_step: int | None = None,
-                     branch_run_id: str | None = None) -> bool:
+    async def create(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        session_id: str,
+        tenant: str,
+        principal: str,
+        agent: str,
+        plan_mode: bool,
+        open_key: str,
+        state: str = "active",
+        parent: SessionRow | None = None,
+        fork_turn: int | None = None,
+        fork_step: int | None = None,
+        branch_run_id: str | None = None,
+    ) -> bool:
         """Record a new session; False if it exists already (the same key, again)."""
-        return bool(await conn.fetchval(
-            "INSERT INTO planner.sessions (session_id, tenant, principal, agent, plan_mode, "
-            "state, parent_session_id, fork_turn, fork_step, branch_run_id, open_key) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
-            "ON CONFLICT DO NOTHING RETURNING true",
-            session_id, tenant, principal, agent, plan_mode, state,
-            None if parent is None else parent.session_id, fork_turn, fork_step,
-            branch_run_id, open_key))
+        return bool(
+            await conn.fetchval(
+                "INSERT INTO planner.sessions (session_id, tenant, principal, agent, plan_mode, "
+                "state, parent_session_id, fork_turn, fork_step, branch_run_id, open_key) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) "
+                "ON CONFLICT DO NOTHING RETURNING true",
+                session_id,
+                tenant,
+                principal,
+                agent,
+                plan_mode,
+                state,
+                None if parent is None else parent.session_id,
+                fork_turn,
+                fork_step,
+                branch_run_id,
+                open_key,
+            )
+        )
 
     async def lock(self, conn: asyncpg.Connection, session_id: str) -> SessionRow | None:
         """The session, locked until the caller's transaction ends."""
-        return _session(await conn.fetchrow(
-            f"SELECT {_COLUMNS} FROM planner.sessions WHERE session_id = $1 FOR UPDATE",
-            session_id))
+        return _session(
+            await conn.fetchrow(
+                f"SELECT {_COLUMNS} FROM planner.sessions WHERE session_id = $1 FOR UPDATE",
+                session_id,
+            )
+        )
 
     async def get(self, conn: asyncpg.Connection, session_id: str) -> SessionRow | None:
         """The session as committed."""
-        return _session(await conn.fetchrow(
-            f"SELECT {_COLUMNS} FROM planner.sessions WHERE session_id = $1", session_id))
+        return _session(
+            await conn.fetchrow(
+                f"SELECT {_COLUMNS} FROM planner.sessions WHERE session_id = $1", session_id
+            )
+        )
 
     async def children(self, conn: asyncpg.Connection, session_id: str) -> list[str]:
         """The sessions forked from this one or shown as its children, oldest first."""
-        rows = await conn.fetch("SELECT session_id FROM planner.sessions "
-                                "WHERE parent_session_id = $1 ORDER BY created_at, session_id",
-                                session_id)
+        rows = await conn.fetch(
+            "SELECT session_id FROM planner.sessions "
+            "WHERE parent_session_id = $1 ORDER BY created_at, session_id",
+            session_id,
+        )
         return [r["session_id"] for r in rows]
 
-    async def move(self, conn: asyncpg.Connection, session: SessionRow, state: str, *,
-                   turn: int | None = None, turn_open: bool | None = None) -> SessionRow:
+    async def move(
+        self,
+        conn: asyncpg.Connection,
+        session: SessionRow,
+        state: str,
+        *,
+        turn: int | None = None,
+        turn_open: bool | None = None,
+    ) -> SessionRow:
         """Set the session's state (and turn), conditioned on the state it was read in: a
         concurrent change makes this fail rather than overwrite it."""
         new_turn = session.turn if turn is None else turn
@@ -121,14 +160,25 @@ class SessionStore:
         changed = await conn.fetchval(
             "UPDATE planner.sessions SET state = $2, turn = $3, turn_open = $4, "
             "updated_at = now() WHERE session_id = $1 AND state = $5 AND turn = $6 "
-            "RETURNING true", session.session_id, state, new_turn, new_open, session.state,
-            session.turn)
+            "RETURNING true",
+            session.session_id,
+            state,
+            new_turn,
+            new_open,
+            session.state,
+            session.turn,
+        )
         if not changed:
             raise RuntimeError(f"session {session.session_id} changed under its lock")
         return msgspec.structs.replace(session, state=state, turn=new_turn, turn_open=new_open)
 
-    async def add_event(self, conn: asyncpg.Connection, session: SessionRow, source: str,
-                        build: Callable[[int], SessionEvent]) -> tuple[SessionRow, int | None]:
+    async def add_event(
+        self,
+        conn: asyncpg.Connection,
+        session: SessionRow,
+        source: str,
+        build: Callable[[int], SessionEvent],
+    ) -> tuple[SessionRow, int | None]:
         """Number and record one event (`build(n)`) with its journal row; (the session as it
         is now, the event's number or None if `source` had produced it already)."""
         n = session.last_n + 1
@@ -136,80 +186,125 @@ class SessionStore:
         added = await conn.fetchval(
             "INSERT INTO planner.session_events (session_id, n, type, source, body) "
             "VALUES ($1, $2, $3, $4, $5::jsonb) ON CONFLICT DO NOTHING RETURNING true",
-            session.session_id, n, type(event).__name__, source,
-            msgspec.json.encode(event).decode())
+            session.session_id,
+            n,
+            type(event).__name__,
+            source,
+            msgspec.json.encode(event).decode(),
+        )
         if not added:
             return session, None
-        await conn.execute("UPDATE planner.sessions SET last_n = $2 WHERE session_id = $1",
-                           session.session_id, n)
+        await conn.execute(
+            "UPDATE planner.sessions SET last_n = $2 WHERE session_id = $1", session.session_id, n
+        )
         if self._journal is not None:
-            await self._journal.write(conn, tenant=session.tenant,
-                                      kind=f"session.{type(event).__name__}",
-                                      subject=f"{session.session_id}/{n}",
-                                      run_id=session.session_id, payload=event)
+            await self._journal.write(
+                conn,
+                tenant=session.tenant,
+                kind=f"session.{type(event).__name__}",
+                subject=f"{session.session_id}/{n}",
+                run_id=session.session_id,
+                payload=event,
+            )
         return msgspec.structs.replace(session, last_n=n), n
 
-    async def events(self, conn: asyncpg.Connection, session_id: str, *, after: int = 0,
-                     upto: int | None = None) -> list[AnySessionEvent]:
+    async def events(
+        self, conn: asyncpg.Connection, session_id: str, *, after: int = 0, upto: int | None = None
+    ) -> list[AnySessionEvent]:
         """The session's events numbered after `after` (up to `upto`), in order."""
         rows = await conn.fetch(
             "SELECT body FROM planner.session_events WHERE session_id = $1 AND n > $2 "
-            "AND ($3::int IS NULL OR n <= $3) ORDER BY n", session_id, after, upto)
+            "AND ($3::int IS NULL OR n <= $3) ORDER BY n",
+            session_id,
+            after,
+            upto,
+        )
         return [_EVENT_DECODER.decode(r["body"]) for r in rows]
 
     async def mark_published(self, conn: asyncpg.Connection, session_id: str, n: int) -> None:
         """Events up to `n` are on the session's subject."""
-        await conn.execute("UPDATE planner.sessions SET published_n = greatest(published_n, $2) "
-                           "WHERE session_id = $1", session_id, n)
+        await conn.execute(
+            "UPDATE planner.sessions SET published_n = greatest(published_n, $2) "
+            "WHERE session_id = $1",
+            session_id,
+            n,
+        )
 
     async def unpublished(self, conn: asyncpg.Connection, limit: int = 100) -> list[SessionRow]:
         """Sessions with events not yet published (a crash between commit and publish)."""
-        rows = await conn.fetch(f"SELECT {_COLUMNS} FROM planner.sessions "
-                                "WHERE published_n < last_n LIMIT $1", limit)
+        rows = await conn.fetch(
+            f"SELECT {_COLUMNS} FROM planner.sessions WHERE published_n < last_n LIMIT $1", limit
+        )
         return [SessionRow(**dict(r)) for r in rows]
 
-    async def turn_by_key(self, conn: asyncpg.Connection, session_id: str,
-                          key: str) -> TurnRow | None:
+    async def turn_by_key(
+        self, conn: asyncpg.Connection, session_id: str, key: str
+    ) -> TurnRow | None:
         """The turn a message under this key started, if one did."""
-        row = await conn.fetchrow("SELECT * FROM planner.session_turns WHERE session_id = $1 "
-                                  "AND message_key = $2", session_id, key)
+        row = await conn.fetchrow(
+            "SELECT * FROM planner.session_turns WHERE session_id = $1 AND message_key = $2",
+            session_id,
+            key,
+        )
         return None if row is None else _turn(row)
 
     async def turn_of_run(self, conn: asyncpg.Connection, run_id: str) -> TurnRow | None:
         """The turn a run drives, if it drives one."""
-        row = await conn.fetchrow("SELECT * FROM planner.session_turns WHERE run_id = $1",
-                                  run_id)
+        row = await conn.fetchrow("SELECT * FROM planner.session_turns WHERE run_id = $1", run_id)
         return None if row is None else _turn(row)
 
-    async def add_turn(self, conn: asyncpg.Connection, session_id: str, turn: int,
-                       run_id: str, key: str, run_input: str) -> None:
+    async def add_turn(
+        self,
+        conn: asyncpg.Connection,
+        session_id: str,
+        turn: int,
+        run_id: str,
+        key: str,
+        run_input: str,
+    ) -> None:
         """Record a turn accepted under the session's lock."""
         await conn.execute(
             "INSERT INTO planner.session_turns (session_id, turn, run_id, message_key, input) "
-            "VALUES ($1, $2, $3, $4, $5)", session_id, turn, run_id, key, run_input)
+            "VALUES ($1, $2, $3, $4, $5)",
+            session_id,
+            turn,
+            run_id,
+            key,
+            run_input,
+        )
 
     async def end_turn(self, conn: asyncpg.Connection, run_id: str, status: str) -> bool:
         """Record how a turn's run ended; False if it had ended already."""
-        return bool(await conn.fetchval(
-            "UPDATE planner.session_turns SET status = $2 WHERE run_id = $1 "
-            "AND status = 'running' RETURNING true", run_id, status))
+        return bool(
+            await conn.fetchval(
+                "UPDATE planner.session_turns SET status = $2 WHERE run_id = $1 "
+                "AND status = 'running' RETURNING true",
+                run_id,
+                status,
+            )
+        )
 
     async def unstarted(self, conn: asyncpg.Connection, limit: int = 100) -> list[TurnRow]:
         """Turns accepted whose run was not handed on yet."""
         # Older than a few seconds: the message's own handler starts its turn right after
         # the commit; the sweep is for one a crash left.
-        rows = await conn.fetch("SELECT * FROM planner.session_turns WHERE NOT started "
-                                "AND created_at < now() - interval '3 seconds' "
-                                "ORDER BY created_at LIMIT $1", limit)
+        rows = await conn.fetch(
+            "SELECT * FROM planner.session_turns WHERE NOT started "
+            "AND created_at < now() - interval '3 seconds' "
+            "ORDER BY created_at LIMIT $1",
+            limit,
+        )
         return [_turn(r) for r in rows]
 
     async def mark_started(self, conn: asyncpg.Connection, run_id: str) -> None:
         """The turn's run is registered and handed to retrieval."""
-        await conn.execute("UPDATE planner.session_turns SET started = true WHERE run_id = $1",
-                           run_id)
+        await conn.execute(
+            "UPDATE planner.session_turns SET started = true WHERE run_id = $1", run_id
+        )
 
-    async def history(self, conn: asyncpg.Connection, session_id: str, *,
-                      upto: int | None = None) -> list[Entry]:
+    async def history(
+        self, conn: asyncpg.Connection, session_id: str, *, upto: int | None = None
+    ) -> list[Entry]:
         """The conversation so far (up to event `upto`): messages, injected messages, the
         agent's answers and what Writ wrote, oldest first."""
         entries: list[Entry] = []
@@ -219,19 +314,27 @@ class SessionStore:
                 entries.append(entry)
         return entries
 
-    async def inject(self, conn: asyncpg.Connection, session_id: str, n: int,
-                     text: str) -> None:
+    async def inject(self, conn: asyncpg.Connection, session_id: str, n: int, text: str) -> None:
         """Keep an injected message until a decision takes it."""
-        await conn.execute("INSERT INTO planner.session_injections (session_id, n, text) "
-                           "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING", session_id, n, text)
+        await conn.execute(
+            "INSERT INTO planner.session_injections (session_id, n, text) "
+            "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            session_id,
+            n,
+            text,
+        )
 
-    async def take_injections(self, conn: asyncpg.Connection, session_id: str, run_id: str,
-                              seq: int) -> list[tuple[int, str]]:
+    async def take_injections(
+        self, conn: asyncpg.Connection, session_id: str, run_id: str, seq: int
+    ) -> list[tuple[int, str]]:
         """The injected messages no decision has seen yet, now taken by `run_id`'s step."""
         rows = await conn.fetch(
             "UPDATE planner.session_injections SET taken_by = $2, taken_seq = $3 "
             "WHERE session_id = $1 AND taken_by IS NULL RETURNING n, text",
-            session_id, run_id, seq)
+            session_id,
+            run_id,
+            seq,
+        )
         return sorted((r["n"], r["text"]) for r in rows)
 
 

@@ -79,7 +79,8 @@ def outcome_note(payload: dict[str, Any]) -> str:
     outcome = payload.get("outcome")
     if payload.get("refused"):  # never a command: denied, rejected (or unanswered), invalid
         return f"{action} was not run ({payload['refused']}): {payload.get('reason') or ''}"[
-            :_MAX_NOTE]
+            :_MAX_NOTE
+        ]
     if outcome == "terminal_failure" or (state == "failed" and payload.get("correlation_id")):
         return f"{action} failed; correlation id {payload.get('correlation_id')}"[:_MAX_NOTE]
     if state == "succeeded":
@@ -98,8 +99,14 @@ def _session_of_run(run: RunRow) -> str | None:
 class SessionTurns:
     """The session side of the planner's run loop."""
 
-    def __init__(self, *, nc: Client, js: JetStreamContext, store: SessionStore,
-                 register_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        nc: Client,
+        js: JetStreamContext,
+        store: SessionStore,
+        register_timeout_s: float = 2.0,
+    ) -> None:
         self._nc, self._js, self._store = nc, js, store
         self._register_timeout = register_timeout_s
         # (a plan step's preview reads the facts as admission does, from their readers)
@@ -118,7 +125,8 @@ class SessionTurns:
             if not run.run_id.startswith("ses-"):
                 return None
             session_id = await conn.fetchval(
-                "SELECT session_id FROM planner.sessions WHERE branch_run_id = $1", run.run_id)
+                "SELECT session_id FROM planner.sessions WHERE branch_run_id = $1", run.run_id
+            )
             if session_id is None:
                 return None
         return await self._store.lock(conn, session_id)
@@ -142,12 +150,20 @@ class SessionTurns:
             payload: dict[str, Any] = {"injected": [text for _, text in taken]}
             await conn.execute(
                 "INSERT INTO planner.steps (run_id, seq, kind, payload) VALUES ($1, $2, "
-                "'injected', $3::jsonb) ON CONFLICT DO NOTHING", run.run_id, seq,
-                msgspec.json.encode(payload).decode())
+                "'injected', $3::jsonb) ON CONFLICT DO NOTHING",
+                run.run_id,
+                seq,
+                msgspec.json.encode(payload).decode(),
+            )
             if self._store.journal is not None:
                 await self._store.journal.write(
-                    conn, tenant=run.tenant, kind=INJECTED, subject=f"{run.run_id}/{seq}",
-                    run_id=run.run_id, payload=InjectedEntry(seq=seq, texts=payload["injected"]))
+                    conn,
+                    tenant=run.tenant,
+                    kind=INJECTED,
+                    subject=f"{run.run_id}/{seq}",
+                    run_id=run.run_id,
+                    payload=InjectedEntry(seq=seq, texts=payload["injected"]),
+                )
             steps.append(Step(seq=seq, kind="injected", payload=payload))
         return True
 
@@ -166,8 +182,13 @@ class SessionTurns:
             if step.kind == "decision" and payload.get("decision") == "select_capability":
                 capability = str(payload.get("capability", ""))[:512]
                 session, _ = await self._store.add_event(
-                    conn, session, source, lambda n, s=step, c=capability: CapabilitySelected(
-                        session_id=sid, n=n, turn=turn, step=s.seq, capability=c))
+                    conn,
+                    session,
+                    source,
+                    lambda n, s=step, c=capability: CapabilitySelected(
+                        session_id=sid, n=n, turn=turn, step=s.seq, capability=c
+                    ),
+                )
                 callee = agent_call_target(run.manifest, capability)
                 if callee is not None:
                     session = await self._child(conn, session, run, step.seq, callee, turn)
@@ -175,32 +196,65 @@ class SessionTurns:
                 # (a command's outcome is the session's `StepOutcome`, written as it arrives)
                 summary = step_recorded(run.tenant, run.run_id, step).summary
                 session, _ = await self._store.add_event(
-                    conn, session, source, lambda n, s=step, t=summary: Observed(
-                        session_id=sid, n=n, turn=turn, step=s.seq, summary=t))
+                    conn,
+                    session,
+                    source,
+                    lambda n, s=step, t=summary: Observed(
+                        session_id=sid, n=n, turn=turn, step=s.seq, summary=t
+                    ),
+                )
 
-    async def _child(self, conn: Any, session: SessionRow, run: RunRow, step: int,
-                     callee: str, turn: int) -> SessionRow:
+    async def _child(
+        self, conn: Any, session: SessionRow, run: RunRow, step: int, callee: str, turn: int
+    ) -> SessionRow:
         """An agent call of a turn: its branch run shows as a child session."""
         branch = branch_run_id(run.run_id, step)
         child_id = child_id_for(branch)
-        if await self._store.create(conn, session_id=child_id, tenant=session.tenant,
-                                    principal=session.principal, agent=callee, plan_mode=False,
-                                    open_key=f"child:{branch}", state="processing",
-                                    parent=session, branch_run_id=branch):
+        if await self._store.create(
+            conn,
+            session_id=child_id,
+            tenant=session.tenant,
+            principal=session.principal,
+            agent=callee,
+            plan_mode=False,
+            open_key=f"child:{branch}",
+            state="processing",
+            parent=session,
+            branch_run_id=branch,
+        ):
             child = await self._store.lock(conn, child_id)
             assert child is not None
             child = await self._store.move(conn, child, "processing", turn=1, turn_open=True)
-            await self._store.add_event(conn, child, "opened", lambda n: SessionOpened(
-                session_id=child_id, n=n, agent=callee, principal=session.principal,
-                parent_session_id=session.session_id))
+            await self._store.add_event(
+                conn,
+                child,
+                "opened",
+                lambda n: SessionOpened(
+                    session_id=child_id,
+                    n=n,
+                    agent=callee,
+                    principal=session.principal,
+                    parent_session_id=session.session_id,
+                ),
+            )
         session, _ = await self._store.add_event(
-            conn, session, f"child:{branch}", lambda n: ChildSession(
-                session_id=session.session_id, n=n, turn=turn, child_session_id=child_id,
-                run_id=branch, agent=callee))
+            conn,
+            session,
+            f"child:{branch}",
+            lambda n: ChildSession(
+                session_id=session.session_id,
+                n=n,
+                turn=turn,
+                child_session_id=child_id,
+                run_id=branch,
+                agent=callee,
+            ),
+        )
         return session
 
-    async def observed(self, conn: Any, run: RunRow, step: int,
-                       observation: dict[str, Any]) -> None:
+    async def observed(
+        self, conn: Any, run: RunRow, step: int, observation: dict[str, Any]
+    ) -> None:
         """A command's typed outcome, written into the session by Writ (no model call)."""
         if "operation_id" not in observation:
             return
@@ -215,33 +269,65 @@ class SessionTurns:
             # approval over the proposals' door reaches the planner as the command's outcome).
             pending = run.pending_id[:512]
             session, _ = await self._store.add_event(
-                conn, session, f"answered:{run.run_id}:{pending}", lambda n: DecisionTaken(
-                    session_id=session.session_id, n=n, turn=turn, step=step,
-                    pending_id=pending, answer="approved"))
+                conn,
+                session,
+                f"answered:{run.run_id}:{pending}",
+                lambda n: DecisionTaken(
+                    session_id=session.session_id,
+                    n=n,
+                    turn=turn,
+                    step=step,
+                    pending_id=pending,
+                    answer="approved",
+                ),
+            )
         # Admitted and dispatched, as the outcome shows them (the same source as the admitted
         # event heard live, `follow_admitted`: whichever comes first is the one recorded).
         session, _ = await self._store.add_event(
-            conn, session, f"admitted:{run.run_id}:{step}", lambda n: StepAdmitted(
-                session_id=session.session_id, n=n, turn=turn, step=step,
-                operation_id=operation_id))
+            conn,
+            session,
+            f"admitted:{run.run_id}:{step}",
+            lambda n: StepAdmitted(
+                session_id=session.session_id, n=n, turn=turn, step=step, operation_id=operation_id
+            ),
+        )
         if observation.get("state") in _DISPATCHED:
             session, _ = await self._store.add_event(
-                conn, session, f"dispatched:{run.run_id}:{step}", lambda n: StepDispatched(
-                    session_id=session.session_id, n=n, turn=turn, step=step,
-                    operation_id=operation_id))
+                conn,
+                session,
+                f"dispatched:{run.run_id}:{step}",
+                lambda n: StepDispatched(
+                    session_id=session.session_id,
+                    n=n,
+                    turn=turn,
+                    step=step,
+                    operation_id=operation_id,
+                ),
+            )
         session, _ = await self._store.add_event(
-            conn, session, f"outcome:{run.run_id}:{step}", lambda n: StepOutcome(
-                session_id=session.session_id, n=n, turn=turn, step=step,
+            conn,
+            session,
+            f"outcome:{run.run_id}:{step}",
+            lambda n: StepOutcome(
+                session_id=session.session_id,
+                n=n,
+                turn=turn,
+                step=step,
                 action=str(observation.get("action", ""))[:512],
                 state=str(observation.get("state", ""))[:512],
                 outcome=observation.get("outcome"),
-                correlation_id=observation.get("correlation_id"), text=text))
-        await self._store.add_event(conn, session, f"note:{run.run_id}:{step}",
-                                    lambda n: WriterNote(session_id=session.session_id, n=n,
-                                                         turn=turn, text=text))
+                correlation_id=observation.get("correlation_id"),
+                text=text,
+            ),
+        )
+        await self._store.add_event(
+            conn,
+            session,
+            f"note:{run.run_id}:{step}",
+            lambda n: WriterNote(session_id=session.session_id, n=n, turn=turn, text=text),
+        )
 
-    async def refused(self, conn: Any, run: RunRow, step: int,
-                      observation: dict[str, Any]) -> None:
+    async def refused(self, conn: Any, run: RunRow, step: int, observation: dict[str, Any]) -> None:
         """A turn's proposal that never became a command (a deny, a person's rejection, an
         attended ask nobody answered in 5 minutes): Writ writes why into the session."""
         session = await self._session_for(conn, run)
@@ -249,34 +335,65 @@ class SessionTurns:
             return
         turn = session.turn if is_turn_run(run.run_id) else 1
         text = outcome_note(observation)
-        await self._store.add_event(conn, session, f"note:{run.run_id}:{step}",
-                                    lambda n: WriterNote(session_id=session.session_id, n=n,
-                                                         turn=turn, text=text))
+        await self._store.add_event(
+            conn,
+            session,
+            f"note:{run.run_id}:{step}",
+            lambda n: WriterNote(session_id=session.session_id, n=n, turn=turn, text=text),
+        )
 
-    async def proposed(self, conn: Any, run: RunRow, step: int, action: str,
-                       proposal_id: str | None, preview: dict[str, Any]) -> None:
+    async def proposed(
+        self,
+        conn: Any,
+        run: RunRow,
+        step: int,
+        action: str,
+        proposal_id: str | None,
+        preview: dict[str, Any],
+    ) -> None:
         """A turn's proposal waits for a person's approval."""
         session = await self._session_for(conn, run)
         if session is None:
             return
-        await self._store.add_event(conn, session, f"proposal:{run.run_id}:{step}",
-                                    lambda n: ProposalMade(
-            session_id=session.session_id, n=n, turn=session.turn, step=step,
-            action=action[:512], proposal_id=proposal_id, preview=preview))
+        await self._store.add_event(
+            conn,
+            session,
+            f"proposal:{run.run_id}:{step}",
+            lambda n: ProposalMade(
+                session_id=session.session_id,
+                n=n,
+                turn=session.turn,
+                step=step,
+                action=action[:512],
+                proposal_id=proposal_id,
+                preview=preview,
+            ),
+        )
 
-    async def waiting(self, conn: Any, run: RunRow, step: int, pending_id: str | None,
-                      message: str) -> None:
+    async def waiting(
+        self, conn: Any, run: RunRow, step: int, pending_id: str | None, message: str
+    ) -> None:
         """The turn stops for a person's decision: the session shows what it waits for."""
         session = await self._session_for(conn, run)
         if session is None or pending_id is None or pending_id.startswith(PLAN_PREFIX):
             return  # (a plan's wait is its `PlanProposed`)
-        await self._store.add_event(conn, session, f"ask:{run.run_id}:{step}:{pending_id}",
-                                    lambda n: DecisionAsked(
-            session_id=session.session_id, n=n, turn=session.turn, step=step,
-            pending_id=pending_id[:512], message=message[:512]))
+        await self._store.add_event(
+            conn,
+            session,
+            f"ask:{run.run_id}:{step}:{pending_id}",
+            lambda n: DecisionAsked(
+                session_id=session.session_id,
+                n=n,
+                turn=session.turn,
+                step=step,
+                pending_id=pending_id[:512],
+                message=message[:512],
+            ),
+        )
 
-    async def ended(self, conn: Any, run: RunRow, status: str, *, answer: str | None,
-                    code: str | None) -> None:
+    async def ended(
+        self, conn: Any, run: RunRow, status: str, *, answer: str | None, code: str | None
+    ) -> None:
         """The turn's run ended: the session takes its next message (or stays closed)."""
         session = await self._session_for(conn, run)
         if session is None:
@@ -287,13 +404,25 @@ class SessionTurns:
             turn = turn_of(run.run_id)[1]
             if session.turn == turn and session.turn_open:
                 session = await self._store.move(
-                    conn, session, transition(session.state, "turn_ended"), turn_open=False)
+                    conn, session, transition(session.state, "turn_ended"), turn_open=False
+                )
         else:  # a child session: its one turn is the branch run
             turn = 1
             session = await self._store.move(conn, session, "closed", turn_open=False)
-        await self._store.add_event(conn, session, f"ended:{run.run_id}", lambda n: TurnEnded(
-            session_id=session.session_id, n=n, turn=turn, run_id=run.run_id, status=status,
-            answer=answer, code=code))
+        await self._store.add_event(
+            conn,
+            session,
+            f"ended:{run.run_id}",
+            lambda n: TurnEnded(
+                session_id=session.session_id,
+                n=n,
+                turn=turn,
+                run_id=run.run_id,
+                status=status,
+                answer=answer,
+                code=code,
+            ),
+        )
 
     @asynccontextmanager
     async def text_sink(self, run: RunRow, seq: int) -> AsyncIterator[DeltaBatcher | None]:
@@ -318,15 +447,34 @@ class SessionTurns:
         async def out(item: TextBatch | AttemptReset) -> None:
             try:
                 if isinstance(item, TextBatch):
-                    await publish(self._js, subject, TextDelta(
-                        session_id=session_id, n=0, turn=turn, step=seq, attempt=item.attempt,
-                        index=item.index, text=item.text),
-                        msg_id=f"delta:{run.run_id}:{seq}:{call}:{item.attempt}:{item.index}")
+                    await publish(
+                        self._js,
+                        subject,
+                        TextDelta(
+                            session_id=session_id,
+                            n=0,
+                            turn=turn,
+                            step=seq,
+                            attempt=item.attempt,
+                            index=item.index,
+                            text=item.text,
+                        ),
+                        msg_id=f"delta:{run.run_id}:{seq}:{call}:{item.attempt}:{item.index}",
+                    )
                 else:
-                    await publish(self._js, subject, TextReset(
-                        session_id=session_id, n=0, turn=turn, step=seq, attempt=item.attempt,
-                        reason=item.reason[:512]),
-                        msg_id=f"reset:{run.run_id}:{seq}:{call}:{item.attempt}")
+                    await publish(
+                        self._js,
+                        subject,
+                        TextReset(
+                            session_id=session_id,
+                            n=0,
+                            turn=turn,
+                            step=seq,
+                            attempt=item.attempt,
+                            reason=item.reason[:512],
+                        ),
+                        msg_id=f"reset:{run.run_id}:{seq}:{call}:{item.attempt}",
+                    )
             except Exception as exc:  # text is progress: the decision is what is recorded
                 log.debug("turn %s step %d: text not published: %r", run.run_id, seq, exc)
 
@@ -336,8 +484,7 @@ class SessionTurns:
         with self.in_flight.watch(run.run_id) as scope:
             calls, cancelled = await self._model_calls(run.run_id, seq)
             if calls > 1:
-                await out(AttemptReset(attempt=0,
-                                       reason="the model is asked again for this step"))
+                await out(AttemptReset(attempt=0, reason="the model is asked again for this step"))
             if cancelled:
                 scope.cancel()  # closed before this call registered: it never starts
             async with anyio.create_task_group() as tg:
@@ -359,18 +506,30 @@ class SessionTurns:
         was cancelled already ((0, False) if the pool is busy: the call goes on without it)."""
         try:
             async with self._store.acquire_soon() as conn:
-                calls = int(await conn.fetchval(
-                    "INSERT INTO planner.session_model_calls (run_id, seq) VALUES ($1, $2) "
-                    "ON CONFLICT (run_id, seq) DO UPDATE SET calls = "
-                    "planner.session_model_calls.calls + 1 RETURNING calls", run_id, seq))
+                calls = int(
+                    await conn.fetchval(
+                        "INSERT INTO planner.session_model_calls (run_id, seq) VALUES ($1, $2) "
+                        "ON CONFLICT (run_id, seq) DO UPDATE SET calls = "
+                        "planner.session_model_calls.calls + 1 RETURNING calls",
+                        run_id,
+                        seq,
+                    )
+                )
                 return calls, await cancelled_before(conn, run_id)
         except (TimeoutError, OSError) as exc:
             log.debug("turn %s step %d: model call not counted: %r", run_id, seq, exc)
             return 0, False
 
-    async def progress(self, *, tenant: str, run_id: str, step: int | None = None,
-                       operation_id: str | None = None, pending_id: str | None = None,
-                       answer: str | None = None) -> None:
+    async def progress(
+        self,
+        *,
+        tenant: str,
+        run_id: str,
+        step: int | None = None,
+        operation_id: str | None = None,
+        pending_id: str | None = None,
+        answer: str | None = None,
+    ) -> None:
         """What the planner hears of a turn's proposal without a step of its own — admitted
         as a command, or a person's answer to its ask — as the session's event; progress
         only: a failure to record it changes nothing in the turn."""
@@ -383,20 +542,40 @@ class SessionTurns:
                 if session is None or session.tenant != tenant:
                     return
                 if step is None:
-                    step = int(await conn.fetchval(
-                        "SELECT coalesce(max(seq), 0) FROM planner.steps WHERE run_id = $1",
-                        run_id))
+                    step = int(
+                        await conn.fetchval(
+                            "SELECT coalesce(max(seq), 0) FROM planner.steps WHERE run_id = $1",
+                            run_id,
+                        )
+                    )
                 at = step
                 if operation_id is not None:
                     await self._store.add_event(
-                        conn, session, f"admitted:{run_id}:{at}", lambda n: StepAdmitted(
-                            session_id=session_id, n=n, turn=turn, step=at,
-                            operation_id=operation_id))
+                        conn,
+                        session,
+                        f"admitted:{run_id}:{at}",
+                        lambda n: StepAdmitted(
+                            session_id=session_id,
+                            n=n,
+                            turn=turn,
+                            step=at,
+                            operation_id=operation_id,
+                        ),
+                    )
                 elif pending_id is not None and answer is not None:
                     await self._store.add_event(
-                        conn, session, f"answered:{run_id}:{pending_id}", lambda n: (
-                            DecisionTaken(session_id=session_id, n=n, turn=turn, step=at,
-                                          pending_id=pending_id[:512], answer=answer[:512])))
+                        conn,
+                        session,
+                        f"answered:{run_id}:{pending_id}",
+                        lambda n: DecisionTaken(
+                            session_id=session_id,
+                            n=n,
+                            turn=turn,
+                            step=at,
+                            pending_id=pending_id[:512],
+                            answer=answer[:512],
+                        ),
+                    )
             await self.flush(session_id)
         except Exception as exc:
             log.warning("turn %s: progress not recorded: %r", run_id, exc)
@@ -405,12 +584,23 @@ class SessionTurns:
         """Hear admission's `CommandAdmitted` progress events (core NATS, in no stream: one
         lost is no loss, the outcome records the admission too) and show a turn's as its
         session's `StepAdmitted` while the command is still on its way."""
-        async def heard(event: CommandAdmitted) -> None:
-            await self.progress(tenant=event.tenant, run_id=event.run_id, step=event.step,
-                                operation_id=event.operation_id)
 
-        await listen(self._nc, subjects.admitted("*"), msgspec.json.Decoder(CommandAdmitted),
-                     subjects.admitted, heard, queue=_ADMITTED_QUEUE)
+        async def heard(event: CommandAdmitted) -> None:
+            await self.progress(
+                tenant=event.tenant,
+                run_id=event.run_id,
+                step=event.step,
+                operation_id=event.operation_id,
+            )
+
+        await listen(
+            self._nc,
+            subjects.admitted("*"),
+            msgspec.json.Decoder(CommandAdmitted),
+            subjects.admitted,
+            heard,
+            queue=_ADMITTED_QUEUE,
+        )
 
     # --- after the commit ------------------------------------------------------------------
 
@@ -438,11 +628,12 @@ class SessionTurns:
             else:
                 async with self._store.acquire() as conn:
                     session_id = await conn.fetchval(
-                        "SELECT session_id FROM planner.sessions WHERE branch_run_id = $1",
-                        run_id)
+                        "SELECT session_id FROM planner.sessions WHERE branch_run_id = $1", run_id
+                    )
                     parent = await conn.fetchval(
                         "SELECT parent_session_id FROM planner.sessions WHERE session_id = $1",
-                        session_id)
+                        session_id,
+                    )
                 for sid in (session_id, parent):
                     if sid is not None:
                         await self.flush(sid)
@@ -456,17 +647,31 @@ class SessionTurns:
         Raises:
             RetryableError: governance or retrieval did not answer (the sweep tries again).
         """
-        await start_run(self._nc, self._js, RegisterRun(
-            tenant=session.tenant, run_id=turn.run_id, principal=session.principal,
-            agent=session.agent, attended=True), request_id=turn.run_id, text=turn.input,
-            timeout=self._register_timeout)
+        await start_run(
+            self._nc,
+            self._js,
+            RegisterRun(
+                tenant=session.tenant,
+                run_id=turn.run_id,
+                principal=session.principal,
+                agent=session.agent,
+                attended=True,
+            ),
+            request_id=turn.run_id,
+            text=turn.input,
+            timeout=self._register_timeout,
+        )
         async with self._store.acquire() as conn:
             await self._store.mark_started(conn, turn.run_id)
 
     async def wake(self, tenant: str, run_id: str, why: str) -> None:
         """Have the planner's inbox drive a turn's run again (after a resume or a close)."""
-        await publish(self._js, subjects.branch(tenant),
-                      BranchChanged(tenant=tenant, run_id=run_id), msg_id=f"wake:{run_id}:{why}")
+        await publish(
+            self._js,
+            subjects.branch(tenant),
+            BranchChanged(tenant=tenant, run_id=run_id),
+            msg_id=f"wake:{run_id}:{why}",
+        )
 
     async def wake_in_flight(self) -> int:
         """At start: wake every turn a session is `processing` whose run is running (the seed
@@ -479,7 +684,8 @@ class SessionTurns:
                 "JOIN planner.sessions s USING (session_id) "
                 "JOIN planner.runs r ON r.run_id = t.run_id "
                 "WHERE s.state = 'processing' AND t.status = 'running' "
-                "AND r.status = 'running'")
+                "AND r.status = 'running'"
+            )
         boot = uuid.uuid4().hex[:12]
         for row in rows:
             await self.wake(row["tenant"], row["run_id"], f"restart-{boot}")

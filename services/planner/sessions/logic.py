@@ -97,8 +97,9 @@ def transition(state: str, happening: str, *, turn_open: bool = False) -> State:
         code = "SESSION_CLOSED"
     else:
         code = _REFUSALS.get((state, happening), "INVALID_TRANSITION")
-    raise SessionRefused(code, f"a {state} session cannot take {happening!r}", state=state,
-                         happening=happening)
+    raise SessionRefused(
+        code, f"a {state} session cannot take {happening!r}", state=state, happening=happening
+    )
 
 
 def session_id_for(tenant: str, key: str) -> str:
@@ -153,16 +154,18 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
-def conversation(history: Sequence[Entry], message: str, *,
-                 budget: int = HISTORY_TOKENS) -> str:
+def conversation(history: Sequence[Entry], message: str, *, budget: int = HISTORY_TOKENS) -> str:
     """The run input of a turn: the conversation so far and the user's message now, all of it
     the principal's data (never an instruction; the developer instruction is Writ's alone)."""
     kept: list[str] = []
     used = 0
     dropped = 0
     for entry in reversed(history):
-        text = entry.text if len(entry.text) <= MAX_ENTRY_CHARS else (
-            entry.text[:MAX_ENTRY_CHARS - 1] + "…")
+        text = (
+            entry.text
+            if len(entry.text) <= MAX_ENTRY_CHARS
+            else (entry.text[: MAX_ENTRY_CHARS - 1] + "…")
+        )
         line = f"[turn {entry.turn}] {entry.role}: {text}"
         cost = estimate_tokens(line)
         if dropped or used + cost > budget:

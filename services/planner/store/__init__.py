@@ -14,5 +14,12 @@ from services.planner.store._replay import read_replay
 from services.planner.store._rows import TERMINAL_RUN, Reservation, RunRow, RunState, Step
 from services.planner.store._store import PlannerStore
 
-__all__ = ["TERMINAL_RUN", "PlannerStore", "Reservation", "RunRow", "RunState", "Step",
-           "read_replay"]
+__all__ = [
+    "TERMINAL_RUN",
+    "PlannerStore",
+    "Reservation",
+    "RunRow",
+    "RunState",
+    "Step",
+    "read_replay",
+]

@@ -18,8 +18,9 @@ from services.planner.journal_entries import (
 __all__ = ["read_replay"]
 
 
-async def read_replay(conn: asyncpg.Connection, journal: Journal, *, tenant: str, run_id: str
-                      ) -> tuple[list[Captured], RunRecord | None, int]:
+async def read_replay(
+    conn: asyncpg.Connection, journal: Journal, *, tenant: str, run_id: str
+) -> tuple[list[Captured], RunRecord | None, int]:
     """A run's sealed journal entries (decrypted, in chain order), the runtime's record of it
     (None if the run is not the tenant's) and how many of its journal rows are not sealed yet.
 
@@ -33,34 +34,60 @@ async def read_replay(conn: asyncpg.Connection, journal: Journal, *, tenant: str
     # plans were and how they were answered (`session.*`, journaled under the session's id).
     journaled = [run_id, turn_of(run_id)[0]] if is_turn_run(run_id) else [run_id]
     async with conn.transaction(isolation="repeatable_read", readonly=True):
-        entries = [Captured(seq=seq, kind=row["kind"], payload=msgspec.json.decode(plaintext))
-                   for of in journaled
-                   for seq, row, plaintext in await read_entries(conn, journal, tenant=tenant,
-                                                                 run_id=of)]
+        entries = [
+            Captured(seq=seq, kind=row["kind"], payload=msgspec.json.decode(plaintext))
+            for of in journaled
+            for seq, row, plaintext in await read_entries(conn, journal, tenant=tenant, run_id=of)
+        ]
         unsealed = await conn.fetchval(
             f"SELECT count(*) FROM {s}.journal j WHERE j.tenant = $1 AND j.run_id = ANY($2) "
             f"AND NOT EXISTS (SELECT 1 FROM {s}.journal_seals s WHERE s.entry_id = j.id)",
-            tenant, journaled)
+            tenant,
+            journaled,
+        )
         run = await conn.fetchrow(
             "SELECT status, answer, error_code, error_message, evidence FROM planner.runs "
-            "WHERE run_id = $1 AND tenant = $2", run_id, tenant)
+            "WHERE run_id = $1 AND tenant = $2",
+            run_id,
+            tenant,
+        )
         if run is None:
             return _of_turn(entries, run_id), None, unsealed
         steps = await conn.fetch(
             "SELECT seq, kind, payload, input_digest FROM planner.steps WHERE run_id = $1 "
-            "ORDER BY seq", run_id)
+            "ORDER BY seq",
+            run_id,
+        )
         plans = await conn.fetch(
             "SELECT plan_id, state, digest, steps FROM planner.plans WHERE run_id = $1 "
-            "ORDER BY created_at", run_id)
-    record = RunRecord(status=run["status"], answer=run["answer"],
-                       error_code=run["error_code"], error_message=run["error_message"],
-                       evidence=json.loads(run["evidence"]),
-                       steps=[StepRecord(seq=r["seq"], kind=r["kind"],
-                                         payload=json.loads(r["payload"]),
-                                         input_digest=r["input_digest"]) for r in steps],
-                       plans=[PlanRecord(plan_id=r["plan_id"], state=r["state"],
-                                         digest=r["digest"], steps=json.loads(r["steps"]))
-                              for r in plans])
+            "ORDER BY created_at",
+            run_id,
+        )
+    record = RunRecord(
+        status=run["status"],
+        answer=run["answer"],
+        error_code=run["error_code"],
+        error_message=run["error_message"],
+        evidence=json.loads(run["evidence"]),
+        steps=[
+            StepRecord(
+                seq=r["seq"],
+                kind=r["kind"],
+                payload=json.loads(r["payload"]),
+                input_digest=r["input_digest"],
+            )
+            for r in steps
+        ],
+        plans=[
+            PlanRecord(
+                plan_id=r["plan_id"],
+                state=r["state"],
+                digest=r["digest"],
+                steps=json.loads(r["steps"]),
+            )
+            for r in plans
+        ],
+    )
     return _of_turn(entries, run_id), record, unsealed
 
 
@@ -69,8 +96,11 @@ def _of_turn(entries: list[Captured], run_id: str) -> list[Captured]:
     this turn's plans and their answers (a fork's copies of its parent's plans are earlier
     turns'), in chain order."""
     turn = run_id.rpartition("-t")[2]
-    plans = {str(e.payload["plan"]["plan_id"]) for e in entries
-             if e.kind == "session.PlanProposed" and str(e.payload["plan"]["turn"]) == turn}
+    plans = {
+        str(e.payload["plan"]["plan_id"])
+        for e in entries
+        if e.kind == "session.PlanProposed" and str(e.payload["plan"]["turn"]) == turn
+    }
 
     def kept(e: Captured) -> bool:
         if e.kind == "session.PlanProposed":

@@ -40,22 +40,40 @@ extract(epoch FROM now())::float8 AS now"""
 
 # $1 run, $2 tenant, $3 the last step known.
 STATE = f"SELECT {state_columns('$2', '$3')}"
-RESERVATION_COLUMNS = ("step_key, reservation_id, state, provider_calls, tokens, "
-                        "capability_calls, lease, reserved_provider_calls, reserved_tokens, "
-                        "reserved_capability_calls, expires_at")
+RESERVATION_COLUMNS = (
+    "step_key, reservation_id, state, provider_calls, tokens, "
+    "capability_calls, lease, reserved_provider_calls, reserved_tokens, "
+    "reserved_capability_calls, expires_at"
+)
 # What `hold` inserts of each reservation, in its statement's order.
-HELD = ("step_key", "reservation_id", "lease", "reserved_provider_calls", "reserved_tokens",
-         "reserved_capability_calls", "expires_at")
+HELD = (
+    "step_key",
+    "reservation_id",
+    "lease",
+    "reserved_provider_calls",
+    "reserved_tokens",
+    "reserved_capability_calls",
+    "expires_at",
+)
 # Reservation rows kept to be written with the transaction's next statement (`write_behind`):
 # (run id, step key) -> the row as it must stand; None outside a `writing_behind` scope.
 BEHIND: ContextVar[dict[tuple[str, str], Reservation] | None] = ContextVar(
-    "writ_planner_behind", default=None)
+    "writ_planner_behind", default=None
+)
 # The columns a kept row writes, with their array types, in `behind_cte`'s order.
-BEHIND_COLUMNS = (("step_key", "text"), ("reservation_id", "text"), ("state", "text"),
-                   ("provider_calls", "int"), ("tokens", "int"), ("capability_calls", "int"),
-                   ("lease", "text"), ("reserved_provider_calls", "int"),
-                   ("reserved_tokens", "int"), ("reserved_capability_calls", "int"),
-                   ("expires_at", "float8"))
+BEHIND_COLUMNS = (
+    ("step_key", "text"),
+    ("reservation_id", "text"),
+    ("state", "text"),
+    ("provider_calls", "int"),
+    ("tokens", "int"),
+    ("capability_calls", "int"),
+    ("lease", "text"),
+    ("reserved_provider_calls", "int"),
+    ("reserved_tokens", "int"),
+    ("reserved_capability_calls", "int"),
+    ("expires_at", "float8"),
+)
 
 
 def behind_cte(first: int) -> str:
@@ -65,33 +83,41 @@ def behind_cte(first: int) -> str:
     its settlement)."""
     columns = ", ".join(name for name, _ in BEHIND_COLUMNS)
     arrays = ", ".join(f"${first + 1 + i}::{kind}[]" for i, (_, kind) in enumerate(BEHIND_COLUMNS))
-    return (f"behind AS (INSERT INTO planner.reservations (run_id, {columns}) "
-            f"SELECT * FROM unnest(${first}::text[], {arrays}) "
-            "ON CONFLICT (run_id, step_key) DO UPDATE SET state = EXCLUDED.state, "
-            "provider_calls = EXCLUDED.provider_calls, tokens = EXCLUDED.tokens, "
-            "capability_calls = EXCLUDED.capability_calls "
-            "WHERE planner.reservations.state <> 'closed')")
+    return (
+        f"behind AS (INSERT INTO planner.reservations (run_id, {columns}) "
+        f"SELECT * FROM unnest(${first}::text[], {arrays}) "
+        "ON CONFLICT (run_id, step_key) DO UPDATE SET state = EXCLUDED.state, "
+        "provider_calls = EXCLUDED.provider_calls, tokens = EXCLUDED.tokens, "
+        "capability_calls = EXCLUDED.capability_calls "
+        "WHERE planner.reservations.state <> 'closed')"
+    )
 
 
 def behind_args(kept: dict[tuple[str, str], Reservation]) -> list[list[Any]]:
     rows = list(kept.items())
-    return [[run_id for (run_id, _), _ in rows],
-            *([getattr(r, name) for _, r in rows] for name, _ in BEHIND_COLUMNS)]
+    return [
+        [run_id for (run_id, _), _ in rows],
+        *([getattr(r, name) for _, r in rows] for name, _ in BEHIND_COLUMNS),
+    ]
 
 
 STEPS = msgspec.json.Decoder(list[Step])
 STEPS_KEPT = 1024  # runs whose steps `state` keeps (what the planner drives at once, and more)
 RESERVATIONS = msgspec.json.Decoder(list[Reservation])
 
-RUN_COLUMNS = ("run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
-                "error_code, error_message, attended, manifest, pending_id")
+RUN_COLUMNS = (
+    "run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
+    "error_code, error_message, attended, manifest, pending_id"
+)
 # Locks the run ($1) by counting this transaction on its row: an UPDATE waits for the lock,
 # then works on (and returns) the newest committed row, whose count says whether another
 # transaction locked it after this statement's snapshot was taken. $2 the last step known.
 LOCK = f"UPDATE planner.runs SET version = version + 1 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
-LOCKED = (f"WITH locked AS ({LOCK}, version) SELECT locked.*, "
-           "(SELECT version FROM planner.runs WHERE run_id = $1) AS seen_version, "
-           f"{state_columns('locked.tenant', '$2')} FROM locked")
+LOCKED = (
+    f"WITH locked AS ({LOCK}, version) SELECT locked.*, "
+    "(SELECT version FROM planner.runs WHERE run_id = $1) AS seen_version, "
+    f"{state_columns('locked.tenant', '$2')} FROM locked"
+)
 RUN_FIELDS = tuple(c.strip() for c in RUN_COLUMNS.split(","))
 _JSON = msgspec.json.Decoder()  # what a run's row holds as JSON (its evidence, its manifest)
 

@@ -129,30 +129,63 @@ class PlannerStore:
         if kept:
             kept.clear()
 
-    async def _changed_and_captured(self, conn: asyncpg.Connection, change: str,
-                                    args: tuple[Any, ...], *, tenant: str, kind: str,
-                                    subject: str, run_id: str, payload: msgspec.Struct) -> bool:
+    async def _changed_and_captured(
+        self,
+        conn: asyncpg.Connection,
+        change: str,
+        args: tuple[Any, ...],
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        run_id: str,
+        payload: msgspec.Struct,
+    ) -> bool:
         """`change` (a statement that returns a row if it changed something) and, only then,
         its journal row, in one statement; whether it changed something. One round trip where
         the change and its `_capture` took two (and the kept reservation rows with them)."""
         changed = f"changed AS ({change})"
-        entry = () if self._journal is None else msgspec.structs.astuple(self._journal.entry(
-            tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id))
-        journal = ("" if self._journal is None
-                   else f", {self._journal.cte_if(len(args) + 1, 'changed')}")
+        entry = (
+            ()
+            if self._journal is None
+            else msgspec.structs.astuple(
+                self._journal.entry(
+                    tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
+                )
+            )
+        )
+        journal = (
+            "" if self._journal is None else f", {self._journal.cte_if(len(args) + 1, 'changed')}"
+        )
         behind, kept = self._with_behind(len(args) + len(entry) + 1)
-        done = bool(await conn.fetchval(
-            f"WITH {changed}{journal}{behind} SELECT EXISTS (SELECT 1 FROM changed)",
-            *args, *entry, *kept))
+        done = bool(
+            await conn.fetchval(
+                f"WITH {changed}{journal}{behind} SELECT EXISTS (SELECT 1 FROM changed)",
+                *args,
+                *entry,
+                *kept,
+            )
+        )
         self._written()
         return done
 
-    async def _capture(self, conn: asyncpg.Connection, *, tenant: str, kind: str,
-                       subject: str, run_id: str, payload: msgspec.Struct) -> None:
+    async def _capture(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        run_id: str,
+        payload: msgspec.Struct,
+    ) -> None:
         if self._journal is None:
             return
-        entry = msgspec.structs.astuple(self._journal.entry(
-            tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id))
+        entry = msgspec.structs.astuple(
+            self._journal.entry(
+                tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
+            )
+        )
         behind, kept = self._with_behind(len(entry) + 1)
         if not kept:
             await conn.execute(self._journal.insert_sql, *entry)
@@ -160,9 +193,13 @@ class PlannerStore:
         await conn.execute(f"WITH {self._journal.cte(1)}{behind} SELECT 1", *entry, *kept)
         self._written()
 
-    async def create_run(self, started: EvidenceGathered, *,
-                         manifest: dict[str, Any] | None = None,
-                         conn: asyncpg.Connection | None = None) -> bool:
+    async def create_run(
+        self,
+        started: EvidenceGathered,
+        *,
+        manifest: dict[str, Any] | None = None,
+        conn: asyncpg.Connection | None = None,
+    ) -> bool:
         """Record a new run (with the agent snapshot it starts with), in its own transaction
         on `conn` if given (else on a pooled connection); False if the run already exists (a
         redelivery or a re-sent request)."""
@@ -177,14 +214,31 @@ class PlannerStore:
             "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
             "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
             "$7::jsonb, 'running', $8, $9::jsonb) ON CONFLICT DO NOTHING RETURNING true",
-            (started.run_id, started.tenant, started.request_id, started.principal,
-             started.agent, started.input, json.dumps(evidence), started.attended,
-             None if manifest is None else json.dumps(manifest)),
-            tenant=started.tenant, kind=RUN_STARTED, subject=started.run_id,
-            run_id=started.run_id, payload=RunStartedEntry(
-                request_id=started.request_id, principal=started.principal,
-                agent=started.agent, input=started.input, evidence=evidence,
-                attended=started.attended, manifest=manifest))
+            (
+                started.run_id,
+                started.tenant,
+                started.request_id,
+                started.principal,
+                started.agent,
+                started.input,
+                json.dumps(evidence),
+                started.attended,
+                None if manifest is None else json.dumps(manifest),
+            ),
+            tenant=started.tenant,
+            kind=RUN_STARTED,
+            subject=started.run_id,
+            run_id=started.run_id,
+            payload=RunStartedEntry(
+                request_id=started.request_id,
+                principal=started.principal,
+                agent=started.agent,
+                input=started.input,
+                evidence=evidence,
+                attended=started.attended,
+                manifest=manifest,
+            ),
+        )
 
     async def create_branch(self, conn: asyncpg.Connection, branch: RunRow) -> bool:
         """Record a branch run (another agent a run called) in the caller's transaction, with
@@ -194,15 +248,32 @@ class PlannerStore:
             "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
             "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
             "'[]'::jsonb, 'running', $8, $7::jsonb) ON CONFLICT DO NOTHING RETURNING true",
-            branch.run_id, branch.tenant, branch.request_id, branch.principal, branch.agent,
-            branch.input, json.dumps(branch.manifest), branch.attended)
+            branch.run_id,
+            branch.tenant,
+            branch.request_id,
+            branch.principal,
+            branch.agent,
+            branch.input,
+            json.dumps(branch.manifest),
+            branch.attended,
+        )
         if created:
-            await self._capture(conn, tenant=branch.tenant, kind=RUN_STARTED,
-                                subject=branch.run_id, run_id=branch.run_id,
-                                payload=RunStartedEntry(
-                                    request_id=branch.request_id, principal=branch.principal,
-                                    agent=branch.agent, input=branch.input, evidence=[],
-                                    attended=False, manifest=branch.manifest))
+            await self._capture(
+                conn,
+                tenant=branch.tenant,
+                kind=RUN_STARTED,
+                subject=branch.run_id,
+                run_id=branch.run_id,
+                payload=RunStartedEntry(
+                    request_id=branch.request_id,
+                    principal=branch.principal,
+                    agent=branch.agent,
+                    input=branch.input,
+                    evidence=[],
+                    attended=False,
+                    manifest=branch.manifest,
+                ),
+            )
         return bool(created)
 
     async def pending_reviews(self, tenant: str, limit: int) -> list[asyncpg.Record]:
@@ -210,12 +281,16 @@ class PlannerStore:
         return await self._pool.fetch(
             "SELECT pending_id, run_id, agent, principal, updated_at FROM planner.runs "
             "WHERE tenant = $1 AND status = 'awaiting_human' AND pending_id LIKE 'review-%' "
-            "ORDER BY updated_at DESC LIMIT $2", tenant, limit)
+            "ORDER BY updated_at DESC LIMIT $2",
+            tenant,
+            limit,
+        )
 
     async def run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
         """The run as committed, unlocked (a branch's end, read by the run that called it)."""
         row = await conn.fetchrow(
-            f"SELECT {RUN_COLUMNS} FROM planner.runs WHERE run_id = $1", run_id)
+            f"SELECT {RUN_COLUMNS} FROM planner.runs WHERE run_id = $1", run_id
+        )
         return None if row is None else run_row(row)
 
     def acquire(self) -> Any:
@@ -228,8 +303,7 @@ class PlannerStore:
         row = await conn.fetchrow(LOCK, run_id)
         return None if row is None else run_row(row)
 
-    async def locked(self, conn: asyncpg.Connection, run_id: str
-                     ) -> tuple[RunRow, RunState] | None:
+    async def locked(self, conn: asyncpg.Connection, run_id: str) -> tuple[RunRow, RunState] | None:
         """`lock_run` and `state` in one round trip; None if there is no such run.
 
         One statement has one snapshot, taken before it waits for the lock: a transaction
@@ -260,8 +334,9 @@ class PlannerStore:
         assert state is not None  # every step read, by the statement that counted them
         return state
 
-    def _state_of(self, row: asyncpg.Record, run: RunRow, known: tuple[Step, ...]
-                  ) -> RunState | None:
+    def _state_of(
+        self, row: asyncpg.Record, run: RunRow, known: tuple[Step, ...]
+    ) -> RunState | None:
         """The state `row` read after the `known` steps; None if they are not all the run's
         steps before those it read (another planner committed one below them)."""
         steps = [*known, *STEPS.decode(row["steps"])]
@@ -269,69 +344,138 @@ class PlannerStore:
             return None
         own = row["own_from"]
         self._remember(run.run_id, [st for st in steps if own is None or st.seq < own])
-        return RunState(steps=steps, cancelled_by=row["cancelled_by"],
-                        reservations=RESERVATIONS.decode(row["reservations"]), now=row["now"])
+        return RunState(
+            steps=steps,
+            cancelled_by=row["cancelled_by"],
+            reservations=RESERVATIONS.decode(row["reservations"]),
+            now=row["now"],
+        )
 
     async def steps(self, conn: asyncpg.Connection, run_id: str) -> list[Step]:
         """The run's steps in order."""
         rows = await conn.fetch(
-            "SELECT seq, kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
-        return [Step(seq=r["seq"], kind=r["kind"], payload=json.loads(r["payload"]))
-                for r in rows]
+            "SELECT seq, kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+        )
+        return [Step(seq=r["seq"], kind=r["kind"], payload=json.loads(r["payload"])) for r in rows]
 
-    async def _add_step(self, conn: asyncpg.Connection, run: RunRow, seq: int, kind: str,
-                        payload: dict[str, Any], input_digest: str | None = None, *,
-                        journal_kind: str, entry: msgspec.Struct) -> bool:
+    async def _add_step(
+        self,
+        conn: asyncpg.Connection,
+        run: RunRow,
+        seq: int,
+        kind: str,
+        payload: dict[str, Any],
+        input_digest: str | None = None,
+        *,
+        journal_kind: str,
+        entry: msgspec.Struct,
+    ) -> bool:
         """Record a step once, with its journal row in the same statement."""
         return await self._changed_and_captured(
             conn,
             "INSERT INTO planner.steps (run_id, seq, kind, payload, input_digest) "
             "VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT DO NOTHING RETURNING true",
             (run.run_id, seq, kind, json.dumps(payload), input_digest),
-            tenant=run.tenant, kind=journal_kind, subject=f"{run.run_id}/{seq}",
-            run_id=run.run_id, payload=entry)
+            tenant=run.tenant,
+            kind=journal_kind,
+            subject=f"{run.run_id}/{seq}",
+            run_id=run.run_id,
+            payload=entry,
+        )
 
-    async def add_decision(self, conn: asyncpg.Connection, run: RunRow, seq: int,
-                           response: dict[str, Any], *, turn: int, input_digest: str,
-                           proposal: ProposalEntry | None) -> bool:
+    async def add_decision(
+        self,
+        conn: asyncpg.Connection,
+        run: RunRow,
+        seq: int,
+        response: dict[str, Any],
+        *,
+        turn: int,
+        input_digest: str,
+        proposal: ProposalEntry | None,
+    ) -> bool:
         """Record a captured model response once, and the proposal the runtime made of it."""
-        if not await self._add_step(conn, run, seq, "decision", response, input_digest,
-                                    journal_kind=DECISION, entry=DecisionEntry(
-                                        seq=seq, turn=turn, input_digest=input_digest,
-                                        response=response)):
+        if not await self._add_step(
+            conn,
+            run,
+            seq,
+            "decision",
+            response,
+            input_digest,
+            journal_kind=DECISION,
+            entry=DecisionEntry(seq=seq, turn=turn, input_digest=input_digest, response=response),
+        ):
             return False
         subject = f"{run.run_id}/{seq}"
         if proposal is not None:
-            await self._capture(conn, tenant=run.tenant, kind=PROPOSAL, subject=subject,
-                                run_id=run.run_id, payload=proposal)
+            await self._capture(
+                conn,
+                tenant=run.tenant,
+                kind=PROPOSAL,
+                subject=subject,
+                run_id=run.run_id,
+                payload=proposal,
+            )
         return True
 
-    async def add_critic(self, conn: asyncpg.Connection, run: RunRow, seq: int, *, step: int,
-                         round: int, verdict: dict[str, Any], input_digest: str) -> bool:
+    async def add_critic(
+        self,
+        conn: asyncpg.Connection,
+        run: RunRow,
+        seq: int,
+        *,
+        step: int,
+        round: int,
+        verdict: dict[str, Any],
+        input_digest: str,
+    ) -> bool:
         """Record a captured critic verdict on the answer of `step` once."""
-        return await self._add_step(conn, run, seq, "critic", verdict, input_digest,
-                                    journal_kind=CRITIC, entry=CriticEntry(
-                                        seq=seq, step=step, round=round,
-                                        input_digest=input_digest, verdict=verdict))
+        return await self._add_step(
+            conn,
+            run,
+            seq,
+            "critic",
+            verdict,
+            input_digest,
+            journal_kind=CRITIC,
+            entry=CriticEntry(
+                seq=seq, step=step, round=round, input_digest=input_digest, verdict=verdict
+            ),
+        )
 
-    async def add_proposal(self, conn: asyncpg.Connection, run: RunRow,
-                           proposal: ProposalEntry) -> None:
+    async def add_proposal(
+        self, conn: asyncpg.Connection, run: RunRow, proposal: ProposalEntry
+    ) -> None:
         """Journal the proposal a checked `select_capability` became (once its capability call
         was reserved: the caller records it with that reservation, once)."""
-        await self._capture(conn, tenant=run.tenant, kind=PROPOSAL,
-                            subject=f"{run.run_id}/{proposal.step}", run_id=run.run_id,
-                            payload=proposal)
+        await self._capture(
+            conn,
+            tenant=run.tenant,
+            kind=PROPOSAL,
+            subject=f"{run.run_id}/{proposal.step}",
+            run_id=run.run_id,
+            payload=proposal,
+        )
 
-    async def reservation(self, conn: asyncpg.Connection, run_id: str,
-                          step_key: str) -> Reservation | None:
+    async def reservation(
+        self, conn: asyncpg.Connection, run_id: str, step_key: str
+    ) -> Reservation | None:
         """The reservation recorded for this step key, if any."""
         row = await conn.fetchrow(
             f"SELECT {RESERVATION_COLUMNS} FROM planner.reservations "
-            "WHERE run_id = $1 AND step_key = $2", run_id, step_key)
+            "WHERE run_id = $1 AND step_key = $2",
+            run_id,
+            step_key,
+        )
         return None if row is None else Reservation(**dict(row))
 
-    async def hold(self, conn: asyncpg.Connection, run_id: str, *held: Reservation,
-                   closing: dict[str, list[str]] | None = None) -> bool:
+    async def hold(
+        self,
+        conn: asyncpg.Connection,
+        run_id: str,
+        *held: Reservation,
+        closing: dict[str, list[str]] | None = None,
+    ) -> bool:
         """Record open reservations (a step's, or a lease and its first draw); False if the
         first one's step key has one already. `closing`: step keys (by run id) governance
         settled with it, recorded closed in the same statement."""
@@ -340,20 +484,32 @@ class PlannerStore:
         for other, keys in closing.items():  # a branch's settlement carried by its root's
             await self.closed(conn, other, *keys)
         columns = [[getattr(r, f) for r in held] for f in HELD]
-        return bool(await conn.fetchval(
-            "WITH closed AS (UPDATE planner.reservations SET state = 'closed' "
-            "WHERE run_id = $1 AND step_key = ANY($2::text[])), "
-            "held AS (INSERT INTO planner.reservations (run_id, state, step_key, "
-            "reservation_id, lease, reserved_provider_calls, reserved_tokens, "
-            "reserved_capability_calls, expires_at) SELECT $1, 'open', * FROM "
-            "unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], "
-            "$9::float8[]) ON CONFLICT DO NOTHING RETURNING step_key) "
-            "SELECT EXISTS (SELECT 1 FROM held WHERE step_key = $3[1])",
-            run_id, same, *columns))
+        return bool(
+            await conn.fetchval(
+                "WITH closed AS (UPDATE planner.reservations SET state = 'closed' "
+                "WHERE run_id = $1 AND step_key = ANY($2::text[])), "
+                "held AS (INSERT INTO planner.reservations (run_id, state, step_key, "
+                "reservation_id, lease, reserved_provider_calls, reserved_tokens, "
+                "reserved_capability_calls, expires_at) SELECT $1, 'open', * FROM "
+                "unnest($3::text[], $4::text[], $5::text[], $6::int[], $7::int[], $8::int[], "
+                "$9::float8[]) ON CONFLICT DO NOTHING RETURNING step_key) "
+                "SELECT EXISTS (SELECT 1 FROM held WHERE step_key = $3[1])",
+                run_id,
+                same,
+                *columns,
+            )
+        )
 
-    async def spent(self, conn: asyncpg.Connection, run_id: str, step_key: str, *,
-                    provider_calls: int = 0, tokens: int = 0,
-                    capability_calls: int = 0) -> Reservation | None:
+    async def spent(
+        self,
+        conn: asyncpg.Connection,
+        run_id: str,
+        step_key: str,
+        *,
+        provider_calls: int = 0,
+        tokens: int = 0,
+        capability_calls: int = 0,
+    ) -> Reservation | None:
         """The step is over: record what it used (once); the reservation if it is now due."""
         row = await conn.fetchrow(
             # A draw on a lease is closed here: the lease is settled for it (`budgeting.py`).
@@ -362,7 +518,12 @@ class PlannerStore:
             "state = CASE WHEN lease IS NULL THEN 'due' ELSE 'closed' END "
             "WHERE run_id = $1 AND step_key = $2 AND state = 'open' "
             f"RETURNING {RESERVATION_COLUMNS}",
-            run_id, step_key, provider_calls, tokens, capability_calls)
+            run_id,
+            step_key,
+            provider_calls,
+            tokens,
+            capability_calls,
+        )
         return None if row is None else Reservation(**dict(row))
 
     async def due(self, conn: asyncpg.Connection, run_id: str) -> list[Reservation]:
@@ -370,28 +531,52 @@ class PlannerStore:
         rows = await conn.fetch(
             f"SELECT {RESERVATION_COLUMNS} FROM planner.reservations "
             "WHERE run_id = $1 AND state = 'due' ORDER BY step_key",
-            run_id)
+            run_id,
+        )
         return [Reservation(**dict(r)) for r in rows]
 
     async def closed(self, conn: asyncpg.Connection, run_id: str, *step_keys: str) -> None:
         """Governance has settled these reservations."""
-        await conn.execute("UPDATE planner.reservations SET state = 'closed' "
-                           "WHERE run_id = $1 AND step_key = ANY($2::text[])", run_id,
-                           list(step_keys))
+        await conn.execute(
+            "UPDATE planner.reservations SET state = 'closed' "
+            "WHERE run_id = $1 AND step_key = ANY($2::text[])",
+            run_id,
+            list(step_keys),
+        )
 
-    async def add_observation(self, conn: asyncpg.Connection, run: RunRow, seq: int, *,
-                              step: int, output: dict[str, Any],
-                              observation: dict[str, Any]) -> bool:
+    async def add_observation(
+        self,
+        conn: asyncpg.Connection,
+        run: RunRow,
+        seq: int,
+        *,
+        step: int,
+        output: dict[str, Any],
+        observation: dict[str, Any],
+    ) -> bool:
         """Record what the model observes of a captured tool output once."""
-        return await self._add_step(conn, run, seq, "observation", observation,
-                                    journal_kind=OBSERVATION, entry=ObservationEntry(
-                                        seq=seq, step=step, output=output,
-                                        observation=observation))
+        return await self._add_step(
+            conn,
+            run,
+            seq,
+            "observation",
+            observation,
+            journal_kind=OBSERVATION,
+            entry=ObservationEntry(seq=seq, step=step, output=output, observation=observation),
+        )
 
-    async def set_status(self, conn: asyncpg.Connection, run: RunRow, status: str, *,
-                         step: int | None = None, answer: str | None = None,
-                         error_code: str | None = None, error_message: str | None = None,
-                         pending_id: str | None = None) -> bool:
+    async def set_status(
+        self,
+        conn: asyncpg.Connection,
+        run: RunRow,
+        status: str,
+        *,
+        step: int | None = None,
+        answer: str | None = None,
+        error_code: str | None = None,
+        error_message: str | None = None,
+        pending_id: str | None = None,
+    ) -> bool:
         """Move the run to `status` (`pending_id`: the decision it now waits for); False (and
         nothing journaled) if it was there already."""
         return await self._changed_and_captured(
@@ -400,13 +585,24 @@ class PlannerStore:
             "error_message = $5, pending_id = $6, updated_at = now() WHERE run_id = $1 "
             "AND (status, answer, error_code, error_message, pending_id) "
             "IS DISTINCT FROM ($2, $3, $4, $5, $6) "
-            "RETURNING true", (run.run_id, status, answer, error_code, error_message, pending_id),
-            tenant=run.tenant, kind=RUN_STATUS, subject=run.run_id, run_id=run.run_id,
-            payload=StatusEntry(status=status, step=step, answer=answer,
-                                error_code=error_code, error_message=error_message))
+            "RETURNING true",
+            (run.run_id, status, answer, error_code, error_message, pending_id),
+            tenant=run.tenant,
+            kind=RUN_STATUS,
+            subject=run.run_id,
+            run_id=run.run_id,
+            payload=StatusEntry(
+                status=status,
+                step=step,
+                answer=answer,
+                error_code=error_code,
+                error_message=error_message,
+            ),
+        )
 
-    async def read_replay(self, tenant: str, run_id: str
-                          ) -> tuple[list[Captured], RunRecord | None, int]:
+    async def read_replay(
+        self, tenant: str, run_id: str
+    ) -> tuple[list[Captured], RunRecord | None, int]:
         """What `replay_run` needs of one run of `tenant`."""
         if self._journal is None:
             raise RuntimeError("the planner has no journal to replay from")

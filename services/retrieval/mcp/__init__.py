@@ -11,5 +11,13 @@ from services.retrieval.mcp.digest import listing_digest, tool_digest
 from services.retrieval.mcp.reads import McpReads
 from services.retrieval.mcp.servers import ServerConfig, ServerRegistry
 
-__all__ = ["McpClient", "McpCredentialRefused", "McpReads", "McpUnavailable", "ServerConfig",
-           "ServerRegistry", "listing_digest", "tool_digest"]
+__all__ = [
+    "McpClient",
+    "McpCredentialRefused",
+    "McpReads",
+    "McpUnavailable",
+    "ServerConfig",
+    "ServerRegistry",
+    "listing_digest",
+    "tool_digest",
+]

@@ -116,8 +116,7 @@ class McpClient:
     def __init__(self) -> None:
         self._tokens = _Tokens()
 
-    async def session(self, server: ServerConfig,
-                      work: Callable[[McpSession], Awaitable[T]]) -> T:
+    async def session(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]]) -> T:
         """Open a session with `server`, run `work` in it, close it; `work`'s own errors pass
         through. The whole exchange is bounded by a few of the server's timeouts.
 
@@ -130,8 +129,7 @@ class McpClient:
             # A cached access token the server no longer takes (revoked, expired early): one
             # fresh one, before anything was listed or called; refused again is refused.
             self._tokens.forget(server)
-            return await self._with_transport(server, work, await self._bearer(server),
-                                              fresh=True)
+            return await self._with_transport(server, work, await self._bearer(server), fresh=True)
 
     async def _bearer(self, server: ServerConfig) -> tuple[str, bool]:
         """The bearer for `server` and whether it came from the token cache."""
@@ -142,24 +140,36 @@ class McpClient:
                 raise McpCredentialRefused(str(exc)) from exc
         return await self._tokens.get(server)
 
-    async def _with_transport(self, server: ServerConfig,
-                              work: Callable[[McpSession], Awaitable[T]],
-                              bearer: tuple[str, bool], *, fresh: bool = False) -> T:
+    async def _with_transport(
+        self,
+        server: ServerConfig,
+        work: Callable[[McpSession], Awaitable[T]],
+        bearer: tuple[str, bool],
+        *,
+        fresh: bool = False,
+    ) -> T:
         token, cached = bearer
         cached = cached and not fresh
         if server.transport == "sse":
-            return await self._session(server, work, token, legacy=True, probe=False,
-                                       cached=cached)
+            return await self._session(server, work, token, legacy=True, probe=False, cached=cached)
         try:
-            return await self._session(server, work, token, legacy=False,
-                                       probe=server.transport == "auto", cached=cached)
+            return await self._session(
+                server, work, token, legacy=False, probe=server.transport == "auto", cached=cached
+            )
         except _LegacyOnly:
             # Nothing was sent but the handshake: no read can happen twice.
-            return await self._session(server, work, token, legacy=True, probe=False,
-                                       cached=cached)
+            return await self._session(server, work, token, legacy=True, probe=False, cached=cached)
 
-    async def _session(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]],
-                       token: str, *, legacy: bool, probe: bool, cached: bool) -> T:
+    async def _session(
+        self,
+        server: ServerConfig,
+        work: Callable[[McpSession], Awaitable[T]],
+        token: str,
+        *,
+        legacy: bool,
+        probe: bool,
+        cached: bool,
+    ) -> T:
         headers = {"Authorization": f"Bearer {token}"}
         timeout = httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
         own: list[BaseException] = []
@@ -176,9 +186,11 @@ class McpClient:
             elif 400 <= response.status_code < 500:
                 rejected.append(response.status_code)
 
-        def http_client(headers: dict[str, str] | None = None,
-                        timeout: httpx2.Timeout | None = None,
-                        auth: httpx2.Auth | None = None) -> httpx2.AsyncClient:
+        def http_client(
+            headers: dict[str, str] | None = None,
+            timeout: httpx2.Timeout | None = None,
+            auth: httpx2.Auth | None = None,
+        ) -> httpx2.AsyncClient:
             http = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
             http.event_hooks["response"].append(watch)
             return http
@@ -197,15 +209,24 @@ class McpClient:
         try:
             with anyio.fail_after(server.timeout_s * 3):
                 if legacy:
-                    transport = sse_client(server.url, headers=headers,
-                                           timeout=server.timeout_s,
-                                           sse_read_timeout=server.timeout_s * 3,
-                                           httpx_client_factory=http_client)
+                    transport = sse_client(
+                        server.url,
+                        headers=headers,
+                        timeout=server.timeout_s,
+                        sse_read_timeout=server.timeout_s * 3,
+                        httpx_client_factory=http_client,
+                    )
                     async with Client(transport, cache=None, mode="legacy") as client:
                         return await run(McpSession(client, server.timeout_s))
                 http = http_client(headers=headers, timeout=timeout)
-                async with http, Client(streamable_http_client(server.url, http_client=http),
-                                        cache=None, mode="auto") as client:
+                async with (
+                    http,
+                    Client(
+                        streamable_http_client(server.url, http_client=http),
+                        cache=None,
+                        mode="auto",
+                    ) as client,
+                ):
                     return await run(McpSession(client, server.timeout_s))
         except McpUnavailable:
             raise
@@ -213,12 +234,14 @@ class McpClient:
             if own:
                 raise own[0] from None
             if isinstance(exc, Exception | BaseExceptionGroup) and not isinstance(
-                    exc, anyio.get_cancelled_exc_class()):
+                exc, anyio.get_cancelled_exc_class()
+            ):
                 if refused and cached and not started:
                     raise _StaleToken from exc
                 if refused:
                     raise McpCredentialRefused(
-                        f"the MCP server refused Writ's credential (HTTP {refused[0]})") from exc
+                        f"the MCP server refused Writ's credential (HTTP {refused[0]})"
+                    ) from exc
                 if probe and rejected and not started:
                     raise _LegacyOnly from exc
                 mcp_error = _first(exc, McpUnavailable)
@@ -276,15 +299,20 @@ class _Tokens:
         if creds.scope:
             form["scope"] = creds.scope
         try:
-            async with httpx2.AsyncClient(timeout=httpx2.Timeout(
-                    server.timeout_s, connect=min(server.timeout_s, 3.0))) as http:
-                response = await http.post(creds.token_url, data=form,
-                                           auth=(creds.client_id, creds.client_secret),
-                                           headers={"Accept": "application/json"})
-                body = response.content[:_MAX_TOKEN_ANSWER + 1]
+            async with httpx2.AsyncClient(
+                timeout=httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
+            ) as http:
+                response = await http.post(
+                    creds.token_url,
+                    data=form,
+                    auth=(creds.client_id, creds.client_secret),
+                    headers={"Accept": "application/json"},
+                )
+                body = response.content[: _MAX_TOKEN_ANSWER + 1]
         except httpx2.HTTPError as exc:
-            raise McpUnavailable(f"the token endpoint did not answer ({type(exc).__name__})"
-                                 ) from exc
+            raise McpUnavailable(
+                f"the token endpoint did not answer ({type(exc).__name__})"
+            ) from exc
         if len(body) > _MAX_TOKEN_ANSWER:
             raise McpUnavailable("the token endpoint's answer is over 16 KiB")
         if response.status_code in (400, 401, 403):
@@ -294,17 +322,18 @@ class _Tokens:
                 error = "unknown"
             raise McpCredentialRefused(
                 f"the token endpoint refused Writ's client credentials (HTTP "
-                f"{response.status_code}: {error})")
+                f"{response.status_code}: {error})"
+            )
         if response.status_code != 200:
-            raise McpUnavailable(f"the token endpoint did not answer (HTTP "
-                                 f"{response.status_code})")
+            raise McpUnavailable(f"the token endpoint did not answer (HTTP {response.status_code})")
         try:
             answer = msgspec.json.decode(body, type=_TokenAnswer)
         except msgspec.DecodeError as exc:
             raise McpUnavailable(f"the token endpoint answered badly: {exc}"[:200]) from exc
         if answer.token_type.lower() != "bearer":
-            raise McpUnavailable(f"the token endpoint issued a {answer.token_type[:20]} "
-                                 "token, not a bearer one")
+            raise McpUnavailable(
+                f"the token endpoint issued a {answer.token_type[:20]} token, not a bearer one"
+            )
         life = min(answer.expires_in if answer.expires_in is not None else 3600, 3600)
         self._held[key] = (answer.access_token, time.monotonic() + max(life - 60, 0))
         return answer.access_token, False

@@ -15,9 +15,16 @@ __all__ = ["listing_digest", "tool_digest"]
 
 def tool_digest(name: str, description: str, input_schema: Any, output_schema: Any) -> str:
     """The digest of one tool as listed."""
-    return hashlib.sha256(rfc8785.dumps({
-        "name": name, "description": description, "input_schema": input_schema,
-        "output_schema": output_schema})).hexdigest()
+    return hashlib.sha256(
+        rfc8785.dumps(
+            {
+                "name": name,
+                "description": description,
+                "input_schema": input_schema,
+                "output_schema": output_schema,
+            }
+        )
+    ).hexdigest()
 
 
 def listing_digest(tools: Iterable[tuple[str, str]]) -> str:

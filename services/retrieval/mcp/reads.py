@@ -76,8 +76,9 @@ class _Listing(msgspec.Struct, frozen=True, kw_only=True):
 class _Refusal(Exception):
     """The read stops here with this answer's code and reason."""
 
-    def __init__(self, code: str, reason: str, *, retryable: bool = False,
-                 decision: Decision | None = None) -> None:
+    def __init__(
+        self, code: str, reason: str, *, retryable: bool = False, decision: Decision | None = None
+    ) -> None:
         super().__init__(reason)
         self.code, self.reason, self.retryable, self.decision = code, reason, retryable, decision
 
@@ -85,18 +86,22 @@ class _Refusal(Exception):
 class McpReads:
     """Executes `mcp:` reads, lists servers for operators, reads host facts for admission."""
 
-    def __init__(self, *, nc: Nats, servers: ServerRegistry,
-                 classified: Callable[[str, str],
-                                      Awaitable[tuple[str, dict[str, Any]] | None]],
-                 client: McpClient | None = None,
-                 decide_timeout_s: float = 2.0, listing_ttl_s: float = 30.0,
-                 breaker_cooldown_s: float = 30.0,
-                 on_breaker: Callable[[str, BreakerState], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        nc: Nats,
+        servers: ServerRegistry,
+        classified: Callable[[str, str], Awaitable[tuple[str, dict[str, Any]] | None]],
+        client: McpClient | None = None,
+        decide_timeout_s: float = 2.0,
+        listing_ttl_s: float = 30.0,
+        breaker_cooldown_s: float = 30.0,
+        on_breaker: Callable[[str, BreakerState], None] | None = None,
+    ) -> None:
         self._nc, self._servers, self._client = nc, servers, client or McpClient()
         self._classified = classified
         self._decide_timeout, self._ttl = decide_timeout_s, listing_ttl_s
-        self._breakers = Breakers(threshold=3, cooldown_s=breaker_cooldown_s,
-                                  on_change=on_breaker)
+        self._breakers = Breakers(threshold=3, cooldown_s=breaker_cooldown_s, on_change=on_breaker)
         self._listings: dict[tuple[str, str], _Listing] = {}
         self._encoder = msgspec.json.Encoder()
         self._recorded = msgspec.json.Decoder(ListingRecorded)
@@ -110,32 +115,42 @@ class McpReads:
         except _Refusal as r:
             d = r.decision
             return ReadRefused(
-                run_id=ask.run_id, tool=ask.tool, code=r.code,  # type: ignore[arg-type]
-                reason=r.reason[:500], retryable=r.retryable,
-                decision_id=d.decision_id if d else None, pending_id=d.pending_id if d else None,
-                line=d.line if d else None)
+                run_id=ask.run_id,
+                tool=ask.tool,
+                code=r.code,  # type: ignore[arg-type]
+                reason=r.reason[:500],
+                retryable=r.retryable,
+                decision_id=d.decision_id if d else None,
+                pending_id=d.pending_id if d else None,
+                line=d.line if d else None,
+            )
 
     async def _read(self, ask: ReadCapability) -> ReadResult:
         server_name, tool_name = self._target(ask.tool)
         server = self._registered(ask.tenant, server_name, tool_name)
         if len(self._encoder.encode(ask.arguments)) > MAX_ARGUMENT_BYTES:
-            raise _Refusal("INVALID_ARGUMENTS", f"{ask.tool}: arguments over "
-                                                f"{MAX_ARGUMENT_BYTES} bytes")
+            raise _Refusal(
+                "INVALID_ARGUMENTS", f"{ask.tool}: arguments over {MAX_ARGUMENT_BYTES} bytes"
+            )
         # Against the schema the operator classified, before any request leaves (the live one
         # is checked again once listed: an unclassified tool has only that one).
         try:
             classified = await self._classified(ask.tenant, ask.tool)
         except Exception as exc:
-            raise _Refusal("UNAVAILABLE", f"{ask.tool}: its classification cannot be read now",
-                           retryable=True) from exc
+            raise _Refusal(
+                "UNAVAILABLE", f"{ask.tool}: its classification cannot be read now", retryable=True
+            ) from exc
         if classified is not None:
             _validate(ask.tool, classified[1], ask.arguments)
         breaker = self._breakers.for_tool(ask.tool)
         admission = breaker.admit()
         if not admission.allowed:
-            raise _Refusal("UNAVAILABLE", f"{ask.tool} failed repeatedly: its breaker is open "
-                                          f"for {admission.retry_after_s:.0f} s more",
-                           retryable=True)
+            raise _Refusal(
+                "UNAVAILABLE",
+                f"{ask.tool} failed repeatedly: its breaker is open "
+                f"for {admission.retry_after_s:.0f} s more",
+                retryable=True,
+            )
         outcome = "neutral"
 
         async def work(session: McpSession) -> ReadResult:
@@ -146,15 +161,25 @@ class McpReads:
             decision = await self._decide(ask, tool.digest)
             if decision.verdict != "allow":
                 changed = classified is not None and classified[0] != tool.digest
-                raise _Refusal("CHANGED" if changed and decision.verdict == "deny"
-                               else "DENIED" if decision.verdict == "deny" else "ASK",
-                               decision.reason, decision=decision)
+                raise _Refusal(
+                    "CHANGED"
+                    if changed and decision.verdict == "deny"
+                    else "DENIED"
+                    if decision.verdict == "deny"
+                    else "ASK",
+                    decision.reason,
+                    decision=decision,
+                )
             result = await session.call_tool(tool_name, dict(ask.arguments))
             outcome = "success"
             items, truncated = _items(ask.tool, tool_name, result)
-            return ReadResult(run_id=ask.run_id, tool=ask.tool,
-                              decision_id=decision.decision_id, items=items,
-                              truncated=truncated)
+            return ReadResult(
+                run_id=ask.run_id,
+                tool=ask.tool,
+                decision_id=decision.decision_id,
+                items=items,
+                truncated=truncated,
+            )
 
         try:
             return await self._client.session(server, work)
@@ -162,8 +187,9 @@ class McpReads:
             raise _Refusal("UNAVAILABLE", f"{ask.tool}: {exc}; nothing was read") from exc
         except McpUnavailable as exc:
             outcome = "transient"
-            raise _Refusal("UNAVAILABLE", f"{ask.tool}: {exc}; nothing was read",
-                           retryable=True) from exc
+            raise _Refusal(
+                "UNAVAILABLE", f"{ask.tool}: {exc}; nothing was read", retryable=True
+            ) from exc
         finally:
             breaker.record(admission, outcome)  # type: ignore[arg-type]
 
@@ -176,26 +202,37 @@ class McpReads:
     def _registered(self, tenant: str, server_name: str, tool_name: str) -> ServerConfig:
         server = self._servers.get(tenant, server_name)
         if server is None:
-            raise _Refusal("UNKNOWN_TOOL", f"no MCP server {server_name} is registered for "
-                                           "this tenant")
+            raise _Refusal(
+                "UNKNOWN_TOOL", f"no MCP server {server_name} is registered for this tenant"
+            )
         if tool_name not in server.tools:
-            raise _Refusal("UNKNOWN_TOOL", f"{tool_name} is not a tool Writ exposes from "
-                                           f"{server_name}")
+            raise _Refusal(
+                "UNKNOWN_TOOL", f"{tool_name} is not a tool Writ exposes from {server_name}"
+            )
         return server
 
     def _listed(self, listing: _Listing, name: str, tool_name: str) -> ListedTool:
         tool = listing.tools.get(tool_name)
         if tool is None:
-            raise _Refusal("UNLISTED", f"{name}: the server does not list {tool_name}; a tool "
-                                       "that was never listed is never called")
+            raise _Refusal(
+                "UNLISTED",
+                f"{name}: the server does not list {tool_name}; a tool "
+                "that was never listed is never called",
+            )
         return tool
 
     async def _decide(self, ask: ReadCapability, digest: str) -> Decision:
         values = [v for v in ask.arguments.values() if isinstance(v, str | int | float)]
-        request = DecideRequest(tenant=ask.tenant, principal=ask.principal, agent=ask.agent,
-                                run_id=ask.run_id, tool=ask.tool,
-                                first_argument=str(values[0])[:512] if values else "",
-                                approval_id=ask.approval_id, tool_digest=digest)
+        request = DecideRequest(
+            tenant=ask.tenant,
+            principal=ask.principal,
+            agent=ask.agent,
+            run_id=ask.run_id,
+            tool=ask.tool,
+            first_argument=str(values[0])[:512] if values else "",
+            approval_id=ask.approval_id,
+            tool_digest=digest,
+        )
         try:
             return await decide(self._nc, request, timeout=self._decide_timeout)
         except DecideUnavailable as exc:  # no answer is not an allow
@@ -211,35 +248,48 @@ class McpReads:
             return cached
         tools = [_listed(t) for t in (await session.list_tools())[:MAX_LISTED_TOOLS]]
         digest = listing_digest((t.name, t.digest) for t in tools)
-        recorded = await self._record(RecordListing(tenant=tenant, server=server, digest=digest,
-                                                    tools=tools))
-        listing = _Listing(at=time.monotonic(), digest=digest,
-                           tools={t.name: t for t in tools},
-                           status={s.name: s for s in recorded.tools})
+        recorded = await self._record(
+            RecordListing(tenant=tenant, server=server, digest=digest, tools=tools)
+        )
+        listing = _Listing(
+            at=time.monotonic(),
+            digest=digest,
+            tools={t.name: t for t in tools},
+            status={s.name: s for s in recorded.tools},
+        )
         self._listings[(tenant, server)] = listing
         return listing
 
     async def _record(self, listing: RecordListing) -> ListingRecorded:
         try:
-            reply = await timed_request(self._nc, subjects.MCP_LISTING,
-                                        self._encoder.encode(listing),
-                                        timeout=self._decide_timeout)
+            reply = await timed_request(
+                self._nc,
+                subjects.MCP_LISTING,
+                self._encoder.encode(listing),
+                timeout=self._decide_timeout,
+            )
         except Exception as exc:
             # A listing nobody recorded is not used: the journal must have what was relied on.
-            raise _Refusal("UNAVAILABLE", f"governance did not record the listing of "
-                                          f"{listing.server}: {exc!r}"[:300],
-                           retryable=True) from exc
+            raise _Refusal(
+                "UNAVAILABLE",
+                f"governance did not record the listing of {listing.server}: {exc!r}"[:300],
+                retryable=True,
+            ) from exc
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise _Refusal("UNAVAILABLE", f"governance did not record the listing of "
-                                          f"{listing.server}", retryable=True)
+            raise _Refusal(
+                "UNAVAILABLE",
+                f"governance did not record the listing of {listing.server}",
+                retryable=True,
+            )
         return self._recorded.decode(reply.data)
 
     async def list_server(self, ask: ListServer) -> ServerListing:
         """List a registered server now, for an operator (recorded like every listing)."""
         server = self._servers.get(ask.tenant, ask.server)
         if server is None:
-            return ServerListing(ok=False, error=f"no MCP server {ask.server} is registered "
-                                                 f"for {ask.tenant}")
+            return ServerListing(
+                ok=False, error=f"no MCP server {ask.server} is registered for {ask.tenant}"
+            )
         self._listings.pop((ask.tenant, ask.server), None)
 
         async def work(session: McpSession) -> _Listing:
@@ -249,8 +299,12 @@ class McpReads:
             listing = await self._client.session(server, work)
         except (McpUnavailable, _Refusal) as exc:
             return ServerListing(ok=False, error=str(exc)[:500])
-        return ServerListing(ok=True, digest=listing.digest, tools=list(listing.status.values()),
-                             exposed=list(server.tools))
+        return ServerListing(
+            ok=True,
+            digest=listing.digest,
+            tools=list(listing.status.values()),
+            exposed=list(server.tools),
+        )
 
     # -- facts ------------------------------------------------------------------------------
 
@@ -272,20 +326,31 @@ class McpReads:
             async def work(session: McpSession) -> FactsRead:
                 listing = await self._listing(session, ask.tenant, name)  # noqa: B023
                 tool = listing.tools.get(tool_name)  # noqa: B023
-                classified = await self._classified(
-                    ask.tenant, capability(name, tool_name))  # noqa: B023
+                classified = await self._classified(ask.tenant, capability(name, tool_name))  # noqa: B023
                 if tool is None or classified is None or classified[0] != tool.digest:
-                    state = ("not listed" if tool is None else "unclassified"
-                             if classified is None else "changed since it was classified")
+                    state = (
+                        "not listed"
+                        if tool is None
+                        else "unclassified"
+                        if classified is None
+                        else "changed since it was classified"
+                    )
                     raise RuntimeError(f"mcp:{name}/{tool_name} is {state}")  # noqa: B023
-                result = await session.call_tool(  # noqa: B023
-                    tool_name, {_FACT_ARGUMENT[ask.kind]: ask.id})  # noqa: B023
+                result = await session.call_tool(
+                    tool_name,  # noqa: B023
+                    {_FACT_ARGUMENT[ask.kind]: ask.id},
+                )
                 if result.is_error or not isinstance(result.structured_content, dict):
                     return FactsRead(found=False)
-                record = {k: v for k, v in list(result.structured_content.items())[:64]
-                          if isinstance(v, str | int | float | bool)}
-                return FactsRead(found=True, facts={
-                    k: v[:512] if isinstance(v, str) else v for k, v in record.items()})
+                record = {
+                    k: v
+                    for k, v in list(result.structured_content.items())[:64]
+                    if isinstance(v, str | int | float | bool)
+                }
+                return FactsRead(
+                    found=True,
+                    facts={k: v[:512] if isinstance(v, str) else v for k, v in record.items()},
+                )
 
             try:
                 return await self._client.session(server, work)
@@ -296,8 +361,11 @@ class McpReads:
 
 def _listed(tool: types.Tool) -> ListedTool:
     description = (tool.description or "")[:_MAX_DESCRIPTION]
-    schema = tool.input_schema if len(json.dumps(tool.input_schema)) <= _MAX_SCHEMA_BYTES \
+    schema = (
+        tool.input_schema
+        if len(json.dumps(tool.input_schema)) <= _MAX_SCHEMA_BYTES
         else {"type": "object", "x-writ-refused": "schema over 16 KiB"}
+    )
     output = tool.output_schema
     if output is not None and len(json.dumps(output)) > _MAX_SCHEMA_BYTES:
         output = {"x-writ-refused": "schema over 16 KiB"}
@@ -305,10 +373,16 @@ def _listed(tool: types.Tool) -> ListedTool:
     if tool.annotations is not None:
         for key in ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint"):
             hints[key] = getattr(tool.annotations, key)
-    return ListedTool(name=tool.name[:64], description=description, input_schema=schema,
-                      output_schema=output, hints=hints,
-                      digest=tool_digest(tool.name, tool.description or "", tool.input_schema,
-                                         tool.output_schema))
+    return ListedTool(
+        name=tool.name[:64],
+        description=description,
+        input_schema=schema,
+        output_schema=output,
+        hints=hints,
+        digest=tool_digest(
+            tool.name, tool.description or "", tool.input_schema, tool.output_schema
+        ),
+    )
 
 
 def _validate(name: str, schema: dict[str, Any], arguments: dict[str, Any]) -> None:
@@ -320,14 +394,15 @@ def _validate(name: str, schema: dict[str, Any], arguments: dict[str, Any]) -> N
         raise _Refusal("INVALID_ARGUMENTS", f"{reason}; nothing was sent") from exc
     error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if error is not None:
-        where = "$" + "".join(f"[{p!r}]" if isinstance(p, int) else f".{p}"
-                              for p in error.absolute_path)
-        raise _Refusal("INVALID_ARGUMENTS", f"{name}: {where}: {error.message[:300]}; "
-                                            "nothing was sent")
+        where = "$" + "".join(
+            f"[{p!r}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path
+        )
+        raise _Refusal(
+            "INVALID_ARGUMENTS", f"{name}: {where}: {error.message[:300]}; nothing was sent"
+        )
 
 
-def _items(capability: str, tool: str, result: types.CallToolResult
-           ) -> tuple[list[ReadItem], bool]:
+def _items(capability: str, tool: str, result: types.CallToolResult) -> tuple[list[ReadItem], bool]:
     """The result as one bounded, untrusted item: the structured content, else the text."""
     if result.structured_content is not None:
         text = json.dumps(result.structured_content, ensure_ascii=False, sort_keys=True)
@@ -335,5 +410,6 @@ def _items(capability: str, tool: str, result: types.CallToolResult
         text = "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
     kind = "mcp_error" if result.is_error else "mcp_result"
     truncated = len(text) > MAX_RESULT_CHARS
-    return [ReadItem(id=tool[:128], kind=kind, title=capability[:512],
-                     text=text[:MAX_RESULT_CHARS])], truncated
+    return [
+        ReadItem(id=tool[:128], kind=kind, title=capability[:512], text=text[:MAX_RESULT_CHARS])
+    ], truncated

@@ -63,11 +63,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 field, never the secret).
         """
         try:
-            return msgspec.json.decode(read_secret(self.credential_file),
-                                       type=ClientCredentials)
+            return msgspec.json.decode(read_secret(self.credential_file), type=ClientCredentials)
         except (ConfigError, msgspec.DecodeError) as exc:
-            raise ValueError(f"{self.credential_file} is not client credentials: "
-                             f"{str(exc)[:200]}") from exc
+            raise ValueError(
+                f"{self.credential_file} is not client credentials: {str(exc)[:200]}"
+            ) from exc
 
 
 _File = dict[str, dict[ServerName, ServerConfig]]
