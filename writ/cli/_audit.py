@@ -163,8 +163,8 @@ async def _audit_verify(
                 continue
             failed = True
             first = report.problems[0]
-            where = "at " if first.seq is not None or first.entry_id is not None else ": "
-            print(f"{service}: FAILED {where}{first} ({counts})")
+            where = " at " if first.seq is not None or first.entry_id is not None else ": "
+            print(f"{service}: FAILED{where}{first} ({counts})")
             for problem in report.problems[1:6]:
                 print(f"    then {problem}")
             if len(report.problems) > 6:
