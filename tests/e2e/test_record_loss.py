@@ -164,6 +164,23 @@ async def test_a_lost_record_is_refused_by_every_sealer_named_by_verify_then_re_
         )
     assert "(the tail was cut)" not in json.dumps(found)
 
+    # Junk on a journal's subject (a PubAck body, as a publish naming it as its reply subject
+    # once stored there): the sealer goes on, verify names its stream sequence, no traceback.
+    ack = await host.js.publish(
+        subjects.journal_checkpoints("admission"),
+        b'{"stream":"WRIT_AUDIT","seq":41}',
+        stream=subjects.JOURNAL_RECORD_STREAM,
+    )
+    await traffic(host)
+    await all_sealed(db)
+    done = await anyio.run_process(_writ(stack, "verify"), check=False)
+    assert done.returncode == 1 and b"Traceback" not in done.stderr, done.stderr
+    assert (
+        f"admission: FAILED: the record's message at stream sequence {ack.seq} is not a "
+        "checkpoint of admission"
+    ) in done.stdout.decode()
+    assert b"governance: RE-ANCHORED" in done.stdout
+
 
 async def test_the_planners_identity_cannot_register_a_run_with_grants(
     stack: Stack, db: asyncpg.Connection
