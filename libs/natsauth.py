@@ -143,7 +143,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             # session's events go on its own subject; a plan step's preview stands on the facts
             # its action reads, asked of their readers as admission asks (no credential here).
             "writ.int.evidence.*",
-            subjects.REGISTER_RUN,
+            subjects.REGISTER_TURN,  # never REGISTER_RUN: a turn carries no grants
             subjects.SEARCH,
             "writ.chat.*.*",
             TURN_CANCELLING,  # a close tells every replica to abandon the turn's model call
@@ -171,6 +171,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             subjects.DECIDE,
             subjects.DECIDE_BATCH,
             subjects.REGISTER_RUN,
+            subjects.REGISTER_TURN,
             subjects.PENDING_LIST,
             subjects.ANSWER,
             subjects.RESERVE,

@@ -26,7 +26,7 @@ from libs.bus import publish
 from libs.deadline import timed_request
 from libs.errors import RetryableError, single_error
 from schemas import subjects
-from schemas.governance import RegisterRun
+from schemas.governance import RegisterRun, RegisterTurn
 from schemas.retrieval import Evidence, EvidenceFound, EvidenceGathered, SearchEvidence
 
 __all__ = ["start_run"]
@@ -74,7 +74,7 @@ async def _search(
 async def start_run(
     nc: Client,
     js: JetStreamContext,
-    run: RegisterRun,
+    run: RegisterRun | RegisterTurn,
     *,
     request_id: str,
     text: str,
@@ -99,7 +99,9 @@ async def start_run(
             tg.start_soon(find)
             await _ask(
                 nc,
-                subjects.REGISTER_RUN,
+                # Ingress registers a host's run, the planner a chat turn: each may publish
+                # only its own subject, and only a host's run carries grants.
+                subjects.REGISTER_RUN if isinstance(run, RegisterRun) else subjects.REGISTER_TURN,
                 run,
                 what=f"governance did not register run {run.run_id}",
                 timeout=timeout,

@@ -36,6 +36,7 @@ __all__ = [
     "PendingDecision",
     "PendingDecisions",
     "RegisterRun",
+    "RegisterTurn",
     "LeaseAmounts",
     "ReserveBudget",
     "RunBudget",
@@ -126,7 +127,8 @@ class RunBudget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class RegisterRun(Command):
-    """Ingress tells governance, before the run starts, what only a verified host may say."""
+    """Ingress tells governance, before the run starts, what only a verified host may say
+    (`subjects.REGISTER_RUN`, which only ingress may publish)."""
 
     tenant: Tenant
     run_id: Id
@@ -137,6 +139,19 @@ class RegisterRun(Command):
     # What the host asked for the run: lowers governance's limits for the agent, never raises
     # them. None: those limits as they are.
     budget: RunBudget | None = None
+
+
+class RegisterTurn(Command):
+    """The planner tells governance a chat turn's run is starting. It says nothing of grants:
+    a turn holds what governance itself holds for its session's agent, never more than a
+    verified host gave; governance refuses one that would widen a run it already knows."""
+
+    tenant: Tenant
+    run_id: Id  # `<session_id>-t<turn>`
+    session_id: Id
+    principal: Principal
+    agent: AgentName
+    attended: bool = True  # a person is in the chat
 
 
 class RunRegistered(Event):

@@ -27,6 +27,7 @@ __all__ = [
     "GOVERNANCE_IN",
     "PENDING_LIST",
     "REGISTER_RUN",
+    "REGISTER_TURN",
     "HOST_API_VERSION",
     "HOST_KINDS",
     "INGRESS_IN",
@@ -174,7 +175,11 @@ def journal_checkpoints(service: str) -> str:
 DECIDE: Final = "writ.int.governance.decide"
 # `DecideBatch` -> `Decisions`: the same decisions, several per request/reply.
 DECIDE_BATCH: Final = "writ.int.governance.decide_batch"
+# `RegisterRun` (from ingress only: a verified host's request) and `RegisterTurn` (from the
+# planner only: a chat turn, which carries no grants of its own). NATS lets each service
+# publish its own subject only, so governance knows who registered from where it arrived.
 REGISTER_RUN: Final = "writ.int.governance.register_run"
+REGISTER_TURN: Final = "writ.int.governance.register_turn"
 PENDING_LIST: Final = "writ.int.governance.pending"
 UNKNOWN_LIST: Final = "writ.int.dispatcher.unknown"
 RECONCILE: Final = "writ.int.dispatcher.reconcile"

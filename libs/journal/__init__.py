@@ -19,21 +19,33 @@ can hold a lower id than a row that is already sealable.
 
 Every checkpoint is also recorded outside the database, in an append-only JetStream stream
 (`_record.py`), and the sealer refuses to extend a chain whose head is not the one it signed
-last (`_seal.py`). Verifying needs only the public keys and that record (`_verify.py`).
+last (`_seal.py`), nor on a record that lacks what the database holds: only an operator starts a
+lost record again, signed and journaled (`_anchor.py`). Verifying needs only the public keys and
+that record (`_verify.py`).
 """
 
 from typing import Final
 
-from libs.journal._codec import checkpoint_message, entry_hash, genesis_hash
+from libs.journal._anchor import REANCHORED, ReAnchorError, anchor_verifies, describe, reanchor
+from libs.journal._codec import checkpoint_message, entry_hash, genesis_hash, reanchor_message
 from libs.journal._keys import DataKeys, JournalError, SigningKey, load_verify_keys
-from libs.journal._record import CheckpointRecord, FileRecord, JetStreamRecord, RecordError
-from libs.journal._seal import Sealer
+from libs.journal._record import (
+    CheckpointRecord,
+    FileRecord,
+    JetStreamRecord,
+    RecordError,
+    RecordScan,
+    decode_checkpoint,
+)
+from libs.journal._seal import REFUSALS, Sealer
 from libs.journal._verify import GRACE, Problem, VerifyReport, verify
 from libs.journal._write import Entry, Journal, open_journal, read_entries
 
 __all__ = [
     "AUDITOR_TABLES",
     "GRACE",
+    "REANCHORED",
+    "REFUSALS",
     "CheckpointRecord",
     "DataKeys",
     "Entry",
@@ -42,16 +54,23 @@ __all__ = [
     "Journal",
     "JournalError",
     "Problem",
+    "ReAnchorError",
     "RecordError",
+    "RecordScan",
     "Sealer",
     "SigningKey",
     "VerifyReport",
+    "anchor_verifies",
     "checkpoint_message",
+    "decode_checkpoint",
+    "describe",
     "entry_hash",
     "genesis_hash",
     "load_verify_keys",
     "open_journal",
     "read_entries",
+    "reanchor",
+    "reanchor_message",
     "verify",
 ]
 

@@ -129,3 +129,22 @@ def checkpoint_message(service: str, seq: int, prev_seq: int, head: bytes, key_i
             "key_id": key_id,
         }
     )
+
+
+def reanchor_message(
+    service: str, seq: int, prev_seq: int, head: bytes, key_id: str, lost: Mapping[str, Any]
+) -> bytes:
+    """What a re-anchoring's Ed25519 signature covers: the anchor and what was lost with it
+    (`lost`: a `ReAnchor` as builtins), RFC 8785 JSON. Never the bytes of a checkpoint."""
+    return canonical(
+        {
+            "v": VERSION,
+            "kind": "re-anchor",
+            "service": service,
+            "seq": str(seq),
+            "prev_seq": str(prev_seq),
+            "head": head.hex(),
+            "key_id": key_id,
+            "lost": rfc8785.dumps(dict(lost)).decode(),
+        }
+    )

@@ -6,6 +6,10 @@ deleting a message, purging and rollups, and the server refuses any update that 
 denial. A sealer appends each checkpoint before it commits it, with
 `Nats-Expected-Last-Subject-Sequence`, so a service's record is one line: a checkpoint lands only
 on top of the one its sealer read last. An auditor may also keep an export of it (JSON lines).
+
+A message on a journal's subject that is not one of its checkpoints (a PubAck some publish
+named the subject for, garbage) is junk: reading skips it and says where it is (`RecordScan`),
+and a sealer appends after it on top of the last checkpoint below it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeAlias
 
 import msgspec
 import nats.errors
@@ -29,10 +33,39 @@ from schemas.subjects import JOURNAL_RECORD_STREAM, StreamSpec
 
 _DECODER: Final = msgspec.json.Decoder(JournalCheckpoint)
 _ENCODER: Final = msgspec.json.Encoder()
+# JetStream's error code for "stream not found" (a subject with no message is another 404).
+_NO_STREAM: Final = 10059
+# How far back a sealer looks, past junk, for its last checkpoint before it gives up.
+_MAX_WALK: Final = 50_000
 
 
 class RecordError(JournalError):
     """The record could not be read or appended to (retry; the sealer does not seal meanwhile)."""
+
+
+class RecordScan(msgspec.Struct, kw_only=True):
+    """What a record holds on one journal's subject: its checkpoints, oldest first, and where
+    anything else lies (stream sequence, or line of an export; and what it is)."""
+
+    checkpoints: list[JournalCheckpoint] = msgspec.field(default_factory=list)
+    junk: list[tuple[int, str]] = msgspec.field(default_factory=list)
+    # The record itself is gone (its stream does not exist), not merely empty for the journal.
+    missing: bool = False
+    where: str = "stream sequence"  # what a junk position counts
+
+
+Decoded: TypeAlias = JournalCheckpoint | str
+
+
+def decode_checkpoint(data: bytes | None, service: str) -> Decoded:
+    """The checkpoint of `service` a recorded message holds, or what it is instead."""
+    try:
+        c = _DECODER.decode(data or b"")
+    except msgspec.DecodeError:
+        return f"not a checkpoint: {(data or b'')[:80]!r}"
+    if c.service != service:
+        return f"a checkpoint of another journal ({c.service[:40]!r})"
+    return c
 
 
 class CheckpointRecord(Protocol):
@@ -43,6 +76,10 @@ class CheckpointRecord(Protocol):
 
     async def read(self, service: str) -> list[JournalCheckpoint]:
         """Every recorded checkpoint of `service`, oldest first."""
+        ...
+
+    async def scan(self, service: str) -> RecordScan:
+        """Every recorded checkpoint of `service`, oldest first, and any junk among them."""
         ...
 
 
@@ -89,6 +126,7 @@ class JetStreamRecord:
         timeout: float = 5.0,
     ) -> None:
         self._js, self.stream, self.subject, self._timeout = js, stream, subject, timeout
+        self.js = js
 
     def spec(self) -> StreamSpec:
         """This record's stream as Writ declares it (append-only, kept forever)."""
@@ -96,15 +134,38 @@ class JetStreamRecord:
         return StreamSpec(self.stream, (f"{prefix}.>",), 0.0, append_only=True)
 
     async def last(self, service: str) -> tuple[int, JournalCheckpoint | None]:
-        """(stream sequence, checkpoint) of the newest recorded checkpoint; (0, None) if none."""
+        """(stream sequence of the subject's last message, newest recorded checkpoint); (0,
+        None) if none. Junk on top is skipped: the sequence is the junk's (the next checkpoint
+        lands after it), the checkpoint the newest one below it."""
+        subject = self.subject(service)
         try:
-            msg = await self._js.get_last_msg(self.stream, self.subject(service))
+            msg = await self._js.get_last_msg(self.stream, subject)
         except NotFoundError:
             return 0, None
         except (nats.errors.Error, OSError) as exc:
             raise RecordError(f"cannot read the record of {service}: {exc!r}") from exc
-        assert msg.data is not None and msg.seq is not None
-        return msg.seq, _DECODER.decode(msg.data)
+        assert msg.seq is not None
+        found = decode_checkpoint(msg.data, service)
+        if isinstance(found, JournalCheckpoint):
+            return msg.seq, found
+        # Walk back by stream sequence (the message reads a sealer may do; no consumer).
+        for at in range(msg.seq - 1, max(0, msg.seq - 1 - _MAX_WALK), -1):
+            try:
+                older = await self._js.get_msg(self.stream, seq=at)
+            except NotFoundError:
+                continue
+            except (nats.errors.Error, OSError) as exc:
+                raise RecordError(f"cannot read the record of {service}: {exc!r}") from exc
+            if older.subject == subject:
+                found = decode_checkpoint(older.data, service)
+                if isinstance(found, JournalCheckpoint):
+                    return msg.seq, found
+        if msg.seq - 1 > _MAX_WALK:
+            raise RecordError(
+                f"the record of {service} ends in junk and no checkpoint of it lies within "
+                f"{_MAX_WALK} messages below"
+            )
+        return msg.seq, None
 
     async def append(self, checkpoint: JournalCheckpoint, *, after: int) -> int:
         """Append on top of the message at stream sequence `after` (0: the first); its stream
@@ -125,11 +186,20 @@ class JetStreamRecord:
         return int(ack.seq)
 
     async def read(self, service: str) -> list[JournalCheckpoint]:
-        """Every recorded checkpoint of `service`, oldest first (an ordered consumer)."""
-        last, newest = await self.last(service)
-        if newest is None:
-            return []
-        found: list[JournalCheckpoint] = []
+        """Every recorded checkpoint of `service`, oldest first (junk skipped)."""
+        return (await self.scan(service)).checkpoints
+
+    async def scan(self, service: str) -> RecordScan:
+        """Every message on `service`'s subject, oldest first (an ordered consumer)."""
+        try:
+            newest = await self._js.get_last_msg(self.stream, self.subject(service))
+        except NotFoundError as exc:
+            return RecordScan(missing=exc.err_code == _NO_STREAM)
+        except (nats.errors.Error, OSError) as exc:
+            raise RecordError(f"cannot read the record of {service}: {exc!r}") from exc
+        assert newest.seq is not None
+        last = newest.seq
+        found = RecordScan()
         sub = await self._js.subscribe(
             self.subject(service),
             stream=self.stream,
@@ -144,8 +214,13 @@ class JetStreamRecord:
                     raise RecordError(
                         f"the record of {service} stopped before stream sequence {last}"
                     ) from exc
-                found.append(_DECODER.decode(msg.data))
-                if msg.metadata.sequence.stream >= last:
+                at = msg.metadata.sequence.stream
+                c = decode_checkpoint(msg.data, service)
+                if isinstance(c, JournalCheckpoint):
+                    found.checkpoints.append(c)
+                else:
+                    found.junk.append((at, c))
+                if at >= last:
                     return found
         finally:
             await sub.unsubscribe()
@@ -159,16 +234,39 @@ class FileRecord:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def _all(self) -> list[JournalCheckpoint]:
+    def _lines(self) -> list[tuple[int, bytes]]:
         if not self.path.exists():
             return []
         return [
-            _DECODER.decode(line) for line in self.path.read_bytes().splitlines() if line.strip()
+            (n, line)
+            for n, line in enumerate(self.path.read_bytes().splitlines(), start=1)
+            if line.strip()
         ]
+
+    def _all(self) -> list[JournalCheckpoint]:
+        out = []
+        for _, line in self._lines():
+            try:
+                out.append(_DECODER.decode(line))
+            except msgspec.DecodeError:
+                continue
+        return out
 
     async def read(self, service: str) -> list[JournalCheckpoint]:
         """The exported checkpoints of `service`, in the order they were recorded."""
         return [c for c in self._all() if c.service == service]
+
+    async def scan(self, service: str) -> RecordScan:
+        """The exported checkpoints of `service`; junk named by its line (any line that is
+        not a checkpoint of some journal is everyone's junk)."""
+        found = RecordScan(missing=not self.path.exists(), where="line")
+        for n, line in self._lines():
+            c = decode_checkpoint(line, service)
+            if isinstance(c, JournalCheckpoint):
+                found.checkpoints.append(c)
+            elif c.startswith("not a checkpoint"):
+                found.junk.append((n, c))
+        return found
 
     async def export(self, source: CheckpointRecord, services: Iterable[str]) -> int:
         """Append what `source` recorded since this file was last written; how many lines."""

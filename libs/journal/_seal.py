@@ -7,6 +7,12 @@ or re-hashed the chain, and sealing on top would launder it. It writes a batch's
 checkpoint in one transaction and records the checkpoint before it commits. Refusing is loud (a
 log line, `writ_<service>_journal_seal_refusals_total`) and seals nothing.
 
+It never adopts a record that lacks what the database holds: a record with no checkpoint of a
+journal that has signed some (deleted, purged, replaced) or one that stops before the database's
+last checkpoint (short) is refused like a cut chain. Only an operator starts a record again, with
+a signed re-anchoring that names what was lost (`writ audit re-anchor`, `_anchor.py`); the sealer
+then goes on from the anchor it finds on top of the record.
+
 A row it cannot accept (its payload does not authenticate, or it was recorded well before the
 head it would follow: re-inserted) does not stop the chain: it takes its place as a rejection,
 with the reason, in the signed chain (`writ_<service>_journal_rows_rejected_total`). A stalled
@@ -27,13 +33,16 @@ import anyio.abc
 import asyncpg
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from libs.journal._codec import checkpoint_message, entry_hash, genesis_hash, micros
+from libs.journal._codec import entry_hash, genesis_hash, micros
 from libs.journal._keys import JournalError, SigningKey
 from libs.journal._record import JetStreamRecord, signed_checkpoint
 from libs.journal._write import _ROW, Journal
 from schemas.journal import JournalCheckpoint
 
 log = logging.getLogger("writ.journal")
+
+# Why a sealing round is refused (`writ_<service>_journal_seal_refusals_total{reason}`).
+REFUSALS = ("head_differs", "seal_past_checkpoint", "record_missing", "record_short")
 
 
 class _Refused(Exception):
@@ -136,7 +145,7 @@ class Sealer:
             "When the sealer last completed a round without refusing or failing",
             registry=registry,
         )
-        for reason in ("head_differs", "seal_past_checkpoint"):
+        for reason in REFUSALS:
             self._refusals.labels(reason=reason)
         for reason in ("unauthentic", "late"):
             self._rejected.labels(reason=reason)
@@ -197,6 +206,15 @@ class Sealer:
                     f"its last checkpoint (seq {seq}) names another head than its last seal's",
                 )
             known = await self._recorded()
+            if known is None and self._record is not None and last_cp is not None:
+                raise _Refused(
+                    "record_missing",
+                    f"the record outside the database has no checkpoint of this journal, whose "
+                    f"last signed checkpoint is seq {seq}: the record was deleted, purged or "
+                    "replaced, and sealing on would adopt whatever head the database has now "
+                    f"(`writ audit re-anchor --service {service}` starts the record again, "
+                    "naming what was lost)",
+                )
             if known is None and self._record is None and head is not None:
                 # No record: trust the head met first, and hold every later one to it.
                 known = self._remember(service, seq, prev, last_cp)
@@ -215,8 +233,6 @@ class Sealer:
                 return await self._finish(conn, known, seq, prev, rows, floor)
             if not rows:
                 return 0
-            if known is None and head is not None:
-                await self._adopt(conn, seq, prev, last_cp)
             return await self._seal(conn, seq, prev, rows, floor, last_cp["seq"] if last_cp else 0)
 
     def _remember(self, service: str, seq: int, prev: bytes, last_cp: Any) -> JournalCheckpoint:
@@ -341,9 +357,11 @@ class Sealer:
         have = f"seq {seq}, {prev.hex()[:16]}…"
         if known.seq < seq:
             raise _Refused(
-                "head_differs",
-                f"its head ({have}) is past the last checkpoint it "
-                f"signed {wanted}: a checkpoint the record never saw",
+                "record_short",
+                f"its head ({have}) is past the last checkpoint recorded outside the database "
+                f"{wanted}: the record is short (replaced by one that lacks its end), or a "
+                f"checkpoint was signed the record never saw (`writ audit re-anchor --service "
+                f"{self.service}` starts the record again, naming what was lost)",
             )
         if (known.prev_seq, known.prev_head) == (seq, prev.hex()) and len(rows) >= known.seq - seq:
             seals, head_seq, head = self._verdicts(seq, prev, rows[: known.seq - seq], floor)
@@ -359,45 +377,6 @@ class Sealer:
             "head_differs",
             f"its head ({have}) is not the last one it signed "
             f"{wanted}: the chain was cut, spliced or re-hashed",
-        )
-
-    async def _adopt(self, conn: asyncpg.Connection, seq: int, prev: bytes, last_cp: Any) -> None:
-        """A journal older than its record: record its current head as the record's start."""
-        assert self._record is not None and last_cp is not None
-        signature = await conn.fetchval(
-            f"SELECT signature FROM {self._journal.schema}.journal_checkpoints WHERE seq = $1", seq
-        )
-        key_id = await conn.fetchval(
-            f"SELECT key_id FROM {self._journal.schema}.journal_checkpoints WHERE seq = $1", seq
-        )
-        try:
-            self._signing.public_key().verify(
-                bytes(signature),
-                checkpoint_message(self.service, seq, last_cp["prev_seq"], prev, key_id),
-            )
-        except Exception:
-            raise _Refused(
-                "head_differs",
-                f"its last checkpoint (seq {seq}) is not signed by "
-                "this sealer's key and the record is empty",
-            ) from None
-        checkpoint = JournalCheckpoint(
-            service=self.service,
-            seq=seq,
-            prev_seq=last_cp["prev_seq"],
-            head=prev.hex(),
-            prev_head="",
-            key_id=key_id,
-            signature=base64.b64encode(bytes(signature)).decode(),
-            signed_at=micros(datetime.now(UTC)),
-            adopted=True,
-        )
-        self._known_at = await self._record.append(checkpoint, after=0)
-        self._known = checkpoint
-        log.warning(
-            "journal of %s: its record starts at seq %s (the journal is older than its record)",
-            self.service,
-            seq,
         )
 
     async def seal_all(self) -> int:

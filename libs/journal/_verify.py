@@ -4,6 +4,13 @@ It recomputes every hash, checks every checkpoint and its signature, that seq is
 that (xid, id) grows along the chain, that no row outside the chain sorts before its head or
 waits longer than a grace period, and, against the record, that the database has every recorded
 checkpoint with the recorded head and none the record never saw. It names the first bad entry.
+
+A record that is missing, holds nothing of a journal with signed checkpoints, or stops short of
+the database's last checkpoint is a finding, named first; so is junk on the record's subject
+(by its stream sequence) and an entry a sealer once adopted on its own. An operator's signed
+re-anchoring acknowledges what it names as lost (reported, `VerifyReport.reanchored`): the
+database is still held against every checkpoint the record kept up to the anchor, and against
+everything recorded after it.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from libs.journal._anchor import anchor_verifies, describe
 from libs.journal._codec import checkpoint_message, entry_hash, genesis_hash
 from libs.journal._keys import JournalError
-from libs.journal._record import CheckpointRecord
+from libs.journal._record import CheckpointRecord, RecordScan
 from libs.journal._write import Journal
 from schemas.journal import JournalCheckpoint
 
@@ -45,7 +53,7 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True):
             )
             if part
         )
-        return f"{where}: {self.reason}"
+        return f"{where}: {self.reason}" if where else self.reason
 
 
 class VerifyReport(msgspec.Struct, kw_only=True):
@@ -61,6 +69,8 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     record_from: int | None = None
     # A recorded checkpoint not committed yet whose rows are all there (a sealer mid-round).
     pending: int | None = None
+    # Each signed re-anchoring of the record, oldest first: where, by whom, what was lost.
+    reanchored: list[str] = msgspec.field(default_factory=list)
     problems: list[Problem] = msgspec.field(default_factory=list)
 
     @property
@@ -111,11 +121,24 @@ async def verify(
         report.checkpoints = len(checkpoints)
         recorded_cps: dict[int, JournalCheckpoint] = {}
         live = False
+        anchored = -1  # the seq up to which a re-anchoring acknowledged what the record lacks
         if record is not None:
-            recorded_cps = _check_record(service, own, await record.read(service), report, bad)
+            scan = await record.scan(service)
+            recorded_cps, anchored = _check_record(service, own, scan, report, bad)
             live = record.live
+            _check_complete(
+                scan,
+                recorded_cps,
+                checkpoints,
+                live,
+                lambda seq, entry_id, reason: report.problems.insert(
+                    0, Problem(seq=seq, entry_id=entry_id, reason=reason)
+                ),
+            )
         record_from = report.record_from if report.record_from is not None else 0
         record_to = max(recorded_cps, default=0)
+        # With nothing recorded at all, the headline above says it; not every checkpoint again.
+        held = record is not None and bool(recorded_cps)
         last_recorded, rewritten = 0, False
         # Each entry is checked on its own (its contents give its recorded hash from its
         # recorded predecessor) and linked to the one before it; signed checkpoints pin the
@@ -203,11 +226,18 @@ async def verify(
             if cp is not None:
                 _check_checkpoint(service, own, cp, prev, last_cp, bad)
                 last_cp = seq
+                outside = recorded_cps.get(seq)
                 if (
-                    record is not None
-                    and seq >= record_from
+                    held
                     and (live or seq <= record_to)
-                    and not _same(cp, recorded_cps.get(seq))
+                    and (
+                        outside is None
+                        and seq >= record_from
+                        and seq > anchored
+                        or outside is not None
+                        and outside.reanchor is None
+                        and not _same(cp, outside)
+                    )
                 ):
                     bad(
                         seq,
@@ -321,25 +351,44 @@ def _same(cp: Mapping[str, Any], outside: JournalCheckpoint | None) -> bool:
 def _check_record(
     service: str,
     own: Mapping[str, Ed25519PublicKey],
-    found: list[JournalCheckpoint],
+    scan: RecordScan,
     report: VerifyReport,
     bad: Any,
-) -> dict[int, JournalCheckpoint]:
-    """The record's checkpoints by seq, each signed and each extending the one before."""
-    report.recorded = len(found)
-    report.record_from = found[0].seq if found else None
-    by_seq: dict[int, JournalCheckpoint] = {}
-    before: JournalCheckpoint | None = None
+) -> tuple[dict[int, JournalCheckpoint], int]:
+    """The record's checkpoints by seq, each signed and each extending the one before, and
+    the seq up to which the last re-anchoring acknowledged what the record lacks (-1: none).
+
+    Before the last re-anchoring, the record's entries up to the anchor are kept (the database
+    is held against them) and the ones past it are what the anchor says was cut; how they
+    linked is not checked again. From the anchor on the record must be one line.
+    """
+    found = scan.checkpoints
+    last = max(
+        (i for i, c in enumerate(found) if c.reanchor is not None and anchor_verifies(c, own)),
+        default=None,
+    )
+    anchored = found[last].seq if last is not None else -1
     for c in found:
-        key = own.get(c.key_id)
-        try:
-            if key is None or c.service != service:
-                raise InvalidSignature
-            key.verify(
-                base64.b64decode(c.signature),
-                checkpoint_message(service, c.seq, c.prev_seq, bytes.fromhex(c.head), c.key_id),
+        if c.reanchor is not None and anchor_verifies(c, own):
+            report.reanchored.append(describe(c))
+    by_seq: dict[int, JournalCheckpoint] = {}
+    for c in found[:last] if last is not None else []:
+        if c.reanchor is None and c.seq <= anchored and _signed(service, own, c):
+            by_seq[c.seq] = c
+    for at, what in scan.junk:
+        if last is None or at not in found[last].reanchor.junk:  # type: ignore[union-attr]
+            bad(
+                None,
+                None,
+                f"the record's message at {scan.where} {at} is not a checkpoint of "
+                f"{service}: {what}",
             )
-        except (InvalidSignature, ValueError):
+    segment = found[last:] if last is not None else found
+    report.recorded = len(segment)
+    report.record_from = found[0].seq if last is None and found else min(by_seq, default=anchored)
+    before: JournalCheckpoint | None = None
+    for i, c in enumerate(segment):
+        if not (i == 0 and last is not None) and not _signed(service, own, c):
             bad(
                 c.seq,
                 None,
@@ -347,11 +396,19 @@ def _check_record(
                 f"(key {c.key_id!r})",
             )
             continue
-        if (
+        if before is None and c.adopted:
+            bad(
+                c.seq,
+                None,
+                f"the record starts at seq {c.seq} with an entry a sealer adopted on its own "
+                "(the checkpoints before it were never recorded, or the record was lost): "
+                "`writ audit re-anchor` acknowledges what was lost",
+            )
+        elif (
             before is not None
             and (c.prev_seq, c.prev_head) != (before.seq, before.head)
             or before is None
-            and not c.adopted
+            and last is None
             and (c.prev_seq, c.prev_head) != (0, genesis_hash(service).hex())
         ):
             bad(
@@ -361,7 +418,55 @@ def _check_record(
                 "(two sealers, or a record that was replaced)",
             )
         by_seq[c.seq] = before = c
-    return by_seq
+    return by_seq, anchored
+
+
+def _signed(service: str, own: Mapping[str, Ed25519PublicKey], c: JournalCheckpoint) -> bool:
+    key = own.get(c.key_id)
+    try:
+        if key is None or c.service != service or c.reanchor is not None:
+            raise InvalidSignature
+        key.verify(
+            base64.b64decode(c.signature),
+            checkpoint_message(service, c.seq, c.prev_seq, bytes.fromhex(c.head), c.key_id),
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def _check_complete(
+    scan: RecordScan,
+    recorded: Mapping[int, JournalCheckpoint],
+    checkpoints: Mapping[int, Any],
+    live: bool,
+    bad: Any,
+) -> None:
+    """The record is there and holds up to the database's last checkpoint: named first."""
+    if not checkpoints:
+        return
+    signed = f"{len(checkpoints)} signed checkpoint(s) up to seq {max(checkpoints)}"
+    if scan.missing and not recorded:
+        bad(
+            None,
+            None,
+            f"the record outside the database is missing (deleted), and the database holds "
+            f"{signed} that nothing outside it vouches for",
+        )
+    elif not recorded:
+        bad(
+            None,
+            None,
+            f"the record outside the database has no checkpoint of this journal, and the "
+            f"database holds {signed} (the record was deleted, purged or replaced)",
+        )
+    elif live and max(recorded) < max(checkpoints):
+        bad(
+            max(recorded) + 1,
+            None,
+            f"the record outside the database stops at seq {max(recorded)}, but the database "
+            f"holds {signed}: the record is short (replaced by one that lacks its end)",
+        )
 
 
 async def _pending(

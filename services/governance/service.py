@@ -41,6 +41,7 @@ from schemas.governance import (
     ListPending,
     PendingDecisions,
     RegisterRun,
+    RegisterTurn,
     ReserveBudget,
     RunRegistered,
     SettleBudget,
@@ -52,6 +53,7 @@ from services.governance.budgets import BudgetDefaults
 from services.governance.logic import SENSITIVE_UNREADABLE, Call, Facts, Ruling, decide
 from services.governance.mcp import McpRegistry
 from services.governance.policy import load_policy
+from services.governance.registration import turn_run, widening
 from services.governance.store import (
     Answered,
     GovernanceStore,
@@ -70,6 +72,10 @@ log = logging.getLogger("writ.governance")
 
 class NotFound(LookupError):
     """An endpoint's subject does not exist: answered 404 (a KeyError stays a 500)."""
+
+
+class Refused(PermissionError):
+    """A request that would widen what governance already holds: answered 403 (logged)."""
 
 
 class GovernanceService:
@@ -157,6 +163,11 @@ class GovernanceService:
                 self._endpoint("register_run", RegisterRun, self.register_run),
             ),
             Endpoint(
+                "register_turn",
+                subjects.REGISTER_TURN,
+                self._endpoint("register_turn", RegisterTurn, self.register_turn),
+            ),
+            Endpoint(
                 "pending",
                 subjects.PENDING_LIST,
                 self._endpoint("pending", ListPending, self.list_pending),
@@ -219,6 +230,11 @@ class GovernanceService:
             except NotFound as exc:
                 metrics.failed.labels(name, "not_found").inc()
                 await request.respond_error("404", str(exc)[:500])
+                return
+            except Refused as exc:
+                metrics.failed.labels(name, "refused").inc()
+                log.warning("%s refused: %s", name, exc)
+                await request.respond_error("403", str(exc)[:500])
                 return
             except Exception as exc:
                 metrics.failed.labels(name, "error").inc()
@@ -490,9 +506,21 @@ class GovernanceService:
                 span.end()
 
     async def register_run(self, run: RegisterRun) -> RunRegistered:
-        """Record what ingress verified about a run before it starts, and its budget."""
+        """Record what ingress verified about a run before it starts, and its budget; refuse
+        a registration of a known run that asks more than it was registered with."""
+        wider = widening(await self._store.registered(run.tenant, run.run_id), run)
+        if wider:
+            raise Refused(f"run {run.run_id} is registered already; this would widen {wider}")
         await self._store.register_run(run, self._budget_defaults.limits_for(run.agent, run.budget))
         return RunRegistered(run_id=run.run_id)
+
+    async def register_turn(self, turn: RegisterTurn) -> RunRegistered:
+        """Register a chat turn's run (from the planner): no grants of its own
+        (`registration.turn_run`)."""
+        run = turn_run(turn)
+        if run is None:
+            raise Refused(f"run {turn.run_id} is not a turn of session {turn.session_id}")
+        return await self.register_run(run)
 
     async def reserve(self, ask: ReserveBudget) -> BudgetReserved | BudgetRefused:
         """Reserve a step's budget, or refuse naming what ran out; a store that cannot be read

@@ -196,7 +196,7 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
     # round completed lately (what WritJournalSealRefused, ...RowRejected, ...SealerStalled read).
     for name in ("governance", "planner", "admission", "dispatcher"):
         samples = scraped[name]
-        for reason in ("head_differs", "seal_past_checkpoint"):
+        for reason in ("head_differs", "seal_past_checkpoint", "record_missing", "record_short"):
             assert value(samples, f"writ_{name}_journal_seal_refusals_total", reason=reason) == 0
         for reason in ("unauthentic", "late"):
             assert value(samples, f"writ_{name}_journal_rows_rejected_total", reason=reason) == 0

@@ -143,3 +143,19 @@ def test_facts_are_asked_by_admission_and_the_planner_and_answered_by_their_read
     planner = perms["planner"]
     assert planner is not None
     assert not [s for s in _allowed(planner, "publish") if s.startswith("writ.cmd")]
+
+
+def test_only_ingress_registers_a_run_with_grants_and_only_the_planner_a_turn() -> None:
+    from schemas import subjects
+
+    perms = permissions(["acme"])
+    for subject, sender in (
+        (subjects.REGISTER_RUN, "ingress"),
+        (subjects.REGISTER_TURN, "planner"),
+    ):
+        senders = {
+            name for name in SERVICE_SUBJECTS if subject in _allowed(perms[name] or {}, "publish")
+        }
+        assert senders == {sender}, subject
+        governance = perms["governance"]
+        assert governance is not None and subject in _allowed(governance, "subscribe")

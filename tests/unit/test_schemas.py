@@ -35,6 +35,7 @@ from schemas.governance import (
     PendingDecision,
     PendingDecisions,
     RegisterRun,
+    RegisterTurn,
     ReserveBudget,
     RunBudget,
     RunRegistered,
@@ -56,7 +57,7 @@ from schemas.host import (
 )
 from schemas.host_reads import HostRead
 from schemas.ingress import ProposalAnswer
-from schemas.journal import JournalCheckpoint
+from schemas.journal import JournalCheckpoint, ReAnchor
 from schemas.mcp import (
     ClassifyTool,
     DescribedTool,
@@ -266,6 +267,13 @@ SAMPLES: dict[type, Any] = {
         grants=["send_external"],
         budget=RunBudget(tokens=20_000, max_concurrent_steps=2),
     ),
+    RegisterTurn: RegisterTurn(
+        tenant="acme",
+        run_id="ses-1-t2",
+        session_id="ses-1",
+        principal="alice@acme",
+        agent="assistant",
+    ),
     RunRegistered: RunRegistered(run_id="run-1"),
     ReserveBudget: ReserveBudget(
         tenant="acme", run_id="run-1", step_key="run-1:3:model", provider_calls=1, tokens=4096
@@ -371,6 +379,14 @@ SAMPLES: dict[type, Any] = {
         key_id="governance-1",
         signature="c2ln",
         signed_at=1764633600000000,
+        reanchor=ReAnchor(
+            by="ops@acme.example",
+            reason="the record was deleted",
+            record_last=6,
+            unrecorded=1,
+            cut_to=12,
+            junk=[41],
+        ),
     ),
     StepRecorded: StepRecorded(
         tenant="acme",

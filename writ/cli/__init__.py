@@ -16,6 +16,7 @@ writ review <id> <answer> answer a review a run asked for: approve | reject
 writ policy sign          sign an organisation policy file
 writ audit verify         check every service's audit journal: chain, checkpoints, signatures
 writ audit export         append the checkpoints recorded outside the database to a file
+writ audit re-anchor      start a lost record again, signed, naming what was lost
 writ eval build|run|record  score a candidate model on a versioned set (writ/eval/)
 writ audit replay RUN     walk a run's (or a chat session's turns') captured model responses
                           and tool outputs offline

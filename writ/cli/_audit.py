@@ -1,4 +1,5 @@
-"""`writ audit verify|export|replay`: the audit journal, checked, exported and replayed."""
+"""`writ audit verify|export|replay|re-anchor`: the audit journal, checked, exported, replayed,
+and its record outside the database started again by an operator when it was lost."""
 
 from __future__ import annotations
 
@@ -151,15 +152,25 @@ async def _audit_verify(
                 counts += f"; checkpoint {report.pending} recorded, being committed"
             if args.tenant is not None:
                 counts += f"; {report.tenant_entries} of tenant {args.tenant}"
+            if report.ok and report.reanchored:
+                # Never "intact" alone: what a re-anchoring lost stays in every report.
+                print(f"{service}: RE-ANCHORED, checks out since ({counts})")
+                for note in report.reanchored:
+                    print(f"    {note}")
+                continue
             if report.ok:
                 print(f"{service}: intact ({counts})")
                 continue
             failed = True
-            print(f"{service}: FAILED at {report.problems[0]} ({counts})")
+            first = report.problems[0]
+            where = " at " if first.seq is not None or first.entry_id is not None else ": "
+            print(f"{service}: FAILED{where}{first} ({counts})")
             for problem in report.problems[1:6]:
                 print(f"    then {problem}")
             if len(report.problems) > 6:
                 print(f"    and {len(report.problems) - 6} more")
+            for note in report.reanchored:
+                print(f"    {note}")
         return 1 if failed else 0
     finally:
         await conn.close()
@@ -190,6 +201,96 @@ async def _audit_export_run(args: argparse.Namespace, nats_url: str) -> int:
     finally:
         await nc.close()
     print(f"{added} checkpoint(s) appended to {args.out}")
+    return 0
+
+
+def _audit_reanchor(args: argparse.Namespace) -> int:
+    """Start a journal's lost record again at its database's head, naming what was lost."""
+    import functools
+
+    import anyio
+
+    from libs.errors import ConfigError
+    from libs.journal import DataKeys, SigningKey
+
+    nats_url = _audit_nats_url(args)
+    if not nats_url:
+        raise SystemExit("no NATS: pass --nats-url or set WRIT_NATS_URL")
+    secrets = Path(args.home) / "secrets"
+    try:
+        signing = SigningKey.from_json(
+            Path(args.signing_key or secrets / f"journal-{args.service}-signing.json").read_text()
+        )
+        data_keys = DataKeys.from_json(
+            Path(args.data_keys or secrets / f"journal-{args.service}-data.json").read_text()
+        )
+    except (OSError, ConfigError) as exc:
+        print(f"cannot read {args.service}'s journal keys: {exc}", file=sys.stderr)
+        return 2
+    return anyio.run(
+        functools.partial(
+            _audit_reanchor_run, args, nats_url, _service_dsn(args), signing, data_keys
+        )
+    )
+
+
+def _service_dsn(args: argparse.Namespace) -> str:
+    """A DSN that may write the service's journal: --dsn, or writ run's own for the service."""
+    import os
+    from urllib.parse import urlsplit
+
+    from libs.db import role_name, with_database
+
+    if args.dsn or os.environ.get("WRIT_DATABASE_URL"):
+        return args.dsn or os.environ["WRIT_DATABASE_URL"]
+    secrets = Path(args.home) / "secrets"
+    audit = secrets / "audit.dsn"
+    password = secrets / f"pg-{args.service}.password"
+    if not (audit.exists() and password.exists()):
+        raise SystemExit(f"no database: pass --dsn (one that may write {args.service}'s journal)")
+    dsn = audit.read_text().strip()
+    database = urlsplit(dsn).path.lstrip("/")
+    return with_database(
+        dsn,
+        database,
+        user=role_name(database, args.service),
+        password=password.read_text().strip(),
+    )
+
+
+async def _audit_reanchor_run(
+    args: argparse.Namespace, nats_url: str, dsn: str, signing: Any, data_keys: Any
+) -> int:
+    import asyncpg
+    import nats
+
+    from libs.journal import (
+        JetStreamRecord,
+        Journal,
+        ReAnchorError,
+        RecordError,
+        describe,
+        reanchor,
+    )
+
+    nc = await nats.connect(nats_url, **_ONCE)
+    conn = await asyncpg.connect(dsn)
+    try:
+        anchor = await reanchor(
+            conn,
+            record=JetStreamRecord(nc.jetstream()),
+            journal=Journal(service=args.service, keys=data_keys),
+            signing=signing,
+            by=args.by,
+            reason=args.reason,
+        )
+    except (ReAnchorError, RecordError) as exc:
+        print(f"{args.service}: not re-anchored: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await conn.close()
+        await nc.close()
+    print(f"{args.service}: {describe(anchor)}")
     return 0
 
 
@@ -365,6 +466,30 @@ def add_parsers(sub: Any) -> None:
         help="this service's checkpoints (repeatable; default: every journal)",
     )
     x.set_defaults(func=_audit_export)
+    a = aud.add_parser(
+        "re-anchor",
+        help="start a journal's record outside the database again at the database's head, "
+        "after the record was lost or the tail cut: signed with the journal's key, naming "
+        "what was lost, and journaled (the sealer refuses until then)",
+    )
+    a.add_argument("--service", required=True, choices=JOURNALS)
+    a.add_argument("--by", required=True, help="who re-anchors (recorded and signed)")
+    a.add_argument("--reason", required=True, help="why (recorded and signed)")
+    a.add_argument("--home", default=".writ")
+    a.add_argument("--nats-url", default="", help="default: WRIT_NATS_URL, or writ run's")
+    a.add_argument(
+        "--dsn",
+        default="",
+        help="a DSN that may write the service's journal (default: WRIT_DATABASE_URL, or "
+        "writ run's service role)",
+    )
+    a.add_argument(
+        "--signing-key", default="", help="the service's checkpoint key (default: writ run's)"
+    )
+    a.add_argument(
+        "--data-keys", default="", help="the service's journal data keys (default: writ run's)"
+    )
+    a.set_defaults(func=_audit_reanchor)
     r = aud.add_parser(
         "replay",
         help="walk a run's captured model responses and tool outputs "

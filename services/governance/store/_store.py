@@ -256,6 +256,21 @@ class GovernanceStore(BudgetStore):
             return str(existing)
         return decision_id
 
+    async def registered(
+        self, tenant: str, run_id: str
+    ) -> tuple[str, str, bool, frozenset[str]] | None:
+        """(principal, agent, attended, run grants) of a registered run; None if unknown."""
+        row = await self._pool.fetchrow(
+            "SELECT principal, agent, attended, ARRAY(SELECT g.family FROM governance.run_grants g "
+            "WHERE g.tenant = r.tenant AND g.run_id = r.run_id) AS grants "
+            "FROM governance.runs r WHERE r.tenant = $1 AND r.run_id = $2",
+            tenant,
+            run_id,
+        )
+        if row is None:
+            return None
+        return row["principal"], row["agent"], row["attended"], frozenset(row["grants"])
+
     async def register_run(self, run: RegisterRun, limits: Limits | None = None) -> None:
         """Record a run, its run grants and its budget (`limits`, or the built-in defaults
         under the run's own budget); idempotent: a redelivery changes nothing."""

@@ -28,7 +28,7 @@ from libs.bus import publish
 from libs.runstart import start_run
 from schemas import subjects
 from schemas.admission import CommandAdmitted
-from schemas.governance import RegisterRun
+from schemas.governance import RegisterTurn
 from schemas.planner import BranchChanged, branch_run_id
 from schemas.sessions import (
     CapabilitySelected,
@@ -641,8 +641,9 @@ class SessionTurns:
             log.warning("session events of run %s not published yet: %r", run_id, exc)
 
     async def start(self, session: SessionRow, turn: TurnRow) -> None:
-        """Register the turn's run with governance (attended: a person is in the chat) and
-        hand it on with its evidence, as ingress starts a host's run (`libs/runstart.py`).
+        """Register the turn's run with governance (attended: a person is in the chat; no
+        grants: the planner may not give any) and hand it on with its evidence, as ingress
+        starts a host's run (`libs/runstart.py`).
 
         Raises:
             RetryableError: governance or retrieval did not answer (the sweep tries again).
@@ -650,12 +651,12 @@ class SessionTurns:
         await start_run(
             self._nc,
             self._js,
-            RegisterRun(
+            RegisterTurn(
                 tenant=session.tenant,
                 run_id=turn.run_id,
+                session_id=session.session_id,
                 principal=session.principal,
                 agent=session.agent,
-                attended=True,
             ),
             request_id=turn.run_id,
             text=turn.input,
