@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import re
@@ -27,6 +29,7 @@ __all__ = [
     "AUDITOR_ROLE",
     "LEEWAY_S",
     "MAX_JSON_DEPTH",
+    "SIGN_IN_WINDOW_S",
     "MAX_TOKEN_TTL_S",
     "COMMAND_DECODER",
     "DECISION_DECODER",
@@ -39,6 +42,8 @@ __all__ = [
     "Verified",
     "authorize",
     "command_run_id",
+    "console_audience",
+    "console_proof",
     "hostile_json",
     "review_target",
     "review_verdict",
@@ -82,6 +87,9 @@ MAX_JSON_DEPTH: Final = 32
 # A JSON string (escapes included) or one of the punctuation marks that shape nesting.
 _UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 _JSON_TOKEN: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}:,]', re.DOTALL)
+# How long after it was issued (`iat`) a console sign-in link may still be used: a link that
+# lies in a log or a mailbox stops opening sessions within minutes.
+SIGN_IN_WINDOW_S: Final = 600.0
 # Only approvers answer decisions, approve or reject proposals, and answer reviews.
 APPROVER_KINDS: Final = frozenset({"decisions", "approvals", "reviews"})
 # The planner's `review-<run>-<step>` (`step` bounded like `ReviewAnswer.step`).
@@ -123,6 +131,23 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     code: str
     message: str
     request_id: str
+    # False when no answer can be addressed safely: the message names two request ids (its
+    # Nats-Msg-Id and its body's), and either may have a result already that an answer here
+    # would contradict.
+    answerable: bool = True
+
+
+def console_audience(audience: str) -> str:
+    """The audience of a console sign-in token: never the API's, so the API's bearer path
+    (which checks `audience`) refuses such a token, and only the sign-in route takes it."""
+    return f"{audience}/console-sign-in"
+
+
+def console_proof(key: bytes, token: str) -> str:
+    """What the console sends beside a session's sign-in token when it calls its own API
+    (`Writ-Console-Proof`): an HMAC under a key only that ingress process holds. Without it
+    the API takes no sign-in token."""
+    return hmac.new(key, token.encode(), hashlib.sha256).hexdigest()
 
 
 def run_id_for(tenant: str, request_id: str) -> str:
@@ -189,6 +214,7 @@ def verify_request(
             code="INVALID_REQUEST",
             request_id=request.request_id,
             message="Nats-Msg-Id must equal request_id",
+            answerable=False,
         )
     checked = verify_token(
         request.token,

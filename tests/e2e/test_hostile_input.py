@@ -78,7 +78,7 @@ class Hostile:
     request_id: str  # the id its answer comes under
     header_id: str
     body: bytes
-    code: str
+    code: str | None  # None: dropped unanswered, and counted
     what: str
 
 
@@ -152,7 +152,7 @@ def _unstorable(rng: random.Random) -> str:
     return rng.choice(["ok\u0000", "\u0000", "a\u0000b" * 3, "\u0000" * 40])
 
 
-Mutation = Callable[[random.Random, str, dict[str, Any], Tokens], tuple[Any, str, str]]
+Mutation = Callable[[random.Random, str, dict[str, Any], Tokens], tuple[Any, str | None, str]]
 
 
 def m_nul(
@@ -278,7 +278,7 @@ def m_token(
 
 def m_no_role(
     rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-) -> tuple[Any, str, str]:
+) -> tuple[Any, str | None, str]:
     if kind == "requests" or kind == "commands":  # not an approver kind: a wrong header
         return m_header(rng, kind, body, tokens)
     body["token"] = tokens.user
@@ -287,8 +287,9 @@ def m_no_role(
 
 def m_header(
     rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-) -> tuple[Any, str, str]:
-    return body, "INVALID_REQUEST", "Nats-Msg-Id other than request_id"
+) -> tuple[Any, str | None, str]:
+    # Two request ids: an answer under either could contradict that id's result.
+    return body, None, "Nats-Msg-Id other than request_id"
 
 
 def _alg_none(claims: dict[str, Any]) -> str:
@@ -342,6 +343,16 @@ def hostile_messages(tokens: Tokens, count: int = COUNT, seed: int = SEED) -> It
             code=code,
             what=f"{mutate.__name__}: {what}",
         )
+
+
+AMBIGUOUS = 'writ_ingress_dropped_total{reason="ambiguous_id"}'
+
+
+def metric(stack: Stack, service: str, sample: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{stack.metrics_port(service)}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(sample)
+    )
 
 
 def code_of(result: Any) -> str | None:
@@ -425,6 +436,7 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
     before = await _counts(db)
     dlq_before = (await host.js.stream_info("WRIT_DLQ")).state.messages
     results_from = (await host.js.stream_info(subjects.out_stream(TENANT))).state.last_seq + 1
+    ambiguous_before = metric(stack, "ingress", AMBIGUOUS)
 
     tenant_js = await host.tenant_js(TENANT)  # as the tenant's host, with its permissions
     for message in messages:
@@ -434,7 +446,8 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             headers={"Nats-Msg-Id": message.header_id},
         )
 
-    wanted = {m.request_id: m for m in messages}
+    wanted = {m.request_id: m for m in messages if m.code is not None}
+    dropped = {m.request_id for m in messages if m.code is None}
     answers: dict[str, Any] = {}
     sub = await host.js.subscribe(
         subjects.result(TENANT),
@@ -448,16 +461,23 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             while len(answers) < len(wanted):
                 msg = await sub.next_msg(timeout=60)
                 result = msgspec.json.decode(msg.data, type=RESULT)
+                assert result.request_id not in dropped, ("answered, not dropped", result)
                 if result.request_id in wanted:
                     assert result.request_id not in answers, ("answered twice", result)
                     answers[result.request_id] = result
     finally:
         await sub.unsubscribe()
 
+    # Every message with two request ids was taken, dropped and counted: none was answered
+    # (the loop above saw every answer published before the last expected one).
+    with anyio.fail_after(60):
+        while metric(stack, "ingress", AMBIGUOUS) - ambiguous_before < len(dropped):
+            await anyio.sleep(0.2)
+    assert metric(stack, "ingress", AMBIGUOUS) - ambiguous_before == len(dropped)
     wrong = [
         (m.what, m.code, code_of(answers[m.request_id]), answers[m.request_id])
         for m in messages
-        if code_of(answers[m.request_id]) != m.code
+        if m.code is not None and code_of(answers[m.request_id]) != m.code
     ]
     assert not wrong, f"{len(wrong)} answered with another code, e.g. {wrong[:5]}"
     assert all(
@@ -472,6 +492,7 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             }[m.kind],
         )
         for m in messages
+        if m.code is not None
     )
     # Nothing stored, nothing forwarded, nothing dead-lettered, every service alive.
     assert await _counts(db) == before
