@@ -182,6 +182,16 @@ def m_surrogate(
     return raw, "INVALID_REQUEST", f"lone surrogate or invalid UTF-8 in {field}"
 
 
+def m_deep(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
+    field = rng.choice(TEXT[kind])
+    depth = rng.choice([40, 2_000, 20_000])
+    _set(body, field, "DEEP-MARK")
+    raw = msgspec.json.encode(body).replace(b'"DEEP-MARK"', b"[" * depth + b"]" * depth)
+    return raw, "INVALID_REQUEST", f"{field} nested {depth} deep"
+
+
 def m_no_type(
     rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
 ) -> tuple[Any, str, str]:
@@ -309,6 +319,7 @@ MUTATIONS: list[tuple[Mutation, int]] = [
     (m_nul, 6),
     (m_nul_request_id, 1),
     (m_surrogate, 2),
+    (m_deep, 1),
     (m_no_type, 2),
     (m_wrong_type, 2),
     (m_unknown_field, 2),
@@ -510,3 +521,40 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             if isinstance(r, CommandResult) and r.status == "succeeded"
         ]:
             await anyio.sleep(0.2)
+
+
+async def test_a_request_id_sent_again_under_another_msg_id_keeps_its_one_result(
+    stack: Stack, host: Host
+) -> None:
+    """A host re-sends a request that succeeded, and a command, under other `Nats-Msg-Id`s:
+    JetStream cannot see them as duplicates, and ingress answers neither under either id
+    (each id's results stay what they were: one `succeeded` for the run)."""
+    request = host.request()
+    await host.publish(request, msg_id=request.request_id)
+    assert (await host.wait_result(request.request_id)).status == "succeeded"
+    command = host.command()
+    await host.submit(command)
+    assert (await host.wait_command(command.request_id)).status == "succeeded"
+    run_results = await host.results(request.request_id)
+    command_results = await host.results(command.request_id)
+    assert [r.status for r in run_results] == ["succeeded"]
+
+    before = metric(stack, "ingress", AMBIGUOUS)
+    js = await host.tenant_js(TENANT)
+    await js.publish(
+        subjects.request(TENANT),
+        msgspec.json.encode(request),
+        headers={"Nats-Msg-Id": f"{request.request_id}-again"},
+    )
+    await js.publish(
+        subjects.command_request(TENANT),
+        msgspec.json.encode(command),
+        headers={"Nats-Msg-Id": f"{command.request_id}-again"},
+    )
+    with anyio.fail_after(60):
+        while metric(stack, "ingress", AMBIGUOUS) - before < 2:
+            await anyio.sleep(0.2)
+    assert await host.results(request.request_id) == run_results
+    assert await host.results(command.request_id) == command_results
+    for other in (f"{request.request_id}-again", f"{command.request_id}-again"):
+        assert await host.results(other) == []

@@ -12,7 +12,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from schemas import subjects
 from services.ingress.http._api import Api
-from services.ingress.http._guard import check_body, secure_headers
+from services.ingress.http._guard import check_body, check_parameters, secure_headers
 from services.ingress.http._ops import ops_handlers
 from services.ingress.http._people import people_handlers
 from services.ingress.http._problems import EXCEPTION_HANDLERS
@@ -84,6 +84,8 @@ def build_app(
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=config,
         request_max_body_size=max_body_bytes,
+        # The API's and the console's routers refuse more, each in its own words.
+        before_request=check_parameters,
         before_send=[secure_headers],
         debug=False,
     )
