@@ -86,6 +86,9 @@ _DATES: Final = ("exp", "nbf", "iat")
 MAX_JSON_DEPTH: Final = 32
 # A JSON string (escapes included) or one of the punctuation marks that shape nesting.
 _UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
+_INNERMOST: Final = re.compile(rb"\[\]|\{\}")
 _JSON_TOKEN: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}:,]', re.DOTALL)
 # How long after it was issued (`iat`) a console sign-in link may still be used: a link that
 # lies in a log or a mailbox stops opening sessions within minutes.
@@ -335,6 +338,13 @@ def too_deep_at(body: bytes, limit: int = MAX_JSON_DEPTH) -> str | None:
     container more than `limit` levels deep, or None (also for what is not JSON at all)."""
     if body.count(b"[") + body.count(b"{") <= limit:
         return None  # the common case, at C speed
+    # At C speed still: the brackets outside strings, innermost pairs removed `limit` times.
+    # Anything left is nesting past the bound (or brackets that do not pair: the walk says).
+    shape = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        shape = _INNERMOST.sub(b"", shape)
+        if not shape:
+            return None
     # Per open container: whether it is an object, and the key or index of its current value.
     frames: list[list[Any]] = []
     key: str = ""
