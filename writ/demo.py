@@ -30,6 +30,7 @@ import nats
 from libs.journal import load_verify_keys, verify
 from schemas.host import RunResult
 from schemas.sessions import PlanProposed, TextDelta, TurnEnded
+from services.ingress.logic import SIGN_IN_WINDOW_S
 from writ.stack import SERVICES, Stack
 from writ.supervisor import Supervisor
 from writ_client import Client, Issuer
@@ -285,8 +286,10 @@ def run_demo(home: Path, *, serve: bool) -> int:
                 f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
                 f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
                 f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
-                f"Approvers sign in to the console once with this link (the demo approver; "
-                f"`writ console` prints a new one):\n  {stack.console_link()}\n"
+                f"Approvers sign in to the console with this link (the demo approver): it "
+                f"works once, and only within the next {SIGN_IN_WINDOW_S / 60:.0f} minutes; "
+                f"the session lasts an hour. `writ console` prints a new one:\n"
+                f"  {stack.console_link()}\n"
                 f"Operators run `writ pending`; logs in {stack.logs}. A service that dies is "
                 "reported here and restarted. Ctrl-C stops everything.",
                 flush=True,

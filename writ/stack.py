@@ -660,11 +660,24 @@ class Stack:
         principal: str = "ops@acme.example",
         roles: tuple[str, ...] = ("approver", "auditor"),
         ttl_s: float = 3600.0,
+        now: datetime | None = None,
     ) -> str:
-        """A one-time sign-in link to the approval console (the demo approver by default):
-        the token it carries is the session's, and its first use spends it."""
+        """A one-time sign-in link to the approval console (the demo approver by default).
+
+        Its token is for the console's sign-in audience, which no API route takes: it opens
+        one session, within `SIGN_IN_WINDOW_S` (ten minutes) of `now`, and that session lasts
+        until the token's expiry (`ttl_s`)."""
+        from services.ingress.logic import console_audience
+
         port = (self.home / "ingress.http-port").read_text().strip()
-        token = self.token(tenant, principal, roles=list(roles), ttl_s=ttl_s)
+        token = self.token(
+            tenant,
+            principal,
+            roles=list(roles),
+            ttl_s=ttl_s,
+            audience=console_audience(AUDIENCE),
+            now=now,
+        )
         return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"
 
     def metrics_port(self, name: str) -> int:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import math
 import re
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -13,7 +17,7 @@ import jwt
 import msgspec
 
 from libs.errors import ConfigError
-from schemas.base import storable
+from schemas.base import storable, unstorable_at
 from schemas.control import CancelRun
 from schemas.host import ApproveProposal, HumanDecision, ReviewDecision, RunRequest, SubmitCommand
 
@@ -24,6 +28,8 @@ __all__ = [
     "APPROVER_ROLE",
     "AUDITOR_ROLE",
     "LEEWAY_S",
+    "MAX_JSON_DEPTH",
+    "SIGN_IN_WINDOW_S",
     "MAX_TOKEN_TTL_S",
     "COMMAND_DECODER",
     "DECISION_DECODER",
@@ -36,10 +42,15 @@ __all__ = [
     "Verified",
     "authorize",
     "command_run_id",
+    "console_audience",
+    "console_proof",
+    "hostile_json",
     "review_target",
     "review_verdict",
     "run_id_for",
     "token_tenant",
+    "too_deep_at",
+    "unstorable_parameter",
     "verify_request",
     "verify_token",
 ]
@@ -70,6 +81,18 @@ LEEWAY_S: Final = 5.0
 # The longest a token may live (WRIT_MAX_TOKEN_TTL_S): a stolen token is worth an hour.
 MAX_TOKEN_TTL_S: Final = 3600.0
 _DATES: Final = ("exp", "nbf", "iat")
+# The deepest a host's JSON may nest (every contract needs a handful of levels): deeper input
+# is refused before a recursive decoder sees it.
+MAX_JSON_DEPTH: Final = 32
+# A JSON string (escapes included) or one of the punctuation marks that shape nesting.
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
+_INNERMOST: Final = re.compile(rb"\[\]|\{\}")
+_JSON_TOKEN: Final = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}:,]', re.DOTALL)
+# How long after it was issued (`iat`) a console sign-in link may still be used: a link that
+# lies in a log or a mailbox stops opening sessions within minutes.
+SIGN_IN_WINDOW_S: Final = 600.0
 # Only approvers answer decisions, approve or reject proposals, and answer reviews.
 APPROVER_KINDS: Final = frozenset({"decisions", "approvals", "reviews"})
 # The planner's `review-<run>-<step>` (`step` bounded like `ReviewAnswer.step`).
@@ -111,6 +134,23 @@ class Rejection(msgspec.Struct, frozen=True, kw_only=True):
     code: str
     message: str
     request_id: str
+    # False when no answer can be addressed safely: the message names two request ids (its
+    # Nats-Msg-Id and its body's), and either may have a result already that an answer here
+    # would contradict.
+    answerable: bool = True
+
+
+def console_audience(audience: str) -> str:
+    """The audience of a console sign-in token: never the API's, so the API's bearer path
+    (which checks `audience`) refuses such a token, and only the sign-in route takes it."""
+    return f"{audience}/console-sign-in"
+
+
+def console_proof(key: bytes, token: str) -> str:
+    """What the console sends beside a session's sign-in token when it calls its own API
+    (`Writ-Console-Proof`): an HMAC under a key only that ingress process holds. Without it
+    the API takes no sign-in token."""
+    return hmac.new(key, token.encode(), hashlib.sha256).hexdigest()
 
 
 def run_id_for(tenant: str, request_id: str) -> str:
@@ -149,6 +189,13 @@ def verify_request(
             request_id=fallback_id,
             message=f"request is {len(body)} bytes; the limit is {max_bytes}",
         )
+    deep = too_deep_at(body)
+    if deep is not None:
+        return Rejection(
+            code="INVALID_REQUEST",
+            message=f"`{deep}` nests deeper than {MAX_JSON_DEPTH} levels",
+            request_id=storable(fallback_id),
+        )
     try:
         request = decoder.decode(body)
         # msgspec checks a tag that is there; the host contract requires it there.
@@ -156,7 +203,7 @@ def verify_request(
     except msgspec.DecodeError as exc:
         return Rejection(
             code="INVALID_REQUEST",
-            message=storable(str(exc)[:500]),
+            message=storable((hostile_json(body) or str(exc))[:500]),
             request_id=storable(fallback_id),
         )
     if not tagged:
@@ -170,6 +217,7 @@ def verify_request(
             code="INVALID_REQUEST",
             request_id=request.request_id,
             message="Nats-Msg-Id must equal request_id",
+            answerable=False,
         )
     checked = verify_token(
         request.token,
@@ -283,6 +331,73 @@ def verify_token(
             request_id=request_id,
         )
     return principal, roles
+
+
+def too_deep_at(body: bytes, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """The path (`$.arguments.a[0]`) of the first value of the JSON text `body` that opens a
+    container more than `limit` levels deep, or None (also for what is not JSON at all)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return None  # the common case, at C speed
+    # At C speed still: the brackets outside strings, innermost pairs removed `limit` times.
+    # Anything left is nesting past the bound (or brackets that do not pair: the walk says).
+    shape = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    for _ in range(limit):
+        shape = _INNERMOST.sub(b"", shape)
+        if not shape:
+            return None
+    # Per open container: whether it is an object, and the key or index of its current value.
+    frames: list[list[Any]] = []
+    key: str = ""
+    for match in _JSON_TOKEN.finditer(body):
+        token = match.group()
+        if token[:1] == b'"':
+            if frames and frames[-1][0]:
+                key = token[1:-1].decode("utf-8", "replace")[:64]
+        elif token == b":":
+            if frames and frames[-1][0]:
+                frames[-1][1] = f".{key}"
+        elif token == b",":
+            if frames and not frames[-1][0]:
+                frames[-1][1] += 1
+        elif token in (b"{", b"["):
+            if len(frames) >= limit:
+                return "$" + "".join(
+                    f"[{label}]" if isinstance(label, int) else label for _, label in frames[:8]
+                )
+            frames.append([token == b"{", "" if token == b"{" else 0])
+        elif frames:
+            frames.pop()
+    return None
+
+
+def hostile_json(body: bytes, *, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """Why the JSON text `body` cannot be taken, naming the field: nesting deeper than `limit`,
+    or U+0000, a lone surrogate or bytes that are not UTF-8 in a key or a string. None when it
+    has none of these (it may still be invalid JSON: its decoder says so)."""
+    deep = too_deep_at(body, limit)
+    if deep is not None:
+        return f"`{deep}` nests deeper than {limit} levels"
+    try:
+        # Bytes that are not UTF-8 become lone surrogates, found below with their field.
+        value = json.loads(body.decode("utf-8", "surrogateescape"))
+    except (ValueError, RecursionError):
+        return None
+    where = unstorable_at(value)
+    if where is None:
+        return None
+    return f"`{where}` holds U+0000, a lone surrogate or bytes that are not UTF-8"
+
+
+def unstorable_parameter(path: Mapping[str, Any], query: Iterable[tuple[str, str]]) -> str | None:
+    """Why a path id or a query parameter cannot be taken, naming it, or None: text that
+    PostgreSQL cannot store (U+0000, a lone surrogate), refused as it is in a body."""
+    for name, value in path.items():
+        if isinstance(value, str) and _UNSTORABLE.search(value):
+            return f"the path's `{name}` holds U+0000 or a lone surrogate"
+    for name, value in query:
+        if _UNSTORABLE.search(name) or _UNSTORABLE.search(value):
+            return f"the query parameter `{storable(name[:64])}` holds U+0000 or a lone surrogate"
+    return None
 
 
 def token_tenant(token: str) -> str:

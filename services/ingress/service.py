@@ -49,6 +49,7 @@ from services.ingress.logic import (
     Verified,
     authorize,
     command_run_id,
+    console_audience,
     review_target,
     review_verdict,
     verify_request,
@@ -91,9 +92,13 @@ class IngressService:
         self._review_timeout = review_timeout_s
         self._dropped = Counter(
             "writ_ingress_dropped_total",
-            "Host messages dropped unanswered: no known tenant to answer",
+            "Host messages dropped unanswered: no known tenant to answer (unknown_tenant), or "
+            "two request ids, either of which an answer could contradict (ambiguous_id)",
+            ["reason"],
             registry=rt.registry,
         )
+        for reason in ("unknown_tenant", "ambiguous_id"):
+            self._dropped.labels(reason=reason)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -153,10 +158,17 @@ class IngressService:
             )
 
     def verify(
-        self, kind: str, body: bytes, *, tenant: str, request_id: str | None
+        self,
+        kind: str,
+        body: bytes,
+        *,
+        tenant: str,
+        request_id: str | None,
+        signed_in: bool = False,
     ) -> Verified | Rejection:
         """Bound, decode, authenticate and authorize one host message of `kind` (either door:
-        the HTTP API rebuilds the NATS message and verifies it here)."""
+        the HTTP API rebuilds the NATS message and verifies it here). `signed_in`: the token
+        is a console session's, from a sign-in link (only the console's own calls say so)."""
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
             outcome = authorize(
                 verify_request(
@@ -164,7 +176,7 @@ class IngressService:
                     subject_tenant=tenant,
                     header_request_id=request_id,
                     keys=self._keys,
-                    audience=self._audience,
+                    audience=console_audience(self._audience) if signed_in else self._audience,
                     max_bytes=self._max_bytes,
                     max_ttl_s=self._max_ttl,
                     decoder=DECODERS[kind],
@@ -186,14 +198,15 @@ class IngressService:
         return outcome
 
     def check_token(
-        self, token: str, *, tenant: str, request_id: str = ""
+        self, token: str, *, tenant: str, request_id: str = "", signed_in: bool = False
     ) -> tuple[str, list[str]] | Rejection:
-        """A token alone (the HTTP API's reads): its (principal, roles), or why not."""
+        """A token alone (the HTTP API's reads): its (principal, roles), or why not. An API
+        token, or with `signed_in` a console sign-in token (never both)."""
         return verify_token(
             token,
             tenant=tenant,
             keys=self._keys,
-            audience=self._audience,
+            audience=console_audience(self._audience) if signed_in else self._audience,
             request_id=request_id,
             max_ttl_s=self._max_ttl,
         )
@@ -262,7 +275,13 @@ class IngressService:
     async def _reject(self, tenant: str, kind: str, rejection: Rejection, seq: int) -> None:
         if tenant not in self._keys:
             # Nobody Writ knows could read an answer there: counted, not stored.
-            self._dropped.inc()
+            self._dropped.labels(reason="unknown_tenant").inc()
+            return
+        if not rejection.answerable:
+            # A message whose Nats-Msg-Id is not its request_id: a result under either id
+            # could follow one that id has already (a `succeeded`, then a `rejected`). One
+            # result per request id: this one gets none, and is counted.
+            self._dropped.labels(reason="ambiguous_id").inc()
             return
         error = ErrorInfo(code=rejection.code, message=rejection.message[:512])
         answer: RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult

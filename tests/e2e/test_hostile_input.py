@@ -1,5 +1,6 @@
 """Hostile input on every host subject (issue 12): thousands of generated malformed or hostile
-messages, each answered with its error code as data, nothing stored, nothing dead-lettered,
+messages, each answered with its error code as data (one naming two request ids is dropped and
+counted instead), nothing stored, nothing dead-lettered,
 every service alive after — and a real proposal, whose approval with a NUL in its reason used to
 kill governance, still approvable afterwards.
 
@@ -78,7 +79,7 @@ class Hostile:
     request_id: str  # the id its answer comes under
     header_id: str
     body: bytes
-    code: str
+    code: str | None  # None: dropped unanswered, and counted
     what: str
 
 
@@ -152,7 +153,7 @@ def _unstorable(rng: random.Random) -> str:
     return rng.choice(["ok\u0000", "\u0000", "a\u0000b" * 3, "\u0000" * 40])
 
 
-Mutation = Callable[[random.Random, str, dict[str, Any], Tokens], tuple[Any, str, str]]
+Mutation = Callable[[random.Random, str, dict[str, Any], Tokens], tuple[Any, str | None, str]]
 
 
 def m_nul(
@@ -180,6 +181,16 @@ def m_surrogate(
         marker.encode(), rng.choice([b"\\ud800", b"x\\udfff", b"\xed\xa0\x80", b"\xff"])
     )
     return raw, "INVALID_REQUEST", f"lone surrogate or invalid UTF-8 in {field}"
+
+
+def m_deep(
+    rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
+) -> tuple[Any, str, str]:
+    field = rng.choice(TEXT[kind])
+    depth = rng.choice([40, 2_000, 20_000])
+    _set(body, field, "DEEP-MARK")
+    raw = msgspec.json.encode(body).replace(b'"DEEP-MARK"', b"[" * depth + b"]" * depth)
+    return raw, "INVALID_REQUEST", f"{field} nested {depth} deep"
 
 
 def m_no_type(
@@ -278,7 +289,7 @@ def m_token(
 
 def m_no_role(
     rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-) -> tuple[Any, str, str]:
+) -> tuple[Any, str | None, str]:
     if kind == "requests" or kind == "commands":  # not an approver kind: a wrong header
         return m_header(rng, kind, body, tokens)
     body["token"] = tokens.user
@@ -287,8 +298,9 @@ def m_no_role(
 
 def m_header(
     rng: random.Random, kind: str, body: dict[str, Any], tokens: Tokens
-) -> tuple[Any, str, str]:
-    return body, "INVALID_REQUEST", "Nats-Msg-Id other than request_id"
+) -> tuple[Any, str | None, str]:
+    # Two request ids: an answer under either could contradict that id's result.
+    return body, None, "Nats-Msg-Id other than request_id"
 
 
 def _alg_none(claims: dict[str, Any]) -> str:
@@ -308,6 +320,7 @@ MUTATIONS: list[tuple[Mutation, int]] = [
     (m_nul, 6),
     (m_nul_request_id, 1),
     (m_surrogate, 2),
+    (m_deep, 1),
     (m_no_type, 2),
     (m_wrong_type, 2),
     (m_unknown_field, 2),
@@ -342,6 +355,16 @@ def hostile_messages(tokens: Tokens, count: int = COUNT, seed: int = SEED) -> It
             code=code,
             what=f"{mutate.__name__}: {what}",
         )
+
+
+AMBIGUOUS = 'writ_ingress_dropped_total{reason="ambiguous_id"}'
+
+
+def metric(stack: Stack, service: str, sample: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{stack.metrics_port(service)}/metrics").text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(sample)
+    )
 
 
 def code_of(result: Any) -> str | None:
@@ -425,6 +448,7 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
     before = await _counts(db)
     dlq_before = (await host.js.stream_info("WRIT_DLQ")).state.messages
     results_from = (await host.js.stream_info(subjects.out_stream(TENANT))).state.last_seq + 1
+    ambiguous_before = metric(stack, "ingress", AMBIGUOUS)
 
     tenant_js = await host.tenant_js(TENANT)  # as the tenant's host, with its permissions
     for message in messages:
@@ -434,7 +458,8 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             headers={"Nats-Msg-Id": message.header_id},
         )
 
-    wanted = {m.request_id: m for m in messages}
+    wanted = {m.request_id: m for m in messages if m.code is not None}
+    dropped = {m.request_id for m in messages if m.code is None}
     answers: dict[str, Any] = {}
     sub = await host.js.subscribe(
         subjects.result(TENANT),
@@ -448,16 +473,22 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             while len(answers) < len(wanted):
                 msg = await sub.next_msg(timeout=60)
                 result = msgspec.json.decode(msg.data, type=RESULT)
+                assert result.request_id not in dropped, ("answered, not dropped", result)
                 if result.request_id in wanted:
                     assert result.request_id not in answers, ("answered twice", result)
                     answers[result.request_id] = result
     finally:
         await sub.unsubscribe()
 
+    # Every message with two request ids was taken, and dropped and counted, not answered.
+    with anyio.fail_after(60):
+        while metric(stack, "ingress", AMBIGUOUS) - ambiguous_before < len(dropped):
+            await anyio.sleep(0.2)
+    assert metric(stack, "ingress", AMBIGUOUS) - ambiguous_before == len(dropped)
     wrong = [
         (m.what, m.code, code_of(answers[m.request_id]), answers[m.request_id])
         for m in messages
-        if code_of(answers[m.request_id]) != m.code
+        if m.code is not None and code_of(answers[m.request_id]) != m.code
     ]
     assert not wrong, f"{len(wrong)} answered with another code, e.g. {wrong[:5]}"
     assert all(
@@ -472,6 +503,7 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             }[m.kind],
         )
         for m in messages
+        if m.code is not None
     )
     # Nothing stored, nothing forwarded, nothing dead-lettered, every service alive.
     assert await _counts(db) == before
@@ -489,3 +521,40 @@ async def test_thousands_of_hostile_messages_each_get_their_error_and_change_not
             if isinstance(r, CommandResult) and r.status == "succeeded"
         ]:
             await anyio.sleep(0.2)
+
+
+async def test_a_request_id_sent_again_under_another_msg_id_keeps_its_one_result(
+    stack: Stack, host: Host
+) -> None:
+    """A host re-sends a request that succeeded, and a command, under other `Nats-Msg-Id`s:
+    JetStream cannot see them as duplicates, and ingress answers neither under either id
+    (each id's results stay what they were: one `succeeded` for the run)."""
+    request = host.request()
+    await host.publish(request, msg_id=request.request_id)
+    assert (await host.wait_result(request.request_id)).status == "succeeded"
+    command = host.command()
+    await host.submit(command)
+    assert (await host.wait_command(command.request_id)).status == "succeeded"
+    run_results = await host.results(request.request_id)
+    command_results = await host.results(command.request_id)
+    assert [r.status for r in run_results] == ["succeeded"]
+
+    before = metric(stack, "ingress", AMBIGUOUS)
+    js = await host.tenant_js(TENANT)
+    await js.publish(
+        subjects.request(TENANT),
+        msgspec.json.encode(request),
+        headers={"Nats-Msg-Id": f"{request.request_id}-again"},
+    )
+    await js.publish(
+        subjects.command_request(TENANT),
+        msgspec.json.encode(command),
+        headers={"Nats-Msg-Id": f"{command.request_id}-again"},
+    )
+    with anyio.fail_after(60):
+        while metric(stack, "ingress", AMBIGUOUS) - before < 2:
+            await anyio.sleep(0.2)
+    assert await host.results(request.request_id) == run_results
+    assert await host.results(command.request_id) == command_results
+    for other in (f"{request.request_id}-again", f"{command.request_id}-again"):
+        assert await host.results(other) == []

@@ -131,7 +131,7 @@ def test_writ_run_serves_the_http_api_on_the_port_asked_for(tmp_path: Path) -> N
         lines = []
         for line in proc.stdout:
             lines.append(line)
-            if "OpenAPI" in line:
+            if "/console/sign-in?token=" in line:
                 break
         output = "".join(lines)
         assert "Serving." in output, output
@@ -139,6 +139,15 @@ def test_writ_run_serves_the_http_api_on_the_port_asked_for(tmp_path: Path) -> N
         assert f"base URL  {url}\n" in output and f"OpenAPI   {url}/openapi.json" in output
         document = httpx.get(f"{url}/openapi.json", timeout=10).json()
         assert document["openapi"] == "3.1.0"
+        # The console link in the log: it says it expires within minutes, and its token is
+        # no bearer (a log reader holds nothing the API takes); it signs in, once.
+        assert "only within the next 10 minutes" in output, output
+        link = lines[-1].strip()
+        token = link.split("token=", 1)[1]
+        bearer = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"{url}/pending-decisions", headers=bearer, timeout=10).status_code == 401
+        assert httpx.get(link, timeout=10).status_code == 303
+        assert httpx.get(link, timeout=10).status_code == 401
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)  # drains and closes the pipe

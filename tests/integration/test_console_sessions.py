@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -15,7 +15,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nats.aio.client import Client
 
 from services.ingress.console._session import COOKIE, Refused, Sessions, _digest, _Session
-from services.ingress.logic import Rejection, TenantKey, verify_token
+from services.ingress.logic import (
+    SIGN_IN_WINDOW_S,
+    Rejection,
+    TenantKey,
+    console_audience,
+    verify_token,
+)
 from writ.stack import mint_token
 
 pytestmark = pytest.mark.anyio
@@ -36,12 +42,12 @@ class _Door:
     """The ingress door's token check, over one tenant's real key."""
 
     def check_token(
-        self, token: str, *, tenant: str, request_id: str = ""
+        self, token: str, *, tenant: str, request_id: str = "", signed_in: bool = False
     ) -> tuple[str, list[str]] | Rejection:
         return verify_token(
             token,
             tenant=tenant,
-            audience="writ",
+            audience=console_audience("writ") if signed_in else "writ",
             request_id=request_id,
             keys={"acme": TenantKey(issuer=_ISSUER, public_key=_PUBLIC)},
         )
@@ -56,9 +62,15 @@ class _Request:
 
 
 def _token(principal: str = "ops@acme.example", **claims: Any) -> str:
+    """An API token, as a fronting proxy sets it."""
     return mint_token(
         _PRIVATE, issuer=_ISSUER, tenant="acme", principal=principal, ttl_s=600, **claims
     )
+
+
+def _link(principal: str = "ops@acme.example", **claims: Any) -> str:
+    """A sign-in link's token: the console's audience."""
+    return _token(principal, audience=console_audience("writ"), **claims)
 
 
 @pytest.fixture
@@ -71,7 +83,7 @@ async def sessions(nc: Client, unique: str) -> AsyncIterator[Sessions]:
 async def test_a_sign_in_link_opens_one_session_and_is_refused_the_second_time(
     sessions: Sessions,
 ) -> None:
-    token = _token(roles=["approver"])
+    token = _link(roles=["approver"])
     session_id, viewer = await sessions.sign_in(token)
     assert (viewer.tenant, viewer.principal, viewer.roles) == (
         "acme",
@@ -89,7 +101,7 @@ async def test_a_sign_in_link_opens_one_session_and_is_refused_the_second_time(
 
 
 async def test_a_session_ends_with_its_token(sessions: Sessions, nc: Client, unique: str) -> None:
-    session_id, _ = await sessions.sign_in(_token(roles=["approver"]))
+    session_id, _ = await sessions.sign_in(_link(roles=["approver"]))
     kv = await nc.jetstream().key_value(f"CONSOLE_{unique}")
     entry = await kv.get(f"session.{_digest(session_id)}")
     held = msgspec.json.decode(entry.value or b"", type=_Session)
@@ -104,13 +116,18 @@ async def test_a_session_ends_with_its_token(sessions: Sessions, nc: Client, uni
 
 async def test_only_approvers_and_auditors_of_a_known_issuer_get_in(sessions: Sessions) -> None:
     with pytest.raises(Refused, match="approvers and auditors") as no_role:
-        await sessions.sign_in(_token())
+        await sessions.sign_in(_link())
     assert no_role.value.status == 403
     other = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
     forged = mint_token(
-        other, issuer=_ISSUER, tenant="acme", principal="ops@acme.example", roles=["approver"]
+        other,
+        issuer=_ISSUER,
+        tenant="acme",
+        principal="ops@acme.example",
+        roles=["approver"],
+        audience=console_audience("writ"),
     )
     with pytest.raises(Refused) as bad:
         await sessions.sign_in(forged)
@@ -124,3 +141,35 @@ async def test_only_approvers_and_auditors_of_a_known_issuer_get_in(sessions: Se
     assert auditor.roles == frozenset({"auditor"})
     with pytest.raises(Refused):
         await sessions.viewer(_Request(bearer=forged))  # type: ignore[arg-type]
+
+
+async def test_a_sign_in_token_signs_in_once_and_is_no_bearer(sessions: Sessions) -> None:
+    link = _link(roles=["approver", "auditor"])
+    # As a proxy's bearer it is refused (its audience is not the API's), before and after use.
+    with pytest.raises(Refused, match="INVALID_TOKEN") as before:
+        await sessions.viewer(_Request(bearer=link))  # type: ignore[arg-type]
+    assert before.value.status == 401
+    session_id, viewer = await sessions.sign_in(link)
+    assert viewer.signed_in
+    assert (await sessions.viewer(_Request(cookie=session_id))).signed_in  # type: ignore[arg-type]
+    with pytest.raises(Refused, match="INVALID_TOKEN"):
+        await sessions.viewer(_Request(bearer=link))  # type: ignore[arg-type]
+    # An API token is no sign-in link, and opens no session.
+    with pytest.raises(Refused, match="INVALID_TOKEN"):
+        await sessions.sign_in(_token(roles=["approver"]))
+
+
+async def test_a_link_expires_minutes_after_it_was_made(sessions: Sessions) -> None:
+    made = datetime.now(UTC) - timedelta(seconds=SIGN_IN_WINDOW_S + 60)
+    with pytest.raises(Refused, match="expired") as late:
+        await sessions.sign_in(_link(roles=["approver"], now=made))
+    assert late.value.status == 401
+    with pytest.raises(Refused, match="TOKEN_EXPIRED"):
+        await sessions.sign_in(
+            _link(roles=["approver"], now=datetime.now(UTC) - timedelta(seconds=700))
+        )
+    # A link used in time, burnt, is still refused later for being used.
+    fresh = _link(roles=["approver"], now=datetime.now(UTC) - timedelta(seconds=60))
+    await sessions.sign_in(fresh)
+    with pytest.raises(Refused, match="used already"):
+        await sessions.sign_in(fresh)

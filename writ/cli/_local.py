@@ -68,6 +68,7 @@ def _token(args: argparse.Namespace) -> int:
 
 
 def _console(args: argparse.Namespace) -> int:
+    from services.ingress.logic import SIGN_IN_WINDOW_S
     from writ.stack import Stack
 
     stack = Stack(Path(args.home))
@@ -82,7 +83,8 @@ def _console(args: argparse.Namespace) -> int:
         print(f"no running Writ under {args.home} (start it with `make run`)", file=sys.stderr)
         return 1
     print(
-        "Open this link once to sign in to the approval console (a second use is refused; "
+        "Open this link once to sign in to the approval console, within "
+        f"{SIGN_IN_WINDOW_S / 60:.0f} minutes (it expires then, and a second use is refused; "
         f"the session ends with the token, in {int(args.ttl)} s):\n{link}"
     )
     return 0

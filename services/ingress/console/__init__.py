@@ -7,7 +7,16 @@ Sign-in never asks for a password: a fronting identity-aware proxy sets the bear
 `writ console` prints a one-time link (`_session.py`)."""
 
 from services.ingress.console._client import ApiClient
-from services.ingress.console._routes import CSP, console_router
+from services.ingress.console._routes import CSP, HEADERS, console_router
 from services.ingress.console._session import BUCKET, COOKIE, Sessions, Viewer
 
-__all__ = ["BUCKET", "COOKIE", "CSP", "ApiClient", "Sessions", "Viewer", "console_router"]
+__all__ = [
+    "BUCKET",
+    "COOKIE",
+    "CSP",
+    "HEADERS",
+    "ApiClient",
+    "Sessions",
+    "Viewer",
+    "console_router",
+]

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from services.ingress.console._session import Viewer
+from services.ingress.logic import console_proof
 
 __all__ = ["ApiClient", "Answer"]
 
@@ -36,16 +37,20 @@ class Answer:
 class ApiClient:
     """`/api/v1` as the viewer."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 40.0) -> None:
+    def __init__(self, base_url: str, *, timeout_s: float = 40.0, console_key: bytes = b"") -> None:
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        self._key = console_key
 
     async def aclose(self) -> None:
         """Close the connections."""
         await self._http.aclose()
 
-    @staticmethod
-    def _auth(viewer: Viewer) -> dict[str, str]:
-        return {"Authorization": f"Bearer {viewer.token}"}
+    def _auth(self, viewer: Viewer) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {viewer.token}"}
+        if viewer.signed_in:
+            # A session's sign-in token: the API takes it only with this process's proof.
+            headers["Writ-Console-Proof"] = console_proof(self._key, viewer.token)
+        return headers
 
     async def get(self, viewer: Viewer, path: str, **params: Any) -> Answer:
         """A read."""

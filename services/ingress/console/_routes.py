@@ -18,9 +18,9 @@ from litestar.params import FromPath, QueryParameter
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import Answer, ApiClient
 from services.ingress.console._session import COOKIE, Refused, Sessions, Viewer
-from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE
+from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE, unstorable_parameter
 
-__all__ = ["CSP", "console_router"]
+__all__ = ["CSP", "HEADERS", "console_router"]
 
 # No inline script or style, nothing from elsewhere, no framing, forms only to the console.
 CSP: Final = (
@@ -28,7 +28,7 @@ CSP: Final = (
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
     "base-uri 'none'"
 )
-_HEADERS: Final = {
+HEADERS: Final = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -84,7 +84,7 @@ def _html(
         body,
         status_code=status,
         media_type="text/html; charset=utf-8",
-        headers={**_HEADERS, **(headers or {})},
+        headers={**HEADERS, **(headers or {})},
         cookies=cookies or [],
     )
 
@@ -494,15 +494,21 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     async def asset(name: FromPath[str]) -> Response[bytes]:
         """The console's script and style sheet."""
         if name not in static:
-            return Response(
-                b"not found", status_code=404, media_type="text/plain", headers=_HEADERS
-            )
+            return Response(b"not found", status_code=404, media_type="text/plain", headers=HEADERS)
         return Response(
-            static[name], media_type=_TYPES[name], headers={**_HEADERS, "Cache-Control": "no-cache"}
+            static[name], media_type=_TYPES[name], headers={**HEADERS, "Cache-Control": "no-cache"}
         )
+
+    async def guard(request: Request[Any, Any, Any]) -> Response[str] | None:
+        """Refuse a path id or query parameter no page could look up (as the API does)."""
+        said = unstorable_parameter(request.path_params, request.query_params.multi_items())
+        if said is None:
+            return None
+        return _html(pages.message_page("Invalid request", f"Nothing was done: {said}."), 400)
 
     return Router(
         "/console",
+        before_request=guard,
         route_handlers=[
             inbox,
             inbox_rows,

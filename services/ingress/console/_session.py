@@ -2,10 +2,13 @@
 
 Production puts an identity-aware proxy in front of ingress; it authenticates the person and
 sets `Authorization: Bearer <token>` (the tenant issuer's EdDSA token, with the `approver` or
-`auditor` role) on every request it forwards. Locally, `writ console` mints such a token into a
-one-time sign-in link: its first use opens a session (an opaque id in an HttpOnly,
-SameSite=Strict cookie that lives as long as the token), a second use is refused. Sessions and
-used links are kept in a JetStream key-value bucket, so every ingress replica knows them.
+`auditor` role) on every request it forwards. Locally, `writ console` mints a sign-in token
+into a one-time link: a token for the console's own audience (`console_audience`), which the
+API and every bearer path refuse. Its first use, within `SIGN_IN_WINDOW_S` of its issue, opens
+a session (an opaque id in an HttpOnly, SameSite=Strict cookie that lives as long as the
+token) and burns its `jti`; a second use is refused. Sessions and burnt ids are kept in a
+JetStream key-value bucket, so every ingress replica knows them. The console calls the API
+with a session's token and a proof only its own process can make (`console_proof`).
 
 Every form carries a CSRF token derived from the caller's token (HMAC): a page of another site
 can neither read it nor compute it.
@@ -31,7 +34,9 @@ from libs.bus import open_bucket
 from services.ingress.logic import (
     APPROVER_ROLE,
     AUDITOR_ROLE,
+    LEEWAY_S,
     MAX_TOKEN_TTL_S,
+    SIGN_IN_WINDOW_S,
     Rejection,
     token_tenant,
 )
@@ -55,6 +60,9 @@ class Viewer(msgspec.Struct, frozen=True, kw_only=True):
     roles: frozenset[str]
     token: str
     expires: float
+    # A session opened with a sign-in link (its token is for the console's audience), not a
+    # proxy's API token.
+    signed_in: bool = False
 
     @property
     def csrf(self) -> str:
@@ -111,11 +119,12 @@ class Sessions:
             door,
         )
 
-    def verify(self, token: str) -> Viewer:
+    def verify(self, token: str, *, signed_in: bool = False) -> Viewer:
         """The viewer a token names (signature, audience, expiry and lifetime checked as the
-        API does), if it holds a console role."""
+        API does), if it holds a console role: an API token (a proxy's), or with `signed_in`
+        a sign-in token (a session's)."""
         tenant = token_tenant(token)
-        checked = self._door.check_token(token, tenant=tenant)
+        checked = self._door.check_token(token, tenant=tenant, signed_in=signed_in)
         if isinstance(checked, Rejection):
             raise Refused(f"{checked.code}: {checked.message}"[:300])
         principal, roles = checked
@@ -130,6 +139,7 @@ class Sessions:
             roles=frozenset(roles),
             token=token,
             expires=float(claims["exp"]),
+            signed_in=signed_in,
         )
 
     async def sign_in(self, token: str) -> tuple[str, Viewer]:
@@ -138,9 +148,19 @@ class Sessions:
         Raises:
             Refused: the token does not check out, or the link was used already.
         """
-        viewer = self.verify(token)
+        viewer = self.verify(token, signed_in=True)
+        claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
+        issued = claims.get("iat")
+        if not isinstance(issued, (int, float)) or isinstance(issued, bool):
+            raise Refused("a sign-in link's token must say when it was issued (iat)")
+        if time.time() - issued > SIGN_IN_WINDOW_S + LEEWAY_S:
+            raise Refused(
+                f"this sign-in link expired {SIGN_IN_WINDOW_S / 60:.0f} minutes after it was "
+                "made; ask for a new one"
+            )
+        burnt = _digest(f"{viewer.tenant}:{claims['jti']}")
         try:
-            await self._kv.create(f"used.{_digest(token)}", b"1")
+            await self._kv.create(f"used.{burnt}", b"1")
         except KeyWrongLastSequenceError:
             raise Refused("this sign-in link was used already; ask for a new one") from None
         session_id = secrets.token_urlsafe(32)
@@ -170,7 +190,7 @@ class Sessions:
         session = self._decoder.decode(entry.value or b"")
         if session.expires <= time.time():
             raise Refused("the session ended with its token; sign in again")
-        return self.verify(session.token)
+        return self.verify(session.token, signed_in=True)
 
     async def sign_out(self, request: Request[Any, Any, Any]) -> None:
         """End the request's session (a proxy's identity is the proxy's to end)."""

@@ -3,6 +3,7 @@ Idempotency-Key, and the bus's request/reply for reads other services answer."""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
@@ -16,24 +17,31 @@ from libs.deadline import timed_request
 from services.ingress.http._idempotency import Idempotency, fingerprint
 from services.ingress.http._problems import ApiError
 from services.ingress.http._results import Results
-from services.ingress.logic import Rejection, Verified, token_tenant
+from services.ingress.logic import Rejection, Verified, console_proof, token_tenant
 
-__all__ = ["Api", "Caller", "Door"]
+__all__ = ["PROOF_HEADER", "Api", "Caller", "Door"]
 
 _ENCODER: Final = msgspec.json.Encoder()
 # What each owning service's error status means to the caller.
 _REPLY_CODES: Final = {"400": "INVALID_REQUEST", "404": "NOT_FOUND", "409": "CONFLICT"}
+PROOF_HEADER: Final = "Writ-Console-Proof"
 
 
 class Door(Protocol):
     """What the HTTP API needs of the ingress service: the NATS door's own steps."""
 
     def verify(
-        self, kind: str, body: bytes, *, tenant: str, request_id: str | None
+        self,
+        kind: str,
+        body: bytes,
+        *,
+        tenant: str,
+        request_id: str | None,
+        signed_in: bool = False,
     ) -> Verified | Rejection: ...
 
     def check_token(
-        self, token: str, *, tenant: str, request_id: str = ""
+        self, token: str, *, tenant: str, request_id: str = "", signed_in: bool = False
     ) -> tuple[str, list[str]] | Rejection: ...
 
     async def hand_on(self, outcome: Verified) -> Any: ...
@@ -66,15 +74,31 @@ class Api:
         idempotency: Idempotency,
         results: Results,
         read_timeout_s: float = 10.0,
+        console_key: bytes = b"",
     ) -> None:
         self.door, self.nc, self.idempotency, self.results = door, nc, idempotency, results
         self._read_timeout = read_timeout_s
+        # The key of this process's console (`console_proof`); none: no sign-in token at all.
+        self._console_key = console_key
+
+    def _credential(self, request: Request[Any, Any, Any]) -> tuple[str, bool]:
+        """The bearer token, and whether it is a console session's sign-in token: only when
+        this process's console vouches for it. Anyone else's sign-in token is checked as an
+        API token, and refused for its audience."""
+        token = _bearer(request)
+        proof = request.headers.get(PROOF_HEADER, "")
+        signed_in = bool(
+            self._console_key
+            and proof
+            and hmac.compare_digest(console_proof(self._console_key, token), proof)
+        )
+        return token, signed_in
 
     def caller(self, request: Request[Any, Any, Any], *, role: str | None = None) -> Caller:
         """Authenticate a read: the token alone decides tenant, principal and roles."""
-        token = _bearer(request)
+        token, signed_in = self._credential(request)
         tenant = token_tenant(token)
-        checked = self.door.check_token(token, tenant=tenant)
+        checked = self.door.check_token(token, tenant=tenant, signed_in=signed_in)
         if isinstance(checked, Rejection):
             raise ApiError(checked.code, checked.message)
         principal, roles = checked
@@ -93,13 +117,17 @@ class Api:
     ) -> Response[bytes]:
         """One write: rebuild the NATS message (`build(request_id, token)`), verify it as the
         NATS door does, then answer once per Idempotency-Key."""
-        token = _bearer(request)
+        token, signed_in = self._credential(request)
         key = request.headers.get("idempotency-key")
         if not key:
             raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
         message = build(key, token)
         outcome = self.door.verify(
-            kind, _ENCODER.encode(message), tenant=token_tenant(token), request_id=key
+            kind,
+            _ENCODER.encode(message),
+            tenant=token_tenant(token),
+            request_id=key,
+            signed_in=signed_in,
         )
         if isinstance(outcome, Rejection):
             raise ApiError(outcome.code, outcome.message)

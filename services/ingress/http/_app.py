@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+import msgspec
 from litestar import Litestar, Request, Response, Router, get
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from schemas import subjects
 from services.ingress.http._api import Api
+from services.ingress.http._guard import check_body, check_parameters, secure_headers
 from services.ingress.http._ops import ops_handlers
 from services.ingress.http._people import people_handlers
 from services.ingress.http._problems import EXCEPTION_HANDLERS
@@ -35,7 +37,7 @@ def build_app(
     @get("/openapi.json", include_in_schema=False, media_type="application/json")
     async def openapi(request: Request[Any, Any, Any]) -> Response[bytes]:
         return Response(
-            json.dumps(request.app.openapi_schema.to_schema()).encode(),
+            json.dumps(_closed(request.app.openapi_schema.to_schema())).encode(),
             media_type="application/json",
         )
 
@@ -46,6 +48,7 @@ def build_app(
 
     router = Router(
         PREFIX,
+        before_request=check_body,
         route_handlers=[
             openapi,
             *run_handlers(api, answer_timeout_s=answer_timeout_s),
@@ -81,6 +84,9 @@ def build_app(
         exception_handlers=EXCEPTION_HANDLERS,
         openapi_config=config,
         request_max_body_size=max_body_bytes,
+        # The API's and the console's routers refuse more, each in its own words.
+        before_request=check_parameters,
+        before_send=[secure_headers],
         debug=False,
     )
 
@@ -88,4 +94,33 @@ def build_app(
 def openapi_document() -> str:
     """The OpenAPI document as committed (`schemas/openapi.json`)."""
     app = build_app(Api.__new__(Api))
-    return json.dumps(app.openapi_schema.to_schema(), indent=2, sort_keys=True) + "\n"
+    return json.dumps(_closed(app.openapi_schema.to_schema()), indent=2, sort_keys=True) + "\n"
+
+
+def _structs(cls: type[msgspec.Struct]) -> dict[str, set[bool]]:
+    """Each Struct class name under `cls`, with whether its classes forbid unknown fields."""
+    found: dict[str, set[bool]] = {}
+    for sub in cls.__subclasses__():
+        found.setdefault(sub.__name__, set()).add(bool(sub.__struct_config__.forbid_unknown_fields))
+        for name, flags in _structs(sub).items():
+            found.setdefault(name, set()).update(flags)
+    return found
+
+
+def _closed(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with `additionalProperties: false` on each object schema whose Struct
+    forbids unknown fields: what the server refuses, the document says it refuses."""
+    closed = {name for name, flags in _structs(msgspec.Struct).items() if flags == {True}}
+    for name, schema in document.get("components", {}).get("schemas", {}).items():
+        if name in closed and schema.get("type") == "object":
+            schema["additionalProperties"] = False
+    # Every route that takes a body refuses one that is not JSON before reading it.
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.get("responses", {}) if isinstance(operation, dict) else {}
+            if "requestBody" in operation and "400" in responses:
+                responses["415"] = {
+                    **responses["400"],
+                    "description": "UNSUPPORTED_MEDIA_TYPE: the body is not application/json",
+                }
+    return document

@@ -121,18 +121,27 @@ def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes
 
 def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
     extra = exc.extra if isinstance(exc.extra, list) else []
-    detail = (
-        "; ".join(str(e.get("message", e)) if isinstance(e, dict) else str(e) for e in extra)
-        or exc.detail
-    )
+    detail = "; ".join(_named(e) for e in extra) or exc.detail
     return problem("INVALID_REQUEST", detail, instance=request.url.path)
+
+
+def _named(error: Any) -> str:
+    """One validation error, naming its field or parameter where the message does not."""
+    if not isinstance(error, dict):
+        return str(error)
+    message, key = str(error.get("message", error)), error.get("key")
+    if not key or "`$." in message or f"`{key}`" in message:
+        return message
+    return f"`{key}`: {message}"
 
 
 def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     code = _CODE_OF_STATUS.get(
         exc.status_code, "INTERNAL" if exc.status_code >= 500 else "INVALID_REQUEST"
     )
-    return problem(code, exc.detail, instance=request.url.path)
+    # A 405 names the methods the path takes (`Allow`, RFC 9110 §15.5.6).
+    headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    return problem(code, exc.detail, instance=request.url.path, headers=headers or None)
 
 
 def _retryable(request: Request[Any, Any, Any], exc: RetryableError) -> Response[bytes]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,11 +71,14 @@ class HttpServer:
         """Serve until the process stops; started once the socket listens."""
         results = Results(self._nc)
         await results.start()
+        # Only this process's console may present a session's sign-in token to its API.
+        console_key = secrets.token_bytes(32)
         api = Api(
             door=self._door,
             nc=self._nc,
             idempotency=await Idempotency.open(self._js, replicas=self._replicas),
             results=results,
+            console_key=console_key,
         )
         if self._endpoints is not None:
             self._endpoints.extend([*nats_read_endpoints(api), session_endpoint(api)])
@@ -85,7 +89,9 @@ class HttpServer:
         self.port = sock.getsockname()[1]
         # The console is a client of this very API, over loopback, as each of its viewers.
         loopback = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self._host, self._host)
-        client = ApiClient(f"http://{_netloc(loopback, self.port)}{PREFIX}")
+        client = ApiClient(
+            f"http://{_netloc(loopback, self.port)}{PREFIX}", console_key=console_key
+        )
         console = console_router(
             await Sessions.open(self._js, self._door, replicas=self._replicas), client
         )
