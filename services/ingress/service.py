@@ -17,7 +17,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, ensure_streams, publish
+from libs.bus import ConsumerSpec, publish
 from libs.deadline import timed_request
 from libs.errors import ConfigError, RetryableError
 from libs.runstart import start_run
@@ -98,21 +98,17 @@ class IngressService:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Declare each known tenant's streams and consume their host messages until stopped.
+        """Consume each known tenant's host messages until stopped.
 
-        Only tenants with an issuer key get streams: a host message on any other tenant's
-        subject is refused by the server and stored nowhere, and results can exist only for
-        tenants Writ holds.
+        Each tenant's streams and ingress's consumer on them are provisioned
+        (libs/provision.py), for the tenants with an issuer key only: a host message on any
+        other tenant's subject is refused by the server and stored nowhere, and results can
+        exist only for tenants Writ holds.
         """
         tenants = sorted(self._keys)
         for tenant in tenants:
             if not subjects.valid_tenant(tenant):
                 raise ConfigError(f"tenant {tenant!r} cannot name a subject or a stream")
-        await ensure_streams(
-            self._rt.js,
-            [spec for tenant in tenants for spec in subjects.tenant_streams(tenant)],
-            replicas=self._rt.stream_replicas,
-        )
         async with anyio.create_task_group() as tg:
             for tenant in tenants:
                 await tg.start(
