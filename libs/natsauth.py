@@ -61,6 +61,7 @@ __all__ = [
     "WRIT_ACCOUNT",
     "host_account",
     "host_imports",
+    "identity_table",
     "EVAL_SUBJECTS",
     "JOURNALED",
     "SERVICE_SUBJECTS",
@@ -419,3 +420,25 @@ def ensure_passwords(folder: Path, tenants: Iterable[str]) -> dict[str, str]:
                 out.write(secrets.token_urlsafe(24))
         passwords[user] = path.read_text().strip()
     return passwords
+
+
+def identity_table(tenant: str = "acme") -> str:
+    """docs/bus.md's table of identities: each user's account and what it may publish and
+    subscribe to, for one example tenant (tests/unit/test_natsauth.py keeps the page equal)."""
+    perms = permissions([tenant])
+    rows = [
+        "| identity | account | may publish (requests included) | may subscribe |",
+        "|---|---|---|---|",
+    ]
+    for name, perm in perms.items():
+        account = host_account(tenant) if name == host_user(tenant) else WRIT_ACCOUNT
+        if perm is None:
+            rows.append(f"| `{name}` | `{account}` | everything | everything |")
+            continue
+        publish = perm["publish"]["allow"]  # type: ignore[index]
+        subscribe = perm["subscribe"]["allow"]  # type: ignore[index]
+        rows.append(
+            f"| `{name}` | `{account}` | {', '.join(f'`{s}`' for s in publish)} "
+            f"| {', '.join(f'`{s}`' for s in subscribe)} |"
+        )
+    return "\n".join(rows) + "\n"

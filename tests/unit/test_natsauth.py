@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from libs.natsauth import (
     ADMIN,
     EVAL,
@@ -13,6 +15,7 @@ from libs.natsauth import (
     auth_config,
     host_account,
     host_user,
+    identity_table,
     permissions,
     users,
 )
@@ -217,3 +220,10 @@ def test_each_tenants_host_has_an_account_importing_its_contract_only() -> None:
         }
         assert exported == {subject for _, subject in imported}
     assert all(len(e["accounts"]) == 1 for e in writ["exports"])
+
+
+def test_the_bus_page_shows_the_identities_as_the_code_defines_them() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bus.md").read_text()
+    shown = page.split("<!-- identities:begin -->\n", 1)[1].split("<!-- identities:end -->")[0]
+    # Regenerate: python -c "from libs.natsauth import identity_table; print(identity_table())"
+    assert shown == identity_table()
