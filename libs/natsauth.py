@@ -63,6 +63,7 @@ __all__ = [
     "host_imports",
     "identity_table",
     "EVAL_SUBJECTS",
+    "HOST_JS_API",
     "JOURNALED",
     "SERVICE_SUBJECTS",
     "accounts",
@@ -85,6 +86,8 @@ _REPLIES: Final = ("_INBOX.>", "_R_.>")
 # Where the shadow evaluation publishes its would-be asks, proposals and reports.
 EVAL_SUBJECTS: Final = "writ.eval.>"
 _JS: Final = "$JS.API"
+# Where a host reaches the reads of its own result stream (JetStream's API, imported).
+HOST_JS_API: Final = "$JS.WRIT.API"
 _STATIC_STREAMS: Final = tuple(spec.name for spec in subjects.STREAMS)
 
 # service -> (its durable consumer's stream, None for per-tenant streams or "" for none, what
@@ -305,19 +308,27 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
     }
 
 
-def host_imports(tenant: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What a tenant's host account imports from Writ's: (services, streams). The host
-    contract, and nothing more: its requests and reads, its result stream's state and messages
-    by sequence (no consumer: a consumer's configuration names where it delivers), its results
-    and progress events as they happen."""
+def host_imports(tenant: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """What a tenant's host account imports from Writ's: (services as (Writ's subject, the
+    host's subject), streams). The host contract, and nothing more: its requests and reads,
+    its result stream's state and messages by sequence (no consumer: a consumer's
+    configuration names where it delivers), its results and progress events as they happen.
+
+    JetStream's API is imported under `HOST_JS_API` (`nc.jetstream(prefix=HOST_JS_API)`):
+    nats-server answers `$JS.API.>` itself in an account without JetStream, before imports."""
     out = subjects.out_stream(tenant)
     services = (
-        *subjects.host_subjects(tenant),
-        host_read(tenant, "*"),
-        f"{_JS}.STREAM.INFO.{out}",
-        f"{_JS}.STREAM.MSG.GET.{out}",
-        f"{_JS}.DIRECT.GET.{out}",
-        f"{_JS}.DIRECT.GET.{out}.>",
+        *((s, s) for s in subjects.host_subjects(tenant)),
+        (host_read(tenant, "*"),) * 2,
+        *(
+            (f"{_JS}.{api}", f"{HOST_JS_API}.{api}")
+            for api in (
+                f"STREAM.INFO.{out}",
+                f"STREAM.MSG.GET.{out}",
+                f"DIRECT.GET.{out}",
+                f"DIRECT.GET.{out}.>",
+            )
+        ),
     )
     return services, (subjects.result(tenant), subjects.planner_progress(tenant))
 
@@ -325,7 +336,7 @@ def host_imports(tenant: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _host(tenant: str) -> dict[str, object]:
     services, streams = host_imports(tenant)
     sub = [*streams, f"{inbox_prefix(host_user(tenant))}.>"]
-    return {"publish": {"allow": list(services)}, "subscribe": {"allow": sub}}
+    return {"publish": {"allow": [local for _, local in services]}, "subscribe": {"allow": sub}}
 
 
 def _provision() -> dict[str, object]:
@@ -382,12 +393,15 @@ def accounts(passwords: Mapping[str, str], tenants: Iterable[str]) -> dict[str, 
     for tenant in tenants:
         account = host_account(tenant)
         services, streams = host_imports(tenant)
-        exports += [{"service": s, "accounts": [account]} for s in services]
+        exports += [{"service": s, "accounts": [account]} for s, _ in services]
         exports += [{"stream": s, "accounts": [account]} for s in streams]
         found[account] = {
             "users": [user(host_user(tenant))],
             "imports": [
-                *({"service": {"account": WRIT_ACCOUNT, "subject": s}} for s in services),
+                *(
+                    {"service": {"account": WRIT_ACCOUNT, "subject": s}, "to": local}
+                    for s, local in services
+                ),
                 *({"stream": {"account": WRIT_ACCOUNT, "subject": s}} for s in streams),
             ],
         }

@@ -57,7 +57,7 @@ def _matches(pattern: str, subject: str) -> bool:
 def _host_subjects() -> list[str]:
     services, _ = host_imports(ATTACKER)
     found = []
-    for pattern in services:
+    for _, pattern in services:
         if pattern == host_read(ATTACKER, "*"):
             found += [host_read(ATTACKER, read) for read in HOST_READS]
         else:

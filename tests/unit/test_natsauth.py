@@ -205,7 +205,23 @@ def test_each_tenants_host_has_an_account_importing_its_contract_only() -> None:
     for tenant, other in (("acme", "globex"), ("globex", "acme")):
         account = found[host_account(tenant)]
         assert [u["user"] for u in account["users"]] == [host_user(tenant)]
-        imported = [(kind, spec["subject"]) for i in account["imports"] for kind, spec in i.items()]
+        imported = [
+            (kind, i[kind]["subject"])
+            for i in account["imports"]
+            for kind in ("service", "stream")
+            if kind in i
+        ]
+        # JetStream's API under a prefix of the host's own (the server answers `$JS.API.>`
+        # itself in an account without JetStream).
+        assert {i["to"] for i in account["imports"] if "to" in i and "$JS" in i["to"]} == {
+            f"$JS.WRIT.API.{api}.WRIT_OUT_{tenant}{tail}"
+            for api, tail in (
+                ("STREAM.INFO", ""),
+                ("STREAM.MSG.GET", ""),
+                ("DIRECT.GET", ""),
+                ("DIRECT.GET", ".>"),
+            )
+        }
         for kind, subject in imported:
             assert tenant in subject and other not in subject
             assert not subject.startswith(_MANAGEMENT) and "CONSUMER" not in subject
