@@ -4,6 +4,9 @@ account applied by a reload (SIGHUP), without restarting the server or its clien
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -150,3 +153,68 @@ async def test_a_tenant_added_later_is_one_more_account_applied_by_a_reload(
     finally:
         await acme.close()
         await admin.close()
+
+
+def test_writ_nats_provision_makes_every_stream_consumer_and_bucket(tmp_path: Path) -> None:
+    tenants = ["acme"]
+    server = EmbeddedNats(
+        tmp_path / "nats", auth=auth_config(ensure_passwords(tmp_path, tenants), tenants)
+    )
+    server.start()
+    try:
+
+        def provision(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "writ.cli", "nats", "provision", *args],
+                env={
+                    **os.environ,
+                    "WRIT_NATS_URL": server.url,
+                    "WRIT_NATS_PASSWORD_FILE": str(tmp_path / f"nats-{PROVISION}.password"),
+                },
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+
+        done = provision("--tenant", "acme", "--lease-s", "7")
+        assert done.returncode == 0, done.stderr
+        again = provision("--tenant", "acme", "--lease-s", "7")  # idempotent
+        assert again.returncode == 0, again.stderr
+
+        async def check() -> None:
+            admin = await nats.connect(
+                server.url,
+                user=ADMIN,
+                password=(tmp_path / f"nats-{ADMIN}.password").read_text().strip(),
+            )
+            try:
+                js = admin.jetstream()
+                names = {i.config.name for i in await js.streams_info()}
+                assert {s.name for s in subjects.STREAMS} <= names
+                assert {subjects.in_stream("acme"), subjects.out_stream("acme")} <= names
+                assert {"KV_WRIT_IDEMPOTENCY", "KV_WRIT_CONSOLE"} <= names
+                dispatcher = await js.consumer_info("WRIT_CMD", "dispatcher")
+                assert dispatcher.config.ack_wait == 7
+                assert (await js.stream_info("WRIT_AUDIT")).config.deny_purge
+            finally:
+                await admin.close()
+
+        anyio.run(check)
+        # Any other identity is refused: a service's password does not provision.
+        planner = tmp_path / "nats-planner.password"
+        refused = subprocess.run(
+            [sys.executable, "-m", "writ.cli", "nats", "provision", "--user", "planner"],
+            env={
+                **os.environ,
+                "WRIT_NATS_URL": server.url,
+                "WRIT_NATS_PASSWORD_FILE": str(planner),
+            },
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert refused.returncode != 0
+    finally:
+        server.stop()

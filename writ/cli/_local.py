@@ -111,7 +111,7 @@ def _tenant(args: argparse.Namespace) -> int:
 
 
 def _nats_auth(args: argparse.Namespace) -> int:
-    """Print the nats-server `authorization` block for these tenants (libs/natsauth.py),
+    """Print the nats-server `accounts` block for these tenants (libs/natsauth.py),
     generating the users' password files that do not exist yet."""
     from libs.natsauth import auth_config, ensure_passwords
 
@@ -200,7 +200,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--write", action="store_true")
     p.set_defaults(func=_schemas)
 
-    p = sub.add_parser("nats-auth", help="print NATS users and permissions for a deployment")
+    p = sub.add_parser(
+        "nats-auth", help="print NATS accounts, users and permissions for a deployment"
+    )
     p.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
     p.add_argument(
         "--passwords",
