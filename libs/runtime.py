@@ -257,7 +257,7 @@ class Runtime:
         self.name = name
         # Every actor's longest redelivery backoff (WRIT_RETRY_BACKOFF_MAX_S; None: 30 s).
         self.retry_backoff_max_s = retry_backoff_max_s
-        # Replicas of any stream a service declares itself (WRIT_STREAM_REPLICAS).
+        # Replicas of Writ's streams (WRIT_STREAM_REPLICAS), as provisioning made them.
         self.stream_replicas = stream_replicas
         # `/livez` and `/readyz`: actors given it fetch only while NATS and PostgreSQL answer;
         # `main` registers its pools with `health.watch_pool`.
