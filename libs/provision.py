@@ -22,6 +22,7 @@ from typing import Final
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 from libs.bus import ConsumerSpec, ensure_consumer, ensure_streams
 from schemas import subjects
@@ -30,9 +31,10 @@ __all__ = [
     "CONSOLE_BUCKET",
     "EVAL_DURABLE",
     "IDEMPOTENCY_BUCKET",
+    "BUCKETS",
     "ConsumerMissing",
-    "bind_consumer",
     "bind_bucket",
+    "bind_consumer",
     "consumers",
     "ensure_bucket",
     "provision_bus",
@@ -114,7 +116,7 @@ async def bind_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
         ) from exc
 
 
-async def bind_bucket(js: JetStreamContext, bucket: str):  # noqa: ANN201 - nats-py's KeyValue
+async def bind_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
     """A provisioned key-value bucket, opened as it is.
 
     Raises:
