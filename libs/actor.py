@@ -56,9 +56,10 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
-from libs.bus import ConsumerSpec, ensure_consumer
+from libs.bus import ConsumerSpec
 from libs.errors import Fenced, PermanentError, RetryableError, single_error, waits_out
 from libs.health import Health
+from libs.provision import bind_consumer
 from libs.pull import Puller
 from libs.telemetry import ActorMetrics, extract_context, inject_context
 from schemas.subjects import dead_letter
@@ -135,7 +136,7 @@ async def run_actor(
     """
     if backoff_max_s is not None:  # the process's setting over the consumer's default
         spec = msgspec.structs.replace(spec, backoff_max_s=backoff_max_s)
-    await ensure_consumer(js, spec)
+    await bind_consumer(js, spec)  # provisioned (libs/provision.py): a process never creates one
     # Each pull request on its own reply subject (libs/pull.py: nats-py's `fetch` can leave a
     # request behind that holds a later message for up to `fetch_timeout_s`).
     sub = Puller(js._nc, spec.stream, spec.durable)

@@ -1,8 +1,8 @@
-"""The bus: connection, streams and consumers declared as code, and typed publishing."""
+"""The bus: connection, streams and consumers as code (created by libs/provision.py only),
+and typed publishing."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Final
 
@@ -15,13 +15,11 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
-    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, BucketNotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import BadRequestError
 
 from libs.natsauth import inbox_prefix
 from libs.telemetry import inject_context
@@ -33,7 +31,6 @@ __all__ = [
     "connect",
     "ensure_consumer",
     "ensure_streams",
-    "open_bucket",
     "publish",
     "publish_now",
 ]
@@ -64,6 +61,8 @@ class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
     outage_limit_s: float = OUTAGE_LIMIT_S
     # A retried delivery waits 0.25 s, doubling, up to this (`WRIT_RETRY_BACKOFF_MAX_S`).
     backoff_max_s: float = 30.0
+    # Deliver only what is stored after the consumer is created (the shadow evaluation's copy).
+    deliver_new: bool = False
 
 
 async def connect(url: str, *, name: str, user: str = "", password: str = "") -> Client:
@@ -86,15 +85,6 @@ async def connect(url: str, *, name: str, user: str = "", password: str = "") ->
     )
 
 
-async def open_bucket(js: JetStreamContext, config: KeyValueConfig, *, replicas: int) -> KeyValue:
-    """A key-value bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS, like the
-    streams: nats-py would make it one replica even on a three-node cluster)."""
-    try:
-        return await js.key_value(config.bucket)
-    except BucketNotFoundError:
-        return await js.create_key_value(dataclasses.replace(config, replicas=replicas))
-
-
 async def ensure_streams(
     js: JetStreamContext,
     specs: Sequence[StreamSpec] = STREAMS,
@@ -102,7 +92,8 @@ async def ensure_streams(
     replicas: int = 1,
     duplicate_window_s: float = 0.0,
 ) -> None:
-    """Create or update Writ's streams (idempotent; every service may call it at start)."""
+    """Create or update Writ's streams (idempotent): provisioning's (libs/provision.py), as
+    the `provision` identity; no service holds the permission."""
     for spec in specs:
         config = StreamConfig(
             name=spec.name,
@@ -125,11 +116,11 @@ async def ensure_streams(
 
 
 async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
-    """Create or update a durable pull consumer (idempotent)."""
+    """Create or update a durable pull consumer (idempotent): provisioning's, like streams."""
     config = ConsumerConfig(
         durable_name=spec.durable,
         ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.NEW if spec.deliver_new else DeliverPolicy.ALL,
         ack_wait=spec.ack_wait_s,
         max_deliver=-1,
         max_ack_pending=spec.max_ack_pending,

@@ -1,23 +1,38 @@
-"""Who may use which subject: NATS users and permissions, generated per deployment.
+"""Who may use which subject: NATS accounts, users and permissions, generated per deployment.
 
-NATS enforces them, not Writ: one account, one user per service and per tenant's host, each
-allowed exactly the subjects it publishes and consumes, and an `admin` user (no limits) for
-Writ's own operator tooling and the tests' inspection. Users and permissions in one account
-rather than an account per tenant: Writ's streams are shared by the services, and JetStream
-across accounts would need an export and an import per stream and per API subject, all of
-which would be permissions again, with more to get wrong.
+NATS enforces them, not Writ. The accounts are the authority boundary (docs/bus.md):
+
+- `WRIT`: Writ's streams, each service's user, the shadow evaluation's (`eval`), the
+  provisioning identity (`provision`, libs/provision.py) and the administrator (`admin`, no
+  limits: operators' tooling and the tests' inspection).
+- `HOST_<tenant>`, one per tenant, holding its host's user `host-<tenant>`. It imports from
+  `WRIT` exactly what the host contract names: the services `writ.in.<kind>.<tenant>` and
+  `writ.api.<tenant>.*`, the reads of its own result stream (`WRIT_OUT_<tenant>`: info, get a
+  message by sequence), and the streams `writ.out.results.<tenant>` and
+  `writ.events.planner.<tenant>`. Every other subject a host names, `$JS.API.>` and reply
+  subjects included, resolves in its own account, where nothing answers: an answer or a
+  JetStream acknowledgement to a host's request goes back through the import to the host's
+  account, whatever reply subject the host gave.
+
+Accounts live in the server's configuration file, so a tenant added later is one more account
+and one more set of exports, applied with `nats-server --signal reload` (SIGHUP).
+
+Within `WRIT`:
 
 - A service publishes only where it produces, subscribes only to its endpoints, and reaches
-  JetStream's API only for Writ's streams and its own durable consumer. Its request/reply
-  answers go out with `allow_responses` (to a reply subject it was sent, once).
-- A tenant's host publishes only `writ.in.<kind>.<tenant>`, reads only its own result stream
-  (`WRIT_OUT_<tenant>`) and `writ.events.planner.<tenant>`, and nothing under `writ.int.>`,
-  `writ.cmd.>` or another tenant's subjects.
+  JetStream's API only to read Writ's streams and bind to, fetch from and acknowledge its own
+  durable consumer, which provisioning created: no service may create, update, delete or purge
+  a stream, nor create a consumer (ingress alone creates ephemeral ordered consumers on the
+  chat sessions' stream, for server-sent events). It answers requests only on an inbox
+  (`_INBOX.>`, or `_R_.>` for a host's request through its import): no `allow_responses`,
+  which would let it publish on any reply subject it is sent, a JetStream API call included.
+  `libs.replies` refuses the rest in code too, and counts them.
 - The evaluation's shadow runs (`writ eval shadow`, user `eval`) read a copy of the runs that
-  start (its own durable consumer `eval` on WRIT_INT, for the evidence each run is handed to
-  the planner with) and publish only under `writ.eval.>`: nothing under `writ.int.>`,
-  `writ.cmd.>` or `writ.in.>`, and no request to governance, admission or the dispatcher, so no
-  proposal of a shadow run can be admitted or dispatched.
+  start (its own provisioned durable consumer `eval` on WRIT_INT, for the evidence each run is
+  handed to the planner with) and publish only under `writ.eval.>`: nothing under
+  `writ.int.>`, `writ.cmd.>` or `writ.in.>`, and no request to governance, admission or the
+  dispatcher, so no proposal of a shadow run can be admitted or dispatched.
+- `provision` holds JetStream's API and nothing else.
 - Every user's replies arrive under its own inbox prefix (`_INBOX.<user>`): nobody can
   subscribe to `_INBOX.>` and read the answers meant for someone else.
 
@@ -42,9 +57,16 @@ from schemas.sessions import CHAT_STREAM, SESSION_OPS, TURN_CANCELLING
 __all__ = [
     "ADMIN",
     "EVAL",
+    "PROVISION",
+    "WRIT_ACCOUNT",
+    "host_account",
+    "host_imports",
+    "identity_table",
     "EVAL_SUBJECTS",
+    "HOST_JS_API",
     "JOURNALED",
     "SERVICE_SUBJECTS",
+    "accounts",
     "auth_config",
     "ensure_passwords",
     "host_user",
@@ -55,9 +77,17 @@ __all__ = [
 
 ADMIN: Final = "admin"
 EVAL: Final = "eval"
+# Provisioning's identity (libs/provision.py): JetStream's API, for nothing else.
+PROVISION: Final = "provision"
+WRIT_ACCOUNT: Final = "WRIT"
+# Where a service may answer a request: a Writ identity's inbox, or a host's request's reply
+# subject as its import maps it (`_R_.<...>`, which routes back to the host's account only).
+_REPLIES: Final = ("_INBOX.>", "_R_.>")
 # Where the shadow evaluation publishes its would-be asks, proposals and reports.
 EVAL_SUBJECTS: Final = "writ.eval.>"
 _JS: Final = "$JS.API"
+# Where a host reaches the reads of its own result stream (JetStream's API, imported).
+HOST_JS_API: Final = "$JS.WRIT.API"
 _STATIC_STREAMS: Final = tuple(spec.name for spec in subjects.STREAMS)
 
 # service -> (its durable consumer's stream, None for per-tenant streams or "" for none, what
@@ -92,14 +122,12 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             *(reads.journal_verify(s) for s in reads.JOURNALED),
             "$KV.WRIT_IDEMPOTENCY.>",
             "$JS.API.STREAM.INFO.KV_WRIT_IDEMPOTENCY",
-            "$JS.API.STREAM.CREATE.KV_WRIT_IDEMPOTENCY",
             "$JS.API.STREAM.MSG.GET.KV_WRIT_IDEMPOTENCY",
             "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY",
             "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY.>",
             # The approval console's sessions and used sign-in links (its KV stream).
             "$KV.WRIT_CONSOLE.>",
             "$JS.API.STREAM.INFO.KV_WRIT_CONSOLE",
-            "$JS.API.STREAM.CREATE.KV_WRIT_CONSOLE",
             "$JS.API.STREAM.MSG.GET.KV_WRIT_CONSOLE",
             "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE",
             "$JS.API.DIRECT.GET.KV_WRIT_CONSOLE.>",
@@ -231,32 +259,41 @@ def inbox_prefix(user: str) -> str:
 
 def users(tenants: Iterable[str]) -> tuple[str, ...]:
     """Every user of a deployment: the administrator, each service, each tenant's host."""
-    return (ADMIN, *SERVICE_SUBJECTS, EVAL, *(host_user(t) for t in tenants))
+    return (ADMIN, PROVISION, *SERVICE_SUBJECTS, EVAL, *(host_user(t) for t in tenants))
+
+
+def host_account(tenant: str) -> str:
+    """The NATS account of a tenant's host."""
+    return f"HOST_{tenant}"
 
 
 def _consumer(stream: str, durable: str) -> list[str]:
-    """What a durable pull consumer's owner needs of JetStream: create, bind, fetch, ack."""
+    """What a durable pull consumer's owner needs of JetStream: bind, fetch, ack. Not create:
+    provisioning creates it (a create request could make it deliver anywhere)."""
     return [
-        f"{_JS}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
-        f"{_JS}.CONSUMER.CREATE.{stream}.{durable}",
-        f"{_JS}.CONSUMER.CREATE.{stream}.{durable}.>",
         f"{_JS}.CONSUMER.INFO.{stream}.{durable}",
         f"{_JS}.CONSUMER.MSG.NEXT.{stream}.{durable}",
         f"$JS.ACK.{stream}.{durable}.>",
     ]
 
 
-def _streams(names: Iterable[str]) -> list[str]:
-    """Declaring Writ's own streams (every service does at start), and nothing else."""
-    return [f"{_JS}.STREAM.{op}.{name}" for name in names for op in ("INFO", "CREATE", "UPDATE")]
+def _stream_info(names: Iterable[str]) -> list[str]:
+    """Reading Writ's streams' state, and nothing else of their management."""
+    return [f"{_JS}.STREAM.INFO.{name}" for name in names]
 
 
 def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
     stream, publishes, endpoints = SERVICE_SUBJECTS[name]
-    pub = [f"{_JS}.INFO", *_streams(_STATIC_STREAMS), *publishes, subjects.dead_letter(name)]
-    if stream is None:  # ingress: one consumer per tenant's host stream, which it declares
+    pub = [
+        f"{_JS}.INFO",
+        *_stream_info(_STATIC_STREAMS),
+        *publishes,
+        subjects.dead_letter(name),
+        *_REPLIES,
+    ]
+    if stream is None:  # ingress: one consumer per tenant's host stream
         tenant_streams = [subjects.in_stream(t) for t in tenants]
-        pub += _streams([*tenant_streams, *(subjects.out_stream(t) for t in tenants)])
+        pub += _stream_info([*tenant_streams, *(subjects.out_stream(t) for t in tenants)])
         for s in tenant_streams:
             pub += _consumer(s, name)
     elif stream:
@@ -269,32 +306,46 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
     return {
         "publish": {"allow": pub},
         "subscribe": {"allow": [*endpoints, "$SRV.>", f"{inbox_prefix(name)}.>"]},
-        "allow_responses": True,
     }
 
 
-def _host(tenant: str) -> dict[str, object]:
+def host_imports(tenant: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """What a tenant's host account imports from Writ's: (services as (Writ's subject, the
+    host's subject), streams). The host contract, and nothing more: its requests and reads,
+    its result stream's state and messages by sequence (no consumer: a consumer's
+    configuration names where it delivers), its results and progress events as they happen.
+
+    JetStream's API is imported under `HOST_JS_API` (`nc.jetstream(prefix=HOST_JS_API)`):
+    nats-server answers `$JS.API.>` itself in an account without JetStream, before imports."""
     out = subjects.out_stream(tenant)
-    user = host_user(tenant)
-    pub = [
-        *subjects.host_subjects(tenant),
-        host_read(tenant, "*"),
-        f"{_JS}.INFO",
-        f"{_JS}.STREAM.INFO.{out}",
-        f"{_JS}.CONSUMER.CREATE.{out}",
-        f"{_JS}.CONSUMER.CREATE.{out}.>",
-        f"{_JS}.CONSUMER.DURABLE.CREATE.{out}.*",
-        f"{_JS}.CONSUMER.INFO.{out}.*",
-        f"{_JS}.CONSUMER.DELETE.{out}.*",
-        f"{_JS}.CONSUMER.MSG.NEXT.{out}.*",
-        f"{_JS}.STREAM.MSG.GET.{out}",
-        f"{_JS}.DIRECT.GET.{out}",
-        f"{_JS}.DIRECT.GET.{out}.>",
-        f"$JS.ACK.{out}.>",
-        f"$JS.FC.{out}.>",
-    ]
-    sub = [subjects.result(tenant), subjects.planner_progress(tenant), f"{inbox_prefix(user)}.>"]
-    return {"publish": {"allow": pub}, "subscribe": {"allow": sub}}
+    services = (
+        *((s, s) for s in subjects.host_subjects(tenant)),
+        (host_read(tenant, "*"),) * 2,
+        *(
+            (f"{_JS}.{api}", f"{HOST_JS_API}.{api}")
+            for api in (
+                f"STREAM.INFO.{out}",
+                f"STREAM.MSG.GET.{out}",
+                f"DIRECT.GET.{out}",
+                f"DIRECT.GET.{out}.>",
+            )
+        ),
+    )
+    return services, (subjects.result(tenant), subjects.planner_progress(tenant))
+
+
+def _host(tenant: str) -> dict[str, object]:
+    services, streams = host_imports(tenant)
+    sub = [*streams, f"{inbox_prefix(host_user(tenant))}.>"]
+    return {"publish": {"allow": [local for _, local in services]}, "subscribe": {"allow": sub}}
+
+
+def _provision() -> dict[str, object]:
+    """Streams, consumers and buckets are created and changed by provisioning alone."""
+    return {
+        "publish": {"allow": [f"{_JS}.>"]},
+        "subscribe": {"allow": [f"{inbox_prefix(PROVISION)}.>"]},
+    }
 
 
 def _eval() -> dict[str, object]:
@@ -317,7 +368,7 @@ def permissions(tenants: Iterable[str]) -> dict[str, dict[str, object] | None]:
     for tenant in tenants:
         if not subjects.valid_tenant(tenant):
             raise ValueError(f"invalid tenant name {tenant!r}")
-    found: dict[str, dict[str, object] | None] = {ADMIN: None}
+    found: dict[str, dict[str, object] | None] = {ADMIN: None, PROVISION: _provision()}
     for name in SERVICE_SUBJECTS:
         found[name] = _service(name, tenants)
     found[EVAL] = _eval()
@@ -326,15 +377,50 @@ def permissions(tenants: Iterable[str]) -> dict[str, dict[str, object] | None]:
     return found
 
 
+def accounts(passwords: Mapping[str, str], tenants: Iterable[str]) -> dict[str, object]:
+    """The server's accounts: Writ's, with its users and what it exports to each tenant's host
+    account, and one account per tenant with its host's user and its imports."""
+    tenants = tuple(tenants)
+    perms = permissions(tenants)
+
+    def user(name: str) -> dict[str, object]:
+        entry: dict[str, object] = {"user": name, "password": passwords[name]}
+        if perms[name] is not None:
+            entry["permissions"] = perms[name]
+        return entry
+
+    exports: list[dict[str, object]] = []
+    found: dict[str, object] = {}
+    for tenant in tenants:
+        account = host_account(tenant)
+        services, streams = host_imports(tenant)
+        exports += [{"service": s, "accounts": [account]} for s, _ in services]
+        exports += [{"stream": s, "accounts": [account]} for s in streams]
+        found[account] = {
+            "users": [user(host_user(tenant))],
+            "imports": [
+                *(
+                    {"service": {"account": WRIT_ACCOUNT, "subject": s}, "to": local}
+                    for s, local in services
+                ),
+                *({"stream": {"account": WRIT_ACCOUNT, "subject": s}} for s in streams),
+            ],
+        }
+    writ_users = [ADMIN, PROVISION, *SERVICE_SUBJECTS, EVAL]
+    return {
+        WRIT_ACCOUNT: {
+            "jetstream": "enabled",
+            "users": [user(name) for name in writ_users],
+            "exports": exports,
+        },
+        **found,
+    }
+
+
 def auth_config(passwords: Mapping[str, str], tenants: Iterable[str]) -> str:
-    """The server's `authorization` block (NATS configuration accepts JSON)."""
-    entries = []
-    for user, perms in permissions(tenants).items():
-        entry: dict[str, object] = {"user": user, "password": passwords[user]}
-        if perms is not None:
-            entry["permissions"] = perms
-        entries.append(entry)
-    return "authorization " + json.dumps({"users": entries}, indent=2) + "\n"
+    """The server's `accounts` block (NATS configuration accepts JSON): a reload
+    (`nats-server --signal reload`) applies a changed one, a new tenant's account included."""
+    return "accounts " + json.dumps(accounts(passwords, tenants), indent=2) + "\n"
 
 
 def ensure_passwords(folder: Path, tenants: Iterable[str]) -> dict[str, str]:
@@ -349,3 +435,25 @@ def ensure_passwords(folder: Path, tenants: Iterable[str]) -> dict[str, str]:
                 out.write(secrets.token_urlsafe(24))
         passwords[user] = path.read_text().strip()
     return passwords
+
+
+def identity_table(tenant: str = "acme") -> str:
+    """docs/bus.md's table of identities: each user's account and what it may publish and
+    subscribe to, for one example tenant (tests/unit/test_natsauth.py keeps the page equal)."""
+    perms = permissions([tenant])
+    rows = [
+        "| identity | account | may publish (requests included) | may subscribe |",
+        "|---|---|---|---|",
+    ]
+    for name, perm in perms.items():
+        account = host_account(tenant) if name == host_user(tenant) else WRIT_ACCOUNT
+        if perm is None:
+            rows.append(f"| `{name}` | `{account}` | everything | everything |")
+            continue
+        publish = perm["publish"]["allow"]  # type: ignore[index]
+        subscribe = perm["subscribe"]["allow"]  # type: ignore[index]
+        rows.append(
+            f"| `{name}` | `{account}` | {', '.join(f'`{s}`' for s in publish)} "
+            f"| {', '.join(f'`{s}`' for s in subscribe)} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -24,10 +24,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry
 
-from libs.bus import connect, ensure_streams
+from libs.bus import connect
 from libs.deadline import expired
 from libs.faults import Faults
 from libs.health import Health
+from libs.replies import reply_allowed
 from libs.settings import BaseSettings, read_secret
 from libs.telemetry import (
     ActorMetrics,
@@ -51,6 +52,9 @@ __all__ = [
 
 VERSION = "0.1.0"
 log = logging.getLogger("writ.runtime")
+# Why an endpoint drops a request unhandled: past its requester's deadline, beyond its queue
+# bound, or naming a reply subject that is no inbox (libs/replies.py).
+_DROPPED = ("expired", "shed", "reply")
 
 
 class Endpoint:
@@ -68,8 +72,9 @@ class Endpoint:
     (`libs.deadline`, the `Writ-Deadline` header) is dropped unanswered before any work, when
     it arrives and again when its turn comes; and at most `max_pending` requests wait or run
     at once (default 8 × `concurrency`), a request beyond that answered at once with
-    `503 <name> overloaded: retry`. Both are counted in
-    `writ_<service>_requests_dropped_total{endpoint, reason="expired"|"shed"}`.
+    `503 <name> overloaded: retry`. A request whose reply subject is no inbox is dropped
+    unanswered before anything else (libs/replies.py). All are counted in
+    `writ_<service>_requests_dropped_total{endpoint, reason="expired"|"shed"|"reply"}`.
     """
 
     __slots__ = ("concurrency", "handler", "max_pending", "name", "subject")
@@ -146,7 +151,7 @@ class Batches:
     ) -> None:
         self._endpoint, self._tg = endpoint, tg
         self._dropped = metrics.requests_dropped
-        for reason in ("expired", "shed"):  # exported at 0 from the start
+        for reason in _DROPPED:  # exported at 0 from the start
             self._dropped.labels(endpoint.name, reason)
         self._queue: list[Request] = []
         self._running = 0
@@ -160,6 +165,9 @@ class Batches:
         return len(self._queue)
 
     async def __call__(self, request: Request) -> None:
+        if not reply_allowed(request._msg.reply):  # libs/replies.py: answered nowhere
+            self._dropped.labels(self._endpoint.name, "reply").inc()
+            return
         if expired(request.headers):  # it waited in the bus (the process frozen, or busy)
             self._dropped.labels(self._endpoint.name, "expired").inc()
             return
@@ -249,7 +257,7 @@ class Runtime:
         self.name = name
         # Every actor's longest redelivery backoff (WRIT_RETRY_BACKOFF_MAX_S; None: 30 s).
         self.retry_backoff_max_s = retry_backoff_max_s
-        # Replicas of any stream a service declares itself (WRIT_STREAM_REPLICAS).
+        # Replicas of Writ's streams (WRIT_STREAM_REPLICAS), as provisioning made them.
         self.stream_replicas = stream_replicas
         # `/livez` and `/readyz`: actors given it fetch only while NATS and PostgreSQL answer;
         # `main` registers its pools with `health.watch_pool`.
@@ -304,9 +312,6 @@ async def serve(
     )
     micro: Any = None
     try:
-        await ensure_streams(
-            js, replicas=settings.stream_replicas, duplicate_window_s=settings.duplicate_window_s
-        )
         metrics.start()
         if metrics_port_file:
             _write_atomically(metrics_port_file, str(metrics.port))
@@ -371,7 +376,7 @@ def in_tasks(
         return Batches(endpoint, tg, metrics)
     limiter = anyio.CapacityLimiter(endpoint.concurrency)
     dropped = metrics.requests_dropped
-    for reason in ("expired", "shed"):  # exported at 0 from the start, for rates and alerts
+    for reason in _DROPPED:  # exported at 0 from the start, for rates and alerts
         dropped.labels(endpoint.name, reason)
     pending = 0
 
@@ -388,6 +393,9 @@ def in_tasks(
 
     async def dispatch(request: Request) -> None:
         nonlocal pending
+        if not reply_allowed(request._msg.reply):  # libs/replies.py: answered nowhere
+            dropped.labels(endpoint.name, "reply").inc()
+            return
         if expired(request.headers):  # it waited in the bus (the process frozen, or busy)
             dropped.labels(endpoint.name, "expired").inc()
             return

@@ -33,11 +33,13 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     metrics_port_file: str = ""
     faults_file: str = ""  # tests only: see libs/faults.py
     otel_spans_file: str = ""  # append finished spans as JSON lines to `<this>.<instance>`
-    # JetStream's Nats-Msg-Id dedupe horizon for streams this process declares (0: the defaults
-    # of schemas/subjects.py). The fault suite shortens it to outlive it.
+    # JetStream's Nats-Msg-Id dedupe horizon of Writ's streams (0: the defaults of
+    # schemas/subjects.py), which provisioning sets (`writ nats provision` reads the same
+    # variable; a service declares nothing). The fault suite shortens it to outlive it.
     duplicate_window_s: float = 0.0
-    # Replicas of the streams this process declares: 3 in production (a three-node JetStream
-    # cluster across zones), 1 for the embedded single server.
+    # Replicas of Writ's streams and buckets, which provisioning sets (`writ nats provision`
+    # reads the same variable): 3 in production (a three-node JetStream cluster across zones),
+    # 1 for the embedded single server.
     stream_replicas: int = 1
     drain_timeout_s: float = 10.0
     # The longest a retried delivery waits before its next try (0.25 s doubling up to this):

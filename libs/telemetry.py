@@ -240,7 +240,8 @@ class ActorMetrics:
             registry=registry,
         )
         # Request/reply: requests an endpoint dropped before any work, `expired` (past the
-        # requester's `Writ-Deadline`: nobody waits for the answer) or `shed` (its queue full).
+        # requester's `Writ-Deadline`: nobody waits for the answer), `shed` (its queue full)
+        # or `reply` (its reply subject is no inbox: libs/replies.py).
         self.requests_dropped = Counter(
             f"writ_{service}_requests_dropped",
             "Requests an endpoint dropped unhandled, by reason",

@@ -31,7 +31,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from libs.db import load_migrations, provision, provision_auditor, role_name, with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.journal import AUDITOR_TABLES, DataKeys, SigningKey
-from libs.natsauth import ADMIN, auth_config, ensure_passwords, host_user, inbox_prefix
+from libs.natsauth import (
+    ADMIN,
+    PROVISION,
+    auth_config,
+    ensure_passwords,
+    host_user,
+    inbox_prefix,
+)
+from libs.provision import provision_bus
 
 __all__ = ["JOURNALS", "SERVICES", "Stack", "mint_token"]
 
@@ -271,6 +279,30 @@ class Stack:
         self.policies.mkdir(exist_ok=True)
         self._journal_keys()
         await self._seed_demo()
+        await self.provision_bus()
+
+    async def provision_bus(self) -> None:
+        """Every stream, durable consumer and bucket, as `writ nats provision` does, connected
+        as provisioning's identity (libs/provision.py): the services find them made. The
+        tenants are the demo's and every one registered (`config/tenant-keys.json`); the
+        limits are the ones the services are configured with (`extra_env`)."""
+        registered = json.loads((self.config / "tenant-keys.json").read_text())
+        tenants = sorted({*self.tenants, *registered})
+        dispatcher = self.service_env("dispatcher")
+        nc = await nats.connect(
+            self._nats_url or self.nats_url,
+            **(self.nats_options(PROVISION) if self.embedded_nats is not None else {}),
+        )
+        try:
+            await provision_bus(
+                nc.jetstream(),
+                tenants,
+                replicas=int(dispatcher.get("WRIT_STREAM_REPLICAS", "1")),
+                duplicate_window_s=float(dispatcher.get("WRIT_DUPLICATE_WINDOW_S", "0")),
+                dispatcher_lease_s=float(dispatcher.get("WRIT_LEASE_S", "30")),
+            )
+        finally:
+            await nc.close()
 
     async def _retire_shared_host_streams(self) -> None:
         """Delete the streams one `WRIT_IN` / `WRIT_OUT` for every tenant that deployments

@@ -98,7 +98,6 @@ def main() -> None:
             max_body_bytes=settings.max_request_bytes,
             answer_timeout_s=settings.http_answer_timeout_s,
             endpoints=rt.endpoints,
-            stream_replicas=rt.stream_replicas,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)

@@ -8,6 +8,7 @@ learns on `writ.out.results.<tenant>` whether the run took it).
 from __future__ import annotations
 
 import functools
+import logging
 
 import anyio
 import anyio.abc
@@ -17,9 +18,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from prometheus_client import Counter
 
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, ensure_streams, publish
+from libs.bus import ConsumerSpec, publish
 from libs.deadline import timed_request
 from libs.errors import ConfigError, RetryableError
+from libs.provision import ConsumerMissing, bind_consumer
 from libs.runstart import start_run
 from libs.runtime import Runtime
 from schemas import subjects
@@ -57,6 +59,8 @@ from services.ingress.logic import (
 )
 
 __all__ = ["IngressService"]
+
+log = logging.getLogger("writ.ingress")
 
 _REVIEW_TAKEN_DECODER = msgspec.json.Decoder(ReviewTaken)
 
@@ -103,23 +107,25 @@ class IngressService:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Declare each known tenant's streams and consume their host messages until stopped.
+        """Consume each known tenant's host messages until stopped.
 
-        Only tenants with an issuer key get streams: a host message on any other tenant's
-        subject is refused by the server and stored nowhere, and results can exist only for
-        tenants Writ holds.
+        Each tenant's streams and ingress's consumer on them are provisioned
+        (libs/provision.py), for the tenants with an issuer key only: a host message on any
+        other tenant's subject is refused by the server and stored nowhere, and results can
+        exist only for tenants Writ holds. A tenant registered but not provisioned yet is not
+        served on NATS (logged), and the others are: ingress creates nothing.
         """
         tenants = sorted(self._keys)
         for tenant in tenants:
             if not subjects.valid_tenant(tenant):
                 raise ConfigError(f"tenant {tenant!r} cannot name a subject or a stream")
-        await ensure_streams(
-            self._rt.js,
-            [spec for tenant in tenants for spec in subjects.tenant_streams(tenant)],
-            replicas=self._rt.stream_replicas,
-        )
         async with anyio.create_task_group() as tg:
             for tenant in tenants:
+                try:
+                    await bind_consumer(self._rt.js, inbox(tenant))
+                except ConsumerMissing as exc:
+                    log.error("tenant %s is not served on NATS: %s", tenant, exc)
+                    continue
                 await tg.start(
                     functools.partial(
                         run_actor,

@@ -298,10 +298,25 @@ def test_migrate_runs_as_the_owner_with_every_role_password(rendered: list[dict[
     mounted = {m["mountPath"] for m in container["volumeMounts"]}
     roles_dir = env["WRIT_ROLE_PASSWORDS_DIR"]["value"]
     assert {f"{roles_dir}/{name}" for name in WITH_DATABASE} <= mounted
-    # It mounts database credentials only: no journal key, no connector or model secret.
+    # It mounts database credentials only (and, for provisioning the bus, the NATS user
+    # `provision`'s password): no journal key, no connector or model secret.
     assert all(
-        s == "writ-db-app" or s.startswith("writ-pg-") for s in _secrets(job["spec"]["template"])
+        s in ("writ-db-app", "writ-nats-provision") or s.startswith("writ-pg-")
+        for s in _secrets(job["spec"]["template"])
     )
+
+
+def test_the_migrate_job_provisions_the_bus_first(production: list[dict[str, Any]]) -> None:
+    # Streams, consumers and buckets are made by provisioning alone, before any service binds.
+    [job] = by_kind(production, "Job")
+    spec = job["spec"]["template"]["spec"]
+    [init] = spec["initContainers"]
+    assert init["args"][:2] == ["nats", "provision"]
+    env = _env(init)
+    assert env["WRIT_NATS_URL"] and env["WRIT_STREAM_REPLICAS"]
+    if "WRIT_NATS_PASSWORD_FILE" in env:
+        mounted = {m["name"] for m in init["volumeMounts"]}
+        assert mounted == {"nats-provision"}
 
 
 # -- isolation -------------------------------------------------------------------------------

@@ -212,10 +212,11 @@ class Host:
                 await anyio.sleep(0.1)
 
     async def results(self, request_id: str, *, tenant: str = "acme") -> list[Any]:
-        """Every result on the host's stream for this request, read from the start."""
+        """Every result on the host's stream for this request, read from the start (as the
+        administrator: a host may not create consumers, whose configuration names where
+        they deliver; it reads its results as they come, or its stream by sequence)."""
         found = []
-        js = await self.tenant_js(tenant)
-        sub = await js.subscribe(
+        sub = await self.js.subscribe(
             subjects.result(tenant),
             stream=subjects.out_stream(tenant),
             ordered_consumer=True,

@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, publish
+from libs.bus import ConsumerSpec, ensure_consumer, publish
 from libs.errors import Fenced, PermanentError, RetryableError
 from libs.telemetry import ActorMetrics
 from schemas.subjects import dead_letter
@@ -170,12 +170,14 @@ async def running(
     spec: ConsumerSpec | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[None]:
+    spec = spec or b.spec()
+    await ensure_consumer(b.js, spec)  # provisioning's part (libs/provision.py)
     async with anyio.create_task_group() as tg:
         await tg.start(
             partial(
                 run_actor,
                 js=b.js,
-                spec=spec or b.spec(),
+                spec=spec,
                 decoder=DECODER,
                 handler=handler,
                 metrics=b.metrics,
@@ -408,6 +410,7 @@ async def test_stopping_drains_the_handler_in_flight(bed: Bed) -> None:
     stopping = anyio.Event()
 
     async def actor(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        await ensure_consumer(bed.js, bed.spec())
         await run_actor(
             js=bed.js,
             spec=bed.spec(),
@@ -453,6 +456,7 @@ async def test_stopping_with_all_slots_busy_fetches_nothing_more(bed: Bed) -> No
     stopping = anyio.Event()
 
     async def actor(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        await ensure_consumer(bed.js, bed.spec())
         await run_actor(
             js=bed.js,
             spec=bed.spec(),
@@ -635,6 +639,7 @@ async def test_an_idle_inbox_keeps_every_slot_for_the_messages_that_come_later(b
         finally:
             in_flight -= 1
 
+    await ensure_consumer(bed.js, bed.spec())
     async with anyio.create_task_group() as tg:
         await tg.start(
             partial(

@@ -3,6 +3,7 @@ checked by the same verification as both doors (`verify_token`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nats.aio.client import Client
 
+from libs.provision import CONSOLE_BUCKET, ensure_bucket
 from services.ingress.console._session import COOKIE, Refused, Sessions, _digest, _Session
 from services.ingress.logic import (
     SIGN_IN_WINDOW_S,
@@ -75,7 +77,10 @@ def _link(principal: str = "ops@acme.example", **claims: Any) -> str:
 
 @pytest.fixture
 async def sessions(nc: Client, unique: str) -> AsyncIterator[Sessions]:
-    """Sessions in a bucket of the test's own, deleted after it."""
+    """Sessions in a bucket of the test's own (provisioned like the console's), deleted
+    after it."""
+    config = dataclasses.replace(CONSOLE_BUCKET, bucket=f"CONSOLE_{unique}")
+    await ensure_bucket(nc.jetstream(), config, replicas=1)
     yield await Sessions.open(nc.jetstream(), _Door(), bucket=f"CONSOLE_{unique}")
     await nc.jetstream().delete_key_value(f"CONSOLE_{unique}")
 

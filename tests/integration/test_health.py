@@ -20,7 +20,7 @@ from nats.js.api import StreamConfig
 from prometheus_client import CollectorRegistry
 
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec
+from libs.bus import ConsumerSpec, ensure_consumer
 from libs.db import connect_pool
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.health import Health
@@ -84,6 +84,7 @@ class _Deployment:
         await self.js.add_stream(
             StreamConfig(name=f"{self.stream}_DLQ", subjects=[dead_letter(self.spec.durable)])
         )
+        await ensure_consumer(self.js, self.spec)  # provisioning's part (libs/provision.py)
         await self.pool.execute("CREATE TABLE IF NOT EXISTS handled (n int PRIMARY KEY)")
 
     async def handle(self, delivery: Delivery[Any]) -> None:

@@ -7,6 +7,7 @@ import msgspec
 import pytest
 from nats.aio.client import Client
 
+from libs.provision import IDEMPOTENCY_BUCKET, ensure_bucket
 from schemas.api import StartRun
 from schemas.host import RunResult
 from services.ingress.http._idempotency import Idempotency, fingerprint
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_the_first_answer_is_kept_and_another_body_is_a_conflict(private_nc: Client) -> None:
+    await ensure_bucket(private_nc.jetstream(), IDEMPOTENCY_BUCKET, replicas=1)  # provisioning
     store = await Idempotency.open(private_nc.jetstream())
     again = await Idempotency.open(private_nc.jetstream())  # the bucket exists: reused
     body = StartRun(agent="crm-assistant", input="x")

@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry
 
-from libs.bus import ensure_streams
+from libs.provision import provision_bus
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
@@ -45,7 +45,7 @@ KEYS = {
 @pytest.fixture
 async def nc(private_nc: Client) -> Client:
     """This module's own nats-server (see conftest.py), with Writ's streams."""
-    await ensure_streams(private_nc.jetstream())
+    await provision_bus(private_nc.jetstream(), ["acme"])
     return private_nc
 
 

@@ -23,11 +23,11 @@ from prometheus_client import CollectorRegistry
 from actions import ACTIONS
 from libs import budget
 from libs.budget import BudgetUnavailable
-from libs.bus import ensure_streams
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
 from libs.embedded import EmbeddedNats
 from libs.errors import RetryableError
 from libs.journal import DataKeys, Journal, Sealer, SigningKey
+from libs.provision import provision_bus
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
@@ -187,7 +187,7 @@ class Env(msgspec.Struct, kw_only=True):
 async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> AsyncIterator[Env]:
     nc = await nats.connect(private_nats.url)
     # Writ's streams, and the results stream of the tenant these runs belong to.
-    await ensure_streams(nc.jetstream(), [*subjects.STREAMS, *subjects.tenant_streams("acme")])
+    await provision_bus(nc.jetstream(), ["acme"])
     database = scratch_db.rsplit("/", 1)[1]
     passwords = await provision(
         scratch_db,

@@ -22,10 +22,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from actions import ACTIONS
-from libs.bus import ensure_streams, publish
+from libs.bus import publish
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
 from libs.embedded import EmbeddedNats
 from libs.journal import DataKeys, Journal
+from libs.provision import provision_bus
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
@@ -100,7 +101,7 @@ async def test_one_planner_handles_its_runs_deliveries_at_once(
     database = dsn.rsplit("/", 1)[1]
     nc = await nats.connect(private_nats.url)
     js = nc.jetstream()
-    await ensure_streams(js, [*subjects.STREAMS, *subjects.tenant_streams("acme")])
+    await provision_bus(js, ["acme"])
 
     def role_dsn(name: str) -> str:
         return with_database(

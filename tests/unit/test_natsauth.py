@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from libs.natsauth import (
     ADMIN,
+    EVAL,
     JOURNALED,
+    PROVISION,
     SERVICE_SUBJECTS,
+    WRIT_ACCOUNT,
+    accounts,
     auth_config,
+    host_account,
     host_user,
+    identity_table,
     permissions,
     users,
 )
@@ -159,3 +167,95 @@ def test_only_ingress_registers_a_run_with_grants_and_only_the_planner_a_turn() 
         assert senders == {sender}, subject
         governance = perms["governance"]
         assert governance is not None and subject in _allowed(governance, "subscribe")
+
+
+# JetStream's management API: what creates, changes or removes a stream or a consumer.
+_MANAGEMENT = (
+    "$JS.API.STREAM.CREATE.",
+    "$JS.API.STREAM.UPDATE.",
+    "$JS.API.STREAM.DELETE.",
+    "$JS.API.STREAM.PURGE.",
+    "$JS.API.STREAM.MSG.DELETE.",
+    "$JS.API.CONSUMER.CREATE.",
+    "$JS.API.CONSUMER.DURABLE.CREATE.",
+    "$JS.API.CONSUMER.DELETE.",
+)
+
+
+def test_no_runtime_identity_may_manage_a_stream_or_create_a_durable_consumer() -> None:
+    perms = permissions(["acme", "globex"])
+    runtime = [*SERVICE_SUBJECTS, EVAL, host_user("acme"), host_user("globex")]
+    for name in runtime:
+        published = _allowed(perms[name] or {}, "publish")
+        managing = [s for s in published if s.startswith(_MANAGEMENT) or s.startswith("$JS.API.>")]
+        # ingress reads chat sessions with ordered consumers: ephemeral, unnamed.
+        expected = ["$JS.API.CONSUMER.CREATE.WRIT_CHAT"] if name == "ingress" else []
+        assert managing == expected, (name, managing)
+        assert "allow_responses" not in (perms[name] or {}), name
+    assert _allowed(perms[PROVISION] or {}, "publish") == ["$JS.API.>"]
+
+
+def test_services_answer_on_inboxes_only() -> None:
+    perms = permissions(["acme"])
+    for name in SERVICE_SUBJECTS:
+        published = _allowed(perms[name] or {}, "publish")
+        assert "_INBOX.>" in published and "_R_.>" in published
+        # Nothing else a reply could be steered to that JetStream would take as a request.
+        assert not [
+            s
+            for s in published
+            if s.startswith("$JS.API.")
+            and "INFO" not in s
+            and "MSG.NEXT" not in s
+            and "MSG.GET" not in s
+            and "DIRECT.GET" not in s
+            and s != "$JS.API.CONSUMER.CREATE.WRIT_CHAT"
+        ], name
+
+
+def test_each_tenants_host_has_an_account_importing_its_contract_only() -> None:
+    found = accounts({u: "pw" for u in users(["acme", "globex"])}, ["acme", "globex"])
+    assert set(found) == {WRIT_ACCOUNT, host_account("acme"), host_account("globex")}
+    writ = found[WRIT_ACCOUNT]
+    assert {u["user"] for u in writ["users"]} == {ADMIN, PROVISION, EVAL, *SERVICE_SUBJECTS}
+    for tenant, other in (("acme", "globex"), ("globex", "acme")):
+        account = found[host_account(tenant)]
+        assert [u["user"] for u in account["users"]] == [host_user(tenant)]
+        imported = [
+            (kind, i[kind]["subject"])
+            for i in account["imports"]
+            for kind in ("service", "stream")
+            if kind in i
+        ]
+        # JetStream's API under a prefix of the host's own (the server answers `$JS.API.>`
+        # itself in an account without JetStream).
+        assert {i["to"] for i in account["imports"] if "to" in i and "$JS" in i["to"]} == {
+            f"$JS.WRIT.API.{api}.WRIT_OUT_{tenant}{tail}"
+            for api, tail in (
+                ("STREAM.INFO", ""),
+                ("STREAM.MSG.GET", ""),
+                ("DIRECT.GET", ""),
+                ("DIRECT.GET", ".>"),
+            )
+        }
+        for kind, subject in imported:
+            assert tenant in subject and other not in subject
+            assert not subject.startswith(_MANAGEMENT) and "CONSUMER" not in subject
+            assert kind in ("service", "stream")
+        assert ("service", "writ.in.requests." + tenant) in imported
+        assert ("stream", "writ.out.results." + tenant) in imported
+        # Writ exports each of them to this tenant's account alone.
+        exported = {
+            e.get("service") or e.get("stream")
+            for e in writ["exports"]
+            if e["accounts"] == [host_account(tenant)]
+        }
+        assert exported == {subject for _, subject in imported}
+    assert all(len(e["accounts"]) == 1 for e in writ["exports"])
+
+
+def test_the_bus_page_shows_the_identities_as_the_code_defines_them() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "bus.md").read_text()
+    shown = page.split("<!-- identities:begin -->\n", 1)[1].split("<!-- identities:end -->")[0]
+    # Regenerate: python -c "from libs.natsauth import identity_table; print(identity_table())"
+    assert shown == identity_table()

@@ -3,6 +3,7 @@
 writ run                  start everything locally and run the demo (what `make run` does)
 writ service <name>       run one service process (what a Kubernetes Deployment runs)
 writ migrate              provision the service roles and apply migrations (--check [--wait])
+writ nats provision       create or update every stream, durable consumer and KV bucket
 writ schemas --write      regenerate the committed JSON Schemas and the OpenAPI/AsyncAPI files
 writ token ...            mint a host token with a tenant's demo key (or --key)
 writ tenant add T --public-key PEM   register a tenant and its issuer's key

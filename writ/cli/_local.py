@@ -1,10 +1,11 @@
 """The commands of the local deployment and of development: `writ service`, `run`, `chat`,
-`schemas`, `nats-auth`, `token`, `console` and `tenant`."""
+`schemas`, `nats-auth`, `nats provision`, `token`, `console` and `tenant`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ def _tenant(args: argparse.Namespace) -> int:
 
 
 def _nats_auth(args: argparse.Namespace) -> int:
-    """Print the nats-server `authorization` block for these tenants (libs/natsauth.py),
+    """Print the nats-server `accounts` block for these tenants (libs/natsauth.py),
     generating the users' password files that do not exist yet."""
     from libs.natsauth import auth_config, ensure_passwords
 
@@ -120,6 +121,46 @@ def _nats_auth(args: argparse.Namespace) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     tenants = args.tenant or ["acme"]
     print(auth_config(ensure_passwords(folder, tenants), tenants), end="")
+    return 0
+
+
+def _nats_provision(args: argparse.Namespace) -> int:
+    """Create or update every stream, durable consumer and bucket (libs/provision.py), as the
+    NATS user `provision`; idempotent."""
+    import json
+
+    import anyio
+    import nats
+
+    from libs.natsauth import PROVISION
+    from libs.provision import provision_bus
+    from libs.settings import read_secret
+
+    url = args.url or os.environ.get("WRIT_NATS_URL", "")
+    if not url:
+        print("writ nats provision: no --url and no WRIT_NATS_URL", file=sys.stderr)
+        return 2
+    tenants = set(args.tenant)
+    if args.tenant_keys:
+        tenants |= set(json.loads(Path(args.tenant_keys).read_text()))
+    password_file = args.password_file or os.environ.get("WRIT_NATS_PASSWORD_FILE", "")
+    options = {"user": args.user, "password": read_secret(password_file)} if password_file else {}
+
+    async def provision() -> None:
+        nc = await nats.connect(url, inbox_prefix=f"_INBOX.{args.user}", **options)
+        try:
+            await provision_bus(
+                nc.jetstream(),
+                sorted(tenants),
+                replicas=args.replicas,
+                duplicate_window_s=args.duplicate_window_s,
+                dispatcher_lease_s=args.lease_s,
+            )
+        finally:
+            await nc.close()
+
+    anyio.run(provision)
+    print(f"bus provisioned for {len(tenants)} tenants (as {args.user or PROVISION})")
     return 0
 
 
@@ -131,7 +172,8 @@ def add_service_parser(sub: Any) -> None:
 
 
 def add_parsers(sub: Any) -> None:
-    """`writ run`, `chat`, `schemas`, `nats-auth`, `token`, `console` and `tenant`."""
+    """`writ run`, `chat`, `schemas`, `nats-auth`, `nats provision`, `token`, `console`,
+    `tenant`."""
     p = sub.add_parser("run", help="start Writ locally and run the demo request")
     p.add_argument("--home", default=".writ", help="data folder (default: .writ)")
     p.add_argument("--once", action="store_true", help="stop after the demo run")
@@ -160,7 +202,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--write", action="store_true")
     p.set_defaults(func=_schemas)
 
-    p = sub.add_parser("nats-auth", help="print NATS users and permissions for a deployment")
+    p = sub.add_parser(
+        "nats-auth", help="print NATS accounts, users and permissions for a deployment"
+    )
     p.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
     p.add_argument(
         "--passwords",
@@ -169,6 +213,37 @@ def add_parsers(sub: Any) -> None:
     )
     p.set_defaults(func=_nats_auth)
 
+    p = sub.add_parser("nats", help="the bus: `provision` its streams, consumers and buckets")
+    nats_sub = p.add_subparsers(dest="action", required=True)
+    prov = nats_sub.add_parser(
+        "provision", help="create or update every stream, durable consumer and bucket"
+    )
+    prov.add_argument("--url", default="", help="the NATS server (default: WRIT_NATS_URL)")
+    prov.add_argument("--user", default="provision", help="provisioning's NATS user")
+    prov.add_argument(
+        "--password-file", default="", help="its password (default: WRIT_NATS_PASSWORD_FILE)"
+    )
+    prov.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
+    prov.add_argument("--tenant-keys", default="", help="a tenant keys file: each of its tenants")
+    prov.add_argument(
+        "--replicas",
+        type=int,
+        default=int(os.environ.get("WRIT_STREAM_REPLICAS", "1")),
+        help="replicas of every stream and bucket (default: WRIT_STREAM_REPLICAS, or 1)",
+    )
+    prov.add_argument(
+        "--duplicate-window-s",
+        type=float,
+        default=float(os.environ.get("WRIT_DUPLICATE_WINDOW_S", "0")),
+        help="Nats-Msg-Id dedupe window of Writ's streams (0: schemas/subjects.py's)",
+    )
+    prov.add_argument(
+        "--lease-s",
+        type=float,
+        default=float(os.environ.get("WRIT_LEASE_S", "30")),
+        help="the dispatcher's lease: its consumer's ack wait (default: WRIT_LEASE_S, or 30)",
+    )
+    prov.set_defaults(func=_nats_provision)
     p = sub.add_parser("token", help="mint a host token with a tenant's demo key")
     p.add_argument("--home", default=".writ")
     p.add_argument("--tenant", default="acme")

@@ -26,16 +26,14 @@ import jwt
 import msgspec
 from litestar import Request
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from libs.bus import open_bucket
+from libs.provision import CONSOLE_BUCKET, bind_bucket
 from services.ingress.logic import (
     APPROVER_ROLE,
     AUDITOR_ROLE,
     LEEWAY_S,
-    MAX_TOKEN_TTL_S,
     SIGN_IN_WINDOW_S,
     Rejection,
     token_tenant,
@@ -46,7 +44,7 @@ if TYPE_CHECKING:  # the HTTP door imports the console: only its type is needed 
 
 __all__ = ["BUCKET", "COOKIE", "Refused", "Sessions", "Viewer"]
 
-BUCKET: Final = "WRIT_CONSOLE"
+BUCKET: Final = CONSOLE_BUCKET.bucket
 COOKIE: Final = "writ_console"
 CONSOLE_ROLES: Final = frozenset({APPROVER_ROLE, AUDITOR_ROLE})
 _CSRF_LABEL: Final = b"writ-console-csrf-v1"
@@ -99,25 +97,9 @@ class Sessions:
         self._decoder = msgspec.json.Decoder(_Session)
 
     @classmethod
-    async def open(
-        cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET, replicas: int = 1
-    ) -> Sessions:
-        """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS, as the
-        Idempotency-Key bucket); entries outlive the longest token a little."""
-        return cls(
-            await open_bucket(
-                js,
-                KeyValueConfig(
-                    bucket=bucket,
-                    history=1,
-                    ttl=MAX_TOKEN_TTL_S + 300,
-                    max_value_size=16 * 1024,
-                    description="The approval console's sessions and used sign-in links",
-                ),
-                replicas=replicas,
-            ),
-            door,
-        )
+    async def open(cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET) -> Sessions:
+        """The bucket, as provisioned (libs/provision.py): ingress never creates it."""
+        return cls(await bind_bucket(js, bucket), door)
 
     def verify(self, token: str, *, signed_in: bool = False) -> Viewer:
         """The viewer a token names (signature, audience, expiry and lifetime checked as the

@@ -15,17 +15,15 @@ from typing import Final
 import msgspec
 import rfc8785
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from libs.bus import open_bucket
+from libs.provision import IDEMPOTENCY_BUCKET, bind_bucket
 from services.ingress.http._problems import ApiError
 
 __all__ = ["BUCKET", "Answer", "Idempotency", "fingerprint"]
 
-BUCKET: Final = "WRIT_IDEMPOTENCY"
-TTL_S: Final = 24 * 3600.0
+BUCKET: Final = IDEMPOTENCY_BUCKET.bucket
 
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,21 +50,9 @@ class Idempotency:
         self._encoder = msgspec.json.Encoder()
 
     @classmethod
-    async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> Idempotency:
-        """The bucket, created on first use at `replicas` (WRIT_STREAM_REPLICAS)."""
-        return cls(
-            await open_bucket(
-                js,
-                KeyValueConfig(
-                    bucket=BUCKET,
-                    history=1,
-                    ttl=TTL_S,
-                    max_value_size=256 * 1024,
-                    description="HTTP Idempotency-Key: fingerprint and first answer",
-                ),
-                replicas=replicas,
-            )
-        )
+    async def open(cls, js: JetStreamContext, *, bucket: str = BUCKET) -> Idempotency:
+        """The bucket, as provisioned (libs/provision.py): ingress never creates it."""
+        return cls(await bind_bucket(js, bucket))
 
     @staticmethod
     def _key(tenant: str, key: str) -> str:

@@ -55,7 +55,6 @@ class HttpServer:
         max_body_bytes: int = 64 * 1024,
         answer_timeout_s: float = 30.0,
         endpoints: list[Endpoint] | None = None,
-        stream_replicas: int = 1,
     ) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
         self._host, self._port, self._port_file = host, port, port_file
@@ -63,7 +62,6 @@ class HttpServer:
         self.port = 0
         # The process's micro endpoints: the same reads for hosts on NATS join them.
         self._endpoints = endpoints
-        self._replicas = stream_replicas  # the door's two buckets', like every stream's
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -76,7 +74,7 @@ class HttpServer:
         api = Api(
             door=self._door,
             nc=self._nc,
-            idempotency=await Idempotency.open(self._js, replicas=self._replicas),
+            idempotency=await Idempotency.open(self._js),
             results=results,
             console_key=console_key,
         )
@@ -92,9 +90,7 @@ class HttpServer:
         client = ApiClient(
             f"http://{_netloc(loopback, self.port)}{PREFIX}", console_key=console_key
         )
-        console = console_router(
-            await Sessions.open(self._js, self._door, replicas=self._replicas), client
-        )
+        console = console_router(await Sessions.open(self._js, self._door), client)
         app = build_app(
             api,
             max_body_bytes=self._max_body,

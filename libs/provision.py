@@ -1,0 +1,162 @@
+"""Provisioning the bus: every stream, durable consumer and key-value bucket Writ uses.
+
+Streams, consumers, buckets and their limits are created and changed here and nowhere else:
+by `writ nats provision` (which `writ run` and the local `Stack` run before any service
+starts, and the chart's migration Job runs with `writ migrate`), connected as the NATS user
+`provision`, an identity used for nothing else (libs/natsauth.py). No service and no host
+may create, update, delete or purge a stream, nor create a durable consumer: a service binds
+to the consumer provisioned for it (`libs.actor.run_actor`) and opens the buckets it uses as
+they are.
+
+Idempotent: run again, it creates what is missing and updates what differs (a new tenant's
+streams and ingress's consumer on them, a changed limit). The audit record's deny-delete and
+deny-purge are set here, and the server refuses any update that lifts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Final
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from libs.bus import ConsumerSpec, ensure_consumer, ensure_streams
+from schemas import subjects
+
+__all__ = [
+    "CONSOLE_BUCKET",
+    "EVAL_DURABLE",
+    "IDEMPOTENCY_BUCKET",
+    "BUCKETS",
+    "ConsumerMissing",
+    "bind_bucket",
+    "bind_consumer",
+    "consumers",
+    "ensure_bucket",
+    "provision_bus",
+]
+
+# The HTTP door's `Idempotency-Key` bucket: the first answer under each key, for 24 hours.
+IDEMPOTENCY_BUCKET: Final = KeyValueConfig(
+    bucket="WRIT_IDEMPOTENCY",
+    history=1,
+    ttl=24 * 3600.0,
+    max_value_size=256 * 1024,
+    description="HTTP Idempotency-Key: fingerprint and first answer",
+)
+# The approval console's sessions and used sign-in links; entries outlive the longest token
+# (an hour) a little.
+CONSOLE_BUCKET: Final = KeyValueConfig(
+    bucket="WRIT_CONSOLE",
+    history=1,
+    ttl=3600.0 + 300,
+    max_value_size=16 * 1024,
+    description="The approval console's sessions and used sign-in links",
+)
+BUCKETS: Final = (IDEMPOTENCY_BUCKET, CONSOLE_BUCKET)
+# The shadow evaluation's copy of the runs that start (`writ eval shadow`).
+EVAL_DURABLE: Final = "eval"
+
+
+class ConsumerMissing(RuntimeError):
+    """A durable consumer or bucket a process binds to was never provisioned."""
+
+
+def consumers(tenants: Iterable[str], *, dispatcher_lease_s: float = 30.0) -> list[ConsumerSpec]:
+    """Every durable consumer of a deployment: each service's inbox, ingress's on each
+    tenant's host stream, and the shadow evaluation's. The dispatcher's `ack_wait` is its
+    lease's clock (`WRIT_LEASE_S` of the dispatcher)."""
+    found = [
+        ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN),
+        ConsumerSpec(
+            stream="WRIT_INT", durable="governance", filter_subjects=subjects.GOVERNANCE_IN
+        ),
+        ConsumerSpec(stream="WRIT_INT", durable="admission", filter_subjects=subjects.ADMISSION_IN),
+        ConsumerSpec(
+            stream="WRIT_CMD",
+            durable="dispatcher",
+            filter_subjects=subjects.DISPATCH_IN,
+            ack_wait_s=dispatcher_lease_s,
+            max_deliver=50,
+        ),
+        ConsumerSpec(
+            stream="WRIT_INT",
+            durable=EVAL_DURABLE,
+            filter_subjects=("writ.int.evidence.*",),
+            deliver_new=True,
+        ),
+    ]
+    for tenant in tenants:
+        found.append(
+            ConsumerSpec(
+                stream=subjects.in_stream(tenant),
+                durable="ingress",
+                filter_subjects=subjects.host_subjects(tenant),
+            )
+        )
+    return found
+
+
+async def bind_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Check that `spec`'s durable consumer exists; a process never creates one.
+
+    Raises:
+        ConsumerMissing: it was not provisioned (`writ nats provision`).
+    """
+    try:
+        await js.consumer_info(spec.stream, spec.durable)
+    except NotFoundError as exc:
+        raise ConsumerMissing(
+            f"consumer {spec.durable} on stream {spec.stream} does not exist: "
+            "provision the bus first (writ nats provision)"
+        ) from exc
+
+
+async def bind_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
+    """A provisioned key-value bucket, opened as it is.
+
+    Raises:
+        ConsumerMissing: it was not provisioned (`writ nats provision`).
+    """
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError as exc:
+        raise ConsumerMissing(
+            f"bucket {bucket} does not exist: provision the bus first (writ nats provision)"
+        ) from exc
+
+
+async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, replicas: int) -> None:
+    """Create a key-value bucket at `replicas`, or leave it as it is if it exists."""
+    try:
+        await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        await js.create_key_value(dataclasses.replace(config, replicas=replicas))
+
+
+async def provision_bus(
+    js: JetStreamContext,
+    tenants: Iterable[str],
+    *,
+    replicas: int = 1,
+    duplicate_window_s: float = 0.0,
+    dispatcher_lease_s: float = 30.0,
+) -> None:
+    """Create or update every stream, durable consumer and bucket of a deployment."""
+    tenants = tuple(tenants)
+    await ensure_streams(
+        js, subjects.STREAMS, replicas=replicas, duplicate_window_s=duplicate_window_s
+    )
+    await ensure_streams(
+        js,
+        [spec for tenant in tenants for spec in subjects.tenant_streams(tenant)],
+        replicas=replicas,
+    )
+    for spec in consumers(tenants, dispatcher_lease_s=dispatcher_lease_s):
+        await ensure_consumer(js, spec)
+    for bucket in BUCKETS:
+        await ensure_bucket(js, bucket, replicas=replicas)
