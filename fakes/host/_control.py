@@ -47,8 +47,23 @@ def control_routes(state: State) -> list[Route]:
                         tool["description"] = str(req["description"])
                     if "input_schema" in req:
                         tool["input_schema"] = req["input_schema"]
+                    if "rename" in req:  # the same definition under another name
+                        tool["name"] = str(req["rename"])
                     return JSONResponse(tool)
         return problem(404, "no such tool")
+
+    async def add_tool(request: Request) -> Response:
+        """The server lists one more tool from now on (name, description, schemas)."""
+        req = await request.json()
+        tool = {
+            "name": str(req["name"]),
+            "description": str(req.get("description", "")),
+            "input_schema": req.get("input_schema") or {"type": "object"},
+            "output_schema": req.get("output_schema"),
+        }
+        with state.lock:
+            state.tools.append(tool)
+        return JSONResponse(tool)
 
     async def inject(request: Request) -> Response:
         req = await request.json()
@@ -81,6 +96,7 @@ def control_routes(state: State) -> list[Route]:
         Route("/_control/reset", reset, methods=["POST"]),
         Route("/_control/mode", mode, methods=["POST"]),
         Route("/_control/rug_pull", rug_pull, methods=["POST"]),
+        Route("/_control/add_tool", add_tool, methods=["POST"]),
         Route("/_control/inject", inject, methods=["POST"]),
         Route("/_control/tickets/{ticket_id}", change_ticket, methods=["POST"]),
         Route("/healthz", lambda r: JSONResponse({"status": "ok"}), methods=["GET"]),

@@ -39,12 +39,13 @@ SELECT digest, tools FROM retrieval.mcp_listings WHERE tenant = $1 AND server = 
 ORDER BY listed_at DESC LIMIT 1"""
 _CLASSIFY: Final = """
 INSERT INTO retrieval.mcp_tools (tenant, capability, family, digest, description, input_schema,
-                                 output_schema, classified_by)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                 output_schema, classified_by, operator_description)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (tenant, capability) DO UPDATE SET
     family = excluded.family, digest = excluded.digest, description = excluded.description,
     input_schema = excluded.input_schema, output_schema = excluded.output_schema,
-    classified_by = excluded.classified_by, classified_at = now()"""
+    classified_by = excluded.classified_by, classified_at = now(),
+    operator_description = excluded.operator_description"""
 
 
 class Classification(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,6 +122,13 @@ class McpRegistry:
                     message=f"{name} is not in the latest listing "
                     f"of {ask.server}: a tool never listed is never called",
                 )
+            if ask.digest is not None and ask.digest != tool.digest:
+                return ToolClassified(
+                    ok=False,
+                    message=f"{name} is no longer what was shown (shown {ask.digest[:12]}, "
+                    f"listed now {tool.digest[:12]}): show it again (writ mcp show) and "
+                    "classify what you see",
+                )
             await conn.execute(
                 _CLASSIFY,
                 ask.tenant,
@@ -131,6 +139,7 @@ class McpRegistry:
                 json.dumps(tool.input_schema),
                 None if tool.output_schema is None else json.dumps(tool.output_schema),
                 ask.classified_by,
+                ask.description,
             )
             if self._journal is not None:
                 await self._journal.write(
@@ -145,6 +154,11 @@ class McpRegistry:
                         "listing": latest["digest"],
                         "by": ask.classified_by,
                         "hints": tool.hints,
+                        # What the model's catalog will say of it: the operator's words, and
+                        # which server text was accepted as data beside them.
+                        "operator_description": ask.description,
+                        "server_description": tool.description,
+                        "shown": ask.digest is not None,
                     },
                 )
         return ToolClassified(

@@ -276,10 +276,12 @@ class GovernanceService:
                 f"{ask.tool} was not listed by its server: a tool never listed is never called",
             )
         if ask.tool_digest != found.digest:
+            # Both digests in full: the journaled refusal says what was served and what the
+            # operator had classified, so an auditor can find both listings.
             return call, (
-                f"{ask.tool} changed since it was classified (digest "
-                f"{ask.tool_digest[:12]}, classified {found.digest[:12]}): an "
-                "operator must classify it again (writ mcp classify)"
+                f"{ask.tool} changed since it was classified (served {ask.tool_digest}, "
+                f"classified {found.digest}): an operator must look at it and classify it "
+                "again (writ mcp show, writ mcp classify)"
             )
         return call, None
 

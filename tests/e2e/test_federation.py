@@ -2,8 +2,8 @@
 MCP over Streamable HTTP, `fakes/host/`) and writes back through the host's REST API. Every
 test asserts the host's own record, not only what Writ says.
 
-Its own deployment: the listing is taken on every read (`WRIT_MCP_LISTING_TTL_S=0`, so a rug
-pull is seen on the next read) and the `mcp:` breaker cools down in seconds, not 30.
+Its own deployment: the `mcp:` breaker cools down in seconds, not 30. (Every read lists the
+server's tools in its own session, so a rug pull is seen by the next read whatever the settings.)
 """
 
 from __future__ import annotations
@@ -47,12 +47,7 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
             nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
             admin_dsn=admin_dsn,
             database=f"fed_{uuid.uuid4().hex[:8]}",
-            extra_env={
-                "retrieval": {
-                    "WRIT_MCP_LISTING_TTL_S": "0",
-                    "WRIT_MCP_BREAKER_COOLDOWN_S": str(COOLDOWN_S),
-                }
-            },
+            extra_env={"retrieval": {"WRIT_MCP_BREAKER_COOLDOWN_S": str(COOLDOWN_S)}},
         )
         try:
             deployment.start_all()

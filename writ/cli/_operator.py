@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ def _reconcile(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    """`writ mcp add|list|classify`: federation reads (writ/mcp.py)."""
+    """`writ mcp add|list|show|classify`: federation reads (writ/mcp.py)."""
     import anyio
 
     from writ import mcp
@@ -65,8 +67,24 @@ def _mcp(args: argparse.Namespace) -> int:
     if args.action == "list":
         listing = anyio.run(mcp.list_server, _nats_url(args), args.tenant, args.server)
         return 0 if listing.ok else 1
+    if args.action == "show":
+        listing = anyio.run(mcp.show_tool, _nats_url(args), args.tenant, args.server, args.tool)
+        return 0 if listing.ok else 1
+    if args.digest is not None and not re.fullmatch(r"[0-9a-f]{64}", args.digest):
+        print("--digest is the 64 hex digits `writ mcp show` printed")
+        return 2
     answer = anyio.run(
-        mcp.classify, _nats_url(args), args.tenant, args.server, args.tool, args.family, args.by
+        functools.partial(
+            mcp.classify,
+            _nats_url(args),
+            args.tenant,
+            args.server,
+            args.tool,
+            args.family,
+            args.by,
+            digest=args.digest,
+            description=args.description,
+        )
     )
     return 0 if answer.ok else 1
 
@@ -209,9 +227,30 @@ def add_parsers(sub: Any) -> None:
         "standing and the server's hints",
     )
     m2.add_argument("server")
-    c = m.add_parser("classify", help="classify a tool's family as last listed")
+    sh = m.add_parser(
+        "show",
+        help="list the server now and show one tool in full: description, parameters, "
+        "annotations, digest, and a diff against what was classified",
+    )
+    sh.add_argument("server")
+    sh.add_argument("tool")
+    c = m.add_parser(
+        "classify", help="classify a tool's family, bound to the digest you were shown"
+    )
     c.add_argument("server")
     c.add_argument("tool")
+    c.add_argument(
+        "--digest",
+        default=None,
+        help="the digest `writ mcp show` printed (without it, the tool is shown now and "
+        "what is shown is classified)",
+    )
+    c.add_argument(
+        "--description",
+        default="",
+        help="your description of the tool for the model's catalog (the server's text "
+        "never reaches the model's instructions)",
+    )
     c.add_argument(
         "--family",
         required=True,
