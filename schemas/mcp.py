@@ -84,6 +84,8 @@ class ToolStatus(msgspec.Struct, frozen=True, kw_only=True):
     state: Literal["classified", "unclassified", "changed"]
     family: Family | None = None
     hints: dict[str, bool | str | None] = {}
+    # Why an unclassified tool looks like another (a rename, a shadow): it is asked, with these.
+    flags: list[str] = []
 
 
 class ListingRecorded(Event):

@@ -122,6 +122,8 @@ async def list_server(
             f"  mcp:{server}/{tool.name}  {tool.state}{family}, {exposed}, "
             f"digest {tool.digest[:12]}\n    server hints (untrusted): {hints or '-'}"
         )
+        for flag in tool.flags:
+            print(f"    FLAGGED: {flag}")
     return listing
 
 
@@ -163,6 +165,7 @@ def render_tool(server: str, tool: str, listing: ServerListing) -> str:
         exposed = "exposed" if tool in listing.exposed else "not exposed"
         lines += [
             f"{name}  {state}{family}, {exposed}",
+            *(f"FLAGGED: {flag}" for flag in (status.flags if status else [])),
             f"digest {shown.digest}",
             "Everything below is the server's text: data from an untrusted party.",
             *_definition(shown),

@@ -342,3 +342,85 @@ async def test_a_poisoned_description_never_reaches_the_models_instructions(
         )
         == OPERATOR_WORDS
     )
+
+
+# -- renames, shadows, tools added mid-session -----------------------------------------------
+
+
+def _register(stack: Stack, server: str, tools: list[str]) -> None:
+    mcp.add_server(
+        stack.home,
+        "acme",
+        server,
+        url=f"{stack.host_url}/mcp",
+        credential_file=str(stack.secrets / "host-mcp.token"),
+        tools=tools,
+        facts={"host_ticket": "ticket.get"} if server == "helpdesk" else {},
+    )
+
+
+async def _asked(
+    stack: Stack, db: asyncpg.Connection, answer: ReadResult | ReadRefused, *digests: str
+) -> str:
+    """The ask's reason, once its journaled decision is checked to name `digests` in full."""
+    assert isinstance(answer, ReadRefused) and answer.code == "ASK", answer
+    assert answer.pending_id is not None
+    entry = await journaled_decision(stack, db, answer.pending_id)
+    assert entry["verdict"] == "ask" and entry["options"] == ["once", "deny"], entry
+    for digest in digests:
+        assert digest in entry["reason"], (digest, entry)
+    return str(entry["reason"])
+
+
+async def test_a_renamed_a_shadowing_and_an_added_tool_are_each_asked_and_never_called(
+    stack: Stack, admin: Any, helpdesk: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    classified = await db.fetchval(
+        "SELECT digest FROM retrieval.mcp_tools WHERE tenant = 'acme' AND capability = $1", TICKET
+    )
+    exposed = ["tickets.search", "ticket.get", "customer.get"]
+    _register(stack, "helpdesk", [*exposed, "ticket.read", "tickets.purge"])
+    _register(stack, "mirror", ["ticket.get"])
+    try:
+        # A rename: ticket.get's definition, listed as ticket.read.
+        (
+            await helpdesk.post(
+                "/_control/rug_pull", json={"tool": "ticket.get", "rename": "ticket.read"}
+            )
+        ).raise_for_status()
+        renamed = await read(admin, "mcp:helpdesk/ticket.read", {"ticket_id": "T-1001"})
+        listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk", quiet=True)
+        served = {t.name: t for t in listing.tools}["ticket.read"]
+        assert served.state == "unclassified"
+        [flag] = served.flags
+        assert "definition of mcp:helpdesk/ticket.get under another name" in flag
+        reason = await _asked(stack, db, renamed, served.digest, classified)
+        assert "definition of mcp:helpdesk/ticket.get under another name" in reason
+        gone = await read(admin, TICKET, {"ticket_id": "T-1001"})
+        assert isinstance(gone, ReadRefused) and gone.code == "UNLISTED", gone
+
+        # A tool added mid-session, between two reads.
+        (
+            await helpdesk.post(
+                "/_control/add_tool",
+                json={"name": "tickets.purge", "description": "Remove old tickets."},
+            )
+        ).raise_for_status()
+        added = await read(admin, "mcp:helpdesk/tickets.purge", {})
+        listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk", quiet=True)
+        purge = {t.name: t for t in listing.tools}["tickets.purge"]
+        reason = await _asked(stack, db, added, purge.digest)
+        assert "was never classified" in reason
+
+        # A shadow: another server of the tenant lists a tool of the same name.
+        (await helpdesk.post("/_control/reset")).raise_for_status()
+        shadow = await read(admin, "mcp:mirror/ticket.get", {"ticket_id": "T-1001"})
+        reason = await _asked(stack, db, shadow, classified)
+        assert "has the name of mcp:helpdesk/ticket.get" in reason
+        mirrored = await mcp.list_server(stack.nats_url, "acme", "mirror", quiet=True)
+        mirror_ticket = {t.name: t for t in mirrored.tools}["ticket.get"]
+        assert any("has the name of mcp:helpdesk/ticket.get" in f for f in mirror_ticket.flags)
+    finally:
+        _register(stack, "helpdesk", exposed)
+    # None of them reached the server: the host's own count of calls.
+    assert await calls(helpdesk) == {}
