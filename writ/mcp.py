@@ -29,6 +29,7 @@ import msgspec
 import nats
 
 from libs.deadline import timed_request
+from libs.errors import ConfigError
 from schemas import subjects
 from schemas.mcp import (
     ClassifyTool,
@@ -59,24 +60,37 @@ def add_server(
     timeout_s: float = 10.0,
     transport: str = "auto",
     auth: str = "bearer",
+    command: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    env_files: dict[str, str] | None = None,
 ) -> None:
     """Register (or replace) `server` for `tenant`.
 
     Raises:
-        msgspec.ValidationError: the registration is not valid.
+        ConfigError: the registration is not valid (the message says what and how to fix it).
     """
-    entry = msgspec.convert(
-        {
-            "url": url,
-            "credential_file": credential_file,
-            "tools": tools,
-            "facts": facts or {},
-            "timeout_s": timeout_s,
-            "transport": transport,
-            "auth": auth,
-        },
-        ServerConfig,
-    )
+    fields: dict[str, Any] = {
+        "url": url,
+        "credential_file": credential_file,
+        "tools": tools,
+        "facts": facts or {},
+        "timeout_s": timeout_s,
+        "transport": transport,
+        "auth": auth,
+        "command": command or [],
+        "env": env or {},
+        "env_files": env_files or {},
+    }
+    try:
+        entry = msgspec.convert(fields, ServerConfig)
+    except msgspec.ValidationError as exc:
+        hint = (
+            " (a local server is registered with --transport stdio --command '...', not a "
+            "stdio: URL)"
+            if url.startswith("stdio:")
+            else ""
+        )
+        raise ConfigError(f"the registration of {server} is not valid: {exc}{hint}") from None
     path = servers_file(home)
     current: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     current.setdefault(tenant, {})[server] = msgspec.to_builtins(entry)
@@ -86,14 +100,44 @@ def add_server(
     os.replace(tmp, path)  # retrieval never reads half a file
 
 
+async def _quiet(exc: Exception) -> None:
+    """A NATS client error the caller reports itself."""
+
+
 async def _ask(
     nats_url: str, subject: str, message: msgspec.Struct, answer: type[Any], timeout: float
 ) -> Any:
-    nc = await nats.connect(nats_url)
+    """One request to a service of the deployment.
+
+    Raises:
+        ConfigError: nothing answered, or the service refused the request (the message says
+            which, never a traceback).
+    """
+    try:
+        nc = await nats.connect(
+            nats_url,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.2,
+            connect_timeout=5,
+            error_cb=_quiet,  # the one failure is said below, once, without its traceback
+        )
+    except Exception as exc:
+        raise ConfigError(
+            f"cannot reach Writ's bus at {nats_url or 'the default URL'}: is the deployment "
+            f"running? ({type(exc).__name__})"
+        ) from None
     try:
         reply = await timed_request(nc, subject, msgspec.json.encode(message), timeout=timeout)
+    except Exception as exc:
+        raise ConfigError(
+            f"no answer on {subject} ({type(exc).__name__}): is retrieval running with "
+            "WRIT_MCP_SERVERS_FILE set?"
+        ) from None
     finally:
         await nc.close()
+    if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+        raise ConfigError(f"refused: {reply.headers.get('Nats-Service-Error', '')}"[:500])
     return msgspec.json.decode(reply.data, type=answer)
 
 

@@ -8,6 +8,9 @@ own MCP server (real MCP over Streamable HTTP, `fakes/host/`) changing under Wri
 - What the server wrote never reaches the model's instructions: the catalog says what the
   operators wrote; the server's description is inside the untrusted-content boundary.
 - An operator classifies what they were shown: a tool listed differently since is refused.
+- A renamed tool, a tool shadowing another server's, a tool added mid-session: each asked, with
+  the digests involved journaled, none called.
+- `@modelcontextprotocol/server-everything` over stdio and Streamable HTTP, read under `decide`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from libs.journal import DataKeys, Journal, read_entries
 from schemas import subjects
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 from tests.e2e.conftest import Host, service_violations
+from tests.fixtures.everything import everything_argv, everything_http
 from writ import mcp
 from writ.stack import Stack
 
@@ -424,3 +428,54 @@ async def test_a_renamed_a_shadowing_and_an_added_tool_are_each_asked_and_never_
         _register(stack, "helpdesk", exposed)
     # None of them reached the server: the host's own count of calls.
     assert await calls(helpdesk) == {}
+
+
+# -- a server nobody on Writ wrote ----------------------------------------------------------
+
+
+async def test_server_everything_is_read_under_governance_over_stdio_and_http(
+    stack: Stack, admin: Any, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """`@modelcontextprotocol/server-everything` (npm), registered twice: run by retrieval
+    over stdio, and over Streamable HTTP. Its `echo` is classified as shown, then read under
+    `decide`; its result is untrusted content; an unclassified tool of it is asked."""
+    token = tmp_path / "everything.token"
+    token.write_text("unused-by-this-server")
+    with everything_http() as url:
+        mcp.add_server(
+            stack.home,
+            "acme",
+            "everything",
+            url="",
+            credential_file="",
+            transport="stdio",
+            command=everything_argv(),
+            tools=["echo", "get-sum"],
+            timeout_s=30,
+        )
+        mcp.add_server(
+            stack.home,
+            "acme",
+            "everything-http",
+            url=url,
+            credential_file=str(token),
+            transport="streamable_http",
+            tools=["echo"],
+            timeout_s=30,
+        )
+        for server in ("everything", "everything-http"):
+            answer = await mcp.classify(
+                stack.nats_url, "acme", server, "echo", "read", "ops@acme.example", quiet=True
+            )
+            assert answer.ok, answer.message
+            result = await read(admin, f"mcp:{server}/echo", {"message": "hello from Writ"})
+            assert isinstance(result, ReadResult), result
+            [item] = result.items
+            assert "hello from Writ" in item.text and item.trust == "untrusted"
+            decision = await db.fetchrow(
+                "SELECT verdict, line FROM governance.decisions WHERE decision_id = $1::uuid",
+                result.decision_id,
+            )
+            assert (decision["verdict"], decision["line"]) == ("allow", 3)
+        unclassified = await read(admin, "mcp:everything/get-sum", {"a": 1, "b": 2})
+        assert isinstance(unclassified, ReadRefused) and unclassified.code == "ASK", unclassified

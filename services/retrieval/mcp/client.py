@@ -1,6 +1,8 @@
-"""One MCP session with a registered server, with the official SDK, over either transport the
-SDK speaks: Streamable HTTP, or the legacy HTTP+SSE one (GET an event stream, POST to the
-endpoint it names). `auto` registrations try Streamable HTTP and fall back to SSE when the
+"""One MCP session with a registered server, with the official SDK, over the transports the
+SDK speaks: Streamable HTTP, the legacy HTTP+SSE one (GET an event stream, POST to the
+endpoint it names), or stdio (a trusted local server run as a child of retrieval for the
+session's length, with exactly the environment its registration names, killed if retrieval
+dies). `auto` registrations try Streamable HTTP and fall back to SSE when the
 server answers that first POST with a 4xx other than 401/403, as the spec's backwards-
 compatibility section says; the fallback happens before any tool is listed or called.
 
@@ -16,6 +18,8 @@ the tool's breaker).
 from __future__ import annotations
 
 import hashlib
+import shutil
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Final, TypeVar
@@ -26,12 +30,13 @@ import mcp_types as types
 import msgspec
 from mcp import Client
 from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from services.retrieval.mcp.servers import ServerConfig
 
-__all__ = ["McpClient", "McpCredentialRefused", "McpSession", "McpUnavailable"]
+__all__ = ["McpClient", "McpCredentialRefused", "McpMisconfigured", "McpSession", "McpUnavailable"]
 
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)
@@ -43,6 +48,11 @@ class McpUnavailable(Exception):
 
 class McpCredentialRefused(McpUnavailable):
     """The server refused the credential (401/403): not transient, an operator must act."""
+
+
+class McpMisconfigured(McpCredentialRefused):
+    """The registration cannot be used as it is (a stdio command not found, a secret file
+    unreadable): not transient, an operator must act."""
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -123,6 +133,8 @@ class McpClient:
         Raises:
             McpUnavailable: the session failed (`McpCredentialRefused` for 401/403).
         """
+        if server.transport == "stdio":
+            return await self._stdio(server, work)
         try:
             return await self._with_transport(server, work, await self._bearer(server))
         except _StaleToken:
@@ -130,6 +142,53 @@ class McpClient:
             # fresh one, before anything was listed or called; refused again is refused.
             self._tokens.forget(server)
             return await self._with_transport(server, work, await self._bearer(server), fresh=True)
+
+    async def _stdio(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]]) -> T:
+        """A session with a local server run as a child of this process for the session's
+        length: its environment is exactly the registration's (`env -i`), and it is killed
+        if retrieval dies (`setpriv --pdeathsig`, where there is one; otherwise its stdin
+        closing ends it, as the stdio transport says)."""
+        try:
+            env = server.environment()
+        except ValueError as exc:
+            raise McpMisconfigured(f"the stdio server's environment: {exc}"[:300]) from exc
+        program = shutil.which(server.command[0])
+        if program is None:
+            raise McpMisconfigured(f"the stdio command {server.command[0][:200]!r} is not found")
+        argv = [
+            "-i",
+            *(f"{k}={v}" for k, v in sorted(env.items())),
+            program,
+            *server.command[1:],
+        ]
+        launcher = shutil.which("env") or "/usr/bin/env"
+        setpriv = shutil.which("setpriv")
+        params = (
+            StdioServerParameters(command=setpriv, args=["--pdeathsig", "KILL", launcher, *argv])
+            if setpriv is not None and sys.platform == "linux"
+            else StdioServerParameters(command=launcher, args=argv)
+        )
+        own: list[BaseException] = []
+
+        async def run(session: McpSession) -> T:
+            try:
+                return await work(session)
+            except McpUnavailable:
+                raise
+            except Exception as exc:  # not the SDK's: hand it back unchanged
+                own.append(exc)
+                raise
+
+        try:
+            with anyio.fail_after(server.timeout_s * 3):
+                async with Client(stdio_client(params), cache=None, mode="auto") as client:
+                    return await run(McpSession(client, server.timeout_s))
+        except McpUnavailable:
+            raise
+        except Exception as exc:
+            if own:
+                raise own[0] from None
+            raise (_first(exc, McpUnavailable) or _mapped(exc)) from exc
 
     async def _bearer(self, server: ServerConfig) -> tuple[str, bool]:
         """The bearer for `server` and whether it came from the token cache."""
