@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from fakes.host._oauth import base_url, resource_metadata_url
 from fakes.host._rest import Lost
 from fakes.host._state import MODES, State, Unavailable, fault, problem
 
@@ -88,6 +89,7 @@ def control_routes(state: State) -> list[Route]:
         with state.lock:
             revoked = len(state.access_tokens)
             state.access_tokens.clear()
+            state.token_audiences.clear()
         return JSONResponse({"revoked": revoked})
 
     return [
@@ -113,15 +115,25 @@ class Guard:
         if scope["type"] == "http" and scope["path"].startswith("/mcp"):
             headers = dict(scope.get("headers") or [])
             scheme, _, value = headers.get(b"authorization", b"").decode().partition(" ")
+            base = base_url(headers)
             with self._state.lock:
                 issued = self._state.access_tokens.get(value, 0.0) > time.time()
+                # The audience check: a token is taken only if it was got for this resource.
+                audience = self._state.token_audiences.get(value)
+                if issued and audience != f"{base}/mcp":
+                    issued = False
+                    self._state.audience_refusals += 1
             if scheme.lower() != "bearer" or not (
                 issued or hmac.compare_digest(value.encode(), self._token)
             ):
+                challenge = (
+                    f'Bearer error="invalid_token", '
+                    f'resource_metadata="{resource_metadata_url(base)}"'
+                )
                 await JSONResponse(
                     {"error": "invalid_token"},
                     status_code=401,
-                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                    headers={"WWW-Authenticate": challenge},
                 )(scope, receive, send)
                 return
             if scope["method"] == "POST":  # each JSON-RPC request is one POST

@@ -199,7 +199,7 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
         action.operation_id,
     )
     assert (command["state"], command["receipt"]) == ("succeeded", "cmt_1")
-    # The catalog the model was shown: the classified listing, not the server's live text.
+    # The catalog the model was shown: as classified, not the server's live text.
     snapshot = json.loads(
         await db.fetchval("SELECT manifest FROM planner.runs WHERE run_id = $1", result.run_id)
     )
@@ -207,7 +207,10 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
     ticket = entries[TICKET]
     assert ticket["grants"]["family"] == "read"
     assert ticket["inputs"]["required"] == ["ticket_id"]
-    assert "As classified: Read one ticket" in ticket["description"]
+    # The deploying operator's words only; the server's, kept apart, go to untrusted content.
+    assert ticket["description"].startswith("Read one ticket of the host's helpdesk")
+    assert "As classified" not in ticket["description"]
+    assert ticket["server_text"]["description"].startswith("Read one ticket: its subject")
     assert entries[CUSTOMER]["grants"]["family"] == "read_personal"
     # The run replays offline from the journal alone: the mcp: outputs were captured.
     report = await replayed(host, db, result.run_id)

@@ -17,23 +17,21 @@ the tool's breaker).
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import sys
-import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
 import mcp_types as types
-import msgspec
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from services.retrieval.mcp.oauth import McpTokenError, Tokens
 from services.retrieval.mcp.servers import ServerConfig
 
 __all__ = ["McpClient", "McpCredentialRefused", "McpMisconfigured", "McpSession", "McpUnavailable"]
@@ -124,7 +122,7 @@ class McpClient:
     the registration names (`auto`: Streamable HTTP, else legacy HTTP+SSE)."""
 
     def __init__(self) -> None:
-        self._tokens = _Tokens()
+        self._tokens = Tokens()
 
     async def session(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]]) -> T:
         """Open a session with `server`, run `work` in it, close it; `work`'s own errors pass
@@ -197,7 +195,10 @@ class McpClient:
                 return server.credential(), False
             except ValueError as exc:
                 raise McpCredentialRefused(str(exc)) from exc
-        return await self._tokens.get(server)
+        try:
+            return await self._tokens.get(server)
+        except McpTokenError as exc:
+            raise (McpCredentialRefused if exc.refused else McpUnavailable)(str(exc)) from exc
 
     async def _with_transport(
         self,
@@ -310,92 +311,6 @@ class McpClient:
 
 class _StaleToken(Exception):
     """A cached access token was refused before any work: get a fresh one."""
-
-
-class _TokenAnswer(msgspec.Struct, kw_only=True):
-    """A token endpoint's answer (RFC 6749 §5.1; other members are ignored, as it says)."""
-
-    access_token: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
-    token_type: Annotated[str, msgspec.Meta(max_length=64)]
-    expires_in: Annotated[int, msgspec.Meta(ge=0)] | None = None
-
-
-class _TokenError(msgspec.Struct, kw_only=True):
-    error: Annotated[str, msgspec.Meta(max_length=64)] = "unknown"
-
-
-_MAX_TOKEN_ANSWER: Final = 16 * 1024
-
-
-class _Tokens:
-    """Access tokens got with the client credentials grant, kept until shortly before they
-    expire (at most an hour, a minute less than the server says)."""
-
-    def __init__(self) -> None:
-        self._held: dict[tuple[str, str, str], tuple[str, float]] = {}
-
-    def _key(self, server: ServerConfig) -> tuple[str, str, str]:
-        creds = server.client_credentials()
-        digest = hashlib.sha256(creds.client_secret.encode()).hexdigest()
-        return creds.token_url, creds.client_id, digest
-
-    def forget(self, server: ServerConfig) -> None:
-        try:
-            self._held.pop(self._key(server), None)
-        except ValueError:
-            pass
-
-    async def get(self, server: ServerConfig) -> tuple[str, bool]:
-        try:
-            creds = server.client_credentials()
-        except ValueError as exc:
-            raise McpCredentialRefused(str(exc)) from exc
-        key = self._key(server)
-        held = self._held.get(key)
-        if held is not None and time.monotonic() < held[1]:
-            return held[0], True
-        form = {"grant_type": "client_credentials"}
-        if creds.scope:
-            form["scope"] = creds.scope
-        try:
-            async with httpx2.AsyncClient(
-                timeout=httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
-            ) as http:
-                response = await http.post(
-                    creds.token_url,
-                    data=form,
-                    auth=(creds.client_id, creds.client_secret),
-                    headers={"Accept": "application/json"},
-                )
-                body = response.content[: _MAX_TOKEN_ANSWER + 1]
-        except httpx2.HTTPError as exc:
-            raise McpUnavailable(
-                f"the token endpoint did not answer ({type(exc).__name__})"
-            ) from exc
-        if len(body) > _MAX_TOKEN_ANSWER:
-            raise McpUnavailable("the token endpoint's answer is over 16 KiB")
-        if response.status_code in (400, 401, 403):
-            try:
-                error = msgspec.json.decode(body, type=_TokenError).error
-            except msgspec.DecodeError:
-                error = "unknown"
-            raise McpCredentialRefused(
-                f"the token endpoint refused Writ's client credentials (HTTP "
-                f"{response.status_code}: {error})"
-            )
-        if response.status_code != 200:
-            raise McpUnavailable(f"the token endpoint did not answer (HTTP {response.status_code})")
-        try:
-            answer = msgspec.json.decode(body, type=_TokenAnswer)
-        except msgspec.DecodeError as exc:
-            raise McpUnavailable(f"the token endpoint answered badly: {exc}"[:200]) from exc
-        if answer.token_type.lower() != "bearer":
-            raise McpUnavailable(
-                f"the token endpoint issued a {answer.token_type[:20]} token, not a bearer one"
-            )
-        life = min(answer.expires_in if answer.expires_in is not None else 3600, 3600)
-        self._held[key] = (answer.access_token, time.monotonic() + max(life - 60, 0))
-        return answer.access_token, False
 
 
 def _first(exc: BaseException, kind: type[E]) -> E | None:

@@ -39,7 +39,8 @@ class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     client_secret: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
-    token_url: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]{1,2000}$")]
+    # None: discovered from the server's protected-resource metadata (RFC 9728, RFC 8414).
+    token_url: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]{1,2000}$")] | None = None
     scope: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
 
 
