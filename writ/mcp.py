@@ -63,6 +63,7 @@ def add_server(
     command: list[str] | None = None,
     env: dict[str, str] | None = None,
     env_files: dict[str, str] | None = None,
+    resources: dict[str, str] | None = None,
 ) -> None:
     """Register (or replace) `server` for `tenant`.
 
@@ -80,6 +81,7 @@ def add_server(
         "command": command or [],
         "env": env or {},
         "env_files": env_files or {},
+        "resources": resources or {},
     }
     try:
         entry = msgspec.convert(fields, ServerConfig)

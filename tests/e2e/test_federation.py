@@ -577,8 +577,9 @@ async def test_a_read_through_retrieval_reaches_a_legacy_sse_only_server(
         async with httpx.AsyncClient(base_url=old.url) as control:
             seen = (await control.get("/_control/state")).json()
         assert seen["tool_calls"] == {"ticket.get": 1}
-        assert seen["sse_sessions"] == 2  # the operator's listing, then the read
-        assert seen["listings"] == 2
+        # The operator's listing, the tool shown to them as they classify it, then the read.
+        assert seen["sse_sessions"] == 3
+        assert seen["listings"] == 3
 
 
 # -- OAuth client credentials ---------------------------------------------------------------

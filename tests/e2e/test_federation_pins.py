@@ -479,3 +479,50 @@ async def test_server_everything_is_read_under_governance_over_stdio_and_http(
             assert (decision["verdict"], decision["line"]) == ("allow", 3)
         unclassified = await read(admin, "mcp:everything/get-sum", {"a": 1, "b": 2})
         assert isinstance(unclassified, ReadRefused) and unclassified.code == "ASK", unclassified
+
+
+async def test_a_resource_of_server_everything_is_a_governed_read(
+    stack: Stack, admin: Any, db: asyncpg.Connection
+) -> None:
+    """A resource the registration exposes by name is listed, hashed, journaled, classified
+    and read under `decide` like a tool (`resources/read`); one nobody classified is asked."""
+    features = "demo://resource/static/document/features.md"
+    mcp.add_server(
+        stack.home,
+        "acme",
+        "everything-docs",
+        url="",
+        credential_file="",
+        transport="stdio",
+        command=everything_argv(),
+        tools=[],
+        resources={"features": features, "startup": "demo://resource/static/document/startup.md"},
+        timeout_s=30,
+    )
+    shown = await mcp.show_tool(stack.nats_url, "acme", "everything-docs", "features", quiet=True)
+    assert shown.ok and shown.shown is not None, shown.error
+    assert shown.shown.hints["resource_uri"] == features
+    answer = await mcp.classify(
+        stack.nats_url,
+        "acme",
+        "everything-docs",
+        "features",
+        "read",
+        "ops@acme.example",
+        digest=shown.shown.digest,
+        quiet=True,
+    )
+    assert answer.ok, answer.message
+    result = await read(admin, "mcp:everything-docs/features", {})
+    assert isinstance(result, ReadResult), result
+    [item] = result.items
+    assert item.kind == "mcp_resource" and item.trust == "untrusted" and item.text.strip()
+    verdict = await db.fetchval(
+        "SELECT verdict FROM governance.decisions WHERE decision_id = $1::uuid",
+        result.decision_id,
+    )
+    assert verdict == "allow"
+    refused = await read(admin, "mcp:everything-docs/features", {"path": "/etc/passwd"})
+    assert isinstance(refused, ReadRefused) and refused.code == "INVALID_ARGUMENTS", refused
+    asked = await read(admin, "mcp:everything-docs/startup", {})
+    assert isinstance(asked, ReadRefused) and asked.code == "ASK", asked

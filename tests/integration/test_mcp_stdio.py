@@ -133,6 +133,10 @@ async def test_stdio_registrations_that_cannot_work_say_why() -> None:
         ({"url": "http://h/mcp"}, "credential file"),
         ({"url": "http://h/mcp", "credential_file": "f", "command": ["x"]}, "stdio servers only"),
         ({"transport": "stdio", "command": ["x"], "env": {"A B": "1"}}, "env"),
+        (
+            {"transport": "stdio", "command": ["x"], "tools": ["a"], "resources": {"a": "d://a"}},
+            "not both",
+        ),
     ):
         with pytest.raises(msgspec.ValidationError, match=reason):
             msgspec.convert(fields, ServerConfig)

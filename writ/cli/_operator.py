@@ -53,7 +53,12 @@ def _mcp(args: argparse.Namespace) -> int:
     from writ import mcp
 
     if args.action == "add":
-        pairs = {"--facts": args.facts, "--env": args.env, "--env-file": args.env_file}
+        pairs = {
+            "--facts": args.facts,
+            "--env": args.env,
+            "--env-file": args.env_file,
+            "--resource": args.resource,
+        }
         for flag, values in pairs.items():
             if any("=" not in v for v in values):
                 print(f"{flag} takes NAME=VALUE")
@@ -72,6 +77,7 @@ def _mcp(args: argparse.Namespace) -> int:
                 transport=args.transport,
                 auth=args.auth,
                 command=shlex.split(args.command) if args.command else [],
+                resources=dict(r.split("=", 1) for r in args.resource),
                 env=dict(e.split("=", 1) for e in args.env),
                 env_files={
                     k: str(Path(v).resolve()) for k, v in (e.split("=", 1) for e in args.env_file)
@@ -241,6 +247,12 @@ def add_parsers(sub: Any) -> None:
         help="stdio: NAME=PATH, a variable whose value is a secret file's content",
     )
     a.add_argument("--tool", action="append", default=[], help="a tool Writ exposes")
+    a.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        help="NAME=URI: a resource Writ exposes, read as mcp:<server>/NAME",
+    )
     a.add_argument(
         "--facts",
         action="append",

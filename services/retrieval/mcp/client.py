@@ -80,7 +80,7 @@ def _mapped(exc: BaseException) -> McpUnavailable:
 
 
 class McpSession:
-    """An open session: list the tools, call one."""
+    """An open session: list the tools and resources, call a tool, read a resource."""
 
     def __init__(self, client: Client, timeout_s: float) -> None:
         self._client, self._timeout = client, timeout_s
@@ -99,6 +99,32 @@ class McpSession:
         except Exception as exc:
             raise _mapped(exc) from exc
         return tools
+
+    async def list_resources(self) -> list[types.Resource]:
+        """Every resource the server lists now (all pages)."""
+        resources: list[types.Resource] = []
+        cursor: str | None = None
+        try:
+            with anyio.fail_after(self._timeout):
+                for _ in range(16):
+                    page = await self._client.list_resources(cursor=cursor)
+                    resources += page.resources
+                    if not (cursor := page.next_cursor):
+                        break
+        except Exception as exc:
+            raise _mapped(exc) from exc
+        return resources
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        """Read one resource Writ checked was listed."""
+        try:
+            with anyio.fail_after(self._timeout):
+                result = await self._client.read_resource(uri)
+        except Exception as exc:
+            raise _mapped(exc) from exc
+        if not isinstance(result, types.ReadResourceResult):
+            raise McpUnavailable(f"{uri[:200]} answered {type(result).__name__}, not contents")
+        return result
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """Call one tool with arguments already checked."""

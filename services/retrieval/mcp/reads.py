@@ -154,7 +154,7 @@ class McpReads:
 
         async def work(session: McpSession) -> ReadResult:
             nonlocal outcome
-            listing = await self._listing(session, ask.tenant, server_name)
+            listing = await self._listing(session, ask.tenant, server_name, server)
             tool = self._listed(listing, ask.tool, tool_name)
             _validate(ask.tool, tool.input_schema, ask.arguments)
             decision = await self._decide(ask, tool.digest)
@@ -169,9 +169,14 @@ class McpReads:
                     decision.reason,
                     decision=decision,
                 )
-            result = await session.call_tool(tool_name, dict(ask.arguments))
-            outcome = "success"
-            items, truncated = _items(ask.tool, tool_name, result)
+            if tool_name in server.resources:
+                contents = await session.read_resource(server.resources[tool_name])
+                outcome = "success"
+                items, truncated = _resource_items(ask.tool, tool_name, contents)
+            else:
+                result = await session.call_tool(tool_name, dict(ask.arguments))
+                outcome = "success"
+                items, truncated = _items(ask.tool, tool_name, result)
             return ReadResult(
                 run_id=ask.run_id,
                 tool=ask.tool,
@@ -204,9 +209,10 @@ class McpReads:
             raise _Refusal(
                 "UNKNOWN_TOOL", f"no MCP server {server_name} is registered for this tenant"
             )
-        if tool_name not in server.tools:
+        if tool_name not in server.tools and tool_name not in server.resources:
             raise _Refusal(
-                "UNKNOWN_TOOL", f"{tool_name} is not a tool Writ exposes from {server_name}"
+                "UNKNOWN_TOOL",
+                f"{tool_name} is not a tool or resource Writ exposes from {server_name}",
             )
         return server
 
@@ -239,12 +245,23 @@ class McpReads:
 
     # -- listings ---------------------------------------------------------------------------
 
-    async def _listing(self, session: McpSession, tenant: str, server: str) -> _Listing:
+    async def _listing(
+        self, session: McpSession, tenant: str, server: str, config: ServerConfig | None = None
+    ) -> _Listing:
         """The server's tools, listed now in `session` (the one any call will be made in):
         no listing outlives the session, so neither a `notifications/tools/list_changed` nor a
         reconnect can leave Writ holding a definition the server no longer serves. Every
         listing is recorded by governance before it is used."""
         tools = [_listed(t) for t in (await session.list_tools())[:MAX_LISTED_TOOLS]]
+        if config is not None and config.resources:
+            # The exposed resources the server lists now, each as a tool of its name: hashed,
+            # journaled and classified like one (a changed or unlisted resource is refused).
+            exposed = {uri: name for name, uri in config.resources.items()}
+            tools += [
+                _listed_resource(exposed[str(r.uri)], r)
+                for r in (await session.list_resources())[: MAX_LISTED_TOOLS * 4]
+                if str(r.uri) in exposed
+            ][: MAX_LISTED_TOOLS - len(tools)]
         digest = listing_digest((t.name, t.digest) for t in tools)
         recorded = await self._record(
             RecordListing(tenant=tenant, server=server, digest=digest, tools=tools)
@@ -287,7 +304,7 @@ class McpReads:
             )
 
         async def work(session: McpSession) -> _Listing:
-            return await self._listing(session, ask.tenant, ask.server)
+            return await self._listing(session, ask.tenant, ask.server, server)
 
         try:
             listing = await self._client.session(server, work)
@@ -309,7 +326,7 @@ class McpReads:
             ok=True,
             digest=listing.digest,
             tools=list(listing.status.values()),
-            exposed=list(server.tools),
+            exposed=[*server.tools, *server.resources],
             shown=shown,
             classified=classified,
         )
@@ -395,6 +412,48 @@ def _listed(tool: types.Tool) -> ListedTool:
             tool.name, tool.description or "", tool.input_schema, tool.output_schema
         ),
     )
+
+
+# What a resource read takes: nothing (the URI is the registration's).
+_NO_ARGUMENTS: Final = {"type": "object", "additionalProperties": False, "properties": {}}
+
+
+def _listed_resource(name: str, resource: types.Resource) -> ListedTool:
+    """An exposed resource as listed, under its registered name: its URI, name and type are
+    hashed with its description, so a resource changed on the server is seen changed."""
+    described = {"uri": str(resource.uri), "name": resource.name, "mimeType": resource.mime_type}
+    hints: dict[str, bool | str | None] = {
+        "resource_uri": str(resource.uri)[:500],
+        "mime_type": resource.mime_type,
+    }
+    if resource.title:
+        hints["title"] = resource.title[:200]
+    return ListedTool(
+        name=name,
+        description=(resource.description or "")[:_MAX_DESCRIPTION],
+        input_schema=_NO_ARGUMENTS,
+        hints=hints,
+        digest=tool_digest(name, resource.description or "", {"resource": described}, None),
+    )
+
+
+def _resource_items(
+    capability: str, name: str, result: types.ReadResourceResult
+) -> tuple[list[ReadItem], bool]:
+    """A resource's contents as one bounded, untrusted item (text; a blob is only sized)."""
+    parts = [
+        c.text
+        if isinstance(c, types.TextResourceContents)
+        else f"[{c.mime_type or 'binary'} content, {len(c.blob) * 3 // 4} bytes, not shown]"
+        for c in result.contents
+    ]
+    text = "\n".join(parts)
+    truncated = len(text) > MAX_RESULT_CHARS
+    return [
+        ReadItem(
+            id=name[:128], kind="mcp_resource", title=capability[:512], text=text[:MAX_RESULT_CHARS]
+        )
+    ], truncated
 
 
 def _validate(name: str, schema: dict[str, Any], arguments: dict[str, Any]) -> None:

@@ -12,8 +12,10 @@ whose values are secret files). `auth` is
 `{"client_id", "client_secret", "token_url", "scope"?}`: the OAuth 2.0 client credentials grant,
 RFC 6749 §4.4, and the token it gets is the bearer).
 `tools` are the tools Writ exposes as capabilities (anything else the server lists is never
-called); `facts` names the tool admission's previews read a host record with. Only retrieval is
-given this file and the credential files it names. It is re-read when it changes.
+called); `resources` names resources Writ exposes, `{"<name>": "<uri>"}`, read as
+`mcp:<server>/<name>` under the same governance; `facts` names the tool admission's previews
+read a host record with. Only retrieval is given this file and the credential files it names.
+It is re-read when it changes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     url: Annotated[str, msgspec.Meta(pattern=r"^(https?://[^\s]{1,2000})?$")] = ""
     credential_file: Annotated[str, msgspec.Meta(max_length=4096)] = ""
     tools: Annotated[list[McpToolName], msgspec.Meta(max_length=64)] = []
+    # Resources Writ exposes, each under a name of the tool kind: `mcp:<server>/<name>` reads
+    # the resource at that URI (`resources/read`), governed like a tool.
+    resources: Annotated[
+        dict[McpToolName, Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]],
+        msgspec.Meta(max_length=64),
+    ] = {}
     facts: dict[str, McpToolName] = {}
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
     transport: Literal["auto", "streamable_http", "sse", "stdio"] = "auto"
@@ -70,6 +78,8 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     env_files: Annotated[dict[_EnvName, str], msgspec.Meta(max_length=16)] = {}
 
     def __post_init__(self) -> None:
+        if both := sorted(set(self.tools) & set(self.resources)):
+            raise ValueError(f"{', '.join(both)}: a name is a tool's or a resource's, not both")
         if self.transport == "stdio":
             if not self.command:
                 raise ValueError("a stdio server needs its command (--command)")
