@@ -142,8 +142,11 @@ class McpRegistry:
                     },
                 )
             rows = await conn.fetch(_CLASSIFIED, listing.tenant, names)
-            every = await conn.fetch(_ALL_CLASSIFIED, listing.tenant)
-            others = await conn.fetch(_OTHERS, listing.tenant, listing.server)
+            every: list[asyncpg.Record] = []
+            others: list[asyncpg.Record] = []
+            if len(rows) < len(names):  # only an unclassified tool can be flagged
+                every = await conn.fetch(_ALL_CLASSIFIED, listing.tenant)
+                others = await conn.fetch(_OTHERS, listing.tenant, listing.server)
         known = {r["capability"]: r for r in rows}
         other_tools = {
             r["server"]: msgspec.json.decode(r["tools"], type=list[ListedTool]) for r in others
