@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint clean
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint clean mcp-fixtures
 
 setup: $(VENV)
 
@@ -28,6 +28,14 @@ TEST_WORKERS ?= $(if $(WRIT_TEST_NATS_URL),0,2)
 
 test: $(VENV)
 	.venv/bin/pytest -n $(TEST_WORKERS) --dist loadfile
+
+# `@modelcontextprotocol/server-everything` (npm) for the federation tests, pinned by its lock
+# file (the tests install it on first use too, when npm is there).
+MCP_FIXTURE := tests/fixtures/mcp-everything
+mcp-fixtures: $(MCP_FIXTURE)/node_modules/.package-lock.json
+
+$(MCP_FIXTURE)/node_modules/.package-lock.json: $(MCP_FIXTURE)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(MCP_FIXTURE)
 
 unit: $(VENV)
 	.venv/bin/pytest tests/unit

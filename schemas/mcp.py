@@ -22,6 +22,7 @@ __all__ = [
     "MAX_LISTED_TOOLS",
     "McpToolName",
     "ServerName",
+    "ClassifiedTool",
     "ClassifyTool",
     "DescribeTools",
     "DescribedTool",
@@ -83,6 +84,8 @@ class ToolStatus(msgspec.Struct, frozen=True, kw_only=True):
     state: Literal["classified", "unclassified", "changed"]
     family: Family | None = None
     hints: dict[str, bool | str | None] = {}
+    # Why an unclassified tool looks like another (a rename, a shadow): it is asked, with these.
+    flags: list[str] = []
 
 
 class ListingRecorded(Event):
@@ -92,31 +95,54 @@ class ListingRecorded(Event):
     tools: list[ToolStatus]
 
 
+class ClassifiedTool(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool as an operator classified it: the definition they were shown (the server's text,
+    kept as data), the family, and the description they wrote for the model's catalog."""
+
+    family: Family
+    digest: Digest
+    description: Text = ""
+    input_schema: dict[str, Any] = {}
+    output_schema: dict[str, Any] | None = None
+    operator_description: Text = ""
+    classified_by: str = ""
+
+
 class ListServer(Command):
-    """An operator asks retrieval to list a registered server now (`writ mcp list`)."""
+    """An operator asks retrieval to list a registered server now (`writ mcp list`), or to
+    show one tool of it in full (`writ mcp show`: `tool`)."""
 
     tenant: Tenant
     server: ServerName
+    tool: McpToolName | None = None
 
 
 class ServerListing(Event):
-    """What the listing found, or why there is none (`error`)."""
+    """What the listing found, or why there is none (`error`); for `writ mcp show`, the tool
+    as listed now (`shown`) and as it was classified (`classified`)."""
 
     ok: bool
     error: ShortText = ""
     digest: str = ""
     tools: list[ToolStatus] = []
     exposed: list[str] = []
+    shown: ListedTool | None = None
+    classified: ClassifiedTool | None = None
 
 
 class ClassifyTool(Command):
-    """An operator classifies a tool as the latest recorded listing describes it."""
+    """An operator classifies a tool as the latest recorded listing describes it: only if its
+    digest there is `digest`, the one the operator was shown (`writ mcp show`), when given.
+    `description` is the operator's own words for the model's catalog (the server's text never
+    reaches the model's instructions)."""
 
     tenant: Tenant
     server: ServerName
     tool: McpToolName
     family: Family
     classified_by: Principal
+    digest: Digest | None = None
+    description: Annotated[str, msgspec.Meta(max_length=2000)] = ""
 
 
 class ToolClassified(Event):
@@ -136,13 +162,15 @@ class DescribeTools(Command):
 
 
 class DescribedTool(msgspec.Struct, frozen=True, kw_only=True):
-    """A capability as classified: its family, and the description and input schema of the
-    listing the operator classified (never the server's live text)."""
+    """A capability as classified: its family, the operator's description, and the server's
+    description and input schema of the listing the operator classified (never the server's
+    live text; the server's words are data, for the untrusted part of the model's input)."""
 
     capability: ShortText
     family: Family
     description: Text
     input_schema: dict[str, Any]
+    operator_description: Text = ""
 
 
 class ToolDescriptions(Event):

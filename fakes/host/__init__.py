@@ -21,7 +21,8 @@ One loopback HTTP server, three faces:
   every one.
 - `/_control`: the switches, as the other fakes have them: a mode per face (`fail` answers 503,
   `slow` waits `delay_s`, `lose_response` applies a write and never answers), a "rug pull"
-  (a tool's description or input schema changes between two listings), instruction-like text
+  (a tool's description, input schema or name changes between two listings, or a tool is
+  added), instruction-like text
   in a tool's result, and the host's state (customers, tickets, comments, calls per tool).
 
 "Going away" is the process stopping (`FakeHost.stop`, or the stack stopping it); it comes

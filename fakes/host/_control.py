@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from fakes.host._oauth import base_url, resource_metadata_url
 from fakes.host._rest import Lost
 from fakes.host._state import MODES, State, Unavailable, fault, problem
 
@@ -47,8 +48,23 @@ def control_routes(state: State) -> list[Route]:
                         tool["description"] = str(req["description"])
                     if "input_schema" in req:
                         tool["input_schema"] = req["input_schema"]
+                    if "rename" in req:  # the same definition under another name
+                        tool["name"] = str(req["rename"])
                     return JSONResponse(tool)
         return problem(404, "no such tool")
+
+    async def add_tool(request: Request) -> Response:
+        """The server lists one more tool from now on (name, description, schemas)."""
+        req = await request.json()
+        tool = {
+            "name": str(req["name"]),
+            "description": str(req.get("description", "")),
+            "input_schema": req.get("input_schema") or {"type": "object"},
+            "output_schema": req.get("output_schema"),
+        }
+        with state.lock:
+            state.tools.append(tool)
+        return JSONResponse(tool)
 
     async def inject(request: Request) -> Response:
         req = await request.json()
@@ -73,6 +89,7 @@ def control_routes(state: State) -> list[Route]:
         with state.lock:
             revoked = len(state.access_tokens)
             state.access_tokens.clear()
+            state.token_audiences.clear()
         return JSONResponse({"revoked": revoked})
 
     return [
@@ -81,6 +98,7 @@ def control_routes(state: State) -> list[Route]:
         Route("/_control/reset", reset, methods=["POST"]),
         Route("/_control/mode", mode, methods=["POST"]),
         Route("/_control/rug_pull", rug_pull, methods=["POST"]),
+        Route("/_control/add_tool", add_tool, methods=["POST"]),
         Route("/_control/inject", inject, methods=["POST"]),
         Route("/_control/tickets/{ticket_id}", change_ticket, methods=["POST"]),
         Route("/healthz", lambda r: JSONResponse({"status": "ok"}), methods=["GET"]),
@@ -97,15 +115,25 @@ class Guard:
         if scope["type"] == "http" and scope["path"].startswith("/mcp"):
             headers = dict(scope.get("headers") or [])
             scheme, _, value = headers.get(b"authorization", b"").decode().partition(" ")
+            base = base_url(headers)
             with self._state.lock:
                 issued = self._state.access_tokens.get(value, 0.0) > time.time()
+                # The audience check: a token is taken only if it was got for this resource.
+                audience = self._state.token_audiences.get(value)
+                if issued and audience != f"{base}/mcp":
+                    issued = False
+                    self._state.audience_refusals += 1
             if scheme.lower() != "bearer" or not (
                 issued or hmac.compare_digest(value.encode(), self._token)
             ):
+                challenge = (
+                    f'Bearer error="invalid_token", '
+                    f'resource_metadata="{resource_metadata_url(base)}"'
+                )
                 await JSONResponse(
                     {"error": "invalid_token"},
                     status_code=401,
-                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                    headers={"WWW-Authenticate": challenge},
                 )(scope, receive, send)
                 return
             if scope["method"] == "POST":  # each JSON-RPC request is one POST

@@ -140,6 +140,7 @@ class State:
         self.lock = threading.Lock()
         self._seed = data
         self.access_tokens: dict[str, float] = {}  # the authorization server's, kept by reset
+        self.token_audiences: dict[str, str] = {}  # each access token's resource ("" for none)
         self.reset()
 
     def reset(self) -> None:
@@ -161,6 +162,9 @@ class State:
             self.sse_sessions = 0
             self.tokens_issued = 0
             self.token_refusals = 0
+            self.token_resources: list[str] = []  # the `resource` of each token issued
+            self.metadata_reads = 0
+            self.audience_refusals = 0
 
     def take_mode(self, face: str) -> dict[str, Any]:
         with self.lock:
@@ -194,6 +198,9 @@ class State:
                 "sse_sessions": self.sse_sessions,
                 "tokens_issued": self.tokens_issued,
                 "token_refusals": self.token_refusals,
+                "token_resources": list(self.token_resources),
+                "metadata_reads": self.metadata_reads,
+                "audience_refusals": self.audience_refusals,
             }
 
 

@@ -9,8 +9,9 @@ another digest is a changed tool (refused until classified again).
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
 import msgspec
@@ -39,12 +40,35 @@ SELECT digest, tools FROM retrieval.mcp_listings WHERE tenant = $1 AND server = 
 ORDER BY listed_at DESC LIMIT 1"""
 _CLASSIFY: Final = """
 INSERT INTO retrieval.mcp_tools (tenant, capability, family, digest, description, input_schema,
-                                 output_schema, classified_by)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                 output_schema, classified_by, operator_description)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (tenant, capability) DO UPDATE SET
     family = excluded.family, digest = excluded.digest, description = excluded.description,
     input_schema = excluded.input_schema, output_schema = excluded.output_schema,
-    classified_by = excluded.classified_by, classified_at = now()"""
+    classified_by = excluded.classified_by, classified_at = now(),
+    operator_description = excluded.operator_description"""
+
+
+_ALL_CLASSIFIED: Final = """
+SELECT capability, digest, description, input_schema, output_schema FROM retrieval.mcp_tools
+WHERE tenant = $1"""
+# The tool a listing gave with this digest (the one retrieval recorded just before it asked).
+_LISTED: Final = """
+SELECT t.value AS tool FROM retrieval.mcp_listings l, jsonb_array_elements(l.tools) t
+WHERE l.tenant = $1 AND l.server = $2 AND l.tools @> $3::jsonb AND t.value->>'digest' = $4
+ORDER BY l.listed_at DESC LIMIT 1"""
+# The latest listing of each of the tenant's other servers.
+_OTHERS: Final = """
+SELECT DISTINCT ON (server) server, tools FROM retrieval.mcp_listings
+WHERE tenant = $1 AND server <> $2 ORDER BY server, listed_at DESC"""
+
+
+def definition(description: str, input_schema: Any, output_schema: Any) -> str:
+    """A digest of what a tool is, without its name: the same under another name is a rename."""
+    canonical = json.dumps(
+        [description, input_schema, output_schema], sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class Classification(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +94,30 @@ class McpRegistry:
         row = await self._pool.fetchrow(_CLASSIFIED, tenant, [name])
         return None if row is None else Classification(family=row["family"], digest=row["digest"])
 
+    async def flags(self, tenant: str, name: str, digest: str) -> list[str]:
+        """What makes an unclassified tool look like another, for the person asked: the
+        definition of a classified tool under another name (a rename), or the name of another
+        server's tool (a shadow); each with the digests involved, in full.
+
+        Raises:
+            asyncpg.PostgresError: the store cannot be read (the caller fails closed).
+        """
+        server, _, tool_name = name.removeprefix("mcp:").partition("/")
+        async with self._pool.acquire() as conn:
+            listed = await conn.fetchval(
+                _LISTED, tenant, server, json.dumps([{"digest": digest}]), digest
+            )
+            classified = await conn.fetch(_ALL_CLASSIFIED, tenant)
+            others = await conn.fetch(_OTHERS, tenant, server)
+        return _flags(
+            name,
+            tool_name,
+            digest,
+            None if listed is None else msgspec.json.decode(listed, type=ListedTool),
+            classified,
+            {r["server"]: msgspec.json.decode(r["tools"], type=list[ListedTool]) for r in others},
+        )
+
     async def record_listing(self, listing: RecordListing) -> ListingRecorded:
         """Journal the listing (and keep it as the server's latest); each tool's standing."""
         names = [capability(listing.server, t.name) for t in listing.tools]
@@ -94,13 +142,24 @@ class McpRegistry:
                     },
                 )
             rows = await conn.fetch(_CLASSIFIED, listing.tenant, names)
+            every: list[asyncpg.Record] = []
+            others: list[asyncpg.Record] = []
+            if len(rows) < len(names):  # only an unclassified tool can be flagged
+                every = await conn.fetch(_ALL_CLASSIFIED, listing.tenant)
+                others = await conn.fetch(_OTHERS, listing.tenant, listing.server)
         known = {r["capability"]: r for r in rows}
-        return ListingRecorded(
-            digest=listing.digest,
-            tools=[
-                _status(t, known.get(capability(listing.server, t.name))) for t in listing.tools
-            ],
-        )
+        other_tools = {
+            r["server"]: msgspec.json.decode(r["tools"], type=list[ListedTool]) for r in others
+        }
+        statuses = []
+        for t in listing.tools:
+            name = capability(listing.server, t.name)
+            status = _status(t, known.get(name))
+            if status.state == "unclassified":
+                flags = _flags(name, t.name, t.digest, t, every, other_tools)
+                status = msgspec.structs.replace(status, flags=flags)
+            statuses.append(status)
+        return ListingRecorded(digest=listing.digest, tools=statuses)
 
     async def classify(self, ask: ClassifyTool) -> ToolClassified:
         """Classify the tool as the server's latest recorded listing describes it."""
@@ -121,6 +180,13 @@ class McpRegistry:
                     message=f"{name} is not in the latest listing "
                     f"of {ask.server}: a tool never listed is never called",
                 )
+            if ask.digest is not None and ask.digest != tool.digest:
+                return ToolClassified(
+                    ok=False,
+                    message=f"{name} is no longer what was shown (shown {ask.digest[:12]}, "
+                    f"listed now {tool.digest[:12]}): show it again (writ mcp show) and "
+                    "classify what you see",
+                )
             await conn.execute(
                 _CLASSIFY,
                 ask.tenant,
@@ -131,6 +197,7 @@ class McpRegistry:
                 json.dumps(tool.input_schema),
                 None if tool.output_schema is None else json.dumps(tool.output_schema),
                 ask.classified_by,
+                ask.description,
             )
             if self._journal is not None:
                 await self._journal.write(
@@ -145,6 +212,11 @@ class McpRegistry:
                         "listing": latest["digest"],
                         "by": ask.classified_by,
                         "hints": tool.hints,
+                        # What the model's catalog will say of it: the operator's words, and
+                        # which server text was accepted as data beside them.
+                        "operator_description": ask.description,
+                        "server_description": tool.description,
+                        "shown": ask.digest is not None,
                     },
                 )
         return ToolClassified(
@@ -163,3 +235,44 @@ def _status(tool: ListedTool, row: asyncpg.Record | None) -> ToolStatus:
     return ToolStatus(
         name=tool.name, digest=tool.digest, state=state, family=row["family"], hints=tool.hints
     )
+
+
+def _flags(
+    name: str,
+    tool_name: str,
+    digest: str,
+    listed: ListedTool | None,
+    classified: list[asyncpg.Record],
+    others: dict[str, list[ListedTool]],
+) -> list[str]:
+    flags = []
+    if listed is not None:
+        mine = definition(listed.description, listed.input_schema, listed.output_schema)
+        for row in classified:
+            if row["capability"] == name:
+                continue
+            theirs = definition(
+                row["description"],
+                json.loads(row["input_schema"]),
+                None if row["output_schema"] is None else json.loads(row["output_schema"]),
+            )
+            if theirs == mine:
+                flags.append(
+                    f"{name} has the definition of {row['capability']} under another name "
+                    f"(served {digest}, classified {row['digest']})"
+                )
+    shadowed = sorted(
+        {
+            f"mcp:{server}/{tool_name}"
+            for server, tools in others.items()
+            if any(t.name == tool_name for t in tools)
+        }
+        | {
+            row["capability"]
+            for row in classified
+            if row["capability"] != name and row["capability"].endswith(f"/{tool_name}")
+        }
+    )
+    if shadowed:
+        flags.append(f"{name} (served {digest}) has the name of {', '.join(shadowed[:4])}")
+    return flags

@@ -273,31 +273,46 @@ class GovernanceService:
             profile_fact=contract.profile_fact if contract else False,
         )
 
-    async def _mcp_family(self, ask: DecideRequest, call: Call) -> tuple[Call, str | None]:
-        """An `mcp:` call with the family the operator classified (None: nobody did), and why
-        it is refused whatever else holds: the tool is not the one classified (its live digest
-        differs), or retrieval did not list it. An unreadable store leaves it unclassified,
-        which nothing sensitive passes (fail closed)."""
+    async def _mcp_family(
+        self, ask: DecideRequest, call: Call
+    ) -> tuple[Call, str | None, str | None]:
+        """An `mcp:` call with the family the operator classified (None: nobody did), why
+        it is refused whatever else holds (the tool is not the one classified: its live digest
+        differs, or retrieval did not list it), and, for an unclassified tool, what its ask
+        must say first (it has the definition of a classified tool under another name, or the
+        name of another server's tool: services/governance/mcp.py). An unreadable store leaves
+        it unclassified, which nothing sensitive passes (fail closed)."""
         try:
             found = None if self._mcp is None else await self._mcp.lookup(ask.tenant, ask.tool)
+            if found is None:
+                flags = (
+                    []
+                    if self._mcp is None or ask.tool_digest is None
+                    else await self._mcp.flags(ask.tenant, ask.tool, ask.tool_digest)
+                )
+                if ask.tool_digest is not None and not flags:
+                    flags = [f"{ask.tool} (served {ask.tool_digest}) was never classified"]
+                return call, None, "; ".join(flags) or None
         except Exception as exc:
             log.warning("mcp classification unreadable: %r", exc)
-            return call, "the classification of MCP tools cannot be read: refused"
-        if found is None:
-            return call, None
+            return call, "the classification of MCP tools cannot be read: refused", None
         call = msgspec.structs.replace(call, family=found.family)
         if ask.tool_digest is None:
             return (
                 call,
                 f"{ask.tool} was not listed by its server: a tool never listed is never called",
+                None,
             )
         if ask.tool_digest != found.digest:
-            return call, (
-                f"{ask.tool} changed since it was classified (digest "
-                f"{ask.tool_digest[:12]}, classified {found.digest[:12]}): an "
-                "operator must classify it again (writ mcp classify)"
+            # Both digests in full: the journaled refusal says what was served and what the
+            # operator had classified, so an auditor can find both listings.
+            changed = (
+                f"{ask.tool} changed since it was classified (served {ask.tool_digest}, "
+                f"classified {found.digest}): an operator must look at it and classify it "
+                "again (writ mcp show, writ mcp classify)"
             )
-        return call, None
+            return call, changed, None
+        return call, None, None
 
     async def _facts(self, reads: list[ToRead]) -> list[Facts | None]:
         """The facts of each call, in one statement; each on its own again if that failed
@@ -369,9 +384,10 @@ class GovernanceService:
         try:
             calls = [self._call(ask) for ask in asks]
             refusals: list[str | None] = [None] * len(asks)
+            notes: list[str | None] = [None] * len(asks)
             for i, ask in enumerate(asks):
                 if parse_capability(ask.tool) is not None:
-                    calls[i], refusals[i] = await self._mcp_family(ask, calls[i])
+                    calls[i], refusals[i], notes[i] = await self._mcp_family(ask, calls[i])
             facts = await self._facts(
                 [
                     ToRead(
@@ -385,10 +401,17 @@ class GovernanceService:
                 ]
             )
             ruled = []
-            for ask, call, known, refusal in zip(asks, calls, facts, refusals, strict=True):
+            for ask, call, known, refusal, note in zip(
+                asks, calls, facts, refusals, notes, strict=True
+            ):
                 ruling = decide(call, known)
                 if refusal is not None:  # like an org refusal: before anything that allows
                     ruling = Ruling(verdict="deny", line=1, reason=refusal)
+                elif note is not None and ruling.verdict != "allow":
+                    # The person asked is told first why this tool looks like another.
+                    ruling = msgspec.structs.replace(
+                        ruling, reason=f"{note}; {ruling.reason}"[:512]
+                    )
                 ruled.append(
                     ToRecord(
                         tenant=ask.tenant,

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 import msgspec
 
+from services.planner.mcp_catalog import SERVER_TEXT
 from services.planner.protocol import capability_view
 from services.planner.provider import CriticInput, ModelInput
 
@@ -81,15 +82,37 @@ def model_input(
     )
     if manifest.get("chat_turn"):
         developer = f"{developer}\n\n{PLAN_MARK_INSTRUCTION}"
+    catalog, server_texts = _server_text_apart(manifest.get("catalog", []))
     return ModelInput(
         developer=developer,
         user=user,
-        untrusted=evidence,
+        untrusted=[*evidence, *server_texts] if catalog_requested else evidence,
         observations=observations,
         turn=turn,
         agent=agent,
-        capabilities=capability_view(manifest.get("catalog", []), requested=catalog_requested),
+        capabilities=capability_view(catalog, requested=catalog_requested),
     )
+
+
+def _server_text_apart(
+    catalog: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The catalog without what MCP servers wrote about their tools, and that text as
+    untrusted content (mcp_catalog.py): the catalog is instruction, a server's words are not."""
+    texts = [
+        {
+            "document_id": e["ref"],
+            "kind": "mcp_tool_text",
+            "title": f"what the MCP server says of {e['ref']}",
+            "text": e[SERVER_TEXT],
+            "trust": "untrusted",
+        }
+        for e in catalog
+        if SERVER_TEXT in e
+    ]
+    if not texts:
+        return catalog, []
+    return [{k: v for k, v in e.items() if k != SERVER_TEXT} for e in catalog], texts
 
 
 def critic_input(

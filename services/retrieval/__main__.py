@@ -21,7 +21,6 @@ class RetrievalSettings(BaseSettings, frozen=True, kw_only=True):
     # Federation (services/retrieval/mcp/): the operator's registration of MCP servers. The
     # credentials it names are files only this process is given.
     mcp_servers_file: str = ""
-    mcp_listing_ttl_s: float = 30.0
     mcp_breaker_cooldown_s: float = 30.0
 
 
@@ -41,7 +40,6 @@ def main() -> None:
                 servers=ServerRegistry(settings.mcp_servers_file or None),
                 classified=store.classification,
                 decide_timeout_s=settings.decide_timeout_s,
-                listing_ttl_s=settings.mcp_listing_ttl_s,
                 breaker_cooldown_s=settings.mcp_breaker_cooldown_s,
             )
             svc = RetrievalService(

@@ -12,6 +12,7 @@ from typing import Any, Final
 import asyncpg
 import msgspec
 
+from schemas.mcp import ClassifiedTool
 from schemas.retrieval import Evidence
 
 __all__ = ["EVIDENCE_CHARS", "CustomerRecord", "RetrievalStore", "SearchPage"]
@@ -85,23 +86,35 @@ class RetrievalStore:
             truncated=len(rows) > limit or any(r["cut"] for r in rows[:limit]),
         )
 
-    async def classification(
-        self, tenant: str, capability: str
-    ) -> tuple[str, dict[str, Any]] | None:
-        """(digest, input schema) an operator classified `capability` with (None: nobody)."""
+    async def classification(self, tenant: str, capability: str) -> ClassifiedTool | None:
+        """How an operator classified `capability` (None: nobody did)."""
         row = await self._pool.fetchrow(
-            "SELECT digest, input_schema FROM retrieval.mcp_tools "
+            "SELECT family, digest, description, input_schema, output_schema, "
+            "operator_description, classified_by FROM retrieval.mcp_tools "
             "WHERE tenant = $1 AND capability = $2",
             tenant,
             capability,
         )
-        return None if row is None else (row["digest"], json.loads(row["input_schema"]))
+        if row is None:
+            return None
+        return ClassifiedTool(
+            family=row["family"],
+            digest=row["digest"],
+            description=row["description"],
+            input_schema=json.loads(row["input_schema"]),
+            output_schema=None
+            if row["output_schema"] is None
+            else json.loads(row["output_schema"]),
+            operator_description=row["operator_description"],
+            classified_by=row["classified_by"],
+        )
 
     async def described(self, tenant: str, capabilities: list[str]) -> list[dict[str, Any]]:
         """The classified ones among `capabilities`: family, description and input schema as
         the operator classified them."""
         rows = await self._pool.fetch(
-            "SELECT capability, family, description, input_schema FROM retrieval.mcp_tools "
+            "SELECT capability, family, description, input_schema, operator_description "
+            "FROM retrieval.mcp_tools "
             "WHERE tenant = $1 AND capability = ANY($2::text[])",
             tenant,
             capabilities,
@@ -112,6 +125,7 @@ class RetrievalStore:
                 "family": r["family"],
                 "description": r["description"],
                 "input_schema": json.loads(r["input_schema"]),
+                "operator_description": r["operator_description"],
             }
             for r in rows
         ]

@@ -2,8 +2,8 @@
 MCP over Streamable HTTP, `fakes/host/`) and writes back through the host's REST API. Every
 test asserts the host's own record, not only what Writ says.
 
-Its own deployment: the listing is taken on every read (`WRIT_MCP_LISTING_TTL_S=0`, so a rug
-pull is seen on the next read) and the `mcp:` breaker cools down in seconds, not 30.
+Its own deployment: the `mcp:` breaker cools down in seconds, not 30. (Every read lists the
+server's tools in its own session, so a rug pull is seen by the next read whatever the settings.)
 """
 
 from __future__ import annotations
@@ -47,12 +47,7 @@ def stack(admin_dsn: str) -> Iterator[Stack]:
             nats_url=os.environ.get("WRIT_TEST_NATS_URL") or None,
             admin_dsn=admin_dsn,
             database=f"fed_{uuid.uuid4().hex[:8]}",
-            extra_env={
-                "retrieval": {
-                    "WRIT_MCP_LISTING_TTL_S": "0",
-                    "WRIT_MCP_BREAKER_COOLDOWN_S": str(COOLDOWN_S),
-                }
-            },
+            extra_env={"retrieval": {"WRIT_MCP_BREAKER_COOLDOWN_S": str(COOLDOWN_S)}},
         )
         try:
             deployment.start_all()
@@ -204,7 +199,7 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
         action.operation_id,
     )
     assert (command["state"], command["receipt"]) == ("succeeded", "cmt_1")
-    # The catalog the model was shown: the classified listing, not the server's live text.
+    # The catalog the model was shown: as classified, not the server's live text.
     snapshot = json.loads(
         await db.fetchval("SELECT manifest FROM planner.runs WHERE run_id = $1", result.run_id)
     )
@@ -212,7 +207,10 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
     ticket = entries[TICKET]
     assert ticket["grants"]["family"] == "read"
     assert ticket["inputs"]["required"] == ["ticket_id"]
-    assert "As classified: Read one ticket" in ticket["description"]
+    # The deploying operator's words only; the server's, kept apart, go to untrusted content.
+    assert ticket["description"].startswith("Read one ticket of the host's helpdesk")
+    assert "As classified" not in ticket["description"]
+    assert ticket["server_text"]["description"].startswith("Read one ticket: its subject")
     assert entries[CUSTOMER]["grants"]["family"] == "read_personal"
     # The run replays offline from the journal alone: the mcp: outputs were captured.
     report = await replayed(host, db, result.run_id)
@@ -579,8 +577,9 @@ async def test_a_read_through_retrieval_reaches_a_legacy_sse_only_server(
         async with httpx.AsyncClient(base_url=old.url) as control:
             seen = (await control.get("/_control/state")).json()
         assert seen["tool_calls"] == {"ticket.get": 1}
-        assert seen["sse_sessions"] == 2  # the operator's listing, then the read
-        assert seen["listings"] == 2
+        # The operator's listing, the tool shown to them as they classify it, then the read.
+        assert seen["sse_sessions"] == 3
+        assert seen["listings"] == 3
 
 
 # -- OAuth client credentials ---------------------------------------------------------------

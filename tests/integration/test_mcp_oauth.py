@@ -115,3 +115,89 @@ async def test_a_credential_file_that_is_not_client_credentials_is_refused(
     with pytest.raises(McpCredentialRefused, match="not client credentials.*audience"):
         await McpClient().session(server, _read_ticket)
     assert _seen(host)["tokens_issued"] == 0
+
+
+# -- the MCP authorization spec: discovery, resource indicators, audiences --------------------
+
+
+async def test_the_token_endpoint_is_discovered_and_the_token_is_bound_to_the_server(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    """No token URL registered: the protected-resource metadata (RFC 9728) names the
+    authorization server, whose metadata (RFC 8414) names the token endpoint; the token is
+    asked for this server's URL as its `resource` (RFC 8707) and read with."""
+    path = tmp_path / "discover.json"
+    path.write_text(json.dumps({"client_id": CLIENT_ID, "client_secret": SECRET}))
+    server = ServerConfig(
+        url=f"{host.url}/mcp",
+        credential_file=str(path),
+        tools=["ticket.get"],
+        timeout_s=5.0,
+        auth="client_credentials",
+    )
+    client = McpClient()
+    assert await client.session(server, _read_ticket) == "Invoice address"
+    assert await client.session(server, _read_ticket) == "Invoice address"
+    seen = _seen(host)
+    assert seen["metadata_reads"] == 1  # discovered once
+    assert seen["token_resources"] == [f"{host.url}/mcp"]  # one token, for this audience
+    assert seen["tool_calls"] == {"ticket.get": 2} and seen["audience_refusals"] == 0
+
+
+async def test_a_registered_token_url_still_sends_the_resource(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    assert await McpClient().session(_server(host, tmp_path), _read_ticket) == "Invoice address"
+    assert _seen(host)["token_resources"] == [f"{host.url}/mcp"]
+
+
+async def test_the_host_refuses_a_token_got_for_another_resource(host: FakeHost) -> None:
+    """The fake host's audience check: a token its authorization server issued for its REST
+    API, or with no resource at all, does not open its MCP server; the 401 says where the
+    resource's metadata is."""
+    async with httpx.AsyncClient(base_url=host.url) as http:
+        for resource in (f"{host.url}/api/v1", None):
+            form = {"grant_type": "client_credentials"}
+            if resource:
+                form["resource"] = resource
+            issued = await http.post("/oauth/token", data=form, auth=(CLIENT_ID, SECRET))
+            assert issued.status_code == 200, issued.text
+            token = issued.json()["access_token"]
+            refused = await http.post(
+                "/mcp",
+                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            )
+            assert refused.status_code == 401
+            challenge = refused.headers["www-authenticate"]
+            assert f'resource_metadata="{host.url}/.well-known/oauth-protected-resource/mcp"' in (
+                challenge
+            )
+        elsewhere = await http.post(
+            "/oauth/token",
+            data={"grant_type": "client_credentials", "resource": "https://elsewhere.example/"},
+            auth=(CLIENT_ID, SECRET),
+        )
+        assert elsewhere.status_code == 400 and elsewhere.json()["error"] == "invalid_target"
+    seen = _seen(host)
+    assert seen["audience_refusals"] == 2 and seen["listings"] == 0
+
+
+async def test_metadata_that_names_another_resource_is_refused(
+    host: FakeHost, tmp_path: Path
+) -> None:
+    """A server reached as `localhost` whose metadata, asked as `localhost`, names it: taken;
+    the same metadata found for another URL (the resource is not the one registered): refused,
+    no token asked for."""
+    path = tmp_path / "discover.json"
+    path.write_text(json.dumps({"client_id": CLIENT_ID, "client_secret": SECRET}))
+    server = ServerConfig(
+        url=f"{host.url}/mcp/v2",  # its metadata (path inserted, then the root) names /mcp
+        credential_file=str(path),
+        tools=["ticket.get"],
+        timeout_s=5.0,
+        auth="client_credentials",
+    )
+    with pytest.raises(McpCredentialRefused, match="names .*/mcp', not .*/mcp/v2"):
+        await McpClient().session(server, _read_ticket)
+    assert _seen(host)["tokens_issued"] == 0

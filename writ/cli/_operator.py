@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -43,31 +46,74 @@ def _reconcile(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    """`writ mcp add|list|classify`: federation reads (writ/mcp.py)."""
+    """`writ mcp add|list|show|classify`: federation reads (writ/mcp.py)."""
     import anyio
 
+    from libs.errors import ConfigError
     from writ import mcp
 
     if args.action == "add":
-        mcp.add_server(
-            Path(args.home),
-            args.tenant,
-            args.server,
-            url=args.url,
-            credential_file=str(Path(args.credential_file).resolve()),
-            tools=args.tool,
-            facts=dict(f.split("=", 1) for f in args.facts),
-            transport=args.transport,
-            auth=args.auth,
-        )
+        pairs = {
+            "--facts": args.facts,
+            "--env": args.env,
+            "--env-file": args.env_file,
+            "--resource": args.resource,
+        }
+        for flag, values in pairs.items():
+            if any("=" not in v for v in values):
+                print(f"{flag} takes NAME=VALUE")
+                return 2
+        try:
+            mcp.add_server(
+                Path(args.home),
+                args.tenant,
+                args.server,
+                url=args.url,
+                credential_file=str(Path(args.credential_file).resolve())
+                if args.credential_file
+                else "",
+                tools=args.tool,
+                facts=dict(f.split("=", 1) for f in args.facts),
+                transport=args.transport,
+                auth=args.auth,
+                command=shlex.split(args.command) if args.command else [],
+                resources=dict(r.split("=", 1) for r in args.resource),
+                env=dict(e.split("=", 1) for e in args.env),
+                env_files={
+                    k: str(Path(v).resolve()) for k, v in (e.split("=", 1) for e in args.env_file)
+                },
+            )
+        except (ConfigError, OSError, ValueError) as exc:
+            print(exc)
+            return 2
         print(f"{args.server} registered for {args.tenant}; retrieval picks it up, no restart")
         return 0
-    if args.action == "list":
-        listing = anyio.run(mcp.list_server, _nats_url(args), args.tenant, args.server)
-        return 0 if listing.ok else 1
-    answer = anyio.run(
-        mcp.classify, _nats_url(args), args.tenant, args.server, args.tool, args.family, args.by
-    )
+    try:
+        if args.action == "list":
+            listing = anyio.run(mcp.list_server, _nats_url(args), args.tenant, args.server)
+            return 0 if listing.ok else 1
+        if args.action == "show":
+            listing = anyio.run(mcp.show_tool, _nats_url(args), args.tenant, args.server, args.tool)
+            return 0 if listing.ok else 1
+        if args.digest is not None and not re.fullmatch(r"[0-9a-f]{64}", args.digest):
+            print("--digest is the 64 hex digits `writ mcp show` printed")
+            return 2
+        answer = anyio.run(
+            functools.partial(
+                mcp.classify,
+                _nats_url(args),
+                args.tenant,
+                args.server,
+                args.tool,
+                args.family,
+                args.by,
+                digest=args.digest,
+                description=args.description,
+            )
+        )
+    except ConfigError as exc:
+        print(exc)
+        return 1
     return 0 if answer.ok else 1
 
 
@@ -181,9 +227,32 @@ def add_parsers(sub: Any) -> None:
     m = p.add_subparsers(dest="action", required=True)
     a = m.add_parser("add", help="register a server: URL, credential file, exposed tools")
     a.add_argument("server")
-    a.add_argument("--url", required=True)
-    a.add_argument("--credential-file", required=True, help="a secret only retrieval reads")
+    a.add_argument("--url", default="", help="a remote server's http(s) URL")
+    a.add_argument("--credential-file", default="", help="a secret only retrieval reads")
+    a.add_argument(
+        "--command",
+        default="",
+        help="stdio: the local server's command line (a trusted local server only)",
+    )
+    a.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        help="stdio: NAME=VALUE, the server's environment (it gets no other)",
+    )
+    a.add_argument(
+        "--env-file",
+        action="append",
+        default=[],
+        help="stdio: NAME=PATH, a variable whose value is a secret file's content",
+    )
     a.add_argument("--tool", action="append", default=[], help="a tool Writ exposes")
+    a.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        help="NAME=URI: a resource Writ exposes, read as mcp:<server>/NAME",
+    )
     a.add_argument(
         "--facts",
         action="append",
@@ -193,8 +262,9 @@ def add_parsers(sub: Any) -> None:
     a.add_argument(
         "--transport",
         default="auto",
-        choices=["auto", "streamable_http", "sse"],
-        help="auto: Streamable HTTP, falling back to legacy HTTP+SSE on a 4xx",
+        choices=["auto", "streamable_http", "sse", "stdio"],
+        help="auto: Streamable HTTP, falling back to legacy HTTP+SSE on a 4xx; stdio: a "
+        "local server run by retrieval (--command)",
     )
     a.add_argument(
         "--auth",
@@ -209,9 +279,30 @@ def add_parsers(sub: Any) -> None:
         "standing and the server's hints",
     )
     m2.add_argument("server")
-    c = m.add_parser("classify", help="classify a tool's family as last listed")
+    sh = m.add_parser(
+        "show",
+        help="list the server now and show one tool in full: description, parameters, "
+        "annotations, digest, and a diff against what was classified",
+    )
+    sh.add_argument("server")
+    sh.add_argument("tool")
+    c = m.add_parser(
+        "classify", help="classify a tool's family, bound to the digest you were shown"
+    )
     c.add_argument("server")
     c.add_argument("tool")
+    c.add_argument(
+        "--digest",
+        default=None,
+        help="the digest `writ mcp show` printed (without it, the tool is shown now and "
+        "what is shown is classified)",
+    )
+    c.add_argument(
+        "--description",
+        default="",
+        help="your description of the tool for the model's catalog (the server's text "
+        "never reaches the model's instructions)",
+    )
     c.add_argument(
         "--family",
         required=True,

@@ -1,6 +1,8 @@
-"""One MCP session with a registered server, with the official SDK, over either transport the
-SDK speaks: Streamable HTTP, or the legacy HTTP+SSE one (GET an event stream, POST to the
-endpoint it names). `auto` registrations try Streamable HTTP and fall back to SSE when the
+"""One MCP session with a registered server, with the official SDK, over the transports the
+SDK speaks: Streamable HTTP, the legacy HTTP+SSE one (GET an event stream, POST to the
+endpoint it names), or stdio (a trusted local server run as a child of retrieval for the
+session's length, with exactly the environment its registration names, killed if retrieval
+dies). `auto` registrations try Streamable HTTP and fall back to SSE when the
 server answers that first POST with a 4xx other than 401/403, as the spec's backwards-
 compatibility section says; the fallback happens before any tool is listed or called.
 
@@ -15,23 +17,24 @@ the tool's breaker).
 
 from __future__ import annotations
 
-import hashlib
-import time
+import shutil
+import sys
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
 import mcp_types as types
-import msgspec
 from mcp import Client
 from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from services.retrieval.mcp.oauth import McpTokenError, Tokens
 from services.retrieval.mcp.servers import ServerConfig
 
-__all__ = ["McpClient", "McpCredentialRefused", "McpSession", "McpUnavailable"]
+__all__ = ["McpClient", "McpCredentialRefused", "McpMisconfigured", "McpSession", "McpUnavailable"]
 
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)
@@ -43,6 +46,11 @@ class McpUnavailable(Exception):
 
 class McpCredentialRefused(McpUnavailable):
     """The server refused the credential (401/403): not transient, an operator must act."""
+
+
+class McpMisconfigured(McpCredentialRefused):
+    """The registration cannot be used as it is (a stdio command not found, a secret file
+    unreadable): not transient, an operator must act."""
 
 
 def _status_of(exc: BaseException) -> int | None:
@@ -72,7 +80,7 @@ def _mapped(exc: BaseException) -> McpUnavailable:
 
 
 class McpSession:
-    """An open session: list the tools, call one."""
+    """An open session: list the tools and resources, call a tool, read a resource."""
 
     def __init__(self, client: Client, timeout_s: float) -> None:
         self._client, self._timeout = client, timeout_s
@@ -91,6 +99,32 @@ class McpSession:
         except Exception as exc:
             raise _mapped(exc) from exc
         return tools
+
+    async def list_resources(self) -> list[types.Resource]:
+        """Every resource the server lists now (all pages)."""
+        resources: list[types.Resource] = []
+        cursor: str | None = None
+        try:
+            with anyio.fail_after(self._timeout):
+                for _ in range(16):
+                    page = await self._client.list_resources(cursor=cursor)
+                    resources += page.resources
+                    if not (cursor := page.next_cursor):
+                        break
+        except Exception as exc:
+            raise _mapped(exc) from exc
+        return resources
+
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        """Read one resource Writ checked was listed."""
+        try:
+            with anyio.fail_after(self._timeout):
+                result = await self._client.read_resource(uri)
+        except Exception as exc:
+            raise _mapped(exc) from exc
+        if not isinstance(result, types.ReadResourceResult):
+            raise McpUnavailable(f"{uri[:200]} answered {type(result).__name__}, not contents")
+        return result
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """Call one tool with arguments already checked."""
@@ -114,7 +148,7 @@ class McpClient:
     the registration names (`auto`: Streamable HTTP, else legacy HTTP+SSE)."""
 
     def __init__(self) -> None:
-        self._tokens = _Tokens()
+        self._tokens = Tokens()
 
     async def session(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]]) -> T:
         """Open a session with `server`, run `work` in it, close it; `work`'s own errors pass
@@ -123,6 +157,8 @@ class McpClient:
         Raises:
             McpUnavailable: the session failed (`McpCredentialRefused` for 401/403).
         """
+        if server.transport == "stdio":
+            return await self._stdio(server, work)
         try:
             return await self._with_transport(server, work, await self._bearer(server))
         except _StaleToken:
@@ -131,6 +167,53 @@ class McpClient:
             self._tokens.forget(server)
             return await self._with_transport(server, work, await self._bearer(server), fresh=True)
 
+    async def _stdio(self, server: ServerConfig, work: Callable[[McpSession], Awaitable[T]]) -> T:
+        """A session with a local server run as a child of this process for the session's
+        length: its environment is exactly the registration's (`env -i`), and it is killed
+        if retrieval dies (`setpriv --pdeathsig`, where there is one; otherwise its stdin
+        closing ends it, as the stdio transport says)."""
+        try:
+            env = server.environment()
+        except ValueError as exc:
+            raise McpMisconfigured(f"the stdio server's environment: {exc}"[:300]) from exc
+        program = shutil.which(server.command[0])
+        if program is None:
+            raise McpMisconfigured(f"the stdio command {server.command[0][:200]!r} is not found")
+        argv = [
+            "-i",
+            *(f"{k}={v}" for k, v in sorted(env.items())),
+            program,
+            *server.command[1:],
+        ]
+        launcher = shutil.which("env") or "/usr/bin/env"
+        setpriv = shutil.which("setpriv")
+        params = (
+            StdioServerParameters(command=setpriv, args=["--pdeathsig", "KILL", launcher, *argv])
+            if setpriv is not None and sys.platform == "linux"
+            else StdioServerParameters(command=launcher, args=argv)
+        )
+        own: list[BaseException] = []
+
+        async def run(session: McpSession) -> T:
+            try:
+                return await work(session)
+            except McpUnavailable:
+                raise
+            except Exception as exc:  # not the SDK's: hand it back unchanged
+                own.append(exc)
+                raise
+
+        try:
+            with anyio.fail_after(server.timeout_s * 3):
+                async with Client(stdio_client(params), cache=None, mode="auto") as client:
+                    return await run(McpSession(client, server.timeout_s))
+        except McpUnavailable:
+            raise
+        except Exception as exc:
+            if own:
+                raise own[0] from None
+            raise (_first(exc, McpUnavailable) or _mapped(exc)) from exc
+
     async def _bearer(self, server: ServerConfig) -> tuple[str, bool]:
         """The bearer for `server` and whether it came from the token cache."""
         if server.auth == "bearer":
@@ -138,7 +221,10 @@ class McpClient:
                 return server.credential(), False
             except ValueError as exc:
                 raise McpCredentialRefused(str(exc)) from exc
-        return await self._tokens.get(server)
+        try:
+            return await self._tokens.get(server)
+        except McpTokenError as exc:
+            raise (McpCredentialRefused if exc.refused else McpUnavailable)(str(exc)) from exc
 
     async def _with_transport(
         self,
@@ -251,92 +337,6 @@ class McpClient:
 
 class _StaleToken(Exception):
     """A cached access token was refused before any work: get a fresh one."""
-
-
-class _TokenAnswer(msgspec.Struct, kw_only=True):
-    """A token endpoint's answer (RFC 6749 §5.1; other members are ignored, as it says)."""
-
-    access_token: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
-    token_type: Annotated[str, msgspec.Meta(max_length=64)]
-    expires_in: Annotated[int, msgspec.Meta(ge=0)] | None = None
-
-
-class _TokenError(msgspec.Struct, kw_only=True):
-    error: Annotated[str, msgspec.Meta(max_length=64)] = "unknown"
-
-
-_MAX_TOKEN_ANSWER: Final = 16 * 1024
-
-
-class _Tokens:
-    """Access tokens got with the client credentials grant, kept until shortly before they
-    expire (at most an hour, a minute less than the server says)."""
-
-    def __init__(self) -> None:
-        self._held: dict[tuple[str, str, str], tuple[str, float]] = {}
-
-    def _key(self, server: ServerConfig) -> tuple[str, str, str]:
-        creds = server.client_credentials()
-        digest = hashlib.sha256(creds.client_secret.encode()).hexdigest()
-        return creds.token_url, creds.client_id, digest
-
-    def forget(self, server: ServerConfig) -> None:
-        try:
-            self._held.pop(self._key(server), None)
-        except ValueError:
-            pass
-
-    async def get(self, server: ServerConfig) -> tuple[str, bool]:
-        try:
-            creds = server.client_credentials()
-        except ValueError as exc:
-            raise McpCredentialRefused(str(exc)) from exc
-        key = self._key(server)
-        held = self._held.get(key)
-        if held is not None and time.monotonic() < held[1]:
-            return held[0], True
-        form = {"grant_type": "client_credentials"}
-        if creds.scope:
-            form["scope"] = creds.scope
-        try:
-            async with httpx2.AsyncClient(
-                timeout=httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
-            ) as http:
-                response = await http.post(
-                    creds.token_url,
-                    data=form,
-                    auth=(creds.client_id, creds.client_secret),
-                    headers={"Accept": "application/json"},
-                )
-                body = response.content[: _MAX_TOKEN_ANSWER + 1]
-        except httpx2.HTTPError as exc:
-            raise McpUnavailable(
-                f"the token endpoint did not answer ({type(exc).__name__})"
-            ) from exc
-        if len(body) > _MAX_TOKEN_ANSWER:
-            raise McpUnavailable("the token endpoint's answer is over 16 KiB")
-        if response.status_code in (400, 401, 403):
-            try:
-                error = msgspec.json.decode(body, type=_TokenError).error
-            except msgspec.DecodeError:
-                error = "unknown"
-            raise McpCredentialRefused(
-                f"the token endpoint refused Writ's client credentials (HTTP "
-                f"{response.status_code}: {error})"
-            )
-        if response.status_code != 200:
-            raise McpUnavailable(f"the token endpoint did not answer (HTTP {response.status_code})")
-        try:
-            answer = msgspec.json.decode(body, type=_TokenAnswer)
-        except msgspec.DecodeError as exc:
-            raise McpUnavailable(f"the token endpoint answered badly: {exc}"[:200]) from exc
-        if answer.token_type.lower() != "bearer":
-            raise McpUnavailable(
-                f"the token endpoint issued a {answer.token_type[:20]} token, not a bearer one"
-            )
-        life = min(answer.expires_in if answer.expires_in is not None else 3600, 3600)
-        self._held[key] = (answer.access_token, time.monotonic() + max(life - 60, 0))
-        return answer.access_token, False
 
 
 def _first(exc: BaseException, kind: type[E]) -> E | None:

@@ -3,8 +3,10 @@
 1. the server is registered for the run's tenant and the tool is one Writ exposes;
 2. the arguments are within Writ's own bounds and the input schema the operator classified;
 3. the tool's breaker admits the call (only transient failures count);
-4. the server lists its tools now (or within the listing's time to live), and the listing —
-   every tool's digest and the whole listing's — is recorded by governance in its journal;
+4. the server lists its tools now, in the session the call will be made in (no listing is
+   kept between reads: a tool changed a moment ago is seen changed by the very next call), and
+   the listing — every tool's digest and the whole listing's — is recorded by governance in its
+   journal;
 5. the tool is in that listing (a tool never listed is never called);
 6. the arguments validate against the listed input schema (a real JSON Schema validator);
 7. governance's `decide` allows it, given the tool's live digest: an unclassified tool is asked
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -35,6 +36,7 @@ from schemas.dispatcher import FactsRead, ReadFacts
 from schemas.governance import DecideRequest, Decision
 from schemas.mcp import (
     MAX_LISTED_TOOLS,
+    ClassifiedTool,
     ListedTool,
     ListingRecorded,
     ListServer,
@@ -67,7 +69,6 @@ _FACT_ARGUMENT: Final = {"host_ticket": "ticket_id"}
 
 
 class _Listing(msgspec.Struct, frozen=True, kw_only=True):
-    at: float
     digest: str
     tools: dict[str, ListedTool]
     status: dict[str, ToolStatus]
@@ -91,18 +92,16 @@ class McpReads:
         *,
         nc: Nats,
         servers: ServerRegistry,
-        classified: Callable[[str, str], Awaitable[tuple[str, dict[str, Any]] | None]],
+        classified: Callable[[str, str], Awaitable[ClassifiedTool | None]],
         client: McpClient | None = None,
         decide_timeout_s: float = 2.0,
-        listing_ttl_s: float = 30.0,
         breaker_cooldown_s: float = 30.0,
         on_breaker: Callable[[str, BreakerState], None] | None = None,
     ) -> None:
         self._nc, self._servers, self._client = nc, servers, client or McpClient()
         self._classified = classified
-        self._decide_timeout, self._ttl = decide_timeout_s, listing_ttl_s
+        self._decide_timeout = decide_timeout_s
         self._breakers = Breakers(threshold=3, cooldown_s=breaker_cooldown_s, on_change=on_breaker)
-        self._listings: dict[tuple[str, str], _Listing] = {}
         self._encoder = msgspec.json.Encoder()
         self._recorded = msgspec.json.Decoder(ListingRecorded)
 
@@ -141,7 +140,7 @@ class McpReads:
                 "UNAVAILABLE", f"{ask.tool}: its classification cannot be read now", retryable=True
             ) from exc
         if classified is not None:
-            _validate(ask.tool, classified[1], ask.arguments)
+            _validate(ask.tool, classified.input_schema, ask.arguments)
         breaker = self._breakers.for_tool(ask.tool)
         admission = breaker.admit()
         if not admission.allowed:
@@ -155,12 +154,12 @@ class McpReads:
 
         async def work(session: McpSession) -> ReadResult:
             nonlocal outcome
-            listing = await self._listing(session, ask.tenant, server_name)
+            listing = await self._listing(session, ask.tenant, server_name, server)
             tool = self._listed(listing, ask.tool, tool_name)
             _validate(ask.tool, tool.input_schema, ask.arguments)
             decision = await self._decide(ask, tool.digest)
             if decision.verdict != "allow":
-                changed = classified is not None and classified[0] != tool.digest
+                changed = classified is not None and classified.digest != tool.digest
                 raise _Refusal(
                     "CHANGED"
                     if changed and decision.verdict == "deny"
@@ -170,9 +169,14 @@ class McpReads:
                     decision.reason,
                     decision=decision,
                 )
-            result = await session.call_tool(tool_name, dict(ask.arguments))
-            outcome = "success"
-            items, truncated = _items(ask.tool, tool_name, result)
+            if tool_name in server.resources:
+                contents = await session.read_resource(server.resources[tool_name])
+                outcome = "success"
+                items, truncated = _resource_items(ask.tool, tool_name, contents)
+            else:
+                result = await session.call_tool(tool_name, dict(ask.arguments))
+                outcome = "success"
+                items, truncated = _items(ask.tool, tool_name, result)
             return ReadResult(
                 run_id=ask.run_id,
                 tool=ask.tool,
@@ -205,9 +209,10 @@ class McpReads:
             raise _Refusal(
                 "UNKNOWN_TOOL", f"no MCP server {server_name} is registered for this tenant"
             )
-        if tool_name not in server.tools:
+        if tool_name not in server.tools and tool_name not in server.resources:
             raise _Refusal(
-                "UNKNOWN_TOOL", f"{tool_name} is not a tool Writ exposes from {server_name}"
+                "UNKNOWN_TOOL",
+                f"{tool_name} is not a tool or resource Writ exposes from {server_name}",
             )
         return server
 
@@ -240,25 +245,32 @@ class McpReads:
 
     # -- listings ---------------------------------------------------------------------------
 
-    async def _listing(self, session: McpSession, tenant: str, server: str) -> _Listing:
-        """The server's tools, listed now unless the last listing is younger than the TTL;
-        every listing made is recorded by governance before it is used."""
-        cached = self._listings.get((tenant, server))
-        if cached is not None and time.monotonic() - cached.at < self._ttl:
-            return cached
+    async def _listing(
+        self, session: McpSession, tenant: str, server: str, config: ServerConfig | None = None
+    ) -> _Listing:
+        """The server's tools, listed now in `session` (the one any call will be made in):
+        no listing outlives the session, so neither a `notifications/tools/list_changed` nor a
+        reconnect can leave Writ holding a definition the server no longer serves. Every
+        listing is recorded by governance before it is used."""
         tools = [_listed(t) for t in (await session.list_tools())[:MAX_LISTED_TOOLS]]
+        if config is not None and config.resources:
+            # The exposed resources the server lists now, each as a tool of its name: hashed,
+            # journaled and classified like one (a changed or unlisted resource is refused).
+            exposed = {uri: name for name, uri in config.resources.items()}
+            tools += [
+                _listed_resource(exposed[str(r.uri)], r)
+                for r in (await session.list_resources())[: MAX_LISTED_TOOLS * 4]
+                if str(r.uri) in exposed
+            ][: MAX_LISTED_TOOLS - len(tools)]
         digest = listing_digest((t.name, t.digest) for t in tools)
         recorded = await self._record(
             RecordListing(tenant=tenant, server=server, digest=digest, tools=tools)
         )
-        listing = _Listing(
-            at=time.monotonic(),
+        return _Listing(
             digest=digest,
             tools={t.name: t for t in tools},
             status={s.name: s for s in recorded.tools},
         )
-        self._listings[(tenant, server)] = listing
-        return listing
 
     async def _record(self, listing: RecordListing) -> ListingRecorded:
         try:
@@ -290,20 +302,33 @@ class McpReads:
             return ServerListing(
                 ok=False, error=f"no MCP server {ask.server} is registered for {ask.tenant}"
             )
-        self._listings.pop((ask.tenant, ask.server), None)
 
         async def work(session: McpSession) -> _Listing:
-            return await self._listing(session, ask.tenant, ask.server)
+            return await self._listing(session, ask.tenant, ask.server, server)
 
         try:
             listing = await self._client.session(server, work)
         except (McpUnavailable, _Refusal) as exc:
             return ServerListing(ok=False, error=str(exc)[:500])
+        shown = classified = None
+        if ask.tool is not None:
+            shown = listing.tools.get(ask.tool)
+            try:
+                classified = await self._classified(ask.tenant, capability(ask.server, ask.tool))
+            except Exception as exc:
+                return ServerListing(ok=False, error=f"the classification cannot be read: {exc}")
+            if shown is None and classified is None:
+                return ServerListing(
+                    ok=False,
+                    error=f"{ask.server} does not list {ask.tool} and nobody classified it",
+                )
         return ServerListing(
             ok=True,
             digest=listing.digest,
             tools=list(listing.status.values()),
-            exposed=list(server.tools),
+            exposed=[*server.tools, *server.resources],
+            shown=shown,
+            classified=classified,
         )
 
     # -- facts ------------------------------------------------------------------------------
@@ -327,7 +352,7 @@ class McpReads:
                 listing = await self._listing(session, ask.tenant, name)  # noqa: B023
                 tool = listing.tools.get(tool_name)  # noqa: B023
                 classified = await self._classified(ask.tenant, capability(name, tool_name))  # noqa: B023
-                if tool is None or classified is None or classified[0] != tool.digest:
+                if tool is None or classified is None or classified.digest != tool.digest:
                     state = (
                         "not listed"
                         if tool is None
@@ -373,6 +398,10 @@ def _listed(tool: types.Tool) -> ListedTool:
     if tool.annotations is not None:
         for key in ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint"):
             hints[key] = getattr(tool.annotations, key)
+        if tool.annotations.title:
+            hints["annotation_title"] = tool.annotations.title[:200]
+    if tool.title:
+        hints["title"] = tool.title[:200]
     return ListedTool(
         name=tool.name[:64],
         description=description,
@@ -383,6 +412,48 @@ def _listed(tool: types.Tool) -> ListedTool:
             tool.name, tool.description or "", tool.input_schema, tool.output_schema
         ),
     )
+
+
+# What a resource read takes: nothing (the URI is the registration's).
+_NO_ARGUMENTS: Final = {"type": "object", "additionalProperties": False, "properties": {}}
+
+
+def _listed_resource(name: str, resource: types.Resource) -> ListedTool:
+    """An exposed resource as listed, under its registered name: its URI, name and type are
+    hashed with its description, so a resource changed on the server is seen changed."""
+    described = {"uri": str(resource.uri), "name": resource.name, "mimeType": resource.mime_type}
+    hints: dict[str, bool | str | None] = {
+        "resource_uri": str(resource.uri)[:500],
+        "mime_type": resource.mime_type,
+    }
+    if resource.title:
+        hints["title"] = resource.title[:200]
+    return ListedTool(
+        name=name,
+        description=(resource.description or "")[:_MAX_DESCRIPTION],
+        input_schema=_NO_ARGUMENTS,
+        hints=hints,
+        digest=tool_digest(name, resource.description or "", {"resource": described}, None),
+    )
+
+
+def _resource_items(
+    capability: str, name: str, result: types.ReadResourceResult
+) -> tuple[list[ReadItem], bool]:
+    """A resource's contents as one bounded, untrusted item (text; a blob is only sized)."""
+    parts = [
+        c.text
+        if isinstance(c, types.TextResourceContents)
+        else f"[{c.mime_type or 'binary'} content, {len(c.blob) * 3 // 4} bytes, not shown]"
+        for c in result.contents
+    ]
+    text = "\n".join(parts)
+    truncated = len(text) > MAX_RESULT_CHARS
+    return [
+        ReadItem(
+            id=name[:128], kind="mcp_resource", title=capability[:512], text=text[:MAX_RESULT_CHARS]
+        )
+    ], truncated
 
 
 def _validate(name: str, schema: dict[str, Any], arguments: dict[str, Any]) -> None:

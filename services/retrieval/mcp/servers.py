@@ -4,13 +4,18 @@ A JSON file (`WRIT_MCP_SERVERS_FILE`; on Kubernetes a Secret or ConfigMap): `{"<
 {"<server>": {"url", "credential_file", "tools": [...], "facts": {"host_ticket": "<tool>"},
 "transport"}}}`. `transport` is `auto` (Streamable HTTP, falling back to the legacy HTTP+SSE
 transport when the server answers the first POST with a 4xx other than 401/403, as the spec's
-backwards-compatibility section says), `streamable_http` or `sse` (legacy only). `auth` is
+backwards-compatibility section says), `streamable_http`, `sse` (legacy only) or `stdio`: a
+local server retrieval runs as its own child process (`command`, an argv), for trusted local
+servers only, with no environment but the one the registration names (`env`, and `env_files`
+whose values are secret files). `auth` is
 `bearer` (the credential file holds the token) or `client_credentials` (it holds
 `{"client_id", "client_secret", "token_url", "scope"?}`: the OAuth 2.0 client credentials grant,
 RFC 6749 §4.4, and the token it gets is the bearer).
 `tools` are the tools Writ exposes as capabilities (anything else the server lists is never
-called); `facts` names the tool admission's previews read a host record with. Only retrieval is
-given this file and the credential files it names. It is re-read when it changes.
+called); `resources` names resources Writ exposes, `{"<name>": "<uri>"}`, read as
+`mcp:<server>/<name>` under the same governance; `facts` names the tool admission's previews
+read a host record with. Only retrieval is given this file and the credential files it names.
+It is re-read when it changes.
 """
 
 from __future__ import annotations
@@ -36,20 +41,78 @@ class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     client_id: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     client_secret: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
-    token_url: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]{1,2000}$")]
+    # None: discovered from the server's protected-resource metadata (RFC 9728, RFC 8414).
+    token_url: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]{1,2000}$")] | None = None
     scope: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
 
 
-class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One registered server of one tenant."""
+_EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 
-    url: Annotated[str, msgspec.Meta(pattern=r"^https?://[^\s]{1,2000}$")]
-    credential_file: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One registered server of one tenant: a remote one (`url`, `credential_file`), or a
+    local one run over stdio (`command`, with exactly the environment `env` and `env_files`
+    name)."""
+
+    url: Annotated[str, msgspec.Meta(pattern=r"^(https?://[^\s]{1,2000})?$")] = ""
+    credential_file: Annotated[str, msgspec.Meta(max_length=4096)] = ""
     tools: Annotated[list[McpToolName], msgspec.Meta(max_length=64)] = []
+    # Resources Writ exposes, each under a name of the tool kind: `mcp:<server>/<name>` reads
+    # the resource at that URI (`resources/read`), governed like a tool.
+    resources: Annotated[
+        dict[McpToolName, Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]],
+        msgspec.Meta(max_length=64),
+    ] = {}
     facts: dict[str, McpToolName] = {}
     timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 10.0
-    transport: Literal["auto", "streamable_http", "sse"] = "auto"
+    transport: Literal["auto", "streamable_http", "sse", "stdio"] = "auto"
     auth: Literal["bearer", "client_credentials"] = "bearer"
+    command: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]],
+        msgspec.Meta(max_length=64),
+    ] = []
+    env: Annotated[
+        dict[_EnvName, Annotated[str, msgspec.Meta(max_length=4096)]], msgspec.Meta(max_length=64)
+    ] = {}
+    # Variables whose value is a secret file's content (read at each start of the server).
+    env_files: Annotated[dict[_EnvName, str], msgspec.Meta(max_length=16)] = {}
+
+    def __post_init__(self) -> None:
+        if both := sorted(set(self.tools) & set(self.resources)):
+            raise ValueError(f"{', '.join(both)}: a name is a tool's or a resource's, not both")
+        if self.transport == "stdio":
+            if not self.command:
+                raise ValueError("a stdio server needs its command (--command)")
+            if self.url or self.credential_file:
+                raise ValueError(
+                    "a stdio server has no url or credential file: what it needs goes in "
+                    "its environment (env, env_files)"
+                )
+        else:
+            if not self.url:
+                raise ValueError(
+                    "a remote server needs an http(s) url; a local server is registered "
+                    "with transport stdio and its command"
+                )
+            if not self.credential_file:
+                raise ValueError("a remote server needs a credential file")
+            if self.command or self.env or self.env_files:
+                raise ValueError("command, env and env_files are for stdio servers only")
+
+    def environment(self) -> dict[str, str]:
+        """The stdio server's whole environment: `env`, and `env_files` read now.
+
+        Raises:
+            ValueError: a secret file cannot be read (the message names the file, not the
+                secret).
+        """
+        values = dict(self.env)
+        for name, path in self.env_files.items():
+            try:
+                values[name] = read_secret(path)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from exc
+        return values
 
     def credential(self) -> str:
         """The bearer token, read from its secret file now (a rotated file is picked up)."""
