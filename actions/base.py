@@ -1,4 +1,5 @@
-"""What every action contract is (seed 003): the small common part of all of them.
+"""What every action contract is (the approval-contracts note): the small common part of all of
+them.
 
 A contract defines, together and in one module: the small request the model may send, the facts
 of current state its preview stands on, how code resolves the request against those facts into
@@ -31,7 +32,7 @@ __all__ = [
     "outcome_of",
 ]
 
-# The audit events of every proposal's lifecycle (DESIGN.md §6 and §7), in order of occurrence.
+# The audit events of every proposal's lifecycle (docs/design.md §6 and §7), in order of occurrence.
 AUDIT_EVENTS = (
     "proposed",
     "previewed",
@@ -214,7 +215,7 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What a person and a system may do next (DESIGN.md §6), from a command's recorded state.
+    """What a person and a system may do next (docs/design.md §6), from a command's recorded state.
 
     `kind` is one of succeeded, needs_reconciliation, revision_required, denied, expired,
     terminal_failure; `detail` is safe to show (never a stack trace); `correlation_id` names a

@@ -222,7 +222,7 @@ class Bench:
         """The command path and its ceilings, measured in alternating passes.
 
         Both ceilings and the command path are measured `ROUNDS` times, one after the other in
-        each round, so each sees the machine as the others do (this machine is shared, and the
+        each round, so each sees the machine as the others do (a machine may be shared, and the
         admission ceiling has moved 2x between runs). The ratio takes the best pass of each:
         the best ceiling is the least flattering one. Each round also measures the admission
         transaction without its NOTIFY and with 4 connections: diagnostics, never the ceiling.

@@ -1,6 +1,6 @@
 """Run budgets from the caller's side: reserve before a step starts, settle when it ends.
 
-Governance keeps the budgets (DESIGN.md §1, §3 invariant 9); this is the request/reply client a
+Governance keeps the budgets (docs/design.md §1, §3 invariant 9); this is the request/reply client a
 planner calls around every provider call and capability call:
 
     held = await reserve(nc, tenant=t, run_id=r, step_key=f"{r}:{step}:model",

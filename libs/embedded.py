@@ -130,7 +130,7 @@ class EmbeddedNats:
         conf.touch(mode=0o600)
         conf.chmod(0o600)  # it holds the users' passwords
         # sync_interval: always makes JetStream fsync each write before it acknowledges it, so an
-        # acknowledged publish survives a crash of the server (DESIGN.md §5).
+        # acknowledged publish survives a crash of the server (docs/design.md §5).
         conf.write_text(
             f'listen: "127.0.0.1:{self.port}"\n'
             f'server_name: "{self.server_name}"\n'

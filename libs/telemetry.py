@@ -94,7 +94,7 @@ class PassThroughTracer(trace.Tracer):
     from a message's headers, ids and sampled flag alike), so what this process publishes and
     stores (NATS headers, the outbox's `traceparent`) names the same trace as with recording
     on. An SDK tracer with no processor builds every span in full and then drops it: in
-    governance's `decide` that was a sixth of the process's CPU (issue 18's profile).
+    governance's `decide` that was a sixth of the process's CPU (as profiled).
     """
 
     def start_span(

@@ -47,7 +47,7 @@ class ProposalRefused(Event):
 class DispatchCommand(Command):
     """A pointer to an admitted command; the dispatcher loads the command from Postgres.
 
-    The dispatcher never trusts a command's content from the bus (seed 001 §1).
+    The dispatcher never trusts a command's content from the bus (the reference architecture).
     """
 
     tenant: Tenant

@@ -113,5 +113,5 @@ class Event(Message, tag_field="type"):
     """Fan-out between Writ's services: old consumers skip fields they don't know."""
 
 
-# The action families governance classifies calls by (DESIGN.md §4).
+# The action families governance classifies calls by (docs/design.md §4).
 Family = Literal["read", "read_personal", "write_delete", "send_external", "execute_code"]

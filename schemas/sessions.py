@@ -1,4 +1,4 @@
-"""Chat sessions (DESIGN.md §10), owned by the planner: the HTTP bodies of `/api/v1/sessions`
+"""Chat sessions (docs/design.md §10), owned by the planner: the HTTP bodies of `/api/v1/sessions`
 and `/api/v1/plans`, what ingress asks the planner (`SESSION_OPS`, request/reply) and the
 numbered events of a session's stream (`writ.chat.<tenant>.<session>`).
 

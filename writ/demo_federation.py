@@ -1,4 +1,4 @@
-"""`writ run`, scenario C (seed 000): a host product federates with Writ.
+"""`writ run`, scenario C (the agent-OS runtime view): a host product federates with Writ.
 
 The simulated helpdesk (`fakes/host/`) keeps its data behind its own MCP server and its
 writes behind its own REST API. An operator lists its MCP server and classifies the tools Writ

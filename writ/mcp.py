@@ -1,4 +1,4 @@
-"""Operators' commands for federation reads (`writ mcp ...`, DESIGN.md §11).
+"""Operators' commands for federation reads (`writ mcp ...`, docs/design.md §11).
 
 - `add_server` registers a tenant's MCP server in the file retrieval reads
   (`config/mcp-servers.json` under the deployment's home, `WRIT_MCP_SERVERS_FILE`): its URL, the

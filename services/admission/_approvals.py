@@ -1,7 +1,7 @@
-"""Admission's approvals (seed 003): a pending proposal answered by its opaque id, or through
-the pending decision governance recorded for it, becomes the one pending -> executing claim that
-admits it, or a recorded rejection. A mixin of `AdmissionService` (`service.py`), whose store,
-runtime and refusals these methods use."""
+"""Admission's approvals (the approval-contracts note): a pending proposal answered by its opaque
+id, or through the pending decision governance recorded for it, becomes the one pending -> executing
+claim that admits it, or a recorded rejection. A mixin of `AdmissionService` (`service.py`), whose
+store, runtime and refusals these methods use."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ class ProposalApprovals(_Base):
         await self._claim(proposal, answered, answered.answered_by)
 
     async def _on_proposal_answer(self, ans: ProposalAnswer) -> None:
-        """An approver approves or rejects a proposal by its opaque id (seed 003): check it all
-        again, record the answer with governance, then the one atomic claim."""
+        """An approver approves or rejects a proposal by its opaque id (the approval-contracts
+        note): check it all again, record the answer with governance, then the one atomic claim."""
         proposal = await self._store.proposal_row(ans.tenant, public_id=ans.proposal_id)
         if proposal is None:
             # Unknown, tampered, or another tenant's id: the same answer for all three.

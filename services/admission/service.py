@@ -4,7 +4,8 @@ It validates the request against the action's contract, reads the state the prev
 on (from the dispatcher, the one holder of credentials), resolves the request into frozen
 arguments and a preview, asks governance's `decide`, and admits the command with its outbox row
 in one transaction. A proposal a person must approve is durable state with an opaque id;
-approving it by that id is the one pending -> executing claim that admits it (seed 003,
+approving it by that id is the one pending -> executing claim that admits it (the approval-contracts
+note,
 `_approvals.py`).
 It holds nothing that acts on the world.
 """

@@ -141,10 +141,10 @@ WITH recorded AS (
 SELECT public_id FROM recorded
 """
 
-# Seed 001 §4 in one statement: the proposal's pending -> executing claim, the command
-# (ON CONFLICT DO NOTHING: RETURNING yields a row only for the first admission), its outbox row
-# only if the command was created, and the relay's wake-up. $20 is the notification channel,
-# $24 the policy epoch read before `decide` (NULL: the dispatcher's re-check asks again).
+# The reference architecture's admission in one statement: the proposal's pending -> executing
+# claim, the command (ON CONFLICT DO NOTHING: RETURNING yields a row only for the first admission),
+# its outbox row only if the command was created, and the relay's wake-up. $20 is the notification
+# channel, $24 the policy epoch read before `decide` (NULL: the dispatcher's re-check asks again).
 _ADMIT = """
 WITH proposal AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
@@ -188,9 +188,9 @@ FROM admission.proposals p
 LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
 WHERE p.tenant = $1"""
 
-# Approval by public id (seed 003): only a pending, unexpired proposal moves to executing, and
-# only that move creates the command and its outbox row, from the proposal's frozen columns.
-# $9 is the notification channel, $10 the admitting span's traceparent.
+# Approval by public id (the approval-contracts note): only a pending, unexpired proposal moves to
+# executing, and only that move creates the command and its outbox row, from the proposal's frozen
+# columns. $9 is the notification channel, $10 the admitting span's traceparent.
 _APPROVE = """
 WITH claimed AS (
     UPDATE admission.proposals
@@ -461,8 +461,9 @@ class AdmissionStore:
         ttl: timedelta,
         operation_id: str,
     ) -> bool:
-        """The one pending -> executing claim of seed 003, with the command and its outbox row,
-        in one statement: True for exactly one approval of a pending, unexpired proposal."""
+        """The one pending -> executing claim of the approval-contracts note, with the command and
+        its outbox row, in one statement: True for exactly one approval of a pending, unexpired
+        proposal."""
         expires_at = datetime.now(UTC) + ttl
         claimed = await self._pool.fetchval(
             self._approve,
@@ -544,7 +545,8 @@ class AdmissionStore:
     async def admit(
         self, *, before_commit: Callable[[], None] | None = None, **admission: Any
     ) -> Admitted:
-        """Proposal -> executing, command and outbox row, in one statement (seed 001 §4).
+        """Proposal -> executing, command and outbox row, in one statement (the reference
+        architecture).
 
         `admission` is `Admission`'s fields. Its `policy_epoch` is governance's epoch read
         before `decide` answered (`known`): while it stands, the dispatcher's re-check is this

@@ -1,6 +1,6 @@
 """The dispatcher's SQL: fenced claims and finalisation of commands, and attempt records.
 
-Every write after the claim is conditioned on the claim's `lease_epoch` (DESIGN.md §5): zero
+Every write after the claim is conditioned on the claim's `lease_epoch` (docs/design.md §5): zero
 rows changed means another worker took the lease over, and this one must stop.
 """
 
@@ -469,7 +469,7 @@ class DispatcherStore:
         return [PriorAttempt(**dict(r)) for r in rows]
 
     async def stale(self, *, pending_grace_s: float, limit: int = 100) -> list[Stale]:
-        """Commands to re-drive without the bus (DESIGN.md §5: JetStream can lose messages)."""
+        """Commands to re-drive without the bus (docs/design.md §5: JetStream can lose messages)."""
         rows = await self._pool.fetch(
             "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands "
             "WHERE (state = 'dispatching' AND lease_until < now()) "

@@ -1,7 +1,8 @@
 """`decide`: the six ordered lines that answer every capability call. Pure, no I/O.
 
-DESIGN.md §4 and seed 000 scenario E. The first line that applies decides; denials are read
-before anything that allows, so no grant or allow rule can outrank an org refusal or a deny rule.
+docs/design.md §4 and the agent-OS runtime view's scenario E. The first line that applies decides;
+denials are read before anything that allows, so no grant or allow rule can outrank an org refusal
+or a deny rule.
 """
 
 from __future__ import annotations

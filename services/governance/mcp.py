@@ -1,4 +1,4 @@
-"""The operator's classification of MCP tools, and the record of every listing (DESIGN.md §11).
+"""The operator's classification of MCP tools, and the record of every listing (docs/design.md §11).
 
 A family for an `mcp:` capability is what an operator classified in Writ, bound to the digest of
 the tool they were shown; the server's annotations are kept as hints and decide nothing. Every

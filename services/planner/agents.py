@@ -5,7 +5,7 @@ A manifest is deployment configuration the planner alone reads (like the scripte
 so its schema lives here rather than in `schemas/`: no other service decodes it, and resolving it
 needs the action contracts (`actions.ACTIONS`), which `schemas/` may not import.
 
-An agent's process states are DESIGN.md §6's: `initializing`, `active`, `degraded`, `stopping`,
+An agent's process states are docs/design.md §6's: `initializing`, `active`, `degraded`, `stopping`,
 `stopped`, moved only through `TRANSITIONS` (no `initializing -> stopped`; a failure passes
 through `stopping`). A degraded agent takes work with a warning; the others refuse it.
 """
@@ -128,7 +128,7 @@ class AgentUse(_Strict, kw_only=True, tag_field="kind", tag="agent"):
 
 
 class McpUse(_Strict, kw_only=True, tag_field="kind", tag="mcp"):
-    """A read tool of the tenant's host MCP server, `mcp:<server>/<tool>` (DESIGN.md §11),
+    """A read tool of the tenant's host MCP server, `mcp:<server>/<tool>` (docs/design.md §11),
     executed by retrieval. Its family is what an operator classified in Writ and its arguments
     are checked there against the schema the operator classified; the description here is the
     deploying operator's, never the server's live text."""
@@ -165,7 +165,8 @@ class AgentManifest(_Strict, kw_only=True):
     provider: Literal["scripted", "openai"] = "scripted"
     budgets: Budgets = Budgets()
     # A critic verifies each answer against the objective before the run ends with it, and
-    # may send the agent back to plan again (seed 000 scenario A), under the same budgets.
+    # may send the agent back to plan again (the agent-OS runtime view's scenario A), under the same
+    # budgets.
     critic: bool = False
     # Every chat session with this agent is in plan-mode: a turn first proposes a plan that
     # the user approves by its id before anything runs (`sessions/_plans.py`).

@@ -1,4 +1,4 @@
-"""Calls to other agents from the planner's side (issue 6, multi-agent): a run's agent may call
+"""Calls to other agents from the planner's side: a run's agent may call
 another agent that lists it in `callable_by`, as a governed capability.
 
 A checked call (in `uses`, `callable_by`, the signature, not deeper than `MAX_BRANCH_DEPTH`,

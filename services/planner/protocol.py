@@ -1,4 +1,4 @@
-"""The decision protocol's pure parts (seed 004): the catalog an agent may show its model, the
+"""The decision protocol's pure parts: the catalog an agent may show its model, the
 summary sent first, and the checks a selection passes before any handler runs. No I/O here.
 
 A selection that passes its checks is executed by the runtime, never by the model: an action is

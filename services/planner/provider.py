@@ -1,7 +1,8 @@
 """Decision providers: where the model's next decision comes from.
 
-The decision protocol (seed 004): `answer_directly`, `request_capabilities`, `select_capability`,
-`request_human_review`; and the critic's verdict on an answer (seed 000 scenario A): `accept` or
+The decision protocol: `answer_directly`, `request_capabilities`, `select_capability`,
+`request_human_review`; and the critic's verdict on an answer (the agent-OS runtime view's scenario
+A): `accept` or
 `replan` with a reason. The scripted provider reads decisions and verdicts from a file, so demos
 and tests need no network; a real model provider plugs in behind the same `DecisionProvider`
 port. Each call also says how many tokens it used, which the planner settles its budget with.
@@ -82,7 +83,7 @@ ModelDecision = SelectCapability | AnswerDirectly | RequestCapabilities | Reques
 
 
 class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The model's input, with its content boundaries kept apart (seed 004).
+    """The model's input, with its content boundaries kept apart (the decision protocol).
 
     `developer` is the only instruction (Writ's and the agent's responsibility), `user` is the
     principal's request (domain data), `untrusted` and `observations` are external content.

@@ -7,7 +7,7 @@ decided — and publish what follows after the commit (`effects.py`). A redelive
 the same messages with the same `Nats-Msg-Id`, so nothing happens twice. Each decision and
 observation is committed as a step before the next decision is asked for.
 
-The decision protocol (seed 004, `protocol.py`): a run starts only for an agent a manifest
+The decision protocol (`protocol.py`): a run starts only for an agent a manifest
 declares and that takes work (`agents.py`), with a snapshot of it (`snapshot.py`); its model
 first sees a summary of the agent's capabilities and the catalog once it asked
 (`request_capabilities`; the model's input: `inputs.py`). What each decision leads to lives in
@@ -22,7 +22,7 @@ its own module:
 - `answer_directly`: the run ends with the answer, or first asks the agent's critic
   (`critic.py`).
 
-Budgets (DESIGN.md invariant 9, `budgeting.py`): every provider call (a decision, a critic's
+Budgets (docs/design.md invariant 9, `budgeting.py`): every provider call (a decision, a critic's
 verdict) first reserves a provider call and tokens of the run's budget in governance, and every
 capability call a capability call; each is settled with what it used. A budget that ran out
 stops the run in code — `failed` with `BUDGET_EXHAUSTED` naming the budget (`codes.py`) — and the
@@ -158,7 +158,7 @@ class PlannerService(PersonWaits):
         lease_steps: int = 8,
     ) -> None:
         self._rt, self._store, self._provider = rt, store, provider
-        # Chat sessions (DESIGN.md §10): each turn is a run of this loop; None only in tests
+        # Chat sessions (docs/design.md §10): each turn is a run of this loop; None only in tests
         # of something else.
         self._sessions = sessions
         # Deliveries handled at once. Each holds one pooled connection for as long as it runs

@@ -1,4 +1,4 @@
-"""The planner's waits for a person (DESIGN.md invariant 8): a run stops for a decision — a
+"""The planner's waits for a person (docs/design.md invariant 8): a run stops for a decision — a
 read or proposal governance asked about, a branch that waits, a plan-mode turn's plan — and
 goes on from its recorded step once the answer (or the outcome it leads to) arrives. A mixin of
 `PlannerService` (`service.py`), whose loop and store these methods use."""

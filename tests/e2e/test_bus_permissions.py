@@ -1,4 +1,4 @@
-"""Tenants are isolated on the bus by NATS itself (issue 12, defects 4, 6 and 11).
+"""Tenants are isolated on the bus by NATS itself.
 
 Each cross-tenant read and write a hostile host tried is refused by the server: the host
 connects with its own tenant's credentials, as the deployment generated them, and the server

@@ -1,5 +1,6 @@
-"""The fault suite (seed 001 §7, issue 3): break Writ at its seams, for real, and check that
-every accepted request still ends in one recorded outcome with at most the effects it may have.
+"""The fault suite (the reference architecture's fault list): break Writ at its seams, for real, and
+check that every accepted request still ends in one recorded outcome with at most the effects it may
+have.
 
 This module runs its own deployment — its own nats-server and PostgreSQL, which it kills and
 restarts — with short leases so takeovers happen within seconds. Processes crash at named

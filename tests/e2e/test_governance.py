@@ -1,4 +1,4 @@
-"""Governance through the real processes (issue 4): unattended runs stop at an ask, operators
+"""Governance through the real processes: unattended runs stop at an ask, operators
 answer with `writ pending` / `writ decide`, attended asks time out to a deny, signed org policy
 outranks grants, and a governance that cannot read its store denies what is sensitive."""
 

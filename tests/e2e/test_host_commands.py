@@ -1,4 +1,4 @@
-"""Hosts that know what they want submit commands under their own operation key (issue 3):
+"""Hosts that know what they want submit commands under their own operation key:
 replay, conflict, concurrent retries, redelivery of a terminal command, and the checks made
 right before dispatch (revocation, expiry, resource revision)."""
 

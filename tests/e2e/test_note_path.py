@@ -1,4 +1,4 @@
-"""The walking skeleton's path through the six real processes (issue 2)."""
+"""A note's path through the six real processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A person answers the review a run's agent asked for, through the six real processes (issue 6):
+"""A person answers the review a run's agent asked for, through the six real processes:
 `ReviewDecision` on `writ.in.reviews.<tenant>`, verified by ingress (tenant and reviewer from the
 token, the approver role required) and handed to the planner by request/reply."""
 

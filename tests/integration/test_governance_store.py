@@ -266,7 +266,7 @@ async def test_an_approval_stands_for_exactly_the_call_it_answered(store) -> Non
 
 
 async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(store) -> None:  # type: ignore[no-untyped-def]
-    # Issue 12, defect 7: one operation key sent 8 times at once used to leave 4 pending
+    # One operation key sent 8 times at once used to leave 4 pending
     # decisions, all but one orphans. Each ask about the same proposal is the same one.
     gov, admin = store
     facts = await gov.facts("acme", WRITE, "alice@acme", "run-1")

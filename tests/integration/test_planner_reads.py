@@ -1,4 +1,4 @@
-"""The planner executes read capabilities (issue 6) against retrieval's and governance's real
+"""The planner executes read capabilities against retrieval's and governance's real
 endpoints, on a real nats-server (this module's own) and PostgreSQL: a checked read selection
 reserves a capability call, is read by retrieval after governance's `decide`, and its answer is
 the next observation — untrusted data in the model input, journaled, replayed identical; a

@@ -1,4 +1,4 @@
-"""`Session`: one chat session (DESIGN.md §10), over HTTP (`Client`: `/api/v1/sessions`, the
+"""`Session`: one chat session (docs/design.md §10), over HTTP (`Client`: `/api/v1/sessions`, the
 events as Server-Sent Events) or NATS (`NatsClient`: `writ.api.<tenant>.session`, the events
 read in batches after a stream sequence): the same methods, the same types. `SyncSession` is
 the same object for blocking code (`SyncClient`): each method runs the async one on the

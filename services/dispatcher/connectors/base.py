@@ -1,4 +1,4 @@
-"""What every connector is: a business system, and what its provider can prove (DESIGN.md §5).
+"""What every connector is: a business system, and what its provider can prove (docs/design.md §5).
 
 Each connector declares what its provider can establish after a lost response: `idempotent` (the
 same key replays safely), `queryable` (the key can be looked up) or `none`.

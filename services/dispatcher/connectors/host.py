@@ -1,4 +1,4 @@
-"""The host connector: writes to the host product over its own REST API (DESIGN.md §11).
+"""The host connector: writes to the host product over its own REST API (docs/design.md §11).
 
 The host stays the system of record: Writ reads it through its MCP server (retrieval) and writes
 back here, never through MCP. The host honours `Idempotency-Key` (same key, same body: the first

@@ -23,7 +23,8 @@ __all__ = [
 ]
 
 DEFAULT_POLICY_VERSION: Final = "default"
-# Seed 000: an unanswered ask in an attended conversation is a deny after five minutes, fixed.
+# The agent-OS runtime view: an unanswered ask in an attended conversation is a deny after five
+# minutes, fixed.
 ATTENDED_ASK_TIMEOUT: Final = timedelta(minutes=5)
 
 

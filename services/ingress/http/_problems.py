@@ -23,7 +23,7 @@ __all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "IdempotencyKey", "proble
 
 log = logging.getLogger("writ.ingress.http")
 PROBLEM_JSON: Final = "application/problem+json"
-# The HTTP status of each stable code (README, "The host contract").
+# The HTTP status of each stable code (docs/host-contract.md).
 STATUS: Final = {
     "INVALID_REQUEST": 400,
     "UNAUTHENTICATED": 401,

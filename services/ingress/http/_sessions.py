@@ -1,4 +1,4 @@
-"""`/sessions` and `/plans`: chat sessions (DESIGN.md §10), owned by the planner.
+"""`/sessions` and `/plans`: chat sessions (docs/design.md §10), owned by the planner.
 
 Each write is authenticated by its token alone (tenant and principal come from it, never
 from the body), answered once per Idempotency-Key, and handed to the planner as a `SessionOp`

@@ -1,4 +1,4 @@
-"""Offline replay of a run from the planner's audit journal (DESIGN.md §7). No I/O here.
+"""Offline replay of a run from the planner's audit journal (docs/design.md §7). No I/O here.
 
 `replay_run` walks a run's journal entries (`journal_entries.py`) in chain order without calling
 a model or running a tool: each captured response must decode as a decision, each model input

@@ -1,6 +1,7 @@
-"""Plan-mode (DESIGN.md §6, seed 000 scenario B): a plan-mode turn first plans, then, once the
-user approved the plan by its id, acts — every call still decided by `decide` where it is made
-(approving is consent, not an authorisation: "a plan step carries no approval of its own").
+"""Plan-mode (docs/design.md §6, the agent-OS runtime view's scenario B): a plan-mode turn first
+plans, then, once the user approved the plan by its id, acts — every call still decided by `decide`
+where it is made (approving is consent, not an authorisation: "a plan step carries no approval of
+its own").
 
 - Which turns plan: every turn of a session opened in plan-mode (asked for by the session, or
   by the agent's manifest), and a turn in which the model marked a selection `consequential`

@@ -1,4 +1,4 @@
-"""What a plan step freezes for a selection (issue 15, plan-mode), and the facts it stands on.
+"""What a plan step freezes for a selection, and the facts it stands on.
 
 For an action, a step holds what the action's contract resolves from the model's request, as
 admission will resolve it: the request decoded strictly and NFC-normalised (`request`: what is

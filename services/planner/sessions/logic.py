@@ -1,7 +1,7 @@
 """Chat sessions' pure rules (no I/O): the one transition table that moves a session's state,
 the ids of sessions, turns and forks, and the conversation a turn's model sees.
 
-States (DESIGN.md §6): `active`, `processing`, `paused`, `closed`. Only `transition` moves
+States (docs/design.md §6): `active`, `processing`, `paused`, `closed`. Only `transition` moves
 them; anything it does not list is refused with a `SessionRefused` naming a stable code.
 """
 
