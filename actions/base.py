@@ -11,7 +11,7 @@ contract.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
 import msgspec
 
@@ -137,7 +137,8 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
 
     def resolve(self, request: RequestT, facts: FactsT | None) -> Frozen[ArgumentsT, PreviewT]:
         """Defaults, derived values and the preview, computed by code; raises `Invalid`."""
-        arguments = msgspec.convert(msgspec.to_builtins(request), self.arguments)
+        # A ClassVar cannot carry the class's type parameters: the contract's own types, cast.
+        arguments = cast(ArgumentsT, msgspec.convert(msgspec.to_builtins(request), self.arguments))
         return Frozen(arguments=arguments, preview=self.preview_of(arguments))
 
     def checked(self, frozen: Frozen[ArgumentsT, PreviewT]) -> Frozen[ArgumentsT, PreviewT]:
@@ -156,7 +157,7 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
 
     def preview_of(self, arguments: ArgumentsT) -> PreviewT:
         """The preview of arguments that need no facts."""
-        return msgspec.convert(msgspec.to_builtins(arguments), self.preview)
+        return cast(PreviewT, msgspec.convert(msgspec.to_builtins(arguments), self.preview))
 
     def facts_ref_of(self, arguments: ArgumentsT) -> FactsRef | None:
         """At execution: the state to reload to prove the preview still holds."""

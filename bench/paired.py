@@ -20,11 +20,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 KEYS = ("run_path_cpu_ms_per_run", "full_path_cpu_ms_per_run")
 
 
-def _round(checkouts: list[Path], out: Path, index: int) -> list[dict[str, object]]:
+def _round(checkouts: list[Path], out: Path, index: int) -> list[dict[str, Any]]:
     env = {
         **os.environ,
         "BENCH_PHASES": os.environ.get("BENCH_PHASES", "run_path,full_path"),

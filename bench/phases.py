@@ -66,7 +66,7 @@ class Bench:
         self.report.data.setdefault("settle", {})[before] = settled
         if settled["still_pending"]:
             self.report.line("  (not idle after 60 s)", str(settled["still_pending"]))
-        elif float(settled["seconds"]) > 2:
+        elif float(str(settled["seconds"])) > 2:
             self.report.line(f"  (services took {settled['seconds']} s to go idle)", "")
 
     def window(self, database: Stack | None = None) -> Window:

@@ -12,7 +12,7 @@ from schemas.base import Event
 __all__ = ["JournalCheckpoint"]
 
 
-class JournalCheckpoint(Event):
+class JournalCheckpoint(Event, frozen=True):
     """A signed checkpoint: the head of `service`'s chain at `seq`, and the one it follows.
 
     `signature` (base64) is the Ed25519 signature of `libs.journal.checkpoint_message(service,

@@ -66,7 +66,7 @@ class ListedTool(msgspec.Struct, frozen=True, kw_only=True):
     hints: Annotated[dict[str, bool | str | None], msgspec.Meta(max_length=8)] = {}
 
 
-class RecordListing(Command):
+class RecordListing(Command, frozen=True):
     """Retrieval tells governance what a `tools/list` returned (journaled, kept as the latest)."""
 
     tenant: Tenant
@@ -85,21 +85,21 @@ class ToolStatus(msgspec.Struct, frozen=True, kw_only=True):
     hints: dict[str, bool | str | None] = {}
 
 
-class ListingRecorded(Event):
+class ListingRecorded(Event, frozen=True):
     """The listing is in the journal; each tool's standing."""
 
     digest: Digest
     tools: list[ToolStatus]
 
 
-class ListServer(Command):
+class ListServer(Command, frozen=True):
     """An operator asks retrieval to list a registered server now (`writ mcp list`)."""
 
     tenant: Tenant
     server: ServerName
 
 
-class ServerListing(Event):
+class ServerListing(Event, frozen=True):
     """What the listing found, or why there is none (`error`)."""
 
     ok: bool
@@ -109,7 +109,7 @@ class ServerListing(Event):
     exposed: list[str] = []
 
 
-class ClassifyTool(Command):
+class ClassifyTool(Command, frozen=True):
     """An operator classifies a tool as the latest recorded listing describes it."""
 
     tenant: Tenant
@@ -119,7 +119,7 @@ class ClassifyTool(Command):
     classified_by: Principal
 
 
-class ToolClassified(Event):
+class ToolClassified(Event, frozen=True):
     """Whether the classification was recorded, and against which digest."""
 
     ok: bool
@@ -127,7 +127,7 @@ class ToolClassified(Event):
     digest: str = ""
 
 
-class DescribeTools(Command):
+class DescribeTools(Command, frozen=True):
     """The planner asks how the operator classified a run's `mcp:` capabilities, for the
     catalog a model is shown (request/reply `writ.int.retrieval.mcp.catalog`)."""
 
@@ -145,7 +145,7 @@ class DescribedTool(msgspec.Struct, frozen=True, kw_only=True):
     input_schema: dict[str, Any]
 
 
-class ToolDescriptions(Event):
+class ToolDescriptions(Event, frozen=True):
     """The classified ones among the capabilities asked about (the others are absent)."""
 
     tools: list[DescribedTool]

@@ -18,6 +18,7 @@ import msgspec
 import nats
 
 from fakes.host import drive_run
+from schemas.base import Family
 from writ import mcp
 from writ.stack import Stack
 
@@ -49,7 +50,11 @@ async def scenario_c(
         f"operator: mcp:helpdesk lists {len(listing.tools)} tools, "
         f"listing {listing.digest[:12]}… journaled",
     )
-    for tool, family in (("ticket.get", "read"), ("customer.get", "read_personal")):
+    classes: tuple[tuple[str, Family], ...] = (
+        ("ticket.get", "read"),
+        ("customer.get", "read_personal"),
+    )
+    for tool, family in classes:
         answer = await mcp.classify(
             stack.nats_url, "acme", "helpdesk", tool, family, "ops@acme.example", quiet=True
         )

@@ -22,6 +22,7 @@ import nats
 
 from libs.deadline import timed_request
 from schemas import subjects
+from schemas.base import Family
 from schemas.mcp import ClassifyTool, ListServer, ServerListing, ToolClassified
 from services.retrieval.mcp.servers import ServerConfig
 
@@ -116,7 +117,7 @@ async def classify(
     tenant: str,
     server: str,
     tool: str,
-    family: str,
+    family: Family,
     by: str,
     *,
     quiet: bool = False,

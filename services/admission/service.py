@@ -16,6 +16,7 @@ import functools
 import logging
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -35,10 +36,10 @@ from libs.journal import Sealer
 from libs.runtime import Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
-from schemas.admission import CommandAdmitted, ProposalRefused
+from schemas.admission import CommandAdmitted, ProposalRefused, RefusalVerdict
 from schemas.dispatcher import CommandOutcome, FactsRead, ReadFacts
 from schemas.governance import DecideRequest, Decision, DecisionAnswered
-from schemas.host import CommandResult, ErrorInfo, ProposalView
+from schemas.host import CommandResult, CommandStatus, ErrorInfo, ProposalView
 from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission._approvals import ProposalApprovals
@@ -55,8 +56,8 @@ from services.admission.logic import (
 from services.admission.relay import OutboxRelay
 from services.admission.store import (
     COMMAND_STATES,
-    Admission,
     AdmissionStore,
+    CommandAdmission,
     Known,
     ProposalRow,
     StoredCommand,
@@ -69,7 +70,7 @@ INBOX = ConsumerSpec(stream="WRIT_INT", durable="admission", filter_subjects=sub
 log = logging.getLogger("writ.admission")
 
 
-class AdmissionService(ProposalApprovals):
+class AdmissionService:
     """Judges proposals and relays admitted commands."""
 
     def __init__(
@@ -95,8 +96,15 @@ class AdmissionService(ProposalApprovals):
         self._gauges_every_s = gauges_every_s
         self._decoder = msgspec.json.Decoder(Inbound)
         self._facts_decoder = msgspec.json.Decoder(FactsRead)
-        self._answered_decoder = msgspec.json.Decoder(DecisionAnswered)
         self._encoder = msgspec.json.Encoder()
+        self._approvals = ProposalApprovals(
+            rt=rt,
+            store=store,
+            command_ttl=command_ttl,
+            decide_timeout_s=decide_timeout_s,
+            known=self._known,
+            refuse=self._refuse,
+        )
         self._commands = Gauge(
             "writ_admission_commands",
             "Admitted commands per state",
@@ -165,9 +173,9 @@ class AdmissionService(ProposalApprovals):
         if isinstance(message, CommandOutcome):
             await self._answer_outcome(message)
         elif isinstance(message, DecisionAnswered):
-            await self._on_answered(message)
+            await self._approvals.on_answered(message)
         elif isinstance(message, ProposalAnswer):
-            await self._on_proposal_answer(message)
+            await self._approvals.on_proposal_answer(message)
         else:
             await self._judge(message)
 
@@ -319,7 +327,7 @@ class AdmissionService(ProposalApprovals):
             with trace.use_span(j.span, end_on_exit=False):
                 traceparent = inject_context({}).get("traceparent")
             admissions.append(
-                Admission(
+                CommandAdmission(
                     tenant=j.p.tenant,
                     operation_id=j.operation_id,
                     proposal_id=j.proposal_id,
@@ -411,7 +419,7 @@ class AdmissionService(ProposalApprovals):
                 "payload; the stored proposal is unchanged",
             )
             return
-        verdict = (
+        verdict: RefusalVerdict = (
             "ask"
             if state == "pending"
             else "rejected"
@@ -431,6 +439,8 @@ class AdmissionService(ProposalApprovals):
         """An ask or a deny: the proposal recorded, frozen as it will be shown, and refused."""
         assert j.valid is not None and j.resolved is not None
         p, valid, resolved = j.p, j.valid, j.resolved
+        if decision.verdict == "allow":
+            raise AssertionError("an allowed proposal is admitted, not refused")
         stored = await self._store.record_proposal(
             tenant=p.tenant,
             proposal_id=j.proposal_id,
@@ -531,7 +541,7 @@ class AdmissionService(ProposalApprovals):
                 p.request_id or "",
                 p.operation_key,
                 operation_id,
-                stored.state,
+                cast(CommandStatus, stored.state),  # a recorded state, which CHECK constrains
                 stored.receipt,
                 stored.reason,
             )
@@ -556,7 +566,7 @@ class AdmissionService(ProposalApprovals):
         request_id: str,
         operation_key: str,
         operation_id: str | None,
-        status: str,
+        status: CommandStatus,
         receipt: str | None,
         reason: str | None,
         code: str | None = None,
@@ -606,7 +616,7 @@ class AdmissionService(ProposalApprovals):
     async def _refuse(
         self,
         p: ProposeCommand,
-        verdict: str,
+        verdict: RefusalVerdict,
         reason: str,
         decision_id: str | None = None,
         *,
@@ -614,13 +624,14 @@ class AdmissionService(ProposalApprovals):
         proposal: ProposalView | None = None,
     ) -> None:
         if p.operation_key is not None:
-            status = {
+            statuses: dict[str, CommandStatus] = {
                 "deny": "denied",
                 "ask": "awaiting_human",
                 "invalid": "rejected",
                 "conflict": "conflict",
                 "rejected": "rejected",
-            }[verdict]
+            }
+            status = statuses[verdict]
             code = {
                 "deny": "DENIED",
                 "ask": "AWAITING_HUMAN",

@@ -17,7 +17,7 @@ from schemas.governance import Decision
 
 __all__ = [
     "COMMAND_STATES",
-    "Admission",
+    "CommandAdmission",
     "AdmissionStore",
     "Admitted",
     "Backlog",
@@ -278,7 +278,7 @@ def _known(row: Any) -> Known:
     return Known(command=command, proposal=proposal, policy_epoch=row["policy_epoch"])
 
 
-class Admission(msgspec.Struct, frozen=True, kw_only=True):
+class CommandAdmission(msgspec.Struct, frozen=True, kw_only=True):
     """One proposal to admit as a command (`AdmissionStore.admit`, `admit_many`)."""
 
     tenant: str
@@ -548,11 +548,11 @@ class AdmissionStore:
         """Proposal -> executing, command and outbox row, in one statement (the reference
         architecture).
 
-        `admission` is `Admission`'s fields. Its `policy_epoch` is governance's epoch read
+        `admission` is `CommandAdmission`'s fields. Its `policy_epoch` is governance's epoch read
         before `decide` answered (`known`): while it stands, the dispatcher's re-check is this
         admission's allow.
         """
-        a = Admission(traceparent=inject_context({}).get("traceparent"), **admission)
+        a = CommandAdmission(traceparent=inject_context({}).get("traceparent"), **admission)
         async with self._pool.acquire() as conn:
             if before_commit is not None:
                 before_commit()  # the fault suite's "before the admission commit"
@@ -561,7 +561,7 @@ class AdmissionStore:
             return await self._admit_on(conn, a, self._admit_args(a))
 
     async def admit_many(
-        self, admissions: list[Admission], *, before_commit: Callable[[], None] | None = None
+        self, admissions: list[CommandAdmission], *, before_commit: Callable[[], None] | None = None
     ) -> list[Admitted]:
         """`admit` for each, in order, in one transaction: one commit (and one wake-up of the
         relay) for all. Any failure rolls all of them back."""
@@ -574,7 +574,7 @@ class AdmissionStore:
                 before_commit()  # the fault suite's "before the admission commit"
         return admitted
 
-    def _admit_args(self, a: Admission) -> tuple[Any, ...]:
+    def _admit_args(self, a: CommandAdmission) -> tuple[Any, ...]:
         expires_at = datetime.now(UTC) + a.ttl
         return (
             a.tenant,
@@ -629,7 +629,7 @@ class AdmissionStore:
         )
 
     async def _admit_on(
-        self, conn: asyncpg.Connection, a: Admission, args: tuple[Any, ...]
+        self, conn: asyncpg.Connection, a: CommandAdmission, args: tuple[Any, ...]
     ) -> Admitted:
         outbox_id = await conn.fetchval(self._admit, *args)
         if outbox_id is not None:

@@ -433,9 +433,11 @@ class DispatcherService:
         if not finishing:
             return
         try:
-            finished = await self._store.finish_many(
-                [(job.claim, job.attempt, *final) for job, final in finishing]
-            )
+            rows = []
+            for job, final in finishing:
+                assert job.attempt is not None  # set when its attempt started
+                rows.append((job.claim, job.attempt, *final))
+            finished = await self._store.finish_many(rows)
         except Exception as exc:
             for job, _ in finishing:
                 results[job.index] = exc
@@ -697,6 +699,7 @@ class DispatcherService:
         attempt = await self._store.start_attempt(claim, worker=self._worker, connector="local")
         async with self._store.transaction() as conn:
             facts = await contract.read_local(conn, claim.tenant, arguments.draft_id, lock=True)
+            reason: str | None
             try:
                 contract.revalidate(arguments, preview, facts, key=key)
             except Stale as exc:

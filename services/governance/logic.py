@@ -12,12 +12,12 @@ from typing import Final, Generic, Literal, TypeVar
 
 import msgspec
 
+from schemas.governance import Answer
 from services.governance.shell import simple_command
 
 __all__ = ["Call", "Facts", "Rule", "RuleIndex", "Ruling", "SENSITIVE_UNREADABLE", "decide"]
 
 Verdict = Literal["allow", "deny", "ask"]
-Answer = Literal["once", "always", "deny"]
 SENSITIVE_UNREADABLE: Final = "governance store unreadable: sensitive calls are denied"
 _ALL: Final[tuple[Answer, ...]] = ("once", "always", "deny")
 _NO_ALWAYS: Final[tuple[Answer, ...]] = ("once", "deny")

@@ -10,7 +10,7 @@ another digest is a changed tool (refused until classified again).
 from __future__ import annotations
 
 import json
-from typing import Final
+from typing import Final, Literal
 
 import asyncpg
 import msgspec
@@ -159,7 +159,9 @@ def _status(tool: ListedTool, row: asyncpg.Record | None) -> ToolStatus:
         return ToolStatus(
             name=tool.name, digest=tool.digest, state="unclassified", hints=tool.hints
         )
-    state = "classified" if row["digest"] == tool.digest else "changed"
+    state: Literal["classified", "changed"] = (
+        "classified" if row["digest"] == tool.digest else "changed"
+    )
     return ToolStatus(
         name=tool.name, digest=tool.digest, state=state, family=row["family"], hints=tool.hints
     )

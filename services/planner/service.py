@@ -138,7 +138,7 @@ class _Undescribed(Exception):
     """A capability of the run's catalog has no description: no model call is made."""
 
 
-class PlannerService(PersonWaits):
+class PlannerService:
     """Drives runs from evidence to a final answer, one recorded step at a time."""
 
     def __init__(
@@ -201,6 +201,15 @@ class PlannerService(PersonWaits):
             reserve_tokens=reserve_tokens,
         )
         self._replay = ReplayEndpoint(rt=rt, store=store)
+        self._waits = PersonWaits(
+            store=store,
+            capabilities=self._capabilities,
+            budget=self._budget,
+            sessions=self._sessions,
+            next_step=self._next,
+            finish=self._finish,
+            result=self._result,
+        )
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -396,29 +405,29 @@ class PlannerService(PersonWaits):
                 )
             ]
         if isinstance(event, DecisionAnswered):
-            return await self._answered(conn, run, steps, event, finished)
+            return await self._waits.answered(conn, run, steps, event, finished)
         if run.status in TERMINAL_RUN:
             return [self._result(run, steps)]
         if isinstance(event, ProposalRefused):
-            return await self._refused(conn, run, steps, event, finished)
+            return await self._waits.refused(conn, run, steps, event, finished)
         if (
             run.status == "awaiting_human"
             and isinstance(event, BranchChanged)
             and self._sessions is not None
             and (run.pending_id or "").startswith("plan-")
         ):
-            return await self._plan_answered(conn, run, steps, finished)
+            return await self._waits.plan_answered(conn, run, steps, finished)
         if run.status == "awaiting_human":
             if isinstance(event, BranchChanged):
                 # A run waiting on a branch that waited for a person: it goes on once the
                 # branch does (its call is then observed), or waits on for what the branch
                 # waits for now.
-                branch = await self._waited_branch(conn, run, steps)
+                branch = await self._waits.waited_branch(conn, run, steps)
                 if branch is None:
                     return []
                 if branch.status == "awaiting_human":
                     waiting = waiting_on(branch)
-                    return await self._wait_for_person(
+                    return await self._waits.wait_for_person(
                         conn,
                         run,
                         steps,
@@ -567,7 +576,7 @@ class PlannerService(PersonWaits):
             if self._sessions is not None and (
                 plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)
             ):
-                return await self._wait_for_person(  # the plan waits for the user's answer
+                return await self._waits.wait_for_person(  # the plan waits for the user's answer
                     conn, run, steps, finished, step=last.seq, pending_id=plan_id, message=PLAN_WAIT
                 )
             if not has_critic(run.manifest):
@@ -631,7 +640,7 @@ class PlannerService(PersonWaits):
         except NoBudget as exc:
             return [await self._out_of_budget(conn, run, steps, finished, exc)]
         if isinstance(acted, Waiting):
-            return await self._wait_for_person(
+            return await self._waits.wait_for_person(
                 conn,
                 run,
                 steps,

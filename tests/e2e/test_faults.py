@@ -118,7 +118,8 @@ def faults(stack: Stack) -> Iterator[Faults]:
     f.file.write_text("")
 
 
-def notes(crm: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
+def notes(crm: httpx.Client, operation_id: str | None) -> list[dict[str, Any]]:
+    assert operation_id is not None, "the command was never admitted"
     return [
         n
         for n in crm.get("/_control/notes").json()
@@ -126,7 +127,8 @@ def notes(crm: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def charges(payments: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
+def charges(payments: httpx.Client, operation_id: str | None) -> list[dict[str, Any]]:
+    assert operation_id is not None, "the command was never admitted"
     return [
         c
         for c in payments.get("/_control/charges").json()
@@ -268,7 +270,8 @@ async def test_relay_down_longer_than_the_duplicate_window_still_makes_one_effec
     assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
 
 
-async def _dispatch_messages(host: Host, operation_id: str, *, expect: int) -> int:
+async def _dispatch_messages(host: Host, operation_id: str | None, *, expect: int) -> int:
+    assert operation_id is not None, "the command was never admitted"
     with anyio.fail_after(20):
         while True:
             count = 0
@@ -411,6 +414,7 @@ async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_
     assert row["state"] == "unknown" and row["receipt"] is None
 
     # An operator reconciles it with the provider's evidence; no new key is ever made.
+    assert result.operation_id is not None
     listed = _writ(host.stack, "reconcile", "list")
     assert listed.returncode == 0 and result.operation_id in listed.stdout
     charge_id = charges(payments, result.operation_id)[0]["charge_id"]

@@ -8,6 +8,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from schemas.governance import Answer
 from services.governance.logic import Call, Ruling
 
 __all__ = [
@@ -50,7 +51,7 @@ class Answered(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     run_id: str
     proposal_id: str | None
-    answer: str
+    answer: Answer
     reason: str
     answered_by: str
     decision_id: str

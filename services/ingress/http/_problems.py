@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -140,7 +141,7 @@ def _retryable(request: Request[Any, Any, Any], exc: RetryableError) -> Response
         "UNAVAILABLE",
         str(exc)[:300],
         instance=request.url.path,
-        headers={"Retry-After": str(max(1, round(exc.delay)))},
+        headers={"Retry-After": str(max(1, round(exc.delay or 1)))},
     )
 
 
@@ -149,7 +150,9 @@ def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes
     return problem("INTERNAL", "the request failed inside Writ", instance=request.url.path)
 
 
-EXCEPTION_HANDLERS: Final = {
+EXCEPTION_HANDLERS: Final[
+    dict[int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]]
+] = {
     ApiError: _api_error,
     ValidationException: _validation,
     NotFoundException: _http,
