@@ -21,23 +21,20 @@ from typing import cast
 import anyio
 import anyio.abc
 import msgspec
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import trace
 from prometheus_client import Gauge
 
 from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
-from libs.deadline import timed_request
 from libs.decide import DecideUnavailable, decide, decide_batch
-from libs.errors import RetryableError
+from libs.facts import read_facts
 from libs.journal import Sealer
 from libs.runtime import Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
 from schemas.admission import CommandAdmitted, ProposalRefused, RefusalVerdict
-from schemas.dispatcher import CommandOutcome, FactsRead, ReadFacts
+from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecideRequest, Decision, DecisionAnswered
 from schemas.host import CommandResult, CommandStatus, ErrorInfo, ProposalView
 from schemas.ingress import ProposalAnswer
@@ -95,7 +92,6 @@ class AdmissionService:
         self._proposal_ttl = proposal_ttl
         self._gauges_every_s = gauges_every_s
         self._decoder = msgspec.json.Decoder(Inbound)
-        self._facts_decoder = msgspec.json.Decoder(FactsRead)
         self._encoder = msgspec.json.Encoder()
         self._approvals = ProposalApprovals(
             rt=rt,
@@ -475,27 +471,14 @@ class AdmissionService:
         )
 
     async def _read_facts(self, tenant: str, valid: Validated) -> dict[str, object] | None:
-        """The state the preview stands on, read by the dispatcher (None: nothing to read, or
-        no such resource; the contract says which is an error)."""
+        """The state the preview stands on (None: nothing to read, or no such resource; the
+        contract says which is an error)."""
         ref = valid.contract.facts_ref(valid.request)
         if ref is None:
             return None
-        ask = ReadFacts(tenant=tenant, kind=ref.kind, id=ref.id)
-        # A host record is read through the host's MCP server, by retrieval (the only holder of
-        # that credential); everything else by the dispatcher.
-        subject = subjects.HOST_FACTS if ref.kind == "host_ticket" else subjects.FACTS
-        try:
-            reply = await timed_request(
-                self._rt.nc, subject, self._encoder.encode(ask), timeout=self._decide_timeout
-            )
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}", delay=1.0) from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError(
-                f"reading {ref.kind} failed: {reply.headers.get('Nats-Service-Error')}", delay=1.0
-            )
-        read = self._facts_decoder.decode(reply.data)
-        return read.facts if read.found else None
+        return await read_facts(
+            self._rt.nc, tenant, ref.kind, ref.id, timeout=self._decide_timeout, delay=1.0
+        )
 
     async def _known(
         self,
