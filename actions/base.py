@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 import msgspec
 
 from schemas.base import Family
+from schemas.dispatcher import FactsKind
 
 __all__ = [
     "AUDIT_EVENTS",
@@ -64,7 +65,7 @@ class Stale(Exception):
 class FactsRef(msgspec.Struct, frozen=True, kw_only=True):
     """Which state a preview stands on: `kind` names the reader, `id` the resource."""
 
-    kind: Literal["payment", "mail_draft", "host_ticket"]
+    kind: FactsKind
     id: str
 
 

@@ -18,7 +18,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from libs.deadline import timed_request
 from libs.errors import RetryableError
 from schemas import subjects
-from schemas.dispatcher import FactsRead, ReadFacts
+from schemas.dispatcher import FactsKind, FactsRead, ReadFacts
 
 __all__ = ["facts_subject", "read_facts"]
 
@@ -34,7 +34,7 @@ def facts_subject(kind: str) -> str:
 async def read_facts(
     nc: Client,
     tenant: str,
-    kind: str,
+    kind: FactsKind,
     resource_id: str,
     *,
     timeout: float,

@@ -30,6 +30,10 @@ CommandState = Literal[
 ]
 
 
+# The kinds of state a preview can stand on, each with its reader.
+FactsKind = Literal["payment", "mail_draft", "host_ticket"]
+
+
 class CommandOutcome(Event, frozen=True):
     """A command reached a terminal state; `receipt` is the provider's proof where there is one."""
 
@@ -92,7 +96,7 @@ class ReadFacts(Command, frozen=True):
     """Admission asks for the state a proposal's preview will stand on (a payment, a draft)."""
 
     tenant: Tenant
-    kind: Literal["payment", "mail_draft", "host_ticket"]
+    kind: FactsKind
     id: ShortText
 
 
