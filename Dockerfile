@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # One image for the six services and `writ migrate`: `writ service <name>` is its command.
-# Build from the repository root: `docker build -t <registry>/writ:<version> .` (README, Deploy).
+# Build from the repository root: `docker build -t <registry>/writ:<version> .` (docs/operations.md).
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 

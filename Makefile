@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint clean mcp-fixtures
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean mcp-fixtures
 
 setup: $(VENV)
 
@@ -63,9 +63,15 @@ schemas: $(VENV)
 lint: $(VENV)
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/mypy
+	$(MAKE) docs
+
+# The documentation site (mkdocs.yml, strict: a warning or a broken internal link fails it).
+docs: $(VENV)
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 
 clean:
-	rm -rf .venv .tools .writ
+	rm -rf .venv .tools .writ site
 
 # A deployment of its own under load and random faults, then the invariants checked
 # (soak/settings.py: SOAK_S, SOAK_SEED, SOAK_TOPOLOGY=single|cluster, SOAK_OUT, SOAK_*_RATE).

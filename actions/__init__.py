@@ -1,4 +1,5 @@
-"""Action contracts: every operation a model may propose, one module each (seed 003).
+"""Action contracts: every operation a model may propose, one module each (the approval-contracts
+note).
 
 Adding an action means adding one module here (its request, facts, arguments, preview,
 revalidation, result rendering and, for a local operation, its executor), registering it below,

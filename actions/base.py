@@ -1,4 +1,5 @@
-"""What every action contract is (seed 003): the small common part of all of them.
+"""What every action contract is (the approval-contracts note): the small common part of all of
+them.
 
 A contract defines, together and in one module: the small request the model may send, the facts
 of current state its preview stands on, how code resolves the request against those facts into
@@ -10,11 +11,12 @@ contract.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
 import msgspec
 
 from schemas.base import Family
+from schemas.dispatcher import FactsKind
 
 __all__ = [
     "AUDIT_EVENTS",
@@ -31,7 +33,7 @@ __all__ = [
     "outcome_of",
 ]
 
-# The audit events of every proposal's lifecycle (DESIGN.md §6 and §7), in order of occurrence.
+# The audit events of every proposal's lifecycle (docs/design.md §6 and §7), in order of occurrence.
 AUDIT_EVENTS = (
     "proposed",
     "previewed",
@@ -63,7 +65,7 @@ class Stale(Exception):
 class FactsRef(msgspec.Struct, frozen=True, kw_only=True):
     """Which state a preview stands on: `kind` names the reader, `id` the resource."""
 
-    kind: Literal["payment", "mail_draft", "host_ticket"]
+    kind: FactsKind
     id: str
 
 
@@ -136,7 +138,8 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
 
     def resolve(self, request: RequestT, facts: FactsT | None) -> Frozen[ArgumentsT, PreviewT]:
         """Defaults, derived values and the preview, computed by code; raises `Invalid`."""
-        arguments = msgspec.convert(msgspec.to_builtins(request), self.arguments)
+        # A ClassVar cannot carry the class's type parameters: the contract's own types, cast.
+        arguments = cast(ArgumentsT, msgspec.convert(msgspec.to_builtins(request), self.arguments))
         return Frozen(arguments=arguments, preview=self.preview_of(arguments))
 
     def checked(self, frozen: Frozen[ArgumentsT, PreviewT]) -> Frozen[ArgumentsT, PreviewT]:
@@ -155,7 +158,7 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
 
     def preview_of(self, arguments: ArgumentsT) -> PreviewT:
         """The preview of arguments that need no facts."""
-        return msgspec.convert(msgspec.to_builtins(arguments), self.preview)
+        return cast(PreviewT, msgspec.convert(msgspec.to_builtins(arguments), self.preview))
 
     def facts_ref_of(self, arguments: ArgumentsT) -> FactsRef | None:
         """At execution: the state to reload to prove the preview still holds."""
@@ -214,7 +217,7 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What a person and a system may do next (DESIGN.md §6), from a command's recorded state.
+    """What a person and a system may do next (docs/design.md §6), from a command's recorded state.
 
     `kind` is one of succeeded, needs_reconciliation, revision_required, denied, expired,
     terminal_failure; `detail` is safe to show (never a stack trace); `correlation_id` names a

@@ -1,4 +1,5 @@
-"""`payment.refund`: refund the discount a payment line should have had (seed 003's
+"""`payment.refund`: refund the discount a payment line should have had (the approval-contracts
+note's
 `order.refund_missing_discount`).
 
 External and NOT idempotent. The model names the payment and the line, nothing more: the amount
@@ -218,7 +219,7 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
             )
 
     def describe(self, preview: RefundPreview) -> list[tuple[str, str]]:
-        """Every effect of the refund, as seed 003's refund check shows it."""
+        """Every effect of the refund, as the approval-contracts note's refund check shows it."""
         c = preview.currency
         return [
             ("Participant", preview.participant),

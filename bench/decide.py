@@ -59,7 +59,7 @@ async def seed_rules(dsn: str, *, count: int, noop_share: float, seed: int = 7) 
     rng = random.Random(seed)
     tools = [f"{s}.{o}.{v}" for s in _SYSTEMS for o in _OBJECTS for v in _VERBS]
     noop = int(count * noop_share)
-    records = []
+    records: list[tuple[str, str, str | None, str | None, str]] = []
     for i in range(noop):
         records.append(("acme", "writ.noop", None, f"agent-{i % 97}", "allow"))
     for i in range(count - noop):

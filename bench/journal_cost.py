@@ -4,7 +4,7 @@ commits.
 
     .venv/bin/python -m bench.journal_cost          (BENCH_JOURNAL_S: seconds per window, 5)
 
-Not part of `make bench`'s phases; its numbers are in the README's journal section.
+Not part of `make bench`'s phases; its numbers are in docs/journal.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`python -m bench.messages [runs] [agent] [in flight]`: NATS messages per run, by connection.
 
-A count, not a timing, like `bench.statements`: the drift that moves CPU figures on this machine
-(README, Performance) cannot move it. It starts a deployment whose nats-server serves its
+A count, not a timing, like `bench.statements`: the drift that moves CPU figures on a shared machine
+(docs/benchmarks.md) cannot move it. It starts a deployment whose nats-server serves its
 monitoring endpoint, warms it with a few runs, reads every connection's counters from `/connz`,
 plays `runs` runs of `agent` (default 200 of `crm-assistant`, 32 in flight; 1 in flight shows
 what a lone run costs), reads them again and prints, per service, the messages it sent to the

@@ -1,7 +1,7 @@
 """`python -m bench.paired A B`: the same phases of `make bench` in two checkouts at once.
 
-Two passes of one tree run minutes apart on this machine differ by up to a third in CPU per
-run, in every process alike, nats-server and PostgreSQL included (README, Performance): a
+Two passes of one tree run minutes apart on a shared machine differ by up to a third in CPU per
+run, in every process alike, nats-server and PostgreSQL included (docs/benchmarks.md): a
 change smaller than that cannot be read from sequential passes. Run side by side, each
 checkout's own deployment (its services, nats-server and Postgres) sees the same machine at the
 same moment, so the ratio of their CPU per run holds where the absolute figures drift. Each
@@ -20,11 +20,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 KEYS = ("run_path_cpu_ms_per_run", "full_path_cpu_ms_per_run")
 
 
-def _round(checkouts: list[Path], out: Path, index: int) -> list[dict[str, object]]:
+def _round(checkouts: list[Path], out: Path, index: int) -> list[dict[str, Any]]:
     env = {
         **os.environ,
         "BENCH_PHASES": os.environ.get("BENCH_PHASES", "run_path,full_path"),

@@ -66,7 +66,7 @@ class Bench:
         self.report.data.setdefault("settle", {})[before] = settled
         if settled["still_pending"]:
             self.report.line("  (not idle after 60 s)", str(settled["still_pending"]))
-        elif float(settled["seconds"]) > 2:
+        elif float(str(settled["seconds"])) > 2:
             self.report.line(f"  (services took {settled['seconds']} s to go idle)", "")
 
     def window(self, database: Stack | None = None) -> Window:
@@ -222,7 +222,7 @@ class Bench:
         """The command path and its ceilings, measured in alternating passes.
 
         Both ceilings and the command path are measured `ROUNDS` times, one after the other in
-        each round, so each sees the machine as the others do (this machine is shared, and the
+        each round, so each sees the machine as the others do (a machine may be shared, and the
         admission ceiling has moved 2x between runs). The ratio takes the best pass of each:
         the best ceiling is the least flattering one. Each round also measures the admission
         transaction without its NOTIFY and with 4 connections: diagnostics, never the ceiling.

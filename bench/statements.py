@@ -1,6 +1,6 @@
 """`python -m bench.statements [runs] [agent] [in flight]`: Postgres statements per run, by role.
 
-A count, not a timing: it does not drift with the machine (README, Performance), so it says
+A count, not a timing: it does not drift with the machine (docs/benchmarks.md), so it says
 whether a change removed round trips even where CPU figures cannot. It starts a deployment,
 warms it with a few runs, turns on `log_statement=all` (with the role in each line's prefix),
 plays `runs` runs of `agent` (default 300 of `crm-assistant`, 32 in flight) and prints each

@@ -297,7 +297,7 @@ class LoopbackFake:
     def url(self) -> str:
         """Base URL, e.g. http://127.0.0.1:53211."""
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> None:
         """Serve in a daemon thread."""

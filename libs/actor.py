@@ -512,11 +512,12 @@ async def _run_batch(
             for delivery in deliveries:
                 beat.start_soon(_heartbeat, delivery.msg, every)
             try:
-                return await batch_handler(deliveries)
+                errors = await batch_handler(deliveries)
             finally:
                 beat.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         raise single_error(group) from None
+    return errors
 
 
 async def _settle_result(

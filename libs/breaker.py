@@ -1,4 +1,4 @@
-"""Per-tool circuit breakers (DESIGN.md §4, last paragraph; §6): pure decisions, no I/O.
+"""Per-tool circuit breakers (docs/design.md §4, last paragraph; §6): pure decisions, no I/O.
 
 Only transient failures count: `threshold` in a row open the breaker; a success closes it and
 resets the count; a permanent error, an invalid argument, an expiry or a denial leaves it as it

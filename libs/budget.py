@@ -1,6 +1,6 @@
 """Run budgets from the caller's side: reserve before a step starts, settle when it ends.
 
-Governance keeps the budgets (DESIGN.md §1, §3 invariant 9); this is the request/reply client a
+Governance keeps the budgets (docs/design.md §1, §3 invariant 9); this is the request/reply client a
 planner calls around every provider call and capability call:
 
     held = await reserve(nc, tenant=t, run_id=r, step_key=f"{r}:{step}:model",
@@ -212,15 +212,14 @@ async def _request(nc: Client, subject: str, ask: msgspec.Struct, timeout: float
         reply = await timed_request(nc, subject, _ENCODER.encode(ask), timeout=timeout)
     except (NatsTimeoutError, NoRespondersError) as exc:
         raise BudgetUnavailable(f"governance did not answer: {exc!r}") from exc
-    code = reply.headers.get("Nats-Service-Error-Code") if reply.headers else None
+    headers = reply.headers or {}
+    code = headers.get("Nats-Service-Error-Code")
     if code == "400":
         raise PermanentError(
-            f"governance refused the request: {reply.headers.get('Nats-Service-Error', '')}"
+            f"governance refused the request: {headers.get('Nats-Service-Error', '')}"
         )
     if code == "404":
-        raise NoSuchReservation(reply.headers.get("Nats-Service-Error", "no such reservation"))
+        raise NoSuchReservation(headers.get("Nats-Service-Error", "no such reservation"))
     if code:
-        raise BudgetUnavailable(
-            f"governance error {code}: {reply.headers.get('Nats-Service-Error', '')}"
-        )
+        raise BudgetUnavailable(f"governance error {code}: {headers.get('Nats-Service-Error', '')}")
     return reply.data

@@ -40,7 +40,7 @@ async def decide(nc: Client, ask: DecideRequest, *, timeout: float) -> Decision:
 async def decide_batch(nc: Client, asks: list[DecideRequest], *, timeout: float) -> list[Decision]:
     """Governance's decisions on several calls (at most `MAX_DECIDE_BATCH`), in order, in one
     request/reply: each decided as `decide` would."""
-    answer = await _request(
+    answer: Decisions = await _request(
         nc, subjects.DECIDE_BATCH, DecideBatch(requests=asks), timeout, decoder=_DECISIONS
     )
     if len(answer.decisions) != len(asks):

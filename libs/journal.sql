@@ -1,4 +1,4 @@
--- The audit journal's tables (DESIGN.md §3 invariant 10, §7), the same in every service that
+-- The audit journal's tables (docs/design.md §3 invariant 10, §7), the same in every service that
 -- keeps one: a service's migration includes this file (libs/db.py, load_migrations), in the
 -- service's own schema. libs/journal.py writes, seals and verifies. Rows are insert-only for the
 -- service role: it can neither edit nor delete its own history, and what an administrator

@@ -8,7 +8,7 @@ fetch takes that stale `408` for its own answer and sends a second, lingering re
 server hands it to this orphan, which (lingering) is not ended after it, and the fetch that
 receives the message waits for "the rest of its batch" until the orphan expires: up to a
 second on a consumer that was idle. Measured on a fresh deployment: one lone run in a few took
-300-750 ms instead of 45, held in one service's fetch (README, Performance).
+300-750 ms instead of 45, held in one service's fetch (docs/benchmarks.md).
 
 `Puller` gives each request its own reply subject under one subscription. A status (404, 408,
 409) ends only the request it answers; a stale one is ignored. A message is a message whichever

@@ -68,7 +68,7 @@ class Endpoint:
     500), never the process that serves it.
 
     A service that fell behind must not spend itself on requests nobody waits for (the soak's
-    metastable overload, README "Soak"): a request past its requester's deadline
+    metastable overload, docs/soak.md): a request past its requester's deadline
     (`libs.deadline`, the `Writ-Deadline` header) is dropped unanswered before any work, when
     it arrives and again when its turn comes; and at most `max_pending` requests wait or run
     at once (default 8 × `concurrency`), a request beyond that answered at once with

@@ -52,7 +52,7 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     live_stale_s: float = 30.0
     instance: str = ""
     # The event loop under asyncio: uvloop (libuv) spends less CPU per socket read and write,
-    # most of what a service does per message and statement (README, Performance); `asyncio`
+    # most of what a service does per message and statement (docs/benchmarks.md); `asyncio`
     # is the standard library's, where uvloop cannot be installed.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
 

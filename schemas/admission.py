@@ -11,7 +11,11 @@ from schemas.base import Command, Digest, Event, Id, ShortText, Tenant
 __all__ = ["CommandAdmitted", "DispatchCommand", "ProposalRefused"]
 
 
-class CommandAdmitted(Event):
+# Why admission refused a proposal: what `decide` said, or what admission found itself.
+RefusalVerdict = Literal["deny", "ask", "invalid", "conflict", "rejected"]
+
+
+class CommandAdmitted(Event, frozen=True):
     """A proposal became a command with a durable operation id (or was a replay of one)."""
 
     tenant: Tenant
@@ -26,7 +30,7 @@ class CommandAdmitted(Event):
     replay: bool = False
 
 
-class ProposalRefused(Event):
+class ProposalRefused(Event, frozen=True):
     """A proposal that did not become a command, and why."""
 
     tenant: Tenant
@@ -34,7 +38,7 @@ class ProposalRefused(Event):
     step: int
     action: ShortText
     # deny: by policy; rejected: by a person (or nobody answering); ask: waiting for a person.
-    verdict: Literal["deny", "ask", "invalid", "conflict", "rejected"]
+    verdict: RefusalVerdict
     reason: ShortText
     decision_id: Id | None = None
     pending_id: Id | None = None
@@ -44,10 +48,10 @@ class ProposalRefused(Event):
     expires_at: ShortText | None = None
 
 
-class DispatchCommand(Command):
+class DispatchCommand(Command, frozen=True):
     """A pointer to an admitted command; the dispatcher loads the command from Postgres.
 
-    The dispatcher never trusts a command's content from the bus (seed 001 §1).
+    The dispatcher never trusts a command's content from the bus (the reference architecture).
     """
 
     tenant: Tenant

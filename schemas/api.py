@@ -38,7 +38,7 @@ class Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
     """A request body: unknown fields are an error."""
 
 
-class StartRun(Body):
+class StartRun(Body, frozen=True):
     """`POST /runs`: a `RunRequest` without `request_id` (the Idempotency-Key) and `token`."""
 
     agent: AgentName
@@ -48,7 +48,7 @@ class StartRun(Body):
     budget: RunBudget | None = None
 
 
-class CommandBody(Body):
+class CommandBody(Body, frozen=True):
     """`POST /commands`: a `SubmitCommand` without `request_id` and `token`."""
 
     agent: AgentName
@@ -58,7 +58,7 @@ class CommandBody(Body):
     expected_revision: Annotated[str, msgspec.Meta(max_length=128)] | None = None
 
 
-class DecideBody(Body):
+class DecideBody(Body, frozen=True):
     """`POST /pending-decisions/decide`: a `HumanDecision` without `request_id` and `token`."""
 
     pending_id: Id
@@ -66,19 +66,19 @@ class DecideBody(Body):
     reason: ShortText = ""
 
 
-class ApproveBody(Body):
+class ApproveBody(Body, frozen=True):
     """`POST /proposals/{id}/approve`: an optional note."""
 
     reason: ShortText = ""
 
 
-class RejectBody(Body):
+class RejectBody(Body, frozen=True):
     """`POST /proposals/{id}/reject`: why (required)."""
 
     reason: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 
 
-class ReviewBody(Body):
+class ReviewBody(Body, frozen=True):
     """`POST /reviews/{pending_id}`: a `ReviewDecision` without the ids and the token."""
 
     answer: Literal["approve", "reject"]
@@ -137,7 +137,7 @@ class RunEvents(msgspec.Struct, frozen=True, kw_only=True):
     steps: list[StepRecorded] = []
 
 
-class ResolveBody(Body):
+class ResolveBody(Body, frozen=True):
     """`POST /reconciliation/{operation_id}/resolve`: what an operator established."""
 
     state: Literal["succeeded", "failed"]

@@ -101,7 +101,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     """Config set here is inherited by every message."""
 
 
-class Command(Message, forbid_unknown_fields=True, tag_field="type"):
+class Command(Message, forbid_unknown_fields=True, tag_field="type", frozen=True):
     """Sent by a host or a model, or to exactly one inbox: unknown fields are an error, and so
     is text PostgreSQL cannot store (U+0000, surrogates) anywhere in it."""
 
@@ -109,9 +109,9 @@ class Command(Message, forbid_unknown_fields=True, tag_field="type"):
         refuse_unstorable(self)
 
 
-class Event(Message, tag_field="type"):
+class Event(Message, tag_field="type", frozen=True):
     """Fan-out between Writ's services: old consumers skip fields they don't know."""
 
 
-# The action families governance classifies calls by (DESIGN.md §4).
+# The action families governance classifies calls by (docs/design.md §4).
 Family = Literal["read", "read_personal", "write_delete", "send_external", "execute_code"]

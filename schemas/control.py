@@ -27,7 +27,7 @@ def run_cancel(tenant: str) -> str:
     return f"writ.int.runs.cancel.{tenant}"
 
 
-class CancelRun(Command):
+class CancelRun(Command, frozen=True):
     """Cancel one of the tenant's runs, by its id."""
 
     request_id: Id
@@ -35,7 +35,7 @@ class CancelRun(Command):
     run_id: Id
 
 
-class RunCancelRequested(Event):
+class RunCancelRequested(Event, frozen=True):
     """A verified `CancelRun`: the tenant and principal come from the token."""
 
     tenant: Tenant

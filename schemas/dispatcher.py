@@ -30,7 +30,11 @@ CommandState = Literal[
 ]
 
 
-class CommandOutcome(Event):
+# The kinds of state a preview can stand on, each with its reader.
+FactsKind = Literal["payment", "mail_draft", "host_ticket"]
+
+
+class CommandOutcome(Event, frozen=True):
     """A command reached a terminal state; `receipt` is the provider's proof where there is one."""
 
     tenant: Tenant
@@ -43,7 +47,7 @@ class CommandOutcome(Event):
     reason: ShortText | None = None
 
 
-class ListUnknown(Command):
+class ListUnknown(Command, frozen=True):
     """Ask the dispatcher for a tenant's commands in `unknown` (`writ reconcile list`)."""
 
     tenant: Tenant
@@ -60,13 +64,13 @@ class UnknownCommand(msgspec.Struct, frozen=True, kw_only=True):
     since: ShortText
 
 
-class UnknownCommands(Event):
+class UnknownCommands(Event, frozen=True):
     """The answer to `ListUnknown`."""
 
     commands: Annotated[list[UnknownCommand], msgspec.Meta(max_length=500)]
 
 
-class Reconcile(Command):
+class Reconcile(Command, frozen=True):
     """Record what an operator established about an `unknown` command, with the evidence.
 
     Nothing here generates a new key: the command keeps its operation id whatever is decided.
@@ -80,7 +84,7 @@ class Reconcile(Command):
     receipt: ShortText | None = None
 
 
-class Reconciled(Event):
+class Reconciled(Event, frozen=True):
     """The answer to `Reconcile`: done, or why not."""
 
     operation_id: Id
@@ -88,15 +92,15 @@ class Reconciled(Event):
     message: ShortText
 
 
-class ReadFacts(Command):
+class ReadFacts(Command, frozen=True):
     """Admission asks for the state a proposal's preview will stand on (a payment, a draft)."""
 
     tenant: Tenant
-    kind: Literal["payment", "mail_draft", "host_ticket"]
+    kind: FactsKind
     id: ShortText
 
 
-class FactsRead(Event):
+class FactsRead(Event, frozen=True):
     """The state as the system of record gives it now; `found` false: no such resource."""
 
     found: bool

@@ -60,7 +60,7 @@ MAX_AMOUNT: Final = 1_000_000_000
 Amount = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
 
 
-class DecideRequest(Command):
+class DecideRequest(Command, frozen=True):
     """May this agent, for this principal, call this tool now?"""
 
     tenant: Tenant
@@ -79,7 +79,7 @@ class DecideRequest(Command):
     tool_digest: Digest | None = None
 
 
-class Decision(Event):
+class Decision(Event, frozen=True):
     """The answer, naming the line of `decide` that gave it and the policy version it read.
 
     An `ask` comes with a `pending_id` (the decision id) and the answers a person may give.
@@ -99,7 +99,7 @@ class Decision(Event):
 MAX_DECIDE_BATCH: Final = 256
 
 
-class DecideBatch(Command):
+class DecideBatch(Command, frozen=True):
     """Several `DecideRequest`s answered in one request/reply (admission's batches): each is
     decided exactly as alone, and all are recorded together."""
 
@@ -108,7 +108,7 @@ class DecideBatch(Command):
     ]
 
 
-class Decisions(Event):
+class Decisions(Event, frozen=True):
     """The answers to a `DecideBatch`, one per request, in the same order."""
 
     decisions: list[Decision]
@@ -126,7 +126,7 @@ class RunBudget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_concurrent_steps: Annotated[int, msgspec.Meta(ge=1, le=256)] | None = None
 
 
-class RegisterRun(Command):
+class RegisterRun(Command, frozen=True):
     """Ingress tells governance, before the run starts, what only a verified host may say
     (`subjects.REGISTER_RUN`, which only ingress may publish)."""
 
@@ -141,7 +141,7 @@ class RegisterRun(Command):
     budget: RunBudget | None = None
 
 
-class RegisterTurn(Command):
+class RegisterTurn(Command, frozen=True):
     """The planner tells governance a chat turn's run is starting. It says nothing of grants:
     a turn holds what governance itself holds for its session's agent, never more than a
     verified host gave; governance refuses one that would widen a run it already knows."""
@@ -154,13 +154,13 @@ class RegisterTurn(Command):
     attended: bool = True  # a person is in the chat
 
 
-class RunRegistered(Event):
+class RunRegistered(Event, frozen=True):
     """The run is known to governance."""
 
     run_id: Id
 
 
-class AnswerDecision(Command):
+class AnswerDecision(Command, frozen=True):
     """A verified approver's answer to a pending decision (from ingress)."""
 
     tenant: Tenant
@@ -171,7 +171,7 @@ class AnswerDecision(Command):
     reason: ShortText = ""
 
 
-class DecisionAnswered(Event):
+class DecisionAnswered(Event, frozen=True):
     """A pending decision was answered (by a person, or by the clock: unanswered is deny)."""
 
     tenant: Tenant
@@ -186,7 +186,7 @@ class DecisionAnswered(Event):
     policy_version: ShortText
 
 
-class ListPending(Command):
+class ListPending(Command, frozen=True):
     """Ask governance for a tenant's unanswered decisions (`writ pending`)."""
 
     tenant: Tenant
@@ -209,13 +209,13 @@ class PendingDecision(msgspec.Struct, frozen=True, kw_only=True):
     created_at: ShortText
 
 
-class PendingDecisions(Event):
+class PendingDecisions(Event, frozen=True):
     """The answer to `ListPending`."""
 
     decisions: Annotated[list[PendingDecision], msgspec.Meta(max_length=500)]
 
 
-class Settlement(Command):
+class Settlement(Command, frozen=True):
     """One earlier reservation of the same run, closed with what its step used, in the
     transaction of the `ReserveBudget` that carries it (before it reserves)."""
 
@@ -225,7 +225,7 @@ class Settlement(Command):
     capability_calls: Amount = 0
 
 
-class LeaseAmounts(Command):
+class LeaseAmounts(Command, frozen=True):
     """The most a lease asks of each countable budget (`ReserveBudget.up_to`)."""
 
     provider_calls: Amount = 0
@@ -233,7 +233,7 @@ class LeaseAmounts(Command):
     capability_calls: Amount = 0
 
 
-class ReserveBudget(Command):
+class ReserveBudget(Command, frozen=True):
     """Reserve, before a step starts, what it may spend of its run's budgets.
 
     One reservation per (run, step key): a step that calls a model reserves its provider call
@@ -265,7 +265,7 @@ class ReserveBudget(Command):
     up_to: LeaseAmounts | None = None
 
 
-class BudgetReserved(Event):
+class BudgetReserved(Event, frozen=True):
     """The reservation (new, or the one this step key already had: `status` says which state
     it is in, so a redelivered step can see it was already settled)."""
 
@@ -282,7 +282,7 @@ class BudgetReserved(Event):
     settled: list[str] = []
 
 
-class BudgetRefused(Event):
+class BudgetRefused(Event, frozen=True):
     """No reservation: `budget` names what ran out, or why governance cannot tell.
 
     `unavailable`: governance cannot read its store (fail closed: nothing is reserved);
@@ -297,7 +297,7 @@ class BudgetRefused(Event):
     settled: list[str] = []
 
 
-class SettleBudget(Command):
+class SettleBudget(Command, frozen=True):
     """Close a reservation with what the step really used (more than reserved is recorded as
     it is). `release`: the step was abandoned; what it used (usually nothing) is recorded."""
 
@@ -310,7 +310,7 @@ class SettleBudget(Command):
     release: bool = False
 
 
-class BudgetSettled(Event):
+class BudgetSettled(Event, frozen=True):
     """The closed reservation. Settling it again returns what was recorded the first time."""
 
     reservation_id: Id

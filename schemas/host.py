@@ -33,6 +33,8 @@ __all__ = [
     "SubmitCommand",
 ]
 
+ApprovalAnswer = Literal["approve", "reject"]
+ApprovalStatus = Literal["claimed", "rejected", "already_completed", "not_approvable"]
 RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human", "cancelled"]
 CommandStatus = Literal[
     # Recorded states of an admitted command, as a replay returns them.
@@ -51,7 +53,7 @@ CommandStatus = Literal[
 ]
 
 
-class RunRequest(Command):
+class RunRequest(Command, frozen=True):
     """Ask Writ to run an agent on behalf of the principal named by `token`.
 
     Tenant and principal come from the signed token only, never from the body.
@@ -71,7 +73,7 @@ class RunRequest(Command):
     budget: RunBudget | None = None
 
 
-class SubmitCommand(Command):
+class SubmitCommand(Command, frozen=True):
     """A host that knows what it wants done asks for one action, under its own operation key.
 
     Published on `writ.in.commands.<tenant>` with `Nats-Msg-Id` = `request_id`. The same
@@ -88,7 +90,7 @@ class SubmitCommand(Command):
     expected_revision: Annotated[str, msgspec.Meta(max_length=128)] | None = None
 
 
-class HumanDecision(Command):
+class HumanDecision(Command, frozen=True):
     """An approver answers a pending decision, on `writ.in.decisions.<tenant>`.
 
     The token must carry the `approver` role for the same tenant. `always` is offered only where
@@ -102,7 +104,7 @@ class HumanDecision(Command):
     reason: ShortText = ""
 
 
-class ApproveProposal(Command):
+class ApproveProposal(Command, frozen=True):
     """An approver approves or rejects one proposal, on `writ.in.approvals.<tenant>`.
 
     It names the proposal and nothing else: the approved operation is the one Writ froze and
@@ -112,11 +114,11 @@ class ApproveProposal(Command):
     request_id: Id
     token: Token
     proposal_id: Id
-    answer: Literal["approve", "reject"]
+    answer: ApprovalAnswer
     reason: ShortText = ""
 
 
-class ReviewDecision(Command):
+class ReviewDecision(Command, frozen=True):
     """An approver answers the review a run's agent asked for, on `writ.in.reviews.<tenant>`.
 
     `pending_id` is the run's `review-<run>-<step>`; approve resumes the run with the answer
@@ -127,7 +129,7 @@ class ReviewDecision(Command):
     request_id: Id
     token: Token
     pending_id: Id
-    answer: Literal["approve", "reject"]
+    answer: ApprovalAnswer
     comment: ShortText = ""
 
 
@@ -155,7 +157,7 @@ class ProposalView(msgspec.Struct, frozen=True, kw_only=True):
 ErrorCode = Annotated[str, msgspec.Meta(pattern=r"^[A-Z][A-Z_]{0,63}(?!\n)$")]
 
 
-class ApprovalResult(Event):
+class ApprovalResult(Event, frozen=True):
     """What became of an `ApproveProposal`, on `writ.out.results.<tenant>`.
 
     `claimed`: this approval started the one execution; `rejected`: the proposal is refused;
@@ -165,7 +167,7 @@ class ApprovalResult(Event):
 
     request_id: ShortText
     proposal_id: ShortText
-    status: Literal["claimed", "rejected", "already_completed", "not_approvable"]
+    status: ApprovalStatus
     outcome: OutcomeKind | None = None
     receipt: ShortText | None = None
     reason: ShortText | None = None
@@ -195,7 +197,7 @@ class ActionResult(msgspec.Struct, frozen=True, kw_only=True):
     correlation_id: ShortText | None = None
 
 
-class RunResult(Event):
+class RunResult(Event, frozen=True):
     """The end of a run, or the rejection of a request, as the host sees it."""
 
     request_id: ShortText
@@ -209,7 +211,7 @@ class RunResult(Event):
     api_version: str = "1"
 
 
-class CommandResult(Event):
+class CommandResult(Event, frozen=True):
     """What is known about a host's command, on `writ.out.results.<tenant>`."""
 
     request_id: ShortText
@@ -225,7 +227,7 @@ class CommandResult(Event):
     api_version: str = "1"
 
 
-class DecisionResult(Event):
+class DecisionResult(Event, frozen=True):
     """Whether an approver's `HumanDecision` was taken, on `writ.out.results.<tenant>`; when
     it was not, `code` says why as data."""
 
@@ -237,7 +239,7 @@ class DecisionResult(Event):
     code: ErrorCode | None = None
 
 
-class ReviewResult(Event):
+class ReviewResult(Event, frozen=True):
     """Whether an approver's `ReviewDecision` was taken, on `writ.out.results.<tenant>`.
 
     The run's own `RunResult` (resumed, or failed `REJECTED`) follows under its request id.

@@ -29,7 +29,7 @@ def host_read(tenant: str, read: str) -> str:
     return f"writ.api.{tenant}.{read}"
 
 
-class HostRead(Command):
+class HostRead(Command, frozen=True):
     """One read; only the fields the read names are used."""
 
     token: Token

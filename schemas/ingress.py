@@ -9,7 +9,7 @@ from schemas.base import Event, Id, Principal, ShortText, Tenant
 __all__ = ["ProposalAnswer"]
 
 
-class ProposalAnswer(Event):
+class ProposalAnswer(Event, frozen=True):
     """A verified approver approves or rejects a proposal by its id: nothing else is trusted
     from the approver's message (no amount, no body, no value that was approved)."""
 

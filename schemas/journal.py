@@ -39,7 +39,7 @@ class ReAnchor(msgspec.Struct, frozen=True, kw_only=True):
     junk: list[int] = []
 
 
-class JournalCheckpoint(Event):
+class JournalCheckpoint(Event, frozen=True):
     """A signed checkpoint: the head of `service`'s chain at `seq`, and the one it follows.
 
     `signature` (base64) is the Ed25519 signature of `libs.journal.checkpoint_message(service,

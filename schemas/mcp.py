@@ -67,7 +67,7 @@ class ListedTool(msgspec.Struct, frozen=True, kw_only=True):
     hints: Annotated[dict[str, bool | str | None], msgspec.Meta(max_length=8)] = {}
 
 
-class RecordListing(Command):
+class RecordListing(Command, frozen=True):
     """Retrieval tells governance what a `tools/list` returned (journaled, kept as the latest)."""
 
     tenant: Tenant
@@ -88,7 +88,7 @@ class ToolStatus(msgspec.Struct, frozen=True, kw_only=True):
     flags: list[str] = []
 
 
-class ListingRecorded(Event):
+class ListingRecorded(Event, frozen=True):
     """The listing is in the journal; each tool's standing."""
 
     digest: Digest
@@ -108,7 +108,7 @@ class ClassifiedTool(msgspec.Struct, frozen=True, kw_only=True):
     classified_by: str = ""
 
 
-class ListServer(Command):
+class ListServer(Command, frozen=True):
     """An operator asks retrieval to list a registered server now (`writ mcp list`), or to
     show one tool of it in full (`writ mcp show`: `tool`)."""
 
@@ -117,7 +117,7 @@ class ListServer(Command):
     tool: McpToolName | None = None
 
 
-class ServerListing(Event):
+class ServerListing(Event, frozen=True):
     """What the listing found, or why there is none (`error`); for `writ mcp show`, the tool
     as listed now (`shown`) and as it was classified (`classified`)."""
 
@@ -130,7 +130,7 @@ class ServerListing(Event):
     classified: ClassifiedTool | None = None
 
 
-class ClassifyTool(Command):
+class ClassifyTool(Command, frozen=True):
     """An operator classifies a tool as the latest recorded listing describes it: only if its
     digest there is `digest`, the one the operator was shown (`writ mcp show`), when given.
     `description` is the operator's own words for the model's catalog (the server's text never
@@ -145,7 +145,7 @@ class ClassifyTool(Command):
     description: Annotated[str, msgspec.Meta(max_length=2000)] = ""
 
 
-class ToolClassified(Event):
+class ToolClassified(Event, frozen=True):
     """Whether the classification was recorded, and against which digest."""
 
     ok: bool
@@ -153,7 +153,7 @@ class ToolClassified(Event):
     digest: str = ""
 
 
-class DescribeTools(Command):
+class DescribeTools(Command, frozen=True):
     """The planner asks how the operator classified a run's `mcp:` capabilities, for the
     catalog a model is shown (request/reply `writ.int.retrieval.mcp.catalog`)."""
 
@@ -173,7 +173,7 @@ class DescribedTool(msgspec.Struct, frozen=True, kw_only=True):
     operator_description: Text = ""
 
 
-class ToolDescriptions(Event):
+class ToolDescriptions(Event, frozen=True):
     """The classified ones among the capabilities asked about (the others are absent)."""
 
     tools: list[DescribedTool]

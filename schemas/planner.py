@@ -10,6 +10,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 from schemas.base import AgentName, Command, Digest, Event, Id, Principal, ShortText, Tenant
+from schemas.host import RunStatus
 
 __all__ = [
     "BRANCH_MARK",
@@ -54,7 +55,7 @@ def root_run_id(run_id: str) -> str:
     return run_id.split(BRANCH_MARK, 1)[0]
 
 
-class ProposeCommand(Command):
+class ProposeCommand(Command, frozen=True):
     """The model asks for an action; admission validates it against the action's contract.
 
     `arguments` is what the model wrote, untyped on purpose: only admission turns it into the
@@ -79,7 +80,7 @@ class ProposeCommand(Command):
     plan_preview: Digest | None = None
 
 
-class ReplayRun(Command):
+class ReplayRun(Command, frozen=True):
     """Replay one run offline from the planner's audit journal (`writ.int.planner.replay`).
 
     No model is called and no tool is run: the captured responses and outputs are walked.
@@ -97,7 +98,7 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
     found: ShortText
 
 
-class ReplayReport(Event):
+class ReplayReport(Event, frozen=True):
     """The answer to `ReplayRun`: identical, divergent (each divergence) or incomplete (what is
     missing: a captured response or tool output, or the run's end)."""
 
@@ -108,7 +109,7 @@ class ReplayReport(Event):
     entries: Annotated[int, msgspec.Meta(ge=0)] = 0  # captured entries replayed
 
 
-class ReviewAnswer(Command):
+class ReviewAnswer(Command, frozen=True):
     """A person's explicit answer to the review a run's agent requested (`request_human_review`)
     at `step`: approve resumes the run, reject fails it with `REJECTED` and the reason."""
 
@@ -120,15 +121,15 @@ class ReviewAnswer(Command):
     reason: ShortText = ""
 
 
-class ReviewTaken(Event):
+class ReviewTaken(Event, frozen=True):
     """The planner's reply to a `ReviewAnswer` it took: where the run stands now. `running`: it
     goes on (its `RunResult` follows on the host's results when it ends or stops again)."""
 
     run_id: Id
-    status: Literal["running", "succeeded", "failed", "awaiting_human"]
+    status: Literal["running"] | RunStatus
 
 
-class StepRecorded(Event):
+class StepRecorded(Event, frozen=True):
     """A step of a run was committed: a model decision, a critic verdict or an observation."""
 
     tenant: Tenant
@@ -141,7 +142,7 @@ class StepRecorded(Event):
     summary: ShortText = ""  # of an observation: what ran and how it ended, no content
 
 
-class BranchChanged(Event):
+class BranchChanged(Event, frozen=True):
     """The planner to itself: run `run_id` has something new to do, because a branch it called
     started (the branch's first step), a branch of it ended or stopped for a person (its answer
     to observe, or its wait to share), or a person's answer was recorded outside the inbox and

@@ -39,7 +39,7 @@ __all__ = [
 RUN_STATUS: Final = "writ.int.planner.run"
 
 
-class GetRun(Command):
+class GetRun(Command, frozen=True):
     """Where one of the tenant's runs stands."""
 
     tenant: Tenant
@@ -55,14 +55,14 @@ PROPOSAL_GET: Final = "writ.int.admission.proposal"
 ProposalState = Literal["pending", "executing", "completed", "rejected", "expired"]
 
 
-class GetCommand(Command):
+class GetCommand(Command, frozen=True):
     """What became of the host command under this operation key."""
 
     tenant: Tenant
     operation_key: Id
 
 
-class ListProposals(Command):
+class ListProposals(Command, frozen=True):
     """The tenant's proposals, newest first (those in `state`, if given)."""
 
     tenant: Tenant
@@ -70,7 +70,7 @@ class ListProposals(Command):
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
 
 
-class GetProposal(Command):
+class GetProposal(Command, frozen=True):
     """One proposal by its public id."""
 
     tenant: Tenant
@@ -118,7 +118,7 @@ class Proposals(msgspec.Struct, frozen=True, kw_only=True):
 RUN_EVENTS: Final = "writ.int.planner.events"
 
 
-class GetRunEvents(Command):
+class GetRunEvents(Command, frozen=True):
     """The run's steps with a sequence above `after` (-1: from the start)."""
 
     tenant: Tenant
@@ -130,7 +130,7 @@ class GetRunEvents(Command):
 REVIEWS_LIST: Final = "writ.int.planner.reviews"
 
 
-class ListReviews(Command):
+class ListReviews(Command, frozen=True):
     """The tenant's runs waiting for a person to review their agent's work."""
 
     tenant: Tenant
@@ -163,7 +163,7 @@ def journal_verify(service: str) -> str:
     return f"writ.int.{service}.journal_verify"
 
 
-class VerifyJournal(Command):
+class VerifyJournal(Command, frozen=True):
     """Verify the service's whole chain; count the entries of `tenant`."""
 
     tenant: Tenant

@@ -53,7 +53,7 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True):
     trust: Literal["untrusted"] = "untrusted"
 
 
-class SearchEvidence(Command):
+class SearchEvidence(Command, frozen=True):
     """Ask retrieval for a starting run's evidence (request/reply): the tenant's documents that
     best match the run's input. Whoever starts the run (ingress, or the planner for a chat
     turn) asks, and hands the evidence to the planner itself with what it verified."""
@@ -63,14 +63,14 @@ class SearchEvidence(Command):
     input: Text
 
 
-class EvidenceFound(Event):
+class EvidenceFound(Event, frozen=True):
     """Retrieval's answer to `SearchEvidence`: only the evidence, never who the run is for."""
 
     run_id: Id
     evidence: Annotated[list[Evidence], msgspec.Meta(max_length=16)]
 
 
-class EvidenceGathered(Event):
+class EvidenceGathered(Event, frozen=True):
     """Evidence for a run, handed to the planner by whoever started the run (ingress, or the
     planner itself for a chat turn): the identity fields are theirs, the evidence retrieval's."""
 
@@ -91,14 +91,14 @@ class _Arguments(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """A read tool's arguments: closed, bounded, and never a tenant (the request names it)."""
 
 
-class DocumentsSearch(_Arguments):
+class DocumentsSearch(_Arguments, frozen=True):
     """`documents.search`: full-text search over the run's tenant's documents."""
 
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     limit: Annotated[int, msgspec.Meta(ge=1, le=MAX_READ_ITEMS)] = 5
 
 
-class CustomerGet(_Arguments):
+class CustomerGet(_Arguments, frozen=True):
     """`crm.customer.get`: one customer record of the run's tenant."""
 
     customer_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}(?!\n)$")]
@@ -159,7 +159,7 @@ def read_tool_catalog() -> list[ReadToolInfo]:
     ]
 
 
-class ReadCapability(Command):
+class ReadCapability(Command, frozen=True):
     """Execute one read tool for a run (request/reply on `subjects.READ`).
 
     The tenant is the run's, as ingress verified it: the tool's arguments cannot name another
@@ -188,7 +188,7 @@ class ReadItem(msgspec.Struct, frozen=True, kw_only=True):
     trust: Literal["untrusted"] = "untrusted"
 
 
-class ReadResult(Event):
+class ReadResult(Event, frozen=True):
     """What a read returned, under the decision that allowed it. `truncated`: more matched
     than was returned, or an item's text was cut to its length limit."""
 
@@ -200,7 +200,13 @@ class ReadResult(Event):
     untrusted: Literal[True] = True
 
 
-class ReadRefused(Event):
+# Why retrieval refused a read.
+RefusalCode = Literal[
+    "UNKNOWN_TOOL", "INVALID_ARGUMENTS", "DENIED", "ASK", "UNAVAILABLE", "UNLISTED", "CHANGED"
+]
+
+
+class ReadRefused(Event, frozen=True):
     """The read did not run. `retryable`: governance did not answer or the store failed, so
     the same request may succeed later; otherwise asking again changes nothing.
 
@@ -212,9 +218,7 @@ class ReadRefused(Event):
 
     run_id: Id
     tool: ToolName
-    code: Literal[
-        "UNKNOWN_TOOL", "INVALID_ARGUMENTS", "DENIED", "ASK", "UNAVAILABLE", "UNLISTED", "CHANGED"
-    ]
+    code: RefusalCode
     reason: ShortText
     retryable: bool = False
     decision_id: Id | None = None

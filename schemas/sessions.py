@@ -1,4 +1,4 @@
-"""Chat sessions (DESIGN.md §10), owned by the planner: the HTTP bodies of `/api/v1/sessions`
+"""Chat sessions (docs/design.md §10), owned by the planner: the HTTP bodies of `/api/v1/sessions`
 and `/api/v1/plans`, what ingress asks the planner (`SESSION_OPS`, request/reply) and the
 numbered events of a session's stream (`writ.chat.<tenant>.<session>`).
 
@@ -122,7 +122,7 @@ def turn_cancelling(tenant: str) -> str:
     return f"writ.int.sessions.cancelling.{tenant}"
 
 
-class TurnCancelling(Event):
+class TurnCancelling(Event, frozen=True):
     """A turn's run was cancelled (its session closed): a model call in flight for it is
     abandoned now rather than answered into a closed session. Progress only: one lost leaves
     the call to finish, and the run ends cancelled at its next step."""
@@ -138,7 +138,7 @@ class _Body(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """A request body: unknown fields are an error."""
 
 
-class OpenSession(_Body):
+class OpenSession(_Body, frozen=True):
     """`POST /sessions`: a conversation with one agent. `plan_mode`: every turn that would act
     first proposes a plan for the user to approve (an agent's manifest may ask for it too)."""
 
@@ -146,20 +146,20 @@ class OpenSession(_Body):
     plan_mode: bool = False
 
 
-class MessageBody(_Body):
+class MessageBody(_Body, frozen=True):
     """`POST /sessions/{id}/messages`: the user's next message; it starts a turn."""
 
     text: SessionText
 
 
-class InjectBody(_Body):
+class InjectBody(_Body, frozen=True):
     """`POST /sessions/{id}/inject`: a user message the model sees at its next decision of the
     turn in flight (or of the next turn), marked as injected."""
 
     text: SessionText
 
 
-class ForkBody(_Body):
+class ForkBody(_Body, frozen=True):
     """`POST /sessions/{id}/fork`: a new session whose history is this one's up to the end of
     turn `turn` (or, with `step`, up to and including that recorded step of that turn)."""
 
@@ -167,7 +167,7 @@ class ForkBody(_Body):
     step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
 
 
-class PlanBody(_Body):
+class PlanBody(_Body, frozen=True):
     """`POST /plans/{plan_id}/approve|reject`: a note (approve) or the reason (reject), which
     is the next turn's context."""
 
@@ -279,7 +279,7 @@ SessionOpKind = Literal[
 ]
 
 
-class SessionOp(Command):
+class SessionOp(Command, frozen=True):
     """One verified operation on a session, from ingress (tenant and principal from the
     token). `key` is the caller's Idempotency-Key: a write re-sent under it returns the first
     acceptance. `session_id` names the session (for `open`, the new session's id ingress
@@ -315,31 +315,31 @@ class SessionReply(msgspec.Struct, frozen=True, kw_only=True):
 # --- the session's events (writ.chat.<tenant>.<session>) ----------------------------------
 
 
-class SessionEvent(Event):
+class SessionEvent(Event, frozen=True):
     """Base of every event of a session's stream."""
 
     session_id: Id
     n: Count
 
 
-class SessionOpened(SessionEvent):
+class SessionOpened(SessionEvent, frozen=True):
     agent: AgentName
     principal: Principal
     plan_mode: bool = False
     parent_session_id: Id | None = None
 
 
-class UserMessage(SessionEvent):
+class UserMessage(SessionEvent, frozen=True):
     turn: Count
     text: str
 
 
-class TurnStarted(SessionEvent):
+class TurnStarted(SessionEvent, frozen=True):
     turn: Count
     run_id: Id
 
 
-class TextDelta(SessionEvent):
+class TextDelta(SessionEvent, frozen=True):
     """Model text as it streams, batched (tens a second, not one per token). `n` is 0;
     `attempt` numbers the model call's attempts (from 1); `index` orders deltas within one."""
 
@@ -350,7 +350,7 @@ class TextDelta(SessionEvent):
     text: str
 
 
-class TextReset(SessionEvent):
+class TextReset(SessionEvent, frozen=True):
     """A model attempt was abandoned and is retried: discard the text of (`turn`, `step`)
     shown so far. `attempt` 0: the step's model call is made again (the planner restarted
     during an earlier one)."""
@@ -361,13 +361,13 @@ class TextReset(SessionEvent):
     reason: ShortText = ""
 
 
-class CapabilitySelected(SessionEvent):
+class CapabilitySelected(SessionEvent, frozen=True):
     turn: Count
     step: Count
     capability: ShortText
 
 
-class Observed(SessionEvent):
+class Observed(SessionEvent, frozen=True):
     """A read's (or a refusal's) observation, summarised and bounded: no content."""
 
     turn: Count
@@ -375,18 +375,18 @@ class Observed(SessionEvent):
     summary: ShortText
 
 
-class PlanProposed(SessionEvent):
+class PlanProposed(SessionEvent, frozen=True):
     turn: Count
     plan: PlanView
 
 
-class PlanDecided(SessionEvent):
+class PlanDecided(SessionEvent, frozen=True):
     plan_id: Id
     answer: Literal["approved", "rejected", "superseded"]
     reason: ShortText = ""
 
 
-class DecisionAsked(SessionEvent):
+class DecisionAsked(SessionEvent, frozen=True):
     """The turn waits for a person (attended: 5 minutes, then deny)."""
 
     turn: Count
@@ -395,14 +395,14 @@ class DecisionAsked(SessionEvent):
     message: ShortText = ""
 
 
-class DecisionTaken(SessionEvent):
+class DecisionTaken(SessionEvent, frozen=True):
     turn: Count
     step: Count
     pending_id: ShortText
     answer: ShortText
 
 
-class ProposalMade(SessionEvent):
+class ProposalMade(SessionEvent, frozen=True):
     turn: Count
     step: Count
     action: ShortText
@@ -410,19 +410,19 @@ class ProposalMade(SessionEvent):
     preview: dict[str, Any] = {}
 
 
-class StepAdmitted(SessionEvent):
+class StepAdmitted(SessionEvent, frozen=True):
     turn: Count
     step: Count
     operation_id: Id
 
 
-class StepDispatched(SessionEvent):
+class StepDispatched(SessionEvent, frozen=True):
     turn: Count
     step: Count
     operation_id: Id
 
 
-class StepOutcome(SessionEvent):
+class StepOutcome(SessionEvent, frozen=True):
     """A command's typed outcome, as Writ wrote it into the session (no model call)."""
 
     turn: Count
@@ -434,14 +434,14 @@ class StepOutcome(SessionEvent):
     text: ShortText = ""
 
 
-class WriterNote(SessionEvent):
+class WriterNote(SessionEvent, frozen=True):
     """What Writ wrote into the conversation itself, from a typed outcome or a plan's answer."""
 
     turn: Count
     text: ShortText
 
 
-class TurnEnded(SessionEvent):
+class TurnEnded(SessionEvent, frozen=True):
     turn: Count
     run_id: Id
     status: ShortText  # succeeded | failed | cancelled | rejected
@@ -450,24 +450,24 @@ class TurnEnded(SessionEvent):
     correlation_id: ShortText | None = None
 
 
-class SessionPaused(SessionEvent):
+class SessionPaused(SessionEvent, frozen=True):
     reason: ShortText = ""
 
 
-class SessionResumed(SessionEvent):
+class SessionResumed(SessionEvent, frozen=True):
     pass
 
 
-class SessionInjected(SessionEvent):
+class SessionInjected(SessionEvent, frozen=True):
     turn: Count
     text: str
 
 
-class SessionClosed(SessionEvent):
+class SessionClosed(SessionEvent, frozen=True):
     reason: ShortText = ""
 
 
-class SessionForked(SessionEvent):
+class SessionForked(SessionEvent, frozen=True):
     """Recorded in the parent and in the fork: `fork_session_id` started from this session at
     (`turn`, `step`)."""
 
@@ -477,7 +477,7 @@ class SessionForked(SessionEvent):
     step: Count | None = None
 
 
-class ChildSession(SessionEvent):
+class ChildSession(SessionEvent, frozen=True):
     """An agent call of this session's turn started a branch run: readable as a child."""
 
     turn: Count
@@ -513,7 +513,7 @@ AnySessionEvent = (
 )
 
 
-class HostSessionOp(Command):
+class HostSessionOp(Command, frozen=True):
     """A host's operation on a session over NATS (`writ.api.<tenant>.session`): the HTTP
     routes' bodies with the token and, for a write, the Idempotency-Key as `key`. `events`
     reads the session's stream after stream sequence `after` (at most `limit` events).

@@ -1,5 +1,5 @@
 """`make soak`: a Writ deployment of its own under an open-loop load and a seeded nemesis, then a
-checker of the invariants (DESIGN.md §3) over what the fakes, the registry and the journal
+checker of the invariants (docs/design.md §3) over what the fakes, the registry and the journal
 recorded. Like `bench/`, a harness that starts its own deployment; it is not imported by Writ.
 
 Modules: `settings` (the SOAK_* environment), `deploy` (the deployment, its replicas and its

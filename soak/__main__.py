@@ -154,10 +154,10 @@ async def _streams(stack: Stack) -> dict[str, Any]:
     """Each Writ stream's replicas, leader and messages at the end (the cluster's evidence)."""
     nc = await admin_connect(stack, connect_timeout=10)
     try:
-        out = {}
+        out: dict[str, Any] = {}
         for info in await nc.jetstream().streams_info():
             cluster = info.cluster
-            out[info.config.name] = {
+            out[info.config.name or "?"] = {
                 "replicas": info.config.num_replicas,
                 "messages": info.state.messages,
                 "leader": cluster.leader if cluster else None,

@@ -1,6 +1,6 @@
 """The checker: after the load stopped and everything settled, it reads the fakes' own records,
 the registry (Postgres, as the administrator) and the journal, and checks the invariants
-(DESIGN.md §3) over every accepted submission. Each check says whether it held, how many it
+(docs/design.md §3) over every accepted submission. Each check says whether it held, how many it
 examined, and its first examples when it did not."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import json
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -21,6 +22,7 @@ import anyio
 import asyncpg
 import httpx
 import nats
+import nats.aio.client
 
 from fakes.llm import SERIAL, FakeLlm
 from libs.embedded import free_port
@@ -136,7 +138,7 @@ class Deployment:
                 "WRIT_AGENTS_DIR": str(self._agents(home / "agents")),
             },
         }
-        nats_factory = None
+        nats_factory: Callable[..., Any] | None = None
         if settings.topology == "cluster":
             from soak.cluster import NatsCluster
 

@@ -24,6 +24,7 @@ import anyio
 import httpx
 import msgspec
 import nats
+import nats.aio.client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from schemas import subjects

@@ -9,7 +9,7 @@ from pathlib import Path
 
 __all__ = ["SoakSettings"]
 
-# Half of what `make bench` measured on this machine (README, bench section): the command path
+# Half of what `make bench` measured on a 2-core machine (docs/benchmarks.md): the command path
 # did 544 commands/s and the run path 32 runs/s (32 in flight); refunds wait for a person, so
 # they have no bench figure: one a second.
 COMMAND_RATE = 272.0

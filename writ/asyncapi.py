@@ -174,7 +174,9 @@ def _document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         kinds, ref_template="#/components/schemas/{name}"
     )
-    messages, channels, operations = {}, {}, {}
+    messages: dict[str, Any] = {}
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
     for channel, address, description, action, types, operation in _CHANNELS:
         for kind in types:
             name = kind.__name__

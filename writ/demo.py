@@ -1,8 +1,8 @@
 """`writ run`: start Writ locally, submit the demo request, and print its timeline.
 
-The scenario is seed 001's: an agent adds a note to a customer record. The demo plays the host
-with the SDK (`writ_client`: it signs a token with the tenant's key and starts the run over the
-HTTP API, `POST /api/v1/runs`, then waits for its `RunResult`) and watches the bus. The
+The scenario is the reference architecture's: an agent adds a note to a customer record. The demo
+plays the host with the SDK (`writ_client`: it signs a token with the tenant's key and starts the
+run over the HTTP API, `POST /api/v1/runs`, then waits for its `RunResult`) and watches the bus. The
 demo agent (`research-assistant`) asks for its catalog, reads the tenant's documents through
 retrieval (`documents.search`, decided by governance; what it returns is untrusted data), proposes
 the note, observes its outcome, and its answer is verified by a critic before the run ends.

@@ -1,4 +1,4 @@
-"""`writ run`, scenario C (seed 000): a host product federates with Writ.
+"""`writ run`, scenario C (the agent-OS runtime view): a host product federates with Writ.
 
 The simulated helpdesk (`fakes/host/`) keeps its data behind its own MCP server and its
 writes behind its own REST API. An operator lists its MCP server and classifies the tools Writ
@@ -18,6 +18,7 @@ import msgspec
 import nats
 
 from fakes.host import drive_run
+from schemas.base import Family
 from writ import mcp
 from writ.stack import Stack
 
@@ -49,7 +50,11 @@ async def scenario_c(
         f"operator: mcp:helpdesk lists {len(listing.tools)} tools, "
         f"listing {listing.digest[:12]}… journaled",
     )
-    for tool, family in (("ticket.get", "read"), ("customer.get", "read_personal")):
+    classes: tuple[tuple[str, Family], ...] = (
+        ("ticket.get", "read"),
+        ("customer.get", "read_personal"),
+    )
+    for tool, family in classes:
         answer = await mcp.classify(
             stack.nats_url, "acme", "helpdesk", tool, family, "ops@acme.example", quiet=True
         )

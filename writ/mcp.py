@@ -1,4 +1,4 @@
-"""Operators' commands for federation reads (`writ mcp ...`, DESIGN.md §11).
+"""Operators' commands for federation reads (`writ mcp ...`, docs/design.md §11).
 
 - `add_server` registers a tenant's MCP server in the file retrieval reads
   (`config/mcp-servers.json` under the deployment's home, `WRIT_MCP_SERVERS_FILE`): its URL, the
@@ -31,6 +31,7 @@ import nats
 from libs.deadline import timed_request
 from libs.errors import ConfigError
 from schemas import subjects
+from schemas.base import Family
 from schemas.mcp import (
     ClassifyTool,
     ListedTool,
@@ -281,7 +282,7 @@ async def classify(
     tenant: str,
     server: str,
     tool: str,
-    family: str,
+    family: Family,
     by: str,
     *,
     digest: str | None = None,

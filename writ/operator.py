@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import uuid
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import msgspec
@@ -13,8 +13,8 @@ import nats
 from libs.deadline import timed_request
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
-from schemas.governance import ListPending, PendingDecisions
-from schemas.host import ApproveProposal, HumanDecision, ReviewDecision
+from schemas.governance import Answer, ListPending, PendingDecisions
+from schemas.host import ApprovalAnswer, ApproveProposal, HumanDecision, ReviewDecision
 
 __all__ = [
     "answer_pending",
@@ -58,7 +58,7 @@ async def resolve(
     nats_url: str,
     tenant: str,
     operation_id: str,
-    state: str,
+    state: Literal["succeeded", "failed"],
     receipt: str | None,
     evidence: str,
     by: str,
@@ -99,7 +99,7 @@ async def answer_pending(
     nats_url: str,
     tenant: str,
     pending_id: str,
-    answer: str,
+    answer: Answer,
     reason: str,
     token: str,
     timeout: float = 10.0,
@@ -127,7 +127,7 @@ async def answer_proposal(
     nats_url: str,
     tenant: str,
     proposal_id: str,
-    answer: str,
+    answer: ApprovalAnswer,
     reason: str,
     token: str,
     timeout: float = 10.0,
@@ -161,7 +161,7 @@ async def answer_review(
     nats_url: str,
     tenant: str,
     pending_id: str,
-    answer: str,
+    answer: ApprovalAnswer,
     comment: str,
     token: str,
     timeout: float = 40.0,
@@ -202,7 +202,7 @@ async def _publish_and_wait(
             async for msg in results.messages:
                 result = msgspec.json.decode(msg.data)
                 if result.get("type") == result_type and result["request_id"] == request_id:
-                    return result  # type: ignore[no-any-return]
+                    return result
     except TimeoutError:
         print(f"no {result_type} within {timeout:.0f} s", file=sys.stderr)
     finally:

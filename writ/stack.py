@@ -25,6 +25,7 @@ import asyncpg
 import httpx
 import jwt
 import nats
+import nats.aio.client
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -99,7 +100,7 @@ class Stack:
         durable_pg: bool = True,
         extra_env: dict[str, dict[str, str]] | None = None,
         http_port: int = 0,
-        nats_factory: Callable[..., EmbeddedNats] | None = None,
+        nats_factory: Callable[..., Any] | None = None,
     ) -> None:
         self.home = Path(home).resolve()
         self.database = database
@@ -244,8 +245,8 @@ class Stack:
                         serialization.NoEncryption(),
                     ).decode(),
                 )
-            key = serialization.load_pem_private_key(private.read_bytes(), password=None)
-            public = key.public_key().public_bytes(
+            loaded = serialization.load_pem_private_key(private.read_bytes(), password=None)
+            public = loaded.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
             keys[tenant] = {"issuer": self.issuer(tenant), "public_key": public.decode()}
@@ -393,7 +394,7 @@ class Stack:
         """The private key a tenant's host signs with (the demo plays the host)."""
         return (self.secrets / f"host-{tenant}.pem").read_bytes()
 
-    def token(self, tenant: str, principal: str, **kwargs: object) -> str:
+    def token(self, tenant: str, principal: str, **kwargs: Any) -> str:
         """A token as the tenant's host would mint it."""
         return mint_token(
             self.host_key(tenant),

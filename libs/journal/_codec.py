@@ -24,7 +24,7 @@ _SAFE_INT = 2**53 - 1
 
 
 def _flat(v: object) -> bool:
-    return type(v) is str or (type(v) is int and -_SAFE_INT <= v <= _SAFE_INT)  # type: ignore[operator]
+    return type(v) is str or (type(v) is int and -_SAFE_INT <= v <= _SAFE_INT)
 
 
 def canonical(value: list[Any] | dict[str, Any]) -> bytes:

@@ -270,7 +270,7 @@ class FileRecord:
 
     async def export(self, source: CheckpointRecord, services: Iterable[str]) -> int:
         """Append what `source` recorded since this file was last written; how many lines."""
-        known = {}
+        known: dict[str, int] = {}
         for c in self._all():
             known[c.service] = max(known.get(c.service, 0), c.seq)
         added = []

@@ -1,13 +1,14 @@
-"""Admission's approvals (seed 003): a pending proposal answered by its opaque id, or through
-the pending decision governance recorded for it, becomes the one pending -> executing claim that
-admits it, or a recorded rejection. A mixin of `AdmissionService` (`service.py`), whose store,
-runtime and refusals these methods use."""
+"""Admission's approvals (the approval-contracts note): a pending proposal answered by its opaque
+id, or through the pending decision governance recorded for it, becomes the one pending -> executing
+claim that admits it, or a recorded rejection. A collaborator of `AdmissionService`
+(`service.py`): it holds the store and runtime it acts through, and is handed the service's two
+answers to a host (a known command's state, a refusal) as callables."""
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 from nats.errors import NoRespondersError
@@ -18,29 +19,41 @@ from actions.base import outcome_of
 from libs.bus import publish
 from libs.deadline import timed_request
 from libs.errors import RetryableError
+from libs.runtime import Runtime
 from libs.telemetry import links_to
 from schemas import subjects
 from schemas.governance import AnswerDecision, Decision, DecisionAnswered
-from schemas.host import ApprovalResult
+from schemas.host import ApprovalResult, ApprovalStatus
 from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission.logic import operation_id_for
-from services.admission.store import ProposalRow, StoredCommand
-
-if TYPE_CHECKING:
-    from services.admission.service import AdmissionService as _Base
-else:
-    _Base = object
+from services.admission.store import AdmissionStore, ProposalRow, StoredCommand
 
 __all__ = ["ProposalApprovals"]
 
 log = logging.getLogger("writ.admission")
 
 
-class ProposalApprovals(_Base):
+class ProposalApprovals:
     """What an approver's (or governance's) answer to a pending proposal leads to."""
 
-    async def _on_answered(self, answered: DecisionAnswered) -> None:
+    def __init__(
+        self,
+        *,
+        rt: Runtime,
+        store: AdmissionStore,
+        command_ttl: timedelta,
+        decide_timeout_s: float,
+        known: Callable[..., Awaitable[None]],
+        refuse: Callable[..., Awaitable[None]],
+    ) -> None:
+        self._rt, self._store = rt, store
+        self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
+        self._known, self._refuse = known, refuse
+        self._answered_decoder = msgspec.json.Decoder(DecisionAnswered)
+        self._encoder = msgspec.json.Encoder()
+
+    async def on_answered(self, answered: DecisionAnswered) -> None:
         """A pending decision about a proposal was answered (`writ decide`, or nobody in
         time): admit the proposal, or reject it."""
         if answered.proposal_id is None:
@@ -59,9 +72,9 @@ class ProposalApprovals(_Base):
             return
         await self._claim(proposal, answered, answered.answered_by)
 
-    async def _on_proposal_answer(self, ans: ProposalAnswer) -> None:
-        """An approver approves or rejects a proposal by its opaque id (seed 003): check it all
-        again, record the answer with governance, then the one atomic claim."""
+    async def on_proposal_answer(self, ans: ProposalAnswer) -> None:
+        """An approver approves or rejects a proposal by its opaque id (the approval-contracts
+        note): check it all again, record the answer with governance, then the one atomic claim."""
         proposal = await self._store.proposal_row(ans.tenant, public_id=ans.proposal_id)
         if proposal is None:
             # Unknown, tampered, or another tenant's id: the same answer for all three.
@@ -261,7 +274,7 @@ class ProposalApprovals(_Base):
     async def _reply(
         self,
         ans: ProposalAnswer,
-        status: str,
+        status: ApprovalStatus,
         *,
         outcome: str | None = None,
         receipt: str | None = None,

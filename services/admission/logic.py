@@ -79,7 +79,8 @@ def canonical_hash(
     expected_revision: str | None = None,
     agent: str | None = None,
 ) -> bytes:
-    """SHA-256 over the RFC 8785 canonical JSON of the validated fields (seed 001 §2).
+    """SHA-256 over the RFC 8785 canonical JSON of the validated fields (the reference
+    architecture).
 
     It binds everything an operation key names: tenant, principal, agent, action, the
     validated arguments and the expected revision; any of them changed under the same key is

@@ -4,7 +4,8 @@ It validates the request against the action's contract, reads the state the prev
 on (from the dispatcher, the one holder of credentials), resolves the request into frozen
 arguments and a preview, asks governance's `decide`, and admits the command with its outbox row
 in one transaction. A proposal a person must approve is durable state with an opaque id;
-approving it by that id is the one pending -> executing claim that admits it (seed 003,
+approving it by that id is the one pending -> executing claim that admits it (the approval-contracts
+note,
 `_approvals.py`).
 It holds nothing that acts on the world.
 """
@@ -15,29 +16,27 @@ import functools
 import logging
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import anyio
 import anyio.abc
 import msgspec
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import trace
 from prometheus_client import Gauge
 
 from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish, publish_now
-from libs.deadline import timed_request
 from libs.decide import DecideUnavailable, decide, decide_batch
-from libs.errors import RetryableError
+from libs.facts import read_facts
 from libs.journal import Sealer
 from libs.runtime import Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
-from schemas.admission import CommandAdmitted, ProposalRefused
-from schemas.dispatcher import CommandOutcome, FactsRead, ReadFacts
+from schemas.admission import CommandAdmitted, ProposalRefused, RefusalVerdict
+from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecideRequest, Decision, DecisionAnswered
-from schemas.host import CommandResult, ErrorInfo, ProposalView
+from schemas.host import CommandResult, CommandStatus, ErrorInfo, ProposalView
 from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission._approvals import ProposalApprovals
@@ -54,8 +53,8 @@ from services.admission.logic import (
 from services.admission.relay import OutboxRelay
 from services.admission.store import (
     COMMAND_STATES,
-    Admission,
     AdmissionStore,
+    CommandAdmission,
     Known,
     ProposalRow,
     StoredCommand,
@@ -68,7 +67,7 @@ INBOX = ConsumerSpec(stream="WRIT_INT", durable="admission", filter_subjects=sub
 log = logging.getLogger("writ.admission")
 
 
-class AdmissionService(ProposalApprovals):
+class AdmissionService:
     """Judges proposals and relays admitted commands."""
 
     def __init__(
@@ -93,9 +92,15 @@ class AdmissionService(ProposalApprovals):
         self._proposal_ttl = proposal_ttl
         self._gauges_every_s = gauges_every_s
         self._decoder = msgspec.json.Decoder(Inbound)
-        self._facts_decoder = msgspec.json.Decoder(FactsRead)
-        self._answered_decoder = msgspec.json.Decoder(DecisionAnswered)
         self._encoder = msgspec.json.Encoder()
+        self._approvals = ProposalApprovals(
+            rt=rt,
+            store=store,
+            command_ttl=command_ttl,
+            decide_timeout_s=decide_timeout_s,
+            known=self._known,
+            refuse=self._refuse,
+        )
         self._commands = Gauge(
             "writ_admission_commands",
             "Admitted commands per state",
@@ -164,9 +169,9 @@ class AdmissionService(ProposalApprovals):
         if isinstance(message, CommandOutcome):
             await self._answer_outcome(message)
         elif isinstance(message, DecisionAnswered):
-            await self._on_answered(message)
+            await self._approvals.on_answered(message)
         elif isinstance(message, ProposalAnswer):
-            await self._on_proposal_answer(message)
+            await self._approvals.on_proposal_answer(message)
         else:
             await self._judge(message)
 
@@ -318,7 +323,7 @@ class AdmissionService(ProposalApprovals):
             with trace.use_span(j.span, end_on_exit=False):
                 traceparent = inject_context({}).get("traceparent")
             admissions.append(
-                Admission(
+                CommandAdmission(
                     tenant=j.p.tenant,
                     operation_id=j.operation_id,
                     proposal_id=j.proposal_id,
@@ -410,7 +415,7 @@ class AdmissionService(ProposalApprovals):
                 "payload; the stored proposal is unchanged",
             )
             return
-        verdict = (
+        verdict: RefusalVerdict = (
             "ask"
             if state == "pending"
             else "rejected"
@@ -430,6 +435,8 @@ class AdmissionService(ProposalApprovals):
         """An ask or a deny: the proposal recorded, frozen as it will be shown, and refused."""
         assert j.valid is not None and j.resolved is not None
         p, valid, resolved = j.p, j.valid, j.resolved
+        if decision.verdict == "allow":
+            raise AssertionError("an allowed proposal is admitted, not refused")
         stored = await self._store.record_proposal(
             tenant=p.tenant,
             proposal_id=j.proposal_id,
@@ -464,27 +471,14 @@ class AdmissionService(ProposalApprovals):
         )
 
     async def _read_facts(self, tenant: str, valid: Validated) -> dict[str, object] | None:
-        """The state the preview stands on, read by the dispatcher (None: nothing to read, or
-        no such resource; the contract says which is an error)."""
+        """The state the preview stands on (None: nothing to read, or no such resource; the
+        contract says which is an error)."""
         ref = valid.contract.facts_ref(valid.request)
         if ref is None:
             return None
-        ask = ReadFacts(tenant=tenant, kind=ref.kind, id=ref.id)
-        # A host record is read through the host's MCP server, by retrieval (the only holder of
-        # that credential); everything else by the dispatcher.
-        subject = subjects.HOST_FACTS if ref.kind == "host_ticket" else subjects.FACTS
-        try:
-            reply = await timed_request(
-                self._rt.nc, subject, self._encoder.encode(ask), timeout=self._decide_timeout
-            )
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}", delay=1.0) from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError(
-                f"reading {ref.kind} failed: {reply.headers.get('Nats-Service-Error')}", delay=1.0
-            )
-        read = self._facts_decoder.decode(reply.data)
-        return read.facts if read.found else None
+        return await read_facts(
+            self._rt.nc, tenant, ref.kind, ref.id, timeout=self._decide_timeout, delay=1.0
+        )
 
     async def _known(
         self,
@@ -530,7 +524,7 @@ class AdmissionService(ProposalApprovals):
                 p.request_id or "",
                 p.operation_key,
                 operation_id,
-                stored.state,
+                cast(CommandStatus, stored.state),  # a recorded state, which CHECK constrains
                 stored.receipt,
                 stored.reason,
             )
@@ -555,7 +549,7 @@ class AdmissionService(ProposalApprovals):
         request_id: str,
         operation_key: str,
         operation_id: str | None,
-        status: str,
+        status: CommandStatus,
         receipt: str | None,
         reason: str | None,
         code: str | None = None,
@@ -605,7 +599,7 @@ class AdmissionService(ProposalApprovals):
     async def _refuse(
         self,
         p: ProposeCommand,
-        verdict: str,
+        verdict: RefusalVerdict,
         reason: str,
         decision_id: str | None = None,
         *,
@@ -613,13 +607,14 @@ class AdmissionService(ProposalApprovals):
         proposal: ProposalView | None = None,
     ) -> None:
         if p.operation_key is not None:
-            status = {
+            statuses: dict[str, CommandStatus] = {
                 "deny": "denied",
                 "ask": "awaiting_human",
                 "invalid": "rejected",
                 "conflict": "conflict",
                 "rejected": "rejected",
-            }[verdict]
+            }
+            status = statuses[verdict]
             code = {
                 "deny": "DENIED",
                 "ask": "AWAITING_HUMAN",

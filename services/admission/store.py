@@ -17,7 +17,7 @@ from schemas.governance import Decision
 
 __all__ = [
     "COMMAND_STATES",
-    "Admission",
+    "CommandAdmission",
     "AdmissionStore",
     "Admitted",
     "Backlog",
@@ -141,10 +141,10 @@ WITH recorded AS (
 SELECT public_id FROM recorded
 """
 
-# Seed 001 §4 in one statement: the proposal's pending -> executing claim, the command
-# (ON CONFLICT DO NOTHING: RETURNING yields a row only for the first admission), its outbox row
-# only if the command was created, and the relay's wake-up. $20 is the notification channel,
-# $24 the policy epoch read before `decide` (NULL: the dispatcher's re-check asks again).
+# The reference architecture's admission in one statement: the proposal's pending -> executing
+# claim, the command (ON CONFLICT DO NOTHING: RETURNING yields a row only for the first admission),
+# its outbox row only if the command was created, and the relay's wake-up. $20 is the notification
+# channel, $24 the policy epoch read before `decide` (NULL: the dispatcher's re-check asks again).
 _ADMIT = """
 WITH proposal AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
@@ -188,9 +188,9 @@ FROM admission.proposals p
 LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
 WHERE p.tenant = $1"""
 
-# Approval by public id (seed 003): only a pending, unexpired proposal moves to executing, and
-# only that move creates the command and its outbox row, from the proposal's frozen columns.
-# $9 is the notification channel, $10 the admitting span's traceparent.
+# Approval by public id (the approval-contracts note): only a pending, unexpired proposal moves to
+# executing, and only that move creates the command and its outbox row, from the proposal's frozen
+# columns. $9 is the notification channel, $10 the admitting span's traceparent.
 _APPROVE = """
 WITH claimed AS (
     UPDATE admission.proposals
@@ -278,7 +278,7 @@ def _known(row: Any) -> Known:
     return Known(command=command, proposal=proposal, policy_epoch=row["policy_epoch"])
 
 
-class Admission(msgspec.Struct, frozen=True, kw_only=True):
+class CommandAdmission(msgspec.Struct, frozen=True, kw_only=True):
     """One proposal to admit as a command (`AdmissionStore.admit`, `admit_many`)."""
 
     tenant: str
@@ -461,8 +461,9 @@ class AdmissionStore:
         ttl: timedelta,
         operation_id: str,
     ) -> bool:
-        """The one pending -> executing claim of seed 003, with the command and its outbox row,
-        in one statement: True for exactly one approval of a pending, unexpired proposal."""
+        """The one pending -> executing claim of the approval-contracts note, with the command and
+        its outbox row, in one statement: True for exactly one approval of a pending, unexpired
+        proposal."""
         expires_at = datetime.now(UTC) + ttl
         claimed = await self._pool.fetchval(
             self._approve,
@@ -544,13 +545,14 @@ class AdmissionStore:
     async def admit(
         self, *, before_commit: Callable[[], None] | None = None, **admission: Any
     ) -> Admitted:
-        """Proposal -> executing, command and outbox row, in one statement (seed 001 §4).
+        """Proposal -> executing, command and outbox row, in one statement (the reference
+        architecture).
 
-        `admission` is `Admission`'s fields. Its `policy_epoch` is governance's epoch read
+        `admission` is `CommandAdmission`'s fields. Its `policy_epoch` is governance's epoch read
         before `decide` answered (`known`): while it stands, the dispatcher's re-check is this
         admission's allow.
         """
-        a = Admission(traceparent=inject_context({}).get("traceparent"), **admission)
+        a = CommandAdmission(traceparent=inject_context({}).get("traceparent"), **admission)
         async with self._pool.acquire() as conn:
             if before_commit is not None:
                 before_commit()  # the fault suite's "before the admission commit"
@@ -559,7 +561,7 @@ class AdmissionStore:
             return await self._admit_on(conn, a, self._admit_args(a))
 
     async def admit_many(
-        self, admissions: list[Admission], *, before_commit: Callable[[], None] | None = None
+        self, admissions: list[CommandAdmission], *, before_commit: Callable[[], None] | None = None
     ) -> list[Admitted]:
         """`admit` for each, in order, in one transaction: one commit (and one wake-up of the
         relay) for all. Any failure rolls all of them back."""
@@ -572,7 +574,7 @@ class AdmissionStore:
                 before_commit()  # the fault suite's "before the admission commit"
         return admitted
 
-    def _admit_args(self, a: Admission) -> tuple[Any, ...]:
+    def _admit_args(self, a: CommandAdmission) -> tuple[Any, ...]:
         expires_at = datetime.now(UTC) + a.ttl
         return (
             a.tenant,
@@ -627,7 +629,7 @@ class AdmissionStore:
         )
 
     async def _admit_on(
-        self, conn: asyncpg.Connection, a: Admission, args: tuple[Any, ...]
+        self, conn: asyncpg.Connection, a: CommandAdmission, args: tuple[Any, ...]
     ) -> Admitted:
         outbox_id = await conn.fetchval(self._admit, *args)
         if outbox_id is not None:

@@ -1,5 +1,5 @@
 """The dispatcher's per-tool circuit breakers: `libs.breaker`, shared with retrieval's `mcp:`
-reads (DESIGN.md §4)."""
+reads (docs/design.md §4)."""
 
 from libs.breaker import (
     STATE_VALUES,

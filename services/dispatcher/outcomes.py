@@ -4,11 +4,13 @@ command, so publishing it again (a redelivery, the sweeper, a reconciliation) is
 
 from __future__ import annotations
 
+from typing import cast
+
 from nats.js import JetStreamContext
 
 from libs.bus import publish
 from schemas import subjects
-from schemas.dispatcher import CommandOutcome
+from schemas.dispatcher import CommandOutcome, CommandState
 
 __all__ = ["Outcomes"]
 
@@ -44,7 +46,7 @@ class Outcomes:
                 run_id=run_id,
                 step=step,
                 action=action,
-                state=state,
+                state=cast(CommandState, state),  # a terminal state, as the store records it
                 receipt=receipt,
                 reason=(reason or "")[:500] or None,
             ),

@@ -2,7 +2,7 @@
 
 It claims a command under a lease fenced in Postgres, re-checks it (approval not expired, policy
 still allows, principal not revoked), calls the connector with the operation id as the
-idempotency key, records the attempt and the outcome, and only then acks (DESIGN.md §5).
+idempotency key, records the attempt and the outcome, and only then acks (docs/design.md §5).
 
 Progress is reported only after a fenced renewal of the lease succeeded: a worker whose lease
 was taken over never acks, naks or reports progress again, because JetStream matches those by
@@ -433,9 +433,11 @@ class DispatcherService:
         if not finishing:
             return
         try:
-            finished = await self._store.finish_many(
-                [(job.claim, job.attempt, *final) for job, final in finishing]
-            )
+            rows = []
+            for job, final in finishing:
+                assert job.attempt is not None  # set when its attempt started
+                rows.append((job.claim, job.attempt, *final))
+            finished = await self._store.finish_many(rows)
         except Exception as exc:
             for job, _ in finishing:
                 results[job.index] = exc
@@ -612,7 +614,8 @@ class DispatcherService:
                     await self._store.release(claim, None, result="transient", detail=found.detail)
                     raise RetryableError(f"{connector.name} lookup: {found.detail}")
         if preview is not None and contract.facts is not None:
-            # The preview claimed facts about the world: prove they still hold (seed 003).
+            # The preview claimed facts about the world: prove they still hold (the
+            # approval-contracts note).
             stale = await self._stale(claim, contract, arguments, preview, key)
             if stale is not None:
                 await self._finish(
@@ -696,6 +699,7 @@ class DispatcherService:
         attempt = await self._store.start_attempt(claim, worker=self._worker, connector="local")
         async with self._store.transaction() as conn:
             facts = await contract.read_local(conn, claim.tenant, arguments.draft_id, lock=True)
+            reason: str | None
             try:
                 contract.revalidate(arguments, preview, facts, key=key)
             except Stale as exc:

@@ -1,6 +1,6 @@
 """The dispatcher's SQL: fenced claims and finalisation of commands, and attempt records.
 
-Every write after the claim is conditioned on the claim's `lease_epoch` (DESIGN.md §5): zero
+Every write after the claim is conditioned on the claim's `lease_epoch` (docs/design.md §5): zero
 rows changed means another worker took the lease over, and this one must stop.
 """
 
@@ -19,7 +19,7 @@ from libs.errors import Fenced
 from libs.journal import Journal
 from libs.telemetry import inject_context
 
-__all__ = ["Claim", "DispatcherStore", "PriorAttempt", "Stale", "TERMINAL", "Unknown"]
+__all__ = ["Claim", "DispatcherStore", "PriorAttempt", "StaleCommand", "TERMINAL", "Unknown"]
 
 TERMINAL = frozenset({"succeeded", "denied", "expired", "revision_required", "unknown", "failed"})
 
@@ -61,7 +61,7 @@ class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
     traceparent: str | None = None  # the trace the attempt ran in
 
 
-class Stale(msgspec.Struct, frozen=True, kw_only=True):
+class StaleCommand(msgspec.Struct, frozen=True, kw_only=True):
     """A command the bus may have lost: pending too long, or its holder's lease expired."""
 
     tenant: str
@@ -468,8 +468,8 @@ class DispatcherStore:
         )
         return [PriorAttempt(**dict(r)) for r in rows]
 
-    async def stale(self, *, pending_grace_s: float, limit: int = 100) -> list[Stale]:
-        """Commands to re-drive without the bus (DESIGN.md §5: JetStream can lose messages)."""
+    async def stale(self, *, pending_grace_s: float, limit: int = 100) -> list[StaleCommand]:
+        """Commands to re-drive without the bus (docs/design.md §5: JetStream can lose messages)."""
         rows = await self._pool.fetch(
             "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands "
             "WHERE (state = 'dispatching' AND lease_until < now()) "
@@ -478,7 +478,7 @@ class DispatcherStore:
             pending_grace_s,
             limit,
         )
-        return [Stale(**dict(r)) for r in rows]
+        return [StaleCommand(**dict(r)) for r in rows]
 
     async def count_unknown(self) -> int:
         """How many commands, across tenants, wait in `unknown` for reconciliation."""

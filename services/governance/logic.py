@@ -1,7 +1,8 @@
 """`decide`: the six ordered lines that answer every capability call. Pure, no I/O.
 
-DESIGN.md §4 and seed 000 scenario E. The first line that applies decides; denials are read
-before anything that allows, so no grant or allow rule can outrank an org refusal or a deny rule.
+docs/design.md §4 and the agent-OS runtime view's scenario E. The first line that applies decides;
+denials are read before anything that allows, so no grant or allow rule can outrank an org refusal
+or a deny rule.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from typing import Final, Generic, Literal, TypeVar
 
 import msgspec
 
+from schemas.governance import Answer
 from services.governance.shell import simple_command
 
 __all__ = ["Call", "Facts", "Rule", "RuleIndex", "Ruling", "SENSITIVE_UNREADABLE", "decide"]
 
 Verdict = Literal["allow", "deny", "ask"]
-Answer = Literal["once", "always", "deny"]
 SENSITIVE_UNREADABLE: Final = "governance store unreadable: sensitive calls are denied"
 _ALL: Final[tuple[Answer, ...]] = ("once", "always", "deny")
 _NO_ALWAYS: Final[tuple[Answer, ...]] = ("once", "deny")

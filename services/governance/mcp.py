@@ -1,4 +1,4 @@
-"""The operator's classification of MCP tools, and the record of every listing (DESIGN.md §11).
+"""The operator's classification of MCP tools, and the record of every listing (docs/design.md §11).
 
 A family for an `mcp:` capability is what an operator classified in Writ, bound to the digest of
 the tool they were shown; the server's annotations are kept as hints and decide nothing. Every
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import asyncpg
 import msgspec
@@ -231,7 +231,9 @@ def _status(tool: ListedTool, row: asyncpg.Record | None) -> ToolStatus:
         return ToolStatus(
             name=tool.name, digest=tool.digest, state="unclassified", hints=tool.hints
         )
-    state = "classified" if row["digest"] == tool.digest else "changed"
+    state: Literal["classified", "changed"] = (
+        "classified" if row["digest"] == tool.digest else "changed"
+    )
     return ToolStatus(
         name=tool.name, digest=tool.digest, state=state, family=row["family"], hints=tool.hints
     )

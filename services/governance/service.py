@@ -211,7 +211,7 @@ class GovernanceService:
     def _endpoint(
         self, name: str, kind: type, handle: Callable[..., Awaitable[msgspec.Struct]]
     ) -> Callable[[Request], Awaitable[None]]:
-        decoder = msgspec.json.Decoder(kind)
+        decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(kind)
         metrics = self._rt.metrics
 
         async def serve(request: Request) -> None:

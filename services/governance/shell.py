@@ -1,8 +1,8 @@
 """Is this shell text one simple command, and does an allow rule's prefix cover it? Pure, no I/O.
 
-DESIGN.md §4, line 4: a call that executes code is allowed only in developer mode, by a fine allow
-rule whose prefix matches a *simple single command*. This module decides what that phrase means,
-and it fails closed: anything it cannot prove simple is refused, so the call asks a person.
+docs/design.md §4, line 4: a call that executes code is allowed only in developer mode, by a fine
+allow rule whose prefix matches a *simple single command*. This module decides what that phrase
+means, and it fails closed: anything it cannot prove simple is refused, so the call asks a person.
 
 Structure comes from `bashlex`, a port of GNU bash's own parser, never from a regex. The input must
 parse to exactly one `CommandNode` whose parts are all plain `WordNode`s without expansion parts.

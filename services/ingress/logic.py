@@ -65,7 +65,7 @@ APPROVAL_DECODER: Final = msgspec.json.Decoder(ApproveProposal)
 REVIEW_DECODER: Final = msgspec.json.Decoder(ReviewDecision)
 CANCEL_DECODER: Final = msgspec.json.Decoder(CancelRun)
 # The message type of each host subject, by its kind (`writ.in.<kind>.<tenant>`).
-DECODERS: Final = {
+DECODERS: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     "requests": REQUEST_DECODER,
     "commands": COMMAND_DECODER,
     "decisions": DECISION_DECODER,

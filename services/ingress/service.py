@@ -373,7 +373,7 @@ class IngressService:
                 redelivered, never taken as accepted.
         """
         target = review_target(decision.pending_id)
-        verdict: tuple[bool, str] | None = (False, NO_REVIEW)
+        verdict: tuple[bool, str] = (False, NO_REVIEW)
         if target is not None:
             # Built from verified fields only: the tenant and reviewer come from the token.
             answer = ReviewAnswer(
@@ -393,14 +393,15 @@ class IngressService:
             headers = reply.headers or {}
             code = headers.get("Nats-Service-Error-Code")
             status = None if code else _REVIEW_TAKEN_DECODER.decode(reply.data).status
-            verdict = review_verdict(
+            judged = review_verdict(
                 code,
                 headers.get("Nats-Service-Error", ""),
                 answer=decision.answer,
                 run_status=status,
             )
-            if verdict is None:
+            if judged is None:
                 raise RetryableError(f"the planner failed to take the review ({code})")
+            verdict = judged
         accepted, message = verdict
         code = None if accepted else "UNKNOWN_REVIEW" if message == NO_REVIEW else "INVALID_REQUEST"
         return ReviewResult(

@@ -5,7 +5,7 @@ A manifest is deployment configuration the planner alone reads (like the scripte
 so its schema lives here rather than in `schemas/`: no other service decodes it, and resolving it
 needs the action contracts (`actions.ACTIONS`), which `schemas/` may not import.
 
-An agent's process states are DESIGN.md §6's: `initializing`, `active`, `degraded`, `stopping`,
+An agent's process states are docs/design.md §6's: `initializing`, `active`, `degraded`, `stopping`,
 `stopped`, moved only through `TRANSITIONS` (no `initializing -> stopped`; a failure passes
 through `stopping`). A degraded agent takes work with a warning; the others refuse it.
 """
@@ -102,13 +102,13 @@ class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     pass
 
 
-class ActionUse(_Strict, kw_only=True, tag_field="kind", tag="action"):
+class ActionUse(_Strict, kw_only=True, tag_field="kind", tag="action", frozen=True):
     """An action from `actions.ACTIONS`; its description and signature are its contract's."""
 
     name: Name
 
 
-class ToolUse(_Strict, kw_only=True, tag_field="kind", tag="tool"):
+class ToolUse(_Strict, kw_only=True, tag_field="kind", tag="tool", frozen=True):
     """A read tool retrieval executes (`schemas.retrieval.READ_TOOLS`); its description, family
     and signature are its contract's, as an action's are, so a manifest cannot restate them.
 
@@ -119,7 +119,7 @@ class ToolUse(_Strict, kw_only=True, tag_field="kind", tag="tool"):
     optional: bool = False
 
 
-class AgentUse(_Strict, kw_only=True, tag_field="kind", tag="agent"):
+class AgentUse(_Strict, kw_only=True, tag_field="kind", tag="agent", frozen=True):
     """Another agent, called as a governed capability (it must list this one in callable_by)."""
 
     name: AgentName
@@ -127,8 +127,8 @@ class AgentUse(_Strict, kw_only=True, tag_field="kind", tag="agent"):
     optional: bool = False
 
 
-class McpUse(_Strict, kw_only=True, tag_field="kind", tag="mcp"):
-    """A read tool of the tenant's host MCP server, `mcp:<server>/<tool>` (DESIGN.md §11),
+class McpUse(_Strict, kw_only=True, tag_field="kind", tag="mcp", frozen=True):
+    """A read tool of the tenant's host MCP server, `mcp:<server>/<tool>` (docs/design.md §11),
     executed by retrieval. Its family is what an operator classified in Writ and its arguments
     are checked there against the schema the operator classified; the description here is the
     deploying operator's, never the server's live text."""
@@ -142,7 +142,7 @@ class McpUse(_Strict, kw_only=True, tag_field="kind", tag="mcp"):
 Use = ActionUse | ToolUse | AgentUse | McpUse
 
 
-class Budgets(_Strict, kw_only=True):
+class Budgets(_Strict, kw_only=True, frozen=True):
     """Per-run limits, numbers only (enforced by the budget keeper, not read here)."""
 
     provider_calls: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 8
@@ -152,7 +152,7 @@ class Budgets(_Strict, kw_only=True):
     concurrent_steps: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
 
 
-class AgentManifest(_Strict, kw_only=True):
+class AgentManifest(_Strict, kw_only=True, frozen=True):
     """One agent, as deployed: `writ/demo/agents/<name>.json`. It has no approval key:
     approvals are governance's alone."""
 
@@ -165,7 +165,8 @@ class AgentManifest(_Strict, kw_only=True):
     provider: Literal["scripted", "openai"] = "scripted"
     budgets: Budgets = Budgets()
     # A critic verifies each answer against the objective before the run ends with it, and
-    # may send the agent back to plan again (seed 000 scenario A), under the same budgets.
+    # may send the agent back to plan again (the agent-OS runtime view's scenario A), under the same
+    # budgets.
     critic: bool = False
     # Every chat session with this agent is in plan-mode: a turn first proposes a plan that
     # the user approves by its id before anything runs (`sessions/_plans.py`).

@@ -1,4 +1,4 @@
-"""Calls to other agents from the planner's side (issue 6, multi-agent): a run's agent may call
+"""Calls to other agents from the planner's side: a run's agent may call
 another agent that lists it in `callable_by`, as a governed capability.
 
 A checked call (in `uses`, `callable_by`, the signature, not deeper than `MAX_BRANCH_DEPTH`,
@@ -33,10 +33,10 @@ from services.planner.budgeting import budget_run_id
 from services.planner.snapshot import branch_of
 from services.planner.store import RunRow
 
-__all__ = ["CallDecider", "DecideUnavailable", "branch_run"]
+__all__ = ["CallDecider", "CallDecisionUnavailable", "branch_run"]
 
 
-class DecideUnavailable(RetryableError):
+class CallDecisionUnavailable(RetryableError):
     """Governance gave no usable answer: no answer is not an allow, so the call is asked again
     (the delivery is retried; the caller's decision stays recorded)."""
 
@@ -55,7 +55,7 @@ class CallDecider:
         """Governance's verdict on `run`'s agent calling `callee` with `request`.
 
         Raises:
-            DecideUnavailable: no answer, an error, or an answer that does not decode.
+            CallDecisionUnavailable: no answer, an error, or an answer that does not decode.
         """
         ask = DecideRequest(
             tenant=run.tenant,
@@ -68,7 +68,7 @@ class CallDecider:
         try:
             return await decide(self._nc, ask, timeout=self._timeout)
         except GovernanceUnavailable as exc:
-            raise DecideUnavailable(str(exc), run_id=run.run_id, agent=callee) from exc
+            raise CallDecisionUnavailable(str(exc), run_id=run.run_id, agent=callee) from exc
 
 
 def branch_run(

@@ -288,7 +288,7 @@ class Capabilities:
         again.
 
         Raises:
-            DecideUnavailable: governance gave no answer; the transaction rolls back (the
+            CallDecisionUnavailable: governance gave no answer; the transaction rolls back (the
                 decision stays committed) and the redelivery asks again.
         """
         branch = await self._store.run(conn, branch_run_id(run.run_id, seq))

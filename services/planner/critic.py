@@ -1,5 +1,6 @@
-"""The critic (seed 000 scenario A): for an agent whose manifest has one (`snapshot.has_critic`),
-an `answer_directly` is verified against the objective before the run ends with it.
+"""The critic (the agent-OS runtime view's scenario A): for an agent whose manifest has one
+(`snapshot.has_critic`), an `answer_directly` is verified against the objective before the run ends
+with it.
 
 The answer is committed first; the critic then reserves a provider call and tokens of the run's
 budget like a decision does (`budgeting.py`, key `<run>:<seq>:critic`), and its verdict is

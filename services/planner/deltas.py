@@ -1,4 +1,4 @@
-"""Model text deltas, batched for a session's stream (DESIGN.md §10).
+"""Model text deltas, batched for a session's stream (docs/design.md §10).
 
 A provider streams an answer a few characters at a time; a session's subject should carry tens
 of events a second, not one per token. `DeltaBatcher` is the `TextSink` the planner hands the

@@ -1,4 +1,4 @@
-"""A run's `mcp:` capabilities in its catalog, as an operator classified them (DESIGN.md §11).
+"""A run's `mcp:` capabilities in its catalog, as an operator classified them (docs/design.md §11).
 
 When a run starts, its snapshot's `mcp:` entries get the family and the input schema of the
 listing the operator classified (retrieval answers from the classification, request/reply

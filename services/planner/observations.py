@@ -2,9 +2,9 @@
 person's review answer, the critic's replan, what a read returned, how a called agent's branch
 ended) and `observation_of`, which turns an output into the observation fed back to the model.
 
-Written by Writ and classified by Writ (seed 003): untrusted content (a read's items, a called
-agent's answer) is marked so and bounded. The service records each output with its observation;
-the replay (`replay/`) derives the observation again from the captured output.
+Written by Writ and classified by Writ (the approval-contracts note): untrusted content (a read's
+items, a called agent's answer) is marked so and bounded. The service records each output with its
+observation; the replay (`replay/`) derives the observation again from the captured output.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ Output = (
 
 
 def observation_of(event: Output) -> dict[str, Any]:
-    """What the model reads next turn: written by Writ, classified by Writ (seed 003).
+    """What the model reads next turn: written by Writ, classified by Writ (the approval-contracts
+    note).
 
     A recoverable outcome (revision required, needs reconciliation) carries its safe reason as
     revision context; a terminal failure carries only its correlation id.

@@ -29,7 +29,7 @@ _ENCODER = msgspec.json.Encoder()
 def _summary(payload: dict[str, Any]) -> str:
     if "tool" in payload:
         if payload.get("executed"):
-            # How many, never which: a title is the documents' content (issue 12, defect 6).
+            # How many, never which: a title is the documents' content.
             return f"{len(payload.get('items', []))} items from {payload['tool']}, untrusted"
         return f"{payload['tool']} not read: {payload.get('refused')}"
     if "operation_id" in payload:

@@ -1,4 +1,4 @@
-"""The decision protocol's pure parts (seed 004): the catalog an agent may show its model, the
+"""The decision protocol's pure parts: the catalog an agent may show its model, the
 summary sent first, and the checks a selection passes before any handler runs. No I/O here.
 
 A selection that passes its checks is executed by the runtime, never by the model: an action is
@@ -40,7 +40,12 @@ AGENT_INPUT_KEYS: Final = ["request"]
 Check = Literal["uses", "callable_by", "arguments", "depth", "cycle", "unsupported"]
 # How many agent calls deep a run's branches may go (the run's own agent is depth 0).
 MAX_BRANCH_DEPTH: Final = 2
-_TYPES: Final = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+_TYPES: Final[dict[str, type | tuple[type, ...]]] = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+}
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,7 +1,8 @@
 """Decision providers: where the model's next decision comes from.
 
-The decision protocol (seed 004): `answer_directly`, `request_capabilities`, `select_capability`,
-`request_human_review`; and the critic's verdict on an answer (seed 000 scenario A): `accept` or
+The decision protocol: `answer_directly`, `request_capabilities`, `select_capability`,
+`request_human_review`; and the critic's verdict on an answer (the agent-OS runtime view's scenario
+A): `accept` or
 `replan` with a reason. The scripted provider reads decisions and verdicts from a file, so demos
 and tests need no network; a real model provider plugs in behind the same `DecisionProvider`
 port. Each call also says how many tokens it used, which the planner settles its budget with.
@@ -44,7 +45,7 @@ class _Decision(
         refuse_unstorable(self)
 
 
-class SelectCapability(_Decision, tag="select_capability", omit_defaults=True):
+class SelectCapability(_Decision, tag="select_capability", omit_defaults=True, frozen=True):
     """Call a capability (its reference or its name: the target) with these arguments.
 
     `consequential`: the model asks, in a chat session's turn, that the user approve a plan
@@ -59,19 +60,19 @@ class SelectCapability(_Decision, tag="select_capability", omit_defaults=True):
     consequential: bool = False
 
 
-class AnswerDirectly(_Decision, tag="answer_directly"):
+class AnswerDirectly(_Decision, tag="answer_directly", frozen=True):
     """Finish the run with this answer."""
 
     answer: Annotated[str, msgspec.Meta(max_length=16384)]
 
 
-class RequestCapabilities(_Decision, tag="request_capabilities"):
+class RequestCapabilities(_Decision, tag="request_capabilities", frozen=True):
     """Send the full catalog (signatures, types, grants needed) before the next decision."""
 
     reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
-class RequestHumanReview(_Decision, tag="request_human_review"):
+class RequestHumanReview(_Decision, tag="request_human_review", frozen=True):
     """Suspend the run until a person explicitly answers `review_prompt`."""
 
     review_prompt: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
@@ -82,7 +83,7 @@ ModelDecision = SelectCapability | AnswerDirectly | RequestCapabilities | Reques
 
 
 class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The model's input, with its content boundaries kept apart (seed 004).
+    """The model's input, with its content boundaries kept apart (the decision protocol).
 
     `developer` is the only instruction (Writ's and the agent's responsibility), `user` is the
     principal's request (domain data), `untrusted` and `observations` are external content.
@@ -109,11 +110,11 @@ class _Verdict(
         refuse_unstorable(self)
 
 
-class Accept(_Verdict, tag="accept"):
+class Accept(_Verdict, tag="accept", frozen=True):
     """The answer meets the objective: the run ends with it."""
 
 
-class Replan(_Verdict, tag="replan"):
+class Replan(_Verdict, tag="replan", frozen=True):
     """The answer does not meet the objective: the agent plans again, told `reason`."""
 
     reason: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]

@@ -4,14 +4,22 @@ the run's state, so a redelivery publishes nothing new."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from schemas import subjects
-from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult
+from schemas.host import ActionResult, ErrorInfo, ProposalView, RunResult, RunStatus
 from schemas.planner import BranchChanged
 from services.planner.effects import Effect
 from services.planner.snapshot import branch_of
 from services.planner.store import RunRow, Step
+
+# A run's state as the host reads it; a state a run does not end in reads as failed.
+_HOST_STATUS: Final[dict[str, RunStatus]] = {
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "awaiting_human": "awaiting_human",
+    "cancelled": "cancelled",
+}
 
 __all__ = ["result_effect"]
 
@@ -34,11 +42,7 @@ def result_effect(
         if run.error_code
         else None
     )
-    status = (
-        run.status
-        if run.status in ("succeeded", "failed", "awaiting_human", "cancelled")
-        else "failed"
-    )
+    status = _HOST_STATUS.get(run.status, "failed")
     if (branch := branch_of(run.manifest)) is not None:
         # A branch answers the run that called it, not the host: that run is woken to
         # observe how the branch ended (read from the store, so a duplicate changes nothing).

@@ -7,7 +7,7 @@ decided — and publish what follows after the commit (`effects.py`). A redelive
 the same messages with the same `Nats-Msg-Id`, so nothing happens twice. Each decision and
 observation is committed as a step before the next decision is asked for.
 
-The decision protocol (seed 004, `protocol.py`): a run starts only for an agent a manifest
+The decision protocol (`protocol.py`): a run starts only for an agent a manifest
 declares and that takes work (`agents.py`), with a snapshot of it (`snapshot.py`); its model
 first sees a summary of the agent's capabilities and the catalog once it asked
 (`request_capabilities`; the model's input: `inputs.py`). What each decision leads to lives in
@@ -22,7 +22,7 @@ its own module:
 - `answer_directly`: the run ends with the answer, or first asks the agent's critic
   (`critic.py`).
 
-Budgets (DESIGN.md invariant 9, `budgeting.py`): every provider call (a decision, a critic's
+Budgets (docs/design.md invariant 9, `budgeting.py`): every provider call (a decision, a critic's
 verdict) first reserves a provider call and tokens of the run's budget in governance, and every
 capability call a capability call; each is settled with what it used. A budget that ran out
 stops the run in code — `failed` with `BUDGET_EXHAUSTED` naming the budget (`codes.py`) — and the
@@ -138,7 +138,7 @@ class _Undescribed(Exception):
     """A capability of the run's catalog has no description: no model call is made."""
 
 
-class PlannerService(PersonWaits):
+class PlannerService:
     """Drives runs from evidence to a final answer, one recorded step at a time."""
 
     def __init__(
@@ -158,7 +158,7 @@ class PlannerService(PersonWaits):
         lease_steps: int = 8,
     ) -> None:
         self._rt, self._store, self._provider = rt, store, provider
-        # Chat sessions (DESIGN.md §10): each turn is a run of this loop; None only in tests
+        # Chat sessions (docs/design.md §10): each turn is a run of this loop; None only in tests
         # of something else.
         self._sessions = sessions
         # Deliveries handled at once. Each holds one pooled connection for as long as it runs
@@ -201,6 +201,15 @@ class PlannerService(PersonWaits):
             reserve_tokens=reserve_tokens,
         )
         self._replay = ReplayEndpoint(rt=rt, store=store)
+        self._waits = PersonWaits(
+            store=store,
+            capabilities=self._capabilities,
+            budget=self._budget,
+            sessions=self._sessions,
+            next_step=self._next,
+            finish=self._finish,
+            result=self._result,
+        )
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -396,29 +405,29 @@ class PlannerService(PersonWaits):
                 )
             ]
         if isinstance(event, DecisionAnswered):
-            return await self._answered(conn, run, steps, event, finished)
+            return await self._waits.answered(conn, run, steps, event, finished)
         if run.status in TERMINAL_RUN:
             return [self._result(run, steps)]
         if isinstance(event, ProposalRefused):
-            return await self._refused(conn, run, steps, event, finished)
+            return await self._waits.refused(conn, run, steps, event, finished)
         if (
             run.status == "awaiting_human"
             and isinstance(event, BranchChanged)
             and self._sessions is not None
             and (run.pending_id or "").startswith("plan-")
         ):
-            return await self._plan_answered(conn, run, steps, finished)
+            return await self._waits.plan_answered(conn, run, steps, finished)
         if run.status == "awaiting_human":
             if isinstance(event, BranchChanged):
                 # A run waiting on a branch that waited for a person: it goes on once the
                 # branch does (its call is then observed), or waits on for what the branch
                 # waits for now.
-                branch = await self._waited_branch(conn, run, steps)
+                branch = await self._waits.waited_branch(conn, run, steps)
                 if branch is None:
                     return []
                 if branch.status == "awaiting_human":
                     waiting = waiting_on(branch)
-                    return await self._wait_for_person(
+                    return await self._waits.wait_for_person(
                         conn,
                         run,
                         steps,
@@ -567,7 +576,7 @@ class PlannerService(PersonWaits):
             if self._sessions is not None and (
                 plan_id := await self._sessions.plans.freeze(conn, run, steps, last.seq)
             ):
-                return await self._wait_for_person(  # the plan waits for the user's answer
+                return await self._waits.wait_for_person(  # the plan waits for the user's answer
                     conn, run, steps, finished, step=last.seq, pending_id=plan_id, message=PLAN_WAIT
                 )
             if not has_critic(run.manifest):
@@ -631,7 +640,7 @@ class PlannerService(PersonWaits):
         except NoBudget as exc:
             return [await self._out_of_budget(conn, run, steps, finished, exc)]
         if isinstance(acted, Waiting):
-            return await self._wait_for_person(
+            return await self._waits.wait_for_person(
                 conn,
                 run,
                 steps,

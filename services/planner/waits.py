@@ -1,12 +1,14 @@
-"""The planner's waits for a person (DESIGN.md invariant 8): a run stops for a decision — a
+"""The planner's waits for a person (docs/design.md invariant 8): a run stops for a decision — a
 read or proposal governance asked about, a branch that waits, a plan-mode turn's plan — and
-goes on from its recorded step once the answer (or the outcome it leads to) arrives. A mixin of
-`PlannerService` (`service.py`), whose loop and store these methods use."""
+goes on from its recorded step once the answer (or the outcome it leads to) arrives. A
+collaborator of `PlannerService` (`service.py`): it holds the store, capabilities, budgets and
+sessions it acts through, and is handed the loop's next step, its finish and its result."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 
@@ -15,19 +17,15 @@ from schemas.governance import DecisionAnswered
 from schemas.host import ProposalView
 from schemas.planner import branch_run_id
 from schemas.retrieval import ReadRefused
-from services.planner.budgeting import step_key
-from services.planner.capabilities import Waiting
+from services.planner.budgeting import RunBudgets, step_key
+from services.planner.capabilities import Capabilities, Waiting
 from services.planner.codes import REFUSAL_CODES
 from services.planner.effects import AGAIN, Effects, Finished
 from services.planner.provider import ModelDecision, SelectCapability
+from services.planner.sessions import SessionTurns
 from services.planner.sessions._plans import PLAN_REJECTED
 from services.planner.snapshot import agent_call_target, branch_of, read_target
-from services.planner.store import RunRow, Step
-
-if TYPE_CHECKING:
-    from services.planner.service import PlannerService as _Base
-else:
-    _Base = object
+from services.planner.store import PlannerStore, RunRow, Step
 
 __all__ = ["PersonWaits"]
 
@@ -35,10 +33,25 @@ log = logging.getLogger("writ.planner")
 _DECISION_DECODER = msgspec.json.Decoder(ModelDecision)
 
 
-class PersonWaits(_Base):
+class PersonWaits:
     """Where a run waits for a person, and what their answer leads to."""
 
-    async def _answered(
+    def __init__(
+        self,
+        *,
+        store: PlannerStore,
+        capabilities: Capabilities,
+        budget: RunBudgets,
+        sessions: SessionTurns | None,
+        next_step: Callable[..., Awaitable[Effects | None]],
+        finish: Callable[..., Awaitable[Any]],
+        result: Callable[..., Any],
+    ) -> None:
+        self._store, self._capabilities, self._budget = store, capabilities, budget
+        self._sessions = sessions
+        self._next, self._finish, self._result = next_step, finish, result
+
+    async def answered(
         self, conn: Any, run: RunRow, steps: list[Step], event: DecisionAnswered, finished: Finished
     ) -> Effects | None:
         """A person answered the read the run stopped for (`capabilities.Waiting`): allowed,
@@ -98,7 +111,7 @@ class PersonWaits(_Base):
             conn, run, steps, last.seq, decision, approval_id=event.decision_id
         )
         if isinstance(acted, Waiting):  # asked again (the policy changed meanwhile)
-            return await self._wait_for_person(
+            return await self.wait_for_person(
                 conn,
                 run,
                 steps,
@@ -109,7 +122,7 @@ class PersonWaits(_Base):
             )
         return acted
 
-    async def _waited_branch(self, conn: Any, run: RunRow, steps: list[Step]) -> RunRow | None:
+    async def waited_branch(self, conn: Any, run: RunRow, steps: list[Step]) -> RunRow | None:
         """The branch a waiting run's last decision called, if that is what it waits on."""
         last = steps[-1] if steps else None
         if (
@@ -122,7 +135,7 @@ class PersonWaits(_Base):
             return None
         return await self._store.run(conn, branch_run_id(run.run_id, last.seq))
 
-    async def _wait_for_person(
+    async def wait_for_person(
         self,
         conn: Any,
         run: RunRow,
@@ -164,7 +177,7 @@ class PersonWaits(_Base):
         )
         return [self._result(run, steps, pending_id=pending_id, proposal=proposal)]
 
-    async def _plan_answered(
+    async def plan_answered(
         self, conn: Any, run: RunRow, steps: list[Step], finished: Finished
     ) -> Effects | None:
         """A plan-mode turn woken while its plan waits: approved, it acts (the approval is
@@ -191,7 +204,7 @@ class PersonWaits(_Base):
         )
         return await self._next(conn, run, steps, finished)
 
-    async def _refused(
+    async def refused(
         self, conn: Any, run: RunRow, steps: list[Step], event: ProposalRefused, finished: Finished
     ) -> Effects:
         if event.verdict == "ask":
@@ -208,7 +221,7 @@ class PersonWaits(_Base):
                     preview=event.preview or {},
                     expires_at=event.expires_at or "",
                 )
-            return await self._wait_for_person(
+            return await self.wait_for_person(
                 conn,
                 run,
                 steps,

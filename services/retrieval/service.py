@@ -31,6 +31,7 @@ from schemas.retrieval import (
     ReadCapability,
     ReadRefused,
     ReadResult,
+    RefusalCode,
     SearchEvidence,
 )
 from services.retrieval.mcp import McpReads
@@ -254,7 +255,7 @@ class _Unavailable(Exception):
 
 def _refused(
     ask: ReadCapability,
-    code: str,
+    code: RefusalCode,
     reason: str,
     *,
     retryable: bool = False,
@@ -264,7 +265,7 @@ def _refused(
         run_id=ask.run_id,
         tool=ask.tool,
         code=code,
-        reason=reason[:500],  # type: ignore[arg-type]
+        reason=reason[:500],
         retryable=retryable,
         decision_id=decision.decision_id if decision else None,
         pending_id=decision.pending_id if decision else None,

@@ -72,7 +72,7 @@ def _proposal(stack: Stack, proposal_id: str) -> dict[str, Any]:
             headers=auth(stack, principal="ops@acme.example", roles=["approver"]),
         )
     assert got.status_code == 200, got.text
-    return got.json()  # type: ignore[no-any-return]
+    return got.json()
 
 
 async def _signed_in(
@@ -478,7 +478,7 @@ def _stopped_run(stack: Stack, agent: str, text: str) -> dict[str, Any]:
         run_id = started.json()["run_id"]
         stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
     assert stopped["status"] == "awaiting_human", stopped
-    return stopped  # type: ignore[no-any-return]
+    return stopped
 
 
 async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer_resumes_the_run(

@@ -22,8 +22,9 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from libs.natsauth import SERVICE_SUBJECTS
 from schemas import subjects
-from schemas.governance import RunBudget
+from schemas.governance import Answer, RunBudget
 from schemas.host import (
+    ApprovalAnswer,
     ApprovalResult,
     ApproveProposal,
     CommandResult,
@@ -244,7 +245,7 @@ class Host:
         self,
         proposal_id: str,
         *,
-        answer: str = "approve",
+        answer: ApprovalAnswer = "approve",
         tenant: str = "acme",
         principal: str = "ops@acme.example",
         reason: str = "",
@@ -307,7 +308,7 @@ class Host:
     async def decide(
         self,
         pending_id: str,
-        answer: str = "once",
+        answer: Answer = "once",
         *,
         tenant: str = "acme",
         principal: str = "ops@acme.example",

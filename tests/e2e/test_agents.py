@@ -1,4 +1,4 @@
-"""Agents and the decision protocol through the six real processes (issue 6): the catalog on
+"""Agents and the decision protocol through the six real processes: the catalog on
 request, a selection refused before any handler, a run for an agent no manifest declares, and a
 review the agent asked for, each replayed identical offline."""
 

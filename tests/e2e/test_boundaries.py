@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -70,7 +71,7 @@ def test_no_other_service_has_a_setting_that_could_hold_it(settings_type: type) 
         "WRIT_CRM_URL": "http://crm",
         "WRIT_CRM_TOKEN_FILE": "/secrets/crm.token",
     }
-    settings = load_settings(settings_type, env)
+    settings: Any = load_settings(settings_type, env)
     assert "crm.token" not in repr(settings)
     assert "crm" in repr(load_settings(DispatcherSettings, env))
 

@@ -1,4 +1,4 @@
-"""The dispatcher's per-tool circuit breaker (issue 4), against the real processes.
+"""The dispatcher's per-tool circuit breaker, against the real processes.
 
 This module runs its own deployment (its own nats-server and PostgreSQL, like the fault suite)
 with a short cooldown, so that an open breaker can be watched, and waited out, in seconds.
@@ -22,7 +22,8 @@ from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
-# Fixed by design (seed 000: "3 and 30 seconds, not configurable"), so the test waits them out.
+# Fixed by design (the agent-OS runtime view: "3 and 30 seconds, not configurable"), so the test
+# waits them out.
 THRESHOLD = 3
 COOLDOWN_S = 30.0
 TOOL = "crm.note.create"

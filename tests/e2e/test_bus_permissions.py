@@ -1,4 +1,4 @@
-"""Tenants are isolated on the bus by NATS itself (issue 12, defects 4, 6 and 11).
+"""Tenants are isolated on the bus by NATS itself.
 
 Each cross-tenant read and write a hostile host tried is refused by the server: the host
 connects with its own tenant's credentials, as the deployment generated them, and the server
@@ -8,6 +8,7 @@ answers a permissions violation; nothing reaches the other tenant or Writ's inte
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 
 import anyio
 import msgspec
@@ -46,7 +47,7 @@ class Violations:
 
 
 @pytest.fixture
-async def acme(stack: Stack) -> tuple[Client, Violations]:
+async def acme(stack: Stack) -> AsyncIterator[tuple[Client, Violations]]:
     if stack.embedded_nats is None:
         pytest.skip("a NATS server named by WRIT_TEST_NATS_URL has its own permissions")
     violations = Violations()

@@ -298,7 +298,7 @@ async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_in
                     await anyio.sleep(0.05)
         with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
             await nc.request(subjects.DECIDE, b"{}", timeout=1)
-        assert await nc.publish("writ.eval.shadow.acme", b"{}") is None
+        await nc.publish("writ.eval.shadow.acme", b"{}")  # allowed: no violation raised
     finally:
         await nc.close()
     assert (await host.wait_result(request.request_id)).status == "succeeded"

@@ -1,5 +1,6 @@
-"""The fault suite (seed 001 §7, issue 3): break Writ at its seams, for real, and check that
-every accepted request still ends in one recorded outcome with at most the effects it may have.
+"""The fault suite (the reference architecture's fault list): break Writ at its seams, for real, and
+check that every accepted request still ends in one recorded outcome with at most the effects it may
+have.
 
 This module runs its own deployment — its own nats-server and PostgreSQL, which it kills and
 restarts — with short leases so takeovers happen within seconds. Processes crash at named
@@ -117,7 +118,8 @@ def faults(stack: Stack) -> Iterator[Faults]:
     f.file.write_text("")
 
 
-def notes(crm: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
+def notes(crm: httpx.Client, operation_id: str | None) -> list[dict[str, Any]]:
+    assert operation_id is not None, "the command was never admitted"
     return [
         n
         for n in crm.get("/_control/notes").json()
@@ -125,7 +127,8 @@ def notes(crm: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def charges(payments: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
+def charges(payments: httpx.Client, operation_id: str | None) -> list[dict[str, Any]]:
+    assert operation_id is not None, "the command was never admitted"
     return [
         c
         for c in payments.get("/_control/charges").json()
@@ -267,7 +270,8 @@ async def test_relay_down_longer_than_the_duplicate_window_still_makes_one_effec
     assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]
 
 
-async def _dispatch_messages(host: Host, operation_id: str, *, expect: int) -> int:
+async def _dispatch_messages(host: Host, operation_id: str | None, *, expect: int) -> int:
+    assert operation_id is not None, "the command was never admitted"
     with anyio.fail_after(20):
         while True:
             count = 0
@@ -410,6 +414,7 @@ async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_
     assert row["state"] == "unknown" and row["receipt"] is None
 
     # An operator reconciles it with the provider's evidence; no new key is ever made.
+    assert result.operation_id is not None
     listed = _writ(host.stack, "reconcile", "list")
     assert listed.returncode == 0 and result.operation_id in listed.stdout
     charge_id = charges(payments, result.operation_id)[0]["charge_id"]

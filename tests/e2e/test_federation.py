@@ -102,7 +102,7 @@ async def admin(stack: Stack) -> AsyncIterator[nats.aio.client.Client]:
 
 
 async def state(helpdesk: httpx.AsyncClient) -> dict[str, Any]:
-    return (await helpdesk.get("/_control/state")).json()  # type: ignore[no-any-return]
+    return (await helpdesk.get("/_control/state")).json()
 
 
 async def read(

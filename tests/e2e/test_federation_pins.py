@@ -133,7 +133,7 @@ async def admin(stack: Stack) -> AsyncIterator[nats.aio.client.Client]:
 
 
 async def calls(helpdesk: httpx.AsyncClient) -> dict[str, int]:
-    return (await helpdesk.get("/_control/state")).json()["tool_calls"]  # type: ignore[no-any-return]
+    return (await helpdesk.get("/_control/state")).json()["tool_calls"]
 
 
 async def read(nc: Any, tool: str, arguments: dict[str, Any]) -> ReadResult | ReadRefused:

@@ -1,4 +1,4 @@
-"""Governance through the real processes (issue 4): unattended runs stop at an ask, operators
+"""Governance through the real processes: unattended runs stop at an ask, operators
 answer with `writ pending` / `writ decide`, attended asks time out to a deny, signed org policy
 outranks grants, and a governance that cannot read its store denies what is sensitive."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from libs.db import role_name
 from schemas import subjects
-from schemas.governance import DecideRequest, Decision
+from schemas.governance import Answer, DecideRequest, Decision
 from schemas.host import DecisionResult
 from services.governance.policy import PolicyDocument
 from tests.e2e.conftest import Host
@@ -183,7 +183,7 @@ async def test_always_writes_a_standing_grant_for_the_family_not_the_tool(
 
 
 async def _publish_decision(
-    host: Host, tenant: str, token: str, pending_id: str, answer: str = "once"
+    host: Host, tenant: str, token: str, pending_id: str, answer: Answer = "once"
 ) -> DecisionResult:
     return await host.decide(pending_id, answer, tenant=tenant, token=token)
 

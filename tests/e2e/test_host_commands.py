@@ -1,4 +1,4 @@
-"""Hosts that know what they want submit commands under their own operation key (issue 3):
+"""Hosts that know what they want submit commands under their own operation key:
 replay, conflict, concurrent retries, redelivery of a terminal command, and the checks made
 right before dispatch (revocation, expiry, resource revision)."""
 
@@ -231,7 +231,7 @@ async def test_the_resource_revision_changed_ends_revision_required(
 
 
 @pytest.fixture
-async def dispatcher_paused(stack: Stack):  # type: ignore[no-untyped-def]
+async def dispatcher_paused(stack: Stack):
     """Stop the dispatcher so commands queue; restart it when the test says so."""
     stack.stop_process("dispatcher")
 
@@ -255,7 +255,7 @@ async def _admitted(db: asyncpg.Connection, operation_key: str) -> asyncpg.Recor
 
 async def test_access_revoked_before_dispatch_stops_the_queued_action(
     host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     principal = f"bob-{uuid.uuid4().hex[:6]}@acme.example"
     command = host.command(principal=principal)
     await host.submit(command)
@@ -296,7 +296,7 @@ async def test_an_unchanged_policy_lets_the_admission_allow_stand_as_the_recheck
 
 async def test_a_deny_rule_added_while_queued_stops_the_admitted_action(
     host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     customer = f"DENY-{uuid.uuid4().hex[:6].upper()}"
     command = host.command(arguments={"customer_id": customer, "body": "Queued, then denied."})
     await host.submit(command)
@@ -325,7 +325,7 @@ async def test_a_deny_rule_added_while_queued_stops_the_admitted_action(
 
 async def test_an_approval_that_expires_while_queued_is_not_executed(
     host: Host, db: asyncpg.Connection, crm: httpx.Client, dispatcher_paused
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     command = host.command()
     await host.submit(command)
     row = await _admitted(db, command.operation_key)

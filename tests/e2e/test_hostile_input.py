@@ -1,4 +1,4 @@
-"""Hostile input on every host subject (issue 12): thousands of generated malformed or hostile
+"""Hostile input on every host subject: thousands of generated malformed or hostile
 messages, each answered with its error code as data (one naming two request ids is dropped and
 counted instead), nothing stored, nothing dead-lettered,
 every service alive after — and a real proposal, whose approval with a NUL in its reason used to

@@ -26,7 +26,8 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
 
 def _events(api: httpx.Client, path: str, headers: dict[str, str]) -> list[dict[str, Any]]:
     """The stream's events until it ends, each as {event, id, data}."""
-    events, current = [], {}
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
     with api.stream("GET", path, headers=headers) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")

@@ -1,4 +1,4 @@
-"""Issue 13's attacks on the deployed journals, one per journal, with the six services running.
+"""Attacks on the deployed journals, one per journal, with the six services running.
 
 Whoever can write to the database (SQL only: no signing key, no access to the NATS account that
 holds the record) cuts governance's tail, splices the planner's chain and re-inserts the rows,

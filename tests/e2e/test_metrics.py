@@ -1,4 +1,4 @@
-"""What an SRE reads from `/metrics` (issue 7): the metrics dashboards and alerts are written
+"""What an SRE reads from `/metrics`: the metrics dashboards and alerts are written
 against, each in the service that owns it, and not one label value that could grow without
 bound (an id, a tenant, a principal).
 

@@ -1,4 +1,4 @@
-"""The walking skeleton's path through the six real processes (issue 2)."""
+"""A note's path through the six real processes."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ async def _run_rows(db: asyncpg.Connection, request_id: str) -> list[asyncpg.Rec
     return await db.fetch("SELECT * FROM planner.runs WHERE request_id = $1", request_id)
 
 
-async def _commands(db: asyncpg.Connection, run_id: str) -> list[asyncpg.Record]:
+async def _commands(db: asyncpg.Connection, run_id: str | None) -> list[asyncpg.Record]:
+    assert run_id is not None, "the run has no id"
     return await db.fetch("SELECT * FROM admission.commands WHERE run_id = $1", run_id)
 
 

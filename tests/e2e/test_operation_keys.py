@@ -1,4 +1,4 @@
-"""What an operation key binds (issue 12, defects 7, 8 and 9).
+"""What an operation key binds.
 
 A host's key names one intent: tenant, principal, agent, action, arguments and expected
 revision. The same key with any of them changed is `CONFLICT`, whether the command waits for a

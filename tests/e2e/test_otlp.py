@@ -1,5 +1,5 @@
-"""With the standard OTLP variables set, the six processes send a run's trace to a collector
-(issue 7): here a fake one on loopback that decodes what the real exporter sends."""
+"""With the standard OTLP variables set, the six processes send a run's trace to a collector:
+here a fake one on loopback that decodes what the real exporter sends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Outages wait, they do not drop; no message can stop a service (issue 12).
+"""Outages wait, they do not drop; no message can stop a service.
 
 This module runs its own deployment (its own nats-server and PostgreSQL): it stops governance
 for `WRIT_TEST_OUTAGE_S` seconds while hosts keep sending commands and run requests, and checks

@@ -1,4 +1,4 @@
-"""Governance falling behind does not keep it behind (issue 21, README "Soak"): requests whose
+"""Governance falling behind does not keep it behind (docs/soak.md): requests whose
 callers gave up while it was frozen are dropped on waking, before any work, and the next
 request is answered.
 

@@ -1,4 +1,5 @@
-"""Proposals a person approves by their id, through the six real processes (issue 5, seed 003).
+"""Proposals a person approves by their id, through the six real processes (the approval-contracts
+note).
 
 The refund's amount and destination are computed by code, shown in the preview, frozen, and
 proved again at execution; an approval names the proposal and nothing else; approving twice, or

@@ -1,6 +1,6 @@
 """`/readyz` and `/livez` of the six processes while PostgreSQL is stopped and started again.
 
-What the chart's probes rely on (DESIGN.md section 13): a service whose PostgreSQL is gone is
+What the chart's probes rely on (docs/design.md section 13): a service whose PostgreSQL is gone is
 not ready and fetches nothing, so commands submitted meanwhile wait on the bus instead of
 burning deliveries into the dead-letter stream; it is still live (no restart); and once
 PostgreSQL is back every service is ready again and every command ends once.

@@ -1,4 +1,4 @@
-"""A run that reads, then proposes (issue 6), through the six real processes: the demo agent
+"""A run that reads, then proposes, through the six real processes: the demo agent
 (`research-assistant`) asks for its catalog, reads the tenant's documents through retrieval,
 observes them as untrusted data, proposes one note, observes its outcome, and its answer passes
 the critic; the journal replays it identical offline."""

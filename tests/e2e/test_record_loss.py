@@ -16,7 +16,7 @@ import json
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import anyio
@@ -213,7 +213,7 @@ async def test_the_planners_identity_cannot_register_a_run_with_grants(
                 await anyio.sleep(0.05)
 
         # The planner's own subject: a turn carries no grants, and is only a turn.
-        async def ask(body: dict[str, object]) -> tuple[str | None, bytes]:
+        async def ask(body: Mapping[str, object]) -> tuple[str | None, bytes]:
             reply = await planner.request(
                 subjects.REGISTER_TURN, json.dumps(body).encode(), timeout=10
             )

@@ -77,7 +77,7 @@ def _stored(subject: str) -> bool:
 def _service_requests() -> list[tuple[str, str, str]]:
     """(an internal endpoint's subject, the service serving it, a service allowed to send to
     it) for every endpoint some other service may publish to."""
-    found = {}
+    found: dict[str, tuple[str, str, str]] = {}
     for owner, (_, _, endpoints) in SERVICE_SUBJECTS.items():
         for endpoint in endpoints:
             subject = _concrete(endpoint)
@@ -91,7 +91,7 @@ def _service_requests() -> list[tuple[str, str, str]]:
 
 
 async def _streams(stack: Stack, host: Host) -> dict[str, StreamInfo]:
-    return {info.config.name: info for info in await host.js.streams_info()}
+    return {str(info.config.name): info for info in await host.js.streams_info()}
 
 
 def _replies(streams: dict[str, Any]) -> list[str]:

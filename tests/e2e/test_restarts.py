@@ -1,4 +1,4 @@
-"""NATS and Postgres killed (SIGKILL) and restarted mid-flow (issue 3's fault suite).
+"""NATS and Postgres killed (SIGKILL) and restarted mid-flow (the fault suite).
 
 Each case gets a fresh deployment. The last one restarts NATS, lets the deployment recover,
 submits more and then kills Postgres: it once lost commands, because the tests' Postgres ran

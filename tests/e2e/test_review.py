@@ -1,4 +1,4 @@
-"""A person answers the review a run's agent asked for, through the six real processes (issue 6):
+"""A person answers the review a run's agent asked for, through the six real processes:
 `ReviewDecision` on `writ.in.reviews.<tenant>`, verified by ingress (tenant and reviewer from the
 token, the approver role required) and handed to the planner by request/reply."""
 
@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from schemas import subjects
-from schemas.host import ReviewDecision, ReviewResult, RunResult
+from schemas.host import ApprovalAnswer, ReviewDecision, ReviewResult, RunResult
 from tests.e2e.conftest import Host
 from writ.stack import Stack
 
@@ -41,7 +41,7 @@ async def _waiting(stack: Stack, host: Host) -> RunResult:
 async def _review(
     host: Host,
     pending_id: str,
-    answer: str = "approve",
+    answer: ApprovalAnswer = "approve",
     *,
     comment: str = "",
     tenant: str = "acme",

@@ -14,7 +14,7 @@ from libs.embedded import EmbeddedNats
 
 pytestmark = pytest.mark.e2e
 
-# Issue 6's demo path: the catalog, a read, its observation, a proposal, its outcome observed,
+# The demo's path: the catalog, a read, its observation, a proposal, its outcome observed,
 # the answer and the critic's verdict, then the result.
 STEPS = (
     "verified",

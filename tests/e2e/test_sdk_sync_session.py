@@ -144,7 +144,7 @@ def test_a_plan_approved_and_one_rejected_through_the_sync_client(
     first = until(session, PlanProposed)
     [proposed] = [e for e in first if isinstance(e, PlanProposed)]
     assert [s.capability for s in proposed.plan.steps] == ["crm.note.create"]
-    assert session.history().waiting_for.kind == "plan"  # type: ignore[union-attr]
+    assert session.history().waiting_for.kind == "plan"
     answered = session.approve_plan(proposed.plan.plan_id)
     assert (answered.plan_id, answered.state) == (proposed.plan.plan_id, "approved")
     rest = until(session, TurnEnded)

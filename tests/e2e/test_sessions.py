@@ -1,4 +1,4 @@
-"""Chat sessions through the six processes (issue 15), against a real model API (fakes/llm.py,
+"""Chat sessions through the six processes, against a real model API (fakes/llm.py,
 which records every request it gets), over the HTTP door: a turn is a run of the planner's
 loop; the transition table's allowed moves and a refused one; one of concurrent sends accepted;
 close during `processing`; pause / inject / resume with the injected text in the next model

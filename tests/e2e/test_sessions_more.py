@@ -1,4 +1,4 @@
-"""Chat sessions through the six processes, the remainders of issue 15: an attended ask in a
+"""Chat sessions through the six processes, continued: an attended ask in a
 turn denied after its 5 minutes by governance's own expiry sweep; `writ audit replay` of
 plan-mode turns (approved, deviated from, rejected; and a tampered record); a model call
 cancelled mid-stream by a close, whose partial text the stream resets.

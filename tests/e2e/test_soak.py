@@ -1,4 +1,4 @@
-"""A short soak (issue 21) in the suite: the deployment `make soak` runs (two dispatchers, two
+"""A short soak in the suite: the deployment `make soak` runs (two dispatchers, two
 admissions, the supervisor, the planner asking the fake model), 60 s of open-loop load over
 both demo tenants (host commands, runs, refunds, chat messages) under a fixed seed's nemesis —
 NATS restarted twice, admission and then the second dispatcher frozen past the lease,

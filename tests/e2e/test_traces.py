@@ -1,4 +1,4 @@
-"""One run is one trace across the six processes (issue 7): W3C trace context travels in NATS
+"""One run is one trace across the six processes: W3C trace context travels in NATS
 headers, through request/reply and through the outbox."""
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ async def eventually(
             if inspect.isawaitable(value):
                 value = await value
             if value:
-                return value  # type: ignore[return-value]
+                return value
             await anyio.sleep(0.02)
 
 

@@ -47,7 +47,7 @@ class Server:
             user=user,
             password=password,
             inbox_prefix=inbox_prefix(user),
-            **options,  # type: ignore[arg-type]
+            **options,
         )
 
 
@@ -66,7 +66,7 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
 
 async def _counts(admin: Client) -> dict[str, tuple[int, int]]:
     return {
-        i.config.name: (i.state.first_seq, i.state.messages)
+        str(i.config.name): (i.state.first_seq, i.state.messages)
         for i in await admin.jetstream().streams_info()
     }
 

@@ -85,7 +85,7 @@ async def _post_raises(
         await client.aclose()
 
 
-async def test_a_response_is_read_whole_with_the_credential_sent(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_response_is_read_whole_with_the_credential_sent(serve) -> None:
     seen: list[bytes] = []
 
     def answer(conn: socket.socket) -> None:
@@ -133,7 +133,7 @@ async def test_no_connection_in_time_is_not_sent() -> None:
         sock.close()
 
 
-async def test_a_server_that_hangs_up_after_the_request_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_server_that_hangs_up_after_the_request_is_no_answer(serve) -> None:
     def answer(conn: socket.socket) -> None:
         _read_request(conn)
         conn.close()  # read (perhaps applied), never answered
@@ -141,14 +141,14 @@ async def test_a_server_that_hangs_up_after_the_request_is_no_answer(serve) -> N
     await _post_raises(serve(answer), NoAnswer)
 
 
-async def test_a_server_that_keeps_quiet_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_server_that_keeps_quiet_is_no_answer(serve) -> None:
     def answer(conn: socket.socket) -> None:
         _read_request(conn)  # and nothing more: the read times out
 
     await _post_raises(serve(answer), NoAnswer, timeout_s=0.3)
 
 
-async def test_a_response_cut_short_is_no_answer(serve) -> None:  # type: ignore[no-untyped-def]
+async def test_a_response_cut_short_is_no_answer(serve) -> None:
     def answer(conn: socket.socket) -> None:
         _read_request(conn)
         conn.sendall(b'HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{"note')

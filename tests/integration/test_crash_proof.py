@@ -105,7 +105,7 @@ async def test_an_error_outside_the_handler_naks_and_the_loop_serves_on(
 
     tracer = _Exploding()
     await bed.publish(1)
-    async with running(bed, handler, tracer=tracer):  # type: ignore[arg-type]
+    async with running(bed, handler, tracer=tracer):
         await eventually(lambda: handled == [(1, 3)])
         await bed.publish(2)
         await eventually(lambda: handled == [(1, 3), (2, 1)])

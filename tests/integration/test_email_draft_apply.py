@@ -62,7 +62,7 @@ async def dbs(scratch_db: str) -> AsyncIterator[tuple[asyncpg.Connection, asyncp
     await dispatcher.close()
 
 
-async def test_read_local_counts_the_segment_of_the_tenants_draft(dbs) -> None:  # type: ignore[no-untyped-def]
+async def test_read_local_counts_the_segment_of_the_tenants_draft(dbs) -> None:
     dispatcher, _ = dbs
     assert await DRAFT.read_local(dispatcher, "acme", "spring") == DraftFacts(
         draft_id="spring",
@@ -80,14 +80,14 @@ async def test_read_local_counts_the_segment_of_the_tenants_draft(dbs) -> None: 
     assert empty is not None and empty.recipients == 0
 
 
-async def test_read_local_never_finds_another_tenants_draft(dbs) -> None:  # type: ignore[no-untyped-def]
+async def test_read_local_never_finds_another_tenants_draft(dbs) -> None:
     dispatcher, _ = dbs
     assert await DRAFT.read_local(dispatcher, "acme", "secret") is None
     assert await DRAFT.read_local(dispatcher, "acme", "missing") is None
     assert await DRAFT.read_local(dispatcher, "initech", "spring") is None
 
 
-async def test_read_local_can_lock_the_draft_in_a_transaction(dbs) -> None:  # type: ignore[no-untyped-def]
+async def test_read_local_can_lock_the_draft_in_a_transaction(dbs) -> None:
     dispatcher, _ = dbs
     async with dispatcher.transaction():
         facts = await DRAFT.read_local(dispatcher, "acme", "spring", lock=True)
@@ -95,7 +95,7 @@ async def test_read_local_can_lock_the_draft_in_a_transaction(dbs) -> None:  # t
         assert await DRAFT.read_local(dispatcher, "acme", "secret", lock=True) is None
 
 
-async def test_proposal_read_from_postgres_goes_stale_when_the_audience_changes(dbs) -> None:  # type: ignore[no-untyped-def]
+async def test_proposal_read_from_postgres_goes_stale_when_the_audience_changes(dbs) -> None:
     dispatcher, admin = dbs
     request = DRAFT.decode_request({"draft_id": "spring"})
     frozen = DRAFT.resolve(request, await DRAFT.read_local(dispatcher, "acme", "spring"))
@@ -137,7 +137,7 @@ def _arguments(recipients: int = 3) -> DraftArguments:
     )
 
 
-async def test_apply_local_writes_one_form_per_operation_key(dbs) -> None:  # type: ignore[no-untyped-def]
+async def test_apply_local_writes_one_form_per_operation_key(dbs) -> None:
     dispatcher, admin = dbs
     async with dispatcher.transaction():
         first = await DRAFT.apply_local(dispatcher, "acme", _arguments(), "acme:op-1")
@@ -159,7 +159,7 @@ async def test_apply_local_writes_one_form_per_operation_key(dbs) -> None:  # ty
     assert await admin.fetchval("SELECT count(*) FROM dispatcher.mail_forms") == 3
 
 
-async def test_apply_local_rolls_back_with_its_transaction(dbs) -> None:  # type: ignore[no-untyped-def]
+async def test_apply_local_rolls_back_with_its_transaction(dbs) -> None:
     dispatcher, admin = dbs
     with pytest.raises(RuntimeError):
         async with dispatcher.transaction():
@@ -179,7 +179,7 @@ async def test_apply_local_rolls_back_with_its_transaction(dbs) -> None:  # type
         "DELETE FROM dispatcher.mail_drafts",
     ],
 )
-async def test_dispatcher_cannot_write_the_hosts_drafts_or_audience(dbs, statement: str) -> None:  # type: ignore[no-untyped-def]
+async def test_dispatcher_cannot_write_the_hosts_drafts_or_audience(dbs, statement: str) -> None:
     dispatcher, admin = dbs
     with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied"):
         await dispatcher.execute(statement)

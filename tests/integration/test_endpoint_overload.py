@@ -1,5 +1,5 @@
 """An endpoint that fell behind spends nothing on requests nobody waits for (the soak's
-metastable overload, README "Soak"): a request past its caller's `Writ-Deadline` is dropped
+metastable overload, docs/soak.md): a request past its caller's `Writ-Deadline` is dropped
 unhandled, and beyond `max_pending` waiting requests one is refused at once with a retryable
 503 — against a real nats-server, through `libs.runtime.in_tasks` as `serve` runs it; the same
 for a `BatchEndpoint`, whose requests that waited behind a busy batch go together in the

@@ -167,7 +167,7 @@ async def test_one_call_that_cannot_be_recorded_is_denied_and_the_others_recorde
     await env.admin.execute(
         f"ALTER TABLE governance.decisions ADD CONSTRAINT refused CHECK (run_id <> '{bad}')"
     )
-    asks = [{} for _ in range(CALLS - 1)] + [{"run_id": bad}]
+    asks: list[dict[str, Any]] = [{} for _ in range(CALLS - 1)] + [{"run_id": bad}]
     decisions = await _concurrently(env, asks)
     assert [(d.verdict, d.line) for d in decisions[:-1]] == [("allow", 5)] * (CALLS - 1)
     assert (decisions[-1].verdict, decisions[-1].reason) == ("deny", SENSITIVE_UNREADABLE)

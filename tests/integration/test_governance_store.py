@@ -69,7 +69,7 @@ CODE = Call(
 )
 
 
-async def test_once_is_taken_once_and_grants_nothing(store) -> None:  # type: ignore[no-untyped-def]
+async def test_once_is_taken_once_and_grants_nothing(store) -> None:
     gov, admin = store
     pending = await _ask(gov, WRITE)
     first = await gov.answer(
@@ -93,7 +93,7 @@ async def test_once_is_taken_once_and_grants_nothing(store) -> None:  # type: ig
     assert not (await gov.facts("acme", WRITE, "alice@acme", "run-2", first.decision_id)).approved
 
 
-async def test_always_writes_a_standing_grant_for_the_family(store) -> None:  # type: ignore[no-untyped-def]
+async def test_always_writes_a_standing_grant_for_the_family(store) -> None:
     gov, admin = store
     pending = await _ask(gov, WRITE)
     assert isinstance(
@@ -108,7 +108,7 @@ async def test_always_writes_a_standing_grant_for_the_family(store) -> None:  # 
     assert decide(WRITE, await gov.facts("acme", WRITE, "alice@acme", "run-9")).verdict == "allow"
 
 
-async def test_always_on_a_simple_command_writes_exactly_that_rule(store) -> None:  # type: ignore[no-untyped-def]
+async def test_always_on_a_simple_command_writes_exactly_that_rule(store) -> None:
     gov, admin = store
     await admin.execute(
         "INSERT INTO governance.policy (tenant, version, developer_mode) "
@@ -136,7 +136,7 @@ async def test_always_on_a_simple_command_writes_exactly_that_rule(store) -> Non
     assert decide(chained, await gov.facts("acme", chained, "alice@acme", "run-2")).verdict == "ask"
 
 
-async def test_always_is_refused_where_it_is_not_offered(store) -> None:  # type: ignore[no-untyped-def]
+async def test_always_is_refused_where_it_is_not_offered(store) -> None:
     gov, admin = store
     pending = await _ask(gov, CODE)  # no developer mode: once / deny only
     refused = await gov.answer(
@@ -152,7 +152,7 @@ async def test_always_is_refused_where_it_is_not_offered(store) -> None:  # type
     )
 
 
-async def test_another_tenant_cannot_answer(store) -> None:  # type: ignore[no-untyped-def]
+async def test_another_tenant_cannot_answer(store) -> None:
     gov, _ = store
     pending = await _ask(gov, WRITE)
     refused = await gov.answer(
@@ -163,7 +163,7 @@ async def test_another_tenant_cannot_answer(store) -> None:  # type: ignore[no-u
     assert await gov.pending("globex") == []
 
 
-async def test_attended_asks_come_due_after_five_minutes(store) -> None:  # type: ignore[no-untyped-def]
+async def test_attended_asks_come_due_after_five_minutes(store) -> None:
     gov, admin = store
     unattended = await _ask(gov, WRITE)
     attended = await _ask(gov, WRITE, attended=True)
@@ -182,7 +182,7 @@ async def test_attended_asks_come_due_after_five_minutes(store) -> None:  # type
     assert unattended not in [p for _, p in await gov.overdue()]
 
 
-async def test_a_branch_is_judged_by_its_root_runs_grants_and_attendance(store) -> None:  # type: ignore[no-untyped-def]
+async def test_a_branch_is_judged_by_its_root_runs_grants_and_attendance(store) -> None:
     gov, admin = store
     await gov.register_run(
         RegisterRun(
@@ -229,7 +229,7 @@ async def test_a_branch_is_judged_by_its_root_runs_grants_and_attendance(store) 
     )
 
 
-async def test_an_approval_stands_for_exactly_the_call_it_answered(store) -> None:  # type: ignore[no-untyped-def]
+async def test_an_approval_stands_for_exactly_the_call_it_answered(store) -> None:
     gov, _ = store
     read = Call(
         tool="crm.customer.get",
@@ -265,8 +265,8 @@ async def test_an_approval_stands_for_exactly_the_call_it_answered(store) -> Non
     assert not (await gov.facts("acme", read, "alice@acme", "run-1", pending)).approved
 
 
-async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(store) -> None:  # type: ignore[no-untyped-def]
-    # Issue 12, defect 7: one operation key sent 8 times at once used to leave 4 pending
+async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(store) -> None:
+    # One operation key sent 8 times at once used to leave 4 pending
     # decisions, all but one orphans. Each ask about the same proposal is the same one.
     gov, admin = store
     facts = await gov.facts("acme", WRITE, "alice@acme", "run-1")
@@ -305,7 +305,7 @@ async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(stor
     assert ids[-1] != ids[0]
 
 
-async def test_the_requester_cannot_approve_their_own_proposal_but_may_deny_it(store) -> None:  # type: ignore[no-untyped-def]
+async def test_the_requester_cannot_approve_their_own_proposal_but_may_deny_it(store) -> None:
     gov, admin = store
     pending = await _ask(gov, WRITE)  # a proposal of alice@acme's run
     for answer in ("once", "always"):
@@ -334,7 +334,7 @@ async def test_the_requester_cannot_approve_their_own_proposal_but_may_deny_it(s
     assert isinstance(denied, Answered) and denied.answer == "deny"
 
 
-async def test_decisions_recorded_together_are_all_recorded_or_none(store) -> None:  # type: ignore[no-untyped-def]
+async def test_decisions_recorded_together_are_all_recorded_or_none(store) -> None:
     gov, admin = store
 
     def ruled(line: int) -> ToRecord:

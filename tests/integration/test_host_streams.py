@@ -1,4 +1,4 @@
-"""Each tenant's own host and result streams (issue 12, defects 4 and 11), on a real server."""
+"""Each tenant's own host and result streams, on a real server."""
 
 from __future__ import annotations
 

@@ -173,7 +173,7 @@ async def test_server_everything_over_streamable_http(tmp_path: Path) -> None:
             server = ServerConfig(
                 url=url,
                 credential_file=str(token),
-                transport=transport,  # type: ignore[arg-type]
+                transport=transport,
                 timeout_s=30,
             )
             assert "hello from Writ" in await McpClient().session(server, _echo)

@@ -54,7 +54,7 @@ def _server(host: FakeHost, credential: Path, transport: str) -> ServerConfig:
         tools=["ticket.get"],
         timeout_s=5.0,
         transport=transport,
-    )  # type: ignore[arg-type]
+    )
 
 
 async def _read_ticket(session: McpSession) -> dict[str, Any]:

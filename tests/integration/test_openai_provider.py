@@ -543,7 +543,8 @@ def test_colliding_tool_names_are_a_config_error(key_file: Path) -> None:
         )
 
 
-# -- the decision protocol: summary first, the catalog on request (seed 004) -------------------
+# -- the decision protocol: summary first, the catalog on request (the decision protocol)
+# -------------------
 
 CATALOG = [
     {

@@ -1,4 +1,4 @@
-"""An agent calls another agent as a governed capability (issue 6, multi-agent), against
+"""An agent calls another agent as a governed capability, against
 governance's real endpoints on a real nats-server and PostgreSQL: the call is refused before
 anything runs unless the callee lists the caller in `callable_by`, is not too deep and closes no
 cycle; an allowed call (governance's `decide` first) runs as a branch run with its own steps

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -110,9 +111,9 @@ class Counting:
         return await self._inner.verify(critic_input)
 
 
-class _Delivery:
-    def __init__(self, message: Any) -> None:
-        self.message = message
+def _Delivery(message: Any) -> Any:
+    """A delivery as the planner's handler reads it: its message, nothing else."""
+    return SimpleNamespace(message=message)
 
 
 class Env(msgspec.Struct, kw_only=True):

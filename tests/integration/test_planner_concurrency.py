@@ -4,7 +4,7 @@ nats-server and PostgreSQL, with governance's real budget endpoints.
 A run's delivery spends most of its time waiting (for governance's budget replies, for the
 model), holding one pooled connection and its run's row lock meanwhile. So one planner must
 handle as many deliveries at once as it takes runs in flight, each on its own connection, or
-runs queue behind each other with the machine idle (issue 18). The model here answers only once
+runs queue behind each other with the machine idle. The model here answers only once
 `CONCURRENCY` decisions are being asked for at the same time: if deliveries were handled one at
 a time, or waited for a connection the pool does not have, the decisions would never overlap
 and no run would end.

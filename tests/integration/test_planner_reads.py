@@ -1,4 +1,4 @@
-"""The planner executes read capabilities (issue 6) against retrieval's and governance's real
+"""The planner executes read capabilities against retrieval's and governance's real
 endpoints, on a real nats-server (this module's own) and PostgreSQL: a checked read selection
 reserves a capability call, is read by retrieval after governance's `decide`, and its answer is
 the next observation — untrusted data in the model input, journaled, replayed identical; a
@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
@@ -95,9 +96,9 @@ class Recording:
         return await self._inner.verify(critic_input)
 
 
-class _Delivery:
-    def __init__(self, message: Any) -> None:
-        self.message = message
+def _Delivery(message: Any) -> Any:
+    """A delivery as the planner's handler reads it: its message, nothing else."""
+    return SimpleNamespace(message=message)
 
 
 class Env(msgspec.Struct, kw_only=True):

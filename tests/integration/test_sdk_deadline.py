@@ -1,4 +1,4 @@
-"""The SDK's NATS requests and the operator commands carry their `Writ-Deadline` (issue 21):
+"""The SDK's NATS requests and the operator commands carry their `Writ-Deadline`:
 the endpoints drop a request past it, so a caller who gave up costs nothing; without the header
 it never expired.
 Against a real nats-server, answered by a responder that records what it received."""

@@ -1,5 +1,5 @@
-"""Action contracts (issue #5, seed 003): strict requests, arguments and previews computed by
-code from facts, revalidation that blocks a stale approval, and the outcome vocabulary."""
+"""Action contracts (the approval-contracts note): strict requests, arguments and previews computed
+by code from facts, revalidation that blocks a stale approval, and the outcome vocabulary."""
 
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ def test_validated_hash_is_tenant_and_principal_scoped() -> None:
     base = validate(proposal()).request_hash
     assert validate(proposal(tenant="globex")).request_hash != base
     assert validate(proposal(principal="bob")).request_hash != base
-    # The agent acting is part of what a key binds (issue 12, defect 9); run and step are not.
+    # The agent acting is part of what a key binds; run and step are not.
     assert validate(proposal(agent="other")).request_hash != base
     assert validate(proposal(run_id="run-2", step=9)).request_hash == base
 

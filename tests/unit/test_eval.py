@@ -479,7 +479,7 @@ def test_cost_relative_to_the_baseline_warns_or_fails_per_setting(tmp_path: Path
             k=3,
             baseline=baseline,
             cost_limits=[parse_cost_limit(text, scope=scope) for scope, text in limits],
-        )  # type: ignore[arg-type]
+        )
 
     plain = gate()
     assert plain.gate.exit_code == 0 and plain.widening == []

@@ -563,7 +563,7 @@ def test_a_failed_planner_is_no_verdict_so_the_answer_is_retried(code: str) -> N
     assert review_verdict(code, "review answer failed") is None
 
 
-# -- NumericDates, lifetime and leeway (issue 12, defect 10) ---------------------------------
+# -- NumericDates, lifetime and leeway ---------------------------------
 
 
 def _raw_token(claims: dict[str, Any]) -> str:
@@ -628,7 +628,7 @@ def test_clock_skew_within_the_leeway_is_accepted_beyond_it_refused() -> None:
     rejected(verify(body(_raw_token(_epoch_claims(nbf=now + 60)))), "INVALID_TOKEN")
 
 
-# -- the required `type` field (issue 12, defect 12) -----------------------------------------
+# -- the required `type` field -----------------------------------------
 
 
 def test_a_message_without_its_type_is_refused() -> None:

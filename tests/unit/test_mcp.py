@@ -28,7 +28,7 @@ def _tool(**changes: object) -> types.Tool:
         "annotations": types.ToolAnnotations(read_only_hint=True),
         **changes,
     }
-    return types.Tool(**fields)  # type: ignore[arg-type]
+    return types.Tool(**fields)
 
 
 def test_a_tool_digest_covers_name_description_and_schemas_but_not_hints() -> None:

@@ -176,12 +176,12 @@ def test_renames_and_shadows_are_flagged_with_both_digests() -> None:
         }
     ]
     renamed = _listed("Read one ticket.", schema, "b" * 64)
-    [flag] = _flags("mcp:helpdesk/ticket.read", "ticket.read", "b" * 64, renamed, classified, {})  # type: ignore[arg-type]
+    [flag] = _flags("mcp:helpdesk/ticket.read", "ticket.read", "b" * 64, renamed, classified, {})
     assert "definition of mcp:helpdesk/ticket.get under another name" in flag
     assert "a" * 64 in flag and "b" * 64 in flag
     # Another server's tool of the same name, classified there or only listed there.
     other = _listed("Something else.", schema, "c" * 64)
-    flags = _flags("mcp:mirror/ticket.get", "ticket.get", "c" * 64, other, classified, {})  # type: ignore[arg-type]
+    flags = _flags("mcp:mirror/ticket.get", "ticket.get", "c" * 64, other, classified, {})
     assert flags == [
         f"mcp:mirror/ticket.get (served {'c' * 64}) has the name of mcp:helpdesk/ticket.get"
     ]
@@ -190,5 +190,5 @@ def test_renames_and_shadows_are_flagged_with_both_digests() -> None:
     )
     assert listed_only and "mcp:desk/ticket.get" in listed_only[0]
     # A tool like no other is not flagged.
-    assert _flags("mcp:helpdesk/x", "x", "d" * 64, other, classified, {}) == []  # type: ignore[arg-type]
+    assert _flags("mcp:helpdesk/x", "x", "d" * 64, other, classified, {}) == []
     assert definition("a", schema, None) != definition("b", schema, None)

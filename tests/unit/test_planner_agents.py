@@ -297,7 +297,7 @@ def test_every_invalid_move_is_refused(current: str, target: str) -> None:
     assert agent.state == current
 
 
-@pytest.mark.parametrize("current,target", [(a, b) for a in STATES for b in sorted(TRANSITIONS[a])])  # type: ignore[index]
+@pytest.mark.parametrize("current,target", [(a, b) for a in STATES for b in sorted(TRANSITIONS[a])])
 def test_every_valid_move_is_taken(current: str, target: str) -> None:
     agent = at(current)
     agent.move(target)  # type: ignore[arg-type]

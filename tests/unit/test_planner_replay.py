@@ -447,7 +447,7 @@ def test_an_edited_run_status_in_the_record_is_divergent() -> None:
     assert "planner.runs" in report.divergences[0].found
 
 
-# -- the decision protocol's steps (issue 6) ---------------------------------------------------
+# -- the decision protocol's steps ---------------------------------------------------
 
 
 def snapshot() -> dict[str, Any]:

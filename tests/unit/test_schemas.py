@@ -830,7 +830,7 @@ def test_write_schemas_then_check_is_clean(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "RunRequest.json").read_text() == render(RunRequest)
 
 
-# -- result codes as data (issue 12, defect 12) ----------------------------------------------
+# -- result codes as data ----------------------------------------------
 
 
 def test_decision_approval_and_review_results_carry_their_code_as_a_field() -> None:

@@ -25,7 +25,7 @@ from services.planner.sessions._turns import outcome_note
 from services.planner.sessions.logic import (
     HISTORY_TOKENS,
     MAX_ENTRY_CHARS,
-    Entry,
+    HistoryEntry,
     SessionRefused,
     conversation,
     estimate_tokens,
@@ -112,7 +112,7 @@ def test_ids_are_derived_and_turn_runs_are_recognised() -> None:
 def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_budget() -> None:
     assert conversation([], "hello") == "hello"
     history = [
-        Entry(turn=i, role="user" if i % 2 else "agent", text=f"entry {i} " + "x" * 400)
+        HistoryEntry(turn=i, role="user" if i % 2 else "agent", text=f"entry {i} " + "x" * 400)
         for i in range(1, 60)
     ]
     text = conversation(history, "now this")
@@ -123,7 +123,7 @@ def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_bu
     dropped = 59 - len(kept)
     assert f"({dropped} earlier entries dropped to fit the history budget)" in text
     assert "[turn 1]" not in text
-    long = conversation([Entry(turn=1, role="user", text="y" * 5000)], "m")
+    long = conversation([HistoryEntry(turn=1, role="user", text="y" * 5000)], "m")
     assert max(len(line) for line in long.splitlines()) < MAX_ENTRY_CHARS + 20
 
 

@@ -46,7 +46,7 @@ def test_a_turn_reads_its_own_plans_and_whether_the_session_plans_nothing_else()
 
 @pytest.mark.anyio
 async def test_a_turns_model_calls_are_cancelled_by_its_run_id_only() -> None:
-    calls = InFlightCalls(nc=None)  # type: ignore[arg-type]  (cancelling needs no NATS)
+    calls = InFlightCalls(nc=None)  # type: ignore[arg-type]  # cancelling needs no NATS
     assert calls.cancel("ses-x-t1") == 0
     with calls.watch("ses-x-t1") as mine, calls.watch("ses-y-t1") as other:
         with mine:

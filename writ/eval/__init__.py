@@ -1,5 +1,5 @@
 """`writ eval`: score a candidate model on a versioned set of decision points before it ships
-(DESIGN.md §12, issue 19).
+(docs/design.md §12).
 
 The set (`_case.py`) is built from journaled runs — each decision point's model input rebuilt
 as the planner builds it and checked against the journaled digest — and hand-written cases,

@@ -162,6 +162,8 @@ def cases_from_run(
                     f"sha256 {digest}, the journal {d.input_digest}"
                 )
             kind = d.response.get("decision")
+            if kind is None:
+                raise CaseError(f"run {run_id} step {d.seq}: the journal recorded no decision")
             # The recorded escalation is one the candidate must make too; refusals are for the
             # hand-written cases to say (an answer is not a refusal to act).
             expected = Expected(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, cast
 
 import msgspec
 
@@ -54,9 +54,9 @@ def parse_cost_limit(text: str, *, scope: Literal["total", "case"]) -> CostLimit
     if ratio <= 0:
         raise ValueError(f"a cost ratio must be above 0, not {ratio}")
     return CostLimit(
-        metric=match.group(1),
+        metric=cast(Metric, match.group(1)),  # _LIMIT matches only METRICS
         ratio=ratio,
-        scope=scope,  # type: ignore[arg-type]
+        scope=scope,
         fails=match.group(3) == "fail",
     )
 

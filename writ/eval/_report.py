@@ -175,7 +175,8 @@ def summarize(
     agreement_p = mcnemar_exact(b, c)
     field_p = {name: mcnemar_exact(*_paired(results, baseline, name)) for name in fields}
     tokens = sum(s.tokens for r in results for s in r.samples)
-    reasons, warnings = [], []
+    reasons: list[str] = []
+    warnings: list[str] = []
     if incomplete:
         reasons.append(f"{incomplete} sample(s) got no answer from the candidate")
     if widening:

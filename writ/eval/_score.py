@@ -138,7 +138,7 @@ def read_arguments(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
         decoded = msgspec.convert(dict(arguments), spec.arguments, strict=True)
     except msgspec.ValidationError:
         return arguments
-    return msgspec.to_builtins(decoded)  # type: ignore[no-any-return]
+    return msgspec.to_builtins(decoded)
 
 
 def _first_argument(arguments: dict[str, Any]) -> str:

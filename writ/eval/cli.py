@@ -47,7 +47,8 @@ def _build(args: argparse.Namespace) -> int:
 
     facts = _json_file(args.facts) if args.facts else {}
     policy = _json_file(args.policy) if args.policy else None
-    cases, skipped = [], []
+    cases: list[Any] = []
+    skipped: list[Any] = []
     try:
         for path in args.cases or []:
             cases += load_case_file(path)

@@ -17,7 +17,13 @@ from schemas.governance import PendingDecisions, RunBudget
 from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewResult, RunResult
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
-from schemas.sessions import AnySessionEvent, PlanAnswered, SessionAccepted, SessionView
+from schemas.sessions import (
+    AnySessionEvent,
+    PlanAnswered,
+    SessionAccepted,
+    SessionOpKind,
+    SessionView,
+)
 from writ_client._session import Session, blocking_method, decode_event, read_sse
 from writ_client.errors import WritError
 from writ_client.issuer import Issuer
@@ -368,7 +374,7 @@ class Client:
         )[1]
 
     async def _session_write(
-        self, op: str, session_id: str, request_id: str | None, **fields: Any
+        self, op: SessionOpKind, session_id: str, request_id: str | None, **fields: Any
     ) -> SessionAccepted:
         path = f"/sessions/{session_id}/{_PATHS.get(op, op)}"
         return await self._write(path, SessionAccepted, fields or None, request_id, op)

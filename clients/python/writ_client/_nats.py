@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar, cast
 
 import anyio
 import msgspec
 
 from schemas import subjects
 from schemas.api import RunAccepted, RunEvents, RunView
+from schemas.base import Family
 from schemas.control import CancelRun, cancel
-from schemas.governance import PendingDecisions, RunBudget
+from schemas.governance import Answer, PendingDecisions, RunBudget
 from schemas.host import (
+    ApprovalAnswer,
     ApprovalResult,
     ApproveProposal,
     CommandResult,
@@ -24,6 +26,7 @@ from schemas.host import (
     ReviewResult,
     RunRequest,
     RunResult,
+    RunStatus,
     SubmitCommand,
 )
 from schemas.host_reads import DEADLINE_HEADER, HostRead, host_read
@@ -35,6 +38,7 @@ from schemas.sessions import (
     HostSessionOp,
     PlanAnswered,
     SessionAccepted,
+    SessionOpKind,
     SessionReply,
     SessionView,
 )
@@ -142,7 +146,7 @@ class NatsClient:
         input: str,
         *,
         attended: bool = False,
-        grants: Sequence[str] = (),
+        grants: Sequence[Family] = (),
         budget: RunBudget | None = None,
         request_id: str | None = None,
     ) -> RunAccepted:
@@ -171,7 +175,7 @@ class NatsClient:
         *,
         timeout_s: float = 60.0,
         attended: bool = False,
-        grants: Sequence[str] = (),
+        grants: Sequence[Family] = (),
         budget: RunBudget | None = None,
         request_id: str | None = None,
     ) -> RunResult:
@@ -233,7 +237,7 @@ class NatsClient:
     async def decide(
         self,
         pending_id: str,
-        answer: str = "once",
+        answer: Answer = "once",
         *,
         reason: str = "",
         request_id: str | None = None,
@@ -252,7 +256,7 @@ class NatsClient:
         )
 
     async def _proposal(
-        self, proposal_id: str, answer: str, reason: str, request_id: str | None
+        self, proposal_id: str, answer: ApprovalAnswer, reason: str, request_id: str | None
     ) -> ApprovalResult:
         request_id = request_id or new_key(answer)
         message = ApproveProposal(
@@ -281,7 +285,7 @@ class NatsClient:
     async def review(
         self,
         pending_id: str,
-        answer: str = "approve",
+        answer: ApprovalAnswer = "approve",
         *,
         comment: str = "",
         request_id: str | None = None,
@@ -362,7 +366,7 @@ class NatsClient:
                 view = batch.run
                 yield RunResult(
                     request_id=view.request_id,
-                    status=view.status,
+                    status=cast(RunStatus, view.status),
                     run_id=view.run_id,
                     error=view.error,
                     answer=view.answer,
@@ -409,7 +413,11 @@ class NatsClient:
         return reply.plan
 
     async def _session_write(
-        self, op: str, session_id: str, request_id: str | None, **fields: Any
+        self,
+        op: SessionOpKind,
+        session_id: str,
+        request_id: str | None,
+        **fields: Any,
     ) -> SessionAccepted:
         reply = await self._session_ask(
             op, request_id or new_key(op), session_id=session_id, **fields
@@ -443,7 +451,12 @@ class NatsClient:
                 await anyio.sleep(poll_s)
 
     async def _session_ask(
-        self, op: str, key: str | None, *, retries: int = 3, **fields: Any
+        self,
+        op: SessionOpKind | Literal["events"],
+        key: str | None,
+        *,
+        retries: int = 3,
+        **fields: Any,
     ) -> SessionReply:
         """One session operation; a write is retried under its key on an outage."""
         delay = 0.2
@@ -451,7 +464,7 @@ class NatsClient:
             ask = HostSessionOp(
                 token=self._token(),
                 op=op,
-                key=key,  # type: ignore[arg-type]
+                key=key,
                 **fields,
             )
             try:

@@ -1,4 +1,4 @@
-"""`Session`: one chat session (DESIGN.md §10), over HTTP (`Client`: `/api/v1/sessions`, the
+"""`Session`: one chat session (docs/design.md §10), over HTTP (`Client`: `/api/v1/sessions`, the
 events as Server-Sent Events) or NATS (`NatsClient`: `writ.api.<tenant>.session`, the events
 read in batches after a stream sequence): the same methods, the same types. `SyncSession` is
 the same object for blocking code (`SyncClient`): each method runs the async one on the
@@ -6,7 +6,7 @@ client's event loop thread."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, Final, Protocol
 
 import anyio
@@ -19,6 +19,7 @@ from schemas.sessions import (
     PlanAnswered,
     SessionAccepted,
     SessionClosed,
+    SessionOpKind,
     SessionView,
     TurnEnded,
 )
@@ -42,7 +43,7 @@ class SessionTransport(Protocol):
     """What a `Session` needs of its client (`Client` or `NatsClient`)."""
 
     async def _session_write(
-        self, op: str, session_id: str, request_id: str | None, **fields: Any
+        self, op: SessionOpKind, session_id: str, request_id: str | None, **fields: Any
     ) -> SessionAccepted: ...
 
     async def _session_view(self, session_id: str) -> SessionView: ...
@@ -136,7 +137,7 @@ class Session:
         """Reject a proposed plan; `reason` is the next turn's context."""
         return await self._client.reject_plan(plan_id, reason, request_id=request_id)
 
-    async def events(self, *, after: int | None = None) -> AsyncIterator[AnySessionEvent]:
+    async def events(self, *, after: int | None = None) -> AsyncGenerator[AnySessionEvent, None]:
         """The session's events in order, from right after `after` (a stream sequence; by
         default the last event this object saw, 0 for the beginning). It does not end by
         itself: stop iterating when done (`turn` stops at the turn's end). Event types this
@@ -159,7 +160,7 @@ class Session:
 
     async def turn(
         self, text: str, *, request_id: str | None = None
-    ) -> AsyncIterator[AnySessionEvent]:
+    ) -> AsyncGenerator[AnySessionEvent, None]:
         """Send `text`, then the session's events up to and including that turn's
         `TurnEnded` (or the session's `SessionClosed`)."""
         accepted = await self.send(text, request_id=request_id)
@@ -204,7 +205,7 @@ class SyncSession:
         """`Session.turn`: send `text`, then the events up to that turn's end."""
         return self._iterate(self._session.turn(text, request_id=request_id))
 
-    def _iterate(self, events: AsyncIterator[AnySessionEvent]) -> Iterator[AnySessionEvent]:
+    def _iterate(self, events: AsyncGenerator[AnySessionEvent, None]) -> Iterator[AnySessionEvent]:
         try:
             while True:
                 try:
@@ -212,7 +213,7 @@ class SyncSession:
                 except StopAsyncIteration:
                     return
         finally:  # the stream's connection is closed on the loop that opened it
-            self._portal.call(events.aclose)  # type: ignore[attr-defined]
+            self._portal.call(events.aclose)
 
 
 def blocking_method(portal: BlockingPortal, target: Any, name: str) -> Any:

@@ -11,7 +11,7 @@ RETRYABLE_CODES: Final = frozenset({"UNAVAILABLE", "TIMEOUT", "INTERNAL", "NETWO
 
 
 class WritError(Exception):
-    """Writ refused or could not answer; `code` is stable (README, "The host contract")."""
+    """Writ refused or could not answer; `code` is stable (docs/host-contract.md)."""
 
     def __init__(self, code: str, message: str = "", *, status: int | None = None) -> None:
         super().__init__(f"{code}: {message}" if message else code)

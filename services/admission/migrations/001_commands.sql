@@ -1,4 +1,4 @@
--- Admission owns proposals, the command registry and the outbox (seed 001 §3-4).
+-- Admission owns proposals, the command registry and the outbox (the reference architecture).
 CREATE SCHEMA admission;
 
 CREATE TABLE admission.proposals (

@@ -1,4 +1,4 @@
--- Proposals are durable application state (seed 003): an opaque public id, the preview a person
+-- Proposals are durable application state (the approval-contracts note): an opaque public id, the preview a person
 -- reads frozen with the arguments, an expiry, and who approved it when. The command carries its
 -- preview too: the dispatcher's revalidation proves what the preview claimed still holds.
 ALTER TABLE admission.proposals

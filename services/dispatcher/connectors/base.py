@@ -1,4 +1,4 @@
-"""What every connector is: a business system, and what its provider can prove (DESIGN.md §5).
+"""What every connector is: a business system, and what its provider can prove (docs/design.md §5).
 
 Each connector declares what its provider can establish after a lost response: `idempotent` (the
 same key replays safely), `queryable` (the key can be looked up) or `none`.
@@ -14,7 +14,7 @@ from actions import ACTIONS
 from actions.base import ProviderCall, ProviderLookup
 from schemas.base import storable
 
-__all__ = ["Connector", "Contract", "Result", "call_for", "lookup_for"]
+__all__ = ["Connector", "Contract", "Result", "answer_of", "call_for", "lookup_for"]
 
 Contract = Literal["idempotent", "queryable", "none"]
 
@@ -37,6 +37,29 @@ class Result(msgspec.Struct, frozen=True, kw_only=True):
         if self.receipt is not None:
             msgspec.structs.force_setattr(self, "receipt", storable(self.receipt))
         msgspec.structs.force_setattr(self, "detail", storable(self.detail))
+
+
+def answer_of(
+    status: int, text: str, *, ok: tuple[int, ...], replay_safe: bool, revisions: bool
+) -> Result | None:
+    """What an HTTP answer other than success establishes, for every HTTP connector (None: one
+    of the `ok` statuses, whose body the connector reads for its receipt).
+
+    `replay_safe`: the provider dedupes by the operation's key, so an answer that may come after
+    the request was applied (a gateway's 502 or 504) is safe to retry and any other failure was
+    the provider's refusal; otherwise such an answer is `lost`, as uncertain as a dropped
+    connection (a retry could act twice). `revisions`: a 412 means the record moved on since
+    the preview (`If-Match`).
+    """
+    if status in ok:
+        return None
+    if revisions and status == 412:
+        return Result(kind="revision_mismatch", detail=text[:500])
+    if status in (429, 503) or (replay_safe and status in (502, 504)):
+        return Result(kind="transient", detail=f"HTTP {status}")
+    if 400 <= status < 500 or replay_safe:
+        return Result(kind="rejected", detail=f"HTTP {status}: {text}"[:500])
+    return Result(kind="lost", detail=f"HTTP {status}: {text}"[:500])
 
 
 class Connector(Protocol):

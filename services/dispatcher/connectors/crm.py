@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.dispatcher.connectors.base import Contract, Result, call_for, lookup_for
+from services.dispatcher.connectors.base import (
+    Contract,
+    Result,
+    answer_of,
+    call_for,
+    lookup_for,
+)
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["CrmConnector"]
@@ -38,13 +44,12 @@ class CrmConnector:
         except NoAnswer as exc:
             # The request may have been received and applied: only the key can tell.
             return Result(kind="lost", detail=f"no response: {exc}"[:500])
-        if response.status_code in (200, 201):
-            return Result(kind="succeeded", receipt=str(response.json()[call.receipt]))
-        if response.status_code == 412:
-            return Result(kind="revision_mismatch", detail=response.text[:500])
-        if response.status_code in (429, 502, 503, 504):
-            return Result(kind="transient", detail=f"HTTP {response.status_code}")
-        return Result(kind="rejected", detail=f"HTTP {response.status_code}: {response.text}"[:500])
+        failed = answer_of(
+            response.status_code, response.text, ok=(200, 201), replay_safe=True, revisions=True
+        )
+        if failed is not None:
+            return failed
+        return Result(kind="succeeded", receipt=str(response.json()[call.receipt]))
 
     async def lookup(self, action: str, *, key: str) -> Result:
         """Find what was made under `key`, if anything (the CRM keeps every key it has seen)."""

@@ -1,4 +1,4 @@
-"""The host connector: writes to the host product over its own REST API (DESIGN.md §11).
+"""The host connector: writes to the host product over its own REST API (docs/design.md §11).
 
 The host stays the system of record: Writ reads it through its MCP server (retrieval) and writes
 back here, never through MCP. The host honours `Idempotency-Key` (same key, same body: the first
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.dispatcher.connectors.base import Contract, Result, call_for
+from services.dispatcher.connectors.base import Contract, Result, answer_of, call_for
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["HostConnector"]
@@ -45,17 +45,16 @@ class HostConnector:
         except NoAnswer as exc:
             # It may have been applied: the same key again will tell (the host replays it).
             return Result(kind="lost", detail=f"no response: {exc}"[:500])
-        if response.status_code in (200, 201):
-            try:
-                receipt = response.json()[call.receipt]
-            except (ValueError, KeyError, TypeError):
-                return Result(kind="lost", detail=f"the host's answer names no {call.receipt}")
-            return Result(kind="succeeded", receipt=str(receipt)[:256])
-        if response.status_code == 412:
-            return Result(kind="revision_mismatch", detail=response.text[:500])
-        if response.status_code in (429, 502, 503, 504):
-            return Result(kind="transient", detail=f"HTTP {response.status_code}")
-        return Result(kind="rejected", detail=f"HTTP {response.status_code}: {response.text}"[:500])
+        failed = answer_of(
+            response.status_code, response.text, ok=(200, 201), replay_safe=True, revisions=True
+        )
+        if failed is not None:
+            return failed
+        try:
+            receipt = response.json()[call.receipt]
+        except (ValueError, KeyError, TypeError):
+            return Result(kind="lost", detail=f"the host's answer names no {call.receipt}")
+        return Result(kind="succeeded", receipt=str(receipt)[:256])
 
     async def lookup(self, action: str, *, key: str) -> Result:
         """The host is idempotent, not queryable: replaying the key is how to find out."""

@@ -12,7 +12,13 @@ from typing import Any
 from urllib.parse import quote
 
 from libs.errors import PermanentError, RetryableError
-from services.dispatcher.connectors.base import Contract, Result, call_for, lookup_for
+from services.dispatcher.connectors.base import (
+    Contract,
+    Result,
+    answer_of,
+    call_for,
+    lookup_for,
+)
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["PaymentConnector", "ReadFailed", "ReadRefused"]
@@ -107,24 +113,22 @@ class PaymentConnector:
         except NoAnswer as exc:
             # The request may have been received and applied: only a lookup can tell.
             return Result(kind="lost", detail=f"no response: {exc}"[:500])
-        status = response.status_code
-        if status == 201:
-            try:
-                return Result(kind="succeeded", receipt=str(response.json()[op.receipt]))
-            except (ValueError, KeyError, TypeError):
-                # Applied for certain; a missing receipt must not turn into a second one.
-                return Result(
-                    kind="succeeded", detail=f"201 without a {op.receipt}: {response.text}"[:500]
-                )
-        if status in (429, 503):
-            return Result(kind="transient", detail=f"HTTP {status}")
-        if 400 <= status < 500:
-            # For a refund a 409 says why the provider refused it (nothing left to refund, the
-            # payment is not captured, the destination no longer matches): the detail carries it.
-            return Result(kind="rejected", detail=f"HTTP {status}: {response.text}"[:500])
-        # A 500, or a gateway's 502/504, may come after the provider applied the request: a retry
-        # could charge or refund twice, so these are as uncertain as a dropped connection.
-        return Result(kind="lost", detail=f"HTTP {status}: {response.text}"[:500])
+        # The provider cannot dedupe: a 500, or a gateway's 502/504, may come after it applied
+        # the request, so those are `lost`. For a refund a 409 says why the provider refused it
+        # (nothing left to refund, the payment is not captured, the destination no longer
+        # matches): the detail carries it.
+        failed = answer_of(
+            response.status_code, response.text, ok=(201,), replay_safe=False, revisions=False
+        )
+        if failed is not None:
+            return failed
+        try:
+            return Result(kind="succeeded", receipt=str(response.json()[op.receipt]))
+        except (ValueError, KeyError, TypeError):
+            # Applied for certain; a missing receipt must not turn into a second one.
+            return Result(
+                kind="succeeded", detail=f"201 without a {op.receipt}: {response.text}"[:500]
+            )
 
     async def lookup(self, action: str, *, key: str) -> Result:
         """Find what was made under `key`; more than one means a duplicate charge or refund."""

@@ -1,4 +1,4 @@
--- The dispatcher records every attempt it makes, one row each (seed 001 §5).
+-- The dispatcher records every attempt it makes, one row each (the reference architecture).
 CREATE SCHEMA dispatcher;
 
 CREATE TABLE dispatcher.attempts (

@@ -1,4 +1,4 @@
--- The local mail module `email.draft.apply` acts on (seed 003's broadcast assistant). The host
+-- The local mail module `email.draft.apply` acts on (the approval-contracts note's broadcast assistant). The host
 -- application owns drafts and audiences (the dispatcher only reads them); applying a draft writes
 -- the editable broadcast form in the same transaction as the command's outcome.
 CREATE TABLE dispatcher.mail_drafts (

@@ -4,7 +4,7 @@ CREATE SCHEMA governance;
 CREATE TABLE governance.policy (
     tenant      text PRIMARY KEY,
     version     text NOT NULL,
-    -- Org-level refusals (DESIGN.md §4 line 1): tool names, connections, families.
+    -- Org-level refusals (docs/design.md §4 line 1): tool names, connections, families.
     refused_tools       text[] NOT NULL DEFAULT '{}',
     refused_connectors  text[] NOT NULL DEFAULT '{}',
     refused_families    text[] NOT NULL DEFAULT '{}',

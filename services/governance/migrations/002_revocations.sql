@@ -1,4 +1,4 @@
--- A revoked principal's queued actions must stop (seed 001 §2): decide denies them on line 1,
+-- A revoked principal's queued actions must stop (the reference architecture): decide denies them on line 1,
 -- and the dispatcher asks decide again right before executing.
 CREATE TABLE governance.revocations (
     tenant      text NOT NULL,

@@ -1,4 +1,4 @@
--- Run budgets (DESIGN.md §3 invariant 9): limits set when the run is registered, reservations
+-- Run budgets (docs/design.md §3 invariant 9): limits set when the run is registered, reservations
 -- taken before a step starts and settled when it ends.
 --
 -- Every change to a run's reservations first locks its budget row, so the running totals below

@@ -1,4 +1,4 @@
--- One open pending decision per proposal (issue 12, defect 7): the same operation key sent
+-- One open pending decision per proposal: the same operation key sent
 -- concurrently was decided by several admissions at once, each ask recording its own pending
 -- decision, and all but one were orphans nobody could answer usefully. Governance records an
 -- ask for a proposal that already waits as that same pending decision.

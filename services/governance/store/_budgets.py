@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import msgspec
@@ -478,7 +478,7 @@ class BudgetStore:
         step key and reserved amounts are known, so nothing is read first. None if it
         changed nothing (no longer open, or not as made): `_settle` then answers."""
         step_key, *reserved = made
-        status = "released" if release else "settled"
+        status: Literal["released", "settled"] = "released" if release else "settled"
         if not await self._journaled(
             conn,
             f"{_FAST_LOCK}, {_FAST_CLOSE}",
@@ -528,7 +528,7 @@ class BudgetStore:
                 tokens=r["used_tokens"],
                 capability_calls=r["used_capability_calls"],
             )
-        status = "released" if release else "settled"
+        status: Literal["released", "settled"] = "released" if release else "settled"
         provider_calls, tokens, capability_calls = used
         await self._journaled(
             conn,

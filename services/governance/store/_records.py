@@ -8,6 +8,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from schemas.governance import Answer
 from services.governance.logic import Call, Ruling
 
 __all__ = [
@@ -23,7 +24,8 @@ __all__ = [
 ]
 
 DEFAULT_POLICY_VERSION: Final = "default"
-# Seed 000: an unanswered ask in an attended conversation is a deny after five minutes, fixed.
+# The agent-OS runtime view: an unanswered ask in an attended conversation is a deny after five
+# minutes, fixed.
 ATTENDED_ASK_TIMEOUT: Final = timedelta(minutes=5)
 
 
@@ -49,7 +51,7 @@ class Answered(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     run_id: str
     proposal_id: str | None
-    answer: str
+    answer: Answer
     reason: str
     answered_by: str
     decision_id: str

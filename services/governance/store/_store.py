@@ -15,7 +15,7 @@ import asyncpg
 import msgspec
 
 from libs.journal import Journal
-from schemas.governance import PendingDecision, RegisterRun
+from schemas.governance import Answer, PendingDecision, RegisterRun
 from schemas.planner import root_run_id
 from services.governance.budgets import Limits
 from services.governance.logic import Call, Facts, Rule, Ruling
@@ -363,7 +363,7 @@ class GovernanceStore(BudgetStore):
         *,
         tenant: str,
         pending_id: str,
-        answer: str,
+        answer: Answer,
         answered_by: str,
         reason: str,
         same_again: bool = False,

@@ -245,12 +245,12 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         got = await client.get(viewer, f"/proposals/{proposal_id}")
         if not got.ok:
             raise _not_found(got, "proposal")
-        return got.body  # type: ignore[no-any-return]
+        return got.body
 
     async def _run_of(viewer: Viewer, p: dict[str, Any]) -> dict[str, Any] | None:
         """The run that proposed it (None: a host's own command, which no agent ran)."""
         got = await client.get(viewer, f"/runs/{p['run_id']}")
-        return got.body if got.ok else None  # type: ignore[no-any-return]
+        return got.body if got.ok else None
 
     @get("/proposals/{proposal_id:str}", include_in_schema=False)
     @_page

@@ -114,7 +114,7 @@ class Api:
         body: msgspec.Struct,
         build: Callable[[str, str], msgspec.Struct],
         answer: Callable[[Verified], Awaitable[tuple[int, msgspec.Struct]]],
-    ) -> Response[bytes]:
+    ) -> Response[Any]:
         """One write: rebuild the NATS message (`build(request_id, token)`), verify it as the
         NATS door does, then answer once per Idempotency-Key."""
         token, signed_in = self._credential(request)
@@ -152,7 +152,7 @@ class Api:
         caller: Caller,
         body: msgspec.Struct,
         answer: Callable[[], Awaitable[tuple[int, msgspec.Struct]]],
-    ) -> Response[bytes]:
+    ) -> Response[Any]:
         """A write with no NATS host message of its own (an operator's): the caller is
         authenticated already; the Idempotency-Key gives the first answer again."""
         key = request.headers.get("idempotency-key")

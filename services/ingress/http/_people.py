@@ -15,6 +15,7 @@ from schemas import subjects
 from schemas.api import ApproveBody, DecideBody, RejectBody, ReviewBody
 from schemas.governance import ListPending, PendingDecisions
 from schemas.host import (
+    ApprovalAnswer,
     ApprovalResult,
     ApproveProposal,
     DecisionResult,
@@ -115,7 +116,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
             answer=lambda outcome: _handed_on(outcome, DecisionResult),
         )
 
-    def _proposal_answer(answer: str) -> Any:
+    def _proposal_answer(answer: ApprovalAnswer) -> Any:
         async def handle(
             request: Request[Any, Any, Any], proposal_id: str, data: Any, idempotency_key: str
         ) -> ApprovalResult:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -23,7 +24,7 @@ __all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "IdempotencyKey", "proble
 
 log = logging.getLogger("writ.ingress.http")
 PROBLEM_JSON: Final = "application/problem+json"
-# The HTTP status of each stable code (README, "The host contract").
+# The HTTP status of each stable code (docs/host-contract.md).
 STATUS: Final = {
     "INVALID_REQUEST": 400,
     "UNAUTHENTICATED": 401,
@@ -149,7 +150,7 @@ def _retryable(request: Request[Any, Any, Any], exc: RetryableError) -> Response
         "UNAVAILABLE",
         str(exc)[:300],
         instance=request.url.path,
-        headers={"Retry-After": str(max(1, round(exc.delay)))},
+        headers={"Retry-After": str(max(1, round(exc.delay or 1)))},
     )
 
 
@@ -158,7 +159,9 @@ def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes
     return problem("INTERNAL", "the request failed inside Writ", instance=request.url.path)
 
 
-EXCEPTION_HANDLERS: Final = {
+EXCEPTION_HANDLERS: Final[
+    dict[int | type[Exception], Callable[[Request[Any, Any, Any], Any], Response[Any]]]
+] = {
     ApiError: _api_error,
     ValidationException: _validation,
     NotFoundException: _http,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 import msgspec
 from litestar import Request, Response, get, post
@@ -13,7 +13,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas.api import CommandBody, RunAccepted, RunView, StartRun
 from schemas.control import CancelRun
-from schemas.host import CommandResult, RunRequest, RunResult, SubmitCommand
+from schemas.host import CommandResult, RunRequest, RunResult, RunStatus, SubmitCommand
 from schemas.reads import COMMAND_STATUS, RUN_STATUS, GetCommand, GetRun
 from services.ingress.http._api import Api
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
@@ -44,7 +44,7 @@ def run_result(view: RunView) -> RunResult:
     """The `RunResult` a host got (or gets) for a run that stands where `view` says."""
     return RunResult(
         request_id=view.request_id,
-        status=view.status,
+        status=cast(RunStatus, view.status),  # asked only of a run that has ended
         run_id=view.run_id,
         error=view.error,
         answer=view.answer,
@@ -54,7 +54,7 @@ def run_result(view: RunView) -> RunResult:
     )
 
 
-def _json(value: msgspec.Struct, status: int = 200) -> Response[bytes]:
+def _json(value: msgspec.Struct, status: int = 200) -> Response[Any]:
     return Response(_ENCODER.encode(value), status_code=status, media_type="application/json")
 
 

@@ -16,7 +16,7 @@ import uvicorn
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from libs.runtime import Endpoint
+from libs.runtime import BatchEndpoint, Endpoint
 from services.ingress.console import ApiClient, Sessions, console_router
 from services.ingress.http._api import Api, Door
 from services.ingress.http._app import PREFIX, build_app
@@ -54,7 +54,7 @@ class HttpServer:
         port_file: str = "",
         max_body_bytes: int = 64 * 1024,
         answer_timeout_s: float = 30.0,
-        endpoints: list[Endpoint] | None = None,
+        endpoints: list[Endpoint | BatchEndpoint] | None = None,
     ) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
         self._host, self._port, self._port_file = host, port, port_file

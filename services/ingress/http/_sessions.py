@@ -1,4 +1,4 @@
-"""`/sessions` and `/plans`: chat sessions (DESIGN.md §10), owned by the planner.
+"""`/sessions` and `/plans`: chat sessions (docs/design.md §10), owned by the planner.
 
 Each write is authenticated by its token alone (tenant and principal come from it, never
 from the body), answered once per Idempotency-Key, and handed to the planner as a `SessionOp`
@@ -11,7 +11,7 @@ Events whose `id` is the stream sequence, so `Last-Event-ID` resumes exactly.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, cast
 
 import msgspec
 from litestar import Request, Response, get, post
@@ -32,6 +32,7 @@ from schemas.sessions import (
     PlanBody,
     SessionAccepted,
     SessionOp,
+    SessionOpKind,
     SessionReply,
     SessionView,
     chat_subject,
@@ -68,15 +69,19 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
 
     def _op(caller: Caller, op: str, **fields: Any) -> SessionOp:
         return SessionOp(
-            op=op,
-            tenant=caller.tenant,  # type: ignore[arg-type]
+            op=cast(SessionOpKind, op),  # the routes name only kinds it lists
+            tenant=caller.tenant,
             principal=caller.principal,
             **fields,
         )
 
     async def _write(
-        request: Request[Any, Any, Any], body: msgspec.Struct, op: str, status: int, **fields: Any
-    ) -> Response[bytes]:
+        request: Request[Any, Any, Any],
+        body: msgspec.Struct,
+        op: str,
+        status: int,
+        **fields: Any,
+    ) -> Response[Any]:
         caller = api.caller(request)
         key = request.headers.get("idempotency-key", "")
 

@@ -1,5 +1,5 @@
 -- The planner owns runs and their steps: every model decision is captured, so a resumed run
--- reuses what the model said instead of asking again (DESIGN.md invariant 3).
+-- reuses what the model said instead of asking again (docs/design.md invariant 3).
 CREATE SCHEMA planner;
 
 CREATE TABLE planner.runs (

@@ -1,4 +1,4 @@
--- Chat sessions (DESIGN.md §10): a durable conversation of one principal with one agent. Each
+-- Chat sessions (docs/design.md §10): a durable conversation of one principal with one agent. Each
 -- turn is a run of the planner's loop (`<session_id>-t<turn>`); the session's state is moved
 -- only by services/planner/sessions/logic.py's table, and every change writes its event (and
 -- its journal row) in the transaction that makes it.

@@ -1,4 +1,4 @@
--- Plan-mode (DESIGN.md §6): a chat turn first proposes a plan — its ordered steps, each the
+-- Plan-mode (docs/design.md §6): a chat turn first proposes a plan — its ordered steps, each the
 -- capability it will use and the arguments it will use it with — frozen and hashed, answered by
 -- its opaque id only. Approving is consent to proceed, not an authorisation: every call is still
 -- decided by governance where it is made.

@@ -1,19 +1,19 @@
 """A real model behind the `DecisionProvider` port: any OpenAI-compatible chat-completions API.
 
-The model's input keeps its content boundaries (seed 004): the developer instruction (and, in
-structured mode, the operator's capability catalog) is the only system text; the principal's
-request and the untrusted content (evidence, observations) each go in their own user message as a
-JSON document under a label (`user_input`, `untrusted`), so nothing a document or a tool says is
-ever spliced into an instruction.
+The model's input keeps its content boundaries (the decision protocol): the developer instruction
+(and, in structured mode, the operator's capability catalog) is the only system text; the
+principal's request and the untrusted content (evidence, observations) each go in their own user
+message as a JSON document under a label (`user_input`, `untrusted`), so nothing a document or a
+tool says is ever spliced into an instruction.
 
 Two representations, one authority: structured output (the default) asks for a decision object
 under a strict JSON schema; tool calling (`mode="tools"`, the host's explicit choice) offers each
 capability as a function and normalises the call. Both end in the same `ModelDecision` types,
 decoded strictly; the planner checks them the same way afterwards.
 
-The capabilities shown are the model input's (seed 004): its agent's summary on the first
-exchange (references only; in tools mode, a `request_capabilities` function), its catalog once the
-model asked for it. A model input without capabilities (a run from before agent manifests) gets
+The capabilities shown are the model input's (the decision protocol): its agent's summary on the
+first exchange (references only; in tools mode, a `request_capabilities` function), its catalog once
+the model asked for it. A model input without capabilities (a run from before agent manifests) gets
 the operator's static list, as before. In tools mode, `request_capabilities` and
 `request_human_review` are functions too; the model is given no executor either way.
 
@@ -44,8 +44,8 @@ from services.planner.openai_provider._wire import (
     MAX_STREAM_BYTES,
     Capability,
     MalformedDecision,
+    ModelCall,
     ModelRefused,
-    ProviderCall,
     ProviderCallsExhausted,
     ProviderError,
     ProviderMode,
@@ -62,7 +62,7 @@ __all__ = [
     "MalformedDecision",
     "ModelRefused",
     "OpenAIProvider",
-    "ProviderCall",
+    "ModelCall",
     "ProviderCallsExhausted",
     "ProviderError",
     "ProviderMode",

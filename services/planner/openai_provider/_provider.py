@@ -37,8 +37,8 @@ from services.planner.openai_provider._wire import (
     STRUCTURED_HINT,
     Capability,
     MalformedDecision,
+    ModelCall,
     ModelRefused,
-    ProviderCall,
     ProviderCallsExhausted,
     ProviderMode,
     ProviderRejected,
@@ -145,7 +145,7 @@ class OpenAIProvider:
 
     async def decide_with_metadata(
         self, model_input: ModelInput, *, text: TextSink | None = None
-    ) -> tuple[ModelDecision, ProviderCall]:
+    ) -> tuple[ModelDecision, ModelCall]:
         """The model's next decision and the non-secret facts of the call that made it.
 
         With `text`, the answer is streamed (`stream: true`) and its user-visible text goes to
@@ -227,10 +227,10 @@ class OpenAIProvider:
     async def _exchange(
         self,
         body: dict[str, Any],
-        decoded: Callable[[_Completion, ProviderCall], _T],
+        decoded: Callable[[_Completion, ModelCall], tuple[_T, ModelCall]],
         *,
         text: TextSink | None = None,
-    ) -> tuple[_T, ProviderCall]:
+    ) -> tuple[_T, ModelCall]:
         """POST `body` with bounded retries (streamed to `text` when given); `decoded` reads
         a 200 answer's completion."""
         if text is not None:
@@ -461,7 +461,7 @@ class OpenAIProvider:
 
     def _completion(
         self, completion: _Completion, digest: str, attempts: int, response: httpx.Response
-    ) -> tuple[_Completion, ProviderCall]:
+    ) -> tuple[_Completion, ModelCall]:
         """A 200 answer's completion, with a first choice that is neither refused nor cut."""
         call = self._call(digest, attempts, 200, response, completion)
         _record(call)
@@ -475,8 +475,8 @@ class OpenAIProvider:
         return completion, call
 
     def _decoded(
-        self, completion: _Completion, call: ProviderCall, tools: dict[str, Capability]
-    ) -> tuple[ModelDecision, ProviderCall]:
+        self, completion: _Completion, call: ModelCall, tools: dict[str, Capability]
+    ) -> tuple[ModelDecision, ModelCall]:
         choice = completion.choices[0]
         try:
             if self._mode == "tools":
@@ -486,9 +486,7 @@ class OpenAIProvider:
             exc.call = call
             raise
 
-    def _verdict(
-        self, completion: _Completion, call: ProviderCall
-    ) -> tuple[CriticVerdict, ProviderCall]:
+    def _verdict(self, completion: _Completion, call: ModelCall) -> tuple[CriticVerdict, ModelCall]:
         content = completion.choices[0].message.content
         if content is None or len(content) > MAX_CONTENT_CHARS:
             raise MalformedDecision("the critic answered without a verdict", call=call)
@@ -514,10 +512,10 @@ class OpenAIProvider:
         status: int,
         response: httpx.Response | None = None,
         completion: _Completion | None = None,
-    ) -> ProviderCall:
+    ) -> ModelCall:
         usage = completion.usage if completion and completion.usage else _Usage()
         finish = completion.choices[0].finish_reason if completion and completion.choices else ""
-        return ProviderCall(
+        return ModelCall(
             request_sha256=digest,
             mode=self._mode,
             attempts=attempts,
@@ -599,7 +597,7 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
-def _record(call: ProviderCall) -> None:
+def _record(call: ModelCall) -> None:
     """Put the call's facts on the current span and in the log; never the prompt or the key."""
     trace.get_current_span().set_attributes(
         {f"writ.provider.{k}": v for k, v in msgspec.structs.asdict(call).items() if v != ""}

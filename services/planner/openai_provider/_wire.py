@@ -44,7 +44,7 @@ CRITIC_BOUNDARY: Final = (
 )
 
 
-class ProviderCall(msgspec.Struct, frozen=True, kw_only=True):
+class ModelCall(msgspec.Struct, frozen=True, kw_only=True):
     """Non-secret facts about one decision's model call, for logs and traces: no prompt, no key."""
 
     request_sha256: str  # of the exact request body; the key travels in a header, not in it
@@ -62,7 +62,7 @@ class ProviderCall(msgspec.Struct, frozen=True, kw_only=True):
 class ProviderError(WritError):
     """The model call produced no decision; `call` holds what is safe to log about it."""
 
-    def __init__(self, msg: str, *, call: ProviderCall | None = None, **kwargs: Any) -> None:
+    def __init__(self, msg: str, *, call: ModelCall | None = None, **kwargs: Any) -> None:
         super().__init__(msg, **kwargs)
         self.call = call
 
@@ -74,7 +74,7 @@ class ProviderUnavailable(ProviderError, RetryableError):
 class ProviderRejected(ProviderError, PermanentError):
     """The provider refused the request itself (a 4xx other than 429: bad key, bad request)."""
 
-    def __init__(self, msg: str, *, status: int, call: ProviderCall | None = None) -> None:
+    def __init__(self, msg: str, *, status: int, call: ModelCall | None = None) -> None:
         super().__init__(msg, call=call)
         self.status = status
 
@@ -115,21 +115,21 @@ class _Wire(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="
     pass
 
 
-class _WireSelect(_Wire, tag="select_capability"):
+class _WireSelect(_Wire, tag="select_capability", frozen=True):
     capability: str
     arguments: str
     consequential: bool = False  # required by the strict schema; a lenient model may omit it
 
 
-class _WireAnswer(_Wire, tag="answer_directly"):
+class _WireAnswer(_Wire, tag="answer_directly", frozen=True):
     answer: str
 
 
-class _WireCatalog(_Wire, tag="request_capabilities"):
+class _WireCatalog(_Wire, tag="request_capabilities", frozen=True):
     reason: str
 
 
-class _WireReview(_Wire, tag="request_human_review"):
+class _WireReview(_Wire, tag="request_human_review", frozen=True):
     review_prompt: str
     reason: str
 
@@ -142,11 +142,11 @@ class _WireVerdict(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_
     pass
 
 
-class _WireAccept(_WireVerdict, tag="accept"):
+class _WireAccept(_WireVerdict, tag="accept", frozen=True):
     pass
 
 
-class _WireReplan(_WireVerdict, tag="replan"):
+class _WireReplan(_WireVerdict, tag="replan", frozen=True):
     reason: str
 
 

@@ -1,4 +1,4 @@
-"""Offline replay of a run from the planner's audit journal (DESIGN.md §7). No I/O here.
+"""Offline replay of a run from the planner's audit journal (docs/design.md §7). No I/O here.
 
 `replay_run` walks a run's journal entries (`journal_entries.py`) in chain order without calling
 a model or running a tool: each captured response must decode as a decision, each model input
@@ -22,6 +22,8 @@ ended). The walk itself, entry by entry, is `_walk.py`.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from schemas.planner import ReplayReport
 from services.planner.journal_entries import Captured, RunRecord, StatusEntry
 from services.planner.replay._walk import Walk, canon, show
@@ -43,7 +45,9 @@ def replay_run(
     walk.end()
     if record is not None:
         _compare(walk, record)
-    verdict = "divergent" if walk.divergences else "incomplete" if walk.missing else "identical"
+    verdict: Literal["identical", "divergent", "incomplete"] = (
+        "divergent" if walk.divergences else "incomplete" if walk.missing else "identical"
+    )
     return ReplayReport(
         run_id=run_id,
         verdict=verdict,

@@ -175,7 +175,7 @@ class Walk:
             )
             return
         try:
-            entry = msgspec.convert(captured.payload, kind)
+            entry: Any = msgspec.convert(captured.payload, kind)
         except msgspec.ValidationError as exc:
             self.diverged(
                 None,

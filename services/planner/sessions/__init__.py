@@ -1,4 +1,4 @@
-"""Chat sessions (DESIGN.md §10, issue 15): durable conversations of one principal with one
+"""Chat sessions (docs/design.md §10): durable conversations of one principal with one
 agent, on the planner's own run loop. `logic` holds the transition table and the conversation
 rule; `_store` the SQL (migration 009); `_ops` the operations ingress hands on
 (`writ.int.planner.session`); `_turns` what the run loop tells a session and what follows."""

@@ -1,4 +1,4 @@
-"""A closed session's model call in flight is abandoned, not answered (issue 15: "closing
+"""A closed session's model call in flight is abandoned, not answered ("closing
 cancels the exchange in flight").
 
 A turn's model call runs inside its run's transaction, under the run's row lock, in whichever

@@ -10,6 +10,7 @@ nothing applied. A message re-sent under its Idempotency-Key gets its first acce
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, Final
 
 import msgspec
@@ -145,21 +146,22 @@ class SessionOpsEndpoint:
     async def _open(self, op: SessionOp) -> SessionReply:
         if op.agent is None or not op.key:
             raise _Refused("INVALID_REQUEST", "opening a session names an agent and a key")
-        agent = self._agents.get(op.agent)
+        agent_name, key = op.agent, op.key
+        agent = self._agents.get(agent_name)
         if agent is None:
             raise _Refused("UNKNOWN_AGENT", f"no manifest declares agent {op.agent!r}")
         # The agent's manifest may ask for plan-mode; a session cannot turn it off.
         op = msgspec.structs.replace(op, plan_mode=op.plan_mode or agent.manifest.plan_mode)
-        session_id = session_id_for(op.tenant, op.key)
+        session_id = session_id_for(op.tenant, key)
         async with self._store.acquire() as conn, conn.transaction():
             if await self._store.create(
                 conn,
                 session_id=session_id,
                 tenant=op.tenant,
                 principal=op.principal,
-                agent=op.agent,
+                agent=agent_name,
                 plan_mode=op.plan_mode,
-                open_key=op.key,
+                open_key=key,
             ):
                 session = await self._store.lock(conn, session_id)
                 assert session is not None
@@ -384,20 +386,20 @@ class SessionOpsEndpoint:
                         conn,
                         fork,
                         f"copy:{parent.session_id}:{event.n}",
-                        lambda n, e=event: msgspec.structs.replace(e, session_id=fork_id, n=n),
+                        partial(_copied, event, fork_id),
                     )
                 for target in (parent, fork):
                     target, _ = await self._store.add_event(
                         conn,
                         target,
                         f"fork:{fork_id}",
-                        lambda n, t=target: SessionForked(
-                            session_id=t.session_id,
-                            n=n,
-                            parent_session_id=parent.session_id,
-                            fork_session_id=fork_id,
-                            turn=op.turn or 0,
-                            step=op.step,
+                        partial(
+                            _forked,
+                            target.session_id,
+                            parent.session_id,
+                            fork_id,
+                            op.turn or 0,
+                            op.step,
                         ),
                     )
             fork_row = await self._store.get(conn, fork_id)
@@ -419,7 +421,7 @@ class SessionOpsEndpoint:
                 break
             if step is None or type(event).__name__ in ("UserMessage", "TurnStarted"):
                 cut = event.n
-            elif getattr(event, "step", None) is not None and event.step <= step:
+            elif (at_step := getattr(event, "step", None)) is not None and at_step <= step:
                 cut = event.n
         if step is None and not any(
             type(e).__name__ == "TurnEnded" and getattr(e, "turn", None) == turn for e in events
@@ -436,7 +438,7 @@ class SessionOpsEndpoint:
             SessionMessage(
                 n=n,
                 turn=e.turn,
-                role=e.role,  # type: ignore[arg-type]
+                role=e.role,
                 text=e.text,
             )
             for n, e in await self._history_numbered(conn, session.session_id)
@@ -491,3 +493,21 @@ class SessionOpsEndpoint:
                 message=(run["error_message"] or "")[:512],
             )
         return WaitingFor(kind="model", message="the turn is in flight")
+
+
+def _copied(event: Any, session_id: str, n: int) -> Any:
+    """A parent's event, as the fork's `n`th."""
+    return msgspec.structs.replace(event, session_id=session_id, n=n)
+
+
+def _forked(
+    session_id: str, parent_id: str, fork_id: str, turn: int, step: int | None, n: int
+) -> SessionForked:
+    return SessionForked(
+        session_id=session_id,
+        n=n,
+        parent_session_id=parent_id,
+        fork_session_id=fork_id,
+        turn=turn,
+        step=step,
+    )

@@ -1,6 +1,7 @@
-"""Plan-mode (DESIGN.md §6, seed 000 scenario B): a plan-mode turn first plans, then, once the
-user approved the plan by its id, acts — every call still decided by `decide` where it is made
-(approving is consent, not an authorisation: "a plan step carries no approval of its own").
+"""Plan-mode (docs/design.md §6, the agent-OS runtime view's scenario B): a plan-mode turn first
+plans, then, once the user approved the plan by its id, acts — every call still decided by `decide`
+where it is made (approving is consent, not an authorisation: "a plan step carries no approval of
+its own").
 
 - Which turns plan: every turn of a session opened in plan-mode (asked for by the session, or
   by the agent's manifest), and a turn in which the model marked a selection `consequential`
@@ -36,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -449,7 +450,7 @@ class Plans:
             raise LookupError("no plan waits under this id")
         if row["state"] != "proposed":
             raise PlanAnsweredAlready(f"the plan was {row['state']} already")
-        state = "approved" if approve else "rejected"
+        state: Literal["approved", "rejected"] = "approved" if approve else "rejected"
         await conn.execute(
             "UPDATE planner.plans SET state = $2, reason = $3, answered_by = $4 "
             "WHERE plan_id = $1 AND state = 'proposed'",
@@ -458,12 +459,13 @@ class Plans:
             reason,
             principal,
         )
+        sid = session.session_id
         session, _ = await session_store.add_event(
             conn,
             session,
             f"plan-answer:{plan_id}",
             lambda n: PlanDecided(
-                session_id=session.session_id, n=n, plan_id=plan_id, answer=state, reason=reason
+                session_id=sid, n=n, plan_id=plan_id, answer=state, reason=reason
             ),
         )
         if not approve:  # the next turn's context, written by Writ

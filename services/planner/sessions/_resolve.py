@@ -1,4 +1,4 @@
-"""What a plan step freezes for a selection (issue 15, plan-mode), and the facts it stands on.
+"""What a plan step freezes for a selection, and the facts it stands on.
 
 For an action, a step holds what the action's contract resolves from the model's request, as
 admission will resolve it: the request decoded strictly and NFC-normalised (`request`: what is
@@ -23,15 +23,10 @@ from typing import Any, Final
 
 import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 
 from actions import ACTIONS
 from actions.base import ActionContract, FactsRef, Invalid
-from libs.deadline import timed_request
-from libs.errors import RetryableError
-from schemas import subjects
-from schemas.dispatcher import FactsRead, ReadFacts
+from libs.facts import read_facts
 
 __all__ = [
     "FactsReader",
@@ -153,8 +148,6 @@ class PlanFacts:
 
     def __init__(self, *, nc: Client, timeout_s: float = 5.0) -> None:
         self._nc, self._timeout = nc, timeout_s
-        self._encoder = msgspec.json.Encoder()
-        self._decoder = msgspec.json.Decoder(FactsRead)
 
     def reader(self, tenant: str) -> FactsReader:
         """A `FactsReader` of this tenant's resources."""
@@ -170,19 +163,4 @@ class PlanFacts:
         Raises:
             RetryableError: nobody answered, or the reader could not read it now.
         """
-        # A host record is read through the host's MCP server, by retrieval (the only holder
-        # of that credential); everything else by the dispatcher.
-        subject = subjects.HOST_FACTS if ref.kind == "host_ticket" else subjects.FACTS
-        ask = ReadFacts(tenant=tenant, kind=ref.kind, id=ref.id)
-        try:
-            reply = await timed_request(
-                self._nc, subject, self._encoder.encode(ask), timeout=self._timeout
-            )
-        except (NatsTimeoutError, NoRespondersError) as exc:
-            raise RetryableError(f"{subject} did not read {ref.kind}: {exc!r}") from exc
-        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise RetryableError(
-                f"reading {ref.kind} for a plan failed: {reply.headers.get('Nats-Service-Error')}"
-            )
-        read = self._decoder.decode(reply.data)
-        return read.facts if read.found else None
+        return await read_facts(self._nc, tenant, ref.kind, ref.id, timeout=self._timeout)

@@ -15,7 +15,7 @@ import msgspec
 
 from libs.journal import Journal
 from schemas.sessions import AnySessionEvent, SessionEvent
-from services.planner.sessions.logic import Entry
+from services.planner.sessions.logic import HistoryEntry
 
 __all__ = ["SessionRow", "SessionStore", "TurnRow", "entry_of"]
 
@@ -304,10 +304,10 @@ class SessionStore:
 
     async def history(
         self, conn: asyncpg.Connection, session_id: str, *, upto: int | None = None
-    ) -> list[Entry]:
+    ) -> list[HistoryEntry]:
         """The conversation so far (up to event `upto`): messages, injected messages, the
         agent's answers and what Writ wrote, oldest first."""
-        entries: list[Entry] = []
+        entries: list[HistoryEntry] = []
         for event in await self.events(conn, session_id, upto=upto):
             entry = entry_of(event)
             if entry is not None:
@@ -344,15 +344,15 @@ def _turn(row: asyncpg.Record) -> TurnRow:
     return TurnRow(**values)
 
 
-def entry_of(event: Any) -> Entry | None:
+def entry_of(event: Any) -> HistoryEntry | None:
     """The conversation entry an event is, if it is one."""
     kind = type(event).__name__
     if kind == "UserMessage":
-        return Entry(turn=event.turn, role="user", text=event.text)
+        return HistoryEntry(turn=event.turn, role="user", text=event.text)
     if kind == "SessionInjected":
-        return Entry(turn=event.turn, role="injected", text=event.text)
+        return HistoryEntry(turn=event.turn, role="injected", text=event.text)
     if kind == "TurnEnded" and event.answer:
-        return Entry(turn=event.turn, role="agent", text=event.answer)
+        return HistoryEntry(turn=event.turn, role="agent", text=event.answer)
     if kind == "WriterNote":
-        return Entry(turn=event.turn, role="writ", text=event.text)
+        return HistoryEntry(turn=event.turn, role="writ", text=event.text)
     return None

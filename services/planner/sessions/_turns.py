@@ -17,6 +17,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -185,9 +186,7 @@ class SessionTurns:
                     conn,
                     session,
                     source,
-                    lambda n, s=step, c=capability: CapabilitySelected(
-                        session_id=sid, n=n, turn=turn, step=s.seq, capability=c
-                    ),
+                    partial(_selected, sid, turn, step.seq, capability),
                 )
                 callee = agent_call_target(run.manifest, capability)
                 if callee is not None:
@@ -199,9 +198,7 @@ class SessionTurns:
                     conn,
                     session,
                     source,
-                    lambda n, s=step, t=summary: Observed(
-                        session_id=sid, n=n, turn=turn, step=s.seq, summary=t
-                    ),
+                    partial(_observed, sid, turn, step.seq, summary),
                 )
 
     async def _child(
@@ -262,6 +259,7 @@ class SessionTurns:
         if session is None:
             return
         turn = session.turn if is_turn_run(run.run_id) else 1
+        sid = session.session_id
         text = outcome_note(observation)
         operation_id = str(observation["operation_id"])[:512]
         if run.status == "awaiting_human" and run.pending_id:
@@ -273,7 +271,7 @@ class SessionTurns:
                 session,
                 f"answered:{run.run_id}:{pending}",
                 lambda n: DecisionTaken(
-                    session_id=session.session_id,
+                    session_id=sid,
                     n=n,
                     turn=turn,
                     step=step,
@@ -288,7 +286,7 @@ class SessionTurns:
             session,
             f"admitted:{run.run_id}:{step}",
             lambda n: StepAdmitted(
-                session_id=session.session_id, n=n, turn=turn, step=step, operation_id=operation_id
+                session_id=sid, n=n, turn=turn, step=step, operation_id=operation_id
             ),
         )
         if observation.get("state") in _DISPATCHED:
@@ -297,7 +295,7 @@ class SessionTurns:
                 session,
                 f"dispatched:{run.run_id}:{step}",
                 lambda n: StepDispatched(
-                    session_id=session.session_id,
+                    session_id=sid,
                     n=n,
                     turn=turn,
                     step=step,
@@ -716,3 +714,11 @@ class SessionTurns:
             except Exception as exc:
                 log.warning("session sweep: %r", exc)
             await anyio.sleep(interval_s)
+
+
+def _selected(sid: str, turn: int, step: int, capability: str, n: int) -> CapabilitySelected:
+    return CapabilitySelected(session_id=sid, n=n, turn=turn, step=step, capability=capability)
+
+
+def _observed(sid: str, turn: int, step: int, summary: str, n: int) -> Observed:
+    return Observed(session_id=sid, n=n, turn=turn, step=step, summary=summary)

@@ -1,7 +1,7 @@
 """Chat sessions' pure rules (no I/O): the one transition table that moves a session's state,
 the ids of sessions, turns and forks, and the conversation a turn's model sees.
 
-States (DESIGN.md §6): `active`, `processing`, `paused`, `closed`. Only `transition` moves
+States (docs/design.md §6): `active`, `processing`, `paused`, `closed`. Only `transition` moves
 them; anything it does not list is refused with a `SessionRefused` naming a stable code.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Sequence
-from typing import Final, Literal
+from typing import Final, Literal, cast
 
 import msgspec
 
@@ -21,7 +21,7 @@ __all__ = [
     "MAX_ENTRY_CHARS",
     "SESSION_PREFIX",
     "TRANSITIONS",
-    "Entry",
+    "HistoryEntry",
     "SessionRefused",
     "child_id_for",
     "conversation",
@@ -90,7 +90,7 @@ def transition(state: str, happening: str, *, turn_open: bool = False) -> State:
             `INVALID_TRANSITION` otherwise).
     """
     key = f"resume:{'turn' if turn_open else 'idle'}" if happening == "resume" else happening
-    found = TRANSITIONS.get((state, key))  # type: ignore[call-overload]
+    found = TRANSITIONS.get((cast(State, state), key))  # a state the table does not know: None
     if found is not None:
         return found
     if state == "closed":
@@ -141,7 +141,7 @@ HISTORY_TOKENS: Final = 1900
 MAX_ENTRY_CHARS: Final = 1000
 
 
-class Entry(msgspec.Struct, frozen=True, kw_only=True):
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One entry of the conversation so far."""
 
     turn: int
@@ -154,7 +154,9 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
-def conversation(history: Sequence[Entry], message: str, *, budget: int = HISTORY_TOKENS) -> str:
+def conversation(
+    history: Sequence[HistoryEntry], message: str, *, budget: int = HISTORY_TOKENS
+) -> str:
     """The run input of a turn: the conversation so far and the user's message now, all of it
     the principal's data (never an instruction; the developer instruction is Writ's alone)."""
     kept: list[str] = []

@@ -1,4 +1,4 @@
-"""Retrieval's MCP client: the governed `mcp:<server>/<tool>` reads (DESIGN.md §11).
+"""Retrieval's MCP client: the governed `mcp:<server>/<tool>` reads (docs/design.md §11).
 
 Retrieval is the only service that talks to a host's MCP server and the only one given its
 credential (a secret file named by the operator's registration). `servers.py` is the operator's
