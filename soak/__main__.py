@@ -86,8 +86,9 @@ async def soak(
             driving_done.set()
             log("load", "stopped; healing every fault")
             await nemesis.heal()
+            healed = time.monotonic()  # the last fault healed: the bound counts from here
             await deployment.all_up(timeout=120)
-            settle = await _settle(load, stack.database_dsn, settings.settle_s, log)
+            settle = await _settle(load, stack.database_dsn, settings.settle_s, log, since=healed)
             end = await observer.sample("end")
             dropped = dropped_requests(stack, list(deployment.service_instances))
             load.stopping.set()
@@ -112,11 +113,13 @@ async def soak(
     except Exception as exc:  # the servers did not say: the replicas check fails with it
         layout = {"error": {"replicas": 0, "note": repr(exc)[:300]}}
     checks.append(stream_replicas(layout, 3 if settings.topology == "cluster" else 1))
+    _within_bound(checks, settle, settings.bound_s)
     return {
         "seed": settings.seed,
         "topology": settings.topology,
         "duration_s": settings.duration_s,
         "warmup_s": settings.warmup_s,
+        "bound_s": settings.bound_s,
         "rates_per_s": {
             "host_commands": settings.command_rate,
             "runs": settings.run_rate,
@@ -178,11 +181,24 @@ async def _sample(observer: Observer, done: anyio.Event, every_s: float) -> None
             await observer.sample()
 
 
-async def _settle(load: Load, dsn: str, bound_s: float, log: Any) -> dict[str, Any]:
-    """Until nothing is in flight, or `bound_s` passed."""
+def _within_bound(checks: list[Any], settle: dict[str, Any], bound_s: float) -> None:
+    """`every_accepted_request_ended` holds only if it did within `bound_s` of the healing."""
+    ended = next(c for c in checks if c.name == "every_accepted_request_ended")
+    ended.note = f"within {bound_s:.0f}s of the last fault healed"
+    seconds = settle.get("seconds_since_healed", 0.0)
+    if seconds > bound_s:
+        ended.fail(
+            f"the last request ended {seconds:.0f}s after the last fault healed "
+            f"(bound {bound_s:.0f}s)"
+        )
+
+
+async def _settle(load: Load, dsn: str, wait_s: float, log: Any, *, since: float) -> dict[str, Any]:
+    """Until nothing is in flight, or `wait_s` passed; how long after `since` (the healing)
+    that was."""
     started = time.monotonic()
     left: dict[str, Any] = {}
-    while time.monotonic() - started < bound_s:
+    while time.monotonic() - started < wait_s:
         try:
             db = await asyncpg.connect(dsn, timeout=5)
             try:
@@ -195,8 +211,14 @@ async def _settle(load: Load, dsn: str, bound_s: float, log: Any) -> dict[str, A
             break
         await anyio.sleep(1.0)
     seconds = round(time.monotonic() - started, 1)
-    log("settle", f"{seconds}s: {left}")
-    return {"seconds": seconds, "bound_s": bound_s, "left": left}
+    since_healed = round(time.monotonic() - since, 1)
+    log("settle", f"{seconds}s ({since_healed}s after the last fault healed): {left}")
+    return {
+        "seconds": seconds,
+        "seconds_since_healed": since_healed,
+        "wait_s": wait_s,
+        "left": left,
+    }
 
 
 def _print(summary: dict[str, Any]) -> None:
@@ -217,7 +239,10 @@ def _print(summary: dict[str, Any]) -> None:
     print(f"outcomes: {summary['outcomes']}")
     replicas = {v["replicas"] for v in summary["streams"].values()}
     print(f"streams: {len(summary['streams'])} at {sorted(replicas)} replicas")
-    print(f"settled in {summary['settle'].get('seconds')}s: {summary['settle'].get('left')}")
+    print(
+        f"settled {summary['settle'].get('seconds_since_healed')}s after the last fault healed "
+        f"(bound {summary['bound_s']:.0f}s): {summary['settle'].get('left')}"
+    )
     print(
         f"requests dropped by endpoints (since each instance started): "
         f"{summary.get('requests_dropped') or 'none'}"
