@@ -265,19 +265,24 @@ def _print(summary: dict[str, Any]) -> None:
     print("ALL INVARIANTS HELD" if summary["held"] else "AN INVARIANT BROKE")
 
 
-def run(settings: SoakSettings) -> tuple[int, dict[str, Any]]:
+def run(settings: SoakSettings, faults: list[Fault] | None = None) -> tuple[int, dict[str, Any]]:
     """One soak: its exit status (0 every invariant held, 1 one broke, 2 it could not run)
-    and its summary (also written to `settings.out`)."""
+    and its summary (also written to `settings.out`). `faults`: this schedule instead of the
+    seed's."""
     home = settings.home or Path(tempfile.mkdtemp(prefix="writ-soak-"))
     home.mkdir(parents=True, exist_ok=True)
     deployment = Deployment(settings, home)
-    faults = schedule(
-        settings.seed,
-        duration_s=settings.duration_s,
-        every=settings.fault_every,
-        lease_s=settings.lease_s,
-        instances=sorted(deployment.service_instances),
-        cluster=settings.topology == "cluster",
+    faults = (
+        faults
+        if faults is not None
+        else schedule(
+            settings.seed,
+            duration_s=settings.duration_s,
+            every=settings.fault_every,
+            lease_s=settings.lease_s,
+            instances=sorted(deployment.service_instances),
+            cluster=settings.topology == "cluster",
+        )
     )
     print(
         f"Writ soak: seed {settings.seed} (SOAK_SEED={settings.seed} replays this schedule), "
