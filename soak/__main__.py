@@ -140,7 +140,7 @@ async def soak(
         "resources": {
             "bounds": {
                 "rss": f"end <= {RSS_FACTOR}x warm-up + {RSS_SLACK_MB:.0f} MiB",
-                "fds": f"end <= warm-up + {FD_SLACK}",
+                "fds": f"end <= warm-up + {FD_SLACK} + the PostgreSQL pool",
                 "pg_connections": f"end <= the role's pools + {PG_SLACK} per instance",
             },
             "warm_up": warm,
