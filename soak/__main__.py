@@ -197,6 +197,7 @@ async def _settle(load: Load, dsn: str, wait_s: float, log: Any, *, since: float
     """Until nothing is in flight, or `wait_s` passed; how long after `since` (the healing)
     that was."""
     started = time.monotonic()
+    note_at = started + 15.0
     left: dict[str, Any] = {}
     while time.monotonic() - started < wait_s:
         try:
@@ -209,6 +210,9 @@ async def _settle(load: Load, dsn: str, wait_s: float, log: Any, *, since: float
             left = {"error": repr(exc)[:200]}
         if left and not any(left.values()):
             break
+        if time.monotonic() >= note_at:  # how the backlog drains, for the log
+            log("settle", f"{time.monotonic() - since:.0f}s after healing, still: {left}")
+            note_at += 15.0
         await anyio.sleep(1.0)
     seconds = round(time.monotonic() - started, 1)
     since_healed = round(time.monotonic() - since, 1)
