@@ -18,8 +18,14 @@ handler: the settling, the tracing) is logged, counted (`outcome="crashed"`) and
 nak'ed, and the loop goes on. A message delivered past both limits (a handler that kills its
 process every time) is dead-lettered before it is handled again.
 
-Alongside the loop a small task reads the consumer's info every `lag_every_s` and sets its lag
-gauges (not yet delivered, delivered but unacked); failing to read it changes nothing else.
+Alongside the loop a small task (`libs.stall.ConsumerWatch`) reads the consumer's info every
+`lag_every_s` and sets its lag gauges (not yet delivered, delivered but unacked); failing to
+read it changes nothing else. Messages waiting and none delivered for `stall_after_s` is a
+stall: it is exported (`writ_consumer_stalled_seconds`), readiness says so, and the loop binds
+the consumer again and pulls on a fresh subscription. So does a loop whose pulls go
+unanswered (no status, no message) several times in a row, and a pull the server refuses
+(a 409 or 503 while a leader is elected) is sent again after a short backoff: no reconnect
+or leader change leaves the loop fetching from nothing.
 
 While a handler runs, `in_progress()` is sent every third of `ack_wait` so a long handler keeps
 its delivery; the heartbeat stops the moment the handler ends or is fenced. A handler whose
@@ -56,13 +62,21 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Tracer
 
-from libs.bus import ConsumerSpec
-from libs.errors import Fenced, PermanentError, RetryableError, single_error, waits_out
+from libs._settle import (
+    _age_s,
+    _crashed,
+    _dead_letter,
+    _exhausted,
+    _settle,
+    _settle_result,
+)
+from libs.bus import ConsumerSpec, until_answered
+from libs.errors import single_error
 from libs.health import Health
 from libs.provision import bind_consumer
-from libs.pull import Puller
-from libs.telemetry import ActorMetrics, extract_context, inject_context
-from schemas.subjects import dead_letter
+from libs.pull import Puller, PullError
+from libs.stall import ConsumerWatch
+from libs.telemetry import ActorMetrics, extract_context
 
 __all__ = ["Delivery", "run_actor"]
 
@@ -95,20 +109,6 @@ Handler = Callable[[Delivery[Any]], Awaitable[None]]
 BatchHandler = Callable[[list[Delivery[Any]]], Awaitable[Sequence[BaseException | None]]]
 
 
-def _backoff(num_delivered: int, spec: ConsumerSpec) -> float:
-    return float(min(0.25 * 2 ** min(max(num_delivered - 1, 0), 16), spec.backoff_max_s))
-
-
-def _age_s(msg: Msg) -> float:
-    """Seconds since the message was stored in its stream."""
-    return max(time.time() - msg.metadata.timestamp.timestamp(), 0.0)
-
-
-def _exhausted(msg: Msg, spec: ConsumerSpec) -> bool:
-    """Delivered past both limits: nothing will handle it any more."""
-    return msg.metadata.num_delivered > spec.max_deliver and _age_s(msg) >= spec.outage_limit_s
-
-
 async def run_actor(
     *,
     js: JetStreamContext,
@@ -127,6 +127,7 @@ async def run_actor(
     health: Health | None = None,
     backoff_max_s: float | None = None,
     fetch_timeout_s: float = 1.0,
+    stall_after_s: float = 20.0,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Consume `spec`'s durable consumer until cancelled or `stopping` is set.
@@ -136,11 +137,22 @@ async def run_actor(
     """
     if backoff_max_s is not None:  # the process's setting over the consumer's default
         spec = msgspec.structs.replace(spec, backoff_max_s=backoff_max_s)
-    await bind_consumer(js, spec)  # provisioned (libs/provision.py): a process never creates one
+    # Provisioned (libs/provision.py): a process never creates one. An election answers nothing
+    # definite yet, so it is waited out.
+    await until_answered(lambda: bind_consumer(js, spec), what=f"binding consumer {spec.durable}")
     # Each pull request on its own reply subject (libs/pull.py: nats-py's `fetch` can leave a
     # request behind that holds a later message for up to `fetch_timeout_s`).
     sub = Puller(js._nc, spec.stream, spec.durable)
     await sub.start()
+    watch = ConsumerWatch(
+        js=js,
+        stream=spec.stream,
+        durable=spec.durable,
+        metrics=metrics,
+        health=health,
+        every_s=lag_every_s,
+        stall_after_s=stall_after_s,
+    )
     if health is not None:
         handler, batch_handler = _suspecting(health, handler, batch_handler)
         health.consumer_bound(spec.stream, spec.durable)
@@ -195,8 +207,13 @@ async def run_actor(
         async with anyio.create_task_group() as tg:
             # Watching the lag stops with the fetching; the handlers in flight still finish.
             watching = anyio.CancelScope()
-            tg.start_soon(_watch_lag, js, spec, metrics, lag_every_s, watching)
+            tg.start_soon(watch.run, watching)
+            unanswered = refused = 0
             while not stopping.is_set():
+                if watch.rebind.is_set() or unanswered >= _UNANSWERED_REBIND:
+                    sub = await _rebind(js, spec, sub)
+                    watch.rebound()
+                    unanswered = 0
                 if health is not None:
                     # Not ready: fetch nothing, so an outage burns no deliveries.
                     await health.wait_dependencies(spec.durable, stopping)
@@ -210,15 +227,33 @@ async def run_actor(
                 try:
                     msgs = await sub.fetch(free, timeout=fetch_timeout_s)
                 except (NatsTimeoutError, TimeoutError):
-                    # An idle inbox; nats-py raises either its own or the builtin timeout.
+                    # No answer at all, not even the request's expiry: the server lost the
+                    # request (a reconnect, a consumer leader gone). Pulled again at once;
+                    # several in a row and the consumer is bound again.
                     slots.release()
+                    unanswered += 1
+                    continue
+                except PullError as exc:  # a 409 / 503: a leader is being elected
+                    slots.release()
+                    refused += 1
+                    log.log(
+                        logging.WARNING if refused % 20 == 1 else logging.DEBUG,
+                        "pull on %s refused (%d in a row), pulling again: %s",
+                        spec.durable,
+                        refused,
+                        exc,
+                    )
+                    await anyio.sleep(min(0.1 * refused, 1.0))
                     continue
                 except Exception as exc:  # connection trouble: wait for the client to reconnect
                     slots.release()
                     log.warning("fetch on %s failed: %r", spec.durable, exc)
                     await anyio.sleep(0.5)
                     continue
-                if not msgs:
+                unanswered = refused = 0
+                if msgs:
+                    watch.delivered()
+                else:
                     # The request ended (its 408) with nothing: an idle inbox, as a timeout
                     # is. The slot is free again (kept, it leaked, and a long idle spell left
                     # the actor one delivery at a time).
@@ -238,6 +273,31 @@ async def run_actor(
             health.loop_ended(spec.durable)
         with anyio.CancelScope(shield=True):
             await sub.stop()
+
+
+# Pulls in a row that got no answer at all before the consumer is bound again.
+_UNANSWERED_REBIND = 5
+
+
+async def _rebind(js: JetStreamContext, spec: ConsumerSpec, sub: Puller) -> Puller:
+    """The consumer bound again (it must still exist: provisioning made it, a process never
+    creates one) and a fresh subscription to pull on: what a stall or unanswered pulls call
+    for. Failing, the old subscription is kept and the next stall asks again."""
+    try:
+        await until_answered(
+            lambda: bind_consumer(js, spec),
+            what=f"binding consumer {spec.durable}",
+            patience_s=10.0,
+        )
+        fresh = Puller(js._nc, spec.stream, spec.durable)
+        await fresh.start()
+    except Exception as exc:
+        log.warning("%s: binding the consumer again failed: %r", spec.durable, exc)
+        return sub
+    with anyio.CancelScope(shield=True):
+        await sub.stop()
+    log.info("%s: consumer bound again, pulling on a fresh subscription", spec.durable)
+    return fresh
 
 
 async def _acquire_beating(slots: anyio.Semaphore, health: Health, durable: str) -> None:
@@ -276,43 +336,6 @@ def _suspecting(
         return results
 
     return one, batch
-
-
-async def _watch_lag(
-    js: JetStreamContext,
-    spec: ConsumerSpec,
-    metrics: ActorMetrics,
-    every: float,
-    scope: anyio.CancelScope,
-) -> None:
-    """Refresh the consumer's lag gauges now and every `every` seconds, until `scope` ends."""
-    consumer = spec.durable
-    with scope:
-        while True:
-            try:
-                with anyio.fail_after(max(every, 1.0)):
-                    info = await js.consumer_info(spec.stream, consumer)
-            except Exception as exc:  # the bus away for a moment: keep the last values
-                log.debug("%s: reading consumer info failed: %r", consumer, exc)
-            else:
-                metrics.pending.labels(consumer).set(info.num_pending or 0)
-                metrics.ack_pending.labels(consumer).set(info.num_ack_pending or 0)
-            await anyio.sleep(every)
-
-
-async def _crashed(
-    msgs: list[Msg], exc: Exception, *, spec: ConsumerSpec, metrics: ActorMetrics
-) -> None:
-    """The handling itself failed (not the handler): the loop goes on, the deliveries come
-    back later (a message that keeps doing this ends in the dead-letter stream)."""
-    log.error("%s: handling %d deliveries failed: %r", spec.durable, len(msgs), exc, exc_info=exc)
-    metrics.failed.labels(spec.durable, "crashed").inc(len(msgs))
-    for msg in msgs:
-        try:
-            delay = _backoff(msg.metadata.num_delivered, spec)
-        except Exception:  # not even its metadata reads: the ack wait brings it back
-            continue
-        await _settle(msg.nak(delay=delay))
 
 
 def _decode(
@@ -520,83 +543,6 @@ async def _run_batch(
     return errors
 
 
-async def _settle_result(
-    delivery: Delivery[Any],
-    error: BaseException | None,
-    *,
-    js: JetStreamContext,
-    spec: ConsumerSpec,
-    metrics: ActorMetrics,
-    ack_sync: bool,
-    started: float,
-) -> None:
-    """Ack, nak, dead-letter or leave alone one delivery, by what its handling raised."""
-    consumer, msg = spec.durable, delivery.msg
-    if isinstance(error, Fenced):
-        metrics.failed.labels(consumer, "fenced").inc()
-        log.info("%s: fenced on %s, leaving the delivery alone", consumer, error.operation_id)
-        return
-    if isinstance(error, (msgspec.DecodeError, PermanentError)):
-        metrics.failed.labels(consumer, "permanent").inc()
-        await _dead_letter(js, msg, metrics, consumer, f"{type(error).__name__}: {error}")
-        return
-    if error is not None:
-        if not isinstance(error, Exception):
-            raise error  # cancellation and the like are never swallowed
-        waiting = waits_out(error)
-        if delivery.num_delivered >= spec.max_deliver:
-            age = _age_s(msg)
-            if not waiting:
-                metrics.failed.labels(consumer, "exhausted").inc()
-                await _dead_letter(
-                    js,
-                    msg,
-                    metrics,
-                    consumer,
-                    f"exhausted {spec.max_deliver} deliveries: {error!r}",
-                )
-                return
-            if age >= spec.outage_limit_s:
-                metrics.failed.labels(consumer, "outage_exhausted").inc()
-                await _dead_letter(
-                    js,
-                    msg,
-                    metrics,
-                    consumer,
-                    f"still unavailable after {age:.0f} s "
-                    f"({delivery.num_delivered} deliveries): {error!r}",
-                )
-                return
-        metrics.failed.labels(consumer, "retry").inc()
-        if waiting:
-            metrics.waiting.labels(consumer).inc()
-            log.info(
-                "%s: waiting for a dependency (delivery %d): %r",
-                consumer,
-                delivery.num_delivered,
-                error,
-            )
-        else:
-            log.warning("%s: handler failed, will retry: %r", consumer, error)
-        delay = _backoff(delivery.num_delivered, spec)
-        if isinstance(error, RetryableError) and error.delay is not None:
-            # The error's own delay (a lease's remaining time, a cooldown) first; a long
-            # outage still backs off.
-            delay = (
-                error.delay
-                if delivery.num_delivered < spec.max_deliver
-                else max(error.delay, delay)
-            )
-        await _settle(msg.nak(delay=delay))
-        return
-    if ack_sync:
-        await _settle(msg.ack_sync())
-    else:
-        await _settle(msg.ack())
-    metrics.handled.labels(consumer).inc()
-    metrics.latency.labels(consumer).observe(time.perf_counter() - started)
-
-
 async def _run_handler(handler: Handler, delivery: Delivery[Any], every: float | None) -> None:
     if every is None:
         await handler(delivery)
@@ -616,38 +562,3 @@ async def _heartbeat(msg: Msg, every: float) -> None:
     while True:
         await anyio.sleep(every)
         await _settle(msg.in_progress())
-
-
-async def _settle(op: Awaitable[Any]) -> None:
-    # Losing an ack/nak is harmless: the message is redelivered and handlers are idempotent.
-    try:
-        await op
-    except Exception as exc:
-        log.debug("ack/nak/progress lost: %r", exc)
-
-
-async def _dead_letter(
-    js: JetStreamContext, msg: Msg, metrics: ActorMetrics, consumer: str, reason: str
-) -> None:
-    headers = inject_context(
-        {
-            "Writ-Dlq-Reason": reason[:1000],
-            "Writ-Dlq-Subject": msg.subject,
-            "Writ-Dlq-Stream-Seq": str(msg.metadata.sequence.stream),
-            "Nats-Msg-Id": f"dlq:{consumer}:{msg.metadata.sequence.stream}",
-        }
-    )
-    # The dead letter is published before term(): if publishing fails, the message is retried
-    # rather than lost.
-    try:
-        ack = await js.publish(dead_letter(consumer), msg.data, headers=headers)
-    except Exception as exc:
-        log.error("%s: dead-lettering failed, will retry: %r", consumer, exc)
-        await _settle(msg.nak(delay=1.0))
-        return
-    if not ack.duplicate:  # an earlier try published it and only its term() was lost
-        metrics.dead_lettered.labels(consumer).inc()
-    log.warning(
-        "%s: dead-lettered stream seq %s: %s", consumer, msg.metadata.sequence.stream, reason
-    )
-    await _settle(msg.term())

@@ -3,12 +3,18 @@ and typed publishing."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, TypeVar
 
+import anyio
 import msgspec
 import nats
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -19,21 +25,29 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, BadRequestError, NoStreamResponseError
 
+from libs.errors import RetryableError
 from libs.natsauth import inbox_prefix
 from libs.telemetry import inject_context
 from schemas.subjects import STREAMS, StreamSpec
 
 __all__ = [
+    "ELECTION_PATIENCE_S",
     "OUTAGE_LIMIT_S",
     "ConsumerSpec",
+    "BusUnavailable",
     "connect",
     "ensure_consumer",
     "ensure_streams",
+    "in_election",
     "publish",
     "publish_now",
+    "until_answered",
 ]
+
+T = TypeVar("T")
+log = logging.getLogger("writ.bus")
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -41,6 +55,62 @@ _ENCODER = msgspec.json.Encoder()
 # How long a delivery that fails because a dependency is away (a Writ service, NATS,
 # PostgreSQL) keeps being retried, counted from when the message was stored: 15 minutes.
 OUTAGE_LIMIT_S: Final = 900.0
+
+# How long a publish or a JetStream API call keeps retrying an election (a stream or consumer
+# leader being chosen: no responders, a 503, a 409 "in process") before it gives up with
+# `BusUnavailable`. A three-node cluster elects in a few seconds; a node killed with the
+# leader on it takes its peers' election timeout and more on a loaded machine.
+ELECTION_PATIENCE_S: Final = 30.0
+
+
+class BusUnavailable(RetryableError):
+    """JetStream gave no definite answer (an election outlasted the patience): try again
+    later. A `RetryableError`, so a delivery waits it out instead of spending its retries."""
+
+
+def in_election(exc: BaseException, *, idempotent: bool = True) -> bool:
+    """Whether `exc` is JetStream between leaders rather than an answer: no responders (no
+    stream or consumer leader listening), a 503, a 409 "duplicate message id is in process"
+    (the first publish of that id is not settled yet), or no reply in time when repeating the
+    call is harmless (`idempotent`: a publish with a message id, a read)."""
+    if isinstance(exc, (NoStreamResponseError, NoRespondersError)):
+        return True
+    if isinstance(exc, APIError):
+        if exc.code == 503:
+            return True
+        return exc.code == 409 and "in process" in (exc.description or "")
+    return idempotent and isinstance(exc, (NatsTimeoutError, TimeoutError))
+
+
+async def until_answered(
+    call: Callable[[], Awaitable[T]],
+    *,
+    what: str,
+    idempotent: bool = True,
+    patience_s: float = ELECTION_PATIENCE_S,
+) -> T:
+    """`call()`, again with backoff (50 ms doubling to 1 s, jittered) while it meets an
+    election, until it answers or `patience_s` has passed.
+
+    Raises:
+        BusUnavailable: still no definite answer after `patience_s`.
+    """
+    deadline = time.monotonic() + patience_s
+    delay = 0.05
+    tries = 0
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not in_election(exc, idempotent=idempotent):
+                raise
+            tries += 1
+            if time.monotonic() + delay > deadline:
+                raise BusUnavailable(f"{what}: no answer after {tries} tries: {exc!r}") from exc
+            if tries == 1 or tries % 10 == 0:
+                log.info("%s met an election (try %d), retrying: %r", what, tries, exc)
+        await anyio.sleep(delay * random.uniform(0.5, 1.0))
+        delay = min(delay * 2, 1.0)
 
 
 class ConsumerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,8 +185,11 @@ async def ensure_streams(
             await js.update_stream(config)
 
 
-async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
-    """Create or update a durable pull consumer (idempotent): provisioning's, like streams."""
+async def ensure_consumer(
+    js: JetStreamContext, spec: ConsumerSpec, *, patience_s: float = ELECTION_PATIENCE_S
+) -> None:
+    """Create or update a durable pull consumer (idempotent; retried through an election):
+    provisioning's, like streams."""
     config = ConsumerConfig(
         durable_name=spec.durable,
         ack_policy=AckPolicy.EXPLICIT,
@@ -126,7 +199,11 @@ async def ensure_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
         max_ack_pending=spec.max_ack_pending,
         filter_subjects=list(spec.filter_subjects),
     )
-    await js.add_consumer(spec.stream, config)
+    await until_answered(
+        lambda: js.add_consumer(spec.stream, config),
+        what=f"binding consumer {spec.durable}",
+        patience_s=patience_s,
+    )
 
 
 async def publish(
@@ -142,11 +219,23 @@ async def publish(
 
     `msg_id` becomes `Nats-Msg-Id`, so a re-publish inside the stream's duplicate window is
     dropped by the server instead of delivered twice.
+
+    A publish that meets an election is sent again (`until_answered`): certainly not stored
+    when nobody answered, and deduplicated by `msg_id` when it may have been (a timeout is
+    retried only with a `msg_id`). `timeout` bounds each try.
+
+    Raises:
+        BusUnavailable: no definite answer within `ELECTION_PATIENCE_S`.
     """
     hdrs = inject_context(dict(headers or {}))
     if msg_id is not None:
         hdrs["Nats-Msg-Id"] = msg_id
-    ack = await js.publish(subject, _ENCODER.encode(message), headers=hdrs, timeout=timeout)
+    payload = _ENCODER.encode(message)
+    ack = await until_answered(
+        lambda: js.publish(subject, payload, headers=hdrs, timeout=timeout),
+        what=f"publish to {subject}",
+        idempotent=msg_id is not None,
+    )
     return int(ack.seq)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 import nats.errors
+import nats.js.errors
 
 __all__ = [
     "ConfigError",
@@ -67,6 +68,9 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     nats.errors.ConnectionDrainingError,
     nats.errors.NoServersError,
     nats.errors.OutboundBufferLimitError,
+    # JetStream between leaders: nobody answered for the stream, or it said "not now".
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.TooManyConnectionsError,

@@ -3,8 +3,9 @@
 - Live: the event loop turns (the check loop beats every `every_s`) and every actor's fetch loop
   goes round (`run_actor` beats each time, also while it waits). Never NATS or PostgreSQL: an
   outage of theirs must not get every pod restarted.
-- Ready: NATS connected and not draining, every actor's consumer bound (its info readable),
-  every watched PostgreSQL pool answers `SELECT 1`, and the process not stopping.
+- Ready: NATS connected and not draining, every actor's consumer bound (its info readable) and
+  not stalled (messages waiting, none delivered for a while: `libs.stall`), every watched
+  PostgreSQL pool answers `SELECT 1`, and the process not stopping.
 - While NATS or PostgreSQL fail their checks, actors fetch nothing (`wait_dependencies`), so an
   outage does not burn deliveries up to `max_deliver` into the dead-letter stream. A handler
   that failed calls `suspect()`, which re-runs the checks at once instead of at the next tick.
@@ -47,6 +48,7 @@ class Health:
         self._pools: dict[str, asyncpg.Pool] = {}
         self._consumers: dict[str, tuple[str, bool]] = {}  # durable -> (stream, bound)
         self._loops: dict[str, float] = {}  # fetch loop -> last beat (monotonic)
+        self._stalls: dict[str, str] = {}  # durable -> why it is stalled
         self._checks: dict[str, str] = {}  # failing dependency -> why
         self._checked = False
         # Open until a check fails: actors of a process whose checks never run (tests composing
@@ -70,6 +72,7 @@ class Health:
     def loop_ended(self, durable: str) -> None:
         """An actor stopped fetching (drain or cancellation): no longer expected to beat."""
         self._loops.pop(durable, None)
+        self._stalls.pop(durable, None)
         stream, _ = self._consumers.get(durable, ("", False))
         self._consumers[durable] = (stream, False)
 
@@ -77,6 +80,16 @@ class Health:
         """The fetch loop of `durable` went round."""
         if durable in self._loops:
             self._loops[durable] = time.monotonic()
+
+    def consumer_stalled(self, durable: str, seconds: float, pending: int) -> None:
+        """What `libs.stall` saw of `durable`: stalled for `seconds` (0: moving)."""
+        if seconds > 0:
+            why = f"stalled: {pending} waiting, none delivered for {seconds:.0f}s"
+            if durable not in self._stalls:
+                log.warning("not ready: consumer %s %s", durable, why)
+            self._stalls[durable] = why
+        elif self._stalls.pop(durable, None) is not None:
+            log.info("consumer %s delivers again", durable)
 
     def stopping(self) -> None:
         """The process drains: not ready any more (the endpoints stay live)."""
@@ -119,6 +132,8 @@ class Health:
         for durable, (_, bound) in self._consumers.items():
             if not bound:
                 problems.setdefault(f"consumer {durable}", "not bound")
+        for durable, why in self._stalls.items():
+            problems.setdefault(f"consumer {durable}", why)
         if self._stopping:
             problems["process"] = "stopping"
         return not problems, problems or {"all": "ok"}

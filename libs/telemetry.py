@@ -188,6 +188,7 @@ class ActorMetrics:
     """
 
     def __init__(self, *, service: str, registry: CollectorRegistry) -> None:
+        self.service = service
         self.handled = Counter(
             f"writ_{service}_messages_handled",
             "Messages handled and acked",
@@ -260,6 +261,13 @@ class ActorMetrics:
             f"writ_{service}_consumer_ack_pending",
             "Messages delivered and not yet acknowledged (num_ack_pending)",
             ["consumer"],
+            registry=registry,
+        )
+        # One name for every service (the service a label), so one alert covers them all.
+        self.stalled = Gauge(
+            "writ_consumer_stalled_seconds",
+            "How long the consumer has had messages waiting and delivered none (0: moving)",
+            ["service", "consumer"],
             registry=registry,
         )
 

@@ -86,8 +86,9 @@ async def soak(
             driving_done.set()
             log("load", "stopped; healing every fault")
             await nemesis.heal()
+            healed = time.monotonic()  # the last fault healed: the bound counts from here
             await deployment.all_up(timeout=120)
-            settle = await _settle(load, stack.database_dsn, settings.settle_s, log)
+            settle = await _settle(load, stack.database_dsn, settings.settle_s, log, since=healed)
             end = await observer.sample("end")
             dropped = dropped_requests(stack, list(deployment.service_instances))
             load.stopping.set()
@@ -112,11 +113,13 @@ async def soak(
     except Exception as exc:  # the servers did not say: the replicas check fails with it
         layout = {"error": {"replicas": 0, "note": repr(exc)[:300]}}
     checks.append(stream_replicas(layout, 3 if settings.topology == "cluster" else 1))
+    _within_bound(checks, settle, settings.bound_s)
     return {
         "seed": settings.seed,
         "topology": settings.topology,
         "duration_s": settings.duration_s,
         "warmup_s": settings.warmup_s,
+        "bound_s": settings.bound_s,
         "rates_per_s": {
             "host_commands": settings.command_rate,
             "runs": settings.run_rate,
@@ -137,7 +140,7 @@ async def soak(
         "resources": {
             "bounds": {
                 "rss": f"end <= {RSS_FACTOR}x warm-up + {RSS_SLACK_MB:.0f} MiB",
-                "fds": f"end <= warm-up + {FD_SLACK}",
+                "fds": f"end <= warm-up + {FD_SLACK} + the PostgreSQL pool",
                 "pg_connections": f"end <= the role's pools + {PG_SLACK} per instance",
             },
             "warm_up": warm,
@@ -178,11 +181,25 @@ async def _sample(observer: Observer, done: anyio.Event, every_s: float) -> None
             await observer.sample()
 
 
-async def _settle(load: Load, dsn: str, bound_s: float, log: Any) -> dict[str, Any]:
-    """Until nothing is in flight, or `bound_s` passed."""
+def _within_bound(checks: list[Any], settle: dict[str, Any], bound_s: float) -> None:
+    """`every_accepted_request_ended` holds only if it did within `bound_s` of the healing."""
+    ended = next(c for c in checks if c.name == "every_accepted_request_ended")
+    ended.note = f"within {bound_s:.0f}s of the last fault healed"
+    seconds = settle.get("seconds_since_healed", 0.0)
+    if seconds > bound_s:
+        ended.fail(
+            f"the last request ended {seconds:.0f}s after the last fault healed "
+            f"(bound {bound_s:.0f}s)"
+        )
+
+
+async def _settle(load: Load, dsn: str, wait_s: float, log: Any, *, since: float) -> dict[str, Any]:
+    """Until nothing is in flight, or `wait_s` passed; how long after `since` (the healing)
+    that was."""
     started = time.monotonic()
+    note_at = started + 15.0
     left: dict[str, Any] = {}
-    while time.monotonic() - started < bound_s:
+    while time.monotonic() - started < wait_s:
         try:
             db = await asyncpg.connect(dsn, timeout=5)
             try:
@@ -193,10 +210,19 @@ async def _settle(load: Load, dsn: str, bound_s: float, log: Any) -> dict[str, A
             left = {"error": repr(exc)[:200]}
         if left and not any(left.values()):
             break
+        if time.monotonic() >= note_at:  # how the backlog drains, for the log
+            log("settle", f"{time.monotonic() - since:.0f}s after healing, still: {left}")
+            note_at += 15.0
         await anyio.sleep(1.0)
     seconds = round(time.monotonic() - started, 1)
-    log("settle", f"{seconds}s: {left}")
-    return {"seconds": seconds, "bound_s": bound_s, "left": left}
+    since_healed = round(time.monotonic() - since, 1)
+    log("settle", f"{seconds}s ({since_healed}s after the last fault healed): {left}")
+    return {
+        "seconds": seconds,
+        "seconds_since_healed": since_healed,
+        "wait_s": wait_s,
+        "left": left,
+    }
 
 
 def _print(summary: dict[str, Any]) -> None:
@@ -217,7 +243,10 @@ def _print(summary: dict[str, Any]) -> None:
     print(f"outcomes: {summary['outcomes']}")
     replicas = {v["replicas"] for v in summary["streams"].values()}
     print(f"streams: {len(summary['streams'])} at {sorted(replicas)} replicas")
-    print(f"settled in {summary['settle'].get('seconds')}s: {summary['settle'].get('left')}")
+    print(
+        f"settled {summary['settle'].get('seconds_since_healed')}s after the last fault healed "
+        f"(bound {summary['bound_s']:.0f}s): {summary['settle'].get('left')}"
+    )
     print(
         f"requests dropped by endpoints (since each instance started): "
         f"{summary.get('requests_dropped') or 'none'}"
@@ -240,19 +269,24 @@ def _print(summary: dict[str, Any]) -> None:
     print("ALL INVARIANTS HELD" if summary["held"] else "AN INVARIANT BROKE")
 
 
-def run(settings: SoakSettings) -> tuple[int, dict[str, Any]]:
+def run(settings: SoakSettings, faults: list[Fault] | None = None) -> tuple[int, dict[str, Any]]:
     """One soak: its exit status (0 every invariant held, 1 one broke, 2 it could not run)
-    and its summary (also written to `settings.out`)."""
+    and its summary (also written to `settings.out`). `faults`: this schedule instead of the
+    seed's."""
     home = settings.home or Path(tempfile.mkdtemp(prefix="writ-soak-"))
     home.mkdir(parents=True, exist_ok=True)
     deployment = Deployment(settings, home)
-    faults = schedule(
-        settings.seed,
-        duration_s=settings.duration_s,
-        every=settings.fault_every,
-        lease_s=settings.lease_s,
-        instances=sorted(deployment.service_instances),
-        cluster=settings.topology == "cluster",
+    faults = (
+        faults
+        if faults is not None
+        else schedule(
+            settings.seed,
+            duration_s=settings.duration_s,
+            every=settings.fault_every,
+            lease_s=settings.lease_s,
+            instances=sorted(deployment.service_instances),
+            cluster=settings.topology == "cluster",
+        )
     )
     print(
         f"Writ soak: seed {settings.seed} (SOAK_SEED={settings.seed} replays this schedule), "

@@ -90,6 +90,18 @@ class NatsCluster:
                     raise RuntimeError(f"NATS node {i} not healthy within {timeout}s")
                 time.sleep(0.2)
 
+    def serving(self, client: str) -> int | None:
+        """The node a client (by its connection name, `writ-<service>`) is connected to."""
+        for i, port in enumerate(self.monitor_ports):
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}/connz?limit=4096", timeout=2)
+                connections = answer.json().get("connections") or []
+            except (httpx.HTTPError, ValueError):
+                continue  # that node is down: the client is on another
+            if any(c.get("name") == client for c in connections):
+                return i
+        return None
+
     def index(self, server_name: str) -> int:
         """A node's index from its server name (`writ-n<i>`)."""
         return int(server_name.removeprefix("writ-n"))

@@ -27,6 +27,8 @@ import nats
 import nats.aio.client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from libs.bus import until_answered
+from libs.pull import Puller
 from schemas import subjects
 from schemas.host import (
     ApprovalResult,
@@ -336,27 +338,41 @@ class Load:
     async def _collect(self, tenant: str) -> None:
         assert self._admin is not None
         js = self._admin.jetstream()
-        sub = await js.pull_subscribe(
-            subjects.result(tenant),
-            durable="soak",
-            stream=subjects.out_stream(tenant),
-            config=ConsumerConfig(
-                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL, ack_wait=30
-            ),
+        stream = subjects.out_stream(tenant)
+        config = ConsumerConfig(
+            durable_name="soak",
+            filter_subject=subjects.result(tenant),
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=30,
         )
-        while not self.stopping.is_set():
-            try:
-                msgs = await sub.fetch(256, timeout=1)
-            except nats.errors.TimeoutError:
-                continue
-            for msg in msgs:
+        await until_answered(lambda: js.add_consumer(stream, config), what="the soak's consumer")
+        # Writ's own puller (libs/pull.py): nats-py's `fetch` can go on timing out after its
+        # consumer's leader moved, and the soak would count results as missing that arrived.
+        sub = Puller(self._admin, stream, "soak")
+        await sub.start()
+        try:
+            unanswered = 0
+            while not self.stopping.is_set():
                 try:
-                    result = self._decoder.decode(msg.data)
-                except msgspec.DecodeError:
-                    result = None
-                if result is not None:
-                    self._on_result(result)
-                await msg.ack()
+                    msgs = await sub.fetch(256, timeout=1)
+                except nats.errors.TimeoutError:
+                    unanswered += 1
+                    if unanswered >= 5:  # the requests go nowhere: subscribe again
+                        raise
+                    continue
+                unanswered = 0
+                for msg in msgs:
+                    try:
+                        result = self._decoder.decode(msg.data)
+                    except msgspec.DecodeError:
+                        result = None
+                    if result is not None:
+                        self._on_result(result)
+                    await msg.ack()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await sub.stop()
 
     def _on_result(self, result: Any) -> None:
         self.ledger.results.setdefault(result.request_id, []).append(result)

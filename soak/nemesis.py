@@ -8,6 +8,11 @@ cluster topology: one node, by SIGKILL, SIGSTOP or restart, the streams' leader 
 of PostgreSQL (SIGKILL of the postmaster), or a provider fault for a while: the CRM or the
 payment provider losing its answer after the effect, failing with a 5xx, or answering slower
 than the dispatcher waits.
+
+Two more cluster faults are there for a schedule given by hand (tests/e2e/test_cluster.py),
+outside the seeded draw so that every seed keeps its schedule: `stepdown` (the administrator
+moves a stream's leader, `$JS.API.STREAM.LEADER.STEPDOWN.<stream>`), and node faults aimed at
+`dispatcher`: the node a dispatcher is connected to.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any, Final
 import anyio
 import httpx
 
+from libs.bus import until_answered
 from schemas import subjects
 from soak.deploy import CALL_TIMEOUT_S, MODEL_TIMEOUT_S, Deployment, admin_connect
 
@@ -54,6 +60,7 @@ class Fault:
             "node_kill": f"kill -9 NATS node {self.target} (down {self.hold_s:.1f}s)",
             "node_freeze": f"SIGSTOP NATS node {self.target} for {self.hold_s:.1f}s",
             "node_restart": f"restart NATS node {self.target}",
+            "stepdown": f"move the leader of stream {self.target}",
         }[self.kind]
         return f"t+{self.at_s:6.1f}s  {what}"
 
@@ -146,6 +153,8 @@ class Nemesis:
                 await anyio.to_thread.run_sync(stack.embedded_pg.start)
             elif fault.kind == "provider":
                 await self._provider(fault)
+            elif fault.kind == "stepdown":
+                record["note"] = await self._stepdown(fault.target)
             else:
                 cluster: Any = stack.embedded_nats
                 node = await self._node(cluster, fault.target)
@@ -156,14 +165,43 @@ class Nemesis:
             log("nemesis", f"could not apply {fault.describe()}: {exc!r}")
         self.applied.append(record)
 
+    async def _stepdown(self, stream: str) -> str:
+        """Ask the stream's leader to step down, as an administrator; the new leader's name."""
+        nc = await admin_connect(self.deployment.stack, connect_timeout=5, max_reconnect_attempts=2)
+        try:
+            js = nc.jetstream()
+            before = await js.stream_info(stream)
+            reply = await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=10)
+            if b'"success":true' not in reply.data.replace(b" ", b""):
+                raise RuntimeError(f"stepdown refused: {reply.data[:200]!r}")
+            for _ in range(100):  # until another leader is elected
+                after = await js.stream_info(stream)
+                leader = after.cluster.leader if after.cluster else None
+                if leader and before.cluster and leader != before.cluster.leader:
+                    return f"leader {before.cluster.leader} -> {leader}"
+                await anyio.sleep(0.2)
+            return "leader unchanged after 20 s"
+        finally:
+            await nc.close()
+
     async def _node(self, cluster: Any, target: str) -> int:
-        """A node's index; "leader" is the leader of the stream the commands travel on."""
+        """A node's index; "leader" is the leader of the stream the commands travel on,
+        "dispatcher" the node a dispatcher is connected to."""
+        if target == "dispatcher":
+            node = await anyio.to_thread.run_sync(cluster.serving, "writ-dispatcher")
+            return 0 if node is None else node
         if target != "leader":
             return int(target)
         nc = await admin_connect(self.deployment.stack, connect_timeout=5, max_reconnect_attempts=2)
         try:
-            info = await nc.jetstream().find_stream_name_by_subject(subjects.command("acme"))
-            stream = await nc.jetstream().stream_info(info)
+            js = nc.jetstream()
+            # Right after another node fault the stream may be electing: asked again until it
+            # answers.
+            name = await until_answered(
+                lambda: js.find_stream_name_by_subject(subjects.command("acme")),
+                what="the commands' stream",
+            )
+            stream = await until_answered(lambda: js.stream_info(name), what="its leader")
             leader = stream.cluster.leader if stream.cluster else None
         finally:
             await nc.close()

@@ -43,7 +43,10 @@ class SoakSettings:
     hostile_every_s: float = 10.0  # one input invalid by construction this often
     fault_every: tuple[float, float] = (20.0, 60.0)  # seconds between two faults
     warmup_s: float = 20.0  # load before the resource baseline is taken
-    settle_s: float = 240.0  # the bound on waiting for what is in flight after the load
+    settle_s: float = 240.0  # how long to wait for what is in flight after the load
+    # The bound: every accepted request ended this long after the last fault healed (the
+    # invariant `every_accepted_request_ended` holds only within it).
+    bound_s: float = 60.0
     lease_s: float = 4.0  # the dispatcher's lease: a SIGSTOP lasts longer than this
     home: Path | None = None  # default: a fresh temporary folder
     keep: bool = False  # keep the deployment folder even when every invariant held
@@ -51,7 +54,8 @@ class SoakSettings:
 
     @classmethod
     def from_env(cls) -> SoakSettings:
-        """Read SOAK_S, SOAK_SEED, SOAK_TOPOLOGY, SOAK_OUT and the rate settings (SOAK_*_RATE)."""
+        """Read SOAK_S, SOAK_SEED, SOAK_TOPOLOGY, SOAK_OUT, SOAK_BOUND_S and the rate settings
+        (SOAK_*_RATE)."""
         env = os.environ
         topology = env.get("SOAK_TOPOLOGY", "") or "single"
         if topology not in ("single", "cluster"):
@@ -75,6 +79,7 @@ class SoakSettings:
             fault_every=(low, high),
             warmup_s=_float("SOAK_WARMUP_S", 20.0),
             settle_s=_float("SOAK_SETTLE_S", 240.0),
+            bound_s=_float("SOAK_BOUND_S", 60.0),
             lease_s=_float("SOAK_LEASE_S", 4.0),
             home=Path(home) if home else None,
             keep=env.get("SOAK_KEEP", "") == "1",

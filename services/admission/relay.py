@@ -67,7 +67,7 @@ class OutboxRelay:
                 try:
                     moved = await self.relay_once()
                 except Exception as exc:  # Postgres or NATS away: the rows wait in the outbox
-                    log.warning("relay pass failed: %r", exc)
+                    log.warning("relay pass failed, trying again: %r", exc)
                     moved = 0
                 if moved >= self._batch:
                     continue
@@ -77,19 +77,43 @@ class OutboxRelay:
             tg.cancel_scope.cancel()
 
     async def relay_once(self) -> int:
-        """Publish one batch of due rows; returns how many were published."""
+        """Publish one batch of due rows; returns how many were published.
+
+        Each publish waits out an election on its own (`libs.bus.publish`); a row that still
+        failed stays in the outbox for the next pass while the rows published are deleted, so
+        one row meeting a lost leader does not send the whole batch again. A pass that fails
+        altogether (PostgreSQL away) raises, and `run` tries again.
+        """
         async with self._store.acquire() as conn, conn.transaction():
             rows = await self._store.claim_outbox(conn, self._batch)
             if not rows:
                 return 0
             self._faults.crash_if("relay.before_publish")
+            published: list[int] = []
+            failed: list[BaseException] = []
+
+            async def publish_one(row: OutboxRow) -> None:
+                try:
+                    await self._publish(row)
+                except Exception as exc:
+                    failed.append(exc)
+                else:
+                    published.append(row.id)
+
             async with anyio.create_task_group() as tg:
                 for row in rows:
-                    tg.start_soon(self._publish, row)
+                    tg.start_soon(publish_one, row)
             self._faults.crash_if("relay.after_publish")
-            await self._store.delete_outbox(conn, [row.id for row in rows])
-        self.published += len(rows)
-        return len(rows)
+            await self._store.delete_outbox(conn, published)
+        if failed:
+            log.warning(
+                "relay pass: %d of %d rows not published, kept for the next pass: %r",
+                len(failed),
+                len(rows),
+                failed[0],
+            )
+        self.published += len(published)
+        return len(published)
 
     async def _publish(self, row: OutboxRow) -> None:
         # A span of the run's trace (the admission's context was stored with the row), so the

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from collections.abc import Awaitable
 from datetime import UTC, datetime
@@ -49,7 +50,8 @@ from services.dispatcher.breaker import (
     Admission,
     Breakers,
     BreakerState,
-    outcome_of,
+    Outcome,
+    call_outcome,
 )
 from services.dispatcher.connectors import Connector, Result
 from services.dispatcher.facts import FactsReader
@@ -91,16 +93,21 @@ def _final(result: Result, connector: Connector) -> tuple[str, str, str | None, 
     return "unknown", "lost", None, result.detail
 
 
+# Stranded commands one sweep re-drives at once.
+_SWEEP_CONCURRENCY = 16
+
+
 class _Plain:
     """One plain command of a batch (see `DispatcherService.handle_batch`), as far as it got."""
 
-    __slots__ = ("admission", "attempt", "claim", "connector", "index", "result")
+    __slots__ = ("admission", "attempt", "claim", "connector", "elapsed_s", "index", "result")
 
     def __init__(self, *, index: int, claim: Claim, connector: Connector) -> None:
         self.index, self.claim, self.connector = index, claim, connector
         self.admission: Admission | None = None  # the breaker's, for the call
         self.attempt: int | None = None
         self.result: Result | None = None
+        self.elapsed_s = 0.0  # how long the connector call took
 
 
 class DispatcherService:
@@ -392,6 +399,7 @@ class DispatcherService:
 
         async def call(job: _Plain) -> None:
             claim, delivery = job.claim, deliveries[job.index]
+            started = time.monotonic()
             try:
                 with trace.use_span(delivery.span, end_on_exit=False):
                     job.result = await self._guarded(
@@ -406,6 +414,7 @@ class DispatcherService:
                     )
             except Exception as exc:
                 results[job.index] = exc
+            job.elapsed_s = time.monotonic() - started
 
         async with anyio.create_task_group() as tg:
             for job in called:
@@ -414,7 +423,7 @@ class DispatcherService:
             if job.result is not None:
                 assert job.admission is not None
                 self._breakers.for_tool(job.claim.action).record(
-                    job.admission, outcome_of(job.result.kind)
+                    job.admission, self._outcome(job.result, job.elapsed_s)
                 )
         self._rt.faults.crash_if("dispatcher.after_remote_write")
         finishing: list[tuple[_Plain, tuple[str, str, str | None, str | None]]] = []
@@ -647,6 +656,7 @@ class DispatcherService:
         attempt = await self._store.start_attempt(
             claim, worker=self._worker, connector=connector.name
         )
+        started = time.monotonic()
         result = await self._guarded(
             claim,
             delivery,
@@ -654,7 +664,7 @@ class DispatcherService:
                 claim.action, claim.arguments, key=key, expected_revision=claim.expected_revision
             ),
         )
-        breaker.record(admission, outcome_of(result.kind))
+        breaker.record(admission, self._outcome(result, time.monotonic() - started))
         self._rt.faults.crash_if("dispatcher.after_remote_write")
         await self._conclude(claim, attempt, connector, result)
 
@@ -789,6 +799,10 @@ class DispatcherService:
             raise single_error(group) from None
         return outcome[0]
 
+    def _outcome(self, result: Result, elapsed_s: float) -> Outcome:
+        """What a call's result means to its breaker (a call this side held up is neutral)."""
+        return call_outcome(result.kind, elapsed_s=elapsed_s, timeout_s=self._call_timeout_s)
+
     def _breaker_moved(self, tool: str, state: BreakerState) -> None:
         self._breaker_state.labels(tool).set(STATE_VALUES[state])
         log.log(
@@ -863,31 +877,56 @@ class DispatcherService:
                 log.warning("sweep failed: %r", exc)
 
     async def sweep(self) -> int:
-        """Claim and execute commands whose message or lease was lost; returns how many."""
+        """Claim and execute commands whose message or lease was lost; returns how many.
+
+        Up to `_SWEEP_CONCURRENCY` at once: after a fault that stranded many commands (a
+        consumer leader lost with its deliveries) they are all re-driven within seconds, not
+        one connector call after another.
+        """
         done = 0
-        for stale in await self._store.stale(pending_grace_s=self._pending_grace_s):
-            claim = await self._store.claim(
-                stale.tenant,
-                stale.operation_id,
-                worker=self._worker,
-                lease_s=self._lease_s,
-                reuse_decision_s=self._recheck_reuse_s,
-            )
-            if claim is None:
-                continue  # someone else got there first
-            log.info(
-                "sweeper re-drives %s:%s (was %s)", stale.tenant, stale.operation_id, stale.state
-            )
-            # No message carries a context here: a new trace, linked to the admission's.
-            with self._rt.tracer.start_as_current_span(
-                "dispatch (re-driven)",
-                context=otel_context.Context(),
-                links=links_to(claim.traceparent, "re-driven"),
-            ) as span:
-                span.set_attribute("writ.operation_id", stale.operation_id)
+        slots = anyio.Semaphore(_SWEEP_CONCURRENCY)
+
+        async def redrive(stale: Any) -> None:
+            nonlocal done
+            async with slots:
                 try:
-                    await self._execute(claim, None)
-                    done += 1
-                except (RetryableError, Fenced) as exc:
-                    log.info("sweeper left %s for later: %s", stale.operation_id, exc)
+                    # Bounded: one call that never returns must not stop every later sweep
+                    # (given up, it is a crash as far as the command knows: its lease runs
+                    # out and the next sweep claims it again, under the same key).
+                    with anyio.move_on_after(self._call_timeout_s * 4 + self._lease_s * 2):
+                        if await self._redrive(stale):
+                            done += 1
+                except Exception as exc:  # this command alone waits for the next sweep
+                    log.warning("sweeping %s failed: %r", stale.operation_id, exc)
+
+        async with anyio.create_task_group() as tg:
+            for stale in await self._store.stale(pending_grace_s=self._pending_grace_s):
+                tg.start_soon(redrive, stale)
         return done
+
+    async def _redrive(self, stale: Any) -> bool:
+        """One stranded command claimed and executed; False if another worker has it or it
+        must wait."""
+        claim = await self._store.claim(
+            stale.tenant,
+            stale.operation_id,
+            worker=self._worker,
+            lease_s=self._lease_s,
+            reuse_decision_s=self._recheck_reuse_s,
+        )
+        if claim is None:
+            return False  # someone else got there first
+        log.info("sweeper re-drives %s:%s (was %s)", stale.tenant, stale.operation_id, stale.state)
+        # No message carries a context here: a new trace, linked to the admission's.
+        with self._rt.tracer.start_as_current_span(
+            "dispatch (re-driven)",
+            context=otel_context.Context(),
+            links=links_to(claim.traceparent, "re-driven"),
+        ) as span:
+            span.set_attribute("writ.operation_id", stale.operation_id)
+            try:
+                await self._execute(claim, None)
+            except (RetryableError, Fenced) as exc:
+                log.info("sweeper left %s for later: %s", stale.operation_id, exc)
+                return False
+        return True

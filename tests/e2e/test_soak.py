@@ -8,6 +8,9 @@ dispatcher killed — then every invariant the checker knows held (about two min
 The seed is fixed so the same faults come at the same times; what the load meets in between
 varies with the machine, and the checker holds whatever it met to the same invariants.
 `SOAK_S=600 make soak` runs the long one.
+
+The cluster topology's short soak is `test_soak_cluster.py` (a file of its own, so the two run
+on different workers).
 """
 
 from __future__ import annotations

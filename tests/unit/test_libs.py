@@ -104,7 +104,7 @@ def test_settings_defaults() -> None:
 
 
 def test_the_redelivery_backoff_doubles_up_to_the_consumers_cap() -> None:
-    from libs.actor import _backoff
+    from libs._settle import _backoff
     from libs.bus import ConsumerSpec
 
     spec = ConsumerSpec(stream="S", durable="d", filter_subjects=("s",))

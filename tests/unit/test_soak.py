@@ -10,7 +10,7 @@ from soak.check_chat import event_gaps, turn_notes
 from soak.check_model import replayed
 from soak.ledger import Ledger, Op
 from soak.nemesis import schedule
-from soak.observe import within
+from soak.observe import FD_SLACK, POOL_MAX, within
 
 INSTANCES = [
     "admission",
@@ -152,12 +152,17 @@ def test_resources_past_their_bound_are_named() -> None:
         "pg_connections": {"writ_planner": 10},
     }
     end = {
-        "processes": {"planner": {"rss_mb": 250.0, "fds": 90}},
+        "processes": {"planner": {"rss_mb": 250.0, "fds": 150}},
         "pg_connections": {"writ_planner": 60},
     }
     two = {"planner": "planner", "planner-2": "planner"}
     assert len(within(start, end, {"planner": "planner"})) == 3
     assert len(within(start, end, two)) == 2  # two pools hold 60
+    # Descriptors up to the pool's size beyond the slack are the pool's connections, no leak.
+    pooled = {"rss_mb": 80.0, "fds": 20 + FD_SLACK + POOL_MAX["planner"]}
+    assert within(start, {**start, "processes": {"planner": pooled}}, {"planner": "planner"}) == []
+    one_more = {**pooled, "fds": pooled["fds"] + 1}
+    assert within(start, {**start, "processes": {"planner": one_more}}, {"planner": "planner"})
     assert within(start, start) == []
     assert within(start, {**start, "processes": {}}) == ["planner is not running at the end"]
 
