@@ -50,6 +50,7 @@ class HostTicketUpdate(ActionContract[UpdateRequest, UpdateArguments, UpdatePrev
     name: ClassVar[str] = "host.ticket.update"
     version: ClassVar[int] = 1
     family = "write_delete"
+    standing_grant = "allowed"  # a record of the organisation's own: a grant may cover it
     connector: ClassVar[str] = "host"
     description: ClassVar[str] = (
         "Change a ticket's status or priority in the host's "

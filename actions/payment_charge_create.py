@@ -30,6 +30,7 @@ class PaymentChargeCreate(
     name: ClassVar[str] = "payment.charge.create"
     version: ClassVar[int] = 1
     family = "write_delete"
+    effects = frozenset({"money"})  # never covered by a standing grant: asked every time
     connector: ClassVar[str] = "payments"
     description: ClassVar[str] = "Charge a customer."
     request = ChargeArguments

@@ -255,6 +255,7 @@ class GovernanceService:
             first_argument=ask.first_argument,
             scope=scope,
             profile_fact=contract.profile_fact if contract else False,
+            grantable=contract.grant_may_cover() if contract else True,
         )
 
     async def _mcp_family(self, ask: DecideRequest, call: Call) -> tuple[Call, str | None]:

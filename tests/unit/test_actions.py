@@ -12,7 +12,9 @@ import pytest
 
 from actions import ACTIONS
 from actions.base import FactsRef, Frozen, Invalid, Outcome, Stale, outcome_of
+from actions.crm_note_create import CrmNoteCreate
 from actions.email_draft_apply import DraftArguments, DraftFacts, DraftPreview
+from actions.payment_charge_create import PaymentChargeCreate
 from actions.payment_refund import (
     Destination,
     PaymentFacts,
@@ -940,3 +942,39 @@ def test_a_refund_frozen_before_previews_named_the_payment_still_revalidates() -
     frozen = proposed()
     old = msgspec.structs.replace(frozen.preview, payment="")
     REFUND.revalidate(frozen.arguments, old, facts(), key="acme:op")  # no Stale raised
+
+
+def test_contracts_that_move_money_are_never_covered_by_a_standing_grant() -> None:
+    never = {name for name, c in ACTIONS.items() if not c.grant_may_cover()}
+    assert {"payment.charge.create", "payment.refund"} <= never
+    for contract in ACTIONS.values():
+        if contract.standing_grant is None:  # not declared: its effects and family decide
+            assert contract.grant_may_cover() == (
+                not contract.effects and contract.family != "send_external"
+            )
+
+
+def test_an_undeclared_consequential_contract_defaults_to_never() -> None:
+    class Transfer(PaymentChargeCreate):
+        name = "payment.transfer"
+        standing_grant = None
+
+    class Invite(CrmNoteCreate):
+        name = "access.invite"
+        effects = frozenset({"access"})
+        standing_grant = None
+
+    class Send(CrmNoteCreate):
+        name = "mail.send"
+        family = "send_external"
+        standing_grant = None
+
+    class Note(CrmNoteCreate):
+        standing_grant = None
+
+    assert [c().grant_may_cover() for c in (Transfer, Invite, Send, Note)] == [
+        False,
+        False,
+        False,
+        True,
+    ]
