@@ -154,6 +154,9 @@ class AnswerDecision(Command):
     pending_id: Id
     answer: Answer
     reason: ShortText = ""
+    # Admission's answer for a proposal it showed (its internal id): only such an answer may
+    # settle a decision about a proposal; a person's bare answer to it is refused.
+    proposal_id: Id | None = None
 
 
 class DecisionAnswered(Event):

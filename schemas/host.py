@@ -100,6 +100,11 @@ class HumanDecision(Command):
     pending_id: Id
     answer: Literal["once", "always", "deny"]
     reason: ShortText = ""
+    # A decision about a call that has an action contract is answered on its proposal, whose
+    # frozen preview the approver was shown: it must name that proposal (`GET /runs/{id}` and
+    # the run's `RunResult` carry it), or it is refused with `PROPOSAL_REQUIRED`. Naming it
+    # makes the answer an approval of the proposal (once or always) or its rejection (deny).
+    proposal_id: Id | None = None
 
 
 class ApproveProposal(Command):
@@ -114,6 +119,10 @@ class ApproveProposal(Command):
     proposal_id: Id
     answer: Literal["approve", "reject"]
     reason: ShortText = ""
+    # `always`: approve, and let this agent's calls of the same family run without asking from
+    # now on, where the decision offers it (never for a contract that moves money, changes
+    # access or sends outside: that is refused with `INVALID_ANSWER` and grants nothing).
+    grant: Literal["once", "always"] = "once"
 
 
 class ReviewDecision(Command):

@@ -68,6 +68,7 @@ class ListProposals(Command):
     tenant: Tenant
     state: ProposalState | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+    run_id: Id | None = None  # only this run's proposals
 
 
 class GetProposal(Command):

@@ -21,7 +21,7 @@ from libs.errors import RetryableError
 from libs.telemetry import links_to
 from schemas import subjects
 from schemas.governance import AnswerDecision, Decision, DecisionAnswered
-from schemas.host import ApprovalResult
+from schemas.host import ApprovalResult, DecisionResult
 from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission.logic import operation_id_for
@@ -67,6 +67,15 @@ class ProposalApprovals(_Base):
             # Unknown, tampered, or another tenant's id: the same answer for all three.
             await self._reply(
                 ans, "not_approvable", reason="no such proposal", code="UNKNOWN_PROPOSAL"
+            )
+            return
+        if ans.pending_id is not None and ans.pending_id != proposal.decision_id:
+            # A decision answered on a proposal must be that proposal's own.
+            await self._reply(
+                ans,
+                "not_approvable",
+                reason="the decision is not about this proposal",
+                code="PROPOSAL_MISMATCH",
             )
             return
         if not await self._still_approvable(ans, proposal):
@@ -132,8 +141,9 @@ class ProposalApprovals(_Base):
             principal=ans.approver,
             request_id=ans.request_id,
             pending_id=proposal.decision_id or "",
-            answer="once" if ans.answer == "approve" else "deny",
+            answer=ans.grant if ans.answer == "approve" else "deny",
             reason=ans.reason,
+            proposal_id=proposal.proposal_id,
         )
         try:
             reply = await timed_request(
@@ -153,14 +163,17 @@ class ProposalApprovals(_Base):
                 if fresh is not None and fresh.state != "pending":
                     await self._reply_state(ans, fresh)
                     return None
-            if code in ("403", "409", "410"):
+            if code in ("403", "409", "410", "422"):
                 await self._reply(
                     ans,
                     "not_approvable",
                     reason=message[:500],
-                    code={"403": "FORBIDDEN", "409": "ALREADY_ANSWERED", "410": "UNKNOWN_PENDING"}[
-                        code
-                    ],
+                    code={
+                        "403": "FORBIDDEN",
+                        "409": "ALREADY_ANSWERED",
+                        "410": "UNKNOWN_PENDING",
+                        "422": "INVALID_ANSWER",
+                    }[code],
                 )
                 return None
             raise RetryableError(f"governance error {code}: {message}")
@@ -284,6 +297,28 @@ class ProposalApprovals(_Base):
             ),
             msg_id=f"approval-result:{ans.tenant}:{ans.request_id}",
         )
+        if ans.pending_id is not None:
+            # Answered as a pending decision (a `HumanDecision` naming its proposal): its
+            # approver waits for a `DecisionResult`.
+            taken = status in ("claimed", "rejected")
+            await publish(
+                self._rt.js,
+                subjects.result(ans.tenant),
+                DecisionResult(
+                    request_id=ans.request_id,
+                    pending_id=ans.pending_id,
+                    accepted=taken,
+                    message=(
+                        f"answered {'deny' if ans.answer == 'reject' else ans.grant}"
+                        if taken
+                        else f"already answered: the proposal's outcome is {outcome or 'pending'}"
+                        if status == "already_completed"
+                        else reason or status
+                    )[:512],
+                    code=None if taken else (code or "ALREADY_ANSWERED"),
+                ),
+                msg_id=f"decision-result:{ans.tenant}:{ans.request_id}",
+            )
 
 
 def _proposal_message(proposal: ProposalRow) -> ProposeCommand:

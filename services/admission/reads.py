@@ -156,8 +156,11 @@ class AdmissionReads:
         """The tenant's proposals, newest first."""
         query, args = _PROPOSALS, [ask.tenant]
         if ask.state is not None:
-            query += " AND p.state = $2"
             args.append(ask.state)
+            query += f" AND p.state = ${len(args)}"
+        if ask.run_id is not None:
+            args.append(ask.run_id)
+            query += f" AND p.run_id = ${len(args)}"
         rows = await self._pool.fetch(
             f"{query} ORDER BY p.created_at DESC LIMIT {int(ask.limit)}", *args
         )

@@ -599,6 +599,7 @@ class GovernanceService:
                 answered_by=answer.principal,
                 reason=answer.reason,
                 same_again=True,
+                proposal_id=answer.proposal_id,
             )
         if isinstance(outcome, NotAnswerable):
             code = (
@@ -606,6 +607,8 @@ class GovernanceService:
                 if outcome.reason.startswith("already answered")
                 else "410"
                 if outcome.reason.startswith("no such")
+                else "422"
+                if outcome.code in ("INVALID_ANSWER", "PROPOSAL_REQUIRED")
                 else "403"
             )
             await request.respond_error(code, outcome.reason[:500])
@@ -655,6 +658,7 @@ class GovernanceService:
                 answer="deny",
                 answered_by="nobody",
                 reason="no answer within 5 minutes",
+                by_clock=True,
             )
             if isinstance(outcome, Answered):
                 await self._announce(outcome)

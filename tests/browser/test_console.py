@@ -301,7 +301,7 @@ async def test_the_requester_cannot_approve_their_own_proposal(
     with _api(stack) as api:
         answered = api.post(
             "/pending-decisions/decide",
-            json={"pending_id": pending_id, "answer": "once"},
+            json={"pending_id": pending_id, "answer": "once", "proposal_id": proposal_id},
             headers={**auth(stack, principal="lead@acme.example", roles=["approver"]), **key()},
         )
     assert answered.status_code == 200, answered.text
@@ -534,4 +534,68 @@ async def test_a_review_is_answered_with_a_comment_from_its_run_page(
     await expect(page.locator("#answered")).to_have_text("Answered approve.")
     await page.goto(_console(stack, f"runs/{run_id}"))
     await expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=WAIT_MS)
+    await page.context.close()
+
+
+async def test_the_decision_door_of_a_charge_shows_its_preview_and_no_always(
+    browser: Any, stack: Stack
+) -> None:
+    with _api(stack) as api:
+        started = api.post(
+            "/runs",
+            headers={**auth(stack), **key()},
+            json={"agent": "billing-assistant", "input": "Charge the expedited shipping"},
+        )
+        run_id = started.json()["run_id"]
+        stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+    assert stopped["status"] == "awaiting_human", stopped
+    pending_id, proposal_id = stopped["pending_id"], stopped["proposal"]["proposal_id"]
+
+    page = await _signed_in(browser, stack)
+    # From the run, "Waiting for a person" leads to the proposal: the preview beside the answer.
+    await page.goto(_console(stack, f"runs/{run_id}"))
+    await page.get_by_role("link", name=pending_id).click()
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_contain_text("ACME-42")
+    await expect(page.locator("#approve")).to_be_visible()
+    assert await page.locator("#approve-always").count() == 0  # money: never "always"
+    # The decision's own address is the same door.
+    await page.goto(_console(stack, f"decisions/{pending_id}"))
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_be_visible()
+    assert await page.locator("#approve-always").count() == 0
+    # Sending "always" anyway is refused by governance, and grants nothing.
+    sent = await page.request.post(
+        _console(stack, f"proposals/{proposal_id}/approve"),
+        form={"csrf": await _csrf(page), "grant": "always"},
+    )
+    assert "Not approved — INVALID_ANSWER" in await sent.text()
+    assert _proposal(stack, proposal_id)["state"] == "pending"
+    await page.locator("#approve").click()
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
+    await page.context.close()
+
+
+async def test_always_is_offered_beside_the_preview_where_a_grant_may_cover_the_action(
+    browser: Any, stack: Stack
+) -> None:
+    with _api(stack) as api:
+        waiting = api.post(
+            "/commands",
+            headers={**auth(stack), **key()},
+            json={
+                "agent": "review-assistant",
+                "operation_key": f"note-{uuid.uuid4().hex[:12]}",
+                "action": "crm.note.create",
+                "arguments": {"customer_id": "ACME-42", "body": "Called back about 7781."},
+            },
+        )
+    assert waiting.json()["status"] == "awaiting_human", waiting.text
+    proposal_id = waiting.json()["proposal"]["proposal_id"]
+    page = await _signed_in(browser, stack)
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_contain_text("Called back about 7781.")
+    await expect(page.locator("#approve-always")).to_contain_text("always allow")
     await page.context.close()

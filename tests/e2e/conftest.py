@@ -249,6 +249,7 @@ class Host:
         reason: str = "",
         token: str | None = None,
         request_id: str | None = None,
+        grant: str = "once",
     ) -> str:
         """Publish an `ApproveProposal` as an approver; returns its request id."""
         request_id = request_id or f"approve-{uuid.uuid4().hex[:12]}"
@@ -258,6 +259,7 @@ class Host:
             answer=answer,
             reason=reason,
             token=token or self.stack.token(tenant, principal, roles=["approver"]),
+            grant=grant,
         )
         js = await self.tenant_js(tenant)
         await js.publish(
@@ -312,9 +314,10 @@ class Host:
         principal: str = "ops@acme.example",
         reason: str = "",
         token: str | None = None,
+        proposal_id: str | None = None,
     ) -> DecisionResult:
         """Answer a pending decision (`HumanDecision`; an approver of the tenant unless `token`
-        says otherwise) and wait for its `DecisionResult`."""
+        says otherwise; one about a proposal names it) and wait for its `DecisionResult`."""
         request_id = f"decide-{uuid.uuid4().hex[:12]}"
         message = HumanDecision(
             request_id=request_id,
@@ -322,6 +325,7 @@ class Host:
             answer=answer,
             reason=reason,
             token=token or self.stack.token(tenant, principal, roles=["approver"]),
+            proposal_id=proposal_id,
         )
         js = await self.tenant_js(tenant)
         await js.publish(

@@ -62,7 +62,11 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
 
     reason: str
     code: Literal[
-        "UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER", "SEPARATION_OF_DUTIES"
+        "UNKNOWN_PENDING",
+        "ALREADY_ANSWERED",
+        "INVALID_ANSWER",
+        "SEPARATION_OF_DUTIES",
+        "PROPOSAL_REQUIRED",
     ] = "UNKNOWN_PENDING"
 
 

@@ -352,12 +352,18 @@ class GovernanceStore(BudgetStore):
         answered_by: str,
         reason: str,
         same_again: bool = False,
+        proposal_id: str | None = None,
+        by_clock: bool = False,
     ) -> Answered | NotAnswerable:
         """Take a person's (or the clock's) answer, once; `always` writes its grant or rule.
 
         `same_again`: the same answer given again gets the recorded one back (who gave it, and
         the decision it became) instead of a refusal; concurrent approvals of one proposal then
         all reach admission's single claim, which says which of them executes.
+
+        `proposal_id`: the proposal admission showed the approver. A decision about a proposal
+        is answered only with it (one door per effect: where its frozen preview is shown), or
+        by the clock (`by_clock`: unanswered is deny).
         """
         if not is_uuid(pending_id):
             return NotAnswerable(reason="no such pending decision")
@@ -387,6 +393,16 @@ class GovernanceStore(BudgetStore):
                     )
                 return NotAnswerable(
                     reason=f"already answered {row['answer']}", code="ALREADY_ANSWERED"
+                )
+            if (
+                row["proposal_id"] is not None
+                and not by_clock
+                and proposal_id != row["proposal_id"]
+            ):
+                return NotAnswerable(
+                    reason="this decision is about a proposal: answer it on the proposal, "
+                    "where its preview is shown (name the proposal's id)",
+                    code="PROPOSAL_REQUIRED",
                 )
             if (
                 row["proposal_id"] is not None

@@ -275,8 +275,13 @@ def proposal_page(
     now: datetime,
     answered: str = "",
     run: dict[str, Any] | None = None,
+    options: list[str] | None = None,
 ) -> str:
-    """One proposal: what approving it does, in words; what it stands on; the answer."""
+    """One proposal: what approving it does, in words; what it stands on; the answer.
+
+    `options`: what its pending decision offers. "Always" is offered only here, beside the
+    preview, and only where the decision offers it (never for money, access or sending
+    outside)."""
     pid = h(p["proposal_id"])
     own = p.get("requester") == viewer.principal
     expired = p["state"] == "pending" and time_left(p.get("expires_at"), now) == "expired"
@@ -323,10 +328,19 @@ def proposal_page(
                     "Writ refuses your approval; you may still reject it.</p>"
                 )
             else:
+                always = (
+                    '<button type="submit" name="grant" value="always" id="approve-always">'
+                    "Approve, and always allow this agent's "
+                    f"{h(ACTIONS[p['action']].family if p['action'] in ACTIONS else '')} "
+                    "calls</button>"
+                    if "always" in (options or [])
+                    else ""
+                )
                 parts.append(
                     f'<form method="post" action="/console/proposals/{pid}/approve" '
                     f'class="answer" data-once="true">{_csrf(viewer)}'
-                    f'<button type="submit" id="approve">Approve exactly this</button></form>'
+                    f'<button type="submit" name="grant" value="once" id="approve">'
+                    f"Approve exactly this</button>{always}</form>"
                 )
             parts.append(
                 f'<form method="post" action="/console/proposals/{pid}/reject" '

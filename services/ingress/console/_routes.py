@@ -53,6 +53,10 @@ class _Form(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     csrf: Annotated[str, msgspec.Meta(max_length=128)]
 
 
+class _ApproveForm(_Form, frozen=True):
+    grant: Literal["once", "always"] = "once"
+
+
 class _RejectForm(_Form, frozen=True):
     reason: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
 
@@ -252,6 +256,14 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         got = await client.get(viewer, f"/runs/{p['run_id']}")
         return got.body if got.ok else None  # type: ignore[no-any-return]
 
+    async def _options(viewer: Viewer, p: dict[str, Any]) -> list[str]:
+        """The answers the proposal's pending decision offers ("always" only where no
+        contract forbids a standing grant); none once it is answered."""
+        if p["state"] != "pending" or APPROVER_ROLE not in viewer.roles:
+            return []
+        d = await _decision(viewer, p.get("decision_id") or "")
+        return list(d["options"]) if d is not None else ["once", "deny"]
+
     @get("/proposals/{proposal_id:str}", include_in_schema=False)
     @_page
     async def proposal(
@@ -260,7 +272,13 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         """One proposal, in words."""
         p = await _proposal(viewer, proposal_id)
         return _html(
-            pages.proposal_page(viewer, p, now=datetime.now(UTC), run=await _run_of(viewer, p))
+            pages.proposal_page(
+                viewer,
+                p,
+                now=datetime.now(UTC),
+                run=await _run_of(viewer, p),
+                options=await _options(viewer, p),
+            )
         )
 
     @get("/proposals/{proposal_id:str}/outcome", include_in_schema=False)
@@ -276,8 +294,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str, answer: str
     ) -> Response[str]:
         if answer == "approve":
-            await _form(request, viewer, _Form)
-            body: dict[str, Any] = {}
+            # "always" only where the decision offers it: governance refuses it otherwise.
+            body: dict[str, Any] = {"grant": (await _form(request, viewer, _ApproveForm)).grant}
         else:
             body = {"reason": (await _form(request, viewer, _RejectForm)).reason}
         # The proposal's id and, to reject, a reason: nothing that was approved is sent
@@ -300,7 +318,12 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         p = await _proposal(viewer, proposal_id)
         return _html(
             pages.proposal_page(
-                viewer, p, now=datetime.now(UTC), answered=said, run=await _run_of(viewer, p)
+                viewer,
+                p,
+                now=datetime.now(UTC),
+                answered=said,
+                run=await _run_of(viewer, p),
+                options=await _options(viewer, p),
             )
         )
 
@@ -326,15 +349,38 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             raise _Bad(got.status, "Refused", got.problem)
         return next((d for d in got.body["decisions"] if d["pending_id"] == pending_id), None)
 
+    async def _proposal_asked_by(viewer: Viewer, pending_id: str) -> str | None:
+        """The pending proposal a decision is about: it is answered there, beside its
+        preview (one door per effect)."""
+        got = await client.get(viewer, "/proposals", state="pending", limit="500")
+        if not got.ok:
+            raise _Bad(got.status, "Refused", got.problem)
+        return next(
+            (
+                p["proposal_id"]
+                for p in got.body["proposals"]
+                if (p.get("decision_id") or "") == pending_id
+            ),
+            None,
+        )
+
     @get("/decisions/{pending_id:str}", include_in_schema=False)
     @_page
     async def decision(
         request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
     ) -> Response[str]:
-        """A pending decision and the answers its case allows."""
+        """A pending decision and the answers its case allows; one about a proposal is its
+        proposal's page, where the frozen preview is shown."""
         d = await _decision(viewer, pending_id)
         if d is None:
             raise _Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+        if (proposal_id := await _proposal_asked_by(viewer, pending_id)) is not None:
+            return Response(
+                "",
+                status_code=303,
+                headers={"Location": f"/console/proposals/{proposal_id}"},
+                media_type="text/html",
+            )
         return _html(pages.decision_page(viewer, d, now=datetime.now(UTC)))
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)

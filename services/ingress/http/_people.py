@@ -105,6 +105,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 pending_id=data.pending_id,
                 answer=data.answer,
                 reason=data.reason,
+                proposal_id=data.proposal_id,
             )
 
         return await api.post(  # type: ignore[return-value]
@@ -126,6 +127,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                     proposal_id=proposal_id,
                     answer=answer,
                     reason=data.reason,
+                    grant=getattr(data, "grant", "once"),
                 )
 
             return await api.post(  # type: ignore[return-value]

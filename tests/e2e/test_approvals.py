@@ -1,0 +1,167 @@
+"""Approvals through the real processes: money is never covered by "always", and a decision
+about a call that has an action contract is answered only on its proposal, where its frozen
+preview is shown (seed 003: an approval means something only if Writ can say exactly what
+was approved; seed 000: no standing grant covers a code executor, nor here a payment)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import asyncpg
+import httpx
+import pytest
+
+from schemas.host import CommandResult
+from tests.e2e.conftest import Host
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+AGENT = "billing-assistant"
+
+
+@pytest.fixture
+def payments(stack: Stack) -> Any:
+    with httpx.Client(base_url=stack.payments_url, timeout=5) as client:
+        yield client
+
+
+def _charges(payments: httpx.Client, operation_id: str) -> list[dict[str, Any]]:
+    return [
+        c
+        for c in payments.get("/_control/charges").json()
+        if c["reference"].endswith(f":{operation_id}")
+    ]
+
+
+async def _charge(host: Host, cents: int, principal: str) -> CommandResult:
+    """A host asks for a charge on behalf of `principal`; the first result it gets back."""
+    command = host.command(
+        action="payment.charge.create",
+        agent=AGENT,
+        principal=principal,
+        arguments={
+            "customer_id": "ACME-42",
+            "amount_cents": cents,
+            "currency": "EUR",
+            "description": "Expedited shipping for order 7781",
+        },
+    )
+    await host.submit(command)
+    return await host.wait_command(command.request_id)
+
+
+async def _settled(host: Host, request_id: str) -> CommandResult:
+    with anyio.fail_after(60):
+        while True:
+            for r in await host.results(request_id):
+                if isinstance(r, CommandResult) and r.status not in (
+                    "pending",
+                    "dispatching",
+                    "awaiting_human",
+                ):
+                    return r
+            await anyio.sleep(0.1)
+
+
+async def _grants(db: asyncpg.Connection) -> list[tuple[str, str]]:
+    rows = await db.fetch(
+        "SELECT agent, family FROM governance.standing_grants WHERE tenant = 'acme' AND agent = $1",
+        AGENT,
+    )
+    return [(r["agent"], r["family"]) for r in rows]
+
+
+async def _pending_answer(db: asyncpg.Connection, pending_id: str) -> Any:
+    return await db.fetchval(
+        "SELECT answer FROM governance.pending WHERE pending_id = $1", uuid.UUID(pending_id)
+    )
+
+
+async def test_a_charge_approved_once_leaves_the_next_charge_by_another_principal_asking(
+    host: Host, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
+    first = await _charge(host, 4900, "alice@acme.example")
+    assert first.status == "awaiting_human" and first.proposal is not None, first
+    assert first.pending_id is not None
+    options = await db.fetchval(
+        "SELECT options FROM governance.pending WHERE pending_id = $1",
+        uuid.UUID(first.pending_id),
+    )
+    assert list(options) == ["once", "deny"]  # money: never "always"
+
+    # "always" is refused on the proposal too, and writes no grant.
+    refused = await host.wait_approval(
+        await host.approve(first.proposal.proposal_id, grant="always")
+    )
+    assert (refused.status, refused.code) == ("not_approvable", "INVALID_ANSWER"), refused
+    assert await _grants(db) == []
+    assert await _pending_answer(db, first.pending_id) is None
+
+    # Once, answered where the preview is shown: the 49.00 EUR charge runs, once.
+    taken = await host.decide(first.pending_id, "once", proposal_id=first.proposal.proposal_id)
+    assert taken.accepted, taken
+    done = await _settled(host, first.request_id)
+    assert (done.status, done.outcome) == ("succeeded", "succeeded"), done
+    [made] = _charges(payments, done.operation_id or "")
+    assert made["amount_cents"] == 4900
+    assert await _grants(db) == []
+
+    # A 990.00 EUR charge by another principal asks again; nothing is charged meanwhile.
+    second = await _charge(host, 99000, "bob@acme.example")
+    assert second.status == "awaiting_human" and second.proposal is not None, second
+    assert second.pending_id not in (None, first.pending_id)
+    await anyio.sleep(1.0)
+    assert not [c for c in payments.get("/_control/charges").json() if c["amount_cents"] == 99000]
+
+
+async def test_a_standing_grant_for_the_family_does_not_cover_a_charge(
+    host: Host, db: asyncpg.Connection
+) -> None:
+    await db.execute(
+        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+        "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') ON CONFLICT DO NOTHING",
+        AGENT,
+    )
+    try:
+        asked = await _charge(host, 4900, "alice@acme.example")
+        assert asked.status == "awaiting_human", asked
+        line = await db.fetchval(
+            "SELECT line FROM governance.decisions WHERE decision_id = $1",
+            uuid.UUID(asked.pending_id or ""),
+        )
+        assert line == 5
+    finally:
+        await db.execute(
+            "DELETE FROM governance.standing_grants WHERE tenant = 'acme' AND agent = $1", AGENT
+        )
+
+
+async def test_a_decision_about_a_proposal_is_refused_without_its_proposal(
+    host: Host, db: asyncpg.Connection
+) -> None:
+    asked = await _charge(host, 4900, "alice@acme.example")
+    other = await _charge(host, 5100, "alice@acme.example")
+    assert asked.pending_id and asked.proposal and other.proposal
+
+    for answer in ("once", "always", "deny"):
+        blind = await host.decide(asked.pending_id, answer)
+        assert (blind.accepted, blind.code) == (False, "PROPOSAL_REQUIRED"), blind
+    wrong = await host.decide(asked.pending_id, "once", proposal_id=other.proposal.proposal_id)
+    assert (wrong.accepted, wrong.code) == (False, "PROPOSAL_MISMATCH"), wrong
+    always = await host.decide(asked.pending_id, "always", proposal_id=asked.proposal.proposal_id)
+    assert (always.accepted, always.code) == (False, "INVALID_ANSWER"), always
+    assert await _pending_answer(db, asked.pending_id) is None
+    assert await _grants(db) == []
+
+    denied = await host.decide(
+        asked.pending_id, "deny", proposal_id=asked.proposal.proposal_id, reason="not agreed"
+    )
+    assert denied.accepted, denied
+    assert await _pending_answer(db, asked.pending_id) == "deny"
+    state = await db.fetchval(
+        "SELECT state FROM admission.proposals WHERE public_id = $1", asked.proposal.proposal_id
+    )
+    assert state == "rejected"
