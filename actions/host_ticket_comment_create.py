@@ -43,6 +43,7 @@ class TicketFacts(msgspec.Struct, frozen=True, kw_only=True):
     customer_id: str = ""
     subject: str = ""
     status: str = ""
+    priority: str = ""
     revision: Revision
     comments: int = 0
 

@@ -10,6 +10,7 @@ import anyio
 import msgspec
 import nats
 
+from actions import ACTIONS
 from libs.deadline import timed_request
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
@@ -78,6 +79,17 @@ async def resolve(
     return 0 if answer.ok else 1
 
 
+def _described(action: str, preview: dict[str, Any]) -> list[tuple[str, str]]:
+    """A preview as its contract says it to a person (money as an amount and a currency)."""
+    contract = ACTIONS.get(action)
+    try:
+        if contract is None:
+            raise ValueError(action)
+        return contract.describe(contract.decode_preview(preview))
+    except (ValueError, msgspec.ValidationError):
+        return [(k.replace("_", " "), str(v)) for k, v in preview.items()]
+
+
 async def list_pending(nats_url: str, tenant: str) -> int:
     """Print the tenant's decisions waiting for a person; exit status 0."""
     answer = await _ask(
@@ -103,8 +115,8 @@ async def list_pending(nats_url: str, tenant: str) -> int:
         )
         if (proposal := about.get(d.pending_id)) is not None:
             print(f"    proposal  {proposal.proposal_id}")
-            for label, value in proposal.preview.items():
-                print(f"      {label.replace('_', ' ')}: {value}")
+            for label, value in _described(proposal.action, proposal.preview):
+                print(f"      {label}: {value}")
             print(f"    answer it with --proposal {proposal.proposal_id}")
     return 0
 

@@ -102,7 +102,8 @@ async def test_an_unattended_run_stops_at_an_ask_and_resumes_once_when_answered(
     assert listed.returncode == 0 and pending_id in listed.stdout
     # A charge moves money: asked every time, once or deny, shown with its preview.
     assert "payment.charge.create" in listed.stdout and "once | deny" in listed.stdout
-    assert f"proposal  {proposal_id}" in listed.stdout and "amount" in listed.stdout
+    assert f"proposal  {proposal_id}" in listed.stdout
+    assert "Amount to charge: 49.00 EUR" in listed.stdout
 
     # The decision is about a proposal: answered only where its preview is shown.
     blind = writ(stack, "decide", pending_id, "once")

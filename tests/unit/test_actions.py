@@ -978,3 +978,49 @@ def test_an_undeclared_consequential_contract_defaults_to_never() -> None:
         False,
         True,
     ]
+
+
+def test_a_charge_reads_as_an_amount_and_a_currency_never_cents() -> None:
+    charge = ACTIONS["payment.charge.create"]
+    frozen = charge.resolve(
+        charge.decode_request({**VALID["payment.charge.create"], "amount_cents": 4200}), None
+    )
+    lines = dict(charge.describe(frozen.preview))
+    assert lines["Amount to charge"] == "42.00 " + frozen.preview.currency
+    assert not any("cents" in label.lower() for label in lines)
+
+
+def test_a_ticket_update_states_each_change_from_the_facts_the_page_shows() -> None:
+    update = ACTIONS["host.ticket.update"]
+    facts = update.decode_facts({**TICKET, "status": "open", "priority": "low"})
+    frozen = update.resolve(
+        update.decode_request({"ticket_id": "T-1001", "status": "pending", "priority": "high"}),
+        facts,
+    )
+    assert frozen.preview.changes == {"status": "open -> pending", "priority": "low -> high"}
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"ticket_id": "T-1001", "status": "pending"},
+        {"ticket_id": "T-1001", "priority": "low"},
+        {"ticket_id": "T-1001", "status": "pending", "priority": "low"},
+    ],
+)
+def test_a_ticket_update_that_changes_nothing_is_invalid(request_: dict[str, Any]) -> None:
+    update = ACTIONS["host.ticket.update"]
+    facts = update.decode_facts({**TICKET, "status": "pending", "priority": "low"})
+    with pytest.raises(Invalid, match="nothing would change"):
+        update.resolve(update.decode_request(request_), facts)
+
+
+def test_a_ticket_update_leaves_out_a_field_already_at_its_value() -> None:
+    update = ACTIONS["host.ticket.update"]
+    facts = update.decode_facts({**TICKET, "status": "pending", "priority": "low"})
+    frozen = update.resolve(
+        update.decode_request({"ticket_id": "T-1001", "status": "pending", "priority": "high"}),
+        facts,
+    )
+    assert frozen.preview.changes == {"priority": "low -> high"}
+    assert update.provider_call(frozen.arguments).body == {"priority": "high"}
