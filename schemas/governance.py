@@ -76,6 +76,9 @@ class DecideRequest(Command):
     # For an `mcp:` tool: the digest of the tool as retrieval listed it just now. A digest that
     # is not the one the operator classified is refused (the tool changed, or was never listed).
     tool_digest: Digest | None = None
+    # How long an ask about this call stays open (a proposal's time to live): past it, the
+    # pending decision is closed as a deny by the clock, so nothing answers an expired one.
+    ask_open_s: Annotated[int, msgspec.Meta(ge=1, le=366 * 86400)] | None = None
 
 
 class Decision(Event):

@@ -52,6 +52,18 @@ class ProposalApprovals(_Base):
             or (proposal.decision_id != answered.pending_id)
         ):
             return  # already acted on (a redelivery, or approved by its id), or not ours
+        if (
+            answered.answer == "deny"
+            and answered.answered_by == "nobody"  # governance's clock: the proposal expired
+            and await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
+        ):
+            await self._refuse(
+                _proposal_message(proposal),
+                "rejected",
+                f"the proposal expired unanswered ({answered.reason})"[:500],
+                answered.decision_id,
+            )
+            return
         if answered.answer == "deny":
             await self._reject(
                 proposal, answered.answered_by, answered.reason, answered.decision_id
@@ -69,8 +81,13 @@ class ProposalApprovals(_Base):
                 ans, "not_approvable", reason="no such proposal", code="UNKNOWN_PROPOSAL"
             )
             return
-        if ans.pending_id is not None and ans.pending_id != proposal.decision_id:
-            # A decision answered on a proposal must be that proposal's own.
+        if (
+            ans.pending_id is not None
+            and proposal.state == "pending"
+            and ans.pending_id != proposal.decision_id
+        ):
+            # A decision answered on a proposal must be that proposal's own (once answered,
+            # the proposal's state says what became of it, whoever asks).
             await self._reply(
                 ans,
                 "not_approvable",

@@ -40,9 +40,17 @@ SELECT p.request_id, p.public_id, p.action, coalesce(p.preview, '{}'::jsonb) AS 
        p.expires_at, p.state, p.reason
 FROM admission.proposals p WHERE p.tenant = $1 AND p.operation_key = $2
 ORDER BY p.created_at DESC LIMIT 1"""
-_PROPOSALS: Final = """
-SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{}'::jsonb) AS preview,
-       encode(p.request_hash, 'hex') AS request_hash, p.state, p.expires_at,
+# A proposal's state as the API lists it: `executing` until its command has its outcome, then
+# `completed` (the outcome says how, `unknown` included: reconciliation follows the command);
+# `pending` past its expiry is `expired`, whether or not anyone tried to approve it since.
+_STATE: Final = """CASE
+    WHEN p.state = 'executing' AND c.state IN ('succeeded', 'failed', 'denied', 'expired',
+                                               'revision_required', 'unknown') THEN 'completed'
+    WHEN p.state = 'pending' AND p.expires_at <= now() THEN 'expired'
+    ELSE p.state END"""
+_PROPOSALS: Final = f"""
+SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{{}}'::jsonb) AS preview,
+       encode(p.request_hash, 'hex') AS request_hash, {_STATE} AS state, p.expires_at,
        p.decision_id::text AS decision_id, p.reason, p.approved_by,
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
        c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
@@ -157,7 +165,7 @@ class AdmissionReads:
         query, args = _PROPOSALS, [ask.tenant]
         if ask.state is not None:
             args.append(ask.state)
-            query += f" AND p.state = ${len(args)}"
+            query += f" AND {_STATE} = ${len(args)}"
         if ask.run_id is not None:
             args.append(ask.run_id)
             query += f" AND p.run_id = ${len(args)}"

@@ -332,6 +332,7 @@ class GovernanceService:
                     policy_version=r.policy_version,
                     proposal_id=r.proposal_id,
                     attended=r.attended,
+                    ask_open_s=r.ask_open_s,
                 )
             except Exception as exc:
                 log.warning("cannot record decision: %r", exc)
@@ -384,6 +385,7 @@ class GovernanceService:
                         policy_version=known.policy_version if known else "unreadable",
                         proposal_id=ask.proposal_id,
                         attended=known.attended if known else False,
+                        ask_open_s=ask.ask_open_s,
                     )
                 )
             decisions = []
@@ -606,7 +608,7 @@ class GovernanceService:
                 "409"
                 if outcome.reason.startswith("already answered")
                 else "410"
-                if outcome.reason.startswith("no such")
+                if outcome.reason.startswith("no such") or outcome.code == "EXPIRED"
                 else "422"
                 if outcome.code in ("INVALID_ANSWER", "PROPOSAL_REQUIRED")
                 else "403"
@@ -650,14 +652,15 @@ class GovernanceService:
         )
 
     async def deny_overdue(self) -> None:
-        """An attended ask nobody answered within five minutes is a deny."""
-        for tenant, pending_id in await self._store.overdue():
+        """An ask nobody answered in time is a deny: an attended one after five minutes, any
+        other once its proposal expired (the decision closes with it)."""
+        for tenant, pending_id, why in await self._store.overdue():
             outcome = await self._store.answer(
                 tenant=tenant,
                 pending_id=pending_id,
                 answer="deny",
                 answered_by="nobody",
-                reason="no answer within 5 minutes",
+                reason=why,
                 by_clock=True,
             )
             if isinstance(outcome, Answered):

@@ -15,6 +15,7 @@ import pytest
 
 from schemas.host import CommandResult
 from tests.e2e.conftest import Host
+from tests.e2e.test_http_api import auth
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -165,3 +166,115 @@ async def test_a_decision_about_a_proposal_is_refused_without_its_proposal(
         "SELECT state FROM admission.proposals WHERE public_id = $1", asked.proposal.proposal_id
     )
     assert state == "rejected"
+
+
+async def test_maker_checker_compares_canonical_principals(
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
+    # The demo tenants' issuer declares e-mail principals: one person whatever the case.
+    asked = await _charge(host, 4900, "alice@acme.example")
+    assert asked.proposal is not None
+    shouted = stack.token("acme", "Alice@ACME.example", roles=["approver"])
+    refused = await host.wait_approval(
+        await host.approve(asked.proposal.proposal_id, token=shouted)
+    )
+    assert (refused.status, refused.code) == ("not_approvable", "SEPARATION_OF_DUTIES"), refused
+    answered = await host.decide(
+        asked.pending_id or "", "once", token=shouted, proposal_id=asked.proposal.proposal_id
+    )
+    assert (answered.accepted, answered.code) == (False, "SEPARATION_OF_DUTIES"), answered
+    assert await _pending_answer(db, asked.pending_id or "") is None
+    # And a run requested as `ALICE@acme.example` is recorded as alice's.
+    principal = await db.fetchval(
+        "SELECT principal FROM admission.proposals WHERE public_id = $1",
+        asked.proposal.proposal_id,
+    )
+    assert principal == "alice@acme.example"
+    shouting = await _charge(host, 5000, "ALICE@acme.example")
+    assert shouting.proposal is not None
+    assert (
+        await db.fetchval(
+            "SELECT principal FROM admission.proposals WHERE public_id = $1",
+            shouting.proposal.proposal_id,
+        )
+        == "alice@acme.example"
+    )
+
+
+def _proposals(stack: Stack, state: str) -> list[str]:
+    with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+        got = api.get(
+            "/proposals",
+            params={"state": state, "limit": 500},
+            headers=auth(stack, principal="ops@acme.example", roles=["approver"]),
+        )
+    assert got.status_code == 200, got.text
+    return [p["proposal_id"] for p in got.json()["proposals"]]
+
+
+async def test_a_finished_proposal_is_listed_completed(
+    stack: Stack, host: Host, payments: httpx.Client
+) -> None:
+    asked = await _charge(host, 4900, "alice@acme.example")
+    assert asked.proposal is not None and asked.pending_id is not None
+    proposal_id = asked.proposal.proposal_id
+    assert proposal_id in _proposals(stack, "pending")
+    taken = await host.decide(asked.pending_id, "once", proposal_id=proposal_id)
+    assert taken.accepted, taken
+    done = await _settled(host, asked.request_id)
+    assert done.status == "succeeded", done
+    assert proposal_id in _proposals(stack, "completed")
+    assert proposal_id not in _proposals(stack, "executing")
+    assert proposal_id not in _proposals(stack, "pending")
+
+
+async def test_an_expired_proposal_closes_its_decision(
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
+    asked = await _charge(host, 4900, "alice@acme.example")
+    assert asked.proposal is not None and asked.pending_id is not None
+    deadline = await db.fetchval(
+        "SELECT deadline FROM governance.pending WHERE pending_id = $1",
+        uuid.UUID(asked.pending_id),
+    )
+    assert deadline is not None  # it closes when the proposal expires, not never
+    # Its time passes.
+    await db.execute(
+        "UPDATE admission.proposals SET expires_at = now() - interval '2 seconds' "
+        "WHERE public_id = $1",
+        asked.proposal.proposal_id,
+    )
+    await db.execute(
+        "UPDATE governance.pending SET deadline = now() - interval '1 second' "
+        "WHERE pending_id = $1",
+        uuid.UUID(asked.pending_id),
+    )
+    with anyio.fail_after(30):
+        while await _pending_answer(db, asked.pending_id) is None:
+            await anyio.sleep(0.2)
+    row = await db.fetchrow(
+        "SELECT answer, answered_by, answer_reason FROM governance.pending WHERE pending_id = $1",
+        uuid.UUID(asked.pending_id),
+    )
+    assert (row["answer"], row["answered_by"]) == ("deny", "nobody")
+    with anyio.fail_after(30):
+        while (
+            await db.fetchval(
+                "SELECT state FROM admission.proposals WHERE public_id = $1",
+                asked.proposal.proposal_id,
+            )
+            != "expired"
+        ):
+            await anyio.sleep(0.2)
+    final = await _settled(host, asked.request_id)
+    assert final.status == "rejected" and "expired" in (final.error.message if final.error else "")
+    assert asked.proposal.proposal_id in _proposals(stack, "expired")
+    # Nothing is left to answer, through either door.
+    late = await host.decide(asked.pending_id, "once", proposal_id=asked.proposal.proposal_id)
+    assert not late.accepted
+    with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+        listed = api.get(
+            "/pending-decisions",
+            headers=auth(stack, principal="ops@acme.example", roles=["approver"]),
+        ).json()["decisions"]
+    assert asked.pending_id not in [d["pending_id"] for d in listed]

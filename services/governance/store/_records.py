@@ -67,6 +67,7 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
         "INVALID_ANSWER",
         "SEPARATION_OF_DUTIES",
         "PROPOSAL_REQUIRED",
+        "EXPIRED",
     ] = "UNKNOWN_PENDING"
 
 
@@ -91,6 +92,7 @@ class ToRecord(msgspec.Struct, frozen=True, kw_only=True):
     policy_version: str
     proposal_id: str | None = None
     attended: bool = False
+    ask_open_s: int | None = None  # an ask's pending decision closes after this long
 
 
 def decision_row(

@@ -9,7 +9,7 @@ writes its audit journal row in the same transaction.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
@@ -182,8 +182,12 @@ class GovernanceStore(BudgetStore):
         policy_version: str,
         proposal_id: str | None = None,
         attended: bool = False,
+        ask_open_s: int | None = None,
     ) -> str:
-        """Persist the decision (and, for an ask, its pending decision) in one transaction."""
+        """Persist the decision (and, for an ask, its pending decision) in one transaction.
+
+        An ask's pending decision closes (deny, by the clock) after 5 minutes when a person is
+        watching, and after `ask_open_s` (its proposal's time to live) in any case."""
         decision_id, decision, event = decision_row(
             tenant=tenant,
             run_id=run_id,
@@ -203,7 +207,11 @@ class GovernanceStore(BudgetStore):
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(_INSERT_DECISION, *decision)
-                deadline = datetime.now(UTC) + ATTENDED_ASK_TIMEOUT if attended else None
+                now = datetime.now(UTC)
+                deadlines = ([now + ATTENDED_ASK_TIMEOUT] if attended else []) + (
+                    [now + timedelta(seconds=ask_open_s)] if ask_open_s else []
+                )
+                deadline = min(deadlines) if deadlines else None
                 event.update(options=list(ruling.options), deadline=deadline)
                 await self._write(
                     conn,
@@ -377,6 +385,16 @@ class GovernanceStore(BudgetStore):
             )
             if row is None:
                 return NotAnswerable(reason="no such pending decision")
+            if (
+                row["answer"] is None
+                and not by_clock
+                and row["deadline"] is not None
+                and row["deadline"] <= datetime.now(UTC)
+            ):
+                return NotAnswerable(
+                    reason="the decision expired unanswered: nothing may be answered now",
+                    code="EXPIRED",
+                )
             if row["answer"] is not None:
                 if same_again and row["answer"] == answer:
                     return Answered(
@@ -537,14 +555,24 @@ class GovernanceStore(BudgetStore):
             policy_version=row["policy_version"],
         )
 
-    async def overdue(self, limit: int = 100) -> list[tuple[str, str]]:
-        """(tenant, pending id) of attended asks nobody answered in time."""
+    async def overdue(self, limit: int = 100) -> list[tuple[str, str, str]]:
+        """(tenant, pending id, why) of asks nobody answered in time: an attended ask after
+        5 minutes, any other once its proposal expired."""
         rows = await self._pool.fetch(
-            "SELECT tenant, pending_id::text AS pending_id FROM governance.pending "
+            "SELECT tenant, pending_id::text AS pending_id, attended FROM governance.pending "
             "WHERE answer IS NULL AND deadline < now() ORDER BY deadline LIMIT $1",
             limit,
         )
-        return [(r["tenant"], r["pending_id"]) for r in rows]
+        return [
+            (
+                r["tenant"],
+                r["pending_id"],
+                "no answer within 5 minutes"
+                if r["attended"]
+                else "no answer before the proposal expired",
+            )
+            for r in rows
+        ]
 
     async def policy_tenants(self) -> list[str]:
         """Tenants with a recorded org policy."""
