@@ -198,6 +198,8 @@ class PendingDecision(msgspec.Struct, frozen=True, kw_only=True):
     attended: bool
     deadline: ShortText | None
     created_at: ShortText
+    # About a proposal: answered on the proposal, where its frozen preview is shown.
+    about_proposal: bool = False
 
 
 class PendingDecisions(Event):

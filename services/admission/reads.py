@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, Final
 
 import asyncpg
@@ -87,6 +88,18 @@ def _detail(row: Any) -> ProposalDetail:
     )
 
 
+def _cursor(raw: str | None) -> tuple[datetime, str] | None:
+    """A page's cursor: (created_at, public id) of the last proposal before it. One that does
+    not parse starts from the first page (it names no proposal anyway)."""
+    if not raw or "|" not in raw:
+        return None
+    when, public_id = raw.split("|", 1)
+    try:
+        return datetime.fromisoformat(when), public_id
+    except ValueError:
+        return None
+
+
 class AdmissionReads:
     """Answers ingress's reads from admission's tables."""
 
@@ -161,18 +174,42 @@ class AdmissionReads:
         )
 
     async def list(self, ask: ListProposals) -> Proposals:
-        """The tenant's proposals, newest first."""
-        query, args = _PROPOSALS, [ask.tenant]
-        if ask.state is not None:
-            args.append(ask.state)
-            query += f" AND {_STATE} = ${len(args)}"
-        if ask.run_id is not None:
-            args.append(ask.run_id)
-            query += f" AND p.run_id = ${len(args)}"
-        rows = await self._pool.fetch(
-            f"{query} ORDER BY p.created_at DESC LIMIT {int(ask.limit)}", *args
+        """The tenant's proposals, newest first, a page at a time, and how many match."""
+        where, args = "", [ask.tenant]
+        for value, condition in (
+            (ask.state, _STATE),
+            (ask.run_id, "p.run_id"),
+            (ask.action, "p.action"),
+            (ask.agent, "p.agent"),
+            (ask.requester, "p.principal"),
+        ):
+            if value is not None:
+                args.append(value)
+                where += f" AND {condition} = ${len(args)}"
+        if ask.older_than_s is not None:
+            args.append(ask.older_than_s)
+            where += f" AND p.created_at <= now() - make_interval(secs => ${len(args)})"
+        total = await self._pool.fetchval(
+            f"SELECT count(*) FROM ({_PROPOSALS}{where}) AS matching", *args
         )
-        return Proposals(proposals=[_detail(r) for r in rows])
+        after = _cursor(ask.cursor)
+        if after is not None:
+            args += list(after)
+            where += f" AND (p.created_at, p.public_id) < (${len(args) - 1}, ${len(args)})"
+        rows = await self._pool.fetch(
+            f"{_PROPOSALS}{where} ORDER BY p.created_at DESC, p.public_id DESC "
+            f"LIMIT {int(ask.limit) + 1}",
+            *args,
+        )
+        page, more = rows[: ask.limit], len(rows) > ask.limit
+        last = page[-1] if page and more else None
+        return Proposals(
+            proposals=[_detail(r) for r in page],
+            total=total,
+            next_cursor=None
+            if last is None
+            else f"{last['created_at'].isoformat()}|{last['public_id']}",
+        )
 
     async def proposal(self, ask: GetProposal) -> ProposalDetail | None:
         """One proposal by its public id."""

@@ -155,7 +155,7 @@ def test_every_action_describes_its_preview_in_plain_text_lines() -> None:
         )
     )
     assert lines == [("Audience", "12 recipients (juniors)"), ("Subject", "Hi"), ("Body", "Hello")]
-    charge = ACTIONS["payment.charge.create"]  # no describe of its own: one line a field
+    charge = ACTIONS["payment.charge.create"]  # money as an amount and a currency
     assert charge.describe(
         charge.decode_preview(
             {
@@ -166,8 +166,7 @@ def test_every_action_describes_its_preview_in_plain_text_lines() -> None:
             }
         )
     ) == [
-        ("Customer id", "ACME-42"),
-        ("Amount cents", "1200"),
-        ("Currency", "EUR"),
+        ("Customer", "ACME-42"),
+        ("Amount to charge", "12.00 EUR"),
         ("Description", "Fee"),
     ]

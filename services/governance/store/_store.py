@@ -316,7 +316,8 @@ class GovernanceStore(BudgetStore):
         """The tenant's unanswered decisions, oldest first."""
         rows = await self._pool.fetch(
             "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
-            "first_argument, reason, options, attended, deadline, created_at "
+            "first_argument, reason, options, attended, deadline, created_at, "
+            "proposal_id IS NOT NULL AS about_proposal "
             "FROM governance.pending WHERE tenant = $1 AND answer IS NULL "
             "ORDER BY created_at LIMIT $2",
             tenant,
@@ -336,6 +337,7 @@ class GovernanceStore(BudgetStore):
                 attended=r["attended"],
                 deadline=r["deadline"].isoformat() if r["deadline"] else None,
                 created_at=r["created_at"].isoformat(),
+                about_proposal=r["about_proposal"],
             )
             for r in rows
         ]

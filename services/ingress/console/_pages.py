@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from datetime import UTC, datetime
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import msgspec
 
@@ -28,6 +29,7 @@ __all__ = [
     "run_page",
     "run_status",
     "time_left",
+    "when",
 ]
 
 # A command in one of these states has its outcome: the page stops following it.
@@ -51,7 +53,8 @@ def h(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _when(iso: str | None) -> datetime | None:
+def when(iso: str | None) -> datetime | None:
+    """An ISO time as an aware datetime (None: none, or not a time)."""
     if not iso:
         return None
     try:
@@ -72,13 +75,13 @@ def _span(seconds: float) -> str:
 
 def ago(iso: str | None, now: datetime) -> str:
     """How long ago."""
-    moment = _when(iso)
+    moment = when(iso)
     return "" if moment is None else _span(max(0.0, (now - moment).total_seconds()))
 
 
 def time_left(iso: str | None, now: datetime) -> str:
     """Time left before an expiry ("expired" once it passed, "no expiry" without one)."""
-    moment = _when(iso)
+    moment = when(iso)
     if moment is None:
         return "no expiry"
     left = (moment - now).total_seconds()
@@ -137,13 +140,16 @@ def inbox_page(
     viewer: Viewer,
     items: list[dict[str, Any]],
     *,
-    kind: str,
-    agent: str,
+    filters: dict[str, Any],
     agents: list[str],
+    actions: list[str],
+    counts: dict[str, int | None],
+    next_cursor: str | None,
     problems: list[str],
     now: datetime,
 ) -> str:
-    """Everything waiting for the viewer, newest first, with its filters."""
+    """What waits for the viewer, newest first: counted, filtered, a page at a time."""
+    kind, agent, action = filters["kind"], filters["agent"], filters["action"]
     kinds = "".join(
         f'<option value="{k}"{" selected" if k == kind else ""}>{label}</option>'
         for k, label in (
@@ -154,9 +160,15 @@ def inbox_page(
         )
     )
     agent_options = '<option value="">all agents</option>' + "".join(
-        f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>' for a in agents
+        f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>'
+        for a in sorted({*agents, *([agent] if agent else [])})
     )
-    src = f"/console/inbox/rows?kind={h(kind)}&amp;agent={h(agent)}"
+    action_options = '<option value="">all actions</option>' + "".join(
+        f'<option value="{h(a)}"{" selected" if a == action else ""}>{h(a)}</option>'
+        for a in actions
+    )
+    query = {k: v for k, v in filters.items() if v and k != "cursor"}
+    src = "/console/inbox/rows?" + h(urlencode({**query, "cursor": filters["cursor"]}))
     notes = "".join(f'<p class="problem">{h(p)}</p>' for p in problems)
     if "auditor" in viewer.roles:
         notes += (
@@ -164,15 +176,33 @@ def inbox_page(
             '<label>Open a run <input name="run_id" id="run-id" maxlength="128" '
             'required></label><button type="submit">Open</button></form>'
         )
+    said = {"proposal": "proposals", "decision": "decisions", "review": "reviews"}
+    count = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n is not None)
+    paging = (
+        f'<a id="next-page" href="/console/?{h(urlencode({**query, "cursor": next_cursor}))}">'
+        "Older proposals</a>"
+        if next_cursor
+        else ""
+    )
+    if filters["cursor"]:
+        paging = f'<a id="first-page" href="/console/?{h(urlencode(query))}">Newest</a> ' + paging
     body = (
-        f'<h1>Inbox</h1>{notes}<form method="get" action="/console/" class="filters">'
+        f'<h1>Inbox</h1>{notes}<p id="inbox-count" aria-live="polite">Waiting: '
+        f"{h(count or 'nothing')}</p>"
+        '<form method="get" action="/console/" class="filters">'
         f'<label>Kind <select name="kind" id="kind">{kinds}</select></label>'
         f'<label>Agent <select name="agent" id="agent">{agent_options}</select></label>'
+        f'<label>Action <select name="action" id="action">{action_options}</select></label>'
+        f'<label>Requester <input name="requester" id="requester" maxlength="256" '
+        f'value="{h(filters["requester"])}"></label>'
+        f'<label>Older than (minutes) <input name="older_than_min" id="older-than" '
+        f'inputmode="numeric" pattern="[0-9]*" maxlength="6" '
+        f'value="{h(filters["older_than_min"] or "")}"></label>'
         f'<button type="submit" id="filter">Filter</button></form>'
         f'<table class="inbox"><thead><tr><th>Kind</th><th>Agent</th><th>Action or tool'
         f"</th><th>Requester</th><th>Age</th><th>Time left</th></tr></thead>"
         f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now)}</tbody>'
-        f"</table>"
+        f'</table><nav class="paging" aria-label="Pages">{paging}</nav>'
     )
     return layout("Inbox", body, viewer)
 

@@ -261,12 +261,28 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         request: Request[Any, Any, Any],
         wanted: Annotated[ProposalState | None, QueryParameter(name="state")] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100,
+        cursor: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        action: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        requester: Annotated[str | None, QueryParameter(max_length=256)] = None,
+        older_than_s: Annotated[int | None, QueryParameter(ge=0, le=366 * 86400)] = None,
     ) -> Proposals:
-        """The tenant's proposals (those in `state`), each with its frozen preview."""
+        """The tenant's proposals (those in `state`, of this contract, agent or requester,
+        proposed at least `older_than_s` ago), newest first, each with its frozen preview: a
+        page of `limit`, `total` in all, and `next_cursor` for the next page."""
         caller = api.caller(request, role=APPROVER_ROLE)
         return await api.ask(
             PROPOSALS_LIST,
-            ListProposals(tenant=caller.tenant, state=wanted, limit=limit),
+            ListProposals(
+                tenant=caller.tenant,
+                state=wanted,
+                limit=limit,
+                cursor=cursor,
+                action=action,
+                agent=agent,
+                requester=requester,
+                older_than_s=older_than_s,
+            ),
             Proposals,
         )
 
