@@ -599,3 +599,48 @@ async def test_always_is_offered_beside_the_preview_where_a_grant_may_cover_the_
     await expect(page.locator("#preview")).to_contain_text("Called back about 7781.")
     await expect(page.locator("#approve-always")).to_contain_text("always allow")
     await page.context.close()
+
+
+async def test_250_pending_proposals_are_all_reachable_in_the_inbox(
+    browser: Any, stack: Stack
+) -> None:
+    agent = "scoped-assistant"  # asks for every note: no grant
+
+    def note(i: int) -> str:
+        with _api(stack) as api:
+            got = api.post(
+                "/commands",
+                headers={**auth(stack), **key()},
+                json={
+                    "agent": agent,
+                    "operation_key": f"inbox-{uuid.uuid4().hex[:12]}",
+                    "action": "crm.note.create",
+                    "arguments": {"customer_id": "ACME-42", "body": f"Note {i}"},
+                },
+            )
+        assert got.json()["status"] == "awaiting_human", got.text
+        return str(got.json()["proposal"]["proposal_id"])
+
+    loop = asyncio.get_running_loop()
+    made = set(await asyncio.gather(*(loop.run_in_executor(None, note, i) for i in range(250))))
+    assert len(made) == 250
+
+    page = await _signed_in(browser, stack)
+    await page.goto(_console(stack, f"?kind=proposal&agent={agent}"))
+    await expect(page.locator("#inbox-count")).to_contain_text("250 proposals")
+    seen: list[str] = []
+    while True:
+        rows = page.locator("#inbox-rows tr[data-kind=proposal]")
+        seen += [await r.get_attribute("data-id") or "" for r in await rows.all()]
+        if await page.locator("#next-page").count() == 0:
+            break
+        await page.locator("#next-page").click()
+        await expect(page.locator("#first-page")).to_be_visible()
+    assert len(seen) == len(set(seen)) == 250 and set(seen) == made
+    # Filtering by action and requester narrows the same list.
+    await page.goto(_console(stack, f"?kind=proposal&agent={agent}&action=payment.refund"))
+    await expect(page.locator("#inbox-count")).to_contain_text("0 proposals")
+    await expect(page.locator("#inbox-rows")).to_contain_text("Nothing is waiting")
+    await page.goto(_console(stack, f"?kind=proposal&agent={agent}&requester=alice%40acme.example"))
+    await expect(page.locator("#inbox-count")).to_contain_text("250 proposals")
+    await page.context.close()

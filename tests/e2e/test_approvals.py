@@ -278,3 +278,74 @@ async def test_an_expired_proposal_closes_its_decision(
             headers=auth(stack, principal="ops@acme.example", roles=["approver"]),
         ).json()["decisions"]
     assert asked.pending_id not in [d["pending_id"] for d in listed]
+
+
+async def test_250_pending_proposals_are_all_reachable_by_paging_and_filtering(
+    stack: Stack,
+) -> None:
+    agent = "scoped-assistant"  # asks for every note: no grant
+    headers = auth(stack)
+    approver = auth(stack, principal="ops@acme.example", roles=["approver"])
+    made: list[str] = []
+
+    async def note(i: int, api: httpx.AsyncClient) -> None:
+        got = await api.post(
+            "/commands",
+            headers={**headers, "Idempotency-Key": f"page-{uuid.uuid4().hex[:12]}"},
+            json={
+                "agent": agent,
+                "operation_key": f"page-{uuid.uuid4().hex[:12]}",
+                "action": "crm.note.create",
+                "arguments": {"customer_id": "ACME-42", "body": f"Note {i}"},
+            },
+        )
+        assert got.status_code == 200 and got.json()["status"] == "awaiting_human", got.text
+        made.append(got.json()["proposal"]["proposal_id"])
+
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=60) as api:
+        limiter = anyio.Semaphore(8)
+
+        async def one(i: int) -> None:
+            async with limiter:
+                await note(i, api)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(250):
+                tg.start_soon(one, i)
+        assert len(made) == 250
+
+        seen: list[str] = []
+        cursor: str | None = None
+        pages = 0
+        while True:
+            params: dict[str, Any] = {"state": "pending", "agent": agent, "limit": 40}
+            if cursor:
+                params["cursor"] = cursor
+            page = (await api.get("/proposals", params=params, headers=approver)).json()
+            assert page["total"] == 250
+            seen += [p["proposal_id"] for p in page["proposals"]]
+            pages += 1
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    assert pages == 7 and len(seen) == len(set(seen)) == 250
+    assert set(seen) == set(made)
+    with httpx.Client(base_url=stack.api_url, timeout=40) as sync:
+        by_action = sync.get(
+            "/proposals",
+            params={"state": "pending", "agent": agent, "action": "payment.refund"},
+            headers=approver,
+        ).json()
+        assert by_action["total"] == 0 and by_action["proposals"] == []
+        mine = sync.get(
+            "/proposals",
+            params={"state": "pending", "agent": agent, "requester": "alice@acme.example"},
+            headers=approver,
+        ).json()
+        assert mine["total"] == 250
+        none_yet = sync.get(
+            "/proposals",
+            params={"state": "pending", "agent": agent, "older_than_s": 86400},
+            headers=approver,
+        ).json()
+        assert none_yet["total"] == 0

@@ -266,6 +266,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
         requester: Annotated[str | None, QueryParameter(max_length=256)] = None,
         older_than_s: Annotated[int | None, QueryParameter(ge=0, le=366 * 86400)] = None,
+        run_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
     ) -> Proposals:
         """The tenant's proposals (those in `state`, of this contract, agent or requester,
         proposed at least `older_than_s` ago), newest first, each with its frozen preview: a
@@ -282,6 +283,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 agent=agent,
                 requester=requester,
                 older_than_s=older_than_s,
+                run_id=run_id,
             ),
             Proposals,
         )
