@@ -157,7 +157,8 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
     await expect(page.locator("#requester")).to_have_text("alice@acme.example")
     await expect(page.locator("#outcome")).to_contain_text("waiting for an approver")
     await expect(page.locator("#decision")).to_have_text(
-        f"{detail['decision_id']} — line 6 of decide, policy {detail['policy_version']}"
+        # A refund moves money: line 5 asks every time, whatever grants there are.
+        f"{detail['decision_id']} — line 5 of decide, policy {detail['policy_version']}"
     )
     await expect(page.locator("#facts-read")).to_contain_text(f"Read at {detail['facts_read_at']}")
     await expect(page.locator("#facts")).to_contain_text(payment_id)
@@ -507,12 +508,19 @@ async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer
     await page.locator("#kind").select_option("decision")
     await page.locator("#filter").click()
     assert await page.locator('#inbox-rows tr[data-kind="proposal"]').count() == 0
-    # ... or through the decision that asked for it, with the answers governance offers.
+    # ... and its decision is never a row of its own: it is answered on the proposal.
+    assert await page.locator(f'#inbox-rows tr[data-id="{pending_id}"]').count() == 0
+    # The decision's own address is the proposal, beside its preview, with the answers
+    # governance offers: a charge moves money, so once or deny, never always.
     await page.goto(_console(stack, f"decisions/{pending_id}"))
-    buttons = page.locator("form.answer button[name=answer]")
-    assert [await b.get_attribute("value") for b in await buttons.all()] == offered
-    await page.locator("#answer-once").click()
-    await expect(page.locator("#answered")).to_have_text("Answered once.")
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_contain_text("49.00 EUR")
+    assert offered == ["once", "deny"]
+    assert await page.locator("#approve-always").count() == 0
+    await page.locator("#approve").click()
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
     await page.goto(_console(stack, f"runs/{run_id}"))
     await expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=WAIT_MS)
     await page.context.close()

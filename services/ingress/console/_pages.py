@@ -251,6 +251,8 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
             text += "; nobody knows yet whether it happened: an operator reconciles it"
         elif p.get("command_reason") and command in FINAL_COMMAND - {"succeeded"}:
             text += f": {p['command_reason']}"
+    elif state == "expired":
+        text = "it can no longer be approved; the agent must propose it again"
     else:
         text = f"{state}" + (f": {p['reason']}" if p.get("reason") else "")
     final = "true" if proposal_final(p) else "false"
@@ -314,7 +316,9 @@ def proposal_page(
     outside)."""
     pid = h(p["proposal_id"])
     own = p.get("requester") == viewer.principal
-    expired = p["state"] == "pending" and time_left(p.get("expires_at"), now) == "expired"
+    expired = p["state"] == "expired" or (
+        p["state"] == "pending" and time_left(p.get("expires_at"), now) == "expired"
+    )
     parts = [f"<h1>{h(p['action'])}</h1>"]
     if answered:
         parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
@@ -342,7 +346,7 @@ def proposal_page(
     if run is not None:
         parts.append(f'<p id="run-state">The run is {h(run["status"])}.</p>')
     parts.append(evidence_list(run))
-    if p["state"] == "pending":
+    if p["state"] == "pending" or expired:
         if "approver" not in viewer.roles:
             parts.append('<p class="notice">Only approvers answer proposals.</p>')
         elif expired:
