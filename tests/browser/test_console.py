@@ -567,6 +567,8 @@ async def test_the_decision_door_of_a_charge_shows_its_preview_and_no_always(
     await expect(page.locator("#preview")).to_contain_text("ACME-42")
     await expect(page.locator("#approve")).to_be_visible()
     assert await page.locator("#approve-always").count() == 0  # money: never "always"
+    await expect(page.locator("#preview")).to_contain_text("49.00 EUR")
+    await page.screenshot(path=str(DOCS / "console-charge.png"), full_page=True)
     # The decision's own address is the same door.
     await page.goto(_console(stack, f"decisions/{pending_id}"))
     await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))

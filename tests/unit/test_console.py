@@ -170,3 +170,48 @@ def test_every_action_describes_its_preview_in_plain_text_lines() -> None:
         ("Amount to charge", "12.00 EUR"),
         ("Description", "Fee"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("state", "command", "kind"),
+    [
+        ("pending", None, "waiting"),
+        ("executing", "pending", "pending"),
+        ("completed", "succeeded", "succeeded"),
+        ("completed", "revision_required", "revision_required"),
+        ("completed", "unknown", "needs_reconciliation"),
+        ("completed", "failed", "terminal_failure"),
+        ("rejected", None, "rejected"),
+        ("expired", None, "expired"),
+    ],
+)
+def test_the_outcome_colour_follows_the_typed_outcome_not_the_proposal(
+    state: str, command: str | None, kind: str
+) -> None:
+    box = outcome_box(proposal(state=state, command_state=command, approved_by="ops"), NOW)
+    assert f'data-outcome="{kind}"' in box and f"outcome-{kind}" in box
+
+
+def test_a_hosts_raw_error_body_is_summarised_and_a_failure_gives_its_correlation_id() -> None:
+    raw = '{"error": {"code": 412, "detail": "revision r3 != r4", "trace": "..."}}'
+    box = outcome_box(
+        proposal(
+            state="completed",
+            command_state="revision_required",
+            approved_by="ops",
+            command_reason=raw,
+        ),
+        NOW,
+    )
+    assert "revision r3" not in box and "operators&#x27; records" in box
+    failed = outcome_box(
+        proposal(
+            state="completed",
+            command_state="failed",
+            approved_by="ops",
+            operation_id="op-9",
+            command_reason="Traceback: boom",
+        ),
+        NOW,
+    )
+    assert "correlation id op-9" in failed and "Traceback" not in failed

@@ -28,6 +28,7 @@ __all__ = [
     "review_page",
     "run_page",
     "run_status",
+    "summary",
     "time_left",
     "when",
 ]
@@ -249,18 +250,40 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
             text += f" (receipt {p['receipt']})"
         if outcome == "needs_reconciliation":
             text += "; nobody knows yet whether it happened: an operator reconciles it"
+        elif outcome == "terminal_failure":
+            text += (
+                "; it will not be retried: quote the correlation id "
+                f"{p.get('operation_id') or '?'} to an operator"
+            )
         elif p.get("command_reason") and command in FINAL_COMMAND - {"succeeded"}:
-            text += f": {p['command_reason']}"
+            text += f": {summary(p['command_reason'])}"
     elif state == "expired":
         text = "it can no longer be approved; the agent must propose it again"
     else:
         text = f"{state}" + (f": {p['reason']}" if p.get("reason") else "")
     final = "true" if proposal_final(p) else "false"
+    # The colour follows the typed outcome (or, before there is one, the proposal's state):
+    # a revision required is not a success because its proposal was approved.
+    kind = (
+        _OUTCOME.get(command or "pending", "pending")
+        if state in ("executing", "completed")
+        else {"pending": "waiting"}.get(state, state)
+    )
     return (
-        f'<div id="outcome" class="outcome state-{h(state)}" data-final="{final}" '
+        f'<div id="outcome" class="outcome state-{h(state)} outcome-{h(kind)}" '
+        f'data-outcome="{h(kind)}" data-final="{final}" '
         f'data-poll="/console/proposals/{h(p["proposal_id"])}/outcome">'
         f'<strong>{h(state)}</strong> — <span id="outcome-text">{h(text)}</span></div>'
     )
+
+
+def summary(reason: str) -> str:
+    """A command's recorded reason as a person reads it: a host's raw error body (JSON, or
+    more than a line) is summarised, never dumped; the operators' records keep it whole."""
+    text = reason.strip()
+    if text[:1] in ("{", "[") or "\n" in text or len(text) > 200:
+        return "the system of record refused it (its answer is in the operators' records)"
+    return text
 
 
 def _decision_text(p: dict[str, Any]) -> str:
