@@ -215,3 +215,28 @@ def test_a_hosts_raw_error_body_is_summarised_and_a_failure_gives_its_correlatio
         NOW,
     )
     assert "correlation id op-9" in failed and "Traceback" not in failed
+
+
+def test_a_runs_headline_states_what_writ_recorded_before_the_models_words() -> None:
+    from services.ingress.console._pages import run_page
+
+    run = {
+        "run_id": "run-1",
+        "status": "succeeded",
+        "agent": "refund-assistant",
+        "answer": "The missing discount was refunded.",
+        "actions": [
+            {
+                "action": "payment.refund",
+                "operation_id": "op-1",
+                "state": "revision_required",
+                "outcome": "revision_required",
+                "reason": "the line's discount changed since it was proposed",
+            }
+        ],
+    }
+    page = run_page(viewer(), run, [], journals=None, replay=None)
+    recorded = page.index('id="run-recorded"')
+    assert recorded < page.index('id="run-answer"')
+    assert "payment.refund: revision_required" in page[recorded:]
+    assert "The agent wrote:" in page

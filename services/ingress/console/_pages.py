@@ -485,8 +485,20 @@ def run_page(
             f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
             f"{h(run['error']['message'])}</p>"
         )
+    # What Writ recorded comes before what the model wrote: an answer saying "refunded" does
+    # not make a refund that did not succeed.
+    unsettled = [a for a in run.get("actions") or [] if a.get("outcome") not in (None, "succeeded")]
+    if unsettled:
+        recorded = "; ".join(
+            f"{a['action']}: {a.get('outcome')}"
+            + (f" ({summary(a['reason'])})" if a.get("reason") else "")
+            for a in unsettled
+        )
+        parts.append(f'<p class="problem" id="run-recorded">Writ recorded {h(recorded)}</p>')
     if run.get("answer"):
-        parts.append(f'<p id="run-answer">{h(run["answer"])}</p>')
+        parts.append(
+            f'<p id="run-answer"><span class="label">The agent wrote:</span> {h(run["answer"])}</p>'
+        )
     if run.get("pending_id"):
         pending = run["pending_id"]
         if run.get("proposal"):
