@@ -535,6 +535,10 @@ async def test_a_review_is_answered_with_a_comment_from_its_run_page(
     row = page.locator(f'tr[data-id="review-{run_id}-0"]')
     await expect(row).to_contain_text("review-assistant")
     await expect(row).to_contain_text("alice@acme.example")
+    # A made-up id is not found, and offers no form to answer.
+    made_up = await page.goto(_console(stack, f"reviews/review-{run_id}-9"))
+    assert made_up is not None and made_up.status == 404
+    assert await page.locator("#review-approve").count() == 0
     await page.goto(_console(stack, f"runs/{run_id}"))
     await page.locator(f'a[href="/console/reviews/review-{run_id}-0"]').click()
     await page.locator("textarea[name=comment]").fill("Checked against the call notes.")

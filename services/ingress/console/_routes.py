@@ -450,7 +450,13 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     async def review(
         request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
     ) -> Response[str]:
-        """A review the run's agent asked for."""
+        """A review the run's agent asked for; an id no run waits on is not found, with no
+        form to answer it."""
+        got = await client.get(viewer, "/reviews", limit="500")
+        if not got.ok:
+            raise _Bad(got.status, "Refused", got.problem)
+        if pending_id not in {r["pending_id"] for r in got.body["reviews"]}:
+            raise _Bad(404, "Not found", "no review of your tenant is waiting under this id")
         return _html(pages.review_page(viewer, pending_id))
 
     @post("/reviews/{pending_id:str}", include_in_schema=False, status_code=200)
