@@ -658,3 +658,28 @@ async def test_250_pending_proposals_are_all_reachable_in_the_inbox(
     await page.goto(_console(stack, f"?kind=proposal&agent={agent}&requester=alice%40acme.example"))
     await expect(page.locator("#inbox-count")).to_contain_text("250 proposals")
     await page.context.close()
+
+
+async def test_keyboard_only_approval_still_works_after_a_live_update(
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    page = await _signed_in(browser, stack)
+    link = page.locator(f'#inbox-rows tr[data-id="{proposal_id}"] a')
+    await link.focus()
+    # Something else comes in: the rows are replaced by the next poll.
+    _, newer = _propose_refund(stack, payments)
+    await expect(page.locator(f'#inbox-rows tr[data-id="{newer}"]')).to_be_visible()
+    focused = await page.evaluate("document.activeElement.getAttribute('href')")
+    assert focused == f"/console/proposals/{proposal_id}"
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await page.locator("#approve").focus()
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
+    # The change was announced in a live region that outlives the box it speaks for.
+    await expect(page.locator("#announce[aria-live=polite]")).to_contain_text("succeeded")
+    assert len(_refunds(payments, payment_id)) == 1
+    await page.context.close()
