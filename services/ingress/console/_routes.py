@@ -417,6 +417,9 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 headers={"Location": f"/console/proposals/{proposal_id}"},
                 media_type="text/html",
             )
+        if d.get("about_proposal"):
+            # Its proposal is no longer waiting (it expired a moment ago): nothing to answer.
+            raise _Bad(410, "Gone", "the proposal this decision is about no longer waits")
         return _html(pages.decision_page(viewer, d, now=datetime.now(UTC)))
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
