@@ -240,3 +240,8 @@ def test_a_runs_headline_states_what_writ_recorded_before_the_models_words() -> 
     assert recorded < page.index('id="run-answer"')
     assert "payment.refund: revision_required" in page[recorded:]
     assert "The agent wrote:" in page
+
+
+def test_a_proposal_page_has_a_live_region_for_its_outcome() -> None:
+    page = proposal_page(viewer(), proposal(), now=NOW)
+    assert '<p id="announce" class="visually-hidden" role="status" aria-live="polite">' in page

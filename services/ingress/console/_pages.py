@@ -346,6 +346,8 @@ def proposal_page(
     if answered:
         parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
     parts.append(outcome_box(p, now))
+    # The page's script says each change of the outcome here (the box itself is replaced).
+    parts.append('<p id="announce" class="visually-hidden" role="status" aria-live="polite"></p>')
     parts.append("<h2>What approving it does</h2>")
     parts.append(_preview_lines(p["action"], p["preview"]))
     parts.append(
