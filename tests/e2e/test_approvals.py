@@ -224,6 +224,15 @@ async def test_a_finished_proposal_is_listed_completed(
     done = await _settled(host, asked.request_id)
     assert done.status == "succeeded", done
     assert proposal_id in _proposals(stack, "completed")
+    # Auditors read it (and answer nothing); a token with neither role is refused.
+    with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+        read = api.get(
+            f"/proposals/{proposal_id}",
+            headers=auth(stack, principal="audit@acme.example", roles=["auditor"]),
+        )
+        assert (read.status_code, read.json()["state"]) == (200, "completed"), read.text
+        refused = api.get(f"/proposals/{proposal_id}", headers=auth(stack))
+        assert refused.status_code == 403
     assert proposal_id not in _proposals(stack, "executing")
     assert proposal_id not in _proposals(stack, "pending")
 

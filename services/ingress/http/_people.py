@@ -294,15 +294,18 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         tags=["people"],
         responses=problems(
             s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-            s403="FORBIDDEN: the approver role is missing",
+            s403="FORBIDDEN: neither the approver nor the auditor role",
             s404="NOT_FOUND: no proposal of the tenant under this id",
         ),
     )
     async def proposal(
         request: Request[Any, Any, Any], proposal_id: FromPath[str]
     ) -> ProposalDetail:
-        """The frozen preview, the request hash, the expiry, the decision that asked."""
-        caller = api.caller(request, role=APPROVER_ROLE)
+        """The frozen preview, the request hash, the expiry, the decision that asked: for
+        approvers, and for auditors (read-only: they answer nothing)."""
+        caller = api.caller(request)
+        if not caller.roles & {APPROVER_ROLE, AUDITOR_ROLE}:
+            raise ApiError("FORBIDDEN", "this needs the approver or auditor role")
         return await api.ask(
             PROPOSAL_GET, GetProposal(tenant=caller.tenant, proposal_id=proposal_id), ProposalDetail
         )
