@@ -115,6 +115,7 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     facts_read_at: ShortText | None = None
     decision_line: int | None = None
     policy_version: ShortText | None = None
+    approved_at: ShortText | None = None  # when the approval that admitted it was given
 
 
 class Proposals(msgspec.Struct, frozen=True, kw_only=True):

@@ -52,7 +52,7 @@ _STATE: Final = """CASE
 _PROPOSALS: Final = f"""
 SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{{}}'::jsonb) AS preview,
        encode(p.request_hash, 'hex') AS request_hash, {_STATE} AS state, p.expires_at,
-       p.decision_id::text AS decision_id, p.reason, p.approved_by,
+       p.decision_id::text AS decision_id, p.reason, p.approved_by, p.approved_at,
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
        c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
        p.facts_read_at, p.decision_line,
@@ -74,6 +74,7 @@ def _detail(row: Any) -> ProposalDetail:
         decision_id=row["decision_id"],
         reason=row["reason"],
         approved_by=row["approved_by"],
+        approved_at=row["approved_at"] and row["approved_at"].isoformat(),
         operation_id=row["operation_id"],
         command_state=row["command_state"],
         receipt=row["receipt"],

@@ -231,6 +231,7 @@ async def test_a_finished_proposal_is_listed_completed(
             headers=auth(stack, principal="audit@acme.example", roles=["auditor"]),
         )
         assert (read.status_code, read.json()["state"]) == (200, "completed"), read.text
+        assert read.json()["approved_by"] == "ops@acme.example" and read.json()["approved_at"]
         refused = api.get(f"/proposals/{proposal_id}", headers=auth(stack))
         assert refused.status_code == 403
     assert proposal_id not in _proposals(stack, "executing")

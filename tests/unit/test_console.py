@@ -245,3 +245,18 @@ def test_a_runs_headline_states_what_writ_recorded_before_the_models_words() -> 
 def test_a_proposal_page_has_a_live_region_for_its_outcome() -> None:
     page = proposal_page(viewer(), proposal(), now=NOW)
     assert '<p id="announce" class="visually-hidden" role="status" aria-live="polite">' in page
+
+
+def test_a_proposal_page_says_who_approved_it_and_when() -> None:
+    page = proposal_page(
+        viewer(),
+        proposal(
+            state="completed",
+            command_state="succeeded",
+            approved_by="ops@acme.example",
+            approved_at="2026-12-07T10:00:00+00:00",
+        ),
+        now=NOW,
+    )
+    assert 'id="approved">by ops@acme.example at 2026-12-07T10:00:00+00:00' in page
+    assert 'id="approved"' not in proposal_page(viewer(), proposal(), now=NOW)

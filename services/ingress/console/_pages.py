@@ -364,7 +364,13 @@ def proposal_page(
         f"({h(time_left(p.get('expires_at'), now))})</td></tr>"
         f'<tr><th scope="row">Decision that asked</th><td id="decision">'
         f"{h(_decision_text(p))}</td></tr>"
-        f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
+        + (
+            f'<tr><th scope="row">Approved</th><td id="approved">by '
+            f"{h(p.get('approved_by'))} at {h(p.get('approved_at'))}</td></tr>"
+            if p.get("approved_by")
+            else ""
+        )
+        + f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
         f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>'
     )
     parts.append(_facts(p))
