@@ -683,3 +683,21 @@ async def test_keyboard_only_approval_still_works_after_a_live_update(
     assert await page.locator("#announce[aria-live=polite]").count() == 1
     assert len(_refunds(payments, payment_id)) == 1
     await page.context.close()
+
+
+async def test_the_inbox_fits_a_390_px_phone(
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
+    _, proposal_id = _propose_refund(stack, payments)
+    context = await browser.new_context(viewport={"width": 390, "height": 844})
+    page = await context.new_page()
+    await page.goto(stack.console_link())
+    await expect(page.locator(f'#inbox-rows tr[data-id="{proposal_id}"]')).to_be_visible()
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, width
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_be_visible()
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, width
+    await page.screenshot(path=str(DOCS / "console-phone.png"), full_page=False)
+    await context.close()
