@@ -28,7 +28,7 @@ from writ.stack import Stack
 # first test also starts the deployment.
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(300)]
 
-# The README's screenshots: rewritten in docs/ with WRIT_UPDATE_SCREENSHOTS=1, else taken
+# The docs' screenshots: rewritten in docs/ with WRIT_UPDATE_SCREENSHOTS=1, else taken
 # into a scratch folder (a test run leaves the work tree as it found it).
 DOCS = (
     Path(__file__).resolve().parents[2] / "docs"
