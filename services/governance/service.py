@@ -94,6 +94,9 @@ class GovernanceService:
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
+        # Contracts no standing grant may cover: "always" is refused for them at the answer
+        # too, even where a decision recorded before said otherwise.
+        self._never_always = frozenset(n for n, c in ACTIONS.items() if not c.grant_may_cover())
         self._ask_decoder = msgspec.json.Decoder(DecideRequest)
         self._batch_decoder = msgspec.json.Decoder(DecideBatch)
         self._encoder = msgspec.json.Encoder()
@@ -556,6 +559,7 @@ class GovernanceService:
             answer=answer.answer,
             answered_by=answer.principal,
             reason=answer.reason,
+            never_always=self._never_always,
         )
         code: str | None = None
         if isinstance(outcome, Answered):
@@ -602,6 +606,7 @@ class GovernanceService:
                 reason=answer.reason,
                 same_again=True,
                 proposal_id=answer.proposal_id,
+                never_always=self._never_always,
             )
         if isinstance(outcome, NotAnswerable):
             code = (

@@ -453,3 +453,24 @@ async def test_a_proposals_decision_closes_when_the_proposal_expires(store) -> N
     )
     assert isinstance(closed, Answered) and closed.answer == "deny"
     assert await gov.pending("acme") == []
+
+
+async def test_always_is_refused_for_a_contract_no_grant_may_cover_whatever_was_recorded(
+    store,
+) -> None:  # type: ignore[no-untyped-def]
+    # Asked before the contract said "never": the recorded options still offer "always".
+    gov, admin = store
+    pending = await _ask(gov, WRITE)
+    assert "always" in (await gov.pending("acme"))[0].options
+    refused = await gov.answer(
+        tenant="acme",
+        pending_id=pending,
+        answer="always",
+        answered_by="ops@acme",
+        reason="",
+        proposal_id=_PROPOSAL_OF[pending],
+        never_always=frozenset({WRITE.tool}),
+    )
+    assert isinstance(refused, NotAnswerable) and refused.code == "INVALID_ANSWER"
+    assert await admin.fetchval("SELECT count(*) FROM governance.standing_grants") == 0
+    assert [p.pending_id for p in await gov.pending("acme")] == [pending]

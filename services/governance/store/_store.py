@@ -364,6 +364,7 @@ class GovernanceStore(BudgetStore):
         same_again: bool = False,
         proposal_id: str | None = None,
         by_clock: bool = False,
+        never_always: frozenset[str] = frozenset(),
     ) -> Answered | NotAnswerable:
         """Take a person's (or the clock's) answer, once; `always` writes its grant or rule.
 
@@ -374,6 +375,9 @@ class GovernanceStore(BudgetStore):
         `proposal_id`: the proposal admission showed the approver. A decision about a proposal
         is answered only with it (one door per effect: where its frozen preview is shown), or
         by the clock (`by_clock`: unanswered is deny).
+
+        `never_always`: tools no standing grant may cover (their contracts say so): `always`
+        is refused for them whatever options a decision recorded before that was said.
         """
         if not is_uuid(pending_id):
             return NotAnswerable(reason="no such pending decision")
@@ -435,7 +439,7 @@ class GovernanceStore(BudgetStore):
                     reason="the principal who requested the run cannot approve its proposals",
                     code="SEPARATION_OF_DUTIES",
                 )
-            if answer not in row["options"]:
+            if answer not in row["options"] or (answer == "always" and row["tool"] in never_always):
                 return NotAnswerable(
                     reason=f"{answer!r} is not offered here: {', '.join(row['options'])}",
                     code="INVALID_ANSWER",
