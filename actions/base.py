@@ -20,7 +20,9 @@ from schemas.dispatcher import FactsKind
 
 __all__ = [
     "AUDIT_EVENTS",
+    "CONSEQUENTIAL",
     "ActionContract",
+    "Effect",
     "Family",
     "FactsRef",
     "Frozen",
@@ -47,6 +49,12 @@ AUDIT_EVENTS = (
     "outcome",
     "reconciled",
 )
+
+# What an action does beyond writing a record: it moves money, changes who may access what, or
+# sends something outside the organisation. Each of these is consequential: no standing grant
+# covers it unless its contract says so in as many words (`standing_grant = "allowed"`).
+Effect = Literal["money", "access", "send_outside"]
+CONSEQUENTIAL: frozenset[Effect] = frozenset({"money", "access", "send_outside"})
 
 RequestT = TypeVar("RequestT", bound=msgspec.Struct)
 ArgumentsT = TypeVar("ArgumentsT", bound=msgspec.Struct)
@@ -123,6 +131,13 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
     # the agent's own memory (line 3), and whether it proposes a profile fact (line 5: ask).
     scope: ClassVar[Literal["external", "conversation", "own_memory"]] = "external"
     profile_fact: ClassVar[bool] = False
+    # What the action does that makes it consequential, and whether a standing grant (an
+    # "always" answer, or a grant given for a run) may cover it. None: by its effects and
+    # family: an action that moves money, changes access or sends outside (its effects, or
+    # the `send_external` family) is never covered, like code execution: it asks a person
+    # every time, with once and deny only.
+    effects: ClassVar[frozenset[Effect]] = frozenset()
+    standing_grant: ClassVar[Literal["allowed", "never"] | None] = None
     # How an evaluation compares a candidate's arguments with the expected ones (`writ eval`),
     # after this contract's `resolve`: `reach` fields say how far the action goes (an amount,
     # a number of recipients, a limit), so a larger value is a widening of scope whatever else
@@ -131,6 +146,12 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
     reach: ClassVar[frozenset[str]] = frozenset()
     free_text: ClassVar[frozenset[str]] = frozenset()
     matches: ClassVar[dict[str, Literal["exact", "casefold"]]] = {}
+
+    def grant_may_cover(self) -> bool:
+        """Whether a standing grant (or a run's grant) may allow this action without asking."""
+        if self.standing_grant is not None:
+            return self.standing_grant == "allowed"
+        return not (self.effects & CONSEQUENTIAL) and self.family != "send_external"
 
     def facts_ref(self, request: RequestT) -> FactsRef | None:
         """The state this request's preview stands on (None: the request alone suffices)."""

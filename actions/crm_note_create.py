@@ -35,6 +35,7 @@ class CrmNoteCreate(ActionContract[NoteArguments, NoteArguments, NotePreview, ms
     name: ClassVar[str] = "crm.note.create"
     version: ClassVar[int] = 1
     family = "write_delete"
+    standing_grant = "allowed"  # a record of the organisation's own: a grant may cover it
     connector: ClassVar[str] = "crm"
     description: ClassVar[str] = "Add a note to a customer record."
     request = NoteArguments

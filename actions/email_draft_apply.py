@@ -66,6 +66,7 @@ class EmailDraftApply(ActionContract[DraftRequest, DraftArguments, DraftPreview,
     name: ClassVar[str] = "email.draft.apply"
     version: ClassVar[int] = 1
     family = "write_delete"
+    standing_grant = "allowed"  # a record of the organisation's own: a grant may cover it
     connector: ClassVar[str] = "local"
     description: ClassVar[str] = (
         "Copy an email draft into the editable broadcast form (it sends nothing)."

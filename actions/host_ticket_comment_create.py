@@ -43,6 +43,7 @@ class TicketFacts(msgspec.Struct, frozen=True, kw_only=True):
     customer_id: str = ""
     subject: str = ""
     status: str = ""
+    priority: str = ""
     revision: Revision
     comments: int = 0
 
@@ -73,6 +74,7 @@ class HostTicketCommentCreate(
     name: ClassVar[str] = "host.ticket.comment.create"
     version: ClassVar[int] = 1
     family = "write_delete"
+    standing_grant = "allowed"  # a record of the organisation's own: a grant may cover it
     connector: ClassVar[str] = "host"
     description: ClassVar[str] = (
         "Add a comment to a ticket in the host's helpdesk; the "

@@ -50,6 +50,7 @@ class HostTicketUpdate(ActionContract[UpdateRequest, UpdateArguments, UpdatePrev
     name: ClassVar[str] = "host.ticket.update"
     version: ClassVar[int] = 1
     family = "write_delete"
+    standing_grant = "allowed"  # a record of the organisation's own: a grant may cover it
     connector: ClassVar[str] = "host"
     description: ClassVar[str] = (
         "Change a ticket's status or priority in the host's "
@@ -70,17 +71,32 @@ class HostTicketUpdate(ActionContract[UpdateRequest, UpdateArguments, UpdatePrev
             raise Invalid("host.ticket.update changes status, priority or both: neither given")
         if facts is None:
             raise Invalid(f"ticket {request.ticket_id} was not found at the host")
+        # Each change from what the host has now (the same facts the page shows) to what is
+        # asked; a field already at the asked value is no change, and nothing to change is
+        # refused here rather than shown to a person as if it did something.
+        status = request.status if request.status != facts.status else None
+        priority = request.priority if request.priority != facts.priority else None
+        if status is None and priority is None:
+            raise Invalid(
+                f"ticket {request.ticket_id} is already "
+                + ", ".join(
+                    f"{name} {value}"
+                    for name, value in (("status", request.status), ("priority", request.priority))
+                    if value is not None
+                )
+                + ": nothing would change"
+            )
         changes = {}
-        if request.status is not None:
-            changes["status"] = f"{facts.status[:32] or '?'} -> {request.status}"
-        if request.priority is not None:
-            changes["priority"] = f"? -> {request.priority}"
+        if status is not None:
+            changes["status"] = f"{facts.status[:32] or '(none)'} -> {status}"
+        if priority is not None:
+            changes["priority"] = f"{facts.priority[:32] or '(none)'} -> {priority}"
         return Frozen(
             arguments=UpdateArguments(
                 ticket_id=request.ticket_id,
                 revision=facts.revision,
-                status=request.status,
-                priority=request.priority,
+                status=status,
+                priority=priority,
             ),
             preview=UpdatePreview(
                 ticket_id=facts.ticket_id,

@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from actions.base import ActionContract, ProviderCall, ProviderLookup
+from actions.base import ActionContract, ProviderCall, ProviderLookup, money
 
 __all__ = ["ChargeArguments", "PaymentChargeCreate"]
 
@@ -30,6 +30,7 @@ class PaymentChargeCreate(
     name: ClassVar[str] = "payment.charge.create"
     version: ClassVar[int] = 1
     family = "write_delete"
+    effects = frozenset({"money"})  # never covered by a standing grant: asked every time
     connector: ClassVar[str] = "payments"
     description: ClassVar[str] = "Charge a customer."
     request = ChargeArguments
@@ -38,6 +39,14 @@ class PaymentChargeCreate(
     reach = frozenset({"amount_cents"})
     free_text = frozenset({"description"})
     matches = {"currency": "casefold"}
+
+    def describe(self, preview: ChargeArguments) -> list[tuple[str, str]]:
+        """The amount as a person reads it, with its currency: never a count of cents."""
+        return [
+            ("Customer", preview.customer_id),
+            ("Amount to charge", money(preview.amount_cents, preview.currency)),
+            ("Description", preview.description),
+        ]
 
     def provider_call(self, arguments: ChargeArguments) -> ProviderCall:
         return ProviderCall(

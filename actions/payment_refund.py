@@ -118,6 +118,7 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
     name: ClassVar[str] = "payment.refund"
     version: ClassVar[int] = 1
     family = "write_delete"
+    effects = frozenset({"money"})  # never covered by a standing grant: asked every time
     connector: ClassVar[str] = "payments"
     description: ClassVar[str] = (
         "Refund the discount missing from one line of a payment, to the payment's own method. "

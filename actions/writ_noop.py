@@ -21,6 +21,7 @@ class WritNoop(ActionContract[NoopArguments, NoopArguments, NoopArguments, msgsp
     name: ClassVar[str] = "writ.noop"
     version: ClassVar[int] = 1
     family = "write_delete"
+    standing_grant = "allowed"  # a record of the organisation's own: a grant may cover it
     connector: ClassVar[str] = "noop"
     description: ClassVar[str] = "Do nothing, governed like any other write."
     request = NoopArguments

@@ -64,12 +64,14 @@ class DecideBody(Body, frozen=True):
     pending_id: Id
     answer: Literal["once", "always", "deny"]
     reason: ShortText = ""
+    proposal_id: Id | None = None  # required where the decision is about a proposal
 
 
 class ApproveBody(Body, frozen=True):
-    """`POST /proposals/{id}/approve`: an optional note."""
+    """`POST /proposals/{id}/approve`: an optional note, and `always` where it is offered."""
 
     reason: ShortText = ""
+    grant: Literal["once", "always"] = "once"
 
 
 class RejectBody(Body, frozen=True):

@@ -77,6 +77,9 @@ class DecideRequest(Command, frozen=True):
     # For an `mcp:` tool: the digest of the tool as retrieval listed it just now. A digest that
     # is not the one the operator classified is refused (the tool changed, or was never listed).
     tool_digest: Digest | None = None
+    # How long an ask about this call stays open (a proposal's time to live): past it, the
+    # pending decision is closed as a deny by the clock, so nothing answers an expired one.
+    ask_open_s: Annotated[int, msgspec.Meta(ge=1, le=366 * 86400)] | None = None
 
 
 class Decision(Event, frozen=True):
@@ -169,6 +172,9 @@ class AnswerDecision(Command, frozen=True):
     pending_id: Id
     answer: Answer
     reason: ShortText = ""
+    # Admission's answer for a proposal it showed (its internal id): only such an answer may
+    # settle a decision about a proposal; a person's bare answer to it is refused.
+    proposal_id: Id | None = None
 
 
 class DecisionAnswered(Event, frozen=True):
@@ -207,6 +213,8 @@ class PendingDecision(msgspec.Struct, frozen=True, kw_only=True):
     attended: bool
     deadline: ShortText | None
     created_at: ShortText
+    # About a proposal: answered on the proposal, where its frozen preview is shown.
+    about_proposal: bool = False
 
 
 class PendingDecisions(Event, frozen=True):

@@ -102,6 +102,11 @@ class HumanDecision(Command, frozen=True):
     pending_id: Id
     answer: Literal["once", "always", "deny"]
     reason: ShortText = ""
+    # A decision about a call that has an action contract is answered on its proposal, whose
+    # frozen preview the approver was shown: it must name that proposal (`GET /runs/{id}` and
+    # the run's `RunResult` carry it), or it is refused with `PROPOSAL_REQUIRED`. Naming it
+    # makes the answer an approval of the proposal (once or always) or its rejection (deny).
+    proposal_id: Id | None = None
 
 
 class ApproveProposal(Command, frozen=True):
@@ -116,6 +121,10 @@ class ApproveProposal(Command, frozen=True):
     proposal_id: Id
     answer: ApprovalAnswer
     reason: ShortText = ""
+    # `always`: approve, and let this agent's calls of the same family run without asking from
+    # now on, where the decision offers it (never for a contract that moves money, changes
+    # access or sends outside: that is refused with `INVALID_ANSWER` and grants nothing).
+    grant: Literal["once", "always"] = "once"
 
 
 class ReviewDecision(Command, frozen=True):

@@ -19,3 +19,7 @@ class ProposalAnswer(Event, frozen=True):
     proposal_id: Id
     answer: Literal["approve", "reject"]
     reason: ShortText = ""
+    grant: Literal["once", "always"] = "once"
+    # Set when the approver answered the proposal's pending decision (a `HumanDecision` naming
+    # it): the decision must be this proposal's, and the answer is a `DecisionResult`.
+    pending_id: Id | None = None

@@ -68,6 +68,15 @@ class ListProposals(Command, frozen=True):
     tenant: Tenant
     state: ProposalState | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+    run_id: Id | None = None  # only this run's proposals
+    # Paging: `Proposals.next_cursor` of the page before (opaque); every proposal is on
+    # exactly one page, however many there are.
+    cursor: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    # Filters: the contract, the agent, who asked, and proposed at least this long ago.
+    action: ShortText | None = None
+    agent: ShortText | None = None
+    requester: ShortText | None = None
+    older_than_s: Annotated[int, msgspec.Meta(ge=0, le=366 * 86400)] | None = None
 
 
 class GetProposal(Command, frozen=True):
@@ -106,12 +115,17 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     facts_read_at: ShortText | None = None
     decision_line: int | None = None
     policy_version: ShortText | None = None
+    approved_at: ShortText | None = None  # when the approval that admitted it was given
 
 
 class Proposals(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to `ListProposals`."""
 
     proposals: Annotated[list[ProposalDetail], msgspec.Meta(max_length=500)]
+    # How many match the filters in all (every page), and the cursor of the next page (None:
+    # this is the last).
+    total: int | None = None
+    next_cursor: ShortText | None = None
 
 
 # `GetRunEvents` -> `RunEvents`: a run's committed steps after `after` (its timeline).

@@ -21,6 +21,7 @@ from typing import Any, Final, TextIO
 import anyio
 from anyio.abc import TaskGroup
 
+from actions import ACTIONS
 from schemas.sessions import (
     AnySessionEvent,
     CapabilitySelected,
@@ -77,6 +78,9 @@ class ChatView:
     streamed: str = ""  # the text of the last model step that streamed, resets applied
     step: tuple[int, int] | None = None  # (turn, step) of that text
     asking: tuple[str, str] | None = None
+    # The proposal a decision that follows is about: its id, and whether "always" may be
+    # offered for it (never for money, access or sending outside).
+    proposal: tuple[str, bool] | None = None
     turn: int = 0
     closed: bool = False
     forks: list[str] = field(default_factory=list)
@@ -109,7 +113,7 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
     if isinstance(event, UserMessage):
         return _line(view, f"you: {event.text}")
     if isinstance(event, TurnStarted):
-        view.turn, view.streamed = event.turn, ""
+        view.turn, view.streamed, view.proposal = event.turn, "", None
         return _line(view, f"[turn {event.turn}]")
     if isinstance(event, CapabilitySelected):
         return _line(view, f"  · using {event.capability}")
@@ -119,6 +123,8 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
         if event.proposal_id is None:
             return _line(view, f"  · proposes {event.action}")
         view.asking = ("proposal", event.proposal_id)
+        contract = ACTIONS.get(event.action)
+        view.proposal = (event.proposal_id, contract is not None and contract.grant_may_cover())
         preview = f" {_args(event.preview)}" if event.preview else ""
         return (
             _line(view, f"[proposal {event.proposal_id}: {event.action}{preview}]")
@@ -149,20 +155,21 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
         return _line(view, f"[plan {event.answer}{': ' + event.reason if event.reason else ''}]")
     if isinstance(event, DecisionAsked):
         view.asking = ("decision", event.pending_id)
-        return (
-            _line(
-                view,
-                f"[waiting for a person's decision {event.pending_id}"
-                f"{': ' + event.message if event.message else ''}]",
-            )
-            + "allow it? y (once), always, or n (deny)\n"
+        return _line(
+            view,
+            f"[waiting for a person's decision {event.pending_id}"
+            f"{': ' + event.message if event.message else ''}]",
+        ) + (
+            "allow it? y (once), or n (deny)\n"
+            if view.proposal is not None and not view.proposal[1]
+            else "allow it? y (once), always, or n (deny)\n"
         )
     if isinstance(event, DecisionTaken):
         if view.asking == ("decision", event.pending_id):
-            view.asking = None
+            view.asking, view.proposal = None, None
         return _line(view, f"[decision {event.pending_id}: {event.answer}]")
     if isinstance(event, TurnEnded):
-        view.asking = None
+        view.asking, view.proposal = None, None
         # An answer already streamed whole is not printed again.
         answer = (
             ""
@@ -308,7 +315,10 @@ class _Chat:
             self.say(f"[proposal {ask_id} {action.kind}d]\n")
             self.view.asking = None
         else:
-            taken = await c.decide(ask_id, action.text)
+            proposal = self.view.proposal
+            taken = await c.decide(
+                ask_id, action.text, proposal_id=None if proposal is None else proposal[0]
+            )
             if not taken.accepted:
                 self.say(f"[decision {ask_id} not taken: {taken.code}: {taken.message}]\n")
                 return

@@ -10,11 +10,13 @@ import anyio
 import msgspec
 import nats
 
+from actions import ACTIONS
 from libs.deadline import timed_request
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
 from schemas.governance import Answer, ListPending, PendingDecisions
 from schemas.host import ApprovalAnswer, ApproveProposal, HumanDecision, ReviewDecision
+from schemas.reads import PROPOSALS_LIST, ListProposals, Proposals
 
 __all__ = [
     "answer_pending",
@@ -77,11 +79,30 @@ async def resolve(
     return 0 if answer.ok else 1
 
 
+def _described(action: str, preview: dict[str, Any]) -> list[tuple[str, str]]:
+    """A preview as its contract says it to a person (money as an amount and a currency)."""
+    contract = ACTIONS.get(action)
+    try:
+        if contract is None:
+            raise ValueError(action)
+        return contract.describe(contract.decode_preview(preview))
+    except (ValueError, msgspec.ValidationError):
+        return [(k.replace("_", " "), str(v)) for k, v in preview.items()]
+
+
 async def list_pending(nats_url: str, tenant: str) -> int:
     """Print the tenant's decisions waiting for a person; exit status 0."""
     answer = await _ask(
         nats_url, subjects.PENDING_LIST, ListPending(tenant=tenant), PendingDecisions
     )
+    proposals = await _ask(
+        nats_url,
+        PROPOSALS_LIST,
+        ListProposals(tenant=tenant, state="pending", limit=500),
+        Proposals,
+    )
+    # A decision about a proposal is answered on the proposal, whose preview is printed here.
+    about = {p.decision_id: p for p in proposals.proposals if p.decision_id}
     if not answer.decisions:
         print(f"no pending decisions for {tenant}")
     for d in answer.decisions:
@@ -92,6 +113,11 @@ async def list_pending(nats_url: str, tenant: str) -> int:
             f"    argument  {d.first_argument or '-'}\n"
             f"    answers   {' | '.join(d.options)}; {waits}"
         )
+        if (proposal := about.get(d.pending_id)) is not None:
+            print(f"    proposal  {proposal.proposal_id}")
+            for label, value in _described(proposal.action, proposal.preview):
+                print(f"      {label}: {value}")
+            print(f"    answer it with --proposal {proposal.proposal_id}")
     return 0
 
 
@@ -103,11 +129,18 @@ async def answer_pending(
     reason: str,
     token: str,
     timeout: float = 10.0,
+    proposal_id: str | None = None,
 ) -> int:
-    """Publish a `HumanDecision` as an approver and wait for governance's verdict on it."""
+    """Publish a `HumanDecision` as an approver and wait for governance's verdict on it (a
+    decision about a proposal names it: `proposal_id`)."""
     request_id = f"decide-{uuid.uuid4().hex[:12]}"
     decision = HumanDecision(
-        request_id=request_id, token=token, pending_id=pending_id, answer=answer, reason=reason
+        request_id=request_id,
+        token=token,
+        pending_id=pending_id,
+        answer=answer,
+        reason=reason,
+        proposal_id=proposal_id,
     )
     result = await _publish_and_wait(
         nats_url,
@@ -131,12 +164,18 @@ async def answer_proposal(
     reason: str,
     token: str,
     timeout: float = 10.0,
+    grant: Literal["once", "always"] = "once",
 ) -> int:
     """Approve or reject a proposal by its id (`writ approve` / `writ reject`) and print what
     became of it: nothing but the id is sent; what is approved is what Writ froze."""
     request_id = f"approve-{uuid.uuid4().hex[:12]}"
     message = ApproveProposal(
-        request_id=request_id, token=token, proposal_id=proposal_id, answer=answer, reason=reason
+        request_id=request_id,
+        token=token,
+        proposal_id=proposal_id,
+        answer=answer,
+        reason=reason,
+        grant=grant,
     )
     result = await _publish_and_wait(
         nats_url,

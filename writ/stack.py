@@ -249,7 +249,11 @@ class Stack:
             public = loaded.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
-            keys[tenant] = {"issuer": self.issuer(tenant), "public_key": public.decode()}
+            keys[tenant] = {
+                "issuer": self.issuer(tenant),
+                "public_key": public.decode(),
+                "principals": "email",  # the demo tenants' principals are e-mail addresses
+            }
         # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten.
         registered = self.config / "tenant-keys.json"
         known = json.loads(registered.read_text()) if registered.exists() else {}

@@ -2,7 +2,9 @@
 
 The file is `config/tenant-keys.json` under the deployment's home (what `WRIT_TENANT_KEYS_FILE`
 names; on Kubernetes the same JSON in a Secret): `{"<tenant>": {"issuer": "<iss>",
-"public_key": "<Ed25519 public key, PEM>"}}`. Ingress re-reads it when it changes.
+"public_key": "<Ed25519 public key, PEM>", "principals": "exact" | "email"}}`: `email`
+says the issuer's principals are e-mail addresses, one person whatever their case. Ingress
+re-reads it when it changes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def _write(path: Path, keys: dict[str, dict[str, str]]) -> None:
     os.replace(tmp, path)  # ingress never reads half a file
 
 
-def add_tenant(home: Path, tenant: str, public_key_pem: str, *, issuer: str = "") -> str:
+def add_tenant(
+    home: Path, tenant: str, public_key_pem: str, *, issuer: str = "", principals: str = "exact"
+) -> str:
     """Register (or re-key) a tenant; returns its issuer.
 
     Raises:
@@ -58,7 +62,13 @@ def add_tenant(home: Path, tenant: str, public_key_pem: str, *, issuer: str = ""
     issuer = issuer or f"https://{tenant}.example/host"
     path = keys_file(home)
     keys = _read(path)
-    keys[tenant] = {"issuer": issuer, "public_key": public_key_pem.strip() + "\n"}
+    if principals not in ("exact", "email"):
+        raise TenantError(f"principals are 'exact' or 'email', not {principals!r}")
+    keys[tenant] = {
+        "issuer": issuer,
+        "public_key": public_key_pem.strip() + "\n",
+        "principals": principals,
+    }
     _write(path, keys)
     return issuer
 

@@ -23,7 +23,7 @@ from libs.runtime import Runtime
 from libs.telemetry import links_to
 from schemas import subjects
 from schemas.governance import AnswerDecision, Decision, DecisionAnswered
-from schemas.host import ApprovalResult, ApprovalStatus
+from schemas.host import ApprovalResult, ApprovalStatus, DecisionResult
 from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission.logic import operation_id_for
@@ -65,6 +65,18 @@ class ProposalApprovals:
             or (proposal.decision_id != answered.pending_id)
         ):
             return  # already acted on (a redelivery, or approved by its id), or not ours
+        if (
+            answered.answer == "deny"
+            and answered.answered_by == "nobody"  # governance's clock: the proposal expired
+            and await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
+        ):
+            await self._refuse(
+                _proposal_message(proposal),
+                "rejected",
+                f"the proposal expired unanswered ({answered.reason})"[:500],
+                answered.decision_id,
+            )
+            return
         if answered.answer == "deny":
             await self._reject(
                 proposal, answered.answered_by, answered.reason, answered.decision_id
@@ -80,6 +92,20 @@ class ProposalApprovals:
             # Unknown, tampered, or another tenant's id: the same answer for all three.
             await self._reply(
                 ans, "not_approvable", reason="no such proposal", code="UNKNOWN_PROPOSAL"
+            )
+            return
+        if (
+            ans.pending_id is not None
+            and proposal.state == "pending"
+            and ans.pending_id != proposal.decision_id
+        ):
+            # A decision answered on a proposal must be that proposal's own (once answered,
+            # the proposal's state says what became of it, whoever asks).
+            await self._reply(
+                ans,
+                "not_approvable",
+                reason="the decision is not about this proposal",
+                code="PROPOSAL_MISMATCH",
             )
             return
         if not await self._still_approvable(ans, proposal):
@@ -145,8 +171,9 @@ class ProposalApprovals:
             principal=ans.approver,
             request_id=ans.request_id,
             pending_id=proposal.decision_id or "",
-            answer="once" if ans.answer == "approve" else "deny",
+            answer=ans.grant if ans.answer == "approve" else "deny",
             reason=ans.reason,
+            proposal_id=proposal.proposal_id,
         )
         try:
             reply = await timed_request(
@@ -166,14 +193,17 @@ class ProposalApprovals:
                 if fresh is not None and fresh.state != "pending":
                     await self._reply_state(ans, fresh)
                     return None
-            if code in ("403", "409", "410"):
+            if code in ("403", "409", "410", "422"):
                 await self._reply(
                     ans,
                     "not_approvable",
                     reason=message[:500],
-                    code={"403": "FORBIDDEN", "409": "ALREADY_ANSWERED", "410": "UNKNOWN_PENDING"}[
-                        code
-                    ],
+                    code={
+                        "403": "FORBIDDEN",
+                        "409": "ALREADY_ANSWERED",
+                        "410": "UNKNOWN_PENDING",
+                        "422": "INVALID_ANSWER",
+                    }[code],
                 )
                 return None
             raise RetryableError(f"governance error {code}: {message}")
@@ -297,6 +327,28 @@ class ProposalApprovals:
             ),
             msg_id=f"approval-result:{ans.tenant}:{ans.request_id}",
         )
+        if ans.pending_id is not None:
+            # Answered as a pending decision (a `HumanDecision` naming its proposal): its
+            # approver waits for a `DecisionResult`.
+            taken = status in ("claimed", "rejected")
+            await publish(
+                self._rt.js,
+                subjects.result(ans.tenant),
+                DecisionResult(
+                    request_id=ans.request_id,
+                    pending_id=ans.pending_id,
+                    accepted=taken,
+                    message=(
+                        f"answered {'deny' if ans.answer == 'reject' else ans.grant}"
+                        if taken
+                        else f"already answered: the proposal's outcome is {outcome or 'pending'}"
+                        if status == "already_completed"
+                        else reason or status
+                    )[:512],
+                    code=None if taken else (code or "ALREADY_ANSWERED"),
+                ),
+                msg_id=f"decision-result:{ans.tenant}:{ans.request_id}",
+            )
 
 
 def _proposal_message(proposal: ProposalRow) -> ProposeCommand:

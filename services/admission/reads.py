@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, Final
 
 import asyncpg
@@ -40,10 +41,18 @@ SELECT p.request_id, p.public_id, p.action, coalesce(p.preview, '{}'::jsonb) AS 
        p.expires_at, p.state, p.reason
 FROM admission.proposals p WHERE p.tenant = $1 AND p.operation_key = $2
 ORDER BY p.created_at DESC LIMIT 1"""
-_PROPOSALS: Final = """
-SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{}'::jsonb) AS preview,
-       encode(p.request_hash, 'hex') AS request_hash, p.state, p.expires_at,
-       p.decision_id::text AS decision_id, p.reason, p.approved_by,
+# A proposal's state as the API lists it: `executing` until its command has its outcome, then
+# `completed` (the outcome says how, `unknown` included: reconciliation follows the command);
+# `pending` past its expiry is `expired`, whether or not anyone tried to approve it since.
+_STATE: Final = """CASE
+    WHEN p.state = 'executing' AND c.state IN ('succeeded', 'failed', 'denied', 'expired',
+                                               'revision_required', 'unknown') THEN 'completed'
+    WHEN p.state = 'pending' AND p.expires_at <= now() THEN 'expired'
+    ELSE p.state END"""
+_PROPOSALS: Final = f"""
+SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{{}}'::jsonb) AS preview,
+       encode(p.request_hash, 'hex') AS request_hash, {_STATE} AS state, p.expires_at,
+       p.decision_id::text AS decision_id, p.reason, p.approved_by, p.approved_at,
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
        c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
        p.facts_read_at, p.decision_line,
@@ -65,6 +74,7 @@ def _detail(row: Any) -> ProposalDetail:
         decision_id=row["decision_id"],
         reason=row["reason"],
         approved_by=row["approved_by"],
+        approved_at=row["approved_at"] and row["approved_at"].isoformat(),
         operation_id=row["operation_id"],
         command_state=row["command_state"],
         receipt=row["receipt"],
@@ -77,6 +87,18 @@ def _detail(row: Any) -> ProposalDetail:
         decision_line=row["decision_line"],
         policy_version=row["policy_version"],
     )
+
+
+def _cursor(raw: str | None) -> tuple[datetime, str] | None:
+    """A page's cursor: (created_at, public id) of the last proposal before it. One that does
+    not parse starts from the first page (it names no proposal anyway)."""
+    if not raw or "|" not in raw:
+        return None
+    when, public_id = raw.split("|", 1)
+    try:
+        return datetime.fromisoformat(when), public_id
+    except ValueError:
+        return None
 
 
 class AdmissionReads:
@@ -153,15 +175,43 @@ class AdmissionReads:
         )
 
     async def list(self, ask: ListProposals) -> Proposals:
-        """The tenant's proposals, newest first."""
-        query, args = _PROPOSALS, [ask.tenant]
-        if ask.state is not None:
-            query += " AND p.state = $2"
-            args.append(ask.state)
-        rows = await self._pool.fetch(
-            f"{query} ORDER BY p.created_at DESC LIMIT {int(ask.limit)}", *args
+        """The tenant's proposals, newest first, a page at a time, and how many match."""
+        where = ""
+        args: list[object] = [ask.tenant]
+        for value, condition in (
+            (ask.state, _STATE),
+            (ask.run_id, "p.run_id"),
+            (ask.action, "p.action"),
+            (ask.agent, "p.agent"),
+            (ask.requester, "p.principal"),
+        ):
+            if value is not None:
+                args.append(value)
+                where += f" AND {condition} = ${len(args)}"
+        if ask.older_than_s is not None:
+            args.append(ask.older_than_s)
+            where += f" AND p.created_at <= now() - make_interval(secs => ${len(args)})"
+        total = await self._pool.fetchval(
+            f"SELECT count(*) FROM ({_PROPOSALS}{where}) AS matching", *args
         )
-        return Proposals(proposals=[_detail(r) for r in rows])
+        after = _cursor(ask.cursor)
+        if after is not None:
+            args += list(after)
+            where += f" AND (p.created_at, p.public_id) < (${len(args) - 1}, ${len(args)})"
+        rows = await self._pool.fetch(
+            f"{_PROPOSALS}{where} ORDER BY p.created_at DESC, p.public_id DESC "
+            f"LIMIT {int(ask.limit) + 1}",
+            *args,
+        )
+        page, more = rows[: ask.limit], len(rows) > ask.limit
+        last = page[-1] if page and more else None
+        return Proposals(
+            proposals=[_detail(r) for r in page],
+            total=total,
+            next_cursor=None
+            if last is None
+            else f"{last['created_at'].isoformat()}|{last['public_id']}",
+        )
 
     async def proposal(self, ask: GetProposal) -> ProposalDetail | None:
         """One proposal by its public id."""

@@ -594,6 +594,8 @@ class AdmissionService:
             tool=p.action,
             first_argument=first[:512] if isinstance(first, str) else "",
             proposal_id=proposal_id,
+            # The decision closes when the proposal expires: nothing answers an expired one.
+            ask_open_s=max(1, int(self._proposal_ttl.total_seconds())),
         )
 
     async def _refuse(

@@ -52,6 +52,9 @@ class Call(msgspec.Struct, frozen=True, kw_only=True):
     first_argument: str = ""
     scope: Literal["external", "conversation", "own_memory"] = "external"
     profile_fact: bool = False
+    # False where the action contract says no standing grant may cover it (it moves money,
+    # changes access or sends outside): such a call asks every time, with once and deny only.
+    grantable: bool = True
 
 
 class Facts(msgspec.Struct, frozen=True, kw_only=True, dict=True):
@@ -227,6 +230,14 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
     if call.profile_fact:
         return Ruling(
             verdict="ask", line=5, reason="a profile fact is asked every time", options=_NO_ALWAYS
+        )
+    if not call.grantable:
+        # No grant covers it, standing or for this run, and no answer may write one.
+        return Ruling(
+            verdict="ask",
+            line=5,
+            reason="a consequential action (money, access, sending outside) is asked every time",
+            options=_NO_ALWAYS,
         )
     if call.family is not None and call.family in facts.standing_families:
         return Ruling(verdict="allow", line=5, reason=f"standing grant for {call.family}")

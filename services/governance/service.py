@@ -100,6 +100,9 @@ class GovernanceService:
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
+        # Contracts no standing grant may cover: "always" is refused for them at the answer
+        # too, even where a decision recorded before said otherwise.
+        self._never_always = frozenset(n for n, c in ACTIONS.items() if not c.grant_may_cover())
         self._ask_decoder = msgspec.json.Decoder(DecideRequest)
         self._batch_decoder = msgspec.json.Decoder(DecideBatch)
         self._encoder = msgspec.json.Encoder()
@@ -271,6 +274,7 @@ class GovernanceService:
             first_argument=ask.first_argument,
             scope=scope,
             profile_fact=contract.profile_fact if contract else False,
+            grantable=contract.grant_may_cover() if contract else True,
         )
 
     async def _mcp_family(
@@ -362,6 +366,7 @@ class GovernanceService:
                     policy_version=r.policy_version,
                     proposal_id=r.proposal_id,
                     attended=r.attended,
+                    ask_open_s=r.ask_open_s,
                 )
             except Exception as exc:
                 log.warning("cannot record decision: %r", exc)
@@ -422,6 +427,7 @@ class GovernanceService:
                         policy_version=known.policy_version if known else "unreadable",
                         proposal_id=ask.proposal_id,
                         attended=known.attended if known else False,
+                        ask_open_s=ask.ask_open_s,
                     )
                 )
             decisions = []
@@ -604,6 +610,7 @@ class GovernanceService:
             answer=answer.answer,
             answered_by=answer.principal,
             reason=answer.reason,
+            never_always=self._never_always,
         )
         code: str | None = None
         if isinstance(outcome, Answered):
@@ -649,13 +656,17 @@ class GovernanceService:
                 answered_by=answer.principal,
                 reason=answer.reason,
                 same_again=True,
+                proposal_id=answer.proposal_id,
+                never_always=self._never_always,
             )
         if isinstance(outcome, NotAnswerable):
             code = (
                 "409"
                 if outcome.reason.startswith("already answered")
                 else "410"
-                if outcome.reason.startswith("no such")
+                if outcome.reason.startswith("no such") or outcome.code == "EXPIRED"
+                else "422"
+                if outcome.code in ("INVALID_ANSWER", "PROPOSAL_REQUIRED")
                 else "403"
             )
             await request.respond_error(code, outcome.reason[:500])
@@ -697,14 +708,16 @@ class GovernanceService:
         )
 
     async def deny_overdue(self) -> None:
-        """An attended ask nobody answered within five minutes is a deny."""
-        for tenant, pending_id in await self._store.overdue():
+        """An ask nobody answered in time is a deny: an attended one after five minutes, any
+        other once its proposal expired (the decision closes with it)."""
+        for tenant, pending_id, why in await self._store.overdue():
             outcome = await self._store.answer(
                 tenant=tenant,
                 pending_id=pending_id,
                 answer="deny",
                 answered_by="nobody",
-                reason="no answer within 5 minutes",
+                reason=why,
+                by_clock=True,
             )
             if isinstance(outcome, Answered):
                 await self._announce(outcome)

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import jwt
 import msgspec
@@ -107,6 +107,10 @@ class TenantKey(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     issuer: str
     public_key: str
+    # What the issuer's principals are: `email` addresses are one person whatever their case
+    # (case-folded once, here, so maker-checker, grants and the journal see one identity);
+    # `exact` ids are compared as they are.
+    principals: Literal["exact", "email"] = "exact"
 
 
 class Verified(msgspec.Struct, frozen=True, kw_only=True):
@@ -323,6 +327,8 @@ def verify_token(
             message="the token's subject is not a principal id",
             request_id=request_id,
         )
+    if key.principals == "email":
+        principal = principal.casefold()
     roles = claims.get("roles", [])
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         return Rejection(

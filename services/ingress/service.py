@@ -228,6 +228,24 @@ class IngressService:
         request, tenant = outcome.request, outcome.tenant
         if isinstance(request, SubmitCommand):
             await self._submit(outcome, request)
+        elif isinstance(request, HumanDecision) and request.proposal_id is not None:
+            # An answer that names its proposal is an answer to the proposal (admission checks
+            # that the decision is that proposal's): once or always approve it, deny rejects.
+            await publish(
+                self._rt.js,
+                subjects.proposal_answer(tenant),
+                ProposalAnswer(
+                    tenant=tenant,
+                    request_id=request.request_id,
+                    approver=outcome.principal,
+                    proposal_id=request.proposal_id,
+                    answer="reject" if request.answer == "deny" else "approve",
+                    grant="always" if request.answer == "always" else "once",
+                    reason=request.reason,
+                    pending_id=request.pending_id,
+                ),
+                msg_id=f"proposal-answer:{tenant}:{request.request_id}",
+            )
         elif isinstance(request, HumanDecision):
             await publish(
                 self._rt.js,
@@ -254,6 +272,7 @@ class IngressService:
                     approver=outcome.principal,
                     proposal_id=request.proposal_id,
                     answer=request.answer,
+                    grant=request.grant,
                     reason=request.reason,
                 ),
                 msg_id=f"proposal-answer:{tenant}:{request.request_id}",

@@ -28,7 +28,7 @@ from writ.stack import Stack
 # first test also starts the deployment.
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(300)]
 
-# The README's screenshots: rewritten in docs/ with WRIT_UPDATE_SCREENSHOTS=1, else taken
+# The docs' screenshots: rewritten in docs/ with WRIT_UPDATE_SCREENSHOTS=1, else taken
 # into a scratch folder (a test run leaves the work tree as it found it).
 DOCS = (
     Path(__file__).resolve().parents[2] / "docs"
@@ -157,7 +157,8 @@ async def test_an_approver_signs_in_reads_every_field_of_a_refund_approves_it_an
     await expect(page.locator("#requester")).to_have_text("alice@acme.example")
     await expect(page.locator("#outcome")).to_contain_text("waiting for an approver")
     await expect(page.locator("#decision")).to_have_text(
-        f"{detail['decision_id']} — line 6 of decide, policy {detail['policy_version']}"
+        # A refund moves money: line 5 asks every time, whatever grants there are.
+        f"{detail['decision_id']} — line 5 of decide, policy {detail['policy_version']}"
     )
     await expect(page.locator("#facts-read")).to_contain_text(f"Read at {detail['facts_read_at']}")
     await expect(page.locator("#facts")).to_contain_text(payment_id)
@@ -301,7 +302,7 @@ async def test_the_requester_cannot_approve_their_own_proposal(
     with _api(stack) as api:
         answered = api.post(
             "/pending-decisions/decide",
-            json={"pending_id": pending_id, "answer": "once"},
+            json={"pending_id": pending_id, "answer": "once", "proposal_id": proposal_id},
             headers={**auth(stack, principal="lead@acme.example", roles=["approver"]), **key()},
         )
     assert answered.status_code == 200, answered.text
@@ -507,12 +508,19 @@ async def test_a_decision_offers_only_the_answers_its_case_allows_and_its_answer
     await page.locator("#kind").select_option("decision")
     await page.locator("#filter").click()
     assert await page.locator('#inbox-rows tr[data-kind="proposal"]').count() == 0
-    # ... or through the decision that asked for it, with the answers governance offers.
+    # ... and its decision is never a row of its own: it is answered on the proposal.
+    assert await page.locator(f'#inbox-rows tr[data-id="{pending_id}"]').count() == 0
+    # The decision's own address is the proposal, beside its preview, with the answers
+    # governance offers: a charge moves money, so once or deny, never always.
     await page.goto(_console(stack, f"decisions/{pending_id}"))
-    buttons = page.locator("form.answer button[name=answer]")
-    assert [await b.get_attribute("value") for b in await buttons.all()] == offered
-    await page.locator("#answer-once").click()
-    await expect(page.locator("#answered")).to_have_text("Answered once.")
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_contain_text("49.00 EUR")
+    assert offered == ["once", "deny"]
+    assert await page.locator("#approve-always").count() == 0
+    await page.locator("#approve").click()
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
     await page.goto(_console(stack, f"runs/{run_id}"))
     await expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=WAIT_MS)
     await page.context.close()
@@ -527,6 +535,10 @@ async def test_a_review_is_answered_with_a_comment_from_its_run_page(
     row = page.locator(f'tr[data-id="review-{run_id}-0"]')
     await expect(row).to_contain_text("review-assistant")
     await expect(row).to_contain_text("alice@acme.example")
+    # A made-up id is not found, and offers no form to answer.
+    made_up = await page.goto(_console(stack, f"reviews/review-{run_id}-9"))
+    assert made_up is not None and made_up.status == 404
+    assert await page.locator("#review-approve").count() == 0
     await page.goto(_console(stack, f"runs/{run_id}"))
     await page.locator(f'a[href="/console/reviews/review-{run_id}-0"]').click()
     await page.locator("textarea[name=comment]").fill("Checked against the call notes.")
@@ -535,3 +547,157 @@ async def test_a_review_is_answered_with_a_comment_from_its_run_page(
     await page.goto(_console(stack, f"runs/{run_id}"))
     await expect(page.locator("#run-status")).to_contain_text("succeeded", timeout=WAIT_MS)
     await page.context.close()
+
+
+async def test_the_decision_door_of_a_charge_shows_its_preview_and_no_always(
+    browser: Any, stack: Stack
+) -> None:
+    with _api(stack) as api:
+        started = api.post(
+            "/runs",
+            headers={**auth(stack), **key()},
+            json={"agent": "billing-assistant", "input": "Charge the expedited shipping"},
+        )
+        run_id = started.json()["run_id"]
+        stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+    assert stopped["status"] == "awaiting_human", stopped
+    pending_id, proposal_id = stopped["pending_id"], stopped["proposal"]["proposal_id"]
+
+    page = await _signed_in(browser, stack)
+    # From the run, "Waiting for a person" leads to the proposal: the preview beside the answer.
+    await page.goto(_console(stack, f"runs/{run_id}"))
+    await page.get_by_role("link", name=pending_id).click()
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_contain_text("ACME-42")
+    await expect(page.locator("#approve")).to_be_visible()
+    assert await page.locator("#approve-always").count() == 0  # money: never "always"
+    await expect(page.locator("#preview")).to_contain_text("49.00 EUR")
+    await page.screenshot(path=str(DOCS / "console-charge.png"), full_page=True)
+    # The decision's own address is the same door.
+    await page.goto(_console(stack, f"decisions/{pending_id}"))
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_be_visible()
+    assert await page.locator("#approve-always").count() == 0
+    # Sending "always" anyway is refused by governance, and grants nothing.
+    sent = await page.request.post(
+        _console(stack, f"proposals/{proposal_id}/approve"),
+        form={"csrf": await _csrf(page), "grant": "always"},
+    )
+    assert "Not approved — INVALID_ANSWER" in await sent.text()
+    assert _proposal(stack, proposal_id)["state"] == "pending"
+    await page.locator("#approve").click()
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
+    await page.context.close()
+
+
+async def test_always_is_offered_beside_the_preview_where_a_grant_may_cover_the_action(
+    browser: Any, stack: Stack
+) -> None:
+    with _api(stack) as api:
+        waiting = api.post(
+            "/commands",
+            headers={**auth(stack), **key()},
+            json={
+                "agent": "review-assistant",
+                "operation_key": f"note-{uuid.uuid4().hex[:12]}",
+                "action": "crm.note.create",
+                "arguments": {"customer_id": "ACME-42", "body": "Called back about 7781."},
+            },
+        )
+    assert waiting.json()["status"] == "awaiting_human", waiting.text
+    proposal_id = waiting.json()["proposal"]["proposal_id"]
+    page = await _signed_in(browser, stack)
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_contain_text("Called back about 7781.")
+    await expect(page.locator("#approve-always")).to_contain_text("always allow")
+    await page.context.close()
+
+
+async def test_250_pending_proposals_are_all_reachable_in_the_inbox(
+    browser: Any, stack: Stack
+) -> None:
+    agent = "scoped-assistant"  # asks for every note: no grant
+
+    def note(i: int) -> str:
+        with _api(stack) as api:
+            got = api.post(
+                "/commands",
+                headers={**auth(stack), **key()},
+                json={
+                    "agent": agent,
+                    "operation_key": f"inbox-{uuid.uuid4().hex[:12]}",
+                    "action": "crm.note.create",
+                    "arguments": {"customer_id": "ACME-42", "body": f"Note {i}"},
+                },
+            )
+        assert got.json()["status"] == "awaiting_human", got.text
+        return str(got.json()["proposal"]["proposal_id"])
+
+    loop = asyncio.get_running_loop()
+    made = set(await asyncio.gather(*(loop.run_in_executor(None, note, i) for i in range(250))))
+    assert len(made) == 250
+
+    page = await _signed_in(browser, stack)
+    await page.goto(_console(stack, f"?kind=proposal&agent={agent}"))
+    await expect(page.locator("#inbox-count")).to_contain_text("250 proposals")
+    seen: list[str] = []
+    while True:
+        rows = page.locator("#inbox-rows tr[data-kind=proposal]")
+        seen += [await r.get_attribute("data-id") or "" for r in await rows.all()]
+        if await page.locator("#next-page").count() == 0:
+            break
+        await page.locator("#next-page").click()
+        await expect(page.locator("#first-page")).to_be_visible()
+    assert len(seen) == len(set(seen)) == 250 and set(seen) == made
+    # Filtering by action and requester narrows the same list.
+    await page.goto(_console(stack, f"?kind=proposal&agent={agent}&action=payment.refund"))
+    await expect(page.locator("#inbox-count")).to_contain_text("0 proposals")
+    await expect(page.locator("#inbox-rows")).to_contain_text("Nothing is waiting")
+    await page.goto(_console(stack, f"?kind=proposal&agent={agent}&requester=alice%40acme.example"))
+    await expect(page.locator("#inbox-count")).to_contain_text("250 proposals")
+    await page.context.close()
+
+
+async def test_keyboard_only_approval_still_works_after_a_live_update(
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
+    payment_id, proposal_id = _propose_refund(stack, payments)
+    page = await _signed_in(browser, stack)
+    link = page.locator(f'#inbox-rows tr[data-id="{proposal_id}"] a')
+    await link.focus()
+    # Something else comes in: the rows are replaced by the next poll.
+    _, newer = _propose_refund(stack, payments)
+    await expect(page.locator(f'#inbox-rows tr[data-id="{newer}"]')).to_be_visible()
+    focused = await page.evaluate("document.activeElement.getAttribute('href')")
+    assert focused == f"/console/proposals/{proposal_id}"
+    await page.keyboard.press("Enter")
+    await expect(page).to_have_url(_console(stack, f"proposals/{proposal_id}"))
+    await page.locator("#approve").focus()
+    await page.keyboard.press("Enter")
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "outcome: succeeded", timeout=WAIT_MS
+    )
+    # Changes of the outcome are said in a live region that outlives the box it speaks for.
+    assert await page.locator("#announce[aria-live=polite]").count() == 1
+    assert len(_refunds(payments, payment_id)) == 1
+    await page.context.close()
+
+
+async def test_the_inbox_fits_a_390_px_phone(
+    browser: Any, stack: Stack, payments: httpx.Client
+) -> None:
+    _, proposal_id = _propose_refund(stack, payments)
+    context = await browser.new_context(viewport={"width": 390, "height": 844})
+    page = await context.new_page()
+    await page.goto(stack.console_link())
+    await expect(page.locator(f'#inbox-rows tr[data-id="{proposal_id}"]')).to_be_visible()
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, width
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await expect(page.locator("#preview")).to_be_visible()
+    width = await page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, width
+    await page.screenshot(path=str(DOCS / "console-phone.png"), full_page=False)
+    await context.close()

@@ -8,7 +8,7 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import asyncpg
@@ -251,6 +251,7 @@ class Host:
         reason: str = "",
         token: str | None = None,
         request_id: str | None = None,
+        grant: Literal["once", "always"] = "once",
     ) -> str:
         """Publish an `ApproveProposal` as an approver; returns its request id."""
         request_id = request_id or f"approve-{uuid.uuid4().hex[:12]}"
@@ -260,6 +261,7 @@ class Host:
             answer=answer,
             reason=reason,
             token=token or self.stack.token(tenant, principal, roles=["approver"]),
+            grant=grant,
         )
         js = await self.tenant_js(tenant)
         await js.publish(
@@ -314,9 +316,10 @@ class Host:
         principal: str = "ops@acme.example",
         reason: str = "",
         token: str | None = None,
+        proposal_id: str | None = None,
     ) -> DecisionResult:
         """Answer a pending decision (`HumanDecision`; an approver of the tenant unless `token`
-        says otherwise) and wait for its `DecisionResult`."""
+        says otherwise; one about a proposal names it) and wait for its `DecisionResult`."""
         request_id = f"decide-{uuid.uuid4().hex[:12]}"
         message = HumanDecision(
             request_id=request_id,
@@ -324,6 +327,7 @@ class Host:
             answer=answer,
             reason=reason,
             token=token or self.stack.token(tenant, principal, roles=["approver"]),
+            proposal_id=proposal_id,
         )
         js = await self.tenant_js(tenant)
         await js.publish(

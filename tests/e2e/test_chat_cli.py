@@ -160,9 +160,12 @@ async def test_a_decision_asked_in_the_chat_is_answered_in_place(
     async with chat(stack, "billing-assistant", "--roles", "approver") as term:
         session_id = (await term.expect(r"^\[session (\S+) with billing-assistant\]$"))[1]
         await term.type("Charge the expedited shipping")
-        await term.expect(r"^\[proposal \S+: payment\.charge\.create .*amount_cents=4900")
+        proposal = (
+            await term.expect(r"^\[proposal (\S+): payment\.charge\.create .*amount_cents=4900")
+        )[1]
         pending = (await term.expect(r"^\[waiting for a person's decision (\S+): "))[1]
-        await term.expect(r"^allow it\? y \(once\), always, or n \(deny\)$")
+        # A charge moves money: no standing grant may cover it, so "always" is not offered.
+        await term.expect(r"^allow it\? y \(once\), or n \(deny\)$")
         await term.type("y")
         # Separation of duties: the person chatting asked for this charge, so their own
         # approval is refused in place and the question stays open for another approver.
@@ -171,7 +174,9 @@ async def test_a_decision_asked_in_the_chat_is_answered_in_place(
             stack.secrets / "host-acme.pem", tenant="acme", issuer=stack.issuer("acme")
         )
         async with Client(stack.api_url, issuer, "bob@acme.example", roles=("approver",)) as bob:
-            assert (await bob.decide(pending, "once")).accepted
+            # Answered where the preview is shown: the decision names its proposal.
+            assert not (await bob.decide(pending, "once")).accepted
+            assert (await bob.decide(pending, "once", proposal_id=proposal)).accepted
         await term.expect(r"^  · payment\.charge\.create: succeeded$")
         await term.expect(r"^\[turn 1 succeeded\]$")
         await term.type("/quit")

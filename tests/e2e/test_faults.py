@@ -166,6 +166,31 @@ async def attempts(db: asyncpg.Connection, operation_id: Any) -> list[tuple[int,
     return [(r["lease_epoch"], r["result"]) for r in rows]
 
 
+async def submit_approved(host: Host, command: Any) -> None:
+    """Submit a charge and approve it: it moves money, so no grant covers it and a person
+    (not its requester) approves it every time."""
+    await host.submit(command)
+    waiting = await host.wait_command(command.request_id)
+    assert waiting.status == "awaiting_human" and waiting.proposal is not None, waiting
+    answered = await host.wait_approval(await host.approve(waiting.proposal.proposal_id))
+    assert answered.status == "claimed", answered
+
+
+async def charge_result(host: Host, request_id: str) -> Any:
+    """The approved charge's result: the first after it stopped waiting for a person."""
+    with anyio.fail_after(60):
+        while True:
+            for result in await host.results(request_id):
+                if getattr(result, "status", None) not in (
+                    None,
+                    "pending",
+                    "dispatching",
+                    "awaiting_human",
+                ) and hasattr(result, "operation_key"):
+                    return result
+            await anyio.sleep(0.1)
+
+
 def charge(host: Host) -> Any:
     return host.command(
         action="payment.charge.create",
@@ -403,10 +428,10 @@ async def test_crash_after_the_remote_write_at_a_provider_that_cannot_tell_ends_
 ) -> None:
     faults.arm("dispatcher.after_remote_write")
     command = charge(host)
-    await host.submit(command)
+    await submit_approved(host, command)
     await faults.crashed("dispatcher")
     await faults.restart("dispatcher")
-    result = await host.wait_command(command.request_id)
+    result = await charge_result(host, command.request_id)
 
     assert result.status == "unknown"  # never an invented success
     assert len(charges(payments, result.operation_id)) == 1
@@ -488,10 +513,10 @@ async def test_a_queryable_provider_is_asked_instead_of_charged_twice(
         await faults.restart("dispatcher")
         faults.arm("dispatcher.after_remote_write")
         command = charge(host)
-        await host.submit(command)
+        await submit_approved(host, command)
         await faults.crashed("dispatcher")
         await faults.restart("dispatcher")
-        result = await host.wait_command(command.request_id)
+        result = await charge_result(host, command.request_id)
     finally:
         del stack.extra_env["dispatcher"]["WRIT_PAYMENTS_QUERYABLE"]
         payments.post("/_control/queryable", json={"queryable": False})
@@ -547,8 +572,8 @@ async def test_a_lost_response_at_the_non_idempotent_provider_ends_unknown(
 ) -> None:
     payments.post("/_control/mode", json={"mode": "lose_response", "count": 1})
     command = charge(host)
-    await host.submit(command)
-    result = await host.wait_command(command.request_id)
+    await submit_approved(host, command)
+    result = await charge_result(host, command.request_id)
 
     assert result.status == "unknown"
     assert len(charges(payments, result.operation_id)) == 1

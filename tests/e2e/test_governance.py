@@ -61,9 +61,11 @@ def writ(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def _stopped_at_ask(host: Host, tenant: str = "acme", **kwargs: Any) -> Any:
+async def _stopped_at_ask(
+    host: Host, tenant: str = "acme", agent: str = "billing-assistant", **kwargs: Any
+) -> Any:
     request = host.request(
-        agent="billing-assistant", tenant=tenant, principal=f"alice@{tenant}.example", **kwargs
+        agent=agent, tenant=tenant, principal=f"alice@{tenant}.example", **kwargs
     )
     await host.publish(request, tenant=tenant, msg_id=request.request_id)
     result = await host.wait_result(request.request_id, tenant=tenant)
@@ -94,11 +96,21 @@ async def test_an_unattended_run_stops_at_an_ask_and_resumes_once_when_answered(
         == 0
     )
 
+    assert result.proposal is not None
+    proposal_id = result.proposal.proposal_id
     listed = writ(stack, "pending")
     assert listed.returncode == 0 and pending_id in listed.stdout
-    assert "payment.charge.create" in listed.stdout and "once | always | deny" in listed.stdout
+    # A charge moves money: asked every time, once or deny, shown with its preview.
+    assert "payment.charge.create" in listed.stdout and "once | deny" in listed.stdout
+    assert f"proposal  {proposal_id}" in listed.stdout
+    assert "Amount to charge: 49.00 EUR" in listed.stdout
 
-    answered = writ(stack, "decide", pending_id, "once", "--reason", "expected")
+    # The decision is about a proposal: answered only where its preview is shown.
+    blind = writ(stack, "decide", pending_id, "once")
+    assert blind.returncode == 1 and "proposal" in blind.stdout, blind.stdout + blind.stderr
+    answered = writ(
+        stack, "decide", pending_id, "once", "--reason", "expected", "--proposal", proposal_id
+    )
     assert answered.returncode == 0, answered.stdout + answered.stderr
     final = await _final(host, request.request_id)
 
@@ -114,7 +126,7 @@ async def test_an_unattended_run_stops_at_an_ask_and_resumes_once_when_answered(
     assert command["decision_id"] == answer["answer_decision_id"]
 
     # Approving twice yields one execution and the same outcome.
-    again = writ(stack, "decide", pending_id, "once")
+    again = writ(stack, "decide", pending_id, "once", "--proposal", proposal_id)
     assert again.returncode == 1 and "already answered" in again.stdout
     await anyio.sleep(1.0)
     assert len(charges_for(payments, action.operation_id)) == 1
@@ -128,7 +140,16 @@ async def test_deny_fails_the_run_with_rejected_and_the_reason(
     stack: Stack, host: Host, db: asyncpg.Connection
 ) -> None:
     request, result = await _stopped_at_ask(host)
-    denied = writ(stack, "decide", result.pending_id, "deny", "--reason", "not this month")
+    denied = writ(
+        stack,
+        "decide",
+        result.pending_id,
+        "deny",
+        "--reason",
+        "not this month",
+        "--proposal",
+        result.proposal.proposal_id,
+    )
     assert denied.returncode == 0, denied.stdout + denied.stderr
 
     final = await _final(host, request.request_id)
@@ -151,7 +172,7 @@ async def test_deny_fails_the_run_with_rejected_and_the_reason(
 async def test_always_writes_a_standing_grant_for_the_family_not_the_tool(
     stack: Stack, host: Host, db: asyncpg.Connection
 ) -> None:
-    request, result = await _stopped_at_ask(host, tenant="globex")
+    request, result = await _stopped_at_ask(host, tenant="globex", agent="crm-assistant")
     answered = writ(
         stack,
         "decide",
@@ -161,6 +182,8 @@ async def test_always_writes_a_standing_grant_for_the_family_not_the_tool(
         "ops@globex.example",
         result.pending_id,
         "always",
+        "--proposal",
+        result.proposal.proposal_id,
     )
     assert answered.returncode == 0, answered.stdout + answered.stderr
     assert (await _final(host, request.request_id, "globex")).status == "succeeded"
@@ -168,11 +191,9 @@ async def test_always_writes_a_standing_grant_for_the_family_not_the_tool(
     grants = await db.fetch(
         "SELECT agent, family FROM governance.standing_grants WHERE tenant = 'globex'"
     )
-    assert [(g["agent"], g["family"]) for g in grants] == [("billing-assistant", "write_delete")]
+    assert [(g["agent"], g["family"]) for g in grants] == [("crm-assistant", "write_delete")]
     # The next run is allowed by the grant, at line 5, without asking anyone.
-    second = host.request(
-        agent="billing-assistant", tenant="globex", principal="alice@globex.example"
-    )
+    second = host.request(agent="crm-assistant", tenant="globex", principal="alice@globex.example")
     await host.publish(second, tenant="globex", msg_id=second.request_id)
     result2 = await _final(host, second.request_id, "globex")
     assert result2.status == "succeeded"

@@ -138,17 +138,41 @@ async def test_a_run_stopped_at_an_ask_is_answered_over_http(
     stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
     assert stopped["status"] == "awaiting_human", stopped
     pending_id = stopped["pending_id"]
+    # The run carries the proposal it waits on, with its frozen preview.
+    proposal = stopped["proposal"]
+    assert proposal is not None and proposal["action"] == "payment.charge.create", stopped
+    assert api.get(f"/runs/{run_id}", headers=auth(stack)).json()["proposal"] == proposal
     approver = auth(stack, **APPROVER)
     listed = api.get("/pending-decisions", headers=approver).json()["decisions"]
     assert pending_id in [d["pending_id"] for d in listed]
-    decided = api.post(
+    # An answer that does not name the proposal it concerns is refused, and changes nothing.
+    blind = api.post(
         "/pending-decisions/decide",
         headers={**approver, **key()},
         json={"pending_id": pending_id, "answer": "once", "reason": "ok"},
     )
+    assert blind.status_code == 200, blind.text
+    assert (blind.json()["accepted"], blind.json()["code"]) == (False, "PROPOSAL_REQUIRED")
+    answered = await db.fetchval(
+        "SELECT answer FROM governance.pending WHERE pending_id = $1", uuid.UUID(pending_id)
+    )
+    assert answered is None
+    decided = api.post(
+        "/pending-decisions/decide",
+        headers={**approver, **key()},
+        json={
+            "pending_id": pending_id,
+            "answer": "once",
+            "reason": "ok",
+            "proposal_id": proposal["proposal_id"],
+        },
+    )
     assert decided.status_code == 200, decided.text
-    assert decided.json()["accepted"] is True
-    await _until(api, f"/runs/{run_id}", auth(stack), "status", "succeeded")
+    assert decided.json()["accepted"] is True, decided.json()
+    done = await _until(api, f"/runs/{run_id}", auth(stack), "status", "succeeded")
+    assert done["proposal"]["proposal_id"] == proposal["proposal_id"]  # in every state
+    finished = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+    assert finished["proposal"]["proposal_id"] == proposal["proposal_id"]
     answered = await db.fetchval(
         "SELECT answer FROM governance.pending WHERE pending_id = $1", uuid.UUID(pending_id)
     )

@@ -138,6 +138,28 @@ async def api(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+async def approved_by_another(stack: Stack, run_id: str) -> None:
+    """A plan's refund moves money: no grant covers it, so its proposal asks a person every
+    time, and an approver other than the session's user approves it beside its preview."""
+    token = stack.token("acme", "ops@acme.example", roles=["approver"])
+    async with httpx.AsyncClient(
+        base_url=stack.api_url, timeout=40, headers={"Authorization": f"Bearer {token}"}
+    ) as ops:
+        with anyio.fail_after(90):
+            while not (
+                waiting := (
+                    await ops.get("/proposals", params={"state": "pending", "run_id": run_id})
+                ).json()["proposals"]
+            ):
+                await anyio.sleep(0.2)
+        [proposal] = waiting
+        assert proposal["action"] == "payment.refund"
+        answered = await ops.post(
+            f"/proposals/{proposal['proposal_id']}/approve", json={}, headers=key()
+        )
+        assert answered.json()["status"] == "claimed", answered.text
+
+
 def script(model: httpx.Client, *contents: dict[str, Any]) -> None:
     model.post(
         "/_control/replies", json={"replies": [{"content": json.dumps(c)} for c in contents]}
@@ -1053,6 +1075,7 @@ async def observations(db: asyncpg.Connection, run_id: str) -> list[dict[str, An
 
 
 async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_approved(
+    stack: Stack,
     api: httpx.AsyncClient,
     db: asyncpg.Connection,
     model: httpx.Client,
@@ -1110,6 +1133,7 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
 
         approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
         assert (approved.status_code, approved.json()["state"]) == (200, "approved")
+        await approved_by_another(stack, run_id)
         seen = await until(api, sid, turn_ended(1))
         assert seen["messages"][-1]["text"] == "Refunded as planned."
     finally:
@@ -1211,6 +1235,7 @@ async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_no
     script(model, select("payment.refund", asked), answer("Refunded 20.00 EUR."))
     approved = await api.post(f"/plans/{new['plan_id']}/approve", json={}, headers=key())
     assert approved.status_code == 200, approved.text
+    await approved_by_another(stack, run_id)
     done = await until(api, sid, turn_ended(1))
     assert done["messages"][-1]["text"] == "Refunded 20.00 EUR."
     [refund] = _refunds(payments, payment_id)
@@ -1269,6 +1294,7 @@ async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_agai
             await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id)
             == 0
         )
+    await approved_by_another(stack, run_id)
     done = await until(api, sid, turn_ended(1), timeout=90)
     assert done["messages"][-1]["text"] == "Refunded 15.00 EUR."
     assert len(model_requests(model)) - before == 4

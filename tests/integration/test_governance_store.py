@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import asyncpg
@@ -41,20 +42,35 @@ async def store(scratch_db: str) -> AsyncIterator[tuple[GovernanceStore, asyncpg
     await pool.close()
 
 
-async def _ask(store: GovernanceStore, call: Call, *, attended: bool = False) -> str:
+# The proposal each pending decision is about: answered only with it, as admission does.
+_PROPOSAL_OF: dict[str, str] = {}
+
+
+async def _ask(
+    store: GovernanceStore, call: Call, *, attended: bool = False, ask_open_s: int | None = None
+) -> str:
     facts = await store.facts("acme", call, "alice@acme", "run-1")
     ruling = decide(call, facts)
     assert ruling.verdict == "ask"
-    return await store.record(
+    proposal_id = str(uuid.uuid4())
+    pending = await store.record(
         tenant="acme",
         run_id="run-1",
         principal="alice@acme",
         call=call,
         ruling=ruling,
         policy_version=facts.policy_version,
-        proposal_id=str(uuid.uuid4()),
+        proposal_id=proposal_id,
         attended=attended,
+        ask_open_s=ask_open_s,
     )
+    _PROPOSAL_OF[pending] = proposal_id
+    return pending
+
+
+async def _answer(gov: GovernanceStore, **answer: Any) -> Answered | NotAnswerable:
+    """An answer given where the proposal was shown (admission's door)."""
+    return await gov.answer(proposal_id=_PROPOSAL_OF.get(answer["pending_id"]), **answer)
 
 
 WRITE = Call(
@@ -72,11 +88,16 @@ CODE = Call(
 async def test_once_is_taken_once_and_grants_nothing(store) -> None:
     gov, admin = store
     pending = await _ask(gov, WRITE)
-    first = await gov.answer(
-        tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason="ok"
+    first = await _answer(
+        gov, tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason="ok"
     )
-    second = await gov.answer(
-        tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason="again"
+    second = await _answer(
+        gov,
+        tenant="acme",
+        pending_id=pending,
+        answer="once",
+        answered_by="ops@acme",
+        reason="again",
     )
     assert isinstance(first, Answered) and isinstance(second, NotAnswerable)
     assert "already answered" in second.reason
@@ -97,8 +118,13 @@ async def test_always_writes_a_standing_grant_for_the_family(store) -> None:
     gov, admin = store
     pending = await _ask(gov, WRITE)
     assert isinstance(
-        await gov.answer(
-            tenant="acme", pending_id=pending, answer="always", answered_by="ops@acme", reason=""
+        await _answer(
+            gov,
+            tenant="acme",
+            pending_id=pending,
+            answer="always",
+            answered_by="ops@acme",
+            reason="",
         ),
         Answered,
     )
@@ -116,8 +142,13 @@ async def test_always_on_a_simple_command_writes_exactly_that_rule(store) -> Non
     )
     pending = await _ask(gov, CODE)
     assert isinstance(
-        await gov.answer(
-            tenant="acme", pending_id=pending, answer="always", answered_by="dev@acme", reason=""
+        await _answer(
+            gov,
+            tenant="acme",
+            pending_id=pending,
+            answer="always",
+            answered_by="dev@acme",
+            reason="",
         ),
         Answered,
     )
@@ -139,14 +170,19 @@ async def test_always_on_a_simple_command_writes_exactly_that_rule(store) -> Non
 async def test_always_is_refused_where_it_is_not_offered(store) -> None:
     gov, admin = store
     pending = await _ask(gov, CODE)  # no developer mode: once / deny only
-    refused = await gov.answer(
-        tenant="acme", pending_id=pending, answer="always", answered_by="dev@acme", reason=""
+    refused = await _answer(
+        gov, tenant="acme", pending_id=pending, answer="always", answered_by="dev@acme", reason=""
     )
     assert isinstance(refused, NotAnswerable) and "not offered" in refused.reason
     assert await admin.fetchval("SELECT count(*) FROM governance.rules") == 0
     assert isinstance(
-        await gov.answer(
-            tenant="acme", pending_id=pending, answer="deny", answered_by="dev@acme", reason="no"
+        await _answer(
+            gov,
+            tenant="acme",
+            pending_id=pending,
+            answer="deny",
+            answered_by="dev@acme",
+            reason="no",
         ),
         Answered,
     )
@@ -155,8 +191,8 @@ async def test_always_is_refused_where_it_is_not_offered(store) -> None:
 async def test_another_tenant_cannot_answer(store) -> None:
     gov, _ = store
     pending = await _ask(gov, WRITE)
-    refused = await gov.answer(
-        tenant="globex", pending_id=pending, answer="once", answered_by="eve@globex", reason=""
+    refused = await _answer(
+        gov, tenant="globex", pending_id=pending, answer="once", answered_by="eve@globex", reason=""
     )
     assert isinstance(refused, NotAnswerable)
     assert [p.pending_id for p in await gov.pending("acme")] == [pending]
@@ -178,8 +214,9 @@ async def test_attended_asks_come_due_after_five_minutes(store) -> None:
         "UPDATE governance.pending SET deadline = now() - interval '1 second' "
         "WHERE deadline IS NOT NULL"
     )
-    assert await gov.overdue() == [("acme", attended)]  # the unattended ask waits forever
-    assert unattended not in [p for _, p in await gov.overdue()]
+    # the unattended ask waits forever
+    assert await gov.overdue() == [("acme", attended, "no answer within 5 minutes")]
+    assert unattended not in [p for _, p, _ in await gov.overdue()]
 
 
 async def test_a_branch_is_judged_by_its_root_runs_grants_and_attendance(store) -> None:
@@ -219,8 +256,8 @@ async def test_a_branch_is_judged_by_its_root_runs_grants_and_attendance(store) 
         await admin.fetchval("SELECT waiting FROM governance.budgets WHERE run_id = 'run-7'") == 1
     )
     assert isinstance(
-        await gov.answer(
-            tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason=""
+        await _answer(
+            gov, tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason=""
         ),
         Answered,
     )
@@ -247,8 +284,8 @@ async def test_an_approval_stands_for_exactly_the_call_it_answered(store) -> Non
         ruling=decide(read, facts),
         policy_version=facts.policy_version,
     )
-    answered = await gov.answer(
-        tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason=""
+    answered = await _answer(
+        gov, tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason=""
     )
     assert isinstance(answered, Answered)
     approval = answered.decision_id
@@ -291,6 +328,7 @@ async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(stor
         for _ in range(8):
             tg.start_soon(ask)
     assert len(set(ids)) == 1
+    _PROPOSAL_OF[ids[0]] = proposal_id
     assert (
         await admin.fetchval(
             "SELECT count(*) FROM governance.pending WHERE proposal_id = $1", proposal_id
@@ -298,8 +336,8 @@ async def test_a_proposal_asked_about_at_once_waits_as_one_pending_decision(stor
         == 1
     )
     # Once answered, the proposal may be asked about again (a new question, a new id).
-    await gov.answer(
-        tenant="acme", pending_id=ids[0], answer="deny", answered_by="ops@acme", reason="no"
+    await _answer(
+        gov, tenant="acme", pending_id=ids[0], answer="deny", answered_by="ops@acme", reason="no"
     )
     await ask()
     assert ids[-1] != ids[0]
@@ -309,7 +347,8 @@ async def test_the_requester_cannot_approve_their_own_proposal_but_may_deny_it(s
     gov, admin = store
     pending = await _ask(gov, WRITE)  # a proposal of alice@acme's run
     for answer in ("once", "always"):
-        own = await gov.answer(
+        own = await _answer(
+            gov,
             tenant="acme",
             pending_id=pending,
             answer=answer,
@@ -324,7 +363,8 @@ async def test_the_requester_cannot_approve_their_own_proposal_but_may_deny_it(s
         is None
     )
     assert await admin.fetchval("SELECT count(*) FROM governance.standing_grants") == 0
-    denied = await gov.answer(
+    denied = await _answer(
+        gov,
         tenant="acme",
         pending_id=pending,
         answer="deny",
@@ -358,3 +398,79 @@ async def test_decisions_recorded_together_are_all_recorded_or_none(store) -> No
     with pytest.raises(asyncpg.CheckViolationError):
         await gov.record_many([ruled(3), ruled(4), ruled(7)])
     assert await admin.fetchval("SELECT count(*) FROM governance.decisions") == 2
+
+
+async def test_a_decision_about_a_proposal_is_answered_only_with_that_proposal(store) -> None:
+    gov, admin = store
+    pending = await _ask(gov, WRITE)
+    for proposal_id in (None, str(uuid.uuid4())):
+        refused = await gov.answer(
+            tenant="acme",
+            pending_id=pending,
+            answer="once",
+            answered_by="ops@acme",
+            reason="",
+            proposal_id=proposal_id,
+        )
+        assert isinstance(refused, NotAnswerable) and refused.code == "PROPOSAL_REQUIRED"
+    assert [p.pending_id for p in await gov.pending("acme")] == [pending]
+    assert isinstance(
+        await _answer(
+            gov, tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason=""
+        ),
+        Answered,
+    )
+
+
+async def test_a_proposals_decision_closes_when_the_proposal_expires(store) -> None:
+    gov, admin = store
+    pending = await _ask(gov, WRITE, ask_open_s=3600)
+    span = await admin.fetchval(
+        "SELECT extract(epoch FROM deadline - created_at) "
+        "FROM governance.pending WHERE pending_id = $1",
+        uuid.UUID(pending),
+    )
+    assert 3599 <= float(span) <= 3601
+    assert await gov.overdue() == []
+    await admin.execute(
+        "UPDATE governance.pending SET deadline = now() - interval '1 second' "
+        "WHERE pending_id = $1",
+        uuid.UUID(pending),
+    )
+    # A person's answer past the deadline is refused; the clock's deny closes it.
+    late = await _answer(
+        gov, tenant="acme", pending_id=pending, answer="once", answered_by="ops@acme", reason=""
+    )
+    assert isinstance(late, NotAnswerable) and late.code == "EXPIRED"
+    assert await gov.overdue() == [("acme", pending, "no answer before the proposal expired")]
+    closed = await gov.answer(
+        tenant="acme",
+        pending_id=pending,
+        answer="deny",
+        answered_by="nobody",
+        reason="no answer before the proposal expired",
+        by_clock=True,
+    )
+    assert isinstance(closed, Answered) and closed.answer == "deny"
+    assert await gov.pending("acme") == []
+
+
+async def test_always_is_refused_for_a_contract_no_grant_may_cover_whatever_was_recorded(
+    store,
+) -> None:
+    # Asked before the contract said "never": the recorded options still offer "always".
+    gov, admin = store
+    pending = await _ask(gov, WRITE)
+    assert "always" in (await gov.pending("acme"))[0].options
+    refused = await gov.answer(
+        tenant="acme",
+        pending_id=pending,
+        answer="always",
+        answered_by="ops@acme",
+        reason="",
+        proposal_id=_PROPOSAL_OF[pending],
+        never_always=frozenset({WRITE.tool}),
+    )
+    assert isinstance(refused, NotAnswerable) and refused.code == "INVALID_ANSWER"
+    assert await admin.fetchval("SELECT count(*) FROM governance.standing_grants") == 0
+    assert [p.pending_id for p in await gov.pending("acme")] == [pending]

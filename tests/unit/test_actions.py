@@ -12,7 +12,9 @@ import pytest
 
 from actions import ACTIONS
 from actions.base import FactsRef, Frozen, Invalid, Outcome, Stale, outcome_of
+from actions.crm_note_create import CrmNoteCreate
 from actions.email_draft_apply import DraftArguments, DraftFacts, DraftPreview
+from actions.payment_charge_create import PaymentChargeCreate
 from actions.payment_refund import (
     Destination,
     PaymentFacts,
@@ -940,3 +942,85 @@ def test_a_refund_frozen_before_previews_named_the_payment_still_revalidates() -
     frozen = proposed()
     old = msgspec.structs.replace(frozen.preview, payment="")
     REFUND.revalidate(frozen.arguments, old, facts(), key="acme:op")  # no Stale raised
+
+
+def test_contracts_that_move_money_are_never_covered_by_a_standing_grant() -> None:
+    never = {name for name, c in ACTIONS.items() if not c.grant_may_cover()}
+    assert {"payment.charge.create", "payment.refund"} <= never
+    for contract in ACTIONS.values():
+        if contract.standing_grant is None:  # not declared: its effects and family decide
+            assert contract.grant_may_cover() == (
+                not contract.effects and contract.family != "send_external"
+            )
+
+
+def test_an_undeclared_consequential_contract_defaults_to_never() -> None:
+    class Transfer(PaymentChargeCreate):
+        name = "payment.transfer"
+        standing_grant = None
+
+    class Invite(CrmNoteCreate):
+        name = "access.invite"
+        effects = frozenset({"access"})
+        standing_grant = None
+
+    class Send(CrmNoteCreate):
+        name = "mail.send"
+        family = "send_external"
+        standing_grant = None
+
+    class Note(CrmNoteCreate):
+        standing_grant = None
+
+    assert [c().grant_may_cover() for c in (Transfer, Invite, Send, Note)] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+
+
+def test_a_charge_reads_as_an_amount_and_a_currency_never_cents() -> None:
+    charge = ACTIONS["payment.charge.create"]
+    frozen = charge.resolve(
+        charge.decode_request({**VALID["payment.charge.create"], "amount_cents": 4200}), None
+    )
+    lines = dict(charge.describe(frozen.preview))
+    assert lines["Amount to charge"] == "42.00 " + frozen.preview.currency
+    assert not any("cents" in label.lower() for label in lines)
+
+
+def test_a_ticket_update_states_each_change_from_the_facts_the_page_shows() -> None:
+    update = ACTIONS["host.ticket.update"]
+    facts = update.decode_facts({**TICKET, "status": "open", "priority": "low"})
+    frozen = update.resolve(
+        update.decode_request({"ticket_id": "T-1001", "status": "pending", "priority": "high"}),
+        facts,
+    )
+    assert frozen.preview.changes == {"status": "open -> pending", "priority": "low -> high"}
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"ticket_id": "T-1001", "status": "pending"},
+        {"ticket_id": "T-1001", "priority": "low"},
+        {"ticket_id": "T-1001", "status": "pending", "priority": "low"},
+    ],
+)
+def test_a_ticket_update_that_changes_nothing_is_invalid(request_: dict[str, Any]) -> None:
+    update = ACTIONS["host.ticket.update"]
+    facts = update.decode_facts({**TICKET, "status": "pending", "priority": "low"})
+    with pytest.raises(Invalid, match="nothing would change"):
+        update.resolve(update.decode_request(request_), facts)
+
+
+def test_a_ticket_update_leaves_out_a_field_already_at_its_value() -> None:
+    update = ACTIONS["host.ticket.update"]
+    facts = update.decode_facts({**TICKET, "status": "pending", "priority": "low"})
+    frozen = update.resolve(
+        update.decode_request({"ticket_id": "T-1001", "status": "pending", "priority": "high"}),
+        facts,
+    )
+    assert frozen.preview.changes == {"priority": "low -> high"}
+    assert update.provider_call(frozen.arguments).body == {"priority": "high"}

@@ -155,7 +155,7 @@ def test_every_action_describes_its_preview_in_plain_text_lines() -> None:
         )
     )
     assert lines == [("Audience", "12 recipients (juniors)"), ("Subject", "Hi"), ("Body", "Hello")]
-    charge = ACTIONS["payment.charge.create"]  # no describe of its own: one line a field
+    charge = ACTIONS["payment.charge.create"]  # money as an amount and a currency
     assert charge.describe(
         charge.decode_preview(
             {
@@ -166,8 +166,97 @@ def test_every_action_describes_its_preview_in_plain_text_lines() -> None:
             }
         )
     ) == [
-        ("Customer id", "ACME-42"),
-        ("Amount cents", "1200"),
-        ("Currency", "EUR"),
+        ("Customer", "ACME-42"),
+        ("Amount to charge", "12.00 EUR"),
         ("Description", "Fee"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("state", "command", "kind"),
+    [
+        ("pending", None, "waiting"),
+        ("executing", "pending", "pending"),
+        ("completed", "succeeded", "succeeded"),
+        ("completed", "revision_required", "revision_required"),
+        ("completed", "unknown", "needs_reconciliation"),
+        ("completed", "failed", "terminal_failure"),
+        ("rejected", None, "rejected"),
+        ("expired", None, "expired"),
+    ],
+)
+def test_the_outcome_colour_follows_the_typed_outcome_not_the_proposal(
+    state: str, command: str | None, kind: str
+) -> None:
+    box = outcome_box(proposal(state=state, command_state=command, approved_by="ops"), NOW)
+    assert f'data-outcome="{kind}"' in box and f"outcome-{kind}" in box
+
+
+def test_a_hosts_raw_error_body_is_summarised_and_a_failure_gives_its_correlation_id() -> None:
+    raw = '{"error": {"code": 412, "detail": "revision r3 != r4", "trace": "..."}}'
+    box = outcome_box(
+        proposal(
+            state="completed",
+            command_state="revision_required",
+            approved_by="ops",
+            command_reason=raw,
+        ),
+        NOW,
+    )
+    assert "revision r3" not in box and "operators&#x27; records" in box
+    failed = outcome_box(
+        proposal(
+            state="completed",
+            command_state="failed",
+            approved_by="ops",
+            operation_id="op-9",
+            command_reason="Traceback: boom",
+        ),
+        NOW,
+    )
+    assert "correlation id op-9" in failed and "Traceback" not in failed
+
+
+def test_a_runs_headline_states_what_writ_recorded_before_the_models_words() -> None:
+    from services.ingress.console._pages import run_page
+
+    run = {
+        "run_id": "run-1",
+        "status": "succeeded",
+        "agent": "refund-assistant",
+        "answer": "The missing discount was refunded.",
+        "actions": [
+            {
+                "action": "payment.refund",
+                "operation_id": "op-1",
+                "state": "revision_required",
+                "outcome": "revision_required",
+                "reason": "the line's discount changed since it was proposed",
+            }
+        ],
+    }
+    page = run_page(viewer(), run, [], journals=None, replay=None)
+    recorded = page.index('id="run-recorded"')
+    assert recorded < page.index('id="run-answer"')
+    assert "payment.refund: revision_required" in page[recorded:]
+    assert "The agent wrote:" in page
+
+
+def test_a_proposal_page_has_a_live_region_for_its_outcome() -> None:
+    page = proposal_page(viewer(), proposal(), now=NOW)
+    assert '<p id="announce" class="visually-hidden" role="status" aria-live="polite">' in page
+
+
+def test_a_proposal_page_says_who_approved_it_and_when() -> None:
+    page = proposal_page(
+        viewer(),
+        proposal(
+            state="completed",
+            command_state="succeeded",
+            approved_by="ops@acme.example",
+            approved_at="2026-12-07T10:00:00+00:00",
+        ),
+        now=NOW,
+    )
+    assert 'id="approved">by ops@acme.example at 2026-12-07T10:00:00+00:00' in page
+    assert 'id="approved"' not in proposal_page(viewer(), proposal(), now=NOW)

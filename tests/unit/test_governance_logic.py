@@ -636,3 +636,49 @@ def test_always_is_offered_only_where_it_writes_a_family_grant(family: str | Non
     ruling = decide(call("tool", family), facts())
     assert ruling.verdict == "ask"
     assert ("always" in ruling.options) == (family is not None)
+
+
+def _money_call(agent: str = "billing-assistant") -> Call:
+    return Call(
+        tool="payment.charge.create",
+        family="write_delete",
+        connector="payments",
+        agent=agent,
+        first_argument="ACME-42",
+        grantable=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "the_facts",
+    [
+        facts(),
+        facts(standing_families=frozenset({"write_delete"})),
+        facts(run_families=frozenset({"write_delete"})),
+        facts(
+            standing_families=frozenset(FAMILIES),
+            run_families=frozenset(FAMILIES),
+            developer_mode=True,
+            rules=(allow("payment.charge.create"),),
+        ),
+    ],
+    ids=["no grant", "standing grant", "run grant", "every grant and an allow rule"],
+)
+def test_a_consequential_contract_asks_every_time_with_once_and_deny_only(
+    the_facts: Facts,
+) -> None:
+    ruling = decide(_money_call(), the_facts)
+    assert (ruling.verdict, ruling.line, ruling.options) == ("ask", 5, ("once", "deny"))
+    # The grant still covers the family's other contracts.
+    if "write_delete" in the_facts.standing_families:
+        assert decide(call(), the_facts).verdict == "allow"
+
+
+def test_a_consequential_contract_runs_only_on_a_persons_answer_to_exactly_this_call() -> None:
+    assert decide(_money_call(), facts(approved=True)).verdict == "allow"
+    # Denials still come first.
+    refused = facts(approved=True, refused_tools=frozenset({"payment.charge.create"}))
+    assert decide(_money_call(), refused).verdict == "deny"
+    assert decide(_money_call(), facts(approved=True, rules=(deny("payment.charge.create"),))) == (
+        decide(_money_call(), facts(rules=(deny("payment.charge.create"),)))
+    )

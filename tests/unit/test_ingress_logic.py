@@ -659,3 +659,22 @@ def test_the_maximum_token_lifetime_is_read_from_writ_max_token_ttl_s() -> None:
         load_settings(IngressSettings, {**base, "WRIT_MAX_TOKEN_TTL_S": "600"}).max_token_ttl_s
         == 600.0
     )
+
+
+def test_an_issuer_of_email_principals_gets_one_identity_whatever_the_case() -> None:
+    email = {**KEYS, "acme": msgspec.structs.replace(KEYS["acme"], principals="email")}
+    for sub in ("Alice@ACME.example", "alice@acme.example", "ALICE@acme.EXAMPLE"):
+        outcome = verify_request(
+            body(token(claims_for(sub=sub))),
+            subject_tenant="acme",
+            header_request_id="req-1",
+            keys=email,
+            audience=AUDIENCE,
+            max_bytes=MAX_BYTES,
+        )
+        assert isinstance(outcome, Verified) and outcome.principal == "alice@acme.example"
+
+
+def test_an_issuer_of_exact_principals_keeps_them_as_they_are() -> None:
+    outcome = verify(body(token(claims_for(sub="Alice@acme"))))
+    assert isinstance(outcome, Verified) and outcome.principal == "Alice@acme"

@@ -10,8 +10,8 @@ writ tenant add T --public-key PEM   register a tenant and its issuer's key
 writ reconcile list       commands whose outcome nobody knows (`unknown`)
 writ reconcile resolve    record what an operator established, with its evidence
 writ pending              decisions waiting for a person
-writ decide <id> <answer> answer one: once | always | deny
-writ approve <proposal>   approve a proposal by its id (what it does is what was shown)
+writ decide <id> <answer> answer one: once | always | deny (--proposal P for a proposal's)
+writ approve <proposal>   approve a proposal by its id (what it does is what was shown; --always)
 writ reject <proposal>    reject it, with --reason
 writ review <id> <answer> answer a review a run asked for: approve | reject
 writ policy sign          sign an organisation policy file

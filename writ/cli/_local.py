@@ -97,7 +97,11 @@ def _tenant(args: argparse.Namespace) -> int:
     try:
         if args.action == "add":
             issuer = add_tenant(
-                Path(args.home), args.tenant, Path(args.public_key).read_text(), issuer=args.issuer
+                Path(args.home),
+                args.tenant,
+                Path(args.public_key).read_text(),
+                issuer=args.issuer,
+                principals=args.principals,
             )
             print(
                 f"tenant {args.tenant} added (issuer {issuer}); ingress picks it up within "
@@ -272,6 +276,13 @@ def add_parsers(sub: Any) -> None:
         "--issuer",
         default="",
         help="the `iss` its tokens carry (default https://<tenant>.example/host)",
+    )
+    add.add_argument(
+        "--principals",
+        default="exact",
+        choices=["exact", "email"],
+        help="email: its principals are e-mail addresses, one person whatever their case "
+        "(maker-checker, grants and the journal compare them case-folded)",
     )
     rm = ten.add_parser("remove", help="forget a tenant: its tokens are refused from then on")
     rm.add_argument("tenant")

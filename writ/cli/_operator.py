@@ -147,6 +147,8 @@ def _decide(args: argparse.Namespace) -> int:
         args.answer,
         args.reason,
         _approver_token(args),
+        10.0,
+        args.proposal,
     )
 
 
@@ -163,6 +165,8 @@ def _approve(args: argparse.Namespace) -> int:
         args.answer,
         args.reason,
         _approver_token(args),
+        10.0,
+        "always" if getattr(args, "always", False) else "once",
     )
 
 
@@ -320,6 +324,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("pending_id")
     p.add_argument("answer", choices=["once", "always", "deny"])
     p.add_argument("--reason", default="")
+    p.add_argument(
+        "--proposal",
+        default=None,
+        help="the proposal the decision is about (required for one: `writ pending` shows it "
+        "with its preview)",
+    )
     p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
     p.add_argument("--principal", default="ops@acme.example")
     p.set_defaults(func=_decide)
@@ -332,6 +342,13 @@ def add_parsers(sub: Any) -> None:
         _operator_args(p)
         p.add_argument("proposal_id")
         p.add_argument("--reason", default="", required=answer == "reject")
+        if answer == "approve":
+            p.add_argument(
+                "--always",
+                action="store_true",
+                help="also let this agent's calls of the family run without asking, where "
+                "the decision offers it (never for money, access or sending outside)",
+            )
         p.add_argument("--token", default="", help="the approver's token (default: local demo key)")
         p.add_argument("--principal", default="ops@acme.example")
         p.set_defaults(func=_approve, answer=answer)

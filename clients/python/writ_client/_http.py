@@ -249,14 +249,19 @@ class Client:
         *,
         reason: str = "",
         request_id: str | None = None,
+        proposal_id: str | None = None,
     ) -> DecisionResult:
-        """Answer a pending decision (`once`, `always`, `deny`)."""
+        """Answer a pending decision (`once`, `always`, `deny`); one about a proposal names
+        it (`proposal_id`), or it is refused with `PROPOSAL_REQUIRED`."""
+        body: dict[str, str] = {"pending_id": pending_id, "answer": answer, "reason": reason}
+        if proposal_id is not None:
+            body["proposal_id"] = proposal_id
         return (
             await self._call(
                 "POST",
                 "/pending-decisions/decide",
                 DecisionResult,
-                body={"pending_id": pending_id, "answer": answer, "reason": reason},
+                body=body,
                 key=request_id or new_key("decide"),
             )
         )[1]
@@ -271,15 +276,21 @@ class Client:
         return (await self._call("GET", f"/proposals/{proposal_id}", ProposalDetail))[1]
 
     async def approve(
-        self, proposal_id: str, *, reason: str = "", request_id: str | None = None
+        self,
+        proposal_id: str,
+        *,
+        reason: str = "",
+        request_id: str | None = None,
+        grant: str = "once",
     ) -> ApprovalResult:
-        """Approve exactly the frozen proposal."""
+        """Approve exactly the frozen proposal (`grant="always"`: and let the agent's calls of
+        its family run without asking, where the decision offers it)."""
         return (
             await self._call(
                 "POST",
                 f"/proposals/{proposal_id}/approve",
                 ApprovalResult,
-                body={"reason": reason},
+                body={"reason": reason, "grant": grant},
                 key=request_id or new_key("approve"),
             )
         )[1]

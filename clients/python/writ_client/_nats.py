@@ -241,8 +241,9 @@ class NatsClient:
         *,
         reason: str = "",
         request_id: str | None = None,
+        proposal_id: str | None = None,
     ) -> DecisionResult:
-        """Publish a `HumanDecision`; whether governance took it."""
+        """Publish a `HumanDecision`; whether it was taken (one about a proposal names it)."""
         request_id = request_id or new_key("decide")
         message = HumanDecision(
             request_id=request_id,
@@ -250,6 +251,7 @@ class NatsClient:
             pending_id=pending_id,
             answer=answer,
             reason=reason,
+            proposal_id=proposal_id,
         )
         return await self._send(
             subjects.human_decision(self._tenant), message, request_id, DecisionResult

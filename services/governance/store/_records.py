@@ -64,7 +64,12 @@ class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
 
     reason: str
     code: Literal[
-        "UNKNOWN_PENDING", "ALREADY_ANSWERED", "INVALID_ANSWER", "SEPARATION_OF_DUTIES"
+        "UNKNOWN_PENDING",
+        "ALREADY_ANSWERED",
+        "INVALID_ANSWER",
+        "SEPARATION_OF_DUTIES",
+        "PROPOSAL_REQUIRED",
+        "EXPIRED",
     ] = "UNKNOWN_PENDING"
 
 
@@ -89,6 +94,7 @@ class ToRecord(msgspec.Struct, frozen=True, kw_only=True):
     policy_version: str
     proposal_id: str | None = None
     attended: bool = False
+    ask_open_s: int | None = None  # an ask's pending decision closes after this long
 
 
 def decision_row(

@@ -9,7 +9,7 @@ writes its audit journal row in the same transaction.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
@@ -182,8 +182,12 @@ class GovernanceStore(BudgetStore):
         policy_version: str,
         proposal_id: str | None = None,
         attended: bool = False,
+        ask_open_s: int | None = None,
     ) -> str:
-        """Persist the decision (and, for an ask, its pending decision) in one transaction."""
+        """Persist the decision (and, for an ask, its pending decision) in one transaction.
+
+        An ask's pending decision closes (deny, by the clock) after 5 minutes when a person is
+        watching, and after `ask_open_s` (its proposal's time to live) in any case."""
         decision_id, decision, event = decision_row(
             tenant=tenant,
             run_id=run_id,
@@ -203,7 +207,11 @@ class GovernanceStore(BudgetStore):
         try:
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(_INSERT_DECISION, *decision)
-                deadline = datetime.now(UTC) + ATTENDED_ASK_TIMEOUT if attended else None
+                now = datetime.now(UTC)
+                deadlines = ([now + ATTENDED_ASK_TIMEOUT] if attended else []) + (
+                    [now + timedelta(seconds=ask_open_s)] if ask_open_s else []
+                )
+                deadline = min(deadlines) if deadlines else None
                 event.update(options=list(ruling.options), deadline=deadline)
                 await self._write(
                     conn,
@@ -323,7 +331,8 @@ class GovernanceStore(BudgetStore):
         """The tenant's unanswered decisions, oldest first."""
         rows = await self._pool.fetch(
             "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
-            "first_argument, reason, options, attended, deadline, created_at "
+            "first_argument, reason, options, attended, deadline, created_at, "
+            "proposal_id IS NOT NULL AS about_proposal "
             "FROM governance.pending WHERE tenant = $1 AND answer IS NULL "
             "ORDER BY created_at LIMIT $2",
             tenant,
@@ -343,6 +352,7 @@ class GovernanceStore(BudgetStore):
                 attended=r["attended"],
                 deadline=r["deadline"].isoformat() if r["deadline"] else None,
                 created_at=r["created_at"].isoformat(),
+                about_proposal=r["about_proposal"],
             )
             for r in rows
         ]
@@ -367,12 +377,22 @@ class GovernanceStore(BudgetStore):
         answered_by: str,
         reason: str,
         same_again: bool = False,
+        proposal_id: str | None = None,
+        by_clock: bool = False,
+        never_always: frozenset[str] = frozenset(),
     ) -> Answered | NotAnswerable:
         """Take a person's (or the clock's) answer, once; `always` writes its grant or rule.
 
         `same_again`: the same answer given again gets the recorded one back (who gave it, and
         the decision it became) instead of a refusal; concurrent approvals of one proposal then
         all reach admission's single claim, which says which of them executes.
+
+        `proposal_id`: the proposal admission showed the approver. A decision about a proposal
+        is answered only with it (one door per effect: where its frozen preview is shown), or
+        by the clock (`by_clock`: unanswered is deny).
+
+        `never_always`: tools no standing grant may cover (their contracts say so): `always`
+        is refused for them whatever options a decision recorded before that was said.
         """
         if not is_uuid(pending_id):
             return NotAnswerable(reason="no such pending decision")
@@ -386,6 +406,16 @@ class GovernanceStore(BudgetStore):
             )
             if row is None:
                 return NotAnswerable(reason="no such pending decision")
+            if (
+                row["answer"] is None
+                and not by_clock
+                and row["deadline"] is not None
+                and row["deadline"] <= datetime.now(UTC)
+            ):
+                return NotAnswerable(
+                    reason="the decision expired unanswered: nothing may be answered now",
+                    code="EXPIRED",
+                )
             if row["answer"] is not None:
                 if same_again and row["answer"] == answer:
                     return Answered(
@@ -405,6 +435,16 @@ class GovernanceStore(BudgetStore):
                 )
             if (
                 row["proposal_id"] is not None
+                and not by_clock
+                and proposal_id != row["proposal_id"]
+            ):
+                return NotAnswerable(
+                    reason="this decision is about a proposal: answer it on the proposal, "
+                    "where its preview is shown (name the proposal's id)",
+                    code="PROPOSAL_REQUIRED",
+                )
+            if (
+                row["proposal_id"] is not None
                 and answer != "deny"
                 and (answered_by == row["principal"])
             ):
@@ -414,7 +454,7 @@ class GovernanceStore(BudgetStore):
                     reason="the principal who requested the run cannot approve its proposals",
                     code="SEPARATION_OF_DUTIES",
                 )
-            if answer not in row["options"]:
+            if answer not in row["options"] or (answer == "always" and row["tool"] in never_always):
                 return NotAnswerable(
                     reason=f"{answer!r} is not offered here: {', '.join(row['options'])}",
                     code="INVALID_ANSWER",
@@ -536,14 +576,24 @@ class GovernanceStore(BudgetStore):
             policy_version=row["policy_version"],
         )
 
-    async def overdue(self, limit: int = 100) -> list[tuple[str, str]]:
-        """(tenant, pending id) of attended asks nobody answered in time."""
+    async def overdue(self, limit: int = 100) -> list[tuple[str, str, str]]:
+        """(tenant, pending id, why) of asks nobody answered in time: an attended ask after
+        5 minutes, any other once its proposal expired."""
         rows = await self._pool.fetch(
-            "SELECT tenant, pending_id::text AS pending_id FROM governance.pending "
+            "SELECT tenant, pending_id::text AS pending_id, attended FROM governance.pending "
             "WHERE answer IS NULL AND deadline < now() ORDER BY deadline LIMIT $1",
             limit,
         )
-        return [(r["tenant"], r["pending_id"]) for r in rows]
+        return [
+            (
+                r["tenant"],
+                r["pending_id"],
+                "no answer within 5 minutes"
+                if r["attended"]
+                else "no answer before the proposal expired",
+            )
+            for r in rows
+        ]
 
     async def policy_tenants(self) -> list[str]:
         """Tenants with a recorded org policy."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from datetime import UTC, datetime
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import msgspec
 
@@ -27,7 +28,9 @@ __all__ = [
     "review_page",
     "run_page",
     "run_status",
+    "summary",
     "time_left",
+    "when",
 ]
 
 # A command in one of these states has its outcome: the page stops following it.
@@ -51,7 +54,8 @@ def h(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _when(iso: str | None) -> datetime | None:
+def when(iso: str | None) -> datetime | None:
+    """An ISO time as an aware datetime (None: none, or not a time)."""
     if not iso:
         return None
     try:
@@ -72,13 +76,13 @@ def _span(seconds: float) -> str:
 
 def ago(iso: str | None, now: datetime) -> str:
     """How long ago."""
-    moment = _when(iso)
+    moment = when(iso)
     return "" if moment is None else _span(max(0.0, (now - moment).total_seconds()))
 
 
 def time_left(iso: str | None, now: datetime) -> str:
     """Time left before an expiry ("expired" once it passed, "no expiry" without one)."""
-    moment = _when(iso)
+    moment = when(iso)
     if moment is None:
         return "no expiry"
     left = (moment - now).total_seconds()
@@ -137,13 +141,16 @@ def inbox_page(
     viewer: Viewer,
     items: list[dict[str, Any]],
     *,
-    kind: str,
-    agent: str,
+    filters: dict[str, Any],
     agents: list[str],
+    actions: list[str],
+    counts: dict[str, int | None],
+    next_cursor: str | None,
     problems: list[str],
     now: datetime,
 ) -> str:
-    """Everything waiting for the viewer, newest first, with its filters."""
+    """What waits for the viewer, newest first: counted, filtered, a page at a time."""
+    kind, agent, action = filters["kind"], filters["agent"], filters["action"]
     kinds = "".join(
         f'<option value="{k}"{" selected" if k == kind else ""}>{label}</option>'
         for k, label in (
@@ -154,9 +161,15 @@ def inbox_page(
         )
     )
     agent_options = '<option value="">all agents</option>' + "".join(
-        f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>' for a in agents
+        f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>'
+        for a in sorted({*agents, *([agent] if agent else [])})
     )
-    src = f"/console/inbox/rows?kind={h(kind)}&amp;agent={h(agent)}"
+    action_options = '<option value="">all actions</option>' + "".join(
+        f'<option value="{h(a)}"{" selected" if a == action else ""}>{h(a)}</option>'
+        for a in actions
+    )
+    query = {k: v for k, v in filters.items() if v and k != "cursor"}
+    src = "/console/inbox/rows?" + h(urlencode({**query, "cursor": filters["cursor"]}))
     notes = "".join(f'<p class="problem">{h(p)}</p>' for p in problems)
     if "auditor" in viewer.roles:
         notes += (
@@ -164,15 +177,33 @@ def inbox_page(
             '<label>Open a run <input name="run_id" id="run-id" maxlength="128" '
             'required></label><button type="submit">Open</button></form>'
         )
+    said = {"proposal": "proposals", "decision": "decisions", "review": "reviews"}
+    count = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n is not None)
+    paging = (
+        f'<a id="next-page" href="/console/?{h(urlencode({**query, "cursor": next_cursor}))}">'
+        "Older proposals</a>"
+        if next_cursor
+        else ""
+    )
+    if filters["cursor"]:
+        paging = f'<a id="first-page" href="/console/?{h(urlencode(query))}">Newest</a> ' + paging
     body = (
-        f'<h1>Inbox</h1>{notes}<form method="get" action="/console/" class="filters">'
+        f'<h1>Inbox</h1>{notes}<p id="inbox-count" aria-live="polite">Waiting: '
+        f"{h(count or 'nothing')}</p>"
+        '<form method="get" action="/console/" class="filters">'
         f'<label>Kind <select name="kind" id="kind">{kinds}</select></label>'
         f'<label>Agent <select name="agent" id="agent">{agent_options}</select></label>'
+        f'<label>Action <select name="action" id="action">{action_options}</select></label>'
+        f'<label>Requester <input name="requester" id="requester" maxlength="256" '
+        f'value="{h(filters["requester"])}"></label>'
+        f'<label>Older than (minutes) <input name="older_than_min" id="older-than" '
+        f'inputmode="numeric" pattern="[0-9]*" maxlength="6" '
+        f'value="{h(filters["older_than_min"] or "")}"></label>'
         f'<button type="submit" id="filter">Filter</button></form>'
         f'<table class="inbox"><thead><tr><th>Kind</th><th>Agent</th><th>Action or tool'
         f"</th><th>Requester</th><th>Age</th><th>Time left</th></tr></thead>"
         f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now)}</tbody>'
-        f"</table>"
+        f'</table><nav class="paging" aria-label="Pages">{paging}</nav>'
     )
     return layout("Inbox", body, viewer)
 
@@ -219,16 +250,40 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
             text += f" (receipt {p['receipt']})"
         if outcome == "needs_reconciliation":
             text += "; nobody knows yet whether it happened: an operator reconciles it"
+        elif outcome == "terminal_failure":
+            text += (
+                "; it will not be retried: quote the correlation id "
+                f"{p.get('operation_id') or '?'} to an operator"
+            )
         elif p.get("command_reason") and command in FINAL_COMMAND - {"succeeded"}:
-            text += f": {p['command_reason']}"
+            text += f": {summary(p['command_reason'])}"
+    elif state == "expired":
+        text = "it can no longer be approved; the agent must propose it again"
     else:
         text = f"{state}" + (f": {p['reason']}" if p.get("reason") else "")
     final = "true" if proposal_final(p) else "false"
+    # The colour follows the typed outcome (or, before there is one, the proposal's state):
+    # a revision required is not a success because its proposal was approved.
+    kind = (
+        _OUTCOME.get(command or "pending", "pending")
+        if state in ("executing", "completed")
+        else {"pending": "waiting"}.get(state, state)
+    )
     return (
-        f'<div id="outcome" class="outcome state-{h(state)}" data-final="{final}" '
+        f'<div id="outcome" class="outcome state-{h(state)} outcome-{h(kind)}" '
+        f'data-outcome="{h(kind)}" data-final="{final}" '
         f'data-poll="/console/proposals/{h(p["proposal_id"])}/outcome">'
         f'<strong>{h(state)}</strong> — <span id="outcome-text">{h(text)}</span></div>'
     )
+
+
+def summary(reason: str) -> str:
+    """A command's recorded reason as a person reads it: a host's raw error body (JSON, or
+    more than a line) is summarised, never dumped; the operators' records keep it whole."""
+    text = reason.strip()
+    if text[:1] in ("{", "[") or "\n" in text or len(text) > 200:
+        return "the system of record refused it (its answer is in the operators' records)"
+    return text
 
 
 def _decision_text(p: dict[str, Any]) -> str:
@@ -275,15 +330,24 @@ def proposal_page(
     now: datetime,
     answered: str = "",
     run: dict[str, Any] | None = None,
+    options: list[str] | None = None,
 ) -> str:
-    """One proposal: what approving it does, in words; what it stands on; the answer."""
+    """One proposal: what approving it does, in words; what it stands on; the answer.
+
+    `options`: what its pending decision offers. "Always" is offered only here, beside the
+    preview, and only where the decision offers it (never for money, access or sending
+    outside)."""
     pid = h(p["proposal_id"])
     own = p.get("requester") == viewer.principal
-    expired = p["state"] == "pending" and time_left(p.get("expires_at"), now) == "expired"
+    expired = p["state"] == "expired" or (
+        p["state"] == "pending" and time_left(p.get("expires_at"), now) == "expired"
+    )
     parts = [f"<h1>{h(p['action'])}</h1>"]
     if answered:
         parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
     parts.append(outcome_box(p, now))
+    # The page's script says each change of the outcome here (the box itself is replaced).
+    parts.append('<p id="announce" class="visually-hidden" role="status" aria-live="polite"></p>')
     parts.append("<h2>What approving it does</h2>")
     parts.append(_preview_lines(p["action"], p["preview"]))
     parts.append(
@@ -300,14 +364,20 @@ def proposal_page(
         f"({h(time_left(p.get('expires_at'), now))})</td></tr>"
         f'<tr><th scope="row">Decision that asked</th><td id="decision">'
         f"{h(_decision_text(p))}</td></tr>"
-        f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
+        + (
+            f'<tr><th scope="row">Approved</th><td id="approved">by '
+            f"{h(p.get('approved_by'))} at {h(p.get('approved_at'))}</td></tr>"
+            if p.get("approved_by")
+            else ""
+        )
+        + f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
         f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>'
     )
     parts.append(_facts(p))
     if run is not None:
         parts.append(f'<p id="run-state">The run is {h(run["status"])}.</p>')
     parts.append(evidence_list(run))
-    if p["state"] == "pending":
+    if p["state"] == "pending" or expired:
         if "approver" not in viewer.roles:
             parts.append('<p class="notice">Only approvers answer proposals.</p>')
         elif expired:
@@ -323,10 +393,19 @@ def proposal_page(
                     "Writ refuses your approval; you may still reject it.</p>"
                 )
             else:
+                always = (
+                    '<button type="submit" name="grant" value="always" id="approve-always">'
+                    "Approve, and always allow this agent's "
+                    f"{h(ACTIONS[p['action']].family if p['action'] in ACTIONS else '')} "
+                    "calls</button>"
+                    if "always" in (options or [])
+                    else ""
+                )
                 parts.append(
                     f'<form method="post" action="/console/proposals/{pid}/approve" '
                     f'class="answer" data-once="true">{_csrf(viewer)}'
-                    f'<button type="submit" id="approve">Approve exactly this</button></form>'
+                    f'<button type="submit" name="grant" value="once" id="approve">'
+                    f"Approve exactly this</button>{always}</form>"
                 )
             parts.append(
                 f'<form method="post" action="/console/proposals/{pid}/reject" '
@@ -414,8 +493,20 @@ def run_page(
             f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
             f"{h(run['error']['message'])}</p>"
         )
+    # What Writ recorded comes before what the model wrote: an answer saying "refunded" does
+    # not make a refund that did not succeed.
+    unsettled = [a for a in run.get("actions") or [] if a.get("outcome") not in (None, "succeeded")]
+    if unsettled:
+        recorded = "; ".join(
+            f"{a['action']}: {a.get('outcome')}"
+            + (f" ({summary(a['reason'])})" if a.get("reason") else "")
+            for a in unsettled
+        )
+        parts.append(f'<p class="problem" id="run-recorded">Writ recorded {h(recorded)}</p>')
     if run.get("answer"):
-        parts.append(f'<p id="run-answer">{h(run["answer"])}</p>')
+        parts.append(
+            f'<p id="run-answer"><span class="label">The agent wrote:</span> {h(run["answer"])}</p>'
+        )
     if run.get("pending_id"):
         pending = run["pending_id"]
         if run.get("proposal"):

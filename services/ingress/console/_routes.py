@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import quote
@@ -15,6 +15,7 @@ from litestar import Request, Response, Router, get, post
 from litestar.datastructures import Cookie
 from litestar.params import FromPath, QueryParameter
 
+from actions import ACTIONS
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import Answer, ApiClient
 from services.ingress.console._session import COOKIE, Refused, Sessions, Viewer
@@ -51,6 +52,10 @@ _ANSWERED: Final = {
 # What a person's browser may post: each form is closed and bounded like any API body.
 class _Form(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     csrf: Annotated[str, msgspec.Meta(max_length=128)]
+
+
+class _ApproveForm(_Form, frozen=True):
+    grant: Literal["once", "always"] = "once"
 
 
 class _RejectForm(_Form, frozen=True):
@@ -149,86 +154,122 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         return _Bad(answer.status, "Refused", answer.problem)
 
     async def _inbox_items(
-        viewer: Viewer, kind: str, agent: str
-    ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+        viewer: Viewer, f: _Inbox
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """One page of what waits for the viewer, and the page's counts and cursor.
+
+        Proposals come a page at a time from the API (newest first, every one reachable by
+        its cursor, filtered there); decisions about other calls and reviews are few, and
+        come with the first page. A decision about a proposal is never a row of its own: it
+        is answered on its proposal."""
         items: list[dict[str, Any]] = []
-        problems: list[str] = []
+        page: dict[str, Any] = {"problems": [], "counts": {}, "next": None, "agents": set()}
         if APPROVER_ROLE not in viewer.roles:
-            return items, ["Only approvers have an inbox; auditors open runs by their id."], []
-        got_p = await client.get(viewer, "/proposals", state="pending")
-        got_d = await client.get(viewer, "/pending-decisions")
-        asked_by_proposal: set[str] = set()
-        if got_p.ok:
-            for p in got_p.body["proposals"]:
-                asked_by_proposal.add(p.get("decision_id") or "")
-                items.append(
-                    {
-                        "kind": "proposal",
-                        "id": p["proposal_id"],
-                        "agent": p.get("agent"),
-                        "what": p["action"],
-                        "requester": p.get("requester"),
-                        "created_at": p.get("created_at"),
-                        "expires_at": p.get("expires_at"),
-                        "href": f"/console/proposals/{p['proposal_id']}",
-                    }
-                )
-        else:
-            problems.append(f"proposals: {got_p.problem}")
-        if got_d.ok:
-            for d in got_d.body["decisions"]:
-                if d["pending_id"] in asked_by_proposal:
-                    continue  # shown as its proposal: approved by the proposal's id
-                items.append(
-                    {
-                        "kind": "decision",
-                        "id": d["pending_id"],
-                        "agent": d["agent"],
-                        "what": d["tool"],
-                        "requester": d["principal"],
-                        "created_at": d["created_at"],
-                        "expires_at": d.get("deadline"),
-                        "href": f"/console/decisions/{d['pending_id']}",
-                    }
-                )
-        else:
-            problems.append(f"decisions: {got_d.problem}")
-        got_r = await client.get(viewer, "/reviews")
-        if got_r.ok:
-            for r in got_r.body["reviews"]:
-                items.append(
-                    {
-                        "kind": "review",
-                        "id": r["pending_id"],
-                        "agent": r["agent"],
-                        "what": "review of its work",
-                        "requester": r["principal"],
-                        "created_at": r["since"],
-                        "expires_at": None,
-                        "href": f"/console/reviews/{r['pending_id']}",
-                    }
-                )
-        else:
-            problems.append(f"reviews: {got_r.problem}")
-        agents = sorted({str(i["agent"]) for i in items if i["agent"]})
-        chosen = [i for i in items if kind in ("", i["kind"]) and agent in ("", i["agent"])]
-        chosen.sort(key=lambda i: i["created_at"] or "", reverse=True)
-        return chosen, agents, problems
+            page["problems"].append("Only approvers have an inbox; auditors open runs by their id.")
+            return items, page
+        if f.kind in ("", "proposal"):
+            got_p = await client.get(
+                viewer,
+                "/proposals",
+                state="pending",
+                limit=str(_PAGE),
+                cursor=f.cursor or None,
+                action=f.action or None,
+                agent=f.agent or None,
+                requester=f.requester or None,
+                older_than_s=str(f.older_than_min * 60) if f.older_than_min else None,
+            )
+            if got_p.ok:
+                page["counts"]["proposal"] = got_p.body.get("total")
+                page["next"] = got_p.body.get("next_cursor")
+                for p in got_p.body["proposals"]:
+                    items.append(
+                        {
+                            "kind": "proposal",
+                            "id": p["proposal_id"],
+                            "agent": p.get("agent"),
+                            "what": p["action"],
+                            "requester": p.get("requester"),
+                            "created_at": p.get("created_at"),
+                            "expires_at": p.get("expires_at"),
+                            "href": f"/console/proposals/{p['proposal_id']}",
+                        }
+                    )
+            else:
+                page["problems"].append(f"proposals: {got_p.problem}")
+        others: list[dict[str, Any]] = []
+        if f.kind in ("", "decision"):
+            got_d = await client.get(viewer, "/pending-decisions")
+            if got_d.ok:
+                for d in got_d.body["decisions"]:
+                    if d.get("about_proposal"):
+                        continue  # shown as its proposal: answered beside its preview
+                    others.append(
+                        {
+                            "kind": "decision",
+                            "id": d["pending_id"],
+                            "agent": d["agent"],
+                            "what": d["tool"],
+                            "requester": d["principal"],
+                            "created_at": d["created_at"],
+                            "expires_at": d.get("deadline"),
+                            "href": f"/console/decisions/{d['pending_id']}",
+                        }
+                    )
+            else:
+                page["problems"].append(f"decisions: {got_d.problem}")
+        if f.kind in ("", "review"):
+            got_r = await client.get(viewer, "/reviews")
+            if got_r.ok:
+                for r in got_r.body["reviews"]:
+                    others.append(
+                        {
+                            "kind": "review",
+                            "id": r["pending_id"],
+                            "agent": r["agent"],
+                            "what": "review of its work",
+                            "requester": r["principal"],
+                            "created_at": r["since"],
+                            "expires_at": None,
+                            "href": f"/console/reviews/{r['pending_id']}",
+                        }
+                    )
+            else:
+                page["problems"].append(f"reviews: {got_r.problem}")
+        page["agents"] = {str(i["agent"]) for i in items + others if i["agent"]}
+        cutoff = datetime.now(UTC) - timedelta(minutes=f.older_than_min)
+        others = [
+            i
+            for i in others
+            if f.agent in ("", i["agent"])
+            and f.action in ("", i["what"])
+            and f.requester in ("", i["requester"])
+            and (not f.older_than_min or (pages.when(i["created_at"]) or cutoff) <= cutoff)
+        ]
+        for kind in ("decision", "review"):
+            if f.kind in ("", kind):
+                page["counts"][kind] = sum(1 for i in others if i["kind"] == kind)
+        if not f.cursor:  # the first page carries the few that are not proposals
+            items += others
+        items.sort(key=lambda i: i["created_at"] or "", reverse=True)
+        return items, page
 
     @get("/", include_in_schema=False)
     @_page
     async def inbox(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
         """Everything waiting for the viewer."""
-        kind, agent = _filters(request)
-        items, agents, problems = await _inbox_items(viewer, kind, agent)
+        f = _filters(request)
+        items, page = await _inbox_items(viewer, f)
         return _html(
             pages.inbox_page(
                 viewer,
                 items,
-                kind=kind,
-                agent=agent,
-                agents=agents,
-                problems=problems,
+                filters=msgspec.structs.asdict(f),
+                agents=sorted(page["agents"]),
+                actions=sorted(ACTIONS),
+                counts=page["counts"],
+                next_cursor=page["next"],
+                problems=page["problems"],
                 now=datetime.now(UTC),
             )
         )
@@ -237,8 +278,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     @_page
     async def inbox_rows(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
         """The inbox's rows, for the page to poll."""
-        kind, agent = _filters(request)
-        items, _, _ = await _inbox_items(viewer, kind, agent)
+        items, _ = await _inbox_items(viewer, _filters(request))
         return _html(pages.inbox_rows(items, datetime.now(UTC)))
 
     async def _proposal(viewer: Viewer, proposal_id: str) -> dict[str, Any]:
@@ -252,6 +292,14 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         got = await client.get(viewer, f"/runs/{p['run_id']}")
         return got.body if got.ok else None
 
+    async def _options(viewer: Viewer, p: dict[str, Any]) -> list[str]:
+        """The answers the proposal's pending decision offers ("always" only where no
+        contract forbids a standing grant); none once it is answered."""
+        if p["state"] != "pending" or APPROVER_ROLE not in viewer.roles:
+            return []
+        d = await _decision(viewer, p.get("decision_id") or "")
+        return list(d["options"]) if d is not None else ["once", "deny"]
+
     @get("/proposals/{proposal_id:str}", include_in_schema=False)
     @_page
     async def proposal(
@@ -260,7 +308,13 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         """One proposal, in words."""
         p = await _proposal(viewer, proposal_id)
         return _html(
-            pages.proposal_page(viewer, p, now=datetime.now(UTC), run=await _run_of(viewer, p))
+            pages.proposal_page(
+                viewer,
+                p,
+                now=datetime.now(UTC),
+                run=await _run_of(viewer, p),
+                options=await _options(viewer, p),
+            )
         )
 
     @get("/proposals/{proposal_id:str}/outcome", include_in_schema=False)
@@ -276,8 +330,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str, answer: str
     ) -> Response[str]:
         if answer == "approve":
-            await _form(request, viewer, _Form)
-            body: dict[str, Any] = {}
+            # "always" only where the decision offers it: governance refuses it otherwise.
+            body: dict[str, Any] = {"grant": (await _form(request, viewer, _ApproveForm)).grant}
         else:
             body = {"reason": (await _form(request, viewer, _RejectForm)).reason}
         # The proposal's id and, to reject, a reason: nothing that was approved is sent
@@ -300,7 +354,12 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         p = await _proposal(viewer, proposal_id)
         return _html(
             pages.proposal_page(
-                viewer, p, now=datetime.now(UTC), answered=said, run=await _run_of(viewer, p)
+                viewer,
+                p,
+                now=datetime.now(UTC),
+                answered=said,
+                run=await _run_of(viewer, p),
+                options=await _options(viewer, p),
             )
         )
 
@@ -326,15 +385,41 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             raise _Bad(got.status, "Refused", got.problem)
         return next((d for d in got.body["decisions"] if d["pending_id"] == pending_id), None)
 
+    async def _proposal_asked_by(viewer: Viewer, pending_id: str) -> str | None:
+        """The pending proposal a decision is about: it is answered there, beside its
+        preview (one door per effect)."""
+        got = await client.get(viewer, "/proposals", state="pending", limit="500")
+        if not got.ok:
+            raise _Bad(got.status, "Refused", got.problem)
+        return next(
+            (
+                p["proposal_id"]
+                for p in got.body["proposals"]
+                if (p.get("decision_id") or "") == pending_id
+            ),
+            None,
+        )
+
     @get("/decisions/{pending_id:str}", include_in_schema=False)
     @_page
     async def decision(
         request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
     ) -> Response[str]:
-        """A pending decision and the answers its case allows."""
+        """A pending decision and the answers its case allows; one about a proposal is its
+        proposal's page, where the frozen preview is shown."""
         d = await _decision(viewer, pending_id)
         if d is None:
             raise _Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+        if (proposal_id := await _proposal_asked_by(viewer, pending_id)) is not None:
+            return Response(
+                "",
+                status_code=303,
+                headers={"Location": f"/console/proposals/{proposal_id}"},
+                media_type="text/html",
+            )
+        if d.get("about_proposal"):
+            # Its proposal is no longer waiting (it expired a moment ago): nothing to answer.
+            raise _Bad(410, "Gone", "the proposal this decision is about no longer waits")
         return _html(pages.decision_page(viewer, d, now=datetime.now(UTC)))
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
@@ -368,7 +453,13 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     async def review(
         request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
     ) -> Response[str]:
-        """A review the run's agent asked for."""
+        """A review the run's agent asked for; an id no run waits on is not found, with no
+        form to answer it."""
+        got = await client.get(viewer, "/reviews", limit="500")
+        if not got.ok:
+            raise _Bad(got.status, "Refused", got.problem)
+        if pending_id not in {r["pending_id"] for r in got.body["reviews"]}:
+            raise _Bad(404, "Not found", "no review of your tenant is waiting under this id")
         return _html(pages.review_page(viewer, pending_id))
 
     @post("/reviews/{pending_id:str}", include_in_schema=False, status_code=200)
@@ -531,10 +622,32 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     )
 
 
-def _filters(request: Request[Any, Any, Any]) -> tuple[str, str]:
-    kind = request.query_params.get("kind", "")
-    agent = request.query_params.get("agent", "")
-    return (kind if kind in ("proposal", "decision", "review") else "", agent[:128])
+_PAGE: Final = 50  # inbox rows of proposals per page
+
+
+class _Inbox(msgspec.Struct, frozen=True, kw_only=True):
+    """The inbox's filters and page, from its query string (anything else is ignored)."""
+
+    kind: str = ""
+    agent: str = ""
+    action: str = ""
+    requester: str = ""
+    older_than_min: int = 0
+    cursor: str = ""
+
+
+def _filters(request: Request[Any, Any, Any]) -> _Inbox:
+    q = request.query_params
+    kind = q.get("kind", "")
+    older = q.get("older_than_min", "")
+    return _Inbox(
+        kind=kind if kind in ("proposal", "decision", "review") else "",
+        agent=q.get("agent", "")[:128],
+        action=q.get("action", "")[:128],
+        requester=q.get("requester", "")[:256],
+        older_than_min=min(int(older), 527_040) if older.isdigit() else 0,
+        cursor=q.get("cursor", "")[:128],
+    )
 
 
 async def _timeline(client: ApiClient, viewer: Viewer, run_id: str) -> list[dict[str, Any]]:

@@ -106,6 +106,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 pending_id=data.pending_id,
                 answer=data.answer,
                 reason=data.reason,
+                proposal_id=data.proposal_id,
             )
 
         return await api.post(  # type: ignore[return-value]
@@ -127,6 +128,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                     proposal_id=proposal_id,
                     answer=answer,
                     reason=data.reason,
+                    grant=getattr(data, "grant", "once"),
                 )
 
             return await api.post(  # type: ignore[return-value]
@@ -260,12 +262,30 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         request: Request[Any, Any, Any],
         wanted: Annotated[ProposalState | None, QueryParameter(name="state")] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100,
+        cursor: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        action: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        requester: Annotated[str | None, QueryParameter(max_length=256)] = None,
+        older_than_s: Annotated[int | None, QueryParameter(ge=0, le=366 * 86400)] = None,
+        run_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
     ) -> Proposals:
-        """The tenant's proposals (those in `state`), each with its frozen preview."""
+        """The tenant's proposals (those in `state`, of this contract, agent or requester,
+        proposed at least `older_than_s` ago), newest first, each with its frozen preview: a
+        page of `limit`, `total` in all, and `next_cursor` for the next page."""
         caller = api.caller(request, role=APPROVER_ROLE)
         return await api.ask(
             PROPOSALS_LIST,
-            ListProposals(tenant=caller.tenant, state=wanted, limit=limit),
+            ListProposals(
+                tenant=caller.tenant,
+                state=wanted,
+                limit=limit,
+                cursor=cursor,
+                action=action,
+                agent=agent,
+                requester=requester,
+                older_than_s=older_than_s,
+                run_id=run_id,
+            ),
             Proposals,
         )
 
@@ -275,15 +295,18 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         tags=["people"],
         responses=problems(
             s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
-            s403="FORBIDDEN: the approver role is missing",
+            s403="FORBIDDEN: neither the approver nor the auditor role",
             s404="NOT_FOUND: no proposal of the tenant under this id",
         ),
     )
     async def proposal(
         request: Request[Any, Any, Any], proposal_id: FromPath[str]
     ) -> ProposalDetail:
-        """The frozen preview, the request hash, the expiry, the decision that asked."""
-        caller = api.caller(request, role=APPROVER_ROLE)
+        """The frozen preview, the request hash, the expiry, the decision that asked: for
+        approvers, and for auditors (read-only: they answer nothing)."""
+        caller = api.caller(request)
+        if not caller.roles & {APPROVER_ROLE, AUDITOR_ROLE}:
+            raise ApiError("FORBIDDEN", "this needs the approver or auditor role")
         return await api.ask(
             PROPOSAL_GET, GetProposal(tenant=caller.tenant, proposal_id=proposal_id), ProposalDetail
         )

@@ -13,8 +13,23 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas.api import CommandBody, RunAccepted, RunView, StartRun
 from schemas.control import CancelRun
-from schemas.host import CommandResult, RunRequest, RunResult, RunStatus, SubmitCommand
-from schemas.reads import COMMAND_STATUS, RUN_STATUS, GetCommand, GetRun
+from schemas.host import (
+    CommandResult,
+    ProposalView,
+    RunRequest,
+    RunResult,
+    RunStatus,
+    SubmitCommand,
+)
+from schemas.reads import (
+    COMMAND_STATUS,
+    PROPOSALS_LIST,
+    RUN_STATUS,
+    GetCommand,
+    GetRun,
+    ListProposals,
+    Proposals,
+)
 from services.ingress.http._api import Api
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
 from services.ingress.logic import Verified
@@ -62,7 +77,28 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
     """The run and command routes over `api`."""
 
     async def _view(tenant: str, run_id: str) -> RunView:
-        return await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=run_id), RunView)
+        view = await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=run_id), RunView)
+        if view.proposal is not None:
+            return view
+        proposal = await _proposal_of(tenant, view.run_id, view.pending_id)
+        return msgspec.structs.replace(view, proposal=proposal)
+
+    async def _proposal_of(tenant: str, run_id: str, pending_id: str | None) -> ProposalView | None:
+        """The proposal the run waits on (or, once it no longer waits, the last it made), in
+        every state: what a person answers is where its frozen preview is shown."""
+        found = await api.ask(
+            PROPOSALS_LIST, ListProposals(tenant=tenant, run_id=run_id, limit=20), Proposals
+        )
+        if not found.proposals:
+            return None
+        waited = [p for p in found.proposals if pending_id and p.decision_id == pending_id]
+        p = (waited or found.proposals)[0]
+        return ProposalView(
+            proposal_id=p.proposal_id,
+            action=p.action,
+            preview=p.preview,
+            expires_at=p.expires_at or "",
+        )
 
     @post("/runs", status_code=202, summary="Start a run", tags=["runs"], responses=_ERRORS)
     async def start_run(
@@ -144,6 +180,9 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
                 # The result event ends the wait at once; the poll covers a missed one.
                 got = await waiter.next(min(remaining, 2.0))
                 if isinstance(got, RunResult):
+                    if got.proposal is None and got.run_id is not None:
+                        proposal = await _proposal_of(caller.tenant, got.run_id, got.pending_id)
+                        got = msgspec.structs.replace(got, proposal=proposal)
                     return got
         if view is None:
             raise ApiError("NOT_FOUND", "no such run")

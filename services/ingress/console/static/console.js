@@ -23,10 +23,34 @@ function pollInbox(rows) {
   setInterval(async () => {
     const text = await fetchText(rows.dataset.poll).catch(() => null);
     if (text !== null && text !== rows.dataset.last) {
+      // Keep the keyboard where it was: the link that had focus, if it is still listed.
+      const focused = rows.contains(document.activeElement)
+        ? document.activeElement.getAttribute("href")
+        : null;
       rows.dataset.last = text;
       rows.innerHTML = text;
+      if (focused !== null) {
+        const again = Array.from(rows.querySelectorAll("a")).find(
+          (a) => a.getAttribute("href") === focused,
+        );
+        if (again) again.focus();
+      }
     }
   }, 2000);
+}
+
+// A region that outlives the boxes it speaks for: screen readers announce what it says.
+function announce(text) {
+  let region = document.getElementById("announce");
+  if (!region) {
+    region = document.createElement("p");
+    region.id = "announce";
+    region.className = "visually-hidden";
+    region.setAttribute("role", "status");
+    region.setAttribute("aria-live", "polite");
+    document.body.appendChild(region);
+  }
+  region.textContent = text;
 }
 
 function followOutcome(box) {
@@ -37,8 +61,10 @@ function followOutcome(box) {
     holder.innerHTML = text;
     const fresh = holder.firstElementChild;
     if (!fresh) return;
+    const changed = fresh.textContent !== box.textContent;
     box.replaceWith(fresh);
     box = fresh;
+    if (changed) announce(fresh.textContent);
     if (!fresh.classList.contains("state-pending")) {
       // Answered here or elsewhere: the forms no longer apply.
       document.querySelectorAll("form.answer").forEach((f) => f.remove());
