@@ -1,7 +1,7 @@
 """Approvals through the real processes: money is never covered by "always", and a decision
 about a call that has an action contract is answered only on its proposal, where its frozen
-preview is shown (seed 003: an approval means something only if Writ can say exactly what
-was approved; seed 000: no standing grant covers a code executor, nor here a payment)."""
+preview is shown (an approval means something only if Writ can say exactly what was
+approved; no standing grant covers a code executor, nor here a payment)."""
 
 from __future__ import annotations
 
