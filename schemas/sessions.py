@@ -63,6 +63,7 @@ __all__ = [
     "PlanBody",
     "PlanProposed",
     "PlanStep",
+    "PlanStepOutcome",
     "PlanView",
     "ProposalMade",
     "SessionAccepted",
@@ -191,6 +192,17 @@ class PlanStep(msgspec.Struct, frozen=True, kw_only=True):
     request: dict[str, Any] | None = None
 
 
+class PlanStepOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What became of one step of an approved plan by the turn's end: `succeeded` (or another
+    command state), `read`, `answered`, `refused: <check>`, or `not_run` (the plan ended
+    before it); `operation_id` is its command's, if it had one."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, le=100)]
+    capability: ShortText
+    outcome: Annotated[str, msgspec.Meta(max_length=128)]
+    operation_id: ShortText | None = None
+
+
 class PlanView(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen plan: answered by its opaque `plan_id` only; `digest` is the sha256 of its
     canonical steps."""
@@ -297,6 +309,8 @@ class SessionOp(Command):
     reason: ShortText = ""
     turn: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
     step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    # A plan answer: the principal holds the tenant's `approver` role (from the token).
+    approver: bool = False
 
 
 class SessionReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -448,6 +462,8 @@ class TurnEnded(SessionEvent):
     answer: str | None = None
     code: ShortText | None = None
     correlation_id: ShortText | None = None
+    # Under an approved plan: every one of its steps with its outcome.
+    plan_steps: list[PlanStepOutcome] | None = None
 
 
 class SessionPaused(SessionEvent):
@@ -531,6 +547,8 @@ class HostSessionOp(Command):
     reason: ShortText = ""
     turn: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
     step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    # A plan answer: the principal holds the tenant's `approver` role (from the token).
+    approver: bool = False
     after: Annotated[int, msgspec.Meta(ge=0)] = 0
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
 

@@ -276,21 +276,20 @@ async def test_replay_of_plan_mode_turns_is_identical_and_sees_a_tampered_plan(
         model,
         select("crm.note.create", first),
         answer("Plan: one note."),
-        select("crm.note.create", first),
-        answer("Done as planned."),
+        answer("Done as planned."),  # Writ takes the approved step itself
     )
     t1 = (await send(api, sid, "Note the call.")).json()["run_id"]
     plan = await plan_waiting(api, sid)
     assert (await api.post(f"/plans/{plan}/approve", json={}, headers=key())).status_code == 200
     await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
-    # Turn 2: approved, then a step outside it (NOT_IN_PLAN), revised, the revision approved.
+    # Turn 2: approved and taken, then a call beyond it (NOT_IN_PLAN), revised, the
+    # revision approved and taken.
     script(
         model,
         select("crm.note.create", first),
         answer("Plan: the note again."),
         select("crm.note.create", other),
         answer("Revised: the other note."),
-        select("crm.note.create", other),
         answer("Done as revised."),
     )
     t2 = (await send(api, sid, "Note it again.")).json()["run_id"]
@@ -330,3 +329,138 @@ async def test_replay_of_plan_mode_turns_is_identical_and_sees_a_tampered_plan(
     assert code == 1, out
     assert f"run {t1}: DIVERGENT" in out and plan in out, out
     assert f"run {t2}: IDENTICAL" in out and f"run {t3}: IDENTICAL" in out, out
+
+
+async def run_row(db: asyncpg.Connection, run_id: str) -> Any:
+    return await db.fetchrow(
+        "SELECT status, error_code, pending_id FROM planner.runs WHERE run_id = $1", run_id
+    )
+
+
+async def paused_mid_call(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, note: dict[str, str]
+) -> tuple[str, str]:
+    """A session whose turn's streamed model call selecting a write was in flight when the
+    session paused; returns once the decision is recorded and held: (session, run)."""
+    sid = await open_session(api, "chat-assistant")  # granted: its notes need nobody
+    script(model, select("crm.note.create", note), answer("Noted."))
+    model.post(
+        "/_control/mode", json={"mode": "slow_stream", "count": 1, "delay_s": 0.2}
+    ).raise_for_status()
+    before = len(model_requests(model))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    with anyio.fail_after(40):
+        while len(model_requests(model)) == before:
+            await anyio.sleep(0.02)
+    paused = await act(api, sid, "pause")
+    assert (paused.status_code, paused.json()["state"]) == (202, "paused")
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "awaiting_human":
+            await anyio.sleep(0.1)
+    types = await session_events(db, sid)
+    # The call was in flight when the pause came: its selection was recorded after it.
+    assert types.index("SessionPaused") < types.index("CapabilitySelected")
+    return sid, run_id
+
+
+async def test_a_pause_during_a_streamed_write_decision_admits_nothing_until_resume(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
+    note = {"customer_id": "ACME-42", "body": "Chat: held by the pause."}
+    sid, run_id = await paused_mid_call(api, db, model, note)
+    held = await run_row(db, run_id)
+    assert (held["error_code"], held["pending_id"]) == ("SESSION_PAUSED", f"pause-{run_id}")
+    await anyio.sleep(3)  # whatever would have followed the decision has had its chance
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
+    assert (await view(api, sid))["waiting_for"]["kind"] == "resume"
+    resumed = await act(api, sid, "resume")
+    assert resumed.status_code == 202, resumed.text
+    done = await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
+    assert done["messages"][-1]["text"] == "Noted."
+    [command] = await db.fetch(
+        "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+    )
+    assert command["state"] == "succeeded"
+    assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1
+
+
+async def test_a_close_while_paused_cancels_the_held_selection(
+    stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    note = {"customer_id": "ACME-42", "body": "Chat: never written."}
+    sid, run_id = await paused_mid_call(api, db, model, note)
+    closed = await act(api, sid, "close")
+    assert (closed.status_code, closed.json()["state"]) == (202, "closed")
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "cancelled":
+            await anyio.sleep(0.1)
+    await anyio.sleep(2)
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
+    code, out = await replay_of(db, stack, sid, run_id)
+    assert code == 0 and f"run {run_id}: IDENTICAL" in out, out
+
+
+async def test_a_plan_answer_after_the_session_closed_is_refused(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    sid = await open_planning(api)
+    script(model, select("crm.note.create", NOTE), answer("Plan: one note."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    plan = await plan_waiting(api, sid)
+    closed = await act(api, sid, "close")
+    assert closed.status_code == 202, closed.text
+    for answer_ in ("approve", "reject"):
+        late = await api.post(f"/plans/{plan}/{answer_}", json={}, headers=key())
+        assert (late.status_code, late.json()["code"]) == (409, "SESSION_CLOSED"), late.text
+    assert await db.fetchval("SELECT state FROM planner.plans WHERE plan_id = $1", plan) == (
+        "proposed"
+    )
+    assert "PlanDecided" not in await session_events(db, sid)
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "cancelled":
+            await anyio.sleep(0.1)
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
+
+
+async def test_an_approver_of_the_tenant_answers_a_plan_another_principal_may_not(
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+) -> None:
+    sid = await open_planning(api)
+    note = {"customer_id": "ACME-42", "body": "Chat: checked by an approver."}
+    script(model, select("crm.note.create", note), answer("Plan: one note."), answer("Done."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    plan = await plan_waiting(api, sid)
+
+    async def answer_as(principal: str, roles: list[str], body: Any = None) -> httpx.Response:
+        token = stack.token("acme", principal, roles=roles)
+        async with httpx.AsyncClient(
+            base_url=stack.api_url, timeout=40, headers={"Authorization": f"Bearer {token}"}
+        ) as other:
+            return await other.post(f"/plans/{plan}/approve", json=body, headers=key())
+
+    # Another principal of the tenant without the role: the plan is not theirs to see.
+    stranger = await answer_as("bob@acme.example", [])
+    assert (stranger.status_code, stranger.json()["code"]) == (404, "NOT_FOUND")
+    # An approver of the tenant answers it (no body needed), and is recorded as its answerer.
+    checked = await answer_as("carol@acme.example", ["approver"])
+    assert (checked.status_code, checked.json()["state"]) == (200, "approved"), checked.text
+    assert (
+        await db.fetchval("SELECT answered_by FROM planner.plans WHERE plan_id = $1", plan)
+        == "carol@acme.example"
+    )
+    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
+    [command] = await db.fetch(
+        "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+    )
+    assert command["state"] == "succeeded"
+    assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1

@@ -38,6 +38,7 @@ from schemas.sessions import (
 )
 from services.ingress.http._api import Api, Caller
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
+from services.ingress.logic import APPROVER_ROLE
 
 __all__ = ["session_handlers"]
 
@@ -79,6 +80,9 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
     ) -> Response[bytes]:
         caller = api.caller(request)
         key = request.headers.get("idempotency-key", "")
+
+        if op.endswith("_plan"):  # a tenant's approver may answer any of its plans
+            fields["approver"] = APPROVER_ROLE in caller.roles
 
         async def answer() -> tuple[int, msgspec.Struct]:
             reply = await _ask(_op(caller, op, key=key, **fields))
@@ -208,11 +212,12 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         async def handler(
             request: Request[Any, Any, Any],
             plan_id: FromPath[str],
-            data: JSONBody[PlanBody],
             idempotency_key: IdempotencyKey,
+            data: JSONBody[PlanBody | None] = None,
         ) -> Response[PlanAnswered]:
+            body = data if data is not None else PlanBody()  # no body: no reason given
             return await _write(
-                request, data, f"{answer}_plan", 200, plan_id=plan_id, reason=data.reason
+                request, body, f"{answer}_plan", 200, plan_id=plan_id, reason=body.reason
             )
 
         handler.__doc__ = (

@@ -35,7 +35,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready
+from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready, SessionClosedAlready
 from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
@@ -323,11 +323,14 @@ class SessionOpsEndpoint:
                         plan_id=op.plan_id,
                         approve=op.op == "approve_plan",
                         reason=op.reason,
+                        approver=op.approver,
                     )
                 except LookupError as exc:
                     raise _Refused("NOT_FOUND", str(exc)) from exc
                 except PlanAnsweredAlready as exc:
                     raise _Refused("PLAN_ANSWERED", str(exc)) from exc
+                except SessionClosedAlready as exc:
+                    raise _Refused("SESSION_CLOSED", str(exc)) from exc
         await self._turns.wake(session.tenant, run_id, f"plan-{plan.plan_id}")
         await self._turns.flush(session.session_id)
         return SessionReply(
