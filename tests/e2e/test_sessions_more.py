@@ -464,3 +464,50 @@ async def test_an_approver_of_the_tenant_answers_a_plan_another_principal_may_no
     )
     assert command["state"] == "succeeded"
     assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1
+
+
+async def test_two_forks_at_one_step_are_identical_and_hold_no_command(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    sid = await open_session(api, "chat-assistant")
+    note = {"customer_id": "ACME-42", "body": "Chat: forked twice."}
+    script(model, select("crm.note.create", note), answer("Noted."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id)
+    forks = []
+    for _ in range(2):
+        forked = await act(api, sid, "fork", turn=1, step=0)
+        assert forked.status_code == 201, forked.text
+        forks.append(forked.json()["session_id"])
+
+    async def copy(fork: str) -> list[tuple[str, dict[str, Any]]]:
+        rows = await db.fetch(
+            "SELECT type, body FROM planner.session_events WHERE session_id = $1 ORDER BY n", fork
+        )
+        return [
+            (
+                r["type"],
+                {
+                    k: v
+                    for k, v in json.loads(r["body"]).items()
+                    if k not in ("session_id", "n", "fork_session_id")
+                },
+            )
+            for r in rows
+        ]
+
+    first, second = [await copy(f) for f in forks]
+    assert first == second
+    types = [t for t, _ in first]
+    assert "StepOutcome" in types  # what became of the step, as history
+    for effect in ("StepAdmitted", "StepDispatched", "ProposalMade", "PlanDecided", "TurnEnded"):
+        assert effect not in types, types
+    assert not any("operation_id" in body for _, body in first)
+    for fork in forks:
+        assert (
+            await db.fetchval(
+                "SELECT count(*) FROM admission.commands WHERE run_id LIKE $1", f"{fork}%"
+            )
+            == 0
+        )

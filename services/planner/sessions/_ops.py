@@ -52,25 +52,20 @@ __all__ = ["SessionOpsEndpoint"]
 log = logging.getLogger("writ.planner.sessions")
 _DECODER: Final = msgspec.json.Decoder(SessionOp)
 _ENCODER: Final = msgspec.json.Encoder()
-# Events a fork copies from its parent: the conversation and what the turns did, not the
-# parent's own pauses, closes or forks.
+# Events a fork copies from its parent: the conversation and what became of the turns' steps,
+# as history. Never an effect or the authority for one (DESIGN.md §6): no admitted or
+# dispatched command, no proposal, plan or ask a person could still answer, no approval; nor
+# the parent's own pauses, closes or forks (so forking twice at one point copies the same).
 _COPIED: Final = frozenset(
     {
         "UserMessage",
         "TurnStarted",
         "CapabilitySelected",
         "Observed",
-        "ProposalMade",
-        "StepAdmitted",
-        "StepDispatched",
         "StepOutcome",
         "WriterNote",
         "TurnEnded",
         "SessionInjected",
-        "PlanProposed",
-        "PlanDecided",
-        "DecisionAsked",
-        "DecisionTaken",
         "ChildSession",
     }
 )
@@ -411,7 +406,11 @@ class SessionOpsEndpoint:
 
     async def _cut(self, conn: Any, parent: SessionRow, turn: int, step: int | None) -> int:
         """The number of the parent's last event a fork at (turn, step) keeps."""
-        events = await self._store.events(conn, parent.session_id)
+        events = [
+            e
+            for e in await self._store.events(conn, parent.session_id)
+            if type(e).__name__ in _COPIED  # (a later fork of the parent moves no cut)
+        ]
         cut = 0
         for event in events:
             at = getattr(event, "turn", None)
