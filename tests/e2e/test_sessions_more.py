@@ -338,12 +338,17 @@ async def run_row(db: asyncpg.Connection, run_id: str) -> Any:
 
 
 async def paused_mid_call(
-    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, note: dict[str, str]
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    note: dict[str, str],
+    *then: dict[str, Any],
 ) -> tuple[str, str]:
     """A session whose turn's streamed model call selecting a write was in flight when the
-    session paused; returns once the decision is recorded and held: (session, run)."""
+    session paused (`then`: the model's replies after it); returns once the decision is
+    recorded and held: (session, run)."""
     sid = await open_session(api, "chat-assistant")  # granted: its notes need nobody
-    script(model, select("crm.note.create", note), answer("Noted."))
+    script(model, select("crm.note.create", note), *then)
     model.post(
         "/_control/mode", json={"mode": "slow_stream", "count": 1, "delay_s": 0.2}
     ).raise_for_status()
@@ -367,7 +372,7 @@ async def test_a_pause_during_a_streamed_write_decision_admits_nothing_until_res
     api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
 ) -> None:
     note = {"customer_id": "ACME-42", "body": "Chat: held by the pause."}
-    sid, run_id = await paused_mid_call(api, db, model, note)
+    sid, run_id = await paused_mid_call(api, db, model, note, answer("Noted."))
     held = await run_row(db, run_id)
     assert (held["error_code"], held["pending_id"]) == ("SESSION_PAUSED", f"pause-{run_id}")
     await anyio.sleep(3)  # whatever would have followed the decision has had its chance

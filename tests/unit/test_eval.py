@@ -643,3 +643,27 @@ def test_rollout_serves_an_equivalent_action_and_diverges_on_a_different_one(
         report = rollout(script, tmp_path, "note")
         assert report.runs["run-note"] == [verdict], arguments
         assert report.runs["run-refund"] == ["completed"]
+
+
+def test_a_candidate_that_drops_the_plan_trigger_is_a_widening(tmp_path: Path) -> None:
+    # The baseline marked its note `consequential` (the user approves a plan first); the
+    # candidate makes the same selection without the mark: in production it would write
+    # without the plan's approval.
+    base = demo_set()
+    cases = [
+        msgspec.structs.replace(c, expected=msgspec.structs.replace(c.expected, consequential=True))
+        if c.case_id == "run-note@0"
+        else c
+        for c in base.cases
+    ]
+    eval_set = make_set("acme", cases)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(agreeing_script()))
+    results = anyio.run(lambda: run_step(eval_set, ScriptedProvider.from_file(path), k=1))
+    report = summarize(eval_set, "c", results, k=1)
+    assert report.gate.exit_code == 1
+    assert any(
+        "run-note@0: crm.note.create without `consequential`" in w for w in report.widening
+    ), report.widening
+    by_case = {c.case_id: c for c in report.cases}
+    assert not by_case["run-note@0"].judged[0].agrees
