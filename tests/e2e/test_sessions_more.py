@@ -516,3 +516,28 @@ async def test_two_forks_at_one_step_are_identical_and_hold_no_command(
             )
             == 0
         )
+
+
+async def test_a_plan_answer_whose_wake_was_lost_is_taken_up_by_the_sweep(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
+    sid = await open_planning(api)
+    note = {"customer_id": "ACME-42", "body": "Chat: woken by the sweep."}
+    script(model, select("crm.note.create", note), answer("Plan: one note."), answer("Done."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    plan = await plan_waiting(api, sid)
+    # The answer is committed and the wake that follows it never sent (as when the planner
+    # dies between the two): nothing else would drive the turn again.
+    await db.execute(
+        "UPDATE planner.plans SET state = 'approved', answered_by = 'alice@acme.example' "
+        "WHERE plan_id = $1",
+        plan,
+    )
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "succeeded":
+            await anyio.sleep(0.1)
+    [command] = await db.fetch(
+        "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+    )
+    assert command["state"] == "succeeded"
+    assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1

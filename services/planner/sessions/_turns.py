@@ -723,6 +723,29 @@ class SessionTurns:
             await self.wake(row["tenant"], row["run_id"], f"restart-{boot}")
         return len(rows)
 
+    async def wake_answered(self) -> int:
+        """Wake every turn still waiting on a plan its user answered, or on a resume its
+        session already had: the wake that followed the answer's commit was lost (a crash
+        in between). The wake's message id is the answer's own, so a wake that was not lost
+        is not delivered twice. Returns how many were woken."""
+        async with self._store.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT r.run_id, r.tenant, p.plan_id AS why FROM planner.runs r "
+                "JOIN planner.plans p ON p.run_id = r.run_id AND p.plan_id = r.pending_id "
+                "WHERE r.status = 'awaiting_human' AND p.state <> 'proposed' "
+                "UNION ALL "
+                "SELECT r.run_id, r.tenant, 'unheld' AS why FROM planner.runs r "
+                "JOIN planner.session_turns t ON t.run_id = r.run_id "
+                "JOIN planner.sessions s ON s.session_id = t.session_id "
+                "WHERE r.status = 'awaiting_human' AND r.pending_id = $1::text || r.run_id "
+                "AND s.state <> 'paused'",
+                PAUSE_PREFIX,
+            )
+        for row in rows:
+            why = row["why"]
+            await self.wake(row["tenant"], row["run_id"], why if why == "unheld" else f"plan-{why}")
+        return len(rows)
+
     async def sweep(self, *, interval_s: float = 1.0) -> None:
         """Wake the turns in flight a stopped planner left, then forever: start accepted
         turns nobody started, publish events nobody published."""
@@ -744,6 +767,7 @@ class SessionTurns:
                         await self.start(owner, turn)
                 for session in sessions:
                     await self.flush(session.session_id)
+                await self.wake_answered()
             except Exception as exc:
                 log.warning("session sweep: %r", exc)
             await anyio.sleep(interval_s)
