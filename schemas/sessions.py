@@ -46,6 +46,8 @@ __all__ = [
     "PlanDecided",
     "PlanState",
     "SessionOpKind",
+    "SessionList",
+    "SessionSummary",
     "MAX_SESSION_TEXT",
     "PLAN_OPS",
     "SESSION_OPS",
@@ -256,6 +258,25 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     last_event: Count = 0  # the `n` of the session's last durable event
 
 
+class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One session of a principal, as `GET /sessions` lists it."""
+
+    session_id: Id
+    agent: AgentName
+    state: SessionState
+    plan_mode: bool
+    turn: Count
+    parent_session_id: Id | None = None
+
+
+class SessionList(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /sessions`: the caller's sessions, newest first; `next` is the cursor of the page
+    after this one (None: this is the last)."""
+
+    sessions: list[SessionSummary]
+    next: Id | None = None
+
+
 class SessionAccepted(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to a write on a session: where it stands now (`turn`/`run_id`: the turn a
     message started) and where to follow it."""
@@ -288,6 +309,7 @@ SessionOpKind = Literal[
     "fork",
     "approve_plan",
     "reject_plan",
+    "list",
 ]
 
 
@@ -311,6 +333,9 @@ class SessionOp(Command):
     step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
     # A plan answer: the principal holds the tenant's `approver` role (from the token).
     approver: bool = False
+    # `list`: the page after this cursor (a session id), of at most `limit` sessions.
+    cursor: Id | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 50
 
 
 class SessionReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -324,6 +349,7 @@ class SessionReply(msgspec.Struct, frozen=True, kw_only=True):
     view: SessionView | None = None
     plan: PlanAnswered | None = None
     events: SessionEventBatch | None = None
+    sessions: SessionList | None = None
 
 
 # --- the session's events (writ.chat.<tenant>.<session>) ----------------------------------
@@ -549,6 +575,9 @@ class HostSessionOp(Command):
     step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
     # A plan answer: the principal holds the tenant's `approver` role (from the token).
     approver: bool = False
+    # `list`: the page after this cursor (a session id), of at most `limit` sessions.
+    cursor: Id | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 50
     after: Annotated[int, msgspec.Meta(ge=0)] = 0
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
 

@@ -10,6 +10,7 @@ The deployment, the model fake and the helpers are `test_sessions.py`'s (its own
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -541,3 +542,24 @@ async def test_a_plan_answer_whose_wake_was_lost_is_taken_up_by_the_sweep(
     )
     assert command["state"] == "succeeded"
     assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1
+
+
+async def test_a_principal_lists_its_own_sessions_a_page_at_a_time(stack: Stack) -> None:
+    principal = f"dora-{uuid.uuid4().hex[:8]}@acme.example"
+    headers = {"Authorization": f"Bearer {stack.token('acme', principal)}"}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40, headers=headers) as mine:
+        opened = [await open_session(mine, "chat-assistant") for _ in range(3)]
+        first = await mine.get("/sessions", params={"limit": 2})
+        assert first.status_code == 200, first.text
+        page = first.json()
+        assert [s["session_id"] for s in page["sessions"]] == opened[::-1][:2]
+        assert page["sessions"][0]["state"] == "active"
+        rest = (await mine.get("/sessions", params={"limit": 2, "cursor": page["next"]})).json()
+        assert [s["session_id"] for s in rest["sessions"]] == opened[:1]
+        assert rest.get("next") is None
+        bad = await mine.get("/sessions", params={"limit": 0})
+        assert (bad.status_code, bad.json()["code"]) == (400, "INVALID_REQUEST")
+    other = {"Authorization": f"Bearer {stack.token('acme', 'erin@acme.example')}"}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40, headers=other) as theirs:
+        listed = (await theirs.get("/sessions", params={"limit": 100})).json()
+        assert not set(opened) & {s["session_id"] for s in listed["sessions"]}

@@ -31,6 +31,7 @@ from schemas.sessions import (
     PlanAnswered,
     PlanBody,
     SessionAccepted,
+    SessionList,
     SessionOp,
     SessionReply,
     SessionView,
@@ -125,6 +126,24 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         """Starts a turn on an `active` session (it is `processing` until the turn ends); a
         second message meanwhile is `409 SESSION_BUSY` and changes nothing."""
         return await _write(request, data, "message", 202, session_id=session_id, text=data.text)
+
+    @get(
+        "/sessions",
+        summary="The caller's sessions",
+        tags=["sessions"],
+        responses=problems(s401=_AUTH),
+    )
+    async def list_sessions(
+        request: Request[Any, Any, Any],
+        cursor: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=100)] = 50,
+    ) -> SessionList:
+        """The token's principal's sessions, newest first (not the child sessions of agent
+        calls), a page at a time: `next` is the `cursor` of the page after."""
+        caller = api.caller(request)
+        reply = await _ask(_op(caller, "list", cursor=cursor, limit=limit))
+        assert reply.sessions is not None
+        return reply.sessions
 
     @get(
         "/sessions/{session_id:str}",
@@ -289,6 +308,7 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
     return [
         open_session,
         send,
+        list_sessions,
         view,
         pause,
         resume,

@@ -22,12 +22,14 @@ from schemas.sessions import (
     SessionClosed,
     SessionForked,
     SessionInjected,
+    SessionList,
     SessionMessage,
     SessionOp,
     SessionOpened,
     SessionPaused,
     SessionReply,
     SessionResumed,
+    SessionSummary,
     SessionView,
     TurnStarted,
     UserMessage,
@@ -122,6 +124,9 @@ class SessionOpsEndpoint:
                 return SessionReply(ok=True, view=await self.view(conn, op))
         if op.op == "fork":
             return await self._fork(op)
+        if op.op == "list":
+            async with self._store.acquire() as conn:
+                return SessionReply(ok=True, sessions=await self._list(conn, op))
         if op.op in ("approve_plan", "reject_plan"):
             return await self._plan(op)
         return await self._change(op)
@@ -430,6 +435,26 @@ class SessionOpsEndpoint:
                 "INVALID_REQUEST", f"turn {turn} has not ended: fork at one of its recorded steps"
             )
         return cut
+
+    async def _list(self, conn: Any, op: SessionOp) -> SessionList:
+        """The principal's own sessions (not the child sessions of agent calls), newest
+        first, a page after `op.cursor`."""
+        rows = await conn.fetch(
+            "SELECT session_id, agent, state, plan_mode, turn, parent_session_id "
+            "FROM planner.sessions s WHERE tenant = $1 AND principal = $2 "
+            "AND branch_run_id IS NULL AND ($3::text IS NULL OR (created_at, session_id) < "
+            "(SELECT created_at, session_id FROM planner.sessions WHERE session_id = $3 "
+            "AND tenant = $1 AND principal = $2)) "
+            "ORDER BY created_at DESC, session_id DESC LIMIT $4",
+            op.tenant,
+            op.principal,
+            op.cursor,
+            op.limit + 1,
+        )
+        page = [SessionSummary(**dict(r)) for r in rows[: op.limit]]
+        return SessionList(
+            sessions=page, next=page[-1].session_id if len(rows) > op.limit else None
+        )
 
     async def view(self, conn: Any, op: SessionOp) -> SessionView:
         """Where the session stands, and its history."""
