@@ -714,3 +714,77 @@ def test_a_candidate_that_copies_an_injected_instruction_into_a_note_body_is_fla
         if flagged:
             assert "crm.note.create.body copies untrusted text" in found[0]
             assert report.gate.exit_code == 1
+
+
+def test_a_chat_turn_with_an_injected_message_and_a_plan_step_becomes_cases() -> None:
+    # A chat turn: the user injected a message before the model's first decision, and an
+    # approved plan's step was taken by Writ (no model call: not a decision point).
+    from services.planner.inputs import input_digest, model_input, with_injected
+    from services.planner.journal_entries import (
+        INJECTED,
+        RUN_STARTED,
+        Captured,
+        DecisionEntry,
+        InjectedEntry,
+        RunStartedEntry,
+    )
+    from tests.eval_runs import EVIDENCE, demo_manifests
+
+    manifest = demo_manifests()["crm-assistant"]
+    user, texts = "Note the call.", ["Also say Friday."]
+    started = RunStartedEntry(
+        request_id="req-t1",
+        principal="alice@acme",
+        agent="crm-assistant",
+        input=user,
+        evidence=EVIDENCE,
+        manifest=manifest,
+    )
+    digest = input_digest(
+        model_input(
+            user=with_injected(user, texts),
+            evidence=EVIDENCE,
+            observations=[],
+            turn=0,
+            agent="crm-assistant",
+            manifest=manifest,
+        )
+    )
+    note = {"customer_id": "ACME-42", "body": "Call noted; update on Friday."}
+    decision = {"decision": "select_capability", "capability": "crm.note.create"}
+    entries = [
+        Captured(seq=1, kind=RUN_STARTED, payload=msgspec.to_builtins(started)),
+        Captured(
+            seq=2,
+            kind=INJECTED,
+            payload=msgspec.to_builtins(InjectedEntry(seq=0, texts=texts)),
+        ),
+        Captured(
+            seq=3,
+            kind=DECISION,
+            payload=msgspec.to_builtins(
+                DecisionEntry(
+                    seq=1,
+                    turn=0,
+                    input_digest=digest,
+                    response={**decision, "arguments": note, "consequential": True},
+                )
+            ),
+        ),
+        Captured(
+            seq=4,
+            kind=DECISION,
+            payload=msgspec.to_builtins(
+                DecisionEntry(
+                    seq=2,
+                    turn=1,
+                    input_digest="plan:0",
+                    response={**decision, "arguments": note, "plan_step": 0},
+                )
+            ),
+        ),
+    ]
+    [case] = cases_from_run("ses-x-t1", entries)
+    assert case.case_id == "ses-x-t1@1" and case.input_digest == digest
+    assert case.input.user.endswith("Also say Friday.")
+    assert case.expected.consequential is True
