@@ -27,12 +27,13 @@ user approved the plan by its id, acts — every call still decided by `decide` 
   Only once every step has run is the model asked again, for what comes after (its answer):
   a model's answer can never stand in for an approved step. `plan_outcomes` lists every step
   with its outcome for the turn's end (`TurnEnded.plan_steps`).
-- Revised: a refused deviation or stale step is also recorded as a step of a revised plan, and
-  so is every further selection that is not the approved plan's next step; the model may still
-  take that step (the drafts since the last step taken are then dropped). If it answers with
-  drafts recorded, they are frozen as a new plan (its own id and digest, its previews from the
-  facts now) and the turn waits for the user again: a revised plan runs only once approved,
-  and then governs the rest of the turn.
+- Revised: a selection the model makes once every approved step ran is beyond the plan:
+  refused as `NOT_IN_PLAN` and recorded as a step of a revised plan. If the model answers with
+  such drafts recorded, they are frozen as a new plan (its own id and digest, its previews
+  from the facts now) and the turn waits for the user again: a revised plan runs only once
+  approved, by Writ again, and then governs the rest of the turn. (A turn recorded before Writ
+  took the steps itself may hold a model's own selection of a step; `plan_refusal` still
+  judges it as it did, so such turns replay as they ran.)
 - Rejected: the turn ends `REJECTED` with the user's reason, which Writ writes into the session
   as the next turn's context.
 """
