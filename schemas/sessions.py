@@ -46,6 +46,8 @@ __all__ = [
     "PlanDecided",
     "PlanState",
     "SessionOpKind",
+    "SessionList",
+    "SessionSummary",
     "MAX_SESSION_TEXT",
     "PLAN_OPS",
     "SESSION_OPS",
@@ -63,6 +65,7 @@ __all__ = [
     "PlanBody",
     "PlanProposed",
     "PlanStep",
+    "PlanStepOutcome",
     "PlanView",
     "ProposalMade",
     "SessionAccepted",
@@ -191,6 +194,17 @@ class PlanStep(msgspec.Struct, frozen=True, kw_only=True):
     request: dict[str, Any] | None = None
 
 
+class PlanStepOutcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What became of one step of an approved plan by the turn's end: `succeeded` (or another
+    command state), `read`, `answered`, `refused: <check>`, or `not_run` (the plan ended
+    before it); `operation_id` is its command's, if it had one."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, le=100)]
+    capability: ShortText
+    outcome: Annotated[str, msgspec.Meta(max_length=128)]
+    operation_id: ShortText | None = None
+
+
 class PlanView(msgspec.Struct, frozen=True, kw_only=True):
     """A frozen plan: answered by its opaque `plan_id` only; `digest` is the sha256 of its
     canonical steps."""
@@ -244,6 +258,25 @@ class SessionView(msgspec.Struct, frozen=True, kw_only=True):
     last_event: Count = 0  # the `n` of the session's last durable event
 
 
+class SessionSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One session of a principal, as `GET /sessions` lists it."""
+
+    session_id: Id
+    agent: AgentName
+    state: SessionState
+    plan_mode: bool
+    turn: Count
+    parent_session_id: Id | None = None
+
+
+class SessionList(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /sessions`: the caller's sessions, newest first; `next` is the cursor of the page
+    after this one (None: this is the last)."""
+
+    sessions: list[SessionSummary]
+    next: Id | None = None
+
+
 class SessionAccepted(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to a write on a session: where it stands now (`turn`/`run_id`: the turn a
     message started) and where to follow it."""
@@ -276,6 +309,7 @@ SessionOpKind = Literal[
     "fork",
     "approve_plan",
     "reject_plan",
+    "list",
 ]
 
 
@@ -297,6 +331,11 @@ class SessionOp(Command, frozen=True):
     reason: ShortText = ""
     turn: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
     step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    # A plan answer: the principal holds the tenant's `approver` role (from the token).
+    approver: bool = False
+    # `list`: the page after this cursor (a session id), of at most `limit` sessions.
+    cursor: Id | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100)] = 50
 
 
 class SessionReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -310,6 +349,7 @@ class SessionReply(msgspec.Struct, frozen=True, kw_only=True):
     view: SessionView | None = None
     plan: PlanAnswered | None = None
     events: SessionEventBatch | None = None
+    sessions: SessionList | None = None
 
 
 # --- the session's events (writ.chat.<tenant>.<session>) ----------------------------------
@@ -448,6 +488,8 @@ class TurnEnded(SessionEvent, frozen=True):
     answer: str | None = None
     code: ShortText | None = None
     correlation_id: ShortText | None = None
+    # Under an approved plan: every one of its steps with its outcome.
+    plan_steps: list[PlanStepOutcome] | None = None
 
 
 class SessionPaused(SessionEvent, frozen=True):
@@ -531,6 +573,10 @@ class HostSessionOp(Command, frozen=True):
     reason: ShortText = ""
     turn: Annotated[int, msgspec.Meta(ge=1, le=10_000)] | None = None
     step: Annotated[int, msgspec.Meta(ge=0, le=1000)] | None = None
+    # A plan answer: the principal holds the tenant's `approver` role (from the token).
+    approver: bool = False
+    # `list`: the page after this cursor (a session id), of at most `limit` sessions.
+    cursor: Id | None = None
     after: Annotated[int, msgspec.Meta(ge=0)] = 0
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
 

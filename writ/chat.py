@@ -181,7 +181,11 @@ def render(event: AnySessionEvent, view: ChatView) -> str:
             status += f": {event.code}"
         if event.correlation_id:
             status += f" (correlation id {event.correlation_id})"
-        return answer + _line(view, status + "]")
+        # Under an approved plan: what became of each of its steps.
+        steps = "".join(
+            f"    {s.index + 1}. {s.capability}: {s.outcome}\n" for s in event.plan_steps or ()
+        )
+        return answer + _line(view, status + "]") + steps
     if isinstance(event, SessionPaused):
         return _line(view, "[paused]")
     if isinstance(event, SessionResumed):

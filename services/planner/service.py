@@ -90,12 +90,18 @@ from services.planner.provider import (
     ModelDecision,
     RequestCapabilities,
     RequestHumanReview,
+    SelectCapability,
 )
 from services.planner.reads import ReadClient
 from services.planner.results import result_effect
 from services.planner.review import await_review, record_answer, review_id
 from services.planner.sessions import ModelCallAbandoned, SessionOpsEndpoint, SessionTurns
-from services.planner.sessions._plans import PLAN_WAIT
+from services.planner.sessions._plans import (
+    PAUSE_PREFIX,
+    PLAN_WAIT,
+    model_payload,
+    plan_taken,
+)
 from services.planner.sessions.logic import is_turn_run
 from services.planner.snapshot import (
     branch_of,
@@ -417,6 +423,19 @@ class PlannerService:
             and (run.pending_id or "").startswith("plan-")
         ):
             return await self._waits.plan_answered(conn, run, steps, finished)
+        if (
+            run.status == "awaiting_human"
+            and isinstance(event, BranchChanged)
+            and self._sessions is not None
+            and (run.pending_id or "").startswith(PAUSE_PREFIX)
+        ):
+            if await self._sessions.holds(conn, run):
+                return []  # still paused
+            await self._store.set_status(conn, run, "running", step=steps[-1].seq)
+            run = msgspec.structs.replace(
+                run, status="running", error_code=None, error_message=None, pending_id=None
+            )
+            return await self._next(conn, run, steps, finished)
         if run.status == "awaiting_human":
             if isinstance(event, BranchChanged):
                 # A run waiting on a branch that waited for a person: it goes on once the
@@ -518,11 +537,29 @@ class PlannerService:
             and last.kind == "decision"
             and (last.payload.get("decision") != "request_capabilities")
         ):
-            decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
+            decision = _DECISION_DECODER.decode(msgspec.json.encode(model_payload(last.payload)))
+            if (
+                isinstance(decision, SelectCapability)
+                and self._sessions is not None
+                and await self._sessions.holds(conn, run)
+            ):
+                await self._sessions.hold(conn, self._store, run, last.seq)
+                return []  # nothing it selects is admitted until the session resumes
         else:
             if self._sessions is not None and not await self._sessions.gate(conn, run, steps):
                 return []  # its session is paused: no decision until it resumes
-            decisions = sum(1 for s in steps if s.kind == "decision")
+            decisions = sum(
+                1 for s in steps if s.kind == "decision" and plan_taken(s.payload) is None
+            )
+            if self._sessions is not None and (
+                planned := await self._sessions.plans.next_step(conn, run, steps)
+            ):
+                if isinstance(planned, tuple):  # a step of the approved plan did not succeed
+                    return [await self._finish(conn, run, steps, "failed", finished, error=planned)]
+                await self._sessions.plans.take(
+                    conn, self._store, run, steps, planned, turn=decisions
+                )
+                return AGAIN  # committed before it is acted on, as a model's selection
             if decisions >= self._max_decisions:
                 return [
                     await self._finish(
@@ -616,17 +653,13 @@ class PlannerService:
         )
         plan_preview = None
         if refused is None and self._sessions is not None:  # a plan-mode turn's plan
-            planned = await self._sessions.plans.check(
+            check = await self._sessions.plans.check(
                 conn, run, steps, decision, read_facts=not fresh
             )
-            refused, decision, plan_preview = (
-                planned.refused,
-                planned.decision,
-                planned.plan_preview,
-            )
+            refused, decision, plan_preview = check.refused, check.decision, check.plan_preview
         if refused is not None:
             await self._capabilities.refuse(conn, run, steps, last.seq, decision, refused)
-            return AGAIN
+            return AGAIN  # (an approved plan's step refused ends the plan: `plans.next_step`)
         if fresh and (is_turn_run(run.run_id) or not self._capabilities.proposes(run, decision)):
             # The decision is committed before its capability call starts: a read or a branch
             # that fails is made again without asking the model again, and so is a plan
@@ -828,7 +861,7 @@ class PlannerService:
             conn, run, status, step=step, answer=answer, error_code=code, error_message=message
         )
         if self._sessions is not None:
-            await self._sessions.ended(conn, run, status, answer=answer, code=code)
+            await self._sessions.ended(conn, run, status, answer=answer, code=code, steps=steps)
         if branch_of(run.manifest) is None:  # a branch's end is its caller's to observe
             finished.append((status, code))
         run = msgspec.structs.replace(

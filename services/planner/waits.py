@@ -23,7 +23,7 @@ from services.planner.codes import REFUSAL_CODES
 from services.planner.effects import AGAIN, Effects, Finished
 from services.planner.provider import ModelDecision, SelectCapability
 from services.planner.sessions import SessionTurns
-from services.planner.sessions._plans import PLAN_REJECTED
+from services.planner.sessions._plans import PLAN_REJECTED, model_payload
 from services.planner.snapshot import agent_call_target, branch_of, read_target
 from services.planner.store import PlannerStore, RunRow, Step
 
@@ -71,7 +71,7 @@ class PersonWaits:
             or last.kind != "decision"
         ):
             return []
-        decision = _DECISION_DECODER.decode(msgspec.json.encode(last.payload))
+        decision = _DECISION_DECODER.decode(msgspec.json.encode(model_payload(last.payload)))
         if (
             not isinstance(decision, SelectCapability)
             or (tool := read_target(run.manifest, decision.capability)) is None

@@ -179,6 +179,7 @@ async def test_a_decision_asked_in_the_chat_is_answered_in_place(
             assert (await bob.decide(pending, "once", proposal_id=proposal)).accepted
         await term.expect(r"^  · payment\.charge\.create: succeeded$")
         await term.expect(r"^\[turn 1 succeeded\]$")
+        await term.expect(r"^    1\. crm\.note\.create: succeeded$")  # the plan's step, run
         await term.type("/quit")
         with anyio.fail_after(30):
             assert await term.process.wait() == 0
@@ -207,6 +208,7 @@ async def test_a_plan_shown_and_approved_in_place_then_the_answer_streamed(
             r"record\.$"
         )
         await term.expect(r"^\[turn 1 succeeded\]$")
+        await term.expect(r"^    1\. crm\.note\.create: succeeded$")  # the plan's step, run
         await term.type("/quit")
         with anyio.fail_after(30):
             assert await term.process.wait() == 0

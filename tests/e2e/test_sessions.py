@@ -12,7 +12,6 @@ import contextlib
 import json
 import secrets
 import tempfile
-import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -823,8 +822,7 @@ async def test_a_plan_approved_by_its_id_is_then_carried_out_and_still_governed(
         model,
         select("crm.note.create", NOTE),
         answer("My plan: one note on ACME-42."),
-        select("crm.note.create", NOTE),
-        answer("Done as planned."),
+        answer("Done as planned."),  # after the approval Writ takes the step itself
     )
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
@@ -895,27 +893,23 @@ async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_co
     )
 
 
-async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_is_approved(
+async def test_a_step_beyond_the_approved_plan_is_refused_then_a_revised_plan_is_approved(
     api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
 ) -> None:
-    # The plan freezes what the contract resolves; a step whose arguments resolve the same
-    # (keys in another order, "é" decomposed) is the plan's, one that resolves otherwise is not.
+    # Writ takes the approved plan's two steps; the model then selects a call the plan never
+    # held: refused `NOT_IN_PLAN`, and its answer proposes it as a revised plan, which runs
+    # only once approved (by Writ again, not by the model).
     sid = await open_planning(api)
     first = {"customer_id": "ACME-42", "body": "Chat: le client a payé."}
     second = {"customer_id": "ACME-42", "body": "Chat: follow up on Friday."}
-    written_otherwise = {
-        "body": unicodedata.normalize("NFD", first["body"]),
-        "customer_id": "ACME-42",
-    }
     other = {**second, "body": "Something the user never approved."}
     script(
         model,
         select("crm.note.create", first),
         select("crm.note.create", second),
         answer("Plan: two notes."),
-        select("crm.note.create", written_otherwise),
         select("crm.note.create", other),
-        answer("Revised plan: the other note instead."),
+        answer("Revised plan: one more note."),
     )
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
@@ -925,8 +919,6 @@ async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_i
         (second, second),
     ]  # the contract's resolution and its preview
     await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-    # The deviation is refused, and the agent's answer proposes it as a revised plan: the
-    # turn waits for the user again, under a new plan id.
     revised = await until(
         api,
         sid,
@@ -938,43 +930,28 @@ async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_i
     assert revised["state"] == "processing"
     old, new = revised["plans"]
     assert (old["plan_id"], old["state"], new["state"]) == (plan["plan_id"], "approved", "proposed")
-    assert new["plan_id"] == revised["waiting_for"]["plan_id"]
     assert [(s["capability"], s["arguments"]) for s in new["steps"]] == [("crm.note.create", other)]
     assert new["digest"] != old["digest"]
-    # The approved plan cannot be answered again, either way: 409, and it stays approved.
     for again in ("approve", "reject"):
         answered = await api.post(f"/plans/{plan['plan_id']}/{again}", json={}, headers=key())
         assert (answered.status_code, answered.json()["code"]) == (409, "PLAN_ANSWERED")
-    assert (
-        await db.fetchval("SELECT state FROM planner.plans WHERE plan_id = $1", plan["plan_id"])
-        == "approved"
-    )
-    refusals = [
-        json.loads(r["payload"])
-        for r in await db.fetch(
-            "SELECT payload FROM planner.steps WHERE run_id = $1 AND kind = 'observation' "
-            "ORDER BY seq",
-            run_id,
-        )
+    seen = await observations(db, run_id)
+    # planned, planned, the approval, the two steps' outcomes, the call beyond the plan
+    assert [r.get("refused") for r in seen] == [
+        "PLANNED",
+        "PLANNED",
+        None,
+        None,
+        None,
+        "NOT_IN_PLAN",
     ]
-    # planned, planned, the approval, the first step's outcome, the deviation refused
-    assert [r.get("refused") for r in refusals] == ["PLANNED", "PLANNED", None, None, "NOT_IN_PLAN"]
-    assert refusals[3]["state"] == "succeeded"
-    assert "step 2 of the approved plan" in json.dumps(refusals[4])  # the reason the model saw
-    observed = await db.fetch(
-        "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'Observed'", sid
+    assert [r.get("state") for r in seen[3:5]] == ["succeeded", "succeeded"]
+    assert "all taken" in json.dumps(seen[5])  # the reason the model saw
+    commands = await db.fetch(
+        "SELECT arguments FROM admission.commands WHERE run_id = $1 ORDER BY created_at", run_id
     )
-    assert any("NOT_IN_PLAN" in json.loads(r["body"])["summary"] for r in observed)
-    # The step written otherwise ran, as the plan froze it; the deviating one has not.
-    [op] = await db.fetch(
-        "SELECT operation_id, arguments FROM admission.commands WHERE run_id = $1", run_id
-    )
-    assert json.loads(op["arguments"]) == first
-    assert [n["body"] for n in notes_for(crm, f"acme:{op['operation_id']}")] == [first["body"]]
-    # The first approval does not cover the revision; the revised plan's own approval does.
-    stale = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-    assert (stale.status_code, stale.json()["code"]) == (409, "PLAN_ANSWERED")
-    script(model, select("crm.note.create", other), answer("Done as revised."))
+    assert [json.loads(c["arguments"]) for c in commands] == [first, second]
+    script(model, answer("Done as revised."))
     approved = await api.post(f"/plans/{new['plan_id']}/approve", json={}, headers=key())
     assert (approved.status_code, approved.json()["state"]) == (200, "approved")
     seen = await until(api, sid, turn_ended(1))
@@ -984,7 +961,7 @@ async def test_a_step_outside_the_approved_plan_is_refused_then_a_revised_plan_i
         "AND state = 'succeeded' ORDER BY created_at",
         run_id,
     )
-    assert [json.loads(c["arguments"]) for c in commands] == [first, other]
+    assert [json.loads(c["arguments"]) for c in commands] == [first, second, other]
     types = await session_events(db, sid)
     assert (types.count("PlanProposed"), types.count("PlanDecided")) == (2, 2)
 
@@ -1092,9 +1069,7 @@ async def test_a_turn_the_model_marks_consequential_plans_first_then_runs_as_app
         model,
         select("payment.refund", asked, consequential=True),
         answer("Plan: refund Léo's sibling discount."),
-        # after the approval, the same request spelled otherwise (keys reordered, the
-        # default left out) and without the mark: the plan, not the mark, governs now
-        select("payment.refund", {"line_id": "L2", "payment_id": payment_id}),
+        # after the approval Writ takes the step; the model is asked only for its answer
         answer("Refunded as planned."),
     )
     heard = Proposals()
@@ -1180,7 +1155,7 @@ async def dispatcher_down(stack: Stack) -> AsyncIterator[None]:
         await stack.wait_ready(("dispatcher",))
 
 
-async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_nothing(
+async def test_facts_changed_after_the_plan_was_shown_end_the_plan_and_pay_nothing(
     stack: Stack,
     api: httpx.AsyncClient,
     db: asyncpg.Connection,
@@ -1188,60 +1163,49 @@ async def test_facts_changed_after_the_plan_was_shown_refuse_its_step_and_pay_no
     payments: httpx.Client,
 ) -> None:
     sid, payment_id, asked = await refund_planning(api, payments)
-    # planning; after the approval the step, refused as stale; the revised plan
-    script(
-        model,
-        select("payment.refund", asked),
-        answer("Plan: refund 15.00 EUR."),
-        select("payment.refund", asked),
-        answer("Revised plan: the discount changed."),
-    )
+    script(model, select("payment.refund", asked), answer("Plan: refund 15.00 EUR."))
     sent = await send(api, sid, "Refund the missing sibling discount.")
     run_id = sent.json()["run_id"]
     plan = await proposed_plan(api, sid)
     assert plan["steps"][0]["preview"]["amount_cents"] == 1500
+    before = len(model_requests(model))
     # The discount changes after the plan was shown (and before it is approved: the
     # approval consents to the 15.00 EUR it showed, not to what the facts became).
     payments.post(
         "/_control/payments", json=_payment(payment_id, discount_cents=2000)
     ).raise_for_status()
     await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-    revised = await until(
-        api,
-        sid,
-        lambda v: (
-            (v["waiting_for"] or {}).get("kind") == "plan"
-            and v["waiting_for"]["plan_id"] != plan["plan_id"]
-        ),
-    )
-    # Refused and observed as stale, fail closed: nothing reached admission or the provider.
+    done = await until(api, sid, lambda v: v["state"] == "active")
+    # The step Writ took is refused as stale, fail closed, and the plan ends there with a
+    # typed outcome the user sees: nothing reached admission or the provider, and the model
+    # was not asked to make anything of it.
     seen = await observations(db, run_id)
     assert [o.get("refused") for o in seen] == ["PLANNED", None, "PLAN_STALE"]
-    assert "amount_cents" in json.dumps(seen[-1])  # what changed, as the model was told
-    observed = await db.fetch(
-        "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'Observed'", sid
+    assert "amount_cents" in json.dumps(seen[-1])  # what changed
+    run = await db.fetchrow(
+        "SELECT status, error_code, error_message FROM planner.runs WHERE run_id = $1", run_id
     )
-    assert any("PLAN_STALE" in json.loads(r["body"])["summary"] for r in observed)
+    assert (run["status"], run["error_code"]) == ("failed", "PLAN_STALE")
+    assert "step 1 of the approved plan (payment.refund) ended refused" in run["error_message"]
+    [ended] = [
+        json.loads(r["body"])
+        for r in await db.fetch(
+            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'TurnEnded'",
+            sid,
+        )
+    ]
+    assert (ended["status"], ended["code"]) == ("failed", "PLAN_STALE")
+    assert ended["plan_steps"] == [
+        {"index": 0, "capability": "payment.refund", "outcome": "refused: PLAN_STALE"}
+    ]
+    assert done["plans"][0]["state"] == "approved"
     assert (
         await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
     )
     assert _refunds(payments, payment_id) == []
-    # The agent proposed a revised plan, resolved from the facts now; it needs its own
-    # approval, and once given, the refund is the revised plan's.
-    old, new = revised["plans"]
-    assert (old["state"], new["state"]) == ("approved", "proposed")
-    assert new["steps"][0]["preview"]["amount_cents"] == 2000
-    assert new["digest"] != old["digest"]
-    script(model, select("payment.refund", asked), answer("Refunded 20.00 EUR."))
-    approved = await api.post(f"/plans/{new['plan_id']}/approve", json={}, headers=key())
-    assert approved.status_code == 200, approved.text
-    await approved_by_another(stack, run_id)
-    done = await until(api, sid, turn_ended(1))
-    assert done["messages"][-1]["text"] == "Refunded 20.00 EUR."
-    [refund] = _refunds(payments, payment_id)
-    assert refund["amount_cents"] == 2000
-    # Replay reads no facts: it accepts the recorded PLAN_STALE refusal of the approved
-    # step in place of its proposal, and walks the revised plan to the one refund.
+    assert len(model_requests(model)) == before
+    # Replay reads no facts: it accepts the recorded PLAN_STALE refusal of the step Writ
+    # took in place of its proposal, and the plan's end that follows it.
     await sealed(db, run_id)
     replay = writ_audit(stack, "replay", sid)
     assert replay.returncode == 0, replay.stdout + replay.stderr
@@ -1265,31 +1229,32 @@ async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_agai
 ) -> None:
     # The dispatcher, the only reader of a payment, is down while the plan is frozen and
     # again while its approved step is taken: each model answer is committed first, and the
-    # facts are read again once it is back; the model is asked once per step, no more.
+    # facts are read again once it is back; the model is asked once per decision of its
+    # own, no more (the approved step is Writ's).
     sid, payment_id, asked = await refund_planning(api, payments)
     before = len(model_requests(model))
 
-    async def down_until(decisions: int) -> None:
+    async def down_until(decisions: int, asked: int) -> None:
         with anyio.fail_after(40):
             while await decisions_of(db, run_id) < decisions:
                 await anyio.sleep(0.1)
         await anyio.sleep(3)  # the delivery is retried meanwhile, and fails to read
-        assert len(model_requests(model)) - before == decisions
+        assert len(model_requests(model)) - before == asked
 
     async with dispatcher_down(stack):
         script(model, select("payment.refund", asked), answer("Plan: refund 15.00 EUR."))
         sent = await send(api, sid, "Refund the missing sibling discount.")
         run_id = sent.json()["run_id"]
-        await down_until(2)
+        await down_until(2, 2)
         assert (await view(api, sid))["plans"] == []
     plan = await proposed_plan(api, sid)
     assert plan["steps"][0]["preview"]["amount_cents"] == 1500
     assert len(model_requests(model)) - before == 2
     async with dispatcher_down(stack):
-        script(model, select("payment.refund", asked), answer("Refunded 15.00 EUR."))
+        script(model, answer("Refunded 15.00 EUR."))
         approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
         assert approved.status_code == 200, approved.text
-        await down_until(3)
+        await down_until(3, 2)  # the step Writ took: no model call
         assert (
             await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id)
             == 0
@@ -1297,30 +1262,34 @@ async def test_facts_that_cannot_be_read_are_read_again_not_the_model_asked_agai
     await approved_by_another(stack, run_id)
     done = await until(api, sid, turn_ended(1), timeout=90)
     assert done["messages"][-1]["text"] == "Refunded 15.00 EUR."
-    assert len(model_requests(model)) - before == 4
+    assert len(model_requests(model)) - before == 3
     [refund] = _refunds(payments, payment_id)
     assert refund["amount_cents"] == 1500
     assert [o.get("refused") for o in await observations(db, run_id)][:1] == ["PLANNED"]
 
 
-async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling(
+async def test_a_model_that_answers_after_the_approval_still_has_every_step_run_once(
+    stack: Stack,
     api: httpx.AsyncClient,
     db: asyncpg.Connection,
     model: httpx.Client,
     crm: httpx.Client,
     host: Host,
 ) -> None:
+    # An approved plan is a contract: Writ takes its frozen steps itself, in order, each
+    # through decide, admission and the dispatcher, and the model is asked only for what
+    # comes after them. A model that answers at once cannot skip one.
     sid = await open_planning(api)
-    planned = {"customer_id": "ACME-42", "body": "Chat: le client a payé."}
-    # After the approval the model writes the same note otherwise: keys in another order,
-    # "é" decomposed. It normalises equal, so it is the plan's step; what is sent is the plan's.
-    spelled = {"body": unicodedata.normalize("NFD", planned["body"]), "customer_id": "ACME-42"}
+    steps = [
+        {"customer_id": "ACME-42", "body": "Chat: le client a payé."},
+        {"customer_id": "ACME-42", "body": "Chat: send the invoice copy."},
+        {"customer_id": "ACME-42", "body": "Chat: call back on Monday."},
+    ]
     script(
         model,
-        select("crm.note.create", planned),
-        answer("Plan: one note."),
-        select("crm.note.create", spelled),
-        answer("Noted."),
+        *(select("crm.note.create", s) for s in steps),
+        answer("Plan: three notes."),
+        answer("All done."),  # the model's one answer after the approval
     )
     heard = Proposals()
     sub = await host.nc.subscribe("writ.int.proposals.acme", cb=heard.hear)
@@ -1328,13 +1297,15 @@ async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling
         sent = await send(api, sid, "Note the payment.")
         run_id = sent.json()["run_id"]
         plan = await proposed_plan(api, sid)
-        [step] = plan["steps"]
-        assert step["request"] == step["arguments"] == planned
+        assert [s["request"] for s in plan["steps"]] == steps
+        before = len(model_requests(model))
         await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
-        await until(api, sid, turn_ended(1))
+        done = await until(api, sid, turn_ended(1))
     finally:
         await sub.unsubscribe()
-    # The model's own decision is kept as it answered (the captured response) ...
+    assert (done["state"], done["messages"][-1]["text"]) == ("active", "All done.")
+    # Each approved step was taken once, by Writ (marked with its index, no model call), in
+    # order, and admission received the plan's frozen requests.
     decisions = [
         json.loads(r["payload"])
         for r in await db.fetch(
@@ -1343,19 +1314,40 @@ async def test_the_step_sent_is_the_plans_frozen_request_not_the_models_spelling
             run_id,
         )
     ]
-    assert decisions[2]["arguments"] == spelled
-    # ... but admission received the plan's frozen request, code point for code point, and
-    # the CRM got the plan's note.
-    [proposal] = heard.of(run_id)
-    assert proposal["arguments"] == planned and proposal["arguments"] != spelled
-    [command] = await db.fetch(
-        "SELECT operation_id, arguments FROM admission.commands "
-        "WHERE run_id = $1 AND state = 'succeeded'",
+    assert [d.get("plan_step") for d in decisions] == [None] * 4 + [0, 1, 2, None]
+    assert [p["arguments"] for p in heard.of(run_id)] == steps
+    commands = await db.fetch(
+        "SELECT operation_id, arguments, state FROM admission.commands WHERE run_id = $1 "
+        "ORDER BY created_at",
         run_id,
     )
-    assert json.loads(command["arguments"]) == step["arguments"]
-    [note] = notes_for(crm, f"acme:{command['operation_id']}")
-    assert note["body"] == planned["body"]
+    assert [(json.loads(c["arguments"]), c["state"]) for c in commands] == [
+        (s, "succeeded") for s in steps
+    ]
+    for command, step in zip(commands, steps, strict=True):
+        [note] = notes_for(crm, f"acme:{command['operation_id']}")
+        assert note["body"] == step["body"]
+    # The model was asked once after the approval, seeing the three outcomes.
+    [after] = model_requests(model)[before:]
+    outcomes = json.loads(after["messages"][-1]["content"])["untrusted"]["observations"]
+    assert [o.get("state") for o in outcomes if "operation_id" in o] == ["succeeded"] * 3
+    # The turn's end lists every step with its outcome.
+    [ended] = [
+        json.loads(r["body"])
+        for r in await db.fetch(
+            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'TurnEnded'",
+            sid,
+        )
+    ]
+    assert ended["status"] == "succeeded"
+    assert [(s["index"], s["outcome"], s["operation_id"]) for s in ended["plan_steps"]] == [
+        (i, "succeeded", str(c["operation_id"])) for i, c in enumerate(commands)
+    ]
+    # Replay walks the steps Writ took without a model response for them.
+    await sealed(db, run_id)
+    replay = writ_audit(stack, "replay", sid)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert f"run {run_id}: IDENTICAL" in replay.stdout
 
 
 async def test_admission_holds_a_plans_step_to_the_preview_the_plan_showed(

@@ -10,6 +10,7 @@ The deployment, the model fake and the helpers are `test_sessions.py`'s (its own
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -276,21 +277,20 @@ async def test_replay_of_plan_mode_turns_is_identical_and_sees_a_tampered_plan(
         model,
         select("crm.note.create", first),
         answer("Plan: one note."),
-        select("crm.note.create", first),
-        answer("Done as planned."),
+        answer("Done as planned."),  # Writ takes the approved step itself
     )
     t1 = (await send(api, sid, "Note the call.")).json()["run_id"]
     plan = await plan_waiting(api, sid)
     assert (await api.post(f"/plans/{plan}/approve", json={}, headers=key())).status_code == 200
     await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
-    # Turn 2: approved, then a step outside it (NOT_IN_PLAN), revised, the revision approved.
+    # Turn 2: approved and taken, then a call beyond it (NOT_IN_PLAN), revised, the
+    # revision approved and taken.
     script(
         model,
         select("crm.note.create", first),
         answer("Plan: the note again."),
         select("crm.note.create", other),
         answer("Revised: the other note."),
-        select("crm.note.create", other),
         answer("Done as revised."),
     )
     t2 = (await send(api, sid, "Note it again.")).json()["run_id"]
@@ -330,3 +330,236 @@ async def test_replay_of_plan_mode_turns_is_identical_and_sees_a_tampered_plan(
     assert code == 1, out
     assert f"run {t1}: DIVERGENT" in out and plan in out, out
     assert f"run {t2}: IDENTICAL" in out and f"run {t3}: IDENTICAL" in out, out
+
+
+async def run_row(db: asyncpg.Connection, run_id: str) -> Any:
+    return await db.fetchrow(
+        "SELECT status, error_code, pending_id FROM planner.runs WHERE run_id = $1", run_id
+    )
+
+
+async def paused_mid_call(
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    note: dict[str, str],
+    *then: dict[str, Any],
+) -> tuple[str, str]:
+    """A session whose turn's streamed model call selecting a write was in flight when the
+    session paused (`then`: the model's replies after it); returns once the decision is
+    recorded and held: (session, run)."""
+    sid = await open_session(api, "chat-assistant")  # granted: its notes need nobody
+    script(model, select("crm.note.create", note), *then)
+    model.post(
+        "/_control/mode", json={"mode": "slow_stream", "count": 1, "delay_s": 0.2}
+    ).raise_for_status()
+    before = len(model_requests(model))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    with anyio.fail_after(40):
+        while len(model_requests(model)) == before:
+            await anyio.sleep(0.02)
+    paused = await act(api, sid, "pause")
+    assert (paused.status_code, paused.json()["state"]) == (202, "paused")
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "awaiting_human":
+            await anyio.sleep(0.1)
+    types = await session_events(db, sid)
+    # The call was in flight when the pause came: its selection was recorded after it.
+    assert types.index("SessionPaused") < types.index("CapabilitySelected")
+    return sid, run_id
+
+
+async def test_a_pause_during_a_streamed_write_decision_admits_nothing_until_resume(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
+    note = {"customer_id": "ACME-42", "body": "Chat: held by the pause."}
+    sid, run_id = await paused_mid_call(api, db, model, note, answer("Noted."))
+    held = await run_row(db, run_id)
+    assert (held["error_code"], held["pending_id"]) == ("SESSION_PAUSED", f"pause-{run_id}")
+    await anyio.sleep(3)  # whatever would have followed the decision has had its chance
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
+    assert (await view(api, sid))["waiting_for"]["kind"] == "resume"
+    resumed = await act(api, sid, "resume")
+    assert resumed.status_code == 202, resumed.text
+    done = await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
+    assert done["messages"][-1]["text"] == "Noted."
+    [command] = await db.fetch(
+        "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+    )
+    assert command["state"] == "succeeded"
+    assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1
+
+
+async def test_a_close_while_paused_cancels_the_held_selection(
+    stack: Stack, api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    note = {"customer_id": "ACME-42", "body": "Chat: never written."}
+    sid, run_id = await paused_mid_call(api, db, model, note)
+    closed = await act(api, sid, "close")
+    assert (closed.status_code, closed.json()["state"]) == (202, "closed")
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "cancelled":
+            await anyio.sleep(0.1)
+    await anyio.sleep(2)
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
+    code, out = await replay_of(db, stack, sid, run_id)
+    assert code == 0 and f"run {run_id}: IDENTICAL" in out, out
+
+
+async def test_a_plan_answer_after_the_session_closed_is_refused(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    sid = await open_planning(api)
+    script(model, select("crm.note.create", NOTE), answer("Plan: one note."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    plan = await plan_waiting(api, sid)
+    closed = await act(api, sid, "close")
+    assert closed.status_code == 202, closed.text
+    for answer_ in ("approve", "reject"):
+        late = await api.post(f"/plans/{plan}/{answer_}", json={}, headers=key())
+        assert (late.status_code, late.json()["code"]) == (409, "SESSION_CLOSED"), late.text
+    assert await db.fetchval("SELECT state FROM planner.plans WHERE plan_id = $1", plan) == (
+        "proposed"
+    )
+    assert "PlanDecided" not in await session_events(db, sid)
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "cancelled":
+            await anyio.sleep(0.1)
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id) == 0
+    )
+
+
+async def test_an_approver_of_the_tenant_answers_a_plan_another_principal_may_not(
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+) -> None:
+    sid = await open_planning(api)
+    note = {"customer_id": "ACME-42", "body": "Chat: checked by an approver."}
+    script(model, select("crm.note.create", note), answer("Plan: one note."), answer("Done."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    plan = await plan_waiting(api, sid)
+
+    async def answer_as(principal: str, roles: list[str], body: Any = None) -> httpx.Response:
+        token = stack.token("acme", principal, roles=roles)
+        async with httpx.AsyncClient(
+            base_url=stack.api_url, timeout=40, headers={"Authorization": f"Bearer {token}"}
+        ) as other:
+            return await other.post(f"/plans/{plan}/approve", json=body, headers=key())
+
+    # Another principal of the tenant without the role: the plan is not theirs to see.
+    stranger = await answer_as("bob@acme.example", [])
+    assert (stranger.status_code, stranger.json()["code"]) == (404, "NOT_FOUND")
+    # An approver of the tenant answers it (no body needed), and is recorded as its answerer.
+    checked = await answer_as("carol@acme.example", ["approver"])
+    assert (checked.status_code, checked.json()["state"]) == (200, "approved"), checked.text
+    assert (
+        await db.fetchval("SELECT answered_by FROM planner.plans WHERE plan_id = $1", plan)
+        == "carol@acme.example"
+    )
+    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
+    [command] = await db.fetch(
+        "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+    )
+    assert command["state"] == "succeeded"
+    assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1
+
+
+async def test_two_forks_at_one_step_are_identical_and_hold_no_command(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    sid = await open_session(api, "chat-assistant")
+    note = {"customer_id": "ACME-42", "body": "Chat: forked twice."}
+    script(model, select("crm.note.create", note), answer("Noted."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
+    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id)
+    forks = []
+    for _ in range(2):
+        forked = await act(api, sid, "fork", turn=1, step=0)
+        assert forked.status_code == 201, forked.text
+        forks.append(forked.json()["session_id"])
+
+    async def copy(fork: str) -> list[tuple[str, dict[str, Any]]]:
+        rows = await db.fetch(
+            "SELECT type, body FROM planner.session_events WHERE session_id = $1 ORDER BY n", fork
+        )
+        return [
+            (
+                r["type"],
+                {
+                    k: v
+                    for k, v in json.loads(r["body"]).items()
+                    if k not in ("session_id", "n", "fork_session_id")
+                },
+            )
+            for r in rows
+        ]
+
+    first, second = [await copy(f) for f in forks]
+    assert first == second
+    types = [t for t, _ in first]
+    assert "StepOutcome" in types  # what became of the step, as history
+    for effect in ("StepAdmitted", "StepDispatched", "ProposalMade", "PlanDecided", "TurnEnded"):
+        assert effect not in types, types
+    assert not any("operation_id" in body for _, body in first)
+    for fork in forks:
+        assert (
+            await db.fetchval(
+                "SELECT count(*) FROM admission.commands WHERE run_id LIKE $1", f"{fork}%"
+            )
+            == 0
+        )
+
+
+async def test_a_plan_answer_whose_wake_was_lost_is_taken_up_by_the_sweep(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+) -> None:
+    sid = await open_planning(api)
+    note = {"customer_id": "ACME-42", "body": "Chat: woken by the sweep."}
+    script(model, select("crm.note.create", note), answer("Plan: one note."), answer("Done."))
+    run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
+    plan = await plan_waiting(api, sid)
+    # The answer is committed and the wake that follows it never sent (as when the planner
+    # dies between the two): nothing else would drive the turn again.
+    await db.execute(
+        "UPDATE planner.plans SET state = 'approved', answered_by = 'alice@acme.example' "
+        "WHERE plan_id = $1",
+        plan,
+    )
+    with anyio.fail_after(40):
+        while (await run_row(db, run_id))["status"] != "succeeded":
+            await anyio.sleep(0.1)
+    [command] = await db.fetch(
+        "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
+    )
+    assert command["state"] == "succeeded"
+    assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1
+
+
+async def test_a_principal_lists_its_own_sessions_a_page_at_a_time(stack: Stack) -> None:
+    principal = f"dora-{uuid.uuid4().hex[:8]}@acme.example"
+    headers = {"Authorization": f"Bearer {stack.token('acme', principal)}"}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40, headers=headers) as mine:
+        opened = [await open_session(mine, "chat-assistant") for _ in range(3)]
+        first = await mine.get("/sessions", params={"limit": 2})
+        assert first.status_code == 200, first.text
+        page = first.json()
+        assert [s["session_id"] for s in page["sessions"]] == opened[::-1][:2]
+        assert page["sessions"][0]["state"] == "active"
+        rest = (await mine.get("/sessions", params={"limit": 2, "cursor": page["next"]})).json()
+        assert [s["session_id"] for s in rest["sessions"]] == opened[:1]
+        assert rest.get("next") is None
+        bad = await mine.get("/sessions", params={"limit": 0})
+        assert (bad.status_code, bad.json()["code"]) == (400, "INVALID_REQUEST")
+    other = {"Authorization": f"Bearer {stack.token('acme', 'erin@acme.example')}"}
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40, headers=other) as theirs:
+        listed = (await theirs.get("/sessions", params={"limit": 100})).json()
+        assert not set(opened) & {s["session_id"] for s in listed["sessions"]}

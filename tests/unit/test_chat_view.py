@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from schemas.sessions import (
@@ -29,7 +31,7 @@ def delta(text: str, index: int = 0, attempt: int = 1) -> TextDelta:
     return TextDelta(session_id=S, n=3, turn=1, step=0, attempt=attempt, index=index, text=text)
 
 
-def ended(answer: str | None = "Done.", **kw: str) -> TurnEnded:
+def ended(answer: str | None = "Done.", **kw: Any) -> TurnEnded:
     return TurnEnded(
         session_id=S,
         n=9,
@@ -187,3 +189,27 @@ def test_a_commands_admission_and_dispatch_show_as_progress_lines() -> None:
     out = render(StepAdmitted(session_id=S, n=4, turn=1, step=0, operation_id="op-7"), view)
     out += render(StepDispatched(session_id=S, n=5, turn=1, step=0, operation_id="op-7"), view)
     assert out == "  · admitted (operation op-7)\n  · dispatched\n"
+
+
+def test_a_turns_end_lists_every_step_of_its_approved_plan() -> None:
+    from schemas.sessions import PlanStepOutcome
+
+    event = TurnEnded(
+        session_id=S,
+        n=9,
+        turn=1,
+        run_id="ses-1-t1",
+        status="failed",
+        code="PLAN_STEP_FAILED",
+        plan_steps=[
+            PlanStepOutcome(index=0, capability="crm.note.create", outcome="succeeded"),
+            PlanStepOutcome(index=1, capability="payment.refund", outcome="failed"),
+            PlanStepOutcome(index=2, capability="crm.note.create", outcome="not_run"),
+        ],
+    )
+    assert render(event, ChatView()) == (
+        "[turn 1 failed: PLAN_STEP_FAILED]\n"
+        "    1. crm.note.create: succeeded\n"
+        "    2. payment.refund: failed\n"
+        "    3. crm.note.create: not_run\n"
+    )

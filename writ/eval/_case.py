@@ -21,17 +21,20 @@ import msgspec
 
 from libs.errors import ConfigError
 from libs.journal import DataKeys, JournalError
-from services.planner.inputs import input_digest, model_input
+from services.planner.inputs import input_digest, model_input, with_injected
 from services.planner.journal_entries import (
     DECISION,
+    INJECTED,
     OBSERVATION,
     RUN_STARTED,
     Captured,
     DecisionEntry,
+    InjectedEntry,
     ObservationEntry,
     RunStartedEntry,
 )
 from services.planner.provider import ModelInput
+from services.planner.sessions._execute import plan_taken
 
 __all__ = [
     "SET_FORMAT",
@@ -71,6 +74,9 @@ class Expected(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     arguments: dict[str, Any] | None = None
     must_refuse: bool = False
     must_escalate: bool = False
+    # The selection asks for the user's plan first (`SelectCapability.consequential`): a
+    # candidate that drops it would act where the baseline had the user approve a plan.
+    consequential: bool = False
 
 
 class EvalCase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -135,19 +141,24 @@ def cases_from_run(
     """
     started: RunStartedEntry | None = None
     observations: list[dict[str, Any]] = []
+    injected: list[str] = []  # a chat turn's injected messages, in the model's input from then
     catalog_requested = False
     cases: list[EvalCase] = []
     for captured in sorted(entries, key=lambda c: c.seq):
         if captured.kind == RUN_STARTED:
             started = msgspec.convert(captured.payload, RunStartedEntry)
+        elif captured.kind == INJECTED:
+            injected.extend(msgspec.convert(captured.payload, InjectedEntry).texts)
         elif captured.kind == OBSERVATION:
             observations.append(msgspec.convert(captured.payload, ObservationEntry).observation)
         elif captured.kind == DECISION:
             if started is None:
                 raise CaseError(f"run {run_id}: a decision before the run's start")
             d = msgspec.convert(captured.payload, DecisionEntry)
+            if plan_taken(d.response) is not None:
+                continue  # an approved plan's step, taken by Writ: no model was asked
             built = model_input(
-                user=started.input,
+                user=with_injected(started.input, injected),
                 evidence=started.evidence,
                 observations=list(observations),
                 turn=d.turn,
@@ -171,6 +182,7 @@ def cases_from_run(
                 capability=d.response.get("capability"),
                 arguments=d.response.get("arguments"),
                 must_escalate=kind == "request_human_review",
+                consequential=d.response.get("consequential") is True,
             )
             cases.append(
                 EvalCase(

@@ -40,7 +40,7 @@ log = logging.getLogger("writ.ingress")
 _DECODER: Final = msgspec.json.Decoder(HostSessionOp)
 _EVENT: Final = msgspec.json.Decoder(AnySessionEvent)
 _ENCODER: Final = msgspec.json.Encoder()
-_READS: Final = frozenset({"get", "events"})
+_READS: Final = frozenset({"get", "events", "list"})
 
 
 async def read_events(

@@ -31,6 +31,7 @@ from schemas.sessions import (
     PlanAnswered,
     PlanBody,
     SessionAccepted,
+    SessionList,
     SessionOp,
     SessionOpKind,
     SessionReply,
@@ -39,6 +40,7 @@ from schemas.sessions import (
 )
 from services.ingress.http._api import Api, Caller
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
+from services.ingress.logic import APPROVER_ROLE
 
 __all__ = ["session_handlers"]
 
@@ -85,6 +87,9 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         caller = api.caller(request)
         key = request.headers.get("idempotency-key", "")
 
+        if op.endswith("_plan"):  # a tenant's approver may answer any of its plans
+            fields["approver"] = APPROVER_ROLE in caller.roles
+
         async def answer() -> tuple[int, msgspec.Struct]:
             reply = await _ask(_op(caller, op, key=key, **fields))
             if reply.plan is not None:
@@ -126,6 +131,24 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         """Starts a turn on an `active` session (it is `processing` until the turn ends); a
         second message meanwhile is `409 SESSION_BUSY` and changes nothing."""
         return await _write(request, data, "message", 202, session_id=session_id, text=data.text)
+
+    @get(
+        "/sessions",
+        summary="The caller's sessions",
+        tags=["sessions"],
+        responses=problems(s401=_AUTH),
+    )
+    async def list_sessions(
+        request: Request[Any, Any, Any],
+        cursor: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=100)] = 50,
+    ) -> SessionList:
+        """The token's principal's sessions, newest first (not the child sessions of agent
+        calls), a page at a time: `next` is the `cursor` of the page after."""
+        caller = api.caller(request)
+        reply = await _ask(_op(caller, "list", cursor=cursor, limit=limit))
+        assert reply.sessions is not None
+        return reply.sessions
 
     @get(
         "/sessions/{session_id:str}",
@@ -213,11 +236,12 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         async def handler(
             request: Request[Any, Any, Any],
             plan_id: FromPath[str],
-            data: JSONBody[PlanBody],
             idempotency_key: IdempotencyKey,
+            data: JSONBody[PlanBody | None] = None,
         ) -> Response[PlanAnswered]:
+            body = data if data is not None else PlanBody()  # no body: no reason given
             return await _write(
-                request, data, f"{answer}_plan", 200, plan_id=plan_id, reason=data.reason
+                request, body, f"{answer}_plan", 200, plan_id=plan_id, reason=body.reason
             )
 
         handler.__doc__ = (
@@ -289,6 +313,7 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
     return [
         open_session,
         send,
+        list_sessions,
         view,
         pause,
         resume,

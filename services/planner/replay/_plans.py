@@ -26,6 +26,7 @@ from services.planner.sessions._plans import (
     marked,
     plan_digest,
     plan_drafts,
+    plan_next,
     plan_outline,
     plan_refusal,
 )
@@ -77,6 +78,13 @@ class PlanTrack:
         return self.request(recorded, decision) is not None and facts_bound(
             decision.capability, decision.arguments
         )
+
+    def next(self, recorded: dict[int, StepRecord]) -> SelectCapability | tuple[str, str] | None:
+        """What Writ takes next itself under the approved plan (`plan_next`): its next step,
+        or the plan's end (code, reason), or None (the model is asked)."""
+        if not self._plans(recorded) or self.approved is None:
+            return None
+        return plan_next(_steps(recorded), self.approved[0])
 
     def drafts(self, recorded: dict[int, StepRecord]) -> list[tuple[str, dict[str, Any]]]:
         """The plan an answer just recorded freezes (empty: the answer ends the turn)."""

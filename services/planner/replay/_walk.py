@@ -48,9 +48,16 @@ from services.planner.provider import (
     Replan,
     RequestCapabilities,
     RequestHumanReview,
+    SelectCapability,
 )
 from services.planner.replay._plans import PLAN_STALE, PlanTrack
-from services.planner.sessions._plans import PLAN_REJECTED, PLAN_WAIT
+from services.planner.sessions._plans import (
+    HELD_CODE,
+    PLAN_REJECTED,
+    PLAN_WAIT,
+    model_payload,
+    plan_taken,
+)
 from services.planner.snapshot import (
     agent_call_target,
     has_critic,
@@ -65,6 +72,7 @@ _BUDGET_KINDS: Final = frozenset(
     {"provider_calls", "tokens", "capability_calls", "wall_time", "concurrent_steps"}
 )
 _MAX_FINDINGS: Final = 100  # ReplayReport's bound
+HELD: Final = frozenset({"propose", "read", "call"})  # what a paused session's turn holds
 
 
 def canon(value: Any) -> bytes:
@@ -154,6 +162,7 @@ class Walk:
         self.expect = _Expect(what="decide")
         self.steps: dict[int, StepRecord] = {}
         self.plans = PlanTrack()
+        self.held: _Expect | None = None  # what a paused session held, until its resume
 
     def diverged(self, step: int | None, expected: str, found: str) -> None:
         if len(self.divergences) < _MAX_FINDINGS:
@@ -288,7 +297,34 @@ class Walk:
         gap = self.at_step(d.seq, "decision")
         if not gap and self.expect.what not in ("decide", "unknown"):
             self.diverged(self.expect.step, str(self.expect), f"a model decision at step {d.seq}")
-        if self.inputs_known and self.started is not None:
+        taken = plan_taken(d.response)
+        expected = self.plans.next(self.steps)
+        if taken is not None:  # Writ took the approved plan's step: no model call
+            if not isinstance(expected, SelectCapability) or canon(
+                msgspec.to_builtins(expected)
+            ) != canon(model_payload(d.response)):
+                self.diverged(
+                    d.seq,
+                    f"the approved plan's next step {show(msgspec.to_builtins(expected))}"
+                    if isinstance(expected, SelectCapability)
+                    else "no plan step for Writ to take",
+                    f"plan step {taken} {show(model_payload(d.response))} taken",
+                )
+        elif (
+            expected is not None
+            and not gap
+            and not (  # a turn recorded before Writ took the steps: the model took them
+                isinstance(expected, SelectCapability)
+                and d.response.get("decision") == "select_capability"
+                and d.response.get("capability") == expected.capability
+            )
+        ):
+            self.diverged(
+                d.seq,
+                "Writ to take the approved plan's next step, or end the plan, with no model call",
+                f"a model decision at step {d.seq}",
+            )
+        if taken is None and self.inputs_known and self.started is not None:
             if d.turn != self.decisions:
                 self.diverged(d.seq, f"decision turn {self.decisions}", f"turn {d.turn}")
             try:
@@ -312,13 +348,14 @@ class Walk:
                     "evidence and tool outputs)",
                     f"sha256 {d.input_digest}",
                 )
-        self.decisions = d.turn + 1 if not self.inputs_known else self.decisions + 1
+        if taken is None:
+            self.decisions = d.turn + 1 if not self.inputs_known else self.decisions + 1
         self.next_seq = d.seq + 1
         self.steps[d.seq] = StepRecord(
             seq=d.seq, kind="decision", payload=d.response, input_digest=d.input_digest
         )
         try:
-            decision = msgspec.convert(d.response, ModelDecision)
+            decision = msgspec.convert(model_payload(d.response), ModelDecision)
         except msgspec.ValidationError as exc:
             self.diverged(
                 d.seq, "a model response that decodes as a decision", f"{show(d.response)}: {exc}"
@@ -577,9 +614,13 @@ class Walk:
                     s.step, str(ex), f"the run waiting with {s.error_code}: {show(s.error_message)}"
                 )
             self.expect = _Expect(what="plan-answer", step=ex.step)
+        elif s.status == "awaiting_human" and s.error_code == HELD_CODE and ex.what in HELD:
+            self.held = ex  # a paused session holds the selection: it is acted on at resume
         elif s.status == "awaiting_human":
             if ex.what != "output" or (s.step is not None and s.step != ex.step):
                 self.diverged(s.step, str(ex), "the run waiting for a person's decision")
+        elif s.status == "running" and self.held is not None:
+            self.expect, self.held = self.held, None
         elif s.status == "running":
             if ex.what != "resume":
                 self.diverged(s.step, str(ex), "the run resumed")
@@ -595,7 +636,13 @@ class Walk:
                 self.diverged(ex.step, str(ex), f"the run succeeded with answer {show(s.answer)}")
         elif s.status == "failed":
             found = f"the run failed with {s.error_code}: {show(s.error_message)}"
-            if ex.what == "fail":
+            stop = self.plans.next(self.steps) if ex.what == "decide" else None
+            if isinstance(stop, tuple):  # an approved plan's step did not succeed: it ends
+                if (s.error_code, s.error_message) != stop:
+                    self.diverged(
+                        ex.step, f"the plan to end with {stop[0]}: {show(stop[1])}", found
+                    )
+            elif ex.what == "fail":
                 if (s.error_code, s.error_message) != (ex.code, ex.reason):
                     self.diverged(ex.step, str(ex), found)
             elif s.error_code == BUDGET_CODE and ex.what in (

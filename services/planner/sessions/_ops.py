@@ -23,12 +23,14 @@ from schemas.sessions import (
     SessionClosed,
     SessionForked,
     SessionInjected,
+    SessionList,
     SessionMessage,
     SessionOp,
     SessionOpened,
     SessionPaused,
     SessionReply,
     SessionResumed,
+    SessionSummary,
     SessionView,
     TurnStarted,
     UserMessage,
@@ -36,7 +38,7 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready
+from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready, SessionClosedAlready
 from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
@@ -53,25 +55,20 @@ __all__ = ["SessionOpsEndpoint"]
 log = logging.getLogger("writ.planner.sessions")
 _DECODER: Final = msgspec.json.Decoder(SessionOp)
 _ENCODER: Final = msgspec.json.Encoder()
-# Events a fork copies from its parent: the conversation and what the turns did, not the
-# parent's own pauses, closes or forks.
+# Events a fork copies from its parent: the conversation and what became of the turns' steps,
+# as history. Never an effect or the authority for one (DESIGN.md §6): no admitted or
+# dispatched command, no proposal, plan or ask a person could still answer, no approval; nor
+# the parent's own pauses, closes or forks (so forking twice at one point copies the same).
 _COPIED: Final = frozenset(
     {
         "UserMessage",
         "TurnStarted",
         "CapabilitySelected",
         "Observed",
-        "ProposalMade",
-        "StepAdmitted",
-        "StepDispatched",
         "StepOutcome",
         "WriterNote",
         "TurnEnded",
         "SessionInjected",
-        "PlanProposed",
-        "PlanDecided",
-        "DecisionAsked",
-        "DecisionTaken",
         "ChildSession",
     }
 )
@@ -128,6 +125,9 @@ class SessionOpsEndpoint:
                 return SessionReply(ok=True, view=await self.view(conn, op))
         if op.op == "fork":
             return await self._fork(op)
+        if op.op == "list":
+            async with self._store.acquire() as conn:
+                return SessionReply(ok=True, sessions=await self._list(conn, op))
         if op.op in ("approve_plan", "reject_plan"):
             return await self._plan(op)
         return await self._change(op)
@@ -325,11 +325,14 @@ class SessionOpsEndpoint:
                         plan_id=op.plan_id,
                         approve=op.op == "approve_plan",
                         reason=op.reason,
+                        approver=op.approver,
                     )
                 except LookupError as exc:
                     raise _Refused("NOT_FOUND", str(exc)) from exc
                 except PlanAnsweredAlready as exc:
                     raise _Refused("PLAN_ANSWERED", str(exc)) from exc
+                except SessionClosedAlready as exc:
+                    raise _Refused("SESSION_CLOSED", str(exc)) from exc
         await self._turns.wake(session.tenant, run_id, f"plan-{plan.plan_id}")
         await self._turns.flush(session.session_id)
         return SessionReply(
@@ -410,7 +413,11 @@ class SessionOpsEndpoint:
 
     async def _cut(self, conn: Any, parent: SessionRow, turn: int, step: int | None) -> int:
         """The number of the parent's last event a fork at (turn, step) keeps."""
-        events = await self._store.events(conn, parent.session_id)
+        events = [
+            e
+            for e in await self._store.events(conn, parent.session_id)
+            if type(e).__name__ in _COPIED  # (a later fork of the parent moves no cut)
+        ]
         cut = 0
         for event in events:
             at = getattr(event, "turn", None)
@@ -430,6 +437,26 @@ class SessionOpsEndpoint:
                 "INVALID_REQUEST", f"turn {turn} has not ended: fork at one of its recorded steps"
             )
         return cut
+
+    async def _list(self, conn: Any, op: SessionOp) -> SessionList:
+        """The principal's own sessions (not the child sessions of agent calls), newest
+        first, a page after `op.cursor`."""
+        rows = await conn.fetch(
+            "SELECT session_id, agent, state, plan_mode, turn, parent_session_id "
+            "FROM planner.sessions s WHERE tenant = $1 AND principal = $2 "
+            "AND branch_run_id IS NULL AND ($3::text IS NULL OR (created_at, session_id) < "
+            "(SELECT created_at, session_id FROM planner.sessions WHERE session_id = $3 "
+            "AND tenant = $1 AND principal = $2)) "
+            "ORDER BY created_at DESC, session_id DESC LIMIT $4",
+            op.tenant,
+            op.principal,
+            op.cursor,
+            op.limit + 1,
+        )
+        page = [SessionSummary(**dict(r)) for r in rows[: op.limit]]
+        return SessionList(
+            sessions=page, next=page[-1].session_id if len(rows) > op.limit else None
+        )
 
     async def view(self, conn: Any, op: SessionOp) -> SessionView:
         """Where the session stands, and its history."""

@@ -15,19 +15,26 @@ its own").
   its arguments normalised. When the model answers, the steps are frozen, hashed (sha256 of
   their canonical JSON) and given an opaque id; the turn waits for the user (`pending_id` =
   the plan's id).
-- Approved: the model is told (an observation) and acts; each selection must be the plan's
-  next step — the same capability whose request decodes the same (however the model wrote
-  it) — or it is refused as `NOT_IN_PLAN` and observed as such (nothing runs). What is then
-  sent is the plan's frozen request, not the model's spelling of it. A facts-bound step has
-  its facts read and resolved again as the model takes it (once, in the transaction that
-  records the model's decision): if its arguments or preview differ from the approved ones, it
-  is refused as `PLAN_STALE` (fail closed: nothing reaches admission).
-- Revised: a refused deviation or stale step is also recorded as a step of a revised plan, and
-  so is every further selection that is not the approved plan's next step; the model may still
-  take that step (the drafts since the last step taken are then dropped). If it answers with
-  drafts recorded, they are frozen as a new plan (its own id and digest, its previews from the
-  facts now) and the turn waits for the user again: a revised plan runs only once approved,
-  and then governs the rest of the turn.
+- Approved: the plan is a contract (as the seeds put it: the application turns the proposal into a
+  contract, a person approves the contract). Writ takes its frozen steps itself, in order,
+  without asking the model (`plan_next`): each is recorded as a decision marked with its index
+  (`PLAN_STEP_KEY`, no model call, no model turn) and goes through `decide`, admission and the
+  dispatcher like any selection; its outcome is the model's next observation. A facts-bound
+  step has its facts read and resolved again as it is taken (once, in the transaction that
+  records it): if its arguments or preview differ from the approved ones, it is refused as
+  `PLAN_STALE` (fail closed: nothing reaches admission). A step that cannot run (stale,
+  refused) or whose command does not succeed ends the plan and the turn, `failed` with a typed
+  code (`plan_next`'s stop); the steps after it are not run, and any change needs a new plan.
+  Only once every step has run is the model asked again, for what comes after (its answer):
+  a model's answer can never stand in for an approved step. `plan_outcomes` lists every step
+  with its outcome for the turn's end (`TurnEnded.plan_steps`).
+- Revised: a selection the model makes once every approved step ran is beyond the plan:
+  refused as `NOT_IN_PLAN` and recorded as a step of a revised plan. If the model answers with
+  such drafts recorded, they are frozen as a new plan (its own id and digest, its previews
+  from the facts now) and the turn waits for the user again: a revised plan runs only once
+  approved, by Writ again, and then governs the rest of the turn. (A turn recorded before Writ
+  took the steps itself may hold a model's own selection of a step; `plan_refusal` still
+  judges it as it did, so such turns replay as they ran.)
 - Rejected: the turn ends `REJECTED` with the user's reason, which Writ writes into the session
   as the next turn's context.
 """
@@ -42,9 +49,25 @@ from typing import Any, Final, Literal
 import msgspec
 
 from schemas.planner import preview_digest
-from schemas.sessions import PlanDecided, PlanProposed, PlanStep, PlanView, WriterNote
+from schemas.sessions import (
+    PlanDecided,
+    PlanProposed,
+    PlanStep,
+    PlanStepOutcome,
+    PlanView,
+    WriterNote,
+)
 from services.planner.observations import ReviewAnswered, observation_of
 from services.planner.provider import SelectCapability
+from services.planner.sessions._execute import (
+    PLAN_STEP_FAILED,
+    PLAN_STEP_KEY,
+    _approved_at,
+    model_payload,
+    plan_next,
+    plan_outcomes,
+    plan_taken,
+)
 from services.planner.sessions._resolve import (
     PlanFacts,
     canonical,
@@ -59,12 +82,17 @@ from services.planner.store import PlannerStore, RunRow, Step
 
 __all__ = [
     "NOT_IN_PLAN",
+    "PLAN_STEP_FAILED",
+    "PLAN_STEP_KEY",
     "PLANNED",
+    "HELD_CODE",
+    "PAUSE_PREFIX",
     "PLAN_PREFIX",
     "PLAN_REJECTED",
     "PLAN_STALE",
     "PLAN_WAIT",
     "PlanAnsweredAlready",
+    "SessionClosedAlready",
     "PlanCheck",
     "Plans",
     "facts_bound",
@@ -72,10 +100,17 @@ __all__ = [
     "plan_digest",
     "plan_drafts",
     "plan_outline",
+    "plan_next",
+    "plan_outcomes",
     "plan_refusal",
+    "plan_taken",
+    "model_payload",
 ]
 
 PLAN_PREFIX: Final = "plan-"
+# What a turn waits on when its selection is held by a paused session (`planner.runs.pending_id`).
+PAUSE_PREFIX: Final = "pause-"
+HELD_CODE: Final = "SESSION_PAUSED"  # (its status's code)
 # What a turn says while its plan waits for the user, and a rejection's reason when none given.
 PLAN_WAIT: Final = "the plan waits for the user's approval"
 PLAN_REJECTED: Final = "the user rejected the plan"
@@ -207,6 +242,10 @@ class PlanAnsweredAlready(Exception):
     """The plan was approved or rejected already: an answer does not change it."""
 
 
+class SessionClosedAlready(Exception):
+    """The plan's session is closed: nothing answers its plans any more."""
+
+
 def facts_bound(capability: str, arguments: dict[str, Any]) -> bool:
     """Whether an approved step's selection reads facts when taken (and may then be refused
     `PLAN_STALE`, which replay, reading no facts, accepts in place of its proposal)."""
@@ -258,6 +297,54 @@ class Plans:
             "AND state = 'approved' ORDER BY created_at DESC LIMIT 1",
             run_id,
         )
+
+    async def next_step(
+        self, conn: Any, run: RunRow, steps: list[Step]
+    ) -> SelectCapability | tuple[str, str] | None:
+        """What Writ does next under the turn's approved plan (`plan_next`), if one governs."""
+        if await self._planning_session(conn, run, steps) is None:
+            return None
+        plan = await self.approved(conn, run.run_id)
+        if plan is None:
+            return None
+        return plan_next(steps, msgspec.convert(json.loads(plan["steps"]), list[PlanStep]))
+
+    async def take(
+        self,
+        conn: Any,
+        store: PlannerStore,
+        run: RunRow,
+        steps: list[Step],
+        planned: SelectCapability,
+        *,
+        turn: int,
+    ) -> None:
+        """Record the approved plan's next step as the run's next decision, taken by Writ with
+        no model call (`turn`: the model's decisions so far, unchanged); it is then acted on
+        as any selection is, once committed."""
+        approved_at = _approved_at(steps) or 0
+        index = sum(
+            1
+            for s in steps
+            if s.seq > approved_at and s.kind == "decision" and plan_taken(s.payload) is not None
+        )
+        payload = {**msgspec.to_builtins(planned), PLAN_STEP_KEY: index}
+        seq = steps[-1].seq + 1 if steps else 0
+        await store.add_decision(
+            conn, run, seq, payload, turn=turn, input_digest=f"plan:{index}", proposal=None
+        )
+        steps.append(Step(seq=seq, kind="decision", payload=payload))
+
+    async def outcomes(
+        self, conn: Any, run: RunRow, steps: list[Step]
+    ) -> list[PlanStepOutcome] | None:
+        """Every step of the turn's approved plan with its outcome (None: no plan approved)."""
+        if not is_turn_run(run.run_id):
+            return None
+        plan = await self.approved(conn, run.run_id)
+        if plan is None:
+            return None
+        return plan_outcomes(steps, msgspec.convert(json.loads(plan["steps"]), list[PlanStep]))
 
     async def check(
         self,
@@ -400,8 +487,8 @@ class Plans:
                 step=plan["step"],
                 answer="approve",
                 reviewer=plan["answered_by"] or "",
-                reason="the user approved the plan: take its steps, in "
-                "order, with the planned arguments",
+                reason="the user approved the plan: Writ takes its steps, in order, "
+                "and each outcome follows; answer once they are all taken",
             )
             observation = observation_of(output)
             if await store.add_observation(
@@ -432,9 +519,12 @@ class Plans:
         plan_id: str,
         approve: bool,
         reason: str,
+        approver: bool = False,
     ) -> tuple[SessionRow, PlanView, str]:
-        """The user's answer to a proposed plan, by its id only, in the session's
-        transaction: (the session, the plan as answered, the run to wake).
+        """An answer to a proposed plan, by its id only, in the session's transaction: (the
+        session, the plan as answered, the run to wake). The session's own principal answers
+        it, or an `approver` of the tenant (the checker of another's plan; `answered_by` says
+        who).
 
         Raises:
             LookupError: no plan of this principal has this id.
@@ -446,8 +536,10 @@ class Plans:
         if row is None or row["tenant"] != tenant:
             raise LookupError("no plan waits under this id")
         session = await session_store.lock(conn, row["session_id"])
-        if session is None or session.principal != principal:
+        if session is None or (session.principal != principal and not approver):
             raise LookupError("no plan waits under this id")
+        if session.state == "closed":
+            raise SessionClosedAlready("the session is closed: its plans take no answer")
         if row["state"] != "proposed":
             raise PlanAnsweredAlready(f"the plan was {row['state']} already")
         state: Literal["approved", "rejected"] = "approved" if approve else "rejected"

@@ -53,12 +53,12 @@ from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
 from services.planner.sessions._inflight import InFlightCalls, ModelCallAbandoned, cancelled_before
 from services.planner.sessions._listen import listen
-from services.planner.sessions._plans import PLAN_PREFIX, Plans
+from services.planner.sessions._plans import HELD_CODE, PAUSE_PREFIX, PLAN_PREFIX, Plans
 from services.planner.sessions._resolve import PlanFacts
 from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
 from services.planner.snapshot import agent_call_target
-from services.planner.store import RunRow, Step
+from services.planner.store import PlannerStore, RunRow, Step
 
 __all__ = ["SessionTurns", "outcome_note"]
 
@@ -390,12 +390,21 @@ class SessionTurns:
         )
 
     async def ended(
-        self, conn: Any, run: RunRow, status: str, *, answer: str | None, code: str | None
+        self,
+        conn: Any,
+        run: RunRow,
+        status: str,
+        *,
+        answer: str | None,
+        code: str | None,
+        steps: list[Step] | None = None,
     ) -> None:
-        """The turn's run ended: the session takes its next message (or stays closed)."""
+        """The turn's run ended: the session takes its next message (or stays closed); under
+        an approved plan, its end lists every step of the plan with its outcome."""
         session = await self._session_for(conn, run)
         if session is None:
             return
+        outcomes = None if steps is None else await self.plans.outcomes(conn, run, steps)
         if is_turn_run(run.run_id):
             if not await self._store.end_turn(conn, run.run_id, status):
                 return
@@ -419,7 +428,30 @@ class SessionTurns:
                 status=status,
                 answer=answer,
                 code=code,
+                plan_steps=outcomes,
             ),
+        )
+
+    async def holds(self, conn: Any, run: RunRow) -> bool:
+        """Whether a turn's recorded selection must wait before it is acted on: its session
+        is paused (pause holds every effect not yet admitted; a resume wakes the turn)."""
+        if not is_turn_run(run.run_id):
+            return False
+        session = await self._store.get(conn, turn_of(run.run_id)[0])
+        return session is not None and session.state == "paused"
+
+    async def hold(self, conn: Any, store: PlannerStore, run: RunRow, step: int) -> None:
+        """A turn's selection at `step` recorded while its session is paused: the turn waits
+        for the resume (whose wake takes it from here, `PAUSE_PREFIX`) and a close ends it
+        without the selection ever reaching admission."""
+        await store.set_status(
+            conn,
+            run,
+            "awaiting_human",
+            step=step,
+            error_code=HELD_CODE,
+            error_message="the session is paused: the selection waits for its resume",
+            pending_id=f"{PAUSE_PREFIX}{run.run_id}"[:512],
         )
 
     @asynccontextmanager
@@ -690,6 +722,29 @@ class SessionTurns:
             await self.wake(row["tenant"], row["run_id"], f"restart-{boot}")
         return len(rows)
 
+    async def wake_answered(self) -> int:
+        """Wake every turn still waiting on a plan its user answered, or on a resume its
+        session already had: the wake that followed the answer's commit was lost (a crash
+        in between). The wake's message id is the answer's own, so a wake that was not lost
+        is not delivered twice. Returns how many were woken."""
+        async with self._store.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT r.run_id, r.tenant, p.plan_id AS why FROM planner.runs r "
+                "JOIN planner.plans p ON p.run_id = r.run_id AND p.plan_id = r.pending_id "
+                "WHERE r.status = 'awaiting_human' AND p.state <> 'proposed' "
+                "UNION ALL "
+                "SELECT r.run_id, r.tenant, 'unheld' AS why FROM planner.runs r "
+                "JOIN planner.session_turns t ON t.run_id = r.run_id "
+                "JOIN planner.sessions s ON s.session_id = t.session_id "
+                "WHERE r.status = 'awaiting_human' AND r.pending_id = $1::text || r.run_id "
+                "AND s.state <> 'paused'",
+                PAUSE_PREFIX,
+            )
+        for row in rows:
+            why = row["why"]
+            await self.wake(row["tenant"], row["run_id"], why if why == "unheld" else f"plan-{why}")
+        return len(rows)
+
     async def sweep(self, *, interval_s: float = 1.0) -> None:
         """Wake the turns in flight a stopped planner left, then forever: start accepted
         turns nobody started, publish events nobody published."""
@@ -711,6 +766,7 @@ class SessionTurns:
                         await self.start(owner, turn)
                 for session in sessions:
                     await self.flush(session.session_id)
+                await self.wake_answered()
             except Exception as exc:
                 log.warning("session sweep: %r", exc)
             await anyio.sleep(interval_s)
