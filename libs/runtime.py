@@ -36,6 +36,7 @@ from libs.telemetry import (
     PassThroughTracer,
     make_tracer_provider,
     otlp_configured,
+    service_registry,
 )
 
 __all__ = [
@@ -280,7 +281,7 @@ async def serve(
     metrics_port_file: str | None = None,
 ) -> None:
     """Run one service process until SIGTERM/SIGINT, then drain within `drain_timeout_s`."""
-    registry = CollectorRegistry()
+    registry = service_registry(name)
     exporter = (
         JsonLinesSpanExporter(f"{settings.otel_spans_file}.{settings.instance or name}")
         if settings.otel_spans_file
