@@ -1,0 +1,84 @@
+"""What the chart gives the people running it: ingress drains before it stops (a preStop delay
+within the grace period), `helm test` proves the deployment answers, and NOTES.txt says what
+was installed and what is still closed. Rendered offline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.deploy.k8s import (
+    by_kind,
+    component,
+    policies_for,
+    render,
+    render_notes,
+    restricted_violations,
+    validate,
+)
+
+
+def _deployment(objects: list[dict[str, Any]], service: str) -> dict[str, Any]:
+    [found] = [o for o in by_kind(objects, "Deployment") if component(o) == service]
+    return found
+
+
+def test_ingress_keeps_serving_while_it_is_taken_out_of_rotation() -> None:
+    objects = render()
+    ingress = _deployment(objects, "ingress")["spec"]["template"]["spec"]
+    planner = _deployment(objects, "planner")["spec"]["template"]["spec"]
+    [container] = ingress["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command == ["python3", "-c", "import time; time.sleep(10)"]
+    # The delay comes on top of the drain: the grace period grows by it, for ingress only.
+    assert ingress["terminationGracePeriodSeconds"] == planner["terminationGracePeriodSeconds"] + 10
+    assert "lifecycle" not in planner["containers"][0]
+
+    longer = render({"services": {"ingress": {"http": {"preStopSeconds": 25}}}})
+    spec = _deployment(longer, "ingress")["spec"]["template"]["spec"]
+    assert spec["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1].endswith("(25)")
+    none = render({"services": {"ingress": {"http": {"preStopSeconds": 0}}}})
+    assert (
+        "lifecycle" not in _deployment(none, "ingress")["spec"]["template"]["spec"]["containers"][0]
+    )
+
+
+def test_helm_test_asks_ingress_for_its_api_and_is_let_through() -> None:
+    objects = render()
+    [pod] = by_kind(objects, "Pod")
+    validate(pod)
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert restricted_violations(pod) == []
+    script = pod["spec"]["containers"][0]["command"][-1]
+    assert "http://writ-ingress:8080/api/v1/openapi.json" in script
+    # No Writ policy confines the test pod; one admits it to ingress's HTTP port, and only it.
+    labels = pod["metadata"]["labels"]
+    assert policies_for(objects, labels) == []
+    [policy] = [
+        o for o in by_kind(objects, "NetworkPolicy") if o["metadata"]["name"] == "writ-test-api"
+    ]
+    validate(policy)
+    [rule] = policy["spec"]["ingress"]
+    assert rule["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "writ-test",
+                    "app.kubernetes.io/instance": "writ",
+                }
+            }
+        }
+    ]
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "ingress"
+
+    closed = render({"services": {"ingress": {"http": {"enabled": False}}}})
+    assert by_kind(closed, "Pod") == []
+
+
+def test_notes_say_what_was_installed_and_what_is_still_closed() -> None:
+    notes = render_notes()
+    assert "helm test writ -n writ" in notes
+    assert "http://writ-ingress.writ.svc:8080/api/v1" in notes
+    assert "networkPolicy.hosts is empty" in notes
+    assert "migrate-1" in notes
+    opened = render_notes({"networkPolicy": {"hosts": [{"namespaceSelector": {}}]}})
+    assert "networkPolicy.hosts is empty" not in opened
