@@ -82,3 +82,18 @@ def test_notes_say_what_was_installed_and_what_is_still_closed() -> None:
     assert "migrate-1" in notes
     opened = render_notes({"networkPolicy": {"hosts": [{"namespaceSelector": {}}]}})
     assert "networkPolicy.hosts is empty" not in opened
+
+
+def test_keda_with_no_tenant_yet_renders_valid_scaled_objects() -> None:
+    objects = render({"keda": {"enabled": True}, "tenants": []})
+    scaled = by_kind(objects, "ScaledObject")
+    assert len(scaled) == 6
+    for obj in scaled:
+        validate(obj)
+        assert obj["spec"]["triggers"], component(obj)
+    [ingress] = [o for o in scaled if component(o) == "ingress"]
+    assert [t["type"] for t in ingress["spec"]["triggers"]] == ["cpu"]
+    tenants = render({"keda": {"enabled": True}, "tenants": ["acme", "globex"]})
+    [ingress] = [o for o in by_kind(tenants, "ScaledObject") if component(o) == "ingress"]
+    streams = [t["metadata"]["stream"] for t in ingress["spec"]["triggers"]]
+    assert streams == ["WRIT_IN_acme", "WRIT_IN_globex"]
