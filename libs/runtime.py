@@ -70,7 +70,7 @@ class Endpoint:
     it arrives and again when its turn comes; and at most `max_pending` requests wait or run
     at once (default 8 × `concurrency`), a request beyond that answered at once with
     `503 <name> overloaded: retry`. Both are counted in
-    `writ_<service>_requests_dropped_total{endpoint, reason="expired"|"shed"}`.
+    `writ_requests_dropped_total{service, endpoint, reason="expired"|"shed"}`.
     """
 
     __slots__ = ("concurrency", "handler", "max_pending", "name", "subject")
