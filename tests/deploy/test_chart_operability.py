@@ -97,3 +97,16 @@ def test_keda_with_no_tenant_yet_renders_valid_scaled_objects() -> None:
     [ingress] = [o for o in by_kind(tenants, "ScaledObject") if component(o) == "ingress"]
     streams = [t["metadata"]["stream"] for t in ingress["spec"]["triggers"]]
     assert streams == ["WRIT_IN_acme", "WRIT_IN_globex"]
+
+
+def test_the_pod_monitor_labels_every_target_with_its_service() -> None:
+    """WritServiceDown groups Prometheus's own `up` by `service`: the scrape must set it."""
+    [monitor] = by_kind(render({"monitoring": {"podMonitor": {"enabled": True}}}), "PodMonitor")
+    validate(monitor)
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is True
+    targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert targets == {
+        "service": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
+        "release": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+    }

@@ -77,6 +77,7 @@ def prometheus(stack: Stack, tmp_path: Path) -> Iterator[str]:
         "scrape_configs": [
             {
                 "job_name": "writ",
+                "honor_labels": True,
                 "static_configs": [
                     {
                         "targets": [f"127.0.0.1:{stack.metrics_port(name)}"],
@@ -159,3 +160,4 @@ async def test_every_dashboard_target_and_alert_has_series(
         assert query(prometheus, f'python_info{{service="{name}"}}'), name
         assert query(prometheus, f'writ_build_info{{service="{name}"}}'), name
     assert not query(prometheus, 'count by (__name__) ({__name__=~"writ_.*_created"})')
+    assert not query(prometheus, '{__name__=~"writ_.*", exported_service!=""}')
