@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable
 from typing import Final
 
+__all__ = ["preexec", "tie_children", "tied"]
+
 _PR_SET_PDEATHSIG: Final = 1
 _tied = False
 _prctl: Callable[..., int] | None = None

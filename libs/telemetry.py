@@ -52,17 +52,20 @@ from prometheus_client import (
 from libs.health import Health
 
 __all__ = [
+    "ALERTED_OUTCOMES",
     "ActorMetrics",
     "JsonLinesSpanExporter",
     "MetricsServer",
     "OTLP_ENDPOINT_VARIABLES",
     "PassThroughTracer",
+    "ServiceFamily",
     "extract_context",
     "inject_context",
     "links_to",
     "make_tracer_provider",
     "otlp_configured",
     "refresh_every",
+    "service_registry",
 ]
 
 # The standard variables that turn OTLP export on; the traces one wins when both are set.
