@@ -156,11 +156,13 @@ async def _scrape(
         except httpx.HTTPError:
             continue
         for family in text_string_to_metric_families(text):
-            if family.name != f"writ_{service}_handler_seconds":
+            if family.name != "writ_handler_seconds":
                 continue
             parts: dict[str, dict[str, float]] = {}
             for sample in family.samples:
                 kind = sample.name.rsplit("_", 1)[-1]
+                if sample.labels.get("service") != service:
+                    continue
                 if kind in ("count", "sum"):
                     parts.setdefault(sample.labels["consumer"], {})[kind] = sample.value
             for consumer, values in parts.items():

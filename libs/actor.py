@@ -9,7 +9,7 @@
   answering, NATS or PostgreSQL away): `nak` with backoff (capped at the consumer's
   `backoff_max_s`, 30 s unless `WRIT_RETRY_BACKOFF_MAX_S` says otherwise) for as long as the
   outage lasts, up to the consumer's `outage_limit_s` (15 minutes from when the message was
-  stored; counted in `writ_<service>_messages_waiting_total`), then dead-letter;
+  stored; counted in `writ_messages_waiting_total{service}`), then dead-letter;
 - anything else, of any type: `nak` with backoff until the consumer's `max_deliver` is
   reached, then dead-letter (a poison message).
 

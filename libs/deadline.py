@@ -5,7 +5,7 @@ Without more, a responder that fell behind (frozen, or slow on PostgreSQL) would
 backlog of requests whose callers are gone, spend itself answering them while the retries pile
 up behind, and never catch up: metastable overload. So every request carries its deadline, as
 an absolute time in a `Writ-Deadline` header, and `libs.runtime`'s endpoints drop a request
-past it before doing any work (counted in `writ_<service>_requests_dropped_total`).
+past it before doing any work (counted in `writ_requests_dropped_total{service}`).
 
     reply = await timed_request(nc, subjects.DECIDE, payload, timeout=2.0)  # as nc.request
 

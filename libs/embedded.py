@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Final
 
+from libs import lifetime
+
 __all__ = ["EmbeddedNats", "EmbeddedPostgres", "free_port", "wait_for_port"]
 
 _PG_SYSTEM_USER: Final = "pgserver"  # postgres refuses to run as root; pgserver's convention
@@ -145,6 +147,7 @@ class EmbeddedNats:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in a terminal must not reach it before Writ drains
+            preexec_fn=lifetime.preexec(signal.SIGTERM),  # and it dies with its parent
         )
         wait_for_port("127.0.0.1", self.port, timeout=20, proc=self._proc, log=log)
 
@@ -323,6 +326,8 @@ class EmbeddedPostgres:
                 stderr=out,
                 user=self._user,
                 start_new_session=True,
+                # Dies with its parent; SIGQUIT: an immediate shutdown, backends included.
+                preexec_fn=lifetime.preexec(signal.SIGQUIT),
             )
         wait_for_port("127.0.0.1", self.port, timeout=30, proc=self._proc, log=log)
         self._wait_ready(log)

@@ -4,7 +4,7 @@ A request names its reply subject, and whoever answers publishes there. Named by
 a reply subject turns the answer into a publish of the answerer's: an error sent to
 `$JS.API.STREAM.DELETE.<stream>` is a request to delete that stream, one sent to another
 tenant's result subject is a forged result. So a request whose reply subject is not an inbox
-is dropped unanswered and counted (`writ_<service>_requests_dropped_total{reason="reply"}`),
+is dropped unanswered and counted (`writ_requests_dropped_total{service, reason="reply"}`),
 before any work. The bus enforces the same (libs/natsauth.py): services may publish replies on
 inboxes only, and a host's reply subjects resolve in its own account.
 

@@ -37,6 +37,7 @@ from libs.telemetry import (
     PassThroughTracer,
     make_tracer_provider,
     otlp_configured,
+    service_registry,
 )
 
 __all__ = [
@@ -74,7 +75,7 @@ class Endpoint:
     at once (default 8 × `concurrency`), a request beyond that answered at once with
     `503 <name> overloaded: retry`. A request whose reply subject is no inbox is dropped
     unanswered before anything else (libs/replies.py). All are counted in
-    `writ_<service>_requests_dropped_total{endpoint, reason="expired"|"shed"|"reply"}`.
+    `writ_requests_dropped_total{service, endpoint, reason="expired"|"shed"|"reply"}`.
     """
 
     __slots__ = ("concurrency", "handler", "max_pending", "name", "subject")
@@ -288,7 +289,7 @@ async def serve(
     metrics_port_file: str | None = None,
 ) -> None:
     """Run one service process until SIGTERM/SIGINT, then drain within `drain_timeout_s`."""
-    registry = CollectorRegistry()
+    registry = service_registry(name)
     exporter = (
         JsonLinesSpanExporter(f"{settings.otel_spans_file}.{settings.instance or name}")
         if settings.otel_spans_file

@@ -13,6 +13,7 @@ itself, so the switch reads the same variables rather than a `WRIT_*` copy that 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -36,22 +37,35 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import Link
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    make_wsgi_app,
+)
 
 from libs.health import Health
 
 __all__ = [
+    "ALERTED_OUTCOMES",
     "ActorMetrics",
     "JsonLinesSpanExporter",
     "MetricsServer",
     "OTLP_ENDPOINT_VARIABLES",
     "PassThroughTracer",
+    "ServiceFamily",
     "extract_context",
     "inject_context",
     "links_to",
     "make_tracer_provider",
     "otlp_configured",
     "refresh_every",
+    "service_registry",
 ]
 
 # The standard variables that turn OTLP export on; the traces one wins when both are set.
@@ -180,88 +194,198 @@ def extract_context(headers: Mapping[str, str] | None) -> otel_context.Context:
     return _PROPAGATOR.extract(dict(headers or {}))
 
 
+# `*_created` series double every counter's series and no dashboard or alert reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus-client
+
+
+def service_registry(service: str, *, version: str = "") -> CollectorRegistry:
+    """A service process's registry: its own metrics, the process's (`process_*`: CPU, memory,
+    open descriptors), the interpreter's (`python_*`: GC, version) and `writ_build_info`."""
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    if not version:
+        try:
+            version = importlib.metadata.version("writ")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+    Gauge(
+        "writ_build_info",
+        "Always 1: the service and the version of Writ it runs",
+        ["service", "version"],
+        registry=registry,
+    ).labels(service, version).set(1)
+    return registry
+
+
+# The outcomes of `writ_messages_failed_total` an alert reads: each consumer exports them at 0
+# from the first time the service names the consumer, so `increase()` sees the first failure.
+ALERTED_OUTCOMES: Final = (
+    "undecodable",
+    "permanent",
+    "exhausted",
+    "outage_exhausted",
+    "error",
+    "retry",
+)
+
+
+class ServiceFamily:
+    """One metric family shared by every service (`service` its first label), bound to one
+    service: `labels(...)` takes the family's other label values, positionally or by name.
+
+    The first time a value of the first other label (a consumer, an endpoint) appears,
+    `on_new` is told, so the caller can export that consumer's series at 0 from the start."""
+
+    def __init__(
+        self, metric: Any, service: str, on_new: Callable[[str], None] | None = None
+    ) -> None:
+        self._metric, self._service, self._on_new = metric, service, on_new
+        self._seen: set[str] = set()
+
+    def labels(self, *values: str, **named: str) -> Any:
+        """The child for this service and `values` (or `named`)."""
+        if named:
+            child = self._metric.labels(service=self._service, **named)
+            first = next(iter(named.values()))
+        else:
+            child = self._metric.labels(self._service, *values)
+            first = values[0] if values else ""
+        if self._on_new is not None and first not in self._seen:
+            self._seen.add(first)
+            self._on_new(first)
+        return child
+
+    def inc(self, amount: float = 1) -> None:
+        """Increment the unlabelled (service-only) child."""
+        self._metric.labels(self._service).inc(amount)
+
+    def set(self, value: float) -> None:
+        """Set the unlabelled (service-only) child."""
+        self._metric.labels(self._service).set(value)
+
+
 class ActorMetrics:
     """Messages handled / failed / redelivered / dead-lettered, handler latency and the
     consumer's lag, per consumer, on one registry.
 
-    The only label values are consumer names and fixed outcomes: never a message's ids.
+    Every family is named once for all services (`writ_messages_handled_total`) with the service
+    as a label (`service="planner"`), so a dashboard panel or an alert is written once. The
+    only other label values are consumer/endpoint names and fixed outcomes: never a message's
+    ids. A consumer's counters are exported at 0 from the first time it is named.
     """
 
     def __init__(self, *, service: str, registry: CollectorRegistry) -> None:
         self.service = service
-        self.handled = Counter(
-            f"writ_{service}_messages_handled",
-            "Messages handled and acked",
-            ["consumer"],
-            registry=registry,
-        )
-        self.failed = Counter(
-            f"writ_{service}_messages_failed",
-            "Messages whose handling failed, by outcome",
-            ["consumer", "outcome"],
-            registry=registry,
-        )
-        self.latency = Histogram(
-            f"writ_{service}_handler_seconds",
-            "Handler latency",
-            ["consumer"],
-            registry=registry,
-            buckets=(
-                0.001,
-                0.0025,
-                0.005,
-                0.01,
-                0.025,
-                0.05,
-                0.1,
-                0.25,
-                0.5,
-                1.0,
-                2.5,
-                5.0,
-                10.0,
-                30.0,
+        self._declared: set[str] = set()
+        declare = self._declare
+        self.handled = ServiceFamily(
+            Counter(
+                "writ_messages_handled",
+                "Messages handled and acked",
+                ["service", "consumer"],
+                registry=registry,
             ),
+            service,
+            declare,
         )
-        self.redelivered = Counter(
-            f"writ_{service}_messages_redelivered",
-            "Deliveries of a message delivered before (num_delivered > 1)",
-            ["consumer"],
-            registry=registry,
+        self.failed = ServiceFamily(
+            Counter(
+                "writ_messages_failed",
+                "Messages whose handling failed, by outcome",
+                ["service", "consumer", "outcome"],
+                registry=registry,
+            ),
+            service,
+            declare,
         )
-        self.dead_lettered = Counter(
-            f"writ_{service}_messages_dead_lettered",
-            "Dead letters published to writ.dlq.<consumer>",
-            ["consumer"],
-            registry=registry,
+        self.latency = ServiceFamily(
+            Histogram(
+                "writ_handler_seconds",
+                "Handler latency",
+                ["service", "consumer"],
+                registry=registry,
+                buckets=(
+                    0.001,
+                    0.0025,
+                    0.005,
+                    0.01,
+                    0.025,
+                    0.05,
+                    0.1,
+                    0.25,
+                    0.5,
+                    1.0,
+                    2.5,
+                    5.0,
+                    10.0,
+                    30.0,
+                ),
+            ),
+            service,
+            declare,
         )
-        self.waiting = Counter(
-            f"writ_{service}_messages_waiting",
-            "Deliveries nak'ed to wait out an unavailable dependency (a Writ "
-            "service, NATS, PostgreSQL)",
-            ["consumer"],
-            registry=registry,
+        self.redelivered = ServiceFamily(
+            Counter(
+                "writ_messages_redelivered",
+                "Deliveries of a message delivered before (num_delivered > 1)",
+                ["service", "consumer"],
+                registry=registry,
+            ),
+            service,
+            declare,
+        )
+        self.dead_lettered = ServiceFamily(
+            Counter(
+                "writ_messages_dead_lettered",
+                "Dead letters published to writ.dlq.<consumer>",
+                ["service", "consumer"],
+                registry=registry,
+            ),
+            service,
+            declare,
+        )
+        self.waiting = ServiceFamily(
+            Counter(
+                "writ_messages_waiting",
+                "Deliveries nak'ed to wait out an unavailable dependency (a Writ "
+                "service, NATS, PostgreSQL)",
+                ["service", "consumer"],
+                registry=registry,
+            ),
+            service,
+            declare,
         )
         # Request/reply: requests an endpoint dropped before any work, `expired` (past the
         # requester's `Writ-Deadline`: nobody waits for the answer), `shed` (its queue full)
         # or `reply` (its reply subject is no inbox: libs/replies.py).
-        self.requests_dropped = Counter(
-            f"writ_{service}_requests_dropped",
-            "Requests an endpoint dropped unhandled, by reason",
-            ["endpoint", "reason"],
-            registry=registry,
+        self.requests_dropped = ServiceFamily(
+            Counter(
+                "writ_requests_dropped",
+                "Requests an endpoint dropped unhandled, by reason",
+                ["service", "endpoint", "reason"],
+                registry=registry,
+            ),
+            service,
+            declare,
         )
-        self.pending = Gauge(
-            f"writ_{service}_consumer_pending",
-            "Messages on the consumer's stream not yet delivered (num_pending)",
-            ["consumer"],
-            registry=registry,
+        self.pending = ServiceFamily(
+            Gauge(
+                "writ_consumer_pending",
+                "Messages on the consumer's stream not yet delivered (num_pending)",
+                ["service", "consumer"],
+                registry=registry,
+            ),
+            service,
         )
-        self.ack_pending = Gauge(
-            f"writ_{service}_consumer_ack_pending",
-            "Messages delivered and not yet acknowledged (num_ack_pending)",
-            ["consumer"],
-            registry=registry,
+        self.ack_pending = ServiceFamily(
+            Gauge(
+                "writ_consumer_ack_pending",
+                "Messages delivered and not yet acknowledged (num_ack_pending)",
+                ["service", "consumer"],
+                registry=registry,
+            ),
+            service,
         )
         # One name for every service (the service a label), so one alert covers them all.
         self.stalled = Gauge(
@@ -270,6 +394,19 @@ class ActorMetrics:
             ["service", "consumer"],
             registry=registry,
         )
+
+    def _declare(self, consumer: str) -> None:
+        """Export `consumer`'s counters at 0 (rate() and increase() need the zero too)."""
+        if consumer in self._declared:
+            return
+        self._declared.add(consumer)
+        self.handled.labels(consumer)
+        self.latency.labels(consumer)
+        for outcome in ALERTED_OUTCOMES:
+            self.failed.labels(consumer, outcome)
+        self.redelivered.labels(consumer)
+        self.dead_lettered.labels(consumer)
+        self.waiting.labels(consumer)
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):

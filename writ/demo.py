@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +28,7 @@ import asyncpg
 import msgspec
 import nats
 
+from libs import lifetime
 from libs.journal import load_verify_keys, verify
 from schemas.host import RunResult
 from schemas.sessions import PlanProposed, TextDelta, TurnEnded
@@ -252,6 +254,10 @@ async def _verify_journals(stack: Stack) -> bool:
         await conn.close()
 
 
+# How long Ctrl-C waits for the processes to drain before it kills them.
+_STOP_TIMEOUT_S = 5.0
+
+
 def run_demo(home: Path, *, serve: bool) -> int:
     """Start everything, run the demo, then keep serving until Ctrl-C if `serve`."""
     stack = Stack(
@@ -260,7 +266,32 @@ def run_demo(home: Path, *, serve: bool) -> int:
         admin_dsn=os.environ.get("WRIT_DATABASE_URL") or None,
         http_port=int(os.environ.get("WRIT_HTTP_PORT") or 0),
     )
+    stack.inherit(os.environ)  # OTEL_* and WRIT_* settings reach the services
     supervisor: Supervisor | None = None
+    # However `writ run` ends, its children end with it (SIGKILL included), and Ctrl-C (or a
+    # SIGTERM) at any moment, start-up and demo included, stops everything within seconds.
+    lifetime.tie_children()
+    stopping = threading.Event()
+    exit_code = [130]  # interrupted; once serving, the demo's own outcome
+
+    def stop_now(signum: int, frame: object) -> None:
+        if stopping.is_set():  # a second Ctrl-C: leave at once, the children die with us
+            os._exit(128 + signum)
+        stopping.set()
+
+        def stop_all() -> None:
+            try:
+                print("\nStopping…", flush=True)
+                if supervisor is not None:
+                    supervisor.stop()
+                stack.stop(timeout=_STOP_TIMEOUT_S)
+            finally:
+                os._exit(exit_code[0] if signum == signal.SIGINT else 128 + signum)
+
+        threading.Thread(target=stop_all, name="writ-stop", daemon=True).start()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop_now)
     try:
         print(
             "Starting NATS, PostgreSQL, the simulated CRM, payment provider and helpdesk, and "
@@ -294,10 +325,9 @@ def run_demo(home: Path, *, serve: bool) -> int:
                 "reported here and restarted. Ctrl-C stops everything.",
                 flush=True,
             )
-            stop = {signal.SIGINT, signal.SIGTERM}
-            signal.pthread_sigmask(signal.SIG_BLOCK, stop)
-            signal.sigwait(stop)
-            print("\nStopping…", flush=True)
+            exit_code[0] = code
+            while True:  # until Ctrl-C or SIGTERM: `stop_now` stops everything and exits
+                time.sleep(3600)
         return code
     except KeyboardInterrupt:
         return 130
@@ -309,6 +339,8 @@ def run_demo(home: Path, *, serve: bool) -> int:
                 print(f"--- {name} ---\n{tail}", file=sys.stderr)
         return 1
     finally:
+        if stopping.is_set():  # `stop_now` is stopping everything, then ends the process
+            threading.Event().wait()
         if supervisor is not None:
             supervisor.stop()
         stack.stop()

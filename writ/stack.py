@@ -1,8 +1,9 @@
 """A whole Writ deployment on one machine: infrastructure, database, secrets, six processes.
 
 `writ run` uses it for the demo and the end-to-end tests use it to drive real processes. Each
-service process gets an environment built from nothing, holding only its own settings: the CRM
-credential's path is given to the dispatcher and to no one else.
+service process gets an environment built from nothing, holding only its own settings (the CRM
+credential's path is given to the dispatcher and to no one else) and, under `writ run`, the
+user's `OTEL_*` and `WRIT_*` settings (`Stack.inherit`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -29,6 +30,7 @@ import nats.aio.client
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from libs import lifetime
 from libs.db import load_migrations, provision, provision_auditor, role_name, with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.journal import AUDITOR_TABLES, DataKeys, SigningKey
@@ -42,7 +44,25 @@ from libs.natsauth import (
 )
 from libs.provision import provision_bus
 
-__all__ = ["JOURNALS", "SERVICES", "Stack", "mint_token"]
+__all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack", "mint_token"]
+
+# `WRIT_*` variables `writ run` reads for itself or decides per service: they never reach a
+# service from the user's environment (WRIT_DATABASE_URL names the administrator's database).
+NOT_INHERITED: Final = frozenset(
+    {
+        "WRIT_NATS_URL",
+        "WRIT_NATS_USER",
+        "WRIT_NATS_PASSWORD_FILE",
+        "WRIT_DATABASE_URL",
+        "WRIT_DATABASE_PASSWORD_FILE",
+        "WRIT_HTTP_PORT",
+        "WRIT_HTTP_PORT_FILE",
+        "WRIT_METRICS_PORT",
+        "WRIT_METRICS_PORT_FILE",
+        "WRIT_INSTANCE",
+        "WRIT_API_URL",
+    }
+)
 
 # Migration order: a service may grant on tables of a service migrated before it.
 SERVICES: Final = ("retrieval", "planner", "governance", "admission", "dispatcher", "ingress")
@@ -120,6 +140,8 @@ class Stack:
         self.lock = threading.RLock()
         # Per-service (or "*" for all) extra WRIT_* settings, e.g. short leases in fault tests.
         self.extra_env = extra_env or {}
+        # The user's settings passed on to every service (`inherit`); nothing by default.
+        self.inherited_env: dict[str, str] = {}
         self.crm_url = ""
         self.payments_url = ""
         self.host_url = ""  # the simulated host product (fakes/host/): MCP + REST
@@ -612,7 +634,23 @@ class Stack:
             env["WRIT_CRM_TOKEN_FILE"] = str(self.secrets / "crm.token")
             env["WRIT_PAYMENTS_URL"] = self.payments_url
             env["WRIT_PAYMENTS_TOKEN_FILE"] = str(self.secrets / "payments.token")
-        return {**env, **self.extra_env.get("*", {}), **self.extra_env.get(name, {})}
+        return {
+            **self.inherited_env,
+            **env,
+            **self.extra_env.get("*", {}),
+            **self.extra_env.get(name, {}),
+        }
+
+    def inherit(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """Pass the user's settings on to every service (what `writ run` does): each `OTEL_*`
+        variable and each `WRIT_*` one except the deployment's own wiring (`NOT_INHERITED`),
+        below what this deployment sets for a service itself. The variables passed on."""
+        self.inherited_env = {
+            key: value
+            for key, value in environ.items()
+            if key.startswith("OTEL_") or (key.startswith("WRIT_") and key not in NOT_INHERITED)
+        }
+        return self.inherited_env
 
     def start_services(self, names: tuple[str, ...] = SERVICES) -> None:
         """Each service as its own OS process, `writ service <name>`."""
@@ -648,6 +686,7 @@ class Stack:
             stderr=log,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=lifetime.preexec(signal.SIGTERM),  # dies with `writ run`, if tied
         )
         log.close()
 

@@ -5,7 +5,7 @@ newest checkpoint, read at start-up and after anything unexpected) and refuses t
 whose head is another one, or whose last seal lies past its last checkpoint: someone cut, spliced
 or re-hashed the chain, and sealing on top would launder it. It writes a batch's seals and
 checkpoint in one transaction and records the checkpoint before it commits. Refusing is loud (a
-log line, `writ_<service>_journal_seal_refusals_total`) and seals nothing.
+log line, `writ_journal_seal_refusals_total{service}`) and seals nothing.
 
 It never adopts a record that lacks what the database holds: a record with no checkpoint of a
 journal that has signed some (deleted, purged, replaced) or one that stops before the database's
@@ -15,7 +15,7 @@ then goes on from the anchor it finds on top of the record.
 
 A row it cannot accept (its payload does not authenticate, or it was recorded well before the
 head it would follow: re-inserted) does not stop the chain: it takes its place as a rejection,
-with the reason, in the signed chain (`writ_<service>_journal_rows_rejected_total`). A stalled
+with the reason, in the signed chain (`writ_journal_rows_rejected_total{service}`). A stalled
 chain would let rows behind it be deleted without a trace.
 """
 
@@ -37,11 +37,12 @@ from libs.journal._codec import entry_hash, genesis_hash, micros
 from libs.journal._keys import JournalError, SigningKey
 from libs.journal._record import JetStreamRecord, signed_checkpoint
 from libs.journal._write import _ROW, Journal
+from libs.telemetry import ServiceFamily
 from schemas.journal import JournalCheckpoint
 
 log = logging.getLogger("writ.journal")
 
-# Why a sealing round is refused (`writ_<service>_journal_seal_refusals_total{reason}`).
+# Why a sealing round is refused (`writ_journal_seal_refusals_total{service}{reason}`).
 REFUSALS = ("head_differs", "seal_past_checkpoint", "record_missing", "record_short")
 
 
@@ -123,28 +124,43 @@ class Sealer:
         self._known_ok = False
         self.refused: str | None = None  # why the last round refused to seal, if it did
         registry = registry if registry is not None else CollectorRegistry()
-        self._refusals = Counter(
-            f"writ_{service}_journal_seal_refusals",
-            "Sealing rounds refused because the chain's "
-            "head is not the one this sealer signed last (tampering)",
-            ["reason"],
-            registry=registry,
+        # One family per metric for every service, the service a label (`service="planner"`).
+        self._refusals = ServiceFamily(
+            Counter(
+                "writ_journal_seal_refusals",
+                "Sealing rounds refused because the chain's "
+                "head is not the one this sealer signed last (tampering)",
+                ["service", "reason"],
+                registry=registry,
+            ),
+            service,
         )
-        self._rejected = Counter(
-            f"writ_{service}_journal_rows_rejected",
-            "Journal rows sealed as rejections: not "
-            "authentic, or recorded before the head they follow",
-            ["reason"],
-            registry=registry,
+        self._rejected = ServiceFamily(
+            Counter(
+                "writ_journal_rows_rejected",
+                "Journal rows sealed as rejections: not "
+                "authentic, or recorded before the head they follow",
+                ["service", "reason"],
+                registry=registry,
+            ),
+            service,
         )
-        self._sealed = Counter(
-            f"writ_{service}_journal_rows_sealed", "Journal rows sealed", registry=registry
+        self._sealed = ServiceFamily(
+            Counter(
+                "writ_journal_rows_sealed", "Journal rows sealed", ["service"], registry=registry
+            ),
+            service,
         )
-        self._alive = Gauge(
-            f"writ_{service}_journal_sealer_ok_timestamp_seconds",
-            "When the sealer last completed a round without refusing or failing",
-            registry=registry,
+        self._alive = ServiceFamily(
+            Gauge(
+                "writ_journal_sealer_ok_timestamp_seconds",
+                "When the sealer last completed a round without refusing or failing",
+                ["service"],
+                registry=registry,
+            ),
+            service,
         )
+        self._sealed.labels()
         for reason in REFUSALS:
             self._refusals.labels(reason=reason)
         for reason in ("unauthentic", "late"):

@@ -41,7 +41,22 @@ def render(
     manifests = chart.render(
         dict(values or {}), name=name, namespace=namespace, revision=revision, is_install=True
     )
-    return [doc for text in manifests.values() for doc in yaml.safe_load_all(text) if doc]
+    return [
+        doc
+        for path, text in manifests.items()
+        if not path.endswith("NOTES.txt")  # what `helm install` prints, not an object
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def render_notes(values: Mapping[str, Any] | None = None, *, name: str = "writ") -> str:
+    """What `helm install` prints after installing with `values` (templates/NOTES.txt)."""
+    chart = helm_python.Chart.load(CHART)
+    manifests = chart.render(
+        dict(values or {}), name=name, namespace="writ", revision=1, is_install=True
+    )
+    return "".join(text for path, text in manifests.items() if path.endswith("NOTES.txt"))
 
 
 def production_values() -> dict[str, Any]:

@@ -646,7 +646,7 @@ async def test_a_worker_paused_past_its_lease_is_fenced_and_never_acks(
         fenced = _metric(
             stack,
             "dispatcher",
-            'writ_dispatcher_messages_failed_total{consumer="dispatcher",outcome="fenced"}',
+            'writ_messages_failed_total{consumer="dispatcher",outcome="fenced",service="dispatcher"}',
         )
     finally:
         stack.stop_process("dispatcher-2")

@@ -178,13 +178,15 @@ async def test_each_attack_is_refused_by_the_sealer_and_named_by_verify(
     # The sealers said so at once, in the metrics the shipped alerts watch.
     with anyio.fail_after(20):
         while not all(
-            metric(stack, s, f"writ_{s}_journal_seal_refusals_total") > 0
+            metric(stack, s, "writ_journal_seal_refusals_total{") > 0
             for s in ("governance", "planner", "admission")
         ):
             await anyio.sleep(0.2)
     assert (
         metric(
-            stack, "dispatcher", 'writ_dispatcher_journal_rows_rejected_total{reason="unauthentic"}'
+            stack,
+            "dispatcher",
+            'writ_journal_rows_rejected_total{reason="unauthentic",service="dispatcher"}',
         )
         == 1
     )

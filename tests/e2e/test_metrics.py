@@ -45,6 +45,8 @@ ALLOWED_LABELS = frozenset(
         "quantile",
         "reason",
         "endpoint",
+        "service",  # the service exporting it: one of six
+        "version",  # writ_build_info's: Writ's release
     }
 )
 TENANTS = ("acme", "globex", "initech")
@@ -145,16 +147,27 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
     # retrieval has none and answers requests only, a run's evidence search among them.
     for name in SERVICES:
         if SERVICE_SUBJECTS[name][0] == "":
-            assert not labelsets(scraped[name], f"writ_{name}_consumer_pending")
+            assert not labelsets(scraped[name], "writ_consumer_pending")
             continue
         samples, consumer = scraped[name], name
-        assert value(samples, f"writ_{name}_messages_redelivered_total", consumer=consumer) >= 0
-        assert value(samples, f"writ_{name}_messages_dead_lettered_total", consumer=consumer) >= 0
-        assert value(samples, f"writ_{name}_consumer_pending", consumer=consumer) >= 0
-        assert value(samples, f"writ_{name}_consumer_ack_pending", consumer=consumer) >= 0
+        assert (
+            value(samples, "writ_messages_redelivered_total", service=name, consumer=consumer) >= 0
+        )
+        assert (
+            value(samples, "writ_messages_dead_lettered_total", service=name, consumer=consumer)
+            >= 0
+        )
+        assert value(samples, "writ_consumer_pending", service=name, consumer=consumer) >= 0
+        assert value(samples, "writ_consumer_ack_pending", service=name, consumer=consumer) >= 0
 
     assert (
-        value(scraped["retrieval"], "writ_retrieval_messages_handled_total", consumer="search") >= 1
+        value(
+            scraped["retrieval"],
+            "writ_messages_handled_total",
+            service="retrieval",
+            consumer="search",
+        )
+        >= 1
     )
 
     governance = scraped["governance"]
@@ -197,10 +210,23 @@ async def test_every_service_exports_what_operators_alert_on(stack: Stack, drive
     for name in ("governance", "planner", "admission", "dispatcher"):
         samples = scraped[name]
         for reason in ("head_differs", "seal_past_checkpoint", "record_missing", "record_short"):
-            assert value(samples, f"writ_{name}_journal_seal_refusals_total", reason=reason) == 0
+            assert (
+                value(samples, "writ_journal_seal_refusals_total", service=name, reason=reason) == 0
+            )
         for reason in ("unauthentic", "late"):
-            assert value(samples, f"writ_{name}_journal_rows_rejected_total", reason=reason) == 0
-        assert value(samples, f"writ_{name}_journal_sealer_ok_timestamp_seconds") > 0
+            assert (
+                value(samples, "writ_journal_rows_rejected_total", service=name, reason=reason) == 0
+            )
+        assert value(samples, "writ_journal_sealer_ok_timestamp_seconds", service=name) > 0
+
+    # Every service: the process and the interpreter, which version runs, and no `*_created`.
+    for name in SERVICES:
+        samples = scraped[name]
+        assert value(samples, "process_open_fds") > 0
+        assert value(samples, "process_resident_memory_bytes") > 0
+        assert labelsets(samples, "python_info")
+        assert [ls["service"] for ls in labelsets(samples, "writ_build_info")] == [name]
+        assert not [n for n in samples if n.endswith("_created")], sorted(samples)
 
 
 async def test_backlog_gauges_follow_postgres(
@@ -236,6 +262,8 @@ async def test_no_label_is_unbounded(stack: Stack, driven: None) -> None:
         for sample in (s for group in writ.values() for s in group):
             if extra := set(sample.labels) - ALLOWED_LABELS:
                 problems.append(f"{name}: {sample.name} has label(s) {sorted(extra)}")
+            if sample.labels.get("service", name) != name:
+                problems.append(f"{name}: {sample.name} claims {sample.labels['service']}")
             for label, text in sample.labels.items():
                 if why := unbounded(text):
                     problems.append(f"{name}: {sample.name}{{{label}={text!r}}} is {why}")

@@ -171,7 +171,7 @@ async def waited(stack: Stack, service: str) -> float:
         sample.value
         for family in text_string_to_metric_families(page.text)
         for sample in family.samples
-        if sample.name == f"writ_{service}_messages_waiting_total"
+        if sample.name == "writ_messages_waiting_total" and sample.labels.get("service") == service
     )
 
 

@@ -41,7 +41,7 @@ def _ask(run_id: str) -> DecideRequest:
 
 def _expired(stack: Stack) -> float:
     text = httpx.get(f"http://127.0.0.1:{stack.metrics_port('governance')}/metrics").text
-    sample = 'writ_governance_requests_dropped_total{endpoint="decide",reason="expired"}'
+    sample = 'writ_requests_dropped_total{endpoint="decide",reason="expired",service="governance"}'
     for line in text.splitlines():
         if line.startswith(sample):
             return float(line.rsplit(" ", 1)[1])

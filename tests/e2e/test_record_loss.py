@@ -111,7 +111,12 @@ async def test_a_lost_record_is_refused_by_every_sealer_named_by_verify_then_re_
     await traffic(host)
     with anyio.fail_after(60):  # every sealer refuses: none adopts the database's head
         while not all(
-            metric(stack, s, f'writ_{s}_journal_seal_refusals_total{{reason="record_missing"}}') > 0
+            metric(
+                stack,
+                s,
+                f'writ_journal_seal_refusals_total{{reason="record_missing",service="{s}"}}',
+            )
+            > 0
             for s in JOURNALS
         ):
             await anyio.sleep(0.2)

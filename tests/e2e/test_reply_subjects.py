@@ -205,8 +205,8 @@ async def _dropped(stack: Stack, service: str) -> float:
     samples = await scrape(stack, service)
     return sum(
         s.value
-        for s in samples.get(f"writ_{service}_requests_dropped_total", [])
-        if s.labels.get("reason") == "reply"
+        for s in samples.get("writ_requests_dropped_total", [])
+        if s.labels.get("service") == service and s.labels.get("reason") == "reply"
     )
 
 

@@ -92,7 +92,8 @@ class Bed:
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(
-            f"writ_t{self.unique}_{name}", {"consumer": self.durable, **labels}
+            f"writ_{name}",
+            {"service": f"t{self.unique}", "consumer": self.durable, **labels},
         )
         return value or 0.0
 

@@ -106,7 +106,8 @@ def _assert_overloaded(reply: Msg) -> None:
 def _dropped(registry: CollectorRegistry, reason: str) -> float:
     return (
         registry.get_sample_value(
-            "writ_probe_requests_dropped_total", {"endpoint": "probe", "reason": reason}
+            "writ_requests_dropped_total",
+            {"service": "probe", "endpoint": "probe", "reason": reason},
         )
         or 0.0
     )

@@ -31,9 +31,11 @@ pytestmark = pytest.mark.anyio
 
 
 async def refused(env: Env, reason: str) -> None:
-    refusals = f"writ_{env.service}_journal_seal_refusals_total"
+    refusals = "writ_journal_seal_refusals_total"
     with anyio.fail_after(10):
-        while (env.registry.get_sample_value(refusals, {"reason": reason}) or 0) < 1:
+        while (
+            env.registry.get_sample_value(refusals, {"service": env.service, "reason": reason}) or 0
+        ) < 1:
             await anyio.sleep(0.02)
 
 
@@ -72,7 +74,8 @@ async def test_a_lost_record_is_refused_not_adopted_and_verify_names_it(
         assert await env.sealer.seal_once() == 0
     assert env.sealer.refused is not None and "re-anchor" in env.sealer.refused
     assert env.registry.get_sample_value(
-        f"writ_{env.service}_journal_seal_refusals_total", {"reason": "record_missing"}
+        "writ_journal_seal_refusals_total",
+        {"service": env.service, "reason": "record_missing"},
     )
     assert await env.record.read(env.service) == []  # nothing adopted
     assert await env.seals() == 9

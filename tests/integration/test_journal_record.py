@@ -412,9 +412,14 @@ async def test_cut_the_tail(env: Env) -> None:
     # Refused at once, before any new row needs sealing. A round that read its seals before
     # the cut and its checkpoints after may first refuse as "seal past checkpoint"; the next
     # round sees the cut head itself.
-    refusals = f"writ_{env.service}_journal_seal_refusals_total"
+    refusals = "writ_journal_seal_refusals_total"
     with anyio.fail_after(10):
-        while (env.registry.get_sample_value(refusals, {"reason": "head_differs"}) or 0) < 1:
+        while (
+            env.registry.get_sample_value(
+                refusals, {"service": env.service, "reason": "head_differs"}
+            )
+            or 0
+        ) < 1:
             await anyio.sleep(0.02)
     assert env.sealer.refused is not None
     report = await attacked(env, env.request)

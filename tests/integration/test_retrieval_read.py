@@ -521,7 +521,7 @@ async def test_a_starting_runs_evidence_is_its_tenants_ranked_and_untrusted(env:
     assert await _decisions(env.admin) == []
     assert (
         env.registry.get_sample_value(
-            "writ_retrieval_messages_handled_total", {"consumer": "search"}
+            "writ_messages_handled_total", {"service": "retrieval", "consumer": "search"}
         )
         == 1
     )
@@ -619,7 +619,8 @@ async def test_a_run_retrieval_cannot_search_for_does_not_start(
     assert await _runs_started(env.nc, tenant) == []
     assert (
         env.registry.get_sample_value(
-            "writ_retrieval_messages_failed_total", {"consumer": "search", "outcome": "unavailable"}
+            "writ_messages_failed_total",
+            {"service": "retrieval", "consumer": "search", "outcome": "unavailable"},
         )
         == 1
     )
