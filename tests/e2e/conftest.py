@@ -341,6 +341,14 @@ async def host(stack: Stack) -> AsyncIterator[Host]:
     await host.close()
 
 
+@pytest.fixture
+async def record(stack: Stack) -> AsyncIterator[JetStreamContext]:
+    """The audit record's account, as its administrator (the record is not in Writ's)."""
+    nc = await nats.connect(stack.record_nats_url, max_reconnect_attempts=-1)
+    yield nc.jetstream()
+    await nc.close()
+
+
 async def sealed(db: asyncpg.Connection, run_id: str, timeout: float = 20) -> None:
     """Wait until the planner's sealer has chained every journal row of the run (a poll or
     two)."""
