@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from libs.natsauth import SERVICE_SUBJECTS
+from libs.natsauth import JOURNALED, SERVICE_SUBJECTS, seal_user
 from schemas import subjects
 from schemas.governance import RunBudget
 from schemas.host import (
@@ -71,14 +71,15 @@ PROBE = "permission-probe"
 
 
 def service_violations(stack: Stack, *, probes: bool = False) -> list[str]:
-    """The permission violations the deployment's NATS server logged for Writ's services
-    (only the deliberate probes' if `probes`, none of them otherwise)."""
+    """The permission violations the deployment's NATS server logged for Writ's services and
+    their sealers (only the deliberate probes' if `probes`, none of them otherwise)."""
     log = stack.home / "nats" / "nats.log"
     if stack.embedded_nats is None or not log.exists():
         return []
     found = []
+    users = (*SERVICE_SUBJECTS, *(seal_user(s) for s in JOURNALED))
     for line in log.read_text(errors="replace").splitlines():
-        if "Violation" in line and any(f'/user:{name}"' in line for name in SERVICE_SUBJECTS):
+        if "Violation" in line and any(f'/user:{name}"' in line for name in users):
             if (PROBE in line) == probes:
                 found.append(line)
     return found
