@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from libs.natsauth import (
     ADMIN,
     AUDIT_ACCOUNT,
@@ -299,3 +301,18 @@ def test_the_bus_page_shows_the_identities_as_the_code_defines_them() -> None:
     shown = page.split("<!-- identities:begin -->\n", 1)[1].split("<!-- identities:end -->")[0]
     # Regenerate: python -c "from libs.natsauth import identity_table; print(identity_table())"
     assert shown == identity_table()
+
+
+def test_a_journaled_service_connecting_as_a_user_needs_its_sealers_password() -> None:
+    import anyio
+
+    from libs.errors import ConfigError
+    from libs.runtime import record_connection
+    from libs.settings import BaseSettings
+
+    authenticated = BaseSettings(nats_url="nats://127.0.0.1:1", nats_user="planner")
+    with pytest.raises(ConfigError, match="seal-planner"):
+        anyio.run(record_connection, "planner", authenticated)
+    # No second connection where there is no record to reach, or no authentication at all.
+    assert anyio.run(record_connection, "retrieval", authenticated) is None
+    assert anyio.run(record_connection, "planner", BaseSettings(nats_url="nats://x:1")) is None

@@ -83,7 +83,7 @@ def _audit(args: argparse.Namespace) -> int:
     if not (nats_url or args.record_file or args.no_record):
         raise SystemExit(
             "no record of the checkpoints to hold the database against: pass "
-            "--nats-url (or set WRIT_NATS_URL), --record-file, or --no-record "
+            "--nats-url (or set WRIT_AUDIT_NATS_URL), --record-file, or --no-record "
             "(then a cut tail or a re-hashed chain is not detected)"
         )
     return anyio.run(functools.partial(_audit_verify, args, dsn, keys, data_keys, nats_url))
