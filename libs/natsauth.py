@@ -14,6 +14,19 @@ NATS enforces them, not Writ. The accounts are the authority boundary (docs/bus.
   JetStream acknowledgement to a host's request goes back through the import to the host's
   account, whatever reply subject the host gave.
 
+- `AUDIT`: the audit record (`WRIT_AUDIT`) alone, with its own provisioning identity
+  (`provision-audit`) and administrator (`audit-admin`: operators' verify, export, re-anchor).
+  No runtime identity is in it, and `WRIT` imports nothing from it: a JetStream
+  acknowledgement a service's publish steers to a checkpoint subject is published in `WRIT`,
+  where that subject reaches nothing.
+- `SEAL_<service>`, one per journal, holding its sealer's user (`seal-<service>`, a second
+  connection of that service). No JetStream of its own; it imports from `AUDIT` exactly its
+  journal's checkpoint subject and the record's message reads (under `SEAL_JS_API`). One
+  account each, because an answer or acknowledgement delivered into an account goes through
+  that account's imports: a sealer that steered the record's reply to another journal's
+  subject would store it there if the subject were imported beside its own. So nothing but a
+  journal's sealer stores anything on that journal's record.
+
 Accounts live in the server's configuration file, so a tenant added later is one more account
 and one more set of exports, applied with `nats-server --signal reload` (SIGHUP).
 
@@ -56,9 +69,17 @@ from schemas.sessions import CHAT_STREAM, SESSION_OPS, TURN_CANCELLING
 
 __all__ = [
     "ADMIN",
+    "AUDIT_ACCOUNT",
+    "AUDIT_ADMIN",
     "EVAL",
     "PROVISION",
+    "PROVISION_AUDIT",
+    "seal_account",
+    "SEAL_JS_API",
     "WRIT_ACCOUNT",
+    "account_of",
+    "seal_imports",
+    "seal_user",
     "host_account",
     "host_imports",
     "identity_table",
@@ -80,6 +101,12 @@ EVAL: Final = "eval"
 # Provisioning's identity (libs/provision.py): JetStream's API, for nothing else.
 PROVISION: Final = "provision"
 WRIT_ACCOUNT: Final = "WRIT"
+# The audit record's account, its provisioning identity and its administrator.
+AUDIT_ACCOUNT: Final = "AUDIT"
+PROVISION_AUDIT: Final = "provision-audit"
+AUDIT_ADMIN: Final = "audit-admin"
+# Where a sealer (in its own account, without JetStream) reaches the record's reads.
+SEAL_JS_API: Final = "$JS.AUDIT.API"
 # Where a service may answer a request: a Writ identity's inbox, or a host's request's reply
 # subject as its import maps it (`_R_.<...>`, which routes back to the host's account only).
 _REPLIES: Final = ("_INBOX.>", "_R_.>")
@@ -242,9 +269,19 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
 }
 
 
-# The services that keep an audit journal: each appends its own checkpoints to the record
-# (`WRIT_AUDIT`) and reads its own last one back, and nobody else's.
+# The services that keep an audit journal: each one's sealer (`seal_user`) appends its own
+# checkpoints to the record (`WRIT_AUDIT`) and reads its own last one back, and nobody else's.
 JOURNALED: Final = ("planner", "governance", "admission", "dispatcher")
+
+
+def seal_user(service: str) -> str:
+    """The NATS user of a journal's sealer (in `seal_account(service)`)."""
+    return f"seal-{service}"
+
+
+def seal_account(service: str) -> str:
+    """The NATS account of a journal's sealer: its own, importing its subject alone."""
+    return f"SEAL_{service}"
 
 
 def host_user(tenant: str) -> str:
@@ -258,8 +295,30 @@ def inbox_prefix(user: str) -> str:
 
 
 def users(tenants: Iterable[str]) -> tuple[str, ...]:
-    """Every user of a deployment: the administrator, each service, each tenant's host."""
-    return (ADMIN, PROVISION, *SERVICE_SUBJECTS, EVAL, *(host_user(t) for t in tenants))
+    """Every user of a deployment: the administrator, each service, each tenant's host, the
+    record's provisioning and administrator, each journal's sealer."""
+    return (
+        ADMIN,
+        PROVISION,
+        *SERVICE_SUBJECTS,
+        EVAL,
+        *(host_user(t) for t in tenants),
+        PROVISION_AUDIT,
+        AUDIT_ADMIN,
+        *(seal_user(s) for s in JOURNALED),
+    )
+
+
+def account_of(user: str) -> str:
+    """The account `user` is in."""
+    if user.startswith("host-"):
+        return host_account(user.removeprefix("host-"))
+    if user in (PROVISION_AUDIT, AUDIT_ADMIN):
+        return AUDIT_ACCOUNT
+    for service in JOURNALED:
+        if user == seal_user(service):
+            return seal_account(service)
+    return WRIT_ACCOUNT
 
 
 def host_account(tenant: str) -> str:
@@ -298,11 +357,6 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
             pub += _consumer(s, name)
     elif stream:
         pub += _consumer(stream, name)
-    if name in JOURNALED:
-        pub += [
-            subjects.journal_checkpoints(name),
-            f"{_JS}.STREAM.MSG.GET.{subjects.JOURNAL_RECORD_STREAM}",
-        ]
     return {
         "publish": {"allow": pub},
         "subscribe": {"allow": [*endpoints, "$SRV.>", f"{inbox_prefix(name)}.>"]},
@@ -332,6 +386,40 @@ def host_imports(tenant: str) -> tuple[tuple[tuple[str, str], ...], tuple[str, .
         ),
     )
     return services, (subjects.result(tenant), subjects.planner_progress(tenant))
+
+
+# The record's reads a sealer makes (its subject's last message, a message by sequence),
+# imported into each sealer's account under `SEAL_JS_API`: nats-server answers `$JS.API.>`
+# itself in an account without JetStream. Nothing that creates a consumer: a consumer
+# delivers where its configuration says.
+_RECORD_READS: Final = (f"STREAM.MSG.GET.{subjects.JOURNAL_RECORD_STREAM}",)
+
+
+def seal_imports(service: str) -> tuple[tuple[str, str], ...]:
+    """What a journal's sealer's account imports from `AUDIT`, as services (the record's
+    subject, the sealer's subject): its journal's checkpoint subject and the record's reads."""
+    return (
+        (subjects.journal_checkpoints(service),) * 2,
+        *((f"{_JS}.{api}", f"{SEAL_JS_API}.{api}") for api in _RECORD_READS),
+    )
+
+
+def _seal(service: str) -> dict[str, object]:
+    """A journal's sealer: its own checkpoint subject and the record's reads, nothing else."""
+    pub = [
+        subjects.journal_checkpoints(service),
+        *(f"{SEAL_JS_API}.{api}" for api in _RECORD_READS),
+    ]
+    sub = [f"{inbox_prefix(seal_user(service))}.>"]
+    return {"publish": {"allow": pub}, "subscribe": {"allow": sub}}
+
+
+def _provision_audit() -> dict[str, object]:
+    """The record is created (append-only) by its own provisioning identity."""
+    return {
+        "publish": {"allow": [f"{_JS}.>"]},
+        "subscribe": {"allow": [f"{inbox_prefix(PROVISION_AUDIT)}.>"]},
+    }
 
 
 def _host(tenant: str) -> dict[str, object]:
@@ -374,6 +462,10 @@ def permissions(tenants: Iterable[str]) -> dict[str, dict[str, object] | None]:
     found[EVAL] = _eval()
     for tenant in tenants:
         found[host_user(tenant)] = _host(tenant)
+    found[PROVISION_AUDIT] = _provision_audit()
+    found[AUDIT_ADMIN] = None
+    for service in JOURNALED:
+        found[seal_user(service)] = _seal(service)
     return found
 
 
@@ -407,6 +499,7 @@ def accounts(passwords: Mapping[str, str], tenants: Iterable[str]) -> dict[str, 
             ],
         }
     writ_users = [ADMIN, PROVISION, *SERVICE_SUBJECTS, EVAL]
+    seals = {s: seal_imports(s) for s in JOURNALED}
     return {
         WRIT_ACCOUNT: {
             "jetstream": "enabled",
@@ -414,6 +507,33 @@ def accounts(passwords: Mapping[str, str], tenants: Iterable[str]) -> dict[str, 
             "exports": exports,
         },
         **found,
+        # The record's account: nothing of Writ's runtime connects to it or imports from it.
+        AUDIT_ACCOUNT: {
+            "jetstream": "enabled",
+            "users": [user(PROVISION_AUDIT), user(AUDIT_ADMIN)],
+            "exports": [
+                *(
+                    {"service": subjects.journal_checkpoints(s), "accounts": [seal_account(s)]}
+                    for s in JOURNALED
+                ),
+                *(
+                    {"service": f"{_JS}.{api}", "accounts": [seal_account(s) for s in JOURNALED]}
+                    for api in _RECORD_READS
+                ),
+            ],
+        },
+        # Each sealer's account: no JetStream, so no acknowledgement is ever published in it
+        # but the record's own, routed back to the sealer that published.
+        **{
+            seal_account(s): {
+                "users": [user(seal_user(s))],
+                "imports": [
+                    {"service": {"account": AUDIT_ACCOUNT, "subject": subject}, "to": local}
+                    for subject, local in seals[s]
+                ],
+            }
+            for s in JOURNALED
+        },
     }
 
 
@@ -446,7 +566,7 @@ def identity_table(tenant: str = "acme") -> str:
         "|---|---|---|---|",
     ]
     for name, perm in perms.items():
-        account = host_account(tenant) if name == host_user(tenant) else WRIT_ACCOUNT
+        account = account_of(name)
         if perm is None:
             rows.append(f"| `{name}` | `{account}` | everything | everything |")
             continue

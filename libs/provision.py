@@ -10,7 +10,9 @@ they are.
 
 Idempotent: run again, it creates what is missing and updates what differs (a new tenant's
 streams and ingress's consumer on them, a changed limit). The audit record's deny-delete and
-deny-purge are set here, and the server refuses any update that lifts them.
+deny-purge are set here, and the server refuses any update that lifts them. The record lives
+in an account of its own (`AUDIT`, libs/natsauth.py): `provision_record` creates it there,
+connected as that account's provisioning identity (`provision-audit`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "consumers",
     "ensure_bucket",
     "provision_bus",
+    "provision_record",
 ]
 
 # The HTTP door's `Idempotency-Key` bucket: the first answer under each key, for 24 hours.
@@ -136,6 +139,12 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig, *, replica
         await js.key_value(config.bucket)
     except BucketNotFoundError:
         await js.create_key_value(dataclasses.replace(config, replicas=replicas))
+
+
+async def provision_record(js: JetStreamContext, *, replicas: int = 1) -> None:
+    """Create or update the audit record (`WRIT_AUDIT`, append-only): `js` is the
+    record's account's (`AUDIT`; on a server without authentication, the only account)."""
+    await ensure_streams(js, [subjects.JOURNAL_RECORD], replicas=replicas)
 
 
 async def provision_bus(

@@ -26,8 +26,10 @@ from prometheus_client import CollectorRegistry
 
 from libs.bus import connect
 from libs.deadline import expired
+from libs.errors import ConfigError
 from libs.faults import Faults
 from libs.health import Health
+from libs.natsauth import JOURNALED, SEAL_JS_API, seal_user
 from libs.replies import reply_allowed
 from libs.settings import BaseSettings, read_secret
 from libs.telemetry import (
@@ -47,6 +49,7 @@ __all__ = [
     "Runtime",
     "guarded",
     "in_tasks",
+    "record_connection",
     "run_service",
     "serve",
 ]
@@ -254,6 +257,7 @@ class Runtime:
         stream_replicas: int = 1,
         retry_backoff_max_s: float | None = None,
         recording: bool = True,
+        record_js: JetStreamContext | None = None,
     ) -> None:
         self.name = name
         # Every actor's longest redelivery backoff (WRIT_RETRY_BACKOFF_MAX_S; None: 30 s).
@@ -265,6 +269,9 @@ class Runtime:
         self.health = health or Health(nc=nc, js=js)
         self.faults = faults or Faults()
         self.nc, self.js = nc, js
+        # Where a journaled service's sealer reaches the audit record: its sealer's own
+        # connection (`record_connection`), or, on a server without authentication, `js`.
+        self.record_js = record_js if record_js is not None else js
         self.registry = registry
         self.tracer_provider = tracer_provider
         # `recording`: whether spans go anywhere (a span file, an OTLP endpoint); if not, the
@@ -301,6 +308,7 @@ async def serve(
         settings.nats_url, name=f"writ-{name}", user=settings.nats_user, password=password
     )
     js = nc.jetstream()
+    seal_nc = await record_connection(name, settings)
     health = Health(
         nc=nc,
         js=js,
@@ -327,6 +335,7 @@ async def serve(
             stream_replicas=settings.stream_replicas,
             retry_backoff_max_s=settings.retry_backoff_max_s,
             recording=exporter is not None or otlp_configured(os.environ),
+            record_js=seal_nc.jetstream(prefix=SEAL_JS_API) if seal_nc is not None else None,
         )
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
@@ -363,8 +372,33 @@ async def serve(
                     await nc.drain()
             except Exception as exc:
                 log.warning("drain of writ-%s incomplete: %r", name, exc)
+            if seal_nc is not None:
+                await seal_nc.close()
             metrics.stop()
             provider.shutdown()
+
+
+async def record_connection(name: str, settings: BaseSettings) -> Client | None:
+    """A journaled service's second connection, as its sealer's user (libs/natsauth.py): the
+    only identity that may put anything on its journal's record. None on a server without
+    authentication (the record is then in the one account there is).
+
+    Raises:
+        ConfigError: the service connects as a user but was given no sealer's password.
+    """
+    if name not in JOURNALED or not settings.nats_user:
+        return None
+    if not settings.seal_nats_password_file:
+        raise ConfigError(
+            f"{name} keeps an audit journal: WRIT_SEAL_NATS_PASSWORD_FILE must name the "
+            f"password of its sealer's NATS user {seal_user(name)}"
+        )
+    return await connect(
+        settings.nats_url,
+        name=f"writ-{name}-sealer",
+        user=seal_user(name),
+        password=read_secret(settings.seal_nats_password_file),
+    )
 
 
 def in_tasks(

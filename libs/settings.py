@@ -28,6 +28,9 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # empty: a server without authentication.
     nats_user: str = ""
     nats_password_file: str = ""
+    # A journaled service's sealer connects again, as its own user (`seal-<service>`, in an
+    # account of its own that reaches only its journal's record): the file of its password.
+    seal_nats_password_file: str = ""
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     metrics_port_file: str = ""

@@ -31,6 +31,7 @@ __all__ = [
     "HOST_API_VERSION",
     "HOST_KINDS",
     "INGRESS_IN",
+    "JOURNAL_RECORD",
     "JOURNAL_RECORD_STREAM",
     "PLANNER_IN",
     "READ",
@@ -250,8 +251,8 @@ class StreamSpec(msgspec.Struct, frozen=True):
 
 _DAY: Final = 86400.0
 JOURNAL_RECORD_STREAM: Final = "WRIT_AUDIT"
-# Streams every service declares at start. A tenant's own streams (`tenant_streams`) are
-# declared by ingress for the tenants it holds keys of.
+# Writ's streams, which provisioning creates in Writ's account (libs/provision.py), beside
+# each tenant's own (`tenant_streams`).
 STREAMS: Final = (
     StreamSpec(
         "WRIT_INT",
@@ -272,8 +273,12 @@ STREAMS: Final = (
     # Chat sessions' event streams, one subject per session (`writ.chat.<tenant>.<session>`,
     # schemas/sessions.py); the planner publishes each numbered event with `chat:<id>:<n>`.
     StreamSpec("WRIT_CHAT", ("writ.chat.>",), 30 * _DAY, duplicate_window_s=600.0),
-    # The audit journals' checkpoints, kept as long as the journals (forever: no max age).
-    StreamSpec(JOURNAL_RECORD_STREAM, ("writ.audit.checkpoints.>",), 0.0, append_only=True),
+)
+# The audit journals' checkpoints, kept as long as the journals (forever: no max age). Not one
+# of Writ's streams: it lives in an account of its own (`AUDIT`, libs/natsauth.py), where no
+# runtime identity's publish, and so no JetStream acknowledgement it steers, can reach it.
+JOURNAL_RECORD: Final = StreamSpec(
+    JOURNAL_RECORD_STREAM, ("writ.audit.checkpoints.>",), 0.0, append_only=True
 )
 
 

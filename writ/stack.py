@@ -36,13 +36,17 @@ from libs.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.journal import AUDITOR_TABLES, DataKeys, SigningKey
 from libs.natsauth import (
     ADMIN,
+    AUDIT_ADMIN,
+    JOURNALED,
     PROVISION,
+    PROVISION_AUDIT,
     auth_config,
     ensure_passwords,
     host_user,
     inbox_prefix,
+    seal_user,
 )
-from libs.provision import provision_bus
+from libs.provision import provision_bus, provision_record
 
 __all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack", "mint_token"]
 
@@ -168,6 +172,16 @@ class Stack:
         return self._nats_url.replace("nats://", f"nats://{ADMIN}:{password}@", 1)
 
     @property
+    def record_nats_url(self) -> str:
+        """The NATS server as the audit record's administrator (`audit-admin`, in the record's
+        own account): `writ audit verify`, export and re-anchor, tests' inspection."""
+        assert self._nats_url is not None
+        if self.embedded_nats is None:
+            return self._nats_url
+        password = self.nats_password(AUDIT_ADMIN)
+        return self._nats_url.replace("nats://", f"nats://{AUDIT_ADMIN}:{password}@", 1)
+
+    @property
     def public_nats_url(self) -> str:
         """The NATS server's URL without anyone's credentials (to print, to give hosts)."""
         assert self._nats_url is not None
@@ -219,6 +233,7 @@ class Stack:
             self._nats_url = self.embedded_nats.url
         # For operators' `writ` commands: the administrator's URL, password included.
         _write_secret(self.home / "nats.url", self.nats_url)
+        _write_secret(self.home / "nats-audit.url", self.record_nats_url)
         if self._admin_dsn is None:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
             self.embedded_pg.start()
@@ -327,6 +342,16 @@ class Stack:
                 replicas=int(dispatcher.get("WRIT_STREAM_REPLICAS", "1")),
                 duplicate_window_s=float(dispatcher.get("WRIT_DUPLICATE_WINDOW_S", "0")),
                 dispatcher_lease_s=float(dispatcher.get("WRIT_LEASE_S", "30")),
+            )
+        finally:
+            await nc.close()
+        nc = await nats.connect(
+            self._nats_url or self.nats_url,
+            **(self.nats_options(PROVISION_AUDIT) if self.embedded_nats is not None else {}),
+        )
+        try:
+            await provision_record(
+                nc.jetstream(), replicas=int(dispatcher.get("WRIT_STREAM_REPLICAS", "1"))
             )
         finally:
             await nc.close()
@@ -604,6 +629,10 @@ class Stack:
             # Each service connects as itself, held by the server to its own subjects.
             env["WRIT_NATS_USER"] = name
             env["WRIT_NATS_PASSWORD_FILE"] = str(self.secrets / f"nats-{name}.password")
+            if name in JOURNALED:  # its sealer connects again, as its own user
+                env["WRIT_SEAL_NATS_PASSWORD_FILE"] = str(
+                    self.secrets / f"nats-{seal_user(name)}.password"
+                )
         if name in _WITH_DATABASE:
             env["WRIT_DATABASE_URL"] = with_database(
                 self.admin_dsn, self.database, user=role_name(self.database, name), password=""

@@ -3,13 +3,17 @@
 The journal's database can be rewritten by whoever can write to it; the record cannot, by the
 same person: it lives in a JetStream stream (`WRIT_AUDIT`) whose own configuration denies
 deleting a message, purging and rollups, and the server refuses any update that lifts either
-denial. A sealer appends each checkpoint before it commits it, with
-`Nats-Expected-Last-Subject-Sequence`, so a service's record is one line: a checkpoint lands only
-on top of the one its sealer read last. An auditor may also keep an export of it (JSON lines).
+denial. The stream is in a NATS account of its own, which each sealer reaches as its own user
+through an account that imports only its journal's subject and the record's reads
+(libs/natsauth.py): a sealer's record is given `nc.jetstream(prefix=natsauth.SEAL_JS_API)`.
+A sealer appends each checkpoint before it commits it, with
+`Nats-Expected-Last-Subject-Sequence`, so a service's record is one line: a checkpoint lands
+only on top of the one its sealer read last. An auditor may also keep an export of it (JSON
+lines).
 
-A message on a journal's subject that is not one of its checkpoints (a PubAck some publish
-named the subject for, garbage) is junk: reading skips it and says where it is (`RecordScan`),
-and a sealer appends after it on top of the last checkpoint below it.
+A message on a journal's subject that is not one of its checkpoints (garbage its sealer's
+identity or the record's administrator put there) is junk: reading skips it and says where it
+is (`RecordScan`), and a sealer appends after it on top of the last checkpoint below it.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def main() -> None:
                         pool=pool,
                         journal=journal,
                         signing=signing,
-                        record=JetStreamRecord(rt.js),
+                        record=JetStreamRecord(rt.record_js),
                         registry=rt.registry,
                         interval=settings.journal_seal_interval_s,
                     ),

@@ -29,6 +29,7 @@ from tests.deploy.k8s import (
 )
 
 SERVICES = ("ingress", "retrieval", "planner", "governance", "admission", "dispatcher")
+JOURNALS = ("planner", "governance", "admission", "dispatcher")
 WITH_DATABASE = ("retrieval", "planner", "governance", "admission", "dispatcher")
 VALUES = {"default": None, "production": "production"}
 
@@ -298,10 +299,12 @@ def test_migrate_runs_as_the_owner_with_every_role_password(rendered: list[dict[
     mounted = {m["mountPath"] for m in container["volumeMounts"]}
     roles_dir = env["WRIT_ROLE_PASSWORDS_DIR"]["value"]
     assert {f"{roles_dir}/{name}" for name in WITH_DATABASE} <= mounted
-    # It mounts database credentials only (and, for provisioning the bus, the NATS user
-    # `provision`'s password): no journal key, no connector or model secret.
+    # It mounts database credentials only (and, for provisioning the bus, the NATS users
+    # `provision`'s and `provision-audit`'s passwords): no journal key, no connector or model
+    # secret.
     assert all(
-        s in ("writ-db-app", "writ-nats-provision") or s.startswith("writ-pg-")
+        s in ("writ-db-app", "writ-nats-provision", "writ-nats-provision-audit")
+        or s.startswith("writ-pg-")
         for s in _secrets(job["spec"]["template"])
     )
 
@@ -315,8 +318,12 @@ def test_the_migrate_job_provisions_the_bus_first(production: list[dict[str, Any
     env = _env(init)
     assert env["WRIT_NATS_URL"] and env["WRIT_STREAM_REPLICAS"]
     if "WRIT_NATS_PASSWORD_FILE" in env:
-        mounted = {m["name"] for m in init["volumeMounts"]}
-        assert mounted == {"nats-provision"}
+        mounted = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+        assert set(mounted) == {"nats-provision", "nats-provision-audit"}
+        # The audit record is provisioned in its own account, by that account's identity.
+        assert env["WRIT_AUDIT_NATS_PASSWORD_FILE"].startswith(mounted["nats-provision-audit"])
+        secrets = _secrets(job["spec"]["template"])
+        assert {"writ-nats-provision", "writ-nats-provision-audit"} <= secrets
 
 
 # -- isolation -------------------------------------------------------------------------------
@@ -333,7 +340,13 @@ def test_only_the_dispatcher_mounts_connector_secrets(rendered: list[dict[str, A
 
 def test_the_planner_mounts_no_credential_but_the_model_key(rendered: list[dict[str, Any]]) -> None:
     template = _deployment(rendered, "planner")["spec"]["template"]
-    allowed = {"writ-pg-planner", "writ-journal-planner", "writ-model-key", "writ-nats-planner"}
+    allowed = {
+        "writ-pg-planner",
+        "writ-journal-planner",
+        "writ-model-key",
+        "writ-nats-planner",
+        "writ-nats-seal-planner",
+    }
     assert _secrets(template) <= allowed
     assert "writ-model-key" in _secrets(template)
 
@@ -344,7 +357,33 @@ def test_each_service_mounts_only_its_own_database_and_journal_secrets(
     for name in SERVICES:
         secrets = _secrets(_deployment(rendered, name)["spec"]["template"])
         for other in set(SERVICES) - {name}:
-            assert not {f"writ-pg-{other}", f"writ-journal-{other}", f"writ-nats-{other}"} & secrets
+            assert (
+                not {
+                    f"writ-pg-{other}",
+                    f"writ-journal-{other}",
+                    f"writ-nats-{other}",
+                    f"writ-nats-seal-{other}",
+                }
+                & secrets
+            )
+
+
+def test_each_journaled_service_seals_as_its_own_nats_user(
+    production: list[dict[str, Any]],
+) -> None:
+    # Its sealer's password, and no other identity's: only it may append to its record.
+    for name in SERVICES:
+        template = _deployment(production, name)["spec"]["template"]
+        [container] = template["spec"]["containers"]
+        env = _env(container)
+        secrets = _secrets(template)
+        if name in JOURNALS and "WRIT_NATS_PASSWORD_FILE" in env:
+            assert f"writ-nats-seal-{name}" in secrets
+            mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+            assert env["WRIT_SEAL_NATS_PASSWORD_FILE"].startswith(mounts["nats-seal"])
+        else:
+            assert "WRIT_SEAL_NATS_PASSWORD_FILE" not in env
+            assert not [s for s in secrets if s.startswith("writ-nats-seal-")]
 
 
 def test_default_deny_covers_every_pod(rendered: list[dict[str, Any]]) -> None:

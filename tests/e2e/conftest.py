@@ -20,7 +20,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from libs.natsauth import SERVICE_SUBJECTS
+from libs.natsauth import JOURNALED, SERVICE_SUBJECTS, seal_user
 from schemas import subjects
 from schemas.governance import Answer, RunBudget
 from schemas.host import (
@@ -72,14 +72,15 @@ PROBE = "permission-probe"
 
 
 def service_violations(stack: Stack, *, probes: bool = False) -> list[str]:
-    """The permission violations the deployment's NATS server logged for Writ's services
-    (only the deliberate probes' if `probes`, none of them otherwise)."""
+    """The permission violations the deployment's NATS server logged for Writ's services and
+    their sealers (only the deliberate probes' if `probes`, none of them otherwise)."""
     log = stack.home / "nats" / "nats.log"
     if stack.embedded_nats is None or not log.exists():
         return []
     found = []
+    users = (*SERVICE_SUBJECTS, *(seal_user(s) for s in JOURNALED))
     for line in log.read_text(errors="replace").splitlines():
-        if "Violation" in line and any(f'/user:{name}"' in line for name in SERVICE_SUBJECTS):
+        if "Violation" in line and any(f'/user:{name}"' in line for name in users):
             if (PROBE in line) == probes:
                 found.append(line)
     return found
@@ -344,6 +345,14 @@ async def host(stack: Stack) -> AsyncIterator[Host]:
     host = Host(stack, nc)
     yield host
     await host.close()
+
+
+@pytest.fixture
+async def record(stack: Stack) -> AsyncIterator[JetStreamContext]:
+    """The audit record's account, as its administrator (the record is not in Writ's)."""
+    nc = await nats.connect(stack.record_nats_url, max_reconnect_attempts=-1)
+    yield nc.jetstream()
+    await nc.close()
 
 
 async def sealed(db: asyncpg.Connection, run_id: str, timeout: float = 20) -> None:

@@ -12,6 +12,11 @@ since is an answer. Then every service's, the evaluation's and each host's ident
 JetStream to create, update, delete and purge every stream and to create durable consumers:
 the server refuses each, and nothing changes.
 
+The audit record is in an account of its own: no publish of a runtime identity, whatever reply
+subject it names, stores anything on it (JetStream's acknowledgement is published in the
+account of the stream that took the publish), and nobody but the record's administrator
+touches it here: its message count is unchanged by every attack.
+
 The subjects come from the deployment's own tables (`libs.natsauth`), so a new one is covered.
 """
 
@@ -24,9 +29,20 @@ import anyio
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 from nats.js.api import StreamInfo
 
-from libs.natsauth import EVAL, SERVICE_SUBJECTS, host_imports, host_user, inbox_prefix
+from libs.natsauth import (
+    EVAL,
+    JOURNALED,
+    SEAL_JS_API,
+    SERVICE_SUBJECTS,
+    host_imports,
+    host_user,
+    inbox_prefix,
+    permissions,
+    seal_user,
+)
 from schemas import subjects
 from schemas.host_reads import HOST_READS, host_read
 from tests.e2e.conftest import PROBE, Host
@@ -101,6 +117,8 @@ def _replies(streams: dict[str, Any]) -> list[str]:
         found += [f"$JS.API.STREAM.DELETE.{name}", f"$JS.API.STREAM.PURGE.{name}"]
     return [
         *found,
+        f"$JS.API.STREAM.DELETE.{subjects.JOURNAL_RECORD_STREAM}",
+        f"$JS.API.STREAM.PURGE.{subjects.JOURNAL_RECORD_STREAM}",
         subjects.result(VICTIM),
         subjects.proposal_answer(VICTIM),
         subjects.command(VICTIM),
@@ -161,6 +179,51 @@ async def _connect(stack: Stack, user: str, seen: list[str]) -> Client:
 def _embedded(stack: Stack) -> None:
     if stack.embedded_nats is None:
         pytest.skip("a NATS server named by WRIT_TEST_NATS_URL has its own accounts")
+
+
+async def _quiet(record: JetStreamContext) -> tuple[int, int]:
+    """The record's (first sequence, message count) once its sealers have nothing to add."""
+    found = (-1, -1)
+    with anyio.fail_after(60):
+        while True:
+            state = (await record.stream_info(subjects.JOURNAL_RECORD_STREAM)).state
+            if (state.first_seq, state.messages) == found:
+                return found
+            found = (state.first_seq, state.messages)
+            await anyio.sleep(1.5)
+
+
+async def test_no_runtime_publish_steers_an_acknowledgement_onto_the_record(
+    stack: Stack, host: Host, record: JetStreamContext
+) -> None:
+    """Every Writ identity publishes on each stored subject it may use, with a reply subject
+    of each journal's record: JetStream acknowledges each in Writ's account, where the
+    record's subjects reach nothing."""
+    perms = permissions([ATTACKER, VICTIM])
+    sent = []
+    before = await _quiet(record)
+    for user in (*SERVICE_SUBJECTS, EVAL):
+        seen: list[str] = []
+        nc = await _connect(stack, user, seen)
+        try:
+            stored = [
+                _concrete(p)
+                for p in perms[user]["publish"]["allow"]  # type: ignore[index]
+                if _stored(_concrete(p))
+            ]
+            for subject in stored:
+                for journal in JOURNALED:
+                    await nc.publish(
+                        subject, b"not json", reply=subjects.journal_checkpoints(journal)
+                    )
+                    sent.append((user, subject))
+            await nc.flush()
+        finally:
+            await nc.close()
+        assert not seen, (user, seen)  # each publish was the identity's to make
+    assert {u for u, s in sent if s.startswith("writ.int.")} >= {"planner", "ingress"}
+    await _settled()
+    assert await _quiet(record) == before
 
 
 @pytest.mark.parametrize("subject", _host_subjects())
@@ -233,15 +296,31 @@ def _management(stream: str, config: dict[str, Any]) -> list[tuple[str, bytes]]:
     ]
 
 
-@pytest.mark.parametrize("user", [*SERVICE_SUBJECTS, EVAL, host_user(ATTACKER), host_user(VICTIM)])
-async def test_no_runtime_identity_manages_a_stream(stack: Stack, host: Host, user: str) -> None:
+_RUNTIME = [
+    *SERVICE_SUBJECTS,
+    EVAL,
+    host_user(ATTACKER),
+    host_user(VICTIM),
+    *(seal_user(s) for s in JOURNALED),
+]
+
+
+@pytest.mark.parametrize("user", _RUNTIME)
+async def test_no_runtime_identity_manages_a_stream(
+    stack: Stack, host: Host, record: JetStreamContext, user: str
+) -> None:
     before = await _streams(stack, host)
     consumers = {name: len(await host.js.consumers_info(name)) for name in before}
+    record_before = await record.stream_info(subjects.JOURNAL_RECORD_STREAM)
+    audit = record_before.config.as_dict()
     seen: list[str] = []
     nc = await _connect(stack, user, seen)
     calls = [
         call for name, info in before.items() for call in _management(name, info.config.as_dict())
     ]
+    # The record's management, as Writ's API and as the one a sealer reaches the record by.
+    for subject, body in _management(subjects.JOURNAL_RECORD_STREAM, audit):
+        calls += [(subject, body), (subject.replace("$JS.API", SEAL_JS_API, 1), body)]
     try:
         for subject, body in calls:
             await nc.publish(subject, body, reply=f"{inbox_prefix(user)}.steer")
@@ -257,3 +336,10 @@ async def test_no_runtime_identity_manages_a_stream(stack: Stack, host: Host, us
     await _unharmed(host, before)
     assert {name: len(await host.js.consumers_info(name)) for name in before} == consumers
     assert not [n for n in await _streams(stack, host) if n.endswith("X")]
+    # The record: still there, nothing purged or removed, its configuration as it was (its
+    # sealers may have appended meanwhile), no consumer made.
+    record_after = await record.stream_info(subjects.JOURNAL_RECORD_STREAM)
+    assert record_after.state.first_seq == record_before.state.first_seq
+    assert record_after.state.messages >= record_before.state.messages
+    assert record_after.config == record_before.config
+    assert len(await record.consumers_info(subjects.JOURNAL_RECORD_STREAM)) == 0

@@ -16,16 +16,26 @@ import pytest
 from nats.aio.client import Client
 
 from libs.embedded import EmbeddedNats
+from libs.journal import JetStreamRecord, SigningKey
+from libs.journal._record import first_prev_head, signed_checkpoint
 from libs.natsauth import (
     ADMIN,
+    AUDIT_ADMIN,
+    EVAL,
     HOST_JS_API,
+    JOURNALED,
     PROVISION,
+    PROVISION_AUDIT,
+    SEAL_JS_API,
+    SERVICE_SUBJECTS,
     auth_config,
     ensure_passwords,
     host_user,
     inbox_prefix,
+    permissions,
+    seal_user,
 )
-from libs.provision import provision_bus
+from libs.provision import provision_bus, provision_record
 from schemas import subjects
 
 pytestmark = pytest.mark.anyio
@@ -57,6 +67,9 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
     s.nats.start()
     provisioner = await s.connect(PROVISION)
     await provision_bus(provisioner.jetstream(), s.tenants)
+    await provisioner.close()
+    provisioner = await s.connect(PROVISION_AUDIT)
+    await provision_record(provisioner.jetstream())
     await provisioner.close()
     try:
         yield s
@@ -101,10 +114,96 @@ async def test_a_hosts_reply_subject_resolves_in_its_own_account(server: Server)
         # Writ's JetStream API is not the host's: nothing answers it there.
         with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
             await host.request("$JS.API.STREAM.DELETE.WRIT_AUDIT", b"", timeout=1)
-        assert "WRIT_AUDIT" in await _counts(admin)
+        auditor = await server.connect(AUDIT_ADMIN)
+        assert (await _counts(auditor))["WRIT_AUDIT"] == (0, 0)
+        await auditor.close()
     finally:
         await host.close()
         await admin.close()
+
+
+def _concrete(subject: str) -> str:
+    return subject.replace(".*", ".acme").replace(".>", ".x")
+
+
+async def test_no_runtime_identity_can_steer_anything_onto_the_record(server: Server) -> None:
+    """A JetStream acknowledgement goes where the publish's reply subject says, in the
+    account of the stream: a runtime identity's publish, on any subject it may use, with a
+    reply naming a journal's record subject, stores nothing on the record. Only a journal's
+    sealer, from its own account, appends there; it reads its record back, and cannot reach
+    another journal's subject, even through the replies it is sent."""
+    auditor = await server.connect(AUDIT_ADMIN)
+    record = JetStreamRecord(auditor.jetstream())
+    perms = permissions(server.tenants)
+    published = 0
+    for name in (*SERVICE_SUBJECTS, EVAL):
+        nc = await server.connect(name)
+        try:
+            allowed = [
+                _concrete(s)
+                for s in perms[name]["publish"]["allow"]  # type: ignore[index]
+                if s.startswith("writ.")
+            ]
+            for subject in allowed:
+                for service in JOURNALED:
+                    await nc.publish(
+                        subject, b"not json", reply=subjects.journal_checkpoints(service)
+                    )
+                    published += 1
+            await nc.flush()
+        finally:
+            await nc.close()
+    assert published > 100
+    await anyio.sleep(0.5)
+    assert (await auditor.jetstream().stream_info("WRIT_AUDIT")).state.messages == 0
+
+    # Each sealer appends on top of its own last checkpoint and reads it back.
+    for service in JOURNALED:
+        sealer = await server.connect(seal_user(service))
+        own = JetStreamRecord(sealer.jetstream(prefix=SEAL_JS_API))
+        try:
+            signing = SigningKey.generate(f"{service}-1")
+            checkpoint = signed_checkpoint(
+                signing,
+                service=service,
+                seq=1,
+                prev_seq=0,
+                head=b"\x01" * 32,
+                prev_head=bytes.fromhex(first_prev_head(service)),
+                signed_at=1,
+            )
+            at = await own.append(checkpoint, after=0)
+            assert await own.last(service) == (at, checkpoint)
+            # Its record's acknowledgement and reads, steered to another journal's subject,
+            # go nowhere: that subject is not imported into its account.
+            for other in JOURNALED:
+                if other == service:
+                    continue
+                await sealer.publish(
+                    subjects.journal_checkpoints(service),
+                    b"",
+                    reply=subjects.journal_checkpoints(other),
+                    headers={"Nats-Expected-Last-Subject-Sequence": "0"},  # refused: no junk
+                )
+                await sealer.publish(
+                    f"{SEAL_JS_API}.STREAM.MSG.GET.WRIT_AUDIT",
+                    b'{"seq":1}',
+                    reply=subjects.journal_checkpoints(other),
+                )
+                await sealer.publish(subjects.journal_checkpoints(other), b"not mine")
+            await sealer.flush()
+            # Nor can it manage the record: only its reads are imported.
+            with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
+                await sealer.request(f"{SEAL_JS_API}.STREAM.PURGE.WRIT_AUDIT", b"", timeout=1)
+        finally:
+            await sealer.close()
+    await anyio.sleep(0.5)
+    for service in JOURNALED:
+        scan = await record.scan(service)
+        assert [c.service for c in scan.checkpoints] == [service]
+        assert scan.junk == []
+    assert (await auditor.jetstream().stream_info("WRIT_AUDIT")).state.messages == 4
+    await auditor.close()
 
 
 async def test_a_host_reads_its_own_stream_by_sequence_and_no_other(server: Server) -> None:
@@ -170,6 +269,9 @@ def test_writ_nats_provision_makes_every_stream_consumer_and_bucket(tmp_path: Pa
                     **os.environ,
                     "WRIT_NATS_URL": server.url,
                     "WRIT_NATS_PASSWORD_FILE": str(tmp_path / f"nats-{PROVISION}.password"),
+                    "WRIT_AUDIT_NATS_PASSWORD_FILE": str(
+                        tmp_path / f"nats-{PROVISION_AUDIT}.password"
+                    ),
                 },
                 capture_output=True,
                 text=True,
@@ -196,9 +298,19 @@ def test_writ_nats_provision_makes_every_stream_consumer_and_bucket(tmp_path: Pa
                 assert {"KV_WRIT_IDEMPOTENCY", "KV_WRIT_CONSOLE"} <= names
                 dispatcher = await js.consumer_info("WRIT_CMD", "dispatcher")
                 assert dispatcher.config.ack_wait == 7
-                assert (await js.stream_info("WRIT_AUDIT")).config.deny_purge
+                assert "WRIT_AUDIT" not in names  # in its own account
             finally:
                 await admin.close()
+            auditor = await nats.connect(
+                server.url,
+                user=AUDIT_ADMIN,
+                password=(tmp_path / f"nats-{AUDIT_ADMIN}.password").read_text().strip(),
+            )
+            try:
+                info = await auditor.jetstream().stream_info("WRIT_AUDIT")
+                assert info.config.deny_purge and info.config.deny_delete
+            finally:
+                await auditor.close()
 
         anyio.run(check)
         # Any other identity is refused: a service's password does not provision.
@@ -209,6 +321,7 @@ def test_writ_nats_provision_makes_every_stream_consumer_and_bucket(tmp_path: Pa
                 **os.environ,
                 "WRIT_NATS_URL": server.url,
                 "WRIT_NATS_PASSWORD_FILE": str(planner),
+                "WRIT_AUDIT_NATS_PASSWORD_FILE": str(planner),
             },
             capture_output=True,
             text=True,

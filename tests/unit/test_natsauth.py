@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from libs.natsauth import (
     ADMIN,
+    AUDIT_ACCOUNT,
+    AUDIT_ADMIN,
     EVAL,
     JOURNALED,
     PROVISION,
+    PROVISION_AUDIT,
+    SEAL_JS_API,
     SERVICE_SUBJECTS,
     WRIT_ACCOUNT,
     accounts,
@@ -17,6 +23,8 @@ from libs.natsauth import (
     host_user,
     identity_table,
     permissions,
+    seal_account,
+    seal_user,
     users,
 )
 
@@ -45,8 +53,8 @@ def test_services_reach_only_their_own_consumer_and_inbox() -> None:
         service = perms[name]
         assert service is not None
         published = _allowed(service, "publish")
-        # The only stored message a service may read is its own journal's last checkpoint
-        # (and ingress its HTTP door's Idempotency-Key bucket and the console's sessions).
+        # A service reads no stored message (but ingress its HTTP door's Idempotency-Key
+        # bucket and the console's sessions): its sealer reads the record, as itself.
         if name == "ingress":
             published = [
                 s
@@ -57,7 +65,6 @@ def test_services_reach_only_their_own_consumer_and_inbox() -> None:
             s
             for s in published
             if s.startswith("$JS.API.STREAM.MSG")
-            and s != "$JS.API.STREAM.MSG.GET.WRIT_AUDIT"
             or s.startswith("$JS.API.DIRECT")
             or s.endswith(".>")
             and "CONSUMER" in s
@@ -93,17 +100,40 @@ def test_only_the_planner_hears_admitted_progress_and_nobody_else_publishes_it()
     assert not [s for s in _allowed(host, "subscribe") if s.startswith("writ.int.")]
 
 
-def test_a_journal_appends_to_its_own_record_only() -> None:
+def test_only_a_journals_sealer_reaches_its_record() -> None:
     perms = permissions(["acme"])
-    for name in SERVICE_SUBJECTS:
-        service = perms[name]
-        assert service is not None
-        records = [s for s in _allowed(service, "publish") if s.startswith("writ.audit.")]
-        assert records == ([f"writ.audit.checkpoints.{name}"] if name in JOURNALED else [])
-    for tenant_user in (host_user("acme"),):
-        host = perms[tenant_user]
-        assert host is not None
-        assert not [s for s in _allowed(host, "publish") if "AUDIT" in s or "audit" in s]
+    # No runtime identity of Writ's account names the record, nor does any host.
+    for name in (*SERVICE_SUBJECTS, EVAL, host_user("acme")):
+        published = _allowed(perms[name] or {}, "publish")
+        assert not [s for s in published if "AUDIT" in s or "audit" in s], name
+    for service in JOURNALED:
+        sealer = perms[seal_user(service)]
+        assert sealer is not None
+        assert _allowed(sealer, "publish") == [
+            f"writ.audit.checkpoints.{service}",
+            f"{SEAL_JS_API}.STREAM.MSG.GET.WRIT_AUDIT",
+        ]
+        assert _allowed(sealer, "subscribe") == [f"_INBOX.{seal_user(service)}.>"]
+    found = accounts({u: "pw" for u in users(["acme"])}, ["acme"])
+    audit = found[AUDIT_ACCOUNT]
+    assert audit["jetstream"] == "enabled"
+    assert {u["user"] for u in audit["users"]} == {PROVISION_AUDIT, AUDIT_ADMIN}
+    # Each journal's subject goes to its sealer's account alone; Writ's imports nothing.
+    for export in audit["exports"]:
+        subject = export["service"]
+        if subject.startswith("writ.audit.checkpoints."):
+            assert export["accounts"] == [seal_account(subject.rsplit(".", 1)[1])]
+        else:
+            assert subject == "$JS.API.STREAM.MSG.GET.WRIT_AUDIT"
+    assert "imports" not in found[WRIT_ACCOUNT]
+    for service in JOURNALED:
+        account = found[seal_account(service)]
+        assert "jetstream" not in account  # no acknowledgement is ever published in it
+        assert [u["user"] for u in account["users"]] == [seal_user(service)]
+        assert [(i["service"]["subject"], i["to"]) for i in account["imports"]] == [
+            (f"writ.audit.checkpoints.{service}",) * 2,
+            ("$JS.API.STREAM.MSG.GET.WRIT_AUDIT", f"{SEAL_JS_API}.STREAM.MSG.GET.WRIT_AUDIT"),
+        ]
 
 
 def test_the_shadow_evaluation_cannot_reach_admission_or_the_dispatcher() -> None:
@@ -184,7 +214,13 @@ _MANAGEMENT = (
 
 def test_no_runtime_identity_may_manage_a_stream_or_create_a_durable_consumer() -> None:
     perms = permissions(["acme", "globex"])
-    runtime = [*SERVICE_SUBJECTS, EVAL, host_user("acme"), host_user("globex")]
+    runtime = [
+        *SERVICE_SUBJECTS,
+        EVAL,
+        host_user("acme"),
+        host_user("globex"),
+        *(seal_user(s) for s in JOURNALED),
+    ]
     for name in runtime:
         published = _allowed(perms[name] or {}, "publish")
         managing = [s for s in published if s.startswith(_MANAGEMENT) or s.startswith("$JS.API.>")]
@@ -215,7 +251,13 @@ def test_services_answer_on_inboxes_only() -> None:
 
 def test_each_tenants_host_has_an_account_importing_its_contract_only() -> None:
     found = accounts({u: "pw" for u in users(["acme", "globex"])}, ["acme", "globex"])
-    assert set(found) == {WRIT_ACCOUNT, host_account("acme"), host_account("globex")}
+    assert set(found) == {
+        WRIT_ACCOUNT,
+        host_account("acme"),
+        host_account("globex"),
+        AUDIT_ACCOUNT,
+        *(seal_account(s) for s in JOURNALED),
+    }
     writ = found[WRIT_ACCOUNT]
     assert {u["user"] for u in writ["users"]} == {ADMIN, PROVISION, EVAL, *SERVICE_SUBJECTS}
     for tenant, other in (("acme", "globex"), ("globex", "acme")):
@@ -259,3 +301,18 @@ def test_the_bus_page_shows_the_identities_as_the_code_defines_them() -> None:
     shown = page.split("<!-- identities:begin -->\n", 1)[1].split("<!-- identities:end -->")[0]
     # Regenerate: python -c "from libs.natsauth import identity_table; print(identity_table())"
     assert shown == identity_table()
+
+
+def test_a_journaled_service_connecting_as_a_user_needs_its_sealers_password() -> None:
+    import anyio
+
+    from libs.errors import ConfigError
+    from libs.runtime import record_connection
+    from libs.settings import BaseSettings
+
+    authenticated = BaseSettings(nats_url="nats://127.0.0.1:1", nats_user="planner")
+    with pytest.raises(ConfigError, match="seal-planner"):
+        anyio.run(record_connection, "planner", authenticated)
+    # No second connection where there is no record to reach, or no authentication at all.
+    assert anyio.run(record_connection, "retrieval", authenticated) is None
+    assert anyio.run(record_connection, "planner", BaseSettings(nats_url="nats://x:1")) is None

@@ -43,9 +43,14 @@ def _audit_dsn(args: argparse.Namespace) -> str:
 def _audit_nats_url(args: argparse.Namespace) -> str:
     import os
 
+    # The record lives in an account of its own (`AUDIT`): `writ run` writes the URL of its
+    # administrator there; a server without authentication has one account, WRIT_NATS_URL's.
+    record_file = Path(args.home) / "nats-audit.url"
     url_file = Path(args.home) / "nats.url"  # written by `writ run`
     return (
         args.nats_url
+        or os.environ.get("WRIT_AUDIT_NATS_URL")
+        or (record_file.read_text().strip() if record_file.exists() else "")
         or os.environ.get("WRIT_NATS_URL")
         or (url_file.read_text().strip() if url_file.exists() else "")
     )
@@ -78,7 +83,7 @@ def _audit(args: argparse.Namespace) -> int:
     if not (nats_url or args.record_file or args.no_record):
         raise SystemExit(
             "no record of the checkpoints to hold the database against: pass "
-            "--nats-url (or set WRIT_NATS_URL), --record-file, or --no-record "
+            "--nats-url (or set WRIT_AUDIT_NATS_URL), --record-file, or --no-record "
             "(then a cut tail or a re-hashed chain is not detected)"
         )
     return anyio.run(functools.partial(_audit_verify, args, dsn, keys, data_keys, nats_url))
@@ -439,7 +444,8 @@ def add_parsers(sub: Any) -> None:
     v.add_argument(
         "--nats-url",
         default="",
-        help="the NATS holding the record of checkpoints (default: WRIT_NATS_URL, or writ run's)",
+        help="the NATS holding the record of checkpoints, as its account's user (default: "
+        "WRIT_AUDIT_NATS_URL, or writ run's)",
     )
     v.add_argument(
         "--record-file",
@@ -458,7 +464,11 @@ def add_parsers(sub: Any) -> None:
     )
     x.add_argument("--out", required=True, help="the export (JSON lines), appended to")
     x.add_argument("--home", default=".writ")
-    x.add_argument("--nats-url", default="", help="default: WRIT_NATS_URL, or writ run's")
+    x.add_argument(
+        "--nats-url",
+        default="",
+        help="the record's account's user (default: WRIT_AUDIT_NATS_URL, or writ run's)",
+    )
     x.add_argument(
         "--service",
         action="append",
@@ -476,7 +486,11 @@ def add_parsers(sub: Any) -> None:
     a.add_argument("--by", required=True, help="who re-anchors (recorded and signed)")
     a.add_argument("--reason", required=True, help="why (recorded and signed)")
     a.add_argument("--home", default=".writ")
-    a.add_argument("--nats-url", default="", help="default: WRIT_NATS_URL, or writ run's")
+    a.add_argument(
+        "--nats-url",
+        default="",
+        help="the record's account's user (default: WRIT_AUDIT_NATS_URL, or writ run's)",
+    )
     a.add_argument(
         "--dsn",
         default="",

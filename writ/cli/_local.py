@@ -136,8 +136,8 @@ def _nats_provision(args: argparse.Namespace) -> int:
     import anyio
     import nats
 
-    from libs.natsauth import PROVISION
-    from libs.provision import provision_bus
+    from libs.natsauth import PROVISION, PROVISION_AUDIT
+    from libs.provision import provision_bus, provision_record
     from libs.settings import read_secret
 
     url = args.url or os.environ.get("WRIT_NATS_URL", "")
@@ -149,6 +149,16 @@ def _nats_provision(args: argparse.Namespace) -> int:
         tenants |= set(json.loads(Path(args.tenant_keys).read_text()))
     password_file = args.password_file or os.environ.get("WRIT_NATS_PASSWORD_FILE", "")
     options = {"user": args.user, "password": read_secret(password_file)} if password_file else {}
+    # The audit record is in an account of its own, provisioned by that account's identity.
+    audit_file = args.audit_password_file or os.environ.get("WRIT_AUDIT_NATS_PASSWORD_FILE", "")
+    if password_file and not audit_file:
+        print(
+            "writ nats provision: no --audit-password-file and no WRIT_AUDIT_NATS_PASSWORD_FILE "
+            f"(the password of {PROVISION_AUDIT}, who provisions the audit record)",
+            file=sys.stderr,
+        )
+        return 2
+    audit = {"user": PROVISION_AUDIT, "password": read_secret(audit_file)} if audit_file else {}
 
     async def provision() -> None:
         nc = await nats.connect(url, inbox_prefix=f"_INBOX.{args.user}", **options)
@@ -160,6 +170,11 @@ def _nats_provision(args: argparse.Namespace) -> int:
                 duplicate_window_s=args.duplicate_window_s,
                 dispatcher_lease_s=args.lease_s,
             )
+        finally:
+            await nc.close()
+        nc = await nats.connect(url, inbox_prefix=f"_INBOX.{PROVISION_AUDIT}", **audit)
+        try:
+            await provision_record(nc.jetstream(), replicas=args.replicas)
         finally:
             await nc.close()
 
@@ -226,6 +241,12 @@ def add_parsers(sub: Any) -> None:
     prov.add_argument("--user", default="provision", help="provisioning's NATS user")
     prov.add_argument(
         "--password-file", default="", help="its password (default: WRIT_NATS_PASSWORD_FILE)"
+    )
+    prov.add_argument(
+        "--audit-password-file",
+        default="",
+        help="the audit record's provisioning user's password (default: "
+        "WRIT_AUDIT_NATS_PASSWORD_FILE)",
     )
     prov.add_argument("--tenant", action="append", default=[], help="a tenant (repeat for more)")
     prov.add_argument("--tenant-keys", default="", help="a tenant keys file: each of its tenants")
