@@ -60,9 +60,10 @@ async def check_body(request: Request[Any, Any, Any]) -> None:
     await check_parameters(request)
     if request.method not in _BODY_METHODS:
         return
-    takes_body = "data" in request.route_handler.parsed_fn_signature.parameters
+    data = request.route_handler.parsed_fn_signature.parameters.get("data")
     body = await request.body()
-    if not (takes_body or body):
+    # Nothing sent where nothing is needed (no body, or an optional one) has no media type.
+    if not body and (data is None or data.is_optional):
         return
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media != "application/json":
