@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from libs.natsauth import (
     ADMIN,
@@ -110,7 +111,7 @@ def test_the_shadow_evaluation_cannot_reach_admission_or_the_dispatcher() -> Non
     from libs.natsauth import EVAL
     from schemas import subjects
 
-    perms = permissions(["acme"])[EVAL]
+    perms: dict[str, Any] | None = permissions(["acme"])[EVAL]
     assert perms is not None and EVAL in users(["acme"])
     published = _allowed(perms, "publish")
     assert perms["publish"]["deny"] == ["writ.int.>", "writ.cmd.>", "writ.in.>", "writ.out.>"]
@@ -214,7 +215,9 @@ def test_services_answer_on_inboxes_only() -> None:
 
 
 def test_each_tenants_host_has_an_account_importing_its_contract_only() -> None:
-    found = accounts({u: "pw" for u in users(["acme", "globex"])}, ["acme", "globex"])
+    found: dict[str, Any] = accounts(
+        {u: "pw" for u in users(["acme", "globex"])}, ["acme", "globex"]
+    )
     assert set(found) == {WRIT_ACCOUNT, host_account("acme"), host_account("globex")}
     writ = found[WRIT_ACCOUNT]
     assert {u["user"] for u in writ["users"]} == {ADMIN, PROVISION, EVAL, *SERVICE_SUBJECTS}
