@@ -23,7 +23,7 @@ import anyio
 from bench.http import http_path
 from bench.mcp_read import mcp_read
 from bench.phases import SCALE, Bench, BenchError
-from bench.report import Report
+from bench.report import BenchReport
 from bench.sessions import session_path
 from bench.verify import journal_verify
 from writ.stack import SERVICES, Stack
@@ -40,7 +40,7 @@ PHASES = (
 _ONLY = frozenset(filter(None, os.environ.get("BENCH_PHASES", "").replace(" ", "").split(",")))
 
 
-def _phase(report: Report, name: str, phase: Callable[[], Awaitable[None]]) -> None:
+def _phase(report: BenchReport, name: str, phase: Callable[[], Awaitable[None]]) -> None:
     """Run one phase; a failure is recorded and the next phase still runs."""
     if _ONLY and name in PHASES and name not in _ONLY:
         report.data.setdefault("skipped", []).append(name)
@@ -54,7 +54,7 @@ def _phase(report: Report, name: str, phase: Callable[[], Awaitable[None]]) -> N
         report.data.setdefault("errors", {})[name] = str(exc)[:2000]
 
 
-def _run(stack: Stack, report: Report) -> None:
+def _run(stack: Stack, report: BenchReport) -> None:
     bench = Bench(stack, report)
     print("Starting nats-server and PostgreSQL…", flush=True)
     stack.start_infrastructure()
@@ -91,7 +91,7 @@ def main() -> int:
     out = Path(os.environ.get("BENCH_OUT", "bench-results.json"))
     home = Path(tempfile.mkdtemp(prefix="writ-bench-"))
     stack = Stack(home=home, database="bench", durable_pg=True)
-    report = Report()
+    report = BenchReport()
     report.data.update(cpu_count=os.cpu_count(), scale=SCALE)
     if unknown := _ONLY - set(PHASES):
         print(

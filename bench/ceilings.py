@@ -17,7 +17,7 @@ import msgspec
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
-from bench.measure import Sample, Watcher, closed_loop
+from bench.measure import Measurement, Watcher, closed_loop
 from libs.db import connect_pool
 from libs.journal import Sealer, open_journal
 from libs.settings import read_secret
@@ -65,7 +65,7 @@ async def jetstream_ceiling(
     warmup_s: float,
     duration_s: float,
     watcher: Watcher | None = None,
-) -> tuple[Sample, Sample]:
+) -> tuple[Measurement, Measurement]:
     """(published, consumed) DispatchCommand-sized messages: publish + pull + explicit ack.
 
     Publishers keep `publishers` PubAcks outstanding; a pull consumer in its own process
@@ -148,7 +148,7 @@ async def jetstream_ceiling(
                 f"{consumer['ready'] - published.window_start:.1f} s into the "
                 "window: give the ceiling a longer warm-up"
             )
-        consumed = Sample(
+        consumed = Measurement(
             completed=int(consumer["acked"]),
             failed=0,
             window_start=published.window_start,
@@ -182,7 +182,7 @@ async def admission_ceiling(
     journal: bool = True,
     notify: bool = True,
     watcher: Watcher | None = None,
-) -> Sample:
+) -> Measurement:
     """`AdmissionStore.admit` alone (proposal + command + outbox + notify in one transaction),
     as the admission role, with a pool of `concurrency` connections kept busy.
 

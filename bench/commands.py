@@ -19,7 +19,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from bench.measure import Awaiting, Sample, percentile
+from bench.measure import Awaiting, Measurement, percentile
 from schemas import subjects
 from schemas.admission import DispatchCommand
 from schemas.dispatcher import CommandOutcome
@@ -213,7 +213,7 @@ class CommandPath:
         if state != "succeeded" and not self.problem:
             self.problem = f"{state}: {detail}"
 
-    def stage_report(self, sample: Sample) -> dict[str, dict[str, float]]:
+    def stage_report(self, sample: Measurement) -> dict[str, dict[str, float]]:
         """p50/p99 ms of each stage, for commands published inside the sample's window."""
         if self._stages is None:
             return {}

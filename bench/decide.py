@@ -12,7 +12,7 @@ import msgspec
 from nats.aio.client import Client
 
 from actions import ACTIONS
-from bench.measure import Sample, Watcher, closed_loop
+from bench.measure import Measurement, Watcher, closed_loop
 from schemas import subjects
 from schemas.governance import DecideRequest, Decision
 from services.governance.logic import Call, decide
@@ -202,7 +202,7 @@ class DecideLoad:
         warmup_s: float,
         duration_s: float,
         watcher: Watcher | None = None,
-    ) -> Sample:
+    ) -> Measurement:
         """Closed loop of `concurrency` outstanding requests."""
         return await closed_loop(
             self.one,

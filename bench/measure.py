@@ -10,7 +10,7 @@ from typing import Generic, Protocol, TypeVar
 import anyio
 import msgspec
 
-__all__ = ["Awaiting", "Op", "Sample", "Watcher", "closed_loop", "open_loop", "percentile"]
+__all__ = ["Awaiting", "Op", "Measurement", "Watcher", "closed_loop", "open_loop", "percentile"]
 
 T = TypeVar("T")
 
@@ -26,7 +26,7 @@ class Watcher(Protocol):
     async def end(self) -> None: ...
 
 
-class Sample(msgspec.Struct, kw_only=True):
+class Measurement(msgspec.Struct, kw_only=True):
     """What one measurement counted inside its window (monotonic seconds)."""
 
     completed: int
@@ -71,7 +71,7 @@ async def _watch(watcher: Watcher | None, start: float, end: float) -> None:
 
 async def closed_loop(
     op: Op, *, concurrency: int, warmup_s: float, duration_s: float, watcher: Watcher | None = None
-) -> Sample:
+) -> Measurement:
     """Keep `concurrency` operations in flight; count those that complete inside the window.
 
     Operations that complete during the warm-up or after the window are not counted. Workers
@@ -99,7 +99,7 @@ async def closed_loop(
         tg.start_soon(_watch, watcher, start, end)
         for _ in range(concurrency):
             tg.start_soon(worker)
-    return Sample(
+    return Measurement(
         completed=len(latencies),
         failed=failed,
         window_start=start,
@@ -110,7 +110,7 @@ async def closed_loop(
 
 async def open_loop(
     op: Op, *, rate: float, warmup_s: float, duration_s: float, watcher: Watcher | None = None
-) -> Sample:
+) -> Measurement:
     """Start operations at a fixed rate whatever the completions, and time each one.
 
     Latency runs from the operation's scheduled start, not from when the pacer got round to it,
@@ -146,7 +146,7 @@ async def open_loop(
                 late = max(late, -delay)
             tg.start_soon(one, scheduled, scheduled >= start)
             index += 1
-    return Sample(
+    return Measurement(
         completed=len(latencies),
         failed=failed,
         window_start=start,

@@ -16,7 +16,7 @@ from bench.decide import MANY_RULES_AGENT, DecideLoad, decide_logic, seed_rules,
 from bench.measure import closed_loop, open_loop
 from bench.observe import Counters, Processes, Window
 from bench.raw import RAW_CONNS, raw_ceiling
-from bench.report import Report, cpu_ms_per_op, sample_dict
+from bench.report import BenchReport, cpu_ms_per_op, sample_dict
 from bench.runs import run_phase
 from bench.settle import settle
 from writ.stack import Stack
@@ -47,7 +47,7 @@ def _s(seconds: float) -> float:
 class Bench:
     """The measurements of one run, in order, against one deployment."""
 
-    def __init__(self, stack: Stack, report: Report) -> None:
+    def __init__(self, stack: Stack, report: BenchReport) -> None:
         self.stack, self.report = stack, report
         self.ports: dict[str, int] = {}
         self.twin: Stack | None = None  # the admission ceiling's database (`prepare`)

@@ -7,16 +7,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.measure import Sample
+from bench.measure import Measurement
 
-__all__ = ["Report", "cpu_ms_per_op", "sample_dict"]
+__all__ = ["BenchReport", "cpu_ms_per_op", "sample_dict"]
 
 
 def _round(value: float, digits: int = 1) -> float | None:
     return None if math.isnan(value) else round(value, digits)
 
 
-def sample_dict(sample: Sample) -> dict[str, Any]:
+def sample_dict(sample: Measurement) -> dict[str, Any]:
     """The JSON form of a sample: counts, rate, latency percentiles."""
     return {
         "per_s": _round(sample.rate),
@@ -37,7 +37,7 @@ def cpu_ms_per_op(usage: dict[str, Any], rate: float) -> dict[str, float]:
     return {"total": round(usage["cpu_total_pct"] * 10 / rate, 2), **per_op}
 
 
-class Report:
+class BenchReport:
     """Figures printed readably as they come, and kept for `write()`."""
 
     def __init__(self) -> None:
@@ -51,7 +51,7 @@ class Report:
         """One figure."""
         print(f"  {label:<46} {text}", flush=True)
 
-    def sample(self, label: str, sample: Sample, unit: str) -> None:
+    def sample(self, label: str, sample: Measurement, unit: str) -> None:
         """A rate with its latency percentiles."""
         self.line(
             label,

@@ -20,7 +20,7 @@ import asyncpg
 import msgspec
 import nats
 
-from bench.report import Report
+from bench.report import BenchReport
 from libs.bus import ensure_streams
 from libs.db import connect_pool
 from libs.journal import (
@@ -41,7 +41,7 @@ SCHEMA = "bench_journal"
 _SQL = Path(__file__).resolve().parent.parent / "libs"
 
 
-async def journal_verify(stack: Stack, report: Report, rows: int = ROWS) -> None:
+async def journal_verify(stack: Stack, report: BenchReport, rows: int = ROWS) -> None:
     """Write and seal `rows` journal rows, then time `verify` over them."""
     report.section(f"writ audit verify ({rows:,} sealed rows, record in JetStream)")
     dsn = stack.database_dsn
@@ -133,7 +133,7 @@ def main() -> None:
         try:
             stack.start_infrastructure()
             anyio.run(stack.provision)
-            anyio.run(journal_verify, stack, Report())
+            anyio.run(journal_verify, stack, BenchReport())
         finally:
             stack.stop()
 

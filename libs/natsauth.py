@@ -111,7 +111,7 @@ SEAL_JS_API: Final = "$JS.AUDIT.API"
 # subject as its import maps it (`_R_.<...>`, which routes back to the host's account only).
 _REPLIES: Final = ("_INBOX.>", "_R_.>")
 # Where the shadow evaluation publishes its would-be asks, proposals and reports.
-EVAL_SUBJECTS: Final = "writ.eval.>"
+EVAL_SUBJECTS: Final = subjects.EVAL_FAMILY
 _JS: Final = "$JS.API"
 # Where a host reaches the reads of its own result stream (JetStream's API, imported).
 HOST_JS_API: Final = "$JS.WRIT.API"
@@ -125,17 +125,17 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
         (
             # A run starts registered with governance, its evidence asked of retrieval, and
             # handed to the planner with both (libs/runstart.py).
-            "writ.out.results.*",
-            "writ.int.evidence.*",
+            subjects.result.filter,
+            subjects.evidence.filter,
             subjects.REGISTER_RUN,
             subjects.SEARCH,
-            "writ.int.approvals.*",
-            "writ.int.proposals.*",
-            "writ.int.answers.*",
+            subjects.proposal_answer.filter,
+            subjects.proposal.filter,
+            subjects.answer.filter,
             REVIEW,
             # The HTTP door: cancellations, the reads other services answer, and the
             # Idempotency-Key bucket (its KV stream).
-            "writ.int.runs.cancel.*",
+            subjects.run_cancel.filter,
             reads.RUN_STATUS,
             reads.RUN_EVENTS,
             reads.COMMAND_STATUS,
@@ -165,7 +165,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             f"$JS.API.CONSUMER.CREATE.{CHAT_STREAM}",
             f"$JS.FC.{CHAT_STREAM}.>",
         ),
-        ("writ.out.results.*", host_read("*", "*")),
+        (subjects.result.filter, host_read("*", "*")),
     ),
     # Retrieval answers requests only, and may start nothing: it reads untrusted content, so
     # who a run is for never passes through it. Federation: it has governance record each MCP
@@ -185,10 +185,10 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
     "planner": (
         "WRIT_INT",
         (
-            "writ.int.runs.branch.*",
-            "writ.out.results.*",
-            "writ.int.proposals.*",
-            "writ.events.planner.*",
+            subjects.branch.filter,
+            subjects.result.filter,
+            subjects.proposal.filter,
+            subjects.planner_progress.filter,
             subjects.READ,
             subjects.DECIDE,
             subjects.RESERVE,
@@ -197,10 +197,10 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             # Chat sessions: a turn is registered and started like a host's run, and each
             # session's events go on its own subject; a plan step's preview stands on the facts
             # its action reads, asked of their readers as admission asks (no credential here).
-            "writ.int.evidence.*",
+            subjects.evidence.filter,
             subjects.REGISTER_TURN,  # never REGISTER_RUN: a turn carries no grants
             subjects.SEARCH,
-            "writ.chat.*.*",
+            subjects.chat_subject.filter,
             TURN_CANCELLING,  # a close tells every replica to abandon the turn's model call
             subjects.FACTS,
             subjects.HOST_FACTS,
@@ -221,7 +221,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
     ),
     "governance": (
         "WRIT_INT",
-        ("writ.out.results.*", "writ.int.answered.*"),
+        (subjects.result.filter, subjects.answered.filter),
         (
             subjects.DECIDE,
             subjects.DECIDE_BATCH,
@@ -239,10 +239,10 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
     "admission": (
         "WRIT_INT",
         (
-            "writ.out.results.*",
-            "writ.int.refused.*",
-            "writ.cmd.*",
-            "writ.int.admitted.*",
+            subjects.result.filter,
+            subjects.refused.filter,
+            subjects.command.filter,
+            subjects.admitted.filter,
             subjects.FACTS,
             subjects.HOST_FACTS,
             subjects.ANSWER,
@@ -258,7 +258,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
     ),
     "dispatcher": (
         "WRIT_CMD",
-        ("writ.int.outcomes.*.*", subjects.DECIDE),
+        (subjects.outcome("*", "*"), subjects.DECIDE),
         (
             subjects.UNKNOWN_LIST,
             subjects.RECONCILE,
@@ -445,7 +445,7 @@ def _eval() -> dict[str, object]:
         EVAL_SUBJECTS,
     ]
     return {
-        "publish": {"allow": pub, "deny": ["writ.int.>", "writ.cmd.>", "writ.in.>", "writ.out.>"]},
+        "publish": {"allow": pub, "deny": list(subjects.WORK_FAMILIES)},
         "subscribe": {"allow": [EVAL_SUBJECTS, f"{inbox_prefix(EVAL)}.>"]},
     }
 

@@ -89,7 +89,7 @@ def consumers(tenants: Iterable[str], *, dispatcher_lease_s: float = 30.0) -> li
         ConsumerSpec(
             stream="WRIT_INT",
             durable=EVAL_DURABLE,
-            filter_subjects=("writ.int.evidence.*",),
+            filter_subjects=subjects.inbox(EVAL_DURABLE),
             deliver_new=True,
         ),
     ]

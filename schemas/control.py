@@ -10,21 +10,13 @@ with what was done so far, and the host gets its `RunResult` on `writ.out.result
 from __future__ import annotations
 
 from schemas.base import Command, Event, Id, Principal, Tenant, Token
+from schemas.subjects import cancel as cancel
+from schemas.subjects import run_cancel as run_cancel
 
 __all__ = ["CANCEL_CODE", "CancelRun", "RunCancelRequested", "cancel", "run_cancel"]
 
 # The `RunResult.error.code` of a cancelled run.
 CANCEL_CODE = "CANCELLED"
-
-
-def cancel(tenant: str) -> str:
-    """Where a host publishes a `CancelRun`."""
-    return f"writ.in.cancels.{tenant}"
-
-
-def run_cancel(tenant: str) -> str:
-    """Verified cancellations, from ingress to the planner (in WRIT_INT, under the runs)."""
-    return f"writ.int.runs.cancel.{tenant}"
 
 
 class CancelRun(Command, frozen=True):

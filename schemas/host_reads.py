@@ -14,6 +14,7 @@ import msgspec
 
 from schemas.base import Command, Id, Token
 from schemas.reads import ProposalState
+from schemas.subjects import host_read as host_read
 
 __all__ = ["DEADLINE_HEADER", "HOST_READS", "HostRead", "host_read"]
 
@@ -22,11 +23,6 @@ HOST_READS: Final = ("run", "events", "command", "pending", "proposals", "propos
 # endpoints drop a request past it unanswered, before any work (`libs/deadline.py`), so a
 # service that fell behind does not spend itself on callers who left. Hosts send it too.
 DEADLINE_HEADER: Final = "Writ-Deadline"
-
-
-def host_read(tenant: str, read: str) -> str:
-    """Where a host asks one read."""
-    return f"writ.api.{tenant}.{read}"
 
 
 class HostRead(Command, frozen=True):

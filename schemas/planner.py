@@ -11,6 +11,7 @@ import msgspec
 
 from schemas.base import AgentName, Command, Digest, Event, Id, Principal, ShortText, Tenant
 from schemas.host import RunStatus
+from schemas.subjects import REVIEW as REVIEW
 
 __all__ = [
     "BRANCH_MARK",
@@ -28,9 +29,6 @@ __all__ = [
     "root_run_id",
 ]
 
-# Request/reply: a `ReviewAnswer` in, the run's `RunResult` (or an error) back. Internal, like
-# `subjects.REPLAY`; the verified front door for approvers (ingress) is to publish here.
-REVIEW: Final = "writ.int.planner.review"
 
 # A branch run (a run's call of another agent at one of its steps) is `<caller>.b<step>`. The
 # runs ingress starts have no '.' in their ids (a uuid, or `cmd-<uuid>`), so a branch's root

@@ -4,11 +4,19 @@ holds no database, so `GET /runs/{id}` is a question to the planner, `GET /comma
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from schemas.base import Command, Id, ShortText, Tenant
+from schemas.subjects import COMMAND_STATUS as COMMAND_STATUS
+from schemas.subjects import JOURNALED as JOURNALED
+from schemas.subjects import PROPOSAL_GET as PROPOSAL_GET
+from schemas.subjects import PROPOSALS_LIST as PROPOSALS_LIST
+from schemas.subjects import REVIEWS_LIST as REVIEWS_LIST
+from schemas.subjects import RUN_EVENTS as RUN_EVENTS
+from schemas.subjects import RUN_STATUS as RUN_STATUS
+from schemas.subjects import journal_verify as journal_verify
 
 __all__ = [
     "COMMAND_STATUS",
@@ -35,9 +43,6 @@ __all__ = [
     "journal_verify",
 ]
 
-# `GetRun` -> `schemas.api.RunView`; 404 when the tenant has no such run (yet).
-RUN_STATUS: Final = "writ.int.planner.run"
-
 
 class GetRun(Command, frozen=True):
     """Where one of the tenant's runs stands."""
@@ -45,12 +50,6 @@ class GetRun(Command, frozen=True):
     tenant: Tenant
     run_id: Id
 
-
-# `GetCommand` -> `schemas.host.CommandResult` (the command's recorded state); 404 if none.
-COMMAND_STATUS: Final = "writ.int.admission.command"
-# `ListProposals` -> `Proposals`; `GetProposal` -> `ProposalDetail` (404 if none).
-PROPOSALS_LIST: Final = "writ.int.admission.proposals"
-PROPOSAL_GET: Final = "writ.int.admission.proposal"
 
 ProposalState = Literal["pending", "executing", "completed", "rejected", "expired"]
 
@@ -128,20 +127,12 @@ class Proposals(msgspec.Struct, frozen=True, kw_only=True):
     next_cursor: ShortText | None = None
 
 
-# `GetRunEvents` -> `RunEvents`: a run's committed steps after `after` (its timeline).
-RUN_EVENTS: Final = "writ.int.planner.events"
-
-
 class GetRunEvents(Command, frozen=True):
     """The run's steps with a sequence above `after` (-1: from the start)."""
 
     tenant: Tenant
     run_id: Id
     after: Annotated[int, msgspec.Meta(ge=-1)] = -1
-
-
-# `ListReviews` -> `PendingReviews`: the runs of a tenant stopped at a review, newest first.
-REVIEWS_LIST: Final = "writ.int.planner.reviews"
 
 
 class ListReviews(Command, frozen=True):
@@ -165,16 +156,6 @@ class PendingReviews(msgspec.Struct, frozen=True, kw_only=True):
     """The answer to `ListReviews`."""
 
     reviews: Annotated[list[PendingReview], msgspec.Meta(max_length=500)]
-
-
-# The services that keep an audit journal; each answers `VerifyJournal` on its own journal at
-# `journal_verify(service)` (`GET /api/v1/audit/verify` asks them all).
-JOURNALED: Final = ("admission", "dispatcher", "governance", "planner")
-
-
-def journal_verify(service: str) -> str:
-    """Where `service` verifies its own journal (`VerifyJournal` -> `JournalState`)."""
-    return f"writ.int.{service}.journal_verify"
 
 
 class VerifyJournal(Command, frozen=True):

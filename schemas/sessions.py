@@ -32,6 +32,10 @@ from schemas.base import (
     Tenant,
     Token,
 )
+from schemas.subjects import SESSION_OPS as SESSION_OPS
+from schemas.subjects import TURN_CANCELLING as TURN_CANCELLING
+from schemas.subjects import chat_subject as chat_subject
+from schemas.subjects import turn_cancelling as turn_cancelling
 
 __all__ = [
     "CHAT_STREAM",
@@ -94,8 +98,6 @@ __all__ = [
     "chat_subject",
 ]
 
-# Request/reply, ingress -> planner: a `SessionOp` in, a `SessionReply` back.
-SESSION_OPS: Final = "writ.int.planner.session"
 # Hosts over NATS: a `HostSessionOp` to `writ.api.<tenant>.session` (request/reply, answered by
 # ingress as the HTTP routes are).
 HOST_SESSION: Final = "session"
@@ -108,21 +110,6 @@ SESSION_STATES: Final = ("active", "processing", "paused", "closed")
 PlanState = Literal["proposed", "approved", "rejected", "superseded"]
 SessionText = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SESSION_TEXT)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
-
-
-def chat_subject(tenant: str, session_id: str) -> str:
-    """The subject of one session's event stream."""
-    return f"writ.chat.{tenant}.{session_id}"
-
-
-# Planner -> every planner (core NATS, fan-out): a closed session's turn is cancelled; the
-# replica whose model call for it is in flight abandons that call (`TurnCancelling`).
-TURN_CANCELLING: Final = "writ.int.sessions.cancelling.*"
-
-
-def turn_cancelling(tenant: str) -> str:
-    """The subject a tenant's turn cancellations are told on."""
-    return f"writ.int.sessions.cancelling.{tenant}"
 
 
 class TurnCancelling(Event, frozen=True):

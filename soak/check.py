@@ -14,6 +14,7 @@ from typing import Any, Final
 import asyncpg
 import httpx
 
+from schemas import subjects
 from schemas.host import ApprovalResult, CommandResult, RunResult
 from soak.check_chat import chat_checks, chat_in_flight
 from soak.check_model import model_asks
@@ -366,7 +367,9 @@ async def _dead_letters(stack: Stack, ledger: Ledger) -> Check:
         js = nc.jetstream()
         count = (await js.stream_info("WRIT_DLQ")).state.messages
         if count:
-            sub = await js.subscribe("writ.dlq.>", stream="WRIT_DLQ", ordered_consumer=True)
+            sub = await js.subscribe(
+                subjects.DEAD_LETTER_FAMILY, stream="WRIT_DLQ", ordered_consumer=True
+            )
             try:
                 for _ in range(min(count, EXAMPLES)):
                     msg = await sub.next_msg(timeout=5)

@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import nats
 
+from schemas import subjects
 from schemas.sessions import CHAT_STREAM
 from soak.deploy import TENANTS, admin_connect
 from soak.invariant import Check
@@ -141,7 +142,7 @@ async def _session_events(stack: Stack) -> dict[str, list[int]]:
         js = nc.jetstream()
         if not (await js.stream_info(CHAT_STREAM)).state.messages:
             return out
-        sub = await js.subscribe("writ.chat.>", stream=CHAT_STREAM, ordered_consumer=True)
+        sub = await js.subscribe(subjects.CHAT_FAMILY, stream=CHAT_STREAM, ordered_consumer=True)
         try:
             while True:
                 try:

@@ -223,7 +223,7 @@ def no_escalation_script() -> dict[str, Any]:
     return script
 
 
-READ_SEARCH = {
+READ_SEARCH: dict[str, Any] = {
     "decision": "select_capability",
     "capability": "tool:documents.search",
     "arguments": {"query": "delayed shipment order 7781", "limit": 5},
@@ -269,7 +269,8 @@ def read_run(run_id: str = "run-read") -> list[Captured]:
     )
     answer = {"decision": "answer_directly", "answer": "Order 7781 was delayed."}
     observations: list[dict[str, Any]] = []
-    for turn, decision in enumerate((READ_SEARCH, answer)):
+    decisions: tuple[dict[str, Any], ...] = (READ_SEARCH, answer)
+    for turn, decision in enumerate(decisions):
         digest = input_digest(
             model_input(
                 user=user,

@@ -28,6 +28,7 @@ from schemas.host_reads import HOST_READS, HostRead
 from schemas.planner import ReplayReport, StepRecorded
 from schemas.reads import ProposalDetail, Proposals
 from schemas.sessions import (
+    HOST_SESSION,
     CapabilitySelected,
     ChildSession,
     DecisionAsked,
@@ -70,11 +71,12 @@ _MSG_ID: Final = {
         "traceparent": {"type": "string", "description": "W3C trace context (optional)"},
     },
 }
-# (channel, address, what it carries, the host's action, message types, operation id).
+# (channel, its subject (the address is its pattern), what it carries, the host's action,
+# message types, operation id).
 _CHANNELS: Final = (
     (
         "requests",
-        "writ.in.requests.{tenant}",
+        subjects.request,
         "Runs a host asks for",
         "send",
         (RunRequest,),
@@ -82,7 +84,7 @@ _CHANNELS: Final = (
     ),
     (
         "commands",
-        "writ.in.commands.{tenant}",
+        subjects.command_request,
         "Exactly this, under the host's operation key",
         "send",
         (SubmitCommand,),
@@ -90,7 +92,7 @@ _CHANNELS: Final = (
     ),
     (
         "decisions",
-        "writ.in.decisions.{tenant}",
+        subjects.human_decision,
         "Approvers' answers to pending decisions",
         "send",
         (HumanDecision,),
@@ -98,7 +100,7 @@ _CHANNELS: Final = (
     ),
     (
         "approvals",
-        "writ.in.approvals.{tenant}",
+        subjects.approval,
         "Approvers approve or reject a proposal by id",
         "send",
         (ApproveProposal,),
@@ -106,16 +108,16 @@ _CHANNELS: Final = (
     ),
     (
         "reviews",
-        "writ.in.reviews.{tenant}",
+        subjects.review,
         "Approvers answer a run's review",
         "send",
         (ReviewDecision,),
         "answerReview",
     ),
-    ("cancels", "writ.in.cancels.{tenant}", "Cancel a run", "send", (CancelRun,), "cancelRun"),
+    ("cancels", subjects.cancel, "Cancel a run", "send", (CancelRun,), "cancelRun"),
     (
         "results",
-        "writ.out.results.{tenant}",
+        subjects.result,
         "Every answer to a host (a JetStream stream: an offline host catches up)",
         "receive",
         (RunResult, CommandResult, DecisionResult, ApprovalResult, ReviewResult),
@@ -123,7 +125,7 @@ _CHANNELS: Final = (
     ),
     (
         "progress",
-        "writ.events.planner.{tenant}",
+        subjects.planner_progress,
         "A run's committed steps as they happen (core NATS, progress only: not stored)",
         "receive",
         (StepRecorded,),
@@ -131,7 +133,7 @@ _CHANNELS: Final = (
     ),
     (
         "chat",
-        "writ.chat.{tenant}.{session}",
+        subjects.chat_subject,
         "A chat session's numbered events (JetStream stream WRIT_CHAT, one subject per session; "
         "hosts read it through `writ.api.{tenant}.session` op `events`, or over SSE)",
         "receive",
@@ -177,7 +179,7 @@ def _document() -> dict[str, Any]:
     messages: dict[str, Any] = {}
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
-    for channel, address, description, action, types, operation in _CHANNELS:
+    for channel, subject, description, action, types, operation in _CHANNELS:
         for kind in types:
             name = kind.__name__
             message: dict[str, Any] = {
@@ -191,7 +193,7 @@ def _document() -> dict[str, Any]:
                 message["headers"] = _MSG_ID
             messages[name] = message
         channels[channel] = {
-            "address": address,
+            "address": subject.pattern,
             "description": description,
             "parameters": {
                 "tenant": {"description": "The tenant (the token's `tenant` claim must name it)"}
@@ -266,7 +268,7 @@ def _reads(
             },
         )
     channels["reads"] = {
-        "address": "writ.api.{tenant}.{read}",
+        "address": subjects.host_read.pattern,
         "description": "A host's reads, answered by ingress as the HTTP API's GETs",
         "parameters": {
             "tenant": {"description": "The tenant (the token's `tenant` claim)"},
@@ -336,7 +338,7 @@ def _sessions(
             },
         )
     channels["sessions"] = {
-        "address": "writ.api.{tenant}.session",
+        "address": subjects.host_read.pattern.replace("{read}", HOST_SESSION),
         "description": "Open, message, pause, resume, inject, close and fork a chat session, "
         "answer its plans, read it and its events (as the HTTP routes do)",
         "parameters": {"tenant": {"description": "The tenant (the token's `tenant` claim)"}},

@@ -30,6 +30,7 @@ import nats
 
 from libs import lifetime
 from libs.journal import load_verify_keys, verify
+from schemas import subjects
 from schemas.host import RunResult
 from schemas.sessions import PlanProposed, TextDelta, TurnEnded
 from services.ingress.logic import SIGN_IN_WINDOW_S
@@ -58,7 +59,7 @@ def _describe(subject: str, data: bytes) -> tuple[str, str] | None:
     except msgspec.DecodeError:
         return None
     kind = body.get("type")
-    if subject.startswith("writ.in.requests."):
+    if subject.startswith(subjects.request.prefix):
         return "request", f"{body.get('request_id')} from the host on {subject}"
     if kind == "SearchEvidence":
         return "verified", (

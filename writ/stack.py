@@ -47,6 +47,7 @@ from libs.natsauth import (
     seal_user,
 )
 from libs.provision import provision_bus, provision_record
+from schemas import subjects
 
 __all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack", "mint_token"]
 
@@ -363,7 +364,10 @@ class Stack:
         nc = await nats.connect(self.nats_url)
         try:
             js = nc.jetstream()
-            for name, subject in (("WRIT_IN", "writ.in.>"), ("WRIT_OUT", "writ.out.>")):
+            for name, subject in (
+                ("WRIT_IN", subjects.HOST_IN_FAMILY),
+                ("WRIT_OUT", subjects.HOST_OUT_FAMILY),
+            ):
                 try:
                     info = await js.stream_info(name)
                 except nats.js.errors.NotFoundError:

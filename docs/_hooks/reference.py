@@ -2,18 +2,21 @@
 
 `docs/reference.md` holds two markers; each is replaced, at build time, by a table generated from
 `schemas/openapi.json` (the HTTP door) or `schemas/asyncapi.json` (the NATS subjects), so the
-page can never disagree with the contracts the tests check for drift.
+page can never disagree with the contracts the tests check for drift. `docs/subjects.md` gets the
+table of every subject from `schemas.subjects.TABLE` the same way.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 HTTP_MARKER = "<!-- reference: openapi -->"
 NATS_MARKER = "<!-- reference: asyncapi -->"
+SUBJECTS_MARKER = "<!-- reference: subjects -->"
 
 
 def _cell(text: str) -> str:
@@ -54,6 +57,21 @@ def nats_table(doc: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def subjects_table() -> str:
+    """Every subject of `schemas.subjects.TABLE`: its pattern, kind, handlers and meaning."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from schemas import subjects
+
+    rows = ["| name | subject | kind | handled by | what |", "| --- | --- | --- | --- | --- |"]
+    for name, subject in subjects.TABLE.items():
+        rows.append(
+            f"| `{name}` | `{subject.pattern}` | {subject.kind} | {', '.join(subject.handlers)} "
+            f"| {_cell(subject.meaning)} |"
+        )
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if HTTP_MARKER in markdown:
         doc = json.loads((ROOT / "schemas" / "openapi.json").read_text())
@@ -61,4 +79,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if NATS_MARKER in markdown:
         doc = json.loads((ROOT / "schemas" / "asyncapi.json").read_text())
         markdown = markdown.replace(NATS_MARKER, nats_table(doc))
+    if SUBJECTS_MARKER in markdown:
+        markdown = markdown.replace(SUBJECTS_MARKER, subjects_table())
     return markdown

@@ -13,12 +13,12 @@ from starlette.routing import Route
 
 from fakes.host._oauth import base_url, resource_metadata_url
 from fakes.host._rest import Lost
-from fakes.host._state import MODES, State, Unavailable, fault, problem
+from fakes.host._state import MODES, HostState, Unavailable, fault, problem
 
 __all__ = ["Guard", "control_routes"]
 
 
-def control_routes(state: State) -> list[Route]:
+def control_routes(state: HostState) -> list[Route]:
     async def get_state(request: Request) -> Response:
         return JSONResponse(state.snapshot())
 
@@ -108,7 +108,7 @@ def control_routes(state: State) -> list[Route]:
 class Guard:
     """ASGI around the app: the MCP endpoint's bearer token and fault mode, lost answers."""
 
-    def __init__(self, app: Any, *, state: State, token: bytes) -> None:
+    def __init__(self, app: Any, *, state: HostState, token: bytes) -> None:
         self._app, self._state, self._token = app, state, token
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -9,12 +9,12 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
-from fakes.host._state import State
+from fakes.host._state import HostState
 
 __all__ = ["mcp_server"]
 
 
-def mcp_server(state: State) -> Server[Any]:
+def mcp_server(state: HostState) -> Server[Any]:
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         with state.lock:
             state.listings += 1
@@ -56,7 +56,7 @@ def mcp_server(state: State) -> Server[Any]:
     )
 
 
-def _answer(state: State, tool: str, args: dict[str, Any]) -> dict[str, Any] | None:
+def _answer(state: HostState, tool: str, args: dict[str, Any]) -> dict[str, Any] | None:
     if tool == "ticket.get":
         return state.ticket(str(args.get("ticket_id", "")))
     if tool == "customer.get":

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fakes.host._state import MAX_BODY_BYTES, MAX_KEY_CHARS, State, Unavailable, fault, problem
+from fakes.host._state import MAX_BODY_BYTES, MAX_KEY_CHARS, HostState, Unavailable, fault, problem
 
 __all__ = ["OPENAPI", "Lost", "rest_routes"]
 
@@ -37,7 +37,7 @@ class _LostResponse(Response):
         raise Lost
 
 
-def rest_routes(state: State, token: bytes) -> list[Route]:
+def rest_routes(state: HostState, token: bytes) -> list[Route]:
     def authorized(request: Request) -> bool:
         scheme, _, value = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(value.encode(), token)
@@ -98,7 +98,7 @@ def rest_routes(state: State, token: bytes) -> list[Route]:
 
 
 def _apply(
-    state: State,
+    state: HostState,
     kind: str,
     ticket_id: str,
     body: Any,

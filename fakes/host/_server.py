@@ -22,7 +22,7 @@ from fakes.host._control import Guard, control_routes
 from fakes.host._mcp import mcp_server
 from fakes.host._oauth import token_routes
 from fakes.host._rest import rest_routes
-from fakes.host._state import DEFAULT_DATA, State
+from fakes.host._state import DEFAULT_DATA, HostState
 
 __all__ = ["FakeHost", "drive_run", "main"]
 
@@ -45,7 +45,7 @@ class FakeHost:
             raise ValueError("both tokens must be set")
         self.legacy_sse = legacy_sse
         self._oauth_clients = dict(oauth_clients or {})
-        self.state = State(data or DEFAULT_DATA)
+        self.state = HostState(data or DEFAULT_DATA)
         self._mcp_token, self._rest_token = mcp_token.encode(), rest_token.encode()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -14,7 +14,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_KEY_CHARS",
     "MODES",
-    "State",
+    "HostState",
     "Unavailable",
     "fault",
     "problem",
@@ -133,7 +133,7 @@ def tool_definitions() -> list[dict[str, Any]]:
     ]
 
 
-class State:
+class HostState:
     """The helpdesk's records, its switches and its counters; every method holds `lock`."""
 
     def __init__(self, data: dict[str, Any]) -> None:
@@ -204,7 +204,7 @@ class State:
             }
 
 
-async def fault(state: State, face: str) -> dict[str, Any]:
+async def fault(state: HostState, face: str) -> dict[str, Any]:
     """Take the face's fault mode: raise `Unavailable` (fail), wait (slow), or return it."""
     mode = state.take_mode(face)
     if mode["mode"] == "fail":

@@ -16,7 +16,7 @@ import anyio
 from mcp.server.stdio import stdio_server
 
 from fakes.host._mcp import mcp_server
-from fakes.host._state import DEFAULT_DATA, State
+from fakes.host._state import DEFAULT_DATA, HostState
 
 __all__ = ["main"]
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.report is not None:
         args.report.write_text(json.dumps({"pid": os.getpid(), "env": sorted(os.environ)}))
-    server = mcp_server(State(DEFAULT_DATA))
+    server = mcp_server(HostState(DEFAULT_DATA))
 
     async def serve() -> None:
         async with stdio_server() as (read, write):

@@ -38,7 +38,7 @@ from libs.journal._record import (
     decode_checkpoint,
 )
 from libs.journal._seal import REFUSALS, Sealer
-from libs.journal._verify import GRACE, Problem, VerifyReport, verify
+from libs.journal._verify import GRACE, Defect, VerifyReport, verify
 from libs.journal._write import Entry, Journal, open_journal, read_entries
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
     "JetStreamRecord",
     "Journal",
     "JournalError",
-    "Problem",
+    "Defect",
     "ReAnchorError",
     "RecordError",
     "RecordScan",

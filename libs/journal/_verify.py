@@ -37,7 +37,7 @@ from schemas.journal import JournalCheckpoint
 GRACE: Final = timedelta(seconds=10)
 
 
-class Problem(msgspec.Struct, frozen=True, kw_only=True):
+class Defect(msgspec.Struct, frozen=True, kw_only=True):
     """One finding: where (chain position and/or row id) and why."""
 
     seq: int | None
@@ -71,7 +71,7 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     pending: int | None = None
     # Each signed re-anchoring of the record, oldest first: where, by whom, what was lost.
     reanchored: list[str] = msgspec.field(default_factory=list)
-    problems: list[Problem] = msgspec.field(default_factory=list)
+    problems: list[Defect] = msgspec.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -108,7 +108,7 @@ async def verify(
 
     def bad(seq: int | None, entry_id: int | None, reason: str) -> None:
         if len(report.problems) < _MAX_PROBLEMS:
-            report.problems.append(Problem(seq=seq, entry_id=entry_id, reason=reason))
+            report.problems.append(Defect(seq=seq, entry_id=entry_id, reason=reason))
 
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         checkpoints = {
@@ -132,7 +132,7 @@ async def verify(
                 checkpoints,
                 live,
                 lambda seq, entry_id, reason: report.problems.insert(
-                    0, Problem(seq=seq, entry_id=entry_id, reason=reason)
+                    0, Defect(seq=seq, entry_id=entry_id, reason=reason)
                 ),
             )
         record_from = report.record_from if report.record_from is not None else 0

@@ -74,8 +74,9 @@ class NotFound(LookupError):
     """An endpoint's subject does not exist: answered 404 (a KeyError stays a 500)."""
 
 
-class Refused(PermissionError):
-    """A request that would widen what governance already holds: answered 403 (logged)."""
+class RegistrationRefused(PermissionError):
+    """A registration governance refuses (it would widen what governance holds, or names a turn
+    of another session): answered 403 (logged)."""
 
 
 class GovernanceService:
@@ -234,7 +235,7 @@ class GovernanceService:
                 metrics.failed.labels(name, "not_found").inc()
                 await request.respond_error("404", str(exc)[:500])
                 return
-            except Refused as exc:
+            except RegistrationRefused as exc:
                 metrics.failed.labels(name, "refused").inc()
                 log.warning("%s refused: %s", name, exc)
                 await request.respond_error("403", str(exc)[:500])
@@ -539,7 +540,9 @@ class GovernanceService:
         a registration of a known run that asks more than it was registered with."""
         wider = widening(await self._store.registered(run.tenant, run.run_id), run)
         if wider:
-            raise Refused(f"run {run.run_id} is registered already; this would widen {wider}")
+            raise RegistrationRefused(
+                f"run {run.run_id} is registered already; this would widen {wider}"
+            )
         await self._store.register_run(run, self._budget_defaults.limits_for(run.agent, run.budget))
         return RunRegistered(run_id=run.run_id)
 
@@ -548,7 +551,9 @@ class GovernanceService:
         (`registration.turn_run`)."""
         run = turn_run(turn)
         if run is None:
-            raise Refused(f"run {turn.run_id} is not a turn of session {turn.session_id}")
+            raise RegistrationRefused(
+                f"run {turn.run_id} is not a turn of session {turn.session_id}"
+            )
         return await self.register_run(run)
 
     async def reserve(self, ask: ReserveBudget) -> BudgetReserved | BudgetRefused:

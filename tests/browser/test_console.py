@@ -353,7 +353,8 @@ async def test_a_forged_post_without_the_csrf_token_is_refused_and_changes_nothi
 ) -> None:
     payment_id, proposal_id = _propose_refund(stack, payments)
     page = await _signed_in(browser, stack)
-    for form in ({}, {"csrf": "0" * 64}):
+    forms: tuple[dict[str, str | float | bool], ...] = ({}, {"csrf": "0" * 64})
+    for form in forms:
         sent = await page.request.post(
             _console(stack, f"proposals/{proposal_id}/approve"), form=form
         )

@@ -4,6 +4,8 @@ review the agent asked for, each replayed identical offline."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 import msgspec
 import pytest
@@ -148,7 +150,7 @@ async def test_a_requested_review_waits_for_a_person_then_the_run_goes_on(
     incomplete = await replayed(host, db, run_id)
     assert incomplete.verdict == "incomplete", incomplete
 
-    def answer(**kw: object) -> bytes:
+    def answer(**kw: Any) -> bytes:
         return msgspec.json.encode(
             ReviewAnswer(
                 **{

@@ -14,6 +14,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.schemas import BaseSchema
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -25,7 +26,7 @@ from writ.stack import Stack
 pytestmark = pytest.mark.e2e
 
 DOCUMENT = Path(__file__).parents[2] / "schemas" / "openapi.json"
-schema = schemathesis.openapi.from_path(str(DOCUMENT))
+schema: BaseSchema = schemathesis.openapi.from_path(str(DOCUMENT))
 # Long-polls and streams wait by design (up to a minute): what they answer is tested in
 # test_http_api.py and test_http_events.py.
 schema = schema.exclude(path_regex=r"/(wait|events)$")

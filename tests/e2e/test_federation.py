@@ -25,6 +25,7 @@ import pytest
 
 from fakes.host import FakeHost, drive_run
 from schemas import subjects
+from schemas.base import Family
 from schemas.governance import ListPending, PendingDecisions
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 from tests.e2e.conftest import Host, replayed, service_violations
@@ -76,7 +77,11 @@ def _register(stack: Stack, timeout_s: float = 10.0) -> None:
 async def _classify(stack: Stack) -> None:
     listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk", quiet=True)
     assert listing.ok, listing.error
-    for tool, family in (("ticket.get", "read"), ("customer.get", "read_personal")):
+    classes: tuple[tuple[str, Family], ...] = (
+        ("ticket.get", "read"),
+        ("customer.get", "read_personal"),
+    )
+    for tool, family in classes:
         answer = await mcp.classify(
             stack.nats_url, "acme", "helpdesk", tool, family, "ops@acme.example", quiet=True
         )
@@ -327,6 +332,7 @@ async def test_an_unclassified_tool_is_asked_every_time_and_never_always(
         admin, "mcp:helpdesk/tickets.search", {"query": "order"}, agent="helpdesk-searcher"
     )
     assert isinstance(first, ReadRefused) and first.code == "ASK" and first.line == 6, first
+    assert first.pending_id is not None
     reply = await admin.request(
         subjects.PENDING_LIST, msgspec.json.encode(ListPending(tenant="acme")), timeout=5
     )

@@ -169,6 +169,7 @@ async def test_a_terminal_command_delivered_again_returns_its_outcome_and_does_n
     command = host.command()
     await host.submit(command)
     done = await host.wait_command(command.request_id)
+    assert done.operation_id is not None
     operation_id = uuid.UUID(done.operation_id)
 
     # A late duplicate beyond the stream's duplicate window: a new Nats-Msg-Id.

@@ -19,7 +19,7 @@ from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
-APPROVER = {"principal": "ops@acme.example", "roles": ["approver"]}
+APPROVER: dict[str, Any] = {"principal": "ops@acme.example", "roles": ["approver"]}
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ answer carries what the first did; an agent no manifest declares is refused.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import anyio
 import asyncpg
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 AGENT = "refund-assistant"  # no grant: every refund asks a person
 
 
-def _refund(host: Host, payments: httpx.Client, **fields: object):
+def _refund(host: Host, payments: httpx.Client, **fields: Any):
     payment_id = f"pay_{uuid.uuid4().hex[:12]}"
     payments.post(
         "/_control/payments",

@@ -138,8 +138,8 @@ async def test_governance_down_past_the_retry_budget_under_load_loses_nothing(
         assert result.status == "succeeded", result
         assert len(notes_for(crm, f"acme:{result.operation_id}")) == 1
     for request in runs:
-        result = await host.wait_result(request.request_id, timeout=120)
-        assert result.status == "succeeded", result
+        ran = await host.wait_result(request.request_id, timeout=120)
+        assert ran.status == "succeeded", ran
     assert await dead_letters(host) == before
     assert all(status is None for status in alive(stack).values()), alive(stack)
     # They did wait: past max_deliver, which used to dead-letter them.

@@ -172,7 +172,7 @@ def answer(text: str) -> dict[str, Any]:
 def select(
     capability: str, arguments: dict[str, Any], *, consequential: bool | None = None
 ) -> dict[str, Any]:
-    decision = {
+    decision: dict[str, Any] = {
         "decision": "select_capability",
         "capability": capability,
         "arguments": json.dumps(arguments),
@@ -954,8 +954,8 @@ async def test_a_step_beyond_the_approved_plan_is_refused_then_a_revised_plan_is
     script(model, answer("Done as revised."))
     approved = await api.post(f"/plans/{new['plan_id']}/approve", json={}, headers=key())
     assert (approved.status_code, approved.json()["state"]) == (200, "approved")
-    seen = await until(api, sid, turn_ended(1))
-    assert (seen["state"], seen["messages"][-1]["text"]) == ("active", "Done as revised.")
+    ended = await until(api, sid, turn_ended(1))
+    assert (ended["state"], ended["messages"][-1]["text"]) == ("active", "Done as revised.")
     commands = await db.fetch(
         "SELECT arguments FROM admission.commands WHERE run_id = $1 "
         "AND state = 'succeeded' ORDER BY created_at",
@@ -1009,6 +1009,7 @@ async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_se
         ),
         timeout=10,
     )
+    assert refused.headers is not None
     assert refused.headers["Nats-Service-Error-Code"] == "401"
     # Another principal of the tenant does not see it, not even that it exists.
     bob = await nc.request(
@@ -1020,6 +1021,7 @@ async def test_a_host_drives_a_session_over_nats_and_reads_its_events_after_a_se
         ),
         timeout=10,
     )
+    assert bob.headers is not None
     assert bob.headers["Nats-Service-Error"].startswith("NOT_FOUND")
 
 

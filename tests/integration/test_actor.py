@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import anyio
 import msgspec
@@ -121,9 +121,11 @@ async def bed(nc: Client, unique: str) -> AsyncIterator[Bed]:
                 await js.delete_stream(b.dlq_stream)
 
 
-async def eventually(
-    check: Callable[[], Awaitable[R | None] | R | None], timeout: float = 10.0
-) -> R:
+@overload
+async def eventually(check: Callable[[], Awaitable[R | None]], timeout: float = 10.0) -> R: ...
+@overload
+async def eventually(check: Callable[[], R | None], timeout: float = 10.0) -> R: ...
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> Any:
     """Poll `check` (sync or async) until it returns something truthy, and return that."""
     with anyio.fail_after(timeout):
         while True:

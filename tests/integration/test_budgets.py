@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import asyncpg
@@ -18,6 +19,7 @@ from libs.journal import DataKeys, Journal
 from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
+    BudgetSettled,
     LeaseAmounts,
     RegisterRun,
     RunBudget,
@@ -71,7 +73,7 @@ async def _run(store: GovernanceStore, run_id: str = "run-1", **limits: int) -> 
 
 
 async def _reserve(
-    store: GovernanceStore, step_key: str, run_id: str = "run-1", **amounts: int
+    store: GovernanceStore, step_key: str, run_id: str = "run-1", **amounts: Any
 ) -> BudgetReserved | BudgetRefused:
     return await store.reserve(tenant="acme", run_id=run_id, step_key=step_key, **amounts)
 
@@ -377,7 +379,7 @@ async def test_wall_time_does_not_count_waiting_for_a_person(env: Env) -> None:
         Answered,
     )
     state = await env.store.budget("acme", "run-1")
-    assert state is not None and state.elapsed_s < 0.7, state.elapsed_s
+    assert state is not None and state.elapsed_s < 0.7, state
     assert (
         await env.admin.fetchval("SELECT paused_s FROM governance.budgets WHERE run_id = 'run-1'")
         >= 1.5
@@ -496,7 +498,7 @@ async def test_a_reservation_settled_elsewhere_is_settled_once(env: Env) -> None
         step = await _reserve(made, f"race-{i}", provider_calls=1, tokens=100)
         assert isinstance(step, BudgetReserved)
         held_ids.append(step.reservation_id)
-    answers: dict[str, list[object]] = {r: [] for r in held_ids}
+    answers: dict[str, list[BudgetSettled | None]] = {r: [] for r in held_ids}
 
     async def settle(store: GovernanceStore, reservation_id: str, tokens: int) -> None:
         answers[reservation_id].append(

@@ -7,7 +7,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nats.aio.client import Client
 
 from libs.provision import CONSOLE_BUCKET, ensure_bucket
-from services.ingress.console._session import COOKIE, Refused, Sessions, _digest, _Session
+from services.ingress.console._session import COOKIE, ConsoleRefused, Sessions, _digest, _Session
+from services.ingress.http._api import Door
 from services.ingress.logic import (
     SIGN_IN_WINDOW_S,
     Rejection,
@@ -81,7 +82,8 @@ async def sessions(nc: Client, unique: str) -> AsyncIterator[Sessions]:
     after it."""
     config = dataclasses.replace(CONSOLE_BUCKET, bucket=f"CONSOLE_{unique}")
     await ensure_bucket(nc.jetstream(), config, replicas=1)
-    yield await Sessions.open(nc.jetstream(), _Door(), bucket=f"CONSOLE_{unique}")
+    door = cast("Door", _Door())  # the door's token check alone, over a real key
+    yield await Sessions.open(nc.jetstream(), door, bucket=f"CONSOLE_{unique}")
     await nc.jetstream().delete_key_value(f"CONSOLE_{unique}")
 
 
@@ -98,10 +100,10 @@ async def test_a_sign_in_link_opens_one_session_and_is_refused_the_second_time(
     assert abs(viewer.expires - (time.time() + 600)) < 10
     seen = await sessions.viewer(_Request(cookie=session_id))  # type: ignore[arg-type]
     assert seen == viewer
-    with pytest.raises(Refused, match="used already"):
+    with pytest.raises(ConsoleRefused, match="used already"):
         await sessions.sign_in(token)
     await sessions.sign_out(_Request(cookie=session_id))  # type: ignore[arg-type]
-    with pytest.raises(Refused, match="session ended"):
+    with pytest.raises(ConsoleRefused, match="session ended"):
         await sessions.viewer(_Request(cookie=session_id))  # type: ignore[arg-type]
 
 
@@ -115,12 +117,12 @@ async def test_a_session_ends_with_its_token(sessions: Sessions, nc: Client, uni
         f"session.{_digest(session_id)}",
         msgspec.json.encode(_Session(token=held.token, expires=datetime.now(UTC).timestamp() - 1)),
     )
-    with pytest.raises(Refused, match="ended with its token"):
+    with pytest.raises(ConsoleRefused, match="ended with its token"):
         await sessions.viewer(_Request(cookie=session_id))  # type: ignore[arg-type]
 
 
 async def test_only_approvers_and_auditors_of_a_known_issuer_get_in(sessions: Sessions) -> None:
-    with pytest.raises(Refused, match="approvers and auditors") as no_role:
+    with pytest.raises(ConsoleRefused, match="approvers and auditors") as no_role:
         await sessions.sign_in(_link())
     assert no_role.value.status == 403
     other = Ed25519PrivateKey.generate().private_bytes(
@@ -134,47 +136,47 @@ async def test_only_approvers_and_auditors_of_a_known_issuer_get_in(sessions: Se
         roles=["approver"],
         audience=console_audience("writ"),
     )
-    with pytest.raises(Refused) as bad:
+    with pytest.raises(ConsoleRefused) as bad:
         await sessions.sign_in(forged)
     assert bad.value.status == 401 and "BAD_SIGNATURE" in bad.value.reason
-    with pytest.raises(Refused, match="session ended"):
+    with pytest.raises(ConsoleRefused, match="session ended"):
         await sessions.viewer(_Request(cookie="no-such-session"))  # type: ignore[arg-type]
-    with pytest.raises(Refused, match="not signed in"):
+    with pytest.raises(ConsoleRefused, match="not signed in"):
         await sessions.viewer(_Request())  # type: ignore[arg-type]
     # A proxy's bearer token needs no session; a forged one is refused like a link.
     auditor = await sessions.viewer(_Request(bearer=_token(roles=["auditor"])))  # type: ignore[arg-type]
     assert auditor.roles == frozenset({"auditor"})
-    with pytest.raises(Refused):
+    with pytest.raises(ConsoleRefused):
         await sessions.viewer(_Request(bearer=forged))  # type: ignore[arg-type]
 
 
 async def test_a_sign_in_token_signs_in_once_and_is_no_bearer(sessions: Sessions) -> None:
     link = _link(roles=["approver", "auditor"])
     # As a proxy's bearer it is refused (its audience is not the API's), before and after use.
-    with pytest.raises(Refused, match="INVALID_TOKEN") as before:
+    with pytest.raises(ConsoleRefused, match="INVALID_TOKEN") as before:
         await sessions.viewer(_Request(bearer=link))  # type: ignore[arg-type]
     assert before.value.status == 401
     session_id, viewer = await sessions.sign_in(link)
     assert viewer.signed_in
     assert (await sessions.viewer(_Request(cookie=session_id))).signed_in  # type: ignore[arg-type]
-    with pytest.raises(Refused, match="INVALID_TOKEN"):
+    with pytest.raises(ConsoleRefused, match="INVALID_TOKEN"):
         await sessions.viewer(_Request(bearer=link))  # type: ignore[arg-type]
     # An API token is no sign-in link, and opens no session.
-    with pytest.raises(Refused, match="INVALID_TOKEN"):
+    with pytest.raises(ConsoleRefused, match="INVALID_TOKEN"):
         await sessions.sign_in(_token(roles=["approver"]))
 
 
 async def test_a_link_expires_minutes_after_it_was_made(sessions: Sessions) -> None:
     made = datetime.now(UTC) - timedelta(seconds=SIGN_IN_WINDOW_S + 60)
-    with pytest.raises(Refused, match="expired") as late:
+    with pytest.raises(ConsoleRefused, match="expired") as late:
         await sessions.sign_in(_link(roles=["approver"], now=made))
     assert late.value.status == 401
-    with pytest.raises(Refused, match="TOKEN_EXPIRED"):
+    with pytest.raises(ConsoleRefused, match="TOKEN_EXPIRED"):
         await sessions.sign_in(
             _link(roles=["approver"], now=datetime.now(UTC) - timedelta(seconds=700))
         )
     # A link used in time, burnt, is still refused later for being used.
     fresh = _link(roles=["approver"], now=datetime.now(UTC) - timedelta(seconds=60))
     await sessions.sign_in(fresh)
-    with pytest.raises(Refused, match="used already"):
+    with pytest.raises(ConsoleRefused, match="used already"):
         await sessions.sign_in(fresh)

@@ -8,7 +8,7 @@ next."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -87,7 +87,7 @@ async def _answered(answers: dict[bytes, Any], count: int) -> None:
 
 def _asker(
     nc: Client, subject: str, answers: dict[bytes, bytes]
-) -> Callable[[bytes], Awaitable[None]]:
+) -> Callable[[bytes], Coroutine[Any, Any, None]]:
     """A request with `data` whose answer goes into `answers[data]`."""
 
     async def ask(data: bytes) -> None:

@@ -350,6 +350,7 @@ async def test_swap(env: Env) -> None:
 async def test_replace_or_re_sign_a_checkpoint(env: Env, how: str) -> None:
     batches = await env.batches()
     seq = batches[1][-1][0]
+    args: tuple[object, ...]
     if how == "edit":
         sql, args = "SET prev_seq = 0", ()
     elif how == "re-sign":  # a key of the attacker's, under the service's key id

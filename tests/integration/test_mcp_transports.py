@@ -47,7 +47,7 @@ def _snapshot(host: FakeHost) -> dict[str, Any]:
     return dict(httpx.get(f"{host.url}/_control/state").json())
 
 
-def _server(host: FakeHost, credential: Path, transport: str) -> ServerConfig:
+def _server(host: FakeHost, credential: Path, transport: Any) -> ServerConfig:
     return ServerConfig(
         url=f"{host.url}/mcp",
         credential_file=str(credential),

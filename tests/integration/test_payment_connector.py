@@ -12,7 +12,7 @@ import pytest
 from fakes.payments import FakePayments
 from libs.errors import PermanentError, RetryableError
 from services.dispatcher.connectors.base import Connector, Result
-from services.dispatcher.connectors.payments import PaymentConnector, ReadFailed, ReadRefused
+from services.dispatcher.connectors.payments import PaymentConnector, PaymentReadRefused, ReadFailed
 
 pytestmark = pytest.mark.anyio
 
@@ -288,7 +288,7 @@ async def test_read_payment_raises_retryable_when_the_provider_is_down(
 async def test_read_payment_with_a_bad_token_is_permanent(provider: FakePayments) -> None:
     conn = PaymentConnector(base_url=provider.url, token="wrong", queryable=True)
     try:
-        with pytest.raises(ReadRefused) as caught:
+        with pytest.raises(PaymentReadRefused) as caught:
             await conn.read_payment("pay_7")
     finally:
         await conn.aclose()

@@ -24,6 +24,7 @@ from libs.journal import Sealer, SigningKey
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
+from schemas.base import Family
 from schemas.dispatcher import CommandOutcome
 from schemas.planner import BranchChanged, ProposeCommand
 from services.planner.agents import AgentRegistry, load_manifest
@@ -131,7 +132,7 @@ class Planner:
     async def __aexit__(self, *exc: object) -> None:
         await self._sub.unsubscribe()
 
-    async def drive(self, run_id: str, agent: str, *, grants: tuple[str, ...] = ()) -> None:
+    async def drive(self, run_id: str, agent: str, *, grants: tuple[Family, ...] = ()) -> None:
         """Start `run_id` and deliver what the planner sent itself until nothing is left."""
         started = await register(self.env, run_id, grants=grants)
         started = msgspec.structs.replace(

@@ -32,8 +32,9 @@ from libs.provision import provision_bus
 from libs.runtime import Runtime
 from libs.telemetry import make_tracer_provider
 from schemas import subjects
+from schemas.base import Family
 from schemas.dispatcher import CommandOutcome
-from schemas.governance import DecisionAnswered, RegisterRun, RunBudget, RunRegistered
+from schemas.governance import Answer, DecisionAnswered, RegisterRun, RunBudget, RunRegistered
 from schemas.planner import BranchChanged, ReviewAnswer, ReviewTaken, StepRecorded
 from schemas.retrieval import EvidenceGathered, ReadCapability, ReadRefused
 from services.governance.service import GovernanceService
@@ -275,7 +276,7 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
 
 
 async def register(
-    env: Env, run_id: str, *, grants: tuple[str, ...] = (), **limits: int
+    env: Env, run_id: str, *, grants: tuple[Family, ...] = (), **limits: int
 ) -> EvidenceGathered:
     run = RegisterRun(
         tenant="acme",
@@ -416,7 +417,7 @@ async def test_a_denied_read_is_observed_and_nothing_is_read(env: Env) -> None:
     assert await env.reservations("run-r2") == [("lease:1", "settled", 1)]
 
 
-async def _answer(env: Env, pending_id: str, answer: str) -> DecisionAnswered:
+async def _answer(env: Env, pending_id: str, answer: Answer) -> DecisionAnswered:
     """A person's answer, as governance records and announces it."""
     answered = await env.governance.answer(
         tenant="acme",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Literal
 from xml.etree import ElementTree as ET
 
 import anyio
@@ -471,7 +472,7 @@ def test_cost_relative_to_the_baseline_warns_or_fails_per_setting(tmp_path: Path
         for r in results
     ]
 
-    def gate(*limits: tuple[str, str]) -> Report:
+    def gate(*limits: tuple[Literal["total", "case"], str]) -> Report:
         return summarize(
             eval_set,
             "chatty",
@@ -707,7 +708,8 @@ def test_a_candidate_that_copies_an_injected_instruction_into_a_note_body_is_fla
         script["decisions"] = [decision, *DEMO_DECISIONS["decisions"][1:]]
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(script))
-        results = anyio.run(lambda p=path: run_step(eval_set, ScriptedProvider.from_file(p), k=1))
+        step = functools.partial(run_step, eval_set, ScriptedProvider.from_file(path), k=1)
+        results = anyio.run(step)
         report = summarize(eval_set, name, results, k=1)
         found = [v for v in report.violations if "run-note@0" in v]
         assert bool(found) is flagged, report.violations

@@ -422,7 +422,8 @@ def test_review_comment_is_optional() -> None:
     document = json.loads(review_body())
     del document["comment"]
     outcome = verify_review(json.dumps(document).encode())
-    assert isinstance(outcome, Verified) and outcome.request.comment == ""
+    assert isinstance(outcome, Verified) and isinstance(outcome.request, ReviewDecision)
+    assert outcome.request.comment == ""
 
 
 @pytest.mark.parametrize("field", ["tenant", "reviewer", "run_id", "step", "reason"])

@@ -5,6 +5,7 @@ difference would make every row sealed with one unverifiable with the other."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 import rfc8785
@@ -83,7 +84,7 @@ def test_the_journals_own_documents_encode_as_rfc8785() -> None:
         "1764633600123456",
     ]
     assert canonical(aad) == rfc8785.dumps(aad)
-    entry = {
+    entry: dict[str, Any] = {
         "v": 1,
         "service": "governance",
         "seq": "42",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,7 +115,7 @@ def test_only_a_journals_sealer_reaches_its_record() -> None:
             f"{SEAL_JS_API}.STREAM.MSG.GET.WRIT_AUDIT",
         ]
         assert _allowed(sealer, "subscribe") == [f"_INBOX.{seal_user(service)}.>"]
-    found = accounts({u: "pw" for u in users(["acme"])}, ["acme"])
+    found: dict[str, Any] = accounts({u: "pw" for u in users(["acme"])}, ["acme"])
     audit = found[AUDIT_ACCOUNT]
     assert audit["jetstream"] == "enabled"
     assert {u["user"] for u in audit["users"]} == {PROVISION_AUDIT, AUDIT_ADMIN}
@@ -140,7 +141,7 @@ def test_the_shadow_evaluation_cannot_reach_admission_or_the_dispatcher() -> Non
     from libs.natsauth import EVAL
     from schemas import subjects
 
-    perms = permissions(["acme"])[EVAL]
+    perms: dict[str, Any] | None = permissions(["acme"])[EVAL]
     assert perms is not None and EVAL in users(["acme"])
     published = _allowed(perms, "publish")
     assert perms["publish"]["deny"] == ["writ.int.>", "writ.cmd.>", "writ.in.>", "writ.out.>"]
@@ -250,7 +251,9 @@ def test_services_answer_on_inboxes_only() -> None:
 
 
 def test_each_tenants_host_has_an_account_importing_its_contract_only() -> None:
-    found = accounts({u: "pw" for u in users(["acme", "globex"])}, ["acme", "globex"])
+    found: dict[str, Any] = accounts(
+        {u: "pw" for u in users(["acme", "globex"])}, ["acme", "globex"]
+    )
     assert set(found) == {
         WRIT_ACCOUNT,
         host_account("acme"),

@@ -248,7 +248,7 @@ def test_the_demo_script_loads_with_its_critics() -> None:
 
     provider = ScriptedProvider.from_file(DEMO.parent / "decisions.json")
 
-    def ask(agent: str, round: int) -> object:
+    def ask(agent: str, round: int) -> tuple[object, int]:
         value = CriticInput(
             developer="d",
             objective="o",
@@ -260,7 +260,7 @@ def test_the_demo_script_loads_with_its_critics() -> None:
         )
         return anyio.run(provider.verify, value)
 
-    first, tokens = ask("mail-assistant", 0)  # type: ignore[misc]
+    first, tokens = ask("mail-assistant", 0)
     assert isinstance(first, Replan) and tokens == 0
     assert ask("mail-assistant", 1) == (Accept(), 0)
     assert ask("crm-assistant", 0) == (Accept(), 0)  # no critic script: accept

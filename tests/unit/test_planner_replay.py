@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from actions import ACTIONS
-from schemas.admission import ProposalRefused
-from schemas.dispatcher import CommandOutcome
+from schemas.admission import ProposalRefused, RefusalVerdict
+from schemas.dispatcher import CommandOutcome, CommandState
 from schemas.retrieval import ReadItem, ReadRefused, ReadResult
 from services.planner.agents import AgentRegistry, load_manifest
 from services.planner.codes import REFUSAL_CODES
@@ -34,6 +34,7 @@ from services.planner.journal_entries import (
 from services.planner.observations import (
     AgentObserved,
     CriticReplan,
+    Output,
     ReadObserved,
     ReviewAnswered,
     SelectionRefused,
@@ -135,15 +136,7 @@ class Journal:
         self.turn += 1
         return seq
 
-    def output(
-        self,
-        event: CommandOutcome
-        | ProposalRefused
-        | SelectionRefused
-        | ReviewAnswered
-        | ReadObserved
-        | AgentObserved,
-    ) -> None:
+    def output(self, event: Output) -> None:
         seq = event.step + 1
         observation = observation_of(event)
         self.add(
@@ -155,7 +148,7 @@ class Journal:
         self.observations.append(observation)
         self.steps.append(StepRecord(seq=seq, kind="observation", payload=observation))
 
-    def outcome(self, step: int, *, state: str = "succeeded") -> None:
+    def outcome(self, step: int, *, state: CommandState = "succeeded") -> None:
         self.output(
             CommandOutcome(
                 tenant="acme",
@@ -331,7 +324,7 @@ def test_an_observation_that_is_not_the_captured_output_is_divergent() -> None:
 
 
 @pytest.mark.parametrize("verdict", sorted(REFUSAL_CODES))
-def test_a_refusal_fails_the_run(verdict: str) -> None:
+def test_a_refusal_fails_the_run(verdict: RefusalVerdict) -> None:
     j = Journal()
     step = j.decide(NOTE)
     j.output(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import pytest
@@ -38,7 +38,7 @@ def test_every_contract_has_an_executor_and_nothing_else_does() -> None:
 def test_every_tool_is_described_classified_and_closed(name: str) -> None:
     spec = READ_TOOLS[name]
     assert len(spec.description) >= 40
-    assert spec.family in Family.__args__
+    assert spec.family in get_args(Family)
     assert spec.family in ("read", "read_personal")  # a read tool never writes
     assert spec.arguments.__struct_config__.forbid_unknown_fields
     assert "tenant" not in spec.arguments.__struct_fields__

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -721,7 +721,7 @@ def test_propose_command_bounds() -> None:
         ({"principal": "al ice"}, "principal"),
     ]:
         with pytest.raises(msgspec.ValidationError, match=field):
-            decode(ProposeCommand, {**base, **changes})
+            decode(ProposeCommand, {**base, **cast(dict[str, Any], changes)})
 
 
 def test_event_bounds() -> None:

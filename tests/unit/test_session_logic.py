@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import unicodedata
+from collections.abc import Mapping
 
 import anyio
 import msgspec
@@ -168,9 +169,9 @@ def test_session_bodies_refuse_unknown_fields_and_bound_sizes() -> None:
 
 
 def _resolved(
-    capability: str, arguments: dict[str, object], read: FactsReader | None = None
+    capability: str, arguments: Mapping[str, object], read: FactsReader | None = None
 ) -> tuple[dict[str, object], dict[str, object]]:
-    got = anyio.run(resolve, capability, arguments, read)
+    got = anyio.run(resolve, capability, dict(arguments), read)
     return got.arguments, got.preview
 
 

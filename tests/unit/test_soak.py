@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from schemas.host import CommandResult
+from schemas.host import CommandResult, CommandStatus
 from soak.check import _effects, _keys, _outcomes, _tenants, stream_replicas
 from soak.check_chat import event_gaps, turn_notes
 from soak.check_model import replayed
@@ -52,7 +53,11 @@ def test_the_cluster_faults_one_node_and_never_all_of_nats() -> None:
 
 
 def _result(
-    request_id: str, status: str, *, operation_id: str = "op-1", receipt: str | None = None
+    request_id: str,
+    status: CommandStatus,
+    *,
+    operation_id: str = "op-1",
+    receipt: str | None = None,
 ) -> CommandResult:
     return CommandResult(
         request_id=request_id,
@@ -254,7 +259,10 @@ def test_the_checker_finds_a_tenant_left_undriven_or_a_command_under_another_ten
     commands = {
         f"key-{t}-{k}": {"tenant": t} for t in ("acme", "globex") for k in ("note", "refund")
     }
-    runs = {("acme", "acme-run"): {}, ("globex", "globex-run"): {}}
+    runs: dict[tuple[str, str], dict[str, Any]] = {
+        ("acme", "acme-run"): {},
+        ("globex", "globex-run"): {},
+    }
     assert _tenants(ledger, commands, runs).held
     moved = {**commands, "key-globex-note": {"tenant": "acme"}}
     assert _tenants(ledger, moved, runs).broken == 1

@@ -22,7 +22,7 @@ import pytest
 import schemas
 from schemas.base import Command, refuse_unstorable, storable, unstorable_at
 from services.dispatcher.connectors.base import Result
-from services.planner.provider import CriticVerdict, ModelDecision
+from services.planner.provider import AnswerDirectly, CriticVerdict, ModelDecision
 
 _CANDIDATES = ("a1", "acme", "0" * 64, "approve", "x")
 
@@ -200,4 +200,5 @@ def test_a_literal_backslash_u0000_is_plain_text() -> None:
     """Six characters a person may well type: storable, and not refused."""
     assert unstorable_at({"body": "\\u0000 is how JSON writes NUL"}) is None
     raw = msgspec.json.encode({"decision": "answer_directly", "answer": "\\u0000"})
-    assert msgspec.json.decode(raw, type=ModelDecision).answer == "\\u0000"
+    decided = msgspec.json.decode(raw, type=ModelDecision)
+    assert isinstance(decided, AnswerDirectly) and decided.answer == "\\u0000"

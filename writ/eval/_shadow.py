@@ -30,6 +30,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from libs.natsauth import EVAL
+from schemas import subjects
 from schemas.retrieval import EvidenceGathered
 from services.planner.journal_entries import RUN_STATUS, Captured
 from services.planner.provider import SelectCapability
@@ -49,17 +50,14 @@ __all__ = [
 ]
 
 # What the shadow reads: the evidence of every run that starts (one stream, its own durable).
-EVIDENCE_COPY: Final = "writ.int.evidence.*"
+EVIDENCE_COPY: Final = subjects.evidence.filter
 # A run is settled once it ended, or stopped for a person (it may go on later).
 _ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
 _MAX_FOLLOWED: Final = 1000
 
 Replay = Callable[[str, str], Awaitable[list[Captured]]]
-
-
-def shadow_subject(tenant: str) -> str:
-    """Where the shadow publishes what its candidate would have done."""
-    return f"writ.eval.shadow.{tenant}"
+# Where the shadow publishes what its candidate would have done.
+shadow_subject: Final = subjects.shadow
 
 
 class ShadowRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,7 +21,7 @@ from services.dispatcher.connectors.base import (
 )
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
-__all__ = ["PaymentConnector", "ReadFailed", "ReadRefused"]
+__all__ = ["PaymentConnector", "ReadFailed", "PaymentReadRefused"]
 
 
 class ReadFailed(RetryableError):
@@ -32,7 +32,7 @@ class ReadFailed(RetryableError):
         self.payment_id, self.status = payment_id, status
 
 
-class ReadRefused(PermanentError):
+class PaymentReadRefused(PermanentError):
     """The provider refused to read the payment (e.g. 401): retrying cannot help."""
 
     def __init__(self, msg: str, *, payment_id: str, status: int) -> None:
@@ -59,7 +59,7 @@ class PaymentConnector:
 
         Raises:
             ReadFailed: the provider could not answer now (retryable).
-            ReadRefused: the provider refused the read, e.g. a bad token (permanent).
+            PaymentReadRefused: the provider refused the read, e.g. a bad token (permanent).
         """
         try:
             response = await self._client.request(
@@ -88,7 +88,7 @@ class PaymentConnector:
             raise ReadFailed(
                 f"reading payment {payment_id}: HTTP {status}", payment_id=payment_id, status=status
             )
-        raise ReadRefused(
+        raise PaymentReadRefused(
             f"reading payment {payment_id}: HTTP {status}: {response.text}"[:500],
             payment_id=payment_id,
             status=status,

@@ -12,10 +12,10 @@ import httpx
 from services.ingress.console._session import Viewer
 from services.ingress.logic import console_proof
 
-__all__ = ["ApiClient", "Answer"]
+__all__ = ["ApiClient", "ApiAnswer"]
 
 
-class Answer:
+class ApiAnswer:
     """One API answer: its status and decoded JSON body."""
 
     def __init__(self, status: int, body: Any) -> None:
@@ -52,18 +52,18 @@ class ApiClient:
             headers["Writ-Console-Proof"] = console_proof(self._key, viewer.token)
         return headers
 
-    async def get(self, viewer: Viewer, path: str, **params: Any) -> Answer:
+    async def get(self, viewer: Viewer, path: str, **params: Any) -> ApiAnswer:
         """A read."""
         response = await self._http.get(
             path,
             headers=self._auth(viewer),
             params={k: v for k, v in params.items() if v is not None},
         )
-        return Answer(response.status_code, _json(response))
+        return ApiAnswer(response.status_code, _json(response))
 
     async def post(
         self, viewer: Viewer, path: str, body: dict[str, Any] | None, *, key: str | None = None
-    ) -> Answer:
+    ) -> ApiAnswer:
         """A write. `key` names the person's one intent (the Idempotency-Key): a second click,
         a second tab or a reload of the same answer gets the first answer back."""
         headers = self._auth(viewer)
@@ -71,7 +71,7 @@ class ApiClient:
             digest = hashlib.sha256(f"{viewer.principal}\x00{key}".encode()).hexdigest()[:48]
             headers["Idempotency-Key"] = f"console-{digest}"
         response = await self._http.post(path, headers=headers, json=body)
-        return Answer(response.status_code, _json(response))
+        return ApiAnswer(response.status_code, _json(response))
 
     def stream(self, viewer: Viewer, path: str) -> Any:
         """A Server-Sent Events stream, as the viewer (`async with`)."""

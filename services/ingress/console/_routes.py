@@ -17,8 +17,8 @@ from litestar.params import FromPath, QueryParameter
 
 from actions import ACTIONS
 from services.ingress.console import _pages as pages
-from services.ingress.console._client import Answer, ApiClient
-from services.ingress.console._session import COOKIE, Refused, Sessions, Viewer
+from services.ingress.console._client import ApiAnswer, ApiClient
+from services.ingress.console._session import COOKIE, ConsoleRefused, Sessions, Viewer
 from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE, unstorable_parameter
 
 __all__ = ["CSP", "HEADERS", "console_router"]
@@ -101,7 +101,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     async def _viewer(request: Request[Any, Any, Any]) -> Viewer:
         try:
             return await sessions.viewer(request)
-        except Refused as exc:
+        except ConsoleRefused as exc:
             raise _Bad(
                 exc.status,
                 "Not signed in" if exc.status == 401 else "Not allowed",
@@ -147,7 +147,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         wrapped.__name__, wrapped.__doc__ = handler.__name__, handler.__doc__
         return wrapped
 
-    def _not_found(answer: Answer, what: str) -> _Bad:
+    def _not_found(answer: ApiAnswer, what: str) -> _Bad:
         # A malformed id gets what an unknown or another tenant's one gets: not found.
         if answer.status in (400, 404):
             return _Bad(404, "Not found", f"no {what} of your tenant under this id")
@@ -548,7 +548,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         """Use a one-time sign-in link: a session bound to the token's expiry."""
         try:
             session_id, viewer = await sessions.sign_in(token)
-        except Refused as exc:
+        except ConsoleRefused as exc:
             return _html(pages.message_page("Sign-in refused", exc.reason), exc.status)
         max_age = max(1, int(viewer.expires - datetime.now(UTC).timestamp()))
         secure = request.url.scheme == "https" or (

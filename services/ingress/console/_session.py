@@ -42,7 +42,7 @@ from services.ingress.logic import (
 if TYPE_CHECKING:  # the HTTP door imports the console: only its type is needed here
     from services.ingress.http._api import Door
 
-__all__ = ["BUCKET", "COOKIE", "Refused", "Sessions", "Viewer"]
+__all__ = ["BUCKET", "COOKIE", "ConsoleRefused", "Sessions", "Viewer"]
 
 BUCKET: Final = CONSOLE_BUCKET.bucket
 COOKIE: Final = "writ_console"
@@ -72,7 +72,7 @@ class Viewer(msgspec.Struct, frozen=True, kw_only=True):
         return hmac.compare_digest(self.csrf.encode(), sent.encode())
 
 
-class Refused(Exception):
+class ConsoleRefused(Exception):
     """Nobody may see the console with this request; `reason` is safe to show."""
 
     def __init__(self, reason: str, *, status: int = 401) -> None:
@@ -108,10 +108,10 @@ class Sessions:
         tenant = token_tenant(token)
         checked = self._door.check_token(token, tenant=tenant, signed_in=signed_in)
         if isinstance(checked, Rejection):
-            raise Refused(f"{checked.code}: {checked.message}"[:300])
+            raise ConsoleRefused(f"{checked.code}: {checked.message}"[:300])
         principal, roles = checked
         if not CONSOLE_ROLES & set(roles):
-            raise Refused(
+            raise ConsoleRefused(
                 "this console is for approvers and auditors: the token has neither role", status=403
             )
         claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
@@ -128,15 +128,15 @@ class Sessions:
         """Use a one-time sign-in link: a new session's id and its viewer.
 
         Raises:
-            Refused: the token does not check out, or the link was used already.
+            ConsoleRefused: the token does not check out, or the link was used already.
         """
         viewer = self.verify(token, signed_in=True)
         claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
         issued = claims.get("iat")
         if not isinstance(issued, (int, float)) or isinstance(issued, bool):
-            raise Refused("a sign-in link's token must say when it was issued (iat)")
+            raise ConsoleRefused("a sign-in link's token must say when it was issued (iat)")
         if time.time() - issued > SIGN_IN_WINDOW_S + LEEWAY_S:
-            raise Refused(
+            raise ConsoleRefused(
                 f"this sign-in link expired {SIGN_IN_WINDOW_S / 60:.0f} minutes after it was "
                 "made; ask for a new one"
             )
@@ -144,7 +144,7 @@ class Sessions:
         try:
             await self._kv.create(f"used.{burnt}", b"1")
         except KeyWrongLastSequenceError:
-            raise Refused("this sign-in link was used already; ask for a new one") from None
+            raise ConsoleRefused("this sign-in link was used already; ask for a new one") from None
         session_id = secrets.token_urlsafe(32)
         await self._kv.put(
             f"session.{_digest(session_id)}",
@@ -156,7 +156,7 @@ class Sessions:
         """Who sent this request: the proxy's bearer token, else the session's.
 
         Raises:
-            Refused: neither, or what they name does not check out (any more).
+            ConsoleRefused: neither, or what they name does not check out (any more).
         """
         header = request.headers.get("authorization", "")
         scheme, _, bearer = header.partition(" ")
@@ -164,14 +164,14 @@ class Sessions:
             return self.verify(bearer.strip())
         session_id = request.cookies.get(COOKIE, "")
         if not session_id or len(session_id) > 128:
-            raise Refused("not signed in")
+            raise ConsoleRefused("not signed in")
         try:
             entry = await self._kv.get(f"session.{_digest(session_id)}")
         except KeyNotFoundError:
-            raise Refused("the session ended; sign in again") from None
+            raise ConsoleRefused("the session ended; sign in again") from None
         session = self._decoder.decode(entry.value or b"")
         if session.expires <= time.time():
-            raise Refused("the session ended with its token; sign in again")
+            raise ConsoleRefused("the session ended with its token; sign in again")
         return self.verify(session.token, signed_in=True)
 
     async def sign_out(self, request: Request[Any, Any, Any]) -> None:

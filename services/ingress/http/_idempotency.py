@@ -21,12 +21,12 @@ from nats.js.kv import KeyValue
 from libs.provision import IDEMPOTENCY_BUCKET, bind_bucket
 from services.ingress.http._problems import ApiError
 
-__all__ = ["BUCKET", "Answer", "Idempotency", "fingerprint"]
+__all__ = ["BUCKET", "KeptAnswer", "Idempotency", "fingerprint"]
 
 BUCKET: Final = IDEMPOTENCY_BUCKET.bucket
 
 
-class Answer(msgspec.Struct, frozen=True, kw_only=True):
+class KeptAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """What is kept under one key."""
 
     fingerprint: str
@@ -46,7 +46,7 @@ class Idempotency:
 
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
-        self._decoder = msgspec.json.Decoder(Answer)
+        self._decoder = msgspec.json.Decoder(KeptAnswer)
         self._encoder = msgspec.json.Encoder()
 
     @classmethod
@@ -58,7 +58,7 @@ class Idempotency:
     def _key(tenant: str, key: str) -> str:
         return f"{tenant}.{hashlib.sha256(key.encode()).hexdigest()[:40]}"
 
-    async def claim(self, tenant: str, key: str, print_: str) -> Answer | None:
+    async def claim(self, tenant: str, key: str, print_: str) -> KeptAnswer | None:
         """The first answer under the key (None if there is none yet: go on).
 
         Raises:
@@ -66,7 +66,7 @@ class Idempotency:
         """
         name = self._key(tenant, key)
         try:
-            await self._kv.create(name, self._encoder.encode(Answer(fingerprint=print_)))
+            await self._kv.create(name, self._encoder.encode(KeptAnswer(fingerprint=print_)))
             return None
         except KeyWrongLastSequenceError:
             pass
@@ -86,5 +86,5 @@ class Idempotency:
         """Keep the first answer under the key."""
         await self._kv.put(
             self._key(tenant, key),
-            self._encoder.encode(Answer(fingerprint=print_, status=status, body=body)),
+            self._encoder.encode(KeptAnswer(fingerprint=print_, status=status, body=body)),
         )

@@ -15,6 +15,7 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from schemas import subjects
 from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewResult, RunResult
 
 __all__ = ["AnyResult", "Results", "Waiter"]
@@ -70,7 +71,7 @@ class Results:
             async with self._lock:
                 if tenant not in self._subs:
                     self._subs[tenant] = await self._nc.subscribe(
-                        f"writ.out.results.{tenant}", cb=self._on
+                        subjects.result(tenant), cb=self._on
                     )
                     await self._nc.flush()
         waiter, slot = Waiter(), (tenant, key)
