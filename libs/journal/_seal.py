@@ -223,6 +223,10 @@ class Sealer:
                 )
             known = await self._recorded()
             if known is None and self._record is not None and last_cp is not None:
+                # Another replica may have recorded and committed since this one last read
+                # an empty record: only a record read now may be found missing.
+                known = await self._reread()
+            if known is None and self._record is not None and last_cp is not None:
                 raise _Refused(
                     "record_missing",
                     f"the record outside the database has no checkpoint of this journal, whose "

@@ -50,9 +50,16 @@ def test_helm_test_asks_ingress_for_its_api_and_is_let_through() -> None:
     assert restricted_violations(pod) == []
     script = pod["spec"]["containers"][0]["command"][-1]
     assert "http://writ-ingress:8080/api/v1/openapi.json" in script
-    # No Writ policy confines the test pod; one admits it to ingress's HTTP port, and only it.
+    # Its own policy confines the test pod: nothing reaches it, it reaches DNS and ingress's
+    # HTTP port only; another admits it to that port, and only it.
     labels = pod["metadata"]["labels"]
-    assert policies_for(objects, labels) == []
+    [own] = policies_for(objects, labels)
+    validate(own)
+    assert own["spec"]["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in own["spec"]
+    dns, http = own["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert http["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    assert http["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "ingress"
     [policy] = [
         o for o in by_kind(objects, "NetworkPolicy") if o["metadata"]["name"] == "writ-test-api"
     ]

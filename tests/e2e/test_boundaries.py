@@ -208,6 +208,7 @@ async def test_every_service_exposes_its_metrics(stack: Stack, host: Host, name:
         for line in text.splitlines()
         if line.startswith("writ_messages_handled_total{") and f'service="{name}"' in line
     ]
-    assert handled and all(float(line.rsplit(" ", 1)[1]) >= 1 for line in handled), text
+    # Every consumer is exported from the start (at 0); the request went through at least one.
+    assert handled and any(float(line.rsplit(" ", 1)[1]) >= 1 for line in handled), text
     assert "# TYPE writ_handler_seconds histogram" in text
     assert "# TYPE writ_messages_failed_total counter" in text
