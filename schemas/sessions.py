@@ -497,8 +497,8 @@ class SessionClosed(SessionEvent, frozen=True):
 
 
 class SessionForked(SessionEvent, frozen=True):
-    """Recorded in the parent and in the fork: `fork_session_id` started from this session at
-    (`turn`, `step`)."""
+    """Recorded in the parent and in the fork: `fork_session_id` started from
+    `parent_session_id` at (`turn`, `step`)."""
 
     parent_session_id: Id
     fork_session_id: Id
@@ -507,7 +507,7 @@ class SessionForked(SessionEvent, frozen=True):
 
 
 class ChildSession(SessionEvent, frozen=True):
-    """An agent call of this session's turn started a branch run: readable as a child."""
+    """An agent call in one of the session's turns started a branch run: readable as a child."""
 
     turn: Count
     child_session_id: Id

@@ -25,7 +25,7 @@ FORBIDDEN: tuple[tuple[str, str], ...] = (
     (r"\bi\d{2}\b", "a branch's name"),
     (r"(?i:\bsessions?\s+\d+\b(?!\s*(?:s|ms|turns?|messages?)\b))", "a work period"),
     (r"(?i:\bthis (?:shared )?machine\b)", "the machine it was measured on"),
-    (r"(?i:\bthis (?:stop|evening|morning|afternoon|night)\b)", "a work period"),
+    (r"(?i:\bthis (?:stop|session|evening|morning|afternoon|night)\b)", "a work period"),
     (r"(?i:\b(?:tonight|last evening|last night)\b)", "a work period"),
     (r"(?i:\bhelpers?')", "who worked in parallel"),
     (r"(?i:\bother engineers\b)", "who worked in parallel"),
@@ -95,6 +95,7 @@ def test_the_tree_speaks_only_of_what_writ_is() -> None:
         "The model's request is not the proposal (seed 003).",
         "its source documents are in `../shared/seeds/`",
         "run H 20:32 UTC",
+        "as this session found",
         "an earlier sitting at 19:26 gave",
     ],
 )
@@ -105,7 +106,7 @@ def test_each_kind_of_offence_is_caught(line: str) -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        "A chat session's turn is a run of this session's agent.",
+        "A chat session's turn is a run of the session's agent.",
         "the host's ticket has an issue the agent comments on",
         "node SIGSTOP 12, kill -9 23",
         "32 sessions of `chat-assistant` over HTTP",

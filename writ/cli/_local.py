@@ -209,7 +209,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--key", default="", help="the tenant's host key (PEM) if not a demo one")
     p.add_argument("--issuer", default="", help="the issuer registered for the tenant")
     p.add_argument("--plan-mode", action="store_true", help="plans first, for your approval")
-    p.add_argument("--session", default="", help="go on with this session instead")
+    p.add_argument("--session", default="", help="go on with the session of that id instead")
     p.add_argument(
         "--roles",
         default="",
