@@ -70,7 +70,7 @@ from libs._settle import (
     _settle,
     _settle_result,
 )
-from libs.bus import ConsumerSpec, until_answered
+from libs.bus import ConsumerSpec
 from libs.errors import single_error
 from libs.health import Health
 from libs.provision import bind_consumer
@@ -137,9 +137,7 @@ async def run_actor(
     """
     if backoff_max_s is not None:  # the process's setting over the consumer's default
         spec = msgspec.structs.replace(spec, backoff_max_s=backoff_max_s)
-    # Provisioned (libs/provision.py): a process never creates one. An election answers nothing
-    # definite yet, so it is waited out.
-    await until_answered(lambda: bind_consumer(js, spec), what=f"binding consumer {spec.durable}")
+    await bind_consumer(js, spec)  # provisioned (libs/provision.py): a process never creates one
     # Each pull request on its own reply subject (libs/pull.py: nats-py's `fetch` can leave a
     # request behind that holds a later message for up to `fetch_timeout_s`).
     sub = Puller(js._nc, spec.stream, spec.durable)
@@ -284,11 +282,7 @@ async def _rebind(js: JetStreamContext, spec: ConsumerSpec, sub: Puller) -> Pull
     creates one) and a fresh subscription to pull on: what a stall or unanswered pulls call
     for. Failing, the old subscription is kept and the next stall asks again."""
     try:
-        await until_answered(
-            lambda: bind_consumer(js, spec),
-            what=f"binding consumer {spec.durable}",
-            patience_s=10.0,
-        )
+        await bind_consumer(js, spec, patience_s=10.0)
         fresh = Puller(js._nc, spec.stream, spec.durable)
         await fresh.start()
     except Exception as exc:

@@ -26,7 +26,13 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from libs.bus import ConsumerSpec, ensure_consumer, ensure_streams
+from libs.bus import (
+    ELECTION_PATIENCE_S,
+    ConsumerSpec,
+    ensure_consumer,
+    ensure_streams,
+    until_answered,
+)
 from schemas import subjects
 
 __all__ = [
@@ -104,14 +110,22 @@ def consumers(tenants: Iterable[str], *, dispatcher_lease_s: float = 30.0) -> li
     return found
 
 
-async def bind_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
-    """Check that `spec`'s durable consumer exists; a process never creates one.
+async def bind_consumer(
+    js: JetStreamContext, spec: ConsumerSpec, *, patience_s: float = ELECTION_PATIENCE_S
+) -> None:
+    """Check that `spec`'s durable consumer exists; a process never creates one. An election
+    answers nothing definite yet, so it is waited out for up to `patience_s`.
 
     Raises:
         ConsumerMissing: it was not provisioned (`writ nats provision`).
+        BusUnavailable: no definite answer within `patience_s`.
     """
     try:
-        await js.consumer_info(spec.stream, spec.durable)
+        await until_answered(
+            lambda: js.consumer_info(spec.stream, spec.durable),
+            what=f"binding consumer {spec.durable}",
+            patience_s=patience_s,
+        )
     except NotFoundError as exc:
         raise ConsumerMissing(
             f"consumer {spec.durable} on stream {spec.stream} does not exist: "
