@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -56,8 +56,8 @@ __all__ = [
 ]
 
 VERSION = "0.1.0"
-# Beyond its two drain periods (the actors', then the connection's), how long a process asked
-# to stop may take before it ends itself (`_exit_after`).
+# Beyond its drains and span flush, how long a process asked to stop may take before it ends
+# itself (`stop_bound_s`).
 EXIT_MARGIN_S = 5.0
 log = logging.getLogger("writ.runtime")
 # Why an endpoint drops a request unhandled: past its requester's deadline, beyond its queue
@@ -344,7 +344,7 @@ async def serve(
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
             await tg.start(health.run)
-            tg.start_soon(_watch_signals, rt, 2 * settings.drain_timeout_s + EXIT_MARGIN_S)
+            tg.start_soon(_watch_signals, rt, stop_bound_s(settings.drain_timeout_s))
             await tg.start(_run_main, main, rt, done)
             micro = await add_service(
                 nc,
@@ -469,6 +469,17 @@ async def _watch_signals(rt: Runtime, exit_after_s: float) -> None:
             rt.health.stopping()
             rt.stopping.set()
             return
+
+
+def stop_bound_s(drain_timeout_s: float, environ: Mapping[str, str] = os.environ) -> float:
+    """How long a process asked to stop may take: its two drains (the actors', then the
+    connection's), the span exporter's flush when spans are exported (OTEL_BSP_EXPORT_TIMEOUT,
+    in ms, 30 s by default), and a margin: the chart's termination grace period, before its
+    preStop delay, is computed the same way."""
+    flush_s = 0.0
+    if otlp_configured(environ):
+        flush_s = float(environ.get("OTEL_BSP_EXPORT_TIMEOUT") or 30000) / 1000
+    return 2 * drain_timeout_s + flush_s + EXIT_MARGIN_S
 
 
 def _exit_after(seconds: float, name: str) -> None:

@@ -4,13 +4,14 @@ itself two drain periods and a margin after SIGTERM, saying so."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from libs.runtime import EXIT_MARGIN_S
+from libs.runtime import EXIT_MARGIN_S, stop_bound_s
 
 DRAIN_S = 0.5
 
@@ -45,6 +46,7 @@ def test_a_service_stuck_in_its_drain_ends_itself(nats_url: str, tmp_path: Path)
         proc = subprocess.Popen(
             [sys.executable, "-c", SERVICE, nats_url, str(ready), str(DRAIN_S)],
             cwd=Path(__file__).resolve().parents[2],
+            env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
             stderr=stderr,
         )
     try:
@@ -65,3 +67,10 @@ def test_a_service_stuck_in_its_drain_ends_itself(nats_url: str, tmp_path: Path)
     assert code == 1, log
     assert took >= 2 * DRAIN_S + EXIT_MARGIN_S - 0.5, took  # it waited out its drain first
     assert "did not stop within" in log, log
+
+
+def test_the_bound_covers_the_span_flush_when_spans_are_exported() -> None:
+    assert stop_bound_s(10, {}) == 20 + EXIT_MARGIN_S
+    exporting = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+    assert stop_bound_s(10, exporting) == 20 + 30 + EXIT_MARGIN_S
+    assert stop_bound_s(10, {**exporting, "OTEL_BSP_EXPORT_TIMEOUT": "10000"}) == 35.0
