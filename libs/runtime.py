@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -55,6 +56,9 @@ __all__ = [
 ]
 
 VERSION = "0.1.0"
+# Beyond its drains and span flush, how long a process asked to stop may take before it ends
+# itself (`stop_bound_s`).
+EXIT_MARGIN_S = 5.0
 log = logging.getLogger("writ.runtime")
 # Why an endpoint drops a request unhandled: past its requester's deadline, beyond its queue
 # bound, or naming a reply subject that is no inbox (libs/replies.py).
@@ -340,7 +344,7 @@ async def serve(
         async with anyio.create_task_group() as tg:
             done = anyio.Event()
             await tg.start(health.run)
-            tg.start_soon(_watch_signals, rt)
+            tg.start_soon(_watch_signals, rt, stop_bound_s(settings.drain_timeout_s))
             await tg.start(_run_main, main, rt, done)
             micro = await add_service(
                 nc,
@@ -457,13 +461,40 @@ async def _run_main(
         done.set()
 
 
-async def _watch_signals(rt: Runtime) -> None:
+async def _watch_signals(rt: Runtime, exit_after_s: float) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for _ in signals:
             log.info("writ-%s stopping: draining", rt.name)
+            _exit_after(exit_after_s, rt.name)
             rt.health.stopping()
             rt.stopping.set()
             return
+
+
+def stop_bound_s(drain_timeout_s: float, environ: Mapping[str, str] = os.environ) -> float:
+    """How long a process asked to stop may take: its two drains (the actors', then the
+    connection's), the span exporter's flush when spans are exported (OTEL_BSP_EXPORT_TIMEOUT,
+    in ms, 30 s by default), and a margin: the chart's termination grace period, before its
+    preStop delay, is computed the same way."""
+    flush_s = 0.0
+    if otlp_configured(environ):
+        flush_s = float(environ.get("OTEL_BSP_EXPORT_TIMEOUT") or 30000) / 1000
+    return 2 * drain_timeout_s + flush_s + EXIT_MARGIN_S
+
+
+def _exit_after(seconds: float, name: str) -> None:
+    """End the process `seconds` from now if it has not ended by itself. The drain is bounded
+    step by step, but a step can still wait on what is gone: a start-up still connecting to a
+    NATS server that went away with the process that started both (`writ run` killed), a span
+    exporter retrying. A process asked to stop always stops."""
+
+    def hard_exit() -> None:
+        log.error("writ-%s did not stop within %.0f s of being asked to: exiting", name, seconds)
+        os._exit(1)
+
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True
+    timer.start()
 
 
 def _write_atomically(path: str, text: str) -> None:

@@ -36,6 +36,9 @@ from soak.settings import SoakSettings
 from writ.stack import Stack
 
 SAMPLE_EVERY_S = 30.0
+# How long the deployment rests after settling before its resources are read at the end: twice
+# the dispatcher connectors' keep-alive (services/dispatcher/connectors/http.py).
+AT_REST_S = 10.0
 # The first part of the run under faults that still counts as warm-up for resources: pools
 # open connections as bursts ask for them (after a PostgreSQL restart too), up to their size,
 # so the baseline is each figure's peak over the first half; a leak keeps growing after it.
@@ -89,6 +92,9 @@ async def soak(
             healed = time.monotonic()  # the last fault healed: the bound counts from here
             await deployment.all_up(timeout=120)
             settle = await _settle(load, stack.database_dsn, settings.settle_s, log, since=healed)
+            # Resources at rest: a connector's idle connections close after its keep-alive
+            # (5 s), so a burst's pool is not mistaken for a leak; a leak stays.
+            await anyio.sleep(AT_REST_S)
             end = await observer.sample("end")
             dropped = dropped_requests(stack, list(deployment.service_instances))
             load.stopping.set()

@@ -4,6 +4,7 @@ so a leak shows as growth from the warm-up baseline to the end."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -60,6 +61,41 @@ def _proc(pid: int) -> tuple[float, int] | None:
     return None
 
 
+def _fd_kinds(pid: int) -> dict[str, int]:
+    """What a process's descriptors are: sockets by the port they talk to (the listening port
+    for a server's own socket), pipes, files; so a bound broken names what grew."""
+    peers: dict[str, str] = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            port = int(remote.rsplit(":", 1)[1], 16) or int(local.rsplit(":", 1)[1], 16)
+            peers[inode] = f"tcp:{port}"
+    kinds: dict[str, int] = {}
+    links = []
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                links.append(os.readlink(fd))
+            except OSError:  # closed since it was listed
+                continue
+    except OSError:
+        return kinds
+    for link in links:
+        if link.startswith("socket:["):
+            kind = peers.get(link[8:-1], "socket")
+        elif link.startswith(("pipe:", "anon_inode:")):
+            kind = link.split("[")[0]
+        else:
+            kind = "file"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 class Observer:
     """Samples of every service instance and of Postgres connections."""
 
@@ -70,12 +106,19 @@ class Observer:
 
     async def sample(self, label: str = "") -> dict[str, Any]:
         """One sample (kept in `samples`)."""
-        procs: dict[str, dict[str, float]] = {}
+        procs: dict[str, dict[str, Any]] = {}
         for key in self.instances:
             proc = self.stack.procs.get(key)
-            found = _proc(proc.pid) if proc is not None and proc.poll() is None else None
+            if proc is None or proc.poll() is not None:
+                continue
+            found = _proc(proc.pid)
             if found is not None:
-                procs[key] = {"rss_mb": round(found[0], 1), "fds": found[1], "pid": proc.pid}  # type: ignore[union-attr]
+                procs[key] = {
+                    "rss_mb": round(found[0], 1),
+                    "fds": found[1],
+                    "pid": proc.pid,
+                    "fd_kinds": _fd_kinds(proc.pid),
+                }
         connections: dict[str, int] = {}
         try:
             conn = await asyncpg.connect(self.stack.database_dsn, timeout=5)
@@ -153,9 +196,14 @@ def within(
         # NATS node fault asks for more than the warm-up did): up to the pool's size is no leak.
         most_fds = start["fds"] + FD_SLACK + POOL_MAX.get((instances or {}).get(key, key), 0)
         if last["fds"] > most_fds:
+            before, after = start.get("fd_kinds", {}), last.get("fd_kinds", {})
+            grew = sorted(
+                ((n - before.get(kind, 0), kind) for kind, n in after.items()), reverse=True
+            )
+            what = ", ".join(f"+{d} {kind}" for d, kind in grew if d > 0)
             broken.append(
                 f"{key} fds {start['fds']} after warm-up, {last['fds']} at the end "
-                f"(bound {most_fds}: + {FD_SLACK} + its PostgreSQL pool)"
+                f"(bound {most_fds}: + {FD_SLACK} + its PostgreSQL pool): {what}"
             )
     for role, count in end["pg_connections"].items():
         most = ceiling(role, instances or {})

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,23 @@ def _step(body: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def _model_line(environ: Mapping[str, str]) -> str:
+    """Where the demo agents' decisions come from (their manifests say `provider: default`)."""
+    if environ.get("WRIT_PROVIDER", "scripted") == "openai":
+        return (
+            f"The planner asks the model {environ.get('WRIT_MODEL_NAME', '?')} at "
+            f"{environ.get('WRIT_MODEL_URL', '?')}: what follows is what that model decided, "
+            "checked by Writ as any model's decisions are."
+        )
+    return (
+        "The planner's decisions are scripted (writ/demo/decisions.json), so the demo runs "
+        "offline; WRIT_PROVIDER=openai points it at a model (docs/configuration.md)."
+    )
+
+
 async def _demo(stack: Stack, started: float) -> int:
     print(f"Writ is up: NATS {stack.public_nats_url}, simulated CRM {stack.crm_url}")
+    print(_model_line(os.environ))
     nc = await nats.connect(stack.nats_url)
     done = anyio.Event()
     status: list[str] = []

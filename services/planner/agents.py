@@ -162,7 +162,10 @@ class AgentManifest(_Strict, kw_only=True, frozen=True):
     responsibility: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
     uses: Annotated[list[Use], msgspec.Meta(max_length=64)] = []
     callable_by: Annotated[list[AgentName], msgspec.Meta(max_length=64)] = []
-    provider: Literal["scripted", "openai"] = "scripted"
+    # The model provider the agent's decisions come from: `default` is whichever one the
+    # planner runs (WRIT_PROVIDER); naming one pins the agent to it (it is stopped, saying so,
+    # on a planner that runs another).
+    provider: Literal["default", "scripted", "openai"] = "default"
     budgets: Budgets = Budgets()
     # A critic verifies each answer against the objective before the run ends with it, and
     # may send the agent back to plan again (the agent-OS runtime view's scenario A), under the same
@@ -325,7 +328,7 @@ class AgentRegistry:
         for agent in self._agents.values():
             if agent.state != "initializing":
                 continue
-            if agent.manifest.provider not in known_providers:
+            if agent.manifest.provider not in known_providers | {"default"}:
                 agent.fail(f"its provider {agent.manifest.provider} is not configured")
                 continue
             try:

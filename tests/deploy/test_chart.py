@@ -485,9 +485,18 @@ def test_only_ingress_accepts_hosts(production: list[dict[str, Any]]) -> None:
 
 
 def test_prometheus_rule_is_the_alerts_file(production: list[dict[str, Any]]) -> None:
-    alerts = yaml.safe_load((ROOT / "deploy/observability/writ-alerts.yaml").read_text())
+    text = (ROOT / "deploy/observability/writ-alerts.yaml").read_text()
+    base = production_values()["monitoring"]["prometheusRule"]["runbookBaseUrl"]
+    alerts = yaml.safe_load(text.replace("https://writ.invalid/docs/runbooks/", base))
     [rule] = by_kind(production, "PrometheusRule")
     assert rule["spec"] == alerts
+    urls = [
+        r["annotations"]["runbook_url"]
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "runbook_url" in r.get("annotations", {})
+    ]
+    assert urls and all(u.startswith(base + "#") for u in urls)
     [monitor] = by_kind(production, "PodMonitor")
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     [dashboard] = [

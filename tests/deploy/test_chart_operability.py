@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.deploy.k8s import (
     by_kind,
     component,
@@ -117,3 +119,20 @@ def test_the_pod_monitor_labels_every_target_with_its_service() -> None:
         "service": ["__meta_kubernetes_pod_label_app_kubernetes_io_component"],
         "release": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
     }
+
+
+def test_alert_rules_link_to_the_runbooks_where_the_docs_are_served() -> None:
+    base = "https://docs.example.com/writ/runbooks/"
+    rule_on = {"monitoring": {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}}
+    [rule] = by_kind(render(rule_on), "PrometheusRule")
+    pages = [
+        r for g in rule["spec"]["groups"] for r in g["rules"] if r["labels"]["severity"] == "page"
+    ]
+    assert pages and all(r["annotations"]["runbook_url"].startswith(base + "#") for r in pages)
+    assert "writ.invalid" not in str(rule)
+
+
+@pytest.mark.parametrize("base", ["", "docs.example.com/runbooks/", "https://x/runbooks"])
+def test_alert_rules_without_a_runbook_address_are_refused(base: str) -> None:
+    with pytest.raises(Exception, match="runbookBaseUrl"):
+        render({"monitoring": {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}}})

@@ -4,6 +4,7 @@ collector and point the planner at a model."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fakes.llm import FakeLlm
 from fakes.otlp import FakeOtlpCollector
+from writ.demo import DEMO_INPUT
 from writ.stack import NOT_INHERITED, SERVICES, Stack
 
 pytestmark = pytest.mark.e2e
@@ -75,3 +78,53 @@ def test_writ_run_exports_spans_from_all_six_services_to_the_users_collector(
         spans = httpx.get(f"{collector.url}/_control/spans", timeout=10).json()
     services = {s["service"] for s in spans}
     assert services >= {f"writ-{name}" for name in SERVICES}, sorted(services)
+
+
+def test_writ_run_plays_the_demo_against_an_openai_compatible_model(tmp_path: Path) -> None:
+    """The demo agents' manifests say `provider: default`: `WRIT_PROVIDER=openai make run` has
+    their decisions made by the model it names (here the project's loopback model)."""
+    token = "model-key-" + os.urandom(8).hex()
+    key = tmp_path / "model.key"
+    key.write_text(token)
+    answer = "ACME-42's shipment is delayed; the note is left for a person to write."
+    decision = {"next": {"decision": "answer_directly", "answer": answer}}
+    accept = json.dumps({"critic": {"verdict": "accept"}})  # research-assistant has a critic
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("WRIT_", "OTEL_"))}
+    with FakeLlm(token=token) as model:
+        httpx.post(
+            f"{model.url}/_control/rules",
+            json={
+                "rules": [
+                    {"when": ["Answer under the `critic` key"], "reply": {"content": accept}},
+                    {"when": [], "reply": {"content": json.dumps(decision)}},
+                ]
+            },
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        ).raise_for_status()
+        done = subprocess.run(
+            [sys.executable, "-m", "writ.cli", "run", "--once", "--home", str(tmp_path / "home")],
+            env={
+                **base,
+                "WRIT_PROVIDER": "openai",
+                "WRIT_MODEL_URL": f"{model.url}/v1",
+                "WRIT_MODEL_NAME": "fake-model",
+                "WRIT_MODEL_KEY_FILE": str(key),
+            },
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        asked = httpx.get(
+            f"{model.url}/_control/requests",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        ).json()
+    output = done.stdout + done.stderr
+    assert "The planner asks the model fake-model at" in done.stdout, output
+    # The demo's research run ended with the model's own answer, decided by the model.
+    assert f"succeeded {answer}" in done.stdout, output
+    assert asked, output
+    assert {r["headers"]["authorization"] for r in asked} == {f"Bearer {token}"}
+    assert any(DEMO_INPUT in json.dumps(r["body"]) for r in asked)

@@ -557,3 +557,23 @@ def test_an_agent_call_deeper_than_the_bound_is_refused() -> None:
 def test_an_agent_already_on_the_call_chain_is_refused() -> None:
     refused = chained("agent:billing", ("billing",))  # billing -> support -> billing
     assert refused == ("cycle", "agent:billing: agent billing is already on this call chain")
+
+
+@pytest.mark.parametrize("runs", ["scripted", "openai"])
+def test_a_default_provider_follows_the_planner(runs: str) -> None:
+    raws = ({**BASE, "provider": "default"}, BILLING)
+    agents = AgentRegistry(load_manifest(json.dumps(r).encode()) for r in raws)
+    agents.resolve(actions=ACTIONS, providers=(runs,))
+    support = agents.get("support")
+    assert support is not None and support.state == "active", support and support.reason
+
+
+def test_a_manifest_without_a_provider_takes_the_planners() -> None:
+    document = {k: v for k, v in BASE.items() if k != "provider"}
+    assert load_manifest(json.dumps(document).encode()).provider == "default"
+
+
+def test_every_demo_agent_runs_on_the_provider_make_run_is_given() -> None:
+    demo = Path(__file__).resolve().parents[2] / "writ" / "demo" / "agents"
+    for path in sorted(demo.glob("*.json")):
+        assert json.loads(path.read_text()).get("provider", "default") == "default", path.name
