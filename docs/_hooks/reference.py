@@ -6,8 +6,9 @@ route and each subject with its message schemas rendered field by field (name, t
 bounds, description), then every schema either document names. So the page can never disagree
 with the contracts the tests check for drift. A field's description is the document's own, or
 else the comment that documents the field in its Struct in `schemas/` (msgspec puts only
-`Meta(description=...)` into a JSON Schema). `docs/subjects.md` gets the table of every subject
-from `schemas.subjects.TABLE` the same way.
+`Meta(description=...)` into a JSON Schema), or else, for a field many messages share
+(`COMMON_FIELDS`), the one meaning it has everywhere. `docs/subjects.md` gets the table of every
+subject from `schemas.subjects.TABLE` the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +31,42 @@ SUBJECTS_MARKER = "<!-- reference: subjects -->"
 FIELDS_HEADER = "| field | type | required | bounds | description |"
 
 Schema = dict[str, Any]
+
+# What a field many messages share means wherever it appears, where neither the contract nor
+# the Struct's own comment says it.
+COMMON_FIELDS: dict[str, str] = {
+    "type": "The message's type: its schema's name, the tag a union is decoded by.",
+    "api_version": "The host contract's version (`HOST_API_VERSION`).",
+    "token": "The caller's signed credential (an EdDSA JWT): tenant, principal and roles come "
+    "from it, never from the body.",
+    "request_id": "The id of the caller's request (its `Nats-Msg-Id` on NATS, so a re-publish "
+    "is a duplicate); an answer repeats it.",
+    "tenant": "The tenant, one subject token.",
+    "principal": "Who the work is done for, as their token names them.",
+    "agent": "The agent's name, as the agent catalog knows it.",
+    "run_id": "The run's id.",
+    "step": "The step's number, within its run or turn.",
+    "session_id": "The chat session's id.",
+    "parent_session_id": "The session this one descends from (a fork's or a child's), if any.",
+    "turn": "The turn's number in its session (from 1).",
+    "n": "The event's number in its session (1, 2, ... with no gap; 0 for text deltas and resets).",
+    "plan_mode": "Whether the session proposes a plan before it acts.",
+    "plan_id": "The plan's opaque id: a plan is answered by it alone.",
+    "pending_id": "The id of a decision waiting for a person.",
+    "proposal_id": "The proposal's opaque id: what an approver approves or rejects.",
+    "action": "The action contract's name (`actions/`).",
+    "arguments": "The action's arguments, closed and bounded by its contract.",
+    "preview": "The human preview frozen with the arguments: what an approver is shown.",
+    "operation_id": "The command's operation id; the dispatcher's idempotency key is "
+    "`<tenant>:<operation_id>`.",
+    "operation_key": "The host's own key for a command: the same key and payload is a replay, "
+    "another payload a conflict.",
+    "receipt": "What the system of record returned for the effect.",
+    "correlation_id": "The id that ties this outcome to the runtime's own records.",
+    "code": "A stable code (upper case) saying what went wrong or was refused, if anything did.",
+    "created_at": "When it was created (RFC 3339).",
+    "expires_at": "When it expires (RFC 3339).",
+}
 
 
 def _cell(text: str) -> str:
@@ -149,7 +186,7 @@ class Renderer:
             return ["No fields." if schema.get("additionalProperties") is False else "Any fields."]
         rows = [FIELDS_HEADER, "| --- | --- | --- | --- | --- |"]
         for field, prop in schema.get("properties", {}).items():
-            text = prop.get("description") or described.get(field, "")
+            text = prop.get("description") or described.get(field) or COMMON_FIELDS.get(field, "")
             rows.append(
                 f"| `{field}` | {_cell(self.type_of(prop))} | "
                 f"{'yes' if field in required else 'no'} | {_cell(self.bounds(prop))} | "

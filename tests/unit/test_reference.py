@@ -114,6 +114,7 @@ def test_bounds_and_descriptions_come_from_the_contracts_and_the_structs() -> No
     # The Struct's own comment on the field, which the JSON Schema does not carry.
     assert run_request["attended"][4].startswith("Someone is watching")
     assert "default `false`" in run_request["attended"][3]
+    assert run_request["token"][4] == HOOK._cell(HOOK.COMMON_FIELDS["token"])  # shared meaning
     approve = _rows(_sections(NATS)["#### `ApproveProposal` (NATS)"])
     assert approve["answer"][3] == "one of `approve`, `reject`"
     keyed = _rows(_sections(HTTP)["### `POST /api/v1/commands`"])
