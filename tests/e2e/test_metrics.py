@@ -140,7 +140,7 @@ async def driven(stack: Stack, host: Host) -> None:
 
 async def test_every_service_exports_what_operators_alert_on(stack: Stack, driven: None) -> None:
     scraped = await eventually(
-        stack, lambda s: value(s["admission"], "writ_admission_commands", state="succeeded") >= 1
+        stack, lambda s: value(s["admission"], "writ_admission_commands", state="succeeded") >= 2
     )
 
     # The actor loop, in every service with an inbox (the durable is named after the service);

@@ -1,5 +1,5 @@
 """Governance's SQL: the facts a decision needs, decisions, runs, pending decisions and policy
-(run budgets: `_budgets.py`).
+(run budgets: `_budgets.py`; the statements themselves: `_statements.py`).
 
 Every change it records (a decision, an answer, a grant or rule it writes, a run registered, an
 org policy loaded or withdrawn, a budget set, reserved, refused, settled, paused or resumed)
@@ -18,11 +18,10 @@ from libs.journal import Journal
 from schemas.governance import Answer, PendingDecision, RegisterRun
 from schemas.planner import root_run_id
 from services.governance.budgets import Limits
-from services.governance.logic import Call, Facts, Rule, Ruling
+from services.governance.logic import Call, Facts, Ruling
 from services.governance.store._budgets import BudgetStore
 from services.governance.store._records import (
     ATTENDED_ASK_TIMEOUT,
-    DEFAULT_POLICY_VERSION,
     Answered,
     NotAnswerable,
     Policy,
@@ -31,52 +30,17 @@ from services.governance.store._records import (
     decision_row,
     is_uuid,
 )
+from services.governance.store._statements import (
+    FACTS,
+    INSERT_DECISION,
+    INSERT_PENDING,
+    RUN,
+    RUN_BUDGET,
+    RUN_GRANTS,
+    facts_of,
+)
 
 __all__ = ["GovernanceStore"]
-
-
-# One row per call asked about, in order: $1 tenants, $2 tools, $3 agents, $4 principals, $5 run
-# ids, $6 approval ids (uuid or NULL), $7 the root runs (the run itself, or the run a branch
-# descends from: its grants and attendance), $8 the calls' first arguments. Concurrent decides
-# read their facts in one statement (`facts_many`); each row is what its call alone would read.
-# An approval stands in for a grant for exactly the call a person answered: a proposal's is
-# bound to the proposal (the command admitted from it is what dispatches), any other call's to
-# its first argument.
-_FACTS = """
-SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_families,
-       p.developer_mode,
-       (SELECT coalesce(json_agg(json_build_object('tool', r.tool, 'effect', r.effect,
-                                                   'arg_prefix', r.arg_prefix,
-                                                   'agent', r.agent)), '[]')
-        FROM governance.rules r
-        WHERE r.tenant = q.tenant AND r.tool = q.tool
-          AND (r.agent IS NULL OR r.agent = q.agent)) AS rules,
-       EXISTS (SELECT 1 FROM governance.revocations v
-               WHERE v.tenant = q.tenant AND v.principal = q.principal) AS revoked,
-       ARRAY(SELECT g.family FROM governance.standing_grants g
-             WHERE g.tenant = q.tenant AND g.agent = q.agent) AS standing,
-       ARRAY(SELECT g.family FROM governance.run_grants g
-             WHERE g.tenant = q.tenant AND g.run_id = q.root_run) AS run_families,
-       coalesce((SELECT r.attended FROM governance.runs r
-                 WHERE r.tenant = q.tenant AND r.run_id = q.root_run), false) AS attended,
-       EXISTS (SELECT 1 FROM governance.pending a
-               WHERE a.tenant = q.tenant AND a.run_id = q.run_id AND a.tool = q.tool
-                 AND (a.proposal_id IS NOT NULL OR a.first_argument = q.arg)
-                 AND a.answer_decision_id = q.approval_id
-                 AND a.answer IN ('once', 'always')) AS approved
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::text[],
-            $8::text[]) WITH ORDINALITY
-         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, i)
-LEFT JOIN governance.policy p ON p.tenant = q.tenant
-ORDER BY q.i
-"""
-
-
-_INSERT_DECISION = """
-INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, principal, tool, family,
-    verdict, line, reason, policy_version)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-"""
 
 
 class GovernanceStore(BudgetStore):
@@ -89,9 +53,7 @@ class GovernanceStore(BudgetStore):
         super().__init__()
         self._pool, self._journal = pool, journal
         self._insert_decision_statement = (
-            f"WITH {journal.cte(12)} {_INSERT_DECISION}"
-            if journal is not None
-            else _INSERT_DECISION
+            f"WITH {journal.cte(12)} {INSERT_DECISION}" if journal is not None else INSERT_DECISION
         )
 
     async def facts(
@@ -115,7 +77,7 @@ class GovernanceStore(BudgetStore):
     async def facts_many(self, reads: list[ToRead]) -> list[Facts]:
         """`facts` for several calls, in order, read in one statement (one snapshot)."""
         rows = await self._pool.fetch(
-            _FACTS,
+            FACTS,
             [r.tenant for r in reads],
             [r.call.tool for r in reads],
             [r.call.agent for r in reads],
@@ -130,7 +92,7 @@ class GovernanceStore(BudgetStore):
         )
         if len(rows) != len(reads):
             raise RuntimeError(f"facts for {len(reads)} calls read {len(rows)} rows")
-        return [_facts(row) for row in rows]
+        return [facts_of(row) for row in rows]
 
     def _decision_args(
         self, decision: tuple[object, ...], event: dict[str, object]
@@ -206,7 +168,7 @@ class GovernanceStore(BudgetStore):
             return decision_id
         try:
             async with self._pool.acquire() as conn, conn.transaction():
-                await conn.execute(_INSERT_DECISION, *decision)
+                await conn.execute(INSERT_DECISION, *decision)
                 now = datetime.now(UTC)
                 deadlines = ([now + ATTENDED_ASK_TIMEOUT] if attended else []) + (
                     [now + timedelta(seconds=ask_open_s)] if ask_open_s else []
@@ -222,7 +184,7 @@ class GovernanceStore(BudgetStore):
                     payload=event,
                 )
                 inserted = await conn.fetchval(
-                    _INSERT_PENDING,
+                    INSERT_PENDING,
                     decision_id,
                     tenant,
                     run_id,
@@ -301,7 +263,7 @@ class GovernanceStore(BudgetStore):
         # stands apart from the run: a run registered before budgets existed gets one when its
         # registration is delivered again.
         if self._journal is None:
-            await self._pool.execute(f"WITH {_RUN}, {_RUN_GRANTS}, {_RUN_BUDGET} SELECT 1", *args)
+            await self._pool.execute(f"WITH {RUN}, {RUN_GRANTS}, {RUN_BUDGET} SELECT 1", *args)
             return
         registered = self._journal.entry(
             tenant=run.tenant,
@@ -319,7 +281,7 @@ class GovernanceStore(BudgetStore):
         )
         first = len(args) + 1
         await self._pool.execute(
-            f"WITH {_RUN}, {_RUN_GRANTS}, {_RUN_BUDGET}, "
+            f"WITH {RUN}, {RUN_GRANTS}, {RUN_BUDGET}, "
             f"{self._journal.cte_if(first, 'run', name='run_row')}, "
             f"{self._journal.cte_if(first + 8, 'budget', name='budget_row')} SELECT 1",
             *args,
@@ -651,57 +613,5 @@ class GovernanceStore(BudgetStore):
                 )
 
 
-# A run, once (a redelivery inserts nothing), and its run grants with it ($6: the families).
-_RUN = (
-    "run AS (INSERT INTO governance.runs (tenant, run_id, principal, agent, attended) "
-    "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING 1)"
-)
-_RUN_GRANTS = (
-    "grants AS (INSERT INTO governance.run_grants (tenant, run_id, family, "
-    "granted_by) SELECT $1, $2, family, $3 FROM unnest($6::text[]) AS family "
-    "WHERE EXISTS (SELECT 1 FROM run) ON CONFLICT DO NOTHING)"
-)
-# $1 tenant, $2 run, $4 agent, $7-$11 the limits (register_run's parameters).
-_RUN_BUDGET = (
-    "budget AS (INSERT INTO governance.budgets (tenant, run_id, agent, provider_calls, "
-    "tokens, capability_calls, wall_time_s, max_concurrent_steps) "
-    "VALUES ($1, $2, $4, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING RETURNING 1)"
-)
-
-
-def _facts(row: asyncpg.Record) -> Facts:
-    rules = tuple(msgspec.json.decode(row["rules"], type=list[Rule]))
-    common = {
-        "rules": rules,
-        "standing_families": frozenset(row["standing"]),
-        "run_families": frozenset(row["run_families"]),
-        "principal_revoked": row["revoked"],
-        "approved": row["approved"],
-        "attended": row["attended"],
-    }
-    if row["version"] is None:
-        return Facts(policy_version=DEFAULT_POLICY_VERSION, **common)
-    return Facts(
-        policy_version=row["version"],
-        policy_refused=row["status"] != "valid",
-        refused_tools=frozenset(row["refused_tools"]),
-        refused_connectors=frozenset(row["refused_connectors"]),
-        refused_families=frozenset(row["refused_families"]),
-        developer_mode=row["developer_mode"],
-        **common,
-    )
-
-
 class _AlreadyPending(Exception):
     """The proposal already has an open pending decision (inside `record` only)."""
-
-
-# At most one open pending decision per proposal (migration 008): a concurrent second ask
-# inserts nothing.
-_INSERT_PENDING = (
-    "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, agent, principal, "
-    "tool, family, first_argument, reason, options, attended, deadline) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
-    "ON CONFLICT (tenant, proposal_id) WHERE proposal_id IS NOT NULL AND answer IS NULL "
-    "DO NOTHING RETURNING pending_id"
-)

@@ -26,7 +26,8 @@ from typing import Literal
 
 from schemas.planner import ReplayReport
 from services.planner.journal_entries import Captured, RunRecord, StatusEntry
-from services.planner.replay._walk import Walk, canon, show
+from services.planner.replay._expect import canon, show
+from services.planner.replay._walk import Walk
 
 __all__ = ["render", "replay_run"]
 

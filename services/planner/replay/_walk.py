@@ -1,6 +1,6 @@
 """The walk of a run's journal entries in chain order (`replay_run`, `__init__.py`): what each
-entry implies comes next (`_Expect`), and what the walk found — divergences and what is missing.
-No I/O here."""
+entry implies comes next (`Expect`, `_expect.py`), and what the walk found — divergences and what
+is missing. A tool output's observation is checked in `_observe.py`. No I/O here."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from typing import Any, Final
 
 import msgspec
 
-from schemas.admission import ProposalRefused
 from schemas.planner import Divergence
 from schemas.sessions import PlanDecided, PlanProposed, SessionOpened
-from services.planner.codes import BUDGET_CODE, REFUSAL_CODES, REVIEW_CODE
+from services.planner.codes import BUDGET_CODE, REVIEW_CODE
 from services.planner.inputs import critic_input, input_digest, model_input, with_injected
 from services.planner.journal_entries import (
     CRITIC,
@@ -31,15 +30,6 @@ from services.planner.journal_entries import (
     StatusEntry,
     StepRecord,
 )
-from services.planner.observations import (
-    AgentObserved,
-    CriticReplan,
-    Output,
-    ReadObserved,
-    ReviewAnswered,
-    SelectionRefused,
-    observation_of,
-)
 from services.planner.protocol import action_name
 from services.planner.provider import (
     AnswerDirectly,
@@ -50,6 +40,8 @@ from services.planner.provider import (
     RequestHumanReview,
     SelectCapability,
 )
+from services.planner.replay._expect import Expect, canon, show
+from services.planner.replay._observe import observe
 from services.planner.replay._plans import PLAN_STALE, PlanTrack
 from services.planner.sessions._plans import (
     HELD_CODE,
@@ -65,7 +57,7 @@ from services.planner.snapshot import (
     selection_outcome,
 )
 
-__all__ = ["Walk", "canon", "show"]
+__all__ = ["Walk"]
 
 _TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
 _BUDGET_KINDS: Final = frozenset(
@@ -73,57 +65,6 @@ _BUDGET_KINDS: Final = frozenset(
 )
 _MAX_FINDINGS: Final = 100  # ReplayReport's bound
 HELD: Final = frozenset({"propose", "read", "call"})  # what a paused session's turn holds
-
-
-def canon(value: Any) -> bytes:
-    """`value` as JSON with sorted keys, to compare what was captured with what was expected."""
-    return msgspec.json.encode(value, order="sorted")
-
-
-def show(value: Any, limit: int = 160) -> str:
-    """`value` as a finding shows it: canonical JSON, cut to `limit` characters."""
-    text = canon(value).decode()
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-class _Expect(msgspec.Struct, kw_only=True):
-    """What the last entry implies comes next."""
-
-    # decide | propose | read | call | refuse | output | review | reviewing | critic | replan
-    # | succeed | fail | resume | ended | unknown; a plan-mode turn's: plan | plan-wait |
-    # plan-answer | plan-approved
-    what: str
-    step: int | None = None
-    action: str = ""
-    arguments: dict[str, Any] | None = None
-    answer: str | None = None
-    code: str | None = None
-    reason: str = ""
-    plan: list[Any] | None = None  # plan: the steps the captured selections freeze
-
-    def __str__(self) -> str:
-        return {
-            "decide": "a model decision",
-            "propose": f"a proposal of {self.action} with arguments {show(self.arguments)}",
-            "refuse": f"the runtime to refuse {self.action} ({self.code}: {show(self.reason)})",
-            "read": f"a read of {self.action} with arguments {show(self.arguments)} observed "
-            f"(step {self.step})",
-            "call": f"a call of agent {self.action} with arguments {show(self.arguments)} "
-            f"observed (step {self.step})",
-            "output": f"the captured output of {self.action} (step {self.step})",
-            "review": f"the run to wait for a person's review of step {self.step}",
-            "reviewing": f"a person's answer to the review of step {self.step}",
-            "critic": f"the critic's verdict on the answer of step {self.step}",
-            "replan": f"the critic's reason to plan again (step {self.step}) observed",
-            "succeed": f"the run to succeed with answer {show(self.answer)}",
-            "fail": f"the run to fail with {self.code}: {show(self.reason)}",
-            "resume": "the run to resume once the approved command's outcome arrived",
-            "ended": "nothing more (the run had ended)",
-            "plan": f"the plan of steps {show(self.plan)} proposed (step {self.step})",
-            "plan-wait": f"the run to wait for the user's answer to the plan of step {self.step}",
-            "plan-answer": f"the user's answer to the plan of step {self.step}",
-            "plan-approved": f"the plan's approval observed (step {self.step})",
-        }.get(self.what, "an entry the walk cannot predict")
 
 
 _DECODERS: Final[dict[str, type]] = {
@@ -159,10 +100,10 @@ class Walk:
         self.critics = 0
         # After a missing step the model inputs that follow cannot be recomputed.
         self.inputs_known = True
-        self.expect = _Expect(what="decide")
+        self.expect = Expect(what="decide")
         self.steps: dict[int, StepRecord] = {}
         self.plans = PlanTrack()
-        self.held: _Expect | None = None  # what a paused session held, until its resume
+        self.held: Expect | None = None  # what a paused session held, until its resume
 
     def diverged(self, step: int | None, expected: str, found: str) -> None:
         if len(self.divergences) < _MAX_FINDINGS:
@@ -191,7 +132,7 @@ class Walk:
                 f"a {captured.kind} entry",
                 f"an unreadable one (chain seq {captured.seq}): {exc}",
             )
-            self.expect = _Expect(what="unknown")
+            self.expect = Expect(what="unknown")
             return
         if isinstance(entry, SessionOpened | PlanProposed | PlanDecided):
             self.session_entry(entry)
@@ -239,7 +180,7 @@ class Walk:
             differs = self.plans.proposal_differs(entry, ex.step or 0, ex.plan or [])
             if differs is not None:
                 self.diverged(ex.step, str(ex), differs)
-            self.expect = _Expect(what="plan-wait", step=ex.step)
+            self.expect = Expect(what="plan-wait", step=ex.step)
         else:
             answered = self.plans.answered(entry)
             if answered is None:
@@ -253,9 +194,9 @@ class Walk:
             if ex.what != "plan-answer" or ex.step != step:
                 self.diverged(step, str(ex), f"the plan of step {step} {answer}")
             elif answer == "approved":
-                self.expect = _Expect(what="plan-approved", step=step)
+                self.expect = Expect(what="plan-approved", step=step)
             else:  # the loop's `_plan_answered`
-                self.expect = _Expect(
+                self.expect = Expect(
                     what="fail", step=step, code="REJECTED", reason=entry.reason or PLAN_REJECTED
                 )
 
@@ -360,21 +301,21 @@ class Walk:
             self.diverged(
                 d.seq, "a model response that decodes as a decision", f"{show(d.response)}: {exc}"
             )
-            self.expect = _Expect(what="unknown")
+            self.expect = Expect(what="unknown")
             return
         if isinstance(decision, AnswerDirectly):
             verified = has_critic(self.started.manifest if self.started is not None else None)
             if drafts := self.plans.drafts(self.steps):  # a planning turn's answer: its plan
-                self.expect = _Expect(what="plan", step=d.seq, plan=drafts)
+                self.expect = Expect(what="plan", step=d.seq, plan=drafts)
                 return
-            self.expect = _Expect(
+            self.expect = Expect(
                 what="critic" if verified else "succeed", step=d.seq, answer=decision.answer
             )
         elif isinstance(decision, RequestCapabilities):
             self.catalog_requested = True
-            self.expect = _Expect(what="decide")
+            self.expect = Expect(what="decide")
         elif isinstance(decision, RequestHumanReview):
-            self.expect = _Expect(what="review", step=d.seq, reason=decision.review_prompt)
+            self.expect = Expect(what="review", step=d.seq, reason=decision.review_prompt)
         else:
             refused = selection_outcome(
                 self.started.manifest if self.started is not None else None,
@@ -388,7 +329,7 @@ class Walk:
             tool = read_target(manifest, decision.capability)
             callee = agent_call_target(manifest, decision.capability)
             if refused is not None:
-                self.expect = _Expect(
+                self.expect = Expect(
                     what="refuse",
                     step=d.seq,
                     action=decision.capability[:512],
@@ -396,16 +337,16 @@ class Walk:
                     reason=refused[1],
                 )
             elif tool is not None:
-                self.expect = _Expect(
+                self.expect = Expect(
                     what="read", step=d.seq, action=tool, arguments=decision.arguments
                 )
             elif callee is not None:
-                self.expect = _Expect(
+                self.expect = Expect(
                     what="call", step=d.seq, action=callee, arguments=decision.arguments
                 )
             else:  # an approved plan's step sends the plan's frozen request
                 planned = self.plans.request(self.steps, decision)
-                self.expect = _Expect(
+                self.expect = Expect(
                     what="propose",
                     step=d.seq,
                     action=action_name(decision.capability)[:512],
@@ -455,12 +396,12 @@ class Walk:
             self.diverged(
                 c.seq, "a critic response that decodes as a verdict", f"{show(c.verdict)}: {exc}"
             )
-            self.expect = _Expect(what="unknown")
+            self.expect = Expect(what="unknown")
             return
         if isinstance(verdict, Replan):
-            self.expect = _Expect(what="replan", step=c.seq, reason=verdict.reason)
+            self.expect = Expect(what="replan", step=c.seq, reason=verdict.reason)
         else:
-            self.expect = _Expect(what="succeed", step=c.step, answer=answer)
+            self.expect = Expect(what="succeed", step=c.step, answer=answer)
 
     def proposal(self, p: ProposalEntry) -> None:
         ex = self.expect
@@ -475,130 +416,11 @@ class Walk:
                     f"{ex.action} with arguments {show(ex.arguments)}",
                     f"arguments {show(p.arguments)}",
                 )
-        self.expect = _Expect(what="output", step=p.step, action=p.action)
+        self.expect = Expect(what="output", step=p.step, action=p.action)
 
     def observation(self, o: ObservationEntry) -> None:
-        ex = self.expect
-        gap = self.at_step(o.seq, "observation")
-        stale = ex.what == "propose" and ex.code == PLAN_STALE  # may be refused instead
-        if (
-            not gap
-            and ex.what != "unknown"
-            and not (
-                (
-                    stale
-                    or ex.what
-                    in ("output", "read", "call", "refuse", "reviewing", "replan", "plan-approved")
-                )
-                and o.step == ex.step
-            )
-        ):
-            self.diverged(
-                ex.step if ex.step is not None else o.step,
-                str(ex),
-                f"a tool output of step {o.step}",
-            )
-        self.next_seq = o.seq + 1
-        self.steps[o.seq] = StepRecord(seq=o.seq, kind="observation", payload=o.observation)
-        self.observations.append(o.observation)
-        try:
-            output = msgspec.convert(o.output, Output)
-        except msgspec.ValidationError as exc:
-            self.diverged(
-                o.seq,
-                "a captured tool output (an outcome or a refusal)",
-                f"{show(o.output)}: {exc}",
-            )
-            self.expect = _Expect(what="unknown")
-            return
-        if output.run_id != self.run_id or output.step != o.step:
-            self.diverged(
-                o.seq,
-                f"the output of run {self.run_id} step {o.step}",
-                f"the output of run {output.run_id} step {output.step}",
-            )
-        derived = observation_of(output)
-        if canon(derived) != canon(o.observation):
-            self.diverged(
-                o.seq,
-                f"the observation {show(derived)} (from the captured output)",
-                f"{show(o.observation)}",
-            )
-        if isinstance(output, ReadObserved):
-            if ex.what != "read":
-                self.diverged(o.step, str(ex), f"a read of {output.tool} at step {output.step}")
-            elif output.tool != ex.action or canon(output.arguments) != canon(ex.arguments):
-                self.diverged(
-                    o.step,
-                    str(ex),
-                    f"a read of {output.tool} with arguments {show(output.arguments)}",
-                )
-            self.expect = _Expect(what="decide")
-            return
-        if isinstance(output, AgentObserved):
-            if ex.what != "call":
-                self.diverged(o.step, str(ex), f"a call of {output.agent} at step {output.step}")
-            elif output.agent != ex.action or canon(output.arguments) != canon(ex.arguments):
-                self.diverged(
-                    o.step,
-                    str(ex),
-                    f"a call of {output.agent} with arguments {show(output.arguments)}",
-                )
-            self.expect = _Expect(what="decide")
-            return
-        if ex.what in ("read", "call"):
-            self.diverged(o.step, str(ex), f"another tool output of step {o.step}")
-            self.expect = _Expect(what="unknown")
-            return
-        if isinstance(output, SelectionRefused):
-            if ex.what == "refuse" and (output.check, output.reason) != (ex.code, ex.reason):
-                self.diverged(
-                    o.step,
-                    str(ex),
-                    f"the runtime refused {output.target} ({output.check}: {show(output.reason)})",
-                )
-            elif ex.what in ("propose", "output") and not (
-                ex.what == "propose" and ex.code == PLAN_STALE == output.check
-            ):
-                self.diverged(o.step, str(ex), f"the runtime refused {output.target}")
-            self.expect = _Expect(what="decide")
-            return
-        if isinstance(output, CriticReplan):
-            if ex.what != "replan" or output.reason != ex.reason:
-                self.diverged(o.step, str(ex), f"the critic's replan of step {output.step}")
-            self.expect = _Expect(what="decide")
-            return
-        if isinstance(output, ReviewAnswered):
-            if ex.what == "plan-approved" and output.answer != "approve":
-                self.diverged(o.step, str(ex), f"a review answer {output.answer}")
-            elif ex.what not in ("reviewing", "plan-approved"):
-                self.diverged(o.step, str(ex), f"a review answer for step {output.step}")
-            if output.answer == "approve":
-                self.expect = _Expect(what="resume", step=o.step)
-            else:
-                self.expect = _Expect(
-                    what="fail", step=o.step, code="REJECTED", reason=output.reason
-                )
-            return
-        if ex.what == "output" and output.action != ex.action:
-            self.diverged(o.step, f"the output of {ex.action}", f"the output of {output.action}")
-        if isinstance(output, ProposalRefused):
-            if output.verdict == "ask":
-                self.diverged(
-                    o.seq,
-                    "an ask to stop the run for a person, not an observation",
-                    "an ask observed",
-                )
-            self.expect = _Expect(
-                what="fail",
-                step=o.step,
-                code=REFUSAL_CODES.get(output.verdict, "?"),
-                reason=output.reason,
-            )
-        elif self.status == "awaiting_human":
-            self.expect = _Expect(what="resume", step=o.step)
-        else:
-            self.expect = _Expect(what="decide")
+        """A tool output's observation (`_observe.py`)."""
+        observe(self, o)
 
     def status_change(self, s: StatusEntry) -> None:
         ex = self.expect
@@ -607,13 +429,13 @@ class Walk:
                 self.diverged(
                     s.step, str(ex), f"the run waiting with {s.error_code}: {show(s.error_message)}"
                 )
-            self.expect = _Expect(what="reviewing", step=ex.step)
+            self.expect = Expect(what="reviewing", step=ex.step)
         elif s.status == "awaiting_human" and ex.what == "plan-wait":
             if s.step != ex.step or s.error_message != PLAN_WAIT:
                 self.diverged(
                     s.step, str(ex), f"the run waiting with {s.error_code}: {show(s.error_message)}"
                 )
-            self.expect = _Expect(what="plan-answer", step=ex.step)
+            self.expect = Expect(what="plan-answer", step=ex.step)
         elif s.status == "awaiting_human" and s.error_code == HELD_CODE and ex.what in HELD:
             self.held = ex  # a paused session holds the selection: it is acted on at resume
         elif s.status == "awaiting_human":
@@ -624,7 +446,7 @@ class Walk:
         elif s.status == "running":
             if ex.what != "resume":
                 self.diverged(s.step, str(ex), "the run resumed")
-            self.expect = _Expect(what="decide")
+            self.expect = Expect(what="decide")
         elif s.status == "succeeded":
             if ex.what != "succeed":
                 self.diverged(
@@ -668,7 +490,7 @@ class Walk:
             self.diverged(s.step, str(ex), f"status {s.status!r}")
         self.status, self.last_status = s.status, s
         if s.status in _TERMINAL:
-            self.expect = _Expect(what="ended")
+            self.expect = Expect(what="ended")
 
     def end(self) -> None:
         if self.started is None:
