@@ -33,6 +33,7 @@ import pytest
 from fakes.llm import FakeLlm
 from libs.journal import DataKeys, Journal, read_entries
 from schemas import subjects
+from schemas.base import Family
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 from tests.e2e.conftest import Host, service_violations
 from tests.fixtures.everything import everything_argv, everything_http
@@ -551,7 +552,11 @@ async def test_a_grant_naming_a_server_covers_its_classified_tools_and_nothing_e
             tools=["echo", "get-sum", "get-tiny-image"],
             timeout_s=30,
         )
-        for tool, family in (("echo", "read_personal"), ("get-sum", "send_external")):
+        classes: tuple[tuple[str, Family], ...] = (
+            ("echo", "read_personal"),
+            ("get-sum", "send_external"),
+        )
+        for tool, family in classes:
             answer = await mcp.classify(
                 stack.nats_url, "acme", server, tool, family, "ops@acme.example", quiet=True
             )
