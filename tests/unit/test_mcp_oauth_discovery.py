@@ -11,7 +11,13 @@ import msgspec
 import pytest
 
 from services.retrieval.mcp import ServerConfig
-from services.retrieval.mcp.oauth import named_metadata, origin, well_known
+from services.retrieval.mcp.oauth import (
+    McpTokenError,
+    _followed,
+    named_metadata,
+    origin,
+    well_known,
+)
 from writ.cli import main
 from writ.mcp import servers_file
 
@@ -116,3 +122,31 @@ def test_writ_mcp_add_registers_other_origins_and_refuses_them_for_a_bearer(
     assert done.value.code == 2
     assert "auth_origins are for client_credentials" in capsys.readouterr().out
     assert "globex" not in json.loads(servers_file(tmp_path).read_text())
+
+
+def test_discovery_follows_only_the_servers_origin_or_named_ones_and_never_downgrades(
+    tmp_path: Path,
+) -> None:
+    server = msgspec.convert(
+        {
+            "url": "https://h.example/mcp",
+            "credential_file": str(tmp_path / "c"),
+            "auth": "client_credentials",
+            "auth_origins": ["https://auth.example", "http://plain.example"],
+        },
+        ServerConfig,
+    )
+    for url in ("https://h.example/m", "https://H.example:443/m", "https://auth.example:443/t"):
+        assert _followed(url, server, "it") == url
+    for url in (
+        "https://h.example:8443/m",
+        "https://h.example.evil/m",
+        "https://evil.example/h.example",
+        "https://auth.example@evil.example/",
+        "http://h.example/m",
+        "http://plain.example/m",
+        "/relative",
+    ):
+        with pytest.raises(McpTokenError) as refused:
+            _followed(url, server, "it")
+        assert refused.value.refused
