@@ -65,6 +65,7 @@ def add_server(
     env: dict[str, str] | None = None,
     env_files: dict[str, str] | None = None,
     resources: dict[str, str] | None = None,
+    auth_origins: list[str] | None = None,
 ) -> None:
     """Register (or replace) `server` for `tenant`.
 
@@ -83,6 +84,7 @@ def add_server(
         "env": env or {},
         "env_files": env_files or {},
         "resources": resources or {},
+        "auth_origins": auth_origins or [],
     }
     try:
         entry = msgspec.convert(fields, ServerConfig)

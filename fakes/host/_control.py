@@ -85,6 +85,19 @@ def control_routes(state: HostState) -> list[Route]:
             state.revisions[ticket_id] += 1
             return JSONResponse(state.ticket(ticket_id))
 
+    async def metadata(request: Request) -> Response:
+        """Where the 401 says the protected-resource metadata is (`named`: a path on this host
+        or an absolute URL; null for the well-known one), and whether the well-known locations
+        serve it (`well_known`)."""
+        req = await request.json()
+        named = req.get("named")
+        with state.lock:
+            state.metadata_named = None if named is None else str(named)
+            state.well_known_metadata = bool(req.get("well_known", True))
+        return JSONResponse(
+            {"named": state.metadata_named, "well_known": state.well_known_metadata}
+        )
+
     async def revoke_tokens(request: Request) -> Response:
         with state.lock:
             revoked = len(state.access_tokens)
@@ -95,6 +108,7 @@ def control_routes(state: HostState) -> list[Route]:
     return [
         Route("/_control/state", get_state, methods=["GET"]),
         Route("/_control/revoke_tokens", revoke_tokens, methods=["POST"]),
+        Route("/_control/metadata", metadata, methods=["POST"]),
         Route("/_control/reset", reset, methods=["POST"]),
         Route("/_control/mode", mode, methods=["POST"]),
         Route("/_control/rug_pull", rug_pull, methods=["POST"]),
@@ -117,6 +131,7 @@ class Guard:
             scheme, _, value = headers.get(b"authorization", b"").decode().partition(" ")
             base = base_url(headers)
             with self._state.lock:
+                named = self._state.metadata_named
                 issued = self._state.access_tokens.get(value, 0.0) > time.time()
                 # The audience check: a token is taken only if it was got for this resource.
                 audience = self._state.token_audiences.get(value)
@@ -126,10 +141,15 @@ class Guard:
             if scheme.lower() != "bearer" or not (
                 issued or hmac.compare_digest(value.encode(), self._token)
             ):
-                challenge = (
-                    f'Bearer error="invalid_token", '
-                    f'resource_metadata="{resource_metadata_url(base)}"'
+                where = (
+                    resource_metadata_url(base)
+                    if named is None
+                    else f"{base}{named}"
+                    if named.startswith("/")
+                    else named
                 )
+                challenge = f'Bearer error="invalid_token", resource_metadata="{where}"'
+
                 await JSONResponse(
                     {"error": "invalid_token"},
                     status_code=401,

@@ -3,7 +3,9 @@ the MCP authorization spec describes them:
 
 - `GET /.well-known/oauth-protected-resource/mcp` (RFC 9728, the path of `/mcp` inserted; and
   at the root): the resource `<base>/mcp` and its authorization server `<base>`. A 401 from
-  `/mcp` names it in `WWW-Authenticate: Bearer resource_metadata="…"`.
+  `/mcp` names it in `WWW-Authenticate: Bearer resource_metadata="…"`. The same document is
+  at a location no client would guess, `/oauth/metadata/mcp`: `/_control/metadata` can have the
+  401 name that one (or any URL) and the well-known locations answer 404.
 - `GET /.well-known/oauth-authorization-server` (RFC 8414): the issuer and its token endpoint.
 - `POST /oauth/token`: the OAuth 2.0 client credentials grant (RFC 6749 §4.4;
   `client_secret_basic` or `_post`) with a resource indicator (RFC 8707): `resource` must be one
@@ -58,6 +60,8 @@ def token_routes(state: Any, clients: dict[str, str]) -> list[Route]:
     async def protected_resource(request: Request) -> Response:
         base = base_url(request.headers)
         with state.lock:
+            if request.url.path.startswith("/.well-known/") and not state.well_known_metadata:
+                return JSONResponse({"error": "not_found"}, status_code=404)
             state.metadata_reads += 1
         return JSONResponse(
             {
@@ -116,6 +120,7 @@ def token_routes(state: Any, clients: dict[str, str]) -> list[Route]:
     return [
         Route("/.well-known/oauth-protected-resource/mcp", protected_resource, methods=["GET"]),
         Route("/.well-known/oauth-protected-resource", protected_resource, methods=["GET"]),
+        Route("/oauth/metadata/mcp", protected_resource, methods=["GET"]),
         Route("/.well-known/oauth-authorization-server", authorization_server, methods=["GET"]),
         Route("/oauth/token", token, methods=["POST"]),
     ]

@@ -165,6 +165,10 @@ class HostState:
             self.token_resources: list[str] = []  # the `resource` of each token issued
             self.metadata_reads = 0
             self.audience_refusals = 0
+            # Where a 401 says the metadata is (None: the well-known location), and whether the
+            # well-known locations serve it (`/_control/metadata`).
+            self.metadata_named: str | None = None
+            self.well_known_metadata = True
 
     def take_mode(self, face: str) -> dict[str, Any]:
         with self.lock:

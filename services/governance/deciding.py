@@ -105,7 +105,11 @@ class Decider:
         except Exception as exc:
             log.warning("mcp classification unreadable: %r", exc)
             return call, "the classification of MCP tools cannot be read: refused", None
-        call = msgspec.structs.replace(call, family=found.family)
+        # A tool classified as sending outside is asked every time, as such a contract is: no
+        # standing or run grant covers it, whatever it names.
+        call = msgspec.structs.replace(
+            call, family=found.family, grantable=found.family != "send_external"
+        )
         if ask.tool_digest is None:
             return (
                 call,

@@ -13,14 +13,45 @@ from typing import Final, Generic, Literal, TypeVar
 import msgspec
 
 from schemas.governance import Answer
+from schemas.mcp import parse_capability
 from services.governance.shell import simple_command
 
-__all__ = ["Call", "Facts", "Rule", "RuleIndex", "Ruling", "SENSITIVE_UNREADABLE", "decide"]
+__all__ = [
+    "Call",
+    "Facts",
+    "Rule",
+    "RuleIndex",
+    "Ruling",
+    "SENSITIVE_UNREADABLE",
+    "decide",
+    "names_of",
+    "source_of",
+]
 
 Verdict = Literal["allow", "deny", "ask"]
 SENSITIVE_UNREADABLE: Final = "governance store unreadable: sensitive calls are denied"
 _ALL: Final[tuple[Answer, ...]] = ("once", "always", "deny")
 _NO_ALWAYS: Final[tuple[Answer, ...]] = ("once", "deny")
+# Families a grant naming a source (`mcp:<server>/*`, `mcp:<server>/<tool>`) never covers:
+# sending outside is asked every time, and code execution has its own line.
+SOURCE_UNGRANTABLE: Final = frozenset({"send_external", "execute_code"})
+
+
+def source_of(tool: str) -> str | None:
+    """The source an `mcp:` capability belongs to, `mcp:<server>/*`; None for any other tool.
+
+    Derived from the capability's parsed server name, never by prefix: `mcp:crm/*` is the
+    source of `mcp:crm/x` and of no tool of `mcp:crm-evil`.
+    """
+    parsed = parse_capability(tool)
+    return None if parsed is None else f"mcp:{parsed[0]}/*"
+
+
+def names_of(tool: str) -> tuple[str, ...]:
+    """What a rule, a refusal or a grant may name to reach `tool`: the tool, and for an `mcp:`
+    capability its server's wildcard."""
+    source = source_of(tool)
+    return (tool,) if source is None else (tool, source)
 
 
 class Rule(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,8 +63,9 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True):
     agent: str | None = None
 
     def names(self, call: Call) -> bool:
-        """Does this rule apply to this tool and agent (prefix aside)?"""
-        return self.tool == call.tool and (self.agent is None or self.agent == call.agent)
+        """Does this rule apply to this tool and agent (prefix aside)? A rule may name an
+        `mcp:` capability's server as a whole (`mcp:<server>/*`)."""
+        return self.tool in names_of(call.tool) and (self.agent is None or self.agent == call.agent)
 
     def matches(self, call: Call) -> bool:
         """Does this rule name this call, first argument included (as a plain prefix)?"""
@@ -72,6 +104,10 @@ class Facts(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     developer_mode: bool = False
     rules: tuple[Rule, ...] = ()
     standing_families: frozenset[str] = frozenset()
+    # Standing grants of this agent that name a source rather than a whole family, as
+    # (source, family): `mcp:<server>/*` or `mcp:<server>/<tool>`. Each covers a classified tool
+    # of that source in that family only.
+    standing_sources: frozenset[tuple[str, str]] = frozenset()
     run_families: frozenset[str] = frozenset()
     principal_revoked: bool = False
     approved: bool = False  # a person answered once/always for exactly this call
@@ -154,13 +190,30 @@ class RuleIndex:
 
 
 def _naming(rules: dict[tuple[str, str | None], _Prefixes[P]], call: Call) -> list[_Prefixes[P]]:
-    """The entries for the call's tool with its agent, and with every agent."""
+    """The entries for the call's tool (and an `mcp:` capability's server wildcard) with its
+    agent, and with every agent."""
     found = []
-    if (mine := rules.get((call.tool, call.agent))) is not None:
-        found.append(mine)
-    if (everyone := rules.get((call.tool, None))) is not None:
-        found.append(everyone)
+    for name in names_of(call.tool):
+        if (mine := rules.get((name, call.agent))) is not None:
+            found.append(mine)
+        if (everyone := rules.get((name, None))) is not None:
+            found.append(everyone)
     return found
+
+
+def _source_granted(call: Call, facts: Facts) -> str | None:
+    """The source a standing grant names that covers the call, if one does: only a classified
+    `mcp:` tool (family known), of that very server or that very tool, in the grant's family,
+    and never a family that sends outside or executes code."""
+    if call.family is None or call.family in SOURCE_UNGRANTABLE or not facts.standing_sources:
+        return None
+    source = source_of(call.tool)
+    if source is None:
+        return None
+    for name in (call.tool, source):
+        if (name, call.family) in facts.standing_sources:
+            return name
+    return None
 
 
 class Ruling(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,7 +245,7 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
     if facts.principal_revoked:
         return Ruling(verdict="deny", line=1, reason="the principal's access was revoked")
     if (
-        call.tool in facts.refused_tools
+        any(name in facts.refused_tools for name in names_of(call.tool))
         or (call.connector is not None and call.connector in facts.refused_connectors)
         or (call.family is not None and call.family in facts.refused_families)
     ):
@@ -241,6 +294,10 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
         )
     if call.family is not None and call.family in facts.standing_families:
         return Ruling(verdict="allow", line=5, reason=f"standing grant for {call.family}")
+    if (source := _source_granted(call, facts)) is not None:
+        return Ruling(
+            verdict="allow", line=5, reason=f"standing grant for {call.family} of {source}"
+        )
     if call.family is not None and call.family in facts.run_families:
         return Ruling(verdict="allow", line=5, reason=f"granted for this run: {call.family}")
     # 6. everything else asks

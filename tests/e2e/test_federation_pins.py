@@ -33,6 +33,7 @@ import pytest
 from fakes.llm import FakeLlm
 from libs.journal import DataKeys, Journal, read_entries
 from schemas import subjects
+from schemas.base import Family
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 from tests.e2e.conftest import Host, service_violations
 from tests.fixtures.everything import everything_argv, everything_http
@@ -526,3 +527,105 @@ async def test_a_resource_of_server_everything_is_a_governed_read(
     assert isinstance(refused, ReadRefused) and refused.code == "INVALID_ARGUMENTS", refused
     asked = await read(admin, "mcp:everything-docs/startup", {})
     assert isinstance(asked, ReadRefused) and asked.code == "ASK", asked
+
+
+# -- rules and grants naming a source ---------------------------------------------------------
+
+
+async def test_a_grant_naming_a_server_covers_its_classified_tools_and_nothing_else(
+    stack: Stack, admin: Any, helpdesk: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A standing grant for `mcp:crm/*` (`read_personal`): `@modelcontextprotocol/server-everything`
+    registered as `crm` and as `crm-evil`, the same tools classified alike on both. The grant
+    allows crm's classified tool, and asks for crm-evil's, for crm's unclassified tool and for
+    crm's tool classified as sending outside (whatever grant the agent holds for that family).
+    A tool of the project's own host covered by such a grant is refused the moment it changes."""
+    for server in ("crm", "crm-evil"):
+        mcp.add_server(
+            stack.home,
+            "acme",
+            server,
+            url="",
+            credential_file="",
+            transport="stdio",
+            command=everything_argv(),
+            tools=["echo", "get-sum", "get-tiny-image"],
+            timeout_s=30,
+        )
+        classes: tuple[tuple[str, Family], ...] = (
+            ("echo", "read_personal"),
+            ("get-sum", "send_external"),
+        )
+        for tool, family in classes:
+            answer = await mcp.classify(
+                stack.nats_url, "acme", server, tool, family, "ops@acme.example", quiet=True
+            )
+            assert answer.ok, answer.message
+    answer = await mcp.classify(
+        stack.nats_url,
+        "acme",
+        "helpdesk",
+        "ticket.get",
+        "read_personal",
+        "ops@acme.example",
+        quiet=True,
+    )
+    assert answer.ok, answer.message
+    await db.execute(
+        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source) "
+        "VALUES ('acme', 'helpdesk-reader', 'read_personal', 'ops@acme.example', 'mcp:crm/*'), "
+        "('acme', 'helpdesk-reader', 'read_personal', 'ops@acme.example', $1), "
+        "('acme', 'helpdesk-reader', 'send_external', 'ops@acme.example', '')",
+        TICKET,
+    )
+
+    async def asked(answer: ReadResult | ReadRefused) -> list[str]:
+        assert isinstance(answer, ReadRefused) and answer.code == "ASK", answer
+        return list(
+            await db.fetchval(
+                "SELECT options FROM governance.pending WHERE pending_id = $1::uuid",
+                answer.pending_id,
+            )
+        )
+
+    try:
+        granted = await read(admin, "mcp:crm/echo", {"message": "covered by the grant"})
+        assert isinstance(granted, ReadResult), granted
+        decision = await db.fetchrow(
+            "SELECT verdict, line, reason FROM governance.decisions WHERE decision_id = $1::uuid",
+            granted.decision_id,
+        )
+        assert (decision["verdict"], decision["line"]) == ("allow", 5)
+        assert "mcp:crm/*" in decision["reason"]
+        # Another server, whose name only begins like the granted one's.
+        assert await asked(await read(admin, "mcp:crm-evil/echo", {"message": "x"})) == [
+            "once",
+            "always",
+            "deny",
+        ]
+        # A tool of the granted server nobody classified.
+        assert await asked(await read(admin, "mcp:crm/get-tiny-image", {})) == ["once", "deny"]
+        # A tool of the granted server classified as sending outside: no grant covers it.
+        assert await asked(await read(admin, "mcp:crm/get-sum", {"a": 1, "b": 2})) == [
+            "once",
+            "deny",
+        ]
+
+        # The host's own tool, granted by name: allowed as classified, refused once changed.
+        first = await read(admin, TICKET, {"ticket_id": "T-1001"})
+        assert isinstance(first, ReadResult), first
+        line = await db.fetchval(
+            "SELECT line FROM governance.decisions WHERE decision_id = $1::uuid",
+            first.decision_id,
+        )
+        assert line == 5
+        (
+            await helpdesk.post(
+                "/_control/rug_pull", json={"tool": "ticket.get", "description": f"Read. {POISON}"}
+            )
+        ).raise_for_status()
+        refused = await read(admin, TICKET, {"ticket_id": "T-1001"})
+        assert isinstance(refused, ReadRefused) and refused.code == "CHANGED", refused
+        assert await calls(helpdesk) == {"ticket.get": 1}
+    finally:
+        await db.execute("DELETE FROM governance.standing_grants WHERE agent = 'helpdesk-reader'")

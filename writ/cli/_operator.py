@@ -78,6 +78,7 @@ def _mcp(args: argparse.Namespace) -> int:
                 auth=args.auth,
                 command=shlex.split(args.command) if args.command else [],
                 resources=dict(r.split("=", 1) for r in args.resource),
+                auth_origins=args.auth_origin,
                 env=dict(e.split("=", 1) for e in args.env),
                 env_files={
                     k: str(Path(v).resolve()) for k, v in (e.split("=", 1) for e in args.env_file)
@@ -276,6 +277,13 @@ def add_parsers(sub: Any) -> None:
         choices=["bearer", "client_credentials"],
         help="client_credentials: the credential file is JSON {client_id, "
         "client_secret, token_url[, scope]}",
+    )
+    a.add_argument(
+        "--auth-origin",
+        action="append",
+        default=[],
+        help="client_credentials: an origin (scheme://host[:port]) besides the server's own "
+        "where its authorization metadata and server may be",
     )
     m2 = m.add_parser(
         "list",

@@ -21,7 +21,9 @@ __all__ = [
 
 # One row per call asked about, in order: $1 tenants, $2 tools, $3 agents, $4 principals, $5 run
 # ids, $6 approval ids (uuid or NULL), $7 the root runs (the run itself, or the run a branch
-# descends from: its grants and attendance), $8 the calls' first arguments. Concurrent decides
+# descends from: its grants and attendance), $8 the calls' first arguments, $9 the sources the
+# calls' tools belong to (`mcp:<server>/*` of an `mcp:` capability, else NULL: rules and grants
+# may name one, `logic.names_of`). Concurrent decides
 # read their facts in one statement (`facts_many`); each row is what its call alone would read.
 # An approval stands in for a grant for exactly the call a person answered: a proposal's is
 # bound to the proposal (the command admitted from it is what dispatches), any other call's to
@@ -33,12 +35,16 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                                                    'arg_prefix', r.arg_prefix,
                                                    'agent', r.agent)), '[]')
         FROM governance.rules r
-        WHERE r.tenant = q.tenant AND r.tool = q.tool
+        WHERE r.tenant = q.tenant AND r.tool IN (q.tool, q.source)
           AND (r.agent IS NULL OR r.agent = q.agent)) AS rules,
        EXISTS (SELECT 1 FROM governance.revocations v
                WHERE v.tenant = q.tenant AND v.principal = q.principal) AS revoked,
        ARRAY(SELECT g.family FROM governance.standing_grants g
-             WHERE g.tenant = q.tenant AND g.agent = q.agent) AS standing,
+             WHERE g.tenant = q.tenant AND g.agent = q.agent AND g.source = '') AS standing,
+       (SELECT coalesce(json_agg(json_build_array(g.source, g.family)), '[]')
+        FROM governance.standing_grants g
+        WHERE g.tenant = q.tenant AND g.agent = q.agent
+          AND g.source IN (q.tool, q.source)) AS standing_sources,
        ARRAY(SELECT g.family FROM governance.run_grants g
              WHERE g.tenant = q.tenant AND g.run_id = q.root_run) AS run_families,
        coalesce((SELECT r.attended FROM governance.runs r
@@ -49,8 +55,8 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                  AND a.answer_decision_id = q.approval_id
                  AND a.answer IN ('once', 'always')) AS approved
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::text[],
-            $8::text[]) WITH ORDINALITY
-         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, i)
+            $8::text[], $9::text[]) WITH ORDINALITY
+         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, source, i)
 LEFT JOIN governance.policy p ON p.tenant = q.tenant
 ORDER BY q.i
 """
@@ -87,6 +93,9 @@ def facts_of(row: asyncpg.Record) -> Facts:
     common = {
         "rules": rules,
         "standing_families": frozenset(row["standing"]),
+        "standing_sources": frozenset(
+            msgspec.json.decode(row["standing_sources"], type=list[tuple[str, str]])
+        ),
         "run_families": frozenset(row["run_families"]),
         "principal_revoked": row["revoked"],
         "approved": row["approved"],

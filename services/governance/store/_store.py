@@ -18,7 +18,7 @@ from libs.journal import Journal
 from schemas.governance import Answer, PendingDecision, RegisterRun
 from schemas.planner import root_run_id
 from services.governance.budgets import Limits
-from services.governance.logic import Call, Facts, Ruling
+from services.governance.logic import Call, Facts, Ruling, source_of
 from services.governance.store._budgets import BudgetStore
 from services.governance.store._records import (
     ATTENDED_ASK_TIMEOUT,
@@ -89,6 +89,7 @@ class GovernanceStore(BudgetStore):
             ],
             [root_run_id(r.run_id) for r in reads],
             [r.call.first_argument for r in reads],
+            [source_of(r.call.tool) for r in reads],
         )
         if len(rows) != len(reads):
             raise RuntimeError(f"facts for {len(reads)} calls read {len(rows)} rows")

@@ -1,11 +1,17 @@
 """Access tokens for `client_credentials` registrations, as the MCP authorization spec asks:
 
-- the protected resource is the registration's URL; its metadata (RFC 9728) is found at
-  `/.well-known/oauth-protected-resource` with the URL's path inserted (then at the root), and
-  must name that very resource — metadata naming another one is refused;
+- the protected resource is the registration's URL; its metadata (RFC 9728) is where the
+  server's 401 says (`WWW-Authenticate: Bearer resource_metadata="…"`, §5.1), asked for once
+  without a token, or else at `/.well-known/oauth-protected-resource` with the URL's path
+  inserted (then at the root); it must name that very resource — metadata naming another one is
+  refused;
 - its authorization server's metadata (RFC 8414, `/.well-known/oauth-authorization-server`,
   the issuer's path inserted) gives the token endpoint, and must name the issuer it was found
   for; a registration that names its `token_url` skips both;
+- what the server names is followed only on its own origin or one the registration names
+  (`auth_origins`): the metadata URL its 401 gives, the authorization server, the token
+  endpoint. Anything else is refused before it is asked, so a server can neither point
+  retrieval at another host nor have Writ's client secret sent where the operator did not say;
 - the token request is the client credentials grant (RFC 6749 §4.4, `client_secret_basic`)
   with the `resource` parameter (RFC 8707), so the token is bound to this server's audience and
   a server that checks it refuses tokens got for another;
@@ -17,6 +23,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from typing import Annotated, Final
 from urllib.parse import urlsplit
@@ -26,9 +33,16 @@ import msgspec
 
 from services.retrieval.mcp.servers import ClientCredentials, ServerConfig
 
-__all__ = ["McpTokenError", "Tokens", "well_known"]
+__all__ = ["McpTokenError", "Tokens", "named_metadata", "origin", "well_known"]
 
 _MAX_ANSWER: Final = 16 * 1024
+_MAX_CHALLENGE: Final = 4096
+# `resource_metadata` as an auth-param of a challenge (RFC 9110 §11.2): a quoted string (with
+# backslash escapes) or a token.
+_RESOURCE_METADATA: Final = re.compile(
+    r'(?:^|[\s,])resource_metadata\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s,"]+))', re.IGNORECASE
+)
+_URL: Final = re.compile(r"https?://[^\s]{1,2000}")
 
 
 class McpTokenError(Exception):
@@ -75,12 +89,57 @@ def well_known(url: str, name: str) -> list[str]:
     ]
 
 
+def named_metadata(challenge: str) -> str | None:
+    """The `resource_metadata` URL a `WWW-Authenticate` header names (RFC 9728 §5.1), if any;
+    a header over 4 KiB, or a value that is not an absolute http(s) URL, names none."""
+    if len(challenge) > _MAX_CHALLENGE:
+        return None
+    match = _RESOURCE_METADATA.search(challenge)
+    if match is None:
+        return None
+    value = match[1] if match[1] is not None else match[2]
+    value = re.sub(r"\\(.)", r"\1", value)
+    return value if _URL.fullmatch(value) else None
+
+
+def origin(url: str) -> str | None:
+    """`scheme://host:port` of an absolute http(s) URL (the port always written), or None for
+    one that is not that or carries a user."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+        return None
+    if port is None:
+        port = 443 if parts.scheme.lower() == "https" else 80
+    host = parts.hostname.lower()
+    return f"{parts.scheme.lower()}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def _followed(url: str, server: ServerConfig, what: str) -> str:
+    """`url`, if it is on the server's own origin or one the registration names; else refused."""
+    allowed = {origin(server.url), *(origin(o) for o in server.auth_origins)} - {None}
+    at = origin(url)
+    if at is None or at not in allowed:
+        raise McpTokenError(
+            f"{what} is at {url[:300]!r}, not on the server's origin nor one the registration "
+            "names: refused (name its origin with --auth-origin if it is the host's)",
+            refused=True,
+        )
+    if urlsplit(server.url).scheme.lower() == "https" and at.startswith("http:"):
+        raise McpTokenError(f"{what} is at {url[:300]!r}, over plain http: refused", refused=True)
+    return url
+
+
 class Tokens:
     """The access tokens of `client_credentials` registrations (see the module's docstring)."""
 
     def __init__(self) -> None:
         self._held: dict[tuple[str, str, str, str], tuple[str, float]] = {}
-        self._endpoints: dict[str, str] = {}  # resource -> token endpoint, once discovered
+        # (resource, the origins it may use) -> token endpoint, once discovered
+        self._endpoints: dict[tuple[str, tuple[str, ...]], str] = {}
 
     def _key(self, server: ServerConfig, creds: ClientCredentials) -> tuple[str, str, str, str]:
         digest = hashlib.sha256(creds.client_secret.encode()).hexdigest()
@@ -111,7 +170,7 @@ class Tokens:
             return held[0], True
         timeout = httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
         async with httpx2.AsyncClient(timeout=timeout) as http:
-            endpoint = creds.token_url or await self._discover(http, server.url)
+            endpoint = creds.token_url or await self._discover(http, server)
             form = {"grant_type": "client_credentials", "resource": server.url}
             if creds.scope:
                 form["scope"] = creds.scope
@@ -149,11 +208,20 @@ class Tokens:
         self._held[key] = (answer.access_token, time.monotonic() + max(life - 60, 0))
         return answer.access_token, False
 
-    async def _discover(self, http: httpx2.AsyncClient, resource: str) -> str:
-        """The token endpoint of `resource`'s authorization server, from the metadata."""
-        if resource in self._endpoints:
-            return self._endpoints[resource]
-        prm = await _document(http, well_known(resource, "oauth-protected-resource"), "")
+    async def _discover(self, http: httpx2.AsyncClient, server: ServerConfig) -> str:
+        """The token endpoint of the server's authorization server, from the metadata."""
+        resource = server.url
+        key = (resource, tuple(server.auth_origins))
+        if key in self._endpoints:
+            return self._endpoints[key]
+        named = await _challenge(http, resource)
+        if named is not None:
+            urls = [
+                _followed(named, server, "the protected-resource metadata the server's 401 names")
+            ]
+        else:
+            urls = well_known(resource, "oauth-protected-resource")
+        prm = await _document(http, urls, "")
         try:
             found = msgspec.json.decode(prm, type=_ResourceMetadata)
         except msgspec.DecodeError as exc:
@@ -167,22 +235,42 @@ class Tokens:
                 f"{resource[:200]!r}: refused",
                 refused=True,
             )
-        issuer = found.authorization_servers[0]
+        issuer = _followed(
+            found.authorization_servers[0], server, "the authorization server the metadata names"
+        )
         asm = await _document(http, well_known(issuer, "oauth-authorization-server"), issuer)
         try:
-            server = msgspec.json.decode(asm, type=_ServerMetadata)
+            found_as = msgspec.json.decode(asm, type=_ServerMetadata)
         except msgspec.DecodeError as exc:
             raise McpTokenError(
                 f"the authorization-server metadata is not valid: {exc}"[:200], refused=True
             ) from exc
-        if server.issuer.rstrip("/") != issuer.rstrip("/"):
+        if found_as.issuer.rstrip("/") != issuer.rstrip("/"):
             raise McpTokenError(
-                f"the authorization-server metadata names the issuer {server.issuer[:200]!r}, "
+                f"the authorization-server metadata names the issuer {found_as.issuer[:200]!r}, "
                 f"not {issuer[:200]!r}: refused",
                 refused=True,
             )
-        self._endpoints[resource] = server.token_endpoint
-        return server.token_endpoint
+        endpoint = _followed(found_as.token_endpoint, server, "the token endpoint")
+        self._endpoints[key] = endpoint
+        return endpoint
+
+
+async def _challenge(http: httpx2.AsyncClient, resource: str) -> str | None:
+    """The metadata URL the server's 401 names when asked without a token (RFC 9728 §5.1),
+    or None (no 401, or no `resource_metadata` in it: the well-known locations then). Only
+    the headers are read."""
+    try:
+        async with http.stream(
+            "GET", resource, headers={"Accept": "application/json, text/event-stream"}
+        ) as response:
+            status = response.status_code
+            challenge = response.headers.get("www-authenticate", "")
+    except httpx2.HTTPError as exc:
+        raise McpTokenError(
+            f"the MCP server did not answer ({type(exc).__name__})", refused=False
+        ) from exc
+    return named_metadata(challenge) if status == 401 else None
 
 
 async def _document(http: httpx2.AsyncClient, urls: list[str], issuer: str) -> bytes:

@@ -10,7 +10,8 @@ servers only, with no environment but the one the registration names (`env`, and
 whose values are secret files). `auth` is
 `bearer` (the credential file holds the token) or `client_credentials` (it holds
 `{"client_id", "client_secret", "token_url", "scope"?}`: the OAuth 2.0 client credentials grant,
-RFC 6749 §4.4, and the token it gets is the bearer).
+RFC 6749 §4.4, and the token it gets is the bearer; `auth_origins` names the origins besides
+the server's own its authorization metadata and server may be at).
 `tools` are the tools Writ exposes as capabilities (anything else the server lists is never
 called); `resources` names resources Writ exposes, `{"<name>": "<uri>"}`, read as
 `mcp:<server>/<name>` under the same governance; `facts` names the tool admission's previews
@@ -47,6 +48,8 @@ class ClientCredentials(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
 
 _EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+# An origin, scheme://host[:port], with no path, user or query.
+_Origin = Annotated[str, msgspec.Meta(pattern=r"^https?://[A-Za-z0-9.\-\[\]:]{1,255}(?!\n)$")]
 
 
 class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -76,6 +79,10 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ] = {}
     # Variables whose value is a secret file's content (read at each start of the server).
     env_files: Annotated[dict[_EnvName, str], msgspec.Meta(max_length=16)] = {}
+    # Origins besides the server's own that client-credentials discovery may use: where the
+    # protected-resource metadata a 401 names may be, and the authorization server Writ sends
+    # its client secret to. Anything the server names elsewhere is refused.
+    auth_origins: Annotated[list[_Origin], msgspec.Meta(max_length=8)] = []
 
     def __post_init__(self) -> None:
         if both := sorted(set(self.tools) & set(self.resources)):
@@ -98,6 +105,11 @@ class ServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 raise ValueError("a remote server needs a credential file")
             if self.command or self.env or self.env_files:
                 raise ValueError("command, env and env_files are for stdio servers only")
+        if self.auth_origins and self.auth != "client_credentials":
+            raise ValueError(
+                "auth_origins are for client_credentials registrations (--auth "
+                "client_credentials): a static bearer discovers nothing"
+            )
 
     def environment(self) -> dict[str, str]:
         """The stdio server's whole environment: `env`, and `env_files` read now.

@@ -1,0 +1,126 @@
+"""Rules and standing grants naming an MCP server (`mcp:<server>/*`) or one of its tools, as
+governance's store reads them from a real PostgreSQL for `decide`, and what the table refuses
+to hold."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from libs.db import connect_pool, load_migrations, provision, role_name, with_database
+from services.governance.logic import Call, decide
+from services.governance.store import GovernanceStore, ToRead
+
+pytestmark = pytest.mark.anyio
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "services" / "governance" / "migrations"
+
+
+@pytest.fixture
+async def store(scratch_db: str) -> AsyncIterator[tuple[GovernanceStore, asyncpg.Connection]]:
+    database = scratch_db.rsplit("/", 1)[1]
+    passwords = await provision(
+        scratch_db, database, {"governance": load_migrations("governance", MIGRATIONS)}
+    )
+    dsn = with_database(
+        scratch_db,
+        database,
+        user=role_name(database, "governance"),
+        password=passwords["governance"],
+    )
+    pool = await connect_pool(dsn)
+    admin = await asyncpg.connect(scratch_db)
+    yield GovernanceStore(pool), admin
+    await admin.close()
+    await pool.close()
+
+
+def mcp(tool: str, family: str | None = "write_delete", agent: str = "assistant") -> Call:
+    return Call(tool=tool, family=family, connector=None, agent=agent, first_argument="C-1")
+
+
+async def _grant(admin: asyncpg.Connection, agent: str, family: str, source: str) -> None:
+    await admin.execute(
+        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source) "
+        "VALUES ('acme', $1, $2, 'ops@acme', $3)",
+        agent,
+        family,
+        source,
+    )
+
+
+async def test_a_grant_naming_a_server_reaches_its_tools_only(store) -> None:
+    gov, admin = store
+    await _grant(admin, "assistant", "write_delete", "mcp:crm/*")
+    await _grant(admin, "assistant", "read_personal", "mcp:crm/contact.get")
+    calls = [
+        mcp("mcp:crm/note.add"),
+        mcp("mcp:crm/contact.get", "read_personal"),
+        mcp("mcp:crm/contact.list", "read_personal"),
+        mcp("mcp:crm-evil/note.add"),
+        mcp("mcp:crm/note.add", None),
+        mcp("mcp:crm/note.add", agent="other"),
+        mcp("crm.note.create"),
+    ]
+    facts = await gov.facts_many(
+        [ToRead(tenant="acme", call=c, principal="alice@acme", run_id="run-1") for c in calls]
+    )
+    verdicts = [decide(c, f).verdict for c, f in zip(calls, facts, strict=True)]
+    assert verdicts == ["allow", "allow", "ask", "ask", "ask", "ask", "ask"]
+    # What the store gives a call is only the grants naming that call's tool or server.
+    assert facts[0].standing_sources == {("mcp:crm/*", "write_delete")}
+    assert facts[3].standing_sources == frozenset()
+    assert facts[6].standing_sources == frozenset()
+    # A family-wide grant is not a source grant.
+    assert all(f.standing_families == frozenset() for f in facts)
+
+
+async def test_a_deny_rule_naming_a_server_is_read_for_its_tools_only(store) -> None:
+    gov, admin = store
+    await admin.execute(
+        "INSERT INTO governance.rules (tenant, tool, effect) VALUES ('acme', 'mcp:crm/*', 'deny')"
+    )
+    await _grant(admin, "assistant", "write_delete", "mcp:crm/*")
+    mine = await gov.facts("acme", mcp("mcp:crm/note.add"), "alice@acme", "run-1")
+    theirs = await gov.facts("acme", mcp("mcp:crm-evil/note.add"), "alice@acme", "run-1")
+    assert [r.tool for r in mine.rules] == ["mcp:crm/*"]
+    assert theirs.rules == ()
+    assert decide(mcp("mcp:crm/note.add"), mine).verdict == "deny"
+    assert decide(mcp("mcp:crm/note.add", None), mine).verdict == "deny"
+    assert decide(mcp("mcp:crm-evil/note.add"), theirs).verdict == "ask"
+
+
+@pytest.mark.parametrize(
+    ("family", "source"),
+    [
+        ("send_external", "mcp:crm/*"),
+        ("execute_code", "mcp:crm/shell"),
+        ("write_delete", "mcp:crm"),
+        ("write_delete", "mcp:crm/"),
+        ("write_delete", "mcp:crm*"),
+        ("write_delete", "mcp:*/*"),
+        ("write_delete", "crm.note.create"),
+        ("write_delete", "mcp:crm/a/b"),
+        ("write_delete", "mcp:crm/*\n"),
+    ],
+)
+async def test_the_table_refuses_a_source_grant_that_could_widen(
+    store, family: str, source: str
+) -> None:
+    _, admin = store
+    with pytest.raises(asyncpg.CheckViolationError):
+        await _grant(admin, "assistant", family, source)
+
+
+async def test_a_family_wide_grant_and_a_source_grant_of_one_family_are_both_kept(store) -> None:
+    _, admin = store
+    await admin.execute(
+        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+        "VALUES ('acme', 'assistant', 'write_delete', 'ops@acme')"
+    )
+    await _grant(admin, "assistant", "write_delete", "mcp:crm/*")
+    rows = await admin.fetch("SELECT source FROM governance.standing_grants ORDER BY source")
+    assert [r["source"] for r in rows] == ["", "mcp:crm/*"]

@@ -1,0 +1,232 @@
+"""Rules, refusals and standing grants that name an MCP server as a whole (`mcp:<server>/*`) or
+one of its tools (`mcp:<server>/<tool>`), as `decide` reads them.
+
+A deny (rule or org refusal) naming a server covers every tool of that server; an allow rule or
+a standing grant naming it covers that server's classified tools in the family it names, never
+another server's (whatever its name begins with), never an unclassified tool, and never a tool
+that sends outside or executes code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.governance.logic import Call, Facts, Rule, decide, names_of, source_of
+
+CRM = "mcp:crm/contact.get"
+
+
+def mcp_call(
+    tool: str = CRM,
+    family: str | None = "read_personal",
+    *,
+    agent: str = "assistant",
+    first_argument: str = "C-1",
+    grantable: bool = True,
+) -> Call:
+    return Call(
+        tool=tool,
+        family=family,
+        connector=None,
+        agent=agent,
+        first_argument=first_argument,
+        grantable=grantable,
+    )
+
+
+def facts(**fields: Any) -> Facts:
+    return Facts(policy_version="v1", **fields)
+
+
+def granted(*pairs: tuple[str, str]) -> Facts:
+    return facts(standing_sources=frozenset(pairs))
+
+
+@pytest.mark.parametrize(
+    ("tool", "source"),
+    [
+        ("mcp:crm/contact.get", "mcp:crm/*"),
+        ("mcp:crm-evil/contact.get", "mcp:crm-evil/*"),
+        ("mcp:c/x", "mcp:c/*"),
+        ("crm.note.create", None),
+        ("mcp:crm/*", None),
+        ("mcp:crm/a/b", None),
+        ("mcp:CRM/x", None),
+        ("mcp:crm/x\n", None),
+        ("agent:crm", None),
+    ],
+)
+def test_the_source_of_a_tool_is_its_parsed_servers_wildcard(tool: str, source: str) -> None:
+    assert source_of(tool) == source
+    assert names_of(tool) == ((tool,) if source is None else (tool, source))
+
+
+# -- a grant naming a source ------------------------------------------------------------------
+
+
+def test_a_grant_naming_a_server_covers_its_classified_tools_in_that_family() -> None:
+    ruling = decide(mcp_call(), granted(("mcp:crm/*", "read_personal")))
+    assert (ruling.verdict, ruling.line) == ("allow", 5)
+    assert "mcp:crm/*" in ruling.reason
+
+
+def test_a_grant_naming_one_tool_covers_that_tool_only() -> None:
+    grant = granted((CRM, "read_personal"))
+    assert decide(mcp_call(), grant).verdict == "allow"
+    other = decide(mcp_call("mcp:crm/contact.list"), grant)
+    assert (other.verdict, other.line, other.options) == ("ask", 6, ("once", "always", "deny"))
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        "mcp:crm-evil/contact.get",
+        "mcp:crmx/contact.get",
+        "mcp:cr/contact.get",
+        "mcp:evil/crm",
+    ],
+)
+def test_a_grant_naming_a_server_never_covers_another_server(tool: str) -> None:
+    ruling = decide(mcp_call(tool), granted(("mcp:crm/*", "read_personal")))
+    assert (ruling.verdict, ruling.line) == ("ask", 6)
+
+
+def test_a_grant_naming_a_server_never_covers_a_tool_that_is_not_an_mcp_capability() -> None:
+    ruling = decide(
+        mcp_call("crm.note.create", "write_delete"),
+        granted(("mcp:crm/*", "write_delete"), ("crm.note.create", "write_delete")),
+    )
+    assert (ruling.verdict, ruling.line) == ("ask", 6)
+
+
+def test_a_grant_naming_a_server_never_covers_an_unclassified_tool() -> None:
+    grants = granted(*(("mcp:crm/*", f) for f in ("read_personal", "write_delete")))
+    ruling = decide(mcp_call(family=None), grants)
+    assert (ruling.verdict, ruling.line, ruling.options) == ("ask", 6, ("once", "deny"))
+
+
+def test_a_grant_covers_only_the_family_it_names() -> None:
+    ruling = decide(mcp_call(family="write_delete"), granted(("mcp:crm/*", "read_personal")))
+    assert (ruling.verdict, ruling.line) == ("ask", 6)
+
+
+@pytest.mark.parametrize("family", ["send_external", "execute_code"])
+def test_a_grant_naming_a_source_never_covers_sending_outside_or_code(family: str) -> None:
+    # Even if such a grant were stored, it is read as covering nothing.
+    ruling = decide(mcp_call(family=family), granted(("mcp:crm/*", family), (CRM, family)))
+    assert ruling.verdict == "ask"
+
+
+def test_a_grant_naming_a_source_never_covers_what_no_grant_may_cover() -> None:
+    ruling = decide(
+        mcp_call(family="write_delete", grantable=False), granted(("mcp:crm/*", "write_delete"))
+    )
+    assert (ruling.verdict, ruling.line, ruling.options) == ("ask", 5, ("once", "deny"))
+
+
+def test_a_grant_naming_a_source_is_the_agents_own() -> None:
+    # The store reads the grants of the call's agent only; the family-wide grant of another
+    # agent is not among them either.
+    ruling = decide(mcp_call(agent="other"), facts())
+    assert ruling.verdict == "ask"
+
+
+def test_a_deny_outranks_a_grant_naming_the_source() -> None:
+    grant = ("mcp:crm/*", "read_personal")
+    denied = facts(
+        standing_sources=frozenset({grant}),
+        rules=(Rule(tool="mcp:crm/*", effect="deny"),),
+    )
+    assert (decide(mcp_call(), denied).verdict, decide(mcp_call(), denied).line) == ("deny", 2)
+    refused = facts(standing_sources=frozenset({grant}), refused_tools=frozenset({"mcp:crm/*"}))
+    assert (decide(mcp_call(), refused).verdict, decide(mcp_call(), refused).line) == ("deny", 1)
+
+
+# -- rules and refusals naming a source -------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", [None, "read", "read_personal", "write_delete"])
+def test_a_deny_rule_naming_a_server_denies_every_tool_of_it(family: str | None) -> None:
+    ruling = decide(mcp_call(family=family), facts(rules=(Rule(tool="mcp:crm/*", effect="deny"),)))
+    assert (ruling.verdict, ruling.line) == ("deny", 2)
+
+
+@pytest.mark.parametrize(
+    "named", ["mcp:crm", "mcp:crm/", "mcp:cr*", "mcp:*", "mcp:crm-evil/*", "mcp:crm/contact"]
+)
+def test_a_deny_rule_names_a_server_only_by_its_exact_wildcard(named: str) -> None:
+    ruling = decide(
+        mcp_call(family="write_delete"), facts(rules=(Rule(tool=named, effect="deny"),))
+    )
+    assert ruling.verdict == "ask"
+
+
+def test_a_deny_rule_naming_a_server_keeps_its_argument_prefix_and_agent() -> None:
+    rule = Rule(tool="mcp:crm/*", effect="deny", arg_prefix="VIP-", agent="assistant")
+    assert decide(mcp_call(first_argument="VIP-7"), facts(rules=(rule,))).verdict == "deny"
+    assert decide(mcp_call(first_argument="C-7"), facts(rules=(rule,))).verdict == "ask"
+    assert decide(
+        mcp_call(agent="other", first_argument="VIP-7"), facts(rules=(rule,))
+    ).verdict == ("ask")
+    assert rule.matches(mcp_call(first_argument="VIP-7"))
+    assert not rule.matches(mcp_call("mcp:crm-evil/contact.get", first_argument="VIP-7"))
+
+
+def test_an_org_refusal_naming_a_server_refuses_its_tools_and_no_other_servers() -> None:
+    refused = facts(refused_tools=frozenset({"mcp:crm/*"}))
+    assert decide(mcp_call(family=None), refused).verdict == "deny"
+    assert decide(mcp_call(family="read"), refused).verdict == "deny"
+    assert decide(mcp_call("mcp:crm-evil/contact.get", "read"), refused).verdict == "allow"
+
+
+def test_an_allow_rule_naming_a_server_covers_its_classified_commands_only() -> None:
+    rule = Rule(tool="mcp:crm/*", effect="allow", arg_prefix="ls")
+    dev = facts(developer_mode=True, rules=(rule,))
+    ruling = decide(mcp_call("mcp:crm/shell", "execute_code", first_argument="ls -l"), dev)
+    assert (ruling.verdict, ruling.line) == ("allow", 4)
+    unclassified = decide(mcp_call("mcp:crm/shell", None, first_argument="ls -l"), dev)
+    assert (unclassified.verdict, unclassified.options) == ("ask", ("once", "deny"))
+    other = decide(mcp_call("mcp:crm-evil/shell", "execute_code", first_argument="ls -l"), dev)
+    assert (other.verdict, other.line) == ("ask", 4)
+
+
+_SERVER = st.from_regex(r"[a-z][a-z0-9-]{0,31}", fullmatch=True)
+_TOOL = st.from_regex(r"[A-Za-z][A-Za-z0-9_.-]{0,63}", fullmatch=True)
+_FAMILY = st.sampled_from(["read_personal", "write_delete", "send_external", "execute_code"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SERVER, _SERVER, _TOOL, _TOOL, _FAMILY, _FAMILY)
+def test_no_source_grant_or_allow_rule_reaches_another_servers_tool(
+    granted_server: str,
+    server: str,
+    granted_tool: str,
+    tool: str,
+    granted_family: str,
+    family: str,
+) -> None:
+    """Whatever the names: a grant or an allow rule naming a server or a tool of it never
+    allows another server's tool, an unclassified tool, or a family it does not name."""
+    grants = granted(
+        (f"mcp:{granted_server}/*", granted_family),
+        (f"mcp:{granted_server}/{granted_tool}", granted_family),
+    )
+    rules = (
+        Rule(tool=f"mcp:{granted_server}/*", effect="allow", arg_prefix="ls"),
+        Rule(tool=f"mcp:{granted_server}/{granted_tool}", effect="allow", arg_prefix="ls"),
+    )
+    the_facts = facts(standing_sources=grants.standing_sources, rules=rules, developer_mode=True)
+    for fam in (family, None):
+        ruling = decide(mcp_call(f"mcp:{server}/{tool}", fam, first_argument="ls"), the_facts)
+        # Code is allowed by the allow rules (whatever the grants), the rest by the grants.
+        covered = server == granted_server and (
+            fam == "execute_code"
+            or (fam == granted_family and fam in ("read_personal", "write_delete"))
+        )
+        assert ruling.verdict != "allow" or covered, (server, tool, fam, ruling)
+        if fam == "send_external" or fam is None:
+            assert ruling.verdict == "ask"
