@@ -1,5 +1,5 @@
 """Governance's SQL: the facts a decision needs, decisions, runs, pending decisions and policy
-(run budgets: `_budgets.py`; the statements themselves: `_statements.py`).
+(run budgets: `_budgets.py`; org policy: `_policy.py`; the statements: `_statements.py`).
 
 Every change it records (a decision, an answer, a grant or rule it writes, a run registered, an
 org policy loaded or withdrawn, a budget set, reserved, refused, settled, paused or resumed)
@@ -20,6 +20,7 @@ from schemas.planner import root_run_id
 from services.governance.budgets import Limits
 from services.governance.logic import Call, Facts, Ruling, source_of
 from services.governance.store._budgets import BudgetStore
+from services.governance.store._policy import PolicyStore
 from services.governance.store._records import (
     ATTENDED_ASK_TIMEOUT,
     Answered,
@@ -55,6 +56,7 @@ class GovernanceStore(BudgetStore):
         self._insert_decision_statement = (
             f"WITH {journal.cte(12)} {INSERT_DECISION}" if journal is not None else INSERT_DECISION
         )
+        self._policy = PolicyStore(pool, self._write)
 
     async def facts(
         self, tenant: str, call: Call, principal: str, run_id: str, approval_id: str | None = None
@@ -560,58 +562,15 @@ class GovernanceStore(BudgetStore):
 
     async def policy_tenants(self) -> list[str]:
         """Tenants with a recorded org policy."""
-        return [r["tenant"] for r in await self._pool.fetch("SELECT tenant FROM governance.policy")]
+        return await self._policy.tenants()
 
     async def drop_policy(self, tenant: str) -> None:
         """Forget a tenant's org policy (its file was withdrawn)."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            version = await conn.fetchval(
-                "DELETE FROM governance.policy WHERE tenant = $1 RETURNING version", tenant
-            )
-            if version is not None:
-                await self._write(
-                    conn,
-                    tenant=tenant,
-                    kind="policy.withdrawn",
-                    subject=version,
-                    payload={"tenant": tenant, "version": version},
-                )
+        await self._policy.drop(tenant)
 
     async def save_policy(self, policy: Policy) -> None:
         """Record a loaded (or refused) organisation policy for its tenant, if it changed."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            changed = await conn.fetchval(
-                "INSERT INTO governance.policy (tenant, version, status, refusal, "
-                "refused_tools, refused_connectors, refused_families, developer_mode, key_id, "
-                "digest, updated_at) "
-                "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, now()) "
-                "ON CONFLICT (tenant) DO UPDATE SET version = $2, status = $3, refusal = $4, "
-                "refused_tools = $5, refused_connectors = $6, refused_families = $7, "
-                "developer_mode = $8, key_id = $9, digest = $10, updated_at = now() "
-                # The same file read again by a restarted process is not a new event.
-                "WHERE (policy.version, policy.status, policy.refusal, policy.refused_tools, "
-                "policy.refused_connectors, policy.refused_families, policy.developer_mode, "
-                "policy.key_id, policy.digest) IS DISTINCT FROM ($2, $3, $4, $5::text[], "
-                "$6::text[], $7::text[], $8, $9, $10) RETURNING true",
-                policy.tenant,
-                policy.version,
-                policy.status,
-                policy.refusal,
-                list(policy.refused_tools),
-                list(policy.refused_connectors),
-                list(policy.refused_families),
-                policy.developer_mode,
-                policy.key_id,
-                policy.digest,
-            )
-            if changed:
-                await self._write(
-                    conn,
-                    tenant=policy.tenant,
-                    kind="policy.loaded",
-                    subject=policy.version,
-                    payload=msgspec.to_builtins(policy),
-                )
+        await self._policy.save(policy)
 
 
 class _AlreadyPending(Exception):
