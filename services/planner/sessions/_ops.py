@@ -38,8 +38,9 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
+from services.planner.memory import HISTORY_TOKENS, entries_of
 from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready, SessionClosedAlready
-from services.planner.sessions._store import SessionRow, entry_of
+from services.planner.sessions._store import SessionRow, TurnRow, entry_of, step_entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
     SessionRefused,
@@ -72,6 +73,10 @@ _COPIED: Final = frozenset(
         "ChildSession",
     }
 )
+
+
+def _is_start(event: Any, turn: int) -> bool:
+    return type(event).__name__ == "TurnStarted" and event.turn == turn
 
 
 class _Refused(Exception):
@@ -229,7 +234,7 @@ class SessionOpsEndpoint:
         turn = session.turn + 1
         run_id = turn_run_id(session.session_id, turn)
         history = await self._store.history(conn, session.session_id)
-        run_input = conversation(history, op.text)
+        run_input = conversation(history, op.text, budget=self._memory_tokens(session))
         # Messages injected between turns are in the history this turn's input carries.
         await self._store.take_injections(conn, session.session_id, run_id, -1)
         session = await self._store.move(conn, session, state, turn=turn, turn_open=True)
@@ -352,6 +357,7 @@ class SessionOpsEndpoint:
                 raise _Refused("INVALID_REQUEST", f"the session has {parent.turn} turns")
             cut = await self._cut(conn, parent, op.turn, op.step)
             fork_id = fork_id_for(parent.session_id, op.key)
+            started: TurnRow | None = None
             if await self._store.create(
                 conn,
                 session_id=fork_id,
@@ -382,9 +388,14 @@ class SessionOpsEndpoint:
                 )
                 # The parent's history up to the fork point, as history: nothing in it runs
                 # again (a turn of the fork is a run of its own, with its own operation ids).
-                for event in await self._store.events(conn, parent.session_id, upto=cut):
-                    if type(event).__name__ not in _COPIED:
-                        continue
+                copied = [
+                    e
+                    for e in await self._store.events(conn, parent.session_id, upto=cut)
+                    if type(e).__name__ in _COPIED
+                    # (a fork at a step runs that turn again: its start is the fork's own)
+                    and not (op.step is not None and _is_start(e, op.turn))
+                ]
+                for event in copied:
                     fork, _ = await self._store.add_event(
                         conn,
                         fork,
@@ -405,11 +416,66 @@ class SessionOpsEndpoint:
                             op.step,
                         ),
                     )
+                if op.step is not None:
+                    started = await self._resume_at(conn, fork, op.turn, copied)
             fork_row = await self._store.get(conn, fork_id)
             assert fork_row is not None
+        if started is not None:
+            try:
+                await self._turns.start(fork_row, started)
+            except Exception as exc:  # accepted and recorded: the sweep starts it
+                log.warning("turn %s not started yet: %r", started.run_id, exc)
         await self._turns.flush(parent.session_id)
         await self._turns.flush(fork_id)
+        if started is not None:
+            return SessionReply(
+                ok=True, accepted=_accepted(fork_row, turn=started.turn, run_id=started.run_id)
+            )
         return SessionReply(ok=True, accepted=_accepted(fork_row))
+
+    def _memory_tokens(self, session: SessionRow) -> int:
+        """The memory budget the session's agent declares (the default if it is gone)."""
+        agent = self._agents.get(session.agent)
+        return agent.manifest.memory_tokens if agent is not None else HISTORY_TOKENS
+
+    async def _resume_at(
+        self, conn: Any, fork: SessionRow, turn: int, copied: list[Any]
+    ) -> TurnRow:
+        """A fork at a recorded step of `turn` runs that turn again from there, as a run of
+        its own: its input is the conversation before the turn, the turn's message and what
+        the turn recorded up to the fork point (history, never an effect), and its first
+        decision is a new model call."""
+        before = [e for e in copied if (getattr(e, "turn", None) or 0) < turn]
+        history = entries_of(before)
+        message = next(
+            (e.text for e in copied if type(e).__name__ == "UserMessage" and e.turn == turn), None
+        )
+        if message is None:
+            raise _Refused("INVALID_REQUEST", f"turn {turn} has no message to run again")
+        so_far = [
+            h
+            for h in (step_entry_of(e) for e in copied if getattr(e, "turn", None) == turn)
+            if h is not None
+        ]
+        run_id = turn_run_id(fork.session_id, turn)
+        fork = await self._store.move(conn, fork, "processing", turn=turn, turn_open=True)
+        await self._store.add_turn(
+            conn,
+            fork.session_id,
+            turn,
+            run_id,
+            f"fork-at-step:{turn}",
+            conversation(history, message, budget=self._memory_tokens(fork), so_far=so_far),
+        )
+        await self._store.add_event(
+            conn,
+            fork,
+            f"turn:{turn}",
+            lambda n: TurnStarted(session_id=fork.session_id, n=n, turn=turn, run_id=run_id),
+        )
+        started = await self._store.turn_by_key(conn, fork.session_id, f"fork-at-step:{turn}")
+        assert started is not None
+        return started
 
     async def _cut(self, conn: Any, parent: SessionRow, turn: int, step: int | None) -> int:
         """The number of the parent's last event a fork at (turn, step) keeps."""
