@@ -173,7 +173,7 @@ class AgentManifest(_Strict, kw_only=True, frozen=True):
     plan_mode: bool = False
     # What a chat session carries into a turn's model context is bounded by this many tokens
     # (estimated as one per four characters; `memory.py`).
-    memory_tokens: Annotated[int, msgspec.Meta(ge=200, le=16_000)] = 1900
+    memory_tokens: Annotated[int, msgspec.Meta(ge=200, le=4000)] = 1900
 
 
 def _approvalish(value: Any, where: str = "") -> str | None:

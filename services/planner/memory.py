@@ -29,6 +29,7 @@ import msgspec
 __all__ = [
     "HISTORY_TOKENS",
     "MAX_ENTRY_CHARS",
+    "MAX_INPUT_CHARS",
     "HistoryEntry",
     "conversation",
     "estimate_tokens",
@@ -38,6 +39,9 @@ __all__ = [
 
 HISTORY_TOKENS: Final = 1900
 MAX_ENTRY_CHARS: Final = 1000
+# A run's input is at most this long (`schemas.base.Text`, what retrieval's `SearchEvidence`
+# takes): the message now, the memory and the turn's own steps together never pass it.
+MAX_INPUT_CHARS: Final = 16_384
 
 Role = Literal["user", "injected", "agent", "selected", "writ", "decision", "open"]
 # Which part of the memory each role is in, and how it reads there.
@@ -116,9 +120,18 @@ def _marker(dropped: Sequence[HistoryEntry]) -> str | None:
     return f"({len(dropped)} older entries dropped to fit the memory budget: {what})"
 
 
-def memory_of(entries: Sequence[HistoryEntry], *, budget: int = HISTORY_TOKENS) -> list[str]:
+def memory_of(
+    entries: Sequence[HistoryEntry],
+    *,
+    budget: int = HISTORY_TOKENS,
+    limit_chars: int = MAX_INPUT_CHARS,
+) -> list[str]:
     """The memory's lines within `budget` tokens (open items and decisions whatever the
-    budget), oldest first in each part; [] if there is nothing to carry."""
+    budget), oldest first in each part; [] if there is nothing to carry.
+
+    `limit_chars` is the hard limit of the run's input left for the memory: should the open
+    items and decisions alone pass it (a long session's many answered plans), the oldest
+    decisions go too, then the oldest open items, each counted in the marker."""
     if not entries:
         return []
     pinned = {i for i, e in enumerate(entries) if _PART.get(e.role) in ("open", "decisions")}
@@ -142,6 +155,9 @@ def memory_of(entries: Sequence[HistoryEntry], *, budget: int = HISTORY_TOKENS) 
         chars -= len(_line(entries[index])) + 1
     while estimate_tokens("\n".join(lines())) > budget and len(dropped) < len(order):
         dropped.add(order[len(dropped)])
+    last = sorted(pinned, key=lambda i: (entries[i].role == "open", i))
+    while last and len("\n".join(lines())) > limit_chars:
+        dropped.add(last.pop(0))
     return lines()
 
 
@@ -156,17 +172,32 @@ def conversation(
     the principal's data (never an instruction; the developer instruction is Writ's alone).
     `so_far` is what the turn itself recorded before now (a fork at one of its steps runs it
     again from there)."""
-    memory = memory_of(history, budget=budget)
-    tail = _so_far(so_far)
+    room = MAX_INPUT_CHARS - len(message) - len(_NOW)
+    tail = _so_far(so_far, room // 2)
+    room -= len(tail)
+    memory = memory_of(history, budget=max(0, min(budget, room // 4)), limit_chars=room)
     if not memory:
         return message + tail
     return "\n".join(memory) + _NOW + message + tail
 
 
-def _so_far(steps: Sequence[HistoryEntry]) -> str:
+def _so_far(steps: Sequence[HistoryEntry], limit_chars: int) -> str:
+    """The turn's own steps, the newest that fit `limit_chars` (a line says how many earlier
+    ones do not)."""
     if not steps:
         return ""
-    return _SO_FAR + "".join("\n" + _line(s) for s in steps)
+    lines = [_line(s) for s in steps]
+    used = len(_SO_FAR) + _MARKER_ROOM
+    kept = 0
+    for line in reversed(lines):
+        if used + len(line) + 1 > limit_chars:
+            break
+        used += len(line) + 1
+        kept += 1
+    shown = lines[len(lines) - kept :]
+    if kept < len(lines):
+        shown.insert(0, f"({len(lines) - kept} earlier steps of this turn dropped to fit)")
+    return _SO_FAR + "".join("\n" + line for line in shown)
 
 
 def message_now(run_input: str) -> str:

@@ -144,3 +144,22 @@ def test_a_fork_at_a_step_carries_what_the_turn_recorded_after_the_message() -> 
         "- [turn 1] you selected: crm.note.create",
         "- [turn 1] crm.note.create succeeded (receipt n-1)",
     ]
+
+
+def test_the_run_input_never_passes_its_hard_limit() -> None:
+    from schemas.base import Text
+    from services.planner.memory import MAX_INPUT_CHARS
+
+    assert Text.__metadata__[0].max_length == MAX_INPUT_CHARS  # what retrieval takes
+    decisions = [
+        HistoryEntry(turn=t, role="decision", text=f"plan p{t} approved: " + "r" * 900)
+        for t in range(1, 80)
+    ]
+    history = [*decisions, HistoryEntry(turn=80, role="open", text="plan p80 waits for approval")]
+    steps = [HistoryEntry(turn=81, role="writ", text="s" * 900) for _ in range(40)]
+    text = conversation(history, "m" * 8192, budget=4000, so_far=steps)
+    assert len(text) <= MAX_INPUT_CHARS
+    assert "plan p80 waits for approval" in text  # open items go last, and here they fit
+    assert "older entries dropped to fit the memory budget: " in text
+    assert "earlier steps of this turn dropped to fit" in text
+    assert text.endswith("s" * 900)  # the newest step kept
