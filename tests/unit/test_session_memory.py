@@ -147,10 +147,12 @@ def test_a_fork_at_a_step_carries_what_the_turn_recorded_after_the_message() -> 
 
 
 def test_the_run_input_never_passes_its_hard_limit() -> None:
+    from typing import get_args
+
     from schemas.base import Text
     from services.planner.memory import MAX_INPUT_CHARS
 
-    assert Text.__metadata__[0].max_length == MAX_INPUT_CHARS  # what retrieval takes
+    assert get_args(Text)[1].max_length == MAX_INPUT_CHARS  # what retrieval takes
     decisions = [
         HistoryEntry(turn=t, role="decision", text=f"plan p{t} approved: " + "r" * 900)
         for t in range(1, 80)
