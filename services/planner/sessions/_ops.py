@@ -10,7 +10,6 @@ nothing applied. A message re-sent under its Idempotency-Key gets its first acce
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any, Final
 
 import msgspec
@@ -21,7 +20,6 @@ from schemas.sessions import (
     PlanAnswered,
     SessionAccepted,
     SessionClosed,
-    SessionForked,
     SessionInjected,
     SessionList,
     SessionMessage,
@@ -38,9 +36,10 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
-from services.planner.memory import HISTORY_TOKENS, entries_of
+from services.planner.memory import HISTORY_TOKENS
+from services.planner.sessions._fork import ForkRefused, SessionForks
 from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready, SessionClosedAlready
-from services.planner.sessions._store import SessionRow, TurnRow, entry_of, step_entry_of
+from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
 from services.planner.sessions.logic import (
     SessionRefused,
@@ -56,27 +55,6 @@ __all__ = ["SessionOpsEndpoint"]
 log = logging.getLogger("writ.planner.sessions")
 _DECODER: Final = msgspec.json.Decoder(SessionOp)
 _ENCODER: Final = msgspec.json.Encoder()
-# Events a fork copies from its parent: the conversation and what became of the turns' steps,
-# as history. Never an effect or the authority for one (DESIGN.md §6): no admitted or
-# dispatched command, no proposal, plan or ask a person could still answer, no approval; nor
-# the parent's own pauses, closes or forks (so forking twice at one point copies the same).
-_COPIED: Final = frozenset(
-    {
-        "UserMessage",
-        "TurnStarted",
-        "CapabilitySelected",
-        "Observed",
-        "StepOutcome",
-        "WriterNote",
-        "TurnEnded",
-        "SessionInjected",
-        "ChildSession",
-    }
-)
-
-
-def _is_start(event: Any, turn: int) -> bool:
-    return type(event).__name__ == "TurnStarted" and event.turn == turn
 
 
 class _Refused(Exception):
@@ -105,6 +83,7 @@ class SessionOpsEndpoint:
 
     def __init__(self, *, turns: SessionTurns, agents: AgentRegistry) -> None:
         self._turns, self._store, self._agents = turns, turns.store, agents
+        self._forks = SessionForks(store=turns.store, memory_tokens=self._memory_tokens)
 
     async def __call__(self, request: Request) -> None:
         """Answer one operation."""
@@ -355,69 +334,11 @@ class SessionOpsEndpoint:
             transition(parent.state, "fork")
             if op.turn > parent.turn:
                 raise _Refused("INVALID_REQUEST", f"the session has {parent.turn} turns")
-            cut = await self._cut(conn, parent, op.turn, op.step)
             fork_id = fork_id_for(parent.session_id, op.key)
-            started: TurnRow | None = None
-            if await self._store.create(
-                conn,
-                session_id=fork_id,
-                tenant=parent.tenant,
-                principal=parent.principal,
-                agent=parent.agent,
-                plan_mode=parent.plan_mode,
-                open_key=f"fork:{fork_id}",
-                parent=parent,
-                fork_turn=op.turn,
-                fork_step=op.step,
-            ):
-                fork = await self._store.lock(conn, fork_id)
-                assert fork is not None
-                fork = await self._store.move(conn, fork, "active", turn=op.turn, turn_open=False)
-                fork, _ = await self._store.add_event(
-                    conn,
-                    fork,
-                    "opened",
-                    lambda n: SessionOpened(
-                        session_id=fork_id,
-                        n=n,
-                        agent=parent.agent,
-                        principal=parent.principal,
-                        plan_mode=parent.plan_mode,
-                        parent_session_id=parent.session_id,
-                    ),
-                )
-                # The parent's history up to the fork point, as history: nothing in it runs
-                # again (a turn of the fork is a run of its own, with its own operation ids).
-                copied = [
-                    e
-                    for e in await self._store.events(conn, parent.session_id, upto=cut)
-                    if type(e).__name__ in _COPIED
-                    # (a fork at a step runs that turn again: its start is the fork's own)
-                    and not (op.step is not None and _is_start(e, op.turn))
-                ]
-                for event in copied:
-                    fork, _ = await self._store.add_event(
-                        conn,
-                        fork,
-                        f"copy:{parent.session_id}:{event.n}",
-                        partial(_copied, event, fork_id),
-                    )
-                for target in (parent, fork):
-                    target, _ = await self._store.add_event(
-                        conn,
-                        target,
-                        f"fork:{fork_id}",
-                        partial(
-                            _forked,
-                            target.session_id,
-                            parent.session_id,
-                            fork_id,
-                            op.turn or 0,
-                            op.step,
-                        ),
-                    )
-                if op.step is not None:
-                    started = await self._resume_at(conn, fork, op.turn, copied)
+            try:
+                started = await self._forks.make(conn, parent, fork_id, op.turn, op.step)
+            except ForkRefused as exc:
+                raise _Refused("INVALID_REQUEST", str(exc)) from None
             fork_row = await self._store.get(conn, fork_id)
             assert fork_row is not None
         if started is not None:
@@ -437,72 +358,6 @@ class SessionOpsEndpoint:
         """The memory budget the session's agent declares (the default if it is gone)."""
         agent = self._agents.get(session.agent)
         return agent.manifest.memory_tokens if agent is not None else HISTORY_TOKENS
-
-    async def _resume_at(
-        self, conn: Any, fork: SessionRow, turn: int, copied: list[Any]
-    ) -> TurnRow:
-        """A fork at a recorded step of `turn` runs that turn again from there, as a run of
-        its own: its input is the conversation before the turn, the turn's message and what
-        the turn recorded up to the fork point (history, never an effect), and its first
-        decision is a new model call."""
-        before = [e for e in copied if (getattr(e, "turn", None) or 0) < turn]
-        history = entries_of(before)
-        message = next(
-            (e.text for e in copied if type(e).__name__ == "UserMessage" and e.turn == turn), None
-        )
-        if message is None:
-            raise _Refused("INVALID_REQUEST", f"turn {turn} has no message to run again")
-        so_far = [
-            h
-            for h in (step_entry_of(e) for e in copied if getattr(e, "turn", None) == turn)
-            if h is not None
-        ]
-        run_id = turn_run_id(fork.session_id, turn)
-        fork = await self._store.move(conn, fork, "processing", turn=turn, turn_open=True)
-        await self._store.add_turn(
-            conn,
-            fork.session_id,
-            turn,
-            run_id,
-            f"fork-at-step:{turn}",
-            conversation(history, message, budget=self._memory_tokens(fork), so_far=so_far),
-        )
-        await self._store.add_event(
-            conn,
-            fork,
-            f"turn:{turn}",
-            lambda n: TurnStarted(session_id=fork.session_id, n=n, turn=turn, run_id=run_id),
-        )
-        started = await self._store.turn_by_key(conn, fork.session_id, f"fork-at-step:{turn}")
-        assert started is not None
-        return started
-
-    async def _cut(self, conn: Any, parent: SessionRow, turn: int, step: int | None) -> int:
-        """The number of the parent's last event a fork at (turn, step) keeps."""
-        events = [
-            e
-            for e in await self._store.events(conn, parent.session_id)
-            if type(e).__name__ in _COPIED  # (a later fork of the parent moves no cut)
-        ]
-        cut = 0
-        for event in events:
-            at = getattr(event, "turn", None)
-            if at is None or at < turn:
-                cut = event.n if at is not None else cut
-                continue
-            if at > turn:
-                break
-            if step is None or type(event).__name__ in ("UserMessage", "TurnStarted"):
-                cut = event.n
-            elif (at_step := getattr(event, "step", None)) is not None and at_step <= step:
-                cut = event.n
-        if step is None and not any(
-            type(e).__name__ == "TurnEnded" and getattr(e, "turn", None) == turn for e in events
-        ):
-            raise _Refused(
-                "INVALID_REQUEST", f"turn {turn} has not ended: fork at one of its recorded steps"
-            )
-        return cut
 
     async def _list(self, conn: Any, op: SessionOp) -> SessionList:
         """The principal's own sessions (not the child sessions of agent calls), newest
@@ -586,21 +441,3 @@ class SessionOpsEndpoint:
                 message=(run["error_message"] or "")[:512],
             )
         return WaitingFor(kind="model", message="the turn is in flight")
-
-
-def _copied(event: Any, session_id: str, n: int) -> Any:
-    """A parent's event, as the fork's `n`th."""
-    return msgspec.structs.replace(event, session_id=session_id, n=n)
-
-
-def _forked(
-    session_id: str, parent_id: str, fork_id: str, turn: int, step: int | None, n: int
-) -> SessionForked:
-    return SessionForked(
-        session_id=session_id,
-        n=n,
-        parent_session_id=parent_id,
-        fork_session_id=fork_id,
-        turn=turn,
-        step=step,
-    )
