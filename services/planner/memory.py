@@ -15,7 +15,7 @@ The memory has four parts, each entry marked with its turn and who it is from:
 The whole memory is bounded by the agent's `memory_tokens` (one token per four characters,
 rounded up). Open items and decisions are never dropped. The rest is dropped oldest turn
 first, the least relevant first within a turn (a selection, then a fact, then words), until
-what remains fits; one line says how many entries of which part were dropped.
+what remains fits; one line says how many entries of which part were dropped, from which turns.
 """
 
 from __future__ import annotations
@@ -117,7 +117,9 @@ def _marker(dropped: Sequence[HistoryEntry]) -> str | None:
         part = _PART.get(entry.role, "facts")
         counts[part] = counts.get(part, 0) + 1
     what = ", ".join(f"{n} {part}" for part, n in sorted(counts.items()))
-    return f"({len(dropped)} older entries dropped to fit the memory budget: {what})"
+    first, last = min(e.turn for e in dropped), max(e.turn for e in dropped)
+    turns = f"turn {first}" if first == last else f"turns {first}-{last}"
+    return f"({len(dropped)} older entries dropped to fit the memory budget: {what}; from {turns})"
 
 
 def memory_of(

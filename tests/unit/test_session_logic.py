@@ -124,8 +124,8 @@ def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_bu
     assert kept and kept[-1].startswith("- [turn 59] user:")  # newest kept, in order
     dropped = 59 - len(kept)
     assert (
-        f"({dropped} older entries dropped to fit the memory budget: {dropped} conversation)"
-        in (text)
+        f"({dropped} older entries dropped to fit the memory budget: {dropped} conversation; "
+        f"from turns 1-{dropped})" in (text)
     )
     assert "[turn 1]" not in text
     long = conversation([HistoryEntry(turn=1, role="user", text="y" * 5000)], "m")

@@ -125,7 +125,9 @@ def test_decisions_and_open_items_stay_whatever_the_budget() -> None:
     ]
     memory = memory_of(entries, budget=200)
     assert sum("approved" in line for line in memory) == 39
-    assert memory[-1] == "(1 older entries dropped to fit the memory budget: 1 conversation)"
+    assert memory[-1] == (
+        "(1 older entries dropped to fit the memory budget: 1 conversation; from turn 1)"
+    )
 
 
 def test_a_fork_at_a_step_carries_what_the_turn_recorded_after_the_message() -> None:
