@@ -13,7 +13,8 @@ The memory has four parts, each entry marked with its turn and who it is from:
   selected and the agent's own answers (labelled as its own, never as the user's).
 
 The whole memory is bounded by the agent's `memory_tokens` (one token per four characters,
-rounded up). Open items and decisions are never dropped. The rest is dropped oldest turn
+rounded up). Open items and decisions are never dropped for the budget (only should they
+alone pass the run input's hard limit, `MAX_INPUT_CHARS`). The rest is dropped oldest turn
 first, the least relevant first within a turn (a selection, then a fact, then words), until
 what remains fits; one line says how many entries of which part were dropped, from which turns.
 """
