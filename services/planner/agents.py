@@ -174,6 +174,9 @@ class AgentManifest(_Strict, kw_only=True, frozen=True):
     # Every chat session with this agent is in plan-mode: a turn first proposes a plan that
     # the user approves by its id before anything runs (`sessions/_plans.py`).
     plan_mode: bool = False
+    # What a chat session carries into a turn's model context is bounded by this many tokens
+    # (estimated as one per four characters; `memory.py`).
+    memory_tokens: Annotated[int, msgspec.Meta(ge=200, le=4000)] = 1900
 
 
 def _approvalish(value: Any, where: str = "") -> str | None:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Protocol
 import msgspec
 
 from schemas.base import refuse_unstorable
+from services.planner.memory import message_now
 
 __all__ = [
     "Accept",
@@ -170,16 +171,33 @@ _Decisions = Annotated[list[ModelDecision], msgspec.Meta(min_length=1, max_lengt
 _Verdicts = Annotated[list[CriticVerdict], msgspec.Meta(min_length=1, max_length=100)]
 
 
+class ScriptCase(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One of an agent's scripts, taken when every word of `when` occurs in the user's
+    request (case-insensitive; for a chat turn, the message now); no `when`: any request."""
+
+    decisions: _Decisions
+    when: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=64)]],
+        msgspec.Meta(max_length=16),
+    ] = []
+
+
 class _Script(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     decisions: _Decisions
     agents: Annotated[dict[str, _Decisions], msgspec.Meta(max_length=100)] = {}
     critics: Annotated[dict[str, _Verdicts], msgspec.Meta(max_length=100)] = {}
+    cases: Annotated[
+        dict[str, Annotated[list[ScriptCase], msgspec.Meta(min_length=1, max_length=16)]],
+        msgspec.Meta(max_length=100),
+    ] = {}
 
 
 class ScriptedProvider:
     """Answers turn n with the n-th decision of a script; past the end, it answers done.
 
-    A script may give some agents their own decisions; the others follow `decisions`. A
+    A script may give some agents their own decisions; the others follow `decisions`. An
+    agent with `cases` follows the first case whose words all occur in the request (a script
+    that tells a request to write from a question apart, and says it is a script). A
     critic's round n gets the n-th verdict of its agent's `critics`; past the end, or for an
     agent without any, it accepts.
     """
@@ -189,10 +207,12 @@ class ScriptedProvider:
         decisions: list[ModelDecision],
         by_agent: dict[str, list[ModelDecision]] | None = None,
         critics: dict[str, list[CriticVerdict]] | None = None,
+        cases: dict[str, list[ScriptCase]] | None = None,
     ) -> None:
         self._decisions = decisions
         self._by_agent = by_agent or {}
         self._critics = critics or {}
+        self._cases = cases or {}
 
     @classmethod
     def from_file(cls, path: str | Path) -> ScriptedProvider:
@@ -203,11 +223,21 @@ class ScriptedProvider:
             list(script.decisions),
             {k: list(v) for k, v in script.agents.items()},
             {k: list(v) for k, v in script.critics.items()},
+            {k: list(v) for k, v in script.cases.items()},
         )
+
+    def _script_for(self, model_input: ModelInput) -> list[ModelDecision]:
+        cases = self._cases.get(model_input.agent)
+        if cases:
+            asked = message_now(model_input.user).casefold()
+            for case in cases:
+                if all(word.casefold() in asked for word in case.when):
+                    return case.decisions
+        return self._by_agent.get(model_input.agent, self._decisions)
 
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         """The scripted decision for this agent and turn."""
-        decisions = self._by_agent.get(model_input.agent, self._decisions)
+        decisions = self._script_for(model_input)
         if model_input.turn < len(decisions):
             return decisions[model_input.turn]
         return AnswerDirectly(answer="The script has no further steps.")

@@ -221,3 +221,25 @@ async def test_a_plan_shown_and_approved_in_place_then_the_answer_streamed(
         "SELECT operation_id FROM admission.commands WHERE run_id = $1", f"{session_id}-t1"
     )
     assert len(notes_for(crm, f"acme:{row[0]}")) == 1
+
+
+async def test_the_demo_chat_agent_answers_a_question_as_a_script_and_writes_nothing(
+    stack: Stack, db: asyncpg.Connection
+) -> None:
+    async with chat(stack, "chat-assistant") as term:
+        session_id = (await term.expect(r"^\[session (\S+) with chat-assistant\]$"))[1]
+        await term.type("What time zone is Acme in? Do not change anything.")
+        await term.expect(r"^agent: I am the demo's scripted chat agent, not a model")
+        await term.expect(r"^\[turn 1 succeeded\]$")
+        await term.type("/close")
+        await term.expect(r"^\[closed\]$")
+        with anyio.fail_after(30):
+            assert await term.process.wait() == 0
+    run_id = f"{session_id}-t1"
+    assert await db.fetchval(
+        "SELECT plan_mode FROM planner.sessions WHERE session_id = $1", session_id
+    )
+    for table in ("admission.commands", "planner.plans"):
+        assert await db.fetchval(f"SELECT count(*) FROM {table} WHERE run_id = $1", run_id) == 0
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1", run_id)
+    assert [k["kind"] for k in kinds] == ["decision"]

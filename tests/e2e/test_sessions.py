@@ -26,6 +26,7 @@ import pytest
 from fakes.llm import FakeLlm
 from schemas.planner import ProposeCommand, preview_digest
 from schemas.sessions import HostSessionOp, SessionReply
+from services.planner.memory import estimate_tokens
 from tests.e2e.conftest import Host, notes_for, sealed
 from tests.e2e.test_proposals import _payment, _refunds
 from tests.e2e.test_replay import writ_audit
@@ -346,10 +347,17 @@ async def test_a_turn_is_a_run_and_the_next_turn_sees_the_conversation_as_user_d
     system = " ".join(m["content"] for m in request["messages"] if m["role"] == "system")
     assert "order 7781" not in system
     asked = asked_of(request)
-    assert "[turn 1] user: Please note that ACME called about order 7781." in asked
-    assert "[turn 1] writ: crm.note.create succeeded" in asked
-    assert "[turn 1] agent: I noted the call on ACME-42." in asked
+    # ... as the session's memory: the agent's own selection and answer are its own, the
+    # step's outcome a fact Writ recorded, all of it within the agent's budget.
+    assert "- [turn 1] user: Please note that ACME called about order 7781." in asked
+    assert "- [turn 1] you selected: crm.note.create" in asked
+    assert "- [turn 1] crm.note.create succeeded" in asked
+    assert "- [turn 1] you answered: I noted the call on ACME-42." in asked
+    assert "user: I noted" not in asked
     assert asked.endswith("The user's message now:\nWhat did I ask you before?")
+    memory = asked.split("\n\nThe user's message now:")[0]
+    assert memory.startswith("Session memory (the user's data and Writ's records, within 1900")
+    assert estimate_tokens(memory) <= 1900
 
 
 async def test_concurrent_sends_one_accepted_then_close_cancels_the_turn_in_flight(
@@ -586,12 +594,15 @@ async def test_a_fork_keeps_the_parents_note_as_history_and_never_runs_it_again(
     assert fork in (await view(api, sid))["children"]
     assert "SessionForked" in await session_events(db, sid)
     # A fork at a recorded step keeps the history up to that step: the note's outcome is in
-    # it (as history), the agent's answer after it is not.
+    # it (as history), the agent's answer after it is not (the fork asks the model again).
+    script(model, answer("Asked again."))
     at_step = await act(api, sid, "fork", turn=1, step=0)
     step_fork = at_step.json()["session_id"]
     step_types = await session_events(db, step_fork)
-    assert "StepOutcome" in step_types and "TurnEnded" not in step_types
+    copied = step_types[: step_types.index("SessionForked")]
+    assert "StepOutcome" in copied and "TurnEnded" not in copied
     assert (await view(api, step_fork))["fork_step"] == 0
+    await until(api, step_fork, turn_ended(1))
 
     script(model, answer("The note is already there."))
     again = await send(api, fork, "Did you note it?")
@@ -888,7 +899,7 @@ async def test_a_rejected_plan_ends_the_turn_and_its_reason_is_the_next_turns_co
     await send(api, sid, "Try again.")
     await until(api, sid, turn_ended(2))
     [request] = model_requests(model)[before:]
-    assert "[turn 1] writ: The user rejected the plan: Wrong customer: it was ACME-43." in (
+    assert "- [turn 1] The user rejected the plan: Wrong customer: it was ACME-43." in (
         asked_of(request)
     )
 

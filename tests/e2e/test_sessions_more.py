@@ -26,6 +26,7 @@ from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own
     act,
     answer,
     api,
+    asked_of,
     db,
     events,
     key,
@@ -38,6 +39,7 @@ from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own
     send,
     session_events,
     stack,
+    turn_ended,
     until,
     view,
 )
@@ -472,25 +474,40 @@ async def test_an_approver_of_the_tenant_answers_a_plan_another_principal_may_no
     assert len(notes_for(crm, f"acme:{command['operation_id']}")) == 1
 
 
-async def test_two_forks_at_one_step_are_identical_and_hold_no_command(
-    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client
+async def test_a_fork_at_a_step_asks_the_model_again_and_copies_or_repeats_no_effect(
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
 ) -> None:
     sid = await open_session(api, "chat-assistant")
-    note = {"customer_id": "ACME-42", "body": "Chat: forked twice."}
+    note = {"customer_id": "ACME-42", "body": f"Chat: forked twice {uuid.uuid4().hex[:8]}."}
     script(model, select("crm.note.create", note), answer("Noted."))
     run_id = (await send(api, sid, "Note the call.")).json()["run_id"]
-    await until(api, sid, lambda v: v["state"] == "active" and v["turn"] == 1)
-    assert await db.fetchval("SELECT count(*) FROM admission.commands WHERE run_id = $1", run_id)
-    forks = []
-    for _ in range(2):
+    await until(api, sid, turn_ended(1))
+    [op] = await db.fetch("SELECT operation_id FROM admission.commands WHERE run_id = $1", run_id)
+    forks: list[str] = []
+    for answer_text in ("Fork one: the note is there.", "Fork two: the note is there."):
+        asked_before = len(model_requests(model))
+        script(model, answer(answer_text))
         forked = await act(api, sid, "fork", turn=1, step=0)
         assert forked.status_code == 201, forked.text
-        forks.append(forked.json()["session_id"])
+        fork = forked.json()["session_id"]
+        # The fork runs turn 1 again from after step 0, as a run of its own.
+        assert (forked.json()["state"], forked.json()["run_id"]) == ("processing", f"{fork}-t1")
+        seen = await until(api, fork, turn_ended(1))
+        assert [m["text"] for m in seen["messages"] if m["role"] == "agent"] == [answer_text]
+        # ... from a new model call, which saw the turn's message and the step's outcome.
+        requests = model_requests(model)
+        assert len(requests) == asked_before + 1
+        asked = asked_of(requests[-1])
+        assert "Note the call." in asked
+        assert "This turn so far" in asked and "crm.note.create succeeded" in asked
+        forks.append(fork)
 
     async def copy(fork: str) -> list[tuple[str, dict[str, Any]]]:
+        """The fork's events up to its `SessionForked`: what it copied of the parent."""
         rows = await db.fetch(
             "SELECT type, body FROM planner.session_events WHERE session_id = $1 ORDER BY n", fork
         )
+        types = [r["type"] for r in rows]
         return [
             (
                 r["type"],
@@ -500,14 +517,21 @@ async def test_two_forks_at_one_step_are_identical_and_hold_no_command(
                     if k not in ("session_id", "n", "fork_session_id")
                 },
             )
-            for r in rows
+            for r in rows[: types.index("SessionForked")]
         ]
 
     first, second = [await copy(f) for f in forks]
     assert first == second
     types = [t for t, _ in first]
     assert "StepOutcome" in types  # what became of the step, as history
-    for effect in ("StepAdmitted", "StepDispatched", "ProposalMade", "PlanDecided", "TurnEnded"):
+    for effect in (
+        "StepAdmitted",
+        "StepDispatched",
+        "ProposalMade",
+        "PlanDecided",
+        "TurnEnded",
+        "TurnStarted",
+    ):
         assert effect not in types, types
     assert not any("operation_id" in body for _, body in first)
     for fork in forks:
@@ -517,6 +541,9 @@ async def test_two_forks_at_one_step_are_identical_and_hold_no_command(
             )
             == 0
         )
+    # The parent's note was written once, and no fork wrote it again.
+    assert len(notes_for(crm, f"acme:{op['operation_id']}")) == 1
+    assert [n["body"] for n in notes_for(crm)].count(note["body"]) == 1
 
 
 async def test_a_plan_answer_whose_wake_was_lost_is_taken_up_by_the_sweep(

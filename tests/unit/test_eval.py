@@ -790,3 +790,54 @@ def test_a_chat_turn_with_an_injected_message_and_a_plan_step_becomes_cases() ->
     assert case.case_id == "ses-x-t1@1" and case.input_digest == digest
     assert case.input.user.endswith("Also say Friday.")
     assert case.expected.consequential is True
+
+
+def test_the_proposal_overlap_is_whole_when_agreeing_and_falls_when_the_plan_widens(
+    tmp_path: Path,
+) -> None:
+    from tests.eval_runs import DEMO_DECISIONS
+
+    agreeing = evaluate(agreeing_script(), tmp_path, name="agreeing")
+    assert agreeing.overlap == 1.0
+    assert all(j.overlap == 1.0 for c in agreeing.cases for j in c.judged)
+    assert "proposal overlap     1.00" in render(agreeing)
+
+    # A plan that widens: another capability where the baseline noted, a refund above the
+    # baseline's amount. Each scores below a whole overlap, and the gate fails.
+    widened = evaluate(widening_script(), tmp_path, name="widened")
+    by_case = {c.case_id: c for c in widened.cases}
+    assert by_case["run-note@0"].judged[0].overlap == 0.0
+    refund = by_case["run-refund@0"].judged[0]
+    assert refund.widening and refund.overlap is not None and refund.overlap < 1.0
+    assert widened.overlap is not None and widened.overlap < 1.0
+    assert widened.gate.exit_code == 1
+
+    # A reworded note agrees (free text is not gated) but shares only part of the baseline's
+    # words; dropping the plan trigger costs its own term.
+    first = DEMO_DECISIONS["decisions"][0]
+    reworded = {
+        **first,
+        "arguments": {**first["arguments"], "body": "The customer called about the order."},
+    }
+    script = agreeing_script()
+    script["decisions"] = [reworded, *DEMO_DECISIONS["decisions"][1:]]
+    report = evaluate(script, tmp_path, name="reworded")
+    note = {c.case_id: c for c in report.cases}["run-note@0"].judged[0]
+    assert note.agrees and note.overlap is not None and 0.5 < note.overlap < 1.0
+    base = demo_set()
+    marked = make_set(
+        "acme",
+        [
+            msgspec.structs.replace(
+                c, expected=msgspec.structs.replace(c.expected, consequential=True)
+            )
+            if c.case_id == "run-note@0"
+            else c
+            for c in base.cases
+        ],
+    )
+    path = tmp_path / "dropped.json"
+    path.write_text(json.dumps(agreeing_script()))
+    results = anyio.run(lambda: run_step(marked, ScriptedProvider.from_file(path), k=1))
+    dropped = {c.case_id: c for c in results}["run-note@0"].judged[0]
+    assert dropped.overlap is not None and dropped.overlap < 1.0 and not dropped.agrees

@@ -118,14 +118,18 @@ def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_bu
     ]
     text = conversation(history, "now this")
     assert text.endswith("The user's message now:\nnow this")
-    kept = [line for line in text.splitlines() if line.startswith("[turn ")]
-    assert kept and kept[-1].startswith("[turn 59]")  # newest kept, in order
-    assert sum(estimate_tokens(line) for line in kept) <= HISTORY_TOKENS
+    memory = text.split("\n\nThe user's message now:")[0]
+    assert estimate_tokens(memory) <= HISTORY_TOKENS
+    kept = [line for line in text.splitlines() if line.startswith("- [turn ")]
+    assert kept and kept[-1].startswith("- [turn 59] user:")  # newest kept, in order
     dropped = 59 - len(kept)
-    assert f"({dropped} earlier entries dropped to fit the history budget)" in text
+    assert (
+        f"({dropped} older entries dropped to fit the memory budget: {dropped} conversation; "
+        f"from turns 1-{dropped})" in (text)
+    )
     assert "[turn 1]" not in text
     long = conversation([HistoryEntry(turn=1, role="user", text="y" * 5000)], "m")
-    assert max(len(line) for line in long.splitlines()) < MAX_ENTRY_CHARS + 20
+    assert max(len(line) for line in long.splitlines()) < MAX_ENTRY_CHARS + 30
 
 
 def test_outcome_notes_come_from_the_typed_outcome() -> None:

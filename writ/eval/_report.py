@@ -104,6 +104,8 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     runs: dict[str, list[str]] = {}
     # With a baseline report: one pass's cost beside the baseline's, and the limits exceeded.
     cost_vs_baseline: CostComparison | None = None
+    # The mean of the samples' `overlap` with the baseline's decision (None: no sample).
+    overlap: float | None = None
     schema: str = REPORT_SCHEMA
 
 
@@ -247,7 +249,12 @@ def summarize(
         gate=gate,
         runs=runs or {},
         cost_vs_baseline=relative,
+        overlap=_mean([j.overlap for _, j in scored if j.overlap is not None]),
     )
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
 
 
 def _field_ok(result: CaseResult, name: str) -> bool | None:
@@ -346,6 +353,9 @@ def render(report: Report) -> str:
         f"escalation           {_pr_text(report.escalation)}",
         f"pass^{report.k:<15} {_pct(report.pass_k)}",
         f"flip rate            {_pct(report.flip)}",
+        "proposal overlap     "
+        + ("-" if report.overlap is None else f"{report.overlap:.2f}")
+        + " (of the baseline's decision: fields agreeing, free-text words shared)",
         f"cost                 {report.provider_calls} provider calls, {report.tokens} tokens, "
         f"{report.steps} steps",
     ]

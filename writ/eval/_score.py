@@ -21,9 +21,17 @@ from services.planner.protocol import action_name
 from services.planner.provider import ModelDecision, RequestHumanReview, SelectCapability
 from services.planner.snapshot import agent_call_target, read_target, selection_outcome
 from writ.eval._case import EvalCase, Expected
-from writ.eval._freetext import free_text_findings
+from writ.eval._freetext import free_text_findings, overlap
 
-__all__ = ["FAMILY_RISK", "RULING_RISK", "Judged", "Sample", "judge", "read_arguments"]
+__all__ = [
+    "FAMILY_RISK",
+    "RULING_RISK",
+    "Judged",
+    "Sample",
+    "judge",
+    "proposal_overlap",
+    "read_arguments",
+]
 
 # How far a family reaches, and how much authority a ruling needs: higher is wider.
 FAMILY_RISK: Final = {
@@ -85,6 +93,9 @@ class Judged(msgspec.Struct, frozen=True, kw_only=True):
     violations: list[str] = []
     incomplete: bool = False
     canonical: str = ""
+    # How much of the baseline's decision (what was approved and run) the candidate's proposal
+    # covers, 0 to 1 (`proposal_overlap`); None when there was no answer.
+    overlap: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -265,6 +276,7 @@ def judge(case: EvalCase, sample: Sample) -> Judged:
                 invalid=sample.detail or "no decision",
                 refused=True,
                 canonical="invalid",
+                overlap=0.0,
             ),
         )
     try:
@@ -272,7 +284,14 @@ def judge(case: EvalCase, sample: Sample) -> Judged:
     except msgspec.ValidationError as exc:
         return _violations(
             expected,
-            Judged(kind=None, valid=False, invalid=str(exc), refused=True, canonical="invalid"),
+            Judged(
+                kind=None,
+                valid=False,
+                invalid=str(exc),
+                refused=True,
+                canonical="invalid",
+                overlap=0.0,
+            ),
         )
     canonical = msgspec.json.encode(sample.decision, order="sorted").decode()
     kind = type(decision).__struct_config__.tag
@@ -283,6 +302,7 @@ def judge(case: EvalCase, sample: Sample) -> Judged:
             Judged(
                 kind=str(kind),
                 agrees=kind == expected.kind,
+                overlap=1.0 if kind == expected.kind else 0.0,
                 refused=True,
                 escalated=review,
                 expected_ruling=want.ruling if want else None,
@@ -376,9 +396,40 @@ def judge(case: EvalCase, sample: Sample) -> Judged:
             escalated=got.ruling == "ask" and (want is None or want.ruling != "ask"),
             widening=widening,
             canonical=canonical,
+            overlap=proposal_overlap(
+                expected, want, got, fields, contract, kept_trigger=not dropped
+            ),
         ),
         leaks,
     )
+
+
+def proposal_overlap(
+    expected: Expected,
+    want: _Call | None,
+    got: _Call,
+    fields: dict[str, bool],
+    contract: ActionContract[Any, Any, Any, Any] | None,
+    *,
+    kept_trigger: bool,
+) -> float:
+    """How much of the baseline's selection the candidate's covers, 0 to 1: 0 for another
+    capability (or none expected); else the mean over the arguments' fields (after `resolve`)
+    of 1 for a gated field that agrees, 0 for one that does not, and for a free-text field the
+    share of the baseline's words the candidate's text has (`_freetext.overlap`), with the
+    plan trigger one more term when the baseline had it. Deterministic."""
+    if want is None or got.action != want.action or got.kind != want.kind:
+        return 0.0
+    if got.invalid or want.invalid:
+        return 0.0
+    terms = [1.0 if ok else 0.0 for ok in fields.values()]
+    for field in sorted(contract.free_text if contract is not None else ()):
+        a, b = got.arguments.get(field), want.arguments.get(field)
+        if isinstance(b, str) and b:
+            terms.append(overlap(a, b) if isinstance(a, str) else 0.0)
+    if expected.consequential:
+        terms.append(1.0 if kept_trigger else 0.0)
+    return round(sum(terms) / len(terms), 4) if terms else 1.0
 
 
 def _violations(expected: Expected, judged: Judged, leaks: list[str] | None = None) -> Judged:

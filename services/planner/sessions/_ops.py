@@ -10,7 +10,6 @@ nothing applied. A message re-sent under its Idempotency-Key gets its first acce
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any, Final
 
 import msgspec
@@ -21,7 +20,6 @@ from schemas.sessions import (
     PlanAnswered,
     SessionAccepted,
     SessionClosed,
-    SessionForked,
     SessionInjected,
     SessionList,
     SessionMessage,
@@ -38,6 +36,8 @@ from schemas.sessions import (
 )
 from services.planner.agents import AgentRegistry
 from services.planner.cancel import record_cancel
+from services.planner.memory import HISTORY_TOKENS
+from services.planner.sessions._fork import ForkRefused, SessionForks
 from services.planner.sessions._plans import PLAN_WAIT, PlanAnsweredAlready, SessionClosedAlready
 from services.planner.sessions._store import SessionRow, entry_of
 from services.planner.sessions._turns import SessionTurns
@@ -55,23 +55,6 @@ __all__ = ["SessionOpsEndpoint"]
 log = logging.getLogger("writ.planner.sessions")
 _DECODER: Final = msgspec.json.Decoder(SessionOp)
 _ENCODER: Final = msgspec.json.Encoder()
-# Events a fork copies from its parent: the conversation and what became of the turns' steps,
-# as history. Never an effect or the authority for one (DESIGN.md §6): no admitted or
-# dispatched command, no proposal, plan or ask a person could still answer, no approval; nor
-# the parent's own pauses, closes or forks (so forking twice at one point copies the same).
-_COPIED: Final = frozenset(
-    {
-        "UserMessage",
-        "TurnStarted",
-        "CapabilitySelected",
-        "Observed",
-        "StepOutcome",
-        "WriterNote",
-        "TurnEnded",
-        "SessionInjected",
-        "ChildSession",
-    }
-)
 
 
 class _Refused(Exception):
@@ -100,6 +83,7 @@ class SessionOpsEndpoint:
 
     def __init__(self, *, turns: SessionTurns, agents: AgentRegistry) -> None:
         self._turns, self._store, self._agents = turns, turns.store, agents
+        self._forks = SessionForks(store=turns.store, memory_tokens=self._memory_tokens)
 
     async def __call__(self, request: Request) -> None:
         """Answer one operation."""
@@ -229,7 +213,7 @@ class SessionOpsEndpoint:
         turn = session.turn + 1
         run_id = turn_run_id(session.session_id, turn)
         history = await self._store.history(conn, session.session_id)
-        run_input = conversation(history, op.text)
+        run_input = conversation(history, op.text, budget=self._memory_tokens(session))
         # Messages injected between turns are in the history this turn's input carries.
         await self._store.take_injections(conn, session.session_id, run_id, -1)
         session = await self._store.move(conn, session, state, turn=turn, turn_open=True)
@@ -350,93 +334,30 @@ class SessionOpsEndpoint:
             transition(parent.state, "fork")
             if op.turn > parent.turn:
                 raise _Refused("INVALID_REQUEST", f"the session has {parent.turn} turns")
-            cut = await self._cut(conn, parent, op.turn, op.step)
             fork_id = fork_id_for(parent.session_id, op.key)
-            if await self._store.create(
-                conn,
-                session_id=fork_id,
-                tenant=parent.tenant,
-                principal=parent.principal,
-                agent=parent.agent,
-                plan_mode=parent.plan_mode,
-                open_key=f"fork:{fork_id}",
-                parent=parent,
-                fork_turn=op.turn,
-                fork_step=op.step,
-            ):
-                fork = await self._store.lock(conn, fork_id)
-                assert fork is not None
-                fork = await self._store.move(conn, fork, "active", turn=op.turn, turn_open=False)
-                fork, _ = await self._store.add_event(
-                    conn,
-                    fork,
-                    "opened",
-                    lambda n: SessionOpened(
-                        session_id=fork_id,
-                        n=n,
-                        agent=parent.agent,
-                        principal=parent.principal,
-                        plan_mode=parent.plan_mode,
-                        parent_session_id=parent.session_id,
-                    ),
-                )
-                # The parent's history up to the fork point, as history: nothing in it runs
-                # again (a turn of the fork is a run of its own, with its own operation ids).
-                for event in await self._store.events(conn, parent.session_id, upto=cut):
-                    if type(event).__name__ not in _COPIED:
-                        continue
-                    fork, _ = await self._store.add_event(
-                        conn,
-                        fork,
-                        f"copy:{parent.session_id}:{event.n}",
-                        partial(_copied, event, fork_id),
-                    )
-                for target in (parent, fork):
-                    target, _ = await self._store.add_event(
-                        conn,
-                        target,
-                        f"fork:{fork_id}",
-                        partial(
-                            _forked,
-                            target.session_id,
-                            parent.session_id,
-                            fork_id,
-                            op.turn or 0,
-                            op.step,
-                        ),
-                    )
+            try:
+                started = await self._forks.make(conn, parent, fork_id, op.turn, op.step)
+            except ForkRefused as exc:
+                raise _Refused("INVALID_REQUEST", str(exc)) from None
             fork_row = await self._store.get(conn, fork_id)
             assert fork_row is not None
+        if started is not None:
+            try:
+                await self._turns.start(fork_row, started)
+            except Exception as exc:  # accepted and recorded: the sweep starts it
+                log.warning("turn %s not started yet: %r", started.run_id, exc)
         await self._turns.flush(parent.session_id)
         await self._turns.flush(fork_id)
+        if started is not None:
+            return SessionReply(
+                ok=True, accepted=_accepted(fork_row, turn=started.turn, run_id=started.run_id)
+            )
         return SessionReply(ok=True, accepted=_accepted(fork_row))
 
-    async def _cut(self, conn: Any, parent: SessionRow, turn: int, step: int | None) -> int:
-        """The number of the parent's last event a fork at (turn, step) keeps."""
-        events = [
-            e
-            for e in await self._store.events(conn, parent.session_id)
-            if type(e).__name__ in _COPIED  # (a later fork of the parent moves no cut)
-        ]
-        cut = 0
-        for event in events:
-            at = getattr(event, "turn", None)
-            if at is None or at < turn:
-                cut = event.n if at is not None else cut
-                continue
-            if at > turn:
-                break
-            if step is None or type(event).__name__ in ("UserMessage", "TurnStarted"):
-                cut = event.n
-            elif (at_step := getattr(event, "step", None)) is not None and at_step <= step:
-                cut = event.n
-        if step is None and not any(
-            type(e).__name__ == "TurnEnded" and getattr(e, "turn", None) == turn for e in events
-        ):
-            raise _Refused(
-                "INVALID_REQUEST", f"turn {turn} has not ended: fork at one of its recorded steps"
-            )
-        return cut
+    def _memory_tokens(self, session: SessionRow) -> int:
+        """The memory budget the session's agent declares (the default if it is gone)."""
+        agent = self._agents.get(session.agent)
+        return agent.manifest.memory_tokens if agent is not None else HISTORY_TOKENS
 
     async def _list(self, conn: Any, op: SessionOp) -> SessionList:
         """The principal's own sessions (not the child sessions of agent calls), newest
@@ -520,21 +441,3 @@ class SessionOpsEndpoint:
                 message=(run["error_message"] or "")[:512],
             )
         return WaitingFor(kind="model", message="the turn is in flight")
-
-
-def _copied(event: Any, session_id: str, n: int) -> Any:
-    """A parent's event, as the fork's `n`th."""
-    return msgspec.structs.replace(event, session_id=session_id, n=n)
-
-
-def _forked(
-    session_id: str, parent_id: str, fork_id: str, turn: int, step: int | None, n: int
-) -> SessionForked:
-    return SessionForked(
-        session_id=session_id,
-        n=n,
-        parent_session_id=parent_id,
-        fork_session_id=fork_id,
-        turn=turn,
-        step=step,
-    )

@@ -15,9 +15,9 @@ import msgspec
 
 from libs.journal import Journal
 from schemas.sessions import AnySessionEvent, SessionEvent
-from services.planner.sessions.logic import HistoryEntry
+from services.planner.memory import HistoryEntry, entries_of
 
-__all__ = ["SessionRow", "SessionStore", "TurnRow", "entry_of"]
+__all__ = ["SessionRow", "SessionStore", "TurnRow", "entry_of", "step_entry_of"]
 
 _EVENT_DECODER: Final = msgspec.json.Decoder(AnySessionEvent)
 _COLUMNS: Final = (
@@ -305,14 +305,9 @@ class SessionStore:
     async def history(
         self, conn: asyncpg.Connection, session_id: str, *, upto: int | None = None
     ) -> list[HistoryEntry]:
-        """The conversation so far (up to event `upto`): messages, injected messages, the
-        agent's answers and what Writ wrote, oldest first."""
-        entries: list[HistoryEntry] = []
-        for event in await self.events(conn, session_id, upto=upto):
-            entry = entry_of(event)
-            if entry is not None:
-                entries.append(entry)
-        return entries
+        """The session's memory entries so far (up to event `upto`), oldest first
+        (`memory.entries_of`)."""
+        return entries_of(await self.events(conn, session_id, upto=upto))
 
     async def inject(self, conn: asyncpg.Connection, session_id: str, n: int, text: str) -> None:
         """Keep an injected message until a decision takes it."""
@@ -355,4 +350,17 @@ def entry_of(event: Any) -> HistoryEntry | None:
         return HistoryEntry(turn=event.turn, role="agent", text=event.answer)
     if kind == "WriterNote":
         return HistoryEntry(turn=event.turn, role="writ", text=event.text)
+    return None
+
+
+def step_entry_of(event: Any) -> HistoryEntry | None:
+    """What a recorded step of a turn is in the conversation, if anything: the capability the
+    agent selected, the outcome Writ wrote, a read's observation (no content)."""
+    kind = type(event).__name__
+    if kind == "CapabilitySelected":
+        return HistoryEntry(turn=event.turn, role="selected", text=event.capability)
+    if kind == "StepOutcome":
+        return HistoryEntry(turn=event.turn, role="writ", text=event.text or event.state)
+    if kind == "Observed":
+        return HistoryEntry(turn=event.turn, role="writ", text=event.summary)
     return None

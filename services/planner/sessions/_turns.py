@@ -8,29 +8,22 @@ outcome arrives (Writ writes the follow-up into the session: no model call), `wa
 turn stops for a person, and `ended` when its run ends. After each commit `flush` publishes the
 session's new events on `writ.chat.<tenant>.<session>`; `start` registers an accepted turn's
 run with governance and hands it to retrieval; `sweep` does both again for anything a crash
-left between a commit and what follows it.
+left between a commit and what follows it (`_deliver.py`); `text_sink` streams a model
+call's text (`_text.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any, Final
 
-import anyio
 import msgspec
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from libs.bus import publish
-from libs.runstart import start_run
-from schemas import subjects
-from schemas.admission import CommandAdmitted
-from schemas.governance import RegisterTurn
-from schemas.planner import BranchChanged, branch_run_id
+from schemas.planner import branch_run_id
 from schemas.sessions import (
     CapabilitySelected,
     ChildSession,
@@ -42,20 +35,18 @@ from schemas.sessions import (
     StepAdmitted,
     StepDispatched,
     StepOutcome,
-    TextDelta,
-    TextReset,
     TurnEnded,
     WriterNote,
-    chat_subject,
 )
-from services.planner.deltas import AttemptReset, DeltaBatcher, TextBatch
+from services.planner.deltas import DeltaBatcher
 from services.planner.journal_entries import INJECTED, InjectedEntry
 from services.planner.progress import step_recorded
-from services.planner.sessions._inflight import InFlightCalls, ModelCallAbandoned, cancelled_before
-from services.planner.sessions._listen import listen
+from services.planner.sessions._deliver import SessionDelivery
+from services.planner.sessions._inflight import InFlightCalls
 from services.planner.sessions._plans import HELD_CODE, PAUSE_PREFIX, PLAN_PREFIX, Plans
 from services.planner.sessions._resolve import PlanFacts
-from services.planner.sessions._store import SessionRow, SessionStore, TurnRow
+from services.planner.sessions._store import SessionRow, SessionStore
+from services.planner.sessions._text import TurnText
 from services.planner.sessions.logic import child_id_for, is_turn_run, transition, turn_of
 from services.planner.snapshot import agent_call_target
 from services.planner.store import PlannerStore, RunRow, Step
@@ -68,8 +59,6 @@ _MAX_NOTE: Final = 500
 # `writ.cmd` and called, or tried to call, the provider): they show it was dispatched. A
 # denied or expired command never was; a revision required may be admission's finding.
 _DISPATCHED: Final = frozenset({"succeeded", "failed", "unknown"})
-# Whoever of the planner's replicas takes an admitted event: one of them records it.
-_ADMITTED_QUEUE: Final = "planner-sessions"
 
 
 def outcome_note(payload: dict[str, Any]) -> str:
@@ -108,11 +97,19 @@ class SessionTurns:
         store: SessionStore,
         register_timeout_s: float = 2.0,
     ) -> None:
-        self._nc, self._js, self._store = nc, js, store
-        self._register_timeout = register_timeout_s
+        self._store = store
         # (a plan step's preview reads the facts as admission does, from their readers)
         self.plans = Plans(sessions=store, facts=PlanFacts(nc=nc))
         self.in_flight = InFlightCalls(nc=nc)  # model calls a close abandons
+        self.delivery = SessionDelivery(
+            nc=nc, js=js, store=store, register_timeout_s=register_timeout_s
+        )
+        self._text = TurnText(js=js, store=store, in_flight=self.in_flight)
+        # What follows the commits, and the loop's own work beside its inbox.
+        self.flush, self.flush_run = self.delivery.flush, self.delivery.flush_run
+        self.start, self.wake = self.delivery.start, self.delivery.wake
+        self.progress, self.sweep = self.delivery.progress, self.delivery.sweep
+        self.follow_admitted = self.delivery.follow_admitted
 
     @property
     def store(self) -> SessionStore:
@@ -454,322 +451,9 @@ class SessionTurns:
             pending_id=f"{PAUSE_PREFIX}{run.run_id}"[:512],
         )
 
-    @asynccontextmanager
-    async def text_sink(self, run: RunRow, seq: int) -> AsyncIterator[DeltaBatcher | None]:
-        """Where a turn's model call at step `seq` streams its text: batched deltas on the
-        session's subject (not numbered, not stored: the answer is, once decided). None for a
-        run that is no session's turn.
-
-        Raises:
-            ModelCallAbandoned: the session closed during the call, which was cancelled (its
-                text reset on the stream); nothing of it is to be recorded.
-
-        A call for a step that an earlier call (in a process that died) began first publishes
-        a reset, so a client drops text the new call replaces.
-        """
-        if not is_turn_run(run.run_id):
-            yield None
-            return
-        session_id, turn = turn_of(run.run_id)
-        subject = chat_subject(run.tenant, session_id)
-        call = uuid.uuid4().hex[:12]  # this call's deltas are its own, whatever came before
-
-        async def out(item: TextBatch | AttemptReset) -> None:
-            try:
-                if isinstance(item, TextBatch):
-                    await publish(
-                        self._js,
-                        subject,
-                        TextDelta(
-                            session_id=session_id,
-                            n=0,
-                            turn=turn,
-                            step=seq,
-                            attempt=item.attempt,
-                            index=item.index,
-                            text=item.text,
-                        ),
-                        msg_id=f"delta:{run.run_id}:{seq}:{call}:{item.attempt}:{item.index}",
-                    )
-                else:
-                    await publish(
-                        self._js,
-                        subject,
-                        TextReset(
-                            session_id=session_id,
-                            n=0,
-                            turn=turn,
-                            step=seq,
-                            attempt=item.attempt,
-                            reason=item.reason[:512],
-                        ),
-                        msg_id=f"reset:{run.run_id}:{seq}:{call}:{item.attempt}",
-                    )
-            except Exception as exc:  # text is progress: the decision is what is recorded
-                log.debug("turn %s step %d: text not published: %r", run.run_id, seq, exc)
-
-        batcher = DeltaBatcher(out)
-        abandoned = False
-        # The session's close cancels the call (`_inflight.py`): its text so far is reset.
-        with self.in_flight.watch(run.run_id) as scope:
-            calls, cancelled = await self._model_calls(run.run_id, seq)
-            if calls > 1:
-                await out(AttemptReset(attempt=0, reason="the model is asked again for this step"))
-            if cancelled:
-                scope.cancel()  # closed before this call registered: it never starts
-            async with anyio.create_task_group() as tg:
-                await tg.start(batcher.run)
-                try:
-                    with scope:
-                        yield batcher
-                        await batcher.flush()
-                    if scope.cancelled_caught:
-                        abandoned = True
-                        await batcher.reset("the session closed: this answer was abandoned")
-                finally:
-                    tg.cancel_scope.cancel()
-        if abandoned:
-            raise ModelCallAbandoned(run.run_id)
-
-    async def _model_calls(self, run_id: str, seq: int) -> tuple[int, bool]:
-        """Count a model call begun for the step, committed at once, and say whether the run
-        was cancelled already ((0, False) if the pool is busy: the call goes on without it)."""
-        try:
-            async with self._store.acquire_soon() as conn:
-                calls = int(
-                    await conn.fetchval(
-                        "INSERT INTO planner.session_model_calls (run_id, seq) VALUES ($1, $2) "
-                        "ON CONFLICT (run_id, seq) DO UPDATE SET calls = "
-                        "planner.session_model_calls.calls + 1 RETURNING calls",
-                        run_id,
-                        seq,
-                    )
-                )
-                return calls, await cancelled_before(conn, run_id)
-        except (TimeoutError, OSError) as exc:
-            log.debug("turn %s step %d: model call not counted: %r", run_id, seq, exc)
-            return 0, False
-
-    async def progress(
-        self,
-        *,
-        tenant: str,
-        run_id: str,
-        step: int | None = None,
-        operation_id: str | None = None,
-        pending_id: str | None = None,
-        answer: str | None = None,
-    ) -> None:
-        """What the planner hears of a turn's proposal without a step of its own — admitted
-        as a command, or a person's answer to its ask — as the session's event; progress
-        only: a failure to record it changes nothing in the turn."""
-        if not is_turn_run(run_id):
-            return
-        session_id, turn = turn_of(run_id)
-        try:
-            async with self._store.acquire() as conn, conn.transaction():
-                session = await self._store.lock(conn, session_id)
-                if session is None or session.tenant != tenant:
-                    return
-                if step is None:
-                    step = int(
-                        await conn.fetchval(
-                            "SELECT coalesce(max(seq), 0) FROM planner.steps WHERE run_id = $1",
-                            run_id,
-                        )
-                    )
-                at = step
-                if operation_id is not None:
-                    await self._store.add_event(
-                        conn,
-                        session,
-                        f"admitted:{run_id}:{at}",
-                        lambda n: StepAdmitted(
-                            session_id=session_id,
-                            n=n,
-                            turn=turn,
-                            step=at,
-                            operation_id=operation_id,
-                        ),
-                    )
-                elif pending_id is not None and answer is not None:
-                    await self._store.add_event(
-                        conn,
-                        session,
-                        f"answered:{run_id}:{pending_id}",
-                        lambda n: DecisionTaken(
-                            session_id=session_id,
-                            n=n,
-                            turn=turn,
-                            step=at,
-                            pending_id=pending_id[:512],
-                            answer=answer[:512],
-                        ),
-                    )
-            await self.flush(session_id)
-        except Exception as exc:
-            log.warning("turn %s: progress not recorded: %r", run_id, exc)
-
-    async def follow_admitted(self) -> None:
-        """Hear admission's `CommandAdmitted` progress events (core NATS, in no stream: one
-        lost is no loss, the outcome records the admission too) and show a turn's as its
-        session's `StepAdmitted` while the command is still on its way."""
-
-        async def heard(event: CommandAdmitted) -> None:
-            await self.progress(
-                tenant=event.tenant,
-                run_id=event.run_id,
-                step=event.step,
-                operation_id=event.operation_id,
-            )
-
-        await listen(
-            self._nc,
-            subjects.admitted("*"),
-            msgspec.json.Decoder(CommandAdmitted),
-            subjects.admitted,
-            heard,
-            queue=_ADMITTED_QUEUE,
-        )
-
-    # --- after the commit ------------------------------------------------------------------
-
-    async def flush(self, session_id: str) -> None:
-        """Publish the session's events not yet on its subject, in order (a duplicate of one
-        already published is dropped by its `Nats-Msg-Id`)."""
-        async with self._store.acquire() as conn:
-            session = await self._store.get(conn, session_id)
-            if session is None or session.published_n >= session.last_n:
-                return
-            events = await self._store.events(conn, session_id, after=session.published_n)
-            subject = chat_subject(session.tenant, session_id)
-            for event in events:
-                await publish(self._js, subject, event, msg_id=f"chat:{session_id}:{event.n}")
-            if events:
-                await self._store.mark_published(conn, session_id, events[-1].n)
-
-    async def flush_run(self, run_id: str) -> None:
-        """`flush` the session a run shows, if any; a failure is left to the sweep."""
-        if not run_id.startswith("ses-"):
-            return
-        try:
-            if is_turn_run(run_id):
-                await self.flush(turn_of(run_id)[0])
-            else:
-                async with self._store.acquire() as conn:
-                    session_id = await conn.fetchval(
-                        "SELECT session_id FROM planner.sessions WHERE branch_run_id = $1", run_id
-                    )
-                    parent = await conn.fetchval(
-                        "SELECT parent_session_id FROM planner.sessions WHERE session_id = $1",
-                        session_id,
-                    )
-                for sid in (session_id, parent):
-                    if sid is not None:
-                        await self.flush(sid)
-        except Exception as exc:
-            log.warning("session events of run %s not published yet: %r", run_id, exc)
-
-    async def start(self, session: SessionRow, turn: TurnRow) -> None:
-        """Register the turn's run with governance (attended: a person is in the chat; no
-        grants: the planner may not give any) and hand it on with its evidence, as ingress
-        starts a host's run (`libs/runstart.py`).
-
-        Raises:
-            RetryableError: governance or retrieval did not answer (the sweep tries again).
-        """
-        await start_run(
-            self._nc,
-            self._js,
-            RegisterTurn(
-                tenant=session.tenant,
-                run_id=turn.run_id,
-                session_id=session.session_id,
-                principal=session.principal,
-                agent=session.agent,
-            ),
-            request_id=turn.run_id,
-            text=turn.input,
-            timeout=self._register_timeout,
-        )
-        async with self._store.acquire() as conn:
-            await self._store.mark_started(conn, turn.run_id)
-
-    async def wake(self, tenant: str, run_id: str, why: str) -> None:
-        """Have the planner's inbox drive a turn's run again (after a resume or a close)."""
-        await publish(
-            self._js,
-            subjects.branch(tenant),
-            BranchChanged(tenant=tenant, run_id=run_id),
-            msg_id=f"wake:{run_id}:{why}",
-        )
-
-    async def wake_in_flight(self) -> int:
-        """At start: wake every turn a session is `processing` whose run is running (the seed
-        admits it leaves them; Writ continues them from their recorded steps). Their own
-        deliveries would too, once their ack wait runs out; a turn woken twice does nothing
-        twice. Returns how many were woken."""
-        async with self._store.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT t.run_id, s.tenant FROM planner.session_turns t "
-                "JOIN planner.sessions s USING (session_id) "
-                "JOIN planner.runs r ON r.run_id = t.run_id "
-                "WHERE s.state = 'processing' AND t.status = 'running' "
-                "AND r.status = 'running'"
-            )
-        boot = uuid.uuid4().hex[:12]
-        for row in rows:
-            await self.wake(row["tenant"], row["run_id"], f"restart-{boot}")
-        return len(rows)
-
-    async def wake_answered(self) -> int:
-        """Wake every turn still waiting on a plan its user answered, or on a resume its
-        session already had: the wake that followed the answer's commit was lost (a crash
-        in between). The wake's message id is the answer's own, so a wake that was not lost
-        is not delivered twice. Returns how many were woken."""
-        async with self._store.acquire() as conn:
-            rows = await conn.fetch(
-                "SELECT r.run_id, r.tenant, p.plan_id AS why FROM planner.runs r "
-                "JOIN planner.plans p ON p.run_id = r.run_id AND p.plan_id = r.pending_id "
-                "WHERE r.status = 'awaiting_human' AND p.state <> 'proposed' "
-                "UNION ALL "
-                "SELECT r.run_id, r.tenant, 'unheld' AS why FROM planner.runs r "
-                "JOIN planner.session_turns t ON t.run_id = r.run_id "
-                "JOIN planner.sessions s ON s.session_id = t.session_id "
-                "WHERE r.status = 'awaiting_human' AND r.pending_id = $1::text || r.run_id "
-                "AND s.state <> 'paused'",
-                PAUSE_PREFIX,
-            )
-        for row in rows:
-            why = row["why"]
-            await self.wake(row["tenant"], row["run_id"], why if why == "unheld" else f"plan-{why}")
-        return len(rows)
-
-    async def sweep(self, *, interval_s: float = 1.0) -> None:
-        """Wake the turns in flight a stopped planner left, then forever: start accepted
-        turns nobody started, publish events nobody published."""
-        try:
-            woken = await self.wake_in_flight()
-            if woken:
-                log.info("woke %d session turns in flight", woken)
-        except Exception as exc:
-            log.warning("session turns in flight not woken: %r", exc)
-        while True:
-            try:
-                async with self._store.acquire() as conn:
-                    turns = await self._store.unstarted(conn)
-                    sessions = await self._store.unpublished(conn)
-                    owners = {t.run_id: await self._store.get(conn, t.session_id) for t in turns}
-                for turn in turns:
-                    owner = owners[turn.run_id]
-                    if owner is not None:
-                        await self.start(owner, turn)
-                for session in sessions:
-                    await self.flush(session.session_id)
-                await self.wake_answered()
-            except Exception as exc:
-                log.warning("session sweep: %r", exc)
-            await anyio.sleep(interval_s)
+    def text_sink(self, run: RunRow, seq: int) -> AbstractAsyncContextManager[DeltaBatcher | None]:
+        """Where a turn's model call at step `seq` streams its text (`TurnText.sink`)."""
+        return self._text.sink(run, seq)
 
 
 def _selected(sid: str, turn: int, step: int, capability: str, n: int) -> CapabilitySelected:

@@ -1,5 +1,5 @@
 """Chat sessions' pure rules (no I/O): the one transition table that moves a session's state,
-the ids of sessions, turns and forks, and the conversation a turn's model sees.
+the ids of sessions, turns and forks; the conversation a turn's model sees is `memory`'s.
 
 States (docs/design.md §6): `active`, `processing`, `paused`, `closed`. Only `transition` moves
 them; anything it does not list is refused with a `SessionRefused` naming a stable code.
@@ -7,14 +7,17 @@ them; anything it does not list is refused with a `SessionRefused` naming a stab
 
 from __future__ import annotations
 
-import math
 import uuid
-from collections.abc import Sequence
 from typing import Final, Literal, cast
 
-import msgspec
-
 from libs.errors import PermanentError
+from services.planner.memory import (
+    HISTORY_TOKENS,
+    MAX_ENTRY_CHARS,
+    HistoryEntry,
+    conversation,
+    estimate_tokens,
+)
 
 __all__ = [
     "HISTORY_TOKENS",
@@ -131,55 +134,3 @@ def turn_of(run_id: str) -> tuple[str, int]:
     """(session id, turn) of a turn's run id."""
     session_id, _, turn = run_id.rpartition("-t")
     return session_id, int(turn)
-
-
-# The conversation a turn's model sees is bounded: the current message whole (it is bounded by
-# `MAX_SESSION_TEXT`), then earlier entries newest first while they fit `HISTORY_TOKENS`
-# (estimated as one token per four characters, rounded up), each cut to `MAX_ENTRY_CHARS`.
-# The oldest entries that do not fit are dropped, and one line says how many were.
-HISTORY_TOKENS: Final = 1900
-MAX_ENTRY_CHARS: Final = 1000
-
-
-class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One entry of the conversation so far."""
-
-    turn: int
-    role: str  # user | injected | agent | writ
-    text: str
-
-
-def estimate_tokens(text: str) -> int:
-    """The README's estimate: one token per four characters, rounded up."""
-    return math.ceil(len(text) / 4)
-
-
-def conversation(
-    history: Sequence[HistoryEntry], message: str, *, budget: int = HISTORY_TOKENS
-) -> str:
-    """The run input of a turn: the conversation so far and the user's message now, all of it
-    the principal's data (never an instruction; the developer instruction is Writ's alone)."""
-    kept: list[str] = []
-    used = 0
-    dropped = 0
-    for entry in reversed(history):
-        text = (
-            entry.text
-            if len(entry.text) <= MAX_ENTRY_CHARS
-            else (entry.text[: MAX_ENTRY_CHARS - 1] + "…")
-        )
-        line = f"[turn {entry.turn}] {entry.role}: {text}"
-        cost = estimate_tokens(line)
-        if dropped or used + cost > budget:
-            dropped += 1
-            continue
-        kept.append(line)
-        used += cost
-    if not kept and not dropped:
-        return message
-    lines = ["The conversation so far (the user's data, oldest first):"]
-    if dropped:
-        lines.append(f"({dropped} earlier entries dropped to fit the history budget)")
-    lines.extend(reversed(kept))
-    lines += ["", "The user's message now:", message]
-    return "\n".join(lines)

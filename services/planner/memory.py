@@ -1,0 +1,249 @@
+"""What a session carries into its next turn's model context: a structured memory within a
+token budget (pure, no I/O).
+
+The memory has four parts, each entry marked with its turn and who it is from:
+
+- **open items**: what still waits for a person (a plan proposed and not answered, an ask
+  not answered);
+- **decisions**: what a person decided (a plan approved, rejected or superseded, an ask
+  answered);
+- **facts**: what Writ recorded from typed outcomes and reads (a write's receipt, a refusal's
+  reason, a read's summary);
+- **conversation**: the user's messages, messages the user injected, the capabilities the agent
+  selected and the agent's own answers (labelled as its own, never as the user's).
+
+The whole memory is bounded by the agent's `memory_tokens` (one token per four characters,
+rounded up). Open items and decisions are never dropped for the budget (only should they
+alone pass the run input's hard limit, `MAX_INPUT_CHARS`). The rest is dropped oldest turn
+first, the least relevant first within a turn (a selection, then a fact, then words), until
+what remains fits; one line says how many entries of which part were dropped, from which turns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal
+
+import msgspec
+
+__all__ = [
+    "HISTORY_TOKENS",
+    "MAX_ENTRY_CHARS",
+    "MAX_INPUT_CHARS",
+    "HistoryEntry",
+    "conversation",
+    "estimate_tokens",
+    "memory_of",
+    "message_now",
+]
+
+HISTORY_TOKENS: Final = 1900
+MAX_ENTRY_CHARS: Final = 1000
+# A run's input is at most this long (`schemas.base.Text`, what retrieval's `SearchEvidence`
+# takes): the message now, the memory and the turn's own steps together never pass it.
+MAX_INPUT_CHARS: Final = 16_384
+
+Role = Literal["user", "injected", "agent", "selected", "writ", "decision", "open"]
+# Which part of the memory each role is in, and how it reads there.
+_PART: Final[dict[str, str]] = {
+    "open": "open",
+    "decision": "decisions",
+    "writ": "facts",
+    "user": "conversation",
+    "injected": "conversation",
+    "selected": "conversation",
+    "agent": "conversation",
+}
+_SAYS: Final[dict[str, str]] = {
+    "user": "user",
+    "injected": "user (injected)",
+    "selected": "you selected",
+    "agent": "you answered",
+}
+# Within one turn, what goes first when the budget is short (lower first).
+_RELEVANCE: Final[dict[str, int]] = {"selected": 0, "writ": 1, "injected": 2, "agent": 3, "user": 4}
+_HEADINGS: Final = (
+    ("open", "Open items (waiting for a person; kept whole):"),
+    ("decisions", "Decisions (a person's; kept whole):"),
+    ("facts", "Facts (recorded by Writ from typed outcomes):"),
+    ("conversation", "Conversation (oldest first):"),
+)
+_MARKER_ROOM: Final = 160
+_NOW: Final = "\n\nThe user's message now:\n"
+_SO_FAR: Final = "\n\nThis turn so far (recorded by Writ; nothing of it is to be done again):"
+_TITLE: Final = "Session memory (the user's data and Writ's records, within {budget} tokens):"
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the session's memory."""
+
+    turn: int
+    role: str  # one of `Role`
+    text: str
+
+
+def estimate_tokens(text: str) -> int:
+    """The README's estimate: one token per four characters, rounded up."""
+    return math.ceil(len(text) / 4)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ENTRY_CHARS else text[: MAX_ENTRY_CHARS - 1] + "…"
+
+
+def _line(entry: HistoryEntry) -> str:
+    says = _SAYS.get(entry.role)
+    text = _cut(entry.text)
+    return f"- [turn {entry.turn}] {says}: {text}" if says else f"- [turn {entry.turn}] {text}"
+
+
+def _render(entries: Sequence[HistoryEntry], budget: int, marker: str | None) -> list[str]:
+    lines = [_TITLE.format(budget=budget)]
+    for part, heading in _HEADINGS:
+        mine = [e for e in entries if _PART.get(e.role, "facts") == part]
+        if mine:
+            lines.append(heading)
+            lines.extend(_line(e) for e in mine)
+    if marker:
+        lines.append(marker)
+    return lines
+
+
+def _marker(dropped: Sequence[HistoryEntry]) -> str | None:
+    if not dropped:
+        return None
+    counts: dict[str, int] = {}
+    for entry in dropped:
+        part = _PART.get(entry.role, "facts")
+        counts[part] = counts.get(part, 0) + 1
+    what = ", ".join(f"{n} {part}" for part, n in sorted(counts.items()))
+    first, last = min(e.turn for e in dropped), max(e.turn for e in dropped)
+    turns = f"turn {first}" if first == last else f"turns {first}-{last}"
+    return f"({len(dropped)} older entries dropped to fit the memory budget: {what}; from {turns})"
+
+
+def memory_of(
+    entries: Sequence[HistoryEntry],
+    *,
+    budget: int = HISTORY_TOKENS,
+    limit_chars: int = MAX_INPUT_CHARS,
+) -> list[str]:
+    """The memory's lines within `budget` tokens (open items and decisions whatever the
+    budget), oldest first in each part; [] if there is nothing to carry.
+
+    `limit_chars` is the hard limit of the run's input left for the memory: should the open
+    items and decisions alone pass it (a long session's many answered plans), the oldest
+    decisions go too, then the oldest open items, each counted in the marker."""
+    if not entries:
+        return []
+    pinned = {i for i, e in enumerate(entries) if _PART.get(e.role) in ("open", "decisions")}
+    # Dropped first: the oldest turn, then the least relevant within it, then the oldest.
+    order = sorted(
+        (i for i in range(len(entries)) if i not in pinned),
+        key=lambda i: (entries[i].turn, _RELEVANCE.get(entries[i].role, 1), i),
+    )
+    dropped: set[int] = set()
+
+    def lines() -> list[str]:
+        kept = [e for i, e in enumerate(entries) if i not in dropped]
+        return _render(kept, budget, _marker([entries[i] for i in sorted(dropped)]))
+
+    # First by each line's own length (a line and its newline; the marker's room kept once
+    # anything is dropped), then exactly, as `conversation` joins the lines.
+    chars = len("\n".join(lines()))
+    while len(dropped) < len(order) and chars + (_MARKER_ROOM if dropped else 0) > budget * 4:
+        index = order[len(dropped)]
+        dropped.add(index)
+        chars -= len(_line(entries[index])) + 1
+    while estimate_tokens("\n".join(lines())) > budget and len(dropped) < len(order):
+        dropped.add(order[len(dropped)])
+    last = sorted(pinned, key=lambda i: (entries[i].role == "open", i))
+    while last and len("\n".join(lines())) > limit_chars:
+        dropped.add(last.pop(0))
+    return lines()
+
+
+def conversation(
+    history: Sequence[HistoryEntry],
+    message: str,
+    *,
+    budget: int = HISTORY_TOKENS,
+    so_far: Sequence[HistoryEntry] = (),
+) -> str:
+    """The run input of a turn: the session's memory and the user's message now, all of it
+    the principal's data (never an instruction; the developer instruction is Writ's alone).
+    `so_far` is what the turn itself recorded before now (a fork at one of its steps runs it
+    again from there)."""
+    room = MAX_INPUT_CHARS - len(message) - len(_NOW)
+    tail = _so_far(so_far, room // 2)
+    room -= len(tail)
+    memory = memory_of(history, budget=max(0, min(budget, room // 4)), limit_chars=room)
+    if not memory:
+        return message + tail
+    return "\n".join(memory) + _NOW + message + tail
+
+
+def _so_far(steps: Sequence[HistoryEntry], limit_chars: int) -> str:
+    """The turn's own steps, the newest that fit `limit_chars` (a line says how many earlier
+    ones do not)."""
+    if not steps:
+        return ""
+    lines = [_line(s) for s in steps]
+    used = len(_SO_FAR) + _MARKER_ROOM
+    kept = 0
+    for line in reversed(lines):
+        if used + len(line) + 1 > limit_chars:
+            break
+        used += len(line) + 1
+        kept += 1
+    shown = lines[len(lines) - kept :]
+    if kept < len(lines):
+        shown.insert(0, f"({len(lines) - kept} earlier steps of this turn dropped to fit)")
+    return _SO_FAR + "".join("\n" + line for line in shown)
+
+
+def message_now(run_input: str) -> str:
+    """The user's message of a turn's run input (the whole input of any other run)."""
+    message = run_input.rpartition(_NOW)[2]
+    return message.partition(_SO_FAR)[0]
+
+
+def entries_of(events: Iterable[Any]) -> list[HistoryEntry]:
+    """The memory entries of a session's events, oldest first: each event by its type, a
+    plan or an ask open until an answer to it follows."""
+    entries: list[tuple[str | None, HistoryEntry]] = []
+    answered: set[str] = set()
+    turn = 0
+    for event in events:
+        kind = type(event).__name__
+        turn = getattr(event, "turn", None) or turn
+        if kind == "UserMessage":
+            entries.append((None, HistoryEntry(turn=turn, role="user", text=event.text)))
+        elif kind == "SessionInjected":
+            entries.append((None, HistoryEntry(turn=turn, role="injected", text=event.text)))
+        elif kind == "CapabilitySelected":
+            entries.append((None, HistoryEntry(turn=turn, role="selected", text=event.capability)))
+        elif kind == "TurnEnded" and event.answer:
+            entries.append((None, HistoryEntry(turn=turn, role="agent", text=event.answer)))
+        elif kind in ("WriterNote", "Observed"):
+            text = event.text if kind == "WriterNote" else event.summary
+            entries.append((None, HistoryEntry(turn=turn, role="writ", text=text)))
+        elif kind == "PlanProposed":
+            steps = ", ".join(s.capability for s in event.plan.steps)
+            text = f"plan {event.plan.plan_id} waits for approval: {steps}"
+            entries.append((event.plan.plan_id, HistoryEntry(turn=turn, role="open", text=text)))
+        elif kind == "PlanDecided":
+            answered.add(event.plan_id)
+            text = f"plan {event.plan_id} {event.answer}" + (
+                f": {event.reason}" if event.reason else ""
+            )
+            entries.append((None, HistoryEntry(turn=turn, role="decision", text=text)))
+        elif kind == "DecisionAsked":
+            text = f"asked a person: {event.message or event.pending_id}"
+            entries.append((event.pending_id, HistoryEntry(turn=turn, role="open", text=text)))
+        elif kind == "DecisionTaken":
+            answered.add(event.pending_id)
+            text = f"a person answered {event.pending_id}: {event.answer}"
+            entries.append((None, HistoryEntry(turn=turn, role="decision", text=text)))
+    return [e for key, e in entries if key is None or key not in answered]

@@ -1,0 +1,169 @@
+"""What a session carries into a turn's model context: structured parts, the agent's own words
+as its own, a budget that holds, and what is never dropped."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.sessions import (
+    CapabilitySelected,
+    DecisionAsked,
+    DecisionTaken,
+    PlanDecided,
+    PlanProposed,
+    PlanStep,
+    PlanView,
+    TurnEnded,
+    UserMessage,
+    WriterNote,
+)
+from services.planner.memory import (
+    HistoryEntry,
+    conversation,
+    entries_of,
+    estimate_tokens,
+    memory_of,
+)
+
+SID = "ses-7f1d8a52-3b8e-4c1e-9a57-2f0c9b7e4d10"
+
+
+def _plan(plan_id: str, turn: int) -> PlanView:
+    return PlanView(
+        plan_id=plan_id,
+        session_id=SID,
+        turn=turn,
+        state="proposed",
+        digest="0" * 64,
+        steps=[
+            PlanStep(index=0, capability="crm.note.create", arguments={"customer_id": "ACME-42"})
+        ],
+    )
+
+
+def _turn(turn: int, size: int = 300) -> list[object]:
+    return [
+        UserMessage(session_id=SID, n=turn * 10, turn=turn, text=f"ask {turn} " + "u" * size),
+        CapabilitySelected(
+            session_id=SID, n=turn * 10 + 1, turn=turn, step=0, capability="crm.read"
+        ),
+        WriterNote(session_id=SID, n=turn * 10 + 2, turn=turn, text=f"fact {turn} " + "w" * size),
+        TurnEnded(
+            session_id=SID,
+            n=turn * 10 + 3,
+            turn=turn,
+            run_id=f"{SID}-t{turn}",
+            status="succeeded",
+            answer=f"answer {turn} " + "a" * size,
+        ),
+    ]
+
+
+def _memory(text: str) -> str:
+    return text.split("\n\nThe user's message now:")[0]
+
+
+def test_the_memory_is_in_parts_and_the_agents_words_are_its_own() -> None:
+    events = [
+        *_turn(1, 10),
+        PlanProposed(session_id=SID, n=20, turn=2, plan=_plan("pln-a", 2)),
+        PlanDecided(session_id=SID, n=21, plan_id="pln-a", answer="approved", reason="go"),
+        PlanProposed(session_id=SID, n=22, turn=3, plan=_plan("pln-b", 3)),
+        DecisionAsked(session_id=SID, n=23, turn=3, step=1, pending_id="ask-1", message="ok?"),
+        DecisionAsked(session_id=SID, n=24, turn=3, step=2, pending_id="ask-2", message="sure?"),
+        DecisionTaken(session_id=SID, n=25, turn=3, step=2, pending_id="ask-2", answer="approved"),
+    ]
+    text = conversation(entries_of(events), "next")
+    lines = text.splitlines()
+    heads = [line for line in lines if not line.startswith("- ") and line.endswith(":")]
+    assert heads == [
+        "Session memory (the user's data and Writ's records, within 1900 tokens):",
+        "Open items (waiting for a person; kept whole):",
+        "Decisions (a person's; kept whole):",
+        "Facts (recorded by Writ from typed outcomes):",
+        "Conversation (oldest first):",
+        "The user's message now:",
+    ]
+    assert "- [turn 3] plan pln-b waits for approval: crm.note.create" in lines
+    assert "- [turn 3] asked a person: ok?" in lines
+    assert not any("pln-a waits" in line or "sure?" in line for line in lines)  # answered
+    assert "- [turn 2] plan pln-a approved: go" in lines
+    assert "- [turn 3] a person answered ask-2: approved" in lines
+    assert "- [turn 1] fact 1 wwwwwwwwww" in lines
+    assert "- [turn 1] user: ask 1 uuuuuuuuuu" in lines
+    assert "- [turn 1] you selected: crm.read" in lines
+    assert "- [turn 1] you answered: answer 1 aaaaaaaaaa" in lines
+    assert not any("user: answer" in line for line in lines)
+
+
+@pytest.mark.parametrize("budget", [200, 600, 1900, 4000])
+def test_the_budget_holds_dropping_the_oldest_least_relevant_first_with_a_marker(
+    budget: int,
+) -> None:
+    events = [e for turn in range(1, 30) for e in _turn(turn)]
+    events.append(PlanProposed(session_id=SID, n=999, turn=29, plan=_plan("pln-open", 29)))
+    text = conversation(entries_of(events), "now", budget=budget)
+    memory = _memory(text)
+    assert estimate_tokens(memory) <= budget
+    assert "plan pln-open waits for approval" in memory  # never dropped
+    assert "older entries dropped to fit the memory budget" in memory
+    assert "[turn 1]" not in memory
+    kept_turns = [
+        int(line.split("]")[0].split()[-1]) for line in memory.splitlines() if "[turn" in line
+    ]
+    assert 29 in kept_turns
+    # Within the oldest turn partly kept, its selection went before its words.
+    oldest = min(t for t in kept_turns if t != 29) if len(set(kept_turns)) > 1 else 29
+    partial = [line for line in memory.splitlines() if f"[turn {oldest}]" in line]
+    if any("you selected" in line for line in partial):
+        assert any("user: ask" in line for line in partial)
+
+
+def test_decisions_and_open_items_stay_whatever_the_budget() -> None:
+    entries = [HistoryEntry(turn=1, role="user", text="u" * 2000)] + [
+        HistoryEntry(turn=t, role="decision", text=f"plan p{t} approved") for t in range(1, 40)
+    ]
+    memory = memory_of(entries, budget=200)
+    assert sum("approved" in line for line in memory) == 39
+    assert memory[-1] == (
+        "(1 older entries dropped to fit the memory budget: 1 conversation; from turn 1)"
+    )
+
+
+def test_a_fork_at_a_step_carries_what_the_turn_recorded_after_the_message() -> None:
+    text = conversation(
+        [],
+        "Note the call.",
+        so_far=[
+            HistoryEntry(turn=1, role="selected", text="crm.note.create"),
+            HistoryEntry(turn=1, role="writ", text="crm.note.create succeeded (receipt n-1)"),
+        ],
+    )
+    assert text.splitlines() == [
+        "Note the call.",
+        "",
+        "This turn so far (recorded by Writ; nothing of it is to be done again):",
+        "- [turn 1] you selected: crm.note.create",
+        "- [turn 1] crm.note.create succeeded (receipt n-1)",
+    ]
+
+
+def test_the_run_input_never_passes_its_hard_limit() -> None:
+    from typing import get_args
+
+    from schemas.base import Text
+    from services.planner.memory import MAX_INPUT_CHARS
+
+    assert get_args(Text)[1].max_length == MAX_INPUT_CHARS  # what retrieval takes
+    decisions = [
+        HistoryEntry(turn=t, role="decision", text=f"plan p{t} approved: " + "r" * 900)
+        for t in range(1, 80)
+    ]
+    history = [*decisions, HistoryEntry(turn=80, role="open", text="plan p80 waits for approval")]
+    steps = [HistoryEntry(turn=81, role="writ", text="s" * 900) for _ in range(40)]
+    text = conversation(history, "m" * 8192, budget=4000, so_far=steps)
+    assert len(text) <= MAX_INPUT_CHARS
+    assert "plan p80 waits for approval" in text  # open items go last, and here they fit
+    assert "older entries dropped to fit the memory budget: " in text
+    assert "earlier steps of this turn dropped to fit" in text
+    assert text.endswith("s" * 900)  # the newest step kept
