@@ -19,7 +19,6 @@ BEING_SPLIT: frozenset[str] = frozenset(
         "services/admission/store.py",
         "services/ingress/console/_routes.py",
         "services/planner/service.py",
-        "services/planner/sessions/_turns.py",
         "writ/stack.py",
     }
 )
