@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import anyio
 import asyncpg
@@ -32,7 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from libs import lifetime
 from libs.db import load_migrations, provision, provision_auditor, role_name, with_database
-from libs.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from libs.journal import AUDITOR_TABLES, DataKeys, SigningKey
 from libs.natsauth import (
     ADMIN,
@@ -48,6 +49,7 @@ from libs.natsauth import (
 )
 from libs.provision import provision_bus, provision_record
 from schemas import subjects
+from writ.tenants import host_dir, keys_file, registered, write_host_credentials
 
 __all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack", "mint_token"]
 
@@ -129,7 +131,10 @@ class Stack:
     ) -> None:
         self.home = Path(home).resolve()
         self.database = database
-        self.tenants = tenants
+        # The tenants whose hosts the demo plays (it generates their keys). The deployment's
+        # tenants are the registered ones (`config/tenant-keys.json`, `writ tenant add`); these
+        # are registered when the deployment is made.
+        self.demo_tenants = tenants
         self.decisions_file = decisions_file or _DEMO / "decisions.json"
         self._nats_url, self._admin_dsn = nats_url, admin_dsn
         self.embedded_nats: EmbeddedNats | None = None
@@ -150,7 +155,8 @@ class Stack:
         self.crm_url = ""
         self.payments_url = ""
         self.host_url = ""  # the simulated host product (fakes/host/): MCP + REST
-        # The HTTP API's port: 0 lets ingress take a free one (`api_url` reads which).
+        # The HTTP API's port: 0 takes the one this deployment chose before (remembered in
+        # `config/deployment.json`), or a free one the first time.
         self.http_port = http_port
         self.secrets = self.home / "secrets"
         self.config = self.home / "config"
@@ -184,9 +190,56 @@ class Stack:
 
     @property
     def public_nats_url(self) -> str:
-        """The NATS server's URL without anyone's credentials (to print, to give hosts)."""
+        """The NATS server's URL without anyone's credentials (to print)."""
         assert self._nats_url is not None
         return self._nats_url
+
+    def tenants(self) -> list[str]:
+        """The deployment's tenants: the registered ones, or the demo's before any is."""
+        if keys_file(self.home).exists():
+            return registered(self.home)
+        return sorted(self.demo_tenants)
+
+    def host_credentials(self, tenant: str) -> Path:
+        """The folder of what a tenant's host is given (writ/tenants.py, `HOST_FILES`):
+        its NATS URL with its own user and password, its inbox prefix, the HTTP API's base
+        URL, its issuer and, if Writ made its key pair, its signing key."""
+        return host_dir(self.home, tenant)
+
+    def host_nats_url(self, tenant: str) -> str:
+        """The NATS server's URL as the tenant's host (its user and password in it); a server
+        named by `WRIT_NATS_URL` as it is given."""
+        assert self._nats_url is not None
+        if self.embedded_nats is None and not self._embedded_before():
+            return self._nats_url
+        user = host_user(tenant)
+        password = quote(self.nats_password(user), safe="")
+        return self._nats_url.replace("nats://", f"nats://{user}:{password}@", 1)
+
+    def _embedded_before(self) -> bool:
+        """Whether the deployment's NATS server is the embedded one (also from a process that
+        did not start it: `writ tenant add`)."""
+        return bool(self._deployment().get("embedded_nats", False))
+
+    def _deployment(self) -> dict[str, Any]:
+        path = self.config / "deployment.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def write_host_credentials(self, tenant: str, *, signing_pem: bytes | None = None) -> Path:
+        """Write a tenant's host credentials (`host_credentials`); a demo tenant's signing key
+        is the one the demo signs with."""
+        demo_key = self.secrets / f"host-{tenant}.pem"
+        if signing_pem is None and demo_key.exists():
+            signing_pem = demo_key.read_bytes()
+        return write_host_credentials(
+            self.home,
+            tenant,
+            nats_url=self.host_nats_url(tenant),
+            inbox=inbox_prefix(host_user(tenant)),
+            api_url=f"http://127.0.0.1:{self.http_port}/api/v1",
+            issuer=self.issuer(tenant),
+            signing_pem=signing_pem,
+        )
 
     def nats_password(self, user: str) -> str:
         """A NATS user's password (its secret file)."""
@@ -228,12 +281,30 @@ class Stack:
         for folder in (self.secrets, self.config, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
         self.secrets.chmod(0o700)
+        # The ports are chosen once and kept: what hosts were given stays true after a restart.
+        remembered = self._deployment()
+        self.http_port = self.http_port or int(remembered.get("http_port", 0)) or free_port()
         if self._nats_url is None:
-            self.embedded_nats = self._nats_factory(self.home / "nats", auth=self._nats_auth())
+            options: dict[str, Any] = {"auth": self._nats_auth()}
+            if self._nats_factory is EmbeddedNats:
+                options["port"] = int(remembered.get("nats_port", 0)) or free_port()
+            self.embedded_nats = self._nats_factory(self.home / "nats", **options)
             self.embedded_nats.start()
             self._nats_url = self.embedded_nats.url
-        # For operators' `writ` commands: the administrator's URL, password included.
-        _write_secret(self.home / "nats.url", self.nats_url)
+        (self.config / "deployment.json").write_text(
+            json.dumps(
+                {
+                    "nats_url": self.public_nats_url,
+                    "nats_port": int(self.public_nats_url.rsplit(":", 1)[1]),
+                    "embedded_nats": self.embedded_nats is not None,
+                    "http_port": self.http_port,
+                },
+                indent=2,
+            )
+        )
+        # For operators' `writ` commands: the administrators' URLs, passwords included. No
+        # host is given either (a host's are under `hosts/<tenant>/`).
+        _write_secret(self.home / "nats-admin.url", self.nats_url)
         _write_secret(self.home / "nats-audit.url", self.record_nats_url)
         if self._admin_dsn is None:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
@@ -242,7 +313,8 @@ class Stack:
 
     def _nats_auth(self) -> str:
         """Generate (once) a password per NATS user; the server's users and permissions."""
-        return auth_config(ensure_passwords(self.secrets, self.tenants), self.tenants)
+        tenants = self.tenants()
+        return auth_config(ensure_passwords(self.secrets, tenants), tenants)
 
     def start_all(self) -> None:
         """Infrastructure, database, the fakes and the six services, ready to serve."""
@@ -271,7 +343,8 @@ class Stack:
             if not token.exists():
                 _write_secret(token, secrets.token_urlsafe(32))
         keys = {}
-        for tenant in self.tenants:
+        tenants = self.tenants()
+        for tenant in (t for t in self.demo_tenants if t in tenants):
             private = self.secrets / f"host-{tenant}.pem"
             if not private.exists():
                 key = Ed25519PrivateKey.generate()
@@ -292,10 +365,11 @@ class Stack:
                 "public_key": public.decode(),
                 "principals": "email",  # the demo tenants' principals are e-mail addresses
             }
-        # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten.
-        registered = self.config / "tenant-keys.json"
-        known = json.loads(registered.read_text()) if registered.exists() else {}
-        registered.write_text(json.dumps({**known, **keys}, indent=2))
+        # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten (a
+        # demo tenant removed stays removed).
+        registry = keys_file(self.home)
+        known = json.loads(registry.read_text()) if registry.exists() else {}
+        registry.write_text(json.dumps({**known, **keys}, indent=2))
         # The organisation's policy signing key: governance holds the public half only.
         signing = self.secrets / "policy-signing.pem"
         if not signing.exists():
@@ -323,14 +397,15 @@ class Stack:
         self._journal_keys()
         await self._seed_demo()
         await self.provision_bus()
+        for tenant in self.tenants():
+            self.write_host_credentials(tenant)
 
     async def provision_bus(self) -> None:
         """Every stream, durable consumer and bucket, as `writ nats provision` does, connected
         as provisioning's identity (libs/provision.py): the services find them made. The
         tenants are the demo's and every one registered (`config/tenant-keys.json`); the
         limits are the ones the services are configured with (`extra_env`)."""
-        registered = json.loads((self.config / "tenant-keys.json").read_text())
-        tenants = sorted({*self.tenants, *registered})
+        tenants = self.tenants()
         dispatcher = self.service_env("dispatcher")
         nc = await nats.connect(
             self._nats_url or self.nats_url,
@@ -442,12 +517,18 @@ class Stack:
         )
 
     def issuer(self, tenant: str) -> str:
-        """The issuer name of a tenant's host."""
-        return f"https://{tenant}.example/host"
+        """The issuer name of a tenant's host: the registered one, or the demo's."""
+        path = keys_file(self.home)
+        entry = json.loads(path.read_text()).get(tenant) if path.exists() else None
+        return str(entry["issuer"]) if entry else f"https://{tenant}.example/host"
 
     def host_key(self, tenant: str) -> bytes:
-        """The private key a tenant's host signs with (the demo plays the host)."""
-        return (self.secrets / f"host-{tenant}.pem").read_bytes()
+        """The private key a tenant's host signs with (the demo plays the host; a tenant added
+        without a key of its own has it in its host credentials)."""
+        demo = self.secrets / f"host-{tenant}.pem"
+        if demo.exists():
+            return demo.read_bytes()
+        return (self.host_credentials(tenant) / "signing.pem").read_bytes()
 
     def token(self, tenant: str, principal: str, **kwargs: Any) -> str:
         """A token as the tenant's host would mint it."""
