@@ -32,6 +32,7 @@ __all__ = [
     "registered",
     "remove_host_credentials",
     "remove_tenant",
+    "validate",
     "write_host_credentials",
 ]
 
@@ -117,13 +118,12 @@ def _write(path: Path, keys: dict[str, dict[str, str]]) -> None:
     os.replace(tmp, path)  # ingress never reads half a file
 
 
-def add_tenant(
-    home: Path, tenant: str, public_key_pem: str, *, issuer: str = "", principals: str = "exact"
-) -> str:
-    """Register (or re-key) a tenant; returns its issuer.
+def validate(tenant: str, public_key_pem: str, *, principals: str = "exact") -> None:
+    """Check a tenant's name, key and principals before anything is made for it.
 
     Raises:
-        TenantError: the name is no tenant name, or the key is no Ed25519 public key.
+        TenantError: the name is no tenant name, the key no Ed25519 public key, or the
+            principals neither `exact` nor `email`.
     """
     if _TENANT.fullmatch(tenant) is None:
         raise TenantError(f"{tenant!r} is not a tenant name (a-z, 0-9, '-', 63 at most)")
@@ -133,11 +133,22 @@ def add_tenant(
         raise TenantError(f"not a PEM public key: {exc}") from exc
     if not isinstance(key, Ed25519PublicKey):
         raise TenantError("the key must be Ed25519 (tokens are EdDSA-signed)")
+    if principals not in ("exact", "email"):
+        raise TenantError(f"principals are 'exact' or 'email', not {principals!r}")
+
+
+def add_tenant(
+    home: Path, tenant: str, public_key_pem: str, *, issuer: str = "", principals: str = "exact"
+) -> str:
+    """Register (or re-key) a tenant; returns its issuer.
+
+    Raises:
+        TenantError: as `validate`.
+    """
+    validate(tenant, public_key_pem, principals=principals)
     issuer = issuer or f"https://{tenant}.example/host"
     path = keys_file(home)
     keys = _read(path)
-    if principals not in ("exact", "email"):
-        raise TenantError(f"principals are 'exact' or 'email', not {principals!r}")
     keys[tenant] = {
         "issuer": issuer,
         "public_key": public_key_pem.strip() + "\n",
