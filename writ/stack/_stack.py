@@ -285,7 +285,7 @@ class Stack:
             json.dumps(
                 {
                     "nats_url": self.public_nats_url,
-                    "nats_port": int(self.public_nats_url.rsplit(":", 1)[1]),
+                    "nats_port": int(getattr(self.embedded_nats, "port", 0)),
                     "embedded_nats": self.embedded_nats is not None,
                     "http_port": self.http_port,
                 },
