@@ -138,4 +138,6 @@ async def offboard(stack: Stack, tenant: str, *, grace_s: float = GRACE_S) -> li
         deleted = await _provision(stack, tenant, retire=True)
     remove_host_credentials(stack.home, tenant)
     (stack.secrets / f"nats-{host_user(tenant)}.password").unlink(missing_ok=True)
+    # A demo tenant's key, which the demo signed with, is retired with it.
+    (stack.secrets / f"host-{tenant}.pem").unlink(missing_ok=True)
     return deleted

@@ -52,8 +52,9 @@ async def provision(stack: Stack) -> None:
         if not token.exists():
             write_secret(token, secrets.token_urlsafe(32))
     keys = {}
-    tenants = stack.tenants()
-    for tenant in (t for t in stack.demo_tenants if t in tenants):
+    # The demo tenants' keys are registered when the deployment is made; from then on the
+    # registry is the deployment's (`writ tenant add|remove` change it, a restart does not).
+    for tenant in stack.demo_tenants if stack.new else ():
         private = stack.secrets / f"host-{tenant}.pem"
         if not private.exists():
             key = Ed25519PrivateKey.generate()
@@ -74,11 +75,11 @@ async def provision(stack: Stack) -> None:
             "public_key": public.decode(),
             "principals": "email",  # the demo tenants' principals are e-mail addresses
         }
-    # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten (a
-    # demo tenant removed stays removed).
-    registry = keys_file(stack.home)
-    known = json.loads(registry.read_text()) if registry.exists() else {}
-    registry.write_text(json.dumps({**known, **keys}, indent=2))
+    if keys:  # one registered before (`writ tenant add` ahead of the first start) stays
+        registry = keys_file(stack.home)
+        known = json.loads(registry.read_text()) if registry.exists() else {}
+        registry.parent.mkdir(parents=True, exist_ok=True)
+        registry.write_text(json.dumps({**keys, **known}, indent=2))
     # The organisation's policy signing key: governance holds the public half only.
     signing = stack.secrets / "policy-signing.pem"
     if not signing.exists():
@@ -106,6 +107,7 @@ async def provision(stack: Stack) -> None:
     await provision_bus(stack)
     for tenant in stack.tenants():
         stack.write_host_credentials(tenant)
+    stack.new = False
 
 
 async def provision_bus(stack: Stack) -> None:

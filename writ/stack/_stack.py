@@ -120,6 +120,10 @@ class Stack:
         self.policies = self.home / "policies"
         # Attached (`attach`) to a deployment whose embedded server another process started.
         self._attached = False
+        # Being made now (never started before): the demo's tenants are registered with it.
+        self.new = (
+            not (self.config / "deployment.json").exists() or not keys_file(self.home).exists()
+        )
 
     @classmethod
     def attach(cls, home: Path) -> Stack:
@@ -136,6 +140,7 @@ class Stack:
         stack._nats_url = str(found["nats_url"])
         stack.http_port = int(found["http_port"])
         stack._attached = bool(found["embedded_nats"])
+        stack.new = False
         return stack
 
     @property
@@ -190,10 +195,8 @@ class Stack:
         return self._nats_url
 
     def tenants(self) -> list[str]:
-        """The deployment's tenants: the registered ones, or the demo's before any is."""
-        if keys_file(self.home).exists():
-            return registered(self.home)
-        return sorted(self.demo_tenants)
+        """The deployment's tenants: the registered ones, and the demo's while it is made."""
+        return sorted({*registered(self.home), *(self.demo_tenants if self.new else ())})
 
     def host_credentials(self, tenant: str) -> Path:
         """The folder of what a tenant's host is given (writ/tenants.py, `HOST_FILES`):
