@@ -19,7 +19,6 @@ BEING_SPLIT: frozenset[str] = frozenset(
         "services/admission/store.py",
         "services/ingress/console/_routes.py",
         "services/planner/service.py",
-        "writ/stack.py",
     }
 )
 
