@@ -24,20 +24,20 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from libs import lifetime
-from libs.db import role_name, with_database
+from libs.db import with_database
 from libs.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from libs.natsauth import (
     ADMIN,
     AUDIT_ADMIN,
-    JOURNALED,
     auth_config,
     ensure_passwords,
     host_user,
     inbox_prefix,
-    seal_user,
 )
 from writ.stack import _provision
 from writ.stack._tokens import AUDIENCE, POLICY_KEY_ID, mint_token, write_secret
+from writ.stack._wiring import DEMO as _DEMO
+from writ.stack._wiring import wiring
 from writ.tenants import host_dir, keys_file, registered, write_host_credentials
 
 __all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack"]
@@ -62,10 +62,8 @@ NOT_INHERITED: Final = frozenset(
 
 # Migration order: a service may grant on tables of a service migrated before it.
 SERVICES: Final = ("retrieval", "planner", "governance", "admission", "dispatcher", "ingress")
-_WITH_DATABASE: Final = ("retrieval", "planner", "governance", "admission", "dispatcher")
 # The services that keep an audit journal (and record its checkpoints in WRIT_AUDIT).
 JOURNALS: Final = ("planner", "governance", "admission", "dispatcher")
-_DEMO: Final = Path(__file__).resolve().parent.parent / "demo"
 
 
 class Stack:
@@ -457,53 +455,9 @@ class Stack:
 
     def service_env(self, name: str) -> dict[str, str]:
         """Exactly what one service process is given; nothing is inherited from this process."""
-        env = {
-            "WRIT_NATS_URL": self._nats_url or "",
-            "WRIT_INSTANCE": f"{name}-0",
-            "WRIT_METRICS_PORT": "0",
-            "WRIT_METRICS_PORT_FILE": str(self.home / f"{name}.metrics-port"),
-        }
-        if self.embedded_nats is not None:
-            # Each service connects as itself, held by the server to its own subjects.
-            env["WRIT_NATS_USER"] = name
-            env["WRIT_NATS_PASSWORD_FILE"] = str(self.secrets / f"nats-{name}.password")
-            if name in JOURNALED:  # its sealer connects again, as its own user
-                env["WRIT_SEAL_NATS_PASSWORD_FILE"] = str(
-                    self.secrets / f"nats-{seal_user(name)}.password"
-                )
-        if name in _WITH_DATABASE:
-            env["WRIT_DATABASE_URL"] = with_database(
-                self.admin_dsn, self.database, user=role_name(self.database, name), password=""
-            )
-            env["WRIT_DATABASE_PASSWORD_FILE"] = str(self.secrets / f"pg-{name}.password")
-            env["WRIT_JOURNAL_SIGNING_KEY_FILE"] = str(
-                self.secrets / f"journal-{name}-signing.json"
-            )
-            env["WRIT_JOURNAL_DATA_KEYS_FILE"] = str(self.secrets / f"journal-{name}-data.json")
-        if name == "ingress":
-            env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
-            env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")  # names only: UNKNOWN_AGENT
-            env["WRIT_HTTP_PORT"] = str(self.http_port)
-            env["WRIT_HTTP_PORT_FILE"] = str(self.home / "ingress.http-port")
-        if name == "governance":
-            env["WRIT_POLICY_DIR"] = str(self.policies)
-            env["WRIT_POLICY_KEYS_FILE"] = str(self.config / "policy-keys.json")
-        if name == "planner":
-            env["WRIT_DECISIONS_FILE"] = str(self.decisions_file)
-            env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")
-        if name == "retrieval":
-            env["WRIT_MCP_SERVERS_FILE"] = str(self.config / "mcp-servers.json")
-        if name == "dispatcher":
-            if self.host_url:
-                env["WRIT_HOST_URL"] = self.host_url
-                env["WRIT_HOST_TOKEN_FILE"] = str(self.secrets / "host-rest.token")
-            env["WRIT_CRM_URL"] = self.crm_url
-            env["WRIT_CRM_TOKEN_FILE"] = str(self.secrets / "crm.token")
-            env["WRIT_PAYMENTS_URL"] = self.payments_url
-            env["WRIT_PAYMENTS_TOKEN_FILE"] = str(self.secrets / "payments.token")
         return {
             **self.inherited_env,
-            **env,
+            **wiring(self, name),
             **self.extra_env.get("*", {}),
             **self.extra_env.get(name, {}),
         }
