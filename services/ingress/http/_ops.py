@@ -19,7 +19,7 @@ from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownComman
 from schemas.reads import RUN_EVENTS, GetRunEvents
 from services.ingress.http._api import Api
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
-from services.ingress.http._runs import FINAL_RUN, run_result
+from services.ingress.http._wait import FINAL_RUN, run_result
 from services.ingress.logic import APPROVER_ROLE
 
 __all__ = ["ops_handlers"]
