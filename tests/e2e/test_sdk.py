@@ -14,10 +14,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from schemas.planner import StepRecorded
 from tests.e2e.conftest import notes_for
 from writ.stack import Stack
 from writ_client import Client, Issuer, NatsClient, SyncClient, WritError
+from writ_client.types import StepRecorded
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 INPUT = "Note the delayed shipment call"
