@@ -53,6 +53,7 @@ class Bus:
         (nats-py only reports it to `error_cb`; the call itself would wait for its timeout)."""
         seen = len(self.violations)
         outcome: list[T] = []
+        failure: Exception | None = None
         async with anyio.create_task_group() as tg:
 
             async def watch() -> None:
@@ -60,12 +61,15 @@ class Bus:
                     await self._violation.wait()
                 tg.cancel_scope.cancel()
 
-            async def run() -> None:
-                outcome.append(await call())
-                tg.cancel_scope.cancel()
-
             tg.start_soon(watch)
-            tg.start_soon(run)
+            try:  # in this task, so its error is raised as it is, not in a group
+                outcome.append(await call())
+            except Exception as exc:
+                failure = exc
+            finally:
+                tg.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         if not outcome:
             raise PermissionDenied("PERMISSION_DENIED", self.violations[-1])
         return outcome[0]
@@ -157,8 +161,9 @@ async def connect(login: NatsLogin, **options: Any) -> Bus:
         login_options["user_credentials"] = str(login.creds)
     if login.inbox_prefix is not None:
         login_options["inbox_prefix"] = login.inbox_prefix
+    nc = nats.NATS()
     try:
-        nc = await nats.connect(
+        await nc.connect(
             login.url,
             max_reconnect_attempts=-1,
             allow_reconnect=False,  # the first connection: fail with its cause, not loop
@@ -166,13 +171,13 @@ async def connect(login: NatsLogin, **options: Any) -> Bus:
             **login_options,
             **options,
         )
-    except nats.errors.Error as exc:
-        if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc):
+    except (nats.errors.Error, OSError) as exc:
+        await nc.close()  # its socket too, whatever state the refusal left it in
+        refused = "authorization violation" in str(exc).lower()
+        if isinstance(exc, nats.errors.AuthorizationError) or refused:
             raise AuthenticationError(
                 "UNAUTHENTICATED", f"NATS at {login.url} refused {login.user or 'the login'}"
             ) from exc
-        raise Unavailable("UNAVAILABLE", f"NATS at {login.url}: {exc!r}") from exc
-    except OSError as exc:
         raise Unavailable("UNAVAILABLE", f"NATS at {login.url}: {exc!r}") from exc
     nc.options["allow_reconnect"] = True
     bus = Bus(nc)
