@@ -42,6 +42,7 @@ async def test_a_violation_meanwhile_is_permission_denied_at_once() -> None:
             tg.start_soon(refuse)
             with pytest.raises(PermissionDenied, match='publish to "x.y"'):
                 await bus.guarded(waits)
+
     # An earlier violation does not end the next call.
     async def answers() -> int:
         return 7
