@@ -90,6 +90,16 @@ def _reloads(log: Path) -> int:
     return log.read_text(errors="replace").count("Reloaded server configuration")
 
 
+def _running_pid(pid_file: Path) -> int | None:
+    """The pid a nats-server wrote, if that process still runs."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid
+
+
 def _scripts_dir() -> Path:
     return Path(sysconfig.get_path("scripts"))
 
@@ -160,12 +170,18 @@ class EmbeddedNats:
         conf.write_text(
             f'listen: "127.0.0.1:{self.port}"\n'
             f'server_name: "{self.server_name}"\n'
+            f'pid_file: "{self.data_dir / "nats.pid"}"\n'
             "jetstream {\n"
             f'  store_dir: "{self.data_dir / "jetstream"}"\n'
             "  sync_interval: always\n"
             "}\n" + self.extra_conf + self.auth
         )
         return conf
+
+    def serving(self) -> bool:
+        """Whether the server runs: this process's, or one started from the same folder by
+        another process."""
+        return (self.pid or _running_pid(self.data_dir / "nats.pid")) is not None
 
     def reload(self, auth: str, *, timeout: float = 10.0) -> None:
         """Apply a new `accounts` block (a tenant added: its account, its exports) to the
@@ -177,12 +193,15 @@ class EmbeddedNats:
         responders); a second reload of the same file resolves them."""
         self.auth = auth
         self._write_conf()
-        if self._proc is None or self._proc.poll() is not None:
+        # The server this process started, or (`writ tenant add`, another process) the one
+        # whose pid file is in the data folder.
+        pid = self.pid or _running_pid(self.data_dir / "nats.pid")
+        if pid is None:
             return
         log = self.data_dir / "nats.log"
         for _ in range(2):
             done = _reloads(log) + 1
-            self._proc.send_signal(signal.SIGHUP)
+            os.kill(pid, signal.SIGHUP)
             deadline = time.monotonic() + timeout
             while _reloads(log) < done:
                 if time.monotonic() > deadline:

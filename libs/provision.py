@@ -47,6 +47,8 @@ __all__ = [
     "ensure_bucket",
     "provision_bus",
     "provision_record",
+    "provision_tenant",
+    "retire_tenant",
 ]
 
 # The HTTP door's `Idempotency-Key` bucket: the first answer under each key, for 24 hours.
@@ -183,3 +185,28 @@ async def provision_bus(
         await ensure_consumer(js, spec)
     for bucket in BUCKETS:
         await ensure_bucket(js, bucket, replicas=replicas)
+
+
+async def provision_tenant(
+    js: JetStreamContext, tenant: str, *, replicas: int | None = None
+) -> None:
+    """Create (or update) one tenant's streams and ingress's consumer on them, on a running
+    deployment (`writ tenant add`). `replicas` defaults to those of Writ's own streams."""
+    if replicas is None:
+        info = await js.stream_info(subjects.STREAMS[0].name)
+        replicas = info.config.num_replicas or 1
+    await ensure_streams(js, subjects.tenant_streams(tenant), replicas=replicas)
+    await ensure_consumer(js, consumers([tenant])[-1])
+
+
+async def retire_tenant(js: JetStreamContext, tenant: str) -> list[str]:
+    """Delete one tenant's streams (ingress's consumer with them), what they held included
+    (`writ tenant remove`); the names of those that existed."""
+    deleted = []
+    for spec in subjects.tenant_streams(tenant):
+        try:
+            await js.delete_stream(spec.name)
+        except NotFoundError:
+            continue
+        deleted.append(spec.name)
+    return deleted

@@ -44,7 +44,7 @@ __all__ = [
     "principal",
 ]
 
-TENANTS: Final = ("acme", "globex")  # both demo tenants (writ/stack.py)
+TENANTS: Final = ("acme", "globex")  # both demo tenants (writ/stack/)
 
 
 def principal(tenant: str) -> str:

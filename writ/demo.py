@@ -314,10 +314,11 @@ def run_demo(home: Path, *, serve: bool) -> int:
             for name in SERVICES:
                 print(f"  {name:<11} http://127.0.0.1:{stack.metrics_port(name)}/metrics")
             print(
-                f"\nServing. Hosts publish on writ.in.requests.<tenant> at "
-                f"{stack.public_nats_url} as NATS user host-<tenant> (password in "
-                f"{stack.secrets}/nats-host-<tenant>.password), or call the HTTP API:\n"
-                f"  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
+                f"\nServing. Each tenant's host finds what it is given in "
+                f"{stack.home / 'hosts'}/<tenant>/ (nats.url with its own NATS user, "
+                "nats.inbox, api.url, issuer, signing.pem): it publishes on "
+                f"writ.in.requests.<tenant> at {stack.public_nats_url}, or calls the HTTP "
+                f"API:\n  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
                 f"Approvers sign in to the console with this link (the demo approver): it "
                 f"works once, and only within the next {SIGN_IN_WINDOW_S / 60:.0f} minutes; "
                 f"the session lasts an hour. `writ console` prints a new one:\n"

@@ -7,7 +7,6 @@ learns on `writ.out.results.<tenant>` whether the run took it).
 
 from __future__ import annotations
 
-import functools
 import logging
 
 import anyio
@@ -21,7 +20,7 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.deadline import timed_request
 from libs.errors import ConfigError, RetryableError
-from libs.provision import ConsumerMissing, bind_consumer
+from libs.provision import bind_consumer
 from libs.runstart import start_run
 from libs.runtime import Runtime
 from schemas import subjects
@@ -88,8 +87,17 @@ class IngressService:
         review_timeout_s: float = 30.0,
         agents: frozenset[str] | None = None,
         max_token_ttl_s: float = MAX_TOKEN_TTL_S,
+        watch_s: float = 1.0,
     ) -> None:
-        self._rt, self._keys, self._agents = rt, keys, agents
+        # `registered`: every tenant with an issuer key, as the keys file says now (changed in
+        # place when it changes). `_keys`: the ones served, whose streams exist and whose
+        # consumer is bound: both doors verify against these alone, so a tenant registered
+        # before its streams exist is refused (UNKNOWN_TENANT), never accepted and lost.
+        self._rt, self._registered, self._agents = rt, keys, agents
+        self._keys: dict[str, TenantKey] = {}
+        self._serving: dict[str, anyio.CancelScope] = {}
+        self._unprovisioned: set[str] = set()  # logged once each
+        self._watch_s = watch_s
         self._max_ttl = max_token_ttl_s
         self._audience, self._max_bytes = audience, max_request_bytes
         # The planner resumes the run before it answers (its next model decision included).
@@ -107,40 +115,73 @@ class IngressService:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Consume each known tenant's host messages until stopped.
+        """Consume each served tenant's host messages until stopped, following the registry.
 
         Each tenant's streams and ingress's consumer on them are provisioned
-        (libs/provision.py), for the tenants with an issuer key only: a host message on any
-        other tenant's subject is refused by the server and stored nowhere, and results can
-        exist only for tenants Writ holds. A tenant registered but not provisioned yet is not
-        served on NATS (logged), and the others are: ingress creates nothing.
+        (libs/provision.py, `writ tenant add`), for the tenants with an issuer key only: a
+        host message on any other tenant's subject is refused by the server and stored
+        nowhere, and results can exist only for tenants Writ holds. Every `watch_s` the
+        registered tenants are compared with the served ones: a new one is served once its
+        consumer and result stream exist (until then it is refused on both doors, logged
+        once); one no longer registered stops being served at once. Ingress creates nothing.
         """
-        tenants = sorted(self._keys)
-        for tenant in tenants:
+        for tenant in self._registered:
             if not subjects.valid_tenant(tenant):
                 raise ConfigError(f"tenant {tenant!r} cannot name a subject or a stream")
         async with anyio.create_task_group() as tg:
-            for tenant in tenants:
-                try:
-                    await bind_consumer(self._rt.js, inbox(tenant))
-                except ConsumerMissing as exc:
-                    log.error("tenant %s is not served on NATS: %s", tenant, exc)
-                    continue
-                await tg.start(
-                    functools.partial(
-                        run_actor,
-                        js=self._rt.js,
-                        spec=inbox(tenant),
-                        decoder=None,
-                        handler=self.handle,
-                        metrics=self._rt.metrics,
-                        tracer=self._rt.tracer,
-                        stopping=self._rt.stopping,
-                        health=self._rt.health,
-                        backoff_max_s=self._rt.retry_backoff_max_s,
-                    )
-                )
+            await self._follow(tg)
             task_status.started()
+            while not self._rt.stopping.is_set():
+                with anyio.move_on_after(self._watch_s):
+                    await self._rt.stopping.wait()
+                await self._follow(tg)
+
+    async def _follow(self, tg: anyio.abc.TaskGroup) -> None:
+        """Serve the registered tenants that are provisioned; stop serving the others."""
+        registered = dict(self._registered)
+        for tenant in [t for t in self._serving if t not in registered]:
+            self._keys.pop(tenant, None)
+            self._serving.pop(tenant).cancel()
+            log.info("tenant %s is no longer served", tenant)
+        for tenant, key in registered.items():
+            if tenant in self._serving:
+                self._keys[tenant] = key  # re-keyed: the new key from now on
+                continue
+            if not subjects.valid_tenant(tenant) or self._rt.stopping.is_set():
+                continue
+            try:
+                await bind_consumer(self._rt.js, inbox(tenant), patience_s=self._watch_s)
+                await self._rt.js.stream_info(subjects.out_stream(tenant))
+            except Exception as exc:  # not provisioned (yet), or the bus busy: next pass
+                if tenant not in self._unprovisioned:
+                    self._unprovisioned.add(tenant)
+                    log.error("tenant %s is not served (refused on both doors): %r", tenant, exc)
+                continue
+            scope = anyio.CancelScope()
+            self._serving[tenant] = scope
+            tg.start_soon(self._serve, tenant, scope)
+            self._keys[tenant] = key
+            self._unprovisioned.discard(tenant)
+            log.info("tenant %s is served", tenant)
+
+    async def _serve(self, tenant: str, scope: anyio.CancelScope) -> None:
+        with scope:
+            await run_actor(
+                js=self._rt.js,
+                spec=inbox(tenant),
+                decoder=None,
+                handler=self.handle,
+                metrics=self._rt.metrics,
+                tracer=self._rt.tracer,
+                stopping=self._rt.stopping,
+                health=self._rt.health,
+                backoff_max_s=self._rt.retry_backoff_max_s,
+            )
+        if scope.cancelled_caught and self._serving:
+            # Every tenant's consumer is ingress's durable, which readiness follows by name:
+            # the one that stopped said so for all, and the others still fetch.
+            other = next(iter(self._serving))
+            self._rt.health.consumer_bound(subjects.in_stream(other), "ingress")
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""

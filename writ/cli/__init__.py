@@ -6,7 +6,7 @@ writ migrate              provision the service roles and apply migrations (--ch
 writ nats provision       create or update every stream, durable consumer and KV bucket
 writ schemas --write      regenerate the committed JSON Schemas and the OpenAPI/AsyncAPI files
 writ token ...            mint a host token with a tenant's demo key (or --key)
-writ tenant add T --public-key PEM   register a tenant and its issuer's key
+writ tenant add|remove T  onboard or retire a tenant, live, on both doors
 writ reconcile list       commands whose outcome nobody knows (`unknown`)
 writ reconcile resolve    record what an operator established, with its evidence
 writ pending              decisions waiting for a person

@@ -46,7 +46,7 @@ def _audit_nats_url(args: argparse.Namespace) -> str:
     # The record lives in an account of its own (`AUDIT`): `writ run` writes the URL of its
     # administrator there; a server without authentication has one account, WRIT_NATS_URL's.
     record_file = Path(args.home) / "nats-audit.url"
-    url_file = Path(args.home) / "nats.url"  # written by `writ run`
+    url_file = Path(args.home) / "nats-admin.url"  # written by `writ run`
     return (
         args.nats_url
         or os.environ.get("WRIT_AUDIT_NATS_URL")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -92,24 +93,60 @@ def _console(args: argparse.Namespace) -> int:
 
 
 def _tenant(args: argparse.Namespace) -> int:
+    """`writ tenant add|remove`: on the deployment under `--home`, live if it runs
+    (writ/stack/_onboarding.py); with no deployment there, the registry alone."""
+    import anyio
+
+    from writ.stack import Stack
+    from writ.stack._onboarding import offboard, onboard
     from writ.tenants import TenantError, add_tenant, remove_tenant
 
+    home = Path(args.home)
+    try:
+        stack: Stack | None = Stack.attach(home)
+    except FileNotFoundError:
+        stack = None
     try:
         if args.action == "add":
-            issuer = add_tenant(
-                Path(args.home),
-                args.tenant,
-                Path(args.public_key).read_text(),
-                issuer=args.issuer,
-                principals=args.principals,
+            key = Path(args.public_key).read_text() if args.public_key else None
+            if stack is None:
+                if key is None:
+                    print(
+                        f"writ tenant: no deployment under {home}: pass --public-key to "
+                        "register the key alone",
+                        file=sys.stderr,
+                    )
+                    return 1
+                issuer = add_tenant(
+                    home, args.tenant, key, issuer=args.issuer, principals=args.principals
+                )
+                print(f"tenant {args.tenant} registered (issuer {issuer})")
+                return 0
+            done = anyio.run(
+                functools.partial(
+                    onboard,
+                    stack,
+                    args.tenant,
+                    public_key_pem=key,
+                    issuer=args.issuer,
+                    principals=args.principals,
+                )
             )
+            when = "within seconds, no restart" if done.live else "when the deployment starts"
             print(
-                f"tenant {args.tenant} added (issuer {issuer}); ingress picks it up within "
-                "seconds, no restart"
+                f"tenant {args.tenant} added (issuer {done.issuer}); served on both doors "
+                f"{when}. Its host's credentials: {done.credentials}"
             )
-        else:
-            remove_tenant(Path(args.home), args.tenant)
+        elif stack is None:
+            remove_tenant(home, args.tenant)
             print(f"tenant {args.tenant} removed")
+        else:
+            deleted = anyio.run(offboard, stack, args.tenant)
+            print(
+                f"tenant {args.tenant} removed: its tokens and NATS user are refused, "
+                f"its streams deleted ({', '.join(deleted) or 'none'}) and its host's "
+                "credentials with them"
+            )
     except (TenantError, OSError) as exc:
         print(f"writ tenant: {exc}", file=sys.stderr)
         return 1
@@ -290,9 +327,17 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("tenant", help="register (or remove) a tenant and its issuer's key")
     p.add_argument("--home", default=".writ")
     ten = p.add_subparsers(dest="action", required=True)
-    add = ten.add_parser("add", help="a tenant and its issuer's Ed25519 public key (PEM)")
+    add = ten.add_parser(
+        "add",
+        help="a tenant: its NATS user and account, streams, issuer key and host credentials",
+    )
     add.add_argument("tenant")
-    add.add_argument("--public-key", required=True, help="a file holding the PEM public key")
+    add.add_argument(
+        "--public-key",
+        default="",
+        help="a file holding its issuer's Ed25519 public key (PEM); without it Writ makes the "
+        "key pair and puts the private key in the host's credentials (hosts/<tenant>/)",
+    )
     add.add_argument(
         "--issuer",
         default="",
@@ -305,6 +350,10 @@ def add_parsers(sub: Any) -> None:
         help="email: its principals are e-mail addresses, one person whatever their case "
         "(maker-checker, grants and the journal compare them case-folded)",
     )
-    rm = ten.add_parser("remove", help="forget a tenant: its tokens are refused from then on")
+    rm = ten.add_parser(
+        "remove",
+        help="retire a tenant: its tokens and NATS user refused, its streams and credentials "
+        "deleted",
+    )
     rm.add_argument("tenant")
     p.set_defaults(func=_tenant)

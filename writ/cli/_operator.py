@@ -19,7 +19,7 @@ def _nats_url(args: argparse.Namespace) -> str:
     url = os.environ.get("WRIT_NATS_URL") or args.nats_url
     if url:
         return str(url)
-    local = Path(args.home) / "nats.url"
+    local = Path(args.home) / "nats-admin.url"
     if local.exists():  # written by `writ run`
         return local.read_text().strip()
     raise SystemExit("no NATS server: set WRIT_NATS_URL or start `writ run`")

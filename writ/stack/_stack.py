@@ -1,10 +1,4 @@
-"""A whole Writ deployment on one machine: infrastructure, database, secrets, six processes.
-
-`writ run` uses it for the demo and the end-to-end tests use it to drive real processes. Each
-service process gets an environment built from nothing, holding only its own settings (the CRM
-credential's path is given to the dispatcher and to no one else) and, under `writ run`, the
-user's `OTEL_*` and `WRIT_*` settings (`Stack.inherit`).
-"""
+"""The `Stack`: a whole deployment's infrastructure and processes under one home folder."""
 
 from __future__ import annotations
 
@@ -17,39 +11,36 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import quote
 
 import anyio
-import asyncpg
 import httpx
-import jwt
 import nats
 import nats.aio.client
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from libs import lifetime
-from libs.db import load_migrations, provision, provision_auditor, role_name, with_database
-from libs.embedded import EmbeddedNats, EmbeddedPostgres
-from libs.journal import AUDITOR_TABLES, DataKeys, SigningKey
+from libs.db import role_name, with_database
+from libs.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from libs.natsauth import (
     ADMIN,
     AUDIT_ADMIN,
     JOURNALED,
-    PROVISION,
-    PROVISION_AUDIT,
     auth_config,
     ensure_passwords,
     host_user,
     inbox_prefix,
     seal_user,
 )
-from libs.provision import provision_bus, provision_record
-from schemas import subjects
+from writ.stack import _provision
+from writ.stack._tokens import AUDIENCE, POLICY_KEY_ID, mint_token, write_secret
+from writ.tenants import host_dir, keys_file, registered, write_host_credentials
 
-__all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack", "mint_token"]
+__all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack"]
 
 # `WRIT_*` variables `writ run` reads for itself or decides per service: they never reach a
 # service from the user's environment (WRIT_DATABASE_URL names the administrator's database).
@@ -74,40 +65,7 @@ SERVICES: Final = ("retrieval", "planner", "governance", "admission", "dispatche
 _WITH_DATABASE: Final = ("retrieval", "planner", "governance", "admission", "dispatcher")
 # The services that keep an audit journal (and record its checkpoints in WRIT_AUDIT).
 JOURNALS: Final = ("planner", "governance", "admission", "dispatcher")
-_DEMO: Final = Path(__file__).parent / "demo"
-AUDIENCE: Final = "writ"
-POLICY_KEY_ID: Final = "org-1"
-
-
-def mint_token(
-    private_key_pem: bytes,
-    *,
-    issuer: str,
-    tenant: str,
-    principal: str,
-    ttl_s: float = 300.0,
-    audience: str = AUDIENCE,
-    now: datetime | None = None,
-    **extra: object,
-) -> str:
-    """An EdDSA-signed JWT as a host would send it."""
-    issued = now or datetime.now(UTC)
-    claims = {
-        "iss": issuer,
-        "aud": audience,
-        "sub": principal,
-        "tenant": tenant,
-        "iat": issued,
-        "exp": issued + timedelta(seconds=ttl_s),
-        "jti": secrets.token_hex(8),
-        **extra,
-    }
-    return jwt.encode(claims, private_key_pem, algorithm="EdDSA")
-
-
-def _migrations() -> dict[str, list]:
-    root = Path(__file__).resolve().parent.parent / "services"
-    return {name: load_migrations(name, root / name / "migrations") for name in _WITH_DATABASE}
+_DEMO: Final = Path(__file__).resolve().parent.parent / "demo"
 
 
 class Stack:
@@ -129,7 +87,10 @@ class Stack:
     ) -> None:
         self.home = Path(home).resolve()
         self.database = database
-        self.tenants = tenants
+        # The tenants whose hosts the demo plays (it generates their keys). The deployment's
+        # tenants are the registered ones (`config/tenant-keys.json`, `writ tenant add`); these
+        # are registered when the deployment is made.
+        self.demo_tenants = tenants
         self.decisions_file = decisions_file or _DEMO / "decisions.json"
         self._nats_url, self._admin_dsn = nats_url, admin_dsn
         self.embedded_nats: EmbeddedNats | None = None
@@ -150,12 +111,52 @@ class Stack:
         self.crm_url = ""
         self.payments_url = ""
         self.host_url = ""  # the simulated host product (fakes/host/): MCP + REST
-        # The HTTP API's port: 0 lets ingress take a free one (`api_url` reads which).
+        # The HTTP API's port: 0 takes the one this deployment chose before (remembered in
+        # `config/deployment.json`), or a free one the first time.
         self.http_port = http_port
         self.secrets = self.home / "secrets"
         self.config = self.home / "config"
         self.logs = self.home / "logs"
         self.policies = self.home / "policies"
+        # Attached (`attach`) to a deployment whose embedded server another process started.
+        self._attached = False
+
+    @classmethod
+    def attach(cls, home: Path) -> Stack:
+        """The deployment made under `home`, from another process than the one running it
+        (`writ tenant`): its NATS server and ports as it recorded them.
+
+        Raises:
+            FileNotFoundError: no deployment was ever started there.
+        """
+        stack = cls(home)
+        found = stack._deployment()
+        if not found:
+            raise FileNotFoundError(f"no deployment under {stack.home} (start it with `writ run`)")
+        stack._nats_url = str(found["nats_url"])
+        stack.http_port = int(found["http_port"])
+        stack._attached = bool(found["embedded_nats"])
+        return stack
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the NATS server is the deployment's own embedded one, which knows every
+        user (libs/natsauth.py); a server named by `WRIT_NATS_URL` is used as it is given."""
+        return self.embedded_nats is not None or self._attached
+
+    def reload_nats(self, tenants: list[str] | None = None) -> bool:
+        """Apply the accounts and users of `tenants` (default: the registered ones; each
+        one's password made if it has none) to the deployment's running embedded server,
+        without a restart; whether one ran. Clients stay connected."""
+        if not self.authenticated:
+            return False
+        server = self.embedded_nats
+        if server is None:
+            server = EmbeddedNats(self.home / "nats", port=int(self._deployment()["nats_port"]))
+        if not server.serving():
+            return False
+        server.reload(self._nats_auth(tenants))
+        return True
 
     # -- infrastructure ---------------------------------------------------------------------
 
@@ -167,7 +168,7 @@ class Stack:
         `WRIT_NATS_URL` is used as it is given.
         """
         assert self._nats_url is not None
-        if self.embedded_nats is None:
+        if not self.authenticated:
             return self._nats_url
         password = self.nats_password(ADMIN)
         return self._nats_url.replace("nats://", f"nats://{ADMIN}:{password}@", 1)
@@ -177,16 +178,58 @@ class Stack:
         """The NATS server as the audit record's administrator (`audit-admin`, in the record's
         own account): `writ audit verify`, export and re-anchor, tests' inspection."""
         assert self._nats_url is not None
-        if self.embedded_nats is None:
+        if not self.authenticated:
             return self._nats_url
         password = self.nats_password(AUDIT_ADMIN)
         return self._nats_url.replace("nats://", f"nats://{AUDIT_ADMIN}:{password}@", 1)
 
     @property
     def public_nats_url(self) -> str:
-        """The NATS server's URL without anyone's credentials (to print, to give hosts)."""
+        """The NATS server's URL without anyone's credentials (to print)."""
         assert self._nats_url is not None
         return self._nats_url
+
+    def tenants(self) -> list[str]:
+        """The deployment's tenants: the registered ones, or the demo's before any is."""
+        if keys_file(self.home).exists():
+            return registered(self.home)
+        return sorted(self.demo_tenants)
+
+    def host_credentials(self, tenant: str) -> Path:
+        """The folder of what a tenant's host is given (writ/tenants.py, `HOST_FILES`):
+        its NATS URL with its own user and password, its inbox prefix, the HTTP API's base
+        URL, its issuer and, if Writ made its key pair, its signing key."""
+        return host_dir(self.home, tenant)
+
+    def host_nats_url(self, tenant: str) -> str:
+        """The NATS server's URL as the tenant's host (its user and password in it); a server
+        named by `WRIT_NATS_URL` as it is given."""
+        assert self._nats_url is not None
+        if not self.authenticated:
+            return self._nats_url
+        user = host_user(tenant)
+        password = quote(self.nats_password(user), safe="")
+        return self._nats_url.replace("nats://", f"nats://{user}:{password}@", 1)
+
+    def _deployment(self) -> dict[str, Any]:
+        path = self.config / "deployment.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def write_host_credentials(self, tenant: str, *, signing_pem: bytes | None = None) -> Path:
+        """Write a tenant's host credentials (`host_credentials`); a demo tenant's signing key
+        is the one the demo signs with."""
+        demo_key = self.secrets / f"host-{tenant}.pem"
+        if signing_pem is None and demo_key.exists():
+            signing_pem = demo_key.read_bytes()
+        return write_host_credentials(
+            self.home,
+            tenant,
+            nats_url=self.host_nats_url(tenant),
+            inbox=inbox_prefix(host_user(tenant)),
+            api_url=f"http://127.0.0.1:{self.http_port}/api/v1",
+            issuer=self.issuer(tenant),
+            signing_pem=signing_pem,
+        )
 
     def nats_password(self, user: str) -> str:
         """A NATS user's password (its secret file)."""
@@ -194,7 +237,7 @@ class Stack:
 
     def nats_options(self, user: str) -> dict[str, str]:
         """`nats.connect` keyword arguments to connect as `user` (its own inbox prefix)."""
-        if self.embedded_nats is None:
+        if not self.authenticated:
             return {}
         return {
             "user": user,
@@ -228,21 +271,41 @@ class Stack:
         for folder in (self.secrets, self.config, self.logs):
             folder.mkdir(parents=True, exist_ok=True)
         self.secrets.chmod(0o700)
+        # The ports are chosen once and kept: what hosts were given stays true after a restart.
+        remembered = self._deployment()
+        self.http_port = self.http_port or int(remembered.get("http_port", 0)) or free_port()
         if self._nats_url is None:
-            self.embedded_nats = self._nats_factory(self.home / "nats", auth=self._nats_auth())
+            options: dict[str, Any] = {"auth": self._nats_auth()}
+            if self._nats_factory is EmbeddedNats:
+                options["port"] = int(remembered.get("nats_port", 0)) or free_port()
+            self.embedded_nats = self._nats_factory(self.home / "nats", **options)
             self.embedded_nats.start()
             self._nats_url = self.embedded_nats.url
-        # For operators' `writ` commands: the administrator's URL, password included.
-        _write_secret(self.home / "nats.url", self.nats_url)
-        _write_secret(self.home / "nats-audit.url", self.record_nats_url)
+        (self.config / "deployment.json").write_text(
+            json.dumps(
+                {
+                    "nats_url": self.public_nats_url,
+                    "nats_port": int(self.public_nats_url.rsplit(":", 1)[1]),
+                    "embedded_nats": self.embedded_nats is not None,
+                    "http_port": self.http_port,
+                },
+                indent=2,
+            )
+        )
+        # For operators' `writ` commands: the administrators' URLs, passwords included. No
+        # host is given either (a host's are under `hosts/<tenant>/`).
+        write_secret(self.home / "nats-admin.url", self.nats_url)
+        write_secret(self.home / "nats-audit.url", self.record_nats_url)
         if self._admin_dsn is None:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
             self.embedded_pg.start()
             self._admin_dsn = self.embedded_pg.admin_url
 
-    def _nats_auth(self) -> str:
-        """Generate (once) a password per NATS user; the server's users and permissions."""
-        return auth_config(ensure_passwords(self.secrets, self.tenants), self.tenants)
+    def _nats_auth(self, tenants: list[str] | None = None) -> str:
+        """Generate (once) a password per NATS user; the server's users and permissions for
+        `tenants` (default: the deployment's)."""
+        tenants = self.tenants() if tenants is None else tenants
+        return auth_config(ensure_passwords(self.secrets, tenants), tenants)
 
     def start_all(self) -> None:
         """Infrastructure, database, the fakes and the six services, ready to serve."""
@@ -254,200 +317,30 @@ class Stack:
         anyio.run(self.wait_ready)
 
     async def provision(self) -> None:
-        """Database, roles, migrations, secrets and the demo's tenants, documents and grants."""
-        await self._retire_shared_host_streams()
-        passwords = {}
-        for name in _WITH_DATABASE:
-            path = self.secrets / f"pg-{name}.password"
-            if path.exists():
-                passwords[name] = path.read_text().strip()
-        passwords = await provision(self.admin_dsn, self.database, _migrations(), passwords)
-        for name, password in passwords.items():
-            _write_secret(self.secrets / f"pg-{name}.password", password)
-        await self._auditor()
-        await self._eval_recorder()
-        for connector in ("crm", "payments", "host-mcp", "host-rest"):
-            token = self.secrets / f"{connector}.token"
-            if not token.exists():
-                _write_secret(token, secrets.token_urlsafe(32))
-        keys = {}
-        for tenant in self.tenants:
-            private = self.secrets / f"host-{tenant}.pem"
-            if not private.exists():
-                key = Ed25519PrivateKey.generate()
-                _write_secret(
-                    private,
-                    key.private_bytes(
-                        serialization.Encoding.PEM,
-                        serialization.PrivateFormat.PKCS8,
-                        serialization.NoEncryption(),
-                    ).decode(),
-                )
-            loaded = serialization.load_pem_private_key(private.read_bytes(), password=None)
-            public = loaded.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-            keys[tenant] = {
-                "issuer": self.issuer(tenant),
-                "public_key": public.decode(),
-                "principals": "email",  # the demo tenants' principals are e-mail addresses
-            }
-        # Tenants registered with `writ tenant add` stay; the demo tenants are rewritten.
-        registered = self.config / "tenant-keys.json"
-        known = json.loads(registered.read_text()) if registered.exists() else {}
-        registered.write_text(json.dumps({**known, **keys}, indent=2))
-        # The organisation's policy signing key: governance holds the public half only.
-        signing = self.secrets / "policy-signing.pem"
-        if not signing.exists():
-            _write_secret(
-                signing,
-                Ed25519PrivateKey.generate()
-                .private_bytes(
-                    serialization.Encoding.PEM,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-                .decode(),
-            )
-        public = (
-            serialization.load_pem_private_key(signing.read_bytes(), password=None)
-            .public_key()
-            .public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
-        )
-        (self.config / "policy-keys.json").write_text(
-            json.dumps({POLICY_KEY_ID: public.decode()}, indent=2)
-        )
-        self.policies.mkdir(exist_ok=True)
-        self._journal_keys()
-        await self._seed_demo()
-        await self.provision_bus()
+        """Database, roles, migrations, secrets, the demo's tenants, documents and grants, the
+        bus, and each tenant's host credentials (writ/stack/_provision.py)."""
+        await _provision.provision(self)
 
     async def provision_bus(self) -> None:
-        """Every stream, durable consumer and bucket, as `writ nats provision` does, connected
-        as provisioning's identity (libs/provision.py): the services find them made. The
-        tenants are the demo's and every one registered (`config/tenant-keys.json`); the
-        limits are the ones the services are configured with (`extra_env`)."""
-        registered = json.loads((self.config / "tenant-keys.json").read_text())
-        tenants = sorted({*self.tenants, *registered})
-        dispatcher = self.service_env("dispatcher")
-        nc = await nats.connect(
-            self._nats_url or self.nats_url,
-            **(self.nats_options(PROVISION) if self.embedded_nats is not None else {}),
-        )
-        try:
-            await provision_bus(
-                nc.jetstream(),
-                tenants,
-                replicas=int(dispatcher.get("WRIT_STREAM_REPLICAS", "1")),
-                duplicate_window_s=float(dispatcher.get("WRIT_DUPLICATE_WINDOW_S", "0")),
-                dispatcher_lease_s=float(dispatcher.get("WRIT_LEASE_S", "30")),
-            )
-        finally:
-            await nc.close()
-        nc = await nats.connect(
-            self._nats_url or self.nats_url,
-            **(self.nats_options(PROVISION_AUDIT) if self.embedded_nats is not None else {}),
-        )
-        try:
-            await provision_record(
-                nc.jetstream(), replicas=int(dispatcher.get("WRIT_STREAM_REPLICAS", "1"))
-            )
-        finally:
-            await nc.close()
+        """Every stream, durable consumer and bucket, as `writ nats provision` does."""
+        await _provision.provision_bus(self)
 
     async def _retire_shared_host_streams(self) -> None:
-        """Delete the streams one `WRIT_IN` / `WRIT_OUT` for every tenant that deployments
-        before per-tenant streams declared: their subjects overlap the tenants' own, which
-        ingress could not declare beside them. What they held is not carried over."""
-        nc = await nats.connect(self.nats_url)
-        try:
-            js = nc.jetstream()
-            for name, subject in (
-                ("WRIT_IN", subjects.HOST_IN_FAMILY),
-                ("WRIT_OUT", subjects.HOST_OUT_FAMILY),
-            ):
-                try:
-                    info = await js.stream_info(name)
-                except nats.js.errors.NotFoundError:
-                    continue
-                if list(info.config.subjects or []) == [subject]:
-                    print(
-                        f"retiring stream {name} ({info.state.messages} messages): "
-                        "each tenant has its own now",
-                        file=sys.stderr,
-                    )
-                    await js.delete_stream(name)
-        finally:
-            await nc.close()
-
-    def _journal_keys(self) -> None:
-        """Each service's journal keys (its own secrets), the public halves for `writ audit`,
-        and the auditor's DSN."""
-        public_file = self.config / "journal-keys.json"
-        public = json.loads(public_file.read_text()) if public_file.exists() else {}
-        for name in _WITH_DATABASE:
-            signing = self.secrets / f"journal-{name}-signing.json"
-            if not signing.exists():
-                _write_secret(signing, SigningKey.generate(f"{name}-1").to_json())
-            key = SigningKey.from_json(signing.read_text())
-            # Keep retired public keys: checkpoints they signed must still verify.
-            public.setdefault(name, {})[key.key_id] = key.public_pem()
-            data = self.secrets / f"journal-{name}-data.json"
-            if not data.exists():
-                _write_secret(data, DataKeys.generate(f"{name}-data-1"))
-        public_file.write_text(json.dumps(public, indent=2))
-
-    async def _auditor(self) -> None:
-        """The auditor's read-only role and its DSN (`writ audit` reads it): the journals, and
-        the planner's record of runs that replay compares them with. Nothing else, no write."""
-        path = self.secrets / "pg-auditor.password"
-        password = await provision_auditor(
-            self.admin_dsn,
-            self.database,
-            AUDITOR_TABLES,
-            path.read_text().strip() if path.exists() else None,
-        )
-        _write_secret(path, password)
-        _write_secret(
-            self.secrets / "audit.dsn",
-            with_database(
-                self.admin_dsn,
-                self.database,
-                user=role_name(self.database, "auditor"),
-                password=password,
-            ),
-        )
-
-    async def _eval_recorder(self) -> None:
-        """The role `writ eval record` journals a report's digest as: it may call one function
-        that writes one `eval.report` row in the planner's journal, nothing else
-        (writ/eval/_record.py); its DSN."""
-        from writ.eval._record import provision_eval_recorder
-
-        path = self.secrets / "pg-eval.password"
-        password = await provision_eval_recorder(
-            self.admin_dsn, self.database, path.read_text().strip() if path.exists() else None
-        )
-        _write_secret(path, password)
-        _write_secret(
-            self.secrets / "eval.dsn",
-            with_database(
-                self.admin_dsn,
-                self.database,
-                user=role_name(self.database, "eval"),
-                password=password,
-            ),
-        )
+        await _provision.retire_shared_host_streams(self)
 
     def issuer(self, tenant: str) -> str:
-        """The issuer name of a tenant's host."""
-        return f"https://{tenant}.example/host"
+        """The issuer name of a tenant's host: the registered one, or the demo's."""
+        path = keys_file(self.home)
+        entry = json.loads(path.read_text()).get(tenant) if path.exists() else None
+        return str(entry["issuer"]) if entry else f"https://{tenant}.example/host"
 
     def host_key(self, tenant: str) -> bytes:
-        """The private key a tenant's host signs with (the demo plays the host)."""
-        return (self.secrets / f"host-{tenant}.pem").read_bytes()
+        """The private key a tenant's host signs with (the demo plays the host; a tenant added
+        without a key of its own has it in its host credentials)."""
+        demo = self.secrets / f"host-{tenant}.pem"
+        if demo.exists():
+            return demo.read_bytes()
+        return (self.host_credentials(tenant) / "signing.pem").read_bytes()
 
     def token(self, tenant: str, principal: str, **kwargs: Any) -> str:
         """A token as the tenant's host would mint it."""
@@ -472,71 +365,6 @@ class Stack:
         tmp = self.policies / f".{tenant}.json.tmp"
         tmp.write_bytes(data)
         tmp.replace(self.policies / f"{tenant}.json")
-
-    async def _seed_demo(self) -> None:
-        documents = json.loads((_DEMO / "documents.json").read_text())
-        conn = await asyncpg.connect(self.database_dsn)
-        try:
-            await conn.executemany(
-                "INSERT INTO retrieval.documents (tenant, document_id, kind, title, body) "
-                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                [
-                    (d["tenant"], d["document_id"], d["kind"], d["title"], d["body"])
-                    for d in documents
-                ],
-            )
-            # Customer records `crm.customer.get` reads (retrieval's own read-only copy).
-            customers = json.loads((_DEMO / "customers.json").read_text())
-            await conn.executemany(
-                "INSERT INTO retrieval.customers (tenant, customer_id, name, owner, email, "
-                "status, notes) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-                [
-                    (
-                        c["tenant"],
-                        c["customer_id"],
-                        c["name"],
-                        c["owner"],
-                        c["email"],
-                        c["status"],
-                        c["notes"],
-                    )
-                    for c in customers
-                ],
-            )
-            # The demo agents may write to the CRM without asking: a standing grant for their
-            # family, given by the tenant's administrator.
-            await conn.executemany(
-                "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
-                "VALUES ('acme', $1, 'write_delete', 'admin@acme.example') "
-                "ON CONFLICT DO NOTHING",
-                [("crm-assistant",), ("research-assistant",), ("chat-assistant",)],
-            )
-            # Scenario C: the helpdesk agent may comment on the host's tickets and read its
-            # customers (personal data) without asking.
-            await conn.executemany(
-                "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
-                "VALUES ('acme', 'helpdesk-assistant', $1, 'admin@acme.example') "
-                "ON CONFLICT DO NOTHING",
-                [("write_delete",), ("read_personal",)],
-            )
-            # The host application's mail module: drafts and audiences `email.draft.apply`
-            # reads (the dispatcher's role may read them, never change them).
-            mail = json.loads((_DEMO / "mail.json").read_text())
-            await conn.executemany(
-                "INSERT INTO dispatcher.mail_drafts (tenant, draft_id, subject, body, segment) "
-                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                [
-                    (d["tenant"], d["draft_id"], d["subject"], d["body"], d["segment"])
-                    for d in mail["drafts"]
-                ],
-            )
-            await conn.executemany(
-                "INSERT INTO dispatcher.mail_audience (tenant, segment, address) "
-                "VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                [(a["tenant"], a["segment"], a["address"]) for a in mail["audience"]],
-            )
-        finally:
-            await conn.close()
 
     # -- processes --------------------------------------------------------------------------
 
@@ -570,7 +398,7 @@ class Stack:
         # credentials instead of the static token (`oauth_client_secret`).
         clients = self.secrets / "host-oauth-clients.json"
         if not clients.exists():
-            _write_secret(clients, json.dumps({"writ-retrieval": secrets.token_urlsafe(32)}))
+            write_secret(clients, json.dumps({"writ-retrieval": secrets.token_urlsafe(32)}))
         self._spawn(
             "host",
             [
@@ -839,11 +667,6 @@ class Stack:
             self.embedded_nats.stop()
         if self.embedded_pg is not None:
             self.embedded_pg.stop()
-
-
-def _write_secret(path: Path, value: str) -> None:
-    path.write_text(value)
-    path.chmod(0o600)
 
 
 def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
