@@ -14,7 +14,6 @@ import anyio
 import httpx
 import pytest
 
-from libs.natsauth import host_user, inbox_prefix
 from tests.e2e.conftest import notes_for
 from tests.e2e.test_governance import charges_for
 from writ.stack import Stack
@@ -35,29 +34,16 @@ INPUT = "Note the delayed shipment call"
 NOTE = {"customer_id": "ACME-42", "body": "Called back about order 7781."}
 
 
-def host_folder(stack: Stack, tenant: str, root: Path) -> Path:
-    """The tenant's host credentials folder, as `writ tenant add` writes it."""
+def host_folder(stack: Stack, tenant: str) -> Path:
+    """The tenant's host credentials folder, as the deployment wrote it."""
     if stack.embedded_nats is None:
         pytest.skip("a NATS server named by WRIT_TEST_NATS_URL has its own users")
-    folder = root / tenant
-    folder.mkdir(parents=True, exist_ok=True)
-    user = host_user(tenant)
-    url = stack.public_nats_url.replace("nats://", f"nats://{user}:{stack.nats_password(user)}@", 1)
-    files = {
-        "issuer": stack.issuer(tenant),
-        "signing.pem": stack.host_key(tenant).decode(),
-        "api.url": stack.api_url,
-        "nats.url": url,
-        "nats.inbox": inbox_prefix(user),
-    }
-    for name, text in files.items():
-        (folder / name).write_text(text + "\n")
-    return folder
+    return stack.host_credentials(tenant)
 
 
 @pytest.fixture
-def acme(stack: Stack, tmp_path: Path) -> HostCredentials:
-    return HostCredentials.from_dir(host_folder(stack, "acme", tmp_path))
+def acme(stack: Stack) -> HostCredentials:
+    return HostCredentials.from_dir(host_folder(stack, "acme"))
 
 
 async def test_over_nats_a_host_runs_replays_conflicts_and_waits_past_a_decision(

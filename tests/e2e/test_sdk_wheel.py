@@ -80,7 +80,7 @@ def test_the_wheel_installed_alone_drives_runs(stack: Stack, tmp_path: Path) -> 
     if subprocess.run([*install, "--offline"], capture_output=True, env=env).returncode:
         subprocess.run(install, check=True, capture_output=True, env=env, timeout=300)
 
-    folder = host_folder(stack, "acme", tmp_path / "hosts")
+    folder = host_folder(stack, "acme")
     out = subprocess.run(
         [str(python), "-c", HOST, str(folder)],
         capture_output=True,
