@@ -190,3 +190,38 @@ def test_the_sync_client_streams_a_runs_timeline(acme: HostCredentials) -> None:
         for event in host.events(run.run_id):
             assert isinstance(event, StepRecorded)
             break
+
+
+async def test_a_handle_cancels_a_waiting_run_and_waits_for_that_news(
+    acme: HostCredentials,
+) -> None:
+    async with (
+        Client.from_credentials(acme, "alice@acme.example") as http,
+        await NatsClient.from_credentials(acme, "alice@acme.example") as nats,
+    ):
+        for handle in (
+            await http.start("billing-assistant", INPUT),
+            await nats.start("billing-assistant", INPUT),
+        ):
+            waiting = handle.last or await handle.wait()
+            assert waiting.status == "awaiting_human", waiting
+            await handle.cancel()
+            cancelled = await handle.wait()  # not the awaiting_human result it already had
+            assert cancelled.status == "cancelled" and cancelled.version > waiting.version
+            assert await handle.result() == cancelled
+
+
+async def test_proposals_page_by_cursor(acme: HostCredentials) -> None:
+    async with (
+        Client.from_credentials(acme, "alice@acme.example") as host,
+        Client.from_credentials(acme, "ops@acme.example", roles=["approver"]) as ops,
+    ):
+        for _ in range(2):  # two proposals at least, whatever ran before
+            assert (await host.run("billing-assistant", INPUT)).status == "awaiting_human"
+        first = await ops.proposals(limit=1)
+        assert len(first.proposals) == 1 and first.next_cursor is not None
+        second = await ops.proposals(limit=1, cursor=first.next_cursor)
+        both = await ops.proposals(limit=2)
+        assert [*first.proposals, *second.proposals] == both.proposals
+        walked = [p.proposal_id async for p in ops.iter_proposals(page_size=7)]
+        assert len(walked) == len(set(walked)) == both.total
