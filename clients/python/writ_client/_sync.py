@@ -25,6 +25,7 @@ from writ_client._wire.planner import ReplayReport, StepRecorded
 from writ_client._wire.reads import ProposalDetail, Proposals
 from writ_client._wire.sessions import PlanAnswered, SessionList, SessionSummary
 from writ_client.credentials import HostCredentials
+from writ_client.errors import InvalidRequest
 from writ_client.issuer import Tokens
 
 __all__ = ["SyncClient", "SyncRunHandle"]
@@ -84,17 +85,9 @@ class SyncClient:
         cls, credentials: HostCredentials, principal: str, **options: Any
     ) -> SyncClient:
         """A client on a host credentials folder's HTTP API (`HostCredentials.from_dir`)."""
-        client = cls.__new__(cls)
-        client._portal_cm = anyio.from_thread.start_blocking_portal()
-        client._portal = client._portal_cm.__enter__()
-        try:
-            client._client = client._portal.call(
-                lambda: _from_credentials(credentials, principal, options)
-            )
-        except BaseException:
-            client._portal_cm.__exit__(None, None, None)
-            raise
-        return client
+        if credentials.api_url is None:
+            raise InvalidRequest("INVALID_REQUEST", "the credentials name no HTTP API")
+        return cls(credentials.api_url, credentials.issuer, principal, **options)
 
     def __enter__(self) -> SyncClient:
         return self
@@ -353,9 +346,3 @@ class SyncClient:
 
 async def _make(base_url: str, issuer: Tokens, principal: str, options: dict[str, Any]) -> Client:
     return Client(base_url, issuer, principal, **options)
-
-
-async def _from_credentials(
-    credentials: HostCredentials, principal: str, options: dict[str, Any]
-) -> Client:
-    return Client.from_credentials(credentials, principal, **options)
