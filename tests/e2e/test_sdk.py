@@ -19,7 +19,7 @@ from libs.natsauth import host_user
 from tests.e2e.conftest import notes_for
 from writ.stack import Stack
 from writ_client import Client, Issuer, NatsClient, SyncClient, WritError
-from writ_client.types import StepRecorded
+from writ_client.types import RunResult, StepRecorded
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 INPUT = "Note the delayed shipment call"
@@ -92,7 +92,9 @@ async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> No
         assert len(notes_for(crm, f"acme:{action.operation_id}")) == 1
         assert (await client.get_run(result.run_id)).status == "succeeded"
         timeline = [e async for e in client.events(result.run_id)]
-        assert type(timeline[-1]).__name__ == "RunResult" and len(timeline) >= 4
+        last = timeline[-1]
+        assert isinstance(last, RunResult) and len(timeline) >= 4
+        assert (last.run_id, last.version) == (result.run_id, result.version)
         with pytest.raises(WritError) as forbidden:
             await client.pending()
         assert (forbidden.value.code, forbidden.value.status) == ("FORBIDDEN", 403)

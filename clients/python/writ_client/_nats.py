@@ -479,6 +479,8 @@ class NatsClient:
                     answer=view.answer,
                     actions=view.actions,
                     pending_id=view.pending_id,
+                    proposal=view.proposal,
+                    version=view.version,
                 )
                 return
             await anyio.sleep(poll_s)
