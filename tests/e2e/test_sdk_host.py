@@ -151,6 +151,10 @@ async def test_over_http_a_host_runs_replays_conflicts_and_waits_past_a_decision
         assert (refused.value.code, refused.value.status) == ("CONFLICT", 409)
         result = await run.result()
         assert result.status == "succeeded" and result.version >= 1
+        # A token the host minted elsewhere, sent as it is.
+        minted = StaticToken(acme.issuer.token("alice@acme.example"), tenant="acme")
+        async with Client(acme.api_url or "", minted, "alice@acme.example") as plain:
+            assert (await plain.get_run(run.run_id)).version == result.version
         [action] = result.actions
         assert len(notes_for(crm, f"acme:{action.operation_id}")) == 1
 

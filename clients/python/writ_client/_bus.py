@@ -92,6 +92,25 @@ class Bus:
         except Exception as exc:  # no responders, a timeout, a lost connection
             raise Unavailable("UNAVAILABLE", f"no answer on {subject}: {exc!r}") from exc
 
+    async def publish(self, subject: str, data: bytes, request_id: str) -> None:
+        """Publish to a host stream and wait for JetStream's acknowledgement; a lost one is
+        published again under the same `Nats-Msg-Id` (a duplicate, dropped)."""
+        js = self.nc.jetstream()
+        delay = 0.2
+        for attempt in range(4):
+            try:
+                await self.guarded(
+                    lambda: js.publish(subject, data, headers={"Nats-Msg-Id": request_id})
+                )
+                return
+            except WritError:
+                raise
+            except Exception as exc:  # no acknowledgement: the same id again is a duplicate
+                if attempt == 3:
+                    raise Unavailable("UNAVAILABLE", f"no acknowledgement: {exc!r}") from exc
+                await anyio.sleep(delay)
+                delay *= 2
+
     async def check_inbox(self) -> None:
         """Subscribe to one of this connection's inboxes and wait for the server's verdict:
         a host whose replies cannot arrive learns it at connect, not at its first timeout.

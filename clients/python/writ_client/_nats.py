@@ -53,7 +53,6 @@ from writ_client.credentials import HostCredentials, NatsLogin
 from writ_client.errors import (
     InvalidRequest,
     Timeout,
-    Unavailable,
     WritError,
     error,
 )
@@ -76,6 +75,10 @@ class NatsClient:
 
     Reads (a run, its timeline, pending decisions, proposals, replay) are request/reply on
     `writ.api.<tenant>.<read>`, answered by ingress as the HTTP API's GETs are.
+
+    Built on a connection made elsewhere (`NatsClient(nc, ...)`), it cannot see the server's
+    permission violations (nats-py reports them to that connection's `error_cb`): a refused
+    subject then ends as a timeout. `connect` and `from_credentials` see them.
     """
 
     def __init__(
@@ -83,7 +86,6 @@ class NatsClient:
     ) -> None:
         self._bus = nc if isinstance(nc, Bus) else Bus(nc)
         self._nc = self._bus.nc
-        self._js = self._nc.jetstream()
         self._issuer, self._principal, self._roles = issuer, principal, tuple(roles)
         self._tenant = issuer.tenant
 
@@ -179,24 +181,7 @@ class NatsClient:
         raise Timeout("TIMEOUT", f"no answer to {request_id} within {timeout_s}s")
 
     async def _publish(self, subject: str, message: msgspec.Struct, request_id: str) -> None:
-        """Publish to a host stream and wait for JetStream's acknowledgement; a lost one is
-        published again under the same `Nats-Msg-Id` (a duplicate, dropped)."""
-        delay = 0.2
-        for attempt in range(4):
-            try:
-                await self._bus.guarded(
-                    lambda: self._js.publish(
-                        subject, _ENCODER.encode(message), headers={"Nats-Msg-Id": request_id}
-                    )
-                )
-                return
-            except WritError:
-                raise
-            except Exception as exc:  # no acknowledgement: the same id again is a duplicate
-                if attempt == 3:
-                    raise Unavailable("UNAVAILABLE", f"no acknowledgement: {exc!r}") from exc
-                await anyio.sleep(delay)
-                delay *= 2
+        await self._bus.publish(subject, _ENCODER.encode(message), request_id)
 
     async def start_run(
         self,
