@@ -104,6 +104,16 @@ async def test_the_same_key_twice_is_one_run_and_another_body_under_it_is_409(
     run_id = first.json()["run_id"]
     assert api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()["status"] == "succeeded"
     assert await runs_of(db, headers["Idempotency-Key"]) == 1
+    # Another principal of the tenant under the same key and body: a conflict that says
+    # nothing of the first run, and no second run.
+    bob = {
+        **auth(stack, principal="bob@acme.example"),
+        "Idempotency-Key": headers["Idempotency-Key"],
+    }
+    foreign = api.post("/runs", json=BODY, headers=bob)
+    assert (foreign.status_code, foreign.json()["code"]) == (409, "CONFLICT"), foreign.text
+    assert run_id not in foreign.text and "idempotent-replayed" not in foreign.headers
+    assert await runs_of(db, headers["Idempotency-Key"]) == 1
     assert (
         await db.fetchval("SELECT input FROM planner.runs WHERE run_id = $1", run_id)
         == BODY["input"]

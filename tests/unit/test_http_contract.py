@@ -67,9 +67,12 @@ def test_the_fingerprint_ignores_key_order_and_spacing_but_not_values() -> None:
         type=CommandBody,
     )
     other = msgspec.structs.replace(one, arguments={"a": 2, "b": 3})
-    assert fingerprint("POST /commands", one) == fingerprint("POST /commands", two)
-    assert fingerprint("POST /commands", one) != fingerprint("POST /commands", other)
-    assert fingerprint("POST /commands", one) != fingerprint("POST /runs", one)
+    alice, bob = "alice@acme.example", "bob@acme.example"
+    assert fingerprint(alice, "POST /commands", one) == fingerprint(alice, "POST /commands", two)
+    assert fingerprint(alice, "POST /commands", one) != fingerprint(alice, "POST /commands", other)
+    assert fingerprint(alice, "POST /commands", one) != fingerprint(alice, "POST /runs", one)
+    # The same request from another principal of the tenant is another request.
+    assert fingerprint(alice, "POST /commands", one) != fingerprint(bob, "POST /commands", one)
 
 
 @pytest.mark.parametrize(

@@ -131,7 +131,7 @@ class Api:
         )
         if isinstance(outcome, Rejection):
             raise ApiError(outcome.code, outcome.message)
-        print_ = fingerprint(f"{request.method} {request.url.path}", body)
+        print_ = fingerprint(outcome.principal, f"{request.method} {request.url.path}", body)
         held = await self.idempotency.claim(outcome.tenant, key, print_)
         if held is not None:
             return Response(
@@ -158,7 +158,7 @@ class Api:
         key = request.headers.get("idempotency-key")
         if not key:
             raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
-        print_ = fingerprint(f"{request.method} {request.url.path}", body)
+        print_ = fingerprint(caller.principal, f"{request.method} {request.url.path}", body)
         held = await self.idempotency.claim(caller.tenant, key, print_)
         if held is not None:
             return Response(
