@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import asyncpg
 import httpx
+import msgspec
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -230,3 +231,54 @@ async def test_a_body_without_a_length_is_cut_off_at_the_limit(
     else:
         assert (response.status_code, response.json()["code"]) == (413, "TOO_LARGE")
     assert await runs_of(db, request_id) == 0
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "said"),
+    [
+        ("nested unknown field", "INVALID_REQUEST", "unknown field `max_steps` - at `$.budget`"),
+        ("too long input", "INVALID_REQUEST", "length <= 8192 - at `$.input`"),
+        ("malformed token", "INVALID_TOKEN", "invalid token: "),
+        ("unknown agent", "UNKNOWN_AGENT", "'ghost-assistant'"),
+    ],
+)
+async def test_the_same_mistake_gets_the_same_answer_on_both_doors(
+    stack: Stack, api: httpx.Client, host: Host, case: str, code: str, said: str
+) -> None:
+    token = stack.token("acme", "alice@acme.example")
+    body: dict[str, object] = dict(BODY)
+    if case == "nested unknown field":
+        body["budget"] = {"max_steps": 3}
+    elif case == "too long input":
+        body["input"] = "x" * 9000
+    elif case == "malformed token":
+        token = "not-a-token"
+    elif case == "unknown agent":
+        body["agent"] = "ghost-assistant"
+    request_id = f"same-{uuid.uuid4().hex[:12]}"
+    over_http = api.post(
+        "/runs",
+        json=body,
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": request_id},
+    )
+    assert over_http.json()["code"] == code, over_http.text
+    assert said in over_http.json()["detail"], over_http.text
+
+    message = {"type": "RunRequest", "request_id": request_id, "token": token, **body}
+    await host.publish(msgspec.json.encode(message), msg_id=request_id)
+    over_nats = await host.wait_result(request_id)
+    assert over_nats.status == "rejected" and over_nats.error is not None
+    assert (over_nats.error.code, over_nats.error.message) == (code, over_http.json()["detail"])
+
+
+async def test_a_bad_idempotency_key_is_refused_against_its_header(
+    stack: Stack, api: httpx.Client
+) -> None:
+    for bad in ("bad key with spaces", "k" * 129):
+        refused = api.post("/runs", json=BODY, headers={**auth(stack), "Idempotency-Key": bad})
+        assert (refused.status_code, refused.json()["code"]) == (400, "INVALID_REQUEST")
+        assert refused.json()["detail"].startswith("header `Idempotency-Key`: "), refused.text
+        assert "request_id" not in refused.json()["detail"]
+    missing = api.post("/runs", json=BODY, headers=auth(stack))
+    assert (missing.status_code, missing.json()["code"]) == (400, "INVALID_REQUEST")
+    assert "header parameter 'Idempotency-Key'" in missing.json()["detail"]

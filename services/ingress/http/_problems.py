@@ -19,6 +19,7 @@ from litestar.params import HeaderParameter
 
 from libs.errors import RetryableError
 from schemas.api import Problem
+from schemas.base import ID_PATTERN
 
 __all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "IdempotencyKey", "problem", "problems"]
 
@@ -67,6 +68,7 @@ IdempotencyKey = Annotated[
     HeaderParameter(
         name="Idempotency-Key",
         max_length=128,
+        pattern=ID_PATTERN,
         description="The request id: the same key and body again returns the first answer; "
         "another body under it is 409 CONFLICT",
     ),
@@ -126,13 +128,23 @@ def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Re
     return problem("INVALID_REQUEST", detail, instance=request.url.path)
 
 
+# Headers a route declares, by the name of their parameter.
+_HEADERS: Final = {"idempotency_key": "Idempotency-Key", "last_event_id": "Last-Event-ID"}
+
+
 def _named(error: Any) -> str:
-    """One validation error, naming its field or parameter where the message does not."""
+    """One validation error, naming where it is as the NATS door does: a body field by its
+    JSON path (msgspec's `... - at `$.budget``), a header or a parameter by its name."""
     if not isinstance(error, dict):
         return str(error)
     message, key = str(error.get("message", error)), error.get("key")
-    if not key or "`$." in message or f"`{key}`" in message:
+    source = str(error.get("source", ""))
+    if not key or "`$." in message:
         return message
+    if source == "body" or key == "data":
+        return message if key == "data" else f"{message} - at `$.{key}`"
+    if key in _HEADERS or source == "header":
+        return f"header `{_HEADERS.get(key, key)}`: {message}"
     return f"`{key}`: {message}"
 
 
