@@ -21,7 +21,16 @@ from libs.errors import RetryableError
 from schemas.api import Problem
 from schemas.base import ID_PATTERN
 
-__all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "IdempotencyKey", "problem", "problems"]
+__all__ = [
+    "STATUS",
+    "ApiError",
+    "EXCEPTION_HANDLERS",
+    "IdempotencyKey",
+    "LastEventId",
+    "event_id",
+    "problem",
+    "problems",
+]
 
 log = logging.getLogger("writ.ingress.http")
 PROBLEM_JSON: Final = "application/problem+json"
@@ -73,6 +82,33 @@ IdempotencyKey = Annotated[
         "another body under it is 409 CONFLICT",
     ),
 ]
+
+
+# An SSE stream's `id:` as a client sends it back: a header is text (RFC 9110), so its type is
+# a string of digits, read as the number it is.
+LastEventId = Annotated[
+    str | None,
+    HeaderParameter(
+        name="Last-Event-ID",
+        pattern=r"^-?[0-9]{1,18}$",
+        required=False,
+        description="The `id:` of the last event received: the stream resumes right after it",
+    ),
+]
+
+
+def event_id(value: str | None, *, least: int) -> int | None:
+    """A `Last-Event-ID` as its number (None when absent).
+
+    Raises:
+        ApiError: `INVALID_REQUEST` naming the header, below `least`.
+    """
+    if value is None:
+        return None
+    number = int(value)
+    if number < least:
+        raise ApiError("INVALID_REQUEST", f"header `Last-Event-ID`: Expected `int` >= {least}")
+    return number
 
 
 def problems(**described: str) -> dict[int, ResponseSpec]:
