@@ -81,6 +81,7 @@ async def _log_says(stack: Stack, text: str, timeout: float = 30) -> None:
             await anyio.sleep(0.2)
 
 
+@pytest.mark.timeout(600)  # two starts of a whole deployment, four runs
 async def test_a_tenant_is_onboarded_live_kept_across_restarts_and_retired(
     deployment: tuple[Path, str], admin_dsn: str
 ) -> None:

@@ -38,6 +38,7 @@ async def _code(stack: Stack, token: str) -> str:
         return response.json()["code"]
 
 
+@pytest.mark.timeout(300)  # the deployment's start, and two live NATS reloads
 async def test_a_tenant_added_at_run_time_is_served_then_removed(
     stack: Stack, tmp_path: Path
 ) -> None:

@@ -285,7 +285,7 @@ class Stack:
             json.dumps(
                 {
                     "nats_url": self.public_nats_url,
-                    "nats_port": int(self.public_nats_url.rsplit(":", 1)[1]),
+                    "nats_port": int(getattr(self.embedded_nats, "port", 0)),
                     "embedded_nats": self.embedded_nats is not None,
                     "http_port": self.http_port,
                 },
@@ -295,6 +295,9 @@ class Stack:
         # For operators' `writ` commands: the administrators' URLs, passwords included. No
         # host is given either (a host's are under `hosts/<tenant>/`).
         write_secret(self.home / "nats-admin.url", self.nats_url)
+        # Where deployments made before kept the administrator's URL, under a name a host
+        # could take for its own.
+        (self.home / "nats.url").unlink(missing_ok=True)
         write_secret(self.home / "nats-audit.url", self.record_nats_url)
         if self._admin_dsn is None:
             self.embedded_pg = EmbeddedPostgres(self.home / "postgres", durable=self._durable_pg)
