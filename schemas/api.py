@@ -128,6 +128,8 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     pending_id: ShortText | None = None
     proposal: ProposalView | None = None
     evidence: Annotated[list[EvidenceRef], msgspec.Meta(max_length=16)] = []
+    # The run's `RunResult.version` as it now stands (a run still queued: 0).
+    version: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class RunEvents(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 
 __all__ = [
+    "ID_PATTERN",
     "AgentName",
     "Command",
     "Digest",
@@ -32,7 +33,8 @@ __all__ = [
 Tenant = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}(?!\n)$")]
 AgentName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_.-]{0,62}(?!\n)$")]
 Principal = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}(?!\n)$")]
-Id = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}(?!\n)$")]
+ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}(?!\n)$"
+Id = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
 Digest = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}(?!\n)$")]
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
 ShortText = Annotated[str, msgspec.Meta(max_length=512)]

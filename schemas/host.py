@@ -218,6 +218,10 @@ class RunResult(Event, frozen=True):
     pending_id: Id | None = None  # set when the run waits for a person's decision
     proposal: ProposalView | None = None  # set when that decision is a proposal to approve
     api_version: str = "1"
+    # Monotonic per run: each change of what the host sees of the run (its status, answer,
+    # error or pending decision) counts one more. `wait` with `after=<version>` returns only
+    # a newer result. 0 for a request refused before it became a run.
+    version: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class CommandResult(Event, frozen=True):

@@ -1,7 +1,7 @@
 """Host reads over NATS (request/reply), the same reads as the HTTP API's GETs.
 
-A host sends `HostRead` to `writ.api.<tenant>.<read>` (`run`, `events`, `command`, `pending`,
-`proposals`, `proposal`, `replay`) and gets the same Struct the HTTP route answers, or a
+A host sends `HostRead` to `writ.api.<tenant>.<read>` (`run`, `wait`, `events`, `command`,
+`pending`, `proposals`, `proposal`, `replay`) and gets the same Struct the HTTP route answers, or a
 NATS micro error: `Nats-Service-Error-Code` the HTTP status, `Nats-Service-Error`
 `"<CODE>: <detail>"` with the stable code. The token's tenant must be the subject's.
 """
@@ -18,7 +18,16 @@ from schemas.subjects import host_read as host_read
 
 __all__ = ["DEADLINE_HEADER", "HOST_READS", "HostRead", "host_read"]
 
-HOST_READS: Final = ("run", "events", "command", "pending", "proposals", "proposal", "replay")
+HOST_READS: Final = (
+    "run",
+    "wait",
+    "events",
+    "command",
+    "pending",
+    "proposals",
+    "proposal",
+    "replay",
+)
 # A request's deadline, seconds since the epoch (`time.time()`, three decimals): Writ's
 # endpoints drop a request past it unanswered, before any work (`libs/deadline.py`), so a
 # service that fell behind does not spend itself on callers who left. Hosts send it too.
@@ -26,7 +35,11 @@ DEADLINE_HEADER: Final = "Writ-Deadline"
 
 
 class HostRead(Command, frozen=True):
-    """One read; only the fields the read names are used."""
+    """One read; only the fields the read names are used.
+
+    `after`: for `events`, the last step seen; for `wait`, the `version` of the last
+    `RunResult` seen (-1: none). `wait` answers the run's `RunResult` once it has one whose
+    `version` is above `after`, or `TIMEOUT` (504) when none came within `timeout_s`."""
 
     token: Token
     run_id: Id | None = None
@@ -34,3 +47,4 @@ class HostRead(Command, frozen=True):
     proposal_id: Id | None = None
     state: ProposalState | None = None
     after: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    timeout_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 30.0

@@ -60,13 +60,15 @@ __all__ = ["asyncapi_document"]
 
 _MSG_ID: Final = {
     "type": "object",
-    "required": ["Nats-Msg-Id"],
     "properties": {
         "Nats-Msg-Id": {
             "type": "string",
             "maxLength": 128,
-            "description": "The message's request_id: JetStream drops a re-publish "
-            "under the same id (a duplicate, not a second act)",
+            "description": "Optional, and what a host should send: the message's request_id, "
+            "so JetStream drops a re-publish under the same id (a duplicate, not a second act). "
+            "Without it a re-publish is deduplicated later, by request_id; with another value "
+            "than request_id the message is refused unanswered (either id's answer could "
+            "contradict the other's)",
         },
         "traceparent": {"type": "string", "description": "W3C trace context (optional)"},
     },
@@ -118,7 +120,9 @@ _CHANNELS: Final = (
     (
         "results",
         subjects.result,
-        "Every answer to a host (a JetStream stream: an offline host catches up)",
+        f"Every answer to a host, in the tenant's JetStream stream "
+        f"`{subjects.out_stream('{tenant}')}` (an offline host catches up; a host reads it "
+        "by sequence or as it comes, and creates no consumer)",
         "receive",
         (RunResult, CommandResult, DecisionResult, ApprovalResult, ReviewResult),
         "readResults",
@@ -134,8 +138,9 @@ _CHANNELS: Final = (
     (
         "chat",
         subjects.chat_subject,
-        "A chat session's numbered events (JetStream stream WRIT_CHAT, one subject per session; "
-        "hosts read it through `writ.api.{tenant}.session` op `events`, or over SSE)",
+        "A chat session's numbered events (JetStream stream WRIT_CHAT, one subject per session). "
+        "Listed for its messages only: a host does not subscribe to it, it reads them through "
+        "`writ.api.{tenant}.session` op `events`, or over SSE",
         "receive",
         (
             SessionOpened,
@@ -162,7 +167,7 @@ _CHANNELS: Final = (
             SessionForked,
             ChildSession,
         ),
-        "readSession",
+        None,
     ),
 )
 
@@ -202,6 +207,8 @@ def _document() -> dict[str, Any]:
                 k.__name__: {"$ref": f"#/components/messages/{k.__name__}"} for k in types
             },
         }
+        if operation is None:
+            continue  # what a host does not do itself
         operations[operation] = {
             "action": action,
             "channel": {"$ref": f"#/channels/{channel}"},
@@ -223,15 +230,36 @@ def _document() -> dict[str, Any]:
         },
         "defaultContentType": "application/json",
         "servers": {
-            "local": {
-                "host": "127.0.0.1:4222",
+            "writ": {
+                "host": "{host}:{port}",
                 "protocol": "nats",
-                "description": "`make run`'s embedded nats-server (JetStream)",
+                "description": "The deployment's NATS (JetStream). A host connects as its "
+                "tenant's host user, `host-{tenant}`, with the password it was given, and "
+                "passes the inbox prefix `_INBOX.host-{tenant}` (nats.py `inbox_prefix`, "
+                "nats.js `inboxPrefix`): replies to its requests arrive there, and it may "
+                "subscribe nowhere else under `_INBOX`.",
+                "variables": {
+                    "host": {"default": "127.0.0.1", "description": "The NATS server's host"},
+                    "port": {"default": "4222", "description": "Its client port"},
+                },
+                "security": [{"$ref": "#/components/securitySchemes/hostUser"}],
             }
         },
         "channels": channels,
         "operations": operations,
-        "components": {"messages": messages, "schemas": components},
+        "components": {
+            "messages": messages,
+            "schemas": components,
+            "securitySchemes": {
+                "hostUser": {
+                    "type": "userPassword",
+                    "description": "NATS user `host-{tenant}` and its password: it may "
+                    "publish the tenant's `writ.in.*` subjects, request `writ.api.{tenant}.*`, "
+                    "and read `writ.out.results.{tenant}` and `writ.events.planner.{tenant}`; "
+                    "nothing of another tenant, nothing under `writ.int.`",
+                },
+            },
+        },
     }
 
 
@@ -245,6 +273,7 @@ def _reads(
     inbox with the Struct the HTTP GET answers."""
     replies = (
         RunView,
+        RunResult,
         RunEvents,
         CommandResult,
         PendingDecisions,
@@ -287,7 +316,8 @@ def _reads(
     operations["read"] = {
         "action": "send",
         "channel": {"$ref": "#/channels/reads"},
-        "summary": "Read a run, its timeline, a command, pending decisions, proposals, replay",
+        "summary": "Read a run, wait for news of it (a `RunResult` newer than `after`), its "
+        "timeline, a command, pending decisions, proposals, replay",
         "messages": [{"$ref": "#/channels/reads/messages/HostRead"}],
         "reply": {
             "channel": {"$ref": "#/channels/readReplies"},

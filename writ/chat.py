@@ -22,7 +22,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from actions import ACTIONS
-from schemas.sessions import (
+from writ_client import Client, Issuer, Session, WritError
+from writ_client.types import (
     AnySessionEvent,
     CapabilitySelected,
     ChildSession,
@@ -48,7 +49,6 @@ from schemas.sessions import (
     UserMessage,
     WriterNote,
 )
-from writ_client import Client, Issuer, Session, WritError
 
 __all__ = ["Action", "ChatView", "parse", "render", "run_chat"]
 

@@ -33,11 +33,11 @@ from libs import lifetime
 from libs.journal import load_verify_keys, verify
 from schemas import subjects
 from schemas.host import RunResult
-from schemas.sessions import PlanProposed, TextDelta, TurnEnded
 from services.ingress.logic import SIGN_IN_WINDOW_S
 from writ.stack import SERVICES, Stack
 from writ.supervisor import Supervisor
 from writ_client import Client, Issuer
+from writ_client.types import PlanProposed, TextDelta, TurnEnded
 
 __all__ = ["run_demo"]
 

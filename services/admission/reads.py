@@ -16,6 +16,7 @@ import asyncpg
 import msgspec
 from nats.micro.request import Request
 
+from actions.base import outcome_of
 from libs.runtime import Endpoint
 from schemas.host import CommandResult, ErrorInfo, ProposalView
 from schemas.reads import (
@@ -144,13 +145,7 @@ class AdmissionReads:
         """The recorded state of the host's command under its key."""
         row = await self._pool.fetchrow(_COMMAND, ask.tenant, ask.operation_key)
         if row is not None:
-            return CommandResult(
-                request_id=row["request_id"] or "",
-                operation_key=ask.operation_key,
-                status=row["state"],
-                operation_id=row["operation_id"],
-                receipt=row["receipt"],
-            )
+            return _command_result(row, ask.operation_key)
         row = await self._pool.fetchrow(_WAITING, ask.tenant, ask.operation_key)
         if row is None:
             return None
@@ -219,3 +214,29 @@ class AdmissionReads:
             _PROPOSALS + " AND p.public_id = $2", ask.tenant, ask.proposal_id
         )
         return None if row is None else _detail(row)
+
+
+def _command_result(row: asyncpg.Record, operation_key: str) -> CommandResult:
+    """A recorded command as the host was told of it when it ended: its state, receipt, error,
+    and the outcome (what may be done next), classified as `_answer_host` classifies it."""
+    state, reason, operation_id = row["state"], row["reason"], row["operation_id"]
+    outcome = None
+    if operation_id is not None:
+        outcome = outcome_of(
+            state, receipt=row["receipt"], reason=reason, operation_id=operation_id
+        )
+        if outcome.kind == "terminal_failure":
+            reason = outcome.detail  # a correlation id, never the provider's words
+    error = None
+    if state not in ("succeeded", "pending", "dispatching"):
+        error = ErrorInfo(code=state.upper(), message=(reason or state)[:512])
+    return CommandResult(
+        request_id=row["request_id"] or "",
+        operation_key=operation_key,
+        status=state,
+        operation_id=operation_id,
+        receipt=row["receipt"],
+        error=error,
+        outcome=outcome.kind if outcome else None,
+        correlation_id=outcome.correlation_id if outcome else None,
+    )

@@ -98,6 +98,8 @@ def main() -> None:
             max_body_bytes=settings.max_request_bytes,
             answer_timeout_s=settings.http_answer_timeout_s,
             endpoints=rt.endpoints,
+            registry=rt.registry,
+            tracer=rt.tracer,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)

@@ -233,7 +233,7 @@ class IngressService:
             span.set_attribute("writ.verified", not isinstance(outcome, Rejection))
         if (
             not isinstance(outcome, Rejection)
-            and isinstance(outcome.request, SubmitCommand)
+            and isinstance(outcome.request, SubmitCommand | RunRequest)
             and self._agents is not None
             and outcome.request.agent not in self._agents
         ):

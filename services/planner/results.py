@@ -60,6 +60,7 @@ def result_effect(
         actions=actions,
         pending_id=pending_id,
         proposal=proposal,
+        version=run.state_version,
     )
     return (subjects.result(run.tenant), result, f"result:{run.run_id}:{run.status}:{len(steps)}")
 

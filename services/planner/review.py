@@ -46,7 +46,7 @@ async def await_review(
 
     Returns the run as it now stands (`awaiting_human`)."""
     pending_id = review_id(run.run_id, seq)
-    if await store.set_status(
+    version = await store.set_status(
         conn,
         run,
         "awaiting_human",
@@ -54,7 +54,8 @@ async def await_review(
         error_code=REVIEW_CODE,
         error_message=decision.review_prompt,
         pending_id=pending_id,
-    ):
+    )
+    if version is not None:
         if branch_of(run.manifest) is None:  # a branch's wait is counted as its caller's
             finished.append(("awaiting_human", REVIEW_CODE))
     return msgspec.structs.replace(
@@ -63,6 +64,7 @@ async def await_review(
         error_code=REVIEW_CODE,
         error_message=decision.review_prompt,
         pending_id=pending_id,
+        state_version=run.state_version if version is None else version,
     )
 
 

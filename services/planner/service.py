@@ -857,7 +857,7 @@ class PlannerService:
         # The run's last transaction: what is still due (its lease) is recorded before the
         # status, so the status's statement writes it too (`PlannerStore.writing_behind`).
         await self._budget.settle_deferred(conn)
-        await self._store.set_status(
+        version = await self._store.set_status(
             conn, run, status, step=step, answer=answer, error_code=code, error_message=message
         )
         if self._sessions is not None:
@@ -865,7 +865,12 @@ class PlannerService:
         if branch_of(run.manifest) is None:  # a branch's end is its caller's to observe
             finished.append((status, code))
         run = msgspec.structs.replace(
-            run, status=status, answer=answer, error_code=code, error_message=message
+            run,
+            status=status,
+            answer=answer,
+            error_code=code,
+            error_message=message,
+            state_version=run.state_version if version is None else version,
         )
         return self._result(run, steps)
 

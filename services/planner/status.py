@@ -62,6 +62,7 @@ def run_view(run: Any, steps: list[Any]) -> RunView:
         actions=actions,
         pending_id=run.pending_id if run.status == "awaiting_human" else None,
         evidence=evidence,
+        version=run.state_version,
     )
 
 

@@ -149,7 +149,7 @@ class PersonWaits:
     ) -> Effects:
         """The run stops for a person's decision (`pending_id`). Someone watching: it waits
         for their answer. Unattended: the run stops here and lists the pending decision."""
-        await self._store.set_status(
+        version = await self._store.set_status(
             conn,
             run,
             "awaiting_human",
@@ -174,6 +174,7 @@ class PersonWaits:
             error_code="AWAITING_HUMAN",
             error_message=message,
             pending_id=pending_id,
+            state_version=run.state_version if version is None else version,
         )
         return [self._result(run, steps, pending_id=pending_id, proposal=proposal)]
 

@@ -272,6 +272,35 @@ def test_keda_watches_each_tenants_stream_of_a_per_tenant_consumer() -> None:
         validate(obj)
 
 
+def test_keda_scales_ingress_on_its_http_load_too() -> None:
+    address = "http://prometheus.monitoring:9090"
+    objects = render(
+        {
+            "keda": {"enabled": True, "http": {"prometheusServerAddress": address}},
+            "tenants": ["acme"],
+        }
+    )
+    scaled = {component(o): o for o in by_kind(objects, "ScaledObject")}
+    http = [t for t in scaled["ingress"]["spec"]["triggers"] if t["type"] == "prometheus"]
+    assert [t["metadata"]["query"].split("{")[0] for t in http] == [
+        "sum(writ_http_requests_in_flight",
+        "sum(rate(writ_http_requests_total",
+    ]
+    assert all(t["metadata"]["serverAddress"] == address for t in http)
+    assert all('service="ingress"' in t["metadata"]["query"] for t in http)
+    assert [t["metadata"]["threshold"] for t in http] == ["20", "50"]
+    # The stream trigger stays; no other service watches HTTP.
+    assert [t["type"] for t in scaled["ingress"]["spec"]["triggers"]][0] == "nats-jetstream"
+    assert all(
+        t["type"] != "prometheus"
+        for name, o in scaled.items()
+        if name != "ingress"
+        for t in o["spec"]["triggers"]
+    )
+    for obj in objects:
+        validate(obj)
+
+
 def test_keda_is_off_by_default() -> None:
     objects = render()
     assert not by_kind(objects, "ScaledObject")

@@ -117,20 +117,20 @@ async def test_a_capability_not_in_uses_is_refused_observed_and_the_run_answers(
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
 
 
-async def test_a_run_for_an_unknown_agent_fails_with_its_code(
+async def test_a_run_for_an_unknown_agent_is_refused_with_its_code(
     stack: Stack, host: Host, db: asyncpg.Connection
 ) -> None:
     request = host.request(agent="ghost-assistant")
     await host.publish(request, msg_id=request.request_id)
     result = await _result(stack, host, request.request_id)
-    assert result.status == "failed" and result.error is not None
+    # Refused at the door, as a command for an unknown agent is (and as over HTTP): no run.
+    assert result.status == "rejected" and result.error is not None
     assert result.error.code == "UNKNOWN_AGENT"
     assert "ghost-assistant" in result.error.message
-    assert result.run_id is not None
-    assert await _steps(db, result.run_id) == []  # the model was never asked
+    assert result.run_id is None
     assert (
         await db.fetchval(
-            "SELECT count(*) FROM admission.proposals WHERE run_id = $1", result.run_id
+            "SELECT count(*) FROM planner.runs WHERE request_id = $1", request.request_id
         )
         == 0
     )

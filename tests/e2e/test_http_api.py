@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import asyncpg
 import httpx
+import msgspec
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -104,6 +105,16 @@ async def test_the_same_key_twice_is_one_run_and_another_body_under_it_is_409(
     run_id = first.json()["run_id"]
     assert api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()["status"] == "succeeded"
     assert await runs_of(db, headers["Idempotency-Key"]) == 1
+    # Another principal of the tenant under the same key and body: a conflict that says
+    # nothing of the first run, and no second run.
+    bob = {
+        **auth(stack, principal="bob@acme.example"),
+        "Idempotency-Key": headers["Idempotency-Key"],
+    }
+    foreign = api.post("/runs", json=BODY, headers=bob)
+    assert (foreign.status_code, foreign.json()["code"]) == (409, "CONFLICT"), foreign.text
+    assert run_id not in foreign.text and "idempotent-replayed" not in foreign.headers
+    assert await runs_of(db, headers["Idempotency-Key"]) == 1
     assert (
         await db.fetchval("SELECT input FROM planner.runs WHERE run_id = $1", run_id)
         == BODY["input"]
@@ -188,7 +199,7 @@ async def test_answers_need_the_approver_role_and_reads_the_auditor_role(
 def test_openapi_and_healthz(stack: Stack, api: httpx.Client) -> None:
     document = api.get("/openapi.json").json()
     assert document["openapi"].startswith("3.1")
-    assert "/api/v1/runs" in document["paths"]
+    assert "/runs" in document["paths"] and document["servers"][0]["url"] == "/api/v1"
     base = stack.api_url.removesuffix("/api/v1")
     assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
 
@@ -220,3 +231,54 @@ async def test_a_body_without_a_length_is_cut_off_at_the_limit(
     else:
         assert (response.status_code, response.json()["code"]) == (413, "TOO_LARGE")
     assert await runs_of(db, request_id) == 0
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "said"),
+    [
+        ("nested unknown field", "INVALID_REQUEST", "unknown field `max_steps` - at `$.budget`"),
+        ("too long input", "INVALID_REQUEST", "length <= 8192 - at `$.input`"),
+        ("malformed token", "INVALID_TOKEN", "invalid token: "),
+        ("unknown agent", "UNKNOWN_AGENT", "'ghost-assistant'"),
+    ],
+)
+async def test_the_same_mistake_gets_the_same_answer_on_both_doors(
+    stack: Stack, api: httpx.Client, host: Host, case: str, code: str, said: str
+) -> None:
+    token = stack.token("acme", "alice@acme.example")
+    body: dict[str, object] = dict(BODY)
+    if case == "nested unknown field":
+        body["budget"] = {"max_steps": 3}
+    elif case == "too long input":
+        body["input"] = "x" * 9000
+    elif case == "malformed token":
+        token = "not-a-token"
+    elif case == "unknown agent":
+        body["agent"] = "ghost-assistant"
+    request_id = f"same-{uuid.uuid4().hex[:12]}"
+    over_http = api.post(
+        "/runs",
+        json=body,
+        headers={"Authorization": f"Bearer {token}", "Idempotency-Key": request_id},
+    )
+    assert over_http.json()["code"] == code, over_http.text
+    assert said in over_http.json()["detail"], over_http.text
+
+    message = {"type": "RunRequest", "request_id": request_id, "token": token, **body}
+    await host.publish(msgspec.json.encode(message), msg_id=request_id)
+    over_nats = await host.wait_result(request_id)
+    assert over_nats.status == "rejected" and over_nats.error is not None
+    assert (over_nats.error.code, over_nats.error.message) == (code, over_http.json()["detail"])
+
+
+async def test_a_bad_idempotency_key_is_refused_against_its_header(
+    stack: Stack, api: httpx.Client
+) -> None:
+    for bad in ("bad key with spaces", "k" * 129):
+        refused = api.post("/runs", json=BODY, headers={**auth(stack), "Idempotency-Key": bad})
+        assert (refused.status_code, refused.json()["code"]) == (400, "INVALID_REQUEST")
+        assert refused.json()["detail"].startswith("header `Idempotency-Key`: "), refused.text
+        assert "request_id" not in refused.json()["detail"]
+    missing = api.post("/runs", json=BODY, headers=auth(stack))
+    assert (missing.status_code, missing.json()["code"]) == (400, "INVALID_REQUEST")
+    assert "header parameter 'Idempotency-Key'" in missing.json()["detail"]

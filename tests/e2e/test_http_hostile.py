@@ -59,9 +59,11 @@ class Hostile:
 
 
 def _operations() -> Iterator[tuple[str, str, dict[str, Any]]]:
+    # Each path is relative to the document's one server (`/api/v1`).
+    server = DOCUMENT["servers"][0]["url"]
     for path, operations in DOCUMENT["paths"].items():
         for method, operation in operations.items():
-            yield method.upper(), path, operation
+            yield method.upper(), f"{server}{path}", operation
 
 
 def _fill(path: str, value: str = "x1") -> str:

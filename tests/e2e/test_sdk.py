@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 
 import asyncpg
 import httpx
@@ -14,10 +15,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from schemas.planner import StepRecorded
+from libs.natsauth import host_user
 from tests.e2e.conftest import notes_for
 from writ.stack import Stack
 from writ_client import Client, Issuer, NatsClient, SyncClient, WritError
+from writ_client.types import RunResult, StepRecorded
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 INPUT = "Note the delayed shipment call"
@@ -26,6 +28,16 @@ INPUT = "Note the delayed shipment call"
 def issuer(stack: Stack, tenant: str = "acme") -> Issuer:
     return Issuer.from_file(
         stack.secrets / f"host-{tenant}.pem", tenant=tenant, issuer=stack.issuer(tenant)
+    )
+
+
+async def host_nats(
+    stack: Stack, tokens: Issuer, principal: str, *, roles: Sequence[str] = ()
+) -> NatsClient:
+    """A `NatsClient` connected as acme's host (its NATS user, password and inbox prefix)."""
+    options = stack.nats_options(host_user("acme"))
+    return await NatsClient.connect(
+        stack.public_nats_url, tokens, principal, roles=roles, **options
     )
 
 
@@ -72,7 +84,7 @@ def test_a_run_through_the_sync_client(stack: Stack, crm: httpx.Client) -> None:
 
 
 async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> None:
-    client = await NatsClient.connect(stack.nats_url, issuer(stack), "alice@acme.example")
+    client = await host_nats(stack, issuer(stack), "alice@acme.example")
     try:
         result = await client.run("crm-assistant", INPUT)
         assert result.status == "succeeded" and result.run_id is not None
@@ -80,7 +92,9 @@ async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> No
         assert len(notes_for(crm, f"acme:{action.operation_id}")) == 1
         assert (await client.get_run(result.run_id)).status == "succeeded"
         timeline = [e async for e in client.events(result.run_id)]
-        assert type(timeline[-1]).__name__ == "RunResult" and len(timeline) >= 4
+        last = timeline[-1]
+        assert isinstance(last, RunResult) and len(timeline) >= 4
+        assert (last.run_id, last.version) == (result.run_id, result.version)
         with pytest.raises(WritError) as forbidden:
             await client.pending()
         assert (forbidden.value.code, forbidden.value.status) == ("FORBIDDEN", 403)
@@ -93,8 +107,8 @@ async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> No
         assert command.status == "succeeded"
     finally:
         await client.aclose()
-    auditor = await NatsClient.connect(
-        stack.nats_url, issuer(stack), "audit@acme.example", roles=["auditor", "approver"]
+    auditor = await host_nats(
+        stack, issuer(stack), "audit@acme.example", roles=["auditor", "approver"]
     )
     try:
         assert (await auditor.replay(result.run_id)).run_id == result.run_id
@@ -113,7 +127,7 @@ async def test_the_same_methods_over_nats(stack: Stack, crm: httpx.Client) -> No
             serialization.NoEncryption(),
         ),
     )
-    client = await NatsClient.connect(stack.nats_url, foreign, "mallory@acme.example")
+    client = await host_nats(stack, foreign, "mallory@acme.example")
     try:
         with pytest.raises(WritError) as refused:
             await client.run("crm-assistant", INPUT, timeout_s=20)

@@ -11,7 +11,10 @@ import asyncpg
 import httpx
 import pytest
 
-from schemas.sessions import (
+from tests.e2e.conftest import notes_for
+from writ.stack import Stack
+from writ_client import Client, Issuer, NatsClient, Session, WritError
+from writ_client.types import (
     AnySessionEvent,
     PlanDecided,
     PlanProposed,
@@ -24,9 +27,6 @@ from schemas.sessions import (
     TurnStarted,
     UserMessage,
 )
-from tests.e2e.conftest import notes_for
-from writ.stack import Stack
-from writ_client import Client, Issuer, NatsClient, Session, WritError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 ASK = "Note the delayed shipment call"

@@ -15,7 +15,11 @@ import asyncpg
 import httpx
 import pytest
 
-from schemas.sessions import (
+from tests.e2e.conftest import notes_for
+from tests.e2e.test_sdk_session import ASK, issuer
+from writ.stack import Stack
+from writ_client import SyncClient, SyncSession, WritError
+from writ_client.types import (
     AnySessionEvent,
     PlanDecided,
     PlanProposed,
@@ -28,10 +32,6 @@ from schemas.sessions import (
     TextDelta,
     TurnEnded,
 )
-from tests.e2e.conftest import notes_for
-from tests.e2e.test_sdk_session import ASK, issuer
-from writ.stack import Stack
-from writ_client import SyncClient, SyncSession, WritError
 
 pytestmark = [pytest.mark.e2e]
 
@@ -144,7 +144,8 @@ def test_a_plan_approved_and_one_rejected_through_the_sync_client(
     first = until(session, PlanProposed)
     [proposed] = [e for e in first if isinstance(e, PlanProposed)]
     assert [s.capability for s in proposed.plan.steps] == ["crm.note.create"]
-    assert session.history().waiting_for.kind == "plan"
+    waiting = session.history().waiting_for
+    assert waiting is not None and waiting.kind == "plan"
     answered = session.approve_plan(proposed.plan.plan_id)
     assert (answered.plan_id, answered.state) == (proposed.plan.plan_id, "approved")
     rest = until(session, TurnEnded)

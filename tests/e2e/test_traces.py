@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import msgspec
 import pytest
 
@@ -197,3 +198,42 @@ async def test_an_approval_is_its_own_trace_linked_to_the_runs(stack: Stack, hos
         if s["trace_id"] == run_trace and s["name"] == "admission admit"
     ]
     assert any(link["span_id"] == s["span_id"] for s in proposing for link in approve_span["links"])
+
+
+async def test_a_run_over_http_is_one_trace_from_the_hosts_span(stack: Stack) -> None:
+    trace_id, host_span = secrets.token_hex(16), secrets.token_hex(8)
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40) as api:
+        started = await api.post(
+            "/runs",
+            json={"agent": "crm-assistant", "input": "Note the delayed shipment call"},
+            headers={
+                "Authorization": f"Bearer {stack.token('acme', 'alice@acme.example')}",
+                "Idempotency-Key": f"traced-{secrets.token_hex(6)}",
+                "traceparent": f"00-{trace_id}-{host_span}-01",
+            },
+        )
+        assert started.status_code == 202, started.text
+        waited = await api.get(
+            f"/runs/{started.json()['run_id']}/wait",
+            headers={"Authorization": f"Bearer {stack.token('acme', 'alice@acme.example')}"},
+        )
+        assert waited.json()["status"] == "succeeded", waited.text
+    # The HTTP request's span stands where a NATS request's `ingress handle` does.
+    wanted = (RUN_SPANS - {"ingress handle"}) | {"ingress http POST /api/v1/runs"}
+    with anyio.fail_after(20):
+        while True:
+            spans = [s for s in recorded_spans(stack) if s["trace_id"] == trace_id]
+            ids = {s["span_id"] for s in spans} | {host_span}
+            if wanted <= {s["name"] for s in spans} and all(
+                s["parent_span_id"] in ids for s in spans
+            ):
+                break
+            await anyio.sleep(0.1)
+    assert {s["service"] for s in spans} == SERVICES
+    roots = [s for s in spans if s["parent_span_id"] == host_span]
+    assert [r["name"] for r in roots] == ["ingress http POST /api/v1/runs"]
+    assert roots[0]["attributes"]["http.response.status_code"] == 202
+    # Nothing of the run is in a trace of its own: every span naming it is in the host's.
+    run_id = started.json()["run_id"]
+    naming = [s for s in recorded_spans(stack) if s["attributes"].get("writ.run_id") == run_id]
+    assert naming and {s["trace_id"] for s in naming} == {trace_id}

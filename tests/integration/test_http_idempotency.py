@@ -22,16 +22,24 @@ async def test_the_first_answer_is_kept_and_another_body_is_a_conflict(private_n
     store = await Idempotency.open(private_nc.jetstream())
     again = await Idempotency.open(private_nc.jetstream())  # the bucket exists: reused
     body = StartRun(agent="crm-assistant", input="x")
-    first = fingerprint("POST /api/v1/runs", body)
+    first = fingerprint("alice@acme.example", "POST /api/v1/runs", body)
     assert await store.claim("acme", "key-1", first) is None  # new: go on
     assert await again.claim("acme", "key-1", first) is None  # no answer yet: go on again
     await store.remember("acme", "key-1", first, 202, b'{"run_id":"r"}')
     held = await again.claim("acme", "key-1", first)
     assert held is not None and (held.status, held.body) == (202, b'{"run_id":"r"}')
-    other = fingerprint("POST /api/v1/runs", msgspec.structs.replace(body, input="y"))
+    other = fingerprint(
+        "alice@acme.example", "POST /api/v1/runs", msgspec.structs.replace(body, input="y")
+    )
     with pytest.raises(ApiError) as conflict:
         await store.claim("acme", "key-1", other)
     assert (conflict.value.code, conflict.value.status) == ("CONFLICT", 409)
+    # Another principal's same body under the key: a conflict, never the first answer.
+    with pytest.raises(ApiError) as foreign:
+        await store.claim(
+            "acme", "key-1", fingerprint("bob@acme.example", "POST /api/v1/runs", body)
+        )
+    assert foreign.value.code == "CONFLICT" and "run_id" not in foreign.value.detail
     # Keys are per tenant: the same key elsewhere is another request.
     assert await store.claim("globex", "key-1", other) is None
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from schemas.sessions import (
+from writ.chat import Action, ChatView, parse, render
+from writ_client.types import (
     DecisionAsked,
     DecisionTaken,
     PlanDecided,
@@ -22,7 +23,6 @@ from schemas.sessions import (
     TurnStarted,
     WriterNote,
 )
-from writ.chat import Action, ChatView, parse, render
 
 S = "ses-1"
 
@@ -192,7 +192,7 @@ def test_a_commands_admission_and_dispatch_show_as_progress_lines() -> None:
 
 
 def test_a_turns_end_lists_every_step_of_its_approved_plan() -> None:
-    from schemas.sessions import PlanStepOutcome
+    from writ_client.types import PlanStepOutcome
 
     event = TurnEnded(
         session_id=S,

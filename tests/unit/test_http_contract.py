@@ -4,6 +4,7 @@ the Structs of `schemas/`, and the pieces the routes share behave as the README 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -31,25 +32,54 @@ def test_the_document_is_openapi_3_1_with_the_routes_of_the_issue() -> None:
     document = json.loads((Path(__file__).parents[2] / "schemas" / "openapi.json").read_text())
     assert document["openapi"] == "3.1.0"
     assert {
-        "/api/v1/runs",
-        "/api/v1/runs/{run_id}",
-        "/api/v1/runs/{run_id}/wait",
-        "/api/v1/commands",
-        "/api/v1/pending-decisions",
-        "/api/v1/pending-decisions/decide",
-        "/api/v1/proposals/{proposal_id}/approve",
-        "/api/v1/proposals/{proposal_id}/reject",
-        "/api/v1/reviews/{pending_id}",
-        "/api/v1/audit/replay/{run_id}",
-        "/healthz",
+        "/runs",
+        "/runs/{run_id}",
+        "/runs/{run_id}/wait",
+        "/commands",
+        "/pending-decisions",
+        "/pending-decisions/decide",
+        "/proposals/{proposal_id}/approve",
+        "/proposals/{proposal_id}/reject",
+        "/reviews/{pending_id}",
+        "/audit/replay/{run_id}",
     } <= set(document["paths"])
-    post = document["paths"]["/api/v1/runs"]["post"]
+    # One server, the API's own: a client whose base URL is `.../api/v1` calls `/runs`.
+    assert document["servers"] == [
+        {"url": "/api/v1", "description": "The API on the server that serves this document"}
+    ]
+    post = document["paths"]["/runs"]["post"]
     assert [p["name"] for p in post["parameters"]] == ["Idempotency-Key"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/StartRun"
     }
     assert "application/problem+json" in post["responses"]["409"]["content"]
     assert document["security"] == [{"bearer": []}]
+
+
+def test_operations_have_the_ids_clients_are_generated_with() -> None:
+    document = json.loads((Path(__file__).parents[2] / "schemas" / "openapi.json").read_text())
+    ids = {
+        (method, path): operation["operationId"]
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+    }
+    assert len(set(ids.values())) == len(ids)
+    assert all(re.fullmatch(r"[a-z]+(?:[A-Z][a-z]+)*", i) for i in ids.values()), ids
+    assert {
+        ("post", "/runs"): "createRun",
+        ("get", "/runs/{run_id}"): "getRun",
+        ("get", "/runs/{run_id}/wait"): "waitRun",
+        ("post", "/runs/{run_id}/cancel"): "cancelRun",
+        ("get", "/runs/{run_id}/events"): "streamRunEvents",
+    }.items() <= ids.items()
+    # A header is text: `Last-Event-ID` is a string of digits, never an integer.
+    [last] = [
+        p
+        for p in document["paths"]["/runs/{run_id}/events"]["get"]["parameters"]
+        if p["name"] == "Last-Event-ID"
+    ]
+    assert {"type": "integer"} not in last["schema"].get("oneOf", [last["schema"]])
+    assert {"type": "string"} in last["schema"]["oneOf"]
 
 
 def test_bodies_refuse_unknown_fields() -> None:
@@ -67,9 +97,12 @@ def test_the_fingerprint_ignores_key_order_and_spacing_but_not_values() -> None:
         type=CommandBody,
     )
     other = msgspec.structs.replace(one, arguments={"a": 2, "b": 3})
-    assert fingerprint("POST /commands", one) == fingerprint("POST /commands", two)
-    assert fingerprint("POST /commands", one) != fingerprint("POST /commands", other)
-    assert fingerprint("POST /commands", one) != fingerprint("POST /runs", one)
+    alice, bob = "alice@acme.example", "bob@acme.example"
+    assert fingerprint(alice, "POST /commands", one) == fingerprint(alice, "POST /commands", two)
+    assert fingerprint(alice, "POST /commands", one) != fingerprint(alice, "POST /commands", other)
+    assert fingerprint(alice, "POST /commands", one) != fingerprint(alice, "POST /runs", one)
+    # The same request from another principal of the tenant is another request.
+    assert fingerprint(alice, "POST /commands", one) != fingerprint(bob, "POST /commands", one)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +151,22 @@ def test_the_asyncapi_document_is_valid_by_the_official_asyncapi_3_0_schema() ->
         "ApprovalResult",
         "ReviewResult",
     }
-    assert "Nats-Msg-Id" in document["components"]["messages"]["RunRequest"]["headers"]["required"]
+    # What a host is told matches what ingress does (tests/e2e: a message without the header
+    # runs; one whose header is not its request_id is refused unanswered).
+    headers = document["components"]["messages"]["RunRequest"]["headers"]
+    assert (
+        "required" not in headers
+        and "Optional" in headers["properties"]["Nats-Msg-Id"]["description"]
+    )
+    [server] = document["servers"].values()
+    assert server["host"] == "{host}:{port}" and set(server["variables"]) == {"host", "port"}
+    assert server["security"] == [{"$ref": "#/components/securitySchemes/hostUser"}]
+    assert document["components"]["securitySchemes"]["hostUser"]["type"] == "userPassword"
+    assert "_INBOX.host-{tenant}" in server["description"]
+    assert "`WRIT_OUT_{tenant}`" in document["channels"]["results"]["description"]
+    # A host subscribes to no chat subject: no operation of its own says it does.
+    assert all(op["channel"]["$ref"] != "#/channels/chat" for op in document["operations"].values())
+    assert "RunResult" in document["channels"]["readReplies"]["messages"]  # the `wait` read
 
 
 def test_a_broken_asyncapi_document_is_refused_by_that_schema() -> None:

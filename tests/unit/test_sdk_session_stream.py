@@ -7,9 +7,9 @@ import httpx
 import msgspec
 import pytest
 
-from schemas.sessions import TurnStarted
 from writ_client import WritError
 from writ_client._session import MAX_EVENT_BYTES, decode_event, read_sse
+from writ_client._wire.sessions import TurnStarted
 
 pytestmark = pytest.mark.anyio
 

@@ -3,41 +3,52 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, TypeVar
 
 import anyio
-import anyio.from_thread
 import httpx
 import msgspec
 
-from schemas.api import RunAccepted, RunView
-from schemas.governance import PendingDecisions, RunBudget
-from schemas.host import ApprovalResult, CommandResult, DecisionResult, ReviewResult, RunResult
-from schemas.planner import ReplayReport, StepRecorded
-from schemas.reads import ProposalDetail, Proposals
-from schemas.sessions import (
+from writ_client._handle import RunHandle
+from writ_client._keys import new_key
+from writ_client._session import Session, decode_event, read_sse
+from writ_client._wire.api import RunAccepted, RunView
+from writ_client._wire.governance import PendingDecisions, RunBudget
+from writ_client._wire.host import (
+    ApprovalResult,
+    CommandResult,
+    DecisionResult,
+    ReviewResult,
+    RunResult,
+)
+from writ_client._wire.planner import ReplayReport, StepRecorded
+from writ_client._wire.reads import ProposalDetail, Proposals
+from writ_client._wire.sessions import (
     AnySessionEvent,
     PlanAnswered,
     SessionAccepted,
+    SessionList,
     SessionOpKind,
+    SessionSummary,
     SessionView,
 )
-from writ_client._session import Session, blocking_method, decode_event, read_sse
-from writ_client.errors import WritError
-from writ_client.issuer import Issuer
+from writ_client.credentials import HostCredentials
+from writ_client.errors import (
+    InvalidRequest,
+    InvalidResponse,
+    Timeout,
+    Unavailable,
+    WritError,
+    error,
+)
+from writ_client.issuer import Tokens
 
-__all__ = ["Client", "SyncClient", "new_key"]
+__all__ = ["Client", "new_key"]
 
 T = TypeVar("T")
 _ENCODER: Final = msgspec.json.Encoder()
 _PATHS: Final = {"message": "messages"}  # a session op's route, where it is not the op
-
-
-def new_key(prefix: str = "req") -> str:
-    """A fresh request id (an Idempotency-Key)."""
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class Client:
@@ -50,7 +61,7 @@ class Client:
     def __init__(
         self,
         base_url: str,
-        issuer: Issuer,
+        issuer: Tokens,
         principal: str,
         *,
         roles: Sequence[str] = (),
@@ -62,6 +73,15 @@ class Client:
         self._retries = retries
         self._http = http or httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s)
 
+    @classmethod
+    def from_credentials(
+        cls, credentials: HostCredentials, principal: str, **options: Any
+    ) -> Client:
+        """A client on a host credentials folder's HTTP API (`HostCredentials.from_dir`)."""
+        if credentials.api_url is None:
+            raise InvalidRequest("INVALID_REQUEST", "the credentials name no HTTP API")
+        return cls(credentials.api_url, credentials.issuer, principal, **options)
+
     async def __aenter__(self) -> Client:
         return self
 
@@ -69,6 +89,7 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the HTTP connections."""
         await self._http.aclose()
 
     async def _call(
@@ -96,13 +117,18 @@ class Client:
                     method, path, content=content, headers=headers, params=params
                 )
             except httpx.TransportError as exc:
-                error = WritError("NETWORK", repr(exc))
+                failure: WritError = Unavailable("NETWORK", repr(exc))
             else:
                 if response.status_code in accept:
-                    return response.status_code, msgspec.json.decode(response.content, type=reply)
-                error = _problem(response)
-            if not error.retryable or attempt == self._retries:
-                raise error
+                    try:
+                        return response.status_code, msgspec.json.decode(
+                            response.content, type=reply
+                        )
+                    except msgspec.DecodeError as exc:
+                        raise InvalidResponse("INVALID_RESPONSE", str(exc)) from exc
+                failure = _problem(response)
+            if not failure.retryable or attempt == self._retries:
+                raise failure
             await anyio.sleep(delay)
             delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
@@ -131,35 +157,68 @@ class Client:
         """Where a run stands."""
         return (await self._call("GET", f"/runs/{run_id}", RunView))[1]
 
-    async def wait(self, run_id: str, *, timeout_s: float = 60.0) -> RunResult:
-        """The run's `RunResult` once it has one (`awaiting_human` included).
+    async def wait(self, run_id: str, *, after: int = -1, timeout_s: float = 60.0) -> RunResult:
+        """The run's `RunResult` once it has one whose `version` is above `after` (the version
+        of the last result the caller saw; -1: any, `awaiting_human` included).
 
         Raises:
-            WritError: `TIMEOUT` when it has none within `timeout_s`.
+            Timeout: none within `timeout_s`.
         """
         deadline = time.monotonic() + timeout_s
         while (remaining := deadline - time.monotonic()) > 0:
+            params: dict[str, Any] = {"timeout_s": round(min(remaining, 30.0), 1)}
+            if after >= 0:
+                params["after"] = after
             try:
                 status, raw = await self._call(
-                    "GET",
-                    f"/runs/{run_id}/wait",
-                    msgspec.Raw,
-                    params={"timeout_s": round(min(remaining, 30.0), 1)},
+                    "GET", f"/runs/{run_id}/wait", msgspec.Raw, params=params
                 )
             except WritError as exc:
+                if exc.code == "TIMEOUT":
+                    continue  # nothing newer yet: ask again while time is left
                 if exc.code != "NOT_FOUND":
                     raise
                 await anyio.sleep(0.1)  # not started yet
                 continue
             if status == 200:  # 202: not yet, a RunView of where it stands
                 return msgspec.json.decode(raw, type=RunResult)
-        raise WritError("TIMEOUT", f"run {run_id} has no result after {timeout_s}s")
+        raise Timeout("TIMEOUT", f"run {run_id} has no result after {timeout_s}s")
+
+    async def start(
+        self,
+        agent: str,
+        input: str,
+        *,
+        attended: bool = False,
+        grants: Sequence[str] = (),
+        budget: RunBudget | None = None,
+        request_id: str | None = None,
+    ) -> RunHandle:
+        """Start a run (as `start_run`) and return its handle."""
+        accepted = await self.start_run(
+            agent, input, attended=attended, grants=grants, budget=budget, request_id=request_id
+        )
+        return RunHandle(self, accepted.run_id, request_id=accepted.request_id)
+
+    def handle(self, run_id: str) -> RunHandle:
+        """A handle on an existing run of this tenant."""
+        return RunHandle(self, run_id)
 
     async def run(
-        self, agent: str, input: str, *, timeout_s: float = 60.0, **options: Any
+        self,
+        agent: str,
+        input: str,
+        *,
+        timeout_s: float = 60.0,
+        attended: bool = False,
+        grants: Sequence[str] = (),
+        budget: RunBudget | None = None,
+        request_id: str | None = None,
     ) -> RunResult:
-        """Start a run and wait for its result."""
-        accepted = await self.start_run(agent, input, **options)
+        """Start a run and wait for its first result (`awaiting_human` included)."""
+        accepted = await self.start_run(
+            agent, input, attended=attended, grants=grants, budget=budget, request_id=request_id
+        )
         return await self.wait(accepted.run_id, timeout_s=timeout_s)
 
     async def cancel(self, run_id: str, *, request_id: str | None = None) -> RunAccepted:
@@ -266,10 +325,30 @@ class Client:
             )
         )[1]
 
-    async def proposals(self, state: str | None = None) -> Proposals:
-        """The tenant's proposals (in `state`, if given)."""
-        params = {"state": state} if state else None
+    async def proposals(
+        self, state: str | None = None, *, cursor: str | None = None, limit: int = 100
+    ) -> Proposals:
+        """One page of the tenant's proposals, newest first (in `state`, if given): pass its
+        `next_cursor` as `cursor` for the next page (`iter_proposals` does)."""
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        if cursor is not None:
+            params["cursor"] = cursor
         return (await self._call("GET", "/proposals", Proposals, params=params))[1]
+
+    async def iter_proposals(
+        self, state: str | None = None, *, page_size: int = 100
+    ) -> AsyncIterator[ProposalDetail]:
+        """Every proposal (in `state`, if given), page after page, each once."""
+        cursor: str | None = None
+        while True:
+            page = await self.proposals(state, cursor=cursor, limit=page_size)
+            for proposal in page.proposals:
+                yield proposal
+            if page.next_cursor is None or not page.proposals:
+                return
+            cursor = page.next_cursor
 
     async def proposal(self, proposal_id: str) -> ProposalDetail:
         """One proposal: its frozen preview, request hash and expiry."""
@@ -347,6 +426,25 @@ class Client:
         )
         return Session(self, accepted.session_id)
 
+    async def sessions(self, *, cursor: str | None = None, limit: int = 50) -> SessionList:
+        """One page of this principal's sessions, newest first: pass its `next` as `cursor`
+        for the next page (`iter_sessions` does)."""
+        params: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            params["cursor"] = cursor
+        return (await self._call("GET", "/sessions", SessionList, params=params))[1]
+
+    async def iter_sessions(self, *, page_size: int = 50) -> AsyncIterator[SessionSummary]:
+        """Every session of this principal, page after page, each once."""
+        cursor: str | None = None
+        while True:
+            page = await self.sessions(cursor=cursor, limit=page_size)
+            for summary in page.sessions:
+                yield summary
+            if page.next is None or not page.sessions:
+                return
+            cursor = page.next
+
     def session(self, session_id: str, *, last_event_id: int = 0) -> Session:
         """An existing session of this principal (its events read from `last_event_id`)."""
         return Session(self, session_id, last_event_id=last_event_id)
@@ -414,39 +512,11 @@ class Client:
 
 
 def _problem(response: httpx.Response) -> WritError:
+    """The error an RFC 9457 problem document names (by its status, if it is not one)."""
     try:
         document = response.json()
         code, detail = document["code"], document.get("detail", "")
     except (ValueError, KeyError, TypeError):
         code = "INTERNAL" if response.status_code >= 500 else "INVALID_REQUEST"
         detail = response.text[:300]
-    return WritError(code, detail, status=response.status_code)
-
-
-class SyncClient:
-    """`Client`'s methods, blocking: each call runs on a private event loop thread; a session
-    (`open_session`, `session`) is a `SyncSession`, whose methods block the same way."""
-
-    def __init__(self, base_url: str, issuer: Issuer, principal: str, **options: Any) -> None:
-        self._portal_cm = anyio.from_thread.start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
-        self._client: Client = self._portal.call(
-            lambda: _make(base_url, issuer, principal, options)
-        )
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._portal.call(self._client.aclose)
-        self._portal_cm.__exit__(None, None, None)
-
-    def __getattr__(self, name: str) -> Any:
-        return blocking_method(self._portal, self._client, name)
-
-
-async def _make(base_url: str, issuer: Issuer, principal: str, options: dict[str, Any]) -> Client:
-    return Client(base_url, issuer, principal, **options)
+    return error(code, detail, status=response.status_code)

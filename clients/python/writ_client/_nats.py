@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Final, Literal, TypeVar, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
 import anyio
 import msgspec
 
-from schemas import subjects
-from schemas.api import RunAccepted, RunEvents, RunView
-from schemas.base import Family
-from schemas.control import CancelRun, cancel
-from schemas.governance import Answer, PendingDecisions, RunBudget
-from schemas.host import (
+from writ_client._bus import ASK_S, Bus, connect, decode, raise_service_error
+from writ_client._handle import RunHandle
+from writ_client._keys import new_key
+from writ_client._session import Session, StreamLost
+from writ_client._wire import subjects
+from writ_client._wire.api import RunAccepted, RunEvents, RunView
+from writ_client._wire.base import Family
+from writ_client._wire.control import CancelRun, cancel
+from writ_client._wire.governance import Answer, PendingDecisions, RunBudget
+from writ_client._wire.host import (
     ApprovalAnswer,
     ApprovalResult,
     ApproveProposal,
@@ -29,23 +34,32 @@ from schemas.host import (
     RunStatus,
     SubmitCommand,
 )
-from schemas.host_reads import DEADLINE_HEADER, HostRead, host_read
-from schemas.planner import ReplayReport, StepRecorded
-from schemas.reads import ProposalDetail, Proposals
-from schemas.sessions import (
+from writ_client._wire.host_reads import HostRead, host_read
+from writ_client._wire.planner import ReplayReport, StepRecorded
+from writ_client._wire.reads import ProposalDetail, Proposals, ProposalState
+from writ_client._wire.sessions import (
     HOST_SESSION,
     AnySessionEvent,
     HostSessionOp,
     PlanAnswered,
     SessionAccepted,
+    SessionList,
     SessionOpKind,
     SessionReply,
+    SessionSummary,
     SessionView,
 )
-from writ_client._http import new_key
-from writ_client._session import Session, StreamLost
-from writ_client.errors import WritError
-from writ_client.issuer import Issuer
+from writ_client.credentials import HostCredentials, NatsLogin
+from writ_client.errors import (
+    InvalidRequest,
+    Timeout,
+    WritError,
+    error,
+)
+from writ_client.issuer import Tokens
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as Nats
 
 __all__ = ["NatsClient"]
 
@@ -54,13 +68,6 @@ _RESULTS: Final = msgspec.json.Decoder(
     RunResult | CommandResult | DecisionResult | ApprovalResult | ReviewResult
 )
 _ENCODER: Final = msgspec.json.Encoder()
-_ASK_S: Final = 30.0  # how long a read or a session operation waits for ingress
-
-
-def _deadline() -> dict[str, str]:
-    """The `Writ-Deadline` of a request waited for `_ASK_S`: ingress drops it unanswered once
-    this client has given up, instead of working for nobody."""
-    return {DEADLINE_HEADER: f"{time.time() + _ASK_S:.3f}"}
 
 
 class NatsClient:
@@ -68,23 +75,67 @@ class NatsClient:
 
     Reads (a run, its timeline, pending decisions, proposals, replay) are request/reply on
     `writ.api.<tenant>.<read>`, answered by ingress as the HTTP API's GETs are.
+
+    Built on a connection made elsewhere (`NatsClient(nc, ...)`), it cannot see the server's
+    permission violations (nats-py reports them to that connection's `error_cb`): a refused
+    subject then ends as a timeout. `connect` and `from_credentials` see them.
     """
 
     def __init__(
-        self, nc: Any, issuer: Issuer, principal: str, *, roles: Sequence[str] = ()
+        self, nc: Nats | Bus, issuer: Tokens, principal: str, *, roles: Sequence[str] = ()
     ) -> None:
-        self._nc, self._js = nc, nc.jetstream()
+        self._bus = nc if isinstance(nc, Bus) else Bus(nc)
+        self._nc = self._bus.nc
         self._issuer, self._principal, self._roles = issuer, principal, tuple(roles)
         self._tenant = issuer.tenant
 
     @classmethod
-    async def connect(cls, url: str, issuer: Issuer, principal: str, **options: Any) -> NatsClient:
-        """Connect to NATS and return a client on that connection."""
-        import nats
+    async def connect(
+        cls,
+        url: str,
+        issuer: Tokens,
+        principal: str,
+        *,
+        roles: Sequence[str] = (),
+        user: str | None = None,
+        password: str | None = None,
+        creds: str | Path | None = None,
+        inbox_prefix: str | None = None,
+        **nats_options: Any,
+    ) -> NatsClient:
+        """Connect to NATS as the tenant's host and return a client on that connection.
 
-        return cls(await nats.connect(url, max_reconnect_attempts=-1), issuer, principal, **options)
+        `url` may carry `user:password@`; `creds` is a NATS creds file instead. The inbox
+        prefix defaults to the user's own (`_INBOX.<user>`), the only one a host may use.
+
+        Raises:
+            AuthenticationError: NATS refused the user, password or creds.
+            PermissionDenied: replies cannot arrive under the inbox prefix.
+            Unavailable: no NATS server answered.
+        """
+        login = NatsLogin.parse(
+            url, user=user, password=password, creds=creds, inbox_prefix=inbox_prefix
+        )
+        return cls(await connect(login, **nats_options), issuer, principal, roles=roles)
+
+    @classmethod
+    async def from_credentials(
+        cls, credentials: HostCredentials, principal: str, *, roles: Sequence[str] = ()
+    ) -> NatsClient:
+        """Connect with a host credentials folder's NATS login (`HostCredentials.from_dir`)."""
+        if credentials.nats is None:
+            raise InvalidRequest("INVALID_REQUEST", "the credentials name no NATS server")
+        bus = await connect(credentials.nats)
+        return cls(bus, credentials.issuer, principal, roles=roles)
+
+    async def __aenter__(self) -> NatsClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the connection."""
         await self._nc.close()
 
     def _token(self) -> str:
@@ -104,23 +155,12 @@ class NatsClient:
         """Publish (retrying the same id on an outage) and wait for its first answer."""
         sub = await self._nc.subscribe(subjects.result(self._tenant))
         try:
-            delay = 0.2
-            for attempt in range(4):
-                try:
-                    await self._js.publish(
-                        subject, _ENCODER.encode(message), headers={"Nats-Msg-Id": request_id}
-                    )
-                    break
-                except Exception as exc:  # a lost ack: the same id again is a duplicate
-                    if attempt == 3:
-                        raise WritError("NETWORK", repr(exc)) from exc
-                    await anyio.sleep(delay)
-                    delay *= 2
+            await self._publish(subject, message, request_id)
             deadline = time.monotonic() + timeout_s
             while (remaining := deadline - time.monotonic()) > 0:
                 try:
-                    msg = await sub.next_msg(timeout=remaining)
-                except Exception:
+                    msg = await self._bus.guarded(lambda: sub.next_msg(timeout=remaining))
+                except TimeoutError:  # nats-py's TimeoutError is the builtin's
                     break
                 try:
                     result = _RESULTS.decode(msg.data)
@@ -133,12 +173,15 @@ class NatsClient:
                     and result.status == "rejected"
                     and result.error is not None
                 ):
-                    raise WritError(result.error.code, result.error.message)
+                    raise error(result.error.code, result.error.message)
                 if isinstance(result, kind) and (final is None or final(result)):
                     return result
         finally:
             await sub.unsubscribe()
-        raise WritError("TIMEOUT", f"no answer to {request_id} within {timeout_s}s")
+        raise Timeout("TIMEOUT", f"no answer to {request_id} within {timeout_s}s")
+
+    async def _publish(self, subject: str, message: msgspec.Struct, request_id: str) -> None:
+        await self._bus.publish(subject, _ENCODER.encode(message), request_id)
 
     async def start_run(
         self,
@@ -161,11 +204,7 @@ class NatsClient:
             grants=list(grants),
             budget=budget,
         )
-        await self._js.publish(
-            subjects.request(self._tenant),
-            _ENCODER.encode(message),
-            headers={"Nats-Msg-Id": request_id},
-        )
+        await self._publish(subjects.request(self._tenant), message, request_id)
         return RunAccepted(run_id="", request_id=request_id, links={})
 
     async def run(
@@ -194,14 +233,69 @@ class NatsClient:
             subjects.request(self._tenant), message, request_id, RunResult, timeout_s=timeout_s
         )
 
+    async def start(
+        self,
+        agent: str,
+        input: str,
+        *,
+        timeout_s: float = 60.0,
+        attended: bool = False,
+        grants: Sequence[Family] = (),
+        budget: RunBudget | None = None,
+        request_id: str | None = None,
+    ) -> RunHandle:
+        """Publish a `RunRequest` and return the run's handle once its first `RunResult`
+        came (over NATS a run's id comes with its first result; `handle.last` is it).
+
+        Raises:
+            WritError: the request was refused (its code), or `Timeout`.
+        """
+        first = await self.run(
+            agent,
+            input,
+            timeout_s=timeout_s,
+            attended=attended,
+            grants=grants,
+            budget=budget,
+            request_id=request_id,
+        )
+        assert first.run_id is not None  # a refused request raised
+        return RunHandle(self, first.run_id, request_id=first.request_id, last=first)
+
+    def handle(self, run_id: str) -> RunHandle:
+        """A handle on an existing run of this tenant."""
+        return RunHandle(self, run_id)
+
+    async def wait(self, run_id: str, *, after: int = -1, timeout_s: float = 60.0) -> RunResult:
+        """The run's `RunResult` once it has one whose `version` is above `after` (the version
+        of the last result the caller saw; -1: any), read as `writ.api.<tenant>.wait`.
+
+        Raises:
+            Timeout: none within `timeout_s`.
+        """
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                return await self._read(
+                    "wait",
+                    RunResult,
+                    run_id=run_id,
+                    after=after,
+                    timeout_s=round(min(remaining, ASK_S - 5), 1),
+                )
+            except WritError as exc:
+                if exc.code not in ("TIMEOUT", "NOT_FOUND"):
+                    raise
+                if exc.code == "NOT_FOUND":
+                    await anyio.sleep(0.1)  # not started yet
+        raise Timeout("TIMEOUT", f"run {run_id} has no result after {timeout_s}s")
+
     async def cancel(self, run_id: str, *, request_id: str | None = None) -> None:
         """Publish a `CancelRun`; the run's `RunResult` (`cancelled`, or how it had ended)
         follows on the results stream under the run's own request id."""
         request_id = request_id or new_key("cancel")
         message = CancelRun(request_id=request_id, token=self._token(), run_id=run_id)
-        await self._js.publish(
-            cancel(self._tenant), _ENCODER.encode(message), headers={"Nats-Msg-Id": request_id}
-        )
+        await self._publish(cancel(self._tenant), message, request_id)
 
     async def submit_command(
         self,
@@ -306,22 +400,9 @@ class NatsClient:
     async def _read(self, read: str, reply: type[T], **fields: Any) -> T:
         """One host read (`writ.api.<tenant>.<read>`), as the HTTP API's GETs answer it."""
         ask = HostRead(token=self._token(), **fields)
-        try:
-            msg = await self._nc.request(
-                host_read(self._tenant, read),
-                _ENCODER.encode(ask),
-                timeout=_ASK_S,
-                headers=_deadline(),
-            )
-        except Exception as exc:
-            raise WritError("UNAVAILABLE", repr(exc)) from exc
-        headers = msg.headers or {}
-        if headers.get("Nats-Service-Error-Code"):
-            code, _, detail = headers.get("Nats-Service-Error", "").partition(": ")
-            raise WritError(
-                code or "INTERNAL", detail, status=int(headers["Nats-Service-Error-Code"])
-            )
-        return msgspec.json.decode(msg.data, type=reply)
+        msg = await self._bus.ask(host_read(self._tenant, read), ask)
+        raise_service_error(msg.headers)
+        return decode(msg.data, reply)
 
     async def get_run(self, run_id: str) -> RunView:
         """Where a run stands."""
@@ -335,9 +416,18 @@ class NatsClient:
         """The tenant's decisions waiting for a person (needs the approver role)."""
         return await self._read("pending", PendingDecisions)
 
-    async def proposals(self, state: str | None = None) -> Proposals:
-        """The tenant's proposals (in `state`, if given)."""
+    async def proposals(self, state: ProposalState | None = None) -> Proposals:
+        """The tenant's newest proposals (in `state`, if given). The NATS read takes no
+        cursor: it is the first page (`next_cursor` says whether there are more; the HTTP
+        API's `proposals` pages on)."""
         return await self._read("proposals", Proposals, state=state)
+
+    async def iter_proposals(
+        self, state: ProposalState | None = None
+    ) -> AsyncIterator[ProposalDetail]:
+        """The proposals `proposals` answers, one by one."""
+        for proposal in (await self.proposals(state)).proposals:
+            yield proposal
 
     async def proposal(self, proposal_id: str) -> ProposalDetail:
         """One proposal: its frozen preview, request hash and expiry."""
@@ -374,6 +464,8 @@ class NatsClient:
                     answer=view.answer,
                     actions=view.actions,
                     pending_id=view.pending_id,
+                    proposal=view.proposal,
+                    version=view.version,
                 )
                 return
             await anyio.sleep(poll_s)
@@ -389,6 +481,24 @@ class NatsClient:
         )
         assert reply.accepted is not None
         return Session(self, reply.accepted.session_id)
+
+    async def sessions(self, *, cursor: str | None = None, limit: int = 50) -> SessionList:
+        """One page of this principal's sessions, newest first: pass its `next` as `cursor`
+        for the next page (`iter_sessions` does)."""
+        reply = await self._session_ask("list", None, cursor=cursor, limit=limit)
+        assert reply.sessions is not None
+        return reply.sessions
+
+    async def iter_sessions(self, *, page_size: int = 50) -> AsyncIterator[SessionSummary]:
+        """Every session of this principal, page after page, each once."""
+        cursor: str | None = None
+        while True:
+            page = await self.sessions(cursor=cursor, limit=page_size)
+            for summary in page.sessions:
+                yield summary
+            if page.next is None or not page.sessions:
+                return
+            cursor = page.next
 
     def session(self, session_id: str, *, last_event_id: int = 0) -> Session:
         """An existing session of this principal (its events read after `last_event_id`)."""
@@ -470,24 +580,12 @@ class NatsClient:
                 **fields,
             )
             try:
-                msg = await self._nc.request(
-                    host_read(self._tenant, HOST_SESSION),
-                    _ENCODER.encode(ask),
-                    timeout=_ASK_S,
-                    headers=_deadline(),
-                )
-            except Exception as exc:
-                error = WritError("UNAVAILABLE", repr(exc))
-            else:
-                headers = msg.headers or {}
-                if not headers.get("Nats-Service-Error-Code"):
-                    return msgspec.json.decode(msg.data, type=SessionReply)
-                code, _, detail = headers.get("Nats-Service-Error", "").partition(": ")
-                error = WritError(
-                    code or "INTERNAL", detail, status=int(headers["Nats-Service-Error-Code"])
-                )
-            if not error.retryable or attempt == retries:
-                raise error
+                msg = await self._bus.ask(host_read(self._tenant, HOST_SESSION), ask)
+                raise_service_error(msg.headers)
+                return decode(msg.data, SessionReply)
+            except WritError as exc:
+                if not exc.retryable or attempt == retries:
+                    raise
             await anyio.sleep(delay)
             delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")

@@ -6,15 +6,15 @@ client's event loop thread."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from typing import Any, Final, Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 import httpx
 import msgspec
 from anyio.from_thread import BlockingPortal
 
-from schemas.sessions import (
+from writ_client._wire.sessions import (
     AnySessionEvent,
     PlanAnswered,
     SessionAccepted,
@@ -23,19 +23,19 @@ from schemas.sessions import (
     SessionView,
     TurnEnded,
 )
-from writ_client.errors import WritError
+from writ_client.errors import InvalidResponse, Unavailable
 
 __all__ = [
     "Session",
     "SessionTransport",
     "StreamLost",
     "SyncSession",
-    "blocking",
-    "blocking_method",
     "decode_event",
+    "iterate",
     "read_sse",
 ]
 
+T = TypeVar("T")
 _EVENT: Final = msgspec.json.Decoder(AnySessionEvent)
 
 
@@ -193,9 +193,53 @@ class SyncSession:
     def __repr__(self) -> str:
         return f"Sync{self._session!r}"
 
-    def __getattr__(self, name: str) -> Any:
-        # send, history, pause, resume, inject, close, fork, approve_plan, reject_plan
-        return blocking_method(self._portal, self._session, name)
+    def _call(self, call: Callable[[], Awaitable[T]]) -> T:
+        return self._portal.call(call)
+
+    def send(self, text: str, *, request_id: str | None = None) -> SessionAccepted:
+        """`Session.send`: send the next message (it starts a turn)."""
+        return self._call(lambda: self._session.send(text, request_id=request_id))
+
+    def history(self) -> SessionView:
+        """`Session.history`: where the session stands."""
+        return self._call(self._session.history)
+
+    def pause(self, *, request_id: str | None = None) -> SessionAccepted:
+        """`Session.pause`: stop the turn before its next model decision."""
+        return self._call(lambda: self._session.pause(request_id=request_id))
+
+    def resume(self, *, request_id: str | None = None) -> SessionAccepted:
+        """`Session.resume`: go on from the recorded step."""
+        return self._call(lambda: self._session.resume(request_id=request_id))
+
+    def inject(self, text: str, *, request_id: str | None = None) -> SessionAccepted:
+        """`Session.inject`: a message the model sees at its next decision."""
+        return self._call(lambda: self._session.inject(text, request_id=request_id))
+
+    def close(self, *, request_id: str | None = None) -> SessionAccepted:
+        """`Session.close`: close the session (terminal)."""
+        return self._call(lambda: self._session.close(request_id=request_id))
+
+    def fork(
+        self, turn: int, step: int | None = None, *, request_id: str | None = None
+    ) -> SyncSession:
+        """`Session.fork`: a new session whose history is this one's up to `turn`."""
+        forked = self._call(lambda: self._session.fork(turn, step, request_id=request_id))
+        return SyncSession(self._portal, forked)
+
+    def approve_plan(
+        self, plan_id: str, *, reason: str = "", request_id: str | None = None
+    ) -> PlanAnswered:
+        """`Session.approve_plan`: consent to a proposed plan."""
+        return self._call(
+            lambda: self._session.approve_plan(plan_id, reason=reason, request_id=request_id)
+        )
+
+    def reject_plan(
+        self, plan_id: str, reason: str, *, request_id: str | None = None
+    ) -> PlanAnswered:
+        """`Session.reject_plan`: reject a proposed plan, saying why."""
+        return self._call(lambda: self._session.reject_plan(plan_id, reason, request_id=request_id))
 
     def events(self, *, after: int | None = None) -> Iterator[AnySessionEvent]:
         """`Session.events`, as an iterator (it does not end by itself: stop iterating)."""
@@ -206,40 +250,24 @@ class SyncSession:
         return self._iterate(self._session.turn(text, request_id=request_id))
 
     def _iterate(self, events: AsyncGenerator[AnySessionEvent, None]) -> Iterator[AnySessionEvent]:
-        try:
-            while True:
-                try:
-                    yield self._portal.call(events.__anext__)
-                except StopAsyncIteration:
-                    return
-        finally:  # the stream's connection is closed on the loop that opened it
-            self._portal.call(events.aclose)
+        return iterate(self._portal, events)
 
 
-def blocking_method(portal: BlockingPortal, target: Any, name: str) -> Any:
-    """`target`'s public method `name` as a blocking function: it runs on `portal`'s loop,
-    and a `Session` it returns comes back as a `SyncSession`.
-
-    Raises:
-        AttributeError: `target` has no such public method.
-    """
-    method = getattr(target, name)
-    if not callable(method) or name.startswith("_"):
-        raise AttributeError(name)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return blocking(portal, portal.call(lambda: method(*args, **kwargs)))
-
-    return call
+def iterate(portal: BlockingPortal, items: AsyncIterator[T]) -> Iterator[T]:
+    """An async generator as a plain iterator: each item is read on `portal`'s loop, and
+    leaving the loop early closes the generator there (its connection with it)."""
+    try:
+        while True:
+            try:
+                yield portal.call(items.__anext__)
+            except StopAsyncIteration:
+                return
+    finally:
+        if isinstance(items, AsyncGenerator):
+            portal.call(items.aclose)
 
 
-def blocking(portal: BlockingPortal, result: Any) -> Any:
-    """What a blocking client hands back for an async one's `result`: a `Session` as its
-    `SyncSession`, anything else as it is."""
-    return SyncSession(portal, result) if isinstance(result, Session) else result
-
-
-class StreamLost(WritError):
+class StreamLost(Unavailable):
     """The transport lost the stream (NATS: no answer); reading resumes after the last id."""
 
 
@@ -253,7 +281,7 @@ async def read_sse(response: httpx.Response) -> AsyncIterator[tuple[int, bytes]]
     async for line in response.aiter_lines():
         size += len(line)
         if size > MAX_EVENT_BYTES:
-            raise WritError("INVALID_RESPONSE", "a server-sent event is too large")
+            raise InvalidResponse("INVALID_RESPONSE", "a server-sent event is too large")
         if not line:
             if seq is not None and data:
                 yield seq, "\n".join(data).encode()
@@ -264,6 +292,6 @@ async def read_sse(response: httpx.Response) -> AsyncIterator[tuple[int, bytes]]
             try:
                 seq = int(line[3:].strip())
             except ValueError:
-                raise WritError(
+                raise InvalidResponse(
                     "INVALID_RESPONSE", "a server-sent event id is not a number"
                 ) from None

@@ -6,10 +6,11 @@ import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 import jwt
 
-__all__ = ["Issuer"]
+__all__ = ["Issuer", "StaticToken", "Tokens"]
 
 
 class Issuer:
@@ -63,3 +64,31 @@ class Issuer:
         if roles:
             claims["roles"] = list(roles)
         return jwt.encode(claims, self._key, algorithm="EdDSA")
+
+
+class Tokens(Protocol):
+    """Where a client gets each request's token: an `Issuer`, or a `StaticToken`."""
+
+    @property
+    def tenant(self) -> str:
+        """The tenant the tokens are for."""
+        ...
+
+    def token(self, principal: str, *, roles: Sequence[str] = ()) -> str:
+        """A token for `principal` with `roles`."""
+        ...
+
+
+class StaticToken:
+    """A token the host got elsewhere (its own issuer service), sent as it is: the principal
+    and roles are the token's, whatever a client is given."""
+
+    def __init__(self, token: str, *, tenant: str) -> None:
+        self.tenant, self._token = tenant, token
+
+    def token(self, principal: str, *, roles: Sequence[str] = ()) -> str:
+        """The token."""
+        return self._token
+
+    def __repr__(self) -> str:
+        return f"StaticToken(tenant={self.tenant!r})"

@@ -7,6 +7,7 @@ import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
+import jwt
 import msgspec
 from litestar import Request, Response
 from nats.aio.client import Client
@@ -14,10 +15,11 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from libs.deadline import timed_request
+from schemas.base import Id
 from services.ingress.http._idempotency import Idempotency, fingerprint
 from services.ingress.http._problems import ApiError
 from services.ingress.http._results import Results
-from services.ingress.logic import Rejection, Verified, console_proof, token_tenant
+from services.ingress.logic import Rejection, Verified, console_proof
 
 __all__ = ["PROOF_HEADER", "Api", "Caller", "Door"]
 
@@ -53,6 +55,32 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     principal: str
     roles: frozenset[str]
+
+
+def _tenant_of(token: str) -> str:
+    """The tenant a bearer token claims (unverified: it picks the key that verifies it). A
+    token that cannot be read, or names no tenant, is `INVALID_TOKEN` saying so, as the NATS
+    door (whose subject names the tenant) says of it; a tenant Writ does not know is the
+    token check's `UNKNOWN_TENANT`."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.InvalidTokenError as exc:
+        raise ApiError("INVALID_TOKEN", f"invalid token: {exc}"[:500]) from exc
+    tenant = claims.get("tenant") if isinstance(claims, dict) else None
+    if not isinstance(tenant, str) or not tenant:
+        raise ApiError("INVALID_TOKEN", "invalid token: it names no tenant (claim `tenant`)")
+    return tenant
+
+
+def _request_id(request: Request[Any, Any, Any]) -> str:
+    """The Idempotency-Key, refused against its header (not the body it becomes)."""
+    key = request.headers.get("idempotency-key")
+    if not key:
+        raise ApiError("INVALID_REQUEST", "header `Idempotency-Key`: required")
+    try:
+        return msgspec.convert(key, Id)
+    except msgspec.ValidationError as exc:
+        raise ApiError("INVALID_REQUEST", f"header `Idempotency-Key`: {exc}") from exc
 
 
 def _bearer(request: Request[Any, Any, Any]) -> str:
@@ -97,7 +125,7 @@ class Api:
     def caller(self, request: Request[Any, Any, Any], *, role: str | None = None) -> Caller:
         """Authenticate a read: the token alone decides tenant, principal and roles."""
         token, signed_in = self._credential(request)
-        tenant = token_tenant(token)
+        tenant = _tenant_of(token)
         checked = self.door.check_token(token, tenant=tenant, signed_in=signed_in)
         if isinstance(checked, Rejection):
             raise ApiError(checked.code, checked.message)
@@ -118,20 +146,19 @@ class Api:
         """One write: rebuild the NATS message (`build(request_id, token)`), verify it as the
         NATS door does, then answer once per Idempotency-Key."""
         token, signed_in = self._credential(request)
-        key = request.headers.get("idempotency-key")
-        if not key:
-            raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
+        key = _request_id(request)
+        tenant = _tenant_of(token)
         message = build(key, token)
         outcome = self.door.verify(
             kind,
             _ENCODER.encode(message),
-            tenant=token_tenant(token),
+            tenant=tenant,
             request_id=key,
             signed_in=signed_in,
         )
         if isinstance(outcome, Rejection):
             raise ApiError(outcome.code, outcome.message)
-        print_ = fingerprint(f"{request.method} {request.url.path}", body)
+        print_ = fingerprint(outcome.principal, f"{request.method} {request.url.path}", body)
         held = await self.idempotency.claim(outcome.tenant, key, print_)
         if held is not None:
             return Response(
@@ -155,10 +182,8 @@ class Api:
     ) -> Response[Any]:
         """A write with no NATS host message of its own (an operator's): the caller is
         authenticated already; the Idempotency-Key gives the first answer again."""
-        key = request.headers.get("idempotency-key")
-        if not key:
-            raise ApiError("INVALID_REQUEST", "an Idempotency-Key header is required")
-        print_ = fingerprint(f"{request.method} {request.url.path}", body)
+        key = _request_id(request)
+        print_ = fingerprint(caller.principal, f"{request.method} {request.url.path}", body)
         held = await self.idempotency.claim(caller.tenant, key, print_)
         if held is not None:
             return Response(

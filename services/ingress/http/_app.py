@@ -22,6 +22,40 @@ from services.ingress.http._sessions import session_handlers
 __all__ = ["PREFIX", "build_app", "openapi_document"]
 
 PREFIX: Final = "/api/v1"
+# Each operation's id, as generated clients name their functions (`create_run`, `wait_run`).
+OPERATION_IDS: Final = {
+    ("post", "/runs"): "createRun",
+    ("get", "/runs/{run_id}"): "getRun",
+    ("get", "/runs/{run_id}/wait"): "waitRun",
+    ("get", "/runs/{run_id}/events"): "streamRunEvents",
+    ("post", "/runs/{run_id}/cancel"): "cancelRun",
+    ("post", "/commands"): "submitCommand",
+    ("get", "/commands/{operation_key}"): "getCommand",
+    ("get", "/pending-decisions"): "listPendingDecisions",
+    ("post", "/pending-decisions/decide"): "decidePending",
+    ("get", "/proposals"): "listProposals",
+    ("get", "/proposals/{proposal_id}"): "getProposal",
+    ("post", "/proposals/{proposal_id}/approve"): "approveProposal",
+    ("post", "/proposals/{proposal_id}/reject"): "rejectProposal",
+    ("get", "/reviews"): "listReviews",
+    ("post", "/reviews/{pending_id}"): "answerReview",
+    ("get", "/reconciliation"): "listUnknownCommands",
+    ("post", "/reconciliation/{operation_id}/resolve"): "resolveCommand",
+    ("post", "/audit/replay/{run_id}"): "replayRun",
+    ("get", "/audit/verify"): "verifyAudit",
+    ("get", "/sessions"): "listSessions",
+    ("post", "/sessions"): "openSession",
+    ("get", "/sessions/{session_id}"): "getSession",
+    ("get", "/sessions/{session_id}/events"): "streamSessionEvents",
+    ("post", "/sessions/{session_id}/messages"): "sendMessage",
+    ("post", "/sessions/{session_id}/inject"): "injectIntoSession",
+    ("post", "/sessions/{session_id}/fork"): "forkSession",
+    ("post", "/sessions/{session_id}/pause"): "pauseSession",
+    ("post", "/sessions/{session_id}/resume"): "resumeSession",
+    ("post", "/sessions/{session_id}/close"): "closeSession",
+    ("post", "/plans/{plan_id}/approve"): "approvePlan",
+    ("post", "/plans/{plan_id}/reject"): "rejectPlan",
+}
 
 
 def build_app(
@@ -41,7 +75,7 @@ def build_app(
             media_type="application/json",
         )
 
-    @get("/healthz", tags=["operations"], summary="The HTTP door is up")
+    @get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:
         """Serving (the bus connection is the process's own readiness, `/readyz`)."""
         return {"status": "ok"}
@@ -110,6 +144,19 @@ def _structs(cls: type[msgspec.Struct]) -> dict[str, set[bool]]:
 def _closed(document: dict[str, Any]) -> dict[str, Any]:
     """The document with `additionalProperties: false` on each object schema whose Struct
     forbids unknown fields: what the server refuses, the document says it refuses."""
+    # Paths relative to the one server, `/api/v1`: a client's base URL is the API's (what
+    # `writ run` prints), and each operation has its own id (`OPERATION_IDS`).
+    document["servers"] = [
+        {"url": PREFIX, "description": "The API on the server that serves this document"}
+    ]
+    paths = {}
+    for path, operations in document.get("paths", {}).items():
+        relative = path.removeprefix(PREFIX)
+        for method, operation in operations.items():
+            if isinstance(operation, dict) and "responses" in operation:
+                operation["operationId"] = OPERATION_IDS[(method, relative)]
+        paths[relative] = operations
+    document["paths"] = paths
     closed = {name for name, flags in _structs(msgspec.Struct).items() if flags == {True}}
     for name, schema in document.get("components", {}).get("schemas", {}).items():
         if name in closed and schema.get("type") == "object":

@@ -1,10 +1,11 @@
 """`Idempotency-Key` over HTTP, kept in a JetStream key-value bucket (ingress has no database).
 
-An entry per (tenant, key) holds the request's fingerprint (the route and the canonical JSON of
-its body) and, once there is one, the first answer. The same key and body again returns that
-answer; another body is `CONFLICT`. An entry without an answer (the first try failed, or is in
-flight) lets the retry hand the request on again: everything downstream is keyed by the request
-id, so that changes nothing twice.
+An entry per (tenant, key) holds the request's fingerprint (the principal who sent it, the
+route and the canonical JSON of its body) and, once there is one, the first answer. The same
+principal, key and body again returns that answer; another body, or another principal of the
+tenant under the same key, is `CONFLICT`, which says nothing of the first request. An entry
+without an answer (the first try failed, or is in flight) lets the retry hand the request on
+again: everything downstream is keyed by the request id, so that changes nothing twice.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ class KeptAnswer(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes = b""
 
 
-def fingerprint(route: str, body: msgspec.Struct) -> str:
-    """The route and the canonical JSON (RFC 8785) of a decoded body: key order and spacing
-    do not make two bodies different."""
+def fingerprint(principal: str, route: str, body: msgspec.Struct) -> str:
+    """Who asked, the route and the canonical JSON (RFC 8785) of a decoded body: key order
+    and spacing do not make two bodies different; another principal does."""
     canonical = rfc8785.dumps(msgspec.to_builtins(body))
-    return hashlib.sha256(route.encode() + b"\x00" + canonical).hexdigest()
+    return hashlib.sha256(
+        principal.encode() + b"\x00" + route.encode() + b"\x00" + canonical
+    ).hexdigest()
 
 
 class Idempotency:
@@ -78,7 +81,8 @@ class Idempotency:
         if held.fingerprint != print_:
             raise ApiError(
                 "CONFLICT",
-                "this Idempotency-Key was used with another request; the first one is untouched",
+                "this Idempotency-Key was used with another request; the first one is "
+                "untouched (a key answers again only the principal who first used it)",
             )
         return held if held.status else None
 

@@ -33,6 +33,7 @@ from schemas.reads import (
 )
 from services.ingress.http._api import Api
 from services.ingress.http._problems import STATUS, ApiError
+from services.ingress.http._wait import wait_news
 from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE, Rejection
 
 __all__ = ["nats_read_endpoints"]
@@ -66,6 +67,17 @@ async def _answer(api: Api, read: str, tenant: str, ask: HostRead) -> msgspec.St
         return await api.ask(
             RUN_STATUS, GetRun(tenant=tenant, run_id=_need(ask.run_id, "run_id")), RunView
         )
+    if read == "wait":
+        got = await wait_news(
+            api, tenant, _need(ask.run_id, "run_id"), after=ask.after, timeout_s=ask.timeout_s
+        )
+        if isinstance(got, RunView):
+            raise ApiError(
+                "TIMEOUT",
+                f"no result newer than version {ask.after} within {ask.timeout_s:g} s; "
+                f"the run is {got.status} at version {got.version}",
+            )
+        return got
     if read == "events":
         return await api.ask(
             RUN_EVENTS,

@@ -107,7 +107,9 @@ async def _answer(api: Api, tenant: str, ask: HostSessionOp) -> bytes:
         return _ENCODER.encode(reply)
     if not ask.key:
         raise ApiError("INVALID_REQUEST", "a write carries its Idempotency-Key as `key`")
-    print_ = fingerprint(f"NATS session {ask.op} {ask.session_id or ask.plan_id or ''}", op)
+    print_ = fingerprint(
+        op.principal, f"NATS session {ask.op} {ask.session_id or ask.plan_id or ''}", op
+    )
     held = await api.idempotency.claim(tenant, ask.key, print_)
     if held is not None:
         return held.body

@@ -10,7 +10,7 @@ import anyio
 import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from schemas import subjects
@@ -18,8 +18,14 @@ from schemas.api import ResolveBody, RunEvents
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
 from schemas.reads import RUN_EVENTS, GetRunEvents
 from services.ingress.http._api import Api
-from services.ingress.http._problems import ApiError, IdempotencyKey, problems
-from services.ingress.http._runs import FINAL_RUN, run_result
+from services.ingress.http._problems import (
+    ApiError,
+    IdempotencyKey,
+    LastEventId,
+    event_id,
+    problems,
+)
+from services.ingress.http._wait import FINAL_RUN, run_result
 from services.ingress.logic import APPROVER_ROLE
 
 __all__ = ["ops_handlers"]
@@ -43,16 +49,15 @@ def ops_handlers(
     async def events(
         request: Request[Any, Any, Any],
         run_id: FromPath[str],
-        last_event_id: Annotated[
-            int | None, HeaderParameter(name="Last-Event-ID", ge=-1, required=False)
-        ] = None,
+        last_event_id: LastEventId = None,
         after: Annotated[int | None, QueryParameter(ge=-1)] = None,
     ) -> ServerSentEvent:
         """Each committed step as `event: step` with `id:` its sequence (`StepRecorded`), then
         `event: result` (the `RunResult`) once the run has one. `Last-Event-ID` (or `after`)
         resumes right after that step: no gap, no duplicate."""
         caller = api.caller(request)
-        start = last_event_id if last_event_id is not None else (-1 if after is None else after)
+        resumed = event_id(last_event_id, least=-1)
+        start = resumed if resumed is not None else (-1 if after is None else after)
         first: RunEvents | None = None
         ask = GetRunEvents(tenant=caller.tenant, run_id=run_id, after=start)
         # A run started a moment ago may not be the planner's yet: give it a few seconds.

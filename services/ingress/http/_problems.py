@@ -19,8 +19,18 @@ from litestar.params import HeaderParameter
 
 from libs.errors import RetryableError
 from schemas.api import Problem
+from schemas.base import ID_PATTERN
 
-__all__ = ["STATUS", "ApiError", "EXCEPTION_HANDLERS", "IdempotencyKey", "problem", "problems"]
+__all__ = [
+    "STATUS",
+    "ApiError",
+    "EXCEPTION_HANDLERS",
+    "IdempotencyKey",
+    "LastEventId",
+    "event_id",
+    "problem",
+    "problems",
+]
 
 log = logging.getLogger("writ.ingress.http")
 PROBLEM_JSON: Final = "application/problem+json"
@@ -67,10 +77,38 @@ IdempotencyKey = Annotated[
     HeaderParameter(
         name="Idempotency-Key",
         max_length=128,
+        pattern=ID_PATTERN,
         description="The request id: the same key and body again returns the first answer; "
         "another body under it is 409 CONFLICT",
     ),
 ]
+
+
+# An SSE stream's `id:` as a client sends it back: a header is text (RFC 9110), so its type is
+# a string of digits, read as the number it is.
+LastEventId = Annotated[
+    str | None,
+    HeaderParameter(
+        name="Last-Event-ID",
+        pattern=r"^-?[0-9]{1,18}$",
+        required=False,
+        description="The `id:` of the last event received: the stream resumes right after it",
+    ),
+]
+
+
+def event_id(value: str | None, *, least: int) -> int | None:
+    """A `Last-Event-ID` as its number (None when absent).
+
+    Raises:
+        ApiError: `INVALID_REQUEST` naming the header, below `least`.
+    """
+    if value is None:
+        return None
+    number = int(value)
+    if number < least:
+        raise ApiError("INVALID_REQUEST", f"header `Last-Event-ID`: Expected `int` >= {least}")
+    return number
 
 
 def problems(**described: str) -> dict[int, ResponseSpec]:
@@ -126,13 +164,23 @@ def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Re
     return problem("INVALID_REQUEST", detail, instance=request.url.path)
 
 
+# Headers a route declares, by the name of their parameter.
+_HEADERS: Final = {"idempotency_key": "Idempotency-Key", "last_event_id": "Last-Event-ID"}
+
+
 def _named(error: Any) -> str:
-    """One validation error, naming its field or parameter where the message does not."""
+    """One validation error, naming where it is as the NATS door does: a body field by its
+    JSON path (msgspec's `... - at `$.budget``), a header or a parameter by its name."""
     if not isinstance(error, dict):
         return str(error)
     message, key = str(error.get("message", error)), error.get("key")
-    if not key or "`$." in message or f"`{key}`" in message:
+    source = str(error.get("source", ""))
+    if not key or "`$." in message:
         return message
+    if source == "body" or key == "data":
+        return message if key == "data" else f"{message} - at `$.{key}`"
+    if key in _HEADERS or source == "header":
+        return f"header `{_HEADERS.get(key, key)}`: {message}"
     return f"`{key}`: {message}"
 
 

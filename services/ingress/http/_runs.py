@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Final, cast
+from typing import Annotated, Any, Final
 
 import msgspec
 from litestar import Request, Response, get, post
@@ -15,30 +15,22 @@ from schemas.api import CommandBody, RunAccepted, RunView, StartRun
 from schemas.control import CancelRun
 from schemas.host import (
     CommandResult,
-    ProposalView,
     RunRequest,
     RunResult,
-    RunStatus,
     SubmitCommand,
 )
 from schemas.reads import (
     COMMAND_STATUS,
-    PROPOSALS_LIST,
-    RUN_STATUS,
     GetCommand,
-    GetRun,
-    ListProposals,
-    Proposals,
 )
 from services.ingress.http._api import Api
 from services.ingress.http._problems import ApiError, IdempotencyKey, problems
+from services.ingress.http._wait import run_view, wait_news
 from services.ingress.logic import Verified
 
-__all__ = ["FINAL_RUN", "run_handlers", "run_result"]
+__all__ = ["run_handlers"]
 
 _ENCODER: Final = msgspec.json.Encoder()
-# A run that got this far has answered its host (a person may let it go on).
-FINAL_RUN: Final = frozenset({"succeeded", "failed", "awaiting_human", "cancelled"})
 _ERRORS: Final = problems(
     s400="INVALID_REQUEST: undecodable, an unknown field, a bound exceeded",
     s401="UNAUTHENTICATED, UNKNOWN_TENANT, BAD_SIGNATURE, TOKEN_EXPIRED or INVALID_TOKEN",
@@ -55,50 +47,12 @@ class _NoBody(msgspec.Struct, frozen=True):
 _NO_BODY: Final = _NoBody()
 
 
-def run_result(view: RunView) -> RunResult:
-    """The `RunResult` a host got (or gets) for a run that stands where `view` says."""
-    return RunResult(
-        request_id=view.request_id,
-        status=cast(RunStatus, view.status),  # asked only of a run that has ended
-        run_id=view.run_id,
-        error=view.error,
-        answer=view.answer,
-        actions=view.actions,
-        pending_id=view.pending_id,
-        proposal=view.proposal,
-    )
-
-
 def _json(value: msgspec.Struct, status: int = 200) -> Response[Any]:
     return Response(_ENCODER.encode(value), status_code=status, media_type="application/json")
 
 
 def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteHandler]:
     """The run and command routes over `api`."""
-
-    async def _view(tenant: str, run_id: str) -> RunView:
-        view = await api.ask(RUN_STATUS, GetRun(tenant=tenant, run_id=run_id), RunView)
-        if view.proposal is not None:
-            return view
-        proposal = await _proposal_of(tenant, view.run_id, view.pending_id)
-        return msgspec.structs.replace(view, proposal=proposal)
-
-    async def _proposal_of(tenant: str, run_id: str, pending_id: str | None) -> ProposalView | None:
-        """The proposal the run waits on (or, once it no longer waits, the last it made), in
-        every state: what a person answers is where its frozen preview is shown."""
-        found = await api.ask(
-            PROPOSALS_LIST, ListProposals(tenant=tenant, run_id=run_id, limit=20), Proposals
-        )
-        if not found.proposals:
-            return None
-        waited = [p for p in found.proposals if pending_id and p.decision_id == pending_id]
-        p = (waited or found.proposals)[0]
-        return ProposalView(
-            proposal_id=p.proposal_id,
-            action=p.action,
-            preview=p.preview,
-            expires_at=p.expires_at or "",
-        )
 
     @post("/runs", status_code=202, summary="Start a run", tags=["runs"], responses=_ERRORS)
     async def start_run(
@@ -145,48 +99,35 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
     async def get_run(request: Request[Any, Any, Any], run_id: FromPath[str]) -> RunView:
         """Status, answer, actions and their outcomes, from the planner."""
         caller = api.caller(request)
-        return await _view(caller.tenant, run_id)
+        return await run_view(api, caller.tenant, run_id)
 
     @get(
         "/runs/{run_id:str}/wait",
-        summary="Wait for a run's result",
+        summary="Wait for news of a run",
         tags=["runs"],
         responses={
-            202: ResponseSpec(RunView, description="Not finished within timeout_s"),
-            **problems(s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...", s404="NOT_FOUND"),
+            202: ResponseSpec(RunView, description="No result newer than `after` within timeout_s"),
+            **problems(
+                s400="INVALID_REQUEST: `after` or `timeout_s` out of bounds",
+                s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+                s404="NOT_FOUND",
+            ),
         },
     )
     async def wait_run(
         request: Request[Any, Any, Any],
         run_id: FromPath[str],
         timeout_s: Annotated[float, QueryParameter(ge=0, le=60)] = 30.0,
+        after: Annotated[int, QueryParameter(ge=-1, le=2**53)] = -1,
     ) -> RunResult:
-        """Long-poll for the run's `RunResult` (`awaiting_human` counts: the run stopped)."""
+        """Long-poll for the run's `RunResult` (`awaiting_human` counts: the run stopped)
+        whose `version` is above `after` (the version of the last result the caller saw;
+        omitted: any result). Until `timeout_s` ran out: `202` with the run as it stands."""
         caller = api.caller(request)
-        deadline = time.monotonic() + timeout_s
-        view: RunView | None = None
-        async with api.results.watch(caller.tenant, run_id) as waiter:
-            while True:
-                try:
-                    view = await _view(caller.tenant, run_id)
-                except ApiError as exc:
-                    if exc.code != "NOT_FOUND":
-                        raise
-                if view is not None and view.status in FINAL_RUN:
-                    return run_result(view)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                # The result event ends the wait at once; the poll covers a missed one.
-                got = await waiter.next(min(remaining, 2.0))
-                if isinstance(got, RunResult):
-                    if got.proposal is None and got.run_id is not None:
-                        proposal = await _proposal_of(caller.tenant, got.run_id, got.pending_id)
-                        got = msgspec.structs.replace(got, proposal=proposal)
-                    return got
-        if view is None:
-            raise ApiError("NOT_FOUND", "no such run")
-        return _json(view, 202)  # type: ignore[return-value]
+        got = await wait_news(api, caller.tenant, run_id, after=after, timeout_s=timeout_s)
+        if isinstance(got, RunView):
+            return _json(got, 202)  # type: ignore[return-value]
+        return got
 
     @post(
         "/commands",

@@ -9,12 +9,15 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
 import uvicorn
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from opentelemetry.trace import Tracer
+from prometheus_client import CollectorRegistry
 
 from libs.runtime import BatchEndpoint, Endpoint
 from services.ingress.console import ApiClient, Sessions, console_router
@@ -23,6 +26,7 @@ from services.ingress.http._app import PREFIX, build_app
 from services.ingress.http._idempotency import Idempotency
 from services.ingress.http._nats_reads import nats_read_endpoints
 from services.ingress.http._nats_sessions import session_endpoint
+from services.ingress.http._observe import HttpObserver
 from services.ingress.http._results import Results
 
 __all__ = ["HttpServer"]
@@ -55,6 +59,8 @@ class HttpServer:
         max_body_bytes: int = 64 * 1024,
         answer_timeout_s: float = 30.0,
         endpoints: list[Endpoint | BatchEndpoint] | None = None,
+        registry: CollectorRegistry | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
         self._host, self._port, self._port_file = host, port, port_file
@@ -62,6 +68,8 @@ class HttpServer:
         self.port = 0
         # The process's micro endpoints: the same reads for hosts on NATS join them.
         self._endpoints = endpoints
+        # Where the door's metrics go and what traces its requests (none: unobserved).
+        self._registry, self._tracer = registry, tracer
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -97,9 +105,12 @@ class HttpServer:
             answer_timeout_s=self._answer_timeout,
             console=console,
         )
+        served: Any = app
+        if self._registry is not None and self._tracer is not None:
+            served = HttpObserver(app, registry=self._registry, tracer=self._tracer)
         server = _Server(
             uvicorn.Config(
-                app,
+                served,
                 lifespan="off",
                 log_level="warning",
                 access_log=False,

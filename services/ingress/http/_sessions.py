@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final, cast
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.handlers import HTTPRouteHandler
-from litestar.params import FromPath, HeaderParameter, JSONBody, QueryParameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -39,7 +39,13 @@ from schemas.sessions import (
     chat_subject,
 )
 from services.ingress.http._api import Api, Caller
-from services.ingress.http._problems import ApiError, IdempotencyKey, problems
+from services.ingress.http._problems import (
+    ApiError,
+    IdempotencyKey,
+    LastEventId,
+    event_id,
+    problems,
+)
 from services.ingress.logic import APPROVER_ROLE
 
 __all__ = ["session_handlers"]
@@ -268,9 +274,7 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
     async def events(
         request: Request[Any, Any, Any],
         session_id: FromPath[str],
-        last_event_id: Annotated[
-            int | None, HeaderParameter(name="Last-Event-ID", ge=0, required=False)
-        ] = None,
+        last_event_id: LastEventId = None,
         after: Annotated[int | None, QueryParameter(ge=0)] = None,
     ) -> ServerSentEvent:
         """Each event as `event: <type>` with `id:` its stream sequence and the event (with
@@ -278,7 +282,8 @@ def session_handlers(api: Api, *, keepalive_s: float = 15.0) -> list[HTTPRouteHa
         after that event: no gap, no duplicate."""
         caller = api.caller(request)
         await _ask(_op(caller, "get", session_id=session_id))  # the caller's, or 404
-        start = last_event_id if last_event_id is not None else (after or 0)
+        resumed = event_id(last_event_id, least=0)
+        start = resumed if resumed is not None else (after or 0)
         js = api.nc.jetstream()
         config = (
             ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start + 1)

@@ -31,6 +31,8 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     # The decision a stopped run waits for a person to take (a pending decision's id, or a
     # review's), None while it runs or once it ended.
     pending_id: str | None = None
+    # How many times what the host sees of the run changed (`RunResult.version`).
+    state_version: int = 0
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True):

@@ -107,7 +107,7 @@ RESERVATIONS = msgspec.json.Decoder(list[Reservation])
 
 RUN_COLUMNS = (
     "run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
-    "error_code, error_message, attended, manifest, pending_id"
+    "error_code, error_message, attended, manifest, pending_id, state_version"
 )
 # Locks the run ($1) by counting this transaction on its row: an UPDATE waits for the lock,
 # then works on (and returns) the newest committed row, whose count says whether another

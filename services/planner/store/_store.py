@@ -140,10 +140,11 @@ class PlannerStore:
         subject: str,
         run_id: str,
         payload: msgspec.Struct,
-    ) -> bool:
+    ) -> Any:
         """`change` (a statement that returns a row if it changed something) and, only then,
-        its journal row, in one statement; whether it changed something. One round trip where
-        the change and its `_capture` took two (and the kept reservation rows with them)."""
+        its journal row, in one statement; the first column of the changed row (None if
+        nothing changed). One round trip where the change and its `_capture` took two (and
+        the kept reservation rows with them)."""
         changed = f"changed AS ({change})"
         entry = (
             ()
@@ -158,13 +159,11 @@ class PlannerStore:
             "" if self._journal is None else f", {self._journal.cte_if(len(args) + 1, 'changed')}"
         )
         behind, kept = self._with_behind(len(args) + len(entry) + 1)
-        done = bool(
-            await conn.fetchval(
-                f"WITH {changed}{journal}{behind} SELECT EXISTS (SELECT 1 FROM changed)",
-                *args,
-                *entry,
-                *kept,
-            )
+        done = await conn.fetchval(
+            f"WITH {changed}{journal}{behind} SELECT (SELECT * FROM changed LIMIT 1)",
+            *args,
+            *entry,
+            *kept,
         )
         self._written()
         return done
@@ -209,35 +208,37 @@ class PlannerStore:
         evidence = msgspec.to_builtins(started.evidence)
         # One statement, hence one transaction: the run and (only if it is new) the untrusted
         # content the model will see, captured for replay.
-        return await self._changed_and_captured(
-            conn,
-            "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
-            "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
-            "$7::jsonb, 'running', $8, $9::jsonb) ON CONFLICT DO NOTHING RETURNING true",
-            (
-                started.run_id,
-                started.tenant,
-                started.request_id,
-                started.principal,
-                started.agent,
-                started.input,
-                json.dumps(evidence),
-                started.attended,
-                None if manifest is None else json.dumps(manifest),
-            ),
-            tenant=started.tenant,
-            kind=RUN_STARTED,
-            subject=started.run_id,
-            run_id=started.run_id,
-            payload=RunStartedEntry(
-                request_id=started.request_id,
-                principal=started.principal,
-                agent=started.agent,
-                input=started.input,
-                evidence=evidence,
-                attended=started.attended,
-                manifest=manifest,
-            ),
+        return bool(
+            await self._changed_and_captured(
+                conn,
+                "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
+                "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
+                "$7::jsonb, 'running', $8, $9::jsonb) ON CONFLICT DO NOTHING RETURNING true",
+                (
+                    started.run_id,
+                    started.tenant,
+                    started.request_id,
+                    started.principal,
+                    started.agent,
+                    started.input,
+                    json.dumps(evidence),
+                    started.attended,
+                    None if manifest is None else json.dumps(manifest),
+                ),
+                tenant=started.tenant,
+                kind=RUN_STARTED,
+                subject=started.run_id,
+                run_id=started.run_id,
+                payload=RunStartedEntry(
+                    request_id=started.request_id,
+                    principal=started.principal,
+                    agent=started.agent,
+                    input=started.input,
+                    evidence=evidence,
+                    attended=started.attended,
+                    manifest=manifest,
+                ),
+            )
         )
 
     async def create_branch(self, conn: asyncpg.Connection, branch: RunRow) -> bool:
@@ -371,16 +372,18 @@ class PlannerStore:
         entry: msgspec.Struct,
     ) -> bool:
         """Record a step once, with its journal row in the same statement."""
-        return await self._changed_and_captured(
-            conn,
-            "INSERT INTO planner.steps (run_id, seq, kind, payload, input_digest) "
-            "VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT DO NOTHING RETURNING true",
-            (run.run_id, seq, kind, json.dumps(payload), input_digest),
-            tenant=run.tenant,
-            kind=journal_kind,
-            subject=f"{run.run_id}/{seq}",
-            run_id=run.run_id,
-            payload=entry,
+        return bool(
+            await self._changed_and_captured(
+                conn,
+                "INSERT INTO planner.steps (run_id, seq, kind, payload, input_digest) "
+                "VALUES ($1, $2, $3, $4::jsonb, $5) ON CONFLICT DO NOTHING RETURNING true",
+                (run.run_id, seq, kind, json.dumps(payload), input_digest),
+                tenant=run.tenant,
+                kind=journal_kind,
+                subject=f"{run.run_id}/{seq}",
+                run_id=run.run_id,
+                payload=entry,
+            )
         )
 
     async def add_decision(
@@ -576,16 +579,17 @@ class PlannerStore:
         error_code: str | None = None,
         error_message: str | None = None,
         pending_id: str | None = None,
-    ) -> bool:
-        """Move the run to `status` (`pending_id`: the decision it now waits for); False (and
-        nothing journaled) if it was there already."""
+    ) -> int | None:
+        """Move the run to `status` (`pending_id`: the decision it now waits for): the run's
+        new `state_version`, None (and nothing journaled) if it was there already."""
         return await self._changed_and_captured(
             conn,
             "UPDATE planner.runs SET status = $2, answer = $3, error_code = $4, "
-            "error_message = $5, pending_id = $6, updated_at = now() WHERE run_id = $1 "
+            "error_message = $5, pending_id = $6, updated_at = now(), "
+            "state_version = state_version + 1 WHERE run_id = $1 "
             "AND (status, answer, error_code, error_message, pending_id) "
             "IS DISTINCT FROM ($2, $3, $4, $5, $6) "
-            "RETURNING true",
+            "RETURNING state_version",
             (run.run_id, status, answer, error_code, error_message, pending_id),
             tenant=run.tenant,
             kind=RUN_STATUS,
