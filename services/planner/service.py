@@ -39,6 +39,7 @@ and `writ.int.planner.review` (`endpoints.py`). Each committed step is announced
 from __future__ import annotations
 
 import logging
+import time
 
 import anyio
 import anyio.abc
@@ -92,6 +93,7 @@ from services.planner.snapshot import (
 from services.planner.status import ReviewsEndpoint, RunEventsEndpoint, RunStatusEndpoint
 from services.planner.steps import RunSteps
 from services.planner.store import PlannerStore
+from services.planner.sweeper import SWEEP_CONCURRENCY, RunSweeper
 
 __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
 
@@ -99,7 +101,7 @@ __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
 # keeps 32), since a run's delivery waits on governance's budget replies, not on CPU.
 CONCURRENCY = 32
 # Connections beyond one per delivery in flight: the sealer, the review and replay endpoints.
-POOL_HEADROOM = 4 + 8  # and the chat sessions' endpoint and model-call counts
+POOL_HEADROOM = 4 + 8 + SWEEP_CONCURRENCY  # and the chat sessions', and the run sweeper
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
 log = logging.getLogger("writ.planner")
 
@@ -128,6 +130,8 @@ class PlannerService:
         concurrency: int = CONCURRENCY,
         sessions: SessionTurns | None = None,
         lease_steps: int = 8,
+        sweep_stall_s: float = 20.0,
+        sweep_every_s: float = 5.0,
     ) -> None:
         self._rt, self._store, self._provider = rt, store, provider
         # Chat sessions (docs/design.md §10): each turn is a run of this loop; None only in tests
@@ -166,6 +170,14 @@ class PlannerService:
             metrics=self._metrics,
         )
         self._replay = ReplayEndpoint(rt=rt, store=store)
+        # Runs stalled on a message the bus lost are driven again from the database.
+        self._sweeper = RunSweeper(
+            store=store,
+            drive=self.redrive,
+            metrics=self._metrics,
+            stall_s=sweep_stall_s,
+            every_s=sweep_every_s,
+        )
         self._steps = RunSteps(
             store=store,
             provider=provider,
@@ -226,6 +238,7 @@ class PlannerService:
             async with anyio.create_task_group() as tg:
                 if self._sealer is not None:
                     await tg.start(self._sealer.run)  # chains and signs the audit journal
+                tg.start_soon(self._sweeper.run)  # runs whose message the bus lost
                 if self._sessions is not None:
                     tg.start_soon(self._sessions.sweep)  # what a crash left after a commit
                     tg.start_soon(self._sessions.follow_admitted)  # sessions' StepAdmitted
@@ -272,6 +285,16 @@ class PlannerService:
             return  # progress, not a step: the outcome is what the model observes
         if isinstance(event, DecisionAnswered) and event.proposal_id is not None:
             return  # an answer about a proposal: admission acts on it, the outcome follows
+        await self._drive(event)
+
+    async def redrive(self, tenant: str, run_id: str) -> None:
+        """Drive a run whose progress stalled, from its recorded steps (`sweeper.py`): a wake
+        delivered in-process. What Writ sends itself again gets the sweep's message ids."""
+        await self._drive(
+            BranchChanged(tenant=tenant, run_id=run_id), again=f":swept:{time.time_ns()}"
+        )
+
+    async def _drive(self, event: Inbound, *, again: str = "") -> None:
         finished: Finished = []
         # One connection for the whole delivery: its transactions follow one another, and a
         # handler never waits for the pool twice (an outcome for a run this planner never
@@ -296,11 +319,13 @@ class PlannerService:
                 # `settle_due` settles whatever this one did not (`budgeting.py`).
                 async with self._budget.deferring(conn):
                     effects = await self._advance.advance(conn, event, finished)
-                    await self._committed(finished, effects)
+                    await self._committed(finished, effects, again=again)
 
-    async def _committed(self, finished: Finished, effects: Effects) -> None:
+    async def _committed(self, finished: Finished, effects: Effects, *, again: str = "") -> None:
         # Committed: count each run's end once. A redelivery re-publishes a terminal run's
         # result through the replay path, which finishes nothing and is not counted again.
+        # `again`: a sweep's suffix for the ids of what Writ sends itself (a proposal, a
+        # wake), which the stream would otherwise drop as the duplicates of lost messages.
         for status, code in finished:
             self._metrics.finished.labels(status).inc()
             if code == BUDGET_CODE:
@@ -310,6 +335,8 @@ class PlannerService:
             # proposal is not published yet (the redelivery publishes it, the model unasked).
             self._rt.faults.crash_if("planner.before_proposal")
         for subject, message, msg_id in effects:
+            if again and isinstance(message, ProposeCommand | BranchChanged):
+                msg_id += again
             await publish(self._rt.js, subject, message, msg_id=msg_id)
 
     async def answer_review(self, answer: ReviewAnswer) -> ReviewTaken:

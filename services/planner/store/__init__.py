@@ -12,6 +12,7 @@ step used is settled even if the planner stopped before it could tell governance
 
 from services.planner.store._replay import read_replay
 from services.planner.store._rows import TERMINAL_RUN, Reservation, RunRow, RunState, Step
+from services.planner.store._stalled import claim_stalled
 from services.planner.store._store import PlannerStore
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "RunRow",
     "RunState",
     "Step",
+    "claim_stalled",
     "read_replay",
 ]
