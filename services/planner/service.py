@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast, get_args
 
 import anyio
 import anyio.abc
@@ -53,6 +54,7 @@ from libs.runtime import Endpoint, Runtime
 from schemas import subjects
 from schemas.admission import CommandAdmitted
 from schemas.control import RunCancelRequested
+from schemas.dispatcher import CommandOutcome, CommandState
 from schemas.governance import DecisionAnswered, LeaseAmounts
 from schemas.host import RunResult
 from schemas.planner import (
@@ -92,7 +94,7 @@ from services.planner.snapshot import (
 )
 from services.planner.status import ReviewsEndpoint, RunEventsEndpoint, RunStatusEndpoint
 from services.planner.steps import RunSteps
-from services.planner.store import PlannerStore
+from services.planner.store import PlannerStore, last_command
 from services.planner.sweeper import SWEEP_CONCURRENCY, RunSweeper
 
 __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
@@ -104,6 +106,7 @@ CONCURRENCY = 32
 POOL_HEADROOM = 4 + 8 + SWEEP_CONCURRENCY  # and the chat sessions', and the run sweeper
 INBOX = ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN)
 log = logging.getLogger("writ.planner")
+_ENDED = frozenset(get_args(CommandState))  # a command's states once it ended
 
 
 def pool_size(concurrency: int = CONCURRENCY) -> int:
@@ -288,11 +291,29 @@ class PlannerService:
         await self._drive(event)
 
     async def redrive(self, tenant: str, run_id: str) -> None:
-        """Drive a run whose progress stalled, from its recorded steps (`sweeper.py`): a wake
-        delivered in-process. What Writ sends itself again gets the sweep's message ids."""
-        await self._drive(
-            BranchChanged(tenant=tenant, run_id=run_id), again=f":swept:{time.time_ns()}"
-        )
+        """Drive a run whose progress stalled, from the database (`sweeper.py`): the outcome
+        of the command its last step proposed, if that command ended (its message was lost);
+        nothing, if the command has not ended (the dispatcher's sweeper drives it); else a
+        wake delivered in-process, whose proposal or wake gets the sweep's message ids."""
+        async with self._store.acquire() as conn:
+            command = await last_command(conn, tenant, run_id)
+        if command is None:
+            await self._drive(
+                BranchChanged(tenant=tenant, run_id=run_id), again=f":swept:{time.time_ns()}"
+            )
+        elif command.state in _ENDED:
+            await self._drive(
+                CommandOutcome(
+                    tenant=tenant,
+                    operation_id=command.operation_id,
+                    run_id=run_id,
+                    step=command.step,
+                    action=command.action,
+                    state=cast(CommandState, command.state),
+                    receipt=command.receipt,
+                    reason=(command.reason or "")[:500] or None,
+                )
+            )
 
     async def _drive(self, event: Inbound, *, again: str = "") -> None:
         finished: Finished = []

@@ -1,16 +1,21 @@
 """PostgreSQL re-drives what the bus dropped: a running run that no transaction locked for
 `stall_s` seconds waits on a message that may be lost — the outcome of its proposal, the wake
 after a committed decision, a redelivery a consumer leader took with it — and the sweeper
-drives it again from its recorded steps, as a delivery would (`RunAdvance`).
+drives it again from the database (`PlannerService.redrive`):
+
+- its last step proposed a command that ended: that outcome, as admission's registry records
+  it (read-only), is delivered in-process, as the dispatcher's message would have been;
+- that command has not ended: nothing (the dispatcher's own sweeper drives commands);
+- anything else (no steps yet, an observation, a read's or a branch's decision, a proposal
+  that never reached admission): a wake, delivered in-process, takes the next step.
 
 Driving a run is idempotent with its normal path: it happens under the run's row lock, a
-recorded decision is reused (the model is not asked twice for a step), and what it publishes
-carries the message ids a delivery's effects carry, but for the messages Writ sends itself
-(a proposal, a wake), whose ids get the sweep's suffix so the stream's duplicate window does
-not drop them: admission answers a proposal it already judged with the same answer, and the
-outcome again if its command ended (`services/admission/service.py`). A run locked by a
-delivery is skipped (`claim_stalled`). A run that waits for a person is not stalled: its
-answer arrives when the person gives it."""
+recorded decision is reused (the model is not asked twice for a step), an outcome is observed
+once, and what it publishes carries the message ids a delivery's effects carry, but for the
+messages Writ sends itself (a proposal, a wake), whose ids get the sweep's suffix so the
+stream's duplicate window does not drop them (admission judges a proposal once). A run
+locked by a delivery is skipped (`claim_stalled`). A run that waits for a person is not
+stalled: its answer arrives when the person gives it."""
 
 from __future__ import annotations
 

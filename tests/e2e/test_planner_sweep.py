@@ -5,13 +5,15 @@ The planner is killed with a run's decision and its proposal committed and nothi
 no redelivery ever comes. Without the sweeper the run stays `running` forever; with it the run
 ends within the stated bound (60 s after the planner is back), its command made once and the
 model asked once per decision. Left in the stream, the start is redelivered while the sweeper
-drives the same run: it still takes no step twice.
+drives the same run: it still takes no step twice. And a command's outcome deleted before the
+planner handled it is read from admission's registry: the run observes it once and ends.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +22,7 @@ from pathlib import Path
 import anyio
 import asyncpg
 import httpx
+import nats.js.errors
 import pytest
 
 from fakes.llm import FakeLlm
@@ -219,3 +222,58 @@ async def test_a_run_swept_while_its_message_is_redelivered_takes_no_step_twice(
     assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
         "succeeded"
     )
+
+
+async def test_a_run_whose_outcome_was_deleted_observes_it_from_the_registry(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    before = _calls(model)
+    body = "called back about order 53."
+    _script(model, body)
+    request = host.request(text=f"Note that {body}")
+    await host.publish(request, msg_id=request.request_id)
+    planner = stack.procs["planner"]
+    # The planner is frozen once its proposal is admitted, so the outcome is never handled.
+    with anyio.fail_after(30):
+        while not await db.fetchval(
+            "SELECT count(*) FROM admission.commands c JOIN planner.runs r USING (run_id) "
+            "WHERE r.request_id = $1",
+            request.request_id,
+        ):
+            await anyio.sleep(0.02)
+    planner.send_signal(signal.SIGSTOP)
+    run_id = await db.fetchval(
+        "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
+    )
+    with anyio.fail_after(30):
+        while (
+            await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+            != "succeeded"
+        ):
+            await anyio.sleep(0.05)
+    outcome = subjects.outcome("acme", "run")
+    with anyio.fail_after(10):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", outcome)
+            except nats.js.errors.NotFoundError:
+                last = None
+            if last is not None and f'"run_id":"{run_id}"'.encode() in (last.data or b""):
+                break
+            await anyio.sleep(0.05)
+    assert last.seq is not None
+    await host.js.delete_msg("WRIT_INT", last.seq)
+    stack.stop_process("planner", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "running"
+    )
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await host.wait_result(request.request_id, timeout=BOUND_S)
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    await _done_once(db, str(run_id))
+    assert _calls(model) - before == 2
