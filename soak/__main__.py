@@ -19,7 +19,9 @@ from typing import Any
 
 import anyio
 import asyncpg
+import nats.errors
 
+from soak.backlog import backlog
 from soak.check import check, outcomes, settled, stream_replicas
 from soak.deploy import Deployment, admin_connect
 from soak.load import Load
@@ -91,7 +93,7 @@ async def soak(
             await nemesis.heal()
             healed = time.monotonic()  # the last fault healed: the bound counts from here
             await deployment.all_up(timeout=120)
-            settle = await _settle(load, stack.database_dsn, settings.settle_s, log, since=healed)
+            settle = await _settle(load, stack, settings.settle_s, log, since=healed)
             # Resources at rest: a connector's idle connections close after its keep-alive
             # (5 s), so a burst's pool is not mistaken for a leak; a leak stays.
             await anyio.sleep(AT_REST_S)
@@ -199,9 +201,12 @@ def _within_bound(checks: list[Any], settle: dict[str, Any], bound_s: float) -> 
         )
 
 
-async def _settle(load: Load, dsn: str, wait_s: float, log: Any, *, since: float) -> dict[str, Any]:
+async def _settle(
+    load: Load, stack: Stack, wait_s: float, log: Any, *, since: float
+) -> dict[str, Any]:
     """Until nothing is in flight, or `wait_s` passed; how long after `since` (the healing)
-    that was."""
+    that was. Every 15 s it logs what is left and where it waits (`backlog.py`)."""
+    dsn = stack.database_dsn
     started = time.monotonic()
     note_at = started + 15.0
     left: dict[str, Any] = {}
@@ -210,15 +215,17 @@ async def _settle(load: Load, dsn: str, wait_s: float, log: Any, *, since: float
             db = await asyncpg.connect(dsn, timeout=5)
             try:
                 left = await settled(load.ledger, db)
+                if left and any(left.values()) and time.monotonic() >= note_at:
+                    # How the backlog drains, and where it waits, for the log.
+                    log("settle", f"{time.monotonic() - since:.0f}s after healing, still: {left}")
+                    log("settle", f"waiting in: {await backlog(stack, db)}")
+                    note_at += 15.0
             finally:
                 await db.close()
-        except (OSError, asyncpg.PostgresError) as exc:
+        except (OSError, asyncpg.PostgresError, nats.errors.Error) as exc:
             left = {"error": repr(exc)[:200]}
         if left and not any(left.values()):
             break
-        if time.monotonic() >= note_at:  # how the backlog drains, for the log
-            log("settle", f"{time.monotonic() - since:.0f}s after healing, still: {left}")
-            note_at += 15.0
         await anyio.sleep(1.0)
     seconds = round(time.monotonic() - started, 1)
     since_healed = round(time.monotonic() - since, 1)

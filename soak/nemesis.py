@@ -9,10 +9,11 @@ of PostgreSQL (SIGKILL of the postmaster), or a provider fault for a while: the 
 payment provider losing its answer after the effect, failing with a 5xx, or answering slower
 than the dispatcher waits.
 
-Two more cluster faults are there for a schedule given by hand (tests/e2e/test_cluster.py),
-outside the seeded draw so that every seed keeps its schedule: `stepdown` (the administrator
-moves a stream's leader, `$JS.API.STREAM.LEADER.STEPDOWN.<stream>`), and node faults aimed at
-`dispatcher`: the node a dispatcher is connected to.
+On the cluster a second draw from the same seed (its own generator, so the first draw, and
+every seed's schedule of the faults above, is unchanged) adds leader faults at times of their
+own, every 1.5x `SOAK_FAULT_EVERY`: `stepdown` (the administrator moves a stream's leader,
+`$JS.API.STREAM.LEADER.STEPDOWN.<stream>`, or a consumer's, `target` `<stream>/<consumer>`),
+and `kill -9` or `SIGSTOP` of `dispatcher`, the node a dispatcher is connected to.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ PROVIDERS: Final = ("crm", "payments", "llm")  # llm: the fake model the planner
 _KINDS: Final = (("kill", 5), ("freeze", 3), ("nats", 2), ("postgres", 1), ("provider", 3))
 # On a cluster a whole-NATS restart gives way to faults of one node at a time (a majority up).
 _CLUSTER_KINDS: Final = (("node_kill", 2), ("node_freeze", 1), ("node_restart", 1))
+# The leaders the second draw moves: the streams commands and internal events travel on, and
+# the consumers of the dispatcher and the planner.
+_LEADERS: Final = ("WRIT_CMD", "WRIT_INT", "WRIT_CMD/dispatcher", "WRIT_INT/planner")
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class Fault:
             "node_kill": f"kill -9 NATS node {self.target} (down {self.hold_s:.1f}s)",
             "node_freeze": f"SIGSTOP NATS node {self.target} for {self.hold_s:.1f}s",
             "node_restart": f"restart NATS node {self.target}",
-            "stepdown": f"move the leader of stream {self.target}",
+            "stepdown": f"move the leader of {self.target}",
         }[self.kind]
         return f"t+{self.at_s:6.1f}s  {what}"
 
@@ -104,6 +108,23 @@ def schedule(
             fault = Fault(at, kind, node, hold_s=round(rng.uniform(1.0, 8.0), 1))
         faults.append(fault)
         at += rng.uniform(*every)
+    if cluster:
+        faults = sorted(faults + _leader_faults(seed, duration_s, every), key=lambda f: f.at_s)
+    return faults
+
+
+def _leader_faults(seed: int, duration_s: float, every: tuple[float, float]) -> list[Fault]:
+    """The cluster's leader faults: a leader moved, or the dispatcher's node killed or frozen."""
+    rng = random.Random(f"{seed}:leaders")
+    slower = (every[0] * 1.5, every[1] * 1.5)
+    faults, at = [], rng.uniform(*slower)
+    while at < duration_s:
+        kind = rng.choice(("stepdown", "stepdown", "node_kill", "node_freeze"))
+        if kind == "stepdown":
+            faults.append(Fault(at, kind, rng.choice(_LEADERS)))
+        else:
+            faults.append(Fault(at, kind, "dispatcher", hold_s=round(rng.uniform(1.0, 8.0), 1)))
+        at += rng.uniform(*slower)
     return faults
 
 
@@ -165,20 +186,36 @@ class Nemesis:
             log("nemesis", f"could not apply {fault.describe()}: {exc!r}")
         self.applied.append(record)
 
-    async def _stepdown(self, stream: str) -> str:
-        """Ask the stream's leader to step down, as an administrator; the new leader's name."""
+    async def _stepdown(self, target: str) -> str:
+        """Ask a stream's leader (`target` a stream) or a consumer's (`<stream>/<consumer>`) to
+        step down, as an administrator; the new leader's name."""
+        stream, _, consumer = target.partition("/")
         nc = await admin_connect(self.deployment.stack, connect_timeout=5, max_reconnect_attempts=2)
         try:
             js = nc.jetstream()
-            before = await js.stream_info(stream)
-            reply = await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=10)
+
+            async def leader() -> str | None:
+                info: Any = await (
+                    js.consumer_info(stream, consumer) if consumer else js.stream_info(stream)
+                )
+                return info.cluster.leader if info.cluster else None
+
+            before = await until_answered(leader, what=f"the leader of {target}")
+            api = (
+                f"CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}"
+                if consumer
+                else (f"STREAM.LEADER.STEPDOWN.{stream}")
+            )
+            reply = await nc.request(f"$JS.API.{api}", b"", timeout=10)
             if b'"success":true' not in reply.data.replace(b" ", b""):
                 raise RuntimeError(f"stepdown refused: {reply.data[:200]!r}")
             for _ in range(100):  # until another leader is elected
-                after = await js.stream_info(stream)
-                leader = after.cluster.leader if after.cluster else None
-                if leader and before.cluster and leader != before.cluster.leader:
-                    return f"leader {before.cluster.leader} -> {leader}"
+                try:
+                    after = await leader()
+                except Exception:  # electing: no answer yet
+                    after = None
+                if after and after != before:
+                    return f"leader {before} -> {after}"
                 await anyio.sleep(0.2)
             return "leader unchanged after 20 s"
         finally:

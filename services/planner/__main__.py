@@ -61,6 +61,10 @@ class PlannerSettings(BaseSettings, frozen=True, kw_only=True):
     # provider calls, capability calls and model reservations' tokens at once, where the run
     # has them; 0: every step reserves in governance on its own.
     budget_lease_steps: int = 8
+    # A running run no transaction locked for this long waits on a message the bus may have
+    # lost: the sweeper, looking every `run_sweep_every_s`, drives it again (`sweeper.py`).
+    run_sweep_stall_s: float = 20.0
+    run_sweep_every_s: float = 5.0
     # The audit journal's keys (libs/journal.py has the formats); required to start.
     journal_signing_key_file: str = ""
     journal_data_keys_file: str = ""
@@ -144,6 +148,8 @@ def main() -> None:
                 concurrency=settings.concurrency,
                 reserve_tokens=settings.model_reserve_tokens,
                 lease_steps=settings.budget_lease_steps,
+                sweep_stall_s=settings.run_sweep_stall_s,
+                sweep_every_s=settings.run_sweep_every_s,
                 reads=ReadClient(nc=rt.nc, timeout=settings.read_timeout_s),
                 sessions=SessionTurns(
                     nc=rt.nc, js=rt.js, store=SessionStore(pool, journal=journal)

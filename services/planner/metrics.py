@@ -61,3 +61,8 @@ class PlannerMetrics:
             "Runs the planner stopped because a budget ran out (its own decision cap included)",
             registry=registry,
         )
+        self.swept = Counter(
+            "writ_planner_runs_swept",
+            "Running runs nobody drove for a while, driven again from the database",
+            registry=registry,
+        )

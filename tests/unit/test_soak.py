@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from schemas.host import CommandResult, CommandStatus
+from soak import nemesis
 from soak.check import _effects, _keys, _outcomes, _tenants, stream_replicas
 from soak.check_chat import event_gaps, turn_notes
 from soak.check_model import replayed
@@ -50,6 +53,23 @@ def test_faults_come_every_20_to_60_s_and_a_freeze_outlasts_the_lease() -> None:
 def test_the_cluster_faults_one_node_and_never_all_of_nats() -> None:
     kinds = {f.kind for f in _schedule(7, cluster=True)}
     assert {"node_kill", "node_freeze", "node_restart"} <= kinds and "nats" not in kinds
+
+
+def test_the_cluster_moves_leaders_and_faults_the_dispatchers_node_besides_the_first_draw(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = _schedule(7, cluster=True)
+    assert [f.at_s for f in cluster] == sorted(f.at_s for f in cluster)
+    stepdowns = {f.target for f in cluster if f.kind == "stepdown"}
+    assert {"WRIT_CMD", "WRIT_INT", "WRIT_CMD/dispatcher", "WRIT_INT/planner"} <= stepdowns
+    aimed = {f.kind for f in cluster if f.kind.startswith("node_") and f.target == "dispatcher"}
+    assert aimed == {"node_kill", "node_freeze"}
+    assert _schedule(7, cluster=True) == cluster
+    # The first draw is the same with or without the second: a seed keeps its schedule.
+    monkeypatch.setattr(nemesis, "_leader_faults", lambda *_: [])
+    first = _schedule(7, cluster=True)
+    assert [f for f in cluster if f in first] == first
+    assert all(f.kind == "stepdown" or f.target == "dispatcher" for f in cluster if f not in first)
 
 
 def _result(

@@ -12,14 +12,18 @@ step used is settled even if the planner stopped before it could tell governance
 
 from services.planner.store._replay import read_replay
 from services.planner.store._rows import TERMINAL_RUN, Reservation, RunRow, RunState, Step
+from services.planner.store._stalled import LastCommand, claim_stalled, last_command
 from services.planner.store._store import PlannerStore
 
 __all__ = [
     "TERMINAL_RUN",
+    "LastCommand",
     "PlannerStore",
     "Reservation",
     "RunRow",
     "RunState",
     "Step",
+    "claim_stalled",
+    "last_command",
     "read_replay",
 ]

@@ -112,7 +112,11 @@ RUN_COLUMNS = (
 # Locks the run ($1) by counting this transaction on its row: an UPDATE waits for the lock,
 # then works on (and returns) the newest committed row, whose count says whether another
 # transaction locked it after this statement's snapshot was taken. $2 the last step known.
-LOCK = f"UPDATE planner.runs SET version = version + 1 WHERE run_id = $1 RETURNING {RUN_COLUMNS}"
+# `touched_at` says when the run was last driven (what the sweeper looks at).
+LOCK = (
+    "UPDATE planner.runs SET version = version + 1, touched_at = now() WHERE run_id = $1 "
+    f"RETURNING {RUN_COLUMNS}"
+)
 LOCKED = (
     f"WITH locked AS ({LOCK}, version) SELECT locked.*, "
     "(SELECT version FROM planner.runs WHERE run_id = $1) AS seen_version, "

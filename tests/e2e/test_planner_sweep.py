@@ -1,0 +1,279 @@
+"""The planner's sweeper re-drives a run whose message the bus lost, from PostgreSQL alone.
+
+The planner is killed with a run's decision and its proposal committed and nothing published
+(`planner.before_proposal`); then the administrator deletes the run's start from the stream, so
+no redelivery ever comes. Without the sweeper the run stays `running` forever; with it the run
+ends within the stated bound (60 s after the planner is back), its command made once and the
+model asked once per decision. Left in the stream, the start is redelivered while the sweeper
+drives the same run: it still takes no step twice. And a command's outcome deleted before the
+planner handled it is read from admission's registry: the run observes it once and ends.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import asyncpg
+import httpx
+import nats.js.errors
+import pytest
+
+from fakes.llm import FakeLlm
+from libs.faults import CRASH_STATUS
+from schemas import subjects
+from tests.e2e.conftest import Host
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(400)]
+
+BOUND_S = 60.0  # every accepted request ends within this of the fault healing (docs/soak.md)
+STALL_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[tuple[FakeLlm, str]]:
+    token = secrets.token_urlsafe(16)
+    fake = FakeLlm(token=token)
+    fake.start()
+    yield fake, token
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
+    fake, token = llm
+    with tempfile.TemporaryDirectory(prefix="writ-sweep-") as home:
+        root = Path(home)
+        agents = root / "agents"
+        agents.mkdir()
+        manifest = {
+            "name": "crm-assistant",
+            "version": "1.0.0",
+            "provider": "openai",
+            "responsibility": "Record customer calls as CRM notes on the customer's record.",
+            "uses": [{"kind": "action", "name": "crm.note.create"}],
+        }
+        (agents / "crm-assistant.json").write_text(json.dumps(manifest))
+        key = root / "model.key"
+        key.write_text(token)
+        faults = root / "faults"
+        faults.write_text("")
+        deployment = Stack(
+            root / "stack",
+            database="sweep",
+            durable_pg=False,
+            extra_env={
+                "*": {"WRIT_FAULTS_FILE": str(faults), "WRIT_DRAIN_TIMEOUT_S": "2"},
+                "planner": {
+                    "WRIT_PROVIDER": "openai",
+                    "WRIT_MODEL_URL": f"{fake.url}/v1",
+                    "WRIT_MODEL_NAME": "fake-model",
+                    "WRIT_MODEL_KEY_FILE": str(key),
+                    "WRIT_AGENTS_DIR": str(agents),
+                    "WRIT_RUN_SWEEP_STALL_S": str(STALL_S),
+                    "WRIT_RUN_SWEEP_EVERY_S": "1",
+                },
+            },
+        )
+        try:
+            deployment.start_all()
+            yield deployment
+        finally:
+            deployment.stop()
+
+
+@pytest.fixture
+def model(llm: tuple[FakeLlm, str]) -> Iterator[httpx.Client]:
+    fake, token = llm
+    with httpx.Client(
+        base_url=fake.url, timeout=5, headers={"Authorization": f"Bearer {token}"}
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+async def db(stack: Stack) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(stack.database_dsn)
+    yield conn
+    await conn.close()
+
+
+def _script(model: httpx.Client, body: str) -> None:
+    replies = [
+        {
+            "next": {
+                "decision": "select_capability",
+                "capability": "crm.note.create",
+                "arguments": json.dumps({"customer_id": "ACME-42", "body": body}),
+            }
+        },
+        {"next": {"decision": "answer_directly", "answer": f"Noted: {body}"}},
+    ]
+    model.post(
+        "/_control/replies", json={"replies": [{"content": json.dumps(c)} for c in replies]}
+    ).raise_for_status()
+
+
+def _calls(model: httpx.Client) -> int:
+    return len(model.get("/_control/requests").json())
+
+
+async def _killed_before_proposing(
+    stack: Stack, host: Host, db: asyncpg.Connection, body: str
+) -> tuple[str, str]:
+    """A run whose decision and proposal are committed and unpublished, its planner dead:
+    (request id, run id)."""
+    faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+    await anyio.Path(faults).write_text("planner.before_proposal")
+    request = host.request(text=f"Note that {body}")
+    await host.publish(request, msg_id=request.request_id)
+    planner = stack.procs["planner"]
+    with anyio.fail_after(30):
+        while planner.poll() is None:
+            await anyio.sleep(0.05)
+    assert planner.returncode == CRASH_STATUS, stack.log_tail("planner")
+    run_id = await db.fetchval(
+        "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
+    )
+    assert run_id is not None
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "running"
+    )
+    assert await db.fetchval("SELECT count(*) FROM planner.steps WHERE run_id = $1", run_id) == 1
+    return request.request_id, str(run_id)
+
+
+async def _restarted(stack: Stack) -> None:
+    stack.stop_process("planner")
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+
+
+async def _done_once(db: asyncpg.Connection, run_id: str) -> None:
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [k["kind"] for k in kinds] == ["decision", "observation", "decision"]
+    commands = await db.fetch("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+    assert [c["state"] for c in commands] == ["succeeded"]  # one command, one operation id
+    attempts = await db.fetchval(
+        "SELECT count(*) FROM dispatcher.attempts a JOIN admission.commands c "
+        "USING (tenant, operation_id) WHERE c.run_id = $1",
+        run_id,
+    )
+    assert attempts == 1  # the connector called once
+
+
+async def test_a_run_whose_message_was_deleted_is_finished_by_the_sweeper(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    before = _calls(model)
+    _script(model, "called back about order 51.")
+    body = "called back about order 51."
+    request_id, run_id = await _killed_before_proposing(stack, host, db, body)
+    # The administrator deletes the run's start: nothing on the bus will drive the run again.
+    last = await host.js.get_last_msg("WRIT_INT", subjects.evidence("acme"))
+    assert last.seq is not None
+    await host.js.delete_msg("WRIT_INT", last.seq)
+
+    await _restarted(stack)
+    healed = time.monotonic()
+    result = await host.wait_result(request_id, timeout=BOUND_S)
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    assert result.answer == "Noted: called back about order 51."
+    await _done_once(db, run_id)
+    assert _calls(model) - before == 2  # once per decision
+    assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
+
+
+async def test_a_run_swept_while_its_message_is_redelivered_takes_no_step_twice(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    before = _calls(model)
+    _script(model, "called back about order 52.")
+    body = "called back about order 52."
+    request_id, run_id = await _killed_before_proposing(stack, host, db, body)
+    start = (await host.js.get_last_msg("WRIT_INT", subjects.evidence("acme"))).seq
+
+    await _restarted(stack)
+    result = await host.wait_result(request_id, timeout=BOUND_S)
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    # The start is still in the stream, unacknowledged (the killed planner never acked it):
+    # once its ack wait is over it is delivered again, to a run the sweeper already drove,
+    # and acked only after that delivery was handled.
+    with anyio.fail_after(90):
+        while True:
+            info = await host.js.consumer_info("WRIT_INT", "planner")
+            if info.ack_floor.stream_seq >= start and info.num_ack_pending == 0:
+                break
+            await anyio.sleep(0.5)
+    await anyio.sleep(2)  # what the redelivery published, if anything, has landed
+
+    await _done_once(db, run_id)
+    assert _calls(model) - before == 2  # the model was not asked again by either
+    assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "succeeded"
+    )
+
+
+async def test_a_run_whose_outcome_was_deleted_observes_it_from_the_registry(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    before = _calls(model)
+    body = "called back about order 53."
+    _script(model, body)
+    request = host.request(text=f"Note that {body}")
+    await host.publish(request, msg_id=request.request_id)
+    planner = stack.procs["planner"]
+    # The planner is frozen once its proposal is admitted, so the outcome is never handled.
+    with anyio.fail_after(30):
+        while not await db.fetchval(
+            "SELECT count(*) FROM admission.commands c JOIN planner.runs r USING (run_id) "
+            "WHERE r.request_id = $1",
+            request.request_id,
+        ):
+            await anyio.sleep(0.02)
+    planner.send_signal(signal.SIGSTOP)
+    run_id = await db.fetchval(
+        "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
+    )
+    with anyio.fail_after(30):
+        while (
+            await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+            != "succeeded"
+        ):
+            await anyio.sleep(0.05)
+    outcome = subjects.outcome("acme", "run")
+    with anyio.fail_after(10):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", outcome)
+            except nats.js.errors.NotFoundError:
+                last = None
+            if last is not None and f'"run_id":"{run_id}"'.encode() in (last.data or b""):
+                break
+            await anyio.sleep(0.05)
+    assert last.seq is not None
+    await host.js.delete_msg("WRIT_INT", last.seq)
+    stack.stop_process("planner", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "running"
+    )
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await host.wait_result(request.request_id, timeout=BOUND_S)
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.status == "succeeded", (result, stack.log_tail("planner"))
+    await _done_once(db, str(run_id))
+    assert _calls(model) - before == 2
