@@ -27,6 +27,7 @@ MODULES: Final = (
     "reads",
     "sessions",
     "subjects",
+    "_subjects",
 )
 ROOT: Final = Path(__file__).resolve().parents[2]
 TARGET: Final = Path(__file__).resolve().parent / "writ_client" / "_wire"

@@ -18,7 +18,6 @@ BEING_SPLIT: frozenset[str] = frozenset(
         "services/admission/service.py",
         "services/admission/store.py",
         "services/ingress/console/_routes.py",
-        "services/planner/service.py",
     }
 )
 

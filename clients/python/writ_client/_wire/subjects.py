@@ -4,8 +4,10 @@
 Each subject is declared once here (`TABLE`): its pattern, who handles it, its kind and what it
 means. Everything else is derived from the table: the durable consumers' filters (`inbox`), the
 NATS permissions (libs/natsauth.py), the AsyncAPI channels (writ/asyncapi.py); other schema
-modules re-export the names their readers know. `tests/unit/test_subjects.py` fails when a
-subject is spelled as a string anywhere else.
+modules re-export the names their readers know. What a row is made of (`Subject`, the table, how
+a row is declared, `inbox`, `StreamSpec`, tenant and stream names) is `_subjects.py`, re-exported
+here; the rows and every subject literal are in this module. `tests/unit/test_subjects.py`
+fails when a subject is spelled as a string anywhere else.
 
 Host-facing subjects (`writ.in.*`, `writ.out.*`, `writ.api.*`, `writ.events.*`, `writ.chat.*`)
 are a public contract, versioned by `HOST_API_VERSION` (docs/subjects.md). Internal subjects live
@@ -14,10 +16,21 @@ under `writ.int.`, with the tenant as the last token so permissions and limits c
 
 from __future__ import annotations
 
-import re
-from typing import Final, Literal
+from typing import Final
 
-import msgspec
+from ._subjects import (
+    TABLE,
+    TENANT_PATTERN,
+    Kind,
+    StreamSpec,
+    Subject,
+    in_stream,
+    inbox,
+    out_stream,
+    valid_tenant,
+)
+from ._subjects import declare as _declare
+from ._subjects import endpoint as _endpoint
 
 __all__ = [
     "ADMISSION_IN",
@@ -108,65 +121,6 @@ __all__ = [
 ]
 
 HOST_API_VERSION: Final = "1"
-
-# stream: stored in a JetStream stream and read by durable (or ordered) consumers;
-# request: a request/reply endpoint, answered by its handler;
-# event: core NATS, in no stream (progress only: nothing depends on it).
-Kind = Literal["stream", "request", "event"]
-_PARAM: Final = re.compile(r"\{([a-z_]+)\}")
-
-
-class Subject(msgspec.Struct, frozen=True):
-    """One subject (or family of subjects, one per value of its parameters) of the bus.
-
-    `pattern` names its parameters in braces, as AsyncAPI addresses do
-    (`writ.in.requests.{tenant}`); `handlers` are the services (or the host, `host`) that
-    consume or answer it; calling it with the parameters' values, in order, gives the subject.
-    """
-
-    pattern: str
-    kind: Kind
-    handlers: tuple[str, ...]
-    meaning: str
-
-    @property
-    def params(self) -> tuple[str, ...]:
-        """The parameters' names, in the order the pattern names them."""
-        return tuple(_PARAM.findall(self.pattern))
-
-    @property
-    def filter(self) -> str:
-        """Every subject of the family: each parameter a `*` wildcard."""
-        return _PARAM.sub("*", self.pattern)
-
-    @property
-    def prefix(self) -> str:
-        """What every subject of the family starts with (the pattern up to its first
-        parameter)."""
-        return self.pattern.split("{", 1)[0]
-
-    def __call__(self, *values: str) -> str:
-        names = self.params
-        if len(values) != len(names):
-            raise TypeError(f"{self.pattern} takes {len(names)} values, got {len(values)}")
-        return self.pattern.format(**dict(zip(names, values, strict=True)))
-
-
-# name -> its subject. The order is the order of the consumers' filters (`inbox`).
-TABLE: Final[dict[str, Subject]] = {}
-
-
-def _declare(
-    name: str, pattern: str, kind: Kind, handlers: tuple[str, ...], meaning: str
-) -> Subject:
-    if name in TABLE or any(s.pattern == pattern for s in TABLE.values()):
-        raise ValueError(f"subject {name} ({pattern}) declared twice")
-    TABLE[name] = subject = Subject(pattern, kind, handlers, meaning)
-    return subject
-
-
-def _endpoint(name: str, pattern: str, handler: str, meaning: str) -> str:
-    return _declare(name, pattern, "request", (handler,), meaning).pattern
 
 
 # Host-facing: what a host may send, `writ.in.<kind>.<tenant>`, one stream per tenant
@@ -557,11 +511,6 @@ def outcome(tenant: str, origin: str = "run") -> str:
     return _OUTCOMES.format(origin=origin, tenant=tenant)
 
 
-def inbox(durable: str) -> tuple[str, ...]:
-    """The filters of a durable consumer: every stream subject `durable` handles."""
-    return tuple(s.filter for s in TABLE.values() if s.kind == "stream" and durable in s.handlers)
-
-
 # Families: every subject under one prefix (streams' subjects, permissions' denials).
 HOST_IN_FAMILY: Final = "writ.in.>"
 HOST_OUT_FAMILY: Final = "writ.out.>"
@@ -582,20 +531,6 @@ GOVERNANCE_IN: Final = inbox("governance")
 PLANNER_IN: Final = inbox("planner")
 ADMISSION_IN: Final = inbox("admission")
 DISPATCH_IN: Final = inbox("dispatcher")
-
-
-class StreamSpec(msgspec.Struct, frozen=True):
-    """A JetStream stream Writ declares at start-up.
-
-    `append_only`: the stream refuses deleting a message, purging and rollups (deny_delete,
-    deny_purge, no rollup headers), and the server refuses any update that lifts either denial.
-    """
-
-    name: str
-    subjects: tuple[str, ...]
-    max_age_s: float
-    duplicate_window_s: float = 120.0
-    append_only: bool = False
 
 
 _DAY: Final = 86400.0
@@ -631,29 +566,9 @@ JOURNAL_RECORD: Final = StreamSpec(
 )
 
 
-# A tenant is one subject token and part of stream names: letters, digits, `_` and `-`.
-TENANT_PATTERN: Final = r"^[A-Za-z0-9_-]{1,64}$"
-_TENANT = re.compile(TENANT_PATTERN)
-
-
-def valid_tenant(tenant: str) -> bool:
-    """Whether `tenant` can name subjects and streams (one token, no wildcard, no dot)."""
-    return _TENANT.match(tenant) is not None
-
-
 def host_subjects(tenant: str) -> tuple[str, ...]:
     """Every subject a tenant's host may publish on."""
     return tuple(s(tenant) for s in _HOST_SENDS)
-
-
-def in_stream(tenant: str) -> str:
-    """The stream of one tenant's host messages (`writ.in.<kind>.<tenant>`)."""
-    return f"WRIT_IN_{tenant}"
-
-
-def out_stream(tenant: str) -> str:
-    """The stream of one tenant's results (`writ.out.results.<tenant>`)."""
-    return f"WRIT_OUT_{tenant}"
 
 
 def tenant_streams(tenant: str) -> tuple[StreamSpec, StreamSpec]:
