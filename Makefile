@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean mcp-fixtures
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean mcp-fixtures js-fixtures
 
 setup: $(VENV)
 
@@ -36,6 +36,14 @@ mcp-fixtures: $(MCP_FIXTURE)/node_modules/.package-lock.json
 
 $(MCP_FIXTURE)/node_modules/.package-lock.json: $(MCP_FIXTURE)/package-lock.json
 	npm ci --no-audit --no-fund --prefix $(MCP_FIXTURE)
+
+# The JavaScript host of the AsyncAPI contract test (`nats` and `jose` from npm), pinned by its
+# lock file.
+JS_HOST := tests/fixtures/js-host
+js-fixtures: $(JS_HOST)/node_modules/.package-lock.json
+
+$(JS_HOST)/node_modules/.package-lock.json: $(JS_HOST)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(JS_HOST)
 
 unit: $(VENV)
 	.venv/bin/pytest tests/unit
