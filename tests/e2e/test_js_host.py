@@ -1,7 +1,7 @@
 """A host written in JavaScript from the AsyncAPI document alone (`nats` and `jose` from npm,
 pinned in tests/fixtures/js-host), on its tenant's own NATS user and inbox prefix: a run to its
-result, a replay that is a duplicate, `wait` for news, a command conflict and the refusal
-codes, as the document says."""
+result, a replay that is a duplicate, `wait` for news, a command conflict, the refusal codes
+(malformed JSON included), and no subscription to `writ.int.>`, as the document says."""
 
 from __future__ import annotations
 
@@ -76,6 +76,7 @@ def test_a_javascript_host_holds_writ_to_its_asyncapi_contract(
     assert seen["wait"]["quiet"]["said"].startswith("TIMEOUT: no result newer than version")
     assert seen["command"] == "succeeded"
     assert seen["conflict"] == "conflict"
+    assert seen["malformed"] == ["rejected", "INVALID_REQUEST"]
     assert seen["refusals"] == {
         "BAD_SIGNATURE": ["rejected", "BAD_SIGNATURE"],
         "TOKEN_EXPIRED": ["rejected", "TOKEN_EXPIRED"],
