@@ -5,7 +5,8 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean mcp-fixtures
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean mcp-fixtures \
+	console-fixtures
 
 setup: $(VENV)
 
@@ -36,6 +37,13 @@ mcp-fixtures: $(MCP_FIXTURE)/node_modules/.package-lock.json
 
 $(MCP_FIXTURE)/node_modules/.package-lock.json: $(MCP_FIXTURE)/package-lock.json
 	npm ci --no-audit --no-fund --prefix $(MCP_FIXTURE)
+
+# axe-core, which the browser tests inject into the console's pages.
+AXE_FIXTURE := tests/fixtures/console-axe
+console-fixtures: $(AXE_FIXTURE)/node_modules/.package-lock.json
+
+$(AXE_FIXTURE)/node_modules/.package-lock.json: $(AXE_FIXTURE)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(AXE_FIXTURE)
 
 unit: $(VENV)
 	.venv/bin/pytest tests/unit
