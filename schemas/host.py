@@ -34,7 +34,9 @@ __all__ = [
 ]
 
 ApprovalAnswer = Literal["approve", "reject"]
-ApprovalStatus = Literal["claimed", "rejected", "already_completed", "not_approvable"]
+ApprovalStatus = Literal[
+    "claimed", "rejected", "already_completed", "not_approvable", "approval_recorded"
+]
 RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human", "cancelled"]
 CommandStatus = Literal[
     # Recorded states of an admitted command, as a replay returns them.
@@ -171,7 +173,9 @@ class ApprovalResult(Event, frozen=True):
 
     `claimed`: this approval started the one execution; `rejected`: the proposal is refused;
     `already_completed`: it was approved before (the recorded outcome, not a second execution);
-    `not_approvable`: why nothing happened, `code` saying it as data.
+    `not_approvable`: why nothing happened, `code` saying it as data; `approval_recorded`: the
+    proposal needs two distinct approvers (four eyes) and this is the first approval, recorded;
+    nothing executes until another approver approves.
     """
 
     request_id: ShortText

@@ -68,7 +68,7 @@ class ProposalApprovals:
         if (
             answered.answer == "deny"
             and answered.answered_by == "nobody"  # governance's clock: the proposal expired
-            and await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
+            and await self._store.expire_proposal(proposal)
         ):
             await self._refuse(
                 _proposal_message(proposal),
@@ -82,6 +82,18 @@ class ProposalApprovals:
                 proposal, answered.answered_by, answered.reason, answered.decision_id
             )
             return
+        contract = ACTIONS.get(proposal.action)
+        needed = contract.approvers_needed(proposal.preview) if contract is not None else 1
+        if needed > 1:
+            others = set(await self._store.approvals(proposal.tenant, proposal.proposal_id)) - {
+                answered.answered_by,
+                proposal.principal,
+            }
+            if len(others) < needed - 1:
+                log.warning(
+                    "proposal %s: one approval of %d, not admitted", proposal.public_id, needed
+                )
+                return  # four eyes: one answer is not enough, whichever door it came through
         await self._claim(proposal, answered, answered.answered_by)
 
     async def on_proposal_answer(self, ans: ProposalAnswer) -> None:
@@ -110,6 +122,8 @@ class ProposalApprovals:
             return
         if not await self._still_approvable(ans, proposal):
             return
+        if ans.answer == "approve" and not await self._enough_approvers(ans, proposal):
+            return
         answered = await self._answer_with_governance(ans, proposal)
         if answered is None:
             return
@@ -136,7 +150,7 @@ class ProposalApprovals:
             )
             return False
         if proposal.expires_at is not None and proposal.expires_at <= datetime.now(UTC):
-            await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
+            await self._store.expire_proposal(proposal)
             await self._reply(ans, "not_approvable", reason="the proposal expired", code="EXPIRED")
             return False
         contract = ACTIONS.get(proposal.action)
@@ -160,6 +174,34 @@ class ProposalApprovals:
             )
             return False
         return True
+
+    async def _enough_approvers(self, ans: ProposalAnswer, proposal: ProposalRow) -> bool:
+        """Four eyes: records this approval of a proposal whose contract asks for two distinct
+        approvers; True once another person (never the requester) approved it too, otherwise
+        answers how many approvals it has (or that this person approved it already)."""
+        needed = ACTIONS[proposal.action].approvers_needed(proposal.preview)
+        if needed < 2:
+            return True
+        added = await self._store.add_approval(proposal, ans.approver)
+        approvers = await self._store.approvals(proposal.tenant, proposal.proposal_id)
+        others = set(approvers) - {ans.approver, proposal.principal}
+        if ans.approver in approvers and len(others) >= needed - 1:
+            return True
+        if not added:
+            await self._reply(
+                ans,
+                "not_approvable",
+                code="ALREADY_APPROVED",
+                reason=f"you approved it already: it needs {needed} distinct approvers, "
+                "another approver must approve it",
+            )
+            return False
+        await self._reply(
+            ans,
+            "approval_recorded",
+            reason=f"{len(approvers)} of {needed} approvals: another approver must approve it",
+        )
+        return False
 
     async def _answer_with_governance(
         self, ans: ProposalAnswer, proposal: ProposalRow
@@ -272,7 +314,7 @@ class ProposalApprovals:
 
     async def _reject(self, proposal: ProposalRow, by: str, why: str, decision_id: str) -> None:
         reason = f"rejected by {by}" + (f": {why}" if why else "")
-        if await self._store.reject_proposal(proposal.tenant, proposal.proposal_id, reason):
+        if await self._store.reject_proposal(proposal, reason, by=by):
             await self._refuse(_proposal_message(proposal), "rejected", reason[:500], decision_id)
 
     async def _reply_state(self, ans: ProposalAnswer, proposal: ProposalRow) -> None:

@@ -5,6 +5,7 @@ journal."""
 from __future__ import annotations
 
 __all__ = [
+    "ADD_APPROVAL",
     "ADMIT",
     "APPROVE",
     "COMMAND_COLUMNS",
@@ -145,4 +146,17 @@ LEFT JOIN LATERAL (SELECT {COMMAND_COLUMNS} FROM admission.commands
                    WHERE tenant = k.tenant AND operation_id = k.operation_id) AS c ON true
 LEFT JOIN admission.proposals p ON p.tenant = k.tenant AND p.proposal_id = k.proposal_id
 ORDER BY k.i
+"""
+
+
+# One approval of a proposal that needs two distinct approvers: only while it is pending.
+ADD_APPROVAL = """
+WITH added AS (
+    INSERT INTO admission.proposal_approvals (tenant, proposal_id, approver)
+    SELECT tenant, proposal_id, $3 FROM admission.proposals
+    WHERE tenant = $1 AND proposal_id = $2 AND state = 'pending'
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+){journal}
+SELECT count(*) FROM added
 """

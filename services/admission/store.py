@@ -52,6 +52,7 @@ class AdmissionStore:
         self._insert_proposal = self._journaled(sql.INSERT_PROPOSAL, 25, "recorded")
         self._admit = self._journaled(sql.ADMIT, 25, "admitted")
         self._approve = self._journaled(sql.APPROVE, 11, "admitted")
+        self._add_approval = self._journaled(sql.ADD_APPROVAL, 4, "added")
         self._reject = self._journaled(sql.MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
         self._expire = self._journaled(
             sql.MOVE_PROPOSAL.replace("{condition}", "AND expires_at <= now()"), 5, "moved"
@@ -179,15 +180,21 @@ class AdmissionStore:
         )
         return None if row is None else proposal_of(row)
 
-    async def expire_proposal(self, tenant: str, proposal_id: str) -> bool:
+    async def expire_proposal(self, proposal: ProposalRow) -> bool:
         """pending -> expired once its time is over; False if it was not pending any more."""
         moved = await self._pool.fetchval(
             self._expire,
-            tenant,
-            proposal_id,
+            proposal.tenant,
+            proposal.proposal_id,
             "expired",
             "expired",
-            *self._entry(tenant, "proposal.expired", proposal_id, "", {"proposal_id": proposal_id}),
+            *self._entry(
+                proposal.tenant,
+                "proposal.expired",
+                proposal.public_id,
+                proposal.run_id,
+                {"proposal_id": proposal.proposal_id},
+            ),
         )
         return bool(moved)
 
@@ -263,20 +270,48 @@ class AdmissionStore:
         )
         return None if row is None else (row["state"], row["decision_id"], row["reason"])
 
-    async def reject_proposal(self, tenant: str, proposal_id: str, reason: str) -> bool:
+    async def add_approval(self, proposal: ProposalRow, approver: str) -> bool:
+        """One person's approval of a proposal that needs more than one, journaled; False if
+        this person had approved it already (approving twice adds nothing)."""
+        added = await self._pool.fetchval(
+            self._add_approval,
+            proposal.tenant,
+            proposal.proposal_id,
+            approver,
+            *self._entry(
+                proposal.tenant,
+                "proposal.approval_recorded",
+                proposal.public_id,
+                proposal.run_id,
+                {"proposal_id": proposal.proposal_id, "approved_by": approver},
+            ),
+        )
+        return bool(added)
+
+    async def approvals(self, tenant: str, proposal_id: str) -> list[str]:
+        """Who has approved a pending proposal so far, first first."""
+        rows = await self._pool.fetch(
+            "SELECT approver FROM admission.proposal_approvals "
+            "WHERE tenant = $1 AND proposal_id = $2 ORDER BY approved_at, approver",
+            tenant,
+            proposal_id,
+        )
+        return [r["approver"] for r in rows]
+
+    async def reject_proposal(self, proposal: ProposalRow, reason: str, *, by: str = "") -> bool:
         """pending -> rejected; False if it was not pending any more."""
         moved = await self._pool.fetchval(
             self._reject,
-            tenant,
-            proposal_id,
+            proposal.tenant,
+            proposal.proposal_id,
             "rejected",
             reason,
             *self._entry(
-                tenant,
+                proposal.tenant,
                 "proposal.rejected",
-                proposal_id,
-                "",
-                {"proposal_id": proposal_id, "reason": reason},
+                proposal.public_id,
+                proposal.run_id,
+                {"proposal_id": proposal.proposal_id, "reason": reason, "rejected_by": by},
             ),
         )
         return bool(moved)

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from actions import ACTIONS
+from services.ingress.console._asks import decision_page
 from services.ingress.console._pages import (
-    decision_page,
     outcome_box,
     proposal_final,
     proposal_page,

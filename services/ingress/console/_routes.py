@@ -16,6 +16,7 @@ from litestar.datastructures import Cookie
 from litestar.params import FromPath, QueryParameter
 
 from actions import ACTIONS
+from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import ApiAnswer, ApiClient
 from services.ingress.console._inbox import inbox_items, inbox_query
@@ -45,6 +46,7 @@ _ANSWERED: Final = {
     "claimed": "Approved: the one execution started.",
     "already_completed": "Approved before: this is its recorded outcome (nothing ran twice).",
     "rejected": "Rejected.",
+    "approval_recorded": "Your approval is recorded: another approver must approve it too.",
 }
 
 
@@ -145,6 +147,11 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         got = await client.get(viewer, f"/runs/{p['run_id']}")
         return got.body if got.ok else None
 
+    async def _trail(viewer: Viewer, proposal_id: str) -> dict[str, Any] | None:
+        """The proposal's trail, checked against the journals (None: it could not be read)."""
+        got = await client.get(viewer, f"/proposals/{proposal_id}/trail")
+        return got.body if got.ok else None
+
     async def _options(viewer: Viewer, p: dict[str, Any]) -> list[str]:
         """The answers the proposal's pending decision offers ("always" only where no
         contract forbids a standing grant); none once it is answered."""
@@ -167,6 +174,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 now=datetime.now(UTC),
                 run=await _run_of(viewer, p),
                 options=await _options(viewer, p),
+                trail=await _trail(viewer, proposal_id),
             )
         )
 
@@ -213,6 +221,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 answered=said,
                 run=await _run_of(viewer, p),
                 options=await _options(viewer, p),
+                trail=await _trail(viewer, proposal_id),
             )
         )
 
@@ -273,7 +282,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         if d.get("about_proposal"):
             # Its proposal is no longer waiting (it expired a moment ago): nothing to answer.
             raise Bad(410, "Gone", "the proposal this decision is about no longer waits")
-        return html_page(pages.decision_page(viewer, d, now=datetime.now(UTC)))
+        return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC)))
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
     @_page
@@ -299,7 +308,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             )
         else:
             said = f"Nothing was done — {got.problem}"
-        return html_page(pages.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
+        return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
 
     @get("/reviews/{pending_id:str}", include_in_schema=False)
     @_page
@@ -313,7 +322,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             raise Bad(got.status, "Refused", got.problem)
         if pending_id not in {r["pending_id"] for r in got.body["reviews"]}:
             raise Bad(404, "Not found", "no review of your tenant is waiting under this id")
-        return html_page(pages.review_page(viewer, pending_id))
+        return html_page(asks.review_page(viewer, pending_id))
 
     @post("/reviews/{pending_id:str}", include_in_schema=False, status_code=200)
     @_page
@@ -336,7 +345,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             )
         else:
             said = f"Nothing was done — {got.problem}"
-        return html_page(pages.review_page(viewer, pending_id, answered=said))
+        return html_page(asks.review_page(viewer, pending_id, answered=said))
 
     async def _run(
         request: Request[Any, Any, Any],

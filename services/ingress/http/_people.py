@@ -38,6 +38,7 @@ from schemas.reads import (
     ProposalDetail,
     Proposals,
     ProposalState,
+    ProposalTrail,
     VerifyJournal,
     journal_verify,
 )
@@ -324,13 +325,20 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         """Each journaling service verifies its own chain, checkpoints and signatures (and
         counts the tenant's entries); a service that does not answer is reported not ok."""
         caller = api.caller(request, role=AUDITOR_ROLE)
+        states = await _verified(caller.tenant, dict.fromkeys(JOURNALED, []))
+        journals = [states[s] for s in JOURNALED]
+        return JournalStates(ok=all(j.ok for j in journals), journals=journals)
+
+    async def _verified(tenant: str, asked: dict[str, list[str]]) -> dict[str, JournalState]:
+        """Each named journal verified by its service, with its entries about the subjects
+        asked of it; a service that does not answer is reported not ok."""
         states: dict[str, JournalState] = {}
 
         async def one(service: str) -> None:
             try:
                 states[service] = await api.ask(
                     journal_verify(service),
-                    VerifyJournal(tenant=caller.tenant),
+                    VerifyJournal(tenant=tenant, subjects=asked[service]),
                     JournalState,
                     timeout=30.0,
                 )
@@ -340,9 +348,56 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 )
 
         async with anyio.create_task_group() as tg:
-            for service in JOURNALED:
+            for service in asked:
                 tg.start_soon(one, service)
-        journals = [states[s] for s in JOURNALED]
-        return JournalStates(ok=all(j.ok for j in journals), journals=journals)
+        return states
 
-    return [pending, decide, proposals, proposal, approve, reject, reviews, review, replay, verify]
+    @get(
+        "/proposals/{proposal_id:str}/trail",
+        summary="A proposal's trail, checked against the audit journals",
+        tags=["people"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: neither the approver nor the auditor role",
+            s404="NOT_FOUND: no proposal of the tenant under this id",
+        ),
+    )
+    async def trail(request: Request[Any, Any, Any], proposal_id: FromPath[str]) -> ProposalTrail:
+        """Who proposed it, the decision that asked, who answered and when, each attempt and
+        the outcome: each journal's entries about the proposal, each checked against its
+        signed chain (for approvers and auditors)."""
+        caller = api.caller(request)
+        if not caller.roles & {APPROVER_ROLE, AUDITOR_ROLE}:
+            raise ApiError("FORBIDDEN", "this needs the approver or auditor role")
+        detail = await api.ask(
+            PROPOSAL_GET, GetProposal(tenant=caller.tenant, proposal_id=proposal_id), ProposalDetail
+        )
+        command = [detail.operation_id] if detail.operation_id else []
+        first = await _verified(caller.tenant, {"admission": [detail.proposal_id, *command]})
+        # The decisions the proposal's own entries name: the ask, and the approval's allow.
+        decisions = {
+            str(e.payload["decision_id"])
+            for e in first["admission"].found
+            if isinstance(e.payload.get("decision_id"), str)
+        } | ({detail.decision_id} if detail.decision_id else set())
+        rest = await _verified(
+            caller.tenant,
+            {"governance": sorted(decisions)[:16], "dispatcher": command},
+        )
+        return ProposalTrail(
+            proposal=detail, journals=[first["admission"], rest["governance"], rest["dispatcher"]]
+        )
+
+    return [
+        pending,
+        decide,
+        proposals,
+        proposal,
+        trail,
+        approve,
+        reject,
+        reviews,
+        review,
+        replay,
+        verify,
+    ]
