@@ -4,6 +4,7 @@ proposal's trail against the signed journals."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -26,14 +27,14 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(600)]
 WIDTHS = (1100, 390)
 
 
-async def _asked(stack: Stack) -> str:
+async def _asked(stack: Stack, principal: str = "alice@acme.example") -> str:
     """A pending decision about a call no action contract describes (an unclassified tool):
     the decision page, not a proposal's, answers it."""
     nc = await nats.connect(stack.nats_url, max_reconnect_attempts=-1)
     try:
         ask = DecideRequest(
             tenant="acme",
-            principal="alice@acme.example",
+            principal=principal,
             agent="crm-assistant",
             run_id=f"run-{uuid.uuid4().hex[:8]}",
             tool="lookup.weather",
@@ -229,4 +230,41 @@ async def test_four_eyes_two_distinct_approvers_before_anything_runs(
     await expect(page.locator("#outcome-text")).to_contain_text(
         "approved by ops@acme.example; outcome: succeeded", timeout=WAIT_MS
     )
+    await page.context.close()
+
+
+async def test_every_decision_is_reachable_a_page_at_a_time_and_counted(
+    browser: Any, stack: Stack
+) -> None:
+    requester = f"many-{uuid.uuid4().hex[:8]}@acme.example"
+    made = set(await asyncio.gather(*(_asked(stack, requester) for _ in range(60))))
+    assert len(made) == 60
+    approver = auth(stack, principal="ops@acme.example", roles=["approver"])
+    with _api(stack) as api:
+        query = {"about_proposal": "false", "requester": requester, "limit": "50"}
+        first = api.get("/pending-decisions", params=query, headers=approver).json()
+        assert first["total"] == 60 and len(first["decisions"]) == 50 and first["next_cursor"]
+        rest = api.get(
+            "/pending-decisions",
+            params={**query, "cursor": first["next_cursor"]},
+            headers=approver,
+        ).json()
+        assert len(rest["decisions"]) == 10 and rest["next_cursor"] is None
+        assert {d["pending_id"] for d in first["decisions"] + rest["decisions"]} == made
+    page = await (await browser.new_context(viewport={"width": 1100, "height": 900})).new_page()
+    await page.goto(stack.console_link())
+    # Everything's first page: the newest decisions, their count, and the way to all of them.
+    await page.goto(_console(stack, f"?requester={requester}"))
+    await expect(page.locator("#inbox-count")).to_contain_text("60 decisions")
+    await page.locator("#all-decisions").click()
+    seen: list[str] = []
+    while True:
+        rows = page.locator("#inbox-rows tr[data-kind=decision]")
+        seen += [await r.get_attribute("data-id") or "" for r in await rows.all()]
+        if await page.locator("#next-page").count() == 0:
+            break
+        await expect(page.locator("#next-page")).to_have_text("Older decisions")
+        await page.locator("#next-page").click()
+        await expect(page.locator("#first-page")).to_be_visible()
+    assert len(seen) == len(set(seen)) == 60 and set(seen) == made
     await page.context.close()

@@ -48,12 +48,19 @@ async def inbox_items(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One page of what waits for the viewer, and the page's counts and cursor.
 
-    Proposals come a page at a time from the API (newest first, every one reachable by
-    its cursor, filtered there); decisions about other calls and reviews are few, and
-    come with the first page. A decision about a proposal is never a row of its own: it
-    is answered on its proposal."""
+    Proposals and decisions about other calls come a page at a time from the API (newest
+    first, every one reachable by its cursor, filtered and counted there): everything's first
+    page carries the first of both, and the decisions' own pages (`kind=decision`) the rest.
+    Reviews are few, and come with the first page. A decision about a proposal is never a row
+    of its own: it is answered on its proposal."""
     items: list[dict[str, Any]] = []
-    page: dict[str, Any] = {"problems": [], "counts": {}, "next": None, "agents": set()}
+    page: dict[str, Any] = {
+        "problems": [],
+        "counts": {},
+        "next": None,
+        "agents": set(),
+        "more_decisions": False,
+    }
     if APPROVER_ROLE not in viewer.roles:
         page["problems"].append("Only approvers have an inbox; auditors open runs by their id.")
         return items, page
@@ -88,13 +95,32 @@ async def inbox_items(
         else:
             page["problems"].append(f"proposals: {got_p.problem}")
     others: list[dict[str, Any]] = []
+    decisions: list[dict[str, Any]] = []
     if f.kind in ("", "decision"):
-        got_d = await client.get(viewer, "/pending-decisions")
+        # Decisions about calls no proposal stands for, a page at a time like proposals (those
+        # about a proposal are answered on it, beside its preview).
+        got_d = await client.get(
+            viewer,
+            "/pending-decisions",
+            about_proposal="false",
+            newest_first="true",
+            limit=str(PAGE),
+            cursor=(f.cursor or None) if f.kind == "decision" else None,
+            tool=f.action or None,
+            agent=f.agent or None,
+            requester=f.requester or None,
+            older_than_s=str(f.older_than_min * 60) if f.older_than_min else None,
+        )
         if got_d.ok:
+            page["counts"]["decision"] = got_d.body.get("total")
+            if f.kind == "decision":
+                page["next"] = got_d.body.get("next_cursor")
+            elif got_d.body.get("next_cursor"):
+                page["more_decisions"] = True
             for d in got_d.body["decisions"]:
                 if d.get("about_proposal"):
                     continue  # shown as its proposal: answered beside its preview
-                others.append(
+                decisions.append(
                     {
                         "kind": "decision",
                         "id": d["pending_id"],
@@ -126,7 +152,7 @@ async def inbox_items(
                 )
         else:
             page["problems"].append(f"reviews: {got_r.problem}")
-    page["agents"] = {str(i["agent"]) for i in items + others if i["agent"]}
+    page["agents"] = {str(i["agent"]) for i in items + decisions + others if i["agent"]}
     cutoff = datetime.now(UTC) - timedelta(minutes=f.older_than_min)
     others = [
         i
@@ -136,10 +162,11 @@ async def inbox_items(
         and f.requester in ("", i["requester"])
         and (not f.older_than_min or (pages.when(i["created_at"]) or cutoff) <= cutoff)
     ]
-    for kind in ("decision", "review"):
-        if f.kind in ("", kind):
-            page["counts"][kind] = sum(1 for i in others if i["kind"] == kind)
-    if not f.cursor:  # the first page carries the few that are not proposals
-        items += others
+    if f.kind in ("", "review"):
+        page["counts"]["review"] = len(others)
+    if f.kind == "decision":
+        items += decisions
+    elif not f.cursor:  # the first page carries the first decisions and the few reviews
+        items += decisions + others
     items.sort(key=lambda i: i["created_at"] or "", reverse=True)
     return items, page

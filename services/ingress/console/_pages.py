@@ -150,6 +150,7 @@ def inbox_page(
     next_cursor: str | None,
     problems: list[str],
     now: datetime,
+    more_decisions: bool = False,
 ) -> str:
     """What waits for the viewer, newest first: counted, filtered, a page at a time."""
     kind, agent, action = filters["kind"], filters["agent"], filters["action"]
@@ -181,12 +182,19 @@ def inbox_page(
         )
     said = {"proposal": "proposals", "decision": "decisions", "review": "reviews"}
     count = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n is not None)
+    older = "Older decisions" if kind == "decision" else "Older proposals"
     paging = (
         f'<a id="next-page" href="/console/?{h(urlencode({**query, "cursor": next_cursor}))}">'
-        "Older proposals</a>"
+        f"{older}</a>"
         if next_cursor
         else ""
     )
+    if more_decisions:
+        every = urlencode({**query, "kind": "decision"})
+        paging += (
+            f' <a id="all-decisions" href="/console/?{h(every)}">All '
+            f"{h(counts.get('decision'))} decisions</a>"
+        )
     if filters["cursor"]:
         paging = f'<a id="first-page" href="/console/?{h(urlencode(query))}">Newest</a> ' + paging
     body = (

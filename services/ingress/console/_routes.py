@@ -124,6 +124,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 actions=sorted(ACTIONS),
                 counts=page["counts"],
                 next_cursor=page["next"],
+                more_decisions=page["more_decisions"],
                 problems=page["problems"],
                 now=datetime.now(UTC),
             )

@@ -81,11 +81,35 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
             s403="FORBIDDEN: the approver role is missing",
         ),
     )
-    async def pending(request: Request[Any, Any, Any]) -> PendingDecisions:
-        """The tenant's unanswered decisions (governance's), for an approver."""
+    async def pending(
+        request: Request[Any, Any, Any],
+        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 500,
+        cursor: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        newest_first: Annotated[bool, QueryParameter()] = False,
+        about_proposal: Annotated[bool | None, QueryParameter()] = None,
+        agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        tool: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        requester: Annotated[str | None, QueryParameter(max_length=256)] = None,
+        older_than_s: Annotated[int | None, QueryParameter(ge=0, le=366 * 86400)] = None,
+    ) -> PendingDecisions:
+        """The tenant's unanswered decisions (governance's), for an approver: oldest first (or
+        newest), a page of `limit` after `cursor`, `total` in all and `next_cursor`, filtered
+        (`about_proposal=false`: only those about calls no proposal stands for)."""
         caller = api.caller(request, role=APPROVER_ROLE)
         return await api.ask(
-            subjects.PENDING_LIST, ListPending(tenant=caller.tenant), PendingDecisions
+            subjects.PENDING_LIST,
+            ListPending(
+                tenant=caller.tenant,
+                limit=limit,
+                cursor=cursor,
+                newest_first=newest_first,
+                about_proposal=about_proposal,
+                agent=agent,
+                tool=tool,
+                principal=requester,
+                older_than_s=older_than_s,
+            ),
+            PendingDecisions,
         )
 
     @post(
