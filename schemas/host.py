@@ -17,6 +17,7 @@ __all__ = [
     "ActionResult",
     "ApprovalResult",
     "ApproveProposal",
+    "ProposalVerdict",
     "OutcomeKind",
     "ProposalView",
     "CommandResult",
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 ApprovalAnswer = Literal["approve", "reject"]
+# `revise`: send the proposal back with a reason (required), what the agent must revise.
+ProposalVerdict = Literal["approve", "reject", "revise"]
 ApprovalStatus = Literal[
     "claimed", "rejected", "already_completed", "not_approvable", "approval_recorded"
 ]
@@ -121,7 +124,7 @@ class ApproveProposal(Command, frozen=True):
     request_id: Id
     token: Token
     proposal_id: Id
-    answer: ApprovalAnswer
+    answer: ProposalVerdict
     reason: ShortText = ""
     # `always`: approve, and let this agent's calls of the same family run without asking from
     # now on, where the decision offers it (never for a contract that moves money, changes

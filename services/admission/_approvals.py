@@ -120,12 +120,26 @@ class ProposalApprovals:
                 code="PROPOSAL_MISMATCH",
             )
             return
+        if ans.answer == "revise" and not ans.reason.strip():
+            await self._reply(
+                ans,
+                "not_approvable",
+                code="INVALID_ANSWER",
+                reason="asking for a revision needs a reason: it is what the agent must revise",
+            )
+            return
         if not await self._still_approvable(ans, proposal):
             return
         if ans.answer == "approve" and not await self._enough_approvers(ans, proposal):
             return
         answered = await self._answer_with_governance(ans, proposal)
         if answered is None:
+            return
+        if ans.answer == "revise":
+            await self._reject(
+                proposal, ans.approver, ans.reason, answered.decision_id, revise=True
+            )
+            await self._reply(ans, "rejected", reason=ans.reason, code="REVISION_ASKED")
             return
         if ans.answer == "reject":
             await self._reject(proposal, ans.approver, ans.reason, answered.decision_id)
@@ -312,10 +326,23 @@ class ProposalApprovals:
             assert fresh is not None
             await self._reply_state(ans, fresh)
 
-    async def _reject(self, proposal: ProposalRow, by: str, why: str, decision_id: str) -> None:
-        reason = f"rejected by {by}" + (f": {why}" if why else "")
-        if await self._store.reject_proposal(proposal, reason, by=by):
-            await self._refuse(_proposal_message(proposal), "rejected", reason[:500], decision_id)
+    async def _reject(
+        self, proposal: ProposalRow, by: str, why: str, decision_id: str, *, revise: bool = False
+    ) -> None:
+        """pending -> rejected, and the run (or host) told; `revise`: sent back for a revision,
+        the reason being what to revise (a typed outcome of its own, journaled as such)."""
+        if revise:
+            reason = f"revision asked by {by}: {why}"
+        else:
+            reason = f"rejected by {by}" + (f": {why}" if why else "")
+        kind = "proposal.revision_asked" if revise else "proposal.rejected"
+        if await self._store.reject_proposal(proposal, reason, by=by, kind=kind):
+            await self._refuse(
+                _proposal_message(proposal),
+                "revise" if revise else "rejected",
+                reason[:500],
+                decision_id,
+            )
 
     async def _reply_state(self, ans: ProposalAnswer, proposal: ProposalRow) -> None:
         """A proposal that is not pending: its recorded outcome, or why it cannot be approved."""
@@ -381,7 +408,7 @@ class ProposalApprovals:
                     pending_id=ans.pending_id,
                     accepted=taken,
                     message=(
-                        f"answered {'deny' if ans.answer == 'reject' else ans.grant}"
+                        f"answered {ans.grant if ans.answer == 'approve' else 'deny'}"
                         if taken
                         else f"already answered: the proposal's outcome is {outcome or 'pending'}"
                         if status == "already_completed"

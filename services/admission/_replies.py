@@ -92,6 +92,7 @@ class Replies:
                 "invalid": "rejected",
                 "conflict": "conflict",
                 "rejected": "rejected",
+                "revise": "rejected",
             }
             status = statuses[verdict]
             code = {
@@ -100,6 +101,7 @@ class Replies:
                 "invalid": "INVALID_COMMAND",
                 "conflict": "CONFLICT",
                 "rejected": "REJECTED",
+                "revise": "REVISION_ASKED",
             }[verdict]
             await self.answer_host(
                 p.tenant,

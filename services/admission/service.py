@@ -420,6 +420,8 @@ class AdmissionService:
             if state == "pending"
             else "rejected"
             if reason.startswith("rejected by")
+            else "revise"
+            if reason.startswith("revision asked by")
             else "deny"
         )
         await self._replies.refuse(

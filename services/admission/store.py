@@ -298,8 +298,10 @@ class AdmissionStore:
         )
         return [r["approver"] for r in rows]
 
-    async def reject_proposal(self, proposal: ProposalRow, reason: str, *, by: str = "") -> bool:
-        """pending -> rejected; False if it was not pending any more."""
+    async def reject_proposal(
+        self, proposal: ProposalRow, reason: str, *, by: str = "", kind: str = "proposal.rejected"
+    ) -> bool:
+        """pending -> rejected (journaled as `kind`); False if it was not pending any more."""
         moved = await self._pool.fetchval(
             self._reject,
             proposal.tenant,
@@ -308,7 +310,7 @@ class AdmissionStore:
             reason,
             *self._entry(
                 proposal.tenant,
-                "proposal.rejected",
+                kind,
                 proposal.public_id,
                 proposal.run_id,
                 {"proposal_id": proposal.proposal_id, "reason": reason, "rejected_by": by},

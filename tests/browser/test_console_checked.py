@@ -268,3 +268,59 @@ async def test_every_decision_is_reachable_a_page_at_a_time_and_counted(
         await expect(page.locator("#first-page")).to_be_visible()
     assert len(seen) == len(set(seen)) == 60 and set(seen) == made
     await page.context.close()
+
+
+async def test_an_approver_sends_a_proposal_back_for_a_revision_with_a_reason(
+    browser: Any, stack: Stack, db: asyncpg.Connection
+) -> None:
+    with _api(stack) as api:
+        started = api.post(
+            "/runs",
+            headers={**auth(stack), **key()},
+            json={"agent": "billing-assistant", "input": "Charge the expedited shipping"},
+        )
+        run_id = started.json()["run_id"]
+        stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+        assert stopped["status"] == "awaiting_human", stopped
+        proposal_id = stopped["proposal"]["proposal_id"]
+        # Without a reason there is nothing to revise: refused, nothing changes.
+        blind = api.post(
+            f"/proposals/{proposal_id}/revise",
+            json={"reason": ""},
+            headers={**auth(stack, principal="ops@acme.example", roles=["approver"]), **key()},
+        )
+        assert blind.status_code == 400, blind.text
+    page = await (await browser.new_context(viewport={"width": 390, "height": 900})).new_page()
+    await page.goto(stack.console_link())
+    await page.goto(_console(stack, f"proposals/{proposal_id}"))
+    await page.locator("#revise-reason").fill("Charge standard shipping, not expedited.")
+    await page.locator("#revise").click()
+    await expect(page.locator("#answered")).to_have_text(
+        "Sent back for a revision: the agent gets your reason."
+    )
+    await expect(page.locator("#outcome-text")).to_contain_text(
+        "revision asked by ops@acme.example: Charge standard shipping"
+    )
+    await _clean(page, "a proposal sent back for a revision")
+    await page.context.close()
+    # The run has it as a typed outcome, with the reason as what to revise; nothing ran.
+    with _api(stack) as api:
+        done = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+    assert done["status"] == "failed", done
+    assert done["error"]["code"] == "REVISION_ASKED", done
+    assert "Charge standard shipping, not expedited." in done["error"]["message"]
+    assert done["proposal"]["proposal_id"] == proposal_id
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM admission.commands c JOIN admission.proposals p "
+            "ON p.tenant = c.tenant AND p.proposal_id = c.proposal_id WHERE p.public_id = $1",
+            proposal_id,
+        )
+        == 0
+    )
+    journaled = await db.fetch(
+        "SELECT kind FROM admission.journal WHERE subject = $1 AND kind LIKE 'proposal.%' "
+        "ORDER BY id",
+        proposal_id,
+    )
+    assert [r["kind"] for r in journaled] == ["proposal.pending", "proposal.revision_asked"]

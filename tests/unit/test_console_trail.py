@@ -112,3 +112,16 @@ def test_a_step_the_record_claims_and_no_journal_proves_fails() -> None:
 
 def test_an_unreadable_trail_says_so() -> None:
     assert "could not be read" in trail_section(None, html.escape)
+
+
+def test_a_revision_asked_is_the_step_that_ended_it() -> None:
+    trail = _trail(state="rejected", command_state=None, approved_by=None)
+    trail["journals"][0]["found"][1] = _entry(
+        9, "proposal.revision_asked", "05", rejected_by="lead@acme.example", reason="r: cheaper"
+    )
+    trail["journals"][2]["found"] = []
+    rows = trail_rows(trail)
+    assert ("Revision asked", "lead@acme.example", "r: cheaper") in [
+        (r.step, r.who, r.what) for r in rows
+    ]
+    assert all(r.verified for r in rows), rows  # no "Rejected" step is missing

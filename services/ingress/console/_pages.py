@@ -438,6 +438,12 @@ def proposal_page(
                 f'<label>Reason (required) <textarea name="reason" id="reason" required '
                 f'maxlength="500"></textarea></label>'
                 f'<button type="submit" id="reject">Reject</button></form>'
+                f'<form method="post" action="/console/proposals/{pid}/revise" '
+                f'class="answer" data-once="true">{csrf_field(viewer)}'
+                f"<label>What the agent should change (required) "
+                f'<textarea name="reason" id="revise-reason" required maxlength="500">'
+                f"</textarea></label>"
+                f'<button type="submit" id="revise">Ask for a revision</button></form>'
             )
     return layout(f"Proposal {p['action']}", "".join(parts), viewer)
 

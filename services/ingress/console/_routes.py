@@ -209,6 +209,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             ):
                 raise _not_found(got, "proposal")
             said = f"Nothing was done — {got.problem}"
+        elif got.body.get("code") == "REVISION_ASKED":
+            said = "Sent back for a revision: the agent gets your reason."
         elif got.body["status"] == "not_approvable":
             said = f"Not {answer}d — {got.body.get('code')}: {got.body.get('reason') or ''}"
         else:
@@ -233,6 +235,14 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     ) -> Response[str]:
         """Approve exactly the frozen proposal, by its id."""
         return await _answer_proposal(request, viewer, proposal_id, "approve")
+
+    @post("/proposals/{proposal_id:str}/revise", include_in_schema=False, status_code=200)
+    @_page
+    async def revise(
+        request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str
+    ) -> Response[str]:
+        """Send a proposal back for a revision, with what to change."""
+        return await _answer_proposal(request, viewer, proposal_id, "revise")
 
     @post("/proposals/{proposal_id:str}/reject", include_in_schema=False, status_code=200)
     @_page
@@ -470,6 +480,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             outcome,
             approve,
             reject,
+            revise,
             decision,
             decide,
             review,

@@ -49,6 +49,8 @@ def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
     elif kind == "proposal.approved":
         step, who = "Approved", _s(p.get("approved_by"))
         what = f"line {_s(p.get('line'))} of decide, policy {_s(p.get('policy_version'))}"
+    elif kind == "proposal.revision_asked":
+        step, who, what = "Revision asked", _s(p.get("rejected_by")), _s(p.get("reason"))
     elif kind == "proposal.approval_recorded":
         step, who, what = "Approval", _s(p.get("approved_by")), "one of the approvals it needs"
     elif kind == "proposal.expired":
@@ -109,7 +111,7 @@ def _missing(rows: list[TrailRow], proposal: dict[str, Any]) -> list[TrailRow]:
     wanted: list[tuple[str, str]] = [("Proposed", "the proposal")]
     if state in ("executing", "completed") and not {"Approved", "Admitted"} & steps:
         wanted.append(("Approved", f"approved by {_s(proposal.get('approved_by'))}"))
-    if state == "rejected":
+    if state == "rejected" and "Revision asked" not in steps:
         wanted.append(("Rejected", _s(proposal.get("reason"))))
     if state == "expired":
         wanted.append(("Expired", "nobody answered before it expired"))

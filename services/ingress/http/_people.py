@@ -15,11 +15,11 @@ from schemas import subjects
 from schemas.api import ApproveBody, DecideBody, RejectBody, ReviewBody
 from schemas.governance import ListPending, PendingDecisions
 from schemas.host import (
-    ApprovalAnswer,
     ApprovalResult,
     ApproveProposal,
     DecisionResult,
     HumanDecision,
+    ProposalVerdict,
     ReviewDecision,
     ReviewResult,
 )
@@ -142,7 +142,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
             answer=lambda outcome: _handed_on(outcome, DecisionResult),
         )
 
-    def _proposal_answer(answer: ApprovalAnswer) -> Any:
+    def _proposal_answer(answer: ProposalVerdict) -> Any:
         async def handle(
             request: Request[Any, Any, Any], proposal_id: str, data: Any, idempotency_key: str
         ) -> ApprovalResult:
@@ -167,6 +167,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         return handle
 
     _approve, _reject = _proposal_answer("approve"), _proposal_answer("reject")
+    _revise = _proposal_answer("revise")
 
     @post(
         "/proposals/{proposal_id:str}/approve",
@@ -199,6 +200,23 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
     ) -> ApprovalResult:
         """An `ApproveProposal` (reject)."""
         return await _reject(request, proposal_id, data, idempotency_key)
+
+    @post(
+        "/proposals/{proposal_id:str}/revise",
+        status_code=200,
+        tags=["people"],
+        summary="Send a proposal back for a revision (a reason is required)",
+        responses=_ERRORS,
+    )
+    async def revise(
+        request: Request[Any, Any, Any],
+        proposal_id: FromPath[str],
+        data: JSONBody[RejectBody],
+        idempotency_key: IdempotencyKey,
+    ) -> ApprovalResult:
+        """An `ApproveProposal` (revise): the proposal ends rejected, and its run (or host
+        command) gets `REVISION_ASKED` with the reason, what the agent must revise."""
+        return await _revise(request, proposal_id, data, idempotency_key)
 
     @get(
         "/reviews",
@@ -420,6 +438,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         trail,
         approve,
         reject,
+        revise,
         reviews,
         review,
         replay,
