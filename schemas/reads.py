@@ -158,6 +158,8 @@ class PendingReview(msgspec.Struct, frozen=True, kw_only=True):
     agent: ShortText
     principal: ShortText
     since: ShortText
+    # What the agent asks the reviewer (its `review_prompt`), as the run recorded it.
+    prompt: Annotated[str, msgspec.Meta(max_length=2048)] = ""
 
 
 class PendingReviews(msgspec.Struct, frozen=True, kw_only=True):

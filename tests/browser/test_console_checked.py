@@ -324,3 +324,26 @@ async def test_an_approver_sends_a_proposal_back_for_a_revision_with_a_reason(
         proposal_id,
     )
     assert [r["kind"] for r in journaled] == ["proposal.pending", "proposal.revision_asked"]
+
+
+async def test_a_review_page_shows_what_the_agent_asks(browser: Any, stack: Stack) -> None:
+    with _api(stack) as api:
+        started = api.post(
+            "/runs",
+            headers={**auth(stack), **key()},
+            json={"agent": "review-assistant", "input": "Note the call about order 7781."},
+        )
+        run_id = started.json()["run_id"]
+        stopped = api.get(f"/runs/{run_id}/wait", headers=auth(stack)).json()
+        assert stopped["status"] == "awaiting_human", stopped
+        listed = api.get(
+            "/reviews", headers=auth(stack, principal="ops@acme.example", roles=["approver"])
+        ).json()["reviews"]
+    asked = "Confirm the note about the delayed shipment of order 7781 before it is added."
+    assert [r["prompt"] for r in listed if r["run_id"] == run_id] == [asked]
+    page = await (await browser.new_context(viewport={"width": 390, "height": 900})).new_page()
+    await page.goto(stack.console_link())
+    await page.goto(_console(stack, f"reviews/{stopped['pending_id']}"))
+    await expect(page.locator("#review-prompt")).to_have_text(asked)
+    await _clean(page, "a review")
+    await page.context.close()

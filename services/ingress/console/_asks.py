@@ -49,7 +49,7 @@ def decision_page(viewer: Viewer, d: dict[str, Any], *, now: datetime, answered:
     return layout(f"Decision {d['tool']}", "".join(parts), viewer)
 
 
-def review_page(viewer: Viewer, pending_id: str, *, answered: str = "") -> str:
+def review_page(viewer: Viewer, pending_id: str, *, answered: str = "", prompt: str = "") -> str:
     """A review the run's agent asked for: approve or reject it, with a comment the run reads
     as an observation."""
     parts = [f"<h1>Review {h(pending_id)}</h1>"]
@@ -60,6 +60,11 @@ def review_page(viewer: Viewer, pending_id: str, *, answered: str = "") -> str:
         f'<p>The agent of run <a href="/console/runs/{h(run_id)}">{h(run_id)}</a> '
         "asks a person to review its work before it goes on.</p>"
     )
+    if prompt:
+        # The agent's words: shown as what it asks, quoted, never as the console's own.
+        parts.append(
+            f'<h2>What it asks</h2><blockquote id="review-prompt">{h(prompt)}</blockquote>'
+        )
     if "approver" in viewer.roles and not answered:
         parts.append(
             f'<form method="post" action="/console/reviews/{h(pending_id)}" class="answer" '

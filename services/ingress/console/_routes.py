@@ -331,9 +331,12 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         got = await client.get(viewer, "/reviews", limit="500")
         if not got.ok:
             raise Bad(got.status, "Refused", got.problem)
-        if pending_id not in {r["pending_id"] for r in got.body["reviews"]}:
+        waiting = {r["pending_id"]: r for r in got.body["reviews"]}
+        if pending_id not in waiting:
             raise Bad(404, "Not found", "no review of your tenant is waiting under this id")
-        return html_page(asks.review_page(viewer, pending_id))
+        return html_page(
+            asks.review_page(viewer, pending_id, prompt=waiting[pending_id].get("prompt", ""))
+        )
 
     @post("/reviews/{pending_id:str}", include_in_schema=False, status_code=200)
     @_page
