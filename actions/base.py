@@ -146,6 +146,16 @@ class ActionContract(Generic[RequestT, ArgumentsT, PreviewT, FactsT]):
     reach: ClassVar[frozenset[str]] = frozenset()
     free_text: ClassVar[frozenset[str]] = frozenset()
     matches: ClassVar[dict[str, Literal["exact", "casefold"]]] = {}
+    # Four eyes: from this amount (the preview's `amount_cents`, in minor units) a proposal
+    # needs two distinct approvers, neither of them its requester. None: one approver.
+    two_approvers_from_cents: ClassVar[int | None] = None
+
+    def approvers_needed(self, preview: dict[str, Any]) -> int:
+        """How many distinct people must approve a proposal with this (stored) preview."""
+        amount = preview.get("amount_cents")
+        if self.two_approvers_from_cents is None or not isinstance(amount, int):
+            return 1
+        return 2 if amount >= self.two_approvers_from_cents else 1
 
     def grant_may_cover(self) -> bool:
         """Whether a standing grant (or a run's grant) may allow this action without asking."""

@@ -37,6 +37,7 @@ class PaymentChargeCreate(
     arguments = ChargeArguments
     preview = ChargeArguments
     reach = frozenset({"amount_cents"})
+    two_approvers_from_cents = 50_000  # 500.00 in the currency: four eyes
     free_text = frozenset({"description"})
     matches = {"currency": "casefold"}
 

@@ -128,6 +128,7 @@ class PaymentRefund(ActionContract[RefundRequest, RefundArguments, RefundPreview
     arguments = RefundArguments
     preview = RefundPreview
     reach = frozenset({"amount_cents"})
+    two_approvers_from_cents = 50_000  # 500.00 in the currency: four eyes
     facts = PaymentFacts
 
     def facts_ref(self, request: RefundRequest) -> FactsRef:

@@ -12,7 +12,7 @@ __all__ = ["CommandAdmitted", "DispatchCommand", "ProposalRefused"]
 
 
 # Why admission refused a proposal: what `decide` said, or what admission found itself.
-RefusalVerdict = Literal["deny", "ask", "invalid", "conflict", "rejected"]
+RefusalVerdict = Literal["deny", "ask", "invalid", "conflict", "rejected", "revise"]
 
 
 class CommandAdmitted(Event, frozen=True):

@@ -17,7 +17,8 @@ class ProposalAnswer(Event, frozen=True):
     request_id: Id
     approver: Principal
     proposal_id: Id
-    answer: Literal["approve", "reject"]
+    # `revise`: send it back with a reason, which the run (or host) gets as a typed outcome.
+    answer: Literal["approve", "reject", "revise"]
     reason: ShortText = ""
     grant: Literal["once", "always"] = "once"
     # Set when the approver answered the proposal's pending decision (a `HumanDecision` naming

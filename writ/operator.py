@@ -193,7 +193,11 @@ async def answer_proposal(
         if result.get(k)
     ]
     print(f"{proposal_id}: {result['status']}" + (f" ({'; '.join(details)})" if details else ""))
-    return 0 if result["status"] in ("claimed", "rejected", "already_completed") else 1
+    return (
+        0
+        if result["status"] in ("claimed", "rejected", "already_completed", "approval_recorded")
+        else 1
+    )
 
 
 async def answer_review(

@@ -68,7 +68,7 @@ class ProposalApprovals:
         if (
             answered.answer == "deny"
             and answered.answered_by == "nobody"  # governance's clock: the proposal expired
-            and await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
+            and await self._store.expire_proposal(proposal)
         ):
             await self._refuse(
                 _proposal_message(proposal),
@@ -82,6 +82,18 @@ class ProposalApprovals:
                 proposal, answered.answered_by, answered.reason, answered.decision_id
             )
             return
+        contract = ACTIONS.get(proposal.action)
+        needed = contract.approvers_needed(proposal.preview) if contract is not None else 1
+        if needed > 1:
+            others = set(await self._store.approvals(proposal.tenant, proposal.proposal_id)) - {
+                answered.answered_by,
+                proposal.principal,
+            }
+            if len(others) < needed - 1:
+                log.warning(
+                    "proposal %s: one approval of %d, not admitted", proposal.public_id, needed
+                )
+                return  # four eyes: one answer is not enough, whichever door it came through
         await self._claim(proposal, answered, answered.answered_by)
 
     async def on_proposal_answer(self, ans: ProposalAnswer) -> None:
@@ -108,10 +120,26 @@ class ProposalApprovals:
                 code="PROPOSAL_MISMATCH",
             )
             return
+        if ans.answer == "revise" and not ans.reason.strip():
+            await self._reply(
+                ans,
+                "not_approvable",
+                code="INVALID_ANSWER",
+                reason="asking for a revision needs a reason: it is what the agent must revise",
+            )
+            return
         if not await self._still_approvable(ans, proposal):
+            return
+        if ans.answer == "approve" and not await self._enough_approvers(ans, proposal):
             return
         answered = await self._answer_with_governance(ans, proposal)
         if answered is None:
+            return
+        if ans.answer == "revise":
+            await self._reject(
+                proposal, ans.approver, ans.reason, answered.decision_id, revise=True
+            )
+            await self._reply(ans, "rejected", reason=ans.reason, code="REVISION_ASKED")
             return
         if ans.answer == "reject":
             await self._reject(proposal, ans.approver, ans.reason, answered.decision_id)
@@ -136,7 +164,7 @@ class ProposalApprovals:
             )
             return False
         if proposal.expires_at is not None and proposal.expires_at <= datetime.now(UTC):
-            await self._store.expire_proposal(proposal.tenant, proposal.proposal_id)
+            await self._store.expire_proposal(proposal)
             await self._reply(ans, "not_approvable", reason="the proposal expired", code="EXPIRED")
             return False
         contract = ACTIONS.get(proposal.action)
@@ -160,6 +188,34 @@ class ProposalApprovals:
             )
             return False
         return True
+
+    async def _enough_approvers(self, ans: ProposalAnswer, proposal: ProposalRow) -> bool:
+        """Four eyes: records this approval of a proposal whose contract asks for two distinct
+        approvers; True once another person (never the requester) approved it too, otherwise
+        answers how many approvals it has (or that this person approved it already)."""
+        needed = ACTIONS[proposal.action].approvers_needed(proposal.preview)
+        if needed < 2:
+            return True
+        added = await self._store.add_approval(proposal, ans.approver)
+        approvers = await self._store.approvals(proposal.tenant, proposal.proposal_id)
+        others = set(approvers) - {ans.approver, proposal.principal}
+        if ans.approver in approvers and len(others) >= needed - 1:
+            return True
+        if not added:
+            await self._reply(
+                ans,
+                "not_approvable",
+                code="ALREADY_APPROVED",
+                reason=f"you approved it already: it needs {needed} distinct approvers, "
+                "another approver must approve it",
+            )
+            return False
+        await self._reply(
+            ans,
+            "approval_recorded",
+            reason=f"{len(approvers)} of {needed} approvals: another approver must approve it",
+        )
+        return False
 
     async def _answer_with_governance(
         self, ans: ProposalAnswer, proposal: ProposalRow
@@ -270,10 +326,23 @@ class ProposalApprovals:
             assert fresh is not None
             await self._reply_state(ans, fresh)
 
-    async def _reject(self, proposal: ProposalRow, by: str, why: str, decision_id: str) -> None:
-        reason = f"rejected by {by}" + (f": {why}" if why else "")
-        if await self._store.reject_proposal(proposal.tenant, proposal.proposal_id, reason):
-            await self._refuse(_proposal_message(proposal), "rejected", reason[:500], decision_id)
+    async def _reject(
+        self, proposal: ProposalRow, by: str, why: str, decision_id: str, *, revise: bool = False
+    ) -> None:
+        """pending -> rejected, and the run (or host) told; `revise`: sent back for a revision,
+        the reason being what to revise (a typed outcome of its own, journaled as such)."""
+        if revise:
+            reason = f"revision asked by {by}: {why}"
+        else:
+            reason = f"rejected by {by}" + (f": {why}" if why else "")
+        kind = "proposal.revision_asked" if revise else "proposal.rejected"
+        if await self._store.reject_proposal(proposal, reason, by=by, kind=kind):
+            await self._refuse(
+                _proposal_message(proposal),
+                "revise" if revise else "rejected",
+                reason[:500],
+                decision_id,
+            )
 
     async def _reply_state(self, ans: ProposalAnswer, proposal: ProposalRow) -> None:
         """A proposal that is not pending: its recorded outcome, or why it cannot be approved."""
@@ -339,7 +408,7 @@ class ProposalApprovals:
                     pending_id=ans.pending_id,
                     accepted=taken,
                     message=(
-                        f"answered {'deny' if ans.answer == 'reject' else ans.grant}"
+                        f"answered {ans.grant if ans.answer == 'approve' else 'deny'}"
                         if taken
                         else f"already answered: the proposal's outcome is {outcome or 'pending'}"
                         if status == "already_completed"

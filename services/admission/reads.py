@@ -16,6 +16,7 @@ import asyncpg
 import msgspec
 from nats.micro.request import Request
 
+from actions import ACTIONS
 from actions.base import outcome_of
 from libs.runtime import Endpoint
 from schemas.host import CommandResult, ErrorInfo, ProposalView
@@ -57,18 +58,22 @@ SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{{}}'::jsonb) AS pr
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
        c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
        p.facts_read_at, p.decision_line,
-       p.policy_version
+       p.policy_version,
+       ARRAY(SELECT a.approver FROM admission.proposal_approvals a
+             WHERE a.tenant = p.tenant AND a.proposal_id = p.proposal_id
+             ORDER BY a.approved_at, a.approver) AS approvals
 FROM admission.proposals p
 LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
 WHERE p.tenant = $1 AND p.public_id IS NOT NULL"""
 
 
 def _detail(row: Any) -> ProposalDetail:
+    preview = json.loads(row["preview"])
     return ProposalDetail(
         proposal_id=row["public_id"],
         run_id=row["run_id"],
         action=row["action"],
-        preview=json.loads(row["preview"]),
+        preview=preview,
         request_hash=row["request_hash"],
         state=row["state"],
         expires_at=row["expires_at"] and row["expires_at"].isoformat(),
@@ -87,6 +92,10 @@ def _detail(row: Any) -> ProposalDetail:
         facts_read_at=row["facts_read_at"] and row["facts_read_at"].isoformat(),
         decision_line=row["decision_line"],
         policy_version=row["policy_version"],
+        approvals=list(row["approvals"]),
+        approvals_needed=(
+            contract.approvers_needed(preview) if (contract := ACTIONS.get(row["action"])) else 1
+        ),
     )
 
 

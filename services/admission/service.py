@@ -24,22 +24,22 @@ import msgspec
 from opentelemetry import trace
 from prometheus_client import Gauge
 
-from actions.base import Outcome, outcome_of
 from libs.actor import Delivery, run_actor
-from libs.bus import ConsumerSpec, publish, publish_now
+from libs.bus import ConsumerSpec, publish_now
 from libs.decide import DecideUnavailable, decide, decide_batch
 from libs.facts import read_facts
 from libs.journal import Sealer
 from libs.runtime import Runtime
 from libs.telemetry import inject_context, refresh_every
 from schemas import subjects
-from schemas.admission import CommandAdmitted, ProposalRefused, RefusalVerdict
+from schemas.admission import CommandAdmitted, RefusalVerdict
 from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecideRequest, Decision, DecisionAnswered
-from schemas.host import CommandResult, CommandStatus, ErrorInfo, ProposalView
+from schemas.host import CommandStatus
 from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
 from services.admission._approvals import ProposalApprovals
+from services.admission._replies import Replies, view_of
 from services.admission.logic import (
     Invalid,
     Resolved,
@@ -56,7 +56,6 @@ from services.admission.store import (
     AdmissionStore,
     CommandAdmission,
     Known,
-    ProposalRow,
     StoredCommand,
 )
 
@@ -93,13 +92,14 @@ class AdmissionService:
         self._gauges_every_s = gauges_every_s
         self._decoder = msgspec.json.Decoder(Inbound)
         self._encoder = msgspec.json.Encoder()
+        self._replies = Replies(rt=rt, store=store)
         self._approvals = ProposalApprovals(
             rt=rt,
             store=store,
             command_ttl=command_ttl,
             decide_timeout_s=decide_timeout_s,
             known=self._known,
-            refuse=self._refuse,
+            refuse=self._replies.refuse,
         )
         self._commands = Gauge(
             "writ_admission_commands",
@@ -167,7 +167,7 @@ class AdmissionService:
         command."""
         message = delivery.message
         if isinstance(message, CommandOutcome):
-            await self._answer_outcome(message)
+            await self._replies.answer_outcome(message)
         elif isinstance(message, DecisionAnswered):
             await self._approvals.on_answered(message)
         elif isinstance(message, ProposalAnswer):
@@ -234,7 +234,7 @@ class AdmissionService:
                     try:
                         j.valid = validate(p)
                     except Invalid as exc:
-                        await self._refuse(p, "invalid", str(exc)[:500])
+                        await self._replies.refuse(p, "invalid", str(exc)[:500])
                         span.end()
                         continue
             except Exception as exc:
@@ -277,7 +277,7 @@ class AdmissionService:
                     raise Invalid(stale)
                 j.resolved = resolved
             except Invalid as exc:
-                await self._refuse(j.p, "invalid", str(exc)[:500])
+                await self._replies.refuse(j.p, "invalid", str(exc)[:500])
 
         async with anyio.create_task_group() as tg:
             for j, known in zip(pending, knowns, strict=True):
@@ -408,7 +408,7 @@ class AdmissionService:
         state, decision_id, reason = recorded
         row = await self._store.proposal_row(p.tenant, proposal_id=proposal_id)
         if p.operation_key is not None and row is not None and (row.request_hash != request_hash):
-            await self._refuse(
+            await self._replies.refuse(
                 p,
                 "conflict",
                 f"operation key {p.operation_key} was already used with another "
@@ -420,15 +420,17 @@ class AdmissionService:
             if state == "pending"
             else "rejected"
             if reason.startswith("rejected by")
+            else "revise"
+            if reason.startswith("revision asked by")
             else "deny"
         )
-        await self._refuse(
+        await self._replies.refuse(
             p,
             verdict,
             reason,
             decision_id,
             pending_id=decision_id if state == "pending" else None,
-            proposal=_view(row) if row is not None and state == "pending" else None,
+            proposal=view_of(row) if row is not None and state == "pending" else None,
         )
 
     async def _not_allowed(self, j: _Judging, decision: Decision) -> None:
@@ -461,13 +463,13 @@ class AdmissionService:
             decision_line=decision.line,
             policy_version=decision.policy_version,
         )
-        await self._refuse(
+        await self._replies.refuse(
             p,
             decision.verdict,
             decision.reason,
             decision.decision_id,
             pending_id=decision.pending_id,
-            proposal=_view(stored) if decision.verdict == "ask" else None,
+            proposal=view_of(stored) if decision.verdict == "ask" else None,
         )
 
     async def _read_facts(self, tenant: str, valid: Validated) -> dict[str, object] | None:
@@ -491,7 +493,7 @@ class AdmissionService:
     ) -> None:
         """The key is registered: a replay returns the recorded state, a new payload conflicts."""
         if stored.request_hash != request_hash:
-            await self._refuse(
+            await self._replies.refuse(
                 p,
                 "conflict",
                 f"operation key {p.operation_key or operation_id} was already "
@@ -519,7 +521,7 @@ class AdmissionService:
         )
         if p.operation_key is not None and replay:
             # A host replaying its key learns the recorded state (and outcome, if terminal).
-            await self._answer_host(
+            await self._replies.answer_host(
                 p.tenant,
                 p.request_id or "",
                 p.operation_key,
@@ -528,59 +530,6 @@ class AdmissionService:
                 stored.receipt,
                 stored.reason,
             )
-
-    async def _answer_outcome(self, outcome: CommandOutcome) -> None:
-        stored = await self._store.command(outcome.tenant, outcome.operation_id)
-        if stored is None or stored.origin != "host" or stored.operation_key is None:
-            return  # a run's command: the planner answers its host
-        await self._answer_host(
-            outcome.tenant,
-            stored.request_id or "",
-            stored.operation_key,
-            outcome.operation_id,
-            outcome.state,
-            outcome.receipt,
-            outcome.reason,
-        )
-
-    async def _answer_host(
-        self,
-        tenant: str,
-        request_id: str,
-        operation_key: str,
-        operation_id: str | None,
-        status: CommandStatus,
-        receipt: str | None,
-        reason: str | None,
-        code: str | None = None,
-        pending_id: str | None = None,
-        proposal: ProposalView | None = None,
-    ) -> None:
-        error = None
-        outcome: Outcome | None = None
-        if operation_id is not None:
-            outcome = outcome_of(status, receipt=receipt, reason=reason, operation_id=operation_id)
-            if outcome.kind == "terminal_failure":
-                reason = outcome.detail  # a correlation id, never the provider's words
-        if status not in ("succeeded", "pending", "dispatching"):
-            error = ErrorInfo(code=code or status.upper(), message=(reason or status)[:512])
-        await publish(
-            self._rt.js,
-            subjects.result(tenant),
-            CommandResult(
-                request_id=request_id,
-                operation_key=operation_key,
-                status=status,
-                operation_id=operation_id,
-                receipt=receipt,
-                error=error,
-                pending_id=pending_id,
-                proposal=proposal,
-                outcome=outcome.kind if outcome else None,
-                correlation_id=outcome.correlation_id if outcome else None,
-            ),
-            msg_id=f"command-result:{tenant}:{request_id}:{operation_id}:{status}",
-        )
 
     def _decide_request(
         self, p: ProposeCommand, arguments: dict[str, object], proposal_id: str
@@ -596,64 +545,6 @@ class AdmissionService:
             proposal_id=proposal_id,
             # The decision closes when the proposal expires: nothing answers an expired one.
             ask_open_s=max(1, int(self._proposal_ttl.total_seconds())),
-        )
-
-    async def _refuse(
-        self,
-        p: ProposeCommand,
-        verdict: RefusalVerdict,
-        reason: str,
-        decision_id: str | None = None,
-        *,
-        pending_id: str | None = None,
-        proposal: ProposalView | None = None,
-    ) -> None:
-        if p.operation_key is not None:
-            statuses: dict[str, CommandStatus] = {
-                "deny": "denied",
-                "ask": "awaiting_human",
-                "invalid": "rejected",
-                "conflict": "conflict",
-                "rejected": "rejected",
-            }
-            status = statuses[verdict]
-            code = {
-                "deny": "DENIED",
-                "ask": "AWAITING_HUMAN",
-                "invalid": "INVALID_COMMAND",
-                "conflict": "CONFLICT",
-                "rejected": "REJECTED",
-            }[verdict]
-            await self._answer_host(
-                p.tenant,
-                p.request_id or "",
-                p.operation_key,
-                None,
-                status,
-                None,
-                reason,
-                code,
-                pending_id,
-                proposal,
-            )
-            return
-        await publish(
-            self._rt.js,
-            subjects.refused(p.tenant),
-            ProposalRefused(
-                tenant=p.tenant,
-                run_id=p.run_id,
-                step=p.step,
-                action=p.action[:512],
-                verdict=verdict,
-                reason=reason,
-                decision_id=decision_id,
-                pending_id=pending_id,
-                proposal_id=proposal.proposal_id if proposal else None,
-                preview=proposal.preview if proposal else None,
-                expires_at=proposal.expires_at if proposal else None,
-            ),
-            msg_id=f"refused:{p.tenant}:{p.run_id}:{p.step}:{verdict}",
         )
 
 
@@ -682,13 +573,3 @@ class _Judging:
         # What the preview was computed from, and when it was read (shown to approvers).
         self.facts: object = None
         self.facts_read_at: datetime | None = None
-
-
-def _view(proposal: ProposalRow) -> ProposalView:
-    expires = proposal.expires_at.isoformat() if proposal.expires_at else ""
-    return ProposalView(
-        proposal_id=proposal.public_id,
-        action=proposal.action,
-        preview=proposal.preview,
-        expires_at=expires,
-    )

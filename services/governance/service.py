@@ -240,7 +240,8 @@ class GovernanceService:
 
     async def list_pending(self, ask: ListPending) -> PendingDecisions:
         """The tenant's decisions waiting for a person."""
-        return PendingDecisions(decisions=await self._store.pending(ask.tenant))
+        decisions, total, cursor = await self._store.pending_page(ask)
+        return PendingDecisions(decisions=decisions, total=total, next_cursor=cursor)
 
     async def deny_overdue(self) -> None:
         """An ask nobody answered in time is a deny (`Answers.deny_overdue`)."""

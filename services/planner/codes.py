@@ -14,4 +14,6 @@ REFUSAL_CODES: Final = {
     "invalid": "INVALID_PROPOSAL",
     "conflict": "CONFLICT",
     "rejected": "REJECTED",
+    # An approver sent the proposal back: the reason is what the agent must revise.
+    "revise": "REVISION_ASKED",
 }

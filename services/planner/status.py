@@ -165,6 +165,7 @@ class ReviewsEndpoint:
                             agent=r["agent"],
                             principal=r["principal"],
                             since=r["updated_at"].isoformat(),
+                            prompt=r["prompt"][:2048],
                         )
                         for r in rows
                     ]

@@ -11,10 +11,11 @@ from typing import Any
 
 import anyio
 import asyncpg
+import msgspec
 import pytest
 
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
-from schemas.governance import RegisterRun
+from schemas.governance import ListPending, RegisterRun
 from services.governance.logic import Call, Ruling, decide
 from services.governance.store import Answered, GovernanceStore, NotAnswerable, ToRecord
 
@@ -474,3 +475,36 @@ async def test_always_is_refused_for_a_contract_no_grant_may_cover_whatever_was_
     assert isinstance(refused, NotAnswerable) and refused.code == "INVALID_ANSWER"
     assert await admin.fetchval("SELECT count(*) FROM governance.standing_grants") == 0
     assert [p.pending_id for p in await gov.pending("acme")] == [pending]
+
+
+async def test_pending_decisions_come_a_page_at_a_time_counted_and_filtered(store) -> None:
+    gov, _ = store
+    about = [await _ask(gov, WRITE) for _ in range(2)]  # about proposals
+    facts = await gov.facts("acme", CODE, "alice@acme", "run-1")
+    plain = [
+        await gov.record(
+            tenant="acme",
+            run_id="run-1",
+            principal="alice@acme",
+            call=CODE,
+            ruling=decide(CODE, facts),
+            policy_version=facts.policy_version,
+        )
+        for _ in range(5)
+    ]
+    ask = ListPending(tenant="acme", about_proposal=False, limit=2, newest_first=True)
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page, total, cursor = await gov.pending_page(msgspec.structs.replace(ask, cursor=cursor))
+        assert total == 5 and len(page) <= 2
+        seen += [p.pending_id for p in page]
+        if cursor is None:
+            break
+    assert seen == list(reversed(plain))  # newest first, each once
+    every, total, cursor = await gov.pending_page(ListPending(tenant="acme"))
+    assert (total, cursor) == (7, None) and [p.pending_id for p in every] == about + plain
+    mine, total, _ = await gov.pending_page(ListPending(tenant="acme", agent="billing"))
+    assert total == 2 and {p.pending_id for p in mine} == set(about)
+    assert (await gov.pending_page(ListPending(tenant="acme", principal="bob@acme")))[1] == 0
+    assert (await gov.pending_page(ListPending(tenant="globex")))[1] == 0

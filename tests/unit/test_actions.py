@@ -1029,3 +1029,11 @@ def test_a_ticket_update_leaves_out_a_field_already_at_its_value() -> None:
     )
     assert frozen.preview.changes == {"priority": "low -> high"}
     assert update.provider_call(frozen.arguments).body == {"priority": "high"}
+
+
+def test_money_above_its_contracts_amount_needs_two_approvers() -> None:
+    charge, refund = ACTIONS["payment.charge.create"], ACTIONS["payment.refund"]
+    assert charge.approvers_needed({"amount_cents": 49_999}) == 1
+    assert charge.approvers_needed({"amount_cents": 50_000}) == 2
+    assert refund.approvers_needed({"amount_cents": 99_000}) == 2
+    assert ACTIONS["crm.note.create"].approvers_needed({"amount_cents": 10**8}) == 1

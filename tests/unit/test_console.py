@@ -8,15 +8,17 @@ import msgspec
 import pytest
 
 from actions import ACTIONS
+from services.ingress.console._asks import decision_page
 from services.ingress.console._pages import (
-    decision_page,
     outcome_box,
     proposal_final,
     proposal_page,
     time_left,
 )
-from services.ingress.console._routes import _DecideForm, _Form, _RejectForm
 from services.ingress.console._session import Viewer
+from services.ingress.console._web import DecideForm as _DecideForm
+from services.ingress.console._web import Form as _Form
+from services.ingress.console._web import RejectForm as _RejectForm
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 

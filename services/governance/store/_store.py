@@ -15,7 +15,7 @@ import asyncpg
 import msgspec
 
 from libs.journal import Journal
-from schemas.governance import Answer, PendingDecision, RegisterRun
+from schemas.governance import Answer, ListPending, PendingDecision, RegisterRun
 from schemas.planner import root_run_id
 from services.governance.budgets import Limits
 from services.governance.logic import Call, Facts, Ruling, source_of
@@ -294,16 +294,44 @@ class GovernanceStore(BudgetStore):
 
     async def pending(self, tenant: str, limit: int = 500) -> list[PendingDecision]:
         """The tenant's unanswered decisions, oldest first."""
-        rows = await self._pool.fetch(
-            "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
-            "first_argument, reason, options, attended, deadline, created_at, "
-            "proposal_id IS NOT NULL AS about_proposal "
-            "FROM governance.pending WHERE tenant = $1 AND answer IS NULL "
-            "ORDER BY created_at LIMIT $2",
-            tenant,
-            limit,
+        return (await self.pending_page(ListPending(tenant=tenant, limit=limit)))[0]
+
+    async def pending_page(self, ask: ListPending) -> tuple[list[PendingDecision], int, str | None]:
+        """A page of the tenant's unanswered decisions (oldest first unless `ask` says newest),
+        as `ask` filters them; how many match in all; and the next page's cursor."""
+        tenant = ask.tenant
+        after = _pending_cursor(ask.cursor)
+        order = "DESC" if ask.newest_first else "ASC"
+        where = (
+            "tenant = $1 AND answer IS NULL "
+            "AND ($2::bool IS NULL OR (proposal_id IS NOT NULL) = $2) "
+            "AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR tool = $4) "
+            "AND ($5::text IS NULL OR principal = $5) "
+            "AND ($6::int IS NULL OR created_at <= now() - make_interval(secs => $6))"
         )
-        return [
+        args = (tenant, ask.about_proposal, ask.agent, ask.tool, ask.principal, ask.older_than_s)
+        async with (
+            self._pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            total = await conn.fetchval(
+                f"SELECT count(*) FROM governance.pending WHERE {where}", *args
+            )
+            rows = await conn.fetch(
+                "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
+                "first_argument, reason, options, attended, deadline, created_at, "
+                "proposal_id IS NOT NULL AS about_proposal "
+                f"FROM governance.pending WHERE {where} "
+                "AND ($7::timestamptz IS NULL OR (created_at, pending_id::text) "
+                f"{'<' if ask.newest_first else '>'} ($7, $8)) "
+                f"ORDER BY created_at {order}, pending_id::text {order} LIMIT $9",
+                *args,
+                after[0] if after else None,
+                after[1] if after else None,
+                ask.limit + 1,
+            )
+        more, rows = len(rows) > ask.limit, rows[: ask.limit]
+        decisions = [
             PendingDecision(
                 pending_id=r["pending_id"],
                 run_id=r["run_id"],
@@ -321,6 +349,9 @@ class GovernanceStore(BudgetStore):
             )
             for r in rows
         ]
+        last = rows[-1] if more and rows else None
+        cursor = f"{last['created_at'].isoformat()}|{last['pending_id']}" if last else None
+        return decisions, int(total), cursor
 
     async def revoked(self, tenant: str, principal: str) -> bool:
         """Whether this principal's access to the tenant was revoked."""
@@ -575,3 +606,15 @@ class GovernanceStore(BudgetStore):
 
 class _AlreadyPending(Exception):
     """The proposal already has an open pending decision (inside `record` only)."""
+
+
+def _pending_cursor(raw: str | None) -> tuple[datetime, str] | None:
+    """A page's cursor: (created_at, pending id) of the last decision before it. One that does
+    not parse starts from the first page (it names no decision anyway)."""
+    if not raw or "|" not in raw:
+        return None
+    when, pending_id = raw.split("|", 1)
+    try:
+        return datetime.fromisoformat(when), pending_id
+    except ValueError:
+        return None

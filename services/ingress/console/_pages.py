@@ -12,11 +12,13 @@ import msgspec
 
 from actions import ACTIONS
 from services.ingress.console._session import Viewer
+from services.ingress.console._trail import trail_section
 
 __all__ = [
     "FINAL_COMMAND",
     "ago",
-    "decision_page",
+    "csrf_field",
+    "h",
     "evidence_list",
     "inbox_page",
     "inbox_rows",
@@ -25,7 +27,6 @@ __all__ = [
     "outcome_box",
     "proposal_final",
     "proposal_page",
-    "review_page",
     "run_page",
     "run_status",
     "summary",
@@ -97,7 +98,7 @@ def layout(title: str, body: str, viewer: Viewer | None = None) -> str:
         who = (
             f'<span class="who" id="who">{h(viewer.principal)} · {h(viewer.tenant)} · '
             f'{h(roles)}</span><form method="post" action="/console/sign-out" '
-            f'class="inline">{_csrf(viewer)}<button type="submit">Sign out</button></form>'
+            f'class="inline">{csrf_field(viewer)}<button type="submit">Sign out</button></form>'
         )
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -110,7 +111,8 @@ def layout(title: str, body: str, viewer: Viewer | None = None) -> str:
     )
 
 
-def _csrf(viewer: Viewer) -> str:
+def csrf_field(viewer: Viewer) -> str:
+    """The form's CSRF token, as a hidden field."""
     return f'<input type="hidden" name="csrf" value="{h(viewer.csrf)}">'
 
 
@@ -148,6 +150,7 @@ def inbox_page(
     next_cursor: str | None,
     problems: list[str],
     now: datetime,
+    more_decisions: bool = False,
 ) -> str:
     """What waits for the viewer, newest first: counted, filtered, a page at a time."""
     kind, agent, action = filters["kind"], filters["agent"], filters["action"]
@@ -179,12 +182,19 @@ def inbox_page(
         )
     said = {"proposal": "proposals", "decision": "decisions", "review": "reviews"}
     count = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n is not None)
+    older = "Older decisions" if kind == "decision" else "Older proposals"
     paging = (
         f'<a id="next-page" href="/console/?{h(urlencode({**query, "cursor": next_cursor}))}">'
-        "Older proposals</a>"
+        f"{older}</a>"
         if next_cursor
         else ""
     )
+    if more_decisions:
+        every = urlencode({**query, "kind": "decision"})
+        paging += (
+            f' <a id="all-decisions" href="/console/?{h(every)}">All '
+            f"{h(counts.get('decision'))} decisions</a>"
+        )
     if filters["cursor"]:
         paging = f'<a id="first-page" href="/console/?{h(urlencode(query))}">Newest</a> ' + paging
     body = (
@@ -331,8 +341,10 @@ def proposal_page(
     answered: str = "",
     run: dict[str, Any] | None = None,
     options: list[str] | None = None,
+    trail: dict[str, Any] | None = None,
 ) -> str:
-    """One proposal: what approving it does, in words; what it stands on; the answer.
+    """One proposal: what approving it does, in words; what it stands on; its trail, checked
+    against the journals; the answer.
 
     `options`: what its pending decision offers. "Always" is offered only here, beside the
     preview, and only where the decision offers it (never for money, access or sending
@@ -346,6 +358,13 @@ def proposal_page(
     if answered:
         parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
     parts.append(outcome_box(p, now))
+    needed, approvals = int(p.get("approvals_needed") or 1), list(p.get("approvals") or [])
+    if needed > 1 and p["state"] == "pending":
+        parts.append(
+            f'<p class="notice" id="approvals">{len(approvals)} of {needed} approvals'
+            + (f" (by {h(', '.join(approvals))})" if approvals else "")
+            + f": four eyes, {needed} distinct approvers, neither of them the requester.</p>"
+        )
     # The page's script says each change of the outcome here (the box itself is replaced).
     parts.append('<p id="announce" class="visually-hidden" role="status" aria-live="polite"></p>')
     parts.append("<h2>What approving it does</h2>")
@@ -374,6 +393,7 @@ def proposal_page(
         f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>'
     )
     parts.append(_facts(p))
+    parts.append(trail_section(trail, h))
     if run is not None:
         parts.append(f'<p id="run-state">The run is {h(run["status"])}.</p>')
     parts.append(evidence_list(run))
@@ -392,6 +412,11 @@ def proposal_page(
                     "separation of duties says another approver must approve it. "
                     "Writ refuses your approval; you may still reject it.</p>"
                 )
+            elif viewer.principal in approvals:
+                parts.append(
+                    '<p class="notice" id="own-approval">You approved it: another approver '
+                    "must approve it too.</p>"
+                )
             else:
                 always = (
                     '<button type="submit" name="grant" value="always" id="approve-always">'
@@ -403,54 +428,24 @@ def proposal_page(
                 )
                 parts.append(
                     f'<form method="post" action="/console/proposals/{pid}/approve" '
-                    f'class="answer" data-once="true">{_csrf(viewer)}'
+                    f'class="answer" data-once="true">{csrf_field(viewer)}'
                     f'<button type="submit" name="grant" value="once" id="approve">'
                     f"Approve exactly this</button>{always}</form>"
                 )
             parts.append(
                 f'<form method="post" action="/console/proposals/{pid}/reject" '
-                f'class="answer" data-once="true">{_csrf(viewer)}'
+                f'class="answer" data-once="true">{csrf_field(viewer)}'
                 f'<label>Reason (required) <textarea name="reason" id="reason" required '
                 f'maxlength="500"></textarea></label>'
                 f'<button type="submit" id="reject">Reject</button></form>'
+                f'<form method="post" action="/console/proposals/{pid}/revise" '
+                f'class="answer" data-once="true">{csrf_field(viewer)}'
+                f"<label>What the agent should change (required) "
+                f'<textarea name="reason" id="revise-reason" required maxlength="500">'
+                f"</textarea></label>"
+                f'<button type="submit" id="revise">Ask for a revision</button></form>'
             )
     return layout(f"Proposal {p['action']}", "".join(parts), viewer)
-
-
-def decision_page(viewer: Viewer, d: dict[str, Any], *, now: datetime, answered: str = "") -> str:
-    """A decision waiting for a person, with only the answers its case allows."""
-    labels = {
-        "once": "Allow once",
-        "always": "Always allow (this agent, this family)",
-        "deny": "Deny",
-    }
-    parts = [f"<h1>Decision: {h(d['tool'])}</h1>"]
-    if answered:
-        parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
-    parts.append(
-        '<table class="facts">'
-        f'<tr><th scope="row">Agent</th><td>{h(d["agent"])}</td></tr>'
-        f'<tr><th scope="row">Tool</th><td>{h(d["tool"])} ({h(d["family"])})</td></tr>'
-        f'<tr><th scope="row">First argument</th><td>{h(d["first_argument"])}</td></tr>'
-        f'<tr><th scope="row">Why it asks</th><td>{h(d["reason"])}</td></tr>'
-        f'<tr><th scope="row">Requested by</th><td>{h(d["principal"])}</td></tr>'
-        f'<tr><th scope="row">Asked</th><td>{h(ago(d["created_at"], now))} ago</td></tr>'
-        f'<tr><th scope="row">Time left</th><td>{h(time_left(d.get("deadline"), now))}</td>'
-        f'</tr><tr><th scope="row">Run</th><td><a href="/console/runs/{h(d["run_id"])}">'
-        f"{h(d['run_id'])}</a></td></tr></table>"
-    )
-    if "approver" in viewer.roles and not answered:
-        buttons = "".join(
-            f'<button type="submit" name="answer" value="{h(o)}" id="answer-{h(o)}">'
-            f"{h(labels.get(o, o))}</button>"
-            for o in d["options"]
-        )
-        parts.append(
-            f'<form method="post" action="/console/decisions/{h(d["pending_id"])}" '
-            f'class="answer" data-once="true">{_csrf(viewer)}'
-            f'<label>Reason <input name="reason" maxlength="500"></label>{buttons}</form>'
-        )
-    return layout(f"Decision {d['tool']}", "".join(parts), viewer)
 
 
 def evidence_list(run: dict[str, Any] | None) -> str:
@@ -549,7 +544,7 @@ def run_page(
         parts.append(
             f'<h2>Audit journal</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
             f'<form method="post" action="/console/runs/{rid}/replay">'
-            f'{_csrf(viewer)}<button type="submit" id="replay">Replay this run'
+            f'{csrf_field(viewer)}<button type="submit" id="replay">Replay this run'
             f"</button></form>"
         )
     if replay is not None:
@@ -564,26 +559,3 @@ def run_page(
             f"<ul>{found}{missing}</ul>"
         )
     return layout(f"Run {run['run_id']}", "".join(parts), viewer)
-
-
-def review_page(viewer: Viewer, pending_id: str, *, answered: str = "") -> str:
-    """A review the run's agent asked for: approve or reject it, with a comment the run reads
-    as an observation."""
-    parts = [f"<h1>Review {h(pending_id)}</h1>"]
-    if answered:
-        parts.append(f'<p class="answered" id="answered">{h(answered)}</p>')
-    run_id = pending_id.removeprefix("review-").rsplit("-", 1)[0]
-    parts.append(
-        f'<p>The agent of run <a href="/console/runs/{h(run_id)}">{h(run_id)}</a> '
-        "asks a person to review its work before it goes on.</p>"
-    )
-    if "approver" in viewer.roles and not answered:
-        parts.append(
-            f'<form method="post" action="/console/reviews/{h(pending_id)}" class="answer" '
-            f'data-once="true">{_csrf(viewer)}<label>Comment <textarea name="comment" '
-            f'maxlength="500"></textarea></label>'
-            '<button type="submit" name="answer" value="approve" id="review-approve">Approve'
-            '</button><button type="submit" name="answer" value="reject" id="review-reject">'
-            "Reject</button></form>"
-        )
-    return layout(f"Review {pending_id}", "".join(parts), viewer)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 from urllib.parse import quote
 
 import anyio
@@ -16,26 +16,26 @@ from litestar.datastructures import Cookie
 from litestar.params import FromPath, QueryParameter
 
 from actions import ACTIONS
+from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import ApiAnswer, ApiClient
+from services.ingress.console._inbox import inbox_items, inbox_query
 from services.ingress.console._session import COOKIE, ConsoleRefused, Sessions, Viewer
+from services.ingress.console._web import (
+    CSP,
+    HEADERS,
+    ApproveForm,
+    Bad,
+    DecideForm,
+    Form,
+    RejectForm,
+    ReviewForm,
+    html_page,
+)
 from services.ingress.logic import APPROVER_ROLE, AUDITOR_ROLE, unstorable_parameter
 
 __all__ = ["CSP", "HEADERS", "console_router"]
 
-# No inline script or style, nothing from elsewhere, no framing, forms only to the console.
-CSP: Final = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
-    "base-uri 'none'"
-)
-HEADERS: Final = {
-    "Content-Security-Policy": CSP,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-store",
-}
 _STATIC: Final = Path(__file__).parent / "static"
 _TYPES: Final = {
     "console.js": "text/javascript; charset=utf-8",
@@ -46,52 +46,8 @@ _ANSWERED: Final = {
     "claimed": "Approved: the one execution started.",
     "already_completed": "Approved before: this is its recorded outcome (nothing ran twice).",
     "rejected": "Rejected.",
+    "approval_recorded": "Your approval is recorded: another approver must approve it too.",
 }
-
-
-# What a person's browser may post: each form is closed and bounded like any API body.
-class _Form(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    csrf: Annotated[str, msgspec.Meta(max_length=128)]
-
-
-class _ApproveForm(_Form, frozen=True):
-    grant: Literal["once", "always"] = "once"
-
-
-class _RejectForm(_Form, frozen=True):
-    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=500)]
-
-
-class _DecideForm(_Form, frozen=True):
-    answer: Literal["once", "always", "deny"]
-    reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
-
-
-class _ReviewForm(_Form, frozen=True):
-    answer: Literal["approve", "reject"]
-    comment: Annotated[str, msgspec.Meta(max_length=500)] = ""
-
-
-class _Bad(Exception):
-    def __init__(self, status: int, title: str, text: str) -> None:
-        super().__init__(text)
-        self.status, self.title, self.text = status, title, text
-
-
-def _html(
-    body: str,
-    status: int = 200,
-    *,
-    cookies: list[Cookie] | None = None,
-    headers: dict[str, str] | None = None,
-) -> Response[str]:
-    return Response(
-        body,
-        status_code=status,
-        media_type="text/html; charset=utf-8",
-        headers={**HEADERS, **(headers or {})},
-        cookies=cookies or [],
-    )
 
 
 def console_router(sessions: Sessions, client: ApiClient) -> Router:
@@ -102,7 +58,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         try:
             return await sessions.viewer(request)
         except ConsoleRefused as exc:
-            raise _Bad(
+            raise Bad(
                 exc.status,
                 "Not signed in" if exc.status == 401 else "Not allowed",
                 f"{exc.reason}. The console takes your identity from your organisation's "
@@ -113,7 +69,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         raw = dict(await request.form())
         sent = raw.get("csrf")
         if not isinstance(sent, str) or not viewer.csrf_ok(sent):
-            raise _Bad(
+            raise Bad(
                 403,
                 "Refused",
                 "this form's CSRF token is missing or wrong: nothing "
@@ -122,7 +78,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         try:
             return msgspec.convert(raw, kind, strict=False)
         except msgspec.ValidationError as exc:
-            raise _Bad(400, "Invalid answer", f"nothing was done: {exc}") from exc
+            raise Bad(400, "Invalid answer", f"nothing was done: {exc}") from exc
 
     def _page(handler: Any) -> Any:
         """Render refusals as pages (the wrapped handler returns a page's HTML)."""
@@ -132,8 +88,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             try:
                 viewer = await _viewer(request)
                 return await handler(request, viewer, **kw)
-            except _Bad as exc:
-                return _html(pages.message_page(exc.title, exc.text, viewer), exc.status)
+            except Bad as exc:
+                return html_page(pages.message_page(exc.title, exc.text, viewer), exc.status)
 
         # Litestar reads the route's parameters from the signature: the handler's, without
         # the viewer this wrapper supplies.
@@ -147,120 +103,19 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         wrapped.__name__, wrapped.__doc__ = handler.__name__, handler.__doc__
         return wrapped
 
-    def _not_found(answer: ApiAnswer, what: str) -> _Bad:
+    def _not_found(answer: ApiAnswer, what: str) -> Bad:
         # A malformed id gets what an unknown or another tenant's one gets: not found.
         if answer.status in (400, 404):
-            return _Bad(404, "Not found", f"no {what} of your tenant under this id")
-        return _Bad(answer.status, "Refused", answer.problem)
-
-    async def _inbox_items(
-        viewer: Viewer, f: _Inbox
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """One page of what waits for the viewer, and the page's counts and cursor.
-
-        Proposals come a page at a time from the API (newest first, every one reachable by
-        its cursor, filtered there); decisions about other calls and reviews are few, and
-        come with the first page. A decision about a proposal is never a row of its own: it
-        is answered on its proposal."""
-        items: list[dict[str, Any]] = []
-        page: dict[str, Any] = {"problems": [], "counts": {}, "next": None, "agents": set()}
-        if APPROVER_ROLE not in viewer.roles:
-            page["problems"].append("Only approvers have an inbox; auditors open runs by their id.")
-            return items, page
-        if f.kind in ("", "proposal"):
-            got_p = await client.get(
-                viewer,
-                "/proposals",
-                state="pending",
-                limit=str(_PAGE),
-                cursor=f.cursor or None,
-                action=f.action or None,
-                agent=f.agent or None,
-                requester=f.requester or None,
-                older_than_s=str(f.older_than_min * 60) if f.older_than_min else None,
-            )
-            if got_p.ok:
-                page["counts"]["proposal"] = got_p.body.get("total")
-                page["next"] = got_p.body.get("next_cursor")
-                for p in got_p.body["proposals"]:
-                    items.append(
-                        {
-                            "kind": "proposal",
-                            "id": p["proposal_id"],
-                            "agent": p.get("agent"),
-                            "what": p["action"],
-                            "requester": p.get("requester"),
-                            "created_at": p.get("created_at"),
-                            "expires_at": p.get("expires_at"),
-                            "href": f"/console/proposals/{p['proposal_id']}",
-                        }
-                    )
-            else:
-                page["problems"].append(f"proposals: {got_p.problem}")
-        others: list[dict[str, Any]] = []
-        if f.kind in ("", "decision"):
-            got_d = await client.get(viewer, "/pending-decisions")
-            if got_d.ok:
-                for d in got_d.body["decisions"]:
-                    if d.get("about_proposal"):
-                        continue  # shown as its proposal: answered beside its preview
-                    others.append(
-                        {
-                            "kind": "decision",
-                            "id": d["pending_id"],
-                            "agent": d["agent"],
-                            "what": d["tool"],
-                            "requester": d["principal"],
-                            "created_at": d["created_at"],
-                            "expires_at": d.get("deadline"),
-                            "href": f"/console/decisions/{d['pending_id']}",
-                        }
-                    )
-            else:
-                page["problems"].append(f"decisions: {got_d.problem}")
-        if f.kind in ("", "review"):
-            got_r = await client.get(viewer, "/reviews")
-            if got_r.ok:
-                for r in got_r.body["reviews"]:
-                    others.append(
-                        {
-                            "kind": "review",
-                            "id": r["pending_id"],
-                            "agent": r["agent"],
-                            "what": "review of its work",
-                            "requester": r["principal"],
-                            "created_at": r["since"],
-                            "expires_at": None,
-                            "href": f"/console/reviews/{r['pending_id']}",
-                        }
-                    )
-            else:
-                page["problems"].append(f"reviews: {got_r.problem}")
-        page["agents"] = {str(i["agent"]) for i in items + others if i["agent"]}
-        cutoff = datetime.now(UTC) - timedelta(minutes=f.older_than_min)
-        others = [
-            i
-            for i in others
-            if f.agent in ("", i["agent"])
-            and f.action in ("", i["what"])
-            and f.requester in ("", i["requester"])
-            and (not f.older_than_min or (pages.when(i["created_at"]) or cutoff) <= cutoff)
-        ]
-        for kind in ("decision", "review"):
-            if f.kind in ("", kind):
-                page["counts"][kind] = sum(1 for i in others if i["kind"] == kind)
-        if not f.cursor:  # the first page carries the few that are not proposals
-            items += others
-        items.sort(key=lambda i: i["created_at"] or "", reverse=True)
-        return items, page
+            return Bad(404, "Not found", f"no {what} of your tenant under this id")
+        return Bad(answer.status, "Refused", answer.problem)
 
     @get("/", include_in_schema=False)
     @_page
     async def inbox(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
         """Everything waiting for the viewer."""
-        f = _filters(request)
-        items, page = await _inbox_items(viewer, f)
-        return _html(
+        f = inbox_query(request)
+        items, page = await inbox_items(client, viewer, f)
+        return html_page(
             pages.inbox_page(
                 viewer,
                 items,
@@ -269,6 +124,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 actions=sorted(ACTIONS),
                 counts=page["counts"],
                 next_cursor=page["next"],
+                more_decisions=page["more_decisions"],
                 problems=page["problems"],
                 now=datetime.now(UTC),
             )
@@ -278,8 +134,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     @_page
     async def inbox_rows(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
         """The inbox's rows, for the page to poll."""
-        items, _ = await _inbox_items(viewer, _filters(request))
-        return _html(pages.inbox_rows(items, datetime.now(UTC)))
+        items, _ = await inbox_items(client, viewer, inbox_query(request))
+        return html_page(pages.inbox_rows(items, datetime.now(UTC)))
 
     async def _proposal(viewer: Viewer, proposal_id: str) -> dict[str, Any]:
         got = await client.get(viewer, f"/proposals/{proposal_id}")
@@ -290,6 +146,11 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     async def _run_of(viewer: Viewer, p: dict[str, Any]) -> dict[str, Any] | None:
         """The run that proposed it (None: a host's own command, which no agent ran)."""
         got = await client.get(viewer, f"/runs/{p['run_id']}")
+        return got.body if got.ok else None
+
+    async def _trail(viewer: Viewer, proposal_id: str) -> dict[str, Any] | None:
+        """The proposal's trail, checked against the journals (None: it could not be read)."""
+        got = await client.get(viewer, f"/proposals/{proposal_id}/trail")
         return got.body if got.ok else None
 
     async def _options(viewer: Viewer, p: dict[str, Any]) -> list[str]:
@@ -307,13 +168,14 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     ) -> Response[str]:
         """One proposal, in words."""
         p = await _proposal(viewer, proposal_id)
-        return _html(
+        return html_page(
             pages.proposal_page(
                 viewer,
                 p,
                 now=datetime.now(UTC),
                 run=await _run_of(viewer, p),
                 options=await _options(viewer, p),
+                trail=await _trail(viewer, proposal_id),
             )
         )
 
@@ -324,16 +186,16 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     ) -> Response[str]:
         """Where the proposal stands, for the page to follow."""
         p = await _proposal(viewer, proposal_id)
-        return _html(pages.outcome_box(p, datetime.now(UTC)))
+        return html_page(pages.outcome_box(p, datetime.now(UTC)))
 
     async def _answer_proposal(
         request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str, answer: str
     ) -> Response[str]:
         if answer == "approve":
             # "always" only where the decision offers it: governance refuses it otherwise.
-            body: dict[str, Any] = {"grant": (await _form(request, viewer, _ApproveForm)).grant}
+            body: dict[str, Any] = {"grant": (await _form(request, viewer, ApproveForm)).grant}
         else:
-            body = {"reason": (await _form(request, viewer, _RejectForm)).reason}
+            body = {"reason": (await _form(request, viewer, RejectForm)).reason}
         # The proposal's id and, to reject, a reason: nothing that was approved is sent
         # again. A fresh key per click: admission's one claim says which click executes.
         got = await client.post(
@@ -347,12 +209,14 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             ):
                 raise _not_found(got, "proposal")
             said = f"Nothing was done — {got.problem}"
+        elif got.body.get("code") == "REVISION_ASKED":
+            said = "Sent back for a revision: the agent gets your reason."
         elif got.body["status"] == "not_approvable":
             said = f"Not {answer}d — {got.body.get('code')}: {got.body.get('reason') or ''}"
         else:
             said = _ANSWERED[got.body["status"]]
         p = await _proposal(viewer, proposal_id)
-        return _html(
+        return html_page(
             pages.proposal_page(
                 viewer,
                 p,
@@ -360,6 +224,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 answered=said,
                 run=await _run_of(viewer, p),
                 options=await _options(viewer, p),
+                trail=await _trail(viewer, proposal_id),
             )
         )
 
@@ -370,6 +235,14 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     ) -> Response[str]:
         """Approve exactly the frozen proposal, by its id."""
         return await _answer_proposal(request, viewer, proposal_id, "approve")
+
+    @post("/proposals/{proposal_id:str}/revise", include_in_schema=False, status_code=200)
+    @_page
+    async def revise(
+        request: Request[Any, Any, Any], viewer: Viewer, proposal_id: str
+    ) -> Response[str]:
+        """Send a proposal back for a revision, with what to change."""
+        return await _answer_proposal(request, viewer, proposal_id, "revise")
 
     @post("/proposals/{proposal_id:str}/reject", include_in_schema=False, status_code=200)
     @_page
@@ -382,7 +255,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     async def _decision(viewer: Viewer, pending_id: str) -> dict[str, Any] | None:
         got = await client.get(viewer, "/pending-decisions")
         if not got.ok:
-            raise _Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, "Refused", got.problem)
         return next((d for d in got.body["decisions"] if d["pending_id"] == pending_id), None)
 
     async def _proposal_asked_by(viewer: Viewer, pending_id: str) -> str | None:
@@ -390,7 +263,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         preview (one door per effect)."""
         got = await client.get(viewer, "/proposals", state="pending", limit="500")
         if not got.ok:
-            raise _Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, "Refused", got.problem)
         return next(
             (
                 p["proposal_id"]
@@ -409,7 +282,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         proposal's page, where the frozen preview is shown."""
         d = await _decision(viewer, pending_id)
         if d is None:
-            raise _Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+            raise Bad(404, "Not found", "no decision of your tenant is waiting under this id")
         if (proposal_id := await _proposal_asked_by(viewer, pending_id)) is not None:
             return Response(
                 "",
@@ -419,8 +292,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             )
         if d.get("about_proposal"):
             # Its proposal is no longer waiting (it expired a moment ago): nothing to answer.
-            raise _Bad(410, "Gone", "the proposal this decision is about no longer waits")
-        return _html(pages.decision_page(viewer, d, now=datetime.now(UTC)))
+            raise Bad(410, "Gone", "the proposal this decision is about no longer waits")
+        return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC)))
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
     @_page
@@ -428,10 +301,10 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
     ) -> Response[str]:
         """Answer a pending decision."""
-        form = await _form(request, viewer, _DecideForm)
+        form = await _form(request, viewer, DecideForm)
         d = await _decision(viewer, pending_id)
         if d is None:
-            raise _Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+            raise Bad(404, "Not found", "no decision of your tenant is waiting under this id")
         got = await client.post(
             viewer,
             "/pending-decisions/decide",
@@ -446,7 +319,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             )
         else:
             said = f"Nothing was done — {got.problem}"
-        return _html(pages.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
+        return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
 
     @get("/reviews/{pending_id:str}", include_in_schema=False)
     @_page
@@ -457,10 +330,13 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         form to answer it."""
         got = await client.get(viewer, "/reviews", limit="500")
         if not got.ok:
-            raise _Bad(got.status, "Refused", got.problem)
-        if pending_id not in {r["pending_id"] for r in got.body["reviews"]}:
-            raise _Bad(404, "Not found", "no review of your tenant is waiting under this id")
-        return _html(pages.review_page(viewer, pending_id))
+            raise Bad(got.status, "Refused", got.problem)
+        waiting = {r["pending_id"]: r for r in got.body["reviews"]}
+        if pending_id not in waiting:
+            raise Bad(404, "Not found", "no review of your tenant is waiting under this id")
+        return html_page(
+            asks.review_page(viewer, pending_id, prompt=waiting[pending_id].get("prompt", ""))
+        )
 
     @post("/reviews/{pending_id:str}", include_in_schema=False, status_code=200)
     @_page
@@ -468,7 +344,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         request: Request[Any, Any, Any], viewer: Viewer, pending_id: str
     ) -> Response[str]:
         """Approve or reject a review, with a comment."""
-        form = await _form(request, viewer, _ReviewForm)
+        form = await _form(request, viewer, ReviewForm)
         got = await client.post(
             viewer,
             f"/reviews/{pending_id}",
@@ -483,7 +359,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             )
         else:
             said = f"Nothing was done — {got.problem}"
-        return _html(pages.review_page(viewer, pending_id, answered=said))
+        return html_page(asks.review_page(viewer, pending_id, answered=said))
 
     async def _run(
         request: Request[Any, Any, Any],
@@ -499,7 +375,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         if AUDITOR_ROLE in viewer.roles:
             verified = await client.get(viewer, "/audit/verify")
             journals = verified.body if verified.ok else {"ok": False, "journals": []}
-        return _html(pages.run_page(viewer, got.body, steps, journals=journals, replay=replay))
+        return html_page(pages.run_page(viewer, got.body, steps, journals=journals, replay=replay))
 
     @get("/runs", include_in_schema=False)
     @_page
@@ -510,8 +386,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     ) -> Response[str]:
         """A run by its id (the inbox's form): its page."""
         if not run_id:
-            raise _Bad(404, "Not found", "no run of your tenant under this id")
-        return _html("", 303, headers={"Location": f"/console/runs/{quote(run_id, safe='')}"})
+            raise Bad(404, "Not found", "no run of your tenant under this id")
+        return html_page("", 303, headers={"Location": f"/console/runs/{quote(run_id, safe='')}"})
 
     @get("/runs/{run_id:str}", include_in_schema=False)
     @_page
@@ -528,13 +404,13 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         got = await client.get(viewer, f"/runs/{run_id}")
         if not got.ok:
             raise _not_found(got, "run")
-        return _html(pages.run_status(got.body))
+        return html_page(pages.run_status(got.body))
 
     @post("/runs/{run_id:str}/replay", include_in_schema=False, status_code=200)
     @_page
     async def replay(request: Request[Any, Any, Any], viewer: Viewer, run_id: str) -> Response[str]:
         """Replay the run offline from the journal (auditors)."""
-        await _form(request, viewer, _Form)
+        await _form(request, viewer, Form)
         got = await client.post(viewer, f"/audit/replay/{run_id}", None)
         if not got.ok:
             raise _not_found(got, "run")
@@ -549,7 +425,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         try:
             session_id, viewer = await sessions.sign_in(token)
         except ConsoleRefused as exc:
-            return _html(pages.message_page("Sign-in refused", exc.reason), exc.status)
+            return html_page(pages.message_page("Sign-in refused", exc.reason), exc.status)
         max_age = max(1, int(viewer.expires - datetime.now(UTC).timestamp()))
         secure = request.url.scheme == "https" or (
             request.headers.get("x-forwarded-proto", "") == "https"
@@ -563,7 +439,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             samesite="strict",
             secure=secure,
         )
-        return _html(
+        return html_page(
             pages.message_page("Signed in", "Opening your inbox…"),
             303,
             cookies=[cookie],
@@ -574,12 +450,12 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     @_page
     async def sign_out(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
         """End the session."""
-        await _form(request, viewer, _Form)
+        await _form(request, viewer, Form)
         await sessions.sign_out(request)
         gone = Cookie(
             key=COOKIE, value="", path="/console", max_age=0, httponly=True, samesite="strict"
         )
-        return _html(pages.message_page("Signed out", "Your session ended."), cookies=[gone])
+        return html_page(pages.message_page("Signed out", "Your session ended."), cookies=[gone])
 
     @get("/static/{name:str}", include_in_schema=False)
     async def asset(name: FromPath[str]) -> Response[bytes]:
@@ -595,7 +471,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         said = unstorable_parameter(request.path_params, request.query_params.multi_items())
         if said is None:
             return None
-        return _html(pages.message_page("Invalid request", f"Nothing was done: {said}."), 400)
+        return html_page(pages.message_page("Invalid request", f"Nothing was done: {said}."), 400)
 
     return Router(
         "/console",
@@ -607,6 +483,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             outcome,
             approve,
             reject,
+            revise,
             decision,
             decide,
             review,
@@ -619,34 +496,6 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             sign_out,
             asset,
         ],
-    )
-
-
-_PAGE: Final = 50  # inbox rows of proposals per page
-
-
-class _Inbox(msgspec.Struct, frozen=True, kw_only=True):
-    """The inbox's filters and page, from its query string (anything else is ignored)."""
-
-    kind: str = ""
-    agent: str = ""
-    action: str = ""
-    requester: str = ""
-    older_than_min: int = 0
-    cursor: str = ""
-
-
-def _filters(request: Request[Any, Any, Any]) -> _Inbox:
-    q = request.query_params
-    kind = q.get("kind", "")
-    older = q.get("older_than_min", "")
-    return _Inbox(
-        kind=kind if kind in ("proposal", "decision", "review") else "",
-        agent=q.get("agent", "")[:128],
-        action=q.get("action", "")[:128],
-        requester=q.get("requester", "")[:256],
-        older_than_min=min(int(older), 527_040) if older.isdigit() else 0,
-        cursor=q.get("cursor", "")[:128],
     )
 
 

@@ -37,6 +37,8 @@ OPERATION_IDS: Final = {
     ("get", "/proposals/{proposal_id}"): "getProposal",
     ("post", "/proposals/{proposal_id}/approve"): "approveProposal",
     ("post", "/proposals/{proposal_id}/reject"): "rejectProposal",
+    ("post", "/proposals/{proposal_id}/revise"): "askProposalRevision",
+    ("get", "/proposals/{proposal_id}/trail"): "getProposalTrail",
     ("get", "/reviews"): "listReviews",
     ("post", "/reviews/{pending_id}"): "answerReview",
     ("get", "/reconciliation"): "listUnknownCommands",

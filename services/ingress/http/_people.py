@@ -15,11 +15,11 @@ from schemas import subjects
 from schemas.api import ApproveBody, DecideBody, RejectBody, ReviewBody
 from schemas.governance import ListPending, PendingDecisions
 from schemas.host import (
-    ApprovalAnswer,
     ApprovalResult,
     ApproveProposal,
     DecisionResult,
     HumanDecision,
+    ProposalVerdict,
     ReviewDecision,
     ReviewResult,
 )
@@ -38,6 +38,7 @@ from schemas.reads import (
     ProposalDetail,
     Proposals,
     ProposalState,
+    ProposalTrail,
     VerifyJournal,
     journal_verify,
 )
@@ -80,11 +81,35 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
             s403="FORBIDDEN: the approver role is missing",
         ),
     )
-    async def pending(request: Request[Any, Any, Any]) -> PendingDecisions:
-        """The tenant's unanswered decisions (governance's), for an approver."""
+    async def pending(
+        request: Request[Any, Any, Any],
+        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 500,
+        cursor: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        newest_first: Annotated[bool, QueryParameter()] = False,
+        about_proposal: Annotated[bool | None, QueryParameter()] = None,
+        agent: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        tool: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        requester: Annotated[str | None, QueryParameter(max_length=256)] = None,
+        older_than_s: Annotated[int | None, QueryParameter(ge=0, le=366 * 86400)] = None,
+    ) -> PendingDecisions:
+        """The tenant's unanswered decisions (governance's), for an approver: oldest first (or
+        newest), a page of `limit` after `cursor`, `total` in all and `next_cursor`, filtered
+        (`about_proposal=false`: only those about calls no proposal stands for)."""
         caller = api.caller(request, role=APPROVER_ROLE)
         return await api.ask(
-            subjects.PENDING_LIST, ListPending(tenant=caller.tenant), PendingDecisions
+            subjects.PENDING_LIST,
+            ListPending(
+                tenant=caller.tenant,
+                limit=limit,
+                cursor=cursor,
+                newest_first=newest_first,
+                about_proposal=about_proposal,
+                agent=agent,
+                tool=tool,
+                principal=requester,
+                older_than_s=older_than_s,
+            ),
+            PendingDecisions,
         )
 
     @post(
@@ -117,7 +142,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
             answer=lambda outcome: _handed_on(outcome, DecisionResult),
         )
 
-    def _proposal_answer(answer: ApprovalAnswer) -> Any:
+    def _proposal_answer(answer: ProposalVerdict) -> Any:
         async def handle(
             request: Request[Any, Any, Any], proposal_id: str, data: Any, idempotency_key: str
         ) -> ApprovalResult:
@@ -142,6 +167,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         return handle
 
     _approve, _reject = _proposal_answer("approve"), _proposal_answer("reject")
+    _revise = _proposal_answer("revise")
 
     @post(
         "/proposals/{proposal_id:str}/approve",
@@ -174,6 +200,23 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
     ) -> ApprovalResult:
         """An `ApproveProposal` (reject)."""
         return await _reject(request, proposal_id, data, idempotency_key)
+
+    @post(
+        "/proposals/{proposal_id:str}/revise",
+        status_code=200,
+        tags=["people"],
+        summary="Send a proposal back for a revision (a reason is required)",
+        responses=_ERRORS,
+    )
+    async def revise(
+        request: Request[Any, Any, Any],
+        proposal_id: FromPath[str],
+        data: JSONBody[RejectBody],
+        idempotency_key: IdempotencyKey,
+    ) -> ApprovalResult:
+        """An `ApproveProposal` (revise): the proposal ends rejected, and its run (or host
+        command) gets `REVISION_ASKED` with the reason, what the agent must revise."""
+        return await _revise(request, proposal_id, data, idempotency_key)
 
     @get(
         "/reviews",
@@ -324,13 +367,20 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         """Each journaling service verifies its own chain, checkpoints and signatures (and
         counts the tenant's entries); a service that does not answer is reported not ok."""
         caller = api.caller(request, role=AUDITOR_ROLE)
+        states = await _verified(caller.tenant, dict.fromkeys(JOURNALED, []))
+        journals = [states[s] for s in JOURNALED]
+        return JournalStates(ok=all(j.ok for j in journals), journals=journals)
+
+    async def _verified(tenant: str, asked: dict[str, list[str]]) -> dict[str, JournalState]:
+        """Each named journal verified by its service, with its entries about the subjects
+        asked of it; a service that does not answer is reported not ok."""
         states: dict[str, JournalState] = {}
 
         async def one(service: str) -> None:
             try:
                 states[service] = await api.ask(
                     journal_verify(service),
-                    VerifyJournal(tenant=caller.tenant),
+                    VerifyJournal(tenant=tenant, subjects=asked[service]),
                     JournalState,
                     timeout=30.0,
                 )
@@ -340,9 +390,57 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 )
 
         async with anyio.create_task_group() as tg:
-            for service in JOURNALED:
+            for service in asked:
                 tg.start_soon(one, service)
-        journals = [states[s] for s in JOURNALED]
-        return JournalStates(ok=all(j.ok for j in journals), journals=journals)
+        return states
 
-    return [pending, decide, proposals, proposal, approve, reject, reviews, review, replay, verify]
+    @get(
+        "/proposals/{proposal_id:str}/trail",
+        summary="A proposal's trail, checked against the audit journals",
+        tags=["people"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: neither the approver nor the auditor role",
+            s404="NOT_FOUND: no proposal of the tenant under this id",
+        ),
+    )
+    async def trail(request: Request[Any, Any, Any], proposal_id: FromPath[str]) -> ProposalTrail:
+        """Who proposed it, the decision that asked, who answered and when, each attempt and
+        the outcome: each journal's entries about the proposal, each checked against its
+        signed chain (for approvers and auditors)."""
+        caller = api.caller(request)
+        if not caller.roles & {APPROVER_ROLE, AUDITOR_ROLE}:
+            raise ApiError("FORBIDDEN", "this needs the approver or auditor role")
+        detail = await api.ask(
+            PROPOSAL_GET, GetProposal(tenant=caller.tenant, proposal_id=proposal_id), ProposalDetail
+        )
+        command = [detail.operation_id] if detail.operation_id else []
+        first = await _verified(caller.tenant, {"admission": [detail.proposal_id, *command]})
+        # The decisions the proposal's own entries name: the ask, and the approval's allow.
+        decisions = {
+            str(e.payload["decision_id"])
+            for e in first["admission"].found
+            if isinstance(e.payload.get("decision_id"), str)
+        } | ({detail.decision_id} if detail.decision_id else set())
+        rest = await _verified(
+            caller.tenant,
+            {"governance": sorted(decisions)[:16], "dispatcher": command},
+        )
+        return ProposalTrail(
+            proposal=detail, journals=[first["admission"], rest["governance"], rest["dispatcher"]]
+        )
+
+    return [
+        pending,
+        decide,
+        proposals,
+        proposal,
+        trail,
+        approve,
+        reject,
+        revise,
+        reviews,
+        review,
+        replay,
+        verify,
+    ]

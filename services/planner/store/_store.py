@@ -280,7 +280,8 @@ class PlannerStore:
     async def pending_reviews(self, tenant: str, limit: int) -> list[asyncpg.Record]:
         """The tenant's runs stopped at a review (`review-<run>-<step>`), newest first."""
         return await self._pool.fetch(
-            "SELECT pending_id, run_id, agent, principal, updated_at FROM planner.runs "
+            "SELECT pending_id, run_id, agent, principal, updated_at, "
+            "coalesce(error_message, '') AS prompt FROM planner.runs "
             "WHERE tenant = $1 AND status = 'awaiting_human' AND pending_id LIKE 'review-%' "
             "ORDER BY updated_at DESC LIMIT $2",
             tenant,
