@@ -194,9 +194,19 @@ class DecisionAnswered(Event, frozen=True):
 
 
 class ListPending(Command, frozen=True):
-    """Ask governance for a tenant's unanswered decisions (`writ pending`)."""
+    """Ask governance for a tenant's unanswered decisions (`writ pending`): oldest first by
+    default, a page of `limit` after `cursor`, filtered (`about_proposal=False`: only those
+    about calls no proposal stands for; None: all)."""
 
     tenant: Tenant
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 500
+    cursor: ShortText | None = None
+    newest_first: bool = False
+    about_proposal: bool | None = None
+    agent: ShortText | None = None
+    tool: ShortText | None = None
+    principal: ShortText | None = None
+    older_than_s: Annotated[int, msgspec.Meta(ge=0, le=366 * 86400)] | None = None
 
 
 class PendingDecision(msgspec.Struct, frozen=True, kw_only=True):
@@ -219,9 +229,12 @@ class PendingDecision(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PendingDecisions(Event, frozen=True):
-    """The answer to `ListPending`."""
+    """The answer to `ListPending`: a page, how many match in all, and the next page's cursor
+    (None: this is the last)."""
 
     decisions: Annotated[list[PendingDecision], msgspec.Meta(max_length=500)]
+    total: int | None = None
+    next_cursor: ShortText | None = None
 
 
 class Settlement(Command, frozen=True):

@@ -18,6 +18,7 @@ __all__ = [
     "ActionResult",
     "ApprovalResult",
     "ApproveProposal",
+    "ProposalVerdict",
     "OutcomeKind",
     "ProposalView",
     "CommandResult",
@@ -35,7 +36,11 @@ __all__ = [
 ]
 
 ApprovalAnswer = Literal["approve", "reject"]
-ApprovalStatus = Literal["claimed", "rejected", "already_completed", "not_approvable"]
+# `revise`: send the proposal back with a reason (required), what the agent must revise.
+ProposalVerdict = Literal["approve", "reject", "revise"]
+ApprovalStatus = Literal[
+    "claimed", "rejected", "already_completed", "not_approvable", "approval_recorded"
+]
 RunStatus = Literal["succeeded", "failed", "rejected", "awaiting_human", "cancelled"]
 CommandStatus = Literal[
     # Recorded states of an admitted command, as a replay returns them.
@@ -120,7 +125,7 @@ class ApproveProposal(Command, frozen=True):
     request_id: Id
     token: Token
     proposal_id: Id
-    answer: ApprovalAnswer
+    answer: ProposalVerdict
     reason: ShortText = ""
     # `always`: approve, and let this agent's calls of the same family run without asking from
     # now on, where the decision offers it (never for a contract that moves money, changes
@@ -172,7 +177,9 @@ class ApprovalResult(Event, frozen=True):
 
     `claimed`: this approval started the one execution; `rejected`: the proposal is refused;
     `already_completed`: it was approved before (the recorded outcome, not a second execution);
-    `not_approvable`: why nothing happened, `code` saying it as data.
+    `not_approvable`: why nothing happened, `code` saying it as data; `approval_recorded`: the
+    proposal needs two distinct approvers (four eyes) and this is the first approval, recorded;
+    nothing executes until another approver approves.
     """
 
     request_id: ShortText

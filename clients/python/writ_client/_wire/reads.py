@@ -27,6 +27,8 @@ __all__ = [
     "RUN_EVENTS",
     "RUN_STATUS",
     "GetCommand",
+    "JournalEntryView",
+    "ProposalTrail",
     "GetProposal",
     "GetRun",
     "GetRunEvents",
@@ -116,6 +118,12 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     decision_line: int | None = None
     policy_version: ShortText | None = None
     approved_at: ShortText | None = None  # when the approval that admitted it was given
+    # Four eyes: how many distinct approvers its contract asks for, and who approved so far
+    # (while it waits for the second).
+    approvals_needed: int = 1
+    approvals: Annotated[list[ShortText], msgspec.Meta(max_length=16)] = msgspec.field(
+        default_factory=list
+    )
 
 
 class Proposals(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,6 +159,8 @@ class PendingReview(msgspec.Struct, frozen=True, kw_only=True):
     agent: ShortText
     principal: ShortText
     since: ShortText
+    # What the agent asks the reviewer (its `review_prompt`), as the run recorded it.
+    prompt: Annotated[str, msgspec.Meta(max_length=2048)] = ""
 
 
 class PendingReviews(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,9 +170,24 @@ class PendingReviews(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class VerifyJournal(Command, frozen=True):
-    """Verify the service's whole chain; count the entries of `tenant`."""
+    """Verify the service's whole chain; count the entries of `tenant`, and return its sealed
+    entries about `subjects` (a proposal's ids, its decisions, its command), each checked."""
 
     tenant: Tenant
+    subjects: Annotated[list[Id], msgspec.Meta(max_length=16)] = msgspec.field(default_factory=list)
+
+
+class JournalEntryView(msgspec.Struct, frozen=True, kw_only=True):
+    """One journal entry, opened: where it sits in the chain, what it says, and whether
+    it checks out (`problem` says why not)."""
+
+    seq: int | None  # None: not sealed into the chain yet
+    kind: ShortText
+    subject: ShortText
+    recorded_at: ShortText
+    payload: dict[str, Any]
+    verified: bool
+    problem: ShortText | None = None
 
 
 class JournalState(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,6 +200,19 @@ class JournalState(msgspec.Struct, frozen=True, kw_only=True):
     unsealed: int = 0
     tenant_entries: int | None = None
     first_problem: ShortText | None = None
+    # The entries about the asked subjects, in chain order.
+    found: Annotated[list[JournalEntryView], msgspec.Meta(max_length=256)] = msgspec.field(
+        default_factory=list
+    )
+
+
+class ProposalTrail(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /proposals/{id}/trail`: the proposal as recorded, and each journal's entries about
+    it (proposed, decided, answered, approved or rejected, every attempt, the outcome), each
+    checked against its signed chain."""
+
+    proposal: ProposalDetail
+    journals: list[JournalState]
 
 
 class JournalStates(msgspec.Struct, frozen=True, kw_only=True):
