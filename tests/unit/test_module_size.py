@@ -47,4 +47,3 @@ def test_the_scan_counts_a_module_over_the_budget(tmp_path: Path) -> None:
     short = tmp_path / "short.py"
     short.write_text("x = 1\n" * BUDGET)
     assert over_budget([str(long), str(short)]) == {str(long): BUDGET + 1}
-
