@@ -333,7 +333,7 @@ def run_demo(home: Path, *, serve: bool) -> int:
                 f"\nServing. Each tenant's host finds what it is given in "
                 f"{stack.home / 'hosts'}/<tenant>/ (nats.url with its own NATS user, "
                 "nats.inbox, api.url, issuer, signing.pem): it publishes on "
-                f"writ.in.requests.<tenant> at {stack.public_nats_url}, or calls the HTTP "
+                f"{subjects.request('<tenant>')} at {stack.public_nats_url}, or calls the HTTP "
                 f"API:\n  base URL  {stack.api_url}\n  OpenAPI   {stack.api_url}/openapi.json\n"
                 f"Approvers sign in to the console with this link (the demo approver): it "
                 f"works once, and only within the next {SIGN_IN_WINDOW_S / 60:.0f} minutes; "
