@@ -1,0 +1,163 @@
+"""Retention against a real PostgreSQL: a tenant's expired window is erased by destroying its
+key, for good, while the signed chain still verifies and names the window; another tenant's
+payloads and a window still inside its retention are untouched."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import pytest
+
+from libs.db import connect_pool, load_migrations, provision, role_name, with_database
+from libs.journal import (
+    DataKeys,
+    Journal,
+    PayloadExpired,
+    Sealer,
+    SigningKey,
+    WindowKeys,
+    load_verify_keys,
+    read_entries,
+    verify,
+    window_key_id,
+)
+from libs.retention import Kept, RetentionPolicy, apply_policy, show_windows
+
+pytestmark = pytest.mark.anyio
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "services" / "governance" / "migrations"
+
+
+class Env(msgspec.Struct, kw_only=True):
+    pool: asyncpg.Pool  # as the governance role, like the service
+    admin: asyncpg.Connection  # the database owner: the administrator
+    key_file: str
+    journal: Journal
+    sealer: Sealer
+    public: dict[str, dict[str, str]]
+
+
+@pytest.fixture
+async def env(scratch_db: str) -> AsyncIterator[Env]:
+    database = scratch_db.rsplit("/", 1)[1]
+    passwords = await provision(
+        scratch_db, database, {"governance": load_migrations("governance", MIGRATIONS)}
+    )
+    role = role_name(database, "governance")
+    dsn = with_database(scratch_db, database, user=role, password=passwords["governance"])
+    admin = await asyncpg.connect(scratch_db)
+    key_file = DataKeys.generate("d1")
+    keys = WindowKeys(DataKeys.from_json(key_file), schema="governance")
+    await keys.install(admin)
+    await admin.execute(f'GRANT SELECT, INSERT ON governance.journal_window_keys TO "{role}"')
+    pool = await connect_pool(dsn, max_size=4)
+    journal = Journal(service="governance", keys=keys)
+    signing = SigningKey.generate("governance-1")
+    yield Env(
+        pool=pool,
+        admin=admin,
+        key_file=key_file,
+        journal=journal,
+        sealer=Sealer(pool=pool, journal=journal, signing=signing),
+        public={"governance": {"governance-1": signing.public_pem()}},
+    )
+    await admin.close()
+    await pool.close()
+
+
+async def write(env: Env, tenant: str, run_id: str, n: int) -> None:
+    async with env.pool.acquire() as conn:
+        await env.journal.prepare(conn, tenant)
+        async with conn.transaction():
+            await env.journal.write(
+                conn, tenant=tenant, kind="test", subject=f"s-{n}", run_id=run_id, payload={"n": n}
+            )
+
+
+def fresh(env: Env) -> Journal:
+    """The journal as an administrator holding the service's key file opens it."""
+    return Journal(
+        service="governance",
+        keys=WindowKeys(DataKeys.from_json(env.key_file), schema="governance"),
+    )
+
+
+async def test_an_expired_window_is_erased_and_the_chain_still_verifies(env: Env) -> None:
+    for n in range(6):
+        await write(env, "acme" if n % 2 else "globex", f"run-{n % 2}", n)
+    assert await env.sealer.seal_all() == 6
+    today = datetime.now(UTC)
+    window = window_key_id("acme", today.date())
+    policy = RetentionPolicy.from_json(json.dumps({"tenants": {"acme": {"journal": 1}}}))
+
+    # A day after the window ended it is still within its one day: nothing is erased.
+    assert await apply_policy(env.admin, policy, by="ops", now=today + timedelta(days=1)) == []
+    assert len(await read_entries(env.admin, fresh(env), tenant="acme")) == 3
+
+    erased = await apply_policy(env.admin, policy, by="ops", now=today + timedelta(days=2))
+    assert [(e.service, e.tenant, e.key_ids) for e in erased] == [("governance", "acme", [window])]
+    # Applying again erases nothing more.
+    assert await apply_policy(env.admin, policy, by="ops", now=today + timedelta(days=2)) == []
+
+    # Unreadable even to the administrator holding the key file and the database.
+    with pytest.raises(PayloadExpired) as caught:
+        await read_entries(env.admin, fresh(env), tenant="acme", run_id="run-1")
+    assert caught.value.key_id == window
+    assert (
+        await env.admin.fetchval(
+            "SELECT count(*) FROM governance.journal_window_keys WHERE wrapped IS NOT NULL "
+            "AND tenant = 'acme'"
+        )
+        == 0
+    )
+    # The other tenant's payloads are untouched.
+    other = await read_entries(env.admin, fresh(env), tenant="globex")
+    assert [json.loads(p)["n"] for _, _, p in other] == [0, 2, 4]
+
+    report = await verify(
+        env.admin,
+        service="governance",
+        keys=load_verify_keys(json.dumps(env.public)),
+        journal=fresh(env),
+    )
+    assert report.ok, report.problems
+    assert report.entries == 6
+    assert report.expired == {window: 3}
+
+    states = {(w.tenant, w.state) for w in await show_windows(env.admin, policy)}
+    assert states == {("acme", "expired"), ("globex", "live")}
+
+
+async def test_an_edited_expired_row_is_still_caught(env: Env) -> None:
+    for n in range(2):
+        await write(env, "acme", "run-0", n)
+    assert await env.sealer.seal_all() == 2
+    policy = RetentionPolicy(tenants={"acme": msgspec.convert({"journal": 1}, type=Kept)})
+    await apply_policy(env.admin, policy, by="ops", now=datetime.now(UTC) + timedelta(days=2))
+    await env.admin.execute(
+        "UPDATE governance.journal SET ciphertext = ciphertext || '\\x00'::bytea "
+        "WHERE id = (SELECT min(id) FROM governance.journal)"
+    )
+    report = await verify(
+        env.admin,
+        service="governance",
+        keys=load_verify_keys(json.dumps(env.public)),
+        journal=fresh(env),
+    )
+    assert not report.ok
+    assert "does not match its sealed hash" in report.problems[0].reason
+
+
+def test_a_policy_refuses_unknown_kinds() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        RetentionPolicy.from_json(b'{"default": {"documents": 3}}')
+    with pytest.raises(msgspec.ValidationError):
+        RetentionPolicy.from_json(b'{"default": {"journal": 0}}')
+    policy = RetentionPolicy.from_json(b'{"default": {"journal": 90}, "tenants": {"a": {}}}')
+    assert policy.days("a") == 90
+    assert policy.days("b") == 90
