@@ -44,6 +44,7 @@ from libs.journal._window import (
     WindowKeys,
     destroy_windows,
     expiry_cutoff,
+    keys_for,
     parse_key_id,
     window_key_id,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "describe",
     "destroy_windows",
     "expiry_cutoff",
+    "keys_for",
     "entry_hash",
     "genesis_hash",
     "load_verify_keys",

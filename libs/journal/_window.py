@@ -94,6 +94,10 @@ class WindowKeys(DataKeys):
         """Create the window keys' table if it is not there."""
         await conn.execute(TABLE_SQL.format(schema=self.schema))
 
+    def unknown(self, key_id: str) -> bool:
+        """Whether `key_id` is neither loaded nor known to be destroyed."""
+        return key_id not in self._aead and key_id not in self._expired
+
     def key_for(self, tenant: str, at: datetime) -> str:
         """The key id a row of `tenant` recorded at `at` is encrypted under."""
         key_id = window_key_id(tenant, window_of(at))
@@ -167,6 +171,13 @@ class WindowKeys(DataKeys):
         if key_id in self._expired:
             raise PayloadExpired(f"payload expired (window {key_id} erased)", key_id=key_id)
         return super().decrypt(key_id, nonce, ciphertext, aad)
+
+
+async def keys_for(conn: asyncpg.Connection, keys: DataKeys, *, schema: str) -> DataKeys:
+    """`keys` as a journal reads them: by window if `schema` keeps window keys, else as is."""
+    if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", f"{schema}.journal_window_keys"):
+        return WindowKeys(keys, schema=schema)
+    return keys
 
 
 async def destroy_windows(

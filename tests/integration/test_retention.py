@@ -5,6 +5,8 @@ payloads and a window still inside its retention are untouched."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,6 +33,7 @@ from libs.retention import Kept, RetentionPolicy, apply_policy, show_windows
 pytestmark = pytest.mark.anyio
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "services" / "governance" / "migrations"
+PLANNER = Path(__file__).resolve().parents[2] / "services" / "planner" / "migrations"
 
 
 class Env(msgspec.Struct, kw_only=True):
@@ -63,7 +66,15 @@ async def env(scratch_db: str) -> AsyncIterator[Env]:
         admin=admin,
         key_file=key_file,
         journal=journal,
-        sealer=Sealer(pool=pool, journal=journal, signing=signing),
+        # The sealer is another replica's: it reads the window keys this one made.
+        sealer=Sealer(
+            pool=pool,
+            journal=Journal(
+                service="governance",
+                keys=WindowKeys(DataKeys.from_json(key_file), schema="governance"),
+            ),
+            signing=signing,
+        ),
         public={"governance": {"governance-1": signing.public_pem()}},
     )
     await admin.close()
@@ -161,3 +172,81 @@ def test_a_policy_refuses_unknown_kinds() -> None:
     policy = RetentionPolicy.from_json(b'{"default": {"journal": 90}, "tenants": {"a": {}}}')
     assert policy.days("a") == 90
     assert policy.days("b") == 90
+
+
+def writ(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "writ.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_the_commands_expire_a_window_verify_it_and_replay_it_incomplete(
+    scratch_db: str, tmp_path: Path
+) -> None:
+    database = scratch_db.rsplit("/", 1)[1]
+    await provision(scratch_db, database, {"planner": load_migrations("planner", PLANNER)})
+    admin = await asyncpg.connect(scratch_db)
+    try:
+        key_file = tmp_path / "planner-data.json"
+        key_file.write_text(DataKeys.generate("p1"))
+        keys = WindowKeys(DataKeys.from_json(key_file.read_text()), schema="planner")
+        await keys.install(admin)
+        journal = Journal(service="planner", keys=keys)
+        # acme's rows are three days old; globex's are today's.
+        past = datetime.now(UTC) - timedelta(days=3)
+        for tenant, at in (("acme", past), ("globex", None)):
+            await journal.prepare(admin, tenant, at)
+            for n in range(2):
+                e = journal.entry(
+                    tenant=tenant,
+                    kind="run.started",
+                    subject=f"run-{tenant}",
+                    run_id=f"run-{tenant}",
+                    payload={"n": n},
+                    at=at,
+                )
+                await admin.execute(journal.insert_sql, *msgspec.structs.astuple(e))
+        signing = SigningKey.generate("planner-1")
+        pool = await connect_pool(scratch_db, max_size=2)
+        assert await Sealer(pool=pool, journal=journal, signing=signing).seal_all() == 4
+        await pool.close()
+        public = tmp_path / "public.json"
+        public.write_text(json.dumps({"planner": {"planner-1": signing.public_pem()}}))
+        policy = tmp_path / "policy.json"
+        policy.write_text(json.dumps({"default": {"journal": 1}}))
+
+        done = writ("retention", "apply", "--policy", str(policy), "--dsn", scratch_db)
+        assert done.returncode == 0, done.stderr
+        window = window_key_id("acme", past.date())
+        assert done.stdout.splitlines() == [f"planner acme: erased window {window}"]
+        shown = writ("retention", "show", "--policy", str(policy), "--dsn", scratch_db)
+        assert f"planner acme {past.date().isoformat()}: EXPIRED" in shown.stdout
+        assert "planner globex" in shown.stdout and "LIVE" in shown.stdout
+
+        verified = writ(
+            "audit", "verify", "--dsn", scratch_db, "--keys", str(public), "--no-record",
+            "--service", "planner", "--data-keys", str(key_file),
+        )  # fmt: skip
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert "planner: intact" in verified.stdout
+        assert f"expired window {window}: 2 payload(s) erased" in verified.stdout
+
+        replayed = writ(
+            "audit", "replay", "run-acme", "--dsn", scratch_db, "--data-keys", str(key_file)
+        )
+        assert replayed.returncode == 2, replayed.stdout + replayed.stderr
+        assert "INCOMPLETE" in replayed.stdout
+        assert f"missing: payloads expired (window {window})" in replayed.stdout
+        assert "divergen" not in replayed.stdout.lower()
+        # The other tenant's run is still read: whatever its verdict, nothing expired.
+        other = writ(
+            "audit", "replay", "run-globex", "--dsn", scratch_db, "--data-keys", str(key_file)
+        )
+        assert "expired" not in other.stdout, other.stdout
+        assert "2 captured" in other.stdout, other.stdout + other.stderr
+    finally:
+        await admin.close()
