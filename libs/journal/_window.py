@@ -15,10 +15,12 @@ checks every digest, and reports the payloads it can no longer open as expired, 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from libs.journal._keys import DataKeys, JournalError
 
@@ -145,9 +147,7 @@ class WindowKeys(DataKeys):
         ):
             self._take(row)
 
-    def _take(self, row: asyncpg.Record) -> None:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
+    def _take(self, row: Mapping[str, Any]) -> None:
         key_id = row["key_id"]
         if row["wrapped"] is None:
             self._expired.add(key_id)
