@@ -39,6 +39,15 @@ from libs.journal._record import (
 )
 from libs.journal._seal import REFUSALS, Sealer
 from libs.journal._verify import GRACE, Defect, VerifyReport, verify
+from libs.journal._window import (
+    PayloadExpired,
+    WindowKeys,
+    destroy_windows,
+    expiry_cutoff,
+    keys_for,
+    parse_key_id,
+    window_key_id,
+)
 from libs.journal._write import Entry, Journal, open_journal, read_entries
 
 __all__ = [
@@ -54,24 +63,31 @@ __all__ = [
     "Journal",
     "JournalError",
     "Defect",
+    "PayloadExpired",
     "ReAnchorError",
     "RecordError",
     "RecordScan",
     "Sealer",
     "SigningKey",
     "VerifyReport",
+    "WindowKeys",
     "anchor_verifies",
     "checkpoint_message",
     "decode_checkpoint",
     "describe",
+    "destroy_windows",
+    "expiry_cutoff",
+    "keys_for",
     "entry_hash",
     "genesis_hash",
     "load_verify_keys",
     "open_journal",
+    "parse_key_id",
     "read_entries",
     "reanchor",
     "reanchor_message",
     "verify",
+    "window_key_id",
 ]
 
 

@@ -6,6 +6,7 @@ import base64
 import json
 import secrets
 from collections.abc import Mapping
+from datetime import datetime
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import serialization
@@ -62,10 +63,20 @@ class DataKeys:
         doc["active"] = key_id
         return json.dumps(doc, indent=2)
 
-    def encrypt(self, plaintext: bytes, aad: bytes) -> tuple[str, bytes, bytes]:
-        """(key id, nonce, ciphertext) under the active key."""
+    def key_for(self, tenant: str, at: datetime) -> str:
+        """The key id a row of `tenant` recorded at `at` is encrypted under: the active one."""
+        return self.active
+
+    def encrypt(
+        self, plaintext: bytes, aad: bytes, key_id: str | None = None
+    ) -> tuple[str, bytes, bytes]:
+        """(key id, nonce, ciphertext) under `key_id`, by default the active key."""
+        key_id = key_id or self.active
+        aead = self._aead.get(key_id)
+        if aead is None:
+            raise JournalError(f"unknown journal data key {key_id!r}")
         nonce = secrets.token_bytes(12)
-        return self.active, nonce, self._aead[self.active].encrypt(nonce, plaintext, aad)
+        return key_id, nonce, aead.encrypt(nonce, plaintext, aad)
 
     def decrypt(self, key_id: str, nonce: bytes, ciphertext: bytes, aad: bytes) -> bytes:
         """The plaintext, or JournalError if the key is unknown or the row is not authentic."""

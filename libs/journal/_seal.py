@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from libs.journal._codec import entry_hash, genesis_hash, micros
 from libs.journal._keys import JournalError, SigningKey
 from libs.journal._record import JetStreamRecord, signed_checkpoint
+from libs.journal._window import WindowKeys
 from libs.journal._write import _ROW, Journal
 from libs.telemetry import ServiceFamily
 from schemas.journal import JournalCheckpoint
@@ -249,6 +250,10 @@ class Sealer:
                 self._batch,
             )
             floor = await conn.fetchval(self._floor_sql) if rows else None
+            keys = self._journal.keys
+            if isinstance(keys, WindowKeys) and any(keys.unknown(r["key_id"]) for r in rows):
+                # A window key another replica made since this one last read them.
+                await keys.load(conn)
             if differs:
                 return await self._finish(conn, known, seq, prev, rows, floor)
             if not rows:

@@ -29,6 +29,7 @@ from libs.journal._anchor import anchor_verifies, describe
 from libs.journal._codec import checkpoint_message, entry_hash, genesis_hash
 from libs.journal._keys import JournalError
 from libs.journal._record import CheckpointRecord, RecordScan
+from libs.journal._window import PayloadExpired, WindowKeys
 from libs.journal._write import Journal
 from schemas.journal import JournalCheckpoint
 
@@ -71,6 +72,9 @@ class VerifyReport(msgspec.Struct, kw_only=True):
     pending: int | None = None
     # Each signed re-anchoring of the record, oldest first: where, by whom, what was lost.
     reanchored: list[str] = msgspec.field(default_factory=list)
+    # Entries whose payload expired (its window key destroyed), by window key id: their digests
+    # were checked against the chain like every other entry's; only their contents are gone.
+    expired: dict[str, int] = msgspec.field(default_factory=dict)
     problems: list[Defect] = msgspec.field(default_factory=list)
 
     @property
@@ -110,6 +114,8 @@ async def verify(
         if len(report.problems) < _MAX_PROBLEMS:
             report.problems.append(Defect(seq=seq, entry_id=entry_id, reason=reason))
 
+    if journal is not None and isinstance(journal.keys, WindowKeys):
+        await journal.keys.load(conn)
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         checkpoints = {
             r["seq"]: r
@@ -220,6 +226,8 @@ async def verify(
             if journal is not None:
                 try:
                     journal.open(r)
+                except PayloadExpired as exc:
+                    report.expired[exc.key_id] = report.expired.get(exc.key_id, 0) + 1
                 except JournalError as exc:
                     bad(seq, entry_id, str(exc).split(": ", 1)[-1])
             cp = checkpoints.get(seq)

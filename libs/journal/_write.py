@@ -12,6 +12,7 @@ import msgspec
 from libs.errors import ConfigError
 from libs.journal._codec import _aad
 from libs.journal._keys import DataKeys, JournalError, SigningKey
+from libs.journal._window import PayloadExpired, WindowKeys
 from libs.settings import read_secret
 
 
@@ -79,9 +80,18 @@ class Journal:
         before the head it would follow)."""
         plaintext = self._encoder.encode(payload)
         at = at or datetime.now(UTC)
-        aad = _aad(self.service, tenant, kind, subject, run_id, self.keys.active, at)
-        key_id, nonce, ciphertext = self.keys.encrypt(plaintext, aad)
+        key_id = self.keys.key_for(tenant, at)
+        aad = _aad(self.service, tenant, kind, subject, run_id, key_id, at)
+        key_id, nonce, ciphertext = self.keys.encrypt(plaintext, aad, key_id)
         return Entry(tenant, kind, subject, run_id, key_id, nonce, ciphertext, at)
+
+    async def prepare(
+        self, conn: asyncpg.Connection, tenant: str, at: datetime | None = None
+    ) -> None:
+        """Make the key a row of `tenant` recorded at `at` (default now) is encrypted under, if
+        the journal keys a window per tenant and day (`WindowKeys`); outside a transaction."""
+        if isinstance(self.keys, WindowKeys):
+            await self.keys.ensure(conn, tenant, at or datetime.now(UTC))
 
     async def write(
         self,
@@ -110,6 +120,10 @@ class Journal:
         )
         try:
             return self.keys.decrypt(row["key_id"], row["nonce"], row["ciphertext"], aad)
+        except PayloadExpired as exc:
+            raise PayloadExpired(
+                f"journal row {row['id']}: {exc}", key_id=exc.key_id, entry_id=row["id"]
+            ) from None
         except JournalError as exc:
             raise JournalError(f"journal row {row['id']}: {exc}", entry_id=row["id"]) from None
 
@@ -141,10 +155,13 @@ async def read_entries(
 ) -> list[tuple[int, Mapping[str, Any], bytes]]:
     """(seq, row, plaintext) of a tenant's sealed entries in chain order, for replay and audit.
 
+    A row whose window has expired raises `PayloadExpired`.
     Only sealed entries are returned: what is not in the verified chain is not evidence, and
     neither is a row the sealer rejected (it is in the chain as a rejection, not as an entry).
     """
     s = journal.schema
+    if isinstance(journal.keys, WindowKeys):
+        await journal.keys.load(conn)
     rows = await conn.fetch(
         f"SELECT s.seq, {', '.join('j.' + c.strip() for c in _ROW.split(','))} "
         f"FROM {s}.journal_seals s JOIN {s}.journal j ON j.id = s.entry_id "

@@ -14,10 +14,11 @@ import msgspec
 from nats.micro.request import Request
 from opentelemetry.trace import SpanKind
 
+from libs.journal import PayloadExpired
 from libs.runtime import Runtime
 from libs.telemetry import extract_context
 from schemas.planner import ReplayReport, ReplayRun, ReviewAnswer, ReviewTaken
-from services.planner.replay import replay_run
+from services.planner.replay import expired, replay_run
 from services.planner.review import ReviewRefused
 from services.planner.store import PlannerStore
 
@@ -36,7 +37,10 @@ class ReplayEndpoint:
 
     async def replay(self, ask: ReplayRun) -> ReplayReport | None:
         """Replay one run offline from the journal; None if the tenant has no such run."""
-        entries, record, unsealed = await self._store.read_replay(ask.tenant, ask.run_id)
+        try:
+            entries, record, unsealed = await self._store.read_replay(ask.tenant, ask.run_id)
+        except PayloadExpired as exc:
+            return expired(ask.run_id, exc.key_id)
         if not entries and record is None:
             return None
         return replay_run(ask.run_id, entries, record=record, unsealed=unsealed)

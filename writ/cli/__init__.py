@@ -18,6 +18,7 @@ writ policy sign          sign an organisation policy file
 writ audit verify         check every service's audit journal: chain, checkpoints, signatures
 writ audit export         append the checkpoints recorded outside the database to a file
 writ audit re-anchor      start a lost record again, signed, naming what was lost
+writ retention show|apply  how long each tenant's payloads are kept; erase what is past
 writ eval build|run|record  score a candidate model on a versioned set (writ/eval/)
 writ audit replay RUN     walk a run's (or a chat session's turns') captured model responses
                           and tool outputs offline
@@ -28,7 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from writ.cli import _audit, _local, _operator
+from writ.cli import _audit, _local, _operator, _retention
 
 __all__ = ["main"]
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     _local.add_parsers(sub)
     _operator.add_parsers(sub)
     _audit.add_parsers(sub)
+    _retention.add_parsers(sub)
 
     args = parser.parse_args(argv)
     sys.exit(args.func(args))

@@ -99,7 +99,14 @@ async def _audit_verify(
     import nats
     import nats.errors
 
-    from libs.journal import FileRecord, JetStreamRecord, Journal, RecordError, verify
+    from libs.journal import (
+        FileRecord,
+        JetStreamRecord,
+        Journal,
+        RecordError,
+        keys_for,
+        verify,
+    )
 
     try:
         nc = await nats.connect(nats_url, **_ONCE) if nats_url else None
@@ -131,7 +138,11 @@ async def _audit_verify(
             return 1
         failed = False
         for service in services:
-            journal = Journal(service=service, keys=data_keys) if data_keys else None
+            journal = (
+                Journal(service=service, keys=await keys_for(conn, data_keys, schema=service))
+                if data_keys
+                else None
+            )
             try:
                 report = await verify(
                     conn,
@@ -165,6 +176,7 @@ async def _audit_verify(
                 continue
             if report.ok:
                 print(f"{service}: intact ({counts})")
+                _print_expired(report.expired)
                 continue
             failed = True
             first = report.problems[0]
@@ -181,6 +193,14 @@ async def _audit_verify(
         await conn.close()
         if nc is not None:
             await nc.close()
+
+
+def _print_expired(expired: dict[str, int]) -> None:
+    for window, count in sorted(expired.items()):
+        print(
+            f"    expired window {window}: {count} payload(s) erased; "
+            "their digests still match the chain"
+        )
 
 
 def _audit_export(args: argparse.Namespace) -> int:
@@ -335,13 +355,13 @@ def _audit_replay(args: argparse.Namespace) -> int:
 async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) -> int:
     import asyncpg
 
-    from libs.journal import Journal
-    from services.planner.replay import render, replay_run
+    from libs.journal import Journal, PayloadExpired, keys_for
+    from services.planner.replay import expired, render, replay_run
     from services.planner.store import read_replay
 
-    journal = Journal(service="planner", keys=data_keys)
     conn = await asyncpg.connect(dsn)
     try:
+        journal = Journal(service="planner", keys=await keys_for(conn, data_keys, schema="planner"))
         # A chat session (`ses-...`): each of its turns is a run, replayed in turn order.
         runs = [args.run_id]
         if args.run_id.startswith("ses-") and "-t" not in args.run_id.removeprefix("ses-"):
@@ -379,14 +399,23 @@ async def _audit_replay_run(args: argparse.Namespace, dsn: str, data_keys: Any) 
                 )
                 return 3
             tenant = tenants[0]
-        read = [
-            (run_id, await read_replay(conn, journal, tenant=tenant, run_id=run_id))
-            for run_id in runs
-        ]
+        read: list[tuple[str, Any]] = []
+        for run_id in runs:
+            try:
+                read.append(
+                    (run_id, await read_replay(conn, journal, tenant=tenant, run_id=run_id))
+                )
+            except PayloadExpired as exc:
+                read.append((run_id, exc))
     finally:
         await conn.close()
     worst = 0
-    for run_id, (entries, record, unsealed) in read:
+    for run_id, got in read:
+        if isinstance(got, PayloadExpired):
+            print(render(expired(run_id, got.key_id)))
+            worst = 2
+            continue
+        entries, record, unsealed = got
         if not entries and record is None:
             print(f"run {run_id}: no such run of tenant {tenant}", file=sys.stderr)
             return 3

@@ -29,7 +29,7 @@ from services.planner.journal_entries import Captured, RunRecord, StatusEntry
 from services.planner.replay._expect import canon, show
 from services.planner.replay._walk import Walk
 
-__all__ = ["render", "replay_run"]
+__all__ = ["expired", "render", "replay_run"]
 
 
 def replay_run(
@@ -110,6 +110,14 @@ def _compare(walk: Walk, record: RunRecord) -> None:
             f"the evidence the model saw: {show(walk.started.evidence)}",
             f"{show(record.evidence)} (planner.runs)",
         )
+
+
+def expired(run_id: str, window: str) -> ReplayReport:
+    """The report on a run whose payloads have expired: incomplete, never divergent (what is
+    gone cannot be compared, and its digests are still checked by `writ audit verify`)."""
+    return ReplayReport(
+        run_id=run_id, verdict="incomplete", missing=[f"payloads expired (window {window})"]
+    )
 
 
 def render(report: ReplayReport) -> str:
