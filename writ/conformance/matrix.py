@@ -195,7 +195,7 @@ async def _round(
 def listed_unknown(dep: Deployment) -> set[str]:
     """The operation ids `writ reconcile list` prints, run as an operator would."""
     done = subprocess.run(
-        [sys.executable, "-m", "writ.cli", "reconcile", "list", "--nats-url", dep.stack.nats_url],
+        [sys.executable, "-m", "writ.cli", "reconcile", "--nats-url", dep.stack.nats_url, "list"],
         capture_output=True,
         text=True,
         timeout=60,

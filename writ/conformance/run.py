@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -69,9 +70,11 @@ async def _matrix(args: argparse.Namespace) -> list[Cell]:
                 dep.control("crm", "/_control/idempotency", {"honour": False})
             for name in args.contract:
                 for boundary in args.boundary:
-                    cells.append(
-                        await run_cell(dep, CONTRACTS[name], boundary, args.k, args.batch, progress)
+                    cell = await run_cell(
+                        dep, CONTRACTS[name], boundary, args.k, args.batch, progress
                     )
+                    cells.append(cell)
+                    progress(table([cell]).splitlines()[-1])  # each cell's figures as they come
         finally:
             if args.keep_logs:
                 import shutil
@@ -81,11 +84,16 @@ async def _matrix(args: argparse.Namespace) -> list[Cell]:
     return cells
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def _conformance(args: argparse.Namespace) -> int:
     if args.endpoint:
         return _endpoint(args)
     if not 0 < args.k <= 10_000 or not 0 < args.batch <= 64:
         raise SystemExit("--k must be 1..10000 and --batch 1..64")
+    signal.signal(signal.SIGTERM, _interrupted)  # stop the deployment on the way out
     started = time.monotonic()
     cells = anyio.run(_matrix, args)
     print(table(cells))
