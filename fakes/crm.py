@@ -31,12 +31,15 @@ class _State(_http.State):
         self.revisions = dict.fromkeys(self._seed, 1)
         self.notes: list[dict[str, Any]] = []
         self.replies: dict[str, dict[str, Any]] = {}  # idempotency key -> first 201 body
+        # False makes a deliberately broken connector: a repeated key acts again (what the
+        # conformance kit must catch).
+        self.honour_keys = True
 
     def create_note(self, customer_id: str, key: str, body: str, if_match: str | None) -> Reply:
         with self.lock:
             # The key goes before If-Match: retrying a note whose response was lost must replay
             # it, although the revision has moved on since.
-            if (done := self.replies.get(key)) is not None:
+            if self.honour_keys and (done := self.replies.get(key)) is not None:
                 if (done["customer_id"], done["body"]) != (customer_id, body):
                     raise HttpError(409, "idempotency key reused with a different request")
                 return Reply(200, done, {"Idempotent-Replayed": "true"})
@@ -128,6 +131,15 @@ class _Handler(_http.Handler):
         if (method, path) == ("GET", "/_control/notes"):
             with state.lock:
                 return Reply(200, list(state.notes))
+        if (method, path) == ("POST", "/_control/idempotency"):
+            req = self._json()
+            if not isinstance(req, dict) or set(req) != {"honour"}:
+                raise HttpError(400, 'expected exactly {"honour": true|false}')
+            if not isinstance(honour := req["honour"], bool):
+                raise HttpError(400, "honour must be true or false")
+            with state.lock:
+                state.honour_keys = honour
+            return Reply(200, {"honour": honour})
         if (method, path) == ("POST", "/_control/customers"):
             req = self._json()
             cid, name = (

@@ -190,6 +190,7 @@ class Batches:
             for job in ready:
                 results[job.index] = exc
             return
+        self._rt.faults.crash_if("dispatcher.before_send")  # intents recorded, nothing sent
         called: list[_Plain] = []
         for job, attempt in zip(ready, attempts, strict=True):
             if attempt is None:

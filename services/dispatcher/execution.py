@@ -184,6 +184,8 @@ class Execution:
                 span.add_link(link.context, link.attributes)
         if prior:
             # An earlier holder may have reached the provider: its contract says what is safe.
+            if connector.contract != "queryable":
+                self._rt.faults.crash_if("dispatcher.reconciling")
             if connector.contract == "none":
                 await self._finish(
                     claim,
@@ -196,6 +198,7 @@ class Execution:
                 return
             if connector.contract == "queryable":
                 found = await self.guarded(claim, delivery, connector.lookup(claim.action, key=key))
+                self._rt.faults.crash_if("dispatcher.reconciling")
                 if found.kind == "succeeded":
                     await self._finish(
                         claim,
@@ -255,6 +258,7 @@ class Execution:
         attempt = await self._store.start_attempt(
             claim, worker=self._worker, connector=connector.name
         )
+        self._rt.faults.crash_if("dispatcher.before_send")  # the intent recorded, nothing sent
         started = time.monotonic()
         result = await self.guarded(
             claim,

@@ -107,6 +107,24 @@ def test_same_key_same_body_replays_without_a_second_note(client: httpx.Client) 
     assert calls(client) == 2
 
 
+def test_the_broken_switch_acts_again_under_a_repeated_key_until_switched_back(
+    client: httpx.Client,
+) -> None:
+    """The deliberately broken connector `writ conformance --broken-crm` must catch."""
+    for bad in ({}, {"honour": "no"}, {"honour": False, "extra": 1}):
+        assert client.post("/_control/idempotency", json=bad).status_code == 400
+    assert client.post("/_control/idempotency", json={"honour": False}).status_code == 200
+    first, second = post_note(client, "k-broken"), post_note(client, "k-broken")
+    assert (first.status_code, second.status_code) == (201, 201)
+    assert first.json()["note_id"] != second.json()["note_id"]
+    assert len(stored_notes(client)) == 2
+
+    assert client.post("/_control/idempotency", json={"honour": True}).status_code == 200
+    assert post_note(client, "k-honest").status_code == 201
+    assert post_note(client, "k-honest").status_code == 200
+    assert len(stored_notes(client)) == 3
+
+
 def test_same_key_different_body_is_409_and_note_unchanged(client: httpx.Client) -> None:
     original = post_note(client, "k1", "first").json()
     r = post_note(client, "k1", "second")

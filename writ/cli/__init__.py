@@ -22,6 +22,9 @@ writ retention show|apply  how long each tenant's payloads are kept; erase what 
 writ eval build|run|record  score a candidate model on a versioned set (writ/eval/)
 writ audit replay RUN     walk a run's (or a chat session's turns') captured model responses
                           and tool outputs offline
+writ conformance          kill the dispatcher at each boundary, K times per connector contract,
+                          and count duplicates, losses and unknowns against the provider's
+                          ledger (--endpoint URL: check a host endpoint's idempotency)
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     _operator.add_parsers(sub)
     _audit.add_parsers(sub)
     _retention.add_parsers(sub)
+    from writ.conformance import add_parser as add_conformance
+
+    add_conformance(sub)
 
     args = parser.parse_args(argv)
     sys.exit(args.func(args))

@@ -1,0 +1,128 @@
+"""`writ conformance`, run as a user runs it: the crash matrix at a small K against the fake
+providers (no duplicate, no loss, `unknown` only where the provider cannot tell, each listed by
+`writ reconcile list`), against a deliberately broken CRM that acts again under a repeated key
+(which it must catch), and its check of a host's own endpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fakes.crm import FakeCrm
+
+pytestmark = [pytest.mark.e2e]
+
+TOKEN = "crm-conformance-token"
+
+
+def _writ(*args: str, timeout: float = 1700) -> subprocess.CompletedProcess[str]:
+    """Run the command; past `timeout`, interrupt it so that it stops its deployment."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "writ.cli", "conformance", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+            raise AssertionError(f"not done within {timeout} s:\n{out}\n{err[-4000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.timeout(1800)
+def test_the_matrix_leaves_no_duplicate_no_loss_and_unknown_only_where_none_can_tell(
+    tmp_path: Path,
+) -> None:
+    figures, rows = tmp_path / "figures.json", tmp_path / "rows.jsonl"
+    done = _writ("--k", "1", "--json", str(figures), "--rows", str(rows))
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+
+    summary = json.loads(figures.read_text())
+    cells = {(c["contract"], c["boundary"]): c for c in summary["cells"]}
+    assert len(cells) == 15 and summary["conforms"]
+    for (contract, boundary), c in cells.items():
+        assert c["trials"] == 1 and c["not_reached"] == 0, c
+        assert (c["duplicates"], c["losses"], c["mismatches"]) == (0, 0, 0), c
+        assert c["kills"] == (
+            2 if boundary == "reconciling" else 0 if boundary == "lost_response" else 1
+        )
+        if contract != "none":
+            assert c["unknown"] == 0, c
+        assert c["listed"] == c["unknown"], c
+    # The provider that cannot tell leaves `unknown` where it may have acted, and only there.
+    assert cells[("none", "after_commit")]["unknown"] == 1
+    assert cells[("none", "lost_response")]["unknown"] == 1
+    assert cells[("none", "before_ack")]["unknown"] == 0
+    # A provider that can be asked is asked.
+    assert cells[("lookup", "after_commit")]["settled"] == {"found by key lookup": 1}
+    trials = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(trials) == 15
+    for t in trials:  # row by row: the journal's receipt is the provider's only effect
+        if t["state"] == "succeeded":
+            assert t["effects"] == [t["receipt"]], t
+
+
+@pytest.mark.timeout(1800)
+def test_a_connector_that_acts_again_under_a_repeated_key_is_caught(tmp_path: Path) -> None:
+    figures = tmp_path / "figures.json"
+    done = _writ(
+        "--broken-crm",
+        "--contract",
+        "idempotent",
+        "--boundary",
+        "after_commit",
+        "lost_response",
+        "--k",
+        "2",
+        "--json",
+        str(figures),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr[-4000:]
+    summary = json.loads(figures.read_text())
+    assert not summary["conforms"]
+    for c in summary["cells"]:
+        assert c["duplicates"] == 2, c
+    assert "NOT CONFORMING: idempotent/after_commit: 2 duplicate" in done.stdout
+
+
+@pytest.fixture
+def crm() -> Iterator[FakeCrm]:
+    with FakeCrm(token=TOKEN) as server:
+        yield server
+
+
+def test_an_endpoint_is_trusted_only_if_every_repeated_key_replays(
+    crm: FakeCrm, tmp_path: Path
+) -> None:
+    credential = tmp_path / "credential"
+    credential.write_text(TOKEN + "\n")
+    url = f"{crm.url}/v1/customers/ACME-42/notes"
+    args = ("--endpoint", url, "--credential-file", str(credential), "--k", "3")
+
+    done = _writ(*args, "--id-field", "note_id", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^  replayed +3 ", done.stdout, re.M), done.stdout
+    with httpx.Client(base_url=crm.url) as control:
+        assert len(control.get("/_control/notes").json()) == 3
+
+        control.post("/_control/idempotency", json={"honour": False}).raise_for_status()
+        done = _writ(*args, "--id-field", "note_id", timeout=120)
+        assert done.returncode == 1
+        assert re.search(r"^  double-applied +3 ", done.stdout, re.M), done.stdout
+        assert "acted again under a repeated idempotency key" in done.stdout
+        assert len(control.get("/_control/notes").json()) == 3 + 6
+
+    credential.write_text("not-the-token")
+    done = _writ(*args, timeout=120)
+    assert done.returncode == 1 and "refused" in done.stdout
