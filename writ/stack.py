@@ -48,6 +48,7 @@ from libs.natsauth import (
 )
 from libs.provision import provision_bus, provision_record
 from schemas import subjects
+from writ import receipt_keys
 
 __all__ = ["JOURNALS", "NOT_INHERITED", "SERVICES", "Stack", "mint_token"]
 
@@ -66,6 +67,7 @@ NOT_INHERITED: Final = frozenset(
         "WRIT_METRICS_PORT_FILE",
         "WRIT_INSTANCE",
         "WRIT_API_URL",
+        "WRIT_RECEIPT_SIGNING_KEY_FILE",  # admission's alone, never passed to every service
     }
 )
 
@@ -321,6 +323,7 @@ class Stack:
         )
         self.policies.mkdir(exist_ok=True)
         self._journal_keys()
+        receipt_keys.ensure(self.secrets, self.config)
         await self._seed_demo()
         await self.provision_bus()
 
@@ -587,6 +590,8 @@ class Stack:
                 str(clients),
                 "--ready-file",
                 str(ready),
+                "--receipt-keys-file",
+                self._receipt_keys(),
             ],
             {},
         )
@@ -600,6 +605,11 @@ class Stack:
             tools=["tickets.search", "ticket.get", "customer.get"],
             facts={"host_ticket": "ticket.get"},
         )
+
+    def _receipt_keys(self) -> str:
+        """The approval receipts' public key set, which the systems of record verify with."""
+        receipt_keys.ensure(self.secrets, self.config)
+        return str(self.config / receipt_keys.PUBLIC)
 
     def _start_fake(self, name: str) -> str:
         ready = self.home / f"{name}.url"
@@ -616,6 +626,8 @@ class Stack:
                 str(self.secrets / f"{name}.token"),
                 "--ready-file",
                 str(ready),
+                "--receipt-keys-file",
+                self._receipt_keys(),
             ],
             {},
         )
@@ -646,8 +658,11 @@ class Stack:
                 self.secrets / f"journal-{name}-signing.json"
             )
             env["WRIT_JOURNAL_DATA_KEYS_FILE"] = str(self.secrets / f"journal-{name}-data.json")
+        if name == "admission":  # the approval receipts' signing key is admission's alone
+            env["WRIT_RECEIPT_SIGNING_KEY_FILE"] = str(self.secrets / receipt_keys.SIGNING)
         if name == "ingress":
             env["WRIT_TENANT_KEYS_FILE"] = str(self.config / "tenant-keys.json")
+            env["WRIT_RECEIPT_KEYS_FILE"] = str(self.config / receipt_keys.PUBLIC)
             env["WRIT_AGENTS_DIR"] = str(_DEMO / "agents")  # names only: UNKNOWN_AGENT
             env["WRIT_HTTP_PORT"] = str(self.http_port)
             env["WRIT_HTTP_PORT_FILE"] = str(self.home / "ingress.http-port")

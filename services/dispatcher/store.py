@@ -50,6 +50,9 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     decision_current: bool = False
     # How this holder re-checked the policy, for the attempt's journal row.
     recheck: str | None = None
+    # The approval receipt admission signed for this command, forwarded unread
+    # (`Writ-Authorization`; docs/receipts.md). None: admission signed none.
+    authorization: str | None = None
 
 
 class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,7 +111,9 @@ RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, 
           traceparent, policy_epoch,
           coalesce(policy_epoch = (SELECT epoch FROM governance.policy_epoch)
                    AND created_at > now() - make_interval(secs => $5), false)
-              AS decision_current
+              AS decision_current,
+          (SELECT a.token FROM admission.authorizations a
+           WHERE a.tenant = $1 AND a.operation_id = $2) AS "authorization"
 """
 
 # `_CLAIM` for a fetched batch's commands at once ($1 tenants, $2 operation ids, in pairs): one
@@ -127,7 +132,9 @@ RETURNING c.tenant, c.operation_id::text AS operation_id, c.lease_epoch, c.lease
           coalesce(c.preview, '{}'::jsonb) AS preview, c.traceparent, c.policy_epoch,
           coalesce(c.policy_epoch = (SELECT epoch FROM governance.policy_epoch)
                    AND c.created_at > now() - make_interval(secs => $5), false)
-              AS decision_current
+              AS decision_current,
+          (SELECT a.token FROM admission.authorizations a
+           WHERE a.tenant = c.tenant AND a.operation_id = c.operation_id) AS "authorization"
 """
 
 _START_ATTEMPT = """

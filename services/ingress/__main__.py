@@ -39,6 +39,8 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     http_port_file: str = ""
     # How long a POST that waits for its answer (a command, a decision) waits.
     http_answer_timeout_s: float = 30.0
+    # The approval receipts' public key set (a JWKS), served at `/api/v1/receipts/keys`.
+    receipt_keys_file: str = ""
 
 
 async def _reload_keys(
@@ -98,6 +100,7 @@ def main() -> None:
             max_body_bytes=settings.max_request_bytes,
             answer_timeout_s=settings.http_answer_timeout_s,
             endpoints=rt.endpoints,
+            receipt_keys_file=settings.receipt_keys_file,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)

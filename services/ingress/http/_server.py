@@ -55,8 +55,10 @@ class HttpServer:
         max_body_bytes: int = 64 * 1024,
         answer_timeout_s: float = 30.0,
         endpoints: list[Endpoint | BatchEndpoint] | None = None,
+        receipt_keys_file: str = "",
     ) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
+        self._receipt_keys_file = receipt_keys_file
         self._host, self._port, self._port_file = host, port, port_file
         self._max_body, self._answer_timeout = max_body_bytes, answer_timeout_s
         self.port = 0
@@ -96,6 +98,7 @@ class HttpServer:
             max_body_bytes=self._max_body,
             answer_timeout_s=self._answer_timeout,
             console=console,
+            receipt_keys_file=self._receipt_keys_file,
         )
         server = _Server(
             uvicorn.Config(
