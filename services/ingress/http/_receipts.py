@@ -54,7 +54,10 @@ def receipt_key_handlers(keys_file: str) -> list[HTTPRouteHandler]:
         system of record needs no Writ credential to verify what it is sent."""
         if not keys_file:
             raise ApiError("NOT_FOUND", "this deployment signs no receipts")
-        data = await anyio.Path(keys_file).read_bytes()
+        try:
+            data = await anyio.Path(keys_file).read_bytes()
+        except FileNotFoundError:
+            raise ApiError("NOT_FOUND", "this deployment publishes no receipt keys") from None
         if len(data) > _KEYS_FILE_BYTES:
             raise ApiError("INTERNAL", "the receipt key set is too large")
         return msgspec.json.decode(data, type=Jwks)
