@@ -160,3 +160,30 @@ def test_the_body_digest_is_of_the_exact_bytes() -> None:
     assert body_digest(b"{}") != body_digest(b"{ }")
     digest = hashlib.sha256(_body()).digest()
     assert body_digest(_body()) == base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def test_writ_receipts_rotates_and_retires_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from writ.cli import main
+
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "config").mkdir()
+    receipt_keys.ensure(tmp_path / "secrets", tmp_path / "config")
+
+    def run(*argv: str) -> int:
+        with pytest.raises(SystemExit) as done:
+            main(["receipts", *argv, "--home", str(tmp_path)])
+        return int(done.value.code or 0)
+
+    assert run("rotate") == 0
+    assert (
+        "signing key now receipts-2; published: receipts-1, receipts-2" in capsys.readouterr().out
+    )
+    with pytest.raises(SystemExit, match="is the signing key"):
+        main(["receipts", "retire", "receipts-2", "--home", str(tmp_path)])
+    assert run("retire", "receipts-1") == 0
+    capsys.readouterr()
+    assert run("keys") == 0
+    listed = KeySet.from_jwks(capsys.readouterr().out)
+    assert sorted(listed.keys) == ["receipts-2"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from writ.cli import _audit, _local, _operator
+from writ.cli import _audit, _local, _operator, _receipts
 
 __all__ = ["main"]
 
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     _local.add_parsers(sub)
     _operator.add_parsers(sub)
     _audit.add_parsers(sub)
+    _receipts.add_parsers(sub)
 
     args = parser.parse_args(argv)
     sys.exit(args.func(args))
