@@ -476,11 +476,17 @@ class DispatcherStore:
         return [PriorAttempt(**dict(r)) for r in rows]
 
     async def stale(self, *, pending_grace_s: float, limit: int = 100) -> list[StaleCommand]:
-        """Commands to re-drive without the bus (docs/design.md §5: JetStream can lose messages)."""
+        """Commands to re-drive without the bus (docs/design.md §5: JetStream can lose messages).
+
+        A pending command still in admission's outbox has not been published yet: the relay
+        owes it, and signs its approval receipt first, so it is not taken before that.
+        """
         rows = await self._pool.fetch(
-            "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands "
+            "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands c "
             "WHERE (state = 'dispatching' AND lease_until < now()) "
-            "   OR (state = 'pending' AND updated_at < now() - make_interval(secs => $1)) "
+            "   OR (state = 'pending' AND updated_at < now() - make_interval(secs => $1) "
+            "       AND NOT EXISTS (SELECT 1 FROM admission.outbox o "
+            "                       WHERE o.tenant = c.tenant AND o.operation_id = c.operation_id)) "
             "ORDER BY updated_at LIMIT $2",
             pending_grace_s,
             limit,

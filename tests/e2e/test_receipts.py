@@ -21,10 +21,12 @@ import httpx
 import pytest
 
 from actions import ACTIONS
+from libs.db import role_name, with_database
 from libs.journal import SigningKey
 from schemas.base import Family
 from schemas.host import CommandResult
 from services.admission.receipts import ReceiptSigner
+from services.dispatcher.store import DispatcherStore
 from tests.e2e.conftest import Host, notes_for
 from tests.e2e.test_boundaries import _connect_as
 from writ import mcp, receipt_keys
@@ -324,6 +326,54 @@ async def test_the_dispatcher_forwards_receipts_but_cannot_make_one(stack: Stack
             await conn.execute("UPDATE admission.authorizations SET token = 'x'")
     finally:
         await conn.close()
+
+
+async def test_the_sweeper_leaves_an_unpublished_command_to_the_relay_that_signs_it(
+    stack: Stack, host: Host, db: asyncpg.Connection, crm: httpx.Client
+) -> None:
+    stack.stop_process("dispatcher")
+    try:
+        command = host.command(arguments={"customer_id": "ACME-42", "body": "Swept late."})
+        await host.submit(command)
+        operation_id = await _command(db, command.operation_key)
+        await _receipt(db, operation_id)
+        op = uuid.UUID(operation_id)
+        with anyio.fail_after(30):
+            while await db.fetchval(
+                "SELECT count(*) FROM admission.outbox WHERE operation_id = $1", op
+            ):
+                await anyio.sleep(0.1)
+        await db.execute(
+            "UPDATE admission.commands SET updated_at = now() - interval '1 hour' "
+            "WHERE operation_id = $1",
+            op,
+        )
+        password = (stack.secrets / "pg-dispatcher.password").read_text().strip()
+        dsn = with_database(
+            stack.admin_dsn, stack.database, user=role_name(stack.database, "dispatcher")
+        )
+        async with asyncpg.create_pool(dsn, password=password, min_size=1, max_size=1) as pool:
+            store = DispatcherStore(pool)
+            # Published (its receipt signed first) and long pending: the sweeper's to re-drive.
+            stale = await store.stale(pending_grace_s=60)
+            assert operation_id in {c.operation_id for c in stale}
+            # Still owed by the relay (its outbox row back, the relay stopped): not yet.
+            stack.stop_process("admission")
+            try:
+                await db.execute(
+                    "INSERT INTO admission.outbox (tenant, operation_id) VALUES ('acme', $1)", op
+                )
+                stale = await store.stale(pending_grace_s=60)
+                assert operation_id not in {c.operation_id for c in stale}
+            finally:
+                stack.start_services(("admission",))
+                await stack.wait_ready(("admission",))
+    finally:
+        stack.start_services(("dispatcher",))
+        await stack.wait_ready(("dispatcher",))
+    done = await host.wait_command(command.request_id, timeout=90)
+    assert done.status == "succeeded", done
+    assert len(notes_for(crm, f"acme:{operation_id}")) == 1
 
 
 async def test_rotation_with_overlap_keeps_in_flight_commands_valid(

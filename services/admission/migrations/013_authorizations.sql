@@ -13,3 +13,7 @@ CREATE TABLE admission.authorizations (
 
 GRANT SELECT, INSERT ON admission.authorizations TO {role:admission};
 GRANT SELECT ON admission.authorizations TO {role:dispatcher};
+
+-- The dispatcher's sweeper leaves a pending command the relay has not published yet (its outbox
+-- row is still there) to the relay, which signs its receipt before publishing it.
+GRANT SELECT ON admission.outbox TO {role:dispatcher};
