@@ -485,8 +485,8 @@ class DispatcherStore:
             "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands c "
             "WHERE (state = 'dispatching' AND lease_until < now()) "
             "   OR (state = 'pending' AND updated_at < now() - make_interval(secs => $1) "
-            "       AND NOT EXISTS (SELECT 1 FROM admission.outbox o "
-            "                       WHERE o.tenant = c.tenant AND o.operation_id = c.operation_id)) "
+            "       AND NOT EXISTS (SELECT 1 FROM admission.outbox o WHERE o.tenant = c.tenant "
+            "                       AND o.operation_id = c.operation_id)) "
             "ORDER BY updated_at LIMIT $2",
             pending_grace_s,
             limit,
