@@ -92,6 +92,11 @@ class ProviderCall(msgspec.Struct, frozen=True, kw_only=True):
     # the record moved on since (a command's own `expected_revision`, when set, comes first).
     if_match: str | None = None
 
+    def body_bytes(self) -> bytes:
+        """The exact request body sent: compact JSON with sorted keys, so the bytes an approval
+        receipt's digest names at admission are the bytes the connector sends."""
+        return msgspec.json.encode(self.body, order="sorted")
+
 
 class ProviderLookup(msgspec.Struct, frozen=True, kw_only=True):
     """How to ask the provider what it made under an operation's key."""

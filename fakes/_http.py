@@ -18,6 +18,9 @@ from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeVar
 from urllib.parse import SplitResult, urlsplit
 
+from fakes import _receipts
+from fakes._receipts import KeyFile
+
 __all__ = [
     "MAX_BODY_BYTES",
     "MODES",
@@ -119,6 +122,7 @@ class Server(ThreadingHTTPServer, Generic[S]):
         backlog: int = ThreadingHTTPServer.request_queue_size,
     ) -> None:
         self.token, self.state = token, state
+        self.receipts: KeyFile | None = None  # set: writes need an approval receipt
         self.request_queue_size = backlog  # listen() reads it while super().__init__ binds
         self.stopping = threading.Event()
         self._open: set[socket.socket] = set()
@@ -239,6 +243,15 @@ class Handler(BaseHTTPRequestHandler):
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.server.token):
             raise HttpError(401, "unauthorized")
 
+    def _check_receipt(self, key: str | None) -> None:
+        """Refuse (403, a typed `reason`) a write without a receipt for its body and key."""
+        if self.server.receipts is None:
+            return
+        try:
+            self.server.receipts.check(self.headers.get(_receipts.HEADER), self._raw, key or "")
+        except _receipts.ReceiptRefused as exc:
+            raise HttpError(403, "approval receipt refused", reason=exc.reason) from None
+
     def _under_mode(self, effect: Callable[[], Reply]) -> Reply | None:
         """Run `effect` as the current fault mode says; None means lose the response."""
         # Only well-formed, authorized requests get here to use up the mode, so `count` is
@@ -293,6 +306,11 @@ class LoopbackFake:
         self._thread: threading.Thread | None = None
         self._stopped = False
 
+    def require_receipts(self, keys: KeyFile | None) -> None:
+        """From now on, refuse writes without an approval receipt verified by `keys` (None:
+        check none)."""
+        self._server.receipts = keys
+
     @property
     def url(self) -> str:
         """Base URL, e.g. http://127.0.0.1:53211."""
@@ -339,6 +357,9 @@ def arg_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-file", type=Path, required=True)
     parser.add_argument("--ready-file", type=Path)
+    parser.add_argument(
+        "--receipt-keys-file", type=Path, help="Writ's receipt keys (JWKS): writes need a receipt"
+    )
     return parser
 
 
@@ -355,6 +376,7 @@ def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
     with make(args, token) as fake:
+        fake.require_receipts(_receipts.load(args.receipt_keys_file))
         if args.ready_file is not None:
             tmp = args.ready_file.with_name(f".{args.ready_file.name}.{os.getpid()}.tmp")
             tmp.write_text(fake.url)

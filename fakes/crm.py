@@ -120,6 +120,7 @@ class _Handler(_http.Handler):
             raise HttpError(400, "idempotency key required")
         if len(key) > MAX_KEY_CHARS:
             raise HttpError(400, f"idempotency key longer than {MAX_KEY_CHARS} chars")
+        self._check_receipt(key)
         return self._under_mode(
             lambda: self.server.state.create_note(
                 customer_id, key, body, self.headers.get("If-Match")

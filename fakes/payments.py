@@ -222,14 +222,29 @@ class _Handler(_http.Handler):
     def _post_charge(self) -> Reply | None:
         fields = _parse_charge(self._json())
         reference = self._reference()
+        self._check_once(reference, "charges")
         return self._under_mode(lambda: self.server.state.create_charge(fields, reference))
 
     def _post_refund(self) -> Reply | None:
         fields = _parse_refund(self._json())
         reference = self._reference()
+        self._check_once(reference, "refunds")
         # A refused refund (404, 409) raises inside the effect and is answered whatever the mode:
         # only a refund that was made can have its response lost.
         return self._under_mode(lambda: self.server.state.create_refund(fields, reference))
+
+    def _check_once(self, reference: str | None, kind: str) -> None:
+        """With receipts required: the receipt must authorise this body under this reference,
+        and, since this provider does not dedupe, a receipt whose operation already made a charge
+        (or refund) is refused as `replayed` rather than paid out twice."""
+        if self.server.receipts is None:
+            return
+        self._check_receipt(reference)
+        state = self.server.state
+        with state.lock:
+            made = state.charges if kind == "charges" else state.refunds
+            if any(m["reference"] == reference for m in made):
+                raise HttpError(403, "approval receipt refused", reason="replayed")
 
     def _reference(self) -> str | None:
         reference = self.headers.get("Reference")

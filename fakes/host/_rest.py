@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from fakes import _receipts
 from fakes.host._state import MAX_BODY_BYTES, MAX_KEY_CHARS, HostState, Unavailable, fault, problem
 
 __all__ = ["OPENAPI", "Lost", "rest_routes"]
@@ -57,6 +58,11 @@ def rest_routes(state: HostState, token: bytes) -> list[Route]:
         key = request.headers.get("idempotency-key", "")
         if not key or len(key) > MAX_KEY_CHARS:
             return problem(400, f"Idempotency-Key required, {MAX_KEY_CHARS} characters at most")
+        if state.receipts is not None:
+            try:
+                state.receipts.check(request.headers.get(_receipts.HEADER), raw, key)
+            except _receipts.ReceiptRefused as exc:
+                return problem(403, "approval receipt refused", reason=exc.reason)
         try:
             mode = await fault(state, "rest")
         except Unavailable:

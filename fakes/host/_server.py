@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from fakes import _receipts
 from fakes.host._control import Guard, control_routes
 from fakes.host._mcp import mcp_server
 from fakes.host._oauth import token_routes
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> None:
         help='JSON {"<client id>": "<secret>"}: the token endpoint\'s clients',
     )
     parser.add_argument(
+        "--receipt-keys-file", type=Path, help="Writ's receipt keys (JWKS): writes need a receipt"
+    )
+    parser.add_argument(
         "--legacy-sse",
         action="store_true",
         help="serve MCP over the legacy HTTP+SSE transport only",
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.oauth_clients_file
         else None,
     ) as fake:
+        fake.state.receipts = _receipts.load(args.receipt_keys_file)
         if args.ready_file is not None:
             tmp = args.ready_file.with_name(f".{args.ready_file.name}.{os.getpid()}.tmp")
             tmp.write_text(fake.url)

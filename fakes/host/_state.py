@@ -9,6 +9,8 @@ from typing import Any, Final
 
 from starlette.responses import JSONResponse
 
+from fakes._receipts import KeyFile
+
 __all__ = [
     "DEFAULT_DATA",
     "MAX_BODY_BYTES",
@@ -139,6 +141,8 @@ class HostState:
     def __init__(self, data: dict[str, Any]) -> None:
         self.lock = threading.Lock()
         self._seed = data
+        # Set: REST writes need an approval receipt these keys verify (fakes/_receipts.py).
+        self.receipts: KeyFile | None = None
         self.access_tokens: dict[str, float] = {}  # the authorization server's, kept by reset
         self.token_audiences: dict[str, str] = {}  # each access token's resource ("" for none)
         self.reset()

@@ -12,6 +12,7 @@ from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.admission.reads import AdmissionReads
+from services.admission.receipts import Authorizer, ReceiptSigner
 from services.admission.relay import OutboxRelay
 from services.admission.service import AdmissionService
 from services.admission.store import AdmissionStore
@@ -30,6 +31,11 @@ class AdmissionSettings(BaseSettings, frozen=True, kw_only=True):
     journal_data_keys_file: str = ""
     journal_seal_interval_s: float = 0.5
     relay_poll_s: float = 1.0
+    # Approval receipts' signing key (the journal key file's format; docs/receipts.md). Empty:
+    # no receipts are signed, and systems of record that check them refuse every write.
+    receipt_signing_key_file: str = ""
+    # How long after a command's own expiry its receipt still verifies (a retried send).
+    receipt_grace_s: float = 600.0
 
 
 def main() -> None:
@@ -40,6 +46,15 @@ def main() -> None:
         "admission",
         signing_key_file=settings.journal_signing_key_file,
         data_keys_file=settings.journal_data_keys_file,
+    )
+    authorizer = (
+        Authorizer(
+            ReceiptSigner.from_file(settings.receipt_signing_key_file),
+            journal,
+            grace=timedelta(seconds=settings.receipt_grace_s),
+        )
+        if settings.receipt_signing_key_file
+        else None
     )
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -56,6 +71,7 @@ def main() -> None:
                 poll_s=settings.relay_poll_s,
                 faults=rt.faults,
                 tracer=rt.tracer,
+                authorizer=authorizer,
             )
             sealer = Sealer(
                 pool=pool,

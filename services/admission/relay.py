@@ -23,6 +23,7 @@ from libs.faults import Faults
 from libs.telemetry import extract_context
 from schemas import subjects
 from schemas.admission import DispatchCommand
+from services.admission.receipts import Authorizer
 from services.admission.store import OUTBOX_CHANNEL, AdmissionStore, OutboxRow
 
 __all__ = ["OutboxRelay"]
@@ -44,8 +45,10 @@ class OutboxRelay:
         poll_s: float = 1.0,
         faults: Faults | None = None,
         tracer: Tracer | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self._store, self._js = store, js
+        self._authorizer = authorizer
         self._tracer = tracer or trace.get_tracer("writ.relay")
         self._faults = faults or Faults()
         self._listen_dsn, self._listen_password = listen_dsn, listen_password
@@ -88,6 +91,13 @@ class OutboxRelay:
             rows = await self._store.claim_outbox(conn, self._batch)
             if not rows:
                 return 0
+            if self._authorizer is not None:
+                # Each command's receipt, committed before it is published (on a connection of
+                # its own), so the dispatcher that claims it finds the receipt to forward.
+                async with self._store.acquire() as signing:
+                    await self._authorizer.authorize(
+                        signing, [(row.tenant, row.operation_id) for row in rows]
+                    )
             self._faults.crash_if("relay.before_publish")
             published: list[int] = []
             failed: list[BaseException] = []

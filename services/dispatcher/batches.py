@@ -212,6 +212,7 @@ class Batches:
                             claim.arguments,
                             key=f"{claim.tenant}:{claim.operation_id}",
                             expected_revision=claim.expected_revision,
+                            authorization=claim.authorization,
                         ),
                     )
             except Exception as exc:

@@ -264,7 +264,11 @@ class Execution:
             claim,
             delivery,
             connector.execute(
-                claim.action, claim.arguments, key=key, expected_revision=claim.expected_revision
+                claim.action,
+                claim.arguments,
+                key=key,
+                expected_revision=claim.expected_revision,
+                authorization=claim.authorization,
             ),
         )
         breaker.record(admission, self.outcome(result, time.monotonic() - started))

@@ -50,6 +50,9 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     decision_current: bool = False
     # How this holder re-checked the policy, for the attempt's journal row.
     recheck: str | None = None
+    # The approval receipt admission signed for this command, forwarded unread
+    # (`Writ-Authorization`; docs/receipts.md). None: admission signed none.
+    authorization: str | None = None
 
 
 class PriorAttempt(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,7 +111,9 @@ RETURNING tenant, operation_id::text AS operation_id, lease_epoch, lease_until, 
           traceparent, policy_epoch,
           coalesce(policy_epoch = (SELECT epoch FROM governance.policy_epoch)
                    AND created_at > now() - make_interval(secs => $5), false)
-              AS decision_current
+              AS decision_current,
+          (SELECT a.token FROM admission.authorizations a
+           WHERE a.tenant = $1 AND a.operation_id = $2) AS "authorization"
 """
 
 # `_CLAIM` for a fetched batch's commands at once ($1 tenants, $2 operation ids, in pairs): one
@@ -127,7 +132,9 @@ RETURNING c.tenant, c.operation_id::text AS operation_id, c.lease_epoch, c.lease
           coalesce(c.preview, '{}'::jsonb) AS preview, c.traceparent, c.policy_epoch,
           coalesce(c.policy_epoch = (SELECT epoch FROM governance.policy_epoch)
                    AND c.created_at > now() - make_interval(secs => $5), false)
-              AS decision_current
+              AS decision_current,
+          (SELECT a.token FROM admission.authorizations a
+           WHERE a.tenant = c.tenant AND a.operation_id = c.operation_id) AS "authorization"
 """
 
 _START_ATTEMPT = """
@@ -469,11 +476,17 @@ class DispatcherStore:
         return [PriorAttempt(**dict(r)) for r in rows]
 
     async def stale(self, *, pending_grace_s: float, limit: int = 100) -> list[StaleCommand]:
-        """Commands to re-drive without the bus (docs/design.md §5: JetStream can lose messages)."""
+        """Commands to re-drive without the bus (docs/design.md §5: JetStream can lose messages).
+
+        A pending command still in admission's outbox has not been published yet: the relay
+        owes it, and signs its approval receipt first, so it is not taken before that.
+        """
         rows = await self._pool.fetch(
-            "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands "
+            "SELECT tenant, operation_id::text AS operation_id, state FROM admission.commands c "
             "WHERE (state = 'dispatching' AND lease_until < now()) "
-            "   OR (state = 'pending' AND updated_at < now() - make_interval(secs => $1)) "
+            "   OR (state = 'pending' AND updated_at < now() - make_interval(secs => $1) "
+            "       AND NOT EXISTS (SELECT 1 FROM admission.outbox o WHERE o.tenant = c.tenant "
+            "                       AND o.operation_id = c.operation_id)) "
             "ORDER BY updated_at LIMIT $2",
             pending_grace_s,
             limit,

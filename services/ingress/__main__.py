@@ -39,6 +39,8 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     http_port_file: str = ""
     # How long a POST that waits for its answer (a command, a decision) waits.
     http_answer_timeout_s: float = 30.0
+    # The approval receipts' public key set (a JWKS), served at `/api/v1/receipts/keys`.
+    receipt_keys_file: str = ""
 
 
 async def _reload_keys(
@@ -100,6 +102,7 @@ def main() -> None:
             endpoints=rt.endpoints,
             registry=rt.registry,
             tracer=rt.tracer,
+            receipt_keys_file=settings.receipt_keys_file,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)

@@ -367,6 +367,13 @@ def test_only_the_dispatcher_mounts_connector_secrets(rendered: list[dict[str, A
             assert not connectors, component(obj)
 
 
+def test_only_admission_mounts_the_receipt_signing_key(rendered: list[dict[str, Any]]) -> None:
+    # The dispatcher forwards approval receipts; it must not be able to sign one.
+    for obj, template in pod_templates(rendered):
+        signing = "writ-receipt-signing" in _secrets(template)
+        assert signing == (component(obj) == "admission"), component(obj)
+
+
 def test_the_planner_mounts_no_credential_but_the_model_key(rendered: list[dict[str, Any]]) -> None:
     template = _deployment(rendered, "planner")["spec"]["template"]
     allowed = {

@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from writ.cli import _audit, _local, _operator, _retention
+from writ.cli import _audit, _local, _operator, _receipts, _retention
 
 __all__ = ["main"]
 
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     _operator.add_parsers(sub)
     _audit.add_parsers(sub)
     _retention.add_parsers(sub)
+    _receipts.add_parsers(sub)
     from writ.conformance import add_parser as add_conformance
 
     add_conformance(sub)

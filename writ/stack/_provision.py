@@ -22,6 +22,7 @@ from libs.natsauth import PROVISION, PROVISION_AUDIT
 from libs.provision import provision_bus as provision_streams
 from libs.provision import provision_record
 from schemas import subjects
+from writ import receipt_keys
 from writ.stack._tokens import POLICY_KEY_ID, migrations, write_secret
 from writ.tenants import keys_file
 
@@ -103,6 +104,7 @@ async def provision(stack: Stack) -> None:
     )
     stack.policies.mkdir(exist_ok=True)
     _journal_keys(stack)
+    receipt_keys.ensure(stack.secrets, stack.config)
     await _seed_demo(stack)
     await provision_bus(stack)
     for tenant in stack.tenants():

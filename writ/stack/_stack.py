@@ -34,6 +34,7 @@ from libs.natsauth import (
     host_user,
     inbox_prefix,
 )
+from writ import receipt_keys
 from writ.stack import _provision
 from writ.stack._tokens import AUDIENCE, POLICY_KEY_ID, mint_token, write_secret
 from writ.stack._wiring import DEMO as _DEMO
@@ -57,6 +58,7 @@ NOT_INHERITED: Final = frozenset(
         "WRIT_METRICS_PORT_FILE",
         "WRIT_INSTANCE",
         "WRIT_API_URL",
+        "WRIT_RECEIPT_SIGNING_KEY_FILE",  # admission's alone, never passed to every service
     }
 )
 
@@ -419,6 +421,8 @@ class Stack:
                 str(clients),
                 "--ready-file",
                 str(ready),
+                "--receipt-keys-file",
+                self._receipt_keys(),
             ],
             {},
         )
@@ -432,6 +436,11 @@ class Stack:
             tools=["tickets.search", "ticket.get", "customer.get"],
             facts={"host_ticket": "ticket.get"},
         )
+
+    def _receipt_keys(self) -> str:
+        """The approval receipts' public key set, which the systems of record verify with."""
+        receipt_keys.ensure(self.secrets, self.config)
+        return str(self.config / receipt_keys.PUBLIC)
 
     def _start_fake(self, name: str) -> str:
         ready = self.home / f"{name}.url"
@@ -448,6 +457,8 @@ class Stack:
                 str(self.secrets / f"{name}.token"),
                 "--ready-file",
                 str(ready),
+                "--receipt-keys-file",
+                self._receipt_keys(),
             ],
             {},
         )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Final
 
 from libs.db import role_name, with_database
 from libs.natsauth import JOURNALED, seal_user
+from writ import receipt_keys
 
 if TYPE_CHECKING:
     from writ.stack._stack import Stack
@@ -42,7 +43,10 @@ def wiring(stack: Stack, name: str) -> dict[str, str]:
         env["WRIT_DATABASE_PASSWORD_FILE"] = str(stack.secrets / f"pg-{name}.password")
         env["WRIT_JOURNAL_SIGNING_KEY_FILE"] = str(stack.secrets / f"journal-{name}-signing.json")
         env["WRIT_JOURNAL_DATA_KEYS_FILE"] = str(stack.secrets / f"journal-{name}-data.json")
+    if name == "admission":  # the approval receipts' signing key is admission's alone
+        env["WRIT_RECEIPT_SIGNING_KEY_FILE"] = str(stack.secrets / receipt_keys.SIGNING)
     if name == "ingress":
+        env["WRIT_RECEIPT_KEYS_FILE"] = str(stack.config / receipt_keys.PUBLIC)
         env["WRIT_TENANT_KEYS_FILE"] = str(stack.config / "tenant-keys.json")
         env["WRIT_AGENTS_DIR"] = str(DEMO / "agents")  # names only: UNKNOWN_AGENT
         env["WRIT_HTTP_PORT"] = str(stack.http_port)

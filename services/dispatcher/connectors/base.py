@@ -14,9 +14,27 @@ from actions import ACTIONS
 from actions.base import ProviderCall, ProviderLookup
 from schemas.base import storable
 
-__all__ = ["Connector", "Contract", "Result", "answer_of", "call_for", "lookup_for"]
+__all__ = [
+    "Connector",
+    "Contract",
+    "Result",
+    "answer_of",
+    "call_for",
+    "lookup_for",
+    "signed_headers",
+]
 
 Contract = Literal["idempotent", "queryable", "none"]
+
+# The header carrying a command's approval receipt, beside the idempotency key (docs/receipts.md).
+AUTHORIZATION_HEADER = "Writ-Authorization"
+
+
+def signed_headers(headers: dict[str, str], authorization: str | None) -> dict[str, str]:
+    """`headers` with the command's approval receipt, if admission signed one."""
+    if authorization is not None:
+        headers[AUTHORIZATION_HEADER] = authorization
+    return headers
 
 
 class Result(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,9 +87,16 @@ class Connector(Protocol):
     contract: Contract
 
     async def execute(
-        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+        self,
+        action: str,
+        arguments: dict[str, Any],
+        *,
+        key: str,
+        expected_revision: str | None,
+        authorization: str | None = None,
     ) -> Result:
-        """Perform the action with `key` as the provider's idempotency key."""
+        """Perform the action with `key` as the provider's idempotency key, forwarding
+        `authorization` (the command's approval receipt) in `Writ-Authorization`."""
         ...
 
     async def lookup(self, action: str, *, key: str) -> Result:

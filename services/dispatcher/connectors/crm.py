@@ -10,6 +10,7 @@ from services.dispatcher.connectors.base import (
     answer_of,
     call_for,
     lookup_for,
+    signed_headers,
 )
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
@@ -26,18 +27,24 @@ class CrmConnector:
         self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
     async def execute(
-        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+        self,
+        action: str,
+        arguments: dict[str, Any],
+        *,
+        key: str,
+        expected_revision: str | None,
+        authorization: str | None = None,
     ) -> Result:
         """Perform `action` (its contract says how) with `key` as the idempotency key."""
         call = call_for(self.name, action, arguments)
         if isinstance(call, Result):
             return call
-        headers = {"Idempotency-Key": key}
+        headers = signed_headers({"Idempotency-Key": key}, authorization)
         if expected_revision is not None:
             headers["If-Match"] = expected_revision
         try:
             response = await self._client.request(
-                "POST", call.path, json=call.body, headers=headers
+                "POST", call.path, body=call.body_bytes(), headers=headers
             )
         except NotSent as exc:
             return Result(kind="transient", detail=f"connect failed: {exc}"[:500])

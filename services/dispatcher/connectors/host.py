@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.dispatcher.connectors.base import Contract, Result, answer_of, call_for
+from services.dispatcher.connectors.base import (
+    Contract,
+    Result,
+    answer_of,
+    call_for,
+    signed_headers,
+)
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
 __all__ = ["HostConnector"]
@@ -27,18 +33,24 @@ class HostConnector:
         self._client = HttpClient(base_url=base_url, token=token, timeout_s=timeout_s)
 
     async def execute(
-        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+        self,
+        action: str,
+        arguments: dict[str, Any],
+        *,
+        key: str,
+        expected_revision: str | None,
+        authorization: str | None = None,
     ) -> Result:
         """Perform `action` as its contract builds the request, under `key`."""
         call = call_for(self.name, action, arguments)
         if isinstance(call, Result):
             return call
-        headers = {"Idempotency-Key": key}
+        headers = signed_headers({"Idempotency-Key": key}, authorization)
         if (revision := expected_revision or call.if_match) is not None:
             headers["If-Match"] = revision
         try:
             response = await self._client.request(
-                call.method, call.path, json=call.body, headers=headers
+                call.method, call.path, body=call.body_bytes(), headers=headers
             )
         except NotSent as exc:
             return Result(kind="transient", detail=f"connect failed: {exc}"[:500])

@@ -16,7 +16,13 @@ class NoopConnector:
     contract: Contract = "idempotent"
 
     async def execute(
-        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+        self,
+        action: str,
+        arguments: dict[str, Any],
+        *,
+        key: str,
+        expected_revision: str | None,
+        authorization: str | None = None,
     ) -> Result:
         """Do nothing, and say so with a receipt naming the key."""
         return Result(kind="succeeded", receipt=f"noop:{key}"[:500])

@@ -18,6 +18,7 @@ from services.dispatcher.connectors.base import (
     answer_of,
     call_for,
     lookup_for,
+    signed_headers,
 )
 from services.dispatcher.connectors.http import HttpClient, NoAnswer, NotSent
 
@@ -95,7 +96,13 @@ class PaymentConnector:
         )
 
     async def execute(
-        self, action: str, arguments: dict[str, Any], *, key: str, expected_revision: str | None
+        self,
+        action: str,
+        arguments: dict[str, Any],
+        *,
+        key: str,
+        expected_revision: str | None,
+        authorization: str | None = None,
     ) -> Result:
         """Charge or refund once, sending `key` as the (never deduped) `Reference`."""
         if expected_revision is not None:
@@ -105,7 +112,10 @@ class PaymentConnector:
             return op
         try:
             response = await self._client.request(
-                "POST", op.path, json=op.body, headers={"Reference": key}
+                "POST",
+                op.path,
+                body=op.body_bytes(),
+                headers=signed_headers({"Reference": key}, authorization),
             )
         except NotSent as exc:
             # No connection was ever given the request, so nothing can have been applied.

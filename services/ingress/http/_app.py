@@ -16,6 +16,7 @@ from services.ingress.http._guard import check_body, check_parameters, secure_he
 from services.ingress.http._ops import ops_handlers
 from services.ingress.http._people import people_handlers
 from services.ingress.http._problems import EXCEPTION_HANDLERS
+from services.ingress.http._receipts import receipt_key_handlers
 from services.ingress.http._runs import run_handlers
 from services.ingress.http._sessions import session_handlers
 
@@ -45,6 +46,7 @@ OPERATION_IDS: Final = {
     ("post", "/reconciliation/{operation_id}/resolve"): "resolveCommand",
     ("post", "/audit/replay/{run_id}"): "replayRun",
     ("get", "/audit/verify"): "verifyAudit",
+    ("get", "/receipts/keys"): "getReceiptKeys",
     ("get", "/sessions"): "listSessions",
     ("post", "/sessions"): "openSession",
     ("get", "/sessions/{session_id}"): "getSession",
@@ -66,6 +68,7 @@ def build_app(
     max_body_bytes: int = 64 * 1024,
     answer_timeout_s: float = 30.0,
     console: Router | None = None,
+    receipt_keys_file: str = "",
 ) -> Litestar:
     """The HTTP door over `api` (building it touches nothing: `make schemas` builds one), and
     the approval console (`/console`, outside the API's contract) when one is given."""
@@ -91,6 +94,7 @@ def build_app(
             *people_handlers(api, answer_timeout_s=answer_timeout_s),
             *ops_handlers(api),
             *session_handlers(api),
+            *receipt_key_handlers(receipt_keys_file),
         ],
     )
     config = OpenAPIConfig(

@@ -61,8 +61,10 @@ class HttpServer:
         endpoints: list[Endpoint | BatchEndpoint] | None = None,
         registry: CollectorRegistry | None = None,
         tracer: Tracer | None = None,
+        receipt_keys_file: str = "",
     ) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
+        self._receipt_keys_file = receipt_keys_file
         self._host, self._port, self._port_file = host, port, port_file
         self._max_body, self._answer_timeout = max_body_bytes, answer_timeout_s
         self.port = 0
@@ -104,6 +106,7 @@ class HttpServer:
             max_body_bytes=self._max_body,
             answer_timeout_s=self._answer_timeout,
             console=console,
+            receipt_keys_file=self._receipt_keys_file,
         )
         served: Any = app
         if self._registry is not None and self._tracer is not None:
