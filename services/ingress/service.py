@@ -41,6 +41,7 @@ from schemas.host import (
 )
 from schemas.ingress import ProposalAnswer
 from schemas.planner import REVIEW, ProposeCommand, ReviewAnswer, ReviewTaken
+from services.ingress._owners import Owners
 from services.ingress.logic import (
     DECODERS,
     MAX_TOKEN_TTL_S,
@@ -102,6 +103,7 @@ class IngressService:
         self._audience, self._max_bytes = audience, max_request_bytes
         # The planner resumes the run before it answers (its next model decision included).
         self._review_timeout = review_timeout_s
+        self._owners = Owners(rt.js)
         self._dropped = Counter(
             "writ_ingress_dropped_total",
             "Host messages dropped unanswered: no known tenant to answer (unknown_tenant), or "
@@ -192,6 +194,8 @@ class IngressService:
         outcome = self.verify(
             kind, delivery.message, tenant=tenant, request_id=delivery.headers.get("Nats-Msg-Id")
         )
+        if not isinstance(outcome, Rejection):
+            outcome = await self.first_use(outcome)
         if isinstance(outcome, Rejection):
             await self._reject(tenant, kind, outcome, delivery.msg.metadata.sequence.stream)
             return
@@ -243,6 +247,15 @@ class IngressService:
                 message=f"no manifest declares agent {outcome.request.agent!r}",
             )
         return outcome
+
+    async def first_use(self, outcome: Verified) -> Verified | Rejection:
+        """The verified message, or `CONFLICT` when another principal of the tenant used its
+        request id (or its command's operation key) first (`services/ingress/_owners.py`).
+
+        Raises:
+            RetryableError: who used it first cannot be read now; nothing was handed on.
+        """
+        return await self._owners.check(outcome) or outcome
 
     def check_token(
         self, token: str, *, tenant: str, request_id: str = "", signed_in: bool = False

@@ -1,6 +1,7 @@
 """A client generated from the committed OpenAPI document by `openapi-python-client`, with no
 hand edits, drives a run, resumes its Server-Sent Events after the last id it saw, and cancels
-a run, as a host would on the tenant's own token: the document is what the door does."""
+a run, as a host would: with the base URL, issuer and signing key in its credentials folder
+(`.writ/hosts/<tenant>/`) alone. The document is what the door does."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.hostcreds import read_credentials
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -82,9 +84,10 @@ def _events(text: str) -> list[tuple[str, str]]:
 def test_a_generated_client_runs_resumes_the_stream_and_cancels(
     stack: Stack, writ_api: ModuleType
 ) -> None:
+    given = read_credentials(stack.host_credentials("acme"), "acme")
     client = _module("client").AuthenticatedClient(
-        base_url=stack.api_url,  # what `writ run` prints, `/api/v1` included
-        token=stack.token("acme", "alice@acme.example"),
+        base_url=given.api_url,  # what the host is given, `/api/v1` included
+        token=given.token("alice@acme.example"),
         timeout=_module("client").httpx.Timeout(70.0),
     )
     runs = {name: _module(f"api.runs.{name}") for name in ("create_run", "wait_run")}

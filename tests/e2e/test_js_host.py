@@ -1,7 +1,9 @@
 """A host written in JavaScript from the AsyncAPI document alone (`nats` and `jose` from npm,
 pinned in tests/fixtures/js-host), on its tenant's own NATS user and inbox prefix: a run to its
 result, a replay that is a duplicate, `wait` for news, a command conflict, the refusal codes
-(malformed JSON included), and no subscription to `writ.int.>`, as the document says."""
+(malformed JSON included), and no subscription to `writ.int.>`, as the document says. It is
+configured from the tenant's credentials folder (`.writ/hosts/<tenant>/`) alone: exactly what
+a host is given."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from libs.natsauth import host_user, inbox_prefix
+from tests.e2e.hostcreds import read_credentials
 from writ.stack import AUDIENCE, Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -30,23 +32,28 @@ def test_a_javascript_host_holds_writ_to_its_asyncapi_contract(
         subprocess.run(
             ["npm", "ci", "--no-audit", "--no-fund", "--prefix", str(HOST)], check=True, timeout=300
         )
-    user = host_user("acme")
-    # The server's address only: the host brings its own user, never the administrator's.
-    address = urlsplit(stack.nats_url)
+    given = read_credentials(stack.host_credentials("acme"), "acme")
+    # The server's address, and the host's own user and password from the URL it was given
+    # (nats.js takes them as options): never the administrator's.
+    address = urlsplit(given.nats_url)
     assert address.hostname is not None
+    login = (
+        {"user": unquote(address.username), "password": unquote(address.password or "")}
+        if address.username
+        else {}
+    )
 
     config = tmp_path / "host.json"
     config.write_text(
         json.dumps(
             {
                 "natsUrl": f"nats://{address.hostname}:{address.port}",
-                "user": user,
-                "password": stack.nats_password(user),
-                "inboxPrefix": inbox_prefix(user),
+                **login,
+                "inboxPrefix": given.inbox,
                 "tenant": "acme",
-                "issuer": stack.issuer("acme"),
+                "issuer": given.issuer,
                 "audience": AUDIENCE,
-                "signingKey": str(stack.secrets / "host-acme.pem"),
+                "signingKey": str(given.folder / "signing.pem"),
             }
         )
     )

@@ -46,6 +46,8 @@ class Door(Protocol):
         self, token: str, *, tenant: str, request_id: str = "", signed_in: bool = False
     ) -> tuple[str, list[str]] | Rejection: ...
 
+    async def first_use(self, outcome: Verified) -> Verified | Rejection: ...
+
     async def hand_on(self, outcome: Verified) -> Any: ...
 
 
@@ -158,6 +160,9 @@ class Api:
         )
         if isinstance(outcome, Rejection):
             raise ApiError(outcome.code, outcome.message)
+        owned = await self.door.first_use(outcome)
+        if isinstance(owned, Rejection):
+            raise ApiError(owned.code, owned.message)
         print_ = fingerprint(outcome.principal, f"{request.method} {request.url.path}", body)
         held = await self.idempotency.claim(outcome.tenant, key, print_)
         if held is not None:

@@ -1,0 +1,89 @@
+"""Who first used a request id (and a command's operation key) in a tenant, on either door.
+
+A run's id and a command's pseudo-run are derived from the tenant and the request id or the
+operation key, so whoever re-sends an id names the same work. Ingress therefore remembers, in
+the Idempotency-Key bucket (24 hours, as the HTTP door's keys), the principal who first used
+each id: the same principal again goes on (a retry changes nothing twice downstream); another
+principal of the tenant is refused `CONFLICT`, an answer that says nothing of the first
+request, and nothing is handed on for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Final
+
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from libs.errors import RetryableError
+from libs.provision import IDEMPOTENCY_BUCKET, bind_bucket
+from schemas.host import RunRequest, SubmitCommand
+from services.ingress.logic import Rejection, Verified
+
+__all__ = ["CONFLICT_MESSAGE", "Owners"]
+
+CONFLICT_MESSAGE: Final = (
+    "this request id was used by another principal; the first request is untouched "
+    "(an id answers again only the principal who first used it)"
+)
+_MAX_PRINCIPAL: Final = 512
+
+
+class Owners:
+    """The first principal of each request id and operation key, per tenant."""
+
+    def __init__(self, js: JetStreamContext, *, bucket: str = IDEMPOTENCY_BUCKET.bucket) -> None:
+        self._js, self._bucket = js, bucket
+        self._kv: KeyValue | None = None
+
+    async def _open(self) -> KeyValue:
+        if self._kv is None:
+            try:
+                self._kv = await bind_bucket(self._js, self._bucket)
+            except Exception as exc:  # not provisioned, or the bus busy: fail closed
+                raise RetryableError(f"the request-id owners cannot be read: {exc!r}") from exc
+        return self._kv
+
+    @staticmethod
+    def _key(tenant: str, space: str, name: str) -> str:
+        return f"{tenant}.{space}.{hashlib.sha256(name.encode()).hexdigest()[:40]}"
+
+    async def _first(self, key: str, principal: str) -> bool:
+        """Whether `principal` is the first (or only) one to use `key`."""
+        kv = await self._open()
+        mine = principal.encode()[:_MAX_PRINCIPAL]
+        try:
+            await kv.create(key, mine)
+            return True
+        except KeyWrongLastSequenceError:
+            pass
+        except Exception as exc:
+            raise RetryableError(f"the request-id owners cannot be written: {exc!r}") from exc
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            return await self._first(key, principal)  # expired in between: a first use again
+        except Exception as exc:
+            raise RetryableError(f"the request-id owners cannot be read: {exc!r}") from exc
+        return (entry.value or b"") == mine
+
+    async def check(self, outcome: Verified) -> Rejection | None:
+        """`CONFLICT` if another principal used this run request's or command's id first.
+
+        Raises:
+            RetryableError: the bucket did not answer; nothing was handed on.
+        """
+        request = outcome.request
+        if not isinstance(request, RunRequest | SubmitCommand):
+            return None
+        names = [("id", request.request_id)]
+        if isinstance(request, SubmitCommand):
+            names.append(("op", request.operation_key))
+        for space, name in names:
+            if not await self._first(self._key(outcome.tenant, space, name), outcome.principal):
+                return Rejection(
+                    code="CONFLICT", message=CONFLICT_MESSAGE, request_id=request.request_id
+                )
+        return None

@@ -1,0 +1,128 @@
+"""A request id over NATS answers again only the principal who first used it, as an
+Idempotency-Key does over HTTP: another principal of the tenant re-sending it gets `CONFLICT`,
+which says nothing of the first request, and nothing is handed on for it (no second run, no
+registration naming the other principal, no replay of a command's outcome)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import anyio
+import asyncpg
+import httpx
+import msgspec
+import pytest
+
+from schemas import subjects
+from schemas.governance import RegisterRun
+from schemas.host import CommandResult, RunResult
+from tests.e2e.conftest import Host
+from writ.stack import Stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+BOB = "bob@acme.example"
+T = TypeVar("T", RunResult, CommandResult)
+
+
+async def _publish_unmarked(host: Host, subject: str, message: msgspec.Struct) -> None:
+    """Publish as acme's host without `Nats-Msg-Id` (it is optional), so the stream stores
+    the re-send rather than dropping it as a duplicate within its window."""
+    js = await host.tenant_js("acme")
+    ack = await js.publish(subject, msgspec.json.encode(message))
+    assert not ack.duplicate
+
+
+async def _rejection(host: Host, request_id: str, kind: type[T]) -> T:
+    with anyio.fail_after(60):
+        while True:
+            for result in await host.results(request_id):
+                if isinstance(result, kind) and getattr(result, "status", "") == "rejected":
+                    return result
+            await anyio.sleep(0.2)
+
+
+async def test_another_principal_reusing_a_request_id_is_a_conflict_and_starts_nothing(
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
+    first = host.request(text="Note the delayed shipment call for alice")
+    await host.publish(first, msg_id=first.request_id)
+    done = await host.wait_result(first.request_id, status="succeeded", timeout=60)
+    assert done.run_id is not None
+
+    registered: list[RegisterRun] = []
+
+    async def seen(msg: Any) -> None:
+        run = msgspec.json.decode(msg.data, type=RegisterRun)
+        if run.run_id == done.run_id or run.principal == BOB:
+            registered.append(run)
+
+    watch = await host.nc.subscribe(subjects.REGISTER_RUN, cb=seen)
+    try:
+        again = host.request(
+            principal=BOB, request_id=first.request_id, text="Bob's words, not alice's"
+        )
+        await _publish_unmarked(host, subjects.request("acme"), again)
+        refused = await _rejection(host, first.request_id, RunResult)
+        # The same id over HTTP, as bob: the same answer.
+        with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+            over_http = api.post(
+                "/runs",
+                json={"agent": "crm-assistant", "input": "Bob's words, not alice's"},
+                headers={
+                    "Authorization": f"Bearer {stack.token('acme', BOB)}",
+                    "Idempotency-Key": first.request_id,
+                },
+            )
+        await anyio.sleep(1)  # a registration sent for bob's message would have come by now
+        for_bob = list(registered)
+        # Alice herself re-sending the id goes on as before (registered again, as alice).
+        await _publish_unmarked(host, subjects.request("acme"), first)
+        with anyio.fail_after(30):
+            while not registered[len(for_bob) :]:
+                await anyio.sleep(0.1)
+    finally:
+        await watch.unsubscribe()
+
+    assert refused.error is not None and refused.error.code == "CONFLICT"
+    assert refused.run_id is None and refused.actions == []
+    assert done.run_id not in refused.error.message and "alice" not in refused.error.message
+    assert (over_http.status_code, over_http.json()["code"]) == (409, "CONFLICT"), over_http.text
+    assert done.run_id not in over_http.text
+    assert for_bob == []
+    assert [(r.run_id, r.principal) for r in registered] == [(done.run_id, "alice@acme.example")]
+    rows = await db.fetch(
+        "SELECT run_id, input FROM planner.runs WHERE request_id = $1", first.request_id
+    )
+    assert [(r["run_id"], r["input"]) for r in rows] == [(done.run_id, first.input)]
+    recorded = await db.fetch(
+        "SELECT principal FROM governance.runs WHERE run_id = $1", done.run_id
+    )
+    assert [r["principal"] for r in recorded] == ["alice@acme.example"]
+
+
+async def test_another_principal_reusing_a_command_id_or_key_is_a_conflict(
+    host: Host, db: asyncpg.Connection
+) -> None:
+    first = host.command()
+    await host.submit(first)
+    done = await host.wait_command(first.request_id)
+    assert done.status == "succeeded" and done.operation_id is not None
+
+    same_id = host.command(principal=BOB, request_id=first.request_id)
+    await _publish_unmarked(host, subjects.command_request("acme"), same_id)
+    same_key = host.command(principal=BOB, operation_key=first.operation_key)
+    await host.submit(same_key)
+
+    for refused in (
+        await _rejection(host, first.request_id, CommandResult),
+        await _rejection(host, same_key.request_id, CommandResult),
+    ):
+        assert refused.error is not None and refused.error.code == "CONFLICT"
+        assert refused.operation_id is None and refused.receipt is None
+        assert done.operation_id not in refused.error.message
+    assert [r for r in await host.results(same_key.request_id) if r.status != "rejected"] == []
+    rows = await db.fetch(
+        "SELECT principal FROM admission.commands WHERE operation_key = $1", first.operation_key
+    )
+    assert [r["principal"] for r in rows] == ["alice@acme.example"]
