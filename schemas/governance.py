@@ -51,13 +51,15 @@ Answer = Literal["once", "always", "deny"]
 # The budgets a reservation can run out of (a bounded metric label). `wall_time` counts the
 # run's seconds since it was registered, less the time it waited for a person.
 BudgetKind = Literal[
-    "provider_calls", "tokens", "capability_calls", "wall_time", "concurrent_steps"
+    "provider_calls", "tokens", "capability_calls", "wall_time", "concurrent_steps", "spend"
 ]
 # `DecideRequest.tool` of a call to another agent (the planner's multi-agent branches):
 # `agent:<name>`. No action contract or read tool has a colon in its name.
 AGENT_CALL_PREFIX: Final = "agent:"
 MAX_AMOUNT: Final = 1_000_000_000
 Amount = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
+SpendName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\s]+$")]
+SpendAmount = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,12}(\.[0-9]{1,6})?$")]
 
 
 class DecideRequest(Command, frozen=True):
@@ -231,6 +233,10 @@ class Settlement(Command, frozen=True):
     provider_calls: Amount = 0
     tokens: Amount = 0
     capability_calls: Amount = 0
+    # What the step used of `tokens`, read and written (priced apiece by a spend cap's price
+    # table; without them every token is priced at the dearer rate).
+    input_tokens: Amount | None = None
+    output_tokens: Amount | None = None
 
 
 class LeaseAmounts(Command, frozen=True):
@@ -271,6 +277,12 @@ class ReserveBudget(Command, frozen=True):
     # The answer says what was reserved; the caller spends it over several steps and settles
     # the reservation once, with what they used together.
     up_to: LeaseAmounts | None = None
+    # What the step's cost is read from, where the tenant has spend caps: the model called
+    # ("provider/model"), the action contract called, and the amount its frozen arguments
+    # carry (decimal text in the price table's currency; read only where the table says so).
+    model: SpendName | None = None
+    action: SpendName | None = None
+    amount: SpendAmount | None = None
 
 
 class BudgetReserved(Event, frozen=True):
@@ -315,6 +327,10 @@ class SettleBudget(Command, frozen=True):
     provider_calls: Amount = 0
     tokens: Amount = 0
     capability_calls: Amount = 0
+    # What the step used of `tokens`, read and written (priced apiece by a spend cap's price
+    # table; without them every token is priced at the dearer rate).
+    input_tokens: Amount | None = None
+    output_tokens: Amount | None = None
     release: bool = False
 
 

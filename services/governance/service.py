@@ -45,6 +45,7 @@ from services.governance.mcp import McpRegistry
 from services.governance.policy import load_policy
 from services.governance.registration import turn_run, widening
 from services.governance.serving import NotFound, RegistrationRefused, endpoint
+from services.governance.spend import PricesRefused, read_prices
 from services.governance.store import GovernanceStore
 
 __all__ = ["GovernanceService"]
@@ -77,6 +78,7 @@ class GovernanceService:
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
+        self._prices_seen: dict[str, tuple[float, int]] = {}
         self._decider = Decider(rt=rt, store=store, mcp=mcp)
         self._answers = Answers(rt=rt, store=store)
         self._encoder = msgspec.json.Encoder()
@@ -207,6 +209,9 @@ class GovernanceService:
                 limit=ask.limit,
                 settle=ask.settle,
                 up_to=ask.up_to,
+                model=ask.model,
+                action=ask.action,
+                amount=ask.amount,
             )
         except Exception as exc:  # cannot know what is left: nothing is left (nor settled)
             log.warning("budget store unreadable: %r", exc)
@@ -233,6 +238,8 @@ class GovernanceService:
             tokens=ask.tokens,
             capability_calls=ask.capability_calls,
             release=ask.release,
+            input_tokens=ask.input_tokens,
+            output_tokens=ask.output_tokens,
         )
         if settled is None:
             raise NotFound("no such reservation for this run")
@@ -276,6 +283,28 @@ class GovernanceService:
                 log.warning(
                     "policy for %s REFUSED (%s): sensitive calls denied", tenant, policy.refusal
                 )
+        self.load_prices()
+
+    def load_prices(self) -> None:
+        """(Re)load every changed `prices/<tenant>.json` (a signed price table and its spend
+        caps) in the policy folder. A file that does not verify changes nothing: the caps
+        signed before it stay in force."""
+        folder = self._policy_dir / "prices" if self._policy_dir is not None else None
+        if folder is None or not folder.is_dir():
+            return
+        for path in sorted(folder.glob("*.json")):
+            stat = path.stat()
+            stamp = (stat.st_mtime, stat.st_size)
+            if self._prices_seen.get(path.stem) == stamp:
+                continue
+            self._prices_seen[path.stem] = stamp
+            try:
+                table, digest = read_prices(path, path.stem, self._policy_keys)
+            except PricesRefused as exc:
+                log.error("price table for %s REFUSED (%s): earlier caps kept", path.stem, exc)
+                continue
+            self._store.set_prices(path.stem, table, digest)
+            log.info("price table %s loaded for %s", table.version, path.stem)
 
     async def _every(self, period: float, job: Callable[[], Awaitable[None]]) -> None:
         while True:
