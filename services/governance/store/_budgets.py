@@ -361,13 +361,6 @@ class BudgetStore(SpendStore):
                 return BudgetRefused(
                     run_id=run_id, step_key=step_key, budget=kind, reason=reason, settled=settled
                 )
-            if up_to is not None:
-                asked = leased(state, asked, msgspec.structs.asdict(up_to))
-                provider_calls, tokens, capability_calls = (
-                    asked["provider_calls"],
-                    asked["tokens"],
-                    asked["capability_calls"],
-                )
             spend = await self._spend_check(
                 conn, tenant, row["agent"], asked, model, action, amount
             )
@@ -386,6 +379,13 @@ class BudgetStore(SpendStore):
                     budget="spend",
                     reason=spend.reason,
                     settled=settled,
+                )
+            if up_to is not None and spend is None:  # a capped step holds what it asks, no more
+                asked = leased(state, asked, msgspec.structs.asdict(up_to))
+                provider_calls, tokens, capability_calls = (
+                    asked["provider_calls"],
+                    asked["tokens"],
+                    asked["capability_calls"],
                 )
             reservation_id = str(uuid.uuid4())
             if not await self._journaled(
