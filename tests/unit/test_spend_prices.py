@@ -6,11 +6,14 @@ from __future__ import annotations
 import base64
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import rfc8785
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from services.governance.spend import (
     ActionPrice,
@@ -23,9 +26,11 @@ from services.governance.spend import (
     covering,
     load_prices,
     money,
+    read_prices,
     sign_prices,
     window_key,
 )
+from writ.cli import main
 
 KEY = Ed25519PrivateKey.generate()
 KEYS = {"ops-1": KEY.public_key()}
@@ -110,3 +115,27 @@ def test_windows_are_the_tenants_calendar_day_and_month() -> None:
     billing = [(c.name, w) for c, w in covering(TABLE, "billing", now)]
     assert billing == [("billing-day", "2027-01-01"), ("tenant-month", "2027-01")]
     assert [c.name for c, _ in covering(TABLE, "support", now)] == ["tenant-month"]
+
+
+def test_writ_prices_sign_writes_a_file_governance_believes(tmp_path: Path) -> None:
+    (tmp_path / "table.json").write_bytes(msgspec.json.encode(TABLE))
+    (tmp_path / "key.pem").write_bytes(
+        KEY.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+    )
+    out = tmp_path / "acme.json"
+    with pytest.raises(SystemExit) as done:
+        main(
+            [
+                "prices",
+                "sign",
+                str(tmp_path / "table.json"),
+                "--key",
+                str(tmp_path / "key.pem"),
+                "--key-id",
+                "ops-1",
+                "--output",
+                str(out),
+            ]
+        )
+    assert done.value.code == 0
+    assert read_prices(out, "acme", KEYS)[0] == TABLE
