@@ -107,7 +107,7 @@ def test_costs_are_exact_micros_rounded_up() -> None:
 
 
 def test_windows_are_the_tenants_calendar_day_and_month() -> None:
-    # 11:30 UTC on 31 December is already 1 January in Auckland.
+    # Late on 31 December in UTC is already 1 January in Auckland.
     now = datetime(2026, 12, 31, 11, 30, tzinfo=UTC)
     assert window_key("day", now, "Pacific/Auckland") == "2027-01-01"
     assert window_key("month", now, "Pacific/Auckland") == "2027-01"
