@@ -27,14 +27,17 @@ __all__ = [
     "BudgetRefused",
     "BudgetReserved",
     "BudgetSettled",
+    "CapSpend",
     "DecideBatch",
     "DecideRequest",
     "Decision",
     "Decisions",
     "DecisionAnswered",
     "ListPending",
+    "ListSpend",
     "PendingDecision",
     "PendingDecisions",
+    "SpendReport",
     "RegisterRun",
     "RegisterTurn",
     "LeaseAmounts",
@@ -313,6 +316,8 @@ class BudgetRefused(Event, frozen=True):
     step_key: Id
     budget: BudgetKind | Literal["unavailable", "unknown_run"]
     reason: ShortText
+    # The spend cap that would be exceeded (`budget` is `spend`).
+    cap: SpendName | None = None
     # The `settle` reservations closed all the same (none if governance failed).
     settled: list[str] = []
 
@@ -343,3 +348,29 @@ class BudgetSettled(Event, frozen=True):
     provider_calls: int
     tokens: int
     capability_calls: int
+
+
+class ListSpend(Command, frozen=True):
+    """Ask governance for a tenant's spend against its caps (`writ spend`)."""
+
+    tenant: Tenant
+    cap: SpendName | None = None
+
+
+class CapSpend(msgspec.Struct, frozen=True, kw_only=True):
+    """One cap's spend in one window, in micros (millionths) of the table's currency."""
+
+    cap: SpendName
+    window: Annotated[str, msgspec.Meta(max_length=16)]
+    reserved_micros: int
+    used_micros: int
+    # The cap as the tenant's current price table states it (None: no longer in it).
+    limit: SpendAmount | None = None
+    agent: SpendName | None = None
+    currency: Annotated[str, msgspec.Meta(max_length=3)] | None = None
+
+
+class SpendReport(Event, frozen=True):
+    """The answer to `ListSpend`: newest windows first."""
+
+    spend: Annotated[list[CapSpend], msgspec.Meta(max_length=500)]

@@ -29,13 +29,16 @@ from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
     BudgetSettled,
+    CapSpend,
     ListPending,
+    ListSpend,
     PendingDecisions,
     RegisterRun,
     RegisterTurn,
     ReserveBudget,
     RunRegistered,
     SettleBudget,
+    SpendReport,
 )
 from schemas.mcp import ClassifyTool, RecordListing
 from services.governance.answers import Answers
@@ -82,13 +85,21 @@ class GovernanceService:
         self._decider = Decider(rt=rt, store=store, mcp=mcp)
         self._answers = Answers(rt=rt, store=store)
         self._encoder = msgspec.json.Encoder()
-        # `budget` is one of the five BudgetKind values. (The planner's own
+        # `budget` is one of the BudgetKind values. (The planner's own
         # writ_planner_budget_* counter counts what it stopped; this counts what governance
         # refused.)
         self._exhausted = Counter(
             "writ_governance_budget_exhausted",
             "Budget reservations refused, by the budget that ran out",
             ["budget"],
+            registry=rt.registry,
+        )
+        # By cap name only (at most 100 per price table, the same names across tenants), so
+        # the labels stay bounded whatever the number of tenants.
+        self._spend_refused = Counter(
+            "writ_governance_spend_refused",
+            "Reservations refused by a spend cap, by the cap's name",
+            ["cap"],
             registry=rt.registry,
         )
 
@@ -145,6 +156,11 @@ class GovernanceService:
                 self._endpoint("pending", ListPending, self.list_pending),
             ),
             Endpoint("answer", subjects.ANSWER, self._answers.answer_endpoint),
+            Endpoint(
+                "spend",
+                subjects.SPEND_LIST,
+                self._endpoint("spend", ListSpend, self.list_spend),
+            ),
             Endpoint(
                 "reserve", subjects.RESERVE, self._endpoint("reserve", ReserveBudget, self.reserve)
             ),
@@ -226,7 +242,14 @@ class GovernanceService:
             "unknown_run",
         ):
             self._exhausted.labels(answer.budget).inc()
+            if answer.cap is not None:
+                self._spend_refused.labels(answer.cap).inc()
         return answer
+
+    async def list_spend(self, ask: ListSpend) -> SpendReport:
+        """The tenant's spend against its caps, newest windows first."""
+        rows = await self._store.spend(ask.tenant, ask.cap)
+        return SpendReport(spend=[msgspec.convert(r, CapSpend) for r in rows])
 
     async def settle(self, ask: SettleBudget) -> BudgetSettled:
         """Close a reservation with what the step used (404: no such reservation)."""

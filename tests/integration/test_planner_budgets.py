@@ -57,6 +57,7 @@ from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
 from tests.integration.conftest import serve
 from tests.integration.readings import planner_draws
+from writ.operator import list_spend
 
 pytestmark = pytest.mark.anyio
 
@@ -681,7 +682,9 @@ async def test_a_spend_cap_fails_the_run_naming_it_without_asking_the_model(env:
     assert await env.reservations("run-s1") == []
 
 
-async def test_a_capped_run_is_charged_what_the_model_reported(env: Env) -> None:
+async def test_a_capped_run_is_charged_what_the_model_reported(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert env.governance is not None
     env.governance.set_prices("acme", _prices("1.00"))
     provider = Counting({"note-assistant": [NOTE, FIRST]})
@@ -696,6 +699,14 @@ async def test_a_capped_run_is_charged_what_the_model_reported(env: Env) -> None
     assert [(s["cap"], s["reserved_micros"], s["used_micros"]) for s in spend] == [
         ("acme-daily", 0, 74_000)
     ]
+    # `writ spend` asks governance: the cap, its window, what was settled, nothing held.
+    url = env.nc.connected_url
+    assert url is not None
+    assert await list_spend(f"nats://{url.hostname}:{url.port}", "acme", window="day") == 0
+    printed = capsys.readouterr().out
+    assert "acme-daily" in printed and "settled 0.074, held 0 of 1.00 EUR" in printed
+    await list_spend(f"nats://{url.hostname}:{url.port}", "acme", window="month")
+    assert "no spend recorded for acme" in capsys.readouterr().out
     # No lease took more than its first step asked (the caps hold what each step may cost).
     reserved = await env.db.fetch(
         "SELECT tokens, capability_calls FROM governance.reservations WHERE run_id = 'run-s2'"

@@ -133,7 +133,7 @@ async def test_fifty_concurrent_branches_settle_at_most_the_cap_plus_one_step(en
     assert reserved == 0  # every hold returned
     assert used == sum(charged)  # charged what the model reported, each step once
     assert used <= money(cap.limit) + WORST
-    assert refused and all(r.budget == "spend" and "'daily'" in r.reason for r in refused)
+    assert refused and all(r.budget == "spend" and r.cap == "daily" for r in refused)
     assert len(charged) + len(refused) == 50
     # Each refusal is journaled, naming the cap and its window.
     rows = await env.admin.fetch(

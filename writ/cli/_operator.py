@@ -203,6 +203,17 @@ def _policy_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spend(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import list_spend
+
+    url, tenant = _nats_url(args), args.tenant
+    return anyio.run(
+        lambda: list_spend(url, tenant, cap=args.cap, agent=args.agent, window=args.window)
+    )
+
+
 def _prices_sign(args: argparse.Namespace) -> int:
     import msgspec
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -394,6 +405,13 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--key-id", required=True)
     s.add_argument("--output", required=True)
     s.set_defaults(func=_policy_sign)
+
+    p = sub.add_parser("spend", help="a tenant's spend against its caps, per cap and window")
+    _operator_args(p)
+    p.add_argument("--cap", default=None, help="one cap only")
+    p.add_argument("--agent", default=None, help="the caps of one agent only")
+    p.add_argument("--window", choices=["day", "month"], default=None)
+    p.set_defaults(func=_spend)
 
     p = sub.add_parser("prices", help="price tables and spend caps")
     pri = p.add_subparsers(dest="action", required=True)

@@ -378,6 +378,7 @@ class BudgetStore(SpendStore):
                     step_key=step_key,
                     budget="spend",
                     reason=spend.reason,
+                    cap=spend.cap,
                     settled=settled,
                 )
             if up_to is not None and spend is None:  # a capped step holds what it asks, no more

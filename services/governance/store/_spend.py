@@ -171,8 +171,9 @@ def _show(micros: int) -> str:
 
 
 class CapExceeded(msgspec.Struct, frozen=True, kw_only=True):
-    """A step refused by a spend cap: why, and what its journal row records."""
+    """A step refused by a spend cap: which, why, and what its journal row records."""
 
+    cap: str
     reason: str
     payload: dict[str, object]
 
@@ -262,6 +263,7 @@ class SpendStore:
             return _Pending(table=table, charge=charge, caps=caps, worst=worst)
         cap, window, reason = over
         return CapExceeded(
+            cap=cap.name,
             reason=reason,
             payload={
                 "budget": "spend",
