@@ -99,15 +99,16 @@ async def _spent(env: Env, tenant: str) -> tuple[int, int]:
 async def test_fifty_concurrent_branches_settle_at_most_the_cap_plus_one_step(env: Env) -> None:
     cap = Cap(name="daily", window="day", limit="0.25")
     env.store.set_prices("acme", _table("acme", cap))
-    # Five runs, ten branches each: every branch reserves its worst case, calls, settles.
-    for r in range(5):
+    # Twenty-five runs, two branches each (a run's branches share its budget row, so runs are
+    # what contend on the cap): every branch reserves its worst case, calls, settles.
+    for r in range(25):
         await _run(env.store, "acme", f"run-{r}")
     rng = random.Random(7)
     charged: list[int] = []
     refused: list[BudgetRefused] = []
 
     async def branch(i: int) -> None:
-        run_id = f"run-{i % 5}"
+        run_id = f"run-{i % 25}"
         held = await _call(env.store, "acme", run_id, f"{run_id}:branch-{i}:model")
         if isinstance(held, BudgetRefused):
             refused.append(held)
@@ -132,7 +133,8 @@ async def test_fifty_concurrent_branches_settle_at_most_the_cap_plus_one_step(en
     reserved, used = await _spent(env, "acme")
     assert reserved == 0  # every hold returned
     assert used == sum(charged)  # charged what the model reported, each step once
-    assert used <= money(cap.limit) + WORST
+    # Every step reported at most what it held, so not even one step's worst case over.
+    assert used <= money(cap.limit)
     assert refused and all(r.budget == "spend" and r.cap == "daily" for r in refused)
     assert len(charged) + len(refused) == 50
     # Each refusal is journaled, naming the cap and its window.
@@ -226,3 +228,34 @@ async def test_an_unpriced_step_and_a_tenant_without_caps_hold_nothing(env: Env)
     assert isinstance(free, BudgetReserved)
     assert isinstance(await _call(env.store, "globex", "run-1", "s1"), BudgetReserved)
     assert await env.admin.fetchval("SELECT count(*) FROM governance.spend_charges") == 0
+
+
+async def test_steps_that_check_a_cap_at_once_queue_on_its_row(env: Env) -> None:
+    # 0.05 fits two steps' worst cases (0.02 each), not three.
+    env.store.set_prices("acme", _table("acme", Cap(name="daily", window="day", limit="0.05")))
+    for r in range(10):
+        await _run(env.store, "acme", f"run-{r}")
+    first = await _call(env.store, "acme", "run-0", "warm-up")  # creates today's row
+    assert isinstance(first, BudgetReserved)
+    await env.store.settle(
+        tenant="acme", run_id="run-0", reservation_id=first.reservation_id, release=True
+    )
+    answers: list[BudgetReserved | BudgetRefused] = []
+
+    async def step(r: int) -> None:
+        answers.append(await _call(env.store, "acme", f"run-{r}", "s1"))
+
+    # Ten runs check the cap while its row is held elsewhere: once it is let go, each must see
+    # what the previous one held, never all read the same total.
+    tx = env.admin.transaction()
+    await tx.start()
+    await env.admin.execute("SELECT 1 FROM governance.spend FOR UPDATE")
+    async with anyio.create_task_group() as tg:
+        for r in range(10):
+            tg.start_soon(step, r)
+        await anyio.sleep(1.0)
+        assert answers == []  # all waiting on the row
+        await tx.commit()
+    granted = [a for a in answers if isinstance(a, BudgetReserved)]
+    assert len(granted) == 2
+    assert await _spent(env, "acme") == (2 * WORST, 0)
