@@ -12,13 +12,20 @@ from pathlib import Path
 import anyio
 import asyncpg
 import msgspec
+import nats
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from prometheus_client import CollectorRegistry
 
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
+from libs.embedded import EmbeddedNats
 from libs.journal import DataKeys, Journal
+from libs.runtime import Runtime
+from libs.telemetry import make_tracer_provider
 from schemas.governance import BudgetRefused, BudgetReserved, RegisterRun
 from services.governance.budgets import Limits
-from services.governance.spend import Cap, ModelPrice, PriceTable, money
+from services.governance.service import GovernanceService
+from services.governance.spend import Cap, ModelPrice, PriceTable, money, sign_prices
 from services.governance.store import GovernanceStore
 
 pytestmark = pytest.mark.anyio
@@ -259,3 +266,42 @@ async def test_steps_that_check_a_cap_at_once_queue_on_its_row(env: Env) -> None
     granted = [a for a in answers if isinstance(a, BudgetReserved)]
     assert len(granted) == 2
     assert await _spent(env, "acme") == (2 * WORST, 0)
+
+
+async def test_governance_loads_signed_price_files_and_keeps_them_over_a_bad_one(
+    env: Env, private_nats: EmbeddedNats, tmp_path: Path
+) -> None:
+    key = Ed25519PrivateKey.generate()
+    nc = await nats.connect(private_nats.url)
+    service = GovernanceService(
+        rt=Runtime(
+            name="governance",
+            nc=nc,
+            js=nc.jetstream(),
+            registry=CollectorRegistry(),
+            tracer_provider=make_tracer_provider("governance"),
+        ),
+        store=env.store,
+        policy_dir=tmp_path,
+        policy_keys={"ops-1": key.public_key()},
+    )
+    (tmp_path / "prices").mkdir()
+    file = tmp_path / "prices" / "acme.json"
+    tight = _table("acme", Cap(name="daily", window="day", limit="0.01"))
+    file.write_bytes(sign_prices(tight, key, "ops-1"))
+    service.load_prices()
+    await _run(env.store, "acme", "run-1")
+    refused = await _call(env.store, "acme", "run-1", "s1")
+    assert isinstance(refused, BudgetRefused) and refused.cap == "daily"
+    # A wider cap that does not verify changes nothing.
+    wide = _table("acme", Cap(name="daily", window="day", limit="100"))
+    forged = msgspec.json.decode(sign_prices(tight, key, "ops-1"))
+    forged["prices"] = msgspec.to_builtins(wide)
+    file.write_bytes(msgspec.json.encode(forged))
+    service.load_prices()
+    assert isinstance(await _call(env.store, "acme", "run-1", "s2"), BudgetRefused)
+    # Signed, it holds from the next reload.
+    file.write_bytes(sign_prices(wide, key, "ops-1") + b"\n")
+    service.load_prices()
+    assert isinstance(await _call(env.store, "acme", "run-1", "s3"), BudgetReserved)
+    await nc.close()
