@@ -102,6 +102,9 @@ async def reserve(
     limit: RunBudget | None = None,
     settle: list[Settlement] | None = None,
     up_to: LeaseAmounts | None = None,
+    model: str | None = None,
+    action: str | None = None,
+    amount: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> BudgetReserved:
     """Reserve what one step may spend, all kinds at once (both or neither); `limit`, the
@@ -109,7 +112,8 @@ async def reserve(
     `settle`: earlier reservations of the run closed first, in the same transaction (one
     round trip for both); they are closed even when the reservation is refused
     (`NoBudget.settled` lists them then). `up_to`: a lease, reserved up to these amounts
-    where the run has them (`BudgetReserved` says what it got).
+    where the run has them (`BudgetReserved` says what it got). `model` ("provider/model"),
+    `action` and `amount`: what the step's cost is read from where the tenant has spend caps.
 
     Raises:
         BudgetExhausted: a budget ran out (`.kind` says which).
@@ -127,6 +131,9 @@ async def reserve(
         limit=limit,
         settle=settle or [],
         up_to=up_to,
+        model=model,
+        action=action,
+        amount=amount,
     )
     answer = _RESERVE_REPLY.decode(await _request(nc, subjects.RESERVE, ask, timeout))
     if isinstance(answer, BudgetReserved):

@@ -14,7 +14,7 @@ from actions import ACTIONS
 from libs.deadline import timed_request
 from schemas import subjects
 from schemas.dispatcher import ListUnknown, Reconcile, Reconciled, UnknownCommands
-from schemas.governance import Answer, ListPending, PendingDecisions
+from schemas.governance import Answer, ListPending, ListSpend, PendingDecisions, SpendReport
 from schemas.host import ApprovalAnswer, ApproveProposal, HumanDecision, ReviewDecision
 from schemas.reads import PROPOSALS_LIST, ListProposals, Proposals
 
@@ -23,6 +23,7 @@ __all__ = [
     "answer_proposal",
     "answer_review",
     "list_pending",
+    "list_spend",
     "list_unknown",
     "resolve",
 ]
@@ -88,6 +89,42 @@ def _described(action: str, preview: dict[str, Any]) -> list[tuple[str, str]]:
         return contract.describe(contract.decode_preview(preview))
     except (ValueError, msgspec.ValidationError):
         return [(k.replace("_", " "), str(v)) for k, v in preview.items()]
+
+
+async def list_spend(
+    nats_url: str,
+    tenant: str,
+    *,
+    cap: str | None = None,
+    agent: str | None = None,
+    window: str | None = None,
+) -> int:
+    """Print the tenant's spend against its caps (per cap and window, newest first); `agent`
+    keeps the caps of that agent, `window` the day or month windows; exit status 0."""
+    answer = await _ask(
+        nats_url, subjects.SPEND_LIST, ListSpend(tenant=tenant, cap=cap), SpendReport
+    )
+    shown = [
+        s
+        for s in answer.spend
+        if (agent is None or s.agent == agent)
+        and (window is None or (len(s.window) == 10) == (window == "day"))
+    ]
+    if not shown:
+        print(f"no spend recorded for {tenant}")
+    for s in shown:
+        limit = f"of {s.limit} {s.currency}" if s.limit is not None else "(cap no longer set)"
+        whose = f"agent {s.agent}" if s.agent else "tenant"
+        print(
+            f"{s.cap}  {s.window}  {whose}: settled {_money(s.used_micros)}, "
+            f"held {_money(s.reserved_micros)} {limit}"
+        )
+    return 0
+
+
+def _money(micros: int) -> str:
+    whole, frac = divmod(micros, 1_000_000)
+    return f"{whole}.{frac:06d}".rstrip("0").rstrip(".") if frac else str(whole)
 
 
 async def list_pending(nats_url: str, tenant: str) -> int:

@@ -29,13 +29,16 @@ from schemas.governance import (
     BudgetRefused,
     BudgetReserved,
     BudgetSettled,
+    CapSpend,
     ListPending,
+    ListSpend,
     PendingDecisions,
     RegisterRun,
     RegisterTurn,
     ReserveBudget,
     RunRegistered,
     SettleBudget,
+    SpendReport,
 )
 from schemas.mcp import ClassifyTool, RecordListing
 from services.governance.answers import Answers
@@ -45,6 +48,7 @@ from services.governance.mcp import McpRegistry
 from services.governance.policy import load_policy
 from services.governance.registration import turn_run, widening
 from services.governance.serving import NotFound, RegistrationRefused, endpoint
+from services.governance.spend import PricesRefused, read_prices
 from services.governance.store import GovernanceStore
 
 __all__ = ["GovernanceService"]
@@ -77,16 +81,25 @@ class GovernanceService:
         self._policy_dir, self._policy_keys = policy_dir, policy_keys or {}
         self._policy_poll_s, self._overdue_poll_s = policy_poll_s, overdue_poll_s
         self._policy_seen: dict[str, tuple[float, int]] = {}
+        self._prices_seen: dict[str, tuple[float, int]] = {}
         self._decider = Decider(rt=rt, store=store, mcp=mcp)
         self._answers = Answers(rt=rt, store=store)
         self._encoder = msgspec.json.Encoder()
-        # `budget` is one of the five BudgetKind values. (The planner's own
+        # `budget` is one of the BudgetKind values. (The planner's own
         # writ_planner_budget_* counter counts what it stopped; this counts what governance
         # refused.)
         self._exhausted = Counter(
             "writ_governance_budget_exhausted",
             "Budget reservations refused, by the budget that ran out",
             ["budget"],
+            registry=rt.registry,
+        )
+        # By cap name only (at most 100 per price table, the same names across tenants), so
+        # the labels stay bounded whatever the number of tenants.
+        self._spend_refused = Counter(
+            "writ_governance_spend_refused",
+            "Reservations refused by a spend cap, by the cap's name",
+            ["cap"],
             registry=rt.registry,
         )
 
@@ -143,6 +156,11 @@ class GovernanceService:
                 self._endpoint("pending", ListPending, self.list_pending),
             ),
             Endpoint("answer", subjects.ANSWER, self._answers.answer_endpoint),
+            Endpoint(
+                "spend",
+                subjects.SPEND_LIST,
+                self._endpoint("spend", ListSpend, self.list_spend),
+            ),
             Endpoint(
                 "reserve", subjects.RESERVE, self._endpoint("reserve", ReserveBudget, self.reserve)
             ),
@@ -207,6 +225,9 @@ class GovernanceService:
                 limit=ask.limit,
                 settle=ask.settle,
                 up_to=ask.up_to,
+                model=ask.model,
+                action=ask.action,
+                amount=ask.amount,
             )
         except Exception as exc:  # cannot know what is left: nothing is left (nor settled)
             log.warning("budget store unreadable: %r", exc)
@@ -221,7 +242,14 @@ class GovernanceService:
             "unknown_run",
         ):
             self._exhausted.labels(answer.budget).inc()
+            if answer.cap is not None:
+                self._spend_refused.labels(answer.cap).inc()
         return answer
+
+    async def list_spend(self, ask: ListSpend) -> SpendReport:
+        """The tenant's spend against its caps, newest windows first."""
+        rows = await self._store.spend(ask.tenant, ask.cap)
+        return SpendReport(spend=[msgspec.convert(r, CapSpend) for r in rows])
 
     async def settle(self, ask: SettleBudget) -> BudgetSettled:
         """Close a reservation with what the step used (404: no such reservation)."""
@@ -233,6 +261,8 @@ class GovernanceService:
             tokens=ask.tokens,
             capability_calls=ask.capability_calls,
             release=ask.release,
+            input_tokens=ask.input_tokens,
+            output_tokens=ask.output_tokens,
         )
         if settled is None:
             raise NotFound("no such reservation for this run")
@@ -277,6 +307,28 @@ class GovernanceService:
                 log.warning(
                     "policy for %s REFUSED (%s): sensitive calls denied", tenant, policy.refusal
                 )
+        self.load_prices()
+
+    def load_prices(self) -> None:
+        """(Re)load every changed `prices/<tenant>.json` (a signed price table and its spend
+        caps) in the policy folder. A file that does not verify changes nothing: the caps
+        signed before it stay in force."""
+        folder = self._policy_dir / "prices" if self._policy_dir is not None else None
+        if folder is None or not folder.is_dir():
+            return
+        for path in sorted(folder.glob("*.json")):
+            stat = path.stat()
+            stamp = (stat.st_mtime, stat.st_size)
+            if self._prices_seen.get(path.stem) == stamp:
+                continue
+            self._prices_seen[path.stem] = stamp
+            try:
+                table, digest = read_prices(path, path.stem, self._policy_keys)
+            except PricesRefused as exc:
+                log.error("price table for %s REFUSED (%s): earlier caps kept", path.stem, exc)
+                continue
+            self._store.set_prices(path.stem, table, digest)
+            log.info("price table %s loaded for %s", table.version, path.stem)
 
     async def _every(self, period: float, job: Callable[[], Awaitable[None]]) -> None:
         while True:

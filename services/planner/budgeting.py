@@ -108,8 +108,12 @@ class RunBudgets:
         store: PlannerStore,
         timeout: float = 2.0,
         lease: LeaseAmounts | None = None,
+        model: str | None = None,
     ) -> None:
         self._nc, self._store, self._timeout, self._lease = nc, store, timeout, lease
+        # The model every reservation's tokens are priced as, where the tenant has spend
+        # caps ("provider/model"): a lease's tokens are only ever the model's.
+        self._model = model
 
     async def reserve(
         self,
@@ -167,6 +171,7 @@ class RunBudgets:
                 limit=manifest_limit(run.manifest),
                 timeout=self._timeout,
                 up_to=None if lease is None else self._lease,
+                model=self._model,
                 settle=[
                     Settlement(
                         reservation_id=d.reservation.reservation_id,

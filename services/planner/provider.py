@@ -210,6 +210,8 @@ class ScriptedProvider:
         cases: dict[str, list[ScriptCase]] | None = None,
     ) -> None:
         self._decisions = decisions
+        # What a spend cap's price table calls this model.
+        self.priced_as = "scripted/scripted"
         self._by_agent = by_agent or {}
         self._critics = critics or {}
         self._cases = cases or {}

@@ -159,6 +159,7 @@ class PlannerService:
             )
             if lease_steps > 0
             else None,
+            model=getattr(provider, "priced_as", None),
         )
         self._max_decisions, self._sealer = max_decisions, sealer
         self._decoder = msgspec.json.Decoder(Inbound)

@@ -37,6 +37,7 @@ from schemas.dispatcher import CommandOutcome
 from schemas.governance import LeaseAmounts, RegisterRun, ReserveBudget, RunBudget, RunRegistered
 from schemas.retrieval import EvidenceGathered
 from services.governance.service import GovernanceService
+from services.governance.spend import Cap, ModelPrice, PriceTable
 from services.governance.store import GovernanceStore
 from services.planner.agents import AgentRegistry, load_manifest
 from services.planner.provider import (
@@ -56,6 +57,7 @@ from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
 from tests.integration.conftest import serve
 from tests.integration.readings import planner_draws
+from writ.operator import list_spend
 
 pytestmark = pytest.mark.anyio
 
@@ -90,6 +92,9 @@ class Counting:
         critics: dict[str, list[CriticVerdict]] | None = None,
     ) -> None:
         self._inner = ScriptedProvider([FIRST], decisions, critics)
+        self.priced_as = self._inner.priced_as
+        # The tokens each decision reports it used (a real model's usage).
+        self.tokens_per_call = 0
         self.decisions = 0
         self.verdicts = 0
         self.fail_next = False
@@ -104,7 +109,8 @@ class Counting:
         if self.fail_next:
             self.fail_next = False
             raise RetryableError("no answer from the model")
-        return await self._inner.decide_with_usage(model_input, text=text)
+        decision, tokens = await self._inner.decide_with_usage(model_input, text=text)
+        return decision, tokens + self.tokens_per_call
 
     async def verify(self, critic_input: CriticInput) -> tuple[CriticVerdict, int]:
         self.verdicts += 1
@@ -124,6 +130,7 @@ class Env(msgspec.Struct, kw_only=True):
     registry: CollectorRegistry
     micro: Any
     provider: Counting | None = None
+    governance: GovernanceStore | None = None
 
     def service(self, provider: Counting, *, lease_steps: int = 8) -> PlannerService:
         self.provider = provider
@@ -207,6 +214,10 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
         for name in ("planner", "governance")
     }
     registry = CollectorRegistry()
+    governance_store = GovernanceStore(
+        pools["governance"],
+        journal=Journal(service="governance", keys=DataKeys.from_json(DataKeys.generate("g1"))),
+    )
     governance = GovernanceService(
         rt=Runtime(
             name="governance",
@@ -215,10 +226,7 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
             registry=CollectorRegistry(),
             tracer_provider=make_tracer_provider("governance"),
         ),
-        store=GovernanceStore(
-            pools["governance"],
-            journal=Journal(service="governance", keys=DataKeys.from_json(DataKeys.generate("g1"))),
-        ),
+        store=governance_store,
     )
     micro = await serve(nc, "governance", governance.endpoints(), unique)
     admin = await asyncpg.connect(scratch_db)
@@ -230,6 +238,7 @@ async def env(scratch_db: str, private_nats: EmbeddedNats, unique: str) -> Async
         journal=journal,
         registry=registry,
         micro=micro,
+        governance=governance_store,
     )
     await admin.close()
     await micro.stop()  # idempotent: a test may have stopped it
@@ -641,3 +650,69 @@ async def test_parallel_steps_in_flight_hold_the_next_one_back_at_the_concurrenc
         "SELECT open_steps FROM governance.budgets WHERE run_id = 'run-b10'"
     )
     assert open_steps == 1  # the proposal's capability call, until its outcome
+
+
+def _prices(limit: str) -> PriceTable:
+    # 1,000 per million tokens: a token costs 0.001.
+    return PriceTable(
+        tenant="acme",
+        version="v1",
+        currency="EUR",
+        models={"scripted/scripted": ModelPrice(input_per_mtok="1000", output_per_mtok="1000")},
+        caps=[Cap(name="acme-daily", window="day", limit=limit)],
+    )
+
+
+async def test_a_spend_cap_fails_the_run_naming_it_without_asking_the_model(env: Env) -> None:
+    assert env.governance is not None
+    # A model call reserves 100 tokens: 0.10 at worst, more than the cap leaves.
+    env.governance.set_prices("acme", _prices("0.05"))
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    svc = env.service(provider)
+    await svc.handle(_Delivery(await register(env, "run-s1", "note-assistant")))
+    run = await env.run("run-s1")
+    assert (run["status"], run["error_code"]) == ("failed", "BUDGET_EXHAUSTED")
+    assert run["error_message"].startswith("spend: spend cap 'acme-daily'")
+    assert provider.decisions == 0
+    refusal = await env.db.fetchval(
+        "SELECT count(*) FROM governance.journal WHERE kind = 'budget.exhausted' "
+        "AND run_id = 'run-s1'"
+    )
+    assert refusal == 1
+    assert await env.reservations("run-s1") == []
+
+
+async def test_a_capped_run_is_charged_what_the_model_reported(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert env.governance is not None
+    env.governance.set_prices("acme", _prices("1.00"))
+    provider = Counting({"note-assistant": [NOTE, FIRST]})
+    provider.tokens_per_call = 37
+    svc = env.service(provider)
+    await svc.handle(_Delivery(await register(env, "run-s2", "note-assistant")))
+    await svc.handle(_Delivery(outcome("run-s2", 0)))
+    assert (await env.run("run-s2"))["status"] == "succeeded"
+    assert provider.decisions == 2
+    spend = await env.governance.spend("acme")
+    # Two decisions of 37 tokens at 0.001 each, every hold returned.
+    assert [(s["cap"], s["reserved_micros"], s["used_micros"]) for s in spend] == [
+        ("acme-daily", 0, 74_000)
+    ]
+    # `writ spend` asks governance: the cap, its window, what was settled, nothing held.
+    url = env.nc.connected_url
+    assert url is not None
+    assert await list_spend(f"nats://{url.hostname}:{url.port}", "acme", window="day") == 0
+    printed = capsys.readouterr().out
+    assert "acme-daily" in printed and "settled 0.074, held 0 of 1.00 EUR" in printed
+    await list_spend(f"nats://{url.hostname}:{url.port}", "acme", window="month")
+    assert "no spend recorded for acme" in capsys.readouterr().out
+    # No lease took more than its first step asked (the caps hold what each step may cost).
+    reserved = await env.db.fetch(
+        "SELECT tokens, capability_calls FROM governance.reservations WHERE run_id = 'run-s2'"
+    )
+    assert sorted((r["tokens"], r["capability_calls"]) for r in reserved) == [
+        (0, 1),
+        (100, 0),
+        (100, 0),
+    ]

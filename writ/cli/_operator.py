@@ -203,6 +203,33 @@ def _policy_sign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spend(args: argparse.Namespace) -> int:
+    import anyio
+
+    from writ.operator import list_spend
+
+    url, tenant = _nats_url(args), args.tenant
+    return anyio.run(
+        lambda: list_spend(url, tenant, cap=args.cap, agent=args.agent, window=args.window)
+    )
+
+
+def _prices_sign(args: argparse.Namespace) -> int:
+    import msgspec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    from services.governance.spend import PriceTable, sign_prices
+
+    table = msgspec.json.decode(Path(args.input).read_bytes(), type=PriceTable)
+    key = load_pem_private_key(Path(args.key).read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SystemExit("the signing key must be an Ed25519 private key (PEM)")
+    Path(args.output).write_bytes(sign_prices(table, key, args.key_id))
+    print(f"signed {table.tenant} price table {table.version} -> {args.output}")
+    return 0
+
+
 def _operator_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--home", default=".writ")
     p.add_argument("--nats-url", default="")
@@ -378,3 +405,19 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--key-id", required=True)
     s.add_argument("--output", required=True)
     s.set_defaults(func=_policy_sign)
+
+    p = sub.add_parser("spend", help="a tenant's spend against its caps, per cap and window")
+    _operator_args(p)
+    p.add_argument("--cap", default=None, help="one cap only")
+    p.add_argument("--agent", default=None, help="the caps of one agent only")
+    p.add_argument("--window", choices=["day", "month"], default=None)
+    p.set_defaults(func=_spend)
+
+    p = sub.add_parser("prices", help="price tables and spend caps")
+    pri = p.add_subparsers(dest="action", required=True)
+    s = pri.add_parser("sign", help="sign a tenant's price table with the organisation's key")
+    s.add_argument("input", help="the price table (JSON)")
+    s.add_argument("--key", required=True, help="Ed25519 private key (PEM)")
+    s.add_argument("--key-id", required=True)
+    s.add_argument("--output", required=True)
+    s.set_defaults(func=_prices_sign)

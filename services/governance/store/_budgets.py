@@ -32,7 +32,9 @@ from schemas.governance import (
 )
 from schemas.planner import root_run_id
 from services.governance.budgets import BudgetState, Limits, leased, refusal
+from services.governance.spend import PriceTable
 from services.governance.store._records import is_uuid
+from services.governance.store._spend import CapExceeded, SpendStore
 
 __all__ = ["BudgetStore"]
 
@@ -186,7 +188,7 @@ def _settled_entry(
     }
 
 
-class BudgetStore:
+class BudgetStore(SpendStore):
     """The budget half of `GovernanceStore` (its pool and journal are the store's)."""
 
     _pool: asyncpg.Pool
@@ -197,6 +199,7 @@ class BudgetStore:
         # reservation id -> (step key, provider calls, tokens, capability calls) of the open
         # reservations this process made: their settlement needs no read first (`settle`).
         self._made: dict[str, tuple[str, int, int, int]] = {}
+        self._prices: dict[str, tuple[PriceTable, str]] = {}
 
     def _remember(
         self,
@@ -209,21 +212,6 @@ class BudgetStore:
         if len(self._made) >= _MADE_KEPT:  # the oldest first: dicts keep insertion order
             del self._made[next(iter(self._made))]
         self._made[reservation_id] = (step_key, provider_calls, tokens, capability_calls)
-
-    async def _write(
-        self,
-        conn: asyncpg.Connection,
-        *,
-        tenant: str,
-        kind: str,
-        subject: str,
-        payload: dict[str, object],
-        run_id: str = "",
-    ) -> None:
-        if self._journal is not None:
-            await self._journal.write(
-                conn, tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
-            )
 
     async def _journaled(
         self,
@@ -275,6 +263,9 @@ class BudgetStore:
         limit: RunBudget | None = None,
         settle: Sequence[Settlement] = (),
         up_to: LeaseAmounts | None = None,
+        model: str | None = None,
+        action: str | None = None,
+        amount: str | None = None,
     ) -> BudgetReserved | BudgetRefused:
         """Reserve a step's amounts if they fit what is left, or refuse naming the budget.
 
@@ -284,7 +275,9 @@ class BudgetStore:
         (the caller's own limits for the run) first lowers the run's limits where it asks less.
         `settle`: earlier reservations of this run, closed first in the same transaction.
         `up_to`: a lease; once the asked amounts fit, each is raised to what is left, up to
-        these (`leased`).
+        these (`leased`). `model`, `action`, `amount`: what the step's cost is read from, where
+        the tenant has spend caps; its worst case is held against every cap that covers it,
+        under the same lock, or the step is refused naming the cap.
         """
         async with self._pool.acquire() as conn, conn.transaction():
             settled = []
@@ -295,6 +288,7 @@ class BudgetStore:
                     run_id,
                     done.reservation_id,
                     used=(done.provider_calls, done.tokens, done.capability_calls),
+                    split=(done.input_tokens, done.output_tokens),
                 )
                 settled.append(done.reservation_id)
             row = await conn.fetchrow(_LOCK_FOR_RESERVE, tenant, run_id, step_key)
@@ -367,7 +361,27 @@ class BudgetStore:
                 return BudgetRefused(
                     run_id=run_id, step_key=step_key, budget=kind, reason=reason, settled=settled
                 )
-            if up_to is not None:
+            spend = await self._spend_check(
+                conn, tenant, row["agent"], asked, model, action, amount
+            )
+            if isinstance(spend, CapExceeded):
+                await self._write(
+                    conn,
+                    tenant=tenant,
+                    kind="budget.exhausted",
+                    subject=step_key,
+                    run_id=run_id,
+                    payload={"step_key": step_key, **spend.payload, "asked": asked},
+                )
+                return BudgetRefused(
+                    run_id=run_id,
+                    step_key=step_key,
+                    budget="spend",
+                    reason=spend.reason,
+                    cap=spend.cap,
+                    settled=settled,
+                )
+            if up_to is not None and spend is None:  # a capped step holds what it asks, no more
                 asked = leased(state, asked, msgspec.structs.asdict(up_to))
                 provider_calls, tokens, capability_calls = (
                     asked["provider_calls"],
@@ -403,7 +417,10 @@ class BudgetStore:
                 # Inserted nothing: a concurrent reserve of this step key committed first.
                 known = await conn.fetchrow(_KNOWN, tenant, run_id, step_key)
                 return self._known(known, state, settled, run_id=run_id, step_key=step_key)
-        self._remember(reservation_id, step_key, provider_calls, tokens, capability_calls)
+            if spend is not None:
+                await self._spend_hold(conn, spend, reservation_id, tenant, run_id)
+        if spend is None:  # a charged one settles under the lock (`_settle`)
+            self._remember(reservation_id, step_key, provider_calls, tokens, capability_calls)
         return BudgetReserved(
             reservation_id=reservation_id,
             run_id=run_id,
@@ -441,6 +458,8 @@ class BudgetStore:
         tokens: int = 0,
         capability_calls: int = 0,
         release: bool = False,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
     ) -> BudgetSettled | None:
         """Close a reservation with what the step used (recorded as reported, even above what
         was reserved): its reserved amounts return, its use counts. None: no such reservation.
@@ -460,7 +479,13 @@ class BudgetStore:
                 return settled
             async with conn.transaction():
                 return await self._settle(
-                    conn, tenant, run_id, reservation_id, used=used, release=release
+                    conn,
+                    tenant,
+                    run_id,
+                    reservation_id,
+                    used=used,
+                    release=release,
+                    split=(input_tokens, output_tokens),
                 )
 
     async def _settle_made(
@@ -511,6 +536,7 @@ class BudgetStore:
         *,
         used: tuple[int, int, int],
         release: bool = False,
+        split: tuple[int | None, int | None] = (None, None),
     ) -> BudgetSettled | None:
         if not is_uuid(reservation_id):
             return None
@@ -556,6 +582,15 @@ class BudgetStore:
                 (r["provider_calls"], r["tokens"], r["capability_calls"]),
                 used,
             ),
+        )
+        await self._spend_settle(
+            conn,
+            reservation_id,
+            tenant,
+            run_id,
+            calls=provider_calls + capability_calls,
+            tokens=tokens,
+            split=split,
         )
         return BudgetSettled(
             reservation_id=reservation_id,

@@ -104,6 +104,8 @@ class OpenAIProvider:
             raise ConfigError(f"the model key file {key_file} is empty")
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._model, self._mode, self._capabilities = model, mode, list(capabilities)
+        # What a spend cap's price table calls this model.
+        self.priced_as = f"openai/{model}"
         self._tools = _tool_names(self._capabilities)
         self._headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         self._timeout_s, self._max_attempts = timeout_s, max_attempts

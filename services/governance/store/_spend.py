@@ -1,0 +1,332 @@
+"""Spend caps in governance's store: checked and held in a reservation's transaction, charged
+what the step used in its settlement's (services/governance/spend.py prices them).
+
+Both run after the run's budget row is locked; the caps' rows are then locked in name order,
+so two steps never wait on each other's caps the other way round. One tenant's caps are its
+own rows: its spend never refuses another tenant's steps.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import asyncpg
+import msgspec
+
+from libs.journal import Journal
+from services.governance.spend import (
+    MICROS,
+    Cap,
+    Charge,
+    PriceTable,
+    charge_for,
+    covering,
+    money,
+)
+
+__all__ = ["CapExceeded", "SpendHeld", "SpendStore"]
+
+# $1 tenant, $2 caps, $3 windows: the rows created if new, then locked in cap order.
+_ENSURE = """
+INSERT INTO governance.spend (tenant, cap, window_key)
+SELECT $1, c, w FROM unnest($2::text[], $3::text[]) AS t(c, w)
+ON CONFLICT DO NOTHING
+"""
+_LOCK = """
+SELECT s.cap, s.window_key, s.reserved_micros, s.used_micros
+FROM governance.spend s JOIN unnest($2::text[], $3::text[]) AS t(c, w)
+  ON s.cap = t.c AND s.window_key = t.w
+WHERE s.tenant = $1 ORDER BY s.cap FOR UPDATE OF s
+"""
+# $1 tenant, $2 caps, $3 windows, $4 reserved change, $5 used change.
+_MOVE = """
+UPDATE governance.spend s SET reserved_micros = s.reserved_micros + $4,
+    used_micros = s.used_micros + $5
+FROM unnest($2::text[], $3::text[]) AS t(c, w)
+WHERE s.tenant = $1 AND s.cap = t.c AND s.window_key = t.w
+"""
+_HOLD = """
+INSERT INTO governance.spend_charges (reservation_id, tenant, caps, windows, worst_micros,
+    input_rate, output_rate, per_call, fixed, prices_version)
+VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+"""
+# The charge of a reservation, locked, if it is still open.
+_OPEN_CHARGE = """
+SELECT caps, windows, worst_micros, input_rate, output_rate, per_call, fixed
+FROM governance.spend_charges WHERE reservation_id = $1::uuid AND used_micros IS NULL
+FOR UPDATE
+"""
+_CHARGED = "UPDATE governance.spend_charges SET used_micros = $2 WHERE reservation_id = $1::uuid"
+_ROWS = """
+SELECT cap, window_key, reserved_micros, used_micros FROM governance.spend
+WHERE tenant = $1 AND ($2::text IS NULL OR cap = $2) ORDER BY cap, window_key DESC
+LIMIT $3
+"""
+
+
+class SpendHeld(msgspec.Struct, frozen=True, kw_only=True):
+    """What a reservation holds against its caps (its journal row says the same)."""
+
+    caps: list[str]
+    windows: list[str]
+    worst_micros: int
+    prices_version: str
+
+
+def _names(caps: list[tuple[Cap, str]]) -> tuple[list[str], list[str]]:
+    return [c.name for c, _ in caps], [w for _, w in caps]
+
+
+async def cap_refusal(
+    conn: asyncpg.Connection, tenant: str, caps: list[tuple[Cap, str]], worst: int
+) -> tuple[Cap, str, str] | None:
+    """Lock the caps' rows of their windows; the first cap `worst` more would exceed, its
+    window and why, or None if it fits them all."""
+    names, windows = _names(caps)
+    await conn.execute(_ENSURE, tenant, names, windows)
+    rows = {r["cap"]: r for r in await conn.fetch(_LOCK, tenant, names, windows)}
+    for cap, window in caps:
+        row = rows[cap.name]
+        limit = money(cap.limit)
+        spent = row["reserved_micros"] + row["used_micros"]
+        if spent + worst > limit:
+            return (
+                cap,
+                window,
+                f"spend cap {cap.name!r} ({cap.window} {window}) exhausted: this step may "
+                f"cost {_show(worst)}, {_show(max(limit - spent, 0))} left of {cap.limit}",
+            )
+    return None
+
+
+async def hold(
+    conn: asyncpg.Connection,
+    reservation_id: str,
+    tenant: str,
+    caps: list[tuple[Cap, str]],
+    charge: Charge,
+    worst: int,
+    version: str,
+) -> SpendHeld:
+    """Hold `worst` against every cap (whose rows `cap_refusal` locked) for this reservation."""
+    names, windows = _names(caps)
+    await conn.execute(
+        _HOLD,
+        reservation_id,
+        tenant,
+        names,
+        windows,
+        worst,
+        charge.input_rate,
+        charge.output_rate,
+        charge.per_call,
+        charge.fixed,
+        version,
+    )
+    await conn.execute(_MOVE, tenant, names, windows, worst, 0)
+    return SpendHeld(caps=names, windows=windows, worst_micros=worst, prices_version=version)
+
+
+async def charge_settled(
+    conn: asyncpg.Connection,
+    reservation_id: str,
+    tenant: str,
+    *,
+    calls: int,
+    tokens: int,
+    input_tokens: int | None,
+    output_tokens: int | None,
+) -> dict[str, object] | None:
+    """Charge a settled reservation what its step used, at the prices it was reserved at,
+    to the windows it was reserved in; its hold returns. None: it held nothing (or was
+    charged already). The caller holds the run's budget row lock."""
+    row = await conn.fetchrow(_OPEN_CHARGE, reservation_id)
+    if row is None:
+        return None
+    charge = Charge(
+        input_rate=row["input_rate"],
+        output_rate=row["output_rate"],
+        per_call=row["per_call"],
+        fixed=row["fixed"],
+    )
+    used = charge.cost(
+        calls=calls, tokens=tokens, input_tokens=input_tokens, output_tokens=output_tokens
+    )
+    caps, windows = list(row["caps"]), list(row["windows"])
+    # In cap order, as they were locked when reserved.
+    await conn.fetch(_LOCK, tenant, caps, windows)
+    await conn.execute(_MOVE, tenant, caps, windows, -row["worst_micros"], used)
+    await conn.execute(_CHARGED, reservation_id, used)
+    return {
+        "caps": caps,
+        "windows": windows,
+        "reserved_micros": row["worst_micros"],
+        "used_micros": used,
+    }
+
+
+def _show(micros: int) -> str:
+    whole, frac = divmod(micros, MICROS)
+    return f"{whole}.{frac:06d}".rstrip("0").rstrip(".") if frac else str(whole)
+
+
+class CapExceeded(msgspec.Struct, frozen=True, kw_only=True):
+    """A step refused by a spend cap: which, why, and what its journal row records."""
+
+    cap: str
+    reason: str
+    payload: dict[str, object]
+
+
+class _Pending(msgspec.Struct, frozen=True, kw_only=True):
+    """A step that fits its caps, whose rows are locked: held once its reservation exists."""
+
+    table: PriceTable
+    charge: Charge
+    caps: list[tuple[Cap, str]]
+    worst: int
+
+
+class SpendStore:
+    """The spend-cap half of `BudgetStore`: the tenants' price tables, and the steps' holds
+    and charges, in the transactions `BudgetStore` opens."""
+
+    _pool: asyncpg.Pool
+    _journal: Journal | None
+    # tenant -> its signed price table and caps (`set_prices`), and the table's digest.
+    _prices: dict[str, tuple[PriceTable, str]]
+
+    async def _write(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        tenant: str,
+        kind: str,
+        subject: str,
+        payload: dict[str, object],
+        run_id: str = "",
+    ) -> None:
+        if self._journal is not None:
+            await self._journal.write(
+                conn, tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
+            )
+
+    def set_prices(self, tenant: str, table: PriceTable | None, digest: str = "") -> None:
+        """The tenant's price table and spend caps from now on (None: no caps)."""
+        if table is None:
+            self._prices.pop(tenant, None)
+        else:
+            self._prices[tenant] = (table, digest)
+
+    async def spend(self, tenant: str, cap: str | None = None) -> list[dict[str, object]]:
+        """A tenant's spend per cap and window (newest first), with each cap's limit."""
+        priced = self._prices.get(tenant)
+        caps = {c.name: c for c in priced[0].caps} if priced is not None else {}
+        return [
+            {
+                "cap": r["cap"],
+                "window": r["window_key"],
+                "reserved_micros": r["reserved_micros"],
+                "used_micros": r["used_micros"],
+                "limit": caps[r["cap"]].limit if r["cap"] in caps else None,
+                "agent": caps[r["cap"]].agent if r["cap"] in caps else None,
+                "currency": priced[0].currency if priced is not None else None,
+            }
+            for r in await self._pool.fetch(_ROWS, tenant, cap, 500)
+        ]
+
+    async def _spend_check(
+        self,
+        conn: asyncpg.Connection,
+        tenant: str,
+        agent: str,
+        asked: dict[str, int],
+        model: str | None,
+        action: str | None,
+        amount: str | None,
+    ) -> CapExceeded | _Pending | None:
+        """Whether a step's worst case fits every cap that covers it (their rows then stay
+        locked until the transaction ends). None: no cap prices this step."""
+        priced = self._prices.get(tenant)
+        if priced is None or not priced[0].caps:
+            return None
+        table = priced[0]
+        charge = charge_for(table, model=model, action=action, amount=amount)
+        caps = covering(table, agent, datetime.now(UTC))
+        if charge is None or not caps:
+            return None
+        worst = charge.worst(
+            tokens=asked["tokens"], calls=asked["provider_calls"] + asked["capability_calls"]
+        )
+        over = await cap_refusal(conn, tenant, caps, worst)
+        if over is None:
+            return _Pending(table=table, charge=charge, caps=caps, worst=worst)
+        cap, window, reason = over
+        return CapExceeded(
+            cap=cap.name,
+            reason=reason,
+            payload={
+                "budget": "spend",
+                "cap": cap.name,
+                "window": window,
+                "reason": reason,
+                "worst_micros": worst,
+                "prices_version": table.version,
+            },
+        )
+
+    async def _spend_hold(
+        self,
+        conn: asyncpg.Connection,
+        pending: _Pending,
+        reservation_id: str,
+        tenant: str,
+        run_id: str,
+    ) -> None:
+        held = await hold(
+            conn,
+            reservation_id,
+            tenant,
+            pending.caps,
+            pending.charge,
+            pending.worst,
+            pending.table.version,
+        )
+        await self._write(
+            conn,
+            tenant=tenant,
+            kind="spend.held",
+            subject=reservation_id,
+            run_id=run_id,
+            payload={"reservation_id": reservation_id, **msgspec.to_builtins(held)},
+        )
+
+    async def _spend_settle(
+        self,
+        conn: asyncpg.Connection,
+        reservation_id: str,
+        tenant: str,
+        run_id: str,
+        *,
+        calls: int,
+        tokens: int,
+        split: tuple[int | None, int | None],
+    ) -> None:
+        charged = await charge_settled(
+            conn,
+            reservation_id,
+            tenant,
+            calls=calls,
+            tokens=tokens,
+            input_tokens=split[0],
+            output_tokens=split[1],
+        )
+        if charged is not None:
+            await self._write(
+                conn,
+                tenant=tenant,
+                kind="spend.charged",
+                subject=reservation_id,
+                run_id=run_id,
+                payload={"reservation_id": reservation_id, **charged},
+            )
