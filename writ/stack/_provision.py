@@ -101,6 +101,7 @@ async def provision(stack: Stack) -> None:
     (stack.config / "policy-keys.json").write_text(
         json.dumps({POLICY_KEY_ID: public.decode()}, indent=2)
     )
+    _operators_key(stack)
     stack.policies.mkdir(exist_ok=True)
     _journal_keys(stack)
     await _seed_demo(stack)
@@ -286,3 +287,26 @@ async def _seed_demo(stack: Stack) -> None:
         )
     finally:
         await conn.close()
+
+
+def _operators_key(stack: Stack) -> None:
+    """The operators' signing key (`writ console --operator` signs with it): ingress holds the
+    public half only, and takes the role `operator` from no other key."""
+    signing = stack.secrets / "operators-signing.pem"
+    if not signing.exists():
+        write_secret(
+            signing,
+            Ed25519PrivateKey.generate()
+            .private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            .decode(),
+        )
+    public = (
+        serialization.load_pem_private_key(signing.read_bytes(), password=None)
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    (stack.config / "operators-key.pem").write_bytes(public)
