@@ -310,3 +310,18 @@ def _operators_key(stack: Stack) -> None:
         .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     (stack.config / "operators-key.pem").write_bytes(public)
+
+
+def operator_link(stack: Stack, principal: str, *, tenant: str, ttl_s: float) -> str:
+    """A one-time sign-in link for an operator (the console's MCP pages), signed with the
+    deployment's operators' key: an identity no host can make."""
+    from services.ingress.console._operators import mint_operator_token
+
+    port = (stack.home / "ingress.http-port").read_text().strip()
+    token = mint_operator_token(
+        (stack.secrets / "operators-signing.pem").read_bytes(),
+        tenant=tenant,
+        principal=principal,
+        ttl_s=ttl_s,
+    )
+    return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"

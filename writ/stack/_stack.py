@@ -578,18 +578,8 @@ class Stack:
         return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"
 
     def operator_link(self, principal: str, *, tenant: str = "acme", ttl_s: float = 3600.0) -> str:
-        """A one-time sign-in link for an operator (the console's MCP pages), signed with the
-        deployment's operators' key: an identity no host can make."""
-        from services.ingress.console._operators import mint_operator_token
-
-        port = (self.home / "ingress.http-port").read_text().strip()
-        token = mint_operator_token(
-            (self.secrets / "operators-signing.pem").read_bytes(),
-            tenant=tenant,
-            principal=principal,
-            ttl_s=ttl_s,
-        )
-        return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"
+        """A one-time sign-in link for an operator, signed with the operators' key."""
+        return _provision.operator_link(self, principal, tenant=tenant, ttl_s=ttl_s)
 
     def metrics_port(self, name: str) -> int:
         """The port of a service's `/metrics` endpoint."""
