@@ -15,6 +15,7 @@ from playwright.async_api import Page, expect
 
 from tests.browser.test_console import _console
 from tests.fixtures.axe import axe_violations
+from writ.cli import main
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -33,9 +34,9 @@ async def host(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
         (await client.post("/_control/reset")).raise_for_status()
 
 
-async def _operator(browser: Any, stack: Stack) -> Page:
+async def _operator(browser: Any, stack: Stack, link: str = "") -> Page:
     page = await (await browser.new_context(viewport={"width": 1100, "height": 900})).new_page()
-    await page.goto(stack.operator_link("ops@acme.example"))
+    await page.goto(link or stack.operator_link("ops@acme.example"))
     await expect(page.locator("h1")).to_have_text("MCP servers")
     return page
 
@@ -94,7 +95,9 @@ async def test_an_operator_classifies_what_is_shown_and_a_changed_tool_is_refuse
     await _clean(page, "a changed tool's page, with its diff")
 
 
-async def test_only_an_operator_opens_the_mcp_pages(browser: Any, stack: Stack) -> None:
+async def test_only_an_operator_opens_the_mcp_pages(
+    browser: Any, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
     context = await browser.new_context()
     page = await context.new_page()
     await page.goto(stack.console_link(roles=("approver",)))
@@ -108,7 +111,16 @@ async def test_only_an_operator_opens_the_mcp_pages(browser: Any, stack: Stack) 
     refused = await other.goto(stack.console_link(roles=("approver", "operator")))
     assert refused is not None and refused.status == 403
     await expect(other.locator("#message")).to_contain_text("Writ's to give")
+    # `writ console --operator` prints an operator's link; a principal no token may name
+    # gets none.
+    with pytest.raises(SystemExit) as done:
+        main(["console", "--home", str(stack.home), "--operator", "ops@acme.example"])
+    assert done.value.code == 0
+    link = capsys.readouterr().out.strip().splitlines()[-1]
+    with pytest.raises(SystemExit) as done:
+        main(["console", "--home", str(stack.home), "--operator", "ops <at> acme"])
+    assert done.value.code == 2 and "no link" in capsys.readouterr().err
     # An operator's session opens no approvals (it has no API identity).
-    operator = await _operator(browser, stack)
+    operator = await _operator(browser, stack, link)
     answer = await operator.goto(_console(stack))
     assert answer is not None and answer.status == 403
