@@ -147,6 +147,10 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             subjects.UNKNOWN_LIST,
             subjects.RECONCILE,
             *(reads.journal_verify(s) for s in reads.JOURNALED),
+            # The console's MCP pages, for operators (the role Writ's own key gives): list a
+            # server now, classify what was shown.
+            subjects.MCP_LIST,
+            subjects.MCP_CLASSIFY,
             "$KV.WRIT_IDEMPOTENCY.>",
             "$JS.API.STREAM.INFO.KV_WRIT_IDEMPOTENCY",
             "$JS.API.STREAM.MSG.GET.KV_WRIT_IDEMPOTENCY",

@@ -11,6 +11,7 @@ import msgspec
 
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.ingress.console._operators import OperatorKey
 from services.ingress.http import HttpServer
 from services.ingress.logic import TenantKey, declared_agents
 from services.ingress.service import IngressService
@@ -41,6 +42,8 @@ class IngressSettings(BaseSettings, frozen=True, kw_only=True):
     http_answer_timeout_s: float = 30.0
     # The approval receipts' public key set (a JWKS), served at `/api/v1/receipts/keys`.
     receipt_keys_file: str = ""
+    # The operators' public key (PEM): who may open the console's MCP pages. Empty: nobody.
+    operators_key_file: str = ""
 
 
 async def _reload_keys(
@@ -73,6 +76,11 @@ def main() -> None:
     settings = load_settings(IngressSettings)
     keys = msgspec.json.decode(read_secret(settings.tenant_keys_file), type=dict[str, TenantKey])
     agents = declared_agents(Path(settings.agents_dir)) if settings.agents_dir else None
+    operators = (
+        OperatorKey(read_secret(settings.operators_key_file).encode())
+        if settings.operators_key_file
+        else None
+    )
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         svc = IngressService(
@@ -103,6 +111,7 @@ def main() -> None:
             registry=rt.registry,
             tracer=rt.tracer,
             receipt_keys_file=settings.receipt_keys_file,
+            operators=operators,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_reload_keys, settings.tenant_keys_file, keys, rt.stopping)

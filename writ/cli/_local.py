@@ -74,6 +74,8 @@ def _console(args: argparse.Namespace) -> int:
     from writ.stack import Stack
 
     stack = Stack(Path(args.home))
+    if args.operator:
+        return _operator_link(stack, args)
     try:
         link = stack.console_link(
             tenant=args.tenant,
@@ -88,6 +90,27 @@ def _console(args: argparse.Namespace) -> int:
         "Open this link once to sign in to the approval console, within "
         f"{SIGN_IN_WINDOW_S / 60:.0f} minutes (it expires then, and a second use is refused; "
         f"the session ends with the token, in {int(args.ttl)} s):\n{link}"
+    )
+    return 0
+
+
+def _operator_link(stack: Any, args: argparse.Namespace) -> int:
+    """`writ console --operator`: a link to the MCP pages, signed with the operators' key."""
+    from services.ingress.console._operators import OperatorRefused
+    from services.ingress.logic import SIGN_IN_WINDOW_S
+
+    try:
+        link = stack.operator_link(args.operator, tenant=args.tenant, ttl_s=args.ttl)
+    except FileNotFoundError:
+        print(f"no running Writ under {args.home} (start it with `make run`)", file=sys.stderr)
+        return 1
+    except OperatorRefused as exc:
+        print(f"no link: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"Open this link once to sign in as an operator of {args.tenant} (the MCP pages), "
+        f"within {SIGN_IN_WINDOW_S / 60:.0f} minutes; the session ends in {int(args.ttl)} s:"
+        f"\n{link}"
     )
     return 0
 
@@ -322,6 +345,13 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--principal", default="ops@acme.example")
     p.add_argument("--roles", default="approver,auditor", help="comma-separated")
     p.add_argument("--ttl", type=float, default=3600.0, help="the session's life, in seconds")
+    p.add_argument(
+        "--operator",
+        default="",
+        metavar="PRINCIPAL",
+        help="a link for this operator instead (the MCP pages), signed with the deployment's "
+        "operators' key",
+    )
     p.set_defaults(func=_console)
 
     p = sub.add_parser("tenant", help="register (or remove) a tenant and its issuer's key")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import secrets
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,7 @@ from libs.provision import provision_bus as provision_streams
 from libs.provision import provision_record
 from schemas import subjects
 from writ import receipt_keys
-from writ.stack._tokens import POLICY_KEY_ID, migrations, write_secret
+from writ.stack._tokens import AUDIENCE, POLICY_KEY_ID, migrations, write_secret
 from writ.tenants import keys_file
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ async def provision(stack: Stack) -> None:
     (stack.config / "policy-keys.json").write_text(
         json.dumps({POLICY_KEY_ID: public.decode()}, indent=2)
     )
+    _operators_key(stack)
     stack.policies.mkdir(exist_ok=True)
     _journal_keys(stack)
     receipt_keys.ensure(stack.secrets, stack.config)
@@ -288,3 +290,65 @@ async def _seed_demo(stack: Stack) -> None:
         )
     finally:
         await conn.close()
+
+
+def _operators_key(stack: Stack) -> None:
+    """The operators' signing key (`writ console --operator` signs with it): ingress holds the
+    public half only, and takes the role `operator` from no other key."""
+    signing = stack.secrets / "operators-signing.pem"
+    if not signing.exists():
+        write_secret(
+            signing,
+            Ed25519PrivateKey.generate()
+            .private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            .decode(),
+        )
+    public = (
+        serialization.load_pem_private_key(signing.read_bytes(), password=None)
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    (stack.config / "operators-key.pem").write_bytes(public)
+
+
+def operator_link(stack: Stack, principal: str, *, tenant: str, ttl_s: float) -> str:
+    """A one-time sign-in link for an operator (the console's MCP pages), signed with the
+    deployment's operators' key: an identity no host can make."""
+    from services.ingress.console._operators import mint_operator_token
+
+    port = (stack.home / "ingress.http-port").read_text().strip()
+    token = mint_operator_token(
+        (stack.secrets / "operators-signing.pem").read_bytes(),
+        tenant=tenant,
+        principal=principal,
+        ttl_s=ttl_s,
+    )
+    return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"
+
+
+def console_link(
+    stack: Stack,
+    *,
+    tenant: str,
+    principal: str,
+    roles: tuple[str, ...],
+    ttl_s: float,
+    now: datetime | None,
+) -> str:
+    """A one-time sign-in link to the approval console, as `Stack.console_link` says."""
+    from services.ingress.logic import console_audience
+
+    port = (stack.home / "ingress.http-port").read_text().strip()
+    token = stack.token(
+        tenant,
+        principal,
+        roles=list(roles),
+        ttl_s=ttl_s,
+        audience=console_audience(AUDIENCE),
+        now=now,
+    )
+    return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"

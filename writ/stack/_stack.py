@@ -36,7 +36,7 @@ from libs.natsauth import (
 )
 from writ import receipt_keys
 from writ.stack import _provision
-from writ.stack._tokens import AUDIENCE, POLICY_KEY_ID, mint_token, write_secret
+from writ.stack._tokens import POLICY_KEY_ID, mint_token, write_secret
 from writ.stack._wiring import DEMO as _DEMO
 from writ.stack._wiring import wiring
 from writ.tenants import host_dir, keys_file, registered, write_host_credentials
@@ -575,18 +575,13 @@ class Stack:
         Its token is for the console's sign-in audience, which no API route takes: it opens
         one session, within `SIGN_IN_WINDOW_S` (ten minutes) of `now`, and that session lasts
         until the token's expiry (`ttl_s`)."""
-        from services.ingress.logic import console_audience
-
-        port = (self.home / "ingress.http-port").read_text().strip()
-        token = self.token(
-            tenant,
-            principal,
-            roles=list(roles),
-            ttl_s=ttl_s,
-            audience=console_audience(AUDIENCE),
-            now=now,
+        return _provision.console_link(
+            self, tenant=tenant, principal=principal, roles=roles, ttl_s=ttl_s, now=now
         )
-        return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"
+
+    def operator_link(self, principal: str, *, tenant: str = "acme", ttl_s: float = 3600.0) -> str:
+        """A one-time sign-in link for an operator, signed with the operators' key."""
+        return _provision.operator_link(self, principal, tenant=tenant, ttl_s=ttl_s)
 
     def metrics_port(self, name: str) -> int:
         """The port of a service's `/metrics` endpoint."""

@@ -51,6 +51,7 @@ def wiring(stack: Stack, name: str) -> dict[str, str]:
         env["WRIT_AGENTS_DIR"] = str(DEMO / "agents")  # names only: UNKNOWN_AGENT
         env["WRIT_HTTP_PORT"] = str(stack.http_port)
         env["WRIT_HTTP_PORT_FILE"] = str(stack.home / "ingress.http-port")
+        env["WRIT_OPERATORS_KEY_FILE"] = str(stack.config / "operators-key.pem")
     if name == "governance":
         env["WRIT_POLICY_DIR"] = str(stack.policies)
         env["WRIT_POLICY_KEYS_FILE"] = str(stack.config / "policy-keys.json")

@@ -20,6 +20,8 @@ from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import ApiAnswer, ApiClient
 from services.ingress.console._inbox import inbox_items, inbox_query
+from services.ingress.console._mcp import McpBus, mcp_handlers
+from services.ingress.console._operators import OPERATOR_ROLE
 from services.ingress.console._session import COOKIE, ConsoleRefused, Sessions, Viewer
 from services.ingress.console._web import (
     CSP,
@@ -50,13 +52,14 @@ _ANSWERED: Final = {
 }
 
 
-def console_router(sessions: Sessions, client: ApiClient) -> Router:
-    """`/console`: the approval console over `client` (the API as each viewer)."""
+def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = None) -> Router:
+    """`/console`: the approval console over `client` (the API as each viewer), and the
+    operators' MCP pages over `mcp` (none: not served)."""
     static = {name: (_STATIC / name).read_bytes() for name in _TYPES}
 
     async def _viewer(request: Request[Any, Any, Any]) -> Viewer:
         try:
-            return await sessions.viewer(request)
+            viewer = await sessions.viewer(request)
         except ConsoleRefused as exc:
             raise Bad(
                 exc.status,
@@ -64,6 +67,10 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 f"{exc.reason}. The console takes your identity from your organisation's "
                 "sign-in proxy; locally, `writ console` prints a one-time link.",
             ) from exc
+        # An operator's identity is Writ's, not a host's: it has no API access.
+        if OPERATOR_ROLE in viewer.roles and request.url.path != "/console/sign-out":
+            raise Bad(403, "Not allowed", "an operator's session opens the MCP pages only")
+        return viewer
 
     async def _form(request: Request[Any, Any, Any], viewer: Viewer, kind: type[Any]) -> Any:
         raw = dict(await request.form())
@@ -443,7 +450,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             pages.message_page("Signed in", "Opening your inbox…"),
             303,
             cookies=[cookie],
-            headers={"Location": "/console/"},
+            headers={"Location": "/console/mcp" if OPERATOR_ROLE in viewer.roles else "/console/"},
         )
 
     @post("/sign-out", include_in_schema=False, status_code=200)
@@ -495,6 +502,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             sign_in,
             sign_out,
             asset,
+            *(mcp_handlers(sessions, mcp) if mcp is not None else []),
         ],
     )
 

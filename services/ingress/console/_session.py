@@ -30,6 +30,12 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from libs.provision import CONSOLE_BUCKET, bind_bucket
+from services.ingress.console._operators import (
+    OPERATOR_ROLE,
+    OperatorKey,
+    OperatorRefused,
+    is_operator_token,
+)
 from services.ingress.logic import (
     APPROVER_ROLE,
     AUDITOR_ROLE,
@@ -92,24 +98,62 @@ def _digest(value: str) -> str:
 class Sessions:
     """Sign-in links used, and sessions open."""
 
-    def __init__(self, kv: KeyValue, door: Door) -> None:
-        self._kv, self._door = kv, door
+    def __init__(self, kv: KeyValue, door: Door, operators: OperatorKey | None = None) -> None:
+        self._kv, self._door, self._operators = kv, door, operators
         self._decoder = msgspec.json.Decoder(_Session)
 
     @classmethod
-    async def open(cls, js: JetStreamContext, door: Door, *, bucket: str = BUCKET) -> Sessions:
-        """The bucket, as provisioned (libs/provision.py): ingress never creates it."""
-        return cls(await bind_bucket(js, bucket), door)
+    async def open(
+        cls,
+        js: JetStreamContext,
+        door: Door,
+        *,
+        bucket: str = BUCKET,
+        operators: OperatorKey | None = None,
+    ) -> Sessions:
+        """The bucket, as provisioned (libs/provision.py): ingress never creates it.
+        `operators` is the operators' public key (none: nobody signs in as an operator)."""
+        return cls(await bind_bucket(js, bucket), door, operators)
+
+    def _operator(self, token: str, *, signed_in: bool) -> Viewer:
+        """An operator, from a token of the operators' key (`_operators.py`)."""
+        if not signed_in:
+            raise ConsoleRefused("an operator signs in with a link of `writ console --operator`")
+        if self._operators is None:
+            raise ConsoleRefused(
+                "this console has no operators' key: nobody signs in as an operator", status=403
+            )
+        try:
+            tenant, principal, expires = self._operators.verify(token)
+        except OperatorRefused as exc:
+            raise ConsoleRefused(str(exc)) from None
+        return Viewer(
+            tenant=tenant,
+            principal=principal,
+            roles=frozenset({OPERATOR_ROLE}),
+            token=token,
+            expires=expires,
+            signed_in=True,
+        )
 
     def verify(self, token: str, *, signed_in: bool = False) -> Viewer:
         """The viewer a token names (signature, audience, expiry and lifetime checked as the
         API does), if it holds a console role: an API token (a proxy's), or with `signed_in`
-        a sign-in token (a session's)."""
+        a sign-in token (a session's). The role `operator` comes from the operators' key
+        alone: a host's token that claims it is refused."""
+        if is_operator_token(token):
+            return self._operator(token, signed_in=signed_in)
         tenant = token_tenant(token)
         checked = self._door.check_token(token, tenant=tenant, signed_in=signed_in)
         if isinstance(checked, Rejection):
             raise ConsoleRefused(f"{checked.code}: {checked.message}"[:300])
         principal, roles = checked
+        if OPERATOR_ROLE in roles:
+            raise ConsoleRefused(
+                "the role `operator` is Writ's to give (`writ console --operator`): a host's "
+                "token cannot claim it",
+                status=403,
+            )
         if not CONSOLE_ROLES & set(roles):
             raise ConsoleRefused(
                 "this console is for approvers and auditors: the token has neither role", status=403

@@ -21,6 +21,8 @@ from prometheus_client import CollectorRegistry
 
 from libs.runtime import BatchEndpoint, Endpoint
 from services.ingress.console import ApiClient, Sessions, console_router
+from services.ingress.console._mcp import McpBus
+from services.ingress.console._operators import OperatorKey
 from services.ingress.http._api import Api, Door
 from services.ingress.http._app import PREFIX, build_app
 from services.ingress.http._idempotency import Idempotency
@@ -62,6 +64,7 @@ class HttpServer:
         registry: CollectorRegistry | None = None,
         tracer: Tracer | None = None,
         receipt_keys_file: str = "",
+        operators: OperatorKey | None = None,
     ) -> None:
         self._door, self._nc, self._js, self._stopping = door, nc, js, stopping
         self._receipt_keys_file = receipt_keys_file
@@ -72,6 +75,8 @@ class HttpServer:
         self._endpoints = endpoints
         # Where the door's metrics go and what traces its requests (none: unobserved).
         self._registry, self._tracer = registry, tracer
+        # The operators' public key: who may open the console's MCP pages (none: nobody).
+        self._operators = operators
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -100,7 +105,11 @@ class HttpServer:
         client = ApiClient(
             f"http://{_netloc(loopback, self.port)}{PREFIX}", console_key=console_key
         )
-        console = console_router(await Sessions.open(self._js, self._door), client)
+        console = console_router(
+            await Sessions.open(self._js, self._door, operators=self._operators),
+            client,
+            McpBus(self._nc),
+        )
         app = build_app(
             api,
             max_body_bytes=self._max_body,

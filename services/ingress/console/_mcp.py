@@ -1,0 +1,376 @@
+"""The operators' MCP pages (`/console/mcp/...`): what a host's MCP server says of each tool,
+and the form that classifies it, for a viewer with the role `operator` only (`_operators.py`).
+
+Every page lists the server now (retrieval answers `writ.int.retrieval.mcp.list`, and the
+listing is journaled), so what is shown is what the server serves. The server's description,
+parameters and schemas are shown as what they are: an untrusted party's text, escaped, in a
+box of their own. A tool that changed since it was classified shows a diff against what was
+classified. The classify form carries the digest of the definition shown; on submit the
+server is listed again first, and a tool listed differently since is refused (governance
+refuses a digest that is not the latest listing's as well): a person binds only what they saw.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from typing import Annotated, Any, Final, get_args
+from urllib.parse import quote
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.params import QueryParameter
+from nats.aio.client import Client
+
+from libs.deadline import timed_request
+from schemas import subjects
+from schemas.base import Digest, Family
+from schemas.mcp import (
+    CAPABILITY,
+    ClassifyTool,
+    ListedTool,
+    ListServer,
+    ServerListing,
+    ToolClassified,
+)
+from services.ingress.console._operators import OPERATOR_ROLE
+from services.ingress.console._pages import csrf_field, h, layout, message_page
+from services.ingress.console._session import ConsoleRefused, Sessions, Viewer
+from services.ingress.console._web import Bad, Form, html_page
+
+__all__ = ["McpBus", "mcp_handlers"]
+
+_FAMILIES: Final = get_args(Family)
+_SERVER_FIELD: Final = 32
+
+
+class ClassifyForm(Form, frozen=True):
+    family: Family
+    digest: Digest
+    description: Annotated[str, msgspec.Meta(max_length=2000)] = ""
+
+
+class McpBus:
+    """Retrieval's listing and governance's classification, asked on the bus as ingress."""
+
+    def __init__(self, nc: Client, *, timeout_s: float = 30.0) -> None:
+        self._nc, self._timeout = nc, timeout_s
+
+    async def _ask(self, subject: str, message: msgspec.Struct, answer: type[Any]) -> Any:
+        try:
+            reply = await timed_request(
+                self._nc, subject, msgspec.json.encode(message), timeout=self._timeout
+            )
+        except Exception as exc:  # no responder, a timeout: the page says so, nothing is done
+            raise Bad(
+                503, "Not available", f"no answer on {subject} ({type(exc).__name__})"
+            ) from None
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            raise Bad(400, "Refused", reply.headers.get("Nats-Service-Error", "")[:500])
+        return msgspec.json.decode(reply.data, type=answer)
+
+    async def listing(self, tenant: str, server: str, tool: str | None = None) -> ServerListing:
+        """The server listed now (journaled), with `tool` shown in full."""
+        try:
+            ask = msgspec.convert({"tenant": tenant, "server": server, "tool": tool}, ListServer)
+        except msgspec.ValidationError:
+            raise Bad(
+                404, "Not found", "no MCP server or tool of your tenant by this name"
+            ) from None
+        listing: ServerListing = await self._ask(subjects.MCP_LIST, ask, ServerListing)
+        return listing
+
+    async def classify(self, ask: ClassifyTool) -> ToolClassified:
+        """Record a classification, bound to the digest the operator was shown."""
+        answer: ToolClassified = await self._ask(subjects.MCP_CLASSIFY, ask, ToolClassified)
+        return answer
+
+
+def _definition(tool: ListedTool) -> list[str]:
+    """A tool's definition as lines, for the diff (description, parameters, schemas)."""
+    lines = ["description:", *(f"  {line}" for line in (tool.description or "-").splitlines())]
+    lines.append("input schema:")
+    lines += [
+        f"  {line}" for line in json.dumps(tool.input_schema, indent=2, sort_keys=True).split("\n")
+    ]
+    lines.append(f"output schema: {json.dumps(tool.output_schema, sort_keys=True)}")
+    return lines
+
+
+def _parameters(tool: ListedTool) -> str:
+    schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+    params = schema.get("properties", {})
+    if not isinstance(params, dict) or not params:
+        return "<p>No parameters.</p>"
+    required = (
+        set(schema.get("required", [])) if isinstance(schema.get("required"), list) else set()
+    )
+    rows = []
+    for name, spec in params.items():
+        spec = spec if isinstance(spec, dict) else {}
+        rest = {k: v for k, v in spec.items() if k not in ("description", "title")}
+        said = " ".join(str(spec[k]) for k in ("title", "description") if spec.get(k))
+        rows.append(
+            f'<tr><th scope="row"><code>{h(name)}</code></th>'
+            f"<td>{'yes' if name in required else 'no'}</td>"
+            f'<td><code class="untrusted">{h(json.dumps(rest, sort_keys=True))}</code></td>'
+            f'<td class="untrusted">{h(said) or "-"}</td></tr>'
+        )
+    return (
+        '<table class="parameters"><caption>Parameters, as the server defines them</caption>'
+        '<thead><tr><th scope="col">Name</th><th scope="col">Required</th>'
+        '<th scope="col">Schema</th><th scope="col">Server\'s words</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _diff(was: ListedTool, now: ListedTool) -> str:
+    lines = []
+    for line in difflib.unified_diff(
+        _definition(was), _definition(now), "classified", "listed now", lineterm="", n=2
+    ):
+        if line.startswith("+") and not line.startswith("+++"):
+            lines.append(f"<ins>{h(line)}</ins>")
+        elif line.startswith("-") and not line.startswith("---"):
+            lines.append(f"<del>{h(line)}</del>")
+        else:
+            lines.append(h(line))
+    return (
+        '<section aria-labelledby="changed"><h2 id="changed">Changed since it was classified'
+        "</h2><p>Lines marked − were classified; lines marked + are what the server lists "
+        'now.</p><pre class="untrusted" id="diff" tabindex="0">'
+        + "\n".join(lines)
+        + "</pre></section>"
+    )
+
+
+def tool_page(
+    viewer: Viewer, server: str, tool: str, listing: ServerListing, *, answered: str = ""
+) -> str:
+    """One tool, as the server lists it now, and the form that classifies what is shown."""
+    name = f"mcp:{server}/{tool}"
+    parts = [f"<h1>{h(name)}</h1>"]
+    if answered:
+        parts.append(f'<p class="answered" id="answered" role="status">{h(answered)}</p>')
+    if not listing.ok:
+        parts.append(f'<p class="message" id="message">{h(listing.error)}</p>')
+        return layout(name, "".join(parts), viewer)
+    shown, classified = listing.shown, listing.classified
+    status = next((t for t in listing.tools if t.name == tool), None)
+    if shown is None:
+        parts.append('<p id="state">The server does not list it now: it is never called.</p>')
+    else:
+        state = status.state if status else "unclassified"
+        family = f" as {status.family}" if status and status.family else ""
+        exposed = "exposed" if tool in listing.exposed else "not exposed"
+        parts.append(
+            f'<p id="state">{h(state)}{h(family)}, {h(exposed)} · digest '
+            f'<code id="digest">{h(shown.digest)}</code></p>'
+        )
+        parts += [
+            f'<p class="flag">Flagged: {h(flag)}</p>' for flag in (status.flags if status else [])
+        ]
+        hints = ", ".join(f"{k}={v}" for k, v in sorted(shown.hints.items()) if v is not None)
+        parts.append(
+            '<section aria-labelledby="served"><h2 id="served">What the server says</h2>'
+            "<p>Everything in this section is the server's text: data from an untrusted party, "
+            "shown as text. It decides nothing and never reaches a model's instructions.</p>"
+            '<h3>Description</h3><pre class="untrusted" id="description" tabindex="0">'
+            f"{h(shown.description or '-')}</pre>{_parameters(shown)}"
+            '<h3>Input schema</h3><pre class="untrusted" id="input-schema" tabindex="0">'
+            f"{h(json.dumps(shown.input_schema, indent=2, sort_keys=True))}</pre>"
+            f'<h3>Annotations (hints)</h3><p class="untrusted">{h(hints or "-")}</p></section>'
+        )
+    if classified is not None:
+        parts.append(
+            '<section aria-labelledby="classification"><h2 id="classification">Classified</h2>'
+            f'<p id="classified">{h(classified.family)} by {h(classified.classified_by or "?")}'
+            f" · digest <code>{h(classified.digest)}</code></p>"
+            f"<p>Operator's description: {h(classified.operator_description or '-')}</p>"
+            "</section>"
+        )
+        if shown is not None and classified.digest != shown.digest:
+            was = ListedTool(
+                name=tool,
+                description=classified.description,
+                input_schema=classified.input_schema,
+                output_schema=classified.output_schema,
+                digest=classified.digest,
+            )
+            parts.append(_diff(was, shown))
+    if shown is not None:
+        options = "".join(
+            f'<option value="{h(f)}"{" selected" if classified and classified.family == f else ""}'
+            f">{h(f)}</option>"
+            for f in _FAMILIES
+        )
+        words = classified.operator_description if classified else ""
+        parts.append(
+            '<section aria-labelledby="classify"><h2 id="classify">Classify what is shown</h2>'
+            f'<form method="post" action="/console/mcp/{h(server)}/{h(tool)}" id="classify-form">'
+            f'{csrf_field(viewer)}<input type="hidden" name="digest" value="{h(shown.digest)}">'
+            f'<p><label for="family">Family</label> <select id="family" name="family">{options}'
+            '</select></p><p><label for="words">Your description for the model (the only '
+            "words its instructions carry about this tool)</label><br>"
+            f'<textarea id="words" name="description" maxlength="2000" rows="3" cols="60">'
+            f"{h(words)}</textarea></p>"
+            '<p><button type="submit">Classify this definition</button></p></form></section>'
+        )
+    parts.append(f'<p><a href="/console/mcp/{h(server)}">All tools of {h(server)}</a></p>')
+    return layout(name, "".join(parts), viewer)
+
+
+def server_page(viewer: Viewer, server: str, listing: ServerListing) -> str:
+    """A server's tools as listed now, each with where it stands."""
+    parts = [f"<h1>MCP server {h(server)}</h1>"]
+    if not listing.ok:
+        parts.append(f'<p class="message" id="message">{h(listing.error)}</p>')
+        return layout(server, "".join(parts), viewer)
+    rows = []
+    for tool in listing.tools:
+        family = tool.family or "-"
+        exposed = "yes" if tool.name in listing.exposed else "no"
+        flags = "; ".join(tool.flags) or "-"
+        rows.append(
+            f'<tr><th scope="row"><a href="/console/mcp/{h(server)}/{h(tool.name)}">'
+            f"{h(tool.name)}</a></th><td>{h(tool.state)}</td><td>{h(family)}</td>"
+            f"<td>{exposed}</td><td><code>{h(tool.digest[:12])}</code></td><td>{h(flags)}</td>"
+            "</tr>"
+        )
+    parts.append(
+        f"<p>Listing <code>{h(listing.digest[:12])}</code>, recorded in the journal.</p>"
+        '<table class="tools"><caption>Tools the server lists now</caption><thead><tr>'
+        '<th scope="col">Tool</th><th scope="col">State</th><th scope="col">Family</th>'
+        '<th scope="col">Exposed</th><th scope="col">Digest</th><th scope="col">Flags</th>'
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+    return layout(server, "".join(parts), viewer)
+
+
+def index_page(viewer: Viewer) -> str:
+    """Where an operator names the server to look at."""
+    return layout(
+        "MCP servers",
+        "<h1>MCP servers</h1><p>Name one of your tenant's registered MCP servers: it is listed "
+        "now, and each of its tools shown with where it stands.</p>"
+        '<form method="get" action="/console/mcp"><p><label for="server">Server</label> '
+        f'<input id="server" name="server" maxlength="{_SERVER_FIELD}" required> '
+        '<button type="submit">Show its tools</button></p></form>',
+        viewer,
+    )
+
+
+def mcp_handlers(sessions: Sessions, bus: McpBus) -> list[Any]:
+    """The operators' MCP routes, for the console's router."""
+
+    async def _operator(request: Request[Any, Any, Any]) -> Viewer:
+        try:
+            viewer = await sessions.viewer(request)
+        except ConsoleRefused as exc:
+            raise Bad(
+                exc.status,
+                "Not signed in" if exc.status == 401 else "Not allowed",
+                f"{exc.reason}. An operator signs in with a link of `writ console --operator`.",
+            ) from exc
+        if OPERATOR_ROLE not in viewer.roles:
+            raise Bad(
+                403,
+                "Not allowed",
+                "these pages are for operators: an identity only Writ gives "
+                "(`writ console --operator`), which no host's token carries",
+            )
+        return viewer
+
+    async def _guarded(request: Request[Any, Any, Any], render: Any) -> Response[str]:
+        viewer: Viewer | None = None
+        try:
+            viewer = await _operator(request)
+            return await render(viewer)
+        except Bad as exc:
+            return html_page(message_page(exc.title, exc.text, viewer), exc.status)
+
+    @get("/mcp", include_in_schema=False)
+    async def mcp_index(
+        request: Request[Any, Any, Any],
+        server: Annotated[str, QueryParameter(max_length=_SERVER_FIELD)] = "",
+    ) -> Response[str]:
+        """Name a server; its page."""
+
+        async def render(viewer: Viewer) -> Response[str]:
+            if server:
+                return html_page(
+                    "", 303, headers={"Location": f"/console/mcp/{quote(server, safe='')}"}
+                )
+            return html_page(index_page(viewer))
+
+        return await _guarded(request, render)
+
+    @get("/mcp/{server:str}", include_in_schema=False)
+    async def mcp_server(request: Request[Any, Any, Any], server: str) -> Response[str]:
+        """A server's tools, listed now."""
+
+        async def render(viewer: Viewer) -> Response[str]:
+            listing = await bus.listing(viewer.tenant, server)
+            return html_page(server_page(viewer, server, listing))
+
+        return await _guarded(request, render)
+
+    @get("/mcp/{server:str}/{tool:str}", include_in_schema=False)
+    async def mcp_tool(request: Request[Any, Any, Any], server: str, tool: str) -> Response[str]:
+        """One tool in full, with its diff and the classify form."""
+
+        async def render(viewer: Viewer) -> Response[str]:
+            listing = await bus.listing(viewer.tenant, server, tool)
+            return html_page(tool_page(viewer, server, tool, listing))
+
+        return await _guarded(request, render)
+
+    @post("/mcp/{server:str}/{tool:str}", include_in_schema=False, status_code=200)
+    async def mcp_classify(
+        request: Request[Any, Any, Any], server: str, tool: str
+    ) -> Response[str]:
+        """Classify the definition shown, if the server still lists exactly it."""
+
+        async def render(viewer: Viewer) -> Response[str]:
+            raw = dict(await request.form())
+            sent = raw.get("csrf")
+            if not isinstance(sent, str) or not viewer.csrf_ok(sent):
+                raise Bad(
+                    403,
+                    "Refused",
+                    "this form's CSRF token is missing or wrong: nothing "
+                    "was classified. Reload the page.",
+                )
+            try:
+                form = msgspec.convert(raw, ClassifyForm, strict=False)
+            except msgspec.ValidationError as exc:
+                raise Bad(400, "Invalid answer", f"nothing was classified: {exc}") from exc
+            if CAPABILITY.fullmatch(f"mcp:{server}/{tool}") is None:
+                raise Bad(404, "Not found", "no MCP server or tool of your tenant by this name")
+            # Listed again now: the digest bound is the one the server serves, or nothing is.
+            listing = await bus.listing(viewer.tenant, server, tool)
+            if listing.shown is None or listing.shown.digest != form.digest:
+                said = (
+                    "Refused: the server lists this tool differently from what you were shown "
+                    "(its digest changed), so nothing was classified. Read it again below."
+                )
+                return html_page(tool_page(viewer, server, tool, listing, answered=said), 409)
+            answer = await bus.classify(
+                ClassifyTool(
+                    tenant=viewer.tenant,
+                    server=server,
+                    tool=tool,
+                    family=form.family,
+                    classified_by=viewer.principal,
+                    digest=form.digest,
+                    description=form.description,
+                )
+            )
+            listing = await bus.listing(viewer.tenant, server, tool)
+            said = answer.message if answer.ok else f"Refused: {answer.message}"
+            page = tool_page(viewer, server, tool, listing, answered=said)
+            return html_page(page, 200 if answer.ok else 409)
+
+        return await _guarded(request, render)
+
+    return [mcp_index, mcp_server, mcp_tool, mcp_classify]
