@@ -176,6 +176,7 @@ class Decider:
                     proposal_id=r.proposal_id,
                     attended=r.attended,
                     ask_open_s=r.ask_open_s,
+                    facts=r.facts,
                 )
             except Exception as exc:
                 log.warning("cannot record decision: %r", exc)
@@ -237,6 +238,7 @@ class Decider:
                         proposal_id=ask.proposal_id,
                         attended=known.attended if known else False,
                         ask_open_s=ask.ask_open_s,
+                        facts=known,
                     )
                 )
             decisions = []

@@ -128,6 +128,7 @@ class GovernanceStore(BudgetStore):
                 policy_version=d.policy_version,
                 proposal_id=d.proposal_id,
                 attended=d.attended,
+                facts=d.facts,
             )
             ids.append(decision_id)
             rows.append(self._decision_args(decision, event))
@@ -148,6 +149,7 @@ class GovernanceStore(BudgetStore):
         proposal_id: str | None = None,
         attended: bool = False,
         ask_open_s: int | None = None,
+        facts: Facts | None = None,
     ) -> str:
         """Persist the decision (and, for an ask, its pending decision) in one transaction.
 
@@ -162,6 +164,7 @@ class GovernanceStore(BudgetStore):
             policy_version=policy_version,
             proposal_id=proposal_id,
             attended=attended,
+            facts=facts,
         )
         if ruling.verdict != "ask":
             # One statement (no BEGIN/COMMIT round trips): the decision and its journal row.
@@ -225,6 +228,7 @@ class GovernanceStore(BudgetStore):
                     policy_version=policy_version,
                     proposal_id=proposal_id,
                     attended=attended,
+                    facts=facts,
                 )
             return str(existing)
         return decision_id
