@@ -378,3 +378,6 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--key-id", required=True)
     s.add_argument("--output", required=True)
     s.set_defaults(func=_policy_sign)
+    from writ.whatif.cli import add_parsers as add_whatif
+
+    add_whatif(pol)

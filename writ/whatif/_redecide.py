@@ -33,6 +33,7 @@ __all__ = [
     "Report",
     "Threshold",
     "redecide",
+    "render",
     "report_digest",
     "whatif",
 ]
@@ -258,3 +259,26 @@ def whatif(
 def report_digest(report: Report) -> str:
     """sha256 of the report's canonical JSON: what the journal records and its sealer signs."""
     return hashlib.sha256(msgspec.json.encode(report, order="sorted")).hexdigest()
+
+
+def _money(f: Flip) -> str:
+    if f.amount_cents is None:
+        return ""
+    return f" {f.amount_cents // 100}.{f.amount_cents % 100:02d} {f.currency}"
+
+
+def render(report: Report) -> str:
+    """The report as a terminal reads it: one line per flip."""
+    lines = [
+        f"{report.candidate} over {report.tenant} {report.since} .. {report.until}: "
+        f"{report.redecided} of {report.decisions} decisions ruled again, "
+        f"{len(report.flips)} would flip, {len(report.approvals_not_needed)} approvals "
+        "not needed"
+    ]
+    lines += [
+        f"  {f.before} -> {f.after}  {f.tool}{_money(f)}  operation {f.operation or '-'}  "
+        f"run {f.run_id}  decision {f.decision_id}"
+        for f in report.flips
+    ]
+    lines += [f"  not ruled again: {n}" for n in report.not_redecidable]
+    return "\n".join(lines)
