@@ -177,6 +177,7 @@ class Decider:
                     attended=r.attended,
                     ask_open_s=r.ask_open_s,
                     facts=r.facts,
+                    approval_id=r.approval_id,
                 )
             except Exception as exc:
                 log.warning("cannot record decision: %r", exc)
@@ -239,6 +240,7 @@ class Decider:
                         attended=known.attended if known else False,
                         ask_open_s=ask.ask_open_s,
                         facts=known,
+                        approval_id=ask.approval_id,
                     )
                 )
             decisions = []

@@ -28,7 +28,7 @@ from libs.db import (
 )
 from libs.journal import DataKeys, Journal, Sealer, SigningKey
 from services.governance.logic import Call, decide
-from services.governance.store import GovernanceStore
+from services.governance.store import Answered, GovernanceStore
 from writ.eval._record import provision_eval_recorder
 from writ.migrate import image_migrations
 from writ.whatif import Report
@@ -112,11 +112,11 @@ async def test_a_candidate_over_the_sealed_journal_flips_exactly_the_large_refun
             first_argument="pay_1",
             grantable=REFUND.grant_may_cover(),
         )
-        proposals = {}
+        proposals, pending_of = {}, {}
         for i, (cents, currency) in enumerate(REFUNDS):
             proposal_id = str(uuid.uuid4())
             facts = await store.facts("acme", call, "p@acme.example", f"run-{i}")
-            await store.record(
+            pending_of[proposal_id] = await store.record(
                 tenant="acme",
                 run_id=f"run-{i}",
                 principal="p@acme.example",
@@ -141,6 +141,48 @@ async def test_a_candidate_over_the_sealed_journal_flips_exactly_the_large_refun
                     },
                 )
             proposals[proposal_id] = f"pub-{i}"
+        # The largest refund is approved, admitted as operation op-3 and re-checked at dispatch
+        # on that answer: the re-check has no proposal, only the answer it stood on.
+        [large] = [p for p, pub in proposals.items() if pub == "pub-3"]
+        asked = pending_of[large]
+        answered = await store.answer(
+            tenant="acme",
+            pending_id=asked,
+            answer="once",
+            answered_by="ops@acme.example",
+            reason="checked",
+            proposal_id=large,
+        )
+        assert isinstance(answered, Answered)
+        async with pools["admission"].acquire() as conn:
+            await journals["admission"].write(
+                conn,
+                tenant="acme",
+                kind="command.admitted",
+                subject="op-3",
+                run_id="run-3",
+                payload={
+                    "operation_id": "op-3",
+                    "proposal_id": large,
+                    "action": "payment.refund",
+                    "arguments": {"amount_cents": 120000, "currency": "EUR"},
+                    "decision_id": answered.decision_id,
+                },
+            )
+        facts = await store.facts(
+            "acme", call, "p@acme.example", "run-3", approval_id=answered.decision_id
+        )
+        assert decide(call, facts).verdict == "allow"
+        await store.record(
+            tenant="acme",
+            run_id="run-3",
+            principal="p@acme.example",
+            call=call,
+            ruling=decide(call, facts),
+            policy_version=facts.policy_version,
+            facts=facts,
+            approval_id=answered.decision_id,
+        )
         read = Call(tool="crm.customer.get", family="read", connector="crm", agent="assistant")
         facts = await store.facts("acme", read, "p@acme.example", "run-r")
         await store.record(
@@ -185,15 +227,16 @@ async def test_a_candidate_over_the_sealed_journal_flips_exactly_the_large_refun
             printed[verdict] = ran.stdout
             reports[verdict] = msgspec.json.decode(out.read_bytes(), type=Report)
         denied = reports["deny"]
-        assert denied.decisions == denied.redecided == len(REFUNDS) + 1
+        assert denied.decisions == denied.redecided == len(REFUNDS) + 2
         assert denied.not_redecidable == []
         assert sorted((f.operation, f.amount_cents, f.before, f.after) for f in denied.flips) == [
+            ("op-3", 120000, "allow", "deny"),
+            ("op-3", 120000, "ask", "deny"),
             ("pub-2", 65000, "ask", "deny"),
-            ("pub-3", 120000, "ask", "deny"),
         ]
         assert "ask -> deny  payment.refund 650.00 EUR  operation pub-2" in printed["deny"]
         # Money is asked every time already: an `ask` threshold flips nothing.
-        assert reports["ask"].flips == [] and reports["ask"].redecided == len(REFUNDS) + 1
+        assert reports["ask"].flips == [] and reports["ask"].redecided == len(REFUNDS) + 2
         # Nothing was written to any store by the what-if.
         assert await counts(admin) == before
 

@@ -54,6 +54,7 @@ async def journaled_window(
         if row["kind"] == "decision" and since <= row["recorded_at"] < until
     ]
     by_proposal: dict[str, Amount] = {}
+    by_decision: dict[str, Amount] = {}  # an admitted command's, by the decision it stood on
     for _, row, plaintext in await read_entries(conn, admission, tenant=tenant):
         kind = row["kind"]
         if not (kind.startswith("proposal.") or kind == "command.admitted"):
@@ -67,11 +68,14 @@ async def journaled_window(
         amount = _amount(payload, str(operation))
         if amount is not None and (admitted or proposal_id not in by_proposal):
             by_proposal[proposal_id] = amount  # an admitted command names its operation
-    amounts = {
-        d.decision_id: by_proposal[d.proposal_id]
-        for d in decisions
-        if d.proposal_id is not None and d.proposal_id in by_proposal
-    }
+        if amount is not None and admitted and isinstance(payload.get("decision_id"), str):
+            by_decision[payload["decision_id"]] = amount
+    amounts: dict[str, Amount] = {}
+    for d in decisions:
+        if d.proposal_id is not None and d.proposal_id in by_proposal:
+            amounts[d.decision_id] = by_proposal[d.proposal_id]
+        elif d.approval_id is not None and d.approval_id in by_decision:
+            amounts[d.decision_id] = by_decision[d.approval_id]
     return decisions, amounts
 
 

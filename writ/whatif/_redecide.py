@@ -105,6 +105,7 @@ class JournaledDecision(msgspec.Struct, frozen=True, kw_only=True):
     line: int
     policy_version: str
     proposal_id: str | None = None
+    approval_id: str | None = None  # a dispatcher's re-check: the answer it stood on
     # Absent from rows journaled before the facts were: such a row cannot be ruled again.
     call: RecordedCall | None = None
     facts: RecordedFacts | None = None

@@ -97,6 +97,7 @@ class ToRecord(msgspec.Struct, frozen=True, kw_only=True):
     attended: bool = False
     ask_open_s: int | None = None  # an ask's pending decision closes after this long
     facts: Facts | None = None  # what it was ruled on (None: the store could not be read)
+    approval_id: str | None = None  # the answer it was asked to stand on, at dispatch
 
 
 def decision_row(
@@ -110,6 +111,7 @@ def decision_row(
     proposal_id: str | None,
     attended: bool,
     facts: Facts | None = None,
+    approval_id: str | None = None,
 ) -> tuple[str, tuple[object, ...], dict[str, object]]:
     """A new decision's id, its `governance.decisions` row and its journal event (which keeps
     the call and the facts it was ruled on, so that it can be ruled again: `recorded.py`)."""
@@ -142,6 +144,7 @@ def decision_row(
         "policy_version": policy_version,
         "proposal_id": proposal_id,
         "attended": attended,
+        "approval_id": approval_id,
         **record_of(call, facts),
     }
     return decision_id, decision, event
