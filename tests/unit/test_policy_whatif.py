@@ -260,3 +260,15 @@ def test_a_refused_store_still_rules_the_same() -> None:
     assert decide(read, None) == Ruling(
         verdict="allow", line=3, reason="plain read; policy unavailable"
     )
+
+
+def test_a_window_is_a_positive_whole_number_of_one_unit() -> None:
+    from datetime import timedelta
+
+    from writ.whatif.cli import parse_duration
+
+    assert parse_duration("7d") == timedelta(days=7)
+    assert parse_duration("90m") == timedelta(minutes=90)
+    for bad in ("0d", "7", "1w", "-1h", "7d\n", "1.5h"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)

@@ -29,7 +29,7 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 def parse_duration(text: str) -> timedelta:
     """`90m`, `24h`, `30d`: a positive whole number of one unit."""
-    m = _DURATION.match(text)
+    m = _DURATION.fullmatch(text)
     if m is None:
         raise ValueError(f"not a duration: {text!r} (like 30m, 24h or 7d)")
     return timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
@@ -59,6 +59,8 @@ def _whatif(args: argparse.Namespace) -> int:
             raise ValueError(f"the candidate is over {MAX_CANDIDATE_BYTES} bytes")
         candidate = msgspec.json.decode(raw, type=Candidate)
         until = datetime.fromisoformat(args.until) if args.until else datetime.now(UTC)
+        if until.tzinfo is None:
+            until = until.replace(tzinfo=UTC)  # a time without a zone is UTC
         since = until - parse_duration(args.since)
         dsn = _dsn(args, "WRIT_AUDIT_DATABASE_URL", "audit.dsn")
         if not dsn:
