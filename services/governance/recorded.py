@@ -55,38 +55,39 @@ class RecordedFacts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
 def record_of(call: Call, facts: Facts | None) -> dict[str, Any]:
     """The `call` and `facts` members of a decision's journal row (`facts` None: the store
-    could not be read, and the decision was ruled on no facts)."""
+    could not be read, and the decision was ruled on no facts). Built as plain values, on the
+    decision's path: the shapes `RecordedCall` and `RecordedFacts` decode."""
     recorded: dict[str, Any] = {
-        "call": msgspec.to_builtins(
-            RecordedCall(
-                scope=call.scope,
-                connector=call.connector,
-                profile_fact=call.profile_fact,
-                grantable=call.grantable,
-            )
-        ),
+        "call": {
+            "scope": call.scope,
+            "connector": call.connector,
+            "profile_fact": call.profile_fact,
+            "grantable": call.grantable,
+        },
         "facts": None,
     }
-    if facts is not None:
-        names = names_of(call.tool)
-        rules = [r for r in facts.rules if r.tool in names and r.agent in (None, call.agent)]
-        recorded["facts"] = msgspec.to_builtins(
-            RecordedFacts(
-                policy_version=facts.policy_version,
-                policy_refused=facts.policy_refused,
-                refused_tools=sorted(facts.refused_tools),
-                refused_connectors=sorted(facts.refused_connectors),
-                refused_families=sorted(facts.refused_families),
-                developer_mode=facts.developer_mode,
-                rules=rules,
-                standing_families=sorted(facts.standing_families),
-                standing_sources=sorted(facts.standing_sources),
-                run_families=sorted(facts.run_families),
-                principal_revoked=facts.principal_revoked,
-                approved=facts.approved,
-                attended=facts.attended,
-            )
-        )
+    if facts is None:
+        return recorded
+    names = names_of(call.tool)
+    recorded["facts"] = {
+        "policy_version": facts.policy_version,
+        "policy_refused": facts.policy_refused,
+        "refused_tools": sorted(facts.refused_tools),
+        "refused_connectors": sorted(facts.refused_connectors),
+        "refused_families": sorted(facts.refused_families),
+        "developer_mode": facts.developer_mode,
+        "rules": [
+            {"tool": r.tool, "effect": r.effect, "arg_prefix": r.arg_prefix, "agent": r.agent}
+            for r in facts.rules
+            if r.tool in names and r.agent in (None, call.agent)
+        ],
+        "standing_families": sorted(facts.standing_families),
+        "standing_sources": [list(s) for s in sorted(facts.standing_sources)],
+        "run_families": sorted(facts.run_families),
+        "principal_revoked": facts.principal_revoked,
+        "approved": facts.approved,
+        "attended": facts.attended,
+    }
     return recorded
 
 
