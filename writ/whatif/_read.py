@@ -63,6 +63,16 @@ async def journaled_window(
         proposal_id = payload.get("proposal_id")
         if not isinstance(proposal_id, str):
             continue
+        if kind == "proposal.approved":
+            # Approved: no arguments of its own, but the operation it became and the answer
+            # (decision) the dispatcher's re-check stands on.
+            known, operation = by_proposal.get(proposal_id), payload.get("operation_id")
+            if known is not None and isinstance(operation, str):
+                known = msgspec.structs.replace(known, operation=operation)
+                by_proposal[proposal_id] = known
+                if isinstance(payload.get("decision_id"), str):
+                    by_decision[payload["decision_id"]] = known
+            continue
         admitted = kind == "command.admitted"
         operation = payload.get("operation_id" if admitted else "public_id")
         amount = _amount(payload, str(operation))
