@@ -176,6 +176,8 @@ class Decider:
                     proposal_id=r.proposal_id,
                     attended=r.attended,
                     ask_open_s=r.ask_open_s,
+                    facts=r.facts,
+                    approval_id=r.approval_id,
                 )
             except Exception as exc:
                 log.warning("cannot record decision: %r", exc)
@@ -237,6 +239,8 @@ class Decider:
                         proposal_id=ask.proposal_id,
                         attended=known.attended if known else False,
                         ask_open_s=ask.ask_open_s,
+                        facts=known,
+                        approval_id=ask.approval_id,
                     )
                 )
             decisions = []

@@ -15,6 +15,7 @@ writ approve <proposal>   approve a proposal by its id (what it does is what was
 writ reject <proposal>    reject it, with --reason
 writ review <id> <answer> answer a review a run asked for: approve | reject
 writ policy sign          sign an organisation policy file
+writ policy whatif        rule a candidate policy over the journaled decisions (record|verify)
 writ audit verify         check every service's audit journal: chain, checkpoints, signatures
 writ audit export         append the checkpoints recorded outside the database to a file
 writ audit re-anchor      start a lost record again, signed, naming what was lost

@@ -405,6 +405,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--key-id", required=True)
     s.add_argument("--output", required=True)
     s.set_defaults(func=_policy_sign)
+    from writ.whatif.cli import add_parsers as add_whatif
+
+    add_whatif(pol)
 
     p = sub.add_parser("spend", help="a tenant's spend against its caps, per cap and window")
     _operator_args(p)

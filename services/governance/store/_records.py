@@ -9,7 +9,8 @@ from typing import Final, Literal
 import msgspec
 
 from schemas.governance import Answer
-from services.governance.logic import Call, Ruling
+from services.governance.logic import Call, Facts, Ruling
+from services.governance.recorded import record_of
 
 __all__ = [
     "ATTENDED_ASK_TIMEOUT",
@@ -95,6 +96,8 @@ class ToRecord(msgspec.Struct, frozen=True, kw_only=True):
     proposal_id: str | None = None
     attended: bool = False
     ask_open_s: int | None = None  # an ask's pending decision closes after this long
+    facts: Facts | None = None  # what it was ruled on (None: the store could not be read)
+    approval_id: str | None = None  # the answer it was asked to stand on, at dispatch
 
 
 def decision_row(
@@ -107,8 +110,11 @@ def decision_row(
     policy_version: str,
     proposal_id: str | None,
     attended: bool,
+    facts: Facts | None = None,
+    approval_id: str | None = None,
 ) -> tuple[str, tuple[object, ...], dict[str, object]]:
-    """A new decision's id, its `governance.decisions` row and its journal event."""
+    """A new decision's id, its `governance.decisions` row and its journal event (which keeps
+    the call and the facts it was ruled on, so that it can be ruled again: `recorded.py`)."""
     decision_id = str(uuid.uuid4())
     decision = (
         decision_id,
@@ -138,6 +144,8 @@ def decision_row(
         "policy_version": policy_version,
         "proposal_id": proposal_id,
         "attended": attended,
+        "approval_id": approval_id,
+        **record_of(call, facts),
     }
     return decision_id, decision, event
 

@@ -128,6 +128,8 @@ class GovernanceStore(BudgetStore):
                 policy_version=d.policy_version,
                 proposal_id=d.proposal_id,
                 attended=d.attended,
+                facts=d.facts,
+                approval_id=d.approval_id,
             )
             ids.append(decision_id)
             rows.append(self._decision_args(decision, event))
@@ -148,6 +150,8 @@ class GovernanceStore(BudgetStore):
         proposal_id: str | None = None,
         attended: bool = False,
         ask_open_s: int | None = None,
+        facts: Facts | None = None,
+        approval_id: str | None = None,
     ) -> str:
         """Persist the decision (and, for an ask, its pending decision) in one transaction.
 
@@ -162,6 +166,8 @@ class GovernanceStore(BudgetStore):
             policy_version=policy_version,
             proposal_id=proposal_id,
             attended=attended,
+            facts=facts,
+            approval_id=approval_id,
         )
         if ruling.verdict != "ask":
             # One statement (no BEGIN/COMMIT round trips): the decision and its journal row.
@@ -225,6 +231,8 @@ class GovernanceStore(BudgetStore):
                     policy_version=policy_version,
                     proposal_id=proposal_id,
                     attended=attended,
+                    facts=facts,
+                    approval_id=approval_id,
                 )
             return str(existing)
         return decision_id
