@@ -28,14 +28,17 @@ __all__ = [
     "BudgetRefused",
     "BudgetReserved",
     "BudgetSettled",
+    "CapSpend",
     "DecideBatch",
     "DecideRequest",
     "Decision",
     "Decisions",
     "DecisionAnswered",
     "ListPending",
+    "ListSpend",
     "PendingDecision",
     "PendingDecisions",
+    "SpendReport",
     "RegisterRun",
     "RegisterTurn",
     "LeaseAmounts",
@@ -52,13 +55,15 @@ Answer = Literal["once", "always", "deny"]
 # The budgets a reservation can run out of (a bounded metric label). `wall_time` counts the
 # run's seconds since it was registered, less the time it waited for a person.
 BudgetKind = Literal[
-    "provider_calls", "tokens", "capability_calls", "wall_time", "concurrent_steps"
+    "provider_calls", "tokens", "capability_calls", "wall_time", "concurrent_steps", "spend"
 ]
 # `DecideRequest.tool` of a call to another agent (the planner's multi-agent branches):
 # `agent:<name>`. No action contract or read tool has a colon in its name.
 AGENT_CALL_PREFIX: Final = "agent:"
 MAX_AMOUNT: Final = 1_000_000_000
 Amount = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
+SpendName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\s]+$")]
+SpendAmount = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,12}(\.[0-9]{1,6})?$")]
 
 
 class DecideRequest(Command, frozen=True):
@@ -245,6 +250,10 @@ class Settlement(Command, frozen=True):
     provider_calls: Amount = 0
     tokens: Amount = 0
     capability_calls: Amount = 0
+    # What the step used of `tokens`, read and written (priced apiece by a spend cap's price
+    # table; without them every token is priced at the dearer rate).
+    input_tokens: Amount | None = None
+    output_tokens: Amount | None = None
 
 
 class LeaseAmounts(Command, frozen=True):
@@ -285,6 +294,12 @@ class ReserveBudget(Command, frozen=True):
     # The answer says what was reserved; the caller spends it over several steps and settles
     # the reservation once, with what they used together.
     up_to: LeaseAmounts | None = None
+    # What the step's cost is read from, where the tenant has spend caps: the model called
+    # ("provider/model"), the action contract called, and the amount its frozen arguments
+    # carry (decimal text in the price table's currency; read only where the table says so).
+    model: SpendName | None = None
+    action: SpendName | None = None
+    amount: SpendAmount | None = None
 
 
 class BudgetReserved(Event, frozen=True):
@@ -315,6 +330,8 @@ class BudgetRefused(Event, frozen=True):
     step_key: Id
     budget: BudgetKind | Literal["unavailable", "unknown_run"]
     reason: ShortText
+    # The spend cap that would be exceeded (`budget` is `spend`).
+    cap: SpendName | None = None
     # The `settle` reservations closed all the same (none if governance failed).
     settled: list[str] = []
 
@@ -329,6 +346,10 @@ class SettleBudget(Command, frozen=True):
     provider_calls: Amount = 0
     tokens: Amount = 0
     capability_calls: Amount = 0
+    # What the step used of `tokens`, read and written (priced apiece by a spend cap's price
+    # table; without them every token is priced at the dearer rate).
+    input_tokens: Amount | None = None
+    output_tokens: Amount | None = None
     release: bool = False
 
 
@@ -341,3 +362,29 @@ class BudgetSettled(Event, frozen=True):
     provider_calls: int
     tokens: int
     capability_calls: int
+
+
+class ListSpend(Command, frozen=True):
+    """Ask governance for a tenant's spend against its caps (`writ spend`)."""
+
+    tenant: Tenant
+    cap: SpendName | None = None
+
+
+class CapSpend(msgspec.Struct, frozen=True, kw_only=True):
+    """One cap's spend in one window, in micros (millionths) of the table's currency."""
+
+    cap: SpendName
+    window: Annotated[str, msgspec.Meta(max_length=16)]
+    reserved_micros: int
+    used_micros: int
+    # The cap as the tenant's current price table states it (None: no longer in it).
+    limit: SpendAmount | None = None
+    agent: SpendName | None = None
+    currency: Annotated[str, msgspec.Meta(max_length=3)] | None = None
+
+
+class SpendReport(Event, frozen=True):
+    """The answer to `ListSpend`: newest windows first."""
+
+    spend: Annotated[list[CapSpend], msgspec.Meta(max_length=500)]

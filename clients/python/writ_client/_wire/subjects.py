@@ -57,6 +57,7 @@ __all__ = [
     "JOURNALED",
     "Kind",
     "PENDING_LIST",
+    "SPEND_LIST",
     "PROPOSAL_GET",
     "PROPOSALS_LIST",
     "REGISTER_RUN",
@@ -361,6 +362,12 @@ ANSWER: Final = _endpoint(
     "governance",
     "Record a person's answer to a pending decision and say what it became (admission asks "
     "it when a proposal is approved by its id).",
+)
+SPEND_LIST: Final = _endpoint(
+    "governance.spend",
+    "writ.int.governance.spend",
+    "governance",
+    "A tenant's spend against its caps (`ListSpend` -> `SpendReport`; `writ spend`).",
 )
 RESERVE: Final = _endpoint(
     "governance.reserve",
