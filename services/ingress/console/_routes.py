@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from actions import ACTIONS
 from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import ApiAnswer, ApiClient
+from services.ingress.console._i18n import LANG_COOKIE, LOCALES, Locale, negotiate, rendering, t
 from services.ingress.console._inbox import inbox_items, inbox_query
 from services.ingress.console._session import COOKIE, ConsoleRefused, Sessions, Viewer
 from services.ingress.console._web import (
@@ -42,12 +44,12 @@ _TYPES: Final = {
     "console.css": "text/css; charset=utf-8",
 }
 _MAX_TOKEN: Final = 8192
-_ANSWERED: Final = {
-    "claimed": "Approved: the one execution started.",
-    "already_completed": "Approved before: this is its recorded outcome (nothing ran twice).",
-    "rejected": "Rejected.",
-    "approval_recorded": "Your approval is recorded: another approver must approve it too.",
-}
+_BACK: Final = re.compile(r"/console/[A-Za-z0-9/_.~-]{0,300}")
+
+
+def _locale(request: Request[Any, Any, Any]) -> Locale:
+    """The viewer's language: the switch's cookie, else the browser's Accept-Language."""
+    return negotiate(request.cookies.get(LANG_COOKIE), request.headers.get("accept-language"))
 
 
 def console_router(sessions: Sessions, client: ApiClient) -> Router:
@@ -60,36 +62,31 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         except ConsoleRefused as exc:
             raise Bad(
                 exc.status,
-                "Not signed in" if exc.status == 401 else "Not allowed",
-                f"{exc.reason}. The console takes your identity from your organisation's "
-                "sign-in proxy; locally, `writ console` prints a one-time link.",
+                t("not_signed_in") if exc.status == 401 else t("not_allowed"),
+                t("sign_in_hint", reason=exc.reason),
             ) from exc
 
     async def _form(request: Request[Any, Any, Any], viewer: Viewer, kind: type[Any]) -> Any:
         raw = dict(await request.form())
         sent = raw.get("csrf")
         if not isinstance(sent, str) or not viewer.csrf_ok(sent):
-            raise Bad(
-                403,
-                "Refused",
-                "this form's CSRF token is missing or wrong: nothing "
-                "was done. Reload the page and answer again.",
-            )
+            raise Bad(403, t("refused"), t("csrf_refused"))
         try:
             return msgspec.convert(raw, kind, strict=False)
         except msgspec.ValidationError as exc:
-            raise Bad(400, "Invalid answer", f"nothing was done: {exc}") from exc
+            raise Bad(400, t("invalid_answer"), t("nothing_done", problem=exc)) from exc
 
     def _page(handler: Any) -> Any:
         """Render refusals as pages (the wrapped handler returns a page's HTML)."""
 
         async def wrapped(request: Request[Any, Any, Any], **kw: Any) -> Response[str]:
             viewer: Viewer | None = None
-            try:
-                viewer = await _viewer(request)
-                return await handler(request, viewer, **kw)
-            except Bad as exc:
-                return html_page(pages.message_page(exc.title, exc.text, viewer), exc.status)
+            with rendering(_locale(request), request.url.path):
+                try:
+                    viewer = await _viewer(request)
+                    return await handler(request, viewer, **kw)
+                except Bad as exc:
+                    return html_page(pages.message_page(exc.title, exc.text, viewer), exc.status)
 
         # Litestar reads the route's parameters from the signature: the handler's, without
         # the viewer this wrapper supplies.
@@ -106,8 +103,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     def _not_found(answer: ApiAnswer, what: str) -> Bad:
         # A malformed id gets what an unknown or another tenant's one gets: not found.
         if answer.status in (400, 404):
-            return Bad(404, "Not found", f"no {what} of your tenant under this id")
-        return Bad(answer.status, "Refused", answer.problem)
+            return Bad(404, t("not_found"), t("no_such", what=what))
+        return Bad(answer.status, t("refused"), answer.problem)
 
     @get("/", include_in_schema=False)
     @_page
@@ -214,7 +211,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         elif got.body["status"] == "not_approvable":
             said = f"Not {answer}d — {got.body.get('code')}: {got.body.get('reason') or ''}"
         else:
-            said = _ANSWERED[got.body["status"]]
+            said = t("answered_" + got.body["status"])
         p = await _proposal(viewer, proposal_id)
         return html_page(
             pages.proposal_page(
@@ -466,6 +463,26 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             static[name], media_type=_TYPES[name], headers={**HEADERS, "Cache-Control": "no-cache"}
         )
 
+    @get("/lang/{to:str}", include_in_schema=False)
+    async def language(
+        to: FromPath[str], back: Annotated[str, QueryParameter(max_length=320)] = "/console/"
+    ) -> Response[str]:
+        """The language switch: a cookie that keeps the choice, and back to the page (only
+        ever a console page)."""
+        if to not in LOCALES:
+            with rendering("en"):
+                return html_page(pages.message_page(t("not_found"), to), 404)
+        cookie = Cookie(
+            key=LANG_COOKIE,
+            value=to,
+            path="/console",
+            max_age=365 * 24 * 3600,
+            httponly=True,
+            samesite="lax",
+        )
+        where = back if _BACK.fullmatch(back) and "//" not in back else "/console/"
+        return html_page("", 303, cookies=[cookie], headers={"Location": where})
+
     async def guard(request: Request[Any, Any, Any]) -> Response[str] | None:
         """Refuse a path id or query parameter no page could look up (as the API does)."""
         said = unstorable_parameter(request.path_params, request.query_params.multi_items())
@@ -495,6 +512,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             sign_in,
             sign_out,
             asset,
+            language,
         ],
     )
 
