@@ -51,7 +51,7 @@ class Msg(NamedTuple):
 CATALOG: Final[dict[str, Msg]] = {
     # The frame of every page
     "brand": Msg("Writ · approvals", "Writ · approbations"),
-    "site": Msg("Writ console", "console Writ"),
+    "site": Msg("Writ console", "Console Writ"),
     "sign_out": Msg("Sign out", "Se déconnecter"),
     "language": Msg("Language", "Langue"),
     # Spans of time
