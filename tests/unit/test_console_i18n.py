@@ -24,6 +24,7 @@ from services.ingress.console._i18n import (
 )
 from services.ingress.console._pages import (
     evidence_list,
+    h,
     inbox_page,
     inbox_rows,
     message_page,
@@ -31,6 +32,7 @@ from services.ingress.console._pages import (
     proposal_page,
 )
 from services.ingress.console._session import Viewer
+from services.ingress.console._trail import trail_section
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 NBSP, NNBSP = "\u00a0", "\u202f"
@@ -176,8 +178,9 @@ PAGES: dict[str, Callable[[], str]] = {
     "evidence, none": lambda: evidence_list(None),
     "evidence, empty": lambda: evidence_list({"evidence": []}),
     "decision": lambda: decision_page(_viewer(), _DECISION, now=NOW),
-    "review": lambda: review_page(_viewer(), "review-run-1-1", prompt="Check the totals"),
+    "review": lambda: review_page(_viewer(), "review-run-1-1", prompt="Vérifier les totaux"),
     "message": lambda: message_page("Title", "text", _viewer()),
+    "trail, unproven": lambda: trail_section({"proposal": _charge(), "journals": []}, h),
 }
 
 

@@ -80,6 +80,61 @@ CATALOG: Final[dict[str, Msg]] = {
         "no {what} of your tenant under this id",
         "aucun élément ({what}) de votre organisation sous cet identifiant",
     ),
+    "nothing_done_dash": Msg("Nothing was done — {problem}", "Rien n'a été fait — {problem}"),
+    "invalid_request": Msg("Invalid request", "Requête invalide"),
+    "gone": Msg("Gone", "Plus là"),
+    "proposal_gone": Msg(
+        "the proposal this decision is about no longer waits",
+        "la proposition dont parle cette décision n'attend plus",
+    ),
+    "no_decision": Msg(
+        "no decision of your tenant is waiting under this id",
+        "aucune décision de votre organisation n'attend sous cet identifiant",
+    ),
+    "no_review": Msg(
+        "no review of your tenant is waiting under this id",
+        "aucune relecture de votre organisation n'attend sous cet identifiant",
+    ),
+    "no_run": Msg(
+        "no run of your tenant under this id",
+        "aucune exécution de votre organisation sous cet identifiant",
+    ),
+    "revision_sent": Msg(
+        "Sent back for a revision: the agent gets your reason.",
+        "Renvoyée pour révision : l'agent reçoit votre motif.",
+    ),
+    "not_approved": Msg("Not approved — {code}: {why}", "Non approuvée — {code} : {why}"),
+    "not_rejected": Msg("Not rejected — {code}: {why}", "Non rejetée — {code} : {why}"),
+    "not_revised": Msg("Not revised — {code}: {why}", "Non renvoyée — {code} : {why}"),
+    "not_taken": Msg("Not taken — {code}: {why}", "Non prise en compte — {code} : {why}"),
+    "answered_as": Msg("Answered {answer}.", "Réponse : {answer}."),
+    "answer_once": Msg("once", "une fois"),
+    "answer_always": Msg("always", "toujours"),
+    "answer_deny": Msg("deny", "refuser"),
+    "answer_approve": Msg("approve", "approuver"),
+    "answer_reject": Msg("reject", "rejeter"),
+    # The trail
+    "trail": Msg("Trail", "Historique"),
+    "trail_unread": Msg(
+        "The trail could not be read from the journals just now.",
+        "L'historique n'a pas pu être lu dans les journaux à l'instant.",
+    ),
+    "trail_failed": Msg(
+        "{n} of {total} rows failed verification: ",
+        "{n} ligne(s) sur {total} échouent à la vérification : ",
+    ),
+    "trail_ok": Msg(
+        "All {total} rows check out against the signed journals.",
+        "Les {total} lignes concordent avec les journaux signés.",
+    ),
+    "verified": Msg("verified", "vérifiée"),
+    "not_verified": Msg("NOT verified", "NON vérifiée"),
+    "step": Msg("Step", "Étape"),
+    "who": Msg("Who", "Qui"),
+    "when": Msg("When", "Quand"),
+    "what": Msg("What", "Quoi"),
+    "journal": Msg("Journal", "Journal"),
+    "check": Msg("Check", "Contrôle"),
     # Answers
     "answered_claimed": Msg(
         "Approved: the one execution started.", "Approuvée : l'unique exécution a commencé."
@@ -262,8 +317,8 @@ CATALOG: Final[dict[str, Msg]] = {
     "approve": Msg("Approve", "Approuver"),
 }
 
-# The labels action contracts give their previews (`ActionContract.describe`), in French.
-# A label this table lacks is shown as the contract wrote it.
+# The labels action contracts give their previews (`ActionContract.describe`) and the fixed
+# words of a proposal's trail, in French. Text this table lacks is shown as it was written.
 LABELS: Final[dict[str, str]] = {
     "Audience": "Destinataires",
     "Subject": "Objet",
@@ -283,6 +338,27 @@ LABELS: Final[dict[str, str]] = {
     "Description": "Description",
     "Customer record": "Fiche client",
     "Note": "Note",
+    # A trail's steps, and the fixed words its rows say
+    "Proposed": "Proposée",
+    "Rejected": "Rejetée",
+    "Approved": "Approuvée",
+    "Revision asked": "Révision demandée",
+    "Approval": "Approbation",
+    "Expired": "Expirée",
+    "Admitted": "Admise",
+    "Decided": "Décidée",
+    "Answered": "Répondue",
+    "Attempt": "Tentative",
+    "Attempt released": "Tentative libérée",
+    "Reconciled": "Rapprochée",
+    "Outcome": "Résultat",
+    "the proposal": "la proposition",
+    "one of the approvals it needs": "une des approbations qu'il lui faut",
+    "nobody answered before it expired": "personne n'a répondu avant son expiration",
+    "released": "libérée",
+    "the record says so, and no journal entry proves it": (
+        "l'enregistrement le dit, et aucune entrée de journal ne le prouve"
+    ),
 }
 
 _SYMBOLS: Final = {"EUR": "€", "USD": "$US", "GBP": "£", "CHF": "CHF", "CAD": "$CA"}

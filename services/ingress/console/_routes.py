@@ -205,11 +205,11 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
                 and (got.body.get("code") in ("NOT_FOUND", None))
             ):
                 raise _not_found(got, "proposal")
-            said = f"Nothing was done — {got.problem}"
+            said = t("nothing_done_dash", problem=got.problem)
         elif got.body.get("code") == "REVISION_ASKED":
-            said = "Sent back for a revision: the agent gets your reason."
+            said = t("revision_sent")
         elif got.body["status"] == "not_approvable":
-            said = f"Not {answer}d — {got.body.get('code')}: {got.body.get('reason') or ''}"
+            said = t(f"not_{answer}d", code=got.body.get("code"), why=got.body.get("reason") or "")
         else:
             said = t("answered_" + got.body["status"])
         p = await _proposal(viewer, proposal_id)
@@ -252,7 +252,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     async def _decision(viewer: Viewer, pending_id: str) -> dict[str, Any] | None:
         got = await client.get(viewer, "/pending-decisions")
         if not got.ok:
-            raise Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, t("refused"), got.problem)
         return next((d for d in got.body["decisions"] if d["pending_id"] == pending_id), None)
 
     async def _proposal_asked_by(viewer: Viewer, pending_id: str) -> str | None:
@@ -260,7 +260,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         preview (one door per effect)."""
         got = await client.get(viewer, "/proposals", state="pending", limit="500")
         if not got.ok:
-            raise Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, t("refused"), got.problem)
         return next(
             (
                 p["proposal_id"]
@@ -279,7 +279,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         proposal's page, where the frozen preview is shown."""
         d = await _decision(viewer, pending_id)
         if d is None:
-            raise Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+            raise Bad(404, t("not_found"), t("no_decision"))
         if (proposal_id := await _proposal_asked_by(viewer, pending_id)) is not None:
             return Response(
                 "",
@@ -289,7 +289,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             )
         if d.get("about_proposal"):
             # Its proposal is no longer waiting (it expired a moment ago): nothing to answer.
-            raise Bad(410, "Gone", "the proposal this decision is about no longer waits")
+            raise Bad(410, t("gone"), t("proposal_gone"))
         return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC)))
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
@@ -301,7 +301,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         form = await _form(request, viewer, DecideForm)
         d = await _decision(viewer, pending_id)
         if d is None:
-            raise Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+            raise Bad(404, t("not_found"), t("no_decision"))
         got = await client.post(
             viewer,
             "/pending-decisions/decide",
@@ -310,12 +310,12 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         )
         if got.ok:
             said = (
-                f"Answered {form.answer}."
+                t("answered_as", answer=t("answer_" + form.answer))
                 if got.body.get("accepted")
-                else f"Not taken — {got.body.get('code')}: {got.body.get('message')}"
+                else t("not_taken", code=got.body.get("code"), why=got.body.get("message"))
             )
         else:
-            said = f"Nothing was done — {got.problem}"
+            said = t("nothing_done_dash", problem=got.problem)
         return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
 
     @get("/reviews/{pending_id:str}", include_in_schema=False)
@@ -327,10 +327,10 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         form to answer it."""
         got = await client.get(viewer, "/reviews", limit="500")
         if not got.ok:
-            raise Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, t("refused"), got.problem)
         waiting = {r["pending_id"]: r for r in got.body["reviews"]}
         if pending_id not in waiting:
-            raise Bad(404, "Not found", "no review of your tenant is waiting under this id")
+            raise Bad(404, t("not_found"), t("no_review"))
         return html_page(
             asks.review_page(viewer, pending_id, prompt=waiting[pending_id].get("prompt", ""))
         )
@@ -350,12 +350,12 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         )
         if got.ok:
             said = (
-                f"Answered {form.answer}."
+                t("answered_as", answer=t("answer_" + form.answer))
                 if got.body.get("accepted")
-                else f"Not taken — {got.body.get('code')}: {got.body.get('message', '')}"
+                else t("not_taken", code=got.body.get("code"), why=got.body.get("message", ""))
             )
         else:
-            said = f"Nothing was done — {got.problem}"
+            said = t("nothing_done_dash", problem=got.problem)
         return html_page(asks.review_page(viewer, pending_id, answered=said))
 
     async def _run(
@@ -383,7 +383,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
     ) -> Response[str]:
         """A run by its id (the inbox's form): its page."""
         if not run_id:
-            raise Bad(404, "Not found", "no run of your tenant under this id")
+            raise Bad(404, t("not_found"), t("no_run"))
         return html_page("", 303, headers={"Location": f"/console/runs/{quote(run_id, safe='')}"})
 
     @get("/runs/{run_id:str}", include_in_schema=False)
@@ -488,7 +488,10 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         said = unstorable_parameter(request.path_params, request.query_params.multi_items())
         if said is None:
             return None
-        return html_page(pages.message_page("Invalid request", f"Nothing was done: {said}."), 400)
+        with rendering(_locale(request), request.url.path):
+            return html_page(
+                pages.message_page(t("invalid_request"), t("nothing_done", problem=said)), 400
+            )
 
     return Router(
         "/console",
