@@ -262,7 +262,7 @@ def test_the_french_proposal_writes_the_amount_and_the_time_the_french_way() -> 
         page = proposal_page(_viewer(), _charge(), now=NOW)
     assert f'data-field="Amount to charge">49,00{NBSP}€<' in page
     assert "Montant à débiter" in page and "49.00 EUR" not in page
-    assert "2 déc. 2026 à 12:00:00 UTC" in page
+    assert "2 déc. 2026 à 12:00:00 (UTC)" in page
     with rendering("en"):
         page = proposal_page(_viewer(), _charge(), now=NOW)
     assert 'data-field="Amount to charge">49.00 EUR<' in page
@@ -288,7 +288,7 @@ def test_amounts_in_french(written: str, french: str) -> None:
 
 def test_times_and_labels_in_french() -> None:
     with rendering("fr"):
-        assert stamp("2026-08-01T07:05:09+02:00") == "1 août 2026 à 05:05:09 UTC"
+        assert stamp("2026-08-01T07:05:09+02:00") == "1 août 2026 à 05:05:09 (UTC)"
         assert stamp("not a time") == "not a time"
         assert caption("Amount to refund") == "Montant à rembourser"
         assert caption("Priority") == "Priority"  # a label the catalog lacks: as written

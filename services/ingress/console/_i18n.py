@@ -436,7 +436,7 @@ def amount(text: str) -> str:
 
 def stamp(iso: str | None) -> str:
     """A time the API gave (ISO 8601) in the current locale: English shows it as given,
-    French as "7 déc. 2026 à 14:05:09 UTC". What is not a time is returned as it is."""
+    French as "7 déc. 2026 à 14:05:09 (UTC)". What is not a time is returned as it is."""
     if not iso or _current.get() == "en":
         return "" if iso is None else iso
     try:
@@ -444,7 +444,7 @@ def stamp(iso: str | None) -> str:
     except ValueError:
         return iso
     at = (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
-    return f"{at.day} {_MONTHS_FR[at.month - 1]} {at.year} à {at:%H:%M:%S} UTC"
+    return f"{at.day} {_MONTHS_FR[at.month - 1]} {at.year} à {at:%H:%M:%S} (UTC)"
 
 
 def caption(text: str) -> str:
