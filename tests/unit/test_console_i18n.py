@@ -30,6 +30,7 @@ from services.ingress.console._pages import (
     message_page,
     outcome_box,
     proposal_page,
+    run_page,
 )
 from services.ingress.console._session import Viewer
 from services.ingress.console._trail import trail_section
@@ -180,6 +181,25 @@ PAGES: dict[str, Callable[[], str]] = {
     "decision": lambda: decision_page(_viewer(), _DECISION, now=NOW),
     "review": lambda: review_page(_viewer(), "review-run-1-1", prompt="Vérifier les totaux"),
     "message": lambda: message_page("Title", "text", _viewer()),
+    "run": lambda: run_page(
+        _viewer(roles=("auditor",)),
+        {
+            **_RUN,
+            "answer": "Fait.",
+            "pending_id": "pend-1",
+            "actions": [
+                {
+                    "action": "payment.charge.create",
+                    "operation_id": "op-1",
+                    "state": "done",
+                    "outcome": "succeeded",
+                }
+            ],
+        },
+        [{"seq": 1, "kind": "tool", "summary": "lu"}],
+        journals={"ok": True, "journals": []},
+        replay={"verdict": "ok", "entries": 1},
+    ),
     "trail, unproven": lambda: trail_section({"proposal": _charge(), "journals": []}, h),
 }
 

@@ -510,7 +510,7 @@ def run_page(
 ) -> str:
     """A run: its timeline, its actions and outcomes, and (for auditors) the journal."""
     rid = h(run["run_id"])
-    parts = [f"<h1>Run {rid}</h1>{run_status(run)}"]
+    parts = [f"<h1>{h(t('run_title', id=run['run_id']))}</h1>{run_status(run)}"]
     if run.get("error"):
         parts.append(
             f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
@@ -525,10 +525,13 @@ def run_page(
             + (f" ({summary(a['reason'])})" if a.get("reason") else "")
             for a in unsettled
         )
-        parts.append(f'<p class="problem" id="run-recorded">Writ recorded {h(recorded)}</p>')
+        parts.append(
+            f'<p class="problem" id="run-recorded">{h(t("writ_recorded", what=recorded))}</p>'
+        )
     if run.get("answer"):
         parts.append(
-            f'<p id="run-answer"><span class="label">The agent wrote:</span> {h(run["answer"])}</p>'
+            f'<p id="run-answer"><span class="label">{t("agent_wrote")}</span> '
+            f"{h(run['answer'])}</p>"
         )
     if run.get("pending_id"):
         pending = run["pending_id"]
@@ -538,7 +541,8 @@ def run_page(
             pending_href = f"/console/reviews/{h(pending)}"
         else:
             pending_href = f"/console/decisions/{h(pending)}"
-        parts.append(f'<p>Waiting for a person: <a href="{pending_href}">{h(pending)}</a></p>')
+        parts.append(f'<p>{t("waiting_person")} <a href="{pending_href}">{h(pending)}</a></p>')
+
     parts.append(evidence_list(run))
     rows = "".join(
         f"<tr><td>{h(s['seq'])}</td><td>{h(s['kind'])}</td><td>{h(s.get('decision'))}</td>"
@@ -547,32 +551,36 @@ def run_page(
         for s in steps
     )
     parts.append(
-        '<h2>Timeline</h2><table class="timeline" id="timeline"><thead><tr><th>#</th>'
-        "<th>Step</th><th>Decision</th><th>Target</th><th>Verdict</th><th>Summary"
-        f"</th></tr></thead><tbody>{rows}</tbody></table>"
+        f'<h2>{t("timeline")}</h2><table class="timeline" id="timeline"><thead><tr><th>#</th>'
+        f"<th>{t('step')}</th><th>{t('decision')}</th><th>{t('target')}</th>"
+        f"<th>{t('verdict')}</th><th>{t('summary')}</th></tr></thead><tbody>{rows}</tbody>"
+        "</table>"
     )
     actions = "".join(
         f"<tr><td>{h(a['action'])}</td><td>{h(a['operation_id'])}</td><td>{h(a['state'])}"
-        f"</td><td>{h(a.get('outcome'))}</td><td>{h(a.get('receipt'))}</td>"
+        f"</td><td>{h(_said(a['outcome']) if a.get('outcome') else None)}</td>"
+        f"<td>{h(a.get('receipt'))}</td>"
         f"<td>{h(a.get('reason') or a.get('correlation_id'))}</td></tr>"
         for a in run.get("actions") or []
     )
     parts.append(
-        '<h2>Actions</h2><table class="actions" id="actions"><thead><tr><th>Action'
-        "</th><th>Operation</th><th>State</th><th>Outcome</th><th>Receipt</th>"
-        f"<th>Why</th></tr></thead><tbody>{actions}</tbody></table>"
+        f'<h2>{t("actions")}</h2><table class="actions" id="actions"><thead><tr>'
+        f"<th>{t('action')}</th><th>{t('operation')}</th><th>{t('state')}</th>"
+        f"<th>{t('outcome')}</th><th>{t('receipt_head')}</th><th>{t('why')}</th></tr>"
+        f"</thead><tbody>{actions}</tbody></table>"
     )
     if journals is not None:
         lines = "".join(
-            f"<li>{h(j['service'])}: {'ok' if j['ok'] else 'NOT OK'} ({h(j.get('entries'))} "
-            f"entries{', ' + h(j['first_problem']) if j.get('first_problem') else ''})</li>"
+            f"<li>{h(j['service'])}: {t('journal_ok') if j['ok'] else t('journal_not_ok')} "
+            f"({h(t('entries', n=j.get('entries')))}"
+            f"{', ' + h(j['first_problem']) if j.get('first_problem') else ''})</li>"
             for j in journals.get("journals", [])
         )
-        verdict = "verified" if journals.get("ok") else "NOT verified"
+        verdict = t("verified") if journals.get("ok") else t("not_verified")
         parts.append(
-            f'<h2>Audit journal</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
+            f'<h2>{t("audit_journal")}</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
             f'<form method="post" action="/console/runs/{rid}/replay">'
-            f'{csrf_field(viewer)}<button type="submit" id="replay">Replay this run'
+            f'{csrf_field(viewer)}<button type="submit" id="replay">{t("replay_run")}'
             f"</button></form>"
         )
     if replay is not None:
@@ -582,8 +590,8 @@ def run_page(
         )
         missing = "".join(f"<li>missing {h(m)}</li>" for m in replay.get("missing", []))
         parts.append(
-            f'<h2>Replay</h2><p id="replay-verdict">{h(replay["verdict"])} '
-            f"({h(replay.get('entries'))} entries replayed)</p>"
+            f'<h2>{t("replay")}</h2><p id="replay-verdict">{h(replay["verdict"])} '
+            f"({h(t('replayed', n=replay.get('entries')))})</p>"
             f"<ul>{found}{missing}</ul>"
         )
-    return layout(f"Run {run['run_id']}", "".join(parts), viewer)
+    return layout(t("run_title", id=run["run_id"]), "".join(parts), viewer)
