@@ -158,6 +158,9 @@ CATALOG: Final[dict[str, Msg]] = {
     "what": Msg("What", "Quoi"),
     "journal": Msg("Journal", "Journal"),
     "check": Msg("Check", "Contrôle"),
+    "sign_in_refused": Msg("Sign-in refused", "Connexion refusée"),
+    "signed_out": Msg("Signed out", "Déconnecté"),
+    "session_ended": Msg("Your session ended.", "Votre session est terminée."),
     # Answers
     "answered_claimed": Msg(
         "Approved: the one execution started.", "Approuvée : l'unique exécution a commencé."

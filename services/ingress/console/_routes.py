@@ -422,7 +422,8 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         try:
             session_id, viewer = await sessions.sign_in(token)
         except ConsoleRefused as exc:
-            return html_page(pages.message_page("Sign-in refused", exc.reason), exc.status)
+            with rendering(_locale(request)):
+                return html_page(pages.message_page(t("sign_in_refused"), exc.reason), exc.status)
         max_age = max(1, int(viewer.expires - datetime.now(UTC).timestamp()))
         secure = request.url.scheme == "https" or (
             request.headers.get("x-forwarded-proto", "") == "https"
@@ -437,7 +438,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
             secure=secure,
         )
         return html_page(
-            pages.message_page("Signed in", "Opening your inbox…"),
+            pages.message_page("Signed in", "Opening your inbox…"),  # followed at once
             303,
             cookies=[cookie],
             headers={"Location": "/console/"},
@@ -452,7 +453,7 @@ def console_router(sessions: Sessions, client: ApiClient) -> Router:
         gone = Cookie(
             key=COOKIE, value="", path="/console", max_age=0, httponly=True, samesite="strict"
         )
-        return html_page(pages.message_page("Signed out", "Your session ended."), cookies=[gone])
+        return html_page(pages.message_page(t("signed_out"), t("session_ended")), cookies=[gone])
 
     @get("/static/{name:str}", include_in_schema=False)
     async def asset(name: FromPath[str]) -> Response[bytes]:
