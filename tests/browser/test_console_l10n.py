@@ -40,7 +40,7 @@ async def test_a_french_browser_reads_the_proposal_in_french_and_the_switch_is_k
     for field, (label, value) in amounts.items():
         cell = page.locator(f'#preview td[data-field="{field}"]')
         await expect(cell).to_have_text(value)
-        assert "\u00a0€" in await cell.text_content()  # type: ignore[operator]
+        assert "\u00a0€" in await cell.text_content()
         row = page.locator("#preview tr").filter(has=page.locator(f'td[data-field="{field}"]'))
         await expect(row.locator("th")).to_have_text(label)
     await expect(page.locator("#outcome-text")).to_contain_text("en attente d'un approbateur")
