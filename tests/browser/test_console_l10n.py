@@ -12,6 +12,7 @@ from playwright.async_api import expect
 
 from tests.browser.test_console import WAIT_MS, _console, _propose_refund
 from tests.e2e.test_proposals import _refunds
+from tests.fixtures.axe import axe_violations
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -28,6 +29,7 @@ async def test_a_french_browser_reads_the_proposal_in_french_and_the_switch_is_k
     await expect(page).to_have_url(_console(stack))
     await expect(page.locator("html")).to_have_attribute("lang", "fr")
     await expect(page.locator("h1")).to_have_text("À traiter")
+    assert await axe_violations(page) == []
 
     await page.goto(_console(stack, f"proposals/{proposal_id}"))
     await expect(page.locator("html")).to_have_attribute("lang", "fr")
@@ -46,6 +48,8 @@ async def test_a_french_browser_reads_the_proposal_in_french_and_the_switch_is_k
     await expect(page.locator("#outcome-text")).to_contain_text("en attente d'un approbateur")
     await expect(page.locator("#approve")).to_have_text("Approuver exactement ceci")
     assert ".00" not in await page.locator("#preview").inner_text()
+    # In French as in English, axe-core finds nothing to say (the page's language included).
+    assert await axe_violations(page) == []
 
     # The switch: English, kept on the next page although the browser still asks for French.
     await page.locator("#lang-en").click()
