@@ -11,6 +11,16 @@ from urllib.parse import urlencode
 import msgspec
 
 from actions import ACTIONS
+from services.ingress.console._i18n import (
+    CATALOG,
+    LOCALES,
+    caption,
+    current,
+    here,
+    shown,
+    stamp,
+    t,
+)
 from services.ingress.console._session import Viewer
 from services.ingress.console._trail import trail_section
 
@@ -85,9 +95,9 @@ def time_left(iso: str | None, now: datetime) -> str:
     """Time left before an expiry ("expired" once it passed, "no expiry" without one)."""
     moment = when(iso)
     if moment is None:
-        return "no expiry"
+        return t("no_expiry")
     left = (moment - now).total_seconds()
-    return "expired" if left <= 0 else _span(left)
+    return t("expired") if left <= 0 else _span(left)
 
 
 def layout(title: str, body: str, viewer: Viewer | None = None) -> str:
@@ -98,17 +108,30 @@ def layout(title: str, body: str, viewer: Viewer | None = None) -> str:
         who = (
             f'<span class="who" id="who">{h(viewer.principal)} · {h(viewer.tenant)} · '
             f'{h(roles)}</span><form method="post" action="/console/sign-out" '
-            f'class="inline">{csrf_field(viewer)}<button type="submit">Sign out</button></form>'
+            f'class="inline">{csrf_field(viewer)}<button type="submit">{t("sign_out")}'
+            "</button></form>"
         )
+    lang = current()
+    # The switch: each other language, by its own name, setting the cookie that keeps it.
+    switch = "".join(
+        f'<a href="/console/lang/{other}?{h(urlencode({"back": here()}))}" hreflang="{other}" '
+        f'lang="{other}" id="lang-{other}">{_NAMES[other]}</a>'
+        for other in LOCALES
+        if other != lang
+    )
     return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<!doctype html><html lang="{lang}"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{h(title)} · Writ console</title>"
+        f"<title>{h(title)} · {t('site')}</title>"
         f'<link rel="stylesheet" href="/console/static/console.css">'
         f'<script src="/console/static/console.js" defer></script></head><body>'
-        f'<header><a href="/console/" class="brand">Writ · approvals</a>{who}</header>'
+        f'<header><a href="/console/" class="brand">{t("brand")}</a>'
+        f'<nav class="lang" aria-label="{t("language")}">{switch}</nav>{who}</header>'
         f"<main>{body}</main></body></html>"
     )
+
+
+_NAMES: Final = {"en": "English", "fr": "Français"}
 
 
 def csrf_field(viewer: Viewer) -> str:
@@ -126,12 +149,12 @@ def message_page(title: str, text: str, viewer: Viewer | None = None) -> str:
 def inbox_rows(items: list[dict[str, Any]], now: datetime) -> str:
     """The inbox's rows (the page polls them)."""
     if not items:
-        return '<tr class="empty"><td colspan="6">Nothing is waiting for you.</td></tr>'
+        return f'<tr class="empty"><td colspan="6">{t("nothing_waiting")}</td></tr>'
     rows = []
     for item in items:
         rows.append(
             f'<tr data-kind="{h(item["kind"])}" data-id="{h(item["id"])}">'
-            f"<td>{h(item['kind'])}</td><td>{h(item['agent'])}</td>"
+            f"<td>{h(_kind(item['kind']))}</td><td>{h(item['agent'])}</td>"
             f'<td><a href="{h(item["href"])}">{h(item["what"])}</a></td>'
             f"<td>{h(item['requester'])}</td><td>{h(ago(item['created_at'], now))}</td>"
             f'<td class="left">{h(time_left(item["expires_at"], now))}</td></tr>'
@@ -157,17 +180,17 @@ def inbox_page(
     kinds = "".join(
         f'<option value="{k}"{" selected" if k == kind else ""}>{label}</option>'
         for k, label in (
-            ("", "everything"),
-            ("proposal", "proposals"),
-            ("decision", "decisions"),
-            ("review", "reviews"),
+            ("", t("kind_all")),
+            ("proposal", t("kind_proposal")),
+            ("decision", t("kind_decision")),
+            ("review", t("kind_review")),
         )
     )
-    agent_options = '<option value="">all agents</option>' + "".join(
+    agent_options = f'<option value="">{t("all_agents")}</option>' + "".join(
         f'<option value="{h(a)}"{" selected" if a == agent else ""}>{h(a)}</option>'
         for a in sorted({*agents, *([agent] if agent else [])})
     )
-    action_options = '<option value="">all actions</option>' + "".join(
+    action_options = f'<option value="">{t("all_actions")}</option>' + "".join(
         f'<option value="{h(a)}"{" selected" if a == action else ""}>{h(a)}</option>'
         for a in actions
     )
@@ -177,12 +200,11 @@ def inbox_page(
     if "auditor" in viewer.roles:
         notes += (
             '<form method="get" action="/console/runs" class="find-run" id="find-run">'
-            '<label>Open a run <input name="run_id" id="run-id" maxlength="128" '
-            'required></label><button type="submit">Open</button></form>'
+            f'<label>{t("open_run")} <input name="run_id" id="run-id" maxlength="128" '
+            f'required></label><button type="submit">{t("open")}</button></form>'
         )
-    said = {"proposal": "proposals", "decision": "decisions", "review": "reviews"}
-    count = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n is not None)
-    older = "Older decisions" if kind == "decision" else "Older proposals"
+    count = ", ".join(f"{n} {t('kind_' + k)}" for k, n in counts.items() if n is not None)
+    older = t("older_decisions") if kind == "decision" else t("older_proposals")
     paging = (
         f'<a id="next-page" href="/console/?{h(urlencode({**query, "cursor": next_cursor}))}">'
         f"{older}</a>"
@@ -192,30 +214,37 @@ def inbox_page(
     if more_decisions:
         every = urlencode({**query, "kind": "decision"})
         paging += (
-            f' <a id="all-decisions" href="/console/?{h(every)}">All '
-            f"{h(counts.get('decision'))} decisions</a>"
+            f' <a id="all-decisions" href="/console/?{h(every)}">'
+            f"{h(t('all_decisions', n=counts.get('decision')))}</a>"
         )
     if filters["cursor"]:
-        paging = f'<a id="first-page" href="/console/?{h(urlencode(query))}">Newest</a> ' + paging
+        paging = (
+            f'<a id="first-page" href="/console/?{h(urlencode(query))}">{t("newest")}</a> ' + paging
+        )
     body = (
-        f'<h1>Inbox</h1>{notes}<p id="inbox-count" aria-live="polite">Waiting: '
-        f"{h(count or 'nothing')}</p>"
+        f'<h1>{t("inbox")}</h1>{notes}<p id="inbox-count" aria-live="polite">'
+        f"{h(t('waiting', count=count or t('nothing')))}</p>"
         '<form method="get" action="/console/" class="filters">'
-        f'<label>Kind <select name="kind" id="kind">{kinds}</select></label>'
-        f'<label>Agent <select name="agent" id="agent">{agent_options}</select></label>'
-        f'<label>Action <select name="action" id="action">{action_options}</select></label>'
-        f'<label>Requester <input name="requester" id="requester" maxlength="256" '
-        f'value="{h(filters["requester"])}"></label>'
-        f'<label>Older than (minutes) <input name="older_than_min" id="older-than" '
+        f'<label>{t("kind")} <select name="kind" id="kind">{kinds}</select></label>'
+        f'<label>{t("agent")} <select name="agent" id="agent">{agent_options}</select></label>'
+        f'<label>{t("action")} <select name="action" id="action">{action_options}</select>'
+        f'</label><label>{t("requester")} <input name="requester" id="requester" '
+        f'maxlength="256" value="{h(filters["requester"])}"></label>'
+        f'<label>{t("older_than")} <input name="older_than_min" id="older-than" '
         f'inputmode="numeric" pattern="[0-9]*" maxlength="6" '
         f'value="{h(filters["older_than_min"] or "")}"></label>'
-        f'<button type="submit" id="filter">Filter</button></form>'
-        f'<table class="inbox"><thead><tr><th>Kind</th><th>Agent</th><th>Action or tool'
-        f"</th><th>Requester</th><th>Age</th><th>Time left</th></tr></thead>"
+        f'<button type="submit" id="filter">{t("filter")}</button></form>'
+        f'<table class="inbox"><thead><tr><th>{t("kind")}</th><th>{t("agent")}</th>'
+        f"<th>{t('action_or_tool')}</th><th>{t('requester')}</th><th>{t('age')}</th>"
+        f"<th>{t('time_left')}</th></tr></thead>"
         f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now)}</tbody>'
-        f'</table><nav class="paging" aria-label="Pages">{paging}</nav>'
+        f'</table><nav class="paging" aria-label="{t("pages")}">{paging}</nav>'
     )
-    return layout("Inbox", body, viewer)
+    return layout(t("inbox"), body, viewer)
+
+
+def _kind(kind: str) -> str:
+    return t("row_" + kind) if kind in ("proposal", "decision", "review") else kind
 
 
 def _preview_lines(action: str, preview: dict[str, Any]) -> str:
@@ -225,13 +254,12 @@ def _preview_lines(action: str, preview: dict[str, Any]) -> str:
             raise ValueError(action)
         lines = contract.describe(contract.decode_preview(preview))
     except (ValueError, msgspec.ValidationError):
-        return (
-            '<p class="problem">This proposal\'s preview does not match the contract '
-            f"{h(action)} as this console knows it; it cannot be shown.</p>"
-        )
+        return f'<p class="problem">{h(t("preview_mismatch", action=action))}</p>'
+    # `data-field` keeps the contract's own label: the same in every language.
     rows = "".join(
-        f'<tr><th scope="row">{h(label)}</th><td data-field="{h(label)}">{h(value)}</td></tr>'
-        for label, value in lines
+        f'<tr><th scope="row">{h(caption(name))}</th><td data-field="{h(name)}">'
+        f"{h(shown(text))}</td></tr>"
+        for name, text in lines
     )
     return f'<table class="preview" id="preview">{rows}</table>'
 
@@ -249,28 +277,23 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
     if state == "pending":
         left = time_left(p.get("expires_at"), now)
         text = (
-            "expired: it can no longer be approved; the agent must propose it again"
-            if left == "expired"
-            else f"waiting for an approver ({left} left)"
+            t("waiting_expired") if left == t("expired") else t("waiting_for_approver", left=left)
         )
     elif state in ("executing", "completed"):
         outcome = _OUTCOME.get(command or "pending", command or "pending")
-        text = f"approved by {p.get('approved_by') or '?'}; outcome: {outcome}"
+        text = t("approved_outcome", who=p.get("approved_by") or "?", outcome=_said(outcome))
         if p.get("receipt"):
-            text += f" (receipt {p['receipt']})"
+            text += t("receipt", receipt=p["receipt"])
         if outcome == "needs_reconciliation":
-            text += "; nobody knows yet whether it happened: an operator reconciles it"
+            text += t("reconcile")
         elif outcome == "terminal_failure":
-            text += (
-                "; it will not be retried: quote the correlation id "
-                f"{p.get('operation_id') or '?'} to an operator"
-            )
+            text += t("terminal", id=p.get("operation_id") or "?")
         elif p.get("command_reason") and command in FINAL_COMMAND - {"succeeded"}:
             text += f": {summary(p['command_reason'])}"
     elif state == "expired":
-        text = "it can no longer be approved; the agent must propose it again"
+        text = t("cannot_approve")
     else:
-        text = f"{state}" + (f": {p['reason']}" if p.get("reason") else "")
+        text = _state(state) + (f": {p['reason']}" if p.get("reason") else "")
     final = "true" if proposal_final(p) else "false"
     # The colour follows the typed outcome (or, before there is one, the proposal's state):
     # a revision required is not a success because its proposal was approved.
@@ -283,8 +306,19 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
         f'<div id="outcome" class="outcome state-{h(state)} outcome-{h(kind)}" '
         f'data-outcome="{h(kind)}" data-final="{final}" '
         f'data-poll="/console/proposals/{h(p["proposal_id"])}/outcome">'
-        f'<strong>{h(state)}</strong> — <span id="outcome-text">{h(text)}</span></div>'
+        f'<strong>{h(_state(state))}</strong> — <span id="outcome-text">{h(text)}</span></div>'
     )
+
+
+def _said(outcome: str) -> str:
+    """An outcome in words: English keeps the typed name the API gives."""
+    key = "oc_" + outcome
+    return outcome if current() == "en" or key not in CATALOG else t(key)
+
+
+def _state(state: str) -> str:
+    key = "st_" + state
+    return state if current() == "en" or key not in CATALOG else t(key)
 
 
 def summary(reason: str) -> str:
@@ -292,44 +326,40 @@ def summary(reason: str) -> str:
     more than a line) is summarised, never dumped; the operators' records keep it whole."""
     text = reason.strip()
     if text[:1] in ("{", "[") or "\n" in text or len(text) > 200:
-        return "the system of record refused it (its answer is in the operators' records)"
+        return t("refused_summary")
     return text
 
 
 def _decision_text(p: dict[str, Any]) -> str:
     text = str(p.get("decision_id") or "")
     if p.get("decision_line") is not None:
-        text += f" — line {p['decision_line']} of decide"
+        text += t("line_of_decide", line=p["decision_line"])
     if p.get("policy_version"):
-        text += f", policy {p['policy_version']}"
+        text += t("policy", version=p["policy_version"])
     return text
 
 
 def _plain(value: Any) -> str:
     if isinstance(value, list):
-        return " | ".join(_plain(v) for v in value) or "none"
+        return " | ".join(_plain(v) for v in value) or t("none")
     if isinstance(value, dict):
         return "; ".join(f"{str(k).replace('_', ' ')}: {_plain(v)}" for k, v in value.items())
-    return "none" if value is None else str(value)
+    return t("none") if value is None else str(value)
 
 
 def _facts(p: dict[str, Any]) -> str:
     """The state the preview was computed from, as read then (not now)."""
     facts = p.get("facts")
     if not isinstance(facts, dict):
-        return (
-            '<h2>What it stands on</h2><p id="facts-read">This action reads no outside '
-            "state: the preview is its arguments.</p>"
-        )
+        return f'<h2>{t("what_it_stands_on")}</h2><p id="facts-read">{t("reads_nothing")}</p>'
     rows = "".join(
         f'<tr><th scope="row">{h(str(k).replace("_", " "))}</th><td>{h(_plain(v))}</td></tr>'
         for k, v in facts.items()
     )
     return (
-        f'<h2>What it stands on</h2><p id="facts-read">Read at '
-        f"{h(p.get('facts_read_at'))}; the dispatcher reads it again before executing and "
-        f'stops if anything shown changed.</p><table class="facts" id="facts">{rows}'
-        "</table>"
+        f'<h2>{t("what_it_stands_on")}</h2><p id="facts-read">'
+        f"{h(t('read_at', at=stamp(p.get('facts_read_at'))))}</p>"
+        f'<table class="facts" id="facts">{rows}</table>'
     )
 
 
@@ -352,7 +382,7 @@ def proposal_page(
     pid = h(p["proposal_id"])
     own = p.get("requester") == viewer.principal
     expired = p["state"] == "expired" or (
-        p["state"] == "pending" and time_left(p.get("expires_at"), now) == "expired"
+        p["state"] == "pending" and time_left(p.get("expires_at"), now) == t("expired")
     )
     parts = [f"<h1>{h(p['action'])}</h1>"]
     if answered:
@@ -361,106 +391,104 @@ def proposal_page(
     needed, approvals = int(p.get("approvals_needed") or 1), list(p.get("approvals") or [])
     if needed > 1 and p["state"] == "pending":
         parts.append(
-            f'<p class="notice" id="approvals">{len(approvals)} of {needed} approvals'
-            + (f" (by {h(', '.join(approvals))})" if approvals else "")
-            + f": four eyes, {needed} distinct approvers, neither of them the requester.</p>"
+            f'<p class="notice" id="approvals">'
+            f"{h(t('approvals_of', n=len(approvals), needed=needed))}"
+            + (h(t("approvals_by", who=", ".join(approvals))) if approvals else "")
+            + f"{h(t('four_eyes', needed=needed))}</p>"
         )
     # The page's script says each change of the outcome here (the box itself is replaced).
     parts.append('<p id="announce" class="visually-hidden" role="status" aria-live="polite"></p>')
-    parts.append("<h2>What approving it does</h2>")
+    parts.append(f"<h2>{t('what_approving_does')}</h2>")
     parts.append(_preview_lines(p["action"], p["preview"]))
     parts.append(
-        '<h2>Where it comes from</h2><table class="facts">'
-        f'<tr><th scope="row">Proposal</th><td id="proposal-id">{pid}</td></tr>'
-        f'<tr><th scope="row">Request hash</th><td id="request-hash"><code>'
+        f'<h2>{t("where_from")}</h2><table class="facts">'
+        f'<tr><th scope="row">{t("proposal")}</th><td id="proposal-id">{pid}</td></tr>'
+        f'<tr><th scope="row">{t("request_hash")}</th><td id="request-hash"><code>'
         f"{h(p['request_hash'])}</code></td></tr>"
-        f'<tr><th scope="row">Agent</th><td>{h(p.get("agent"))}</td></tr>'
-        f'<tr><th scope="row">Requested by</th><td id="requester">{h(p.get("requester"))}'
-        f"</td></tr>"
-        f'<tr><th scope="row">Proposed</th><td>{h(p.get("created_at"))} '
-        f"({h(ago(p.get('created_at'), now))} ago)</td></tr>"
-        f'<tr><th scope="row">Expires</th><td id="expires">{h(p.get("expires_at"))} '
-        f"({h(time_left(p.get('expires_at'), now))})</td></tr>"
-        f'<tr><th scope="row">Decision that asked</th><td id="decision">'
+        f'<tr><th scope="row">{t("agent")}</th><td>{h(p.get("agent"))}</td></tr>'
+        f'<tr><th scope="row">{t("requested_by")}</th><td id="requester">'
+        f"{h(p.get('requester'))}</td></tr>"
+        f'<tr><th scope="row">{t("proposed")}</th><td>{h(stamp(p.get("created_at")))} '
+        f"({h(t('ago', span=ago(p.get('created_at'), now)))})</td></tr>"
+        f'<tr><th scope="row">{t("expires")}</th><td id="expires">'
+        f"{h(stamp(p.get('expires_at')))} ({h(time_left(p.get('expires_at'), now))})</td></tr>"
+        f'<tr><th scope="row">{t("decision_that_asked")}</th><td id="decision">'
         f"{h(_decision_text(p))}</td></tr>"
         + (
-            f'<tr><th scope="row">Approved</th><td id="approved">by '
-            f"{h(p.get('approved_by'))} at {h(p.get('approved_at'))}</td></tr>"
+            f'<tr><th scope="row">{t("approved")}</th><td id="approved">'
+            f"{h(t('approved_by_at', who=p.get('approved_by'), at=stamp(p.get('approved_at'))))}"
+            "</td></tr>"
             if p.get("approved_by")
             else ""
         )
-        + f'<tr><th scope="row">Run</th><td><a id="run-link" href="/console/runs/'
+        + f'<tr><th scope="row">{t("run")}</th><td><a id="run-link" href="/console/runs/'
         f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>'
     )
     parts.append(_facts(p))
     parts.append(trail_section(trail, h))
     if run is not None:
-        parts.append(f'<p id="run-state">The run is {h(run["status"])}.</p>')
+        parts.append(f'<p id="run-state">{h(t("run_is", status=run["status"]))}</p>')
     parts.append(evidence_list(run))
     if p["state"] == "pending" or expired:
-        if "approver" not in viewer.roles:
-            parts.append('<p class="notice">Only approvers answer proposals.</p>')
-        elif expired:
-            parts.append(
-                '<p class="notice" id="expired">This proposal expired: it can no '
-                "longer be approved.</p>"
-            )
-        else:
-            if own:
-                parts.append(
-                    '<p class="notice" id="own-request">You requested this run: '
-                    "separation of duties says another approver must approve it. "
-                    "Writ refuses your approval; you may still reject it.</p>"
-                )
-            elif viewer.principal in approvals:
-                parts.append(
-                    '<p class="notice" id="own-approval">You approved it: another approver '
-                    "must approve it too.</p>"
-                )
-            else:
-                always = (
-                    '<button type="submit" name="grant" value="always" id="approve-always">'
-                    "Approve, and always allow this agent's "
-                    f"{h(ACTIONS[p['action']].family if p['action'] in ACTIONS else '')} "
-                    "calls</button>"
-                    if "always" in (options or [])
-                    else ""
-                )
-                parts.append(
-                    f'<form method="post" action="/console/proposals/{pid}/approve" '
-                    f'class="answer" data-once="true">{csrf_field(viewer)}'
-                    f'<button type="submit" name="grant" value="once" id="approve">'
-                    f"Approve exactly this</button>{always}</form>"
-                )
-            parts.append(
-                f'<form method="post" action="/console/proposals/{pid}/reject" '
-                f'class="answer" data-once="true">{csrf_field(viewer)}'
-                f'<label>Reason (required) <textarea name="reason" id="reason" required '
-                f'maxlength="500"></textarea></label>'
-                f'<button type="submit" id="reject">Reject</button></form>'
-                f'<form method="post" action="/console/proposals/{pid}/revise" '
-                f'class="answer" data-once="true">{csrf_field(viewer)}'
-                f"<label>What the agent should change (required) "
-                f'<textarea name="reason" id="revise-reason" required maxlength="500">'
-                f"</textarea></label>"
-                f'<button type="submit" id="revise">Ask for a revision</button></form>'
-            )
-    return layout(f"Proposal {p['action']}", "".join(parts), viewer)
+        parts.append(_answers(viewer, p, own=own, expired=expired, options=options))
+    return layout(t("proposal_title", action=p["action"]), "".join(parts), viewer)
+
+
+def _answers(
+    viewer: Viewer, p: dict[str, Any], *, own: bool, expired: bool, options: list[str] | None
+) -> str:
+    """The forms that answer a pending proposal (or why the viewer has none)."""
+    pid = h(p["proposal_id"])
+    if "approver" not in viewer.roles:
+        return f'<p class="notice">{t("only_approvers")}</p>'
+    if expired:
+        return f'<p class="notice" id="expired">{t("proposal_expired")}</p>'
+    parts = []
+    if own:
+        parts.append(f'<p class="notice" id="own-request">{t("own_request")}</p>')
+    elif viewer.principal in list(p.get("approvals") or []):
+        parts.append(f'<p class="notice" id="own-approval">{t("own_approval")}</p>')
+    else:
+        family = ACTIONS[p["action"]].family if p["action"] in ACTIONS else ""
+        always = (
+            '<button type="submit" name="grant" value="always" id="approve-always">'
+            f"{h(t('approve_always', family=family))}</button>"
+            if "always" in (options or [])
+            else ""
+        )
+        parts.append(
+            f'<form method="post" action="/console/proposals/{pid}/approve" '
+            f'class="answer" data-once="true">{csrf_field(viewer)}'
+            f'<button type="submit" name="grant" value="once" id="approve">'
+            f"{t('approve_once')}</button>{always}</form>"
+        )
+    parts.append(
+        f'<form method="post" action="/console/proposals/{pid}/reject" '
+        f'class="answer" data-once="true">{csrf_field(viewer)}'
+        f'<label>{t("reason_required")} <textarea name="reason" id="reason" required '
+        f'maxlength="500"></textarea></label>'
+        f'<button type="submit" id="reject">{t("reject")}</button></form>'
+        f'<form method="post" action="/console/proposals/{pid}/revise" '
+        f'class="answer" data-once="true">{csrf_field(viewer)}'
+        f"<label>{t('what_to_change')} "
+        f'<textarea name="reason" id="revise-reason" required maxlength="500">'
+        f"</textarea></label>"
+        f'<button type="submit" id="revise">{t("ask_revision")}</button></form>'
+    )
+    return "".join(parts)
 
 
 def evidence_list(run: dict[str, Any] | None) -> str:
     """The documents the run was given, marked untrusted (titles only)."""
     if run is None:
-        return (
-            '<h2>Evidence</h2><p id="evidence">A host\'s own command: no run of an agent, '
-            "no evidence.</p>"
-        )
+        return f'<h2>{t("evidence")}</h2><p id="evidence">{h(t("no_run_evidence"))}</p>'
     items = "".join(
         f"<li>{h(e['title'])} <small>({h(e['kind'])} {h(e['document_id'])}, "
-        f"{h(e.get('trust', 'untrusted'))})</small></li>"
+        f"{h(e.get('trust') or t('untrusted'))})</small></li>"
         for e in run.get("evidence") or []
     )
-    return f'<h2>Evidence</h2><ul id="evidence">{items or "<li>none</li>"}</ul>'
+    items = items or f"<li>{t('none')}</li>"
+    return f'<h2>{t("evidence")}</h2><ul id="evidence">{items}</ul>'
 
 
 def run_status(run: dict[str, Any]) -> str:
@@ -482,7 +510,7 @@ def run_page(
 ) -> str:
     """A run: its timeline, its actions and outcomes, and (for auditors) the journal."""
     rid = h(run["run_id"])
-    parts = [f"<h1>Run {rid}</h1>{run_status(run)}"]
+    parts = [f"<h1>{h(t('run_title', id=run['run_id']))}</h1>{run_status(run)}"]
     if run.get("error"):
         parts.append(
             f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
@@ -497,10 +525,13 @@ def run_page(
             + (f" ({summary(a['reason'])})" if a.get("reason") else "")
             for a in unsettled
         )
-        parts.append(f'<p class="problem" id="run-recorded">Writ recorded {h(recorded)}</p>')
+        parts.append(
+            f'<p class="problem" id="run-recorded">{h(t("writ_recorded", what=recorded))}</p>'
+        )
     if run.get("answer"):
         parts.append(
-            f'<p id="run-answer"><span class="label">The agent wrote:</span> {h(run["answer"])}</p>'
+            f'<p id="run-answer"><span class="label">{t("agent_wrote")}</span> '
+            f"{h(run['answer'])}</p>"
         )
     if run.get("pending_id"):
         pending = run["pending_id"]
@@ -510,7 +541,8 @@ def run_page(
             pending_href = f"/console/reviews/{h(pending)}"
         else:
             pending_href = f"/console/decisions/{h(pending)}"
-        parts.append(f'<p>Waiting for a person: <a href="{pending_href}">{h(pending)}</a></p>')
+        parts.append(f'<p>{t("waiting_person")} <a href="{pending_href}">{h(pending)}</a></p>')
+
     parts.append(evidence_list(run))
     rows = "".join(
         f"<tr><td>{h(s['seq'])}</td><td>{h(s['kind'])}</td><td>{h(s.get('decision'))}</td>"
@@ -519,32 +551,36 @@ def run_page(
         for s in steps
     )
     parts.append(
-        '<h2>Timeline</h2><table class="timeline" id="timeline"><thead><tr><th>#</th>'
-        "<th>Step</th><th>Decision</th><th>Target</th><th>Verdict</th><th>Summary"
-        f"</th></tr></thead><tbody>{rows}</tbody></table>"
+        f'<h2>{t("timeline")}</h2><table class="timeline" id="timeline"><thead><tr><th>#</th>'
+        f"<th>{t('step')}</th><th>{t('decision')}</th><th>{t('target')}</th>"
+        f"<th>{t('verdict')}</th><th>{t('summary')}</th></tr></thead><tbody>{rows}</tbody>"
+        "</table>"
     )
     actions = "".join(
         f"<tr><td>{h(a['action'])}</td><td>{h(a['operation_id'])}</td><td>{h(a['state'])}"
-        f"</td><td>{h(a.get('outcome'))}</td><td>{h(a.get('receipt'))}</td>"
+        f"</td><td>{h(_said(a['outcome']) if a.get('outcome') else None)}</td>"
+        f"<td>{h(a.get('receipt'))}</td>"
         f"<td>{h(a.get('reason') or a.get('correlation_id'))}</td></tr>"
         for a in run.get("actions") or []
     )
     parts.append(
-        '<h2>Actions</h2><table class="actions" id="actions"><thead><tr><th>Action'
-        "</th><th>Operation</th><th>State</th><th>Outcome</th><th>Receipt</th>"
-        f"<th>Why</th></tr></thead><tbody>{actions}</tbody></table>"
+        f'<h2>{t("actions")}</h2><table class="actions" id="actions"><thead><tr>'
+        f"<th>{t('action')}</th><th>{t('operation')}</th><th>{t('state')}</th>"
+        f"<th>{t('outcome')}</th><th>{t('receipt_head')}</th><th>{t('why')}</th></tr>"
+        f"</thead><tbody>{actions}</tbody></table>"
     )
     if journals is not None:
         lines = "".join(
-            f"<li>{h(j['service'])}: {'ok' if j['ok'] else 'NOT OK'} ({h(j.get('entries'))} "
-            f"entries{', ' + h(j['first_problem']) if j.get('first_problem') else ''})</li>"
+            f"<li>{h(j['service'])}: {t('journal_ok') if j['ok'] else t('journal_not_ok')} "
+            f"({h(t('entries', n=j.get('entries')))}"
+            f"{', ' + h(j['first_problem']) if j.get('first_problem') else ''})</li>"
             for j in journals.get("journals", [])
         )
-        verdict = "verified" if journals.get("ok") else "NOT verified"
+        verdict = t("verified") if journals.get("ok") else t("not_verified")
         parts.append(
-            f'<h2>Audit journal</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
+            f'<h2>{t("audit_journal")}</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
             f'<form method="post" action="/console/runs/{rid}/replay">'
-            f'{csrf_field(viewer)}<button type="submit" id="replay">Replay this run'
+            f'{csrf_field(viewer)}<button type="submit" id="replay">{t("replay_run")}'
             f"</button></form>"
         )
     if replay is not None:
@@ -554,8 +590,8 @@ def run_page(
         )
         missing = "".join(f"<li>missing {h(m)}</li>" for m in replay.get("missing", []))
         parts.append(
-            f'<h2>Replay</h2><p id="replay-verdict">{h(replay["verdict"])} '
-            f"({h(replay.get('entries'))} entries replayed)</p>"
+            f'<h2>{t("replay")}</h2><p id="replay-verdict">{h(replay["verdict"])} '
+            f"({h(t('replayed', n=replay.get('entries')))})</p>"
             f"<ul>{found}{missing}</ul>"
         )
-    return layout(f"Run {run['run_id']}", "".join(parts), viewer)
+    return layout(t("run_title", id=run["run_id"]), "".join(parts), viewer)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from actions import ACTIONS
 from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import ApiAnswer, ApiClient
+from services.ingress.console._i18n import LANG_COOKIE, LOCALES, Locale, negotiate, rendering, t
 from services.ingress.console._inbox import inbox_items, inbox_query
 from services.ingress.console._mcp import McpBus, mcp_handlers
 from services.ingress.console._operators import OPERATOR_ROLE
@@ -44,12 +46,12 @@ _TYPES: Final = {
     "console.css": "text/css; charset=utf-8",
 }
 _MAX_TOKEN: Final = 8192
-_ANSWERED: Final = {
-    "claimed": "Approved: the one execution started.",
-    "already_completed": "Approved before: this is its recorded outcome (nothing ran twice).",
-    "rejected": "Rejected.",
-    "approval_recorded": "Your approval is recorded: another approver must approve it too.",
-}
+_BACK: Final = re.compile(r"/console/[A-Za-z0-9/_.~-]{0,300}")
+
+
+def _locale(request: Request[Any, Any, Any]) -> Locale:
+    """The viewer's language: the switch's cookie, else the browser's Accept-Language."""
+    return negotiate(request.cookies.get(LANG_COOKIE), request.headers.get("accept-language"))
 
 
 def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = None) -> Router:
@@ -63,9 +65,8 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         except ConsoleRefused as exc:
             raise Bad(
                 exc.status,
-                "Not signed in" if exc.status == 401 else "Not allowed",
-                f"{exc.reason}. The console takes your identity from your organisation's "
-                "sign-in proxy; locally, `writ console` prints a one-time link.",
+                t("not_signed_in") if exc.status == 401 else t("not_allowed"),
+                t("sign_in_hint", reason=exc.reason),
             ) from exc
         # An operator's identity is Writ's, not a host's: it has no API access.
         if OPERATOR_ROLE in viewer.roles and request.url.path != "/console/sign-out":
@@ -76,27 +77,23 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         raw = dict(await request.form())
         sent = raw.get("csrf")
         if not isinstance(sent, str) or not viewer.csrf_ok(sent):
-            raise Bad(
-                403,
-                "Refused",
-                "this form's CSRF token is missing or wrong: nothing "
-                "was done. Reload the page and answer again.",
-            )
+            raise Bad(403, t("refused"), t("csrf_refused"))
         try:
             return msgspec.convert(raw, kind, strict=False)
         except msgspec.ValidationError as exc:
-            raise Bad(400, "Invalid answer", f"nothing was done: {exc}") from exc
+            raise Bad(400, t("invalid_answer"), t("nothing_done", problem=exc)) from exc
 
     def _page(handler: Any) -> Any:
         """Render refusals as pages (the wrapped handler returns a page's HTML)."""
 
         async def wrapped(request: Request[Any, Any, Any], **kw: Any) -> Response[str]:
             viewer: Viewer | None = None
-            try:
-                viewer = await _viewer(request)
-                return await handler(request, viewer, **kw)
-            except Bad as exc:
-                return html_page(pages.message_page(exc.title, exc.text, viewer), exc.status)
+            with rendering(_locale(request), request.url.path):
+                try:
+                    viewer = await _viewer(request)
+                    return await handler(request, viewer, **kw)
+                except Bad as exc:
+                    return html_page(pages.message_page(exc.title, exc.text, viewer), exc.status)
 
         # Litestar reads the route's parameters from the signature: the handler's, without
         # the viewer this wrapper supplies.
@@ -113,8 +110,8 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
     def _not_found(answer: ApiAnswer, what: str) -> Bad:
         # A malformed id gets what an unknown or another tenant's one gets: not found.
         if answer.status in (400, 404):
-            return Bad(404, "Not found", f"no {what} of your tenant under this id")
-        return Bad(answer.status, "Refused", answer.problem)
+            return Bad(404, t("not_found"), t("no_such", what=what))
+        return Bad(answer.status, t("refused"), answer.problem)
 
     @get("/", include_in_schema=False)
     @_page
@@ -215,13 +212,13 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
                 and (got.body.get("code") in ("NOT_FOUND", None))
             ):
                 raise _not_found(got, "proposal")
-            said = f"Nothing was done — {got.problem}"
+            said = t("nothing_done_dash", problem=got.problem)
         elif got.body.get("code") == "REVISION_ASKED":
-            said = "Sent back for a revision: the agent gets your reason."
+            said = t("revision_sent")
         elif got.body["status"] == "not_approvable":
-            said = f"Not {answer}d — {got.body.get('code')}: {got.body.get('reason') or ''}"
+            said = t(f"not_{answer}d", code=got.body.get("code"), why=got.body.get("reason") or "")
         else:
-            said = _ANSWERED[got.body["status"]]
+            said = t("answered_" + got.body["status"])
         p = await _proposal(viewer, proposal_id)
         return html_page(
             pages.proposal_page(
@@ -262,7 +259,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
     async def _decision(viewer: Viewer, pending_id: str) -> dict[str, Any] | None:
         got = await client.get(viewer, "/pending-decisions")
         if not got.ok:
-            raise Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, t("refused"), got.problem)
         return next((d for d in got.body["decisions"] if d["pending_id"] == pending_id), None)
 
     async def _proposal_asked_by(viewer: Viewer, pending_id: str) -> str | None:
@@ -270,7 +267,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         preview (one door per effect)."""
         got = await client.get(viewer, "/proposals", state="pending", limit="500")
         if not got.ok:
-            raise Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, t("refused"), got.problem)
         return next(
             (
                 p["proposal_id"]
@@ -289,7 +286,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         proposal's page, where the frozen preview is shown."""
         d = await _decision(viewer, pending_id)
         if d is None:
-            raise Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+            raise Bad(404, t("not_found"), t("no_decision"))
         if (proposal_id := await _proposal_asked_by(viewer, pending_id)) is not None:
             return Response(
                 "",
@@ -299,7 +296,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             )
         if d.get("about_proposal"):
             # Its proposal is no longer waiting (it expired a moment ago): nothing to answer.
-            raise Bad(410, "Gone", "the proposal this decision is about no longer waits")
+            raise Bad(410, t("gone"), t("proposal_gone"))
         return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC)))
 
     @post("/decisions/{pending_id:str}", include_in_schema=False, status_code=200)
@@ -311,7 +308,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         form = await _form(request, viewer, DecideForm)
         d = await _decision(viewer, pending_id)
         if d is None:
-            raise Bad(404, "Not found", "no decision of your tenant is waiting under this id")
+            raise Bad(404, t("not_found"), t("no_decision"))
         got = await client.post(
             viewer,
             "/pending-decisions/decide",
@@ -320,12 +317,12 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         )
         if got.ok:
             said = (
-                f"Answered {form.answer}."
+                t("answered_as", answer=t("answer_" + form.answer))
                 if got.body.get("accepted")
-                else f"Not taken — {got.body.get('code')}: {got.body.get('message')}"
+                else t("not_taken", code=got.body.get("code"), why=got.body.get("message"))
             )
         else:
-            said = f"Nothing was done — {got.problem}"
+            said = t("nothing_done_dash", problem=got.problem)
         return html_page(asks.decision_page(viewer, d, now=datetime.now(UTC), answered=said))
 
     @get("/reviews/{pending_id:str}", include_in_schema=False)
@@ -337,10 +334,10 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         form to answer it."""
         got = await client.get(viewer, "/reviews", limit="500")
         if not got.ok:
-            raise Bad(got.status, "Refused", got.problem)
+            raise Bad(got.status, t("refused"), got.problem)
         waiting = {r["pending_id"]: r for r in got.body["reviews"]}
         if pending_id not in waiting:
-            raise Bad(404, "Not found", "no review of your tenant is waiting under this id")
+            raise Bad(404, t("not_found"), t("no_review"))
         return html_page(
             asks.review_page(viewer, pending_id, prompt=waiting[pending_id].get("prompt", ""))
         )
@@ -360,12 +357,12 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         )
         if got.ok:
             said = (
-                f"Answered {form.answer}."
+                t("answered_as", answer=t("answer_" + form.answer))
                 if got.body.get("accepted")
-                else f"Not taken — {got.body.get('code')}: {got.body.get('message', '')}"
+                else t("not_taken", code=got.body.get("code"), why=got.body.get("message", ""))
             )
         else:
-            said = f"Nothing was done — {got.problem}"
+            said = t("nothing_done_dash", problem=got.problem)
         return html_page(asks.review_page(viewer, pending_id, answered=said))
 
     async def _run(
@@ -393,7 +390,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
     ) -> Response[str]:
         """A run by its id (the inbox's form): its page."""
         if not run_id:
-            raise Bad(404, "Not found", "no run of your tenant under this id")
+            raise Bad(404, t("not_found"), t("no_run"))
         return html_page("", 303, headers={"Location": f"/console/runs/{quote(run_id, safe='')}"})
 
     @get("/runs/{run_id:str}", include_in_schema=False)
@@ -432,7 +429,8 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         try:
             session_id, viewer = await sessions.sign_in(token)
         except ConsoleRefused as exc:
-            return html_page(pages.message_page("Sign-in refused", exc.reason), exc.status)
+            with rendering(_locale(request)):
+                return html_page(pages.message_page(t("sign_in_refused"), exc.reason), exc.status)
         max_age = max(1, int(viewer.expires - datetime.now(UTC).timestamp()))
         secure = request.url.scheme == "https" or (
             request.headers.get("x-forwarded-proto", "") == "https"
@@ -447,7 +445,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             secure=secure,
         )
         return html_page(
-            pages.message_page("Signed in", "Opening your inbox…"),
+            pages.message_page("Signed in", "Opening your inbox…"),  # followed at once
             303,
             cookies=[cookie],
             headers={"Location": "/console/mcp" if OPERATOR_ROLE in viewer.roles else "/console/"},
@@ -462,7 +460,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         gone = Cookie(
             key=COOKIE, value="", path="/console", max_age=0, httponly=True, samesite="strict"
         )
-        return html_page(pages.message_page("Signed out", "Your session ended."), cookies=[gone])
+        return html_page(pages.message_page(t("signed_out"), t("session_ended")), cookies=[gone])
 
     @get("/static/{name:str}", include_in_schema=False)
     async def asset(name: FromPath[str]) -> Response[bytes]:
@@ -473,12 +471,35 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             static[name], media_type=_TYPES[name], headers={**HEADERS, "Cache-Control": "no-cache"}
         )
 
+    @get("/lang/{to:str}", include_in_schema=False)
+    async def language(
+        to: FromPath[str], back: Annotated[str, QueryParameter(max_length=320)] = "/console/"
+    ) -> Response[str]:
+        """The language switch: a cookie that keeps the choice, and back to the page (only
+        ever a console page)."""
+        if to not in LOCALES:
+            with rendering("en"):
+                return html_page(pages.message_page(t("not_found"), to), 404)
+        cookie = Cookie(
+            key=LANG_COOKIE,
+            value=to,
+            path="/console",
+            max_age=365 * 24 * 3600,
+            httponly=True,
+            samesite="lax",
+        )
+        where = back if _BACK.fullmatch(back) and "//" not in back else "/console/"
+        return html_page("", 303, cookies=[cookie], headers={"Location": where})
+
     async def guard(request: Request[Any, Any, Any]) -> Response[str] | None:
         """Refuse a path id or query parameter no page could look up (as the API does)."""
         said = unstorable_parameter(request.path_params, request.query_params.multi_items())
         if said is None:
             return None
-        return html_page(pages.message_page("Invalid request", f"Nothing was done: {said}."), 400)
+        with rendering(_locale(request), request.url.path):
+            return html_page(
+                pages.message_page(t("invalid_request"), t("nothing_done", problem=said)), 400
+            )
 
     return Router(
         "/console",
@@ -502,6 +523,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             sign_in,
             sign_out,
             asset,
+            language,
             *(mcp_handlers(sessions, mcp) if mcp is not None else []),
         ],
     )

@@ -9,6 +9,8 @@ from typing import Any, Final
 
 import msgspec
 
+from services.ingress.console._i18n import caption, t
+
 __all__ = ["TrailRow", "trail_rows", "trail_section"]
 
 _TERMINAL: Final = frozenset({"succeeded", "failed", "denied", "expired", "revision_required"})
@@ -148,27 +150,28 @@ def trail_rows(trail: dict[str, Any]) -> list[TrailRow]:
 def trail_section(trail: dict[str, Any] | None, h: Any) -> str:
     """The trail as a table, with a sentence that says whether every row checks out."""
     if trail is None:
-        return (
-            '<h2>Trail</h2><p class="problem" id="trail-verdict">The trail could not be read '
-            "from the journals just now.</p>"
-        )
+        return f'<h2>{t("trail")}</h2><p class="problem" id="trail-verdict">{t("trail_unread")}</p>'
     rows = trail_rows(trail)
     failed = [r for r in rows if not r.verified]
     verdict = (
-        f'<p class="problem" id="trail-verdict">{len(failed)} of {len(rows)} rows failed '
-        "verification: " + "; ".join(f"{h(r.step)} ({h(r.problem)})" for r in failed) + ".</p>"
+        f'<p class="problem" id="trail-verdict">'
+        f"{h(t('trail_failed', n=len(failed), total=len(rows)))}"
+        + "; ".join(f"{h(caption(r.step))} ({h(caption(r.problem or ''))})" for r in failed)
+        + ".</p>"
         if failed
-        else f'<p id="trail-verdict">All {len(rows)} rows check out against the signed '
-        "journals.</p>"
+        else f'<p id="trail-verdict">{h(t("trail_ok", total=len(rows)))}</p>'
     )
     body = "".join(
         f'<tr data-step="{h(r.step)}" data-verified="{str(r.verified).lower()}">'
-        f"<td>{h(r.step)}</td><td>{h(r.who)}</td><td>{h(r.when)}</td><td>{h(r.what)}</td>"
-        f"<td>{h(r.journal)}</td><td>{'verified' if r.verified else 'NOT verified'}</td></tr>"
+        f"<td>{h(caption(r.step))}</td><td>{h(r.who)}</td><td>{h(r.when)}</td>"
+        f"<td>{h(caption(r.what))}</td>"
+        f"<td>{h(r.journal)}</td><td>{t('verified') if r.verified else t('not_verified')}"
+        "</td></tr>"
         for r in rows
     )
     return (
-        f'<h2>Trail</h2>{verdict}<table class="trail" id="trail">'
-        "<thead><tr><th>Step</th><th>Who</th><th>When</th><th>What</th><th>Journal</th>"
-        f"<th>Check</th></tr></thead><tbody>{body}</tbody></table>"
+        f'<h2>{t("trail")}</h2>{verdict}<table class="trail" id="trail">'
+        f"<thead><tr><th>{t('step')}</th><th>{t('who')}</th><th>{t('when')}</th>"
+        f"<th>{t('what')}</th><th>{t('journal')}</th><th>{t('check')}</th></tr></thead>"
+        f"<tbody>{body}</tbody></table>"
     )
