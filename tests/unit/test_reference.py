@@ -116,7 +116,7 @@ def test_bounds_and_descriptions_come_from_the_contracts_and_the_structs() -> No
     assert "default `false`" in run_request["attended"][3]
     assert run_request["token"][4] == HOOK._cell(HOOK.COMMON_FIELDS["token"])  # shared meaning
     approve = _rows(_sections(NATS)["#### `ApproveProposal` (NATS)"])
-    assert approve["answer"][3] == "one of `approve`, `reject`"
+    assert approve["answer"][3] == "one of `approve`, `reject`, `revise`"
     keyed = _rows(_sections(HTTP)["### `POST /api/v1/commands`"])
     assert keyed["Idempotency-Key"][5].startswith("The request id")  # the document's own
 
