@@ -263,11 +263,13 @@ def http_reference(doc: dict[str, Any]) -> str:
     every schema."""
     renderer = Renderer(doc, "HTTP")
     out: list[str] = []
+    # Paths are relative to the document's server (`/api/v1`): headings show them whole.
+    base = doc.get("servers", [{}])[0].get("url", "").rstrip("/")
     for path, item in doc["paths"].items():
         for method, op in item.items():
             if not isinstance(op, dict) or "responses" not in op:
                 continue
-            out += [f"### `{method.upper()} {path}`", ""]
+            out += [f"### `{method.upper()} {base}{path}`", ""]
             if op.get("summary"):
                 out += [f"**{_cell(op['summary'])}.**", ""]
             if op.get("description"):
