@@ -75,7 +75,7 @@ def test_every_route_has_its_parameters_body_fields_and_answers() -> None:
             if not isinstance(op, dict) or "responses" not in op:
                 continue
             routes += 1
-            text = sections[f"### `{method.upper()} {path}`"]
+            text = sections[f"### `{method.upper()} /api/v1{path}`"]
             rows = _rows(text)
             for param in op.get("parameters", []):
                 assert param["name"] in rows, (method, path, param["name"])
