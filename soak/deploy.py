@@ -162,6 +162,9 @@ class Deployment:
         for path in _DEMO_AGENTS.glob("*.json"):
             manifest = json.loads(path.read_text())
             manifest["provider"] = "openai"
+            # The soak's chat load writes notes straight from a turn, as the fake model's rules
+            # say; the demo agent's plan mode (a plan waits for the user) is the chat tests'.
+            manifest.pop("plan_mode", None)
             (folder / path.name).write_text(json.dumps(manifest))
         return folder
 

@@ -381,8 +381,13 @@ class IngressService:
                 reason=f"{rejection.code}: {rejection.message}"[:500],
             )
         elif kind == "commands":
+            # A key another principal used first is a conflict, as any other change a key
+            # binds is (the command contract's `conflict`), revealing nothing of the first.
             answer = CommandResult(
-                request_id=rejection.request_id, operation_key="", status="rejected", error=error
+                request_id=rejection.request_id,
+                operation_key="",
+                status="conflict" if rejection.code == "CONFLICT" else "rejected",
+                error=error,
             )
         elif kind == "decisions":
             answer = DecisionResult(

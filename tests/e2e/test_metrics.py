@@ -47,6 +47,10 @@ ALLOWED_LABELS = frozenset(
         "endpoint",
         "service",  # the service exporting it: one of six
         "version",  # writ_build_info's: Writ's release
+        "route",  # the HTTP door's route template, never a path with ids in it
+        "method",  # an HTTP method
+        "code",  # an HTTP status code
+        "cap",  # a spend cap's name, set by the operator's signed price table
     }
 )
 TENANTS = ("acme", "globex", "initech")

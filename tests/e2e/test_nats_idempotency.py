@@ -33,11 +33,11 @@ async def _publish_unmarked(host: Host, subject: str, message: msgspec.Struct) -
     assert not ack.duplicate
 
 
-async def _rejection(host: Host, request_id: str, kind: type[T]) -> T:
+async def _rejection(host: Host, request_id: str, kind: type[T], status: str = "rejected") -> T:
     with anyio.fail_after(60):
         while True:
             for result in await host.results(request_id):
-                if isinstance(result, kind) and getattr(result, "status", "") == "rejected":
+                if isinstance(result, kind) and getattr(result, "status", "") == status:
                     return result
             await anyio.sleep(0.2)
 
@@ -114,14 +114,15 @@ async def test_another_principal_reusing_a_command_id_or_key_is_a_conflict(
     same_key = host.command(principal=BOB, operation_key=first.operation_key)
     await host.submit(same_key)
 
+    # A command's key conflict is the command contract's `conflict`, as any change it binds.
     for refused in (
-        await _rejection(host, first.request_id, CommandResult),
-        await _rejection(host, same_key.request_id, CommandResult),
+        await _rejection(host, first.request_id, CommandResult, "conflict"),
+        await _rejection(host, same_key.request_id, CommandResult, "conflict"),
     ):
         assert refused.error is not None and refused.error.code == "CONFLICT"
         assert refused.operation_id is None and refused.receipt is None
         assert done.operation_id not in refused.error.message
-    assert [r for r in await host.results(same_key.request_id) if r.status != "rejected"] == []
+    assert [r for r in await host.results(same_key.request_id) if r.status != "conflict"] == []
     rows = await db.fetch(
         "SELECT principal FROM admission.commands WHERE operation_key = $1", first.operation_key
     )

@@ -113,6 +113,8 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
             extra_env={
                 "*": {"WRIT_FAULTS_FILE": str(faults), "WRIT_DRAIN_TIMEOUT_S": "2"},
                 "governance": {"WRIT_BUDGETS_FILE": str(budgets)},
+                # Ingress refuses a run for an agent it does not know, at the door.
+                "ingress": {"WRIT_AGENTS_DIR": str(agents)},
                 "planner": {
                     "WRIT_PROVIDER": "openai",
                     "WRIT_MODEL_URL": f"{fake.url}/v1",

@@ -372,6 +372,7 @@ LABELS: Final[dict[str, str]] = {
     "Approval": "Approbation",
     "Expired": "Expirée",
     "Admitted": "Admise",
+    "Receipt signed": "Reçu signé",
     "Decided": "Décidée",
     "Answered": "Répondue",
     "Attempt": "Tentative",

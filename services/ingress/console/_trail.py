@@ -60,6 +60,9 @@ def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
     elif kind == "command.admitted":
         step, who = "Admitted", _s(p.get("principal"))
         what = f"allowed by line {_s(p.get('line'))}, policy {_s(p.get('policy_version'))}"
+    elif kind == "command.authorized":
+        step, who = "Receipt signed", "admission"
+        what = f"approval receipt signed with key {_s(p.get('kid') or p.get('key_id'))}"
     elif kind == "decision":
         step, who = "Decided", "governance"
         what = (
