@@ -146,7 +146,9 @@ async def test_the_trail_shows_every_step_checked_and_names_the_row_that_fails(
     try:
         await page.goto(_console(stack, f"proposals/{proposal_id}"))
         await expect(verdict).to_contain_text("Approved (its payload is not authentic")
-        await expect(verdict).to_contain_text("2 of 6 rows failed verification")
+        # Approved, and the other rows of admission's chain it breaks: Proposed and the
+        # approval receipt's signing.
+        await expect(verdict).to_contain_text("3 of 7 rows failed verification")
         await expect(page.locator('#trail tr[data-step="Approved"]')).to_have_attribute(
             "data-verified", "false"
         )
