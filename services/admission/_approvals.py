@@ -399,7 +399,9 @@ class ProposalApprovals:
         if ans.pending_id is not None:
             # Answered as a pending decision (a `HumanDecision` naming its proposal): its
             # approver waits for a `DecisionResult`.
-            taken = status in ("claimed", "rejected")
+            # A first of two approvals is taken too: recorded, and its message says another
+            # approver must still approve.
+            taken = status in ("claimed", "rejected", "approval_recorded")
             await publish(
                 self._rt.js,
                 subjects.result(ans.tenant),
@@ -408,7 +410,9 @@ class ProposalApprovals:
                     pending_id=ans.pending_id,
                     accepted=taken,
                     message=(
-                        f"answered {ans.grant if ans.answer == 'approve' else 'deny'}"
+                        reason or status
+                        if status == "approval_recorded"
+                        else f"answered {ans.grant if ans.answer == 'approve' else 'deny'}"
                         if taken
                         else f"already answered: the proposal's outcome is {outcome or 'pending'}"
                         if status == "already_completed"

@@ -608,7 +608,7 @@ async def test_two_dispatchers_racing_make_one_effect_per_command(
     finally:
         stack.stop_process("dispatcher-2")
 
-    assert {r.status for r in results} == {"succeeded"}
+    assert [r for r in results if r.status != "succeeded"] == []
     for row in rows:
         assert len(notes(crm, str(row["operation_id"]))) == 1
         assert await attempts(db, row["operation_id"]) == [(1, "succeeded")]

@@ -51,6 +51,15 @@ async def test_a_candidate_refusing_large_charges_flips_exactly_them_and_charges
         first = asked[cents]
         taken = await host.decide(first.pending_id, "once", proposal_id=first.proposal.proposal_id)
         assert taken.accepted, taken
+        if cents >= 50000:  # four eyes: a second approver
+            assert "1 of 2 approvals" in taken.message, taken
+            second = await host.decide(
+                first.pending_id,
+                "once",
+                principal="lead@acme.example",
+                proposal_id=first.proposal.proposal_id,
+            )
+            assert second.accepted and second.message == "answered once", second
         done = await _settled(host, first.request_id)
         assert done.status == "succeeded", done
         made[cents] = done.operation_id

@@ -330,6 +330,7 @@ async def test_every_governance_endpoint_with_a_failing_store_answers_and_serves
         "answer": "AnswerDecision",
         "reserve": "ReserveBudget",
         "settle": "SettleBudget",
+        "spend": "ListSpend",
     }
     assert {e.name for e in endpoints} == set(kinds)
     import schemas.governance as g
