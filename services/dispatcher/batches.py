@@ -260,17 +260,7 @@ class Batches:
         ) -> None:
             claim = job.claim
             try:
-                await self._outcomes.publish(
-                    claim.tenant,
-                    claim.operation_id,
-                    claim.run_id,
-                    claim.step,
-                    claim.action,
-                    state,
-                    receipt,
-                    reason,
-                    origin=claim.origin,
-                )
+                await self._outcomes.of_claim(claim, state, receipt, reason)
             except Exception as exc:  # redelivered, it finds the outcome and publishes it
                 results[job.index] = exc
 

@@ -340,17 +340,7 @@ class Execution:
                 conn=conn,
             )
         self._attempts.labels("local", result).inc()
-        await self._outcomes.publish(
-            claim.tenant,
-            claim.operation_id,
-            claim.run_id,
-            claim.step,
-            claim.action,
-            state,
-            receipt,
-            reason,
-            origin=claim.origin,
-        )
+        await self._outcomes.of_claim(claim, state, receipt, reason)
 
     async def conclude(
         self, claim: Claim, attempt: int, connector: Connector, result: Result
@@ -453,14 +443,4 @@ class Execution:
             claim, attempt, state=state, result=result, receipt=receipt, reason=reason
         )
         self._attempts.labels(connector, result).inc()
-        await self._outcomes.publish(
-            claim.tenant,
-            claim.operation_id,
-            claim.run_id,
-            claim.step,
-            claim.action,
-            state,
-            receipt,
-            reason,
-            origin=claim.origin,
-        )
+        await self._outcomes.of_claim(claim, state, receipt, reason)

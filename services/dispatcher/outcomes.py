@@ -4,13 +4,16 @@ command, so publishing it again (a redelivery, the sweeper, a reconciliation) is
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from nats.js import JetStreamContext
 
 from libs.bus import publish
 from schemas import subjects
 from schemas.dispatcher import CommandOutcome, CommandState
+
+if TYPE_CHECKING:
+    from services.dispatcher.store import Claim
 
 __all__ = ["Outcomes"]
 
@@ -51,4 +54,20 @@ class Outcomes:
                 reason=(reason or "")[:500] or None,
             ),
             msg_id=f"outcome:{tenant}:{operation_id}{suffix}",
+        )
+
+    async def of_claim(
+        self, claim: Claim, state: str, receipt: str | None, reason: str | None
+    ) -> None:
+        """Publish the outcome this worker recorded for the command it claimed."""
+        await self.publish(
+            claim.tenant,
+            claim.operation_id,
+            claim.run_id,
+            claim.step,
+            claim.action,
+            state,
+            receipt,
+            reason,
+            origin=claim.origin,
         )

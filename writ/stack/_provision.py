@@ -84,22 +84,7 @@ async def provision(stack: Stack) -> None:
         registry.write_text(json.dumps({**keys, **known}, indent=2))
     # The organisation's policy signing key: governance holds the public half only.
     signing = stack.secrets / "policy-signing.pem"
-    if not signing.exists():
-        write_secret(
-            signing,
-            Ed25519PrivateKey.generate()
-            .private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-            .decode(),
-        )
-    public = (
-        serialization.load_pem_private_key(signing.read_bytes(), password=None)
-        .public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
+    public = _signing_key(signing)
     (stack.config / "policy-keys.json").write_text(
         json.dumps({POLICY_KEY_ID: public.decode()}, indent=2)
     )
@@ -296,22 +281,7 @@ def _operators_key(stack: Stack) -> None:
     """The operators' signing key (`writ console --operator` signs with it): ingress holds the
     public half only, and takes the role `operator` from no other key."""
     signing = stack.secrets / "operators-signing.pem"
-    if not signing.exists():
-        write_secret(
-            signing,
-            Ed25519PrivateKey.generate()
-            .private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-            .decode(),
-        )
-    public = (
-        serialization.load_pem_private_key(signing.read_bytes(), password=None)
-        .public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    )
+    public = _signing_key(signing)
     (stack.config / "operators-key.pem").write_bytes(public)
 
 
@@ -352,3 +322,23 @@ def console_link(
         now=now,
     )
     return f"http://127.0.0.1:{int(port)}/console/sign-in?token={token}"
+
+
+def _signing_key(path: Path) -> bytes:
+    """The public half (PEM) of the Ed25519 signing key at `path`, made there if missing."""
+    if not path.exists():
+        write_secret(
+            path,
+            Ed25519PrivateKey.generate()
+            .private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            .decode(),
+        )
+    return (
+        serialization.load_pem_private_key(path.read_bytes(), password=None)
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
