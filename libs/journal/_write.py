@@ -213,5 +213,7 @@ async def read_entries(
         keys = WindowKeys(keys, schema=s)
         journal = Journal(service=journal.service, keys=keys, schema=s)
     if isinstance(keys, WindowKeys):
-        await keys.load(conn, sorted({r["key_id"] for r in rows if keys.unknown(r["key_id"])}))
+        # Every window key read again, not only unknown ones: one destroyed since this process
+        # made it (an expiry, an erasure) must read as expired, never from memory.
+        await keys.load(conn, sorted({r["key_id"] for r in rows if r["key_id"].startswith(PREFIX)}))
     return [(r["seq"], r, journal.open(r)) for r in rows]
