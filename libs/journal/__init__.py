@@ -48,7 +48,7 @@ from libs.journal._window import (
     parse_key_id,
     window_key_id,
 )
-from libs.journal._write import Entry, Journal, open_journal, read_entries
+from libs.journal._write import Entry, Journal, open_journal, read_entries, window_key_pool
 
 __all__ = [
     "AUDITOR_TABLES",
@@ -88,12 +88,14 @@ __all__ = [
     "reanchor_message",
     "verify",
     "window_key_id",
+    "window_key_pool",
 ]
 
 
-# What an auditor's read-only role may read ({schema: tables}): the four journals, and the
+# What an auditor's read-only role may read ({schema: tables}): the four journals (their window
+# keys too: wrapped, so without the data key file the auditor sees which windows expired), and the
 # planner's record of runs that `writ audit replay` compares them with. Nothing else.
-_JOURNAL_TABLES: Final = ("journal", "journal_seals", "journal_checkpoints")
+_JOURNAL_TABLES: Final = ("journal", "journal_seals", "journal_checkpoints", "journal_window_keys")
 AUDITOR_TABLES: Final = {
     "governance": _JOURNAL_TABLES,
     "admission": _JOURNAL_TABLES,

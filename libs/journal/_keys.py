@@ -63,7 +63,7 @@ class DataKeys:
         doc["active"] = key_id
         return json.dumps(doc, indent=2)
 
-    def key_for(self, tenant: str, at: datetime) -> str:
+    def key_for(self, tenant: str, at: datetime, run_id: str = "") -> str:
         """The key id a row of `tenant` recorded at `at` is encrypted under: the active one."""
         return self.active
 

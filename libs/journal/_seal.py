@@ -251,9 +251,14 @@ class Sealer:
             )
             floor = await conn.fetchval(self._floor_sql) if rows else None
             keys = self._journal.keys
-            if isinstance(keys, WindowKeys) and any(keys.unknown(r["key_id"]) for r in rows):
-                # A window key another replica made since this one last read them.
-                await keys.load(conn)
+            unknown = (
+                sorted({r["key_id"] for r in rows if keys.unknown(r["key_id"])})
+                if isinstance(keys, WindowKeys)
+                else []
+            )
+            if unknown and isinstance(keys, WindowKeys):
+                # Window keys another replica made (or this one no longer holds in memory).
+                await keys.load(conn, unknown)
             if differs:
                 return await self._finish(conn, known, seq, prev, rows, floor)
             if not rows:

@@ -1,7 +1,10 @@
 """Keys per tenant and window: destroying one key erases exactly one tenant's day of payloads.
 
-A journal whose data keys are `WindowKeys` encrypts each row under the key of its tenant and of
-the UTC day it is recorded in (key id `win:<tenant>:<YYYY-MM-DD>`). Each window key is 32 random
+A journal whose data keys are `WindowKeys` encrypts each row under the key of its tenant, of the
+UTC day it is recorded in and of its run (key id `win:<tenant>:<YYYY-MM-DD>:<run id>`; a row of
+no run: `win:<tenant>:<YYYY-MM-DD>`). Destroying every key of a tenant's day erases that window;
+destroying the keys of one principal's runs erases that person's payloads and no one else's.
+Each window key is 32 random
 bytes, stored in `<schema>.journal_window_keys` wrapped (AES-GCM) under the service's own data
 key from its key file. Nothing derives a window key: once its row's wrapped bytes are gone, no
 one holding the key file, the database or both can open that window's payloads again.
@@ -15,8 +18,10 @@ checks every digest, and reports the payloads it can no longer open as expired, 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any, Final
 
 import asyncpg
@@ -25,22 +30,17 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from libs.journal._keys import DataKeys, JournalError
 
 PREFIX: Final = "win:"
+# Window keys one writing process keeps in memory (least recently made or used go first; a
+# key evicted is read again from its row when a row needs it).
+CACHED: Final = 4096
 
-# Created by `WindowKeys.install` (a service's migration, or `writ retention` on first use).
-TABLE_SQL: Final = """
-CREATE TABLE IF NOT EXISTS {schema}.journal_window_keys (
-    key_id       text PRIMARY KEY,
-    tenant       text NOT NULL,
-    day          date NOT NULL,
-    wrap_key_id  text NOT NULL,
-    nonce        bytea,
-    wrapped      bytea,
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    destroyed_at timestamptz,
-    destroyed_by text,
-    reason       text,
-    CHECK ((wrapped IS NULL) = (destroyed_at IS NOT NULL))
-)"""
+# The table, as each journaling service's migration makes it (its grant aside); also made by
+# `WindowKeys.install` where no migration did.
+TABLE_SQL: Final = (
+    (Path(__file__).resolve().parent.parent / "journal_window_keys.sql")
+    .read_text()
+    .split("GRANT ", 1)[0]
+)
 
 
 class PayloadExpired(JournalError):
@@ -57,18 +57,19 @@ def window_of(at: datetime) -> date:
     return at.astimezone(UTC).date()
 
 
-def window_key_id(tenant: str, day: date) -> str:
-    """The key id of a tenant's window."""
-    return f"{PREFIX}{tenant}:{day.isoformat()}"
+def window_key_id(tenant: str, day: date, run_id: str = "") -> str:
+    """The key id of a tenant's window (of one run's rows in it, if `run_id`)."""
+    own = f"{PREFIX}{tenant}:{day.isoformat()}"
+    return f"{own}:{run_id}" if run_id else own
 
 
 def parse_key_id(key_id: str) -> tuple[str, date] | None:
     """(tenant, day) of a window key id, None for any other key id."""
     if not key_id.startswith(PREFIX):
         return None
-    tenant, _, day = key_id.removeprefix(PREFIX).rpartition(":")
+    tenant, _, rest = key_id.removeprefix(PREFIX).partition(":")
     try:
-        return tenant, date.fromisoformat(day)
+        return tenant, date.fromisoformat(rest.partition(":")[0])
     except ValueError:
         return None
 
@@ -78,19 +79,27 @@ def _wrap_aad(key_id: str) -> bytes:
 
 
 class WindowKeys(DataKeys):
-    """A journal's data keys, one per tenant and UTC day, wrapped under `wrapping`'s active key.
+    """A journal's data keys, one per tenant, UTC day and run, wrapped under `wrapping`'s
+    active key.
 
     Rows written under the file's own keys (before windows were used) still open with them.
-    `ensure` (outside any transaction) makes a window's key before a row is encrypted under it;
-    `load` reads every window key before rows are opened.
+    `ensure` makes a window's key, stored and committed, before a row is encrypted under it: on
+    the pool `bind` gave (its own, never the writer's, so a key is never part of a transaction
+    that may roll back, and a writer holding a connection never waits on its own pool); `load`
+    reads window keys before rows are opened.
     """
 
     def __init__(self, wrapping: DataKeys, *, schema: str) -> None:
         self._wrapping, self.schema = wrapping, schema
         self.active = wrapping.active
         self._aead = dict(wrapping._aead)
-        self._window: dict[str, bytes] = {}
+        self._made: OrderedDict[str, None] = OrderedDict()
         self._expired: set[str] = set()
+        self._pool: asyncpg.Pool | None = None
+
+    def bind(self, pool: asyncpg.Pool) -> None:
+        """The pool `ensure` makes keys on when it is given no connection."""
+        self._pool = pool
 
     async def install(self, conn: asyncpg.Connection) -> None:
         """Create the window keys' table if it is not there."""
@@ -100,51 +109,77 @@ class WindowKeys(DataKeys):
         """Whether `key_id` is neither loaded nor known to be destroyed."""
         return key_id not in self._aead and key_id not in self._expired
 
-    def key_for(self, tenant: str, at: datetime) -> str:
-        """The key id a row of `tenant` recorded at `at` is encrypted under."""
-        key_id = window_key_id(tenant, window_of(at))
+    def key_for(self, tenant: str, at: datetime, run_id: str = "") -> str:
+        """The key id a row of `tenant` (and `run_id`) recorded at `at` is encrypted under."""
+        key_id = window_key_id(tenant, window_of(at), run_id)
         if key_id in self._expired:
             raise PayloadExpired(f"window {key_id} has expired", key_id=key_id)
         if key_id not in self._aead:
             raise JournalError(f"window key {key_id} not ready: ensure it first")
+        if key_id in self._made:
+            self._made.move_to_end(key_id)
         return key_id
 
-    async def ensure(self, conn: asyncpg.Connection, tenant: str, at: datetime) -> str:
+    async def ensure(
+        self,
+        conn: asyncpg.Connection | None,
+        tenant: str,
+        at: datetime,
+        run_id: str = "",
+    ) -> str:
         """The window's key id, its key made and stored (committed) first if it is new.
 
-        Runs on its own: a key made inside a caller's transaction that then rolled back would
-        leave rows encrypted under a key nobody stored.
+        Runs on its own (on `conn` outside any transaction, else on the bound pool): a key made
+        inside a caller's transaction that then rolled back would leave rows encrypted under a
+        key nobody stored.
         """
-        key_id = window_key_id(tenant, window_of(at))
-        if key_id in self._aead:
-            return key_id
+        key_id = window_key_id(tenant, window_of(at), run_id)
+        if key_id in self._aead or key_id in self._expired:
+            return self.key_for(tenant, at, run_id)
+        if conn is None:
+            if self._pool is None:
+                raise JournalError("WindowKeys has no pool to make keys on: bind one")
+            async with self._pool.acquire() as own:
+                return await self.ensure(own, tenant, at, run_id)
         if conn.is_in_transaction():
             raise JournalError("WindowKeys.ensure must run outside a transaction")
         wrap_id, nonce, wrapped = self._wrapping.encrypt(secrets.token_bytes(32), _wrap_aad(key_id))
-        await conn.execute(
-            f"INSERT INTO {self.schema}.journal_window_keys "
-            "(key_id, tenant, day, wrap_key_id, nonce, wrapped) VALUES ($1, $2, $3, $4, $5, $6) "
-            "ON CONFLICT (key_id) DO NOTHING",
+        row = await conn.fetchrow(
+            f"WITH made AS (INSERT INTO {self.schema}.journal_window_keys "
+            "(key_id, tenant, day, run_id, wrap_key_id, nonce, wrapped) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (key_id) DO NOTHING "
+            "RETURNING key_id, wrap_key_id, nonce, wrapped) "
+            "SELECT * FROM made",
             key_id,
             tenant,
             window_of(at),
+            run_id,
             wrap_id,
             nonce,
             wrapped,
         )
-        row = await conn.fetchrow(
-            f"SELECT key_id, wrap_key_id, nonce, wrapped FROM {self.schema}.journal_window_keys "
-            "WHERE key_id = $1",
-            key_id,
-        )
+        if row is None:  # another replica made it first: take theirs
+            row = await conn.fetchrow(
+                f"SELECT key_id, wrap_key_id, nonce, wrapped "
+                f"FROM {self.schema}.journal_window_keys WHERE key_id = $1",
+                key_id,
+            )
         self._take(row)
-        return self.key_for(tenant, at)
+        self._made[key_id] = None
+        while len(self._made) > CACHED:
+            old, _ = self._made.popitem(last=False)
+            self._aead.pop(old, None)
+        return self.key_for(tenant, at, run_id)
 
-    async def load(self, conn: asyncpg.Connection) -> None:
-        """Read every window key (and which ones were destroyed)."""
-        for row in await conn.fetch(
-            f"SELECT key_id, wrap_key_id, nonce, wrapped FROM {self.schema}.journal_window_keys"
-        ):
+    async def load(self, conn: asyncpg.Connection, key_ids: Sequence[str] | None = None) -> None:
+        """Read window keys (and which ones were destroyed): `key_ids`', or every one."""
+        sql = f"SELECT key_id, wrap_key_id, nonce, wrapped FROM {self.schema}.journal_window_keys"
+        rows = (
+            await conn.fetch(sql)
+            if key_ids is None
+            else await conn.fetch(f"{sql} WHERE key_id = ANY($1::text[])", list(key_ids))
+        )
+        for row in rows:
             self._take(row)
 
     def _take(self, row: Mapping[str, Any]) -> None:
@@ -185,20 +220,25 @@ async def destroy_windows(
     *,
     schema: str,
     tenant: str,
-    before: date,
+    before: date | None = None,
+    runs: Sequence[str] | None = None,
     by: str,
     reason: str,
 ) -> list[str]:
-    """Destroy every live window key of `tenant` for days before `before`; the key ids erased.
+    """Destroy the live window keys of `tenant` for days before `before`, or of its `runs`
+    (one of the two); the key ids erased.
 
-    The key row stays (tenant, day, when, by whom, why) without its wrapped bytes.
+    The key row stays (tenant, day, run, when, by whom, why) without its wrapped bytes.
     """
+    if (before is None) == (runs is None):
+        raise ValueError("destroy_windows takes `before` or `runs`")
+    which = "day < $2::date" if before is not None else "run_id = ANY($2::text[])"
     rows = await conn.fetch(
         f"UPDATE {schema}.journal_window_keys SET wrapped = NULL, nonce = NULL, "
         "destroyed_at = now(), destroyed_by = $3, reason = $4 "
-        "WHERE tenant = $1 AND day < $2 AND wrapped IS NOT NULL RETURNING key_id",
+        f"WHERE tenant = $1 AND {which} AND wrapped IS NOT NULL RETURNING key_id",
         tenant,
-        before,
+        before if before is not None else [r for r in (runs or ()) if r],
         by[:200],
         reason[:500],
     )

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import asyncpg
 import msgspec
 
+from libs.db import connect_pool
 from libs.errors import ConfigError
 from libs.journal._codec import _aad
 from libs.journal._keys import DataKeys, JournalError, SigningKey
-from libs.journal._window import PayloadExpired, WindowKeys
+from libs.journal._window import PREFIX, PayloadExpired, WindowKeys, window_of
 from libs.settings import read_secret
+
+_MIDNIGHT_MARGIN: Final = timedelta(seconds=60)
 
 
 class Entry(msgspec.Struct, frozen=True, array_like=True):
@@ -80,18 +84,30 @@ class Journal:
         before the head it would follow)."""
         plaintext = self._encoder.encode(payload)
         at = at or datetime.now(UTC)
-        key_id = self.keys.key_for(tenant, at)
+        key_id = self.keys.key_for(tenant, at, run_id)
         aad = _aad(self.service, tenant, kind, subject, run_id, key_id, at)
         key_id, nonce, ciphertext = self.keys.encrypt(plaintext, aad, key_id)
         return Entry(tenant, kind, subject, run_id, key_id, nonce, ciphertext, at)
 
     async def prepare(
-        self, conn: asyncpg.Connection, tenant: str, at: datetime | None = None
+        self,
+        tenant: str,
+        run_id: str = "",
+        *,
+        at: datetime | None = None,
+        conn: asyncpg.Connection | None = None,
     ) -> None:
-        """Make the key a row of `tenant` recorded at `at` (default now) is encrypted under, if
-        the journal keys a window per tenant and day (`WindowKeys`); outside a transaction."""
-        if isinstance(self.keys, WindowKeys):
-            await self.keys.ensure(conn, tenant, at or datetime.now(UTC))
+        """Make the key a row of `tenant` and `run_id` recorded at `at` (default now) is
+        encrypted under, if the journal keys windows (`WindowKeys`): on `conn` outside a
+        transaction, else on the pool the keys are bound to. Near midnight the next day's key
+        is made too, so a row written a moment after this call still finds its key."""
+        if not isinstance(self.keys, WindowKeys):
+            return
+        at = at or datetime.now(UTC)
+        await self.keys.ensure(conn, tenant, at, run_id)
+        soon = at + _MIDNIGHT_MARGIN
+        if window_of(soon) != window_of(at):
+            await self.keys.ensure(conn, tenant, soon, run_id)
 
     async def write(
         self,
@@ -103,7 +119,9 @@ class Journal:
         payload: object,
         run_id: str = "",
     ) -> None:
-        """Insert one row on `conn` (inside the caller's transaction)."""
+        """Insert one row on `conn` (inside the caller's transaction); its window key is made
+        first on the keys' own pool if it is new."""
+        await self.prepare(tenant, run_id)
         e = self.entry(tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id)
         await conn.execute(self.insert_sql, *msgspec.structs.astuple(e))
 
@@ -128,17 +146,37 @@ class Journal:
             raise JournalError(f"journal row {row['id']}: {exc}", entry_id=row["id"]) from None
 
 
+@asynccontextmanager
+async def window_key_pool(
+    journal: Journal, dsn: str, *, password: str | None, service: str
+) -> AsyncIterator[None]:
+    """While open, `journal`'s window keys are made on a small pool of their own (a writer
+    holding its own pool's connection in a transaction never waits on that pool for a key)."""
+    if not isinstance(journal.keys, WindowKeys):
+        yield
+        return
+    async with await connect_pool(
+        dsn, password=password, min_size=1, max_size=2, application_name=f"writ-{service}-keys"
+    ) as pool:
+        journal.keys.bind(pool)
+        yield
+
+
 def open_journal(
     service: str, *, signing_key_file: str, data_keys_file: str
 ) -> tuple[Journal, SigningKey]:
     """A service's journal and its signing key, from its two secret files; refuses to start
-    without them, because a governed change with no journal row is a change nobody can prove."""
+    without them, because a governed change with no journal row is a change nobody can prove.
+
+    Payloads are keyed per tenant, day and run (`WindowKeys`, wrapped under the data key file):
+    bind the keys to a pool of their own (`journal.keys.bind`) before the first write."""
     if not (signing_key_file and data_keys_file):
         raise ConfigError(
             f"{service} records what it does in its audit journal: set "
             "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE"
         )
-    journal = Journal(service=service, keys=DataKeys.from_json(read_secret(data_keys_file)))
+    keys = WindowKeys(DataKeys.from_json(read_secret(data_keys_file)), schema=service)
+    journal = Journal(service=service, keys=keys)
     return journal, SigningKey.from_json(read_secret(signing_key_file))
 
 
@@ -160,8 +198,6 @@ async def read_entries(
     neither is a row the sealer rejected (it is in the chain as a rejection, not as an entry).
     """
     s = journal.schema
-    if isinstance(journal.keys, WindowKeys):
-        await journal.keys.load(conn)
     rows = await conn.fetch(
         f"SELECT s.seq, {', '.join('j.' + c.strip() for c in _ROW.split(','))} "
         f"FROM {s}.journal_seals s JOIN {s}.journal j ON j.id = s.entry_id "
@@ -171,4 +207,13 @@ async def read_entries(
         run_id,
         subject,
     )
+    keys = journal.keys
+    if not isinstance(keys, WindowKeys) and any(r["key_id"].startswith(PREFIX) for r in rows):
+        # Opened with the data key file alone: its window keys are wrapped under it.
+        keys = WindowKeys(keys, schema=s)
+        journal = Journal(service=journal.service, keys=keys, schema=s)
+    if isinstance(keys, WindowKeys):
+        # Every window key read again, not only unknown ones: one destroyed since this process
+        # made it (an expiry, an erasure) must read as expired, never from memory.
+        await keys.load(conn, sorted({r["key_id"] for r in rows if r["key_id"].startswith(PREFIX)}))
     return [(r["seq"], r, journal.open(r)) for r in rows]

@@ -7,7 +7,7 @@ from datetime import timedelta
 import anyio.abc
 
 from libs.db import connect_pool
-from libs.journal import JetStreamRecord, Sealer, open_journal
+from libs.journal import JetStreamRecord, Sealer, open_journal, window_key_pool
 from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
@@ -58,9 +58,15 @@ def main() -> None:
     )
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with await connect_pool(
-            settings.database_url, password=password, max_size=20, application_name="writ-admission"
-        ) as pool:
+        async with (
+            await connect_pool(
+                settings.database_url,
+                password=password,
+                max_size=20,
+                application_name="writ-admission",
+            ) as pool,
+            window_key_pool(journal, settings.database_url, password=password, service="admission"),
+        ):
             rt.health.watch_pool("postgres", pool)
             store = AdmissionStore(pool, journal=journal)
             relay = OutboxRelay(

@@ -162,6 +162,7 @@ class Authorizer:
             expires_at = datetime.fromtimestamp(claims["exp"], UTC)
             entry: tuple[Any, ...] = ()
             if self._journal is not None:
+                await self._journal.prepare(row["tenant"], row["run_id"])
                 entry = msgspec.structs.astuple(
                     self._journal.entry(
                         tenant=row["tenant"],

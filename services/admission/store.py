@@ -63,12 +63,13 @@ class AdmissionStore:
         row = "" if self._journal is None else ", " + self._journal.cte_if(first, changed)
         return statement.replace("{journal}", row)
 
-    def _entry(
+    async def _entry(
         self, tenant: str, kind: str, subject: str, run_id: str, payload: dict[str, Any]
     ) -> tuple[Any, ...]:
-        """The journal row's parameters (none without a journal)."""
+        """The journal row's parameters (none without a journal), its window key made first."""
         if self._journal is None:
             return ()
+        await self._journal.prepare(tenant, run_id)
         return msgspec.structs.astuple(
             self._journal.entry(
                 tenant=tenant, kind=kind, subject=subject, run_id=run_id, payload=payload
@@ -140,27 +141,29 @@ class AdmissionStore:
             facts_read_at,
             decision_line,
             policy_version,
-            *self._entry(
-                tenant,
-                f"proposal.{state}",
-                public_id,
-                run_id,
-                {
-                    "proposal_id": proposal_id,
-                    "public_id": public_id,
-                    "step": step,
-                    "principal": principal,
-                    "agent": agent,
-                    "action": action,
-                    "version": version,
-                    "arguments": arguments,
-                    "preview": preview,
-                    "request_hash": request_hash.hex(),
-                    "decision_id": decision_id,
-                    "reason": reason,
-                    "expires_at": expires_at,
-                    "operation_key": operation_key,
-                },
+            *(
+                await self._entry(
+                    tenant,
+                    f"proposal.{state}",
+                    public_id,
+                    run_id,
+                    {
+                        "proposal_id": proposal_id,
+                        "public_id": public_id,
+                        "step": step,
+                        "principal": principal,
+                        "agent": agent,
+                        "action": action,
+                        "version": version,
+                        "arguments": arguments,
+                        "preview": preview,
+                        "request_hash": request_hash.hex(),
+                        "decision_id": decision_id,
+                        "reason": reason,
+                        "expires_at": expires_at,
+                        "operation_key": operation_key,
+                    },
+                )
             ),
         )
         row = await self.proposal_row(tenant, proposal_id=proposal_id)
@@ -188,12 +191,14 @@ class AdmissionStore:
             proposal.proposal_id,
             "expired",
             "expired",
-            *self._entry(
-                proposal.tenant,
-                "proposal.expired",
-                proposal.public_id,
-                proposal.run_id,
-                {"proposal_id": proposal.proposal_id},
+            *(
+                await self._entry(
+                    proposal.tenant,
+                    "proposal.expired",
+                    proposal.public_id,
+                    proposal.run_id,
+                    {"proposal_id": proposal.proposal_id},
+                )
             ),
         )
         return bool(moved)
@@ -223,21 +228,23 @@ class AdmissionStore:
             operation_id,
             OUTBOX_CHANNEL,
             inject_context({}).get("traceparent"),
-            *self._entry(
-                proposal.tenant,
-                "proposal.approved",
-                proposal.public_id,
-                proposal.run_id,
-                {
-                    "proposal_id": proposal.proposal_id,
-                    "approved_by": approver,
-                    "decision_id": decision.decision_id,
-                    "line": decision.line,
-                    "policy_version": decision.policy_version,
-                    "operation_id": operation_id,
-                    "expires_at": expires_at,
-                    "request_hash": proposal.request_hash.hex(),
-                },
+            *(
+                await self._entry(
+                    proposal.tenant,
+                    "proposal.approved",
+                    proposal.public_id,
+                    proposal.run_id,
+                    {
+                        "proposal_id": proposal.proposal_id,
+                        "approved_by": approver,
+                        "decision_id": decision.decision_id,
+                        "line": decision.line,
+                        "policy_version": decision.policy_version,
+                        "operation_id": operation_id,
+                        "expires_at": expires_at,
+                        "request_hash": proposal.request_hash.hex(),
+                    },
+                )
             ),
         )
         return bool(claimed)
@@ -278,12 +285,14 @@ class AdmissionStore:
             proposal.tenant,
             proposal.proposal_id,
             approver,
-            *self._entry(
-                proposal.tenant,
-                "proposal.approval_recorded",
-                proposal.public_id,
-                proposal.run_id,
-                {"proposal_id": proposal.proposal_id, "approved_by": approver},
+            *(
+                await self._entry(
+                    proposal.tenant,
+                    "proposal.approval_recorded",
+                    proposal.public_id,
+                    proposal.run_id,
+                    {"proposal_id": proposal.proposal_id, "approved_by": approver},
+                )
             ),
         )
         return bool(added)
@@ -308,12 +317,14 @@ class AdmissionStore:
             proposal.proposal_id,
             "rejected",
             reason,
-            *self._entry(
-                proposal.tenant,
-                kind,
-                proposal.public_id,
-                proposal.run_id,
-                {"proposal_id": proposal.proposal_id, "reason": reason, "rejected_by": by},
+            *(
+                await self._entry(
+                    proposal.tenant,
+                    kind,
+                    proposal.public_id,
+                    proposal.run_id,
+                    {"proposal_id": proposal.proposal_id, "reason": reason, "rejected_by": by},
+                )
             ),
         )
         return bool(moved)
@@ -334,14 +345,14 @@ class AdmissionStore:
                 before_commit()  # the fault suite's "before the admission commit"
             # One statement is one transaction: no BEGIN / COMMIT round trips, and a failure
             # (or the statement timeout) rolls all of it back.
-            return await self._admit_on(conn, a, self._admit_args(a))
+            return await self._admit_on(conn, a, await self._admit_args(a))
 
     async def admit_many(
         self, admissions: list[CommandAdmission], *, before_commit: Callable[[], None] | None = None
     ) -> list[Admitted]:
         """`admit` for each, in order, in one transaction: one commit (and one wake-up of the
         relay) for all. Any failure rolls all of them back."""
-        args = [self._admit_args(a) for a in admissions]  # encrypting is no work for Postgres
+        args = [await self._admit_args(a) for a in admissions]  # encrypting is no work for Postgres
         async with self._pool.acquire() as conn, conn.transaction():
             admitted = [
                 await self._admit_on(conn, a, arg) for a, arg in zip(admissions, args, strict=True)
@@ -350,7 +361,7 @@ class AdmissionStore:
                 before_commit()  # the fault suite's "before the admission commit"
         return admitted
 
-    def _admit_args(self, a: CommandAdmission) -> tuple[Any, ...]:
+    async def _admit_args(self, a: CommandAdmission) -> tuple[Any, ...]:
         expires_at = datetime.now(UTC) + a.ttl
         return (
             a.tenant,
@@ -377,30 +388,32 @@ class AdmissionStore:
             new_public_id(),
             json.dumps(a.preview),
             a.policy_epoch,
-            *self._entry(
-                a.tenant,
-                "command.admitted",
-                a.operation_id,
-                a.run_id,
-                {
-                    "operation_id": a.operation_id,
-                    "proposal_id": a.proposal_id,
-                    "step": a.step,
-                    "principal": a.principal,
-                    "agent": a.agent,
-                    "action": a.action,
-                    "version": a.version,
-                    "arguments": a.arguments,
-                    "preview": a.preview,
-                    "request_hash": a.request_hash.hex(),
-                    "decision_id": a.decision.decision_id,
-                    "line": a.decision.line,
-                    "policy_version": a.decision.policy_version,
-                    "expires_at": expires_at,
-                    "origin": a.origin,
-                    "operation_key": a.operation_key,
-                    "policy_epoch": a.policy_epoch,
-                },
+            *(
+                await self._entry(
+                    a.tenant,
+                    "command.admitted",
+                    a.operation_id,
+                    a.run_id,
+                    {
+                        "operation_id": a.operation_id,
+                        "proposal_id": a.proposal_id,
+                        "step": a.step,
+                        "principal": a.principal,
+                        "agent": a.agent,
+                        "action": a.action,
+                        "version": a.version,
+                        "arguments": a.arguments,
+                        "preview": a.preview,
+                        "request_hash": a.request_hash.hex(),
+                        "decision_id": a.decision.decision_id,
+                        "line": a.decision.line,
+                        "policy_version": a.decision.policy_version,
+                        "expires_at": expires_at,
+                        "origin": a.origin,
+                        "operation_key": a.operation_key,
+                        "policy_epoch": a.policy_epoch,
+                    },
+                )
             ),
         )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import anyio.abc
 
 from libs.db import connect_pool
-from libs.journal import JetStreamRecord, Sealer, open_journal
+from libs.journal import JetStreamRecord, Sealer, open_journal, window_key_pool
 from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
@@ -83,12 +83,17 @@ def main() -> None:
                 base_url=settings.host_url, token=host_token, timeout_s=settings.call_timeout_s
             )
         try:
-            async with await connect_pool(
-                settings.database_url,
-                password=password,
-                max_size=20,
-                application_name="writ-dispatcher",
-            ) as pool:
+            async with (
+                await connect_pool(
+                    settings.database_url,
+                    password=password,
+                    max_size=20,
+                    application_name="writ-dispatcher",
+                ) as pool,
+                window_key_pool(
+                    journal, settings.database_url, password=password, service="dispatcher"
+                ),
+            ):
                 rt.health.watch_pool("postgres", pool)
                 rt.endpoints.append(
                     JournalVerifyEndpoint(  # the auditors' GET /audit/verify

@@ -177,10 +177,11 @@ class DispatcherStore:
         row = "" if self._journal is None else ", " + self._journal.cte_if(first, changed)
         return statement.replace("{journal}", row)
 
-    def _entry(self, claim: Claim, kind: str, payload: dict[str, Any]) -> tuple[Any, ...]:
-        """The journal row's parameters (none without a journal)."""
+    async def _entry(self, claim: Claim, kind: str, payload: dict[str, Any]) -> tuple[Any, ...]:
+        """The journal row's parameters (none without a journal), its window key made first."""
         if self._journal is None:
             return ()
+        await self._journal.prepare(claim.tenant, claim.run_id)
         return msgspec.structs.astuple(
             self._journal.entry(
                 tenant=claim.tenant,
@@ -283,10 +284,12 @@ class DispatcherStore:
             worker,
             connector,
             inject_context({}).get("traceparent"),
-            *self._entry(
-                claim,
-                "attempt.started",
-                {"worker": worker, "connector": connector, "recheck": claim.recheck},
+            *(
+                await self._entry(
+                    claim,
+                    "attempt.started",
+                    {"worker": worker, "connector": connector, "recheck": claim.recheck},
+                )
             ),
         )
         if attempt is None:
@@ -312,10 +315,12 @@ class DispatcherStore:
                     worker,
                     connector,
                     traceparent,
-                    *self._entry(
-                        claim,
-                        "attempt.started",
-                        {"worker": worker, "connector": connector, "recheck": claim.recheck},
+                    *(
+                        await self._entry(
+                            claim,
+                            "attempt.started",
+                            {"worker": worker, "connector": connector, "recheck": claim.recheck},
+                        )
                     ),
                 )
                 attempts.append(None if attempt is None else int(attempt))
@@ -344,15 +349,17 @@ class DispatcherStore:
                     result,
                     reason or receipt,
                     attempt_id,
-                    *self._entry(
-                        claim,
-                        f"command.{state}",
-                        {
-                            "attempt_id": attempt_id,
-                            "result": result,
-                            "receipt": receipt,
-                            "reason": reason,
-                        },
+                    *(
+                        await self._entry(
+                            claim,
+                            f"command.{state}",
+                            {
+                                "attempt_id": attempt_id,
+                                "result": result,
+                                "receipt": receipt,
+                                "reason": reason,
+                            },
+                        )
                     ),
                 )
                 finished.append(changed == 1)
@@ -382,10 +389,17 @@ class DispatcherStore:
             result,
             reason or receipt,
             attempt_id,
-            *self._entry(
-                claim,
-                f"command.{state}",
-                {"attempt_id": attempt_id, "result": result, "receipt": receipt, "reason": reason},
+            *(
+                await self._entry(
+                    claim,
+                    f"command.{state}",
+                    {
+                        "attempt_id": attempt_id,
+                        "result": result,
+                        "receipt": receipt,
+                        "reason": reason,
+                    },
+                )
             ),
         )
         if changed != 1:

@@ -9,7 +9,7 @@ import msgspec
 
 from libs.db import connect_pool
 from libs.errors import ConfigError
-from libs.journal import DataKeys, JetStreamRecord, Journal, Sealer, SigningKey
+from libs.journal import JetStreamRecord, Sealer, open_journal, window_key_pool
 from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
@@ -61,21 +61,27 @@ def main() -> None:
             "governance records every decision in its audit journal: set "
             "WRIT_JOURNAL_SIGNING_KEY_FILE and WRIT_JOURNAL_DATA_KEYS_FILE"
         )
-    journal = Journal(
-        service="governance", keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file))
+    journal, signing = open_journal(
+        "governance",
+        signing_key_file=settings.journal_signing_key_file,
+        data_keys_file=settings.journal_data_keys_file,
     )
-    signing = SigningKey.from_json(read_secret(settings.journal_signing_key_file))
     budget_defaults = load_budget_defaults(settings.budgets_file)
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         # A short statement timeout: a slow store must turn into a denial, not a stuck caller.
-        async with await connect_pool(
-            settings.database_url,
-            password=password,
-            statement_timeout_ms=1000,
-            max_size=20,
-            application_name="writ-governance",
-        ) as pool:
+        async with (
+            await connect_pool(
+                settings.database_url,
+                password=password,
+                statement_timeout_ms=1000,
+                max_size=20,
+                application_name="writ-governance",
+            ) as pool,
+            window_key_pool(
+                journal, settings.database_url, password=password, service="governance"
+            ),
+        ):
             rt.health.watch_pool("postgres", pool)
             rt.endpoints.append(
                 JournalVerifyEndpoint(  # the auditors' GET /audit/verify

@@ -14,7 +14,7 @@ import anyio.abc
 from actions import ACTIONS
 from libs.db import connect_pool
 from libs.errors import ConfigError
-from libs.journal import DataKeys, JetStreamRecord, Journal, Sealer, SigningKey
+from libs.journal import JetStreamRecord, Sealer, open_journal, window_key_pool
 from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
@@ -100,10 +100,11 @@ def main() -> None:
             "audit journal: set WRIT_JOURNAL_SIGNING_KEY_FILE and "
             "WRIT_JOURNAL_DATA_KEYS_FILE"
         )
-    journal = Journal(
-        service="planner", keys=DataKeys.from_json(read_secret(settings.journal_data_keys_file))
+    journal, signing = open_journal(
+        "planner",
+        signing_key_file=settings.journal_signing_key_file,
+        data_keys_file=settings.journal_data_keys_file,
     )
-    signing = SigningKey.from_json(read_secret(settings.journal_signing_key_file))
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with AsyncExitStack() as stack:
@@ -131,6 +132,11 @@ def main() -> None:
                     password=password,
                     application_name="writ-planner",
                     max_size=pool_size(settings.concurrency),
+                )
+            )
+            await stack.enter_async_context(
+                window_key_pool(
+                    journal, settings.database_url, password=password, service="planner"
                 )
             )
             rt.health.watch_pool("postgres", pool)

@@ -28,7 +28,7 @@ from libs.journal import (
     verify,
     window_key_id,
 )
-from libs.retention import Kept, RetentionPolicy, apply_policy, show_windows
+from libs.retention import Kept, RetentionPolicy, apply_policy, recorder, show_windows
 
 pytestmark = pytest.mark.anyio
 
@@ -42,6 +42,8 @@ class Env(msgspec.Struct, kw_only=True):
     key_file: str
     journal: Journal
     sealer: Sealer
+    planner_keys: str
+    planner_sealer: Sealer
     public: dict[str, dict[str, str]]
 
 
@@ -49,19 +51,34 @@ class Env(msgspec.Struct, kw_only=True):
 async def env(scratch_db: str) -> AsyncIterator[Env]:
     database = scratch_db.rsplit("/", 1)[1]
     passwords = await provision(
-        scratch_db, database, {"governance": load_migrations("governance", MIGRATIONS)}
+        scratch_db,
+        database,
+        {
+            "governance": load_migrations("governance", MIGRATIONS),
+            "planner": load_migrations("planner", PLANNER),
+        },
     )
     role = role_name(database, "governance")
     dsn = with_database(scratch_db, database, user=role, password=passwords["governance"])
     admin = await asyncpg.connect(scratch_db)
     key_file = DataKeys.generate("d1")
     keys = WindowKeys(DataKeys.from_json(key_file), schema="governance")
-    await keys.install(admin)
-    await admin.execute(f'GRANT SELECT, INSERT ON governance.journal_window_keys TO "{role}"')
     pool = await connect_pool(dsn, max_size=4)
     journal = Journal(service="governance", keys=keys)
     signing = SigningKey.generate("governance-1")
+    planner_keys = DataKeys.generate("p1")
+    planner_signing = SigningKey.generate("planner-1")
+    owner = await connect_pool(scratch_db, max_size=2)
     yield Env(
+        planner_keys=planner_keys,
+        planner_sealer=Sealer(
+            pool=owner,
+            journal=Journal(
+                service="planner",
+                keys=WindowKeys(DataKeys.from_json(planner_keys), schema="planner"),
+            ),
+            signing=planner_signing,
+        ),
         pool=pool,
         admin=admin,
         key_file=key_file,
@@ -75,15 +92,19 @@ async def env(scratch_db: str) -> AsyncIterator[Env]:
             ),
             signing=signing,
         ),
-        public={"governance": {"governance-1": signing.public_pem()}},
+        public={
+            "governance": {"governance-1": signing.public_pem()},
+            "planner": {"planner-1": planner_signing.public_pem()},
+        },
     )
     await admin.close()
     await pool.close()
+    await owner.close()
 
 
 async def write(env: Env, tenant: str, run_id: str, n: int) -> None:
     async with env.pool.acquire() as conn:
-        await env.journal.prepare(conn, tenant)
+        await env.journal.prepare(tenant, run_id, conn=conn)
         async with conn.transaction():
             await env.journal.write(
                 conn, tenant=tenant, kind="test", subject=f"s-{n}", run_id=run_id, payload={"n": n}
@@ -103,17 +124,41 @@ async def test_an_expired_window_is_erased_and_the_chain_still_verifies(env: Env
         await write(env, "acme" if n % 2 else "globex", f"run-{n % 2}", n)
     assert await env.sealer.seal_all() == 6
     today = datetime.now(UTC)
-    window = window_key_id("acme", today.date())
+    window = window_key_id("acme", today.date(), "run-1")
     policy = RetentionPolicy.from_json(json.dumps({"tenants": {"acme": {"journal": 1}}}))
 
     # A day after the window ended it is still within its one day: nothing is erased.
-    assert await apply_policy(env.admin, policy, by="ops", now=today + timedelta(days=1)) == []
+    assert (
+        await apply_policy(
+            env.admin,
+            policy,
+            by="ops",
+            record_in=recorder(env.planner_keys),
+            now=today + timedelta(days=1),
+        )
+        == []
+    )
     assert len(await read_entries(env.admin, fresh(env), tenant="acme")) == 3
 
-    erased = await apply_policy(env.admin, policy, by="ops", now=today + timedelta(days=2))
+    erased = await apply_policy(
+        env.admin,
+        policy,
+        by="ops",
+        record_in=recorder(env.planner_keys),
+        now=today + timedelta(days=2),
+    )
     assert [(e.service, e.tenant, e.key_ids) for e in erased] == [("governance", "acme", [window])]
     # Applying again erases nothing more.
-    assert await apply_policy(env.admin, policy, by="ops", now=today + timedelta(days=2)) == []
+    assert (
+        await apply_policy(
+            env.admin,
+            policy,
+            by="ops",
+            record_in=recorder(env.planner_keys),
+            now=today + timedelta(days=2),
+        )
+        == []
+    )
 
     # Unreadable even to the administrator holding the key file and the database.
     with pytest.raises(PayloadExpired) as caught:
@@ -143,13 +188,31 @@ async def test_an_expired_window_is_erased_and_the_chain_still_verifies(env: Env
     states = {(w.tenant, w.state) for w in await show_windows(env.admin, policy)}
     assert states == {("acme", "expired"), ("globex", "live")}
 
+    # The expiry is journaled once, signed into the planner's chain, and readable after it.
+    assert await env.planner_sealer.seal_all() == 1
+    [(_, row, plaintext)] = await read_entries(env.admin, recorder(env.planner_keys), tenant="acme")
+    assert row["kind"] == "retention.expired"
+    recorded = json.loads(plaintext)
+    assert recorded["windows"] == {"governance": [window]}
+    assert (recorded["by"], recorded["kept_days"]) == ("ops", 1)
+    planner = await verify(
+        env.admin, service="planner", keys=load_verify_keys(json.dumps(env.public))
+    )
+    assert planner.ok and planner.entries == 1, planner.problems
+
 
 async def test_an_edited_expired_row_is_still_caught(env: Env) -> None:
     for n in range(2):
         await write(env, "acme", "run-0", n)
     assert await env.sealer.seal_all() == 2
     policy = RetentionPolicy(tenants={"acme": msgspec.convert({"journal": 1}, type=Kept)})
-    await apply_policy(env.admin, policy, by="ops", now=datetime.now(UTC) + timedelta(days=2))
+    await apply_policy(
+        env.admin,
+        policy,
+        by="ops",
+        record_in=recorder(env.planner_keys),
+        now=datetime.now(UTC) + timedelta(days=2),
+    )
     await env.admin.execute(
         "UPDATE governance.journal SET ciphertext = ciphertext || '\\x00'::bytea "
         "WHERE id = (SELECT min(id) FROM governance.journal)"
@@ -189,7 +252,7 @@ async def test_the_commands_expire_a_window_verify_it_and_replay_it_incomplete(
         # acme's rows are three days old; globex's are today's.
         past = datetime.now(UTC) - timedelta(days=3)
         for tenant, at in (("acme", past), ("globex", None)):
-            await journal.prepare(admin, tenant, at)
+            await journal.prepare(tenant, f"run-{tenant}", at=at, conn=admin)
             for n in range(2):
                 e = journal.entry(
                     tenant=tenant,
@@ -202,17 +265,29 @@ async def test_the_commands_expire_a_window_verify_it_and_replay_it_incomplete(
                 await admin.execute(journal.insert_sql, *msgspec.structs.astuple(e))
         signing = SigningKey.generate("planner-1")
         pool = await connect_pool(scratch_db, max_size=2)
-        assert await Sealer(pool=pool, journal=journal, signing=signing).seal_all() == 4
-        await pool.close()
+        sealer = Sealer(pool=pool, journal=journal, signing=signing)
+        assert await sealer.seal_all() == 4
         public = tmp_path / "public.json"
         public.write_text(json.dumps({"planner": {"planner-1": signing.public_pem()}}))
         policy = tmp_path / "policy.json"
         policy.write_text(json.dumps({"default": {"journal": 1}}))
 
-        done = writ("retention", "apply", "--policy", str(policy), "--dsn", scratch_db)
+        done = writ(
+            "retention", "apply", "--policy", str(policy), "--dsn", scratch_db,
+            "--data-keys", str(key_file), "--by", "ops",
+        )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        window = window_key_id("acme", past.date())
+        window = window_key_id("acme", past.date(), "run-acme")
         assert done.stdout.splitlines() == [f"planner acme: erased window {window}"]
+        # The expiry's own journal row, signed into the chain.
+        assert await sealer.seal_all() == 1
+        await pool.close()
+        assert (
+            await admin.fetchval(
+                "SELECT count(*) FROM planner.journal WHERE kind = 'retention.expired'"
+            )
+            == 1
+        )
         shown = writ("retention", "show", "--policy", str(policy), "--dsn", scratch_db)
         assert f"planner acme {past.date().isoformat()}: EXPIRED" in shown.stdout
         assert "planner globex" in shown.stdout and "LIVE" in shown.stdout

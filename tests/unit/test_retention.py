@@ -31,6 +31,9 @@ def test_key_ids_name_their_tenant_and_day() -> None:
     key_id = window_key_id("acme-eu", date(2026, 12, 7))
     assert key_id == "win:acme-eu:2026-12-07"
     assert parse_key_id(key_id) == ("acme-eu", date(2026, 12, 7))
+    run_key = window_key_id("acme-eu", date(2026, 12, 7), "run:7")
+    assert run_key == "win:acme-eu:2026-12-07:run:7"
+    assert parse_key_id(run_key) == ("acme-eu", date(2026, 12, 7))
     assert parse_key_id("planner-data-1") is None
     assert parse_key_id("win:acme:yesterday") is None
 

@@ -2,6 +2,8 @@
 
 `apply` destroys the window keys the policy says are past (`libs/retention.py`); with
 `--every` it is the scheduled job, applying the policy again at that interval until stopped.
+`erase` destroys the keys of one principal's runs. Both journal what they erased in the
+planner's journal, so they need the planner's data key file.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ def _dsn(args: argparse.Namespace) -> str:
             "no database: pass --dsn or set WRIT_DATABASE_URL (a role that owns the journals)"
         )
     return dsn
+
+
+def _recorder(args: argparse.Namespace) -> Any:
+    from libs.errors import ConfigError
+    from libs.retention import recorder
+
+    path = Path(args.data_keys or Path(args.home) / "secrets" / "journal-planner-data.json")
+    try:
+        return recorder(path.read_text())
+    except (OSError, ConfigError) as exc:
+        raise SystemExit(
+            f"no planner data key file to journal the erasure in ({path}): {exc}"
+        ) from None
 
 
 def _policy(args: argparse.Namespace) -> Any:
@@ -67,10 +82,10 @@ async def _show_run(dsn: str, policy: Any) -> int:
 def _apply(args: argparse.Namespace) -> int:
     import anyio
 
-    return anyio.run(_apply_run, _dsn(args), _policy(args), args.every, args.by)
+    return anyio.run(_apply_run, _dsn(args), _policy(args), args.every, args.by, _recorder(args))
 
 
-async def _apply_run(dsn: str, policy: Any, every: float | None, by: str) -> int:
+async def _apply_run(dsn: str, policy: Any, every: float | None, by: str, journal: Any) -> int:
     import anyio
     import asyncpg
 
@@ -79,7 +94,7 @@ async def _apply_run(dsn: str, policy: Any, every: float | None, by: str) -> int
     while True:
         conn = await asyncpg.connect(dsn)
         try:
-            erased = await apply_policy(conn, policy, by=by)
+            erased = await apply_policy(conn, policy, by=by, record_in=journal)
         finally:
             await conn.close()
         for e in erased:
@@ -91,6 +106,40 @@ async def _apply_run(dsn: str, policy: Any, every: float | None, by: str) -> int
             return 0
         sys.stdout.flush()
         await anyio.sleep(every)
+
+
+def _erase(args: argparse.Namespace) -> int:
+    import anyio
+
+    return anyio.run(_erase_run, _dsn(args), args, _recorder(args))
+
+
+async def _erase_run(dsn: str, args: argparse.Namespace, journal: Any) -> int:
+    import asyncpg
+
+    from libs.retention import erase_principal
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        done = await erase_principal(
+            conn,
+            tenant=args.tenant,
+            principal=args.principal,
+            by=args.by,
+            reason=args.reason,
+            record_in=journal,
+        )
+    finally:
+        await conn.close()
+    keys = sum(len(k) for k in done.key_ids.values())
+    print(
+        f"{done.tenant}: erased {len(done.runs)} run(s) of the principal, {keys} key(s); "
+        f"journaled as planner row {done.journal_id}"
+    )
+    for service, key_ids in sorted(done.key_ids.items()):
+        for key_id in key_ids:
+            print(f"{service} {done.tenant}: erased {key_id}")
+    return 0
 
 
 def add_parsers(sub: Any) -> None:
@@ -105,7 +154,13 @@ def add_parsers(sub: Any) -> None:
         a.add_argument("--policy", required=True, help="the retention policy (JSON)")
         a.add_argument("--dsn", default="", help="default: WRIT_DATABASE_URL")
         a.set_defaults(func=func)
+        a.add_argument("--home", default=".writ")
         if name == "apply":
+            a.add_argument(
+                "--data-keys",
+                default="",
+                help="the planner's journal data keys, to journal the expiry (default: writ run's)",
+            )
             a.add_argument(
                 "--every",
                 type=float,
@@ -115,3 +170,16 @@ def add_parsers(sub: Any) -> None:
             a.add_argument(
                 "--by", default=getpass.getuser(), help="who applies it (recorded with each key)"
             )
+    e = act.add_parser("erase", help="erase one principal's payloads (their runs' keys)")
+    e.add_argument("--tenant", required=True)
+    e.add_argument("--principal", required=True, help="whose runs and sessions to erase")
+    e.add_argument("--by", required=True, help="who asked (journaled)")
+    e.add_argument("--reason", required=True, help="why (journaled)")
+    e.add_argument("--dsn", default="", help="default: WRIT_DATABASE_URL")
+    e.add_argument("--home", default=".writ")
+    e.add_argument(
+        "--data-keys",
+        default="",
+        help="the planner's journal data keys, to journal the erasure (default: writ run's)",
+    )
+    e.set_defaults(func=_erase)

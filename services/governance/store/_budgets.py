@@ -241,6 +241,7 @@ class BudgetStore(SpendStore):
             )
             sql = f"WITH {cte + ', ' if cte else ''}{journal_cte} {statement}"
             self._with_journal[key] = sql
+        await self._journal.prepare(tenant, run_id)
         entry = self._journal.entry(
             tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
         )

@@ -132,6 +132,8 @@ class GovernanceStore(BudgetStore):
                 approval_id=d.approval_id,
             )
             ids.append(decision_id)
+            if self._journal is not None:
+                await self._journal.prepare(d.tenant, d.run_id)
             rows.append(self._decision_args(decision, event))
         # One round trip and one implicit transaction (asyncpg's executemany is atomic): no
         # BEGIN and COMMIT of its own.
@@ -171,6 +173,8 @@ class GovernanceStore(BudgetStore):
         )
         if ruling.verdict != "ask":
             # One statement (no BEGIN/COMMIT round trips): the decision and its journal row.
+            if self._journal is not None:
+                await self._journal.prepare(tenant, run_id)
             await self._pool.execute(
                 self._insert_decision_statement, *self._decision_args(decision, event)
             )
@@ -276,6 +280,7 @@ class GovernanceStore(BudgetStore):
         if self._journal is None:
             await self._pool.execute(f"WITH {RUN}, {RUN_GRANTS}, {RUN_BUDGET} SELECT 1", *args)
             return
+        await self._journal.prepare(run.tenant, run.run_id)
         registered = self._journal.entry(
             tenant=run.tenant,
             kind="run.registered",

@@ -146,6 +146,8 @@ class PlannerStore:
         nothing changed). One round trip where the change and its `_capture` took two (and
         the kept reservation rows with them)."""
         changed = f"changed AS ({change})"
+        if self._journal is not None:
+            await self._journal.prepare(tenant, run_id)
         entry = (
             ()
             if self._journal is None
@@ -180,6 +182,7 @@ class PlannerStore:
     ) -> None:
         if self._journal is None:
             return
+        await self._journal.prepare(tenant, run_id)
         entry = msgspec.structs.astuple(
             self._journal.entry(
                 tenant=tenant, kind=kind, subject=subject, payload=payload, run_id=run_id
