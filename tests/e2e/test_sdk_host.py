@@ -216,7 +216,7 @@ async def test_a_handle_cancels_a_waiting_run_and_waits_for_that_news(
 
 
 async def test_pending_decisions_and_proposals_page_by_cursor_on_both_doors(
-    acme: HostCredentials,
+    stack: Stack, acme: HostCredentials
 ) -> None:
     """Three runs wait for a person: three pending decisions and three proposals of one
     requester. Pages of two take two pages on each door, every item once, the same items."""
@@ -248,6 +248,19 @@ async def test_pending_decisions_and_proposals_page_by_cursor_on_both_doors(
             assert len(last.proposals) == 1 and last.next_cursor is None, last
             seen = [p.proposal_id for p in [*page.proposals, *last.proposals]]
             assert set(seen) == proposal_ids and len(seen) == 3
+        # Another tenant's host pages its own tenant alone, whatever cursor it is handed, and
+        # its connection cannot ask acme's reads at all.
+        globex = HostCredentials.from_dir(host_folder(stack, "globex"))
+        async with await NatsClient.from_credentials(
+            globex, "ops@globex.example", roles=["approver"]
+        ) as stranger:
+            theirs = await stranger.pending(limit=2, cursor=first.next_cursor, requester=requester)
+            assert theirs.decisions == [] and theirs.total == 0, theirs
+            listed = await stranger.proposals(limit=500, cursor=page.next_cursor)
+            assert not proposal_ids & {p.proposal_id for p in listed.proposals}
+            forged = NatsClient(stranger._bus, acme.issuer, "ops@acme.example", roles=["approver"])
+            with pytest.raises(PermissionDenied):
+                await forged.pending(limit=2)
         # Every proposal of the tenant, whatever ran before, each once, on both doors alike.
         everything = [p.proposal_id async for p in http.iter_proposals(page_size=2)]
         over_nats = [p.proposal_id async for p in nats.iter_proposals(page_size=2)]
