@@ -157,6 +157,12 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY",
             "$JS.API.DIRECT.GET.KV_WRIT_IDEMPOTENCY.>",
             # The approval console's sessions and used sign-in links (its KV stream).
+            # Who first used each request id and operation key (its KV stream).
+            "$KV.WRIT_OWNERS.>",
+            "$JS.API.STREAM.INFO.KV_WRIT_OWNERS",
+            "$JS.API.STREAM.MSG.GET.KV_WRIT_OWNERS",
+            "$JS.API.DIRECT.GET.KV_WRIT_OWNERS",
+            "$JS.API.DIRECT.GET.KV_WRIT_OWNERS.>",
             "$KV.WRIT_CONSOLE.>",
             "$JS.API.STREAM.INFO.KV_WRIT_CONSOLE",
             "$JS.API.STREAM.MSG.GET.KV_WRIT_CONSOLE",

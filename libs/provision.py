@@ -39,6 +39,7 @@ __all__ = [
     "CONSOLE_BUCKET",
     "EVAL_DURABLE",
     "IDEMPOTENCY_BUCKET",
+    "OWNERS_BUCKET",
     "BUCKETS",
     "ConsumerMissing",
     "bind_bucket",
@@ -68,7 +69,16 @@ CONSOLE_BUCKET: Final = KeyValueConfig(
     max_value_size=16 * 1024,
     description="The approval console's sessions and used sign-in links",
 )
-BUCKETS: Final = (IDEMPOTENCY_BUCKET, CONSOLE_BUCKET)
+# Who first used each request id and operation key, per tenant (`services/ingress/_owners.py`):
+# kept as long as the runs and commands those ids name, so without an expiry (a tenant retired
+# keeps them too: its runs stay, and a tenant added again under its name must not reach them).
+OWNERS_BUCKET: Final = KeyValueConfig(
+    bucket="WRIT_OWNERS",
+    history=1,
+    max_value_size=1024,
+    description="The first principal of each request id and operation key",
+)
+BUCKETS: Final = (IDEMPOTENCY_BUCKET, CONSOLE_BUCKET, OWNERS_BUCKET)
 # The shadow evaluation's copy of the runs that start (`writ eval shadow`).
 EVAL_DURABLE: Final = "eval"
 

@@ -2,10 +2,12 @@
 
 A run's id and a command's pseudo-run are derived from the tenant and the request id or the
 operation key, so whoever re-sends an id names the same work. Ingress therefore remembers, in
-the Idempotency-Key bucket (24 hours, as the HTTP door's keys), the principal who first used
-each id: the same principal again goes on (a retry changes nothing twice downstream); another
-principal of the tenant is refused `CONFLICT`, an answer that says nothing of the first
-request, and nothing is handed on for it.
+the owners' bucket (`WRIT_OWNERS`), the principal who first used each id: the same principal
+again goes on (a retry changes nothing twice downstream); another principal of the tenant is
+refused `CONFLICT`, an answer that says nothing of the first request, and nothing is handed on
+for it. An owner is kept as long as the run or command its id names, which is to say with no
+expiry: a day later, a year later, the id is still its first principal's (the HTTP door's
+Idempotency-Key answers expire after 24 hours; who owns the id does not).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from libs.errors import RetryableError
-from libs.provision import IDEMPOTENCY_BUCKET, bind_bucket
+from libs.provision import IDEMPOTENCY_BUCKET, OWNERS_BUCKET, bind_bucket
 from schemas.host import RunRequest, SubmitCommand
 from services.ingress.logic import Rejection, Verified
 
@@ -34,15 +36,24 @@ _MAX_PRINCIPAL: Final = 512
 class Owners:
     """The first principal of each request id and operation key, per tenant."""
 
-    def __init__(self, js: JetStreamContext, *, bucket: str = IDEMPOTENCY_BUCKET.bucket) -> None:
-        self._js, self._bucket = js, bucket
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        bucket: str = OWNERS_BUCKET.bucket,
+        legacy: str = IDEMPOTENCY_BUCKET.bucket,
+    ) -> None:
+        self._js, self._bucket, self._legacy = js, bucket, legacy
         self._kv: KeyValue | None = None
+        self._old: KeyValue | None = None
 
     async def _open(self) -> KeyValue:
         if self._kv is None:
             try:
                 self._kv = await bind_bucket(self._js, self._bucket)
+                self._old = await bind_bucket(self._js, self._legacy)
             except Exception as exc:  # not provisioned, or the bus busy: fail closed
+                self._kv = None
                 raise RetryableError(f"the request-id owners cannot be read: {exc!r}") from exc
         return self._kv
 
@@ -56,18 +67,36 @@ class Owners:
         mine = principal.encode()[:_MAX_PRINCIPAL]
         try:
             await kv.create(key, mine)
-            return True
         except KeyWrongLastSequenceError:
             pass
         except Exception as exc:
             raise RetryableError(f"the request-id owners cannot be written: {exc!r}") from exc
+        else:
+            return await self._kept_before(kv, key, mine)
         try:
             entry = await kv.get(key)
         except KeyNotFoundError:
-            return await self._first(key, principal)  # expired in between: a first use again
+            return await self._first(key, principal)  # purged in between: a first use again
         except Exception as exc:
             raise RetryableError(f"the request-id owners cannot be read: {exc!r}") from exc
         return (entry.value or b"") == mine
+
+    async def _kept_before(self, kv: KeyValue, key: str, mine: bytes) -> bool:
+        """A first use here, unless earlier versions, which kept owners in the Idempotency-Key
+        bucket for 24 hours, recorded another principal: then that one is the owner, kept
+        here from now on, and `mine` is not."""
+        assert self._old is not None
+        try:
+            entry = await self._old.get(key)
+        except KeyNotFoundError:
+            return True
+        except Exception as exc:  # undo the claim: the same request asks again, same answer
+            await kv.delete(key)
+            raise RetryableError(f"the request-id owners cannot be read: {exc!r}") from exc
+        if not entry.value or entry.value == mine:
+            return True
+        await kv.put(key, entry.value)
+        return False
 
     async def check(self, outcome: Verified) -> Rejection | None:
         """`CONFLICT` if another principal used this run request's or command's id first.

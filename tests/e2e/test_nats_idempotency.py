@@ -5,6 +5,8 @@ registration naming the other principal, no replay of a command's outcome)."""
 
 from __future__ import annotations
 
+import hashlib
+import uuid
 from typing import Any, TypeVar
 
 import anyio
@@ -13,6 +15,7 @@ import httpx
 import msgspec
 import pytest
 
+from libs.provision import IDEMPOTENCY_BUCKET, OWNERS_BUCKET
 from schemas import subjects
 from schemas.governance import RegisterRun
 from schemas.host import CommandResult, RunResult
@@ -127,3 +130,56 @@ async def test_another_principal_reusing_a_command_id_or_key_is_a_conflict(
         "SELECT principal FROM admission.commands WHERE operation_key = $1", first.operation_key
     )
     assert [r["principal"] for r in rows] == ["alice@acme.example"]
+
+
+async def test_a_request_id_stays_its_first_principals_once_the_keys_day_is_over(
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
+    """The Idempotency-Key bucket forgets every entry after 24 hours (purged here, as its
+    TTL would): who first used an id is kept apart, with no expiry, so bob's reuse of
+    alice's id a day later is still a conflict on both doors, and reaches nothing of hers.
+    An owner an earlier version kept in the Idempotency-Key bucket counts as well."""
+    owners = await host.js.key_value(OWNERS_BUCKET.bucket)
+    assert (await owners.status()).ttl in (None, 0)  # kept as long as the runs it guards
+
+    first = host.request(text="Note the delayed shipment call for alice")
+    await host.publish(first, msg_id=first.request_id)
+    done = await host.wait_result(first.request_id, status="succeeded", timeout=60)
+    assert done.run_id is not None
+    await host.js.purge_stream(f"KV_{IDEMPOTENCY_BUCKET.bucket}")  # the day is over
+
+    # As an earlier version kept an owner: in the Idempotency-Key bucket alone.
+    kept = f"kept-{uuid.uuid4().hex[:12]}"
+    legacy = await host.js.key_value(IDEMPOTENCY_BUCKET.bucket)
+    carol = b"carol@acme.example"
+    await legacy.put(f"acme.id.{hashlib.sha256(kept.encode()).hexdigest()[:40]}", carol)
+
+    with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+        answers = [
+            api.post(
+                "/runs",
+                json={"agent": "crm-assistant", "input": "Bob's words, not alice's"},
+                headers={
+                    "Authorization": f"Bearer {stack.token('acme', BOB)}",
+                    "Idempotency-Key": request_id,
+                },
+            )
+            for request_id in (first.request_id, kept)
+        ]
+    for answer in answers:
+        assert (answer.status_code, answer.json()["code"]) == (409, "CONFLICT"), answer.text
+        assert done.run_id not in answer.text
+    again = host.request(principal=BOB, request_id=first.request_id, text="Bob's words")
+    await _publish_unmarked(host, subjects.request("acme"), again)
+    refused = await _rejection(host, first.request_id, RunResult)
+    assert refused.error is not None and refused.error.code == "CONFLICT"
+    assert refused.run_id is None and refused.actions == []
+
+    rows = await db.fetch(
+        "SELECT run_id, principal FROM planner.runs WHERE request_id = ANY($1::text[])",
+        [first.request_id, kept],
+    )
+    assert [(r["run_id"], r["principal"]) for r in rows] == [(done.run_id, "alice@acme.example")]
+    # The earlier owner is the owner from now on, in the bucket that keeps owners.
+    entry = await owners.get(f"acme.id.{hashlib.sha256(kept.encode()).hexdigest()[:40]}")
+    assert entry.value == carol

@@ -215,17 +215,54 @@ async def test_a_handle_cancels_a_waiting_run_and_waits_for_that_news(
             assert await handle.result() == cancelled
 
 
-async def test_proposals_page_by_cursor(acme: HostCredentials) -> None:
+async def test_pending_decisions_and_proposals_page_by_cursor_on_both_doors(
+    stack: Stack, acme: HostCredentials
+) -> None:
+    """Three runs wait for a person: three pending decisions and three proposals of one
+    requester. Pages of two take two pages on each door, every item once, the same items."""
+    requester = f"pager-{uuid.uuid4().hex[:8]}@acme.example"
     async with (
-        Client.from_credentials(acme, "alice@acme.example") as host,
-        Client.from_credentials(acme, "ops@acme.example", roles=["approver"]) as ops,
+        Client.from_credentials(acme, requester) as host,
+        Client.from_credentials(acme, "ops@acme.example", roles=["approver"]) as http,
+        await NatsClient.from_credentials(acme, "ops@acme.example", roles=["approver"]) as nats,
     ):
-        for _ in range(2):  # two proposals at least, whatever ran before
-            assert (await host.run("billing-assistant", INPUT)).status == "awaiting_human"
-        first = await ops.proposals(limit=1)
-        assert len(first.proposals) == 1 and first.next_cursor is not None
-        second = await ops.proposals(limit=1, cursor=first.next_cursor)
-        both = await ops.proposals(limit=2)
-        assert [*first.proposals, *second.proposals] == both.proposals
-        walked = [p.proposal_id async for p in ops.iter_proposals(page_size=7)]
-        assert len(walked) == len(set(walked)) == both.total
+        asked = [await host.run("billing-assistant", INPUT) for _ in range(3)]
+        assert {r.status for r in asked} == {"awaiting_human"}, asked
+        pending_ids = {r.pending_id for r in asked}
+        proposal_ids = {r.proposal.proposal_id for r in asked if r.proposal is not None}
+        assert len(pending_ids) == len(proposal_ids) == 3
+        for ops in (http, nats):
+            first = await ops.pending(limit=2, requester=requester)
+            assert first.total == 3 and len(first.decisions) == 2, first
+            assert first.next_cursor is not None
+            rest = await ops.pending(limit=2, cursor=first.next_cursor, requester=requester)
+            assert len(rest.decisions) == 1 and rest.next_cursor is None, rest
+            assert {d.pending_id for d in [*first.decisions, *rest.decisions]} == pending_ids
+            pages = ops.iter_pending(page_size=2, requester=requester)
+            walked = [d.pending_id async for d in pages]
+            assert len(walked) == len(set(walked)) and set(walked) == pending_ids
+
+            page = await ops.proposals(limit=2, requester=requester)
+            assert page.total == 3 and len(page.proposals) == 2 and page.next_cursor, page
+            last = await ops.proposals(limit=2, cursor=page.next_cursor, requester=requester)
+            assert len(last.proposals) == 1 and last.next_cursor is None, last
+            seen = [p.proposal_id for p in [*page.proposals, *last.proposals]]
+            assert set(seen) == proposal_ids and len(seen) == 3
+        # Another tenant's host pages its own tenant alone, whatever cursor it is handed, and
+        # its connection cannot ask acme's reads at all.
+        globex = HostCredentials.from_dir(host_folder(stack, "globex"))
+        async with await NatsClient.from_credentials(
+            globex, "ops@globex.example", roles=["approver"]
+        ) as stranger:
+            theirs = await stranger.pending(limit=2, cursor=first.next_cursor, requester=requester)
+            assert theirs.decisions == [] and theirs.total == 0, theirs
+            listed = await stranger.proposals(limit=500, cursor=page.next_cursor)
+            assert not proposal_ids & {p.proposal_id for p in listed.proposals}
+            forged = NatsClient(stranger._bus, acme.issuer, "ops@acme.example", roles=["approver"])
+            with pytest.raises(PermissionDenied):
+                await forged.pending(limit=2)
+        # Every proposal of the tenant, whatever ran before, each once, on both doors alike.
+        everything = [p.proposal_id async for p in http.iter_proposals(page_size=2)]
+        over_nats = [p.proposal_id async for p in nats.iter_proposals(page_size=2)]
+        assert len(everything) == len(set(everything)) and proposal_ids <= set(everything)
+        assert sorted(over_nats) == sorted(everything)

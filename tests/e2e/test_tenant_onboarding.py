@@ -1,15 +1,18 @@
 """A tenant onboarded on a running deployment (`writ tenant add`), on both doors, with nothing
 restarted: its host runs over NATS and over HTTP with only what it was given; the deployment
 restarted keeps the tenant, its ports and its host's credentials; nothing is dead-lettered;
-`writ tenant remove` refuses those credentials on both doors and deletes its streams. A tenant
-whose key is registered before its streams exist is refused at the door, not accepted."""
+`writ tenant remove` refuses those credentials on both doors and deletes its streams, on a
+stopped deployment too. A tenant whose key is registered before its streams exist is refused at
+the door, not accepted."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +25,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nats.js.errors import NotFoundError
 
+from libs.embedded import EmbeddedNats
 from schemas import subjects
 from tests.e2e.conftest import service_violations
 from tests.e2e.hostcreds import Credentials, nats_answer, read_credentials
 from writ.stack import Stack, mint_token
-from writ.tenants import add_tenant, remove_tenant
+from writ.stack._onboarding import offboard
+from writ.tenants import TenantError, add_tenant, remove_tenant
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -144,8 +149,12 @@ async def test_a_tenant_is_onboarded_live_kept_across_restarts_and_retired(
         assert await _dead_letters(stack) == 0
 
         # Retired: its credentials are refused on both doors, its streams are gone.
+        started = time.monotonic()
         removed = await anyio.to_thread.run_sync(lambda: writ(home, "tenant", "remove", tenant))
+        print(f"writ tenant remove, live: {time.monotonic() - started:.2f} s")
         assert removed.returncode == 0, removed.stderr
+        streams = f"{subjects.in_stream(tenant)}, {subjects.out_stream(tenant)}"
+        assert f"its streams deleted ({streams})" in removed.stdout, removed.stdout
         assert await _api_code(given.api_url, given.token(PRINCIPAL)) == "UNKNOWN_TENANT"
         assert "Authorization Violation" in await nats_answer(given.nats_url)
         assert not folder.exists()
@@ -163,3 +172,65 @@ async def test_a_tenant_is_onboarded_live_kept_across_restarts_and_retired(
         assert service_violations(stack) == probed
     finally:
         await anyio.to_thread.run_sync(stack.stop)
+
+
+@pytest.mark.timeout(300)
+async def test_a_tenant_removed_from_a_stopped_deployment_leaves_no_streams(
+    deployment: tuple[Path, str], admin_dsn: str
+) -> None:
+    home, database = deployment
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    stack = Stack(home, admin_dsn=admin_dsn, database=database)
+    try:
+        await anyio.to_thread.run_sync(stack.start_all)
+        added = await anyio.to_thread.run_sync(lambda: writ(home, "tenant", "add", tenant))
+        assert added.returncode == 0, added.stderr
+        given = read_credentials(stack.host_credentials(tenant), tenant)
+        with anyio.fail_after(30):
+            while await _api_code(given.api_url, given.token(PRINCIPAL)) != "NOT_FOUND":
+                await anyio.sleep(0.2)
+        # An ingress that does not follow the registry (frozen) still serves the tenant: the
+        # removal waits for it, then stops short, says so and removes nothing more.
+        ingress = stack.procs["ingress"].pid
+        os.kill(ingress, signal.SIGSTOP)
+        try:
+            with pytest.raises(TenantError, match="still serves") as short:
+                await offboard(Stack.attach(home), tenant, patience_s=3)
+        finally:
+            os.kill(ingress, signal.SIGCONT)
+        assert f"writ tenant remove {tenant}` again" in str(short.value)
+        assert stack.host_credentials(tenant).exists()
+        nc = await nats.connect(stack.nats_url)
+        try:
+            assert await nc.jetstream().stream_info(subjects.in_stream(tenant))
+        finally:
+            await nc.close()
+    finally:
+        await anyio.to_thread.run_sync(stack.stop)
+    server = EmbeddedNats(home / "nats")
+    assert not server.serving()
+
+    # Run again on the stopped deployment, it finishes: the streams go too.
+    removed = await anyio.to_thread.run_sync(lambda: writ(home, "tenant", "remove", tenant))
+    assert removed.returncode == 0, removed.stderr
+    streams = f"{subjects.in_stream(tenant)}, {subjects.out_stream(tenant)}"
+    assert f"its streams deleted ({streams})" in removed.stdout, removed.stdout
+    assert not stack.host_credentials(tenant).exists()
+    assert not server.serving()  # started for the removal alone, and stopped again
+
+    # What the next start would find: the tenant's streams are gone, the others' are there.
+    attached = Stack.attach(home)
+    with EmbeddedNats(
+        home / "nats", port=int(attached._deployment()["nats_port"]), auth=attached._nats_auth()
+    ):
+        nc = await nats.connect(attached.nats_url)
+        try:
+            js = nc.jetstream()
+            for name in (subjects.in_stream(tenant), subjects.out_stream(tenant)):
+                with pytest.raises(NotFoundError):
+                    await js.stream_info(name)
+            assert (await js.stream_info(subjects.in_stream("acme"))).config.name
+        finally:
+            await nc.close()
+    again = await anyio.to_thread.run_sync(lambda: writ(home, "tenant", "remove", tenant))
+    assert again.returncode == 1 and "no tenant" in again.stderr, again

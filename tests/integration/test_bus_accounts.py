@@ -295,7 +295,7 @@ def test_writ_nats_provision_makes_every_stream_consumer_and_bucket(tmp_path: Pa
                 names = {i.config.name for i in await js.streams_info()}
                 assert {s.name for s in subjects.STREAMS} <= names
                 assert {subjects.in_stream("acme"), subjects.out_stream("acme")} <= names
-                assert {"KV_WRIT_IDEMPOTENCY", "KV_WRIT_CONSOLE"} <= names
+                assert {"KV_WRIT_IDEMPOTENCY", "KV_WRIT_CONSOLE", "KV_WRIT_OWNERS"} <= names
                 dispatcher = await js.consumer_info("WRIT_CMD", "dispatcher")
                 assert dispatcher.config.ack_wait == 7
                 assert "WRIT_AUDIT" not in names  # in its own account

@@ -12,9 +12,10 @@ import msgspec
 
 from writ_client._handle import RunHandle
 from writ_client._keys import new_key
+from writ_client._paging import every
 from writ_client._session import Session, decode_event, read_sse
 from writ_client._wire.api import RunAccepted, RunView
-from writ_client._wire.governance import PendingDecisions, RunBudget
+from writ_client._wire.governance import PendingDecision, PendingDecisions, RunBudget
 from writ_client._wire.host import (
     ApprovalResult,
     CommandResult,
@@ -297,9 +298,35 @@ class Client:
 
     # -- people ---------------------------------------------------------------------------
 
-    async def pending(self) -> PendingDecisions:
-        """The tenant's decisions waiting for a person (needs the approver role)."""
-        return (await self._call("GET", "/pending-decisions", PendingDecisions))[1]
+    async def pending(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int = 500,
+        requester: str | None = None,
+        agent: str | None = None,
+    ) -> PendingDecisions:
+        """One page of the tenant's decisions waiting for a person, oldest first (needs the
+        approver role), those `requester` asked or of `agent` if given: pass its
+        `next_cursor` as `cursor` for the next page (`iter_pending` does)."""
+        params: dict[str, Any] = {"limit": limit}
+        for name, value in (("cursor", cursor), ("requester", requester), ("agent", agent)):
+            if value is not None:
+                params[name] = value
+        return (await self._call("GET", "/pending-decisions", PendingDecisions, params=params))[1]
+
+    def iter_pending(
+        self, *, page_size: int = 500, requester: str | None = None, agent: str | None = None
+    ) -> AsyncIterator[PendingDecision]:
+        """Every decision waiting for a person (as `pending` filters), page after page,
+        each once."""
+        return every(
+            lambda cursor: self.pending(
+                cursor=cursor, limit=page_size, requester=requester, agent=agent
+            ),
+            lambda page: page.decisions,
+            lambda page: page.next_cursor,
+        )
 
     async def decide(
         self,
@@ -326,29 +353,37 @@ class Client:
         )[1]
 
     async def proposals(
-        self, state: str | None = None, *, cursor: str | None = None, limit: int = 100
+        self,
+        state: str | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = 100,
+        requester: str | None = None,
+        agent: str | None = None,
     ) -> Proposals:
-        """One page of the tenant's proposals, newest first (in `state`, if given): pass its
-        `next_cursor` as `cursor` for the next page (`iter_proposals` does)."""
+        """One page of the tenant's proposals, newest first (in `state`, those `requester`
+        asked or of `agent`, if given): pass its `next_cursor` as `cursor` for the next page
+        (`iter_proposals` does)."""
         params: dict[str, Any] = {"limit": limit}
-        if state:
-            params["state"] = state
-        if cursor is not None:
-            params["cursor"] = cursor
+        for name, value in (
+            ("state", state or None),
+            ("cursor", cursor),
+            ("requester", requester),
+            ("agent", agent),
+        ):
+            if value is not None:
+                params[name] = value
         return (await self._call("GET", "/proposals", Proposals, params=params))[1]
 
-    async def iter_proposals(
+    def iter_proposals(
         self, state: str | None = None, *, page_size: int = 100
     ) -> AsyncIterator[ProposalDetail]:
         """Every proposal (in `state`, if given), page after page, each once."""
-        cursor: str | None = None
-        while True:
-            page = await self.proposals(state, cursor=cursor, limit=page_size)
-            for proposal in page.proposals:
-                yield proposal
-            if page.next_cursor is None or not page.proposals:
-                return
-            cursor = page.next_cursor
+        return every(
+            lambda cursor: self.proposals(state, cursor=cursor, limit=page_size),
+            lambda page: page.proposals,
+            lambda page: page.next_cursor,
+        )
 
     async def proposal(self, proposal_id: str) -> ProposalDetail:
         """One proposal: its frozen preview, request hash and expiry."""
@@ -434,16 +469,13 @@ class Client:
             params["cursor"] = cursor
         return (await self._call("GET", "/sessions", SessionList, params=params))[1]
 
-    async def iter_sessions(self, *, page_size: int = 50) -> AsyncIterator[SessionSummary]:
+    def iter_sessions(self, *, page_size: int = 50) -> AsyncIterator[SessionSummary]:
         """Every session of this principal, page after page, each once."""
-        cursor: str | None = None
-        while True:
-            page = await self.sessions(cursor=cursor, limit=page_size)
-            for summary in page.sessions:
-                yield summary
-            if page.next is None or not page.sessions:
-                return
-            cursor = page.next
+        return every(
+            lambda cursor: self.sessions(cursor=cursor, limit=page_size),
+            lambda page: page.sessions,
+            lambda page: page.next,
+        )
 
     def session(self, session_id: str, *, last_event_id: int = 0) -> Session:
         """An existing session of this principal (its events read from `last_event_id`)."""

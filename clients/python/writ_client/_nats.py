@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import anyio
 import msgspec
@@ -14,12 +14,14 @@ import msgspec
 from writ_client._bus import ASK_S, Bus, connect, decode, raise_service_error
 from writ_client._handle import RunHandle
 from writ_client._keys import new_key
-from writ_client._session import Session, StreamLost
+from writ_client._nats_reads import run_events, session_ask, session_events
+from writ_client._paging import every
+from writ_client._session import Session
 from writ_client._wire import subjects
-from writ_client._wire.api import RunAccepted, RunEvents, RunView
+from writ_client._wire.api import RunAccepted, RunView
 from writ_client._wire.base import Family
 from writ_client._wire.control import CancelRun, cancel
-from writ_client._wire.governance import Answer, PendingDecisions, RunBudget
+from writ_client._wire.governance import Answer, PendingDecision, PendingDecisions, RunBudget
 from writ_client._wire.host import (
     ApprovalAnswer,
     ApprovalResult,
@@ -31,16 +33,13 @@ from writ_client._wire.host import (
     ReviewResult,
     RunRequest,
     RunResult,
-    RunStatus,
     SubmitCommand,
 )
 from writ_client._wire.host_reads import HostRead, host_read
 from writ_client._wire.planner import ReplayReport, StepRecorded
 from writ_client._wire.reads import ProposalDetail, Proposals, ProposalState
 from writ_client._wire.sessions import (
-    HOST_SESSION,
     AnySessionEvent,
-    HostSessionOp,
     PlanAnswered,
     SessionAccepted,
     SessionList,
@@ -412,22 +411,70 @@ class NatsClient:
         """The recorded state of the command under this key."""
         return await self._read("command", CommandResult, operation_key=operation_key)
 
-    async def pending(self) -> PendingDecisions:
-        """The tenant's decisions waiting for a person (needs the approver role)."""
-        return await self._read("pending", PendingDecisions)
+    async def pending(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int = 500,
+        requester: str | None = None,
+        agent: str | None = None,
+    ) -> PendingDecisions:
+        """One page of the tenant's decisions waiting for a person, oldest first (needs the
+        approver role), those `requester` asked or of `agent` if given: pass its
+        `next_cursor` as `cursor` for the next page (`iter_pending` does)."""
+        return await self._read(
+            "pending",
+            PendingDecisions,
+            cursor=cursor,
+            limit=limit,
+            requester=requester,
+            agent=agent,
+        )
 
-    async def proposals(self, state: ProposalState | None = None) -> Proposals:
-        """The tenant's newest proposals (in `state`, if given). The NATS read takes no
-        cursor: it is the first page (`next_cursor` says whether there are more; the HTTP
-        API's `proposals` pages on)."""
-        return await self._read("proposals", Proposals, state=state)
+    def iter_pending(
+        self, *, page_size: int = 500, requester: str | None = None, agent: str | None = None
+    ) -> AsyncIterator[PendingDecision]:
+        """Every decision waiting for a person (as `pending` filters), page after page,
+        each once."""
+        return every(
+            lambda cursor: self.pending(
+                cursor=cursor, limit=page_size, requester=requester, agent=agent
+            ),
+            lambda page: page.decisions,
+            lambda page: page.next_cursor,
+        )
 
-    async def iter_proposals(
-        self, state: ProposalState | None = None
+    async def proposals(
+        self,
+        state: ProposalState | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = 100,
+        requester: str | None = None,
+        agent: str | None = None,
+    ) -> Proposals:
+        """One page of the tenant's proposals, newest first (in `state`, those `requester`
+        asked or of `agent`, if given): pass its `next_cursor` as `cursor` for the next page
+        (`iter_proposals` does)."""
+        return await self._read(
+            "proposals",
+            Proposals,
+            state=state,
+            cursor=cursor,
+            limit=limit,
+            requester=requester,
+            agent=agent,
+        )
+
+    def iter_proposals(
+        self, state: ProposalState | None = None, *, page_size: int = 100
     ) -> AsyncIterator[ProposalDetail]:
-        """The proposals `proposals` answers, one by one."""
-        for proposal in (await self.proposals(state)).proposals:
-            yield proposal
+        """Every proposal (in `state`, if given), page after page, each once."""
+        return every(
+            lambda cursor: self.proposals(state, cursor=cursor, limit=page_size),
+            lambda page: page.proposals,
+            lambda page: page.next_cursor,
+        )
 
     async def proposal(self, proposal_id: str) -> ProposalDetail:
         """One proposal: its frozen preview, request hash and expiry."""
@@ -437,38 +484,12 @@ class NatsClient:
         """Replay a run offline from the journal (needs the auditor role)."""
         return await self._read("replay", ReplayReport, run_id=run_id)
 
-    async def events(
+    def events(
         self, run_id: str, *, after: int = -1, poll_s: float = 0.25
     ) -> AsyncIterator[StepRecorded | RunResult]:
         """The run's committed steps after `after`, then its `RunResult`: read in turns, so a
         lost connection resumes right after the last step seen."""
-        final = {"succeeded", "failed", "awaiting_human", "cancelled"}
-        while True:
-            try:
-                batch = await self._read("events", RunEvents, run_id=run_id, after=after)
-            except WritError as exc:
-                if exc.code not in ("UNAVAILABLE", "NOT_FOUND"):
-                    raise
-                await anyio.sleep(poll_s)
-                continue
-            for step in batch.steps:
-                after = step.seq
-                yield step
-            if batch.run.status in final:
-                view = batch.run
-                yield RunResult(
-                    request_id=view.request_id,
-                    status=cast(RunStatus, view.status),
-                    run_id=view.run_id,
-                    error=view.error,
-                    answer=view.answer,
-                    actions=view.actions,
-                    pending_id=view.pending_id,
-                    proposal=view.proposal,
-                    version=view.version,
-                )
-                return
-            await anyio.sleep(poll_s)
+        return run_events(self._read, run_id, after, poll_s)
 
     # -- chat sessions (`writ.api.<tenant>.session`, request/reply) ------------------------
 
@@ -489,16 +510,13 @@ class NatsClient:
         assert reply.sessions is not None
         return reply.sessions
 
-    async def iter_sessions(self, *, page_size: int = 50) -> AsyncIterator[SessionSummary]:
+    def iter_sessions(self, *, page_size: int = 50) -> AsyncIterator[SessionSummary]:
         """Every session of this principal, page after page, each once."""
-        cursor: str | None = None
-        while True:
-            page = await self.sessions(cursor=cursor, limit=page_size)
-            for summary in page.sessions:
-                yield summary
-            if page.next is None or not page.sessions:
-                return
-            cursor = page.next
+        return every(
+            lambda cursor: self.sessions(cursor=cursor, limit=page_size),
+            lambda page: page.sessions,
+            lambda page: page.next,
+        )
 
     def session(self, session_id: str, *, last_event_id: int = 0) -> Session:
         """An existing session of this principal (its events read after `last_event_id`)."""
@@ -542,25 +560,11 @@ class NatsClient:
         assert reply.view is not None
         return reply.view
 
-    async def _session_events(
+    def _session_events(
         self, session_id: str, after: int, *, poll_s: float = 0.2
     ) -> AsyncIterator[tuple[int, AnySessionEvent | None]]:
         """The session's events after stream sequence `after`, read in batches."""
-        while True:
-            try:
-                reply = await self._session_ask(
-                    "events", None, session_id=session_id, after=after, retries=0
-                )
-            except WritError as exc:
-                if exc.code == "UNAVAILABLE":
-                    raise StreamLost(exc.code, exc.message) from exc
-                raise
-            assert reply.events is not None
-            for item in reply.events.events:
-                after = item.seq
-                yield item.seq, item.event
-            if not reply.events.events:
-                await anyio.sleep(poll_s)
+        return session_events(self._session_ask, session_id, after, poll_s=poll_s)
 
     async def _session_ask(
         self,
@@ -571,21 +575,6 @@ class NatsClient:
         **fields: Any,
     ) -> SessionReply:
         """One session operation; a write is retried under its key on an outage."""
-        delay = 0.2
-        for attempt in range(retries + 1):
-            ask = HostSessionOp(
-                token=self._token(),
-                op=op,
-                key=key,
-                **fields,
-            )
-            try:
-                msg = await self._bus.ask(host_read(self._tenant, HOST_SESSION), ask)
-                raise_service_error(msg.headers)
-                return decode(msg.data, SessionReply)
-            except WritError as exc:
-                if not exc.retryable or attempt == retries:
-                    raise
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
+        return await session_ask(
+            self._bus, self._token, self._tenant, op, key, retries=retries, **fields
+        )

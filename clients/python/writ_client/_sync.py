@@ -13,7 +13,7 @@ from writ_client._handle import RunHandle
 from writ_client._http import Client
 from writ_client._session import SyncSession, iterate
 from writ_client._wire.api import RunAccepted, RunView
-from writ_client._wire.governance import PendingDecisions, RunBudget
+from writ_client._wire.governance import PendingDecision, PendingDecisions, RunBudget
 from writ_client._wire.host import (
     ApprovalResult,
     CommandResult,
@@ -226,9 +226,29 @@ class SyncClient:
 
     # -- people ---------------------------------------------------------------------------
 
-    def pending(self) -> PendingDecisions:
-        """`Client.pending`: the tenant's decisions waiting for a person."""
-        return self._call(self._client.pending)
+    def pending(
+        self,
+        *,
+        cursor: str | None = None,
+        limit: int = 500,
+        requester: str | None = None,
+        agent: str | None = None,
+    ) -> PendingDecisions:
+        """`Client.pending`: one page of the tenant's decisions waiting for a person."""
+        return self._call(
+            lambda: self._client.pending(
+                cursor=cursor, limit=limit, requester=requester, agent=agent
+            )
+        )
+
+    def iter_pending(
+        self, *, page_size: int = 500, requester: str | None = None, agent: str | None = None
+    ) -> Iterator[PendingDecision]:
+        """`Client.iter_pending`: every decision waiting for a person, page after page."""
+        return iterate(
+            self._portal,
+            self._client.iter_pending(page_size=page_size, requester=requester, agent=agent),
+        )
 
     def decide(
         self,
@@ -251,10 +271,20 @@ class SyncClient:
         )
 
     def proposals(
-        self, state: str | None = None, *, cursor: str | None = None, limit: int = 100
+        self,
+        state: str | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = 100,
+        requester: str | None = None,
+        agent: str | None = None,
     ) -> Proposals:
         """`Client.proposals`: one page of the tenant's proposals."""
-        return self._call(lambda: self._client.proposals(state, cursor=cursor, limit=limit))
+        return self._call(
+            lambda: self._client.proposals(
+                state, cursor=cursor, limit=limit, requester=requester, agent=agent
+            )
+        )
 
     def iter_proposals(
         self, state: str | None = None, *, page_size: int = 100

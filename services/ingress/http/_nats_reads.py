@@ -90,11 +90,21 @@ async def _answer(api: Api, read: str, tenant: str, ask: HostRead) -> msgspec.St
             GetCommand(tenant=tenant, operation_key=_need(ask.operation_key, "operation_key")),
             CommandResult,
         )
+    # A page as the HTTP door's lists give it: `limit` after `cursor`, filtered alike.
+    paged: dict[str, Any] = {"cursor": ask.cursor, "agent": ask.agent}
+    if ask.limit is not None:
+        paged["limit"] = ask.limit
     if read == "pending":
-        return await api.ask(subjects.PENDING_LIST, ListPending(tenant=tenant), PendingDecisions)
+        return await api.ask(
+            subjects.PENDING_LIST,
+            ListPending(tenant=tenant, principal=ask.requester, **paged),
+            PendingDecisions,
+        )
     if read == "proposals":
         return await api.ask(
-            PROPOSALS_LIST, ListProposals(tenant=tenant, state=ask.state), Proposals
+            PROPOSALS_LIST,
+            ListProposals(tenant=tenant, state=ask.state, requester=ask.requester, **paged),
+            Proposals,
         )
     if read == "proposal":
         return await api.ask(

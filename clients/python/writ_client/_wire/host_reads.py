@@ -40,7 +40,11 @@ class HostRead(Command, frozen=True):
 
     `after`: for `events`, the last step seen; for `wait`, the `version` of the last
     `RunResult` seen (-1: none). `wait` answers the run's `RunResult` once it has one whose
-    `version` is above `after`, or `TIMEOUT` (504) when none came within `timeout_s`."""
+    `version` is above `after`, or `TIMEOUT` (504) when none came within `timeout_s`.
+
+    `pending` and `proposals` page as the HTTP door's lists do: a page of `limit` (None: the
+    list's own default, 500 pending decisions or 100 proposals) after `cursor`, the
+    `next_cursor` of the page before; `requester` and `agent` filter both."""
 
     token: Token
     run_id: Id | None = None
@@ -49,3 +53,7 @@ class HostRead(Command, frozen=True):
     state: ProposalState | None = None
     after: Annotated[int, msgspec.Meta(ge=-1)] = -1
     timeout_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 30.0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=500)] | None = None
+    cursor: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    requester: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    agent: Annotated[str, msgspec.Meta(max_length=128)] | None = None
