@@ -1,9 +1,16 @@
 """The deployment the crash matrix runs on: Writ's six services, the fake CRM and the fake
 payment provider, started locally with crash points armable from a file (libs/faults.py) and
-short leases, so that a dispatcher killed at a boundary is taken over within seconds."""
+short leases, so that a dispatcher killed at a boundary is taken over within seconds.
+
+The dispatcher is killed from outside: armed with `hold:<point>`, it stops each command that
+reaches the point there and names it in the faults file's `.reached` file; the kit waits until
+the commands it sent are held (or no more come), then sends the process SIGKILL."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,14 +24,15 @@ import nats
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from libs.faults import CRASH_STATUS
 from schemas import subjects
 from schemas.host import ApprovalResult, ApproveProposal, CommandResult, SubmitCommand
 from writ.stack import Stack
 
 __all__ = ["LEASE_S", "TERMINAL", "Deployment", "NotReached"]
 
-LEASE_S: Final = 3.0
+LEASE_S: Final = 5.0  # longer than a hold gathers commands: none is taken over while held
+HOLD_IDLE_S: Final = 1.0  # held commands are gathered until none came for this long
+HOLD_MAX_S: Final = 2.5  # or for this long after the first, well within the lease
 TERMINAL: Final = frozenset(
     {"succeeded", "failed", "unknown", "denied", "expired", "revision_required"}
 )
@@ -114,17 +122,68 @@ class Deployment:
                     found.setdefault(charge["reference"], []).append(charge["charge_id"])
         return found
 
+    def calls(self, provider: str) -> list[dict[str, Any]]:
+        """The provider's call log: each write and lookup under a key, and whether the write's
+        answer left."""
+        with self.crm() if provider == "crm" else self.payments() as client:
+            log: list[dict[str, Any]] = client.get("/_control/log").raise_for_status().json()["log"]
+            return log
+
     def control(self, provider: str, path: str, body: dict[str, Any]) -> None:
         with self.crm() if provider == "crm" else self.payments() as client:
             client.post(path, json=body).raise_for_status()
 
     # -- the dispatcher ----------------------------------------------------------------------
 
+    @property
+    def reached(self) -> Path:
+        return self.faults.with_name(self.faults.name + ".reached")
+
     def arm(self, points: Iterable[str]) -> None:
-        self.faults.write_text("\n".join(points))
+        """Hold every command that reaches these points (libs/faults.py)."""
+        self.reached.write_text("")
+        self.faults.write_text("\n".join(f"hold:{p}" for p in points))
 
     def disarm(self) -> None:
         self.faults.write_text("")
+
+    def _held(self, point: str) -> dict[str, int]:
+        """Operation id -> the pid of the process holding it at `point`."""
+        held = {}
+        for line in self.reached.read_text().splitlines():
+            pid, at, op = line.split()
+            if at == point:
+                held[op] = int(pid)
+        return held
+
+    async def kill_held(self, point: str, wanted: set[str], timeout: float) -> set[str]:
+        """Wait until the dispatcher holds `wanted` at `point` (or no more come), then SIGKILL
+        it from outside; the operations it held."""
+        first = last = 0.0
+        count = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            held = self._held(point)
+            now = time.monotonic()
+            if len(held) > count:
+                count, last = len(held), now
+                first = first or now
+            if first and (
+                wanted <= held.keys() or now - last >= HOLD_IDLE_S or now - first >= HOLD_MAX_S
+            ):
+                break
+            if now > deadline:
+                raise NotReached(f"no command reached {point} within {timeout:.0f} s")
+            await anyio.sleep(0.05)
+        proc = self.stack.procs[DISPATCHER]
+        if set(held.values()) != {proc.pid}:
+            raise RuntimeError(f"held by {sorted(set(held.values()))}, not by {proc.pid}")
+        os.kill(proc.pid, signal.SIGKILL)
+        status = await anyio.to_thread.run_sync(lambda: proc.wait(30))
+        if status != -signal.SIGKILL:
+            raise RuntimeError(f"the dispatcher exited {status}, not killed")
+        del self.stack.procs[DISPATCHER]
+        return set(held)
 
     async def set_dispatcher_env(self, name: str, value: str | None) -> None:
         env = self.stack.extra_env.setdefault(DISPATCHER, {})
@@ -141,19 +200,6 @@ class Deployment:
         await anyio.to_thread.run_sync(lambda: self.stack.start_instance(DISPATCHER, DISPATCHER))
         if ready:
             await self.stack.wait_ready((DISPATCHER,))
-
-    async def crashed(self, timeout: float) -> None:
-        """Wait for the dispatcher to die at an armed point (status 137, the point taken)."""
-        proc = self.stack.procs[DISPATCHER]
-        for _ in range(int(timeout / 0.05)):
-            if proc.poll() is not None:
-                break
-            await anyio.sleep(0.05)
-        if proc.poll() is None:
-            raise NotReached("the dispatcher did not reach the armed point")
-        if proc.returncode != CRASH_STATUS:
-            raise RuntimeError(f"the dispatcher exited {proc.returncode}, not at a crash point")
-        del self.stack.procs[DISPATCHER]
 
     # -- the host's side ---------------------------------------------------------------------
 
