@@ -6,6 +6,7 @@ providers (no duplicate, no loss, `unknown` only where the provider cannot tell,
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -17,16 +18,22 @@ import httpx
 import pytest
 
 from fakes.crm import FakeCrm
+from writ.conformance.deployment import kit_settings
+from writ.stack import Stack
+from writ.supervisor import Supervisor
 
 pytestmark = [pytest.mark.e2e]
 
 TOKEN = "crm-conformance-token"
 
 
-def _writ(*args: str, timeout: float = 1700) -> subprocess.CompletedProcess[str]:
+def _writ(
+    *args: str, timeout: float = 1700, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run the command; past `timeout`, interrupt it so that it stops its deployment."""
     with subprocess.Popen(
         [sys.executable, "-m", "writ.cli", "conformance", *args],
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -104,6 +111,56 @@ def test_a_connector_that_acts_again_under_a_repeated_key_is_caught(tmp_path: Pa
     for c in summary["cells"]:
         assert c["reached"] == 2 and c["duplicates"] >= 2, c
     assert re.search(r"^NOT CONFORMING: idempotent/after_commit: \d+ duplicate", done.stdout, re.M)
+
+
+@pytest.mark.timeout(900)
+def test_the_kit_targets_a_running_deployment_it_neither_starts_nor_restarts(
+    tmp_path: Path,
+) -> None:
+    """A deployment started here and kept alive by its own supervisor; the kit, given its
+    addresses and credentials in the environment, kills its dispatcher and leaves it running."""
+    faults = tmp_path / "faults"
+    faults.write_text("")
+    stack = Stack(
+        tmp_path / "home", database="target", durable_pg=False, extra_env=kit_settings(faults)
+    )
+    restarted: list[str] = []
+    supervisor = Supervisor(stack, report=lambda what, detail: restarted.append(what))
+    try:
+        stack.start_all()
+        supervisor.start()
+        env = {
+            "WRIT_CONFORMANCE_NATS_URL": stack.nats_url,
+            "WRIT_CONFORMANCE_DATABASE_URL": stack.database_dsn,
+            "WRIT_CONFORMANCE_HOST_CREDENTIALS": str(stack.write_host_credentials("acme")),
+            "WRIT_CONFORMANCE_CRM_URL": stack.crm_url,
+            "WRIT_CONFORMANCE_PAYMENTS_URL": stack.payments_url,
+            "WRIT_CONFORMANCE_FAULTS_FILE": str(faults),
+        }
+        figures = tmp_path / "figures.json"
+        args = ("--target", "--contract", "idempotent", "none", "--boundary", "reconciling")
+        done = _writ(*args, "--k", "1", "--json", str(figures), env=env, timeout=800)
+        assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+        summary = json.loads(figures.read_text())
+        assert summary["conforms"], summary
+        for c in summary["cells"]:
+            assert c["reached"] == 1 and c["kills"] == 2 * c["rounds"], c
+            assert (c["duplicates"], c["losses"], c["mismatches"]) == (0, 0, 0), c
+        kills = sum(c["kills"] for c in summary["cells"])
+        # Every kill was of the deployment's own dispatcher, which its supervisor restarted;
+        # and the deployment is still there after the kit is done.
+        assert supervisor.restarts >= kills, (supervisor.restarts, restarted)
+        assert stack.procs["dispatcher"].poll() is None
+        assert faults.read_text() == ""  # left disarmed
+
+        partial = {k: v for k, v in env.items() if not k.endswith("_DATABASE_URL")}
+        refused = _writ("--target", "--k", "1", env=partial, timeout=60)
+        assert refused.returncode != 0
+        assert "--database-url (WRIT_CONFORMANCE_DATABASE_URL)" in refused.stderr
+        assert stack.nats_url not in refused.stderr  # a credential is never echoed
+    finally:
+        supervisor.stop()
+        stack.stop()
 
 
 @pytest.fixture

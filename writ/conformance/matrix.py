@@ -22,7 +22,7 @@ import msgspec
 from libs.deadline import timed_request
 from schemas import subjects
 from schemas.dispatcher import Reconcile, Reconciled
-from writ.conformance.deployment import DISPATCHER, TENANT, TERMINAL, Deployment, NotReached
+from writ.conformance.deployment import TERMINAL, Deployment, NotReached
 
 __all__ = ["BOUNDARIES", "CONTRACTS", "Cell", "Contract", "Trial", "run_cell"]
 
@@ -148,6 +148,7 @@ def _verdict(state: str, receipt: str | None, effects: list[str]) -> str:
 
 
 def _at_boundary(
+    tenant: str,
     boundary: str,
     contract: Contract,
     op: str,
@@ -157,7 +158,7 @@ def _at_boundary(
     state: str,
 ) -> tuple[bool, str]:
     """Whether the evidence taken at the kill shows `op` at `boundary`, and what it showed."""
-    key = f"{TENANT}:{op}"
+    key = f"{tenant}:{op}"
     writes = [c for c in calls if c["key"] == key and c["kind"] == "write"]
     if boundary == "lost_response":
         lost = sum(not c["answered"] for c in writes)
@@ -185,8 +186,13 @@ def _at_boundary(
 async def _round(
     dep: Deployment, contract: Contract, boundary: str, first: int, size: int, cell: Cell
 ) -> None:
-    await dep.stop_dispatcher()
-    await dep.set_dispatcher_env("WRIT_PAYMENTS_QUERYABLE", "true" if contract.queryable else None)
+    points = BOUNDARIES[boundary]
+    if dep.supervised:  # it runs on: its commands are held as they come
+        dep.arm(points[:1])
+    else:  # stopped while the round is submitted: it fetches the commands together
+        await dep.stop_dispatcher()
+        value = "true" if contract.queryable else None
+        await dep.set_dispatcher_env("WRIT_PAYMENTS_QUERYABLE", value)
     if contract.provider == "payments":
         dep.control("payments", "/_control/queryable", {"queryable": contract.queryable})
     commands = [dep.command(contract.action, contract.arguments(first + i)) for i in range(size)]
@@ -200,15 +206,16 @@ async def _round(
     await dep.published(keys)
     ops = {r["operation_key"]: str(r["operation_id"]) for r in await dep.rows(keys)}
 
-    points = BOUNDARIES[boundary]
     evidence: dict[str, tuple[bool, str]] = {}
     if not points:
         dep.control(contract.provider, "/_control/mode", {"mode": "lose_response", "count": size})
     wanted = set(ops.values())
     try:
-        for point in points:
-            dep.arm((point,))
-            await dep.start_dispatcher()
+        for index, point in enumerate(points):
+            if index or not dep.supervised:  # a supervised one's first was armed already
+                dep.arm((point,))
+            if not dep.running():
+                await dep.start_dispatcher()
             held = await dep.kill_held(point, wanted, _CRASH_WAIT_S)
             cell.crashes += 1
             # The evidence, before any successor runs: the journal and the provider's calls.
@@ -217,7 +224,14 @@ async def _round(
             states = {str(r["operation_id"]): r["state"] for r in await dep.rows(keys)}
             evidence = {
                 op: _at_boundary(
-                    boundary, contract, op, held, at_kill.get(op, []), calls, states.get(op, "")
+                    dep.tenant,
+                    boundary,
+                    contract,
+                    op,
+                    held,
+                    at_kill.get(op, []),
+                    calls,
+                    states.get(op, ""),
                 )
                 for op in ops.values()
             }
@@ -226,14 +240,15 @@ async def _round(
         cell.not_reached += 1
     finally:
         dep.disarm()
-    if dep.stack.procs.get(DISPATCHER) is None:
+    if not dep.running():
         await dep.start_dispatcher()
     rows = {r["operation_key"]: r for r in await dep.settled(keys, _SETTLE_WAIT_S)}
     dep.control(contract.provider, "/_control/mode", {"mode": "normal"})
     if not points:  # the provider's own log says whose answer it lost
         calls = dep.calls(contract.provider)
         evidence = {
-            op: _at_boundary(boundary, contract, op, set(), [], calls, "") for op in ops.values()
+            op: _at_boundary(dep.tenant, boundary, contract, op, set(), [], calls, "")
+            for op in ops.values()
         }
 
     ledger = dep.ledger(contract.provider)
@@ -243,7 +258,7 @@ async def _round(
         row = rows.get(key)
         op = None if row is None else str(row["operation_id"])
         state = "missing" if row is None else row["state"]
-        effects = ledger.get(f"{TENANT}:{op}", []) if op else []
+        effects = ledger.get(f"{dep.tenant}:{op}", []) if op else []
         tried = attempts.get(op or "", [])
         reached, seen = evidence.get(ops.get(key, ""), (False, "no evidence taken"))
         cell.trials.append(
@@ -266,7 +281,7 @@ async def _round(
 def listed_unknown(dep: Deployment) -> set[str]:
     """The operation ids `writ reconcile list` prints, run as an operator would."""
     done = subprocess.run(
-        [sys.executable, "-m", "writ.cli", "reconcile", "--nats-url", dep.stack.nats_url, "list"],
+        [sys.executable, "-m", "writ.cli", "reconcile", "--nats-url", dep.nats_url, "list"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -288,7 +303,7 @@ async def settle_unknowns(dep: Deployment, cell: Cell) -> None:
         assert trial.operation_id is not None
         acted = len(trial.effects) == 1
         ask = Reconcile(
-            tenant=TENANT,
+            tenant=dep.tenant,
             operation_id=trial.operation_id,
             state="succeeded" if acted else "failed",
             receipt=trial.effects[0] if acted else None,

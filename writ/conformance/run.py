@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from writ.conformance.matrix import BOUNDARIES, CONTRACTS, Cell
+from writ.conformance.target import ENV, Target, TargetError
 
 __all__ = ["add_parser", "conforms", "table"]
 
@@ -64,7 +65,7 @@ async def _matrix(args: argparse.Namespace) -> list[Cell]:
 
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="writ-conformance-") as home:
-        dep = Deployment(Path(home))
+        dep = Deployment(Path(home), _target(args))
         try:
             await dep.start()
             if args.broken_crm:  # the deliberately broken connector: a repeated key acts again
@@ -77,12 +78,23 @@ async def _matrix(args: argparse.Namespace) -> list[Cell]:
                     cells.append(cell)
                     progress(table([cell]).splitlines()[-1])  # each cell's figures as they come
         finally:
-            if args.keep_logs:
+            if args.keep_logs and dep.stack is not None:
                 import shutil
 
                 shutil.copytree(dep.stack.logs, args.keep_logs, dirs_exist_ok=True)
             await dep.stop()
     return cells
+
+
+def _target(args: argparse.Namespace) -> Target | None:
+    """The running deployment to target, if `--target` or any of its settings says so."""
+    given = {name: getattr(args, name) for name in ENV}
+    if not args.target and not any(given.values()):
+        return None
+    try:
+        return Target.read(given)
+    except TargetError as exc:
+        raise SystemExit(f"writ conformance --target: {exc}") from None
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -94,6 +106,7 @@ def _conformance(args: argparse.Namespace) -> int:
         return _endpoint(args)
     if not 0 < args.k <= 10_000 or not 0 < args.batch <= 64:
         raise SystemExit("--k must be 1..10000 and --batch 1..64")
+    _target(args)  # refuse an incomplete target before anything starts
     signal.signal(signal.SIGTERM, _interrupted)  # stop the deployment on the way out
     started = time.monotonic()
     cells = anyio.run(_matrix, args)
@@ -191,6 +204,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rows", default="", help="write every trial's row comparison (JSON lines)")
     p.add_argument("--json", default="", help="write the figures as JSON")
     p.add_argument("--keep-logs", default="", help="copy the services' logs to this folder")
+    t = p.add_argument_group(
+        "a running deployment (each setting also from its WRIT_CONFORMANCE_* variable)"
+    )
+    t.add_argument(
+        "--target",
+        action="store_true",
+        help="run against a running deployment rather than one the kit starts",
+    )
+    t.add_argument("--nats-url", default="", help="an administrator's NATS URL (user:password@)")
+    t.add_argument("--database-url", default="", help="Writ's database (reads the journal)")
+    t.add_argument("--host-credentials", default="", help="the tenant's host folder")
+    t.add_argument("--crm-url", default="", help="the CRM provider, with its control API")
+    t.add_argument("--payments-url", default="", help="the payment provider, with its control API")
+    t.add_argument("--faults-file", default="", help="the dispatcher's WRIT_FAULTS_FILE")
     p.add_argument("--endpoint", default="", help="a host's endpoint claiming idempotency")
     p.add_argument("--credential-file", default="", help="its bearer token (with --endpoint)")
     p.add_argument(
