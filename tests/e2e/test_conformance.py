@@ -138,7 +138,7 @@ def test_the_kit_targets_a_running_deployment_it_neither_starts_nor_restarts(
             "WRIT_CONFORMANCE_FAULTS_FILE": str(faults),
         }
         figures = tmp_path / "figures.json"
-        args = ("--target", "--contract", "idempotent", "none", "--boundary", "reconciling")
+        args = ("--target", "--contract", "idempotent", "--boundary", "reconciling")
         done = _writ(*args, "--k", "1", "--json", str(figures), env=env, timeout=800)
         assert done.returncode == 0, done.stdout + done.stderr[-4000:]
         summary = json.loads(figures.read_text())
