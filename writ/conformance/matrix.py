@@ -4,7 +4,7 @@ response), then every command's row in Writ's journal compared with the provider
 
 A command counts toward K only on evidence taken at the kill, before any successor starts: the
 dispatcher names it held at the point, its attempts in the journal and the provider's call log
-show it where the boundary says (`_at_boundary`). Rounds go on until K commands reached it."""
+show it where the boundary says (`at_boundary`). Rounds go on until K commands reached it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from schemas import subjects
 from schemas.dispatcher import Reconcile, Reconciled
 from writ.conformance.deployment import TERMINAL, Deployment, NotReached
 
-__all__ = ["BOUNDARIES", "CONTRACTS", "Cell", "Contract", "Trial", "run_cell"]
+__all__ = ["BOUNDARIES", "CONTRACTS", "Cell", "Contract", "Trial", "at_boundary", "run_cell"]
 
 _CRASH_WAIT_S: Final = 90.0
 _ROUNDS_PER_BATCH: Final = 4  # rounds at most per `batch` of K before a cell gives up
@@ -147,7 +147,7 @@ def _verdict(state: str, receipt: str | None, effects: list[str]) -> str:
     return "lost"  # never reached an outcome
 
 
-def _at_boundary(
+def at_boundary(
     tenant: str,
     boundary: str,
     contract: Contract,
@@ -223,7 +223,7 @@ async def _round(
             calls = dep.calls(contract.provider)
             states = {str(r["operation_id"]): r["state"] for r in await dep.rows(keys)}
             evidence = {
-                op: _at_boundary(
+                op: at_boundary(
                     dep.tenant,
                     boundary,
                     contract,
@@ -247,7 +247,7 @@ async def _round(
     if not points:  # the provider's own log says whose answer it lost
         calls = dep.calls(contract.provider)
         evidence = {
-            op: _at_boundary(dep.tenant, boundary, contract, op, set(), [], calls, "")
+            op: at_boundary(dep.tenant, boundary, contract, op, set(), [], calls, "")
             for op in ops.values()
         }
 
