@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +39,7 @@ __all__ = [
 
 MAX_BODY_BYTES: Final = 64 * 1024
 MODES: Final = frozenset({"normal", "fail", "slow", "lose_response"})
+MAX_LOG: Final = 100_000  # calls the log keeps, the oldest dropped first
 # Below this an oversized body is drained before the 413, because closing a socket with unread
 # bytes makes the kernel send a reset and the client would never read our answer.
 _DRAIN_LIMIT: Final = 1 << 20
@@ -82,6 +84,7 @@ class State:
         with self.lock:
             self.calls = 0
             self.mode = Mode()
+            self.log: deque[dict[str, Any]] = deque(maxlen=MAX_LOG)
             self._clear()
 
     def _clear(self) -> None:
@@ -91,6 +94,12 @@ class State:
         """Count one call to the fake's fault-prone endpoint."""
         with self.lock:
             self.calls += 1
+
+    def note(self, kind: str, key: str | None, *, answered: bool) -> None:
+        """Log one call that acted (`write`) or asked (`lookup`) under `key`, and whether its
+        answer left (`GET /_control/log`: what a crash matrix reads as its evidence)."""
+        with self.lock:
+            self.log.append({"kind": kind, "key": key, "answered": answered})
 
     def take_mode(self) -> Mode:
         """The mode for this call, using up one of its `count`."""
@@ -223,6 +232,9 @@ class Handler(BaseHTTPRequestHandler):
         if (method, path) == ("GET", "/_control/calls"):
             with state.lock:
                 return Reply(200, {"calls": state.calls})
+        if (method, path) == ("GET", "/_control/log"):
+            with state.lock:
+                return Reply(200, {"log": list(state.log)})
         if (method, path) == ("POST", "/_control/reset"):
             state.reset()
             return Reply(200, {"ok": True})
@@ -252,8 +264,9 @@ class Handler(BaseHTTPRequestHandler):
         except _receipts.ReceiptRefused as exc:
             raise HttpError(403, "approval receipt refused", reason=exc.reason) from None
 
-    def _under_mode(self, effect: Callable[[], Reply]) -> Reply | None:
-        """Run `effect` as the current fault mode says; None means lose the response."""
+    def _under_mode(self, effect: Callable[[], Reply], key: str | None = None) -> Reply | None:
+        """Run `effect` as the current fault mode says; None means lose the response. A write
+        that acted is logged under `key`, with whether its answer left."""
         # Only well-formed, authorized requests get here to use up the mode, so `count` is
         # predictable.
         mode = self.server.state.take_mode()
@@ -262,7 +275,9 @@ class Handler(BaseHTTPRequestHandler):
         if mode.name == "slow":
             self.server.stopping.wait(mode.delay_s)  # stop() cuts the sleep short
         reply = effect()
-        return None if mode.name == "lose_response" else reply
+        lost = mode.name == "lose_response"
+        self.server.state.note("write", key, answered=not lost)
+        return None if lost else reply
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding"):

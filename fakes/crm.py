@@ -124,7 +124,8 @@ class _Handler(_http.Handler):
         return self._under_mode(
             lambda: self.server.state.create_note(
                 customer_id, key, body, self.headers.get("If-Match")
-            )
+            ),
+            key,
         )
 
     def _route_control(self, method: str, path: str) -> Reply:

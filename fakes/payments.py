@@ -214,7 +214,9 @@ class _Handler(_http.Handler):
             return self._post_charge() if path == "/v1/charges" else self._post_refund()
         if method == "GET" and path in ("/v1/charges", "/v1/refunds"):
             references = parse_qs(url.query).get("reference")
-            return state.find(path.removeprefix("/v1/"), references[0] if references else None)
+            reference = references[0] if references else None
+            state.note("lookup", reference, answered=True)
+            return state.find(path.removeprefix("/v1/"), reference)
         if method == "GET" and path.startswith("/v1/payments/"):
             return state.payment(path.removeprefix("/v1/payments/"))
         raise HttpError(404, "not found")
@@ -223,7 +225,9 @@ class _Handler(_http.Handler):
         fields = _parse_charge(self._json())
         reference = self._reference()
         self._check_once(reference, "charges")
-        return self._under_mode(lambda: self.server.state.create_charge(fields, reference))
+        return self._under_mode(
+            lambda: self.server.state.create_charge(fields, reference), reference
+        )
 
     def _post_refund(self) -> Reply | None:
         fields = _parse_refund(self._json())
@@ -231,7 +235,9 @@ class _Handler(_http.Handler):
         self._check_once(reference, "refunds")
         # A refused refund (404, 409) raises inside the effect and is answered whatever the mode:
         # only a refund that was made can have its response lost.
-        return self._under_mode(lambda: self.server.state.create_refund(fields, reference))
+        return self._under_mode(
+            lambda: self.server.state.create_refund(fields, reference), reference
+        )
 
     def _check_once(self, reference: str | None, kind: str) -> None:
         """With receipts required: the receipt must authorise this body under this reference,

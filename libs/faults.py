@@ -3,6 +3,12 @@
 A test writes point names, one per line, into the file named by `WRIT_FAULTS_FILE`; the first
 process to reach an armed point removes it from the file (so its restarted successor runs on)
 and exits at once with status 137, as if killed: no cleanup, no ack, no commit.
+
+`hold:<point>` instead stops every task that reaches the point there, for good, and appends
+`<pid> <point> <operation id>` to `<file>.reached` for each operation it holds: a test that
+wants the kill to come from outside reads that file and sends the process SIGKILL itself, once
+the operations it is waiting for are all held at the boundary. A hold stays armed until the
+test disarms it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import logging
 import os
 from pathlib import Path
 from typing import Final
+
+import anyio
 
 __all__ = ["CRASH_STATUS", "FaultInjected", "Faults"]
 
@@ -42,6 +50,29 @@ class Faults:
         log.warning("fault injected: crashing at %s", point)
         logging.shutdown()
         os._exit(CRASH_STATUS)
+
+    async def reach(self, point: str, *operation_ids: str) -> None:
+        """At `point` with these operations: hold them there if `hold:<point>` is armed (the
+        process is to be killed from outside), else crash if `point` is armed."""
+        if self._held(point):
+            assert self._path is not None
+            reached = self._path.with_name(self._path.name + ".reached")
+            lines = "".join(f"{os.getpid()} {point} {op}\n" for op in operation_ids)
+            with reached.open("a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                handle.write(lines)
+                handle.flush()
+                os.fsync(handle.fileno())
+            log.warning("fault injected: holding %d operation(s) at %s", len(operation_ids), point)
+            await anyio.sleep_forever()
+        self.crash_if(point)
+
+    def _held(self, point: str) -> bool:
+        if self._path is None or not self._path.exists():
+            return False
+        with self._path.open() as handle:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+            return f"hold:{point}" in handle.read().split()
 
     def _take(self, point: str) -> bool:
         if self._path is None or not self._path.exists():

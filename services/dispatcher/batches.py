@@ -117,7 +117,9 @@ class Batches:
                 tg.start_soon(one, index, claim)
             if plain:
                 tg.start_soon(self._dispatch_plain, deliveries, plain, results)
-        self._rt.faults.crash_if("dispatcher.before_ack")
+        await self._rt.faults.reach(
+            "dispatcher.before_ack", *(d.message.operation_id for d in deliveries)
+        )
         return results
 
     def _plain(self, index: int, claim: Claim) -> _Plain | None:
@@ -190,7 +192,9 @@ class Batches:
             for job in ready:
                 results[job.index] = exc
             return
-        self._rt.faults.crash_if("dispatcher.before_send")  # intents recorded, nothing sent
+        await self._rt.faults.reach(  # intents recorded, nothing sent
+            "dispatcher.before_send", *(job.claim.operation_id for job in ready)
+        )
         called: list[_Plain] = []
         for job, attempt in zip(ready, attempts, strict=True):
             if attempt is None:
@@ -228,7 +232,9 @@ class Batches:
                 self._breakers.for_tool(job.claim.action).record(
                     job.admission, self._execution.outcome(job.result, job.elapsed_s)
                 )
-        self._rt.faults.crash_if("dispatcher.after_remote_write")
+        await self._rt.faults.reach(
+            "dispatcher.after_remote_write", *(job.claim.operation_id for job in called)
+        )
         finishing: list[tuple[_Plain, tuple[str, str, str | None, str | None]]] = []
         for job in called:
             if job.result is None:

@@ -185,7 +185,7 @@ class Execution:
         if prior:
             # An earlier holder may have reached the provider: its contract says what is safe.
             if connector.contract != "queryable":
-                self._rt.faults.crash_if("dispatcher.reconciling")
+                await self._rt.faults.reach("dispatcher.reconciling", claim.operation_id)
             if connector.contract == "none":
                 await self._finish(
                     claim,
@@ -198,7 +198,7 @@ class Execution:
                 return
             if connector.contract == "queryable":
                 found = await self.guarded(claim, delivery, connector.lookup(claim.action, key=key))
-                self._rt.faults.crash_if("dispatcher.reconciling")
+                await self._rt.faults.reach("dispatcher.reconciling", claim.operation_id)
                 if found.kind == "succeeded":
                     await self._finish(
                         claim,
@@ -258,7 +258,8 @@ class Execution:
         attempt = await self._store.start_attempt(
             claim, worker=self._worker, connector=connector.name
         )
-        self._rt.faults.crash_if("dispatcher.before_send")  # the intent recorded, nothing sent
+        # The intent recorded, nothing sent.
+        await self._rt.faults.reach("dispatcher.before_send", claim.operation_id)
         started = time.monotonic()
         result = await self.guarded(
             claim,
@@ -272,7 +273,7 @@ class Execution:
             ),
         )
         breaker.record(admission, self.outcome(result, time.monotonic() - started))
-        self._rt.faults.crash_if("dispatcher.after_remote_write")
+        await self._rt.faults.reach("dispatcher.after_remote_write", claim.operation_id)
         await self.conclude(claim, attempt, connector, result)
 
     async def _stale(

@@ -199,7 +199,7 @@ class DispatcherService:
             else:
                 span.set_attribute("writ.lease_epoch", claim.lease_epoch)
                 await self._execution.execute(claim, delivery)
-        self._rt.faults.crash_if("dispatcher.before_ack")
+        await self._rt.faults.reach("dispatcher.before_ack", cmd.operation_id)
 
     async def handle_batch(
         self, deliveries: list[Delivery[DispatchCommand]]

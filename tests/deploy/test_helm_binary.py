@@ -9,6 +9,8 @@ deploy/observability/).
 
 from __future__ import annotations
 
+import base64
+import json
 import subprocess
 import tarfile
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.k8s import CHART, PRODUCTION, ROOT, render
+from tests.deploy.k8s import CHART, PRODUCTION, ROOT, render, validate
 from tests.fixtures.helm_cli import helm_binary
 
 EVERYTHING_ON: dict[str, Any] = {
@@ -94,3 +96,90 @@ def test_the_packaged_chart_carries_the_rules_and_the_dashboard(tmp_path: Path) 
             member = tar.extractfile(f"writ/files/{name}")
             assert member is not None, name
             assert member.read() == (ROOT / "deploy/observability" / name).read_bytes()
+
+
+def _receipt_key_files(tmp_path: Path) -> tuple[Path, Path]:
+    """A deployment's receipt key files, as `writ run` and `writ receipts` keep them."""
+    from writ import receipt_keys
+
+    secrets, config = tmp_path / "secrets", tmp_path / "config"
+    secrets.mkdir()
+    config.mkdir()
+    receipt_keys.ensure(secrets, config)
+    return secrets / receipt_keys.SIGNING, config / receipt_keys.PUBLIC
+
+
+def test_the_chart_creates_the_receipt_keys_where_the_design_mounts_them(tmp_path: Path) -> None:
+    signing, key_set = _receipt_key_files(tmp_path)
+    done = _helm(
+        "template", "writ", str(CHART), "--namespace", "writ", "--set", "receipts.create=true",
+        "--set-file", f"receipts.signingKey={signing}", "--set-file", f"receipts.keySet={key_set}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    objects = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    by_key = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    secret = by_key[("Secret", "writ-receipt-signing")]
+    assert base64.b64decode(secret["data"]["signing-key.json"]).decode() == signing.read_text()
+    config_map = by_key[("ConfigMap", "writ-receipt-keys")]
+    assert json.loads(config_map["data"]["receipt-keys.json"]) == json.loads(key_set.read_text())
+    for obj in (secret, config_map):
+        validate(obj)
+
+    mounted: dict[str, set[str]] = {}  # each Deployment's secrets and config maps
+    for obj in objects:
+        if obj["kind"] != "Deployment":
+            continue
+        component = obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        spec = obj["spec"]["template"]["spec"]
+        volumes = spec["volumes"]
+        names = {v["secret"]["secretName"] for v in volumes if "secret" in v}
+        names |= {v["configMap"]["name"] for v in volumes if "configMap" in v}
+        mounted[component] = names
+        env = {e["name"]: e.get("value") for c in spec["containers"] for e in c.get("env", [])}
+        if component == "admission":
+            assert env["WRIT_RECEIPT_SIGNING_KEY_FILE"] == (
+                "/var/run/secrets/writ/receipts/signing-key.json"
+            )
+        if component == "ingress":
+            assert env["WRIT_RECEIPT_KEYS_FILE"] == "/etc/writ/receipt-keys/receipt-keys.json"
+    assert {c for c, names in mounted.items() if "writ-receipt-signing" in names} == {"admission"}
+    assert {c for c, names in mounted.items() if "writ-receipt-keys" in names} == {"ingress"}
+
+    lint = _helm(
+        "lint", "--strict", str(CHART), "--set", "receipts.create=true",
+        "--set-file", f"receipts.signingKey={signing}", "--set-file", f"receipts.keySet={key_set}",
+    )  # fmt: skip
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_the_chart_refuses_receipt_keys_it_cannot_use(tmp_path: Path) -> None:
+    signing, key_set = _receipt_key_files(tmp_path)
+    base = ("template", "writ", str(CHART), "--set", "receipts.create=true")
+    missing = _helm(*base)
+    assert missing.returncode != 0 and "receipts.signingKey" in missing.stderr
+    no_set = _helm(*base, "--set-file", f"receipts.signingKey={signing}")
+    assert no_set.returncode != 0 and "receipts.keySet" in no_set.stderr
+    # A key set without the signing key would publish keys no receipt verifies under.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"keys": []}))
+    unpublished = _helm(
+        *base, "--set-file", f"receipts.signingKey={signing}",
+        "--set-file", f"receipts.keySet={other}",
+    )  # fmt: skip
+    assert unpublished.returncode != 0 and "not in the key set" in unpublished.stderr
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"key_id": "receipts-1"}))
+    not_a_key = _helm(
+        *base,
+        "--set-file",
+        f"receipts.signingKey={wrong}",
+        "--set-file",
+        f"receipts.keySet={key_set}",
+    )
+    assert not_a_key.returncode != 0 and "not a receipt signing key" in not_a_key.stderr
+    # By default the chart makes neither: they come from outside it under the same names.
+    default = _helm("template", "writ", str(CHART))
+    assert default.returncode == 0, default.stderr
+    assert (
+        "kind: Secret\n" not in default.stdout and "name: writ-receipt-keys\n" not in default.stdout
+    )

@@ -218,6 +218,20 @@ def test_fail_mode_without_count_lasts_until_changed(client: httpx.Client) -> No
     assert calls(client) == 4
 
 
+def test_the_call_log_names_each_write_and_the_answer_it_lost(client: httpx.Client) -> None:
+    set_mode(client, "lose_response", count=1)
+    with pytest.raises(httpx.RemoteProtocolError):
+        post_note(client, "k1")
+    assert post_note(client, "k1").status_code == 200  # replayed: still a call under the key
+    assert post_note(client, None).status_code == 400  # refused: nothing done, nothing logged
+    assert client.get("/_control/log").json()["log"] == [
+        {"kind": "write", "key": "k1", "answered": False},
+        {"kind": "write", "key": "k1", "answered": True},
+    ]
+    client.post("/_control/reset").raise_for_status()
+    assert client.get("/_control/log").json()["log"] == []
+
+
 def test_lose_response_performs_effect_and_drops_connection(client: httpx.Client) -> None:
     set_mode(client, "lose_response", count=1)
     with pytest.raises(httpx.RemoteProtocolError):

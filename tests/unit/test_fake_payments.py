@@ -238,6 +238,22 @@ async def test_lookup_by_reference_when_queryable(client: httpx.AsyncClient) -> 
     assert (await client.get("/v1/charges")).status_code == 400
 
 
+async def test_the_call_log_names_each_charge_and_lookup_by_reference(
+    client: httpx.AsyncClient,
+) -> None:
+    await set_queryable(client, True)
+    await charge(client, "k1")
+    await set_mode(client, "lose_response", count=1)
+    with pytest.raises(httpx.RemoteProtocolError):
+        await charge(client, "k2")
+    await client.get("/v1/charges", params={"reference": "k2"})
+    assert (await client.get("/_control/log")).json()["log"] == [
+        {"kind": "write", "key": "k1", "answered": True},
+        {"kind": "write", "key": "k2", "answered": False},
+        {"kind": "lookup", "key": "k2", "answered": True},
+    ]
+
+
 async def test_queryable_switches_at_runtime(client: httpx.AsyncClient) -> None:
     await set_queryable(client, True)
     assert (await client.get("/v1/charges", params={"reference": "k1"})).status_code == 200

@@ -1,6 +1,10 @@
-"""The crash matrix: for each connector contract kind and each boundary, K commands whose
-dispatcher dies at that boundary (or whose provider loses the response), then every command's
-row in Writ's journal compared with the provider's own ledger."""
+"""The crash matrix: for each connector contract kind and each boundary, K commands that reached
+that boundary when their dispatcher was killed there from outside (or whose provider lost the
+response), then every command's row in Writ's journal compared with the provider's own ledger.
+
+A command counts toward K only on evidence taken at the kill, before any successor starts: the
+dispatcher names it held at the point, its attempts in the journal and the provider's call log
+show it where the boundary says (`at_boundary`). Rounds go on until K commands reached it."""
 
 from __future__ import annotations
 
@@ -18,11 +22,12 @@ import msgspec
 from libs.deadline import timed_request
 from schemas import subjects
 from schemas.dispatcher import Reconcile, Reconciled
-from writ.conformance.deployment import TENANT, Deployment, NotReached
+from writ.conformance.deployment import TERMINAL, Deployment, NotReached
 
-__all__ = ["BOUNDARIES", "CONTRACTS", "Cell", "Contract", "Trial", "run_cell"]
+__all__ = ["BOUNDARIES", "CONTRACTS", "Cell", "Contract", "Trial", "at_boundary", "run_cell"]
 
 _CRASH_WAIT_S: Final = 90.0
+_ROUNDS_PER_BATCH: Final = 4  # rounds at most per `batch` of K before a cell gives up
 _SETTLE_WAIT_S: Final = 180.0
 _UUID: Final = re.compile(
     r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\s", re.M
@@ -56,7 +61,7 @@ CONTRACTS: Final = {
     "none": Contract("none", "payments", "payment.charge.create", True, False),
 }
 
-# Each boundary: the crash points armed, in order (the second is taken by the successor).
+# Each boundary: the points the dispatcher is killed at, in order (the second by its successor).
 BOUNDARIES: Final[dict[str, tuple[str, ...]]] = {
     "before_send": ("dispatcher.before_send",),
     "after_commit": ("dispatcher.after_remote_write",),
@@ -79,6 +84,8 @@ class Trial:
     attempts: list[tuple[int, str | None]]
     verdict: str  # ok | duplicate | lost | mismatch | unknown
     settled: str  # how its outcome was settled
+    reached: bool = False  # the evidence at the kill shows it at the boundary
+    evidence: str = ""  # what that evidence was (or what it lacked)
     listed: bool = False  # an unknown, found by `writ reconcile list`
 
 
@@ -88,12 +95,19 @@ class Cell:
 
     contract: str
     boundary: str
+    k: int = 0  # commands wanted at the boundary
     trials: list[Trial] = field(default_factory=list)
-    crashes: int = 0
-    not_reached: int = 0
+    crashes: int = 0  # SIGKILLs sent
+    rounds: int = 0
+    not_reached: int = 0  # rounds in which no command reached the point
 
     def count(self, verdict: str) -> int:
         return sum(t.verdict == verdict for t in self.trials)
+
+    @property
+    def reached(self) -> int:
+        """K as published: the commands the evidence shows at the boundary when killed."""
+        return sum(t.reached for t in self.trials)
 
     @property
     def interrupted(self) -> int:
@@ -133,11 +147,52 @@ def _verdict(state: str, receipt: str | None, effects: list[str]) -> str:
     return "lost"  # never reached an outcome
 
 
+def at_boundary(
+    tenant: str,
+    boundary: str,
+    contract: Contract,
+    op: str,
+    held: set[str],
+    tried: list[tuple[int, str | None]],
+    calls: list[dict[str, Any]],
+    state: str,
+) -> tuple[bool, str]:
+    """Whether the evidence taken at the kill shows `op` at `boundary`, and what it showed."""
+    key = f"{tenant}:{op}"
+    writes = [c for c in calls if c["key"] == key and c["kind"] == "write"]
+    if boundary == "lost_response":
+        lost = sum(not c["answered"] for c in writes)
+        return lost > 0, f"{len(writes)} write(s) at the provider, {lost} answer(s) lost"
+    if op not in held:
+        return False, "not held at the point when killed"
+    if not tried:
+        return False, "held, but no attempt in the journal"
+    last = tried[-1][1]
+    seen = f"held; journal: {len(tried)} attempt(s), last {last or 'open'}; {len(writes)} write(s)"
+    if boundary == "before_send":
+        return last is None and not writes, seen
+    if boundary == "after_commit":
+        return last is None and bool(writes), seen
+    if boundary == "before_ack":
+        return last is not None, seen
+    # reconciling: a successor settling an earlier attempt left open, the command not ended
+    lookups = sum(c["key"] == key and c["kind"] == "lookup" for c in calls)
+    seen += f", {lookups} lookup(s), {state}"
+    open_earlier = any(result is None for _, result in tried)
+    asked = lookups > 0 or not contract.queryable
+    return open_earlier and asked and state not in TERMINAL, seen
+
+
 async def _round(
     dep: Deployment, contract: Contract, boundary: str, first: int, size: int, cell: Cell
 ) -> None:
-    await dep.stop_dispatcher()
-    await dep.set_dispatcher_env("WRIT_PAYMENTS_QUERYABLE", "true" if contract.queryable else None)
+    points = BOUNDARIES[boundary]
+    if dep.supervised:  # it runs on: its commands are held as they come
+        dep.arm(points[:1])
+    else:  # stopped while the round is submitted: it fetches the commands together
+        await dep.stop_dispatcher()
+        value = "true" if contract.queryable else None
+        await dep.set_dispatcher_env("WRIT_PAYMENTS_QUERYABLE", value)
     if contract.provider == "payments":
         dep.control("payments", "/_control/queryable", {"queryable": contract.queryable})
     commands = [dep.command(contract.action, contract.arguments(first + i)) for i in range(size)]
@@ -149,24 +204,52 @@ async def _round(
                 tg.start_soon(dep.approve, command)
     keys = [c.operation_key for c in commands]
     await dep.published(keys)
+    ops = {r["operation_key"]: str(r["operation_id"]) for r in await dep.rows(keys)}
 
-    points = BOUNDARIES[boundary]
-    if points:
-        dep.arm(points)
-    else:
+    evidence: dict[str, tuple[bool, str]] = {}
+    if not points:
         dep.control(contract.provider, "/_control/mode", {"mode": "lose_response", "count": size})
+    wanted = set(ops.values())
     try:
-        await dep.start_dispatcher(ready=not points)
-        for index, _ in enumerate(points):
-            await dep.crashed(_CRASH_WAIT_S)
+        for index, point in enumerate(points):
+            if index or not dep.supervised:  # a supervised one's first was armed already
+                dep.arm((point,))
+            if not dep.running():
+                await dep.start_dispatcher()
+            held = await dep.kill_held(point, wanted, _CRASH_WAIT_S)
             cell.crashes += 1
-            await dep.start_dispatcher(ready=index == len(points) - 1)
+            # The evidence, before any successor runs: the journal and the provider's calls.
+            at_kill = await dep.attempts(list(ops.values()))
+            calls = dep.calls(contract.provider)
+            states = {str(r["operation_id"]): r["state"] for r in await dep.rows(keys)}
+            evidence = {
+                op: at_boundary(
+                    dep.tenant,
+                    boundary,
+                    contract,
+                    op,
+                    held,
+                    at_kill.get(op, []),
+                    calls,
+                    states.get(op, ""),
+                )
+                for op in ops.values()
+            }
+            wanted = {op for op in held if at_kill.get(op) and at_kill[op][-1][1] is None}
     except NotReached:
         cell.not_reached += 1
     finally:
         dep.disarm()
+    if not dep.running():
+        await dep.start_dispatcher()
     rows = {r["operation_key"]: r for r in await dep.settled(keys, _SETTLE_WAIT_S)}
     dep.control(contract.provider, "/_control/mode", {"mode": "normal"})
+    if not points:  # the provider's own log says whose answer it lost
+        calls = dep.calls(contract.provider)
+        evidence = {
+            op: at_boundary(dep.tenant, boundary, contract, op, set(), [], calls, "")
+            for op in ops.values()
+        }
 
     ledger = dep.ledger(contract.provider)
     ids = [str(r["operation_id"]) for r in rows.values()]
@@ -175,8 +258,9 @@ async def _round(
         row = rows.get(key)
         op = None if row is None else str(row["operation_id"])
         state = "missing" if row is None else row["state"]
-        effects = ledger.get(f"{TENANT}:{op}", []) if op else []
+        effects = ledger.get(f"{dep.tenant}:{op}", []) if op else []
         tried = attempts.get(op or "", [])
+        reached, seen = evidence.get(ops.get(key, ""), (False, "no evidence taken"))
         cell.trials.append(
             Trial(
                 contract=contract.name,
@@ -188,6 +272,8 @@ async def _round(
                 attempts=tried,
                 verdict=_verdict(state, None if row is None else row["receipt"], effects),
                 settled=_settlement(contract, state, None if row is None else row["reason"], tried),
+                reached=reached,
+                evidence=seen,
             )
         )
 
@@ -195,7 +281,7 @@ async def _round(
 def listed_unknown(dep: Deployment) -> set[str]:
     """The operation ids `writ reconcile list` prints, run as an operator would."""
     done = subprocess.run(
-        [sys.executable, "-m", "writ.cli", "reconcile", "--nats-url", dep.stack.nats_url, "list"],
+        [sys.executable, "-m", "writ.cli", "reconcile", "--nats-url", dep.nats_url, "list"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -217,7 +303,7 @@ async def settle_unknowns(dep: Deployment, cell: Cell) -> None:
         assert trial.operation_id is not None
         acted = len(trial.effects) == 1
         ask = Reconcile(
-            tenant=TENANT,
+            tenant=dep.tenant,
             operation_id=trial.operation_id,
             state="succeeded" if acted else "failed",
             receipt=trial.effects[0] if acted else None,
@@ -242,14 +328,17 @@ async def run_cell(
     batch: int,
     progress: Callable[[str], None] = lambda _: None,
 ) -> Cell:
-    """K trials of `contract` at `boundary`, in rounds of up to `batch` commands: the
-    dispatcher fetches a round's commands together, so one kill interrupts the whole round."""
-    cell = Cell(contract.name, boundary)
-    done = 0
-    while done < k:
-        size = min(batch, k - done)
-        await _round(dep, contract, boundary, done, size, cell)
-        done += size
-        progress(f"{contract.name}/{boundary}: {done}/{k}")
+    """Rounds of up to `batch` commands at `boundary` until K of them reached it (or a cell
+    gives up after a few rounds per batch, which the report says)."""
+    cell = Cell(contract.name, boundary, k)
+    limit = _ROUNDS_PER_BATCH * -(-k // batch) + 2
+    while cell.reached < k and cell.rounds < limit:
+        size = min(batch, k - cell.reached)
+        await _round(dep, contract, boundary, len(cell.trials), size, cell)
+        cell.rounds += 1
+        progress(
+            f"{contract.name}/{boundary}: {cell.reached}/{k} reached, "
+            f"{len(cell.trials)} commands, {cell.rounds} round(s)"
+        )
     await settle_unknowns(dep, cell)
     return cell

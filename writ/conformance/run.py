@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from writ.conformance.matrix import BOUNDARIES, CONTRACTS, Cell
+from writ.conformance.target import ENV, Target, TargetError
 
 __all__ = ["add_parser", "conforms", "table"]
 
@@ -31,23 +32,24 @@ def conforms(cells: list[Cell]) -> list[str]:
             wrong.append(f"{where}: {n} unknown where the provider can tell")
         if unlisted := sum(t.verdict == "unknown" and not t.listed for t in c.trials):
             wrong.append(f"{where}: {unlisted} unknown not listed by `writ reconcile list`")
-        if c.not_reached:
-            wrong.append(f"{where}: the crash point was not reached {c.not_reached} time(s)")
+        if c.reached < c.k:
+            wrong.append(f"{where}: only {c.reached} of K = {c.k} commands reached the boundary")
     return wrong
 
 
 def table(cells: list[Cell]) -> str:
     """The figures as a Markdown table (what docs/conformance.md shows)."""
     lines = [
-        "| contract | boundary | trials | kills | interrupted | duplicates | losses "
+        "| contract | boundary | K reached | commands | kills | interrupted | duplicates | losses "
         "| mismatches | unknown | listed | settled |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for c in cells:
         settled = "; ".join(f"{k} {v}" for k, v in sorted(c.settlements().items()))
         listed = sum(t.listed for t in c.trials)
         lines.append(
-            f"| {c.contract} | {c.boundary} | {len(c.trials)} | {c.crashes} | {c.interrupted} "
+            f"| {c.contract} | {c.boundary} | {c.reached} | {len(c.trials)} | {c.crashes} "
+            f"| {c.interrupted} "
             f"| {c.count('duplicate')} | {c.count('lost')} | {c.count('mismatch')} "
             f"| {c.count('unknown')} | {listed} | {settled} |"
         )
@@ -63,7 +65,7 @@ async def _matrix(args: argparse.Namespace) -> list[Cell]:
 
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory(prefix="writ-conformance-") as home:
-        dep = Deployment(Path(home))
+        dep = Deployment(Path(home), _target(args))
         try:
             await dep.start()
             if args.broken_crm:  # the deliberately broken connector: a repeated key acts again
@@ -76,12 +78,23 @@ async def _matrix(args: argparse.Namespace) -> list[Cell]:
                     cells.append(cell)
                     progress(table([cell]).splitlines()[-1])  # each cell's figures as they come
         finally:
-            if args.keep_logs:
+            if args.keep_logs and dep.stack is not None:
                 import shutil
 
                 shutil.copytree(dep.stack.logs, args.keep_logs, dirs_exist_ok=True)
             await dep.stop()
     return cells
+
+
+def _target(args: argparse.Namespace) -> Target | None:
+    """The running deployment to target, if `--target` or any of its settings says so."""
+    given = {name: getattr(args, name) for name in ENV}
+    if not args.target and not any(given.values()):
+        return None
+    try:
+        return Target.read(given)
+    except TargetError as exc:
+        raise SystemExit(f"writ conformance --target: {exc}") from None
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -93,13 +106,15 @@ def _conformance(args: argparse.Namespace) -> int:
         return _endpoint(args)
     if not 0 < args.k <= 10_000 or not 0 < args.batch <= 64:
         raise SystemExit("--k must be 1..10000 and --batch 1..64")
+    _target(args)  # refuse an incomplete target before anything starts
     signal.signal(signal.SIGTERM, _interrupted)  # stop the deployment on the way out
     started = time.monotonic()
     cells = anyio.run(_matrix, args)
     print(table(cells))
     wrong = conforms(cells)
     print(
-        f"\n{len(cells)} cells, {sum(len(c.trials) for c in cells)} trials, "
+        f"\n{len(cells)} cells, {sum(c.reached for c in cells)} commands at their boundary "
+        f"of {sum(len(c.trials) for c in cells)} sent, "
         f"{time.monotonic() - started:.0f} s"
     )
     for line in wrong:
@@ -122,7 +137,10 @@ def _summary(cells: list[Cell], wrong: list[str]) -> dict[str, Any]:
             {
                 "contract": c.contract,
                 "boundary": c.boundary,
-                "trials": len(c.trials),
+                "k": c.k,
+                "reached": c.reached,
+                "commands": len(c.trials),
+                "rounds": c.rounds,
                 "kills": c.crashes,
                 "interrupted": c.interrupted,
                 "duplicates": c.count("duplicate"),
@@ -169,7 +187,12 @@ def add_parser(sub: Any) -> None:
         help="count duplicates, losses and unknowns under killed dispatchers (or check an "
         "endpoint's idempotency with --endpoint)",
     )
-    p.add_argument("--k", type=int, default=5, help="trials per boundary per contract")
+    p.add_argument(
+        "--k",
+        type=int,
+        default=5,
+        help="commands that must reach each boundary, per contract (rounds go on until they do)",
+    )
     p.add_argument("--batch", type=int, default=32, help="commands killed together (1..64)")
     p.add_argument("--contract", nargs="+", choices=sorted(CONTRACTS), default=list(CONTRACTS))
     p.add_argument("--boundary", nargs="+", choices=list(BOUNDARIES), default=list(BOUNDARIES))
@@ -181,6 +204,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--rows", default="", help="write every trial's row comparison (JSON lines)")
     p.add_argument("--json", default="", help="write the figures as JSON")
     p.add_argument("--keep-logs", default="", help="copy the services' logs to this folder")
+    t = p.add_argument_group(
+        "a running deployment (each setting also from its WRIT_CONFORMANCE_* variable)"
+    )
+    t.add_argument(
+        "--target",
+        action="store_true",
+        help="run against a running deployment rather than one the kit starts",
+    )
+    t.add_argument("--nats-url", default="", help="an administrator's NATS URL (user:password@)")
+    t.add_argument("--database-url", default="", help="Writ's database (reads the journal)")
+    t.add_argument("--host-credentials", default="", help="the tenant's host folder")
+    t.add_argument("--crm-url", default="", help="the CRM provider, with its control API")
+    t.add_argument("--payments-url", default="", help="the payment provider, with its control API")
+    t.add_argument("--faults-file", default="", help="the dispatcher's WRIT_FAULTS_FILE")
     p.add_argument("--endpoint", default="", help="a host's endpoint claiming idempotency")
     p.add_argument("--credential-file", default="", help="its bearer token (with --endpoint)")
     p.add_argument(
