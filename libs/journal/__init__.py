@@ -91,12 +91,14 @@ __all__ = [
 ]
 
 
-# What an auditor's read-only role may read ({schema: tables}): the four journals, and the
-# planner's record of runs that `writ audit replay` compares them with. Nothing else.
+# What an auditor's read-only role may read ({schema: tables}): the four journals, the
+# planner's record of runs that `writ audit replay` compares them with, and the facts each
+# proposal was resolved against (`writ eval build` resolves recorded decisions against them).
+# Nothing else.
 _JOURNAL_TABLES: Final = ("journal", "journal_seals", "journal_checkpoints")
 AUDITOR_TABLES: Final = {
     "governance": _JOURNAL_TABLES,
-    "admission": _JOURNAL_TABLES,
+    "admission": (*_JOURNAL_TABLES, "resolved_facts"),
     "dispatcher": _JOURNAL_TABLES,
     # (plans: a plan-mode chat turn's replay compares them too)
     "planner": (*_JOURNAL_TABLES, "runs", "steps", "plans"),

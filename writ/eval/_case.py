@@ -35,6 +35,7 @@ from services.planner.journal_entries import (
 )
 from services.planner.provider import ModelInput
 from services.planner.sessions._execute import plan_taken
+from writ.eval._facts import RecordedFacts, facts_at
 
 __all__ = [
     "SET_FORMAT",
@@ -129,11 +130,14 @@ def cases_from_run(
     *,
     facts: dict[str, Any] | None = None,
     policy: dict[str, Any] | None = None,
+    recorded: list[RecordedFacts] | None = None,
 ) -> list[EvalCase]:
     """The decision points of one journaled run, each with its model input rebuilt as the planner
     builds it and the recorded decision as the expected one.
 
-    A recorded `request_human_review` is an escalation the candidate must make too.
+    A recorded `request_human_review` is an escalation the candidate must make too. Each case's
+    facts are the ones admission recorded for the run (`recorded`, `_facts.facts_at` its step),
+    with `facts` (given by hand) only for a reference nothing was recorded for.
 
     Raises:
         CaseError: a rebuilt input's digest is not the one journaled (the run cannot be used:
@@ -192,7 +196,7 @@ def cases_from_run(
                     input_digest=digest,
                     expected=expected,
                     manifest=started.manifest,
-                    facts=facts or {},
+                    facts={**(facts or {}), **facts_at(recorded or [], d.seq)},
                     policy=policy,
                     source=f"journal:{run_id}@{d.seq}",
                 )

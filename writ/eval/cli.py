@@ -111,6 +111,7 @@ async def _journal_cases(
 
     from services.planner.store import read_replay
     from writ.eval._case import CaseError, cases_from_run
+    from writ.eval._facts import recorded_facts
 
     conn = await asyncpg.connect(dsn)
     try:
@@ -133,8 +134,11 @@ async def _journal_cases(
             if unsealed:
                 skipped.append(f"run {row['run_id']}: {unsealed} journal rows not sealed yet")
                 continue
+            recorded = await recorded_facts(conn, args.tenant, row["run_id"])
             try:
-                cases += cases_from_run(row["run_id"], entries, facts=facts, policy=policy)
+                cases += cases_from_run(
+                    row["run_id"], entries, facts=facts, policy=policy, recorded=recorded
+                )
             except (CaseError, msgspec.ValidationError) as exc:
                 skipped.append(str(exc))
     finally:
