@@ -17,6 +17,7 @@ from libs.journal import DataKeys
 from services.planner.journal_entries import DECISION
 from services.planner.provider import ScriptedProvider
 from tests.eval_runs import (
+    DEMO_DECISIONS,
     FACTS,
     agreeing_script,
     demo_runs,
@@ -28,7 +29,9 @@ from writ.eval import (
     CaseError,
     EvalSet,
     Report,
+    Sample,
     cases_from_run,
+    judge,
     junit_xml,
     load_case_file,
     make_set,
@@ -40,6 +43,7 @@ from writ.eval import (
     seal_set,
     summarize,
 )
+from writ.eval._facts import RecordedFacts, facts_at
 
 
 def demo_set() -> EvalSet:
@@ -841,3 +845,44 @@ def test_the_proposal_overlap_is_whole_when_agreeing_and_falls_when_the_plan_wid
     results = anyio.run(lambda: run_step(marked, ScriptedProvider.from_file(path), k=1))
     dropped = {c.case_id: c for c in results}["run-note@0"].judged[0]
     assert dropped.overlap is not None and dropped.overlap < 1.0 and not dropped.agrees
+
+
+def test_a_case_takes_the_facts_admission_recorded_at_or_after_its_step() -> None:
+    # The run's refund (step 0) and a later read of the same payment (step 4): the case at
+    # step 0 is judged on what its own proposal was resolved against, a case after on the last.
+    first, later = dict(FACTS["payment:pay_7781"]), {**FACTS["payment:pay_7781"], "lines": []}
+    recorded = [
+        RecordedFacts(step=4, key="payment:pay_7781", facts=later),
+        RecordedFacts(step=0, key="payment:pay_7781", facts=first),
+        RecordedFacts(step=6, key="host_ticket:T-1", facts={"revision": "r2"}),
+    ]
+    assert facts_at(recorded, 0) == {
+        "payment:pay_7781": first,
+        "host_ticket:T-1": {"revision": "r2"},
+    }
+    assert facts_at(recorded, 3) == {
+        "payment:pay_7781": later,
+        "host_ticket:T-1": {"revision": "r2"},
+    }
+    assert facts_at(recorded, 9) == {
+        "payment:pay_7781": later,
+        "host_ticket:T-1": {"revision": "r2"},
+    }
+    assert facts_at([], 0) == {}
+    # Built from the run with what was recorded, no file: the refund resolves and agrees.
+    hand = {"payment:pay_7781": {"payment_id": "pay_7781"}, "mail_draft:d-1": {"x": 1}}
+    cases = cases_from_run("run-refund", demo_runs()["run-refund"], facts=hand, recorded=recorded)
+    refund = next(c for c in cases if c.case_id == "run-refund@0")
+    # What was recorded stands over a hand-written reference; the hand fills only the gaps.
+    assert refund.facts["payment:pay_7781"] == first
+    assert refund.facts["mail_draft:d-1"] == {"x": 1}
+    judged = judge(refund, Sample(decision=DEMO_DECISIONS["agents"]["refund-assistant"][0]))
+    assert judged.valid and judged.agrees, judged
+    # With nothing recorded and no file, the same decision cannot be resolved: not agreeing.
+    bare = next(
+        c
+        for c in cases_from_run("run-refund", demo_runs()["run-refund"])
+        if c.case_id == "run-refund@0"
+    )
+    unresolved = judge(bare, Sample(decision=DEMO_DECISIONS["agents"]["refund-assistant"][0]))
+    assert not unresolved.valid and "no recorded payment pay_7781" in unresolved.invalid
