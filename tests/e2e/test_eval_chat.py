@@ -94,6 +94,12 @@ async def test_eval_judges_a_chat_turns_plan_trigger_from_the_record_alone(
     seen = await until(api, sid, turn_ended(1))
     assert seen["messages"][-1]["text"] == "Refunded as planned."
     await sealed(db, run_id)
+    # A second turn, whose input carries the first as the session's memory: a case too.
+    thanks = answer("You are welcome.")
+    script(model, thanks)
+    second = (await send(api, sid, "Thanks.")).json()["run_id"]
+    await until(api, sid, turn_ended(2))
+    await sealed(db, second)
 
     # Admission kept the facts the refund was resolved against (the payment as the provider
     # showed it), where the auditor reads them; the auditor reads no other admission table.
@@ -149,14 +155,24 @@ async def test_eval_judges_a_chat_turns_plan_trigger_from_the_record_alone(
         str(keys),
     )
     assert built.returncode == 0, built.stdout + built.stderr
-    assert " 3 cases " in built.stdout, built.stdout  # the marked refund and two answers
+    # The marked refund and two answers, then the next turn's answer.
+    assert " 4 cases " in built.stdout, built.stdout
     assert payment_id.encode() not in set_file.read_bytes()  # encrypted
 
     planned, *answers = (decision(r) for r in replies)
+    thanked = decision(thanks)
     unmarked = {k: v for k, v in planned.items() if k != "consequential"}
     reports: dict[str, tuple[int, Report]] = {}
     for name, first in (("keeps", planned), ("drops", unmarked)):
-        (tmp_path / f"{name}.script.json").write_text(json.dumps({"decisions": [first, *answers]}))
+        (tmp_path / f"{name}.script.json").write_text(
+            json.dumps(
+                {
+                    "decisions": [first, *answers],
+                    # the next turn's message: its own script
+                    "cases": {"refund-chat": [{"when": ["Thanks"], "decisions": [thanked]}]},
+                }
+            )
+        )
         (tmp_path / f"{name}.json").write_text(
             json.dumps({"name": name, "provider": "scripted", "script": f"{name}.script.json"})
         )
