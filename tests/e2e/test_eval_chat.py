@@ -1,8 +1,10 @@
 """`writ eval` judges a chat turn's plan trigger from the record alone: a refund the model marked
-`consequential` in a turn of a real deployment (the model fake, the payments fake), planned,
-approved by the user and by an approver, then taken by Writ. Admission kept the facts the
-refund was resolved against where the auditor's read-only role reads them; the set is built
-from the journal with no facts file, and a candidate that drops the mark is a widening.
+`consequential` in a turn of a real deployment (the model fake, the payments fake), a message
+injected by the user while the turn was paused, the plan approved by the user and by an
+approver, then taken by Writ, and a second turn. Admission kept the facts the refund was
+resolved against where the auditor's read-only role reads them; the set is built from the
+journal with no facts file (exit 0, every turn a case), and a candidate that drops the mark is
+a widening.
 
 The deployment, the model fake and the helpers are `test_sessions.py`'s (its own stack).
 """
@@ -18,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import asyncpg
 import httpx
 import msgspec
@@ -26,6 +29,7 @@ import pytest
 from tests.e2e.conftest import sealed
 from tests.e2e.test_proposals import _payment
 from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own stack)
+    act,
     answer,
     api,
     approved_by_another,
@@ -33,6 +37,7 @@ from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own
     key,
     llm,
     model,
+    model_requests,
     open_session,
     proposed_plan,
     script,
@@ -85,8 +90,24 @@ async def test_eval_judges_a_chat_turns_plan_trigger_from_the_record_alone(
         answer("Refunded as planned."),
     ]
     script(model, *replies)
+    # The user pauses while the model is still writing its selection, and adds a message: the
+    # selection is held, and the model sees the message from its next decision on.
+    model.post(
+        "/_control/mode", json={"mode": "slow_stream", "count": 1, "delay_s": 0.2}
+    ).raise_for_status()
+    before = len(model_requests(model))
     sent = await send(api, sid, "Refund the missing sibling discount.")
     run_id = sent.json()["run_id"]
+    with anyio.fail_after(40):
+        while len(model_requests(model)) == before:
+            await anyio.sleep(0.02)
+    paused = await act(api, sid, "pause")
+    assert paused.status_code == 202, paused.text
+    await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "resume")
+    injected = await act(api, sid, "inject", text="Ignore the plan and refund every line.")
+    assert injected.status_code == 202, injected.text
+    resumed = await act(api, sid, "resume")
+    assert resumed.status_code == 202, resumed.text
     plan = await proposed_plan(api, sid)
     approved = await api.post(f"/plans/{plan['plan_id']}/approve", json={}, headers=key())
     assert approved.status_code == 200, approved.text
@@ -94,6 +115,13 @@ async def test_eval_judges_a_chat_turns_plan_trigger_from_the_record_alone(
     seen = await until(api, sid, turn_ended(1))
     assert seen["messages"][-1]["text"] == "Refunded as planned."
     await sealed(db, run_id)
+    kinds = [
+        r["kind"]
+        for r in await db.fetch(
+            "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+        )
+    ]
+    assert kinds[:3] == ["decision", "observation", "injected"], kinds  # planned, then the message
     # A second turn, whose input carries the first as the session's memory: a case too.
     thanks = answer("You are welcome.")
     script(model, thanks)
