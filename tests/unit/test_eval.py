@@ -376,6 +376,16 @@ def test_the_command_line_builds_from_case_files_and_gates(tmp_path: Path) -> No
         "globex",
     )
     assert other.returncode == 3 and "globex" in other.stderr
+    # A script that does not decode is a candidate that cannot run (3), said in one line.
+    (tmp_path / "empty.script.json").write_text(json.dumps({"decisions": []}))
+    (tmp_path / "empty.json").write_text(
+        json.dumps({"name": "empty", "provider": "scripted", "script": "empty.script.json"})
+    )
+    empty = writ(
+        "run", "--set", str(tmp_path / "set.json"), "--candidate", str(tmp_path / "empty.json")
+    )
+    assert empty.returncode == 3, empty.stdout + empty.stderr
+    assert "cannot run" in empty.stderr and "Traceback" not in empty.stderr
 
 
 def test_the_allow_list_compares_whole_origins() -> None:
