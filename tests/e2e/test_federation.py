@@ -237,7 +237,8 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
 
 async def judged_without_a_facts_file(stack: Stack, run_id: str, tmp_path: Path) -> None:
     """A set built from the run's journal and admission's record, no facts written by hand:
-    the demo's own decisions agree at every case, the comment resolved against the ticket."""
+    the demo's own decisions agree at every case, the comment resolved against the ticket and
+    ruled with the policy governance journaled for it."""
     set_file, keys = tmp_path / "set.json", tmp_path / "eval-data.json"
     built = writ(
         stack,
@@ -284,6 +285,9 @@ async def judged_without_a_facts_file(stack: Stack, run_id: str, tmp_path: Path)
         and c.expected.get("capability") == "host.ticket.comment.create"
     ]
     assert comment.judged[0].valid and comment.judged[0].agrees, comment.judged
+    # Ruled with the policy governance journaled for the comment (the agent's standing grant),
+    # not the default under which every write asks.
+    assert (comment.judged[0].ruling, comment.judged[0].expected_ruling) == ("allow", "allow")
 
 
 async def test_a_lost_rest_response_is_replayed_under_the_same_key_to_one_comment(

@@ -896,3 +896,25 @@ def test_a_case_takes_the_facts_admission_recorded_at_or_after_its_step() -> Non
     )
     unresolved = judge(bare, Sample(decision=DEMO_DECISIONS["agents"]["refund-assistant"][0]))
     assert not unresolved.valid and "no recorded payment pay_7781" in unresolved.invalid
+
+
+def test_a_case_is_ruled_with_the_policy_journaled_for_its_proposal() -> None:
+    from services.admission.logic import proposal_id_for
+    from writ.eval._facts import policy_at
+
+    granted = {"policy_version": "p-7", "standing_families": ["write_delete"]}
+    policies = {proposal_id_for("acme", "run-refund", 2): granted}
+    assert policy_at(policies, "acme", "run-refund", 0, 5) == granted  # the first at or after
+    assert policy_at(policies, "acme", "run-refund", 3, 5) is None  # none later
+    assert policy_at(policies, "globex", "run-refund", 0, 5) is None  # another tenant's id
+    # A case takes it over the policy given for every case; a case without one keeps that.
+    given = {"policy_version": "given"}
+    cases = cases_from_run(
+        "run-refund",
+        demo_runs()["run-refund"],
+        facts=FACTS,
+        policy=given,
+        policies={proposal_id_for("acme", "run-refund", 0): granted},
+        tenant="acme",
+    )
+    assert [c.policy for c in cases] == [granted, given]

@@ -1,4 +1,4 @@
-"""The facts a journaled decision is judged against, as admission recorded them.
+"""The facts a journaled decision is judged against, as admission and governance recorded them.
 
 Admission keeps, for every proposal it resolves (allowed, asked or denied), the facts its
 contract resolved it against (`admission.resolved_facts`, readable by the auditor's read-only
@@ -7,6 +7,11 @@ proposal of the run made at or after the case's step: for a selection acted on a
 proposal; for a selection planned in a chat turn, the approved plan's step that proposed it
 (which Writ refuses as stale if its facts changed since the plan was shown). A reference first
 proposed before the step (the run read it again later) takes the last facts recorded before it.
+
+The policy a case's calls are ruled with is the one governance journaled with its decision on
+that same proposal (`services/governance/recorded.py`: the org policy, the standing and run
+grants, the rules naming the call's tool), read from governance's sealed journal with its data
+keys. A case none was recorded for keeps the policy given (`--policy`), else the default.
 """
 
 from __future__ import annotations
@@ -17,7 +22,18 @@ from typing import Any
 import asyncpg
 import msgspec
 
-__all__ = ["RecordedFacts", "facts_at", "recorded_facts"]
+from libs.journal import Journal, read_entries
+from services.admission.logic import proposal_id_for
+from services.governance.recorded import RecordedFacts as GovernanceFacts
+
+__all__ = ["RecordedFacts", "facts_at", "policy_at", "recorded_facts", "recorded_policies"]
+
+
+class _Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """Of a `decision` row of governance's journal, what names its proposal and its facts."""
+
+    proposal_id: str | None = None
+    facts: GovernanceFacts | None = None
 
 
 class RecordedFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,3 +70,30 @@ def facts_at(recorded: list[RecordedFacts], step: int) -> dict[str, Any]:
         else:
             before[r.key] = r.facts  # the last before it
     return {**before, **after}
+
+
+async def recorded_policies(
+    conn: asyncpg.Connection, governance: Journal, tenant: str, run_id: str
+) -> dict[str, dict[str, Any]]:
+    """The policy governance ruled each of the run's proposals with, by proposal id (its first
+    decision on it), from its sealed journal."""
+    out: dict[str, dict[str, Any]] = {}
+    for _, row, plaintext in await read_entries(conn, governance, tenant=tenant, run_id=run_id):
+        if row["kind"] != "decision":
+            continue
+        d = msgspec.json.decode(plaintext, type=_Decision)
+        if d.proposal_id is not None and d.facts is not None:
+            out.setdefault(d.proposal_id, msgspec.to_builtins(d.facts))
+    return out
+
+
+def policy_at(
+    policies: dict[str, dict[str, Any]], tenant: str, run_id: str, step: int, last: int
+) -> dict[str, Any] | None:
+    """The policy of the run's first proposal made at `step` or after (up to `last`)."""
+    if not policies:
+        return None
+    for s in range(step, last + 1):
+        if (found := policies.get(proposal_id_for(tenant, run_id, s))) is not None:
+            return found
+    return None
