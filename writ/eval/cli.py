@@ -2,10 +2,10 @@
 
 `build` reads journaled runs with an auditor's read-only DSN and the planner's data keys, the
 facts admission resolved their proposals against and the policy governance ruled them with
-(`_sources.py`), and hand-written case files, and writes an encrypted set. `run` opens no bus and no database
-connection: it reads the set and the candidate config, asks the candidate, and writes the
-report. `record` journals a report's digest as the eval role, which may call one function and
-nothing else, to be sealed and signed with the planner's chain (`_record.py`).
+(`_sources.py`), and hand-written case files, and writes an encrypted set. `run` opens no bus
+and no database connection: it reads the set and the candidate config, asks the candidate, and
+writes the report. `record` journals a report's digest as the eval role, which may call one
+function and nothing else, to be sealed and signed with the planner's chain (`_record.py`).
 """
 
 from __future__ import annotations
