@@ -93,12 +93,14 @@ __all__ = [
 
 
 # What an auditor's read-only role may read ({schema: tables}): the four journals (their window
-# keys too: wrapped, so without the data key file the auditor sees which windows expired), and the
-# planner's record of runs that `writ audit replay` compares them with. Nothing else.
+# keys too: wrapped, so without the data key file the auditor sees which windows expired), the
+# planner's record of runs that `writ audit replay` compares them with, and the facts each
+# proposal was resolved against (`writ eval build` resolves recorded decisions against them).
+# Nothing else.
 _JOURNAL_TABLES: Final = ("journal", "journal_seals", "journal_checkpoints", "journal_window_keys")
 AUDITOR_TABLES: Final = {
     "governance": _JOURNAL_TABLES,
-    "admission": _JOURNAL_TABLES,
+    "admission": (*_JOURNAL_TABLES, "resolved_facts"),
     "dispatcher": _JOURNAL_TABLES,
     # (plans: a plan-mode chat turn's replay compares them too)
     "planner": (*_JOURNAL_TABLES, "runs", "steps", "plans"),

@@ -20,6 +20,7 @@ __all__ = [
     "Known",
     "OutboxRow",
     "ProposalRow",
+    "ResolvedFacts",
     "StoredCommand",
     "known_of",
     "new_public_id",
@@ -90,6 +91,20 @@ class ProposalRow(msgspec.Struct, frozen=True, kw_only=True):
     command_state: str | None
     receipt: str | None
     command_reason: str | None
+
+
+class ResolvedFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """The facts one proposal was resolved against (`FactsRef` kind and id), as read."""
+
+    tenant: str
+    proposal_id: str
+    run_id: str
+    step: int
+    action: str
+    kind: str
+    ref: str
+    facts: Any
+    read_at: datetime
 
 
 class Known(msgspec.Struct, frozen=True, kw_only=True):

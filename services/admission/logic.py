@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 import uuid
+from datetime import datetime
 from typing import Any, Final
 
 import msgspec
@@ -13,6 +14,7 @@ import rfc8785
 from actions import ACTIONS, ActionContract
 from actions.base import Invalid
 from schemas.planner import ProposeCommand, preview_digest
+from services.admission._rows import ResolvedFacts
 
 __all__ = [
     "Invalid",
@@ -23,6 +25,7 @@ __all__ = [
     "plan_refusal",
     "proposal_id_for",
     "resolve",
+    "resolved_facts",
     "validate",
 ]
 
@@ -167,3 +170,28 @@ def operation_id_for(tenant: str, run_id: str, step: int, operation_key: str | N
 def proposal_id_for(tenant: str, run_id: str, step: int) -> str:
     """The proposal's opaque id, stable across redeliveries of the same model step."""
     return str(uuid.uuid5(_PROPOSAL_NAMESPACE, f"{tenant}\x00{run_id}\x00{step}"))
+
+
+def resolved_facts(
+    p: ProposeCommand,
+    proposal_id: str,
+    valid: Validated,
+    facts: Any,
+    read_at: datetime | None,
+) -> ResolvedFacts | None:
+    """The facts this proposal was resolved against, as `admission.resolved_facts` keeps them
+    (None: it stands on none, or none were found)."""
+    ref = valid.contract.facts_ref(valid.request)
+    if ref is None or facts is None or read_at is None:
+        return None
+    return ResolvedFacts(
+        tenant=p.tenant,
+        proposal_id=proposal_id,
+        run_id=p.run_id,
+        step=p.step,
+        action=valid.contract.name,
+        kind=ref.kind,
+        ref=ref.id,
+        facts=facts,
+        read_at=read_at,
+    )

@@ -48,6 +48,7 @@ from services.admission.logic import (
     plan_refusal,
     proposal_id_for,
     resolve,
+    resolved_facts,
     validate,
 )
 from services.admission.relay import OutboxRelay
@@ -303,6 +304,22 @@ class AdmissionService:
                     tg.start_soon(step, j, resolve_one(j))
         fresh = [j for j in fresh if j.resolved is not None and results[j.index] is None]
         if not fresh:
+            return
+        try:
+            # Before any verdict is recorded: no proposal is admitted or asked about without
+            # the facts it was resolved against kept for the evaluation (fail closed).
+            await self._store.record_resolved_facts(
+                [
+                    r
+                    for j in fresh
+                    if j.valid is not None
+                    and (r := resolved_facts(j.p, j.proposal_id, j.valid, j.facts, j.facts_read_at))
+                    is not None
+                ]
+            )
+        except Exception as exc:
+            for j in fresh:
+                results[j.index] = exc
             return
         decisions = await self._decide_many(fresh, results)
         allowed: list[tuple[_Judging, Decision]] = []

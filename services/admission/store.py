@@ -23,6 +23,7 @@ from services.admission._rows import (
     Known,
     OutboxRow,
     ProposalRow,
+    ResolvedFacts,
     StoredCommand,
     known_of,
     new_public_id,
@@ -39,6 +40,7 @@ __all__ = [
     "Known",
     "OutboxRow",
     "ProposalRow",
+    "ResolvedFacts",
     "StoredCommand",
     "new_public_id",
 ]
@@ -169,6 +171,29 @@ class AdmissionStore:
         row = await self.proposal_row(tenant, proposal_id=proposal_id)
         assert row is not None
         return row
+
+    async def record_resolved_facts(self, rows: list[ResolvedFacts]) -> None:
+        """The facts each of these proposals was resolved against, in one statement: a
+        proposal resolved again keeps its last resolution (the one its verdict stands on)."""
+        if not rows:
+            return
+        await self._pool.execute(
+            "INSERT INTO admission.resolved_facts (tenant, proposal_id, run_id, step, action, "
+            "facts_kind, facts_id, facts, read_at) "
+            "SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::int[], $5::text[], "
+            "$6::text[], $7::text[], $8::jsonb[], $9::timestamptz[]) "
+            "ON CONFLICT (tenant, proposal_id) DO UPDATE SET facts_kind = EXCLUDED.facts_kind, "
+            "facts_id = EXCLUDED.facts_id, facts = EXCLUDED.facts, read_at = EXCLUDED.read_at",
+            [r.tenant for r in rows],
+            [r.proposal_id for r in rows],
+            [r.run_id for r in rows],
+            [r.step for r in rows],
+            [r.action for r in rows],
+            [r.kind for r in rows],
+            [r.ref for r in rows],
+            [json.dumps(r.facts) for r in rows],
+            [r.read_at for r in rows],
+        )
 
     async def proposal_row(
         self, tenant: str, *, proposal_id: str | None = None, public_id: str | None = None

@@ -73,8 +73,7 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
             db, request.request_id, "run.status" if status else "proposal"
         )
 
-    facts = tmp_path / "facts.json"
-    facts.write_text(json.dumps(FACTS))
+    # No facts file: each case is resolved against the facts admission recorded for its run.
     set_file, keys = tmp_path / "set.json", tmp_path / "eval-data.json"
     built = writ(
         stack,
@@ -85,8 +84,6 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
         "--from-journal",
         "--since",
         since,
-        "--facts",
-        str(facts),
         "--out",
         str(set_file),
         "--home",
@@ -110,8 +107,6 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
             since,
             option,
             value,
-            "--facts",
-            str(facts),
             "--out",
             str(tmp_path / "some.json"),
             "--home",
@@ -154,9 +149,12 @@ async def test_candidates_on_the_demo_agents_journaled_runs(
     assert code == 1 and widens.violations == []
     refund_case = f"{runs['refund-assistant']}@0"
     note_case = f"{runs['crm-assistant']}@0"
-    assert (
-        f"{refund_case}: payment.refund.amount_cents 4000 > 1500 (a reach field)" in widens.widening
-    )
+    # Resolved against the payment as admission read it, which has no line L3: the wider
+    # refund is one the contract refuses, never agreeing (the reach widening of a line that
+    # exists is the unit tests').
+    [refund] = [c for c in widens.cases if c.case_id == refund_case]
+    assert not refund.passed_all and not refund.judged[0].agrees
+    assert "payment pay_7781 has no line L3" in refund.judged[0].invalid
     assert any(
         w.startswith(f"{note_case}: capability payment.refund outside") for w in widens.widening
     )

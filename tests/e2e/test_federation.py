@@ -28,8 +28,11 @@ from schemas import subjects
 from schemas.base import Family
 from schemas.governance import ListPending, PendingDecisions
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
-from tests.e2e.conftest import Host, replayed, service_violations
+from tests.e2e.conftest import Host, replayed, sealed, service_violations
+from tests.e2e.test_eval import writ
+from tests.eval_runs import DEMO_DECISIONS
 from writ import mcp
+from writ.eval import Report
 from writ.stack import SERVICES, Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -152,7 +155,7 @@ async def _settled(host: Host, request_id: str, timeout: float = 30) -> Any:
 
 
 async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_over_rest(
-    stack: Stack, host: Host, helpdesk: httpx.AsyncClient, db: asyncpg.Connection
+    stack: Stack, host: Host, helpdesk: httpx.AsyncClient, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     result = await drive_run(
         stack.api_url,
@@ -220,6 +223,71 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
     # The run replays offline from the journal alone: the mcp: outputs were captured.
     report = await replayed(host, db, result.run_id)
     assert report.verdict == "identical", report
+    # The comment was allowed (a standing grant), and admission kept the ticket it was
+    # resolved against all the same: the evaluation judges the run's comment against it.
+    kept = await db.fetchrow(
+        "SELECT facts_kind, facts_id, facts FROM admission.resolved_facts WHERE run_id = $1",
+        result.run_id,
+    )
+    assert (kept["facts_kind"], kept["facts_id"]) == ("host_ticket", "T-1001")
+    assert '"revision": "r1"' in kept["facts"]
+    await sealed(db, result.run_id)
+    await judged_without_a_facts_file(stack, result.run_id, tmp_path)
+
+
+async def judged_without_a_facts_file(stack: Stack, run_id: str, tmp_path: Path) -> None:
+    """A set built from the run's journal and admission's record, no facts written by hand:
+    the demo's own decisions agree at every case, the comment resolved against the ticket and
+    ruled with the policy governance journaled for it."""
+    set_file, keys = tmp_path / "set.json", tmp_path / "eval-data.json"
+    built = writ(
+        stack,
+        "eval",
+        "build",
+        "--tenant",
+        "acme",
+        "--from-journal",
+        "--agent",
+        "helpdesk-assistant",
+        "--out",
+        str(set_file),
+        "--home",
+        str(stack.home),
+        "--set-keys",
+        str(keys),
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    script = {"decisions": DEMO_DECISIONS["agents"]["helpdesk-assistant"]}
+    (tmp_path / "demo.script.json").write_text(json.dumps(script))
+    (tmp_path / "demo.json").write_text(
+        json.dumps({"name": "demo", "provider": "scripted", "script": "demo.script.json"})
+    )
+    out = tmp_path / "demo.report.json"
+    done = writ(
+        stack,
+        "eval",
+        "run",
+        "--set",
+        str(set_file),
+        "--set-keys",
+        str(keys),
+        "--candidate",
+        str(tmp_path / "demo.json"),
+        "--json",
+        str(out),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = msgspec.json.decode(out.read_bytes(), type=Report)
+    [comment] = [
+        c
+        for c in report.cases
+        if c.case_id.startswith(run_id)
+        and c.expected.get("capability") == "host.ticket.comment.create"
+    ]
+    assert comment.judged[0].valid and comment.judged[0].agrees, comment.judged
+    # Ruled with the policy governance journaled for the comment (the agent's standing grant),
+    # not the default under which every write asks.
+    assert (comment.judged[0].ruling, comment.judged[0].expected_ruling) == ("allow", "allow")
 
 
 async def test_a_lost_rest_response_is_replayed_under_the_same_key_to_one_comment(

@@ -177,8 +177,12 @@ async def test_an_auditor_password_gets_a_role_that_reads_the_journals_only(
         for schema in ("governance", "admission", "dispatcher", "planner"):
             assert await conn.fetchval(f"SELECT count(*) FROM {schema}.journal") == 0
         assert await conn.fetchval("SELECT count(*) FROM planner.steps") == 0
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await conn.fetchval("SELECT count(*) FROM admission.commands")
+        # The facts proposals were resolved against (the evaluation's), and of admission's
+        # own tables nothing else.
+        assert await conn.fetchval("SELECT count(*) FROM admission.resolved_facts") == 0
+        for table in ("commands", "proposals"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await conn.fetchval(f"SELECT count(*) FROM admission.{table}")
         with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
             await conn.execute("DELETE FROM governance.journal")
     finally:

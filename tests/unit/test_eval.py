@@ -17,6 +17,7 @@ from libs.journal import DataKeys
 from services.planner.journal_entries import DECISION
 from services.planner.provider import ScriptedProvider
 from tests.eval_runs import (
+    DEMO_DECISIONS,
     FACTS,
     agreeing_script,
     demo_runs,
@@ -28,7 +29,9 @@ from writ.eval import (
     CaseError,
     EvalSet,
     Report,
+    Sample,
     cases_from_run,
+    judge,
     junit_xml,
     load_case_file,
     make_set,
@@ -40,6 +43,7 @@ from writ.eval import (
     seal_set,
     summarize,
 )
+from writ.eval._facts import RecordedFacts, facts_at
 
 
 def demo_set() -> EvalSet:
@@ -372,6 +376,16 @@ def test_the_command_line_builds_from_case_files_and_gates(tmp_path: Path) -> No
         "globex",
     )
     assert other.returncode == 3 and "globex" in other.stderr
+    # A script that does not decode is a candidate that cannot run (3), said in one line.
+    (tmp_path / "empty.script.json").write_text(json.dumps({"decisions": []}))
+    (tmp_path / "empty.json").write_text(
+        json.dumps({"name": "empty", "provider": "scripted", "script": "empty.script.json"})
+    )
+    empty = writ(
+        "run", "--set", str(tmp_path / "set.json"), "--candidate", str(tmp_path / "empty.json")
+    )
+    assert empty.returncode == 3, empty.stdout + empty.stderr
+    assert "cannot run" in empty.stderr and "Traceback" not in empty.stderr
 
 
 def test_the_allow_list_compares_whole_origins() -> None:
@@ -841,3 +855,66 @@ def test_the_proposal_overlap_is_whole_when_agreeing_and_falls_when_the_plan_wid
     results = anyio.run(lambda: run_step(marked, ScriptedProvider.from_file(path), k=1))
     dropped = {c.case_id: c for c in results}["run-note@0"].judged[0]
     assert dropped.overlap is not None and dropped.overlap < 1.0 and not dropped.agrees
+
+
+def test_a_case_takes_the_facts_admission_recorded_at_or_after_its_step() -> None:
+    # The run's refund (step 0) and a later read of the same payment (step 4): the case at
+    # step 0 is judged on what its own proposal was resolved against, a case after on the last.
+    first, later = dict(FACTS["payment:pay_7781"]), {**FACTS["payment:pay_7781"], "lines": []}
+    recorded = [
+        RecordedFacts(step=4, key="payment:pay_7781", facts=later),
+        RecordedFacts(step=0, key="payment:pay_7781", facts=first),
+        RecordedFacts(step=6, key="host_ticket:T-1", facts={"revision": "r2"}),
+    ]
+    assert facts_at(recorded, 0) == {
+        "payment:pay_7781": first,
+        "host_ticket:T-1": {"revision": "r2"},
+    }
+    assert facts_at(recorded, 3) == {
+        "payment:pay_7781": later,
+        "host_ticket:T-1": {"revision": "r2"},
+    }
+    assert facts_at(recorded, 9) == {
+        "payment:pay_7781": later,
+        "host_ticket:T-1": {"revision": "r2"},
+    }
+    assert facts_at([], 0) == {}
+    # Built from the run with what was recorded, no file: the refund resolves and agrees.
+    hand = {"payment:pay_7781": {"payment_id": "pay_7781"}, "mail_draft:d-1": {"x": 1}}
+    cases = cases_from_run("run-refund", demo_runs()["run-refund"], facts=hand, recorded=recorded)
+    refund = next(c for c in cases if c.case_id == "run-refund@0")
+    # What was recorded stands over a hand-written reference; the hand fills only the gaps.
+    assert refund.facts["payment:pay_7781"] == first
+    assert refund.facts["mail_draft:d-1"] == {"x": 1}
+    judged = judge(refund, Sample(decision=DEMO_DECISIONS["agents"]["refund-assistant"][0]))
+    assert judged.valid and judged.agrees, judged
+    # With nothing recorded and no file, the same decision cannot be resolved: not agreeing.
+    bare = next(
+        c
+        for c in cases_from_run("run-refund", demo_runs()["run-refund"])
+        if c.case_id == "run-refund@0"
+    )
+    unresolved = judge(bare, Sample(decision=DEMO_DECISIONS["agents"]["refund-assistant"][0]))
+    assert not unresolved.valid and "no recorded payment pay_7781" in unresolved.invalid
+
+
+def test_a_case_is_ruled_with_the_policy_journaled_for_its_proposal() -> None:
+    from services.admission.logic import proposal_id_for
+    from writ.eval._facts import policy_at
+
+    granted = {"policy_version": "p-7", "standing_families": ["write_delete"]}
+    policies = {proposal_id_for("acme", "run-refund", 2): granted}
+    assert policy_at(policies, "acme", "run-refund", 0, 5) == granted  # the first at or after
+    assert policy_at(policies, "acme", "run-refund", 3, 5) is None  # none later
+    assert policy_at(policies, "globex", "run-refund", 0, 5) is None  # another tenant's id
+    # A case takes it over the policy given for every case; a case without one keeps that.
+    given = {"policy_version": "given"}
+    cases = cases_from_run(
+        "run-refund",
+        demo_runs()["run-refund"],
+        facts=FACTS,
+        policy=given,
+        policies={proposal_id_for("acme", "run-refund", 0): granted},
+        tenant="acme",
+    )
+    assert [c.policy for c in cases] == [granted, given]

@@ -35,6 +35,7 @@ from services.planner.journal_entries import (
 )
 from services.planner.provider import ModelInput
 from services.planner.sessions._execute import plan_taken
+from writ.eval._facts import RecordedFacts, facts_at, policy_at
 
 __all__ = [
     "SET_FORMAT",
@@ -129,11 +130,18 @@ def cases_from_run(
     *,
     facts: dict[str, Any] | None = None,
     policy: dict[str, Any] | None = None,
+    recorded: list[RecordedFacts] | None = None,
+    policies: dict[str, dict[str, Any]] | None = None,
+    tenant: str = "",
 ) -> list[EvalCase]:
     """The decision points of one journaled run, each with its model input rebuilt as the planner
     builds it and the recorded decision as the expected one.
 
-    A recorded `request_human_review` is an escalation the candidate must make too.
+    A recorded `request_human_review` is an escalation the candidate must make too. Each case's
+    facts are the ones admission recorded for the run (`recorded`, `_facts.facts_at` its step),
+    with `facts` (given by hand) only for a reference nothing was recorded for; its policy the
+    one governance journaled for the run's first proposal at or after its step (`policies`, by
+    proposal id, of `tenant`), else `policy`.
 
     Raises:
         CaseError: a rebuilt input's digest is not the one journaled (the run cannot be used:
@@ -144,6 +152,7 @@ def cases_from_run(
     injected: list[str] = []  # a chat turn's injected messages, in the model's input from then
     catalog_requested = False
     cases: list[EvalCase] = []
+    last = _last_step(entries)  # no proposal of the run is later
     for captured in sorted(entries, key=lambda c: c.seq):
         if captured.kind == RUN_STARTED:
             started = msgspec.convert(captured.payload, RunStartedEntry)
@@ -192,14 +201,27 @@ def cases_from_run(
                     input_digest=digest,
                     expected=expected,
                     manifest=started.manifest,
-                    facts=facts or {},
-                    policy=policy,
+                    facts={**(facts or {}), **facts_at(recorded or [], d.seq)},
+                    policy=policy_at(policies or {}, tenant, run_id, d.seq, last) or policy,
                     source=f"journal:{run_id}@{d.seq}",
                 )
             )
             if kind == "request_capabilities":
                 catalog_requested = True
     return cases
+
+
+def _last_step(entries: list[Captured]) -> int:
+    """The run's last step, as its entries number them (`seq` of a decision or observation,
+    `step` of what was proposed or observed at a step)."""
+    steps = [
+        v
+        for c in entries
+        if isinstance(c.payload, dict)
+        for k in ("seq", "step")
+        if isinstance(v := c.payload.get(k), int)
+    ]
+    return max(steps, default=0)
 
 
 class _HandCase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -69,19 +69,27 @@ class CandidateConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 def load_candidate(path: str | Path) -> CandidateConfig:
-    """A candidate config file, its relative paths made the file's."""
+    """A candidate config file, its relative paths made the file's.
+
+    Raises:
+        OSError: it, or its script, cannot be read.
+        msgspec.DecodeError: it, or its script, does not decode.
+    """
     path = Path(path)
     config = msgspec.json.decode(path.read_bytes(), type=CandidateConfig)
 
     def near(p: str) -> str:
         return str(path.parent / p) if p and not Path(p).is_absolute() else p
 
-    return msgspec.structs.replace(
+    config = msgspec.structs.replace(
         config,
         script=near(config.script),
         key_file=near(config.key_file),
         capabilities_file=near(config.capabilities_file),
     )
+    if config.provider == "scripted":
+        ScriptedProvider.from_file(config.script)  # a script that does not decode cannot run
+    return config
 
 
 @contextlib.asynccontextmanager

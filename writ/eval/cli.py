@@ -1,10 +1,11 @@
 """`writ eval build | run | record`: the command line of the evaluation (`writ/eval/`).
 
-`build` reads journaled runs with an auditor's read-only DSN and the planner's data keys (and
-hand-written case files), and writes an encrypted set. `run` opens no bus and no database
-connection: it reads the set and the candidate config, asks the candidate, and writes the
-report. `record` journals a report's digest as the eval role, which may call one function and
-nothing else, to be sealed and signed with the planner's chain (`_record.py`).
+`build` reads journaled runs with an auditor's read-only DSN and the planner's data keys, the
+facts admission resolved their proposals against and the policy governance ruled them with
+(`_sources.py`), and hand-written case files, and writes an encrypted set. `run` opens no bus
+and no database connection: it reads the set and the candidate config, asks the candidate, and
+writes the report. `record` journals a report's digest as the eval role, which may call one
+function and nothing else, to be sealed and signed with the planner's chain (`_record.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import argparse
 import functools
 import os
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ def _build(args: argparse.Namespace) -> int:
 
     from libs.errors import ConfigError
     from writ.eval._case import load_case_file, make_set, seal_set
+    from writ.eval._sources import governance, journal_cases, journal_source
 
     facts = _json_file(args.facts) if args.facts else {}
     policy = _json_file(args.policy) if args.policy else None
@@ -53,9 +54,10 @@ def _build(args: argparse.Namespace) -> int:
         for path in args.cases or []:
             cases += load_case_file(path)
         if args.from_journal:
-            dsn, journal = _journal_source(args)
+            dsn, journal = journal_source(args)
+            ruled = governance(args)
             found, skipped = anyio.run(
-                functools.partial(_journal_cases, args, dsn, journal, facts, policy)
+                functools.partial(journal_cases, args, dsn, journal, ruled, facts, policy)
             )
             cases += found
         eval_set = make_set(args.tenant, cases)
@@ -80,66 +82,6 @@ def _json_file(path: str) -> Any:
     import json
 
     return json.loads(Path(path).read_text())
-
-
-def _journal_source(args: argparse.Namespace) -> tuple[str, Any]:
-    """The auditor's DSN and the planner's journal (its data keys) to build from."""
-    from libs.errors import ConfigError
-    from libs.journal import DataKeys, Journal
-
-    home = Path(args.home)
-    dsn_file = home / "secrets" / "audit.dsn"
-    dsn = (
-        args.dsn
-        or os.environ.get("WRIT_AUDIT_DATABASE_URL")
-        or (dsn_file.read_text().strip() if dsn_file.exists() else "")
-    )
-    if not dsn:
-        raise ConfigError("no database: pass --dsn, set WRIT_AUDIT_DATABASE_URL or run `writ run`")
-    keys_file = Path(args.data_keys or home / "secrets" / "journal-planner-data.json")
-    return dsn, Journal(service="planner", keys=DataKeys.from_json(keys_file.read_text()))
-
-
-async def _journal_cases(
-    args: argparse.Namespace,
-    dsn: str,
-    journal: Any,
-    facts: dict[str, Any],
-    policy: dict[str, Any] | None,
-) -> tuple[list[Any], list[str]]:
-    import asyncpg
-
-    from services.planner.store import read_replay
-    from writ.eval._case import CaseError, cases_from_run
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        runs = await conn.fetch(
-            "SELECT run_id FROM planner.runs WHERE tenant = $1 "
-            "AND ($2::text IS NULL OR agent = $2) AND ($3::text IS NULL OR status = $3) "
-            "AND ($4::timestamptz IS NULL OR created_at >= $4) "
-            "AND ($5::timestamptz IS NULL OR created_at < $5) ORDER BY created_at, run_id",
-            args.tenant,
-            args.agent,
-            args.outcome,
-            datetime.fromisoformat(args.since) if args.since else None,
-            datetime.fromisoformat(args.until) if args.until else None,
-        )
-        cases, skipped = [], []
-        for row in runs:
-            entries, _, unsealed = await read_replay(
-                conn, journal, tenant=args.tenant, run_id=row["run_id"]
-            )
-            if unsealed:
-                skipped.append(f"run {row['run_id']}: {unsealed} journal rows not sealed yet")
-                continue
-            try:
-                cases += cases_from_run(row["run_id"], entries, facts=facts, policy=policy)
-            except (CaseError, msgspec.ValidationError) as exc:
-                skipped.append(str(exc))
-    finally:
-        await conn.close()
-    return cases, skipped
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -278,10 +220,11 @@ def _verify(args: argparse.Namespace) -> int:
 
     from libs.errors import ConfigError
     from writ.eval._report import Report, report_digest
+    from writ.eval._sources import journal_source
 
     try:
         report = msgspec.json.decode(Path(args.report).read_bytes(), type=Report)
-        dsn, journal = _journal_source(args)
+        dsn, journal = journal_source(args)
     except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
         print(f"cannot verify: {exc}", file=sys.stderr)
         return 3
@@ -331,6 +274,7 @@ def _shadow(args: argparse.Namespace) -> int:
 
     from libs.errors import ConfigError
     from writ.eval._run import load_candidate
+    from writ.eval._sources import journal_source
 
     home = Path(args.home)
     try:
@@ -339,7 +283,7 @@ def _shadow(args: argparse.Namespace) -> int:
         nats_url = args.nats_url or os.environ.get("WRIT_NATS_URL", "")
         if not nats_url:
             raise ConfigError("no NATS: pass --nats-url or set WRIT_NATS_URL")
-        dsn, journal = _journal_source(args)
+        dsn, journal = journal_source(args)
         policy = _json_file(args.policy) if args.policy else None
         facts = _json_file(args.facts) if args.facts else {}
     except (ConfigError, OSError, ValueError, msgspec.DecodeError) as exc:
@@ -478,7 +422,17 @@ def add_parser(sub: Any) -> None:
     b.add_argument(
         "--facts", default="", help='JSON {"<kind>:<id>": facts} the contracts resolve against'
     )
-    b.add_argument("--policy", default="", help="JSON of governance facts for every case")
+    b.add_argument(
+        "--policy",
+        default="",
+        help="JSON of governance facts for the cases governance journaled none for",
+    )
+    b.add_argument(
+        "--governance-keys",
+        default="",
+        help="governance's journal data keys, to read the policy each proposal was ruled with "
+        "(default: writ run's, if present)",
+    )
     b.add_argument("--dsn", default="", help="an auditor's DSN (default: writ run's)")
     b.add_argument("--data-keys", default="", help="the planner's journal data key file")
     for q in (b,):
