@@ -228,6 +228,7 @@ class GovernanceService:
                 model=ask.model,
                 action=ask.action,
                 amount=ask.amount,
+                currency=ask.currency,
             )
         except Exception as exc:  # cannot know what is left: nothing is left (nor settled)
             log.warning("budget store unreadable: %r", exc)

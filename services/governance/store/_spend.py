@@ -19,6 +19,7 @@ from services.governance.spend import (
     Cap,
     Charge,
     PriceTable,
+    Unpriced,
     charge_for,
     covering,
     money,
@@ -171,9 +172,10 @@ def _show(micros: int) -> str:
 
 
 class CapExceeded(msgspec.Struct, frozen=True, kw_only=True):
-    """A step refused by a spend cap: which, why, and what its journal row records."""
+    """A step refused by a spend cap: which (None: the step could not be priced), why, and
+    what its journal row records."""
 
-    cap: str
+    cap: str | None
     reason: str
     payload: dict[str, object]
 
@@ -218,6 +220,11 @@ class SpendStore:
         else:
             self._prices[tenant] = (table, digest)
 
+    def _capped(self, tenant: str) -> bool:
+        """Whether the tenant has spend caps (then each step reserves only what it asks)."""
+        priced = self._prices.get(tenant)
+        return priced is not None and bool(priced[0].caps)
+
     async def spend(self, tenant: str, cap: str | None = None) -> list[dict[str, object]]:
         """A tenant's spend per cap and window (newest first), with each cap's limit."""
         priced = self._prices.get(tenant)
@@ -243,15 +250,27 @@ class SpendStore:
         asked: dict[str, int],
         model: str | None,
         action: str | None,
-        amount: str | None,
+        amount: tuple[str | None, str | None],
     ) -> CapExceeded | _Pending | None:
         """Whether a step's worst case fits every cap that covers it (their rows then stay
-        locked until the transaction ends). None: no cap prices this step."""
+        locked until the transaction ends). None: no cap prices this step. `amount`: the
+        amount the step's arguments carry, and its currency. A step the table cannot price
+        is refused, naming no cap."""
         priced = self._prices.get(tenant)
         if priced is None or not priced[0].caps:
             return None
         table = priced[0]
-        charge = charge_for(table, model=model, action=action, amount=amount)
+        try:
+            charge = charge_for(
+                table, model=model, action=action, amount=amount[0], currency=amount[1]
+            )
+        except Unpriced as exc:
+            reason = f"spend cannot be priced: {exc}"[:500]
+            return CapExceeded(
+                cap=None,
+                reason=reason,
+                payload={"budget": "spend", "reason": reason, "prices_version": table.version},
+            )
         caps = covering(table, agent, datetime.now(UTC))
         if charge is None or not caps:
             return None
