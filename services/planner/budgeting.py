@@ -30,7 +30,7 @@ It is recorded `due` in the step's transaction, so a crash in between leaves it 
 as soon as it is spent.
 
 Spend caps (governance's) price each reservation from the model and, for a capability call, its
-action and amount (`pricing.py`); a tenant with caps gets no lease beyond the asking step.
+action and amount (`pricing.py`); a run a cap covers gets no lease beyond the asking step.
 
 Errors: `BudgetExhausted` and `NoBudget` (libs/budget.py) reach the caller, which stops the run;
 `BudgetUnavailable` is a `RetryableError`: the delivery is retried, the step never starts

@@ -19,9 +19,9 @@ _MAX_CENTS = 10**12
 
 class Priced(msgspec.Struct, frozen=True, kw_only=True):
     """A capability call as governance prices it: `ReserveBudget`'s action, amount and
-    currency. Governance grants a tenant with spend caps no lease beyond the step that asks
-    it, so no priced call ever draws on another step's reservation: each is held and charged
-    once, at its own price."""
+    currency. Governance grants a run its tenant's caps cover no lease beyond the step that
+    asks it, so no priced call ever draws on another step's reservation: each is held and
+    charged once, at its own price."""
 
     action: str
     amount: str | None = None

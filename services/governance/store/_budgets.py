@@ -382,8 +382,8 @@ class BudgetStore(SpendStore):
                     cap=spend.cap,
                     settled=settled,
                 )
-            # A tenant with spend caps gets no lease beyond the step: every step is priced.
-            if up_to is not None and not self._capped(tenant):
+            # A run its tenant's caps cover gets no lease beyond the step: each step is priced.
+            if up_to is not None and not self._capped(tenant, row["agent"]):
                 asked = leased(state, asked, msgspec.structs.asdict(up_to))
                 provider_calls, tokens, capability_calls = (
                     asked["provider_calls"],

@@ -220,10 +220,11 @@ class SpendStore:
         else:
             self._prices[tenant] = (table, digest)
 
-    def _capped(self, tenant: str) -> bool:
-        """Whether the tenant has spend caps (then each step reserves only what it asks)."""
+    def _capped(self, tenant: str, agent: str) -> bool:
+        """Whether a cap covers the agent's runs (then each step reserves only what it
+        asks)."""
         priced = self._prices.get(tenant)
-        return priced is not None and bool(priced[0].caps)
+        return priced is not None and any(c.agent in (None, agent) for c in priced[0].caps)
 
     async def spend(self, tenant: str, cap: str | None = None) -> list[dict[str, object]]:
         """A tenant's spend per cap and window (newest first), with each cap's limit."""
