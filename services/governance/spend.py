@@ -37,6 +37,7 @@ __all__ = [
     "PricesRefused",
     "Unpriced",
     "covering",
+    "covering_all",
     "load_prices",
     "money",
     "sign_prices",
@@ -208,6 +209,11 @@ def covering(table: PriceTable, agent: str, now: datetime) -> list[tuple[Cap, st
         ),
         key=lambda c: c[0].name,
     )
+
+
+def covering_all(table: PriceTable, now: datetime) -> list[tuple[Cap, str]]:
+    """Every cap of the table, with its current window."""
+    return [(cap, window_key(cap.window, now, table.time_zone)) for cap in table.caps]
 
 
 class _Signature(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

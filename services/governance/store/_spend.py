@@ -9,6 +9,7 @@ own rows: its spend never refuses another tenant's steps.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -22,6 +23,7 @@ from services.governance.spend import (
     Unpriced,
     charge_for,
     covering,
+    covering_all,
     money,
 )
 
@@ -58,6 +60,12 @@ FROM governance.spend_charges WHERE reservation_id = $1::uuid AND used_micros IS
 FOR UPDATE
 """
 _CHARGED = "UPDATE governance.spend_charges SET used_micros = $2 WHERE reservation_id = $1::uuid"
+# $1 tenants, $2 caps, $3 windows: those rows, where they exist.
+_CURRENT = """
+SELECT s.tenant, s.cap, s.window_key, s.reserved_micros, s.used_micros
+FROM governance.spend s JOIN unnest($1::text[], $2::text[], $3::text[]) AS t(tn, c, w)
+  ON s.tenant = t.tn AND s.cap = t.c AND s.window_key = t.w
+"""
 _ROWS = """
 SELECT cap, window_key, reserved_micros, used_micros FROM governance.spend
 WHERE tenant = $1 AND ($2::text IS NULL OR cap = $2) ORDER BY cap, window_key DESC
@@ -241,6 +249,36 @@ class SpendStore:
                 "currency": priced[0].currency if priced is not None else None,
             }
             for r in await self._pool.fetch(_ROWS, tenant, cap, 500)
+        ]
+
+    async def current(self) -> list[dict[str, Any]]:
+        """Every priced tenant's caps in their current window: what is settled and held (0
+        where nothing was yet) and the limit, in micros, with the table's currency."""
+        now = datetime.now(UTC)
+        wanted = {
+            (tenant, cap.name, window): (cap, table.currency)
+            for tenant, (table, _) in self._prices.items()
+            for cap, window in covering_all(table, now)
+        }
+        if not wanted:
+            return []
+        tenants, caps, windows = (list(x) for x in zip(*wanted, strict=True))
+        rows = {
+            (r["tenant"], r["cap"], r["window_key"]): r
+            for r in await self._pool.fetch(_CURRENT, tenants, caps, windows)
+        }
+        return [
+            {
+                "tenant": tenant,
+                "cap": name,
+                "window": window,
+                "currency": currency,
+                "used_micros": row["used_micros"] if (row := rows.get(key)) else 0,
+                "reserved_micros": row["reserved_micros"] if row else 0,
+                "limit_micros": money(cap.limit),
+            }
+            for key, (cap, currency) in wanted.items()
+            for tenant, name, window in [key]
         ]
 
     async def _spend_check(
