@@ -235,20 +235,35 @@ class SpendStore:
         return priced is not None and any(c.agent in (None, agent) for c in priced[0].caps)
 
     async def spend(self, tenant: str, cap: str | None = None) -> list[dict[str, object]]:
-        """A tenant's spend per cap and window (newest first), with each cap's limit."""
+        """A tenant's spend per cap and window (by cap, newest window first), with each cap's
+        limit; each cap of its table also in its current window, at 0 if nothing was spent
+        there yet (an approver sees every cap, not only those spent on)."""
         priced = self._prices.get(tenant)
         caps = {c.name: c for c in priced[0].caps} if priced is not None else {}
+        rows = [
+            (r["cap"], r["window_key"], r["reserved_micros"], r["used_micros"])
+            for r in await self._pool.fetch(_ROWS, tenant, cap, 500)
+        ]
+        if priced is not None:
+            seen = {(c, w) for c, w, _, _ in rows}
+            rows += [
+                (c.name, w, 0, 0)
+                for c, w in covering_all(priced[0], datetime.now(UTC))
+                if (cap is None or c.name == cap) and (c.name, w) not in seen
+            ]
+        rows.sort(key=lambda r: r[1], reverse=True)
+        rows.sort(key=lambda r: r[0])
         return [
             {
-                "cap": r["cap"],
-                "window": r["window_key"],
-                "reserved_micros": r["reserved_micros"],
-                "used_micros": r["used_micros"],
-                "limit": caps[r["cap"]].limit if r["cap"] in caps else None,
-                "agent": caps[r["cap"]].agent if r["cap"] in caps else None,
+                "cap": name,
+                "window": window,
+                "reserved_micros": reserved,
+                "used_micros": used,
+                "limit": caps[name].limit if name in caps else None,
+                "agent": caps[name].agent if name in caps else None,
                 "currency": priced[0].currency if priced is not None else None,
             }
-            for r in await self._pool.fetch(_ROWS, tenant, cap, 500)
+            for name, window, reserved, used in rows[:500]
         ]
 
     async def current(self) -> list[dict[str, Any]]:
