@@ -21,17 +21,19 @@ from services.planner.agents import AgentRegistry, load_manifest
 from services.planner.provider import SelectCapability
 from services.planner.service import PlannerService
 from services.planner.store import PlannerStore
+from tests.integration import test_planner_budgets as budgets
 from tests.integration.test_planner_budgets import (
     FIRST,
     NOTE,
     Counting,
     Env,
     _Delivery,
-    env,  # noqa: F401 (the fixture)
     register,
 )
 
 pytestmark = pytest.mark.anyio
+
+env = budgets.env  # that module's fixture: governance and the planner on one database
 
 
 def charge(cents: int, currency: str = "EUR") -> SelectCapability:
@@ -148,8 +150,7 @@ async def test_a_runs_action_is_priced_held_and_charged_once(env: Env) -> None:
     assert await spend(env) == [("acme-daily", 0, 2 * 37_000 + money("0.25"))]
     assert len(await charges(env, "run-p1")) == 3
     charged = await env.db.fetchval(
-        "SELECT count(*) FROM governance.journal WHERE kind = 'spend.charged' "
-        "AND run_id = 'run-p1'"
+        "SELECT count(*) FROM governance.journal WHERE kind = 'spend.charged' AND run_id = 'run-p1'"
     )
     assert charged == 3
 
