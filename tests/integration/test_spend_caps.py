@@ -25,7 +25,14 @@ from libs.telemetry import make_tracer_provider
 from schemas.governance import BudgetRefused, BudgetReserved, RegisterRun
 from services.governance.budgets import Limits
 from services.governance.service import GovernanceService
-from services.governance.spend import Cap, ModelPrice, PriceTable, money, sign_prices
+from services.governance.spend import (
+    ActionPrice,
+    Cap,
+    ModelPrice,
+    PriceTable,
+    money,
+    sign_prices,
+)
 from services.governance.store import GovernanceStore
 
 pytestmark = pytest.mark.anyio
@@ -364,3 +371,36 @@ async def test_spend_gauges_name_listed_tenants_and_sum_the_others(
     }
     assert tenants == {"acme", ""}
     await nc.close()
+
+
+async def test_an_amount_that_cannot_be_priced_is_refused_only_where_a_cap_covers_it(
+    env: Env,
+) -> None:
+    table = msgspec.structs.replace(
+        _table("acme", Cap(name="billing-daily", window="day", limit="100", agent="billing")),
+        actions={"payment.charge.create": ActionPrice(per_call="0", amount_from_arguments=True)},
+    )
+    env.store.set_prices("acme", table)
+    await _run(env.store, "acme", "run-b", agent="billing")
+    await _run(env.store, "acme", "run-s", agent="support")
+
+    async def charge(run_id: str, amount: str | None, currency: str | None) -> object:
+        return await env.store.reserve(
+            tenant="acme",
+            run_id=run_id,
+            step_key=f"{run_id}:{currency}:capability",
+            capability_calls=1,
+            action="payment.charge.create",
+            amount=amount,
+            currency=currency,
+        )
+
+    refused = await charge("run-b", "30.00", "USD")
+    assert isinstance(refused, BudgetRefused) and refused.budget == "spend"
+    assert refused.cap is None and "cannot be priced" in refused.reason
+    assert isinstance(await charge("run-b", None, None), BudgetRefused)
+    # No cap covers support's runs: nothing to price, nothing refused.
+    assert isinstance(await charge("run-s", "30.00", "USD"), BudgetReserved)
+    held = await charge("run-b", "30.00", "EUR")
+    assert isinstance(held, BudgetReserved)
+    assert await _spent(env, "acme") == (money("30.00"), 0)

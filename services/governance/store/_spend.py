@@ -314,6 +314,9 @@ class SpendStore:
         if priced is None or not priced[0].caps:
             return None
         table = priced[0]
+        caps = covering(table, agent, datetime.now(UTC))
+        if not caps:
+            return None  # no cap covers this agent's runs: nothing to price
         try:
             charge = charge_for(
                 table, model=model, action=action, amount=amount[0], currency=amount[1]
@@ -325,8 +328,7 @@ class SpendStore:
                 reason=reason,
                 payload={"budget": "spend", "reason": reason, "prices_version": table.version},
             )
-        caps = covering(table, agent, datetime.now(UTC))
-        if charge is None or not caps:
+        if charge is None:
             return None
         worst = charge.worst(
             tokens=asked["tokens"], calls=asked["provider_calls"] + asked["capability_calls"]
