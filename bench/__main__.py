@@ -5,6 +5,8 @@ warm-up and window; 1.0 takes three to four minutes), `BENCH_KEEP=1` keeps the d
 folder (logs under `<home>/logs`), which is otherwise kept only when something failed.
 `BENCH_PHASES` (comma-separated, e.g. `run_path,decide`) measures only those phases: the
 deployment still starts whole, and the other phases are skipped (`PHASES` lists them).
+`BENCH_CAPS=1` gives every tenant spend caps covering all its runs (`bench/caps.py`), to
+compare the run path's cost with caps on and off.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import anyio
 
+from bench.caps import caps_on, install_caps
 from bench.http import http_path
 from bench.mcp_read import mcp_read
 from bench.phases import SCALE, Bench, BenchError
@@ -59,6 +62,9 @@ def _run(stack: Stack, report: BenchReport) -> None:
     print("Starting nats-server and PostgreSQL…", flush=True)
     stack.start_infrastructure()
     anyio.run(stack.provision)
+    report.data["spend_caps"] = caps_on()
+    if caps_on():  # BENCH_CAPS=1: every tenant capped (bench/caps.py)
+        print(f"Spend caps on for {', '.join(install_caps(stack))}", flush=True)
     _phase(report, "versions", bench.versions)
     _phase(report, "prepare", bench.prepare)
     # On a quiet machine, before the services start: it measures verify alone.

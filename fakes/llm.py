@@ -189,6 +189,9 @@ class _Handler(_http.Handler):
             with self.server.state.lock:
                 entry["serial"] = serial  # answered (a cut stream's answer never arrives whole)
         completion = _completion(serial, model, reply, prompt_bytes)
+        if entry is not None and mode.name != "cut_stream":
+            with self.server.state.lock:
+                entry["usage"] = completion.body["usage"]  # what the answer reports it used
         if not stream:
             return completion
         cut = (

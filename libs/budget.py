@@ -105,6 +105,7 @@ async def reserve(
     model: str | None = None,
     action: str | None = None,
     amount: str | None = None,
+    currency: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> BudgetReserved:
     """Reserve what one step may spend, all kinds at once (both or neither); `limit`, the
@@ -113,7 +114,8 @@ async def reserve(
     round trip for both); they are closed even when the reservation is refused
     (`NoBudget.settled` lists them then). `up_to`: a lease, reserved up to these amounts
     where the run has them (`BudgetReserved` says what it got). `model` ("provider/model"),
-    `action` and `amount`: what the step's cost is read from where the tenant has spend caps.
+    `action`, `amount` and its `currency`: what the step's cost is read from where the tenant
+    has spend caps.
 
     Raises:
         BudgetExhausted: a budget ran out (`.kind` says which).
@@ -134,6 +136,7 @@ async def reserve(
         model=model,
         action=action,
         amount=amount,
+        currency=currency,
     )
     answer = _RESERVE_REPLY.decode(await _request(nc, subjects.RESERVE, ask, timeout))
     if isinstance(answer, BudgetReserved):

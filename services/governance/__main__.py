@@ -35,6 +35,9 @@ class GovernanceSettings(BaseSettings, frozen=True, kw_only=True):
     # "tokens": 200000, "capability_calls": 50, "wall_time_s": 900, "max_concurrent_steps": 4},
     # "agents": {"<agent>": {<any of those>}}}; unset: those built-in defaults.
     budgets_file: str = ""
+    # Tenants (comma-separated) whose spend gauges carry their name; every other tenant's
+    # are summed under `tenant=""`, so the series stay bounded (spend_metrics.py).
+    spend_label_tenants: str = ""
 
 
 def load_budget_defaults(path: str) -> BudgetDefaults:
@@ -103,6 +106,7 @@ def main() -> None:
                 ),
                 budget_defaults=budget_defaults,
                 mcp=McpRegistry(pool, journal=journal),
+                spend_label_tenants=filter(None, settings.spend_label_tenants.split(",")),
             )
             await svc.run(task_status=task_status)
 

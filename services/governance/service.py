@@ -9,7 +9,7 @@ Its parts: `deciding.py` decides calls (alone or together), `answers.py` takes p
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import anyio
@@ -49,6 +49,7 @@ from services.governance.policy import load_policy
 from services.governance.registration import turn_run, widening
 from services.governance.serving import NotFound, RegistrationRefused, endpoint
 from services.governance.spend import PricesRefused, read_prices
+from services.governance.spend_metrics import SpendGauges
 from services.governance.store import GovernanceStore
 
 __all__ = ["GovernanceService"]
@@ -75,6 +76,7 @@ class GovernanceService:
         sealer: Sealer | None = None,
         budget_defaults: BudgetDefaults | None = None,
         mcp: McpRegistry | None = None,
+        spend_label_tenants: Iterable[str] = (),
     ) -> None:
         self._rt, self._store, self._sealer, self._mcp = rt, store, sealer, mcp
         self._budget_defaults = budget_defaults or BudgetDefaults()
@@ -102,6 +104,7 @@ class GovernanceService:
             ["cap"],
             registry=rt.registry,
         )
+        self._spend_gauges = SpendGauges(rt.registry, spend_label_tenants)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -114,6 +117,7 @@ class GovernanceService:
                 await tg.start(self._sealer.run)  # chains and signs the audit journal
             tg.start_soon(self._every, self._policy_poll_s, self.load_policies)
             tg.start_soon(self._every, self._overdue_poll_s, self.deny_overdue)
+            tg.start_soon(self._every, self._policy_poll_s, self.refresh_spend)
             await run_actor(
                 js=self._rt.js,
                 spec=INBOX,
@@ -228,6 +232,7 @@ class GovernanceService:
                 model=ask.model,
                 action=ask.action,
                 amount=ask.amount,
+                currency=ask.currency,
             )
         except Exception as exc:  # cannot know what is left: nothing is left (nor settled)
             log.warning("budget store unreadable: %r", exc)
@@ -308,6 +313,10 @@ class GovernanceService:
                     "policy for %s REFUSED (%s): sensitive calls denied", tenant, policy.refusal
                 )
         self.load_prices()
+
+    async def refresh_spend(self) -> None:
+        """Read every cap's current window into the spend gauges (`spend_metrics.py`)."""
+        self._spend_gauges.update(await self._store.current())
 
     def load_prices(self) -> None:
         """(Re)load every changed `prices/<tenant>.json` (a signed price table and its spend

@@ -35,7 +35,9 @@ __all__ = [
     "ModelPrice",
     "PriceTable",
     "PricesRefused",
+    "Unpriced",
     "covering",
+    "covering_all",
     "load_prices",
     "money",
     "sign_prices",
@@ -149,16 +151,38 @@ def money(text: str) -> int:
     return math.ceil(micros)
 
 
+class Unpriced(ValueError):
+    """A step whose price the table reads from its arguments carries no amount in the
+    table's currency: it cannot be priced, so it is refused (never charged nothing)."""
+
+
 def charge_for(
-    table: PriceTable, *, model: str | None, action: str | None, amount: str | None
+    table: PriceTable,
+    *,
+    model: str | None,
+    action: str | None,
+    amount: str | None,
+    currency: str | None = None,
 ) -> Charge | None:
     """The step's price, or None when the table prices nothing it does (then no cap is
-    charged). A model or action the table does not list costs nothing."""
+    charged). A model or action the table does not list costs nothing.
+
+    Raises:
+        Unpriced: the table reads the action's price from its amount, and the step has
+            none, or has one in another currency than the table's.
+    """
     rates = Charge()
     if model is not None and (m := table.models.get(model)) is not None:
         rates = Charge(input_rate=money(m.input_per_mtok), output_rate=money(m.output_per_mtok))
     if action is not None and (a := table.actions.get(action)) is not None:
-        fixed = money(amount) if a.amount_from_arguments and amount is not None else 0
+        fixed = 0
+        if a.amount_from_arguments:
+            if amount is None or currency != table.currency:
+                raise Unpriced(
+                    f"{action} is priced by its amount in {table.currency}; this call "
+                    + ("carries none" if amount is None else f"is in {currency}")
+                )
+            fixed = money(amount)
         rates = Charge(
             input_rate=rates.input_rate,
             output_rate=rates.output_rate,
@@ -185,6 +209,11 @@ def covering(table: PriceTable, agent: str, now: datetime) -> list[tuple[Cap, st
         ),
         key=lambda c: c[0].name,
     )
+
+
+def covering_all(table: PriceTable, now: datetime) -> list[tuple[Cap, str]]:
+    """Every cap of the table, with its current window."""
+    return [(cap, window_key(cap.window, now, table.time_zone)) for cap in table.caps]
 
 
 class _Signature(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -24,11 +24,13 @@ the run's first step.
 Within one delivery (`RunBudgets.deferring`), a step's settlement waits for the next
 reservation of the same run and travels with it (`ReserveBudget.settle`: one round trip and one
 governance transaction for both); what is still due when the delivery's work is done is settled
-in its last transaction (`settle_deferred`), before it commits and before its messages are
-published. The settlement is recorded `due` in the step's
-transaction as before, so a crash in between leaves it to `settle_due`, and nothing waits
-longer than the delivery that spent it. Outside a delivery's scope (an answered review, a chat
-turn's endpoint) a step is settled as soon as it is spent.
+in its last transaction (`settle_deferred`), before it commits and its messages are published.
+It is recorded `due` in the step's transaction, so a crash in between leaves it to
+`settle_due`. Outside a delivery (an answered review, a chat turn's endpoint) a step is settled
+as soon as it is spent.
+
+Spend caps (governance's) price each reservation from the model and, for a capability call, its
+action and amount (`pricing.py`); a run a cap covers gets no lease beyond the asking step.
 
 Errors: `BudgetExhausted` and `NoBudget` (libs/budget.py) reach the caller, which stops the run;
 `BudgetUnavailable` is a `RetryableError`: the delivery is retried, the step never starts
@@ -49,6 +51,8 @@ from nats.aio.client import Client
 from libs import budget
 from libs.errors import PermanentError
 from schemas.governance import LeaseAmounts, Settlement
+from services.planner.leases import draw, drawn
+from services.planner.pricing import Priced
 from services.planner.snapshot import branch_of, manifest_limit
 from services.planner.store import PlannerStore, Reservation, RunRow
 
@@ -124,11 +128,12 @@ class RunBudgets:
         provider_calls: int = 0,
         tokens: int = 0,
         capability_calls: int = 0,
+        priced: Priced | None = None,
     ) -> tuple[str, bool]:
         """The step's reservation id, and whether the planner recorded it just now: the
         recorded one, else a draw on the run's lease, else a new (or governance's existing)
         reservation for this key (or a new lease and its first draw), recorded open in the
-        caller's transaction.
+        caller's transaction. `priced`: the capability call as its price is read.
 
         Raises:
             BudgetExhausted: a budget of the run ran out (`.kind`); nothing was reserved.
@@ -150,9 +155,9 @@ class RunBudgets:
             assert delivery is not None
             lease, fits = await self._lease_for(conn, run, known, need, delivery)
             if fits and lease is not None:  # drawn on: no round trip to governance
-                draw = _draw(key, lease, need)
-                await self._hold(conn, run.run_id, draw)
-                known[key] = draw
+                drawing = draw(key, lease, need)
+                await self._hold(conn, run.run_id, drawing)
+                known[key] = drawing
                 return lease.reservation_id, True
         funds = budget_run_id(run)
         deferred = None if delivery is None else delivery.deferred
@@ -172,6 +177,7 @@ class RunBudgets:
                 timeout=self._timeout,
                 up_to=None if lease is None else self._lease,
                 model=self._model,
+                **(priced.asks() if priced is not None else {}),
                 settle=[
                     Settlement(
                         reservation_id=d.reservation.reservation_id,
@@ -201,7 +207,7 @@ class RunBudgets:
                 reserved_capability_calls=reserved.capability_calls,
                 expires_at=now + reserved.wall_time_left_s,
             )
-            mine = _draw(key, lease, need)
+            mine = draw(key, lease, need)
             new = await self._hold(conn, run.run_id, lease, mine, closing=closing)
             if known is not None:
                 known[lease.step_key] = lease
@@ -310,7 +316,7 @@ class RunBudgets:
         leases = [r for r in known.values() if r.step_key.startswith(_lease_prefix(run))]
         current = next((r for r in leases if r.state == "open"), None)
         if current is not None:
-            used = _drawn(known, current)
+            used = drawn(known, current)
             if used is None:
                 return None, False
             left = (
@@ -362,7 +368,7 @@ class RunBudgets:
                 for r in known.values()
                 if r.state == "open" and r.step_key.startswith(_lease_prefix(run))
             ]:
-                used = _drawn(known, lease)
+                used = drawn(known, lease)
                 if used is None:
                     continue  # a command in flight draws on it: its outcome's delivery ends it
                 due = await self._spend(
@@ -576,28 +582,3 @@ class RunBudgets:
 
 def _lease_prefix(run: RunRow) -> str:
     return f"{run.run_id}:lease:"
-
-
-def _draw(key: str, lease: Reservation, need: tuple[int, int, int]) -> Reservation:
-    """A step's draw on `lease`, holding what it needs of it."""
-    return Reservation(
-        step_key=key,
-        reservation_id=lease.reservation_id,
-        state="open",
-        lease=lease.step_key,
-        reserved_provider_calls=need[0],
-        reserved_tokens=need[1],
-        reserved_capability_calls=need[2],
-    )
-
-
-def _drawn(known: dict[str, Reservation], lease: Reservation) -> tuple[int, int, int] | None:
-    """What the draws on `lease` used together; None while one of them is open."""
-    draws = [r for r in known.values() if r.lease == lease.step_key]
-    if any(r.state == "open" for r in draws):
-        return None
-    return (
-        sum(r.provider_calls for r in draws),
-        sum(r.tokens for r in draws),
-        sum(r.capability_calls for r in draws),
-    )

@@ -45,6 +45,7 @@ from services.planner.observations import (
     SelectionRefused,
     observation_of,
 )
+from services.planner.pricing import priced_call
 from services.planner.protocol import action_name
 from services.planner.provider import SelectCapability
 from services.planner.reads import ReadClient
@@ -177,7 +178,11 @@ class Capabilities:
         operation id)."""
         command = msgspec.structs.replace(_proposal(run, seq, decision), plan_preview=plan_preview)
         _, new = await self._budget.reserve(
-            conn, run, step_key(run.run_id, seq, "capability"), capability_calls=1
+            conn,
+            run,
+            step_key(run.run_id, seq, "capability"),
+            capability_calls=1,
+            priced=priced_call(command.action, command.arguments),
         )
         if new:
             await self._store.add_proposal(
@@ -209,7 +214,8 @@ class Capabilities:
                 reservation, which governance keeps for the step's key.
         """
         key = step_key(run.run_id, seq, "capability")
-        await self._budget.reserve(conn, run, key, capability_calls=1)
+        priced = priced_call(tool, decision.arguments)
+        await self._budget.reserve(conn, run, key, capability_calls=1, priced=priced)
         ask = ReadCapability(
             tenant=run.tenant,
             run_id=run.run_id,

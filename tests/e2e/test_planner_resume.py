@@ -25,12 +25,15 @@ import asyncpg
 import httpx
 import msgspec
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fakes.llm import FakeLlm
 from libs.faults import CRASH_STATUS
 from schemas.governance import RunBudget
+from services.governance.spend import ActionPrice, Cap, ModelPrice, PriceTable, sign_prices
 from tests.e2e.conftest import Host, replayed
-from writ.stack import Stack
+from writ.stack import POLICY_KEY_ID, Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -518,3 +521,102 @@ async def test_a_branch_proposes_under_the_root_runs_grant_and_observes_the_outc
         )
         == "settled"
     )
+
+
+# A token costs 0.001 (input and output alike, so the charge is the usage the model reported
+# whatever its split); a customer read 0.50 a call. The cap covers the lookup agent only.
+PRICED_TOKEN_MICROS = 1_000
+
+
+def _install_prices(stack: Stack, *, capped: bool) -> None:
+    """Sign and install acme's price table (`prices/acme.json`), with or without its cap."""
+    key = serialization.load_pem_private_key(
+        (stack.secrets / "policy-signing.pem").read_bytes(), password=None
+    )
+    assert isinstance(key, Ed25519PrivateKey)
+    table = PriceTable(
+        tenant="acme",
+        version="resume-capped" if capped else "resume-uncapped",
+        currency="EUR",
+        models={"openai/fake-model": ModelPrice(input_per_mtok="1000", output_per_mtok="1000")},
+        actions={"crm.customer.get": ActionPrice(per_call="0.50")},
+        caps=[Cap(name="lookups-day", window="day", limit="100", agent="lookup-assistant")]
+        if capped
+        else [],
+    )
+    folder = stack.policies / "prices"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / ".acme.json.tmp"
+    tmp.write_bytes(sign_prices(table, key, POLICY_KEY_ID))
+    tmp.replace(folder / "acme.json")
+
+
+async def _prices_loaded(stack: Stack, version: str) -> None:
+    with anyio.fail_after(30):
+        while f"price table {version} loaded for acme" not in stack.log_tail("governance", 20000):
+            await anyio.sleep(0.1)
+
+
+async def _spend_charges(db: asyncpg.Connection, run_id: str) -> list[tuple[str, str, int | None]]:
+    """Each reservation of the run held against a cap, in order: a model call or a read, its
+    status, and what it was charged (None: not yet)."""
+    rows = await db.fetch(
+        "SELECT r.tokens, r.status, c.used_micros FROM governance.reservations r "
+        "JOIN governance.spend_charges c ON c.reservation_id = r.reservation_id "
+        "WHERE r.run_id = $1 ORDER BY r.reserved_at",
+        run_id,
+    )
+    return [("model" if r["tokens"] else "read", r["status"], r["used_micros"]) for r in rows]
+
+
+async def test_a_planner_killed_between_a_model_call_and_its_settlement_is_charged_once(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    _install_prices(stack, capped=True)
+    await _prices_loaded(stack, "resume-capped")
+    try:
+        first = len(model.get("/_control/requests").json())
+        script(
+            model, LOOKUP, {"next": {"decision": "answer_directly", "answer": "ACME-42 is active."}}
+        )
+        faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+        # The model's decision is committed with what the call used (due), and its settlement
+        # waits for the read's reservation, in the next transaction: killed in between.
+        arm(faults, "planner.after_decision")
+        request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?")
+        await host.publish(request, msg_id=request.request_id)
+        await _killed(stack, faults)
+        run_id = await run_id_of(db, request.request_id)
+        # The model call is held against the cap, not settled: governance never heard of it.
+        assert await _spend_charges(db, run_id) == [("model", "open", None)]
+
+        await _restarted(stack)
+        stopped = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+        assert stopped.pending_id is not None
+        assert (await host.decide(stopped.pending_id, "once")).accepted
+        result = await host.wait_result(request.request_id, status="succeeded", timeout=60)
+        assert result.answer == "ACME-42 is active."
+        await _budget_settled(db, run_id)
+
+        # The fake model's own log: what each of its answers for this run reported it used.
+        answered = [r for r in model.get("/_control/requests").json()[first:] if "usage" in r]
+        assert len(answered) == 2
+        reported = sum(r["usage"]["total_tokens"] for r in answered)
+        charges = await _spend_charges(db, run_id)
+        # Every call held once and settled once: the two model calls and the one read.
+        assert [(what, status) for what, status, _ in charges] == [
+            ("model", "settled"),
+            ("read", "settled"),
+            ("model", "settled"),
+        ]
+        used = [micros or 0 for what, _, micros in charges if what == "model"]
+        assert sum(used) == reported * PRICED_TOKEN_MICROS
+        assert charges[1][2] == 500_000
+        charged = await db.fetchval(
+            "SELECT count(*) FROM governance.journal WHERE kind = 'spend.charged' AND run_id = $1",
+            run_id,
+        )
+        assert charged == 3
+    finally:
+        _install_prices(stack, capped=False)
+        await _prices_loaded(stack, "resume-uncapped")

@@ -237,6 +237,11 @@ async def test_a_candidate_over_the_sealed_journal_flips_exactly_the_large_refun
         assert "ask -> deny  payment.refund 650.00 EUR  operation pub-2" in printed["deny"]
         # Money is asked every time already: an `ask` threshold flips nothing.
         assert reports["ask"].flips == [] and reports["ask"].redecided == len(REFUNDS) + 2
+        # ... and the report says so, and why, rather than staying silent.
+        [effect] = reports["ask"].thresholds
+        assert (effect.covered, effect.raised) == (3, 0)
+        assert "the candidate changes nothing for them" in printed["ask"]
+        assert "unchanged: already ask: a consequential action (money" in printed["ask"]
         # Nothing was written to any store by the what-if.
         assert await counts(admin) == before
 

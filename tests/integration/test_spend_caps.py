@@ -25,7 +25,14 @@ from libs.telemetry import make_tracer_provider
 from schemas.governance import BudgetRefused, BudgetReserved, RegisterRun
 from services.governance.budgets import Limits
 from services.governance.service import GovernanceService
-from services.governance.spend import Cap, ModelPrice, PriceTable, money, sign_prices
+from services.governance.spend import (
+    ActionPrice,
+    Cap,
+    ModelPrice,
+    PriceTable,
+    money,
+    sign_prices,
+)
 from services.governance.store import GovernanceStore
 
 pytestmark = pytest.mark.anyio
@@ -305,3 +312,95 @@ async def test_governance_loads_signed_price_files_and_keeps_them_over_a_bad_one
     service.load_prices()
     assert isinstance(await _call(env.store, "acme", "run-1", "s3"), BudgetReserved)
     await nc.close()
+
+
+async def test_spend_gauges_name_listed_tenants_and_sum_the_others(
+    env: Env, private_nats: EmbeddedNats
+) -> None:
+    nc = await nats.connect(private_nats.url)
+    registry = CollectorRegistry()
+    service = GovernanceService(
+        rt=Runtime(
+            name="governance",
+            nc=nc,
+            js=nc.jetstream(),
+            registry=registry,
+            tracer_provider=make_tracer_provider("governance"),
+        ),
+        store=env.store,
+        spend_label_tenants=["acme"],
+    )
+    for tenant in ("acme", "globex", "initech"):
+        env.store.set_prices(tenant, _table(tenant, Cap(name="daily", window="day", limit="1")))
+        await _run(env.store, tenant, f"run-{tenant}")
+    held = await _call(env.store, "acme", "run-acme", "s1")  # held: 0.02 at worst
+    for tenant in ("globex", "initech"):  # each settled: 1,000 input tokens at 1.00 a million
+        done = await _call(env.store, tenant, f"run-{tenant}", "s1")
+        assert isinstance(done, BudgetReserved)
+        await env.store.settle(
+            tenant=tenant,
+            run_id=f"run-{tenant}",
+            reservation_id=done.reservation_id,
+            provider_calls=1,
+            tokens=1_000,
+            input_tokens=1_000,
+            output_tokens=0,
+        )
+    assert isinstance(held, BudgetReserved)
+    await service.refresh_spend()
+
+    def gauge(name: str, tenant: str) -> float | None:
+        return registry.get_sample_value(
+            f"writ_governance_spend_{name}", {"cap": "daily", "tenant": tenant, "currency": "EUR"}
+        )
+
+    assert (gauge("settled", "acme"), gauge("held", "acme"), gauge("limit", "acme")) == (
+        0.0,
+        0.02,
+        1.0,
+    )
+    # globex and initech are not listed: one series for both, never their names.
+    assert (gauge("settled", ""), gauge("held", ""), gauge("limit", "")) == (0.002, 0.0, 2.0)
+    assert gauge("settled", "globex") is None
+    tenants = {
+        s.labels["tenant"]
+        for m in registry.collect()
+        if m.name.startswith("writ_governance_spend_")
+        for s in m.samples
+        if "tenant" in s.labels
+    }
+    assert tenants == {"acme", ""}
+    await nc.close()
+
+
+async def test_an_amount_that_cannot_be_priced_is_refused_only_where_a_cap_covers_it(
+    env: Env,
+) -> None:
+    table = msgspec.structs.replace(
+        _table("acme", Cap(name="billing-daily", window="day", limit="100", agent="billing")),
+        actions={"payment.charge.create": ActionPrice(per_call="0", amount_from_arguments=True)},
+    )
+    env.store.set_prices("acme", table)
+    await _run(env.store, "acme", "run-b", agent="billing")
+    await _run(env.store, "acme", "run-s", agent="support")
+
+    async def charge(run_id: str, amount: str | None, currency: str | None) -> object:
+        return await env.store.reserve(
+            tenant="acme",
+            run_id=run_id,
+            step_key=f"{run_id}:{currency}:capability",
+            capability_calls=1,
+            action="payment.charge.create",
+            amount=amount,
+            currency=currency,
+        )
+
+    refused = await charge("run-b", "30.00", "USD")
+    assert isinstance(refused, BudgetRefused) and refused.budget == "spend"
+    assert refused.cap is None and "cannot be priced" in refused.reason
+    assert isinstance(await charge("run-b", None, None), BudgetRefused)
+    # No cap covers support's runs: nothing to price, nothing refused.
+    assert isinstance(await charge("run-s", "30.00", "USD"), BudgetReserved)
+    held = await charge("run-b", "30.00", "EUR")
+    assert isinstance(held, BudgetReserved)
+    assert await _spent(env, "acme") == (money("30.00"), 0)

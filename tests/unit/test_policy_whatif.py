@@ -12,7 +12,15 @@ import pytest
 from actions import ACTIONS
 from services.governance.logic import Call, Facts, Rule, Ruling, decide
 from services.governance.store._records import decision_row
-from writ.whatif import Amount, Candidate, JournaledDecision, Threshold, report_digest, whatif
+from writ.whatif import (
+    Amount,
+    Candidate,
+    JournaledDecision,
+    Threshold,
+    render,
+    report_digest,
+    whatif,
+)
 
 REFUND = ACTIONS["payment.refund"]
 # (amount in cents, currency): the journaled refunds of the window.
@@ -166,7 +174,16 @@ def test_an_ask_threshold_on_refunds_flips_nothing_they_are_asked_already() -> N
             )
         ],
     )
-    assert run(candidate, events, amounts).flips == []
+    report = run(candidate, events, amounts)
+    assert report.flips == []
+    # It says why: the two EUR refunds above 500.00, each asked and then approved.
+    [effect] = report.thresholds
+    assert (effect.covered, effect.raised) == (4, 0)
+    assert effect.unchanged_because == [
+        "already ask: a consequential action (money, access, sending outside) is asked every time",
+        "a person was asked and approved this very call",
+    ]
+    assert "the candidate changes nothing for them" in render(report)
 
 
 def test_an_ask_threshold_flips_an_allowed_call_on_a_larger_amount() -> None:
@@ -187,8 +204,12 @@ def test_an_ask_threshold_flips_an_allowed_call_on_a_larger_amount() -> None:
         },
         Candidate,
     )
-    [flip] = run(candidate, events, amounts).flips
+    report = run(candidate, events, amounts)
+    [flip] = report.flips
     assert (flip.decision_id, flip.before, flip.after) == (note["decision_id"], "allow", "ask")
+    [effect] = report.thresholds
+    assert (effect.covered, effect.raised, effect.unchanged_because) == (1, 1, [])
+    assert "changes nothing" not in render(report)
 
 
 def test_a_candidate_without_the_deny_rule_and_a_narrow_allow_lists_approvals_not_needed() -> None:

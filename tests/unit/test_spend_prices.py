@@ -22,6 +22,7 @@ from services.governance.spend import (
     ModelPrice,
     PricesRefused,
     PriceTable,
+    Unpriced,
     charge_for,
     covering,
     load_prices,
@@ -96,7 +97,9 @@ def test_costs_are_exact_micros_rounded_up() -> None:
     assert model.cost(calls=1, tokens=2_001, input_tokens=1_000, output_tokens=1_001) == 150 + 601
     # Without the split, every token at the dearer rate (never less than it may have cost).
     assert model.cost(calls=1, tokens=2_001) == 1_201
-    charge = charge_for(TABLE, model=None, action="payment.charge.create", amount="120.00")
+    charge = charge_for(
+        TABLE, model=None, action="payment.charge.create", amount="120.00", currency="EUR"
+    )
     assert charge is not None and charge.worst(tokens=0, calls=1) == money("120.01")
     assert charge.cost(calls=0) == 0  # released before the call: nothing
     # The amount is read only where the operator says so.
@@ -104,6 +107,18 @@ def test_costs_are_exact_micros_rounded_up() -> None:
         tokens=0, calls=1
     ) == money("0.002")
     assert charge_for(TABLE, model="other/model", action="other.tool", amount="5") is None
+
+
+def test_an_action_priced_by_its_amount_without_one_in_the_tables_currency_is_unpriced() -> None:
+    for amount, currency in ((None, None), ("120.00", "USD"), ("120.00", None)):
+        with pytest.raises(Unpriced):
+            charge_for(
+                TABLE,
+                model=None,
+                action="payment.charge.create",
+                amount=amount,
+                currency=currency,
+            )
 
 
 def test_windows_are_the_tenants_calendar_day_and_month() -> None:

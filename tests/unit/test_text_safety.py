@@ -24,7 +24,7 @@ from schemas.base import Command, refuse_unstorable, storable, unstorable_at
 from services.dispatcher.connectors.base import Result
 from services.planner.provider import AnswerDirectly, CriticVerdict, ModelDecision
 
-_CANDIDATES = ("a1", "acme", "0" * 64, "approve", "x", "1")
+_CANDIDATES = ("a1", "acme", "0" * 64, "approve", "x", "1", "EUR")
 
 
 def inbound_types() -> list[Any]:

@@ -10,7 +10,9 @@ from writ.whatif._redecide import (
     JournaledDecision,
     Report,
     Threshold,
+    ThresholdEffect,
     redecide,
+    render,
     report_digest,
     whatif,
 )
@@ -23,7 +25,9 @@ __all__ = [
     "JournaledDecision",
     "Report",
     "Threshold",
+    "ThresholdEffect",
     "redecide",
+    "render",
     "report_digest",
     "whatif",
 ]

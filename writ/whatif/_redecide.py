@@ -16,6 +16,7 @@ stands for an `ask` threshold (the person was asked), not for a `deny` one.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -32,6 +33,7 @@ __all__ = [
     "JournaledDecision",
     "Report",
     "Threshold",
+    "ThresholdEffect",
     "redecide",
     "render",
     "report_digest",
@@ -135,6 +137,37 @@ class Flip(msgspec.Struct, frozen=True, kw_only=True):
     reason_after: str
 
 
+class ThresholdEffect(msgspec.Struct, frozen=True, kw_only=True):
+    """What one of the candidate's thresholds did over the window: the decisions it covers
+    (of its tool, on an amount above it in its currency), how many it raises, and why the
+    others stay as they were (each distinct reason once: a call already ruled at least the
+    threshold's verdict says why it was, such as money being asked every time)."""
+
+    tool: str
+    verdict: str
+    above_cents: int
+    currency: str
+    covered: int
+    raised: int
+    unchanged_because: list[str]
+
+
+@dataclass(slots=True)
+class _Tally:
+    """A threshold's `ThresholdEffect` as the window is read."""
+
+    covered: int = 0
+    raised: int = 0
+    why: list[str] = field(default_factory=list)
+
+    def count(self, unchanged_because: str | None) -> None:
+        self.covered += 1
+        if unchanged_because is None:
+            self.raised += 1
+        elif unchanged_because not in self.why and len(self.why) < 16:
+            self.why.append(unchanged_because)
+
+
 class Report(msgspec.Struct, frozen=True, kw_only=True):
     """What the candidate would have changed over one tenant's window."""
 
@@ -149,6 +182,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     flips: list[Flip]
     approvals_not_needed: list[Flip]
     not_redecidable: list[str]
+    # Per threshold of the candidate: an `ask` threshold over calls that are asked already
+    # (money is) flips nothing, and the report says so and why rather than staying silent.
+    thresholds: list[ThresholdEffect] = []
 
 
 def _ruled(d: JournaledDecision, candidate: Candidate | None) -> Ruling:
@@ -166,22 +202,32 @@ def _ruled(d: JournaledDecision, candidate: Candidate | None) -> Ruling:
     return decide(call, recorded)
 
 
+def _covers(t: Threshold, d: JournaledDecision, amount: Amount | None) -> bool:
+    return (
+        amount is not None
+        and t.tool == d.tool
+        and t.currency == amount.currency
+        and amount.amount_cents > t.above_cents
+    )
+
+
+def _unchanged_because(t: Threshold, d: JournaledDecision, ruling: Ruling) -> str | None:
+    """Why `t` leaves a call it covers as `ruling` ruled it; None if it raises it."""
+    if _ORDER[t.verdict] <= _ORDER[ruling.verdict]:
+        return f"already {ruling.verdict}: {ruling.reason}"
+    if t.verdict == "ask" and d.facts is not None and d.facts.approved:
+        return "a person was asked and approved this very call"
+    return None
+
+
 def _raised(
     ruling: Ruling, d: JournaledDecision, amount: Amount | None, candidate: Candidate
 ) -> Ruling:
     """The ruling raised by the candidate's thresholds that cover the call's amount."""
-    if amount is None:
-        return ruling
-    approved = d.facts is not None and d.facts.approved
     for t in candidate.thresholds:
-        if (
-            t.tool != d.tool
-            or t.currency != amount.currency
-            or amount.amount_cents <= t.above_cents
-        ):
+        if not _covers(t, d, amount) or _unchanged_because(t, d, ruling) is not None:
             continue
-        if _ORDER[t.verdict] <= _ORDER[ruling.verdict] or (t.verdict == "ask" and approved):
-            continue
+        assert amount is not None
         ruling = Ruling(
             verdict=t.verdict,
             line=ruling.line,
@@ -217,6 +263,7 @@ def whatif(
     flips: list[Flip] = []
     unclear: list[str] = []
     redecided = 0
+    effects = [_Tally() for _ in candidate.thresholds]
     for d in decisions:
         amount = amounts.get(d.decision_id)
         ruled = redecide(d, candidate, amount)
@@ -226,6 +273,9 @@ def whatif(
             continue
         redecided += 1
         before, after = ruled
+        for i, t in enumerate(candidate.thresholds):
+            if _covers(t, d, amount):
+                effects[i].count(_unchanged_because(t, d, _ruled(d, candidate)))
         if before.verdict == after.verdict:
             continue
         flips.append(
@@ -254,6 +304,18 @@ def whatif(
         flips=flips,
         approvals_not_needed=[f for f in flips if f.before == "ask" and f.after == "allow"],
         not_redecidable=unclear,
+        thresholds=[
+            ThresholdEffect(
+                tool=t.tool,
+                verdict=t.verdict,
+                above_cents=t.above_cents,
+                currency=t.currency,
+                covered=tally.covered,
+                raised=tally.raised,
+                unchanged_because=tally.why,
+            )
+            for t, tally in zip(candidate.thresholds, effects, strict=True)
+        ],
     )
 
 
@@ -281,5 +343,13 @@ def render(report: Report) -> str:
         f"run {f.run_id}  decision {f.decision_id}"
         for f in report.flips
     ]
+    for t in report.thresholds:
+        cents = f"{t.above_cents // 100}.{t.above_cents % 100:02d} {t.currency}"
+        lines.append(
+            f"  threshold {t.tool} above {cents} -> {t.verdict}: {t.covered} decisions "
+            f"covered, {t.raised} raised"
+            + ("" if t.raised or not t.covered else "; the candidate changes nothing for them")
+        )
+        lines += [f"    unchanged: {why}" for why in t.unchanged_because]
     lines += [f"  not ruled again: {n}" for n in report.not_redecidable]
     return "\n".join(lines)

@@ -267,6 +267,7 @@ class BudgetStore(SpendStore):
         model: str | None = None,
         action: str | None = None,
         amount: str | None = None,
+        currency: str | None = None,
     ) -> BudgetReserved | BudgetRefused:
         """Reserve a step's amounts if they fit what is left, or refuse naming the budget.
 
@@ -276,9 +277,9 @@ class BudgetStore(SpendStore):
         (the caller's own limits for the run) first lowers the run's limits where it asks less.
         `settle`: earlier reservations of this run, closed first in the same transaction.
         `up_to`: a lease; once the asked amounts fit, each is raised to what is left, up to
-        these (`leased`). `model`, `action`, `amount`: what the step's cost is read from, where
-        the tenant has spend caps; its worst case is held against every cap that covers it,
-        under the same lock, or the step is refused naming the cap.
+        these (`leased`). `model`, `action`, `amount` (in `currency`): what the step's cost is
+        read from, where the tenant has spend caps; its worst case is held against every cap
+        that covers it, under the same lock, or the step is refused naming the cap.
         """
         async with self._pool.acquire() as conn, conn.transaction():
             settled = []
@@ -363,7 +364,7 @@ class BudgetStore(SpendStore):
                     run_id=run_id, step_key=step_key, budget=kind, reason=reason, settled=settled
                 )
             spend = await self._spend_check(
-                conn, tenant, row["agent"], asked, model, action, amount
+                conn, tenant, row["agent"], asked, model, action, (amount, currency)
             )
             if isinstance(spend, CapExceeded):
                 await self._write(
@@ -382,7 +383,8 @@ class BudgetStore(SpendStore):
                     cap=spend.cap,
                     settled=settled,
                 )
-            if up_to is not None and spend is None:  # a capped step holds what it asks, no more
+            # A run its tenant's caps cover gets no lease beyond the step: each step is priced.
+            if up_to is not None and not self._capped(tenant, row["agent"]):
                 asked = leased(state, asked, msgspec.structs.asdict(up_to))
                 provider_calls, tokens, capability_calls = (
                     asked["provider_calls"],

@@ -9,6 +9,7 @@ own rows: its spend never refuses another tenant's steps.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -19,8 +20,10 @@ from services.governance.spend import (
     Cap,
     Charge,
     PriceTable,
+    Unpriced,
     charge_for,
     covering,
+    covering_all,
     money,
 )
 
@@ -57,6 +60,12 @@ FROM governance.spend_charges WHERE reservation_id = $1::uuid AND used_micros IS
 FOR UPDATE
 """
 _CHARGED = "UPDATE governance.spend_charges SET used_micros = $2 WHERE reservation_id = $1::uuid"
+# $1 tenants, $2 caps, $3 windows: those rows, where they exist.
+_CURRENT = """
+SELECT s.tenant, s.cap, s.window_key, s.reserved_micros, s.used_micros
+FROM governance.spend s JOIN unnest($1::text[], $2::text[], $3::text[]) AS t(tn, c, w)
+  ON s.tenant = t.tn AND s.cap = t.c AND s.window_key = t.w
+"""
 _ROWS = """
 SELECT cap, window_key, reserved_micros, used_micros FROM governance.spend
 WHERE tenant = $1 AND ($2::text IS NULL OR cap = $2) ORDER BY cap, window_key DESC
@@ -171,9 +180,10 @@ def _show(micros: int) -> str:
 
 
 class CapExceeded(msgspec.Struct, frozen=True, kw_only=True):
-    """A step refused by a spend cap: which, why, and what its journal row records."""
+    """A step refused by a spend cap: which (None: the step could not be priced), why, and
+    what its journal row records."""
 
-    cap: str
+    cap: str | None
     reason: str
     payload: dict[str, object]
 
@@ -218,21 +228,72 @@ class SpendStore:
         else:
             self._prices[tenant] = (table, digest)
 
+    def _capped(self, tenant: str, agent: str) -> bool:
+        """Whether a cap covers the agent's runs (then each step reserves only what it
+        asks)."""
+        priced = self._prices.get(tenant)
+        return priced is not None and any(c.agent in (None, agent) for c in priced[0].caps)
+
     async def spend(self, tenant: str, cap: str | None = None) -> list[dict[str, object]]:
-        """A tenant's spend per cap and window (newest first), with each cap's limit."""
+        """A tenant's spend per cap and window (by cap, newest window first), with each cap's
+        limit; each cap of its table also in its current window, at 0 if nothing was spent
+        there yet (an approver sees every cap, not only those spent on)."""
         priced = self._prices.get(tenant)
         caps = {c.name: c for c in priced[0].caps} if priced is not None else {}
+        rows = [
+            (r["cap"], r["window_key"], r["reserved_micros"], r["used_micros"])
+            for r in await self._pool.fetch(_ROWS, tenant, cap, 500)
+        ]
+        if priced is not None:
+            seen = {(c, w) for c, w, _, _ in rows}
+            rows += [
+                (c.name, w, 0, 0)
+                for c, w in covering_all(priced[0], datetime.now(UTC))
+                if (cap is None or c.name == cap) and (c.name, w) not in seen
+            ]
+        rows.sort(key=lambda r: r[1], reverse=True)
+        rows.sort(key=lambda r: r[0])
         return [
             {
-                "cap": r["cap"],
-                "window": r["window_key"],
-                "reserved_micros": r["reserved_micros"],
-                "used_micros": r["used_micros"],
-                "limit": caps[r["cap"]].limit if r["cap"] in caps else None,
-                "agent": caps[r["cap"]].agent if r["cap"] in caps else None,
+                "cap": name,
+                "window": window,
+                "reserved_micros": reserved,
+                "used_micros": used,
+                "limit": caps[name].limit if name in caps else None,
+                "agent": caps[name].agent if name in caps else None,
                 "currency": priced[0].currency if priced is not None else None,
             }
-            for r in await self._pool.fetch(_ROWS, tenant, cap, 500)
+            for name, window, reserved, used in rows[:500]
+        ]
+
+    async def current(self) -> list[dict[str, Any]]:
+        """Every priced tenant's caps in their current window: what is settled and held (0
+        where nothing was yet) and the limit, in micros, with the table's currency."""
+        now = datetime.now(UTC)
+        wanted = {
+            (tenant, cap.name, window): (cap, table.currency)
+            for tenant, (table, _) in self._prices.items()
+            for cap, window in covering_all(table, now)
+        }
+        if not wanted:
+            return []
+        tenants, caps, windows = (list(x) for x in zip(*wanted, strict=True))
+        rows = {
+            (r["tenant"], r["cap"], r["window_key"]): r
+            for r in await self._pool.fetch(_CURRENT, tenants, caps, windows)
+        }
+        return [
+            {
+                "tenant": tenant,
+                "cap": name,
+                "window": window,
+                "currency": currency,
+                "used_micros": row["used_micros"] if (row := rows.get(key)) else 0,
+                "reserved_micros": row["reserved_micros"] if row else 0,
+                "limit_micros": money(cap.limit),
+            }
+            for key, (cap, currency) in wanted.items()
+            for tenant, name, window in [key]
         ]
 
     async def _spend_check(
@@ -243,17 +304,31 @@ class SpendStore:
         asked: dict[str, int],
         model: str | None,
         action: str | None,
-        amount: str | None,
+        amount: tuple[str | None, str | None],
     ) -> CapExceeded | _Pending | None:
         """Whether a step's worst case fits every cap that covers it (their rows then stay
-        locked until the transaction ends). None: no cap prices this step."""
+        locked until the transaction ends). None: no cap prices this step. `amount`: the
+        amount the step's arguments carry, and its currency. A step the table cannot price
+        is refused, naming no cap."""
         priced = self._prices.get(tenant)
         if priced is None or not priced[0].caps:
             return None
         table = priced[0]
-        charge = charge_for(table, model=model, action=action, amount=amount)
         caps = covering(table, agent, datetime.now(UTC))
-        if charge is None or not caps:
+        if not caps:
+            return None  # no cap covers this agent's runs: nothing to price
+        try:
+            charge = charge_for(
+                table, model=model, action=action, amount=amount[0], currency=amount[1]
+            )
+        except Unpriced as exc:
+            reason = f"spend cannot be priced: {exc}"[:500]
+            return CapExceeded(
+                cap=None,
+                reason=reason,
+                payload={"budget": "spend", "reason": reason, "prices_version": table.version},
+            )
+        if charge is None:
             return None
         worst = charge.worst(
             tokens=asked["tokens"], calls=asked["provider_calls"] + asked["capability_calls"]

@@ -57,6 +57,28 @@ CATALOG: Final[dict[str, Msg]] = {
     # Spans of time
     "no_expiry": Msg("no expiry", "sans échéance"),
     "expired": Msg("expired", "expirée"),
+    # The spend page
+    "spend_title": Msg("Spend against caps", "Dépenses et plafonds"),
+    "spend_intro": Msg(
+        "What {tenant}'s runs spent and hold in flight, against each cap of its signed price "
+        "table, in the current and earlier windows.",
+        "Ce que les exécutions de {tenant} ont dépensé et réservent en cours, face à chaque "
+        "plafond de sa grille de prix signée, dans la fenêtre en cours et les précédentes.",
+    ),
+    "spend_caption": Msg("Spend per cap and window", "Dépenses par plafond et fenêtre"),
+    "spend_cap": Msg("Cap", "Plafond"),
+    "spend_agent": Msg("Agent", "Agent"),
+    "spend_all_agents": Msg("every agent", "tous les agents"),
+    "spend_window": Msg("Window", "Fenêtre"),
+    "spend_settled": Msg("Settled", "Réglé"),
+    "spend_held": Msg("Held", "Réservé"),
+    "spend_limit": Msg("Limit", "Plafond fixé"),
+    "spend_left": Msg("Left", "Restant"),
+    "spend_share": Msg("Used", "Utilisé"),
+    "spend_none": Msg(
+        "No spend caps: this tenant has no signed price table.",
+        "Aucun plafond : ce locataire n'a pas de grille de prix signée.",
+    ),
     # Refusals and messages
     "not_signed_in": Msg("Not signed in", "Non connecté"),
     "not_allowed": Msg("Not allowed", "Non autorisé"),

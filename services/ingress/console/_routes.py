@@ -25,6 +25,7 @@ from services.ingress.console._inbox import inbox_items, inbox_query
 from services.ingress.console._mcp import McpBus, mcp_handlers
 from services.ingress.console._operators import OPERATOR_ROLE
 from services.ingress.console._session import COOKIE, ConsoleRefused, Sessions, Viewer
+from services.ingress.console._spend import spend_page
 from services.ingress.console._web import (
     CSP,
     HEADERS,
@@ -381,6 +382,15 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             journals = verified.body if verified.ok else {"ok": False, "journals": []}
         return html_page(pages.run_page(viewer, got.body, steps, journals=journals, replay=replay))
 
+    @get("/spend", include_in_schema=False)
+    @_page
+    async def spend(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
+        """The tenant's spend against its caps (approvers)."""
+        got = await client.get(viewer, "/spend")
+        if not got.ok:
+            raise Bad(got.status, t("refused"), got.problem)
+        return html_page(spend_page(viewer, got.body["spend"]))
+
     @get("/runs", include_in_schema=False)
     @_page
     async def find_run(
@@ -519,6 +529,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             find_run,
             run,
             run_state,
+            spend,
             replay,
             sign_in,
             sign_out,

@@ -34,6 +34,7 @@ OPERATION_IDS: Final = {
     ("get", "/commands/{operation_key}"): "getCommand",
     ("get", "/pending-decisions"): "listPendingDecisions",
     ("post", "/pending-decisions/decide"): "decidePending",
+    ("get", "/spend"): "listSpend",
     ("get", "/proposals"): "listProposals",
     ("get", "/proposals/{proposal_id}"): "getProposal",
     ("post", "/proposals/{proposal_id}/approve"): "approveProposal",

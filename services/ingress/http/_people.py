@@ -13,7 +13,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas import subjects
 from schemas.api import ApproveBody, DecideBody, RejectBody, ReviewBody
-from schemas.governance import ListPending, PendingDecisions
+from schemas.governance import ListPending, ListSpend, PendingDecisions, SpendReport
 from schemas.host import (
     ApprovalResult,
     ApproveProposal,
@@ -110,6 +110,27 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 older_than_s=older_than_s,
             ),
             PendingDecisions,
+        )
+
+    @get(
+        "/spend",
+        summary="Spend against the tenant's caps",
+        tags=["people"],
+        responses=problems(
+            s401="UNAUTHENTICATED, BAD_SIGNATURE, TOKEN_EXPIRED, ...",
+            s403="FORBIDDEN: the approver role is missing",
+        ),
+    )
+    async def spend(
+        request: Request[Any, Any, Any],
+        cap: Annotated[str | None, QueryParameter(max_length=128, pattern=r"^[^\s]+$")] = None,
+    ) -> SpendReport:
+        """The caller's tenant's spend per cap and window (governance's, newest windows
+        first), with each cap's limit, agent and currency: what `writ spend` prints, for an
+        approver."""
+        caller = api.caller(request, role=APPROVER_ROLE)
+        return await api.ask(
+            subjects.SPEND_LIST, ListSpend(tenant=caller.tenant, cap=cap), SpendReport
         )
 
     @post(
@@ -432,6 +453,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
 
     return [
         pending,
+        spend,
         decide,
         proposals,
         proposal,

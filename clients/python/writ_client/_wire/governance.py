@@ -64,6 +64,7 @@ MAX_AMOUNT: Final = 1_000_000_000
 Amount = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
 SpendName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\s]+$")]
 SpendAmount = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,12}(\.[0-9]{1,6})?$")]
+SpendCurrency = Annotated[str, msgspec.Meta(pattern=r"^[A-Z]{3}(?!\n)$")]
 
 
 class DecideRequest(Command, frozen=True):
@@ -296,10 +297,13 @@ class ReserveBudget(Command, frozen=True):
     up_to: LeaseAmounts | None = None
     # What the step's cost is read from, where the tenant has spend caps: the model called
     # ("provider/model"), the action contract called, and the amount its frozen arguments
-    # carry (decimal text in the price table's currency; read only where the table says so).
+    # carry (decimal text, read only where the table says so) with its currency, which must
+    # be the table's: an amount in another currency, or none where the table reads one,
+    # cannot be priced and is refused.
     model: SpendName | None = None
     action: SpendName | None = None
     amount: SpendAmount | None = None
+    currency: SpendCurrency | None = None
 
 
 class BudgetReserved(Event, frozen=True):
