@@ -158,6 +158,51 @@ async def test_racing_sweepers_claim_each_answered_wait_once(dbs: tuple[str, str
         await admin.close()
 
 
+async def _proposed(admin: asyncpg.Connection, run_id: str, state: str) -> None:
+    """The run's step 0 proposed a command, approved by a person, now in `state`."""
+    proposal = str(uuid.uuid4())
+    await admin.execute(
+        "INSERT INTO planner.steps (run_id, seq, kind, payload) VALUES ($1, 0, 'decision', '{}')",
+        run_id,
+    )
+    await admin.execute(
+        "INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, "
+        "action, action_version, arguments, request_hash, state) VALUES ('acme', $1, $2, 0, "
+        "'ops@acme', 'crm-assistant', 'payment.refund', 1, '{}', '\\x00', 'completed')",
+        proposal,
+        run_id,
+    )
+    await admin.execute(
+        "INSERT INTO admission.commands (tenant, operation_id, proposal_id, run_id, step, "
+        "principal, agent, action, action_version, arguments, request_hash, decision_id, "
+        "decision_line, policy_version, expires_at, state) VALUES ('acme', $1, $2, $3, 0, "
+        "'ops@acme', 'crm-assistant', 'payment.refund', 1, '{}', '\\x00', $1, 4, 'v1', "
+        "now() + interval '1 hour', $4)",
+        str(uuid.uuid4()),
+        proposal,
+        run_id,
+        state,
+    )
+
+
+async def test_a_wait_whose_approved_command_ended_is_claimed_and_one_in_flight_is_not(
+    dbs: tuple[str, str],
+) -> None:
+    admin_dsn, planner_dsn = dbs
+    admin = await asyncpg.connect(admin_dsn)
+    sweeper = await asyncpg.connect(planner_dsn)
+    try:
+        ended, running, pending = await _runs(admin, "awaiting_human", 3, "refund")
+        await _proposed(admin, ended, "succeeded")
+        await _proposed(admin, running, "dispatching")  # the dispatcher's sweeper has it
+        await _proposed(admin, pending, "pending")
+        assert await claim_answered(sweeper, stall_s=60.0, limit=10) == [("acme", ended)]
+        assert await claim_answered(sweeper, stall_s=60.0, limit=10) == []  # touched
+    finally:
+        await admin.close()
+        await sweeper.close()
+
+
 async def test_a_sweeper_passes_by_a_run_a_delivery_holds_locked(dbs: tuple[str, str]) -> None:
     admin_dsn, planner_dsn = dbs
     admin = await asyncpg.connect(admin_dsn)
