@@ -203,7 +203,7 @@ async def provision_bus(
     specs = consumers(tenants, dispatcher_lease_s=dispatcher_lease_s)
     for spec in sorted(specs, key=lambda s: s.durable != RUNS_DURABLE):
         if spec.durable == RUNS_DURABLE:
-            await _ensure_runs_consumer(js, spec, spec.filter_subjects[0])
+            await _ensure_runs_consumer(js, spec)
         else:
             await ensure_consumer(js, spec)
     for bucket in BUCKETS:
@@ -220,11 +220,11 @@ async def provision_tenant(
         replicas = info.config.num_replicas or 1
     await ensure_streams(js, subjects.tenant_streams(tenant), replicas=replicas)
     others, runs = host_consumers(tenant)
-    await _ensure_runs_consumer(js, runs, subjects.request(tenant))
+    await _ensure_runs_consumer(js, runs)
     await ensure_consumer(js, others)
 
 
-async def _ensure_runs_consumer(js: JetStreamContext, spec: ConsumerSpec, requests: str) -> None:
+async def _ensure_runs_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
     """Create or update ingress's runs consumer on a tenant's host stream. Made where ingress's
     one consumer took every host message until now, it starts past what that one settled (its
     ack floor): the requests it had delivered and not settled are delivered here again
@@ -240,7 +240,7 @@ async def _ensure_runs_consumer(js: JetStreamContext, spec: ConsumerSpec, reques
             pass
         else:
             took = [*(before.config.filter_subjects or []), before.config.filter_subject]
-            if requests in took:
+            if spec.filter_subjects[0] in took:
                 start = before.ack_floor.stream_seq + 1
     else:  # made so already: where it started cannot change
         start = made.config.opt_start_seq
