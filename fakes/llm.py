@@ -49,7 +49,8 @@ _COMPLETIONS: Final = "/v1/chat/completions"
 _REPLY_FIELDS: Final = frozenset({"content", "tool_calls", "refusal", "finish_reason"})
 _RULE_FIELDS: Final = frozenset({"when", "unless", "reply"})
 # Headers worth showing a test; the others are httpx's defaults.
-_RECORDED_HEADERS: Final = ("authorization", "content-type", "user-agent")
+# `x-client-request-id`: the attempt of which call (`<call>-<attempt>`, as Writ's planner sends it).
+_RECORDED_HEADERS: Final = ("authorization", "content-type", "user-agent", "x-client-request-id")
 
 
 @dataclass

@@ -186,14 +186,21 @@ async def ensure_streams(
 
 
 async def ensure_consumer(
-    js: JetStreamContext, spec: ConsumerSpec, *, patience_s: float = ELECTION_PATIENCE_S
+    js: JetStreamContext,
+    spec: ConsumerSpec,
+    *,
+    patience_s: float = ELECTION_PATIENCE_S,
+    start_seq: int | None = None,
 ) -> None:
     """Create or update a durable pull consumer (idempotent; retried through an election):
-    provisioning's, like streams."""
+    provisioning's, like streams. `start_seq`: a new consumer delivers from that stream
+    sequence on (an existing one keeps where it is)."""
+    policy = DeliverPolicy.NEW if spec.deliver_new else DeliverPolicy.ALL
     config = ConsumerConfig(
         durable_name=spec.durable,
         ack_policy=AckPolicy.EXPLICIT,
-        deliver_policy=DeliverPolicy.NEW if spec.deliver_new else DeliverPolicy.ALL,
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE if start_seq is not None else policy,
+        opt_start_seq=start_seq,
         ack_wait=spec.ack_wait_s,
         max_deliver=-1,
         max_ack_pending=spec.max_ack_pending,

@@ -72,6 +72,7 @@ __all__ = [
     "AUDIT_ACCOUNT",
     "AUDIT_ADMIN",
     "EVAL",
+    "INGRESS_RUNS",
     "PROVISION",
     "PROVISION_AUDIT",
     "seal_account",
@@ -98,6 +99,8 @@ __all__ = [
 
 ADMIN: Final = "admin"
 EVAL: Final = "eval"
+# Ingress's consumer of each tenant's run requests, beside its `ingress` one (libs/provision.py).
+INGRESS_RUNS: Final = "ingress-runs"
 # Provisioning's identity (libs/provision.py): JetStream's API, for nothing else.
 PROVISION: Final = "provision"
 WRIT_ACCOUNT: Final = "WRIT"
@@ -365,8 +368,8 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
     if stream is None:  # ingress: one consumer per tenant's host stream
         tenant_streams = [subjects.in_stream(t) for t in tenants]
         pub += _stream_info([*tenant_streams, *(subjects.out_stream(t) for t in tenants)])
-        for s in tenant_streams:
-            pub += _consumer(s, name)
+        for s in tenant_streams:  # its run requests' consumer, and the rest's
+            pub += [*_consumer(s, name), *_consumer(s, INGRESS_RUNS)]
     elif stream:
         pub += _consumer(stream, name)
     return {

@@ -33,6 +33,7 @@ from libs.bus import (
     ensure_streams,
     until_answered,
 )
+from libs.natsauth import INGRESS_RUNS
 from schemas import subjects
 
 __all__ = [
@@ -40,12 +41,14 @@ __all__ = [
     "EVAL_DURABLE",
     "IDEMPOTENCY_BUCKET",
     "OWNERS_BUCKET",
+    "RUNS_DURABLE",
     "BUCKETS",
     "ConsumerMissing",
     "bind_bucket",
     "bind_consumer",
     "consumers",
     "ensure_bucket",
+    "host_consumers",
     "provision_bus",
     "provision_record",
     "provision_tenant",
@@ -81,16 +84,37 @@ OWNERS_BUCKET: Final = KeyValueConfig(
 BUCKETS: Final = (IDEMPOTENCY_BUCKET, CONSOLE_BUCKET, OWNERS_BUCKET)
 # The shadow evaluation's copy of the runs that start (`writ eval shadow`).
 EVAL_DURABLE: Final = "eval"
+# Ingress's consumer of the runs a tenant's host asks for (`writ.in.requests.<tenant>`), beside
+# its `ingress` consumer of everything else the host sends (`host_consumers`).
+RUNS_DURABLE: Final = INGRESS_RUNS
 
 
 class ConsumerMissing(RuntimeError):
     """A durable consumer or bucket a process binds to was never provisioned."""
 
 
+def host_consumers(tenant: str) -> tuple[ConsumerSpec, ConsumerSpec]:
+    """Ingress's two durable consumers on one tenant's host stream: its commands, decisions,
+    approvals and reviews (`ingress`), and its run requests (`RUNS_DURABLE`). Apart, each has
+    its own acknowledgements pending and its own fetch loop, so a burst of commands never
+    queues a run's start behind it, nor a burst of runs a command."""
+    runs = subjects.request(tenant)
+    return (
+        ConsumerSpec(
+            stream=subjects.in_stream(tenant),
+            durable="ingress",
+            filter_subjects=tuple(s for s in subjects.host_subjects(tenant) if s != runs),
+        ),
+        ConsumerSpec(
+            stream=subjects.in_stream(tenant), durable=RUNS_DURABLE, filter_subjects=(runs,)
+        ),
+    )
+
+
 def consumers(tenants: Iterable[str], *, dispatcher_lease_s: float = 30.0) -> list[ConsumerSpec]:
-    """Every durable consumer of a deployment: each service's inbox, ingress's on each
-    tenant's host stream, and the shadow evaluation's. The dispatcher's `ack_wait` is its
-    lease's clock (`WRIT_LEASE_S` of the dispatcher)."""
+    """Every durable consumer of a deployment: each service's inbox, ingress's two on each
+    tenant's host stream (`host_consumers`), and the shadow evaluation's. The dispatcher's
+    `ack_wait` is its lease's clock (`WRIT_LEASE_S` of the dispatcher)."""
     found = [
         ConsumerSpec(stream="WRIT_INT", durable="planner", filter_subjects=subjects.PLANNER_IN),
         ConsumerSpec(
@@ -112,13 +136,7 @@ def consumers(tenants: Iterable[str], *, dispatcher_lease_s: float = 30.0) -> li
         ),
     ]
     for tenant in tenants:
-        found.append(
-            ConsumerSpec(
-                stream=subjects.in_stream(tenant),
-                durable="ingress",
-                filter_subjects=subjects.host_subjects(tenant),
-            )
-        )
+        found.extend(host_consumers(tenant))
     return found
 
 
@@ -191,8 +209,13 @@ async def provision_bus(
         [spec for tenant in tenants for spec in subjects.tenant_streams(tenant)],
         replicas=replicas,
     )
-    for spec in consumers(tenants, dispatcher_lease_s=dispatcher_lease_s):
-        await ensure_consumer(js, spec)
+    # Each runs consumer before the `ingress` consumer beside it stops taking requests.
+    specs = consumers(tenants, dispatcher_lease_s=dispatcher_lease_s)
+    for spec in sorted(specs, key=lambda s: s.durable != RUNS_DURABLE):
+        if spec.durable == RUNS_DURABLE:
+            await _ensure_runs_consumer(js, spec)
+        else:
+            await ensure_consumer(js, spec)
     for bucket in BUCKETS:
         await ensure_bucket(js, bucket, replicas=replicas)
 
@@ -206,7 +229,32 @@ async def provision_tenant(
         info = await js.stream_info(subjects.STREAMS[0].name)
         replicas = info.config.num_replicas or 1
     await ensure_streams(js, subjects.tenant_streams(tenant), replicas=replicas)
-    await ensure_consumer(js, consumers([tenant])[-1])
+    others, runs = host_consumers(tenant)
+    await _ensure_runs_consumer(js, runs)
+    await ensure_consumer(js, others)
+
+
+async def _ensure_runs_consumer(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Create or update ingress's runs consumer on a tenant's host stream. Made where ingress's
+    one consumer took every host message until now, it starts past what that one settled (its
+    ack floor): the requests it had delivered and not settled are delivered here again
+    (starting a run is idempotent on its request id), and none is lost or started twice.
+    Made first, before `ingress` stops taking requests, so no request falls between them."""
+    start: int | None = None
+    try:
+        made = await js.consumer_info(spec.stream, spec.durable)
+    except NotFoundError:
+        try:
+            before = await js.consumer_info(spec.stream, "ingress")
+        except NotFoundError:
+            pass
+        else:
+            took = [*(before.config.filter_subjects or []), before.config.filter_subject]
+            if spec.filter_subjects[0] in took:
+                start = before.ack_floor.stream_seq + 1
+    else:  # made so already: where it started cannot change
+        start = made.config.opt_start_seq
+    await ensure_consumer(js, spec, start_seq=start)
 
 
 async def retire_tenant(js: JetStreamContext, tenant: str) -> list[str]:

@@ -8,6 +8,13 @@ how many observations it shows. For each recorded decision, the request answered
 serial is found in the log: a request for the same step before it is a retry (an answer lost,
 cut, failed or too slow, of a step not yet recorded), which is allowed; one after it is the
 model asked again for a step the run had recorded, which is the violation.
+
+The log is in the order the fake's handler threads read the requests, not the order they were
+sent: on a starved machine an attempt the planner gave up on (its 4 s timeout) can be read
+after the retry that was answered and recorded. Each attempt names its call
+(`X-Client-Request-Id: <call>-<attempt>`, services/planner/openai_provider/), so a request
+logged after the recorded one is a violation only if it belongs to another call: an earlier
+attempt of the recorded call, read late, is counted apart as a retry.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import asyncpg
 from soak.deploy import TENANTS
 from soak.invariant import Check
 
-__all__ = ["ask_of", "model_asks", "replayed"]
+__all__ = ["ask_of", "call_of", "model_asks", "replayed"]
 
 _SERIAL: Final = re.compile(r"model reply (\d+)")
 _CRITIC: Final = "Answer under the `critic` key"
@@ -63,8 +70,8 @@ def replayed(
     """The check over the model's log, the runs' inputs (input -> run id) and each run's
     recorded steps in order ((kind, payload) each)."""
     result = Check("no_run_asked_the_model_again_for_a_recorded_step")
-    asks: dict[tuple[str, int], list[tuple[int, int | None]]] = defaultdict(list)
-    unmatched = 0
+    asks: dict[tuple[str, int], list[tuple[int, int | None, str | None]]] = defaultdict(list)
+    unmatched = late = 0
     for index, entry in enumerate(log):
         ask = ask_of(entry.get("body"))
         if ask is None:
@@ -73,7 +80,7 @@ def replayed(
         if run_id is None:
             unmatched += 1
             continue
-        asks[(run_id, ask[1])].append((index, entry.get("serial")))
+        asks[(run_id, ask[1])].append((index, entry.get("serial"), call_of(entry)))
     recorded = 0
     for run_id, run_steps in steps.items():
         observations = 0
@@ -89,14 +96,16 @@ def replayed(
             recorded += 1
             serial = int(found.group(1))
             mine = asks.get((run_id, observations), [])
-            at = next((i for i, s in mine if s == serial), None)
+            at, call = next(((i, c) for i, s, c in mine if s == serial), (None, None))
             if at is None:
                 result.fail(
                     f"run {run_id} step {observations} recorded answer {serial}, "
                     "which the model's log does not show for that step"
                 )
                 continue
-            again = [i for i, _ in mine if i > at]
+            after = [c for i, _, c in mine if i > at]
+            again = [c for c in after if c is None or c != call]
+            late += len(after) - len(again)
             if again:
                 result.fail(
                     f"run {run_id} step {observations}: the model was asked again "
@@ -107,9 +116,17 @@ def replayed(
     result.note = (
         f"{total} decision requests in the model's log for {recorded} recorded "
         f"decisions: {total - recorded} retries of steps not yet recorded"
+        + (f", {late} of them logged after their call's answer" if late else "")
         + (f"; {unmatched} requests of no soak run" if unmatched else "")
     )
     return result
+
+
+def call_of(entry: dict[str, Any]) -> str | None:
+    """The model call a logged request is an attempt of (its `X-Client-Request-Id` without
+    the attempt's number); None if it named none."""
+    named = (entry.get("headers") or {}).get("x-client-request-id")
+    return named.rsplit("-", 1)[0] if isinstance(named, str) and "-" in named else None
 
 
 async def model_asks(db: asyncpg.Connection, log: list[dict[str, Any]]) -> Check:

@@ -20,7 +20,7 @@ from libs.actor import Delivery, run_actor
 from libs.bus import ConsumerSpec, publish
 from libs.deadline import timed_request
 from libs.errors import ConfigError, RetryableError
-from libs.provision import bind_consumer
+from libs.provision import bind_consumer, host_consumers
 from libs.runstart import start_run
 from libs.runtime import Runtime
 from schemas import subjects
@@ -66,12 +66,15 @@ _REVIEW_TAKEN_DECODER = msgspec.json.Decoder(ReviewTaken)
 
 
 def inbox(tenant: str) -> ConsumerSpec:
-    """Ingress's durable consumer on one tenant's host stream (`subjects.tenant_streams`)."""
-    return ConsumerSpec(
-        stream=subjects.in_stream(tenant),
-        durable="ingress",
-        filter_subjects=subjects.host_subjects(tenant),
-    )
+    """Ingress's durable consumer of what one tenant's host sends but run requests
+    (`subjects.tenant_streams`)."""
+    return host_consumers(tenant)[0]
+
+
+def runs_inbox(tenant: str) -> ConsumerSpec:
+    """Ingress's durable consumer of one tenant's run requests, fetched apart so no burst of
+    other messages queues a run's start behind it."""
+    return host_consumers(tenant)[1]
 
 
 class IngressService:
@@ -152,7 +155,8 @@ class IngressService:
             if not subjects.valid_tenant(tenant) or self._rt.stopping.is_set():
                 continue
             try:
-                await bind_consumer(self._rt.js, inbox(tenant), patience_s=self._watch_s)
+                for spec in host_consumers(tenant):
+                    await bind_consumer(self._rt.js, spec, patience_s=self._watch_s)
                 await self._rt.js.stream_info(subjects.out_stream(tenant))
             except Exception as exc:  # not provisioned (yet), or the bus busy: next pass
                 if tenant not in self._unprovisioned:
@@ -168,22 +172,27 @@ class IngressService:
 
     async def _serve(self, tenant: str, scope: anyio.CancelScope) -> None:
         with scope:
-            await run_actor(
-                js=self._rt.js,
-                spec=inbox(tenant),
-                decoder=None,
-                handler=self.handle,
-                metrics=self._rt.metrics,
-                tracer=self._rt.tracer,
-                stopping=self._rt.stopping,
-                health=self._rt.health,
-                backoff_max_s=self._rt.retry_backoff_max_s,
-            )
+            async with anyio.create_task_group() as tg:
+                for spec in host_consumers(tenant):  # runs, and the rest, each its own loop
+                    tg.start_soon(self._consume, spec)
         if scope.cancelled_caught and self._serving:
-            # Every tenant's consumer is ingress's durable, which readiness follows by name:
-            # the one that stopped said so for all, and the others still fetch.
-            other = next(iter(self._serving))
-            self._rt.health.consumer_bound(subjects.in_stream(other), "ingress")
+            # Every tenant's consumers are ingress's two durables, which readiness follows by
+            # name: the ones that stopped said so for all, and the others still fetch.
+            for spec in host_consumers(next(iter(self._serving))):
+                self._rt.health.consumer_bound(spec.stream, spec.durable)
+
+    async def _consume(self, spec: ConsumerSpec) -> None:
+        await run_actor(
+            js=self._rt.js,
+            spec=spec,
+            decoder=None,
+            handler=self.handle,
+            metrics=self._rt.metrics,
+            tracer=self._rt.tracer,
+            stopping=self._rt.stopping,
+            health=self._rt.health,
+            backoff_max_s=self._rt.retry_backoff_max_s,
+        )
 
     async def handle(self, delivery: Delivery[bytes]) -> None:
         """Verify one request, command or decision; pass it on, or tell the host why not."""

@@ -14,8 +14,14 @@ recorded decision is reused (the model is not asked twice for a step), an outcom
 once, and what it publishes carries the message ids a delivery's effects carry, but for the
 messages Writ sends itself (a proposal, a wake), whose ids get the sweep's suffix so the
 stream's duplicate window does not drop them (admission judges a proposal once). A run
-locked by a delivery is skipped (`claim_stalled`). A run that waits for a person is not
-stalled: its answer arrives when the person gives it."""
+locked by a delivery is skipped (`claim_stalled`).
+
+A run that waits for a person is not stalled until the person answered: from then on the
+database holds what the lost message carried, and the run is driven as a stalled one is
+(`claim_answered`): governance's recorded answer to the read it asked about is delivered
+in-process, as governance's announcement would have been, or the outcome of the command its
+approved proposal became, as above. Either is taken once: under the run's row lock, by a run
+still waiting on exactly that decision."""
 
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from services.planner.metrics import PlannerMetrics
-from services.planner.store import PlannerStore, claim_stalled
+from services.planner.store import PlannerStore, claim_answered, claim_stalled
 
 __all__ = ["SWEEP_CONCURRENCY", "RunSweeper"]
 
@@ -63,6 +69,7 @@ class RunSweeper:
         """Drive the runs stalled now; how many were driven without an error."""
         async with self._store.acquire() as conn:
             stalled = await claim_stalled(conn, stall_s=self._stall_s, limit=self._limit)
+            stalled += await claim_answered(conn, stall_s=self._stall_s, limit=self._limit)
         driven = 0
         slots = anyio.Semaphore(SWEEP_CONCURRENCY)
 

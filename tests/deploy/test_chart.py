@@ -261,13 +261,18 @@ def test_keda_consumers_are_the_services_own() -> None:
 
 
 def test_keda_watches_each_tenants_stream_of_a_per_tenant_consumer() -> None:
-    from services.ingress.service import inbox
+    from services.ingress.service import inbox, runs_inbox
 
     objects = render({"keda": {"enabled": True}, "tenants": ["acme", "globex"]})
     [ingress] = [o for o in by_kind(objects, "ScaledObject") if component(o) == "ingress"]
+    # Both of ingress's consumers of each tenant: its run requests' lag scales it too.
     assert [
         (t["metadata"]["stream"], t["metadata"]["consumer"]) for t in ingress["spec"]["triggers"]
-    ] == [(inbox(t).stream, inbox(t).durable) for t in ("acme", "globex")]
+    ] == [
+        (spec.stream, spec.durable)
+        for t in ("acme", "globex")
+        for spec in (inbox(t), runs_inbox(t))
+    ]
     for obj in objects:
         validate(obj)
 

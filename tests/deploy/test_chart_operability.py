@@ -104,8 +104,14 @@ def test_keda_with_no_tenant_yet_renders_valid_scaled_objects() -> None:
     assert [t["type"] for t in ingress["spec"]["triggers"]] == ["cpu"]
     tenants = render({"keda": {"enabled": True}, "tenants": ["acme", "globex"]})
     [ingress] = [o for o in by_kind(tenants, "ScaledObject") if component(o) == "ingress"]
-    streams = [t["metadata"]["stream"] for t in ingress["spec"]["triggers"]]
-    assert streams == ["WRIT_IN_acme", "WRIT_IN_globex"]
+    watched = [
+        (t["metadata"]["stream"], t["metadata"]["consumer"]) for t in ingress["spec"]["triggers"]
+    ]
+    assert watched == [
+        (f"WRIT_IN_{tenant}", durable)
+        for tenant in ("acme", "globex")
+        for durable in ("ingress", "ingress-runs")
+    ]
 
 
 def test_the_pod_monitor_labels_every_target_with_its_service() -> None:

@@ -5,8 +5,11 @@ The planner is killed with a run's decision and its proposal committed and nothi
 no redelivery ever comes. Without the sweeper the run stays `running` forever; with it the run
 ends within the stated bound (60 s after the planner is back), its command made once and the
 model asked once per decision. Left in the stream, the start is redelivered while the sweeper
-drives the same run: it still takes no step twice. And a command's outcome deleted before the
-planner handled it is read from admission's registry: the run observes it once and ends.
+drives the same run: it still takes no step twice. A command's outcome deleted before the
+planner handled it is read from admission's registry: the run observes it once and ends. And a
+run waiting for a person whose answer's announcement was deleted is driven from governance's
+record of the answer: it reads once, and ends; one whose approved refund's outcome was deleted
+observes it from admission's registry: one refund, and it ends.
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
             "uses": [{"kind": "action", "name": "crm.note.create"}],
         }
         (agents / "crm-assistant.json").write_text(json.dumps(manifest))
+        lookup = {
+            **manifest,
+            "name": "lookup-assistant",
+            "uses": [{"kind": "tool", "name": "crm.customer.get"}],
+        }
+        (agents / "lookup-assistant.json").write_text(json.dumps(lookup))
+        refunds = {
+            **manifest,
+            "name": "refund-assistant",
+            "uses": [{"kind": "action", "name": "payment.refund"}],
+        }
+        (agents / "refund-assistant.json").write_text(json.dumps(refunds))
         key = root / "model.key"
         key.write_text(token)
         faults = root / "faults"
@@ -71,6 +86,8 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
             durable_pg=False,
             extra_env={
                 "*": {"WRIT_FAULTS_FILE": str(faults), "WRIT_DRAIN_TIMEOUT_S": "2"},
+                # Ingress refuses a run for an agent it does not know, at the door.
+                "ingress": {"WRIT_AGENTS_DIR": str(agents)},
                 "planner": {
                     "WRIT_PROVIDER": "openai",
                     "WRIT_MODEL_URL": f"{fake.url}/v1",
@@ -277,3 +294,141 @@ async def test_a_run_whose_outcome_was_deleted_observes_it_from_the_registry(
     assert result.status == "succeeded", (result, stack.log_tail("planner"))
     await _done_once(db, str(run_id))
     assert _calls(model) - before == 2
+
+
+async def test_a_run_whose_persons_answer_was_deleted_is_resumed_from_the_record(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    before = _calls(model)
+    lookup = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "tool:crm.customer.get",
+            "arguments": json.dumps({"customer_id": "ACME-42"}),
+        }
+    }
+    model.post(
+        "/_control/replies",
+        json={
+            "replies": [
+                {"content": json.dumps(c)}
+                for c in (lookup, {"next": {"decision": "answer_directly", "answer": "Active."}})
+            ]
+        },
+    ).raise_for_status()
+    request = host.request(agent="lookup-assistant", text="Is ACME-42 still a customer?")
+    await host.publish(request, msg_id=request.request_id)
+    try:
+        stopped = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    except TimeoutError:
+        raise AssertionError(
+            (await host.results(request.request_id), stack.log_tail("planner"))
+        ) from None
+    assert stopped.pending_id is not None and stopped.run_id is not None
+    run_id = stopped.run_id
+    # The planner is frozen: the person's answer is recorded and announced, never handled.
+    planner = stack.procs["planner"]
+    planner.send_signal(signal.SIGSTOP)
+    assert (await host.decide(stopped.pending_id, "once")).accepted
+    with anyio.fail_after(10):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", subjects.answered("acme"))
+            except nats.js.errors.NotFoundError:
+                last = None
+            if last is not None and stopped.pending_id.encode() in (last.data or b""):
+                break
+            await anyio.sleep(0.05)
+    assert last.seq is not None
+    await host.js.delete_msg("WRIT_INT", last.seq)  # the announcement is gone
+    stack.stop_process("planner", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "awaiting_human"
+    )
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await host.wait_result(request.request_id, status="succeeded", timeout=BOUND_S)
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.answer == "Active.", (result, stack.log_tail("planner"))
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [k["kind"] for k in kinds] == ["decision", "observation", "decision"]
+    decided = await db.fetch(
+        "SELECT verdict FROM governance.decisions WHERE run_id = $1 ORDER BY decided_at", run_id
+    )
+    # Asked, answered, read once with the answer as its approval: nothing twice.
+    assert [d["verdict"] for d in decided] == ["ask", "allow", "allow"]
+    assert _calls(model) - before == 2
+    assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
+    # Swept once more after it ended, nothing changes: it waits on nothing now.
+    await anyio.sleep(2 * STALL_S + 1)
+    assert len(await db.fetch("SELECT 1 FROM planner.steps WHERE run_id = $1", run_id)) == 3
+
+
+async def test_an_approved_wait_whose_outcome_was_deleted_observes_it_from_the_registry(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    before = _calls(model)
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": "pay_7781", "line_id": "L2"}),
+        }
+    }
+    answer = {"next": {"decision": "answer_directly", "answer": "Refunded."}}
+    model.post(
+        "/_control/replies",
+        json={"replies": [{"content": json.dumps(c)} for c in (refund, answer)]},
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund the sibling discount.")
+    await host.publish(request, msg_id=request.request_id)
+    waiting = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    assert waiting.proposal is not None and waiting.run_id is not None, waiting
+    run_id = waiting.run_id
+    # The planner is frozen: the approved refund is made, its outcome never handled.
+    planner = stack.procs["planner"]
+    planner.send_signal(signal.SIGSTOP)
+    await host.approve(waiting.proposal.proposal_id)
+    with anyio.fail_after(30):
+        while (
+            await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+            != "succeeded"
+        ):
+            await anyio.sleep(0.05)
+    outcome = subjects.outcome("acme", "run")
+    with anyio.fail_after(10):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", outcome)
+            except nats.js.errors.NotFoundError:
+                last = None
+            if last is not None and f'"run_id":"{run_id}"'.encode() in (last.data or b""):
+                break
+            await anyio.sleep(0.05)
+    assert last.seq is not None
+    await host.js.delete_msg("WRIT_INT", last.seq)
+    stack.stop_process("planner", kill=True)
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "awaiting_human"
+    )
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await host.wait_result(request.request_id, status="succeeded", timeout=BOUND_S)
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.answer == "Refunded.", (result, stack.log_tail("planner"))
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [k["kind"] for k in kinds] == ["decision", "observation", "decision"]
+    refunds = [r for r in payments.get("/_control/refunds").json() if r["payment_id"] == "pay_7781"]
+    assert len(refunds) == 1  # made once, observed once
+    assert _calls(model) - before == 2
+    assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()

@@ -422,6 +422,20 @@ async def test_slow_answer_times_out_then_retry_succeeds(
     assert time.monotonic() - started < 2
 
 
+async def test_each_attempt_names_its_call_and_another_call_another(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
+    await set_mode(ctl, "slow", count=1, delay_s=3)
+    await script(ctl, ANSWER, ANSWER, ANSWER)
+    provider = make(timeout_s=0.3, max_attempts=2)
+    await provider.decide(MODEL_INPUT)
+    await provider.decide(MODEL_INPUT)
+    named = [r["headers"]["x-client-request-id"] for r in await requests(ctl)]
+    # The first call's two attempts (one timed out) share its id; the second call has its own.
+    (first, one), (again, two), (second, three) = [n.rsplit("-", 1) for n in named]
+    assert first == again != second and (one, two, three) == ("1", "2", "1")
+
+
 async def test_slow_answers_exhaust_the_attempts(
     make: MakeProvider, ctl: httpx.AsyncClient
 ) -> None:

@@ -192,7 +192,9 @@ def test_resources_past_their_bound_are_named() -> None:
     assert within(start, {**start, "processes": {}}) == ["planner is not running at the end"]
 
 
-def _ask(run_input: str, observations: int, serial: int | None) -> dict:
+def _ask(
+    run_input: str, observations: int, serial: int | None, request_id: str | None = None
+) -> dict:
     """A model request of the planner's shape (structured mode), as the fake model logs it."""
     untrusted = {
         "untrusted": {
@@ -209,7 +211,8 @@ def _ask(run_input: str, observations: int, serial: int | None) -> dict:
             {"role": "user", "content": json.dumps(untrusted)},
         ],
     }
-    return {"body": body, "serial": serial, "at": 0.0}
+    headers = {} if request_id is None else {"x-client-request-id": request_id}
+    return {"body": body, "serial": serial, "at": 0.0, "headers": headers}
 
 
 def _decision(serial: int) -> tuple[str, dict]:
@@ -241,6 +244,22 @@ def test_the_checker_finds_a_model_asked_again_for_a_step_its_run_had_recorded()
     # A recorded answer the log never gave for that step is caught too.
     wrong = replayed(log, inputs, {**steps, "run-2": [_decision(4)]})
     assert wrong.broken == 1 and "does not show" in wrong.examples[0]
+
+
+def test_an_attempt_read_after_its_calls_recorded_answer_is_a_retry_not_a_second_call() -> None:
+    # A starved fake read the call's first attempt (given up on at its timeout) after the
+    # second, which was answered and recorded: a retry, logged late. Another call for the
+    # same step after the recorded answer is still the violation.
+    inputs = {"note for ACME (soak run-3)": "run-3"}
+    steps = {"run-3": [_decision(7)]}
+    answered = _ask("note for ACME (soak run-3)", 0, 7, "c1-2")
+    late = _ask("note for ACME (soak run-3)", 0, 8, "c1-1")
+    held = replayed([answered, late], inputs, steps)
+    assert held.held, held.examples
+    assert "1 of them logged after their call's answer" in held.note
+    other = _ask("note for ACME (soak run-3)", 0, 9, "c2-1")
+    again = replayed([answered, late, other], inputs, steps)
+    assert again.broken == 1 and "asked again 1 time" in again.examples[0], again.examples
 
 
 def test_the_checker_finds_a_gap_or_a_repeat_in_a_sessions_events() -> None:

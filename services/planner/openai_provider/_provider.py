@@ -6,6 +6,7 @@ import hashlib
 import logging
 import math
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -240,6 +241,10 @@ class OpenAIProvider:
         content = msgspec.json.encode(body)
         digest = hashlib.sha256(content).hexdigest()
         attempts, status, failure = 0, 0, ""
+        # Every attempt of this call says which call it belongs to (`X-Client-Request-Id`, the
+        # id OpenAI keeps for a client's own tracing): a provider that logs an attempt after
+        # a later one (a timed-out attempt read late) can still tell a retry from a new call.
+        call_id = uuid.uuid4().hex
         deadline = anyio.current_time() + (self._deadline_s or math.inf)
         while True:
             if self._max_calls is not None and self._calls >= self._max_calls:
@@ -253,7 +258,9 @@ class OpenAIProvider:
             shown = _Shown(text)
             try:
                 with anyio.fail_after(min(self._timeout_s, deadline - anyio.current_time())):
-                    response, completion = await self._attempt(content, digest, attempts, shown)
+                    response, completion = await self._attempt(
+                        content, digest, attempts, shown, request_id=f"{call_id}-{attempts}"
+                    )
             except (TimeoutError, httpx.TimeoutException):
                 status, failure = 0, f"no answer within {self._timeout_s:g} s"
             except httpx.TransportError as exc:
@@ -316,18 +323,17 @@ class OpenAIProvider:
             await anyio.sleep(wait)
 
     async def _attempt(
-        self, content: bytes, digest: str, attempts: int, shown: _Shown
+        self, content: bytes, digest: str, attempts: int, shown: _Shown, *, request_id: str
     ) -> tuple[httpx.Response, _Completion | None]:
         """One POST: the response, and its completion when it answered 200."""
         response: httpx.Response | None = None
+        headers = {**self._headers, "X-Client-Request-Id": request_id}
         try:
             if shown.sink is None:
-                response = await self._client.post(
-                    self._url, content=content, headers=self._headers
-                )
+                response = await self._client.post(self._url, content=content, headers=headers)
                 return response, _read(response) if response.status_code == 200 else None
             async with self._client.stream(
-                "POST", self._url, content=content, headers=self._headers
+                "POST", self._url, content=content, headers=headers
             ) as response:
                 if response.status_code != 200:
                     await _drain(response)

@@ -12,7 +12,13 @@ step used is settled even if the planner stopped before it could tell governance
 
 from services.planner.store._replay import read_replay
 from services.planner.store._rows import TERMINAL_RUN, Reservation, RunRow, RunState, Step
-from services.planner.store._stalled import LastCommand, claim_stalled, last_command
+from services.planner.store._stalled import (
+    LastCommand,
+    claim_answered,
+    claim_stalled,
+    last_command,
+    pending_answer,
+)
 from services.planner.store._store import PlannerStore
 
 __all__ = [
@@ -23,7 +29,9 @@ __all__ = [
     "RunRow",
     "RunState",
     "Step",
+    "claim_answered",
     "claim_stalled",
     "last_command",
+    "pending_answer",
     "read_replay",
 ]

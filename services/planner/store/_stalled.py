@@ -1,6 +1,9 @@
-"""The runs the planner's sweeper drives again: running, and not locked by anyone for a while
-(`touched_at`, set by every transaction that locks a run); and what became of the command a
-stalled run's last decision proposed, read from admission's registry (granted read-only)."""
+"""The runs the planner's sweeper drives again, not locked by anyone for a while (`touched_at`,
+set by every transaction that locks a run): running ones, and those waiting for a person whose
+answer is recorded (governance's answer to the read it asked about, or the outcome of the
+command its approved proposal became); what became of the command a stalled run's last
+decision proposed, read from admission's registry; and the answer a waiting run's person gave,
+read from governance's (both granted read-only)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ from typing import Final
 import asyncpg
 import msgspec
 
-__all__ = ["LastCommand", "claim_stalled", "last_command"]
+from schemas.governance import DecisionAnswered
+
+__all__ = ["LastCommand", "claim_answered", "claim_stalled", "last_command", "pending_answer"]
 
 # Claims them in one statement: a run locked now (a delivery driving it) is skipped, and a
 # claimed one is touched, so another planner's sweep passes it by until it stalls again.
@@ -23,6 +28,44 @@ FROM (
 ) AS s
 WHERE r.run_id = s.run_id
 RETURNING r.tenant, r.run_id"""
+# The runs waiting for a person whose answer the database holds: an answer governance recorded
+# to the very decision the run waits on (a read's: a proposal's answer becomes a command), or
+# the outcome of the command the run's last step proposed. Its announcement was lost, or is
+# late: the sweep delivers it in-process, and whichever comes first is taken once (the run's
+# row lock; an answer to a run no longer waiting changes nothing). Claimed as `_CLAIM` does.
+_CLAIM_ANSWERED: Final = """
+UPDATE planner.runs AS r SET touched_at = now()
+FROM (
+    SELECT q.run_id FROM planner.runs q
+    WHERE q.status = 'awaiting_human' AND q.touched_at < now() - make_interval(secs => $1)
+      AND (
+        EXISTS (
+            SELECT 1 FROM governance.pending p
+            WHERE p.pending_id = CASE WHEN q.pending_id ~ '^[0-9a-f-]{36}$'
+                                      THEN q.pending_id::uuid END
+              AND p.tenant = q.tenant AND p.answer IS NOT NULL AND p.proposal_id IS NULL)
+        OR EXISTS (
+            SELECT 1 FROM admission.commands c
+            WHERE c.tenant = q.tenant AND c.run_id = q.run_id
+              AND c.state NOT IN ('pending', 'dispatching')
+              AND c.step = (SELECT max(seq) FROM planner.steps WHERE run_id = q.run_id)))
+    ORDER BY q.touched_at LIMIT $2
+    FOR UPDATE OF q SKIP LOCKED
+) AS s
+WHERE r.run_id = s.run_id
+RETURNING r.tenant, r.run_id"""
+# The answer governance recorded to the read a waiting run stopped for.
+_PENDING_ANSWER: Final = """
+SELECT p.pending_id::text AS pending_id, p.proposal_id, p.answer, p.answered_by,
+       coalesce(p.answer_reason, '') AS reason, p.answer_decision_id::text AS decision_id,
+       d.line, d.policy_version
+FROM planner.runs r
+JOIN governance.pending p
+  ON p.pending_id = CASE WHEN r.pending_id ~ '^[0-9a-f-]{36}$' THEN r.pending_id::uuid END
+ AND p.tenant = r.tenant
+JOIN governance.decisions d ON d.decision_id = p.pending_id
+WHERE r.tenant = $1 AND r.run_id = $2 AND r.status = 'awaiting_human'
+  AND p.answer IS NOT NULL AND p.proposal_id IS NULL"""
 # The command of the run's last step, if that step proposed one that admission admitted.
 _LAST_COMMAND: Final = """
 SELECT c.operation_id::text AS operation_id, c.step, c.action, c.state, c.receipt, c.reason
@@ -48,6 +91,37 @@ async def claim_stalled(
     """(tenant, run id) of up to `limit` running runs nobody drove for `stall_s` seconds."""
     rows = await conn.fetch(_CLAIM, stall_s, limit)
     return [(row["tenant"], row["run_id"]) for row in rows]
+
+
+async def claim_answered(
+    conn: asyncpg.Connection, *, stall_s: float, limit: int
+) -> list[tuple[str, str]]:
+    """(tenant, run id) of up to `limit` runs waiting for a person whose answer is recorded,
+    nobody having driven them for `stall_s` seconds."""
+    rows = await conn.fetch(_CLAIM_ANSWERED, stall_s, limit)
+    return [(row["tenant"], row["run_id"]) for row in rows]
+
+
+async def pending_answer(
+    conn: asyncpg.Connection, tenant: str, run_id: str
+) -> DecisionAnswered | None:
+    """The answer governance recorded to the decision the run waits on, as governance
+    announces it; None when the run does not wait on an answered one."""
+    row = await conn.fetchrow(_PENDING_ANSWER, tenant, run_id)
+    if row is None:
+        return None
+    return DecisionAnswered(
+        tenant=tenant,
+        run_id=run_id,
+        pending_id=row["pending_id"],
+        proposal_id=row["proposal_id"],
+        answer=row["answer"],
+        reason=row["reason"][:512],
+        answered_by=row["answered_by"][:512],
+        decision_id=row["decision_id"],
+        line=row["line"],
+        policy_version=row["policy_version"],
+    )
 
 
 async def last_command(conn: asyncpg.Connection, tenant: str, run_id: str) -> LastCommand | None:
