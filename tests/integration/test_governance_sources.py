@@ -38,17 +38,33 @@ async def store(scratch_db: str) -> AsyncIterator[tuple[GovernanceStore, asyncpg
     await pool.close()
 
 
-def mcp(tool: str, family: str | None = "write_delete", agent: str = "assistant") -> Call:
-    return Call(tool=tool, family=family, connector=None, agent=agent, first_argument="C-1")
+PIN = "a" * 64
+CHANGED = "b" * 64
 
 
-async def _grant(admin: asyncpg.Connection, agent: str, family: str, source: str) -> None:
+def mcp(
+    tool: str, family: str | None = "write_delete", agent: str = "assistant", digest: str = PIN
+) -> Call:
+    return Call(
+        tool=tool,
+        family=family,
+        connector=None,
+        agent=agent,
+        first_argument="C-1",
+        digest=digest if tool.startswith("mcp:") else None,
+    )
+
+
+async def _grant(
+    admin: asyncpg.Connection, agent: str, family: str, source: str, digest: str = PIN
+) -> None:
     await admin.execute(
-        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source) "
-        "VALUES ('acme', $1, $2, 'ops@acme', $3)",
+        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source, "
+        "digest) VALUES ('acme', $1, $2, 'ops@acme', $3, $4)",
         agent,
         family,
         source,
+        digest,
     )
 
 
@@ -71,7 +87,7 @@ async def test_a_grant_naming_a_server_reaches_its_tools_only(store) -> None:
     verdicts = [decide(c, f).verdict for c, f in zip(calls, facts, strict=True)]
     assert verdicts == ["allow", "allow", "ask", "ask", "ask", "ask", "ask"]
     # What the store gives a call is only the grants naming that call's tool or server.
-    assert facts[0].standing_sources == {("mcp:crm/*", "write_delete")}
+    assert facts[0].standing_sources == {("mcp:crm/*", "write_delete", PIN)}
     assert facts[3].standing_sources == frozenset()
     assert facts[6].standing_sources == frozenset()
     # A family-wide grant is not a source grant.
@@ -113,6 +129,52 @@ async def test_the_table_refuses_a_source_grant_that_could_widen(
     _, admin = store
     with pytest.raises(asyncpg.CheckViolationError):
         await _grant(admin, "assistant", family, source)
+
+
+@pytest.mark.parametrize(("source", "digest"), [("mcp:crm/*", ""), ("mcp:crm/x", "A" * 64), ("", PIN)])
+async def test_the_table_refuses_a_source_grant_without_its_pin(
+    store, source: str, digest: str
+) -> None:
+    """A grant naming a source names the digest it covers; a family-wide grant names none."""
+    _, admin = store
+    with pytest.raises(asyncpg.CheckViolationError):
+        await _grant(admin, "assistant", "write_delete", source, digest)
+
+
+@pytest.mark.parametrize(
+    ("tool", "effect", "digest"),
+    [("mcp:crm/shell", "allow", None), ("mcp:crm/*", "deny", PIN), ("shell.run", "allow", PIN)],
+)
+async def test_the_table_refuses_an_mcp_allow_rule_without_its_pin(
+    store, tool: str, effect: str, digest: str | None
+) -> None:
+    _, admin = store
+    with pytest.raises(asyncpg.CheckViolationError):
+        await admin.execute(
+            "INSERT INTO governance.rules (tenant, tool, effect, digest) "
+            "VALUES ('acme', $1, $2, $3)",
+            tool,
+            effect,
+            digest,
+        )
+
+
+async def test_a_grant_covers_the_definition_it_names_and_not_the_changed_one(store) -> None:
+    """Each digest of a server-wide grant is a row; a tool served with another digest (changed,
+    then classified again into the same family) reads no grant for it, and a family-wide grant
+    reads as covering no `mcp:` tool."""
+    gov, admin = store
+    await _grant(admin, "assistant", "write_delete", "mcp:crm/*", PIN)
+    await _grant(admin, "assistant", "write_delete", "mcp:crm/*", "c" * 64)
+    await admin.execute(
+        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
+        "VALUES ('acme', 'assistant', 'write_delete', 'ops@acme')"
+    )
+    calls = [mcp("mcp:crm/note.add"), mcp("mcp:crm/note.add", digest=CHANGED)]
+    facts = await gov.facts_many(
+        [ToRead(tenant="acme", call=c, principal="alice@acme", run_id="run-1") for c in calls]
+    )
+    assert [decide(c, f).verdict for c, f in zip(calls, facts, strict=True)] == ["allow", "ask"]
 
 
 async def test_a_family_wide_grant_and_a_source_grant_of_one_family_are_both_kept(store) -> None:

@@ -33,7 +33,8 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
        p.developer_mode,
        (SELECT coalesce(json_agg(json_build_object('tool', r.tool, 'effect', r.effect,
                                                    'arg_prefix', r.arg_prefix,
-                                                   'agent', r.agent)), '[]')
+                                                   'agent', r.agent, 'digest', r.digest)),
+                         '[]')
         FROM governance.rules r
         WHERE r.tenant = q.tenant AND r.tool IN (q.tool, q.source)
           AND (r.agent IS NULL OR r.agent = q.agent)) AS rules,
@@ -41,10 +42,10 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                WHERE v.tenant = q.tenant AND v.principal = q.principal) AS revoked,
        ARRAY(SELECT g.family FROM governance.standing_grants g
              WHERE g.tenant = q.tenant AND g.agent = q.agent AND g.source = '') AS standing,
-       (SELECT coalesce(json_agg(json_build_array(g.source, g.family)), '[]')
+       (SELECT coalesce(json_agg(json_build_array(g.source, g.family, g.digest)), '[]')
         FROM governance.standing_grants g
         WHERE g.tenant = q.tenant AND g.agent = q.agent
-          AND g.source IN (q.tool, q.source)) AS standing_sources,
+          AND g.source IN (q.tool, q.source) AND g.digest <> '') AS standing_sources,
        ARRAY(SELECT g.family FROM governance.run_grants g
              WHERE g.tenant = q.tenant AND g.run_id = q.root_run) AS run_families,
        coalesce((SELECT r.attended FROM governance.runs r
@@ -94,7 +95,7 @@ def facts_of(row: asyncpg.Record) -> Facts:
         "rules": rules,
         "standing_families": frozenset(row["standing"]),
         "standing_sources": frozenset(
-            msgspec.json.decode(row["standing_sources"], type=list[tuple[str, str]])
+            msgspec.json.decode(row["standing_sources"], type=list[tuple[str, str, str]])
         ),
         "run_families": frozenset(row["run_families"]),
         "principal_revoked": row["revoked"],
@@ -115,11 +116,11 @@ def facts_of(row: asyncpg.Record) -> Facts:
 
 
 # At most one open pending decision per proposal (migration 008): a concurrent second ask
-# inserts nothing.
+# inserts nothing. $14: an `mcp:` tool's pinned digest, which `always` grants exactly.
 INSERT_PENDING = (
     "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, agent, principal, "
-    "tool, family, first_argument, reason, options, attended, deadline) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
+    "tool, family, first_argument, reason, options, attended, deadline, digest) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) "
     "ON CONFLICT (tenant, proposal_id) WHERE proposal_id IS NOT NULL AND answer IS NULL "
     "DO NOTHING RETURNING pending_id"
 )
