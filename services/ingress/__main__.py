@@ -9,8 +9,8 @@ import anyio
 import anyio.abc
 import msgspec
 
-from libs.runtime import Runtime, run_service
 from libs.errors import ConfigError
+from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.ingress.console._operators import OperatorKey
 from services.ingress.http import HttpServer

@@ -131,7 +131,9 @@ async def test_the_table_refuses_a_source_grant_that_could_widen(
         await _grant(admin, "assistant", family, source)
 
 
-@pytest.mark.parametrize(("source", "digest"), [("mcp:crm/*", ""), ("mcp:crm/x", "A" * 64), ("", PIN)])
+@pytest.mark.parametrize(
+    ("source", "digest"), [("mcp:crm/*", ""), ("mcp:crm/x", "A" * 64), ("", PIN)]
+)
 async def test_the_table_refuses_a_source_grant_without_its_pin(
     store, source: str, digest: str
 ) -> None:
