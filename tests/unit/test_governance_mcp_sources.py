@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.governance.logic import Call, Facts, Rule, decide, names_of, source_of
+from services.governance.recorded import RecordedCall, RecordedFacts, facts_of_record, record_of
 
 CRM = "mcp:crm/contact.get"
 PIN = "a" * 64  # the digest the operator classified, which the server serves
@@ -299,3 +301,39 @@ def test_no_grant_or_rule_covers_a_definition_it_does_not_name(
     )
     ruling = decide(mcp_call(family=family, first_argument="ls", digest=served), the_facts)
     assert ruling.verdict != "allow" or served == pinned, ruling
+
+
+def test_a_journaled_decision_keeps_the_pin_and_is_ruled_the_same_again() -> None:
+    """`writ policy whatif` rules a journaled decision again from its row: the call's digest,
+    the grants' and the allow rules' digests are kept, so a grant for another definition still
+    covers nothing when it is ruled again."""
+    the_facts = facts(
+        standing_sources=frozenset({(CRM, "read_personal", PIN)}),
+        rules=(Rule(tool=CRM, effect="allow", arg_prefix="ls", digest=PIN),),
+    )
+    for call in (mcp_call(), mcp_call(digest=CHANGED)):
+        row = msgspec.json.decode(msgspec.json.encode(record_of(call, the_facts)))
+        again, again_facts = facts_of_record(
+            tool=call.tool,
+            family=call.family or "unclassified",
+            agent=call.agent,
+            first_argument=call.first_argument,
+            call=msgspec.convert(row["call"], RecordedCall),
+            facts=msgspec.convert(row["facts"], RecordedFacts),
+        )
+        assert again.digest == call.digest
+        assert decide(again, again_facts) == decide(call, the_facts)
+    # A row journaled before grants named a digest is still read (its grants cover nothing).
+    old = msgspec.convert(
+        {"policy_version": "v1", "standing_sources": [["mcp:crm/*", "read_personal"]]},
+        RecordedFacts,
+    )
+    _, old_facts = facts_of_record(
+        tool=CRM,
+        family="read_personal",
+        agent="assistant",
+        first_argument="C-1",
+        call=RecordedCall(),
+        facts=old,
+    )
+    assert old_facts is not None and old_facts.standing_sources == frozenset()
