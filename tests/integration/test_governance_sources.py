@@ -188,3 +188,65 @@ async def test_a_family_wide_grant_and_a_source_grant_of_one_family_are_both_kep
     await _grant(admin, "assistant", "write_delete", "mcp:crm/*")
     rows = await admin.fetch("SELECT source FROM governance.standing_grants ORDER BY source")
     assert [r["source"] for r in rows] == ["", "mcp:crm/*"]
+
+
+async def test_an_answer_about_an_mcp_tool_approves_the_definition_it_was_asked_on(
+    store,
+) -> None:
+    """A person answers `once`, then `always`, to asks about `mcp:crm/note.add` served with one
+    digest: the answer approves that call as that definition only (served changed and
+    classified again, it is not approved), and `always` writes the grant for that tool pinned to
+    it, journaled with the digest."""
+    gov, admin = store
+    call = mcp("mcp:crm/note.add")
+    ask = decide(call, await gov.facts("acme", call, "alice@acme", "run-1"))
+    assert ask.verdict == "ask"
+    pending_id = await gov.record(
+        tenant="acme",
+        run_id="run-1",
+        principal="alice@acme",
+        call=call,
+        ruling=ask,
+        policy_version="v1",
+    )
+    assert (
+        await admin.fetchval(
+            "SELECT digest FROM governance.pending WHERE pending_id = $1::uuid", pending_id
+        )
+        == PIN
+    )
+    answered = await gov.answer(
+        tenant="acme", pending_id=pending_id, answer="once", answered_by="bob@acme", reason=""
+    )
+    approval = answered.decision_id
+    same = await gov.facts("acme", call, "alice@acme", "run-1", approval_id=approval)
+    changed = mcp("mcp:crm/note.add", digest=CHANGED)
+    other = await gov.facts("acme", changed, "alice@acme", "run-1", approval_id=approval)
+    assert (same.approved, other.approved) == (True, False)
+    assert decide(changed, other).verdict == "ask"
+
+    second = await gov.record(
+        tenant="acme",
+        run_id="run-2",
+        principal="alice@acme",
+        call=call,
+        ruling=ask,
+        policy_version="v1",
+    )
+    await gov.answer(
+        tenant="acme", pending_id=second, answer="always", answered_by="bob@acme", reason=""
+    )
+    rows = await admin.fetch(
+        "SELECT family, source, digest FROM governance.standing_grants WHERE tenant = 'acme'"
+    )
+    assert [tuple(r) for r in rows] == [("write_delete", "mcp:crm/note.add", PIN)]
+    facts = await gov.facts_many(
+        [
+            ToRead(tenant="acme", call=c, principal="alice@acme", run_id="run-3")
+            for c in (call, changed)
+        ]
+    )
+    assert [decide(c, f).verdict for c, f in zip((call, changed), facts, strict=True)] == [
+        "allow",
+        "ask",
+    ]

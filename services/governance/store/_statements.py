@@ -23,7 +23,8 @@ __all__ = [
 # ids, $6 approval ids (uuid or NULL), $7 the root runs (the run itself, or the run a branch
 # descends from: its grants and attendance), $8 the calls' first arguments, $9 the sources the
 # calls' tools belong to (`mcp:<server>/*` of an `mcp:` capability, else NULL: rules and grants
-# may name one, `logic.names_of`). Concurrent decides
+# may name one, `logic.names_of`), $10 an `mcp:` call's pinned digest (else NULL: a person's
+# answer about an `mcp:` tool approves the definition it was asked on, no other). Concurrent decides
 # read their facts in one statement (`facts_many`); each row is what its call alone would read.
 # An approval stands in for a grant for exactly the call a person answered: a proposal's is
 # bound to the proposal (the command admitted from it is what dispatches), any other call's to
@@ -54,10 +55,12 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                WHERE a.tenant = q.tenant AND a.run_id = q.run_id AND a.tool = q.tool
                  AND (a.proposal_id IS NOT NULL OR a.first_argument = q.arg)
                  AND a.answer_decision_id = q.approval_id
+                 AND a.digest IS NOT DISTINCT FROM q.digest
                  AND a.answer IN ('once', 'always')) AS approved
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::text[],
-            $8::text[], $9::text[]) WITH ORDINALITY
-         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, source, i)
+            $8::text[], $9::text[], $10::text[]) WITH ORDINALITY
+         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, source, digest,
+              i)
 LEFT JOIN governance.policy p ON p.tenant = q.tenant
 ORDER BY q.i
 """

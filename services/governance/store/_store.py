@@ -93,6 +93,7 @@ class GovernanceStore(BudgetStore):
             [root_run_id(r.run_id) for r in reads],
             [r.call.first_argument for r in reads],
             [source_of(r.call.tool) for r in reads],
+            [r.call.digest for r in reads],
         )
         if len(rows) != len(reads):
             raise RuntimeError(f"facts for {len(reads)} calls read {len(rows)} rows")
