@@ -38,6 +38,7 @@ from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 from tests.e2e.conftest import Host, service_violations
 from tests.fixtures.everything import everything_argv, everything_http
 from writ import mcp
+from writ.cli import main
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -742,5 +743,41 @@ async def test_a_grant_never_covers_a_changed_tool_classified_again_into_its_fam
             TICKET,
         )
         assert [d["digest"] for d in digests] == [first_pin, shown.shown.digest]
+    finally:
+        await db.execute("DELETE FROM governance.standing_grants WHERE agent = 'helpdesk-reader'")
+
+
+def _cli(argv: list[str]) -> int:
+    """`writ` as a person runs it (in a thread: it runs its own event loop); its exit code."""
+    try:
+        main(argv)
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0
+
+
+async def test_writ_mcp_grant_pins_each_classified_tool_of_a_source(
+    stack: Stack,
+    helpdesk: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`writ mcp grant mcp:helpdesk/*` grants each of the server's tools classified into the
+    family, one row per digest classified now, and nothing for a family nobody classified."""
+    classified = await pinned(db, TICKET)  # `read`, by the fixture
+    args = ["mcp", "grant", "mcp:helpdesk/*", "--agent", "helpdesk-reader", "--by", "admin"]
+    dsn = ["--dsn", stack.database_dsn]
+    try:
+        assert await anyio.to_thread.run_sync(_cli, [*args, "--family", "read", *dsn]) == 0
+        assert f"pinned to {classified}" in capsys.readouterr().out
+        rows = await db.fetch(
+            "SELECT source, family, digest FROM governance.standing_grants "
+            "WHERE agent = 'helpdesk-reader'"
+        )
+        assert [tuple(r) for r in rows] == [("mcp:helpdesk/*", "read", classified)]
+        assert await anyio.to_thread.run_sync(_cli, [*args, "--family", "write_delete", *dsn]) == 1
+        assert "nothing granted" in capsys.readouterr().out
+        wrong = ["mcp", "grant", "mcp:helpdesk", "--agent", "a", "--by", "b", "--family", "read"]
+        assert await anyio.to_thread.run_sync(_cli, wrong) == 2
     finally:
         await db.execute("DELETE FROM governance.standing_grants WHERE agent = 'helpdesk-reader'")
