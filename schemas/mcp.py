@@ -27,9 +27,12 @@ __all__ = [
     "DescribeTools",
     "DescribedTool",
     "ListServer",
+    "ListServers",
     "ListedTool",
     "ListingRecorded",
     "RecordListing",
+    "RegisteredServer",
+    "RegisteredServers",
     "ServerListing",
     "ToolClassified",
     "ToolDescriptions",
@@ -115,6 +118,28 @@ class ListServer(Command, frozen=True):
     tenant: Tenant
     server: ServerName
     tool: McpToolName | None = None
+
+
+class ListServers(Command, frozen=True):
+    """An operator asks retrieval which MCP servers are registered for their tenant (the
+    console's MCP page lists them to choose from; nothing is asked of any server)."""
+
+    tenant: Tenant
+
+
+class RegisteredServer(msgspec.Struct, frozen=True, kw_only=True):
+    """One registration as an operator chooses it: its name, transport and the names Writ
+    exposes (never its address, command or credential)."""
+
+    name: ServerName
+    transport: Literal["auto", "streamable_http", "sse", "stdio"]
+    exposed: Annotated[list[McpToolName], msgspec.Meta(max_length=128)] = []
+
+
+class RegisteredServers(Event, frozen=True):
+    """The tenant's registered servers, by name."""
+
+    servers: Annotated[list[RegisteredServer], msgspec.Meta(max_length=1024)] = []
 
 
 class ServerListing(Event, frozen=True):

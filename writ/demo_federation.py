@@ -59,6 +59,22 @@ async def scenario_c(
             stack.nats_url, "acme", "helpdesk", tool, family, "ops@acme.example", quiet=True
         )
         _line(started, "classified", f"operator: {answer.message}")
+    # The helpdesk agent reads customers without asking: its administrator's grant for
+    # customer.get as classified just now (a changed definition would be asked again).
+    pinned = await mcp.grant_pinned(
+        stack.database_dsn,
+        "acme",
+        AGENT,
+        "read_personal",
+        "mcp:helpdesk/customer.get",
+        "admin@acme.example",
+    )
+    _line(
+        started,
+        "granted",
+        f"administrator: {AGENT} may read mcp:helpdesk/customer.get as pinned "
+        f"({', '.join(d[:12] + '…' for d in pinned) or 'already granted'})",
+    )
     _line(
         started,
         "unclassified",

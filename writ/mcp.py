@@ -15,6 +15,9 @@
   first (the command shows it itself when no digest is given), and a tool listed differently
   since is refused. A tool whose description or schemas change afterwards is refused at its
   next call until classified again.
+- `grant_pinned` gives an agent a standing grant for an MCP tool, or a server's tools, as they
+  are classified now: one row per classified digest, so a definition the server changes later
+  is asked again (a tenant's administrator's grant, written as provisioning writes them).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import msgspec
 import nats
 
@@ -41,7 +45,15 @@ from schemas.mcp import (
 )
 from services.retrieval.mcp.servers import ServerConfig
 
-__all__ = ["add_server", "classify", "list_server", "render_tool", "servers_file", "show_tool"]
+__all__ = [
+    "add_server",
+    "classify",
+    "grant_pinned",
+    "list_server",
+    "render_tool",
+    "servers_file",
+    "show_tool",
+]
 
 
 def servers_file(home: Path) -> Path:
@@ -320,3 +332,30 @@ async def classify(
     if not quiet:
         print(answer.message)
     return answer
+
+
+async def grant_pinned(
+    dsn: str, tenant: str, agent: str, family: Family, source: str, by: str
+) -> list[str]:
+    """A standing grant of `agent` for `source` (`mcp:<server>/<tool>`, or `mcp:<server>/*` for
+    each of that server's tools) in `family`, pinned to the digest of each tool classified into
+    that family now; the digests granted (none: nothing is classified so)."""
+    prefix = source[:-1] if source.endswith("/*") else None
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source, "
+            "digest) SELECT $1, $2, $3, $4, $5, t.digest FROM retrieval.mcp_tools t "
+            "WHERE t.tenant = $1 AND t.family = $3 AND (t.capability = $5 OR ($6::text IS NOT "
+            "NULL AND left(t.capability, length($6)) = $6)) ON CONFLICT DO NOTHING "
+            "RETURNING digest",
+            tenant,
+            agent,
+            family,
+            by,
+            source,
+            prefix,
+        )
+    finally:
+        await conn.close()
+    return sorted(r["digest"] for r in rows)

@@ -108,7 +108,10 @@ class Decider:
         # A tool classified as sending outside is asked every time, as such a contract is: no
         # standing or run grant covers it, whatever it names.
         call = msgspec.structs.replace(
-            call, family=found.family, grantable=found.family != "send_external"
+            call,
+            family=found.family,
+            grantable=found.family != "send_external",
+            digest=found.digest,
         )
         if ask.tool_digest is None:
             return (

@@ -55,12 +55,17 @@ def names_of(tool: str) -> tuple[str, ...]:
 
 
 class Rule(msgspec.Struct, frozen=True, kw_only=True):
-    """A fine rule: a tool, an optional prefix of its first argument, one agent or all."""
+    """A fine rule: a tool, an optional prefix of its first argument, one agent or all.
+
+    An allow rule naming an `mcp:` tool or server names the digest of the definition it covers
+    (`digest`): it never covers that tool once the server serves another definition.
+    """
 
     tool: str
     effect: Literal["allow", "deny"]
     arg_prefix: str | None = None
     agent: str | None = None
+    digest: str | None = None
 
     def names(self, call: Call) -> bool:
         """Does this rule apply to this tool and agent (prefix aside)? A rule may name an
@@ -87,6 +92,10 @@ class Call(msgspec.Struct, frozen=True, kw_only=True):
     # False where the action contract says no standing grant may cover it (it moves money,
     # changes access or sends outside): such a call asks every time, with once and deny only.
     grantable: bool = True
+    # An `mcp:` tool's pinned digest: the definition the operator classified, which the server
+    # serves now (a tool served otherwise is refused before `decide`). A standing grant or an
+    # allow rule covers the call only if it names this digest.
+    digest: str | None = None
 
 
 class Facts(msgspec.Struct, frozen=True, kw_only=True, dict=True):
@@ -105,9 +114,9 @@ class Facts(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     rules: tuple[Rule, ...] = ()
     standing_families: frozenset[str] = frozenset()
     # Standing grants of this agent that name a source rather than a whole family, as
-    # (source, family): `mcp:<server>/*` or `mcp:<server>/<tool>`. Each covers a classified tool
-    # of that source in that family only.
-    standing_sources: frozenset[tuple[str, str]] = frozenset()
+    # (source, family, digest): `mcp:<server>/*` or `mcp:<server>/<tool>`. Each covers a tool of
+    # that source classified into that family and pinned to that digest, only.
+    standing_sources: frozenset[tuple[str, str, str]] = frozenset()
     run_families: frozenset[str] = frozenset()
     principal_revoked: bool = False
     approved: bool = False  # a person answered once/always for exactly this call
@@ -146,6 +155,9 @@ class _Prefixes(Generic[P]):
         return self.every or any(arg[:n] in self.prefixes for n in self.lengths)
 
 
+_Key = tuple[str, str | None, str | None]  # (tool or source, agent or None, digest or None)
+
+
 class RuleIndex:
     """Fine rules by the (tool, agent, or None for every agent) they name, built once per Facts
     so that a decision reads the two entries naming its call instead of scanning every rule.
@@ -160,17 +172,18 @@ class RuleIndex:
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
         self._rules = rules
-        self._deny: dict[tuple[str, str | None], _Prefixes[str]] = {}
-        self._allow: dict[tuple[str, str | None], _Prefixes[tuple[str, ...]]] | None = None
+        self._deny: dict[_Key, _Prefixes[str]] = {}
+        self._allow: dict[_Key, _Prefixes[tuple[str, ...]]] | None = None
         for r in rules:
             if r.effect == "deny":
-                self._deny.setdefault((r.tool, r.agent), _Prefixes()).add(r.arg_prefix)
+                # A deny refuses whatever definition the server serves: its digest is not read.
+                self._deny.setdefault((r.tool, r.agent, None), _Prefixes()).add(r.arg_prefix)
 
     def denies(self, call: Call) -> bool:
         """Does a deny rule match the call (`Rule.matches`: the first argument as a plain
         prefix)?"""
         arg = call.first_argument
-        return any(p.cover(arg) for p in _naming(self._deny, call))
+        return any(p.cover(arg) for p in _naming(self._deny, call, None))
 
     def allows_command(self, call: Call) -> bool:
         """Does an allow rule naming the call cover its first argument, a simple command, by
@@ -181,22 +194,25 @@ class RuleIndex:
                 if r.effect == "allow" and r.arg_prefix is not None:
                     words = simple_command(r.arg_prefix)
                     if words is not None:
-                        self._allow.setdefault((r.tool, r.agent), _Prefixes()).add(words.argv)
-        naming = _naming(self._allow, call)
+                        key = (r.tool, r.agent, r.digest)
+                        self._allow.setdefault(key, _Prefixes()).add(words.argv)
+        # An `mcp:` tool is covered only by a rule naming its pinned digest (one naming none,
+        # or another, covers no `mcp:` call); any other tool only by a rule naming none.
+        naming = _naming(self._allow, call, call.digest)
         if not naming:
             return False
         command = simple_command(call.first_argument)
         return command is not None and any(p.cover(command.argv) for p in naming)
 
 
-def _naming(rules: dict[tuple[str, str | None], _Prefixes[P]], call: Call) -> list[_Prefixes[P]]:
+def _naming(rules: dict[_Key, _Prefixes[P]], call: Call, digest: str | None) -> list[_Prefixes[P]]:
     """The entries for the call's tool (and an `mcp:` capability's server wildcard) with its
-    agent, and with every agent."""
+    agent, and with every agent, naming `digest`."""
     found = []
     for name in names_of(call.tool):
-        if (mine := rules.get((name, call.agent))) is not None:
+        if (mine := rules.get((name, call.agent, digest))) is not None:
             found.append(mine)
-        if (everyone := rules.get((name, None))) is not None:
+        if (everyone := rules.get((name, None, digest))) is not None:
             found.append(everyone)
     return found
 
@@ -204,14 +220,20 @@ def _naming(rules: dict[tuple[str, str | None], _Prefixes[P]], call: Call) -> li
 def _source_granted(call: Call, facts: Facts) -> str | None:
     """The source a standing grant names that covers the call, if one does: only a classified
     `mcp:` tool (family known), of that very server or that very tool, in the grant's family,
-    and never a family that sends outside or executes code."""
-    if call.family is None or call.family in SOURCE_UNGRANTABLE or not facts.standing_sources:
+    pinned to the digest the grant names, and never a family that sends outside or executes
+    code."""
+    if (
+        call.family is None
+        or call.family in SOURCE_UNGRANTABLE
+        or call.digest is None
+        or not facts.standing_sources
+    ):
         return None
     source = source_of(call.tool)
     if source is None:
         return None
     for name in (call.tool, source):
-        if (name, call.family) in facts.standing_sources:
+        if (name, call.family, call.digest) in facts.standing_sources:
             return name
     return None
 
@@ -292,11 +314,19 @@ def decide(call: Call, facts: Facts | None) -> Ruling:
             reason="a consequential action (money, access, sending outside) is asked every time",
             options=_NO_ALWAYS,
         )
-    if call.family is not None and call.family in facts.standing_families:
+    # A family-wide standing grant names no digest: it covers no `mcp:` tool, whose grant must
+    # name the definition it was given for.
+    if (
+        call.family is not None
+        and call.family in facts.standing_families
+        and source_of(call.tool) is None
+    ):
         return Ruling(verdict="allow", line=5, reason=f"standing grant for {call.family}")
     if (source := _source_granted(call, facts)) is not None:
         return Ruling(
-            verdict="allow", line=5, reason=f"standing grant for {call.family} of {source}"
+            verdict="allow",
+            line=5,
+            reason=f"standing grant for {call.family} of {source} pinned to {call.digest}",
         )
     if call.family is not None and call.family in facts.run_families:
         return Ruling(verdict="allow", line=5, reason=f"granted for this run: {call.family}")

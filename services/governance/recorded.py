@@ -33,6 +33,8 @@ class RecordedCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     connector: _Name | None = None
     profile_fact: bool = False
     grantable: bool = True
+    # An `mcp:` tool's pinned digest (what a grant or allow rule must name to cover it).
+    digest: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")] | None = None
 
 
 class RecordedFacts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -46,6 +48,10 @@ class RecordedFacts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     developer_mode: bool = False
     rules: Annotated[list[Rule], msgspec.Meta(max_length=4096)] = []
     standing_families: _Names = []
+    # (source, family, digest) of each source grant naming the call's tool or server.
+    standing_pins: Annotated[list[tuple[_Name, _Name, _Name]], msgspec.Meta(max_length=4096)] = []
+    # Source grants as journaled before they named a digest: read, and covering nothing (a grant
+    # kept from then names no digest, and covers no call now).
     standing_sources: Annotated[list[tuple[_Name, _Name]], msgspec.Meta(max_length=4096)] = []
     run_families: _Names = []
     principal_revoked: bool = False
@@ -63,6 +69,7 @@ def record_of(call: Call, facts: Facts | None) -> dict[str, Any]:
             "connector": call.connector,
             "profile_fact": call.profile_fact,
             "grantable": call.grantable,
+            "digest": call.digest,
         },
         "facts": None,
     }
@@ -77,12 +84,18 @@ def record_of(call: Call, facts: Facts | None) -> dict[str, Any]:
         "refused_families": sorted(facts.refused_families),
         "developer_mode": facts.developer_mode,
         "rules": [
-            {"tool": r.tool, "effect": r.effect, "arg_prefix": r.arg_prefix, "agent": r.agent}
+            {
+                "tool": r.tool,
+                "effect": r.effect,
+                "arg_prefix": r.arg_prefix,
+                "agent": r.agent,
+                "digest": r.digest,
+            }
             for r in facts.rules
             if r.tool in names and r.agent in (None, call.agent)
         ],
         "standing_families": sorted(facts.standing_families),
-        "standing_sources": [list(s) for s in sorted(facts.standing_sources)],
+        "standing_pins": [list(s) for s in sorted(facts.standing_sources)],
         "run_families": sorted(facts.run_families),
         "principal_revoked": facts.principal_revoked,
         "approved": facts.approved,
@@ -110,6 +123,7 @@ def facts_of_record(
         scope=call.scope,
         profile_fact=call.profile_fact,
         grantable=call.grantable,
+        digest=call.digest,
     )
     if facts is None:
         return ruled, None
@@ -122,7 +136,7 @@ def facts_of_record(
         developer_mode=facts.developer_mode,
         rules=tuple(facts.rules),
         standing_families=frozenset(facts.standing_families),
-        standing_sources=frozenset(facts.standing_sources),
+        standing_sources=frozenset(facts.standing_pins),
         run_families=frozenset(facts.run_families),
         principal_revoked=facts.principal_revoked,
         approved=facts.approved,

@@ -9,6 +9,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from libs.errors import ConfigError
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
 from services.ingress.console._operators import OperatorKey
@@ -71,16 +72,33 @@ async def _reload_keys(
         log.info("tenant keys reloaded: %d tenants", len(keys))
 
 
+def operators_key(path: str) -> OperatorKey | None:
+    """The operators' public key at `path`, or None: nobody is an operator.
+
+    The chart mounts it from an optional Secret: a path named whose file is absent (the Secret
+    was not created) lets nobody in as an operator, and says so. A file that is there but is
+    not an Ed25519 public key (the signing half, say, which belongs in no pod) stops ingress.
+    """
+    if not path:
+        return None
+    if not Path(path).exists():
+        log.warning("no operators' key at %s: nobody signs in as an operator", path)
+        return None
+    try:
+        return OperatorKey(read_secret(path).encode())
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path} is not the operators' public key (an Ed25519 public key in PEM; "
+            f"the signing half belongs to no service): {exc}"
+        ) from exc
+
+
 def main() -> None:
     """Start the ingress process."""
     settings = load_settings(IngressSettings)
     keys = msgspec.json.decode(read_secret(settings.tenant_keys_file), type=dict[str, TenantKey])
     agents = declared_agents(Path(settings.agents_dir)) if settings.agents_dir else None
-    operators = (
-        OperatorKey(read_secret(settings.operators_key_file).encode())
-        if settings.operators_key_file
-        else None
-    )
+    operators = operators_key(settings.operators_key_file)
 
     async def start(rt: Runtime, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         svc = IngressService(

@@ -25,7 +25,7 @@ from schemas import subjects
 from schemas.base import MAX_MESSAGE_BYTES
 from schemas.dispatcher import ReadFacts
 from schemas.governance import DecideRequest, Decision
-from schemas.mcp import DescribedTool, DescribeTools, ListServer, ToolDescriptions
+from schemas.mcp import DescribedTool, DescribeTools, ListServer, ListServers, ToolDescriptions
 from schemas.retrieval import (
     EvidenceFound,
     ReadCapability,
@@ -59,6 +59,7 @@ class RetrievalService:
         self._rt, self._store, self._decide_timeout = rt, store, decide_timeout_s
         self._mcp = mcp
         self._list_decoder = msgspec.json.Decoder(ListServer)
+        self._servers_decoder = msgspec.json.Decoder(ListServers)
         self._facts_decoder = msgspec.json.Decoder(ReadFacts)
         self._describe_decoder = msgspec.json.Decoder(DescribeTools)
         self._search_decoder = msgspec.json.Decoder(SearchEvidence)
@@ -90,6 +91,7 @@ class RetrievalService:
         if self._mcp is not None:
             found += [
                 Endpoint("mcp_list", subjects.MCP_LIST, self._on_list),
+                Endpoint("mcp_servers", subjects.MCP_SERVERS, self._on_servers),
                 Endpoint("mcp_catalog", subjects.MCP_CATALOG, self._on_catalog),
                 Endpoint("host_facts", subjects.HOST_FACTS, self._on_facts),
             ]
@@ -212,6 +214,15 @@ class RetrievalService:
             await request.respond_error("400", f"invalid ListServer: {exc}"[:500])
             return
         await request.respond(self._encoder.encode(await self._mcp.list_server(ask)))
+
+    async def _on_servers(self, request: Request) -> None:
+        assert self._mcp is not None
+        try:
+            ask = self._servers_decoder.decode(request.data)
+        except msgspec.DecodeError as exc:
+            await request.respond_error("400", f"invalid ListServers: {exc}"[:500])
+            return
+        await request.respond(self._encoder.encode(self._mcp.registered(ask.tenant)))
 
     async def _on_catalog(self, request: Request) -> None:
         try:

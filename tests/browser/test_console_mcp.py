@@ -2,7 +2,9 @@
 host's own MCP server (`fakes/host/`) changing under them: an operator (a link signed with
 the deployment's operators' key) sees what the server says of a tool, classifies exactly
 that, and is refused when the server changed it since; the server's text stays inert text;
-an approver, and a host's token claiming to be an operator, are refused."""
+an approver, and a host's token claiming to be an operator, are refused. The index lists the
+servers registered for the operator's tenant to choose from (a third-party server added while
+the console runs included, another tenant's never)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from playwright.async_api import Page, expect
 
 from tests.browser.test_console import _console
 from tests.fixtures.axe import axe_violations
+from tests.fixtures.everything import everything_argv
+from writ import mcp
 from writ.cli import main
 from writ.stack import Stack
 
@@ -51,8 +55,7 @@ async def test_an_operator_classifies_what_is_shown_and_a_changed_tool_is_refuse
 ) -> None:
     page = await _operator(browser, stack)
     await _clean(page, "the MCP index")
-    await page.fill("#server", "helpdesk")
-    await page.click("button[type=submit] >> text=Show its tools")
+    await page.click("table.servers a >> text=helpdesk")
     await expect(page.locator("table.tools")).to_contain_text("ticket.get")
     await _clean(page, "a server's tools")
     await page.click("table.tools a >> text=ticket.get")
@@ -124,3 +127,54 @@ async def test_only_an_operator_opens_the_mcp_pages(
     operator = await _operator(browser, stack, link)
     answer = await operator.goto(_console(stack))
     assert answer is not None and answer.status == 403
+
+
+async def test_the_index_lists_the_tenants_registered_servers_to_choose_from(
+    browser: Any, stack: Stack
+) -> None:
+    """An operator adds a third-party server (`@modelcontextprotocol/server-everything` over
+    stdio) while the console runs; another tenant registers one too. The index lists acme's
+    servers (with their transport and what is exposed, never a command or address), not
+    globex's; choosing one lists its tools; the page is clean for axe-core on a desktop and a
+    390 px phone."""
+    mcp.add_server(
+        stack.home,
+        "acme",
+        "everything",
+        url="",
+        credential_file="",
+        transport="stdio",
+        command=everything_argv(),
+        tools=["echo", "get-sum"],
+        resources={"features": "demo://resource/static/document/features.md"},
+        timeout_s=30,
+    )
+    mcp.add_server(
+        stack.home,
+        "globex",
+        "globex-crm",
+        url="",
+        credential_file="",
+        transport="stdio",
+        command=everything_argv(),
+        tools=["echo"],
+    )
+    page = await _operator(browser, stack)
+    servers = page.locator("table.servers tbody tr")
+    await expect(servers.locator("th")).to_have_text(["everything", "helpdesk"])
+    everything = servers.filter(has_text="everything")
+    await expect(everything.locator("td").first).to_have_text("stdio")
+    await expect(everything.locator("td").nth(1)).to_have_text("echo, features, get-sum")
+    # What the registration runs (its command) is not the page's to show.
+    assert "node" not in (await page.locator("main").text_content() or "")
+    await expect(page.locator("main")).not_to_contain_text("globex-crm")
+    await _clean(page, "the MCP index, listing the servers")
+    await page.set_viewport_size({"width": 390, "height": 844})
+    assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+    await _clean(page, "the MCP index on a 390 px phone")
+    await page.set_viewport_size({"width": 1100, "height": 900})
+
+    await page.click("table.servers a >> text=everything")
+    await expect(page.locator("h1")).to_have_text("MCP server everything")
+    await expect(page.locator("table.tools")).to_contain_text("echo")
+    await page.context.close()

@@ -379,6 +379,31 @@ def test_only_admission_mounts_the_receipt_signing_key(rendered: list[dict[str, 
         assert signing == (component(obj) == "admission"), component(obj)
 
 
+def test_only_ingress_mounts_the_operators_key(rendered: list[dict[str, Any]]) -> None:
+    """The operators' public key (who may open the console's MCP pages and classify MCP tools)
+    is ingress's alone, read-only, where WRIT_OPERATORS_KEY_FILE says; no pod mounts anything
+    of the operators' signing half."""
+    for obj, template in pod_templates(rendered):
+        secrets = _secrets(template)
+        assert not [s for s in secrets if "signing" in s and "operators" in s], component(obj)
+        assert ("writ-operators-key" in secrets) == (component(obj) == "ingress"), component(obj)
+        for container in template["spec"]["containers"]:
+            if component(obj) != "ingress":
+                assert "WRIT_OPERATORS_KEY_FILE" not in _env(container), component(obj)
+    template = _deployment(rendered, "ingress")["spec"]["template"]
+    [volume] = [
+        v
+        for v in template["spec"]["volumes"]
+        if v.get("secret", {}).get("secretName") == "writ-operators-key"
+    ]
+    # Optional: without the Secret ingress starts and lets nobody in as an operator.
+    assert volume["secret"]["optional"] is True
+    [container] = template["spec"]["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert _env(container)["WRIT_OPERATORS_KEY_FILE"] == f"{mount['mountPath']}/operators-key.pem"
+
+
 def test_the_planner_mounts_no_credential_but_the_model_key(rendered: list[dict[str, Any]]) -> None:
     template = _deployment(rendered, "planner")["spec"]["template"]
     allowed = {

@@ -75,6 +75,24 @@ def test_helm_template_renders_what_the_library_renders(tmp_path: Path) -> None:
         assert obj == library[key(obj)], key(obj)
 
 
+@pytest.mark.parametrize("values", ["default", "production"])
+def test_helm_mounts_the_operators_key_for_ingress_alone(values: str) -> None:
+    files = ["-f", str(PRODUCTION)] if values == "production" else []
+    done = _helm("template", "writ", str(CHART), "--namespace", "writ", *files)
+    assert done.returncode == 0, done.stderr
+    mounting = {
+        doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        for doc in yaml.safe_load_all(done.stdout)
+        if doc
+        and doc["kind"] in ("Deployment", "Job")
+        and any(
+            v.get("secret", {}).get("secretName") == "writ-operators-key"
+            for v in doc["spec"]["template"]["spec"].get("volumes", [])
+        )
+    }
+    assert mounting == {"ingress"}
+
+
 def test_helm_refuses_a_value_the_schema_does_not_know() -> None:
     done = _helm("template", "writ", str(CHART), "--set", "services.dispatcher.replicaz=3")
     assert done.returncode != 0

@@ -94,11 +94,20 @@ async def _classify(stack: Stack) -> None:
 @pytest.fixture
 async def helpdesk(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     """The host's control API: its data as seeded, normal modes, the operator's
-    classification of `ticket.get` (read) and `customer.get` (read_personal) as listed now;
-    `tickets.search` stays unclassified."""
+    classification of `ticket.get` (read) and `customer.get` (read_personal) as listed now,
+    and the helpdesk agent's standing grant for `customer.get` as classified (pinned to its
+    digest: a family-wide grant covers no MCP tool); `tickets.search` stays unclassified."""
     async with httpx.AsyncClient(base_url=stack.host_url, timeout=10) as client:
         (await client.post("/_control/reset")).raise_for_status()
         await _classify(stack)
+        await mcp.grant_pinned(
+            stack.database_dsn,
+            "acme",
+            "helpdesk-assistant",
+            "read_personal",
+            CUSTOMER,
+            "admin@acme.example",
+        )
         yield client
 
 
@@ -187,7 +196,7 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
     )
     assert [(d["tool"], d["verdict"], d["line"]) for d in decisions][:3] == [
         (TICKET, "allow", 3),  # classified read
-        (CUSTOMER, "allow", 5),  # classified read_personal: the agent's standing grant
+        (CUSTOMER, "allow", 5),  # classified read_personal: the agent's grant, as pinned
         ("host.ticket.comment.create", "allow", 5),
     ]
     # (the dispatcher's re-check, if it asked again, decided the same)

@@ -38,6 +38,7 @@ from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
 from tests.e2e.conftest import Host, service_violations
 from tests.fixtures.everything import everything_argv, everything_http
 from writ import mcp
+from writ.cli import main
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -149,6 +150,15 @@ async def read(nc: Any, tool: str, arguments: dict[str, Any]) -> ReadResult | Re
     )
     reply = await nc.request(subjects.READ, msgspec.json.encode(ask), timeout=30)
     return msgspec.json.decode(reply.data, type=ReadResult | ReadRefused)
+
+
+async def pinned(db: asyncpg.Connection, capability: str) -> str:
+    """The digest an operator classified `capability` under (acme's)."""
+    digest: str = await db.fetchval(
+        "SELECT digest FROM retrieval.mcp_tools WHERE tenant = 'acme' AND capability = $1",
+        capability,
+    )
+    return digest
 
 
 async def journaled_decision(stack: Stack, db: asyncpg.Connection, decision_id: str) -> Any:
@@ -571,12 +581,17 @@ async def test_a_grant_naming_a_server_covers_its_classified_tools_and_nothing_e
         quiet=True,
     )
     assert answer.ok, answer.message
+    # Each grant naming a source names the digest it covers: crm's echo as classified, the
+    # host's ticket.get as classified.
     await db.execute(
-        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source) "
-        "VALUES ('acme', 'helpdesk-reader', 'read_personal', 'ops@acme.example', 'mcp:crm/*'), "
-        "('acme', 'helpdesk-reader', 'read_personal', 'ops@acme.example', $1), "
-        "('acme', 'helpdesk-reader', 'send_external', 'ops@acme.example', '')",
+        "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source, "
+        "digest) VALUES "
+        "('acme', 'helpdesk-reader', 'read_personal', 'ops@acme.example', 'mcp:crm/*', $2), "
+        "('acme', 'helpdesk-reader', 'read_personal', 'ops@acme.example', $1, $3), "
+        "('acme', 'helpdesk-reader', 'send_external', 'ops@acme.example', '', '')",
         TICKET,
+        await pinned(db, "mcp:crm/echo"),
+        await pinned(db, TICKET),
     )
 
     async def asked(answer: ReadResult | ReadRefused) -> list[str]:
@@ -627,5 +642,142 @@ async def test_a_grant_naming_a_server_covers_its_classified_tools_and_nothing_e
         refused = await read(admin, TICKET, {"ticket_id": "T-1001"})
         assert isinstance(refused, ReadRefused) and refused.code == "CHANGED", refused
         assert await calls(helpdesk) == {"ticket.get": 1}
+    finally:
+        await db.execute("DELETE FROM governance.standing_grants WHERE agent = 'helpdesk-reader'")
+
+
+async def test_a_grant_never_covers_a_changed_tool_classified_again_into_its_family(
+    stack: Stack,
+    host: Host,
+    admin: Any,
+    helpdesk: httpx.AsyncClient,
+    db: asyncpg.Connection,
+) -> None:
+    """A person answers `always` to the ask for the host's `ticket.get` (`read_personal`): the
+    grant written names that tool and its pinned digest, and the next read runs under it. The
+    server then changes the tool, and the operator, shown the new definition, classifies it
+    again into the same family: the grant given for the old definition covers it no more, and
+    the next read asks again (`always` offered, to grant the new definition), with nothing
+    sent to the server; a grant of the whole server pinned to the old digest is no better."""
+    answer = await mcp.classify(
+        stack.nats_url,
+        "acme",
+        "helpdesk",
+        "ticket.get",
+        "read_personal",
+        "ops@acme.example",
+        quiet=True,
+    )
+    assert answer.ok, answer.message
+    first_pin = await pinned(db, TICKET)
+    try:
+        asked = await read(admin, TICKET, {"ticket_id": "T-1001"})
+        assert isinstance(asked, ReadRefused) and asked.code == "ASK", asked
+        assert asked.pending_id is not None
+        answered = await host.decide(asked.pending_id, "always")
+        assert answered.accepted, answered
+        grants = await db.fetch(
+            "SELECT family, source, digest FROM governance.standing_grants "
+            "WHERE tenant = 'acme' AND agent = 'helpdesk-reader'"
+        )
+        assert [tuple(g) for g in grants] == [("read_personal", TICKET, first_pin)]
+
+        covered = await read(admin, TICKET, {"ticket_id": "T-1001"})
+        assert isinstance(covered, ReadResult), covered
+        decision = await db.fetchrow(
+            "SELECT verdict, line, reason FROM governance.decisions WHERE decision_id = $1::uuid",
+            covered.decision_id,
+        )
+        assert (decision["verdict"], decision["line"]) == ("allow", 5)
+        assert first_pin in decision["reason"]
+        assert await calls(helpdesk) == {"ticket.get": 1}
+
+        # The server changes the tool; the operator reads it and classifies it again, into the
+        # same family, bound to what they were shown.
+        (
+            await helpdesk.post(
+                "/_control/rug_pull",
+                json={"tool": "ticket.get", "description": "Look up one ticket, with its notes."},
+            )
+        ).raise_for_status()
+        shown = await mcp.show_tool(stack.nats_url, "acme", "helpdesk", "ticket.get", quiet=True)
+        assert shown.shown is not None and shown.shown.digest != first_pin
+        again = await mcp.classify(
+            stack.nats_url,
+            "acme",
+            "helpdesk",
+            "ticket.get",
+            "read_personal",
+            "ops@acme.example",
+            digest=shown.shown.digest,
+            quiet=True,
+        )
+        assert again.ok, again.message
+        # A grant of the whole server, pinned to the old definition, as well.
+        await db.execute(
+            "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by, source, "
+            "digest) VALUES ('acme', 'helpdesk-reader', 'read_personal', 'ops@acme.example', "
+            "'mcp:helpdesk/*', $1)",
+            first_pin,
+        )
+
+        reasked = await read(admin, TICKET, {"ticket_id": "T-1001"})
+        assert isinstance(reasked, ReadRefused) and reasked.code == "ASK", reasked
+        pending = await db.fetchrow(
+            "SELECT options, digest FROM governance.pending WHERE pending_id = $1::uuid",
+            reasked.pending_id,
+        )
+        assert list(pending["options"]) == ["once", "always", "deny"]
+        assert pending["digest"] == shown.shown.digest
+        assert await calls(helpdesk) == {"ticket.get": 1}  # nothing reached the server
+
+        # `always` now grants the new definition, beside the old one's grant.
+        assert reasked.pending_id is not None
+        assert (await host.decide(reasked.pending_id, "always")).accepted
+        granted = await read(admin, TICKET, {"ticket_id": "T-1001"})
+        assert isinstance(granted, ReadResult), granted
+        assert await calls(helpdesk) == {"ticket.get": 2}
+        digests = await db.fetch(
+            "SELECT digest FROM governance.standing_grants WHERE tenant = 'acme' "
+            "AND agent = 'helpdesk-reader' AND source = $1 ORDER BY created_at",
+            TICKET,
+        )
+        assert [d["digest"] for d in digests] == [first_pin, shown.shown.digest]
+    finally:
+        await db.execute("DELETE FROM governance.standing_grants WHERE agent = 'helpdesk-reader'")
+
+
+def _cli(argv: list[str]) -> int:
+    """`writ` as a person runs it (in a thread: it runs its own event loop); its exit code."""
+    try:
+        main(argv)
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0
+
+
+async def test_writ_mcp_grant_pins_each_classified_tool_of_a_source(
+    stack: Stack,
+    helpdesk: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`writ mcp grant mcp:helpdesk/*` grants each of the server's tools classified into the
+    family, one row per digest classified now, and nothing for a family nobody classified."""
+    classified = await pinned(db, TICKET)  # `read`, by the fixture
+    args = ["mcp", "grant", "mcp:helpdesk/*", "--agent", "helpdesk-reader", "--by", "admin"]
+    dsn = ["--dsn", stack.database_dsn]
+    try:
+        assert await anyio.to_thread.run_sync(_cli, [*args, "--family", "read", *dsn]) == 0
+        assert f"pinned to {classified}" in capsys.readouterr().out
+        rows = await db.fetch(
+            "SELECT source, family, digest FROM governance.standing_grants "
+            "WHERE agent = 'helpdesk-reader'"
+        )
+        assert [tuple(r) for r in rows] == [("mcp:helpdesk/*", "read", classified)]
+        assert await anyio.to_thread.run_sync(_cli, [*args, "--family", "write_delete", *dsn]) == 1
+        assert "nothing granted" in capsys.readouterr().out
+        wrong = ["mcp", "grant", "mcp:helpdesk", "--agent", "a", "--by", "b", "--family", "read"]
+        assert await anyio.to_thread.run_sync(_cli, wrong) == 2
     finally:
         await db.execute("DELETE FROM governance.standing_grants WHERE agent = 'helpdesk-reader'")

@@ -139,18 +139,24 @@ def test_the_comparison_finds_an_index_that_is_wrong() -> None:
     def one_length(index: RuleIndex, call: Call) -> bool:
         return any(
             p.every or call.first_argument[: max(p.lengths, default=0)] in p.prefixes
-            for p in (index._deny.get((call.tool, call.agent)), index._deny.get((call.tool, None)))
+            for p in (
+                index._deny.get((call.tool, call.agent, None)),
+                index._deny.get((call.tool, None, None)),
+            )
             if p is not None
         )
 
     def own_agent_only(index: RuleIndex, call: Call) -> bool:
-        p = index._deny.get((call.tool, call.agent))
+        p = index._deny.get((call.tool, call.agent, None))
         return p is not None and p.cover(call.first_argument)
 
     def anywhere(index: RuleIndex, call: Call) -> bool:
         return any(
             p.every or any(q in call.first_argument for q in p.prefixes)
-            for p in (index._deny.get((call.tool, call.agent)), index._deny.get((call.tool, None)))
+            for p in (
+                index._deny.get((call.tool, call.agent, None)),
+                index._deny.get((call.tool, None, None)),
+            )
             if p is not None
         )
 

@@ -114,6 +114,7 @@ def test_the_journal_row_keeps_the_facts_and_only_the_rules_naming_the_call() ->
         "connector": "crm",
         "profile_fact": False,
         "grantable": True,
+        "digest": None,
     }
     assert event["facts"]["standing_families"] == ["write_delete"]
     assert [r["tool"] for r in event["facts"]["rules"]] == ["crm.note.create"]

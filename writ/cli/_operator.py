@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import re
 import shlex
 from pathlib import Path
@@ -46,11 +47,14 @@ def _reconcile(args: argparse.Namespace) -> int:
 
 
 def _mcp(args: argparse.Namespace) -> int:
-    """`writ mcp add|list|show|classify`: federation reads (writ/mcp.py)."""
+    """`writ mcp add|list|show|classify|grant`: federation reads (writ/mcp.py)."""
     import anyio
 
     from libs.errors import ConfigError
     from writ import mcp
+
+    if args.action == "grant":
+        return _mcp_grant(args)
 
     if args.action == "add":
         pairs = {
@@ -116,6 +120,42 @@ def _mcp(args: argparse.Namespace) -> int:
         print(exc)
         return 1
     return 0 if answer.ok else 1
+
+
+def _mcp_grant(args: argparse.Namespace) -> int:
+    """`writ mcp grant`: an agent's standing grant for an MCP tool or server, pinned to the
+    digests classified now (an administrator's, written to governance's table)."""
+    import anyio
+
+    from schemas.mcp import parse_capability
+    from writ import mcp
+
+    server = args.source[:-2] if args.source.endswith("/*") else None
+    if parse_capability(args.source) is None and (
+        server is None or parse_capability(f"{server}/x") is None
+    ):
+        print("the source is mcp:<server>/<tool> or mcp:<server>/*")
+        return 2
+    dsn = args.dsn or os.environ.get("WRIT_DATABASE_URL", "")
+    if not dsn:
+        print("no database: pass --dsn or set WRIT_DATABASE_URL")
+        return 2
+    try:
+        digests = anyio.run(
+            mcp.grant_pinned, dsn, args.tenant, args.agent, args.family, args.source, args.by
+        )
+    except Exception as exc:  # unreachable, refused, or no such table: said, not a traceback
+        print(f"nothing granted: {type(exc).__name__}: {exc}")
+        return 1
+    if not digests:
+        print(
+            f"nothing granted: no tool of {args.source} is classified {args.family} "
+            "(or the grant exists already)"
+        )
+        return 1
+    for digest in digests:
+        print(f"granted {args.agent} {args.family} on {args.source} pinned to {digest}")
+    return 0
 
 
 def _pending(args: argparse.Namespace) -> int:
@@ -348,6 +388,16 @@ def add_parsers(sub: Any) -> None:
         choices=["read", "read_personal", "write_delete", "send_external", "execute_code"],
     )
     c.add_argument("--by", required=True, help="the operator who classified it")
+    g = m.add_parser(
+        "grant",
+        help="an agent's standing grant for a tool (mcp:<server>/<tool>) or a server's tools "
+        "(mcp:<server>/*) as classified now, pinned to their digests",
+    )
+    g.add_argument("source")
+    g.add_argument("--agent", required=True)
+    g.add_argument("--family", required=True, choices=["read", "read_personal", "write_delete"])
+    g.add_argument("--by", required=True, help="the administrator who gives it")
+    g.add_argument("--dsn", default="", help="the database (default: WRIT_DATABASE_URL)")
     p.set_defaults(func=_mcp)
 
     p = sub.add_parser("pending", help="decisions waiting for a person")

@@ -249,8 +249,9 @@ async def _seed_demo(stack: Stack) -> None:
             "ON CONFLICT DO NOTHING",
             [("crm-assistant",), ("research-assistant",), ("chat-assistant",)],
         )
-        # Scenario C: the helpdesk agent may comment on the host's tickets and read its
-        # customers (personal data) without asking.
+        # Scenario C: the helpdesk agent may comment on the host's tickets without asking. Its
+        # reads of the host's customers (an MCP tool) are covered only by a grant pinned to the
+        # tool's classified digest (`writ.mcp.grant_pinned`, once an operator classified it).
         await conn.executemany(
             "INSERT INTO governance.standing_grants (tenant, agent, family, granted_by) "
             "VALUES ('acme', 'helpdesk-assistant', $1, 'admin@acme.example') "

@@ -23,7 +23,8 @@ __all__ = [
 # ids, $6 approval ids (uuid or NULL), $7 the root runs (the run itself, or the run a branch
 # descends from: its grants and attendance), $8 the calls' first arguments, $9 the sources the
 # calls' tools belong to (`mcp:<server>/*` of an `mcp:` capability, else NULL: rules and grants
-# may name one, `logic.names_of`). Concurrent decides
+# may name one, `logic.names_of`), $10 an `mcp:` call's pinned digest (else NULL: a person's
+# answer about an `mcp:` tool approves the definition it was asked on, no other). Concurrent decides
 # read their facts in one statement (`facts_many`); each row is what its call alone would read.
 # An approval stands in for a grant for exactly the call a person answered: a proposal's is
 # bound to the proposal (the command admitted from it is what dispatches), any other call's to
@@ -33,7 +34,8 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
        p.developer_mode,
        (SELECT coalesce(json_agg(json_build_object('tool', r.tool, 'effect', r.effect,
                                                    'arg_prefix', r.arg_prefix,
-                                                   'agent', r.agent)), '[]')
+                                                   'agent', r.agent, 'digest', r.digest)),
+                         '[]')
         FROM governance.rules r
         WHERE r.tenant = q.tenant AND r.tool IN (q.tool, q.source)
           AND (r.agent IS NULL OR r.agent = q.agent)) AS rules,
@@ -41,10 +43,10 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                WHERE v.tenant = q.tenant AND v.principal = q.principal) AS revoked,
        ARRAY(SELECT g.family FROM governance.standing_grants g
              WHERE g.tenant = q.tenant AND g.agent = q.agent AND g.source = '') AS standing,
-       (SELECT coalesce(json_agg(json_build_array(g.source, g.family)), '[]')
+       (SELECT coalesce(json_agg(json_build_array(g.source, g.family, g.digest)), '[]')
         FROM governance.standing_grants g
         WHERE g.tenant = q.tenant AND g.agent = q.agent
-          AND g.source IN (q.tool, q.source)) AS standing_sources,
+          AND g.source IN (q.tool, q.source) AND g.digest <> '') AS standing_sources,
        ARRAY(SELECT g.family FROM governance.run_grants g
              WHERE g.tenant = q.tenant AND g.run_id = q.root_run) AS run_families,
        coalesce((SELECT r.attended FROM governance.runs r
@@ -53,10 +55,12 @@ SELECT p.version, p.status, p.refused_tools, p.refused_connectors, p.refused_fam
                WHERE a.tenant = q.tenant AND a.run_id = q.run_id AND a.tool = q.tool
                  AND (a.proposal_id IS NOT NULL OR a.first_argument = q.arg)
                  AND a.answer_decision_id = q.approval_id
+                 AND a.digest IS NOT DISTINCT FROM q.digest
                  AND a.answer IN ('once', 'always')) AS approved
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::text[],
-            $8::text[], $9::text[]) WITH ORDINALITY
-         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, source, i)
+            $8::text[], $9::text[], $10::text[]) WITH ORDINALITY
+         AS q(tenant, tool, agent, principal, run_id, approval_id, root_run, arg, source, digest,
+              i)
 LEFT JOIN governance.policy p ON p.tenant = q.tenant
 ORDER BY q.i
 """
@@ -94,7 +98,7 @@ def facts_of(row: asyncpg.Record) -> Facts:
         "rules": rules,
         "standing_families": frozenset(row["standing"]),
         "standing_sources": frozenset(
-            msgspec.json.decode(row["standing_sources"], type=list[tuple[str, str]])
+            msgspec.json.decode(row["standing_sources"], type=list[tuple[str, str, str]])
         ),
         "run_families": frozenset(row["run_families"]),
         "principal_revoked": row["revoked"],
@@ -115,11 +119,11 @@ def facts_of(row: asyncpg.Record) -> Facts:
 
 
 # At most one open pending decision per proposal (migration 008): a concurrent second ask
-# inserts nothing.
+# inserts nothing. $14: an `mcp:` tool's pinned digest, which `always` grants exactly.
 INSERT_PENDING = (
     "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, agent, principal, "
-    "tool, family, first_argument, reason, options, attended, deadline) "
-    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
+    "tool, family, first_argument, reason, options, attended, deadline, digest) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) "
     "ON CONFLICT (tenant, proposal_id) WHERE proposal_id IS NOT NULL AND answer IS NULL "
     "DO NOTHING RETURNING pending_id"
 )

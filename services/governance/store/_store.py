@@ -19,6 +19,7 @@ from schemas.governance import Answer, ListPending, PendingDecision, RegisterRun
 from schemas.planner import root_run_id
 from services.governance.budgets import Limits
 from services.governance.logic import Call, Facts, Ruling, source_of
+from services.governance.store._always import write_always
 from services.governance.store._budgets import BudgetStore
 from services.governance.store._policy import PolicyStore
 from services.governance.store._records import (
@@ -92,6 +93,7 @@ class GovernanceStore(BudgetStore):
             [root_run_id(r.run_id) for r in reads],
             [r.call.first_argument for r in reads],
             [source_of(r.call.tool) for r in reads],
+            [r.call.digest for r in reads],
         )
         if len(rows) != len(reads):
             raise RuntimeError(f"facts for {len(reads)} calls read {len(rows)} rows")
@@ -211,6 +213,7 @@ class GovernanceStore(BudgetStore):
                     list(ruling.options),
                     attended,
                     deadline,
+                    call.digest,
                 )
                 if inserted is None:
                     raise _AlreadyPending  # rolls back this decision and its journal row
@@ -522,56 +525,9 @@ class GovernanceStore(BudgetStore):
                 },
             )
             if answer == "always":
-                if row["family"] == "execute_code":
-                    # Exactly the rule for this simple command, for this agent.
-                    rule_id = await conn.fetchval(
-                        "INSERT INTO governance.rules (tenant, tool, arg_prefix, agent, effect) "
-                        "VALUES ($1, $2, $3, $4, 'allow') RETURNING rule_id",
-                        tenant,
-                        row["tool"],
-                        row["first_argument"],
-                        row["agent"],
-                    )
-                    await self._write(
-                        conn,
-                        tenant=tenant,
-                        kind="rule.added",
-                        subject=str(rule_id),
-                        run_id=row["run_id"],
-                        payload={
-                            "rule_id": rule_id,
-                            "tool": row["tool"],
-                            "arg_prefix": row["first_argument"],
-                            "agent": row["agent"],
-                            "effect": "allow",
-                            "by": answered_by,
-                            "pending_id": pending_id,
-                        },
-                    )
-                else:
-                    # For the agent and the tool's family, never for a tool name.
-                    status = await conn.execute(
-                        "INSERT INTO governance.standing_grants (tenant, agent, family, "
-                        "granted_by) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                        tenant,
-                        row["agent"],
-                        row["family"],
-                        answered_by,
-                    )
-                    if status != "INSERT 0 0":
-                        await self._write(
-                            conn,
-                            tenant=tenant,
-                            kind="grant.standing",
-                            subject=f"{row['agent']}/{row['family']}",
-                            run_id=row["run_id"],
-                            payload={
-                                "agent": row["agent"],
-                                "family": row["family"],
-                                "granted_by": answered_by,
-                                "pending_id": pending_id,
-                            },
-                        )
+                await write_always(
+                    conn, self._write, tenant=tenant, row=row, by=answered_by, pending_id=pending_id
+                )
         return Answered(
             pending_id=pending_id,
             tenant=tenant,

@@ -15,11 +15,9 @@ from __future__ import annotations
 import difflib
 import json
 from typing import Annotated, Any, Final, get_args
-from urllib.parse import quote
 
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.params import QueryParameter
 from nats.aio.client import Client
 
 from libs.deadline import timed_request
@@ -30,6 +28,8 @@ from schemas.mcp import (
     ClassifyTool,
     ListedTool,
     ListServer,
+    ListServers,
+    RegisteredServers,
     ServerListing,
     ToolClassified,
 )
@@ -41,7 +41,6 @@ from services.ingress.console._web import Bad, Form, html_page
 __all__ = ["McpBus", "mcp_handlers"]
 
 _FAMILIES: Final = get_args(Family)
-_SERVER_FIELD: Final = 32
 
 
 class ClassifyForm(Form, frozen=True):
@@ -79,6 +78,13 @@ class McpBus:
             ) from None
         listing: ServerListing = await self._ask(subjects.MCP_LIST, ask, ServerListing)
         return listing
+
+    async def servers(self, tenant: str) -> RegisteredServers:
+        """The servers registered for `tenant` (retrieval alone reads the registrations)."""
+        answer: RegisteredServers = await self._ask(
+            subjects.MCP_SERVERS, ListServers(tenant=tenant), RegisteredServers
+        )
+        return answer
 
     async def classify(self, ask: ClassifyTool) -> ToolClassified:
         """Record a classification, bound to the digest the operator was shown."""
@@ -247,17 +253,29 @@ def server_page(viewer: Viewer, server: str, listing: ServerListing) -> str:
     return layout(server, "".join(parts), viewer)
 
 
-def index_page(viewer: Viewer) -> str:
-    """Where an operator names the server to look at."""
-    return layout(
-        "MCP servers",
-        "<h1>MCP servers</h1><p>Name one of your tenant's registered MCP servers: it is listed "
-        "now, and each of its tools shown with where it stands.</p>"
-        '<form method="get" action="/console/mcp"><p><label for="server">Server</label> '
-        f'<input id="server" name="server" maxlength="{_SERVER_FIELD}" required> '
-        '<button type="submit">Show its tools</button></p></form>',
-        viewer,
-    )
+def index_page(viewer: Viewer, registered: RegisteredServers) -> str:
+    """The tenant's registered MCP servers, to choose one from."""
+    if not registered.servers:
+        body = (
+            '<p class="message" id="message">No MCP server is registered for your tenant. '
+            "An operator registers one with <code>writ mcp add</code>.</p>"
+        )
+    else:
+        rows = "".join(
+            f'<tr><th scope="row"><a href="/console/mcp/{h(server.name)}">{h(server.name)}</a>'
+            f"</th><td>{h(server.transport)}</td>"
+            f"<td>{h(', '.join(server.exposed)) or '-'}</td></tr>"
+            for server in registered.servers
+        )
+        body = (
+            "<p>Choose a server: it is listed now, and each of its tools shown with where it "
+            "stands.</p>"
+            '<table class="servers"><caption>MCP servers registered for your tenant</caption>'
+            '<thead><tr><th scope="col">Server</th><th scope="col">Transport</th>'
+            '<th scope="col">Exposed to agents</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>"
+        )
+    return layout("MCP servers", f"<h1>MCP servers</h1>{body}", viewer)
 
 
 def mcp_handlers(sessions: Sessions, bus: McpBus) -> list[Any]:
@@ -290,18 +308,11 @@ def mcp_handlers(sessions: Sessions, bus: McpBus) -> list[Any]:
             return html_page(message_page(exc.title, exc.text, viewer), exc.status)
 
     @get("/mcp", include_in_schema=False)
-    async def mcp_index(
-        request: Request[Any, Any, Any],
-        server: Annotated[str, QueryParameter(max_length=_SERVER_FIELD)] = "",
-    ) -> Response[str]:
-        """Name a server; its page."""
+    async def mcp_index(request: Request[Any, Any, Any]) -> Response[str]:
+        """The tenant's registered servers, to choose one from."""
 
         async def render(viewer: Viewer) -> Response[str]:
-            if server:
-                return html_page(
-                    "", 303, headers={"Location": f"/console/mcp/{quote(server, safe='')}"}
-                )
-            return html_page(index_page(viewer))
+            return html_page(index_page(viewer, await bus.servers(viewer.tenant)))
 
         return await _guarded(request, render)
 

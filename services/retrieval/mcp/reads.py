@@ -41,6 +41,8 @@ from schemas.mcp import (
     ListingRecorded,
     ListServer,
     RecordListing,
+    RegisteredServer,
+    RegisteredServers,
     ServerListing,
     ToolStatus,
     capability,
@@ -294,6 +296,19 @@ class McpReads:
                 retryable=True,
             )
         return self._recorded.decode(reply.data)
+
+    def registered(self, tenant: str) -> RegisteredServers:
+        """The tenant's registered servers, as an operator chooses among them (no server is
+        asked anything; no address, command or credential is given)."""
+        servers = []
+        for name in self._servers.names(tenant):
+            config = self._servers.get(tenant, name)
+            if config is not None:
+                exposed = sorted({*config.tools, *config.resources})
+                servers.append(
+                    RegisteredServer(name=name, transport=config.transport, exposed=exposed)
+                )
+        return RegisteredServers(servers=servers)
 
     async def list_server(self, ask: ListServer) -> ServerListing:
         """List a registered server now, for an operator (recorded like every listing)."""

@@ -52,6 +52,7 @@ __all__ = [
     "MCP_CLASSIFY",
     "MCP_LIST",
     "MCP_LISTING",
+    "MCP_SERVERS",
     "DISPATCH_IN",
     "GOVERNANCE_IN",
     "JOURNALED",
@@ -430,6 +431,13 @@ MCP_LIST: Final = _endpoint(
     "writ.int.retrieval.mcp.list",
     "retrieval",
     "Federation: an operator lists an MCP server now (`ListServer` -> `ServerListing`).",
+)
+MCP_SERVERS: Final = _endpoint(
+    "retrieval.mcp.servers",
+    "writ.int.retrieval.mcp.servers",
+    "retrieval",
+    "Federation: an operator asks which MCP servers are registered for their tenant "
+    "(`ListServers` -> `RegisteredServers`).",
 )
 MCP_CATALOG: Final = _endpoint(
     "retrieval.mcp.catalog",
