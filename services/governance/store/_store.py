@@ -9,6 +9,7 @@ writes its audit journal row in the same transaction.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -24,6 +25,7 @@ from services.governance.store._policy import PolicyStore
 from services.governance.store._records import (
     ATTENDED_ASK_TIMEOUT,
     Answered,
+    Counted,
     NotAnswerable,
     Policy,
     ToRead,
@@ -384,7 +386,9 @@ class GovernanceStore(BudgetStore):
         proposal_id: str | None = None,
         by_clock: bool = False,
         never_always: frozenset[str] = frozenset(),
-    ) -> Answered | NotAnswerable:
+        needed: int = 1,
+        co_approvers: Sequence[str] = (),
+    ) -> Answered | Counted | NotAnswerable:
         """Take a person's (or the clock's) answer, once; `always` writes its grant or rule.
 
         `same_again`: the same answer given again gets the recorded one back (who gave it, and
@@ -397,6 +401,11 @@ class GovernanceStore(BudgetStore):
 
         `never_always`: tools no standing grant may cover (their contracts say so): `always`
         is refused for them whatever options a decision recorded before that was said.
+
+        `needed`, `co_approvers`: four eyes. The other approvals of the proposal that still
+        count (the caller left out those whose approver was revoked); while they and this one
+        are fewer than `needed` distinct people besides the requester, this approval, checked
+        like any answer, is `Counted` and the decision stays open.
         """
         if not is_uuid(pending_id):
             return NotAnswerable(reason="no such pending decision")
@@ -463,6 +472,14 @@ class GovernanceStore(BudgetStore):
                     reason=f"{answer!r} is not offered here: {', '.join(row['options'])}",
                     code="INVALID_ANSWER",
                 )
+            if answer != "deny" and needed > 1:
+                counted = [
+                    p
+                    for p in dict.fromkeys(co_approvers)
+                    if p not in (answered_by, row["principal"])
+                ]
+                if len(counted) + 1 < needed:
+                    return Counted(approvers=[*counted, answered_by])
             decision_id = str(uuid.uuid4())
             verdict = "deny" if answer == "deny" else "allow"
             text = f"answered {answer} by {answered_by}" + (f": {reason}" if reason else "")
