@@ -222,9 +222,7 @@ class ProposalApprovals:
         if meanwhile:
             # Another approver approved between the two reads: together they may be enough
             # (each one's approval is the other's earlier one).
-            reply = await self._answer_with_governance(
-                ans, proposal, needed, [*others, *meanwhile]
-            )
+            reply = await self._answer_with_governance(ans, proposal, needed, [*others, *meanwhile])
             if not isinstance(reply, ApprovalCounted):
                 return reply
         await self._reply(

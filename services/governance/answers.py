@@ -83,9 +83,7 @@ class Answers:
                 await request.respond_error("403", "the approver's access was revoked")
                 return
             counting = [
-                p
-                for p in answer.approved_by
-                if not await self._store.revoked(answer.tenant, p)
+                p for p in answer.approved_by if not await self._store.revoked(answer.tenant, p)
             ]
             outcome = await self._store.answer(
                 tenant=answer.tenant,

@@ -382,7 +382,9 @@ async def test_four_eyes_on_the_host_door_checks_every_approval_with_governance(
     host: Host, db: asyncpg.Connection, payments: httpx.Client
 ) -> None:
     tag = uuid.uuid4().hex[:8]
-    early, gone, lead, ops = (f"{who}-{tag}@acme.example" for who in ("early", "gone", "lead", "ops"))
+    early, gone, lead, ops = (
+        f"{who}-{tag}@acme.example" for who in ("early", "gone", "lead", "ops")
+    )
     asked = await _charge(host, 99000, "alice@acme.example")  # 990.00 EUR: two approvers
     assert asked.proposal is not None and asked.pending_id is not None, asked
     proposal_id, pending_id = asked.proposal.proposal_id, asked.pending_id
