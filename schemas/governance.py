@@ -218,7 +218,7 @@ class DecisionAnswered(Event, frozen=True):
 class ListPending(Command, frozen=True):
     """Ask governance for a tenant's unanswered decisions (`writ pending`): oldest first by
     default, a page of `limit` after `cursor`, filtered (`about_proposal=False`: only those
-    about calls no proposal stands for; None: all)."""
+    about calls no proposal stands for; None: all; `pending_id`: only that one)."""
 
     tenant: Tenant
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 500
@@ -229,6 +229,7 @@ class ListPending(Command, frozen=True):
     tool: ShortText | None = None
     principal: ShortText | None = None
     older_than_s: Annotated[int, msgspec.Meta(ge=0, le=366 * 86400)] | None = None
+    pending_id: Id | None = None  # that one decision, if it still waits (a lookup by id)
 
 
 class PendingDecision(msgspec.Struct, frozen=True, kw_only=True):

@@ -349,3 +349,70 @@ async def test_a_review_page_shows_what_the_agent_asks(browser: Any, stack: Stac
     await expect(page.locator("#review-prompt")).to_have_text(asked)
     await _clean(page, "a review")
     await page.context.close()
+
+
+async def test_a_decision_page_is_found_by_its_id_however_many_wait(
+    browser: Any, stack: Stack, db: asyncpg.Connection
+) -> None:
+    requester = f"crowd-{uuid.uuid4().hex[:8]}@acme.example"
+    nc = await nats.connect(stack.nats_url, max_reconnect_attempts=-1)
+
+    async def ask(i: int) -> str:
+        reply = await nc.request(
+            subjects.DECIDE,
+            msgspec.json.encode(
+                DecideRequest(
+                    tenant="acme",
+                    principal=requester,
+                    agent="crm-assistant",
+                    run_id=f"run-{uuid.uuid4().hex[:8]}",
+                    tool="lookup.weather",
+                    first_argument=f"City {i}",
+                )
+            ),
+            timeout=30,
+        )
+        decision = msgspec.json.decode(reply.data, type=Decision)
+        assert decision.verdict == "ask" and decision.pending_id, decision
+        return decision.pending_id
+
+    try:
+        made: list[str] = []
+        for batch in range(0, 510, 30):
+            made += await asyncio.gather(*(ask(i) for i in range(batch, min(batch + 30, 510))))
+        newest = made[-1]
+        approver = auth(stack, principal="ops@acme.example", roles=["approver"])
+        with _api(stack) as api:
+            oldest = api.get("/pending-decisions", headers=approver).json()
+            assert oldest["total"] >= 510 and newest not in {
+                d["pending_id"] for d in oldest["decisions"]
+            }  # past the 500 a page holds
+            one = api.get(
+                "/pending-decisions", params={"pending_id": newest}, headers=approver
+            ).json()
+            assert [d["pending_id"] for d in one["decisions"]] == [newest] and one["total"] == 1
+            bad = api.get("/pending-decisions", params={"pending_id": "no/such"}, headers=approver)
+            assert bad.status_code == 400
+        page = await (await browser.new_context(viewport={"width": 1100, "height": 900})).new_page()
+        await page.goto(stack.console_link(principal="ops@acme.example", roles=("approver",)))
+        shown = await page.goto(_console(stack, f"decisions/{newest}"))
+        assert shown is not None and shown.status == 200
+        await expect(page.locator("main")).to_contain_text("City 509")
+        await page.locator("#answer-deny").click()
+        await expect(page.locator("#answered")).to_have_text("Answered deny.")
+        assert (
+            await db.fetchval(
+                "SELECT answer FROM governance.pending WHERE pending_id = $1", uuid.UUID(newest)
+            )
+            == "deny"
+        )
+        gone = await page.goto(_console(stack, f"decisions/{uuid.uuid4()}"))
+        assert gone is not None and gone.status == 404
+        await page.context.close()
+    finally:
+        await nc.close()
+        await db.execute(
+            "UPDATE governance.pending SET answer = 'deny', answered_by = 'nobody' "
+            "WHERE principal = $1 AND answer IS NULL",
+            requester,
+        )

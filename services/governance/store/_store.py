@@ -317,9 +317,18 @@ class GovernanceStore(BudgetStore):
             "AND ($2::bool IS NULL OR (proposal_id IS NOT NULL) = $2) "
             "AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR tool = $4) "
             "AND ($5::text IS NULL OR principal = $5) "
-            "AND ($6::int IS NULL OR created_at <= now() - make_interval(secs => $6))"
+            "AND ($6::int IS NULL OR created_at <= now() - make_interval(secs => $6)) "
+            "AND ($7::text IS NULL OR pending_id::text = $7)"
         )
-        args = (tenant, ask.about_proposal, ask.agent, ask.tool, ask.principal, ask.older_than_s)
+        args = (
+            tenant,
+            ask.about_proposal,
+            ask.agent,
+            ask.tool,
+            ask.principal,
+            ask.older_than_s,
+            ask.pending_id,
+        )
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
@@ -332,9 +341,9 @@ class GovernanceStore(BudgetStore):
                 "first_argument, reason, options, attended, deadline, created_at, "
                 "proposal_id IS NOT NULL AS about_proposal "
                 f"FROM governance.pending WHERE {where} "
-                "AND ($7::timestamptz IS NULL OR (created_at, pending_id::text) "
-                f"{'<' if ask.newest_first else '>'} ($7, $8)) "
-                f"ORDER BY created_at {order}, pending_id::text {order} LIMIT $9",
+                "AND ($8::timestamptz IS NULL OR (created_at, pending_id::text) "
+                f"{'<' if ask.newest_first else '>'} ($8, $9)) "
+                f"ORDER BY created_at {order}, pending_id::text {order} LIMIT $10",
                 *args,
                 after[0] if after else None,
                 after[1] if after else None,
