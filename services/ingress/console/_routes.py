@@ -71,7 +71,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             ) from exc
         # An operator's identity is Writ's, not a host's: it has no API access.
         if OPERATOR_ROLE in viewer.roles and request.url.path != "/console/sign-out":
-            raise Bad(403, "Not allowed", "an operator's session opens the MCP pages only")
+            raise Bad(403, t("not_allowed"), t("operator_mcp_only"))
         return viewer
 
     async def _form(request: Request[Any, Any, Any], viewer: Viewer, kind: type[Any]) -> Any:
