@@ -416,3 +416,69 @@ async def test_a_decision_page_is_found_by_its_id_however_many_wait(
             "WHERE principal = $1 AND answer IS NULL",
             requester,
         )
+
+
+async def test_four_eyes_in_two_tabs_open_at_once_runs_once_after_the_second_approver(
+    browser: Any, stack: Stack, db: asyncpg.Connection
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    gone, lead, ops = (f"{who}-{tag}@acme.example" for who in ("gone", "lead", "ops"))
+    with _api(stack) as api:
+        waiting = api.post(
+            "/commands",
+            headers={**auth(stack), **key()},
+            json={
+                "agent": "billing-assistant",
+                "operation_key": f"charge-{tag}",
+                "action": "payment.charge.create",
+                "arguments": {
+                    "customer_id": "ACME-42",
+                    "amount_cents": 82000,
+                    "currency": "EUR",
+                    "description": "Two tabs",
+                },
+            },
+        )
+        assert waiting.json()["status"] == "awaiting_human", waiting.text
+        proposal_id = waiting.json()["proposal"]["proposal_id"]
+
+    async def tab(principal: str) -> Page:
+        page = await (await browser.new_context(viewport={"width": 1100, "height": 900})).new_page()
+        await page.goto(stack.console_link(principal=principal, roles=("approver",)))
+        await page.goto(_console(stack, f"proposals/{proposal_id}"))
+        await expect(page.locator("#approvals")).to_contain_text("0 of 2 approvals")
+        return page
+
+    # Three approvers' tabs open at once; one of them is revoked before answering.
+    first, second, third = await tab(gone), await tab(lead), await tab(ops)
+    await db.execute(
+        "INSERT INTO governance.revocations (tenant, principal, revoked_by) "
+        "VALUES ('acme', $1, 'admin@acme.example')",
+        gone,
+    )
+    await first.locator("#approve").click()
+    await expect(first.locator("#answered")).to_contain_text("revoked")
+    await second.locator("#approve").click()
+    await expect(second.locator("#answered")).to_contain_text("1 of 2 approvals")
+    await expect(second.locator("#approvals")).to_contain_text(f"1 of 2 approvals (by {lead})")
+    await _clean(second, "the first of two approvals, from its own tab")
+    # The third tab still shows none: its approval is the second, and the charge runs once.
+    await third.locator("#approve").click()
+    await expect(third.locator("#outcome-text")).to_contain_text(
+        f"approved by {ops}; outcome: succeeded", timeout=WAIT_MS
+    )
+    await second.reload()
+    await expect(second.locator("#outcome-text")).to_contain_text("outcome: succeeded")
+    made = await db.fetchval(
+        "SELECT count(*) FROM admission.commands c JOIN admission.proposals p "
+        "ON p.tenant = c.tenant AND p.proposal_id = c.proposal_id WHERE p.public_id = $1",
+        proposal_id,
+    )
+    assert made == 1
+    with httpx.Client(base_url=stack.payments_url, timeout=5) as payments:
+        charged = [
+            c for c in payments.get("/_control/charges").json() if c["amount_cents"] == 82000
+        ]
+    assert len(charged) == 1, charged
+    for page in (first, second, third):
+        await page.context.close()

@@ -30,7 +30,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from libs.provision import CONSOLE_BUCKET, bind_bucket
-from services.ingress.console._i18n import t
+from services.ingress.console._i18n import CATALOG, t
 from services.ingress.console._operators import (
     OPERATOR_ROLE,
     OperatorKey,
@@ -84,7 +84,7 @@ class ConsoleRefused(Exception):
     the page that shows it (the catalog's message `key`, its `fields` filled)."""
 
     def __init__(self, key: str, *, status: int = 401, **fields: object) -> None:
-        super().__init__(key)
+        super().__init__(CATALOG[key].en.format(**fields))  # a log's words: English
         self.key, self.fields, self.status = key, fields, status
 
     @property
