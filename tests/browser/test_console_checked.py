@@ -459,7 +459,7 @@ async def test_four_eyes_in_two_tabs_open_at_once_runs_once_after_the_second_app
     await first.locator("#approve").click()
     await expect(first.locator("#answered")).to_contain_text("revoked")
     await second.locator("#approve").click()
-    await expect(second.locator("#answered")).to_contain_text("1 of 2 approvals")
+    await expect(second.locator("#answered")).to_contain_text("Your approval is recorded")
     await expect(second.locator("#approvals")).to_contain_text(f"1 of 2 approvals (by {lead})")
     await _clean(second, "the first of two approvals, from its own tab")
     # The third tab still shows none: its approval is the second, and the charge runs once.
