@@ -37,6 +37,8 @@ from services.governance.store._statements import (
     FACTS,
     INSERT_DECISION,
     INSERT_PENDING,
+    PENDING_COUNT,
+    PENDING_PAGE,
     RUN,
     RUN_BUDGET,
     RUN_GRANTS,
@@ -312,14 +314,6 @@ class GovernanceStore(BudgetStore):
         tenant = ask.tenant
         after = _pending_cursor(ask.cursor)
         order = "DESC" if ask.newest_first else "ASC"
-        where = (
-            "tenant = $1 AND answer IS NULL "
-            "AND ($2::bool IS NULL OR (proposal_id IS NOT NULL) = $2) "
-            "AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR tool = $4) "
-            "AND ($5::text IS NULL OR principal = $5) "
-            "AND ($6::int IS NULL OR created_at <= now() - make_interval(secs => $6)) "
-            "AND ($7::text IS NULL OR pending_id::text = $7)"
-        )
         args = (
             tenant,
             ask.about_proposal,
@@ -333,17 +327,9 @@ class GovernanceStore(BudgetStore):
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
-            total = await conn.fetchval(
-                f"SELECT count(*) FROM governance.pending WHERE {where}", *args
-            )
+            total = await conn.fetchval(PENDING_COUNT, *args)
             rows = await conn.fetch(
-                "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
-                "first_argument, reason, options, attended, deadline, created_at, "
-                "proposal_id IS NOT NULL AS about_proposal "
-                f"FROM governance.pending WHERE {where} "
-                "AND ($8::timestamptz IS NULL OR (created_at, pending_id::text) "
-                f"{'<' if ask.newest_first else '>'} ($8, $9)) "
-                f"ORDER BY created_at {order}, pending_id::text {order} LIMIT $10",
+                PENDING_PAGE.format(after="<" if ask.newest_first else ">", order=order),
                 *args,
                 after[0] if after else None,
                 after[1] if after else None,
