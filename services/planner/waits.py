@@ -207,7 +207,7 @@ class PersonWaits:
 
     async def refused(
         self, conn: Any, run: RunRow, steps: list[Step], event: ProposalRefused, finished: Finished
-    ) -> Effects:
+    ) -> Effects | None:
         if event.verdict == "ask":
             # The run stops for a person: its capability call is over for the budget (the
             # reservation is not held across the wait; governance's clock pauses meanwhile).

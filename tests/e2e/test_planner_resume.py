@@ -606,5 +606,5 @@ async def test_a_revision_reason_reaches_the_model_in_the_same_run(
     )
     assert [r["cents"] for r in states] == [4900, 1500]
     assert states[0]["state"] == "rejected" and states[1]["state"] in ("executing", "completed")
-    report = await replayed(host, db, first.run_id)
+    report = await replayed(host, db, first.run_id or "")
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])
