@@ -23,6 +23,7 @@ __all__ = [
     "AGENT_CALL_PREFIX",
     "Answer",
     "AnswerDecision",
+    "ApprovalCounted",
     "BudgetKind",
     "BudgetRefused",
     "BudgetReserved",
@@ -181,6 +182,23 @@ class AnswerDecision(Command, frozen=True):
     # Admission's answer for a proposal it showed (its internal id): only such an answer may
     # settle a decision about a proposal; a person's bare answer to it is refused.
     proposal_id: Id | None = None
+    # Four eyes: how many distinct approvers the proposal's contract asks for, and who else
+    # approved it so far. Governance checks each of them again (an approver revoked since no
+    # longer counts, nor the requester); while they and this principal are fewer than
+    # `approvers_needed`, this approval is checked and counted, and the decision stays open.
+    approvers_needed: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
+    approved_by: Annotated[list[Principal], msgspec.Meta(max_length=8)] = []
+
+
+class ApprovalCounted(Event, frozen=True):
+    """Governance's reply to an approval that does not complete a four-eyes proposal's
+    approvers: checked like any answer (the approver not revoked, of the tenant, not the
+    requester, the decision still open) and counted; nothing is answered yet."""
+
+    tenant: Tenant
+    pending_id: Id
+    approvers: Annotated[list[Principal], msgspec.Meta(max_length=8)]  # those that count
+    needed: Annotated[int, msgspec.Meta(ge=1, le=8)]
 
 
 class DecisionAnswered(Event, frozen=True):
@@ -201,7 +219,7 @@ class DecisionAnswered(Event, frozen=True):
 class ListPending(Command, frozen=True):
     """Ask governance for a tenant's unanswered decisions (`writ pending`): oldest first by
     default, a page of `limit` after `cursor`, filtered (`about_proposal=False`: only those
-    about calls no proposal stands for; None: all)."""
+    about calls no proposal stands for; None: all; `pending_id`: only that one)."""
 
     tenant: Tenant
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 500
@@ -212,6 +230,7 @@ class ListPending(Command, frozen=True):
     tool: ShortText | None = None
     principal: ShortText | None = None
     older_than_s: Annotated[int, msgspec.Meta(ge=0, le=366 * 86400)] | None = None
+    pending_id: Id | None = None  # that one decision, if it still waits (a lookup by id)
 
 
 class PendingDecision(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,7 +22,7 @@ from libs.errors import RetryableError
 from libs.runtime import Runtime
 from libs.telemetry import links_to
 from schemas import subjects
-from schemas.governance import AnswerDecision, Decision, DecisionAnswered
+from schemas.governance import AnswerDecision, ApprovalCounted, Decision, DecisionAnswered
 from schemas.host import ApprovalResult, ApprovalStatus, DecisionResult
 from schemas.ingress import ProposalAnswer
 from schemas.planner import ProposeCommand
@@ -50,7 +50,7 @@ class ProposalApprovals:
         self._rt, self._store = rt, store
         self._ttl, self._decide_timeout = command_ttl, decide_timeout_s
         self._known, self._refuse = known, refuse
-        self._answered_decoder = msgspec.json.Decoder(DecisionAnswered)
+        self._answered_decoder = msgspec.json.Decoder(DecisionAnswered | ApprovalCounted)
         self._encoder = msgspec.json.Encoder()
 
     async def on_answered(self, answered: DecisionAnswered) -> None:
@@ -130,9 +130,12 @@ class ProposalApprovals:
             return
         if not await self._still_approvable(ans, proposal):
             return
-        if ans.answer == "approve" and not await self._enough_approvers(ans, proposal):
-            return
-        answered = await self._answer_with_governance(ans, proposal)
+        needed = ACTIONS[proposal.action].approvers_needed(proposal.preview)
+        if ans.answer == "approve" and needed > 1:
+            answered = await self._four_eyes(ans, proposal, needed)
+        else:
+            reply = await self._answer_with_governance(ans, proposal)
+            answered = reply if isinstance(reply, DecisionAnswered) else None
         if answered is None:
             return
         if ans.answer == "revise":
@@ -189,39 +192,66 @@ class ProposalApprovals:
             return False
         return True
 
-    async def _enough_approvers(self, ans: ProposalAnswer, proposal: ProposalRow) -> bool:
-        """Four eyes: records this approval of a proposal whose contract asks for two distinct
-        approvers; True once another person (never the requester) approved it too, otherwise
-        answers how many approvals it has (or that this person approved it already)."""
-        needed = ACTIONS[proposal.action].approvers_needed(proposal.preview)
-        if needed < 2:
-            return True
-        added = await self._store.add_approval(proposal, ans.approver)
-        approvers = await self._store.approvals(proposal.tenant, proposal.proposal_id)
-        others = set(approvers) - {ans.approver, proposal.principal}
-        if ans.approver in approvers and len(others) >= needed - 1:
-            return True
-        if not added:
-            await self._reply(
-                ans,
-                "not_approvable",
-                code="ALREADY_APPROVED",
-                reason=f"you approved it already: it needs {needed} distinct approvers, "
-                "another approver must approve it",
+    async def _four_eyes(
+        self, ans: ProposalAnswer, proposal: ProposalRow, needed: int
+    ) -> DecisionAnswered | None:
+        """An approval of a proposal whose contract asks for `needed` distinct approvers.
+        Governance checks every approval when it is given, the first as much as the one that
+        completes them (approver revoked, tenant, the requester, the decision still open), and
+        checks the earlier approvers again: one revoked since no longer counts. Its answer once
+        they are enough; otherwise (after replying how many count, or why not) None."""
+        before = await self._store.approvals(proposal.tenant, proposal.proposal_id)
+        others = [a for a in before if a not in (ans.approver, proposal.principal)]
+        if ans.approver in before and len(others) < needed - 1:
+            await self._already_approved(ans, needed)
+            return None
+        reply = await self._answer_with_governance(ans, proposal, needed, others)
+        if not isinstance(reply, ApprovalCounted):
+            return reply
+        if not await self._store.add_approval(proposal, ans.approver):
+            fresh = await self._store.proposal_row(
+                proposal.tenant, proposal_id=proposal.proposal_id
             )
-            return False
+            if fresh is not None and fresh.state != "pending":
+                await self._reply_state(ans, fresh)
+            else:
+                await self._already_approved(ans, needed)
+            return None
+        after = await self._store.approvals(proposal.tenant, proposal.proposal_id)
+        meanwhile = [a for a in after if a not in (ans.approver, proposal.principal, *others)]
+        if meanwhile:
+            # Another approver approved between the two reads: together they may be enough
+            # (each one's approval is the other's earlier one).
+            reply = await self._answer_with_governance(ans, proposal, needed, [*others, *meanwhile])
+            if not isinstance(reply, ApprovalCounted):
+                return reply
         await self._reply(
             ans,
             "approval_recorded",
-            reason=f"{len(approvers)} of {needed} approvals: another approver must approve it",
+            reason=f"{len(reply.approvers)} of {needed} approvals: "
+            "another approver must approve it",
         )
-        return False
+        return None
+
+    async def _already_approved(self, ans: ProposalAnswer, needed: int) -> None:
+        await self._reply(
+            ans,
+            "not_approvable",
+            code="ALREADY_APPROVED",
+            reason=f"you approved it already: it needs {needed} distinct approvers, "
+            "another approver must approve it",
+        )
 
     async def _answer_with_governance(
-        self, ans: ProposalAnswer, proposal: ProposalRow
-    ) -> DecisionAnswered | None:
-        """Approvals are governance's to record: it checks the approver (revoked, role,
-        tenant) and answers the pending decision; None (after replying) if it refused."""
+        self,
+        ans: ProposalAnswer,
+        proposal: ProposalRow,
+        needed: int = 1,
+        approved_by: list[str] | None = None,
+    ) -> DecisionAnswered | ApprovalCounted | None:
+        """Approvals are governance's to record: it checks the approver (revoked, tenant, the
+        requester) and answers the pending decision, or only counts an approval of several;
+        None (after replying) if it refused."""
         ask = AnswerDecision(
             tenant=ans.tenant,
             principal=ans.approver,
@@ -230,6 +260,8 @@ class ProposalApprovals:
             answer=ans.grant if ans.answer == "approve" else "deny",
             reason=ans.reason,
             proposal_id=proposal.proposal_id,
+            approvers_needed=needed,
+            approved_by=(approved_by or [])[:8],
         )
         try:
             reply = await timed_request(

@@ -14,9 +14,9 @@ from libs.bus import publish
 from libs.runtime import Runtime
 from libs.telemetry import extract_context
 from schemas import subjects
-from schemas.governance import AnswerDecision, DecisionAnswered
+from schemas.governance import AnswerDecision, ApprovalCounted, DecisionAnswered
 from schemas.host import DecisionResult
-from services.governance.store import Answered, GovernanceStore, NotAnswerable
+from services.governance.store import Answered, Counted, GovernanceStore, NotAnswerable
 
 __all__ = ["Answers"]
 
@@ -47,6 +47,7 @@ class Answers:
             await self._announce(outcome)
             accepted, message = True, f"answered {answer.answer}"
         else:
+            assert not isinstance(outcome, Counted)  # one approver: never only counted
             accepted, message, code = False, outcome.reason, outcome.code
         await publish(
             self._rt.js,
@@ -65,6 +66,8 @@ class Answers:
         """Admission records an approval by proposal id here and waits for what it became.
 
         Nothing is announced: the caller makes the one pending -> executing claim itself.
+        Four eyes: an approval that, with the earlier ones still counting (their approvers not
+        revoked since), is not enough is checked the same way and answered `ApprovalCounted`.
         Errors: 403 the approver may not answer, 409 already answered, 410 nothing to answer.
         """
         try:
@@ -79,6 +82,9 @@ class Answers:
             if await self._store.revoked(answer.tenant, answer.principal):
                 await request.respond_error("403", "the approver's access was revoked")
                 return
+            counting = [
+                p for p in answer.approved_by if not await self._store.revoked(answer.tenant, p)
+            ]
             outcome = await self._store.answer(
                 tenant=answer.tenant,
                 pending_id=answer.pending_id,
@@ -88,7 +94,21 @@ class Answers:
                 same_again=True,
                 proposal_id=answer.proposal_id,
                 never_always=self._never_always,
+                needed=answer.approvers_needed,
+                co_approvers=counting,
             )
+        if isinstance(outcome, Counted):
+            await request.respond(
+                self._encoder.encode(
+                    ApprovalCounted(
+                        tenant=answer.tenant,
+                        pending_id=answer.pending_id,
+                        approvers=outcome.approvers,
+                        needed=answer.approvers_needed,
+                    )
+                )
+            )
+            return
         if isinstance(outcome, NotAnswerable):
             code = (
                 "409"

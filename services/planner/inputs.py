@@ -6,6 +6,7 @@ journaled with. Shared by the service and the replay, so the replay recomputes t
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Final
 
 import msgspec
@@ -21,6 +22,7 @@ __all__ = [
     "critic_input",
     "input_digest",
     "model_input",
+    "revision_of",
     "with_injected",
 ]
 
@@ -50,6 +52,29 @@ CRITIC_INSTRUCTION: Final = (
 )
 
 
+# How much of an approver's reason for a revision the model is given.
+REVISION_CHARS: Final = 600
+_MARKUP: Final = re.compile(r"</?\s*untrusted\b[^>]*>?", re.IGNORECASE)
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def revision_of(observations: list[dict[str, Any]]) -> str:
+    """The revision context of the model's next call: when the latest observation is a proposal
+    an approver sent back (`refused: revise`), Writ's words around the approver's reason.
+    Operator text, never external content: the reason is what a person with the approver role
+    wrote, bounded, with no content boundary marker or control character left in it."""
+    last = observations[-1] if observations else None
+    if last is None or last.get("refused") != "revise":
+        return ""
+    reason = _CONTROL.sub(" ", _MARKUP.sub("", str(last.get("reason", ""))))
+    return (
+        f"An approver sent back the command you proposed ({last.get('action', '')}); "
+        "nothing was executed. Propose a revised command that addresses their reason (it "
+        "is approved again before it runs), or answer why you cannot. Their reason: "
+        f"{reason.strip()[:REVISION_CHARS]}"
+    )
+
+
 def model_input(
     *,
     user: str,
@@ -75,6 +100,7 @@ def model_input(
             observations=observations,
             turn=turn,
             agent=agent,
+            revision=revision_of(observations),
         )
     developer = (
         f"{DEVELOPER_INSTRUCTION}\n\nYour responsibility as agent {agent}: "
@@ -91,6 +117,7 @@ def model_input(
         turn=turn,
         agent=agent,
         capabilities=capability_view(catalog, requested=catalog_requested),
+        revision=revision_of(observations),
     )
 
 

@@ -100,6 +100,9 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     turn: int
     agent: str = ""
     capabilities: dict[str, Any] | None = None
+    # Operator text: an approver sent the command the model proposed back with a reason
+    # (`inputs.revision_of`), composed by Writ and bounded; empty otherwise.
+    revision: str = ""
 
 
 class _Verdict(
@@ -240,6 +243,12 @@ class ScriptedProvider:
     async def decide(self, model_input: ModelInput) -> ModelDecision:
         """The scripted decision for this agent and turn."""
         decisions = self._script_for(model_input)
+        if model_input.revision:
+            # A script cannot revise what it proposed: it says so rather than go on as if.
+            return AnswerDirectly(
+                answer="This agent's decisions are a script: it cannot revise the command it "
+                "proposed, so nothing was done. " + model_input.revision
+            )
         if model_input.turn < len(decisions):
             return decisions[model_input.turn]
         return AnswerDirectly(answer="The script has no further steps.")

@@ -207,7 +207,7 @@ class PersonWaits:
 
     async def refused(
         self, conn: Any, run: RunRow, steps: list[Step], event: ProposalRefused, finished: Finished
-    ) -> Effects:
+    ) -> Effects | None:
         if event.verdict == "ask":
             # The run stops for a person: its capability call is over for the budget (the
             # reservation is not held across the wait; governance's clock pauses meanwhile).
@@ -232,6 +232,15 @@ class PersonWaits:
                 message=f"{event.action} needs a person's decision: {event.reason}",
                 proposal=proposal,
             )
+        if event.verdict == "revise":
+            # An approver sent the proposal back: nothing ran, and the run goes on in the same
+            # run, the model's next call given their reason as its revision context (observed
+            # already; `inputs.revision_of`). A revised command is proposed and approved anew.
+            await self._store.set_status(conn, run, "running", step=steps[-1].seq)
+            run = msgspec.structs.replace(
+                run, status="running", error_code=None, error_message=None, pending_id=None
+            )
+            return await self._next(conn, run, steps, finished)
         # A refusal fails the run; the agent is not called again for it.
         return [
             await self._finish(

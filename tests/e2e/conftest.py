@@ -24,12 +24,12 @@ from libs.natsauth import JOURNALED, SERVICE_SUBJECTS, seal_user
 from schemas import subjects
 from schemas.governance import Answer, RunBudget
 from schemas.host import (
-    ApprovalAnswer,
     ApprovalResult,
     ApproveProposal,
     CommandResult,
     DecisionResult,
     HumanDecision,
+    ProposalVerdict,
     ReviewResult,
     RunRequest,
     RunResult,
@@ -246,7 +246,7 @@ class Host:
         self,
         proposal_id: str,
         *,
-        answer: ApprovalAnswer = "approve",
+        answer: ProposalVerdict = "approve",
         tenant: str = "acme",
         principal: str = "ops@acme.example",
         reason: str = "",

@@ -15,7 +15,7 @@ import pytest
 
 from schemas.host import CommandResult
 from tests.e2e.conftest import Host
-from tests.e2e.test_http_api import auth
+from tests.e2e.test_http_api import auth, key
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -359,3 +359,112 @@ async def test_250_pending_proposals_are_all_reachable_by_paging_and_filtering(
             headers=approver,
         ).json()
         assert none_yet["total"] == 0
+
+
+async def _revoke(db: asyncpg.Connection, principal: str) -> None:
+    await db.execute(
+        "INSERT INTO governance.revocations (tenant, principal, revoked_by) "
+        "VALUES ('acme', $1, 'admin@acme.example')",
+        principal,
+    )
+
+
+async def _approvals(db: asyncpg.Connection, proposal_id: str) -> list[str]:
+    rows = await db.fetch(
+        "SELECT a.approver FROM admission.proposal_approvals a JOIN admission.proposals p "
+        "USING (tenant, proposal_id) WHERE p.public_id = $1 ORDER BY a.approved_at",
+        proposal_id,
+    )
+    return [r["approver"] for r in rows]
+
+
+async def test_four_eyes_on_the_host_door_checks_every_approval_with_governance(
+    host: Host, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    early, gone, lead, ops = (
+        f"{who}-{tag}@acme.example" for who in ("early", "gone", "lead", "ops")
+    )
+    asked = await _charge(host, 99000, "alice@acme.example")  # 990.00 EUR: two approvers
+    assert asked.proposal is not None and asked.pending_id is not None, asked
+    proposal_id, pending_id = asked.proposal.proposal_id, asked.pending_id
+
+    charged = len(payments.get("/_control/charges").json())
+
+    async def decide(principal: str) -> Any:
+        return await host.decide(pending_id, "once", principal=principal, proposal_id=proposal_id)
+
+    # A revoked approver's first approval is refused by governance, and is not recorded.
+    await _revoke(db, gone)
+    refused = await decide(gone)
+    assert (refused.accepted, refused.code) == (False, "FORBIDDEN"), refused
+    assert "revoked" in refused.message
+    assert await _approvals(db, proposal_id) == []
+
+    # A first approval, taken; then its approver is revoked: it no longer counts.
+    first = await decide(early)
+    assert first.accepted and first.message.startswith("1 of 2 approvals"), first
+    await _revoke(db, early)
+    second = await decide(lead)
+    assert second.accepted and second.message.startswith("1 of 2 approvals"), second
+    assert await _pending_answer(db, pending_id) is None
+    assert await _approvals(db, proposal_id) == [early, lead]
+
+    # The same person again; the requester.
+    again = await decide(lead)
+    assert (again.accepted, again.code) == (False, "ALREADY_APPROVED"), again
+    own = await decide("alice@acme.example")
+    assert (own.accepted, own.code) == (False, "SEPARATION_OF_DUTIES"), own
+    await anyio.sleep(0.5)
+    assert len(payments.get("/_control/charges").json()) == charged  # nothing ran
+    assert await _pending_answer(db, pending_id) is None
+
+    # A second distinct approver who still counts: it runs, exactly once.
+    done_by_ops = await decide(ops)
+    assert (done_by_ops.accepted, done_by_ops.message) == (True, "answered once"), done_by_ops
+    done = await _settled(host, asked.request_id)
+    assert (done.status, done.outcome) == ("succeeded", "succeeded"), done
+    [made] = _charges(payments, done.operation_id or "")
+    assert made["amount_cents"] == 99000
+    late = await decide(f"late-{tag}@acme.example")
+    assert not late.accepted, late
+    assert len(_charges(payments, done.operation_id or "")) == 1
+    assert await _pending_answer(db, pending_id) == "once"
+
+
+async def test_four_eyes_over_http_refuses_a_revoked_first_approver(
+    stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    gone, lead, ops = (f"{who}-{tag}@acme.example" for who in ("gone", "lead", "ops"))
+    asked = await _charge(host, 75000, "alice@acme.example")
+    assert asked.proposal is not None, asked
+    proposal_id = asked.proposal.proposal_id
+    await _revoke(db, gone)
+
+    with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+
+        def approve(principal: str) -> dict[str, Any]:
+            got = api.post(
+                f"/proposals/{proposal_id}/approve",
+                json={},
+                headers={**auth(stack, principal=principal, roles=["approver"]), **key()},
+            )
+            assert got.status_code == 200, got.text
+            return dict(got.json())
+
+        refused = approve(gone)
+        assert (refused["status"], refused["code"]) == ("not_approvable", "FORBIDDEN"), refused
+        first = approve(lead)
+        assert first["status"] == "approval_recorded", first
+        assert first["reason"].startswith("1 of 2 approvals"), first
+        again = approve(lead)
+        assert (again["status"], again["code"]) == ("not_approvable", "ALREADY_APPROVED")
+        own = approve("alice@acme.example")
+        assert (own["status"], own["code"]) == ("not_approvable", "SEPARATION_OF_DUTIES")
+        assert await _approvals(db, proposal_id) == [lead]
+        claimed = approve(ops)
+        assert claimed["status"] in ("claimed", "already_completed"), claimed
+    done = await _settled(host, asked.request_id)
+    assert done.status == "succeeded", done
+    assert len(_charges(payments, done.operation_id or "")) == 1

@@ -17,7 +17,7 @@ import pytest
 from libs.db import connect_pool, load_migrations, provision, role_name, with_database
 from schemas.governance import ListPending, RegisterRun
 from services.governance.logic import Call, Ruling, decide
-from services.governance.store import Answered, GovernanceStore, NotAnswerable, ToRecord
+from services.governance.store import Answered, Counted, GovernanceStore, NotAnswerable, ToRecord
 
 pytestmark = pytest.mark.anyio
 
@@ -71,7 +71,9 @@ async def _ask(
 
 async def _answer(gov: GovernanceStore, **answer: Any) -> Answered | NotAnswerable:
     """An answer given where the proposal was shown (admission's door)."""
-    return await gov.answer(proposal_id=_PROPOSAL_OF.get(answer["pending_id"]), **answer)
+    answered = await gov.answer(proposal_id=_PROPOSAL_OF.get(answer["pending_id"]), **answer)
+    assert not isinstance(answered, Counted)  # one approver: never only counted
+    return answered
 
 
 WRITE = Call(

@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from schemas.mcp import ClassifiedTool, ListedTool, ServerListing, ToolStatus
 from services.ingress.console._asks import decision_page, review_page
 from services.ingress.console._i18n import (
     CATALOG,
@@ -21,7 +22,9 @@ from services.ingress.console._i18n import (
     negotiate,
     rendering,
     stamp,
+    t,
 )
+from services.ingress.console._mcp import index_page, server_page, tool_page
 from services.ingress.console._pages import (
     evidence_list,
     h,
@@ -32,7 +35,7 @@ from services.ingress.console._pages import (
     proposal_page,
     run_page,
 )
-from services.ingress.console._session import Viewer
+from services.ingress.console._session import ConsoleRefused, Viewer
 from services.ingress.console._trail import trail_section
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -122,6 +125,46 @@ def _inbox(**counts: int | None) -> str:
     )
 
 
+_DIGEST, _OLD = "a" * 64, "b" * 64
+_LISTING = ServerListing(
+    ok=True,
+    digest="c" * 64,
+    tools=[ToolStatus(name="find", digest=_DIGEST, state="changed", family="read", flags=["x"])],
+    exposed=["find"],
+    shown=ListedTool(
+        name="find",
+        description="Finds",
+        input_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+        digest=_DIGEST,
+    ),
+    classified=ClassifiedTool(
+        family="read", digest=_OLD, description="Found", classified_by="op@acme.example"
+    ),
+)
+_OPERATOR = ("operator",)
+# Every kind of journal row a proposal's trail composes words for.
+_JOURNALED = {
+    "proposal": _charge(state="completed", approved_by="x@acme.example"),
+    "journals": [
+        {
+            "service": "admission",
+            "found": [
+                {"kind": kind, "seq": None, "verified": True, "payload": payload}
+                for kind, payload in (
+                    ("proposal.pending", {"principal": "a", "agent": "b", "action": "c"}),
+                    ("proposal.rejected", {"principal": "a", "agent": "b", "reason": "r"}),
+                    ("proposal.approved", {"approved_by": "a", "line": 5, "policy_version": "v"}),
+                    ("command.admitted", {"principal": "a", "line": 5, "policy_version": "v"}),
+                    ("command.authorized", {"kid": "k1"}),
+                    ("decision", {"verdict": "ask", "line": 5, "policy_version": "v"}),
+                    ("attempt.started", {"connector": "payments", "lease_epoch": 1}),
+                    ("command.reconciled", {"state": "succeeded", "receipt": "ch_1"}),
+                )
+            ],
+        }
+    ],
+}
+
 # Every page and every state of a page the console renders from this module's parts.
 PAGES: dict[str, Callable[[], str]] = {
     "inbox": _inbox,
@@ -201,6 +244,23 @@ PAGES: dict[str, Callable[[], str]] = {
         replay={"verdict": "ok", "entries": 1},
     ),
     "trail, unproven": lambda: trail_section({"proposal": _charge(), "journals": []}, h),
+    "trail, journaled": lambda: trail_section(_JOURNALED, h),
+    "trail, approver differs": lambda: trail_section(
+        {**_JOURNALED, "proposal": _charge(state="completed", approved_by="y@acme.example")}, h
+    ),
+    "sign-in refused": lambda: message_page(
+        t("sign_in_refused"), ConsoleRefused("refused_link_expired", minutes="10").reason
+    ),
+    "mcp, servers": lambda: index_page(_viewer(roles=_OPERATOR)),
+    "mcp, a server": lambda: server_page(_viewer(roles=_OPERATOR), "crm", _LISTING),
+    "mcp, a changed tool": lambda: tool_page(_viewer(roles=_OPERATOR), "crm", "find", _LISTING),
+    "mcp, a tool no longer listed": lambda: tool_page(
+        _viewer(roles=_OPERATOR),
+        "crm",
+        "gone",
+        ServerListing(ok=True, digest="c" * 64, classified=_LISTING.classified),
+        answered=t("mcp_digest_changed"),
+    ),
 }
 
 

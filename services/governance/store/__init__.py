@@ -4,6 +4,7 @@
 from services.governance.store._records import (
     ATTENDED_ASK_TIMEOUT,
     Answered,
+    Counted,
     NotAnswerable,
     Policy,
     ToRead,
@@ -14,6 +15,7 @@ from services.governance.store._store import GovernanceStore
 __all__ = [
     "ATTENDED_ASK_TIMEOUT",
     "Answered",
+    "Counted",
     "GovernanceStore",
     "NotAnswerable",
     "Policy",

@@ -60,6 +60,12 @@ class Answered(msgspec.Struct, frozen=True, kw_only=True):
     policy_version: str
 
 
+class Counted(msgspec.Struct, frozen=True, kw_only=True):
+    """One approval of several a proposal needs: checked like an answer, nothing written."""
+
+    approvers: list[str]  # the approvals that count, this one last
+
+
 class NotAnswerable(msgspec.Struct, frozen=True, kw_only=True):
     """Why an answer was not taken: `code` is the host contract's stable code."""
 

@@ -12,6 +12,8 @@ __all__ = [
     "FACTS",
     "INSERT_DECISION",
     "INSERT_PENDING",
+    "PENDING_COUNT",
+    "PENDING_PAGE",
     "RUN",
     "RUN_BUDGET",
     "RUN_GRANTS",
@@ -126,4 +128,25 @@ INSERT_PENDING = (
     "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) "
     "ON CONFLICT (tenant, proposal_id) WHERE proposal_id IS NOT NULL AND answer IS NULL "
     "DO NOTHING RETURNING pending_id"
+)
+
+
+# The unanswered decisions `ListPending` filters: its count, and a page of them after a cursor
+# ($8, $9) in `order`, `after` being `>` oldest first or `<` newest first.
+_PENDING_WHERE = (
+    "tenant = $1 AND answer IS NULL "
+    "AND ($2::bool IS NULL OR (proposal_id IS NOT NULL) = $2) "
+    "AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR tool = $4) "
+    "AND ($5::text IS NULL OR principal = $5) "
+    "AND ($6::int IS NULL OR created_at <= now() - make_interval(secs => $6)) "
+    "AND ($7::text IS NULL OR pending_id::text = $7)"
+)
+PENDING_COUNT = f"SELECT count(*) FROM governance.pending WHERE {_PENDING_WHERE}"
+PENDING_PAGE = (
+    "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
+    "first_argument, reason, options, attended, deadline, created_at, "
+    "proposal_id IS NOT NULL AS about_proposal "
+    f"FROM governance.pending WHERE {_PENDING_WHERE} "
+    "AND ($8::timestamptz IS NULL OR (created_at, pending_id::text) {after} ($8, $9)) "
+    "ORDER BY created_at {order}, pending_id::text {order} LIMIT $10"
 )

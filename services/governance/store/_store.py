@@ -9,6 +9,7 @@ writes its audit journal row in the same transaction.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -25,6 +26,7 @@ from services.governance.store._policy import PolicyStore
 from services.governance.store._records import (
     ATTENDED_ASK_TIMEOUT,
     Answered,
+    Counted,
     NotAnswerable,
     Policy,
     ToRead,
@@ -36,6 +38,8 @@ from services.governance.store._statements import (
     FACTS,
     INSERT_DECISION,
     INSERT_PENDING,
+    PENDING_COUNT,
+    PENDING_PAGE,
     RUN,
     RUN_BUDGET,
     RUN_GRANTS,
@@ -318,29 +322,22 @@ class GovernanceStore(BudgetStore):
         tenant = ask.tenant
         after = _pending_cursor(ask.cursor)
         order = "DESC" if ask.newest_first else "ASC"
-        where = (
-            "tenant = $1 AND answer IS NULL "
-            "AND ($2::bool IS NULL OR (proposal_id IS NOT NULL) = $2) "
-            "AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR tool = $4) "
-            "AND ($5::text IS NULL OR principal = $5) "
-            "AND ($6::int IS NULL OR created_at <= now() - make_interval(secs => $6))"
+        args = (
+            tenant,
+            ask.about_proposal,
+            ask.agent,
+            ask.tool,
+            ask.principal,
+            ask.older_than_s,
+            ask.pending_id,
         )
-        args = (tenant, ask.about_proposal, ask.agent, ask.tool, ask.principal, ask.older_than_s)
         async with (
             self._pool.acquire() as conn,
             conn.transaction(isolation="repeatable_read", readonly=True),
         ):
-            total = await conn.fetchval(
-                f"SELECT count(*) FROM governance.pending WHERE {where}", *args
-            )
+            total = await conn.fetchval(PENDING_COUNT, *args)
             rows = await conn.fetch(
-                "SELECT pending_id::text AS pending_id, run_id, agent, principal, tool, family, "
-                "first_argument, reason, options, attended, deadline, created_at, "
-                "proposal_id IS NOT NULL AS about_proposal "
-                f"FROM governance.pending WHERE {where} "
-                "AND ($7::timestamptz IS NULL OR (created_at, pending_id::text) "
-                f"{'<' if ask.newest_first else '>'} ($7, $8)) "
-                f"ORDER BY created_at {order}, pending_id::text {order} LIMIT $9",
+                PENDING_PAGE.format(after="<" if ask.newest_first else ">", order=order),
                 *args,
                 after[0] if after else None,
                 after[1] if after else None,
@@ -392,7 +389,9 @@ class GovernanceStore(BudgetStore):
         proposal_id: str | None = None,
         by_clock: bool = False,
         never_always: frozenset[str] = frozenset(),
-    ) -> Answered | NotAnswerable:
+        needed: int = 1,
+        co_approvers: Sequence[str] = (),
+    ) -> Answered | Counted | NotAnswerable:
         """Take a person's (or the clock's) answer, once; `always` writes its grant or rule.
 
         `same_again`: the same answer given again gets the recorded one back (who gave it, and
@@ -405,6 +404,11 @@ class GovernanceStore(BudgetStore):
 
         `never_always`: tools no standing grant may cover (their contracts say so): `always`
         is refused for them whatever options a decision recorded before that was said.
+
+        `needed`, `co_approvers`: four eyes. The other approvals of the proposal that still
+        count (the caller left out those whose approver was revoked); while they and this one
+        are fewer than `needed` distinct people besides the requester, this approval, checked
+        like any answer, is `Counted` and the decision stays open.
         """
         if not is_uuid(pending_id):
             return NotAnswerable(reason="no such pending decision")
@@ -471,6 +475,14 @@ class GovernanceStore(BudgetStore):
                     reason=f"{answer!r} is not offered here: {', '.join(row['options'])}",
                     code="INVALID_ANSWER",
                 )
+            if answer != "deny" and needed > 1:
+                counted = [
+                    p
+                    for p in dict.fromkeys(co_approvers)
+                    if p not in (answered_by, row["principal"])
+                ]
+                if len(counted) + 1 < needed:
+                    return Counted(approvers=[*counted, answered_by])
             decision_id = str(uuid.uuid4())
             verdict = "deny" if answer == "deny" else "allow"
             text = f"answered {answer} by {answered_by}" + (f": {reason}" if reason else "")

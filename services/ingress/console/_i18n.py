@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Final, Literal, NamedTuple, get_args
+from typing import Final, Literal, get_args
+
+from services.ingress.console._words import MORE, Msg
 
 __all__ = [
     "CATALOG",
@@ -39,13 +41,6 @@ LOCALES: Final[tuple[Locale, ...]] = get_args(Locale)
 LANG_COOKIE: Final = "writ_lang"
 _current: ContextVar[Locale] = ContextVar("writ_console_locale", default="en")
 _here: ContextVar[str] = ContextVar("writ_console_here", default="/console/")
-
-
-class Msg(NamedTuple):
-    """One message in each language (`{name}` fields are filled by `t`)."""
-
-    en: str
-    fr: str
 
 
 CATALOG: Final[dict[str, Msg]] = {
@@ -363,6 +358,8 @@ CATALOG: Final[dict[str, Msg]] = {
     "what_it_asks": Msg("What it asks", "Ce qu'il demande"),
     "comment": Msg("Comment", "Commentaire"),
     "approve": Msg("Approve", "Approuver"),
+    # Operators' MCP pages, sign-in refusals, a trail's composed rows (`_words.py`)
+    **MORE,
 }
 
 # The labels action contracts give their previews (`ActionContract.describe`) and the fixed

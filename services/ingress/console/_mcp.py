@@ -33,6 +33,7 @@ from schemas.mcp import (
     ServerListing,
     ToolClassified,
 )
+from services.ingress.console._i18n import LANG_COOKIE, negotiate, rendering, t
 from services.ingress.console._operators import OPERATOR_ROLE
 from services.ingress.console._pages import csrf_field, h, layout, message_page
 from services.ingress.console._session import ConsoleRefused, Sessions, Viewer
@@ -62,10 +63,10 @@ class McpBus:
             )
         except Exception as exc:  # no responder, a timeout: the page says so, nothing is done
             raise Bad(
-                503, "Not available", f"no answer on {subject} ({type(exc).__name__})"
+                503, t("mcp_not_available"), f"no answer on {subject} ({type(exc).__name__})"
             ) from None
         if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
-            raise Bad(400, "Refused", reply.headers.get("Nats-Service-Error", "")[:500])
+            raise Bad(400, t("refused"), reply.headers.get("Nats-Service-Error", "")[:500])
         return msgspec.json.decode(reply.data, type=answer)
 
     async def listing(self, tenant: str, server: str, tool: str | None = None) -> ServerListing:
@@ -73,9 +74,7 @@ class McpBus:
         try:
             ask = msgspec.convert({"tenant": tenant, "server": server, "tool": tool}, ListServer)
         except msgspec.ValidationError:
-            raise Bad(
-                404, "Not found", "no MCP server or tool of your tenant by this name"
-            ) from None
+            raise Bad(404, t("not_found"), t("mcp_no_such")) from None
         listing: ServerListing = await self._ask(subjects.MCP_LIST, ask, ServerListing)
         return listing
 
@@ -107,7 +106,7 @@ def _parameters(tool: ListedTool) -> str:
     schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
     params = schema.get("properties", {})
     if not isinstance(params, dict) or not params:
-        return "<p>No parameters.</p>"
+        return f"<p>{t('mcp_no_parameters')}</p>"
     required = (
         set(schema.get("required", [])) if isinstance(schema.get("required"), list) else set()
     )
@@ -118,14 +117,15 @@ def _parameters(tool: ListedTool) -> str:
         said = " ".join(str(spec[k]) for k in ("title", "description") if spec.get(k))
         rows.append(
             f'<tr><th scope="row"><code>{h(name)}</code></th>'
-            f"<td>{'yes' if name in required else 'no'}</td>"
+            f"<td>{t('yes') if name in required else t('no')}</td>"
             f'<td><code class="untrusted">{h(json.dumps(rest, sort_keys=True))}</code></td>'
             f'<td class="untrusted">{h(said) or "-"}</td></tr>'
         )
     return (
-        '<table class="parameters"><caption>Parameters, as the server defines them</caption>'
-        '<thead><tr><th scope="col">Name</th><th scope="col">Required</th>'
-        '<th scope="col">Schema</th><th scope="col">Server\'s words</th></tr></thead>'
+        f'<table class="parameters"><caption>{t("mcp_parameters")}</caption>'
+        f'<thead><tr><th scope="col">{t("mcp_name")}</th><th scope="col">{t("mcp_required")}'
+        f'</th><th scope="col">{t("mcp_schema")}</th><th scope="col">'
+        f"{h(t('mcp_servers_words'))}</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
 
@@ -142,9 +142,8 @@ def _diff(was: ListedTool, now: ListedTool) -> str:
         else:
             lines.append(h(line))
     return (
-        '<section aria-labelledby="changed"><h2 id="changed">Changed since it was classified'
-        "</h2><p>Lines marked − were classified; lines marked + are what the server lists "
-        'now.</p><pre class="untrusted" id="diff" tabindex="0">'
+        f'<section aria-labelledby="changed"><h2 id="changed">{t("mcp_changed")}'
+        f'</h2><p>{t("mcp_changed_note")}</p><pre class="untrusted" id="diff" tabindex="0">'
         + "\n".join(lines)
         + "</pre></section>"
     )
@@ -164,35 +163,46 @@ def tool_page(
     shown, classified = listing.shown, listing.classified
     status = next((t for t in listing.tools if t.name == tool), None)
     if shown is None:
-        parts.append('<p id="state">The server does not list it now: it is never called.</p>')
+        parts.append(f'<p id="state">{t("mcp_not_listed")}</p>')
     else:
         state = status.state if status else "unclassified"
-        family = f" as {status.family}" if status and status.family else ""
-        exposed = "exposed" if tool in listing.exposed else "not exposed"
+        family = t("mcp_as_family", family=status.family) if status and status.family else ""
+        exposed = t("mcp_exposed") if tool in listing.exposed else t("mcp_not_exposed")
         parts.append(
-            f'<p id="state">{h(state)}{h(family)}, {h(exposed)} · digest '
+            f'<p id="state">{h(state)}{h(family)}, {h(exposed)} · {t("mcp_digest_of")} '
             f'<code id="digest">{h(shown.digest)}</code></p>'
         )
         parts += [
-            f'<p class="flag">Flagged: {h(flag)}</p>' for flag in (status.flags if status else [])
+            f'<p class="flag">{h(t("mcp_flagged", flag=flag))}</p>'
+            for flag in (status.flags if status else [])
         ]
         hints = ", ".join(f"{k}={v}" for k, v in sorted(shown.hints.items()) if v is not None)
         parts.append(
-            '<section aria-labelledby="served"><h2 id="served">What the server says</h2>'
-            "<p>Everything in this section is the server's text: data from an untrusted party, "
-            "shown as text. It decides nothing and never reaches a model's instructions.</p>"
-            '<h3>Description</h3><pre class="untrusted" id="description" tabindex="0">'
+            f'<section aria-labelledby="served"><h2 id="served">{t("mcp_what_server_says")}</h2>'
+            f"<p>{h(t('mcp_server_text_note'))}</p>"
+            f"<h3>{t('mcp_description')}</h3>"
+            '<pre class="untrusted" id="description" tabindex="0">'
             f"{h(shown.description or '-')}</pre>{_parameters(shown)}"
-            '<h3>Input schema</h3><pre class="untrusted" id="input-schema" tabindex="0">'
+            f"<h3>{h(t('mcp_input_schema'))}</h3>"
+            '<pre class="untrusted" id="input-schema" tabindex="0">'
             f"{h(json.dumps(shown.input_schema, indent=2, sort_keys=True))}</pre>"
-            f'<h3>Annotations (hints)</h3><p class="untrusted">{h(hints or "-")}</p></section>'
+            f'<h3>{t("mcp_hints")}</h3><p class="untrusted">{h(hints or "-")}</p></section>'
         )
     if classified is not None:
         parts.append(
-            '<section aria-labelledby="classification"><h2 id="classification">Classified</h2>'
-            f'<p id="classified">{h(classified.family)} by {h(classified.classified_by or "?")}'
-            f" · digest <code>{h(classified.digest)}</code></p>"
-            f"<p>Operator's description: {h(classified.operator_description or '-')}</p>"
+            '<section aria-labelledby="classification">'
+            f'<h2 id="classification">{t("mcp_classified")}</h2><p id="classified">'
+            + h(
+                t(
+                    "mcp_classified_by",
+                    family=classified.family,
+                    who=classified.classified_by or "?",
+                )
+            )
+            + f" · {t('mcp_digest_of')} <code>{h(classified.digest)}</code></p>"
+            + "<p>"
+            + h(t("mcp_operator_description", words=classified.operator_description or "-"))
+            + "</p>"
             "</section>"
         )
         if shown is not None and classified.digest != shown.digest:
@@ -212,30 +222,32 @@ def tool_page(
         )
         words = classified.operator_description if classified else ""
         parts.append(
-            '<section aria-labelledby="classify"><h2 id="classify">Classify what is shown</h2>'
+            f'<section aria-labelledby="classify"><h2 id="classify">{t("mcp_classify")}</h2>'
             f'<form method="post" action="/console/mcp/{h(server)}/{h(tool)}" id="classify-form">'
             f'{csrf_field(viewer)}<input type="hidden" name="digest" value="{h(shown.digest)}">'
-            f'<p><label for="family">Family</label> <select id="family" name="family">{options}'
-            '</select></p><p><label for="words">Your description for the model (the only '
-            "words its instructions carry about this tool)</label><br>"
+            f'<p><label for="family">{t("mcp_family")}</label> '
+            f'<select id="family" name="family">{options}'
+            f'</select></p><p><label for="words">{t("mcp_words")}</label><br>'
             f'<textarea id="words" name="description" maxlength="2000" rows="3" cols="60">'
             f"{h(words)}</textarea></p>"
-            '<p><button type="submit">Classify this definition</button></p></form></section>'
+            f'<p><button type="submit">{t("mcp_classify_button")}</button></p></form></section>'
         )
-    parts.append(f'<p><a href="/console/mcp/{h(server)}">All tools of {h(server)}</a></p>')
+    parts.append(
+        f'<p><a href="/console/mcp/{h(server)}">{h(t("mcp_all_tools", server=server))}</a></p>'
+    )
     return layout(name, "".join(parts), viewer)
 
 
 def server_page(viewer: Viewer, server: str, listing: ServerListing) -> str:
     """A server's tools as listed now, each with where it stands."""
-    parts = [f"<h1>MCP server {h(server)}</h1>"]
+    parts = [f"<h1>{h(t('mcp_server_title', server=server))}</h1>"]
     if not listing.ok:
         parts.append(f'<p class="message" id="message">{h(listing.error)}</p>')
         return layout(server, "".join(parts), viewer)
     rows = []
     for tool in listing.tools:
         family = tool.family or "-"
-        exposed = "yes" if tool.name in listing.exposed else "no"
+        exposed = t("yes") if tool.name in listing.exposed else t("no")
         flags = "; ".join(tool.flags) or "-"
         rows.append(
             f'<tr><th scope="row"><a href="/console/mcp/{h(server)}/{h(tool.name)}">'
@@ -244,10 +256,14 @@ def server_page(viewer: Viewer, server: str, listing: ServerListing) -> str:
             "</tr>"
         )
     parts.append(
-        f"<p>Listing <code>{h(listing.digest[:12])}</code>, recorded in the journal.</p>"
-        '<table class="tools"><caption>Tools the server lists now</caption><thead><tr>'
-        '<th scope="col">Tool</th><th scope="col">State</th><th scope="col">Family</th>'
-        '<th scope="col">Exposed</th><th scope="col">Digest</th><th scope="col">Flags</th>'
+        "<p>"
+        + t("mcp_listing", digest=f"<code>{h(listing.digest[:12])}</code>")
+        + f'</p><table class="tools"><caption>{t("mcp_tools_caption")}</caption><thead><tr>'
+        + "".join(
+            f'<th scope="col">{t(k)}</th>'
+            for k in ("mcp_tool", "mcp_state", "mcp_family", "mcp_exposed_col", "mcp_digest")
+        )
+        + f'<th scope="col">{t("mcp_flags")}</th>'
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
     return layout(server, "".join(parts), viewer)
@@ -256,10 +272,7 @@ def server_page(viewer: Viewer, server: str, listing: ServerListing) -> str:
 def index_page(viewer: Viewer, registered: RegisteredServers) -> str:
     """The tenant's registered MCP servers, to choose one from."""
     if not registered.servers:
-        body = (
-            '<p class="message" id="message">No MCP server is registered for your tenant. '
-            "An operator registers one with <code>writ mcp add</code>.</p>"
-        )
+        body = f'<p class="message" id="message">{t("mcp_none_registered")}</p>'
     else:
         rows = "".join(
             f'<tr><th scope="row"><a href="/console/mcp/{h(server.name)}">{h(server.name)}</a>'
@@ -268,14 +281,14 @@ def index_page(viewer: Viewer, registered: RegisteredServers) -> str:
             for server in registered.servers
         )
         body = (
-            "<p>Choose a server: it is listed now, and each of its tools shown with where it "
-            "stands.</p>"
-            '<table class="servers"><caption>MCP servers registered for your tenant</caption>'
-            '<thead><tr><th scope="col">Server</th><th scope="col">Transport</th>'
-            '<th scope="col">Exposed to agents</th></tr></thead>'
+            f"<p>{h(t('mcp_index_intro'))}</p>"
+            f'<table class="servers"><caption>{h(t("mcp_servers_caption"))}</caption>'
+            f'<thead><tr><th scope="col">{h(t("mcp_server_field"))}</th>'
+            f'<th scope="col">{h(t("mcp_transport"))}</th>'
+            f'<th scope="col">{h(t("mcp_exposed_column"))}</th></tr></thead>'
             f"<tbody>{rows}</tbody></table>"
         )
-    return layout("MCP servers", f"<h1>MCP servers</h1>{body}", viewer)
+    return layout(t("mcp_servers"), f"<h1>{t('mcp_servers')}</h1>{body}", viewer)
 
 
 def mcp_handlers(sessions: Sessions, bus: McpBus) -> list[Any]:
@@ -287,25 +300,22 @@ def mcp_handlers(sessions: Sessions, bus: McpBus) -> list[Any]:
         except ConsoleRefused as exc:
             raise Bad(
                 exc.status,
-                "Not signed in" if exc.status == 401 else "Not allowed",
-                f"{exc.reason}. An operator signs in with a link of `writ console --operator`.",
+                t("not_signed_in") if exc.status == 401 else t("not_allowed"),
+                t("operator_sign_in_hint", reason=exc.reason),
             ) from exc
         if OPERATOR_ROLE not in viewer.roles:
-            raise Bad(
-                403,
-                "Not allowed",
-                "these pages are for operators: an identity only Writ gives "
-                "(`writ console --operator`), which no host's token carries",
-            )
+            raise Bad(403, t("not_allowed"), t("operators_only"))
         return viewer
 
     async def _guarded(request: Request[Any, Any, Any], render: Any) -> Response[str]:
         viewer: Viewer | None = None
-        try:
-            viewer = await _operator(request)
-            return await render(viewer)
-        except Bad as exc:
-            return html_page(message_page(exc.title, exc.text, viewer), exc.status)
+        locale = negotiate(request.cookies.get(LANG_COOKIE), request.headers.get("accept-language"))
+        with rendering(locale, request.url.path):  # in the console's languages, as every page
+            try:
+                viewer = await _operator(request)
+                return await render(viewer)
+            except Bad as exc:
+                return html_page(message_page(exc.title, exc.text, viewer), exc.status)
 
     @get("/mcp", include_in_schema=False)
     async def mcp_index(request: Request[Any, Any, Any]) -> Response[str]:
@@ -346,25 +356,17 @@ def mcp_handlers(sessions: Sessions, bus: McpBus) -> list[Any]:
             raw = dict(await request.form())
             sent = raw.get("csrf")
             if not isinstance(sent, str) or not viewer.csrf_ok(sent):
-                raise Bad(
-                    403,
-                    "Refused",
-                    "this form's CSRF token is missing or wrong: nothing "
-                    "was classified. Reload the page.",
-                )
+                raise Bad(403, t("refused"), t("mcp_csrf"))
             try:
                 form = msgspec.convert(raw, ClassifyForm, strict=False)
             except msgspec.ValidationError as exc:
-                raise Bad(400, "Invalid answer", f"nothing was classified: {exc}") from exc
+                raise Bad(400, t("mcp_invalid"), t("mcp_nothing_classified", why=exc)) from exc
             if CAPABILITY.fullmatch(f"mcp:{server}/{tool}") is None:
-                raise Bad(404, "Not found", "no MCP server or tool of your tenant by this name")
+                raise Bad(404, t("not_found"), t("mcp_no_such"))
             # Listed again now: the digest bound is the one the server serves, or nothing is.
             listing = await bus.listing(viewer.tenant, server, tool)
             if listing.shown is None or listing.shown.digest != form.digest:
-                said = (
-                    "Refused: the server lists this tool differently from what you were shown "
-                    "(its digest changed), so nothing was classified. Read it again below."
-                )
+                said = t("mcp_digest_changed")
                 return html_page(tool_page(viewer, server, tool, listing, answered=said), 409)
             answer = await bus.classify(
                 ClassifyTool(
@@ -378,7 +380,7 @@ def mcp_handlers(sessions: Sessions, bus: McpBus) -> list[Any]:
                 )
             )
             listing = await bus.listing(viewer.tenant, server, tool)
-            said = answer.message if answer.ok else f"Refused: {answer.message}"
+            said = answer.message if answer.ok else t("mcp_refused_said", why=answer.message)
             page = tool_page(viewer, server, tool, listing, answered=said)
             return html_page(page, 200 if answer.ok else 409)
 

@@ -17,6 +17,7 @@ from litestar.datastructures import Cookie
 from litestar.params import FromPath, QueryParameter
 
 from actions import ACTIONS
+from schemas.base import ID_PATTERN
 from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import ApiAnswer, ApiClient
@@ -71,7 +72,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             ) from exc
         # An operator's identity is Writ's, not a host's: it has no API access.
         if OPERATOR_ROLE in viewer.roles and request.url.path != "/console/sign-out":
-            raise Bad(403, "Not allowed", "an operator's session opens the MCP pages only")
+            raise Bad(403, t("not_allowed"), t("operator_mcp_only"))
         return viewer
 
     async def _form(request: Request[Any, Any, Any], viewer: Viewer, kind: type[Any]) -> Any:
@@ -258,7 +259,10 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         return await _answer_proposal(request, viewer, proposal_id, "reject")
 
     async def _decision(viewer: Viewer, pending_id: str) -> dict[str, Any] | None:
-        got = await client.get(viewer, "/pending-decisions")
+        # By its id: found however many decisions wait.
+        if not re.fullmatch(ID_PATTERN, pending_id):
+            return None
+        got = await client.get(viewer, "/pending-decisions", pending_id=pending_id, limit="1")
         if not got.ok:
             raise Bad(got.status, t("refused"), got.problem)
         return next((d for d in got.body["decisions"] if d["pending_id"] == pending_id), None)

@@ -30,6 +30,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from libs.provision import CONSOLE_BUCKET, bind_bucket
+from services.ingress.console._i18n import CATALOG, t
 from services.ingress.console._operators import (
     OPERATOR_ROLE,
     OperatorKey,
@@ -79,11 +80,16 @@ class Viewer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ConsoleRefused(Exception):
-    """Nobody may see the console with this request; `reason` is safe to show."""
+    """Nobody may see the console with this request; `reason` is safe to show, in the locale of
+    the page that shows it (the catalog's message `key`, its `fields` filled)."""
 
-    def __init__(self, reason: str, *, status: int = 401) -> None:
-        super().__init__(reason)
-        self.reason, self.status = reason, status
+    def __init__(self, key: str, *, status: int = 401, **fields: object) -> None:
+        super().__init__(CATALOG[key].en.format(**fields))  # a log's words: English
+        self.key, self.fields, self.status = key, fields, status
+
+    @property
+    def reason(self) -> str:
+        return t(self.key, **self.fields)
 
 
 class _Session(msgspec.Struct, frozen=True):
@@ -118,15 +124,13 @@ class Sessions:
     def _operator(self, token: str, *, signed_in: bool) -> Viewer:
         """An operator, from a token of the operators' key (`_operators.py`)."""
         if not signed_in:
-            raise ConsoleRefused("an operator signs in with a link of `writ console --operator`")
+            raise ConsoleRefused("refused_operator_link")
         if self._operators is None:
-            raise ConsoleRefused(
-                "this console has no operators' key: nobody signs in as an operator", status=403
-            )
+            raise ConsoleRefused("refused_no_operator_key", status=403)
         try:
             tenant, principal, expires = self._operators.verify(token)
         except OperatorRefused as exc:
-            raise ConsoleRefused(str(exc)) from None
+            raise ConsoleRefused("refused_operator_token", why=str(exc)[:300]) from None
         return Viewer(
             tenant=tenant,
             principal=principal,
@@ -146,18 +150,12 @@ class Sessions:
         tenant = token_tenant(token)
         checked = self._door.check_token(token, tenant=tenant, signed_in=signed_in)
         if isinstance(checked, Rejection):
-            raise ConsoleRefused(f"{checked.code}: {checked.message}"[:300])
+            raise ConsoleRefused("refused_token", code=checked.code, why=checked.message[:280])
         principal, roles = checked
         if OPERATOR_ROLE in roles:
-            raise ConsoleRefused(
-                "the role `operator` is Writ's to give (`writ console --operator`): a host's "
-                "token cannot claim it",
-                status=403,
-            )
+            raise ConsoleRefused("refused_operator_role", status=403)
         if not CONSOLE_ROLES & set(roles):
-            raise ConsoleRefused(
-                "this console is for approvers and auditors: the token has neither role", status=403
-            )
+            raise ConsoleRefused("refused_no_role", status=403)
         claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
         return Viewer(
             tenant=tenant,
@@ -178,17 +176,14 @@ class Sessions:
         claims: dict[str, Any] = jwt.decode(token, options={"verify_signature": False})
         issued = claims.get("iat")
         if not isinstance(issued, (int, float)) or isinstance(issued, bool):
-            raise ConsoleRefused("a sign-in link's token must say when it was issued (iat)")
+            raise ConsoleRefused("refused_no_iat")
         if time.time() - issued > SIGN_IN_WINDOW_S + LEEWAY_S:
-            raise ConsoleRefused(
-                f"this sign-in link expired {SIGN_IN_WINDOW_S / 60:.0f} minutes after it was "
-                "made; ask for a new one"
-            )
+            raise ConsoleRefused("refused_link_expired", minutes=f"{SIGN_IN_WINDOW_S / 60:.0f}")
         burnt = _digest(f"{viewer.tenant}:{claims['jti']}")
         try:
             await self._kv.create(f"used.{burnt}", b"1")
         except KeyWrongLastSequenceError:
-            raise ConsoleRefused("this sign-in link was used already; ask for a new one") from None
+            raise ConsoleRefused("refused_link_used") from None
         session_id = secrets.token_urlsafe(32)
         await self._kv.put(
             f"session.{_digest(session_id)}",
@@ -208,14 +203,14 @@ class Sessions:
             return self.verify(bearer.strip())
         session_id = request.cookies.get(COOKIE, "")
         if not session_id or len(session_id) > 128:
-            raise ConsoleRefused("not signed in")
+            raise ConsoleRefused("refused_not_signed_in")
         try:
             entry = await self._kv.get(f"session.{_digest(session_id)}")
         except KeyNotFoundError:
-            raise ConsoleRefused("the session ended; sign in again") from None
+            raise ConsoleRefused("refused_session_ended") from None
         session = self._decoder.decode(entry.value or b"")
         if session.expires <= time.time():
-            raise ConsoleRefused("the session ended with its token; sign in again")
+            raise ConsoleRefused("refused_session_token")
         return self.verify(session.token, signed_in=True)
 
     async def sign_out(self, request: Request[Any, Any, Any]) -> None:

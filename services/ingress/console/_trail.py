@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import msgspec
 
-from services.ingress.console._i18n import caption, t
+from services.ingress.console._i18n import CATALOG, caption, t
 
 __all__ = ["TrailRow", "trail_rows", "trail_section"]
 
@@ -39,18 +39,22 @@ def _s(value: Any) -> str:
 def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
     """The step an entry records (None: not a step of a proposal's trail)."""
     p, kind = e.get("payload") or {}, str(e["kind"])
-    where = f"{service} #{e['seq']}" if e.get("seq") is not None else f"{service} (unsealed)"
+    where = (
+        f"{service} #{e['seq']}"
+        if e.get("seq") is not None
+        else t("trail_unsealed", service=service)
+    )
     step, who, what = "", "", ""
     if kind in ("proposal.pending", "proposal.rejected") and "principal" in p:
         step, who = "Proposed", _s(p.get("principal"))
-        what = f"{_s(p.get('agent'))} proposed {_s(p.get('action'))}"
+        what = t("trail_proposed", agent=_s(p.get("agent")), action=_s(p.get("action")))
         if kind == "proposal.rejected":
-            what += f"; refused at once: {_s(p.get('reason'))}"
+            what += t("trail_refused_at_once", reason=_s(p.get("reason")))
     elif kind == "proposal.rejected":
         step, who, what = "Rejected", _s(p.get("rejected_by")), _s(p.get("reason"))
     elif kind == "proposal.approved":
         step, who = "Approved", _s(p.get("approved_by"))
-        what = f"line {_s(p.get('line'))} of decide, policy {_s(p.get('policy_version'))}"
+        what = t("trail_line", line=_s(p.get("line")), policy=_s(p.get("policy_version")))
     elif kind == "proposal.revision_asked":
         step, who, what = "Revision asked", _s(p.get("rejected_by")), _s(p.get("reason"))
     elif kind == "proposal.approval_recorded":
@@ -59,31 +63,36 @@ def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
         step, who, what = "Expired", "", "nobody answered before it expired"
     elif kind == "command.admitted":
         step, who = "Admitted", _s(p.get("principal"))
-        what = f"allowed by line {_s(p.get('line'))}, policy {_s(p.get('policy_version'))}"
+        what = t("trail_allowed", line=_s(p.get("line")), policy=_s(p.get("policy_version")))
     elif kind == "command.authorized":
         step, who = "Receipt signed", "admission"
-        what = f"approval receipt signed with key {_s(p.get('kid') or p.get('key_id'))}"
+        what = t("trail_receipt_signed", kid=_s(p.get("kid") or p.get("key_id")))
     elif kind == "decision":
         step, who = "Decided", "governance"
-        what = (
-            f"{_s(p.get('verdict'))} — line {_s(p.get('line'))} of decide, policy "
-            f"{_s(p.get('policy_version'))}: {_s(p.get('reason'))}"
+        what = t(
+            "trail_decided",
+            verdict=_s(p.get("verdict")),
+            line=_s(p.get("line")),
+            policy=_s(p.get("policy_version")),
+            reason=_s(p.get("reason")),
         )
     elif kind == "pending.answered":
         step, who = "Answered", _s(p.get("answered_by"))
         what = f"{_s(p.get('answer'))}" + (f": {p['reason']}" if p.get("reason") else "")
     elif kind == "attempt.started":
         step, who = "Attempt", _s(p.get("connector"))
-        what = f"sent to {_s(p.get('connector'))} (lease {_s(p.get('lease_epoch'))})"
+        what = t("trail_sent", connector=_s(p.get("connector")), lease=_s(p.get("lease_epoch")))
     elif kind == "attempt.released":
         step, who, what = "Attempt released", "", _s(p.get("reason")) or "released"
     elif kind == "command.reconciled":
         step, who = "Reconciled", _s(p.get("resolved_by"))
-        what = _s(p.get("state")) + (f", receipt {p['receipt']}" if p.get("receipt") else "")
+        what = _word(_s(p.get("state"))) + (
+            t("trail_receipt", receipt=p["receipt"]) if p.get("receipt") else ""
+        )
     elif kind.startswith("command."):
         step, who = "Outcome", ""
-        what = kind.removeprefix("command.") + (
-            f", receipt {p['receipt']}" if p.get("receipt") else ""
+        what = _word(kind.removeprefix("command.")) + (
+            t("trail_receipt", receipt=p["receipt"]) if p.get("receipt") else ""
         )
     else:
         return None
@@ -101,9 +110,9 @@ def _against_record(row: TrailRow, proposal: dict[str, Any]) -> TrailRow:
     """The row, failed where what the record says now differs from what the journal proves."""
     said: str | None = None
     if row.step == "Approved" and proposal.get("approved_by") not in (None, row.who):
-        said = f"the record says approved by {proposal['approved_by']}, the journal {row.who}"
+        said = t("trail_record_approved", record=proposal["approved_by"], journal=row.who)
     elif row.step == "Proposed" and proposal.get("requester") not in (None, row.who):
-        said = f"the record says requested by {proposal['requester']}, the journal {row.who}"
+        said = t("trail_record_requested", record=proposal["requester"], journal=row.who)
     if said is None or row.problem is not None:
         return row
     return msgspec.structs.replace(row, problem=said)
@@ -115,13 +124,13 @@ def _missing(rows: list[TrailRow], proposal: dict[str, Any]) -> list[TrailRow]:
     state, command = proposal.get("state"), proposal.get("command_state")
     wanted: list[tuple[str, str]] = [("Proposed", "the proposal")]
     if state in ("executing", "completed") and not {"Approved", "Admitted"} & steps:
-        wanted.append(("Approved", f"approved by {_s(proposal.get('approved_by'))}"))
+        wanted.append(("Approved", t("trail_approved_by", who=_s(proposal.get("approved_by")))))
     if state == "rejected" and "Revision asked" not in steps:
         wanted.append(("Rejected", _s(proposal.get("reason"))))
     if state == "expired":
         wanted.append(("Expired", "nobody answered before it expired"))
     if command in _TERMINAL and not {"Outcome", "Reconciled"} & steps:
-        wanted.append(("Outcome", command))
+        wanted.append(("Outcome", _word(command)))
     return [
         TrailRow(
             step=step,
@@ -134,6 +143,11 @@ def _missing(rows: list[TrailRow], proposal: dict[str, Any]) -> list[TrailRow]:
         for step, what in wanted
         if step not in steps
     ]
+
+
+def _word(outcome: str) -> str:
+    """An outcome the journal names, in the current locale's words where it has them."""
+    return t(f"oc_{outcome}") if f"oc_{outcome}" in CATALOG else outcome
 
 
 def trail_rows(trail: dict[str, Any]) -> list[TrailRow]:

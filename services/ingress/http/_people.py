@@ -13,6 +13,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 
 from schemas import subjects
 from schemas.api import ApproveBody, DecideBody, RejectBody, ReviewBody
+from schemas.base import ID_PATTERN
 from schemas.governance import ListPending, ListSpend, PendingDecisions, SpendReport
 from schemas.host import (
     ApprovalResult,
@@ -91,10 +92,14 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         tool: Annotated[str | None, QueryParameter(max_length=128)] = None,
         requester: Annotated[str | None, QueryParameter(max_length=256)] = None,
         older_than_s: Annotated[int | None, QueryParameter(ge=0, le=366 * 86400)] = None,
+        pending_id: Annotated[
+            str | None, QueryParameter(max_length=128, pattern=ID_PATTERN)
+        ] = None,
     ) -> PendingDecisions:
         """The tenant's unanswered decisions (governance's), for an approver: oldest first (or
         newest), a page of `limit` after `cursor`, `total` in all and `next_cursor`, filtered
-        (`about_proposal=false`: only those about calls no proposal stands for)."""
+        (`about_proposal=false`: only those about calls no proposal stands for; `pending_id`:
+        that one decision, however many wait)."""
         caller = api.caller(request, role=APPROVER_ROLE)
         return await api.ask(
             subjects.PENDING_LIST,
@@ -108,6 +113,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 tool=tool,
                 principal=requester,
                 older_than_s=older_than_s,
+                pending_id=pending_id,
             ),
             PendingDecisions,
         )

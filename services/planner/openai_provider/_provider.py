@@ -402,6 +402,8 @@ class OpenAIProvider:
 
     def _body(self, model_input: ModelInput, tools: dict[str, Capability]) -> dict[str, Any]:
         system = f"{model_input.developer}\n\n{BOUNDARY}".lstrip()
+        if model_input.revision:  # an approver's, in Writ's words: it speaks as an operator
+            system = f"{system}\n\nRevision context: {model_input.revision}"
         messages: list[dict[str, str]] = []
         body: dict[str, Any] = {"model": self._model, "messages": messages}
         view = model_input.capabilities

@@ -138,6 +138,13 @@ def observe(walk: Walk, o: ObservationEntry) -> None:
                 "an ask to stop the run for a person, not an observation",
                 "an ask observed",
             )
+        if output.verdict == "revise":  # sent back: the run goes on, told why
+            walk.expect = (
+                Expect(what="resume", step=o.step)
+                if walk.status == "awaiting_human"
+                else Expect(what="decide")
+            )
+            return
         walk.expect = Expect(
             what="fail",
             step=o.step,
