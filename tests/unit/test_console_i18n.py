@@ -12,7 +12,14 @@ from html.parser import HTMLParser
 
 import pytest
 
-from schemas.mcp import ClassifiedTool, ListedTool, ServerListing, ToolStatus
+from schemas.mcp import (
+    ClassifiedTool,
+    ListedTool,
+    RegisteredServer,
+    RegisteredServers,
+    ServerListing,
+    ToolStatus,
+)
 from services.ingress.console._asks import decision_page, review_page
 from services.ingress.console._i18n import (
     CATALOG,
@@ -251,7 +258,13 @@ PAGES: dict[str, Callable[[], str]] = {
     "sign-in refused": lambda: message_page(
         t("sign_in_refused"), ConsoleRefused("refused_link_expired", minutes="10").reason
     ),
-    "mcp, servers": lambda: index_page(_viewer(roles=_OPERATOR)),
+    "mcp, servers": lambda: index_page(
+        _viewer(roles=_OPERATOR),
+        RegisteredServers(
+            servers=[RegisteredServer(name="crm", transport="stdio", exposed=["find"])]
+        ),
+    ),
+    "mcp, no server": lambda: index_page(_viewer(roles=_OPERATOR), RegisteredServers()),
     "mcp, a server": lambda: server_page(_viewer(roles=_OPERATOR), "crm", _LISTING),
     "mcp, a changed tool": lambda: tool_page(_viewer(roles=_OPERATOR), "crm", "find", _LISTING),
     "mcp, a tool no longer listed": lambda: tool_page(
