@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Final
@@ -182,7 +183,14 @@ class AdmissionReads:
         """The tenant's proposals, newest first, a page at a time, and how many match."""
         where = ""
         args: list[object] = [ask.tenant]
+        decision: uuid.UUID | None = None
+        if ask.decision_id is not None:
+            try:
+                decision = uuid.UUID(ask.decision_id)
+            except ValueError:
+                return Proposals(proposals=[], total=0)  # no decision has such an id
         for value, condition in (
+            (decision, "p.decision_id"),
             (ask.state, _STATE),
             (ask.run_id, "p.run_id"),
             (ask.action, "p.action"),

@@ -150,7 +150,7 @@ class ReviewsEndpoint:
             await request.respond_error("400", f"invalid ListReviews: {exc}"[:500])
             return
         try:
-            rows = await self._store.pending_reviews(ask.tenant, ask.limit)
+            rows = await self._store.pending_reviews(ask.tenant, ask.limit, ask.pending_id)
         except Exception as exc:
             log.warning("pending reviews failed: %r", exc)
             await request.respond_error("500", "pending reviews failed")

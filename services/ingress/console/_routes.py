@@ -270,7 +270,10 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
     async def _proposal_asked_by(viewer: Viewer, pending_id: str) -> str | None:
         """The pending proposal a decision is about: it is answered there, beside its
         preview (one door per effect)."""
-        got = await client.get(viewer, "/proposals", state="pending", limit="500")
+        # By the decision's id: found however many proposals wait.
+        got = await client.get(
+            viewer, "/proposals", state="pending", decision_id=pending_id, limit="1"
+        )
         if not got.ok:
             raise Bad(got.status, t("refused"), got.problem)
         return next(
@@ -337,7 +340,10 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
     ) -> Response[str]:
         """A review the run's agent asked for; an id no run waits on is not found, with no
         form to answer it."""
-        got = await client.get(viewer, "/reviews", limit="500")
+        if not re.fullmatch(ID_PATTERN, pending_id):
+            raise Bad(404, t("not_found"), t("no_review"))
+        # By its id: found however many reviews wait.
+        got = await client.get(viewer, "/reviews", pending_id=pending_id, limit="1")
         if not got.ok:
             raise Bad(got.status, t("refused"), got.problem)
         waiting = {r["pending_id"]: r for r in got.body["reviews"]}

@@ -255,12 +255,19 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         ),
     )
     async def reviews(
-        request: Request[Any, Any, Any], limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100
+        request: Request[Any, Any, Any],
+        limit: Annotated[int, QueryParameter(ge=1, le=500)] = 100,
+        pending_id: Annotated[
+            str | None, QueryParameter(max_length=128, pattern=ID_PATTERN)
+        ] = None,
     ) -> PendingReviews:
-        """The tenant's runs stopped at the review their agent asked for (the planner's)."""
+        """The tenant's runs stopped at the review their agent asked for (the planner's;
+        `pending_id`: that one review, however many wait)."""
         caller = api.caller(request, role=APPROVER_ROLE)
         return await api.ask(
-            REVIEWS_LIST, ListReviews(tenant=caller.tenant, limit=limit), PendingReviews
+            REVIEWS_LIST,
+            ListReviews(tenant=caller.tenant, limit=limit, pending_id=pending_id),
+            PendingReviews,
         )
 
     @post(
@@ -338,10 +345,14 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         requester: Annotated[str | None, QueryParameter(max_length=256)] = None,
         older_than_s: Annotated[int | None, QueryParameter(ge=0, le=366 * 86400)] = None,
         run_id: Annotated[str | None, QueryParameter(max_length=128)] = None,
+        decision_id: Annotated[
+            str | None, QueryParameter(max_length=128, pattern=ID_PATTERN)
+        ] = None,
     ) -> Proposals:
         """The tenant's proposals (those in `state`, of this contract, agent or requester,
-        proposed at least `older_than_s` ago), newest first, each with its frozen preview: a
-        page of `limit`, `total` in all, and `next_cursor` for the next page."""
+        proposed at least `older_than_s` ago, asked by the decision `decision_id`), newest
+        first, each with its frozen preview: a page of `limit`, `total` in all, and
+        `next_cursor` for the next page."""
         caller = api.caller(request, role=APPROVER_ROLE)
         return await api.ask(
             PROPOSALS_LIST,
@@ -355,6 +366,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
                 requester=requester,
                 older_than_s=older_than_s,
                 run_id=run_id,
+                decision_id=decision_id,
             ),
             Proposals,
         )

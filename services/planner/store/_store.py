@@ -280,15 +280,20 @@ class PlannerStore:
             )
         return bool(created)
 
-    async def pending_reviews(self, tenant: str, limit: int) -> list[asyncpg.Record]:
-        """The tenant's runs stopped at a review (`review-<run>-<step>`), newest first."""
+    async def pending_reviews(
+        self, tenant: str, limit: int, pending_id: str | None = None
+    ) -> list[asyncpg.Record]:
+        """The tenant's runs stopped at a review (`review-<run>-<step>`), newest first; with
+        `pending_id`, only the run stopped at that one (looked up by id, however many wait)."""
         return await self._pool.fetch(
             "SELECT pending_id, run_id, agent, principal, updated_at, "
             "coalesce(error_message, '') AS prompt FROM planner.runs "
             "WHERE tenant = $1 AND status = 'awaiting_human' AND pending_id LIKE 'review-%' "
+            "AND ($3::text IS NULL OR pending_id = $3) "
             "ORDER BY updated_at DESC LIMIT $2",
             tenant,
             limit,
+            pending_id,
         )
 
     async def run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:

@@ -79,6 +79,8 @@ class ListProposals(Command, frozen=True):
     agent: ShortText | None = None
     requester: ShortText | None = None
     older_than_s: Annotated[int, msgspec.Meta(ge=0, le=366 * 86400)] | None = None
+    # The proposal the decision under this id asked for (a lookup by id, however many wait).
+    decision_id: Id | None = None
 
 
 class GetProposal(Command, frozen=True):
@@ -149,6 +151,7 @@ class ListReviews(Command, frozen=True):
 
     tenant: Tenant
     limit: Annotated[int, msgspec.Meta(ge=1, le=500)] = 100
+    pending_id: Id | None = None  # that one review, if its run still waits (a lookup by id)
 
 
 class PendingReview(msgspec.Struct, frozen=True, kw_only=True):
