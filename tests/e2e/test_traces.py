@@ -46,7 +46,7 @@ SERVICES = frozenset(
 # The spans one successful run produces, whichever exporter carries them.
 RUN_SPANS = frozenset(
     {
-        "ingress handle",
+        "ingress-runs handle",
         "ingress verify",
         "governance register_run",
         "retrieval search",
@@ -119,7 +119,7 @@ def assert_run_tree(spans: list[dict[str, Any]], run: TracedRun) -> None:
     for span in spans:
         assert span["parent_span_id"] in by_id or span["parent_span_id"] == run.host_span, span
     roots = [s for s in spans if s["parent_span_id"] == run.host_span]
-    assert [r["name"] for r in roots] == ["ingress handle"]
+    assert [r["name"] for r in roots] == ["ingress-runs handle"]
     # The dispatch hangs off the admission that created the command (through the outbox),
     # and the governance decisions off their callers.
     dispatch = next(s for s in spans if s["name"] == "dispatcher handle")
@@ -129,7 +129,7 @@ def assert_run_tree(spans: list[dict[str, Any]], run: TracedRun) -> None:
     while node["parent_span_id"] in by_id:
         node = by_id[node["parent_span_id"]]
         chain.append(node["name"])
-    assert "admission admit" in chain and chain[-1] == "ingress handle"
+    assert "admission admit" in chain and chain[-1] == "ingress-runs handle"
     decides = [
         s
         for s in spans
@@ -218,8 +218,8 @@ async def test_a_run_over_http_is_one_trace_from_the_hosts_span(stack: Stack) ->
             headers={"Authorization": f"Bearer {stack.token('acme', 'alice@acme.example')}"},
         )
         assert waited.json()["status"] == "succeeded", waited.text
-    # The HTTP request's span stands where a NATS request's `ingress handle` does.
-    wanted = (RUN_SPANS - {"ingress handle"}) | {"ingress http POST /api/v1/runs"}
+    # The HTTP request's span stands where a NATS run request's `ingress-runs handle` does.
+    wanted = (RUN_SPANS - {"ingress-runs handle"}) | {"ingress http POST /api/v1/runs"}
     with anyio.fail_after(20):
         while True:
             spans = [s for s in recorded_spans(stack) if s["trace_id"] == trace_id]
