@@ -90,44 +90,45 @@ def test_a_generated_client_runs_resumes_the_stream_and_cancels(
         token=given.token("alice@acme.example"),
         timeout=_module("client").httpx.Timeout(70.0),
     )
-    runs = {name: _module(f"api.runs.{name}") for name in ("create_run", "wait_run")}
-    models = _module("models")
+    with client:  # its connections closed with it, not left to the collector
+        runs = {name: _module(f"api.runs.{name}") for name in ("create_run", "wait_run")}
+        models = _module("models")
 
-    accepted = runs["create_run"].sync(
-        client=client,
-        body=models.StartRun(agent="crm-assistant", input_="Note the delayed shipment call"),
-        idempotency_key=f"generated-{uuid.uuid4().hex[:12]}",
-    )
-    assert isinstance(accepted, models.RunAccepted), accepted
-    done = runs["wait_run"].sync(accepted.run_id, client=client, timeout_s=60)
-    assert isinstance(done, models.RunResult) and done.status == "succeeded", done
+        accepted = runs["create_run"].sync(
+            client=client,
+            body=models.StartRun(agent="crm-assistant", input_="Note the delayed shipment call"),
+            idempotency_key=f"generated-{uuid.uuid4().hex[:12]}",
+        )
+        assert isinstance(accepted, models.RunAccepted), accepted
+        done = runs["wait_run"].sync(accepted.run_id, client=client, timeout_s=60)
+        assert isinstance(done, models.RunResult) and done.status == "succeeded", done
 
-    stream = _module("api.runs.stream_run_events")
-    whole = _events(stream.sync_detailed(accepted.run_id, client=client).content.decode())
-    steps = [i for event, i in whole if event == "step"]
-    assert len(steps) >= 2 and whole[-1][0] == "result", whole
-    # Resumed after the first step it saw (a string header, as the document types it).
-    resumed = _events(
-        stream.sync_detailed(
-            accepted.run_id, client=client, last_event_id=steps[0]
-        ).content.decode()
-    )
-    assert [i for event, i in resumed if event == "step"] == steps[1:]
-    assert resumed[-1][0] == "result"
+        stream = _module("api.runs.stream_run_events")
+        whole = _events(stream.sync_detailed(accepted.run_id, client=client).content.decode())
+        steps = [i for event, i in whole if event == "step"]
+        assert len(steps) >= 2 and whole[-1][0] == "result", whole
+        # Resumed after the first step it saw (a string header, as the document types it).
+        resumed = _events(
+            stream.sync_detailed(
+                accepted.run_id, client=client, last_event_id=steps[0]
+            ).content.decode()
+        )
+        assert [i for event, i in resumed if event == "step"] == steps[1:]
+        assert resumed[-1][0] == "result"
 
-    stopped = runs["create_run"].sync(
-        client=client,
-        body=models.StartRun(agent="billing-assistant", input_="Refund order 7781"),
-        idempotency_key=f"generated-{uuid.uuid4().hex[:12]}",
-    )
-    waiting = runs["wait_run"].sync(stopped.run_id, client=client, timeout_s=60)
-    assert isinstance(waiting, models.RunResult) and waiting.status == "awaiting_human"
-    cancelled = _module("api.runs.cancel_run").sync(
-        stopped.run_id, client=client, idempotency_key=f"generated-{uuid.uuid4().hex[:12]}"
-    )
-    assert isinstance(cancelled, models.RunAccepted), cancelled
-    ended = runs["wait_run"].sync(
-        stopped.run_id, client=client, after=waiting.version, timeout_s=60
-    )
-    assert isinstance(ended, models.RunResult) and ended.status == "cancelled", ended
-    assert ended.version > waiting.version
+        stopped = runs["create_run"].sync(
+            client=client,
+            body=models.StartRun(agent="billing-assistant", input_="Refund order 7781"),
+            idempotency_key=f"generated-{uuid.uuid4().hex[:12]}",
+        )
+        waiting = runs["wait_run"].sync(stopped.run_id, client=client, timeout_s=60)
+        assert isinstance(waiting, models.RunResult) and waiting.status == "awaiting_human"
+        cancelled = _module("api.runs.cancel_run").sync(
+            stopped.run_id, client=client, idempotency_key=f"generated-{uuid.uuid4().hex[:12]}"
+        )
+        assert isinstance(cancelled, models.RunAccepted), cancelled
+        ended = runs["wait_run"].sync(
+            stopped.run_id, client=client, after=waiting.version, timeout_s=60
+        )
+        assert isinstance(ended, models.RunResult) and ended.status == "cancelled", ended
+        assert ended.version > waiting.version
