@@ -36,7 +36,11 @@ def test_no_file_where_the_optional_secret_would_be_lets_nobody_in(tmp_path: Pat
     assert operators_key("") is None
 
 
-@pytest.mark.parametrize("content", [_PRIVATE, b"not a key\n", b""])
+@pytest.mark.parametrize(
+    "content",
+    [_PRIVATE, b"not a key\n", b""],
+    ids=["the private half", "not a key", "empty"],  # the same ids on every worker
+)
 def test_anything_but_the_public_half_stops_ingress(tmp_path: Path, content: bytes) -> None:
     (tmp_path / "operators-key.pem").write_bytes(content)
     with pytest.raises(ConfigError, match="not the operators' public key"):
