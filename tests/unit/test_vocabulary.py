@@ -9,6 +9,7 @@ Writ's own words, so the patterns name numbers and phrases, not the bare words.
 
 from __future__ import annotations
 
+import codecs
 import re
 import subprocess
 from pathlib import Path
@@ -82,24 +83,25 @@ def test_the_tree_speaks_only_of_what_writ_is() -> None:
     assert not report, "say what Writ is and does instead:\n" + "\n".join(report)
 
 
-# The offences are joined from parts at run time, so that the tree itself never says them.
+# The offences are written in rot13 and decoded at run time, so that the tree itself never
+# says them.
 @pytest.mark.parametrize(
     "line",
     [
-        "".join(parts)
-        for parts in (
-            ("Tenants isolated on the bus (iss", "ue 12, defects 4 and 11)."),
-            ("St", "op 33 (2026-12-06, night): two full runs"),
-            ("merged from bra", "nch i21"),
-            ("the i", "20 cut of the planner"),
-            ("as sess", "ion 14 measured"),
-            ("differ by a third on this ma", "chine"),
-            ("other hel", "pers' tests"),
-            ("The model's request is not the proposal (se", "ed 003)."),
-            ("its source documents are in `../sha", "red/seeds/`"),
-            ("run H 20", ":32 UTC"),
-            ("as this sess", "ion found"),
-            ("an earlier sitting at 19", ":26 gave"),
+        codecs.decode(line, "rot13")
+        for line in (
+            "Granagf vfbyngrq ba gur ohf (vffhr 12, qrsrpgf 4 naq 11).",
+            "Fgbc 33 (2026-12-06, avtug): gjb shyy ehaf",
+            "zretrq sebz oenapu v21",
+            "gur v20 phg bs gur cynaare",
+            "nf frffvba 14 zrnfherq",
+            "qvssre ol n guveq ba guvf znpuvar",
+            "bgure urycref' grfgf",
+            "Gur zbqry'f erdhrfg vf abg gur cebcbfny (frrq 003).",
+            "vgf fbhepr qbphzragf ner va `../funerq/frrqf/`",
+            "eha U 20:32 HGP",
+            "nf guvf frffvba sbhaq",
+            "na rneyvre fvggvat ng 19:26 tnir",
         )
     ],
 )
