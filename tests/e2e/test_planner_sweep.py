@@ -197,6 +197,28 @@ async def _swept(stack: Stack, host: Host, request_id: str, status: str | None =
         ) from None
 
 
+async def _delete_the_outcome(host: Host, db: asyncpg.Connection, run_id: str) -> None:
+    """Once the run's command succeeded, delete its outcome from the stream, unhandled."""
+    with anyio.fail_after(30):
+        while (
+            await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+            != "succeeded"
+        ):
+            await anyio.sleep(0.05)
+    outcome = subjects.outcome("acme", "run")
+    with anyio.fail_after(10):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", outcome)
+            except nats.js.errors.NotFoundError:
+                last = None
+            if last is not None and f'"run_id":"{run_id}"'.encode() in (last.data or b""):
+                break
+            await anyio.sleep(0.05)
+    assert last.seq is not None
+    await host.js.delete_msg("WRIT_INT", last.seq)
+
+
 async def test_a_run_whose_message_was_deleted_is_finished_by_the_sweeper(
     stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
 ) -> None:
@@ -273,24 +295,7 @@ async def test_a_run_whose_outcome_was_deleted_observes_it_from_the_registry(
     run_id = await db.fetchval(
         "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
     )
-    with anyio.fail_after(30):
-        while (
-            await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
-            != "succeeded"
-        ):
-            await anyio.sleep(0.05)
-    outcome = subjects.outcome("acme", "run")
-    with anyio.fail_after(10):
-        while True:
-            try:
-                last = await host.js.get_last_msg("WRIT_INT", outcome)
-            except nats.js.errors.NotFoundError:
-                last = None
-            if last is not None and f'"run_id":"{run_id}"'.encode() in (last.data or b""):
-                break
-            await anyio.sleep(0.05)
-    assert last.seq is not None
-    await host.js.delete_msg("WRIT_INT", last.seq)
+    await _delete_the_outcome(host, db, str(run_id))
     stack.stop_process("planner", kill=True)  # what it had fetched dies with it
     assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
         "running"
@@ -407,24 +412,7 @@ async def test_an_approved_wait_whose_outcome_was_deleted_observes_it_from_the_r
     planner = stack.procs["planner"]
     planner.send_signal(signal.SIGSTOP)
     await host.approve(waiting.proposal.proposal_id)
-    with anyio.fail_after(30):
-        while (
-            await db.fetchval("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
-            != "succeeded"
-        ):
-            await anyio.sleep(0.05)
-    outcome = subjects.outcome("acme", "run")
-    with anyio.fail_after(10):
-        while True:
-            try:
-                last = await host.js.get_last_msg("WRIT_INT", outcome)
-            except nats.js.errors.NotFoundError:
-                last = None
-            if last is not None and f'"run_id":"{run_id}"'.encode() in (last.data or b""):
-                break
-            await anyio.sleep(0.05)
-    assert last.seq is not None
-    await host.js.delete_msg("WRIT_INT", last.seq)
+    await _delete_the_outcome(host, db, str(run_id))
     stack.stop_process("planner", kill=True)
     assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
         "awaiting_human"
