@@ -281,17 +281,22 @@ async def test_a_run_whose_outcome_was_deleted_observes_it_from_the_registry(
     body = "called back about order 53."
     _script(model, body)
     request = host.request(text=f"Note that {body}")
-    await host.publish(request, msg_id=request.request_id)
-    planner = stack.procs["planner"]
+    planner, dispatcher = stack.procs["planner"], stack.procs["dispatcher"]
     # The planner is frozen once its proposal is admitted, so the outcome is never handled.
-    with anyio.fail_after(30):
-        while not await db.fetchval(
-            "SELECT count(*) FROM admission.commands c JOIN planner.runs r USING (run_id) "
-            "WHERE r.request_id = $1",
-            request.request_id,
-        ):
-            await anyio.sleep(0.02)
-    planner.send_signal(signal.SIGSTOP)
+    # The dispatcher is frozen meanwhile: no outcome can reach the planner before it is.
+    dispatcher.send_signal(signal.SIGSTOP)
+    try:
+        await host.publish(request, msg_id=request.request_id)
+        with anyio.fail_after(30):
+            while not await db.fetchval(
+                "SELECT count(*) FROM admission.commands c JOIN planner.runs r USING (run_id) "
+                "WHERE r.request_id = $1",
+                request.request_id,
+            ):
+                await anyio.sleep(0.02)
+        planner.send_signal(signal.SIGSTOP)
+    finally:
+        dispatcher.send_signal(signal.SIGCONT)
     run_id = await db.fetchval(
         "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
     )
