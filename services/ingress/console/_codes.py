@@ -9,7 +9,8 @@ one catalog (`_i18n.CATALOG`), kept apart to keep modules short.
 - `COMPOSED`: sentences the API and the services compose in English, with their fields. A
   text that is one of them is said in the other language with the same fields; anything else
   (a validation error's words, an approver's reason, a host's message) is free text and stays
-  as it was recorded.
+  as it was recorded. The first sentence that matches wins, so a narrower one comes before a
+  wider one ("... approver or auditor role" before "... {role} role").
 
 The machine `code` itself is never translated."""
 
@@ -92,11 +93,11 @@ REASONS: Final[dict[str, Msg]] = {
 }
 
 COMPOSED: Final[dict[str, Msg]] = {
-    "needs_role": Msg("this needs the {role} role", "il faut pour cela le rôle {role}"),
     "needs_approver_or_auditor": Msg(
         "this needs the approver or auditor role",
         "il faut pour cela le rôle approver ou auditor",
     ),
+    "needs_role": Msg("this needs the {role} role", "il faut pour cela le rôle {role}"),
     "answering_needs_role": Msg(
         "answering {kind} needs the {role} role",
         "répondre ({kind}) demande le rôle {role}",

@@ -275,6 +275,7 @@ CATALOG: Final[dict[str, Msg]] = {
     ),
     "approvals_of": Msg("{n} of {needed} approvals", "{n} approbation(s) sur {needed}"),
     "approvals_by": Msg(" (by {who})", " (par {who})"),
+    "state_because": Msg("{state}: {reason}", "{state} : {reason}"),
     "approval_counts": Msg("approved; counts", "a approuvé ; compte"),
     "approval_void": Msg("approved, no longer counts: {why}", "a approuvé, ne compte plus : {why}"),
     "four_eyes": Msg(

@@ -294,7 +294,11 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
     elif state == "expired":
         text = t("cannot_approve")
     else:
-        text = _state(state) + (f": {said(None, p['reason'])}" if p.get("reason") else "")
+        text = (
+            t("state_because", state=_state(state), reason=said(None, p["reason"]))
+            if p.get("reason")
+            else _state(state)
+        )
     final = "true" if proposal_final(p) else "false"
     # The colour follows the typed outcome (or, before there is one, the proposal's state):
     # a revision required is not a success because its proposal was approved.
