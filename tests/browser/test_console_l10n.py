@@ -118,9 +118,7 @@ async def test_a_french_approver_reads_refusals_and_reasons_in_french(
     proposal_id = waiting.json()["proposal"]["proposal_id"]
 
     async def tab(principal: str) -> Any:
-        context = await browser.new_context(
-            locale="fr-FR", viewport={"width": 1100, "height": 900}
-        )
+        context = await browser.new_context(locale="fr-FR", viewport={"width": 1100, "height": 900})
         page = await context.new_page()
         await page.goto(stack.console_link(principal=principal, roles=("approver",)))
         await page.goto(_console(stack, f"proposals/{proposal_id}"))

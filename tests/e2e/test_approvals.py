@@ -537,9 +537,12 @@ async def test_a_revoked_first_approval_is_listed_apart_and_a_third_approver_com
     done = await _settled(host, asked.request_id)
     assert (done.status, done.outcome) == ("succeeded", "succeeded"), done
     assert len(_charges(payments, done.operation_id or "")) == 1
-    assert await db.fetchval(
-        "SELECT approved_by FROM admission.proposals WHERE public_id = $1", proposal_id
-    ) == third
+    assert (
+        await db.fetchval(
+            "SELECT approved_by FROM admission.proposals WHERE public_id = $1", proposal_id
+        )
+        == third
+    )
 
 
 async def test_a_problem_speaks_the_language_accept_language_asks_for(stack: Stack) -> None:

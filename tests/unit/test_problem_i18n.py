@@ -46,8 +46,7 @@ def test_a_reason_comes_from_its_code_else_the_sentence_else_the_recorded_text()
     # The sentence Writ composed, in French, its fields kept (nested sentences too).
     assert said(
         "ALREADY_APPROVED",
-        "you approved it already: it needs 2 distinct approvers, another approver must "
-        "approve it",
+        "you approved it already: it needs 2 distinct approvers, another approver must approve it",
         "fr",
     ) == (
         "vous l'avez déjà approuvée : il lui faut 2 approbateurs distincts, un autre "
@@ -62,9 +61,9 @@ def test_a_reason_comes_from_its_code_else_the_sentence_else_the_recorded_text()
     assert said("APPROVER_REVOKED", None, "fr") == (
         "l'accès de l'approbateur a été révoqué après son approbation"
     )
-    assert said("SEPARATION_OF_DUTIES", "something else", "fr") == REASONS[
-        "SEPARATION_OF_DUTIES"
-    ].fr
+    assert (
+        said("SEPARATION_OF_DUTIES", "something else", "fr") == REASONS["SEPARATION_OF_DUTIES"].fr
+    )
     # Free text nobody can translate: as recorded; an approver's words inside Writ's, as written.
     assert said("FORBIDDEN", "the host says no", "fr") == "the host says no"
     assert said(None, "rejected by bob@acme.example: trop cher", "fr") == (
