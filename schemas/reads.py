@@ -25,6 +25,7 @@ __all__ = [
     "REVIEWS_LIST",
     "RUN_EVENTS",
     "RUN_STATUS",
+    "ApprovalGiven",
     "GetCommand",
     "JournalEntryView",
     "ProposalTrail",
@@ -89,6 +90,19 @@ class GetProposal(Command, frozen=True):
     proposal_id: Id
 
 
+class ApprovalGiven(msgspec.Struct, frozen=True, kw_only=True):
+    """One approval of a proposal that needs several distinct approvers (four eyes), and
+    whether it still counts towards them."""
+
+    approver: ShortText
+    approved_at: ShortText
+    counts: bool = True
+    # Why it no longer counts: a stable code (`APPROVER_REVOKED`: the approver's access was
+    # revoked after they approved) and the same in English words; None while it counts.
+    code: ShortText | None = None
+    reason: ShortText | None = None
+
+
 class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     """A proposal as a person sees it: the frozen preview, the canonical request hash, its
     expiry, the decision that asked, and what it became."""
@@ -119,10 +133,15 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     decision_line: int | None = None
     policy_version: ShortText | None = None
     approved_at: ShortText | None = None  # when the approval that admitted it was given
-    # Four eyes: how many distinct approvers its contract asks for, and who approved so far
-    # (while it waits for the second).
+    # Four eyes: how many distinct approvers its contract asks for, and the approvers whose
+    # approval counts so far (while it waits for the second). An approval that no longer
+    # counts (its approver revoked since) is not among them; `approvals_given` lists every
+    # approval given, each saying whether it counts and why not.
     approvals_needed: int = 1
     approvals: Annotated[list[ShortText], msgspec.Meta(max_length=16)] = msgspec.field(
+        default_factory=list
+    )
+    approvals_given: Annotated[list[ApprovalGiven], msgspec.Meta(max_length=16)] = msgspec.field(
         default_factory=list
     )
 

@@ -85,7 +85,8 @@ class ProposalApprovals:
         contract = ACTIONS.get(proposal.action)
         needed = contract.approvers_needed(proposal.preview) if contract is not None else 1
         if needed > 1:
-            others = set(await self._store.approvals(proposal.tenant, proposal.proposal_id)) - {
+            given = await self._store.approvals(proposal.tenant, proposal.proposal_id)
+            others = {a.approver for a in given if a.counts} - {
                 answered.answered_by,
                 proposal.principal,
             }
@@ -200,8 +201,15 @@ class ProposalApprovals:
         completes them (approver revoked, tenant, the requester, the decision still open), and
         checks the earlier approvers again: one revoked since no longer counts. Its answer once
         they are enough; otherwise (after replying how many count, or why not) None."""
-        before = await self._store.approvals(proposal.tenant, proposal.proposal_id)
-        others = [a for a in before if a not in (ans.approver, proposal.principal)]
+        given = await self._store.approvals(proposal.tenant, proposal.proposal_id)
+        before = [a.approver for a in given]
+        # Only approvals that still count are put to governance as the earlier ones (it checks
+        # them again by the same rule, `governance.approval_void`).
+        others = [
+            a.approver
+            for a in given
+            if a.counts and a.approver not in (ans.approver, proposal.principal)
+        ]
         if ans.approver in before and len(others) < needed - 1:
             await self._already_approved(ans, needed)
             return None
@@ -218,7 +226,11 @@ class ProposalApprovals:
                 await self._already_approved(ans, needed)
             return None
         after = await self._store.approvals(proposal.tenant, proposal.proposal_id)
-        meanwhile = [a for a in after if a not in (ans.approver, proposal.principal, *others)]
+        meanwhile = [
+            a.approver
+            for a in after
+            if a.counts and a.approver not in (ans.approver, proposal.principal, *others)
+        ]
         if meanwhile:
             # Another approver approved between the two reads: together they may be enough
             # (each one's approval is the other's earlier one).

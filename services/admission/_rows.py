@@ -15,6 +15,7 @@ __all__ = [
     "COMMAND_STATES",
     "OUTBOX_CHANNEL",
     "Admitted",
+    "Approval",
     "Backlog",
     "CommandAdmission",
     "Known",
@@ -22,6 +23,7 @@ __all__ = [
     "ProposalRow",
     "ResolvedFacts",
     "StoredCommand",
+    "approvals_of",
     "known_of",
     "new_public_id",
     "proposal_of",
@@ -182,3 +184,26 @@ class CommandAdmission(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def origin(self) -> str:
         return "host" if self.operation_key is not None else "run"
+
+
+class Approval(msgspec.Struct, frozen=True, kw_only=True):
+    """One person's approval of a proposal that needs several, and whether it still counts."""
+
+    approver: str
+    approved_at: str
+    # Why it no longer counts, as a stable code (`APPROVER_REVOKED`); None while it counts.
+    void: str | None = None
+
+    @property
+    def counts(self) -> bool:
+        """It still counts towards the distinct approvers the proposal needs."""
+        return self.void is None
+
+
+def approvals_of(raw: Any) -> list[Approval]:
+    """A proposal's approvals as `_statements.APPROVALS_OF` reads them (JSON), first first."""
+    items = json.loads(raw) if isinstance(raw, str | bytes) else raw
+    return [
+        Approval(approver=a["approver"], approved_at=str(a["approved_at"]), void=a.get("void"))
+        for a in items or []
+    ]

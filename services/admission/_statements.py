@@ -7,6 +7,7 @@ from __future__ import annotations
 __all__ = [
     "ADD_APPROVAL",
     "ADMIT",
+    "APPROVALS_OF",
     "APPROVE",
     "COMMAND_COLUMNS",
     "INSERT_PROPOSAL",
@@ -147,6 +148,18 @@ LEFT JOIN LATERAL (SELECT {COMMAND_COLUMNS} FROM admission.commands
 LEFT JOIN admission.proposals p ON p.tenant = k.tenant AND p.proposal_id = k.proposal_id
 ORDER BY k.i
 """
+
+
+# A proposal's approvals, first first, each with why it no longer counts (NULL: it counts), as
+# governance's `approval_void` says: the one rule, for counting them and for listing them.
+# A JSON array of {approver, approved_at, void}; `{proposal}` is the proposal's table alias.
+APPROVALS_OF = """coalesce((
+    SELECT jsonb_agg(jsonb_build_object(
+               'approver', a.approver, 'approved_at', a.approved_at,
+               'void', governance.approval_void(a.tenant, a.approver))
+           ORDER BY a.approved_at, a.approver)
+    FROM admission.proposal_approvals a
+    WHERE a.tenant = {proposal}.tenant AND a.proposal_id = {proposal}.proposal_id), '[]')"""
 
 
 # One approval of a proposal that needs two distinct approvers: only while it is pending.

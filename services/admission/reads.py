@@ -25,12 +25,15 @@ from schemas.reads import (
     COMMAND_STATUS,
     PROPOSAL_GET,
     PROPOSALS_LIST,
+    ApprovalGiven,
     GetCommand,
     GetProposal,
     ListProposals,
     ProposalDetail,
     Proposals,
 )
+from services.admission._rows import approvals_of
+from services.admission._statements import APPROVALS_OF
 
 __all__ = ["AdmissionReads"]
 
@@ -60,16 +63,19 @@ SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{{}}'::jsonb) AS pr
        c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
        p.facts_read_at, p.decision_line,
        p.policy_version,
-       ARRAY(SELECT a.approver FROM admission.proposal_approvals a
-             WHERE a.tenant = p.tenant AND a.proposal_id = p.proposal_id
-             ORDER BY a.approved_at, a.approver) AS approvals
+       {APPROVALS_OF.format(proposal="p")} AS approvals
 FROM admission.proposals p
 LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
 WHERE p.tenant = $1 AND p.public_id IS NOT NULL"""
 
 
+# Why an approval no longer counts, in English words, by the code `approval_void` gives.
+VOID_REASONS: Final = {"APPROVER_REVOKED": "the approver's access was revoked after they approved"}
+
+
 def _detail(row: Any) -> ProposalDetail:
     preview = json.loads(row["preview"])
+    given = approvals_of(row["approvals"])
     return ProposalDetail(
         proposal_id=row["public_id"],
         run_id=row["run_id"],
@@ -93,7 +99,17 @@ def _detail(row: Any) -> ProposalDetail:
         facts_read_at=row["facts_read_at"] and row["facts_read_at"].isoformat(),
         decision_line=row["decision_line"],
         policy_version=row["policy_version"],
-        approvals=list(row["approvals"]),
+        approvals=[a.approver for a in given if a.counts],
+        approvals_given=[
+            ApprovalGiven(
+                approver=a.approver,
+                approved_at=a.approved_at,
+                counts=a.counts,
+                code=a.void,
+                reason=None if a.counts else VOID_REASONS.get(a.void or "", a.void),
+            )
+            for a in given
+        ],
         approvals_needed=(
             contract.approvers_needed(preview) if (contract := ACTIONS.get(row["action"])) else 1
         ),

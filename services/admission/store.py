@@ -18,6 +18,7 @@ from services.admission._rows import (
     COMMAND_STATES,
     OUTBOX_CHANNEL,
     Admitted,
+    Approval,
     Backlog,
     CommandAdmission,
     Known,
@@ -25,6 +26,7 @@ from services.admission._rows import (
     ProposalRow,
     ResolvedFacts,
     StoredCommand,
+    approvals_of,
     known_of,
     new_public_id,
     proposal_of,
@@ -36,6 +38,7 @@ __all__ = [
     "CommandAdmission",
     "AdmissionStore",
     "Admitted",
+    "Approval",
     "Backlog",
     "Known",
     "OutboxRow",
@@ -322,15 +325,17 @@ class AdmissionStore:
         )
         return bool(added)
 
-    async def approvals(self, tenant: str, proposal_id: str) -> list[str]:
-        """Who has approved a pending proposal so far, first first."""
-        rows = await self._pool.fetch(
-            "SELECT approver FROM admission.proposal_approvals "
-            "WHERE tenant = $1 AND proposal_id = $2 ORDER BY approved_at, approver",
+    async def approvals(self, tenant: str, proposal_id: str) -> list[Approval]:
+        """Every approval of a proposal so far, first first, each saying whether it still
+        counts (governance's `approval_void`, the rule the API lists them by too)."""
+        raw = await self._pool.fetchval(
+            "SELECT "
+            + sql.APPROVALS_OF.format(proposal="p")
+            + " FROM admission.proposals p WHERE p.tenant = $1 AND p.proposal_id = $2",
             tenant,
             proposal_id,
         )
-        return [r["approver"] for r in rows]
+        return approvals_of(raw)
 
     async def reject_proposal(
         self, proposal: ProposalRow, reason: str, *, by: str = "", kind: str = "proposal.rejected"

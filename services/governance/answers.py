@@ -82,9 +82,7 @@ class Answers:
             if await self._store.revoked(answer.tenant, answer.principal):
                 await request.respond_error("403", "the approver's access was revoked")
                 return
-            counting = [
-                p for p in answer.approved_by if not await self._store.revoked(answer.tenant, p)
-            ]
+            counting = await self._store.still_counting(answer.tenant, answer.approved_by)
             outcome = await self._store.answer(
                 tenant=answer.tenant,
                 pending_id=answer.pending_id,

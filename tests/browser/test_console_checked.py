@@ -482,3 +482,100 @@ async def test_four_eyes_in_two_tabs_open_at_once_runs_once_after_the_second_app
     assert len(charged) == 1, charged
     for page in (first, second, third):
         await page.context.close()
+
+
+async def test_a_revoked_first_approval_is_struck_and_a_third_approver_completes_it(
+    browser: Any, stack: Stack, db: asyncpg.Connection
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    gone, lead, ops = (f"{who}-{tag}@acme.example" for who in ("gone", "lead", "ops"))
+    with _api(stack) as api:
+        waiting = api.post(
+            "/commands",
+            headers={**auth(stack), **key()},
+            json={
+                "agent": "billing-assistant",
+                "operation_key": f"charge-{tag}",
+                "action": "payment.charge.create",
+                "arguments": {
+                    "customer_id": "ACME-42",
+                    "amount_cents": 71000,
+                    "currency": "EUR",
+                    "description": "Revoked first approver",
+                },
+            },
+        )
+        assert waiting.json()["status"] == "awaiting_human", waiting.text
+    proposal_id = waiting.json()["proposal"]["proposal_id"]
+
+    def listed() -> dict[str, Any]:
+        with _api(stack) as api:
+            got = api.get(
+                f"/proposals/{proposal_id}",
+                headers=auth(stack, principal=f"audit-{tag}@acme.example", roles=["auditor"]),
+            )
+        return dict(got.json())
+
+    async def tab(principal: str) -> Page:
+        page = await (await browser.new_context(viewport={"width": 1100, "height": 900})).new_page()
+        await page.goto(stack.console_link(principal=principal, roles=("approver",)))
+        await page.goto(_console(stack, f"proposals/{proposal_id}"))
+        return page
+
+    # The first approver and the second have the page open at once.
+    first, second = await tab(gone), await tab(lead)
+    await first.locator("#approve").click()
+    await expect(first.locator("#answered")).to_contain_text("Your approval is recorded")
+    await expect(first.locator("#approvals")).to_contain_text(f"1 of 2 approvals (by {gone})")
+    # The first approver's access is revoked: their approval is still shown, struck through
+    # with why, and no longer counted, on the page as in the API.
+    await db.execute(
+        "INSERT INTO governance.revocations (tenant, principal, revoked_by) "
+        "VALUES ('acme', $1, 'admin@acme.example')",
+        gone,
+    )
+    await second.reload()
+    await expect(second.locator("#approvals")).to_contain_text("0 of 2 approvals")
+    struck = second.locator(f'#approvals-given li[data-approver="{gone}"]')
+    await expect(struck).to_have_attribute("data-counts", "false")
+    await expect(struck).to_contain_text("no longer counts")
+    await expect(struck).to_contain_text("revoked")
+    await expect(struck.locator("del")).to_have_text(gone)
+    shown = listed()
+    assert (shown["state"], shown["approvals"]) == ("pending", [])
+    assert [(a["approver"], a["counts"], a["code"]) for a in shown["approvals_given"]] == [
+        (gone, False, "APPROVER_REVOKED")
+    ]
+    await _clean(second, "a proposal whose one approval no longer counts")
+    # The second approver's approval is then the only one that counts: it still waits.
+    await second.locator("#approve").click()
+    await expect(second.locator("#answered")).to_contain_text("Your approval is recorded")
+    await expect(second.locator("#approvals")).to_contain_text(f"1 of 2 approvals (by {lead})")
+    await expect(second.locator(f'#approvals-given li[data-approver="{lead}"]')).to_have_attribute(
+        "data-counts", "true"
+    )
+    await expect(second.locator(f'#approvals-given li[data-approver="{gone}"] del')).to_be_visible()
+    await expect(second.locator("#outcome-text")).to_contain_text("waiting for an approver")
+    shown = listed()
+    assert (shown["state"], shown["approvals"], shown["operation_id"]) == ("pending", [lead], None)
+    await _clean(second, "a proposal with one approval that counts and one that does not")
+    # A third approver completes the two that count: it runs, exactly once.
+    third = await tab(ops)
+    await expect(third.locator("#approvals")).to_contain_text("1 of 2 approvals")
+    await third.locator("#approve").click()
+    await expect(third.locator("#outcome-text")).to_contain_text(
+        f"approved by {ops}; outcome: succeeded", timeout=WAIT_MS
+    )
+    made = await db.fetchval(
+        "SELECT count(*) FROM admission.commands c JOIN admission.proposals p "
+        "ON p.tenant = c.tenant AND p.proposal_id = c.proposal_id WHERE p.public_id = $1",
+        proposal_id,
+    )
+    assert made == 1
+    with httpx.Client(base_url=stack.payments_url, timeout=5) as payments:
+        charged = [
+            c for c in payments.get("/_control/charges").json() if c["amount_cents"] == 71000
+        ]
+    assert len(charged) == 1, charged
+    for page in (first, second, third):
+        await page.context.close()

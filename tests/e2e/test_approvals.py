@@ -468,3 +468,100 @@ async def test_four_eyes_over_http_refuses_a_revoked_first_approver(
     done = await _settled(host, asked.request_id)
     assert done.status == "succeeded", done
     assert len(_charges(payments, done.operation_id or "")) == 1
+
+
+async def test_a_revoked_first_approval_is_listed_apart_and_a_third_approver_completes_it(
+    stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    first, second, third = (f"{who}-{tag}@acme.example" for who in ("first", "second", "third"))
+    asked = await _charge(host, 64000, "alice@acme.example")
+    assert asked.proposal is not None, asked
+    proposal_id = asked.proposal.proposal_id
+
+    with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+
+        def approve(principal: str) -> dict[str, Any]:
+            got = api.post(
+                f"/proposals/{proposal_id}/approve",
+                json={},
+                headers={**auth(stack, principal=principal, roles=["approver"]), **key()},
+            )
+            assert got.status_code == 200, got.text
+            return dict(got.json())
+
+        def shown() -> dict[str, Any]:
+            got = api.get(
+                f"/proposals/{proposal_id}",
+                headers=auth(stack, principal=f"auditor-{tag}@acme.example", roles=["auditor"]),
+            )
+            assert got.status_code == 200, got.text
+            return dict(got.json())
+
+        recorded = approve(first)
+        assert recorded["status"] == "approval_recorded", recorded
+        assert [a["approver"] for a in shown()["approvals_given"]] == [first]
+        assert shown()["approvals"] == [first]
+
+        # The first approver loses their access: their approval is still listed, as one that
+        # no longer counts, and it is not among those that count.
+        await _revoke(db, first)
+        view = shown()
+        assert (view["state"], view["approvals_needed"], view["approvals"]) == ("pending", 2, [])
+        [gone] = view["approvals_given"]
+        assert (gone["approver"], gone["counts"], gone["code"]) == (
+            first,
+            False,
+            "APPROVER_REVOKED",
+        )
+        assert "revoked" in gone["reason"]
+
+        # A second approver's approval is the only one that counts: the charge still waits.
+        still = approve(second)
+        assert still["status"] == "approval_recorded", still
+        assert still["reason"].startswith("1 of 2 approvals"), still
+        view = shown()
+        assert (view["state"], view["approvals"]) == ("pending", [second])
+        assert [(a["approver"], a["counts"]) for a in view["approvals_given"]] == [
+            (first, False),
+            (second, True),
+        ]
+        await anyio.sleep(0.5)
+        assert not [
+            c for c in payments.get("/_control/charges").json() if c["amount_cents"] == 64000
+        ]
+
+        # A third approver completes the two that count: it runs, exactly once.
+        claimed = approve(third)
+        assert claimed["status"] == "claimed", claimed
+    done = await _settled(host, asked.request_id)
+    assert (done.status, done.outcome) == ("succeeded", "succeeded"), done
+    assert len(_charges(payments, done.operation_id or "")) == 1
+    assert (
+        await db.fetchval(
+            "SELECT approved_by FROM admission.proposals WHERE public_id = $1", proposal_id
+        )
+        == third
+    )
+
+
+async def test_a_problem_speaks_the_language_accept_language_asks_for(stack: Stack) -> None:
+    no_role = auth(stack, principal="nobody@acme.example", roles=[])
+    with httpx.Client(base_url=stack.api_url, timeout=40) as api:
+        english = api.get("/proposals", headers=no_role)
+        french = api.get("/proposals", headers={**no_role, "Accept-Language": "fr-FR, en;q=0.5"})
+        other = api.get("/proposals", headers={**no_role, "Accept-Language": "de"})
+    for got in (english, french, other):
+        assert got.status_code == 403, got.text
+        assert got.headers["content-type"] == "application/problem+json"
+        assert got.json()["code"] == "FORBIDDEN"
+    assert (english.json()["title"], english.json()["detail"]) == (
+        "forbidden",
+        "this needs the approver role",
+    )
+    assert (french.json()["title"], french.json()["detail"]) == (
+        "Interdit",
+        "il faut pour cela le rôle approver",
+    )
+    assert french.headers["content-language"] == "fr"
+    assert other.json() == english.json()  # a language Writ does not speak: English

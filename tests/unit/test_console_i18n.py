@@ -182,6 +182,27 @@ PAGES: dict[str, Callable[[], str]] = {
     "proposal, four eyes": lambda: proposal_page(
         _viewer(), _charge(approvals_needed=2, approvals=["bob@acme.example"]), now=NOW
     ),
+    "proposal, four eyes, one no longer counting": lambda: proposal_page(
+        _viewer(),
+        _charge(
+            approvals_needed=2,
+            approvals=["bob@acme.example"],
+            approvals_given=[
+                {
+                    "approver": "eve@acme.example",
+                    "approved_at": NOW.isoformat(),
+                    "counts": False,
+                    "code": "APPROVER_REVOKED",
+                    "reason": "the approver's access was revoked after they approved",
+                },
+                {"approver": "bob@acme.example", "approved_at": NOW.isoformat(), "counts": True},
+            ],
+        ),
+        now=NOW,
+    ),
+    "proposal, rejected with a reason": lambda: proposal_page(
+        _viewer(), _charge(state="rejected", reason="rejected by bob@acme.example"), now=NOW
+    ),
     "proposal, own approval": lambda: proposal_page(
         _viewer("bob@acme.example"),
         _charge(approvals_needed=2, approvals=["bob@acme.example"]),

@@ -377,6 +377,19 @@ class GovernanceStore(BudgetStore):
             )
         )
 
+    async def still_counting(self, tenant: str, approvers: Sequence[str]) -> list[str]:
+        """Those of a proposal's earlier approvers whose approval still counts, in order, by
+        the one rule admission lists them by too (`governance.approval_void`)."""
+        if not approvers:
+            return []
+        rows = await self._pool.fetch(
+            "SELECT a.approver FROM unnest($2::text[]) WITH ORDINALITY AS a(approver, i) "
+            "WHERE governance.approval_void($1, a.approver) IS NULL ORDER BY a.i",
+            tenant,
+            list(approvers),
+        )
+        return [r["approver"] for r in rows]
+
     async def answer(
         self,
         *,

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from services.ingress.console._i18n import current, said
 from services.ingress.console._session import Viewer
 from services.ingress.logic import console_proof
 
@@ -28,9 +29,12 @@ class ApiAnswer:
 
     @property
     def problem(self) -> str:
-        """A refusal as a person reads it (`CODE: detail`)."""
+        """A refusal as a person reads it (`CODE: detail`, the detail in the page's language
+        where the catalog has it: the API answered in it, or it is a code's meaning)."""
         if isinstance(self.body, dict):
-            return f"{self.body.get('code', self.status)}: {self.body.get('detail', '')}"
+            code = self.body.get("code")
+            why = said(str(code) if code else None, self.body.get("detail") or "")
+            return f"{code or self.status}: {why}"
         return f"HTTP {self.status}"
 
 
@@ -46,7 +50,8 @@ class ApiClient:
         await self._http.aclose()
 
     def _auth(self, viewer: Viewer) -> dict[str, str]:
-        headers = {"Authorization": f"Bearer {viewer.token}"}
+        # The API speaks the page's language in what it composes (its problems' texts).
+        headers = {"Authorization": f"Bearer {viewer.token}", "Accept-Language": current()}
         if viewer.signed_in:
             # A session's sign-in token: the API takes it only with this process's proof.
             headers["Writ-Console-Proof"] = console_proof(self._key, viewer.token)

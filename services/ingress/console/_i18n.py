@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Final, Literal, get_args
 
+from services.ingress.console._codes import COMPOSED, REASONS, TITLES, composed
 from services.ingress.console._words import MORE, Msg
 
 __all__ = [
@@ -29,11 +30,13 @@ __all__ = [
     "current",
     "here",
     "caption",
+    "said",
     "stamp",
     "negotiate",
     "rendering",
     "t",
     "shown",
+    "title_of",
 ]
 
 Locale = Literal["en", "fr"]
@@ -272,6 +275,9 @@ CATALOG: Final[dict[str, Msg]] = {
     ),
     "approvals_of": Msg("{n} of {needed} approvals", "{n} approbation(s) sur {needed}"),
     "approvals_by": Msg(" (by {who})", " (par {who})"),
+    "state_because": Msg("{state}: {reason}", "{state} : {reason}"),
+    "approval_counts": Msg("approved; counts", "a approuvé ; compte"),
+    "approval_void": Msg("approved, no longer counts: {why}", "a approuvé, ne compte plus : {why}"),
     "four_eyes": Msg(
         ": four eyes, {needed} distinct approvers, neither of them the requester.",
         " : quatre yeux, {needed} approbateurs distincts, dont aucun n'est le demandeur.",
@@ -360,6 +366,11 @@ CATALOG: Final[dict[str, Msg]] = {
     "approve": Msg("Approve", "Approuver"),
     # Operators' MCP pages, sign-in refusals, a trail's composed rows (`_words.py`)
     **MORE,
+    # Stable codes: a problem's title, a refusal's meaning, the sentences composed around
+    # them (`_codes.py`)
+    **{f"title:{code}": msg for code, msg in TITLES.items()},
+    **{f"code:{code}": msg for code, msg in REASONS.items()},
+    **{f"composed:{key}": msg for key, msg in COMPOSED.items()},
 }
 
 # The labels action contracts give their previews (`ActionContract.describe`) and the fixed
@@ -501,3 +512,22 @@ def caption(text: str) -> str:
 def shown(text: str) -> str:
     """A preview's value in the current locale (amounts are written its way)."""
     return amount(text)
+
+
+def title_of(code: str, locale: Locale) -> str:
+    """A problem document's `title` for `code` in `locale` (the code in words when the catalog
+    has no title for it)."""
+    msg = CATALOG.get(f"title:{code}")
+    return code.replace("_", " ").lower() if msg is None else str(getattr(msg, locale))
+
+
+def said(code: str | None, text: str | None, locale: Locale | None = None) -> str:
+    """A refusal's reason in `locale` (default: the page's). English: as it was recorded.
+    French: the sentence Writ composed, in French with the same fields; else what its stable
+    code means, from the catalog; else the text as it was recorded (free text: an approver's
+    reason, a host's message, which nobody can translate)."""
+    locale = locale or _current.get()
+    msg = CATALOG.get(f"code:{code}") if code else None
+    if locale == "en" or msg is None and not text:
+        return text or (msg.en if msg is not None else "")
+    return composed(text or "", locale) or (str(getattr(msg, locale)) if msg else text or "")

@@ -17,6 +17,7 @@ from services.ingress.console._i18n import (
     caption,
     current,
     here,
+    said,
     shown,
     stamp,
     t,
@@ -293,7 +294,11 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
     elif state == "expired":
         text = t("cannot_approve")
     else:
-        text = _state(state) + (f": {p['reason']}" if p.get("reason") else "")
+        text = (
+            t("state_because", state=_state(state), reason=said(None, p["reason"]))
+            if p.get("reason")
+            else _state(state)
+        )
     final = "true" if proposal_final(p) else "false"
     # The colour follows the typed outcome (or, before there is one, the proposal's state):
     # a revision required is not a success because its proposal was approved.
@@ -395,6 +400,7 @@ def proposal_page(
             f"{h(t('approvals_of', n=len(approvals), needed=needed))}"
             + (h(t("approvals_by", who=", ".join(approvals))) if approvals else "")
             + f"{h(t('four_eyes', needed=needed))}</p>"
+            + _approvals_given(p)
         )
     # The page's script says each change of the outcome here (the box itself is replaced).
     parts.append('<p id="announce" class="visually-hidden" role="status" aria-live="polite"></p>')
@@ -432,6 +438,24 @@ def proposal_page(
     if p["state"] == "pending" or expired:
         parts.append(_answers(viewer, p, own=own, expired=expired, options=options))
     return layout(t("proposal_title", action=p["action"]), "".join(parts), viewer)
+
+
+def _approvals_given(p: dict[str, Any]) -> str:
+    """Every approval given so far: those that count, and those that no longer do, struck
+    through with why (from the code, in the page's language)."""
+    given = list(p.get("approvals_given") or [])
+    if not any(not a.get("counts", True) for a in given):
+        return ""  # the sentence above names every approval given
+    items = "".join(
+        f'<li data-approver="{h(a["approver"])}" data-counts="true">'
+        f"{h(a['approver'])} — {h(t('approval_counts'))}</li>"
+        if a.get("counts", True)
+        else f'<li data-approver="{h(a["approver"])}" data-counts="false">'
+        f"<del>{h(a['approver'])}</del> — "
+        f"{h(t('approval_void', why=said(a.get('code'), a.get('reason'))))}</li>"
+        for a in given
+    )
+    return f'<ul class="approvals" id="approvals-given">{items}</ul>'
 
 
 def _answers(

@@ -22,6 +22,7 @@ from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
 from services.ingress.console._client import ApiAnswer, ApiClient
 from services.ingress.console._i18n import LANG_COOKIE, LOCALES, Locale, negotiate, rendering, t
+from services.ingress.console._i18n import said as reason_said
 from services.ingress.console._inbox import inbox_items, inbox_query
 from services.ingress.console._mcp import McpBus, mcp_handlers
 from services.ingress.console._operators import OPERATOR_ROLE
@@ -218,7 +219,8 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         elif got.body.get("code") == "REVISION_ASKED":
             said = t("revision_sent")
         elif got.body["status"] == "not_approvable":
-            said = t(f"not_{answer}d", code=got.body.get("code"), why=got.body.get("reason") or "")
+            code = got.body.get("code")
+            said = t(f"not_{answer}d", code=code, why=reason_said(code, got.body.get("reason")))
         else:
             said = t("answered_" + got.body["status"])
         p = await _proposal(viewer, proposal_id)
@@ -327,7 +329,11 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             said = (
                 t("answered_as", answer=t("answer_" + form.answer))
                 if got.body.get("accepted")
-                else t("not_taken", code=got.body.get("code"), why=got.body.get("message"))
+                else t(
+                    "not_taken",
+                    code=got.body.get("code"),
+                    why=reason_said(got.body.get("code"), got.body.get("message")),
+                )
             )
         else:
             said = t("nothing_done_dash", problem=got.problem)
@@ -370,7 +376,11 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
             said = (
                 t("answered_as", answer=t("answer_" + form.answer))
                 if got.body.get("accepted")
-                else t("not_taken", code=got.body.get("code"), why=got.body.get("message", ""))
+                else t(
+                    "not_taken",
+                    code=got.body.get("code"),
+                    why=reason_said(got.body.get("code"), got.body.get("message")),
+                )
             )
         else:
             said = t("nothing_done_dash", problem=got.problem)

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import msgspec
 
-from services.ingress.console._i18n import CATALOG, caption, t
+from services.ingress.console._i18n import CATALOG, caption, said, t
 
 __all__ = ["TrailRow", "trail_rows", "trail_section"]
 
@@ -51,12 +51,13 @@ def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
         if kind == "proposal.rejected":
             what += t("trail_refused_at_once", reason=_s(p.get("reason")))
     elif kind == "proposal.rejected":
-        step, who, what = "Rejected", _s(p.get("rejected_by")), _s(p.get("reason"))
+        step, who, what = "Rejected", _s(p.get("rejected_by")), said(None, _s(p.get("reason")))
     elif kind == "proposal.approved":
         step, who = "Approved", _s(p.get("approved_by"))
         what = t("trail_line", line=_s(p.get("line")), policy=_s(p.get("policy_version")))
     elif kind == "proposal.revision_asked":
-        step, who, what = "Revision asked", _s(p.get("rejected_by")), _s(p.get("reason"))
+        step, who = "Revision asked", _s(p.get("rejected_by"))
+        what = said(None, _s(p.get("reason")))
     elif kind == "proposal.approval_recorded":
         step, who, what = "Approval", _s(p.get("approved_by")), "one of the approvals it needs"
     elif kind == "proposal.expired":
@@ -78,7 +79,9 @@ def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
         )
     elif kind == "pending.answered":
         step, who = "Answered", _s(p.get("answered_by"))
-        what = f"{_s(p.get('answer'))}" + (f": {p['reason']}" if p.get("reason") else "")
+        what = f"{_s(p.get('answer'))}" + (
+            f": {said(None, p['reason'])}" if p.get("reason") else ""
+        )
     elif kind == "attempt.started":
         step, who = "Attempt", _s(p.get("connector"))
         what = t("trail_sent", connector=_s(p.get("connector")), lease=_s(p.get("lease_epoch")))

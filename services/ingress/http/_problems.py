@@ -20,6 +20,7 @@ from litestar.params import HeaderParameter
 from libs.errors import RetryableError
 from schemas.api import Problem
 from schemas.base import ID_PATTERN
+from services.ingress.console._i18n import Locale, negotiate, said, title_of
 
 __all__ = [
     "STATUS",
@@ -28,6 +29,7 @@ __all__ = [
     "IdempotencyKey",
     "LastEventId",
     "event_id",
+    "locale_of",
     "problem",
     "problems",
 ]
@@ -137,31 +139,48 @@ class ApiError(Exception):
 
 
 def problem(
-    code: str, detail: str, *, instance: str | None = None, headers: dict[str, str] | None = None
+    code: str,
+    detail: str,
+    *,
+    instance: str | None = None,
+    headers: dict[str, str] | None = None,
+    locale: Locale = "en",
 ) -> Response[bytes]:
-    """The problem+json response of a code."""
+    """The problem+json response of a code, its `title` and `detail` in `locale` (the detail
+    where it is a sentence Writ composes; free text, such as a validation error's, as it is).
+    The `code` is the same in every language."""
     status = STATUS.get(code, 400)
     body = Problem(
         type="about:blank",
-        title=code.replace("_", " ").lower(),
+        title=title_of(code, locale),
         status=status,
         code=code,
-        detail=detail[:1000],
+        detail=said(None, detail[:1000], locale),
         instance=instance,
     )
+    language = {"Content-Language": locale, "Vary": "Accept-Language"}
     return Response(
-        _ENCODER.encode(body), status_code=status, media_type=PROBLEM_JSON, headers=headers
+        _ENCODER.encode(body),
+        status_code=status,
+        media_type=PROBLEM_JSON,
+        headers={**(headers or {}), **language},
     )
+
+
+def locale_of(request: Request[Any, Any, Any]) -> Locale:
+    """The language a caller's `Accept-Language` asks for, of those Writ speaks (English
+    unless it asks for French)."""
+    return negotiate(None, request.headers.get("accept-language"))
 
 
 def _api_error(request: Request[Any, Any, Any], exc: ApiError) -> Response[bytes]:
-    return problem(exc.code, exc.detail, instance=request.url.path)
+    return problem(exc.code, exc.detail, instance=request.url.path, locale=locale_of(request))
 
 
 def _validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[bytes]:
     extra = exc.extra if isinstance(exc.extra, list) else []
     detail = "; ".join(_named(e) for e in extra) or exc.detail
-    return problem("INVALID_REQUEST", detail, instance=request.url.path)
+    return problem("INVALID_REQUEST", detail, instance=request.url.path, locale=locale_of(request))
 
 
 # Headers a route declares, by the name of their parameter.
@@ -190,7 +209,13 @@ def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes
     )
     # A 405 names the methods the path takes (`Allow`, RFC 9110 §15.5.6).
     headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
-    return problem(code, exc.detail, instance=request.url.path, headers=headers or None)
+    return problem(
+        code,
+        exc.detail,
+        instance=request.url.path,
+        headers=headers or None,
+        locale=locale_of(request),
+    )
 
 
 def _retryable(request: Request[Any, Any, Any], exc: RetryableError) -> Response[bytes]:
@@ -199,12 +224,18 @@ def _retryable(request: Request[Any, Any, Any], exc: RetryableError) -> Response
         str(exc)[:300],
         instance=request.url.path,
         headers={"Retry-After": str(max(1, round(exc.delay or 1)))},
+        locale=locale_of(request),
     )
 
 
 def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.exception("request %s %s failed", request.method, request.url.path, exc_info=exc)
-    return problem("INTERNAL", "the request failed inside Writ", instance=request.url.path)
+    return problem(
+        "INTERNAL",
+        "the request failed inside Writ",
+        instance=request.url.path,
+        locale=locale_of(request),
+    )
 
 
 EXCEPTION_HANDLERS: Final[
