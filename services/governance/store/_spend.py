@@ -15,6 +15,7 @@ import asyncpg
 import msgspec
 
 from libs.journal import Journal
+from schemas.governance import BudgetSettled
 from services.governance.spend import (
     MICROS,
     Cap,
@@ -26,6 +27,7 @@ from services.governance.spend import (
     covering_all,
     money,
 )
+from services.governance.store._records import is_uuid
 
 __all__ = ["CapExceeded", "SpendHeld", "SpendStore"]
 
@@ -60,6 +62,23 @@ FROM governance.spend_charges WHERE reservation_id = $1::uuid AND used_micros IS
 FOR UPDATE
 """
 _CHARGED = "UPDATE governance.spend_charges SET used_micros = $2 WHERE reservation_id = $1::uuid"
+# The charge of a reservation, locked, if it was not yet credited back (open: only held).
+_CREDITABLE = """
+SELECT caps, windows, worst_micros, used_micros FROM governance.spend_charges
+WHERE reservation_id = $1::uuid AND credited_micros IS NULL FOR UPDATE
+"""
+_CREDITED = (
+    "UPDATE governance.spend_charges SET used_micros = $2, credited_micros = $3 "
+    "WHERE reservation_id = $1::uuid"
+)
+# The run's budget row and the reservation, locked in the order every settlement locks them.
+_LOCK_RESERVATION = """
+SELECT r.status, r.used_provider_calls, r.used_tokens, r.used_capability_calls
+FROM governance.budgets b
+JOIN governance.reservations r
+  ON r.reservation_id = $3::uuid AND r.tenant = b.tenant AND r.run_id = b.run_id
+WHERE b.tenant = $1 AND b.run_id = $2 FOR UPDATE OF b, r
+"""
 # $1 tenants, $2 caps, $3 windows: those rows, where they exist.
 _CURRENT = """
 SELECT s.tenant, s.cap, s.window_key, s.reserved_micros, s.used_micros
@@ -172,6 +191,25 @@ async def charge_settled(
         "reserved_micros": row["worst_micros"],
         "used_micros": used,
     }
+
+
+async def credit_charged(
+    conn: asyncpg.Connection, reservation_id: str, tenant: str
+) -> dict[str, object] | None:
+    """Give back to its caps what a reservation's charge took: its call was definitely not
+    carried out. A charged one gives back what it was charged; one still only held returns
+    its hold and is charged nothing when it is settled. Once: None if it held nothing or was
+    credited already. The caller holds the run's budget row lock."""
+    row = await conn.fetchrow(_CREDITABLE, reservation_id)
+    if row is None:
+        return None
+    caps, windows = list(row["caps"]), list(row["windows"])
+    held = row["worst_micros"] if row["used_micros"] is None else 0
+    used = row["used_micros"] or 0
+    await conn.fetch(_LOCK, tenant, caps, windows)
+    await conn.execute(_MOVE, tenant, caps, windows, -held, -used)
+    await conn.execute(_CREDITED, reservation_id, used, used)
+    return {"caps": caps, "windows": windows, "released_micros": held, "credited_micros": used}
 
 
 def _show(micros: int) -> str:
@@ -405,3 +443,33 @@ class SpendStore:
                 run_id=run_id,
                 payload={"reservation_id": reservation_id, **charged},
             )
+
+    async def credit(self, tenant: str, run_id: str, reservation_id: str) -> BudgetSettled | None:
+        """Give back what a reservation's spend charge took from its caps, once, its call
+        definitely not carried out (`credit_charged`), journaled `spend.credited`. The
+        reservation itself is closed by its own settlement, as any other. None: no such
+        reservation of this run."""
+        if not is_uuid(reservation_id):
+            return None
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(_LOCK_RESERVATION, tenant, run_id, reservation_id)
+            if row is None:
+                return None
+            credited = await credit_charged(conn, reservation_id, tenant)
+            if credited is not None:
+                await self._write(
+                    conn,
+                    tenant=tenant,
+                    kind="spend.credited",
+                    subject=reservation_id,
+                    run_id=run_id,
+                    payload={"reservation_id": reservation_id, **credited},
+                )
+        return BudgetSettled(
+            reservation_id=reservation_id,
+            run_id=run_id,
+            status=row["status"],
+            provider_calls=row["used_provider_calls"] or 0,
+            tokens=row["used_tokens"] or 0,
+            capability_calls=row["used_capability_calls"] or 0,
+        )
