@@ -25,13 +25,15 @@ from libs.db import connect_pool, load_migrations, provision, role_name, with_da
 from libs.embedded import EmbeddedPostgres
 from libs.journal import DataKeys, Journal
 from schemas.governance import BudgetReserved, RegisterRun, Settlement
+from services import governance
 from services.governance.budgets import Limits
 from services.governance.spend import Cap, ModelPrice, PriceTable
 from services.governance.store import GovernanceStore
 
 __all__ = ["main"]
 
-MIGRATIONS = Path(__file__).resolve().parents[1] / "services" / "governance" / "migrations"
+# Beside the store measured (the checkout whose `services` is imported).
+MIGRATIONS = Path(governance.__file__).resolve().parent / "migrations"
 MODEL = "openai/bench"
 
 

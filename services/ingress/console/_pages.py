@@ -110,10 +110,10 @@ def _pages_nav(viewer: Viewer) -> str:
     pages = [("/console/", t("nav_inbox"), "nav-inbox")]
     if APPROVER_ROLE in viewer.roles:
         pages.append(("/console/spend", t("nav_spend"), "nav-spend"))
-    path = here().split("?", 1)[0]
+    path = here().split("?", 1)[0].rstrip("/")
     current_page = ' aria-current="page"'
     links = "".join(
-        f'<a href="{href}" id="{key}"{current_page if href == path else ""}>{label}</a>'
+        f'<a href="{href}" id="{key}"{current_page if href.rstrip("/") == path else ""}>{label}</a>'
         for href, label, key in pages
     )
     return f'<nav class="pages" aria-label="{t("pages_nav")}">{links}</nav>'
