@@ -43,23 +43,27 @@ async def _pass(store: GovernanceStore, concurrency: int, seconds: float, tag: s
             RegisterRun(tenant="acme", run_id=f"{tag}-{r}", principal="a@acme", agent="bench"),
             Limits(wall_time_s=3600, max_concurrent_steps=8, provider_calls=10**6, tokens=10**12),
         )
-    done = 0
+    done = timeouts = 0
     deadline = time.monotonic() + seconds
 
     async def run(r: int) -> None:
-        nonlocal done
+        nonlocal done, timeouts
         carried: list[Settlement] = []
         step = 0
         while time.monotonic() < deadline:
-            held = await store.reserve(
-                tenant="acme",
-                run_id=f"{tag}-{r}",
-                step_key=f"{tag}-{r}:{step}:model",
-                provider_calls=1,
-                tokens=1_000,
-                model=MODEL,
-                settle=carried,
-            )
+            try:
+                held = await store.reserve(
+                    tenant="acme",
+                    run_id=f"{tag}-{r}",
+                    step_key=f"{tag}-{r}:{step}:model",
+                    provider_calls=1,
+                    tokens=1_000,
+                    model=MODEL,
+                    settle=carried,
+                )
+            except asyncpg.QueryCanceledError:  # waited past the statement timeout (5 s)
+                timeouts += 1
+                continue
             assert isinstance(held, BudgetReserved), held
             carried = [Settlement(reservation_id=held.reservation_id, provider_calls=1, tokens=600)]
             step += 1
@@ -74,6 +78,7 @@ async def _pass(store: GovernanceStore, concurrency: int, seconds: float, tag: s
         "reservations_per_s": round(done / wall, 1),
         "cpu_ms_per_reservation": round(1000 * cpu / max(done, 1), 3),
         "reservations": done,
+        "statement_timeouts": timeouts,
     }
 
 
