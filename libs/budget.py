@@ -41,6 +41,7 @@ __all__ = [
     "BudgetUnavailable",
     "NoBudget",
     "NoSuchReservation",
+    "credit",
     "release",
     "reserve",
     "settle",
@@ -209,6 +210,24 @@ async def release(
             capability_calls=capability_calls,
             release=True,
         ),
+        timeout,
+    )
+
+
+async def credit(
+    nc: Client, *, tenant: str, run_id: str, reservation_id: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> BudgetSettled:
+    """Give back what a reservation's spend charge holds or took from its caps: its
+    capability call was definitely not carried out. Once, however often it is asked; the
+    reservation is still closed by its own settlement.
+
+    Raises:
+        NoSuchReservation: governance knows no such reservation for this run.
+        BudgetUnavailable: no answer, or governance failed to record it: ask again.
+    """
+    return await _close(
+        nc,
+        SettleBudget(tenant=tenant, run_id=run_id, reservation_id=reservation_id, credit=True),
         timeout,
     )
 

@@ -360,7 +360,10 @@ class BudgetRefused(Event, frozen=True):
 
 class SettleBudget(Command, frozen=True):
     """Close a reservation with what the step really used (more than reserved is recorded as
-    it is). `release`: the step was abandoned; what it used (usually nothing) is recorded."""
+    it is). `release`: the step was abandoned; what it used (usually nothing) is recorded.
+    `credit`: instead, the capability call was definitely not carried out (denied, rejected,
+    expired, failed, sent back): what its spend charge holds or took from its caps is given
+    back, once; the reservation is closed by its own settlement, as any other."""
 
     tenant: Tenant
     run_id: Id
@@ -373,14 +376,16 @@ class SettleBudget(Command, frozen=True):
     input_tokens: Amount | None = None
     output_tokens: Amount | None = None
     release: bool = False
+    credit: bool = False
 
 
 class BudgetSettled(Event, frozen=True):
-    """The closed reservation. Settling it again returns what was recorded the first time."""
+    """The closed reservation. Settling it again returns what was recorded the first time.
+    (`open`: only in the answer to a credit that came before the reservation's settlement.)"""
 
     reservation_id: Id
     run_id: Id
-    status: Literal["settled", "released"]
+    status: Literal["settled", "released", "open"]
     provider_calls: int
     tokens: int
     capability_calls: int

@@ -257,7 +257,13 @@ class GovernanceService:
         return SpendReport(spend=[msgspec.convert(r, CapSpend) for r in rows])
 
     async def settle(self, ask: SettleBudget) -> BudgetSettled:
-        """Close a reservation with what the step used (404: no such reservation)."""
+        """Close a reservation with what the step used, or with `credit` give back its spend
+        charge (404: no such reservation)."""
+        if ask.credit:
+            credited = await self._store.credit(ask.tenant, ask.run_id, ask.reservation_id)
+            if credited is None:
+                raise NotFound("no such reservation for this run")
+            return credited
         settled = await self._store.settle(
             tenant=ask.tenant,
             run_id=ask.run_id,

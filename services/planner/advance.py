@@ -22,6 +22,7 @@ from services.planner.cancel import in_flight
 from services.planner.capabilities import waiting_on
 from services.planner.effects import AGAIN, Effects, Finished
 from services.planner.observations import observation_of
+from services.planner.pricing import not_carried_out
 from services.planner.progress import announce
 from services.planner.sessions import SessionTurns
 from services.planner.sessions._plans import PAUSE_PREFIX
@@ -113,9 +114,10 @@ class RunAdvance:
                 elif self._sessions is not None:
                     await self._sessions.refused(conn, run, event.step, observation)
             # The capability call has its outcome (or its refusal): it is over.
-            await self._budget.spent(
-                conn, run, step_key(run.run_id, event.step, "capability"), capability_calls=1
-            )
+            key = step_key(run.run_id, event.step, "capability")
+            await self._budget.spent(conn, run, key, capability_calls=1)
+            if not_carried_out(event):  # nothing acted: its spend charge is given back
+                await self._budget.credit(conn, run, key)
         if run.status not in TERMINAL_RUN and (by := cancelled):
             if (
                 run.status == "running"

@@ -501,6 +501,37 @@ class RunBudgets:
         except budget.BudgetUnavailable as exc:
             log.warning("run %s: settling %s later: %s", run.run_id, key, exc)
 
+    async def credit(self, conn: Any, run: RunRow, key: str) -> None:
+        """The capability call reserved under `key` was definitely not carried out: have
+        governance give back what its spend charge holds or took, now, before the delivery
+        commits. Governance credits a charge once, so a redelivered outcome asks again
+        harmlessly; the reservation is settled as any other. (A priced call's reservation
+        is its own, even as a draw: a run a cap covers gets no lease beyond the asking step.)
+
+        Raises:
+            BudgetUnavailable: governance did not answer (retry the delivery): a charge is
+                never left counted for a call that did not happen.
+        """
+        delivery = _DELIVERY.get()
+        known = None if delivery is None else delivery.held.get(run.run_id)
+        held = (
+            known.get(key)
+            if known is not None
+            else await self._store.reservation(conn, run.run_id, key)
+        )
+        if held is None or not held.reservation_id:
+            return
+        try:
+            await budget.credit(
+                self._nc,
+                tenant=run.tenant,
+                run_id=budget_run_id(run),
+                reservation_id=held.reservation_id,
+                timeout=self._timeout,
+            )
+        except budget.NoSuchReservation:
+            log.warning("run %s: governance knows no reservation %s", run.run_id, key)
+
     async def provider_call(self, conn: Any, run: RunRow, key: str, call: Any) -> Any:
         """Await a provider call reserved under `key`; one that fails for good settles what it
         used (the step is abandoned), one that may succeed later keeps its reservation for the

@@ -9,10 +9,18 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Priced", "priced_call"]
+from schemas.admission import ProposalRefused
+from schemas.dispatcher import CommandOutcome
+
+__all__ = ["Priced", "not_carried_out", "priced_call"]
 
 _NAME = re.compile(r"^[^\s]{1,128}$")
 _CURRENCY = re.compile(r"^[A-Z]{3}$")
+# A proposal refused so is definitely not carried out: nothing was admitted for it. `ask` waits
+# for a person (its answer decides); `conflict` names an operation that may have run.
+_REFUSED_UNDONE = frozenset({"deny", "invalid", "rejected", "revise"})
+# A command ending so definitely did not act; `succeeded` did, and `unknown` may have.
+_ENDED_UNDONE = frozenset({"denied", "expired", "revision_required", "failed"})
 # `amount_cents` as the money actions freeze it (actions/payment_*.py), at most 100,000,000.
 _MAX_CENTS = 10**12
 
@@ -48,3 +56,12 @@ def priced_call(action: str, arguments: dict[str, Any]) -> Priced | None:
     ):
         return Priced(action=action, amount=f"{cents // 100}.{cents % 100:02d}", currency=currency)
     return Priced(action=action)
+
+
+def not_carried_out(event: CommandOutcome | ProposalRefused) -> bool:
+    """Whether the capability call this outcome or refusal ends was definitely not carried
+    out: then what spend caps charged for it is given back (`RunBudgets.credit`). Where
+    nobody knows (`unknown`), it stays charged: the cautious side."""
+    if isinstance(event, ProposalRefused):
+        return event.verdict in _REFUSED_UNDONE
+    return event.state in _ENDED_UNDONE

@@ -21,7 +21,7 @@ from libs import budget
 from schemas import subjects
 from schemas.governance import RegisterRun, RunRegistered
 from services.governance.spend import Cap, ModelPrice, PriceTable, sign_prices
-from tests.browser.test_console import _api, _console
+from tests.browser.test_console import _api, _console, _signed_in
 from tests.e2e.test_http_api import auth
 from tests.fixtures.axe import axe_violations
 from writ.stack import POLICY_KEY_ID, Stack
@@ -121,7 +121,11 @@ async def test_an_approver_sees_spend_against_each_cap_with_no_axe_violation(
             context = await browser.new_context(viewport={"width": width, "height": 900})
             page = await context.new_page()
             await page.goto(stack.console_link())
-            await page.goto(_console(stack, "spend"))
+            # The console's navigation leads an approver to the spend page, marked current.
+            await expect(page.locator("#nav-inbox")).to_have_attribute("aria-current", "page")
+            await page.locator("#nav-spend").click()
+            await expect(page).to_have_url(_console(stack, "spend"))
+            await expect(page.locator("#nav-spend")).to_have_attribute("aria-current", "page")
             day = page.locator('#spend tr[data-cap="billing-day"]')
             await expect(day).to_be_visible()
             cells = await day.locator("td").all_inner_texts()
@@ -139,3 +143,18 @@ async def test_an_approver_sees_spend_against_each_cap_with_no_axe_violation(
             await context.close()
     finally:
         _install(stack, [])
+
+
+async def test_the_spend_page_is_in_the_navigation_of_approvers_only(
+    browser: Any, stack: Stack
+) -> None:
+    # An auditor reads the console but not the spend: no link to it, none violating axe-core.
+    page = await _signed_in(browser, stack, principal="audit@acme.example", roles=("auditor",))
+    await expect(page.locator("nav.pages #nav-inbox")).to_be_visible()
+    await expect(page.locator("#nav-spend")).to_have_count(0)
+    assert await axe_violations(page) == []
+    await page.context.close()
+    page = await _signed_in(browser, stack, principal="lead@acme.example", roles=("approver",))
+    await expect(page.locator("nav.pages #nav-spend")).to_have_attribute("href", "/console/spend")
+    assert await axe_violations(page) == []
+    await page.context.close()

@@ -127,8 +127,9 @@ async def test_fifty_concurrent_branches_settle_at_most_the_cap_plus_one_step(en
         if isinstance(held, BudgetRefused):
             refused.append(held)
             return
-        # The fake model reports what it used: up to what was reserved.
-        used_in, used_out = rng.randint(0, 5_000), rng.randint(0, 5_000)
+        # The fake model reports what it used: up to what was reserved, and most of it (so
+        # twenty holds at once, one per connection, would settle above the cap).
+        used_in, used_out = rng.randint(4_000, 5_000), rng.randint(4_000, 5_000)
         await anyio.sleep(rng.random() / 50)
         await env.store.settle(
             tenant="acme",
@@ -141,9 +142,21 @@ async def test_fifty_concurrent_branches_settle_at_most_the_cap_plus_one_step(en
         )
         charged.append(-(-used_in * money("1.00") // 10**6) - (-used_out * money("2.00") // 10**6))
 
+    # Today's row exists, and is held elsewhere while the branches start: they all read the
+    # same room before any holds, so only the check made under the row's lock can stop them.
+    warm = await _call(env.store, "acme", "run-0", "warm-up")
+    assert isinstance(warm, BudgetReserved)
+    await env.store.settle(
+        tenant="acme", run_id="run-0", reservation_id=warm.reservation_id, release=True
+    )
+    tx = env.admin.transaction()
+    await tx.start()
+    await env.admin.execute("SELECT 1 FROM governance.spend FOR UPDATE")
     async with anyio.create_task_group() as tg:
         for i in range(50):
             tg.start_soon(branch, i)
+        await anyio.sleep(1.0)
+        await tx.commit()
     reserved, used = await _spent(env, "acme")
     assert reserved == 0  # every hold returned
     assert used == sum(charged)  # charged what the model reported, each step once

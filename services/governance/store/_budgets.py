@@ -31,161 +31,36 @@ from schemas.governance import (
     Settlement,
 )
 from schemas.planner import root_run_id
-from services.governance.budgets import BudgetState, Limits, leased, refusal
+from services.governance.budgets import BudgetState, leased, refusal
 from services.governance.spend import PriceTable
+from services.governance.store._budget_sql import (
+    _BUDGET,
+    _CLOSE,
+    _FAST_CLOSE,
+    _FAST_LOCK,
+    _FAST_SETTLED,
+    _KNOWN,
+    _LOCK_FOR_RESERVE,
+    _LOCK_FOR_SETTLE,
+    _LOWER,
+    _MADE_KEPT,
+    _PAUSE,
+    _RESERVATION,
+    _RESERVED,
+    _RESUME,
+    _SETTLED,
+    _settled_entry,
+    _state,
+)
+from services.governance.store._caps import CapMoves, CapRaced
 from services.governance.store._records import is_uuid
 from services.governance.store._spend import CapExceeded, SpendStore
 
 __all__ = ["BudgetStore"]
 
-# The run's clock: seconds since registration, less every wait for a person (closed waits in
-# paused_s, the open one since paused_since).
-_ELAPSED = """(extract(epoch FROM now() - b.started_at) - b.paused_s
-             - CASE WHEN b.waiting > 0 THEN extract(epoch FROM now() - b.paused_since)
-                    ELSE 0 END)::float8 AS elapsed_s"""
-_BUDGET = f"SELECT b.*, {_ELAPSED} FROM governance.budgets b WHERE b.tenant = $1 AND b.run_id = $2"
-# The budget row locked, with the reservation this step key already has (a redelivery). The
-# reservation is read in the statement's snapshot, taken before the lock was granted: one that
-# a concurrent reserve of the same key committed meanwhile is not seen here, but the insert's
-# conflict (or, before a refusal, `_KNOWN`) finds it.
-_LOCK_FOR_RESERVE = f"""
-SELECT b.*, {_ELAPSED}, k.reservation_id::text AS known_id, k.status AS known_status,
-       k.provider_calls AS known_provider_calls, k.tokens AS known_tokens,
-       k.capability_calls AS known_capability_calls
-FROM governance.budgets b
-LEFT JOIN governance.reservations k
-       ON k.tenant = b.tenant AND k.run_id = b.run_id AND k.step_key = $3
-WHERE b.tenant = $1 AND b.run_id = $2 FOR UPDATE OF b
-"""
-_KNOWN = (
-    "SELECT reservation_id::text AS known_id, status AS known_status, "
-    "provider_calls AS known_provider_calls, tokens AS known_tokens, "
-    "capability_calls AS known_capability_calls FROM governance.reservations "
-    "WHERE tenant = $1 AND run_id = $2 AND step_key = $3"
-)
-# The budget row and the reservation being settled, both locked (no row: no such budget or
-# no such reservation). Both are locked so that a settle that waited for a concurrent one of
-# the same reservation reads the status it left.
-_LOCK_FOR_SETTLE = """
-SELECT r.step_key, r.status, r.provider_calls, r.tokens, r.capability_calls,
-       r.used_provider_calls, r.used_tokens, r.used_capability_calls
-FROM governance.budgets b
-JOIN governance.reservations r
-  ON r.reservation_id = $3::uuid AND r.tenant = b.tenant AND r.run_id = b.run_id
-WHERE b.tenant = $1 AND b.run_id = $2 FOR UPDATE OF b, r
-"""
-# $1 tenant, $2 run, $3 reservation, $4 step key, $5-$7 amounts. Inserts nothing (and moves
-# no total) if a concurrent reserve of the same step key committed first.
-_RESERVATION = (
-    "reservation AS (INSERT INTO governance.reservations (reservation_id, tenant, "
-    "run_id, step_key, provider_calls, tokens, capability_calls) "
-    "VALUES ($3, $1, $2, $4, $5, $6, $7) ON CONFLICT (tenant, run_id, step_key) "
-    "DO NOTHING RETURNING 1)"
-)
-_RESERVED = (
-    "UPDATE governance.budgets SET "
-    "reserved_provider_calls = reserved_provider_calls + $5, "
-    "reserved_tokens = reserved_tokens + $6, "
-    "reserved_capability_calls = reserved_capability_calls + $7, "
-    "open_steps = open_steps + 1 WHERE tenant = $1 AND run_id = $2 "
-    "AND EXISTS (SELECT 1 FROM reservation) RETURNING true"
-)
-# $1 tenant, $2 run, $3 reservation, $4 status, $5-$7 used, $8-$10 what it had reserved.
-_CLOSE = (
-    "reservation AS (UPDATE governance.reservations SET status = $4, "
-    "used_provider_calls = $5, used_tokens = $6, used_capability_calls = $7, "
-    "closed_at = now() WHERE reservation_id = $3::uuid)"
-)
-_SETTLED = (
-    "UPDATE governance.budgets SET "
-    "reserved_provider_calls = reserved_provider_calls - $8, "
-    "reserved_tokens = reserved_tokens - $9, "
-    "reserved_capability_calls = reserved_capability_calls - $10, "
-    "used_provider_calls = used_provider_calls + $5, "
-    "used_tokens = used_tokens + $6, "
-    "used_capability_calls = used_capability_calls + $7, "
-    "open_steps = open_steps - 1 WHERE tenant = $1 AND run_id = $2"
-)
-# The settlement in one statement, no transaction of its own, for a reservation whose step key
-# and amounts this process knows (it made it): $1-$10 as `_CLOSE` and `_SETTLED`, $11 the step
-# key. The budget row is locked first, as everywhere; the reservation is closed only if it is
-# still open and is the one known (else nothing is written, and the locked path answers).
-_FAST_LOCK = (
-    "budget AS (SELECT 1 FROM governance.budgets WHERE tenant = $1 AND run_id = $2 FOR UPDATE)"
-)
-_FAST_CLOSE = (
-    "reservation AS (UPDATE governance.reservations SET status = $4, "
-    "used_provider_calls = $5, used_tokens = $6, used_capability_calls = $7, "
-    "closed_at = now() WHERE reservation_id = $3::uuid AND tenant = $1 "
-    "AND run_id = $2 AND status = 'open' AND step_key = $11 "
-    "AND provider_calls = $8 AND tokens = $9 AND capability_calls = $10 "
-    "AND EXISTS (SELECT 1 FROM budget) RETURNING 1)"
-)
-_FAST_SETTLED = f"{_SETTLED} AND EXISTS (SELECT 1 FROM reservation) RETURNING true"
-# Reservations this process made and has not seen settled (`_made`), at most this many.
-_MADE_KEPT = 4096
-# $1 tenant, $2 run, $3-$7 the lowered limits.
-_LOWER = (
-    "UPDATE governance.budgets SET provider_calls = $3, tokens = $4, "
-    "capability_calls = $5, wall_time_s = $6, max_concurrent_steps = $7 "
-    "WHERE tenant = $1 AND run_id = $2"
-)
-
-# Overlapping waits (two asks at once) stop the clock once: it stops when the first opens and
-# runs again when the last closes. The wait row makes both statements idempotent.
-_PAUSE = """
-WITH wait AS (
-    INSERT INTO governance.budget_waits (tenant, run_id, wait_key)
-    SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM governance.budgets
-                                    WHERE tenant = $1 AND run_id = $2)
-    ON CONFLICT DO NOTHING RETURNING 1)
-UPDATE governance.budgets SET waiting = waiting + 1,
-    paused_since = CASE WHEN waiting = 0 THEN now() ELSE paused_since END
-WHERE tenant = $1 AND run_id = $2 AND EXISTS (SELECT 1 FROM wait) RETURNING true
-"""
-_RESUME = """
-WITH wait AS (
-    UPDATE governance.budget_waits SET ended_at = now()
-    WHERE tenant = $1 AND run_id = $2 AND wait_key = $3 AND ended_at IS NULL RETURNING 1)
-UPDATE governance.budgets SET waiting = waiting - 1,
-    paused_s = paused_s + CASE WHEN waiting = 1
-                               THEN extract(epoch FROM now() - paused_since)::float8 ELSE 0 END,
-    paused_since = CASE WHEN waiting = 1 THEN NULL ELSE paused_since END
-WHERE tenant = $1 AND run_id = $2 AND EXISTS (SELECT 1 FROM wait) RETURNING true
-"""
-
-
-def _state(row: asyncpg.Record) -> BudgetState:
-    return BudgetState(
-        limits=Limits(
-            provider_calls=row["provider_calls"],
-            tokens=row["tokens"],
-            capability_calls=row["capability_calls"],
-            wall_time_s=row["wall_time_s"],
-            max_concurrent_steps=row["max_concurrent_steps"],
-        ),
-        reserved_provider_calls=row["reserved_provider_calls"],
-        reserved_tokens=row["reserved_tokens"],
-        reserved_capability_calls=row["reserved_capability_calls"],
-        used_provider_calls=row["used_provider_calls"],
-        used_tokens=row["used_tokens"],
-        used_capability_calls=row["used_capability_calls"],
-        open_steps=row["open_steps"],
-        elapsed_s=row["elapsed_s"],
-    )
-
-
-def _settled_entry(
-    reservation_id: str, step_key: str, reserved: Sequence[int], used: Sequence[int]
-) -> dict[str, object]:
-    """The journal's record of a closed reservation."""
-    kinds = ("provider_calls", "tokens", "capability_calls")
-    return {
-        "reservation_id": reservation_id,
-        "step_key": step_key,
-        "reserved": dict(zip(kinds, reserved, strict=True)),
-        "used": dict(zip(kinds, used, strict=True)),
-    }
+# Times a reservation is tried when a concurrent one took its caps' room meanwhile (`_caps.py`):
+# the next try reads the caps again and refuses it, unless a settlement freed the room.
+_RACES = 3
 
 
 class BudgetStore(SpendStore):
@@ -281,150 +156,202 @@ class BudgetStore(SpendStore):
         read from, where the tenant has spend caps; its worst case is held against every cap
         that covers it, under the same lock, or the step is refused naming the cap.
         """
-        async with self._pool.acquire() as conn, conn.transaction():
-            settled = []
-            for done in settle:  # closed, found closed, or unknown here: the caller is done
-                await self._settle(
-                    conn,
-                    tenant,
-                    run_id,
-                    done.reservation_id,
-                    used=(done.provider_calls, done.tokens, done.capability_calls),
-                    split=(done.input_tokens, done.output_tokens),
-                )
-                settled.append(done.reservation_id)
-            row = await conn.fetchrow(_LOCK_FOR_RESERVE, tenant, run_id, step_key)
-            if row is None:
-                return BudgetRefused(
-                    run_id=run_id,
-                    step_key=step_key,
-                    budget="unknown_run",
-                    reason="no budget recorded for this run",
-                    settled=settled,
-                )
-            state = _state(row)
-            if limit is not None and (lowered := state.limits.lowered(limit)) != state.limits:
-                await self._journaled(
-                    conn,
-                    "",
-                    _LOWER,
-                    (
-                        tenant,
-                        run_id,
-                        lowered.provider_calls,
-                        lowered.tokens,
-                        lowered.capability_calls,
-                        lowered.wall_time_s,
-                        lowered.max_concurrent_steps,
-                    ),
-                    tenant=tenant,
-                    kind="budget.lowered",
-                    subject=run_id,
-                    run_id=run_id,
-                    payload={
-                        "step_key": step_key,
-                        "asked": msgspec.to_builtins(limit),
-                        **msgspec.to_builtins(lowered),
-                    },
-                )
-                state = msgspec.structs.replace(state, limits=lowered)
-            if row["known_id"] is not None:  # a redelivery: the reservation this step has
-                return self._known(row, state, settled, run_id=run_id, step_key=step_key)
-            asked = {
-                "provider_calls": provider_calls,
-                "tokens": tokens,
-                "capability_calls": capability_calls,
-            }
-            refused = refusal(state, **asked)
-            if (
-                refused is not None
-                and (known := await conn.fetchrow(_KNOWN, tenant, run_id, step_key)) is not None
-            ):
-                # A concurrent reserve of this step key committed while this one waited for
-                # the lock: its reservation (which the totals count) is this step's.
-                return self._known(known, state, settled, run_id=run_id, step_key=step_key)
-            if refused is not None:
-                kind, reason = refused
-                # Not a state change, but why a run stopped belongs in its record.
-                await self._write(
-                    conn,
-                    tenant=tenant,
-                    kind="budget.exhausted",
-                    subject=step_key,
-                    run_id=run_id,
-                    payload={
-                        "step_key": step_key,
-                        "budget": kind,
-                        "reason": reason,
-                        "asked": asked,
-                        "elapsed_s": state.elapsed_s,
-                    },
-                )
-                return BudgetRefused(
-                    run_id=run_id, step_key=step_key, budget=kind, reason=reason, settled=settled
-                )
-            spend = await self._spend_check(
-                conn, tenant, row["agent"], asked, model, action, (amount, currency)
-            )
-            if isinstance(spend, CapExceeded):
-                await self._write(
-                    conn,
-                    tenant=tenant,
-                    kind="budget.exhausted",
-                    subject=step_key,
-                    run_id=run_id,
-                    payload={"step_key": step_key, **spend.payload, "asked": asked},
-                )
-                return BudgetRefused(
-                    run_id=run_id,
-                    step_key=step_key,
-                    budget="spend",
-                    reason=spend.reason,
-                    cap=spend.cap,
-                    settled=settled,
-                )
-            # A run its tenant's caps cover gets no lease beyond the step: each step is priced.
-            if up_to is not None and not self._capped(tenant, row["agent"]):
-                asked = leased(state, asked, msgspec.structs.asdict(up_to))
-                provider_calls, tokens, capability_calls = (
-                    asked["provider_calls"],
-                    asked["tokens"],
-                    asked["capability_calls"],
-                )
-            reservation_id = str(uuid.uuid4())
-            if not await self._journaled(
+        async with self._pool.acquire() as conn:
+            for attempt in range(_RACES):
+                moves = CapMoves(tenant)
+                try:
+                    async with conn.transaction():
+                        answer = await self._reserve_in(
+                            conn,
+                            moves,
+                            tenant=tenant,
+                            run_id=run_id,
+                            step_key=step_key,
+                            provider_calls=provider_calls,
+                            tokens=tokens,
+                            capability_calls=capability_calls,
+                            limit=limit,
+                            settle=settle,
+                            up_to=up_to,
+                            model=model,
+                            action=action,
+                            amount=amount,
+                            currency=currency,
+                        )
+                        await moves.apply(conn)  # the transaction's last statement
+                except CapRaced:
+                    if attempt + 1 == _RACES:
+                        raise
+                    continue
+                if isinstance(answer, tuple):  # committed: a reservation with no spend hold
+                    self._remember(*answer[1])
+                    return answer[0]
+                return answer
+        raise AssertionError("unreachable")
+
+    async def _reserve_in(
+        self,
+        conn: asyncpg.Connection,
+        moves: CapMoves,
+        *,
+        tenant: str,
+        run_id: str,
+        step_key: str,
+        provider_calls: int = 0,
+        tokens: int = 0,
+        capability_calls: int = 0,
+        limit: RunBudget | None = None,
+        settle: Sequence[Settlement] = (),
+        up_to: LeaseAmounts | None = None,
+        model: str | None = None,
+        action: str | None = None,
+        amount: str | None = None,
+        currency: str | None = None,
+    ) -> BudgetReserved | BudgetRefused | tuple[BudgetReserved, tuple[str, str, int, int, int]]:
+        """`reserve` in its transaction; a reservation without a spend hold comes with what
+        `_remember` keeps of it once committed."""
+        settled = []
+        for done in settle:  # closed, found closed, or unknown here: the caller is done
+            await self._settle(
                 conn,
-                _RESERVATION,
-                _RESERVED,
+                tenant,
+                run_id,
+                done.reservation_id,
+                used=(done.provider_calls, done.tokens, done.capability_calls),
+                split=(done.input_tokens, done.output_tokens),
+                moves=moves,
+            )
+            settled.append(done.reservation_id)
+        row = await conn.fetchrow(_LOCK_FOR_RESERVE, tenant, run_id, step_key)
+        if row is None:
+            return BudgetRefused(
+                run_id=run_id,
+                step_key=step_key,
+                budget="unknown_run",
+                reason="no budget recorded for this run",
+                settled=settled,
+            )
+        state = _state(row)
+        if limit is not None and (lowered := state.limits.lowered(limit)) != state.limits:
+            await self._journaled(
+                conn,
+                "",
+                _LOWER,
                 (
                     tenant,
                     run_id,
-                    reservation_id,
-                    step_key,
-                    provider_calls,
-                    tokens,
-                    capability_calls,
+                    lowered.provider_calls,
+                    lowered.tokens,
+                    lowered.capability_calls,
+                    lowered.wall_time_s,
+                    lowered.max_concurrent_steps,
                 ),
                 tenant=tenant,
-                kind="budget.reserved",
-                subject=reservation_id,
+                kind="budget.lowered",
+                subject=run_id,
                 run_id=run_id,
-                only_if="reservation",
                 payload={
-                    "reservation_id": reservation_id,
                     "step_key": step_key,
-                    **asked,
+                    "asked": msgspec.to_builtins(limit),
+                    **msgspec.to_builtins(lowered),
+                },
+            )
+            state = msgspec.structs.replace(state, limits=lowered)
+        if row["known_id"] is not None:  # a redelivery: the reservation this step has
+            return self._known(row, state, settled, run_id=run_id, step_key=step_key)
+        asked = {
+            "provider_calls": provider_calls,
+            "tokens": tokens,
+            "capability_calls": capability_calls,
+        }
+        refused = refusal(state, **asked)
+        if (
+            refused is not None
+            and (known := await conn.fetchrow(_KNOWN, tenant, run_id, step_key)) is not None
+        ):
+            # A concurrent reserve of this step key committed while this one waited for
+            # the lock: its reservation (which the totals count) is this step's.
+            return self._known(known, state, settled, run_id=run_id, step_key=step_key)
+        if refused is not None:
+            kind, reason = refused
+            # Not a state change, but why a run stopped belongs in its record.
+            await self._write(
+                conn,
+                tenant=tenant,
+                kind="budget.exhausted",
+                subject=step_key,
+                run_id=run_id,
+                payload={
+                    "step_key": step_key,
+                    "budget": kind,
+                    "reason": reason,
+                    "asked": asked,
                     "elapsed_s": state.elapsed_s,
                 },
-            ):
-                # Inserted nothing: a concurrent reserve of this step key committed first.
-                known = await conn.fetchrow(_KNOWN, tenant, run_id, step_key)
-                return self._known(known, state, settled, run_id=run_id, step_key=step_key)
-            if spend is not None:
-                await self._spend_hold(conn, spend, reservation_id, tenant, run_id)
-        if spend is None:  # a charged one settles under the lock (`_settle`)
-            self._remember(reservation_id, step_key, provider_calls, tokens, capability_calls)
-        return BudgetReserved(
+            )
+            return BudgetRefused(
+                run_id=run_id, step_key=step_key, budget=kind, reason=reason, settled=settled
+            )
+        spend = await self._spend_check(
+            conn, tenant, row["agent"], asked, model, action, (amount, currency), moves
+        )
+        if isinstance(spend, CapExceeded):
+            await self._write(
+                conn,
+                tenant=tenant,
+                kind="budget.exhausted",
+                subject=step_key,
+                run_id=run_id,
+                payload={"step_key": step_key, **spend.payload, "asked": asked},
+            )
+            return BudgetRefused(
+                run_id=run_id,
+                step_key=step_key,
+                budget="spend",
+                reason=spend.reason,
+                cap=spend.cap,
+                settled=settled,
+            )
+        # A run its tenant's caps cover gets no lease beyond the step: each step is priced.
+        if up_to is not None and not self._capped(tenant, row["agent"]):
+            asked = leased(state, asked, msgspec.structs.asdict(up_to))
+            provider_calls, tokens, capability_calls = (
+                asked["provider_calls"],
+                asked["tokens"],
+                asked["capability_calls"],
+            )
+        reservation_id = str(uuid.uuid4())
+        if not await self._journaled(
+            conn,
+            _RESERVATION,
+            _RESERVED,
+            (
+                tenant,
+                run_id,
+                reservation_id,
+                step_key,
+                provider_calls,
+                tokens,
+                capability_calls,
+            ),
+            tenant=tenant,
+            kind="budget.reserved",
+            subject=reservation_id,
+            run_id=run_id,
+            only_if="reservation",
+            payload={
+                "reservation_id": reservation_id,
+                "step_key": step_key,
+                **asked,
+                "elapsed_s": state.elapsed_s,
+            },
+        ):
+            # Inserted nothing: a concurrent reserve of this step key committed first.
+            known = await conn.fetchrow(_KNOWN, tenant, run_id, step_key)
+            return self._known(known, state, settled, run_id=run_id, step_key=step_key)
+        if spend is not None:
+            await self._spend_hold(conn, spend, reservation_id, tenant, run_id, moves)
+        reserved = BudgetReserved(
             reservation_id=reservation_id,
             run_id=run_id,
             step_key=step_key,
@@ -433,6 +360,9 @@ class BudgetStore(SpendStore):
             settled=settled,
             **asked,
         )
+        if spend is not None:  # a held one settles under the lock (`_settle`)
+            return reserved
+        return reserved, (reservation_id, step_key, provider_calls, tokens, capability_calls)
 
     @staticmethod
     def _known(
@@ -481,7 +411,8 @@ class BudgetStore(SpendStore):
             ):
                 return settled
             async with conn.transaction():
-                return await self._settle(
+                moves = CapMoves(tenant)
+                settled = await self._settle(
                     conn,
                     tenant,
                     run_id,
@@ -489,7 +420,10 @@ class BudgetStore(SpendStore):
                     used=used,
                     release=release,
                     split=(input_tokens, output_tokens),
+                    moves=moves,
                 )
+                await moves.apply(conn)  # the transaction's last statement
+                return settled
 
     async def _settle_made(
         self,
@@ -539,7 +473,8 @@ class BudgetStore(SpendStore):
         *,
         used: tuple[int, int, int],
         release: bool = False,
-        split: tuple[int | None, int | None] = (None, None),
+        split: tuple[int | None, int | None],
+        moves: CapMoves,
     ) -> BudgetSettled | None:
         if not is_uuid(reservation_id):
             return None
@@ -594,6 +529,7 @@ class BudgetStore(SpendStore):
             calls=provider_calls + capability_calls,
             tokens=tokens,
             split=split,
+            moves=moves,
         )
         return BudgetSettled(
             reservation_id=reservation_id,

@@ -1,9 +1,10 @@
 """Spend caps in governance's store: checked and held in a reservation's transaction, charged
 what the step used in its settlement's (services/governance/spend.py prices them).
 
-Both run after the run's budget row is locked; the caps' rows are then locked in name order,
-so two steps never wait on each other's caps the other way round. One tenant's caps are its
-own rows: its spend never refuses another tenant's steps.
+Both run after the run's budget row is locked; the caps' rows are read without a lock, and
+what the transaction moves on them is applied by its last statement, which locks them in name
+order (`_caps.py`), so a tenant's steps queue on its caps only for that statement and the
+commit. One tenant's caps are its own rows: its spend never refuses another tenant's steps.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncpg
 import msgspec
 
 from libs.journal import Journal
+from schemas.governance import BudgetSettled
 from services.governance.spend import (
     MICROS,
     Cap,
@@ -26,28 +28,11 @@ from services.governance.spend import (
     covering_all,
     money,
 )
+from services.governance.store._caps import CapMoves, read_caps
+from services.governance.store._records import is_uuid
 
 __all__ = ["CapExceeded", "SpendHeld", "SpendStore"]
 
-# $1 tenant, $2 caps, $3 windows: the rows created if new, then locked in cap order.
-_ENSURE = """
-INSERT INTO governance.spend (tenant, cap, window_key)
-SELECT $1, c, w FROM unnest($2::text[], $3::text[]) AS t(c, w)
-ON CONFLICT DO NOTHING
-"""
-_LOCK = """
-SELECT s.cap, s.window_key, s.reserved_micros, s.used_micros
-FROM governance.spend s JOIN unnest($2::text[], $3::text[]) AS t(c, w)
-  ON s.cap = t.c AND s.window_key = t.w
-WHERE s.tenant = $1 ORDER BY s.cap FOR UPDATE OF s
-"""
-# $1 tenant, $2 caps, $3 windows, $4 reserved change, $5 used change.
-_MOVE = """
-UPDATE governance.spend s SET reserved_micros = s.reserved_micros + $4,
-    used_micros = s.used_micros + $5
-FROM unnest($2::text[], $3::text[]) AS t(c, w)
-WHERE s.tenant = $1 AND s.cap = t.c AND s.window_key = t.w
-"""
 _HOLD = """
 INSERT INTO governance.spend_charges (reservation_id, tenant, caps, windows, worst_micros,
     input_rate, output_rate, per_call, fixed, prices_version)
@@ -60,6 +45,23 @@ FROM governance.spend_charges WHERE reservation_id = $1::uuid AND used_micros IS
 FOR UPDATE
 """
 _CHARGED = "UPDATE governance.spend_charges SET used_micros = $2 WHERE reservation_id = $1::uuid"
+# The charge of a reservation, locked, if it was not yet credited back (open: only held).
+_CREDITABLE = """
+SELECT caps, windows, worst_micros, used_micros FROM governance.spend_charges
+WHERE reservation_id = $1::uuid AND credited_micros IS NULL FOR UPDATE
+"""
+_CREDITED = (
+    "UPDATE governance.spend_charges SET used_micros = $2, credited_micros = $3 "
+    "WHERE reservation_id = $1::uuid"
+)
+# The run's budget row and the reservation, locked in the order every settlement locks them.
+_LOCK_RESERVATION = """
+SELECT r.status, r.used_provider_calls, r.used_tokens, r.used_capability_calls
+FROM governance.budgets b
+JOIN governance.reservations r
+  ON r.reservation_id = $3::uuid AND r.tenant = b.tenant AND r.run_id = b.run_id
+WHERE b.tenant = $1 AND b.run_id = $2 FOR UPDATE OF b, r
+"""
 # $1 tenants, $2 caps, $3 windows: those rows, where they exist.
 _CURRENT = """
 SELECT s.tenant, s.cap, s.window_key, s.reserved_micros, s.used_micros
@@ -87,25 +89,28 @@ def _names(caps: list[tuple[Cap, str]]) -> tuple[list[str], list[str]]:
 
 
 async def cap_refusal(
-    conn: asyncpg.Connection, tenant: str, caps: list[tuple[Cap, str]], worst: int
-) -> tuple[Cap, str, str] | None:
-    """Lock the caps' rows of their windows; the first cap `worst` more would exceed, its
-    window and why, or None if it fits them all."""
+    conn: asyncpg.Connection,
+    tenant: str,
+    caps: list[tuple[Cap, str]],
+    worst: int,
+    moves: CapMoves,
+) -> tuple[Cap, str, str] | set[tuple[str, str]]:
+    """The first cap `worst` more would exceed, its window and why; or, if it fits them all,
+    the windows that have no row yet. Read without a lock (with what this transaction's
+    settlements move): `CapMoves.apply` checks the hold again under the lock."""
     names, windows = _names(caps)
-    await conn.execute(_ENSURE, tenant, names, windows)
-    rows = {r["cap"]: r for r in await conn.fetch(_LOCK, tenant, names, windows)}
+    spent, new = await read_caps(conn, tenant, names, windows)
     for cap, window in caps:
-        row = rows[cap.name]
         limit = money(cap.limit)
-        spent = row["reserved_micros"] + row["used_micros"]
-        if spent + worst > limit:
+        now = spent[(cap.name, window)] + moves.pending(cap.name, window)
+        if now + worst > limit:
             return (
                 cap,
                 window,
                 f"spend cap {cap.name!r} ({cap.window} {window}) exhausted: this step may "
-                f"cost {_show(worst)}, {_show(max(limit - spent, 0))} left of {cap.limit}",
+                f"cost {_show(worst)}, {_show(max(limit - now, 0))} left of {cap.limit}",
             )
-    return None
+    return new
 
 
 async def hold(
@@ -116,8 +121,11 @@ async def hold(
     charge: Charge,
     worst: int,
     version: str,
+    moves: CapMoves,
+    new: set[tuple[str, str]],
 ) -> SpendHeld:
-    """Hold `worst` against every cap (whose rows `cap_refusal` locked) for this reservation."""
+    """Hold `worst` against every cap for this reservation (moved by `moves`, which checks it
+    fits under the lock)."""
     names, windows = _names(caps)
     await conn.execute(
         _HOLD,
@@ -132,7 +140,7 @@ async def hold(
         charge.fixed,
         version,
     )
-    await conn.execute(_MOVE, tenant, names, windows, worst, 0)
+    moves.hold(names, windows, [money(c.limit) for c, _ in caps], worst, new)
     return SpendHeld(caps=names, windows=windows, worst_micros=worst, prices_version=version)
 
 
@@ -145,10 +153,11 @@ async def charge_settled(
     tokens: int,
     input_tokens: int | None,
     output_tokens: int | None,
+    moves: CapMoves,
 ) -> dict[str, object] | None:
     """Charge a settled reservation what its step used, at the prices it was reserved at,
-    to the windows it was reserved in; its hold returns. None: it held nothing (or was
-    charged already). The caller holds the run's budget row lock."""
+    to the windows it was reserved in; its hold returns (both moved by `moves`). None: it
+    held nothing (or was charged already). The caller holds the run's budget row lock."""
     row = await conn.fetchrow(_OPEN_CHARGE, reservation_id)
     if row is None:
         return None
@@ -162,9 +171,7 @@ async def charge_settled(
         calls=calls, tokens=tokens, input_tokens=input_tokens, output_tokens=output_tokens
     )
     caps, windows = list(row["caps"]), list(row["windows"])
-    # In cap order, as they were locked when reserved.
-    await conn.fetch(_LOCK, tenant, caps, windows)
-    await conn.execute(_MOVE, tenant, caps, windows, -row["worst_micros"], used)
+    moves.move(caps, windows, reserved=-row["worst_micros"], used=used)
     await conn.execute(_CHARGED, reservation_id, used)
     return {
         "caps": caps,
@@ -172,6 +179,24 @@ async def charge_settled(
         "reserved_micros": row["worst_micros"],
         "used_micros": used,
     }
+
+
+async def credit_charged(
+    conn: asyncpg.Connection, reservation_id: str, moves: CapMoves
+) -> dict[str, object] | None:
+    """Give back to its caps what a reservation's charge took: its call was definitely not
+    carried out. A charged one gives back what it was charged; one still only held returns
+    its hold and is charged nothing when it is settled. Once: None if it held nothing or was
+    credited already. The caller holds the run's budget row lock."""
+    row = await conn.fetchrow(_CREDITABLE, reservation_id)
+    if row is None:
+        return None
+    caps, windows = list(row["caps"]), list(row["windows"])
+    held = row["worst_micros"] if row["used_micros"] is None else 0
+    used = row["used_micros"] or 0
+    moves.move(caps, windows, reserved=-held, used=-used)
+    await conn.execute(_CREDITED, reservation_id, used, used)
+    return {"caps": caps, "windows": windows, "released_micros": held, "credited_micros": used}
 
 
 def _show(micros: int) -> str:
@@ -195,6 +220,7 @@ class _Pending(msgspec.Struct, frozen=True, kw_only=True):
     charge: Charge
     caps: list[tuple[Cap, str]]
     worst: int
+    new: set[tuple[str, str]]
 
 
 class SpendStore:
@@ -305,9 +331,11 @@ class SpendStore:
         model: str | None,
         action: str | None,
         amount: tuple[str | None, str | None],
+        moves: CapMoves,
     ) -> CapExceeded | _Pending | None:
-        """Whether a step's worst case fits every cap that covers it (their rows then stay
-        locked until the transaction ends). None: no cap prices this step. `amount`: the
+        """Whether a step's worst case fits every cap that covers it, as read now (`moves`
+        holds it, checked again under the lock, as the transaction's last statement). None:
+        no cap prices this step. `amount`: the
         amount the step's arguments carry, and its currency. A step the table cannot price
         is refused, naming no cap."""
         priced = self._prices.get(tenant)
@@ -333,9 +361,9 @@ class SpendStore:
         worst = charge.worst(
             tokens=asked["tokens"], calls=asked["provider_calls"] + asked["capability_calls"]
         )
-        over = await cap_refusal(conn, tenant, caps, worst)
-        if over is None:
-            return _Pending(table=table, charge=charge, caps=caps, worst=worst)
+        over = await cap_refusal(conn, tenant, caps, worst, moves)
+        if isinstance(over, set):
+            return _Pending(table=table, charge=charge, caps=caps, worst=worst, new=over)
         cap, window, reason = over
         return CapExceeded(
             cap=cap.name,
@@ -357,6 +385,7 @@ class SpendStore:
         reservation_id: str,
         tenant: str,
         run_id: str,
+        moves: CapMoves,
     ) -> None:
         held = await hold(
             conn,
@@ -366,6 +395,8 @@ class SpendStore:
             pending.charge,
             pending.worst,
             pending.table.version,
+            moves,
+            pending.new,
         )
         await self._write(
             conn,
@@ -386,6 +417,7 @@ class SpendStore:
         calls: int,
         tokens: int,
         split: tuple[int | None, int | None],
+        moves: CapMoves,
     ) -> None:
         charged = await charge_settled(
             conn,
@@ -395,6 +427,7 @@ class SpendStore:
             tokens=tokens,
             input_tokens=split[0],
             output_tokens=split[1],
+            moves=moves,
         )
         if charged is not None:
             await self._write(
@@ -405,3 +438,35 @@ class SpendStore:
                 run_id=run_id,
                 payload={"reservation_id": reservation_id, **charged},
             )
+
+    async def credit(self, tenant: str, run_id: str, reservation_id: str) -> BudgetSettled | None:
+        """Give back what a reservation's spend charge took from its caps, once, its call
+        definitely not carried out (`credit_charged`), journaled `spend.credited`. The
+        reservation itself is closed by its own settlement, as any other. None: no such
+        reservation of this run."""
+        if not is_uuid(reservation_id):
+            return None
+        async with self._pool.acquire() as conn, conn.transaction():
+            row = await conn.fetchrow(_LOCK_RESERVATION, tenant, run_id, reservation_id)
+            if row is None:
+                return None
+            moves = CapMoves(tenant)
+            credited = await credit_charged(conn, reservation_id, moves)
+            if credited is not None:
+                await self._write(
+                    conn,
+                    tenant=tenant,
+                    kind="spend.credited",
+                    subject=reservation_id,
+                    run_id=run_id,
+                    payload={"reservation_id": reservation_id, **credited},
+                )
+            await moves.apply(conn)
+        return BudgetSettled(
+            reservation_id=reservation_id,
+            run_id=run_id,
+            status=row["status"],
+            provider_calls=row["used_provider_calls"] or 0,
+            tokens=row["used_tokens"] or 0,
+            capability_calls=row["used_capability_calls"] or 0,
+        )

@@ -52,6 +52,9 @@ CATALOG: Final[dict[str, Msg]] = {
     "site": Msg("Writ console", "Console Writ"),
     "sign_out": Msg("Sign out", "Se déconnecter"),
     "language": Msg("Language", "Langue"),
+    "pages_nav": Msg("Console pages", "Pages de la console"),
+    "nav_inbox": Msg("Approvals", "Approbations"),
+    "nav_spend": Msg("Spend", "Dépenses"),
     # Spans of time
     "no_expiry": Msg("no expiry", "sans échéance"),
     "expired": Msg("expired", "expirée"),

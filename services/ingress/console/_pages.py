@@ -22,8 +22,10 @@ from services.ingress.console._i18n import (
     stamp,
     t,
 )
+from services.ingress.console._operators import OPERATOR_ROLE
 from services.ingress.console._session import Viewer
 from services.ingress.console._trail import trail_section
+from services.ingress.logic import APPROVER_ROLE
 
 __all__ = [
     "FINAL_COMMAND",
@@ -101,10 +103,28 @@ def time_left(iso: str | None, now: datetime) -> str:
     return t("expired") if left <= 0 else _span(left)
 
 
+def _pages_nav(viewer: Viewer) -> str:
+    """The console's pages this viewer may open (the spend page: approvers), the one shown
+    marked current."""
+    if OPERATOR_ROLE in viewer.roles:
+        return ""  # an operator's console is the MCP pages alone
+    pages = [("/console/", t("nav_inbox"), "nav-inbox")]
+    if APPROVER_ROLE in viewer.roles:
+        pages.append(("/console/spend", t("nav_spend"), "nav-spend"))
+    path = here().split("?", 1)[0].rstrip("/")
+    current_page = ' aria-current="page"'
+    links = "".join(
+        f'<a href="{href}" id="{key}"{current_page if href.rstrip("/") == path else ""}>{label}</a>'
+        for href, label, key in pages
+    )
+    return f'<nav class="pages" aria-label="{t("pages_nav")}">{links}</nav>'
+
+
 def layout(title: str, body: str, viewer: Viewer | None = None) -> str:
     """A whole page."""
-    who = ""
+    who = nav = ""
     if viewer is not None:
+        nav = _pages_nav(viewer)
         roles = ", ".join(sorted(viewer.roles))
         who = (
             f'<span class="who" id="who">{h(viewer.principal)} · {h(viewer.tenant)} · '
@@ -126,7 +146,7 @@ def layout(title: str, body: str, viewer: Viewer | None = None) -> str:
         f"<title>{h(title)} · {t('site')}</title>"
         f'<link rel="stylesheet" href="/console/static/console.css">'
         f'<script src="/console/static/console.js" defer></script></head><body>'
-        f'<header><a href="/console/" class="brand">{t("brand")}</a>'
+        f'<header><a href="/console/" class="brand">{t("brand")}</a>{nav}'
         f'<nav class="lang" aria-label="{t("language")}">{switch}</nav>{who}</header>'
         f"<main>{body}</main></body></html>"
     )
