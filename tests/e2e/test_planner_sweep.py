@@ -9,7 +9,9 @@ drives the same run: it still takes no step twice. A command's outcome deleted b
 planner handled it is read from admission's registry: the run observes it once and ends. And a
 run waiting for a person whose answer's announcement was deleted is driven from governance's
 record of the answer: it reads once, and ends; one whose approved refund's outcome was deleted
-observes it from admission's registry: one refund, and it ends.
+observes it from admission's registry: one refund, and it ends. A refund a person rejected,
+its refusal deleted, is observed from admission's record of the proposal: the run fails
+`REJECTED` once, nothing refunded, and the refusal arriving late changes nothing.
 """
 
 from __future__ import annotations
