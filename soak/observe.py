@@ -46,6 +46,11 @@ POOL_MAX: Final = {
     "planner": pool_size(),
     "retrieval": RETRIEVAL_POOL,
 }
+# The journal's window-key pool beside it (`libs.journal.window_key_pool`, at most 2), in each
+# service that keeps a journal: a full pool, its keys and the relay's LISTEN are 23
+# connections of one admission, within its bound.
+JOURNAL_KEY_POOL: Final = 2
+JOURNALED: Final = frozenset({"admission", "dispatcher", "governance", "planner"})
 
 
 def _proc(pid: int) -> tuple[float, int] | None:
@@ -174,7 +179,8 @@ def ceiling(role: str, instances: dict[str, str]) -> int | None:
     if service not in POOL_MAX:
         return None
     count = sum(1 for s in instances.values() if s == service)
-    return count * (POOL_MAX[service] + PG_SLACK) if count else None
+    keys = JOURNAL_KEY_POOL if service in JOURNALED else 0
+    return count * (POOL_MAX[service] + keys + PG_SLACK) if count else None
 
 
 def within(

@@ -94,7 +94,7 @@ from services.planner.snapshot import (
 )
 from services.planner.status import ReviewsEndpoint, RunEventsEndpoint, RunStatusEndpoint
 from services.planner.steps import RunSteps
-from services.planner.store import PlannerStore, last_command, pending_answer
+from services.planner.store import PlannerStore, last_command, last_refusal, pending_answer
 from services.planner.sweeper import SWEEP_CONCURRENCY, RunSweeper
 
 __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
@@ -294,14 +294,19 @@ class PlannerService:
     async def redrive(self, tenant: str, run_id: str) -> None:
         """Drive a run whose progress stalled, from the database (`sweeper.py`): the outcome
         of the command its last step proposed, if that command ended (its message was lost);
-        nothing, if the command has not ended (the dispatcher's sweeper drives it); the
-        answer governance recorded, if the run waits on a read a person answered; else a
-        wake delivered in-process, whose proposal or wake gets the sweep's message ids."""
+        nothing, if the command has not ended (the dispatcher's sweeper drives it); what
+        admission answered that step's proposal if it did not become a command (a refusal,
+        a person's rejection, an ask); the answer governance recorded, if the run waits on a
+        read a person answered; else a wake delivered in-process, whose proposal or wake gets
+        the sweep's message ids."""
         async with self._store.acquire() as conn:
             answer = await pending_answer(conn, tenant, run_id)
             command = await last_command(conn, tenant, run_id)
+            refusal = None if command is not None else await last_refusal(conn, tenant, run_id)
         if answer is not None:  # a person's answer to the read the run waits on
             await self._drive(answer)
+        elif refusal is not None:  # observed once: the run's row lock, as a redelivery's
+            await self._drive(refusal)
         elif command is None:
             await self._drive(
                 BranchChanged(tenant=tenant, run_id=run_id), again=f":swept:{time.time_ns()}"

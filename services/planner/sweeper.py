@@ -6,6 +6,10 @@ drives it again from the database (`PlannerService.redrive`):
 - its last step proposed a command that ended: that outcome, as admission's registry records
   it (read-only), is delivered in-process, as the dispatcher's message would have been;
 - that command has not ended: nothing (the dispatcher's own sweeper drives commands);
+- it proposed one that admission refused or asked a person about (admission's record of the
+  proposal, read-only): that refusal or ask is delivered in-process, as admission's message
+  would have been (a wake would only propose again, and admission's answer to it, sent with
+  the first's message id, would be dropped by the stream as a duplicate of the lost one);
 - anything else (no steps yet, an observation, a read's or a branch's decision, a proposal
   that never reached admission): a wake, delivered in-process, takes the next step.
 
@@ -19,9 +23,10 @@ locked by a delivery is skipped (`claim_stalled`).
 A run that waits for a person is not stalled until the person answered: from then on the
 database holds what the lost message carried, and the run is driven as a stalled one is
 (`claim_answered`): governance's recorded answer to the read it asked about is delivered
-in-process, as governance's announcement would have been, or the outcome of the command its
-approved proposal became, as above. Either is taken once: under the run's row lock, by a run
-still waiting on exactly that decision."""
+in-process, as governance's announcement would have been, the outcome of the command its
+approved proposal became, as above, or admission's refusal of the proposal (a person rejected
+it, asked for a revision, or let it expire). Each is taken once: under the run's row lock, by a
+run still waiting on exactly that decision."""
 
 from __future__ import annotations
 

@@ -9,7 +9,9 @@ drives the same run: it still takes no step twice. A command's outcome deleted b
 planner handled it is read from admission's registry: the run observes it once and ends. And a
 run waiting for a person whose answer's announcement was deleted is driven from governance's
 record of the answer: it reads once, and ends; one whose approved refund's outcome was deleted
-observes it from admission's registry: one refund, and it ends.
+observes it from admission's registry: one refund, and it ends. A refund a person rejected,
+its refusal deleted, is observed from admission's record of the proposal: the run fails
+`REJECTED` once, nothing refunded, and the refusal arriving late changes nothing.
 """
 
 from __future__ import annotations
@@ -436,3 +438,80 @@ async def test_an_approved_wait_whose_outcome_was_deleted_observes_it_from_the_r
     assert len(refunds) == 1  # made once, observed once
     assert _calls(model) - before == 2
     assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
+
+
+async def test_a_rejected_proposal_whose_refusal_was_deleted_ends_the_run_from_the_record(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    before = _calls(model)
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": "pay_7781", "line_id": "L2"}),
+        }
+    }
+    # A second decision is scripted only to be seen if the model were asked for one.
+    answer = {"next": {"decision": "answer_directly", "answer": "Refunded anyway."}}
+    model.post(
+        "/_control/replies",
+        json={"replies": [{"content": json.dumps(c)} for c in (refund, answer)]},
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund the duplicated line.")
+    await host.publish(request, msg_id=request.request_id)
+    waiting = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    assert waiting.proposal is not None and waiting.run_id is not None, waiting
+    run_id = waiting.run_id
+    # The planner is frozen: a person rejects the refund, admission records it and tells the
+    # run, and the administrator deletes that refusal before anyone handled it.
+    planner = stack.procs["planner"]
+    planner.send_signal(signal.SIGSTOP)
+    await host.approve(waiting.proposal.proposal_id, answer="reject", reason="not this line")
+    refused = subjects.refused("acme")
+    with anyio.fail_after(30):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", refused)
+            except nats.js.errors.NotFoundError:
+                last = None
+            data = (last.data or b"") if last is not None else b""
+            # The refusal, not the ask before it (both are the run's, on the same subject).
+            if f'"run_id":"{run_id}"'.encode() in data and b'"verdict":"rejected"' in data:
+                break
+            await anyio.sleep(0.05)
+    assert last is not None and last.seq is not None and last.data is not None
+    await host.js.delete_msg("WRIT_INT", last.seq)
+    stack.stop_process("planner", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "awaiting_human"
+    )
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await _swept(stack, host, request.request_id, status="failed")
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.error is not None and result.error.code == "REJECTED", result
+    assert "rejected by ops@acme.example: not this line" in result.error.message
+    kinds = await db.fetch(
+        "SELECT kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+    )
+    assert [k["kind"] for k in kinds] == ["decision", "observation"]  # observed once
+    assert json.loads(kinds[1]["payload"])["refused"] == "rejected"
+    refunds = [r for r in payments.get("/_control/refunds").json() if r["payment_id"] == "pay_7781"]
+    assert refunds == []  # nothing ran
+    assert _calls(model) - before == 1  # once per decision: none after the refusal
+    assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
+    # The refusal arriving late, as a redelivery would, changes nothing; nor does a sweep.
+    await host.js.publish(refused, last.data, headers={"Nats-Msg-Id": f"late-{run_id}"})
+    await anyio.sleep(2 * STALL_S + 1)
+    assert len(await db.fetch("SELECT 1 FROM planner.steps WHERE run_id = $1", run_id)) == 2
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "failed"
+    )
+    assert _calls(model) - before == 1

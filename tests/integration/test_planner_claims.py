@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from libs.db import load_migrations, provision, role_name, with_database
-from services.planner.store import claim_answered, claim_stalled, pending_answer
+from services.planner.store import claim_answered, claim_stalled, last_refusal, pending_answer
 
 pytestmark = pytest.mark.anyio
 
@@ -219,3 +219,111 @@ async def test_a_sweeper_passes_by_a_run_a_delivery_holds_locked(dbs: tuple[str,
     finally:
         for conn in (admin, delivery, sweeper):
             await conn.close()
+
+
+async def _refused(
+    admin: asyncpg.Connection, run_id: str, state: str, reason: str, *, answered: bool = False
+) -> tuple[str, str]:
+    """The run's step 0 proposed a refund that admission did not admit: left in `state` with
+    `reason` (`answered`: a person's answer to its ask recorded by governance); (the decision
+    that asked or refused, the answer's decision)."""
+    decision, answer = str(uuid.uuid4()), str(uuid.uuid4())
+    await admin.execute(
+        "INSERT INTO planner.steps (run_id, seq, kind, payload) VALUES ($1, 0, 'decision', '{}')",
+        run_id,
+    )
+    await admin.execute(
+        "INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent, "
+        "action, action_version, arguments, request_hash, state, decision_id, reason, "
+        "public_id, preview, expires_at) VALUES ('acme', $1, $2, 0, 'ops@acme', "
+        "'refund-assistant', 'payment.refund', 1, '{\"secret\": 1}', '\\x00', $3, $4, $5, $6, "
+        "'{\"amount\": 12}', now() + interval '1 hour')",
+        str(uuid.uuid4()),
+        run_id,
+        state,
+        decision,
+        reason,
+        f"prop_{run_id}",
+    )
+    if answered:
+        await admin.execute(
+            "INSERT INTO governance.decisions (decision_id, tenant, run_id, agent, principal, "
+            "tool, family, verdict, line, reason, policy_version) VALUES ($1, 'acme', $2, "
+            "'refund-assistant', 'ops@acme', 'payment.refund', 'action', 'ask', 4, 'asked', 'v1')",
+            decision,
+            run_id,
+        )
+        await admin.execute(
+            "INSERT INTO governance.pending (pending_id, tenant, run_id, proposal_id, agent, "
+            "principal, tool, family, first_argument, reason, options, attended, answer, "
+            "answered_by, answer_reason, answer_decision_id) VALUES ($1, 'acme', $2, "
+            "$3, 'refund-assistant', 'ops@acme', 'payment.refund', 'action', 'pay_1', 'asked', "
+            "'{once,deny}', false, 'deny', 'nobody', 'no answer in time', $4)",
+            decision,
+            run_id,
+            f"prop_{run_id}",
+            answer,
+        )
+    return decision, answer
+
+
+async def test_a_wait_whose_proposal_was_refused_is_claimed_and_read_as_its_message(
+    dbs: tuple[str, str],
+) -> None:
+    admin_dsn, planner_dsn = dbs
+    admin = await asyncpg.connect(admin_dsn)
+    sweeper = await asyncpg.connect(planner_dsn)
+    try:
+        rejected, expired, asked = await _runs(admin, "awaiting_human", 3, "refused")
+        denied = (await _runs(admin, "running", 1, "denied"))[0]
+        _, by_person = await _refused(admin, rejected, "rejected", "rejected by ann@acme: no")
+        _, by_clock = await _refused(admin, expired, "expired", "expired", answered=True)
+        pending, _ = await _refused(admin, asked, "pending", "a person decides refunds")
+        by_policy, _ = await _refused(admin, denied, "rejected", "refunds over 500 are denied")
+        # A person's rejection and an expiry are claimed; an ask still waits for its answer.
+        claimed = await claim_answered(sweeper, stall_s=60.0, limit=10)
+        assert sorted(claimed) == sorted([("acme", rejected), ("acme", expired)])
+        assert await claim_answered(sweeper, stall_s=60.0, limit=10) == []  # touched
+
+        refusal = await last_refusal(sweeper, "acme", rejected)
+        assert refusal is not None
+        assert (refusal.verdict, refusal.reason, refusal.step, refusal.action) == (
+            "rejected",
+            "rejected by ann@acme: no",
+            0,
+            "payment.refund",
+        )
+        assert refusal.pending_id is None and refusal.proposal_id is None
+        refusal = await last_refusal(sweeper, "acme", expired)
+        assert refusal is not None
+        assert (refusal.verdict, refusal.reason, refusal.decision_id) == (
+            "rejected",
+            "the proposal expired unanswered (no answer in time)",
+            by_clock,
+        )
+        refusal = await last_refusal(sweeper, "acme", denied)
+        assert refusal is not None
+        assert (refusal.verdict, refusal.decision_id) == ("deny", by_policy)
+        refusal = await last_refusal(sweeper, "acme", asked)
+        assert refusal is not None
+        assert (refusal.verdict, refusal.pending_id, refusal.proposal_id, refusal.preview) == (
+            "ask",
+            pending,
+            f"prop_{asked}",
+            {"amount": 12},
+        )
+        assert refusal.expires_at
+        # The planner reads the refusal, never the proposal's arguments.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await sweeper.fetch("SELECT arguments FROM admission.proposals")
+        # Once the run observed it, its last step is past the proposal: nothing to deliver.
+        await admin.execute(
+            "INSERT INTO planner.steps (run_id, seq, kind, payload) "
+            "VALUES ($1, 1, 'observation', '{}')",
+            rejected,
+        )
+        assert await last_refusal(sweeper, "acme", rejected) is None
+        assert by_person  # the person's answer's decision is governance's, not recorded here
+    finally:
+        await admin.close()
+        await sweeper.close()

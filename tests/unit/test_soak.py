@@ -192,6 +192,14 @@ def test_resources_past_their_bound_are_named() -> None:
     assert within(start, {**start, "processes": {}}) == ["planner is not running at the end"]
 
 
+def test_a_full_pool_with_its_journal_keys_and_listener_is_within_the_bound() -> None:
+    # Each admission: its pool (20), the journal's window keys (2) and the relay's LISTEN.
+    two = {"admission": "admission", "admission-2": "admission"}
+    start = {"processes": {}, "pg_connections": {"soak_admission": 10}}
+    assert within(start, {**start, "pg_connections": {"soak_admission": 46}}, two) == []
+    assert within(start, {**start, "pg_connections": {"soak_admission": 53}}, two)
+
+
 def _ask(
     run_input: str, observations: int, serial: int | None, request_id: str | None = None
 ) -> dict:

@@ -17,6 +17,7 @@ from services.planner.store._stalled import (
     claim_answered,
     claim_stalled,
     last_command,
+    last_refusal,
     pending_answer,
 )
 from services.planner.store._store import PlannerStore
@@ -32,6 +33,7 @@ __all__ = [
     "claim_answered",
     "claim_stalled",
     "last_command",
+    "last_refusal",
     "pending_answer",
     "read_replay",
 ]

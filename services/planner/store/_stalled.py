@@ -1,9 +1,10 @@
 """The runs the planner's sweeper drives again, not locked by anyone for a while (`touched_at`,
 set by every transaction that locks a run): running ones, and those waiting for a person whose
-answer is recorded (governance's answer to the read it asked about, or the outcome of the
-command its approved proposal became); what became of the command a stalled run's last
-decision proposed, read from admission's registry; and the answer a waiting run's person gave,
-read from governance's (both granted read-only)."""
+answer is recorded (governance's answer to the read it asked about, the outcome of the
+command its approved proposal became, or admission's record that the proposal was refused);
+what became of the command a stalled run's last decision proposed, read from admission's
+registry, or what admission answered a proposal that did not become one (its refusals); and
+the answer a waiting run's person gave, read from governance's (all granted read-only)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,17 @@ from typing import Final
 import asyncpg
 import msgspec
 
+from schemas.admission import ProposalRefused
 from schemas.governance import DecisionAnswered
 
-__all__ = ["LastCommand", "claim_answered", "claim_stalled", "last_command", "pending_answer"]
+__all__ = [
+    "LastCommand",
+    "claim_answered",
+    "claim_stalled",
+    "last_command",
+    "last_refusal",
+    "pending_answer",
+]
 
 # Claims them in one statement: a run locked now (a delivery driving it) is skipped, and a
 # claimed one is touched, so another planner's sweep passes it by until it stalls again.
@@ -30,9 +39,11 @@ WHERE r.run_id = s.run_id
 RETURNING r.tenant, r.run_id"""
 # The runs waiting for a person whose answer the database holds: an answer governance recorded
 # to the very decision the run waits on (a read's: a proposal's answer becomes a command), or
-# the outcome of the command the run's last step proposed. Its announcement was lost, or is
-# late: the sweep delivers it in-process, and whichever comes first is taken once (the run's
-# row lock; an answer to a run no longer waiting changes nothing). Claimed as `_CLAIM` does.
+# the outcome of the command the run's last step proposed, or admission's refusal of that
+# step's proposal (a person rejected it, asked for a revision, or let it expire). Its
+# announcement was lost, or is late: the sweep delivers it in-process, and whichever comes
+# first is taken once (the run's row lock; an answer to a run no longer waiting changes
+# nothing). Claimed as `_CLAIM` does.
 _CLAIM_ANSWERED: Final = """
 UPDATE planner.runs AS r SET touched_at = now()
 FROM (
@@ -48,7 +59,11 @@ FROM (
             SELECT 1 FROM admission.commands c
             WHERE c.tenant = q.tenant AND c.run_id = q.run_id
               AND c.state NOT IN ('pending', 'dispatching')
-              AND c.step = (SELECT max(seq) FROM planner.steps WHERE run_id = q.run_id)))
+              AND c.step = (SELECT max(seq) FROM planner.steps WHERE run_id = q.run_id))
+        OR EXISTS (
+            SELECT 1 FROM admission.refusals f
+            WHERE f.tenant = q.tenant AND f.run_id = q.run_id AND f.state <> 'pending'
+              AND f.step = (SELECT max(seq) FROM planner.steps WHERE run_id = q.run_id)))
     ORDER BY q.touched_at LIMIT $2
     FOR UPDATE OF q SKIP LOCKED
 ) AS s
@@ -72,6 +87,25 @@ SELECT c.operation_id::text AS operation_id, c.step, c.action, c.state, c.receip
 FROM admission.commands c
 WHERE c.tenant = $1 AND c.run_id = $2
   AND c.step = (SELECT max(seq) FROM planner.steps WHERE run_id = $2)"""
+
+# What admission answered the run's last step's proposal, if it did not become a command: a
+# refusal, or an ask (still pending), as its message carried them. A person's answer (a
+# rejection, a revision asked, an expiry) names governance's decision of the answer, and an
+# expiry says why, as admission's message did.
+_LAST_REFUSAL: Final = """
+SELECT f.step, f.action, f.verdict, f.state,
+       CASE WHEN f.state = 'expired'
+            THEN 'the proposal expired unanswered (' || coalesce(p.answer_reason, '') || ')'
+            ELSE f.reason END AS reason,
+       coalesce(p.answer_decision_id, f.decision_id)::text AS decision_id,
+       f.public_id, f.preview, f.expires_at
+FROM admission.refusals f
+LEFT JOIN governance.pending p
+  ON p.pending_id = f.decision_id AND p.tenant = f.tenant AND f.state <> 'pending'
+WHERE f.tenant = $1 AND f.run_id = $2
+  AND f.step = (SELECT max(seq) FROM planner.steps WHERE run_id = $2)
+  AND NOT EXISTS (SELECT 1 FROM admission.commands c
+                  WHERE c.tenant = f.tenant AND c.run_id = f.run_id AND c.step = f.step)"""
 
 
 class LastCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,3 +162,31 @@ async def last_command(conn: asyncpg.Connection, tenant: str, run_id: str) -> La
     """The command the run's last step proposed, if admission admitted one."""
     row = await conn.fetchrow(_LAST_COMMAND, tenant, run_id)
     return None if row is None else LastCommand(**dict(row))
+
+
+async def last_refusal(
+    conn: asyncpg.Connection, tenant: str, run_id: str
+) -> ProposalRefused | None:
+    """What admission answered the run's last step's proposal that did not become a command,
+    as its message carried it (a refusal, or an ask); None if it has no such record."""
+    row = await conn.fetchrow(_LAST_REFUSAL, tenant, run_id)
+    if row is None:
+        return None
+    ask = row["verdict"] == "ask"
+    preview = row["preview"]
+    if isinstance(preview, str):
+        preview = msgspec.json.decode(preview)
+    expires = row["expires_at"]
+    return ProposalRefused(
+        tenant=tenant,
+        run_id=run_id,
+        step=row["step"],
+        action=row["action"][:512],
+        verdict=row["verdict"],
+        reason=row["reason"][:500],
+        decision_id=row["decision_id"],
+        pending_id=row["decision_id"] if ask else None,
+        proposal_id=row["public_id"] if ask else None,
+        preview=preview if ask else None,
+        expires_at=expires.isoformat() if ask and expires is not None else None,
+    )
