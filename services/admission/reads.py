@@ -19,6 +19,7 @@ from nats.micro.request import Request
 
 from actions import ACTIONS
 from actions.base import outcome_of
+from libs.journal import WindowKeys
 from libs.runtime import Endpoint
 from schemas.host import CommandResult, ErrorInfo, ProposalView
 from schemas.reads import (
@@ -31,6 +32,7 @@ from schemas.reads import (
     ProposalDetail,
     Proposals,
 )
+from services.admission._sealed import open_payload
 
 __all__ = ["AdmissionReads"]
 
@@ -41,7 +43,7 @@ FROM admission.commands c WHERE c.tenant = $1 AND c.operation_key = $2"""
 # A host command that waits for a person has a proposal and no command yet.
 _WAITING: Final = """
 SELECT p.request_id, p.public_id, p.action, coalesce(p.preview, '{}'::jsonb) AS preview,
-       p.expires_at, p.state, p.reason
+       p.expires_at, p.state, p.reason, p.tenant, p.proposal_id::text AS proposal_id, p.sealed
 FROM admission.proposals p WHERE p.tenant = $1 AND p.operation_key = $2
 ORDER BY p.created_at DESC LIMIT 1"""
 # A proposal's state as the API lists it: `executing` until its command has its outcome, then
@@ -59,7 +61,7 @@ SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{{}}'::jsonb) AS pr
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
        c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
        p.facts_read_at, p.decision_line,
-       p.policy_version,
+       p.policy_version, p.tenant, p.proposal_id::text AS proposal_id, p.sealed,
        ARRAY(SELECT a.approver FROM admission.proposal_approvals a
              WHERE a.tenant = p.tenant AND a.proposal_id = p.proposal_id
              ORDER BY a.approved_at, a.approver) AS approvals
@@ -70,6 +72,7 @@ WHERE p.tenant = $1 AND p.public_id IS NOT NULL"""
 
 def _detail(row: Any) -> ProposalDetail:
     preview = json.loads(row["preview"])
+    expired = row["expired"] is not None
     return ProposalDetail(
         proposal_id=row["public_id"],
         run_id=row["run_id"],
@@ -95,8 +98,11 @@ def _detail(row: Any) -> ProposalDetail:
         policy_version=row["policy_version"],
         approvals=list(row["approvals"]),
         approvals_needed=(
-            contract.approvers_needed(preview) if (contract := ACTIONS.get(row["action"])) else 1
+            contract.approvers_needed(preview)
+            if (contract := ACTIONS.get(row["action"])) and not expired
+            else 1
         ),
+        payload="expired" if expired else None,
     )
 
 
@@ -115,8 +121,8 @@ def _cursor(raw: str | None) -> tuple[datetime, str] | None:
 class AdmissionReads:
     """Answers ingress's reads from admission's tables."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
+    def __init__(self, pool: asyncpg.Pool, *, keys: WindowKeys | None = None) -> None:
+        self._pool, self._keys = pool, keys
         self._encoder = msgspec.json.Encoder()
 
     def endpoints(self) -> list[Endpoint]:
@@ -156,9 +162,11 @@ class AdmissionReads:
         row = await self._pool.fetchrow(_COMMAND, ask.tenant, ask.operation_key)
         if row is not None:
             return _command_result(row, ask.operation_key)
-        row = await self._pool.fetchrow(_WAITING, ask.tenant, ask.operation_key)
-        if row is None:
+        found = await self._pool.fetchrow(_WAITING, ask.tenant, ask.operation_key)
+        if found is None:
             return None
+        row = dict(found)
+        await open_payload(self._pool, self._keys, [row])
         if row["state"] == "pending":
             return CommandResult(
                 request_id=row["request_id"] or "",
@@ -170,6 +178,7 @@ class AdmissionReads:
                     action=row["action"],
                     preview=json.loads(row["preview"]),
                     expires_at=row["expires_at"] and row["expires_at"].isoformat() or "",
+                    payload=None if row["expired"] is None else "expired",
                 ),
             )
         return CommandResult(
@@ -215,7 +224,8 @@ class AdmissionReads:
             f"LIMIT {int(ask.limit) + 1}",
             *args,
         )
-        page, more = rows[: ask.limit], len(rows) > ask.limit
+        page, more = [dict(r) for r in rows[: ask.limit]], len(rows) > ask.limit
+        await open_payload(self._pool, self._keys, page)
         last = page[-1] if page and more else None
         return Proposals(
             proposals=[_detail(r) for r in page],
@@ -227,10 +237,14 @@ class AdmissionReads:
 
     async def proposal(self, ask: GetProposal) -> ProposalDetail | None:
         """One proposal by its public id."""
-        row = await self._pool.fetchrow(
+        found = await self._pool.fetchrow(
             _PROPOSALS + " AND p.public_id = $2", ask.tenant, ask.proposal_id
         )
-        return None if row is None else _detail(row)
+        if found is None:
+            return None
+        row = dict(found)
+        await open_payload(self._pool, self._keys, [row])
+        return _detail(row)
 
 
 def _command_result(row: asyncpg.Record, operation_key: str) -> CommandResult:
