@@ -5,3 +5,6 @@
 ALTER TABLE planner.runs ADD COLUMN sealed bytea;
 -- A chat turn's input (the bounded conversation, as user data), sealed the same way.
 ALTER TABLE planner.session_turns ADD COLUMN sealed bytea;
+-- A chat session's events (its messages, the model's answers), sealed under the session's
+-- window key; sealed rows keep `body` `{}`.
+ALTER TABLE planner.session_events ADD COLUMN sealed bytea;
