@@ -436,3 +436,19 @@ async def proposals_of(db: asyncpg.Connection, stack: Stack, run_id: str) -> lis
     for r in rows:
         r["arguments"], r["preview"] = json.loads(r["arguments"]), json.loads(r["preview"])
     return rows
+
+
+async def run_evidence(db: asyncpg.Connection, stack: Stack, run_id: str) -> list[Any]:
+    """A run's evidence as an administrator holding the planner's key file reads it."""
+    from libs.journal import Expired, refresh, unseal
+    from services.planner.store._sql import SEALED_RUN, run_aad
+
+    row = await db.fetchrow("SELECT evidence, sealed FROM planner.runs WHERE run_id = $1", run_id)
+    assert row is not None
+    if row["sealed"] is None:
+        return list(json.loads(row["evidence"]))
+    keys = _window_keys(stack, "planner")
+    await refresh(db, keys, [row["sealed"]])
+    opened = unseal(keys, row["sealed"], run_aad(run_id))
+    assert not isinstance(opened, Expired)
+    return SEALED_RUN.decode(opened).evidence
