@@ -99,6 +99,8 @@ class Erasure(msgspec.Struct, frozen=True, kw_only=True):
     runs: list[str]
     key_ids: dict[str, list[str]]
     journal_id: int
+    # Reasons the principal gave answering asks on others' runs, cleared (who answered stays).
+    reasons_erased: int = 0
 
 
 _PLANNER: Final = "planner"
@@ -279,6 +281,9 @@ async def erase_principal(
             )
             if erased:
                 key_ids[schema] = erased
+        # What the principal wrote on rows of other people's runs: the reasons they gave
+        # answering an ask. Who answered stays (it is who authorised an effect); the words go.
+        reasons = await _erase_reasons(conn, tenant, principal)
         digest = principal_digest(tenant, principal)
         row_id = await _record(
             conn,
@@ -292,6 +297,29 @@ async def erase_principal(
                 "principal_sha256": digest,
                 "runs": runs,
                 "windows": key_ids,
+                "reasons_erased": reasons,
             },
         )
-    return Erasure(tenant=tenant, runs=runs, key_ids=key_ids, journal_id=row_id)
+    return Erasure(
+        tenant=tenant, runs=runs, key_ids=key_ids, journal_id=row_id, reasons_erased=reasons
+    )
+
+
+# Free text a person writes on rows of other people's runs, with the column naming them:
+# (table, text column, who-column). Each is cleared by an erasure of that person.
+_WRITTEN_BY: Final = (("governance.pending", "answer_reason", "answered_by"),)
+
+
+async def _erase_reasons(conn: asyncpg.Connection, tenant: str, principal: str) -> int:
+    erased = 0
+    for table, column, who in _WRITTEN_BY:
+        if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
+            continue
+        done = await conn.fetch(
+            f"UPDATE {table} SET {column} = NULL WHERE tenant = $1 AND {who} = $2 "
+            f"AND {column} IS NOT NULL RETURNING 1",
+            tenant,
+            principal,
+        )
+        erased += len(done)
+    return erased

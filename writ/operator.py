@@ -152,6 +152,10 @@ async def list_pending(nats_url: str, tenant: str) -> int:
         )
         if (proposal := about.get(d.pending_id)) is not None:
             print(f"    proposal  {proposal.proposal_id}")
+            if proposal.payload == "expired":
+                # Erased under the retention policy: said so, never shown as empty.
+                print("      payload expired (it cannot be approved)")
+                continue
             for label, value in _described(proposal.action, proposal.preview):
                 print(f"      {label}: {value}")
             print(f"    answer it with --proposal {proposal.proposal_id}")

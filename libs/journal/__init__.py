@@ -38,6 +38,15 @@ from libs.journal._record import (
     decode_checkpoint,
 )
 from libs.journal._seal import REFUSALS, Sealer
+from libs.journal._sealed import (
+    EXPIRED_TEXT,
+    Expired,
+    column_aad,
+    refresh,
+    seal,
+    sealed_key,
+    unseal,
+)
 from libs.journal._verify import GRACE, Defect, VerifyReport, verify
 from libs.journal._window import (
     PayloadExpired,
@@ -52,12 +61,14 @@ from libs.journal._write import Entry, Journal, open_journal, read_entries, wind
 
 __all__ = [
     "AUDITOR_TABLES",
+    "EXPIRED_TEXT",
     "GRACE",
     "REANCHORED",
     "REFUSALS",
     "CheckpointRecord",
     "DataKeys",
     "Entry",
+    "Expired",
     "FileRecord",
     "JetStreamRecord",
     "Journal",
@@ -73,6 +84,7 @@ __all__ = [
     "WindowKeys",
     "anchor_verifies",
     "checkpoint_message",
+    "column_aad",
     "decode_checkpoint",
     "describe",
     "destroy_windows",
@@ -86,6 +98,10 @@ __all__ = [
     "read_entries",
     "reanchor",
     "reanchor_message",
+    "refresh",
+    "seal",
+    "sealed_key",
+    "unseal",
     "verify",
     "window_key_id",
     "window_key_pool",

@@ -190,10 +190,12 @@ async def read_entries(
     tenant: str,
     run_id: str | None = None,
     subject: str | None = None,
+    expired: list[Mapping[str, Any]] | None = None,
 ) -> list[tuple[int, Mapping[str, Any], bytes]]:
     """(seq, row, plaintext) of a tenant's sealed entries in chain order, for replay and audit.
 
-    A row whose window has expired raises `PayloadExpired`.
+    A row whose window has expired raises `PayloadExpired`; given an `expired` list, it is
+    appended there instead (its ids, kind and subject still read) and the rest is returned.
     Only sealed entries are returned: what is not in the verified chain is not evidence, and
     neither is a row the sealer rejected (it is in the chain as a rejection, not as an entry).
     """
@@ -216,4 +218,12 @@ async def read_entries(
         # Every window key read again, not only unknown ones: one destroyed since this process
         # made it (an expiry, an erasure) must read as expired, never from memory.
         await keys.load(conn, sorted({r["key_id"] for r in rows if r["key_id"].startswith(PREFIX)}))
-    return [(r["seq"], r, journal.open(r)) for r in rows]
+    if expired is None:
+        return [(r["seq"], r, journal.open(r)) for r in rows]
+    out: list[tuple[int, Mapping[str, Any], bytes]] = []
+    for r in rows:
+        try:
+            out.append((r["seq"], r, journal.open(r)))
+        except PayloadExpired:
+            expired.append(r)
+    return out

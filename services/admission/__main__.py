@@ -11,6 +11,7 @@ from libs.journal import JetStreamRecord, Sealer, open_journal, window_key_pool
 from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.admission._sealed import window_keys
 from services.admission.reads import AdmissionReads
 from services.admission.receipts import Authorizer, ReceiptSigner
 from services.admission.relay import OutboxRelay
@@ -100,7 +101,9 @@ def main() -> None:
                     service="admission", pool=pool, journal=journal, signing=signing
                 ).endpoint()
             )
-            rt.endpoints.extend(AdmissionReads(pool).endpoints())  # ingress's HTTP reads
+            rt.endpoints.extend(
+                AdmissionReads(pool, keys=window_keys(journal)).endpoints()
+            )  # ingress's HTTP reads
             await svc.run(task_status=task_status)
 
     run_service("admission", settings, start, description="Admits commands, relays the outbox")

@@ -107,6 +107,15 @@ class ProposalApprovals:
                 ans, "not_approvable", reason="no such proposal", code="UNKNOWN_PROPOSAL"
             )
             return
+        if proposal.expired is not None:
+            # What approving it would execute was erased: nothing may be approved blind.
+            await self._reply(
+                ans,
+                "not_approvable",
+                reason=f"payload expired (window {proposal.expired})",
+                code="PAYLOAD_EXPIRED",
+            )
+            return
         if (
             ans.pending_id is not None
             and proposal.state == "pending"

@@ -93,6 +93,9 @@ class ProposalRow(msgspec.Struct, frozen=True, kw_only=True):
     command_state: str | None
     receipt: str | None
     command_reason: str | None
+    # The window key of its arguments and preview if that key was destroyed (retention, an
+    # erasure): then they read `{}`, and the proposal can be neither shown nor approved.
+    expired: str | None = None
 
 
 class ResolvedFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +146,7 @@ def new_public_id() -> str:
 
 def proposal_of(row: Any) -> ProposalRow:
     values = dict(row)
+    values.pop("sealed", None)
     values["arguments"] = json.loads(values["arguments"])
     values["preview"] = json.loads(values["preview"])
     return ProposalRow(**values)

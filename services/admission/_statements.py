@@ -27,9 +27,9 @@ WITH recorded AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
         action, action_version, arguments, request_hash, state, decision_id, reason,
         expected_revision, operation_key, request_id, public_id, preview, expires_at,
-        traceparent, facts, facts_read_at, decision_line, policy_version)
+        traceparent, facts, facts_read_at, decision_line, policy_version, sealed)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, $14, $15, $16, $17,
-            $18::jsonb, $19, $20, $21::jsonb, $22, $23, $24)
+            $18::jsonb, $19, $20, $21::jsonb, $22, $23, $24, $25)
     ON CONFLICT (tenant, proposal_id) DO NOTHING
     RETURNING public_id
 ){journal}
@@ -78,7 +78,7 @@ SELECT p.tenant, p.proposal_id::text AS proposal_id, p.public_id, p.run_id, p.st
        p.decision_id::text AS decision_id, p.reason, p.expires_at, p.approved_by,
        p.expected_revision, p.operation_key, p.request_id, p.traceparent,
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
-       c.reason AS command_reason
+       c.reason AS command_reason, p.sealed
 FROM admission.proposals p
 LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
 WHERE p.tenant = $1"""
@@ -99,9 +99,10 @@ WITH claimed AS (
         policy_version, expires_at, expected_revision, origin, operation_key, request_id,
         preview, traceparent)
     SELECT tenant, $8, proposal_id, run_id, step, principal, agent, action, action_version,
-           arguments, request_hash, $4, $5, $6, $7, expected_revision,
+           CASE WHEN sealed IS NULL THEN arguments ELSE $11::jsonb END, request_hash, $4, $5,
+           $6, $7, expected_revision,
            CASE WHEN operation_key IS NULL THEN 'run' ELSE 'host' END, operation_key,
-           request_id, preview, $10
+           request_id, CASE WHEN sealed IS NULL THEN preview ELSE $12::jsonb END, $10
     FROM claimed
     ON CONFLICT (tenant, operation_id) DO NOTHING
     RETURNING tenant, operation_id

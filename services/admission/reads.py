@@ -19,6 +19,7 @@ from nats.micro.request import Request
 
 from actions import ACTIONS
 from actions.base import outcome_of
+from libs.journal import WindowKeys
 from libs.runtime import Endpoint
 from schemas.host import CommandResult, ErrorInfo, ProposalView
 from schemas.reads import (
@@ -34,6 +35,7 @@ from schemas.reads import (
 )
 from services.admission._rows import approvals_of
 from services.admission._statements import APPROVALS_OF
+from services.admission._sealed import open_payload
 
 __all__ = ["AdmissionReads"]
 
@@ -44,7 +46,7 @@ FROM admission.commands c WHERE c.tenant = $1 AND c.operation_key = $2"""
 # A host command that waits for a person has a proposal and no command yet.
 _WAITING: Final = """
 SELECT p.request_id, p.public_id, p.action, coalesce(p.preview, '{}'::jsonb) AS preview,
-       p.expires_at, p.state, p.reason
+       p.expires_at, p.state, p.reason, p.tenant, p.proposal_id::text AS proposal_id, p.sealed
 FROM admission.proposals p WHERE p.tenant = $1 AND p.operation_key = $2
 ORDER BY p.created_at DESC LIMIT 1"""
 # A proposal's state as the API lists it: `executing` until its command has its outcome, then
@@ -62,7 +64,7 @@ SELECT p.public_id, p.run_id, p.action, coalesce(p.preview, '{{}}'::jsonb) AS pr
        c.operation_id::text AS operation_id, c.state AS command_state, c.receipt,
        c.reason AS command_reason, p.principal, p.agent, p.created_at, p.facts,
        p.facts_read_at, p.decision_line,
-       p.policy_version,
+       p.policy_version, p.tenant, p.proposal_id::text AS proposal_id, p.sealed,
        {APPROVALS_OF.format(proposal="p")} AS approvals
 FROM admission.proposals p
 LEFT JOIN admission.commands c ON c.tenant = p.tenant AND c.proposal_id = p.proposal_id
@@ -76,6 +78,7 @@ VOID_REASONS: Final = {"APPROVER_REVOKED": "the approver's access was revoked af
 def _detail(row: Any) -> ProposalDetail:
     preview = json.loads(row["preview"])
     given = approvals_of(row["approvals"])
+    expired = row["expired"] is not None
     return ProposalDetail(
         proposal_id=row["public_id"],
         run_id=row["run_id"],
@@ -111,8 +114,11 @@ def _detail(row: Any) -> ProposalDetail:
             for a in given
         ],
         approvals_needed=(
-            contract.approvers_needed(preview) if (contract := ACTIONS.get(row["action"])) else 1
+            contract.approvers_needed(preview)
+            if (contract := ACTIONS.get(row["action"])) and not expired
+            else 1
         ),
+        payload="expired" if expired else None,
     )
 
 
@@ -131,8 +137,8 @@ def _cursor(raw: str | None) -> tuple[datetime, str] | None:
 class AdmissionReads:
     """Answers ingress's reads from admission's tables."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
-        self._pool = pool
+    def __init__(self, pool: asyncpg.Pool, *, keys: WindowKeys | None = None) -> None:
+        self._pool, self._keys = pool, keys
         self._encoder = msgspec.json.Encoder()
 
     def endpoints(self) -> list[Endpoint]:
@@ -172,9 +178,11 @@ class AdmissionReads:
         row = await self._pool.fetchrow(_COMMAND, ask.tenant, ask.operation_key)
         if row is not None:
             return _command_result(row, ask.operation_key)
-        row = await self._pool.fetchrow(_WAITING, ask.tenant, ask.operation_key)
-        if row is None:
+        found = await self._pool.fetchrow(_WAITING, ask.tenant, ask.operation_key)
+        if found is None:
             return None
+        row = dict(found)
+        await open_payload(self._pool, self._keys, [row])
         if row["state"] == "pending":
             return CommandResult(
                 request_id=row["request_id"] or "",
@@ -186,6 +194,7 @@ class AdmissionReads:
                     action=row["action"],
                     preview=json.loads(row["preview"]),
                     expires_at=row["expires_at"] and row["expires_at"].isoformat() or "",
+                    payload=None if row["expired"] is None else "expired",
                 ),
             )
         return CommandResult(
@@ -231,7 +240,8 @@ class AdmissionReads:
             f"LIMIT {int(ask.limit) + 1}",
             *args,
         )
-        page, more = rows[: ask.limit], len(rows) > ask.limit
+        page, more = [dict(r) for r in rows[: ask.limit]], len(rows) > ask.limit
+        await open_payload(self._pool, self._keys, page)
         last = page[-1] if page and more else None
         return Proposals(
             proposals=[_detail(r) for r in page],
@@ -243,10 +253,14 @@ class AdmissionReads:
 
     async def proposal(self, ask: GetProposal) -> ProposalDetail | None:
         """One proposal by its public id."""
-        row = await self._pool.fetchrow(
+        found = await self._pool.fetchrow(
             _PROPOSALS + " AND p.public_id = $2", ask.tenant, ask.proposal_id
         )
-        return None if row is None else _detail(row)
+        if found is None:
+            return None
+        row = dict(found)
+        await open_payload(self._pool, self._keys, [row])
+        return _detail(row)
 
 
 def _command_result(row: asyncpg.Record, operation_key: str) -> CommandResult:

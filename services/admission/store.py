@@ -31,6 +31,7 @@ from services.admission._rows import (
     new_public_id,
     proposal_of,
 )
+from services.admission._sealed import SealedProposal, open_payload, seal_proposal, window_keys
 
 __all__ = [
     "COMMAND_STATES",
@@ -54,9 +55,9 @@ class AdmissionStore:
 
     def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
         self._pool, self._journal = pool, journal
-        self._insert_proposal = self._journaled(sql.INSERT_PROPOSAL, 25, "recorded")
+        self._insert_proposal = self._journaled(sql.INSERT_PROPOSAL, 26, "recorded")
         self._admit = self._journaled(sql.ADMIT, 25, "admitted")
-        self._approve = self._journaled(sql.APPROVE, 11, "admitted")
+        self._approve = self._journaled(sql.APPROVE, 13, "admitted")
         self._add_approval = self._journaled(sql.ADD_APPROVAL, 4, "added")
         self._reject = self._journaled(sql.MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
         self._expire = self._journaled(
@@ -120,6 +121,13 @@ class AdmissionStore:
         """Record a proposal that did not become a command (refused, or waiting for a person),
         under a new opaque public id; a redelivery gets the row recorded the first time."""
         public_id, expires_at = new_public_id(), datetime.now(UTC) + ttl
+        sealed = await seal_proposal(
+            self._journal,
+            tenant=tenant,
+            run_id=run_id,
+            proposal_id=proposal_id,
+            payload=SealedProposal(arguments=arguments, preview=preview, facts=facts),
+        )
         await self._pool.execute(
             self._insert_proposal,
             tenant,
@@ -130,7 +138,7 @@ class AdmissionStore:
             agent,
             action,
             version,
-            json.dumps(arguments),
+            "{}" if sealed is not None else json.dumps(arguments),
             request_hash,
             state,
             decision_id,
@@ -139,13 +147,14 @@ class AdmissionStore:
             operation_key,
             request_id,
             public_id,
-            json.dumps(preview),
+            None if sealed is not None else json.dumps(preview),
             expires_at,
             inject_context({}).get("traceparent"),
-            None if facts is None else json.dumps(facts),
+            None if facts is None or sealed is not None else json.dumps(facts),
             facts_read_at,
             decision_line,
             policy_version,
+            sealed,
             *(
                 await self._entry(
                     tenant,
@@ -209,7 +218,11 @@ class AdmissionStore:
             tenant,
             proposal_id or public_id,
         )
-        return None if row is None else proposal_of(row)
+        if row is None:
+            return None
+        values = dict(row)
+        await open_payload(self._pool, window_keys(self._journal), [values])
+        return proposal_of(values)
 
     async def expire_proposal(self, proposal: ProposalRow) -> bool:
         """pending -> expired once its time is over; False if it was not pending any more."""
@@ -242,7 +255,9 @@ class AdmissionStore:
     ) -> bool:
         """The one pending -> executing claim of the approval-contracts note, with the command and
         its outbox row, in one statement: True for exactly one approval of a pending, unexpired
-        proposal."""
+        proposal whose payload has not expired (the command is made of it)."""
+        if proposal.expired is not None:
+            return False
         expires_at = datetime.now(UTC) + ttl
         claimed = await self._pool.fetchval(
             self._approve,
@@ -256,6 +271,8 @@ class AdmissionStore:
             operation_id,
             OUTBOX_CHANNEL,
             inject_context({}).get("traceparent"),
+            json.dumps(proposal.arguments),
+            json.dumps(proposal.preview),
             *(
                 await self._entry(
                     proposal.tenant,

@@ -63,6 +63,7 @@ def run_view(run: Any, steps: list[Any]) -> RunView:
         pending_id=run.pending_id if run.status == "awaiting_human" else None,
         evidence=evidence,
         version=run.state_version,
+        payload=None if run.expired is None else "expired",
     )
 
 
@@ -73,7 +74,7 @@ async def _tenant_run(
     for this tenant) or 500 (the store failed)."""
     try:
         async with store.acquire() as conn:
-            run = await store.run(conn, run_id)
+            run = await store.run(conn, run_id, fresh=True)
             steps = [] if run is None or run.tenant != tenant else await store.steps(conn, run_id)
     except Exception as exc:
         log.warning("%s failed: %r", what, exc)

@@ -25,7 +25,7 @@ from services.planner.agents import AgentRegistry
 from services.planner.budgeting import RunBudgets, step_key
 from services.planner.cancel import cancelled_by
 from services.planner.capabilities import Capabilities, Waiting
-from services.planner.codes import BUDGET_CODE
+from services.planner.codes import BUDGET_CODE, EXPIRED_CODE
 from services.planner.critic import Critic
 from services.planner.effects import AGAIN, Effect, Effects, Finished
 from services.planner.inputs import input_digest, model_input, with_injected
@@ -106,6 +106,19 @@ class RunSteps:
         itself (a catalog sent, a selection refused, a critic's replan) or committed it before
         acting on it (an answer before its critic, a read's or a branch's selection before the
         call; an action's proposal is recorded with its decision and sent after the commit)."""
+        if run.expired is not None:
+            # Its input and evidence were erased (retention, an erasure) while it was still
+            # open: no model may be asked without them, and nothing may stand in for them.
+            return [
+                await self.finish(
+                    conn,
+                    run,
+                    steps,
+                    "failed",
+                    finished,
+                    error=(EXPIRED_CODE, f"payload expired (window {run.expired})"),
+                )
+            ]
         last = steps[-1] if steps else None
         fresh = False
         if (

@@ -52,11 +52,12 @@ async def test_a_proposal_and_a_review_are_found_by_their_ids_past_the_first_pag
         assert stopped["status"] == "awaiting_human", stopped
         review_id = stopped["pending_id"]
     try:
-        # Newer copies of each push the real ones past the first page of either read.
+        # Newer copies of each push the real ones past the first page of either read (plain:
+        # a sealed payload names its own row, and a copy of it opens on no other).
         await db.execute(
             "INSERT INTO admission.proposals SELECT (jsonb_populate_record(p, jsonb_build_object("
             "'proposal_id', gen_random_uuid(), 'public_id', 'crowd-' || g || '-' || $2::text, "
-            "'decision_id', gen_random_uuid(), "
+            "'decision_id', gen_random_uuid(), 'sealed', NULL, "
             "'created_at', now() + make_interval(secs => g)))).* "
             "FROM admission.proposals p, generate_series(1, $3::int) g "
             "WHERE p.tenant = 'acme' AND p.public_id = $1",
@@ -68,7 +69,7 @@ async def test_a_proposal_and_a_review_are_found_by_their_ids_past_the_first_pag
             "INSERT INTO planner.runs SELECT (jsonb_populate_record(r, jsonb_build_object("
             "'run_id', 'crowd-' || g || '-' || $2::text, "
             "'request_id', 'crowd-' || g || '-' || $2::text, "
-            "'pending_id', 'review-crowd-' || g || '-' || $2::text, "
+            "'pending_id', 'review-crowd-' || g || '-' || $2::text, 'sealed', NULL, "
             "'updated_at', now() + make_interval(secs => g)))).* "
             "FROM planner.runs r, generate_series(1, $3::int) g WHERE r.run_id = $1",
             stopped["run_id"],

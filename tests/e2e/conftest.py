@@ -391,3 +391,64 @@ def recorded_spans(stack: Stack) -> list[dict[str, Any]]:
         for path in stack.home.glob("spans.*")
         for line in path.read_text().splitlines()
     ]
+
+
+def _window_keys(stack: Stack, service: str) -> Any:
+    from libs.journal import DataKeys, WindowKeys
+
+    path = stack.home / "secrets" / f"journal-{service}-data.json"
+    return WindowKeys(DataKeys.from_json(path.read_text()), schema=service)
+
+
+async def run_input(db: asyncpg.Connection, stack: Stack, run_id: str) -> str | None:
+    """A run's input as an administrator holding the planner's key file reads it: the row
+    holds it sealed under the run's window key."""
+    from libs.journal import Expired, refresh, unseal
+    from services.planner.store._sql import SEALED_RUN, run_aad
+
+    row = await db.fetchrow("SELECT input, sealed FROM planner.runs WHERE run_id = $1", run_id)
+    if row is None:
+        return None
+    if row["sealed"] is None:
+        return str(row["input"])
+    keys = _window_keys(stack, "planner")
+    await refresh(db, keys, [row["sealed"]])
+    opened = unseal(keys, row["sealed"], run_aad(run_id))
+    assert not isinstance(opened, Expired)
+    return SEALED_RUN.decode(opened).input
+
+
+async def proposals_of(db: asyncpg.Connection, stack: Stack, run_id: str) -> list[dict[str, Any]]:
+    """A run's proposals (state, action, arguments, preview), oldest first, their sealed
+    payloads opened with admission's key file."""
+    from services.admission._sealed import open_payload
+
+    rows = [
+        dict(r)
+        for r in await db.fetch(
+            "SELECT tenant, proposal_id::text AS proposal_id, state, action, arguments, "
+            "coalesce(preview, '{}'::jsonb) AS preview, facts, sealed FROM admission.proposals "
+            "WHERE run_id = $1 ORDER BY created_at",
+            run_id,
+        )
+    ]
+    await open_payload(db, _window_keys(stack, "admission"), rows)
+    for r in rows:
+        r["arguments"], r["preview"] = json.loads(r["arguments"]), json.loads(r["preview"])
+    return rows
+
+
+async def run_evidence(db: asyncpg.Connection, stack: Stack, run_id: str) -> list[Any]:
+    """A run's evidence as an administrator holding the planner's key file reads it."""
+    from libs.journal import Expired, refresh, unseal
+    from services.planner.store._sql import SEALED_RUN, run_aad
+
+    row = await db.fetchrow("SELECT evidence, sealed FROM planner.runs WHERE run_id = $1", run_id)
+    assert row is not None
+    if row["sealed"] is None:
+        return list(json.loads(row["evidence"]))
+    keys = _window_keys(stack, "planner")
+    await refresh(db, keys, [row["sealed"]])
+    opened = unseal(keys, row["sealed"], run_aad(run_id))
+    assert not isinstance(opened, Expired)
+    return SEALED_RUN.decode(opened).evidence

@@ -28,7 +28,7 @@ from schemas import subjects
 from schemas.base import Family
 from schemas.governance import ListPending, PendingDecisions
 from schemas.retrieval import ReadCapability, ReadRefused, ReadResult
-from tests.e2e.conftest import Host, replayed, sealed, service_violations
+from tests.e2e.conftest import Host, proposals_of, replayed, sealed, service_violations
 from tests.e2e.test_eval import writ
 from tests.eval_runs import DEMO_DECISIONS
 from writ import mcp
@@ -207,9 +207,8 @@ async def test_the_host_drives_a_run_that_reads_over_mcp_and_writes_one_comment_
         "SELECT count(*) FROM governance.journal WHERE kind = 'mcp_listing' AND tenant = 'acme'"
     )
     assert listings >= 3
-    preview = await db.fetchval(
-        "SELECT preview FROM admission.proposals WHERE run_id = $1", result.run_id
-    )
+    [proposal] = await proposals_of(db, stack, result.run_id)
+    preview = json.dumps(proposal["preview"])
     assert '"revision": "r1"' in preview and '"status": "open"' in preview
     command = await db.fetchrow(
         "SELECT state, receipt FROM admission.commands WHERE operation_id = $1::uuid",

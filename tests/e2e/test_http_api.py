@@ -15,7 +15,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.e2e.conftest import Host, notes_for
+from tests.e2e.conftest import Host, notes_for, run_input
 from writ.stack import Stack, mint_token
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -115,10 +115,7 @@ async def test_the_same_key_twice_is_one_run_and_another_body_under_it_is_409(
     assert (foreign.status_code, foreign.json()["code"]) == (409, "CONFLICT"), foreign.text
     assert run_id not in foreign.text and "idempotent-replayed" not in foreign.headers
     assert await runs_of(db, headers["Idempotency-Key"]) == 1
-    assert (
-        await db.fetchval("SELECT input FROM planner.runs WHERE run_id = $1", run_id)
-        == BODY["input"]
-    )
+    assert await run_input(db, stack, run_id) == BODY["input"]
 
 
 def _foreign_token(tenant: str = "acme") -> str:

@@ -17,7 +17,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.e2e.conftest import Host, notes_for
+from tests.e2e.conftest import Host, notes_for, run_evidence
 from writ.stack import Stack
 
 
@@ -69,13 +69,13 @@ async def test_injected_evidence_changes_nothing_the_run_may_do(
     assert result.answer == scripted_answer  # the script's, word for word
     # The evidence the model saw: the injected documents, untrusted, acme's only.
     run = await db.fetchrow("SELECT * FROM planner.runs WHERE request_id = $1", request.request_id)
-    evidence = msgspec.json.decode(run["evidence"])
+    evidence = await run_evidence(db, host.stack, run["run_id"])
     ids = {e["document_id"] for e in evidence}
     assert ids & INJECTED, ids
     assert ids <= acme_docs and not ids & globex_docs
     assert all(e["trust"] == "untrusted" for e in evidence)
     assert any("evil@example.com" in e["text"] for e in evidence)
-    assert "Globex memo" not in run["evidence"]
+    assert "Globex memo" not in json.dumps(evidence)
     # The script's one proposal, and only the command policy allows for it.
     proposals = await db.fetch(
         "SELECT action, arguments FROM admission.proposals WHERE run_id = $1", result.run_id

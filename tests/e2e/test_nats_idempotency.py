@@ -19,7 +19,7 @@ from libs.provision import IDEMPOTENCY_BUCKET, OWNERS_BUCKET
 from schemas import subjects
 from schemas.governance import RegisterRun
 from schemas.host import CommandResult, RunResult
-from tests.e2e.conftest import Host
+from tests.e2e.conftest import Host, run_input
 from writ.stack import Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -94,10 +94,10 @@ async def test_another_principal_reusing_a_request_id_is_a_conflict_and_starts_n
     assert done.run_id not in over_http.text
     assert for_bob == []
     assert [(r.run_id, r.principal) for r in registered] == [(done.run_id, "alice@acme.example")]
-    rows = await db.fetch(
-        "SELECT run_id, input FROM planner.runs WHERE request_id = $1", first.request_id
-    )
-    assert [(r["run_id"], r["input"]) for r in rows] == [(done.run_id, first.input)]
+    rows = await db.fetch("SELECT run_id FROM planner.runs WHERE request_id = $1", first.request_id)
+    assert [(r["run_id"], await run_input(db, stack, r["run_id"])) for r in rows] == [
+        (done.run_id, first.input)
+    ]
     recorded = await db.fetch(
         "SELECT principal FROM governance.runs WHERE run_id = $1", done.run_id
     )

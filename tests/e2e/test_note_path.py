@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from schemas.host import RunRequest
-from tests.e2e.conftest import Host, notes_for
+from tests.e2e.conftest import Host, notes_for, run_evidence
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -60,7 +60,7 @@ async def test_a_request_adds_exactly_one_note(
         "SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", result.run_id
     )
     assert [s["kind"] for s in steps] == ["decision", "observation", "decision"]
-    evidence = msgspec.json.decode(runs[0]["evidence"])
+    evidence = await run_evidence(db, host.stack, result.run_id or "")
     assert evidence and all(e["trust"] == "untrusted" for e in evidence)
     assert {e["document_id"] for e in evidence} <= {"customer-ACME-42", "call-2026-11-28"}
 

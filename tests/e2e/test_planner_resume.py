@@ -32,7 +32,7 @@ from fakes.llm import FakeLlm
 from libs.faults import CRASH_STATUS
 from schemas.governance import RunBudget
 from services.governance.spend import ActionPrice, Cap, ModelPrice, PriceTable, sign_prices
-from tests.e2e.conftest import Host, replayed
+from tests.e2e.conftest import Host, proposals_of, replayed
 from writ.stack import POLICY_KEY_ID, Stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -701,12 +701,8 @@ async def test_a_revision_reason_reaches_the_model_in_the_same_run(
     assert approved.status == "claimed", approved
     done = await host.wait_result(request.request_id, status="succeeded", timeout=60)
     assert done.answer == "Charged standard shipping."
-    states = await db.fetch(
-        "SELECT state, (preview->>'amount_cents')::int AS cents FROM admission.proposals "
-        "WHERE run_id = $1 ORDER BY created_at",
-        first.run_id,
-    )
-    assert [r["cents"] for r in states] == [4900, 1500]
+    states = await proposals_of(db, stack, first.run_id or "")
+    assert [r["preview"]["amount_cents"] for r in states] == [4900, 1500]
     assert states[0]["state"] == "rejected" and states[1]["state"] in ("executing", "completed")
     report = await replayed(host, db, first.run_id or "")
     assert (report.verdict, report.divergences, report.missing) == ("identical", [], [])

@@ -24,6 +24,7 @@ import msgspec
 import pytest
 
 from fakes.llm import FakeLlm
+from libs.journal import DataKeys, Expired, WindowKeys, column_aad, refresh, unseal
 from schemas.planner import ProposeCommand, preview_digest
 from schemas.sessions import HostSessionOp, SessionReply
 from services.planner.memory import estimate_tokens
@@ -274,6 +275,35 @@ async def events(
     return got
 
 
+async def event_bodies(
+    db: asyncpg.Connection, stack: Stack, sid: str, kind: str
+) -> list[dict[str, Any]]:
+    """The bodies of the session's events of `kind`, in order, opened with the planner's data
+    key file: the database holds them sealed under the session's window key."""
+    keys = WindowKeys(
+        DataKeys.from_json((stack.home / "secrets" / "journal-planner-data.json").read_text()),
+        schema="planner",
+    )
+    rows = await db.fetch(
+        "SELECT n, body, sealed FROM planner.session_events WHERE session_id = $1 "
+        "AND type = $2 ORDER BY n",
+        sid,
+        kind,
+    )
+    await refresh(db, keys, [r["sealed"] for r in rows])
+    out = []
+    for r in rows:
+        if r["sealed"] is None:
+            out.append(json.loads(r["body"]))
+            continue
+        opened = unseal(
+            keys, r["sealed"], column_aad("planner.session_events", "sealed", f"{sid}/{r['n']}")
+        )
+        assert not isinstance(opened, Expired)
+        out.append(json.loads(opened))
+    return out
+
+
 async def session_events(db: asyncpg.Connection, sid: str) -> list[str]:
     return [
         r["type"]
@@ -452,13 +482,7 @@ async def test_close_after_a_command_is_admitted_runs_it_to_its_outcome_and_noth
         [op] = await db.fetch(
             "SELECT operation_id, state FROM admission.commands WHERE run_id = $1", run_id
         )
-        admitted = json.loads(
-            await db.fetchval(
-                "SELECT body FROM planner.session_events WHERE session_id = $1 "
-                "AND type = 'StepAdmitted'",
-                sid,
-            )
-        )
+        [admitted, *_] = await event_bodies(db, stack, sid, "StepAdmitted")
         assert admitted["operation_id"] == str(op["operation_id"])
         assert notes_for(crm, f"acme:{op['operation_id']}") == []
         closed = await act(api, sid, "close")
@@ -497,7 +521,7 @@ async def test_close_after_a_command_is_admitted_runs_it_to_its_outcome_and_noth
 
 
 async def test_pause_inject_resume_reaches_the_next_model_input(
-    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, host: Host
+    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, host: Host, stack: Stack
 ) -> None:
     sid = await open_session(api, "careful-chat")
     script(model, select("crm.note.create", NOTE), answer("Noted, and I mentioned Friday."))
@@ -511,10 +535,8 @@ async def test_pause_inject_resume_reaches_the_next_model_input(
     refused = await send(api, sid, "another")
     assert (refused.status_code, refused.json()["code"]) == (409, "SESSION_PAUSED")
     # The session shows the proposal it waits on, with the id an approver answers.
-    proposal_id = await db.fetchval(
-        "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
-        "AND type = 'ProposalMade'",
-        sid,
+    proposal_id = next(
+        (b["proposal_id"] for b in await event_bodies(db, stack, sid, "ProposalMade")), None
     )
     assert proposal_id is not None, waiting
     calls = len(model_requests(model))
@@ -776,10 +798,8 @@ async def test_a_planner_killed_after_a_proposal_is_admitted_continues_without_a
     sent = await send(api, sid, "Note the call.")
     run_id = sent.json()["run_id"]
     await until(api, sid, lambda v: (v["waiting_for"] or {}).get("kind") == "person")
-    proposal_id = await db.fetchval(
-        "SELECT body->>'proposal_id' FROM planner.session_events WHERE session_id = $1 "
-        "AND type = 'ProposalMade'",
-        sid,
+    proposal_id = next(
+        (b["proposal_id"] for b in await event_bodies(db, stack, sid, "ProposalMade")), None
     )
     stack.stop_process("planner", kill=True)
     # Admitted and executed while the planner is down: its outcome waits in the planner's inbox.
@@ -1200,13 +1220,7 @@ async def test_facts_changed_after_the_plan_was_shown_end_the_plan_and_pay_nothi
     )
     assert (run["status"], run["error_code"]) == ("failed", "PLAN_STALE")
     assert "step 1 of the approved plan (payment.refund) ended refused" in run["error_message"]
-    [ended] = [
-        json.loads(r["body"])
-        for r in await db.fetch(
-            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'TurnEnded'",
-            sid,
-        )
-    ]
+    [ended] = await event_bodies(db, stack, sid, "TurnEnded")
     assert (ended["status"], ended["code"]) == ("failed", "PLAN_STALE")
     assert ended["plan_steps"] == [
         {"index": 0, "capability": "payment.refund", "outcome": "refused: PLAN_STALE"}
@@ -1345,13 +1359,7 @@ async def test_a_model_that_answers_after_the_approval_still_has_every_step_run_
     outcomes = json.loads(after["messages"][-1]["content"])["untrusted"]["observations"]
     assert [o.get("state") for o in outcomes if "operation_id" in o] == ["succeeded"] * 3
     # The turn's end lists every step with its outcome.
-    [ended] = [
-        json.loads(r["body"])
-        for r in await db.fetch(
-            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'TurnEnded'",
-            sid,
-        )
-    ]
+    [ended] = await event_bodies(db, stack, sid, "TurnEnded")
     assert ended["status"] == "succeeded"
     assert [(s["index"], s["outcome"], s["operation_id"]) for s in ended["plan_steps"]] == [
         (i, "succeeded", str(c["operation_id"])) for i, c in enumerate(commands)

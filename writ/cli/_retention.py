@@ -133,7 +133,8 @@ async def _erase_run(dsn: str, args: argparse.Namespace, journal: Any) -> int:
         await conn.close()
     keys = sum(len(k) for k in done.key_ids.values())
     print(
-        f"{done.tenant}: erased {len(done.runs)} run(s) of the principal, {keys} key(s); "
+        f"{done.tenant}: erased {len(done.runs)} run(s) of the principal, {keys} key(s), "
+        f"{done.reasons_erased} answer reason(s) on others' runs; "
         f"journaled as planner row {done.journal_id}"
     )
     for service, key_ids in sorted(done.key_ids.items()):

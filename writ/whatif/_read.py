@@ -12,13 +12,14 @@ eval role, through the one function it may call, into the planner's journal (kin
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Final
 
 import asyncpg
 import msgspec
 
-from libs.journal import Journal, read_entries
+from libs.journal import EXPIRED_TEXT, Journal, read_entries
 from writ.whatif._redecide import Amount, JournaledDecision, Report
 
 __all__ = ["SUBJECT", "journaled_window", "record_report", "sealed_report"]
@@ -45,17 +46,36 @@ async def journaled_window(
     tenant: str,
     since: datetime,
     until: datetime,
+    not_evaluable: list[str] | None = None,
 ) -> tuple[list[JournaledDecision], dict[str, Amount]]:
     """The tenant's sealed decisions recorded in [since, until), in chain order, and the
-    amounts of those made on a proposal, by decision id."""
+    amounts of those made on a proposal, by decision id.
+
+    A decision whose payload expired (its window key destroyed), or whose proposal's arguments
+    did, cannot be ruled again: it is left out and named in `not_evaluable` (decision id and
+    window), and the rest of the window is read."""
+    gone: list[Mapping[str, Any]] = []
     decisions = [
         msgspec.json.decode(plaintext, type=JournaledDecision)
-        for _, row, plaintext in await read_entries(conn, governance, tenant=tenant)
+        for _, row, plaintext in await read_entries(conn, governance, tenant=tenant, expired=gone)
         if row["kind"] == "decision" and since <= row["recorded_at"] < until
     ]
+    lost = not_evaluable if not_evaluable is not None else []
+    lost.extend(
+        f"{row['subject']}: {EXPIRED_TEXT} (window {row['key_id']})"
+        for row in gone
+        if row["kind"] == "decision" and since <= row["recorded_at"] < until
+    )
+    # Runs whose proposals' or commands' arguments expired: their amounts are unknown.
+    unpriced: dict[str, str] = {}
+    admitted_gone: list[Mapping[str, Any]] = []
     by_proposal: dict[str, Amount] = {}
     by_decision: dict[str, Amount] = {}  # an admitted command's, by the decision it stood on
-    for _, row, plaintext in await read_entries(conn, admission, tenant=tenant):
+    admission_rows = await read_entries(conn, admission, tenant=tenant, expired=admitted_gone)
+    for row in admitted_gone:
+        if row["kind"].startswith("proposal.") or row["kind"] == "command.admitted":
+            unpriced.setdefault(row["run_id"], row["key_id"])
+    for _, row, plaintext in admission_rows:
         kind = row["kind"]
         if not (kind.startswith("proposal.") or kind == "command.admitted"):
             continue
@@ -81,6 +101,20 @@ async def journaled_window(
         if amount is not None and admitted and isinstance(payload.get("decision_id"), str):
             by_decision[payload["decision_id"]] = amount
     amounts: dict[str, Amount] = {}
+    kept: list[JournaledDecision] = []
+    for d in decisions:
+        priced = d.decision_id in amounts or (
+            d.proposal_id is not None and d.proposal_id in by_proposal
+        )
+        asks = d.proposal_id is not None or d.approval_id is not None
+        if asks and not priced and d.run_id in unpriced:
+            lost.append(
+                f"{d.decision_id}: {EXPIRED_TEXT} (its proposal's arguments, window "
+                f"{unpriced[d.run_id]})"
+            )
+            continue
+        kept.append(d)
+    decisions = kept
     for d in decisions:
         if d.proposal_id is not None and d.proposal_id in by_proposal:
             amounts[d.decision_id] = by_proposal[d.proposal_id]

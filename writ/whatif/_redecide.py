@@ -16,6 +16,7 @@ stands for an `ask` threshold (the person was asked), not for a `deny` one.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Final, Literal
 
@@ -185,6 +186,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True):
     # Per threshold of the candidate: an `ask` threshold over calls that are asked already
     # (money is) flips nothing, and the report says so and why rather than staying silent.
     thresholds: list[ThresholdEffect] = []
+    # Decisions of the window whose payload (or whose proposal's arguments) expired under the
+    # retention policy: not evaluable, counted in `decisions`, never guessed at.
+    not_evaluable: list[str] = []
 
 
 def _ruled(d: JournaledDecision, candidate: Candidate | None) -> Ruling:
@@ -258,8 +262,10 @@ def whatif(
     until: str,
     decisions: list[JournaledDecision],
     amounts: dict[str, Amount],
+    not_evaluable: Sequence[str] = (),
 ) -> Report:
-    """The report of `candidate` over `decisions` (journal order); `amounts` by decision id."""
+    """The report of `candidate` over `decisions` (journal order); `amounts` by decision id;
+    `not_evaluable` the window's decisions whose payloads expired (`journaled_window`)."""
     flips: list[Flip] = []
     unclear: list[str] = []
     redecided = 0
@@ -299,8 +305,9 @@ def whatif(
         candidate_digest=candidate_digest,
         since=since,
         until=until,
-        decisions=len(decisions),
+        decisions=len(decisions) + len(not_evaluable),
         redecided=redecided,
+        not_evaluable=list(not_evaluable),
         flips=flips,
         approvals_not_needed=[f for f in flips if f.before == "ask" and f.after == "allow"],
         not_redecidable=unclear,
@@ -352,4 +359,7 @@ def render(report: Report) -> str:
         )
         lines += [f"    unchanged: {why}" for why in t.unchanged_because]
     lines += [f"  not ruled again: {n}" for n in report.not_redecidable]
+    if report.not_evaluable:
+        lines.append(f"  {len(report.not_evaluable)} decision(s) not evaluable: payload expired")
+        lines += [f"    not evaluable: {n}" for n in report.not_evaluable]
     return "\n".join(lines)

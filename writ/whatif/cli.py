@@ -73,7 +73,7 @@ def _whatif(args: argparse.Namespace) -> int:
         print(f"cannot run the what-if: {exc}", file=sys.stderr)
         return 3
     try:
-        decisions, amounts = anyio.run(
+        decisions, amounts, not_evaluable = anyio.run(
             functools.partial(_read, dsn, governance, admission, args.tenant, since, until)
         )
     except (OSError, ValueError) as exc:
@@ -87,6 +87,7 @@ def _whatif(args: argparse.Namespace) -> int:
         until=until.isoformat(),
         decisions=decisions,
         amounts=amounts,
+        not_evaluable=not_evaluable,
     )
     out = Path(args.output or f"{args.tenant}-{candidate.version}.whatif.json")
     out.write_bytes(msgspec.json.encode(report))
@@ -106,9 +107,17 @@ async def _read(
     try:
         # Read-only, whatever the role may do: the what-if writes nothing but its report file.
         async with conn.transaction(readonly=True):
-            return await journaled_window(
-                conn, governance, admission, tenant=tenant, since=since, until=until
+            lost: list[str] = []
+            decisions, amounts = await journaled_window(
+                conn,
+                governance,
+                admission,
+                tenant=tenant,
+                since=since,
+                until=until,
+                not_evaluable=lost,
             )
+            return decisions, amounts, lost
     finally:
         await conn.close()
 

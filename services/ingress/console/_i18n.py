@@ -235,6 +235,12 @@ CATALOG: Final[dict[str, Msg]] = {
         "L'aperçu de cette proposition ne correspond pas au contrat {action} tel que cette "
         "console le connaît ; il ne peut pas être affiché.",
     ),
+    "payload_expired": Msg(
+        "payload expired: this proposal's arguments and preview were erased under the "
+        "retention policy; it cannot be approved.",
+        "payload expired : les arguments et l'aperçu de cette proposition ont été effacés "
+        "selon la politique de rétention ; elle ne peut pas être approuvée.",
+    ),
     "waiting_expired": Msg(
         "expired: it can no longer be approved; the agent must propose it again",
         "expirée : elle ne peut plus être approuvée ; l'agent doit la proposer à nouveau",

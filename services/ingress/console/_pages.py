@@ -425,7 +425,11 @@ def proposal_page(
     # The page's script says each change of the outcome here (the box itself is replaced).
     parts.append('<p id="announce" class="visually-hidden" role="status" aria-live="polite"></p>')
     parts.append(f"<h2>{t('what_approving_does')}</h2>")
-    parts.append(_preview_lines(p["action"], p["preview"]))
+    if p.get("payload") == "expired":
+        # Erased by the retention policy or an erasure: said so, never shown as empty.
+        parts.append(f'<p class="problem" id="preview">{h(t("payload_expired"))}</p>')
+    else:
+        parts.append(_preview_lines(p["action"], p["preview"]))
     parts.append(
         f'<h2>{t("where_from")}</h2><table class="facts">'
         f'<tr><th scope="row">{t("proposal")}</th><td id="proposal-id">{pid}</td></tr>'

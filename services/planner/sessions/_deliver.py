@@ -173,6 +173,14 @@ class SessionDelivery:
         Raises:
             RetryableError: governance or retrieval did not answer (the sweep tries again).
         """
+        if turn.expired is not None:
+            # Its input was erased before it could start (retention, an erasure): it never
+            # will; it ends failed rather than starting on anything standing in for it.
+            log.warning("turn %s not started: payload expired (%s)", turn.run_id, turn.expired)
+            async with self._store.acquire() as conn:
+                await self._store.mark_started(conn, turn.run_id)
+                await self._store.end_turn(conn, turn.run_id, "failed")
+            return
         await start_run(
             self._nc,
             self._js,

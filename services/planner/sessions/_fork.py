@@ -141,6 +141,7 @@ class SessionForks:
             run_id,
             f"fork-at-step:{turn}",
             conversation(history, message, budget=self._memory_tokens(fork), so_far=so_far),
+            tenant=fork.tenant,
         )
         await self._store.add_event(
             conn,

@@ -217,7 +217,9 @@ class SessionOpsEndpoint:
         # Messages injected between turns are in the history this turn's input carries.
         await self._store.take_injections(conn, session.session_id, run_id, -1)
         session = await self._store.move(conn, session, state, turn=turn, turn_open=True)
-        await self._store.add_turn(conn, session.session_id, turn, run_id, op.key, run_input)
+        await self._store.add_turn(
+            conn, session.session_id, turn, run_id, op.key, run_input, tenant=session.tenant
+        )
         text = op.text
         session, _ = await self._store.add_event(
             conn,

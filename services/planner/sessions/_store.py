@@ -8,12 +8,13 @@ caller's transaction; `source` names what produced it, so deriving it again adds
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import asyncpg
 import msgspec
 
-from libs.journal import Journal
+from libs.journal import Expired, Journal, WindowKeys, column_aad, refresh, seal, unseal
 from schemas.sessions import AnySessionEvent, SessionEvent
 from services.planner.memory import HistoryEntry, entries_of
 
@@ -56,6 +57,8 @@ class TurnRow(msgspec.Struct, frozen=True, kw_only=True):
     input: str
     status: str
     started: bool
+    # The window key of its input if that key was destroyed (then `input` is empty).
+    expired: str | None = None
 
 
 def _session(row: asyncpg.Record | None) -> SessionRow | None:
@@ -72,6 +75,40 @@ class SessionStore:
     def journal(self) -> Journal | None:
         """The planner's audit journal."""
         return self._journal
+
+    @property
+    def _keys(self) -> WindowKeys | None:
+        keys = None if self._journal is None else self._journal.keys
+        return keys if isinstance(keys, WindowKeys) else None
+
+    async def _seal(self, tenant: str, session_id: str, plain: bytes, aad: bytes) -> bytes | None:
+        """`plain` under the session's window key (None: no window keys)."""
+        keys = self._keys
+        if keys is None or self._journal is None:
+            return None
+        await self._journal.prepare(tenant, session_id)
+        return seal(keys, keys.key_for(tenant, datetime.now(UTC), session_id), plain, aad)
+
+    async def _turns(self, conn: asyncpg.Connection, rows: list[asyncpg.Record]) -> list[TurnRow]:
+        """The turns of `rows`, their sealed inputs opened (`expired` set where the key is
+        gone)."""
+        keys = self._keys
+        if keys is not None:
+            await refresh(conn, keys, [r["sealed"] for r in rows])
+        out = []
+        for row in rows:
+            values = dict(row)
+            values.pop("created_at", None)
+            sealed = values.pop("sealed", None)
+            if sealed is not None:
+                assert keys is not None, "sealed turns need the window keys"
+                opened = unseal(keys, sealed, _turn_aad(values["run_id"]))
+                if isinstance(opened, Expired):
+                    values["expired"] = opened.key_id
+                else:
+                    values["input"] = opened.decode()
+            out.append(TurnRow(**values))
+        return out
 
     def acquire(self) -> Any:
         """A pooled connection."""
@@ -183,14 +220,19 @@ class SessionStore:
         is now, the event's number or None if `source` had produced it already)."""
         n = session.last_n + 1
         event = build(n)
+        body = msgspec.json.encode(event)
+        sealed = await self._seal(
+            session.tenant, session.session_id, body, _event_aad(session.session_id, n)
+        )
         added = await conn.fetchval(
-            "INSERT INTO planner.session_events (session_id, n, type, source, body) "
-            "VALUES ($1, $2, $3, $4, $5::jsonb) ON CONFLICT DO NOTHING RETURNING true",
+            "INSERT INTO planner.session_events (session_id, n, type, source, body, sealed) "
+            "VALUES ($1, $2, $3, $4, $5::jsonb, $6) ON CONFLICT DO NOTHING RETURNING true",
             session.session_id,
             n,
             type(event).__name__,
             source,
-            msgspec.json.encode(event).decode(),
+            "{}" if sealed is not None else body.decode(),
+            sealed,
         )
         if not added:
             return session, None
@@ -211,15 +253,30 @@ class SessionStore:
     async def events(
         self, conn: asyncpg.Connection, session_id: str, *, after: int = 0, upto: int | None = None
     ) -> list[AnySessionEvent]:
-        """The session's events numbered after `after` (up to `upto`), in order."""
+        """The session's events numbered after `after` (up to `upto`), in order; those whose
+        window key was destroyed (retention, an erasure) are gone and left out: what the
+        model remembers of a conversation is what is left of it."""
         rows = await conn.fetch(
-            "SELECT body FROM planner.session_events WHERE session_id = $1 AND n > $2 "
-            "AND ($3::int IS NULL OR n <= $3) ORDER BY n",
+            "SELECT n, body, sealed FROM planner.session_events WHERE session_id = $1 "
+            "AND n > $2 AND ($3::int IS NULL OR n <= $3) ORDER BY n",
             session_id,
             after,
             upto,
         )
-        return [_EVENT_DECODER.decode(r["body"]) for r in rows]
+        keys = self._keys
+        if keys is not None:
+            await refresh(conn, keys, [r["sealed"] for r in rows])
+        out: list[AnySessionEvent] = []
+        for r in rows:
+            body = r["body"]
+            if r["sealed"] is not None:
+                assert keys is not None, "sealed session events need the window keys"
+                opened = unseal(keys, r["sealed"], _event_aad(session_id, r["n"]))
+                if isinstance(opened, Expired):
+                    continue
+                body = opened
+            out.append(_EVENT_DECODER.decode(body))
+        return out
 
     async def mark_published(self, conn: asyncpg.Connection, session_id: str, n: int) -> None:
         """Events up to `n` are on the session's subject."""
@@ -246,12 +303,12 @@ class SessionStore:
             session_id,
             key,
         )
-        return None if row is None else _turn(row)
+        return None if row is None else (await self._turns(conn, [row]))[0]
 
     async def turn_of_run(self, conn: asyncpg.Connection, run_id: str) -> TurnRow | None:
         """The turn a run drives, if it drives one."""
         row = await conn.fetchrow("SELECT * FROM planner.session_turns WHERE run_id = $1", run_id)
-        return None if row is None else _turn(row)
+        return None if row is None else (await self._turns(conn, [row]))[0]
 
     async def add_turn(
         self,
@@ -261,16 +318,25 @@ class SessionStore:
         run_id: str,
         key: str,
         run_input: str,
+        *,
+        tenant: str = "",
     ) -> None:
-        """Record a turn accepted under the session's lock."""
+        """Record a turn accepted under the session's lock (its input sealed under the
+        session's window key, given its `tenant`)."""
+        sealed = (
+            await self._seal(tenant, session_id, run_input.encode(), _turn_aad(run_id))
+            if tenant
+            else None
+        )
         await conn.execute(
-            "INSERT INTO planner.session_turns (session_id, turn, run_id, message_key, input) "
-            "VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO planner.session_turns (session_id, turn, run_id, message_key, input, "
+            "sealed) VALUES ($1, $2, $3, $4, $5, $6)",
             session_id,
             turn,
             run_id,
             key,
-            run_input,
+            "" if sealed is not None else run_input,
+            sealed,
         )
 
     async def end_turn(self, conn: asyncpg.Connection, run_id: str, status: str) -> bool:
@@ -294,7 +360,7 @@ class SessionStore:
             "ORDER BY created_at LIMIT $1",
             limit,
         )
-        return [_turn(r) for r in rows]
+        return await self._turns(conn, rows)
 
     async def mark_started(self, conn: asyncpg.Connection, run_id: str) -> None:
         """The turn's run is registered and handed to retrieval."""
@@ -333,10 +399,12 @@ class SessionStore:
         return sorted((r["n"], r["text"]) for r in rows)
 
 
-def _turn(row: asyncpg.Record) -> TurnRow:
-    values = dict(row)
-    values.pop("created_at", None)
-    return TurnRow(**values)
+def _turn_aad(run_id: str) -> bytes:
+    return column_aad("planner.session_turns", "sealed", run_id)
+
+
+def _event_aad(session_id: str, n: int) -> bytes:
+    return column_aad("planner.session_events", "sealed", f"{session_id}/{n}")
 
 
 def entry_of(event: Any) -> HistoryEntry | None:

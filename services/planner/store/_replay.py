@@ -7,13 +7,22 @@ import json
 import asyncpg
 import msgspec
 
-from libs.journal import Journal, read_entries
+from libs.journal import (
+    Expired,
+    Journal,
+    PayloadExpired,
+    WindowKeys,
+    read_entries,
+    refresh,
+    unseal,
+)
 from services.planner.journal_entries import (
     Captured,
     PlanRecord,
     RunRecord,
     StepRecord,
 )
+from services.planner.store._sql import SEALED_RUN, run_aad
 
 __all__ = ["read_replay"]
 
@@ -46,13 +55,23 @@ async def read_replay(
             journaled,
         )
         run = await conn.fetchrow(
-            "SELECT status, answer, error_code, error_message, evidence FROM planner.runs "
+            "SELECT status, answer, error_code, error_message, evidence, sealed FROM planner.runs "
             "WHERE run_id = $1 AND tenant = $2",
             run_id,
             tenant,
         )
         if run is None:
             return _of_turn(entries, run_id), None, unsealed
+        evidence = json.loads(run["evidence"])
+        if run["sealed"] is not None:
+            keys = journal.keys
+            if not isinstance(keys, WindowKeys):
+                keys = WindowKeys(keys, schema=s)
+            await refresh(conn, keys, [run["sealed"]], again=True)
+            opened = unseal(keys, run["sealed"], run_aad(run_id))
+            if isinstance(opened, Expired):
+                raise PayloadExpired(str(opened), key_id=opened.key_id)
+            evidence = SEALED_RUN.decode(opened).evidence
         steps = await conn.fetch(
             "SELECT seq, kind, payload, input_digest FROM planner.steps WHERE run_id = $1 "
             "ORDER BY seq",
@@ -68,7 +87,7 @@ async def read_replay(
         answer=run["answer"],
         error_code=run["error_code"],
         error_message=run["error_message"],
-        evidence=json.loads(run["evidence"]),
+        evidence=evidence,
         steps=[
             StepRecord(
                 seq=r["seq"],

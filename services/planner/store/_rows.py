@@ -33,6 +33,9 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     pending_id: str | None = None
     # How many times what the host sees of the run changed (`RunResult.version`).
     state_version: int = 0
+    # The window key of its input and evidence, if that key was destroyed (retention or an
+    # erasure): then `input` is empty and `evidence` `[]`, and nothing may stand in for them.
+    expired: str | None = None
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True):

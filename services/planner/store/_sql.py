@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from libs.journal import Expired, JournalError, WindowKeys, column_aad, unseal
 from services.planner.store._rows import Reservation, RunRow, Step
 
 
@@ -107,7 +108,7 @@ RESERVATIONS = msgspec.json.Decoder(list[Reservation])
 
 RUN_COLUMNS = (
     "run_id, tenant, request_id, principal, agent, input, evidence, status, answer, "
-    "error_code, error_message, attended, manifest, pending_id, state_version"
+    "error_code, error_message, attended, manifest, pending_id, state_version, sealed"
 )
 # Locks the run ($1) by counting this transaction on its row: an UPDATE waits for the lock,
 # then works on (and returns) the newest committed row, whose count says whether another
@@ -122,13 +123,38 @@ LOCKED = (
     "(SELECT version FROM planner.runs WHERE run_id = $1) AS seen_version, "
     f"{state_columns('locked.tenant', '$2')} FROM locked"
 )
-RUN_FIELDS = tuple(c.strip() for c in RUN_COLUMNS.split(","))
+RUN_FIELDS = tuple(c.strip() for c in RUN_COLUMNS.split(",") if c.strip() != "sealed")
 _JSON = msgspec.json.Decoder()  # what a run's row holds as JSON (its evidence, its manifest)
 
 
-def run_row(row: asyncpg.Record) -> RunRow:
+class SealedRun(msgspec.Struct, frozen=True):
+    """What `planner.runs.sealed` holds: the run's input and the evidence it was given."""
+
+    input: str
+    evidence: list[dict[str, Any]]
+
+
+SEALED_RUN = msgspec.json.Decoder(SealedRun)
+
+
+def run_aad(run_id: str) -> bytes:
+    return column_aad("planner.runs", "sealed", run_id)
+
+
+def run_row(row: asyncpg.Record, keys: WindowKeys | None = None) -> RunRow:
+    """The run of `row`; its sealed input and evidence opened with `keys` (loaded first)."""
     values = {name: row[name] for name in RUN_FIELDS}
     values["evidence"] = _JSON.decode(values["evidence"])
     if values["manifest"] is not None:
         values["manifest"] = _JSON.decode(values["manifest"])
+    sealed = row["sealed"]
+    if sealed is not None:
+        if keys is None:
+            raise JournalError(f"run {row['run_id']} is sealed: open it with the window keys")
+        opened = unseal(keys, sealed, run_aad(row["run_id"]))
+        if isinstance(opened, Expired):
+            values["expired"] = opened.key_id
+        else:
+            run = SEALED_RUN.decode(opened)
+            values["input"], values["evidence"] = run.input, run.evidence
     return RunRow(**values)

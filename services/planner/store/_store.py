@@ -31,6 +31,7 @@ from services.planner.journal_entries import (
 )
 from services.planner.store._replay import read_replay
 from services.planner.store._rows import Reservation, RunRow, RunState, Step
+from services.planner.store._sealed import open_run, sealed_run
 from services.planner.store._sql import (
     BEHIND,
     HELD,
@@ -44,7 +45,6 @@ from services.planner.store._sql import (
     STEPS_KEPT,
     behind_args,
     behind_cte,
-    run_row,
 )
 
 __all__ = ["PlannerStore"]
@@ -209,24 +209,28 @@ class PlannerStore:
             async with self._pool.acquire() as pooled:
                 return await self.create_run(started, manifest=manifest, conn=pooled)
         evidence = msgspec.to_builtins(started.evidence)
+        sealed = await sealed_run(
+            self._journal, started.tenant, started.run_id, started.input, evidence
+        )
         # One statement, hence one transaction: the run and (only if it is new) the untrusted
         # content the model will see, captured for replay.
         return bool(
             await self._changed_and_captured(
                 conn,
                 "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
-                "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
-                "$7::jsonb, 'running', $8, $9::jsonb) ON CONFLICT DO NOTHING RETURNING true",
+                "evidence, status, attended, manifest, sealed) VALUES ($1, $2, $3, $4, $5, $6, "
+                "$7::jsonb, 'running', $8, $9::jsonb, $10) ON CONFLICT DO NOTHING RETURNING true",
                 (
                     started.run_id,
                     started.tenant,
                     started.request_id,
                     started.principal,
                     started.agent,
-                    started.input,
-                    json.dumps(evidence),
+                    "" if sealed is not None else started.input,
+                    "[]" if sealed is not None else json.dumps(evidence),
                     started.attended,
                     None if manifest is None else json.dumps(manifest),
+                    sealed,
                 ),
                 tenant=started.tenant,
                 kind=RUN_STARTED,
@@ -248,18 +252,20 @@ class PlannerStore:
         """Record a branch run (another agent a run called) in the caller's transaction, with
         its start journaled under its own id; False if it exists already (a redelivery)."""
         assert branch.manifest is not None
+        sealed = await sealed_run(self._journal, branch.tenant, branch.run_id, branch.input, [])
         created = await conn.fetchval(
             "INSERT INTO planner.runs (run_id, tenant, request_id, principal, agent, input, "
-            "evidence, status, attended, manifest) VALUES ($1, $2, $3, $4, $5, $6, "
-            "'[]'::jsonb, 'running', $8, $7::jsonb) ON CONFLICT DO NOTHING RETURNING true",
+            "evidence, status, attended, manifest, sealed) VALUES ($1, $2, $3, $4, $5, $6, "
+            "'[]'::jsonb, 'running', $8, $7::jsonb, $9) ON CONFLICT DO NOTHING RETURNING true",
             branch.run_id,
             branch.tenant,
             branch.request_id,
             branch.principal,
             branch.agent,
-            branch.input,
+            "" if sealed is not None else branch.input,
             json.dumps(branch.manifest),
             branch.attended,
+            sealed,
         )
         if created:
             await self._capture(
@@ -296,12 +302,15 @@ class PlannerStore:
             pending_id,
         )
 
-    async def run(self, conn: asyncpg.Connection, run_id: str) -> RunRow | None:
-        """The run as committed, unlocked (a branch's end, read by the run that called it)."""
+    async def run(
+        self, conn: asyncpg.Connection, run_id: str, *, fresh: bool = False
+    ) -> RunRow | None:
+        """The run as committed, unlocked (a branch's end, read by the run that called it);
+        `fresh`: its window key read again, as what a person reads must be."""
         row = await conn.fetchrow(
             f"SELECT {RUN_COLUMNS} FROM planner.runs WHERE run_id = $1", run_id
         )
-        return None if row is None else run_row(row)
+        return None if row is None else await open_run(conn, self._journal, row, again=fresh)
 
     def acquire(self) -> Any:
         """A pooled connection."""
@@ -311,7 +320,7 @@ class PlannerStore:
         """The run, locked until the caller's transaction ends (and that transaction counted
         on its row, as `locked` needs of every transaction that locks a run)."""
         row = await conn.fetchrow(LOCK, run_id)
-        return None if row is None else run_row(row)
+        return None if row is None else await open_run(conn, self._journal, row)
 
     async def locked(self, conn: asyncpg.Connection, run_id: str) -> tuple[RunRow, RunState] | None:
         """`lock_run` and `state` in one round trip; None if there is no such run.
@@ -325,7 +334,7 @@ class PlannerStore:
         row = await conn.fetchrow(LOCKED, run_id, known[-1].seq if known else -1)
         if row is None:
             return None
-        run = run_row(row)
+        run = await open_run(conn, self._journal, row)
         if row["seen_version"] == row["version"] - 1:
             state = self._state_of(row, run, known)
             if state is not None:

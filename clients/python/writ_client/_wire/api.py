@@ -131,6 +131,10 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
     evidence: Annotated[list[EvidenceRef], msgspec.Meta(max_length=16)] = []
     # The run's `RunResult.version` as it now stands (a run still queued: 0).
     version: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Set when the run's input and evidence were erased by the retention policy or an
+    # erasure ("payload expired"): `evidence` is then empty because it is gone, not because
+    # the run had none.
+    payload: Literal["expired"] | None = None
 
 
 class RunEvents(msgspec.Struct, frozen=True, kw_only=True):

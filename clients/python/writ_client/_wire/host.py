@@ -166,6 +166,8 @@ class ProposalView(msgspec.Struct, frozen=True, kw_only=True):
     action: ShortText
     preview: Annotated[dict[str, Any], msgspec.Meta(max_length=32)]
     expires_at: ShortText
+    # "expired": its preview was erased by the retention policy or an erasure (`{}` above).
+    payload: Literal["expired"] | None = None
 
 
 # A stable error code of the host contract (the README lists them all).

@@ -145,6 +145,9 @@ class ProposalDetail(msgspec.Struct, frozen=True, kw_only=True):
     approvals_given: Annotated[list[ApprovalGiven], msgspec.Meta(max_length=16)] = msgspec.field(
         default_factory=list
     )
+    # "expired" when its arguments, preview and facts were erased by the retention policy or
+    # an erasure: `preview` is then `{}` because it is gone, and it cannot be approved.
+    payload: Literal["expired"] | None = None
 
 
 class Proposals(msgspec.Struct, frozen=True, kw_only=True):
