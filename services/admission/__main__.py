@@ -69,7 +69,7 @@ def main() -> None:
             window_key_pool(journal, settings.database_url, password=password, service="admission"),
         ):
             rt.health.watch_pool("postgres", pool)
-            store = AdmissionStore(pool, journal=journal)
+            store = AdmissionStore(pool, journal=journal, receipts=authorizer)
             relay = OutboxRelay(
                 store=store,
                 js=rt.js,

@@ -136,6 +136,7 @@ class OutboxRow(msgspec.Struct, frozen=True, kw_only=True):
     tenant: str
     operation_id: str
     traceparent: str | None = None  # the admitting span, so dispatch joins the run's trace
+    signed: bool = False  # its approval receipt is stored already (signed at its admission)
 
 
 def new_public_id() -> str:

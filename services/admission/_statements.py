@@ -8,6 +8,7 @@ __all__ = [
     "ADD_APPROVAL",
     "ADMIT",
     "APPROVALS_OF",
+    "ADMIT_RECEIPT",
     "APPROVE",
     "COMMAND_COLUMNS",
     "INSERT_PROPOSAL",
@@ -40,6 +41,7 @@ SELECT public_id FROM recorded
 # claim, the command (ON CONFLICT DO NOTHING: RETURNING yields a row only for the first admission),
 # its outbox row only if the command was created, and the relay's wake-up. $20 is the notification
 # channel, $24 the policy epoch read before `decide` (NULL: the dispatcher's re-check asks again).
+# `{receipt}`: the command's approval receipt (`ADMIT_RECEIPT`), with a receipt signer.
 ADMIT = """
 WITH proposal AS (
     INSERT INTO admission.proposals (tenant, proposal_id, run_id, step, principal, agent,
@@ -64,11 +66,26 @@ WITH proposal AS (
     INSERT INTO admission.outbox (tenant, operation_id, traceparent)
     SELECT tenant, operation_id, $21 FROM admitted
     RETURNING id
-){journal}
+){journal}{receipt}
 SELECT (SELECT id FROM queued) AS outbox_id,
        (SELECT count(*) FROM (SELECT pg_notify($20, '') FROM queued) AS woken) AS woken,
        (SELECT count(*) FROM proposal) AS claimed
 """
+
+
+# The receipt of a command admitted on a decision's allow, signed before the statement (its
+# claims are all in the statement's parameters) and stored in its transaction, so the relay signs
+# nothing for it: $first..$first+2 are its key id, token and expiry (NULL token: its action has no
+# provider request to sign). A proposal a person approved is left to the relay, which names them.
+ADMIT_RECEIPT = """, signed AS (
+    INSERT INTO admission.authorizations (tenant, operation_id, kid, token, expires_at)
+    SELECT tenant, operation_id, ${kid}, ${token}, ${expires} FROM admitted
+    WHERE ${token}::text IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM admission.proposals p
+        WHERE p.tenant = $1 AND p.proposal_id = $3 AND p.approved_by IS NOT NULL)
+    ON CONFLICT (tenant, operation_id) DO NOTHING
+    RETURNING 1
+)"""
 
 
 PROPOSAL_ROW = """

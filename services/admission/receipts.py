@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -143,11 +144,42 @@ class Authorizer:
         row = "" if journal is None else ", " + journal.cte_if(6, "signed")
         self._insert = _INSERT.replace("{journal}", row)
 
+    async def signed(self, row: Mapping[str, Any], *, now: datetime) -> tuple[Any, ...] | None:
+        """A command's receipt as the parameters of its insert: (kid, token, expiry, then its
+        `command.authorized` journal row's, with a journal); None for an action with no
+        provider request to sign. `row` holds `_COMMANDS`' columns."""
+        claims = claims_for(row, now=now, grace=self._grace)
+        if claims is None:
+            return None
+        token = self._signer.sign(claims)
+        expires_at = datetime.fromtimestamp(claims["exp"], UTC)
+        entry: tuple[Any, ...] = ()
+        if self._journal is not None:
+            await self._journal.prepare(row["tenant"], row["run_id"])
+            entry = msgspec.structs.astuple(
+                self._journal.entry(
+                    tenant=row["tenant"],
+                    kind="command.authorized",
+                    subject=row["operation_id"],
+                    run_id=row["run_id"],
+                    payload={
+                        "operation_id": row["operation_id"],
+                        "kid": self._signer.kid,
+                        "body_sha256": claims["body_sha256"],
+                        "authorized_by": claims["authorized_by"],
+                        "expires_at": expires_at,
+                    },
+                )
+            )
+        return (self._signer.kid, token, expires_at, *entry)
+
     async def authorize(self, conn: asyncpg.Connection, keys: list[tuple[str, str]]) -> int:
         """Sign a receipt for each (tenant, operation_id) that has none yet; how many signed.
 
         Run (and committed) before the commands are relayed, so a dispatcher never claims a
-        command whose receipt is not there yet.
+        command whose receipt is not there yet. A command admitted on a decision's allow has
+        its receipt from its admission's own statement (`AdmissionStore`): this signs the
+        others (a person's approval, a command admitted without a signer).
         """
         if not keys:
             return 0
@@ -155,36 +187,9 @@ class Authorizer:
         now = datetime.now(UTC)
         signed = 0
         for row in rows:
-            claims = claims_for(row, now=now, grace=self._grace)
-            if claims is None:
-                continue
-            token = self._signer.sign(claims)
-            expires_at = datetime.fromtimestamp(claims["exp"], UTC)
-            entry: tuple[Any, ...] = ()
-            if self._journal is not None:
-                await self._journal.prepare(row["tenant"], row["run_id"])
-                entry = msgspec.structs.astuple(
-                    self._journal.entry(
-                        tenant=row["tenant"],
-                        kind="command.authorized",
-                        subject=row["operation_id"],
-                        run_id=row["run_id"],
-                        payload={
-                            "operation_id": row["operation_id"],
-                            "kid": self._signer.kid,
-                            "body_sha256": claims["body_sha256"],
-                            "authorized_by": claims["authorized_by"],
-                            "expires_at": expires_at,
-                        },
-                    )
+            params = await self.signed(row, now=now)
+            if params is not None:
+                signed += await conn.fetchval(
+                    self._insert, row["tenant"], row["operation_id"], *params
                 )
-            signed += await conn.fetchval(
-                self._insert,
-                row["tenant"],
-                row["operation_id"],
-                self._signer.kid,
-                token,
-                expires_at,
-                *entry,
-            )
         return signed

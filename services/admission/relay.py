@@ -91,13 +91,13 @@ class OutboxRelay:
             rows = await self._store.claim_outbox(conn, self._batch)
             if not rows:
                 return 0
-            if self._authorizer is not None:
+            unsigned = [(row.tenant, row.operation_id) for row in rows if not row.signed]
+            if self._authorizer is not None and unsigned:
                 # Each command's receipt, committed before it is published (on a connection of
-                # its own), so the dispatcher that claims it finds the receipt to forward.
+                # its own), so the dispatcher that claims it finds the receipt to forward. One
+                # admitted on a decision's allow got its receipt with its admission.
                 async with self._store.acquire() as signing:
-                    await self._authorizer.authorize(
-                        signing, [(row.tenant, row.operation_id) for row in rows]
-                    )
+                    await self._authorizer.authorize(signing, unsigned)
             self._faults.crash_if("relay.before_publish")
             published: list[int] = []
             failed: list[BaseException] = []

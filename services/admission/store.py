@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from services.admission._rows import (
     proposal_of,
 )
 from services.admission._sealed import SealedProposal, open_payload, seal_proposal, window_keys
+from services.admission.receipts import Authorizer
 
 __all__ = [
     "COMMAND_STATES",
@@ -53,16 +55,56 @@ __all__ = [
 class AdmissionStore:
     """Every write admission makes, each in one short transaction."""
 
-    def __init__(self, pool: asyncpg.Pool, journal: Journal | None = None) -> None:
-        self._pool, self._journal = pool, journal
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        journal: Journal | None = None,
+        *,
+        receipts: Authorizer | None = None,
+    ) -> None:
+        self._pool, self._journal, self._receipts = pool, journal, receipts
         self._insert_proposal = self._journaled(sql.INSERT_PROPOSAL, 26, "recorded")
-        self._admit = self._journaled(sql.ADMIT, 25, "admitted")
+        self._admit = self._journaled(sql.ADMIT, 25, "admitted").replace(
+            "{receipt}", "" if receipts is None else self._receipt_ctes()
+        )
         self._approve = self._journaled(sql.APPROVE, 13, "admitted")
         self._add_approval = self._journaled(sql.ADD_APPROVAL, 4, "added")
         self._reject = self._journaled(sql.MOVE_PROPOSAL.replace("{condition}", ""), 5, "moved")
         self._expire = self._journaled(
             sql.MOVE_PROPOSAL.replace("{condition}", "AND expires_at <= now()"), 5, "moved"
         )
+
+    def _receipt_ctes(self) -> str:
+        """`ADMIT`'s receipt (after its own journal row's parameters) and its journal row."""
+        first = 25 + (8 if self._journal is not None else 0)
+        receipt = sql.ADMIT_RECEIPT.format(kid=first, token=first + 1, expires=first + 2)
+        if self._journal is None:
+            return receipt
+        return f"{receipt}, {self._journal.cte_if(first + 3, 'signed', name='receipt_row')}"
+
+    async def _receipt_args(self, a: CommandAdmission, expires_at: datetime) -> tuple[Any, ...]:
+        """The receipt's parameters of `ADMIT` (its journal row's included), or NULLs."""
+        if self._receipts is None:
+            return ()
+        command = {
+            "tenant": a.tenant,
+            # As the relay reads them back (`uuid::text`): what a receipt says does not depend
+            # on who signed it.
+            "operation_id": str(uuid.UUID(a.operation_id)),
+            "request_hash": a.request_hash,
+            "action": a.action,
+            "action_version": a.version,
+            "arguments": a.arguments,
+            "principal": a.principal,
+            "run_id": a.run_id,
+            "decision_id": str(uuid.UUID(a.decision.decision_id)),
+            "decision_line": a.decision.line,
+            "policy_version": a.decision.policy_version,
+            "expires_at": expires_at,
+            "approved_by": None,
+        }
+        signed = await self._receipts.signed(command, now=datetime.now(UTC))
+        return signed or (None,) * (3 + (8 if self._journal is not None else 0))
 
     def _journaled(self, statement: str, first: int, changed: str) -> str:
         """The statement with its journal row, written only if `changed` changed anything."""
@@ -380,7 +422,7 @@ class AdmissionStore:
         self, *, before_commit: Callable[[], None] | None = None, **admission: Any
     ) -> Admitted:
         """Proposal -> executing, command and outbox row, in one statement (the reference
-        architecture).
+        architecture), with the command's approval receipt when the store has a signer.
 
         `admission` is `CommandAdmission`'s fields. Its `policy_epoch` is governance's epoch read
         before `decide` answered (`known`): while it stands, the dispatcher's re-check is this
@@ -462,6 +504,7 @@ class AdmissionStore:
                     },
                 )
             ),
+            *await self._receipt_args(a, expires_at),
         )
 
     async def _admit_on(
@@ -497,9 +540,11 @@ class AdmissionStore:
     async def claim_outbox(self, conn: asyncpg.Connection, limit: int) -> list[OutboxRow]:
         """Lock up to `limit` due rows; other relay replicas skip them (SKIP LOCKED)."""
         rows = await conn.fetch(
-            "SELECT id, tenant, operation_id::text AS operation_id, traceparent "
-            "FROM admission.outbox "
-            "WHERE available_at <= now() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+            "SELECT o.id, o.tenant, o.operation_id::text AS operation_id, o.traceparent, "
+            "EXISTS (SELECT 1 FROM admission.authorizations a WHERE a.tenant = o.tenant "
+            "AND a.operation_id = o.operation_id) AS signed "
+            "FROM admission.outbox o "
+            "WHERE o.available_at <= now() ORDER BY o.id LIMIT $1 FOR UPDATE OF o SKIP LOCKED",
             limit,
         )
         return [OutboxRow(**dict(r)) for r in rows]

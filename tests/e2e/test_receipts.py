@@ -187,6 +187,30 @@ async def test_the_crm_takes_the_approved_bytes_once_and_refuses_each_bad_receip
     assert {k: v for k, v in answers.items() if k != "again"} == REFUSED
 
 
+async def test_a_command_allowed_by_decide_has_its_receipt_from_its_admission(
+    host: Host, db: asyncpg.Connection
+) -> None:
+    """Signed and stored in the statement that admitted it: the journal's `command.admitted`
+    and `command.authorized` rows of the command share one transaction, so the relay has no
+    receipt left to sign before it publishes."""
+    command = host.command(arguments={"customer_id": "ACME-42", "body": "Receipt at admission."})
+    await host.submit(command)
+    result = await host.wait_command(command.request_id, timeout=60)
+    assert result.status == "succeeded", result
+    operation_id = result.operation_id or ""
+    claims = _claims((await _receipt(db, operation_id))["token"])
+    assert claims["authorized_by"]["kind"] == "policy"
+    rows = await db.fetch(
+        "SELECT kind, xid::text AS xid FROM admission.journal "
+        "WHERE tenant = 'acme' AND subject = $1 "
+        "AND kind IN ('command.admitted', 'command.authorized')",
+        operation_id,
+    )
+    xids = {r["kind"]: r["xid"] for r in rows}
+    assert set(xids) == {"command.admitted", "command.authorized"}, rows
+    assert xids["command.admitted"] == xids["command.authorized"]
+
+
 async def test_a_receipt_names_alice_as_her_token_said_and_payments_take_it_once(
     stack: Stack, host: Host, db: asyncpg.Connection, payments: httpx.Client
 ) -> None:
