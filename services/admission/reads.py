@@ -34,8 +34,8 @@ from schemas.reads import (
     Proposals,
 )
 from services.admission._rows import approvals_of
-from services.admission._statements import APPROVALS_OF
 from services.admission._sealed import open_payload
+from services.admission._statements import APPROVALS_OF
 
 __all__ = ["AdmissionReads"]
 
