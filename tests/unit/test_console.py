@@ -262,3 +262,18 @@ def test_a_proposal_page_says_who_approved_it_and_when() -> None:
     )
     assert 'id="approved">by ops@acme.example at 2026-12-07T10:00:00+00:00' in page
     assert 'id="approved"' not in proposal_page(viewer(), proposal(), now=NOW)
+
+
+@pytest.mark.parametrize(("status", "kind"), [("awaiting_human", "notice"), ("failed", "problem")])
+def test_a_run_waiting_for_a_person_is_told_not_flagged(status: str, kind: str) -> None:
+    from services.ingress.console._pages import run_page
+
+    run = {
+        "run_id": "run-1",
+        "status": status,
+        "agent": "billing-assistant",
+        "error": {"code": "AWAITING_HUMAN", "message": "payment.charge.create needs a person"},
+        "actions": [],
+    }
+    page = run_page(viewer(), run, [], journals=None, replay=None)
+    assert f'<p class="{kind}" id="run-error">AWAITING_HUMAN: ' in page

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from services.ingress.console._i18n import rendering
 from services.ingress.console._trail import trail_rows, trail_section
 
 
@@ -125,3 +126,11 @@ def test_a_revision_asked_is_the_step_that_ended_it() -> None:
         (r.step, r.who, r.what) for r in rows
     ]
     assert all(r.verified for r in rows), rows  # no "Rejected" step is missing
+
+
+def test_a_french_trail_writes_its_times_the_french_way() -> None:
+    with rendering("fr"):
+        page = trail_section(_trail(), html.escape)
+    assert "<td>1 déc. 2026 à 10:00:" in page and "2026-12-01T10:00:" not in page
+    with rendering("en"):
+        assert "2026-12-01T10:00:" in trail_section(_trail(), html.escape)

@@ -561,7 +561,9 @@ def run_page(
     parts = [f"<h1>{h(t('run_title', id=run['run_id']))}</h1>{run_status(run)}"]
     if run.get("error"):
         parts.append(
-            f'<p class="problem" id="run-error">{h(run["error"]["code"])}: '
+            # A run waiting for a person has not gone wrong: it is told, not flagged.
+            f'<p class="{"notice" if run.get("status") == "awaiting_human" else "problem"}" '
+            f'id="run-error">{h(run["error"]["code"])}: '
             f"{h(run['error']['message'])}</p>"
         )
     # What Writ recorded comes before what the model wrote: an answer saying "refunded" does

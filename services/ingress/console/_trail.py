@@ -9,7 +9,7 @@ from typing import Any, Final
 
 import msgspec
 
-from services.ingress.console._i18n import CATALOG, caption, said, t
+from services.ingress.console._i18n import CATALOG, caption, said, stamp, t
 
 __all__ = ["TrailRow", "trail_rows", "trail_section"]
 
@@ -183,7 +183,7 @@ def trail_section(trail: dict[str, Any] | None, h: Any) -> str:
     )
     body = "".join(
         f'<tr data-step="{h(r.step)}" data-verified="{str(r.verified).lower()}">'
-        f"<td>{h(caption(r.step))}</td><td>{h(r.who)}</td><td>{h(r.when)}</td>"
+        f"<td>{h(caption(r.step))}</td><td>{h(r.who)}</td><td>{h(stamp(r.when))}</td>"
         f"<td>{h(caption(r.what))}</td>"
         f"<td>{h(r.journal)}</td><td>{t('verified') if r.verified else t('not_verified')}"
         "</td></tr>"
