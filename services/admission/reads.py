@@ -2,7 +2,7 @@
 (`writ.int.admission.command`), the tenant's proposals (`writ.int.admission.proposals`) and one
 proposal (`writ.int.admission.proposal`). Each is one statement on admission's own tables,
 scoped to the tenant asked for: another tenant's key or id is not told apart from none.
-400 undecodable, 404 none, 500 a failure of admission's own."""
+400 undecodable, 404 none (saying what is missing), 500 a failure of admission's own."""
 
 from __future__ import annotations
 
@@ -144,13 +144,25 @@ class AdmissionReads:
     def endpoints(self) -> list[Endpoint]:
         """The three read endpoints, to serve with the process's micro service."""
         return [
-            Endpoint("command", COMMAND_STATUS, self._serve(GetCommand, self.command)),
-            Endpoint("proposals", PROPOSALS_LIST, self._serve(ListProposals, self.list)),
-            Endpoint("proposal", PROPOSAL_GET, self._serve(GetProposal, self.proposal)),
+            Endpoint(
+                "command",
+                COMMAND_STATUS,
+                self._serve(GetCommand, self.command, "no command under this operation id"),
+            ),
+            Endpoint(
+                "proposals",
+                PROPOSALS_LIST,
+                self._serve(ListProposals, self.list, "no proposals to list"),
+            ),
+            Endpoint(
+                "proposal",
+                PROPOSAL_GET,
+                self._serve(GetProposal, self.proposal, "no such proposal"),
+            ),
         ]
 
     def _serve(
-        self, kind: type[Any], answer: Callable[[Any], Awaitable[Any]]
+        self, kind: type[Any], answer: Callable[[Any], Awaitable[Any]], missing: str
     ) -> Callable[[Request], Awaitable[None]]:
         decoder = msgspec.json.Decoder(kind)
 
@@ -167,7 +179,7 @@ class AdmissionReads:
                 await request.respond_error("500", f"{kind.__name__} failed")
                 return
             if reply is None:
-                await request.respond_error("404", "none")
+                await request.respond_error("404", missing)
                 return
             await request.respond(self._encoder.encode(reply))
 

@@ -106,6 +106,12 @@ async def test_a_refund_waits_for_a_person_who_approves_it_by_id_over_http(
     assert (detail["state"], detail["action"]) == ("pending", "payment.refund")
     assert len(detail["request_hash"]) == 64 and detail["preview"] and detail["expires_at"]
     assert api.get(f"/proposals/{proposal_id}", headers=auth(stack)).status_code == 403
+    unknown = api.get("/proposals/prop_nothing_under_this_id", headers=approver)
+    assert (unknown.status_code, unknown.json()["detail"]) == (404, "no such proposal")
+    french = api.get(
+        "/proposals/prop_nothing_under_this_id", headers={**approver, "Accept-Language": "fr"}
+    )
+    assert french.json()["detail"] == "aucune proposition sous cet identifiant"
 
     no_role = api.post(
         f"/proposals/{proposal_id}/approve", json={}, headers={**auth(stack), **key()}

@@ -111,6 +111,7 @@ COMPOSED: Final[dict[str, Msg]] = {
         "un en-tête `Authorization: Bearer <jeton>` est requis",
     ),
     "no_such_run": Msg("no such run", "aucune exécution sous cet identifiant"),
+    "no_such_proposal": Msg("no such proposal", "aucune proposition sous cet identifiant"),
     "no_such_command": Msg(
         "no command under this operation id", "aucune commande sous cet identifiant d'opération"
     ),
