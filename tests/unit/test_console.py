@@ -277,3 +277,25 @@ def test_a_run_waiting_for_a_person_is_told_not_flagged(status: str, kind: str) 
     }
     page = run_page(viewer(), run, [], journals=None, replay=None)
     assert f'<p class="{kind}" id="run-error">AWAITING_HUMAN: ' in page
+
+
+def test_a_waiting_runs_note_is_in_french_for_a_french_approver() -> None:
+    from services.ingress.console._i18n import rendering
+    from services.ingress.console._pages import run_page
+
+    run = {
+        "run_id": "run-1",
+        "status": "awaiting_human",
+        "agent": "billing-assistant",
+        "error": {
+            "code": "AWAITING_HUMAN",
+            "message": "payment.charge.create needs a person's decision: "
+            "a consequential action (money, access, sending outside) is asked every time",
+        },
+        "actions": [],
+    }
+    with rendering("fr"):
+        page = run_page(viewer(), run, [], journals=None, replay=None)
+    assert (
+        "payment.charge.create attend la décision d&#x27;une personne : une action lourde" in page
+    )

@@ -134,3 +134,18 @@ def test_a_french_trail_writes_its_times_the_french_way() -> None:
     assert "<td>1 déc. 2026 à 10:00:" in page and "2026-12-01T10:00:" not in page
     with rendering("en"):
         assert "2026-12-01T10:00:" in trail_section(_trail(), html.escape)
+
+
+def test_a_french_trail_says_decides_reason_in_french_and_free_text_as_written() -> None:
+    trail = _trail()
+    decided = trail["journals"][1]["found"][0]
+    decided["payload"]["reason"] = (
+        "a consequential action (money, access, sending outside) is asked every time"
+    )
+    answered = trail["journals"][1]["found"][1]
+    answered["payload"]["reason"] = "fine by me"
+    with rendering("fr"):
+        page = trail_section(trail, html.escape)
+    assert "une action lourde de conséquences (argent, accès, envoi à l&#x27;extérieur)" in page
+    assert "is asked every time" not in page
+    assert "once: fine by me" in page  # an approver's own words stay as written

@@ -93,6 +93,66 @@ REASONS: Final[dict[str, Msg]] = {
 }
 
 COMPOSED: Final[dict[str, Msg]] = {
+    # What governance's `decide` gives as the reason of its ruling (services/governance/logic.py).
+    "decide_plain_read_unavailable": Msg(
+        "plain read; policy unavailable", "simple lecture ; politique indisponible"
+    ),
+    "decide_store_unreadable": Msg(
+        "governance store unreadable: sensitive calls are denied",
+        "registre de la gouvernance illisible : les appels sensibles sont refusés",
+    ),
+    "decide_policy_refused": Msg(
+        "the organisation policy was refused: sensitive calls are denied",
+        "la politique de l'organisation a été refusée : les appels sensibles sont refusés",
+    ),
+    "decide_revoked": Msg(
+        "the principal's access was revoked", "l'accès de cette personne a été révoqué"
+    ),
+    "decide_org_policy": Msg(
+        "refused by organisation policy", "refusé par la politique de l'organisation"
+    ),
+    "decide_deny_rule": Msg(
+        "a deny rule matches the call", "une règle de refus correspond à l'appel"
+    ),
+    "decide_own_context": Msg(
+        "reads, or acts only on its own context",
+        "lit, ou n'agit que sur son propre contexte",
+    ),
+    "decide_approved": Msg(
+        "approved by a person for this call", "approuvé par une personne pour cet appel"
+    ),
+    "decide_developer_mode": Msg(
+        "developer mode: an allow rule covers this simple command",
+        "mode développeur : une règle d'autorisation couvre cette commande simple",
+    ),
+    "decide_code_execution": Msg(
+        "code execution needs a person", "l'exécution de code demande une personne"
+    ),
+    "decide_profile_fact": Msg(
+        "a profile fact is asked every time", "un fait de profil est demandé à chaque fois"
+    ),
+    "decide_consequential": Msg(
+        "a consequential action (money, access, sending outside) is asked every time",
+        "une action lourde de conséquences (argent, accès, envoi à l'extérieur) est demandée"
+        " à chaque fois",
+    ),
+    "decide_pinned_grant": Msg(
+        "standing grant for {family} of {source} pinned to {digest}",
+        "accord permanent pour {family} de {source}, épinglé à {digest}",
+    ),
+    "decide_standing_grant": Msg("standing grant for {family}", "accord permanent pour {family}"),
+    "decide_run_grant": Msg(
+        "granted for this run: {family}", "accordé pour cette exécution : {family}"
+    ),
+    "decide_unclassified": Msg(
+        "unclassified tool: asked every time",
+        "outil non classé : demandé à chaque fois",
+    ),
+    "decide_no_grant": Msg("no grant covers the call", "aucun accord ne couvre l'appel"),
+    "awaiting_decision": Msg(
+        "{action} needs a person's decision: {reason}",
+        "{action} attend la décision d'une personne : {reason}",
+    ),
     "needs_approver_or_auditor": Msg(
         "this needs the approver or auditor role",
         "il faut pour cela le rôle approver ou auditor",

@@ -564,7 +564,7 @@ def run_page(
             # A run waiting for a person has not gone wrong: it is told, not flagged.
             f'<p class="{"notice" if run.get("status") == "awaiting_human" else "problem"}" '
             f'id="run-error">{h(run["error"]["code"])}: '
-            f"{h(run['error']['message'])}</p>"
+            f"{h(said(None, run['error']['message']))}</p>"
         )
     # What Writ recorded comes before what the model wrote: an answer saying "refunded" does
     # not make a refund that did not succeed.

@@ -49,7 +49,7 @@ def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
         step, who = "Proposed", _s(p.get("principal"))
         what = t("trail_proposed", agent=_s(p.get("agent")), action=_s(p.get("action")))
         if kind == "proposal.rejected":
-            what += t("trail_refused_at_once", reason=_s(p.get("reason")))
+            what += t("trail_refused_at_once", reason=said(None, _s(p.get("reason"))))
     elif kind == "proposal.rejected":
         step, who, what = "Rejected", _s(p.get("rejected_by")), said(None, _s(p.get("reason")))
     elif kind == "proposal.approved":
@@ -75,7 +75,7 @@ def _row(service: str, e: dict[str, Any]) -> TrailRow | None:
             verdict=_s(p.get("verdict")),
             line=_s(p.get("line")),
             policy=_s(p.get("policy_version")),
-            reason=_s(p.get("reason")),
+            reason=said(None, _s(p.get("reason"))),
         )
     elif kind == "pending.answered":
         step, who = "Answered", _s(p.get("answered_by"))
