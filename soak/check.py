@@ -112,7 +112,7 @@ async def check(
             refunds = (await client.get(f"{stack.payments_url}/_control/refunds")).json()
         in_flight = await settled(ledger, db)
         chat = await chat_checks(stack, ledger, db, commands, notes)
-        model = await model_asks(db, await _model_log(deployment))
+        model = await model_asks(db, await _model_log(deployment), stack.home / "secrets")
     finally:
         await db.close()
     ops = _checked(ledger)

@@ -22,10 +22,13 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Final
 
 import asyncpg
 
+from libs.journal import DataKeys, Expired, WindowKeys, refresh, unseal
+from services.planner.store._sql import SEALED_RUN, run_aad
 from soak.deploy import TENANTS
 from soak.invariant import Check
 
@@ -129,17 +132,36 @@ def call_of(entry: dict[str, Any]) -> str | None:
     return named.rsplit("-", 1)[0] if isinstance(named, str) and "-" in named else None
 
 
-async def model_asks(db: asyncpg.Connection, log: list[dict[str, Any]]) -> Check:
-    """`replayed` over the registry's runs of both tenants."""
-    runs = await db.fetch(
-        "SELECT run_id, input FROM planner.runs WHERE tenant = ANY($1)", list(TENANTS)
+async def _inputs(db: asyncpg.Connection, secrets: Path) -> list[tuple[str, str]]:
+    """(run id, input) of both tenants' runs, each input opened as an administrator holding
+    the planner's key file opens it (the row holds it sealed under the run's window key)."""
+    rows = await db.fetch(
+        "SELECT run_id::text AS run_id, input, sealed FROM planner.runs WHERE tenant = ANY($1)",
+        list(TENANTS),
     )
+    keys = WindowKeys(
+        DataKeys.from_json((secrets / "journal-planner-data.json").read_text()), schema="planner"
+    )
+    await refresh(db, keys, [r["sealed"] for r in rows if r["sealed"] is not None])
+    found = []
+    for row in rows:
+        if row["sealed"] is None:
+            found.append((row["run_id"], str(row["input"])))
+            continue
+        opened = unseal(keys, row["sealed"], run_aad(row["run_id"]))
+        if not isinstance(opened, Expired):
+            found.append((row["run_id"], SEALED_RUN.decode(opened).input))
+    return found
+
+
+async def model_asks(db: asyncpg.Connection, log: list[dict[str, Any]], secrets: Path) -> Check:
+    """`replayed` over the registry's runs of both tenants (`secrets`: the deployment's)."""
     inputs: dict[str, str] = {}
     shared: set[str] = set()
-    for row in runs:
-        if row["input"] in inputs:
-            shared.add(row["input"])
-        inputs[row["input"]] = row["run_id"]
+    for run_id, text in await _inputs(db, secrets):
+        if text in inputs:
+            shared.add(text)
+        inputs[text] = run_id
     for text in shared:  # an input two runs share cannot name one of them
         del inputs[text]
     steps: dict[str, list[tuple[str, Any]]] = defaultdict(list)

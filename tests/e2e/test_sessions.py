@@ -280,27 +280,34 @@ async def event_bodies(
 ) -> list[dict[str, Any]]:
     """The bodies of the session's events of `kind`, in order, opened with the planner's data
     key file: the database holds them sealed under the session's window key."""
+    return [body for type_, body in await opened_events(db, stack, sid) if type_ == kind]
+
+
+async def opened_events(
+    db: asyncpg.Connection, stack: Stack, sid: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every event of the session, in order, as (type, body), each body opened as
+    `event_bodies` opens it."""
     keys = WindowKeys(
         DataKeys.from_json((stack.home / "secrets" / "journal-planner-data.json").read_text()),
         schema="planner",
     )
     rows = await db.fetch(
-        "SELECT n, body, sealed FROM planner.session_events WHERE session_id = $1 "
-        "AND type = $2 ORDER BY n",
+        "SELECT n, type, body, sealed FROM planner.session_events WHERE session_id = $1 "
+        "ORDER BY n",
         sid,
-        kind,
     )
     await refresh(db, keys, [r["sealed"] for r in rows])
     out = []
     for r in rows:
         if r["sealed"] is None:
-            out.append(json.loads(r["body"]))
+            out.append((r["type"], json.loads(r["body"])))
             continue
         opened = unseal(
             keys, r["sealed"], column_aad("planner.session_events", "sealed", f"{sid}/{r['n']}")
         )
         assert not isinstance(opened, Expired)
-        out.append(json.loads(opened))
+        out.append((r["type"], json.loads(opened)))
     return out
 
 

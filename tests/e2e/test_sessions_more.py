@@ -28,12 +28,14 @@ from tests.e2e.test_sessions import (  # noqa: F401 (fixtures: this module's own
     api,
     asked_of,
     db,
+    event_bodies,
     events,
     key,
     llm,
     model,
     model_requests,
     open_session,
+    opened_events,
     script,
     select,
     send,
@@ -58,7 +60,11 @@ async def journal_kinds(db: asyncpg.Connection, schema: str, run_id: str) -> lis
 
 
 async def test_an_attended_ask_in_a_turn_is_denied_after_five_minutes_by_governance(
-    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+    stack: Stack,
 ) -> None:
     sid = await open_session(api, "careful-chat")  # no grant: its note is asked
     before, notes = len(model_requests(model)), len(notes_for(crm))
@@ -75,14 +81,7 @@ async def test_an_attended_ask_in_a_turn_is_denied_after_five_minutes_by_governa
     )
     assert row["attended"] is True and row["answer"] is None
     assert abs((row["deadline"] - row["created_at"]) - timedelta(minutes=5)) < timedelta(seconds=2)
-    asked = [
-        json.loads(r["body"])
-        for r in await db.fetch(
-            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = "
-            "'DecisionAsked'",
-            sid,
-        )
-    ]
+    asked = await event_bodies(db, stack, sid, "DecisionAsked")
     assert [a["pending_id"] for a in asked] == [pending_id]  # what the session waits for
 
     # Five minutes pass (the administrator moves the deadline; nothing in Writ is told):
@@ -121,20 +120,9 @@ async def test_an_attended_ask_in_a_turn_is_denied_after_five_minutes_by_governa
         < types.index("WriterNote")
         < types.index("TurnEnded")
     )
-    taken = json.loads(
-        await db.fetchval(
-            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = "
-            "'DecisionTaken'",
-            sid,
-        )
-    )
+    (taken,) = await event_bodies(db, stack, sid, "DecisionTaken")
     assert (taken["pending_id"], taken["answer"]) == (pending_id, "deny")
-    ended = json.loads(
-        await db.fetchval(
-            "SELECT body FROM planner.session_events WHERE session_id = $1 AND type = 'TurnEnded'",
-            sid,
-        )
-    )
+    (ended,) = await event_bodies(db, stack, sid, "TurnEnded")
     assert (ended["status"], ended["code"]) == ("failed", "REJECTED")
     # Nothing reached the CRM: no command, no note.
     assert (
@@ -475,7 +463,11 @@ async def test_an_approver_of_the_tenant_answers_a_plan_another_principal_may_no
 
 
 async def test_a_fork_at_a_step_asks_the_model_again_and_copies_or_repeats_no_effect(
-    api: httpx.AsyncClient, db: asyncpg.Connection, model: httpx.Client, crm: httpx.Client
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    crm: httpx.Client,
+    stack: Stack,
 ) -> None:
     sid = await open_session(api, "chat-assistant")
     note = {"customer_id": "ACME-42", "body": f"Chat: forked twice {uuid.uuid4().hex[:8]}."}
@@ -504,20 +496,18 @@ async def test_a_fork_at_a_step_asks_the_model_again_and_copies_or_repeats_no_ef
 
     async def copy(fork: str) -> list[tuple[str, dict[str, Any]]]:
         """The fork's events up to its `SessionForked`: what it copied of the parent."""
-        rows = await db.fetch(
-            "SELECT type, body FROM planner.session_events WHERE session_id = $1 ORDER BY n", fork
-        )
-        types = [r["type"] for r in rows]
+        rows = await opened_events(db, stack, fork)
+        types = [type_ for type_, _ in rows]
         return [
             (
-                r["type"],
+                type_,
                 {
                     k: v
-                    for k, v in json.loads(r["body"]).items()
+                    for k, v in body.items()
                     if k not in ("session_id", "n", "fork_session_id")
                 },
             )
-            for r in rows[: types.index("SessionForked")]
+            for type_, body in rows[: types.index("SessionForked")]
         ]
 
     first, second = [await copy(f) for f in forks]
