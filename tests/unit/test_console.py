@@ -299,3 +299,12 @@ def test_a_waiting_runs_note_is_in_french_for_a_french_approver() -> None:
     assert (
         "payment.charge.create attend la décision d&#x27;une personne : une action lourde" in page
     )
+
+
+def test_a_host_commands_proposal_links_to_no_run_and_an_agents_does() -> None:
+    page = proposal_page(viewer(), proposal(), now=NOW)  # no run: a host's own command
+    assert 'href="/console/runs/run-1"' not in page
+    assert "none: the host submitted this command itself" in page
+    run = {"run_id": "run-1", "status": "awaiting_human", "agent": "a", "evidence": []}
+    page = proposal_page(viewer(), proposal(), now=NOW, run=run)
+    assert '<a id="run-link" href="/console/runs/run-1">run-1</a>' in page

@@ -333,6 +333,10 @@ CATALOG: Final[dict[str, Msg]] = {
     ),
     "ask_revision": Msg("Ask for a revision", "Demander une révision"),
     "evidence": Msg("Evidence", "Pièces"),
+    "host_command_no_run": Msg(
+        "none: the host submitted this command itself",
+        "aucune : l'hôte a soumis cette commande lui-même",
+    ),
     "no_run_evidence": Msg(
         "A host's own command: no run of an agent, no evidence.",
         "Une commande propre à un hôte : pas d'exécution d'agent, pas de pièces.",

@@ -451,8 +451,14 @@ def proposal_page(
             if p.get("approved_by")
             else ""
         )
-        + f'<tr><th scope="row">{t("run")}</th><td><a id="run-link" href="/console/runs/'
-        f'{h(p["run_id"])}">{h(p["run_id"])}</a></td></tr></table>'
+        + f'<tr><th scope="row">{t("run")}</th><td>'
+        # A host's own command has no run of an agent to open: no link that leads nowhere.
+        + (
+            f'<a id="run-link" href="/console/runs/{h(p["run_id"])}">{h(p["run_id"])}</a>'
+            if run is not None
+            else f'<span id="run-link">{h(t("host_command_no_run"))}</span>'
+        )
+        + "</td></tr></table>"
     )
     parts.append(_facts(p))
     parts.append(trail_section(trail, h))
