@@ -293,8 +293,7 @@ async def opened_events(
         schema="planner",
     )
     rows = await db.fetch(
-        "SELECT n, type, body, sealed FROM planner.session_events WHERE session_id = $1 "
-        "ORDER BY n",
+        "SELECT n, type, body, sealed FROM planner.session_events WHERE session_id = $1 ORDER BY n",
         sid,
     )
     await refresh(db, keys, [r["sealed"] for r in rows])

@@ -501,11 +501,7 @@ async def test_a_fork_at_a_step_asks_the_model_again_and_copies_or_repeats_no_ef
         return [
             (
                 type_,
-                {
-                    k: v
-                    for k, v in body.items()
-                    if k not in ("session_id", "n", "fork_session_id")
-                },
+                {k: v for k, v in body.items() if k not in ("session_id", "n", "fork_session_id")},
             )
             for type_, body in rows[: types.index("SessionForked")]
         ]
