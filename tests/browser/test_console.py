@@ -668,9 +668,12 @@ async def test_keyboard_only_approval_still_works_after_a_live_update(
     page = await _signed_in(browser, stack)
     link = page.locator(f'#inbox-rows tr[data-id="{proposal_id}"] a')
     await link.focus()
-    # Something else comes in: the rows are replaced by the next poll.
+    before = await page.locator("#inbox-count").inner_text()
+    proposals = int(before.split(" proposals")[0].rsplit(" ", 1)[-1])
+    # Something else comes in: the rows are replaced by the next poll, the count with them.
     _, newer = _propose_refund(stack, payments)
     await expect(page.locator(f'#inbox-rows tr[data-id="{newer}"]')).to_be_visible()
+    await expect(page.locator("#inbox-count")).to_contain_text(f"{proposals + 1} proposals")
     focused = await page.evaluate("document.activeElement.getAttribute('href')")
     assert focused == f"/console/proposals/{proposal_id}"
     await page.keyboard.press("Enter")

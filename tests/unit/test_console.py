@@ -220,7 +220,7 @@ def test_a_hosts_raw_error_body_is_summarised_and_a_failure_gives_its_correlatio
 
 
 def test_a_runs_headline_states_what_writ_recorded_before_the_models_words() -> None:
-    from services.ingress.console._pages import run_page
+    from services.ingress.console._run_pages import run_page
 
     run = {
         "run_id": "run-1",
@@ -266,7 +266,7 @@ def test_a_proposal_page_says_who_approved_it_and_when() -> None:
 
 @pytest.mark.parametrize(("status", "kind"), [("awaiting_human", "notice"), ("failed", "problem")])
 def test_a_run_waiting_for_a_person_is_told_not_flagged(status: str, kind: str) -> None:
-    from services.ingress.console._pages import run_page
+    from services.ingress.console._run_pages import run_page
 
     run = {
         "run_id": "run-1",
@@ -281,7 +281,7 @@ def test_a_run_waiting_for_a_person_is_told_not_flagged(status: str, kind: str) 
 
 def test_a_waiting_runs_note_is_in_french_for_a_french_approver() -> None:
     from services.ingress.console._i18n import rendering
-    from services.ingress.console._pages import run_page
+    from services.ingress.console._run_pages import run_page
 
     run = {
         "run_id": "run-1",

@@ -40,8 +40,8 @@ from services.ingress.console._pages import (
     message_page,
     outcome_box,
     proposal_page,
-    run_page,
 )
+from services.ingress.console._run_pages import run_page
 from services.ingress.console._session import ConsoleRefused, Viewer
 from services.ingress.console._trail import trail_section
 

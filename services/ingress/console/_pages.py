@@ -40,8 +40,7 @@ __all__ = [
     "outcome_box",
     "proposal_final",
     "proposal_page",
-    "run_page",
-    "run_status",
+    "outcome_said",
     "summary",
     "time_left",
     "when",
@@ -167,11 +166,25 @@ def message_page(title: str, text: str, viewer: Viewer | None = None) -> str:
     )
 
 
-def inbox_rows(items: list[dict[str, Any]], now: datetime) -> str:
-    """The inbox's rows (the page polls them)."""
+def count_line(counts: dict[str, int | None]) -> str:
+    """How much waits, by kind, as the inbox's heading line says it."""
+    count = ", ".join(f"{n} {t('kind_' + k)}" for k, n in counts.items() if n is not None)
+    return t("waiting", count=count or t("nothing"))
+
+
+def inbox_rows(
+    items: list[dict[str, Any]], now: datetime, counts: dict[str, int | None] | None = None
+) -> str:
+    """The inbox's rows (the page polls them), led by the count they are part of, for the
+    page to update its count line with (an inert `<template>`)."""
+    lead = (
+        f'<template id="inbox-count-now" data-count="{h(count_line(counts))}"></template>'
+        if counts is not None
+        else ""
+    )
     if not items:
-        return f'<tr class="empty"><td colspan="6">{t("nothing_waiting")}</td></tr>'
-    rows = []
+        return lead + f'<tr class="empty"><td colspan="6">{t("nothing_waiting")}</td></tr>'
+    rows = [lead]
     for item in items:
         rows.append(
             f'<tr data-kind="{h(item["kind"])}" data-id="{h(item["id"])}">'
@@ -224,7 +237,6 @@ def inbox_page(
             f'<label>{t("open_run")} <input name="run_id" id="run-id" maxlength="128" '
             f'required></label><button type="submit">{t("open")}</button></form>'
         )
-    count = ", ".join(f"{n} {t('kind_' + k)}" for k, n in counts.items() if n is not None)
     older = t("older_decisions") if kind == "decision" else t("older_proposals")
     paging = (
         f'<a id="next-page" href="/console/?{h(urlencode({**query, "cursor": next_cursor}))}">'
@@ -244,7 +256,7 @@ def inbox_page(
         )
     body = (
         f'<h1>{t("inbox")}</h1>{notes}<p id="inbox-count" aria-live="polite">'
-        f"{h(t('waiting', count=count or t('nothing')))}</p>"
+        f"{h(count_line(counts))}</p>"
         '<form method="get" action="/console/" class="filters">'
         f'<label>{t("kind")} <select name="kind" id="kind">{kinds}</select></label>'
         f'<label>{t("agent")} <select name="agent" id="agent">{agent_options}</select></label>'
@@ -258,7 +270,7 @@ def inbox_page(
         f'<table class="inbox"><thead><tr><th>{t("kind")}</th><th>{t("agent")}</th>'
         f"<th>{t('action_or_tool')}</th><th>{t('requester')}</th><th>{t('age')}</th>"
         f"<th>{t('time_left')}</th></tr></thead>"
-        f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now)}</tbody>'
+        f'<tbody id="inbox-rows" data-poll="{src}">{inbox_rows(items, now, counts)}</tbody>'
         f'</table><nav class="paging" aria-label="{t("pages")}">{paging}</nav>'
     )
     return layout(t("inbox"), body, viewer)
@@ -302,7 +314,7 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
         )
     elif state in ("executing", "completed"):
         outcome = _OUTCOME.get(command or "pending", command or "pending")
-        text = t("approved_outcome", who=p.get("approved_by") or "?", outcome=_said(outcome))
+        text = t("approved_outcome", who=p.get("approved_by") or "?", outcome=outcome_said(outcome))
         if p.get("receipt"):
             text += t("receipt", receipt=p["receipt"])
         if outcome == "needs_reconciliation":
@@ -335,7 +347,7 @@ def outcome_box(p: dict[str, Any], now: datetime) -> str:
     )
 
 
-def _said(outcome: str) -> str:
+def outcome_said(outcome: str) -> str:
     """An outcome in words: English keeps the typed name the API gives."""
     key = "oc_" + outcome
     return outcome if current() == "en" or key not in CATALOG else t(key)
@@ -543,111 +555,3 @@ def evidence_list(run: dict[str, Any] | None) -> str:
     )
     items = items or f"<li>{t('none')}</li>"
     return f'<h2>{t("evidence")}</h2><ul id="evidence">{items}</ul>'
-
-
-def run_status(run: dict[str, Any]) -> str:
-    """The run's state; the page polls it and reloads when it moves."""
-    return (
-        f'<p id="run-status" class="state-{h(run["status"])}" '
-        f'data-status="{h(run["status"])}" data-poll="/console/runs/{h(run["run_id"])}'
-        f'/status">{h(run["agent"])} · <strong>{h(run["status"])}</strong></p>'
-    )
-
-
-def run_page(
-    viewer: Viewer,
-    run: dict[str, Any],
-    steps: list[dict[str, Any]],
-    *,
-    journals: dict[str, Any] | None,
-    replay: dict[str, Any] | None,
-) -> str:
-    """A run: its timeline, its actions and outcomes, and (for auditors) the journal."""
-    rid = h(run["run_id"])
-    parts = [f"<h1>{h(t('run_title', id=run['run_id']))}</h1>{run_status(run)}"]
-    if run.get("error"):
-        parts.append(
-            # A run waiting for a person has not gone wrong: it is told, not flagged.
-            f'<p class="{"notice" if run.get("status") == "awaiting_human" else "problem"}" '
-            f'id="run-error">{h(run["error"]["code"])}: '
-            f"{h(said(None, run['error']['message']))}</p>"
-        )
-    # What Writ recorded comes before what the model wrote: an answer saying "refunded" does
-    # not make a refund that did not succeed.
-    unsettled = [a for a in run.get("actions") or [] if a.get("outcome") not in (None, "succeeded")]
-    if unsettled:
-        recorded = "; ".join(
-            f"{a['action']}: {a.get('outcome')}"
-            + (f" ({summary(a['reason'])})" if a.get("reason") else "")
-            for a in unsettled
-        )
-        parts.append(
-            f'<p class="problem" id="run-recorded">{h(t("writ_recorded", what=recorded))}</p>'
-        )
-    if run.get("answer"):
-        parts.append(
-            f'<p id="run-answer"><span class="label">{t("agent_wrote")}</span> '
-            f"{h(run['answer'])}</p>"
-        )
-    if run.get("pending_id"):
-        pending = run["pending_id"]
-        if run.get("proposal"):
-            pending_href = f"/console/proposals/{h(run['proposal']['proposal_id'])}"
-        elif pending.startswith("review-"):
-            pending_href = f"/console/reviews/{h(pending)}"
-        else:
-            pending_href = f"/console/decisions/{h(pending)}"
-        parts.append(f'<p>{t("waiting_person")} <a href="{pending_href}">{h(pending)}</a></p>')
-
-    parts.append(evidence_list(run))
-    rows = "".join(
-        f"<tr><td>{h(s['seq'])}</td><td>{h(s['kind'])}</td><td>{h(s.get('decision'))}</td>"
-        f"<td>{h(s.get('target'))}</td><td>{h(s.get('verdict'))}</td>"
-        f"<td>{h(s.get('summary'))}</td></tr>"
-        for s in steps
-    )
-    parts.append(
-        f'<h2>{t("timeline")}</h2><table class="timeline" id="timeline"><thead><tr><th>#</th>'
-        f"<th>{t('step')}</th><th>{t('decision')}</th><th>{t('target')}</th>"
-        f"<th>{t('verdict')}</th><th>{t('summary')}</th></tr></thead><tbody>{rows}</tbody>"
-        "</table>"
-    )
-    actions = "".join(
-        f"<tr><td>{h(a['action'])}</td><td>{h(a['operation_id'])}</td><td>{h(a['state'])}"
-        f"</td><td>{h(_said(a['outcome']) if a.get('outcome') else None)}</td>"
-        f"<td>{h(a.get('receipt'))}</td>"
-        f"<td>{h(a.get('reason') or a.get('correlation_id'))}</td></tr>"
-        for a in run.get("actions") or []
-    )
-    parts.append(
-        f'<h2>{t("actions")}</h2><table class="actions" id="actions"><thead><tr>'
-        f"<th>{t('action')}</th><th>{t('operation')}</th><th>{t('state')}</th>"
-        f"<th>{t('outcome')}</th><th>{t('receipt_head')}</th><th>{t('why')}</th></tr>"
-        f"</thead><tbody>{actions}</tbody></table>"
-    )
-    if journals is not None:
-        lines = "".join(
-            f"<li>{h(j['service'])}: {t('journal_ok') if j['ok'] else t('journal_not_ok')} "
-            f"({h(t('entries', n=j.get('entries')))}"
-            f"{', ' + h(j['first_problem']) if j.get('first_problem') else ''})</li>"
-            for j in journals.get("journals", [])
-        )
-        verdict = t("verified") if journals.get("ok") else t("not_verified")
-        parts.append(
-            f'<h2>{t("audit_journal")}</h2><p id="journal">{verdict}</p><ul>{lines}</ul>'
-            f'<form method="post" action="/console/runs/{rid}/replay">'
-            f'{csrf_field(viewer)}<button type="submit" id="replay">{t("replay_run")}'
-            f"</button></form>"
-        )
-    if replay is not None:
-        found = "".join(
-            f"<li>step {h(d.get('step'))}: expected {h(d['expected'])}, found {h(d['found'])}</li>"
-            for d in replay.get("divergences", [])
-        )
-        missing = "".join(f"<li>missing {h(m)}</li>" for m in replay.get("missing", []))
-        parts.append(
-            f'<h2>{t("replay")}</h2><p id="replay-verdict">{h(replay["verdict"])} '
-            f"({h(t('replayed', n=replay.get('entries')))})</p>"
-            f"<ul>{found}{missing}</ul>"
-        )
-    return layout(t("run_title", id=run["run_id"]), "".join(parts), viewer)

@@ -20,6 +20,7 @@ from actions import ACTIONS
 from schemas.base import ID_PATTERN
 from services.ingress.console import _asks as asks
 from services.ingress.console import _pages as pages
+from services.ingress.console import _run_pages as run_pages
 from services.ingress.console._client import ApiAnswer, ApiClient
 from services.ingress.console._i18n import LANG_COOKIE, LOCALES, Locale, negotiate, rendering, t
 from services.ingress.console._i18n import said as reason_said
@@ -141,8 +142,8 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
     @_page
     async def inbox_rows(request: Request[Any, Any, Any], viewer: Viewer) -> Response[str]:
         """The inbox's rows, for the page to poll."""
-        items, _ = await inbox_items(client, viewer, inbox_query(request))
-        return html_page(pages.inbox_rows(items, datetime.now(UTC)))
+        items, page = await inbox_items(client, viewer, inbox_query(request))
+        return html_page(pages.inbox_rows(items, datetime.now(UTC), page["counts"]))
 
     async def _proposal(viewer: Viewer, proposal_id: str) -> dict[str, Any]:
         got = await client.get(viewer, f"/proposals/{proposal_id}")
@@ -400,7 +401,9 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         if AUDITOR_ROLE in viewer.roles:
             verified = await client.get(viewer, "/audit/verify")
             journals = verified.body if verified.ok else {"ok": False, "journals": []}
-        return html_page(pages.run_page(viewer, got.body, steps, journals=journals, replay=replay))
+        return html_page(
+            run_pages.run_page(viewer, got.body, steps, journals=journals, replay=replay)
+        )
 
     @get("/spend", include_in_schema=False)
     @_page
@@ -438,7 +441,7 @@ def console_router(sessions: Sessions, client: ApiClient, mcp: McpBus | None = N
         got = await client.get(viewer, f"/runs/{run_id}")
         if not got.ok:
             raise _not_found(got, "run")
-        return html_page(pages.run_status(got.body))
+        return html_page(run_pages.run_status(got.body))
 
     @post("/runs/{run_id:str}/replay", include_in_schema=False, status_code=200)
     @_page

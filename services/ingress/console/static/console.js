@@ -29,6 +29,12 @@ function pollInbox(rows) {
         : null;
       rows.dataset.last = text;
       rows.innerHTML = text;
+      // The count the rows are part of: the heading line follows it.
+      const now = rows.querySelector("#inbox-count-now");
+      const line = document.getElementById("inbox-count");
+      if (now && line && line.textContent !== now.dataset.count) {
+        line.textContent = now.dataset.count;
+      }
       if (focused !== null) {
         const again = Array.from(rows.querySelectorAll("a")).find(
           (a) => a.getAttribute("href") === focused,
