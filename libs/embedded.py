@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -29,10 +30,38 @@ _PG_SYSTEM_USER: Final = "pgserver"  # postgres refuses to run as root; pgserver
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the usual bind-to-0 race applies)."""
+    """A TCP port nobody listens on right now, drawn below the kernel's ephemeral range.
+
+    A port taken by binding to 0 comes from the ephemeral range, which every outgoing
+    connection also draws its source port from: a server started a while after the port was
+    chosen (ingress, after provisioning) could find it taken by some client's connection.
+    Below that range only listeners that ask for a port by number take it.
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(_FIXED_LOW, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+_FIXED_LOW: Final = 10_000
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default where unreadable)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768
+    return max(low, _FIXED_LOW + 1_000)
 
 
 def wait_for_port(

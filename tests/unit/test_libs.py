@@ -295,3 +295,18 @@ def test_a_migration_includes_the_shared_journal_tables_in_its_own_schema(tmp_pa
     assert "CREATE TABLE ledger.journal (" in migration.sql
     assert "TO {role:ledger};" in migration.sql
     assert "{schema}" not in migration.sql and "{include" not in migration.sql
+
+
+def test_a_free_port_is_drawn_below_the_ephemeral_range_and_is_bindable() -> None:
+    """Outgoing connections take their source ports from the ephemeral range; a port chosen
+    there for a server started later could be taken by one of them."""
+    import socket
+
+    from libs.embedded import _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(10_000 <= port < low for port in ports)
+    assert len(ports) > 1  # drawn, not fixed
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", ports.pop()))
