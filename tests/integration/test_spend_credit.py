@@ -118,3 +118,22 @@ async def test_a_charge_that_acted_or_may_have_stays_charged(env: Env, state: Co
     assert await spend(env) == [("acme-daily", 0, money("60.01"))]
     assert await charged(env, "run-c4") == (money("60.01"), None)
     assert await journaled(env, "run-c4", "spend.credited") == 0
+
+
+async def test_an_unknown_charge_reconciled_as_failed_is_credited_once(env: Env) -> None:
+    """`unknown` stays charged until a person establishes what happened; when reconciliation
+    finds the charge never happened, its outcome reaches the run again and the charge is
+    given back, once, even though the run already ended on the `unknown`."""
+    assert env.governance is not None
+    env.governance.set_prices("acme", prices("100.00"))
+    svc = service(env, Counting({"billing": [charge(6_000), FIRST, FIRST]}))
+    await svc.handle(_Delivery(await register(env, "run-c5", "billing")))
+    await svc.handle(_Delivery(ended("run-c5", "unknown")))
+    assert (await env.run("run-c5"))["status"] == "succeeded"  # the model answered after it
+    assert await spend(env) == [("acme-daily", 0, money("60.01"))]
+    # Reconciled: the provider never charged. The outcome is published again, as failed.
+    await svc.handle(_Delivery(ended("run-c5", "failed")))
+    await svc.handle(_Delivery(ended("run-c5", "failed")))  # redelivered
+    assert await spend(env) == [("acme-daily", 0, 0)]
+    assert await charged(env, "run-c5") == (money("60.01"), money("60.01"))
+    assert await journaled(env, "run-c5", "spend.credited") == 1
