@@ -7,13 +7,20 @@ sends a command and a run request, and checks the path `WritOutageLimitReached` 
 delivery is handled past the limit and dead-lettered as `outage_exhausted` ("still
 unavailable after ..."), never as a poison message (`exhausted`), on the real services'
 `/metrics` and in `WRIT_DLQ`. Once governance is back the deployment serves again.
+
+The same outage holds an HTTP caller's command waiting for governance: a SIGTERM to ingress then
+answers the caller within the server's graceful shutdown (a problem saying to ask again with the
+same Idempotency-Key), rather than closing the connection on it.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -112,3 +119,49 @@ async def test_an_outage_past_the_limit_is_dead_lettered_as_one_and_counted(
     result = await host.wait_command(after.request_id, timeout=60)
     assert result.status == "succeeded", result
     assert set(await dead_letters(host, since)) == {"admission", "ingress-runs"}
+
+
+@pytest.mark.timeout(240)
+async def test_a_stopping_ingress_answers_the_caller_it_holds(stack: Stack, host: Host) -> None:
+    stack.stop_process("governance", kill=True)
+    operation_key = f"op-{uuid.uuid4().hex[:12]}"
+    body = {
+        "agent": "crm-assistant",
+        "operation_key": operation_key,
+        "action": "crm.note.create",
+        "arguments": {"customer_id": "ACME-42", "body": "Called back about order 7781."},
+    }
+    headers = {
+        "Authorization": f"Bearer {stack.token('acme', 'alice@acme.example')}",
+        "Idempotency-Key": f"drain-{uuid.uuid4().hex[:12]}",
+    }
+    answered: list[Any] = []
+
+    async def submit(client: httpx.AsyncClient) -> None:
+        try:
+            answered.append(await client.post("/commands", json=body, headers=headers))
+        except httpx.HTTPError as exc:  # the connection closed on the caller
+            answered.append(exc)
+
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(submit, client)
+            await anyio.sleep(3)  # handed on: admission waits on governance, the caller on it
+            assert not answered, answered
+            stopping = time.monotonic()
+            code = await anyio.to_thread.run_sync(stack.stop_process, "ingress")
+    assert code == 0
+    (response,) = answered
+    assert isinstance(response, httpx.Response), repr(response)
+    assert response.status_code == 504, response.text
+    assert response.json()["code"] == "TIMEOUT"
+    assert time.monotonic() - stopping < 20
+
+    # Asked again under the same key once both are back, the command is done once.
+    stack.start_instance("governance", "governance")
+    stack.start_instance("ingress", "ingress")
+    await stack.wait_ready(("governance", "ingress"))
+    async with httpx.AsyncClient(base_url=stack.api_url, timeout=40) as client:
+        again = await client.post("/commands", json=body, headers=headers)
+    assert again.status_code == 200, again.text
+    assert again.json()["status"] == "succeeded", again.text
