@@ -8,8 +8,8 @@
 - `RetryableError`, or a dependency unavailable (`libs.errors.waits_out`: a Writ service not
   answering, NATS or PostgreSQL away): `nak` with backoff (capped at the consumer's
   `backoff_max_s`, 30 s unless `WRIT_RETRY_BACKOFF_MAX_S` says otherwise) for as long as the
-  outage lasts, up to the consumer's `outage_limit_s` (15 minutes from when the message was
-  stored; counted in `writ_messages_waiting_total{service}`), then dead-letter;
+  outage lasts, up to the consumer's `outage_limit_s` (`WRIT_OUTAGE_LIMIT_S`, 15 minutes from
+  when the message was stored; counted in `writ_messages_waiting_total{service}`), then dead-letter;
 - anything else, of any type: `nak` with backoff until the consumer's `max_deliver` is
   reached, then dead-letter (a poison message).
 
@@ -126,6 +126,7 @@ async def run_actor(
     batch_size: int = 64,
     health: Health | None = None,
     backoff_max_s: float | None = None,
+    outage_limit_s: float | None = None,
     fetch_timeout_s: float = 1.0,
     stall_after_s: float = 20.0,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
@@ -137,6 +138,8 @@ async def run_actor(
     """
     if backoff_max_s is not None:  # the process's setting over the consumer's default
         spec = msgspec.structs.replace(spec, backoff_max_s=backoff_max_s)
+    if outage_limit_s is not None:  # likewise WRIT_OUTAGE_LIMIT_S
+        spec = msgspec.structs.replace(spec, outage_limit_s=outage_limit_s)
     await bind_consumer(js, spec)  # provisioned (libs/provision.py): a process never creates one
     # Each pull request on its own reply subject (libs/pull.py: nats-py's `fetch` can leave a
     # request behind that holds a later message for up to `fetch_timeout_s`).

@@ -372,6 +372,7 @@ def _service(name: str, tenants: tuple[str, ...]) -> dict[str, object]:
         pub += _stream_info([*tenant_streams, *(subjects.out_stream(t) for t in tenants)])
         for s in tenant_streams:  # its run requests' consumer, and the rest's
             pub += [*_consumer(s, name), *_consumer(s, INGRESS_RUNS)]
+        pub.append(subjects.dead_letter(INGRESS_RUNS))  # the run requests' dead letters
     elif stream:
         pub += _consumer(stream, name)
     return {

@@ -260,12 +260,15 @@ class Runtime:
         health: Health | None = None,
         stream_replicas: int = 1,
         retry_backoff_max_s: float | None = None,
+        outage_limit_s: float | None = None,
         recording: bool = True,
         record_js: JetStreamContext | None = None,
     ) -> None:
         self.name = name
         # Every actor's longest redelivery backoff (WRIT_RETRY_BACKOFF_MAX_S; None: 30 s).
         self.retry_backoff_max_s = retry_backoff_max_s
+        # Every actor's outage limit (WRIT_OUTAGE_LIMIT_S; None: 15 minutes).
+        self.outage_limit_s = outage_limit_s
         # Replicas of Writ's streams (WRIT_STREAM_REPLICAS), as provisioning made them.
         self.stream_replicas = stream_replicas
         # `/livez` and `/readyz`: actors given it fetch only while NATS and PostgreSQL answer;
@@ -338,6 +341,7 @@ async def serve(
             health=health,
             stream_replicas=settings.stream_replicas,
             retry_backoff_max_s=settings.retry_backoff_max_s,
+            outage_limit_s=settings.outage_limit_s,
             recording=exporter is not None or otlp_configured(os.environ),
             record_js=seal_nc.jetstream(prefix=SEAL_JS_API) if seal_nc is not None else None,
         )

@@ -48,6 +48,9 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # The longest a retried delivery waits before its next try (0.25 s doubling up to this):
     # how soon a waiting message notices a dependency is back. The outage test shortens it.
     retry_backoff_max_s: float = 30.0
+    # How long a delivery waiting out an unavailable Writ service may wait, from when its message
+    # was stored, before it is dead-lettered as `outage_exhausted` (WritOutageLimitReached).
+    outage_limit_s: float = 900.0
     # `/readyz`: how often NATS, the consumers and PostgreSQL are checked, and for how long;
     # `/livez` fails once the event loop or a fetch loop has not gone round for `live_stale_s`.
     health_every_s: float = 2.0

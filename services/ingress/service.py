@@ -192,6 +192,7 @@ class IngressService:
             stopping=self._rt.stopping,
             health=self._rt.health,
             backoff_max_s=self._rt.retry_backoff_max_s,
+            outage_limit_s=self._rt.outage_limit_s,
         )
 
     async def handle(self, delivery: Delivery[bytes]) -> None:

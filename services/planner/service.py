@@ -259,6 +259,7 @@ class PlannerService:
                     health=self._rt.health,
                     task_status=task_status,
                     backoff_max_s=self._rt.retry_backoff_max_s,
+                    outage_limit_s=self._rt.outage_limit_s,
                 )
                 tg.cancel_scope.cancel()
         finally:

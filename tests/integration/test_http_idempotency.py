@@ -3,6 +3,7 @@ results router on its core subscription."""
 
 from __future__ import annotations
 
+import anyio
 import msgspec
 import pytest
 from nats.aio.client import Client
@@ -58,5 +59,40 @@ async def test_results_reach_who_waits_for_them_by_request_or_run_id(private_nc:
             assert await by_request.next(5) == result
             assert await by_run.next(5) == result
             assert await elsewhere.next(0.3) is None  # another tenant's subject
+    finally:
+        await results.stop()
+
+
+async def test_closing_ends_every_wait_at_once_and_keeps_what_arrived(private_nc: Client) -> None:
+    # A stopping ingress closes the router: its long-polls answer within the HTTP server's
+    # graceful shutdown instead of being cut off by it.
+    results = Results(private_nc)
+    try:
+        async with results.watch("acme", "run-2") as early, results.watch("acme", "run-3") as idle:
+            result = RunResult(request_id="req-2", status="succeeded", run_id="run-2")
+            await private_nc.publish("writ.out.results.acme", msgspec.json.encode(result))
+            await private_nc.flush()
+            with anyio.fail_after(5):
+                while not early.items:
+                    await anyio.sleep(0.01)
+            ended: list[object] = []
+
+            async def wait() -> None:
+                ended.append(await idle.next(60))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                await anyio.sleep(0.2)
+                assert not ended and not idle.closing
+                results.close()
+                with anyio.fail_after(1):  # woken, not left to its 60 s
+                    while not ended:
+                        await anyio.sleep(0.01)
+            assert ended == [None] and idle.closing
+            assert await early.next(60) == result  # what came before closing is still read
+            assert await early.next(60) is None  # and then no more waiting
+        async with results.watch("acme", "run-4") as late:
+            with anyio.fail_after(1):
+                assert await late.next(60) is None  # a wait begun after closing ends at once
     finally:
         await results.stop()

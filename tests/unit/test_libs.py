@@ -101,6 +101,7 @@ def test_settings_defaults() -> None:
     assert settings.metrics_host == "127.0.0.1"
     assert settings.drain_timeout_s == 10.0
     assert settings.retry_backoff_max_s == 30.0
+    assert settings.outage_limit_s == 900.0
 
 
 def test_the_redelivery_backoff_doubles_up_to_the_consumers_cap() -> None:
@@ -123,9 +124,15 @@ def test_the_redelivery_backoff_doubles_up_to_the_consumers_cap() -> None:
     short = ConsumerSpec(stream="S", durable="d", filter_subjects=("s",), backoff_max_s=2.0)
     assert [_backoff(n, short) for n in range(1, 7)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
     settings = load_settings(
-        BaseSettings, {"WRIT_NATS_URL": "nats://bus:4222", "WRIT_RETRY_BACKOFF_MAX_S": "2"}
+        BaseSettings,
+        {
+            "WRIT_NATS_URL": "nats://bus:4222",
+            "WRIT_RETRY_BACKOFF_MAX_S": "2",
+            "WRIT_OUTAGE_LIMIT_S": "120",
+        },
     )
     assert settings.retry_backoff_max_s == 2.0
+    assert settings.outage_limit_s == 120.0
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from libs.natsauth import (
     users,
 )
 from libs.provision import BUCKETS
+from schemas import subjects
 
 
 def _allowed(perms: dict, kind: str) -> list[str]:
@@ -295,6 +296,24 @@ def test_each_tenants_host_has_an_account_importing_its_contract_only() -> None:
         }
         assert exported == {subject for _, subject in imported}
     assert all(len(e["accounts"]) == 1 for e in writ["exports"])
+
+
+def test_each_service_may_dead_letter_from_every_consumer_it_fetches_from() -> None:
+    # The actor dead-letters on `writ.dlq.<durable>`: a consumer whose owner may not publish
+    # there retries its dead letter forever, and a poison message or an outage past the
+    # limit is never given up on (ingress's consumer of run requests was one).
+    perms = permissions(["acme", "globex"])
+    fetched = []
+    for name in SERVICE_SUBJECTS:
+        service = perms[name]
+        assert service is not None
+        published = _allowed(service, "publish")
+        for subject in published:
+            if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
+                durable = subject.rsplit(".", 1)[1]
+                fetched.append(durable)
+                assert subjects.dead_letter(durable) in published, (name, durable)
+    assert {"ingress", "ingress-runs", "planner", "dispatcher"} <= set(fetched)
 
 
 def test_the_bus_page_shows_the_identities_as_the_code_defines_them() -> None:

@@ -89,6 +89,8 @@ def ops_handlers(
                         )
                         return
                     got = await waiter.next(poll_s)  # a result wakes it at once
+                    if waiter.closing:  # stopping: the client resumes from the last id
+                        return
                     quiet = 0.0 if batch.steps or got is not None else quiet + poll_s
                     if quiet >= keepalive_s:
                         quiet = 0.0

@@ -67,7 +67,7 @@ def people_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRou
         async with api.results.watch(outcome.tenant, outcome.request.request_id) as waiter:
             await api.door.hand_on(outcome)
             deadline = time.monotonic() + answer_timeout_s
-            while (remaining := deadline - time.monotonic()) > 0:
+            while (remaining := deadline - time.monotonic()) > 0 and not waiter.closing:
                 got = await waiter.next(remaining)
                 if isinstance(got, kind):
                     return 200, got

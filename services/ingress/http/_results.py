@@ -1,7 +1,9 @@
 """What ingress hears on `writ.out.results.*`, for HTTP callers waiting on an answer.
 
 One core subscription per tenant waited for; a caller registers what it waits for (a request
-id, or a run id) before it hands its request on, so the answer cannot pass unseen.
+id, or a run id) before it hands its request on, so the answer cannot pass unseen. When the
+process stops, `close` ends every wait at once: a long-poll answers with what it knows within
+the HTTP server's graceful shutdown instead of being cut off by it.
 """
 
 from __future__ import annotations
@@ -27,18 +29,29 @@ _DECODER: Final = msgspec.json.Decoder(AnyResult)
 class Waiter:
     """The results that arrived for one key, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, closing: anyio.Event) -> None:
         self.items: list[Any] = []
         self._changed = anyio.Event()
+        self._closing = closing
+
+    @property
+    def closing(self) -> bool:
+        """The process is stopping: wait no more, answer with what is known."""
+        return self._closing.is_set()
+
+    def wake(self) -> None:
+        self._changed.set()
 
     def put(self, item: Any) -> None:
         self.items.append(item)
         self._changed.set()
 
     async def next(self, timeout: float) -> Any | None:
-        """The next unseen result, or None after `timeout` seconds."""
+        """The next unseen result, or None after `timeout` seconds (at once when closing)."""
         with anyio.move_on_after(timeout):
             while not self.items:
+                if self._closing.is_set():
+                    return None
                 await self._changed.wait()
                 self._changed = anyio.Event()
             return self.items.pop(0)
@@ -55,6 +68,14 @@ class Results:
         # publish on a subject no stream holds still finds no responder.
         self._subs: dict[str, Any] = {}
         self._lock = anyio.Lock()
+        self._closing = anyio.Event()
+
+    def close(self) -> None:
+        """End every wait, now and to come: the process is stopping."""
+        self._closing.set()
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.wake()
 
     async def start(self) -> None:
         """Nothing to do before the first wait (kept for symmetry with `stop`)."""
@@ -74,7 +95,7 @@ class Results:
                         subjects.result(tenant), cb=self._on
                     )
                     await self._nc.flush()
-        waiter, slot = Waiter(), (tenant, key)
+        waiter, slot = Waiter(self._closing), (tenant, key)
         self._waiters.setdefault(slot, []).append(waiter)
         try:
             yield waiter

@@ -159,7 +159,7 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
             async with api.results.watch(outcome.tenant, request_id) as waiter:
                 await api.door.hand_on(outcome)
                 deadline = time.monotonic() + answer_timeout_s
-                while (remaining := deadline - time.monotonic()) > 0:
+                while (remaining := deadline - time.monotonic()) > 0 and not waiter.closing:
                     got = await waiter.next(remaining)
                     if isinstance(got, CommandResult) and got.status not in (
                         "pending",
@@ -167,7 +167,8 @@ def run_handlers(api: Api, *, answer_timeout_s: float = 30.0) -> list[HTTPRouteH
                     ):
                         return 200, got
             # No result came: a retry whose first try's result was published already (the
-            # hand-on was a duplicate), or a slow command. Admission knows where it stands.
+            # hand-on was a duplicate), a slow command, or this process is stopping.
+            # Admission knows where it stands.
             try:
                 known = await api.ask(
                     COMMAND_STATUS,

@@ -140,6 +140,9 @@ class HttpServer:
                 )
                 task_status.started()
                 await self._stopping.wait()
+                # Long-polls answer with what they know, then the server finishes what is in
+                # flight (its graceful shutdown) and closes.
+                results.close()
                 server.should_exit = True
         finally:
             with anyio.CancelScope(shield=True):

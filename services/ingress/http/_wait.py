@@ -85,7 +85,7 @@ async def wait_news(
             if view is not None and view.status in FINAL_RUN and view.version > after:
                 return run_result(view)
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or waiter.closing:  # stopping: the run as it stands, now
                 break
             # The result event ends the wait at once; the poll covers a missed one.
             got = await waiter.next(min(remaining, 2.0))
