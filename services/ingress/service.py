@@ -101,6 +101,12 @@ class IngressService:
         self._keys: dict[str, TenantKey] = {}
         self._serving: dict[str, anyio.CancelScope] = {}
         self._unprovisioned: set[str] = set()  # logged once each
+        # Registered tenants ingress has tried to bind since it started. One not tried yet
+        # (ingress starting, or just registered) is answered UNAVAILABLE, to be retried:
+        # calling it unknown would end a host's request for good over a moment's wait. Once
+        # tried and not served it is UNKNOWN_TENANT: the bus cannot tell ingress apart a
+        # tenant it was never given permissions for from one whose leader is being elected.
+        self._tried: set[str] = set()
         self._watch_s = watch_s
         self._max_ttl = max_token_ttl_s
         self._audience, self._max_bytes = audience, max_request_bytes
@@ -159,6 +165,7 @@ class IngressService:
                     await bind_consumer(self._rt.js, spec, patience_s=self._watch_s)
                 await self._rt.js.stream_info(subjects.out_stream(tenant))
             except Exception as exc:  # not provisioned (yet), or the bus busy: next pass
+                self._tried.add(tenant)
                 if tenant not in self._unprovisioned:
                     self._unprovisioned.add(tenant)
                     log.error("tenant %s is not served (refused on both doors): %r", tenant, exc)
@@ -168,6 +175,7 @@ class IngressService:
             tg.start_soon(self._serve, tenant, scope)
             self._keys[tenant] = key
             self._unprovisioned.discard(tenant)
+            self._tried.add(tenant)
             log.info("tenant %s is served", tenant)
 
     async def _serve(self, tenant: str, scope: anyio.CancelScope) -> None:
@@ -230,6 +238,8 @@ class IngressService:
         """Bound, decode, authenticate and authorize one host message of `kind` (either door:
         the HTTP API rebuilds the NATS message and verifies it here). `signed_in`: the token
         is a console session's, from a sign-in link (only the console's own calls say so)."""
+        if unserved := self._unserved(tenant, request_id):
+            return unserved
         with self._rt.tracer.start_as_current_span("ingress verify") as span:
             outcome = authorize(
                 verify_request(
@@ -258,6 +268,17 @@ class IngressService:
             )
         return outcome
 
+    def _unserved(self, tenant: str, request_id: str | None) -> Rejection | None:
+        """`UNAVAILABLE` for a registered tenant ingress has not tried to bind yet: it has
+        just started, or the tenant was just registered."""
+        if tenant in self._keys or tenant not in self._registered or tenant in self._tried:
+            return None
+        return Rejection(
+            code="UNAVAILABLE",
+            request_id=request_id or "",
+            message=f"tenant {tenant!r} is not served yet (ingress is binding it); retry",
+        )
+
     async def first_use(self, outcome: Verified) -> Verified | Rejection:
         """The verified message, or `CONFLICT` when another principal of the tenant used its
         request id (or its command's operation key) first (`services/ingress/_owners.py`).
@@ -272,6 +293,8 @@ class IngressService:
     ) -> tuple[str, list[str]] | Rejection:
         """A token alone (the HTTP API's reads): its (principal, roles), or why not. An API
         token, or with `signed_in` a console sign-in token (never both)."""
+        if unserved := self._unserved(tenant, request_id):
+            return unserved
         return verify_token(
             token,
             tenant=tenant,

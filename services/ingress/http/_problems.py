@@ -159,6 +159,8 @@ def problem(
         instance=instance,
     )
     language = {"Content-Language": locale, "Vary": "Accept-Language"}
+    if status == 503 and not any(k.lower() == "retry-after" for k in headers or {}):
+        language["Retry-After"] = "1"  # unavailable for a moment: a client may try again
     return Response(
         _ENCODER.encode(body),
         status_code=status,
