@@ -12,10 +12,12 @@ import mcp_types as types
 import pytest
 
 from fakes.host import FakeHost, tool_definitions
+from libs.errors import ConfigError
 from schemas.mcp import capability, parse_capability
 from services.retrieval.mcp.digest import listing_digest, tool_digest
 from services.retrieval.mcp.reads import MAX_RESULT_CHARS, _items, _listed, _Refusal, _validate
 from services.retrieval.mcp.servers import ServerRegistry
+from writ import mcp as writ_mcp
 
 
 def _tool(**changes: object) -> types.Tool:
@@ -108,6 +110,36 @@ def test_the_registration_file_is_strict_and_reread_when_it_changes(tmp_path: Pa
     path.write_text(json.dumps({"acme": {"helpdesk": {**entry, "token": "inline"}}}))
     os.utime(path, ns=(1, 1))  # another modification time, whatever the clock's resolution
     assert registry.get("acme", "helpdesk") is None  # an unknown field registers nothing
+
+
+def test_a_registration_under_a_name_retrieval_refuses_is_never_written(tmp_path: Path) -> None:
+    """A server's or tenant's name the registration file may not hold would have retrieval
+    refuse the whole file, every tenant's servers with it: `writ mcp add` refuses it instead."""
+    add = {"url": "http://127.0.0.1:1/mcp", "credential_file": "/s/t", "tools": ["ticket.get"]}
+    writ_mcp.add_server(tmp_path, "acme", "helpdesk", **add)
+    path = writ_mcp.servers_file(tmp_path)
+    registry = ServerRegistry(path)
+    assert registry.names("acme") == ["helpdesk"]
+    before = path.read_bytes()
+    for tenant, server in [
+        ("acme", "crm/evil"),
+        ("acme", "Helpdesk"),
+        ("acme", "x" * 40),
+        ("acme", "crm\n"),
+        ("ACME", "crm"),
+        ("", "crm"),
+    ]:
+        with pytest.raises(ConfigError, match="is not a (server's|tenant's) name"):
+            writ_mcp.add_server(tmp_path, tenant, server, **add)
+        assert path.read_bytes() == before, (tenant, server)
+    assert registry.get("acme", "helpdesk") is not None
+    # A file retrieval already refuses is not added to (the new entry would be ignored too).
+    path.write_text(json.dumps({"acme": {"Bad Name": add}}))
+    with pytest.raises(ConfigError, match="not a valid registration file"):
+        writ_mcp.add_server(tmp_path, "acme", "crm", **add)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not a valid registration file"):
+        writ_mcp.add_server(tmp_path, "acme", "crm", **add)
 
 
 def test_the_fake_hosts_writes_honour_idempotency_keys_and_revisions() -> None:
