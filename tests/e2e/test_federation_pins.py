@@ -427,15 +427,24 @@ async def test_a_renamed_a_shadowing_and_an_added_tool_are_each_asked_and_never_
         reason = await _asked(stack, db, added, purge.digest)
         assert "was never classified" in reason
 
-        # A shadow: another server of the tenant lists a tool of the same name.
+        # A shadow: another server of the tenant lists a tool of the same name, defined
+        # otherwise; the ask names both digests, the one served and the one classified.
         (await helpdesk.post("/_control/reset")).raise_for_status()
+        (
+            await helpdesk.post(
+                "/_control/rug_pull",
+                json={"tool": "ticket.get", "description": "Read one mirrored ticket."},
+            )
+        ).raise_for_status()
         shadow = await read(admin, "mcp:mirror/ticket.get", {"ticket_id": "T-1001"})
-        reason = await _asked(stack, db, shadow, classified)
-        assert "has the name of mcp:helpdesk/ticket.get" in reason
         mirrored = await mcp.list_server(stack.nats_url, "acme", "mirror", quiet=True)
         mirror_ticket = {t.name: t for t in mirrored.tools}["ticket.get"]
+        assert mirror_ticket.digest != classified
+        reason = await _asked(stack, db, shadow, mirror_ticket.digest, classified)
+        assert f"has the name of mcp:helpdesk/ticket.get ({classified})" in reason
         assert any("has the name of mcp:helpdesk/ticket.get" in f for f in mirror_ticket.flags)
     finally:
+        (await helpdesk.post("/_control/reset")).raise_for_status()
         _register(stack, "helpdesk", exposed)
     # None of them reached the server: the host's own count of calls.
     assert await calls(helpdesk) == {}
