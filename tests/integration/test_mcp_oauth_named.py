@@ -180,3 +180,34 @@ async def test_an_authorization_server_on_an_origin_nobody_named_is_refused(
         await McpClient().session(server, _read_ticket)
     assert elsewhere.asked == ["/prm-other-as"]
     assert _seen(host)["tokens_issued"] == 0
+
+
+async def test_a_token_refused_later_has_the_metadata_its_401_names_now_read(
+    host: FakeHost, tmp_path: Path, elsewhere: Elsewhere
+) -> None:
+    """The server moves its metadata after Writ got a token, and refuses that token: the next
+    read follows the location the refusal names now before it gets a fresh token, under the
+    same origin rules (an authorization server nobody named is refused, nothing called)."""
+    _name(host, "/oauth/metadata/mcp")
+    client = McpClient()
+    server = _server(host, tmp_path, auth_origins=[elsewhere.url])
+    assert await client.session(server, _read_ticket) == "Invoice address"
+    assert elsewhere.asked == []
+
+    _name(host, f"{elsewhere.url}/prm")
+    httpx.post(f"{host.url}/_control/revoke_tokens").raise_for_status()
+    assert await client.session(server, _read_ticket) == "Invoice address"
+    assert elsewhere.asked == ["/prm"]
+    seen = _seen(host)
+    assert seen["token_resources"] == [f"{host.url}/mcp"] * 2
+    assert seen["tool_calls"] == {"ticket.get": 2}
+
+    _name(host, f"{elsewhere.url}/prm-other-as")
+    httpx.post(f"{host.url}/_control/revoke_tokens").raise_for_status()
+    with pytest.raises(
+        McpCredentialRefused, match="authorization server .* at .http://127.0.0.1:9.,"
+    ):
+        await client.session(server, _read_ticket)
+    assert elsewhere.asked == ["/prm", "/prm-other-as"]
+    seen = _seen(host)
+    assert len(seen["token_resources"]) == 2 and seen["tool_calls"] == {"ticket.get": 2}

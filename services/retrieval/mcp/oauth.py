@@ -16,8 +16,9 @@
   with the `resource` parameter (RFC 8707), so the token is bound to this server's audience and
   a server that checks it refuses tokens got for another;
 - tokens are kept per token endpoint, client and resource until shortly before they expire (at
-  most an hour, a minute less than said); a cached one the server refuses is dropped and one
-  fresh token is got (the client's `_StaleToken`).
+  most an hour, a minute less than said); a cached one the server refuses is dropped with the
+  endpoint discovered for it, and one fresh token is got where the server's 401 says now (the
+  client's `_StaleToken`).
 """
 
 from __future__ import annotations
@@ -146,7 +147,10 @@ class Tokens:
         return creds.token_url or "", creds.client_id, digest, server.url
 
     def forget(self, server: ServerConfig) -> None:
-        """Drop the cached token of `server` (the server refused it)."""
+        """Drop the cached token of `server` (the server refused it), and the token endpoint
+        discovered for it: the next token is got where the server's 401 says now (RFC 9728
+        §5.1), its metadata and authorization server read again under the same origin rules."""
+        self._endpoints.pop((server.url, tuple(server.auth_origins)), None)
         try:
             creds = server.client_credentials()
         except ValueError:
