@@ -29,6 +29,7 @@ import time
 from typing import Annotated, Final
 from urllib.parse import urlsplit
 
+import anyio
 import httpx2
 import msgspec
 
@@ -173,18 +174,25 @@ class Tokens:
         if held is not None and time.monotonic() < held[1]:
             return held[0], True
         timeout = httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
-        async with httpx2.AsyncClient(timeout=timeout) as http:
-            endpoint = creds.token_url or await self._discover(http, server)
-            form = {"grant_type": "client_credentials", "resource": server.url}
-            if creds.scope:
-                form["scope"] = creds.scope
-            status, body = await _fetch(
-                http,
-                "POST",
-                endpoint,
-                "the token endpoint",
-                data=form,
-                auth=(creds.client_id, creds.client_secret),
+        # The whole exchange, discovery included, is bounded as a session is: a server that
+        # answers a byte at a time never holds the read longer.
+        with anyio.move_on_after(server.timeout_s * 3) as bounded:
+            async with httpx2.AsyncClient(timeout=timeout) as http:
+                endpoint = creds.token_url or await self._discover(http, server)
+                form = {"grant_type": "client_credentials", "resource": server.url}
+                if creds.scope:
+                    form["scope"] = creds.scope
+                status, body = await _fetch(
+                    http,
+                    "POST",
+                    endpoint,
+                    "the token endpoint",
+                    data=form,
+                    auth=(creds.client_id, creds.client_secret),
+                )
+        if bounded.cancelled_caught:
+            raise McpTokenError(
+                f"getting an access token took over {server.timeout_s * 3:g} s", refused=False
             )
         if status in (400, 401, 403):
             try:
@@ -295,11 +303,20 @@ async def _document(http: httpx2.AsyncClient, urls: list[str], issuer: str) -> b
 async def _fetch(
     http: httpx2.AsyncClient, method: str, url: str, what: str, **kwargs: object
 ) -> tuple[int, bytes]:
+    """The status and body of one request; the body is read only up to 16 KiB, so an answer
+    that never ends (or is merely huge) is refused once that much has come."""
+    body = bytearray()
     try:
-        response = await http.request(method, url, headers={"Accept": "application/json"}, **kwargs)  # type: ignore[arg-type]
+        async with http.stream(
+            method,
+            url,
+            headers={"Accept": "application/json"},
+            **kwargs,  # type: ignore[arg-type]
+        ) as response:
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > _MAX_ANSWER:
+                    raise McpTokenError(f"{what}'s answer is over 16 KiB", refused=False)
+            return response.status_code, bytes(body)
     except httpx2.HTTPError as exc:
         raise McpTokenError(f"{what} did not answer ({type(exc).__name__})", refused=False) from exc
-    body = response.content[: _MAX_ANSWER + 1]
-    if len(body) > _MAX_ANSWER:
-        raise McpTokenError(f"{what}'s answer is over 16 KiB", refused=False)
-    return response.status_code, body
