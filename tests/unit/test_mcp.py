@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import httpx
 import mcp_types as types
@@ -13,9 +14,16 @@ import pytest
 
 from fakes.host import FakeHost, tool_definitions
 from libs.errors import ConfigError
-from schemas.mcp import capability, parse_capability
+from schemas.mcp import ListServer, capability, parse_capability
 from services.retrieval.mcp.digest import listing_digest, tool_digest
-from services.retrieval.mcp.reads import MAX_RESULT_CHARS, _items, _listed, _Refusal, _validate
+from services.retrieval.mcp.reads import (
+    MAX_RESULT_CHARS,
+    McpReads,
+    _items,
+    _listed,
+    _Refusal,
+    _validate,
+)
 from services.retrieval.mcp.servers import ServerRegistry
 from writ import mcp as writ_mcp
 
@@ -115,7 +123,11 @@ def test_the_registration_file_is_strict_and_reread_when_it_changes(tmp_path: Pa
 def test_a_registration_under_a_name_retrieval_refuses_is_never_written(tmp_path: Path) -> None:
     """A server's or tenant's name the registration file may not hold would have retrieval
     refuse the whole file, every tenant's servers with it: `writ mcp add` refuses it instead."""
-    add = {"url": "http://127.0.0.1:1/mcp", "credential_file": "/s/t", "tools": ["ticket.get"]}
+    add: dict[str, Any] = {
+        "url": "http://127.0.0.1:1/mcp",
+        "credential_file": "/s/t",
+        "tools": ["ticket.get"],
+    }
     writ_mcp.add_server(tmp_path, "acme", "helpdesk", **add)
     path = writ_mcp.servers_file(tmp_path)
     registry = ServerRegistry(path)
@@ -140,6 +152,29 @@ def test_a_registration_under_a_name_retrieval_refuses_is_never_written(tmp_path
     path.write_text("{not json")
     with pytest.raises(ConfigError, match="not a valid registration file"):
         writ_mcp.add_server(tmp_path, "acme", "crm", **add)
+
+
+@pytest.mark.anyio
+async def test_a_refused_registration_file_is_said_to_be_refused(tmp_path: Path) -> None:
+    """An operator listing a server, and a read of its tool, are told the file is refused (not
+    merely that the server is unknown), without the file's error, which may name other
+    tenants' servers; a mended file registers again."""
+    path = tmp_path / "mcp-servers.json"
+    registry = ServerRegistry(path)
+    reads = McpReads(nc=None, servers=registry, classified=None)  # type: ignore[arg-type]
+    entry = {"url": "http://127.0.0.1:1/mcp", "credential_file": "/s/t", "tools": ["ticket.get"]}
+    path.write_text(json.dumps({"acme": {"helpdesk": entry}, "globex": {"Secret Desk": entry}}))
+    listing = await reads.list_server(ListServer(tenant="acme", server="helpdesk"))
+    assert not listing.ok and "the registration file is refused" in listing.error
+    assert "Secret" not in listing.error and "globex" not in listing.error
+    with pytest.raises(_Refusal, match="the registration file is refused") as refused:
+        reads._registered("acme", "helpdesk", "ticket.get")
+    assert refused.value.code == "UNKNOWN_TOOL"
+    path.write_text(json.dumps({"acme": {"crm": entry}}))
+    os.utime(path, ns=(1, 1))
+    unknown = await reads.list_server(ListServer(tenant="acme", server="helpdesk"))
+    assert unknown.error == "no MCP server helpdesk is registered for acme"
+    assert reads._registered("acme", "crm", "ticket.get").tools == ["ticket.get"]
 
 
 def test_the_fake_hosts_writes_honour_idempotency_keys_and_revisions() -> None:

@@ -208,9 +208,7 @@ class McpReads:
     def _registered(self, tenant: str, server_name: str, tool_name: str) -> ServerConfig:
         server = self._servers.get(tenant, server_name)
         if server is None:
-            raise _Refusal(
-                "UNKNOWN_TOOL", f"no MCP server {server_name} is registered for this tenant"
-            )
+            raise _Refusal("UNKNOWN_TOOL", self._servers.unregistered(tenant, server_name))
         if tool_name not in server.tools and tool_name not in server.resources:
             raise _Refusal(
                 "UNKNOWN_TOOL",
@@ -314,9 +312,7 @@ class McpReads:
         """List a registered server now, for an operator (recorded like every listing)."""
         server = self._servers.get(ask.tenant, ask.server)
         if server is None:
-            return ServerListing(
-                ok=False, error=f"no MCP server {ask.server} is registered for {ask.tenant}"
-            )
+            return ServerListing(ok=False, error=self._servers.unregistered(ask.tenant, ask.server))
 
         async def work(session: McpSession) -> _Listing:
             return await self._listing(session, ask.tenant, ask.server, server)
