@@ -450,6 +450,40 @@ async def test_a_renamed_a_shadowing_and_an_added_tool_are_each_asked_and_never_
     assert await calls(helpdesk) == {}
 
 
+async def test_an_exposed_tool_listed_after_sixty_four_others_is_still_listed_and_read(
+    stack: Stack, admin: Any, helpdesk: httpx.AsyncClient
+) -> None:
+    """A listing keeps 64 tools: a server listing 70 others first cannot push the tool Writ
+    exposes out of it (it would be unclassifiable, and refused `UNLISTED` at every call)."""
+    exposed = ["tickets.search", "ticket.get", "customer.get"]
+    try:
+        for n in range(70):
+            (
+                await helpdesk.post(
+                    "/_control/add_tool", json={"name": f"filler.{n}", "description": "Filler."}
+                )
+            ).raise_for_status()
+        (
+            await helpdesk.post(
+                "/_control/add_tool", json={"name": "late.get", "description": "Listed late."}
+            )
+        ).raise_for_status()
+        _register(stack, "helpdesk", [*exposed, "late.get"])
+        listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk", quiet=True)
+        names = [t.name for t in listing.tools]
+        assert len(names) == 64 and {*exposed, "late.get"} <= set(names), names
+        answer = await mcp.classify(
+            stack.nats_url, "acme", "helpdesk", "late.get", "read", "ops@acme.example", quiet=True
+        )
+        assert answer.ok, answer.message
+        result = await read(admin, "mcp:helpdesk/late.get", {})
+        assert isinstance(result, ReadResult), result
+        assert await calls(helpdesk) == {"late.get": 1}
+    finally:
+        (await helpdesk.post("/_control/reset")).raise_for_status()
+        _register(stack, "helpdesk", exposed)
+
+
 # -- a server nobody on Writ wrote ----------------------------------------------------------
 
 

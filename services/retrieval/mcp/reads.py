@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from itertools import islice
 from typing import Any, Final
 
 import jsonschema
@@ -252,7 +253,11 @@ class McpReads:
         no listing outlives the session, so neither a `notifications/tools/list_changed` nor a
         reconnect can leave Writ holding a definition the server no longer serves. Every
         listing is recorded by governance before it is used."""
-        tools = [_listed(t) for t in (await session.list_tools())[:MAX_LISTED_TOOLS]]
+        served = (await session.list_tools())[: MAX_LISTED_TOOLS * 16]
+        wanted = set(config.tools) if config is not None else set()
+        # What Writ exposes first, then the rest: a listing keeps 64, and a server listing
+        # more (or placing the exposed ones late) must not push an exposed tool out of it.
+        tools = [_listed(t) for t in served if t.name in wanted][:MAX_LISTED_TOOLS]
         if config is not None and config.resources:
             # The exposed resources the server lists now, each as a tool of its name: hashed,
             # journaled and classified like one (a changed or unlisted resource is refused).
@@ -262,6 +267,8 @@ class McpReads:
                 for r in (await session.list_resources())[: MAX_LISTED_TOOLS * 4]
                 if str(r.uri) in exposed
             ][: MAX_LISTED_TOOLS - len(tools)]
+        rest = (_listed(t) for t in served if t.name not in wanted)
+        tools += islice(rest, max(MAX_LISTED_TOOLS - len(tools), 0))
         digest = listing_digest((t.name, t.digest) for t in tools)
         recorded = await self._record(
             RecordListing(tenant=tenant, server=server, digest=digest, tools=tools)
