@@ -168,8 +168,8 @@ class ServerRegistry:
         if self._refused:
             return (
                 f"no MCP server {server} is registered for {tenant}: the registration file is "
-                "refused, so no server is (retrieval's log says why; mend it, or add the "
-                "server again with writ mcp add)"
+                "refused, so no server is (retrieval's log says why: an operator mends the "
+                "file, or removes it and registers the servers again with writ mcp add)"
             )
         return f"no MCP server {server} is registered for {tenant}"
 
