@@ -451,7 +451,7 @@ async def test_a_renamed_a_shadowing_and_an_added_tool_are_each_asked_and_never_
 
 
 async def test_an_exposed_tool_listed_after_sixty_four_others_is_still_listed_and_read(
-    stack: Stack, admin: Any, helpdesk: httpx.AsyncClient
+    stack: Stack, admin: Any, helpdesk: httpx.AsyncClient, db: asyncpg.Connection
 ) -> None:
     """A listing keeps 64 tools: a server listing 70 others first cannot push the tool Writ
     exposes out of it (it would be unclassifiable, and refused `UNLISTED` at every call)."""
@@ -482,6 +482,11 @@ async def test_an_exposed_tool_listed_after_sixty_four_others_is_still_listed_an
     finally:
         (await helpdesk.post("/_control/reset")).raise_for_status()
         _register(stack, "helpdesk", exposed)
+        # No other test finds a second tool of the server classified.
+        await db.execute(
+            "DELETE FROM retrieval.mcp_tools WHERE tenant = 'acme' AND capability = $1",
+            "mcp:helpdesk/late.get",
+        )
 
 
 # -- a server nobody on Writ wrote ----------------------------------------------------------
