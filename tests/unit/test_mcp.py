@@ -15,6 +15,9 @@ import pytest
 from fakes.host import FakeHost, tool_definitions
 from libs.errors import ConfigError
 from schemas.mcp import ListServer, capability, parse_capability
+from services.ingress.console._i18n import rendering
+from services.ingress.console._mcp import index_page
+from services.ingress.console._session import Viewer
 from services.retrieval.mcp.digest import listing_digest, tool_digest
 from services.retrieval.mcp.reads import (
     MAX_RESULT_CHARS,
@@ -170,11 +173,27 @@ async def test_a_refused_registration_file_is_said_to_be_refused(tmp_path: Path)
     with pytest.raises(_Refusal, match="the registration file is refused") as refused:
         reads._registered("acme", "helpdesk", "ticket.get")
     assert refused.value.code == "UNKNOWN_TOOL"
+    # The console's list of servers says it too, rather than that none is registered.
+    path.write_text(json.dumps({"acme": {"helpdesk": entry}, "globex": {"Secret Desk": entry}}))
+    os.utime(path, ns=(2, 2))
+    none = reads.registered("acme")
+    assert none.servers == [] and "the registration file is refused" in none.error
+    viewer = Viewer(
+        tenant="acme",
+        principal="ops@acme.example",
+        roles=frozenset({"operator"}),
+        token="t",
+        expires=0.0,
+    )
+    with rendering("en"):
+        page = index_page(viewer, none)
+    assert "the registration file is refused" in page and "Secret" not in page
     path.write_text(json.dumps({"acme": {"crm": entry}}))
-    os.utime(path, ns=(1, 1))
+    os.utime(path, ns=(3, 3))
     unknown = await reads.list_server(ListServer(tenant="acme", server="helpdesk"))
     assert unknown.error == "no MCP server helpdesk is registered for acme"
     assert reads._registered("acme", "crm", "ticket.get").tools == ["ticket.get"]
+    assert reads.registered("acme").error == ""
 
 
 def test_the_fake_hosts_writes_honour_idempotency_keys_and_revisions() -> None:

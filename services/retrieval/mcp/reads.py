@@ -313,7 +313,7 @@ class McpReads:
                 servers.append(
                     RegisteredServer(name=name, transport=config.transport, exposed=exposed)
                 )
-        return RegisteredServers(servers=servers)
+        return RegisteredServers(servers=servers, error=self._servers.refusal())
 
     async def list_server(self, ask: ListServer) -> ServerListing:
         """List a registered server now, for an operator (recorded like every listing)."""

@@ -162,16 +162,24 @@ class ServerRegistry:
         self._refresh()
         return self._servers.get(tenant, {}).get(server)
 
+    def refusal(self) -> str:
+        """Why no server is registered, if the file is refused ('' otherwise), in words fit
+        for any tenant (the file's own error, which may name other tenants' servers, is in
+        retrieval's log)."""
+        self._refresh()
+        if not self._refused:
+            return ""
+        return (
+            "the registration file is refused, so no server is (retrieval's log says why: an "
+            "operator mends the file, or removes it and registers the servers again with "
+            "writ mcp add)"
+        )
+
     def unregistered(self, tenant: str, server: str) -> str:
-        """Why `server` is not registered for `tenant`, in words fit for the tenant (the
-        file's own error, which may name other tenants' servers, is in retrieval's log)."""
-        if self._refused:
-            return (
-                f"no MCP server {server} is registered for {tenant}: the registration file is "
-                "refused, so no server is (retrieval's log says why: an operator mends the "
-                "file, or removes it and registers the servers again with writ mcp add)"
-            )
-        return f"no MCP server {server} is registered for {tenant}"
+        """Why `server` is not registered for `tenant` (see `refusal`)."""
+        said = f"no MCP server {server} is registered for {tenant}"
+        refusal = self.refusal()
+        return f"{said}: {refusal}" if refusal else said
 
     def names(self, tenant: str) -> list[str]:
         """The servers registered for `tenant`, by name."""
