@@ -137,9 +137,11 @@ class RegisteredServer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RegisteredServers(Event, frozen=True):
-    """The tenant's registered servers, by name."""
+    """The tenant's registered servers, by name; `error` says why there are none when the
+    registration file is refused."""
 
     servers: Annotated[list[RegisteredServer], msgspec.Meta(max_length=1024)] = []
+    error: Annotated[str, msgspec.Meta(max_length=500)] = ""
 
 
 class ServerListing(Event, frozen=True):

@@ -35,12 +35,13 @@ import nats
 from libs.deadline import timed_request
 from libs.errors import ConfigError
 from schemas import subjects
-from schemas.base import Family
+from schemas.base import Family, Tenant
 from schemas.mcp import (
     ClassifyTool,
     ListedTool,
     ListServer,
     ServerListing,
+    ServerName,
     ToolClassified,
 )
 from services.retrieval.mcp.servers import ServerConfig
@@ -108,13 +109,43 @@ def add_server(
             else ""
         )
         raise ConfigError(f"the registration of {server} is not valid: {exc}{hint}") from None
+    if not _valid(tenant, Tenant):
+        raise ConfigError(
+            f"{tenant[:80]!r} is not a tenant's name (lower-case letters, digits and '-')"
+        )
+    if not _valid(server, ServerName):
+        raise ConfigError(
+            f"{server[:80]!r} is not a server's name: a lower-case letter, then up to 31 "
+            "lower-case letters, digits or '-' (it is the <server> of mcp:<server>/<tool>)"
+        )
     path = servers_file(home)
-    current: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    try:
+        current: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        msgspec.convert(current, _RegistrationFile)
+    except (ValueError, msgspec.ValidationError) as exc:
+        # Retrieval registers nothing from a file it cannot read: adding to it would not help.
+        raise ConfigError(
+            f"{path} is not a valid registration file ({str(exc)[:200]}): retrieval registers "
+            "no server from it; mend or remove it first"
+        ) from None
     current.setdefault(tenant, {})[server] = msgspec.to_builtins(entry)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(current, indent=2, sort_keys=True))
     os.replace(tmp, path)  # retrieval never reads half a file
+
+
+# The registration file as retrieval reads it (services/retrieval/mcp/servers.py), tenants
+# named as everywhere else.
+_RegistrationFile = dict[Tenant, dict[ServerName, ServerConfig]]
+
+
+def _valid(value: str, kind: Any) -> bool:
+    try:
+        msgspec.convert(value, kind)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 async def _quiet(exc: Exception) -> None:

@@ -263,18 +263,19 @@ def _flags(
                     f"{name} has the definition of {row['capability']} under another name "
                     f"(served {digest}, classified {row['digest']})"
                 )
-    shadowed = sorted(
-        {
-            f"mcp:{server}/{tool_name}"
-            for server, tools in others.items()
-            if any(t.name == tool_name for t in tools)
-        }
-        | {
-            row["capability"]
-            for row in classified
-            if row["capability"] != name and row["capability"].endswith(f"/{tool_name}")
-        }
-    )
+    # Each tool of the same name elsewhere, with the digests it is listed or classified under,
+    # in full: the person asked compares the two definitions by what they are, not by name.
+    shadowed: dict[str, set[str]] = {}
+    for server, tools in others.items():
+        for t in tools:
+            if t.name == tool_name:
+                shadowed.setdefault(f"mcp:{server}/{tool_name}", set()).add(t.digest)
+    for row in classified:
+        if row["capability"] != name and row["capability"].endswith(f"/{tool_name}"):
+            shadowed.setdefault(row["capability"], set()).add(row["digest"])
     if shadowed:
-        flags.append(f"{name} (served {digest}) has the name of {', '.join(shadowed[:4])}")
+        named = ", ".join(
+            f"{other} ({', '.join(sorted(shadowed[other])[:2])})" for other in sorted(shadowed)[:4]
+        )
+        flags.append(f"{name} (served {digest}) has the name of {named}")
     return flags

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 from schemas.base import Family
+from schemas.mcp import parse_capability
 from services.governance.store import Policy
 
 __all__ = ["MAX_POLICY_BYTES", "PolicyDocument", "load_keys", "load_policy", "sign_policy"]
@@ -40,6 +41,22 @@ class PolicyDocument(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     refused_connectors: Annotated[list[_Name], msgspec.Meta(max_length=1000)] = []
     refused_families: Annotated[list[Family], msgspec.Meta(max_length=5)] = []
     developer_mode: bool = False
+
+    def __post_init__(self) -> None:
+        # An `mcp:` name decide cannot parse refuses nothing: a policy saying it does is not one.
+        for name in self.refused_tools:
+            if name.startswith("mcp:") and not _names_mcp(name):
+                raise ValueError(
+                    f"refused_tools names {name[:128]!r}, which is no MCP tool: write "
+                    "mcp:<server>/<tool> or mcp:<server>/* (a server's every tool)"
+                )
+
+
+def _names_mcp(name: str) -> bool:
+    """Is `name` an `mcp:` capability, or a server's whole source `mcp:<server>/*`?"""
+    if name.endswith("/*"):
+        name = f"{name[:-2]}/x"
+    return parse_capability(name) is not None
 
 
 class _Signature(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

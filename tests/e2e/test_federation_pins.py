@@ -427,18 +427,66 @@ async def test_a_renamed_a_shadowing_and_an_added_tool_are_each_asked_and_never_
         reason = await _asked(stack, db, added, purge.digest)
         assert "was never classified" in reason
 
-        # A shadow: another server of the tenant lists a tool of the same name.
+        # A shadow: another server of the tenant lists a tool of the same name, defined
+        # otherwise; the ask names both digests, the one served and the one classified.
         (await helpdesk.post("/_control/reset")).raise_for_status()
+        (
+            await helpdesk.post(
+                "/_control/rug_pull",
+                json={"tool": "ticket.get", "description": "Read one mirrored ticket."},
+            )
+        ).raise_for_status()
         shadow = await read(admin, "mcp:mirror/ticket.get", {"ticket_id": "T-1001"})
-        reason = await _asked(stack, db, shadow, classified)
-        assert "has the name of mcp:helpdesk/ticket.get" in reason
         mirrored = await mcp.list_server(stack.nats_url, "acme", "mirror", quiet=True)
         mirror_ticket = {t.name: t for t in mirrored.tools}["ticket.get"]
+        assert mirror_ticket.digest != classified
+        reason = await _asked(stack, db, shadow, mirror_ticket.digest, classified)
+        assert f"has the name of mcp:helpdesk/ticket.get ({classified})" in reason
         assert any("has the name of mcp:helpdesk/ticket.get" in f for f in mirror_ticket.flags)
     finally:
+        (await helpdesk.post("/_control/reset")).raise_for_status()
         _register(stack, "helpdesk", exposed)
     # None of them reached the server: the host's own count of calls.
     assert await calls(helpdesk) == {}
+
+
+async def test_an_exposed_tool_listed_after_sixty_four_others_is_still_listed_and_read(
+    stack: Stack, admin: Any, helpdesk: httpx.AsyncClient, db: asyncpg.Connection
+) -> None:
+    """A listing keeps 64 tools: a server listing 70 others first cannot push the tool Writ
+    exposes out of it (it would be unclassifiable, and refused `UNLISTED` at every call)."""
+    exposed = ["tickets.search", "ticket.get", "customer.get"]
+    try:
+        for n in range(70):
+            (
+                await helpdesk.post(
+                    "/_control/add_tool", json={"name": f"filler.{n}", "description": "Filler."}
+                )
+            ).raise_for_status()
+        (
+            await helpdesk.post(
+                "/_control/add_tool", json={"name": "late.get", "description": "Listed late."}
+            )
+        ).raise_for_status()
+        _register(stack, "helpdesk", [*exposed, "late.get"])
+        listing = await mcp.list_server(stack.nats_url, "acme", "helpdesk", quiet=True)
+        names = [t.name for t in listing.tools]
+        assert len(names) == 64 and {*exposed, "late.get"} <= set(names), names
+        answer = await mcp.classify(
+            stack.nats_url, "acme", "helpdesk", "late.get", "read", "ops@acme.example", quiet=True
+        )
+        assert answer.ok, answer.message
+        result = await read(admin, "mcp:helpdesk/late.get", {})
+        assert isinstance(result, ReadResult), result
+        assert await calls(helpdesk) == {"late.get": 1}
+    finally:
+        (await helpdesk.post("/_control/reset")).raise_for_status()
+        _register(stack, "helpdesk", exposed)
+        # No other test finds a second tool of the server classified.
+        await db.execute(
+            "DELETE FROM retrieval.mcp_tools WHERE tenant = 'acme' AND capability = $1",
+            "mcp:helpdesk/late.get",
+        )
 
 
 # -- a server nobody on Writ wrote ----------------------------------------------------------

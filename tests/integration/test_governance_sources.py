@@ -161,6 +161,32 @@ async def test_the_table_refuses_an_mcp_allow_rule_without_its_pin(
         )
 
 
+@pytest.mark.parametrize(
+    "tool",
+    [
+        "mcp:crm",
+        "mcp:crm/",
+        "mcp:cr*",
+        "mcp:*",
+        "mcp:Crm/*",
+        "mcp:crm/ *",
+        "mcp:crm/a/b",
+        "mcp:crm/*\n",
+    ],
+)
+async def test_the_table_refuses_a_rule_naming_no_mcp_tool(store, tool: str) -> None:
+    """A deny rule spelt so that it names no tool would refuse nothing: it is not written."""
+    _, admin = store
+    with pytest.raises(asyncpg.CheckViolationError):
+        await admin.execute(
+            "INSERT INTO governance.rules (tenant, tool, effect) VALUES ('acme', $1, 'deny')", tool
+        )
+    for named in ("mcp:crm/*", "mcp:crm/note.add", "crm.note.create"):
+        await admin.execute(
+            "INSERT INTO governance.rules (tenant, tool, effect) VALUES ('acme', $1, 'deny')", named
+        )
+
+
 async def test_a_grant_covers_the_definition_it_names_and_not_the_changed_one(store) -> None:
     """Each digest of a server-wide grant is a row; a tool served with another digest (changed,
     then classified again into the same family) reads no grant for it, and a family-wide grant

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
+import msgspec
 import pytest
 
 from fakes.host import FakeHost
-from services.retrieval.mcp import McpClient, McpCredentialRefused, ServerConfig
+from services.retrieval.mcp import McpClient, McpCredentialRefused, McpUnavailable, ServerConfig
 from services.retrieval.mcp.client import McpSession
 
 pytestmark = pytest.mark.anyio
@@ -56,12 +59,30 @@ class Elsewhere:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
                 asked.append(self.path)
+                if self.path in ("/endless", "/drip"):
+                    self._stream(drip=self.path == "/drip")
+                    return
                 body = json.dumps(documents.get(self.path, {})).encode()
                 self.send_response(200 if self.path in documents else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def _stream(self, *, drip: bool) -> None:
+                """An answer that never ends: 64 KiB at a time, or a byte every 0.2 s."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                try:
+                    self.wfile.write(b"[")
+                    while True:
+                        self.wfile.write(b" " if drip else b" " * 65536)
+                        self.wfile.flush()
+                        if drip:
+                            time.sleep(0.2)
+                except OSError:  # the client hung up
+                    return
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -95,6 +116,11 @@ def _name(host: FakeHost, named: str | None, *, well_known: bool = False) -> Non
     httpx.post(
         f"{host.url}/_control/metadata", json={"named": named, "well_known": well_known}
     ).raise_for_status()
+
+
+def _revoke(host: FakeHost) -> None:
+    """The host forgets every access token it issued: Writ's cached one is refused next."""
+    httpx.post(f"{host.url}/_control/revoke_tokens").raise_for_status()
 
 
 def _server(host: FakeHost, tmp_path: Path, auth_origins: list[str] | None = None) -> ServerConfig:
@@ -180,3 +206,54 @@ async def test_an_authorization_server_on_an_origin_nobody_named_is_refused(
         await McpClient().session(server, _read_ticket)
     assert elsewhere.asked == ["/prm-other-as"]
     assert _seen(host)["tokens_issued"] == 0
+
+
+async def test_a_token_refused_later_has_the_metadata_its_401_names_now_read(
+    host: FakeHost, tmp_path: Path, elsewhere: Elsewhere
+) -> None:
+    """The server moves its metadata after Writ got a token, and refuses that token: the next
+    read follows the location the refusal names now before it gets a fresh token, under the
+    same origin rules (an authorization server nobody named is refused, nothing called)."""
+    _name(host, "/oauth/metadata/mcp")
+    client = McpClient()
+    server = _server(host, tmp_path, auth_origins=[elsewhere.url])
+    assert await client.session(server, _read_ticket) == "Invoice address"
+    assert elsewhere.asked == []
+
+    _name(host, f"{elsewhere.url}/prm")
+    _revoke(host)
+    assert await client.session(server, _read_ticket) == "Invoice address"
+    assert elsewhere.asked == ["/prm"]
+    seen = _seen(host)
+    assert seen["token_resources"] == [f"{host.url}/mcp"] * 2
+    assert seen["tool_calls"] == {"ticket.get": 2}
+
+    _name(host, f"{elsewhere.url}/prm-other-as")
+    _revoke(host)
+    with pytest.raises(
+        McpCredentialRefused, match="authorization server .* at .http://127.0.0.1:9.,"
+    ):
+        await client.session(server, _read_ticket)
+    assert elsewhere.asked == ["/prm", "/prm-other-as"]
+    seen = _seen(host)
+    assert len(seen["token_resources"]) == 2 and seen["tool_calls"] == {"ticket.get": 2}
+
+
+@pytest.mark.parametrize(
+    ("path", "said"), [("/endless", "over 16 KiB"), ("/drip", "took over 3 s")]
+)
+async def test_metadata_that_never_ends_is_given_up_on_in_bounded_time(
+    host: FakeHost, tmp_path: Path, elsewhere: Elsewhere, path: str, said: str
+) -> None:
+    """An answer that streams forever is read up to 16 KiB, one that comes a byte at a time
+    is bounded as a session is: refused in seconds, never holding the read, nothing called."""
+    _name(host, f"{elsewhere.url}{path}")
+    server = msgspec.structs.replace(
+        _server(host, tmp_path, auth_origins=[elsewhere.url]), timeout_s=1.0
+    )
+    with anyio.fail_after(20):
+        with pytest.raises(McpUnavailable, match=said):
+            await McpClient().session(server, _read_ticket)
+    assert elsewhere.asked == [path]
+    seen = _seen(host)
+    assert seen["tokens_issued"] == 0 and seen["tool_calls"] == {}

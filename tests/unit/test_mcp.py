@@ -6,16 +6,29 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import httpx
 import mcp_types as types
 import pytest
 
 from fakes.host import FakeHost, tool_definitions
-from schemas.mcp import capability, parse_capability
+from libs.errors import ConfigError
+from schemas.mcp import ListServer, capability, parse_capability
+from services.ingress.console._i18n import rendering
+from services.ingress.console._mcp import index_page
+from services.ingress.console._session import Viewer
 from services.retrieval.mcp.digest import listing_digest, tool_digest
-from services.retrieval.mcp.reads import MAX_RESULT_CHARS, _items, _listed, _Refusal, _validate
+from services.retrieval.mcp.reads import (
+    MAX_RESULT_CHARS,
+    McpReads,
+    _items,
+    _listed,
+    _Refusal,
+    _validate,
+)
 from services.retrieval.mcp.servers import ServerRegistry
+from writ import mcp as writ_mcp
 
 
 def _tool(**changes: object) -> types.Tool:
@@ -108,6 +121,79 @@ def test_the_registration_file_is_strict_and_reread_when_it_changes(tmp_path: Pa
     path.write_text(json.dumps({"acme": {"helpdesk": {**entry, "token": "inline"}}}))
     os.utime(path, ns=(1, 1))  # another modification time, whatever the clock's resolution
     assert registry.get("acme", "helpdesk") is None  # an unknown field registers nothing
+
+
+def test_a_registration_under_a_name_retrieval_refuses_is_never_written(tmp_path: Path) -> None:
+    """A server's or tenant's name the registration file may not hold would have retrieval
+    refuse the whole file, every tenant's servers with it: `writ mcp add` refuses it instead."""
+    add: dict[str, Any] = {
+        "url": "http://127.0.0.1:1/mcp",
+        "credential_file": "/s/t",
+        "tools": ["ticket.get"],
+    }
+    writ_mcp.add_server(tmp_path, "acme", "helpdesk", **add)
+    path = writ_mcp.servers_file(tmp_path)
+    registry = ServerRegistry(path)
+    assert registry.names("acme") == ["helpdesk"]
+    before = path.read_bytes()
+    for tenant, server in [
+        ("acme", "crm/evil"),
+        ("acme", "Helpdesk"),
+        ("acme", "x" * 40),
+        ("acme", "crm\n"),
+        ("ACME", "crm"),
+        ("", "crm"),
+    ]:
+        with pytest.raises(ConfigError, match="is not a (server's|tenant's) name"):
+            writ_mcp.add_server(tmp_path, tenant, server, **add)
+        assert path.read_bytes() == before, (tenant, server)
+    assert registry.get("acme", "helpdesk") is not None
+    # A file retrieval already refuses is not added to (the new entry would be ignored too).
+    path.write_text(json.dumps({"acme": {"Bad Name": add}}))
+    with pytest.raises(ConfigError, match="not a valid registration file"):
+        writ_mcp.add_server(tmp_path, "acme", "crm", **add)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="not a valid registration file"):
+        writ_mcp.add_server(tmp_path, "acme", "crm", **add)
+
+
+@pytest.mark.anyio
+async def test_a_refused_registration_file_is_said_to_be_refused(tmp_path: Path) -> None:
+    """An operator listing a server, and a read of its tool, are told the file is refused (not
+    merely that the server is unknown), without the file's error, which may name other
+    tenants' servers; a mended file registers again."""
+    path = tmp_path / "mcp-servers.json"
+    registry = ServerRegistry(path)
+    reads = McpReads(nc=None, servers=registry, classified=None)  # type: ignore[arg-type]
+    entry = {"url": "http://127.0.0.1:1/mcp", "credential_file": "/s/t", "tools": ["ticket.get"]}
+    path.write_text(json.dumps({"acme": {"helpdesk": entry}, "globex": {"Secret Desk": entry}}))
+    listing = await reads.list_server(ListServer(tenant="acme", server="helpdesk"))
+    assert not listing.ok and "the registration file is refused" in listing.error
+    assert "Secret" not in listing.error and "globex" not in listing.error
+    with pytest.raises(_Refusal, match="the registration file is refused") as refused:
+        reads._registered("acme", "helpdesk", "ticket.get")
+    assert refused.value.code == "UNKNOWN_TOOL"
+    # The console's list of servers says it too, rather than that none is registered.
+    path.write_text(json.dumps({"acme": {"helpdesk": entry}, "globex": {"Secret Desk": entry}}))
+    os.utime(path, ns=(2, 2))
+    none = reads.registered("acme")
+    assert none.servers == [] and "the registration file is refused" in none.error
+    viewer = Viewer(
+        tenant="acme",
+        principal="ops@acme.example",
+        roles=frozenset({"operator"}),
+        token="t",
+        expires=0.0,
+    )
+    with rendering("en"):
+        page = index_page(viewer, none)
+    assert "the registration file is refused" in page and "Secret" not in page
+    path.write_text(json.dumps({"acme": {"crm": entry}}))
+    os.utime(path, ns=(3, 3))
+    unknown = await reads.list_server(ListServer(tenant="acme", server="helpdesk"))
+    assert unknown.error == "no MCP server helpdesk is registered for acme"
+    assert reads._registered("acme", "crm", "ticket.get").tools == ["ticket.get"]
+    assert reads.registered("acme").error == ""
 
 
 def test_the_fake_hosts_writes_honour_idempotency_keys_and_revisions() -> None:

@@ -182,13 +182,19 @@ def test_renames_and_shadows_are_flagged_with_both_digests() -> None:
     # Another server's tool of the same name, classified there or only listed there.
     other = _listed("Something else.", schema, "c" * 64)
     flags = _flags("mcp:mirror/ticket.get", "ticket.get", "c" * 64, other, classified, {})
+    # Both digests in full: the one served here, and the one the other tool is classified as.
     assert flags == [
-        f"mcp:mirror/ticket.get (served {'c' * 64}) has the name of mcp:helpdesk/ticket.get"
+        f"mcp:mirror/ticket.get (served {'c' * 64}) has the name of "
+        f"mcp:helpdesk/ticket.get ({'a' * 64})"
     ]
+    desk = _listed("Yet another.", schema, "e" * 64)
     listed_only = _flags(
-        "mcp:mirror/ticket.get", "ticket.get", "c" * 64, other, [], {"desk": [other]}
+        "mcp:mirror/ticket.get", "ticket.get", "c" * 64, other, [], {"desk": [desk]}
     )
-    assert listed_only and "mcp:desk/ticket.get" in listed_only[0]
+    assert listed_only == [
+        f"mcp:mirror/ticket.get (served {'c' * 64}) has the name of "
+        f"mcp:desk/ticket.get ({'e' * 64})"
+    ]
     # A tool like no other is not flagged.
     assert _flags("mcp:helpdesk/x", "x", "d" * 64, other, classified, {}) == []
     assert definition("a", schema, None) != definition("b", schema, None)

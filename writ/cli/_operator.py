@@ -234,7 +234,10 @@ def _policy_sign(args: argparse.Namespace) -> int:
 
     from services.governance.policy import PolicyDocument, sign_policy
 
-    document = msgspec.json.decode(Path(args.input).read_bytes(), type=PolicyDocument)
+    try:
+        document = msgspec.json.decode(Path(args.input).read_bytes(), type=PolicyDocument)
+    except msgspec.DecodeError as exc:
+        raise SystemExit(f"{args.input} is not a valid policy, nothing signed: {exc}") from None
     key = load_pem_private_key(Path(args.key).read_bytes(), password=None)
     if not isinstance(key, Ed25519PrivateKey):
         raise SystemExit("the signing key must be an Ed25519 private key (PEM)")

@@ -271,7 +271,9 @@ def server_page(viewer: Viewer, server: str, listing: ServerListing) -> str:
 
 def index_page(viewer: Viewer, registered: RegisteredServers) -> str:
     """The tenant's registered MCP servers, to choose one from."""
-    if not registered.servers:
+    if registered.error:  # the registration file is refused: say so, not "none registered"
+        body = f'<p class="message" id="message">{h(registered.error)}</p>'
+    elif not registered.servers:
         body = f'<p class="message" id="message">{t("mcp_none_registered")}</p>'
     else:
         rows = "".join(

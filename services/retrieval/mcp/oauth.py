@@ -16,8 +16,9 @@
   with the `resource` parameter (RFC 8707), so the token is bound to this server's audience and
   a server that checks it refuses tokens got for another;
 - tokens are kept per token endpoint, client and resource until shortly before they expire (at
-  most an hour, a minute less than said); a cached one the server refuses is dropped and one
-  fresh token is got (the client's `_StaleToken`).
+  most an hour, a minute less than said); a cached one the server refuses is dropped with the
+  endpoint discovered for it, and one fresh token is got where the server's 401 says now (the
+  client's `_StaleToken`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from typing import Annotated, Final
 from urllib.parse import urlsplit
 
+import anyio
 import httpx2
 import msgspec
 
@@ -146,7 +148,10 @@ class Tokens:
         return creds.token_url or "", creds.client_id, digest, server.url
 
     def forget(self, server: ServerConfig) -> None:
-        """Drop the cached token of `server` (the server refused it)."""
+        """Drop the cached token of `server` (the server refused it), and the token endpoint
+        discovered for it: the next token is got where the server's 401 says now (RFC 9728
+        §5.1), its metadata and authorization server read again under the same origin rules."""
+        self._endpoints.pop((server.url, tuple(server.auth_origins)), None)
         try:
             creds = server.client_credentials()
         except ValueError:
@@ -169,18 +174,25 @@ class Tokens:
         if held is not None and time.monotonic() < held[1]:
             return held[0], True
         timeout = httpx2.Timeout(server.timeout_s, connect=min(server.timeout_s, 3.0))
-        async with httpx2.AsyncClient(timeout=timeout) as http:
-            endpoint = creds.token_url or await self._discover(http, server)
-            form = {"grant_type": "client_credentials", "resource": server.url}
-            if creds.scope:
-                form["scope"] = creds.scope
-            status, body = await _fetch(
-                http,
-                "POST",
-                endpoint,
-                "the token endpoint",
-                data=form,
-                auth=(creds.client_id, creds.client_secret),
+        # The whole exchange, discovery included, is bounded as a session is: a server that
+        # answers a byte at a time never holds the read longer.
+        with anyio.move_on_after(server.timeout_s * 3) as bounded:
+            async with httpx2.AsyncClient(timeout=timeout) as http:
+                endpoint = creds.token_url or await self._discover(http, server)
+                form = {"grant_type": "client_credentials", "resource": server.url}
+                if creds.scope:
+                    form["scope"] = creds.scope
+                status, body = await _fetch(
+                    http,
+                    "POST",
+                    endpoint,
+                    "the token endpoint",
+                    data=form,
+                    auth=(creds.client_id, creds.client_secret),
+                )
+        if bounded.cancelled_caught:
+            raise McpTokenError(
+                f"getting an access token took over {server.timeout_s * 3:g} s", refused=False
             )
         if status in (400, 401, 403):
             try:
@@ -291,11 +303,20 @@ async def _document(http: httpx2.AsyncClient, urls: list[str], issuer: str) -> b
 async def _fetch(
     http: httpx2.AsyncClient, method: str, url: str, what: str, **kwargs: object
 ) -> tuple[int, bytes]:
+    """The status and body of one request; the body is read only up to 16 KiB, so an answer
+    that never ends (or is merely huge) is refused once that much has come."""
+    body = bytearray()
     try:
-        response = await http.request(method, url, headers={"Accept": "application/json"}, **kwargs)  # type: ignore[arg-type]
+        async with http.stream(
+            method,
+            url,
+            headers={"Accept": "application/json"},
+            **kwargs,  # type: ignore[arg-type]
+        ) as response:
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > _MAX_ANSWER:
+                    raise McpTokenError(f"{what}'s answer is over 16 KiB", refused=False)
+            return response.status_code, bytes(body)
     except httpx2.HTTPError as exc:
         raise McpTokenError(f"{what} did not answer ({type(exc).__name__})", refused=False) from exc
-    body = response.content[: _MAX_ANSWER + 1]
-    if len(body) > _MAX_ANSWER:
-        raise McpTokenError(f"{what}'s answer is over 16 KiB", refused=False)
-    return response.status_code, body

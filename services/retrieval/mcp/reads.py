@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from itertools import islice
 from typing import Any, Final
 
 import jsonschema
@@ -208,9 +209,7 @@ class McpReads:
     def _registered(self, tenant: str, server_name: str, tool_name: str) -> ServerConfig:
         server = self._servers.get(tenant, server_name)
         if server is None:
-            raise _Refusal(
-                "UNKNOWN_TOOL", f"no MCP server {server_name} is registered for this tenant"
-            )
+            raise _Refusal("UNKNOWN_TOOL", self._servers.unregistered(tenant, server_name))
         if tool_name not in server.tools and tool_name not in server.resources:
             raise _Refusal(
                 "UNKNOWN_TOOL",
@@ -254,7 +253,11 @@ class McpReads:
         no listing outlives the session, so neither a `notifications/tools/list_changed` nor a
         reconnect can leave Writ holding a definition the server no longer serves. Every
         listing is recorded by governance before it is used."""
-        tools = [_listed(t) for t in (await session.list_tools())[:MAX_LISTED_TOOLS]]
+        served = (await session.list_tools())[: MAX_LISTED_TOOLS * 16]
+        wanted = set(config.tools) if config is not None else set()
+        # What Writ exposes first, then the rest: a listing keeps 64, and a server listing
+        # more (or placing the exposed ones late) must not push an exposed tool out of it.
+        tools = [_listed(t) for t in served if t.name in wanted][:MAX_LISTED_TOOLS]
         if config is not None and config.resources:
             # The exposed resources the server lists now, each as a tool of its name: hashed,
             # journaled and classified like one (a changed or unlisted resource is refused).
@@ -264,6 +267,8 @@ class McpReads:
                 for r in (await session.list_resources())[: MAX_LISTED_TOOLS * 4]
                 if str(r.uri) in exposed
             ][: MAX_LISTED_TOOLS - len(tools)]
+        rest = (_listed(t) for t in served if t.name not in wanted)
+        tools += islice(rest, max(MAX_LISTED_TOOLS - len(tools), 0))
         digest = listing_digest((t.name, t.digest) for t in tools)
         recorded = await self._record(
             RecordListing(tenant=tenant, server=server, digest=digest, tools=tools)
@@ -308,15 +313,13 @@ class McpReads:
                 servers.append(
                     RegisteredServer(name=name, transport=config.transport, exposed=exposed)
                 )
-        return RegisteredServers(servers=servers)
+        return RegisteredServers(servers=servers, error=self._servers.refusal())
 
     async def list_server(self, ask: ListServer) -> ServerListing:
         """List a registered server now, for an operator (recorded like every listing)."""
         server = self._servers.get(ask.tenant, ask.server)
         if server is None:
-            return ServerListing(
-                ok=False, error=f"no MCP server {ask.server} is registered for {ask.tenant}"
-            )
+            return ServerListing(ok=False, error=self._servers.unregistered(ask.tenant, ask.server))
 
         async def work(session: McpSession) -> _Listing:
             return await self._listing(session, ask.tenant, ask.server, server)

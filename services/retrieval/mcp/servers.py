@@ -155,11 +155,31 @@ class ServerRegistry:
         self._path = Path(path) if path else None
         self._seen: tuple[int, int] | None = None
         self._servers: _File = {}
+        self._refused = False
 
     def get(self, tenant: str, server: str) -> ServerConfig | None:
         """The tenant's registration of `server`, or None."""
         self._refresh()
         return self._servers.get(tenant, {}).get(server)
+
+    def refusal(self) -> str:
+        """Why no server is registered, if the file is refused ('' otherwise), in words fit
+        for any tenant (the file's own error, which may name other tenants' servers, is in
+        retrieval's log)."""
+        self._refresh()
+        if not self._refused:
+            return ""
+        return (
+            "the registration file is refused, so no server is (retrieval's log says why: an "
+            "operator mends the file, or removes it and registers the servers again with "
+            "writ mcp add)"
+        )
+
+    def unregistered(self, tenant: str, server: str) -> str:
+        """Why `server` is not registered for `tenant` (see `refusal`)."""
+        said = f"no MCP server {server} is registered for {tenant}"
+        refusal = self.refusal()
+        return f"{said}: {refusal}" if refusal else said
 
     def names(self, tenant: str) -> list[str]:
         """The servers registered for `tenant`, by name."""
@@ -172,15 +192,16 @@ class ServerRegistry:
         try:
             stat = os.stat(self._path)
         except FileNotFoundError:
-            self._servers, self._seen = {}, None
+            self._servers, self._seen, self._refused = {}, None, False
             return
         seen = (stat.st_mtime_ns, stat.st_size)
         if seen == self._seen:
             return
         try:
             self._servers = msgspec.json.decode(self._path.read_bytes(), type=_File)
+            self._refused = False
         except (OSError, msgspec.DecodeError) as exc:
             # A broken file registers nothing: no server is called on a guess.
             log.warning("MCP servers file %s refused: %s", self._path, exc)
-            self._servers = {}
+            self._servers, self._refused = {}, True
         self._seen = seen
