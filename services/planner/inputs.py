@@ -12,6 +12,7 @@ from typing import Any, Final
 import msgspec
 
 from services.planner.mcp_catalog import SERVER_TEXT
+from services.planner.memory import split_memory
 from services.planner.protocol import capability_view
 from services.planner.provider import CriticInput, ModelInput
 
@@ -89,9 +90,13 @@ def model_input(
     agent snapshot (its responsibility joins the developer instruction; its catalog is shown as
     a summary until the model asked for it).
 
+    A chat turn's input begins with the session's memory: it becomes `history`, entry by
+    entry, and `user` the rest (the message now); any other input is `user` whole.
+
     Raises:
         ValueError: a capability of the catalog has no description (the call is not made).
     """
+    history, user = split_memory(user)
     if manifest is None:  # a run from before agent manifests
         return ModelInput(
             developer=DEVELOPER_INSTRUCTION,
@@ -101,6 +106,7 @@ def model_input(
             turn=turn,
             agent=agent,
             revision=revision_of(observations),
+            history=history,
         )
     developer = (
         f"{DEVELOPER_INSTRUCTION}\n\nYour responsibility as agent {agent}: "
@@ -118,6 +124,7 @@ def model_input(
         agent=agent,
         capabilities=capability_view(catalog, requested=catalog_requested),
         revision=revision_of(observations),
+        history=history,
     )
 
 
