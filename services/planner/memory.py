@@ -17,6 +17,10 @@ rounded up). Open items and decisions are never dropped for the budget (only sho
 alone pass the run input's hard limit, `MAX_INPUT_CHARS`). The rest is dropped oldest turn
 first, the least relevant first within a turn (a selection, then a fact, then words), until
 what remains fits; one line says how many entries of which part were dropped, from which turns.
+
+The memory is written into the turn's run input as text (what is recorded and replayed), and
+`split_memory` reads it back entry by entry for the model's input, which shows each entry as
+said by whoever said it (`openai_provider/_history.py`).
 """
 
 from __future__ import annotations
