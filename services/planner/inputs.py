@@ -85,18 +85,22 @@ def model_input(
     agent: str,
     manifest: dict[str, Any] | None = None,
     catalog_requested: bool = False,
+    history: list[dict[str, Any]] | None = None,
 ) -> ModelInput:
     """The model's input for one turn, from the request, the evidence, the observations and the
     agent snapshot (its responsibility joins the developer instruction; its catalog is shown as
     a summary until the model asked for it).
 
-    A chat turn's input begins with the session's memory: it becomes `history`, entry by
-    entry, and `user` the rest (the message now); any other input is `user` whole.
+    A chat turn's input (its snapshot says `chat_turn`) begins with the session's memory: it
+    becomes `history`, entry by entry, and `user` the rest (the message now); any other run's
+    input is `user` whole, whatever it says. `history` given: `user` is the message already.
 
     Raises:
         ValueError: a capability of the catalog has no description (the call is not made).
     """
-    history, user = split_memory(user)
+    if history is None:
+        chat = manifest is not None and manifest.get("chat_turn") is True
+        history, user = split_memory(user) if chat else ([], user)
     if manifest is None:  # a run from before agent manifests
         return ModelInput(
             developer=DEVELOPER_INSTRUCTION,

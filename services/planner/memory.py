@@ -194,9 +194,10 @@ def conversation(
     room = MAX_INPUT_CHARS - len(message) - len(_NOW)
     tail = _so_far(so_far, room // 2)
     room -= len(tail)
-    memory = memory_of(history, budget=max(0, min(budget, room // 4)), limit_chars=room)
-    if not memory:
-        return message + tail
+    within = max(0, min(budget, room // 4))
+    # Even with nothing to carry the input begins with the memory's title: all that follows
+    # its first `_NOW` is the message, so no message can pass for entries of a memory.
+    memory = memory_of(history, budget=within, limit_chars=room) or [_TITLE.format(budget=within)]
     return "\n".join(memory) + _NOW + message + tail
 
 
@@ -238,7 +239,7 @@ def split_memory(run_input: str) -> tuple[list[dict[str, Any]], str]:
     `{part: "dropped", text}`. An input that does not begin with a memory of this form
     (another run's, or one recorded before) is ([], the input)."""
     title = _TITLE.partition("{")[0]
-    if not run_input.startswith(title):
+    if not run_input.startswith(title) or not run_input.partition("\n")[0].endswith(" tokens):"):
         return [], run_input
     head, sep, rest = run_input.partition(_NOW)
     if not sep:

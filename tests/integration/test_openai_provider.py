@@ -810,6 +810,7 @@ async def test_a_chat_turns_memory_is_sent_as_earlier_messages_by_who_said_them(
         observations=[],
         turn=0,
         agent="support",
+        manifest={"name": "support", "catalog": [], "chat_turn": True},
     )
     await script(ctl, {"content": "You asked me to note ACME's call."})
     assert await make(mode="tools").decide(built) == AnswerDirectly(

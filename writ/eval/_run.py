@@ -152,16 +152,14 @@ async def _ask_case(provider: DecisionProvider, case: EvalCase) -> tuple[Sample,
         return sample, judge(case, sample)
     follow = await _ask(
         provider,
-        msgspec.structs.replace(
-            model_input(
-                user=case.input.user,
-                evidence=case.input.untrusted,
-                observations=case.input.observations,
-                turn=case.input.turn + 1,
-                agent=case.agent,
-                manifest=case.manifest,
-                catalog_requested=True,
-            ),
+        model_input(
+            user=case.input.user,
+            evidence=case.input.untrusted,
+            observations=case.input.observations,
+            turn=case.input.turn + 1,
+            agent=case.agent,
+            manifest=case.manifest,
+            catalog_requested=True,
             history=case.input.history,  # `user` is the message now: the memory stays apart
         ),
     )
