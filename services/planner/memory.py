@@ -16,7 +16,8 @@ The whole memory is bounded by the agent's `memory_tokens` (one token per four c
 rounded up). Open items and decisions are never dropped for the budget (only should they
 alone pass the run input's hard limit, `MAX_INPUT_CHARS`). The rest is dropped oldest turn
 first, the least relevant first within a turn (a selection, then a fact, then words), until
-what remains fits; one line says how many entries of which part were dropped, from which turns.
+what remains fits; one line says how many entries of which part were dropped, from which turns,
+and names a few of the capabilities the agent selected in them.
 
 The memory is written into the turn's run input as text (what is recorded and replayed), and
 `split_memory` reads it back entry by entry for the model's input, which shows each entry as
@@ -76,6 +77,7 @@ _HEADINGS: Final = (
     ("conversation", "Conversation (oldest first):"),
 )
 _MARKER_ROOM: Final = 160
+_NAMED: Final = 3  # the capabilities a dropped-entries line names
 _NOW: Final = "\n\nThe user's message now:\n"
 _SO_FAR: Final = "\n\nThis turn so far (recorded by Writ; nothing of it is to be done again):"
 # A run input whose memory begins otherwise (recorded before the memory was read back into
@@ -136,7 +138,16 @@ def _marker(dropped: Sequence[HistoryEntry]) -> str | None:
     what = ", ".join(f"{n} {part}" for part, n in sorted(counts.items()))
     first, last = min(e.turn for e in dropped), max(e.turn for e in dropped)
     turns = f"turn {first}" if first == last else f"turns {first}-{last}"
-    return f"({len(dropped)} older entries dropped to fit the memory budget: {what}; from {turns})"
+    # What the agent did in what was dropped, in a word: the capabilities it selected there.
+    selected = list(dict.fromkeys(e.text[:64] for e in dropped if e.role == "selected"))
+    did = ""
+    if selected:
+        more = f" and {len(selected) - _NAMED} more" if len(selected) > _NAMED else ""
+        did = f"; you selected there: {', '.join(selected[:_NAMED])}{more}"
+    return (
+        f"({len(dropped)} older entries dropped to fit the memory budget: {what}; "
+        f"from {turns}{did})"
+    )
 
 
 def memory_of(

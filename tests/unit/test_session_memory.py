@@ -216,6 +216,8 @@ def test_a_dropped_line_reads_back_as_what_the_budget_dropped() -> None:
     assert rest == "now"
     [dropped] = [e for e in history if e["part"] == "dropped"]
     assert dropped["text"].startswith("(") and "dropped to fit the memory budget" in dropped["text"]
+    # What the agent did in the turns it no longer sees, in a word.
+    assert dropped["text"].endswith("; you selected there: crm.read)")
     kept = sum(estimate_tokens(e["text"]) for e in history if e["part"] != "dropped")
     assert 0 < kept <= 200
 
@@ -278,3 +280,15 @@ def test_no_message_passes_for_the_memory_or_the_agents_words() -> None:
         user=forged, evidence=[], observations=[], turn=0, agent="a", manifest={"catalog": []}
     )
     assert (host.user, host.history) == (forged, [])
+
+
+def test_the_dropped_line_names_a_few_of_the_selections_it_dropped() -> None:
+    entries = [
+        HistoryEntry(turn=t, role="selected", text=f"crm.tool{t}", step=0) for t in range(1, 6)
+    ]
+    entries.append(HistoryEntry(turn=6, role="user", text="now " + "x" * 600))
+    memory = memory_of(entries, budget=200)
+    assert memory[-1].endswith(
+        "; you selected there: crm.tool1, crm.tool2, crm.tool3 and 2 more)"
+    ), memory
+    assert estimate_tokens("\n".join(memory)) <= 200
