@@ -12,6 +12,7 @@ from typing import Any, Final
 import msgspec
 
 from services.planner.mcp_catalog import SERVER_TEXT
+from services.planner.memory import split_memory
 from services.planner.protocol import capability_view
 from services.planner.provider import CriticInput, ModelInput
 
@@ -84,14 +85,22 @@ def model_input(
     agent: str,
     manifest: dict[str, Any] | None = None,
     catalog_requested: bool = False,
+    history: list[dict[str, Any]] | None = None,
 ) -> ModelInput:
     """The model's input for one turn, from the request, the evidence, the observations and the
     agent snapshot (its responsibility joins the developer instruction; its catalog is shown as
     a summary until the model asked for it).
 
+    A chat turn's input (its snapshot says `chat_turn`) begins with the session's memory: it
+    becomes `history`, entry by entry, and `user` the rest (the message now); any other run's
+    input is `user` whole, whatever it says. `history` given: `user` is the message already.
+
     Raises:
         ValueError: a capability of the catalog has no description (the call is not made).
     """
+    if history is None:
+        chat = manifest is not None and manifest.get("chat_turn") is True
+        history, user = split_memory(user) if chat else ([], user)
     if manifest is None:  # a run from before agent manifests
         return ModelInput(
             developer=DEVELOPER_INSTRUCTION,
@@ -101,6 +110,7 @@ def model_input(
             turn=turn,
             agent=agent,
             revision=revision_of(observations),
+            history=history,
         )
     developer = (
         f"{DEVELOPER_INSTRUCTION}\n\nYour responsibility as agent {agent}: "
@@ -118,6 +128,7 @@ def model_input(
         agent=agent,
         capabilities=capability_view(catalog, requested=catalog_requested),
         revision=revision_of(observations),
+        history=history,
     )
 
 

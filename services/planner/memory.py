@@ -16,12 +16,18 @@ The whole memory is bounded by the agent's `memory_tokens` (one token per four c
 rounded up). Open items and decisions are never dropped for the budget (only should they
 alone pass the run input's hard limit, `MAX_INPUT_CHARS`). The rest is dropped oldest turn
 first, the least relevant first within a turn (a selection, then a fact, then words), until
-what remains fits; one line says how many entries of which part were dropped, from which turns.
+what remains fits; one line says how many entries of which part were dropped, from which turns,
+and names a few of the capabilities the agent selected in them.
+
+The memory is written into the turn's run input as text (what is recorded and replayed), and
+`split_memory` reads it back entry by entry for the model's input, which shows each entry as
+said by whoever said it (`openai_provider/_history.py`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Final, Literal
 
@@ -36,6 +42,7 @@ __all__ = [
     "estimate_tokens",
     "memory_of",
     "message_now",
+    "split_memory",
 ]
 
 HISTORY_TOKENS: Final = 1900
@@ -70,9 +77,15 @@ _HEADINGS: Final = (
     ("conversation", "Conversation (oldest first):"),
 )
 _MARKER_ROOM: Final = 160
+_NAMED: Final = 3  # the capabilities a dropped-entries line names
 _NOW: Final = "\n\nThe user's message now:\n"
 _SO_FAR: Final = "\n\nThis turn so far (recorded by Writ; nothing of it is to be done again):"
-_TITLE: Final = "Session memory (the user's data and Writ's records, within {budget} tokens):"
+# A run input whose memory begins otherwise (recorded before the memory was read back into
+# turns) is left whole as the user's data, so its model input and digest stay what they were.
+_TITLE: Final = (
+    "Session memory by turn (the user's data and Writ's records, within {budget} tokens):"
+)
+_INDENT: Final = "  "
 
 
 class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,6 +94,8 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
     turn: int
     role: str  # one of `Role`
     text: str
+    # The turn's step a selection was, or the step whose outcome a fact records (None: none).
+    step: int | None = None
 
 
 def estimate_tokens(text: str) -> int:
@@ -93,9 +108,12 @@ def _cut(text: str) -> str:
 
 
 def _line(entry: HistoryEntry) -> str:
+    """One entry's line: its turn (and step), who says it, its text with every line after the
+    first indented, so `split_memory` reads it back whole."""
     says = _SAYS.get(entry.role)
-    text = _cut(entry.text)
-    return f"- [turn {entry.turn}] {says}: {text}" if says else f"- [turn {entry.turn}] {text}"
+    text = _cut(entry.text).replace("\n", "\n" + _INDENT)
+    at = f"turn {entry.turn}" if entry.step is None else f"turn {entry.turn} step {entry.step}"
+    return f"- [{at}] {says}: {text}" if says else f"- [{at}] {text}"
 
 
 def _render(entries: Sequence[HistoryEntry], budget: int, marker: str | None) -> list[str]:
@@ -120,7 +138,16 @@ def _marker(dropped: Sequence[HistoryEntry]) -> str | None:
     what = ", ".join(f"{n} {part}" for part, n in sorted(counts.items()))
     first, last = min(e.turn for e in dropped), max(e.turn for e in dropped)
     turns = f"turn {first}" if first == last else f"turns {first}-{last}"
-    return f"({len(dropped)} older entries dropped to fit the memory budget: {what}; from {turns})"
+    # What the agent did in what was dropped, in a word: the capabilities it selected there.
+    selected = list(dict.fromkeys(e.text[:64] for e in dropped if e.role == "selected"))
+    did = ""
+    if selected:
+        more = f" and {len(selected) - _NAMED} more" if len(selected) > _NAMED else ""
+        did = f"; you selected there: {', '.join(selected[:_NAMED])}{more}"
+    return (
+        f"({len(dropped)} older entries dropped to fit the memory budget: {what}; "
+        f"from {turns}{did})"
+    )
 
 
 def memory_of(
@@ -178,9 +205,10 @@ def conversation(
     room = MAX_INPUT_CHARS - len(message) - len(_NOW)
     tail = _so_far(so_far, room // 2)
     room -= len(tail)
-    memory = memory_of(history, budget=max(0, min(budget, room // 4)), limit_chars=room)
-    if not memory:
-        return message + tail
+    within = max(0, min(budget, room // 4))
+    # Even with nothing to carry the input begins with the memory's title: all that follows
+    # its first `_NOW` is the message, so no message can pass for entries of a memory.
+    memory = memory_of(history, budget=within, limit_chars=room) or [_TITLE.format(budget=within)]
     return "\n".join(memory) + _NOW + message + tail
 
 
@@ -209,26 +237,77 @@ def message_now(run_input: str) -> str:
     return message.partition(_SO_FAR)[0]
 
 
+_ENTRY: Final = re.compile(r"- \[turn (\d+)(?: step (\d+))?\] (.*)", re.DOTALL)
+_PART_ROLE: Final = {"open": "open", "decisions": "decision", "facts": "writ"}
+
+
+def split_memory(run_input: str) -> tuple[list[dict[str, Any]], str]:
+    """A turn's run input read back as the memory's entries and the rest (the user's message
+    now, what the turn did so far, what was injected since).
+
+    Each entry is `{part, turn, role, text}` with its `step` where it has one, in the order of
+    the memory (part by part, oldest first); the line saying what the budget dropped is
+    `{part: "dropped", text}`. An input that does not begin with a memory of this form
+    (another run's, or one recorded before) is ([], the input)."""
+    title = _TITLE.partition("{")[0]
+    if not run_input.startswith(title) or not run_input.partition("\n")[0].endswith(" tokens):"):
+        return [], run_input
+    head, sep, rest = run_input.partition(_NOW)
+    if not sep:
+        return [], run_input
+    headings = {heading: part for part, heading in _HEADINGS}
+    says = sorted(_SAYS.items(), key=lambda kv: -len(kv[1]))  # "user (injected)" first
+    entries: list[dict[str, Any]] = []
+    part = ""
+    for line in head.split("\n")[1:]:
+        if line.startswith(_INDENT) and entries and "turn" in entries[-1]:
+            entries[-1]["text"] += "\n" + line[len(_INDENT) :]
+        elif line in headings:
+            part = headings[line]
+        elif part and (match := _ENTRY.fullmatch(line)):
+            text, role = match.group(3), _PART_ROLE.get(part)
+            if role is None:  # the conversation: who says it is written before the text
+                role = next((r for r, w in says if text.startswith(f"{w}: ")), None)
+                if role is None:
+                    return [], run_input
+                text = text[len(_SAYS[role]) + 2 :]
+            entry: dict[str, Any] = {"part": part, "turn": int(match.group(1))}
+            if match.group(2) is not None:
+                entry["step"] = int(match.group(2))
+            entries.append({**entry, "role": role, "text": text})
+        elif line.startswith("(") and line.endswith(")"):
+            entries.append({"part": "dropped", "text": line})
+        else:
+            return [], run_input
+    return entries, rest
+
+
 def entries_of(events: Iterable[Any]) -> list[HistoryEntry]:
     """The memory entries of a session's events, oldest first: each event by its type, a
     plan or an ask open until an answer to it follows."""
     entries: list[tuple[str | None, HistoryEntry]] = []
     answered: set[str] = set()
     turn = 0
+    step: int | None = None  # the turn's last selection: what a note of Writ's is about
     for event in events:
         kind = type(event).__name__
+        if (getattr(event, "turn", None) or turn) != turn:
+            step = None
         turn = getattr(event, "turn", None) or turn
         if kind == "UserMessage":
             entries.append((None, HistoryEntry(turn=turn, role="user", text=event.text)))
         elif kind == "SessionInjected":
             entries.append((None, HistoryEntry(turn=turn, role="injected", text=event.text)))
         elif kind == "CapabilitySelected":
-            entries.append((None, HistoryEntry(turn=turn, role="selected", text=event.capability)))
+            step = event.step
+            selected = HistoryEntry(turn=turn, role="selected", text=event.capability, step=step)
+            entries.append((None, selected))
         elif kind == "TurnEnded" and event.answer:
             entries.append((None, HistoryEntry(turn=turn, role="agent", text=event.answer)))
         elif kind in ("WriterNote", "Observed"):
             text = event.text if kind == "WriterNote" else event.summary
-            entries.append((None, HistoryEntry(turn=turn, role="writ", text=text)))
+            about = event.step if kind == "Observed" else step
+            entries.append((None, HistoryEntry(turn=turn, role="writ", text=text, step=about)))
         elif kind == "PlanProposed":
             steps = ", ".join(s.capability for s in event.plan.steps)
             text = f"plan {event.plan.plan_id} waits for approval: {steps}"

@@ -87,7 +87,8 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The model's input, with its content boundaries kept apart (the decision protocol).
 
     `developer` is the only instruction (Writ's and the agent's responsibility), `user` is the
-    principal's request (domain data), `untrusted` and `observations` are external content.
+    principal's request (domain data), `untrusted` and `observations` are external content,
+    `history` a chat session's memory before the turn.
     `capabilities` is the summary (count, references, input keys) until the model asked for the
     catalog, then the catalog. Defaults are omitted when encoded, so the digest of a model input
     from before a field existed is unchanged.
@@ -103,6 +104,10 @@ class ModelInput(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     # Operator text: an approver sent the command the model proposed back with a reason
     # (`inputs.revision_of`), composed by Writ and bounded; empty otherwise.
     revision: str = ""
+    # A chat turn's session memory read back entry by entry (`memory.split_memory`): the user's
+    # words, the agent's own selections and answers, Writ's records; `user` is then the
+    # message now. A provider shows each as who said it, never the agent's words as the user's.
+    history: list[dict[str, Any]] = []
 
 
 class _Verdict(

@@ -302,10 +302,13 @@ async def test_the_eval_user_reads_a_copy_of_what_starts_and_cannot_reach_any_in
     assert (await host.wait_result(request.request_id)).status == "succeeded"
 
 
-def start_shadow(stack: Stack, candidate: Path, out: Path, *, count: int) -> subprocess.Popen[str]:
-    """`writ eval shadow` as its own process, connected as NATS user `eval`."""
-    facts = out.with_name("facts.json")
-    facts.write_text(json.dumps(FACTS))
+def start_shadow(
+    stack: Stack, candidate: Path, out: Path, *, count: int, facts: bool = True
+) -> subprocess.Popen[str]:
+    """`writ eval shadow` as its own process, connected as NATS user `eval` (with a facts file
+    of the demo's payment, or only what admission records)."""
+    given = out.with_name("facts.json")
+    given.write_text(json.dumps(FACTS))
     return subprocess.Popen(
         [
             sys.executable,
@@ -323,8 +326,7 @@ def start_shadow(stack: Stack, candidate: Path, out: Path, *, count: int) -> sub
             str(stack.home),
             "--nats-url",
             stack.nats_url,
-            "--facts",
-            str(facts),
+            *(("--facts", str(given)) if facts else ()),
             "--json",
             str(out.with_name("shadow-report.json")),
         ],
@@ -357,6 +359,13 @@ async def test_a_shadow_candidate_beside_the_deployment_admits_and_dispatches_no
     (tmp_path / "shadow.json").write_text(
         json.dumps({"name": "shadow", "provider": "scripted", "script": "shadow.script.json"})
     )
+    # The provider's payment has the third line the wider candidate refunds: the shadow
+    # resolves against what admission recorded from it, as against the given file.
+    given = FACTS["payment:pay_7781"]
+    seeded = {k: given[k] for k in ("payment_id", "currency", "status", "method", "lines")}
+    payments.post(
+        "/_control/payments", json={**seeded, "customer_id": "ACME-42"}
+    ).raise_for_status()
     out = tmp_path / "shadow.jsonl"
     proc = start_shadow(stack, tmp_path / "shadow.json", out, count=2)
     try:
@@ -427,3 +436,41 @@ async def test_a_shadow_candidate_beside_the_deployment_admits_and_dispatches_no
         )
         == 0
     )
+
+
+async def test_a_shadow_without_facts_resolves_a_proposal_against_what_admission_recorded(
+    stack: Stack, host: Host, db: asyncpg.Connection, payments: Any, tmp_path: Path
+) -> None:
+    if stack.embedded_nats is None:
+        pytest.skip("the eval user exists on the deployment's own server only")
+    (tmp_path / "agrees.script.json").write_text(json.dumps(agreeing_script()))
+    (tmp_path / "agrees.json").write_text(
+        json.dumps({"name": "agrees", "provider": "scripted", "script": "agrees.script.json"})
+    )
+    out = tmp_path / "shadow.jsonl"
+    proc = start_shadow(stack, tmp_path / "agrees.json", out, count=1, facts=False)
+    try:
+        assert proc.stdout is not None
+        with anyio.fail_after(30):
+            line = await anyio.to_thread.run_sync(proc.stdout.readline)
+        assert line.startswith("shadowing"), line + (proc.stderr.read() if proc.stderr else "")
+        refund = host.request(
+            agent="refund-assistant", text="Refund the missing sibling discount on order 7781"
+        )
+        await host.publish(refund, msg_id=refund.request_id)
+        refund_run = await journaled(db, refund.request_id, "proposal")
+        with anyio.fail_after(30):
+            while proc.poll() is None:
+                await anyio.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        stdout, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 0, stdout + stderr
+    [record] = [r for r in map(json.loads, out.read_text().splitlines()) if r["step"] == 0]
+    assert record["run_id"] == refund_run
+    # No facts file was given: the refund resolved against the payment admission read for
+    # production's proposal (the provider's, as recorded), and agrees with production.
+    assert record["valid"] and record["follows"], record
+    assert record["arguments"]["amount_cents"] == 1500 and record["preview"] is not None
+    assert record["widening"] == [] and record["violations"] == []

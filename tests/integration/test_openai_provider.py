@@ -19,6 +19,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from fakes.llm import FakeLlm
 from libs.errors import ConfigError, PermanentError, RetryableError
+from schemas.sessions import CapabilitySelected, TurnEnded, UserMessage, WriterNote
+from services.planner.inputs import model_input
+from services.planner.memory import conversation, entries_of
 from services.planner.openai_provider import (
     Capability,
     MalformedDecision,
@@ -787,3 +790,51 @@ async def test_decide_with_usage_reports_the_providers_tokens(
     await script(ctl, ANSWER)
     decision, tokens = await make().decide_with_usage(MODEL_INPUT)
     assert decision == AnswerDirectly(answer="Done.") and tokens > 0
+
+
+async def test_a_chat_turns_memory_is_sent_as_earlier_messages_by_who_said_them(
+    make: MakeProvider, ctl: httpx.AsyncClient
+) -> None:
+    sid = "ses-1"
+    events = [
+        UserMessage(session_id=sid, n=1, turn=1, text="Note ACME's call."),
+        CapabilitySelected(session_id=sid, n=2, turn=1, step=0, capability="crm.note.create"),
+        WriterNote(session_id=sid, n=3, turn=1, text=f"crm.note.create succeeded: {INJECTION}"),
+        TurnEnded(
+            session_id=sid, n=4, turn=1, run_id=f"{sid}-t1", status="succeeded", answer="Noted."
+        ),
+    ]
+    built = model_input(
+        user=conversation(entries_of(events), "What did I ask?"),
+        evidence=[],
+        observations=[],
+        turn=0,
+        agent="support",
+        manifest={"name": "support", "catalog": [], "chat_turn": True},
+    )
+    await script(ctl, {"content": "You asked me to note ACME's call."})
+    assert await make(mode="tools").decide(built) == AnswerDirectly(
+        answer="You asked me to note ACME's call."
+    )
+    [sent] = await requests(ctl)
+    messages = sent["body"]["messages"]
+    assert [m["role"] for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "user",
+    ]
+    assert json.loads(messages[1]["content"])["earlier_message"]["text"] == "Note ACME's call."
+    [call] = messages[2]["tool_calls"]
+    assert (call["function"]["name"], messages[3]["tool_call_id"]) == (
+        "crm_note_create",
+        call["id"],
+    )
+    # What Writ recorded of the step is untrusted where the model reads it, never the user's.
+    assert json.loads(messages[3]["content"])["untrusted"]["authority"] == "none"
+    assert messages[4] == {"role": "assistant", "content": "Noted."}
+    assert json.loads(messages[5]["content"])["user_input"]["request"] == "What did I ask?"
+    assert not any(INJECTION in m["content"] for m in messages if m["role"] == "user")

@@ -637,6 +637,57 @@ def test_a_shadow_judges_every_decision_of_a_run_and_resolves_its_proposals(tmp_
     assert not unresolved.valid and "no recorded payment" in unresolved.invalid
 
 
+def test_a_shadow_waits_for_a_proposals_recorded_facts_and_judges_with_them(
+    tmp_path: Path,
+) -> None:
+    """With no facts given, a selection is judged against what admission recorded for its
+    proposal: it is not asked before the run went past it (or stopped), when those facts may
+    not be recorded yet, and then it is, once."""
+    from services.planner.journal_entries import OBSERVATION
+    from services.planner.provider import ScriptedProvider as Scripted
+    from writ.eval._shadow import shadow_run
+
+    script = agreeing_script()
+    script["agents"]["refund-assistant"] = [
+        {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": {"payment_id": "pay_7781", "line_id": "L3"},
+        }
+    ]
+    path = tmp_path / "shadow.json"
+    path.write_text(json.dumps(script))
+    candidate = Scripted.from_file(path)
+    # The refund's run as the shadow first sees it: its selection and nothing after it.
+    entries = [
+        e
+        for e in demo_runs()["run-refund"]
+        if not (e.kind in (DECISION, OBSERVATION) and e.payload["seq"] > 0)
+    ]
+    asked: set[int] = set()
+
+    def look(recorded: list[RecordedFacts] | None, settled: bool) -> list:
+        return anyio.run(
+            lambda: shadow_run(
+                candidate,
+                "run-refund",
+                "acme",
+                entries,
+                asked=asked,
+                recorded=recorded,
+                settled=settled,
+            )
+        )
+
+    assert look(None, settled=False) == [] and asked == set()  # not yet: nothing recorded
+    recorded = [RecordedFacts(step=0, key="payment:pay_7781", facts=FACTS["payment:pay_7781"])]
+    [refund] = look(recorded, settled=True)  # the run waits for a person: asked now
+    assert refund.valid and refund.arguments is not None
+    assert refund.arguments["amount_cents"] == 4000
+    assert refund.widening == ["payment.refund.amount_cents 4000 > 1500 (a reach field)"]
+    assert look(recorded, settled=True) == []  # once
+
+
 def test_rollout_serves_an_equivalent_action_and_diverges_on_a_different_one(
     tmp_path: Path,
 ) -> None:

@@ -111,7 +111,9 @@ def test_ids_are_derived_and_turn_runs_are_recognised() -> None:
 
 
 def test_the_conversation_keeps_the_message_whole_and_drops_the_oldest_beyond_budget() -> None:
-    assert conversation([], "hello") == "hello"
+    from services.planner.memory import split_memory
+
+    assert split_memory(conversation([], "hello")) == ([], "hello")  # no memory: the message
     history = [
         HistoryEntry(turn=i, role="user" if i % 2 else "agent", text=f"entry {i} " + "x" * 400)
         for i in range(1, 60)

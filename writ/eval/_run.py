@@ -160,6 +160,7 @@ async def _ask_case(provider: DecisionProvider, case: EvalCase) -> tuple[Sample,
             agent=case.agent,
             manifest=case.manifest,
             catalog_requested=True,
+            history=case.input.history,  # `user` is the message now: the memory stays apart
         ),
     )
     sample = msgspec.structs.replace(

@@ -8,9 +8,10 @@ auditor's read-only role: at every decision point production reached, it rebuild
 input exactly as the planner did (the digest checked against the one journaled, `_case.py`),
 asks the candidate, and judges the answer against production's decision there as a step case
 is judged (`_score.py`): whether it is equivalent, the runtime's checks on the run's catalog,
-the contract's `resolve` and preview against the facts the shadow was given (it reads no
-system: no connector, no dispatcher), governance's pure `decide` with the given policy, scope
-widening. An ask or a review is recorded as "would ask", never sent to a person; a proposal is
+the contract's `resolve` and preview against the facts admission recorded for production's
+proposal (read-only, `_facts.py`; the given facts for what nothing was recorded for; it calls
+no system: no connector, no dispatcher), governance's pure `decide` with the given policy,
+scope widening. An ask or a review is recorded as "would ask", never sent to a person; a proposal is
 recorded "would propose" with its resolved arguments, preview and ruling, never admitted.
 
 Where the candidate leaves production's path there is nothing recorded to continue its own
@@ -32,9 +33,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from libs.natsauth import EVAL
 from schemas import subjects
 from schemas.retrieval import EvidenceGathered
-from services.planner.journal_entries import RUN_STATUS, Captured
+from services.planner.journal_entries import DECISION, OBSERVATION, RUN_STATUS, Captured
 from services.planner.provider import SelectCapability
 from writ.eval._case import CaseError, EvalCase, cases_from_run, make_set
+from writ.eval._facts import RecordedFacts
 from writ.eval._report import Report, case_result, summarize
 from writ.eval._run import _ask
 from writ.eval._score import Judged, Sample, _call, judge
@@ -56,6 +58,8 @@ _ENDED: Final = frozenset({"succeeded", "failed", "cancelled"})
 _MAX_FOLLOWED: Final = 1000
 
 Replay = Callable[[str, str], Awaitable[list[Captured]]]
+# What admission recorded for a run's proposals (`_facts.recorded_facts`), by tenant and run.
+FactsOf = Callable[[str, str], Awaitable[list[RecordedFacts]]]
 # Where the shadow publishes what its candidate would have done.
 shadow_subject: Final = subjects.shadow
 
@@ -151,14 +155,21 @@ async def shadow_run(
     policy: dict[str, Any] | None = None,
     facts: dict[str, Any] | None = None,
     scored: list[Shadowed] | None = None,
+    recorded: list[RecordedFacts] | None = None,
+    settled: bool = False,
 ) -> list[ShadowRecord]:
     """Ask the candidate at each of the run's journaled decision points not in `asked` (which
     it extends) and judge it against production's decision there; each one also appended to
-    `scored`, if given."""
+    `scored`, if given.
+
+    A selection is judged against the facts admission `recorded` for the run's proposal (the
+    given `facts` only for what nothing was recorded for), so it waits until the run went past
+    it (a later step journaled) or is `settled`: admission records a proposal's facts before
+    its verdict, and so before the run can go on."""
     if -1 in asked:
         return []
     try:
-        cases = cases_from_run(run_id, entries, facts=facts, policy=policy)
+        cases = cases_from_run(run_id, entries, facts=facts, policy=policy, recorded=recorded)
     except (CaseError, msgspec.ValidationError) as exc:
         # The journal does not rebuild the input production was given: nothing to ask, said
         # once.
@@ -180,6 +191,8 @@ async def shadow_run(
         step = int(case.case_id.rpartition("@")[2])
         if step in asked:
             continue
+        if case.expected.kind == "select_capability" and not (settled or _past(entries, step)):
+            continue  # its proposal's facts may not be recorded yet: asked at a later poll
         asked.add(step)
         sample = await _ask(provider, case.input)
         judged = judge(case, sample)
@@ -207,6 +220,14 @@ def shadow_reports(scored: list[Shadowed], candidate: str) -> dict[str, Report]:
         ]
         reports[tenant] = summarize(eval_set, candidate, results, k=1, mode="shadow")
     return reports
+
+
+def _past(entries: list[Captured], step: int) -> bool:
+    """Whether the run journaled a step after `step` (a decision's or observation's own `seq`,
+    not the entry's place in the chain)."""
+    return any(
+        e.kind in (DECISION, OBSERVATION) and int(e.payload.get("seq", -1)) > step for e in entries
+    )
 
 
 def _status(entries: list[Captured]) -> str | None:
@@ -238,11 +259,14 @@ async def shadow(
     on_record: Callable[[ShadowRecord], None] | None = None,
     on_ready: Callable[[], None] | None = None,
     scored: list[Shadowed] | None = None,
+    facts_of: FactsOf | None = None,
 ) -> list[ShadowRecord]:
     """Shadow the runs that start from now until `count` of them settled (ended, or stopped
     for a person), or until cancelled. `replay(tenant, run_id)` is the run's sealed journal
-    entries (read-only). A run that ended is dropped; one waiting for a person is read again
-    every `_WAITING_EVERY` polls, since it may go on once answered."""
+    entries (read-only), `facts_of(tenant, run_id)` the facts admission recorded for its
+    proposals (read-only; without it, `facts` only). A run that ended is dropped; one waiting
+    for a person is read again every `_WAITING_EVERY` polls, since it may go on once
+    answered."""
     js = nc.jetstream()
     sub = await js.pull_subscribe(
         EVIDENCE_COPY,
@@ -281,6 +305,7 @@ async def shadow(
                 run.skip -= 1
                 continue
             entries = await replay(run.tenant, run_id)
+            status = _status(entries)
             for record in await shadow_run(
                 provider,
                 run_id,
@@ -290,12 +315,13 @@ async def shadow(
                 policy=policy,
                 facts=facts,
                 scored=scored,
+                recorded=None if facts_of is None else await facts_of(run.tenant, run_id),
+                settled=status in _ENDED or status == "awaiting_human",
             ):
                 await nc.publish(shadow_subject(run.tenant), msgspec.json.encode(record))
                 records.append(record)
                 if on_record is not None:
                     on_record(record)
-            status = _status(entries)
             if status in _ENDED or status == "awaiting_human":
                 settled += not run.counted
                 run.counted = True

@@ -365,6 +365,7 @@ async def _shadow_run(
 
     from libs.natsauth import EVAL, inbox_prefix
     from services.planner.store import read_replay
+    from writ.eval._facts import recorded_facts
     from writ.eval._run import candidate_provider
     from writ.eval._shadow import shadow
 
@@ -381,12 +382,16 @@ async def _shadow_run(
         entries, _, _ = await read_replay(conn, journal, tenant=tenant, run_id=run_id)
         return entries
 
+    async def facts_of(tenant: str, run_id: str) -> Any:
+        return await recorded_facts(conn, tenant, run_id)
+
     try:
         async with candidate_provider(candidate) as provider:
             await shadow(
                 nc,
                 provider,
                 replay=replay,
+                facts_of=facts_of,
                 policy=policy,
                 facts=facts,
                 count=count,

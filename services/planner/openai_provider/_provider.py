@@ -22,6 +22,7 @@ from opentelemetry import trace
 from libs.errors import ConfigError
 from libs.settings import read_secret
 from schemas.base import storable
+from services.planner.openai_provider._history import history_messages
 from services.planner.openai_provider._stream import StreamCut, read_stream
 from services.planner.openai_provider._wire import (
     _COMPLETION,
@@ -404,7 +405,7 @@ class OpenAIProvider:
         system = f"{model_input.developer}\n\n{BOUNDARY}".lstrip()
         if model_input.revision:  # an approver's, in Writ's words: it speaks as an operator
             system = f"{system}\n\nRevision context: {model_input.revision}"
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         body: dict[str, Any] = {"model": self._model, "messages": messages}
         view = model_input.capabilities
         if self._mode == "structured":
@@ -445,6 +446,13 @@ class OpenAIProvider:
                 ]
                 body["tool_choice"] = "auto"
                 body["parallel_tool_calls"] = False
+        messages.extend(
+            history_messages(
+                model_input.history,
+                tools=self._mode == "tools",
+                tool_name=lambda name: _TOOL_NAME.sub("_", name)[:64],
+            )
+        )
         messages.append(
             {
                 "role": "user",
