@@ -22,7 +22,7 @@ import pytest
 
 from actions import ACTIONS
 from libs.db import role_name, with_database
-from libs.journal import SigningKey
+from libs.journal import DataKeys, Journal, SigningKey, read_entries
 from schemas.base import Family
 from schemas.host import CommandResult
 from services.admission.receipts import ReceiptSigner
@@ -432,13 +432,28 @@ async def test_rotation_with_overlap_keeps_in_flight_commands_valid(
         assert done.status == "succeeded", done
     assert len(notes_for(crm, f"acme:{first}")) == 1
     assert len(notes_for(crm, f"acme:{second}")) == 1
-    # The journal records which key signed each receipt (encrypted: counted here).
-    journaled = await db.fetchval(
-        "SELECT count(*) FROM admission.journal WHERE kind = 'command.authorized' "
-        "AND subject = ANY($1::text[])",
-        [first, second],
-    )
-    assert journaled == 2
+    # The journal records which key signed each receipt: each entry, opened with admission's
+    # data key file once sealed into the chain, names its receipt's key.
+    assert await _journaled_kids(stack, db, [first, second]) == {first: old, second: new}
+
+
+async def _journaled_kids(
+    stack: Stack, db: asyncpg.Connection, operation_ids: list[str]
+) -> dict[str, str]:
+    """The key id each command's sealed `command.authorized` journal entry names."""
+    keys = DataKeys.from_json((stack.secrets / "journal-admission-data.json").read_text())
+    journal = Journal(service="admission", keys=keys)
+    kids: dict[str, str] = {}
+    with anyio.fail_after(30):
+        while len(kids) < len(operation_ids):
+            for operation_id in operation_ids:
+                for _, row, payload in await read_entries(
+                    db, journal, tenant="acme", subject=operation_id
+                ):
+                    if row["kind"] == "command.authorized":
+                        kids[operation_id] = json.loads(payload)["kid"]
+            await anyio.sleep(0.1)
+    return kids
 
 
 async def _command(db: asyncpg.Connection, operation_key: str) -> str:
