@@ -199,7 +199,21 @@ async def test_a_command_allowed_by_decide_has_its_receipt_from_its_admission(
     assert result.status == "succeeded", result
     operation_id = result.operation_id or ""
     claims = _claims((await _receipt(db, operation_id))["token"])
-    assert claims["authorized_by"]["kind"] == "policy"
+    # Allowed without a person: the receipt names the `decide` line and policy version that
+    # allowed it, as the command was frozen with them.
+    frozen = await db.fetchrow(
+        "SELECT decision_id::text AS decision_id, decision_line, policy_version "
+        "FROM admission.commands WHERE operation_id = $1",
+        uuid.UUID(operation_id),
+    )
+    assert frozen is not None and frozen["decision_line"] is not None, frozen
+    assert frozen["policy_version"], frozen
+    assert claims["authorized_by"] == {
+        "kind": "policy",
+        "decision_id": frozen["decision_id"],
+        "line": frozen["decision_line"],
+        "policy_version": frozen["policy_version"],
+    }
     rows = await db.fetch(
         "SELECT kind, xid::text AS xid FROM admission.journal "
         "WHERE tenant = 'acme' AND subject = $1 "
