@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -444,6 +445,26 @@ async def test_rotation_with_overlap_keeps_in_flight_commands_valid(
     for submitted in (before, after):
         done = await host.wait_command(submitted.request_id, timeout=90)
         assert done.status == "succeeded", done
+    # Its receipt may be sent again until it expires: the old key is not retired before that.
+    with anyio.fail_after(60):
+        early = await anyio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "writ.cli",
+                "receipts",
+                "retire",
+                old,
+                "--home",
+                str(stack.home),
+            ],
+            check=False,
+        )
+    refused = early.stderr.decode()
+    assert early.returncode != 0, early.stdout
+    assert f"receipt(s) signed by {old} are valid until" in refused, refused
+    listed = (stack.config / receipt_keys.PUBLIC).read_text()
+    assert old in {k["kid"] for k in json.loads(listed)["keys"]}
     assert len(notes_for(crm, f"acme:{first}")) == 1
     assert len(notes_for(crm, f"acme:{second}")) == 1
     # The journal records which key signed each receipt: each entry, opened with admission's
