@@ -31,6 +31,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "SIGN_IN_WINDOW_S",
     "MAX_TOKEN_TTL_S",
+    "NO_TENANT",
     "COMMAND_DECODER",
     "DECISION_DECODER",
     "DECODERS",
@@ -81,6 +82,8 @@ LEEWAY_S: Final = 5.0
 # The longest a token may live (WRIT_MAX_TOKEN_TTL_S): a stolen token is worth an hour.
 MAX_TOKEN_TTL_S: Final = 3600.0
 _DATES: Final = ("exp", "nbf", "iat")
+# Said alike by both doors of a token without a `tenant` claim.
+NO_TENANT: Final = "invalid token: it names no tenant (claim `tenant`)"
 # The deepest a host's JSON may nest (every contract needs a handful of levels): deeper input
 # is refused before a recursive decoder sees it.
 MAX_JSON_DEPTH: Final = 32
@@ -294,6 +297,33 @@ def verify_token(
             code="BAD_SIGNATURE",
             request_id=request_id,
             message="the token's signature does not verify with the tenant's key",
+        )
+    except jwt.InvalidAudienceError:
+        # The library's words ("Audience doesn't match") leave a host to guess the right one.
+        return Rejection(
+            code="INVALID_TOKEN",
+            request_id=request_id,
+            message=f"the token's `aud` must be {audience!r}",
+        )
+    except jwt.InvalidIssuerError:
+        return Rejection(
+            code="INVALID_TOKEN",
+            request_id=request_id,
+            message=f"the token's `iss` is not the issuer registered for tenant {tenant!r}",
+        )
+    except jwt.MissingRequiredClaimError as exc:
+        return Rejection(
+            code="INVALID_TOKEN",
+            request_id=request_id,
+            message=NO_TENANT
+            if exc.claim == "tenant"
+            else f"invalid token: it has no `{exc.claim}` claim",
+        )
+    except jwt.ImmatureSignatureError:
+        return Rejection(
+            code="INVALID_TOKEN",
+            request_id=request_id,
+            message="the token is not valid yet (its `nbf` or `iat` is in the future)",
         )
     except jwt.InvalidTokenError as exc:
         return Rejection(

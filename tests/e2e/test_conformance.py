@@ -80,6 +80,8 @@ def test_the_matrix_leaves_no_duplicate_no_loss_and_unknown_only_where_none_can_
     for t in trials:  # row by row: the journal's receipt is the provider's only effect
         if t["state"] == "succeeded":
             assert t["effects"] == [t["receipt"]], t
+        # and the dispatcher's chained journal tells each attempt and the one outcome
+        assert t["journal"] == "", t
     seen = {t["boundary"]: t["evidence"] for t in trials if t["reached"]}
     assert seen["before_send"].endswith("last open; 0 write(s)"), seen
     assert seen["after_commit"].endswith("last open; 1 write(s)"), seen

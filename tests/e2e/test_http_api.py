@@ -236,6 +236,7 @@ async def test_a_body_without_a_length_is_cut_off_at_the_limit(
         ("nested unknown field", "INVALID_REQUEST", "unknown field `max_steps` - at `$.budget`"),
         ("too long input", "INVALID_REQUEST", "length <= 8192 - at `$.input`"),
         ("malformed token", "INVALID_TOKEN", "invalid token: "),
+        ("wrong audience", "INVALID_TOKEN", "the token's `aud` must be 'writ'"),
         ("unknown agent", "UNKNOWN_AGENT", "'ghost-assistant'"),
     ],
 )
@@ -250,6 +251,8 @@ async def test_the_same_mistake_gets_the_same_answer_on_both_doors(
         body["input"] = "x" * 9000
     elif case == "malformed token":
         token = "not-a-token"
+    elif case == "wrong audience":
+        token = stack.token("acme", "alice@acme.example", audience="writ/console-sign-in")
     elif case == "unknown agent":
         body["agent"] = "ghost-assistant"
     request_id = f"same-{uuid.uuid4().hex[:12]}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import pytest
 
 from actions import ACTIONS
 from libs.db import role_name, with_database
-from libs.journal import SigningKey
+from libs.journal import DataKeys, Journal, SigningKey, read_entries
 from schemas.base import Family
 from schemas.host import CommandResult
 from services.admission.receipts import ReceiptSigner
@@ -199,7 +200,21 @@ async def test_a_command_allowed_by_decide_has_its_receipt_from_its_admission(
     assert result.status == "succeeded", result
     operation_id = result.operation_id or ""
     claims = _claims((await _receipt(db, operation_id))["token"])
-    assert claims["authorized_by"]["kind"] == "policy"
+    # Allowed without a person: the receipt names the `decide` line and policy version that
+    # allowed it, as the command was frozen with them.
+    frozen = await db.fetchrow(
+        "SELECT decision_id::text AS decision_id, decision_line, policy_version "
+        "FROM admission.commands WHERE operation_id = $1",
+        uuid.UUID(operation_id),
+    )
+    assert frozen is not None and frozen["decision_line"] is not None, frozen
+    assert frozen["policy_version"], frozen
+    assert claims["authorized_by"] == {
+        "kind": "policy",
+        "decision_id": frozen["decision_id"],
+        "line": frozen["decision_line"],
+        "policy_version": frozen["policy_version"],
+    }
     rows = await db.fetch(
         "SELECT kind, xid::text AS xid FROM admission.journal "
         "WHERE tenant = 'acme' AND subject = $1 "
@@ -430,15 +445,50 @@ async def test_rotation_with_overlap_keeps_in_flight_commands_valid(
     for submitted in (before, after):
         done = await host.wait_command(submitted.request_id, timeout=90)
         assert done.status == "succeeded", done
+    # Its receipt may be sent again until it expires: the old key is not retired before that.
+    with anyio.fail_after(60):
+        early = await anyio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "writ.cli",
+                "receipts",
+                "retire",
+                old,
+                "--home",
+                str(stack.home),
+            ],
+            check=False,
+        )
+    refused = early.stderr.decode()
+    assert early.returncode != 0, early.stdout
+    assert f"receipt(s) signed by {old} are valid until" in refused, refused
+    listed = (stack.config / receipt_keys.PUBLIC).read_text()
+    assert old in {k["kid"] for k in json.loads(listed)["keys"]}
     assert len(notes_for(crm, f"acme:{first}")) == 1
     assert len(notes_for(crm, f"acme:{second}")) == 1
-    # The journal records which key signed each receipt (encrypted: counted here).
-    journaled = await db.fetchval(
-        "SELECT count(*) FROM admission.journal WHERE kind = 'command.authorized' "
-        "AND subject = ANY($1::text[])",
-        [first, second],
-    )
-    assert journaled == 2
+    # The journal records which key signed each receipt: each entry, opened with admission's
+    # data key file once sealed into the chain, names its receipt's key.
+    assert await _journaled_kids(stack, db, [first, second]) == {first: old, second: new}
+
+
+async def _journaled_kids(
+    stack: Stack, db: asyncpg.Connection, operation_ids: list[str]
+) -> dict[str, str]:
+    """The key id each command's sealed `command.authorized` journal entry names."""
+    keys = DataKeys.from_json((stack.secrets / "journal-admission-data.json").read_text())
+    journal = Journal(service="admission", keys=keys)
+    kids: dict[str, str] = {}
+    with anyio.fail_after(30):
+        while len(kids) < len(operation_ids):
+            for operation_id in operation_ids:
+                for _, row, payload in await read_entries(
+                    db, journal, tenant="acme", subject=operation_id
+                ):
+                    if row["kind"] == "command.authorized":
+                        kids[operation_id] = json.loads(payload)["kid"]
+            await anyio.sleep(0.1)
+    return kids
 
 
 async def _command(db: asyncpg.Connection, operation_key: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from writ.conformance.matrix import CONTRACTS, at_boundary
+from writ.conformance.matrix import CONTRACTS, at_boundary, journal_disagrees
 from writ.conformance.target import Target, TargetError
 
 OP = "0b6f6f0e-0000-4000-8000-000000000001"
@@ -104,3 +104,54 @@ def test_an_incomplete_or_malformed_target_is_refused(
         Target.read({**_settings(tmp_path), name: value}, {})
     assert says in str(refused.value)
     assert "secret" not in str(refused.value)
+
+
+def test_the_journal_agrees_when_it_tells_each_attempt_and_the_outcome_once() -> None:
+    told = ["attempt.started", "attempt.started", "command.succeeded"]
+    assert journal_disagrees("succeeded", 2, told) == ""
+    assert journal_disagrees("unknown", 1, ["attempt.started", "command.unknown"]) == ""
+    settled = ["attempt.started", "command.unknown", "command.reconciled"]
+    assert journal_disagrees("unknown", 1, settled) == ""
+    assert journal_disagrees("dispatching", 1, ["attempt.started"]) == ""
+
+
+@pytest.mark.parametrize(
+    ("state", "attempts", "kinds", "said"),
+    [
+        pytest.param(
+            "succeeded", 1, [], "journal: 0 attempt(s) started, 1 recorded", id="nothing-told"
+        ),
+        pytest.param(
+            "succeeded",
+            1,
+            ["attempt.started"],
+            "journal: no outcome; recorded succeeded",
+            id="outcome-not-told",
+        ),
+        pytest.param(
+            "succeeded",
+            2,
+            ["attempt.started", "command.succeeded", "attempt.started", "command.succeeded"],
+            "journal: command.succeeded, command.succeeded; recorded succeeded",
+            id="outcome-told-twice",
+        ),
+        pytest.param(
+            "succeeded",
+            1,
+            ["attempt.started", "command.failed"],
+            "journal: command.failed; recorded succeeded",
+            id="another-outcome",
+        ),
+        pytest.param(
+            "succeeded",
+            1,
+            ["attempt.started", "attempt.started", "command.succeeded"],
+            "journal: 2 attempt(s) started, 1 recorded",
+            id="attempt-not-recorded",
+        ),
+    ],
+)
+def test_the_journal_disagrees_where_it_does_not_tell_the_row(
+    state: str, attempts: int, kinds: list[str], said: str
+) -> None:
+    assert journal_disagrees(state, attempts, kinds) == said

@@ -225,6 +225,31 @@ def test_invalid_claims(overrides: dict[str, Any]) -> None:
     rejected(verify(body(token(claims_for(**overrides)))), "INVALID_TOKEN")
 
 
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        pytest.param({"aud": "someone-else"}, "the token's `aud` must be 'writ'", id="audience"),
+        pytest.param(
+            {"iss": "https://idp.globex.example"},
+            "the token's `iss` is not the issuer registered for tenant 'acme'",
+            id="issuer",
+        ),
+        pytest.param({"jti": None}, "invalid token: it has no `jti` claim", id="no-jti"),
+        pytest.param(
+            {"tenant": None}, "invalid token: it names no tenant (claim `tenant`)", id="no-tenant"
+        ),
+        pytest.param(
+            {"nbf": datetime.now(UTC) + timedelta(minutes=2)},
+            "the token is not valid yet (its `nbf` or `iat` is in the future)",
+            id="not-yet",
+        ),
+    ],
+)
+def test_a_token_refusal_says_what_is_wrong(overrides: dict[str, Any], said: str) -> None:
+    # A host reading the refusal learns what to change, not only that something is off.
+    assert rejected(verify(body(token(claims_for(**overrides)))), "INVALID_TOKEN").message == said
+
+
 def test_garbage_token() -> None:
     rejected(verify(body("not-a-jwt")), "INVALID_TOKEN")
 

@@ -367,6 +367,20 @@ class Deployment:
                 await anyio.sleep(0.2)
         return rows
 
+    async def journaled(self, operation_ids: list[str]) -> dict[str, list[str]]:
+        """The kinds of the dispatcher's journal entries about each command, in order (kind and
+        subject are the clear columns of an entry: no data key is needed to read them)."""
+        assert self.db is not None
+        found: dict[str, list[str]] = {}
+        for r in await self.db.fetch(
+            "SELECT subject, kind FROM dispatcher.journal "
+            "WHERE tenant = $1 AND subject = ANY($2::text[]) ORDER BY id",
+            self.tenant,
+            operation_ids,
+        ):
+            found.setdefault(r["subject"], []).append(r["kind"])
+        return found
+
     async def attempts(self, operation_ids: list[str]) -> dict[str, list[tuple[int, str | None]]]:
         assert self.db is not None
         found: dict[str, list[tuple[int, str | None]]] = {}

@@ -1,6 +1,7 @@
 """The crash matrix: for each connector contract kind and each boundary, K commands that reached
 that boundary when their dispatcher was killed there from outside (or whose provider lost the
-response), then every command's row in Writ's journal compared with the provider's own ledger.
+response), then every command's row in Writ's journal compared with the provider's own ledger:
+its state and attempts, and the dispatcher's hash-chained journal entries about it.
 
 A command counts toward K only on evidence taken at the kill, before any successor starts: the
 dispatcher names it held at the point, its attempts in the journal and the provider's call log
@@ -24,7 +25,16 @@ from schemas import subjects
 from schemas.dispatcher import Reconcile, Reconciled
 from writ.conformance.deployment import TERMINAL, Deployment, NotReached
 
-__all__ = ["BOUNDARIES", "CONTRACTS", "Cell", "Contract", "Trial", "at_boundary", "run_cell"]
+__all__ = [
+    "BOUNDARIES",
+    "CONTRACTS",
+    "Cell",
+    "Contract",
+    "Trial",
+    "at_boundary",
+    "journal_disagrees",
+    "run_cell",
+]
 
 _CRASH_WAIT_S: Final = 90.0
 _ROUNDS_PER_BATCH: Final = 4  # rounds at most per `batch` of K before a cell gives up
@@ -87,6 +97,7 @@ class Trial:
     reached: bool = False  # the evidence at the kill shows it at the boundary
     evidence: str = ""  # what that evidence was (or what it lacked)
     listed: bool = False  # an unknown, found by `writ reconcile list`
+    journal: str = ""  # how the dispatcher's journal entries disagree with the row, if they do
 
 
 @dataclass
@@ -145,6 +156,23 @@ def _verdict(state: str, receipt: str | None, effects: list[str]) -> str:
     if state in ("failed", "denied", "expired", "revision_required"):
         return "mismatch" if effects else "lost"  # trials ask for nothing a provider refuses
     return "lost"  # never reached an outcome
+
+
+def journal_disagrees(state: str, attempts: int, kinds: list[str]) -> str:
+    """How the dispatcher's journal entries about a command (their kinds, in order) disagree
+    with its recorded state and attempts; empty when they agree.
+
+    The dispatcher journals each attempt as it starts and each outcome once, in the statement
+    that records it: a row the journal does not tell, or tells twice, is not evidence.
+    """
+    started = kinds.count("attempt.started")
+    if started != attempts:
+        return f"journal: {started} attempt(s) started, {attempts} recorded"
+    outcomes = [k for k in kinds if k.startswith("command.") and k != "command.reconciled"]
+    wanted = [f"command.{state}"] if state in TERMINAL else []
+    if outcomes != wanted:
+        return f"journal: {', '.join(outcomes) or 'no outcome'}; recorded {state}"
+    return ""
 
 
 def at_boundary(
@@ -254,6 +282,7 @@ async def _round(
     ledger = dep.ledger(contract.provider)
     ids = [str(r["operation_id"]) for r in rows.values()]
     attempts = await dep.attempts(ids)
+    journaled = await dep.journaled(ids)
     for key in keys:
         row = rows.get(key)
         op = None if row is None else str(row["operation_id"])
@@ -261,6 +290,10 @@ async def _round(
         effects = ledger.get(f"{dep.tenant}:{op}", []) if op else []
         tried = attempts.get(op or "", [])
         reached, seen = evidence.get(ops.get(key, ""), (False, "no evidence taken"))
+        verdict = _verdict(state, None if row is None else row["receipt"], effects)
+        told = journal_disagrees(state, len(tried), journaled.get(op or "", []))
+        if told and verdict in ("ok", "unknown"):
+            verdict = "mismatch"
         cell.trials.append(
             Trial(
                 contract=contract.name,
@@ -270,10 +303,11 @@ async def _round(
                 receipt=None if row is None else row["receipt"],
                 effects=effects,
                 attempts=tried,
-                verdict=_verdict(state, None if row is None else row["receipt"], effects),
+                verdict=verdict,
                 settled=_settlement(contract, state, None if row is None else row["reason"], tried),
                 reached=reached,
                 evidence=seen,
+                journal=told,
             )
         )
 
@@ -318,6 +352,13 @@ async def settle_unknowns(dep: Deployment, cell: Cell) -> None:
         trial.settled = (
             f"unknown, listed, reconciled {outcome}" if answer.ok else "unknown, not reconciled"
         )
+    # The operator's settlement is journaled too, once, beside the `unknown` it settled.
+    journaled = await dep.journaled([t.operation_id for t in unknown if t.operation_id])
+    for trial in unknown:
+        settled = journaled.get(trial.operation_id or "", []).count("command.reconciled")
+        if trial.settled.startswith("unknown, listed, reconciled") and settled != 1:
+            trial.verdict = "mismatch"
+            trial.journal = f"journal: {settled} reconciliation(s) of a settled unknown"
 
 
 async def run_cell(

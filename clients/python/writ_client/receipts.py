@@ -9,7 +9,7 @@ line that allowed it without one), when, and until when it may be sent.
 
     from writ_client.receipts import KeySet, ReceiptRefused, verify
 
-    keys = KeySet.from_jwks(httpx.get(f"{writ}/v1/receipts/keys").json())
+    keys = KeySet.from_jwks(httpx.get(f"{api_url}/receipts/keys").json())  # api_url: .../api/v1
     try:
         receipt = verify(request.headers.get("Writ-Authorization"), body, keys,
                          tenant="acme", operation_id=operation_id)

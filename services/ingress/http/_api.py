@@ -19,7 +19,7 @@ from schemas.base import Id
 from services.ingress.http._idempotency import Idempotency, fingerprint
 from services.ingress.http._problems import ApiError
 from services.ingress.http._results import Results
-from services.ingress.logic import Rejection, Verified, console_proof
+from services.ingress.logic import NO_TENANT, Rejection, Verified, console_proof
 
 __all__ = ["PROOF_HEADER", "Api", "Caller", "Door"]
 
@@ -70,7 +70,7 @@ def _tenant_of(token: str) -> str:
         raise ApiError("INVALID_TOKEN", f"invalid token: {exc}"[:500]) from exc
     tenant = claims.get("tenant") if isinstance(claims, dict) else None
     if not isinstance(tenant, str) or not tenant:
-        raise ApiError("INVALID_TOKEN", "invalid token: it names no tenant (claim `tenant`)")
+        raise ApiError("INVALID_TOKEN", NO_TENANT)
     return tenant
 
 
