@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -34,8 +33,8 @@ from libs.natsauth import (
     host_user,
     inbox_prefix,
 )
-from writ import receipt_keys
-from writ.stack import _provision
+from writ.stack import _fakes, _provision
+from writ.stack._fakes import wait_file as _wait_file
 from writ.stack._tokens import POLICY_KEY_ID, mint_token, write_secret
 from writ.stack._wiring import DEMO as _DEMO
 from writ.stack._wiring import wiring
@@ -376,93 +375,18 @@ class Stack:
 
     def start_crm(self) -> None:
         """The simulated CRM and payment provider: real HTTP servers on loopback."""
-        self.crm_url = self._start_fake("crm")
-        self.payments_url = self._start_fake("payments")
-        with httpx.Client(base_url=self.payments_url, timeout=5) as client:
-            self.seed_payments(client)
+        _fakes.start_crm(self)
 
     @staticmethod
     def seed_payments(client: httpx.Client, *, reset: bool = False) -> None:
         """The payment provider's demo payments (what `payment.refund` reads and refunds);
         `reset` forgets every payment, refund and charge first."""
-        if reset:
-            client.post("/_control/reset").raise_for_status()
-        for payment in json.loads((_DEMO / "payments.json").read_text()):
-            client.post("/_control/payments", json=payment).raise_for_status()
-
-    # -- federation (scenario C): the host product --------------------------------------------
+        _fakes.seed_payments(client, reset=reset)
 
     def start_host(self, *, port: int = 0) -> None:
         """The simulated host product (its MCP server and its REST API), registered as the
-        `helpdesk` MCP server of tenant acme. Two credentials: the MCP one only retrieval is
-        given (through the registration), the REST one only the dispatcher."""
-        from writ.mcp import add_server
-
-        ready = self.home / "host.url"
-        ready.unlink(missing_ok=True)
-        # Its authorization server knows one OAuth client, for registrations that use client
-        # credentials instead of the static token (`oauth_client_secret`).
-        clients = self.secrets / "host-oauth-clients.json"
-        if not clients.exists():
-            write_secret(clients, json.dumps({"writ-retrieval": secrets.token_urlsafe(32)}))
-        self._spawn(
-            "host",
-            [
-                sys.executable,
-                "-m",
-                "fakes.host",
-                "--port",
-                str(port),
-                "--mcp-token-file",
-                str(self.secrets / "host-mcp.token"),
-                "--rest-token-file",
-                str(self.secrets / "host-rest.token"),
-                "--oauth-clients-file",
-                str(clients),
-                "--ready-file",
-                str(ready),
-                "--receipt-keys-file",
-                self._receipt_keys(),
-            ],
-            {},
-        )
-        self.host_url = _wait_file(ready, self.procs["host"], 20).strip()
-        add_server(
-            self.home,
-            "acme",
-            "helpdesk",
-            url=f"{self.host_url}/mcp",
-            credential_file=str(self.secrets / "host-mcp.token"),
-            tools=["tickets.search", "ticket.get", "customer.get"],
-            facts={"host_ticket": "ticket.get"},
-        )
-
-    def _receipt_keys(self) -> str:
-        """The approval receipts' public key set, which the systems of record verify with."""
-        receipt_keys.ensure(self.secrets, self.config)
-        return str(self.config / receipt_keys.PUBLIC)
-
-    def _start_fake(self, name: str) -> str:
-        ready = self.home / f"{name}.url"
-        ready.unlink(missing_ok=True)
-        self._spawn(
-            name,
-            [
-                sys.executable,
-                "-m",
-                f"fakes.{name}",
-                "--port",
-                "0",
-                "--token-file",
-                str(self.secrets / f"{name}.token"),
-                "--ready-file",
-                str(ready),
-                "--receipt-keys-file",
-                self._receipt_keys(),
-            ],
-            {},
-        )
-        return _wait_file(ready, self.procs[name], 20).strip()
+        `helpdesk` MCP server of tenant acme (writ/stack/_fakes.py)."""
+        _fakes.start_host(self, port=port)
 
     def service_env(self, name: str) -> dict[str, str]:
         """Exactly what one service process is given; nothing is inherited from this process."""
@@ -633,14 +557,3 @@ class Stack:
             self.embedded_nats.stop()
         if self.embedded_pg is not None:
             self.embedded_pg.stop()
-
-
-def _wait_file(path: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            return path.read_text()
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before writing {path}")
-        time.sleep(0.02)
-    raise RuntimeError(f"{path} did not appear within {timeout}s")
