@@ -541,50 +541,67 @@ async def test_server_everything_is_read_under_governance_over_stdio_and_http(
 
 
 async def test_a_resource_of_server_everything_is_a_governed_read(
-    stack: Stack, admin: Any, db: asyncpg.Connection
+    stack: Stack, admin: Any, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     """A resource the registration exposes by name is listed, hashed, journaled, classified
-    and read under `decide` like a tool (`resources/read`); one nobody classified is asked."""
+    and read under `decide` like a tool (`resources/read`), over stdio and over Streamable
+    HTTP; one nobody classified is asked."""
     features = "demo://resource/static/document/features.md"
-    mcp.add_server(
-        stack.home,
-        "acme",
-        "everything-docs",
-        url="",
-        credential_file="",
-        transport="stdio",
-        command=everything_argv(),
-        tools=[],
-        resources={"features": features, "startup": "demo://resource/static/document/startup.md"},
-        timeout_s=30,
-    )
-    shown = await mcp.show_tool(stack.nats_url, "acme", "everything-docs", "features", quiet=True)
-    assert shown.ok and shown.shown is not None, shown.error
-    assert shown.shown.hints["resource_uri"] == features
-    answer = await mcp.classify(
-        stack.nats_url,
-        "acme",
-        "everything-docs",
-        "features",
-        "read",
-        "ops@acme.example",
-        digest=shown.shown.digest,
-        quiet=True,
-    )
-    assert answer.ok, answer.message
-    result = await read(admin, "mcp:everything-docs/features", {})
-    assert isinstance(result, ReadResult), result
-    [item] = result.items
-    assert item.kind == "mcp_resource" and item.trust == "untrusted" and item.text.strip()
-    verdict = await db.fetchval(
-        "SELECT verdict FROM governance.decisions WHERE decision_id = $1::uuid",
-        result.decision_id,
-    )
-    assert verdict == "allow"
-    refused = await read(admin, "mcp:everything-docs/features", {"path": "/etc/passwd"})
-    assert isinstance(refused, ReadRefused) and refused.code == "INVALID_ARGUMENTS", refused
-    asked = await read(admin, "mcp:everything-docs/startup", {})
-    assert isinstance(asked, ReadRefused) and asked.code == "ASK", asked
+    resources = {"features": features, "startup": "demo://resource/static/document/startup.md"}
+    token = tmp_path / "everything.token"
+    token.write_text("unused-by-this-server")
+    with everything_http() as url:
+        mcp.add_server(
+            stack.home,
+            "acme",
+            "everything-docs",
+            url="",
+            credential_file="",
+            transport="stdio",
+            command=everything_argv(),
+            tools=[],
+            resources=resources,
+            timeout_s=30,
+        )
+        mcp.add_server(
+            stack.home,
+            "acme",
+            "everything-docs-http",
+            url=url,
+            credential_file=str(token),
+            transport="streamable_http",
+            tools=[],
+            resources=resources,
+            timeout_s=30,
+        )
+        for server in ("everything-docs", "everything-docs-http"):
+            shown = await mcp.show_tool(stack.nats_url, "acme", server, "features", quiet=True)
+            assert shown.ok and shown.shown is not None, (server, shown.error)
+            assert shown.shown.hints["resource_uri"] == features
+            answer = await mcp.classify(
+                stack.nats_url,
+                "acme",
+                server,
+                "features",
+                "read",
+                "ops@acme.example",
+                digest=shown.shown.digest,
+                quiet=True,
+            )
+            assert answer.ok, answer.message
+            result = await read(admin, f"mcp:{server}/features", {})
+            assert isinstance(result, ReadResult), (server, result)
+            [item] = result.items
+            assert item.kind == "mcp_resource" and item.trust == "untrusted" and item.text.strip()
+            verdict = await db.fetchval(
+                "SELECT verdict FROM governance.decisions WHERE decision_id = $1::uuid",
+                result.decision_id,
+            )
+            assert verdict == "allow", server
+            refused = await read(admin, f"mcp:{server}/features", {"path": "/etc/passwd"})
+            assert isinstance(refused, ReadRefused) and refused.code == "INVALID_ARGUMENTS"
+            asked = await read(admin, f"mcp:{server}/startup", {})
+            assert isinstance(asked, ReadRefused) and asked.code == "ASK", (server, asked)
 
 
 # -- rules and grants naming a source ---------------------------------------------------------
