@@ -116,6 +116,9 @@ class Replies:
                 proposal,
             )
             return
+        if verdict == "invalid":
+            # Recorded before it is sent: a refusal the bus lost is re-driven from the record.
+            await self._store.record_invalid(p, reason)
         await publish(
             self._rt.js,
             subjects.refused(p.tenant),

@@ -6,10 +6,11 @@ drives it again from the database (`PlannerService.redrive`):
 - its last step proposed a command that ended: that outcome, as admission's registry records
   it (read-only), is delivered in-process, as the dispatcher's message would have been;
 - that command has not ended: nothing (the dispatcher's own sweeper drives commands);
-- it proposed one that admission refused or asked a person about (admission's record of the
-  proposal, read-only): that refusal or ask is delivered in-process, as admission's message
-  would have been (a wake would only propose again, and admission's answer to it, sent with
-  the first's message id, would be dropped by the stream as a duplicate of the lost one);
+- it proposed one that admission refused (as invalid too) or asked a person about
+  (admission's record of the proposal or of its invalid refusal, read-only): that refusal or
+  ask is delivered in-process, as admission's message would have been (a wake would only
+  propose again, and admission's answer to it, sent with the first's message id, would be
+  dropped by the stream as a duplicate of the lost one);
 - anything else (no steps yet, an observation, a read's or a branch's decision, a proposal
   that never reached admission): a wake, delivered in-process, takes the next step.
 

@@ -11,7 +11,9 @@ run waiting for a person whose answer's announcement was deleted is driven from 
 record of the answer: it reads once, and ends; one whose approved refund's outcome was deleted
 observes it from admission's registry: one refund, and it ends. A refund a person rejected,
 its refusal deleted, is observed from admission's record of the proposal: the run fails
-`REJECTED` once, nothing refunded, and the refusal arriving late changes nothing.
+`REJECTED` once, nothing refunded, and the refusal arriving late changes nothing. One refused
+as invalid, its refusal deleted, is observed from admission's record of that refusal: the run
+fails `INVALID_PROPOSAL` once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import asyncpg
 import httpx
 import nats.js.errors
 import pytest
+from nats.js.api import RawStreamMsg
 
 from fakes.llm import FakeLlm
 from libs.faults import CRASH_STATUS
@@ -515,3 +518,87 @@ async def test_a_rejected_proposal_whose_refusal_was_deleted_ends_the_run_from_t
         "failed"
     )
     assert _calls(model) - before == 1
+
+
+async def _last_on(host: Host, subject: str, *needles: bytes, timeout: float = 30) -> RawStreamMsg:
+    """The last message on `subject` in WRIT_INT once it holds every one of `needles`."""
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", subject)
+            except nats.js.errors.NotFoundError:
+                last = None
+            data = (last.data or b"") if last is not None else b""
+            if last is not None and all(n in data for n in needles):
+                return last
+            await anyio.sleep(0.02)
+
+
+async def test_an_invalid_proposal_whose_refusal_was_deleted_is_observed_from_the_record(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    before = _calls(model)
+    # A line the payment does not have: admission refuses the proposal as invalid.
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": "pay_7781", "line_id": "L9"}),
+        }
+    }
+    # A second decision is scripted only to be seen if the model were asked for one.
+    answer = {"next": {"decision": "answer_directly", "answer": "Refunded anyway."}}
+    model.post(
+        "/_control/replies",
+        json={"replies": [{"content": json.dumps(c)} for c in (refund, answer)]},
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund line L9.")
+    planner, admission = stack.procs["planner"], stack.procs["admission"]
+    # Admission is frozen until the planner is: the refusal cannot reach the planner before.
+    admission.send_signal(signal.SIGSTOP)
+    try:
+        await host.publish(request, msg_id=request.request_id)
+        with anyio.fail_after(30):
+            while (
+                run_id := await db.fetchval(
+                    "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
+                )
+            ) is None:
+                await anyio.sleep(0.02)
+        await _last_on(host, subjects.proposal("acme"), f'"run_id":"{run_id}"'.encode())
+        planner.send_signal(signal.SIGSTOP)
+    finally:
+        admission.send_signal(signal.SIGCONT)
+    # The refusal is published, and deleted before anyone handled it.
+    refused = await _last_on(
+        host, subjects.refused("acme"), f'"run_id":"{run_id}"'.encode(), b'"verdict":"invalid"'
+    )
+    assert refused.seq is not None
+    await host.js.delete_msg("WRIT_INT", refused.seq)
+    stack.stop_process("planner", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "running"
+    )
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await _swept(stack, host, request.request_id, status="failed")
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.error is not None and result.error.code == "INVALID_PROPOSAL", result
+    assert "has no line L9" in result.error.message
+    kinds = await db.fetch(
+        "SELECT kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+    )
+    assert [k["kind"] for k in kinds] == ["decision", "observation"]  # observed once
+    assert json.loads(kinds[1]["payload"])["refused"] == "invalid"
+    assert "has no line L9" in kinds[1]["payload"]
+    refunds = [r for r in payments.get("/_control/refunds").json() if r["payment_id"] == "pay_7781"]
+    assert refunds == []
+    assert _calls(model) - before == 1  # once per decision: none after the refusal
+    assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
