@@ -13,7 +13,9 @@ observes it from admission's registry: one refund, and it ends. A refund a perso
 its refusal deleted, is observed from admission's record of the proposal: the run fails
 `REJECTED` once, nothing refunded, and the refusal arriving late changes nothing. One refused
 as invalid, its refusal deleted, is observed from admission's record of that refusal: the run
-fails `INVALID_PROPOSAL` once.
+fails `INVALID_PROPOSAL` once. And an approval governance recorded while admission died before
+claiming the proposal, its message deleted, is acted on by admission's sweeper from governance's
+record: one refund, and the run ends.
 """
 
 from __future__ import annotations
@@ -102,6 +104,10 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
                     "WRIT_AGENTS_DIR": str(agents),
                     "WRIT_RUN_SWEEP_STALL_S": str(STALL_S),
                     "WRIT_RUN_SWEEP_EVERY_S": "1",
+                },
+                "admission": {
+                    "WRIT_ANSWER_SWEEP_STALL_S": str(STALL_S),
+                    "WRIT_ANSWER_SWEEP_EVERY_S": "1",
                 },
             },
         )
@@ -520,6 +526,10 @@ async def test_a_rejected_proposal_whose_refusal_was_deleted_ends_the_run_from_t
     assert _calls(model) - before == 1
 
 
+def _refunds(payments: httpx.Client, payment_id: str) -> list[dict[str, object]]:
+    return [r for r in payments.get("/_control/refunds").json() if r["payment_id"] == payment_id]
+
+
 async def _last_on(host: Host, subject: str, *needles: bytes, timeout: float = 30) -> RawStreamMsg:
     """The last message on `subject` in WRIT_INT once it holds every one of `needles`."""
     with anyio.fail_after(timeout):
@@ -602,3 +612,90 @@ async def test_an_invalid_proposal_whose_refusal_was_deleted_is_observed_from_th
     assert refunds == []
     assert _calls(model) - before == 1  # once per decision: none after the refusal
     assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
+
+
+async def test_an_approval_governance_recorded_and_admission_never_claimed_is_swept(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    before = _calls(model)
+    payment_id = f"pay_{secrets.token_hex(6)}"  # its own payment: its line L2 not refunded yet
+    line = {"line_id": "L2", "product": "Junior programme", "participant": "Léo Martin"}
+    discount = {"discount_id": "D-SIB", "name": "Sibling discount", "amount_cents": 1500}
+    payments.post(
+        "/_control/payments",
+        json={
+            "payment_id": payment_id,
+            "customer_id": "ACME-42",
+            "currency": "EUR",
+            "status": "captured",
+            "method": {"kind": "card", "last4": "4242", "usable": True},
+            "lines": [{**line, "amount_cents": 12000, "discount": discount}],
+        },
+    ).raise_for_status()
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": payment_id, "line_id": "L2"}),
+        }
+    }
+    answer = {"next": {"decision": "answer_directly", "answer": "Refunded."}}
+    model.post(
+        "/_control/replies",
+        json={"replies": [{"content": json.dumps(c)} for c in (refund, answer)]},
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund the sibling discount again.")
+    await host.publish(request, msg_id=request.request_id)
+    waiting = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    assert waiting.proposal is not None and waiting.run_id is not None, waiting
+    run_id, proposal_id = waiting.run_id, waiting.proposal.proposal_id
+    # Admission dies once governance recorded the approval and before it claimed the proposal;
+    # the administrator deletes the approval's message, so it is never delivered again.
+    faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+    await anyio.Path(faults).write_text("admission.after_answer")
+    approval = await host.approve(proposal_id)
+    admission = stack.procs["admission"]
+    with anyio.fail_after(30):
+        while admission.poll() is None:
+            await anyio.sleep(0.05)
+    assert admission.returncode == CRASH_STATUS, stack.log_tail("admission")
+    recorded = await _last_on(host, subjects.proposal_answer("acme"), approval.encode())
+    assert recorded.seq is not None
+    await host.js.delete_msg("WRIT_INT", recorded.seq)
+    assert await db.fetchval(
+        "SELECT answer FROM governance.pending p JOIN admission.proposals a "
+        "ON a.decision_id = p.pending_id WHERE a.public_id = $1",
+        proposal_id,
+    ) == ("once")
+    assert await db.fetchval(
+        "SELECT state FROM admission.proposals WHERE public_id = $1", proposal_id
+    ) == ("pending")
+
+    stack.start_instance("admission", "admission")
+    await stack.wait_ready(("admission",))
+    healed = time.monotonic()
+    try:
+        result = await host.wait_result(request.request_id, status="succeeded", timeout=BOUND_S)
+    except TimeoutError:
+        raise AssertionError(
+            f"no result within {BOUND_S} s:\n{stack.log_tail('admission', 6000)}"
+        ) from None
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.answer == "Refunded.", result
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [k["kind"] for k in kinds] == ["decision", "observation", "decision"]
+    commands = await db.fetch("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+    assert [c["state"] for c in commands] == ["succeeded"]  # one command
+    assert len(_refunds(payments, payment_id)) == 1  # one refund
+    assert _calls(model) - before == 2
+    log = (stack.logs / "admission.log").read_text()
+    assert "sweeper acts on the answer to proposal acme:" in log
+    # Swept again, nothing changes: the proposal is no longer pending.
+    await anyio.sleep(2 * STALL_S + 1)
+    assert len(await db.fetch("SELECT 1 FROM admission.commands WHERE run_id = $1", run_id)) == 1
+    assert len(_refunds(payments, payment_id)) == 1
