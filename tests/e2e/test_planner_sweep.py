@@ -15,7 +15,9 @@ its refusal deleted, is observed from admission's record of the proposal: the ru
 as invalid, its refusal deleted, is observed from admission's record of that refusal: the run
 fails `INVALID_PROPOSAL` once. And an approval governance recorded while admission died before
 claiming the proposal, its message deleted, is acted on by admission's sweeper from governance's
-record: one refund, and the run ends.
+record: one refund, and the run ends. A run whose end was committed and whose result was not
+published, the planner killed in between and the outcome that ended it deleted, has its result
+published by the sweeper, once.
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ def model(llm: tuple[FakeLlm, str]) -> Iterator[httpx.Client]:
     with httpx.Client(
         base_url=fake.url, timeout=5, headers={"Authorization": f"Bearer {token}"}
     ) as client:
+        # A reply a test scripted only to show the model was not asked is left for no other.
+        client.post("/_control/reset").raise_for_status()
         yield client
 
 
@@ -699,3 +703,52 @@ async def test_an_approval_governance_recorded_and_admission_never_claimed_is_sw
     await anyio.sleep(2 * STALL_S + 1)
     assert len(await db.fetch("SELECT 1 FROM admission.commands WHERE run_id = $1", run_id)) == 1
     assert len(_refunds(payments, payment_id)) == 1
+
+
+async def test_a_run_that_ended_unannounced_has_its_result_published_by_the_sweeper(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    before = _calls(model)
+    body = "called back about order 54."
+    _script(model, body)
+    # The planner dies once the run's end is committed, before its result is published; the
+    # administrator deletes the outcome that drove it there, so no delivery repeats it.
+    faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+    await anyio.Path(faults).write_text("planner.before_result")
+    request = host.request(text=f"Note that {body}")
+    await host.publish(request, msg_id=request.request_id)
+    planner = stack.procs["planner"]
+    with anyio.fail_after(60):
+        while planner.poll() is None:
+            await anyio.sleep(0.05)
+    assert planner.returncode == CRASH_STATUS, stack.log_tail("planner")
+    run_id = await db.fetchval(
+        "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
+    )
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "succeeded"
+    )
+    outcome = await _last_on(host, subjects.outcome("acme", "run"), f'"run_id":"{run_id}"'.encode())
+    assert outcome.seq is not None
+    await host.js.delete_msg("WRIT_INT", outcome.seq)
+    assert not [r for r in await host.results(request.request_id) if isinstance(r, RunResult)]
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await _swept(stack, host, request.request_id)
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.status == "succeeded", result
+    assert result.answer == f"Noted: {body}"
+    await _done_once(db, str(run_id))
+    assert _calls(model) - before == 2  # once per decision
+    log = (stack.logs / "planner.log").read_text()
+    assert f"sweeper publishes the result of run acme:{run_id} again" in log
+    # Published once, and owed no more: later sweeps leave it alone.
+    await anyio.sleep(2 * STALL_S + 1)
+    results = [r for r in await host.results(request.request_id) if isinstance(r, RunResult)]
+    assert len(results) == 1, results
+    assert not await db.fetchval("SELECT result_due FROM planner.runs WHERE run_id = $1", run_id)
+    log = (stack.logs / "planner.log").read_text()
+    assert log.count(f"sweeper publishes the result of run acme:{run_id}") == 1
