@@ -15,7 +15,9 @@ its refusal deleted, is observed from admission's record of the proposal: the ru
 as invalid, its refusal deleted, is observed from admission's record of that refusal: the run
 fails `INVALID_PROPOSAL` once. And an approval governance recorded while admission died before
 claiming the proposal, its message deleted, is acted on by admission's sweeper from governance's
-record: one refund, and the run ends. A run whose end was committed and whose result was not
+record: one refund, and the run ends; a proposal that expired unanswered, governance's deny
+deleted before admission handled it, is expired from that record: the run fails `REJECTED`,
+nothing refunded. A run whose end was committed and whose result was not
 published, the planner killed in between and the outcome that ended it deleted, has its result
 published by the sweeper, once.
 """
@@ -530,6 +532,25 @@ async def test_a_rejected_proposal_whose_refusal_was_deleted_ends_the_run_from_t
     assert _calls(model) - before == 1
 
 
+def _new_payment(payments: httpx.Client) -> str:
+    """A payment of its own, whose line L2's discount no test refunded yet: its id."""
+    payment_id = f"pay_{secrets.token_hex(6)}"
+    line = {"line_id": "L2", "product": "Junior programme", "participant": "Léo Martin"}
+    discount = {"discount_id": "D-SIB", "name": "Sibling discount", "amount_cents": 1500}
+    payments.post(
+        "/_control/payments",
+        json={
+            "payment_id": payment_id,
+            "customer_id": "ACME-42",
+            "currency": "EUR",
+            "status": "captured",
+            "method": {"kind": "card", "last4": "4242", "usable": True},
+            "lines": [{**line, "amount_cents": 12000, "discount": discount}],
+        },
+    ).raise_for_status()
+    return payment_id
+
+
 def _refunds(payments: httpx.Client, payment_id: str) -> list[dict[str, object]]:
     return [r for r in payments.get("/_control/refunds").json() if r["payment_id"] == payment_id]
 
@@ -626,20 +647,7 @@ async def test_an_approval_governance_recorded_and_admission_never_claimed_is_sw
     payments: httpx.Client,
 ) -> None:
     before = _calls(model)
-    payment_id = f"pay_{secrets.token_hex(6)}"  # its own payment: its line L2 not refunded yet
-    line = {"line_id": "L2", "product": "Junior programme", "participant": "Léo Martin"}
-    discount = {"discount_id": "D-SIB", "name": "Sibling discount", "amount_cents": 1500}
-    payments.post(
-        "/_control/payments",
-        json={
-            "payment_id": payment_id,
-            "customer_id": "ACME-42",
-            "currency": "EUR",
-            "status": "captured",
-            "method": {"kind": "card", "last4": "4242", "usable": True},
-            "lines": [{**line, "amount_cents": 12000, "discount": discount}],
-        },
-    ).raise_for_status()
+    payment_id = _new_payment(payments)
     refund = {
         "next": {
             "decision": "select_capability",
@@ -752,3 +760,75 @@ async def test_a_run_that_ended_unannounced_has_its_result_published_by_the_swee
     assert not await db.fetchval("SELECT result_due FROM planner.runs WHERE run_id = $1", run_id)
     log = (stack.logs / "planner.log").read_text()
     assert log.count(f"sweeper publishes the result of run acme:{run_id}") == 1
+
+
+async def test_an_expiry_whose_announcement_was_deleted_is_acted_on_from_the_record(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    payment_id = _new_payment(payments)
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": payment_id, "line_id": "L2"}),
+        }
+    }
+    model.post(
+        "/_control/replies", json={"replies": [{"content": json.dumps(refund)}]}
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund the discount if approved.")
+    await host.publish(request, msg_id=request.request_id)
+    waiting = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    assert waiting.proposal is not None and waiting.run_id is not None, waiting
+    run_id, pending_id = waiting.run_id, waiting.pending_id
+    assert pending_id is not None
+    # Admission is frozen; the proposal's time runs out (brought forward here, as the clock
+    # would), governance denies it as nobody answered, and its announcement is deleted.
+    admission = stack.procs["admission"]
+    admission.send_signal(signal.SIGSTOP)
+    try:
+        await db.execute(
+            "UPDATE admission.proposals SET expires_at = now() - interval '1 second' "
+            "WHERE public_id = $1",
+            waiting.proposal.proposal_id,
+        )
+        await db.execute(
+            "UPDATE governance.pending SET deadline = now() WHERE pending_id = $1::uuid",
+            pending_id,
+        )
+        announced = await _last_on(host, subjects.answered("acme"), pending_id.encode())
+        assert announced.seq is not None
+        await host.js.delete_msg("WRIT_INT", announced.seq)
+    finally:
+        admission.send_signal(signal.SIGCONT)
+    stack.stop_process("admission", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval(
+        "SELECT state FROM admission.proposals WHERE public_id = $1", waiting.proposal.proposal_id
+    ) == ("pending")
+
+    stack.start_instance("admission", "admission")
+    await stack.wait_ready(("admission",))
+    healed = time.monotonic()
+    try:
+        result = await host.wait_result(request.request_id, status="failed", timeout=BOUND_S)
+    except TimeoutError:
+        raise AssertionError(
+            f"no result within {BOUND_S} s:\n{stack.log_tail('admission', 6000)}"
+        ) from None
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.error is not None and result.error.code == "REJECTED", result
+    assert "expired unanswered" in result.error.message
+    assert await db.fetchval(
+        "SELECT state FROM admission.proposals WHERE public_id = $1", waiting.proposal.proposal_id
+    ) == ("expired")
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [k["kind"] for k in kinds] == ["decision", "observation"]  # observed once
+    assert _refunds(payments, payment_id) == []
+    assert (
+        "sweeper acts on the answer to proposal acme:" in (stack.logs / "admission.log").read_text()
+    )
