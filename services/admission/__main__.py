@@ -34,8 +34,9 @@ class AdmissionSettings(BaseSettings, frozen=True, kw_only=True):
     journal_seal_interval_s: float = 0.5
     relay_poll_s: float = 1.0
     # A proposal whose decision governance answered this long ago and that admission has not
-    # moved (the answer's message lost): the sweeper, looking every `answer_sweep_every_s`,
-    # acts on the recorded answer (`sweeper.py`).
+    # moved (the answer's message lost), or a host command that ended this long ago and whose
+    # host was not told: the sweeper, looking every `answer_sweep_every_s`, acts on the
+    # recorded answer, or tells the host (`sweeper.py`).
     answer_sweep_stall_s: float = 20.0
     answer_sweep_every_s: float = 5.0
     # Approval receipts' signing key (the journal key file's format; docs/receipts.md). Empty:

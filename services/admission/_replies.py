@@ -35,6 +35,7 @@ class Replies:
             outcome.receipt,
             outcome.reason,
         )
+        await self._store.told_host(outcome.tenant, outcome.operation_id, outcome.state)
 
     async def answer_host(
         self,

@@ -133,7 +133,9 @@ class AdmissionService:
                 await tg.start(self._sealer.run)  # chains and signs the audit journal
             await tg.start(self._relay.run, self._rt.stopping)
             if self._sweeper is not None:  # answers whose announcement or claim was lost
-                tg.start_soon(self._sweeper.run, self._approvals.on_answered)
+                tg.start_soon(
+                    self._sweeper.run, self._approvals.on_answered, self._replies.answer_outcome
+                )
             tg.start_soon(
                 functools.partial(
                     refresh_every,

@@ -368,6 +368,16 @@ class AdmissionStore:
             reason,
         )
 
+    async def told_host(self, tenant: str, operation_id: str, state: str) -> None:
+        """The host was told its command reached `state` (its result is published)."""
+        await self._pool.execute(
+            "UPDATE admission.commands SET answered_state = $3 "
+            "WHERE tenant = $1 AND operation_id = $2",
+            tenant,
+            operation_id,
+            state,
+        )
+
     async def proposal(self, tenant: str, proposal_id: str) -> tuple[str, str | None, str] | None:
         """(state, decision id, reason) of a proposal already recorded, if any."""
         row = await self._pool.fetchrow(

@@ -5,7 +5,12 @@ admission stopped between governance recording the answer and its own claim, and
 message will not come again. The answer, read from governance's record of it (granted
 read-only), is acted on as its announcement would have been (`ProposalApprovals.on_answered`):
 the one pending -> executing claim, a rejection or an expiry, each an atomic move of the
-proposal, so a sweep racing a delivery (or another replica's sweep) acts once."""
+proposal, so a sweep racing a delivery (or another replica's sweep) acts once.
+
+It also tells a host what became of its command when the dispatcher's outcome message was lost
+before admission answered it: a host command in a final state, recorded `stall_s` seconds ago,
+whose `CommandResult` was not published (`answered_state`, set once it is) is answered from
+the registry, under the message id the answer would have had."""
 
 from __future__ import annotations
 
@@ -16,9 +21,10 @@ from typing import Final
 import anyio
 import asyncpg
 
+from schemas.dispatcher import CommandOutcome
 from schemas.governance import DecisionAnswered
 
-__all__ = ["AnswerSweeper", "unacted_answers"]
+__all__ = ["AnswerSweeper", "unacted_answers", "untold_outcomes"]
 
 log = logging.getLogger("writ.admission")
 
@@ -34,6 +40,15 @@ JOIN governance.decisions d ON d.decision_id = p.pending_id
 WHERE a.state = 'pending' AND p.answer IS NOT NULL
   AND p.answered_at < now() - make_interval(secs => $1)
 ORDER BY p.answered_at LIMIT $2"""
+# Host commands in a final state their host was not told of (`answered_state`), a while after
+# the dispatcher recorded it, as the dispatcher's outcome message carried it.
+_UNTOLD: Final = """
+SELECT tenant, operation_id::text AS operation_id, run_id, step, action, state, receipt, reason
+FROM admission.commands
+WHERE origin = 'host' AND operation_key IS NOT NULL AND state NOT IN ('pending', 'dispatching')
+  AND answered_state IS DISTINCT FROM state
+  AND updated_at < now() - make_interval(secs => $1)
+ORDER BY updated_at LIMIT $2"""
 
 
 async def unacted_answers(
@@ -59,6 +74,27 @@ async def unacted_answers(
     ]
 
 
+async def untold_outcomes(
+    pool: asyncpg.Pool, *, stall_s: float, limit: int
+) -> list[CommandOutcome]:
+    """Up to `limit` outcomes of host commands whose host was not told, recorded at least
+    `stall_s` seconds ago, as the dispatcher announces them."""
+    rows = await pool.fetch(_UNTOLD, stall_s, limit)
+    return [
+        CommandOutcome(
+            tenant=row["tenant"],
+            operation_id=row["operation_id"],
+            run_id=row["run_id"],
+            step=row["step"],
+            action=row["action"][:512],
+            state=row["state"],
+            receipt=(row["receipt"] or "")[:512] or None,
+            reason=(row["reason"] or "")[:512] or None,
+        )
+        for row in rows
+    ]
+
+
 class AnswerSweeper:
     """Finds answers admission never acted on and acts on each once more."""
 
@@ -67,14 +103,35 @@ class AnswerSweeper:
     ) -> None:
         self._pool, self._stall_s, self._every_s, self._limit = pool, stall_s, every_s, limit
 
-    async def run(self, act: Callable[[DecisionAnswered], Awaitable[None]]) -> None:
+    async def run(
+        self,
+        act: Callable[[DecisionAnswered], Awaitable[None]],
+        tell: Callable[[CommandOutcome], Awaitable[None]],
+    ) -> None:
         """Sweep every `every_s` seconds until cancelled; a failed sweep waits for the next."""
         while True:
             await anyio.sleep(self._every_s)
             try:
                 await self.sweep(act)
+                await self.tell_hosts(tell)
             except Exception as exc:
                 log.warning("answer sweep failed: %r", exc)
+
+    async def tell_hosts(self, tell: Callable[[CommandOutcome], Awaitable[None]]) -> int:
+        """Answer the hosts of commands that ended untold; how many were answered."""
+        outcomes = await untold_outcomes(self._pool, stall_s=self._stall_s, limit=self._limit)
+        done = 0
+        for outcome in outcomes:
+            log.info(
+                "sweeper tells the host of command %s:%s", outcome.tenant, outcome.operation_id
+            )
+            try:
+                await tell(outcome)
+            except Exception as exc:  # this command alone waits for a later sweep
+                log.info("telling command %s left it for later: %r", outcome.operation_id, exc)
+                continue
+            done += 1
+        return done
 
     async def sweep(self, act: Callable[[DecisionAnswered], Awaitable[None]]) -> int:
         """Act on the answers left now; how many were acted on without an error."""

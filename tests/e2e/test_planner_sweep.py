@@ -19,7 +19,8 @@ record: one refund, and the run ends; a proposal that expired unanswered, govern
 deleted before admission handled it, is expired from that record: the run fails `REJECTED`,
 nothing refunded. A run whose end was committed and whose result was not
 published, the planner killed in between and the outcome that ended it deleted, has its result
-published by the sweeper, once.
+published by the sweeper, once. A host command whose outcome was deleted before admission
+answered it is answered by admission's sweeper from the registry, once.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from nats.js.api import RawStreamMsg
 from fakes.llm import FakeLlm
 from libs.faults import CRASH_STATUS
 from schemas import subjects
-from schemas.host import RunResult
+from schemas.host import CommandResult, RunResult
 from tests.e2e.conftest import Host
 from writ.stack import Stack
 
@@ -832,3 +833,75 @@ async def test_an_expiry_whose_announcement_was_deleted_is_acted_on_from_the_rec
     assert (
         "sweeper acts on the answer to proposal acme:" in (stack.logs / "admission.log").read_text()
     )
+
+
+async def test_a_host_command_whose_outcome_was_deleted_is_answered_from_the_registry(
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
+    command = host.command()
+    admission, dispatcher = stack.procs["admission"], stack.procs["dispatcher"]
+    # The dispatcher is frozen until the command is admitted and relayed, then admission is:
+    # the command runs, and its outcome is never handled.
+    dispatcher.send_signal(signal.SIGSTOP)
+    try:
+        await host.submit(command)
+        with anyio.fail_after(30):
+            while (
+                operation_id := await db.fetchval(
+                    "SELECT operation_id::text FROM admission.commands "
+                    "WHERE tenant = 'acme' AND operation_key = $1",
+                    command.operation_key,
+                )
+            ) is None or await db.fetchval(
+                "SELECT count(*) FROM admission.outbox WHERE operation_id = $1::uuid",
+                operation_id,
+            ):
+                await anyio.sleep(0.02)
+        admission.send_signal(signal.SIGSTOP)
+    finally:
+        dispatcher.send_signal(signal.SIGCONT)
+    try:
+        outcome = await _last_on(
+            host, subjects.outcome("acme", "host"), operation_id.encode(), b"succeeded"
+        )
+        assert outcome.seq is not None
+        await host.js.delete_msg("WRIT_INT", outcome.seq)
+    finally:
+        admission.send_signal(signal.SIGCONT)
+    stack.stop_process("admission", kill=True)  # what it had fetched dies with it
+    assert not [
+        r
+        for r in await host.results(command.request_id)
+        if isinstance(r, CommandResult) and r.status == "succeeded"
+    ]
+
+    stack.start_instance("admission", "admission")
+    await stack.wait_ready(("admission",))
+    healed = time.monotonic()
+    try:
+        result = await host.wait_command(command.request_id, timeout=BOUND_S)
+    except TimeoutError:
+        raise AssertionError(
+            f"no result within {BOUND_S} s:\n{stack.log_tail('admission', 6000)}"
+        ) from None
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.status == "succeeded" and result.operation_id == operation_id, result
+    attempts = await db.fetchval(
+        "SELECT count(*) FROM dispatcher.attempts "
+        "WHERE tenant = 'acme' AND operation_id = $1::uuid",
+        operation_id,
+    )
+    assert attempts == 1  # the connector called once
+    log = (stack.logs / "admission.log").read_text()
+    assert f"sweeper tells the host of command acme:{operation_id}" in log
+    # Told once: later sweeps leave it alone.
+    await anyio.sleep(2 * STALL_S + 1)
+    final = [
+        r
+        for r in await host.results(command.request_id)
+        if isinstance(r, CommandResult) and r.status == "succeeded"
+    ]
+    assert len(final) == 1, final
+    log = (stack.logs / "admission.log").read_text()
+    assert log.count(f"sweeper tells the host of command acme:{operation_id}") == 1
