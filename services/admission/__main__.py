@@ -17,6 +17,7 @@ from services.admission.receipts import Authorizer, ReceiptSigner
 from services.admission.relay import OutboxRelay
 from services.admission.service import AdmissionService
 from services.admission.store import AdmissionStore
+from services.admission.sweeper import AnswerSweeper
 
 
 class AdmissionSettings(BaseSettings, frozen=True, kw_only=True):
@@ -32,6 +33,12 @@ class AdmissionSettings(BaseSettings, frozen=True, kw_only=True):
     journal_data_keys_file: str = ""
     journal_seal_interval_s: float = 0.5
     relay_poll_s: float = 1.0
+    # A proposal whose decision governance answered this long ago and that admission has not
+    # moved (the answer's message lost), or a host command that ended this long ago and whose
+    # host was not told: the sweeper, looking every `answer_sweep_every_s`, acts on the
+    # recorded answer, or tells the host (`sweeper.py`).
+    answer_sweep_stall_s: float = 20.0
+    answer_sweep_every_s: float = 5.0
     # Approval receipts' signing key (the journal key file's format; docs/receipts.md). Empty:
     # no receipts are signed, and systems of record that check them refuse every write.
     receipt_signing_key_file: str = ""
@@ -95,6 +102,11 @@ def main() -> None:
                 command_ttl=timedelta(seconds=settings.command_ttl_s),
                 proposal_ttl=timedelta(seconds=settings.proposal_ttl_s),
                 sealer=sealer,
+                sweeper=AnswerSweeper(
+                    pool=pool,
+                    stall_s=settings.answer_sweep_stall_s,
+                    every_s=settings.answer_sweep_every_s,
+                ),
             )
             rt.endpoints.append(
                 JournalVerifyEndpoint(  # the auditors' GET /audit/verify

@@ -148,6 +148,7 @@ class ProposalApprovals:
             answered = reply if isinstance(reply, DecisionAnswered) else None
         if answered is None:
             return
+        self._rt.faults.crash_if("admission.after_answer")  # governance answered, nothing moved
         if ans.answer == "revise":
             await self._reject(
                 proposal, ans.approver, ans.reason, answered.decision_id, revise=True

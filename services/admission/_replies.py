@@ -35,6 +35,7 @@ class Replies:
             outcome.receipt,
             outcome.reason,
         )
+        await self._store.told_host(outcome.tenant, outcome.operation_id, outcome.state)
 
     async def answer_host(
         self,
@@ -116,6 +117,9 @@ class Replies:
                 proposal,
             )
             return
+        if verdict == "invalid":
+            # Recorded before it is sent: a refusal the bus lost is re-driven from the record.
+            await self._store.record_invalid(p, reason)
         await publish(
             self._rt.js,
             subjects.refused(p.tenant),

@@ -59,6 +59,7 @@ from services.admission.store import (
     Known,
     StoredCommand,
 )
+from services.admission.sweeper import AnswerSweeper
 
 __all__ = ["AdmissionService"]
 
@@ -79,12 +80,14 @@ class AdmissionService:
         command_ttl: timedelta,
         proposal_ttl: timedelta = timedelta(hours=24),
         sealer: Sealer | None = None,
+        sweeper: AnswerSweeper | None = None,
         decide_timeout_s: float = 2.0,
         gauges_every_s: float = 5.0,
         batch_size: int = 64,
         batches: int = 4,
     ) -> None:
         self._rt, self._store, self._relay, self._sealer = rt, store, relay, sealer
+        self._sweeper = sweeper
         # Up to `batches` fetched batches of up to `batch_size` messages in flight, each
         # proposal batch admitted in one transaction.
         self._batch_size, self._batches = batch_size, batches
@@ -129,6 +132,10 @@ class AdmissionService:
             if self._sealer is not None:
                 await tg.start(self._sealer.run)  # chains and signs the audit journal
             await tg.start(self._relay.run, self._rt.stopping)
+            if self._sweeper is not None:  # answers whose announcement or claim was lost
+                tg.start_soon(
+                    self._sweeper.run, self._approvals.on_answered, self._replies.answer_outcome
+                )
             tg.start_soon(
                 functools.partial(
                     refresh_every,

@@ -14,6 +14,7 @@ import msgspec
 from libs.journal import Journal
 from libs.telemetry import inject_context
 from schemas.governance import Decision
+from schemas.planner import ProposeCommand
 from services.admission import _statements as sql
 from services.admission._rows import (
     COMMAND_STATES,
@@ -353,6 +354,29 @@ class AdmissionStore:
             sql.KNOWN_MANY, [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]
         )
         return [known_of(row) for row in rows]
+
+    async def record_invalid(self, p: ProposeCommand, reason: str) -> None:
+        """A run's proposal refused as invalid, kept for the planner's sweeper (the first
+        reason stays: the same step proposed again is refused as it was)."""
+        await self._pool.execute(
+            "INSERT INTO admission.invalid_proposals (tenant, run_id, step, action, reason) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            p.tenant,
+            p.run_id,
+            p.step,
+            p.action[:512],
+            reason,
+        )
+
+    async def told_host(self, tenant: str, operation_id: str, state: str) -> None:
+        """The host was told its command reached `state` (its result is published)."""
+        await self._pool.execute(
+            "UPDATE admission.commands SET answered_state = $3 "
+            "WHERE tenant = $1 AND operation_id = $2",
+            tenant,
+            operation_id,
+            state,
+        )
 
     async def proposal(self, tenant: str, proposal_id: str) -> tuple[str, str | None, str] | None:
         """(state, decision id, reason) of a proposal already recorded, if any."""

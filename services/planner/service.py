@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import cast, get_args
+from typing import Any, cast, get_args
 
 import anyio
 import anyio.abc
@@ -94,7 +94,14 @@ from services.planner.snapshot import (
 )
 from services.planner.status import ReviewsEndpoint, RunEventsEndpoint, RunStatusEndpoint
 from services.planner.steps import RunSteps
-from services.planner.store import PlannerStore, last_command, last_refusal, pending_answer
+from services.planner.store import (
+    TERMINAL_RUN,
+    PlannerStore,
+    last_command,
+    last_refusal,
+    pending_answer,
+    results_sent,
+)
 from services.planner.sweeper import SWEEP_CONCURRENCY, RunSweeper
 
 __all__ = ["CONCURRENCY", "PlannerService", "pool_size"]
@@ -178,6 +185,7 @@ class PlannerService:
         self._sweeper = RunSweeper(
             store=store,
             drive=self.redrive,
+            resend=self.resend_result,
             metrics=self._metrics,
             stall_s=sweep_stall_s,
             every_s=sweep_every_s,
@@ -326,6 +334,11 @@ class PlannerService:
                 )
             )
 
+    async def resend_result(self, tenant: str, run_id: str) -> None:
+        """Publish an ended run's result again (`sweeper.py`): a wake of an ended run
+        publishes only that, under its first message id."""
+        await self._drive(BranchChanged(tenant=tenant, run_id=run_id))
+
     async def _drive(self, event: Inbound, *, again: str = "") -> None:
         finished: Finished = []
         # One connection for the whole delivery: its transactions follow one another, and a
@@ -351,9 +364,11 @@ class PlannerService:
                 # `settle_due` settles whatever this one did not (`budgeting.py`).
                 async with self._budget.deferring(conn):
                     effects = await self._advance.advance(conn, event, finished)
-                    await self._committed(finished, effects, again=again)
+                    await self._committed(finished, effects, again=again, conn=conn)
 
-    async def _committed(self, finished: Finished, effects: Effects, *, again: str = "") -> None:
+    async def _committed(
+        self, finished: Finished, effects: Effects, *, again: str = "", conn: Any = None
+    ) -> None:
         # Committed: count each run's end once. A redelivery re-publishes a terminal run's
         # result through the replay path, which finishes nothing and is not counted again.
         # `again`: a sweep's suffix for the ids of what Writ sends itself (a proposal, a
@@ -366,10 +381,24 @@ class PlannerService:
             # Armed by the fault suite: the decision and its reservation are committed, the
             # proposal is not published yet (the redelivery publishes it, the model unasked).
             self._rt.faults.crash_if("planner.before_proposal")
+        ended = [
+            m.run_id
+            for _, m, _ in effects
+            if isinstance(m, RunResult) and m.run_id is not None and m.status in TERMINAL_RUN
+        ]
+        if ended:
+            # Armed by the fault suite: the run's end is committed, its result not published.
+            self._rt.faults.crash_if("planner.before_result")
         for subject, message, msg_id in effects:
             if again and isinstance(message, ProposeCommand | BranchChanged):
                 msg_id += again
             await publish(self._rt.js, subject, message, msg_id=msg_id)
+        if ended:  # out: the sweeper has nothing to publish again for them
+            if conn is not None:
+                await results_sent(conn, ended)
+            else:
+                async with self._store.acquire() as own:
+                    await results_sent(own, ended)
 
     async def answer_review(self, answer: ReviewAnswer) -> ReviewTaken:
         """A person's explicit answer to the review a run waits for (`review.py`): approve

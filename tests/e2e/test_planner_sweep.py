@@ -11,7 +11,16 @@ run waiting for a person whose answer's announcement was deleted is driven from 
 record of the answer: it reads once, and ends; one whose approved refund's outcome was deleted
 observes it from admission's registry: one refund, and it ends. A refund a person rejected,
 its refusal deleted, is observed from admission's record of the proposal: the run fails
-`REJECTED` once, nothing refunded, and the refusal arriving late changes nothing.
+`REJECTED` once, nothing refunded, and the refusal arriving late changes nothing. One refused
+as invalid, its refusal deleted, is observed from admission's record of that refusal: the run
+fails `INVALID_PROPOSAL` once. And an approval governance recorded while admission died before
+claiming the proposal, its message deleted, is acted on by admission's sweeper from governance's
+record: one refund, and the run ends; a proposal that expired unanswered, governance's deny
+deleted before admission handled it, is expired from that record: the run fails `REJECTED`,
+nothing refunded. A run whose end was committed and whose result was not
+published, the planner killed in between and the outcome that ended it deleted, has its result
+published by the sweeper, once. A host command whose outcome was deleted before admission
+answered it is answered by admission's sweeper from the registry, once.
 """
 
 from __future__ import annotations
@@ -29,11 +38,12 @@ import asyncpg
 import httpx
 import nats.js.errors
 import pytest
+from nats.js.api import RawStreamMsg
 
 from fakes.llm import FakeLlm
 from libs.faults import CRASH_STATUS
 from schemas import subjects
-from schemas.host import RunResult
+from schemas.host import CommandResult, RunResult
 from tests.e2e.conftest import Host
 from writ.stack import Stack
 
@@ -100,6 +110,10 @@ def stack(llm: tuple[FakeLlm, str]) -> Iterator[Stack]:
                     "WRIT_RUN_SWEEP_STALL_S": str(STALL_S),
                     "WRIT_RUN_SWEEP_EVERY_S": "1",
                 },
+                "admission": {
+                    "WRIT_ANSWER_SWEEP_STALL_S": str(STALL_S),
+                    "WRIT_ANSWER_SWEEP_EVERY_S": "1",
+                },
             },
         )
         try:
@@ -115,6 +129,8 @@ def model(llm: tuple[FakeLlm, str]) -> Iterator[httpx.Client]:
     with httpx.Client(
         base_url=fake.url, timeout=5, headers={"Authorization": f"Bearer {token}"}
     ) as client:
+        # A reply a test scripted only to show the model was not asked is left for no other.
+        client.post("/_control/reset").raise_for_status()
         yield client
 
 
@@ -515,3 +531,377 @@ async def test_a_rejected_proposal_whose_refusal_was_deleted_ends_the_run_from_t
         "failed"
     )
     assert _calls(model) - before == 1
+
+
+def _new_payment(payments: httpx.Client) -> str:
+    """A payment of its own, whose line L2's discount no test refunded yet: its id."""
+    payment_id = f"pay_{secrets.token_hex(6)}"
+    line = {"line_id": "L2", "product": "Junior programme", "participant": "Léo Martin"}
+    discount = {"discount_id": "D-SIB", "name": "Sibling discount", "amount_cents": 1500}
+    payments.post(
+        "/_control/payments",
+        json={
+            "payment_id": payment_id,
+            "customer_id": "ACME-42",
+            "currency": "EUR",
+            "status": "captured",
+            "method": {"kind": "card", "last4": "4242", "usable": True},
+            "lines": [{**line, "amount_cents": 12000, "discount": discount}],
+        },
+    ).raise_for_status()
+    return payment_id
+
+
+def _refunds(payments: httpx.Client, payment_id: str) -> list[dict[str, object]]:
+    return [r for r in payments.get("/_control/refunds").json() if r["payment_id"] == payment_id]
+
+
+async def _last_on(host: Host, subject: str, *needles: bytes, timeout: float = 30) -> RawStreamMsg:
+    """The last message on `subject` in WRIT_INT once it holds every one of `needles`."""
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                last = await host.js.get_last_msg("WRIT_INT", subject)
+            except nats.js.errors.NotFoundError:
+                last = None
+            data = (last.data or b"") if last is not None else b""
+            if last is not None and all(n in data for n in needles):
+                return last
+            await anyio.sleep(0.02)
+
+
+async def test_an_invalid_proposal_whose_refusal_was_deleted_is_observed_from_the_record(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    before = _calls(model)
+    # A line the payment does not have: admission refuses the proposal as invalid.
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": "pay_7781", "line_id": "L9"}),
+        }
+    }
+    # A second decision is scripted only to be seen if the model were asked for one.
+    answer = {"next": {"decision": "answer_directly", "answer": "Refunded anyway."}}
+    model.post(
+        "/_control/replies",
+        json={"replies": [{"content": json.dumps(c)} for c in (refund, answer)]},
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund line L9.")
+    planner, admission = stack.procs["planner"], stack.procs["admission"]
+    # Admission is frozen until the planner is: the refusal cannot reach the planner before.
+    admission.send_signal(signal.SIGSTOP)
+    try:
+        await host.publish(request, msg_id=request.request_id)
+        with anyio.fail_after(30):
+            while (
+                run_id := await db.fetchval(
+                    "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
+                )
+            ) is None:
+                await anyio.sleep(0.02)
+        await _last_on(host, subjects.proposal("acme"), f'"run_id":"{run_id}"'.encode())
+        planner.send_signal(signal.SIGSTOP)
+    finally:
+        admission.send_signal(signal.SIGCONT)
+    # The refusal is published, and deleted before anyone handled it.
+    refused = await _last_on(
+        host, subjects.refused("acme"), f'"run_id":"{run_id}"'.encode(), b'"verdict":"invalid"'
+    )
+    assert refused.seq is not None
+    await host.js.delete_msg("WRIT_INT", refused.seq)
+    stack.stop_process("planner", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "running"
+    )
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await _swept(stack, host, request.request_id, status="failed")
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.error is not None and result.error.code == "INVALID_PROPOSAL", result
+    assert "has no line L9" in result.error.message
+    kinds = await db.fetch(
+        "SELECT kind, payload FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id
+    )
+    assert [k["kind"] for k in kinds] == ["decision", "observation"]  # observed once
+    assert json.loads(kinds[1]["payload"])["refused"] == "invalid"
+    assert "has no line L9" in kinds[1]["payload"]
+    refunds = [r for r in payments.get("/_control/refunds").json() if r["payment_id"] == "pay_7781"]
+    assert refunds == []
+    assert _calls(model) - before == 1  # once per decision: none after the refusal
+    assert f"sweeper drives run acme:{run_id}" in (stack.logs / "planner.log").read_text()
+
+
+async def test_an_approval_governance_recorded_and_admission_never_claimed_is_swept(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    before = _calls(model)
+    payment_id = _new_payment(payments)
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": payment_id, "line_id": "L2"}),
+        }
+    }
+    answer = {"next": {"decision": "answer_directly", "answer": "Refunded."}}
+    model.post(
+        "/_control/replies",
+        json={"replies": [{"content": json.dumps(c)} for c in (refund, answer)]},
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund the sibling discount again.")
+    await host.publish(request, msg_id=request.request_id)
+    waiting = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    assert waiting.proposal is not None and waiting.run_id is not None, waiting
+    run_id, proposal_id = waiting.run_id, waiting.proposal.proposal_id
+    # Admission dies once governance recorded the approval and before it claimed the proposal;
+    # the administrator deletes the approval's message, so it is never delivered again.
+    faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+    await anyio.Path(faults).write_text("admission.after_answer")
+    approval = await host.approve(proposal_id)
+    admission = stack.procs["admission"]
+    with anyio.fail_after(30):
+        while admission.poll() is None:
+            await anyio.sleep(0.05)
+    assert admission.returncode == CRASH_STATUS, stack.log_tail("admission")
+    recorded = await _last_on(host, subjects.proposal_answer("acme"), approval.encode())
+    assert recorded.seq is not None
+    await host.js.delete_msg("WRIT_INT", recorded.seq)
+    assert await db.fetchval(
+        "SELECT answer FROM governance.pending p JOIN admission.proposals a "
+        "ON a.decision_id = p.pending_id WHERE a.public_id = $1",
+        proposal_id,
+    ) == ("once")
+    assert await db.fetchval(
+        "SELECT state FROM admission.proposals WHERE public_id = $1", proposal_id
+    ) == ("pending")
+
+    stack.start_instance("admission", "admission")
+    await stack.wait_ready(("admission",))
+    healed = time.monotonic()
+    try:
+        result = await host.wait_result(request.request_id, status="succeeded", timeout=BOUND_S)
+    except TimeoutError:
+        raise AssertionError(
+            f"no result within {BOUND_S} s:\n{stack.log_tail('admission', 6000)}"
+        ) from None
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.answer == "Refunded.", result
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [k["kind"] for k in kinds] == ["decision", "observation", "decision"]
+    commands = await db.fetch("SELECT state FROM admission.commands WHERE run_id = $1", run_id)
+    assert [c["state"] for c in commands] == ["succeeded"]  # one command
+    assert len(_refunds(payments, payment_id)) == 1  # one refund
+    assert _calls(model) - before == 2
+    log = (stack.logs / "admission.log").read_text()
+    assert "sweeper acts on the answer to proposal acme:" in log
+    # Swept again, nothing changes: the proposal is no longer pending.
+    await anyio.sleep(2 * STALL_S + 1)
+    assert len(await db.fetch("SELECT 1 FROM admission.commands WHERE run_id = $1", run_id)) == 1
+    assert len(_refunds(payments, payment_id)) == 1
+
+
+async def test_a_run_that_ended_unannounced_has_its_result_published_by_the_sweeper(
+    stack: Stack, host: Host, db: asyncpg.Connection, model: httpx.Client
+) -> None:
+    before = _calls(model)
+    body = "called back about order 54."
+    _script(model, body)
+    # The planner dies once the run's end is committed, before its result is published; the
+    # administrator deletes the outcome that drove it there, so no delivery repeats it.
+    faults = Path(stack.extra_env["*"]["WRIT_FAULTS_FILE"])
+    await anyio.Path(faults).write_text("planner.before_result")
+    request = host.request(text=f"Note that {body}")
+    await host.publish(request, msg_id=request.request_id)
+    planner = stack.procs["planner"]
+    with anyio.fail_after(60):
+        while planner.poll() is None:
+            await anyio.sleep(0.05)
+    assert planner.returncode == CRASH_STATUS, stack.log_tail("planner")
+    run_id = await db.fetchval(
+        "SELECT run_id FROM planner.runs WHERE request_id = $1", request.request_id
+    )
+    assert await db.fetchval("SELECT status FROM planner.runs WHERE run_id = $1", run_id) == (
+        "succeeded"
+    )
+    outcome = await _last_on(host, subjects.outcome("acme", "run"), f'"run_id":"{run_id}"'.encode())
+    assert outcome.seq is not None
+    await host.js.delete_msg("WRIT_INT", outcome.seq)
+    assert not [r for r in await host.results(request.request_id) if isinstance(r, RunResult)]
+
+    stack.start_instance("planner", "planner")
+    await stack.wait_ready(("planner",))
+    healed = time.monotonic()
+    result = await _swept(stack, host, request.request_id)
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.status == "succeeded", result
+    assert result.answer == f"Noted: {body}"
+    await _done_once(db, str(run_id))
+    assert _calls(model) - before == 2  # once per decision
+    log = (stack.logs / "planner.log").read_text()
+    assert f"sweeper publishes the result of run acme:{run_id} again" in log
+    # Published once, and owed no more: later sweeps leave it alone.
+    await anyio.sleep(2 * STALL_S + 1)
+    results = [r for r in await host.results(request.request_id) if isinstance(r, RunResult)]
+    assert len(results) == 1, results
+    assert not await db.fetchval("SELECT result_due FROM planner.runs WHERE run_id = $1", run_id)
+    log = (stack.logs / "planner.log").read_text()
+    assert log.count(f"sweeper publishes the result of run acme:{run_id}") == 1
+
+
+async def test_an_expiry_whose_announcement_was_deleted_is_acted_on_from_the_record(
+    stack: Stack,
+    host: Host,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+) -> None:
+    payment_id = _new_payment(payments)
+    refund = {
+        "next": {
+            "decision": "select_capability",
+            "capability": "payment.refund",
+            "arguments": json.dumps({"payment_id": payment_id, "line_id": "L2"}),
+        }
+    }
+    model.post(
+        "/_control/replies", json={"replies": [{"content": json.dumps(refund)}]}
+    ).raise_for_status()
+    request = host.request(agent="refund-assistant", text="Refund the discount if approved.")
+    await host.publish(request, msg_id=request.request_id)
+    waiting = await host.wait_result(request.request_id, status="awaiting_human", timeout=60)
+    assert waiting.proposal is not None and waiting.run_id is not None, waiting
+    run_id, pending_id = waiting.run_id, waiting.pending_id
+    assert pending_id is not None
+    # Admission is frozen; the proposal's time runs out (brought forward here, as the clock
+    # would), governance denies it as nobody answered, and its announcement is deleted.
+    admission = stack.procs["admission"]
+    admission.send_signal(signal.SIGSTOP)
+    try:
+        await db.execute(
+            "UPDATE admission.proposals SET expires_at = now() - interval '1 second' "
+            "WHERE public_id = $1",
+            waiting.proposal.proposal_id,
+        )
+        await db.execute(
+            "UPDATE governance.pending SET deadline = now() WHERE pending_id = $1::uuid",
+            pending_id,
+        )
+        announced = await _last_on(host, subjects.answered("acme"), pending_id.encode())
+        assert announced.seq is not None
+        await host.js.delete_msg("WRIT_INT", announced.seq)
+    finally:
+        admission.send_signal(signal.SIGCONT)
+    stack.stop_process("admission", kill=True)  # what it had fetched dies with it
+    assert await db.fetchval(
+        "SELECT state FROM admission.proposals WHERE public_id = $1", waiting.proposal.proposal_id
+    ) == ("pending")
+
+    stack.start_instance("admission", "admission")
+    await stack.wait_ready(("admission",))
+    healed = time.monotonic()
+    try:
+        result = await host.wait_result(request.request_id, status="failed", timeout=BOUND_S)
+    except TimeoutError:
+        raise AssertionError(
+            f"no result within {BOUND_S} s:\n{stack.log_tail('admission', 6000)}"
+        ) from None
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.error is not None and result.error.code == "REJECTED", result
+    assert "expired unanswered" in result.error.message
+    assert await db.fetchval(
+        "SELECT state FROM admission.proposals WHERE public_id = $1", waiting.proposal.proposal_id
+    ) == ("expired")
+    kinds = await db.fetch("SELECT kind FROM planner.steps WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [k["kind"] for k in kinds] == ["decision", "observation"]  # observed once
+    assert _refunds(payments, payment_id) == []
+    assert (
+        "sweeper acts on the answer to proposal acme:" in (stack.logs / "admission.log").read_text()
+    )
+
+
+async def test_a_host_command_whose_outcome_was_deleted_is_answered_from_the_registry(
+    stack: Stack, host: Host, db: asyncpg.Connection
+) -> None:
+    command = host.command()
+    admission, dispatcher = stack.procs["admission"], stack.procs["dispatcher"]
+    # The dispatcher is frozen until the command is admitted and relayed, then admission is:
+    # the command runs, and its outcome is never handled.
+    dispatcher.send_signal(signal.SIGSTOP)
+    try:
+        await host.submit(command)
+        with anyio.fail_after(30):
+            while (
+                operation_id := await db.fetchval(
+                    "SELECT operation_id::text FROM admission.commands "
+                    "WHERE tenant = 'acme' AND operation_key = $1",
+                    command.operation_key,
+                )
+            ) is None or await db.fetchval(
+                "SELECT count(*) FROM admission.outbox WHERE operation_id = $1::uuid",
+                operation_id,
+            ):
+                await anyio.sleep(0.02)
+        admission.send_signal(signal.SIGSTOP)
+    finally:
+        dispatcher.send_signal(signal.SIGCONT)
+    try:
+        outcome = await _last_on(
+            host, subjects.outcome("acme", "host"), operation_id.encode(), b"succeeded"
+        )
+        assert outcome.seq is not None
+        await host.js.delete_msg("WRIT_INT", outcome.seq)
+    finally:
+        admission.send_signal(signal.SIGCONT)
+    stack.stop_process("admission", kill=True)  # what it had fetched dies with it
+    assert not [
+        r
+        for r in await host.results(command.request_id)
+        if isinstance(r, CommandResult) and r.status == "succeeded"
+    ]
+
+    stack.start_instance("admission", "admission")
+    await stack.wait_ready(("admission",))
+    healed = time.monotonic()
+    try:
+        result = await host.wait_command(command.request_id, timeout=BOUND_S)
+    except TimeoutError:
+        raise AssertionError(
+            f"no result within {BOUND_S} s:\n{stack.log_tail('admission', 6000)}"
+        ) from None
+
+    assert time.monotonic() - healed < BOUND_S
+    assert result.status == "succeeded" and result.operation_id == operation_id, result
+    attempts = await db.fetchval(
+        "SELECT count(*) FROM dispatcher.attempts "
+        "WHERE tenant = 'acme' AND operation_id = $1::uuid",
+        operation_id,
+    )
+    assert attempts == 1  # the connector called once
+    log = (stack.logs / "admission.log").read_text()
+    assert f"sweeper tells the host of command acme:{operation_id}" in log
+    # Told once: later sweeps leave it alone.
+    await anyio.sleep(2 * STALL_S + 1)
+    final = [
+        r
+        for r in await host.results(command.request_id)
+        if isinstance(r, CommandResult) and r.status == "succeeded"
+    ]
+    assert len(final) == 1, final
+    log = (stack.logs / "admission.log").read_text()
+    assert log.count(f"sweeper tells the host of command acme:{operation_id}") == 1

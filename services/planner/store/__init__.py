@@ -15,10 +15,12 @@ from services.planner.store._rows import TERMINAL_RUN, Reservation, RunRow, RunS
 from services.planner.store._stalled import (
     LastCommand,
     claim_answered,
+    claim_ended,
     claim_stalled,
     last_command,
     last_refusal,
     pending_answer,
+    results_sent,
 )
 from services.planner.store._store import PlannerStore
 
@@ -31,9 +33,11 @@ __all__ = [
     "RunState",
     "Step",
     "claim_answered",
+    "claim_ended",
     "claim_stalled",
     "last_command",
     "last_refusal",
     "pending_answer",
+    "results_sent",
     "read_replay",
 ]

@@ -19,10 +19,12 @@ from schemas.governance import DecisionAnswered
 __all__ = [
     "LastCommand",
     "claim_answered",
+    "claim_ended",
     "claim_stalled",
     "last_command",
     "last_refusal",
     "pending_answer",
+    "results_sent",
 ]
 
 # Claims them in one statement: a run locked now (a delivery driving it) is skipped, and a
@@ -66,6 +68,19 @@ FROM (
               AND f.step = (SELECT max(seq) FROM planner.steps WHERE run_id = q.run_id)))
     ORDER BY q.touched_at LIMIT $2
     FOR UPDATE OF q SKIP LOCKED
+) AS s
+WHERE r.run_id = s.run_id
+RETURNING r.tenant, r.run_id"""
+# The runs that ended and whose result message may not be out: nobody cleared the flag the
+# ending transaction set (`result_due`), and nobody locked them for a while. Claimed as
+# `_CLAIM` does.
+_CLAIM_ENDED: Final = """
+UPDATE planner.runs AS r SET touched_at = now()
+FROM (
+    SELECT run_id FROM planner.runs
+    WHERE result_due AND touched_at < now() - make_interval(secs => $1)
+    ORDER BY touched_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
 ) AS s
 WHERE r.run_id = s.run_id
 RETURNING r.tenant, r.run_id"""
@@ -134,6 +149,23 @@ async def claim_answered(
     nobody having driven them for `stall_s` seconds."""
     rows = await conn.fetch(_CLAIM_ANSWERED, stall_s, limit)
     return [(row["tenant"], row["run_id"]) for row in rows]
+
+
+async def claim_ended(
+    conn: asyncpg.Connection, *, stall_s: float, limit: int
+) -> list[tuple[str, str]]:
+    """(tenant, run id) of up to `limit` ended runs whose result may not have been published,
+    nobody having locked them for `stall_s` seconds."""
+    rows = await conn.fetch(_CLAIM_ENDED, stall_s, limit)
+    return [(row["tenant"], row["run_id"]) for row in rows]
+
+
+async def results_sent(conn: asyncpg.Connection, run_ids: list[str]) -> None:
+    """The ended runs' result messages are out: nothing left for the sweeper."""
+    await conn.execute(
+        "UPDATE planner.runs SET result_due = false WHERE run_id = ANY($1) AND result_due",
+        run_ids,
+    )
 
 
 async def pending_answer(

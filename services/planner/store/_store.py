@@ -604,6 +604,7 @@ class PlannerStore:
             conn,
             "UPDATE planner.runs SET status = $2, answer = $3, error_code = $4, "
             "error_message = $5, pending_id = $6, updated_at = now(), "
+            "result_due = $2 IN ('succeeded', 'failed', 'cancelled'), "
             "state_version = state_version + 1 WHERE run_id = $1 "
             "AND (status, answer, error_code, error_message, pending_id) "
             "IS DISTINCT FROM ($2, $3, $4, $5, $6) "
