@@ -291,10 +291,10 @@ class Plans:
         return await self._planning_session(conn, run, steps) is not None
 
     async def _resolve(
-        self, tenant: str, capability: str, arguments: dict[str, Any], kept: Any = None
+        self, tenant: str, capability: str, arguments: dict[str, Any], **kept: Any
     ) -> Any:
-        """`kept`: the facts admission kept for this step as its plan was proposed."""
-        read = None if self._facts is None else self._facts.reader(tenant, kept)
+        """`kept`: what admission kept for the plan's steps as it was proposed, and `step`."""
+        read = None if self._facts is None else self._facts.reader(tenant, **kept)
         return await resolve(capability, arguments, read)
 
     async def approved(self, conn: Any, run_id: str) -> Any:
@@ -424,16 +424,15 @@ class Plans:
         if not drafts:
             return None
         # Admission keeps each step's facts for evaluation; the previews stand on that read.
+        planned = [(s.seq, *d) for s, d in zip(chosen, drafts, strict=True)]
         kept = (
-            {}
-            if self._facts is None
-            else await self._facts.keep(
-                run.tenant, run.run_id, [(s.seq, *d) for s, d in zip(chosen, drafts, strict=True)]
-            )
+            {} if self._facts is None else await self._facts.keep(run.tenant, run.run_id, planned)
         )
         plan_steps = []
         for i, (capability, arguments) in enumerate(drafts):
-            step = await self._resolve(run.tenant, capability, arguments, kept.get(chosen[i].seq))
+            step = await self._resolve(
+                run.tenant, capability, arguments, kept=kept, step=chosen[i].seq
+            )
             plan_steps.append(
                 PlanStep(
                     index=i,

@@ -157,12 +157,16 @@ class PlanFacts:
     def __init__(self, *, nc: Client, timeout_s: float = 5.0) -> None:
         self._nc, self._timeout = nc, timeout_s
 
-    def reader(self, tenant: str, kept: dict[str, Any] | None = None) -> FactsReader:
-        """A `FactsReader` of this tenant's resources (`kept`: the facts admission read for
-        the step already, given as they are)."""
+    def reader(
+        self, tenant: str, kept: dict[int, Any] | None = None, step: int = -1
+    ) -> FactsReader:
+        """A `FactsReader` of this tenant's resources (`kept`: what `keep` answered; a step it
+        holds is given the facts admission read for it, found or not, and read no more)."""
 
         async def read(ref: FactsRef) -> dict[str, Any] | None:
-            return kept if kept is not None else await self.read(tenant, ref)
+            if kept is not None and step in kept:
+                return kept[step]
+            return await self.read(tenant, ref)
 
         return read
 
