@@ -220,6 +220,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             TURN_CANCELLING,  # a close tells every replica to abandon the turn's model call
             subjects.FACTS,
             subjects.HOST_FACTS,
+            subjects.PLAN_FACTS,  # a proposed plan's facts, read and kept by admission
         ),
         (
             subjects.REPLAY,
@@ -270,6 +271,7 @@ SERVICE_SUBJECTS: Final[dict[str, tuple[str | None, tuple[str, ...], tuple[str, 
             reads.COMMAND_STATUS,
             reads.PROPOSALS_LIST,
             reads.PROPOSAL_GET,
+            subjects.PLAN_FACTS,
             reads.journal_verify("admission"),
         ),
     ),

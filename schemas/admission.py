@@ -8,7 +8,15 @@ import msgspec
 
 from schemas.base import Command, Digest, Event, Id, ShortText, Tenant
 
-__all__ = ["CommandAdmitted", "DispatchCommand", "ProposalRefused"]
+__all__ = [
+    "CommandAdmitted",
+    "DispatchCommand",
+    "PlanFactsRecorded",
+    "PlannedStep",
+    "PlannedStepFacts",
+    "ProposalRefused",
+    "RecordPlanFacts",
+]
 
 
 # Why admission refused a proposal: what `decide` said, or what admission found itself.
@@ -56,3 +64,36 @@ class DispatchCommand(Command, frozen=True):
 
     tenant: Tenant
     operation_id: Id
+
+
+class PlannedStep(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of a plan being proposed: the run's step its selection was recorded at, and
+    the request as the plan freezes it."""
+
+    step: int
+    capability: ShortText
+    request: Annotated[dict[str, Any], msgspec.Meta(max_length=64)]
+
+
+class RecordPlanFacts(Command, frozen=True):
+    """The planner proposes a plan: admission reads the facts each step's contract resolves
+    against, as it would for its proposal, and keeps them in its record for evaluation."""
+
+    tenant: Tenant
+    run_id: Id
+    steps: Annotated[list[PlannedStep], msgspec.Meta(max_length=64)]
+
+
+class PlannedStepFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """The facts admission read and kept for one step (`found` false: no such resource)."""
+
+    step: int
+    found: bool
+    facts: Annotated[dict[str, Any], msgspec.Meta(max_length=64)] | None = None
+
+
+class PlanFactsRecorded(Event, frozen=True):
+    """The facts of each facts-bound step, kept before the reply (a step standing on no facts
+    is left out)."""
+
+    steps: list[PlannedStepFacts]

@@ -59,6 +59,7 @@ __all__ = [
     "PENDING_LIST",
     "SPEND_LIST",
     "PROPOSAL_GET",
+    "PLAN_FACTS",
     "PROPOSALS_LIST",
     "REGISTER_RUN",
     "REGISTER_TURN",
@@ -506,6 +507,12 @@ PROPOSAL_GET: Final = _endpoint(
     "writ.int.admission.proposal",
     "admission",
     "`GetProposal` -> `ProposalDetail` (404 if none).",
+)
+PLAN_FACTS: Final = _endpoint(
+    "admission.plan_facts",
+    "writ.int.admission.plan_facts",
+    "admission",
+    "`RecordPlanFacts` -> `PlanFactsRecorded`: a plan's steps' facts, read and kept for eval.",
 )
 # The services that keep an audit journal; each answers `VerifyJournal` on its own journal.
 JOURNALED: Final = ("admission", "dispatcher", "governance", "planner")

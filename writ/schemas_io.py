@@ -8,7 +8,13 @@ from typing import Final
 
 import msgspec
 
-from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
+from schemas.admission import (
+    CommandAdmitted,
+    DispatchCommand,
+    PlanFactsRecorded,
+    ProposalRefused,
+    RecordPlanFacts,
+)
 from schemas.control import CancelRun, RunCancelRequested
 from schemas.dispatcher import (
     CommandOutcome,
@@ -126,6 +132,8 @@ MESSAGES: Final = (
     ProposalAnswer,
     ReadFacts,
     FactsRead,
+    RecordPlanFacts,
+    PlanFactsRecorded,
     ReplayRun,
     ReplayReport,
     ReserveBudget,

@@ -11,6 +11,7 @@ from libs.journal import JetStreamRecord, Sealer, open_journal, window_key_pool
 from libs.journal_audit import JournalVerifyEndpoint
 from libs.runtime import Runtime, run_service
 from libs.settings import BaseSettings, load_settings, read_secret
+from services.admission._plan_facts import PlanFactsEndpoint
 from services.admission._sealed import window_keys
 from services.admission.reads import AdmissionReads
 from services.admission.receipts import Authorizer, ReceiptSigner
@@ -116,6 +117,8 @@ def main() -> None:
             rt.endpoints.extend(
                 AdmissionReads(pool, keys=window_keys(journal)).endpoints()
             )  # ingress's HTTP reads
+            # The facts a proposed plan's steps stand on, kept for evaluation.
+            rt.endpoints.append(PlanFactsEndpoint(store, rt.nc).endpoint())
             await svc.run(task_status=task_status)
 
     run_service("admission", settings, start, description="Admits commands, relays the outbox")

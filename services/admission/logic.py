@@ -23,8 +23,10 @@ __all__ = [
     "canonical_hash",
     "operation_id_for",
     "plan_refusal",
+    "plan_step_id_for",
     "proposal_id_for",
     "resolve",
+    "decode_request",
     "resolved_facts",
     "validate",
 ]
@@ -33,6 +35,7 @@ _OPERATION_NAMESPACE: Final = uuid.UUID("0b7e3c2a-6d51-4f0e-8c1a-93a5d2f4b6e8")
 # Host keys get their own namespace, so no run/step pair can ever name a host's operation.
 _HOST_KEY_NAMESPACE: Final = uuid.UUID("d2a4f6c8-1e3b-4d5f-a7c9-0b2d4f6a8c1e")
 _PROPOSAL_NAMESPACE: Final = uuid.UUID("5c9a1e47-2b3d-4a6f-9e08-71d4c3b2a195")
+_PLAN_STEP_NAMESPACE: Final = uuid.UUID("8e1f0b6d-4c2a-4f57-b3d9-2a6c7e05f1b4")
 
 
 class Validated(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,13 +107,22 @@ def canonical_hash(
     return hashlib.sha256(rfc8785.dumps(document)).digest()
 
 
+def decode_request(action: str, arguments: dict[str, Any]) -> tuple[Any, Any]:
+    """(the action's contract, the arguments as its typed request), normalised first so the
+    contract's bounds are checked on what will be frozen.
+
+    Raises:
+        Invalid: no such action, or the arguments do not fit it.
+    """
+    contract = ACTIONS.get(action)
+    if contract is None:
+        raise Invalid(f"unknown action {action!r}")
+    return contract, contract.decode_request(_normalise(arguments))
+
+
 def validate(proposal: ProposeCommand) -> Validated:
     """Convert the model's arguments into the action's typed, closed arguments."""
-    contract = ACTIONS.get(proposal.action)
-    if contract is None:
-        raise Invalid(f"unknown action {proposal.action!r}")
-    # Normalise first, so the contract's bounds are checked on what will be frozen.
-    typed = contract.decode_request(_normalise(proposal.arguments))
+    contract, typed = decode_request(proposal.action, proposal.arguments)
     arguments = _normalise(msgspec.to_builtins(typed))
     return Validated(
         contract=contract,
@@ -170,6 +182,12 @@ def operation_id_for(tenant: str, run_id: str, step: int, operation_key: str | N
 def proposal_id_for(tenant: str, run_id: str, step: int) -> str:
     """The proposal's opaque id, stable across redeliveries of the same model step."""
     return str(uuid.uuid5(_PROPOSAL_NAMESPACE, f"{tenant}\x00{run_id}\x00{step}"))
+
+
+def plan_step_id_for(tenant: str, run_id: str, step: int) -> str:
+    """The id `admission.resolved_facts` keeps a proposed plan's step under: of its own
+    namespace, so a plan's step never takes (or overwrites) a proposal's row."""
+    return str(uuid.uuid5(_PLAN_STEP_NAMESPACE, f"{tenant}\x00{run_id}\x00{step}"))
 
 
 def resolved_facts(

@@ -18,6 +18,7 @@ import pytest
 from nats.aio.client import Client
 
 from schemas import subjects
+from schemas.admission import PlannedStep, RecordPlanFacts
 from schemas.host import RunResult
 from schemas.retrieval import ReadCapability
 from tests.e2e.conftest import PROBE, Host, service_violations
@@ -111,6 +112,21 @@ async def test_a_host_cannot_call_internal_endpoints(acme) -> None:
     with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
         await nc.request(subjects.READ, msgspec.json.encode(ask), timeout=1)
     await violations.refused("publish", subjects.READ)
+    # Nor have admission read facts into its record, as a plan being proposed does.
+    keep = RecordPlanFacts(
+        tenant="acme",
+        run_id="r",
+        steps=[
+            PlannedStep(
+                step=0,
+                capability="payment.refund",
+                request={"payment_id": "pay_7781", "line_id": "L2"},
+            )
+        ],
+    )
+    with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+        await nc.request(subjects.PLAN_FACTS, msgspec.json.encode(keep), timeout=1)
+    await violations.refused("publish", subjects.PLAN_FACTS)
     for subject in (
         "writ.int.>",
         "writ.cmd.>",

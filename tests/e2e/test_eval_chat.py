@@ -133,9 +133,9 @@ async def test_eval_judges_a_chat_turns_plan_trigger_from_the_record_alone(
     # showed it), where the auditor reads them; the auditor reads no other admission table.
     auditor = await asyncpg.connect((stack.secrets / "audit.dsn").read_text().strip())
     try:
-        [row] = await auditor.fetch(
+        [kept, row] = await auditor.fetch(
             "SELECT step, action, facts_kind, facts_id, facts FROM admission.resolved_facts "
-            "WHERE tenant = 'acme' AND run_id = $1",
+            "WHERE tenant = 'acme' AND run_id = $1 ORDER BY step",
             run_id,
         )
         for sql in (
@@ -157,11 +157,17 @@ async def test_eval_judges_a_chat_turns_plan_trigger_from_the_record_alone(
     recorded = json.loads(row["facts"])
     assert recorded["payment_id"] == payment_id
     assert [line["line_id"] for line in recorded["lines"]][:2] == ["L1", "L2"]
-    # Recorded at the step Writ took the approved plan's step, after the model's selection.
+    # Recorded when the plan was proposed, at the model's selection, and again at the step
+    # Writ took the approved plan's step.
     selected_at = await db.fetchval(
         "SELECT min(seq) FROM planner.steps WHERE run_id = $1 AND kind = 'decision'", run_id
     )
-    assert row["step"] > selected_at
+    assert kept["step"] == selected_at and row["step"] > selected_at
+    assert (kept["action"], kept["facts_id"], json.loads(kept["facts"])) == (
+        "payment.refund",
+        payment_id,
+        recorded,
+    )
 
     # The set, from the journal and admission's record alone: no facts file.
     set_file, keys = tmp_path / "set.json", tmp_path / "eval-data.json"
@@ -239,3 +245,107 @@ async def test_eval_judges_a_chat_turns_plan_trigger_from_the_record_alone(
     ]
     [dropped] = [c for c in drops.cases if c.case_id == refund_case]
     assert dropped.judged[0].valid and not dropped.judged[0].agrees
+
+
+async def test_a_rejected_plans_step_becomes_a_case_with_the_facts_kept_when_it_was_proposed(
+    stack: Stack,
+    api: httpx.AsyncClient,
+    db: asyncpg.Connection,
+    model: httpx.Client,
+    payments: httpx.Client,
+    tmp_path: Path,
+) -> None:
+    # The user rejects the plan: its refund never reaches admission as a proposal, yet
+    # admission kept the payment the plan's preview stood on when the plan was proposed.
+    since = datetime.now(UTC).isoformat()
+    payment_id = f"pay_{uuid.uuid4().hex[:12]}"
+    payments.post("/_control/payments", json=_payment(payment_id)).raise_for_status()
+    sid = await open_session(api, "refund-chat")
+    replies = [
+        select("payment.refund", {"payment_id": payment_id, "line_id": "L2"}, consequential=True),
+        answer("Plan: refund the sibling discount."),
+    ]
+    script(model, *replies)
+    run_id = (await send(api, sid, "Refund the missing sibling discount.")).json()["run_id"]
+    plan = await proposed_plan(api, sid)
+    [step] = plan["steps"]
+    assert step["preview"], plan  # the preview stands on the facts admission read
+    rejected = await api.post(
+        f"/plans/{plan['plan_id']}/reject", json={"reason": "Not now."}, headers=key()
+    )
+    assert rejected.status_code == 200, rejected.text
+    await until(api, sid, lambda v: v["state"] == "active")  # the turn ended, rejected
+    await sealed(db, run_id)
+    assert (
+        await db.fetchval("SELECT count(*) FROM admission.proposals WHERE run_id = $1", run_id) == 0
+    )
+    selected_at = await db.fetchval(
+        "SELECT min(seq) FROM planner.steps WHERE run_id = $1 AND kind = 'decision'", run_id
+    )
+    auditor = await asyncpg.connect((stack.secrets / "audit.dsn").read_text().strip())
+    try:
+        [row] = await auditor.fetch(
+            "SELECT step, action, facts_kind, facts_id, facts FROM admission.resolved_facts "
+            "WHERE tenant = 'acme' AND run_id = $1",
+            run_id,
+        )
+    finally:
+        await auditor.close()
+    assert (row["step"], row["action"], row["facts_kind"], row["facts_id"]) == (
+        selected_at,
+        "payment.refund",
+        "payment",
+        payment_id,
+    )
+    assert json.loads(row["facts"])["payment_id"] == payment_id
+
+    # The set, from the journal and admission's record alone: no facts file.
+    set_file, keys = tmp_path / "set.json", tmp_path / "eval-data.json"
+    built = writ(
+        "eval",
+        "build",
+        "--tenant",
+        "acme",
+        "--from-journal",
+        "--agent",
+        "refund-chat",
+        "--since",
+        since,
+        "--out",
+        str(set_file),
+        "--home",
+        str(stack.home),
+        "--set-keys",
+        str(keys),
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert " 2 cases " in built.stdout, built.stdout  # the planned refund and the answer
+    (tmp_path / "same.script.json").write_text(
+        json.dumps({"decisions": [decision(r) for r in replies]})
+    )
+    (tmp_path / "same.json").write_text(
+        json.dumps({"name": "same", "provider": "scripted", "script": "same.script.json"})
+    )
+    out = tmp_path / "same.report.json"
+    done = writ(
+        "eval",
+        "run",
+        "--set",
+        str(set_file),
+        "--tenant",
+        "acme",
+        "--set-keys",
+        str(keys),
+        "--candidate",
+        str(tmp_path / "same.json"),
+        "--json",
+        str(out),
+    )
+    assert out.exists(), done.stdout + done.stderr
+    report = msgspec.json.decode(out.read_bytes(), type=Report)
+    [case] = [c for c in report.cases if c.case_id == f"{run_id}@{selected_at}"]
+    [judged] = case.judged
+    # Resolved against the kept payment: the amount the contract computes agrees.
+    assert judged.valid and judged.agrees, judged
+    assert judged.fields["amount_cents"] is True
+    assert done.returncode == 0, report.widening + report.violations

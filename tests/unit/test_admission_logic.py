@@ -355,3 +355,13 @@ def test_a_plans_step_is_admitted_only_with_the_preview_the_plan_showed() -> Non
         msgspec.convert(
             {**msgspec.to_builtins(base), "plan_preview": "not-a-digest"}, ProposeCommand
         )
+
+
+def test_a_plans_step_is_kept_under_an_id_no_proposal_has() -> None:
+    from services.admission.logic import plan_step_id_for
+
+    ids = {plan_step_id_for("acme", "s-1:1", step) for step in range(50)}
+    proposals = {proposal_id_for("acme", "s-1:1", step) for step in range(50)}
+    assert len(ids) == 50 and not ids & proposals
+    assert plan_step_id_for("acme", "s-1:1", 0) == plan_step_id_for("acme", "s-1:1", 0)
+    assert plan_step_id_for("acme", "s-1:1", 0) != plan_step_id_for("globex", "s-1:1", 0)

@@ -688,6 +688,68 @@ def test_a_shadow_waits_for_a_proposals_recorded_facts_and_judges_with_them(
     assert look(recorded, settled=True) == []  # once
 
 
+def test_a_shadow_judges_a_planned_selection_once_its_plan_was_proposed(tmp_path: Path) -> None:
+    """A selection a chat turn recorded as a plan's step (`PLANNED`) is followed by more of
+    the turn before its plan is proposed, when admission keeps its facts: it is not asked while
+    the run goes on, only once it waits (or ended), against the facts kept for it."""
+    from services.planner.inputs import input_digest, model_input
+    from services.planner.journal_entries import OBSERVATION, RunStartedEntry
+    from services.planner.provider import ScriptedProvider as Scripted
+    from writ.eval._shadow import shadow_run
+
+    script = agreeing_script()
+    path = tmp_path / "shadow.json"
+    path.write_text(json.dumps(script))
+    candidate = Scripted.from_file(path)
+    planned = {"refused": "PLANNED", "reason": "recorded as step 1 of the plan"}
+    entries = [
+        msgspec.structs.replace(e, payload={**e.payload, "observation": planned})
+        if e.kind == OBSERVATION
+        else e
+        for e in demo_runs()["run-refund"]
+        if e.kind != "run.status"
+    ]
+    # The answer's input carries the refusal as its observation: its digest as journaled.
+    started = msgspec.convert(entries[0].payload, RunStartedEntry)
+    digest = input_digest(
+        model_input(
+            user=started.input,
+            evidence=started.evidence,
+            observations=[planned],
+            turn=1,
+            agent=started.agent,
+            manifest=started.manifest,
+        )
+    )
+    entries = [
+        msgspec.structs.replace(e, payload={**e.payload, "input_digest": digest})
+        if e.kind == DECISION and e.payload["seq"] == 2
+        else e
+        for e in entries
+    ]
+    asked: set[int] = set()
+    recorded = [RecordedFacts(step=0, key="payment:pay_7781", facts=FACTS["payment:pay_7781"])]
+
+    def look(settled: bool) -> list:
+        return anyio.run(
+            lambda: shadow_run(
+                candidate,
+                "run-refund",
+                "acme",
+                entries,
+                asked=asked,
+                recorded=recorded,
+                settled=settled,
+            )
+        )
+
+    # The run went past the selection (its answer is journaled): only the answer is asked.
+    assert [r.step for r in look(settled=False)] == [2] and asked == {2}
+    [refund] = look(settled=True)  # the plan waits for the user: asked now
+    assert refund.step == 0 and refund.valid and refund.follows
+    assert refund.arguments is not None and refund.arguments["amount_cents"] == 1500
+
+
 def test_rollout_serves_an_equivalent_action_and_diverges_on_a_different_one(
     tmp_path: Path,
 ) -> None:

@@ -8,7 +8,15 @@ from typing import Any, cast
 import msgspec
 import pytest
 
-from schemas.admission import CommandAdmitted, DispatchCommand, ProposalRefused
+from schemas.admission import (
+    CommandAdmitted,
+    DispatchCommand,
+    PlanFactsRecorded,
+    PlannedStep,
+    PlannedStepFacts,
+    ProposalRefused,
+    RecordPlanFacts,
+)
 from schemas.base import Command, Event, Tenant
 from schemas.control import CancelRun, RunCancelRequested
 from schemas.dispatcher import (
@@ -368,6 +376,20 @@ SAMPLES: dict[type, Any] = {
     ),
     ReadFacts: ReadFacts(tenant="acme", kind="payment", id="pay_7781"),
     FactsRead: FactsRead(found=True, facts={"payment_id": "pay_7781", "status": "captured"}),
+    RecordPlanFacts: RecordPlanFacts(
+        tenant="acme",
+        run_id="session-1:1",
+        steps=[
+            PlannedStep(
+                step=0,
+                capability="payment.refund",
+                request={"payment_id": "pay_7781", "line_id": "L2"},
+            )
+        ],
+    ),
+    PlanFactsRecorded: PlanFactsRecorded(
+        steps=[PlannedStepFacts(step=0, found=True, facts={"payment_id": "pay_7781"})]
+    ),
     ReplayRun: ReplayRun(tenant="acme", run_id="run-1"),
     BranchChanged: BranchChanged(tenant="acme", run_id="run-1.b2"),
     JournalCheckpoint: JournalCheckpoint(

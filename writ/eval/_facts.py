@@ -1,12 +1,14 @@
 """The facts a journaled decision is judged against, as admission and governance recorded them.
 
 Admission keeps, for every proposal it resolves (allowed, asked or denied), the facts its
-contract resolved it against (`admission.resolved_facts`, readable by the auditor's read-only
-role). A case built from a run is given, for each facts reference, the facts of the first
-proposal of the run made at or after the case's step: for a selection acted on at once, its own
-proposal; for a selection planned in a chat turn, the approved plan's step that proposed it
-(which Writ refuses as stale if its facts changed since the plan was shown). A reference first
-proposed before the step (the run read it again later) takes the last facts recorded before it.
+contract resolved it against, and for every step of a chat turn's plan the facts it read when
+the plan was proposed, under the planned selection's step (`admission.resolved_facts`, readable
+by the auditor's read-only role; `services/admission/_plan_facts.py`). A case built from a run
+is given, for each facts reference, the facts of the first row of the run at or after the
+case's step: for a selection acted on at once, its own proposal's; for a selection planned in a
+chat turn, the ones its plan was shown with, whether the plan was approved or rejected. A
+reference first recorded before the step (the run read it again later) takes the last facts
+recorded before it.
 
 The policy a case's calls are ruled with is the one governance journaled with its decision on
 that same proposal (`services/governance/recorded.py`: the org policy, the standing and run

@@ -35,6 +35,7 @@ from schemas import subjects
 from schemas.retrieval import EvidenceGathered
 from services.planner.journal_entries import DECISION, OBSERVATION, RUN_STATUS, Captured
 from services.planner.provider import SelectCapability
+from services.planner.sessions._plans import PLANNED
 from writ.eval._case import CaseError, EvalCase, cases_from_run, make_set
 from writ.eval._facts import RecordedFacts
 from writ.eval._report import Report, case_result, summarize
@@ -165,7 +166,9 @@ async def shadow_run(
     A selection is judged against the facts admission `recorded` for the run's proposal (the
     given `facts` only for what nothing was recorded for), so it waits until the run went past
     it (a later step journaled) or is `settled`: admission records a proposal's facts before
-    its verdict, and so before the run can go on."""
+    its verdict, and so before the run can go on. A selection a planning turn recorded as a
+    plan's step waits until the run is `settled`: admission keeps its facts when the plan is
+    proposed, before the turn waits for the user."""
     if -1 in asked:
         return []
     try:
@@ -187,12 +190,17 @@ async def shadow_run(
             )
         ]
     records = []
+    planned = _planned(entries)
     for case in cases:
         step = int(case.case_id.rpartition("@")[2])
         if step in asked:
             continue
-        if case.expected.kind == "select_capability" and not (settled or _past(entries, step)):
-            continue  # its proposal's facts may not be recorded yet: asked at a later poll
+        if case.expected.kind == "select_capability" and not (
+            settled or (_past(entries, step) and step not in planned)
+        ):
+            # Its facts may not be recorded yet (a proposal's before its verdict, a planned
+            # selection's once its plan is proposed, when the run waits): at a later poll.
+            continue
         asked.add(step)
         sample = await _ask(provider, case.input)
         judged = judge(case, sample)
@@ -228,6 +236,15 @@ def _past(entries: list[Captured], step: int) -> bool:
     return any(
         e.kind in (DECISION, OBSERVATION) and int(e.payload.get("seq", -1)) > step for e in entries
     )
+
+
+def _planned(entries: list[Captured]) -> set[int]:
+    """The steps whose selection a planning turn recorded as a plan's step (`PLANNED`)."""
+    return {
+        int(e.payload.get("step", -1))
+        for e in entries
+        if e.kind == OBSERVATION and (e.payload.get("observation") or {}).get("refused") == PLANNED
+    }
 
 
 def _status(entries: list[Captured]) -> str | None:

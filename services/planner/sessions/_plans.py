@@ -229,13 +229,18 @@ def plan_drafts(steps: list[Step], approved_step: int | None) -> list[tuple[str,
     """(capability, arguments as the model wrote them) of each step a planning turn's answer
     freezes as a plan (empty: it planned nothing): its `PLANNED` selections, or under the plan
     approved at `approved_step` the revised plan's drafts (pure, like `plan_refusal`)."""
-    chosen = (
-        _selections(steps, PLANNED) if approved_step is None else _progress(steps, approved_step)[1]
-    )
-    return [
-        (str(s.payload.get("capability", ""))[:512], dict(s.payload.get("arguments") or {}))
-        for s in chosen
-    ]
+    return [_draft(s) for s in _drafted(steps, approved_step)]
+
+
+def _drafted(steps: list[Step], approved_step: int | None) -> list[Step]:
+    """The selections `plan_drafts` freezes, as recorded."""
+    if approved_step is None:
+        return _selections(steps, PLANNED)
+    return _progress(steps, approved_step)[1]
+
+
+def _draft(s: Step) -> tuple[str, dict[str, Any]]:
+    return str(s.payload.get("capability", ""))[:512], dict(s.payload.get("arguments") or {})
 
 
 class PlanAnsweredAlready(Exception):
@@ -285,10 +290,12 @@ class Plans:
         """Whether this run is a turn that plans (its answer may freeze a plan)."""
         return await self._planning_session(conn, run, steps) is not None
 
-    async def _resolve(self, tenant: str, capability: str, arguments: dict[str, Any]) -> Any:
-        return await resolve(
-            capability, arguments, None if self._facts is None else self._facts.reader(tenant)
-        )
+    async def _resolve(
+        self, tenant: str, capability: str, arguments: dict[str, Any], **kept: Any
+    ) -> Any:
+        """`kept`: what admission kept for the plan's steps as it was proposed, and `step`."""
+        read = None if self._facts is None else self._facts.reader(tenant, **kept)
+        return await resolve(capability, arguments, read)
 
     async def approved(self, conn: Any, run_id: str) -> Any:
         """The plan approved for this turn's run, if any."""
@@ -412,12 +419,20 @@ class Plans:
         if frozen is not None:  # frozen already (a redelivery): its facts are not read again
             return str(frozen)
         approved = await self.approved(conn, run.run_id)
-        drafts = plan_drafts(steps, None if approved is None else int(approved["step"]))
+        chosen = _drafted(steps, None if approved is None else int(approved["step"]))
+        drafts = [_draft(s) for s in chosen]
         if not drafts:
             return None
+        # Admission keeps each step's facts for evaluation; the previews stand on that read.
+        planned = [(s.seq, *d) for s, d in zip(chosen, drafts, strict=True)]
+        kept = (
+            {} if self._facts is None else await self._facts.keep(run.tenant, run.run_id, planned)
+        )
         plan_steps = []
         for i, (capability, arguments) in enumerate(drafts):
-            step = await self._resolve(run.tenant, capability, arguments)
+            step = await self._resolve(
+                run.tenant, capability, arguments, kept=kept, step=chosen[i].seq
+            )
             plan_steps.append(
                 PlanStep(
                     index=i,

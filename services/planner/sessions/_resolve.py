@@ -4,11 +4,13 @@ For an action, a step holds what the action's contract resolves from the model's
 admission will resolve it: the request decoded strictly and NFC-normalised (`request`: what is
 sent to admission when the step is taken, whatever the model writes then), the frozen
 arguments, and the preview. An action whose preview stands on facts (a refund's payment, a
-host ticket, a mail draft) has them read the way admission reads them — `ReadFacts` on
-`writ.int.dispatcher.facts`, or `writ.int.retrieval.facts` for a host record — from the only
-services holding the credentials to read them: the planner holds none, and the facts are shown
-to the user in the plan, never to the model. For a read or an agent call, the step holds its
-arguments NFC-normalised, and no preview.
+host ticket, a mail draft) has them read by admission as the plan is proposed (`PlanFacts.keep`,
+`writ.int.admission.plan_facts`): admission reads them as it reads a proposal's, from the only
+services holding the credentials to read them, keeps them for evaluation, and answers with
+them; the planner holds no credential, and the facts are shown to the user in the plan, never
+to the model. When the step is taken they are read again here (`ReadFacts` on
+`writ.int.dispatcher.facts`, or `writ.int.retrieval.facts` for a host record). For a read or
+an agent call, the step holds its arguments NFC-normalised, and no preview.
 
 When an approved plan's facts-bound step is taken, its facts are read again and resolved again:
 a step whose arguments or preview now differ from the approved ones is refused (`PLAN_STALE`,
@@ -23,10 +25,16 @@ from typing import Any, Final
 
 import msgspec
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from actions import ACTIONS
 from actions.base import ActionContract, FactsRef, Invalid
+from libs.deadline import timed_request
+from libs.errors import RetryableError
 from libs.facts import read_facts
+from schemas.admission import PlanFactsRecorded, PlannedStep, RecordPlanFacts
+from schemas.subjects import PLAN_FACTS
 
 __all__ = [
     "FactsReader",
@@ -149,10 +157,15 @@ class PlanFacts:
     def __init__(self, *, nc: Client, timeout_s: float = 5.0) -> None:
         self._nc, self._timeout = nc, timeout_s
 
-    def reader(self, tenant: str) -> FactsReader:
-        """A `FactsReader` of this tenant's resources."""
+    def reader(
+        self, tenant: str, kept: dict[int, Any] | None = None, step: int = -1
+    ) -> FactsReader:
+        """A `FactsReader` of this tenant's resources (`kept`: what `keep` answered; a step it
+        holds is given the facts admission read for it, found or not, and read no more)."""
 
         async def read(ref: FactsRef) -> dict[str, Any] | None:
+            if kept is not None and step in kept:
+                return kept[step]
             return await self.read(tenant, ref)
 
         return read
@@ -164,3 +177,35 @@ class PlanFacts:
             RetryableError: nobody answered, or the reader could not read it now.
         """
         return await read_facts(self._nc, tenant, ref.kind, ref.id, timeout=self._timeout)
+
+    async def keep(
+        self, tenant: str, run_id: str, planned: list[tuple[int, str, dict[str, Any]]]
+    ) -> dict[int, dict[str, Any] | None]:
+        """Admission reads the facts of a proposed plan's steps (`(step, capability,
+        arguments)`) and keeps them for evaluation (`services/admission/_plan_facts.py`):
+        what it read, by step (a step standing on no facts is absent; no step standing on any
+        asks nothing).
+
+        Raises:
+            RetryableError: admission did not keep them now (no plan is shown before).
+        """
+        steps = []
+        for step, capability, arguments in planned:
+            request, typed = request_of(capability, arguments)
+            contract = contract_of(capability)
+            if contract is not None and typed is not None and contract.facts_ref(typed):
+                steps.append(PlannedStep(step=step, capability=capability, request=request))
+        if not steps:
+            return {}
+        ask = RecordPlanFacts(tenant=tenant, run_id=run_id, steps=steps)
+        try:
+            reply = await timed_request(
+                self._nc, PLAN_FACTS, msgspec.json.encode(ask), timeout=2 * self._timeout
+            )
+        except (NatsTimeoutError, NoRespondersError) as exc:
+            raise RetryableError(f"admission did not keep the plan's facts: {exc!r}") from exc
+        if reply.headers and reply.headers.get("Nats-Service-Error-Code"):
+            said = reply.headers.get("Nats-Service-Error")
+            raise RetryableError(f"admission did not keep the plan's facts: {said}")
+        kept = msgspec.json.decode(reply.data, type=PlanFactsRecorded)
+        return {s.step: s.facts for s in kept.steps}
