@@ -28,6 +28,7 @@ from typing import Any, Final
 import asyncpg
 
 from libs.journal import DataKeys, Expired, WindowKeys, refresh, unseal
+from services.planner.memory import split_memory
 from services.planner.store._sql import SEALED_RUN, run_aad
 from soak.deploy import TENANTS
 from soak.invariant import Check
@@ -158,7 +159,10 @@ async def model_asks(db: asyncpg.Connection, log: list[dict[str, Any]], secrets:
     """`replayed` over the registry's runs of both tenants (`secrets`: the deployment's)."""
     inputs: dict[str, str] = {}
     shared: set[str] = set()
-    for run_id, text in await _inputs(db, secrets):
+    for run_id, recorded in await _inputs(db, secrets):
+        # A chat turn's input opens with the session's memory, which reaches the model as
+        # earlier messages: the request it shows is the rest (`split_memory`).
+        text = split_memory(recorded)[1]
         if text in inputs:
             shared.add(text)
         inputs[text] = run_id
