@@ -76,9 +76,11 @@ def in_election(exc: BaseException, *, idempotent: bool = True) -> bool:
     if isinstance(exc, (NoStreamResponseError, NoRespondersError)):
         return True
     if isinstance(exc, APIError):
-        if exc.code == 503:
+        # Some subclasses (a key-value store's `KeyWrongLastSequenceError`) set no code.
+        code = getattr(exc, "code", None)
+        if code == 503:
             return True
-        return exc.code == 409 and "in process" in (exc.description or "")
+        return code == 409 and "in process" in (getattr(exc, "description", None) or "")
     return idempotent and isinstance(exc, (NatsTimeoutError, TimeoutError))
 
 

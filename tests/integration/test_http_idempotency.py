@@ -96,3 +96,28 @@ async def test_closing_ends_every_wait_at_once_and_keeps_what_arrived(private_nc
                 assert await late.next(60) is None  # a wait begun after closing ends at once
     finally:
         await results.stop()
+
+
+async def test_a_bucket_without_a_leader_is_unavailable_not_an_internal_error(
+    private_nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bucket between leaders answers nothing (no responders, no stream response): the
+    request waits it out, then is `503 UNAVAILABLE` to be retried under the same key, never
+    a `500` (the cluster soak saw chat messages refused so while a node was down)."""
+    from libs.bus import BusUnavailable
+    from services.ingress.http import _idempotency
+
+    js = private_nc.jetstream()
+    await ensure_bucket(js, IDEMPOTENCY_BUCKET, replicas=1)
+    store = await Idempotency.open(js)
+    monkeypatch.setattr(_idempotency, "PATIENCE_S", 0.5, raising=False)
+    await js.delete_stream(f"KV_{IDEMPOTENCY_BUCKET.bucket}")  # nobody answers for it now
+    try:
+        body = StartRun(agent="crm-assistant", input="x")
+        print_ = fingerprint("alice@acme.example", "POST /api/v1/runs", body)
+        with pytest.raises(BusUnavailable):
+            await store.claim("acme", "key-2", print_)
+        with pytest.raises(BusUnavailable):
+            await store.remember("acme", "key-2", print_, 202, b"{}")
+    finally:
+        await ensure_bucket(js, IDEMPOTENCY_BUCKET, replicas=1)

@@ -8,7 +8,12 @@ import anyio
 import pytest
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
+from nats.js.errors import (
+    APIError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+)
 
 from libs.bus import BusUnavailable, in_election, until_answered
 from libs.errors import waits_out
@@ -41,8 +46,9 @@ def test_an_election_is_recognised(exc: Exception) -> None:
         _api(409, "consumer name already in use"),
         _api(404, "stream not found"),
         ValueError("not the bus"),
+        KeyWrongLastSequenceError(),  # a key-value create that found the key: it sets no code
     ],
-    ids=["400", "409-other", "404", "other"],
+    ids=["400", "409-other", "404", "other", "kv-wrong-last-sequence"],
 )
 def test_an_answer_is_not_an_election(exc: Exception) -> None:
     assert not in_election(exc)

@@ -19,12 +19,16 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from libs.bus import until_answered
 from libs.provision import IDEMPOTENCY_BUCKET, bind_bucket
 from services.ingress.http._problems import ApiError
 
 __all__ = ["BUCKET", "KeptAnswer", "Idempotency", "fingerprint"]
 
 BUCKET: Final = IDEMPOTENCY_BUCKET.bucket
+# How long a request waits out the bucket's leader election before it is answered
+# `503 UNAVAILABLE` (a retry under the same key is safe: nothing was handed on).
+PATIENCE_S: Final = 5.0
 
 
 class KeptAnswer(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,15 +70,23 @@ class Idempotency:
 
         Raises:
             ApiError: `CONFLICT`, the key was used with another request.
+            BusUnavailable: the bucket met an election and did not answer in time.
         """
         name = self._key(tenant, key)
+        claim = self._encoder.encode(KeptAnswer(fingerprint=print_))
         try:
-            await self._kv.create(name, self._encoder.encode(KeptAnswer(fingerprint=print_)))
+            # A create that timed out may have been stored: tried again, it finds the key,
+            # whose fingerprint is this request's own.
+            await until_answered(
+                lambda: self._kv.create(name, claim), what="claiming a key", patience_s=PATIENCE_S
+            )
             return None
         except KeyWrongLastSequenceError:
             pass
         try:
-            entry = await self._kv.get(name)
+            entry = await until_answered(
+                lambda: self._kv.get(name), what="reading a key", patience_s=PATIENCE_S
+            )
         except KeyNotFoundError:
             return None  # expired in between: a new first use
         held = self._decoder.decode(entry.value or b"")
@@ -87,8 +99,13 @@ class Idempotency:
         return held if held.status else None
 
     async def remember(self, tenant: str, key: str, print_: str, status: int, body: bytes) -> None:
-        """Keep the first answer under the key."""
-        await self._kv.put(
-            self._key(tenant, key),
-            self._encoder.encode(KeptAnswer(fingerprint=print_, status=status, body=body)),
+        """Keep the first answer under the key.
+
+        Raises:
+            BusUnavailable: the bucket met an election and did not answer in time.
+        """
+        name = self._key(tenant, key)
+        kept = self._encoder.encode(KeptAnswer(fingerprint=print_, status=status, body=body))
+        await until_answered(
+            lambda: self._kv.put(name, kept), what="keeping an answer", patience_s=PATIENCE_S
         )
