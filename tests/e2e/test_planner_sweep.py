@@ -186,10 +186,9 @@ async def _killed_before_proposing(
     return request.request_id, str(run_id)
 
 
-async def _restarted(stack: Stack) -> None:
+async def _planner_restarted(stack: Stack) -> None:
     stack.stop_process("planner")
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
+    await _restarted(stack, "planner")
 
 
 async def _done_once(db: asyncpg.Connection, run_id: str) -> None:
@@ -203,6 +202,13 @@ async def _done_once(db: asyncpg.Connection, run_id: str) -> None:
         run_id,
     )
     assert attempts == 1  # the connector called once
+
+
+async def _restarted(stack: Stack, service: str) -> float:
+    """Start `service` again and wait until it is ready: when the fault healed."""
+    stack.start_instance(service, service)
+    await stack.wait_ready((service,))
+    return time.monotonic()
 
 
 async def _swept(stack: Stack, host: Host, request_id: str, status: str | None = None) -> RunResult:
@@ -249,7 +255,7 @@ async def test_a_run_whose_message_was_deleted_is_finished_by_the_sweeper(
     assert last.seq is not None
     await host.js.delete_msg("WRIT_INT", last.seq)
 
-    await _restarted(stack)
+    await _planner_restarted(stack)
     healed = time.monotonic()
     result = await host.wait_result(request_id, timeout=BOUND_S)
 
@@ -270,7 +276,7 @@ async def test_a_run_swept_while_its_message_is_redelivered_takes_no_step_twice(
     request_id, run_id = await _killed_before_proposing(stack, host, db, body)
     start = (await host.js.get_last_msg("WRIT_INT", subjects.evidence("acme"))).seq
 
-    await _restarted(stack)
+    await _planner_restarted(stack)
     result = await host.wait_result(request_id, timeout=BOUND_S)
     assert result.status == "succeeded", (result, stack.log_tail("planner"))
     # The start is still in the stream, unacknowledged (the killed planner never acked it):
@@ -324,9 +330,7 @@ async def test_a_run_whose_outcome_was_deleted_observes_it_from_the_registry(
         "running"
     )
 
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "planner")
     result = await _swept(stack, host, request.request_id)
 
     assert time.monotonic() - healed < BOUND_S
@@ -385,9 +389,7 @@ async def test_a_run_whose_persons_answer_was_deleted_is_resumed_from_the_record
         "awaiting_human"
     )
 
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "planner")
     result = await _swept(stack, host, request.request_id, status="succeeded")
 
     assert time.monotonic() - healed < BOUND_S
@@ -441,9 +443,7 @@ async def test_an_approved_wait_whose_outcome_was_deleted_observes_it_from_the_r
         "awaiting_human"
     )
 
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "planner")
     result = await _swept(stack, host, request.request_id, status="succeeded")
 
     assert time.monotonic() - healed < BOUND_S
@@ -506,9 +506,7 @@ async def test_a_rejected_proposal_whose_refusal_was_deleted_ends_the_run_from_t
         "awaiting_human"
     )
 
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "planner")
     result = await _swept(stack, host, request.request_id, status="failed")
 
     assert time.monotonic() - healed < BOUND_S
@@ -620,9 +618,7 @@ async def test_an_invalid_proposal_whose_refusal_was_deleted_is_observed_from_th
         "running"
     )
 
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "planner")
     result = await _swept(stack, host, request.request_id, status="failed")
 
     assert time.monotonic() - healed < BOUND_S
@@ -688,9 +684,7 @@ async def test_an_approval_governance_recorded_and_admission_never_claimed_is_sw
         "SELECT state FROM admission.proposals WHERE public_id = $1", proposal_id
     ) == ("pending")
 
-    stack.start_instance("admission", "admission")
-    await stack.wait_ready(("admission",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "admission")
     try:
         result = await host.wait_result(request.request_id, status="succeeded", timeout=BOUND_S)
     except TimeoutError:
@@ -742,9 +736,7 @@ async def test_a_run_that_ended_unannounced_has_its_result_published_by_the_swee
     await host.js.delete_msg("WRIT_INT", outcome.seq)
     assert not [r for r in await host.results(request.request_id) if isinstance(r, RunResult)]
 
-    stack.start_instance("planner", "planner")
-    await stack.wait_ready(("planner",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "planner")
     result = await _swept(stack, host, request.request_id)
 
     assert time.monotonic() - healed < BOUND_S
@@ -811,9 +803,7 @@ async def test_an_expiry_whose_announcement_was_deleted_is_acted_on_from_the_rec
         "SELECT state FROM admission.proposals WHERE public_id = $1", waiting.proposal.proposal_id
     ) == ("pending")
 
-    stack.start_instance("admission", "admission")
-    await stack.wait_ready(("admission",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "admission")
     try:
         result = await host.wait_result(request.request_id, status="failed", timeout=BOUND_S)
     except TimeoutError:
@@ -875,9 +865,7 @@ async def test_a_host_command_whose_outcome_was_deleted_is_answered_from_the_reg
         if isinstance(r, CommandResult) and r.status == "succeeded"
     ]
 
-    stack.start_instance("admission", "admission")
-    await stack.wait_ready(("admission",))
-    healed = time.monotonic()
+    healed = await _restarted(stack, "admission")
     try:
         result = await host.wait_command(command.request_id, timeout=BOUND_S)
     except TimeoutError:
